@@ -1,0 +1,171 @@
+# kvcache - one GNU Makefile for the library, tests, tools and benchmarks.
+#
+#   make demo            install missing deps, build, run the demo tour
+#   make test            install missing deps, build, run every test suite
+#   make bench           benchmarks as JSON lines (bench/results.jsonl)
+#   make fuzz            build the libFuzzer targets (clang)
+#   make install PREFIX=/opt/kv
+#
+# Options: SANITIZE=address|undefined|thread|address,undefined  CUDA=auto|0|1
+#          RDMA=auto|0|1  WERROR=1 (default when CI is set)  BUILD=dir
+
+PREFIX    ?= /usr/local
+CUDA      ?= auto
+RDMA      ?= auto
+SANITIZE  ?=
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
+CLANG     ?= clang
+WERROR    ?= $(if $(CI),1,0)
+
+comma := ,
+BUILD ?= build$(if $(SANITIZE),-$(subst $(comma),-,$(SANITIZE)))
+
+ifeq ($(CUDA),auto)
+HAVE_CUDA := $(if $(NVCC),1,0)
+else
+HAVE_CUDA := $(CUDA)
+endif
+ifeq ($(RDMA),auto)
+HAVE_RDMA := $(if $(wildcard /usr/include/infiniband/verbs.h),1,0)
+else
+HAVE_RDMA := $(RDMA)
+endif
+
+MODULES  := kvcache allocator attention connector
+WARN     := -std=c11 -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes \
+            -Wmissing-prototypes -Wformat=2 -Wundef -Wimplicit-fallthrough
+ifeq ($(WERROR),1)
+WARN     += -Werror
+endif
+OPT      ?= -O2 -g
+INCLUDES := $(addprefix -I,$(MODULES))
+DEFS     := -D_GNU_SOURCE -DKV_HAVE_CUDA=$(HAVE_CUDA) -DKV_HAVE_RDMA=$(HAVE_RDMA)
+ALLCFLAGS = $(WARN) $(OPT) -fPIC -fvisibility=hidden -pthread -MMD -MP $(DEFS) $(INCLUDES) \
+            $(SAN_FLAGS) $(CFLAGS)
+
+LIBS := -lxxhash -lm -lpthread
+ifneq ($(SANITIZE),)
+SAN_FLAGS := -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all \
+             -DKV_USE_LIBC_MALLOC
+else
+LIBS := -ljemalloc $(LIBS)
+endif
+ifeq ($(HAVE_CUDA),1)
+LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart
+ALLCFLAGS += -I$(CUDA_HOME)/include
+endif
+ifeq ($(HAVE_RDMA),1)
+LIBS += -libverbs -lrdmacm
+endif
+
+# Backend sources: *_cuda.c / *.cu only with CUDA, *_verbs.c only with RDMA.
+SRC_ALL := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
+SRC     := $(filter-out $(if $(filter 1,$(HAVE_CUDA)),,%_cuda.c) \
+                        $(if $(filter 1,$(HAVE_RDMA)),,%_verbs.c),$(SRC_ALL))
+CU_SRC  := $(if $(filter 1,$(HAVE_CUDA)),$(foreach m,$(MODULES),$(wildcard $(m)/*.cu)))
+OBJ     := $(SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
+HEADERS := $(filter-out %_int.h,$(foreach m,$(MODULES),$(wildcard $(m)/*.h)))
+
+NVCCFLAGS ?= -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 \
+             -gencode arch=compute_90,code=sm_90
+NVCC_ALL   = $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden -DKV_HAVE_CUDA=1 $(INCLUDES)
+
+TEST_COMMON := $(wildcard tests/common/*.c)
+UNIT_TESTS  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
+INTEG_TESTS := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(wildcard tests/integration/test_*.c))
+TESTS       := $(UNIT_TESTS) $(INTEG_TESTS)
+BENCH_SRC   := $(wildcard tools/bench/*.c)
+FUZZ_SRC    := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BINS   := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRC))
+
+LIB_A  := $(BUILD)/libkvcache.a
+LIB_SO := $(BUILD)/libkvcache.so
+CLI    := $(BUILD)/kvcache
+BENCH  := $(BUILD)/kvbench
+
+.PHONY: all lib deps test tests demo bench fuzz install clean format cppcheck info
+all: lib $(CLI)
+lib: $(LIB_A) $(LIB_SO)
+
+deps:
+	@scripts/deps.sh
+
+info:
+	@echo "CUDA=$(HAVE_CUDA) (nvcc: $(or $(NVCC),none)) RDMA=$(HAVE_RDMA) SANITIZE=$(or $(SANITIZE),none) BUILD=$(BUILD)"
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_ALL) -c $< -o $@
+
+$(LIB_A): $(OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && $(AR) rcs $@ $^
+
+$(LIB_SO): $(OBJ)
+	$(CC) -shared -o $@ $^ $(SAN_FLAGS) $(LIBS)
+
+$(BUILD)/tests/%: tests/unit/%.c $(TEST_COMMON) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -Itests/common -o $@ $< $(TEST_COMMON) $(LIB_A) -lcmocka $(LIBS)
+
+# Integration tests use the public API only: linked against the shared library.
+$(BUILD)/tests/%: tests/integration/%.c $(TEST_COMMON) $(LIB_SO)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -Itests/common -o $@ $< $(TEST_COMMON) -L$(BUILD) \
+	    -Wl,-rpath,'$$ORIGIN/..' -lkvcache -lcmocka $(LIBS)
+
+$(CLI): tools/kvcache.c $(LIB_A)
+	$(CC) $(ALLCFLAGS) -o $@ $< $(LIB_A) $(LIBS)
+
+$(BENCH): $(BENCH_SRC) $(LIB_A)
+	$(CC) $(ALLCFLAGS) -Itools/bench -o $@ $(BENCH_SRC) $(LIB_A) $(LIBS)
+
+tests: $(TESTS)
+
+test: deps
+	@$(MAKE) --no-print-directory tests $(CLI)
+	@scripts/run-tests.sh $(TESTS)
+
+demo: deps
+	@$(MAKE) --no-print-directory $(CLI)
+	@scripts/demo.sh $(CLI)
+
+bench: deps
+	@$(MAKE) --no-print-directory $(BENCH) BUILD=$(BUILD)
+	@scripts/bench.sh $(BENCH)
+
+# libFuzzer targets: the core sources rebuilt with clang's fuzzer + ASan/UBSan.
+FUZZ_CFLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+               -DKV_USE_LIBC_MALLOC -D_GNU_SOURCE -DKV_HAVE_CUDA=0 -DKV_HAVE_RDMA=0 $(INCLUDES)
+$(BUILD)/fuzz/%: tests/fuzz/%.c $(wildcard kvcache/*.c kvcache/*.h)
+	@mkdir -p $(dir $@)
+	$(CLANG) $(FUZZ_CFLAGS) -o $@ $< $(filter-out %_cuda.c %_verbs.c,$(wildcard kvcache/*.c)) -lxxhash -lm
+
+fuzz: deps
+	@$(MAKE) --no-print-directory $(FUZZ_BINS)
+
+install: lib
+	install -d $(DESTDIR)$(PREFIX)/include/kvcache $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 644 $(HEADERS) $(DESTDIR)$(PREFIX)/include/kvcache/
+	install -m 644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS@|$(LIBS)|' -e 's|@VERSION@|$(shell sed -n 's/^#define KV_VERSION_STRING "\(.*\)"/\1/p' kvcache/kv.h)|' \
+	    scripts/kvcache.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvcache.pc
+
+format:
+	clang-format -i $(foreach m,$(MODULES),$(wildcard $(m)/*.[ch])) tools/*.c tools/bench/*.[ch] \
+	    tests/*/*.[ch]
+
+cppcheck:
+	cppcheck --std=c11 --enable=warning,performance,portability --error-exitcode=1 \
+	    --inline-suppr -q $(INCLUDES) $(DEFS) $(foreach m,$(MODULES),$(m))
+
+clean:
+	rm -rf build build-*
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

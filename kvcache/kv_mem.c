@@ -1,0 +1,69 @@
+/* kv_mem.c - host allocation through jemalloc, or libc under sanitizers. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_mem.h"
+
+#if defined(KV_USE_LIBC_MALLOC)
+
+void *kv_mem_alloc_aligned(size_t align, size_t size)
+{
+    void *p = NULL;
+    if (size == 0 || align < sizeof(void *) || (align & (align - 1)))
+        return NULL;
+    if (posix_memalign(&p, align, size) != 0)
+        return NULL;
+    return p;
+}
+
+void kv_mem_free(void *p)
+{
+    free(p);
+}
+
+const char *kv_mem_backend(void)
+{
+    return "libc";
+}
+
+#else
+
+#include <jemalloc/jemalloc.h>
+
+void *kv_mem_alloc_aligned(size_t align, size_t size)
+{
+    if (size == 0 || align < sizeof(void *) || (align & (align - 1)))
+        return NULL;
+    return mallocx(size, MALLOCX_ALIGN(align));
+}
+
+void kv_mem_free(void *p)
+{
+    if (p)
+        dallocx(p, 0);
+}
+
+const char *kv_mem_backend(void)
+{
+    return "jemalloc";
+}
+
+#endif
+
+void *kv_mem_alloc(size_t size)
+{
+    return kv_mem_alloc_aligned(16, size);
+}
+
+void *kv_mem_calloc(size_t n, size_t size)
+{
+    size_t total;
+    void *p;
+    if (__builtin_mul_overflow(n, size, &total))
+        return NULL;
+    p = kv_mem_alloc(total);
+    if (p)
+        memset(p, 0, total);
+    return p;
+}

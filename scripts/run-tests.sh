@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Run every test binary given, print each cmocka summary, then one closing
+# line "N passed, N failed". Exit non-zero if any test failed or crashed.
+set -uo pipefail
+passed=0; failed=0; bad_bins=()
+for t in "$@"; do
+    [[ -x "$t" ]] || { echo "missing test binary: $t"; failed=$((failed + 1)); continue; }
+    out=$(timeout "${KV_TEST_TIMEOUT:-600}" "$t" 2>&1); rc=$?
+    printf '%s\n' "$out"
+    p=$(printf '%s\n' "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | awk '{s+=$1} END {print s+0}')
+    f=$(printf '%s\n' "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | awk '{s+=$1} END {print s+0}')
+    passed=$((passed + p)); failed=$((failed + f))
+    if [[ $rc -ne 0 && $f -eq 0 ]]; then
+        echo "$t exited with status $rc"; failed=$((failed + 1))
+    fi
+    [[ $rc -ne 0 ]] && bad_bins+=("$(basename "$t")")
+done
+echo
+[[ ${#bad_bins[@]} -gt 0 ]] && echo "failing binaries: ${bad_bins[*]}"
+echo "tests: $passed passed, $failed failed"
+[[ $failed -eq 0 ]]

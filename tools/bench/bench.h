@@ -1,0 +1,66 @@
+/*
+ * bench.h - the kvbench harness (see shared BENCH.md, docs/benchmarks.md).
+ *
+ * Each tools/bench/bench_<area>.c registers its suites with KVB_REGISTER;
+ * bench_main.c runs them. A suite measures a candidate and its baseline in
+ * the same process, interleaved (A B A B ...), after a warm-up, and reports
+ * medians through kvb_emit_*(), which prints one JSON line to stdout and
+ * appends it to bench/results.jsonl.
+ */
+#ifndef KVB_BENCH_H
+#define KVB_BENCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef void (*kvb_suite_fn)(void);
+
+void kvb_register(const char *area, kvb_suite_fn fn);
+#define KVB_REGISTER(area, fn)                                                  \
+    __attribute__((constructor)) static void kvb__reg_##fn(void)                \
+    {                                                                           \
+        kvb_register(area, fn);                                                 \
+    }
+
+/* True when `case_name` of `bench` should run (--case / --bench filters). */
+int kvb_selected(const char *bench, const char *case_name);
+
+/* Quick mode (--quick or KVB_QUICK=1): smaller sizes and fewer runs, used by
+ * smoke tests; results are still printed but marked "quick":true. */
+int kvb_quick(void);
+
+/* Number of interleaved runs per case (default 9, quick 3). */
+int kvb_runs(void);
+
+/* Monotonic clock in seconds. */
+double kvb_now(void);
+
+/* Median of n doubles (sorts a copy). */
+double kvb_median(const double *v, int n);
+
+/* Fill with fresh non-zero pseudo-random bytes (seeded per call). */
+void kvb_fill_random(void *p, size_t bytes, uint64_t seed);
+
+/* Large (>= 256 MiB unless quick) aligned buffer from kv_mem; exits on OOM. */
+void *kvb_alloc(size_t bytes);
+void kvb_free(void *p);
+
+/* Progress on stderr when it is a terminal. */
+void kvb_progress(const char *bench, const char *case_name);
+
+/* Throughput result: bytes moved per run, candidate and baseline medians. */
+void kvb_emit_gbps(const char *bench, const char *case_name, uint64_t bytes, double cand_s,
+                   const char *baseline, double base_s, int runs);
+
+/* Rate result in operations per second (ops per run). */
+void kvb_emit_ops(const char *bench, const char *case_name, uint64_t ops, double cand_s,
+                  const char *baseline, double base_s, int runs);
+
+/* Latency result: microseconds per op; ratio = baseline_us / us (speedup). */
+void kvb_emit_us(const char *bench, const char *case_name, double cand_us, const char *baseline,
+                 double base_us, int runs);
+
+/* Keep the compiler from deleting a computed value. */
+void kvb_sink(uint64_t v);
+
+#endif /* KVB_BENCH_H */
