@@ -72,6 +72,7 @@ NVCCFLAGS ?= -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 \
 NVCC_ALL   = $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden -DKV_HAVE_CUDA=1 $(INCLUDES)
 
 TEST_COMMON := $(wildcard tests/common/*.c)
+TEST_DEFS   := -Itests/common -DKV_TEST_DATA_DIR='"$(CURDIR)/tests/data"'
 UNIT_TESTS  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
 INTEG_TESTS := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(wildcard tests/integration/test_*.c))
 TESTS       := $(UNIT_TESTS) $(INTEG_TESTS)
@@ -111,12 +112,12 @@ $(LIB_SO): $(OBJ)
 
 $(BUILD)/tests/%: tests/unit/%.c $(TEST_COMMON) $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALLCFLAGS) -Itests/common -o $@ $< $(TEST_COMMON) $(LIB_A) -lcmocka $(LIBS)
+	$(CC) $(ALLCFLAGS) $(TEST_DEFS) -o $@ $< $(TEST_COMMON) $(LIB_A) -lcmocka $(LIBS)
 
 # Integration tests use the public API only: linked against the shared library.
 $(BUILD)/tests/%: tests/integration/%.c $(TEST_COMMON) $(LIB_SO)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALLCFLAGS) -Itests/common -o $@ $< $(TEST_COMMON) -L$(BUILD) \
+	$(CC) $(ALLCFLAGS) $(TEST_DEFS) -o $@ $< $(TEST_COMMON) -L$(BUILD) \
 	    -Wl,-rpath,'$$ORIGIN/..' -lkvcache -lcmocka $(LIBS)
 
 $(CLI): tools/kvcache.c $(LIB_A)

@@ -450,7 +450,9 @@ kv_status kv_view_expand(const struct kv_view *src, int ndim, const int64_t *sha
                                  "(-1 is not allowed there)",
                                  want, i, kv__fmt_list(b1, sizeof(b1), shape, ndim));
             t.shape[i] = want;
-            t.strides[i] = 0;
+            /* PyTorch: a new size-1 dim gets the stride that would make it
+             * contiguous with the dim to its right; a broadcast one gets 0. */
+            t.strides[i] = want != 1 ? 0 : (i + 1 < ndim ? t.shape[i + 1] * t.strides[i + 1] : 1);
         } else if (want == -1 || want == src->shape[j]) {
             t.shape[i] = src->shape[j];
             t.strides[i] = src->strides[j];
@@ -651,14 +653,20 @@ static kv_status kv__needs_copy_error(const char *fn, const struct kv_view *src,
                                       int ndim, int lo, int hi)
 {
     char b1[KV__LIST_BUF], b2[KV__LIST_BUF], b3[KV__LIST_BUF];
+    (void)hi;
+    if (lo < 1) /* not reached for valid input: computeStride fails only at a chunk edge */
+        return kv__error(KV_ERR_NEEDS_COPY, "%s: shape %s with strides %s cannot be viewed as %s",
+                         fn, kv__fmt_list(b1, sizeof(b1), src->shape, src->ndim),
+                         kv__fmt_list(b2, sizeof(b2), src->strides, src->ndim),
+                         kv__fmt_list(b3, sizeof(b3), rs, ndim));
     return kv__error(KV_ERR_NEEDS_COPY,
                      "%s: shape %s with strides %s cannot be viewed as %s without a copy: dims "
-                     "%d..%d (sizes %s) are not laid out contiguously enough to merge or split "
-                     "(use reshape)",
+                     "%d and %d cannot be merged (stride %" PRId64 " != %" PRId64 " * %" PRId64
+                     ") and the target shape does not split between them (use reshape)",
                      fn, kv__fmt_list(b1, sizeof(b1), src->shape, src->ndim),
                      kv__fmt_list(b2, sizeof(b2), src->strides, src->ndim),
-                     kv__fmt_list(b3, sizeof(b3), rs, ndim), lo, hi,
-                     kv__fmt_list(b1, sizeof(b1), src->shape + lo, hi - lo + 1));
+                     kv__fmt_list(b3, sizeof(b3), rs, ndim), lo - 1, lo, src->strides[lo - 1],
+                     src->shape[lo], src->strides[lo]);
 }
 
 kv_status kv_view_view(const struct kv_view *src, int ndim, const int64_t *shape,

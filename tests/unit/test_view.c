@@ -1,0 +1,630 @@
+/*
+ * test_view.c - strided views: the PyTorch conformance vectors and the edge
+ * cases / bad input of every op.
+ *
+ * The reference for element values is the view formula itself, walked here
+ * element by element (independent of the library's copy engine).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kv.h"
+#include "kvtest.h"
+
+/* ---- reference walk ------------------------------------------------------ */
+
+/* Sum and index-weighted sum of an i64 view's elements in logical C order. */
+static void ref_sums(const struct kv_view *v, int64_t *sum, int64_t *wsum)
+{
+    int64_t idx[KV_MAX_DIMS] = {0};
+    int64_t n = kv_view_numel(v), lin;
+    const int64_t *base = v->base;
+    *sum = 0;
+    *wsum = 0;
+    for (lin = 0; lin < n; lin++) {
+        int64_t off = v->offset, val;
+        for (int k = 0; k < v->ndim; k++)
+            off += idx[k] * v->strides[k];
+        val = base[off];
+        *sum += val;
+        *wsum += lin * val;
+        for (int k = v->ndim - 1; k >= 0; k--) {
+            if (++idx[k] < v->shape[k])
+                break;
+            idx[k] = 0;
+        }
+    }
+}
+
+/* ---- conformance replay --------------------------------------------------- */
+
+struct replay {
+    void *bufs[64]; /* storages made by copies, freed at the end of a line */
+    int nbufs;
+};
+
+static int parse_list(const char *s, int64_t *out)
+{
+    int n = 0;
+    while (*s == ' ')
+        s++;
+    if (!(*s == '-' || (*s >= '0' && *s <= '9')))
+        return 0;
+    for (;;) {
+        char *end;
+        out[n++] = strtoll(s, &end, 10);
+        s = end;
+        if (*s != ',' || n == KV_MAX_DIMS)
+            break;
+        s++;
+    }
+    return n;
+}
+
+static int parse_copy_flag(const char *s)
+{
+    const char *c = strstr(s, "copy=");
+    return c ? atoi(c + 5) : -1;
+}
+
+/* Apply one op; returns the status, sets *copied (-1 when the op never copies). */
+static kv_status apply_op(struct replay *r, const char *op, struct kv_view *v, int *copied)
+{
+    char name[32];
+    int64_t a[KV_MAX_DIMS];
+    const char *args;
+    int n, consumed = 0;
+    bool cp = false;
+    kv_status st;
+    size_t need = (size_t)kv_view_numel(v) * 8;
+    void *dst;
+
+    *copied = -1;
+    if (sscanf(op, " %31s%n", name, &consumed) != 1)
+        return KV_ERR_INVALID_ARG;
+    args = op + consumed;
+    if (!strcmp(name, "permute")) {
+        int perm[KV_MAX_DIMS];
+        n = parse_list(args, a);
+        for (int i = 0; i < n; i++)
+            perm[i] = (int)a[i];
+        return kv_view_permute(v, perm, v);
+    }
+    if (!strcmp(name, "transpose") || !strcmp(name, "unsqueeze") || !strcmp(name, "squeeze") ||
+        !strcmp(name, "select") || !strcmp(name, "narrow") || !strcmp(name, "slice") ||
+        !strcmp(name, "diagonal")) {
+        long long x[4] = {0};
+        int k = sscanf(args, "%lld %lld %lld %lld", &x[0], &x[1], &x[2], &x[3]);
+        if (!strcmp(name, "transpose") && k == 2)
+            return kv_view_transpose(v, (int)x[0], (int)x[1], v);
+        if (!strcmp(name, "unsqueeze") && k == 1)
+            return kv_view_unsqueeze(v, (int)x[0], v);
+        if (!strcmp(name, "squeeze") && k == 1)
+            return kv_view_squeeze(v, (int)x[0], v);
+        if (!strcmp(name, "select") && k == 2)
+            return kv_view_select(v, (int)x[0], x[1], v);
+        if (!strcmp(name, "narrow") && k == 3)
+            return kv_view_narrow(v, (int)x[0], x[1], x[2], v);
+        if (!strcmp(name, "slice") && k == 4)
+            return kv_view_slice(v, (int)x[0], x[1], x[2], x[3], v);
+        if (!strcmp(name, "diagonal") && k == 3)
+            return kv_view_diagonal(v, x[0], (int)x[1], (int)x[2], v);
+        fail_msg("bad arguments for %s: '%s'", name, args);
+    }
+    if (!strcmp(name, "expand")) {
+        n = parse_list(args, a);
+        return kv_view_expand(v, n, a, v);
+    }
+    if (!strcmp(name, "view")) {
+        n = parse_list(args, a);
+        return kv_view_view(v, n, a, v);
+    }
+    assert_true(r->nbufs < 64);
+    dst = kv_mem_alloc(need ? need : 8);
+    assert_non_null(dst);
+    r->bufs[r->nbufs++] = dst;
+    if (!strcmp(name, "reshape")) {
+        n = parse_list(args, a);
+        st = kv_view_reshape(v, n, a, dst, need, v, &cp);
+    } else if (!strcmp(name, "flatten")) {
+        int x0, x1;
+        assert_int_equal(sscanf(args, "%d %d", &x0, &x1), 2);
+        st = kv_view_flatten(v, x0, x1, dst, need, v, &cp);
+    } else if (!strcmp(name, "contiguous")) {
+        st = kv_view_contiguous(v, dst, need, v, &cp);
+    } else {
+        fail_msg("unknown op '%s'", name);
+        return KV_ERR_INVALID_ARG;
+    }
+    *copied = cp;
+    return st;
+}
+
+static int check_expect(const struct kv_view *v, const char *exp, char *why, size_t cap)
+{
+    int64_t shape[KV_MAX_DIMS], strides[KV_MAX_DIMS], sum, wsum, esum, ewsum, eoff;
+    int nshape, nstrides, econtig;
+    const char *p;
+    int64_t numel = kv_view_numel(v);
+
+    p = strstr(exp, "shape=");
+    nshape = parse_list(p + 6, shape);
+    p = strstr(exp, "strides=");
+    nstrides = parse_list(p + 8, strides);
+    eoff = strtoll(strstr(exp, "offset=") + 7, NULL, 10);
+    econtig = atoi(strstr(exp, "contiguous=") + 11);
+    esum = strtoll(strstr(exp, "sum=") + 4, NULL, 10);
+    ewsum = strtoll(strstr(exp, "wsum=") + 5, NULL, 10);
+
+    if (nshape != v->ndim || nstrides != v->ndim)
+        return snprintf(why, cap, "ndim %d, expected %d", v->ndim, nshape), 0;
+    for (int i = 0; i < nshape; i++) {
+        if (shape[i] != v->shape[i])
+            return snprintf(why, cap, "shape[%d]=%lld expected %lld", i, (long long)v->shape[i],
+                            (long long)shape[i]),
+                   0;
+        if (shape[i] != 1 && strides[i] != v->strides[i])
+            return snprintf(why, cap, "strides[%d]=%lld expected %lld", i,
+                            (long long)v->strides[i], (long long)strides[i]),
+                   0;
+    }
+    if (numel > 0 && eoff != v->offset)
+        return snprintf(why, cap, "offset=%lld expected %lld", (long long)v->offset,
+                        (long long)eoff),
+               0;
+    if ((int)kv_view_is_contiguous(v) != econtig)
+        return snprintf(why, cap, "contiguous=%d expected %d", kv_view_is_contiguous(v), econtig),
+               0;
+    ref_sums(v, &sum, &wsum);
+    if (sum != esum || wsum != ewsum)
+        return snprintf(why, cap, "sum=%lld wsum=%lld expected %lld %lld", (long long)sum,
+                        (long long)wsum, (long long)esum, (long long)ewsum),
+               0;
+    /* The library's materialize must agree with the reference walk. */
+    if (numel > 0) {
+        int64_t *buf = kv_mem_alloc((size_t)numel * 8), msum = 0, mwsum = 0;
+        kv_status st;
+        assert_non_null(buf);
+        st = kv_view_materialize(v, buf, (size_t)numel * 8);
+        for (int64_t i = 0; st == KV_OK && i < numel; i++) {
+            msum += buf[i];
+            mwsum += i * buf[i];
+        }
+        kv_mem_free(buf);
+        if (st != KV_OK || msum != esum || mwsum != ewsum)
+            return snprintf(why, cap, "materialize: %s sum=%lld wsum=%lld", kv_status_name(st),
+                            (long long)msum, (long long)mwsum),
+                   0;
+    }
+    return 1;
+}
+
+/* Replay one line; returns 1 when it matches. */
+static int replay_line(char *line, char *why, size_t cap)
+{
+    struct replay r = {.nbufs = 0};
+    struct kv_view v;
+    int64_t shape[KV_MAX_DIMS], numel = 1;
+    char *save = NULL, *tok;
+    int ndim, ok = 0;
+    int64_t *storage;
+
+    tok = strtok_r(line, "|", &save);
+    assert_non_null(tok);
+    assert_int_equal(strncmp(tok, "start ", 6), 0);
+    ndim = parse_list(tok + 6, shape);
+    for (int i = 0; i < ndim; i++)
+        numel *= shape[i];
+    storage = kv_mem_alloc((size_t)(numel ? numel : 1) * 8);
+    assert_non_null(storage);
+    for (int64_t i = 0; i < numel; i++)
+        storage[i] = i;
+    assert_int_equal(kv_view_init(&v, storage, (size_t)numel * 8, KV_I64, ndim, shape), KV_OK);
+
+    while ((tok = strtok_r(NULL, "|", &save)) != NULL) {
+        char *next;
+        int copied, want_copy;
+        kv_status st;
+        while (*tok == ' ')
+            tok++;
+        if (!strncmp(tok, "expect", 6)) {
+            ok = check_expect(&v, tok, why, cap);
+            break;
+        }
+        next = save;
+        while (next && *next == ' ')
+            next++;
+        st = apply_op(&r, tok, &v, &copied);
+        if (next && !strncmp(next, "error", 5)) {
+            if (st == KV_OK)
+                snprintf(why, cap, "op '%s' succeeded but PyTorch refused it", tok);
+            else if (kv_last_error()[0] == '\0')
+                snprintf(why, cap, "op '%s' failed without a message", tok);
+            else
+                ok = 1;
+            break;
+        }
+        if (st != KV_OK) {
+            snprintf(why, cap, "op '%s' failed: %s: %s", tok, kv_status_name(st), kv_last_error());
+            break;
+        }
+        want_copy = parse_copy_flag(tok);
+        if (want_copy >= 0 && copied != want_copy) {
+            snprintf(why, cap, "op '%s' copied=%d expected %d", tok, copied, want_copy);
+            break;
+        }
+    }
+    for (int i = 0; i < r.nbufs; i++)
+        kv_mem_free(r.bufs[i]);
+    kv_mem_free(storage);
+    return ok;
+}
+
+static void test_view_conformance_vectors(void **state)
+{
+    char line[4096], copy[4096], why[512];
+    int lines = 0, failed = 0, errors = 0;
+    FILE *f = fopen(kvt_data_path("strided_views.txt"), "r");
+    (void)state;
+    if (!f)
+        fail_msg("cannot open %s", kvt_data_path("strided_views.txt"));
+    while (fgets(line, sizeof(line), f)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (line[0] == '#' || line[0] == '\0')
+            continue;
+        lines++;
+        if (strstr(line, "| error"))
+            errors++;
+        strcpy(copy, line);
+        why[0] = '\0';
+        if (!replay_line(copy, why, sizeof(why))) {
+            if (failed < 15)
+                print_message("MISMATCH %s\n    -> %s\n", line, why);
+            failed++;
+        }
+    }
+    fclose(f);
+    print_message("conformance: %d lines (%d expected errors), %d mismatches\n", lines, errors,
+                  failed);
+    assert_int_equal(lines, 3000);
+    assert_int_equal(failed, 0);
+}
+
+/* ---- edge cases and bad input -------------------------------------------- */
+
+static int64_t g_buf[4096];
+
+static void make(struct kv_view *v, int ndim, const int64_t *shape)
+{
+    assert_int_equal(kv_view_init(v, g_buf, sizeof(g_buf), KV_I64, ndim, shape), KV_OK);
+}
+
+#define assert_msg_has(s) assert_non_null(strstr(kv_last_error(), (s)))
+
+static void test_view_init_bad_input(void **state)
+{
+    struct kv_view v, before;
+    int64_t shape9[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1}, neg[2] = {3, -2}, big[2] = {100, 100};
+    (void)state;
+    memset(&v, 0x5a, sizeof(v));
+    before = v;
+    assert_int_equal(kv_view_init(&v, g_buf, sizeof(g_buf), KV_F32, 9, shape9), KV_ERR_BAD_DIM);
+    assert_msg_has("9");
+    assert_int_equal(kv_view_init(&v, g_buf, sizeof(g_buf), KV_F32, 2, neg), KV_ERR_BAD_SHAPE);
+    assert_msg_has("-2");
+    assert_int_equal(kv_view_init(&v, g_buf, 1000, KV_F32, 2, big), KV_ERR_OUT_OF_BOUNDS);
+    assert_msg_has("1000");
+    assert_int_equal(kv_view_init(&v, NULL, 0, KV_F32, 2, big), KV_ERR_NULL);
+    assert_int_equal(kv_view_init(NULL, g_buf, sizeof(g_buf), KV_F32, 2, big), KV_ERR_NULL);
+    assert_int_equal(kv_view_init(&v, g_buf, sizeof(g_buf), (kv_dtype)99, 2, big),
+                     KV_ERR_INVALID_ARG);
+    assert_memory_equal(&v, &before, sizeof(v)); /* failures leave out unchanged */
+    /* A 0-d view is one element; numel of an empty shape dim is 0. */
+    assert_int_equal(kv_view_init(&v, g_buf, 8, KV_I64, 0, NULL), KV_OK);
+    assert_int_equal(kv_view_numel(&v), 1);
+    assert_string_equal(kv_last_error(), "");
+}
+
+static void test_view_permute_bad_input(void **state)
+{
+    struct kv_view v, w;
+    int64_t shape[3] = {2, 3, 4};
+    int dup[3] = {0, 2, 0}, range[3] = {0, 1, 3}, neg[3] = {-1, 0, 1};
+    (void)state;
+    make(&v, 3, shape);
+    w = v;
+    assert_int_equal(kv_view_permute(&v, dup, &w), KV_ERR_INVALID_ARG);
+    assert_msg_has("dim 0 appears twice");
+    assert_int_equal(kv_view_permute(&v, range, &w), KV_ERR_BAD_DIM);
+    assert_msg_has("3");
+    assert_memory_equal(&v, &w, sizeof(v));
+    assert_int_equal(kv_view_permute(&v, neg, &w), KV_OK);
+    assert_int_equal(w.shape[0], 4);
+    assert_int_equal(w.strides[0], 1);
+    assert_int_equal(w.shape[2], 3);
+    assert_int_equal(kv_view_permute(NULL, neg, &w), KV_ERR_NULL);
+    assert_int_equal(kv_view_permute(&v, NULL, &w), KV_ERR_NULL);
+}
+
+static void test_view_slice_steps_and_clamping(void **state)
+{
+    struct kv_view v, w;
+    int64_t shape[2] = {10, 4};
+    (void)state;
+    make(&v, 2, shape);
+    assert_int_equal(kv_view_slice(&v, 0, 1, 8, 3, &w), KV_OK); /* rows 1,4,7 */
+    assert_int_equal(w.shape[0], 3);
+    assert_int_equal(w.strides[0], 12);
+    assert_int_equal(w.offset, 4);
+    assert_int_equal(kv_view_slice(&v, 0, -3, 100, 1, &w), KV_OK); /* rows 7..9 */
+    assert_int_equal(w.shape[0], 3);
+    assert_int_equal(w.offset, 28);
+    assert_int_equal(kv_view_slice(&v, 0, 6, 2, 1, &w), KV_OK); /* empty */
+    assert_int_equal(w.shape[0], 0);
+    assert_int_equal(kv_view_slice(&v, 1, 0, 4, 0, &w), KV_ERR_INVALID_ARG);
+    assert_msg_has("step 0");
+    assert_int_equal(kv_view_slice(&v, 1, 0, 4, -1, &w), KV_ERR_INVALID_ARG);
+    assert_msg_has("-1");
+    assert_int_equal(kv_view_slice(&v, 2, 0, 4, 1, &w), KV_ERR_BAD_DIM);
+    assert_msg_has("dim 2");
+}
+
+static void test_view_narrow_select_bounds(void **state)
+{
+    struct kv_view v, w;
+    int64_t shape[2] = {5, 6};
+    (void)state;
+    make(&v, 2, shape);
+    assert_int_equal(kv_view_narrow(&v, 1, 4, 3, &w), KV_ERR_OUT_OF_BOUNDS);
+    assert_msg_has("size 6");
+    assert_int_equal(kv_view_narrow(&v, 1, -2, 2, &w), KV_OK);
+    assert_int_equal(w.offset, 4);
+    assert_int_equal(kv_view_narrow(&v, 0, 0, -1, &w), KV_ERR_OUT_OF_BOUNDS);
+    assert_int_equal(kv_view_select(&v, 0, 5, &w), KV_ERR_OUT_OF_BOUNDS);
+    assert_msg_has("index 5");
+    assert_int_equal(kv_view_select(&v, 0, -1, &w), KV_OK);
+    assert_int_equal(w.ndim, 1);
+    assert_int_equal(w.offset, 24);
+    assert_int_equal(kv_view_select(&v, -3, 0, &w), KV_ERR_BAD_DIM);
+}
+
+static void test_view_unsqueeze_squeeze(void **state)
+{
+    struct kv_view v, w;
+    int64_t shape[2] = {3, 4}, s8[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    (void)state;
+    make(&v, 2, shape);
+    assert_int_equal(kv_view_unsqueeze(&v, -1, &w), KV_OK);
+    assert_int_equal(w.ndim, 3);
+    assert_int_equal(w.shape[2], 1);
+    assert_int_equal(kv_view_squeeze(&w, 2, &w), KV_OK);
+    assert_int_equal(w.ndim, 2);
+    assert_int_equal(kv_view_squeeze(&w, 0, &w), KV_OK); /* size 3: unchanged */
+    assert_int_equal(w.ndim, 2);
+    assert_int_equal(kv_view_unsqueeze(&v, 3, &w), KV_ERR_BAD_DIM);
+    make(&v, 8, s8);
+    assert_int_equal(kv_view_unsqueeze(&v, 0, &w), KV_ERR_BAD_DIM);
+    assert_msg_has("max 8");
+}
+
+static void test_view_expand_rules(void **state)
+{
+    struct kv_view v, w;
+    int64_t shape[2] = {3, 1}, ok[3] = {2, 3, 5}, bad[2] = {4, 5}, keep[2] = {-1, 7},
+            lead_neg[3] = {-1, 3, 1};
+    (void)state;
+    make(&v, 2, shape);
+    assert_int_equal(kv_view_expand(&v, 3, ok, &w), KV_OK);
+    assert_int_equal(w.strides[0], 0);
+    assert_int_equal(w.strides[1], 1);
+    assert_int_equal(w.strides[2], 0);
+    assert_int_equal(kv_view_numel(&w), 30);
+    assert_int_equal(kv_view_expand(&v, 2, bad, &w), KV_ERR_BAD_SHAPE);
+    assert_msg_has("size 3");
+    assert_msg_has("4");
+    assert_int_equal(kv_view_expand(&v, 2, keep, &w), KV_OK);
+    assert_int_equal(w.shape[0], 3);
+    assert_int_equal(w.shape[1], 7);
+    assert_int_equal(kv_view_expand(&v, 3, lead_neg, &w), KV_ERR_BAD_SHAPE);
+    assert_int_equal(kv_view_expand(&v, 1, ok, &w), KV_ERR_BAD_DIM);
+}
+
+static void test_view_diagonal_offsets(void **state)
+{
+    struct kv_view v, w;
+    int64_t shape[2] = {3, 4}, sum, wsum;
+    (void)state;
+    for (int i = 0; i < 12; i++)
+        g_buf[i] = i;
+    make(&v, 2, shape);
+    assert_int_equal(kv_view_diagonal(&v, 1, 0, 1, &w), KV_OK); /* 1, 6, 11 */
+    assert_int_equal(w.shape[0], 3);
+    assert_int_equal(w.strides[0], 5);
+    ref_sums(&w, &sum, &wsum);
+    assert_int_equal(sum, 18);
+    assert_int_equal(kv_view_diagonal(&v, -2, 0, 1, &w), KV_OK); /* 8 */
+    assert_int_equal(w.shape[0], 1);
+    assert_int_equal(w.offset, 8);
+    assert_int_equal(kv_view_diagonal(&v, 9, 0, 1, &w), KV_OK);
+    assert_int_equal(w.shape[0], 0);
+    assert_int_equal(kv_view_diagonal(&v, 0, 1, 1, &w), KV_ERR_INVALID_ARG);
+    assert_msg_has("dim 1");
+}
+
+static void test_view_view_refusal_names_dims(void **state)
+{
+    struct kv_view v, w;
+    int64_t shape[3] = {2, 3, 4}, flat[1] = {24}, split[4] = {2, 3, 2, 2}, two[2] = {-1, -1},
+            bad[2] = {5, 5};
+    (void)state;
+    make(&v, 3, shape);
+    assert_int_equal(kv_view_transpose(&v, 1, 2, &w), KV_OK);
+    assert_int_equal(kv_view_view(&w, 1, flat, &w), KV_ERR_NEEDS_COPY);
+    assert_msg_has("dims 1 and 2 cannot be merged");
+    assert_int_equal(kv_view_transpose(&v, 1, 2, &w), KV_OK);
+    assert_int_equal(kv_view_view(&w, 4, split, &w), KV_ERR_NEEDS_COPY); /* splits dim of stride 1 */
+    assert_int_equal(kv_view_view(&v, 2, two, &w), KV_ERR_BAD_SHAPE);
+    assert_msg_has("only one dimension");
+    assert_int_equal(kv_view_view(&v, 2, bad, &w), KV_ERR_BAD_SHAPE);
+    assert_msg_has("24");
+    assert_int_equal(kv_view_view(&v, 4, split, &w), KV_OK);
+    assert_int_equal(w.strides[1], 4);
+    assert_int_equal(w.strides[3], 1);
+}
+
+static void test_view_as_strided_bounds(void **state)
+{
+    struct kv_view v, w;
+    int64_t shape[1] = {16}, s2[2] = {4, 4}, st2[2] = {4, 1}, neg[2] = {-4, 1};
+    char buf[64];
+    (void)state;
+    assert_int_equal(kv_view_init(&v, buf, 64, KV_F32, 1, shape), KV_OK);
+    assert_int_equal(kv_view_as_strided(&v, 2, s2, st2, 0, &w), KV_OK);
+    assert_int_equal(kv_view_as_strided(&v, 2, s2, st2, 1, &w), KV_ERR_OUT_OF_BOUNDS);
+    assert_msg_has("element 16");
+    assert_msg_has("byte 67");
+    assert_msg_has("64 bytes");
+    assert_int_equal(kv_view_as_strided(&v, 2, s2, neg, 12, &w), KV_ERR_INVALID_ARG);
+    assert_msg_has("-4");
+    assert_int_equal(kv_view_as_strided(&v, 2, s2, st2, -1, &w), KV_ERR_OUT_OF_BOUNDS);
+}
+
+static void test_view_sliding_window(void **state)
+{
+    struct kv_view v, w;
+    int64_t shape[1] = {6};
+    (void)state;
+    for (int i = 0; i < 6; i++)
+        g_buf[i] = 10 * i;
+    make(&v, 1, shape);
+    assert_int_equal(kv_view_sliding_window(&v, 0, 3, &w), KV_OK);
+    assert_int_equal(w.ndim, 2);
+    assert_int_equal(w.shape[0], 4);
+    assert_int_equal(w.shape[1], 3);
+    for (int64_t i = 0; i < 4; i++)
+        for (int64_t j = 0; j < 3; j++) {
+            int64_t idx[2] = {i, j};
+            assert_int_equal(*(int64_t *)kv_view_ptr(&w, idx), 10 * (i + j));
+        }
+    assert_int_equal(kv_view_sliding_window(&v, 0, 7, &w), KV_ERR_BAD_SHAPE);
+    assert_msg_has("window 7");
+}
+
+static void test_view_contiguity_rules(void **state)
+{
+    struct kv_view v;
+    int64_t shape[3] = {2, 1, 3}, strides[3] = {3, 99, 1}, zero[2] = {0, 5}, zs[2] = {7, 9};
+    (void)state;
+    make(&v, 3, shape);
+    assert_true(kv_view_is_contiguous(&v));
+    assert_int_equal(kv_view_as_strided(&v, 3, shape, strides, 0, &v), KV_OK);
+    assert_true(kv_view_is_contiguous(&v)); /* size-1 dims' strides are ignored */
+    assert_false(kv_view_is_f_contiguous(&v));
+    assert_int_equal(kv_view_as_strided(&v, 2, zero, zs, 0, &v), KV_OK);
+    assert_true(kv_view_is_contiguous(&v)); /* numel 0 is contiguous */
+    assert_true(kv_view_is_f_contiguous(&v));
+}
+
+static void test_view_reshape_copy_reported_and_counted(void **state)
+{
+    struct kv_view v, w;
+    int64_t shape[2] = {3, 4}, flat[1] = {12}, got[12];
+    struct kv_copy_stats s;
+    bool copied = false;
+    (void)state;
+    for (int i = 0; i < 12; i++)
+        g_buf[i] = i;
+    make(&v, 2, shape);
+    assert_int_equal(kv_view_transpose(&v, 0, 1, &v), KV_OK);
+    assert_int_equal(kv_view_reshape(&v, 1, flat, NULL, 0, &w, &copied), KV_ERR_NEEDS_COPY);
+    kv_copy_stats_reset();
+    assert_int_equal(kv_view_reshape(&v, 1, flat, got, sizeof(got), &w, &copied), KV_OK);
+    assert_true(copied);
+    kv_copy_stats_get(&s);
+    assert_int_equal(s.calls[KV_COPY_RESHAPE], 1);
+    assert_int_equal(s.bytes[KV_COPY_RESHAPE], 96);
+    for (int i = 0; i < 12; i++)
+        assert_int_equal(got[i], (i % 3) * 4 + i / 3);
+    assert_int_equal(kv_view_reshape(&v, 1, flat, got, 95, &w, &copied), KV_ERR_OUT_OF_BOUNDS);
+    assert_msg_has("96");
+    /* contiguous of a contiguous view: no copy, same view */
+    make(&v, 2, shape);
+    assert_int_equal(kv_view_contiguous(&v, NULL, 0, &w, &copied), KV_OK);
+    assert_false(copied);
+    assert_memory_equal(&v, &w, sizeof(v));
+    kv_copy_stats_get(&s);
+    assert_int_equal(s.calls[KV_COPY_CONTIGUOUS], 0);
+}
+
+static void test_view_large_offsets_are_64bit(void **state)
+{
+    struct kv_view v, w;
+    /* 2^33 bf16 elements: described, never touched. */
+    int64_t shape[3] = {1 << 20, 1 << 5, 1 << 8}, idx[3] = {(1 << 20) - 1, 31, 255}, off;
+    (void)state;
+    assert_int_equal(kv_view_init(&v, (void *)0x1000, (size_t)1 << 34, KV_BF16, 3, shape), KV_OK);
+    assert_int_equal(kv_view_offset_of(&v, idx, &off), KV_OK);
+    assert_true(off == ((int64_t)1 << 33) - 1);
+    assert_int_equal(kv_view_transpose(&v, 0, 2, &w), KV_OK);
+    assert_int_equal(w.strides[2], (int64_t)1 << 13);
+    assert_int_equal(kv_view_init(&v, (void *)0x1000, ((size_t)1 << 34) - 1, KV_BF16, 3, shape),
+                     KV_ERR_OUT_OF_BOUNDS);
+}
+
+static void test_view_describe_line(void **state)
+{
+    struct kv_view v;
+    int64_t shape[3] = {2, 3, 4};
+    char line[512];
+    (void)state;
+    assert_int_equal(kv_view_init(&v, g_buf, sizeof(g_buf), KV_BF16, 3, shape), KV_OK);
+    assert_int_equal(kv_view_transpose(&v, 0, 1, &v), KV_OK);
+    assert_true(kv_view_describe(&v, line, sizeof(line)) > 0);
+    assert_non_null(strstr(line, "shape=[3,2,4]"));
+    assert_non_null(strstr(line, "strides=[4,12,1] elems"));
+    assert_non_null(strstr(line, "[8,24,2] bytes"));
+    assert_non_null(strstr(line, "dtype=bf16"));
+    assert_non_null(strstr(line, "contiguous=no"));
+    assert_null(strchr(line, '\n'));
+}
+
+static void test_view_status_names(void **state)
+{
+    (void)state;
+    assert_string_equal(kv_status_name(KV_ERR_NEEDS_COPY), "KV_ERR_NEEDS_COPY");
+    assert_string_equal(kv_status_name(KV_OK), "KV_OK");
+    assert_string_equal(kv_status_name((kv_status)12345), "KV_UNKNOWN_STATUS");
+    assert_string_equal(kv_strerror(KV_ERR_NO_BLOCKS), "not enough free blocks");
+    assert_int_equal(kv_dtype_size(KV_BF16), 2);
+    assert_int_equal(kv_dtype_size(KV_FP8_E5M2), 1);
+    assert_int_equal(kv_dtype_size(KV_I64), 8);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_view_conformance_vectors),
+        cmocka_unit_test(test_view_init_bad_input),
+        cmocka_unit_test(test_view_permute_bad_input),
+        cmocka_unit_test(test_view_slice_steps_and_clamping),
+        cmocka_unit_test(test_view_narrow_select_bounds),
+        cmocka_unit_test(test_view_unsqueeze_squeeze),
+        cmocka_unit_test(test_view_expand_rules),
+        cmocka_unit_test(test_view_diagonal_offsets),
+        cmocka_unit_test(test_view_view_refusal_names_dims),
+        cmocka_unit_test(test_view_as_strided_bounds),
+        cmocka_unit_test(test_view_sliding_window),
+        cmocka_unit_test(test_view_contiguity_rules),
+        cmocka_unit_test(test_view_reshape_copy_reported_and_counted),
+        cmocka_unit_test(test_view_large_offsets_are_64bit),
+        cmocka_unit_test(test_view_describe_line),
+        cmocka_unit_test(test_view_status_names),
+    };
+    return cmocka_run_group_tests_name("view", tests, NULL, NULL);
+}
