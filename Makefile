@@ -17,6 +17,7 @@ CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
 CLANG     ?= clang
 WERROR    ?= $(if $(CI),1,0)
+JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
 
 comma := ,
 BUILD ?= build$(if $(SANITIZE),-$(subst $(comma),-,$(SANITIZE)))
@@ -52,7 +53,7 @@ else
 LIBS := -ljemalloc $(LIBS)
 endif
 ifeq ($(HAVE_CUDA),1)
-LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart
+LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++
 ALLCFLAGS += -I$(CUDA_HOME)/include
 endif
 ifeq ($(HAVE_RDMA),1)
@@ -77,6 +78,7 @@ UNIT_TESTS  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/
 INTEG_TESTS := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(wildcard tests/integration/test_*.c))
 TESTS       := $(UNIT_TESTS) $(INTEG_TESTS)
 BENCH_SRC   := $(wildcard tools/bench/*.c)
+GPU_TESTS   := $(patsubst tests/gpu/%.c,$(BUILD)/gpu/%,$(wildcard tests/gpu/test_gpu_*.c))
 FUZZ_SRC    := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS   := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRC))
 
@@ -85,7 +87,7 @@ LIB_SO := $(BUILD)/libkvcache.so
 CLI    := $(BUILD)/kvcache
 BENCH  := $(BUILD)/kvbench
 
-.PHONY: all lib deps test tests demo bench fuzz install clean format cppcheck info
+.PHONY: all lib deps test tests gpu-tests demo bench fuzz install clean format cppcheck info
 all: lib $(CLI)
 lib: $(LIB_A) $(LIB_SO)
 
@@ -99,7 +101,7 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALLCFLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.cu.o: %.cu
+$(BUILD)/obj/%.cu.o: %.cu $(foreach m,$(MODULES),$(wildcard $(m)/*.h))
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_ALL) -c $< -o $@
 
@@ -128,16 +130,23 @@ $(BENCH): $(BENCH_SRC) $(LIB_A)
 
 tests: $(TESTS)
 
+# GPU tests: built with CUDA, run by scripts/gpu-check.sh where a GPU exists.
+$(BUILD)/gpu/%: tests/gpu/%.c $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) $(TEST_DEFS) -o $@ $< $(LIB_A) $(LIBS)
+
+gpu-tests: $(GPU_TESTS)
+
 test: deps
-	@$(MAKE) --no-print-directory tests $(CLI)
+	@$(MAKE) --no-print-directory -j$(JOBS) tests $(CLI)
 	@scripts/run-tests.sh $(TESTS)
 
 demo: deps
-	@$(MAKE) --no-print-directory $(CLI)
+	@$(MAKE) --no-print-directory -j$(JOBS) $(CLI)
 	@scripts/demo.sh $(CLI)
 
 bench: deps
-	@$(MAKE) --no-print-directory $(BENCH) BUILD=$(BUILD)
+	@$(MAKE) --no-print-directory -j$(JOBS) $(BENCH) BUILD=$(BUILD)
 	@scripts/bench.sh $(BENCH)
 
 # libFuzzer targets: the core sources rebuilt with clang's fuzzer + ASan/UBSan.
@@ -148,7 +157,7 @@ $(BUILD)/fuzz/%: tests/fuzz/%.c $(wildcard kvcache/*.c kvcache/*.h)
 	$(CLANG) $(FUZZ_CFLAGS) -o $@ $< $(filter-out %_cuda.c %_verbs.c,$(wildcard kvcache/*.c)) -lxxhash -lm
 
 fuzz: deps
-	@$(MAKE) --no-print-directory $(FUZZ_BINS)
+	@$(MAKE) --no-print-directory -j$(JOBS) $(FUZZ_BINS)
 
 install: lib
 	install -d $(DESTDIR)$(PREFIX)/include/kvcache $(DESTDIR)$(PREFIX)/lib/pkgconfig

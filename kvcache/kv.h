@@ -15,7 +15,15 @@
 #include "kv_status.h"
 #include "kv_view.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* "0.1.0": the version of the library actually linked. */
 KV_API const char *kv_version(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* KV_H */

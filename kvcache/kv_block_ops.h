@@ -14,6 +14,10 @@
 
 #include "kv_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 struct kv_block_ops {
     void *ctx; /* passed back as the first argument of every op */
 
@@ -50,5 +54,9 @@ struct kv_block_ops {
     kv_status (*commit_full)(void *ctx, uint32_t id, uint64_t parent_hash, const int32_t *tokens,
                              uint32_t n_tokens, uint64_t extra_key, uint64_t *hash_out);
 };
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* KV_BLOCK_OPS_H */

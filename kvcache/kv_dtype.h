@@ -8,6 +8,10 @@
 
 #include "kv_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* X(enum, name, bytes) */
 #define KV_DTYPE_MAP(X)          \
     X(KV_F32, "f32", 4)          \
@@ -38,5 +42,9 @@ KV_API const char *kv_dtype_name(kv_dtype dt);
  * "e4m3", "e5m2", "int8", "int32", "int64", "uint8", "float64").
  * Returns KV_ERR_INVALID_ARG naming the string when unknown. */
 KV_API kv_status kv_dtype_parse(const char *name, kv_dtype *out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* KV_DTYPE_H */

@@ -12,6 +12,10 @@
 
 #include "kv_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* size bytes aligned to `align` (a power of two >= sizeof(void *)); NULL on
  * failure or size 0. Free with kv_mem_free(). */
 KV_API void *kv_mem_alloc_aligned(size_t align, size_t size);
@@ -27,5 +31,9 @@ KV_API void kv_mem_free(void *p);
 
 /* "jemalloc" or "libc": which allocator this build uses. */
 KV_API const char *kv_mem_backend(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* KV_MEM_H */

@@ -11,6 +11,10 @@
 
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #if defined(__GNUC__)
 #define KV_API __attribute__((visibility("default")))
 #define KV_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -62,5 +66,9 @@ KV_API const char *kv_strerror(kv_status s);
  * The pointer stays valid until the next kvcache call on this thread.
  */
 KV_API const char *kv_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* KV_STATUS_H */

@@ -35,6 +35,10 @@
 #include "kv_dtype.h"
 #include "kv_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define KV_MAX_DIMS 8
 
 struct kv_view {
@@ -143,6 +147,14 @@ KV_API kv_status kv_view_materialize(const struct kv_view *src, void *dst, size_
  * Counted as KV_COPY_VIEW_COPY. */
 KV_API kv_status kv_view_copy(const struct kv_view *dst, const struct kv_view *src);
 
+/* Device-side kv_view_copy: dst and src describe device (or managed) memory;
+ * validated on the host exactly like kv_view_copy, then launched on `stream`
+ * (a cudaStream_t; NULL = default stream) without synchronizing.
+ * KV_ERR_UNSUPPORTED in builds without CUDA or when the launch fails (the
+ * message carries the CUDA error). */
+KV_API kv_status kv_view_copy_cuda(const struct kv_view *dst, const struct kv_view *src,
+                                   void *stream);
+
 /* ---- predicates --------------------------------------------------------- */
 
 /* PyTorch is_contiguous: numel == 0, or C order ignoring size-1 dims. */
@@ -203,5 +215,9 @@ KV_API void kv_copy_stats_get(struct kv_copy_stats *out);
 KV_API void kv_copy_stats_reset(void);
 /* "reshape" for KV_COPY_RESHAPE; "?" otherwise. */
 KV_API const char *kv_copy_reason_name(kv_copy_reason r);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* KV_VIEW_H */

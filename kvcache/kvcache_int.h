@@ -10,6 +10,10 @@
 
 #include "kv_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Record detail for the calling thread and return s (so callers can write
  * `return kv__error(KV_ERR_BAD_DIM, "...", ...)`). */
 kv_status kv__error(kv_status s, const char *fmt, ...) KV_PRINTF(2, 3);
@@ -29,5 +33,9 @@ static inline bool kv__add_i64(int64_t a, int64_t b, int64_t *out)
 
 /* Format an int64 list as "[a,b,c]" into buf (always NUL-terminated). */
 const char *kv__fmt_list(char *buf, size_t cap, const int64_t *v, int n);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* KVCACHE_INT_H */
