@@ -1,0 +1,339 @@
+/* kv_layout.c - KV cache layout descriptor: checks, strides, fingerprint. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <xxhash.h>
+
+#include "kv_layout.h"
+#include "kvcache_int.h"
+
+const char *kv_order_name(kv_order o)
+{
+    switch (o) {
+    case KV_ORDER_NHD:
+        return "NHD";
+    case KV_ORDER_HND:
+        return "HND";
+    }
+    return "?";
+}
+
+const char *kv_arrange_name(kv_arrange a)
+{
+    switch (a) {
+    case KV_ARRANGE_LAYER_MAJOR:
+        return "layer-major";
+    case KV_ARRANGE_BLOCK_MAJOR:
+        return "block-major";
+    }
+    return "?";
+}
+
+/* ---- fingerprint --------------------------------------------------------- */
+
+/* Canonical serialization: a tag, then fixed-width little-endian integers in
+ * a fixed order, then the dtype name. Independent of struct padding, host
+ * endianness and enum numbering of dtypes. */
+struct kv__ser {
+    unsigned char buf[256];
+    size_t len;
+};
+
+static void ser_u64(struct kv__ser *s, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        s->buf[s->len++] = (unsigned char)(v >> (8 * i));
+}
+
+static uint64_t layout_fingerprint(const struct kv_layout *lo)
+{
+    struct kv__ser s = {.len = 0};
+    static const char tag[8] = {'k', 'v', 'l', 'a', 'y', 'o', 'u', '1'};
+    memcpy(s.buf, tag, sizeof(tag));
+    s.len = sizeof(tag);
+    const int64_t fields[] = {
+        lo->num_layers,        lo->num_blocks,         lo->block_tokens,
+        lo->num_heads,         lo->head_dim,           lo->elem_bytes,
+        (int64_t)lo->order,    (int64_t)lo->arrange,   (int64_t)lo->kv_packed,
+        lo->align_bytes,       lo->block_stride_bytes, lo->stride_layer_bytes,
+        lo->stride_kv_bytes,   lo->stride_block_bytes, lo->stride_token_bytes,
+        lo->stride_head_bytes, lo->stride_dim_bytes,   lo->total_bytes,
+    };
+    _Static_assert(8 + sizeof(fields) + 16 <= sizeof(s.buf), "fingerprint buffer too small");
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
+        ser_u64(&s, (uint64_t)fields[i]);
+    /* dtype by name (NUL padded to 16): stable across enum reordering */
+    char name[16] = {0};
+    snprintf(name, sizeof(name), "%s", kv_dtype_name(lo->dtype));
+    memcpy(s.buf + s.len, name, sizeof(name));
+    s.len += sizeof(name);
+    return XXH3_64bits(s.buf, s.len);
+}
+
+/* ---- init ------------------------------------------------------------------ */
+
+static kv_status check_dim(const char *name, int64_t v)
+{
+    if (v < 1)
+        return kv__error(KV_ERR_BAD_SHAPE, "kv_layout_init: %s = %" PRId64 " must be >= 1", name,
+                         v);
+    return KV_OK;
+}
+
+kv_status kv_layout_init(const struct kv_layout_config *cfg, struct kv_layout *out)
+{
+    if (!cfg || !out)
+        return kv__error(KV_ERR_NULL, "kv_layout_init: %s is NULL", !cfg ? "cfg" : "out");
+
+    const int64_t es = (int64_t)kv_dtype_size(cfg->dtype);
+    if (es == 0)
+        return kv__error(KV_ERR_INVALID_ARG, "kv_layout_init: unknown dtype %d", (int)cfg->dtype);
+    if (cfg->order != KV_ORDER_NHD && cfg->order != KV_ORDER_HND)
+        return kv__error(KV_ERR_INVALID_ARG, "kv_layout_init: unknown order %d (NHD=0, HND=1)",
+                         (int)cfg->order);
+    if (cfg->arrange != KV_ARRANGE_LAYER_MAJOR && cfg->arrange != KV_ARRANGE_BLOCK_MAJOR)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_layout_init: unknown arrangement %d (layer-major=0, block-major=1)",
+                         (int)cfg->arrange);
+
+    kv_status st;
+    if ((st = check_dim("num_layers", cfg->num_layers)) != KV_OK ||
+        (st = check_dim("num_blocks", cfg->num_blocks)) != KV_OK ||
+        (st = check_dim("block_tokens", cfg->block_tokens)) != KV_OK ||
+        (st = check_dim("num_heads", cfg->num_heads)) != KV_OK ||
+        (st = check_dim("head_dim", cfg->head_dim)) != KV_OK)
+        return st;
+    if (cfg->num_blocks > ((int64_t)1 << 32))
+        return kv__error(KV_ERR_BAD_SHAPE,
+                         "kv_layout_init: num_blocks = %" PRId64 " exceeds 2^32 (ids are uint32)",
+                         cfg->num_blocks);
+    if (cfg->num_layers > ((int64_t)1 << 32))
+        return kv__error(KV_ERR_BAD_SHAPE, "kv_layout_init: num_layers = %" PRId64 " exceeds 2^32",
+                         cfg->num_layers);
+    if (cfg->block_pad_elems < 0)
+        return kv__error(KV_ERR_BAD_SHAPE, "kv_layout_init: block_pad_elems = %" PRId64 " < 0",
+                         cfg->block_pad_elems);
+    if (cfg->block_stride_bytes < 0)
+        return kv__error(KV_ERR_BAD_SHAPE, "kv_layout_init: block_stride_bytes = %" PRId64 " < 0",
+                         cfg->block_stride_bytes);
+    if (cfg->block_pad_elems != 0 && cfg->block_stride_bytes != 0)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_layout_init: block_pad_elems = %" PRId64
+                         " and block_stride_bytes = %" PRId64 " both set; set one",
+                         cfg->block_pad_elems, cfg->block_stride_bytes);
+    int64_t align = cfg->align_bytes == 0 ? es : cfg->align_bytes;
+    if (align < 0 || (align & (align - 1)) != 0)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_layout_init: align_bytes = %" PRId64 " is not a power of two",
+                         cfg->align_bytes);
+
+    struct kv_layout lo;
+    memset(&lo, 0, sizeof(lo));
+    lo.num_layers = cfg->num_layers;
+    lo.num_blocks = cfg->num_blocks;
+    lo.block_tokens = cfg->block_tokens;
+    lo.num_heads = cfg->num_heads;
+    lo.head_dim = cfg->head_dim;
+    lo.dtype = cfg->dtype;
+    lo.order = cfg->order;
+    lo.arrange = cfg->arrange;
+    lo.kv_packed = cfg->kv_packed;
+    lo.elem_bytes = es;
+    lo.align_bytes = align;
+    lo.kv_planes = cfg->kv_packed ? 1 : 2;
+
+    const int64_t N = lo.block_tokens, H = lo.num_heads, D = lo.head_dim;
+    const int64_t L = lo.num_layers, B = lo.num_blocks, P = lo.kv_planes;
+    int64_t row = 0, nh = 0, blk = 0, blk_bytes = 0;
+    if (!kv__mul_i64(D, 3 - P, &row) || !kv__mul_i64(N, H, &nh) || !kv__mul_i64(nh, row, &blk) ||
+        !kv__mul_i64(blk, es, &blk_bytes))
+        return kv__error(KV_ERR_OVERFLOW,
+                         "kv_layout_init: block of N=%" PRId64 " x H=%" PRId64 " x D=%" PRId64
+                         " x %" PRId64 " planes x %" PRId64 " bytes overflows int64",
+                         N, H, D, 3 - P, es);
+    lo.block_elems = blk;
+    lo.block_bytes = blk_bytes;
+
+    if (cfg->block_stride_bytes != 0) {
+        if (cfg->block_stride_bytes % es != 0)
+            return kv__error(KV_ERR_INVALID_ARG,
+                             "kv_layout_init: block_stride_bytes = %" PRId64
+                             " is not a multiple of the element size %" PRId64
+                             " (head-dim rows would be misaligned)",
+                             cfg->block_stride_bytes, es);
+        if (cfg->block_stride_bytes < blk_bytes)
+            return kv__error(KV_ERR_OVERLAP,
+                             "kv_layout_init: block_stride_bytes = %" PRId64
+                             " < natural block size %" PRId64 " bytes: blocks would overlap",
+                             cfg->block_stride_bytes, blk_bytes);
+        lo.block_stride_elems = cfg->block_stride_bytes / es;
+    } else if (!kv__add_i64(blk, cfg->block_pad_elems, &lo.block_stride_elems)) {
+        return kv__error(KV_ERR_OVERFLOW,
+                         "kv_layout_init: block %" PRId64 " + pad %" PRId64 " elems overflows", blk,
+                         cfg->block_pad_elems);
+    }
+    const int64_t bs = lo.block_stride_elems;
+    if (!kv__mul_i64(bs, es, &lo.block_stride_bytes))
+        return kv__error(KV_ERR_OVERFLOW,
+                         "kv_layout_init: block stride %" PRId64 " elems x %" PRId64
+                         " bytes overflows int64",
+                         bs, es);
+    if (lo.block_stride_bytes % align != 0)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_layout_init: block stride %" PRId64
+                         " bytes is not a multiple of align_bytes %" PRId64,
+                         lo.block_stride_bytes, align);
+
+    /* total = L * P * B * bs elements, and in bytes; every stride below is a
+     * factor of a term <= total, so checking the total covers them. */
+    int64_t t1 = 0, t2 = 0, total = 0, total_bytes = 0;
+    if (!kv__mul_i64(L, P, &t1) || !kv__mul_i64(t1, B, &t2) || !kv__mul_i64(t2, bs, &total) ||
+        !kv__mul_i64(total, es, &total_bytes))
+        return kv__error(KV_ERR_OVERFLOW,
+                         "kv_layout_init: L=%" PRId64 " x planes=%" PRId64 " x B=%" PRId64
+                         " x block stride %" PRId64 " elems x %" PRId64 " bytes overflows int64",
+                         L, P, B, bs, es);
+    if ((uint64_t)total_bytes > (uint64_t)SIZE_MAX)
+        return kv__error(KV_ERR_OVERFLOW,
+                         "kv_layout_init: total %" PRId64 " bytes exceeds SIZE_MAX", total_bytes);
+    lo.total_elems = total;
+    lo.total_bytes = total_bytes;
+
+    /* in-block strides */
+    lo.stride_dim_elems = 1;
+    if (lo.order == KV_ORDER_NHD) {
+        lo.stride_head_elems = row;
+        lo.stride_token_elems = H * row;
+    } else {
+        lo.stride_token_elems = row;
+        lo.stride_head_elems = N * row;
+    }
+    /* arrangement strides */
+    if (lo.arrange == KV_ARRANGE_LAYER_MAJOR) {
+        lo.stride_block_elems = bs;
+        lo.stride_kv_elems = cfg->kv_packed ? D : B * bs;
+        lo.stride_layer_elems = P * B * bs;
+    } else {
+        lo.stride_kv_elems = cfg->kv_packed ? D : bs;
+        lo.stride_layer_elems = P * bs;
+        lo.stride_block_elems = L * P * bs;
+    }
+    lo.stride_layer_bytes = lo.stride_layer_elems * es;
+    lo.stride_kv_bytes = lo.stride_kv_elems * es;
+    lo.stride_block_bytes = lo.stride_block_elems * es;
+    lo.stride_token_bytes = lo.stride_token_elems * es;
+    lo.stride_head_bytes = lo.stride_head_elems * es;
+    lo.stride_dim_bytes = lo.stride_dim_elems * es;
+
+    lo.fingerprint = layout_fingerprint(&lo);
+    *out = lo;
+    return kv__ok();
+}
+
+/* ---- queries ------------------------------------------------------------- */
+
+kv_status kv_layout_kv_view(const struct kv_layout *lo, void *base, size_t storage_bytes,
+                            uint32_t layer, int kv, struct kv_view *out)
+{
+    if (!lo || !base || !out)
+        return kv__error(KV_ERR_NULL, "kv_layout_kv_view: %s is NULL",
+                         !lo     ? "layout"
+                         : !base ? "base"
+                                 : "out");
+    if ((int64_t)layer >= lo->num_layers)
+        return kv__error(KV_ERR_OUT_OF_BOUNDS,
+                         "kv_layout_kv_view: layer %" PRIu32 " >= num_layers %" PRId64, layer,
+                         lo->num_layers);
+    if (kv != 0 && kv != 1)
+        return kv__error(KV_ERR_INVALID_ARG, "kv_layout_kv_view: kv = %d (0 = K, 1 = V)", kv);
+    if ((uint64_t)storage_bytes < (uint64_t)lo->total_bytes)
+        return kv__error(KV_ERR_OUT_OF_BOUNDS,
+                         "kv_layout_kv_view: storage of %zu bytes < layout total %" PRId64 " bytes",
+                         storage_bytes, lo->total_bytes);
+    struct kv_view v;
+    memset(&v, 0, sizeof(v));
+    v.dtype = lo->dtype;
+    v.ndim = 4;
+    v.shape[0] = lo->num_blocks;
+    v.shape[1] = lo->block_tokens;
+    v.shape[2] = lo->num_heads;
+    v.shape[3] = lo->head_dim;
+    v.strides[0] = lo->stride_block_elems;
+    v.strides[1] = lo->stride_token_elems;
+    v.strides[2] = lo->stride_head_elems;
+    v.strides[3] = lo->stride_dim_elems;
+    v.offset = (int64_t)layer * lo->stride_layer_elems + (int64_t)kv * lo->stride_kv_elems;
+    v.base = base;
+    v.storage_bytes = storage_bytes;
+    *out = v;
+    return kv__ok();
+}
+
+kv_status kv_layout_offset(const struct kv_layout *lo, uint32_t layer, int kv, uint32_t block,
+                           uint32_t token, uint32_t head, uint32_t d, int64_t *out_elems)
+{
+    if (!lo || !out_elems)
+        return kv__error(KV_ERR_NULL, "kv_layout_offset: %s is NULL", !lo ? "layout" : "out");
+    if (kv != 0 && kv != 1)
+        return kv__error(KV_ERR_INVALID_ARG, "kv_layout_offset: kv = %d (0 = K, 1 = V)", kv);
+    const struct {
+        const char *name;
+        uint32_t v;
+        int64_t lim;
+    } c[] = {{"layer", layer, lo->num_layers},
+             {"block", block, lo->num_blocks},
+             {"token", token, lo->block_tokens},
+             {"head", head, lo->num_heads},
+             {"d", d, lo->head_dim}};
+    for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++)
+        if ((int64_t)c[i].v >= c[i].lim)
+            return kv__error(KV_ERR_OUT_OF_BOUNDS, "kv_layout_offset: %s %" PRIu32 " >= %" PRId64,
+                             c[i].name, c[i].v, c[i].lim);
+    *out_elems = kv_layout_elem_offset(lo, layer, kv, block, token, head, d);
+    return kv__ok();
+}
+
+kv_status kv_layout_block_runs(const struct kv_layout *lo, uint32_t block, struct kv_byte_runs *out)
+{
+    if (!lo || !out)
+        return kv__error(KV_ERR_NULL, "kv_layout_block_runs: %s is NULL", !lo ? "layout" : "out");
+    if ((int64_t)block >= lo->num_blocks)
+        return kv__error(KV_ERR_OUT_OF_BOUNDS,
+                         "kv_layout_block_runs: block %" PRIu32 " >= num_blocks %" PRId64, block,
+                         lo->num_blocks);
+    struct kv_byte_runs r;
+    r.first_offset_bytes = (int64_t)block * lo->stride_block_bytes;
+    r.run_bytes = lo->block_bytes;
+    r.run_count = lo->num_layers * lo->kv_planes;
+    /* consecutive (layer, plane) storage blocks of one block id are
+     * block_stride apart in block-major, B * block_stride in layer-major */
+    r.run_stride_bytes = lo->arrange == KV_ARRANGE_BLOCK_MAJOR
+                             ? lo->block_stride_bytes
+                             : lo->num_blocks * lo->block_stride_bytes;
+    if (r.run_count == 1 || r.run_stride_bytes == r.run_bytes) {
+        r.run_bytes *= r.run_count;
+        r.run_count = 1;
+        r.run_stride_bytes = r.run_bytes;
+    }
+    *out = r;
+    return kv__ok();
+}
+
+int kv_layout_describe(const struct kv_layout *lo, char *buf, size_t cap)
+{
+    if (!lo)
+        return snprintf(buf, cap, "(null layout)");
+    return snprintf(buf, cap,
+                    "L=%" PRId64 " B=%" PRId64 " N=%" PRId64 " H=%" PRId64 " D=%" PRId64
+                    " %s %s %s%s block=%" PRId64 "B stride=%" PRId64 "B align=%" PRId64
+                    " strides(l,kv,b,n,h,d)=[%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64
+                    ",%" PRId64 ",%" PRId64 "]elems total=%" PRId64 "B fp=0x%016" PRIx64,
+                    lo->num_layers, lo->num_blocks, lo->block_tokens, lo->num_heads, lo->head_dim,
+                    kv_dtype_name(lo->dtype), kv_order_name(lo->order),
+                    kv_arrange_name(lo->arrange), lo->kv_packed ? " packed-K|V" : "",
+                    lo->block_bytes, lo->block_stride_bytes, lo->align_bytes,
+                    lo->stride_layer_elems, lo->stride_kv_elems, lo->stride_block_elems,
+                    lo->stride_token_elems, lo->stride_head_elems, lo->stride_dim_elems,
+                    lo->total_bytes, lo->fingerprint);
+}

@@ -1,0 +1,829 @@
+/* kv_page_table.c - per-sequence block lists, copy-on-write, prefix reuse,
+ * and the vLLM / FlashInfer exports. Model: kv_page_table.h and
+ * docs/page-table.md. */
+#include <assert.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kv_mem.h"
+#include "kv_page_table.h"
+#include "kvcache_int.h"
+
+/*
+ * One sequence. Invariants (checked by seq_check() in debug builds):
+ *
+ *     live  => n_blocks == ceil(n_tokens / N)
+ *     n_committed <= n_blocks <= cap,  n_blocks <= max_blocks_per_seq
+ *     blocks [0, n_committed) are sealed: hashes[i] is block i's chained hash
+ *     prefix caching off => n_committed == 0, hashes == tokens == NULL
+ */
+struct kv__seq {
+    uint32_t *blocks; /* [cap] physical block ids */
+    uint64_t *hashes; /* [cap] chained hash of committed block i (prefix caching only) */
+    int32_t *tokens;  /* [cap * N] token ids (prefix caching only) */
+    uint32_t cap;     /* blocks the arrays can hold */
+    uint32_t n_blocks;
+    uint32_t n_committed;
+    uint64_t n_tokens;
+    uint64_t extra_key;
+    bool live;
+};
+
+struct kv_page_table {
+    struct kv_page_table_config cfg;
+    uint32_t N;           /* tokens per block */
+    uint32_t r;           /* kernel pages per block */
+    uint32_t page_tokens; /* N / r */
+    bool prefix;          /* prefix caching on */
+
+    struct kv__seq *seqs; /* [max_seqs] */
+    uint32_t *free_ids;   /* [max_seqs] stack of retired ids; top = lowest unused first */
+    uint32_t n_free;      /* live_seqs + n_free == max_seqs */
+
+    struct kv_block_copy *copies; /* [cap_copies] queued copy-on-writes, oldest first */
+    uint32_t n_copies, cap_copies;
+
+    bool any_block;  /* a block id was ever held */
+    uint32_t max_id; /* largest block id ever held (for the int32 export check) */
+    struct kv_page_table_stats stats;
+};
+
+/* ---- helpers --------------------------------------------------------------- */
+
+static void seq_check(const kv_page_table *pt, const struct kv__seq *s)
+{
+#ifndef NDEBUG
+    if (!s->live)
+        return;
+    assert(s->n_blocks == (uint32_t)((s->n_tokens + pt->N - 1) / pt->N));
+    assert(s->n_committed <= s->n_blocks && s->n_blocks <= s->cap);
+    assert(s->n_blocks <= pt->cfg.max_blocks_per_seq);
+    assert(pt->prefix || (s->n_committed == 0 && !s->hashes && !s->tokens));
+#else
+    (void)pt;
+    (void)s;
+#endif
+}
+
+static void note_ids(kv_page_table *pt, const uint32_t *ids, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (!pt->any_block || ids[i] > pt->max_id) {
+            pt->max_id = ids[i];
+            pt->any_block = true;
+        }
+}
+
+static struct kv__seq *seq_get(const kv_page_table *pt, uint32_t id)
+{
+    if (id >= pt->cfg.max_seqs || !pt->seqs[id].live)
+        return NULL;
+    return &pt->seqs[id];
+}
+
+static kv_status bad_seq(const char *fn, const kv_page_table *pt, uint32_t id)
+{
+    if (id >= pt->cfg.max_seqs)
+        return kv__error(KV_ERR_NOT_FOUND, "%s: seq %" PRIu32 " >= max_seqs %" PRIu32, fn, id,
+                         pt->cfg.max_seqs);
+    return kv__error(KV_ERR_NOT_FOUND, "%s: seq %" PRIu32 " is not live", fn, id);
+}
+
+/* Grow s's arrays to hold at least need blocks. Changes no logical state. */
+static kv_status seq_reserve(kv_page_table *pt, struct kv__seq *s, uint32_t need)
+{
+    if (s->cap >= need)
+        return KV_OK;
+    uint64_t ncap = (uint64_t)s->cap * 2;
+    if (ncap < 4)
+        ncap = 4;
+    if (ncap > (uint64_t)pt->cfg.max_blocks_per_seq + 1)
+        ncap = (uint64_t)pt->cfg.max_blocks_per_seq + 1;
+    if (ncap < need)
+        ncap = need;
+    uint32_t *nb = kv_mem_alloc(ncap * sizeof(*nb));
+    uint64_t *nh = NULL;
+    int32_t *nt = NULL;
+    if (!nb)
+        goto fail;
+    if (pt->prefix) {
+        nh = kv_mem_alloc(ncap * sizeof(*nh));
+        nt = kv_mem_alloc(ncap * pt->N * sizeof(*nt));
+        if (!nh || !nt)
+            goto fail;
+    }
+    if (s->cap) {
+        memcpy(nb, s->blocks, s->n_blocks * sizeof(*nb));
+        if (pt->prefix) {
+            memcpy(nh, s->hashes, s->n_blocks * sizeof(*nh));
+            memcpy(nt, s->tokens, s->n_tokens * sizeof(*nt));
+        }
+    }
+    kv_mem_free(s->blocks);
+    kv_mem_free(s->hashes);
+    kv_mem_free(s->tokens);
+    s->blocks = nb;
+    s->hashes = nh;
+    s->tokens = nt;
+    s->cap = (uint32_t)ncap;
+    return KV_OK;
+fail:
+    kv_mem_free(nt);
+    kv_mem_free(nh);
+    kv_mem_free(nb);
+    return kv__error(KV_ERR_NO_MEMORY, "page table: cannot grow a sequence to %" PRIu64 " blocks",
+                     ncap);
+}
+
+static void seq_free_arrays(struct kv__seq *s)
+{
+    kv_mem_free(s->blocks);
+    kv_mem_free(s->hashes);
+    kv_mem_free(s->tokens);
+    s->blocks = NULL;
+    s->hashes = NULL;
+    s->tokens = NULL;
+    s->cap = 0;
+}
+
+static kv_status copies_reserve(kv_page_table *pt, uint32_t extra)
+{
+    if (pt->n_copies + extra <= pt->cap_copies)
+        return KV_OK;
+    uint32_t ncap = pt->cap_copies ? pt->cap_copies * 2 : 16;
+    struct kv_block_copy *nc = kv_mem_alloc((size_t)ncap * sizeof(*nc));
+    if (!nc)
+        return kv__error(KV_ERR_NO_MEMORY, "page table: cannot grow the copy queue to %" PRIu32,
+                         ncap);
+    if (pt->n_copies)
+        memcpy(nc, pt->copies, pt->n_copies * sizeof(*nc));
+    kv_mem_free(pt->copies);
+    pt->copies = nc;
+    pt->cap_copies = ncap;
+    return KV_OK;
+}
+
+/* Take an id off the free stack and reset its record (arrays kept). */
+static uint32_t id_take(kv_page_table *pt, uint64_t extra_key)
+{
+    uint32_t id = pt->free_ids[--pt->n_free];
+    struct kv__seq *s = &pt->seqs[id];
+    s->n_blocks = 0;
+    s->n_committed = 0;
+    s->n_tokens = 0;
+    s->extra_key = extra_key;
+    s->live = true;
+    pt->stats.live_seqs++;
+    return id;
+}
+
+static void id_return(kv_page_table *pt, uint32_t id)
+{
+    pt->seqs[id].live = false;
+    pt->free_ids[pt->n_free++] = id;
+    pt->stats.live_seqs--;
+}
+
+/* ---- lifetime ---------------------------------------------------------------- */
+
+kv_status kv_page_table_create(const struct kv_page_table_config *cfg, kv_page_table **out)
+{
+    if (!cfg || !out)
+        return kv__error(KV_ERR_NULL, "kv_page_table_create: %s is NULL", !cfg ? "cfg" : "out");
+    uint32_t r = cfg->page_ratio ? cfg->page_ratio : 1;
+    if (cfg->block_tokens == 0 || cfg->max_seqs == 0 || cfg->max_blocks_per_seq == 0)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_page_table_create: block_tokens %" PRIu32 ", max_seqs %" PRIu32
+                         ", max_blocks_per_seq %" PRIu32 " must all be >= 1",
+                         cfg->block_tokens, cfg->max_seqs, cfg->max_blocks_per_seq);
+    if (cfg->block_tokens % r != 0)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_page_table_create: block_tokens %" PRIu32
+                         " is not divisible by page_ratio %" PRIu32,
+                         cfg->block_tokens, r);
+    if (cfg->max_blocks_per_seq == UINT32_MAX)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_page_table_create: max_blocks_per_seq %" PRIu32 " too large",
+                         cfg->max_blocks_per_seq);
+    if (!cfg->ops.alloc || !cfg->ops.retain || !cfg->ops.release || !cfg->ops.ref_count)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_page_table_create: block ops need alloc, retain, release and "
+                         "ref_count (alloc=%s retain=%s release=%s ref_count=%s)",
+                         cfg->ops.alloc ? "set" : "NULL", cfg->ops.retain ? "set" : "NULL",
+                         cfg->ops.release ? "set" : "NULL", cfg->ops.ref_count ? "set" : "NULL");
+    if (cfg->enable_prefix_caching && (!cfg->ops.match_prefix || !cfg->ops.commit_full))
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_page_table_create: prefix caching needs match_prefix (%s) and "
+                         "commit_full (%s)",
+                         cfg->ops.match_prefix ? "set" : "NULL",
+                         cfg->ops.commit_full ? "set" : "NULL");
+
+    kv_page_table *pt = kv_mem_calloc(1, sizeof(*pt));
+    if (!pt)
+        goto fail_pt;
+    pt->seqs = kv_mem_calloc(cfg->max_seqs, sizeof(*pt->seqs));
+    if (!pt->seqs)
+        goto fail_seqs;
+    pt->free_ids = kv_mem_calloc(cfg->max_seqs, sizeof(*pt->free_ids));
+    if (!pt->free_ids)
+        goto fail_ids;
+    pt->cfg = *cfg;
+    pt->cfg.page_ratio = r;
+    pt->N = cfg->block_tokens;
+    pt->r = r;
+    pt->page_tokens = cfg->block_tokens / r;
+    pt->prefix = cfg->enable_prefix_caching;
+    for (uint32_t k = 0; k < cfg->max_seqs; k++)
+        pt->free_ids[k] = cfg->max_seqs - 1 - k;
+    pt->n_free = cfg->max_seqs;
+    *out = pt;
+    return kv__ok();
+
+fail_ids:
+    kv_mem_free(pt->seqs);
+fail_seqs:
+    kv_mem_free(pt);
+fail_pt:
+    return kv__error(KV_ERR_NO_MEMORY, "kv_page_table_create: no memory for %" PRIu32 " sequences",
+                     cfg->max_seqs);
+}
+
+void kv_page_table_destroy(kv_page_table *pt)
+{
+    if (!pt)
+        return;
+    for (uint32_t i = 0; i < pt->cfg.max_seqs; i++) {
+        struct kv__seq *s = &pt->seqs[i];
+        if (s->live && s->n_blocks)
+            (void)pt->cfg.ops.release(pt->cfg.ops.ctx, s->blocks, s->n_blocks);
+        seq_free_arrays(s);
+    }
+    kv_mem_free(pt->copies);
+    kv_mem_free(pt->free_ids);
+    kv_mem_free(pt->seqs);
+    kv_mem_free(pt);
+}
+
+/* ---- sequences ----------------------------------------------------------------- */
+
+kv_status kv_page_table_seq_create(kv_page_table *pt, uint32_t *seq_out)
+{
+    if (!pt || !seq_out)
+        return kv__error(KV_ERR_NULL, "kv_page_table_seq_create: %s is NULL",
+                         !pt ? "pt" : "seq_out");
+    if (pt->n_free == 0)
+        return kv__error(KV_ERR_NO_MEMORY,
+                         "kv_page_table_seq_create: all %" PRIu32 " sequences (max_seqs) are live",
+                         pt->cfg.max_seqs);
+    *seq_out = id_take(pt, pt->cfg.extra_key);
+    return kv__ok();
+}
+
+kv_status kv_page_table_seq_set_extra_key(kv_page_table *pt, uint32_t seq, uint64_t extra_key)
+{
+    if (!pt)
+        return kv__error(KV_ERR_NULL, "kv_page_table_seq_set_extra_key: pt is NULL");
+    struct kv__seq *s = seq_get(pt, seq);
+    if (!s)
+        return bad_seq("kv_page_table_seq_set_extra_key", pt, seq);
+    if (s->n_tokens != 0)
+        return kv__error(KV_ERR_BAD_STATE,
+                         "kv_page_table_seq_set_extra_key: seq %" PRIu32 " has %" PRIu64
+                         " tokens; the key can only be set while empty",
+                         seq, s->n_tokens);
+    s->extra_key = extra_key;
+    return kv__ok();
+}
+
+kv_status kv_page_table_seq_reuse_prefix(kv_page_table *pt, uint32_t seq, const int32_t *tokens,
+                                         uint64_t n_tokens, uint64_t *cached_tokens)
+{
+    if (!pt || !cached_tokens)
+        return kv__error(KV_ERR_NULL, "kv_page_table_seq_reuse_prefix: %s is NULL",
+                         !pt ? "pt" : "cached_tokens");
+    struct kv__seq *s = seq_get(pt, seq);
+    if (!s)
+        return bad_seq("kv_page_table_seq_reuse_prefix", pt, seq);
+    if (s->n_tokens != 0)
+        return kv__error(KV_ERR_BAD_STATE,
+                         "kv_page_table_seq_reuse_prefix: seq %" PRIu32 " already has %" PRIu64
+                         " tokens",
+                         seq, s->n_tokens);
+    if (n_tokens > 0 && !tokens)
+        return kv__error(KV_ERR_NULL,
+                         "kv_page_table_seq_reuse_prefix: tokens is NULL with n_tokens %" PRIu64,
+                         n_tokens);
+    /* vLLM's rule: the last prompt token is always computed */
+    uint64_t max_reuse = n_tokens ? (n_tokens - 1) / pt->N : 0;
+    if (max_reuse > pt->cfg.max_blocks_per_seq)
+        max_reuse = pt->cfg.max_blocks_per_seq;
+    if (!pt->prefix || max_reuse == 0) {
+        *cached_tokens = 0;
+        return kv__ok();
+    }
+    kv_status st = seq_reserve(pt, s, (uint32_t)max_reuse);
+    if (st != KV_OK)
+        return st;
+    uint32_t found = 0;
+    st = pt->cfg.ops.match_prefix(pt->cfg.ops.ctx, tokens, max_reuse * pt->N, pt->N, s->extra_key,
+                                  s->blocks, s->hashes, (uint32_t)max_reuse, &found);
+    if (st != KV_OK) {
+        char why[256]; /* the source's detail, copied: kv__error rewrites that buffer */
+        snprintf(why, sizeof(why), "%s", kv_last_error());
+        return kv__error(st,
+                         "kv_page_table_seq_reuse_prefix: match_prefix over %" PRIu64
+                         " blocks failed: %s (%s)",
+                         max_reuse, kv_status_name(st), why);
+    }
+    if (found > max_reuse) {
+        (void)pt->cfg.ops.release(pt->cfg.ops.ctx, s->blocks, found);
+        return kv__error(KV_ERR_INTERNAL,
+                         "kv_page_table_seq_reuse_prefix: match_prefix returned %" PRIu32
+                         " blocks > max %" PRIu64,
+                         found, max_reuse);
+    }
+    note_ids(pt, s->blocks, found);
+    memcpy(s->tokens, tokens, (size_t)found * pt->N * sizeof(*tokens));
+    s->n_blocks = found;
+    s->n_committed = found;
+    s->n_tokens = (uint64_t)found * pt->N;
+    pt->stats.reused_blocks += found;
+    pt->stats.held_blocks += found;
+    *cached_tokens = s->n_tokens;
+    seq_check(pt, s);
+    return kv__ok();
+}
+
+kv_status kv_page_table_seq_create_from_prefix(kv_page_table *pt, const int32_t *tokens,
+                                               uint64_t n_tokens, uint32_t *seq_out,
+                                               uint64_t *cached_tokens)
+{
+    uint32_t id;
+    kv_status st = kv_page_table_seq_create(pt, &id);
+    if (st != KV_OK)
+        return st;
+    uint64_t cached = 0;
+    if (!seq_out) {
+        st = kv__error(KV_ERR_NULL, "kv_page_table_seq_create_from_prefix: seq_out is NULL");
+        goto fail_reuse;
+    }
+    st = kv_page_table_seq_reuse_prefix(pt, id, tokens, n_tokens,
+                                        cached_tokens ? cached_tokens : &cached);
+    if (st != KV_OK)
+        goto fail_reuse;
+    *seq_out = id;
+    return kv__ok();
+
+fail_reuse:
+    id_return(pt, id);
+    return st;
+}
+
+kv_status kv_page_table_seq_append(kv_page_table *pt, uint32_t seq, const int32_t *tokens,
+                                   uint64_t n)
+{
+    if (!pt)
+        return kv__error(KV_ERR_NULL, "kv_page_table_seq_append: pt is NULL");
+    struct kv__seq *s = seq_get(pt, seq);
+    if (!s)
+        return bad_seq("kv_page_table_seq_append", pt, seq);
+    if (n == 0)
+        return kv__ok();
+    if (pt->prefix && !tokens)
+        return kv__error(
+            KV_ERR_NULL,
+            "kv_page_table_seq_append: tokens is NULL (n %" PRIu64 ") with prefix caching on", n);
+    const uint64_t N = pt->N, old = s->n_tokens;
+    const uint64_t max_tokens = (uint64_t)pt->cfg.max_blocks_per_seq * N;
+    if (n > max_tokens || old + n > max_tokens)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_page_table_seq_append: seq %" PRIu32 " with %" PRIu64 " + %" PRIu64
+                         " tokens needs more than max_blocks_per_seq %" PRIu32 " blocks of %" PRIu64
+                         " tokens",
+                         seq, old, n, pt->cfg.max_blocks_per_seq, N);
+    const uint64_t new_len = old + n;
+    const uint32_t total_blocks = (uint32_t)((new_len + N - 1) / N);
+    const uint32_t need = total_blocks - s->n_blocks;
+
+    /* copy-on-write: the partial last block is shared or sealed */
+    bool cow = false;
+    uint32_t last = s->n_blocks - 1;
+    if (old % N != 0)
+        cow = last < s->n_committed || pt->cfg.ops.ref_count(pt->cfg.ops.ctx, s->blocks[last]) > 1;
+
+    kv_status st = seq_reserve(pt, s, total_blocks + (cow ? 1 : 0));
+    if (st != KV_OK)
+        return st;
+    if (cow && (st = copies_reserve(pt, 1)) != KV_OK)
+        return st;
+
+    uint32_t *fresh = s->blocks + s->n_blocks; /* need new ids, then the private copy */
+    uint32_t n_alloc = need + (cow ? 1 : 0);
+    if (n_alloc) {
+        st = pt->cfg.ops.alloc(pt->cfg.ops.ctx, n_alloc, fresh);
+        if (st != KV_OK)
+            return kv__error(st,
+                             "kv_page_table_seq_append: seq %" PRIu32 " needs %" PRIu32
+                             " blocks (%" PRIu32 " new + %d copy-on-write) for %" PRIu64
+                             " + %" PRIu64 " tokens: %s",
+                             seq, n_alloc, need, cow ? 1 : 0, old, n, kv_status_name(st));
+    }
+    if (cow) {
+        uint32_t src = s->blocks[last], dst = fresh[need];
+        st = pt->cfg.ops.release(pt->cfg.ops.ctx, &src, 1);
+        if (st != KV_OK) {
+            (void)pt->cfg.ops.release(pt->cfg.ops.ctx, fresh, n_alloc);
+            return kv__error(st,
+                             "kv_page_table_seq_append: releasing shared block %" PRIu32
+                             " for copy-on-write failed: %s",
+                             src, kv_status_name(st));
+        }
+        pt->copies[pt->n_copies++] =
+            (struct kv_block_copy){.src = src, .dst = dst, .tokens = (uint32_t)(old % N)};
+        s->blocks[last] = dst;
+        if (last < s->n_committed)
+            s->n_committed = last;
+        pt->stats.cow_copies++;
+    }
+    note_ids(pt, fresh, n_alloc);
+    if (pt->prefix)
+        memcpy(s->tokens + old, tokens, n * sizeof(*tokens));
+    s->n_blocks = total_blocks;
+    s->n_tokens = new_len;
+    pt->stats.held_blocks += need;
+
+    /* seal blocks that are now full, in order, each chained to its parent */
+    while (pt->prefix && s->n_committed < new_len / N) {
+        uint32_t i = s->n_committed;
+        uint64_t parent = i ? s->hashes[i - 1] : KV_PAGE_TABLE_ROOT_HASH, h = 0;
+        st = pt->cfg.ops.commit_full(pt->cfg.ops.ctx, s->blocks[i], parent,
+                                     s->tokens + (uint64_t)i * N, (uint32_t)N, s->extra_key, &h);
+        if (st != KV_OK) {
+            pt->stats.commit_failures++;
+            break; /* retried by the next append */
+        }
+        s->hashes[i] = h;
+        s->n_committed++;
+        pt->stats.committed++;
+    }
+    seq_check(pt, s);
+    return kv__ok();
+}
+
+kv_status kv_page_table_seq_fork(kv_page_table *pt, uint32_t parent, uint32_t *child_out)
+{
+    if (!pt || !child_out)
+        return kv__error(KV_ERR_NULL, "kv_page_table_seq_fork: %s is NULL",
+                         !pt ? "pt" : "child_out");
+    struct kv__seq *p = seq_get(pt, parent);
+    if (!p)
+        return bad_seq("kv_page_table_seq_fork", pt, parent);
+    if (pt->n_free == 0)
+        return kv__error(KV_ERR_NO_MEMORY,
+                         "kv_page_table_seq_fork: all %" PRIu32 " sequences (max_seqs) are live",
+                         pt->cfg.max_seqs);
+    uint32_t id = id_take(pt, p->extra_key);
+    struct kv__seq *c = &pt->seqs[id];
+    kv_status st = seq_reserve(pt, c, p->n_blocks);
+    if (st != KV_OK)
+        goto fail_reserve;
+    if (p->n_blocks) {
+        st = pt->cfg.ops.retain(pt->cfg.ops.ctx, p->blocks, p->n_blocks);
+        if (st != KV_OK) {
+            st = kv__error(st,
+                           "kv_page_table_seq_fork: retaining %" PRIu32 " blocks of seq %" PRIu32
+                           " failed: %s",
+                           p->n_blocks, parent, kv_status_name(st));
+            goto fail_reserve;
+        }
+        memcpy(c->blocks, p->blocks, p->n_blocks * sizeof(*c->blocks));
+        if (pt->prefix) {
+            memcpy(c->hashes, p->hashes, p->n_blocks * sizeof(*c->hashes));
+            memcpy(c->tokens, p->tokens, p->n_tokens * sizeof(*c->tokens));
+        }
+    }
+    c->n_blocks = p->n_blocks;
+    c->n_committed = p->n_committed;
+    c->n_tokens = p->n_tokens;
+    pt->stats.held_blocks += p->n_blocks;
+    seq_check(pt, c);
+    *child_out = id;
+    return kv__ok();
+
+fail_reserve:
+    id_return(pt, id);
+    return st;
+}
+
+kv_status kv_page_table_seq_truncate(kv_page_table *pt, uint32_t seq, uint64_t n_tokens)
+{
+    if (!pt)
+        return kv__error(KV_ERR_NULL, "kv_page_table_seq_truncate: pt is NULL");
+    struct kv__seq *s = seq_get(pt, seq);
+    if (!s)
+        return bad_seq("kv_page_table_seq_truncate", pt, seq);
+    if (n_tokens > s->n_tokens)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_page_table_seq_truncate: seq %" PRIu32 " to %" PRIu64
+                         " tokens > its length %" PRIu64,
+                         seq, n_tokens, s->n_tokens);
+    uint32_t keep = (uint32_t)((n_tokens + pt->N - 1) / pt->N);
+    if (keep < s->n_blocks) {
+        kv_status st = pt->cfg.ops.release(pt->cfg.ops.ctx, s->blocks + keep, s->n_blocks - keep);
+        if (st != KV_OK)
+            return kv__error(st,
+                             "kv_page_table_seq_truncate: releasing %" PRIu32
+                             " blocks of seq %" PRIu32 " failed: %s",
+                             s->n_blocks - keep, seq, kv_status_name(st));
+        pt->stats.held_blocks -= s->n_blocks - keep;
+    }
+    s->n_blocks = keep;
+    s->n_tokens = n_tokens;
+    if (s->n_committed > keep)
+        s->n_committed = keep; /* a sealed block made partial stays sealed */
+    seq_check(pt, s);
+    return kv__ok();
+}
+
+kv_status kv_page_table_seq_free(kv_page_table *pt, uint32_t seq)
+{
+    if (!pt)
+        return kv__error(KV_ERR_NULL, "kv_page_table_seq_free: pt is NULL");
+    struct kv__seq *s = seq_get(pt, seq);
+    if (!s)
+        return bad_seq("kv_page_table_seq_free", pt, seq);
+    if (s->n_blocks) {
+        kv_status st = pt->cfg.ops.release(pt->cfg.ops.ctx, s->blocks, s->n_blocks);
+        if (st != KV_OK)
+            return kv__error(st,
+                             "kv_page_table_seq_free: releasing %" PRIu32 " blocks of seq %" PRIu32
+                             " failed: %s",
+                             s->n_blocks, seq, kv_status_name(st));
+        pt->stats.held_blocks -= s->n_blocks;
+    }
+    s->n_blocks = 0;
+    s->n_tokens = 0;
+    s->n_committed = 0;
+    id_return(pt, seq);
+    return kv__ok();
+}
+
+/* ---- queries ----------------------------------------------------------------- */
+
+kv_status kv_page_table_seq_len(const kv_page_table *pt, uint32_t seq, uint64_t *n_tokens)
+{
+    if (!pt || !n_tokens)
+        return kv__error(KV_ERR_NULL, "kv_page_table_seq_len: %s is NULL", !pt ? "pt" : "n_tokens");
+    const struct kv__seq *s = seq_get(pt, seq);
+    if (!s)
+        return bad_seq("kv_page_table_seq_len", pt, seq);
+    *n_tokens = s->n_tokens;
+    return kv__ok();
+}
+
+kv_status kv_page_table_seq_blocks(const kv_page_table *pt, uint32_t seq, const uint32_t **blocks,
+                                   uint32_t *n_blocks)
+{
+    if (!pt || !blocks || !n_blocks)
+        return kv__error(KV_ERR_NULL, "kv_page_table_seq_blocks: %s is NULL",
+                         !pt       ? "pt"
+                         : !blocks ? "blocks"
+                                   : "n_blocks");
+    const struct kv__seq *s = seq_get(pt, seq);
+    if (!s)
+        return bad_seq("kv_page_table_seq_blocks", pt, seq);
+    *blocks = s->blocks;
+    *n_blocks = s->n_blocks;
+    return kv__ok();
+}
+
+kv_status kv_page_table_slot(const kv_page_table *pt, uint32_t seq, uint64_t t, int64_t *slot)
+{
+    if (!pt || !slot)
+        return kv__error(KV_ERR_NULL, "kv_page_table_slot: %s is NULL", !pt ? "pt" : "slot");
+    const struct kv__seq *s = seq_get(pt, seq);
+    if (!s)
+        return bad_seq("kv_page_table_slot", pt, seq);
+    if (t >= s->n_tokens)
+        return kv__error(KV_ERR_OUT_OF_BOUNDS,
+                         "kv_page_table_slot: token %" PRIu64 " >= length %" PRIu64
+                         " of seq %" PRIu32,
+                         t, s->n_tokens, seq);
+    *slot = (int64_t)s->blocks[t / pt->N] * pt->N + (int64_t)(t % pt->N);
+    return kv__ok();
+}
+
+uint32_t kv_page_table_pending_copies(const kv_page_table *pt)
+{
+    return pt ? pt->n_copies : 0;
+}
+
+kv_status kv_page_table_take_copies(kv_page_table *pt, struct kv_block_copy *out, uint32_t cap,
+                                    uint32_t *n_out)
+{
+    if (!pt || !n_out || (!out && cap))
+        return kv__error(KV_ERR_NULL, "kv_page_table_take_copies: %s is NULL",
+                         !pt      ? "pt"
+                         : !n_out ? "n_out"
+                                  : "out");
+    uint32_t n = pt->n_copies < cap ? pt->n_copies : cap;
+    if (n) {
+        memcpy(out, pt->copies, n * sizeof(*out));
+        memmove(pt->copies, pt->copies + n, (pt->n_copies - n) * sizeof(*out));
+        pt->n_copies -= n;
+    }
+    *n_out = n;
+    return kv__ok();
+}
+
+void kv_page_table_stats_get(const kv_page_table *pt, struct kv_page_table_stats *out)
+{
+    if (!pt || !out)
+        return;
+    *out = pt->stats;
+}
+
+/* ---- exports ----------------------------------------------------------------- */
+
+static kv_status check_page_ids(const kv_page_table *pt, const char *fn)
+{
+    if (pt->any_block && (uint64_t)pt->max_id * pt->r + (pt->r - 1) > (uint64_t)INT32_MAX)
+        return kv__error(KV_ERR_OVERFLOW,
+                         "%s: block id %" PRIu32 " x page_ratio %" PRIu32
+                         " does not fit an int32 page id",
+                         fn, pt->max_id, pt->r);
+    return KV_OK;
+}
+
+static inline uint64_t seq_pages(const kv_page_table *pt, const struct kv__seq *s)
+{
+    return (s->n_tokens + pt->page_tokens - 1) / pt->page_tokens;
+}
+
+/* Pages [0, n_pages) of s into dst: block b -> b*r .. b*r + r-1. */
+static void write_pages(const kv_page_table *pt, const struct kv__seq *s, uint64_t n_pages,
+                        int32_t *dst)
+{
+    const uint32_t r = pt->r;
+    if (r == 1) {
+        for (uint64_t j = 0; j < n_pages; j++)
+            dst[j] = (int32_t)s->blocks[j];
+        return;
+    }
+    uint64_t j = 0;
+    for (uint32_t b = 0; j < n_pages; b++) {
+        int32_t first = (int32_t)(s->blocks[b] * r);
+        for (uint32_t k = 0; k < r && j < n_pages; k++)
+            dst[j++] = first + (int32_t)k;
+    }
+}
+
+kv_status kv_page_table_export_vllm(const kv_page_table *pt, const uint32_t *seqs, uint32_t n_seqs,
+                                    const struct kv_token_range *ranges,
+                                    const struct kv_vllm_export *out)
+{
+    static const char fn[] = "kv_page_table_export_vllm";
+    if (!pt || !out || (!seqs && n_seqs))
+        return kv__error(KV_ERR_NULL, "%s: %s is NULL", fn, !pt ? "pt" : !out ? "out" : "seqs");
+    if (out->slot_mapping && !ranges && n_seqs)
+        return kv__error(KV_ERR_NULL, "%s: ranges is NULL but slot_mapping is requested", fn);
+    kv_status st = check_page_ids(pt, fn);
+    if (st != KV_OK)
+        return st;
+
+    /* pass 1: validate everything, size the outputs */
+    uint64_t max_pages = 0, total = 0;
+    for (uint32_t i = 0; i < n_seqs; i++) {
+        const struct kv__seq *s = seq_get(pt, seqs[i]);
+        if (!s)
+            return kv__error(KV_ERR_NOT_FOUND, "%s: seqs[%" PRIu32 "] = %" PRIu32 " is not live",
+                             fn, i, seqs[i]);
+        uint64_t pages = seq_pages(pt, s);
+        if (pages > max_pages)
+            max_pages = pages;
+        if (out->slot_mapping) {
+            const struct kv_token_range *rg = &ranges[i];
+            if (rg->start > s->n_tokens || rg->count > s->n_tokens - rg->start)
+                return kv__error(KV_ERR_OUT_OF_BOUNDS,
+                                 "%s: ranges[%" PRIu32 "] = [%" PRIu64 ", +%" PRIu64
+                                 ") outside seq %" PRIu32 " of %" PRIu64 " tokens",
+                                 fn, i, rg->start, rg->count, seqs[i], s->n_tokens);
+            if (out->tokens_per_seq && rg->count > out->tokens_per_seq)
+                return kv__error(KV_ERR_INVALID_ARG,
+                                 "%s: ranges[%" PRIu32 "].count %" PRIu64
+                                 " > tokens_per_seq %" PRIu32,
+                                 fn, i, rg->count, out->tokens_per_seq);
+            total += rg->count;
+        }
+    }
+    if (out->block_table) {
+        if (max_pages > out->block_table_cols)
+            return kv__error(KV_ERR_INVALID_ARG,
+                             "%s: block_table_cols %" PRIu32 " < %" PRIu64
+                             " pages of the longest sequence",
+                             fn, out->block_table_cols, max_pages);
+        if ((uint64_t)n_seqs * out->block_table_cols > out->block_table_len)
+            return kv__error(KV_ERR_INVALID_ARG,
+                             "%s: block_table_len %" PRIu64 " < %" PRIu32 " seqs x %" PRIu32
+                             " cols",
+                             fn, out->block_table_len, n_seqs, out->block_table_cols);
+    }
+    uint64_t slots = out->tokens_per_seq ? (uint64_t)n_seqs * out->tokens_per_seq : total;
+    if (out->slot_mapping && slots > out->slot_mapping_len)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: slot_mapping_len %" PRIu64 " < %" PRIu64 " slots needed", fn,
+                         out->slot_mapping_len, slots);
+
+    /* pass 2: fill */
+    if (out->block_table) {
+        const uint64_t cols = out->block_table_cols;
+        for (uint32_t i = 0; i < n_seqs; i++) {
+            const struct kv__seq *s = &pt->seqs[seqs[i]];
+            int32_t *row = out->block_table + i * cols; /* [cols] */
+            uint64_t pages = seq_pages(pt, s);
+            write_pages(pt, s, pages, row);
+            for (uint64_t j = pages; j < cols; j++)
+                row[j] = out->block_table_pad;
+        }
+    }
+    if (out->slot_mapping) {
+        int64_t *sm = out->slot_mapping; /* [slot_mapping_len] */
+        const uint64_t N = pt->N;
+        uint64_t pos = 0;
+        for (uint32_t i = 0; i < n_seqs; i++) {
+            const struct kv__seq *s = &pt->seqs[seqs[i]];
+            uint64_t t = ranges[i].start, end = t + ranges[i].count;
+            if (out->tokens_per_seq)
+                pos = (uint64_t)i * out->tokens_per_seq;
+            while (t < end) { /* one block at a time: no division per token */
+                uint64_t off = t % N, chunk = N - off;
+                if (chunk > end - t)
+                    chunk = end - t;
+                int64_t first = (int64_t)s->blocks[t / N] * (int64_t)N + (int64_t)off;
+                for (uint64_t k = 0; k < chunk; k++)
+                    sm[pos + k] = first + (int64_t)k;
+                pos += chunk;
+                t += chunk;
+            }
+            if (out->tokens_per_seq)
+                for (uint64_t e = (uint64_t)(i + 1) * out->tokens_per_seq; pos < e; pos++)
+                    sm[pos] = -1;
+        }
+        for (; pos < out->slot_mapping_len; pos++)
+            sm[pos] = -1;
+    }
+    return kv__ok();
+}
+
+kv_status kv_page_table_export_flashinfer(const kv_page_table *pt, const uint32_t *seqs,
+                                          uint32_t n_seqs, const struct kv_flashinfer_export *out,
+                                          uint64_t *nnz_out)
+{
+    static const char fn[] = "kv_page_table_export_flashinfer";
+    if (!pt || !out || (!seqs && n_seqs))
+        return kv__error(KV_ERR_NULL, "%s: %s is NULL", fn, !pt ? "pt" : !out ? "out" : "seqs");
+    if (!out->indptr || !out->last_page_len || (!out->indices && out->indices_len))
+        return kv__error(KV_ERR_NULL, "%s: out->%s is NULL", fn,
+                         !out->indptr          ? "indptr"
+                         : !out->last_page_len ? "last_page_len"
+                                               : "indices");
+    kv_status st = check_page_ids(pt, fn);
+    if (st != KV_OK)
+        return st;
+
+    uint64_t nnz = 0;
+    for (uint32_t i = 0; i < n_seqs; i++) {
+        const struct kv__seq *s = seq_get(pt, seqs[i]);
+        if (!s)
+            return kv__error(KV_ERR_NOT_FOUND, "%s: seqs[%" PRIu32 "] = %" PRIu32 " is not live",
+                             fn, i, seqs[i]);
+        nnz += seq_pages(pt, s);
+    }
+    if (nnz > (uint64_t)INT32_MAX)
+        return kv__error(KV_ERR_OVERFLOW, "%s: %" PRIu64 " pages exceed int32 indptr", fn, nnz);
+    if (out->indptr_len < (uint64_t)n_seqs + 1)
+        return kv__error(KV_ERR_INVALID_ARG, "%s: indptr_len %" PRIu64 " < n_seqs + 1 = %" PRIu64,
+                         fn, out->indptr_len, (uint64_t)n_seqs + 1);
+    if (out->last_page_len_len < n_seqs)
+        return kv__error(KV_ERR_INVALID_ARG, "%s: last_page_len_len %" PRIu64 " < n_seqs %" PRIu32,
+                         fn, out->last_page_len_len, n_seqs);
+    if (out->indices_len < nnz)
+        return kv__error(KV_ERR_INVALID_ARG, "%s: indices_len %" PRIu64 " < nnz %" PRIu64, fn,
+                         out->indices_len, nnz);
+
+    const uint64_t P = pt->page_tokens;
+    uint64_t at = 0;
+    out->indptr[0] = 0;
+    for (uint32_t i = 0; i < n_seqs; i++) {
+        const struct kv__seq *s = &pt->seqs[seqs[i]];
+        uint64_t pages = seq_pages(pt, s);
+        write_pages(pt, s, pages, out->indices + at);
+        at += pages;
+        out->indptr[i + 1] = (int32_t)at;
+        out->last_page_len[i] = pages ? (int32_t)(s->n_tokens - (pages - 1) * P) : 0;
+    }
+    if (nnz_out)
+        *nnz_out = nnz;
+    return kv__ok();
+}

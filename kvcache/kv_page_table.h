@@ -1,0 +1,223 @@
+/*
+ * kv_page_table.h - page tables: which physical block holds which logical
+ * token of each sequence (DESIGN.md section 3, docs/page-table.md).
+ *
+ * A kv_page_table holds up to max_seqs sequences. A sequence is a token
+ * count n_tokens and a list of physical block ids (uint32) obtained from a
+ * block source (struct kv_block_ops: the allocator's pool, or a fake):
+ *
+ *     n_blocks == ceil(n_tokens / N)             (blocks are taken only when
+ *                                                 the first token needs them)
+ *     logical token t < n_tokens  ->  block table[t / N],
+ *                                     slot  table[t / N] * N + t % N   (int64)
+ *
+ * Kernel pages. An allocation block may be r kernel pages (page_ratio r,
+ * N % r == 0): block b expands to pages b*r .. b*r + r-1 of N/r tokens each.
+ * Slots do not depend on r (page p = b*r + j holds slot p*(N/r) + i ==
+ * b*N + j*(N/r) + i). Exports in page units cover ceil(n_tokens / (N/r))
+ * pages per sequence.
+ *
+ * Sharing. fork() shares every block of the parent (ref += 1), the partial
+ * last block included. Before the first write into a partial last block that
+ * is shared (ref_count > 1) or sealed in the prefix cache (see below), the
+ * writer gets a private block and a (src, dst) copy is queued; the caller
+ * drains the queue with kv_page_table_take_copies() and performs the copies
+ * (attention/ block copy) BEFORE writing K/V for this step. The source's
+ * reference is dropped when the copy is queued: that is safe as long as the
+ * drained copies run before any K/V write of the same step (vLLM's order:
+ * schedule -> copy blocks -> write K/V).
+ *
+ * Prefix caching (enable_prefix_caching and the block source provides
+ * match_prefix / commit_full). Each block that becomes full is committed
+ * with commit_full(id, parent_hash, its N tokens, extra_key); the first
+ * block's parent hash is KV_PAGE_TABLE_ROOT_HASH (0). A committed block is
+ * "sealed": it is never written in place again (after a truncate into it,
+ * the next append copies it first). reuse_prefix() starts an empty sequence
+ * with the longest cached prefix, at most floor((n - 1) / N) blocks so that
+ * the last prompt token is always computed.
+ *
+ * Ids. Sequence ids are handed out by the table, in [0, max_seqs); a freed
+ * id may be handed out again.
+ *
+ * Errors. Every call returns a kv_status and on failure changes nothing
+ * (the block source included) and sets kv_last_error() naming the values.
+ *
+ * Thread safety: one thread per page table (no internal locking). The block
+ * source must be thread-safe if several page tables share it.
+ */
+#ifndef KV_PAGE_TABLE_H
+#define KV_PAGE_TABLE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv_block_ops.h"
+#include "kv_status.h"
+
+typedef struct kv_page_table kv_page_table;
+
+/* Parent hash of a sequence's first block in commit_full. */
+#define KV_PAGE_TABLE_ROOT_HASH UINT64_C(0)
+
+struct kv_page_table_config {
+    uint32_t block_tokens;       /* N >= 1: tokens per allocation block */
+    uint32_t page_ratio;         /* r >= 1 (0 means 1), N % r == 0: kernel pages per block */
+    uint32_t max_seqs;           /* >= 1: live sequences at once */
+    uint32_t max_blocks_per_seq; /* >= 1 */
+    struct kv_block_ops ops;     /* block source: alloc, retain, release, ref_count required */
+    bool enable_prefix_caching;  /* needs ops.match_prefix and ops.commit_full */
+    uint64_t extra_key;          /* default extra key of new sequences (LoRA id, salt) */
+};
+
+/* A queued copy-on-write: copy the first `tokens` tokens (the whole block is
+ * fine too) of block src into block dst, for every layer and K/V. */
+struct kv_block_copy {
+    uint32_t src;
+    uint32_t dst;
+    uint32_t tokens;
+};
+
+/* Tokens [start, start + count) of one sequence (already appended). */
+struct kv_token_range {
+    uint64_t start;
+    uint64_t count;
+};
+
+/* ---- lifetime ------------------------------------------------------------- */
+
+/* KV_ERR_NULL, KV_ERR_INVALID_ARG (a zero size, N % r != 0, missing op,
+ * prefix caching without match_prefix/commit_full), KV_ERR_NO_MEMORY.
+ * cfg is copied; ops.ctx is borrowed for the table's life. */
+KV_API kv_status kv_page_table_create(const struct kv_page_table_config *cfg, kv_page_table **out);
+
+/* Releases every block still held by live sequences; NULL is a no-op. */
+KV_API void kv_page_table_destroy(kv_page_table *pt);
+
+/* ---- sequences -------------------------------------------------------------- */
+
+/* A new empty sequence with the default extra key; id in *seq_out.
+ * KV_ERR_NO_MEMORY when max_seqs sequences are live. */
+KV_API kv_status kv_page_table_seq_create(kv_page_table *pt, uint32_t *seq_out);
+
+/* Set the extra key of an empty sequence (KV_ERR_BAD_STATE otherwise). */
+KV_API kv_status kv_page_table_seq_set_extra_key(kv_page_table *pt, uint32_t seq,
+                                                 uint64_t extra_key);
+
+/* Start the empty sequence seq with the longest cached prefix of
+ * tokens[n_tokens]: at most min(floor((n_tokens - 1) / N), max_blocks_per_seq)
+ * blocks (0 for n_tokens == 0). *cached_tokens = reused blocks * N; the
+ * caller then appends tokens + *cached_tokens. Reuses nothing (KV_OK, 0)
+ * when prefix caching is off. KV_ERR_BAD_STATE when seq is not empty. */
+KV_API kv_status kv_page_table_seq_reuse_prefix(kv_page_table *pt, uint32_t seq,
+                                                const int32_t *tokens, uint64_t n_tokens,
+                                                uint64_t *cached_tokens);
+
+/* create + reuse_prefix in one call (nothing created on failure). */
+KV_API kv_status kv_page_table_seq_create_from_prefix(kv_page_table *pt, const int32_t *tokens,
+                                                      uint64_t n_tokens, uint32_t *seq_out,
+                                                      uint64_t *cached_tokens);
+
+/* Append n token ids, taking whole blocks from the source at block
+ * boundaries (plus one private block when copy-on-write is due), and
+ * committing blocks that become full when prefix caching is on. tokens may
+ * be NULL when prefix caching is off. All or nothing: KV_ERR_NO_BLOCKS (the
+ * source is short) or KV_ERR_INVALID_ARG (would exceed max_blocks_per_seq)
+ * leave the sequence as it was. A failed commit_full does not fail the
+ * append: the block stays out of the cache (counted in commit_failures). */
+KV_API kv_status kv_page_table_seq_append(kv_page_table *pt, uint32_t seq, const int32_t *tokens,
+                                          uint64_t n);
+
+/* A new sequence sharing all of parent's blocks (ref += 1 each), tokens and
+ * extra key; id in *child_out. */
+KV_API kv_status kv_page_table_seq_fork(kv_page_table *pt, uint32_t parent, uint32_t *child_out);
+
+/* Keep the first n_tokens tokens (<= current length); blocks no longer
+ * needed are released. */
+KV_API kv_status kv_page_table_seq_truncate(kv_page_table *pt, uint32_t seq, uint64_t n_tokens);
+
+/* Release every block of seq and retire its id. */
+KV_API kv_status kv_page_table_seq_free(kv_page_table *pt, uint32_t seq);
+
+/* ---- queries -------------------------------------------------------------- */
+
+/* Token count of seq. */
+KV_API kv_status kv_page_table_seq_len(const kv_page_table *pt, uint32_t seq, uint64_t *n_tokens);
+
+/* seq's block ids: *blocks borrows the table's array (valid until the next
+ * call that changes seq), *n_blocks its length. */
+KV_API kv_status kv_page_table_seq_blocks(const kv_page_table *pt, uint32_t seq,
+                                          const uint32_t **blocks, uint32_t *n_blocks);
+
+/* Slot of logical token t of seq (KV_ERR_OUT_OF_BOUNDS when t >= length). */
+KV_API kv_status kv_page_table_slot(const kv_page_table *pt, uint32_t seq, uint64_t t,
+                                    int64_t *slot);
+
+/* Number of queued copies not yet taken. */
+KV_API uint32_t kv_page_table_pending_copies(const kv_page_table *pt);
+
+/* Move up to cap queued copies, oldest first, into out[cap]; *n_out says how
+ * many (the rest stay queued). */
+KV_API kv_status kv_page_table_take_copies(kv_page_table *pt, struct kv_block_copy *out,
+                                           uint32_t cap, uint32_t *n_out);
+
+struct kv_page_table_stats {
+    uint32_t live_seqs;
+    uint64_t held_blocks;     /* sum over live sequences of n_blocks */
+    uint64_t cow_copies;      /* copies queued since create */
+    uint64_t reused_blocks;   /* blocks obtained through match_prefix */
+    uint64_t committed;       /* successful commit_full calls */
+    uint64_t commit_failures; /* failed commit_full calls */
+};
+KV_API void kv_page_table_stats_get(const kv_page_table *pt, struct kv_page_table_stats *out);
+
+/* ---- exports for attention kernels (no allocation, no per-token calls) ---- */
+
+/* vLLM form. Either output may be NULL (skipped).
+ *
+ *   block_table [n_seqs][block_table_cols] int32, row i = kernel pages of
+ *     seqs[i] (ceil(len / (N/r)) of them), then block_table_pad up to the
+ *     column count. block_table_len (entries) >= n_seqs * block_table_cols
+ *     and block_table_cols >= the longest row, else KV_ERR_INVALID_ARG.
+ *   slot_mapping int64 for tokens ranges[i] of each seqs[i] (ranges required):
+ *     tokens_per_seq == 0: packed, sequence after sequence (sum of counts);
+ *     tokens_per_seq  > 0: padded, sequence i at [i * tokens_per_seq, ...),
+ *                          each count <= tokens_per_seq;
+ *     every other entry up to slot_mapping_len is -1 (padding, skipped by
+ *     writers), so a batch padded to a graph size needs no extra pass.
+ *     slot_mapping_len must cover the written entries, else KV_ERR_INVALID_ARG.
+ * KV_ERR_OVERFLOW when a page id does not fit int32. */
+struct kv_vllm_export {
+    int32_t *block_table; /* [n_seqs][block_table_cols] */
+    uint64_t block_table_len;
+    uint32_t block_table_cols;
+    int32_t block_table_pad; /* e.g. 0 (vLLM's null block) or -1 */
+    int64_t *slot_mapping;   /* [slot_mapping_len] */
+    uint64_t slot_mapping_len;
+    uint32_t tokens_per_seq;
+};
+KV_API kv_status kv_page_table_export_vllm(const kv_page_table *pt, const uint32_t *seqs,
+                                           uint32_t n_seqs, const struct kv_token_range *ranges,
+                                           const struct kv_vllm_export *out);
+
+/* FlashInfer form (page units of N/r tokens):
+ *   indptr[n_seqs + 1]: indptr[0] = 0, indptr[i+1] = indptr[i] + pages(seqs[i])
+ *   indices[nnz]:       the pages, sequence after sequence
+ *   last_page_len[n_seqs]: tokens in the last page, 1..N/r (0 for an empty
+ *                          sequence)
+ * Lengths are checked (KV_ERR_INVALID_ARG naming them); *nnz_out (may be
+ * NULL) = total pages. KV_ERR_OVERFLOW when nnz or a page id exceeds int32. */
+struct kv_flashinfer_export {
+    int32_t *indptr; /* [n_seqs + 1] */
+    uint64_t indptr_len;
+    int32_t *indices; /* [nnz] */
+    uint64_t indices_len;
+    int32_t *last_page_len; /* [n_seqs] */
+    uint64_t last_page_len_len;
+};
+KV_API kv_status kv_page_table_export_flashinfer(const kv_page_table *pt, const uint32_t *seqs,
+                                                 uint32_t n_seqs,
+                                                 const struct kv_flashinfer_export *out,
+                                                 uint64_t *nnz_out);
+
+#endif /* KV_PAGE_TABLE_H */

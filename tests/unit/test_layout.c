@@ -1,0 +1,553 @@
+/*
+ * test_layout.c - the KV cache layout descriptor (kvcache/kv_layout.h).
+ *
+ * The reference is a hand-written position formula (ref_offset_elems), built
+ * from the picture in docs/kv-layout.md and not from the library's strides.
+ * Every arrangement x order x padding x packing x element size writes a
+ * pattern through the per-layer K/V views and reads it back through the raw
+ * block byte runs (and the reverse), for block 1 and block B-1 (B = 1000),
+ * and compares the whole arena, sentinel bytes included.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <xxhash.h>
+
+#include "kv.h"
+#include "kv_layout.h"
+#include "kvtest.h"
+
+#define SENTINEL 0xA5
+
+/* ---- reference ------------------------------------------------------------- */
+
+/* Position of one element, by hand:
+ *   planes  = packed ? 1 : 2,  row = packed ? 2D : D
+ *   inblock = NHD: (n*H + h)*row + (packed ? kv*D : 0) + d
+ *             HND: (h*N + n)*row + (packed ? kv*D : 0) + d
+ *   storage block index = layer-major: (l*planes + plane)*B + b
+ *                         block-major: (b*L + l)*planes + plane
+ *   offset = storage block index * block_stride + inblock   (plane = packed ? 0 : kv)
+ */
+static int64_t ref_offset_elems(const struct kv_layout_config *c, int64_t bstride, int64_t l,
+                                int64_t kv, int64_t b, int64_t n, int64_t h, int64_t d)
+{
+    int64_t planes = c->kv_packed ? 1 : 2, row = c->kv_packed ? 2 * c->head_dim : c->head_dim;
+    int64_t plane = c->kv_packed ? 0 : kv;
+    int64_t in =
+        (c->order == KV_ORDER_NHD ? (n * c->num_heads + h) : (h * c->block_tokens + n)) * row +
+        (c->kv_packed ? kv * c->head_dim : 0) + d;
+    int64_t idx = c->arrange == KV_ARRANGE_LAYER_MAJOR ? (l * planes + plane) * c->num_blocks + b
+                                                       : (b * c->num_layers + l) * planes + plane;
+    return idx * bstride + in;
+}
+
+/* Byte position inside the concatenation of one block's runs (runs hold the
+ * storage blocks of the block id in (layer, plane) order, data only). */
+static int64_t ref_stream_pos(const struct kv_layout_config *c, int64_t l, int64_t kv, int64_t n,
+                              int64_t h, int64_t d, int64_t es)
+{
+    int64_t planes = c->kv_packed ? 1 : 2, row = c->kv_packed ? 2 * c->head_dim : c->head_dim;
+    int64_t nat = c->block_tokens * c->num_heads * row;
+    int64_t in =
+        (c->order == KV_ORDER_NHD ? (n * c->num_heads + h) : (h * c->block_tokens + n)) * row +
+        (c->kv_packed ? kv * c->head_dim : 0) + d;
+    int64_t unit = l * planes + (c->kv_packed ? 0 : kv);
+    return (unit * nat + in) * es;
+}
+
+static uint8_t pattern(uint64_t seed, int64_t a, int64_t b, int64_t c2, int64_t d, int64_t e,
+                       int64_t k)
+{
+    uint64_t key[7] = {seed,        (uint64_t)a, (uint64_t)b, (uint64_t)c2,
+                       (uint64_t)d, (uint64_t)e, (uint64_t)k};
+    return (uint8_t)XXH3_64bits(key, sizeof(key));
+}
+
+static void expect_msg(kv_status got, kv_status want, const char *needle)
+{
+    if (got != want)
+        fail_msg("status %s, expected %s (%s)", kv_status_name(got), kv_status_name(want),
+                 kv_last_error());
+    if (!strstr(kv_last_error(), needle))
+        fail_msg("message \"%s\" does not contain \"%s\"", kv_last_error(), needle);
+}
+
+static void assert_arena_equal(const uint8_t *got, const uint8_t *want, size_t n, const char *what)
+{
+    if (memcmp(got, want, n) == 0)
+        return;
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i])
+            fail_msg("%s: arena byte %zu is 0x%02x, expected 0x%02x", what, i, got[i], want[i]);
+}
+
+/* ---- one combination ------------------------------------------------------------- */
+
+static const kv_dtype k_dtypes[] = {KV_U8, KV_F16, KV_F32, KV_F64};
+
+static void run_combo(kv_arrange arr, kv_order ord, int padded, int packed, kv_dtype dt)
+{
+    struct kv_layout_config c = {.num_layers = 3,
+                                 .num_blocks = 1000,
+                                 .block_tokens = 3,
+                                 .num_heads = 2,
+                                 .head_dim = 4,
+                                 .dtype = dt,
+                                 .order = ord,
+                                 .arrange = arr,
+                                 .kv_packed = packed != 0};
+    const int64_t es = (int64_t)kv_dtype_size(dt);
+    const int64_t nat = c.block_tokens * c.num_heads * c.head_dim * (packed ? 2 : 1);
+    int64_t bstride = nat;
+    if (padded == 1) { /* padding in elements */
+        c.block_pad_elems = 5;
+        bstride = nat + 5;
+    } else if (padded == 2) { /* explicit stride in bytes, 16-byte aligned */
+        int64_t bytes = ((nat + 3) * es + 15) / 16 * 16;
+        c.block_stride_bytes = bytes;
+        c.align_bytes = 16;
+        bstride = bytes / es;
+    }
+    struct kv_layout lo;
+    assert_int_equal(kv_layout_init(&c, &lo), KV_OK);
+    const int64_t planes = packed ? 1 : 2;
+    const size_t arena_bytes = (size_t)(c.num_layers * planes * c.num_blocks * bstride * es);
+    assert_int_equal(lo.total_bytes, (int64_t)arena_bytes);
+    assert_int_equal(lo.block_stride_bytes, bstride * es);
+    assert_int_equal(lo.block_bytes, nat * es);
+
+    uint8_t *arena = malloc(arena_bytes), *want = malloc(arena_bytes);
+    assert_non_null(arena);
+    assert_non_null(want);
+
+    struct kv_view views[3][2];
+    for (uint32_t l = 0; l < 3; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            assert_int_equal(kv_layout_kv_view(&lo, arena, arena_bytes, l, kv, &views[l][kv]),
+                             KV_OK);
+            assert_int_equal(kv_view_check(&views[l][kv]), KV_OK);
+            bool contig =
+                arr == KV_ARRANGE_LAYER_MAJOR && ord == KV_ORDER_NHD && !padded && !packed;
+            assert_int_equal(kv_view_is_contiguous(&views[l][kv]), contig);
+        }
+
+    const uint32_t blocks[2] = {1, (uint32_t)c.num_blocks - 1};
+    for (int bi = 0; bi < 2; bi++) {
+        const int64_t b = blocks[bi];
+        uint64_t seed = (uint64_t)b * 7919 + (uint64_t)dt;
+
+        /* 1. views -> arena -> runs */
+        memset(arena, SENTINEL, arena_bytes);
+        memset(want, SENTINEL, arena_bytes);
+        for (int64_t l = 0; l < 3; l++)
+            for (int64_t kv = 0; kv < 2; kv++)
+                for (int64_t n = 0; n < c.block_tokens; n++)
+                    for (int64_t h = 0; h < c.num_heads; h++)
+                        for (int64_t d = 0; d < c.head_dim; d++) {
+                            int64_t idx[4] = {b, n, h, d};
+                            uint8_t *p = kv_view_ptr(&views[l][kv], idx);
+                            int64_t ref = ref_offset_elems(&c, bstride, l, kv, b, n, h, d) * es;
+                            assert_ptr_equal(p, arena + ref);
+                            int64_t off;
+                            assert_int_equal(kv_layout_offset(&lo, (uint32_t)l, (int)kv,
+                                                              (uint32_t)b, (uint32_t)n, (uint32_t)h,
+                                                              (uint32_t)d, &off),
+                                             KV_OK);
+                            assert_int_equal(off * es, ref);
+                            for (int64_t k = 0; k < es; k++) {
+                                p[k] = pattern(seed, l, kv, n, h, d, k);
+                                want[ref + k] = p[k];
+                            }
+                        }
+        assert_arena_equal(arena, want, arena_bytes, "views->arena");
+
+        struct kv_byte_runs runs;
+        assert_int_equal(kv_layout_block_runs(&lo, (uint32_t)b, &runs), KV_OK);
+        assert_true(runs.run_stride_bytes >= runs.run_bytes);
+        const int64_t stream_bytes = 3 * planes * nat * es;
+        assert_int_equal(runs.run_bytes * runs.run_count, stream_bytes);
+        /* expected run geometry, by arrangement */
+        if (arr == KV_ARRANGE_LAYER_MAJOR) {
+            assert_int_equal(runs.run_count, 3 * planes);
+            assert_int_equal(runs.run_stride_bytes, c.num_blocks * bstride * es);
+        } else if (!padded) {
+            assert_int_equal(runs.run_count, 1);
+        } else {
+            assert_int_equal(runs.run_count, 3 * planes);
+            assert_int_equal(runs.run_stride_bytes, bstride * es);
+        }
+        uint8_t *stream = malloc((size_t)stream_bytes);
+        assert_non_null(stream);
+        for (int64_t i = 0; i < runs.run_count; i++)
+            memcpy(stream + i * runs.run_bytes,
+                   arena + runs.first_offset_bytes + i * runs.run_stride_bytes,
+                   (size_t)runs.run_bytes);
+        for (int64_t l = 0; l < 3; l++)
+            for (int64_t kv = 0; kv < 2; kv++)
+                for (int64_t n = 0; n < c.block_tokens; n++)
+                    for (int64_t h = 0; h < c.num_heads; h++)
+                        for (int64_t d = 0; d < c.head_dim; d++)
+                            for (int64_t k = 0; k < es; k++)
+                                if (stream[ref_stream_pos(&c, l, kv, n, h, d, es) + k] !=
+                                    pattern(seed, l, kv, n, h, d, k))
+                                    fail_msg("runs: l%lld kv%lld n%lld h%lld d%lld byte %lld",
+                                             (long long)l, (long long)kv, (long long)n,
+                                             (long long)h, (long long)d, (long long)k);
+
+        /* 2. runs -> arena -> views */
+        memset(arena, SENTINEL, arena_bytes);
+        memset(want, SENTINEL, arena_bytes);
+        for (int64_t i = 0; i < stream_bytes; i++)
+            stream[i] = pattern(seed + 1, i, 0, 0, 0, 0, 0);
+        for (int64_t i = 0; i < runs.run_count; i++) {
+            memcpy(arena + runs.first_offset_bytes + i * runs.run_stride_bytes,
+                   stream + i * runs.run_bytes, (size_t)runs.run_bytes);
+        }
+        for (int64_t l = 0; l < 3; l++)
+            for (int64_t kv = 0; kv < 2; kv++)
+                for (int64_t n = 0; n < c.block_tokens; n++)
+                    for (int64_t h = 0; h < c.num_heads; h++)
+                        for (int64_t d = 0; d < c.head_dim; d++) {
+                            int64_t idx[4] = {b, n, h, d};
+                            const uint8_t *p = kv_view_ptr(&views[l][kv], idx);
+                            int64_t pos = ref_stream_pos(&c, l, kv, n, h, d, es);
+                            int64_t ref = ref_offset_elems(&c, bstride, l, kv, b, n, h, d) * es;
+                            for (int64_t k = 0; k < es; k++) {
+                                assert_int_equal(p[k], stream[pos + k]);
+                                want[ref + k] = stream[pos + k];
+                            }
+                        }
+        /* the runs wrote exactly the block's data bytes: nothing else moved */
+        assert_arena_equal(arena, want, arena_bytes, "runs->arena");
+        free(stream);
+    }
+    free(want);
+    free(arena);
+}
+
+static void test_layout_views_and_runs_every_combination(void **state)
+{
+    (void)state;
+    int combos = 0;
+    for (int arr = 0; arr < 2; arr++)
+        for (int ord = 0; ord < 2; ord++)
+            for (int padded = 0; padded < 3; padded++)
+                for (int packed = 0; packed < 2; packed++)
+                    for (size_t t = 0; t < sizeof(k_dtypes) / sizeof(k_dtypes[0]); t++) {
+                        run_combo((kv_arrange)arr, (kv_order)ord, padded, packed, k_dtypes[t]);
+                        combos++;
+                    }
+    assert_int_equal(combos, 2 * 2 * 3 * 2 * 4);
+}
+
+/* ---- strides by hand ---------------------------------------------------------- */
+
+static void test_layout_strides_by_hand(void **state)
+{
+    (void)state;
+    /* L=4 B=10 N=16 H=8 D=128 f16 */
+    struct kv_layout_config c = {.num_layers = 4,
+                                 .num_blocks = 10,
+                                 .block_tokens = 16,
+                                 .num_heads = 8,
+                                 .head_dim = 128,
+                                 .dtype = KV_F16};
+    struct kv_layout lo;
+    const int64_t blk = 16 * 8 * 128;
+    assert_int_equal(kv_layout_init(&c, &lo), KV_OK);
+    assert_int_equal(lo.stride_dim_elems, 1);
+    assert_int_equal(lo.stride_head_elems, 128);
+    assert_int_equal(lo.stride_token_elems, 8 * 128);
+    assert_int_equal(lo.stride_block_elems, blk);
+    assert_int_equal(lo.stride_kv_elems, 10 * blk);
+    assert_int_equal(lo.stride_layer_elems, 2 * 10 * blk);
+    assert_int_equal(lo.stride_layer_bytes, 2 * 10 * blk * 2);
+    assert_int_equal(lo.total_bytes, 4 * 2 * 10 * blk * 2);
+
+    c.order = KV_ORDER_HND;
+    c.arrange = KV_ARRANGE_BLOCK_MAJOR;
+    c.block_pad_elems = 64;
+    assert_int_equal(kv_layout_init(&c, &lo), KV_OK);
+    assert_int_equal(lo.stride_token_elems, 128);
+    assert_int_equal(lo.stride_head_elems, 16 * 128);
+    assert_int_equal(lo.block_stride_elems, blk + 64);
+    assert_int_equal(lo.stride_kv_elems, blk + 64);
+    assert_int_equal(lo.stride_layer_elems, 2 * (blk + 64));
+    assert_int_equal(lo.stride_block_elems, 4 * 2 * (blk + 64));
+    assert_int_equal(lo.stride_block_bytes, 4 * 2 * (blk + 64) * 2);
+
+    c.order = KV_ORDER_NHD;
+    c.arrange = KV_ARRANGE_LAYER_MAJOR;
+    c.block_pad_elems = 0;
+    c.kv_packed = true;
+    assert_int_equal(kv_layout_init(&c, &lo), KV_OK);
+    assert_int_equal(lo.kv_planes, 1);
+    assert_int_equal(lo.stride_dim_elems, 1);
+    assert_int_equal(lo.stride_kv_elems, 128);       /* V follows K in the row */
+    assert_int_equal(lo.stride_head_elems, 2 * 128); /* row = 2D */
+    assert_int_equal(lo.stride_token_elems, 8 * 256);
+    assert_int_equal(lo.stride_block_elems, 2 * blk);
+    assert_int_equal(lo.stride_layer_elems, 10 * 2 * blk);
+    struct kv_byte_runs r;
+    assert_int_equal(kv_layout_block_runs(&lo, 9, &r), KV_OK);
+    assert_int_equal(r.run_count, 4);
+    assert_int_equal(r.run_bytes, 2 * blk * 2);
+    assert_int_equal(r.first_offset_bytes, 9 * 2 * blk * 2);
+    assert_int_equal(r.run_stride_bytes, 10 * 2 * blk * 2);
+    char buf[512];
+    assert_true(kv_layout_describe(&lo, buf, sizeof(buf)) > 0);
+    assert_non_null(strstr(buf, "packed"));
+}
+
+/* ---- > 2^31 elements per layer ------------------------------------------------- */
+
+static void test_layout_large_offsets_64bit(void **state)
+{
+    (void)state;
+    const int64_t B = (int64_t)1 << 20, N = 16, H = 8, D = 128, L = 4, blk = N * H * D;
+    for (int arr = 0; arr < 2; arr++) {
+        struct kv_layout_config c = {.num_layers = L,
+                                     .num_blocks = B,
+                                     .block_tokens = N,
+                                     .num_heads = H,
+                                     .head_dim = D,
+                                     .dtype = KV_BF16,
+                                     .arrange = (kv_arrange)arr};
+        struct kv_layout lo;
+        assert_int_equal(kv_layout_init(&c, &lo), KV_OK);
+        assert_true(B * blk > ((int64_t)1 << 31)); /* elements per layer and plane */
+        assert_int_equal(lo.total_bytes, L * 2 * B * blk * 2);
+        int64_t off;
+        assert_int_equal(kv_layout_offset(&lo, 3, 1, (uint32_t)(B - 1), 15, 7, 127, &off), KV_OK);
+        int64_t in = (15 * H + 7) * D + 127;
+        int64_t want = arr == 0 ? ((3 * 2 + 1) * B + (B - 1)) * blk + in
+                                : ((B - 1) * L * 2 + 3 * 2 + 1) * blk + in;
+        assert_int_equal(off, want);
+        assert_int_equal(off, lo.total_elems - 1); /* the very last element either way */
+
+        /* a view over storage never allocated: metadata only */
+        struct kv_view v;
+        void *fake_base = (void *)(uintptr_t)4096;
+        assert_int_equal(kv_layout_kv_view(&lo, fake_base, (size_t)lo.total_bytes, 3, 1, &v),
+                         KV_OK);
+        assert_int_equal(kv_view_check(&v), KV_OK);
+        int64_t idx[4] = {B - 1, 15, 7, 127}, voff;
+        assert_int_equal(kv_view_offset_of(&v, idx, &voff), KV_OK);
+        assert_int_equal(voff, want);
+
+        struct kv_byte_runs r;
+        assert_int_equal(kv_layout_block_runs(&lo, (uint32_t)(B - 1), &r), KV_OK);
+        if (arr == 0) {
+            assert_int_equal(r.first_offset_bytes, (B - 1) * blk * 2);
+            assert_int_equal(r.run_count, 2 * L);
+            assert_int_equal(r.run_stride_bytes, B * blk * 2);
+        } else {
+            assert_int_equal(r.first_offset_bytes, (B - 1) * L * 2 * blk * 2);
+            assert_int_equal(r.run_count, 1);
+            assert_int_equal(r.run_bytes, L * 2 * blk * 2);
+        }
+        assert_int_equal(r.first_offset_bytes + (r.run_count - 1) * r.run_stride_bytes +
+                             r.run_bytes,
+                         lo.total_bytes); /* block B-1 ends the arena either way */
+    }
+}
+
+/* ---- fingerprint -------------------------------------------------------------- */
+
+static const struct kv_layout_config k_base = {.num_layers = 2,
+                                               .num_blocks = 64,
+                                               .block_tokens = 16,
+                                               .num_heads = 4,
+                                               .head_dim = 64,
+                                               .dtype = KV_F16};
+
+static uint64_t fp_of(const struct kv_layout_config *c)
+{
+    struct kv_layout lo;
+    kv_status st = kv_layout_init(c, &lo);
+    if (st != KV_OK)
+        fail_msg("init: %s", kv_last_error());
+    return lo.fingerprint;
+}
+
+static void test_layout_fingerprint_stable_and_sensitive(void **state)
+{
+    (void)state;
+    uint64_t base = fp_of(&k_base);
+    struct kv_layout_config again = k_base;
+    assert_true(fp_of(&again) == base);
+
+    struct kv_layout_config v[13];
+    for (int i = 0; i < 13; i++)
+        v[i] = k_base;
+    v[0].num_layers = 3;
+    v[1].num_blocks = 65;
+    v[2].block_tokens = 32;
+    v[3].num_heads = 8;
+    v[4].head_dim = 128;
+    v[5].dtype = KV_BF16; /* same size, different type */
+    v[6].order = KV_ORDER_HND;
+    v[7].arrange = KV_ARRANGE_BLOCK_MAJOR;
+    v[8].kv_packed = true;
+    v[9].block_pad_elems = 8;
+    v[10].block_stride_bytes = 16 * 4 * 64 * 2 + 64;
+    v[11].align_bytes = 64;
+    v[12].dtype = KV_F32;
+    uint64_t fps[14];
+    fps[13] = base;
+    for (int i = 0; i < 13; i++)
+        fps[i] = fp_of(&v[i]);
+    for (int i = 0; i < 14; i++)
+        for (int j = i + 1; j < 14; j++)
+            if (fps[i] == fps[j])
+                fail_msg("variants %d and %d share fingerprint 0x%llx", i, j,
+                         (unsigned long long)fps[i]);
+
+    /* a canonical serialization, not the raw struct bytes */
+    struct kv_layout lo;
+    assert_int_equal(kv_layout_init(&k_base, &lo), KV_OK);
+    struct kv_layout raw = lo;
+    raw.fingerprint = 0;
+    assert_true(XXH3_64bits(&raw, sizeof(raw)) != lo.fingerprint);
+    assert_true(XXH3_64bits(&lo, sizeof(lo)) != lo.fingerprint);
+}
+
+/* ---- refusals ------------------------------------------------------------------ */
+
+struct refusal {
+    const char *what;
+    struct kv_layout_config cfg;
+    kv_status status;
+    const char *needle;
+};
+
+static void test_layout_refuses_bad_configs(void **state)
+{
+    (void)state;
+    const int64_t nat_bytes = 16 * 4 * 64 * 2;
+    struct refusal cases[] = {
+        {"zero heads", k_base, KV_ERR_BAD_SHAPE, "num_heads = 0"},
+        {"negative head_dim", k_base, KV_ERR_BAD_SHAPE, "head_dim = -3"},
+        {"zero layers", k_base, KV_ERR_BAD_SHAPE, "num_layers = 0"},
+        {"zero tokens", k_base, KV_ERR_BAD_SHAPE, "block_tokens = 0"},
+        {"negative blocks", k_base, KV_ERR_BAD_SHAPE, "num_blocks = -5"},
+        {"blocks > 2^32", k_base, KV_ERR_BAD_SHAPE, "8589934592"},
+        {"block product overflow", k_base, KV_ERR_OVERFLOW, "1099511627776"},
+        {"total overflow", k_base, KV_ERR_OVERFLOW, "4294967296"},
+        {"overlapping stride", k_base, KV_ERR_OVERLAP, "8000"},
+        {"stride not element multiple", k_base, KV_ERR_INVALID_ARG, "8193"},
+        {"stride not aligned", k_base, KV_ERR_INVALID_ARG, "align_bytes 256"},
+        {"align not power of two", k_base, KV_ERR_INVALID_ARG, "align_bytes = 24"},
+        {"negative pad", k_base, KV_ERR_BAD_SHAPE, "block_pad_elems = -7"},
+        {"pad and stride", k_base, KV_ERR_INVALID_ARG, "both set"},
+        {"unknown dtype", k_base, KV_ERR_INVALID_ARG, "unknown dtype 99"},
+        {"unknown order", k_base, KV_ERR_INVALID_ARG, "unknown order 7"},
+        {"unknown arrangement", k_base, KV_ERR_INVALID_ARG, "unknown arrangement 5"},
+        {"negative stride", k_base, KV_ERR_BAD_SHAPE, "block_stride_bytes = -2"},
+    };
+    cases[0].cfg.num_heads = 0;
+    cases[1].cfg.head_dim = -3;
+    cases[2].cfg.num_layers = 0;
+    cases[3].cfg.block_tokens = 0;
+    cases[4].cfg.num_blocks = -5;
+    cases[5].cfg.num_blocks = (int64_t)1 << 33;
+    cases[6].cfg.block_tokens = (int64_t)1 << 40;
+    cases[6].cfg.num_heads = (int64_t)1 << 30;
+    cases[7].cfg.num_blocks = (int64_t)1 << 32;
+    cases[7].cfg.block_tokens = (int64_t)1 << 20;
+    cases[7].cfg.num_heads = (int64_t)1 << 20;
+    cases[7].cfg.head_dim = 1;
+    cases[8].cfg.block_stride_bytes = 8000; /* natural is 8192 */
+    cases[9].cfg.block_stride_bytes = nat_bytes + 1;
+    cases[10].cfg.block_stride_bytes = nat_bytes + 128;
+    cases[10].cfg.align_bytes = 256;
+    cases[11].cfg.align_bytes = 24;
+    cases[12].cfg.block_pad_elems = -7;
+    cases[13].cfg.block_pad_elems = 8;
+    cases[13].cfg.block_stride_bytes = nat_bytes + 16;
+    cases[14].cfg.dtype = (kv_dtype)99;
+    cases[15].cfg.order = (kv_order)7;
+    cases[16].cfg.arrange = (kv_arrange)5;
+    cases[17].cfg.block_stride_bytes = -2;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct kv_layout lo;
+        memset(&lo, 0x5A, sizeof(lo));
+        struct kv_layout before = lo;
+        kv_status st = kv_layout_init(&cases[i].cfg, &lo);
+        if (st != cases[i].status || !strstr(kv_last_error(), cases[i].needle))
+            fail_msg("%s: got %s \"%s\", expected %s containing \"%s\"", cases[i].what,
+                     kv_status_name(st), kv_last_error(), kv_status_name(cases[i].status),
+                     cases[i].needle);
+        assert_memory_equal(&lo, &before, sizeof(lo)); /* out untouched */
+    }
+    struct kv_layout lo;
+    expect_msg(kv_layout_init(NULL, &lo), KV_ERR_NULL, "cfg");
+    expect_msg(kv_layout_init(&k_base, NULL), KV_ERR_NULL, "out");
+
+    /* an aligned, padded stride is accepted and not overlapped */
+    struct kv_layout_config ok = k_base;
+    ok.block_stride_bytes = nat_bytes + 256;
+    ok.align_bytes = 256;
+    assert_int_equal(kv_layout_init(&ok, &lo), KV_OK);
+    assert_int_equal(lo.block_stride_bytes, nat_bytes + 256);
+}
+
+static void test_layout_refuses_bad_queries(void **state)
+{
+    (void)state;
+    struct kv_layout lo;
+    assert_int_equal(kv_layout_init(&k_base, &lo), KV_OK);
+    static uint8_t small[64];
+    uint8_t *arena = malloc((size_t)lo.total_bytes);
+    assert_non_null(arena);
+    struct kv_view v, before;
+    memset(&v, 0x33, sizeof(v));
+    before = v;
+    expect_msg(kv_layout_kv_view(&lo, arena, (size_t)lo.total_bytes, 2, 0, &v),
+               KV_ERR_OUT_OF_BOUNDS, "layer 2 >= num_layers 2");
+    expect_msg(kv_layout_kv_view(&lo, arena, (size_t)lo.total_bytes, 0, 2, &v), KV_ERR_INVALID_ARG,
+               "kv = 2");
+    expect_msg(kv_layout_kv_view(&lo, small, sizeof(small), 0, 0, &v), KV_ERR_OUT_OF_BOUNDS,
+               "storage of 64 bytes");
+    expect_msg(kv_layout_kv_view(&lo, NULL, (size_t)lo.total_bytes, 0, 0, &v), KV_ERR_NULL, "base");
+    expect_msg(kv_layout_kv_view(NULL, arena, (size_t)lo.total_bytes, 0, 0, &v), KV_ERR_NULL,
+               "layout");
+    assert_memory_equal(&v, &before, sizeof(v));
+
+    int64_t off = -1;
+    expect_msg(kv_layout_offset(&lo, 0, 0, 64, 0, 0, 0, &off), KV_ERR_OUT_OF_BOUNDS,
+               "block 64 >= 64");
+    expect_msg(kv_layout_offset(&lo, 0, 0, 0, 16, 0, 0, &off), KV_ERR_OUT_OF_BOUNDS,
+               "token 16 >= 16");
+    expect_msg(kv_layout_offset(&lo, 0, 0, 0, 0, 4, 0, &off), KV_ERR_OUT_OF_BOUNDS, "head 4 >= 4");
+    expect_msg(kv_layout_offset(&lo, 0, 0, 0, 0, 0, 64, &off), KV_ERR_OUT_OF_BOUNDS, "d 64 >= 64");
+    expect_msg(kv_layout_offset(&lo, 7, 0, 0, 0, 0, 0, &off), KV_ERR_OUT_OF_BOUNDS, "layer 7 >= 2");
+    expect_msg(kv_layout_offset(&lo, 0, -1, 0, 0, 0, 0, &off), KV_ERR_INVALID_ARG, "kv = -1");
+    assert_int_equal(off, -1);
+
+    struct kv_byte_runs r;
+    expect_msg(kv_layout_block_runs(&lo, 64, &r), KV_ERR_OUT_OF_BOUNDS,
+               "block 64 >= num_blocks 64");
+    expect_msg(kv_layout_block_runs(&lo, 0, NULL), KV_ERR_NULL, "out");
+    free(arena);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_layout_views_and_runs_every_combination),
+        cmocka_unit_test(test_layout_strides_by_hand),
+        cmocka_unit_test(test_layout_large_offsets_64bit),
+        cmocka_unit_test(test_layout_fingerprint_stable_and_sensitive),
+        cmocka_unit_test(test_layout_refuses_bad_configs),
+        cmocka_unit_test(test_layout_refuses_bad_queries),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,1033 @@
+/*
+ * test_page_table.c - page tables (kvcache/kv_page_table.h) over a FAKE block
+ * source written here: an array pool with ref counts, a scrambled allocation
+ * order, ids far from 0, a configurable limit, and a toy prefix map.
+ *
+ * References are independent of the table: block lists are rebuilt from the
+ * fake's allocation log, slots and pages from the formulas of DESIGN.md 3.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <xxhash.h>
+
+#include "kv.h"
+#include "kv_page_table.h"
+#include "kvtest.h"
+
+/* ---- the fake block source -------------------------------------------------------- */
+
+#define FAKE_MAX 4096
+
+struct fake {
+    uint32_t n;               /* blocks in the pool */
+    uint32_t base;            /* id of block index 0 */
+    uint32_t order[FAKE_MAX]; /* allocation preference (a permutation of indices) */
+    uint32_t ref[FAKE_MAX];
+    bool hashed[FAKE_MAX];
+    uint64_t hash[FAKE_MAX];
+    uint64_t parent[FAKE_MAX]; /* parent hash passed at commit */
+    uint32_t last_alloc[64];   /* ids of the most recent alloc */
+    uint32_t n_last;
+    uint32_t allocs, releases, retains, commits, matches;
+    bool fail_commit;
+};
+
+static uint64_t toy_hash(uint64_t parent, const int32_t *tokens, uint32_t n, uint64_t extra)
+{
+    XXH3_state_t *st = XXH3_createState();
+    XXH3_64bits_reset(st);
+    XXH3_64bits_update(st, &parent, sizeof(parent));
+    XXH3_64bits_update(st, &extra, sizeof(extra));
+    XXH3_64bits_update(st, tokens, n * sizeof(*tokens));
+    uint64_t h = XXH3_64bits_digest(st);
+    XXH3_freeState(st);
+    return h;
+}
+
+static void fake_init(struct fake *f, uint32_t n, uint32_t base)
+{
+    memset(f, 0, sizeof(*f));
+    assert_true(n <= FAKE_MAX);
+    f->n = n;
+    f->base = base;
+    /* scrambled: stride 7919 (prime, coprime with n unless n is a multiple) */
+    uint32_t step = 7919 % n ? 7919 : 7907;
+    for (uint32_t k = 0; k < n; k++)
+        f->order[k] = (uint32_t)(((uint64_t)k * step + 13) % n);
+}
+
+static bool fake_idx(const struct fake *f, uint32_t id, uint32_t *idx)
+{
+    if (id < f->base || id - f->base >= f->n)
+        return false;
+    *idx = id - f->base;
+    return true;
+}
+
+static uint32_t fake_free_count(const struct fake *f)
+{
+    uint32_t c = 0;
+    for (uint32_t i = 0; i < f->n; i++)
+        c += f->ref[i] == 0;
+    return c;
+}
+
+static kv_status fake_alloc(void *ctx, uint32_t n, uint32_t *ids)
+{
+    struct fake *f = ctx;
+    if (fake_free_count(f) < n)
+        return KV_ERR_NO_BLOCKS;
+    uint32_t got = 0;
+    for (int pass = 0; pass < 2 && got < n; pass++) /* unhashed first, then evict */
+        for (uint32_t k = 0; k < f->n && got < n; k++) {
+            uint32_t i = f->order[k];
+            if (f->ref[i] == 0 && f->hashed[i] == (pass == 1)) {
+                f->ref[i] = 1;
+                f->hashed[i] = false;
+                ids[got++] = f->base + i;
+            }
+        }
+    memcpy(f->last_alloc, ids, (n < 64 ? n : 64) * sizeof(*ids));
+    f->n_last = n;
+    f->allocs++;
+    return KV_OK;
+}
+
+static kv_status fake_retain(void *ctx, const uint32_t *ids, uint32_t n)
+{
+    struct fake *f = ctx;
+    uint32_t idx;
+    for (uint32_t k = 0; k < n; k++)
+        if (!fake_idx(f, ids[k], &idx) || f->ref[idx] == 0)
+            return KV_ERR_INVALID_ARG;
+    for (uint32_t k = 0; k < n; k++) {
+        fake_idx(f, ids[k], &idx);
+        f->ref[idx]++;
+    }
+    f->retains++;
+    return KV_OK;
+}
+
+static kv_status fake_release(void *ctx, const uint32_t *ids, uint32_t n)
+{
+    struct fake *f = ctx;
+    uint32_t idx = 0, k;
+    for (k = 0; k < n; k++) {
+        if (!fake_idx(f, ids[k], &idx) || f->ref[idx] == 0)
+            break;
+        f->ref[idx]--;
+    }
+    if (k < n) { /* undo: all or nothing */
+        while (k-- > 0) {
+            fake_idx(f, ids[k], &idx);
+            f->ref[idx]++;
+        }
+        return KV_ERR_INVALID_ARG;
+    }
+    f->releases++;
+    return KV_OK;
+}
+
+static uint32_t fake_ref_count(void *ctx, uint32_t id)
+{
+    struct fake *f = ctx;
+    uint32_t idx;
+    return fake_idx(f, id, &idx) ? f->ref[idx] : 0;
+}
+
+static kv_status fake_match(void *ctx, const int32_t *tokens, uint64_t n_tokens,
+                            uint32_t block_tokens, uint64_t extra_key, uint32_t *ids,
+                            uint64_t *hashes, uint32_t max_blocks, uint32_t *n_found)
+{
+    struct fake *f = ctx;
+    uint64_t parent = 0;
+    uint32_t found = 0;
+    f->matches++;
+    for (uint64_t b = 0; b < n_tokens / block_tokens && found < max_blocks; b++) {
+        uint64_t h = toy_hash(parent, tokens + b * block_tokens, block_tokens, extra_key);
+        uint32_t i;
+        for (i = 0; i < f->n; i++)
+            if (f->hashed[i] && f->hash[i] == h)
+                break;
+        if (i == f->n)
+            break;
+        ids[found] = f->base + i;
+        if (hashes)
+            hashes[found] = h;
+        found++;
+        parent = h;
+    }
+    for (uint32_t k = 0; k < found; k++)
+        f->ref[ids[k] - f->base]++;
+    *n_found = found;
+    return KV_OK;
+}
+
+static kv_status fake_commit(void *ctx, uint32_t id, uint64_t parent_hash, const int32_t *tokens,
+                             uint32_t n_tokens, uint64_t extra_key, uint64_t *hash_out)
+{
+    struct fake *f = ctx;
+    uint32_t idx;
+    if (f->fail_commit)
+        return KV_ERR_NO_MEMORY;
+    if (!fake_idx(f, id, &idx) || f->ref[idx] == 0)
+        return KV_ERR_INVALID_ARG;
+    uint64_t h = toy_hash(parent_hash, tokens, n_tokens, extra_key);
+    bool dup = false;
+    for (uint32_t i = 0; i < f->n; i++)
+        dup |= f->hashed[i] && f->hash[i] == h && i != idx;
+    if (!dup) {
+        f->hashed[idx] = true;
+        f->hash[idx] = h;
+        f->parent[idx] = parent_hash;
+    }
+    f->commits++;
+    *hash_out = h;
+    return KV_OK;
+}
+
+static struct kv_block_ops fake_ops(struct fake *f)
+{
+    return (struct kv_block_ops){.ctx = f,
+                                 .alloc = fake_alloc,
+                                 .retain = fake_retain,
+                                 .release = fake_release,
+                                 .ref_count = fake_ref_count,
+                                 .match_prefix = fake_match,
+                                 .commit_full = fake_commit};
+}
+
+static uint32_t ref_of(const struct fake *f, uint32_t id)
+{
+    return f->ref[id - f->base];
+}
+
+/* ---- helpers --------------------------------------------------------------------- */
+
+static void expect_msg(kv_status got, kv_status want, const char *needle)
+{
+    if (got != want)
+        fail_msg("status %s, expected %s (%s)", kv_status_name(got), kv_status_name(want),
+                 kv_last_error());
+    if (!strstr(kv_last_error(), needle))
+        fail_msg("message \"%s\" does not contain \"%s\"", kv_last_error(), needle);
+}
+
+static kv_page_table *make_pt(struct fake *f, uint32_t N, uint32_t r, uint32_t max_seqs,
+                              uint32_t max_blocks, bool prefix)
+{
+    struct kv_page_table_config cfg = {.block_tokens = N,
+                                       .page_ratio = r,
+                                       .max_seqs = max_seqs,
+                                       .max_blocks_per_seq = max_blocks,
+                                       .ops = fake_ops(f),
+                                       .enable_prefix_caching = prefix};
+    kv_page_table *pt = NULL;
+    kv_status st = kv_page_table_create(&cfg, &pt);
+    if (st != KV_OK)
+        fail_msg("create: %s", kv_last_error());
+    return pt;
+}
+
+static int32_t *make_tokens(uint64_t n, uint64_t seed)
+{
+    int32_t *t = malloc((n ? n : 1) * sizeof(*t));
+    assert_non_null(t);
+    for (uint64_t i = 0; i < n; i++)
+        t[i] = (int32_t)(kvt_rand(&seed) % 50000);
+    return t;
+}
+
+/* Test-side model of one sequence's block list, fed by the fake's log. */
+struct model {
+    uint32_t blocks[512];
+    uint32_t n_blocks;
+    uint64_t len;
+};
+
+static void model_append(kv_page_table *pt, struct fake *f, uint32_t seq, struct model *m,
+                         uint64_t n, uint32_t N)
+{
+    uint32_t allocs = f->allocs;
+    f->n_last = 0;
+    int32_t *tok = make_tokens(n, m->len + seq);
+    kv_status st = kv_page_table_seq_append(pt, seq, tok, n);
+    free(tok);
+    if (st != KV_OK)
+        fail_msg("append: %s", kv_last_error());
+    uint32_t need = (uint32_t)((m->len + n + N - 1) / N) - m->n_blocks;
+    assert_int_equal(f->allocs - allocs, need ? 1 : 0);
+    assert_int_equal(f->n_last, need);
+    for (uint32_t k = 0; k < need; k++)
+        m->blocks[m->n_blocks++] = f->last_alloc[k];
+    m->len += n;
+}
+
+/* ---- tests ------------------------------------------------------------------------ */
+
+static void test_page_table_append_across_boundaries(void **state)
+{
+    (void)state;
+    struct fake *f = malloc(sizeof(*f));
+    fake_init(f, 1000, 9000);
+    kv_page_table *pt = make_pt(f, 16, 1, 4, 64, false);
+    uint32_t s;
+    assert_int_equal(kv_page_table_seq_create(pt, &s), KV_OK);
+    /* tokens may be NULL without prefix caching */
+    const uint64_t steps[] = {1, 15, 1, 40, 0, 7};
+    const uint32_t want_blocks[] = {1, 1, 2, 4, 4, 4};
+    uint64_t len = 0;
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(kv_page_table_seq_append(pt, s, NULL, steps[i]), KV_OK);
+        len += steps[i];
+        const uint32_t *blocks;
+        uint32_t nb;
+        uint64_t got_len;
+        assert_int_equal(kv_page_table_seq_blocks(pt, s, &blocks, &nb), KV_OK);
+        assert_int_equal(kv_page_table_seq_len(pt, s, &got_len), KV_OK);
+        assert_int_equal(nb, want_blocks[i]);
+        assert_int_equal(got_len, len);
+        /* a fresh fake hands out base + order[k] in order: block k of the seq */
+        for (uint32_t k = 0; k < nb; k++)
+            assert_int_equal(blocks[k], 9000 + f->order[k]);
+    }
+    for (uint64_t t = 0; t < len; t++) {
+        int64_t slot;
+        assert_int_equal(kv_page_table_slot(pt, s, t, &slot), KV_OK);
+        assert_int_equal(slot, (int64_t)(9000 + f->order[t / 16]) * 16 + (int64_t)(t % 16));
+    }
+    int64_t slot = -7;
+    expect_msg(kv_page_table_slot(pt, s, len, &slot), KV_ERR_OUT_OF_BOUNDS,
+               "token 64 >= length 64");
+    assert_int_equal(slot, -7);
+    for (uint32_t k = 0; k < 4; k++)
+        assert_int_equal(ref_of(f, 9000 + f->order[k]), 1);
+    struct kv_page_table_stats stt;
+    kv_page_table_stats_get(pt, &stt);
+    assert_int_equal(stt.held_blocks, 4);
+    assert_int_equal(stt.live_seqs, 1);
+    kv_page_table_destroy(pt);
+    assert_int_equal(fake_free_count(f), 1000); /* destroy releases everything */
+    free(f);
+}
+
+static void test_page_table_slot_64bit(void **state)
+{
+    (void)state;
+    struct fake *f = malloc(sizeof(*f));
+    const uint32_t base = 200000000u; /* * 16 > 2^31 */
+    fake_init(f, 100, base);
+    kv_page_table *pt = make_pt(f, 16, 4, 2, 8, false);
+    uint32_t s;
+    assert_int_equal(kv_page_table_seq_create(pt, &s), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, s, NULL, 40), KV_OK);
+    int64_t slot;
+    assert_int_equal(kv_page_table_slot(pt, s, 39, &slot), KV_OK);
+    int64_t want = (int64_t)(base + f->order[2]) * 16 + 7;
+    assert_true(want > INT32_MAX);
+    assert_int_equal(slot, want);
+    int64_t sm[40];
+    struct kv_token_range rg = {0, 40};
+    struct kv_vllm_export ve = {.slot_mapping = sm, .slot_mapping_len = 40};
+    assert_int_equal(kv_page_table_export_vllm(pt, &s, 1, &rg, &ve), KV_OK);
+    assert_int_equal(sm[39], want);
+    /* page ids base*4+3 > INT32_MAX: int32 exports refuse */
+    kv_page_table_destroy(pt);
+    fake_init(f, 100, 600000000u);
+    pt = make_pt(f, 16, 4, 2, 8, false);
+    assert_int_equal(kv_page_table_seq_create(pt, &s), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, s, NULL, 40), KV_OK);
+    int32_t bt[8], ip[2], ind[16], lpl[1];
+    struct kv_vllm_export ve2 = {.block_table = bt, .block_table_len = 8, .block_table_cols = 8};
+    expect_msg(kv_page_table_export_vllm(pt, &s, 1, NULL, &ve2), KV_ERR_OVERFLOW, "page_ratio 4");
+    struct kv_flashinfer_export fe = {ip, 2, ind, 16, lpl, 1};
+    expect_msg(kv_page_table_export_flashinfer(pt, &s, 1, &fe, NULL), KV_ERR_OVERFLOW, "int32");
+    kv_page_table_destroy(pt);
+    free(f);
+}
+
+/* Exports against the model, for r = 1, 2, 4, packed and padded slot layouts. */
+static void check_exports(uint32_t r)
+{
+    const uint32_t N = 16, P = N / r, S = 8;
+    struct fake *f = malloc(sizeof(*f));
+    fake_init(f, 2000, 9000);
+    kv_page_table *pt = make_pt(f, N, r, 16, 64, false);
+    struct model *m = calloc(S, sizeof(*m));
+    uint32_t seqs[8];
+    const uint64_t lens[8] = {0, 1, 15, 16, 17, 33, 100, 64};
+    for (uint32_t i = 0; i < S; i++)
+        assert_int_equal(kv_page_table_seq_create(pt, &seqs[i]), KV_OK);
+    /* interleaved appends so every sequence's ids are scattered */
+    for (uint64_t step = 0; step < 100; step += 7)
+        for (uint32_t i = 0; i < S; i++) {
+            uint64_t n = lens[i] > m[i].len ? lens[i] - m[i].len : 0;
+            if (n > 7)
+                n = 7;
+            if (n)
+                model_append(pt, f, seqs[i], &m[i], n, N);
+        }
+    for (uint32_t i = 0; i < S; i++)
+        assert_int_equal(m[i].len, lens[i]);
+    /* batch order differs from creation order, one sequence twice */
+    const uint32_t order[9] = {6, 0, 3, 1, 7, 2, 5, 4, 6};
+    uint32_t batch[9];
+    struct kv_token_range rg[9];
+    uint64_t total = 0, max_count = 0, max_pages = 0;
+    for (uint32_t b = 0; b < 9; b++) {
+        batch[b] = seqs[order[b]];
+        uint64_t len = lens[order[b]], cnt = len < 5 ? len : (b == 0 ? len : len / 3);
+        rg[b].start = len - cnt;
+        rg[b].count = cnt;
+        total += cnt;
+        if (cnt > max_count)
+            max_count = cnt;
+        uint64_t pages = (len + P - 1) / P;
+        if (pages > max_pages)
+            max_pages = pages;
+    }
+    const uint32_t cols = (uint32_t)max_pages + 3;
+
+    /* vLLM, packed slots with a padded tail (batch padded to a graph size) */
+    const uint64_t sm_len = total + 5;
+    int32_t *bt = malloc((9 * cols + 4) * sizeof(*bt));
+    int64_t *sm = malloc((sm_len + 4) * sizeof(*sm));
+    for (uint64_t k = 0; k < 9 * cols + 4; k++)
+        bt[k] = 0x7EADBEEF;
+    for (uint64_t k = 0; k < sm_len + 4; k++)
+        sm[k] = 0x7EADBEEF;
+    struct kv_vllm_export ve = {.block_table = bt,
+                                .block_table_len = 9 * (uint64_t)cols,
+                                .block_table_cols = cols,
+                                .block_table_pad = -3,
+                                .slot_mapping = sm,
+                                .slot_mapping_len = sm_len};
+    if (kv_page_table_export_vllm(pt, batch, 9, rg, &ve) != KV_OK)
+        fail_msg("export_vllm: %s", kv_last_error());
+    uint64_t pos = 0;
+    for (uint32_t b = 0; b < 9; b++) {
+        const struct model *mm = &m[order[b]];
+        uint64_t pages = (mm->len + P - 1) / P;
+        for (uint64_t j = 0; j < cols; j++) {
+            int32_t want = j < pages ? (int32_t)(mm->blocks[j / r] * r + j % r) : -3;
+            assert_int_equal(bt[b * cols + j], want);
+        }
+        for (uint64_t t = rg[b].start; t < rg[b].start + rg[b].count; t++)
+            assert_int_equal(sm[pos++], (int64_t)mm->blocks[t / N] * N + (int64_t)(t % N));
+    }
+    for (; pos < sm_len; pos++)
+        assert_int_equal(sm[pos], -1);
+    for (int k = 0; k < 4; k++) { /* nothing past the declared lengths */
+        assert_int_equal(bt[9 * cols + k], 0x7EADBEEF);
+        assert_int_equal(sm[sm_len + k], 0x7EADBEEF);
+    }
+
+    /* vLLM, padded slots: sequence b at [b*T, b*T + count), -1 after */
+    const uint32_t T = (uint32_t)max_count + 2;
+    int64_t *sp = malloc(9 * T * sizeof(*sp));
+    struct kv_vllm_export vp = {
+        .slot_mapping = sp, .slot_mapping_len = 9 * (uint64_t)T, .tokens_per_seq = T};
+    assert_int_equal(kv_page_table_export_vllm(pt, batch, 9, rg, &vp), KV_OK);
+    for (uint32_t b = 0; b < 9; b++) {
+        const struct model *mm = &m[order[b]];
+        for (uint32_t k = 0; k < T; k++) {
+            uint64_t t = rg[b].start + k;
+            int64_t want = k < rg[b].count ? (int64_t)mm->blocks[t / N] * N + (int64_t)(t % N) : -1;
+            assert_int_equal(sp[(uint64_t)b * T + k], want);
+        }
+    }
+
+    /* FlashInfer CSR */
+    int32_t indptr[10], lpl[9];
+    int32_t *ind = malloc((max_pages * 9 + 1) * sizeof(*ind));
+    struct kv_flashinfer_export fe = {indptr, 10, ind, max_pages * 9, lpl, 9};
+    uint64_t nnz = 0;
+    if (kv_page_table_export_flashinfer(pt, batch, 9, &fe, &nnz) != KV_OK)
+        fail_msg("export_flashinfer: %s", kv_last_error());
+    uint64_t at = 0;
+    assert_int_equal(indptr[0], 0);
+    for (uint32_t b = 0; b < 9; b++) {
+        const struct model *mm = &m[order[b]];
+        uint64_t pages = (mm->len + P - 1) / P;
+        for (uint64_t j = 0; j < pages; j++)
+            assert_int_equal(ind[at + j], (int32_t)(mm->blocks[j / r] * r + j % r));
+        at += pages;
+        assert_int_equal(indptr[b + 1], (int32_t)at);
+        int32_t want_last = mm->len ? (int32_t)(mm->len - (pages - 1) * P) : 0;
+        assert_int_equal(lpl[b], want_last);
+        if (mm->len)
+            assert_true(lpl[b] >= 1 && lpl[b] <= (int32_t)P);
+    }
+    assert_int_equal(nnz, at);
+
+    /* sizes too small, ranges outside, unknown ids: named, nothing written */
+    struct kv_vllm_export bad = ve;
+    bad.block_table_cols = (uint32_t)max_pages - 1;
+    bad.block_table_len = 9 * (uint64_t)bad.block_table_cols;
+    char needle[64];
+    snprintf(needle, sizeof(needle), "block_table_cols %u < %llu", bad.block_table_cols,
+             (unsigned long long)max_pages);
+    expect_msg(kv_page_table_export_vllm(pt, batch, 9, rg, &bad), KV_ERR_INVALID_ARG, needle);
+    bad = ve;
+    bad.block_table_len = 9 * (uint64_t)cols - 1;
+    expect_msg(kv_page_table_export_vllm(pt, batch, 9, rg, &bad), KV_ERR_INVALID_ARG,
+               "block_table_len");
+    bad = ve;
+    bad.slot_mapping_len = total - 1;
+    snprintf(needle, sizeof(needle), "slot_mapping_len %llu < %llu",
+             (unsigned long long)(total - 1), (unsigned long long)total);
+    expect_msg(kv_page_table_export_vllm(pt, batch, 9, rg, &bad), KV_ERR_INVALID_ARG, needle);
+    struct kv_vllm_export badp = vp;
+    badp.tokens_per_seq = (uint32_t)max_count - 1;
+    badp.slot_mapping_len = 9 * (uint64_t)badp.tokens_per_seq;
+    expect_msg(kv_page_table_export_vllm(pt, batch, 9, rg, &badp), KV_ERR_INVALID_ARG,
+               "tokens_per_seq");
+    struct kv_token_range rg_bad[9];
+    memcpy(rg_bad, rg, sizeof(rg));
+    rg_bad[4].start = lens[order[4]];
+    rg_bad[4].count = 1;
+    expect_msg(kv_page_table_export_vllm(pt, batch, 9, rg_bad, &ve), KV_ERR_OUT_OF_BOUNDS,
+               "ranges[4]");
+    uint32_t batch_bad[9];
+    memcpy(batch_bad, batch, sizeof(batch));
+    batch_bad[2] = 15; /* never created */
+    expect_msg(kv_page_table_export_vllm(pt, batch_bad, 9, rg, &ve), KV_ERR_NOT_FOUND,
+               "seqs[2] = 15");
+    expect_msg(kv_page_table_export_flashinfer(pt, batch_bad, 9, &fe, NULL), KV_ERR_NOT_FOUND,
+               "seqs[2] = 15");
+    struct kv_flashinfer_export fb = fe;
+    fb.indices_len = at - 1;
+    snprintf(needle, sizeof(needle), "indices_len %llu < nnz %llu", (unsigned long long)(at - 1),
+             (unsigned long long)at);
+    expect_msg(kv_page_table_export_flashinfer(pt, batch, 9, &fb, NULL), KV_ERR_INVALID_ARG,
+               needle);
+    fb = fe;
+    fb.indptr_len = 9;
+    expect_msg(kv_page_table_export_flashinfer(pt, batch, 9, &fb, NULL), KV_ERR_INVALID_ARG,
+               "indptr_len 9 < n_seqs + 1 = 10");
+    fb = fe;
+    fb.last_page_len_len = 8;
+    expect_msg(kv_page_table_export_flashinfer(pt, batch, 9, &fb, NULL), KV_ERR_INVALID_ARG,
+               "last_page_len_len 8");
+
+    free(ind);
+    free(sp);
+    free(sm);
+    free(bt);
+    free(m);
+    kv_page_table_destroy(pt);
+    free(f);
+}
+
+static void test_page_table_exports_match_direct_r1(void **state)
+{
+    (void)state;
+    check_exports(1);
+}
+
+static void test_page_table_exports_match_direct_r2(void **state)
+{
+    (void)state;
+    check_exports(2);
+}
+
+static void test_page_table_exports_match_direct_r4(void **state)
+{
+    (void)state;
+    check_exports(4);
+}
+
+static void test_page_table_fork_and_cow(void **state)
+{
+    (void)state;
+    struct fake *f = malloc(sizeof(*f));
+    fake_init(f, 500, 9000);
+    kv_page_table *pt = make_pt(f, 16, 1, 8, 16, false);
+    uint32_t p, c, c2;
+    const uint32_t *pb, *cb;
+    uint32_t np, nc;
+    assert_int_equal(kv_page_table_seq_create(pt, &p), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, p, NULL, 20), KV_OK); /* 16 + 4 */
+    assert_int_equal(kv_page_table_seq_blocks(pt, p, &pb, &np), KV_OK);
+    const uint32_t b0 = pb[0], b1 = pb[1];
+    assert_int_equal(kv_page_table_seq_fork(pt, p, &c), KV_OK);
+    assert_int_equal(ref_of(f, b0), 2);
+    assert_int_equal(ref_of(f, b1), 2);
+    uint64_t len;
+    assert_int_equal(kv_page_table_seq_len(pt, c, &len), KV_OK);
+    assert_int_equal(len, 20);
+
+    /* child writes into the shared partial block: private copy + queued copy */
+    assert_int_equal(kv_page_table_seq_append(pt, c, NULL, 1), KV_OK);
+    assert_int_equal(kv_page_table_seq_blocks(pt, c, &cb, &nc), KV_OK);
+    assert_int_equal(nc, 2);
+    assert_int_equal(cb[0], b0);
+    const uint32_t priv = cb[1];
+    assert_true(priv != b1);
+    assert_int_equal(ref_of(f, b0), 2);
+    assert_int_equal(ref_of(f, b1), 1);
+    assert_int_equal(ref_of(f, priv), 1);
+    assert_int_equal(kv_page_table_pending_copies(pt), 1);
+
+    /* parent now owns b1 alone: writes in place, no copy */
+    assert_int_equal(kv_page_table_seq_append(pt, p, NULL, 3), KV_OK);
+    assert_int_equal(kv_page_table_seq_blocks(pt, p, &pb, &np), KV_OK);
+    assert_int_equal(pb[1], b1);
+    assert_int_equal(kv_page_table_pending_copies(pt), 1);
+
+    /* full last block shared: appending takes a new block, no copy */
+    assert_int_equal(kv_page_table_seq_append(pt, p, NULL, 9), KV_OK); /* 32 tokens */
+    assert_int_equal(kv_page_table_seq_fork(pt, p, &c2), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, c2, NULL, 1), KV_OK);
+    assert_int_equal(kv_page_table_pending_copies(pt), 1);
+    assert_int_equal(ref_of(f, b1), 2);
+    assert_int_equal(ref_of(f, b0), 3);
+
+    /* a second copy: fork c (21 tokens, private partial) and write in both */
+    uint32_t c3;
+    assert_int_equal(kv_page_table_seq_fork(pt, c, &c3), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, c, NULL, 2), KV_OK);
+    assert_int_equal(kv_page_table_pending_copies(pt), 2);
+    assert_int_equal(kv_page_table_seq_blocks(pt, c, &cb, &nc), KV_OK);
+    const uint32_t priv2 = cb[1];
+    assert_int_equal(kv_page_table_seq_append(pt, c3, NULL, 2), KV_OK); /* sole owner now */
+    assert_int_equal(kv_page_table_pending_copies(pt), 2);
+
+    struct kv_block_copy cp[4];
+    uint32_t n = 9;
+    assert_int_equal(kv_page_table_take_copies(pt, cp, 0, &n), KV_OK);
+    assert_int_equal(n, 0);
+    assert_int_equal(kv_page_table_take_copies(pt, cp, 1, &n), KV_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(cp[0].src, b1);
+    assert_int_equal(cp[0].dst, priv);
+    assert_int_equal(cp[0].tokens, 4);
+    assert_int_equal(kv_page_table_take_copies(pt, cp, 4, &n), KV_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(cp[0].src, priv);
+    assert_int_equal(cp[0].dst, priv2);
+    assert_int_equal(cp[0].tokens, 5);
+    assert_int_equal(kv_page_table_pending_copies(pt), 0);
+    struct kv_page_table_stats st;
+    kv_page_table_stats_get(pt, &st);
+    assert_int_equal(st.cow_copies, 2);
+
+    /* freeing everything returns every block */
+    assert_int_equal(kv_page_table_seq_free(pt, p), KV_OK);
+    assert_int_equal(kv_page_table_seq_free(pt, c), KV_OK);
+    assert_int_equal(kv_page_table_seq_free(pt, c2), KV_OK);
+    assert_int_equal(kv_page_table_seq_free(pt, c3), KV_OK);
+    assert_int_equal(fake_free_count(f), 500);
+    expect_msg(kv_page_table_seq_free(pt, c3), KV_ERR_NOT_FOUND, "seq 3 is not live");
+    kv_page_table_destroy(pt);
+    free(f);
+}
+
+static void test_page_table_truncate_releases_exactly(void **state)
+{
+    (void)state;
+    struct fake *f = malloc(sizeof(*f));
+    fake_init(f, 300, 9000);
+    kv_page_table *pt = make_pt(f, 16, 1, 4, 16, false);
+    uint32_t a, b;
+    assert_int_equal(kv_page_table_seq_create(pt, &a), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, a, NULL, 100), KV_OK); /* 7 blocks */
+    const uint32_t *ab;
+    uint32_t na;
+    assert_int_equal(kv_page_table_seq_blocks(pt, a, &ab, &na), KV_OK);
+    assert_int_equal(na, 7);
+    uint32_t ids[7];
+    memcpy(ids, ab, sizeof(ids));
+    assert_int_equal(kv_page_table_seq_fork(pt, a, &b), KV_OK);
+
+    assert_int_equal(kv_page_table_seq_truncate(pt, a, 40), KV_OK); /* keep 3 */
+    for (int k = 0; k < 7; k++)
+        assert_int_equal(ref_of(f, ids[k]), k < 3 ? 2 : 1);
+    assert_int_equal(kv_page_table_seq_truncate(pt, b, 48), KV_OK); /* keep 3, boundary */
+    for (int k = 0; k < 7; k++)
+        assert_int_equal(ref_of(f, ids[k]), k < 3 ? 2 : 0);
+    assert_int_equal(fake_free_count(f), 300 - 3);
+    struct kv_page_table_stats st;
+    kv_page_table_stats_get(pt, &st);
+    assert_int_equal(st.held_blocks, 6);
+    uint64_t len;
+    assert_int_equal(kv_page_table_seq_len(pt, b, &len), KV_OK);
+    assert_int_equal(len, 48);
+
+    /* beyond the length: refused, nothing changed */
+    uint32_t rel = f->releases;
+    expect_msg(kv_page_table_seq_truncate(pt, a, 41), KV_ERR_INVALID_ARG,
+               "to 41 tokens > its length 40");
+    assert_int_equal(f->releases, rel);
+    assert_int_equal(kv_page_table_seq_len(pt, a, &len), KV_OK);
+    assert_int_equal(len, 40);
+
+    /* same length: nothing released; to 0: everything of a */
+    assert_int_equal(kv_page_table_seq_truncate(pt, a, 40), KV_OK);
+    assert_int_equal(f->releases, rel);
+    assert_int_equal(kv_page_table_seq_truncate(pt, a, 0), KV_OK);
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(ref_of(f, ids[k]), 1);
+    assert_int_equal(kv_page_table_seq_blocks(pt, a, &ab, &na), KV_OK);
+    assert_int_equal(na, 0);
+    /* truncated partial block: append writes it in place (sole owner) */
+    assert_int_equal(kv_page_table_seq_truncate(pt, b, 20), KV_OK);
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(ref_of(f, ids[k]), k < 2 ? 1 : 0);
+    assert_int_equal(kv_page_table_seq_append(pt, b, NULL, 3), KV_OK);
+    assert_int_equal(kv_page_table_pending_copies(pt), 0);
+    assert_int_equal(kv_page_table_seq_blocks(pt, b, &ab, &na), KV_OK);
+    assert_int_equal(na, 2);
+    assert_int_equal(ab[1], ids[1]);
+    kv_page_table_destroy(pt);
+    assert_int_equal(fake_free_count(f), 300);
+    free(f);
+}
+
+static void test_page_table_no_blocks_all_or_nothing(void **state)
+{
+    (void)state;
+    struct fake *f = malloc(sizeof(*f));
+    fake_init(f, 5, 9000);
+    kv_page_table *pt = make_pt(f, 16, 1, 4, 6, false);
+    uint32_t a, b, c;
+    assert_int_equal(kv_page_table_seq_create(pt, &a), KV_OK);
+    assert_int_equal(kv_page_table_seq_create(pt, &b), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, a, NULL, 60), KV_OK); /* 4 blocks */
+    uint32_t refs[5];
+    memcpy(refs, f->ref, sizeof(refs));
+    expect_msg(kv_page_table_seq_append(pt, b, NULL, 40), KV_ERR_NO_BLOCKS, "needs 3 blocks");
+    uint64_t len;
+    const uint32_t *bb;
+    uint32_t nb;
+    assert_int_equal(kv_page_table_seq_len(pt, b, &len), KV_OK);
+    assert_int_equal(len, 0);
+    assert_int_equal(kv_page_table_seq_blocks(pt, b, &bb, &nb), KV_OK);
+    assert_int_equal(nb, 0);
+    assert_memory_equal(refs, f->ref, sizeof(refs));
+
+    /* a's append across its boundary needs 2 (1 free): refused */
+    expect_msg(kv_page_table_seq_append(pt, a, NULL, 30), KV_ERR_NO_BLOCKS, "60 + 30 tokens");
+    assert_int_equal(kv_page_table_seq_len(pt, a, &len), KV_OK);
+    assert_int_equal(len, 60);
+
+    /* copy-on-write with no block to copy into: refused, still shared */
+    assert_int_equal(kv_page_table_seq_append(pt, b, NULL, 1), KV_OK); /* last free block */
+    assert_int_equal(kv_page_table_seq_fork(pt, a, &c), KV_OK);
+    memcpy(refs, f->ref, sizeof(refs));
+    expect_msg(kv_page_table_seq_append(pt, c, NULL, 1), KV_ERR_NO_BLOCKS, "1 copy-on-write");
+    assert_memory_equal(refs, f->ref, sizeof(refs));
+    assert_int_equal(kv_page_table_pending_copies(pt), 0);
+    assert_int_equal(kv_page_table_seq_len(pt, c, &len), KV_OK);
+    assert_int_equal(len, 60);
+
+    /* more than max_blocks_per_seq (6 x 16 = 96 tokens) */
+    expect_msg(kv_page_table_seq_append(pt, b, NULL, 96), KV_ERR_INVALID_ARG,
+               "1 + 96 tokens needs more than max_blocks_per_seq 6");
+    assert_int_equal(kv_page_table_seq_len(pt, b, &len), KV_OK);
+    assert_int_equal(len, 1);
+
+    /* freeing b makes room; a can grow now */
+    assert_int_equal(kv_page_table_seq_free(pt, b), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, c, NULL, 1), KV_OK); /* COW now possible */
+    assert_int_equal(kv_page_table_pending_copies(pt), 1);
+    kv_page_table_destroy(pt);
+    assert_int_equal(fake_free_count(f), 5);
+    free(f);
+}
+
+static void test_page_table_prefix_reuse(void **state)
+{
+    (void)state;
+    struct fake *f = malloc(sizeof(*f));
+    fake_init(f, 200, 9000);
+    kv_page_table *pt = make_pt(f, 16, 1, 8, 16, true);
+    int32_t *prompt = make_tokens(50, 42);
+    uint32_t a, b, c, d;
+    assert_int_equal(kv_page_table_seq_create(pt, &a), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, a, prompt, 30), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, a, prompt + 30, 20), KV_OK);
+    assert_int_equal(f->commits, 3); /* 3 full blocks of 16 */
+    const uint32_t *ab;
+    uint32_t na;
+    assert_int_equal(kv_page_table_seq_blocks(pt, a, &ab, &na), KV_OK);
+    uint32_t aid[4];
+    memcpy(aid, ab, sizeof(aid));
+    /* chained hashes: block 0 from the root hash, block i from block i-1 */
+    uint64_t h0 = toy_hash(KV_PAGE_TABLE_ROOT_HASH, prompt, 16, 0);
+    uint64_t h1 = toy_hash(h0, prompt + 16, 16, 0);
+    uint64_t h2 = toy_hash(h1, prompt + 32, 16, 0);
+    assert_true(f->hash[aid[0] - 9000] == h0 && f->parent[aid[0] - 9000] == 0);
+    assert_true(f->hash[aid[1] - 9000] == h1 && f->parent[aid[1] - 9000] == h0);
+    assert_true(f->hash[aid[2] - 9000] == h2 && f->parent[aid[2] - 9000] == h1);
+    assert_false(f->hashed[aid[3] - 9000]);
+
+    /* the same 50-token prompt: 3 blocks reused, then 2 tokens appended */
+    uint64_t cached = 99;
+    assert_int_equal(kv_page_table_seq_create_from_prefix(pt, prompt, 50, &b, &cached), KV_OK);
+    assert_int_equal(cached, 48);
+    const uint32_t *bb;
+    uint32_t nb;
+    assert_int_equal(kv_page_table_seq_blocks(pt, b, &bb, &nb), KV_OK);
+    assert_int_equal(nb, 3);
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(bb[k], aid[k]);
+        assert_int_equal(ref_of(f, aid[k]), 2);
+    }
+    assert_int_equal(kv_page_table_seq_append(pt, b, prompt + 48, 2), KV_OK);
+    assert_int_equal(kv_page_table_pending_copies(pt), 0);
+
+    /* a 48-token prompt, fully cached: the last token is computed, so 2 blocks */
+    assert_int_equal(kv_page_table_seq_create_from_prefix(pt, prompt, 48, &c, &cached), KV_OK);
+    assert_int_equal(cached, 32);
+    /* a prompt differing in block 2: 2 blocks */
+    int32_t *other = make_tokens(50, 42);
+    other[40] ^= 1;
+    assert_int_equal(kv_page_table_seq_create_from_prefix(pt, other, 50, &d, &cached), KV_OK);
+    assert_int_equal(cached, 32);
+    assert_int_equal(kv_page_table_seq_free(pt, d), KV_OK);
+    /* another extra key: nothing */
+    assert_int_equal(kv_page_table_seq_create(pt, &d), KV_OK);
+    assert_int_equal(kv_page_table_seq_set_extra_key(pt, d, 77), KV_OK);
+    assert_int_equal(kv_page_table_seq_reuse_prefix(pt, d, prompt, 50, &cached), KV_OK);
+    assert_int_equal(cached, 0);
+    assert_int_equal(kv_page_table_seq_free(pt, d), KV_OK);
+
+    /* truncating a into its sealed block 2 and appending copies it first */
+    assert_int_equal(kv_page_table_seq_truncate(pt, a, 40), KV_OK);
+    assert_int_equal(ref_of(f, aid[3]), 0);
+    assert_int_equal(kv_page_table_seq_append(pt, a, other + 40, 10), KV_OK);
+    struct kv_block_copy cp[2];
+    uint32_t n;
+    assert_int_equal(kv_page_table_take_copies(pt, cp, 2, &n), KV_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(cp[0].src, aid[2]);
+    assert_int_equal(cp[0].tokens, 8);
+    assert_true(f->hash[aid[2] - 9000] == h2); /* the cached block keeps its content */
+    assert_int_equal(ref_of(f, aid[2]), 1);    /* still held by b */
+    assert_int_equal(kv_page_table_seq_blocks(pt, a, &ab, &na), KV_OK);
+    assert_int_equal(ab[2], cp[0].dst);
+    /* the private copy filled with other tokens is committed with parent h1 */
+    assert_true(f->hashed[cp[0].dst - 9000]);
+    assert_true(f->parent[cp[0].dst - 9000] == h1);
+
+    /* sealed with ref 1 (sole owner): still never written in place */
+    uint32_t g;
+    const uint32_t *gb;
+    uint32_t ng;
+    assert_int_equal(kv_page_table_seq_create(pt, &g), KV_OK);
+    int32_t *solo = make_tokens(20, 4242);
+    assert_int_equal(kv_page_table_seq_append(pt, g, solo, 20), KV_OK);
+    assert_int_equal(kv_page_table_seq_blocks(pt, g, &gb, &ng), KV_OK);
+    const uint32_t g0 = gb[0];
+    assert_int_equal(ref_of(f, g0), 1);
+    assert_true(f->hashed[g0 - 9000]);
+    assert_int_equal(kv_page_table_seq_truncate(pt, g, 10), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, g, solo + 10, 1), KV_OK);
+    assert_int_equal(kv_page_table_take_copies(pt, cp, 2, &n), KV_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(cp[0].src, g0);
+    assert_int_equal(cp[0].tokens, 10);
+    assert_int_equal(ref_of(f, g0), 0); /* cached-free, content intact */
+    assert_true(f->hashed[g0 - 9000]);
+    assert_int_equal(kv_page_table_seq_free(pt, g), KV_OK);
+    free(solo);
+
+    /* truncating below sealed blocks: the refilled blocks are committed again */
+    assert_int_equal(kv_page_table_seq_create(pt, &g), KV_OK);
+    assert_int_equal(kv_page_table_seq_set_extra_key(pt, g, 9), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, g, prompt, 50), KV_OK);
+    assert_int_equal(kv_page_table_seq_truncate(pt, g, 16), KV_OK);
+    uint32_t commits = f->commits;
+    int32_t *refill = make_tokens(32, 777);
+    assert_int_equal(kv_page_table_seq_append(pt, g, refill, 32), KV_OK);
+    assert_int_equal(f->commits, commits + 2);
+    assert_int_equal(kv_page_table_seq_blocks(pt, g, &gb, &ng), KV_OK);
+    uint64_t want_h =
+        toy_hash(toy_hash(toy_hash(0, prompt, 16, 9), refill, 16, 9), refill + 16, 16, 9);
+    assert_true(f->hashed[gb[2] - 9000] && f->hash[gb[2] - 9000] == want_h);
+    free(refill);
+    assert_int_equal(kv_page_table_seq_free(pt, g), KV_OK);
+
+    /* commit failure: the append succeeds; the next append retries */
+    struct kv_page_table_stats st;
+    f->fail_commit = true;
+    assert_int_equal(kv_page_table_seq_append(pt, b, prompt, 14), KV_OK); /* 64: block 3 full */
+    kv_page_table_stats_get(pt, &st);
+    assert_int_equal(st.commit_failures, 1);
+    f->fail_commit = false;
+    assert_int_equal(kv_page_table_seq_append(pt, b, prompt, 1), KV_OK);
+    kv_page_table_stats_get(pt, &st);
+    assert_int_equal(st.commit_failures, 1);
+    assert_int_equal(kv_page_table_seq_blocks(pt, b, &bb, &nb), KV_OK);
+    assert_true(f->hashed[bb[3] - 9000]);
+
+    /* cached blocks with ref 0 stay reusable after their owners free them */
+    assert_int_equal(kv_page_table_seq_free(pt, c), KV_OK);
+    assert_int_equal(kv_page_table_seq_free(pt, b), KV_OK);
+    assert_int_equal(ref_of(f, aid[0]), 1); /* a */
+    assert_int_equal(ref_of(f, aid[2]), 0);
+    assert_int_equal(kv_page_table_seq_create_from_prefix(pt, prompt, 50, &c, &cached), KV_OK);
+    assert_int_equal(cached, 48);
+    assert_int_equal(ref_of(f, aid[2]), 1);
+    kv_page_table_stats_get(pt, &st);
+    assert_int_equal(st.reused_blocks, 3 + 2 + 2 + 3);
+
+    /* bad input */
+    uint32_t e;
+    expect_msg(kv_page_table_seq_set_extra_key(pt, c, 5), KV_ERR_BAD_STATE, "has 48 tokens");
+    expect_msg(kv_page_table_seq_reuse_prefix(pt, c, prompt, 50, &cached), KV_ERR_BAD_STATE,
+               "already has 48 tokens");
+    expect_msg(kv_page_table_seq_append(pt, c, NULL, 3), KV_ERR_NULL, "prefix caching on");
+    assert_int_equal(kv_page_table_seq_create(pt, &e), KV_OK);
+    expect_msg(kv_page_table_seq_reuse_prefix(pt, e, NULL, 5, &cached), KV_ERR_NULL, "n_tokens 5");
+    free(other);
+    free(prompt);
+    kv_page_table_destroy(pt);
+    free(f);
+}
+
+static void test_page_table_bad_input(void **state)
+{
+    (void)state;
+    struct fake *f = malloc(sizeof(*f));
+    fake_init(f, 64, 9000);
+    struct kv_page_table_config cfg = {.block_tokens = 16,
+                                       .page_ratio = 3,
+                                       .max_seqs = 2,
+                                       .max_blocks_per_seq = 4,
+                                       .ops = fake_ops(f)};
+    kv_page_table *pt = (kv_page_table *)&cfg; /* sentinel: must stay untouched */
+    kv_page_table *const sentinel = pt;
+    expect_msg(kv_page_table_create(&cfg, &pt), KV_ERR_INVALID_ARG,
+               "block_tokens 16 is not divisible by page_ratio 3");
+    assert_ptr_equal(pt, sentinel);
+    cfg.page_ratio = 2;
+    cfg.max_seqs = 0;
+    expect_msg(kv_page_table_create(&cfg, &pt), KV_ERR_INVALID_ARG, "max_seqs 0");
+    cfg.max_seqs = 2;
+    cfg.ops.release = NULL;
+    expect_msg(kv_page_table_create(&cfg, &pt), KV_ERR_INVALID_ARG, "release=NULL");
+    cfg.ops = fake_ops(f);
+    cfg.ops.match_prefix = NULL;
+    cfg.enable_prefix_caching = true;
+    expect_msg(kv_page_table_create(&cfg, &pt), KV_ERR_INVALID_ARG, "match_prefix (NULL)");
+    expect_msg(kv_page_table_create(NULL, &pt), KV_ERR_NULL, "cfg");
+    cfg.ops = fake_ops(f);
+    expect_msg(kv_page_table_create(&cfg, NULL), KV_ERR_NULL, "out");
+    assert_ptr_equal(pt, sentinel);
+    assert_int_equal(kv_page_table_create(&cfg, &pt), KV_OK);
+    kv_page_table_destroy(NULL);
+
+    uint32_t s0, s1, s2 = 77;
+    assert_int_equal(kv_page_table_seq_create(pt, &s0), KV_OK);
+    assert_int_equal(kv_page_table_seq_create(pt, &s1), KV_OK);
+    assert_int_equal(s0, 0);
+    assert_int_equal(s1, 1);
+    expect_msg(kv_page_table_seq_create(pt, &s2), KV_ERR_NO_MEMORY, "all 2 sequences");
+    expect_msg(kv_page_table_seq_fork(pt, s0, &s2), KV_ERR_NO_MEMORY, "all 2 sequences");
+    assert_int_equal(s2, 77);
+    int32_t tok[4] = {1, 2, 3, 4};
+    expect_msg(kv_page_table_seq_append(pt, 5, tok, 4), KV_ERR_NOT_FOUND, "seq 5 >= max_seqs 2");
+    assert_int_equal(kv_page_table_seq_free(pt, s1), KV_OK);
+    expect_msg(kv_page_table_seq_append(pt, s1, tok, 4), KV_ERR_NOT_FOUND, "seq 1 is not live");
+    expect_msg(kv_page_table_seq_truncate(pt, s1, 0), KV_ERR_NOT_FOUND, "seq 1");
+    expect_msg(kv_page_table_seq_fork(pt, s1, &s2), KV_ERR_NOT_FOUND, "seq 1");
+    uint64_t len;
+    expect_msg(kv_page_table_seq_len(pt, 9, &len), KV_ERR_NOT_FOUND, "seq 9");
+    expect_msg(kv_page_table_seq_len(pt, s0, NULL), KV_ERR_NULL, "n_tokens");
+    expect_msg(kv_page_table_seq_append(NULL, s0, tok, 4), KV_ERR_NULL, "pt");
+    expect_msg(kv_page_table_seq_create(pt, NULL), KV_ERR_NULL, "seq_out");
+    uint32_t n;
+    expect_msg(kv_page_table_take_copies(pt, NULL, 3, &n), KV_ERR_NULL, "out");
+    /* freed ids are handed out again */
+    assert_int_equal(kv_page_table_seq_create(pt, &s2), KV_OK);
+    assert_int_equal(s2, 1);
+    expect_msg(kv_page_table_seq_append(pt, s0, tok, 65), KV_ERR_INVALID_ARG,
+               "max_blocks_per_seq 4");
+    assert_int_equal(kv_page_table_seq_len(pt, s0, &len), KV_OK);
+    assert_int_equal(len, 0);
+    expect_msg(kv_page_table_export_vllm(pt, NULL, 2, NULL, &(struct kv_vllm_export){0}),
+               KV_ERR_NULL, "seqs");
+    int64_t sm[4];
+    struct kv_vllm_export ve = {.slot_mapping = sm, .slot_mapping_len = 4};
+    expect_msg(kv_page_table_export_vllm(pt, &s0, 1, NULL, &ve), KV_ERR_NULL, "ranges");
+    kv_page_table_destroy(pt);
+    assert_int_equal(fake_free_count(f), 64);
+    free(f);
+}
+
+/* The worked example of docs/page-table.md, verbatim. */
+static void test_page_table_doc_example(void **state)
+{
+    (void)state;
+    struct fake *f = malloc(sizeof(*f));
+    fake_init(f, 16, 0);
+    f->order[0] = 7; /* ids handed out: 7, 3, 5, then the rest */
+    f->order[1] = 3;
+    f->order[2] = 5;
+    for (uint32_t k = 3, i = 0; k < 16; i++)
+        if (i != 7 && i != 3 && i != 5)
+            f->order[k++] = i;
+    kv_page_table *pt = make_pt(f, 4, 2, 4, 8, false);
+    uint32_t s[2];
+    assert_int_equal(kv_page_table_seq_create(pt, &s[0]), KV_OK);
+    assert_int_equal(kv_page_table_seq_create(pt, &s[1]), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, s[0], NULL, 5), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, s[1], NULL, 4), KV_OK);
+    struct kv_token_range rg[2] = {{3, 2}, {0, 4}};
+    int32_t bt[8];
+    int64_t sm[8], sp[8];
+    struct kv_vllm_export ve = {.block_table = bt,
+                                .block_table_len = 8,
+                                .block_table_cols = 4,
+                                .block_table_pad = 0,
+                                .slot_mapping = sm,
+                                .slot_mapping_len = 8};
+    assert_int_equal(kv_page_table_export_vllm(pt, s, 2, rg, &ve), KV_OK);
+    const int32_t want_bt[8] = {14, 15, 6, 0, 10, 11, 0, 0};
+    const int64_t want_sm[8] = {31, 12, 20, 21, 22, 23, -1, -1};
+    assert_memory_equal(bt, want_bt, sizeof(bt));
+    assert_memory_equal(sm, want_sm, sizeof(sm));
+    struct kv_vllm_export vp = {.slot_mapping = sp, .slot_mapping_len = 8, .tokens_per_seq = 4};
+    assert_int_equal(kv_page_table_export_vllm(pt, s, 2, rg, &vp), KV_OK);
+    const int64_t want_sp[8] = {31, 12, -1, -1, 20, 21, 22, 23};
+    assert_memory_equal(sp, want_sp, sizeof(sp));
+    int32_t indptr[3], ind[5], lpl[2];
+    struct kv_flashinfer_export fe = {indptr, 3, ind, 5, lpl, 2};
+    uint64_t nnz;
+    assert_int_equal(kv_page_table_export_flashinfer(pt, s, 2, &fe, &nnz), KV_OK);
+    const int32_t want_ip[3] = {0, 3, 5}, want_ind[5] = {14, 15, 6, 10, 11}, want_lpl[2] = {1, 2};
+    assert_int_equal(nnz, 5);
+    assert_memory_equal(indptr, want_ip, sizeof(indptr));
+    assert_memory_equal(ind, want_ind, sizeof(ind));
+    assert_memory_equal(lpl, want_lpl, sizeof(lpl));
+    kv_page_table_destroy(pt);
+    free(f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_page_table_append_across_boundaries),
+        cmocka_unit_test(test_page_table_slot_64bit),
+        cmocka_unit_test(test_page_table_exports_match_direct_r1),
+        cmocka_unit_test(test_page_table_exports_match_direct_r2),
+        cmocka_unit_test(test_page_table_exports_match_direct_r4),
+        cmocka_unit_test(test_page_table_fork_and_cow),
+        cmocka_unit_test(test_page_table_truncate_releases_exactly),
+        cmocka_unit_test(test_page_table_no_blocks_all_or_nothing),
+        cmocka_unit_test(test_page_table_prefix_reuse),
+        cmocka_unit_test(test_page_table_bad_input),
+        cmocka_unit_test(test_page_table_doc_example),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
