@@ -10,10 +10,21 @@
 #define KV_VERSION_PATCH 0
 #define KV_VERSION_STRING "0.1.0"
 
+/* Core (kvcache/). */
+#include "kv_block_ops.h"
 #include "kv_dtype.h"
+#include "kv_layout.h"
 #include "kv_mem.h"
+#include "kv_page_table.h"
 #include "kv_status.h"
 #include "kv_view.h"
+
+/* Allocator (allocator/). The umbrella is the one kvcache/ header that names
+ * other modules: it is what an engine includes, and it is installed with all
+ * public headers in one include/kvcache/ directory. */
+#include "kv_arena.h"
+#include "kv_block_pool.h"
+#include "kv_cache.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -17,4 +17,8 @@ step "A sliding window of 3 tokens over 6 (overlapping view, no copy)" \
     "$kv" view --dtype i32 --shape 6 --op "window 0 3" --print
 step "expand broadcasts with stride 0; diagonal walks stride sum" \
     "$kv" view --dtype f32 --shape 3,1 --op "expand 2,3,4" --op "diagonal 0 1 2"
+step "A model's KV cache (4 layers, 1024 blocks of 16 tokens, 8 KV heads x 128, bf16): three prompts (the third repeats the first and reuses its cached blocks), a fork with copy-on-write, and the block table / slot mapping / CSR a kernel takes" \
+    "$kv" cache --seqs 37,70,37
+step "The same cache block-major, HND, padded blocks, 2 kernel pages per block" \
+    "$kv" cache --arrange block --order hnd --pad 64 --page-ratio 2 --seqs 20,3
 printf '\nMore: %s view --help, docs/layout.md, docs/api.md\n' "$kv"

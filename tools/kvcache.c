@@ -23,6 +23,10 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: kvcache view --shape S0,S1,.. [--dtype DT] [--op \"OP ARGS\"]... [--print]\n"
+            "       kvcache cache [--layers L] [--blocks B] [--block-tokens N] [--heads H]\n"
+            "                     [--head-dim D] [--dtype DT] [--order nhd|hnd]\n"
+            "                     [--arrange layer|block] [--pad ELEMS] [--page-ratio R]\n"
+            "                     [--seqs LEN,LEN,..]\n"
             "       kvcache version\n"
             "\n"
             "view ops (dims may be negative; lists are comma-separated):\n"
@@ -251,6 +255,185 @@ static int cmd_view(int argc, char **argv)
     return rc;
 }
 
+/* ---- kvcache cache: a model's cache, a few sequences, the kernel exports ---- */
+
+static void print_i32_row(const char *label, const int32_t *v, uint64_t n)
+{
+    printf("  %-14s [", label);
+    for (uint64_t i = 0; i < n; i++)
+        printf(i ? ",%d" : "%d", v[i]);
+    printf("]\n");
+}
+
+static int cache_fail(const char *what, kv_status st)
+{
+    fprintf(stderr, "kvcache cache: %s: %s: %s\n", what, kv_status_name(st), kv_last_error());
+    return 1;
+}
+
+static int cmd_cache(int argc, char **argv)
+{
+    struct kv_cache_config cfg;
+    const char *seqs_s = "37,70,5";
+    int64_t lens[16];
+    int nseqs = 0, rc = 0;
+    kv_cache *c = NULL;
+    kv_page_table *pt;
+    uint32_t ids[17];
+    char line[1024];
+    kv_status st;
+
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.layout = (struct kv_layout_config){.num_layers = 4, .num_blocks = 1024, .block_tokens = 16,
+                                           .num_heads = 8, .head_dim = 128, .dtype = KV_BF16};
+    cfg.max_seqs = 64;
+    cfg.enable_prefix_caching = true;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) {
+            fprintf(stderr, "kvcache cache: %s needs a value\n", a);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "--layers"))
+            cfg.layout.num_layers = atoll(v);
+        else if (!strcmp(a, "--blocks"))
+            cfg.layout.num_blocks = atoll(v);
+        else if (!strcmp(a, "--block-tokens"))
+            cfg.layout.block_tokens = atoll(v);
+        else if (!strcmp(a, "--heads"))
+            cfg.layout.num_heads = atoll(v);
+        else if (!strcmp(a, "--head-dim"))
+            cfg.layout.head_dim = atoll(v);
+        else if (!strcmp(a, "--pad"))
+            cfg.layout.block_pad_elems = atoll(v);
+        else if (!strcmp(a, "--page-ratio"))
+            cfg.page_ratio = (uint32_t)atoi(v);
+        else if (!strcmp(a, "--seqs"))
+            seqs_s = v;
+        else if (!strcmp(a, "--order") && (!strcmp(v, "nhd") || !strcmp(v, "hnd")))
+            cfg.layout.order = !strcmp(v, "hnd") ? KV_ORDER_HND : KV_ORDER_NHD;
+        else if (!strcmp(a, "--arrange") && (!strcmp(v, "layer") || !strcmp(v, "block")))
+            cfg.layout.arrange = !strcmp(v, "block") ? KV_ARRANGE_BLOCK_MAJOR
+                                                     : KV_ARRANGE_LAYER_MAJOR;
+        else if (!strcmp(a, "--dtype")) {
+            if (kv_dtype_parse(v, &cfg.layout.dtype) != KV_OK)
+                return cache_fail("--dtype", KV_ERR_INVALID_ARG);
+        } else {
+            fprintf(stderr, "kvcache cache: unexpected argument '%s %s'\n", a, v);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (parse_list(seqs_s, lens, &nseqs) || nseqs < 1 || nseqs > 8) {
+        fprintf(stderr, "kvcache cache: --seqs takes 1..8 comma-separated lengths\n");
+        return 2;
+    }
+    st = kv_cache_create(&cfg, &c);
+    if (st != KV_OK)
+        return cache_fail("create", st);
+    pt = kv_cache_page_table(c);
+    kv_layout_describe(kv_cache_layout(c), line, sizeof(line));
+    printf("layout   %s\n", line);
+    for (int kv = 0; kv < 2; kv++) {
+        struct kv_view v;
+        kv_cache_kv_view(c, 1, kv, &v);
+        kv_view_describe(&v, line, sizeof(line));
+        printf("layer 1 %s  %s\n", kv ? "V" : "K", line);
+    }
+    {
+        struct kv_byte_runs r;
+        kv_layout_block_runs(kv_cache_layout(c), 1000, &r);
+        printf("block 1000 across layers: %" PRId64 " run(s) of %" PRId64 " bytes, stride %" PRId64
+               " bytes, first at byte %" PRId64 "\n",
+               r.run_count, r.run_bytes, r.run_stride_bytes, r.first_offset_bytes);
+    }
+
+    /* Sequences with token ids; the third one repeats the first one's prompt. */
+    for (int i = 0; i < nseqs && rc == 0; i++) {
+        int32_t toks[4096];
+        uint64_t cached = 0, n = (uint64_t)(lens[i] > 4096 ? 4096 : lens[i] < 0 ? 0 : lens[i]);
+        for (uint64_t t = 0; t < n; t++)
+            toks[t] = (int32_t)(100 + t);
+        st = kv_page_table_seq_create_from_prefix(pt, toks, n, &ids[i], &cached);
+        if (st == KV_OK)
+            st = kv_page_table_seq_append(pt, ids[i], toks + cached, n - cached);
+        if (st != KV_OK)
+            rc = cache_fail("append", st);
+        else
+            printf("seq %u: %" PRIu64 " tokens (%" PRIu64 " reused from the prefix cache)\n",
+                   ids[i], n, cached);
+    }
+    if (rc == 0) {
+        uint32_t child;
+        int32_t t = 7;
+        struct kv_block_copy cp[4];
+        uint32_t ncp = 0;
+        st = kv_page_table_seq_fork(pt, ids[0], &child);
+        if (st == KV_OK)
+            st = kv_page_table_seq_append(pt, child, &t, 1);
+        if (st == KV_OK)
+            st = kv_page_table_take_copies(pt, cp, 4, &ncp);
+        if (st != KV_OK)
+            return cache_fail("fork", st);
+        printf("fork of seq %u -> seq %u, one token appended: %u copy-on-write cop%s",
+               ids[0], child, ncp, ncp == 1 ? "y" : "ies");
+        for (uint32_t i = 0; i < ncp; i++)
+            printf(" (block %u -> %u, %u tokens)", cp[i].src, cp[i].dst, cp[i].tokens);
+        printf("\n");
+        ids[nseqs++] = child;
+    }
+    if (rc == 0) {
+        int32_t bt[9 * 512], indptr[10], indices[9 * 512], last[9];
+        int64_t slots[9];
+        struct kv_token_range ranges[9];
+        struct kv_vllm_export ve = {0};
+        struct kv_flashinfer_export fe = {indptr, 10, indices, 9 * 512, last, 9};
+        uint64_t nnz = 0, maxlen = 0;
+        for (int i = 0; i < nseqs; i++) {
+            uint64_t len;
+            kv_page_table_seq_len(pt, ids[i], &len);
+            ranges[i].start = len ? len - 1 : 0; /* the newest token of each: a decode step */
+            ranges[i].count = len ? 1 : 0;
+            maxlen = len > maxlen ? len : maxlen;
+        }
+        ve.block_table = bt;
+        ve.block_table_cols = 512;
+        ve.block_table_len = (uint64_t)nseqs * 512;
+        ve.slot_mapping = slots;
+        ve.slot_mapping_len = (uint64_t)nseqs;
+        st = kv_page_table_export_vllm(pt, ids, (uint32_t)nseqs, ranges, &ve);
+        if (st == KV_OK)
+            st = kv_page_table_export_flashinfer(pt, ids, (uint32_t)nseqs, &fe, &nnz);
+        if (st != KV_OK)
+            return cache_fail("export", st);
+        printf("vLLM export (decode step):\n");
+        for (int i = 0; i < nseqs; i++) {
+            char label[32];
+            uint64_t pages = (uint64_t)(indptr[i + 1] - indptr[i]);
+            snprintf(label, sizeof(label), "block_table[%d]", i);
+            print_i32_row(label, bt + (size_t)i * 512, pages);
+        }
+        printf("  slot_mapping   [");
+        for (int i = 0; i < nseqs; i++)
+            printf(i ? ",%" PRId64 : "%" PRId64, slots[i]);
+        printf("]\nFlashInfer export (%" PRIu64 " pages):\n", nnz);
+        print_i32_row("indptr", indptr, (uint64_t)nseqs + 1);
+        print_i32_row("indices", indices, nnz);
+        print_i32_row("last_page_len", last, (uint64_t)nseqs);
+    }
+    {
+        struct kv_block_pool_stats ps;
+        kv_block_pool_get_stats(kv_cache_pool(c), &ps);
+        printf("pool: capacity %u, used %u, cached %u, free %u, prefix hits %" PRIu64
+               ", misses %" PRIu64 ", high-water %u\n",
+               ps.capacity, ps.used_blocks, ps.cached_blocks, ps.free_blocks, ps.hits, ps.misses,
+               ps.used_high_water);
+    }
+    kv_cache_destroy(c);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
@@ -259,6 +442,8 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "view"))
         return cmd_view(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "cache"))
+        return cmd_cache(argc - 2, argv + 2);
     if (!strcmp(argv[1], "version")) {
         printf("kvcache %s (host memory: %s)\n", kv_version(), kv_mem_backend());
         return 0;

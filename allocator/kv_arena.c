@@ -1,0 +1,229 @@
+/* kv_arena.c - one aligned arena per cache: host (kv_mem + THP), pinned and
+ * device memory (through the CUDA boundary, kv_cuda.h). */
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "kv_arena.h"
+#include "kv_cuda.h"
+#include "kv_mem.h"
+#include "kvcache_int.h"
+
+#define KV__ARENA_HUGE_BYTES ((size_t)2 << 20) /* x86-64 / arm64 transparent huge page */
+#define KV__ARENA_SMALL_ALIGN ((size_t)64)     /* a cache line */
+
+struct kv_arena {
+    enum kv_mem_kind kind;
+    void *base;   /* [size_bytes], aligned to align_bytes */
+    void *raw;    /* what was allocated (== base for host; base - slack for CUDA) */
+    size_t size_bytes;
+    size_t align_bytes;
+    int device;   /* -1 unless KV_MEM_DEVICE */
+    bool huge_pages;
+};
+
+const char *kv_mem_kind_name(enum kv_mem_kind kind)
+{
+    switch (kind) {
+    case KV_MEM_HOST:
+        return "host";
+    case KV_MEM_PINNED:
+        return "pinned";
+    case KV_MEM_DEVICE:
+        return "device";
+    }
+    return "unknown";
+}
+
+/* Ask for transparent huge pages; false (and no error) where the kernel has
+ * none (EINVAL without CONFIG_TRANSPARENT_HUGEPAGE) or madvise is absent. */
+static bool arena_advise_huge(void *base, size_t bytes)
+{
+#if defined(MADV_HUGEPAGE)
+    if (((uintptr_t)base % KV__ARENA_HUGE_BYTES) != 0 || bytes < KV__ARENA_HUGE_BYTES)
+        return false;
+    return madvise(base, bytes, MADV_HUGEPAGE) == 0;
+#else
+    (void)base;
+    (void)bytes;
+    return false;
+#endif
+}
+
+static kv_status arena_alloc_host(kv_arena *a, const struct kv_arena_config *cfg)
+{
+    size_t align = cfg->align_bytes;
+    size_t rounded;
+    if (align == 0)
+        align = cfg->size_bytes >= KV__ARENA_HUGE_BYTES ? KV__ARENA_HUGE_BYTES
+                                                        : KV__ARENA_SMALL_ALIGN;
+    if (cfg->size_bytes > SIZE_MAX - (align - 1))
+        return kv__error(KV_ERR_OVERFLOW,
+                         "arena: size_bytes %zu rounded up to align_bytes %zu overflows size_t",
+                         cfg->size_bytes, align);
+    rounded = (cfg->size_bytes + align - 1) & ~(align - 1);
+    a->base = a->raw = kv_mem_alloc_aligned(align, rounded);
+    if (!a->base)
+        return kv__error(KV_ERR_NO_MEMORY,
+                         "arena: host allocation of %zu bytes aligned to %zu failed (%s)",
+                         rounded, align, kv_mem_backend());
+    a->size_bytes = rounded;
+    a->align_bytes = align;
+    a->huge_pages = arena_advise_huge(a->base, rounded);
+    return KV_OK;
+}
+
+/* CUDA allocations are at least 256-byte aligned; a larger alignment is met
+ * by over-allocating align - 256 bytes and rounding the base up (raw keeps
+ * the pointer to free). */
+static kv_status arena_alloc_cuda(kv_arena *a, const struct kv_arena_config *cfg)
+{
+    const size_t cuda_align = 256;
+    size_t align = cfg->align_bytes > cuda_align ? cfg->align_bytes : cuda_align;
+    size_t extra = align - cuda_align;
+    kv_status s;
+    if (cfg->size_bytes > SIZE_MAX - extra)
+        return kv__error(KV_ERR_OVERFLOW,
+                         "arena: size_bytes %zu + alignment slack %zu overflows size_t",
+                         cfg->size_bytes, extra);
+    if (cfg->kind == KV_MEM_PINNED)
+        s = kv__cuda_host_alloc(cfg->size_bytes + extra, &a->raw);
+    else
+        s = kv__cuda_device_alloc(cfg->device, cfg->size_bytes + extra, &a->raw);
+    if (s != KV_OK)
+        return s;
+    a->base = (void *)(((uintptr_t)a->raw + (align - 1)) & ~(uintptr_t)(align - 1));
+    a->size_bytes = cfg->size_bytes;
+    a->align_bytes = align;
+    return KV_OK;
+}
+
+kv_status kv_arena_create(const struct kv_arena_config *cfg, kv_arena **out)
+{
+    kv_arena *a;
+    kv_status s;
+
+    if (!cfg || !out)
+        return kv__error(KV_ERR_NULL, "arena_create: %s is NULL", !cfg ? "cfg" : "out");
+    if (cfg->kind != KV_MEM_HOST && cfg->kind != KV_MEM_PINNED && cfg->kind != KV_MEM_DEVICE)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "arena_create: unknown kind %d (host %d, pinned %d, device %d)",
+                         (int)cfg->kind, KV_MEM_HOST, KV_MEM_PINNED, KV_MEM_DEVICE);
+    if (cfg->size_bytes == 0)
+        return kv__error(KV_ERR_INVALID_ARG, "arena_create: size_bytes is 0 (kind %s)",
+                         kv_mem_kind_name(cfg->kind));
+    if (cfg->align_bytes != 0 &&
+        (cfg->align_bytes < sizeof(void *) || (cfg->align_bytes & (cfg->align_bytes - 1))))
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "arena_create: align_bytes %zu is not a power of two >= %zu",
+                         cfg->align_bytes, sizeof(void *));
+    if (cfg->flags & ~KV_ARENA_ZERO)
+        return kv__error(KV_ERR_INVALID_ARG, "arena_create: unknown flags 0x%x",
+                         cfg->flags & ~KV_ARENA_ZERO);
+
+    a = kv_mem_calloc(1, sizeof(*a));
+    if (!a)
+        return kv__error(KV_ERR_NO_MEMORY, "arena_create: handle allocation failed");
+    a->kind = cfg->kind;
+    a->device = -1;
+
+    switch (cfg->kind) {
+    case KV_MEM_HOST:
+        s = arena_alloc_host(a, cfg);
+        if (s != KV_OK)
+            goto free_handle;
+        if (cfg->flags & KV_ARENA_ZERO)
+            memset(a->base, 0, a->size_bytes);
+        break;
+    case KV_MEM_PINNED:
+        s = arena_alloc_cuda(a, cfg);
+        if (s != KV_OK)
+            goto free_handle;
+        if (cfg->flags & KV_ARENA_ZERO)
+            memset(a->base, 0, a->size_bytes);
+        break;
+    case KV_MEM_DEVICE:
+        if (cfg->flags & KV_ARENA_ZERO) {
+            /* A device memset needs a stream; the layout owner zeroes with a
+             * kernel. Refuse rather than pretend. */
+            s = kv__error(KV_ERR_UNSUPPORTED,
+                          "arena_create: KV_ARENA_ZERO is not supported for device memory");
+            goto free_handle;
+        }
+        s = arena_alloc_cuda(a, cfg);
+        if (s != KV_OK)
+            goto free_handle;
+        a->device = cfg->device;
+        break;
+    }
+    *out = a;
+    return kv__ok();
+
+free_handle:
+    kv_mem_free(a);
+    return s;
+}
+
+void kv_arena_destroy(kv_arena *arena)
+{
+    if (!arena)
+        return;
+    switch (arena->kind) {
+    case KV_MEM_HOST:
+        kv_mem_free(arena->base);
+        break;
+    case KV_MEM_PINNED:
+        kv__cuda_host_free(arena->raw);
+        break;
+    case KV_MEM_DEVICE:
+        kv__cuda_device_free(arena->device, arena->raw);
+        break;
+    }
+    kv_mem_free(arena);
+}
+
+void *kv_arena_base(const kv_arena *arena)
+{
+    return arena ? arena->base : NULL;
+}
+
+size_t kv_arena_size(const kv_arena *arena)
+{
+    return arena ? arena->size_bytes : 0;
+}
+
+size_t kv_arena_align(const kv_arena *arena)
+{
+    return arena ? arena->align_bytes : 0;
+}
+
+enum kv_mem_kind kv_arena_kind(const kv_arena *arena)
+{
+    return arena ? arena->kind : KV_MEM_HOST;
+}
+
+bool kv_arena_huge_pages(const kv_arena *arena)
+{
+    return arena && arena->huge_pages;
+}
+
+kv_status kv_arena_regions(const kv_arena *arena, struct kv_mem_region *out, size_t cap, size_t *n)
+{
+    const size_t count = 1;
+    if (!arena || !n)
+        return kv__error(KV_ERR_NULL, "arena_regions: %s is NULL", !arena ? "arena" : "n");
+    if (!out && cap > 0)
+        return kv__error(KV_ERR_NULL, "arena_regions: out is NULL with cap %zu", cap);
+    *n = count;
+    if (!out)
+        return kv__ok();
+    if (cap < count)
+        return kv__error(KV_ERR_INVALID_ARG, "arena_regions: cap %zu < %zu regions", cap, count);
+    out[0] = (struct kv_mem_region){
+        .ptr = arena->base,
+        .bytes = arena->size_bytes,
+        .kind = arena->kind,
+        .device = arena->device,
+    };
+    return kv__ok();
+}

@@ -1,0 +1,135 @@
+/* kv_cache.c - the cache object: layout + arena + pool + page table. */
+#include <inttypes.h>
+#include <string.h>
+
+#include "kv_cache.h"
+#include "kv_mem.h"
+#include "kvcache_int.h"
+
+struct kv_cache {
+    struct kv_layout layout;
+    kv_arena *arena;
+    kv_block_pool *pool;
+    kv_page_table *pt;
+};
+
+kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **out)
+{
+    struct kv_arena_config acfg;
+    struct kv_block_pool_config pcfg;
+    struct kv_page_table_config tcfg;
+    kv_cache *c;
+    kv_status st;
+
+    if (!cfg || !out)
+        return kv__error(KV_ERR_NULL, "kv_cache_create: cfg=%p out=%p", (const void *)cfg,
+                         (void *)out);
+    c = kv_mem_calloc(1, sizeof(*c));
+    if (!c)
+        return kv__error(KV_ERR_NO_MEMORY, "kv_cache_create: %zu bytes", sizeof(*c));
+
+    st = kv_layout_init(&cfg->layout, &c->layout);
+    if (st != KV_OK)
+        goto undo_alloc;
+    if (c->layout.num_blocks < 2 || c->layout.num_blocks > (int64_t)KV_BLOCK_POOL_MAX_BLOCKS) {
+        st = kv__error(KV_ERR_INVALID_ARG,
+                       "kv_cache_create: num_blocks %" PRId64 " outside 2..%" PRIu32
+                       " (block 0 is the reserved null block)",
+                       c->layout.num_blocks, KV_BLOCK_POOL_MAX_BLOCKS);
+        goto undo_alloc;
+    }
+
+    memset(&acfg, 0, sizeof(acfg));
+    acfg.kind = cfg->mem_kind;
+    acfg.size_bytes = (size_t)c->layout.total_bytes;
+    acfg.device = cfg->device;
+    acfg.flags = cfg->zero_fill ? KV_ARENA_ZERO : 0;
+    if (c->layout.align_bytes > 64)
+        acfg.align_bytes = (size_t)c->layout.align_bytes;
+    st = kv_arena_create(&acfg, &c->arena);
+    if (st != KV_OK)
+        goto undo_alloc;
+
+    memset(&pcfg, 0, sizeof(pcfg));
+    pcfg.num_blocks = (uint32_t)c->layout.num_blocks;
+    pcfg.on_event = cfg->on_event;
+    pcfg.event_user = cfg->event_user;
+    st = kv_block_pool_create(&pcfg, &c->pool);
+    if (st != KV_OK)
+        goto undo_arena;
+
+    memset(&tcfg, 0, sizeof(tcfg));
+    tcfg.block_tokens = (uint32_t)c->layout.block_tokens;
+    tcfg.page_ratio = cfg->page_ratio;
+    tcfg.max_seqs = cfg->max_seqs;
+    tcfg.max_blocks_per_seq =
+        cfg->max_blocks_per_seq ? cfg->max_blocks_per_seq : (uint32_t)(c->layout.num_blocks - 1);
+    tcfg.enable_prefix_caching = cfg->enable_prefix_caching;
+    st = kv_block_pool_ops(c->pool, &tcfg.ops);
+    if (st != KV_OK)
+        goto undo_pool;
+    if (c->layout.block_tokens > UINT32_MAX) {
+        st = kv__error(KV_ERR_INVALID_ARG, "kv_cache_create: block_tokens %" PRId64
+                       " exceeds uint32", c->layout.block_tokens);
+        goto undo_pool;
+    }
+    st = kv_page_table_create(&tcfg, &c->pt);
+    if (st != KV_OK)
+        goto undo_pool;
+
+    *out = c;
+    return kv__ok();
+
+undo_pool:
+    kv_block_pool_destroy(c->pool);
+undo_arena:
+    kv_arena_destroy(c->arena);
+undo_alloc:
+    kv_mem_free(c);
+    return st;
+}
+
+void kv_cache_destroy(kv_cache *c)
+{
+    if (!c)
+        return;
+    kv_page_table_destroy(c->pt);
+    kv_block_pool_destroy(c->pool);
+    kv_arena_destroy(c->arena);
+    kv_mem_free(c);
+}
+
+const struct kv_layout *kv_cache_layout(const kv_cache *c)
+{
+    return c ? &c->layout : NULL;
+}
+
+kv_arena *kv_cache_arena(kv_cache *c)
+{
+    return c ? c->arena : NULL;
+}
+
+kv_block_pool *kv_cache_pool(kv_cache *c)
+{
+    return c ? c->pool : NULL;
+}
+
+kv_page_table *kv_cache_page_table(kv_cache *c)
+{
+    return c ? c->pt : NULL;
+}
+
+kv_status kv_cache_kv_view(const kv_cache *c, uint32_t layer, int kv, struct kv_view *out)
+{
+    if (!c)
+        return kv__error(KV_ERR_NULL, "kv_cache_kv_view: cache is NULL");
+    return kv_layout_kv_view(&c->layout, kv_arena_base(c->arena), kv_arena_size(c->arena), layer,
+                             kv, out);
+}
+
+kv_status kv_cache_regions(const kv_cache *c, struct kv_mem_region *out, size_t cap, size_t *n)
+{
+    if (!c)
+        return kv__error(KV_ERR_NULL, "kv_cache_regions: cache is NULL");
+    return kv_arena_regions(c->arena, out, cap, n);
+}

@@ -1,0 +1,85 @@
+/*
+ * kv_cache.h - the one object an engine holds: a model's KV cache.
+ *
+ * It ties together, for one model config:
+ *
+ *     kv_layout      where every K/V element of every layer and block lives
+ *     kv_arena       the memory holding all of it (host, pinned or device)
+ *     kv_block_pool  block ids, ref counts, LRU, prefix cache
+ *     kv_page_table  sequences -> blocks, exports for kernels
+ *
+ *   engine --- kv_cache_create(cfg) ---> kv_cache
+ *                                          |-- layout (by value)
+ *                                          |-- arena  (total_bytes of the layout)
+ *                                          |-- pool   (num_blocks ids, 0 = null block)
+ *                                          `-- page table (blocks from the pool)
+ *
+ * The object lives in allocator/ (not kvcache/) because it owns an arena and
+ * a pool: kvcache/ never depends on allocator/ (DESIGN.md, module arrows).
+ *
+ * Sequence work goes through kv_cache_page_table(); the pool and the arena
+ * are exposed for stats, events and transport registration.
+ * Thread safety: the page table is one-thread (the engine's scheduler); the
+ * pool is thread-safe; layout queries are pure.
+ */
+#ifndef KV_CACHE_H
+#define KV_CACHE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kv_arena.h"
+#include "kv_block_pool.h"
+#include "kv_layout.h"
+#include "kv_page_table.h"
+#include "kv_status.h"
+#include "kv_view.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kv_cache kv_cache;
+
+struct kv_cache_config {
+    struct kv_layout_config layout; /* L, B, N, H, D, dtype, order, arrangement, padding */
+    enum kv_mem_kind mem_kind;      /* KV_MEM_HOST (default), KV_MEM_PINNED, KV_MEM_DEVICE */
+    int device;                     /* CUDA device for KV_MEM_DEVICE */
+    uint32_t max_seqs;              /* live sequences at once (>= 1) */
+    uint32_t max_blocks_per_seq;    /* 0 = num_blocks - 1 */
+    uint32_t page_ratio;            /* kernel pages per block (0 = 1) */
+    bool enable_prefix_caching;
+    bool zero_fill;                 /* zero the arena at create */
+    kv_block_event_fn on_event;     /* pool stored/removed events (may be NULL) */
+    void *event_user;
+};
+
+/* Build layout, arena, pool and page table. *out set only on success; on
+ * failure everything built so far is undone. Statuses: those of
+ * kv_layout_init, kv_arena_create (KV_ERR_UNSUPPORTED for pinned/device
+ * memory without CUDA), kv_block_pool_create (num_blocks >= 2),
+ * kv_page_table_create; KV_ERR_NULL; KV_ERR_NO_MEMORY. */
+KV_API kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **out);
+
+/* Free everything (sequences still live release their blocks first).
+ * NULL is a no-op. */
+KV_API void kv_cache_destroy(kv_cache *c);
+
+KV_API const struct kv_layout *kv_cache_layout(const kv_cache *c);
+KV_API kv_arena *kv_cache_arena(kv_cache *c);
+KV_API kv_block_pool *kv_cache_pool(kv_cache *c);
+KV_API kv_page_table *kv_cache_page_table(kv_cache *c);
+
+/* The K (kv = 0) or V (kv = 1) tensor of one layer over the arena:
+ * kv_layout_kv_view() with the arena's base and size. */
+KV_API kv_status kv_cache_kv_view(const kv_cache *c, uint32_t layer, int kv, struct kv_view *out);
+
+/* The arena's regions, for a transport to register once (kv_arena_regions). */
+KV_API kv_status kv_cache_regions(const kv_cache *c, struct kv_mem_region *out, size_t cap,
+                                  size_t *n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KV_CACHE_H */

@@ -1,0 +1,287 @@
+/*
+ * test_cache.c - the cache object end to end, through the public API only
+ * (linked against libkvcache.so).
+ *
+ * For every arrangement x in-block order x padding: sequences get blocks far
+ * from 0 (a filler sequence holds the low ids), K/V of every token is written
+ * through the per-layer views at the slots the vLLM export gives, read back
+ * through the CSR export, a fork takes a copy-on-write copy (performed through
+ * the layout's block byte runs), and the WHOLE arena is compared against an
+ * independent model of which bytes were written.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kv.h"
+
+enum { L = 3, B = 2048, N = 16, H = 4, D = 8, FILLER_BLOCKS = 1500 };
+
+/* The value a token's K/V element should hold: never 0 (0 = untouched). */
+static uint16_t val(uint32_t tag, uint64_t t, uint32_t l, int kv, uint32_t h, uint32_t d)
+{
+    uint64_t x = tag * 0x9E3779B97F4A7C15ull ^ (t << 20) ^ ((uint64_t)l << 12) ^
+                 ((uint64_t)kv << 11) ^ ((uint64_t)h << 5) ^ d;
+    x ^= x >> 29;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 32;
+    return (uint16_t)(x | 1);
+}
+
+struct model {
+    uint16_t *expect; /* same size as the arena in elements; 0 = untouched */
+    size_t elems;
+};
+
+/* Write tag's values for tokens [start, start+count) of seq through the
+ * per-layer views at the slots of the vLLM export; record them in the model. */
+static void write_tokens(kv_cache *c, struct model *m, uint32_t seq, uint32_t tag, uint64_t start,
+                         uint64_t count)
+{
+    kv_page_table *pt = kv_cache_page_table(c);
+    int64_t slots[256];
+    struct kv_token_range r = {start, count};
+    struct kv_vllm_export ex = {0};
+    assert_true(count <= 256);
+    ex.slot_mapping = slots;
+    ex.slot_mapping_len = count;
+    assert_int_equal(kv_page_table_export_vllm(pt, &seq, 1, &r, &ex), KV_OK);
+    for (uint64_t i = 0; i < count; i++) {
+        int64_t blk = slots[i] / N, tok = slots[i] % N;
+        assert_true(slots[i] >= 0);
+        for (uint32_t l = 0; l < L; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                struct kv_view v;
+                assert_int_equal(kv_cache_kv_view(c, l, kv, &v), KV_OK);
+                for (uint32_t h = 0; h < H; h++)
+                    for (uint32_t d = 0; d < D; d++) {
+                        int64_t idx[4] = {blk, tok, h, d};
+                        uint16_t *p = kv_view_ptr(&v, idx);
+                        size_t e = (size_t)(p - (uint16_t *)v.base);
+                        assert_non_null(p);
+                        *p = val(tag, start + i, l, kv, h, d);
+                        m->expect[e] = *p;
+                    }
+            }
+    }
+}
+
+/* Read every token of seq through the FlashInfer CSR export and compare. */
+/* Lowest page id the sequences under test may use (the filler holds the rest). */
+static int32_t g_min_page;
+
+static void check_tokens(kv_cache *c, uint32_t seq, uint32_t tag, uint64_t start, uint64_t count)
+{
+    kv_page_table *pt = kv_cache_page_table(c);
+    int32_t indptr[2], indices[512], last[1];
+    struct kv_flashinfer_export ex = {indptr, 2, indices, 512, last, 1};
+    uint64_t nnz = 0;
+    assert_int_equal(kv_page_table_export_flashinfer(pt, &seq, 1, &ex, &nnz), KV_OK);
+    for (uint64_t t = start; t < start + count; t++) {
+        int32_t page = indices[t / N]; /* page ratio 1 in this test */
+        assert_true(page >= g_min_page); /* far from block 0 */
+        for (uint32_t l = 0; l < L; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                struct kv_view v;
+                assert_int_equal(kv_cache_kv_view(c, l, kv, &v), KV_OK);
+                for (uint32_t h = 0; h < H; h++)
+                    for (uint32_t d = 0; d < D; d++) {
+                        int64_t idx[4] = {page, (int64_t)(t % N), h, d};
+                        assert_int_equal(*(uint16_t *)kv_view_ptr(&v, idx),
+                                         val(tag, t, l, kv, h, d));
+                    }
+            }
+    }
+}
+
+/* Perform queued copy-on-write copies with the layout's byte runs. */
+static void run_copies(kv_cache *c, struct model *m)
+{
+    struct kv_block_copy cp[8];
+    uint32_t n = 0;
+    const struct kv_layout *lo = kv_cache_layout(c);
+    char *base = kv_arena_base(kv_cache_arena(c));
+    assert_int_equal(kv_page_table_take_copies(kv_cache_page_table(c), cp, 8, &n), KV_OK);
+    for (uint32_t i = 0; i < n; i++) {
+        struct kv_byte_runs rs, rd;
+        assert_int_equal(kv_layout_block_runs(lo, cp[i].src, &rs), KV_OK);
+        assert_int_equal(kv_layout_block_runs(lo, cp[i].dst, &rd), KV_OK);
+        assert_int_equal(rs.run_count, rd.run_count);
+        assert_int_equal(rs.run_bytes, rd.run_bytes);
+        for (int64_t r = 0; r < rs.run_count; r++) {
+            int64_t so = rs.first_offset_bytes + r * rs.run_stride_bytes;
+            int64_t dof = rd.first_offset_bytes + r * rd.run_stride_bytes;
+            memcpy(base + dof, base + so, (size_t)rs.run_bytes);
+            memcpy((char *)m->expect + dof, (char *)m->expect + so, (size_t)rs.run_bytes);
+        }
+    }
+}
+
+static void check_arena(kv_cache *c, const struct model *m)
+{
+    const uint16_t *a = kv_arena_base(kv_cache_arena(c));
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < m->elems; i++)
+        if (a[i] != m->expect[i] && bad++ == 0)
+            first = i;
+    if (bad)
+        fail_msg("%zu arena elements differ from the model, first at element %zu (%u vs %u)", bad,
+                 first, a[first], m->expect[first]);
+}
+
+static void run_case(kv_arrange arrange, kv_order order, int64_t pad)
+{
+    struct kv_cache_config cfg;
+    kv_cache *c = NULL;
+    kv_page_table *pt;
+    struct model m;
+    uint32_t filler, s1, s2, child;
+    int32_t toks[200];
+    const struct kv_layout *lo;
+
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.layout.num_layers = L;
+    cfg.layout.num_blocks = B;
+    cfg.layout.block_tokens = N;
+    cfg.layout.num_heads = H;
+    cfg.layout.head_dim = D;
+    cfg.layout.dtype = KV_BF16;
+    cfg.layout.order = order;
+    cfg.layout.arrange = arrange;
+    cfg.layout.block_pad_elems = pad;
+    cfg.max_seqs = 8;
+    cfg.zero_fill = true;
+    assert_int_equal(kv_cache_create(&cfg, &c), KV_OK);
+    lo = kv_cache_layout(c);
+    pt = kv_cache_page_table(c);
+    m.elems = (size_t)lo->total_elems;
+    m.expect = calloc(m.elems, 2);
+    assert_non_null(m.expect);
+    for (int i = 0; i < 200; i++)
+        toks[i] = 1000 + i;
+
+    /* Hold the low block ids so the sequences under test get ids >= 1500. */
+    g_min_page = FILLER_BLOCKS;
+    assert_int_equal(kv_page_table_seq_create(pt, &filler), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, filler, NULL, (uint64_t)FILLER_BLOCKS * N - N),
+                     KV_OK);
+
+    assert_int_equal(kv_page_table_seq_create(pt, &s1), KV_OK);
+    assert_int_equal(kv_page_table_seq_create(pt, &s2), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, s1, toks, 37), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, s2, toks, 70), KV_OK);
+    write_tokens(c, &m, s1, 1, 0, 37);
+    write_tokens(c, &m, s2, 2, 0, 70);
+
+    /* Fork s1 (37 tokens: the third block is partial and now shared). */
+    assert_int_equal(kv_page_table_seq_fork(pt, s1, &child), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, child, toks + 37, 5), KV_OK);
+    assert_int_equal(kv_page_table_pending_copies(pt), 1);
+    run_copies(c, &m);
+    write_tokens(c, &m, child, 3, 37, 5);
+    assert_int_equal(kv_page_table_seq_append(pt, s1, toks + 37, 4), KV_OK);
+    write_tokens(c, &m, s1, 4, 37, 4);
+
+    check_tokens(c, s1, 1, 0, 37);
+    check_tokens(c, s1, 4, 37, 4);
+    check_tokens(c, s2, 2, 0, 70);
+    check_tokens(c, child, 1, 0, 37); /* inherited, incl. the copied partial block */
+    check_tokens(c, child, 3, 37, 5);
+    check_arena(c, &m); /* no stray writes anywhere, padding included */
+
+    free(m.expect);
+    kv_cache_destroy(c); /* live sequences release their blocks */
+}
+
+static void test_cache_layer_major_nhd(void **s) { (void)s; run_case(KV_ARRANGE_LAYER_MAJOR, KV_ORDER_NHD, 0); }
+static void test_cache_layer_major_hnd_padded(void **s) { (void)s; run_case(KV_ARRANGE_LAYER_MAJOR, KV_ORDER_HND, 24); }
+static void test_cache_block_major_nhd_padded(void **s) { (void)s; run_case(KV_ARRANGE_BLOCK_MAJOR, KV_ORDER_NHD, 40); }
+static void test_cache_block_major_hnd(void **s) { (void)s; run_case(KV_ARRANGE_BLOCK_MAJOR, KV_ORDER_HND, 0); }
+
+/* A cached prefix is reused by a new sequence with the same tokens, and the
+ * K/V the first sequence wrote is what the second one reads. */
+static void test_cache_prefix_reuse(void **state)
+{
+    struct kv_cache_config cfg;
+    kv_cache *c = NULL;
+    kv_page_table *pt;
+    struct model m;
+    uint32_t a, b;
+    uint64_t cached = 0;
+    int32_t toks[100];
+    struct kv_block_pool_stats st;
+    (void)state;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.layout = (struct kv_layout_config){.num_layers = L, .num_blocks = 64, .block_tokens = N,
+                                           .num_heads = H, .head_dim = D, .dtype = KV_BF16};
+    cfg.max_seqs = 4;
+    cfg.enable_prefix_caching = true;
+    g_min_page = 1;
+    cfg.zero_fill = true;
+    assert_int_equal(kv_cache_create(&cfg, &c), KV_OK);
+    pt = kv_cache_page_table(c);
+    m.elems = (size_t)kv_cache_layout(c)->total_elems;
+    m.expect = calloc(m.elems, 2);
+    for (int i = 0; i < 100; i++)
+        toks[i] = 7 * i + 3;
+    assert_int_equal(kv_page_table_seq_create(pt, &a), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, a, toks, 56), KV_OK); /* 3 full + 8 */
+    write_tokens(c, &m, a, 9, 0, 56);
+    assert_int_equal(kv_page_table_seq_free(pt, a), KV_OK);
+    assert_int_equal(kv_page_table_seq_create_from_prefix(pt, toks, 60, &b, &cached), KV_OK);
+    assert_int_equal(cached, 3 * N);
+    kv_block_pool_get_stats(kv_cache_pool(c), &st);
+    assert_int_equal(st.hits, 3);
+    assert_int_equal(kv_page_table_seq_append(pt, b, toks + cached, 60 - cached), KV_OK);
+    check_tokens(c, b, 9, 0, 3 * N); /* written by a, read by b */
+    free(m.expect);
+    kv_cache_destroy(c);
+}
+
+static void test_cache_bad_config(void **state)
+{
+    struct kv_cache_config cfg;
+    kv_cache *c = (kv_cache *)0x1;
+    (void)state;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.layout = (struct kv_layout_config){.num_layers = 2, .num_blocks = 1, .block_tokens = 16,
+                                           .num_heads = 2, .head_dim = 64, .dtype = KV_F16};
+    cfg.max_seqs = 1;
+    assert_int_equal(kv_cache_create(&cfg, &c), KV_ERR_INVALID_ARG); /* 1 block: only null */
+    assert_non_null(strstr(kv_last_error(), "num_blocks 1"));
+    cfg.layout.num_blocks = 8;
+    cfg.layout.head_dim = 0;
+    assert_int_equal(kv_cache_create(&cfg, &c), KV_ERR_BAD_SHAPE);
+    assert_true(c == (kv_cache *)0x1); /* *out untouched on failure */
+    cfg.layout.head_dim = 64;
+    cfg.mem_kind = KV_MEM_DEVICE;
+    {
+        kv_status st = kv_cache_create(&cfg, &c);
+        if (st == KV_OK) /* a machine with a GPU */
+            kv_cache_destroy(c);
+        else {
+            assert_int_equal(st, KV_ERR_UNSUPPORTED);
+            assert_true(strlen(kv_last_error()) > 10);
+        }
+    }
+    assert_int_equal(kv_cache_create(NULL, &c), KV_ERR_NULL);
+    kv_cache_destroy(NULL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cache_layer_major_nhd),
+        cmocka_unit_test(test_cache_layer_major_hnd_padded),
+        cmocka_unit_test(test_cache_block_major_nhd_padded),
+        cmocka_unit_test(test_cache_block_major_hnd),
+        cmocka_unit_test(test_cache_prefix_reuse),
+        cmocka_unit_test(test_cache_bad_config),
+    };
+    return cmocka_run_group_tests_name("cache", tests, NULL, NULL);
+}
