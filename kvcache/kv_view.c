@@ -738,7 +738,13 @@ static kv_status kv__copy_into(const char *fn, kv_copy_reason why, const struct 
         return st;
     if (kv_view_may_share(&d, src)) {
         bool shares = true;
-        if (kv_view_shares(&d, src, 0, &shares) != KV_OK || shares)
+        st = kv_view_shares(&d, src, 0, &shares);
+        if (st == KV_ERR_TOO_COSTLY)
+            return kv__error(KV_ERR_OVERLAP,
+                             "%s: dst buffer %p (%zu bytes) lies within the source's extent and "
+                             "could not be proven disjoint from its elements within the work bound",
+                             fn, dst, dst_bytes);
+        if (st != KV_OK || shares)
             return kv__error(KV_ERR_OVERLAP, "%s: dst buffer %p (%zu bytes) overlaps the source",
                              fn, dst, dst_bytes);
     }
@@ -813,6 +819,9 @@ kv_status kv_view_flatten(const struct kv_view *src, int start_dim, int end_dim,
         return kv__error(KV_ERR_BAD_DIM,
                          "kv_view_flatten: start_dim %d comes after end_dim %d", a, b);
     if (a == b) {
+        kv_status st = kv_view_check(src);
+        if (st != KV_OK)
+            return st;
         *out = *src;
         if (copied)
             *copied = false;
