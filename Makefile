@@ -147,7 +147,7 @@ demo: deps
 
 bench: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) $(BENCH) BUILD=$(BUILD)
-	@scripts/bench.sh $(BENCH)
+	@scripts/bench.sh $(BENCH) $(BENCH_ARGS)
 
 # libFuzzer targets: the core sources rebuilt with clang's fuzzer + ASan/UBSan.
 FUZZ_CFLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \

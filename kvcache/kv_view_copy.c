@@ -1,0 +1,811 @@
+/*
+ * kv_view_copy.c - the copy engine behind every view copy, and the process-wide
+ * copy counters.
+ *
+ * kv__view_copy_unchecked() turns a (dst, src) pair of same-shaped views into a
+ * plan and runs the cheapest of three loops:
+ *
+ *   1. plan: drop size-1 dims, order dims by dst stride (largest first; dst has
+ *      no internal overlap, so this only changes the visiting order), merge
+ *      dim k into k+1 when BOTH views have stride[k] == stride[k+1]*shape[k+1].
+ *   2. runs:      both innermost strides are 1 element -> memcpy of each run
+ *                 over the outer index space (one memcpy when fully contiguous);
+ *                 short runs prefetch the next outer slab, copies >= 32 MiB
+ *                 write dst with streaming stores.
+ *   3. transpose: one side has stride 1 innermost, the other side has its
+ *                 stride-1 dim elsewhere -> cache-tiled 2-D transpose between
+ *                 those two dims, register-blocked (SSE2 on x86-64, a plain C
+ *                 block elsewhere), for each index of the other dims; large
+ *                 ones go through a padded staging tile (see below).
+ *   4. generic:   N-d odometer over the outer dims, typed strided inner loop.
+ *
+ * Measured choices (tile sizes, staging, streaming) are in docs/benchmarks.md.
+ *
+ * All offsets are int64 products computed in bytes. Element sizes 1, 2, 4, 8.
+ */
+#include <stdatomic.h>
+#include <string.h>
+
+#include "kv_mem.h"
+#include "kv_view_int.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define KV__COPY_X86 1
+#else
+#define KV__COPY_X86 0
+#endif
+
+/* ---- copy accounting ---------------------------------------------------- */
+
+static _Atomic uint64_t kv__copy_calls[KV_COPY_REASON_COUNT];
+static _Atomic uint64_t kv__copy_bytes[KV_COPY_REASON_COUNT];
+
+void kv__copy_count(kv_copy_reason reason, uint64_t bytes)
+{
+    if ((unsigned)reason >= (unsigned)KV_COPY_REASON_COUNT)
+        return;
+    atomic_fetch_add_explicit(&kv__copy_calls[reason], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&kv__copy_bytes[reason], bytes, memory_order_relaxed);
+}
+
+void kv_copy_stats_get(struct kv_copy_stats *out)
+{
+    if (!out)
+        return;
+    for (int r = 0; r < KV_COPY_REASON_COUNT; r++) {
+        out->calls[r] = atomic_load_explicit(&kv__copy_calls[r], memory_order_relaxed);
+        out->bytes[r] = atomic_load_explicit(&kv__copy_bytes[r], memory_order_relaxed);
+    }
+}
+
+void kv_copy_stats_reset(void)
+{
+    for (int r = 0; r < KV_COPY_REASON_COUNT; r++) {
+        atomic_store_explicit(&kv__copy_calls[r], 0, memory_order_relaxed);
+        atomic_store_explicit(&kv__copy_bytes[r], 0, memory_order_relaxed);
+    }
+}
+
+const char *kv_copy_reason_name(kv_copy_reason r)
+{
+    switch (r) {
+#define KV__COPY_REASON_NAME(e, name) \
+    case e:                           \
+        return name;
+        KV_COPY_REASON_MAP(KV__COPY_REASON_NAME)
+#undef KV__COPY_REASON_NAME
+    case KV_COPY_REASON_COUNT:
+        break;
+    }
+    return "?";
+}
+
+/* ---- typed element access ----------------------------------------------- */
+
+/* Element-sized integers that may alias any stored type (f16, bf16, float,
+ * double...) and need no alignment beyond a byte: views may start anywhere. */
+#if defined(__GNUC__)
+typedef uint16_t __attribute__((may_alias, aligned(1))) kv__u16;
+typedef uint32_t __attribute__((may_alias, aligned(1))) kv__u32;
+typedef uint64_t __attribute__((may_alias, aligned(1))) kv__u64;
+#define KV__ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+typedef uint16_t kv__u16;
+typedef uint32_t kv__u32;
+typedef uint64_t kv__u64;
+#define KV__ALWAYS_INLINE inline
+#endif
+
+static KV__ALWAYS_INLINE void kv__copy_elem(char *d, const char *s, size_t esz)
+{
+    switch (esz) {
+    case 1:
+        *d = *s;
+        break;
+    case 2:
+        *(kv__u16 *)d = *(const kv__u16 *)s;
+        break;
+    case 4:
+        *(kv__u32 *)d = *(const kv__u32 *)s;
+        break;
+    default:
+        *(kv__u64 *)d = *(const kv__u64 *)s;
+        break;
+    }
+}
+
+/* n elements, dst stride ds bytes, src stride ss bytes. */
+static KV__ALWAYS_INLINE void kv__strided_line(char *d, int64_t ds, const char *s, int64_t ss,
+                                               int64_t n, size_t esz)
+{
+    for (int64_t i = 0; i < n; i++)
+        kv__copy_elem(d + i * ds, s + i * ss, esz);
+}
+
+static void kv__strided_line_any(char *d, int64_t ds, const char *s, int64_t ss, int64_t n,
+                                 size_t esz)
+{
+    switch (esz) {
+    case 1:
+        kv__strided_line(d, ds, s, ss, n, 1);
+        break;
+    case 2:
+        kv__strided_line(d, ds, s, ss, n, 2);
+        break;
+    case 4:
+        kv__strided_line(d, ds, s, ss, n, 4);
+        break;
+    default:
+        kv__strided_line(d, ds, s, ss, n, 8);
+        break;
+    }
+}
+
+/* ---- the plan ----------------------------------------------------------- */
+
+struct kv__copy_plan {
+    int ndim;                            /* after coalescing; 0 = one element */
+    size_t esz;                          /* bytes per element: 1, 2, 4 or 8 */
+    int64_t shape[KV_MAX_DIMS];          /* every entry >= 2 */
+    int64_t ds[KV_MAX_DIMS];             /* dst stride, bytes */
+    int64_t ss[KV_MAX_DIMS];             /* src stride, bytes */
+    char *dst;                           /* dst element [0,...,0] */
+    const char *src;                     /* src element [0,...,0] */
+};
+
+/* Returns false when there is nothing to copy (numel == 0). */
+static bool kv__copy_plan_build(struct kv__copy_plan *p, const struct kv_view *dst,
+                                const struct kv_view *src)
+{
+    const int64_t esz = (int64_t)kv_dtype_size(src->dtype);
+    int n = 0;
+
+    p->esz = (size_t)esz;
+    p->dst = (char *)dst->base + dst->offset * esz;
+    p->src = (const char *)src->base + src->offset * esz;
+    for (int k = 0; k < src->ndim; k++) {
+        if (src->shape[k] == 0)
+            return false;
+        if (src->shape[k] == 1)
+            continue;
+        p->shape[n] = src->shape[k];
+        p->ds[n] = dst->strides[k] * esz;
+        p->ss[n] = src->strides[k] * esz;
+        n++;
+    }
+    /* Stable insertion sort by dst stride, largest first: writes go in dst
+     * memory order, which is what the caches and the fast paths want. */
+    for (int i = 1; i < n; i++) {
+        int64_t sh = p->shape[i], ds = p->ds[i], ss = p->ss[i];
+        int j = i - 1;
+        while (j >= 0 && p->ds[j] < ds) {
+            p->shape[j + 1] = p->shape[j];
+            p->ds[j + 1] = p->ds[j];
+            p->ss[j + 1] = p->ss[j];
+            j--;
+        }
+        p->shape[j + 1] = sh;
+        p->ds[j + 1] = ds;
+        p->ss[j + 1] = ss;
+    }
+    /* Merge k into k+1 when both views step over k+1 exactly. */
+    int m = 0;
+    for (int k = 0; k < n; k++) {
+        if (m > 0 && p->ds[m - 1] == p->ds[k] * p->shape[k] &&
+            p->ss[m - 1] == p->ss[k] * p->shape[k]) {
+            p->shape[m - 1] *= p->shape[k];
+            p->ds[m - 1] = p->ds[k];
+            p->ss[m - 1] = p->ss[k];
+            continue;
+        }
+        p->shape[m] = p->shape[k];
+        p->ds[m] = p->ds[k];
+        p->ss[m] = p->ss[k];
+        m++;
+    }
+    p->ndim = m;
+    return true;
+}
+
+/* Odometer over the dims listed in dims[0..nd) (outermost first); returns
+ * false after the last index. d/s are moved to the next index. */
+static KV__ALWAYS_INLINE bool kv__odometer_next(const struct kv__copy_plan *p, const int *dims,
+                                                int nd, int64_t *idx, char **d, const char **s)
+{
+    for (int t = nd - 1; t >= 0; t--) {
+        int k = dims[t];
+        if (++idx[t] < p->shape[k]) {
+            *d += p->ds[k];
+            *s += p->ss[k];
+            return true;
+        }
+        idx[t] = 0;
+        *d -= p->ds[k] * (p->shape[k] - 1);
+        *s -= p->ss[k] * (p->shape[k] - 1);
+    }
+    return false;
+}
+
+/* ---- 1: contiguous runs ------------------------------------------------- */
+
+#if defined(__GNUC__)
+#define KV__PREFETCH(ptr) __builtin_prefetch((ptr), 0, 3)
+#else
+#define KV__PREFETCH(ptr) ((void)(ptr))
+#endif
+
+/* Runs shorter than this get a software prefetch of the next outer slab; the
+ * hardware prefetchers follow longer runs on their own. */
+#define KV__PF_RUN_MAX 2048
+/* Slabs (src bytes under one index of dim 0) up to this size are prefetched. */
+#define KV__PF_SLAB_MAX ((int64_t)256 << 10)
+
+/* Copies moving at least this much write dst with streaming (non-temporal)
+ * stores: dst lines are not read for ownership first, as `rep movsb` in a
+ * large memcpy does, and the copy does not evict the caller's working set. */
+#define KV__STREAM_MIN_BYTES ((int64_t)32 << 20)
+
+static bool kv__stream_ok(const struct kv__copy_plan *p, size_t run)
+{
+#if KV__COPY_X86
+    int64_t total = (int64_t)run;
+    if (run % 64 != 0 || ((uintptr_t)p->dst & 15) != 0)
+        return false;
+    for (int k = 0; k < p->ndim - 1; k++) {
+        if (p->ds[k] % 64 != 0)
+            return false;
+        total *= p->shape[k];
+    }
+    return total >= KV__STREAM_MIN_BYTES;
+#else
+    (void)p;
+    (void)run;
+    return false;
+#endif
+}
+
+static KV__ALWAYS_INLINE void kv__copy_run(char *d, const char *s, size_t run, bool stream)
+{
+#if KV__COPY_X86
+    if (stream) {
+        for (size_t b = 0; b < run; b += 64) {
+            __m128i x0 = _mm_loadu_si128((const __m128i *)(s + b));
+            __m128i x1 = _mm_loadu_si128((const __m128i *)(s + b + 16));
+            __m128i x2 = _mm_loadu_si128((const __m128i *)(s + b + 32));
+            __m128i x3 = _mm_loadu_si128((const __m128i *)(s + b + 48));
+            _mm_stream_si128((__m128i *)(d + b), x0);
+            _mm_stream_si128((__m128i *)(d + b + 16), x1);
+            _mm_stream_si128((__m128i *)(d + b + 32), x2);
+            _mm_stream_si128((__m128i *)(d + b + 48), x3);
+        }
+        return;
+    }
+#else
+    (void)stream;
+#endif
+    memcpy(d, s, run);
+}
+
+static void kv__copy_runs(const struct kv__copy_plan *p)
+{
+    const int in = p->ndim - 1;
+    const size_t run = (size_t)p->shape[in] * p->esz;
+    int dims[KV_MAX_DIMS];
+    int64_t idx[KV_MAX_DIMS] = {0};
+
+    if (in == 0) {
+        memcpy(p->dst, p->src, run);
+        return;
+    }
+    /* Dim 0 walks slabs; dims 1..in-1 are walked by an odometer whose last
+     * dim is a tight loop (for in == 1 the slab is a single run). While one
+     * slab is copied, the next slab's src bytes are prefetched, a slice per
+     * run: small scattered runs otherwise stall on every first touch. */
+    int64_t slab_bytes = (int64_t)run, runs_per_slab = 1;
+    for (int k = 1; k < in; k++) {
+        slab_bytes += (p->shape[k] - 1) * p->ss[k];
+        runs_per_slab *= p->shape[k];
+    }
+    int64_t pf_step = 0;
+    if (run < KV__PF_RUN_MAX && slab_bytes <= KV__PF_SLAB_MAX && p->ss[0] != 0)
+        pf_step = ((slab_bytes + runs_per_slab - 1) / runs_per_slab + 63) & ~(int64_t)63;
+    for (int k = 1; k < in - 1; k++)
+        dims[k - 1] = k;
+    const int nodo = in > 1 ? in - 2 : 0;
+    const int64_t n1 = in > 1 ? p->shape[in - 1] : 1;
+    const int64_t d1 = in > 1 ? p->ds[in - 1] : 0, s1 = in > 1 ? p->ss[in - 1] : 0;
+
+    const bool stream = kv__stream_ok(p, run);
+    for (int64_t i0 = 0; i0 < p->shape[0]; i0++) {
+        char *d = p->dst + i0 * p->ds[0];
+        const char *s = p->src + i0 * p->ss[0];
+        const char *pf = s + p->ss[0];
+        const char *pf_end = i0 + 1 < p->shape[0] ? pf + slab_bytes : pf;
+        do {
+            char *dd = d;
+            const char *sp = s;
+            for (int64_t i = 0; i < n1; i++, dd += d1, sp += s1) {
+                kv__copy_run(dd, sp, run, stream);
+                if (pf_step && pf < pf_end) {
+                    for (int64_t b = 0; b < pf_step; b += 64)
+                        KV__PREFETCH(pf + b);
+                    pf += pf_step;
+                }
+            }
+        } while (kv__odometer_next(p, dims, nodo, idx, &d, &s));
+    }
+#if KV__COPY_X86
+    if (stream)
+        _mm_sfence(); /* order the streaming stores before later loads/stores */
+#endif
+}
+
+/* ---- 2: tiled transpose ------------------------------------------------- */
+
+/*
+ * kv__transpose: dst[c][r] = src[r][c] for r < rows, c < cols, where src rows
+ * are `srs` bytes apart and dst rows `drs` bytes apart, elements contiguous:
+ *
+ *     src  r0: c0 c1 c2 ...        dst  c0: r0 r1 r2 ...
+ *          r1: c0 c1 c2 ...             c1: r0 r1 r2 ...
+ *
+ * Work goes in TILE x TILE element tiles (one tile of each side stays in L1/L2)
+ * made of B x B register blocks; B is 8 for 1/2/4-byte elements and 4 for
+ * 8-byte ones. The ragged edge is copied element by element.
+ */
+#define KV__TILE 64
+
+/* Portable B x B block: the compiler keeps it in registers where it can. */
+static KV__ALWAYS_INLINE void kv__block_c(char *d, int64_t drs, const char *s, int64_t srs,
+                                          int B, size_t esz)
+{
+    for (int c = 0; c < B; c++)
+        for (int r = 0; r < B; r++)
+            kv__copy_elem(d + c * drs + (int64_t)r * (int64_t)esz,
+                          s + r * srs + (int64_t)c * (int64_t)esz, esz);
+}
+
+#if KV__COPY_X86
+/* 8x8 bytes: 8-byte rows in, 8-byte rows out. */
+static KV__ALWAYS_INLINE void kv__block8_u8_sse2(char *d, int64_t drs, const char *s, int64_t srs)
+{
+    __m128i r0 = _mm_loadl_epi64((const __m128i *)(s + 0 * srs));
+    __m128i r1 = _mm_loadl_epi64((const __m128i *)(s + 1 * srs));
+    __m128i r2 = _mm_loadl_epi64((const __m128i *)(s + 2 * srs));
+    __m128i r3 = _mm_loadl_epi64((const __m128i *)(s + 3 * srs));
+    __m128i r4 = _mm_loadl_epi64((const __m128i *)(s + 4 * srs));
+    __m128i r5 = _mm_loadl_epi64((const __m128i *)(s + 5 * srs));
+    __m128i r6 = _mm_loadl_epi64((const __m128i *)(s + 6 * srs));
+    __m128i r7 = _mm_loadl_epi64((const __m128i *)(s + 7 * srs));
+    __m128i a0 = _mm_unpacklo_epi8(r0, r1), a1 = _mm_unpacklo_epi8(r2, r3);
+    __m128i a2 = _mm_unpacklo_epi8(r4, r5), a3 = _mm_unpacklo_epi8(r6, r7);
+    __m128i b0 = _mm_unpacklo_epi16(a0, a1), b1 = _mm_unpackhi_epi16(a0, a1);
+    __m128i b2 = _mm_unpacklo_epi16(a2, a3), b3 = _mm_unpackhi_epi16(a2, a3);
+    __m128i c0 = _mm_unpacklo_epi32(b0, b2), c1 = _mm_unpackhi_epi32(b0, b2);
+    __m128i c2 = _mm_unpacklo_epi32(b1, b3), c3 = _mm_unpackhi_epi32(b1, b3);
+    _mm_storel_epi64((__m128i *)(d + 0 * drs), c0);
+    _mm_storel_epi64((__m128i *)(d + 1 * drs), _mm_unpackhi_epi64(c0, c0));
+    _mm_storel_epi64((__m128i *)(d + 2 * drs), c1);
+    _mm_storel_epi64((__m128i *)(d + 3 * drs), _mm_unpackhi_epi64(c1, c1));
+    _mm_storel_epi64((__m128i *)(d + 4 * drs), c2);
+    _mm_storel_epi64((__m128i *)(d + 5 * drs), _mm_unpackhi_epi64(c2, c2));
+    _mm_storel_epi64((__m128i *)(d + 6 * drs), c3);
+    _mm_storel_epi64((__m128i *)(d + 7 * drs), _mm_unpackhi_epi64(c3, c3));
+}
+
+/* 8x8 two-byte elements: 16-byte rows in and out. */
+static KV__ALWAYS_INLINE void kv__block8_u16_sse2(char *d, int64_t drs, const char *s,
+                                                  int64_t srs)
+{
+    __m128i r0 = _mm_loadu_si128((const __m128i *)(s + 0 * srs));
+    __m128i r1 = _mm_loadu_si128((const __m128i *)(s + 1 * srs));
+    __m128i r2 = _mm_loadu_si128((const __m128i *)(s + 2 * srs));
+    __m128i r3 = _mm_loadu_si128((const __m128i *)(s + 3 * srs));
+    __m128i r4 = _mm_loadu_si128((const __m128i *)(s + 4 * srs));
+    __m128i r5 = _mm_loadu_si128((const __m128i *)(s + 5 * srs));
+    __m128i r6 = _mm_loadu_si128((const __m128i *)(s + 6 * srs));
+    __m128i r7 = _mm_loadu_si128((const __m128i *)(s + 7 * srs));
+    __m128i a0 = _mm_unpacklo_epi16(r0, r1), a1 = _mm_unpackhi_epi16(r0, r1);
+    __m128i a2 = _mm_unpacklo_epi16(r2, r3), a3 = _mm_unpackhi_epi16(r2, r3);
+    __m128i a4 = _mm_unpacklo_epi16(r4, r5), a5 = _mm_unpackhi_epi16(r4, r5);
+    __m128i a6 = _mm_unpacklo_epi16(r6, r7), a7 = _mm_unpackhi_epi16(r6, r7);
+    __m128i b0 = _mm_unpacklo_epi32(a0, a2), b1 = _mm_unpackhi_epi32(a0, a2);
+    __m128i b2 = _mm_unpacklo_epi32(a1, a3), b3 = _mm_unpackhi_epi32(a1, a3);
+    __m128i b4 = _mm_unpacklo_epi32(a4, a6), b5 = _mm_unpackhi_epi32(a4, a6);
+    __m128i b6 = _mm_unpacklo_epi32(a5, a7), b7 = _mm_unpackhi_epi32(a5, a7);
+    _mm_storeu_si128((__m128i *)(d + 0 * drs), _mm_unpacklo_epi64(b0, b4));
+    _mm_storeu_si128((__m128i *)(d + 1 * drs), _mm_unpackhi_epi64(b0, b4));
+    _mm_storeu_si128((__m128i *)(d + 2 * drs), _mm_unpacklo_epi64(b1, b5));
+    _mm_storeu_si128((__m128i *)(d + 3 * drs), _mm_unpackhi_epi64(b1, b5));
+    _mm_storeu_si128((__m128i *)(d + 4 * drs), _mm_unpacklo_epi64(b2, b6));
+    _mm_storeu_si128((__m128i *)(d + 5 * drs), _mm_unpackhi_epi64(b2, b6));
+    _mm_storeu_si128((__m128i *)(d + 6 * drs), _mm_unpacklo_epi64(b3, b7));
+    _mm_storeu_si128((__m128i *)(d + 7 * drs), _mm_unpackhi_epi64(b3, b7));
+}
+
+/* 4x4 four-byte elements. */
+static KV__ALWAYS_INLINE void kv__block4_u32_sse2(char *d, int64_t drs, const char *s,
+                                                  int64_t srs)
+{
+    __m128i r0 = _mm_loadu_si128((const __m128i *)(s + 0 * srs));
+    __m128i r1 = _mm_loadu_si128((const __m128i *)(s + 1 * srs));
+    __m128i r2 = _mm_loadu_si128((const __m128i *)(s + 2 * srs));
+    __m128i r3 = _mm_loadu_si128((const __m128i *)(s + 3 * srs));
+    __m128i a0 = _mm_unpacklo_epi32(r0, r1), a1 = _mm_unpacklo_epi32(r2, r3);
+    __m128i a2 = _mm_unpackhi_epi32(r0, r1), a3 = _mm_unpackhi_epi32(r2, r3);
+    _mm_storeu_si128((__m128i *)(d + 0 * drs), _mm_unpacklo_epi64(a0, a1));
+    _mm_storeu_si128((__m128i *)(d + 1 * drs), _mm_unpackhi_epi64(a0, a1));
+    _mm_storeu_si128((__m128i *)(d + 2 * drs), _mm_unpacklo_epi64(a2, a3));
+    _mm_storeu_si128((__m128i *)(d + 3 * drs), _mm_unpackhi_epi64(a2, a3));
+}
+
+static KV__ALWAYS_INLINE void kv__block8_u32_sse2(char *d, int64_t drs, const char *s,
+                                                  int64_t srs)
+{
+    kv__block4_u32_sse2(d, drs, s, srs);
+    kv__block4_u32_sse2(d + 16, drs, s + 4 * srs, srs);
+    kv__block4_u32_sse2(d + 4 * drs, drs, s + 16, srs);
+    kv__block4_u32_sse2(d + 4 * drs + 16, drs, s + 4 * srs + 16, srs);
+}
+
+/* 2x2 eight-byte elements. */
+static KV__ALWAYS_INLINE void kv__block2_u64_sse2(char *d, int64_t drs, const char *s,
+                                                  int64_t srs)
+{
+    __m128i r0 = _mm_loadu_si128((const __m128i *)s);
+    __m128i r1 = _mm_loadu_si128((const __m128i *)(s + srs));
+    _mm_storeu_si128((__m128i *)d, _mm_unpacklo_epi64(r0, r1));
+    _mm_storeu_si128((__m128i *)(d + drs), _mm_unpackhi_epi64(r0, r1));
+}
+#endif /* KV__COPY_X86 */
+
+/* One B x B block, B = kv__block_elems(esz). */
+static KV__ALWAYS_INLINE int kv__block_elems(size_t esz)
+{
+    return esz == 8 ? 4 : 8;
+}
+
+static KV__ALWAYS_INLINE void kv__block(char *d, int64_t drs, const char *s, int64_t srs,
+                                        size_t esz)
+{
+#if KV__COPY_X86
+    switch (esz) {
+    case 1:
+        kv__block8_u8_sse2(d, drs, s, srs);
+        return;
+    case 2:
+        kv__block8_u16_sse2(d, drs, s, srs);
+        return;
+    case 4:
+        kv__block8_u32_sse2(d, drs, s, srs);
+        return;
+    default:
+        kv__block2_u64_sse2(d, drs, s, srs);
+        kv__block2_u64_sse2(d + 16, drs, s + 2 * srs, srs);
+        kv__block2_u64_sse2(d + 2 * drs, drs, s + 16, srs);
+        kv__block2_u64_sse2(d + 2 * drs + 16, drs, s + 2 * srs + 16, srs);
+        return;
+    }
+#else
+    kv__block_c(d, drs, s, srs, kv__block_elems(esz), esz);
+#endif
+}
+
+static KV__ALWAYS_INLINE void kv__transpose(char *d, int64_t drs, const char *s, int64_t srs,
+                                            int64_t rows, int64_t cols, size_t esz, int64_t tile)
+{
+    const int64_t B = kv__block_elems(esz);
+    const int64_t e = (int64_t)esz;
+
+    for (int64_t c0 = 0; c0 < cols; c0 += tile) {
+        const int64_t c1 = c0 + tile < cols ? c0 + tile : cols;
+        const int64_t cf = c0 + (c1 - c0) / B * B;
+        for (int64_t r0 = 0; r0 < rows; r0 += tile) {
+            const int64_t r1 = r0 + tile < rows ? r0 + tile : rows;
+            const int64_t rf = r0 + (r1 - r0) / B * B;
+            for (int64_t c = c0; c < cf; c += B)
+                for (int64_t r = r0; r < rf; r += B)
+                    kv__block(d + c * drs + r * e, drs, s + r * srs + c * e, srs, esz);
+            /* ragged right edge of src (bottom rows of dst) */
+            for (int64_t c = cf; c < c1; c++)
+                kv__strided_line(d + c * drs + r0 * e, e, s + r0 * srs + c * e, srs, r1 - r0,
+                                 esz);
+            /* ragged bottom edge of src (right columns of dst) */
+            for (int64_t c = c0; c < cf; c++)
+                kv__strided_line(d + c * drs + rf * e, e, s + rf * srs + c * e, srs, r1 - rf,
+                                 esz);
+        }
+    }
+}
+
+/*
+ * Large transposes are staged: a ST x ST tile of src is first copied row by
+ * row (long sequential segments, the way memory likes to be read) into a
+ * small buffer whose rows are padded off the power-of-two stride, then
+ * transposed from there into dst (long sequential dst segments). Without the
+ * buffer, src rows 2^k bytes apart fall into the same cache sets and every
+ * tile is fetched from memory twice.
+ */
+static KV__ALWAYS_INLINE int64_t kv__stage_elems(size_t esz)
+{
+    return esz >= 8 ? 128 : esz == 4 ? 256 : 512;
+}
+#define KV__STAGE_PAD 64 /* bytes added to each staged row */
+
+static KV__ALWAYS_INLINE size_t kv__stage_bytes(size_t esz)
+{
+    const int64_t t = kv__stage_elems(esz);
+    return (size_t)(t * (t * (int64_t)esz + KV__STAGE_PAD));
+}
+
+static KV__ALWAYS_INLINE void kv__transpose_staged(char *d, int64_t drs, const char *s, int64_t srs,
+                                                   int64_t rows, int64_t cols, size_t esz,
+                                                   char *buf)
+{
+    const int64_t T = kv__stage_elems(esz);
+    const int64_t e = (int64_t)esz;
+    const int64_t bs = T * e + KV__STAGE_PAD; /* staged row stride, bytes */
+
+    for (int64_t r0 = 0; r0 < rows; r0 += T) {
+        const int64_t tr = r0 + T < rows ? T : rows - r0;
+        for (int64_t c0 = 0; c0 < cols; c0 += T) {
+            const int64_t tc = c0 + T < cols ? T : cols - c0;
+            for (int64_t r = 0; r < tr; r++)
+                memcpy(buf + r * bs, s + (r0 + r) * srs + c0 * e, (size_t)(tc * e));
+            kv__transpose(d + c0 * drs + r0 * e, drs, buf, bs, tr, tc, esz, T);
+        }
+    }
+}
+
+static void kv__transpose_any(char *d, int64_t drs, const char *s, int64_t srs, int64_t rows,
+                              int64_t cols, size_t esz, char *buf)
+{
+    switch (esz) {
+    case 1:
+        if (buf)
+            kv__transpose_staged(d, drs, s, srs, rows, cols, 1, buf);
+        else
+            kv__transpose(d, drs, s, srs, rows, cols, 1, KV__TILE);
+        break;
+    case 2:
+        if (buf)
+            kv__transpose_staged(d, drs, s, srs, rows, cols, 2, buf);
+        else
+            kv__transpose(d, drs, s, srs, rows, cols, 2, KV__TILE);
+        break;
+    case 4:
+        if (buf)
+            kv__transpose_staged(d, drs, s, srs, rows, cols, 4, buf);
+        else
+            kv__transpose(d, drs, s, srs, rows, cols, 4, KV__TILE);
+        break;
+    default:
+        if (buf)
+            kv__transpose_staged(d, drs, s, srs, rows, cols, 8, buf);
+        else
+            kv__transpose(d, drs, s, srs, rows, cols, 8, KV__TILE);
+        break;
+    }
+}
+
+/* Transposes moving less than this stay in cache: no staging buffer. */
+#define KV__STAGE_MIN_BYTES ((int64_t)1 << 20)
+
+/* Dims r (src row dim) and c (src stride-1 dim, dst row dim) are transposed;
+ * every other dim is walked by the odometer. */
+static void kv__copy_transpose(const struct kv__copy_plan *p, int r, int c, int64_t srs,
+                               int64_t drs)
+{
+    int dims[KV_MAX_DIMS];
+    int64_t idx[KV_MAX_DIMS] = {0};
+    int nd = 0;
+    char *d = p->dst;
+    const char *s = p->src;
+
+    for (int k = 0; k < p->ndim; k++)
+        if (k != r && k != c)
+            dims[nd++] = k;
+    /* Stage only a transpose that is both large and at least one tile wide
+     * each way; the buffer is best effort (without it: direct tiles). */
+    char *buf = NULL;
+    const int64_t t = kv__stage_elems(p->esz);
+    if (p->shape[r] >= t / 2 && p->shape[c] >= t / 2 &&
+        p->shape[r] * p->shape[c] * (int64_t)p->esz >= KV__STAGE_MIN_BYTES)
+        buf = kv_mem_alloc_aligned(64, kv__stage_bytes(p->esz));
+    do {
+        kv__transpose_any(d, drs, s, srs, p->shape[r], p->shape[c], p->esz, buf);
+    } while (kv__odometer_next(p, dims, nd, idx, &d, &s));
+    kv_mem_free(buf);
+}
+
+/* ---- 3: generic --------------------------------------------------------- */
+
+static void kv__copy_generic(const struct kv__copy_plan *p)
+{
+    const int in = p->ndim - 1;
+    int dims[KV_MAX_DIMS];
+    int64_t idx[KV_MAX_DIMS] = {0};
+    char *d = p->dst;
+    const char *s = p->src;
+
+    for (int k = 0; k < in; k++)
+        dims[k] = k;
+    do {
+        kv__strided_line_any(d, p->ds[in], s, p->ss[in], p->shape[in], p->esz);
+    } while (kv__odometer_next(p, dims, in, idx, &d, &s));
+}
+
+/* ---- engine ------------------------------------------------------------- */
+
+/* Below this many elements on either side a transpose is not worth its tiles. */
+#define KV__TRANSPOSE_MIN 4
+
+void kv__view_copy_unchecked(const struct kv_view *dst, const struct kv_view *src)
+{
+    struct kv__copy_plan p;
+
+    if (!kv__copy_plan_build(&p, dst, src))
+        return;
+    if (p.ndim == 0) {
+        memcpy(p.dst, p.src, p.esz);
+        return;
+    }
+    const int in = p.ndim - 1;
+    const int64_t e = (int64_t)p.esz;
+    if (p.ds[in] == e && p.ss[in] == e) {
+        kv__copy_runs(&p);
+        return;
+    }
+    if (p.shape[in] >= KV__TRANSPOSE_MIN) {
+        /* dst contiguous along `in`, src contiguous along some j: src rows are
+         * dim `in`, src columns (= dst rows) are dim j. */
+        if (p.ds[in] == e) {
+            for (int j = in - 1; j >= 0; j--) {
+                if (p.ss[j] == e && p.shape[j] >= KV__TRANSPOSE_MIN) {
+                    kv__copy_transpose(&p, in, j, p.ss[in], p.ds[j]);
+                    return;
+                }
+            }
+        }
+        /* src contiguous along `in`, dst contiguous along some j: src rows are
+         * dim j, src columns (= dst rows) are dim `in`. */
+        if (p.ss[in] == e) {
+            for (int j = in - 1; j >= 0; j--) {
+                if (p.ds[j] == e && p.shape[j] >= KV__TRANSPOSE_MIN) {
+                    kv__copy_transpose(&p, j, in, p.ss[j], p.ds[in]);
+                    return;
+                }
+            }
+        }
+    }
+    kv__copy_generic(&p);
+}
+
+/* ---- public entry points ------------------------------------------------ */
+
+/* Work bound for the exact dst/src sharing test. */
+#define KV__COPY_OVERLAP_WORK ((int64_t)1 << 22)
+
+kv_status kv_view_materialize(const struct kv_view *src, void *dst, size_t dst_bytes)
+{
+    kv_status st;
+    int64_t numel, need, lo, hi;
+    size_t esz;
+
+    if (!src)
+        return kv__error(KV_ERR_NULL, "kv_view_materialize: src is NULL");
+    st = kv_view_check(src);
+    if (st != KV_OK)
+        return st;
+    numel = kv_view_numel(src);
+    esz = kv_view_elem_bytes(src);
+    if (!kv__mul_i64(numel, (int64_t)esz, &need))
+        return kv__error(KV_ERR_OVERFLOW, "kv_view_materialize: %lld elements * %zu bytes overflows",
+                         (long long)numel, esz);
+    if (!dst && need > 0)
+        return kv__error(KV_ERR_NULL, "kv_view_materialize: dst is NULL (need %lld bytes)",
+                         (long long)need);
+    if ((uint64_t)need > (uint64_t)dst_bytes)
+        return kv__error(KV_ERR_OUT_OF_BOUNDS,
+                         "kv_view_materialize: dst_bytes %zu < %lld needed (%lld elements of "
+                         "%zu bytes)",
+                         dst_bytes, (long long)need, (long long)numel, esz);
+    if (need > 0) {
+        kv_view_extent_bytes(src, &lo, &hi);
+        const uintptr_t s_lo = (uintptr_t)src->base + (uintptr_t)lo;
+        const uintptr_t s_hi = (uintptr_t)src->base + (uintptr_t)hi;
+        const uintptr_t d_lo = (uintptr_t)dst, d_hi = (uintptr_t)dst + (uintptr_t)need;
+        if (d_lo < s_hi && s_lo < d_hi)
+            return kv__error(KV_ERR_OVERLAP,
+                             "kv_view_materialize: dst [%p, +%lld) overlaps src elements "
+                             "[%p, +%lld)",
+                             dst, (long long)need, (void *)s_lo, (long long)(hi - lo));
+
+        struct kv_view d = {.dtype = src->dtype, .ndim = src->ndim, .base = dst,
+                            .storage_bytes = dst_bytes};
+        int64_t stride = 1;
+        for (int k = src->ndim - 1; k >= 0; k--) {
+            d.shape[k] = src->shape[k];
+            d.strides[k] = stride;
+            stride *= src->shape[k];
+        }
+        kv__view_copy_unchecked(&d, src);
+    }
+    kv__copy_count(KV_COPY_MATERIALIZE, (uint64_t)need);
+    return kv__ok();
+}
+
+kv_status kv_view_copy(const struct kv_view *dst, const struct kv_view *src)
+{
+    char a[256], b[256];
+    kv_status st;
+    bool overlap = false;
+
+    if (!dst || !src)
+        return kv__error(KV_ERR_NULL, "kv_view_copy: dst=%p src=%p", (const void *)dst,
+                         (const void *)src);
+    st = kv_view_check(dst);
+    if (st != KV_OK)
+        return st;
+    st = kv_view_check(src);
+    if (st != KV_OK)
+        return st;
+    bool same = dst->ndim == src->ndim;
+    for (int k = 0; same && k < dst->ndim; k++)
+        same = dst->shape[k] == src->shape[k];
+    if (!same)
+        return kv__error(KV_ERR_BAD_SHAPE, "kv_view_copy: dst shape %s != src shape %s",
+                         kv__fmt_list(a, sizeof(a), dst->shape, dst->ndim),
+                         kv__fmt_list(b, sizeof(b), src->shape, src->ndim));
+    if (dst->dtype != src->dtype)
+        return kv__error(KV_ERR_INVALID_ARG, "kv_view_copy: dst dtype %s (%d) != src dtype %s (%d)",
+                         kv_dtype_name(dst->dtype), (int)dst->dtype, kv_dtype_name(src->dtype),
+                         (int)src->dtype);
+
+    const int64_t numel = kv_view_numel(src);
+    const uint64_t bytes = (uint64_t)numel * kv_view_elem_bytes(src);
+    if (numel > 0) {
+        st = kv_view_has_internal_overlap(dst, 0, &overlap);
+        if (st == KV_ERR_TOO_COSTLY)
+            return kv__error(KV_ERR_OVERLAP,
+                             "kv_view_copy: could not prove dst elements disjoint within the work "
+                             "bound (shape %s strides %s)",
+                             kv__fmt_list(a, sizeof(a), dst->shape, dst->ndim),
+                             kv__fmt_list(b, sizeof(b), dst->strides, dst->ndim));
+        if (st != KV_OK)
+            return st;
+        if (overlap)
+            return kv__error(KV_ERR_OVERLAP,
+                             "kv_view_copy: dst elements overlap each other (shape %s strides %s)",
+                             kv__fmt_list(a, sizeof(a), dst->shape, dst->ndim),
+                             kv__fmt_list(b, sizeof(b), dst->strides, dst->ndim));
+
+        /* may_share compares absolute byte extents, so views over different
+         * base pointers into the same memory are caught as well. */
+        if (kv_view_may_share(dst, src)) {
+            bool shares = true;
+            int64_t dlo, dhi, slo, shi;
+            kv_view_extent_bytes(dst, &dlo, &dhi);
+            kv_view_extent_bytes(src, &slo, &shi);
+            st = kv_view_shares(dst, src, KV__COPY_OVERLAP_WORK, &shares);
+            if (st == KV_ERR_TOO_COSTLY)
+                return kv__error(KV_ERR_OVERLAP,
+                                 "kv_view_copy: could not prove dst and src disjoint within %lld "
+                                 "steps (dst bytes [%lld,%lld) of %p, src bytes [%lld,%lld) of %p)",
+                                 (long long)KV__COPY_OVERLAP_WORK, (long long)dlo, (long long)dhi,
+                                 dst->base, (long long)slo, (long long)shi, src->base);
+            if (st != KV_OK)
+                return st;
+            if (shares)
+                return kv__error(KV_ERR_OVERLAP,
+                                 "kv_view_copy: dst and src share elements (dst bytes [%lld,%lld) "
+                                 "of %p, src bytes [%lld,%lld) of %p)",
+                                 (long long)dlo, (long long)dhi, dst->base, (long long)slo,
+                                 (long long)shi, src->base);
+        }
+        kv__view_copy_unchecked(dst, src);
+    }
+    kv__copy_count(KV_COPY_VIEW_COPY, bytes);
+    return kv__ok();
+}

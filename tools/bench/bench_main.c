@@ -1,0 +1,334 @@
+/*
+ * bench_main.c - the kvbench driver: argument parsing, the suite registry,
+ * timing helpers and the JSON-lines output described in shared BENCH.md.
+ *
+ *   kvbench [--bench SUBSTR] [--case SUBSTR] [--quick] [--list] [--out FILE]
+ *
+ * Suites run in registration order (link order, then order in each file).
+ * Every result is one JSON object on stdout, also appended to --out
+ * (default bench/results.jsonl; its directory is created as needed).
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "kv_mem.h"
+
+#define KVB_MAX_SUITES 128
+#define KVB_DEFAULT_OUT "bench/results.jsonl"
+
+static struct {
+    const char *area;
+    kvb_suite_fn fn;
+} kvb__suites[KVB_MAX_SUITES];
+static int kvb__nsuites;
+
+static const char *kvb__case_filter;  /* substring of case names, or NULL */
+static const char *kvb__bench_filter; /* substring of bench names, or NULL */
+static int kvb__quick_flag;
+static int kvb__list_mode; /* --list: print "bench case" for each selected case, run nothing */
+static int kvb__matched;   /* cases selected so far */
+static FILE *kvb__out;     /* results file, or NULL when it could not be opened */
+
+void kvb_register(const char *area, kvb_suite_fn fn)
+{
+    if (kvb__nsuites >= KVB_MAX_SUITES) {
+        fprintf(stderr, "kvbench: more than %d suites registered (raise KVB_MAX_SUITES)\n",
+                KVB_MAX_SUITES);
+        exit(2);
+    }
+    kvb__suites[kvb__nsuites].area = area;
+    kvb__suites[kvb__nsuites].fn = fn;
+    kvb__nsuites++;
+}
+
+int kvb_selected(const char *bench, const char *case_name)
+{
+    if (kvb__bench_filter && !strstr(bench, kvb__bench_filter))
+        return 0;
+    if (kvb__case_filter && !strstr(case_name, kvb__case_filter))
+        return 0;
+    kvb__matched++;
+    if (kvb__list_mode) {
+        printf("%s %s\n", bench, case_name);
+        return 0;
+    }
+    return 1;
+}
+
+int kvb_quick(void)
+{
+    return kvb__quick_flag;
+}
+
+int kvb_runs(void)
+{
+    const char *e = getenv("KVB_RUNS");
+    if (e && atoi(e) > 0)
+        return atoi(e);
+    return kvb__quick_flag ? 3 : 9;
+}
+
+double kvb_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int kvb__cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double kvb_median(const double *v, int n)
+{
+    double tmp[256];
+    double *c = tmp;
+    double m;
+
+    if (n <= 0)
+        return 0.0;
+    if (n > (int)(sizeof(tmp) / sizeof(tmp[0]))) {
+        c = kv_mem_alloc((size_t)n * sizeof(double));
+        if (!c) {
+            fprintf(stderr, "kvbench: out of memory in kvb_median\n");
+            exit(2);
+        }
+    }
+    memcpy(c, v, (size_t)n * sizeof(double));
+    qsort(c, (size_t)n, sizeof(double), kvb__cmp_double);
+    m = n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
+    if (c != tmp)
+        kv_mem_free(c);
+    return m;
+}
+
+/* splitmix64: fast, and every call with a new seed gives new data. */
+static uint64_t kvb__splitmix(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void kvb_fill_random(void *p, size_t bytes, uint64_t seed)
+{
+    static uint64_t calls;
+    uint64_t x = seed ^ (0xD1B54A32D192ED03ull * ++calls);
+    unsigned char *b = p;
+    size_t i = 0;
+
+    for (; i + 8 <= bytes; i += 8) {
+        /* Non-zero bytes: OR a 1 into each so no page is ever all zero. */
+        uint64_t v = kvb__splitmix(&x) | 0x0101010101010101ull;
+        memcpy(b + i, &v, 8);
+    }
+    for (; i < bytes; i++)
+        b[i] = (unsigned char)(kvb__splitmix(&x) | 1);
+}
+
+void *kvb_alloc(size_t bytes)
+{
+    void *p = kv_mem_alloc_aligned(4096, bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "kvbench: cannot allocate %zu bytes\n", bytes);
+        exit(2);
+    }
+    return p;
+}
+
+void kvb_free(void *p)
+{
+    kv_mem_free(p);
+}
+
+void kvb_progress(const char *bench, const char *case_name)
+{
+    if (isatty(STDERR_FILENO))
+        fprintf(stderr, "\r\033[K[kvbench] %s %s ...", bench, case_name);
+}
+
+static void kvb__progress_done(void)
+{
+    if (isatty(STDERR_FILENO))
+        fprintf(stderr, "\r\033[K");
+}
+
+/* JSON string body: the names we print are plain ASCII, but escape anyway. */
+static void kvb__json_str(char *buf, size_t cap, const char *s)
+{
+    size_t n = 0;
+    for (; *s && n + 7 < cap; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') {
+            buf[n++] = '\\';
+            buf[n++] = (char)ch;
+        } else if (ch < 0x20) {
+            n += (size_t)snprintf(buf + n, cap - n, "\\u%04x", ch);
+        } else {
+            buf[n++] = (char)ch;
+        }
+    }
+    buf[n] = '\0';
+}
+
+static void kvb__emit_line(const char *fmt, ...) KV_PRINTF(1, 2);
+
+static void kvb__emit_line(const char *fmt, ...)
+{
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    kvb__progress_done();
+    printf("%s%s}\n", line, kvb__quick_flag ? ",\"quick\":true" : "");
+    fflush(stdout);
+    if (kvb__out) {
+        fprintf(kvb__out, "%s%s}\n", line, kvb__quick_flag ? ",\"quick\":true" : "");
+        fflush(kvb__out);
+    }
+}
+
+void kvb_emit_gbps(const char *bench, const char *case_name, uint64_t bytes, double cand_s,
+                   const char *baseline, double base_s, int runs)
+{
+    char b[128], c[256], bl[64];
+    const double g = cand_s > 0 ? (double)bytes / cand_s / 1e9 : 0.0;
+    const double bg = base_s > 0 ? (double)bytes / base_s / 1e9 : 0.0;
+    kvb__json_str(b, sizeof(b), bench);
+    kvb__json_str(c, sizeof(c), case_name);
+    kvb__json_str(bl, sizeof(bl), baseline);
+    kvb__emit_line("{\"bench\":\"%s\",\"case\":\"%s\",\"bytes\":%llu,\"gbps\":%.3f,"
+                   "\"baseline\":\"%s\",\"baseline_gbps\":%.3f,\"ratio\":%.3f,\"runs\":%d",
+                   b, c, (unsigned long long)bytes, g, bl, bg, bg > 0 ? g / bg : 0.0, runs);
+}
+
+void kvb_emit_ops(const char *bench, const char *case_name, uint64_t ops, double cand_s,
+                  const char *baseline, double base_s, int runs)
+{
+    char b[128], c[256], bl[64];
+    const double r = cand_s > 0 ? (double)ops / cand_s : 0.0;
+    const double br = base_s > 0 ? (double)ops / base_s : 0.0;
+    kvb__json_str(b, sizeof(b), bench);
+    kvb__json_str(c, sizeof(c), case_name);
+    kvb__json_str(bl, sizeof(bl), baseline);
+    kvb__emit_line("{\"bench\":\"%s\",\"case\":\"%s\",\"ops\":%llu,\"ops_per_s\":%.6g,"
+                   "\"baseline\":\"%s\",\"baseline_ops_per_s\":%.6g,\"ratio\":%.4g,\"runs\":%d",
+                   b, c, (unsigned long long)ops, r, bl, br, br > 0 ? r / br : 0.0, runs);
+}
+
+void kvb_emit_us(const char *bench, const char *case_name, double cand_us, const char *baseline,
+                 double base_us, int runs)
+{
+    char b[128], c[256], bl[64];
+    kvb__json_str(b, sizeof(b), bench);
+    kvb__json_str(c, sizeof(c), case_name);
+    kvb__json_str(bl, sizeof(bl), baseline);
+    kvb__emit_line("{\"bench\":\"%s\",\"case\":\"%s\",\"us\":%.6g,\"baseline\":\"%s\","
+                   "\"baseline_us\":%.6g,\"ratio\":%.4g,\"higher_is_better\":true,"
+                   "\"ratio_is\":\"baseline_us/us\",\"runs\":%d",
+                   b, c, cand_us, bl, base_us, cand_us > 0 ? base_us / cand_us : 0.0, runs);
+}
+
+void kvb_sink(uint64_t v)
+{
+    static volatile uint64_t sink;
+    sink ^= v;
+}
+
+/* mkdir -p of the directory part of path. */
+static void kvb__mkdir_parent(const char *path)
+{
+    char dir[4096];
+    size_t n = strlen(path);
+    if (n >= sizeof(dir))
+        return;
+    memcpy(dir, path, n + 1);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir)
+        return;
+    *slash = '\0';
+    for (char *p = dir + 1; *p; p++) {
+        if (*p == '/') {
+            *p = '\0';
+            mkdir(dir, 0777);
+            *p = '/';
+        }
+    }
+    mkdir(dir, 0777);
+}
+
+static void kvb__usage(FILE *f)
+{
+    fprintf(f, "usage: kvbench [--bench SUBSTR] [--case SUBSTR] [--quick] [--list] [--out FILE]\n"
+               "  --bench SUBSTR  run only benches whose name contains SUBSTR (view.materialize)\n"
+               "  --case SUBSTR   run only cases whose name contains SUBSTR\n"
+               "  --quick         small sizes, 3 runs (also KVB_QUICK=1); lines get \"quick\":true\n"
+               "  --list          print 'bench case' for every selected case and exit\n"
+               "  --out FILE      append JSON lines to FILE (default " KVB_DEFAULT_OUT ")\n"
+               "env: KVB_RUNS=n overrides the number of interleaved runs\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *out_path = KVB_DEFAULT_OUT;
+    const char *q = getenv("KVB_QUICK");
+
+    kvb__quick_flag = q && q[0] && strcmp(q, "0") != 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if ((!strcmp(a, "--case") || !strcmp(a, "--bench") || !strcmp(a, "--out")) &&
+            i + 1 >= argc) {
+            fprintf(stderr, "kvbench: %s needs a value\n", a);
+            kvb__usage(stderr);
+            return 2;
+        }
+        if (!strcmp(a, "--case"))
+            kvb__case_filter = argv[++i];
+        else if (!strcmp(a, "--bench"))
+            kvb__bench_filter = argv[++i];
+        else if (!strcmp(a, "--out"))
+            out_path = argv[++i];
+        else if (!strcmp(a, "--quick"))
+            kvb__quick_flag = 1;
+        else if (!strcmp(a, "--list"))
+            kvb__list_mode = 1;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            kvb__usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "kvbench: unknown argument '%s'\n", a);
+            kvb__usage(stderr);
+            return 2;
+        }
+    }
+    if (!kvb__list_mode && out_path[0]) {
+        kvb__mkdir_parent(out_path);
+        kvb__out = fopen(out_path, "a");
+        if (!kvb__out)
+            fprintf(stderr, "kvbench: cannot open %s for append (%s); stdout only\n", out_path,
+                    strerror(errno));
+    }
+    for (int i = 0; i < kvb__nsuites; i++)
+        kvb__suites[i].fn();
+    kvb__progress_done();
+    if (kvb__out)
+        fclose(kvb__out);
+    if (kvb__matched == 0) {
+        fprintf(stderr, "kvbench: no case matched (--bench %s --case %s); try --list\n",
+                kvb__bench_filter ? kvb__bench_filter : "*",
+                kvb__case_filter ? kvb__case_filter : "*");
+        return 1;
+    }
+    return 0;
+}
