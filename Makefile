@@ -7,7 +7,7 @@
 #   make install PREFIX=/opt/kv
 #
 # Options: SANITIZE=address|undefined|thread|address,undefined  CUDA=auto|0|1
-#          RDMA=auto|0|1  WERROR=1 (default when CI is set)  BUILD=dir
+#          RDMA=auto|0|1  WERROR=1 (default when CI is set)  BUILD=dir  V=1 (show commands)
 
 PREFIX    ?= /usr/local
 CUDA      ?= auto
@@ -17,6 +17,8 @@ CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
 CLANG     ?= clang
 WERROR    ?= $(if $(CI),1,0)
+V         ?= 0
+Q         := $(if $(filter 1,$(V)),,@)
 JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
 
 comma := ,
@@ -99,41 +101,50 @@ info:
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(ALLCFLAGS) -c $< -o $@
+	@$(if $(Q),echo '  CC     $<')
+	$(Q)$(CC) $(ALLCFLAGS) -c $< -o $@
 
 $(BUILD)/obj/%.cu.o: %.cu $(foreach m,$(MODULES),$(wildcard $(m)/*.h))
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCC_ALL) -c $< -o $@
+	@$(if $(Q),echo '  NVCC   $<')
+	$(Q)$(NVCC) $(NVCC_ALL) -c $< -o $@
 
 $(LIB_A): $(OBJ)
 	@mkdir -p $(dir $@)
-	rm -f $@ && $(AR) rcs $@ $^
+	@$(if $(Q),echo '  AR     $@')
+	$(Q)rm -f $@ && $(AR) rcs $@ $^
 
 $(LIB_SO): $(OBJ)
-	$(CC) -shared -o $@ $^ $(SAN_FLAGS) $(LIBS)
+	@$(if $(Q),echo '  LD     $@')
+	$(Q)$(CC) -shared -o $@ $^ $(SAN_FLAGS) $(LIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c $(TEST_COMMON) $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALLCFLAGS) $(TEST_DEFS) -o $@ $< $(TEST_COMMON) $(LIB_A) -lcmocka $(LIBS)
+	@$(if $(Q),echo '  TEST   $@')
+	$(Q)$(CC) $(ALLCFLAGS) $(TEST_DEFS) -o $@ $< $(TEST_COMMON) $(LIB_A) -lcmocka $(LIBS)
 
 # Integration tests use the public API only: linked against the shared library.
 $(BUILD)/tests/%: tests/integration/%.c $(TEST_COMMON) $(LIB_SO)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALLCFLAGS) $(TEST_DEFS) -o $@ $< $(TEST_COMMON) -L$(BUILD) \
+	@$(if $(Q),echo '  TEST   $@')
+	$(Q)$(CC) $(ALLCFLAGS) $(TEST_DEFS) -o $@ $< $(TEST_COMMON) -L$(BUILD) \
 	    -Wl,-rpath,'$$ORIGIN/..' -lkvcache -lcmocka $(LIBS)
 
 $(CLI): tools/kvcache.c $(LIB_A)
-	$(CC) $(ALLCFLAGS) -o $@ $< $(LIB_A) $(LIBS)
+	@$(if $(Q),echo '  LD     $@')
+	$(Q)$(CC) $(ALLCFLAGS) -o $@ $< $(LIB_A) $(LIBS)
 
 $(BENCH): $(BENCH_SRC) $(LIB_A)
-	$(CC) $(ALLCFLAGS) -Itools/bench -o $@ $(BENCH_SRC) $(LIB_A) $(LIBS)
+	@$(if $(Q),echo '  LD     $@')
+	$(Q)$(CC) $(ALLCFLAGS) -Itools/bench -o $@ $(BENCH_SRC) $(LIB_A) $(LIBS)
 
 tests: $(TESTS)
 
 # GPU tests: built with CUDA, run by scripts/gpu-check.sh where a GPU exists.
 $(BUILD)/gpu/%: tests/gpu/%.c $(LIB_A)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALLCFLAGS) $(TEST_DEFS) -o $@ $< $(LIB_A) $(LIBS)
+	@$(if $(Q),echo '  GPU    $@')
+	$(Q)$(CC) $(ALLCFLAGS) $(TEST_DEFS) -o $@ $< $(LIB_A) $(LIBS)
 
 gpu-tests: $(GPU_TESTS)
 
@@ -154,7 +165,8 @@ FUZZ_CFLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize
                -DKV_USE_LIBC_MALLOC -D_GNU_SOURCE -DKV_HAVE_CUDA=0 -DKV_HAVE_RDMA=0 $(INCLUDES)
 $(BUILD)/fuzz/%: tests/fuzz/%.c $(wildcard kvcache/*.c kvcache/*.h)
 	@mkdir -p $(dir $@)
-	$(CLANG) $(FUZZ_CFLAGS) -o $@ $< $(filter-out %_cuda.c %_verbs.c,$(wildcard kvcache/*.c)) -lxxhash -lm
+	@$(if $(Q),echo '  FUZZ   $@')
+	$(Q)$(CLANG) $(FUZZ_CFLAGS) -o $@ $< $(filter-out %_cuda.c %_verbs.c,$(wildcard kvcache/*.c)) -lxxhash -lm
 
 fuzz: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) $(FUZZ_BINS)
