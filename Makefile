@@ -7,6 +7,7 @@
 #   make install PREFIX=/opt/kv
 #
 # Options: SANITIZE=address|undefined|thread|address,undefined  CUDA=auto|0|1
+#          DEBUG=1 (-O0, invariants checked after every op)
 #          RDMA=auto|0|1  WERROR=1 (default when CI is set)  BUILD=dir  V=1 (show commands)
 
 PREFIX    ?= /usr/local
@@ -22,7 +23,8 @@ Q         := $(if $(filter 1,$(V)),,@)
 JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
 
 comma := ,
-BUILD ?= build$(if $(SANITIZE),-$(subst $(comma),-,$(SANITIZE)))
+DEBUG ?= 0
+BUILD ?= build$(if $(SANITIZE),-$(subst $(comma),-,$(SANITIZE)))$(if $(filter 1,$(DEBUG)),-debug)
 
 ifeq ($(CUDA),auto)
 HAVE_CUDA := $(if $(NVCC),1,0)
@@ -41,9 +43,15 @@ WARN     := -std=c11 -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes \
 ifeq ($(WERROR),1)
 WARN     += -Werror
 endif
+ifeq ($(DEBUG),1)
+# Debug: no optimization, full invariant checks after every pool/page-table op.
+OPT      ?= -O0 -g
+DEBUG_DEFS := -DKV_DEBUG_CHECKS
+else
 OPT      ?= -O2 -g
+endif
 INCLUDES := $(addprefix -I,$(MODULES))
-DEFS     := -D_GNU_SOURCE -DKV_HAVE_CUDA=$(HAVE_CUDA) -DKV_HAVE_RDMA=$(HAVE_RDMA)
+DEFS     := -D_GNU_SOURCE -DKV_HAVE_CUDA=$(HAVE_CUDA) -DKV_HAVE_RDMA=$(HAVE_RDMA) $(DEBUG_DEFS)
 ALLCFLAGS = $(WARN) $(OPT) -fPIC -fvisibility=hidden -pthread -MMD -MP $(DEFS) $(INCLUDES) \
             $(SAN_FLAGS) $(CFLAGS)
 
