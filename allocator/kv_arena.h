@@ -33,6 +33,10 @@
 
 #include "kv_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct kv_arena kv_arena;
 
 enum kv_mem_kind {
@@ -111,5 +115,9 @@ KV_API bool kv_arena_huge_pages(const kv_arena *arena);
  */
 KV_API kv_status kv_arena_regions(const kv_arena *arena, struct kv_mem_region *out, size_t cap,
                                   size_t *n);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* KV_ARENA_H */

@@ -57,6 +57,10 @@
 #include "kv_block_ops.h"
 #include "kv_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct kv_block_pool kv_block_pool;
 
 /* The reserved null block: never handed out. */
@@ -228,5 +232,9 @@ KV_API kv_status kv_block_pool_ops(kv_block_pool *pool, struct kv_block_ops *out
  * check, taking the mutex. KV_OK, or KV_ERR_INTERNAL naming the broken
  * equation and the block. */
 kv_status kv__block_pool_check(kv_block_pool *pool);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* KV_BLOCK_POOL_H */

@@ -52,6 +52,10 @@
 #include "kv_status.h"
 #include "kv_view.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Order of (token, head) inside a block; head_dim is always innermost. */
 typedef enum kv_order {
     KV_ORDER_NHD = 0, /* [N][H][D] (vLLM flash-attn, FlashInfer "NHD") */
@@ -202,5 +206,9 @@ KV_API int kv_layout_describe(const struct kv_layout *lo, char *buf, size_t cap)
 
 KV_API const char *kv_order_name(kv_order o);     /* "NHD", "HND", "?" */
 KV_API const char *kv_arrange_name(kv_arrange a); /* "layer-major", "block-major", "?" */
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* KV_LAYOUT_H */

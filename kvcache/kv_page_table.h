@@ -55,6 +55,10 @@
 #include "kv_block_ops.h"
 #include "kv_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct kv_page_table kv_page_table;
 
 /* Parent hash of a sequence's first block in commit_full. */
@@ -219,5 +223,9 @@ KV_API kv_status kv_page_table_export_flashinfer(const kv_page_table *pt, const 
                                                  uint32_t n_seqs,
                                                  const struct kv_flashinfer_export *out,
                                                  uint64_t *nnz_out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* KV_PAGE_TABLE_H */
