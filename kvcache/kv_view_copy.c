@@ -10,13 +10,16 @@
  *      dim k into k+1 when BOTH views have stride[k] == stride[k+1]*shape[k+1].
  *   2. runs:      both innermost strides are 1 element -> memcpy of each run
  *                 over the outer index space (one memcpy when fully contiguous);
- *                 short runs prefetch the next outer slab, copies >= 32 MiB
- *                 write dst with streaming stores.
+ *                 short runs prefetch the next outer slab. Copies >= 32 MiB
+ *                 (x86) instead walk in src order, several src streams at
+ *                 once, and write dst with streaming stores.
  *   3. transpose: one side has stride 1 innermost, the other side has its
  *                 stride-1 dim elsewhere -> cache-tiled 2-D transpose between
  *                 those two dims, register-blocked (SSE2 on x86-64, a plain C
  *                 block elsewhere), for each index of the other dims; large
- *                 ones go through a padded staging tile (see below).
+ *                 ones go through a padded staging tile, and copies >= 32 MiB
+ *                 (x86) also build whole dst row segments in an L1 buffer and
+ *                 write them with streaming stores (see below).
  *   4. generic:   N-d odometer over the outer dims, typed strided inner loop.
  *
  * Measured choices (tile sizes, staging, streaming) are in docs/benchmarks.md.
@@ -242,8 +245,9 @@ static KV__ALWAYS_INLINE bool kv__odometer_next(const struct kv__copy_plan *p, c
 #define KV__PF_SLAB_MAX ((int64_t)256 << 10)
 
 /* Copies moving at least this much write dst with streaming (non-temporal)
- * stores: dst lines are not read for ownership first, as `rep movsb` in a
- * large memcpy does, and the copy does not evict the caller's working set. */
+ * stores: dst lines are not read for ownership first (a plain store pays a
+ * read, then a write-back, per line), and the copy does not evict the
+ * caller's working set. Used by the runs and the transpose paths. */
 #define KV__STREAM_MIN_BYTES ((int64_t)32 << 20)
 
 static bool kv__stream_ok(const struct kv__copy_plan *p, size_t run)

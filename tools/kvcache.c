@@ -329,6 +329,13 @@ static int cmd_cache(int argc, char **argv)
         fprintf(stderr, "kvcache cache: --seqs takes 1..8 comma-separated lengths\n");
         return 2;
     }
+    for (int i = 0; i < nseqs; i++) {
+        if (lens[i] < 0 || lens[i] > 4096) {
+            fprintf(stderr, "kvcache cache: --seqs length %lld is outside 0..4096\n",
+                    (long long)lens[i]);
+            return 2;
+        }
+    }
     st = kv_cache_create(&cfg, &c);
     if (st != KV_OK)
         return cache_fail("create", st);
@@ -352,7 +359,7 @@ static int cmd_cache(int argc, char **argv)
     /* Sequences with token ids; the third one repeats the first one's prompt. */
     for (int i = 0; i < nseqs && rc == 0; i++) {
         int32_t toks[4096];
-        uint64_t cached = 0, n = (uint64_t)(lens[i] > 4096 ? 4096 : lens[i] < 0 ? 0 : lens[i]);
+        uint64_t cached = 0, n = (uint64_t)lens[i];
         for (uint64_t t = 0; t < n; t++)
             toks[t] = (int32_t)(100 + t);
         st = kv_page_table_seq_create_from_prefix(pt, toks, n, &ids[i], &cached);
