@@ -249,6 +249,30 @@ fail_pt:
                      cfg->max_seqs);
 }
 
+/* Release blocks[from..n) of s last-to-first: the pool puts each block that
+ * reaches ref 0 at the tail of its LRU list, so releasing the tail of a
+ * sequence first leaves its prefix (the blocks most worth keeping cached)
+ * the last to be evicted. The array is restored if the release fails. */
+static void reverse_ids(uint32_t *ids, uint32_t n)
+{
+    for (uint32_t i = 0, j = n ? n - 1 : 0; i < j; i++, j--) {
+        uint32_t t = ids[i];
+        ids[i] = ids[j];
+        ids[j] = t;
+    }
+}
+
+static kv_status release_tail(kv_page_table *pt, struct kv__seq *s, uint32_t from)
+{
+    uint32_t n = s->n_blocks - from;
+    kv_status st;
+    reverse_ids(s->blocks + from, n);
+    st = pt->cfg.ops.release(pt->cfg.ops.ctx, s->blocks + from, n);
+    if (st != KV_OK)
+        reverse_ids(s->blocks + from, n);
+    return st;
+}
+
 void kv_page_table_destroy(kv_page_table *pt)
 {
     if (!pt)
@@ -256,7 +280,7 @@ void kv_page_table_destroy(kv_page_table *pt)
     for (uint32_t i = 0; i < pt->cfg.max_seqs; i++) {
         struct kv__seq *s = &pt->seqs[i];
         if (s->live && s->n_blocks)
-            (void)pt->cfg.ops.release(pt->cfg.ops.ctx, s->blocks, s->n_blocks);
+            (void)release_tail(pt, s, 0);
         seq_free_arrays(s);
     }
     kv_mem_free(pt->copies);
@@ -530,7 +554,7 @@ kv_status kv_page_table_seq_truncate(kv_page_table *pt, uint32_t seq, uint64_t n
                          seq, n_tokens, s->n_tokens);
     uint32_t keep = (uint32_t)((n_tokens + pt->N - 1) / pt->N);
     if (keep < s->n_blocks) {
-        kv_status st = pt->cfg.ops.release(pt->cfg.ops.ctx, s->blocks + keep, s->n_blocks - keep);
+        kv_status st = release_tail(pt, s, keep);
         if (st != KV_OK)
             return kv__error(st,
                              "kv_page_table_seq_truncate: releasing %" PRIu32
@@ -554,7 +578,7 @@ kv_status kv_page_table_seq_free(kv_page_table *pt, uint32_t seq)
     if (!s)
         return bad_seq("kv_page_table_seq_free", pt, seq);
     if (s->n_blocks) {
-        kv_status st = pt->cfg.ops.release(pt->cfg.ops.ctx, s->blocks, s->n_blocks);
+        kv_status st = release_tail(pt, s, 0);
         if (st != KV_OK)
             return kv__error(st,
                              "kv_page_table_seq_free: releasing %" PRIu32 " blocks of seq %" PRIu32

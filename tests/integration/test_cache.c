@@ -243,6 +243,38 @@ static void test_cache_prefix_reuse(void **state)
     kv_cache_destroy(c);
 }
 
+/* Freed sequences release last-to-first, so under memory pressure the pool
+ * evicts a cached prefix from its tail and the head stays reusable. */
+static void test_cache_prefix_survives_pressure(void **state)
+{
+    struct kv_cache_config cfg;
+    kv_cache *c = NULL;
+    kv_page_table *pt;
+    uint32_t a, b, d;
+    uint64_t cached = 99;
+    int32_t toks[13], other[8];
+    (void)state;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.layout = (struct kv_layout_config){.num_layers = 1, .num_blocks = 5, .block_tokens = 4,
+                                           .num_heads = 1, .head_dim = 8, .dtype = KV_F16};
+    cfg.max_seqs = 4;
+    cfg.enable_prefix_caching = true;
+    assert_int_equal(kv_cache_create(&cfg, &c), KV_OK); /* 4 usable blocks */
+    pt = kv_cache_page_table(c);
+    for (int i = 0; i < 13; i++)
+        toks[i] = 50 + i;
+    for (int i = 0; i < 8; i++)
+        other[i] = 900 + i;
+    assert_int_equal(kv_page_table_seq_create(pt, &a), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, a, toks, 12), KV_OK); /* 3 full blocks */
+    assert_int_equal(kv_page_table_seq_free(pt, a), KV_OK);
+    assert_int_equal(kv_page_table_seq_create(pt, &b), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, b, other, 8), KV_OK); /* evicts 1 cached */
+    assert_int_equal(kv_page_table_seq_create_from_prefix(pt, toks, 13, &d, &cached), KV_OK);
+    assert_int_equal(cached, 8); /* blocks 1 and 2 of a survived; its last block was evicted */
+    kv_cache_destroy(c);
+}
+
 static void test_cache_bad_config(void **state)
 {
     struct kv_cache_config cfg;
@@ -281,6 +313,7 @@ int main(void)
         cmocka_unit_test(test_cache_block_major_nhd_padded),
         cmocka_unit_test(test_cache_block_major_hnd),
         cmocka_unit_test(test_cache_prefix_reuse),
+        cmocka_unit_test(test_cache_prefix_survives_pressure),
         cmocka_unit_test(test_cache_bad_config),
     };
     return cmocka_run_group_tests_name("cache", tests, NULL, NULL);
