@@ -448,6 +448,59 @@ static void test_view_copy_random_views(void **state)
 
 /* ---- bad input ---------------------------------------------------------- */
 
+/* The streaming paths only start at 32 MiB: odd-sized transposes and a page
+ * permute above that size, into aligned, misaligned (offset 1 element) and
+ * padded destinations, checked element by element and over the whole pool. */
+static void test_view_copy_large_streaming_paths(void **state)
+{
+    uint64_t rng = SEED ^ 0x1A26E;
+    struct kv_view s, t, d;
+    (void)state;
+    {
+        int64_t shape[2] = {3000, 3001}; /* 36 MB f32 */
+        s = make_src(KV_F32, 2, shape, 0, &rng);
+        assert_int_equal(kv_view_transpose(&s, 0, 1, &t), KV_OK);
+        check_materialize(&t);
+        {
+            int64_t dshape[2] = {3001, 3000}, dstr[2] = {3000, 1};
+            size_t bytes = (size_t)3001 * 3000 * 4 + 64;
+            void *pool = xalloc(bytes);
+            assert_int_equal(kv_view_init(&d, pool, bytes, KV_F32, 2, dshape), KV_OK);
+            assert_int_equal(kv_view_as_strided(&d, 2, dshape, dstr, 1, &d), KV_OK);
+            check_copy(&d, &t); /* dst 4 bytes off 16-byte alignment */
+            kv_mem_free(pool);
+        }
+        kv_mem_free(s.base);
+    }
+    {
+        int64_t shape[2] = {4099, 4100}; /* 33.6 MB f16 */
+        s = make_src(KV_F16, 2, shape, 0, &rng);
+        assert_int_equal(kv_view_transpose(&s, 0, 1, &t), KV_OK);
+        check_materialize(&t);
+        kv_mem_free(s.base);
+    }
+    {
+        int64_t shape[4] = {1030, 16, 8, 128}; /* 33.75 MB bf16, NHD -> HND */
+        int perm[4] = {0, 2, 1, 3};
+        s = make_src(KV_BF16, 4, shape, 0, &rng);
+        assert_int_equal(kv_view_permute(&s, perm, &t), KV_OK);
+        check_both(&t);
+        {
+            int64_t dshape[4] = {1030, 8, 16, 128};
+            int64_t dstr[4] = {16 * 8 * 128 + 64, 16 * 128, 128, 1}; /* padded blocks */
+            int64_t pool_elems = 1030 * dstr[0] + 8;
+            void *pool = xalloc((size_t)pool_elems * 2);
+            assert_int_equal(kv_view_init(&d, pool, (size_t)pool_elems * 2, KV_BF16, 1,
+                                          &pool_elems),
+                             KV_OK);
+            assert_int_equal(kv_view_as_strided(&d, 4, dshape, dstr, 3, &d), KV_OK);
+            check_copy(&d, &t);
+            kv_mem_free(pool);
+        }
+        kv_mem_free(s.base);
+    }
+}
+
 static void test_view_copy_rejects_null(void **state)
 {
     (void)state;
@@ -616,6 +669,7 @@ int main(void)
         cmocka_unit_test(test_view_copy_zero_dim_and_empty),
         cmocka_unit_test(test_view_copy_into_strided_pool),
         cmocka_unit_test(test_view_copy_random_views),
+        cmocka_unit_test(test_view_copy_large_streaming_paths),
         cmocka_unit_test(test_view_copy_rejects_null),
         cmocka_unit_test(test_view_copy_rejects_shape_mismatch),
         cmocka_unit_test(test_view_copy_rejects_dtype_mismatch),
