@@ -99,6 +99,10 @@ static kv_status kv__check_geometry(const char *fn, kv_dtype dtype, int ndim, co
     if (!kv__shape_numel(shape, ndim, &numel))
         return kv__error(KV_ERR_OVERFLOW, "%s: element count of shape %s overflows int64", fn,
                          kv__fmt_list(b1, sizeof(b1), shape, ndim));
+    if (base && (uintptr_t)base % es != 0)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: storage base %p is not aligned to the %zu-byte element size of %s",
+                         fn, base, es, kv_dtype_name(dtype));
     if (numel == 0)
         return KV_OK;
     if (!base)
@@ -236,6 +240,30 @@ static kv_status kv__bad_dim(const char *fn, int dim, int ndim)
                      dim, ndim, ndim ? -ndim : -1, ndim ? ndim - 1 : 0);
 }
 
+/* Entry check of every op: src must satisfy the view invariants (O(ndim)),
+ * so a hand-built view with a bad ndim, size, stride or offset is refused
+ * before any of its arrays is indexed. */
+static kv_status kv__check_src(const char *fn, const struct kv_view *src)
+{
+    return kv__check_geometry(fn, src->dtype, src->ndim, src->shape, src->strides, src->offset,
+                              src->base, src->storage_bytes);
+}
+
+/* *off += idx * stride with overflow detection (empty views may carry
+ * strides no element ever uses, so these products are not bounded by the
+ * storage). */
+static kv_status kv__offset_add(const char *fn, int64_t *off, int64_t idx, int64_t stride)
+{
+    int64_t t;
+    if (!kv__mul_i64(idx, stride, &t) || !kv__add_i64(*off, t, &t))
+        return kv__error(KV_ERR_OVERFLOW,
+                         "%s: offset %" PRId64 " + %" PRId64 " * stride %" PRId64
+                         " overflows int64",
+                         fn, *off, idx, stride);
+    *off = t;
+    return KV_OK;
+}
+
 kv_status kv_view_permute(const struct kv_view *src, const int *perm, struct kv_view *out)
 {
     struct kv_view t;
@@ -243,6 +271,11 @@ kv_status kv_view_permute(const struct kv_view *src, const int *perm, struct kv_
 
     if (!src || !out || (!perm && src->ndim > 0))
         return kv__view_null("kv_view_permute", src, "src", perm, "perm");
+    {
+        kv_status st0 = kv__check_src("kv_view_permute", src);
+        if (st0 != KV_OK)
+            return st0;
+    }
     t = *src;
     for (int i = 0; i < src->ndim; i++) {
         int d;
@@ -270,6 +303,11 @@ kv_status kv_view_transpose(const struct kv_view *src, int dim0, int dim1, struc
 
     if (!src || !out)
         return kv__view_null("kv_view_transpose", src, "src", out, "out");
+    {
+        kv_status st0 = kv__check_src("kv_view_transpose", src);
+        if (st0 != KV_OK)
+            return st0;
+    }
     if (src->ndim == 0 && (dim0 == 0 || dim0 == -1) && (dim1 == 0 || dim1 == -1)) {
         *out = *src; /* PyTorch allows transpose(0, 0) of a 0-d tensor */
         return kv__ok();
@@ -294,6 +332,11 @@ kv_status kv_view_slice(const struct kv_view *src, int dim, int64_t start, int64
 
     if (!src || !out)
         return kv__view_null("kv_view_slice", src, "src", out, "out");
+    {
+        kv_status st0 = kv__check_src("kv_view_slice", src);
+        if (st0 != KV_OK)
+            return st0;
+    }
     if (!kv__wrap_dim(dim, src->ndim, &d))
         return kv__bad_dim("kv_view_slice", dim, src->ndim);
     if (step <= 0)
@@ -311,7 +354,8 @@ kv_status kv_view_slice(const struct kv_view *src, int dim, int64_t start, int64
     if (stop < start)
         stop = start;
     t = *src;
-    t.offset += start * src->strides[d];
+    if (kv__offset_add("kv_view_slice", &t.offset, start, src->strides[d]) != KV_OK)
+        return KV_ERR_OVERFLOW;
     t.shape[d] = len;
     if (!kv__mul_i64(src->strides[d], step, &t.strides[d]))
         return kv__error(KV_ERR_OVERFLOW, "kv_view_slice: stride %" PRId64 " * step %" PRId64
@@ -329,6 +373,11 @@ kv_status kv_view_narrow(const struct kv_view *src, int dim, int64_t start, int6
 
     if (!src || !out)
         return kv__view_null("kv_view_narrow", src, "src", out, "out");
+    {
+        kv_status st0 = kv__check_src("kv_view_narrow", src);
+        if (st0 != KV_OK)
+            return st0;
+    }
     if (!kv__wrap_dim(dim, src->ndim, &d))
         return kv__bad_dim("kv_view_narrow", dim, src->ndim);
     size = src->shape[d];
@@ -344,7 +393,8 @@ kv_status kv_view_narrow(const struct kv_view *src, int dim, int64_t start, int6
                          " exceeds dim %d of size %" PRId64,
                          start, length, d, size);
     t = *src;
-    t.offset += start * src->strides[d];
+    if (kv__offset_add("kv_view_narrow", &t.offset, start, src->strides[d]) != KV_OK)
+        return KV_ERR_OVERFLOW;
     t.shape[d] = length;
     *out = t;
     return kv__ok();
@@ -358,6 +408,11 @@ kv_status kv_view_select(const struct kv_view *src, int dim, int64_t index, stru
 
     if (!src || !out)
         return kv__view_null("kv_view_select", src, "src", out, "out");
+    {
+        kv_status st0 = kv__check_src("kv_view_select", src);
+        if (st0 != KV_OK)
+            return st0;
+    }
     if (!kv__wrap_dim(dim, src->ndim, &d))
         return kv__bad_dim("kv_view_select", dim, src->ndim);
     size = src->shape[d];
@@ -368,7 +423,8 @@ kv_status kv_view_select(const struct kv_view *src, int dim, int64_t index, stru
     if (index < 0)
         index += size;
     t = *src;
-    t.offset += index * src->strides[d];
+    if (kv__offset_add("kv_view_select", &t.offset, index, src->strides[d]) != KV_OK)
+        return KV_ERR_OVERFLOW;
     for (int i = d; i < src->ndim - 1; i++) {
         t.shape[i] = src->shape[i + 1];
         t.strides[i] = src->strides[i + 1];
@@ -387,6 +443,11 @@ kv_status kv_view_unsqueeze(const struct kv_view *src, int dim, struct kv_view *
 
     if (!src || !out)
         return kv__view_null("kv_view_unsqueeze", src, "src", out, "out");
+    {
+        kv_status st0 = kv__check_src("kv_view_unsqueeze", src);
+        if (st0 != KV_OK)
+            return st0;
+    }
     if (src->ndim >= KV_MAX_DIMS)
         return kv__error(KV_ERR_BAD_DIM, "kv_view_unsqueeze: view already has %d dims (max %d)",
                          src->ndim, KV_MAX_DIMS);
@@ -398,7 +459,12 @@ kv_status kv_view_unsqueeze(const struct kv_view *src, int dim, struct kv_view *
         t.strides[i] = src->strides[i - 1];
     }
     t.shape[d] = 1;
-    t.strides[d] = d >= src->ndim ? 1 : src->shape[d] * src->strides[d];
+    t.strides[d] = 1;
+    if (d < src->ndim && !kv__mul_i64(src->shape[d], src->strides[d], &t.strides[d]))
+        return kv__error(KV_ERR_OVERFLOW,
+                         "kv_view_unsqueeze: size %" PRId64 " * stride %" PRId64
+                         " of dim %d overflows int64",
+                         src->shape[d], src->strides[d], d);
     t.ndim++;
     *out = t;
     return kv__ok();
@@ -410,6 +476,11 @@ kv_status kv_view_squeeze(const struct kv_view *src, int dim, struct kv_view *ou
 
     if (!src || !out)
         return kv__view_null("kv_view_squeeze", src, "src", out, "out");
+    {
+        kv_status st0 = kv__check_src("kv_view_squeeze", src);
+        if (st0 != KV_OK)
+            return st0;
+    }
     if (src->ndim == 0 && (dim == 0 || dim == -1)) {
         *out = *src;
         return kv__ok();
@@ -433,6 +504,11 @@ kv_status kv_view_expand(const struct kv_view *src, int ndim, const int64_t *sha
 
     if (!src || !out || (!shape && ndim > 0))
         return kv__view_null("kv_view_expand", src, "src", shape, "shape");
+    {
+        kv_status st0 = kv__check_src("kv_view_expand", src);
+        if (st0 != KV_OK)
+            return st0;
+    }
     if (ndim < src->ndim || ndim > KV_MAX_DIMS)
         return kv__error(KV_ERR_BAD_DIM,
                          "kv_view_expand: target has %d dims; it needs %d..%d for a %d-d view",
@@ -452,7 +528,13 @@ kv_status kv_view_expand(const struct kv_view *src, int ndim, const int64_t *sha
             t.shape[i] = want;
             /* PyTorch: a new size-1 dim gets the stride that would make it
              * contiguous with the dim to its right; a broadcast one gets 0. */
-            t.strides[i] = want != 1 ? 0 : (i + 1 < ndim ? t.shape[i + 1] * t.strides[i + 1] : 1);
+            t.strides[i] = want != 1 ? 0 : 1;
+            if (want == 1 && i + 1 < ndim &&
+                !kv__mul_i64(t.shape[i + 1], t.strides[i + 1], &t.strides[i]))
+                return kv__error(KV_ERR_OVERFLOW,
+                                 "kv_view_expand: stride of new dim %d (%" PRId64 " * %" PRId64
+                                 ") overflows int64",
+                                 i, t.shape[i + 1], t.strides[i + 1]);
         } else if (want == -1 || want == src->shape[j]) {
             t.shape[i] = src->shape[j];
             t.strides[i] = src->strides[j];
@@ -479,10 +561,15 @@ kv_status kv_view_diagonal(const struct kv_view *src, int64_t offset, int dim1, 
 {
     struct kv_view t;
     int a, b, k = 0;
-    int64_t sa, sb, size;
+    int64_t sa, sb, size, diag_stride;
 
     if (!src || !out)
         return kv__view_null("kv_view_diagonal", src, "src", out, "out");
+    {
+        kv_status st0 = kv__check_src("kv_view_diagonal", src);
+        if (st0 != KV_OK)
+            return st0;
+    }
     if (!kv__wrap_dim(dim1, src->ndim, &a))
         return kv__bad_dim("kv_view_diagonal", dim1, src->ndim);
     if (!kv__wrap_dim(dim2, src->ndim, &b))
@@ -495,10 +582,15 @@ kv_status kv_view_diagonal(const struct kv_view *src, int64_t offset, int dim1, 
     if (offset >= 0)
         size = offset >= sb ? 0 : (sa < sb - offset ? sa : sb - offset);
     else
-        size = -offset >= sa ? 0 : (sa + offset < sb ? sa + offset : sb);
+        size = offset <= -sa ? 0 : (sa + offset < sb ? sa + offset : sb);
     t = *src;
-    if (size > 0)
-        t.offset += offset >= 0 ? offset * src->strides[b] : -offset * src->strides[a];
+    /* size > 0 bounds |offset| by a dim size, so the negation is safe */
+    if (size > 0 && kv__offset_add("kv_view_diagonal", &t.offset, offset >= 0 ? offset : -offset,
+                                   offset >= 0 ? src->strides[b] : src->strides[a]) != KV_OK)
+        return KV_ERR_OVERFLOW;
+    if (!kv__add_i64(src->strides[a], src->strides[b], &diag_stride))
+        return kv__error(KV_ERR_OVERFLOW, "kv_view_diagonal: strides %" PRId64 " + %" PRId64
+                         " overflow int64", src->strides[a], src->strides[b]);
     for (int i = 0; i < src->ndim; i++) {
         if (i == a || i == b)
             continue;
@@ -507,7 +599,7 @@ kv_status kv_view_diagonal(const struct kv_view *src, int64_t offset, int dim1, 
         k++;
     }
     t.shape[k] = size;
-    t.strides[k] = src->strides[a] + src->strides[b];
+    t.strides[k] = diag_stride;
     t.ndim = k + 1;
     for (int i = t.ndim; i < KV_MAX_DIMS; i++)
         t.shape[i] = t.strides[i] = 0;
@@ -679,6 +771,11 @@ kv_status kv_view_view(const struct kv_view *src, int ndim, const int64_t *shape
 
     if (!src || !out || (!shape && ndim > 0))
         return kv__view_null("kv_view_view", src, "src", shape, "shape");
+    {
+        kv_status st0 = kv__check_src("kv_view_view", src);
+        if (st0 != KV_OK)
+            return st0;
+    }
     st = kv__try_view("kv_view_view", src, ndim, shape, &t, rs, &lo, &hi);
     if (st == KV_ERR_NEEDS_COPY)
         return kv__needs_copy_error("kv_view_view", src, rs, ndim, lo, hi);
@@ -696,6 +793,11 @@ kv_status kv_view_sliding_window(const struct kv_view *src, int dim, int64_t win
 
     if (!src || !out)
         return kv__view_null("kv_view_sliding_window", src, "src", out, "out");
+    {
+        kv_status st0 = kv__check_src("kv_view_sliding_window", src);
+        if (st0 != KV_OK)
+            return st0;
+    }
     if (!kv__wrap_dim(dim, src->ndim, &d))
         return kv__bad_dim("kv_view_sliding_window", dim, src->ndim);
     if (src->ndim >= KV_MAX_DIMS)
@@ -804,6 +906,11 @@ kv_status kv_view_flatten(const struct kv_view *src, int start_dim, int end_dim,
 
     if (!src || !out)
         return kv__view_null("kv_view_flatten", src, "src", out, "out");
+    {
+        kv_status st0 = kv__check_src("kv_view_flatten", src);
+        if (st0 != KV_OK)
+            return st0;
+    }
     if (src->ndim == 0) {
         int64_t one = 1;
         if (!(start_dim == 0 || start_dim == -1) || !(end_dim == 0 || end_dim == -1))

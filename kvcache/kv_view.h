@@ -22,6 +22,22 @@
  * call; on failure *out is left unchanged.
  *
  * Dims may be negative (Python style: -1 is the last dim).
+ *
+ * Statuses. Every op first checks its source against the invariants above
+ * (O(ndim)), so a hand-built view with a bad ndim, size, stride, offset or a
+ * base not aligned to its element size is refused, never indexed. Common to
+ * all ops:
+ *   KV_ERR_NULL          a required pointer is NULL
+ *   KV_ERR_BAD_DIM       a dim outside -ndim..ndim-1, or ndim outside 0..8
+ *   KV_ERR_BAD_SHAPE     a negative or incompatible size (expand, view, reshape)
+ *   KV_ERR_OUT_OF_BOUNDS an index/start/length outside its dim, or a view
+ *                        reaching past its storage (names the last byte)
+ *   KV_ERR_INVALID_ARG   unknown dtype, negative stride, misaligned base,
+ *                        repeated permute dim, step < 1, dim1 == dim2
+ *   KV_ERR_OVERFLOW      an offset or stride product would exceed int64
+ *                        (possible only through strides of empty views)
+ *   KV_ERR_NEEDS_COPY    view / reshape-without-buffer cannot avoid a copy
+ *   KV_ERR_OVERLAP       a copy destination overlaps itself or the source
  * Thread-safe: all functions (they touch only their arguments; the copy
  * counters are atomic).
  */

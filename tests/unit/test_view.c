@@ -594,6 +594,40 @@ static void test_view_describe_line(void **state)
     assert_null(strchr(line, '\n'));
 }
 
+/* Hand-built views are untrusted: a bad ndim, a misaligned base or strides
+ * whose products overflow are refused, never indexed or wrapped. */
+static void test_view_hand_built_views_refused(void **state)
+{
+    struct kv_view v, w, before;
+    int64_t shape[2] = {1, 1}, huge[2] = {(int64_t)1 << 62, (int64_t)1 << 62}, one = 1;
+    (void)state;
+    make(&v, 2, shape);
+    v.ndim = 64;
+    before = v;
+    assert_int_equal(kv_view_select(&v, 40, 0, &w), KV_ERR_BAD_DIM);
+    assert_msg_has("ndim 64");
+    assert_int_equal(kv_view_transpose(&v, 0, 1, &v), KV_ERR_BAD_DIM);
+    assert_memory_equal(&v, &before, sizeof(v));
+    make(&v, 2, shape);
+    v.offset = -3;
+    assert_int_equal(kv_view_narrow(&v, 0, 0, 1, &w), KV_ERR_OUT_OF_BOUNDS);
+    /* [1,1] with strides 2^62: valid (one element), but narrowing both dims
+     * to empty would push the offset past int64 */
+    make(&v, 2, shape);
+    assert_int_equal(kv_view_as_strided(&v, 2, shape, huge, 0, &v), KV_OK);
+    assert_int_equal(kv_view_narrow(&v, 0, 1, 0, &w), KV_OK);
+    assert_int_equal(kv_view_narrow(&w, 1, 1, 0, &w), KV_ERR_OVERFLOW);
+    assert_msg_has("overflows int64");
+    assert_int_equal(kv_view_diagonal(&v, 0, 0, 1, &w), KV_ERR_OVERFLOW); /* 2^62 + 2^62 */
+    make(&v, 2, shape);
+    assert_int_equal(kv_view_diagonal(&v, INT64_MIN, 0, 1, &w), KV_OK); /* empty, no negation */
+    assert_int_equal(w.shape[0], 0);
+    /* a misaligned base for 8-byte elements */
+    assert_int_equal(kv_view_init(&v, (char *)g_buf + 4, 64, KV_I64, 1, &one),
+                     KV_ERR_INVALID_ARG);
+    assert_msg_has("not aligned");
+}
+
 static void test_view_status_names(void **state)
 {
     (void)state;
@@ -624,6 +658,7 @@ int main(void)
         cmocka_unit_test(test_view_reshape_copy_reported_and_counted),
         cmocka_unit_test(test_view_large_offsets_are_64bit),
         cmocka_unit_test(test_view_describe_line),
+        cmocka_unit_test(test_view_hand_built_views_refused),
         cmocka_unit_test(test_view_status_names),
     };
     return cmocka_run_group_tests_name("view", tests, NULL, NULL);
