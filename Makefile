@@ -76,6 +76,7 @@ SRC     := $(filter-out $(if $(filter 1,$(HAVE_CUDA)),,%_cuda.c) \
                         $(if $(filter 1,$(HAVE_RDMA)),,%_verbs.c),$(SRC_ALL))
 CU_SRC  := $(if $(filter 1,$(HAVE_CUDA)),$(foreach m,$(MODULES),$(wildcard $(m)/*.cu)))
 OBJ     := $(SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
+# Installed: every module header except private ones (*_int.h, incl. the CUDA boundaries).
 HEADERS := $(filter-out %_int.h,$(foreach m,$(MODULES),$(wildcard $(m)/*.h)))
 
 NVCCFLAGS ?= -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 \

@@ -1,11 +1,11 @@
 /* kv_arena.c - one aligned arena per cache: host (kv_mem + THP), pinned and
- * device memory (through the CUDA boundary, kv_cuda.h). */
+ * device memory (through the CUDA boundary, kv_arena_cuda_int.h). */
 #include <errno.h>
 #include <string.h>
 #include <sys/mman.h>
 
 #include "kv_arena.h"
-#include "kv_cuda.h"
+#include "kv_arena_cuda_int.h"
 #include "kv_mem.h"
 #include "kvcache_int.h"
 

@@ -1,10 +1,10 @@
 /* kv_arena_cuda.c - pinned host and device memory for arenas through the CUDA
- * runtime. Built only with CUDA (Makefile: *_cuda.c); declared in kv_cuda.h. */
+ * runtime. Built only with CUDA (Makefile: *_cuda.c); declared in kv_arena_cuda_int.h. */
 #include <cuda_runtime_api.h>
 
 #include <stdio.h>
 
-#include "kv_cuda.h"
+#include "kv_arena_cuda_int.h"
 
 /* Copy of this thread's last error, so a message can quote it (kv__error
  * writes into the buffer kv_last_error() points to). */
@@ -62,7 +62,7 @@ void kv__cuda_host_free(void *p)
 
 kv_status kv__cuda_device_alloc(int device, size_t bytes, void **out)
 {
-    int n;
+    int n, prev = 0;
     void *p = NULL;
     char buf[256];
     cudaError_t e;
@@ -73,9 +73,16 @@ kv_status kv__cuda_device_alloc(int device, size_t bytes, void **out)
     if (device < 0 || device >= n)
         return kv__error(KV_ERR_INVALID_ARG, "device memory: device %d out of range [0, %d)",
                          device, n);
-    e = cudaSetDevice(device);
+    /* cudaMalloc allocates on the current device: switch to `device` for the
+     * call and restore the caller's current device afterwards, so creating a
+     * cache never moves the calling thread to another GPU. */
+    e = cudaGetDevice(&prev);
     if (e == cudaSuccess)
+        e = cudaSetDevice(device);
+    if (e == cudaSuccess) {
         e = cudaMalloc(&p, bytes);
+        (void)cudaSetDevice(prev);
+    }
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return kv__error(e == cudaErrorMemoryAllocation ? KV_ERR_NO_MEMORY : KV_ERR_INTERNAL,
@@ -88,8 +95,12 @@ kv_status kv__cuda_device_alloc(int device, size_t bytes, void **out)
 
 void kv__cuda_device_free(int device, void *p)
 {
+    int prev = 0;
     if (!p)
         return;
+    if (cudaGetDevice(&prev) != cudaSuccess)
+        prev = device;
     (void)cudaSetDevice(device);
     (void)cudaFree(p);
+    (void)cudaSetDevice(prev); /* leave the caller on its own device */
 }

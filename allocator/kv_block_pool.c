@@ -9,6 +9,7 @@
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack, no allocation */
 #include <xxhash.h>
 
+#include "allocator_int.h"
 #include "kv_block_pool.h"
 #include "kv_mem.h"
 #include "kvcache_int.h"

@@ -228,10 +228,6 @@ KV_API void kv_block_pool_get_stats(kv_block_pool *pool, struct kv_block_pool_st
  */
 KV_API kv_status kv_block_pool_ops(kv_block_pool *pool, struct kv_block_ops *out);
 
-/* Internal (tests, debug builds): the full O(capacity + table) invariant
- * check, taking the mutex. KV_OK, or KV_ERR_INTERNAL naming the broken
- * equation and the block. */
-kv_status kv__block_pool_check(kv_block_pool *pool);
 
 #ifdef __cplusplus
 }

@@ -39,25 +39,21 @@ kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **out)
         goto undo_alloc;
     }
 
-    memset(&acfg, 0, sizeof(acfg));
-    acfg.kind = cfg->mem_kind;
-    acfg.size_bytes = (size_t)c->layout.total_bytes;
-    acfg.device = cfg->device;
-    acfg.flags = cfg->zero_fill ? KV_ARENA_ZERO : 0;
-    if (c->layout.align_bytes > 64)
-        acfg.align_bytes = (size_t)c->layout.align_bytes;
-    st = kv_arena_create(&acfg, &c->arena);
-    if (st != KV_OK)
-        goto undo_alloc;
-
+    /* Cheap objects first (pool records, page table): a config they refuse
+     * fails before the arena, the big allocation, is made or zeroed. */
     memset(&pcfg, 0, sizeof(pcfg));
     pcfg.num_blocks = (uint32_t)c->layout.num_blocks;
     pcfg.on_event = cfg->on_event;
     pcfg.event_user = cfg->event_user;
     st = kv_block_pool_create(&pcfg, &c->pool);
     if (st != KV_OK)
-        goto undo_arena;
+        goto undo_alloc;
 
+    if (c->layout.block_tokens > UINT32_MAX) {
+        st = kv__error(KV_ERR_INVALID_ARG, "kv_cache_create: block_tokens %" PRId64
+                       " exceeds uint32", c->layout.block_tokens);
+        goto undo_pool;
+    }
     memset(&tcfg, 0, sizeof(tcfg));
     tcfg.block_tokens = (uint32_t)c->layout.block_tokens;
     tcfg.page_ratio = cfg->page_ratio;
@@ -68,22 +64,28 @@ kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **out)
     st = kv_block_pool_ops(c->pool, &tcfg.ops);
     if (st != KV_OK)
         goto undo_pool;
-    if (c->layout.block_tokens > UINT32_MAX) {
-        st = kv__error(KV_ERR_INVALID_ARG, "kv_cache_create: block_tokens %" PRId64
-                       " exceeds uint32", c->layout.block_tokens);
-        goto undo_pool;
-    }
     st = kv_page_table_create(&tcfg, &c->pt);
     if (st != KV_OK)
         goto undo_pool;
 
+    memset(&acfg, 0, sizeof(acfg));
+    acfg.kind = cfg->mem_kind;
+    acfg.size_bytes = (size_t)c->layout.total_bytes;
+    acfg.device = cfg->device;
+    acfg.flags = cfg->zero_fill ? KV_ARENA_ZERO : 0;
+    if (c->layout.align_bytes > 64)
+        acfg.align_bytes = (size_t)c->layout.align_bytes;
+    st = kv_arena_create(&acfg, &c->arena);
+    if (st != KV_OK)
+        goto undo_page_table;
+
     *out = c;
     return kv__ok();
 
+undo_page_table:
+    kv_page_table_destroy(c->pt);
 undo_pool:
     kv_block_pool_destroy(c->pool);
-undo_arena:
-    kv_arena_destroy(c->arena);
 undo_alloc:
     kv_mem_free(c);
     return st;

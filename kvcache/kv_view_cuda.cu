@@ -7,7 +7,7 @@
  */
 #include <cuda_runtime.h>
 
-#include "kv_gpu_boundary.h"
+#include "kv_view_cuda_int.h"
 
 template <typename T>
 __global__ void kv_view_copy_kernel(T *dst, struct kv_view_geom dg, const T *src,

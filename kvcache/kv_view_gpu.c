@@ -1,10 +1,10 @@
 /*
  * kv_view_gpu.c - public entry of device-side view copies: validates on the
- * host, then launches through the CUDA boundary (kv_gpu_boundary.h).
+ * host, then launches through the CUDA boundary (kv_view_cuda_int.h).
  */
 #include <stdio.h>
 
-#include "kv_gpu_boundary.h"
+#include "kv_view_cuda_int.h"
 #include "kv_view_int.h"
 
 static struct kv_view_geom kv__geom(const struct kv_view *v)

@@ -301,6 +301,14 @@ static void test_cache_bad_config(void **state)
             assert_true(strlen(kv_last_error()) > 10);
         }
     }
+    /* A cheap setting is refused before a 2 TiB arena is attempted. */
+    cfg.mem_kind = KV_MEM_HOST;
+    cfg.layout.num_blocks = 1 << 20;
+    cfg.layout.num_heads = 64;
+    cfg.layout.head_dim = 256;
+    cfg.max_seqs = 0;
+    assert_int_equal(kv_cache_create(&cfg, &c), KV_ERR_INVALID_ARG);
+    assert_non_null(strstr(kv_last_error(), "max_seqs"));
     assert_int_equal(kv_cache_create(NULL, &c), KV_ERR_NULL);
     kv_cache_destroy(NULL);
 }

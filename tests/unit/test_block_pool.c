@@ -19,6 +19,7 @@
 #include <xxhash.h>
 
 #include "kv.h"
+#include "allocator_int.h"
 #include "kv_block_pool.h"
 #include "kvtest.h"
 

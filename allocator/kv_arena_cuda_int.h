@@ -1,5 +1,5 @@
 /*
- * kv_cuda.h - the CUDA boundary of the allocator module (private).
+ * kv_arena_cuda_int.h - the CUDA boundary of the allocator module (private).
  *
  * The only place in allocator/ where KV_HAVE_CUDA is tested. With CUDA the
  * calls are implemented in kv_arena_cuda.c (the only file that includes
@@ -12,8 +12,8 @@
  * without a driver) fails at run time with KV_ERR_UNSUPPORTED and the
  * cudaGetDeviceCount() error string; nothing is allocated.
  */
-#ifndef KV_CUDA_H
-#define KV_CUDA_H
+#ifndef KV_ARENA_CUDA_INT_H
+#define KV_ARENA_CUDA_INT_H
 
 #include <stddef.h>
 
@@ -71,4 +71,4 @@ static inline void kv__cuda_device_free(int device, void *p)
 
 #endif /* KV_HAVE_CUDA */
 
-#endif /* KV_CUDA_H */
+#endif /* KV_ARENA_CUDA_INT_H */

@@ -1,12 +1,12 @@
 /*
- * kv_gpu_boundary.h - the one place kvcache/ core code meets CUDA.
+ * kv_view_cuda_int.h - the one place kvcache/ core code meets CUDA.
  *
  * With KV_HAVE_CUDA the symbols below are implemented in kv_view_cuda.cu;
  * without it they are stubs returning KV_ERR_UNSUPPORTED with a message.
  * `#if KV_HAVE_CUDA` appears here and nowhere else in kvcache/.
  */
-#ifndef KV_GPU_BOUNDARY_H
-#define KV_GPU_BOUNDARY_H
+#ifndef KV_VIEW_CUDA_INT_H
+#define KV_VIEW_CUDA_INT_H
 
 #include "kv_view_index.h"
 #include "kvcache_int.h"
@@ -35,4 +35,4 @@ static inline kv_status kv__cuda_view_copy(void *dst_base, struct kv_view_geom d
 }
 #endif
 
-#endif /* KV_GPU_BOUNDARY_H */
+#endif /* KV_VIEW_CUDA_INT_H */
