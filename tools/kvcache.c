@@ -342,18 +342,28 @@ static int cmd_cache(int argc, char **argv)
     pt = kv_cache_page_table(c);
     kv_layout_describe(kv_cache_layout(c), line, sizeof(line));
     printf("layout   %s\n", line);
-    for (int kv = 0; kv < 2; kv++) {
-        struct kv_view v;
-        kv_cache_kv_view(c, 1, kv, &v);
-        kv_view_describe(&v, line, sizeof(line));
-        printf("layer 1 %s  %s\n", kv ? "V" : "K", line);
-    }
     {
+        const struct kv_layout *lo = kv_cache_layout(c);
+        uint32_t layer = lo->num_layers > 1 ? 1 : 0;
+        uint32_t blk = (uint32_t)(lo->num_blocks > 1000 ? 1000 : lo->num_blocks - 1);
         struct kv_byte_runs r;
-        kv_layout_block_runs(kv_cache_layout(c), 1000, &r);
-        printf("block 1000 across layers: %" PRId64 " run(s) of %" PRId64 " bytes, stride %" PRId64
-               " bytes, first at byte %" PRId64 "\n",
-               r.run_count, r.run_bytes, r.run_stride_bytes, r.first_offset_bytes);
+        for (int kv = 0; kv < 2 && rc == 0; kv++) {
+            struct kv_view v;
+            st = kv_cache_kv_view(c, layer, kv, &v);
+            if (st != KV_OK) {
+                rc = cache_fail("kv view", st);
+                break;
+            }
+            kv_view_describe(&v, line, sizeof(line));
+            printf("layer %u %s  %s\n", layer, kv ? "V" : "K", line);
+        }
+        st = rc ? KV_OK : kv_layout_block_runs(lo, blk, &r);
+        if (st != KV_OK)
+            rc = cache_fail("block runs", st);
+        else if (rc == 0)
+            printf("block %u across layers: %" PRId64 " run(s) of %" PRId64 " bytes, stride %" PRId64
+                   " bytes, first at byte %" PRId64 "\n",
+                   blk, r.run_count, r.run_bytes, r.run_stride_bytes, r.first_offset_bytes);
     }
 
     /* Sequences with token ids; the third one repeats the first one's prompt. */
@@ -381,8 +391,11 @@ static int cmd_cache(int argc, char **argv)
             st = kv_page_table_seq_append(pt, child, &t, 1);
         if (st == KV_OK)
             st = kv_page_table_take_copies(pt, cp, 4, &ncp);
-        if (st != KV_OK)
-            return cache_fail("fork", st);
+        if (st != KV_OK) {
+            rc = cache_fail("fork", st);
+            kv_cache_destroy(c);
+            return rc;
+        }
         printf("fork of seq %u -> seq %u, one token appended: %u copy-on-write cop%s",
                ids[0], child, ncp, ncp == 1 ? "y" : "ies");
         for (uint32_t i = 0; i < ncp; i++)
@@ -412,8 +425,11 @@ static int cmd_cache(int argc, char **argv)
         st = kv_page_table_export_vllm(pt, ids, (uint32_t)nseqs, ranges, &ve);
         if (st == KV_OK)
             st = kv_page_table_export_flashinfer(pt, ids, (uint32_t)nseqs, &fe, &nnz);
-        if (st != KV_OK)
-            return cache_fail("export", st);
+        if (st != KV_OK) {
+            rc = cache_fail("export", st);
+            kv_cache_destroy(c);
+            return rc;
+        }
         printf("vLLM export (decode step):\n");
         for (int i = 0; i < nseqs; i++) {
             char label[32];
