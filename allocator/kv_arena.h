@@ -80,8 +80,12 @@ struct kv_arena_config {
  *
  * Returns KV_OK; KV_ERR_NULL (cfg or out NULL); KV_ERR_INVALID_ARG (unknown
  * kind, size 0, alignment not a power of two or below sizeof(void *), bad
- * flags); KV_ERR_OVERFLOW (size rounded up to the alignment overflows);
- * KV_ERR_NO_MEMORY; KV_ERR_UNSUPPORTED (pinned/device without CUDA or a GPU).
+ * flags, CUDA device index out of range); KV_ERR_OVERFLOW (size rounded up
+ * to the alignment overflows); KV_ERR_NO_MEMORY; KV_ERR_UNSUPPORTED
+ * (pinned/device without CUDA or a GPU, zero-fill of device memory);
+ * KV_ERR_INTERNAL (any other CUDA runtime error; the message carries it).
+ * A device arena is allocated on cfg->device; the calling thread's current
+ * CUDA device is left as it was.
  */
 KV_API kv_status kv_arena_create(const struct kv_arena_config *cfg, kv_arena **out);
 

@@ -71,6 +71,28 @@ static uint64_t layout_fingerprint(const struct kv_layout *lo)
     return XXH3_64bits(s.buf, s.len);
 }
 
+/* What one block holds, independent of where blocks sit: layers, tokens per
+ * block, heads, head dim, dtype, in-block order, K|V packing. Excludes the
+ * block count, padding, alignment and arrangement (placement only). */
+static uint64_t layout_block_format_fingerprint(const struct kv_layout *lo)
+{
+    struct kv__ser s = {.len = 0};
+    static const char tag[8] = {'k', 'v', 'b', 'l', 'o', 'c', 'k', '1'};
+    memcpy(s.buf, tag, sizeof(tag));
+    s.len = sizeof(tag);
+    const int64_t fields[] = {
+        lo->num_layers, lo->block_tokens,   lo->num_heads,          lo->head_dim,
+        lo->elem_bytes, (int64_t)lo->order, (int64_t)lo->kv_packed,
+    };
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
+        ser_u64(&s, (uint64_t)fields[i]);
+    char name[16] = {0};
+    snprintf(name, sizeof(name), "%s", kv_dtype_name(lo->dtype));
+    memcpy(s.buf + s.len, name, sizeof(name));
+    s.len += sizeof(name);
+    return XXH3_64bits(s.buf, s.len);
+}
+
 /* ---- init ------------------------------------------------------------------ */
 
 static kv_status check_dim(const char *name, int64_t v)
@@ -227,6 +249,7 @@ kv_status kv_layout_init(const struct kv_layout_config *cfg, struct kv_layout *o
     lo.stride_dim_bytes = lo.stride_dim_elems * es;
 
     lo.fingerprint = layout_fingerprint(&lo);
+    lo.block_format_fingerprint = layout_block_format_fingerprint(&lo);
     *out = lo;
     return kv__ok();
 }

@@ -135,6 +135,14 @@ struct kv_layout {
      * stride, the dtype (name and size), order, arrangement, packing,
      * alignment and page size. Equal fingerprints <=> interchangeable data. */
     uint64_t fingerprint;
+
+    /* XXH3-64 of what one block holds, not where blocks sit: L, N, H, D,
+     * dtype, in-block order and K|V packing (not B, padding, alignment or
+     * arrangement). Equal values <=> a block of one layout can be moved into
+     * the other by relocating byte runs only (no element conversion), as
+     * between a prefill and a decode cache with different block counts.
+     * Different values: the data needs converting (order, dtype, heads). */
+    uint64_t block_format_fingerprint;
 };
 
 /* Check cfg and compute *out (written only on success).

@@ -41,6 +41,11 @@
  *
  * Errors. Every call returns a kv_status and on failure changes nothing
  * (the block source included) and sets kv_last_error() naming the values.
+ * Common to every call taking a sequence id: KV_ERR_NULL (pt or an output
+ * pointer NULL) and KV_ERR_NOT_FOUND (the id is >= max_seqs or not live).
+ * Calls that take blocks may also return the block source's statuses
+ * (KV_ERR_NO_BLOCKS when it is short); calls that release them return the
+ * source's status if it refuses (a bug in the caller's bookkeeping).
  *
  * Thread safety: one thread per page table (no internal locking). The block
  * source must be thread-safe if several page tables share it.
@@ -133,14 +138,16 @@ KV_API kv_status kv_page_table_seq_append(kv_page_table *pt, uint32_t seq, const
                                           uint64_t n);
 
 /* A new sequence sharing all of parent's blocks (ref += 1 each), tokens and
- * extra key; id in *child_out. */
+ * extra key; id in *child_out. KV_ERR_NO_MEMORY when max_seqs sequences are
+ * live; the source's status if retain fails. */
 KV_API kv_status kv_page_table_seq_fork(kv_page_table *pt, uint32_t parent, uint32_t *child_out);
 
-/* Keep the first n_tokens tokens (<= current length); blocks no longer
- * needed are released. */
+/* Keep the first n_tokens tokens (<= current length, else
+ * KV_ERR_INVALID_ARG); blocks no longer needed are released, last first. */
 KV_API kv_status kv_page_table_seq_truncate(kv_page_table *pt, uint32_t seq, uint64_t n_tokens);
 
-/* Release every block of seq and retire its id. */
+/* Release every block of seq (last block first, so its prefix stays cached
+ * longest) and retire its id. */
 KV_API kv_status kv_page_table_seq_free(kv_page_table *pt, uint32_t seq);
 
 /* ---- queries -------------------------------------------------------------- */

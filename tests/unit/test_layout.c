@@ -428,6 +428,40 @@ struct refusal {
     const char *needle;
 };
 
+
+/* The block-format fingerprint ignores placement (B, padding, arrangement)
+ * and catches every change of what a block holds. */
+static void test_layout_block_format_fingerprint(void **state)
+{
+    struct kv_layout_config base = {.num_layers = 4, .num_blocks = 100, .block_tokens = 16,
+                                    .num_heads = 8, .head_dim = 128, .dtype = KV_BF16};
+    struct kv_layout a, b;
+    struct kv_layout_config c;
+    (void)state;
+    assert_int_equal(kv_layout_init(&base, &a), KV_OK);
+    c = base;
+    c.num_blocks = 5000;
+    c.block_pad_elems = 64;
+    c.arrange = KV_ARRANGE_BLOCK_MAJOR;
+    assert_int_equal(kv_layout_init(&c, &b), KV_OK);
+    assert_true(a.block_format_fingerprint == b.block_format_fingerprint);
+    assert_true(a.fingerprint != b.fingerprint);
+    for (int i = 0; i < 6; i++) {
+        c = base;
+        switch (i) {
+        case 0: c.num_layers = 5; break;
+        case 1: c.block_tokens = 32; break;
+        case 2: c.num_heads = 4; break;
+        case 3: c.dtype = KV_F16; break;
+        case 4: c.order = KV_ORDER_HND; break;
+        default: c.kv_packed = true; break;
+        }
+        assert_int_equal(kv_layout_init(&c, &b), KV_OK);
+        if (a.block_format_fingerprint == b.block_format_fingerprint)
+            fail_msg("block format fingerprint blind to variant %d", i);
+    }
+}
+
 static void test_layout_refuses_bad_configs(void **state)
 {
     (void)state;
@@ -546,6 +580,7 @@ int main(void)
         cmocka_unit_test(test_layout_strides_by_hand),
         cmocka_unit_test(test_layout_large_offsets_64bit),
         cmocka_unit_test(test_layout_fingerprint_stable_and_sensitive),
+        cmocka_unit_test(test_layout_block_format_fingerprint),
         cmocka_unit_test(test_layout_refuses_bad_configs),
         cmocka_unit_test(test_layout_refuses_bad_queries),
     };
