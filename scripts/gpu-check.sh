@@ -7,7 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 nvidia-smi -L || { echo "no GPU visible"; exit 1; }
-scripts/deps.sh
+# deps.sh also wants clang and the RDMA headers; a GPU box without them (and
+# without a package mirror) can still build and run the GPU checks.
+scripts/deps.sh || echo "gpu-check: some optional packages are missing; continuing"
 make -j"$(nproc)" CUDA=1 BUILD=build-gpu lib gpu-tests
 make CUDA=1 BUILD=build-gpu test
 status=0
