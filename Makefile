@@ -150,10 +150,10 @@ $(BENCH): $(BENCH_SRC) $(LIB_A)
 tests: $(TESTS)
 
 # GPU tests: built with CUDA, run by scripts/gpu-check.sh where a GPU exists.
-$(BUILD)/gpu/%: tests/gpu/%.c $(LIB_A)
+$(BUILD)/gpu/%: tests/gpu/%.c tests/gpu/gpu_test.h $(LIB_A)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  GPU    $@')
-	$(Q)$(CC) $(ALLCFLAGS) $(TEST_DEFS) -o $@ $< $(LIB_A) $(LIBS)
+	$(Q)$(CC) $(ALLCFLAGS) $(TEST_DEFS) -Itests/gpu -o $@ $< $(LIB_A) $(LIBS)
 
 gpu-tests: $(GPU_TESTS)
 

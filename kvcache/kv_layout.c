@@ -46,12 +46,27 @@ static void ser_u64(struct kv__ser *s, uint64_t v)
         s->buf[s->len++] = (unsigned char)(v >> (8 * i));
 }
 
-static uint64_t layout_fingerprint(const struct kv_layout *lo)
+/* XXH3-64 of: an 8-byte version tag, the fields as 64-bit little-endian
+ * integers, then the dtype name NUL-padded to 16 bytes (stable across
+ * reorderings of the dtype enum). */
+static uint64_t fingerprint_of(const char tag[8], const int64_t *fields, size_t n, kv_dtype dt)
 {
     struct kv__ser s = {.len = 0};
+    char name[16] = {0};
+    memcpy(s.buf, tag, 8);
+    s.len = 8;
+    for (size_t i = 0; i < n; i++)
+        ser_u64(&s, (uint64_t)fields[i]);
+    snprintf(name, sizeof(name), "%s", kv_dtype_name(dt));
+    memcpy(s.buf + s.len, name, sizeof(name));
+    s.len += sizeof(name);
+    return XXH3_64bits(s.buf, s.len);
+}
+
+/* Everything: two layouts with equal fingerprints place every byte alike. */
+static uint64_t layout_fingerprint(const struct kv_layout *lo)
+{
     static const char tag[8] = {'k', 'v', 'l', 'a', 'y', 'o', 'u', '1'};
-    memcpy(s.buf, tag, sizeof(tag));
-    s.len = sizeof(tag);
     const int64_t fields[] = {
         lo->num_layers,        lo->num_blocks,         lo->block_tokens,
         lo->num_heads,         lo->head_dim,           lo->elem_bytes,
@@ -60,15 +75,9 @@ static uint64_t layout_fingerprint(const struct kv_layout *lo)
         lo->stride_kv_bytes,   lo->stride_block_bytes, lo->stride_token_bytes,
         lo->stride_head_bytes, lo->stride_dim_bytes,   lo->total_bytes,
     };
-    _Static_assert(8 + sizeof(fields) + 16 <= sizeof(s.buf), "fingerprint buffer too small");
-    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
-        ser_u64(&s, (uint64_t)fields[i]);
-    /* dtype by name (NUL padded to 16): stable across enum reordering */
-    char name[16] = {0};
-    snprintf(name, sizeof(name), "%s", kv_dtype_name(lo->dtype));
-    memcpy(s.buf + s.len, name, sizeof(name));
-    s.len += sizeof(name);
-    return XXH3_64bits(s.buf, s.len);
+    _Static_assert(8 + sizeof(fields) + 16 <= sizeof(((struct kv__ser *)0)->buf),
+                   "fingerprint buffer too small");
+    return fingerprint_of(tag, fields, sizeof(fields) / sizeof(fields[0]), lo->dtype);
 }
 
 /* What one block holds, independent of where blocks sit: layers, tokens per
@@ -76,21 +85,12 @@ static uint64_t layout_fingerprint(const struct kv_layout *lo)
  * block count, padding, alignment and arrangement (placement only). */
 static uint64_t layout_block_format_fingerprint(const struct kv_layout *lo)
 {
-    struct kv__ser s = {.len = 0};
     static const char tag[8] = {'k', 'v', 'b', 'l', 'o', 'c', 'k', '1'};
-    memcpy(s.buf, tag, sizeof(tag));
-    s.len = sizeof(tag);
     const int64_t fields[] = {
         lo->num_layers, lo->block_tokens,   lo->num_heads,          lo->head_dim,
         lo->elem_bytes, (int64_t)lo->order, (int64_t)lo->kv_packed,
     };
-    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
-        ser_u64(&s, (uint64_t)fields[i]);
-    char name[16] = {0};
-    snprintf(name, sizeof(name), "%s", kv_dtype_name(lo->dtype));
-    memcpy(s.buf + s.len, name, sizeof(name));
-    s.len += sizeof(name);
-    return XXH3_64bits(s.buf, s.len);
+    return fingerprint_of(tag, fields, sizeof(fields) / sizeof(fields[0]), lo->dtype);
 }
 
 /* ---- init ------------------------------------------------------------------ */

@@ -9,16 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu_test.h"
 #include "kv.h"
-
-#define CHECK(c)                                                                    \
-    do {                                                                            \
-        if (!(c)) {                                                                 \
-            fprintf(stderr, "FAIL %s:%d: %s (%s)\n", __FILE__, __LINE__, #c,        \
-                    kv_last_error());                                               \
-            exit(1);                                                                \
-        }                                                                           \
-    } while (0)
 
 static int64_t off_of(const struct kv_view *v, int64_t lin)
 {
