@@ -14,11 +14,11 @@
 
 struct kv_arena {
     enum kv_mem_kind kind;
-    void *base;   /* [size_bytes], aligned to align_bytes */
-    void *raw;    /* what was allocated (== base for host; base - slack for CUDA) */
+    void *base; /* [size_bytes], aligned to align_bytes */
+    void *raw;  /* what was allocated (== base for host; base - slack for CUDA) */
     size_t size_bytes;
     size_t align_bytes;
-    int device;   /* -1 unless KV_MEM_DEVICE */
+    int device; /* -1 unless KV_MEM_DEVICE */
     bool huge_pages;
 };
 
@@ -55,8 +55,8 @@ static kv_status arena_alloc_host(kv_arena *a, const struct kv_arena_config *cfg
     size_t align = cfg->align_bytes;
     size_t rounded;
     if (align == 0)
-        align = cfg->size_bytes >= KV__ARENA_HUGE_BYTES ? KV__ARENA_HUGE_BYTES
-                                                        : KV__ARENA_SMALL_ALIGN;
+        align =
+            cfg->size_bytes >= KV__ARENA_HUGE_BYTES ? KV__ARENA_HUGE_BYTES : KV__ARENA_SMALL_ALIGN;
     if (cfg->size_bytes > SIZE_MAX - (align - 1))
         return kv__error(KV_ERR_OVERFLOW,
                          "arena: size_bytes %zu rounded up to align_bytes %zu overflows size_t",
@@ -65,8 +65,8 @@ static kv_status arena_alloc_host(kv_arena *a, const struct kv_arena_config *cfg
     a->base = a->raw = kv_mem_alloc_aligned(align, rounded);
     if (!a->base)
         return kv__error(KV_ERR_NO_MEMORY,
-                         "arena: host allocation of %zu bytes aligned to %zu failed (%s)",
-                         rounded, align, kv_mem_backend());
+                         "arena: host allocation of %zu bytes aligned to %zu failed (%s)", rounded,
+                         align, kv_mem_backend());
     a->size_bytes = rounded;
     a->align_bytes = align;
     a->huge_pages = arena_advise_huge(a->base, rounded);

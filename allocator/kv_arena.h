@@ -71,7 +71,7 @@ struct kv_arena_config {
 };
 
 /* A config with defaults: host kind, the given size, default alignment. */
-#define KV_ARENA_CONFIG_INIT(bytes) \
+#define KV_ARENA_CONFIG_INIT(bytes)                                                                \
     ((struct kv_arena_config){.kind = KV_MEM_HOST, .size_bytes = (bytes)})
 
 /*

@@ -47,8 +47,8 @@ kv_status kv__cuda_host_alloc(size_t bytes, void **out)
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return kv__error(e == cudaErrorMemoryAllocation ? KV_ERR_NO_MEMORY : KV_ERR_INTERNAL,
-                         "cudaMallocHost(%zu bytes) failed: %s (%s)", bytes,
-                         cudaGetErrorString(e), cudaGetErrorName(e));
+                         "cudaMallocHost(%zu bytes) failed: %s (%s)", bytes, cudaGetErrorString(e),
+                         cudaGetErrorName(e));
     }
     *out = p;
     return KV_OK;
@@ -68,8 +68,8 @@ kv_status kv__cuda_device_alloc(int device, size_t bytes, void **out)
     cudaError_t e;
     kv_status s = kv__cuda_device_count(&n);
     if (s != KV_OK)
-        return kv__error(s, "device memory (%zu bytes on device %d) needs a CUDA device: %s",
-                         bytes, device, why(buf, sizeof(buf)));
+        return kv__error(s, "device memory (%zu bytes on device %d) needs a CUDA device: %s", bytes,
+                         device, why(buf, sizeof(buf)));
     if (device < 0 || device >= n)
         return kv__error(KV_ERR_INVALID_ARG, "device memory: device %d out of range [0, %d)",
                          device, n);

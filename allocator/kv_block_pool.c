@@ -14,10 +14,10 @@
 #include "kv_mem.h"
 #include "kvcache_int.h"
 
-#define KV__NIL UINT32_MAX          /* no link: the block is not on the free list */
-#define KV__BLOCK_HASHED 0x1u       /* kv__block.hash is valid and in the table */
-#define KV__MATCH_CHUNK 32          /* blocks hashed per mutex acquisition in match_prefix */
-#define KV__HASH_STACK_TOKENS 256   /* one-shot XXH3 up to this many tokens per block */
+#define KV__NIL UINT32_MAX        /* no link: the block is not on the free list */
+#define KV__BLOCK_HASHED 0x1u     /* kv__block.hash is valid and in the table */
+#define KV__MATCH_CHUNK 32        /* blocks hashed per mutex acquisition in match_prefix */
+#define KV__HASH_STACK_TOKENS 256 /* one-shot XXH3 up to this many tokens per block */
 
 /*
  * One record per block id, 32 bytes. Links are ids; the list sentinel is the
@@ -58,11 +58,11 @@ struct kv__slot {
  *   table_mask + 1 >= 2 * num_blocks          (load factor <= 1/2)
  */
 struct kv_block_pool {
-    pthread_mutex_t mu; /* guards everything below */
+    pthread_mutex_t mu;       /* guards everything below */
     struct kv__block *blocks; /* [num_blocks + 1]; the last one is the list sentinel */
     struct kv__slot *table;   /* [table_mask + 1] */
     uint64_t table_mask;
-    unsigned table_shift;     /* 64 - log2(table size) */
+    unsigned table_shift; /* 64 - log2(table size) */
     uint32_t num_blocks;
     uint32_t capacity;
     uint32_t n_list;
@@ -121,8 +121,8 @@ uint64_t kv_block_hash(uint64_t parent_hash, const int32_t *tokens, uint32_t n_t
     XXH3_64bits_reset(&st);
     XXH3_64bits_update(&st, buf, HDR);
     for (uint32_t done = 0; done < n_tokens;) {
-        uint32_t k = n_tokens - done < KV__HASH_STACK_TOKENS ? n_tokens - done
-                                                             : KV__HASH_STACK_TOKENS;
+        uint32_t k =
+            n_tokens - done < KV__HASH_STACK_TOKENS ? n_tokens - done : KV__HASH_STACK_TOKENS;
         put_tokens(buf, tokens + done, k);
         XXH3_64bits_update(&st, buf, (size_t)k * 4);
         done += k;
@@ -224,14 +224,13 @@ static kv_status check_locked(kv_block_pool *p)
     uint32_t n_free = 0, n_used = 0, n_cached = 0, n_hashed = 0, n_slots = 0;
     uint32_t n_list = 0, prev = s;
 
-    if (p->n_list - p->n_cached + p->n_used + p->n_cached != p->capacity ||
-        p->n_cached > p->n_list)
+    if (p->n_list - p->n_cached + p->n_used + p->n_cached != p->capacity || p->n_cached > p->n_list)
         return kv__error(KV_ERR_INTERNAL,
                          "block_pool: free %u + used %u + cached %u != capacity %u",
                          p->n_list - p->n_cached, p->n_used, p->n_cached, p->capacity);
     if (p->used_high_water < p->n_used)
-        return kv__error(KV_ERR_INTERNAL, "block_pool: high water %u < used %u",
-                         p->used_high_water, p->n_used);
+        return kv__error(KV_ERR_INTERNAL, "block_pool: high water %u < used %u", p->used_high_water,
+                         p->n_used);
 
     /* Walk the list: links consistent, members have ref 0, length matches. */
     for (uint32_t id = p->blocks[s].next; id != s; id = p->blocks[id].next) {
@@ -242,8 +241,8 @@ static kv_status check_locked(kv_block_pool *p)
             return kv__error(KV_ERR_INTERNAL, "block_pool: id %u prev %u != %u", id,
                              p->blocks[id].prev, prev);
         if (p->blocks[id].ref != 0)
-            return kv__error(KV_ERR_INTERNAL, "block_pool: id %u on the free list with ref %u",
-                             id, p->blocks[id].ref);
+            return kv__error(KV_ERR_INTERNAL, "block_pool: id %u on the free list with ref %u", id,
+                             p->blocks[id].ref);
         prev = id;
         n_list++;
     }
@@ -258,8 +257,8 @@ static kv_status check_locked(kv_block_pool *p)
         const struct kv__block *b = &p->blocks[id];
         bool on_list = b->prev != KV__NIL;
         if ((b->ref > 0) == on_list || (on_list != (b->next != KV__NIL)))
-            return kv__error(KV_ERR_INTERNAL, "block_pool: id %u ref %u but on_list %d", id,
-                             b->ref, (int)on_list);
+            return kv__error(KV_ERR_INTERNAL, "block_pool: id %u ref %u but on_list %d", id, b->ref,
+                             (int)on_list);
         if (b->pending)
             return kv__error(KV_ERR_INTERNAL, "block_pool: id %u pending %u between calls", id,
                              b->pending);
@@ -290,8 +289,8 @@ static kv_status check_locked(kv_block_pool *p)
                              "carry it",
                              (unsigned long long)sl->hash, sl->id);
     }
-    if (n_used != p->n_used || n_cached != p->n_cached ||
-        n_free != p->n_list - p->n_cached || n_hashed != p->n_hashed || n_slots != n_hashed)
+    if (n_used != p->n_used || n_cached != p->n_cached || n_free != p->n_list - p->n_cached ||
+        n_hashed != p->n_hashed || n_slots != n_hashed)
         return kv__error(KV_ERR_INTERNAL,
                          "block_pool: counted free %u used %u cached %u hashed %u slots %u; "
                          "counters free %u used %u cached %u hashed %u",
@@ -488,8 +487,7 @@ static kv_status validate_batch(kv_block_pool *p, const uint32_t *ids, uint32_t 
             clear_pending(p, ids, i);
             if (id == KV_BLOCK_NULL)
                 return kv__error(KV_ERR_INVALID_ARG,
-                                 "block_pool_%s: ids[%u] = 0 is the reserved null block", what,
-                                 i);
+                                 "block_pool_%s: ids[%u] = 0 is the reserved null block", what, i);
             return kv__error(KV_ERR_INVALID_ARG,
                              "block_pool_%s: ids[%u] = %u is not a block of this pool (ids 1 .. "
                              "%u)",
@@ -501,8 +499,8 @@ static kv_status validate_batch(kv_block_pool *p, const uint32_t *ids, uint32_t 
             clear_pending(p, ids, i);
             if (ref == 0)
                 return kv__error(KV_ERR_BAD_STATE,
-                                 "block_pool_release: double free: ids[%u] = %u has ref 0 (%s)",
-                                 i, id, (b->flags & KV__BLOCK_HASHED) ? "cached" : "free");
+                                 "block_pool_release: double free: ids[%u] = %u has ref 0 (%s)", i,
+                                 id, (b->flags & KV__BLOCK_HASHED) ? "cached" : "free");
             return kv__error(KV_ERR_BAD_STATE,
                              "block_pool_release: ids[%u] = %u released %u times in this batch "
                              "but its ref count is %u",
@@ -518,8 +516,8 @@ static kv_status validate_batch(kv_block_pool *p, const uint32_t *ids, uint32_t 
             uint32_t ref = b->ref;
             clear_pending(p, ids, i);
             return kv__error(KV_ERR_OVERFLOW,
-                             "block_pool_retain: ids[%u] = %u ref count %u would overflow", i,
-                             id, ref);
+                             "block_pool_retain: ids[%u] = %u ref count %u would overflow", i, id,
+                             ref);
         }
         b->pending++;
     }
@@ -593,8 +591,7 @@ kv_status kv_block_pool_commit_hash(kv_block_pool *pool, uint32_t id, uint64_t h
     if (!pool)
         return kv__error(KV_ERR_NULL, "block_pool_commit: pool is NULL");
     if (id == KV_BLOCK_NULL || id >= pool->num_blocks)
-        return kv__error(KV_ERR_INVALID_ARG,
-                         "block_pool_commit: id %u is %s (ids 1 .. %u)", id,
+        return kv__error(KV_ERR_INVALID_ARG, "block_pool_commit: id %u is %s (ids 1 .. %u)", id,
                          id == KV_BLOCK_NULL ? "the reserved null block" : "not in this pool",
                          pool->num_blocks - 1);
     pthread_mutex_lock(&pool->mu);
@@ -651,8 +648,8 @@ kv_status kv_block_pool_commit_full(kv_block_pool *pool, uint32_t id, uint64_t p
 
 /* Mutex held. Retain the longest found prefix of hashes[n]; extra_misses are
  * blocks beyond this chunk the caller will not look up if this chunk misses. */
-static uint32_t lookup_locked(kv_block_pool *p, const uint64_t *hashes, uint32_t n,
-                              uint32_t *ids, uint64_t extra_misses)
+static uint32_t lookup_locked(kv_block_pool *p, const uint64_t *hashes, uint32_t n, uint32_t *ids,
+                              uint64_t extra_misses)
 {
     uint32_t found = 0;
     for (; found < n; found++) {
@@ -684,7 +681,10 @@ kv_status kv_block_pool_lookup(kv_block_pool *pool, const uint64_t *hashes, uint
 {
     if (!pool || !n_found || (n > 0 && (!hashes || !ids)))
         return kv__error(KV_ERR_NULL, "block_pool_lookup: %s is NULL",
-                         !pool ? "pool" : !n_found ? "n_found" : !hashes ? "hashes" : "ids");
+                         !pool      ? "pool"
+                         : !n_found ? "n_found"
+                         : !hashes  ? "hashes"
+                                    : "ids");
     *n_found = 0;
     if (n == 0)
         return kv__ok();
@@ -694,10 +694,9 @@ kv_status kv_block_pool_lookup(kv_block_pool *pool, const uint64_t *hashes, uint
     return kv__ok();
 }
 
-kv_status kv_block_pool_match_prefix(kv_block_pool *pool, const int32_t *tokens,
-                                     uint64_t n_tokens, uint32_t block_tokens, uint64_t extra_key,
-                                     uint32_t *ids, uint64_t *hashes, uint32_t max_blocks,
-                                     uint32_t *n_found)
+kv_status kv_block_pool_match_prefix(kv_block_pool *pool, const int32_t *tokens, uint64_t n_tokens,
+                                     uint32_t block_tokens, uint64_t extra_key, uint32_t *ids,
+                                     uint64_t *hashes, uint32_t max_blocks, uint32_t *n_found)
 {
     uint64_t chunk[KV__MATCH_CHUNK];
     uint64_t parent = KV_BLOCK_HASH_ROOT;
@@ -739,8 +738,8 @@ kv_status kv_block_pool_block_hash(kv_block_pool *pool, uint32_t id, uint64_t *h
     if (!pool || !hash)
         return kv__error(KV_ERR_NULL, "block_pool_block_hash: %s is NULL", !pool ? "pool" : "hash");
     if (id == KV_BLOCK_NULL || id >= pool->num_blocks)
-        return kv__error(KV_ERR_INVALID_ARG, "block_pool_block_hash: id %u is %s (ids 1 .. %u)",
-                         id, id == KV_BLOCK_NULL ? "the reserved null block" : "not in this pool",
+        return kv__error(KV_ERR_INVALID_ARG, "block_pool_block_hash: id %u is %s (ids 1 .. %u)", id,
+                         id == KV_BLOCK_NULL ? "the reserved null block" : "not in this pool",
                          pool->num_blocks - 1);
     pthread_mutex_lock(&pool->mu);
     if (pool->blocks[id].flags & KV__BLOCK_HASHED)
@@ -760,7 +759,9 @@ kv_status kv_block_pool_free_list(kv_block_pool *pool, uint32_t *ids, uint32_t c
     uint32_t len, i = 0;
     if (!pool || !n || (!ids && cap > 0))
         return kv__error(KV_ERR_NULL, "block_pool_free_list: %s is NULL",
-                         !pool ? "pool" : !n ? "n" : "ids");
+                         !pool ? "pool"
+                         : !n  ? "n"
+                               : "ids");
     pthread_mutex_lock(&pool->mu);
     len = pool->n_list;
     *n = len;

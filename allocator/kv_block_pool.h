@@ -81,17 +81,18 @@ typedef enum kv_block_event {
 typedef void (*kv_block_event_fn)(void *user, kv_block_event ev, uint64_t hash, uint32_t id);
 
 /* Pool flags. */
-#define KV_BLOCK_POOL_CHECK_FULL 0x1u /* run the O(capacity) invariant check after
-                                         every operation (tests); also enabled by
-                                         the environment KV_DEBUG_CHECKS=1 or by
-                                         building with -DKV_DEBUG_CHECKS */
+#define KV_BLOCK_POOL_CHECK_FULL                                                                   \
+    0x1u /* run the O(capacity) invariant check after                                              \
+            every operation (tests); also enabled by                                               \
+            the environment KV_DEBUG_CHECKS=1 or by                                                \
+            building with -DKV_DEBUG_CHECKS */
 
 struct kv_block_pool_config {
-    uint32_t num_blocks;       /* block records incl. the null block 0: ids 1 ..
-                                  num_blocks-1 are usable; 2 .. 2^31 */
-    unsigned flags;            /* KV_BLOCK_POOL_* */
+    uint32_t num_blocks;        /* block records incl. the null block 0: ids 1 ..
+                                   num_blocks-1 are usable; 2 .. 2^31 */
+    unsigned flags;             /* KV_BLOCK_POOL_* */
     kv_block_event_fn on_event; /* stored/removed events; NULL = none */
-    void *event_user;          /* passed back to on_event; borrowed for the pool's life */
+    void *event_user;           /* passed back to on_event; borrowed for the pool's life */
 };
 
 /* free_blocks + used_blocks + cached_blocks == capacity == num_blocks - 1. */
@@ -114,8 +115,7 @@ struct kv_block_pool_stats {
  * (num_blocks < 2 or > KV_BLOCK_POOL_MAX_BLOCKS, unknown flags);
  * KV_ERR_NO_MEMORY.
  */
-KV_API kv_status kv_block_pool_create(const struct kv_block_pool_config *cfg,
-                                      kv_block_pool **out);
+KV_API kv_status kv_block_pool_create(const struct kv_block_pool_config *cfg, kv_block_pool **out);
 
 /* Free the pool. NULL is a no-op. No other thread may be using it. No events
  * are fired for the hashes it drops. */
@@ -227,7 +227,6 @@ KV_API void kv_block_pool_get_stats(kv_block_pool *pool, struct kv_block_pool_st
  * must outlive every user of *out. Returns KV_OK; KV_ERR_NULL.
  */
 KV_API kv_status kv_block_pool_ops(kv_block_pool *pool, struct kv_block_ops *out);
-
 
 #ifdef __cplusplus
 }

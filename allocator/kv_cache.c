@@ -50,8 +50,9 @@ kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **out)
         goto undo_alloc;
 
     if (c->layout.block_tokens > UINT32_MAX) {
-        st = kv__error(KV_ERR_INVALID_ARG, "kv_cache_create: block_tokens %" PRId64
-                       " exceeds uint32", c->layout.block_tokens);
+        st = kv__error(KV_ERR_INVALID_ARG,
+                       "kv_cache_create: block_tokens %" PRId64 " exceeds uint32",
+                       c->layout.block_tokens);
         goto undo_pool;
     }
     memset(&tcfg, 0, sizeof(tcfg));

@@ -7,8 +7,8 @@
 size_t kv_dtype_size(kv_dtype dt)
 {
     switch (dt) {
-#define KV__DTYPE_SIZE(e, name, bytes) \
-    case e:                            \
+#define KV__DTYPE_SIZE(e, name, bytes)                                                             \
+    case e:                                                                                        \
         return bytes;
         KV_DTYPE_MAP(KV__DTYPE_SIZE)
 #undef KV__DTYPE_SIZE
@@ -21,8 +21,8 @@ size_t kv_dtype_size(kv_dtype dt)
 const char *kv_dtype_name(kv_dtype dt)
 {
     switch (dt) {
-#define KV__DTYPE_NAME(e, name, bytes) \
-    case e:                            \
+#define KV__DTYPE_NAME(e, name, bytes)                                                             \
+    case e:                                                                                        \
         return name;
         KV_DTYPE_MAP(KV__DTYPE_NAME)
 #undef KV__DTYPE_NAME
@@ -36,10 +36,10 @@ static const struct {
     const char *alias;
     kv_dtype dt;
 } kv__dtype_aliases[] = {
-    {"float32", KV_F32}, {"float", KV_F32},        {"float16", KV_F16}, {"half", KV_F16},
-    {"bfloat16", KV_BF16}, {"fp8", KV_FP8_E4M3},   {"e4m3", KV_FP8_E4M3},
-    {"e5m2", KV_FP8_E5M2}, {"int8", KV_I8},         {"int32", KV_I32},   {"int64", KV_I64},
-    {"uint8", KV_U8},      {"float64", KV_F64},     {"double", KV_F64},
+    {"float32", KV_F32},   {"float", KV_F32},    {"float16", KV_F16},   {"half", KV_F16},
+    {"bfloat16", KV_BF16}, {"fp8", KV_FP8_E4M3}, {"e4m3", KV_FP8_E4M3}, {"e5m2", KV_FP8_E5M2},
+    {"int8", KV_I8},       {"int32", KV_I32},    {"int64", KV_I64},     {"uint8", KV_U8},
+    {"float64", KV_F64},   {"double", KV_F64},
 };
 
 kv_status kv_dtype_parse(const char *name, kv_dtype *out)

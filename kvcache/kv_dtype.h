@@ -13,23 +13,23 @@ extern "C" {
 #endif
 
 /* X(enum, name, bytes) */
-#define KV_DTYPE_MAP(X)          \
-    X(KV_F32, "f32", 4)          \
-    X(KV_F16, "f16", 2)          \
-    X(KV_BF16, "bf16", 2)        \
-    X(KV_FP8_E4M3, "fp8_e4m3", 1) \
-    X(KV_FP8_E5M2, "fp8_e5m2", 1) \
-    X(KV_I8, "i8", 1)            \
-    X(KV_I32, "i32", 4)          \
-    X(KV_I64, "i64", 8)          \
-    X(KV_U8, "u8", 1)            \
+#define KV_DTYPE_MAP(X)                                                                            \
+    X(KV_F32, "f32", 4)                                                                            \
+    X(KV_F16, "f16", 2)                                                                            \
+    X(KV_BF16, "bf16", 2)                                                                          \
+    X(KV_FP8_E4M3, "fp8_e4m3", 1)                                                                  \
+    X(KV_FP8_E5M2, "fp8_e5m2", 1)                                                                  \
+    X(KV_I8, "i8", 1)                                                                              \
+    X(KV_I32, "i32", 4)                                                                            \
+    X(KV_I64, "i64", 8)                                                                            \
+    X(KV_U8, "u8", 1)                                                                              \
     X(KV_F64, "f64", 8)
 
 typedef enum kv_dtype {
 #define KV__DTYPE_ENUM(e, name, bytes) e,
     KV_DTYPE_MAP(KV__DTYPE_ENUM)
 #undef KV__DTYPE_ENUM
-    KV_DTYPE_COUNT
+        KV_DTYPE_COUNT
 } kv_dtype;
 
 /* Bytes per element; 0 for an unknown dtype. */

@@ -9,8 +9,8 @@ static _Thread_local char kv__last_error[512];
 const char *kv_status_name(kv_status s)
 {
     switch (s) {
-#define KV__STATUS_NAME(name, value, msg) \
-    case name:                            \
+#define KV__STATUS_NAME(name, value, msg)                                                          \
+    case name:                                                                                     \
         return #name;
         KV_STATUS_MAP(KV__STATUS_NAME)
 #undef KV__STATUS_NAME
@@ -21,8 +21,8 @@ const char *kv_status_name(kv_status s)
 const char *kv_strerror(kv_status s)
 {
     switch (s) {
-#define KV__STATUS_MSG(name, value, msg) \
-    case name:                           \
+#define KV__STATUS_MSG(name, value, msg)                                                           \
+    case name:                                                                                     \
         return msg;
         KV_STATUS_MAP(KV__STATUS_MSG)
 #undef KV__STATUS_MSG

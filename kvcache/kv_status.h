@@ -24,27 +24,27 @@ extern "C" {
 #endif
 
 /* X(name, value, message) */
-#define KV_STATUS_MAP(X)                                                       \
-    X(KV_OK, 0, "success")                                                     \
-    X(KV_ERR_INVALID_ARG, -1, "invalid argument")                              \
-    X(KV_ERR_NULL, -2, "null pointer argument")                                \
-    X(KV_ERR_BAD_DIM, -3, "dimension out of range")                            \
-    X(KV_ERR_BAD_SHAPE, -4, "invalid or incompatible shape")                   \
-    X(KV_ERR_OUT_OF_BOUNDS, -5, "index or view outside its storage")           \
-    X(KV_ERR_NEEDS_COPY, -6, "not expressible as a view without a copy")       \
-    X(KV_ERR_OVERLAP, -7, "memory regions overlap")                            \
-    X(KV_ERR_OVERFLOW, -8, "64-bit arithmetic overflow")                       \
-    X(KV_ERR_NO_MEMORY, -9, "out of memory")                                   \
-    X(KV_ERR_NO_BLOCKS, -10, "not enough free blocks")                         \
-    X(KV_ERR_NOT_FOUND, -11, "not found")                                      \
-    X(KV_ERR_BAD_STATE, -12, "operation not valid in the current state")       \
-    X(KV_ERR_UNSUPPORTED, -13, "not supported in this build or on this host")  \
-    X(KV_ERR_TOO_COSTLY, -14, "answer exceeds the allowed work bound")         \
-    X(KV_ERR_MISMATCH, -15, "layout or peer mismatch")                         \
-    X(KV_ERR_IO, -16, "I/O or system call failed")                             \
-    X(KV_ERR_TIMEOUT, -17, "timed out")                                        \
-    X(KV_ERR_CANCELLED, -18, "cancelled")                                      \
-    X(KV_ERR_CORRUPT, -19, "data failed verification")                         \
+#define KV_STATUS_MAP(X)                                                                           \
+    X(KV_OK, 0, "success")                                                                         \
+    X(KV_ERR_INVALID_ARG, -1, "invalid argument")                                                  \
+    X(KV_ERR_NULL, -2, "null pointer argument")                                                    \
+    X(KV_ERR_BAD_DIM, -3, "dimension out of range")                                                \
+    X(KV_ERR_BAD_SHAPE, -4, "invalid or incompatible shape")                                       \
+    X(KV_ERR_OUT_OF_BOUNDS, -5, "index or view outside its storage")                               \
+    X(KV_ERR_NEEDS_COPY, -6, "not expressible as a view without a copy")                           \
+    X(KV_ERR_OVERLAP, -7, "memory regions overlap")                                                \
+    X(KV_ERR_OVERFLOW, -8, "64-bit arithmetic overflow")                                           \
+    X(KV_ERR_NO_MEMORY, -9, "out of memory")                                                       \
+    X(KV_ERR_NO_BLOCKS, -10, "not enough free blocks")                                             \
+    X(KV_ERR_NOT_FOUND, -11, "not found")                                                          \
+    X(KV_ERR_BAD_STATE, -12, "operation not valid in the current state")                           \
+    X(KV_ERR_UNSUPPORTED, -13, "not supported in this build or on this host")                      \
+    X(KV_ERR_TOO_COSTLY, -14, "answer exceeds the allowed work bound")                             \
+    X(KV_ERR_MISMATCH, -15, "layout or peer mismatch")                                             \
+    X(KV_ERR_IO, -16, "I/O or system call failed")                                                 \
+    X(KV_ERR_TIMEOUT, -17, "timed out")                                                            \
+    X(KV_ERR_CANCELLED, -18, "cancelled")                                                          \
+    X(KV_ERR_CORRUPT, -19, "data failed verification")                                             \
     X(KV_ERR_INTERNAL, -20, "internal error")
 
 typedef enum kv_status {

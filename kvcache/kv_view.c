@@ -106,8 +106,8 @@ static kv_status kv__check_geometry(const char *fn, kv_dtype dtype, int ndim, co
     if (numel == 0)
         return KV_OK;
     if (!base)
-        return kv__error(KV_ERR_NULL, "%s: storage base is NULL for a view of %" PRId64
-                         " elements", fn, numel);
+        return kv__error(KV_ERR_NULL, "%s: storage base is NULL for a view of %" PRId64 " elements",
+                         fn, numel);
     if (!kv__max_elem(shape, strides, ndim, offset, &max_elem) ||
         !kv__mul_i64(max_elem + 1, (int64_t)es, &hi_bytes))
         return kv__error(KV_ERR_OVERFLOW,
@@ -147,8 +147,8 @@ kv_status kv_view_init(struct kv_view *out, void *base, size_t storage_bytes, kv
         if (t.shape[i] < 0)
             break;
     kv__contig_strides(t.shape, ndim, t.strides);
-    st = kv__check_geometry("kv_view_init", dtype, ndim, t.shape, t.strides, 0, base,
-                            storage_bytes);
+    st =
+        kv__check_geometry("kv_view_init", dtype, ndim, t.shape, t.strides, 0, base, storage_bytes);
     if (st != KV_OK)
         return st;
     *out = t;
@@ -358,8 +358,9 @@ kv_status kv_view_slice(const struct kv_view *src, int dim, int64_t start, int64
         return KV_ERR_OVERFLOW;
     t.shape[d] = len;
     if (!kv__mul_i64(src->strides[d], step, &t.strides[d]))
-        return kv__error(KV_ERR_OVERFLOW, "kv_view_slice: stride %" PRId64 " * step %" PRId64
-                         " overflows int64", src->strides[d], step);
+        return kv__error(KV_ERR_OVERFLOW,
+                         "kv_view_slice: stride %" PRId64 " * step %" PRId64 " overflows int64",
+                         src->strides[d], step);
     *out = t;
     return kv__ok();
 }
@@ -383,7 +384,8 @@ kv_status kv_view_narrow(const struct kv_view *src, int dim, int64_t start, int6
     size = src->shape[d];
     if (start < -size || start > size)
         return kv__error(KV_ERR_OUT_OF_BOUNDS,
-                         "kv_view_narrow: start %" PRId64 " out of range for dim %d of size %" PRId64,
+                         "kv_view_narrow: start %" PRId64
+                         " out of range for dim %d of size %" PRId64,
                          start, d, size);
     if (start < 0)
         start += size;
@@ -418,7 +420,8 @@ kv_status kv_view_select(const struct kv_view *src, int dim, int64_t index, stru
     size = src->shape[d];
     if (index < -size || index >= size)
         return kv__error(KV_ERR_OUT_OF_BOUNDS,
-                         "kv_view_select: index %" PRId64 " out of range for dim %d of size %" PRId64,
+                         "kv_view_select: index %" PRId64
+                         " out of range for dim %d of size %" PRId64,
                          index, d, size);
     if (index < 0)
         index += size;
@@ -589,8 +592,9 @@ kv_status kv_view_diagonal(const struct kv_view *src, int64_t offset, int dim1, 
                                    offset >= 0 ? src->strides[b] : src->strides[a]) != KV_OK)
         return KV_ERR_OVERFLOW;
     if (!kv__add_i64(src->strides[a], src->strides[b], &diag_stride))
-        return kv__error(KV_ERR_OVERFLOW, "kv_view_diagonal: strides %" PRId64 " + %" PRId64
-                         " overflow int64", src->strides[a], src->strides[b]);
+        return kv__error(KV_ERR_OVERFLOW,
+                         "kv_view_diagonal: strides %" PRId64 " + %" PRId64 " overflow int64",
+                         src->strides[a], src->strides[b]);
     for (int i = 0; i < src->ndim; i++) {
         if (i == a || i == b)
             continue;
@@ -679,15 +683,14 @@ static bool kv__compute_strides(const int64_t *oshape, const int64_t *ostride, i
             return true;
         }
         for (int d = nndim - 1; d >= 0; d--)
-            nstride[d] = d == nndim - 1 ? 1
-                                        : (nshape[d + 1] > 1 ? nshape[d + 1] : 1) * nstride[d + 1];
+            nstride[d] =
+                d == nndim - 1 ? 1 : (nshape[d + 1] > 1 ? nshape[d + 1] : 1) * nstride[d + 1];
         return true;
     }
     chunk_base = ostride[ondim - 1];
     for (int td = ondim - 1; td >= 0; td--) {
         tensor_numel *= oshape[td];
-        if (td == 0 ||
-            (oshape[td - 1] != 1 && ostride[td - 1] != tensor_numel * chunk_base)) {
+        if (td == 0 || (oshape[td - 1] != 1 && ostride[td - 1] != tensor_numel * chunk_base)) {
             while (view_d >= 0 && (view_numel < tensor_numel || nshape[view_d] == 1)) {
                 nstride[view_d] = view_numel * chunk_base;
                 view_numel *= nshape[view_d];
@@ -729,8 +732,8 @@ static kv_status kv__try_view(const char *fn, const struct kv_view *src, int ndi
     if (st != KV_OK)
         return st;
     *t = *src;
-    if (!kv__compute_strides(src->shape, src->strides, src->ndim, resolved, ndim, numel,
-                             t->strides, lo, hi))
+    if (!kv__compute_strides(src->shape, src->strides, src->ndim, resolved, ndim, numel, t->strides,
+                             lo, hi))
         return KV_ERR_NEEDS_COPY;
     t->ndim = ndim;
     for (int i = 0; i < KV_MAX_DIMS; i++) {
@@ -801,8 +804,9 @@ kv_status kv_view_sliding_window(const struct kv_view *src, int dim, int64_t win
     if (!kv__wrap_dim(dim, src->ndim, &d))
         return kv__bad_dim("kv_view_sliding_window", dim, src->ndim);
     if (src->ndim >= KV_MAX_DIMS)
-        return kv__error(KV_ERR_BAD_DIM, "kv_view_sliding_window: view already has %d dims (max %d)",
-                         src->ndim, KV_MAX_DIMS);
+        return kv__error(KV_ERR_BAD_DIM,
+                         "kv_view_sliding_window: view already has %d dims (max %d)", src->ndim,
+                         KV_MAX_DIMS);
     if (window < 0 || window > src->shape[d])
         return kv__error(KV_ERR_BAD_SHAPE,
                          "kv_view_sliding_window: window %" PRId64 " must be in 0..%" PRId64
@@ -923,8 +927,8 @@ kv_status kv_view_flatten(const struct kv_view *src, int start_dim, int end_dim,
     if (!kv__wrap_dim(end_dim, src->ndim, &b))
         return kv__bad_dim("kv_view_flatten", end_dim, src->ndim);
     if (a > b)
-        return kv__error(KV_ERR_BAD_DIM,
-                         "kv_view_flatten: start_dim %d comes after end_dim %d", a, b);
+        return kv__error(KV_ERR_BAD_DIM, "kv_view_flatten: start_dim %d comes after end_dim %d", a,
+                         b);
     if (a == b) {
         kv_status st = kv_view_check(src);
         if (st != KV_OK)
@@ -1021,11 +1025,9 @@ int kv_view_describe(const struct kv_view *v, char *buf, size_t cap)
     es = (int64_t)kv_dtype_size(v->dtype);
     for (int i = 0; i < v->ndim && i < KV_MAX_DIMS; i++)
         bstrides[i] = v->strides[i] * es;
-    contig = kv_view_is_contiguous(v) ? (kv_view_is_f_contiguous(v) && v->ndim > 1 &&
-                                                 kv_view_numel(v) > 1
-                                             ? "C+F"
-                                             : "C")
-                                      : (kv_view_is_f_contiguous(v) ? "F" : "no");
+    contig = kv_view_is_contiguous(v)
+                 ? (kv_view_is_f_contiguous(v) && v->ndim > 1 && kv_view_numel(v) > 1 ? "C+F" : "C")
+                 : (kv_view_is_f_contiguous(v) ? "F" : "no");
     return snprintf(buf, cap,
                     "shape=%s strides=%s elems (%s bytes) offset=%" PRId64 " (%" PRId64
                     " bytes) dtype=%s numel=%" PRId64 " contiguous=%s storage=%p (%zu bytes) "

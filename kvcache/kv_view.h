@@ -202,22 +202,22 @@ KV_API int kv_view_describe(const struct kv_view *v, char *buf, size_t cap);
 
 /* ---- copy accounting ---------------------------------------------------- */
 
-#define KV_COPY_REASON_MAP(X)                                                  \
-    X(KV_COPY_MATERIALIZE, "materialize")                                      \
-    X(KV_COPY_VIEW_COPY, "view_copy")                                          \
-    X(KV_COPY_RESHAPE, "reshape")                                              \
-    X(KV_COPY_FLATTEN, "flatten")                                              \
-    X(KV_COPY_CONTIGUOUS, "contiguous")                                        \
-    X(KV_COPY_BLOCK_COPY, "block_copy")                                        \
-    X(KV_COPY_PACK, "pack")                                                    \
-    X(KV_COPY_UNPACK, "unpack")                                                \
+#define KV_COPY_REASON_MAP(X)                                                                      \
+    X(KV_COPY_MATERIALIZE, "materialize")                                                          \
+    X(KV_COPY_VIEW_COPY, "view_copy")                                                              \
+    X(KV_COPY_RESHAPE, "reshape")                                                                  \
+    X(KV_COPY_FLATTEN, "flatten")                                                                  \
+    X(KV_COPY_CONTIGUOUS, "contiguous")                                                            \
+    X(KV_COPY_BLOCK_COPY, "block_copy")                                                            \
+    X(KV_COPY_PACK, "pack")                                                                        \
+    X(KV_COPY_UNPACK, "unpack")                                                                    \
     X(KV_COPY_OFFLOAD, "offload")
 
 typedef enum kv_copy_reason {
 #define KV__COPY_REASON_ENUM(e, name) e,
     KV_COPY_REASON_MAP(KV__COPY_REASON_ENUM)
 #undef KV__COPY_REASON_ENUM
-    KV_COPY_REASON_COUNT
+        KV_COPY_REASON_COUNT
 } kv_copy_reason;
 
 struct kv_copy_stats {

@@ -73,8 +73,8 @@ void kv_copy_stats_reset(void)
 const char *kv_copy_reason_name(kv_copy_reason r)
 {
     switch (r) {
-#define KV__COPY_REASON_NAME(e, name) \
-    case e:                           \
+#define KV__COPY_REASON_NAME(e, name)                                                              \
+    case e:                                                                                        \
         return name;
         KV_COPY_REASON_MAP(KV__COPY_REASON_NAME)
 #undef KV__COPY_REASON_NAME
@@ -148,13 +148,13 @@ static void kv__strided_line_any(char *d, int64_t ds, const char *s, int64_t ss,
 /* ---- the plan ----------------------------------------------------------- */
 
 struct kv__copy_plan {
-    int ndim;                            /* after coalescing; 0 = one element */
-    size_t esz;                          /* bytes per element: 1, 2, 4 or 8 */
-    int64_t shape[KV_MAX_DIMS];          /* every entry >= 2 */
-    int64_t ds[KV_MAX_DIMS];             /* dst stride, bytes */
-    int64_t ss[KV_MAX_DIMS];             /* src stride, bytes */
-    char *dst;                           /* dst element [0,...,0] */
-    const char *src;                     /* src element [0,...,0] */
+    int ndim;                   /* after coalescing; 0 = one element */
+    size_t esz;                 /* bytes per element: 1, 2, 4 or 8 */
+    int64_t shape[KV_MAX_DIMS]; /* every entry >= 2 */
+    int64_t ds[KV_MAX_DIMS];    /* dst stride, bytes */
+    int64_t ss[KV_MAX_DIMS];    /* src stride, bytes */
+    char *dst;                  /* dst element [0,...,0] */
+    const char *src;            /* src element [0,...,0] */
 };
 
 /* Returns false when there is nothing to copy (numel == 0). */
@@ -433,8 +433,8 @@ static void kv__copy_runs(const struct kv__copy_plan *p)
 #define KV__TILE 64
 
 /* Portable B x B block: the compiler keeps it in registers where it can. */
-static KV__ALWAYS_INLINE void kv__block_c(char *d, int64_t drs, const char *s, int64_t srs,
-                                          int B, size_t esz)
+static KV__ALWAYS_INLINE void kv__block_c(char *d, int64_t drs, const char *s, int64_t srs, int B,
+                                          size_t esz)
 {
     for (int c = 0; c < B; c++)
         for (int r = 0; r < B; r++)
@@ -471,8 +471,7 @@ static KV__ALWAYS_INLINE void kv__block8_u8_sse2(char *d, int64_t drs, const cha
 }
 
 /* 8x8 two-byte elements: 16-byte rows in and out. */
-static KV__ALWAYS_INLINE void kv__block8_u16_sse2(char *d, int64_t drs, const char *s,
-                                                  int64_t srs)
+static KV__ALWAYS_INLINE void kv__block8_u16_sse2(char *d, int64_t drs, const char *s, int64_t srs)
 {
     __m128i r0 = _mm_loadu_si128((const __m128i *)(s + 0 * srs));
     __m128i r1 = _mm_loadu_si128((const __m128i *)(s + 1 * srs));
@@ -501,8 +500,7 @@ static KV__ALWAYS_INLINE void kv__block8_u16_sse2(char *d, int64_t drs, const ch
 }
 
 /* 4x4 four-byte elements. */
-static KV__ALWAYS_INLINE void kv__block4_u32_sse2(char *d, int64_t drs, const char *s,
-                                                  int64_t srs)
+static KV__ALWAYS_INLINE void kv__block4_u32_sse2(char *d, int64_t drs, const char *s, int64_t srs)
 {
     __m128i r0 = _mm_loadu_si128((const __m128i *)(s + 0 * srs));
     __m128i r1 = _mm_loadu_si128((const __m128i *)(s + 1 * srs));
@@ -516,8 +514,7 @@ static KV__ALWAYS_INLINE void kv__block4_u32_sse2(char *d, int64_t drs, const ch
     _mm_storeu_si128((__m128i *)(d + 3 * drs), _mm_unpackhi_epi64(a2, a3));
 }
 
-static KV__ALWAYS_INLINE void kv__block8_u32_sse2(char *d, int64_t drs, const char *s,
-                                                  int64_t srs)
+static KV__ALWAYS_INLINE void kv__block8_u32_sse2(char *d, int64_t drs, const char *s, int64_t srs)
 {
     kv__block4_u32_sse2(d, drs, s, srs);
     kv__block4_u32_sse2(d + 16, drs, s + 4 * srs, srs);
@@ -526,8 +523,7 @@ static KV__ALWAYS_INLINE void kv__block8_u32_sse2(char *d, int64_t drs, const ch
 }
 
 /* 2x2 eight-byte elements. */
-static KV__ALWAYS_INLINE void kv__block2_u64_sse2(char *d, int64_t drs, const char *s,
-                                                  int64_t srs)
+static KV__ALWAYS_INLINE void kv__block2_u64_sse2(char *d, int64_t drs, const char *s, int64_t srs)
 {
     __m128i r0 = _mm_loadu_si128((const __m128i *)s);
     __m128i r1 = _mm_loadu_si128((const __m128i *)(s + srs));
@@ -585,12 +581,10 @@ static KV__ALWAYS_INLINE void kv__transpose(char *d, int64_t drs, const char *s,
                     kv__block(d + c * drs + r * e, drs, s + r * srs + c * e, srs, esz);
             /* ragged right edge of src (bottom rows of dst) */
             for (int64_t c = cf; c < c1; c++)
-                kv__strided_line(d + c * drs + r0 * e, e, s + r0 * srs + c * e, srs, r1 - r0,
-                                 esz);
+                kv__strided_line(d + c * drs + r0 * e, e, s + r0 * srs + c * e, srs, r1 - r0, esz);
             /* ragged bottom edge of src (right columns of dst) */
             for (int64_t c = c0; c < cf; c++)
-                kv__strided_line(d + c * drs + rf * e, e, s + rf * srs + c * e, srs, r1 - rf,
-                                 esz);
+                kv__strided_line(d + c * drs + rf * e, e, s + rf * srs + c * e, srs, r1 - rf, esz);
         }
     }
 }
@@ -693,8 +687,7 @@ static KV__ALWAYS_INLINE void kv__transpose_stream(char *d, int64_t drs, const c
                 /* b[k][r] = a[r][c + k] */
                 kv__transpose(b, bs, a + c * e, bs, tr, sc, esz, T);
                 for (int64_t k = 0; k < sc; k++)
-                    kv__stream_bytes(d + (c0 + c + k) * drs + r0 * e, b + k * bs,
-                                     (size_t)(tr * e));
+                    kv__stream_bytes(d + (c0 + c + k) * drs + r0 * e, b + k * bs, (size_t)(tr * e));
             }
         }
     }
@@ -762,9 +755,8 @@ static void kv__copy_transpose(const struct kv__copy_plan *p, int r, int c, int6
      * wide each way; the buffer is best effort (without it: direct tiles). */
     enum kv__tr_mode mode = KV__TR_DIRECT;
     char *buf = NULL;
-    const int64_t t = KV__COPY_X86 && total >= KV__STREAM_MIN_BYTES
-                          ? kv__stream_tile_elems(p->esz)
-                          : kv__stage_elems(p->esz);
+    const int64_t t = KV__COPY_X86 && total >= KV__STREAM_MIN_BYTES ? kv__stream_tile_elems(p->esz)
+                                                                    : kv__stage_elems(p->esz);
     if (p->shape[r] >= t / 2 && p->shape[c] >= t / 2 &&
         p->shape[r] * p->shape[c] * (int64_t)p->esz >= KV__STAGE_MIN_BYTES) {
         if (KV__COPY_X86 && total >= KV__STREAM_MIN_BYTES) {
@@ -869,7 +861,8 @@ kv_status kv_view_materialize(const struct kv_view *src, void *dst, size_t dst_b
     numel = kv_view_numel(src);
     esz = kv_view_elem_bytes(src);
     if (!kv__mul_i64(numel, (int64_t)esz, &need))
-        return kv__error(KV_ERR_OVERFLOW, "kv_view_materialize: %lld elements * %zu bytes overflows",
+        return kv__error(KV_ERR_OVERFLOW,
+                         "kv_view_materialize: %lld elements * %zu bytes overflows",
                          (long long)numel, esz);
     if (!dst && need > 0)
         return kv__error(KV_ERR_NULL, "kv_view_materialize: dst is NULL (need %lld bytes)",
@@ -890,8 +883,8 @@ kv_status kv_view_materialize(const struct kv_view *src, void *dst, size_t dst_b
                              "[%p, +%lld)",
                              dst, (long long)need, (void *)s_lo, (long long)(hi - lo));
 
-        struct kv_view d = {.dtype = src->dtype, .ndim = src->ndim, .base = dst,
-                            .storage_bytes = dst_bytes};
+        struct kv_view d = {
+            .dtype = src->dtype, .ndim = src->ndim, .base = dst, .storage_bytes = dst_bytes};
         int64_t stride = 1;
         for (int k = src->ndim - 1; k >= 0; k--) {
             d.shape[k] = src->shape[k];

@@ -124,12 +124,13 @@ static kv_status ovl_check_meta(const char *fn, const char *arg, const struct kv
         return kv__error(KV_ERR_INVALID_ARG, "%s: view %s has unknown dtype %d", fn, arg,
                          (int)v->dtype);
     if (v->ndim < 0 || v->ndim > KV_MAX_DIMS)
-        return kv__error(KV_ERR_BAD_DIM, "%s: view %s has ndim %d outside 0..%d", fn, arg,
-                         v->ndim, KV_MAX_DIMS);
+        return kv__error(KV_ERR_BAD_DIM, "%s: view %s has ndim %d outside 0..%d", fn, arg, v->ndim,
+                         KV_MAX_DIMS);
     for (int k = 0; k < v->ndim; k++)
         if (v->shape[k] < 0)
-            return kv__error(KV_ERR_BAD_SHAPE, "%s: view %s has negative size %" PRId64
-                             " in dim %d", fn, arg, v->shape[k], k);
+            return kv__error(KV_ERR_BAD_SHAPE,
+                             "%s: view %s has negative size %" PRId64 " in dim %d", fn, arg,
+                             v->shape[k], k);
     return KV_OK;
 }
 
@@ -294,8 +295,7 @@ static void ovl_fmt_view(char *buf, size_t cap, const struct kv_view *v)
     char sh[160], st[160];
     snprintf(buf, cap, "shape %s strides %s offset %" PRId64 " %s",
              kv__fmt_list(sh, sizeof(sh), v->shape, v->ndim),
-             kv__fmt_list(st, sizeof(st), v->strides, v->ndim), v->offset,
-             kv_dtype_name(v->dtype));
+             kv__fmt_list(st, sizeof(st), v->strides, v->ndim), v->offset, kv_dtype_name(v->dtype));
 }
 
 /* ---- public ------------------------------------------------------------- */
@@ -306,8 +306,7 @@ void kv_view_extent_bytes(const struct kv_view *v, int64_t *lo_bytes, int64_t *h
     int64_t lo = 0, hi = 0;
 
     if (v != NULL && ovl_check_meta("kv_view_extent_bytes", "v", v) == KV_OK &&
-        ovl_form_build(v, &f) && !f.empty &&
-        kv__add_i64(f.rel_start_bytes, f.span_bytes, &hi))
+        ovl_form_build(v, &f) && !f.empty && kv__add_i64(f.rel_start_bytes, f.span_bytes, &hi))
         lo = f.rel_start_bytes;
     else
         hi = 0;
@@ -367,8 +366,10 @@ kv_status kv_view_has_internal_overlap(const struct kv_view *v, int64_t max_work
     if (f.span_bytes > KV__OVL_RANGE_LIMIT / 2) {
         char d[400];
         ovl_fmt_view(d, sizeof(d), v);
-        return kv__error(KV_ERR_OVERFLOW, "%s: span %" PRId64 " bytes of view (%s) too large "
-                         "for the exact test", fn, f.span_bytes, d);
+        return kv__error(KV_ERR_OVERFLOW,
+                         "%s: span %" PRId64 " bytes of view (%s) too large "
+                         "for the exact test",
+                         fn, f.span_bytes, d);
     }
     memset(&s, 0, sizeof(s));
     for (int k = 0; k < f.ndims; k++) {
@@ -385,8 +386,10 @@ kv_status kv_view_has_internal_overlap(const struct kv_view *v, int64_t max_work
     if (r == OVL_COSTLY) {
         char d[400];
         ovl_fmt_view(d, sizeof(d), v);
-        return kv__error(KV_ERR_TOO_COSTLY, "%s: exact answer needs more than max_work %" PRId64
-                         " search steps for view (%s)", fn, s.max_work, d);
+        return kv__error(KV_ERR_TOO_COSTLY,
+                         "%s: exact answer needs more than max_work %" PRId64
+                         " search steps for view (%s)",
+                         fn, s.max_work, d);
     }
     *out = r == OVL_YES;
     return kv__ok();
@@ -442,8 +445,8 @@ kv_status kv_view_shares(const struct kv_view *a, const struct kv_view *b, int64
         total > KV__OVL_RANGE_LIMIT / 4) {
         char d[400];
         ovl_fmt_view(d, sizeof(d), fa.span_bytes >= fb.span_bytes ? a : b);
-        return kv__error(KV_ERR_OVERFLOW, "%s: span of view (%s) too large for the exact test",
-                         fn, d);
+        return kv__error(KV_ERR_OVERFLOW, "%s: span of view (%s) too large for the exact test", fn,
+                         d);
     }
     /* The forms already leave out stride-0 and size-1 dims: they add no address. */
     ovl_form_coalesce(&fa);
@@ -474,8 +477,10 @@ kv_status kv_view_shares(const struct kv_view *a, const struct kv_view *b, int64
         char da[400], db[400];
         ovl_fmt_view(da, sizeof(da), a);
         ovl_fmt_view(db, sizeof(db), b);
-        return kv__error(KV_ERR_TOO_COSTLY, "%s: exact answer needs more than max_work %" PRId64
-                         " search steps for a (%s) and b (%s)", fn, s.max_work, da, db);
+        return kv__error(KV_ERR_TOO_COSTLY,
+                         "%s: exact answer needs more than max_work %" PRId64
+                         " search steps for a (%s) and b (%s)",
+                         fn, s.max_work, da, db);
     }
     *out = r == OVL_YES;
     return kv__ok();

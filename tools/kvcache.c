@@ -21,22 +21,21 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: kvcache view --shape S0,S1,.. [--dtype DT] [--op \"OP ARGS\"]... [--print]\n"
-            "       kvcache cache [--layers L] [--blocks B] [--block-tokens N] [--heads H]\n"
-            "                     [--head-dim D] [--dtype DT] [--order nhd|hnd]\n"
-            "                     [--arrange layer|block] [--pad ELEMS] [--page-ratio R]\n"
-            "                     [--seqs LEN,LEN,..]\n"
-            "       kvcache version\n"
-            "\n"
-            "view ops (dims may be negative; lists are comma-separated):\n"
-            "  permute P0,P1,..      transpose A B          slice D START STOP STEP\n"
-            "  narrow D START LEN    select D I             unsqueeze D | squeeze D\n"
-            "  expand S0,S1,..       diagonal OFF A B       flatten A B\n"
-            "  view S0,..            reshape S0,..          contiguous\n"
-            "  as_strided S0,.. T0,.. OFFSET                window D SIZE\n"
-            "--print lists the storage index of every element of the final view.\n"
-            "dtypes: f32 f16 bf16 fp8_e4m3 fp8_e5m2 i8 i32 i64 u8 f64\n");
+    fprintf(f, "usage: kvcache view --shape S0,S1,.. [--dtype DT] [--op \"OP ARGS\"]... [--print]\n"
+               "       kvcache cache [--layers L] [--blocks B] [--block-tokens N] [--heads H]\n"
+               "                     [--head-dim D] [--dtype DT] [--order nhd|hnd]\n"
+               "                     [--arrange layer|block] [--pad ELEMS] [--page-ratio R]\n"
+               "                     [--seqs LEN,LEN,..]\n"
+               "       kvcache version\n"
+               "\n"
+               "view ops (dims may be negative; lists are comma-separated):\n"
+               "  permute P0,P1,..      transpose A B          slice D START STOP STEP\n"
+               "  narrow D START LEN    select D I             unsqueeze D | squeeze D\n"
+               "  expand S0,S1,..       diagonal OFF A B       flatten A B\n"
+               "  view S0,..            reshape S0,..          contiguous\n"
+               "  as_strided S0,.. T0,.. OFFSET                window D SIZE\n"
+               "--print lists the storage index of every element of the final view.\n"
+               "dtypes: f32 f16 bf16 fp8_e4m3 fp8_e5m2 i8 i32 i64 u8 f64\n");
 }
 
 static int parse_list(const char *s, int64_t *out, int *n)
@@ -124,8 +123,8 @@ static kv_status apply(struct session *s, const char *op, struct kv_view *v, boo
         return kv_view_as_strided(v, n1, l1, l2, off, v);
     }
     if (parse_list(rest, l1, &n1) || n1 > KV_MAX_DIMS) {
-        fprintf(stderr, "bad list '%s' for %s (at most %d comma-separated integers)\n", rest,
-                name, KV_MAX_DIMS);
+        fprintf(stderr, "bad list '%s' for %s (at most %d comma-separated integers)\n", rest, name,
+                KV_MAX_DIMS);
         return KV_ERR_INVALID_ARG;
     }
     if (!strcmp(name, "permute")) {
@@ -210,8 +209,10 @@ static int cmd_view(int argc, char **argv)
     }
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0 || shape[i] > (1 << 24) || (numel *= shape[i]) > (1 << 26)) {
-            fprintf(stderr, "kvcache view: --shape '%s' must be non-negative and at most 2^26 "
-                            "elements in all for this tool\n", shape_s);
+            fprintf(stderr,
+                    "kvcache view: --shape '%s' must be non-negative and at most 2^26 "
+                    "elements in all for this tool\n",
+                    shape_s);
             return 2;
         }
     }
@@ -284,8 +285,12 @@ static int cmd_cache(int argc, char **argv)
     kv_status st;
 
     memset(&cfg, 0, sizeof(cfg));
-    cfg.layout = (struct kv_layout_config){.num_layers = 4, .num_blocks = 1024, .block_tokens = 16,
-                                           .num_heads = 8, .head_dim = 128, .dtype = KV_BF16};
+    cfg.layout = (struct kv_layout_config){.num_layers = 4,
+                                           .num_blocks = 1024,
+                                           .block_tokens = 16,
+                                           .num_heads = 8,
+                                           .head_dim = 128,
+                                           .dtype = KV_BF16};
     cfg.max_seqs = 64;
     cfg.enable_prefix_caching = true;
     for (int i = 0; i < argc; i++) {
@@ -314,8 +319,8 @@ static int cmd_cache(int argc, char **argv)
         else if (!strcmp(a, "--order") && (!strcmp(v, "nhd") || !strcmp(v, "hnd")))
             cfg.layout.order = !strcmp(v, "hnd") ? KV_ORDER_HND : KV_ORDER_NHD;
         else if (!strcmp(a, "--arrange") && (!strcmp(v, "layer") || !strcmp(v, "block")))
-            cfg.layout.arrange = !strcmp(v, "block") ? KV_ARRANGE_BLOCK_MAJOR
-                                                     : KV_ARRANGE_LAYER_MAJOR;
+            cfg.layout.arrange =
+                !strcmp(v, "block") ? KV_ARRANGE_BLOCK_MAJOR : KV_ARRANGE_LAYER_MAJOR;
         else if (!strcmp(a, "--dtype")) {
             if (kv_dtype_parse(v, &cfg.layout.dtype) != KV_OK)
                 return cache_fail("--dtype", KV_ERR_INVALID_ARG);
@@ -361,8 +366,8 @@ static int cmd_cache(int argc, char **argv)
         if (st != KV_OK)
             rc = cache_fail("block runs", st);
         else if (rc == 0)
-            printf("block %u across layers: %" PRId64 " run(s) of %" PRId64 " bytes, stride %" PRId64
-                   " bytes, first at byte %" PRId64 "\n",
+            printf("block %u across layers: %" PRId64 " run(s) of %" PRId64
+                   " bytes, stride %" PRId64 " bytes, first at byte %" PRId64 "\n",
                    blk, r.run_count, r.run_bytes, r.run_stride_bytes, r.first_offset_bytes);
     }
 
@@ -396,8 +401,8 @@ static int cmd_cache(int argc, char **argv)
             kv_cache_destroy(c);
             return rc;
         }
-        printf("fork of seq %u -> seq %u, one token appended: %u copy-on-write cop%s",
-               ids[0], child, ncp, ncp == 1 ? "y" : "ies");
+        printf("fork of seq %u -> seq %u, one token appended: %u copy-on-write cop%s", ids[0],
+               child, ncp, ncp == 1 ? "y" : "ies");
         for (uint32_t i = 0; i < ncp; i++)
             printf(" (block %u -> %u, %u tokens)", cp[i].src, cp[i].dst, cp[i].tokens);
         printf("\n");

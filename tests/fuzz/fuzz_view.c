@@ -29,8 +29,8 @@
 #include "kv_view.h"
 
 #define MAX_START_NUMEL 4096
-#define MAX_WALK_NUMEL 65536   /* past this, stop the chain (materialize cost) */
-#define MAX_BRUTE_NUMEL 1024   /* brute-force overlap checks up to this size */
+#define MAX_WALK_NUMEL 65536 /* past this, stop the chain (materialize cost) */
+#define MAX_BRUTE_NUMEL 1024 /* brute-force overlap checks up to this size */
 #define MAX_OPS 12
 #define ARENA_BYTES (4u << 20) /* copy destinations per input */
 #define ARENA_BLOCKS 16
@@ -285,7 +285,8 @@ static void check_overlap_fns(const struct kv_view *v, const struct kv_view *oth
     if (n == 0)
         CHECK(lo == 0 && hi == 0);
     else
-        CHECK((uintptr_t)v->base + (uintptr_t)lo == rlo && (uintptr_t)v->base + (uintptr_t)hi == rhi);
+        CHECK((uintptr_t)v->base + (uintptr_t)lo == rlo &&
+              (uintptr_t)v->base + (uintptr_t)hi == rhi);
 
     st = kv_view_has_internal_overlap(v, 0, &got);
     CHECK(st == KV_OK || st == KV_ERR_TOO_COSTLY);
@@ -357,9 +358,9 @@ enum op {
 };
 
 static const char *const op_names[OP_COUNT] = {
-    "permute", "transpose", "slice",  "narrow",     "select",     "unsqueeze",      "squeeze",
-    "expand",  "diagonal",  "view",   "reshape",    "flatten",    "contiguous",     "sliding_window",
-    "as_strided",
+    "permute",   "transpose", "slice",      "narrow",         "select",
+    "unsqueeze", "squeeze",   "expand",     "diagonal",       "view",
+    "reshape",   "flatten",   "contiguous", "sliding_window", "as_strided",
 };
 
 struct op_args {

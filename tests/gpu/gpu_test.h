@@ -7,13 +7,12 @@
 
 #include "kv.h"
 
-#define CHECK(c)                                                                    \
-    do {                                                                            \
-        if (!(c)) {                                                                 \
-            fprintf(stderr, "FAIL %s:%d: %s (%s)\n", __FILE__, __LINE__, #c,        \
-                    kv_last_error());                                               \
-            exit(1);                                                                \
-        }                                                                           \
+#define CHECK(c)                                                                                   \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "FAIL %s:%d: %s (%s)\n", __FILE__, __LINE__, #c, kv_last_error());     \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
 
 #endif /* GPU_TEST_H */

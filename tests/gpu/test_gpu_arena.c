@@ -15,8 +15,8 @@
 int main(void)
 {
     const size_t bytes = (size_t)64 << 20;
-    struct kv_arena_config cfg = {.kind = KV_MEM_PINNED, .size_bytes = bytes,
-                                  .flags = KV_ARENA_ZERO};
+    struct kv_arena_config cfg = {
+        .kind = KV_MEM_PINNED, .size_bytes = bytes, .flags = KV_ARENA_ZERO};
     struct kv_mem_region r;
     size_t n = 0;
     kv_arena *a = NULL;

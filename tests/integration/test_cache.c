@@ -83,7 +83,7 @@ static void check_tokens(kv_cache *c, uint32_t seq, uint32_t tag, uint64_t start
     uint64_t nnz = 0;
     assert_int_equal(kv_page_table_export_flashinfer(pt, &seq, 1, &ex, &nnz), KV_OK);
     for (uint64_t t = start; t < start + count; t++) {
-        int32_t page = indices[t / N]; /* page ratio 1 in this test */
+        int32_t page = indices[t / N];   /* page ratio 1 in this test */
         assert_true(page >= g_min_page); /* far from block 0 */
         for (uint32_t l = 0; l < L; l++)
             for (int kv = 0; kv < 2; kv++) {
@@ -198,10 +198,26 @@ static void run_case(kv_arrange arrange, kv_order order, int64_t pad)
     kv_cache_destroy(c); /* live sequences release their blocks */
 }
 
-static void test_cache_layer_major_nhd(void **s) { (void)s; run_case(KV_ARRANGE_LAYER_MAJOR, KV_ORDER_NHD, 0); }
-static void test_cache_layer_major_hnd_padded(void **s) { (void)s; run_case(KV_ARRANGE_LAYER_MAJOR, KV_ORDER_HND, 24); }
-static void test_cache_block_major_nhd_padded(void **s) { (void)s; run_case(KV_ARRANGE_BLOCK_MAJOR, KV_ORDER_NHD, 40); }
-static void test_cache_block_major_hnd(void **s) { (void)s; run_case(KV_ARRANGE_BLOCK_MAJOR, KV_ORDER_HND, 0); }
+static void test_cache_layer_major_nhd(void **s)
+{
+    (void)s;
+    run_case(KV_ARRANGE_LAYER_MAJOR, KV_ORDER_NHD, 0);
+}
+static void test_cache_layer_major_hnd_padded(void **s)
+{
+    (void)s;
+    run_case(KV_ARRANGE_LAYER_MAJOR, KV_ORDER_HND, 24);
+}
+static void test_cache_block_major_nhd_padded(void **s)
+{
+    (void)s;
+    run_case(KV_ARRANGE_BLOCK_MAJOR, KV_ORDER_NHD, 40);
+}
+static void test_cache_block_major_hnd(void **s)
+{
+    (void)s;
+    run_case(KV_ARRANGE_BLOCK_MAJOR, KV_ORDER_HND, 0);
+}
 
 /* A cached prefix is reused by a new sequence with the same tokens, and the
  * K/V the first sequence wrote is what the second one reads. */
@@ -217,8 +233,12 @@ static void test_cache_prefix_reuse(void **state)
     struct kv_block_pool_stats st;
     (void)state;
     memset(&cfg, 0, sizeof(cfg));
-    cfg.layout = (struct kv_layout_config){.num_layers = L, .num_blocks = 64, .block_tokens = N,
-                                           .num_heads = H, .head_dim = D, .dtype = KV_BF16};
+    cfg.layout = (struct kv_layout_config){.num_layers = L,
+                                           .num_blocks = 64,
+                                           .block_tokens = N,
+                                           .num_heads = H,
+                                           .head_dim = D,
+                                           .dtype = KV_BF16};
     cfg.max_seqs = 4;
     cfg.enable_prefix_caching = true;
     g_min_page = 1;
@@ -255,8 +275,12 @@ static void test_cache_prefix_survives_pressure(void **state)
     int32_t toks[13], other[8];
     (void)state;
     memset(&cfg, 0, sizeof(cfg));
-    cfg.layout = (struct kv_layout_config){.num_layers = 1, .num_blocks = 5, .block_tokens = 4,
-                                           .num_heads = 1, .head_dim = 8, .dtype = KV_F16};
+    cfg.layout = (struct kv_layout_config){.num_layers = 1,
+                                           .num_blocks = 5,
+                                           .block_tokens = 4,
+                                           .num_heads = 1,
+                                           .head_dim = 8,
+                                           .dtype = KV_F16};
     cfg.max_seqs = 4;
     cfg.enable_prefix_caching = true;
     assert_int_equal(kv_cache_create(&cfg, &c), KV_OK); /* 4 usable blocks */
@@ -281,8 +305,12 @@ static void test_cache_bad_config(void **state)
     kv_cache *c = (kv_cache *)0x1;
     (void)state;
     memset(&cfg, 0, sizeof(cfg));
-    cfg.layout = (struct kv_layout_config){.num_layers = 2, .num_blocks = 1, .block_tokens = 16,
-                                           .num_heads = 2, .head_dim = 64, .dtype = KV_F16};
+    cfg.layout = (struct kv_layout_config){.num_layers = 2,
+                                           .num_blocks = 1,
+                                           .block_tokens = 16,
+                                           .num_heads = 2,
+                                           .head_dim = 64,
+                                           .dtype = KV_F16};
     cfg.max_seqs = 1;
     assert_int_equal(kv_cache_create(&cfg, &c), KV_ERR_INVALID_ARG); /* 1 block: only null */
     assert_non_null(strstr(kv_last_error(), "num_blocks 1"));

@@ -109,8 +109,7 @@ static void snap_take(kv_block_pool *p, uint32_t num_blocks, struct snapshot *s)
         if (id == 0 || kv_block_pool_block_hash(p, id, &s->hashes[id]) != KV_OK)
             s->hashes[id] = ~0ull;
     }
-    assert_int_equal(kv_block_pool_free_list(p, s->free_list, num_blocks, &s->n_free_list),
-                     KV_OK);
+    assert_int_equal(kv_block_pool_free_list(p, s->free_list, num_blocks, &s->n_free_list), KV_OK);
 }
 
 static void snap_free(struct snapshot *s)
@@ -256,7 +255,7 @@ static void test_block_pool_batch_alloc_all_or_nothing(void **state)
     assert_int_equal(kv_block_pool_alloc(p, 6, ids), KV_OK);
     assert_int_equal(kv_block_pool_commit_hash(p, ids[0], 100, NULL), KV_OK);
     assert_int_equal(kv_block_pool_commit_hash(p, ids[1], 101, NULL), KV_OK);
-    assert_int_equal(kv_block_pool_release(p, ids, 2), KV_OK); /* cached */
+    assert_int_equal(kv_block_pool_release(p, ids, 2), KV_OK);     /* cached */
     assert_int_equal(kv_block_pool_release(p, ids + 2, 1), KV_OK); /* free */
     size_t events = log.n;
 
@@ -432,15 +431,15 @@ static void fill_tokens(int32_t *t, uint32_t n, int32_t seed)
 }
 
 /* Allocate n_blocks for tokens and commit the full ones as a chain. */
-static void commit_chain(kv_block_pool *p, const int32_t *tokens, uint32_t n_blocks,
-                         uint64_t extra, uint32_t *ids, uint64_t *hashes)
+static void commit_chain(kv_block_pool *p, const int32_t *tokens, uint32_t n_blocks, uint64_t extra,
+                         uint32_t *ids, uint64_t *hashes)
 {
     uint64_t parent = KV_BLOCK_HASH_ROOT;
     assert_int_equal(kv_block_pool_alloc(p, n_blocks, ids), KV_OK);
     for (uint32_t i = 0; i < n_blocks; i++) {
-        assert_int_equal(kv_block_pool_commit_full(p, ids[i], parent, tokens + i * BT, BT,
-                                                   extra, &hashes[i]),
-                         KV_OK);
+        assert_int_equal(
+            kv_block_pool_commit_full(p, ids[i], parent, tokens + i * BT, BT, extra, &hashes[i]),
+            KV_OK);
         assert_int_equal(hashes[i], kv_block_hash(parent, tokens + i * BT, BT, extra));
         parent = hashes[i];
     }
@@ -511,8 +510,7 @@ static void test_block_pool_long_prefix_spans_chunks(void **state)
     commit_chain(p, tok, NB, 9, ids, hashes);
     assert_int_equal(kv_block_pool_release(p, ids, NB), KV_OK);
     assert_int_equal(stats_of(p).cached_blocks, NB);
-    assert_int_equal(kv_block_pool_match_prefix(p, tok, NB * BT, BT, 9, got, got_h, NB, &n),
-                     KV_OK);
+    assert_int_equal(kv_block_pool_match_prefix(p, tok, NB * BT, BT, 9, got, got_h, NB, &n), KV_OK);
     assert_int_equal(n, NB);
     assert_memory_equal(got, ids, sizeof(ids));
     assert_memory_equal(got_h, hashes, sizeof(hashes));
@@ -525,14 +523,12 @@ static void test_block_pool_long_prefix_spans_chunks(void **state)
     static int32_t tok2[NB * BT];
     memcpy(tok2, tok, sizeof(tok2));
     tok2[40 * BT] = -7;
-    assert_int_equal(kv_block_pool_match_prefix(p, tok2, NB * BT, BT, 9, got, NULL, NB, &n),
-                     KV_OK);
+    assert_int_equal(kv_block_pool_match_prefix(p, tok2, NB * BT, BT, 9, got, NULL, NB, &n), KV_OK);
     assert_int_equal(n, 40);
     assert_int_equal(stats_of(p).misses, 60);
     assert_int_equal(kv_block_pool_release(p, got, n), KV_OK);
     tok2[5 * BT + 1] = -7;
-    assert_int_equal(kv_block_pool_match_prefix(p, tok2, NB * BT, BT, 9, got, NULL, NB, &n),
-                     KV_OK);
+    assert_int_equal(kv_block_pool_match_prefix(p, tok2, NB * BT, BT, 9, got, NULL, NB, &n), KV_OK);
     assert_int_equal(n, 5);
     assert_int_equal(stats_of(p).misses, 60 + 95);
     assert_int_equal(stats_of(p).hits, NB + 40 + 5);
@@ -777,11 +773,11 @@ static void test_block_pool_hash_table_survives_churn(void **state)
 
 struct model {
     uint32_t ref[M_BLOCKS];
-    int32_t key[M_BLOCKS];     /* key the block carries, -1 none */
-    uint32_t stamp[M_BLOCKS];  /* stamp of its live FIFO entry */
+    int32_t key[M_BLOCKS];    /* key the block carries, -1 none */
+    uint32_t stamp[M_BLOCKS]; /* stamp of its live FIFO entry */
     bool on_list[M_BLOCKS];
-    uint32_t owner[M_KEYS];    /* block carrying key k, 0 none */
-    uint64_t *q;               /* FIFO entries: id << 32 | stamp */
+    uint32_t owner[M_KEYS]; /* block carrying key k, 0 none */
+    uint64_t *q;            /* FIFO entries: id << 32 | stamp */
     size_t qhead, qtail, qcap;
     uint32_t next_stamp;
     uint32_t n_list, n_used, n_cached, high;
@@ -1037,7 +1033,7 @@ static void test_block_pool_model_random_ops(void **state)
                     bad = (r % 3 == 0) ? 0 : M_BLOCKS + (uint32_t)kvt_range(&rng, 0, 100);
                 }
                 want_s = m.on_list[bad < M_BLOCKS ? bad : 0] && bad != 0 ? KV_ERR_BAD_STATE
-                                                                          : KV_ERR_INVALID_ARG;
+                                                                         : KV_ERR_INVALID_ARG;
                 /* Distinct held references (a valid batch), then one bad id. */
                 uint32_t pos = (uint32_t)kvt_range(&rng, 0, n - 1);
                 size_t start = (size_t)kvt_range(&rng, 0, (int64_t)(m.n_held - n));
@@ -1399,8 +1395,8 @@ static void test_block_pool_threads_share_one_pool(void **state)
     printf("# threads: %d x %ld iters: hits %llu of %llu, stored %llu, evictions %llu, allocs "
            "%llu, NO_BLOCKS %llu\n",
            T_THREADS, args[0].iters, (unsigned long long)hits, (unsigned long long)asked,
-           (unsigned long long)stored, (unsigned long long)s.evictions,
-           (unsigned long long)allocs, (unsigned long long)starved);
+           (unsigned long long)stored, (unsigned long long)s.evictions, (unsigned long long)allocs,
+           (unsigned long long)starved);
     assert_int_equal(kv__block_pool_check(p), KV_OK);
     assert_int_equal(s.used_blocks, 0);
     assert_int_equal(s.free_blocks + s.cached_blocks, s.capacity);

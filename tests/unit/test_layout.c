@@ -428,13 +428,16 @@ struct refusal {
     const char *needle;
 };
 
-
 /* The block-format fingerprint ignores placement (B, padding, arrangement)
  * and catches every change of what a block holds. */
 static void test_layout_block_format_fingerprint(void **state)
 {
-    struct kv_layout_config base = {.num_layers = 4, .num_blocks = 100, .block_tokens = 16,
-                                    .num_heads = 8, .head_dim = 128, .dtype = KV_BF16};
+    struct kv_layout_config base = {.num_layers = 4,
+                                    .num_blocks = 100,
+                                    .block_tokens = 16,
+                                    .num_heads = 8,
+                                    .head_dim = 128,
+                                    .dtype = KV_BF16};
     struct kv_layout a, b;
     struct kv_layout_config c;
     (void)state;
@@ -449,12 +452,24 @@ static void test_layout_block_format_fingerprint(void **state)
     for (int i = 0; i < 6; i++) {
         c = base;
         switch (i) {
-        case 0: c.num_layers = 5; break;
-        case 1: c.block_tokens = 32; break;
-        case 2: c.num_heads = 4; break;
-        case 3: c.dtype = KV_F16; break;
-        case 4: c.order = KV_ORDER_HND; break;
-        default: c.kv_packed = true; break;
+        case 0:
+            c.num_layers = 5;
+            break;
+        case 1:
+            c.block_tokens = 32;
+            break;
+        case 2:
+            c.num_heads = 4;
+            break;
+        case 3:
+            c.dtype = KV_F16;
+            break;
+        case 4:
+            c.order = KV_ORDER_HND;
+            break;
+        default:
+            c.kv_packed = true;
+            break;
         }
         assert_int_equal(kv_layout_init(&c, &b), KV_OK);
         if (a.block_format_fingerprint == b.block_format_fingerprint)

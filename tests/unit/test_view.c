@@ -170,8 +170,8 @@ static int check_expect(const struct kv_view *v, const char *exp, char *why, siz
                             (long long)shape[i]),
                    0;
         if (shape[i] != 1 && strides[i] != v->strides[i])
-            return snprintf(why, cap, "strides[%d]=%lld expected %lld", i,
-                            (long long)v->strides[i], (long long)strides[i]),
+            return snprintf(why, cap, "strides[%d]=%lld expected %lld", i, (long long)v->strides[i],
+                            (long long)strides[i]),
                    0;
     }
     if (numel > 0 && eoff != v->offset)
@@ -468,7 +468,8 @@ static void test_view_view_refusal_names_dims(void **state)
     assert_int_equal(kv_view_view(&w, 1, flat, &w), KV_ERR_NEEDS_COPY);
     assert_msg_has("dims 1 and 2 cannot be merged");
     assert_int_equal(kv_view_transpose(&v, 1, 2, &w), KV_OK);
-    assert_int_equal(kv_view_view(&w, 4, split, &w), KV_ERR_NEEDS_COPY); /* splits dim of stride 1 */
+    assert_int_equal(kv_view_view(&w, 4, split, &w),
+                     KV_ERR_NEEDS_COPY); /* splits dim of stride 1 */
     assert_int_equal(kv_view_view(&v, 2, two, &w), KV_ERR_BAD_SHAPE);
     assert_msg_has("only one dimension");
     assert_int_equal(kv_view_view(&v, 2, bad, &w), KV_ERR_BAD_SHAPE);
@@ -623,8 +624,7 @@ static void test_view_hand_built_views_refused(void **state)
     assert_int_equal(kv_view_diagonal(&v, INT64_MIN, 0, 1, &w), KV_OK); /* empty, no negation */
     assert_int_equal(w.shape[0], 0);
     /* a misaligned base for 8-byte elements */
-    assert_int_equal(kv_view_init(&v, (char *)g_buf + 4, 64, KV_I64, 1, &one),
-                     KV_ERR_INVALID_ARG);
+    assert_int_equal(kv_view_init(&v, (char *)g_buf + 4, 64, KV_I64, 1, &one), KV_ERR_INVALID_ARG);
     assert_msg_has("not aligned");
 }
 

@@ -117,8 +117,8 @@ static void check_copy(const struct kv_view *dst, const struct kv_view *src)
             first++;
         kv_view_describe(dst, a, sizeof(a));
         kv_view_describe(src, b, sizeof(b));
-        fail_msg("copy: pool byte %zu is 0x%02x, want 0x%02x (dst %s, src %s)", first,
-                 pool[first], expect[first], a, b);
+        fail_msg("copy: pool byte %zu is 0x%02x, want 0x%02x (dst %s, src %s)", first, pool[first],
+                 expect[first], a, b);
     }
     assert_memory_equal(saved, src->base, src->storage_bytes);
     kv_mem_free(saved);
@@ -180,8 +180,8 @@ static void test_view_copy_transpose_2d(void **state)
     uint64_t rng = SEED + 1;
     /* odd sizes, degenerate sizes, and sizes big enough for the staged
      * (buffered) transpose path of each element size */
-    const int64_t sizes[][2] = {{37, 129}, {129, 37}, {1, 1}, {0, 5}, {5, 0}, {1, 17}, {17, 1},
-                                {8, 8},    {9, 7},    {64, 64}, {65, 63}};
+    const int64_t sizes[][2] = {{37, 129}, {129, 37}, {1, 1}, {0, 5},   {5, 0},  {1, 17},
+                                {17, 1},   {8, 8},    {9, 7}, {64, 64}, {65, 63}};
     for (size_t t = 0; t < N_DTYPES; t++) {
         for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
             struct kv_view v = make_src(all_dtypes[t], 2, sizes[s], 0, &rng), tv;
@@ -193,8 +193,8 @@ static void test_view_copy_transpose_2d(void **state)
     const struct {
         kv_dtype dt;
         int64_t shape[2];
-    } big[] = {{KV_U8, {1500, 1301}}, {KV_F16, {1100, 1030}}, {KV_F32, {700, 603}},
-               {KV_F64, {400, 391}}};
+    } big[] = {
+        {KV_U8, {1500, 1301}}, {KV_F16, {1100, 1030}}, {KV_F32, {700, 603}}, {KV_F64, {400, 391}}};
     for (size_t i = 0; i < sizeof(big) / sizeof(big[0]); i++) {
         struct kv_view v = make_src(big[i].dt, 2, big[i].shape, 0, &rng), tv;
         assert_int_equal(kv_view_transpose(&v, 0, 1, &tv), KV_OK);
@@ -490,9 +490,8 @@ static void test_view_copy_large_streaming_paths(void **state)
             int64_t dstr[4] = {16 * 8 * 128 + 64, 16 * 128, 128, 1}; /* padded blocks */
             int64_t pool_elems = 1030 * dstr[0] + 8;
             void *pool = xalloc((size_t)pool_elems * 2);
-            assert_int_equal(kv_view_init(&d, pool, (size_t)pool_elems * 2, KV_BF16, 1,
-                                          &pool_elems),
-                             KV_OK);
+            assert_int_equal(
+                kv_view_init(&d, pool, (size_t)pool_elems * 2, KV_BF16, 1, &pool_elems), KV_OK);
             assert_int_equal(kv_view_as_strided(&d, 4, dshape, dstr, 3, &d), KV_OK);
             check_copy(&d, &t);
             kv_mem_free(pool);

@@ -253,8 +253,8 @@ static void test_view_overlap_expand_and_stride0(void **state)
     const int64_t sh1[2] = {1, 4}, st1[2] = {0, 1};
     const int64_t sh5[1] = {5}, st5[1] = {0};
     struct kv_view e = mk(KV_F16, 0, 2, 2, sh, st);
-    struct kv_view e1 = mk(KV_F16, 0, 2, 2, sh1, st1);   /* stride 0 on size 1: fine */
-    struct kv_view b = mk(KV_I64, 0, 7, 1, sh5, st5);    /* one element seen 5 times */
+    struct kv_view e1 = mk(KV_F16, 0, 2, 2, sh1, st1); /* stride 0 on size 1: fine */
+    struct kv_view b = mk(KV_I64, 0, 7, 1, sh5, st5);  /* one element seen 5 times */
     int64_t lo, hi;
 
     assert_true(overlap_of(&e));
@@ -370,7 +370,7 @@ static void test_view_overlap_byte_edges(void **state)
     struct kv_view f = mk(KV_F32, 0, 0, 0, NULL, NULL); /* 0-d: bytes 0..3 */
     struct kv_view b3 = mk(KV_U8, 3, 0, 0, NULL, NULL);
     struct kv_view b4 = mk(KV_U8, 4, 0, 0, NULL, NULL);
-    struct kv_view h = mk(KV_F16, 2, 0, 1, one, st); /* bytes 2..3 */
+    struct kv_view h = mk(KV_F16, 2, 0, 1, one, st);    /* bytes 2..3 */
     struct kv_view d = mk(KV_F64, 1, 0, 0, NULL, NULL); /* bytes 1..8 */
 
     assert_true(shares_of(&f, &b3));
@@ -409,8 +409,8 @@ static void test_view_overlap_negative_strides_tolerated(void **state)
 {
     (void)state;
     const int64_t sh[1] = {4}, neg[1] = {-1}, pos[1] = {1}, neg2[1] = {-2};
-    struct kv_view rev = mk(KV_F32, 0, 3, 1, sh, neg);  /* elements 3,2,1,0 */
-    struct kv_view fwd = mk(KV_F32, 0, 0, 1, sh, pos);  /* elements 0..3 */
+    struct kv_view rev = mk(KV_F32, 0, 3, 1, sh, neg);   /* elements 3,2,1,0 */
+    struct kv_view fwd = mk(KV_F32, 0, 0, 1, sh, pos);   /* elements 0..3 */
     struct kv_view rev2 = mk(KV_F32, 0, 7, 1, sh, neg2); /* elements 7,5,3,1 */
     struct kv_view even = fwd;
     int64_t lo, hi;
@@ -528,12 +528,13 @@ static void test_view_overlap_random_extent_and_internal(void **state)
             char sh[128], sd[128];
             snprintf(sh, sizeof(sh), "%d:[%lld,%lld,%lld,%lld]", v.ndim, (long long)v.shape[0],
                      (long long)v.shape[1], (long long)v.shape[2], (long long)v.shape[3]);
-            snprintf(sd, sizeof(sd), "[%lld,%lld,%lld,%lld] off %lld %s",
-                     (long long)v.strides[0], (long long)v.strides[1], (long long)v.strides[2],
-                     (long long)v.strides[3], (long long)v.offset, kv_dtype_name(v.dtype));
+            snprintf(sd, sizeof(sd), "[%lld,%lld,%lld,%lld] off %lld %s", (long long)v.strides[0],
+                     (long long)v.strides[1], (long long)v.strides[2], (long long)v.strides[3],
+                     (long long)v.offset, kv_dtype_name(v.dtype));
             fail_msg("iter %d shape %s strides %s: status %d overlap %d want %d extent "
-                     "[%lld,%lld) want [%lld,%lld)", it, sh, sd, (int)st, got, want,
-                     (long long)lo, (long long)hi, (long long)rlo, (long long)rhi);
+                     "[%lld,%lld) want [%lld,%lld)",
+                     it, sh, sd, (int)st, got, want, (long long)lo, (long long)hi, (long long)rlo,
+                     (long long)rhi);
         }
         want ? yes++ : no++;
     }

@@ -16,10 +16,10 @@
 typedef void (*kvb_suite_fn)(void);
 
 void kvb_register(const char *area, kvb_suite_fn fn);
-#define KVB_REGISTER(area, fn)                                                  \
-    __attribute__((constructor)) static void kvb__reg_##fn(void)                \
-    {                                                                           \
-        kvb_register(area, fn);                                                 \
+#define KVB_REGISTER(area, fn)                                                                     \
+    __attribute__((constructor)) static void kvb__reg_##fn(void)                                   \
+    {                                                                                              \
+        kvb_register(area, fn);                                                                    \
     }
 
 /* True when `case_name` of `bench` should run (--case / --bench filters). */

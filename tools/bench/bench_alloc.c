@@ -135,8 +135,8 @@ static double kvb__pairs_time(kv_block_pool *pool, struct kvb__bitmap *naive, ui
     pthread_barrier_t bar;
     double t0, t1;
     for (int i = 0; i < threads; i++)
-        jobs[i] = (struct kvb__pairs_job){pool, naive, pairs / (uint64_t)threads, batch,
-                                          threads > 1 ? &bar : NULL, 0};
+        jobs[i] = (struct kvb__pairs_job){
+            pool, naive, pairs / (uint64_t)threads, batch, threads > 1 ? &bar : NULL, 0};
     if (threads == 1) {
         t0 = kvb_now();
         kvb__pairs_run(&jobs[0]);
@@ -279,15 +279,15 @@ static void kvb__alloc_prefix_lookup(void)
     struct kv_block_pool_config cfg = {.num_blocks = KVB_POOL_BLOCKS};
     kv_block_pool *pool = NULL;
     struct kvb__naive_cache nc = {0};
-    int32_t *tokens = NULL;         /* [KVB_SEQS][KVB_SEQ_BLOCKS * KVB_BT] */
+    int32_t *tokens = NULL; /* [KVB_SEQS][KVB_SEQ_BLOCKS * KVB_BT] */
     uint32_t ids[KVB_SEQ_BLOCKS];
     double cand[64], base[64], hash_only[64];
     uint64_t sum = 0;
     int bad = 0;
     kv_status st;
 
-    snprintf(case_name, sizeof(case_name), "seqs%d/blocks%d/N%d/cached%u", KVB_SEQS,
-             KVB_SEQ_BLOCKS, KVB_BT, total);
+    snprintf(case_name, sizeof(case_name), "seqs%d/blocks%d/N%d/cached%u", KVB_SEQS, KVB_SEQ_BLOCKS,
+             KVB_BT, total);
     if (!kvb_selected(bench, case_name))
         return;
     kvb_progress(bench, case_name);
@@ -309,8 +309,8 @@ static void kvb__alloc_prefix_lookup(void)
         uint64_t parent = KV_BLOCK_HASH_ROOT, fparent = 0;
         st = kv_block_pool_alloc(pool, KVB_SEQ_BLOCKS, ids);
         for (uint32_t b = 0; st == KV_OK && b < KVB_SEQ_BLOCKS; b++) {
-            st = kv_block_pool_commit_full(pool, ids[b], parent, t + b * KVB_BT, KVB_BT, 0,
-                                           &parent);
+            st =
+                kv_block_pool_commit_full(pool, ids[b], parent, t + b * KVB_BT, KVB_BT, 0, &parent);
             fparent = kvb__fnv_block(fparent, t + b * KVB_BT, KVB_BT, 0);
             nc.hash[nc.n] = fparent;
             nc.id[nc.n++] = ids[b];
@@ -328,8 +328,8 @@ static void kvb__alloc_prefix_lookup(void)
         for (uint32_t s = 0; s < KVB_SEQS; s++) {
             uint32_t n = 0;
             st = kv_block_pool_match_prefix(pool, tokens + (size_t)s * KVB_SEQ_BLOCKS * KVB_BT,
-                                            (uint64_t)KVB_SEQ_BLOCKS * KVB_BT, KVB_BT, 0, ids,
-                                            NULL, KVB_SEQ_BLOCKS, &n);
+                                            (uint64_t)KVB_SEQ_BLOCKS * KVB_BT, KVB_BT, 0, ids, NULL,
+                                            KVB_SEQ_BLOCKS, &n);
             bad |= st != KV_OK || n != KVB_SEQ_BLOCKS;
             bad |= kv_block_pool_release(pool, ids, n) != KV_OK;
             sum += ids[0];
@@ -361,8 +361,8 @@ static void kvb__alloc_prefix_lookup(void)
         fprintf(stderr, "kvbench: %s: a lookup did not find the whole prefix\n", bench);
         goto out;
     }
-    kvb_emit_ops(bench, case_name, total, kvb_median(cand, runs), "naive",
-                 kvb_median(base, runs), runs);
+    kvb_emit_ops(bench, case_name, total, kvb_median(cand, runs), "naive", kvb_median(base, runs),
+                 runs);
     kvb_emit_ops(bench, case_name, total, kvb_median(cand, runs), "hash_only",
                  kvb_median(hash_only, runs), runs);
 out:

@@ -270,13 +270,14 @@ static void kvb__mkdir_parent(const char *path)
 
 static void kvb__usage(FILE *f)
 {
-    fprintf(f, "usage: kvbench [--bench SUBSTR] [--case SUBSTR] [--quick] [--list] [--out FILE]\n"
-               "  --bench SUBSTR  run only benches whose name contains SUBSTR (view.materialize)\n"
-               "  --case SUBSTR   run only cases whose name contains SUBSTR\n"
-               "  --quick         small sizes, 3 runs (also KVB_QUICK=1); lines get \"quick\":true\n"
-               "  --list          print 'bench case' for every selected case and exit\n"
-               "  --out FILE      append JSON lines to FILE (default " KVB_DEFAULT_OUT ")\n"
-               "env: KVB_RUNS=n overrides the number of interleaved runs\n");
+    fprintf(f,
+            "usage: kvbench [--bench SUBSTR] [--case SUBSTR] [--quick] [--list] [--out FILE]\n"
+            "  --bench SUBSTR  run only benches whose name contains SUBSTR (view.materialize)\n"
+            "  --case SUBSTR   run only cases whose name contains SUBSTR\n"
+            "  --quick         small sizes, 3 runs (also KVB_QUICK=1); lines get \"quick\":true\n"
+            "  --list          print 'bench case' for every selected case and exit\n"
+            "  --out FILE      append JSON lines to FILE (default " KVB_DEFAULT_OUT ")\n"
+            "env: KVB_RUNS=n overrides the number of interleaved runs\n");
 }
 
 int main(int argc, char **argv)

@@ -271,8 +271,7 @@ static void kvb__materialize_case(const char *case_name, kv_dtype dtype, size_t 
         char *check = kvb_alloc(out_bytes);
         kv_view_materialize(&v[0], check, out_bytes);
         if (memcmp(check, dst[0], out_bytes) != 0)
-            fprintf(stderr, "kvbench: %s: materialize disagrees with the naive loop\n",
-                    case_name);
+            fprintf(stderr, "kvbench: %s: materialize disagrees with the naive loop\n", case_name);
         kvb_free(check);
     }
     const uint64_t total = (uint64_t)out_bytes * (uint64_t)copies;
@@ -333,8 +332,8 @@ static void kvb__materialize(void)
         const int64_t blocks = quick ? 256 : (int64_t)((256 * KVB_MIB) / (size_t)(N * H * D * 2));
         const int64_t dims[5] = {blocks, N, H, D, KV_BF16};
         const size_t bytes = (size_t)(blocks * N * H * D) * 2;
-        snprintf(name, sizeof(name), "bf16/blocks%lld/N%lld/H%lld/D%lld/nhd->hnd", (long long)blocks,
-                 (long long)N, (long long)H, (long long)D);
+        snprintf(name, sizeof(name), "bf16/blocks%lld/N%lld/H%lld/D%lld/nhd->hnd",
+                 (long long)blocks, (long long)N, (long long)H, (long long)D);
         kvb__materialize_case(name, KV_BF16, bytes, 1, dims, kvb__make_nhd_to_hnd);
     }
 }
