@@ -80,12 +80,16 @@ enum ovl_result { OVL_NO = 0, OVL_YES = 1, OVL_COSTLY = -1 };
 
 static int64_t floor_div(int64_t a, int64_t b) /* b > 0 */
 {
+    if (b <= 0) /* unreachable: terms never have a zero coefficient */
+        return a;
     int64_t q = a / b;
     return (a % b != 0 && a < 0) ? q - 1 : q;
 }
 
 static int64_t ceil_div(int64_t a, int64_t b) /* b > 0 */
 {
+    if (b <= 0) /* unreachable: terms never have a zero coefficient */
+        return a;
     int64_t q = a / b;
     return (a % b != 0 && a > 0) ? q + 1 : q;
 }
@@ -253,6 +257,7 @@ static enum ovl_result ovl_search_dfs(struct ovl_search *s, int k, int64_t p, bo
     int64_t hi = s->hi - p - s->rmin[k + 1];
     int64_t xlo, xhi;
 
+    /* c != 0: stride-0 dims never become terms (ovl_flatten folds them). */
     if (c > 0) {
         xlo = ceil_div(lo, c);
         xhi = floor_div(hi, c);
