@@ -152,8 +152,10 @@ KV_API kv_status kv_view_contiguous(const struct kv_view *src, void *dst, size_t
                                     struct kv_view *out, bool *copied);
 
 /* Copy every element of src, in logical C order, into the contiguous buffer
- * dst (dst_bytes >= numel * elem_bytes). KV_ERR_OVERLAP if dst overlaps src's
- * elements. Counted as KV_COPY_MATERIALIZE. */
+ * dst (dst_bytes >= numel * elem_bytes). KV_ERR_OVERLAP if the bytes written
+ * intersect src's extent [kv_view_extent_bytes] (conservative: a dst that
+ * only interleaves with a strided src is refused too; use kv_view_copy with
+ * a dst view to copy into such gaps). Counted as KV_COPY_MATERIALIZE. */
 KV_API kv_status kv_view_materialize(const struct kv_view *src, void *dst, size_t dst_bytes);
 
 /* dst[i] = src[i] for every index i. Same shape and dtype (KV_ERR_BAD_SHAPE /
