@@ -124,6 +124,15 @@ static kv_status kv__check_geometry(const char *fn, kv_dtype dtype, int ndim, co
     return KV_OK;
 }
 
+/* Entry check of every op: src must satisfy the view invariants (O(ndim)),
+ * so a hand-built view with a bad ndim, size, stride or offset is refused
+ * before any of its arrays is indexed. */
+static kv_status kv__check_src(const char *fn, const struct kv_view *src)
+{
+    return kv__check_geometry(fn, src->dtype, src->ndim, src->shape, src->strides, src->offset,
+                              src->base, src->storage_bytes);
+}
+
 /* ---- creation and checks ------------------------------------------------ */
 
 kv_status kv_view_init(struct kv_view *out, void *base, size_t storage_bytes, kv_dtype dtype,
@@ -211,6 +220,12 @@ kv_status kv_view_offset_of(const struct kv_view *v, const int64_t *idx, int64_t
     int64_t off;
     if (!v || !out_elems || (!idx && v->ndim > 0))
         return kv__view_null("kv_view_offset_of", v, "view", idx, "idx");
+    {
+        /* an offset is only trustworthy for a view that fits its storage */
+        kv_status st = kv__check_src("kv_view_offset_of", v);
+        if (st != KV_OK)
+            return st;
+    }
     off = v->offset;
     for (int i = 0; i < v->ndim; i++) {
         if (idx[i] < 0 || idx[i] >= v->shape[i])
@@ -238,15 +253,6 @@ static kv_status kv__bad_dim(const char *fn, int dim, int ndim)
 {
     return kv__error(KV_ERR_BAD_DIM, "%s: dim %d out of range for a %d-d view (valid %d..%d)", fn,
                      dim, ndim, ndim ? -ndim : -1, ndim ? ndim - 1 : 0);
-}
-
-/* Entry check of every op: src must satisfy the view invariants (O(ndim)),
- * so a hand-built view with a bad ndim, size, stride or offset is refused
- * before any of its arrays is indexed. */
-static kv_status kv__check_src(const char *fn, const struct kv_view *src)
-{
-    return kv__check_geometry(fn, src->dtype, src->ndim, src->shape, src->strides, src->offset,
-                              src->base, src->storage_bytes);
 }
 
 /* *off += idx * stride with overflow detection (empty views may carry
@@ -986,8 +992,10 @@ kv_status kv_view_contiguous(const struct kv_view *src, void *dst, size_t dst_by
 bool kv_view_is_contiguous(const struct kv_view *v)
 {
     int64_t expected = 1;
-    if (!v || kv_view_numel(v) == 0)
-        return v != NULL;
+    if (!v || v->ndim < 0 || v->ndim > KV_MAX_DIMS)
+        return false;
+    if (kv_view_numel(v) == 0)
+        return true;
     for (int d = v->ndim - 1; d >= 0; d--) {
         if (v->shape[d] == 1)
             continue;
@@ -1001,8 +1009,10 @@ bool kv_view_is_contiguous(const struct kv_view *v)
 bool kv_view_is_f_contiguous(const struct kv_view *v)
 {
     int64_t expected = 1;
-    if (!v || kv_view_numel(v) == 0)
-        return v != NULL;
+    if (!v || v->ndim < 0 || v->ndim > KV_MAX_DIMS)
+        return false;
+    if (kv_view_numel(v) == 0)
+        return true;
     for (int d = 0; d < v->ndim; d++) {
         if (v->shape[d] == 1)
             continue;
@@ -1022,6 +1032,8 @@ int kv_view_describe(const struct kv_view *v, char *buf, size_t cap)
 
     if (!v)
         return snprintf(buf, cap, "(null view)");
+    if (v->ndim < 0 || v->ndim > KV_MAX_DIMS)
+        return snprintf(buf, cap, "(invalid view: ndim %d outside 0..%d)", v->ndim, KV_MAX_DIMS);
     es = (int64_t)kv_dtype_size(v->dtype);
     for (int i = 0; i < v->ndim && i < KV_MAX_DIMS; i++)
         bstrides[i] = v->strides[i] * es;

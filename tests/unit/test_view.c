@@ -609,6 +609,16 @@ static void test_view_hand_built_views_refused(void **state)
     assert_msg_has("ndim 64");
     assert_int_equal(kv_view_transpose(&v, 0, 1, &v), KV_ERR_BAD_DIM);
     assert_memory_equal(&v, &before, sizeof(v));
+    {
+        char line[128];
+        int64_t idx[64] = {0}, off = 0;
+        assert_false(kv_view_is_contiguous(&v));
+        assert_false(kv_view_is_f_contiguous(&v));
+        assert_int_equal(kv_view_offset_of(&v, idx, &off), KV_ERR_BAD_DIM);
+        assert_null(kv_view_ptr(&v, idx));
+        kv_view_describe(&v, line, sizeof(line));
+        assert_non_null(strstr(line, "invalid view: ndim 64"));
+    }
     make(&v, 2, shape);
     v.offset = -3;
     assert_int_equal(kv_view_narrow(&v, 0, 0, 1, &w), KV_ERR_OUT_OF_BOUNDS);
