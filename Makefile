@@ -63,10 +63,14 @@ else
 LIBS := -ljemalloc $(LIBS)
 endif
 ifeq ($(HAVE_CUDA),1)
-LIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++
+# The CUDA runtime is linked statically: libkvcache.so then loads on hosts
+# without the CUDA toolkit (only the driver, libcuda, is needed at run time,
+# and without it CUDA calls fail cleanly with KV_ERR_UNSUPPORTED).
+LIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 ALLCFLAGS += -I$(CUDA_HOME)/include
 endif
-ifeq ($(HAVE_RDMA),1)
+# Verbs libraries are linked only once verbs code (*_verbs.c) exists.
+ifeq ($(HAVE_RDMA)$(if $(filter %_verbs.c,$(foreach m,$(MODULES),$(wildcard $(m)/*.c))),y),1y)
 LIBS += -libverbs -lrdmacm
 endif
 
@@ -123,9 +127,12 @@ $(LIB_A): $(OBJ)
 	@$(if $(Q),echo '  AR     $@')
 	$(Q)rm -f $@ && $(AR) rcs $@ $^
 
+SONAME := libkvcache.so.$(shell sed -n 's/^\#define KV_VERSION_MAJOR \([0-9]*\)/\1/p' kvcache/kv.h)
+
 $(LIB_SO): $(OBJ)
 	@$(if $(Q),echo '  LD     $@')
-	$(Q)$(CC) -shared -o $@ $^ $(SAN_FLAGS) $(LIBS)
+	$(Q)$(CC) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(SAN_FLAGS) $(LIBS)
+	$(Q)ln -sf libkvcache.so $(BUILD)/$(SONAME)
 
 $(BUILD)/tests/%: tests/unit/%.c $(TEST_COMMON) $(LIB_A)
 	@mkdir -p $(dir $@)
@@ -184,7 +191,8 @@ install: lib
 	install -d $(DESTDIR)$(PREFIX)/include/kvcache $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 644 $(HEADERS) $(DESTDIR)$(PREFIX)/include/kvcache/
 	install -m 644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libkvcache.so
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS@|$(LIBS)|' -e 's|@VERSION@|$(shell sed -n 's/^#define KV_VERSION_STRING "\(.*\)"/\1/p' kvcache/kv.h)|' \
 	    scripts/kvcache.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvcache.pc
 

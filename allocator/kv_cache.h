@@ -15,7 +15,7 @@
  *                                          `-- page table (blocks from the pool)
  *
  * The object lives in allocator/ (not kvcache/) because it owns an arena and
- * a pool: kvcache/ never depends on allocator/ (DESIGN.md, module arrows).
+ * a pool: kvcache/ never depends on allocator/ (docs/design.md, module arrows).
  *
  * Sequence work goes through kv_cache_page_table(); the pool and the arena
  * are exposed for stats, events and transport registration.

@@ -1,6 +1,6 @@
 /*
  * kv_layout.h - the KV cache layout: where every K/V element of every layer
- * and block lives (DESIGN.md section 2, docs/kv-layout.md).
+ * and block lives (docs/design.md section 2, docs/kv-layout.md).
  *
  * Logical coordinates of one element:
  *

@@ -1,6 +1,6 @@
 /*
  * kv_page_table.h - page tables: which physical block holds which logical
- * token of each sequence (DESIGN.md section 3, docs/page-table.md).
+ * token of each sequence (docs/design.md section 3, docs/page-table.md).
  *
  * A kv_page_table holds up to max_seqs sequences. A sequence is a token
  * count n_tokens and a list of physical block ids (uint32) obtained from a

@@ -7,7 +7,7 @@
  *
  *     base + (offset + sum_k i_k * strides[k]) * elem_bytes
  *
- * Semantics follow PyTorch (shared/vectors/strided_views.txt is the
+ * Semantics follow PyTorch (tests/data/strided_views.txt is the
  * conformance suite). Invariants of every view this module hands out:
  *
  *     0 <= ndim <= KV_MAX_DIMS,  shape[k] >= 0,  strides[k] >= 0,  offset >= 0

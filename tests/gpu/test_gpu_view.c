@@ -22,7 +22,7 @@ static int64_t off_of(const struct kv_view *v, int64_t lin)
     return off;
 }
 
-/* GPU benchmark (BENCH.md): the NHD -> HND page permute of 256 MiB bf16 by
+/* GPU benchmark (docs/bench-method.md): the NHD -> HND page permute of 256 MiB bf16 by
  * kv_view_copy_cuda against a device-to-device cudaMemcpy of the same bytes,
  * interleaved, medians of 9. One JSON line on stdout. */
 static int cmp_f(const void *a, const void *b)

@@ -4,7 +4,7 @@
  * order, ids far from 0, a configurable limit, and a toy prefix map.
  *
  * References are independent of the table: block lists are rebuilt from the
- * fake's allocation log, slots and pages from the formulas of DESIGN.md 3.
+ * fake's allocation log, slots and pages from the formulas of docs/design.md section 3.
  */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,5 +1,5 @@
 /*
- * bench.h - the kvbench harness (see shared BENCH.md, docs/benchmarks.md).
+ * bench.h - the kvbench harness (see docs/bench-method.md, docs/benchmarks.md).
  *
  * Each tools/bench/bench_<area>.c registers its suites with KVB_REGISTER;
  * bench_main.c runs them. A suite measures a candidate and its baseline in

@@ -1,5 +1,5 @@
 /*
- * bench_alloc.c - block pool benchmarks (see shared BENCH.md).
+ * bench_alloc.c - block pool benchmarks (see docs/bench-method.md).
  *
  *   alloc.pairs          alloc + release pairs per second on a pool that is
  *                        75% held (a busy cache): one id per call, 64 ids per

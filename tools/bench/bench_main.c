@@ -1,6 +1,6 @@
 /*
  * bench_main.c - the kvbench driver: argument parsing, the suite registry,
- * timing helpers and the JSON-lines output described in shared BENCH.md.
+ * timing helpers and the JSON-lines output described in docs/bench-method.md.
  *
  *   kvbench [--bench SUBSTR] [--case SUBSTR] [--quick] [--list] [--out FILE]
  *

@@ -1,5 +1,5 @@
 /*
- * bench_pagetable.c - page-table export benchmarks (see shared BENCH.md).
+ * bench_pagetable.c - page-table export benchmarks (see docs/bench-method.md).
  *
  *   pagetable.export  slot_mapping (vLLM, int64, every token of a prefill
  *                     batch) + FlashInfer CSR (indptr / indices /

@@ -1,5 +1,5 @@
 /*
- * bench_view.c - strided-view benchmarks (see shared BENCH.md).
+ * bench_view.c - strided-view benchmarks (see docs/bench-method.md).
  *
  *   view.transpose_meta  transpose as metadata vs a materialized copy
  *                        (2048x2048 f32, latency; ratio = copy_us / meta_us)
