@@ -117,8 +117,10 @@ KV_API kv_status kv_view_select(const struct kv_view *src, int dim, int64_t inde
 KV_API kv_status kv_view_unsqueeze(const struct kv_view *src, int dim, struct kv_view *out);
 /* Remove dim if its size is 1, otherwise return the view unchanged. */
 KV_API kv_status kv_view_squeeze(const struct kv_view *src, int dim, struct kv_view *out);
-/* Broadcast to shape[ndim] (ndim >= src->ndim; -1 keeps a size; new leading
- * dims and expanded size-1 dims get stride 0). */
+/* Broadcast to shape[ndim] (ndim >= src->ndim; -1 keeps a size). Expanded
+ * size-1 dims and new leading dims of size != 1 get stride 0; a new leading
+ * dim of size 1 gets shape[i+1] * strides[i+1] (as PyTorch: [2,3] expanded
+ * to [1,2,3] has strides [6,3,1]). */
 KV_API kv_status kv_view_expand(const struct kv_view *src, int ndim, const int64_t *shape,
                                 struct kv_view *out);
 /* x.diagonal(offset, dim1, dim2): both dims removed, the diagonal appended last. */
