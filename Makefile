@@ -7,7 +7,7 @@
 #   make install PREFIX=/opt/kv
 #
 # Options: SANITIZE=address|undefined|thread|address,undefined  CUDA=auto|0|1
-#          DEBUG=1 (-O0, invariants checked after every op)
+#          DEBUG=1 (-O0; pool invariant walk + page-table sequence checks after every op)
 #          RDMA=auto|0|1  WERROR=1 (default when CI is set)  BUILD=dir  V=1 (show commands)
 
 PREFIX    ?= /usr/local
@@ -44,7 +44,8 @@ ifeq ($(WERROR),1)
 WARN     += -Werror
 endif
 ifeq ($(DEBUG),1)
-# Debug: no optimization, full invariant checks after every pool/page-table op.
+# Debug: no optimization; the pool's full invariant walk and the page table's
+# per-sequence checks (held ids, no duplicates, counts) after every op.
 OPT      ?= -O0 -g
 DEBUG_DEFS := -DKV_DEBUG_CHECKS
 else

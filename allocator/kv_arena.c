@@ -59,14 +59,14 @@ static kv_status arena_alloc_host(kv_arena *a, const struct kv_arena_config *cfg
             cfg->size_bytes >= KV__ARENA_HUGE_BYTES ? KV__ARENA_HUGE_BYTES : KV__ARENA_SMALL_ALIGN;
     if (cfg->size_bytes > SIZE_MAX - (align - 1))
         return kv__error(KV_ERR_OVERFLOW,
-                         "arena: size_bytes %zu rounded up to align_bytes %zu overflows size_t",
+                         "kv_arena: size_bytes %zu rounded up to align_bytes %zu overflows size_t",
                          cfg->size_bytes, align);
     rounded = (cfg->size_bytes + align - 1) & ~(align - 1);
     a->base = a->raw = kv_mem_alloc_aligned(align, rounded);
     if (!a->base)
         return kv__error(KV_ERR_NO_MEMORY,
-                         "arena: host allocation of %zu bytes aligned to %zu failed (%s)", rounded,
-                         align, kv_mem_backend());
+                         "kv_arena: host allocation of %zu bytes aligned to %zu failed (%s)",
+                         rounded, align, kv_mem_backend());
     a->size_bytes = rounded;
     a->align_bytes = align;
     a->huge_pages = arena_advise_huge(a->base, rounded);
@@ -84,7 +84,7 @@ static kv_status arena_alloc_cuda(kv_arena *a, const struct kv_arena_config *cfg
     kv_status s;
     if (cfg->size_bytes > SIZE_MAX - extra)
         return kv__error(KV_ERR_OVERFLOW,
-                         "arena: size_bytes %zu + alignment slack %zu overflows size_t",
+                         "kv_arena: size_bytes %zu + alignment slack %zu overflows size_t",
                          cfg->size_bytes, extra);
     if (cfg->kind == KV_MEM_PINNED)
         s = kv__cuda_host_alloc(cfg->size_bytes + extra, &a->raw);
@@ -104,26 +104,26 @@ kv_status kv_arena_create(const struct kv_arena_config *cfg, kv_arena **out)
     kv_status s;
 
     if (!cfg || !out)
-        return kv__error(KV_ERR_NULL, "arena_create: %s is NULL", !cfg ? "cfg" : "out");
+        return kv__error(KV_ERR_NULL, "kv_arena_create: %s is NULL", !cfg ? "cfg" : "out");
     if (cfg->kind != KV_MEM_HOST && cfg->kind != KV_MEM_PINNED && cfg->kind != KV_MEM_DEVICE)
         return kv__error(KV_ERR_INVALID_ARG,
-                         "arena_create: unknown kind %d (host %d, pinned %d, device %d)",
+                         "kv_arena_create: unknown kind %d (host %d, pinned %d, device %d)",
                          (int)cfg->kind, KV_MEM_HOST, KV_MEM_PINNED, KV_MEM_DEVICE);
     if (cfg->size_bytes == 0)
-        return kv__error(KV_ERR_INVALID_ARG, "arena_create: size_bytes is 0 (kind %s)",
+        return kv__error(KV_ERR_INVALID_ARG, "kv_arena_create: size_bytes is 0 (kind %s)",
                          kv_mem_kind_name(cfg->kind));
     if (cfg->align_bytes != 0 &&
         (cfg->align_bytes < sizeof(void *) || (cfg->align_bytes & (cfg->align_bytes - 1))))
         return kv__error(KV_ERR_INVALID_ARG,
-                         "arena_create: align_bytes %zu is not a power of two >= %zu",
+                         "kv_arena_create: align_bytes %zu is not a power of two >= %zu",
                          cfg->align_bytes, sizeof(void *));
     if (cfg->flags & ~KV_ARENA_ZERO)
-        return kv__error(KV_ERR_INVALID_ARG, "arena_create: unknown flags 0x%x",
+        return kv__error(KV_ERR_INVALID_ARG, "kv_arena_create: unknown flags 0x%x",
                          cfg->flags & ~KV_ARENA_ZERO);
 
     a = kv_mem_calloc(1, sizeof(*a));
     if (!a)
-        return kv__error(KV_ERR_NO_MEMORY, "arena_create: handle allocation failed");
+        return kv__error(KV_ERR_NO_MEMORY, "kv_arena_create: handle allocation failed");
     a->kind = cfg->kind;
     a->device = -1;
 
@@ -147,7 +147,7 @@ kv_status kv_arena_create(const struct kv_arena_config *cfg, kv_arena **out)
             /* A device memset needs a stream; the layout owner zeroes with a
              * kernel. Refuse rather than pretend. */
             s = kv__error(KV_ERR_UNSUPPORTED,
-                          "arena_create: KV_ARENA_ZERO is not supported for device memory");
+                          "kv_arena_create: KV_ARENA_ZERO is not supported for device memory");
             goto free_handle;
         }
         s = arena_alloc_cuda(a, cfg);
@@ -211,14 +211,14 @@ kv_status kv_arena_regions(const kv_arena *arena, struct kv_mem_region *out, siz
 {
     const size_t count = 1;
     if (!arena || !n)
-        return kv__error(KV_ERR_NULL, "arena_regions: %s is NULL", !arena ? "arena" : "n");
+        return kv__error(KV_ERR_NULL, "kv_arena_regions: %s is NULL", !arena ? "arena" : "n");
     if (!out && cap > 0)
-        return kv__error(KV_ERR_NULL, "arena_regions: out is NULL with cap %zu", cap);
+        return kv__error(KV_ERR_NULL, "kv_arena_regions: out is NULL with cap %zu", cap);
     *n = count;
     if (!out)
         return kv__ok();
     if (cap < count)
-        return kv__error(KV_ERR_INVALID_ARG, "arena_regions: cap %zu < %zu regions", cap, count);
+        return kv__error(KV_ERR_INVALID_ARG, "kv_arena_regions: cap %zu < %zu regions", cap, count);
     out[0] = (struct kv_mem_region){
         .ptr = arena->base,
         .bytes = arena->size_bytes,

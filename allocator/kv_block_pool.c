@@ -226,48 +226,49 @@ static kv_status check_locked(kv_block_pool *p)
 
     if (p->n_list - p->n_cached + p->n_used + p->n_cached != p->capacity || p->n_cached > p->n_list)
         return kv__error(KV_ERR_INTERNAL,
-                         "block_pool: free %u + used %u + cached %u != capacity %u",
+                         "kv_block_pool: free %u + used %u + cached %u != capacity %u",
                          p->n_list - p->n_cached, p->n_used, p->n_cached, p->capacity);
     if (p->used_high_water < p->n_used)
-        return kv__error(KV_ERR_INTERNAL, "block_pool: high water %u < used %u", p->used_high_water,
-                         p->n_used);
+        return kv__error(KV_ERR_INTERNAL, "kv_block_pool: high water %u < used %u",
+                         p->used_high_water, p->n_used);
 
     /* Walk the list: links consistent, members have ref 0, length matches. */
     for (uint32_t id = p->blocks[s].next; id != s; id = p->blocks[id].next) {
         if (id == 0 || id >= p->num_blocks || n_list > p->capacity)
-            return kv__error(KV_ERR_INTERNAL, "block_pool: free list corrupt at id %u (after %u)",
-                             id, prev);
+            return kv__error(KV_ERR_INTERNAL,
+                             "kv_block_pool: free list corrupt at id %u (after %u)", id, prev);
         if (p->blocks[id].prev != prev)
-            return kv__error(KV_ERR_INTERNAL, "block_pool: id %u prev %u != %u", id,
+            return kv__error(KV_ERR_INTERNAL, "kv_block_pool: id %u prev %u != %u", id,
                              p->blocks[id].prev, prev);
         if (p->blocks[id].ref != 0)
-            return kv__error(KV_ERR_INTERNAL, "block_pool: id %u on the free list with ref %u", id,
-                             p->blocks[id].ref);
+            return kv__error(KV_ERR_INTERNAL, "kv_block_pool: id %u on the free list with ref %u",
+                             id, p->blocks[id].ref);
         prev = id;
         n_list++;
     }
     if (p->blocks[s].prev != prev || n_list != p->n_list)
-        return kv__error(KV_ERR_INTERNAL, "block_pool: free list length %u != n_list %u (tail %u)",
-                         n_list, p->n_list, p->blocks[s].prev);
+        return kv__error(KV_ERR_INTERNAL,
+                         "kv_block_pool: free list length %u != n_list %u (tail %u)", n_list,
+                         p->n_list, p->blocks[s].prev);
 
     /* Every record: ref > 0 <=> off the list; hashed <=> in the table. */
     if (p->blocks[0].ref || p->blocks[0].flags || p->blocks[0].prev != KV__NIL)
-        return kv__error(KV_ERR_INTERNAL, "block_pool: null block 0 was touched");
+        return kv__error(KV_ERR_INTERNAL, "kv_block_pool: null block 0 was touched");
     for (uint32_t id = 1; id < p->num_blocks; id++) {
         const struct kv__block *b = &p->blocks[id];
         bool on_list = b->prev != KV__NIL;
         if ((b->ref > 0) == on_list || (on_list != (b->next != KV__NIL)))
-            return kv__error(KV_ERR_INTERNAL, "block_pool: id %u ref %u but on_list %d", id, b->ref,
-                             (int)on_list);
+            return kv__error(KV_ERR_INTERNAL, "kv_block_pool: id %u ref %u but on_list %d", id,
+                             b->ref, (int)on_list);
         if (b->pending)
-            return kv__error(KV_ERR_INTERNAL, "block_pool: id %u pending %u between calls", id,
+            return kv__error(KV_ERR_INTERNAL, "kv_block_pool: id %u pending %u between calls", id,
                              b->pending);
         if (b->flags & KV__BLOCK_HASHED) {
             uint64_t i = table_find(p, b->hash);
             n_hashed++;
             if (i == UINT64_MAX || p->table[i].id != id)
                 return kv__error(KV_ERR_INTERNAL,
-                                 "block_pool: id %u carries hash 0x%016llx not mapped to it", id,
+                                 "kv_block_pool: id %u carries hash 0x%016llx not mapped to it", id,
                                  (unsigned long long)b->hash);
         }
         if (b->ref > 0)
@@ -285,14 +286,14 @@ static kv_status check_locked(kv_block_pool *p)
         if (sl->id >= p->num_blocks || !(p->blocks[sl->id].flags & KV__BLOCK_HASHED) ||
             p->blocks[sl->id].hash != sl->hash)
             return kv__error(KV_ERR_INTERNAL,
-                             "block_pool: table hash 0x%016llx maps to id %u which does not "
+                             "kv_block_pool: table hash 0x%016llx maps to id %u which does not "
                              "carry it",
                              (unsigned long long)sl->hash, sl->id);
     }
     if (n_used != p->n_used || n_cached != p->n_cached || n_free != p->n_list - p->n_cached ||
         n_hashed != p->n_hashed || n_slots != n_hashed)
         return kv__error(KV_ERR_INTERNAL,
-                         "block_pool: counted free %u used %u cached %u hashed %u slots %u; "
+                         "kv_block_pool: counted free %u used %u cached %u hashed %u slots %u; "
                          "counters free %u used %u cached %u hashed %u",
                          n_free, n_used, n_cached, n_hashed, n_slots, p->n_list - p->n_cached,
                          p->n_used, p->n_cached, p->n_hashed);
@@ -321,7 +322,7 @@ kv_status kv__block_pool_check(kv_block_pool *pool)
 {
     kv_status s;
     if (!pool)
-        return kv__error(KV_ERR_NULL, "block_pool_check: pool is NULL");
+        return kv__error(KV_ERR_NULL, "kv_block_pool_check: pool is NULL");
     pthread_mutex_lock(&pool->mu);
     s = check_locked(pool);
     pthread_mutex_unlock(&pool->mu);
@@ -340,14 +341,14 @@ kv_status kv_block_pool_create(const struct kv_block_pool_config *cfg, kv_block_
     kv_status s;
 
     if (!cfg || !out)
-        return kv__error(KV_ERR_NULL, "block_pool_create: %s is NULL", !cfg ? "cfg" : "out");
+        return kv__error(KV_ERR_NULL, "kv_block_pool_create: %s is NULL", !cfg ? "cfg" : "out");
     if (cfg->num_blocks < 2 || cfg->num_blocks > KV_BLOCK_POOL_MAX_BLOCKS)
         return kv__error(KV_ERR_INVALID_ARG,
-                         "block_pool_create: num_blocks %u outside [2, %u] (block 0 is the "
+                         "kv_block_pool_create: num_blocks %u outside [2, %u] (block 0 is the "
                          "reserved null block)",
                          cfg->num_blocks, KV_BLOCK_POOL_MAX_BLOCKS);
     if (cfg->flags & ~KV_BLOCK_POOL_CHECK_FULL)
-        return kv__error(KV_ERR_INVALID_ARG, "block_pool_create: unknown flags 0x%x",
+        return kv__error(KV_ERR_INVALID_ARG, "kv_block_pool_create: unknown flags 0x%x",
                          cfg->flags & ~KV_BLOCK_POOL_CHECK_FULL);
     while (slots < 2 * (uint64_t)cfg->num_blocks) {
         slots <<= 1;
@@ -356,18 +357,18 @@ kv_status kv_block_pool_create(const struct kv_block_pool_config *cfg, kv_block_
 
     p = kv_mem_calloc(1, sizeof(*p));
     if (!p) {
-        s = kv__error(KV_ERR_NO_MEMORY, "block_pool_create: handle allocation failed");
+        s = kv__error(KV_ERR_NO_MEMORY, "kv_block_pool_create: handle allocation failed");
         goto fail;
     }
     p->blocks = kv_mem_calloc((size_t)cfg->num_blocks + 1, sizeof(*p->blocks));
     if (!p->blocks) {
-        s = kv__error(KV_ERR_NO_MEMORY, "block_pool_create: %u block records (%zu bytes)",
+        s = kv__error(KV_ERR_NO_MEMORY, "kv_block_pool_create: %u block records (%zu bytes)",
                       cfg->num_blocks, ((size_t)cfg->num_blocks + 1) * sizeof(*p->blocks));
         goto free_pool;
     }
     p->table = kv_mem_calloc((size_t)slots, sizeof(*p->table));
     if (!p->table) {
-        s = kv__error(KV_ERR_NO_MEMORY, "block_pool_create: hash table of %llu slots",
+        s = kv__error(KV_ERR_NO_MEMORY, "kv_block_pool_create: hash table of %llu slots",
                       (unsigned long long)slots);
         goto free_blocks;
     }
@@ -378,7 +379,7 @@ kv_status kv_block_pool_create(const struct kv_block_pool_config *cfg, kv_block_
 #endif
     if (pthread_mutex_init(&p->mu, &attr) != 0) {
         pthread_mutexattr_destroy(&attr);
-        s = kv__error(KV_ERR_INTERNAL, "block_pool_create: pthread_mutex_init failed");
+        s = kv__error(KV_ERR_INTERNAL, "kv_block_pool_create: pthread_mutex_init failed");
         goto free_table;
     }
     pthread_mutexattr_destroy(&attr);
@@ -431,7 +432,7 @@ void kv_block_pool_destroy(kv_block_pool *pool)
 kv_status kv_block_pool_alloc(kv_block_pool *pool, uint32_t n, uint32_t *ids)
 {
     if (!pool || (!ids && n > 0))
-        return kv__error(KV_ERR_NULL, "block_pool_alloc: %s is NULL", !pool ? "pool" : "ids");
+        return kv__error(KV_ERR_NULL, "kv_block_pool_alloc: %s is NULL", !pool ? "pool" : "ids");
     if (n == 0)
         return kv__ok();
 
@@ -440,7 +441,7 @@ kv_status kv_block_pool_alloc(kv_block_pool *pool, uint32_t n, uint32_t *ids)
         uint32_t avail = pool->n_list, cached = pool->n_cached;
         pthread_mutex_unlock(&pool->mu);
         return kv__error(KV_ERR_NO_BLOCKS,
-                         "block_pool_alloc: requested %u blocks, %u available (%u free + %u "
+                         "kv_block_pool_alloc: requested %u blocks, %u available (%u free + %u "
                          "cached) of capacity %u",
                          n, avail, avail - cached, cached, pool->capacity);
     }
@@ -487,9 +488,10 @@ static kv_status validate_batch(kv_block_pool *p, const uint32_t *ids, uint32_t 
             clear_pending(p, ids, i);
             if (id == KV_BLOCK_NULL)
                 return kv__error(KV_ERR_INVALID_ARG,
-                                 "block_pool_%s: ids[%u] = 0 is the reserved null block", what, i);
+                                 "kv_block_pool_%s: ids[%u] = 0 is the reserved null block", what,
+                                 i);
             return kv__error(KV_ERR_INVALID_ARG,
-                             "block_pool_%s: ids[%u] = %u is not a block of this pool (ids 1 .. "
+                             "kv_block_pool_%s: ids[%u] = %u is not a block of this pool (ids 1 .. "
                              "%u)",
                              what, i, id, p->num_blocks - 1);
         }
@@ -499,25 +501,25 @@ static kv_status validate_batch(kv_block_pool *p, const uint32_t *ids, uint32_t 
             clear_pending(p, ids, i);
             if (ref == 0)
                 return kv__error(KV_ERR_BAD_STATE,
-                                 "block_pool_release: double free: ids[%u] = %u has ref 0 (%s)", i,
-                                 id, (b->flags & KV__BLOCK_HASHED) ? "cached" : "free");
+                                 "kv_block_pool_release: double free: ids[%u] = %u has ref 0 (%s)",
+                                 i, id, (b->flags & KV__BLOCK_HASHED) ? "cached" : "free");
             return kv__error(KV_ERR_BAD_STATE,
-                             "block_pool_release: ids[%u] = %u released %u times in this batch "
+                             "kv_block_pool_release: ids[%u] = %u released %u times in this batch "
                              "but its ref count is %u",
                              i, id, times, ref);
         }
         if (!dec && b->ref == 0) {
             clear_pending(p, ids, i);
             return kv__error(KV_ERR_BAD_STATE,
-                             "block_pool_retain: ids[%u] = %u is not held (ref 0, %s)", i, id,
+                             "kv_block_pool_retain: ids[%u] = %u is not held (ref 0, %s)", i, id,
                              (b->flags & KV__BLOCK_HASHED) ? "cached" : "free");
         }
         if (!dec && (uint64_t)b->ref + b->pending + 1 > UINT32_MAX) {
             uint32_t ref = b->ref;
             clear_pending(p, ids, i);
             return kv__error(KV_ERR_OVERFLOW,
-                             "block_pool_retain: ids[%u] = %u ref count %u would overflow", i, id,
-                             ref);
+                             "kv_block_pool_retain: ids[%u] = %u ref count %u would overflow", i,
+                             id, ref);
         }
         b->pending++;
     }
@@ -529,7 +531,7 @@ kv_status kv_block_pool_retain(kv_block_pool *pool, const uint32_t *ids, uint32_
 {
     kv_status s;
     if (!pool || (!ids && n > 0))
-        return kv__error(KV_ERR_NULL, "block_pool_retain: %s is NULL", !pool ? "pool" : "ids");
+        return kv__error(KV_ERR_NULL, "kv_block_pool_retain: %s is NULL", !pool ? "pool" : "ids");
     pthread_mutex_lock(&pool->mu);
     s = validate_batch(pool, ids, n, false, "retain");
     if (s == KV_OK)
@@ -544,7 +546,7 @@ kv_status kv_block_pool_release(kv_block_pool *pool, const uint32_t *ids, uint32
 {
     kv_status s;
     if (!pool || (!ids && n > 0))
-        return kv__error(KV_ERR_NULL, "block_pool_release: %s is NULL", !pool ? "pool" : "ids");
+        return kv__error(KV_ERR_NULL, "kv_block_pool_release: %s is NULL", !pool ? "pool" : "ids");
     pthread_mutex_lock(&pool->mu);
     if (n == 1) {
         /* Fast path for the common single release: same checks, no scratch. */
@@ -589,23 +591,23 @@ kv_status kv_block_pool_commit_hash(kv_block_pool *pool, uint32_t id, uint64_t h
 {
     struct kv__block *b;
     if (!pool)
-        return kv__error(KV_ERR_NULL, "block_pool_commit: pool is NULL");
+        return kv__error(KV_ERR_NULL, "kv_block_pool_commit: pool is NULL");
     if (id == KV_BLOCK_NULL || id >= pool->num_blocks)
-        return kv__error(KV_ERR_INVALID_ARG, "block_pool_commit: id %u is %s (ids 1 .. %u)", id,
+        return kv__error(KV_ERR_INVALID_ARG, "kv_block_pool_commit: id %u is %s (ids 1 .. %u)", id,
                          id == KV_BLOCK_NULL ? "the reserved null block" : "not in this pool",
                          pool->num_blocks - 1);
     pthread_mutex_lock(&pool->mu);
     b = &pool->blocks[id];
     if (b->ref == 0) {
         pthread_mutex_unlock(&pool->mu);
-        return kv__error(KV_ERR_BAD_STATE, "block_pool_commit: id %u is not held (ref 0)", id);
+        return kv__error(KV_ERR_BAD_STATE, "kv_block_pool_commit: id %u is not held (ref 0)", id);
     }
     if (b->flags & KV__BLOCK_HASHED) {
         uint64_t have = b->hash;
         pthread_mutex_unlock(&pool->mu);
         if (have != hash)
             return kv__error(KV_ERR_BAD_STATE,
-                             "block_pool_commit: id %u already carries hash 0x%016llx, not "
+                             "kv_block_pool_commit: id %u already carries hash 0x%016llx, not "
                              "0x%016llx",
                              id, (unsigned long long)have, (unsigned long long)hash);
         if (stored)
@@ -635,10 +637,11 @@ kv_status kv_block_pool_commit_full(kv_block_pool *pool, uint32_t id, uint64_t p
     uint64_t h;
     kv_status s;
     if (!pool || !tokens)
-        return kv__error(KV_ERR_NULL, "block_pool_commit_full: %s is NULL",
+        return kv__error(KV_ERR_NULL, "kv_block_pool_commit_full: %s is NULL",
                          !pool ? "pool" : "tokens");
     if (n_tokens == 0)
-        return kv__error(KV_ERR_INVALID_ARG, "block_pool_commit_full: id %u with n_tokens 0", id);
+        return kv__error(KV_ERR_INVALID_ARG, "kv_block_pool_commit_full: id %u with n_tokens 0",
+                         id);
     h = kv_block_hash(parent_hash, tokens, n_tokens, extra_key);
     s = kv_block_pool_commit_hash(pool, id, h, NULL);
     if (s == KV_OK && hash_out)
@@ -680,7 +683,7 @@ kv_status kv_block_pool_lookup(kv_block_pool *pool, const uint64_t *hashes, uint
                                uint32_t *ids, uint32_t *n_found)
 {
     if (!pool || !n_found || (n > 0 && (!hashes || !ids)))
-        return kv__error(KV_ERR_NULL, "block_pool_lookup: %s is NULL",
+        return kv__error(KV_ERR_NULL, "kv_block_pool_lookup: %s is NULL",
                          !pool      ? "pool"
                          : !n_found ? "n_found"
                          : !hashes  ? "hashes"
@@ -703,13 +706,13 @@ kv_status kv_block_pool_match_prefix(kv_block_pool *pool, const int32_t *tokens,
     uint32_t want, done = 0;
 
     if (!pool || !n_found)
-        return kv__error(KV_ERR_NULL, "block_pool_match_prefix: %s is NULL",
+        return kv__error(KV_ERR_NULL, "kv_block_pool_match_prefix: %s is NULL",
                          !pool ? "pool" : "n_found");
     if (block_tokens == 0)
-        return kv__error(KV_ERR_INVALID_ARG, "block_pool_match_prefix: block_tokens is 0");
+        return kv__error(KV_ERR_INVALID_ARG, "kv_block_pool_match_prefix: block_tokens is 0");
     want = n_tokens / block_tokens < max_blocks ? (uint32_t)(n_tokens / block_tokens) : max_blocks;
     if (want > 0 && (!tokens || !ids))
-        return kv__error(KV_ERR_NULL, "block_pool_match_prefix: %s is NULL with %u full blocks",
+        return kv__error(KV_ERR_NULL, "kv_block_pool_match_prefix: %s is NULL with %u full blocks",
                          !tokens ? "tokens" : "ids", want);
     *n_found = 0;
     while (done < want) {
@@ -736,10 +739,11 @@ kv_status kv_block_pool_block_hash(kv_block_pool *pool, uint32_t id, uint64_t *h
 {
     kv_status s = KV_OK;
     if (!pool || !hash)
-        return kv__error(KV_ERR_NULL, "block_pool_block_hash: %s is NULL", !pool ? "pool" : "hash");
+        return kv__error(KV_ERR_NULL, "kv_block_pool_block_hash: %s is NULL",
+                         !pool ? "pool" : "hash");
     if (id == KV_BLOCK_NULL || id >= pool->num_blocks)
-        return kv__error(KV_ERR_INVALID_ARG, "block_pool_block_hash: id %u is %s (ids 1 .. %u)", id,
-                         id == KV_BLOCK_NULL ? "the reserved null block" : "not in this pool",
+        return kv__error(KV_ERR_INVALID_ARG, "kv_block_pool_block_hash: id %u is %s (ids 1 .. %u)",
+                         id, id == KV_BLOCK_NULL ? "the reserved null block" : "not in this pool",
                          pool->num_blocks - 1);
     pthread_mutex_lock(&pool->mu);
     if (pool->blocks[id].flags & KV__BLOCK_HASHED)
@@ -748,7 +752,7 @@ kv_status kv_block_pool_block_hash(kv_block_pool *pool, uint32_t id, uint64_t *h
         s = KV_ERR_NOT_FOUND;
     pthread_mutex_unlock(&pool->mu);
     if (s != KV_OK)
-        return kv__error(s, "block_pool_block_hash: id %u carries no hash", id);
+        return kv__error(s, "kv_block_pool_block_hash: id %u carries no hash", id);
     return kv__ok();
 }
 
@@ -758,7 +762,7 @@ kv_status kv_block_pool_free_list(kv_block_pool *pool, uint32_t *ids, uint32_t c
 {
     uint32_t len, i = 0;
     if (!pool || !n || (!ids && cap > 0))
-        return kv__error(KV_ERR_NULL, "block_pool_free_list: %s is NULL",
+        return kv__error(KV_ERR_NULL, "kv_block_pool_free_list: %s is NULL",
                          !pool ? "pool"
                          : !n  ? "n"
                                : "ids");
@@ -769,8 +773,8 @@ kv_status kv_block_pool_free_list(kv_block_pool *pool, uint32_t *ids, uint32_t c
         pthread_mutex_unlock(&pool->mu);
         if (!ids)
             return kv__ok();
-        return kv__error(KV_ERR_INVALID_ARG, "block_pool_free_list: cap %u < list length %u", cap,
-                         len);
+        return kv__error(KV_ERR_INVALID_ARG, "kv_block_pool_free_list: cap %u < list length %u",
+                         cap, len);
     }
     for (uint32_t id = pool->blocks[sentinel(pool)].next; id != sentinel(pool);
          id = pool->blocks[id].next)
@@ -839,7 +843,7 @@ static kv_status ops_commit_full(void *ctx, uint32_t id, uint64_t parent_hash,
 kv_status kv_block_pool_ops(kv_block_pool *pool, struct kv_block_ops *out)
 {
     if (!pool || !out)
-        return kv__error(KV_ERR_NULL, "block_pool_ops: %s is NULL", !pool ? "pool" : "out");
+        return kv__error(KV_ERR_NULL, "kv_block_pool_ops: %s is NULL", !pool ? "pool" : "out");
     *out = (struct kv_block_ops){
         .ctx = pool,
         .alloc = ops_alloc,

@@ -39,6 +39,12 @@ kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **out)
         goto undo_alloc;
     }
 
+    if (cfg->zero_fill && cfg->mem_kind == KV_MEM_DEVICE) {
+        st = kv__error(KV_ERR_UNSUPPORTED,
+                       "kv_cache_create: zero_fill is not supported for device memory "
+                       "(clear it with cudaMemsetAsync on the engine's stream)");
+        goto undo_alloc;
+    }
     /* Cheap objects first (pool records, page table): a config they refuse
      * fails before the arena, the big allocation, is made or zeroed. */
     memset(&pcfg, 0, sizeof(pcfg));

@@ -49,7 +49,8 @@ struct kv_cache_config {
     uint32_t max_blocks_per_seq;    /* 0 = num_blocks - 1 */
     uint32_t page_ratio;            /* kernel pages per block (0 = 1) */
     bool enable_prefix_caching;
-    bool zero_fill;             /* zero the arena at create */
+    bool zero_fill;             /* zero the arena at create (host and pinned memory;
+                                   KV_ERR_UNSUPPORTED with KV_MEM_DEVICE) */
     kv_block_event_fn on_event; /* pool stored/removed events (may be NULL) */
     void *event_user;
 };

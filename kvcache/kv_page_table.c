@@ -4,6 +4,7 @@
 #include <assert.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kv_mem.h"
@@ -51,6 +52,14 @@ struct kv_page_table {
 
 /* ---- helpers --------------------------------------------------------------- */
 
+#if defined(KV_DEBUG_CHECKS) && !defined(NDEBUG)
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+#endif
+
 static void seq_check(const kv_page_table *pt, const struct kv__seq *s)
 {
 #ifndef NDEBUG
@@ -60,6 +69,22 @@ static void seq_check(const kv_page_table *pt, const struct kv__seq *s)
     assert(s->n_committed <= s->n_blocks && s->n_blocks <= s->cap);
     assert(s->n_blocks <= pt->cfg.max_blocks_per_seq);
     assert(pt->prefix || (s->n_committed == 0 && !s->hashes && !s->tokens));
+#if defined(KV_DEBUG_CHECKS)
+    /* Full check (DEBUG=1 builds): every block is an id the source says is
+     * held, and no block appears twice in one sequence (sorted copy). */
+    {
+        uint32_t *ids = kv_mem_alloc((size_t)s->n_blocks * sizeof(uint32_t) + 1);
+        assert(ids);
+        for (uint32_t i = 0; i < s->n_blocks; i++) {
+            assert(pt->cfg.ops.ref_count(pt->cfg.ops.ctx, s->blocks[i]) >= 1);
+            ids[i] = s->blocks[i];
+        }
+        qsort(ids, s->n_blocks, sizeof(uint32_t), cmp_u32);
+        for (uint32_t i = 1; i < s->n_blocks; i++)
+            assert(ids[i] != ids[i - 1]);
+        kv_mem_free(ids);
+    }
+#endif
 #else
     (void)pt;
     (void)s;
@@ -132,8 +157,8 @@ fail:
     kv_mem_free(nt);
     kv_mem_free(nh);
     kv_mem_free(nb);
-    return kv__error(KV_ERR_NO_MEMORY, "page table: cannot grow a sequence to %" PRIu64 " blocks",
-                     ncap);
+    return kv__error(KV_ERR_NO_MEMORY,
+                     "kv_page_table: cannot grow a sequence to %" PRIu64 " blocks", ncap);
 }
 
 static void seq_free_arrays(struct kv__seq *s)
@@ -154,7 +179,7 @@ static kv_status copies_reserve(kv_page_table *pt, uint32_t extra)
     uint32_t ncap = pt->cap_copies ? pt->cap_copies * 2 : 16;
     struct kv_block_copy *nc = kv_mem_alloc((size_t)ncap * sizeof(*nc));
     if (!nc)
-        return kv__error(KV_ERR_NO_MEMORY, "page table: cannot grow the copy queue to %" PRIu32,
+        return kv__error(KV_ERR_NO_MEMORY, "kv_page_table: cannot grow the copy queue to %" PRIu32,
                          ncap);
     if (pt->n_copies)
         memcpy(nc, pt->copies, pt->n_copies * sizeof(*nc));
@@ -297,7 +322,7 @@ kv_status kv_page_table_seq_create(kv_page_table *pt, uint32_t *seq_out)
         return kv__error(KV_ERR_NULL, "kv_page_table_seq_create: %s is NULL",
                          !pt ? "pt" : "seq_out");
     if (pt->n_free == 0)
-        return kv__error(KV_ERR_NO_MEMORY,
+        return kv__error(KV_ERR_CAPACITY,
                          "kv_page_table_seq_create: all %" PRIu32 " sequences (max_seqs) are live",
                          pt->cfg.max_seqs);
     *seq_out = id_take(pt, pt->cfg.extra_key);
@@ -421,7 +446,7 @@ kv_status kv_page_table_seq_append(kv_page_table *pt, uint32_t seq, const int32_
     const uint64_t N = pt->N, old = s->n_tokens;
     const uint64_t max_tokens = (uint64_t)pt->cfg.max_blocks_per_seq * N;
     if (n > max_tokens || old + n > max_tokens)
-        return kv__error(KV_ERR_INVALID_ARG,
+        return kv__error(KV_ERR_CAPACITY,
                          "kv_page_table_seq_append: seq %" PRIu32 " with %" PRIu64 " + %" PRIu64
                          " tokens needs more than max_blocks_per_seq %" PRIu32 " blocks of %" PRIu64
                          " tokens",
@@ -504,7 +529,7 @@ kv_status kv_page_table_seq_fork(kv_page_table *pt, uint32_t parent, uint32_t *c
     if (!p)
         return bad_seq("kv_page_table_seq_fork", pt, parent);
     if (pt->n_free == 0)
-        return kv__error(KV_ERR_NO_MEMORY,
+        return kv__error(KV_ERR_CAPACITY,
                          "kv_page_table_seq_fork: all %" PRIu32 " sequences (max_seqs) are live",
                          pt->cfg.max_seqs);
     uint32_t id = id_take(pt, p->extra_key);

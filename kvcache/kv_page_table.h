@@ -106,7 +106,7 @@ KV_API void kv_page_table_destroy(kv_page_table *pt);
 /* ---- sequences -------------------------------------------------------------- */
 
 /* A new empty sequence with the default extra key; id in *seq_out.
- * KV_ERR_NO_MEMORY when max_seqs sequences are live. */
+ * KV_ERR_CAPACITY when max_seqs sequences are live. */
 KV_API kv_status kv_page_table_seq_create(kv_page_table *pt, uint32_t *seq_out);
 
 /* Set the extra key of an empty sequence (KV_ERR_BAD_STATE otherwise). */
@@ -131,14 +131,14 @@ KV_API kv_status kv_page_table_seq_create_from_prefix(kv_page_table *pt, const i
  * boundaries (plus one private block when copy-on-write is due), and
  * committing blocks that become full when prefix caching is on. tokens may
  * be NULL when prefix caching is off. All or nothing: KV_ERR_NO_BLOCKS (the
- * source is short) or KV_ERR_INVALID_ARG (would exceed max_blocks_per_seq)
+ * source is short) or KV_ERR_CAPACITY (would exceed max_blocks_per_seq)
  * leave the sequence as it was. A failed commit_full does not fail the
  * append: the block stays out of the cache (counted in commit_failures). */
 KV_API kv_status kv_page_table_seq_append(kv_page_table *pt, uint32_t seq, const int32_t *tokens,
                                           uint64_t n);
 
 /* A new sequence sharing all of parent's blocks (ref += 1 each), tokens and
- * extra key; id in *child_out. KV_ERR_NO_MEMORY when max_seqs sequences are
+ * extra key; id in *child_out. KV_ERR_CAPACITY when max_seqs sequences are
  * live; the source's status if retain fails. */
 KV_API kv_status kv_page_table_seq_fork(kv_page_table *pt, uint32_t parent, uint32_t *child_out);
 

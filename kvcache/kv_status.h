@@ -45,7 +45,8 @@ extern "C" {
     X(KV_ERR_TIMEOUT, -17, "timed out")                                                            \
     X(KV_ERR_CANCELLED, -18, "cancelled")                                                          \
     X(KV_ERR_CORRUPT, -19, "data failed verification")                                             \
-    X(KV_ERR_INTERNAL, -20, "internal error")
+    X(KV_ERR_INTERNAL, -20, "internal error")                                                      \
+    X(KV_ERR_CAPACITY, -21, "a configured capacity limit is reached")
 
 typedef enum kv_status {
 #define KV__STATUS_ENUM(name, value, msg) name = value,

@@ -202,10 +202,22 @@ kv_status kv_view_check(const struct kv_view *v)
     return st == KV_OK ? kv__ok() : st;
 }
 
+/* Cheap shape sanity of an untrusted view (no error recorded): ndim in
+ * range, a known dtype, no negative size. */
+static bool kv__meta_ok(const struct kv_view *v)
+{
+    if (!v || v->ndim < 0 || v->ndim > KV_MAX_DIMS || kv_dtype_size(v->dtype) == 0)
+        return false;
+    for (int i = 0; i < v->ndim; i++)
+        if (v->shape[i] < 0)
+            return false;
+    return true;
+}
+
 int64_t kv_view_numel(const struct kv_view *v)
 {
     int64_t n = 0;
-    if (!v || v->ndim < 0 || v->ndim > KV_MAX_DIMS || !kv__shape_numel(v->shape, v->ndim, &n))
+    if (!kv__meta_ok(v) || !kv__shape_numel(v->shape, v->ndim, &n))
         return 0;
     return n;
 }
@@ -992,7 +1004,7 @@ kv_status kv_view_contiguous(const struct kv_view *src, void *dst, size_t dst_by
 bool kv_view_is_contiguous(const struct kv_view *v)
 {
     int64_t expected = 1;
-    if (!v || v->ndim < 0 || v->ndim > KV_MAX_DIMS)
+    if (!kv__meta_ok(v))
         return false;
     if (kv_view_numel(v) == 0)
         return true;
@@ -1009,7 +1021,7 @@ bool kv_view_is_contiguous(const struct kv_view *v)
 bool kv_view_is_f_contiguous(const struct kv_view *v)
 {
     int64_t expected = 1;
-    if (!v || v->ndim < 0 || v->ndim > KV_MAX_DIMS)
+    if (!kv__meta_ok(v))
         return false;
     if (kv_view_numel(v) == 0)
         return true;

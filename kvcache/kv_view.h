@@ -85,7 +85,8 @@ KV_API kv_status kv_view_as_strided(const struct kv_view *src, int ndim, const i
 /* Validate a hand-built view against the invariants above. */
 KV_API kv_status kv_view_check(const struct kv_view *v);
 
-/* Number of elements (product of shape; 1 for 0-d). */
+/* Number of elements (product of shape; 1 for 0-d); 0 for a view whose
+ * ndim, dtype or sizes are invalid, or whose count overflows int64. */
 KV_API int64_t kv_view_numel(const struct kv_view *v);
 
 /* Bytes per element. */

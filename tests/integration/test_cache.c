@@ -320,6 +320,10 @@ static void test_cache_bad_config(void **state)
     assert_true(c == (kv_cache *)0x1); /* *out untouched on failure */
     cfg.layout.head_dim = 64;
     cfg.mem_kind = KV_MEM_DEVICE;
+    cfg.zero_fill = true; /* refused for device memory, GPU or not */
+    assert_int_equal(kv_cache_create(&cfg, &c), KV_ERR_UNSUPPORTED);
+    assert_non_null(strstr(kv_last_error(), "zero_fill"));
+    cfg.zero_fill = false;
     {
         kv_status st = kv_cache_create(&cfg, &c);
         if (st == KV_OK) /* a machine with a GPU */

@@ -605,7 +605,7 @@ static kv_status m_append(uint32_t sid, const int32_t *toks, uint64_t k)
     if (k == 0)
         return KV_OK;
     if (k > (uint64_t)G.maxb * N || s->n + k > (uint64_t)G.maxb * N)
-        return KV_ERR_INVALID_ARG;
+        return KV_ERR_CAPACITY;
     const uint64_t new_len = s->n + k;
     const uint32_t total = (uint32_t)((new_len + N - 1) / N);
     const uint32_t need = total - s->nb;
@@ -1063,7 +1063,7 @@ static kv_status append_one(struct step *stp, uint32_t sid, uint64_t k)
     } else if (want == KV_ERR_NO_BLOCKS) {
         CNT.append_no_blocks++;
         G.phase_no_blocks++;
-    } else if (want == KV_ERR_INVALID_ARG) {
+    } else if (want == KV_ERR_CAPACITY) {
         CNT.append_too_long++;
     }
     return want;
@@ -1147,7 +1147,7 @@ static void op_create(void)
     uint32_t sid = 0;
     struct step stp = {0};
     if (MT.live == MAX_SEQS) {
-        check_st(kv_page_table_seq_create(G.pt, &sid), KV_ERR_NO_MEMORY, "create at max_seqs");
+        check_st(kv_page_table_seq_create(G.pt, &sid), KV_ERR_CAPACITY, "create at max_seqs");
         CNT.create_nomem++;
         return;
     }
@@ -1192,7 +1192,7 @@ static void op_prefix(void)
     if (MT.live == MAX_SEQS) {
         check_st(two_step ? kv_page_table_seq_create(G.pt, &sid)
                           : kv_page_table_seq_create_from_prefix(G.pt, G.prompt, n, &sid, &cached),
-                 KV_ERR_NO_MEMORY, "create at max_seqs");
+                 KV_ERR_CAPACITY, "create at max_seqs");
         CNT.prefix_nomem++;
         return;
     }
@@ -1262,8 +1262,7 @@ static void op_fork(void)
     const uint32_t *pb = NULL, *cb = NULL;
     uint32_t pn = 0, cn = 0;
     if (MT.live == MAX_SEQS) {
-        check_st(kv_page_table_seq_fork(G.pt, parent, &child), KV_ERR_NO_MEMORY,
-                 "fork at max_seqs");
+        check_st(kv_page_table_seq_fork(G.pt, parent, &child), KV_ERR_CAPACITY, "fork at max_seqs");
         CNT.fork_nomem++;
         return;
     }
@@ -1384,8 +1383,8 @@ static void op_misuse(void)
         break;
     case 4: { /* past max_blocks_per_seq */
         uint64_t k = (uint64_t)G.maxb * N - s->n + (uint64_t)kvt_range(&G.rng, 1, N);
-        check_st(m_append(sid, G.scratch, k), KV_ERR_INVALID_ARG, "model append past max");
-        check_st(kv_page_table_seq_append(G.pt, sid, G.scratch, k), KV_ERR_INVALID_ARG,
+        check_st(m_append(sid, G.scratch, k), KV_ERR_CAPACITY, "model append past max");
+        check_st(kv_page_table_seq_append(G.pt, sid, G.scratch, k), KV_ERR_CAPACITY,
                  "append past max_blocks_per_seq");
         break;
     }
@@ -1435,7 +1434,7 @@ static enum op pick_op(void)
     if (MT.live == 0)
         return kvt_range(&G.rng, 0, 1) ? OP_CREATE : OP_PREFIX;
     memcpy(w, G.shrink ? shrink : grow, sizeof(w));
-    if (MT.live == MAX_SEQS) { /* still try now and then: KV_ERR_NO_MEMORY */
+    if (MT.live == MAX_SEQS) { /* still try now and then: KV_ERR_CAPACITY */
         w[OP_CREATE] = w[OP_PREFIX] = w[OP_FORK] = 1;
     }
     if (MP.list_len < EDGE_BELOW)
@@ -1679,7 +1678,7 @@ static void test_cache_model_random_ops(void **state)
  * is 2L runs at the padded block stride; the whole-arena check covers the
  * padding, which nothing may write), max_blocks_per_seq 250 (below the
  * longest prompts: reuse is capped by it, appends reach it exactly and past
- * it are refused with KV_ERR_INVALID_ARG) and 2 kernel pages per block in the
+ * it are refused with KV_ERR_CAPACITY) and 2 kernel pages per block in the
  * exports. Sequences share more than they can hold here, so the pool is not
  * always driven to its last block. */
 static void test_cache_model_block_major_padded(void **state)

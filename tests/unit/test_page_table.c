@@ -730,7 +730,7 @@ static void test_page_table_no_blocks_all_or_nothing(void **state)
     assert_int_equal(len, 60);
 
     /* more than max_blocks_per_seq (6 x 16 = 96 tokens) */
-    expect_msg(kv_page_table_seq_append(pt, b, NULL, 96), KV_ERR_INVALID_ARG,
+    expect_msg(kv_page_table_seq_append(pt, b, NULL, 96), KV_ERR_CAPACITY,
                "1 + 96 tokens needs more than max_blocks_per_seq 6");
     assert_int_equal(kv_page_table_seq_len(pt, b, &len), KV_OK);
     assert_int_equal(len, 1);
@@ -932,8 +932,8 @@ static void test_page_table_bad_input(void **state)
     assert_int_equal(kv_page_table_seq_create(pt, &s1), KV_OK);
     assert_int_equal(s0, 0);
     assert_int_equal(s1, 1);
-    expect_msg(kv_page_table_seq_create(pt, &s2), KV_ERR_NO_MEMORY, "all 2 sequences");
-    expect_msg(kv_page_table_seq_fork(pt, s0, &s2), KV_ERR_NO_MEMORY, "all 2 sequences");
+    expect_msg(kv_page_table_seq_create(pt, &s2), KV_ERR_CAPACITY, "all 2 sequences");
+    expect_msg(kv_page_table_seq_fork(pt, s0, &s2), KV_ERR_CAPACITY, "all 2 sequences");
     assert_int_equal(s2, 77);
     int32_t tok[4] = {1, 2, 3, 4};
     expect_msg(kv_page_table_seq_append(pt, 5, tok, 4), KV_ERR_NOT_FOUND, "seq 5 >= max_seqs 2");
@@ -951,8 +951,7 @@ static void test_page_table_bad_input(void **state)
     /* freed ids are handed out again */
     assert_int_equal(kv_page_table_seq_create(pt, &s2), KV_OK);
     assert_int_equal(s2, 1);
-    expect_msg(kv_page_table_seq_append(pt, s0, tok, 65), KV_ERR_INVALID_ARG,
-               "max_blocks_per_seq 4");
+    expect_msg(kv_page_table_seq_append(pt, s0, tok, 65), KV_ERR_CAPACITY, "max_blocks_per_seq 4");
     assert_int_equal(kv_page_table_seq_len(pt, s0, &len), KV_OK);
     assert_int_equal(len, 0);
     expect_msg(kv_page_table_export_vllm(pt, NULL, 2, NULL, &(struct kv_vllm_export){0}),

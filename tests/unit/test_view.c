@@ -620,6 +620,14 @@ static void test_view_hand_built_views_refused(void **state)
         assert_non_null(strstr(line, "invalid view: ndim 64"));
     }
     make(&v, 2, shape);
+    v.shape[1] = -6;
+    assert_int_equal(kv_view_numel(&v), 0);
+    assert_false(kv_view_is_contiguous(&v));
+    v.shape[1] = 1;
+    v.dtype = (kv_dtype)77;
+    assert_false(kv_view_is_contiguous(&v));
+    assert_int_equal(kv_view_numel(&v), 0);
+    make(&v, 2, shape);
     v.offset = -3;
     assert_int_equal(kv_view_narrow(&v, 0, 0, 1, &w), KV_ERR_OUT_OF_BOUNDS);
     /* [1,1] with strides 2^62: valid (one element), but narrowing both dims
