@@ -37,8 +37,10 @@
 extern "C" {
 #endif
 
+/* The arena handle (opaque). */
 typedef struct kv_arena kv_arena;
 
+/* Where an arena's memory lives. */
 enum kv_mem_kind {
     KV_MEM_HOST = 0,   /* host memory (kv_mem) */
     KV_MEM_PINNED = 1, /* page-locked host memory (cudaMallocHost) */
@@ -60,6 +62,7 @@ struct kv_mem_region {
 /* Arena flags. */
 #define KV_ARENA_ZERO 0x1u /* zero-fill the arena at create (touches every page) */
 
+/* Input of kv_arena_create(); KV_ARENA_CONFIG_INIT gives the defaults. */
 struct kv_arena_config {
     enum kv_mem_kind kind;
     size_t size_bytes;  /* > 0; host arenas round up to the alignment */
@@ -103,6 +106,7 @@ KV_API size_t kv_arena_size(const kv_arena *arena);
 /* Alignment of kv_arena_base() in bytes. */
 KV_API size_t kv_arena_align(const kv_arena *arena);
 
+/* The kind the arena was created with. */
 KV_API enum kv_mem_kind kv_arena_kind(const kv_arena *arena);
 
 /* True when madvise(MADV_HUGEPAGE) was accepted for a host arena (the kernel

@@ -61,6 +61,7 @@
 extern "C" {
 #endif
 
+/* The pool handle (opaque). */
 typedef struct kv_block_pool kv_block_pool;
 
 /* The reserved null block: never handed out. */
@@ -72,6 +73,7 @@ typedef struct kv_block_pool kv_block_pool;
 /* Largest num_blocks a pool accepts. */
 #define KV_BLOCK_POOL_MAX_BLOCKS ((uint32_t)1 << 31)
 
+/* What an event callback reports about a prefix hash. */
 typedef enum kv_block_event {
     KV_BLOCK_STORED = 1,  /* hash registered: block id now found by prefix lookup */
     KV_BLOCK_REMOVED = 2, /* hash dropped: block id was evicted for reuse */
@@ -80,13 +82,13 @@ typedef enum kv_block_event {
 /* Called with the pool's mutex held (see "Thread-safe" above). */
 typedef void (*kv_block_event_fn)(void *user, kv_block_event ev, uint64_t hash, uint32_t id);
 
-/* Pool flags. */
-#define KV_BLOCK_POOL_CHECK_FULL                                                                   \
-    0x1u /* run the O(capacity) invariant check after                                              \
-            every operation (tests); also enabled by                                               \
-            the environment KV_DEBUG_CHECKS=1 or by                                                \
-            building with -DKV_DEBUG_CHECKS */
+/* Pool flags (kv_block_pool_config.flags). */
+/* Run the O(capacity) invariant check after every operation (tests); also
+ * enabled by the environment KV_DEBUG_CHECKS=1 or building with
+ * -DKV_DEBUG_CHECKS (make DEBUG=1). */
+#define KV_BLOCK_POOL_CHECK_FULL 0x1u
 
+/* Input of kv_block_pool_create(). */
 struct kv_block_pool_config {
     uint32_t num_blocks;        /* block records incl. the null block 0: ids 1 ..
                                    num_blocks-1 are usable; 2 .. 2^31 */

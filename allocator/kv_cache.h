@@ -39,8 +39,11 @@
 extern "C" {
 #endif
 
+/* The cache handle (opaque). */
 typedef struct kv_cache kv_cache;
 
+/* Input of kv_cache_create(). Zero-initialize, then set the layout dims,
+ * dtype and max_seqs: zero means the default for every other field. */
 struct kv_cache_config {
     struct kv_layout_config layout; /* L, B, N, H, D, dtype, order, arrangement, padding */
     enum kv_mem_kind mem_kind;      /* KV_MEM_HOST (default), KV_MEM_PINNED, KV_MEM_DEVICE */
@@ -48,11 +51,11 @@ struct kv_cache_config {
     uint32_t max_seqs;              /* live sequences at once (>= 1) */
     uint32_t max_blocks_per_seq;    /* 0 = num_blocks - 1 */
     uint32_t page_ratio;            /* kernel pages per block (0 = 1) */
-    bool enable_prefix_caching;
-    bool zero_fill;             /* zero the arena at create (host and pinned memory;
-                                   KV_ERR_UNSUPPORTED with KV_MEM_DEVICE) */
-    kv_block_event_fn on_event; /* pool stored/removed events (may be NULL) */
-    void *event_user;
+    bool enable_prefix_caching;     /* reuse full blocks by chained hash (page table + pool) */
+    bool zero_fill;                 /* zero the arena at create (host and pinned memory;
+                                       KV_ERR_UNSUPPORTED with KV_MEM_DEVICE) */
+    kv_block_event_fn on_event;     /* pool stored/removed events (may be NULL) */
+    void *event_user;               /* passed back to on_event; borrowed for the cache's life */
 };
 
 /* Build layout, arena, pool and page table. *out set only on success; on
@@ -66,6 +69,9 @@ KV_API kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **o
  * NULL is a no-op. */
 KV_API void kv_cache_destroy(kv_cache *c);
 
+/* The parts, owned by the cache (valid until kv_cache_destroy; NULL for a
+ * NULL cache): use the page table for sequences, the pool for stats and
+ * events, the arena for transport registration. */
 KV_API const struct kv_layout *kv_cache_layout(const kv_cache *c);
 KV_API kv_arena *kv_cache_arena(kv_cache *c);
 KV_API kv_block_pool *kv_cache_pool(kv_cache *c);

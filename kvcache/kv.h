@@ -5,6 +5,7 @@
 #ifndef KV_H
 #define KV_H
 
+/* Version of these headers (kv_version() gives the linked library's). */
 #define KV_VERSION_MAJOR 0
 #define KV_VERSION_MINOR 1
 #define KV_VERSION_PATCH 0

@@ -18,6 +18,7 @@
 extern "C" {
 #endif
 
+/* A block source: the allocator's pool, or a test fake. */
 struct kv_block_ops {
     void *ctx; /* passed back as the first argument of every op */
 

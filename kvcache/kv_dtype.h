@@ -25,6 +25,7 @@ extern "C" {
     X(KV_U8, "u8", 1)                                                                              \
     X(KV_F64, "f64", 8)
 
+/* Element types (KV_DTYPE_MAP). */
 typedef enum kv_dtype {
 #define KV__DTYPE_ENUM(e, name, bytes) e,
     KV_DTYPE_MAP(KV__DTYPE_ENUM)

@@ -64,11 +64,13 @@
 extern "C" {
 #endif
 
+/* The page table handle (opaque). */
 typedef struct kv_page_table kv_page_table;
 
 /* Parent hash of a sequence's first block in commit_full. */
 #define KV_PAGE_TABLE_ROOT_HASH UINT64_C(0)
 
+/* Input of kv_page_table_create(); copied (ops.ctx is borrowed). */
 struct kv_page_table_config {
     uint32_t block_tokens;       /* N >= 1: tokens per allocation block */
     uint32_t page_ratio;         /* r >= 1 (0 means 1), N % r == 0: kernel pages per block */
@@ -172,6 +174,7 @@ KV_API uint32_t kv_page_table_pending_copies(const kv_page_table *pt);
 KV_API kv_status kv_page_table_take_copies(kv_page_table *pt, struct kv_block_copy *out,
                                            uint32_t cap, uint32_t *n_out);
 
+/* Counters since create (kv_page_table_stats_get). */
 struct kv_page_table_stats {
     uint32_t live_seqs;
     uint64_t held_blocks;     /* sum over live sequences of n_blocks */
@@ -180,10 +183,21 @@ struct kv_page_table_stats {
     uint64_t committed;       /* successful commit_full calls */
     uint64_t commit_failures; /* failed commit_full calls */
 };
+/* Snapshot of the counters (zeros for a NULL pt). */
 KV_API void kv_page_table_stats_get(const kv_page_table *pt, struct kv_page_table_stats *out);
 
 /* ---- exports for attention kernels (no allocation, no per-token calls) ---- */
 
+/* Output buffers of kv_page_table_export_vllm (see its contract below). */
+struct kv_vllm_export {
+    int32_t *block_table; /* [n_seqs][block_table_cols] */
+    uint64_t block_table_len;
+    uint32_t block_table_cols;
+    int32_t block_table_pad; /* e.g. 0 (vLLM's null block) or -1 */
+    int64_t *slot_mapping;   /* [slot_mapping_len] */
+    uint64_t slot_mapping_len;
+    uint32_t tokens_per_seq;
+};
 /* vLLM form. Either output may be NULL (skipped).
  *
  *   block_table [n_seqs][block_table_cols] int32, row i = kernel pages of
@@ -198,26 +212,11 @@ KV_API void kv_page_table_stats_get(const kv_page_table *pt, struct kv_page_tabl
  *     writers), so a batch padded to a graph size needs no extra pass.
  *     slot_mapping_len must cover the written entries, else KV_ERR_INVALID_ARG.
  * KV_ERR_OVERFLOW when a page id does not fit int32. */
-struct kv_vllm_export {
-    int32_t *block_table; /* [n_seqs][block_table_cols] */
-    uint64_t block_table_len;
-    uint32_t block_table_cols;
-    int32_t block_table_pad; /* e.g. 0 (vLLM's null block) or -1 */
-    int64_t *slot_mapping;   /* [slot_mapping_len] */
-    uint64_t slot_mapping_len;
-    uint32_t tokens_per_seq;
-};
 KV_API kv_status kv_page_table_export_vllm(const kv_page_table *pt, const uint32_t *seqs,
                                            uint32_t n_seqs, const struct kv_token_range *ranges,
                                            const struct kv_vllm_export *out);
 
-/* FlashInfer form (page units of N/r tokens):
- *   indptr[n_seqs + 1]: indptr[0] = 0, indptr[i+1] = indptr[i] + pages(seqs[i])
- *   indices[nnz]:       the pages, sequence after sequence
- *   last_page_len[n_seqs]: tokens in the last page, 1..N/r (0 for an empty
- *                          sequence)
- * Lengths are checked (KV_ERR_INVALID_ARG naming them); *nnz_out (may be
- * NULL) = total pages. KV_ERR_OVERFLOW when nnz or a page id exceeds int32. */
+/* Output buffers of kv_page_table_export_flashinfer (contract below). */
 struct kv_flashinfer_export {
     int32_t *indptr; /* [n_seqs + 1] */
     uint64_t indptr_len;
@@ -226,6 +225,13 @@ struct kv_flashinfer_export {
     int32_t *last_page_len; /* [n_seqs] */
     uint64_t last_page_len_len;
 };
+/* FlashInfer form (page units of N/r tokens):
+ *   indptr[n_seqs + 1]: indptr[0] = 0, indptr[i+1] = indptr[i] + pages(seqs[i])
+ *   indices[nnz]:       the pages, sequence after sequence
+ *   last_page_len[n_seqs]: tokens in the last page, 1..N/r (0 for an empty
+ *                          sequence)
+ * Lengths are checked (KV_ERR_INVALID_ARG naming them); *nnz_out (may be
+ * NULL) = total pages. KV_ERR_OVERFLOW when nnz or a page id exceeds int32. */
 KV_API kv_status kv_page_table_export_flashinfer(const kv_page_table *pt, const uint32_t *seqs,
                                                  uint32_t n_seqs,
                                                  const struct kv_flashinfer_export *out,

@@ -15,6 +15,7 @@
 extern "C" {
 #endif
 
+/* KV_API marks the exported API (everything else is hidden in the .so). */
 #if defined(__GNUC__)
 #define KV_API __attribute__((visibility("default")))
 #define KV_PRINTF(f, a) __attribute__((format(printf, f, a)))
@@ -48,6 +49,7 @@ extern "C" {
     X(KV_ERR_INTERNAL, -20, "internal error")                                                      \
     X(KV_ERR_CAPACITY, -21, "a configured capacity limit is reached")
 
+/* Status of every fallible call: KV_OK (0) or a negative KV_ERR_* code. */
 typedef enum kv_status {
 #define KV__STATUS_ENUM(name, value, msg) name = value,
     KV_STATUS_MAP(KV__STATUS_ENUM)

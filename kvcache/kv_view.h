@@ -55,8 +55,11 @@
 extern "C" {
 #endif
 
+/* Most dims a view can have. */
 #define KV_MAX_DIMS 8
 
+/* A strided view: plain data, copied by value; see the top of this file for
+ * the addressing formula and invariants. */
 struct kv_view {
     kv_dtype dtype;
     int ndim;
@@ -101,7 +104,9 @@ KV_API void *kv_view_ptr(const struct kv_view *v, const int64_t *idx);
 
 /* ---- metadata operations (never copy) ----------------------------------- */
 
+/* x.permute(perm): perm[ndim] lists every dim once (negative allowed). */
 KV_API kv_status kv_view_permute(const struct kv_view *src, const int *perm, struct kv_view *out);
+/* x.transpose(dim0, dim1): swap two dims (a 0-d view allows (0, 0)). */
 KV_API kv_status kv_view_transpose(const struct kv_view *src, int dim0, int dim1,
                                    struct kv_view *out);
 /* x[..., start:stop:step, ...] on dim; start/stop clamp like Python (negative
@@ -218,6 +223,7 @@ KV_API int kv_view_describe(const struct kv_view *v, char *buf, size_t cap);
     X(KV_COPY_UNPACK, "unpack")                                                                    \
     X(KV_COPY_OFFLOAD, "offload")
 
+/* Why a copy was made: every copy the library makes is counted under one. */
 typedef enum kv_copy_reason {
 #define KV__COPY_REASON_ENUM(e, name) e,
     KV_COPY_REASON_MAP(KV__COPY_REASON_ENUM)
@@ -225,6 +231,7 @@ typedef enum kv_copy_reason {
         KV_COPY_REASON_COUNT
 } kv_copy_reason;
 
+/* Process-wide copy counters, per reason (kv_copy_stats_get). */
 struct kv_copy_stats {
     uint64_t calls[KV_COPY_REASON_COUNT];
     uint64_t bytes[KV_COPY_REASON_COUNT];

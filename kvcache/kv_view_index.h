@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 
+/* KV_HD: __host__ __device__ inline under nvcc, static inline in C. */
 #if defined(__CUDACC__)
 #define KV_HD __host__ __device__ __forceinline__
 #else
