@@ -40,13 +40,17 @@ static bool kv__shape_numel(const int64_t *shape, int n, int64_t *out)
     return true;
 }
 
-static void kv__contig_strides(const int64_t *shape, int ndim, int64_t *strides)
+/* C-order strides of shape; false when one overflows int64 (possible even
+ * for an empty view: [0, 2^40, 2^40] still needs stride 2^40 for dim 1). */
+static bool kv__contig_strides(const int64_t *shape, int ndim, int64_t *strides)
 {
     int64_t s = 1;
     for (int i = ndim - 1; i >= 0; i--) {
         strides[i] = s;
-        s *= shape[i] > 1 ? shape[i] : 1;
+        if (i > 0 && !kv__mul_i64(s, shape[i] > 1 ? shape[i] : 1, &s))
+            return false;
     }
+    return true;
 }
 
 /*
@@ -154,8 +158,13 @@ kv_status kv_view_init(struct kv_view *out, void *base, size_t storage_bytes, kv
         t.shape[i] = shape[i];
     for (int i = 0; i < ndim; i++)
         if (t.shape[i] < 0)
-            break;
-    kv__contig_strides(t.shape, ndim, t.strides);
+            return kv__error(KV_ERR_BAD_SHAPE, "kv_view_init: negative size %" PRId64 " at dim %d",
+                             t.shape[i], i);
+    if (!kv__contig_strides(t.shape, ndim, t.strides)) {
+        char b1[KV__LIST_BUF];
+        return kv__error(KV_ERR_OVERFLOW, "kv_view_init: strides of shape %s overflow int64",
+                         kv__fmt_list(b1, sizeof(b1), t.shape, ndim));
+    }
     st =
         kv__check_geometry("kv_view_init", dtype, ndim, t.shape, t.strides, 0, base, storage_bytes);
     if (st != KV_OK)

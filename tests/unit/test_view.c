@@ -321,6 +321,11 @@ static void test_view_init_bad_input(void **state)
     assert_int_equal(kv_view_init(&v, g_buf, 1000, KV_F32, 2, big), KV_ERR_OUT_OF_BOUNDS);
     assert_msg_has("1000");
     assert_int_equal(kv_view_init(&v, NULL, 0, KV_F32, 2, big), KV_ERR_NULL);
+    {
+        int64_t wide[4] = {0, 99999999999, 99999999999, 99999999999}; /* empty, yet */
+        assert_int_equal(kv_view_init(&v, g_buf, 0, KV_F32, 4, wide), KV_ERR_OVERFLOW);
+        assert_msg_has("overflow");
+    }
     assert_int_equal(kv_view_init(NULL, g_buf, sizeof(g_buf), KV_F32, 2, big), KV_ERR_NULL);
     assert_int_equal(kv_view_init(&v, g_buf, sizeof(g_buf), (kv_dtype)99, 2, big),
                      KV_ERR_INVALID_ARG);
