@@ -429,6 +429,52 @@ fail_reuse:
     return st;
 }
 
+/*
+ * What appending n tokens to s takes: total blocks after, new blocks, and
+ * whether the partial last block must be copied first (it is shared or
+ * sealed). KV_ERR_CAPACITY past max_blocks_per_seq. Shared by append and
+ * kv_page_table_blocks_needed so the two can never disagree.
+ */
+static kv_status append_plan(const char *fn, const kv_page_table *pt, uint32_t seq,
+                             const struct kv__seq *s, uint64_t n, uint32_t *total_blocks,
+                             uint32_t *need, bool *cow)
+{
+    const uint64_t N = pt->N, old = s->n_tokens;
+    const uint64_t max_tokens = (uint64_t)pt->cfg.max_blocks_per_seq * N;
+    if (n > max_tokens || old + n > max_tokens)
+        return kv__error(KV_ERR_CAPACITY,
+                         "%s: seq %" PRIu32 " with %" PRIu64 " + %" PRIu64
+                         " tokens needs more than max_blocks_per_seq %" PRIu32 " blocks of %" PRIu64
+                         " tokens",
+                         fn, seq, old, n, pt->cfg.max_blocks_per_seq, N);
+    *total_blocks = (uint32_t)((old + n + N - 1) / N);
+    *need = *total_blocks - s->n_blocks;
+    *cow = false;
+    if (n > 0 && old % N != 0) {
+        uint32_t last = s->n_blocks - 1;
+        *cow = last < s->n_committed || pt->cfg.ops.ref_count(pt->cfg.ops.ctx, s->blocks[last]) > 1;
+    }
+    return KV_OK;
+}
+
+kv_status kv_page_table_blocks_needed(const kv_page_table *pt, uint32_t seq, uint64_t n,
+                                      uint32_t *blocks)
+{
+    uint32_t total, need;
+    bool cow;
+    if (!pt || !blocks)
+        return kv__error(KV_ERR_NULL, "kv_page_table_blocks_needed: %s is NULL",
+                         !pt ? "pt" : "blocks");
+    const struct kv__seq *s = seq_get(pt, seq);
+    if (!s)
+        return bad_seq("kv_page_table_blocks_needed", pt, seq);
+    kv_status st = append_plan("kv_page_table_blocks_needed", pt, seq, s, n, &total, &need, &cow);
+    if (st != KV_OK)
+        return st;
+    *blocks = need + (cow ? 1 : 0);
+    return kv__ok();
+}
+
 kv_status kv_page_table_seq_append(kv_page_table *pt, uint32_t seq, const int32_t *tokens,
                                    uint64_t n)
 {
@@ -444,24 +490,16 @@ kv_status kv_page_table_seq_append(kv_page_table *pt, uint32_t seq, const int32_
             KV_ERR_NULL,
             "kv_page_table_seq_append: tokens is NULL (n %" PRIu64 ") with prefix caching on", n);
     const uint64_t N = pt->N, old = s->n_tokens;
-    const uint64_t max_tokens = (uint64_t)pt->cfg.max_blocks_per_seq * N;
-    if (n > max_tokens || old + n > max_tokens)
-        return kv__error(KV_ERR_CAPACITY,
-                         "kv_page_table_seq_append: seq %" PRIu32 " with %" PRIu64 " + %" PRIu64
-                         " tokens needs more than max_blocks_per_seq %" PRIu32 " blocks of %" PRIu64
-                         " tokens",
-                         seq, old, n, pt->cfg.max_blocks_per_seq, N);
     const uint64_t new_len = old + n;
-    const uint32_t total_blocks = (uint32_t)((new_len + N - 1) / N);
-    const uint32_t need = total_blocks - s->n_blocks;
-
-    /* copy-on-write: the partial last block is shared or sealed */
-    bool cow = false;
+    uint32_t total_blocks, need;
+    bool cow;
+    kv_status st =
+        append_plan("kv_page_table_seq_append", pt, seq, s, n, &total_blocks, &need, &cow);
+    if (st != KV_OK)
+        return st;
     uint32_t last = s->n_blocks - 1;
-    if (old % N != 0)
-        cow = last < s->n_committed || pt->cfg.ops.ref_count(pt->cfg.ops.ctx, s->blocks[last]) > 1;
 
-    kv_status st = seq_reserve(pt, s, total_blocks + (cow ? 1 : 0));
+    st = seq_reserve(pt, s, total_blocks + (cow ? 1 : 0));
     if (st != KV_OK)
         return st;
     if (cow && (st = copies_reserve(pt, 1)) != KV_OK)

@@ -139,6 +139,14 @@ KV_API kv_status kv_page_table_seq_create_from_prefix(kv_page_table *pt, const i
 KV_API kv_status kv_page_table_seq_append(kv_page_table *pt, uint32_t seq, const int32_t *tokens,
                                           uint64_t n);
 
+/* Blocks that appending n tokens to seq would take from the block source
+ * right now (new blocks plus one private copy when copy-on-write is due),
+ * for admission control: an append succeeds when the source has this many
+ * free or evictable blocks. Changes nothing. KV_ERR_CAPACITY when the
+ * append would exceed max_blocks_per_seq. */
+KV_API kv_status kv_page_table_blocks_needed(const kv_page_table *pt, uint32_t seq, uint64_t n,
+                                             uint32_t *blocks);
+
 /* A new sequence sharing all of parent's blocks (ref += 1 each), tokens and
  * extra key; id in *child_out. KV_ERR_CAPACITY when max_seqs sequences are
  * live; the source's status if retain fails. */

@@ -180,6 +180,15 @@ static void run_case(kv_arrange arrange, kv_order order, int64_t pad)
 
     /* Fork s1 (37 tokens: the third block is partial and now shared). */
     assert_int_equal(kv_page_table_seq_fork(pt, s1, &child), KV_OK);
+    {
+        uint32_t need = 0;
+        assert_int_equal(kv_page_table_blocks_needed(pt, child, 5, &need), KV_OK);
+        assert_int_equal(need, 1); /* no new block, one private copy */
+        assert_int_equal(kv_page_table_blocks_needed(pt, child, 12, &need), KV_OK);
+        assert_int_equal(need, 2); /* 49 tokens: a 4th block + the copy */
+        assert_int_equal(kv_page_table_blocks_needed(pt, child, 0, &need), KV_OK);
+        assert_int_equal(need, 0);
+    }
     assert_int_equal(kv_page_table_seq_append(pt, child, toks + 37, 5), KV_OK);
     assert_int_equal(kv_page_table_pending_copies(pt), 1);
     run_copies(c, &m);

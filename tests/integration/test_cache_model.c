@@ -598,6 +598,19 @@ static void ms_seal(struct mseq *s)
     }
 }
 
+/* What the model says appending k tokens to sid takes from the pool
+ * (kv_page_table_blocks_needed), or KV_ERR_CAPACITY. */
+static kv_status m_blocks_needed(uint32_t sid, uint64_t k, uint32_t *blocks)
+{
+    const struct mseq *s = &MS[sid];
+    if (k > (uint64_t)G.maxb * N || s->n + k > (uint64_t)G.maxb * N)
+        return KV_ERR_CAPACITY;
+    uint32_t need = (uint32_t)((s->n + k + N - 1) / N) - s->nb;
+    bool cow = k > 0 && s->n % N != 0 && (s->nb - 1 < s->ncommit || MP.ref[s->blk[s->nb - 1]] > 1);
+    *blocks = need + (cow ? 1 : 0);
+    return KV_OK;
+}
+
 /* kv_page_table_seq_append as the model sees it. */
 static kv_status m_append(uint32_t sid, const int32_t *toks, uint64_t k)
 {
@@ -1045,6 +1058,16 @@ static kv_status append_one(struct step *stp, uint32_t sid, uint64_t k)
     const uint32_t q0 = MQ.n;
     for (uint64_t j = 0; j < k; j++)
         G.scratch[j] = doc_tok(s->doc, n0 + j);
+    {
+        /* admission query: same answer as the model, and it predicts the
+         * append's NO_BLOCKS exactly (free + cached blocks are all takeable) */
+        uint32_t lib = 0, mod = 0;
+        kv_status qs = kv_page_table_blocks_needed(G.pt, sid, k, &lib);
+        check_st(qs, m_blocks_needed(sid, k, &mod), "blocks_needed(seq %u, %llu)", sid,
+                 (unsigned long long)k);
+        if (qs == KV_OK)
+            check_eq(lib, mod, "blocks_needed(seq %u, %llu tokens)", sid, (unsigned long long)k);
+    }
     kv_status want = m_append(sid, G.scratch, k);
     kv_status got = kv_page_table_seq_append(G.pt, sid, G.scratch, k);
     CNT.appends++;
