@@ -51,10 +51,22 @@ DEBUG_DEFS := -DKV_DEBUG_CHECKS
 else
 OPT      ?= -O2 -g
 endif
-INCLUDES := $(addprefix -I,$(MODULES))
+# The walls (docs/design.md): each module is compiled with only its own folder
+# and the folders below it on the include path, so an upward include does not
+# compile; scripts/check-walls.py catches what the path cannot (another
+# module's private *_int.h, a public header including an internal one).
+inc_kvcache   := -Ikvcache
+inc_allocator := $(inc_kvcache) -Iallocator
+inc_attention := $(inc_allocator) -Iattention
+inc_connector := $(inc_attention) -Iconnector
+# Tests, tools and benchmarks see every module and the umbrella <kvcache/kv.h>.
+INCLUDES := $(inc_connector) -Iinclude
+# The module of a source path "allocator/kv_arena" -> its include flags.
+mod_inc = $(inc_$(firstword $(subst /, ,$(1))))
 DEFS     := -D_GNU_SOURCE -DKV_HAVE_CUDA=$(HAVE_CUDA) -DKV_HAVE_RDMA=$(HAVE_RDMA) $(DEBUG_DEFS)
-ALLCFLAGS = $(WARN) $(OPT) -fPIC -fvisibility=hidden -pthread -MMD -MP $(DEFS) $(INCLUDES) \
-            $(SAN_FLAGS) $(CFLAGS)
+BASECFLAGS = $(WARN) $(OPT) -fPIC -fvisibility=hidden -pthread -MMD -MP $(DEFS) $(SAN_FLAGS) \
+             $(CFLAGS)
+ALLCFLAGS  = $(BASECFLAGS) $(INCLUDES)
 
 LIBS := -lxxhash -lm -lpthread
 ifneq ($(SANITIZE),)
@@ -68,7 +80,7 @@ ifeq ($(HAVE_CUDA),1)
 # without the CUDA toolkit (only the driver, libcuda, is needed at run time,
 # and without it CUDA calls fail cleanly with KV_ERR_UNSUPPORTED).
 LIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
-ALLCFLAGS += -I$(CUDA_HOME)/include
+BASECFLAGS += -I$(CUDA_HOME)/include
 endif
 # Verbs libraries are linked only once verbs code (*_verbs.c) exists.
 ifeq ($(HAVE_RDMA)$(if $(filter %_verbs.c,$(foreach m,$(MODULES),$(wildcard $(m)/*.c))),y),1y)
@@ -81,12 +93,20 @@ SRC     := $(filter-out $(if $(filter 1,$(HAVE_CUDA)),,%_cuda.c) \
                         $(if $(filter 1,$(HAVE_RDMA)),,%_verbs.c),$(SRC_ALL))
 CU_SRC  := $(if $(filter 1,$(HAVE_CUDA)),$(foreach m,$(MODULES),$(wildcard $(m)/*.cu)))
 OBJ     := $(SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
-# Installed: every module header except private ones (*_int.h, incl. the CUDA boundaries).
-HEADERS := $(filter-out %_int.h,$(foreach m,$(MODULES),$(wildcard $(m)/*.h)))
+# Header tiers (kvcache/kv_lib.h): library-internal headers of the core, used
+# by every module and never installed; module-private *_int.h (incl. the CUDA
+# boundaries); everything else is public, installed in include/kvcache/ with
+# the umbrella include/kvcache/kv.h.
+LIB_HEADERS := kvcache/kv_lib.h kvcache/kv_mem.h
+HEADERS := $(filter-out %_int.h $(LIB_HEADERS),$(foreach m,$(MODULES),$(wildcard $(m)/*.h))) \
+           include/kvcache/kv.h
+# The public headers as installed, in the build tree: integration tests
+# compile against this directory alone (-I$(BUILD)/include), as a user would.
+STAGED := $(BUILD)/include/kvcache/.stamp
 
 NVCCFLAGS ?= -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 \
              -gencode arch=compute_90,code=sm_90
-NVCC_ALL   = $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden -DKV_HAVE_CUDA=1 $(INCLUDES)
+NVCC_ALL   = $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden -DKV_HAVE_CUDA=1
 
 TEST_COMMON := $(wildcard tests/common/*.c)
 TEST_DEFS   := -Itests/common -DKV_TEST_DATA_DIR='"$(CURDIR)/tests/data"'
@@ -103,7 +123,8 @@ LIB_SO := $(BUILD)/libkvcache.so
 CLI    := $(BUILD)/kvcache
 BENCH  := $(BUILD)/kvbench
 
-.PHONY: all lib deps test tests gpu-tests demo bench fuzz install clean format cppcheck info
+.PHONY: all lib deps test tests gpu-tests demo bench fuzz install clean format cppcheck info \
+        check-walls headers
 all: lib $(CLI)
 lib: $(LIB_A) $(LIB_SO)
 
@@ -116,19 +137,19 @@ info:
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  CC     $<')
-	$(Q)$(CC) $(ALLCFLAGS) -c $< -o $@
+	$(Q)$(CC) $(BASECFLAGS) $(call mod_inc,$*) -c $< -o $@
 
 $(BUILD)/obj/%.cu.o: %.cu $(foreach m,$(MODULES),$(wildcard $(m)/*.h))
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  NVCC   $<')
-	$(Q)$(NVCC) $(NVCC_ALL) -c $< -o $@
+	$(Q)$(NVCC) $(NVCC_ALL) $(call mod_inc,$*) -c $< -o $@
 
 $(LIB_A): $(OBJ)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  AR     $@')
 	$(Q)rm -f $@ && $(AR) rcs $@ $^
 
-SONAME := libkvcache.so.$(shell sed -n 's/^\#define KV_VERSION_MAJOR \([0-9]*\)/\1/p' kvcache/kv.h)
+SONAME := libkvcache.so.$(shell sed -n 's/^\#define KV_VERSION_MAJOR \([0-9]*\)/\1/p' kvcache/kv_version.h)
 
 $(LIB_SO): $(OBJ)
 	@$(if $(Q),echo '  LD     $@')
@@ -140,11 +161,16 @@ $(BUILD)/tests/%: tests/unit/%.c $(TEST_COMMON) $(LIB_A)
 	@$(if $(Q),echo '  TEST   $@')
 	$(Q)$(CC) $(ALLCFLAGS) $(TEST_DEFS) -o $@ $< $(TEST_COMMON) $(LIB_A) -lcmocka $(LIBS)
 
-# Integration tests use the public API only: linked against the shared library.
-$(BUILD)/tests/%: tests/integration/%.c $(TEST_COMMON) $(LIB_SO)
+$(STAGED): $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(Q)cp $(HEADERS) $(dir $@) && touch $@
+
+# Integration tests use the public API only: compiled against the staged
+# public headers alone and linked against the shared library.
+$(BUILD)/tests/%: tests/integration/%.c $(TEST_COMMON) $(LIB_SO) $(STAGED)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  TEST   $@')
-	$(Q)$(CC) $(ALLCFLAGS) $(TEST_DEFS) -o $@ $< $(TEST_COMMON) -L$(BUILD) \
+	$(Q)$(CC) $(BASECFLAGS) -I$(BUILD)/include $(TEST_DEFS) -o $@ $< $(TEST_COMMON) -L$(BUILD) \
 	    -Wl,-rpath,'$$ORIGIN/..' -lkvcache -lcmocka $(LIBS)
 
 $(CLI): tools/kvcache.c $(LIB_A)
@@ -165,7 +191,15 @@ $(BUILD)/gpu/%: tests/gpu/%.c tests/gpu/gpu_test.h $(LIB_A)
 
 gpu-tests: $(GPU_TESTS)
 
-test: deps
+headers: $(STAGED)
+
+# The module walls and header tiers (docs/design.md); --self-test first proves
+# the checker fails on a tree that breaks each rule.
+check-walls:
+	@python3 scripts/check-walls.py --self-test
+	@python3 scripts/check-walls.py --public "$(HEADERS)" --internal "$(LIB_HEADERS)"
+
+test: deps check-walls
 	@$(MAKE) --no-print-directory -j$(JOBS) tests $(CLI)
 	@scripts/run-tests.sh $(TESTS)
 
@@ -179,7 +213,7 @@ bench: deps
 
 # libFuzzer targets: the core sources rebuilt with clang's fuzzer + ASan/UBSan.
 FUZZ_CFLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-               -DKV_USE_LIBC_MALLOC -D_GNU_SOURCE -DKV_HAVE_CUDA=0 -DKV_HAVE_RDMA=0 $(INCLUDES)
+               -DKV_USE_LIBC_MALLOC -D_GNU_SOURCE -DKV_HAVE_CUDA=0 -DKV_HAVE_RDMA=0 $(inc_kvcache)
 $(BUILD)/fuzz/%: tests/fuzz/%.c $(wildcard kvcache/*.c kvcache/*.h)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  FUZZ   $@')
@@ -194,11 +228,12 @@ install: lib
 	install -m 644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
 	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libkvcache.so
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS@|$(LIBS)|' -e 's|@VERSION@|$(shell sed -n 's/^#define KV_VERSION_STRING "\(.*\)"/\1/p' kvcache/kv.h)|' \
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBS@|$(LIBS)|' -e 's|@VERSION@|$(shell sed -n 's/^#define KV_VERSION_STRING "\(.*\)"/\1/p' kvcache/kv_version.h)|' \
 	    scripts/kvcache.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvcache.pc
 
 format:
-	clang-format -i $(foreach m,$(MODULES),$(wildcard $(m)/*.[ch])) tools/*.c tools/bench/*.[ch] \
+	clang-format -i $(foreach m,$(MODULES),$(wildcard $(m)/*.[ch] $(m)/*.cu)) include/kvcache/*.h \
+	    tools/*.c tools/bench/*.[ch] \
 	    tests/*/*.[ch]
 
 cppcheck:

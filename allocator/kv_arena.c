@@ -7,7 +7,7 @@
 #include "kv_arena.h"
 #include "kv_arena_cuda_int.h"
 #include "kv_mem.h"
-#include "kvcache_int.h"
+#include "kv_lib.h"
 
 #define KV__ARENA_HUGE_BYTES ((size_t)2 << 20) /* x86-64 / arm64 transparent huge page */
 #define KV__ARENA_SMALL_ALIGN ((size_t)64)     /* a cache line */
@@ -62,11 +62,11 @@ static kv_status arena_alloc_host(kv_arena *a, const struct kv_arena_config *cfg
                          "kv_arena: size_bytes %zu rounded up to align_bytes %zu overflows size_t",
                          cfg->size_bytes, align);
     rounded = (cfg->size_bytes + align - 1) & ~(align - 1);
-    a->base = a->raw = kv_mem_alloc_aligned(align, rounded);
+    a->base = a->raw = kv__mem_alloc_aligned(align, rounded);
     if (!a->base)
         return kv__error(KV_ERR_NO_MEMORY,
                          "kv_arena: host allocation of %zu bytes aligned to %zu failed (%s)",
-                         rounded, align, kv_mem_backend());
+                         rounded, align, kv__mem_backend());
     a->size_bytes = rounded;
     a->align_bytes = align;
     a->huge_pages = arena_advise_huge(a->base, rounded);
@@ -105,6 +105,9 @@ kv_status kv_arena_create(const struct kv_arena_config *cfg, kv_arena **out)
 
     if (!cfg || !out)
         return kv__error(KV_ERR_NULL, "kv_arena_create: %s is NULL", !cfg ? "cfg" : "out");
+    s = kv__check_struct_size("kv_arena_create", "kv_arena_config", cfg->struct_size, sizeof(*cfg));
+    if (s != KV_OK)
+        return s;
     if (cfg->kind != KV_MEM_HOST && cfg->kind != KV_MEM_PINNED && cfg->kind != KV_MEM_DEVICE)
         return kv__error(KV_ERR_INVALID_ARG,
                          "kv_arena_create: unknown kind %d (host %d, pinned %d, device %d)",
@@ -121,7 +124,7 @@ kv_status kv_arena_create(const struct kv_arena_config *cfg, kv_arena **out)
         return kv__error(KV_ERR_INVALID_ARG, "kv_arena_create: unknown flags 0x%x",
                          cfg->flags & ~KV_ARENA_ZERO);
 
-    a = kv_mem_calloc(1, sizeof(*a));
+    a = kv__mem_calloc(1, sizeof(*a));
     if (!a)
         return kv__error(KV_ERR_NO_MEMORY, "kv_arena_create: handle allocation failed");
     a->kind = cfg->kind;
@@ -160,7 +163,7 @@ kv_status kv_arena_create(const struct kv_arena_config *cfg, kv_arena **out)
     return kv__ok();
 
 free_handle:
-    kv_mem_free(a);
+    kv__mem_free(a);
     return s;
 }
 
@@ -170,7 +173,7 @@ void kv_arena_destroy(kv_arena *arena)
         return;
     switch (arena->kind) {
     case KV_MEM_HOST:
-        kv_mem_free(arena->base);
+        kv__mem_free(arena->base);
         break;
     case KV_MEM_PINNED:
         kv__cuda_host_free(arena->raw);
@@ -179,7 +182,7 @@ void kv_arena_destroy(kv_arena *arena)
         kv__cuda_device_free(arena->device, arena->raw);
         break;
     }
-    kv_mem_free(arena);
+    kv__mem_free(arena);
 }
 
 void *kv_arena_base(const kv_arena *arena)

@@ -30,6 +30,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "kv_status.h"
 
@@ -64,6 +65,7 @@ struct kv_mem_region {
 
 /* Input of kv_arena_create(); KV_ARENA_CONFIG_INIT gives the defaults. */
 struct kv_arena_config {
+    size_t struct_size; /* sizeof this struct: set by its _init() or _INIT */
     enum kv_mem_kind kind;
     size_t size_bytes;  /* > 0; host arenas round up to the alignment */
     size_t align_bytes; /* power of two, or 0 = default: 2 MiB for host arenas
@@ -73,9 +75,20 @@ struct kv_arena_config {
     unsigned flags;     /* KV_ARENA_* */
 };
 
-/* A config with defaults: host kind, the given size, default alignment. */
+/* A config with defaults: host kind, the given size, default alignment
+ * (a C compound literal: cfg = KV_ARENA_CONFIG_INIT(bytes)). */
 #define KV_ARENA_CONFIG_INIT(bytes)                                                                \
-    ((struct kv_arena_config){.kind = KV_MEM_HOST, .size_bytes = (bytes)})
+    ((struct kv_arena_config){.struct_size = sizeof(struct kv_arena_config),                       \
+                              .kind = KV_MEM_HOST,                                                 \
+                              .size_bytes = (bytes)})
+
+/* Zero *cfg, set its struct_size and size_bytes (C and C++). */
+static inline void kv_arena_config_init(struct kv_arena_config *cfg, size_t bytes)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->struct_size = sizeof(*cfg);
+    cfg->size_bytes = bytes;
+}
 
 /*
  * Create an arena. *out is set only on success; destroy with
@@ -90,7 +103,7 @@ struct kv_arena_config {
  * A device arena is allocated on cfg->device; the calling thread's current
  * CUDA device is left as it was.
  */
-KV_API kv_status kv_arena_create(const struct kv_arena_config *cfg, kv_arena **out);
+KV_API KV_NODISCARD kv_status kv_arena_create(const struct kv_arena_config *cfg, kv_arena **out);
 
 /* Free the arena's memory and the handle. NULL is a no-op. No region may be
  * registered with a transport any more. */
@@ -121,8 +134,8 @@ KV_API bool kv_arena_huge_pages(const kv_arena *arena);
  * Returns KV_OK; KV_ERR_NULL (arena or n NULL, or out NULL with cap > 0);
  * KV_ERR_INVALID_ARG (cap smaller than the count; *n still set).
  */
-KV_API kv_status kv_arena_regions(const kv_arena *arena, struct kv_mem_region *out, size_t cap,
-                                  size_t *n);
+KV_API KV_NODISCARD kv_status kv_arena_regions(const kv_arena *arena, struct kv_mem_region *out,
+                                               size_t cap, size_t *n);
 
 #ifdef __cplusplus
 }

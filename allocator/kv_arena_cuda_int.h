@@ -17,7 +17,7 @@
 
 #include <stddef.h>
 
-#include "kvcache_int.h"
+#include "kv_lib.h"
 
 #if KV_HAVE_CUDA
 

@@ -12,7 +12,7 @@
 #include "allocator_int.h"
 #include "kv_block_pool.h"
 #include "kv_mem.h"
-#include "kvcache_int.h"
+#include "kv_lib.h"
 
 #define KV__NIL UINT32_MAX        /* no link: the block is not on the free list */
 #define KV__BLOCK_HASHED 0x1u     /* kv__block.hash is valid and in the table */
@@ -342,6 +342,10 @@ kv_status kv_block_pool_create(const struct kv_block_pool_config *cfg, kv_block_
 
     if (!cfg || !out)
         return kv__error(KV_ERR_NULL, "kv_block_pool_create: %s is NULL", !cfg ? "cfg" : "out");
+    s = kv__check_struct_size("kv_block_pool_create", "kv_block_pool_config", cfg->struct_size,
+                              sizeof(*cfg));
+    if (s != KV_OK)
+        return s;
     if (cfg->num_blocks < 2 || cfg->num_blocks > KV_BLOCK_POOL_MAX_BLOCKS)
         return kv__error(KV_ERR_INVALID_ARG,
                          "kv_block_pool_create: num_blocks %u outside [2, %u] (block 0 is the "
@@ -355,18 +359,18 @@ kv_status kv_block_pool_create(const struct kv_block_pool_config *cfg, kv_block_
         bits++;
     }
 
-    p = kv_mem_calloc(1, sizeof(*p));
+    p = kv__mem_calloc(1, sizeof(*p));
     if (!p) {
         s = kv__error(KV_ERR_NO_MEMORY, "kv_block_pool_create: handle allocation failed");
         goto fail;
     }
-    p->blocks = kv_mem_calloc((size_t)cfg->num_blocks + 1, sizeof(*p->blocks));
+    p->blocks = kv__mem_calloc((size_t)cfg->num_blocks + 1, sizeof(*p->blocks));
     if (!p->blocks) {
         s = kv__error(KV_ERR_NO_MEMORY, "kv_block_pool_create: %u block records (%zu bytes)",
                       cfg->num_blocks, ((size_t)cfg->num_blocks + 1) * sizeof(*p->blocks));
         goto free_pool;
     }
-    p->table = kv_mem_calloc((size_t)slots, sizeof(*p->table));
+    p->table = kv__mem_calloc((size_t)slots, sizeof(*p->table));
     if (!p->table) {
         s = kv__error(KV_ERR_NO_MEMORY, "kv_block_pool_create: hash table of %llu slots",
                       (unsigned long long)slots);
@@ -408,11 +412,11 @@ kv_status kv_block_pool_create(const struct kv_block_pool_config *cfg, kv_block_
     return kv__ok();
 
 free_table:
-    kv_mem_free(p->table);
+    kv__mem_free(p->table);
 free_blocks:
-    kv_mem_free(p->blocks);
+    kv__mem_free(p->blocks);
 free_pool:
-    kv_mem_free(p);
+    kv__mem_free(p);
 fail:
     return s;
 }
@@ -422,9 +426,9 @@ void kv_block_pool_destroy(kv_block_pool *pool)
     if (!pool)
         return;
     pthread_mutex_destroy(&pool->mu);
-    kv_mem_free(pool->table);
-    kv_mem_free(pool->blocks);
-    kv_mem_free(pool);
+    kv__mem_free(pool->table);
+    kv__mem_free(pool->blocks);
+    kv__mem_free(pool);
 }
 
 /* ------------------------------------------------------------ alloc/free */
@@ -783,7 +787,7 @@ kv_status kv_block_pool_free_list(kv_block_pool *pool, uint32_t *ids, uint32_t c
     return kv__ok();
 }
 
-void kv_block_pool_get_stats(kv_block_pool *pool, struct kv_block_pool_stats *out)
+void kv_block_pool_stats_get(kv_block_pool *pool, struct kv_block_pool_stats *out)
 {
     if (!pool || !out)
         return;
@@ -845,6 +849,7 @@ kv_status kv_block_pool_ops(kv_block_pool *pool, struct kv_block_ops *out)
     if (!pool || !out)
         return kv__error(KV_ERR_NULL, "kv_block_pool_ops: %s is NULL", !pool ? "pool" : "out");
     *out = (struct kv_block_ops){
+        .version = KV_BLOCK_OPS_VERSION,
         .ctx = pool,
         .alloc = ops_alloc,
         .retain = ops_retain,

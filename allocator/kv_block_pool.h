@@ -53,6 +53,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kv_block_ops.h"
 #include "kv_status.h"
@@ -90,12 +91,26 @@ typedef void (*kv_block_event_fn)(void *user, kv_block_event ev, uint64_t hash, 
 
 /* Input of kv_block_pool_create(). */
 struct kv_block_pool_config {
+    size_t struct_size;         /* sizeof this struct: set by its _init() or _INIT */
     uint32_t num_blocks;        /* block records incl. the null block 0: ids 1 ..
                                    num_blocks-1 are usable; 2 .. 2^31 */
     unsigned flags;             /* KV_BLOCK_POOL_* */
     kv_block_event_fn on_event; /* stored/removed events; NULL = none */
     void *event_user;           /* passed back to on_event; borrowed for the pool's life */
 };
+
+/* C initializer: struct kv_block_pool_config cfg = KV_BLOCK_POOL_CONFIG_INIT; */
+#define KV_BLOCK_POOL_CONFIG_INIT                                                                  \
+    {                                                                                              \
+        .struct_size = sizeof(struct kv_block_pool_config)                                         \
+    }
+
+/* Zero *cfg and set its struct_size (C and C++). */
+static inline void kv_block_pool_config_init(struct kv_block_pool_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->struct_size = sizeof(*cfg);
+}
 
 /* free_blocks + used_blocks + cached_blocks == capacity == num_blocks - 1. */
 struct kv_block_pool_stats {
@@ -117,7 +132,8 @@ struct kv_block_pool_stats {
  * (num_blocks < 2 or > KV_BLOCK_POOL_MAX_BLOCKS, unknown flags);
  * KV_ERR_NO_MEMORY.
  */
-KV_API kv_status kv_block_pool_create(const struct kv_block_pool_config *cfg, kv_block_pool **out);
+KV_API KV_NODISCARD kv_status kv_block_pool_create(const struct kv_block_pool_config *cfg,
+                                                   kv_block_pool **out);
 
 /* Free the pool. NULL is a no-op. No other thread may be using it. No events
  * are fired for the hashes it drops. */
@@ -130,7 +146,7 @@ KV_API void kv_block_pool_destroy(kv_block_pool *pool);
  * Returns KV_OK; KV_ERR_NULL; KV_ERR_NO_BLOCKS when fewer than n are free or
  * cached (nothing taken; the message names requested and available).
  */
-KV_API kv_status kv_block_pool_alloc(kv_block_pool *pool, uint32_t n, uint32_t *ids);
+KV_API KV_NODISCARD kv_status kv_block_pool_alloc(kv_block_pool *pool, uint32_t n, uint32_t *ids);
 
 /*
  * ref += 1 for each of ids[n] (an id may repeat: it is retained once per
@@ -140,7 +156,8 @@ KV_API kv_status kv_block_pool_alloc(kv_block_pool *pool, uint32_t n, uint32_t *
  * Returns KV_OK; KV_ERR_NULL; KV_ERR_INVALID_ARG (id 0 or >= num_blocks);
  * KV_ERR_BAD_STATE (id not held); KV_ERR_OVERFLOW (ref would pass 2^32-1).
  */
-KV_API kv_status kv_block_pool_retain(kv_block_pool *pool, const uint32_t *ids, uint32_t n);
+KV_API KV_NODISCARD kv_status kv_block_pool_retain(kv_block_pool *pool, const uint32_t *ids,
+                                                   uint32_t n);
 
 /*
  * ref -= 1 for each of ids[n], in order; a block reaching 0 goes to the tail
@@ -149,7 +166,8 @@ KV_API kv_status kv_block_pool_retain(kv_block_pool *pool, const uint32_t *ids, 
  * Returns KV_OK; KV_ERR_NULL; KV_ERR_INVALID_ARG (id 0 or >= num_blocks);
  * KV_ERR_BAD_STATE (double free: released more times than its ref count).
  */
-KV_API kv_status kv_block_pool_release(kv_block_pool *pool, const uint32_t *ids, uint32_t n);
+KV_API KV_NODISCARD kv_status kv_block_pool_release(kv_block_pool *pool, const uint32_t *ids,
+                                                    uint32_t n);
 
 /* Ref count of id; 0 when free, cached, the null block or out of range. */
 KV_API uint32_t kv_block_pool_ref_count(kv_block_pool *pool, uint32_t id);
@@ -171,8 +189,8 @@ KV_API uint64_t kv_block_hash(uint64_t parent_hash, const int32_t *tokens, uint3
  * Returns KV_OK; KV_ERR_INVALID_ARG (bad id); KV_ERR_BAD_STATE (id not held,
  * or it already carries a different hash).
  */
-KV_API kv_status kv_block_pool_commit_hash(kv_block_pool *pool, uint32_t id, uint64_t hash,
-                                           bool *stored);
+KV_API KV_NODISCARD kv_status kv_block_pool_commit_hash(kv_block_pool *pool, uint32_t id,
+                                                        uint64_t hash, bool *stored);
 
 /*
  * kv_block_hash(parent_hash, tokens, n_tokens, extra_key) then
@@ -180,9 +198,10 @@ KV_API kv_status kv_block_pool_commit_hash(kv_block_pool *pool, uint32_t id, uin
  * success whether or not id was registered. Returns as commit_hash, plus
  * KV_ERR_NULL (tokens NULL) and KV_ERR_INVALID_ARG (n_tokens 0).
  */
-KV_API kv_status kv_block_pool_commit_full(kv_block_pool *pool, uint32_t id, uint64_t parent_hash,
-                                           const int32_t *tokens, uint32_t n_tokens,
-                                           uint64_t extra_key, uint64_t *hash_out);
+KV_API KV_NODISCARD kv_status kv_block_pool_commit_full(kv_block_pool *pool, uint32_t id,
+                                                        uint64_t parent_hash, const int32_t *tokens,
+                                                        uint32_t n_tokens, uint64_t extra_key,
+                                                        uint64_t *hash_out);
 
 /*
  * Longest prefix of hashes[n] found in the cache: each block found is retained
@@ -191,8 +210,8 @@ KV_API kv_status kv_block_pool_commit_full(kv_block_pool *pool, uint32_t id, uin
  * misses += n - *n_found.
  * Returns KV_OK (also when nothing is found); KV_ERR_NULL.
  */
-KV_API kv_status kv_block_pool_lookup(kv_block_pool *pool, const uint64_t *hashes, uint32_t n,
-                                      uint32_t *ids, uint32_t *n_found);
+KV_API KV_NODISCARD kv_status kv_block_pool_lookup(kv_block_pool *pool, const uint64_t *hashes,
+                                                   uint32_t n, uint32_t *ids, uint32_t *n_found);
 
 /*
  * Longest cached prefix of tokens[n_tokens] in whole blocks of block_tokens
@@ -202,14 +221,16 @@ KV_API kv_status kv_block_pool_lookup(kv_block_pool *pool, const uint64_t *hashe
  * runs outside the mutex, in chunks; each chunk's lookup is atomic.
  * Returns KV_OK; KV_ERR_NULL; KV_ERR_INVALID_ARG (block_tokens 0).
  */
-KV_API kv_status kv_block_pool_match_prefix(kv_block_pool *pool, const int32_t *tokens,
-                                            uint64_t n_tokens, uint32_t block_tokens,
-                                            uint64_t extra_key, uint32_t *ids, uint64_t *hashes,
-                                            uint32_t max_blocks, uint32_t *n_found);
+KV_API KV_NODISCARD kv_status kv_block_pool_match_prefix(kv_block_pool *pool, const int32_t *tokens,
+                                                         uint64_t n_tokens, uint32_t block_tokens,
+                                                         uint64_t extra_key, uint32_t *ids,
+                                                         uint64_t *hashes, uint32_t max_blocks,
+                                                         uint32_t *n_found);
 
 /* The hash id carries in *hash. Returns KV_OK; KV_ERR_NULL;
  * KV_ERR_INVALID_ARG (bad id); KV_ERR_NOT_FOUND (no hash). */
-KV_API kv_status kv_block_pool_block_hash(kv_block_pool *pool, uint32_t id, uint64_t *hash);
+KV_API KV_NODISCARD kv_status kv_block_pool_block_hash(kv_block_pool *pool, uint32_t id,
+                                                       uint64_t *hash);
 
 /*
  * The free list in eviction order (head = next taken) into ids[cap]; *n
@@ -217,18 +238,18 @@ KV_API kv_status kv_block_pool_block_hash(kv_block_pool *pool, uint32_t id, uint
  * O(length). Returns KV_OK; KV_ERR_NULL; KV_ERR_INVALID_ARG (cap < length;
  * *n still set; ids may be NULL with cap 0 to ask for the length).
  */
-KV_API kv_status kv_block_pool_free_list(kv_block_pool *pool, uint32_t *ids, uint32_t cap,
-                                         uint32_t *n);
+KV_API KV_NODISCARD kv_status kv_block_pool_free_list(kv_block_pool *pool, uint32_t *ids,
+                                                      uint32_t cap, uint32_t *n);
 
 /* A consistent snapshot of the counters. */
-KV_API void kv_block_pool_get_stats(kv_block_pool *pool, struct kv_block_pool_stats *out);
+KV_API void kv_block_pool_stats_get(kv_block_pool *pool, struct kv_block_pool_stats *out);
 
 /*
  * Fill the kv_block_ops seam (kvcache/kv_block_ops.h) with this pool: alloc,
  * retain, release, ref_count, match_prefix, commit_full; ctx = pool. The pool
  * must outlive every user of *out. Returns KV_OK; KV_ERR_NULL.
  */
-KV_API kv_status kv_block_pool_ops(kv_block_pool *pool, struct kv_block_ops *out);
+KV_API KV_NODISCARD kv_status kv_block_pool_ops(kv_block_pool *pool, struct kv_block_ops *out);
 
 #ifdef __cplusplus
 }

@@ -4,7 +4,7 @@
 
 #include "kv_cache.h"
 #include "kv_mem.h"
-#include "kvcache_int.h"
+#include "kv_lib.h"
 
 struct kv_cache {
     struct kv_layout layout;
@@ -24,7 +24,11 @@ kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **out)
     if (!cfg || !out)
         return kv__error(KV_ERR_NULL, "kv_cache_create: cfg=%p out=%p", (const void *)cfg,
                          (void *)out);
-    c = kv_mem_calloc(1, sizeof(*c));
+    st =
+        kv__check_struct_size("kv_cache_create", "kv_cache_config", cfg->struct_size, sizeof(*cfg));
+    if (st != KV_OK)
+        return st;
+    c = kv__mem_calloc(1, sizeof(*c));
     if (!c)
         return kv__error(KV_ERR_NO_MEMORY, "kv_cache_create: %zu bytes", sizeof(*c));
 
@@ -47,7 +51,7 @@ kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **out)
     }
     /* Cheap objects first (pool records, page table): a config they refuse
      * fails before the arena, the big allocation, is made or zeroed. */
-    memset(&pcfg, 0, sizeof(pcfg));
+    kv_block_pool_config_init(&pcfg);
     pcfg.num_blocks = (uint32_t)c->layout.num_blocks;
     pcfg.on_event = cfg->on_event;
     pcfg.event_user = cfg->event_user;
@@ -61,7 +65,7 @@ kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **out)
                        c->layout.block_tokens);
         goto undo_pool;
     }
-    memset(&tcfg, 0, sizeof(tcfg));
+    kv_page_table_config_init(&tcfg);
     tcfg.block_tokens = (uint32_t)c->layout.block_tokens;
     tcfg.page_ratio = cfg->page_ratio;
     tcfg.max_seqs = cfg->max_seqs;
@@ -75,9 +79,8 @@ kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **out)
     if (st != KV_OK)
         goto undo_pool;
 
-    memset(&acfg, 0, sizeof(acfg));
+    kv_arena_config_init(&acfg, (size_t)c->layout.total_bytes);
     acfg.kind = cfg->mem_kind;
-    acfg.size_bytes = (size_t)c->layout.total_bytes;
     acfg.device = cfg->device;
     acfg.flags = cfg->zero_fill ? KV_ARENA_ZERO : 0;
     if (c->layout.align_bytes > 64)
@@ -94,7 +97,7 @@ undo_page_table:
 undo_pool:
     kv_block_pool_destroy(c->pool);
 undo_alloc:
-    kv_mem_free(c);
+    kv__mem_free(c);
     return st;
 }
 
@@ -105,7 +108,7 @@ void kv_cache_destroy(kv_cache *c)
     kv_page_table_destroy(c->pt);
     kv_block_pool_destroy(c->pool);
     kv_arena_destroy(c->arena);
-    kv_mem_free(c);
+    kv__mem_free(c);
 }
 
 const struct kv_layout *kv_cache_layout(const kv_cache *c)

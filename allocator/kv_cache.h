@@ -27,6 +27,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kv_arena.h"
 #include "kv_block_pool.h"
@@ -42,9 +43,12 @@ extern "C" {
 /* The cache handle (opaque). */
 typedef struct kv_cache kv_cache;
 
-/* Input of kv_cache_create(). Zero-initialize, then set the layout dims,
- * dtype and max_seqs: zero means the default for every other field. */
+/* Input of kv_cache_create(). Start from kv_cache_config_init() (or
+ * KV_CACHE_CONFIG_INIT), then set the layout dims, dtype and max_seqs: zero
+ * means the default for every other field. Both this struct_size and
+ * layout.struct_size are checked. */
 struct kv_cache_config {
+    size_t struct_size;             /* sizeof this struct: set by its _init() or _INIT */
     struct kv_layout_config layout; /* L, B, N, H, D, dtype, order, arrangement, padding */
     enum kv_mem_kind mem_kind;      /* KV_MEM_HOST (default), KV_MEM_PINNED, KV_MEM_DEVICE */
     int device;                     /* CUDA device for KV_MEM_DEVICE */
@@ -58,12 +62,26 @@ struct kv_cache_config {
     void *event_user;               /* passed back to on_event; borrowed for the cache's life */
 };
 
+/* C initializer: struct kv_cache_config cfg = KV_CACHE_CONFIG_INIT; */
+#define KV_CACHE_CONFIG_INIT                                                                       \
+    {                                                                                              \
+        .struct_size = sizeof(struct kv_cache_config), .layout = KV_LAYOUT_CONFIG_INIT             \
+    }
+
+/* Zero *cfg and set its and its layout's struct_size (C and C++). */
+static inline void kv_cache_config_init(struct kv_cache_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->struct_size = sizeof(*cfg);
+    kv_layout_config_init(&cfg->layout);
+}
+
 /* Build layout, arena, pool and page table. *out set only on success; on
  * failure everything built so far is undone. Statuses: those of
  * kv_layout_init, kv_arena_create (KV_ERR_UNSUPPORTED for pinned/device
  * memory without CUDA), kv_block_pool_create (num_blocks >= 2),
  * kv_page_table_create; KV_ERR_NULL; KV_ERR_NO_MEMORY. */
-KV_API kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **out);
+KV_API KV_NODISCARD kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **out);
 
 /* Free everything (sequences still live release their blocks first).
  * NULL is a no-op. */
@@ -79,11 +97,12 @@ KV_API kv_page_table *kv_cache_page_table(kv_cache *c);
 
 /* The K (kv = 0) or V (kv = 1) tensor of one layer over the arena:
  * kv_layout_kv_view() with the arena's base and size. */
-KV_API kv_status kv_cache_kv_view(const kv_cache *c, uint32_t layer, int kv, struct kv_view *out);
+KV_API KV_NODISCARD kv_status kv_cache_kv_view(const kv_cache *c, uint32_t layer, int kv,
+                                               struct kv_view *out);
 
 /* The arena's regions, for a transport to register once (kv_arena_regions). */
-KV_API kv_status kv_cache_regions(const kv_cache *c, struct kv_mem_region *out, size_t cap,
-                                  size_t *n);
+KV_API KV_NODISCARD kv_status kv_cache_regions(const kv_cache *c, struct kv_mem_region *out,
+                                               size_t cap, size_t *n);
 
 #ifdef __cplusplus
 }

@@ -18,9 +18,15 @@
 extern "C" {
 #endif
 
-/* A block source: the allocator's pool, or a test fake. */
+/* Version of struct kv_block_ops this header describes. */
+#define KV_BLOCK_OPS_VERSION 1u
+
+/* A block source: the allocator's pool, or a test fake. A user filling one
+ * by hand zeroes it, sets version = KV_BLOCK_OPS_VERSION and the ops; the
+ * page table refuses another version (KV_ERR_INVALID_ARG naming both). */
 struct kv_block_ops {
-    void *ctx; /* passed back as the first argument of every op */
+    uint32_t version; /* KV_BLOCK_OPS_VERSION */
+    void *ctx;        /* passed back as the first argument of every op */
 
     /* n fresh blocks, each with ref 1, ids written to ids[n].
      * KV_ERR_NO_BLOCKS (nothing allocated) when fewer than n are available. */

@@ -2,7 +2,7 @@
 #include <string.h>
 
 #include "kv_dtype.h"
-#include "kvcache_int.h"
+#include "kv_lib.h"
 
 size_t kv_dtype_size(kv_dtype dt)
 {

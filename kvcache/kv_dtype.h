@@ -42,7 +42,7 @@ KV_API const char *kv_dtype_name(kv_dtype dt);
 /* Parse "bf16", "f32", ... (also "float32", "float16", "bfloat16", "fp8",
  * "e4m3", "e5m2", "int8", "int32", "int64", "uint8", "float64").
  * Returns KV_ERR_INVALID_ARG naming the string when unknown. */
-KV_API kv_status kv_dtype_parse(const char *name, kv_dtype *out);
+KV_API KV_NODISCARD kv_status kv_dtype_parse(const char *name, kv_dtype *out);
 
 #ifdef __cplusplus
 }

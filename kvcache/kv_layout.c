@@ -6,7 +6,7 @@
 #include <xxhash.h>
 
 #include "kv_layout.h"
-#include "kvcache_int.h"
+#include "kv_lib.h"
 
 const char *kv_order_name(kv_order o)
 {
@@ -107,6 +107,10 @@ kv_status kv_layout_init(const struct kv_layout_config *cfg, struct kv_layout *o
 {
     if (!cfg || !out)
         return kv__error(KV_ERR_NULL, "kv_layout_init: %s is NULL", !cfg ? "cfg" : "out");
+    kv_status abi =
+        kv__check_struct_size("kv_layout_init", "kv_layout_config", cfg->struct_size, sizeof(*cfg));
+    if (abi != KV_OK)
+        return abi;
 
     const int64_t es = (int64_t)kv_dtype_size(cfg->dtype);
     if (es == 0)

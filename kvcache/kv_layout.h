@@ -47,6 +47,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kv_dtype.h"
 #include "kv_status.h"
@@ -68,10 +69,14 @@ typedef enum kv_arrange {
     KV_ARRANGE_BLOCK_MAJOR = 1, /* [B][L][2][block]: one block across all layers is contiguous */
 } kv_arrange;
 
-/* Input of kv_layout_init(). Zero-initialize, then set the dims and dtype:
- * zero for every other field means its default (NHD, layer-major, unpacked,
- * unpadded, element-size alignment). */
+/* Input of kv_layout_init(). Start from kv_layout_config_init() (or
+ * KV_LAYOUT_CONFIG_INIT), then set the dims and dtype: zero for every other
+ * field means its default (NHD, layer-major, unpacked, unpadded,
+ * element-size alignment). struct_size lets the library refuse a config
+ * compiled against other headers (KV_ERR_INVALID_ARG naming both sizes)
+ * instead of misreading it. */
 struct kv_layout_config {
+    size_t struct_size;   /* sizeof this struct: set by its _init() or _INIT */
     int64_t num_layers;   /* L >= 1 */
     int64_t num_blocks;   /* B >= 1, <= 2^32 (block ids are uint32) */
     int64_t block_tokens; /* N >= 1, tokens per block (the page size) */
@@ -95,6 +100,19 @@ struct kv_layout_config {
      * be a multiple of it. The caller aligns the base itself. */
     int64_t align_bytes;
 };
+
+/* C initializer: struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT; */
+#define KV_LAYOUT_CONFIG_INIT                                                                      \
+    {                                                                                              \
+        .struct_size = sizeof(struct kv_layout_config)                                             \
+    }
+
+/* Zero *cfg and set its struct_size (C and C++). */
+static inline void kv_layout_config_init(struct kv_layout_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->struct_size = sizeof(*cfg);
+}
 
 /* The computed layout. Every field is derived by kv_layout_init(); treat it
  * as read-only. Invariants:
@@ -154,7 +172,8 @@ struct kv_layout {
  * KV_ERR_OVERLAP     block_stride_bytes smaller than the natural block.
  * KV_ERR_OVERFLOW    any size or stride in bytes exceeds int64.
  * Each message names the offending values. */
-KV_API kv_status kv_layout_init(const struct kv_layout_config *cfg, struct kv_layout *out);
+KV_API KV_NODISCARD kv_status kv_layout_init(const struct kv_layout_config *cfg,
+                                             struct kv_layout *out);
 
 /* The K (kv = 0) or V (kv = 1) tensor of one layer as a view over
  * (base, storage_bytes): shape [B][N][H][D], strides
@@ -163,14 +182,15 @@ KV_API kv_status kv_layout_init(const struct kv_layout_config *cfg, struct kv_la
  * unpacked, layer-major NHD layout; otherwise the strides say how it is not.
  * KV_ERR_NULL (lo/base/out NULL), KV_ERR_OUT_OF_BOUNDS (layer >= L or
  * storage_bytes < total_bytes), KV_ERR_INVALID_ARG (kv not 0 or 1). */
-KV_API kv_status kv_layout_kv_view(const struct kv_layout *lo, void *base, size_t storage_bytes,
-                                   uint32_t layer, int kv, struct kv_view *out);
+KV_API KV_NODISCARD kv_status kv_layout_kv_view(const struct kv_layout *lo, void *base,
+                                                size_t storage_bytes, uint32_t layer, int kv,
+                                                struct kv_view *out);
 
 /* Element offset (from base) of one coordinate, range-checked:
  * KV_ERR_OUT_OF_BOUNDS naming the coordinate and its limit. */
-KV_API kv_status kv_layout_offset(const struct kv_layout *lo, uint32_t layer, int kv,
-                                  uint32_t block, uint32_t token, uint32_t head, uint32_t d,
-                                  int64_t *out_elems);
+KV_API KV_NODISCARD kv_status kv_layout_offset(const struct kv_layout *lo, uint32_t layer, int kv,
+                                               uint32_t block, uint32_t token, uint32_t head,
+                                               uint32_t d, int64_t *out_elems);
 
 /* The unchecked form for inner loops and kernels (coordinates in range). */
 static inline int64_t kv_layout_elem_offset(const struct kv_layout *lo, uint32_t layer, int kv,
@@ -205,8 +225,8 @@ struct kv_byte_runs {
 };
 
 /* Byte runs of block `block` (KV_ERR_OUT_OF_BOUNDS when block >= B). */
-KV_API kv_status kv_layout_block_runs(const struct kv_layout *lo, uint32_t block,
-                                      struct kv_byte_runs *out);
+KV_API KV_NODISCARD kv_status kv_layout_block_runs(const struct kv_layout *lo, uint32_t block,
+                                                   struct kv_byte_runs *out);
 
 /* "L=32 B=1024 N=16 H=8 D=128 f16 NHD layer-major ... fp=0x..." (snprintf
  * semantics: returns the length it needed). */

@@ -7,7 +7,7 @@
 
 #if defined(KV_USE_LIBC_MALLOC)
 
-void *kv_mem_alloc_aligned(size_t align, size_t size)
+void *kv__mem_alloc_aligned(size_t align, size_t size)
 {
     void *p = NULL;
     if (size == 0 || align < sizeof(void *) || (align & (align - 1)))
@@ -17,12 +17,20 @@ void *kv_mem_alloc_aligned(size_t align, size_t size)
     return p;
 }
 
-void kv_mem_free(void *p)
+void kv__mem_free(void *p)
 {
     free(p);
 }
 
-const char *kv_mem_backend(void)
+void *kv__mem_calloc(size_t n, size_t size)
+{
+    size_t total;
+    if (__builtin_mul_overflow(n, size, &total) || total == 0)
+        return NULL;
+    return calloc(n, size);
+}
+
+const char *kv__mem_backend(void)
 {
     return "libc";
 }
@@ -31,39 +39,35 @@ const char *kv_mem_backend(void)
 
 #include <jemalloc/jemalloc.h>
 
-void *kv_mem_alloc_aligned(size_t align, size_t size)
+void *kv__mem_alloc_aligned(size_t align, size_t size)
 {
     if (size == 0 || align < sizeof(void *) || (align & (align - 1)))
         return NULL;
     return mallocx(size, MALLOCX_ALIGN(align));
 }
 
-void kv_mem_free(void *p)
+void kv__mem_free(void *p)
 {
     if (p)
         dallocx(p, 0);
 }
 
-const char *kv_mem_backend(void)
+void *kv__mem_calloc(size_t n, size_t size)
+{
+    size_t total;
+    if (__builtin_mul_overflow(n, size, &total) || total == 0)
+        return NULL;
+    return mallocx(total, MALLOCX_ALIGN(16) | MALLOCX_ZERO);
+}
+
+const char *kv__mem_backend(void)
 {
     return "jemalloc";
 }
 
 #endif
 
-void *kv_mem_alloc(size_t size)
+void *kv__mem_alloc(size_t size)
 {
-    return kv_mem_alloc_aligned(16, size);
-}
-
-void *kv_mem_calloc(size_t n, size_t size)
-{
-    size_t total;
-    void *p;
-    if (__builtin_mul_overflow(n, size, &total))
-        return NULL;
-    p = kv_mem_alloc(total);
-    if (p)
-        memset(p, 0, total);
-    return p;
+    return kv__mem_alloc_aligned(16, size);
 }

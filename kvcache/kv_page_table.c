@@ -9,7 +9,7 @@
 
 #include "kv_mem.h"
 #include "kv_page_table.h"
-#include "kvcache_int.h"
+#include "kv_lib.h"
 
 /*
  * One sequence. Invariants (checked by seq_check() in debug builds):
@@ -73,7 +73,7 @@ static void seq_check(const kv_page_table *pt, const struct kv__seq *s)
     /* Full check (DEBUG=1 builds): every block is an id the source says is
      * held, and no block appears twice in one sequence (sorted copy). */
     {
-        uint32_t *ids = kv_mem_alloc((size_t)s->n_blocks * sizeof(uint32_t) + 1);
+        uint32_t *ids = kv__mem_alloc((size_t)s->n_blocks * sizeof(uint32_t) + 1);
         assert(ids);
         for (uint32_t i = 0; i < s->n_blocks; i++) {
             assert(pt->cfg.ops.ref_count(pt->cfg.ops.ctx, s->blocks[i]) >= 1);
@@ -82,7 +82,7 @@ static void seq_check(const kv_page_table *pt, const struct kv__seq *s)
         qsort(ids, s->n_blocks, sizeof(uint32_t), cmp_u32);
         for (uint32_t i = 1; i < s->n_blocks; i++)
             assert(ids[i] != ids[i - 1]);
-        kv_mem_free(ids);
+        kv__mem_free(ids);
     }
 #endif
 #else
@@ -127,14 +127,14 @@ static kv_status seq_reserve(kv_page_table *pt, struct kv__seq *s, uint32_t need
         ncap = (uint64_t)pt->cfg.max_blocks_per_seq + 1;
     if (ncap < need)
         ncap = need;
-    uint32_t *nb = kv_mem_alloc(ncap * sizeof(*nb));
+    uint32_t *nb = kv__mem_alloc(ncap * sizeof(*nb));
     uint64_t *nh = NULL;
     int32_t *nt = NULL;
     if (!nb)
         goto fail;
     if (pt->prefix) {
-        nh = kv_mem_alloc(ncap * sizeof(*nh));
-        nt = kv_mem_alloc(ncap * pt->N * sizeof(*nt));
+        nh = kv__mem_alloc(ncap * sizeof(*nh));
+        nt = kv__mem_alloc(ncap * pt->N * sizeof(*nt));
         if (!nh || !nt)
             goto fail;
     }
@@ -145,27 +145,27 @@ static kv_status seq_reserve(kv_page_table *pt, struct kv__seq *s, uint32_t need
             memcpy(nt, s->tokens, s->n_tokens * sizeof(*nt));
         }
     }
-    kv_mem_free(s->blocks);
-    kv_mem_free(s->hashes);
-    kv_mem_free(s->tokens);
+    kv__mem_free(s->blocks);
+    kv__mem_free(s->hashes);
+    kv__mem_free(s->tokens);
     s->blocks = nb;
     s->hashes = nh;
     s->tokens = nt;
     s->cap = (uint32_t)ncap;
     return KV_OK;
 fail:
-    kv_mem_free(nt);
-    kv_mem_free(nh);
-    kv_mem_free(nb);
+    kv__mem_free(nt);
+    kv__mem_free(nh);
+    kv__mem_free(nb);
     return kv__error(KV_ERR_NO_MEMORY,
                      "kv_page_table: cannot grow a sequence to %" PRIu64 " blocks", ncap);
 }
 
 static void seq_free_arrays(struct kv__seq *s)
 {
-    kv_mem_free(s->blocks);
-    kv_mem_free(s->hashes);
-    kv_mem_free(s->tokens);
+    kv__mem_free(s->blocks);
+    kv__mem_free(s->hashes);
+    kv__mem_free(s->tokens);
     s->blocks = NULL;
     s->hashes = NULL;
     s->tokens = NULL;
@@ -177,13 +177,13 @@ static kv_status copies_reserve(kv_page_table *pt, uint32_t extra)
     if (pt->n_copies + extra <= pt->cap_copies)
         return KV_OK;
     uint32_t ncap = pt->cap_copies ? pt->cap_copies * 2 : 16;
-    struct kv_block_copy *nc = kv_mem_alloc((size_t)ncap * sizeof(*nc));
+    struct kv_block_copy *nc = kv__mem_alloc((size_t)ncap * sizeof(*nc));
     if (!nc)
         return kv__error(KV_ERR_NO_MEMORY, "kv_page_table: cannot grow the copy queue to %" PRIu32,
                          ncap);
     if (pt->n_copies)
         memcpy(nc, pt->copies, pt->n_copies * sizeof(*nc));
-    kv_mem_free(pt->copies);
+    kv__mem_free(pt->copies);
     pt->copies = nc;
     pt->cap_copies = ncap;
     return KV_OK;
@@ -216,6 +216,16 @@ kv_status kv_page_table_create(const struct kv_page_table_config *cfg, kv_page_t
 {
     if (!cfg || !out)
         return kv__error(KV_ERR_NULL, "kv_page_table_create: %s is NULL", !cfg ? "cfg" : "out");
+    kv_status abi = kv__check_struct_size("kv_page_table_create", "kv_page_table_config",
+                                          cfg->struct_size, sizeof(*cfg));
+    if (abi != KV_OK)
+        return abi;
+    if (cfg->ops.version != KV_BLOCK_OPS_VERSION)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_page_table_create: block ops version %" PRIu32 " but this library "
+                         "speaks version %u (set ops.version = KV_BLOCK_OPS_VERSION, or fill the "
+                         "ops with kv_block_pool_ops())",
+                         cfg->ops.version, KV_BLOCK_OPS_VERSION);
     uint32_t r = cfg->page_ratio ? cfg->page_ratio : 1;
     if (cfg->block_tokens == 0 || cfg->max_seqs == 0 || cfg->max_blocks_per_seq == 0)
         return kv__error(KV_ERR_INVALID_ARG,
@@ -244,13 +254,13 @@ kv_status kv_page_table_create(const struct kv_page_table_config *cfg, kv_page_t
                          cfg->ops.match_prefix ? "set" : "NULL",
                          cfg->ops.commit_full ? "set" : "NULL");
 
-    kv_page_table *pt = kv_mem_calloc(1, sizeof(*pt));
+    kv_page_table *pt = kv__mem_calloc(1, sizeof(*pt));
     if (!pt)
         goto fail_pt;
-    pt->seqs = kv_mem_calloc(cfg->max_seqs, sizeof(*pt->seqs));
+    pt->seqs = kv__mem_calloc(cfg->max_seqs, sizeof(*pt->seqs));
     if (!pt->seqs)
         goto fail_seqs;
-    pt->free_ids = kv_mem_calloc(cfg->max_seqs, sizeof(*pt->free_ids));
+    pt->free_ids = kv__mem_calloc(cfg->max_seqs, sizeof(*pt->free_ids));
     if (!pt->free_ids)
         goto fail_ids;
     pt->cfg = *cfg;
@@ -266,9 +276,9 @@ kv_status kv_page_table_create(const struct kv_page_table_config *cfg, kv_page_t
     return kv__ok();
 
 fail_ids:
-    kv_mem_free(pt->seqs);
+    kv__mem_free(pt->seqs);
 fail_seqs:
-    kv_mem_free(pt);
+    kv__mem_free(pt);
 fail_pt:
     return kv__error(KV_ERR_NO_MEMORY, "kv_page_table_create: no memory for %" PRIu32 " sequences",
                      cfg->max_seqs);
@@ -308,10 +318,10 @@ void kv_page_table_destroy(kv_page_table *pt)
             (void)release_tail(pt, s, 0);
         seq_free_arrays(s);
     }
-    kv_mem_free(pt->copies);
-    kv_mem_free(pt->free_ids);
-    kv_mem_free(pt->seqs);
-    kv_mem_free(pt);
+    kv__mem_free(pt->copies);
+    kv__mem_free(pt->free_ids);
+    kv__mem_free(pt->seqs);
+    kv__mem_free(pt);
 }
 
 /* ---- sequences ----------------------------------------------------------------- */

@@ -56,6 +56,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kv_block_ops.h"
 #include "kv_status.h"
@@ -72,6 +73,7 @@ typedef struct kv_page_table kv_page_table;
 
 /* Input of kv_page_table_create(); copied (ops.ctx is borrowed). */
 struct kv_page_table_config {
+    size_t struct_size;          /* sizeof this struct: set by its _init() or _INIT */
     uint32_t block_tokens;       /* N >= 1: tokens per allocation block */
     uint32_t page_ratio;         /* r >= 1 (0 means 1), N % r == 0: kernel pages per block */
     uint32_t max_seqs;           /* >= 1: live sequences at once */
@@ -80,6 +82,19 @@ struct kv_page_table_config {
     bool enable_prefix_caching;  /* needs ops.match_prefix and ops.commit_full */
     uint64_t extra_key;          /* default extra key of new sequences (LoRA id, salt) */
 };
+
+/* C initializer: struct kv_page_table_config cfg = KV_PAGE_TABLE_CONFIG_INIT; */
+#define KV_PAGE_TABLE_CONFIG_INIT                                                                  \
+    {                                                                                              \
+        .struct_size = sizeof(struct kv_page_table_config)                                         \
+    }
+
+/* Zero *cfg and set its struct_size (C and C++). */
+static inline void kv_page_table_config_init(struct kv_page_table_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->struct_size = sizeof(*cfg);
+}
 
 /* A queued copy-on-write: copy the first `tokens` tokens (the whole block is
  * fine too) of block src into block dst, for every layer and K/V. */
@@ -100,7 +115,8 @@ struct kv_token_range {
 /* KV_ERR_NULL, KV_ERR_INVALID_ARG (a zero size, N % r != 0, missing op,
  * prefix caching without match_prefix/commit_full), KV_ERR_NO_MEMORY.
  * cfg is copied; ops.ctx is borrowed for the table's life. */
-KV_API kv_status kv_page_table_create(const struct kv_page_table_config *cfg, kv_page_table **out);
+KV_API KV_NODISCARD kv_status kv_page_table_create(const struct kv_page_table_config *cfg,
+                                                   kv_page_table **out);
 
 /* Releases every block still held by live sequences; NULL is a no-op. */
 KV_API void kv_page_table_destroy(kv_page_table *pt);
@@ -109,25 +125,28 @@ KV_API void kv_page_table_destroy(kv_page_table *pt);
 
 /* A new empty sequence with the default extra key; id in *seq_out.
  * KV_ERR_CAPACITY when max_seqs sequences are live. */
-KV_API kv_status kv_page_table_seq_create(kv_page_table *pt, uint32_t *seq_out);
+KV_API KV_NODISCARD kv_status kv_page_table_seq_create(kv_page_table *pt, uint32_t *seq_out);
 
 /* Set the extra key of an empty sequence (KV_ERR_BAD_STATE otherwise). */
-KV_API kv_status kv_page_table_seq_set_extra_key(kv_page_table *pt, uint32_t seq,
-                                                 uint64_t extra_key);
+KV_API KV_NODISCARD kv_status kv_page_table_seq_set_extra_key(kv_page_table *pt, uint32_t seq,
+                                                              uint64_t extra_key);
 
 /* Start the empty sequence seq with the longest cached prefix of
  * tokens[n_tokens]: at most min(floor((n_tokens - 1) / N), max_blocks_per_seq)
  * blocks (0 for n_tokens == 0). *cached_tokens = reused blocks * N; the
  * caller then appends tokens + *cached_tokens. Reuses nothing (KV_OK, 0)
  * when prefix caching is off. KV_ERR_BAD_STATE when seq is not empty. */
-KV_API kv_status kv_page_table_seq_reuse_prefix(kv_page_table *pt, uint32_t seq,
-                                                const int32_t *tokens, uint64_t n_tokens,
-                                                uint64_t *cached_tokens);
+KV_API KV_NODISCARD kv_status kv_page_table_seq_reuse_prefix(kv_page_table *pt, uint32_t seq,
+                                                             const int32_t *tokens,
+                                                             uint64_t n_tokens,
+                                                             uint64_t *cached_tokens);
 
 /* create + reuse_prefix in one call (nothing created on failure). */
-KV_API kv_status kv_page_table_seq_create_from_prefix(kv_page_table *pt, const int32_t *tokens,
-                                                      uint64_t n_tokens, uint32_t *seq_out,
-                                                      uint64_t *cached_tokens);
+KV_API KV_NODISCARD kv_status kv_page_table_seq_create_from_prefix(kv_page_table *pt,
+                                                                   const int32_t *tokens,
+                                                                   uint64_t n_tokens,
+                                                                   uint32_t *seq_out,
+                                                                   uint64_t *cached_tokens);
 
 /* Append n token ids, taking whole blocks from the source at block
  * boundaries (plus one private block when copy-on-write is due), and
@@ -136,51 +155,55 @@ KV_API kv_status kv_page_table_seq_create_from_prefix(kv_page_table *pt, const i
  * source is short) or KV_ERR_CAPACITY (would exceed max_blocks_per_seq)
  * leave the sequence as it was. A failed commit_full does not fail the
  * append: the block stays out of the cache (counted in commit_failures). */
-KV_API kv_status kv_page_table_seq_append(kv_page_table *pt, uint32_t seq, const int32_t *tokens,
-                                          uint64_t n);
+KV_API KV_NODISCARD kv_status kv_page_table_seq_append(kv_page_table *pt, uint32_t seq,
+                                                       const int32_t *tokens, uint64_t n);
 
 /* Blocks that appending n tokens to seq would take from the block source
  * right now (new blocks plus one private copy when copy-on-write is due),
  * for admission control: an append succeeds when the source has this many
  * free or evictable blocks. Changes nothing. KV_ERR_CAPACITY when the
  * append would exceed max_blocks_per_seq. */
-KV_API kv_status kv_page_table_blocks_needed(const kv_page_table *pt, uint32_t seq, uint64_t n,
-                                             uint32_t *blocks);
+KV_API KV_NODISCARD kv_status kv_page_table_blocks_needed(const kv_page_table *pt, uint32_t seq,
+                                                          uint64_t n, uint32_t *blocks);
 
 /* A new sequence sharing all of parent's blocks (ref += 1 each), tokens and
  * extra key; id in *child_out. KV_ERR_CAPACITY when max_seqs sequences are
  * live; the source's status if retain fails. */
-KV_API kv_status kv_page_table_seq_fork(kv_page_table *pt, uint32_t parent, uint32_t *child_out);
+KV_API KV_NODISCARD kv_status kv_page_table_seq_fork(kv_page_table *pt, uint32_t parent,
+                                                     uint32_t *child_out);
 
 /* Keep the first n_tokens tokens (<= current length, else
  * KV_ERR_INVALID_ARG); blocks no longer needed are released, last first. */
-KV_API kv_status kv_page_table_seq_truncate(kv_page_table *pt, uint32_t seq, uint64_t n_tokens);
+KV_API KV_NODISCARD kv_status kv_page_table_seq_truncate(kv_page_table *pt, uint32_t seq,
+                                                         uint64_t n_tokens);
 
 /* Release every block of seq (last block first, so its prefix stays cached
  * longest) and retire its id. */
-KV_API kv_status kv_page_table_seq_free(kv_page_table *pt, uint32_t seq);
+KV_API KV_NODISCARD kv_status kv_page_table_seq_free(kv_page_table *pt, uint32_t seq);
 
 /* ---- queries -------------------------------------------------------------- */
 
 /* Token count of seq. */
-KV_API kv_status kv_page_table_seq_len(const kv_page_table *pt, uint32_t seq, uint64_t *n_tokens);
+KV_API KV_NODISCARD kv_status kv_page_table_seq_len(const kv_page_table *pt, uint32_t seq,
+                                                    uint64_t *n_tokens);
 
 /* seq's block ids: *blocks borrows the table's array (valid until the next
  * call that changes seq), *n_blocks its length. */
-KV_API kv_status kv_page_table_seq_blocks(const kv_page_table *pt, uint32_t seq,
-                                          const uint32_t **blocks, uint32_t *n_blocks);
+KV_API KV_NODISCARD kv_status kv_page_table_seq_blocks(const kv_page_table *pt, uint32_t seq,
+                                                       const uint32_t **blocks, uint32_t *n_blocks);
 
 /* Slot of logical token t of seq (KV_ERR_OUT_OF_BOUNDS when t >= length). */
-KV_API kv_status kv_page_table_slot(const kv_page_table *pt, uint32_t seq, uint64_t t,
-                                    int64_t *slot);
+KV_API KV_NODISCARD kv_status kv_page_table_slot(const kv_page_table *pt, uint32_t seq, uint64_t t,
+                                                 int64_t *slot);
 
 /* Number of queued copies not yet taken. */
 KV_API uint32_t kv_page_table_pending_copies(const kv_page_table *pt);
 
 /* Move up to cap queued copies, oldest first, into out[cap]; *n_out says how
  * many (the rest stay queued). */
-KV_API kv_status kv_page_table_take_copies(kv_page_table *pt, struct kv_block_copy *out,
-                                           uint32_t cap, uint32_t *n_out);
+KV_API KV_NODISCARD kv_status kv_page_table_take_copies(kv_page_table *pt,
+                                                        struct kv_block_copy *out, uint32_t cap,
+                                                        uint32_t *n_out);
 
 /* Counters since create (kv_page_table_stats_get). */
 struct kv_page_table_stats {
@@ -220,9 +243,10 @@ struct kv_vllm_export {
  *     writers), so a batch padded to a graph size needs no extra pass.
  *     slot_mapping_len must cover the written entries, else KV_ERR_INVALID_ARG.
  * KV_ERR_OVERFLOW when a page id does not fit int32. */
-KV_API kv_status kv_page_table_export_vllm(const kv_page_table *pt, const uint32_t *seqs,
-                                           uint32_t n_seqs, const struct kv_token_range *ranges,
-                                           const struct kv_vllm_export *out);
+KV_API KV_NODISCARD kv_status kv_page_table_export_vllm(const kv_page_table *pt,
+                                                        const uint32_t *seqs, uint32_t n_seqs,
+                                                        const struct kv_token_range *ranges,
+                                                        const struct kv_vllm_export *out);
 
 /* Output buffers of kv_page_table_export_flashinfer (contract below). */
 struct kv_flashinfer_export {
@@ -240,10 +264,9 @@ struct kv_flashinfer_export {
  *                          sequence)
  * Lengths are checked (KV_ERR_INVALID_ARG naming them); *nnz_out (may be
  * NULL) = total pages. KV_ERR_OVERFLOW when nnz or a page id exceeds int32. */
-KV_API kv_status kv_page_table_export_flashinfer(const kv_page_table *pt, const uint32_t *seqs,
-                                                 uint32_t n_seqs,
-                                                 const struct kv_flashinfer_export *out,
-                                                 uint64_t *nnz_out);
+KV_API KV_NODISCARD kv_status
+kv_page_table_export_flashinfer(const kv_page_table *pt, const uint32_t *seqs, uint32_t n_seqs,
+                                const struct kv_flashinfer_export *out, uint64_t *nnz_out);
 
 #ifdef __cplusplus
 }

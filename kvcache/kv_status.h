@@ -16,13 +16,23 @@ extern "C" {
 #endif
 
 /* KV_API marks the exported API (everything else is hidden in the .so). */
+/* KV_NODISCARD marks every call returning a kv_status: ignoring one is a
+ * compile warning (an error with -Werror), since a failed call changes
+ * nothing and its output is not written. */
 #if defined(__GNUC__)
 #define KV_API __attribute__((visibility("default")))
+#define KV_NODISCARD __attribute__((warn_unused_result))
 #define KV_PRINTF(f, a) __attribute__((format(printf, f, a)))
 #else
 #define KV_API
+#define KV_NODISCARD
 #define KV_PRINTF(f, a)
 #endif
+
+/* A CUDA stream: the same type as cudaStream_t (a caller passes one as is),
+ * declared here so that callers and headers need no CUDA header; NULL is the
+ * legacy default stream. */
+typedef struct CUstream_st *kv_cuda_stream;
 
 /* X(name, value, message) */
 #define KV_STATUS_MAP(X)                                                                           \

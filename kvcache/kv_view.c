@@ -139,8 +139,8 @@ static kv_status kv__check_src(const char *fn, const struct kv_view *src)
 
 /* ---- creation and checks ------------------------------------------------ */
 
-kv_status kv_view_init(struct kv_view *out, void *base, size_t storage_bytes, kv_dtype dtype,
-                       int ndim, const int64_t *shape)
+kv_status kv_view_init(void *base, size_t storage_bytes, kv_dtype dtype, int ndim,
+                       const int64_t *shape, struct kv_view *out)
 {
     struct kv_view t;
     kv_status st;
@@ -291,18 +291,23 @@ static kv_status kv__offset_add(const char *fn, int64_t *off, int64_t idx, int64
     return KV_OK;
 }
 
-kv_status kv_view_permute(const struct kv_view *src, const int *perm, struct kv_view *out)
+kv_status kv_view_permute(const struct kv_view *src, const int *perm, int n, struct kv_view *out)
 {
     struct kv_view t;
     bool seen[KV_MAX_DIMS] = {false};
 
-    if (!src || !out || (!perm && src->ndim > 0))
+    if (!src || !out || (!perm && n > 0))
         return kv__view_null("kv_view_permute", src, "src", perm, "perm");
     {
         kv_status st0 = kv__check_src("kv_view_permute", src);
         if (st0 != KV_OK)
             return st0;
     }
+    if (n != src->ndim)
+        return kv__error(KV_ERR_BAD_DIM,
+                         "kv_view_permute: the permutation has %d entries for a %d-d view (it "
+                         "must list each of the %d dims once)",
+                         n, src->ndim, src->ndim);
     t = *src;
     for (int i = 0; i < src->ndim; i++) {
         int d;
@@ -866,7 +871,7 @@ static kv_status kv__copy_into(const char *fn, kv_copy_reason why, const struct 
     if (dst_bytes < need)
         return kv__error(KV_ERR_OUT_OF_BOUNDS, "%s: copy needs %zu bytes but dst has %zu", fn, need,
                          dst_bytes);
-    st = kv_view_init(&d, dst, dst_bytes, src->dtype, src->ndim, src->shape);
+    st = kv_view_init(dst, dst_bytes, src->dtype, src->ndim, src->shape, &d);
     if (st != KV_OK)
         return st;
     if (kv_view_may_share(&d, src)) {
@@ -881,9 +886,9 @@ static kv_status kv__copy_into(const char *fn, kv_copy_reason why, const struct 
             return kv__error(KV_ERR_OVERLAP, "%s: dst buffer %p (%zu bytes) overlaps the source",
                              fn, dst, dst_bytes);
     }
-    kv__view_copy_unchecked(&d, src);
+    kv__view_copy_unchecked(src, &d);
     kv__copy_count(why, need);
-    st = kv_view_init(out, dst, dst_bytes, src->dtype, ndim, rs);
+    st = kv_view_init(dst, dst_bytes, src->dtype, ndim, rs, out);
     return st;
 }
 

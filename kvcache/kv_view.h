@@ -76,17 +76,18 @@ struct kv_view {
  * KV_ERR_NULL (base NULL with storage_bytes > 0, or out/shape NULL),
  * KV_ERR_BAD_DIM (ndim outside 0..8), KV_ERR_BAD_SHAPE (negative size),
  * KV_ERR_OVERFLOW, KV_ERR_OUT_OF_BOUNDS (does not fit in storage). */
-KV_API kv_status kv_view_init(struct kv_view *out, void *base, size_t storage_bytes, kv_dtype dtype,
-                              int ndim, const int64_t *shape);
+KV_API KV_NODISCARD kv_status kv_view_init(void *base, size_t storage_bytes, kv_dtype dtype,
+                                           int ndim, const int64_t *shape, struct kv_view *out);
 
 /* Any shape/strides/offset over src's storage (torch.as_strided with an
  * absolute storage offset), refused with KV_ERR_OUT_OF_BOUNDS naming the
  * highest byte it would reach and the storage size. */
-KV_API kv_status kv_view_as_strided(const struct kv_view *src, int ndim, const int64_t *shape,
-                                    const int64_t *strides, int64_t offset, struct kv_view *out);
+KV_API KV_NODISCARD kv_status kv_view_as_strided(const struct kv_view *src, int ndim,
+                                                 const int64_t *shape, const int64_t *strides,
+                                                 int64_t offset, struct kv_view *out);
 
 /* Validate a hand-built view against the invariants above. */
-KV_API kv_status kv_view_check(const struct kv_view *v);
+KV_API KV_NODISCARD kv_status kv_view_check(const struct kv_view *v);
 
 /* Number of elements (product of shape; 1 for 0-d); 0 for a view whose
  * ndim, dtype or sizes are invalid, or whose count overflows int64. */
@@ -97,50 +98,55 @@ KV_API size_t kv_view_elem_bytes(const struct kv_view *v);
 
 /* Element offset (from base, including v->offset) of index idx[ndim];
  * KV_ERR_OUT_OF_BOUNDS naming the dim and index when outside the shape. */
-KV_API kv_status kv_view_offset_of(const struct kv_view *v, const int64_t *idx, int64_t *out_elems);
+KV_API KV_NODISCARD kv_status kv_view_offset_of(const struct kv_view *v, const int64_t *idx,
+                                                int64_t *out_elems);
 
 /* Pointer to element idx; NULL (with kv_last_error set) when out of range. */
 KV_API void *kv_view_ptr(const struct kv_view *v, const int64_t *idx);
 
 /* ---- metadata operations (never copy) ----------------------------------- */
 
-/* x.permute(perm): perm[ndim] lists every dim once (negative allowed). */
-KV_API kv_status kv_view_permute(const struct kv_view *src, const int *perm, struct kv_view *out);
+/* x.permute(perm): perm[n] lists every dim once (negative allowed); n must
+ * equal src->ndim (KV_ERR_BAD_DIM naming both otherwise). */
+KV_API KV_NODISCARD kv_status kv_view_permute(const struct kv_view *src, const int *perm, int n,
+                                              struct kv_view *out);
 /* x.transpose(dim0, dim1): swap two dims (a 0-d view allows (0, 0)). */
-KV_API kv_status kv_view_transpose(const struct kv_view *src, int dim0, int dim1,
-                                   struct kv_view *out);
+KV_API KV_NODISCARD kv_status kv_view_transpose(const struct kv_view *src, int dim0, int dim1,
+                                                struct kv_view *out);
 /* x[..., start:stop:step, ...] on dim; start/stop clamp like Python (negative
  * values count from the end); step >= 1 (KV_ERR_INVALID_ARG otherwise). */
-KV_API kv_status kv_view_slice(const struct kv_view *src, int dim, int64_t start, int64_t stop,
-                               int64_t step, struct kv_view *out);
+KV_API KV_NODISCARD kv_status kv_view_slice(const struct kv_view *src, int dim, int64_t start,
+                                            int64_t stop, int64_t step, struct kv_view *out);
 /* x.narrow(dim, start, length): 0 <= start (or start >= -size), start+length <= size. */
-KV_API kv_status kv_view_narrow(const struct kv_view *src, int dim, int64_t start, int64_t length,
-                                struct kv_view *out);
+KV_API KV_NODISCARD kv_status kv_view_narrow(const struct kv_view *src, int dim, int64_t start,
+                                             int64_t length, struct kv_view *out);
 /* x.select(dim, index): drops dim; index may be negative. */
-KV_API kv_status kv_view_select(const struct kv_view *src, int dim, int64_t index,
-                                struct kv_view *out);
+KV_API KV_NODISCARD kv_status kv_view_select(const struct kv_view *src, int dim, int64_t index,
+                                             struct kv_view *out);
 /* Insert a size-1 dim at position dim (-ndim-1 <= dim <= ndim). */
-KV_API kv_status kv_view_unsqueeze(const struct kv_view *src, int dim, struct kv_view *out);
+KV_API KV_NODISCARD kv_status kv_view_unsqueeze(const struct kv_view *src, int dim,
+                                                struct kv_view *out);
 /* Remove dim if its size is 1, otherwise return the view unchanged. */
-KV_API kv_status kv_view_squeeze(const struct kv_view *src, int dim, struct kv_view *out);
+KV_API KV_NODISCARD kv_status kv_view_squeeze(const struct kv_view *src, int dim,
+                                              struct kv_view *out);
 /* Broadcast to shape[ndim] (ndim >= src->ndim; -1 keeps a size). Expanded
  * size-1 dims and new leading dims of size != 1 get stride 0; a new leading
  * dim of size 1 gets shape[i+1] * strides[i+1] (as PyTorch: [2,3] expanded
  * to [1,2,3] has strides [6,3,1]). */
-KV_API kv_status kv_view_expand(const struct kv_view *src, int ndim, const int64_t *shape,
-                                struct kv_view *out);
+KV_API KV_NODISCARD kv_status kv_view_expand(const struct kv_view *src, int ndim,
+                                             const int64_t *shape, struct kv_view *out);
 /* x.diagonal(offset, dim1, dim2): both dims removed, the diagonal appended last. */
-KV_API kv_status kv_view_diagonal(const struct kv_view *src, int64_t offset, int dim1, int dim2,
-                                  struct kv_view *out);
+KV_API KV_NODISCARD kv_status kv_view_diagonal(const struct kv_view *src, int64_t offset, int dim1,
+                                               int dim2, struct kv_view *out);
 /* x.view(shape): no copy, or KV_ERR_NEEDS_COPY naming the dims that could not
  * be merged/split. One -1 is inferred. */
-KV_API kv_status kv_view_view(const struct kv_view *src, int ndim, const int64_t *shape,
-                              struct kv_view *out);
+KV_API KV_NODISCARD kv_status kv_view_view(const struct kv_view *src, int ndim,
+                                           const int64_t *shape, struct kv_view *out);
 /* numpy.lib.stride_tricks.sliding_window_view(x, window, axis=dim): dim's size
  * becomes size - window + 1 and a trailing dim of size `window` is appended.
  * Read-only by nature (overlapping); built on kv_view_as_strided. */
-KV_API kv_status kv_view_sliding_window(const struct kv_view *src, int dim, int64_t window,
-                                        struct kv_view *out);
+KV_API KV_NODISCARD kv_status kv_view_sliding_window(const struct kv_view *src, int dim,
+                                                     int64_t window, struct kv_view *out);
 
 /* ---- operations that may copy ------------------------------------------- */
 
@@ -149,37 +155,41 @@ KV_API kv_status kv_view_sliding_window(const struct kv_view *src, int dim, int6
  * dst_bytes >= numel * elem_bytes) and *out is a contiguous view over dst
  * (*copied = true, counted as KV_COPY_RESHAPE). With dst == NULL and a copy
  * needed: KV_ERR_NEEDS_COPY. `copied` may be NULL. */
-KV_API kv_status kv_view_reshape(const struct kv_view *src, int ndim, const int64_t *shape,
-                                 void *dst, size_t dst_bytes, struct kv_view *out, bool *copied);
+KV_API KV_NODISCARD kv_status kv_view_reshape(const struct kv_view *src, int ndim,
+                                              const int64_t *shape, void *dst, size_t dst_bytes,
+                                              struct kv_view *out, bool *copied);
 /* x.flatten(start_dim, end_dim) with reshape semantics (KV_COPY_FLATTEN). */
-KV_API kv_status kv_view_flatten(const struct kv_view *src, int start_dim, int end_dim, void *dst,
-                                 size_t dst_bytes, struct kv_view *out, bool *copied);
+KV_API KV_NODISCARD kv_status kv_view_flatten(const struct kv_view *src, int start_dim, int end_dim,
+                                              void *dst, size_t dst_bytes, struct kv_view *out,
+                                              bool *copied);
 /* x.contiguous(): src itself when already C-contiguous (*copied = false),
  * otherwise a copy into dst (KV_COPY_CONTIGUOUS). */
-KV_API kv_status kv_view_contiguous(const struct kv_view *src, void *dst, size_t dst_bytes,
-                                    struct kv_view *out, bool *copied);
+KV_API KV_NODISCARD kv_status kv_view_contiguous(const struct kv_view *src, void *dst,
+                                                 size_t dst_bytes, struct kv_view *out,
+                                                 bool *copied);
 
 /* Copy every element of src, in logical C order, into the contiguous buffer
  * dst (dst_bytes >= numel * elem_bytes). KV_ERR_OVERLAP if the bytes written
  * intersect src's extent [kv_view_extent_bytes] (conservative: a dst that
  * only interleaves with a strided src is refused too; use kv_view_copy with
  * a dst view to copy into such gaps). Counted as KV_COPY_MATERIALIZE. */
-KV_API kv_status kv_view_materialize(const struct kv_view *src, void *dst, size_t dst_bytes);
+KV_API KV_NODISCARD kv_status kv_view_materialize(const struct kv_view *src, void *dst,
+                                                  size_t dst_bytes);
 
 /* dst[i] = src[i] for every index i. Same shape and dtype (KV_ERR_BAD_SHAPE /
  * KV_ERR_INVALID_ARG otherwise). Refuses (KV_ERR_OVERLAP) a dst whose elements
  * overlap each other (stride 0, aliasing) or overlap src's elements. Fast
  * paths: memcpy of contiguous runs, tiled transposes; generic loop otherwise.
  * Counted as KV_COPY_VIEW_COPY. */
-KV_API kv_status kv_view_copy(const struct kv_view *dst, const struct kv_view *src);
+KV_API KV_NODISCARD kv_status kv_view_copy(const struct kv_view *src, const struct kv_view *dst);
 
 /* Device-side kv_view_copy: dst and src describe device (or managed) memory;
  * validated on the host exactly like kv_view_copy, then launched on `stream`
  * (a cudaStream_t; NULL = default stream) without synchronizing.
  * KV_ERR_UNSUPPORTED in builds without CUDA or when the launch fails (the
  * message carries the CUDA error). */
-KV_API kv_status kv_view_copy_cuda(const struct kv_view *dst, const struct kv_view *src,
-                                   void *stream);
+KV_API KV_NODISCARD kv_status kv_view_copy_cuda(const struct kv_view *src,
+                                                const struct kv_view *dst, kv_cuda_stream stream);
 
 /* ---- predicates --------------------------------------------------------- */
 
@@ -195,15 +205,16 @@ KV_API void kv_view_extent_bytes(const struct kv_view *v, int64_t *lo_bytes, int
 /* Whether two distinct indices of v reach overlapping bytes. *out is set on
  * KV_OK; KV_ERR_TOO_COSTLY when deciding needs more than max_work steps
  * (max_work <= 0: a default of 1<<20). */
-KV_API kv_status kv_view_has_internal_overlap(const struct kv_view *v, int64_t max_work, bool *out);
+KV_API KV_NODISCARD kv_status kv_view_has_internal_overlap(const struct kv_view *v,
+                                                           int64_t max_work, bool *out);
 
 /* Fast conservative test: same storage and byte extents intersect. */
 KV_API bool kv_view_may_share(const struct kv_view *a, const struct kv_view *b);
 
 /* Exact: does any element of a overlap any element of b? KV_ERR_TOO_COSTLY
  * (and *out untouched) when deciding needs more than max_work steps. */
-KV_API kv_status kv_view_shares(const struct kv_view *a, const struct kv_view *b, int64_t max_work,
-                                bool *out);
+KV_API KV_NODISCARD kv_status kv_view_shares(const struct kv_view *a, const struct kv_view *b,
+                                             int64_t max_work, bool *out);
 
 /* One line: shape, strides (elements and bytes), offset, dtype, contiguity,
  * storage pointer and size, first-element pointer. snprintf semantics:

@@ -2,7 +2,7 @@
  * kv_view_copy.c - the copy engine behind every view copy, and the process-wide
  * copy counters.
  *
- * kv__view_copy_unchecked() turns a (dst, src) pair of same-shaped views into a
+ * kv__view_copy_unchecked() turns a (src, dst) pair of same-shaped views into a
  * plan and runs the cheapest of three loops:
  *
  *   1. plan: drop size-1 dims, order dims by dst stride (largest first; dst has
@@ -760,10 +760,10 @@ static void kv__copy_transpose(const struct kv__copy_plan *p, int r, int c, int6
     if (p->shape[r] >= t / 2 && p->shape[c] >= t / 2 &&
         p->shape[r] * p->shape[c] * (int64_t)p->esz >= KV__STAGE_MIN_BYTES) {
         if (KV__COPY_X86 && total >= KV__STREAM_MIN_BYTES) {
-            buf = kv_mem_alloc_aligned(64, kv__stream_bytes_needed(p->esz));
+            buf = kv__mem_alloc_aligned(64, kv__stream_bytes_needed(p->esz));
             mode = KV__TR_STREAM;
         } else {
-            buf = kv_mem_alloc_aligned(64, kv__stage_bytes(p->esz));
+            buf = kv__mem_alloc_aligned(64, kv__stage_bytes(p->esz));
             mode = KV__TR_STAGED;
         }
         if (!buf)
@@ -776,7 +776,7 @@ static void kv__copy_transpose(const struct kv__copy_plan *p, int r, int c, int6
     if (mode == KV__TR_STREAM)
         _mm_sfence(); /* order the streaming stores before later loads/stores */
 #endif
-    kv_mem_free(buf);
+    kv__mem_free(buf);
 }
 
 /* ---- 3: generic --------------------------------------------------------- */
@@ -801,7 +801,7 @@ static void kv__copy_generic(const struct kv__copy_plan *p)
 /* Below this many elements on either side a transpose is not worth its tiles. */
 #define KV__TRANSPOSE_MIN 4
 
-void kv__view_copy_unchecked(const struct kv_view *dst, const struct kv_view *src)
+void kv__view_copy_unchecked(const struct kv_view *src, const struct kv_view *dst)
 {
     struct kv__copy_plan p;
 
@@ -891,13 +891,13 @@ kv_status kv_view_materialize(const struct kv_view *src, void *dst, size_t dst_b
             d.strides[k] = stride;
             stride *= src->shape[k];
         }
-        kv__view_copy_unchecked(&d, src);
+        kv__view_copy_unchecked(src, &d);
     }
     kv__copy_count(KV_COPY_MATERIALIZE, (uint64_t)need);
     return kv__ok();
 }
 
-kv_status kv_view_copy(const struct kv_view *dst, const struct kv_view *src)
+kv_status kv_view_copy(const struct kv_view *src, const struct kv_view *dst)
 {
     char a[256], b[256];
     kv_status st;
@@ -965,7 +965,7 @@ kv_status kv_view_copy(const struct kv_view *dst, const struct kv_view *src)
                                  (long long)dlo, (long long)dhi, dst->base, (long long)slo,
                                  (long long)shi, src->base);
         }
-        kv__view_copy_unchecked(dst, src);
+        kv__view_copy_unchecked(src, dst);
     }
     kv__copy_count(KV_COPY_VIEW_COPY, bytes);
     return kv__ok();

@@ -39,10 +39,18 @@ extern "C" kv_status kv__cuda_view_copy(void *dst_base, struct kv_view_geom dst,
     if (numel == 0)
         return KV_OK;
     switch (elem_bytes) {
-    case 1: err = kv_launch<uint8_t>(dst_base, dst, src_base, src, numel, s); break;
-    case 2: err = kv_launch<uint16_t>(dst_base, dst, src_base, src, numel, s); break;
-    case 4: err = kv_launch<uint32_t>(dst_base, dst, src_base, src, numel, s); break;
-    case 8: err = kv_launch<uint64_t>(dst_base, dst, src_base, src, numel, s); break;
+    case 1:
+        err = kv_launch<uint8_t>(dst_base, dst, src_base, src, numel, s);
+        break;
+    case 2:
+        err = kv_launch<uint16_t>(dst_base, dst, src_base, src, numel, s);
+        break;
+    case 4:
+        err = kv_launch<uint32_t>(dst_base, dst, src_base, src, numel, s);
+        break;
+    case 8:
+        err = kv_launch<uint64_t>(dst_base, dst, src_base, src, numel, s);
+        break;
     default:
         return kv__error(KV_ERR_INVALID_ARG, "kv_view_copy_cuda: element size %d", elem_bytes);
     }

@@ -9,7 +9,7 @@
 #define KV_VIEW_CUDA_INT_H
 
 #include "kv_view_index.h"
-#include "kvcache_int.h"
+#include "kv_lib.h"
 
 #if KV_HAVE_CUDA
 #ifdef __cplusplus

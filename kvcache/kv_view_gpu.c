@@ -19,7 +19,8 @@ static struct kv_view_geom kv__geom(const struct kv_view *v)
     return g;
 }
 
-kv_status kv_view_copy_cuda(const struct kv_view *dst, const struct kv_view *src, void *stream)
+kv_status kv_view_copy_cuda(const struct kv_view *src, const struct kv_view *dst,
+                            kv_cuda_stream stream)
 {
     kv_status st;
     bool overlap = true;

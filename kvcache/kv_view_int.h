@@ -5,7 +5,7 @@
 #define KV_VIEW_INT_H
 
 #include "kv_view.h"
-#include "kvcache_int.h"
+#include "kv_lib.h"
 
 /* Count one copy of `bytes` for `reason` (atomic). */
 void kv__copy_count(kv_copy_reason reason, uint64_t bytes);
@@ -13,7 +13,7 @@ void kv__copy_count(kv_copy_reason reason, uint64_t bytes);
 /* The copy engine behind materialize/copy/reshape/contiguous: dst and src
  * have the same shape and dtype, dst has no internal overlap and does not
  * overlap src (callers check). Does not count. */
-void kv__view_copy_unchecked(const struct kv_view *dst, const struct kv_view *src);
+void kv__view_copy_unchecked(const struct kv_view *src, const struct kv_view *dst);
 
 /* Normalize a possibly negative dim against ndim (dims valid: 0..ndim-1);
  * returns false when out of range. */

@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kv.h"
+#include <kvcache/kv.h>
 
 #define EXIT_REFUSED 1
 #define EXIT_USAGE 2
@@ -404,7 +404,7 @@ static void *session_copy_buf(struct session *s, const struct kv_view *v)
 
     if (numel > VIEW_MAX_ELEMS || s->nbufs == MAX_OPS)
         return NULL;
-    p = kv_mem_alloc(numel ? (size_t)numel * kv_view_elem_bytes(v) : 1);
+    p = malloc(numel ? (size_t)numel * kv_view_elem_bytes(v) : 1);
     if (p)
         s->bufs[s->nbufs++] = p;
     return p;
@@ -440,7 +440,7 @@ static kv_status op_apply(struct session *s, const struct op *op, struct kv_view
         }
         for (int i = 0; i < n0; i++)
             perm[i] = (int)l0[i]; /* fits: parsed as int */
-        st = kv_view_permute(v, perm, v);
+        st = kv_view_permute(v, perm, n0, v);
         break;
     }
     case OP_TRANSPOSE:
@@ -505,8 +505,11 @@ static void print_indices(const struct kv_view *v)
 
     printf("  storage index of each element:");
     for (int64_t i = 0; i < n && i < PRINT_MAX_ELEMS; i++) {
-        int64_t off;
-        kv_view_offset_of(v, idx, &off);
+        int64_t off = 0;
+        if (kv_view_offset_of(v, idx, &off) != KV_OK) {
+            printf(" (%s)", kv_last_error());
+            break;
+        }
         printf(" %" PRId64, off);
         for (int k = v->ndim - 1; k >= 0; k--) {
             if (++idx[k] < v->shape[k])
@@ -601,16 +604,16 @@ static int cmd_view(int argc, char **argv)
     if (parse_shape(shape_s, shape, &ndim, &numel))
         return EXIT_USAGE;
 
-    storage = kv_mem_calloc((size_t)(numel ? numel : 1), kv_dtype_size(dt));
+    storage = calloc((size_t)(numel ? numel : 1), kv_dtype_size(dt));
     if (!storage) {
         fprintf(stderr, "kvcache view: out of memory for %" PRId64 " elements\n", numel);
         return EXIT_REFUSED;
     }
-    st = kv_view_init(&v, storage, (size_t)numel * kv_dtype_size(dt), dt, ndim, shape);
+    st = kv_view_init(storage, (size_t)numel * kv_dtype_size(dt), dt, ndim, shape, &v);
     if (st != KV_OK) {
         fprintf(stderr, "kvcache view: --shape '%s' refused: %s: %s\n", shape_s, kv_status_name(st),
                 kv_last_error());
-        kv_mem_free(storage);
+        free(storage);
         return EXIT_REFUSED;
     }
     kv_view_describe(&v, line, sizeof(line));
@@ -637,8 +640,8 @@ static int cmd_view(int argc, char **argv)
         printf("copies made: %" PRIu64 " (%" PRIu64 " bytes)\n", calls, bytes);
     }
     for (int i = 0; i < s.nbufs; i++)
-        kv_mem_free(s.bufs[i]);
-    kv_mem_free(storage);
+        free(s.bufs[i]);
+    free(storage);
     return rc;
 }
 
@@ -763,8 +766,9 @@ static int cmd_cache(int argc, char **argv)
             return 0;
         }
     }
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.layout = (struct kv_layout_config){.num_layers = 4,
+    kv_cache_config_init(&cfg);
+    cfg.layout = (struct kv_layout_config){.struct_size = sizeof(struct kv_layout_config),
+                                           .num_layers = 4,
                                            .num_blocks = 1024,
                                            .block_tokens = 16,
                                            .num_heads = 8,
@@ -775,9 +779,9 @@ static int cmd_cache(int argc, char **argv)
     if (cache_parse(argc, argv, &cfg, lens, &nseqs))
         return EXIT_USAGE;
 
-    toks = kv_mem_alloc(MAX_SEQ_TOKENS * sizeof(*toks));
-    bt = kv_mem_alloc((size_t)(MAX_SEQS + 1) * cols * sizeof(*bt));
-    indices = kv_mem_alloc((size_t)(MAX_SEQS + 1) * cols * sizeof(*indices));
+    toks = malloc(MAX_SEQ_TOKENS * sizeof(*toks));
+    bt = malloc((size_t)(MAX_SEQS + 1) * cols * sizeof(*bt));
+    indices = malloc((size_t)(MAX_SEQS + 1) * cols * sizeof(*indices));
     if (!toks || !bt || !indices) {
         fprintf(stderr, "kvcache cache: out of memory\n");
         rc = EXIT_REFUSED;
@@ -866,9 +870,14 @@ static int cmd_cache(int argc, char **argv)
         uint64_t nnz = 0;
         for (int i = 0; i < nseqs; i++) {
             uint64_t len = 0;
-            kv_page_table_seq_len(pt, ids[i], &len);
+            if ((st = kv_page_table_seq_len(pt, ids[i], &len)) != KV_OK)
+                break;
             ranges[i].start = len ? len - 1 : 0; /* the newest token of each: a decode step */
             ranges[i].count = len ? 1 : 0;
+        }
+        if (st != KV_OK) {
+            rc = cache_fail("seq_len", st);
+            goto destroy_cache;
         }
         ve.block_table = bt;
         ve.block_table_cols = cols;
@@ -900,7 +909,7 @@ static int cmd_cache(int argc, char **argv)
 
 destroy_cache : {
     struct kv_block_pool_stats ps;
-    kv_block_pool_get_stats(kv_cache_pool(c), &ps);
+    kv_block_pool_stats_get(kv_cache_pool(c), &ps);
     printf("pool: capacity %u, used %u, cached %u, free %u, prefix hits %" PRIu64
            ", misses %" PRIu64 ", high-water %u\n",
            ps.capacity, ps.used_blocks, ps.cached_blocks, ps.free_blocks, ps.hits, ps.misses,
@@ -908,9 +917,9 @@ destroy_cache : {
 }
     kv_cache_destroy(c);
 free_bufs:
-    kv_mem_free(indices);
-    kv_mem_free(bt);
-    kv_mem_free(toks);
+    free(indices);
+    free(bt);
+    free(toks);
     return rc;
 }
 
@@ -935,7 +944,7 @@ int main(int argc, char **argv)
         }
         if (argc > 2)
             return usage_error("version", "takes no arguments, got '%s'", argv[2]);
-        printf("kvcache %s (host memory: %s)\n", kv_version(), kv_mem_backend());
+        printf("%s\n", kv_build_info());
         return 0;
     }
     fprintf(stderr, "kvcache: unknown command '%s'\n", argv[1]);

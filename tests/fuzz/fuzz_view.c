@@ -468,6 +468,11 @@ static void rd_args(struct rd *r, struct arena *ar, const struct kv_view *v, str
                 x->perm[i] -= nd; /* negative spelling */
         if (nd > 0 && rd_u8(r) % 8 == 0)
             x->perm[rd_range(r, 0, nd - 1)] = rd_dim(r, nd); /* maybe a duplicate */
+        x->ndim = nd;
+        if (rd_u8(r) % 16 == 0)
+            x->ndim = (int)rd_range(r, 0, KV_MAX_DIMS); /* maybe the wrong length */
+        for (int i = nd; i < x->ndim; i++)
+            x->perm[i] = i;
         break;
     case OP_SLICE: {
         int64_t s = nd ? v->shape[(x->dim0 % nd + nd) % nd] : 0;
@@ -559,7 +564,7 @@ static void trace_args(const struct op_args *x)
     trace("\n  %s d0=%d d1=%d a=%lld b=%lld c=%lld", op_names[x->op], x->dim0, x->dim1,
           (long long)x->a, (long long)x->b, (long long)x->c);
     if (x->op == OP_PERMUTE)
-        for (int i = 0; i < KV_MAX_DIMS; i++)
+        for (int i = 0; i < x->ndim; i++)
             trace(i ? ",%d" : " perm=%d", x->perm[i]);
     if (x->op == OP_EXPAND || x->op == OP_VIEW || x->op == OP_RESHAPE || x->op == OP_AS_STRIDED)
         trace_list("shape", x->shape, x->ndim <= KV_MAX_DIMS ? x->ndim : KV_MAX_DIMS);
@@ -575,7 +580,7 @@ static kv_status apply(const struct op_args *x, const struct kv_view *src, struc
     *copied = false;
     switch (x->op) {
     case OP_PERMUTE:
-        return kv_view_permute(src, x->perm, out);
+        return kv_view_permute(src, x->perm, x->ndim, out);
     case OP_TRANSPOSE:
         return kv_view_transpose(src, x->dim0, x->dim1, out);
     case OP_SLICE:
@@ -770,7 +775,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     CHECK(storage != NULL);
     fill_storage(storage, storage_bytes, eb);
 
-    st = kv_view_init(&v, storage, storage_bytes, dt, ndim, shape);
+    st = kv_view_init(storage, storage_bytes, dt, ndim, shape, &v);
     CHECK(st == KV_OK);
     trace_view("start", &v);
     CHECK(kv_view_is_contiguous(&v));

@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "kv.h"
+#include <kvcache/kv.h>
 
 #define CHECK(c)                                                                                   \
     do {                                                                                           \

@@ -10,13 +10,15 @@
 #include <string.h>
 
 #include "gpu_test.h"
-#include "kv.h"
+#include <kvcache/kv.h>
 
 int main(void)
 {
     const size_t bytes = (size_t)64 << 20;
-    struct kv_arena_config cfg = {
-        .kind = KV_MEM_PINNED, .size_bytes = bytes, .flags = KV_ARENA_ZERO};
+    struct kv_arena_config cfg = {.struct_size = sizeof(struct kv_arena_config),
+                                  .kind = KV_MEM_PINNED,
+                                  .size_bytes = bytes,
+                                  .flags = KV_ARENA_ZERO};
     struct kv_mem_region r;
     size_t n = 0;
     kv_arena *a = NULL;

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "gpu_test.h"
-#include "kv.h"
+#include <kvcache/kv.h>
 
 static int64_t off_of(const struct kv_view *v, int64_t lin)
 {
@@ -44,14 +44,14 @@ static void bench_permute(void)
     CHECK(cudaMalloc(&a, bytes) == cudaSuccess);
     CHECK(cudaMalloc(&b, bytes) == cudaSuccess);
     CHECK(cudaMemset(a, 0x5A, bytes) == cudaSuccess);
-    CHECK(kv_view_init(&s, a, bytes, KV_BF16, 4, shape) == KV_OK);
-    CHECK(kv_view_permute(&s, perm, &s) == KV_OK);
-    CHECK(kv_view_init(&d, b, bytes, KV_BF16, 4, pshape) == KV_OK);
+    CHECK(kv_view_init(a, bytes, KV_BF16, 4, shape, &s) == KV_OK);
+    CHECK(kv_view_permute(&s, perm, 4, &s) == KV_OK);
+    CHECK(kv_view_init(b, bytes, KV_BF16, 4, pshape, &d) == KV_OK);
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
     for (int r = -1; r < 9; r++) { /* r = -1: warm-up */
         cudaEventRecord(e0, 0);
-        CHECK(kv_view_copy_cuda(&d, &s, NULL) == KV_OK);
+        CHECK(kv_view_copy_cuda(&s, &d, NULL) == KV_OK);
         cudaEventRecord(e1, 0);
         cudaEventSynchronize(e1);
         if (r >= 0)
@@ -94,16 +94,16 @@ int main(void)
     CHECK(cudaMemcpy(d_src, h_src, pool_elems * 2, cudaMemcpyHostToDevice) == cudaSuccess);
     CHECK(cudaMemset(d_dst, 0xAB, pool_elems * 2) == cudaSuccess);
     /* src: NHD blocks viewed as HND (permute), starting at an offset */
-    CHECK(kv_view_init(&s, d_src, pool_elems * 2, KV_BF16, 4, shape) == KV_OK);
+    CHECK(kv_view_init(d_src, pool_elems * 2, KV_BF16, 4, shape, &s) == KV_OK);
     CHECK(kv_view_as_strided(&s, 4, shape, s.strides, 12345, &s) == KV_OK);
-    CHECK(kv_view_permute(&s, perm, &s) == KV_OK);
+    CHECK(kv_view_permute(&s, perm, 4, &s) == KV_OK);
     /* dst: padded blocks (block stride 20000 elems) far from 0 */
     {
         int64_t dstr[4] = {20000, 16 * 128, 128, 1};
-        CHECK(kv_view_init(&d, d_dst, pool_elems * 2, KV_BF16, 1, &pool_elems) == KV_OK);
+        CHECK(kv_view_init(d_dst, pool_elems * 2, KV_BF16, 1, &pool_elems, &d) == KV_OK);
         CHECK(kv_view_as_strided(&d, 4, pshape, dstr, 2000000, &d) == KV_OK);
     }
-    CHECK(kv_view_copy_cuda(&d, &s, NULL) == KV_OK);
+    CHECK(kv_view_copy_cuda(&s, &d, NULL) == KV_OK);
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
     CHECK(cudaMemcpy(h_dst, d_dst, pool_elems * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
     n = kv_view_numel(&s);

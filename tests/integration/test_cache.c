@@ -18,7 +18,7 @@
 
 #include <cmocka.h>
 
-#include "kv.h"
+#include <kvcache/kv.h>
 
 enum { L = 3, B = 2048, N = 16, H = 4, D = 8, FILLER_BLOCKS = 1500 };
 
@@ -144,7 +144,7 @@ static void run_case(kv_arrange arrange, kv_order order, int64_t pad)
     int32_t toks[200];
     const struct kv_layout *lo;
 
-    memset(&cfg, 0, sizeof(cfg));
+    kv_cache_config_init(&cfg);
     cfg.layout.num_layers = L;
     cfg.layout.num_blocks = B;
     cfg.layout.block_tokens = N;
@@ -241,8 +241,9 @@ static void test_cache_prefix_reuse(void **state)
     int32_t toks[100];
     struct kv_block_pool_stats st;
     (void)state;
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.layout = (struct kv_layout_config){.num_layers = L,
+    kv_cache_config_init(&cfg);
+    cfg.layout = (struct kv_layout_config){.struct_size = sizeof(struct kv_layout_config),
+                                           .num_layers = L,
                                            .num_blocks = 64,
                                            .block_tokens = N,
                                            .num_heads = H,
@@ -264,7 +265,7 @@ static void test_cache_prefix_reuse(void **state)
     assert_int_equal(kv_page_table_seq_free(pt, a), KV_OK);
     assert_int_equal(kv_page_table_seq_create_from_prefix(pt, toks, 60, &b, &cached), KV_OK);
     assert_int_equal(cached, 3 * N);
-    kv_block_pool_get_stats(kv_cache_pool(c), &st);
+    kv_block_pool_stats_get(kv_cache_pool(c), &st);
     assert_int_equal(st.hits, 3);
     assert_int_equal(kv_page_table_seq_append(pt, b, toks + cached, 60 - cached), KV_OK);
     check_tokens(c, b, 9, 0, 3 * N); /* written by a, read by b */
@@ -283,8 +284,9 @@ static void test_cache_prefix_survives_pressure(void **state)
     uint64_t cached = 99;
     int32_t toks[13], other[8];
     (void)state;
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.layout = (struct kv_layout_config){.num_layers = 1,
+    kv_cache_config_init(&cfg);
+    cfg.layout = (struct kv_layout_config){.struct_size = sizeof(struct kv_layout_config),
+                                           .num_layers = 1,
                                            .num_blocks = 5,
                                            .block_tokens = 4,
                                            .num_heads = 1,
@@ -313,8 +315,9 @@ static void test_cache_bad_config(void **state)
     struct kv_cache_config cfg;
     kv_cache *c = (kv_cache *)0x1;
     (void)state;
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.layout = (struct kv_layout_config){.num_layers = 2,
+    kv_cache_config_init(&cfg);
+    cfg.layout = (struct kv_layout_config){.struct_size = sizeof(struct kv_layout_config),
+                                           .num_layers = 2,
                                            .num_blocks = 1,
                                            .block_tokens = 16,
                                            .num_heads = 2,

@@ -37,7 +37,7 @@
  *           table releases a sequence's blocks last to first), a key -> block
  *           map: it predicts the exact ids handed out, every eviction, every
  *           prefix hit, each STORED / REMOVED event and every counter of
- *           kv_block_pool_get_stats().
+ *           kv_block_pool_stats_get().
  *   table   per sequence its tokens, its blocks (ceil(n / N) of them), how
  *           many are sealed and their chained keys; the copy-on-write queue;
  *           the counters of kv_page_table_stats_get().
@@ -85,7 +85,7 @@
 
 #include <cmocka.h>
 
-#include "kv.h"
+#include <kvcache/kv.h>
 #include "kvtest.h"
 
 enum {
@@ -827,7 +827,7 @@ static void check_counters(void)
 {
     struct kv_block_pool_stats st;
     struct kv_page_table_stats ts;
-    kv_block_pool_get_stats(G.pool, &st);
+    kv_block_pool_stats_get(G.pool, &st);
     check_eq(st.capacity, CAP, "capacity");
     check_eq(st.free_blocks, MP.list_len - MP.n_cached, "free_blocks");
     check_eq(st.used_blocks, MP.n_used, "used_blocks");
@@ -947,7 +947,7 @@ static void sweep(void)
             check_st(hs, KV_ERR_NOT_FOUND, "hash of unhashed block %u", id);
         }
     }
-    kv_block_pool_get_stats(G.pool, &st);
+    kv_block_pool_stats_get(G.pool, &st);
     check_eq(st.used_blocks, distinct, "used_blocks vs distinct blocks held");
     /* the free list in LRU order */
     check_st(kv_block_pool_free_list(G.pool, fl, NB, &len), KV_OK, "free_list");
@@ -1498,8 +1498,9 @@ static void model_setup(const struct model_cfg *mc)
     static uint32_t order[NB];
     static uint8_t seen[NB];
 
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.layout = (struct kv_layout_config){.num_layers = L,
+    kv_cache_config_init(&cfg);
+    cfg.layout = (struct kv_layout_config){.struct_size = sizeof(struct kv_layout_config),
+                                           .num_layers = L,
                                            .num_blocks = NB,
                                            .block_tokens = N,
                                            .num_heads = H,

@@ -12,7 +12,9 @@
 
 #include <cmocka.h>
 
-#include "kv.h"
+#include <kvcache/kv.h>
+
+#include "kv_mem.h"
 #include "kv_arena.h"
 
 #define MIB ((size_t)1 << 20)
@@ -48,7 +50,7 @@ static void test_arena_host_large_is_huge_page_aligned(void **state)
     assert_int_equal(kv_arena_size(a), 6 * MIB);
     /* THP may or may not exist here: either answer is fine, creation is not
      * allowed to fail because of it (it did not). */
-    printf("# huge page hint accepted: %d (%s)\n", (int)kv_arena_huge_pages(a), kv_mem_backend());
+    printf("# huge page hint accepted: %d (%s)\n", (int)kv_arena_huge_pages(a), kv__mem_backend());
     memset(kv_arena_base(a), 1, kv_arena_size(a));
     kv_arena_destroy(a);
 }

@@ -18,7 +18,7 @@
 #include <cmocka.h>
 #include <xxhash.h>
 
-#include "kv.h"
+#include <kvcache/kv.h>
 #include "allocator_int.h"
 #include "kv_block_pool.h"
 #include "kvtest.h"
@@ -65,6 +65,7 @@ static void record_event(void *user, kv_block_event ev, uint64_t hash, uint32_t 
 static kv_block_pool *make_pool(uint32_t num_blocks, struct event_log *log)
 {
     struct kv_block_pool_config cfg = {
+        .struct_size = sizeof(struct kv_block_pool_config),
         .num_blocks = num_blocks,
         .flags = KV_BLOCK_POOL_CHECK_FULL,
         .on_event = log ? record_event : NULL,
@@ -80,7 +81,7 @@ static struct kv_block_pool_stats stats_of(kv_block_pool *p)
 {
     struct kv_block_pool_stats s;
     memset(&s, 0xff, sizeof(s));
-    kv_block_pool_get_stats(p, &s);
+    kv_block_pool_stats_get(p, &s);
     return s;
 }
 
@@ -153,7 +154,8 @@ static void assert_msg_has(const char *needle)
 static void test_block_pool_create_refuses_bad_config(void **state)
 {
     (void)state;
-    struct kv_block_pool_config cfg = {.num_blocks = 1};
+    struct kv_block_pool_config cfg = {.struct_size = sizeof(struct kv_block_pool_config),
+                                       .num_blocks = 1};
     kv_block_pool *p = NULL;
     assert_int_equal(kv_block_pool_create(&cfg, &p), KV_ERR_INVALID_ARG);
     assert_msg_has("num_blocks 1");
@@ -969,8 +971,10 @@ static void test_block_pool_model_random_ops(void **state)
     for (uint32_t id = 1; id < M_BLOCKS; id++)
         m_push(&m, id);
 
-    struct kv_block_pool_config cfg = {
-        .num_blocks = M_BLOCKS, .on_event = record_event, .event_user = &log};
+    struct kv_block_pool_config cfg = {.struct_size = sizeof(struct kv_block_pool_config),
+                                       .num_blocks = M_BLOCKS,
+                                       .on_event = record_event,
+                                       .event_user = &log};
     kv_block_pool *p = NULL;
     assert_int_equal(kv_block_pool_create(&cfg, &p), KV_OK);
     long counts[8] = {0};
@@ -1348,7 +1352,7 @@ static void *thread_main(void *argp)
         }
         if ((it & 1023) == 0) {
             struct kv_block_pool_stats s;
-            kv_block_pool_get_stats(a->pool, &s);
+            kv_block_pool_stats_get(a->pool, &s);
             if (s.free_blocks + s.used_blocks + s.cached_blocks != s.capacity) {
                 a->failed = 7;
                 break;
@@ -1372,8 +1376,10 @@ static void test_block_pool_threads_share_one_pool(void **state)
     /* 30 usable blocks: 16 docs * 8 blocks of content keep evicting each
      * other; 4 threads holding up to 8 + 4 each can starve, and a
      * KV_ERR_NO_BLOCKS is then an accepted (counted) answer. */
-    struct kv_block_pool_config cfg = {
-        .num_blocks = 31, .on_event = record_event, .event_user = &log};
+    struct kv_block_pool_config cfg = {.struct_size = sizeof(struct kv_block_pool_config),
+                                       .num_blocks = 31,
+                                       .on_event = record_event,
+                                       .event_user = &log};
     kv_block_pool *p = NULL;
     assert_int_equal(kv_block_pool_create(&cfg, &p), KV_OK);
     for (int i = 0; i < T_THREADS; i++) {

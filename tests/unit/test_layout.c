@@ -19,7 +19,7 @@
 #include <cmocka.h>
 #include <xxhash.h>
 
-#include "kv.h"
+#include <kvcache/kv.h>
 #include "kv_layout.h"
 #include "kvtest.h"
 
@@ -94,7 +94,8 @@ static const kv_dtype k_dtypes[] = {KV_U8, KV_F16, KV_F32, KV_F64};
 
 static void run_combo(kv_arrange arr, kv_order ord, int padded, int packed, kv_dtype dt)
 {
-    struct kv_layout_config c = {.num_layers = 3,
+    struct kv_layout_config c = {.struct_size = sizeof(struct kv_layout_config),
+                                 .num_layers = 3,
                                  .num_blocks = 1000,
                                  .block_tokens = 3,
                                  .num_heads = 2,
@@ -253,7 +254,8 @@ static void test_layout_strides_by_hand(void **state)
 {
     (void)state;
     /* L=4 B=10 N=16 H=8 D=128 f16 */
-    struct kv_layout_config c = {.num_layers = 4,
+    struct kv_layout_config c = {.struct_size = sizeof(struct kv_layout_config),
+                                 .num_layers = 4,
                                  .num_blocks = 10,
                                  .block_tokens = 16,
                                  .num_heads = 8,
@@ -313,7 +315,8 @@ static void test_layout_large_offsets_64bit(void **state)
     (void)state;
     const int64_t B = (int64_t)1 << 20, N = 16, H = 8, D = 128, L = 4, blk = N * H * D;
     for (int arr = 0; arr < 2; arr++) {
-        struct kv_layout_config c = {.num_layers = L,
+        struct kv_layout_config c = {.struct_size = sizeof(struct kv_layout_config),
+                                     .num_layers = L,
                                      .num_blocks = B,
                                      .block_tokens = N,
                                      .num_heads = H,
@@ -361,7 +364,8 @@ static void test_layout_large_offsets_64bit(void **state)
 
 /* ---- fingerprint -------------------------------------------------------------- */
 
-static const struct kv_layout_config k_base = {.num_layers = 2,
+static const struct kv_layout_config k_base = {.struct_size = sizeof(struct kv_layout_config),
+                                               .num_layers = 2,
                                                .num_blocks = 64,
                                                .block_tokens = 16,
                                                .num_heads = 4,
@@ -432,7 +436,8 @@ struct refusal {
  * and catches every change of what a block holds. */
 static void test_layout_block_format_fingerprint(void **state)
 {
-    struct kv_layout_config base = {.num_layers = 4,
+    struct kv_layout_config base = {.struct_size = sizeof(struct kv_layout_config),
+                                    .num_layers = 4,
                                     .num_blocks = 100,
                                     .block_tokens = 16,
                                     .num_heads = 8,

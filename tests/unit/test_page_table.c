@@ -18,7 +18,7 @@
 #include <cmocka.h>
 #include <xxhash.h>
 
-#include "kv.h"
+#include <kvcache/kv.h>
 #include "kv_page_table.h"
 #include "kvtest.h"
 
@@ -196,7 +196,8 @@ static kv_status fake_commit(void *ctx, uint32_t id, uint64_t parent_hash, const
 
 static struct kv_block_ops fake_ops(struct fake *f)
 {
-    return (struct kv_block_ops){.ctx = f,
+    return (struct kv_block_ops){.version = KV_BLOCK_OPS_VERSION,
+                                 .ctx = f,
                                  .alloc = fake_alloc,
                                  .retain = fake_retain,
                                  .release = fake_release,
@@ -224,7 +225,8 @@ static void expect_msg(kv_status got, kv_status want, const char *needle)
 static kv_page_table *make_pt(struct fake *f, uint32_t N, uint32_t r, uint32_t max_seqs,
                               uint32_t max_blocks, bool prefix)
 {
-    struct kv_page_table_config cfg = {.block_tokens = N,
+    struct kv_page_table_config cfg = {.struct_size = sizeof(struct kv_page_table_config),
+                                       .block_tokens = N,
                                        .page_ratio = r,
                                        .max_seqs = max_seqs,
                                        .max_blocks_per_seq = max_blocks,
@@ -900,7 +902,8 @@ static void test_page_table_bad_input(void **state)
     (void)state;
     struct fake *f = malloc(sizeof(*f));
     fake_init(f, 64, 9000);
-    struct kv_page_table_config cfg = {.block_tokens = 16,
+    struct kv_page_table_config cfg = {.struct_size = sizeof(struct kv_page_table_config),
+                                       .block_tokens = 16,
                                        .page_ratio = 3,
                                        .max_seqs = 2,
                                        .max_blocks_per_seq = 4,

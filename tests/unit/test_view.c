@@ -14,7 +14,9 @@
 
 #include <cmocka.h>
 
-#include "kv.h"
+#include <kvcache/kv.h>
+
+#include "kv_mem.h"
 #include "kvtest.h"
 
 /* ---- reference walk ------------------------------------------------------ */
@@ -94,7 +96,7 @@ static kv_status apply_op(struct replay *r, const char *op, struct kv_view *v, i
         n = parse_list(args, a);
         for (int i = 0; i < n; i++)
             perm[i] = (int)a[i];
-        return kv_view_permute(v, perm, v);
+        return kv_view_permute(v, perm, n, v);
     }
     if (!strcmp(name, "transpose") || !strcmp(name, "unsqueeze") || !strcmp(name, "squeeze") ||
         !strcmp(name, "select") || !strcmp(name, "narrow") || !strcmp(name, "slice") ||
@@ -126,7 +128,7 @@ static kv_status apply_op(struct replay *r, const char *op, struct kv_view *v, i
         return kv_view_view(v, n, a, v);
     }
     assert_true(r->nbufs < 64);
-    dst = kv_mem_alloc(need ? need : 8);
+    dst = kv__mem_alloc(need ? need : 8);
     assert_non_null(dst);
     r->bufs[r->nbufs++] = dst;
     if (!strcmp(name, "reshape")) {
@@ -188,7 +190,7 @@ static int check_expect(const struct kv_view *v, const char *exp, char *why, siz
                0;
     /* The library's materialize must agree with the reference walk. */
     if (numel > 0) {
-        int64_t *buf = kv_mem_alloc((size_t)numel * 8), msum = 0, mwsum = 0;
+        int64_t *buf = kv__mem_alloc((size_t)numel * 8), msum = 0, mwsum = 0;
         kv_status st;
         assert_non_null(buf);
         st = kv_view_materialize(v, buf, (size_t)numel * 8);
@@ -196,7 +198,7 @@ static int check_expect(const struct kv_view *v, const char *exp, char *why, siz
             msum += buf[i];
             mwsum += i * buf[i];
         }
-        kv_mem_free(buf);
+        kv__mem_free(buf);
         if (st != KV_OK || msum != esum || mwsum != ewsum)
             return snprintf(why, cap, "materialize: %s sum=%lld wsum=%lld", kv_status_name(st),
                             (long long)msum, (long long)mwsum),
@@ -221,11 +223,11 @@ static int replay_line(char *line, char *why, size_t cap)
     ndim = parse_list(tok + 6, shape);
     for (int i = 0; i < ndim; i++)
         numel *= shape[i];
-    storage = kv_mem_alloc((size_t)(numel ? numel : 1) * 8);
+    storage = kv__mem_alloc((size_t)(numel ? numel : 1) * 8);
     assert_non_null(storage);
     for (int64_t i = 0; i < numel; i++)
         storage[i] = i;
-    assert_int_equal(kv_view_init(&v, storage, (size_t)numel * 8, KV_I64, ndim, shape), KV_OK);
+    assert_int_equal(kv_view_init(storage, (size_t)numel * 8, KV_I64, ndim, shape, &v), KV_OK);
 
     while ((tok = strtok_r(NULL, "|", &save)) != NULL) {
         char *next;
@@ -261,8 +263,8 @@ static int replay_line(char *line, char *why, size_t cap)
         }
     }
     for (int i = 0; i < r.nbufs; i++)
-        kv_mem_free(r.bufs[i]);
-    kv_mem_free(storage);
+        kv__mem_free(r.bufs[i]);
+    kv__mem_free(storage);
     return ok;
 }
 
@@ -302,7 +304,7 @@ static int64_t g_buf[4096];
 
 static void make(struct kv_view *v, int ndim, const int64_t *shape)
 {
-    assert_int_equal(kv_view_init(v, g_buf, sizeof(g_buf), KV_I64, ndim, shape), KV_OK);
+    assert_int_equal(kv_view_init(g_buf, sizeof(g_buf), KV_I64, ndim, shape, v), KV_OK);
 }
 
 #define assert_msg_has(s) assert_non_null(strstr(kv_last_error(), (s)))
@@ -314,24 +316,24 @@ static void test_view_init_bad_input(void **state)
     (void)state;
     memset(&v, 0x5a, sizeof(v));
     before = v;
-    assert_int_equal(kv_view_init(&v, g_buf, sizeof(g_buf), KV_F32, 9, shape9), KV_ERR_BAD_DIM);
+    assert_int_equal(kv_view_init(g_buf, sizeof(g_buf), KV_F32, 9, shape9, &v), KV_ERR_BAD_DIM);
     assert_msg_has("9");
-    assert_int_equal(kv_view_init(&v, g_buf, sizeof(g_buf), KV_F32, 2, neg), KV_ERR_BAD_SHAPE);
+    assert_int_equal(kv_view_init(g_buf, sizeof(g_buf), KV_F32, 2, neg, &v), KV_ERR_BAD_SHAPE);
     assert_msg_has("-2");
-    assert_int_equal(kv_view_init(&v, g_buf, 1000, KV_F32, 2, big), KV_ERR_OUT_OF_BOUNDS);
+    assert_int_equal(kv_view_init(g_buf, 1000, KV_F32, 2, big, &v), KV_ERR_OUT_OF_BOUNDS);
     assert_msg_has("1000");
-    assert_int_equal(kv_view_init(&v, NULL, 0, KV_F32, 2, big), KV_ERR_NULL);
+    assert_int_equal(kv_view_init(NULL, 0, KV_F32, 2, big, &v), KV_ERR_NULL);
     {
         int64_t wide[4] = {0, 99999999999, 99999999999, 99999999999}; /* empty, yet */
-        assert_int_equal(kv_view_init(&v, g_buf, 0, KV_F32, 4, wide), KV_ERR_OVERFLOW);
+        assert_int_equal(kv_view_init(g_buf, 0, KV_F32, 4, wide, &v), KV_ERR_OVERFLOW);
         assert_msg_has("overflow");
     }
-    assert_int_equal(kv_view_init(NULL, g_buf, sizeof(g_buf), KV_F32, 2, big), KV_ERR_NULL);
-    assert_int_equal(kv_view_init(&v, g_buf, sizeof(g_buf), (kv_dtype)99, 2, big),
+    assert_int_equal(kv_view_init(g_buf, sizeof(g_buf), KV_F32, 2, big, NULL), KV_ERR_NULL);
+    assert_int_equal(kv_view_init(g_buf, sizeof(g_buf), (kv_dtype)99, 2, big, &v),
                      KV_ERR_INVALID_ARG);
     assert_memory_equal(&v, &before, sizeof(v)); /* failures leave out unchanged */
     /* A 0-d view is one element; numel of an empty shape dim is 0. */
-    assert_int_equal(kv_view_init(&v, g_buf, 8, KV_I64, 0, NULL), KV_OK);
+    assert_int_equal(kv_view_init(g_buf, 8, KV_I64, 0, NULL, &v), KV_OK);
     assert_int_equal(kv_view_numel(&v), 1);
     assert_string_equal(kv_last_error(), "");
 }
@@ -344,17 +346,24 @@ static void test_view_permute_bad_input(void **state)
     (void)state;
     make(&v, 3, shape);
     w = v;
-    assert_int_equal(kv_view_permute(&v, dup, &w), KV_ERR_INVALID_ARG);
+    assert_int_equal(kv_view_permute(&v, dup, 3, &w), KV_ERR_INVALID_ARG);
     assert_msg_has("dim 0 appears twice");
-    assert_int_equal(kv_view_permute(&v, range, &w), KV_ERR_BAD_DIM);
+    assert_int_equal(kv_view_permute(&v, range, 3, &w), KV_ERR_BAD_DIM);
     assert_msg_has("3");
     assert_memory_equal(&v, &w, sizeof(v));
-    assert_int_equal(kv_view_permute(&v, neg, &w), KV_OK);
+    /* a permutation of the wrong length is refused, whichever way it errs */
+    assert_int_equal(kv_view_permute(&v, neg, 2, &w), KV_ERR_BAD_DIM);
+    assert_msg_has("2 entries for a 3-d view");
+    assert_int_equal(kv_view_permute(&v, (const int[]){0, 1, 2, 3}, 4, &w), KV_ERR_BAD_DIM);
+    assert_msg_has("4 entries for a 3-d view");
+    assert_int_equal(kv_view_permute(&v, neg, 0, &w), KV_ERR_BAD_DIM);
+    assert_memory_equal(&v, &w, sizeof(v));
+    assert_int_equal(kv_view_permute(&v, neg, 3, &w), KV_OK);
     assert_int_equal(w.shape[0], 4);
     assert_int_equal(w.strides[0], 1);
     assert_int_equal(w.shape[2], 3);
-    assert_int_equal(kv_view_permute(NULL, neg, &w), KV_ERR_NULL);
-    assert_int_equal(kv_view_permute(&v, NULL, &w), KV_ERR_NULL);
+    assert_int_equal(kv_view_permute(NULL, neg, 3, &w), KV_ERR_NULL);
+    assert_int_equal(kv_view_permute(&v, NULL, 3, &w), KV_ERR_NULL);
 }
 
 static void test_view_slice_steps_and_clamping(void **state)
@@ -490,7 +499,7 @@ static void test_view_as_strided_bounds(void **state)
     int64_t shape[1] = {16}, s2[2] = {4, 4}, st2[2] = {4, 1}, neg[2] = {-4, 1};
     char buf[64];
     (void)state;
-    assert_int_equal(kv_view_init(&v, buf, 64, KV_F32, 1, shape), KV_OK);
+    assert_int_equal(kv_view_init(buf, 64, KV_F32, 1, shape, &v), KV_OK);
     assert_int_equal(kv_view_as_strided(&v, 2, s2, st2, 0, &w), KV_OK);
     assert_int_equal(kv_view_as_strided(&v, 2, s2, st2, 1, &w), KV_ERR_OUT_OF_BOUNDS);
     assert_msg_has("element 16");
@@ -574,12 +583,12 @@ static void test_view_large_offsets_are_64bit(void **state)
     /* 2^33 bf16 elements: described, never touched. */
     int64_t shape[3] = {1 << 20, 1 << 5, 1 << 8}, idx[3] = {(1 << 20) - 1, 31, 255}, off;
     (void)state;
-    assert_int_equal(kv_view_init(&v, (void *)0x1000, (size_t)1 << 34, KV_BF16, 3, shape), KV_OK);
+    assert_int_equal(kv_view_init((void *)0x1000, (size_t)1 << 34, KV_BF16, 3, shape, &v), KV_OK);
     assert_int_equal(kv_view_offset_of(&v, idx, &off), KV_OK);
     assert_true(off == ((int64_t)1 << 33) - 1);
     assert_int_equal(kv_view_transpose(&v, 0, 2, &w), KV_OK);
     assert_int_equal(w.strides[2], (int64_t)1 << 13);
-    assert_int_equal(kv_view_init(&v, (void *)0x1000, ((size_t)1 << 34) - 1, KV_BF16, 3, shape),
+    assert_int_equal(kv_view_init((void *)0x1000, ((size_t)1 << 34) - 1, KV_BF16, 3, shape, &v),
                      KV_ERR_OUT_OF_BOUNDS);
 }
 
@@ -589,7 +598,7 @@ static void test_view_describe_line(void **state)
     int64_t shape[3] = {2, 3, 4};
     char line[512];
     (void)state;
-    assert_int_equal(kv_view_init(&v, g_buf, sizeof(g_buf), KV_BF16, 3, shape), KV_OK);
+    assert_int_equal(kv_view_init(g_buf, sizeof(g_buf), KV_BF16, 3, shape, &v), KV_OK);
     assert_int_equal(kv_view_transpose(&v, 0, 1, &v), KV_OK);
     assert_true(kv_view_describe(&v, line, sizeof(line)) > 0);
     assert_non_null(strstr(line, "shape=[3,2,4]"));
@@ -647,7 +656,7 @@ static void test_view_hand_built_views_refused(void **state)
     assert_int_equal(kv_view_diagonal(&v, INT64_MIN, 0, 1, &w), KV_OK); /* empty, no negation */
     assert_int_equal(w.shape[0], 0);
     /* a misaligned base for 8-byte elements */
-    assert_int_equal(kv_view_init(&v, (char *)g_buf + 4, 64, KV_I64, 1, &one), KV_ERR_INVALID_ARG);
+    assert_int_equal(kv_view_init((char *)g_buf + 4, 64, KV_I64, 1, &one, &v), KV_ERR_INVALID_ARG);
     assert_msg_has("not aligned");
 }
 

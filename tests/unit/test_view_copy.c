@@ -51,7 +51,7 @@ static int64_t ref_byte_off(const struct kv_view *v, int64_t lin)
 
 static void *xalloc(size_t n)
 {
-    void *p = kv_mem_alloc(n ? n : 1);
+    void *p = kv__mem_alloc(n ? n : 1);
     assert_non_null(p);
     return p;
 }
@@ -89,11 +89,11 @@ static void check_materialize(const struct kv_view *src)
     for (size_t i = 0; i < 64; i++)
         assert_int_equal(out[out_bytes + i], SENTINEL);
     assert_memory_equal(saved, src->base, src->storage_bytes);
-    kv_mem_free(saved);
-    kv_mem_free(out);
+    kv__mem_free(saved);
+    kv__mem_free(out);
 }
 
-/* kv_view_copy(dst, src) where dst lives in a pool (dst->base, dst->
+/* kv_view_copy(src, dst) where dst lives in a pool (dst->base, dst->
  * storage_bytes) disjoint from src's storage. */
 static void check_copy(const struct kv_view *dst, const struct kv_view *src)
 {
@@ -109,7 +109,7 @@ static void check_copy(const struct kv_view *dst, const struct kv_view *src)
     for (int64_t i = 0; i < numel; i++)
         memcpy(expect + ref_byte_off(dst, i),
                (const unsigned char *)src->base + ref_byte_off(src, i), esz);
-    assert_int_equal(kv_view_copy(dst, src), KV_OK);
+    assert_int_equal(kv_view_copy(src, dst), KV_OK);
     if (memcmp(expect, pool, dst->storage_bytes) != 0) {
         char a[512], b[512];
         size_t first = 0;
@@ -121,8 +121,8 @@ static void check_copy(const struct kv_view *dst, const struct kv_view *src)
                  expect[first], a, b);
     }
     assert_memory_equal(saved, src->base, src->storage_bytes);
-    kv_mem_free(saved);
-    kv_mem_free(expect);
+    kv__mem_free(saved);
+    kv__mem_free(expect);
 }
 
 /* A C-contiguous view of `shape` over fresh random storage (caller frees base). */
@@ -136,7 +136,7 @@ static struct kv_view make_src(kv_dtype dt, int ndim, const int64_t *shape, size
     const size_t bytes = (size_t)n * kv_dtype_size(dt) + extra_bytes;
     void *buf = xalloc(bytes);
     fill_random(buf, bytes, rng);
-    assert_int_equal(kv_view_init(&v, buf, bytes, dt, ndim, shape), KV_OK);
+    assert_int_equal(kv_view_init(buf, bytes, dt, ndim, shape, &v), KV_OK);
     return v;
 }
 
@@ -146,9 +146,9 @@ static void check_copy_contig_dst(const struct kv_view *src)
     struct kv_view d;
     const size_t bytes = (size_t)ref_numel(src) * kv_dtype_size(src->dtype) + 32;
     void *pool = xalloc(bytes);
-    assert_int_equal(kv_view_init(&d, pool, bytes, src->dtype, src->ndim, src->shape), KV_OK);
+    assert_int_equal(kv_view_init(pool, bytes, src->dtype, src->ndim, src->shape, &d), KV_OK);
     check_copy(&d, src);
-    kv_mem_free(pool);
+    kv__mem_free(pool);
 }
 
 /* Both materialize and copy-into-contiguous. */
@@ -169,7 +169,7 @@ static void test_view_copy_contiguous(void **state)
         for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
             struct kv_view v = make_src(all_dtypes[t], 3, shapes[s], 0, &rng);
             check_both(&v);
-            kv_mem_free(v.base);
+            kv__mem_free(v.base);
         }
     }
 }
@@ -187,7 +187,7 @@ static void test_view_copy_transpose_2d(void **state)
             struct kv_view v = make_src(all_dtypes[t], 2, sizes[s], 0, &rng), tv;
             assert_int_equal(kv_view_transpose(&v, 0, 1, &tv), KV_OK);
             check_both(&tv);
-            kv_mem_free(v.base);
+            kv__mem_free(v.base);
         }
     }
     const struct {
@@ -199,7 +199,7 @@ static void test_view_copy_transpose_2d(void **state)
         struct kv_view v = make_src(big[i].dt, 2, big[i].shape, 0, &rng), tv;
         assert_int_equal(kv_view_transpose(&v, 0, 1, &tv), KV_OK);
         check_both(&tv);
-        kv_mem_free(v.base);
+        kv__mem_free(v.base);
     }
 }
 
@@ -212,35 +212,35 @@ static void test_view_copy_permute_3d_4d(void **state)
     for (size_t t = 0; t < N_DTYPES; t++) {
         struct kv_view v = make_src(all_dtypes[t], 3, shape3, 0, &rng), p;
         for (int i = 0; i < 6; i++) {
-            assert_int_equal(kv_view_permute(&v, perms3[i], &p), KV_OK);
+            assert_int_equal(kv_view_permute(&v, perms3[i], 3, &p), KV_OK);
             check_both(&p);
         }
-        kv_mem_free(v.base);
+        kv__mem_free(v.base);
     }
     const int perms4[][4] = {{0, 2, 1, 3}, {3, 2, 1, 0}, {1, 3, 0, 2}, {0, 3, 1, 2}, {2, 0, 3, 1}};
     const int64_t shape4[4] = {3, 4, 5, 6};
     for (size_t t = 0; t < N_DTYPES; t++) {
         struct kv_view v = make_src(all_dtypes[t], 4, shape4, 0, &rng), p;
         for (size_t i = 0; i < sizeof(perms4) / sizeof(perms4[0]); i++) {
-            assert_int_equal(kv_view_permute(&v, perms4[i], &p), KV_OK);
+            assert_int_equal(kv_view_permute(&v, perms4[i], 4, &p), KV_OK);
             check_both(&p);
         }
-        kv_mem_free(v.base);
+        kv__mem_free(v.base);
     }
     /* the KV re-layout: [blocks][N][H][D] -> [blocks][H][N][D], bf16 */
     const int64_t kv[4] = {6, 16, 8, 128};
     const int nhd_hnd[4] = {0, 2, 1, 3};
     struct kv_view v = make_src(KV_BF16, 4, kv, 0, &rng), p;
-    assert_int_equal(kv_view_permute(&v, nhd_hnd, &p), KV_OK);
+    assert_int_equal(kv_view_permute(&v, nhd_hnd, 4, &p), KV_OK);
     check_both(&p);
-    kv_mem_free(v.base);
+    kv__mem_free(v.base);
 
     /* big enough (32 MiB) for the streaming-store run copy */
     const int64_t kvbig[4] = {1024, 16, 8, 128};
     v = make_src(KV_BF16, 4, kvbig, 0, &rng);
-    assert_int_equal(kv_view_permute(&v, nhd_hnd, &p), KV_OK);
+    assert_int_equal(kv_view_permute(&v, nhd_hnd, 4, &p), KV_OK);
     check_both(&p);
-    kv_mem_free(v.base);
+    kv__mem_free(v.base);
 }
 
 static void test_view_copy_sliced_steps(void **state)
@@ -259,7 +259,7 @@ static void test_view_copy_sliced_steps(void **state)
         assert_int_equal(kv_view_slice(&v, 1, 0, 10, 2, &a), KV_OK); /* every other row */
         assert_int_equal(kv_view_transpose(&a, 1, 2, &b), KV_OK);
         check_both(&b);
-        kv_mem_free(v.base);
+        kv__mem_free(v.base);
     }
 }
 
@@ -281,7 +281,7 @@ static void test_view_copy_offset_views(void **state)
         const int64_t sh[2] = {5, 4}, st[2] = {1, 9};
         assert_int_equal(kv_view_as_strided(&v, 2, sh, st, 17, &a), KV_OK);
         check_both(&a);
-        kv_mem_free(v.base);
+        kv__mem_free(v.base);
     }
 }
 
@@ -301,9 +301,9 @@ static void test_view_copy_padded(void **state)
         assert_int_equal(kv_view_as_strided(&v, 3, sh3, st3, 5, &a), KV_OK);
         check_both(&a);
         const int perm[3] = {2, 0, 1};
-        assert_int_equal(kv_view_permute(&a, perm, &b), KV_OK);
+        assert_int_equal(kv_view_permute(&a, perm, 3, &b), KV_OK);
         check_both(&b);
-        kv_mem_free(v.base);
+        kv__mem_free(v.base);
     }
 }
 
@@ -327,8 +327,8 @@ static void test_view_copy_expanded_source(void **state)
         check_both(&f);
         assert_int_equal(kv_view_transpose(&f, 0, 2, &e), KV_OK);
         check_both(&e);
-        kv_mem_free(r.base);
-        kv_mem_free(c.base);
+        kv__mem_free(r.base);
+        kv__mem_free(c.base);
     }
 }
 
@@ -338,17 +338,17 @@ static void test_view_copy_zero_dim_and_empty(void **state)
     uint64_t rng = SEED + 7;
     struct kv_view s0 = make_src(KV_F32, 0, NULL, 0, &rng);
     check_both(&s0); /* 0-d: one element */
-    kv_mem_free(s0.base);
+    kv__mem_free(s0.base);
 
     const int64_t empty[3] = {4, 0, 3};
     struct kv_view v = make_src(KV_F16, 3, empty, 16, &rng), d;
     unsigned char out[4] = {1, 2, 3, 4};
     assert_int_equal(kv_view_materialize(&v, out, 0), KV_OK);
     assert_int_equal(out[0], 1);
-    assert_int_equal(kv_view_init(&d, out, sizeof(out), KV_F16, 3, empty), KV_OK);
-    assert_int_equal(kv_view_copy(&d, &v), KV_OK);
+    assert_int_equal(kv_view_init(out, sizeof(out), KV_F16, 3, empty, &d), KV_OK);
+    assert_int_equal(kv_view_copy(&v, &d), KV_OK);
     assert_int_equal(out[3], 4);
-    kv_mem_free(v.base);
+    kv__mem_free(v.base);
 }
 
 /* ---- strided destinations inside a pool --------------------------------- */
@@ -364,7 +364,7 @@ static void test_view_copy_into_strided_pool(void **state)
         const size_t pbytes = 12 * 40 * 9 * esz;
         void *pool = xalloc(pbytes);
         struct kv_view p, d1, d2, d3;
-        assert_int_equal(kv_view_init(&p, pool, pbytes, dt, 3, pshape), KV_OK);
+        assert_int_equal(kv_view_init(pool, pbytes, dt, 3, pshape, &p), KV_OK);
 
         /* dst: pool[2:10:2, 5:35:3, 1:8]  -> [4][10][7], offset and steps */
         assert_int_equal(kv_view_slice(&p, 0, 2, 10, 2, &d1), KV_OK);
@@ -376,17 +376,17 @@ static void test_view_copy_into_strided_pool(void **state)
 
         /* dst transposed inside the pool, src contiguous of the permuted shape */
         const int perm[3] = {2, 1, 0};
-        assert_int_equal(kv_view_permute(&d3, perm, &d1), KV_OK);
+        assert_int_equal(kv_view_permute(&d3, perm, 3, &d1), KV_OK);
         const int64_t tshape[3] = {7, 10, 4};
         struct kv_view s2 = make_src(dt, 3, tshape, 0, &rng);
         check_copy(&d1, &s2);
 
         /* strided src into strided dst */
-        assert_int_equal(kv_view_permute(&s2, perm, &st), KV_OK);
+        assert_int_equal(kv_view_permute(&s2, perm, 3, &st), KV_OK);
         check_copy(&d3, &st);
-        kv_mem_free(s.base);
-        kv_mem_free(s2.base);
-        kv_mem_free(pool);
+        kv__mem_free(s.base);
+        kv__mem_free(s2.base);
+        kv__mem_free(pool);
     }
 }
 
@@ -435,14 +435,14 @@ static void test_view_copy_random_views(void **state)
         fill_random(sbuf, sbytes, &rng);
         struct kv_view sv, dv, s, d;
         const int64_t sflat[1] = {(int64_t)(sbytes / esz)}, dflat[1] = {(int64_t)(dbytes / esz)};
-        assert_int_equal(kv_view_init(&sv, sbuf, sbytes, dt, 1, sflat), KV_OK);
-        assert_int_equal(kv_view_init(&dv, dbuf, dbytes, dt, 1, dflat), KV_OK);
+        assert_int_equal(kv_view_init(sbuf, sbytes, dt, 1, sflat, &sv), KV_OK);
+        assert_int_equal(kv_view_init(dbuf, dbytes, dt, 1, dflat, &dv), KV_OK);
         assert_int_equal(kv_view_as_strided(&sv, nd, shape, sst, s_off, &s), KV_OK);
         assert_int_equal(kv_view_as_strided(&dv, nd, shape, dst_, d_off, &d), KV_OK);
         check_materialize(&s);
         check_copy(&d, &s);
-        kv_mem_free(sbuf);
-        kv_mem_free(dbuf);
+        kv__mem_free(sbuf);
+        kv__mem_free(dbuf);
     }
 }
 
@@ -465,25 +465,25 @@ static void test_view_copy_large_streaming_paths(void **state)
             int64_t dshape[2] = {3001, 3000}, dstr[2] = {3000, 1};
             size_t bytes = (size_t)3001 * 3000 * 4 + 64;
             void *pool = xalloc(bytes);
-            assert_int_equal(kv_view_init(&d, pool, bytes, KV_F32, 2, dshape), KV_OK);
+            assert_int_equal(kv_view_init(pool, bytes, KV_F32, 2, dshape, &d), KV_OK);
             assert_int_equal(kv_view_as_strided(&d, 2, dshape, dstr, 1, &d), KV_OK);
             check_copy(&d, &t); /* dst 4 bytes off 16-byte alignment */
-            kv_mem_free(pool);
+            kv__mem_free(pool);
         }
-        kv_mem_free(s.base);
+        kv__mem_free(s.base);
     }
     {
         int64_t shape[2] = {4099, 4100}; /* 33.6 MB f16 */
         s = make_src(KV_F16, 2, shape, 0, &rng);
         assert_int_equal(kv_view_transpose(&s, 0, 1, &t), KV_OK);
         check_materialize(&t);
-        kv_mem_free(s.base);
+        kv__mem_free(s.base);
     }
     {
         int64_t shape[4] = {1030, 16, 8, 128}; /* 33.75 MB bf16, NHD -> HND */
         int perm[4] = {0, 2, 1, 3};
         s = make_src(KV_BF16, 4, shape, 0, &rng);
-        assert_int_equal(kv_view_permute(&s, perm, &t), KV_OK);
+        assert_int_equal(kv_view_permute(&s, perm, 4, &t), KV_OK);
         check_both(&t);
         {
             int64_t dshape[4] = {1030, 8, 16, 128};
@@ -491,12 +491,12 @@ static void test_view_copy_large_streaming_paths(void **state)
             int64_t pool_elems = 1030 * dstr[0] + 8;
             void *pool = xalloc((size_t)pool_elems * 2);
             assert_int_equal(
-                kv_view_init(&d, pool, (size_t)pool_elems * 2, KV_BF16, 1, &pool_elems), KV_OK);
+                kv_view_init(pool, (size_t)pool_elems * 2, KV_BF16, 1, &pool_elems, &d), KV_OK);
             assert_int_equal(kv_view_as_strided(&d, 4, dshape, dstr, 3, &d), KV_OK);
             check_copy(&d, &t);
-            kv_mem_free(pool);
+            kv__mem_free(pool);
         }
-        kv_mem_free(s.base);
+        kv__mem_free(s.base);
     }
 }
 
@@ -506,12 +506,12 @@ static void test_view_copy_rejects_null(void **state)
     float buf[12];
     const int64_t shape[2] = {3, 4};
     struct kv_view v;
-    assert_int_equal(kv_view_init(&v, buf, sizeof(buf), KV_F32, 2, shape), KV_OK);
+    assert_int_equal(kv_view_init(buf, sizeof(buf), KV_F32, 2, shape, &v), KV_OK);
     assert_int_equal(kv_view_materialize(NULL, buf, sizeof(buf)), KV_ERR_NULL);
     assert_int_equal(kv_view_materialize(&v, NULL, 48), KV_ERR_NULL);
     assert_non_null(strstr(kv_last_error(), "48"));
-    assert_int_equal(kv_view_copy(NULL, &v), KV_ERR_NULL);
     assert_int_equal(kv_view_copy(&v, NULL), KV_ERR_NULL);
+    assert_int_equal(kv_view_copy(NULL, &v), KV_ERR_NULL);
 }
 
 static void test_view_copy_rejects_shape_mismatch(void **state)
@@ -520,14 +520,14 @@ static void test_view_copy_rejects_shape_mismatch(void **state)
     float a[12], b[12];
     const int64_t s34[2] = {3, 4}, s43[2] = {4, 3}, s12[1] = {12};
     struct kv_view va, vb, vc;
-    assert_int_equal(kv_view_init(&va, a, sizeof(a), KV_F32, 2, s34), KV_OK);
-    assert_int_equal(kv_view_init(&vb, b, sizeof(b), KV_F32, 2, s43), KV_OK);
-    assert_int_equal(kv_view_init(&vc, b, sizeof(b), KV_F32, 1, s12), KV_OK);
+    assert_int_equal(kv_view_init(a, sizeof(a), KV_F32, 2, s34, &va), KV_OK);
+    assert_int_equal(kv_view_init(b, sizeof(b), KV_F32, 2, s43, &vb), KV_OK);
+    assert_int_equal(kv_view_init(b, sizeof(b), KV_F32, 1, s12, &vc), KV_OK);
     memset(a, 0x11, sizeof(a));
-    assert_int_equal(kv_view_copy(&va, &vb), KV_ERR_BAD_SHAPE);
+    assert_int_equal(kv_view_copy(&vb, &va), KV_ERR_BAD_SHAPE);
     assert_non_null(strstr(kv_last_error(), "[3,4]"));
     assert_non_null(strstr(kv_last_error(), "[4,3]"));
-    assert_int_equal(kv_view_copy(&va, &vc), KV_ERR_BAD_SHAPE); /* different ndim */
+    assert_int_equal(kv_view_copy(&vc, &va), KV_ERR_BAD_SHAPE); /* different ndim */
     assert_non_null(strstr(kv_last_error(), "[12]"));
     for (size_t i = 0; i < sizeof(a); i++) /* a failed call changes nothing */
         assert_int_equal(((unsigned char *)a)[i], 0x11);
@@ -540,9 +540,9 @@ static void test_view_copy_rejects_dtype_mismatch(void **state)
     uint16_t b[12];
     const int64_t shape[2] = {3, 4};
     struct kv_view va, vb;
-    assert_int_equal(kv_view_init(&va, a, sizeof(a), KV_F32, 2, shape), KV_OK);
-    assert_int_equal(kv_view_init(&vb, b, sizeof(b), KV_BF16, 2, shape), KV_OK);
-    assert_int_equal(kv_view_copy(&va, &vb), KV_ERR_INVALID_ARG);
+    assert_int_equal(kv_view_init(a, sizeof(a), KV_F32, 2, shape, &va), KV_OK);
+    assert_int_equal(kv_view_init(b, sizeof(b), KV_BF16, 2, shape, &vb), KV_OK);
+    assert_int_equal(kv_view_copy(&vb, &va), KV_ERR_INVALID_ARG);
     assert_non_null(strstr(kv_last_error(), "f32"));
     assert_non_null(strstr(kv_last_error(), "bf16"));
 }
@@ -553,7 +553,7 @@ static void test_view_copy_rejects_small_dst(void **state)
     double src[35], dst[35];
     const int64_t shape[2] = {5, 7};
     struct kv_view v, t;
-    assert_int_equal(kv_view_init(&v, src, sizeof(src), KV_F64, 2, shape), KV_OK);
+    assert_int_equal(kv_view_init(src, sizeof(src), KV_F64, 2, shape, &v), KV_OK);
     assert_int_equal(kv_view_transpose(&v, 0, 1, &t), KV_OK);
     memset(dst, 0x22, sizeof(dst));
     assert_int_equal(kv_view_materialize(&t, dst, 279), KV_ERR_OUT_OF_BOUNDS);
@@ -571,7 +571,7 @@ static void test_view_copy_rejects_overlap(void **state)
     struct kv_view all, a, b;
     for (int i = 0; i < 64; i++)
         buf[i] = i;
-    assert_int_equal(kv_view_init(&all, buf, sizeof(buf), KV_I32, 1, flat), KV_OK);
+    assert_int_equal(kv_view_init(buf, sizeof(buf), KV_I32, 1, flat, &all), KV_OK);
 
     /* materialize into the source's own bytes */
     assert_int_equal(kv_view_narrow(&all, 0, 0, 20, &a), KV_OK);
@@ -581,7 +581,7 @@ static void test_view_copy_rejects_overlap(void **state)
     /* copy between overlapping ranges of one storage */
     assert_int_equal(kv_view_narrow(&all, 0, 0, 20, &a), KV_OK);
     assert_int_equal(kv_view_narrow(&all, 0, 10, 20, &b), KV_OK);
-    assert_int_equal(kv_view_copy(&b, &a), KV_ERR_OVERLAP);
+    assert_int_equal(kv_view_copy(&a, &b), KV_ERR_OVERLAP);
     assert_non_null(strstr(kv_last_error(), "40")); /* dst starts at byte 40 */
     for (int i = 0; i < 64; i++)
         assert_int_equal(buf[i], i);
@@ -589,7 +589,7 @@ static void test_view_copy_rejects_overlap(void **state)
     /* same storage, interleaved but disjoint: allowed (exact test) */
     assert_int_equal(kv_view_slice(&all, 0, 0, 64, 2, &a), KV_OK);
     assert_int_equal(kv_view_slice(&all, 0, 1, 64, 2, &b), KV_OK);
-    assert_int_equal(kv_view_copy(&b, &a), KV_OK);
+    assert_int_equal(kv_view_copy(&a, &b), KV_OK);
     for (int i = 0; i < 64; i++)
         assert_int_equal(buf[i], i % 2 ? i - 1 : i);
 }
@@ -602,15 +602,15 @@ static void test_view_copy_rejects_stride0_dst(void **state)
     struct kv_view vd, ve, vs;
     memset(d, 0x33, sizeof(d));
     memset(s, 0x44, sizeof(s));
-    assert_int_equal(kv_view_init(&vd, d, sizeof(d), KV_F32, 2, one), KV_OK);
+    assert_int_equal(kv_view_init(d, sizeof(d), KV_F32, 2, one, &vd), KV_OK);
     assert_int_equal(kv_view_expand(&vd, 2, to, &ve), KV_OK);
-    assert_int_equal(kv_view_init(&vs, s, sizeof(s), KV_F32, 2, to), KV_OK);
-    assert_int_equal(kv_view_copy(&ve, &vs), KV_ERR_OVERLAP);
+    assert_int_equal(kv_view_init(s, sizeof(s), KV_F32, 2, to, &vs), KV_OK);
+    assert_int_equal(kv_view_copy(&vs, &ve), KV_ERR_OVERLAP);
     assert_non_null(strstr(kv_last_error(), "[0,1]")); /* the offending strides */
     for (size_t i = 0; i < sizeof(d); i++)
         assert_int_equal(((unsigned char *)d)[i], 0x33);
     /* the same expanded view is fine as a SOURCE */
-    assert_int_equal(kv_view_copy(&vs, &ve), KV_OK);
+    assert_int_equal(kv_view_copy(&ve, &vs), KV_OK);
 }
 
 /* ---- accounting --------------------------------------------------------- */
@@ -624,9 +624,9 @@ static void test_view_copy_stats(void **state)
     struct kv_view va, vb, vt, vbad;
 
     memset(a, 1, sizeof(a));
-    assert_int_equal(kv_view_init(&va, a, sizeof(a), KV_F32, 2, shape), KV_OK);
-    assert_int_equal(kv_view_init(&vb, b, sizeof(b), KV_F32, 2, shape), KV_OK);
-    assert_int_equal(kv_view_init(&vbad, b, sizeof(b), KV_F32, 2, s43), KV_OK);
+    assert_int_equal(kv_view_init(a, sizeof(a), KV_F32, 2, shape, &va), KV_OK);
+    assert_int_equal(kv_view_init(b, sizeof(b), KV_F32, 2, shape, &vb), KV_OK);
+    assert_int_equal(kv_view_init(b, sizeof(b), KV_F32, 2, s43, &vbad), KV_OK);
     assert_int_equal(kv_view_transpose(&va, 0, 1, &vt), KV_OK);
 
     kv_copy_stats_reset();
@@ -636,9 +636,9 @@ static void test_view_copy_stats(void **state)
         assert_int_equal(st.bytes[r], 0);
     }
     assert_int_equal(kv_view_materialize(&vt, out, sizeof(out)), KV_OK);
-    assert_int_equal(kv_view_copy(&vb, &va), KV_OK);
-    assert_int_equal(kv_view_copy(&vb, &va), KV_OK);
-    assert_int_equal(kv_view_copy(&vbad, &va), KV_ERR_BAD_SHAPE); /* failures do not count */
+    assert_int_equal(kv_view_copy(&va, &vb), KV_OK);
+    assert_int_equal(kv_view_copy(&va, &vb), KV_OK);
+    assert_int_equal(kv_view_copy(&va, &vbad), KV_ERR_BAD_SHAPE); /* failures do not count */
     kv_copy_stats_get(&st);
     assert_int_equal(st.calls[KV_COPY_MATERIALIZE], 1);
     assert_int_equal(st.bytes[KV_COPY_MATERIALIZE], 48);

@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "kv.h"
+#include <kvcache/kv.h>
 #include "kv_view_index.h"
 #include "kvtest.h"
 
@@ -39,7 +39,7 @@ static void test_view_index_matches_offset_of(void **state)
         int64_t shape[8], idx[8] = {0}, n;
         for (int i = 0; i < ndim; i++)
             shape[i] = kvt_range(&rng, 1, 6);
-        assert_int_equal(kv_view_init(&v, storage, sizeof(storage), KV_BF16, ndim, shape), KV_OK);
+        assert_int_equal(kv_view_init(storage, sizeof(storage), KV_BF16, ndim, shape, &v), KV_OK);
         for (int i = 0; i < ndim; i++)
             perm[i] = i;
         for (int i = ndim - 1; i > 0; i--) {
@@ -47,7 +47,7 @@ static void test_view_index_matches_offset_of(void **state)
             perm[i] = perm[j];
             perm[j] = t;
         }
-        assert_int_equal(kv_view_permute(&v, perm, &v), KV_OK);
+        assert_int_equal(kv_view_permute(&v, perm, ndim, &v), KV_OK);
         {
             int d = (int)kvt_range(&rng, 0, ndim - 1);
             int64_t start = kvt_range(&rng, 0, v.shape[d] - 1);
@@ -89,16 +89,16 @@ static void test_view_index_cuda_copy_validation(void **state)
     struct kv_view a, b, c;
     int64_t s1[2] = {4, 8}, s2[2] = {8, 4}, e[3] = {2, 4, 8};
     (void)state;
-    assert_int_equal(kv_view_init(&a, buf, 1024, KV_F32, 2, s1), KV_OK);
-    assert_int_equal(kv_view_init(&b, buf + 2048, 1024, KV_F32, 2, s2), KV_OK);
-    assert_int_equal(kv_view_copy_cuda(NULL, &a, NULL), KV_ERR_NULL);
-    assert_int_equal(kv_view_copy_cuda(&b, &a, NULL), KV_ERR_BAD_SHAPE);
+    assert_int_equal(kv_view_init(buf, 1024, KV_F32, 2, s1, &a), KV_OK);
+    assert_int_equal(kv_view_init(buf + 2048, 1024, KV_F32, 2, s2, &b), KV_OK);
+    assert_int_equal(kv_view_copy_cuda(&a, NULL, NULL), KV_ERR_NULL);
+    assert_int_equal(kv_view_copy_cuda(&a, &b, NULL), KV_ERR_BAD_SHAPE);
     assert_non_null(strstr(kv_last_error(), "dim 0 differs (dst 8, src 4)"));
     assert_int_equal(kv_view_expand(&a, 3, e, &c), KV_OK);
-    assert_int_equal(kv_view_init(&b, buf + 2048, 2048, KV_F32, 3, e), KV_OK);
-    assert_int_equal(kv_view_copy_cuda(&c, &b, NULL), KV_ERR_OVERLAP); /* stride-0 dst */
+    assert_int_equal(kv_view_init(buf + 2048, 2048, KV_F32, 3, e, &b), KV_OK);
+    assert_int_equal(kv_view_copy_cuda(&b, &c, NULL), KV_ERR_OVERLAP); /* stride-0 dst */
     b.dtype = KV_F16;
-    assert_int_equal(kv_view_copy_cuda(&a, &b, NULL), KV_ERR_INVALID_ARG);
+    assert_int_equal(kv_view_copy_cuda(&b, &a, NULL), KV_ERR_INVALID_ARG);
 }
 
 int main(void)

@@ -45,7 +45,7 @@ struct kvb__bitmap {
 static int kvb__bitmap_init(struct kvb__bitmap *b, uint32_t num_blocks)
 {
     b->words = (num_blocks + 63) / 64;
-    b->bits = kv_mem_calloc(b->words, sizeof(uint64_t));
+    b->bits = kv__mem_calloc(b->words, sizeof(uint64_t));
     if (!b->bits)
         return -1;
     b->bits[0] = 1; /* null block */
@@ -58,7 +58,7 @@ static int kvb__bitmap_init(struct kvb__bitmap *b, uint32_t num_blocks)
 static void kvb__bitmap_fini(struct kvb__bitmap *b)
 {
     pthread_mutex_destroy(&b->mu);
-    kv_mem_free(b->bits);
+    kv__mem_free(b->bits);
 }
 
 /* n ids by first-fit scan from word 0; all-or-nothing. */
@@ -164,7 +164,8 @@ static void kvb__pairs_case(uint32_t batch, int threads)
     const uint64_t pairs = kvb_quick() ? 100000 : 1000000;
     const int runs = kvb_runs();
     const uint32_t held_n = (uint32_t)((KVB_POOL_BLOCKS - 1) * KVB_HELD_FRACTION);
-    struct kv_block_pool_config cfg = {.num_blocks = KVB_POOL_BLOCKS};
+    struct kv_block_pool_config cfg = {.struct_size = sizeof(struct kv_block_pool_config),
+                                       .num_blocks = KVB_POOL_BLOCKS};
     kv_block_pool *pool = NULL;
     struct kvb__bitmap naive;
     uint32_t *held = NULL;
@@ -183,10 +184,10 @@ static void kvb__pairs_case(uint32_t batch, int threads)
         kvb__alloc_die("kv_block_pool_create", st);
         return;
     }
-    held = kv_mem_calloc(held_n, sizeof(*held));
+    held = kv__mem_calloc(held_n, sizeof(*held));
     if (!held || kvb__bitmap_init(&naive, KVB_POOL_BLOCKS) != 0) {
         fprintf(stderr, "kvbench: %s: out of memory\n", bench);
-        kv_mem_free(held);
+        kv__mem_free(held);
         kv_block_pool_destroy(pool);
         return;
     }
@@ -211,7 +212,7 @@ static void kvb__pairs_case(uint32_t batch, int threads)
                  kvb_median(base, runs < 64 ? runs : 64), runs < 64 ? runs : 64);
 out:
     kvb__bitmap_fini(&naive);
-    kv_mem_free(held);
+    kv__mem_free(held);
     kv_block_pool_destroy(pool);
 }
 
@@ -276,7 +277,8 @@ static void kvb__alloc_prefix_lookup(void)
     char case_name[128];
     const int runs = kvb_runs() < 64 ? kvb_runs() : 64;
     const uint32_t total = KVB_SEQS * KVB_SEQ_BLOCKS;
-    struct kv_block_pool_config cfg = {.num_blocks = KVB_POOL_BLOCKS};
+    struct kv_block_pool_config cfg = {.struct_size = sizeof(struct kv_block_pool_config),
+                                       .num_blocks = KVB_POOL_BLOCKS};
     kv_block_pool *pool = NULL;
     struct kvb__naive_cache nc = {0};
     int32_t *tokens = NULL; /* [KVB_SEQS][KVB_SEQ_BLOCKS * KVB_BT] */
@@ -292,10 +294,10 @@ static void kvb__alloc_prefix_lookup(void)
         return;
     kvb_progress(bench, case_name);
 
-    tokens = kv_mem_alloc((size_t)total * KVB_BT * sizeof(int32_t));
-    nc.hash = kv_mem_calloc(total, sizeof(uint64_t));
-    nc.id = kv_mem_calloc(total, sizeof(uint32_t));
-    nc.ref = kv_mem_calloc(KVB_POOL_BLOCKS, sizeof(uint32_t));
+    tokens = kv__mem_alloc((size_t)total * KVB_BT * sizeof(int32_t));
+    nc.hash = kv__mem_calloc(total, sizeof(uint64_t));
+    nc.id = kv__mem_calloc(total, sizeof(uint32_t));
+    nc.ref = kv__mem_calloc(KVB_POOL_BLOCKS, sizeof(uint32_t));
     st = kv_block_pool_create(&cfg, &pool);
     if (!tokens || !nc.hash || !nc.id || !nc.ref || st != KV_OK) {
         kvb__alloc_die("prefix_lookup setup", st);
@@ -367,10 +369,10 @@ static void kvb__alloc_prefix_lookup(void)
                  kvb_median(hash_only, runs), runs);
 out:
     kv_block_pool_destroy(pool);
-    kv_mem_free(nc.ref);
-    kv_mem_free(nc.id);
-    kv_mem_free(nc.hash);
-    kv_mem_free(tokens);
+    kv__mem_free(nc.ref);
+    kv__mem_free(nc.id);
+    kv__mem_free(nc.hash);
+    kv__mem_free(tokens);
 }
 
 KVB_REGISTER("alloc", kvb__alloc_pairs)

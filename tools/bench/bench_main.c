@@ -19,6 +19,7 @@
 
 #include "bench.h"
 #include "kv_mem.h"
+#include "kv_status.h"
 
 #define KVB_MAX_SUITES 128
 #define KVB_DEFAULT_OUT "bench/results.jsonl"
@@ -97,7 +98,7 @@ double kvb_median(const double *v, int n)
     if (n <= 0)
         return 0.0;
     if (n > (int)(sizeof(tmp) / sizeof(tmp[0]))) {
-        c = kv_mem_alloc((size_t)n * sizeof(double));
+        c = kv__mem_alloc((size_t)n * sizeof(double));
         if (!c) {
             fprintf(stderr, "kvbench: out of memory in kvb_median\n");
             exit(2);
@@ -107,7 +108,7 @@ double kvb_median(const double *v, int n)
     qsort(c, (size_t)n, sizeof(double), kvb__cmp_double);
     m = n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
     if (c != tmp)
-        kv_mem_free(c);
+        kv__mem_free(c);
     return m;
 }
 
@@ -138,7 +139,7 @@ void kvb_fill_random(void *p, size_t bytes, uint64_t seed)
 
 void *kvb_alloc(size_t bytes)
 {
-    void *p = kv_mem_alloc_aligned(4096, bytes ? bytes : 1);
+    void *p = kv__mem_alloc_aligned(4096, bytes ? bytes : 1);
     if (!p) {
         fprintf(stderr, "kvbench: cannot allocate %zu bytes\n", bytes);
         exit(2);
@@ -148,7 +149,7 @@ void *kvb_alloc(size_t bytes)
 
 void kvb_free(void *p)
 {
-    kv_mem_free(p);
+    kv__mem_free(p);
 }
 
 void kvb_progress(const char *bench, const char *case_name)

@@ -86,13 +86,13 @@ static kv_status kvb__naive_export(const kv_page_table *pt, const uint32_t *seqs
         if ((st = kv_page_table_seq_blocks(pt, seqs[i], &blocks, &nb)) != KV_OK)
             return st;
         uint64_t pages = (len + P - 1) / P;
-        int32_t *list = kv_mem_alloc((pages ? pages : 1) * sizeof(*list));
+        int32_t *list = kv__mem_alloc((pages ? pages : 1) * sizeof(*list));
         if (!list)
             return KV_ERR_NO_MEMORY;
         for (uint64_t j = 0; j < pages; j++)
             list[j] = (int32_t)(blocks[j / r] * r + j % r);
         memcpy(indices + at, list, pages * sizeof(*list));
-        kv_mem_free(list);
+        kv__mem_free(list);
         at += pages;
         indptr[i + 1] = (int32_t)at;
         last_page_len[i] = pages ? (int32_t)(len - (pages - 1) * P) : 0;
@@ -116,19 +116,19 @@ static void kvb__export_case(uint32_t r)
     const int runs = kvb_runs(), iters = kvb_quick() ? 5 : 20;
     const uint32_t n_blocks = (uint32_t)(T / N + S + 16);
     struct kvb__pool pool = {.n = n_blocks};
-    pool.free_ids = kv_mem_calloc(n_blocks, sizeof(uint32_t));
-    pool.ref = kv_mem_calloc(n_blocks, sizeof(uint32_t));
-    uint32_t *seqs = kv_mem_calloc(S, sizeof(uint32_t));
-    struct kv_token_range *rg = kv_mem_calloc(S, sizeof(*rg));
-    int64_t *slots = kv_mem_calloc(T, sizeof(int64_t));
-    int32_t *indptr = kv_mem_calloc(S + 1, sizeof(int32_t));
-    int32_t *lpl = kv_mem_calloc(S, sizeof(int32_t));
+    pool.free_ids = kv__mem_calloc(n_blocks, sizeof(uint32_t));
+    pool.ref = kv__mem_calloc(n_blocks, sizeof(uint32_t));
+    uint32_t *seqs = kv__mem_calloc(S, sizeof(uint32_t));
+    struct kv_token_range *rg = kv__mem_calloc(S, sizeof(*rg));
+    int64_t *slots = kv__mem_calloc(T, sizeof(int64_t));
+    int32_t *indptr = kv__mem_calloc(S + 1, sizeof(int32_t));
+    int32_t *lpl = kv__mem_calloc(S, sizeof(int32_t));
     const uint64_t max_pages = (T / N + S) * r;
-    int32_t *indices = kv_mem_calloc(max_pages, sizeof(int32_t));
-    int64_t *slots2 = kv_mem_calloc(T, sizeof(int64_t));
-    int32_t *indptr2 = kv_mem_calloc(S + 1, sizeof(int32_t));
-    int32_t *lpl2 = kv_mem_calloc(S, sizeof(int32_t));
-    int32_t *indices2 = kv_mem_calloc(max_pages, sizeof(int32_t));
+    int32_t *indices = kv__mem_calloc(max_pages, sizeof(int32_t));
+    int64_t *slots2 = kv__mem_calloc(T, sizeof(int64_t));
+    int32_t *indptr2 = kv__mem_calloc(S + 1, sizeof(int32_t));
+    int32_t *lpl2 = kv__mem_calloc(S, sizeof(int32_t));
+    int32_t *indices2 = kv__mem_calloc(max_pages, sizeof(int32_t));
     kv_page_table *pt = NULL;
     double tc[64], tb[64];
     kv_status st;
@@ -146,7 +146,8 @@ static void kvb__export_case(uint32_t r)
             pool.free_ids[k] = k;
     }
 
-    struct kv_page_table_config cfg = {.block_tokens = N,
+    struct kv_page_table_config cfg = {.struct_size = sizeof(struct kv_page_table_config),
+                                       .block_tokens = N,
                                        .page_ratio = r,
                                        .max_seqs = S,
                                        .max_blocks_per_seq = (uint32_t)(T / N),
@@ -212,18 +213,18 @@ fail:
             kv_last_error());
 out:
     kv_page_table_destroy(pt);
-    kv_mem_free(indices2);
-    kv_mem_free(lpl2);
-    kv_mem_free(indptr2);
-    kv_mem_free(slots2);
-    kv_mem_free(indices);
-    kv_mem_free(lpl);
-    kv_mem_free(indptr);
-    kv_mem_free(slots);
-    kv_mem_free(rg);
-    kv_mem_free(seqs);
-    kv_mem_free(pool.ref);
-    kv_mem_free(pool.free_ids);
+    kv__mem_free(indices2);
+    kv__mem_free(lpl2);
+    kv__mem_free(indptr2);
+    kv__mem_free(slots2);
+    kv__mem_free(indices);
+    kv__mem_free(lpl);
+    kv__mem_free(indptr);
+    kv__mem_free(slots);
+    kv__mem_free(rg);
+    kv__mem_free(seqs);
+    kv__mem_free(pool.ref);
+    kv__mem_free(pool.free_ids);
 }
 
 static void kvb__export(void)

@@ -89,7 +89,7 @@ static void kvb__transpose_meta(void)
     kv_status st;
 
     kvb_fill_random(src, bytes, 1);
-    if ((st = kv_view_init(&v, src, bytes, KV_F32, 2, shape)) != KV_OK) {
+    if ((st = kv_view_init(src, bytes, KV_F32, 2, shape, &v)) != KV_OK) {
         kvb__die_status("kv_view_init", st);
         goto out;
     }
@@ -97,12 +97,12 @@ static void kvb__transpose_meta(void)
         uint64_t acc = 0;
         double t0 = kvb_now();
         for (int i = 0; i < meta_iters; i++) {
-            kv_view_transpose(&v, 0, 1, &t);
+            acc += (uint64_t)kv_view_transpose(&v, 0, 1, &t);
             acc += (uint64_t)t.strides[0];
         }
         double t1 = kvb_now();
         kvb_sink(acc);
-        kv_view_transpose(&v, 0, 1, &t);
+        st = kv_view_transpose(&v, 0, 1, &t);
         double t2 = kvb_now();
         st = kv_view_materialize(&t, dst, bytes);
         double t3 = kvb_now();
@@ -178,10 +178,10 @@ static void kvb__strided_sum(void)
     kv_status st;
 
     kvb__fill_doubles(a, full, 2);
-    if ((st = kv_view_init(&va, a, full * sizeof(double), KV_F64, 2, shape)) != KV_OK ||
+    if ((st = kv_view_init(a, full * sizeof(double), KV_F64, 2, shape, &va)) != KV_OK ||
         (st = kv_view_slice(&va, 1, 0, cols, 2, &vs)) != KV_OK ||
         (st = kv_view_materialize(&vs, p, half * sizeof(double))) != KV_OK ||
-        (st = kv_view_init(&vp, p, half * sizeof(double), KV_F64, 2, pshape)) != KV_OK) {
+        (st = kv_view_init(p, half * sizeof(double), KV_F64, 2, pshape, &vp)) != KV_OK) {
         kvb__die_status("view setup", st);
         goto out;
     }
@@ -269,8 +269,8 @@ static void kvb__materialize_case(const char *case_name, kv_dtype dtype, size_t 
     /* The last writer was the naive loop; the candidate must agree with it. */
     {
         char *check = kvb_alloc(out_bytes);
-        kv_view_materialize(&v[0], check, out_bytes);
-        if (memcmp(check, dst[0], out_bytes) != 0)
+        if (kv_view_materialize(&v[0], check, out_bytes) != KV_OK ||
+            memcmp(check, dst[0], out_bytes) != 0)
             fprintf(stderr, "kvbench: %s: materialize disagrees with the naive loop\n", case_name);
         kvb_free(check);
     }
@@ -290,7 +290,7 @@ static kv_status kvb__make_transposed(void *src, size_t src_bytes, const int64_t
                                       struct kv_view *out)
 {
     struct kv_view v;
-    kv_status st = kv_view_init(&v, src, src_bytes, (kv_dtype)dims[2], 2, dims);
+    kv_status st = kv_view_init(src, src_bytes, (kv_dtype)dims[2], 2, dims, &v);
     if (st != KV_OK)
         return st;
     return kv_view_transpose(&v, 0, 1, out);
@@ -302,10 +302,10 @@ static kv_status kvb__make_nhd_to_hnd(void *src, size_t src_bytes, const int64_t
 {
     static const int perm[4] = {0, 2, 1, 3};
     struct kv_view v;
-    kv_status st = kv_view_init(&v, src, src_bytes, (kv_dtype)dims[4], 4, dims);
+    kv_status st = kv_view_init(src, src_bytes, (kv_dtype)dims[4], 4, dims, &v);
     if (st != KV_OK)
         return st;
-    return kv_view_permute(&v, perm, out);
+    return kv_view_permute(&v, perm, 4, out);
 }
 
 static void kvb__materialize(void)

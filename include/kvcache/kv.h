@@ -1,0 +1,29 @@
+/*
+ * kv.h - umbrella header of kvcache, a paged KV-cache subsystem for LLM
+ * serving engines: `#include <kvcache/kv.h>` gives every public module.
+ *
+ * It lives outside the modules (include/kvcache/) because it names all of
+ * them; the installed tree puts it beside every public header in
+ * include/kvcache/. Modules are listed bottom-up, in their dependency order
+ * (docs/design.md): kvcache <- allocator <- attention <- connector.
+ * scripts/check-walls.py fails CI when a public header is missing here.
+ */
+#ifndef KV_H
+#define KV_H
+
+/* Core (kvcache/): status codes, version, dtypes, views, layouts, page tables. */
+#include "kv_status.h"
+#include "kv_version.h"
+#include "kv_dtype.h"
+#include "kv_view.h"
+#include "kv_view_index.h"
+#include "kv_layout.h"
+#include "kv_block_ops.h"
+#include "kv_page_table.h"
+
+/* Allocator (allocator/): arenas, the block pool, the cache object. */
+#include "kv_arena.h"
+#include "kv_block_pool.h"
+#include "kv_cache.h"
+
+#endif /* KV_H */

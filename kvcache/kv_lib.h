@@ -1,0 +1,85 @@
+/*
+ * kv_lib.h - what the core lends to the library's other modules
+ * (library-internal: used by kvcache/, allocator/, attention/ and connector/,
+ * never installed, never included by a user).
+ *
+ * The library has three tiers of headers (docs/design.md, "Walls"):
+ *
+ *   public            kv_<name>.h of each module, installed under
+ *                     include/kvcache/ and reached as <kvcache/kv_...h>
+ *   library-internal  this header and kv_mem.h (host memory): the core's
+ *                     services for every module; not installed
+ *   module-private    <module>/<name>_int.h: one module's cross-file declarations;
+ *                     no other module includes them
+ *
+ * scripts/check-walls.py enforces the tiers and the module order in CI.
+ */
+#ifndef KV_LIB_H
+#define KV_LIB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Record detail for the calling thread and return s (so callers can write
+ * `return kv__error(KV_ERR_BAD_DIM, "...", ...)`). */
+kv_status kv__error(kv_status s, const char *fmt, ...) KV_PRINTF(2, 3);
+
+/* Like kv__error, but keeps the detail already recorded by the call that
+ * failed underneath (another module, an ops table): the new message is
+ * fmt, then ": ", then the previous detail (or "(no detail)" when the callee
+ * recorded none). This is how error detail survives a module boundary:
+ *
+ *     st = ops.alloc(ctx, n, ids);
+ *     if (st != KV_OK)
+ *         return kv__error_wrap(st, "seq_append: seq %u needs %u blocks", seq, n);
+ *
+ * Call kv__error_clear() before the callee when it may not record detail
+ * itself (a user's ops table), so stale text is never wrapped. */
+kv_status kv__error_wrap(kv_status s, const char *fmt, ...) KV_PRINTF(2, 3);
+
+/* Clear this thread's last error; returns KV_OK. */
+kv_status kv__ok(void);
+
+/* Forget this thread's last error without a return value (before calling a
+ * callee that may not record detail of its own). */
+void kv__error_clear(void);
+
+/* While muted (a counter: calls nest), kv__error() and kv__error_wrap() only
+ * return their status and leave the thread's last error alone. Predicates
+ * that run a validator (kv_view_is_contiguous, kv_view_describe) mute it, so
+ * a bool answer never changes kv_last_error(). */
+void kv__error_mute(void);
+void kv__error_unmute(void);
+
+/* The ABI check each create/init runs on its config before reading any
+ * other field: got (cfg->struct_size) must equal want (the sizeof this
+ * library was built with). type is the struct tag ("kv_layout_config"); the
+ * message names both sizes, or the initializer to use when got is 0. */
+kv_status kv__check_struct_size(const char *fn, const char *type, size_t got, size_t want);
+
+/* Overflow-checked 64-bit helpers: return false on overflow. */
+static inline bool kv__mul_i64(int64_t a, int64_t b, int64_t *out)
+{
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline bool kv__add_i64(int64_t a, int64_t b, int64_t *out)
+{
+    return !__builtin_add_overflow(a, b, out);
+}
+
+/* Format an int64 list as "[a,b,c]" into buf (always NUL-terminated; a list
+ * that does not fit ends in "...]"). */
+const char *kv__fmt_list(char *buf, size_t cap, const int64_t *v, int n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KV_LIB_H */

@@ -1,0 +1,193 @@
+/*
+ * test_abi.c - the ABI checks at the boundary: every config struct carries
+ * its struct_size and every create/init refuses a config compiled against
+ * other headers (size 0: never initialized; another size: other headers)
+ * before reading any other field; ops tables carry a version; the version
+ * and build lines say what was linked.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <kvcache/kv.h>
+
+static void assert_msg_has(const char *needle)
+{
+    if (!strstr(kv_last_error(), needle))
+        fail_msg("last error '%s' lacks '%s'", kv_last_error(), needle);
+}
+
+/* A config whose every field is set as for a valid create, except
+ * struct_size: 0, one word short, one word long. */
+static const size_t k_delta[] = {0, 1, 2};
+
+static size_t bad_size(size_t good, size_t which)
+{
+    return which == 0 ? 0 : which == 1 ? good - sizeof(void *) : good + sizeof(void *);
+}
+
+static void assert_refused(kv_status st, const char *type, size_t which)
+{
+    char want[96];
+    assert_int_equal(st, KV_ERR_INVALID_ARG);
+    assert_msg_has(type);
+    if (which == 0) {
+        snprintf(want, sizeof(want), "%s_init()", type);
+        assert_msg_has("struct_size 0");
+        assert_msg_has(want);
+    } else {
+        assert_msg_has("other kvcache headers");
+    }
+}
+
+static void test_abi_layout_config_size(void **state)
+{
+    (void)state;
+    struct kv_layout_config c = KV_LAYOUT_CONFIG_INIT;
+    struct kv_layout lo, before;
+    c.num_layers = 2, c.num_blocks = 8, c.block_tokens = 4, c.num_heads = 2, c.head_dim = 8;
+    c.dtype = KV_BF16;
+    assert_int_equal(kv_layout_init(&c, &lo), KV_OK);
+    for (size_t i = 0; i < 3; i++) {
+        struct kv_layout_config bad = c;
+        bad.struct_size = bad_size(sizeof(c), k_delta[i]);
+        memset(&lo, 0x5A, sizeof(lo));
+        before = lo;
+        assert_refused(kv_layout_init(&bad, &lo), "kv_layout_config", i);
+        assert_memory_equal(&lo, &before, sizeof(lo)); /* out untouched */
+    }
+    /* the inline initializer and the macro agree */
+    struct kv_layout_config d;
+    memset(&d, 0xFF, sizeof(d));
+    kv_layout_config_init(&d);
+    struct kv_layout_config e = KV_LAYOUT_CONFIG_INIT;
+    assert_memory_equal(&d, &e, sizeof(d));
+    assert_int_equal(d.struct_size, sizeof(d));
+}
+
+static void test_abi_arena_config_size(void **state)
+{
+    (void)state;
+    struct kv_arena_config c;
+    kv_arena *a = (kv_arena *)(uintptr_t)0x1;
+    kv_arena_config_init(&c, 4096);
+    assert_int_equal(c.struct_size, sizeof(c));
+    assert_int_equal(c.size_bytes, 4096);
+    struct kv_arena_config m = KV_ARENA_CONFIG_INIT(4096);
+    assert_memory_equal(&c, &m, sizeof(c));
+    for (size_t i = 0; i < 3; i++) {
+        struct kv_arena_config bad = c;
+        bad.struct_size = bad_size(sizeof(c), k_delta[i]);
+        assert_refused(kv_arena_create(&bad, &a), "kv_arena_config", i);
+        assert_ptr_equal(a, (kv_arena *)(uintptr_t)0x1); /* *out set only on success */
+    }
+    assert_int_equal(kv_arena_create(&c, &a), KV_OK);
+    kv_arena_destroy(a);
+}
+
+static void test_abi_block_pool_config_size(void **state)
+{
+    (void)state;
+    struct kv_block_pool_config c = KV_BLOCK_POOL_CONFIG_INIT;
+    kv_block_pool *p = NULL;
+    c.num_blocks = 16;
+    for (size_t i = 0; i < 3; i++) {
+        struct kv_block_pool_config bad = c;
+        bad.struct_size = bad_size(sizeof(c), k_delta[i]);
+        assert_refused(kv_block_pool_create(&bad, &p), "kv_block_pool_config", i);
+        assert_null(p);
+    }
+    assert_int_equal(kv_block_pool_create(&c, &p), KV_OK);
+    kv_block_pool_destroy(p);
+}
+
+static void test_abi_page_table_config_and_ops_version(void **state)
+{
+    (void)state;
+    struct kv_block_pool_config pc = KV_BLOCK_POOL_CONFIG_INIT;
+    kv_block_pool *pool = NULL;
+    kv_page_table *pt = NULL;
+    pc.num_blocks = 16;
+    assert_int_equal(kv_block_pool_create(&pc, &pool), KV_OK);
+    struct kv_page_table_config c;
+    kv_page_table_config_init(&c);
+    c.block_tokens = 4, c.max_seqs = 2, c.max_blocks_per_seq = 4;
+    assert_int_equal(kv_block_pool_ops(pool, &c.ops), KV_OK);
+    assert_int_equal(c.ops.version, KV_BLOCK_OPS_VERSION);
+    for (size_t i = 0; i < 3; i++) {
+        struct kv_page_table_config bad = c;
+        bad.struct_size = bad_size(sizeof(c), k_delta[i]);
+        assert_refused(kv_page_table_create(&bad, &pt), "kv_page_table_config", i);
+        assert_null(pt);
+    }
+    /* an ops table of another version (or never versioned) is refused */
+    struct kv_page_table_config v0 = c;
+    v0.ops.version = 0;
+    assert_int_equal(kv_page_table_create(&v0, &pt), KV_ERR_INVALID_ARG);
+    assert_msg_has("block ops version 0");
+    v0.ops.version = KV_BLOCK_OPS_VERSION + 1;
+    assert_int_equal(kv_page_table_create(&v0, &pt), KV_ERR_INVALID_ARG);
+    assert_msg_has("version 2");
+    assert_null(pt);
+    assert_int_equal(kv_page_table_create(&c, &pt), KV_OK);
+    kv_page_table_destroy(pt);
+    kv_block_pool_destroy(pool);
+}
+
+static void test_abi_cache_config_size(void **state)
+{
+    (void)state;
+    struct kv_cache_config c;
+    kv_cache *cache = NULL;
+    kv_cache_config_init(&c);
+    assert_int_equal(c.layout.struct_size, sizeof(c.layout));
+    c.layout.num_layers = 1, c.layout.num_blocks = 8, c.layout.block_tokens = 4;
+    c.layout.num_heads = 1, c.layout.head_dim = 8, c.layout.dtype = KV_F32;
+    c.max_seqs = 2;
+    for (size_t i = 0; i < 3; i++) {
+        struct kv_cache_config bad = c;
+        bad.struct_size = bad_size(sizeof(c), k_delta[i]);
+        assert_refused(kv_cache_create(&bad, &cache), "kv_cache_config", i);
+        assert_null(cache);
+    }
+    /* the nested layout config is checked too */
+    struct kv_cache_config bad = c;
+    bad.layout.struct_size = 0;
+    assert_refused(kv_cache_create(&bad, &cache), "kv_layout_config", 0);
+    assert_null(cache);
+    struct kv_cache_config m = KV_CACHE_CONFIG_INIT;
+    assert_int_equal(m.struct_size, sizeof(m));
+    assert_int_equal(m.layout.struct_size, sizeof(m.layout));
+    assert_int_equal(kv_cache_create(&c, &cache), KV_OK);
+    kv_cache_destroy(cache);
+}
+
+static void test_abi_version_and_build_info(void **state)
+{
+    (void)state;
+    char want[64];
+    assert_string_equal(kv_version(), KV_VERSION_STRING);
+    snprintf(want, sizeof(want), "%d.%d.%d", KV_VERSION_MAJOR, KV_VERSION_MINOR, KV_VERSION_PATCH);
+    assert_string_equal(kv_version(), want);
+    snprintf(want, sizeof(want), "kvcache %s host-memory=", KV_VERSION_STRING);
+    assert_int_equal(strncmp(kv_build_info(), want, strlen(want)), 0);
+    assert_non_null(strstr(kv_build_info(), KV_HAVE_CUDA ? "cuda=yes" : "cuda=no"));
+    assert_non_null(strstr(kv_build_info(), KV_HAVE_RDMA ? "rdma=yes" : "rdma=no"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_abi_layout_config_size),
+        cmocka_unit_test(test_abi_arena_config_size),
+        cmocka_unit_test(test_abi_block_pool_config_size),
+        cmocka_unit_test(test_abi_page_table_config_and_ops_version),
+        cmocka_unit_test(test_abi_cache_config_size),
+        cmocka_unit_test(test_abi_version_and_build_info),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
