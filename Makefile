@@ -97,15 +97,18 @@ OBJ     := $(SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
 # by every module and never installed; module-private *_int.h (incl. the CUDA
 # boundaries); everything else is public, installed in include/kvcache/ with
 # the umbrella include/kvcache/kv.h.
-LIB_HEADERS := kvcache/kv_lib.h kvcache/kv_mem.h
+LIB_HEADERS := kvcache/kv_lib.h kvcache/kv_mem.h kvcache/kv_cuda_lib.h
 HEADERS := $(filter-out %_int.h $(LIB_HEADERS),$(foreach m,$(MODULES),$(wildcard $(m)/*.h))) \
            include/kvcache/kv.h
 # The public headers as installed, in the build tree: integration tests
 # compile against this directory alone (-I$(BUILD)/include), as a user would.
 STAGED := $(BUILD)/include/kvcache/.stamp
 
+# Machine code for sm_80 (A100) and sm_90 (H100/H200), plus compute_90 PTX so
+# a newer GPU can JIT; scripts/check-cuda-build.py checks all three are in
+# every fat binary of the library.
 NVCCFLAGS ?= -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 \
-             -gencode arch=compute_90,code=sm_90
+             -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 NVCC_ALL   = $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden -DKV_HAVE_CUDA=1
 
 TEST_COMMON := $(wildcard tests/common/*.c)

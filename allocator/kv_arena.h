@@ -99,7 +99,7 @@ static inline void kv_arena_config_init(struct kv_arena_config *cfg, size_t byte
  * flags, CUDA device index out of range); KV_ERR_OVERFLOW (size rounded up
  * to the alignment overflows); KV_ERR_NO_MEMORY; KV_ERR_UNSUPPORTED
  * (pinned/device without CUDA or a GPU, zero-fill of device memory);
- * KV_ERR_INTERNAL (any other CUDA runtime error; the message carries it).
+ * KV_ERR_DEVICE (any other CUDA runtime error; the message carries it).
  * A device arena is allocated on cfg->device; the calling thread's current
  * CUDA device is left as it was.
  */

@@ -57,7 +57,8 @@ typedef struct CUstream_st *kv_cuda_stream;
     X(KV_ERR_CANCELLED, -18, "cancelled")                                                          \
     X(KV_ERR_CORRUPT, -19, "data failed verification")                                             \
     X(KV_ERR_INTERNAL, -20, "internal error")                                                      \
-    X(KV_ERR_CAPACITY, -21, "a configured capacity limit is reached")
+    X(KV_ERR_CAPACITY, -21, "a configured capacity limit is reached")                              \
+    X(KV_ERR_DEVICE, -22, "device (CUDA) runtime error")
 
 /* Status of every fallible call: KV_OK (0) or a negative KV_ERR_* code. */
 typedef enum kv_status {

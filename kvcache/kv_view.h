@@ -183,13 +183,25 @@ KV_API KV_NODISCARD kv_status kv_view_materialize(const struct kv_view *src, voi
  * Counted as KV_COPY_VIEW_COPY. */
 KV_API KV_NODISCARD kv_status kv_view_copy(const struct kv_view *src, const struct kv_view *dst);
 
-/* Device-side kv_view_copy: dst and src describe device (or managed) memory;
- * validated on the host exactly like kv_view_copy, then launched on `stream`
- * (a cudaStream_t; NULL = default stream) without synchronizing.
- * KV_ERR_UNSUPPORTED in builds without CUDA or when the launch fails (the
- * message carries the CUDA error). */
+/* Device-side kv_view_copy: src and dst describe device (or managed) memory;
+ * validated on the host by the same validator as kv_view_copy (same
+ * statuses, same messages with this function's name), reduced to the same
+ * plan (kv_view_index.h), then launched on `stream` (NULL = the default
+ * stream) without synchronizing. Rows contiguous on both sides move as
+ * aligned 16/8/4/2-byte vectors; others element by element.
+ * KV_ERR_UNSUPPORTED in a build without CUDA or on a host without a usable
+ * device; KV_ERR_DEVICE when the launch fails (the message carries the CUDA
+ * error). */
 KV_API KV_NODISCARD kv_status kv_view_copy_cuda(const struct kv_view *src,
                                                 const struct kv_view *dst, kv_cuda_stream stream);
+
+/* Launches of kv_view_copy_cuda by device path, since the process started. */
+struct kv_view_cuda_stats {
+    uint64_t vec16, vec8, vec4, vec2, vec1; /* contiguous rows, by vector bytes */
+    uint64_t strided;                       /* element by element */
+};
+/* Snapshot of the device path counters (zeros without CUDA). Thread-safe. */
+KV_API void kv_view_cuda_stats_get(struct kv_view_cuda_stats *out);
 
 /* ---- predicates --------------------------------------------------------- */
 

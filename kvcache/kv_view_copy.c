@@ -5,9 +5,10 @@
  * kv__view_copy_unchecked() turns a (src, dst) pair of same-shaped views into a
  * plan and runs the cheapest of three loops:
  *
- *   1. plan: drop size-1 dims, order dims by dst stride (largest first; dst has
- *      no internal overlap, so this only changes the visiting order), merge
- *      dim k into k+1 when BOTH views have stride[k] == stride[k+1]*shape[k+1].
+ *   1. plan: kv_copy_plan_build (kv_view_index.h, shared with the CUDA
+ *      kernel): drop size-1 dims, order dims by dst stride (largest first;
+ *      dst has no internal overlap, so this only changes the visiting order),
+ *      merge dims that BOTH views step over contiguously.
  *   2. runs:      both innermost strides are 1 element -> memcpy of each run
  *                 over the outer index space (one memcpy when fully contiguous);
  *                 short runs prefetch the next outer slab. Copies >= 32 MiB
@@ -157,57 +158,26 @@ struct kv__copy_plan {
     const char *src;            /* src element [0,...,0] */
 };
 
-/* Returns false when there is nothing to copy (numel == 0). */
-static bool kv__copy_plan_build(struct kv__copy_plan *p, const struct kv_view *dst,
-                                const struct kv_view *src)
+/* The shared plan (kv_view_index.h: the same reduction the CUDA kernel
+ * runs) as pointers for the CPU loops. Returns false when there is nothing
+ * to copy (numel == 0). */
+static bool kv__copy_plan_build(struct kv__copy_plan *p, const struct kv_view *src,
+                                const struct kv_view *dst)
 {
-    const int64_t esz = (int64_t)kv_dtype_size(src->dtype);
-    int n = 0;
+    const struct kv_view_geom sg = kv__view_geom(src), dg = kv__view_geom(dst);
+    struct kv_copy_plan cp;
 
-    p->esz = (size_t)esz;
-    p->dst = (char *)dst->base + dst->offset * esz;
-    p->src = (const char *)src->base + src->offset * esz;
-    for (int k = 0; k < src->ndim; k++) {
-        if (src->shape[k] == 0)
-            return false;
-        if (src->shape[k] == 1)
-            continue;
-        p->shape[n] = src->shape[k];
-        p->ds[n] = dst->strides[k] * esz;
-        p->ss[n] = src->strides[k] * esz;
-        n++;
+    if (!kv_copy_plan_build(&cp, &sg, &dg, (int32_t)kv_dtype_size(src->dtype)))
+        return false;
+    p->ndim = cp.ndim;
+    p->esz = (size_t)cp.elem_bytes;
+    for (int k = 0; k < cp.ndim; k++) {
+        p->shape[k] = cp.shape[k];
+        p->ds[k] = cp.dst_strides_bytes[k];
+        p->ss[k] = cp.src_strides_bytes[k];
     }
-    /* Stable insertion sort by dst stride, largest first: writes go in dst
-     * memory order, which is what the caches and the fast paths want. */
-    for (int i = 1; i < n; i++) {
-        int64_t sh = p->shape[i], ds = p->ds[i], ss = p->ss[i];
-        int j = i - 1;
-        while (j >= 0 && p->ds[j] < ds) {
-            p->shape[j + 1] = p->shape[j];
-            p->ds[j + 1] = p->ds[j];
-            p->ss[j + 1] = p->ss[j];
-            j--;
-        }
-        p->shape[j + 1] = sh;
-        p->ds[j + 1] = ds;
-        p->ss[j + 1] = ss;
-    }
-    /* Merge k into k+1 when both views step over k+1 exactly. */
-    int m = 0;
-    for (int k = 0; k < n; k++) {
-        if (m > 0 && p->ds[m - 1] == p->ds[k] * p->shape[k] &&
-            p->ss[m - 1] == p->ss[k] * p->shape[k]) {
-            p->shape[m - 1] *= p->shape[k];
-            p->ds[m - 1] = p->ds[k];
-            p->ss[m - 1] = p->ss[k];
-            continue;
-        }
-        p->shape[m] = p->shape[k];
-        p->ds[m] = p->ds[k];
-        p->ss[m] = p->ss[k];
-        m++;
-    }
-    p->ndim = m;
+    p->dst = (char *)dst->base + cp.dst_offset_bytes;
+    p->src = (const char *)src->base + cp.src_offset_bytes;
     return true;
 }
 
@@ -805,7 +775,7 @@ void kv__view_copy_unchecked(const struct kv_view *src, const struct kv_view *ds
 {
     struct kv__copy_plan p;
 
-    if (!kv__copy_plan_build(&p, dst, src))
+    if (!kv__copy_plan_build(&p, src, dst))
         return;
     if (p.ndim == 0) {
         memcpy(p.dst, p.src, p.esz);
@@ -897,76 +867,83 @@ kv_status kv_view_materialize(const struct kv_view *src, void *dst, size_t dst_b
     return kv__ok();
 }
 
-kv_status kv_view_copy(const struct kv_view *src, const struct kv_view *dst)
+kv_status kv__view_copy_check(const char *fn, const struct kv_view *src, const struct kv_view *dst)
 {
     char a[256], b[256];
     kv_status st;
     bool overlap = false;
 
     if (!dst || !src)
-        return kv__error(KV_ERR_NULL, "kv_view_copy: dst=%p src=%p", (const void *)dst,
-                         (const void *)src);
-    st = kv_view_check(dst);
-    if (st != KV_OK)
-        return st;
+        return kv__error(KV_ERR_NULL, "%s: src=%p dst=%p", fn, (const void *)src,
+                         (const void *)dst);
     st = kv_view_check(src);
     if (st != KV_OK)
-        return st;
+        return kv__error_wrap(st, "%s: src", fn);
+    st = kv_view_check(dst);
+    if (st != KV_OK)
+        return kv__error_wrap(st, "%s: dst", fn);
     bool same = dst->ndim == src->ndim;
     for (int k = 0; same && k < dst->ndim; k++)
         same = dst->shape[k] == src->shape[k];
     if (!same)
-        return kv__error(KV_ERR_BAD_SHAPE, "kv_view_copy: dst shape %s != src shape %s",
-                         kv__fmt_list(a, sizeof(a), dst->shape, dst->ndim),
-                         kv__fmt_list(b, sizeof(b), src->shape, src->ndim));
+        return kv__error(KV_ERR_BAD_SHAPE, "%s: src shape %s != dst shape %s", fn,
+                         kv__fmt_list(a, sizeof(a), src->shape, src->ndim),
+                         kv__fmt_list(b, sizeof(b), dst->shape, dst->ndim));
     if (dst->dtype != src->dtype)
-        return kv__error(KV_ERR_INVALID_ARG, "kv_view_copy: dst dtype %s (%d) != src dtype %s (%d)",
-                         kv_dtype_name(dst->dtype), (int)dst->dtype, kv_dtype_name(src->dtype),
-                         (int)src->dtype);
+        return kv__error(KV_ERR_INVALID_ARG, "%s: src dtype %s (%d) != dst dtype %s (%d)", fn,
+                         kv_dtype_name(src->dtype), (int)src->dtype, kv_dtype_name(dst->dtype),
+                         (int)dst->dtype);
+    if (kv_view_numel(src) == 0)
+        return KV_OK;
+    st = kv_view_has_internal_overlap(dst, 0, &overlap);
+    if (st == KV_ERR_TOO_COSTLY)
+        return kv__error(KV_ERR_OVERLAP,
+                         "%s: could not prove dst elements disjoint within the work bound (shape "
+                         "%s strides %s)",
+                         fn, kv__fmt_list(a, sizeof(a), dst->shape, dst->ndim),
+                         kv__fmt_list(b, sizeof(b), dst->strides, dst->ndim));
+    if (st != KV_OK)
+        return st;
+    if (overlap)
+        return kv__error(KV_ERR_OVERLAP,
+                         "%s: dst elements overlap each other (shape %s strides %s)", fn,
+                         kv__fmt_list(a, sizeof(a), dst->shape, dst->ndim),
+                         kv__fmt_list(b, sizeof(b), dst->strides, dst->ndim));
 
-    const int64_t numel = kv_view_numel(src);
-    const uint64_t bytes = (uint64_t)numel * kv_view_elem_bytes(src);
-    if (numel > 0) {
-        st = kv_view_has_internal_overlap(dst, 0, &overlap);
+    /* may_share compares absolute byte extents, so views over different
+     * base pointers into the same memory are caught as well. */
+    if (kv_view_may_share(dst, src)) {
+        bool shares = true;
+        int64_t dlo, dhi, slo, shi;
+        kv_view_extent_bytes(dst, &dlo, &dhi);
+        kv_view_extent_bytes(src, &slo, &shi);
+        st = kv_view_shares(dst, src, KV__COPY_OVERLAP_WORK, &shares);
         if (st == KV_ERR_TOO_COSTLY)
             return kv__error(KV_ERR_OVERLAP,
-                             "kv_view_copy: could not prove dst elements disjoint within the work "
-                             "bound (shape %s strides %s)",
-                             kv__fmt_list(a, sizeof(a), dst->shape, dst->ndim),
-                             kv__fmt_list(b, sizeof(b), dst->strides, dst->ndim));
+                             "%s: could not prove dst and src disjoint within %lld steps (dst "
+                             "bytes [%lld,%lld) of %p, src bytes [%lld,%lld) of %p)",
+                             fn, (long long)KV__COPY_OVERLAP_WORK, (long long)dlo, (long long)dhi,
+                             dst->base, (long long)slo, (long long)shi, src->base);
         if (st != KV_OK)
             return st;
-        if (overlap)
+        if (shares)
             return kv__error(KV_ERR_OVERLAP,
-                             "kv_view_copy: dst elements overlap each other (shape %s strides %s)",
-                             kv__fmt_list(a, sizeof(a), dst->shape, dst->ndim),
-                             kv__fmt_list(b, sizeof(b), dst->strides, dst->ndim));
-
-        /* may_share compares absolute byte extents, so views over different
-         * base pointers into the same memory are caught as well. */
-        if (kv_view_may_share(dst, src)) {
-            bool shares = true;
-            int64_t dlo, dhi, slo, shi;
-            kv_view_extent_bytes(dst, &dlo, &dhi);
-            kv_view_extent_bytes(src, &slo, &shi);
-            st = kv_view_shares(dst, src, KV__COPY_OVERLAP_WORK, &shares);
-            if (st == KV_ERR_TOO_COSTLY)
-                return kv__error(KV_ERR_OVERLAP,
-                                 "kv_view_copy: could not prove dst and src disjoint within %lld "
-                                 "steps (dst bytes [%lld,%lld) of %p, src bytes [%lld,%lld) of %p)",
-                                 (long long)KV__COPY_OVERLAP_WORK, (long long)dlo, (long long)dhi,
-                                 dst->base, (long long)slo, (long long)shi, src->base);
-            if (st != KV_OK)
-                return st;
-            if (shares)
-                return kv__error(KV_ERR_OVERLAP,
-                                 "kv_view_copy: dst and src share elements (dst bytes [%lld,%lld) "
-                                 "of %p, src bytes [%lld,%lld) of %p)",
-                                 (long long)dlo, (long long)dhi, dst->base, (long long)slo,
-                                 (long long)shi, src->base);
-        }
-        kv__view_copy_unchecked(src, dst);
+                             "%s: dst and src share elements (dst bytes [%lld,%lld) of %p, src "
+                             "bytes [%lld,%lld) of %p)",
+                             fn, (long long)dlo, (long long)dhi, dst->base, (long long)slo,
+                             (long long)shi, src->base);
     }
-    kv__copy_count(KV_COPY_VIEW_COPY, bytes);
+    return KV_OK;
+}
+
+kv_status kv_view_copy(const struct kv_view *src, const struct kv_view *dst)
+{
+    kv_status st = kv__view_copy_check("kv_view_copy", src, dst);
+    if (st != KV_OK)
+        return st;
+    const int64_t numel = kv_view_numel(src);
+    if (numel > 0)
+        kv__view_copy_unchecked(src, dst);
+    kv__copy_count(KV_COPY_VIEW_COPY, (uint64_t)numel * kv_view_elem_bytes(src));
     return kv__ok();
 }

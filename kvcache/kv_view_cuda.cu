@@ -1,61 +1,118 @@
 /*
  * kv_view_cuda.cu - strided view copy on the GPU.
  *
- * One thread per element in a grid-stride loop; both sides addressed through
- * kv_geom_offset_of_linear (kv_view_index.h), the same function the CPU
- * tests check. Element sizes 1, 2, 4, 8 are copied as integers of that size.
+ * The host has validated the copy (kv__view_copy_check, the CPU path's
+ * validator) and reduced it to a plan (kv_copy_plan_build, kv_view_index.h,
+ * the CPU engine's reduction). One kernel runs the plan row by row: a row's
+ * outer dims are decoded once (kv_copy_plan_row, one division per outer
+ * dim), then a group of threads walks the row with fixed strides:
+ *
+ *   contiguous rows   16/8/4/2/1-byte vectors (kv_copy_plan_vector_bytes:
+ *                     the widest that keeps every access aligned), so a
+ *                     row of bf16 heads moves as uint4 loads and stores
+ *   any other rows    element by element at the row's byte steps
+ *
+ * Threads per row: the next power of two of the row's vector count, at most
+ * a block (256), so short rows still fill warps (several rows per block).
  */
 #include <cuda_runtime.h>
 
+#include "kv_cuda_lib.h"
 #include "kv_view_cuda_int.h"
 
-template <typename T>
-__global__ void kv_view_copy_kernel(T *dst, struct kv_view_geom dg, const T *src,
-                                    struct kv_view_geom sg, int64_t numel)
+#define KV__CUDA_THREADS 256
+#define KV__CUDA_MAX_BLOCKS (1 << 20)
+
+template <typename V>
+__global__ void kv__copy_rows_kernel(const char *src, char *dst, struct kv_copy_plan p, int64_t n,
+                                     int64_t src_step, int64_t dst_step, int tpr_log2)
 {
-    int64_t stride = (int64_t)blockDim.x * gridDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < numel; i += stride)
-        dst[kv_geom_offset_of_linear(&dg, i)] = src[kv_geom_offset_of_linear(&sg, i)];
+    const int64_t tpr = (int64_t)1 << tpr_log2;       /* threads per row */
+    const int64_t rpb = KV__CUDA_THREADS >> tpr_log2; /* rows per block */
+    const int64_t lane = threadIdx.x & (tpr - 1);
+    for (int64_t r = (int64_t)blockIdx.x * rpb + (threadIdx.x >> tpr_log2); r < p.rows;
+         r += (int64_t)gridDim.x * rpb) {
+        int64_t so, d;
+        kv_copy_plan_row(&p, r, &so, &d);
+        const char *s = src + so;
+        char *t = dst + d;
+        for (int64_t i = lane; i < n; i += tpr)
+            *(V *)(t + i * dst_step) = *(const V *)(s + i * src_step);
+    }
 }
 
-template <typename T>
-static cudaError_t kv_launch(void *dst, struct kv_view_geom dg, const void *src,
-                             struct kv_view_geom sg, int64_t numel, cudaStream_t stream)
+template <typename V>
+static void kv__launch(const struct kv_copy_plan *p, const void *src, void *dst, int64_t n,
+                       int64_t src_step, int64_t dst_step, cudaStream_t stream)
 {
-    int threads = 256;
-    int64_t want = (numel + threads - 1) / threads;
-    int blocks = (int)(want < 65535 * 8 ? want : 65535 * 8);
-    kv_view_copy_kernel<T><<<blocks, threads, 0, stream>>>((T *)dst, dg, (const T *)src, sg, numel);
-    return cudaGetLastError();
+    int tpr_log2 = 0;
+    while (tpr_log2 < 8 && ((int64_t)1 << tpr_log2) < n)
+        tpr_log2++;
+    const int64_t rpb = KV__CUDA_THREADS >> tpr_log2;
+    int64_t blocks = (p->rows + rpb - 1) / rpb;
+    if (blocks > KV__CUDA_MAX_BLOCKS)
+        blocks = KV__CUDA_MAX_BLOCKS;
+    kv__copy_rows_kernel<V><<<(unsigned)blocks, KV__CUDA_THREADS, 0, stream>>>(
+        (const char *)src, (char *)dst, *p, n, src_step, dst_step, tpr_log2);
 }
 
-extern "C" kv_status kv__cuda_view_copy(void *dst_base, struct kv_view_geom dst,
-                                        const void *src_base, struct kv_view_geom src,
-                                        int64_t numel, int elem_bytes, void *stream)
+extern "C" kv_status kv__cuda_view_copy(const struct kv_copy_plan *p, const void *src_base,
+                                        void *dst_base, kv_cuda_stream stream, int *path_out)
 {
     cudaStream_t s = (cudaStream_t)stream;
-    cudaError_t err;
+    kv_status st = kv__cuda_ready("kv_view_copy_cuda", NULL);
+    if (st != KV_OK)
+        return st;
 
-    if (numel == 0)
-        return KV_OK;
-    switch (elem_bytes) {
-    case 1:
-        err = kv_launch<uint8_t>(dst_base, dst, src_base, src, numel, s);
-        break;
-    case 2:
-        err = kv_launch<uint16_t>(dst_base, dst, src_base, src, numel, s);
-        break;
-    case 4:
-        err = kv_launch<uint32_t>(dst_base, dst, src_base, src, numel, s);
+    const int32_t w =
+        kv_copy_plan_vector_bytes(p, (uint64_t)(uintptr_t)src_base, (uint64_t)(uintptr_t)dst_base);
+    const int64_t row_bytes = p->row_elems * p->elem_bytes;
+    int path;
+    switch (w) {
+    case 16:
+        kv__launch<uint4>(p, src_base, dst_base, row_bytes / 16, 16, 16, s);
+        path = KV__CUDA_COPY_VEC16;
         break;
     case 8:
-        err = kv_launch<uint64_t>(dst_base, dst, src_base, src, numel, s);
+        kv__launch<uint2>(p, src_base, dst_base, row_bytes / 8, 8, 8, s);
+        path = KV__CUDA_COPY_VEC8;
         break;
-    default:
-        return kv__error(KV_ERR_INVALID_ARG, "kv_view_copy_cuda: element size %d", elem_bytes);
+    case 4:
+        kv__launch<uint32_t>(p, src_base, dst_base, row_bytes / 4, 4, 4, s);
+        path = KV__CUDA_COPY_VEC4;
+        break;
+    case 2:
+        kv__launch<uint16_t>(p, src_base, dst_base, row_bytes / 2, 2, 2, s);
+        path = KV__CUDA_COPY_VEC2;
+        break;
+    case 1:
+        kv__launch<uint8_t>(p, src_base, dst_base, row_bytes, 1, 1, s);
+        path = KV__CUDA_COPY_VEC1;
+        break;
+    default: {
+        const int64_t ss = kv_copy_plan_src_step(p), ds = kv_copy_plan_dst_step(p);
+        switch (p->elem_bytes) {
+        case 1:
+            kv__launch<uint8_t>(p, src_base, dst_base, p->row_elems, ss, ds, s);
+            break;
+        case 2:
+            kv__launch<uint16_t>(p, src_base, dst_base, p->row_elems, ss, ds, s);
+            break;
+        case 4:
+            kv__launch<uint32_t>(p, src_base, dst_base, p->row_elems, ss, ds, s);
+            break;
+        default:
+            kv__launch<uint64_t>(p, src_base, dst_base, p->row_elems, ss, ds, s);
+            break;
+        }
+        path = KV__CUDA_COPY_STRIDED;
+        break;
     }
-    if (err != cudaSuccess)
-        return kv__error(KV_ERR_UNSUPPORTED, "kv_view_copy_cuda: launch failed: %s (%s)",
-                         cudaGetErrorName(err), cudaGetErrorString(err));
+    }
+    st = kv__cuda_status(cudaGetLastError(), "kv_view_copy_cuda: kernel launch");
+    if (st != KV_OK)
+        return st;
+    if (path_out)
+        *path_out = path;
     return KV_OK;
 }

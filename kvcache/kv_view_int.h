@@ -4,8 +4,9 @@
 #ifndef KV_VIEW_INT_H
 #define KV_VIEW_INT_H
 
-#include "kv_view.h"
 #include "kv_lib.h"
+#include "kv_view.h"
+#include "kv_view_index.h"
 
 /* Count one copy of `bytes` for `reason` (atomic). */
 void kv__copy_count(kv_copy_reason reason, uint64_t bytes);
@@ -14,6 +15,26 @@ void kv__copy_count(kv_copy_reason reason, uint64_t bytes);
  * have the same shape and dtype, dst has no internal overlap and does not
  * overlap src (callers check). Does not count. */
 void kv__view_copy_unchecked(const struct kv_view *src, const struct kv_view *dst);
+
+/* The geometry of a (validated) view, for the shared addressing header. */
+static inline struct kv_view_geom kv__view_geom(const struct kv_view *v)
+{
+    struct kv_view_geom g;
+    g.ndim = v->ndim;
+    for (int i = 0; i < 8; i++) {
+        g.shape[i] = i < v->ndim ? v->shape[i] : 1;
+        g.strides[i] = i < v->ndim ? v->strides[i] : 0;
+    }
+    g.offset = v->offset;
+    return g;
+}
+
+/* The one validator of a view copy, CPU and CUDA alike (kv_view_copy,
+ * kv_view_copy_cuda; the kernels in attention/ follow the same pattern):
+ * both views valid, same shape and dtype, dst without internal overlap, dst
+ * and src disjoint (exactly, within a work bound). fn names the public entry
+ * in every message. KV_OK or the error, with nothing written. */
+kv_status kv__view_copy_check(const char *fn, const struct kv_view *src, const struct kv_view *dst);
 
 /* Normalize a possibly negative dim against ndim (dims valid: 0..ndim-1);
  * returns false when out of range. */

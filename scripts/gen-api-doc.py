@@ -38,7 +38,7 @@ HEADERS = [
 # library-internal ones); any not listed above is appended so a new public
 # header can never be left out silently.
 MODULES = ["kvcache", "allocator", "attention", "connector"]
-LIB_INTERNAL = {"kvcache/kv_lib.h", "kvcache/kv_mem.h"}
+LIB_INTERNAL = {"kvcache/kv_lib.h", "kvcache/kv_mem.h", "kvcache/kv_cuda_lib.h"}
 
 LINT = []
 

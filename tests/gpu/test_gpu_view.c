@@ -5,6 +5,7 @@
  * for stray writes over the whole pool) against a host reference.
  */
 #include <cuda_runtime_api.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,56 +74,104 @@ static void bench_permute(void)
     cudaFree(b);
 }
 
+/* One device copy of a pool region: src and dst are views over two device
+ * pools of pool_bytes; the whole dst pool is compared with a host reference
+ * (copied elements where the view formula says, 0xAB everywhere else), and
+ * the path counter `want` must have moved. */
+static void run_case(const char *name, const struct kv_view *hs, const struct kv_view *hd,
+                     void *d_src, void *d_dst, size_t pool_bytes, const unsigned char *h_src,
+                     size_t want_path)
+{
+    struct kv_view s = *hs, d = *hd;
+    struct kv_view_cuda_stats a, b;
+    unsigned char *h_dst = malloc(pool_bytes), *ref = malloc(pool_bytes);
+    const size_t e = kv_view_elem_bytes(&s);
+    int64_t n = kv_view_numel(&s);
+
+    CHECK(h_dst && ref);
+    s.base = d_src;
+    d.base = d_dst;
+    CHECK(cudaMemset(d_dst, 0xAB, pool_bytes) == cudaSuccess);
+    kv_view_cuda_stats_get(&a);
+    CHECK(kv_view_copy_cuda(&s, &d, NULL) == KV_OK);
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    kv_view_cuda_stats_get(&b);
+    CHECK(((const uint64_t *)&b)[want_path] == ((const uint64_t *)&a)[want_path] + 1);
+    CHECK(cudaMemcpy(h_dst, d_dst, pool_bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+    memset(ref, 0xAB, pool_bytes);
+    for (int64_t i = 0; i < n; i++)
+        memcpy(ref + off_of(&d, i) * (int64_t)e, h_src + off_of(&s, i) * (int64_t)e, e);
+    CHECK(memcmp(ref, h_dst, pool_bytes) == 0);
+    printf("gpu view copy %-28s %9lld elements OK, whole pool checked\n", name, (long long)n);
+    free(h_dst);
+    free(ref);
+}
+
+#define PATH(f) (offsetof(struct kv_view_cuda_stats, f) / sizeof(uint64_t))
+
 int main(void)
 {
-    const int64_t pool_elems = 1 << 22;
-    uint16_t *h_src = malloc(pool_elems * 2), *h_dst = malloc(pool_elems * 2);
+    const size_t pool_bytes = (size_t)8 << 20;
+    unsigned char *h_src = malloc(pool_bytes);
     void *d_src, *d_dst;
-    struct kv_view s, d;
-    int64_t shape[4] = {64, 16, 8, 128}, pshape[4] = {64, 8, 16, 128}, n;
-    int perm[4] = {0, 2, 1, 3};
+    struct kv_view s, d, t;
     int devs = 0;
 
     if (cudaGetDeviceCount(&devs) != cudaSuccess || devs == 0) {
         printf("no GPU: skipped\n");
         return 77;
     }
-    CHECK(cudaMalloc(&d_src, pool_elems * 2) == cudaSuccess);
-    CHECK(cudaMalloc(&d_dst, pool_elems * 2) == cudaSuccess);
-    for (int64_t i = 0; i < pool_elems; i++)
-        h_src[i] = (uint16_t)(i * 2654435761u >> 7);
-    CHECK(cudaMemcpy(d_src, h_src, pool_elems * 2, cudaMemcpyHostToDevice) == cudaSuccess);
-    CHECK(cudaMemset(d_dst, 0xAB, pool_elems * 2) == cudaSuccess);
-    /* src: NHD blocks viewed as HND (permute), starting at an offset */
-    CHECK(kv_view_init(d_src, pool_elems * 2, KV_BF16, 4, shape, &s) == KV_OK);
-    CHECK(kv_view_as_strided(&s, 4, shape, s.strides, 12345, &s) == KV_OK);
-    CHECK(kv_view_permute(&s, perm, 4, &s) == KV_OK);
-    /* dst: padded blocks (block stride 20000 elems) far from 0 */
-    {
+    CHECK(h_src != NULL);
+    CHECK(cudaMalloc(&d_src, pool_bytes) == cudaSuccess);
+    CHECK(cudaMalloc(&d_dst, pool_bytes) == cudaSuccess);
+    for (size_t i = 0; i < pool_bytes; i++)
+        h_src[i] = (unsigned char)((i * 2654435761u) >> 13);
+    CHECK(cudaMemcpy(d_src, h_src, pool_bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+
+    { /* NHD blocks viewed as HND, into padded HND blocks far from 0: rows of
+       * D = 128 bf16, 16-byte aligned on both sides */
+        int64_t shape[4] = {64, 16, 8, 128}, pshape[4] = {64, 8, 16, 128};
         int64_t dstr[4] = {20000, 16 * 128, 128, 1};
-        CHECK(kv_view_init(d_dst, pool_elems * 2, KV_BF16, 1, &pool_elems, &d) == KV_OK);
-        CHECK(kv_view_as_strided(&d, 4, pshape, dstr, 2000000, &d) == KV_OK);
+        int perm[4] = {0, 2, 1, 3};
+        CHECK(kv_view_init(h_src, pool_bytes, KV_BF16, 4, shape, &s) == KV_OK);
+        CHECK(kv_view_as_strided(&s, 4, shape, s.strides, 4096, &s) == KV_OK);
+        CHECK(kv_view_permute(&s, perm, 4, &s) == KV_OK);
+        CHECK(kv_view_init(h_src, pool_bytes, KV_BF16, 4, pshape, &d) == KV_OK);
+        CHECK(kv_view_as_strided(&d, 4, pshape, dstr, 1 << 20, &d) == KV_OK);
+        run_case("nhd->hnd bf16 (vec16)", &s, &d, d_src, d_dst, pool_bytes, h_src, PATH(vec16));
+        /* the same at an odd element offset: 2-byte vectors */
+        CHECK(kv_view_init(h_src, pool_bytes, KV_BF16, 4, shape, &s) == KV_OK);
+        CHECK(kv_view_as_strided(&s, 4, shape, s.strides, 12345, &s) == KV_OK);
+        CHECK(kv_view_permute(&s, perm, 4, &s) == KV_OK);
+        run_case("nhd->hnd bf16 odd (vec2)", &s, &d, d_src, d_dst, pool_bytes, h_src, PATH(vec2));
     }
-    CHECK(kv_view_copy_cuda(&s, &d, NULL) == KV_OK);
-    CHECK(cudaDeviceSynchronize() == cudaSuccess);
-    CHECK(cudaMemcpy(h_dst, d_dst, pool_elems * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
-    n = kv_view_numel(&s);
-    {
-        char *touched = calloc(pool_elems, 1);
-        for (int64_t i = 0; i < n; i++) {
-            int64_t od = off_of(&d, i);
-            CHECK(h_dst[od] == h_src[off_of(&s, i)]);
-            touched[od] = 1;
-        }
-        for (int64_t i = 0; i < pool_elems; i++)
-            CHECK(touched[i] || h_dst[i] == 0xABAB);
-        free(touched);
+    { /* f32 heads of D = 2 (8-byte rows) gathered with a token step */
+        int64_t shape[3] = {4096, 8, 2};
+        CHECK(kv_view_init(h_src, pool_bytes, KV_F32, 3, shape, &t) == KV_OK);
+        CHECK(kv_view_slice(&t, 0, 1, 4096, 2, &s) == KV_OK);
+        int64_t dshape[3] = {2048, 8, 2}, dstr[3] = {8 * 2 + 6, 2, 1};
+        CHECK(kv_view_init(h_src, pool_bytes, KV_F32, 3, dshape, &d) == KV_OK);
+        CHECK(kv_view_as_strided(&d, 3, dshape, dstr, 10, &d) == KV_OK);
+        run_case("f32 token step (vec8)", &s, &d, d_src, d_dst, pool_bytes, h_src, PATH(vec8));
     }
-    printf("gpu view copy: %lld elements OK, no stray writes\n", (long long)n);
+    { /* a 2-D transpose: rows are not contiguous on the src side */
+        int64_t shape[2] = {1000, 1500};
+        CHECK(kv_view_init(h_src, pool_bytes, KV_F32, 2, shape, &t) == KV_OK);
+        CHECK(kv_view_transpose(&t, 0, 1, &s) == KV_OK);
+        int64_t dshape[2] = {1500, 1000};
+        CHECK(kv_view_init(h_src, pool_bytes, KV_F32, 2, dshape, &d) == KV_OK);
+        run_case("f32 transpose (strided)", &s, &d, d_src, d_dst, pool_bytes, h_src, PATH(strided));
+    }
+    { /* u8 with odd rows: 1-byte vectors */
+        int64_t shape[2] = {3001, 7};
+        CHECK(kv_view_init(h_src, pool_bytes, KV_U8, 2, shape, &s) == KV_OK);
+        int64_t dstr[2] = {9, 1};
+        CHECK(kv_view_as_strided(&s, 2, shape, dstr, 3, &d) == KV_OK);
+        run_case("u8 odd rows (vec1)", &s, &d, d_src, d_dst, pool_bytes, h_src, PATH(vec1));
+    }
     bench_permute();
     cudaFree(d_src);
     cudaFree(d_dst);
     free(h_src);
-    free(h_dst);
     return 0;
 }
