@@ -691,15 +691,18 @@ static kv_status kv__infer_shape(const char *fn, const int64_t *shape, int ndim,
 /*
  * PyTorch computeStride: strides for viewing (oshape, ostride) as nshape
  * without a copy. Returns false when impossible and names the first chunk of
- * old dims [*bad_lo, *bad_hi] that could not be split/merged.
+ * old dims [*bad_lo, *bad_hi] that could not be split/merged; *overflow is
+ * set (and false returned) when a stride would not fit int64 (possible for
+ * empty views and size-1 dims, whose strides no element uses).
  */
 static bool kv__compute_strides(const int64_t *oshape, const int64_t *ostride, int ondim,
                                 const int64_t *nshape, int nndim, int64_t numel, int64_t *nstride,
-                                int *bad_lo, int *bad_hi)
+                                int *bad_lo, int *bad_hi, bool *overflow)
 {
     int view_d = nndim - 1, chunk_hi = ondim - 1;
-    int64_t chunk_base, tensor_numel = 1, view_numel = 1;
+    int64_t chunk_base, tensor_numel = 1, view_numel = 1, prod;
 
+    *overflow = false;
     if (ondim == 0) {
         for (int i = 0; i < nndim; i++)
             nstride[i] = 1;
@@ -714,17 +717,31 @@ static bool kv__compute_strides(const int64_t *oshape, const int64_t *ostride, i
                 nstride[i] = ostride[i];
             return true;
         }
-        for (int d = nndim - 1; d >= 0; d--)
-            nstride[d] =
-                d == nndim - 1 ? 1 : (nshape[d + 1] > 1 ? nshape[d + 1] : 1) * nstride[d + 1];
+        /* [0] as [0, 2^22, 2^22, 2^22]: the C-order strides of an empty
+         * shape can still exceed int64 */
+        for (int d = nndim - 1; d >= 0; d--) {
+            if (d == nndim - 1) {
+                nstride[d] = 1;
+            } else if (!kv__mul_i64(nshape[d + 1] > 1 ? nshape[d + 1] : 1, nstride[d + 1],
+                                    &nstride[d])) {
+                *overflow = true;
+                return false;
+            }
+        }
         return true;
     }
     chunk_base = ostride[ondim - 1];
     for (int td = ondim - 1; td >= 0; td--) {
-        tensor_numel *= oshape[td];
-        if (td == 0 || (oshape[td - 1] != 1 && ostride[td - 1] != tensor_numel * chunk_base)) {
+        tensor_numel *= oshape[td]; /* <= numel > 0: fits */
+        if (td == 0 || (oshape[td - 1] != 1 &&
+                        (!kv__mul_i64(tensor_numel, chunk_base, &prod) || ostride[td - 1] != prod))) {
             while (view_d >= 0 && (view_numel < tensor_numel || nshape[view_d] == 1)) {
-                nstride[view_d] = view_numel * chunk_base;
+                /* chunk_base may be the stride of a size-1 dim, which no
+                 * element uses and so is not bounded by the storage */
+                if (!kv__mul_i64(view_numel, chunk_base, &nstride[view_d])) {
+                    *overflow = true;
+                    return false;
+                }
                 view_numel *= nshape[view_d];
                 view_d--;
             }
@@ -764,9 +781,17 @@ static kv_status kv__try_view(const char *fn, const struct kv_view *src, int ndi
     if (st != KV_OK)
         return st;
     *t = *src;
+    bool overflow = false;
     if (!kv__compute_strides(src->shape, src->strides, src->ndim, resolved, ndim, numel, t->strides,
-                             lo, hi))
+                             lo, hi, &overflow)) {
+        char b1[KV__LIST_BUF], b2[KV__LIST_BUF];
+        if (overflow)
+            return kv__error(KV_ERR_OVERFLOW,
+                             "%s: the strides of shape %s (viewing shape %s) overflow int64", fn,
+                             kv__fmt_list(b1, sizeof(b1), resolved, ndim),
+                             kv__fmt_list(b2, sizeof(b2), src->shape, src->ndim));
         return KV_ERR_NEEDS_COPY;
+    }
     t->ndim = ndim;
     for (int i = 0; i < KV_MAX_DIMS; i++) {
         t->shape[i] = i < ndim ? resolved[i] : 0;
@@ -972,8 +997,15 @@ kv_status kv_view_flatten(const struct kv_view *src, int start_dim, int end_dim,
     }
     for (int i = 0; i < a; i++)
         shape[n++] = src->shape[i];
-    for (int i = a; i <= b; i++)
-        merged *= src->shape[i]; /* bounded by the validated numel */
+    for (int i = a; i <= b; i++) {
+        /* not bounded by numel when another dim is 0: [0, 2^40, 2^40] */
+        if (!kv__mul_i64(merged, src->shape[i], &merged)) {
+            char b1[KV__LIST_BUF];
+            return kv__error(KV_ERR_OVERFLOW,
+                             "kv_view_flatten: merging dims %d..%d of shape %s overflows int64", a,
+                             b, kv__fmt_list(b1, sizeof(b1), src->shape, src->ndim));
+        }
+    }
     shape[n++] = merged;
     for (int i = b + 1; i < src->ndim; i++)
         shape[n++] = src->shape[i];
@@ -1015,10 +1047,20 @@ kv_status kv_view_contiguous(const struct kv_view *src, void *dst, size_t dst_by
 
 /* ---- predicates and describe -------------------------------------------- */
 
+/* Whether v satisfies the view invariants, without touching kv_last_error():
+ * predicates answer false for a view kv_view_check rejects. */
+static bool kv__view_valid_quiet(const struct kv_view *v)
+{
+    kv__error_mute();
+    bool ok = v && kv__check_src("kv_view_check", v) == KV_OK;
+    kv__error_unmute();
+    return ok;
+}
+
 bool kv_view_is_contiguous(const struct kv_view *v)
 {
     int64_t expected = 1;
-    if (!kv__meta_ok(v))
+    if (!kv__view_valid_quiet(v))
         return false;
     if (kv_view_numel(v) == 0)
         return true;
@@ -1035,7 +1077,7 @@ bool kv_view_is_contiguous(const struct kv_view *v)
 bool kv_view_is_f_contiguous(const struct kv_view *v)
 {
     int64_t expected = 1;
-    if (!kv__meta_ok(v))
+    if (!kv__view_valid_quiet(v))
         return false;
     if (kv_view_numel(v) == 0)
         return true;
@@ -1049,30 +1091,57 @@ bool kv_view_is_f_contiguous(const struct kv_view *v)
     return true;
 }
 
+/* "x * es" in decimal, or "(>int64)" when the byte value does not fit (a
+ * size-1 dim may carry any stride: slice(..., step = 2^63 - 1)). */
+static const char *kv__fmt_bytes_list(char *buf, size_t cap, const int64_t *v, int n, int64_t es)
+{
+    size_t used = 0;
+    if (cap == 0)
+        return buf;
+    buf[0] = '\0';
+    used += (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < n && used < cap; i++) {
+        int64_t b;
+        if (kv__mul_i64(v[i], es, &b))
+            used += (size_t)snprintf(buf + used, cap - used, i ? ",%" PRId64 : "%" PRId64, b);
+        else
+            used += (size_t)snprintf(buf + used, cap - used, i ? ",(>int64)" : "(>int64)");
+    }
+    if (used < cap)
+        snprintf(buf + used, cap - used, "]");
+    return buf;
+}
+
 int kv_view_describe(const struct kv_view *v, char *buf, size_t cap)
 {
-    char sh[KV__LIST_BUF], st[KV__LIST_BUF], sb[KV__LIST_BUF];
-    int64_t bstrides[KV_MAX_DIMS];
-    int64_t es;
+    char sh[KV__LIST_BUF], st[KV__LIST_BUF], sb[KV__LIST_BUF * 2], ob[32];
+    int64_t es, off_bytes = 0;
+    bool off_ok;
     const char *contig;
 
     if (!v)
         return snprintf(buf, cap, "(null view)");
-    if (v->ndim < 0 || v->ndim > KV_MAX_DIMS)
-        return snprintf(buf, cap, "(invalid view: ndim %d outside 0..%d)", v->ndim, KV_MAX_DIMS);
+    /* never index or multiply the fields of a view the validator rejects:
+     * print why instead (the same text kv_last_error() then holds) */
+    if (kv__check_src("kv_view_describe", v) != KV_OK)
+        return snprintf(buf, cap, "(invalid view: %s)", kv_last_error());
     es = (int64_t)kv_dtype_size(v->dtype);
-    for (int i = 0; i < v->ndim && i < KV_MAX_DIMS; i++)
-        bstrides[i] = v->strides[i] * es;
+    off_ok = kv__mul_i64(v->offset, es, &off_bytes); /* fails only for an empty view */
+    if (off_ok)
+        snprintf(ob, sizeof(ob), "%" PRId64, off_bytes);
+    else
+        snprintf(ob, sizeof(ob), "(>int64)");
     contig = kv_view_is_contiguous(v)
                  ? (kv_view_is_f_contiguous(v) && v->ndim > 1 && kv_view_numel(v) > 1 ? "C+F" : "C")
                  : (kv_view_is_f_contiguous(v) ? "F" : "no");
     return snprintf(buf, cap,
-                    "shape=%s strides=%s elems (%s bytes) offset=%" PRId64 " (%" PRId64
+                    "shape=%s strides=%s elems (%s bytes) offset=%" PRId64 " (%s"
                     " bytes) dtype=%s numel=%" PRId64 " contiguous=%s storage=%p (%zu bytes) "
                     "first=%p",
                     kv__fmt_list(sh, sizeof(sh), v->shape, v->ndim),
                     kv__fmt_list(st, sizeof(st), v->strides, v->ndim),
-                    kv__fmt_list(sb, sizeof(sb), bstrides, v->ndim), v->offset, v->offset * es,
+                    kv__fmt_bytes_list(sb, sizeof(sb), v->strides, v->ndim, es), v->offset, ob,
                     kv_dtype_name(v->dtype), kv_view_numel(v), contig, v->base, v->storage_bytes,
-                    v->base ? (void *)((char *)v->base + v->offset * es) : NULL);
+                    v->base && off_ok ? (void *)((uintptr_t)v->base + (uintptr_t)off_bytes)
+                                      : NULL);
 }

@@ -310,11 +310,13 @@ void kv_view_extent_bytes(const struct kv_view *v, int64_t *lo_bytes, int64_t *h
     struct ovl_form f;
     int64_t lo = 0, hi = 0;
 
+    kv__error_mute(); /* a void query: never changes kv_last_error() */
     if (v != NULL && ovl_check_meta("kv_view_extent_bytes", "v", v) == KV_OK &&
         ovl_form_build(v, &f) && !f.empty && kv__add_i64(f.rel_start_bytes, f.span_bytes, &hi))
         lo = f.rel_start_bytes;
     else
         hi = 0;
+    kv__error_unmute();
     if (lo_bytes != NULL)
         *lo_bytes = lo;
     if (hi_bytes != NULL)
@@ -404,8 +406,11 @@ bool kv_view_may_share(const struct kv_view *a, const struct kv_view *b)
 {
     struct ovl_form fa, fb;
 
-    if (a == NULL || b == NULL || ovl_check_meta("kv_view_may_share", "a", a) != KV_OK ||
-        ovl_check_meta("kv_view_may_share", "b", b) != KV_OK)
+    kv__error_mute(); /* a bool query: never changes kv_last_error() */
+    bool meta_ok = a != NULL && b != NULL && ovl_check_meta("kv_view_may_share", "a", a) == KV_OK &&
+                   ovl_check_meta("kv_view_may_share", "b", b) == KV_OK;
+    kv__error_unmute();
+    if (!meta_ok)
         return false;
     if (!ovl_form_build(a, &fa) || !ovl_form_build(b, &fb))
         return true; /* cannot bound it: conservatively "may" */

@@ -51,6 +51,10 @@ struct replay {
     int nbufs;
 };
 
+/* Longest list a vector line may carry: more entries than a view has dims,
+ * so a too-long list reaches the library (which must refuse it) intact. */
+#define LIST_MAX (2 * KV_MAX_DIMS)
+
 static int parse_list(const char *s, int64_t *out)
 {
     int n = 0;
@@ -62,8 +66,10 @@ static int parse_list(const char *s, int64_t *out)
         char *end;
         out[n++] = strtoll(s, &end, 10);
         s = end;
-        if (*s != ',' || n == KV_MAX_DIMS)
+        if (*s != ',')
             break;
+        if (n == LIST_MAX)
+            fail_msg("a list of more than %d entries", LIST_MAX);
         s++;
     }
     return n;
@@ -79,7 +85,7 @@ static int parse_copy_flag(const char *s)
 static kv_status apply_op(struct replay *r, const char *op, struct kv_view *v, int *copied)
 {
     char name[32];
-    int64_t a[KV_MAX_DIMS];
+    int64_t a[LIST_MAX];
     const char *args;
     int n, consumed = 0;
     bool cp = false;
@@ -92,7 +98,7 @@ static kv_status apply_op(struct replay *r, const char *op, struct kv_view *v, i
         return KV_ERR_INVALID_ARG;
     args = op + consumed;
     if (!strcmp(name, "permute")) {
-        int perm[KV_MAX_DIMS];
+        int perm[LIST_MAX];
         n = parse_list(args, a);
         for (int i = 0; i < n; i++)
             perm[i] = (int)a[i];
@@ -150,7 +156,7 @@ static kv_status apply_op(struct replay *r, const char *op, struct kv_view *v, i
 
 static int check_expect(const struct kv_view *v, const char *exp, char *why, size_t cap)
 {
-    int64_t shape[KV_MAX_DIMS], strides[KV_MAX_DIMS], sum, wsum, esum, ewsum, eoff;
+    int64_t shape[LIST_MAX], strides[LIST_MAX], sum, wsum, esum, ewsum, eoff;
     int nshape, nstrides, econtig;
     const char *p;
     int64_t numel = kv_view_numel(v);
@@ -212,7 +218,7 @@ static int replay_line(char *line, char *why, size_t cap)
 {
     struct replay r = {.nbufs = 0};
     struct kv_view v;
-    int64_t shape[KV_MAX_DIMS], numel = 1;
+    int64_t shape[LIST_MAX], numel = 1;
     char *save = NULL, *tok;
     int ndim, ok = 0;
     int64_t *storage;
@@ -242,12 +248,15 @@ static int replay_line(char *line, char *why, size_t cap)
         next = save;
         while (next && *next == ' ')
             next++;
+        struct kv_view before = v;
         st = apply_op(&r, tok, &v, &copied);
         if (next && !strncmp(next, "error", 5)) {
             if (st == KV_OK)
                 snprintf(why, cap, "op '%s' succeeded but PyTorch refused it", tok);
             else if (kv_last_error()[0] == '\0')
                 snprintf(why, cap, "op '%s' failed without a message", tok);
+            else if (memcmp(&before, &v, sizeof(v)) != 0)
+                snprintf(why, cap, "op '%s' was refused but changed its output", tok);
             else
                 ok = 1;
             break;
@@ -268,14 +277,15 @@ static int replay_line(char *line, char *why, size_t cap)
     return ok;
 }
 
-static void test_view_conformance_vectors(void **state)
+/* Replay every line of tests/data/<file>; want_lines guards against a
+ * truncated copy of the data. */
+static void replay_file(const char *file, int want_lines)
 {
     char line[4096], copy[4096], why[512];
     int lines = 0, failed = 0, errors = 0;
-    FILE *f = fopen(kvt_data_path("strided_views.txt"), "r");
-    (void)state;
+    FILE *f = fopen(kvt_data_path(file), "r");
     if (!f)
-        fail_msg("cannot open %s", kvt_data_path("strided_views.txt"));
+        fail_msg("cannot open %s", kvt_data_path(file));
     while (fgets(line, sizeof(line), f)) {
         line[strcspn(line, "\n")] = '\0';
         if (line[0] == '#' || line[0] == '\0')
@@ -292,10 +302,24 @@ static void test_view_conformance_vectors(void **state)
         }
     }
     fclose(f);
-    print_message("conformance: %d lines (%d expected errors), %d mismatches\n", lines, errors,
+    print_message("%s: %d lines (%d expected errors), %d mismatches\n", file, lines, errors,
                   failed);
-    assert_int_equal(lines, 3000);
+    assert_int_equal(lines, want_lines);
     assert_int_equal(failed, 0);
+}
+
+static void test_view_conformance_vectors(void **state)
+{
+    (void)state;
+    replay_file("strided_views.txt", 3000);
+}
+
+/* Negative dims and indices PyTorch accepts, and arguments it refuses: each
+ * refusal must be an error with a message, and leave the output untouched. */
+static void test_view_conformance_edge_vectors(void **state)
+{
+    (void)state;
+    replay_file("strided_views_edges.txt", 1000);
 }
 
 /* ---- edge cases and bad input -------------------------------------------- */
@@ -611,6 +635,66 @@ static void test_view_describe_line(void **state)
 
 /* Hand-built views are untrusted: a bad ndim, a misaligned base or strides
  * whose products overflow are refused, never indexed or wrapped. */
+/* Geometry whose products leave int64: every op says so with
+ * KV_ERR_OVERFLOW (never wrapped strides, never a UBSan abort) and leaves the
+ * output untouched; predicates and describe never multiply the fields of a
+ * view the validator rejects. */
+static void test_view_overflow_edges(void **state)
+{
+    struct kv_view e, w, before;
+    char line[512];
+    int64_t zero = 0, big[4] = {0, (int64_t)1 << 22, (int64_t)1 << 22, (int64_t)1 << 22};
+    (void)state;
+    /* [0] viewed as [0, 2^22, 2^22, 2^22]: C strides 2^66 */
+    assert_int_equal(kv_view_init(g_buf, sizeof(g_buf), KV_F32, 1, &zero, &e), KV_OK);
+    memset(&w, 0x5A, sizeof(w));
+    before = w;
+    assert_int_equal(kv_view_view(&e, 4, big, &w), KV_ERR_OVERFLOW);
+    assert_msg_has("overflow int64");
+    assert_memory_equal(&w, &before, sizeof(w));
+    assert_int_equal(kv_view_reshape(&e, 4, big, NULL, 0, &w, NULL), KV_ERR_OVERFLOW);
+    assert_memory_equal(&w, &before, sizeof(w));
+    /* the same shape with strides that do fit is fine */
+    int64_t fits[4] = {0, (int64_t)1 << 20, (int64_t)1 << 20, (int64_t)1 << 20};
+    assert_int_equal(kv_view_view(&e, 4, fits, &w), KV_OK);
+    assert_int_equal(w.strides[0], (int64_t)1 << 60);
+    assert_int_equal(w.strides[1], (int64_t)1 << 40);
+    /* flatten of [0, 2^40, 2^40] (strides 1): merged size 2^80 */
+    int64_t sh3[3] = {0, (int64_t)1 << 40, (int64_t)1 << 40}, st3[3] = {1, 1, 1};
+    assert_int_equal(kv_view_as_strided(&e, 3, sh3, st3, 0, &e), KV_OK);
+    w = before;
+    assert_int_equal(kv_view_flatten(&e, 1, 2, NULL, 0, &w, NULL), KV_ERR_OVERFLOW);
+    assert_msg_has("merging dims 1..2");
+    assert_memory_equal(&w, &before, sizeof(w));
+    /* slice with step 2^63-1 on a size-3 dim: size 1, stride 2^63-1, a valid
+     * view whose byte stride does not fit int64 (describe says so) */
+    struct kv_view v;
+    int64_t shape[2] = {2, 3};
+    assert_int_equal(kv_view_init(g_buf, sizeof(g_buf), KV_F32, 2, shape, &v), KV_OK);
+    assert_int_equal(kv_view_slice(&v, 1, 0, 3, INT64_MAX, &v), KV_OK);
+    assert_int_equal(v.shape[1], 1);
+    assert_int_equal(v.strides[1], INT64_MAX);
+    assert_int_equal(kv_view_check(&v), KV_OK);
+    assert_true(kv_view_describe(&v, line, sizeof(line)) > 0);
+    assert_non_null(strstr(line, "strides=[3,9223372036854775807] elems ([12,(>int64)] bytes)"));
+    assert_false(kv_view_is_contiguous(&v)); /* dim 0 steps 3 elements, as in PyTorch */
+    /* a hand-built view the validator rejects: predicates say false and leave
+     * the last error alone; describe prints why */
+    struct kv_view bad = v;
+    bad.strides[0] = INT64_MAX; /* reaches past any storage */
+    assert_int_equal(kv_view_init(g_buf, sizeof(g_buf), KV_F32, 1, &zero, &e), KV_OK);
+    assert_string_equal(kv_last_error(), "");
+    assert_false(kv_view_is_contiguous(&bad));
+    assert_false(kv_view_is_f_contiguous(&bad));
+    int64_t lo = 1, hi = 1;
+    kv_view_extent_bytes(&bad, &lo, &hi);
+    (void)kv_view_may_share(&bad, &v);
+    assert_string_equal(kv_last_error(), "");
+    assert_true(kv_view_describe(&bad, line, sizeof(line)) > 0);
+    assert_non_null(strstr(line, "(invalid view: kv_view_describe: "));
+    assert_non_null(strstr(line, "int64"));
+}
+
 static void test_view_hand_built_views_refused(void **state)
 {
     struct kv_view v, w, before;
@@ -631,7 +715,7 @@ static void test_view_hand_built_views_refused(void **state)
         assert_int_equal(kv_view_offset_of(&v, idx, &off), KV_ERR_BAD_DIM);
         assert_null(kv_view_ptr(&v, idx));
         kv_view_describe(&v, line, sizeof(line));
-        assert_non_null(strstr(line, "invalid view: ndim 64"));
+        assert_non_null(strstr(line, "invalid view: kv_view_describe: ndim 64"));
     }
     make(&v, 2, shape);
     v.shape[1] = -6;
@@ -676,6 +760,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_view_conformance_vectors),
+        cmocka_unit_test(test_view_conformance_edge_vectors),
         cmocka_unit_test(test_view_init_bad_input),
         cmocka_unit_test(test_view_permute_bad_input),
         cmocka_unit_test(test_view_slice_steps_and_clamping),
@@ -690,6 +775,7 @@ int main(void)
         cmocka_unit_test(test_view_reshape_copy_reported_and_counted),
         cmocka_unit_test(test_view_large_offsets_are_64bit),
         cmocka_unit_test(test_view_describe_line),
+        cmocka_unit_test(test_view_overflow_edges),
         cmocka_unit_test(test_view_hand_built_views_refused),
         cmocka_unit_test(test_view_status_names),
     };
