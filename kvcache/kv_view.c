@@ -112,8 +112,9 @@ static kv_status kv__check_geometry(const char *fn, kv_dtype dtype, int ndim, co
     if (!base)
         return kv__error(KV_ERR_NULL, "%s: storage base is NULL for a view of %" PRId64 " elements",
                          fn, numel);
+    int64_t past_last;
     if (!kv__max_elem(shape, strides, ndim, offset, &max_elem) ||
-        !kv__mul_i64(max_elem + 1, (int64_t)es, &hi_bytes))
+        !kv__add_i64(max_elem, 1, &past_last) || !kv__mul_i64(past_last, (int64_t)es, &hi_bytes))
         return kv__error(KV_ERR_OVERFLOW,
                          "%s: shape %s strides %s offset %" PRId64 " reach past int64 bytes", fn,
                          kv__fmt_list(b1, sizeof(b1), shape, ndim),
@@ -656,6 +657,11 @@ static kv_status kv__infer_shape(const char *fn, const int64_t *shape, int ndim,
 
     if (ndim < 0 || ndim > KV_MAX_DIMS)
         return kv__error(KV_ERR_BAD_DIM, "%s: target ndim %d outside 0..%d", fn, ndim, KV_MAX_DIMS);
+    /* a 0 anywhere makes the count 0 whatever the other sizes: [2^62, 0, 2^62]
+     * holds no element and its product must not be taken */
+    bool has_zero = false;
+    for (int i = 0; i < ndim; i++)
+        has_zero |= shape[i] == 0;
     for (int i = 0; i < ndim; i++) {
         resolved[i] = shape[i];
         if (shape[i] == -1) {
@@ -668,6 +674,8 @@ static kv_status kv__infer_shape(const char *fn, const int64_t *shape, int ndim,
         } else if (shape[i] < 0) {
             return kv__error(KV_ERR_BAD_SHAPE, "%s: invalid size %" PRId64 " at dim %d of %s", fn,
                              shape[i], i, kv__fmt_list(b1, sizeof(b1), shape, ndim));
+        } else if (has_zero) {
+            newsize = 0;
         } else if (!kv__mul_i64(newsize, shape[i], &newsize)) {
             return kv__error(KV_ERR_OVERFLOW, "%s: element count of %s overflows int64", fn,
                              kv__fmt_list(b1, sizeof(b1), shape, ndim));
@@ -873,7 +881,11 @@ kv_status kv_view_sliding_window(const struct kv_view *src, int dim, int64_t win
         shape[i] = src->shape[i];
         strides[i] = src->strides[i];
     }
-    shape[d] = src->shape[d] - window + 1;
+    if (!kv__add_i64(src->shape[d] - window, 1, &shape[d])) /* window 0 of an INT64_MAX dim */
+        return kv__error(KV_ERR_OVERFLOW,
+                         "kv_view_sliding_window: %" PRId64 " windows of %" PRId64
+                         " along dim %d overflow int64",
+                         src->shape[d], window, d);
     shape[src->ndim] = window;
     strides[src->ndim] = src->strides[d];
     return kv_view_as_strided(src, src->ndim + 1, shape, strides, src->offset, out);

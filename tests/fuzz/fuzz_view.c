@@ -4,7 +4,9 @@
  * Input bytes decode into a start view (any dtype, ndim 0..5, numel <= 4096,
  * over a malloc'd storage whose exact size lets ASan see any stray access,
  * optionally re-strided with kv_view_as_strided) followed by up to 12 ops
- * with arguments that are usually valid and sometimes not. After each op:
+ * with arguments that are usually valid and sometimes not, including sizes
+ * and strides at the edge of int64 (empty views, huge broadcasts, as_strided
+ * with 2^62 strides: rd_big). After each op:
  *
  *   failure: the status is a known error code, kv_last_error() is non-empty,
  *            *out is untouched (also when out aliases src), no copy counted;
@@ -54,6 +56,25 @@ static int64_t rd_range(struct rd *r, int64_t lo, int64_t hi)
 {
     uint16_t x = (uint16_t)(rd_u8(r) | (uint16_t)rd_u8(r) << 8);
     return lo + (int64_t)(x % (uint64_t)(hi - lo + 1));
+}
+
+/* A size or stride at the edge of int64: 2^k (k up to 62), 2^k + 1, or
+ * INT64_MAX. Empty views may carry such sizes and strides (no element is
+ * ever addressed), so every product over them must be checked. */
+static int64_t rd_big(struct rd *r)
+{
+    uint8_t b = rd_u8(r);
+    if (b >= 0xF8)
+        return INT64_MAX;
+    int64_t v = (int64_t)1 << (b % 63);
+    return b & 0x40 ? v + 1 : v;
+}
+
+/* A dim's size as the base of index arguments: clamped so that s + 2 and
+ * -s - 2 stay in int64 (sizes may be up to INT64_MAX, see rd_big). */
+static int64_t arg_size(int64_t s)
+{
+    return s > ((int64_t)1 << 40) ? (int64_t)1 << 40 : s;
 }
 
 /* A dim argument: usually valid for ndim (either sign), sometimes wild. */
@@ -147,6 +168,9 @@ static void arena_free(struct arena *a)
 static int64_t ref_numel(const struct kv_view *v)
 {
     int64_t n = 1;
+    for (int k = 0; k < v->ndim; k++)
+        if (v->shape[k] == 0)
+            return 0; /* before any product: [2^23, 2^56, 0] is empty */
     for (int k = 0; k < v->ndim; k++)
         if (__builtin_mul_overflow(n, v->shape[k], &n))
             return INT64_MAX;
@@ -394,7 +418,9 @@ static void rd_target_shape(struct rd *r, int64_t numel, struct op_args *x)
     for (int i = 0; i < x->ndim - 1; i++) {
         int64_t divs[16], nd = 0;
         if (rem == 0) {
-            x->shape[i] = rd_range(r, 0, 3);
+            /* an empty target may have any sizes: also large ones ([0] as
+             * [0, 2^22, 2^22, 2^22] has C strides past int64) */
+            x->shape[i] = rd_u8(r) % 4 == 0 ? rd_big(r) : rd_range(r, 0, 3);
             continue;
         }
         for (int64_t d = 1; d <= 16 && d <= rem; d++)
@@ -410,7 +436,11 @@ static void rd_target_shape(struct rd *r, int64_t numel, struct op_args *x)
         x->shape[rd_range(r, 0, x->ndim - 1)] = -1;
         break;
     case 2: /* wrong sizes */
-        x->shape[rd_range(r, 0, x->ndim - 1)] += rd_range(r, -2, 2);
+    {
+        int64_t *sz = &x->shape[rd_range(r, 0, x->ndim - 1)];
+        if (*sz < ((int64_t)1 << 62))
+            *sz += rd_range(r, -2, 2);
+    }
         break;
     case 3: /* two -1 */
         x->shape[0] = -1;
@@ -475,20 +505,20 @@ static void rd_args(struct rd *r, struct arena *ar, const struct kv_view *v, str
             x->perm[i] = i;
         break;
     case OP_SLICE: {
-        int64_t s = nd ? v->shape[(x->dim0 % nd + nd) % nd] : 0;
+        int64_t s = arg_size(nd ? v->shape[(x->dim0 % nd + nd) % nd] : 0);
         x->a = rd_range(r, -s - 2, s + 2);
         x->b = rd_range(r, -s - 2, s + 2);
         x->c = rd_range(r, -1, 4); /* step; <= 0 refused */
         break;
     }
     case OP_NARROW: {
-        int64_t s = nd ? v->shape[(x->dim0 % nd + nd) % nd] : 0;
+        int64_t s = arg_size(nd ? v->shape[(x->dim0 % nd + nd) % nd] : 0);
         x->a = rd_range(r, -s - 1, s + 1);
         x->b = rd_range(r, -1, s + 1);
         break;
     }
     case OP_SELECT: {
-        int64_t s = nd ? v->shape[(x->dim0 % nd + nd) % nd] : 0;
+        int64_t s = arg_size(nd ? v->shape[(x->dim0 % nd + nd) % nd] : 0);
         x->a = rd_range(r, -s - 1, s);
         break;
     }
@@ -514,6 +544,8 @@ static void rd_args(struct rd *r, struct arena *ar, const struct kv_view *v, str
                 x->shape[i] = have;
                 break;
             case 3:
+                x->shape[i] = have == 1 ? rd_big(r) : have; /* huge broadcast */
+                break;
             case 4:
                 x->shape[i] = have == 1 ? rd_range(r, 0, 5) : have;
                 break;
@@ -538,7 +570,7 @@ static void rd_args(struct rd *r, struct arena *ar, const struct kv_view *v, str
         rd_dst(r, ar, v, x);
         break;
     case OP_SLIDING_WINDOW: {
-        int64_t s = nd ? v->shape[(x->dim0 % nd + nd) % nd] : 0;
+        int64_t s = arg_size(nd ? v->shape[(x->dim0 % nd + nd) % nd] : 0);
         x->a = rd_range(r, -1, s + 1);
         break;
     }
@@ -547,11 +579,14 @@ static void rd_args(struct rd *r, struct arena *ar, const struct kv_view *v, str
         x->ndim = (int)rd_range(r, 0, 5);
         if (rd_u8(r) == 0xFF)
             x->ndim = KV_MAX_DIMS + 1;
+        const bool big = rd_u8(r) % 4 == 0; /* an empty view with edge sizes and strides */
         for (int i = 0; i < x->ndim && i < KV_MAX_DIMS; i++) {
-            x->shape[i] = rd_range(r, 0, 6);
-            x->strides[i] = rd_u8(r) == 0xFE ? -1 : rd_range(r, 0, 9);
+            x->shape[i] = big ? rd_big(r) : rd_range(r, 0, 6);
+            x->strides[i] = rd_u8(r) == 0xFE ? -1 : big ? rd_big(r) : rd_range(r, 0, 9);
         }
-        x->a = rd_u8(r) == 0xFF ? -1 : rd_range(r, 0, cap + 2);
+        if (big && x->ndim > 0 && x->ndim <= KV_MAX_DIMS)
+            x->shape[rd_range(r, 0, x->ndim - 1)] = 0;
+        x->a = rd_u8(r) == 0xFF ? -1 : big && rd_u8(r) & 1 ? rd_big(r) : rd_range(r, 0, cap + 2);
         break;
     }
     default:
@@ -644,7 +679,8 @@ static kv_status view_equivalent(const struct op_args *x, const struct kv_view *
         shape[n++] = src->shape[i];
     shape[n] = 1;
     for (int i = a; i <= b; i++)
-        shape[n] *= src->shape[i];
+        if (__builtin_mul_overflow(shape[n], src->shape[i], &shape[n]))
+            return KV_ERR_OVERFLOW;
     n++;
     for (int i = b + 1; i < src->ndim; i++)
         shape[n++] = src->shape[i];

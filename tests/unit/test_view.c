@@ -666,6 +666,24 @@ static void test_view_overflow_edges(void **state)
     assert_int_equal(kv_view_flatten(&e, 1, 2, NULL, 0, &w, NULL), KV_ERR_OVERFLOW);
     assert_msg_has("merging dims 1..2");
     assert_memory_equal(&w, &before, sizeof(w));
+    /* a view of an empty shape keeps any other sizes: [2^62, 0, 2^62] */
+    int64_t wide[3] = {(int64_t)1 << 62, 0, (int64_t)1 << 62};
+    assert_int_equal(kv_view_init(g_buf, sizeof(g_buf), KV_F32, 1, &zero, &e), KV_OK);
+    assert_int_equal(kv_view_view(&e, 3, wide, &w), KV_OK);
+    assert_int_equal(kv_view_numel(&w), 0);
+    assert_int_equal(kv_view_view(&w, 3, wide, &w), KV_OK); /* and views as itself */
+    /* the validator's own bound: last element INT64_MAX (as_strided of
+     * [2, 1] with stride INT64_MAX - 1 from offset 1) */
+    int64_t two1[2] = {2, 1}, far[2] = {INT64_MAX - 1, 1};
+    assert_int_equal(kv_view_init(g_buf, sizeof(g_buf), KV_U8, 1, &zero, &e), KV_OK);
+    w = before;
+    assert_int_equal(kv_view_as_strided(&e, 2, two1, far, 1, &w), KV_ERR_OVERFLOW);
+    assert_memory_equal(&w, &before, sizeof(w));
+    /* sliding window 0 over a dim of INT64_MAX (an empty view) */
+    int64_t huge_empty[2] = {INT64_MAX, 0}, one1[2] = {1, 1};
+    assert_int_equal(kv_view_as_strided(&e, 2, huge_empty, one1, 0, &e), KV_OK);
+    assert_int_equal(kv_view_sliding_window(&e, 0, 0, &w), KV_ERR_OVERFLOW);
+    assert_memory_equal(&w, &before, sizeof(w));
     /* slice with step 2^63-1 on a size-3 dim: size 1, stride 2^63-1, a valid
      * view whose byte stride does not fit int64 (describe says so) */
     struct kv_view v;
