@@ -23,8 +23,15 @@
  * One record per block id, 32 bytes. Links are ids; the list sentinel is the
  * extra record at index num_blocks (its next = head, prev = tail).
  *
+ * The free list is the fresh range [fresh, num_blocks) -- ids never handed
+ * out, in id order -- followed by the linked list of released ids. It is the
+ * list an eager build (every id pushed at create) would hold, because every
+ * release goes to the tail: so create touches no record (records come from
+ * lazily zeroed pages) and costs O(1) whatever num_blocks is.
+ *
  * Invariants (ids 1 .. num_blocks-1; kv__block_pool_check verifies them):
- *   ref > 0                        <=>  prev == next == KV__NIL (off the list)
+ *   id >= fresh                    =>   record all zero (never used)
+ *   id <  fresh: ref > 0           <=>  prev == next == KV__NIL (off the list)
  *   ref == 0 && (flags & HASHED)   <=>  cached
  *   (flags & HASHED)               <=>  table[hash] == id
  *   pending == 0                        between calls (batch validation scratch)
@@ -52,7 +59,8 @@ struct kv__slot {
 /*
  * Counters (all under mu):
  *   n_free + n_used + n_cached == capacity == num_blocks - 1
- *   n_list == n_free + n_cached               (length of the free list)
+ *   n_list == n_free + n_cached               (length of the free list,
+ *                                              fresh range included)
  *   n_hashed == entries in the table == n_cached + (used blocks with a hash)
  *   used_high_water >= n_used
  *   table_mask + 1 >= 2 * num_blocks          (load factor <= 1/2)
@@ -65,7 +73,8 @@ struct kv_block_pool {
     unsigned table_shift; /* 64 - log2(table size) */
     uint32_t num_blocks;
     uint32_t capacity;
-    uint32_t n_list;
+    uint32_t fresh;  /* first never-used id: [fresh, num_blocks) heads the free list */
+    uint32_t n_list; /* (num_blocks - fresh) + linked ids */
     uint32_t n_used;
     uint32_t n_cached;
     uint32_t n_hashed;
@@ -233,8 +242,12 @@ static kv_status check_locked(kv_block_pool *p)
                          p->used_high_water, p->n_used);
 
     /* Walk the list: links consistent, members have ref 0, length matches. */
+    if (p->fresh < 1 || p->fresh > p->num_blocks)
+        return kv__error(KV_ERR_INTERNAL, "kv_block_pool: fresh %u outside [1, %u]", p->fresh,
+                         p->num_blocks);
+    n_list = p->num_blocks - p->fresh;
     for (uint32_t id = p->blocks[s].next; id != s; id = p->blocks[id].next) {
-        if (id == 0 || id >= p->num_blocks || n_list > p->capacity)
+        if (id == 0 || id >= p->fresh || n_list > p->capacity)
             return kv__error(KV_ERR_INTERNAL,
                              "kv_block_pool: free list corrupt at id %u (after %u)", id, prev);
         if (p->blocks[id].prev != prev)
@@ -256,6 +269,14 @@ static kv_status check_locked(kv_block_pool *p)
         return kv__error(KV_ERR_INTERNAL, "kv_block_pool: null block 0 was touched");
     for (uint32_t id = 1; id < p->num_blocks; id++) {
         const struct kv__block *b = &p->blocks[id];
+        if (id >= p->fresh) {
+            if (b->hash || b->prev || b->next || b->ref || b->flags || b->pending)
+                return kv__error(KV_ERR_INTERNAL,
+                                 "kv_block_pool: never-used id %u (fresh %u) has a record", id,
+                                 p->fresh);
+            n_free++;
+            continue;
+        }
         bool on_list = b->prev != KV__NIL;
         if ((b->ref > 0) == on_list || (on_list != (b->next != KV__NIL)))
             return kv__error(KV_ERR_INTERNAL, "kv_block_pool: id %u ref %u but on_list %d", id,
@@ -402,11 +423,12 @@ kv_status kv_block_pool_create(const struct kv_block_pool_config *cfg, kv_block_
     if (bits == 0) /* slots == 1 cannot happen (num_blocks >= 2), but keep shift < 64 */
         p->table_shift = 63;
 
-    /* Null block: ref 0, off the list, never touched. Ids 1.. in order. */
+    /* Null block: ref 0, off the list, never touched. Ids 1.. in order: the
+     * fresh range, nothing linked yet. */
     p->blocks[0].prev = p->blocks[0].next = KV__NIL;
     p->blocks[sentinel(p)].prev = p->blocks[sentinel(p)].next = sentinel(p);
-    for (uint32_t id = 1; id < p->num_blocks; id++)
-        list_push_tail(p, id);
+    p->fresh = 1;
+    p->n_list = p->capacity;
     debug_check(p);
     *out = p;
     return kv__ok();
@@ -451,9 +473,18 @@ kv_status kv_block_pool_alloc(kv_block_pool *pool, uint32_t n, uint32_t *ids)
     }
     const uint32_t s = sentinel(pool);
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t id = pool->blocks[s].next;
-        struct kv__block *b = &pool->blocks[id];
-        list_unlink(pool, id);
+        uint32_t id;
+        struct kv__block *b;
+        if (pool->fresh < pool->num_blocks) { /* the head of the list: never used */
+            id = pool->fresh++;
+            b = &pool->blocks[id];
+            b->prev = b->next = KV__NIL;
+            pool->n_list--;
+        } else {
+            id = pool->blocks[s].next;
+            b = &pool->blocks[id];
+            list_unlink(pool, id);
+        }
         if (b->flags & KV__BLOCK_HASHED) {
             /* Lazy eviction of the least recently released cached block. */
             table_remove_at(pool, table_find(pool, b->hash));
@@ -780,6 +811,8 @@ kv_status kv_block_pool_free_list(kv_block_pool *pool, uint32_t *ids, uint32_t c
         return kv__error(KV_ERR_INVALID_ARG, "kv_block_pool_free_list: cap %u < list length %u",
                          cap, len);
     }
+    for (uint32_t id = pool->fresh; id < pool->num_blocks; id++)
+        ids[i++] = id;
     for (uint32_t id = pool->blocks[sentinel(pool)].next; id != sentinel(pool);
          id = pool->blocks[id].next)
         ids[i++] = id;
