@@ -4,7 +4,7 @@
 # A no-op (well under a second: one dpkg-query) when everything is present.
 set -euo pipefail
 pkgs=(build-essential pkg-config libjemalloc-dev libcmocka-dev libibverbs-dev librdmacm-dev
-      libxxhash-dev clang python3)
+      libxxhash-dev clang python3 cppcheck)
 declare -A have=()
 while read -r p; do have[$p]=1; done < <(
     dpkg-query -W -f='${Package} ${Status}\n' "${pkgs[@]}" 2>/dev/null |
