@@ -3,8 +3,12 @@
 # As root: apt-get update + install. Otherwise: print the exact command.
 # A no-op (well under a second: one dpkg-query) when everything is present.
 set -euo pipefail
+# Build and tests: build-essential (gcc, g++, make, binutils), pkg-config, the
+# libraries. .ci/run also: python3 (gen-api-doc.py), cppcheck, and clang with
+# its sanitizer/libFuzzer runtime (bookworm's clang is clang-14; without
+# libclang-rt-14-dev, -fsanitize=fuzzer cannot link).
 pkgs=(build-essential pkg-config libjemalloc-dev libcmocka-dev libibverbs-dev librdmacm-dev
-      libxxhash-dev clang python3 cppcheck)
+      libxxhash-dev clang libclang-rt-14-dev python3 cppcheck)
 declare -A have=()
 while read -r p; do have[$p]=1; done < <(
     dpkg-query -W -f='${Package} ${Status}\n' "${pkgs[@]}" 2>/dev/null |
