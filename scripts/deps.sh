@@ -6,9 +6,10 @@ set -euo pipefail
 # Build and tests: build-essential (gcc, g++, make, binutils), pkg-config, the
 # libraries. .ci/run also: python3 (gen-api-doc.py), cppcheck, and clang with
 # its sanitizer/libFuzzer runtime (bookworm's clang is clang-14; without
-# libclang-rt-14-dev, -fsanitize=fuzzer cannot link).
+# libclang-rt-14-dev, -fsanitize=fuzzer cannot link). Next, for the planned
+# DLPack interop and its Python tests: libdlpack-dev, python3-pytest.
 pkgs=(build-essential pkg-config libjemalloc-dev libcmocka-dev libibverbs-dev librdmacm-dev
-      libxxhash-dev clang libclang-rt-14-dev python3 cppcheck)
+      libxxhash-dev clang libclang-rt-14-dev python3 cppcheck libdlpack-dev python3-pytest)
 declare -A have=()
 while read -r p; do have[$p]=1; done < <(
     dpkg-query -W -f='${Package} ${Status}\n' "${pkgs[@]}" 2>/dev/null |
