@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
 # Install the Debian packages kvcache needs, if any are missing.
 # As root: apt-get update + install. Otherwise: print the exact command.
-# A no-op (well under a second) when everything is present.
+# A no-op (well under a second: one dpkg-query) when everything is present.
 set -euo pipefail
+# Build and tests: build-essential (gcc, g++, make, binutils), pkg-config, the
+# libraries. .ci/run also: python3 (gen-api-doc.py), cppcheck, and clang with
+# its sanitizer/libFuzzer runtime (bookworm's clang is clang-14; without
+# libclang-rt-14-dev, -fsanitize=fuzzer cannot link). Next, for the planned
+# DLPack interop and its Python tests: libdlpack-dev, python3-pytest.
 pkgs=(build-essential pkg-config libjemalloc-dev libcmocka-dev libibverbs-dev librdmacm-dev
-      libxxhash-dev clang)
+      libxxhash-dev clang libclang-rt-14-dev python3 cppcheck libdlpack-dev python3-pytest)
+declare -A have=()
+while read -r p; do have[$p]=1; done < <(
+    dpkg-query -W -f='${Package} ${Status}\n' "${pkgs[@]}" 2>/dev/null |
+        awk '/ install ok installed$/ { print $1 }' || true)
 missing=()
 for p in "${pkgs[@]}"; do
-    st=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
-    [[ "$st" == "install ok installed" ]] || missing+=("$p")
+    [[ -n ${have[$p]:-} ]] || missing+=("$p")
 done
 [[ ${#missing[@]} -eq 0 ]] && exit 0
 cmd="apt-get install -y --no-install-recommends ${missing[*]}"
