@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "kv_arena.h"
 #include "kv_arena_cuda_int.h"
@@ -50,17 +51,36 @@ static bool arena_advise_huge(void *base, size_t bytes)
 #endif
 }
 
+/* Bytes of physical memory (0 when the system cannot say). */
+static uint64_t arena_phys_bytes(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+}
+
 static kv_status arena_alloc_host(kv_arena *a, const struct kv_arena_config *cfg)
 {
-    size_t align = cfg->align_bytes;
+    /* The default alignment (2 MiB for arenas of 2 MiB and more, so the whole
+     * range can be backed by transparent huge pages) is a floor: a caller's
+     * align_bytes only ever raises it. */
+    size_t align =
+        cfg->size_bytes >= KV__ARENA_HUGE_BYTES ? KV__ARENA_HUGE_BYTES : KV__ARENA_SMALL_ALIGN;
     size_t rounded;
-    if (align == 0)
-        align =
-            cfg->size_bytes >= KV__ARENA_HUGE_BYTES ? KV__ARENA_HUGE_BYTES : KV__ARENA_SMALL_ALIGN;
+    const uint64_t phys = arena_phys_bytes();
+    if (cfg->align_bytes > align)
+        align = cfg->align_bytes;
     if (cfg->size_bytes > SIZE_MAX - (align - 1))
         return kv__error(KV_ERR_OVERFLOW,
                          "kv_arena: size_bytes %zu rounded up to align_bytes %zu overflows size_t",
                          cfg->size_bytes, align);
+    /* Virtual memory may be granted far past what exists (overcommit): a KV
+     * arena is meant to be filled, so one larger than the machine is refused
+     * now rather than OOM-killed later. */
+    if (phys && cfg->size_bytes > phys)
+        return kv__error(KV_ERR_NO_MEMORY,
+                         "kv_arena: a host arena of %zu bytes exceeds this machine's %llu bytes "
+                         "of physical memory",
+                         cfg->size_bytes, (unsigned long long)phys);
     rounded = (cfg->size_bytes + align - 1) & ~(align - 1);
     a->base = a->raw = kv__mem_alloc_aligned(align, rounded);
     if (!a->base)

@@ -68,9 +68,10 @@ struct kv_arena_config {
     size_t struct_size; /* sizeof this struct: set by its _init() or _INIT */
     enum kv_mem_kind kind;
     size_t size_bytes;  /* > 0; host arenas round up to the alignment */
-    size_t align_bytes; /* power of two, or 0 = default: 2 MiB for host arenas
-                           >= 2 MiB, 64 bytes below; 256 for pinned/device
-                           (larger ones are met by over-allocating) */
+    size_t align_bytes; /* a power of two the base must be aligned to, or 0. It only
+                           raises the default floor: 2 MiB for host arenas >= 2 MiB
+                           (huge pages stay possible), 64 bytes below; 256 for
+                           pinned/device (larger ones met by over-allocating) */
     int device;         /* CUDA device for KV_MEM_DEVICE (ignored otherwise) */
     unsigned flags;     /* KV_ARENA_* */
 };
@@ -97,7 +98,9 @@ static inline void kv_arena_config_init(struct kv_arena_config *cfg, size_t byte
  * Returns KV_OK; KV_ERR_NULL (cfg or out NULL); KV_ERR_INVALID_ARG (unknown
  * kind, size 0, alignment not a power of two or below sizeof(void *), bad
  * flags, CUDA device index out of range); KV_ERR_OVERFLOW (size rounded up
- * to the alignment overflows); KV_ERR_NO_MEMORY; KV_ERR_UNSUPPORTED
+ * to the alignment overflows); KV_ERR_NO_MEMORY (also for a host arena larger
+ * than the machine's physical memory, refused before anything is mapped:
+ * overcommit would grant it and the OOM killer end it); KV_ERR_UNSUPPORTED
  * (pinned/device without CUDA or a GPU, zero-fill of device memory);
  * KV_ERR_DEVICE (any other CUDA runtime error; the message carries it).
  * A device arena is allocated on cfg->device; the calling thread's current

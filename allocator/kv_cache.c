@@ -83,7 +83,9 @@ kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **out)
     acfg.kind = cfg->mem_kind;
     acfg.device = cfg->device;
     acfg.flags = cfg->zero_fill ? KV_ARENA_ZERO : 0;
-    if (c->layout.align_bytes > 64)
+    /* the layout's block alignment only ever raises the arena's default
+     * (which keeps huge pages possible); below a pointer it is implied */
+    if (c->layout.align_bytes >= (int64_t)sizeof(void *))
         acfg.align_bytes = (size_t)c->layout.align_bytes;
     st = kv_arena_create(&acfg, &c->arena);
     if (st != KV_OK)

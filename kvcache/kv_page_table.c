@@ -38,12 +38,17 @@ struct kv_page_table {
     uint32_t page_tokens; /* N / r */
     bool prefix;          /* prefix caching on */
 
-    struct kv__seq *seqs; /* [max_seqs] */
-    uint32_t *free_ids;   /* [max_seqs] stack of retired ids; top = lowest unused first */
-    uint32_t n_free;      /* live_seqs + n_free == max_seqs */
+    struct kv__seq *seqs; /* [max_seqs], lazily zeroed pages: only ids < fresh_id touched */
+    uint32_t *free_ids;   /* [max_seqs] stack of retired ids (LIFO) */
+    uint32_t n_retired;   /* entries on free_ids */
+    uint32_t fresh_id;    /* ids >= fresh_id were never handed out */
+    uint32_t n_free; /* live_seqs + n_free == max_seqs; n_free == n_retired + max_seqs - fresh_id */
 
-    struct kv_block_copy *copies; /* [cap_copies] queued copy-on-writes, oldest first */
-    uint32_t n_copies, cap_copies;
+    /* Copies not yet done, oldest first: [0, n_taken) taken by the caller,
+     * [n_taken, n_copies) still queued. Each holds one reference on its src
+     * and one on its dst until kv_page_table_copies_done() (or destroy). */
+    struct kv_block_copy *copies; /* [cap_copies] */
+    uint32_t n_copies, n_taken, cap_copies;
 
     bool any_block;  /* a block id was ever held */
     uint32_t max_id; /* largest block id ever held (for the int32 export check) */
@@ -172,6 +177,18 @@ static void seq_free_arrays(struct kv__seq *s)
     s->cap = 0;
 }
 
+/* References the copy list holds on id (as a src or a dst of a copy not yet
+ * done): the copy-on-write test subtracts them, since a block held only by
+ * one sequence and by pending copies is that sequence's to write (the
+ * copies read or write tokens before its new ones, and run first). */
+static uint32_t copy_refs(const kv_page_table *pt, uint32_t id)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < pt->n_copies; i++)
+        n += (pt->copies[i].src == id) + (pt->copies[i].dst == id);
+    return n;
+}
+
 static kv_status copies_reserve(kv_page_table *pt, uint32_t extra)
 {
     if (pt->n_copies + extra <= pt->cap_copies)
@@ -189,10 +206,12 @@ static kv_status copies_reserve(kv_page_table *pt, uint32_t extra)
     return KV_OK;
 }
 
-/* Take an id off the free stack and reset its record (arrays kept). */
+/* Take an id -- the most recently retired one, else the lowest never used --
+ * and reset its record (arrays kept). */
 static uint32_t id_take(kv_page_table *pt, uint64_t extra_key)
 {
-    uint32_t id = pt->free_ids[--pt->n_free];
+    uint32_t id = pt->n_retired ? pt->free_ids[--pt->n_retired] : pt->fresh_id++;
+    pt->n_free--;
     struct kv__seq *s = &pt->seqs[id];
     s->n_blocks = 0;
     s->n_committed = 0;
@@ -206,7 +225,8 @@ static uint32_t id_take(kv_page_table *pt, uint64_t extra_key)
 static void id_return(kv_page_table *pt, uint32_t id)
 {
     pt->seqs[id].live = false;
-    pt->free_ids[pt->n_free++] = id;
+    pt->free_ids[pt->n_retired++] = id;
+    pt->n_free++;
     pt->stats.live_seqs--;
 }
 
@@ -232,15 +252,21 @@ kv_status kv_page_table_create(const struct kv_page_table_config *cfg, kv_page_t
                          "kv_page_table_create: block_tokens %" PRIu32 ", max_seqs %" PRIu32
                          ", max_blocks_per_seq %" PRIu32 " must all be >= 1",
                          cfg->block_tokens, cfg->max_seqs, cfg->max_blocks_per_seq);
+    if (cfg->max_seqs > KV_PAGE_TABLE_MAX_SEQS)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_page_table_create: max_seqs %" PRIu32
+                         " exceeds KV_PAGE_TABLE_MAX_SEQS (%u live sequences)",
+                         cfg->max_seqs, KV_PAGE_TABLE_MAX_SEQS);
+    if (cfg->max_blocks_per_seq > KV_PAGE_TABLE_MAX_BLOCKS_PER_SEQ)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_page_table_create: max_blocks_per_seq %" PRIu32
+                         " exceeds KV_PAGE_TABLE_MAX_BLOCKS_PER_SEQ (%u)",
+                         cfg->max_blocks_per_seq, KV_PAGE_TABLE_MAX_BLOCKS_PER_SEQ);
     if (cfg->block_tokens % r != 0)
         return kv__error(KV_ERR_INVALID_ARG,
                          "kv_page_table_create: block_tokens %" PRIu32
                          " is not divisible by page_ratio %" PRIu32,
                          cfg->block_tokens, r);
-    if (cfg->max_blocks_per_seq == UINT32_MAX)
-        return kv__error(KV_ERR_INVALID_ARG,
-                         "kv_page_table_create: max_blocks_per_seq %" PRIu32 " too large",
-                         cfg->max_blocks_per_seq);
     if (!cfg->ops.alloc || !cfg->ops.retain || !cfg->ops.release || !cfg->ops.ref_count)
         return kv__error(KV_ERR_INVALID_ARG,
                          "kv_page_table_create: block ops need alloc, retain, release and "
@@ -269,9 +295,7 @@ kv_status kv_page_table_create(const struct kv_page_table_config *cfg, kv_page_t
     pt->r = r;
     pt->page_tokens = cfg->block_tokens / r;
     pt->prefix = cfg->enable_prefix_caching;
-    for (uint32_t k = 0; k < cfg->max_seqs; k++)
-        pt->free_ids[k] = cfg->max_seqs - 1 - k;
-    pt->n_free = cfg->max_seqs;
+    pt->n_free = cfg->max_seqs; /* all fresh: nothing to initialize per id */
     *out = pt;
     return kv__ok();
 
@@ -308,15 +332,47 @@ static kv_status release_tail(kv_page_table *pt, struct kv__seq *s, uint32_t fro
     return st;
 }
 
+/* Release the holds of copies [0, n) and drop them from the list: src then
+ * dst of each, oldest copy first, in one call to the block source. */
+static kv_status copies_release(kv_page_table *pt, uint32_t n)
+{
+    uint32_t ids[64];
+    for (uint32_t done = 0; done < n;) {
+        uint32_t k = 0;
+        for (; done + k < n && 2 * k + 1 < 64; k++) {
+            ids[2 * k] = pt->copies[done + k].src;
+            ids[2 * k + 1] = pt->copies[done + k].dst;
+        }
+        kv__error_clear();
+        kv_status st = pt->cfg.ops.release(pt->cfg.ops.ctx, ids, 2 * k);
+        if (st != KV_OK) {
+            /* drop what was released; the rest stays held and listed */
+            memmove(pt->copies, pt->copies + done, (pt->n_copies - done) * sizeof(*pt->copies));
+            pt->n_copies -= done;
+            pt->n_taken -= done < pt->n_taken ? done : pt->n_taken;
+            return st;
+        }
+        done += k;
+    }
+    memmove(pt->copies, pt->copies + n, (pt->n_copies - n) * sizeof(*pt->copies));
+    pt->n_copies -= n;
+    pt->n_taken -= n < pt->n_taken ? n : pt->n_taken;
+    return KV_OK;
+}
+
 void kv_page_table_destroy(kv_page_table *pt)
 {
     if (!pt)
         return;
-    for (uint32_t i = 0; i < pt->cfg.max_seqs; i++) {
+    for (uint32_t i = 0; i < pt->fresh_id; i++) { /* ids past fresh_id were never used */
         struct kv__seq *s = &pt->seqs[i];
         if (s->live && s->n_blocks)
             (void)release_tail(pt, s, 0);
         seq_free_arrays(s);
+    }
+    if (pt->n_copies) {
+        kv_status st = copies_release(pt, pt->n_copies);
+        (void)st; /* the source refused: nothing more a destroy can do */
     }
     kv__mem_free(pt->copies);
     kv__mem_free(pt->free_ids);
@@ -385,16 +441,13 @@ kv_status kv_page_table_seq_reuse_prefix(kv_page_table *pt, uint32_t seq, const 
     if (st != KV_OK)
         return st;
     uint32_t found = 0;
+    kv__error_clear(); /* a user's source may record no detail */
     st = pt->cfg.ops.match_prefix(pt->cfg.ops.ctx, tokens, max_reuse * pt->N, pt->N, s->extra_key,
                                   s->blocks, s->hashes, (uint32_t)max_reuse, &found);
-    if (st != KV_OK) {
-        char why[256]; /* the source's detail, copied: kv__error rewrites that buffer */
-        snprintf(why, sizeof(why), "%s", kv_last_error());
-        return kv__error(st,
-                         "kv_page_table_seq_reuse_prefix: match_prefix over %" PRIu64
-                         " blocks failed: %s (%s)",
-                         max_reuse, kv_status_name(st), why);
-    }
+    if (st != KV_OK)
+        return kv__error_wrap(
+            st, "kv_page_table_seq_reuse_prefix: match_prefix over %" PRIu64 " blocks failed (%s)",
+            max_reuse, kv_status_name(st));
     if (found > max_reuse) {
         (void)pt->cfg.ops.release(pt->cfg.ops.ctx, s->blocks, found);
         return kv__error(KV_ERR_INTERNAL,
@@ -462,7 +515,9 @@ static kv_status append_plan(const char *fn, const kv_page_table *pt, uint32_t s
     *cow = false;
     if (n > 0 && old % N != 0) {
         uint32_t last = s->n_blocks - 1;
-        *cow = last < s->n_committed || pt->cfg.ops.ref_count(pt->cfg.ops.ctx, s->blocks[last]) > 1;
+        const uint32_t id = s->blocks[last];
+        *cow = last < s->n_committed ||
+               pt->cfg.ops.ref_count(pt->cfg.ops.ctx, id) - copy_refs(pt, id) > 1;
     }
     return KV_OK;
 }
@@ -518,23 +573,45 @@ kv_status kv_page_table_seq_append(kv_page_table *pt, uint32_t seq, const int32_
     uint32_t *fresh = s->blocks + s->n_blocks; /* need new ids, then the private copy */
     uint32_t n_alloc = need + (cow ? 1 : 0);
     if (n_alloc) {
+        kv__error_clear(); /* a user's source may record no detail */
         st = pt->cfg.ops.alloc(pt->cfg.ops.ctx, n_alloc, fresh);
         if (st != KV_OK)
-            return kv__error(st,
-                             "kv_page_table_seq_append: seq %" PRIu32 " needs %" PRIu32
-                             " blocks (%" PRIu32 " new + %d copy-on-write) for %" PRIu64
-                             " + %" PRIu64 " tokens: %s",
-                             seq, n_alloc, need, cow ? 1 : 0, old, n, kv_status_name(st));
+            return kv__error_wrap(st,
+                                  "kv_page_table_seq_append: seq %" PRIu32 " needs %" PRIu32
+                                  " blocks (%" PRIu32 " new + %d copy-on-write) for %" PRIu64
+                                  " + %" PRIu64 " tokens",
+                                  seq, n_alloc, need, cow ? 1 : 0, old, n);
     }
     if (cow) {
-        uint32_t src = s->blocks[last], dst = fresh[need];
-        st = pt->cfg.ops.release(pt->cfg.ops.ctx, &src, 1);
+        /* The copy holds its src and dst until done (kv_page_table_copies_done),
+         * so neither can return to the pool and be handed out again while a
+         * batch of copies runs at once. A src that is itself the dst of a copy
+         * not yet done is read from that copy's src instead: no copy of a batch
+         * reads a block another copy of the batch writes. */
+        uint32_t last_id = s->blocks[last], src = last_id, dst = fresh[need];
+        for (uint32_t i = pt->n_copies; i-- > 0;)
+            if (pt->copies[i].dst == src) {
+                src = pt->copies[i].src;
+                break;
+            }
+        uint32_t hold[2] = {src, dst};
+        kv__error_clear();
+        st = pt->cfg.ops.retain(pt->cfg.ops.ctx, hold, 2);
+        if (st == KV_OK) {
+            st = pt->cfg.ops.release(pt->cfg.ops.ctx, &last_id,
+                                     1); /* the sequence's ref moves to dst */
+            if (st != KV_OK) {
+                kv_status undo = pt->cfg.ops.release(pt->cfg.ops.ctx, hold, 2);
+                (void)undo;
+            }
+        }
         if (st != KV_OK) {
-            (void)pt->cfg.ops.release(pt->cfg.ops.ctx, fresh, n_alloc);
-            return kv__error(st,
-                             "kv_page_table_seq_append: releasing shared block %" PRIu32
-                             " for copy-on-write failed: %s",
-                             src, kv_status_name(st));
+            kv_status undo = pt->cfg.ops.release(pt->cfg.ops.ctx, fresh, n_alloc);
+            (void)undo;
+            return kv__error_wrap(st,
+                                  "kv_page_table_seq_append: holding blocks %" PRIu32 " -> %" PRIu32
+                                  " for copy-on-write failed",
+                                  src, dst);
         }
         pt->copies[pt->n_copies++] =
             (struct kv_block_copy){.src = src, .dst = dst, .tokens = (uint32_t)(old % N)};
@@ -586,12 +663,13 @@ kv_status kv_page_table_seq_fork(kv_page_table *pt, uint32_t parent, uint32_t *c
     if (st != KV_OK)
         goto fail_reserve;
     if (p->n_blocks) {
+        kv__error_clear();
         st = pt->cfg.ops.retain(pt->cfg.ops.ctx, p->blocks, p->n_blocks);
         if (st != KV_OK) {
-            st = kv__error(st,
-                           "kv_page_table_seq_fork: retaining %" PRIu32 " blocks of seq %" PRIu32
-                           " failed: %s",
-                           p->n_blocks, parent, kv_status_name(st));
+            st = kv__error_wrap(st,
+                                "kv_page_table_seq_fork: retaining %" PRIu32
+                                " blocks of seq %" PRIu32 " failed",
+                                p->n_blocks, parent);
             goto fail_reserve;
         }
         memcpy(c->blocks, p->blocks, p->n_blocks * sizeof(*c->blocks));
@@ -627,12 +705,13 @@ kv_status kv_page_table_seq_truncate(kv_page_table *pt, uint32_t seq, uint64_t n
                          seq, n_tokens, s->n_tokens);
     uint32_t keep = (uint32_t)((n_tokens + pt->N - 1) / pt->N);
     if (keep < s->n_blocks) {
+        kv__error_clear();
         kv_status st = release_tail(pt, s, keep);
         if (st != KV_OK)
-            return kv__error(st,
-                             "kv_page_table_seq_truncate: releasing %" PRIu32
-                             " blocks of seq %" PRIu32 " failed: %s",
-                             s->n_blocks - keep, seq, kv_status_name(st));
+            return kv__error_wrap(st,
+                                  "kv_page_table_seq_truncate: releasing %" PRIu32
+                                  " blocks of seq %" PRIu32 " failed",
+                                  s->n_blocks - keep, seq);
         pt->stats.held_blocks -= s->n_blocks - keep;
     }
     s->n_blocks = keep;
@@ -651,12 +730,13 @@ kv_status kv_page_table_seq_free(kv_page_table *pt, uint32_t seq)
     if (!s)
         return bad_seq("kv_page_table_seq_free", pt, seq);
     if (s->n_blocks) {
+        kv__error_clear();
         kv_status st = release_tail(pt, s, 0);
         if (st != KV_OK)
-            return kv__error(st,
-                             "kv_page_table_seq_free: releasing %" PRIu32 " blocks of seq %" PRIu32
-                             " failed: %s",
-                             s->n_blocks, seq, kv_status_name(st));
+            return kv__error_wrap(st,
+                                  "kv_page_table_seq_free: releasing %" PRIu32
+                                  " blocks of seq %" PRIu32 " failed",
+                                  s->n_blocks, seq);
         pt->stats.held_blocks -= s->n_blocks;
     }
     s->n_blocks = 0;
@@ -707,13 +787,20 @@ kv_status kv_page_table_slot(const kv_page_table *pt, uint32_t seq, uint64_t t, 
                          "kv_page_table_slot: token %" PRIu64 " >= length %" PRIu64
                          " of seq %" PRIu32,
                          t, s->n_tokens, seq);
-    *slot = (int64_t)s->blocks[t / pt->N] * pt->N + (int64_t)(t % pt->N);
+    const uint32_t b = s->blocks[t / pt->N];
+    int64_t base;
+    if (!kv__mul_i64((int64_t)b, (int64_t)pt->N, &base) ||
+        !kv__add_i64(base, (int64_t)(t % pt->N), slot))
+        return kv__error(KV_ERR_OVERFLOW,
+                         "kv_page_table_slot: block %" PRIu32 " * %" PRIu32 " tokens + %" PRIu64
+                         " exceeds int64 (seq %" PRIu32 " token %" PRIu64 ")",
+                         b, pt->N, t % pt->N, seq, t);
     return kv__ok();
 }
 
 uint32_t kv_page_table_pending_copies(const kv_page_table *pt)
 {
-    return pt ? pt->n_copies : 0;
+    return pt ? pt->n_copies - pt->n_taken : 0;
 }
 
 kv_status kv_page_table_take_copies(kv_page_table *pt, struct kv_block_copy *out, uint32_t cap,
@@ -724,13 +811,27 @@ kv_status kv_page_table_take_copies(kv_page_table *pt, struct kv_block_copy *out
                          !pt      ? "pt"
                          : !n_out ? "n_out"
                                   : "out");
-    uint32_t n = pt->n_copies < cap ? pt->n_copies : cap;
+    uint32_t queued = pt->n_copies - pt->n_taken;
+    uint32_t n = queued < cap ? queued : cap;
     if (n) {
-        memcpy(out, pt->copies, n * sizeof(*out));
-        memmove(pt->copies, pt->copies + n, (pt->n_copies - n) * sizeof(*out));
-        pt->n_copies -= n;
+        memcpy(out, pt->copies + pt->n_taken, n * sizeof(*out));
+        pt->n_taken += n; /* still held until copies_done */
     }
     *n_out = n;
+    return kv__ok();
+}
+
+kv_status kv_page_table_copies_done(kv_page_table *pt)
+{
+    if (!pt)
+        return kv__error(KV_ERR_NULL, "kv_page_table_copies_done: pt is NULL");
+    if (pt->n_taken == 0)
+        return kv__ok();
+    const uint32_t n = pt->n_taken;
+    kv_status st = copies_release(pt, n);
+    if (st != KV_OK)
+        return kv__error_wrap(
+            st, "kv_page_table_copies_done: releasing the blocks of %" PRIu32 " copies failed", n);
     return kv__ok();
 }
 
@@ -739,6 +840,7 @@ void kv_page_table_stats_get(const kv_page_table *pt, struct kv_page_table_stats
     if (!pt || !out)
         return;
     *out = pt->stats;
+    out->copies_held = pt->n_copies;
 }
 
 /* ---- exports ----------------------------------------------------------------- */

@@ -19,13 +19,21 @@
  *
  * Sharing. fork() shares every block of the parent (ref += 1), the partial
  * last block included. Before the first write into a partial last block that
- * is shared (ref_count > 1) or sealed in the prefix cache (see below), the
- * writer gets a private block and a (src, dst) copy is queued; the caller
- * drains the queue with kv_page_table_take_copies() and performs the copies
- * (attention/ block copy) BEFORE writing K/V for this step. The source's
- * reference is dropped when the copy is queued: that is safe as long as the
- * drained copies run before any K/V write of the same step (vLLM's order:
- * schedule -> copy blocks -> write K/V).
+ * is shared (held by another sequence) or sealed in the prefix cache (see
+ * below), the writer gets a private block and a (src, dst) copy is queued;
+ * the caller takes the queue with kv_page_table_take_copies(), performs the
+ * copies (attention/ block copy, all at once if it likes) BEFORE writing K/V
+ * for this step (vLLM's order: schedule -> copy blocks -> write K/V), then
+ * calls kv_page_table_copies_done().
+ *
+ * Copies are safe to run concurrently: a copy holds one reference on its src
+ * and one on its dst from the moment it is queued until copies_done (or
+ * destroy), so neither block can return to the pool and be handed out again
+ * -- as another copy's dst, say -- while the batch runs; and a copy whose src
+ * is the dst of a copy not yet done reads that copy's src instead, so no copy
+ * of a batch reads a block another one writes. These holds do not count as
+ * sharing: a block held by one sequence and by pending copies is still that
+ * sequence's to write in place.
  *
  * Prefix caching (enable_prefix_caching and the block source provides
  * match_prefix / commit_full). Each block that becomes full is committed
@@ -71,13 +79,22 @@ typedef struct kv_page_table kv_page_table;
 /* Parent hash of a sequence's first block in commit_full. */
 #define KV_PAGE_TABLE_ROOT_HASH UINT64_C(0)
 
-/* Input of kv_page_table_create(); copied (ops.ctx is borrowed). */
+/* Most live sequences a table holds (max_seqs): 2^20, far above any
+ * engine's batch. */
+#define KV_PAGE_TABLE_MAX_SEQS (1u << 20)
+/* Most blocks one sequence may hold (max_blocks_per_seq): the pool's id
+ * space. */
+#define KV_PAGE_TABLE_MAX_BLOCKS_PER_SEQ (1u << 31)
+
+/* Input of kv_page_table_create(); copied (ops.ctx is borrowed). Creating a
+ * table touches memory for none of its max_seqs sequences until they are
+ * used, so the bounds above cost nothing unless reached. */
 struct kv_page_table_config {
     size_t struct_size;          /* sizeof this struct: set by its _init() or _INIT */
     uint32_t block_tokens;       /* N >= 1: tokens per allocation block */
     uint32_t page_ratio;         /* r >= 1 (0 means 1), N % r == 0: kernel pages per block */
-    uint32_t max_seqs;           /* >= 1: live sequences at once */
-    uint32_t max_blocks_per_seq; /* >= 1 */
+    uint32_t max_seqs;           /* 1 .. KV_PAGE_TABLE_MAX_SEQS: live sequences at once */
+    uint32_t max_blocks_per_seq; /* 1 .. KV_PAGE_TABLE_MAX_BLOCKS_PER_SEQ */
     struct kv_block_ops ops;     /* block source: alloc, retain, release, ref_count required */
     bool enable_prefix_caching;  /* needs ops.match_prefix and ops.commit_full */
     uint64_t extra_key;          /* default extra key of new sequences (LoRA id, salt) */
@@ -112,8 +129,10 @@ struct kv_token_range {
 
 /* ---- lifetime ------------------------------------------------------------- */
 
-/* KV_ERR_NULL, KV_ERR_INVALID_ARG (a zero size, N % r != 0, missing op,
- * prefix caching without match_prefix/commit_full), KV_ERR_NO_MEMORY.
+/* KV_ERR_NULL, KV_ERR_INVALID_ARG (a zero size or one past its bound above,
+ * N % r != 0, a missing op or another ops version, prefix caching without
+ * match_prefix/commit_full, a struct_size of other headers),
+ * KV_ERR_NO_MEMORY.
  * cfg is copied; ops.ctx is borrowed for the table's life. */
 KV_API KV_NODISCARD kv_status kv_page_table_create(const struct kv_page_table_config *cfg,
                                                    kv_page_table **out);
@@ -192,7 +211,8 @@ KV_API KV_NODISCARD kv_status kv_page_table_seq_len(const kv_page_table *pt, uin
 KV_API KV_NODISCARD kv_status kv_page_table_seq_blocks(const kv_page_table *pt, uint32_t seq,
                                                        const uint32_t **blocks, uint32_t *n_blocks);
 
-/* Slot of logical token t of seq (KV_ERR_OUT_OF_BOUNDS when t >= length). */
+/* Slot of logical token t of seq: block * N + t % N (KV_ERR_OUT_OF_BOUNDS
+ * when t >= length; KV_ERR_OVERFLOW when the slot does not fit int64). */
 KV_API KV_NODISCARD kv_status kv_page_table_slot(const kv_page_table *pt, uint32_t seq, uint64_t t,
                                                  int64_t *slot);
 
@@ -200,16 +220,25 @@ KV_API KV_NODISCARD kv_status kv_page_table_slot(const kv_page_table *pt, uint32
 KV_API uint32_t kv_page_table_pending_copies(const kv_page_table *pt);
 
 /* Move up to cap queued copies, oldest first, into out[cap]; *n_out says how
- * many (the rest stay queued). */
+ * many (the rest stay queued). Taken copies keep their src and dst held
+ * until kv_page_table_copies_done(). */
 KV_API KV_NODISCARD kv_status kv_page_table_take_copies(kv_page_table *pt,
                                                         struct kv_block_copy *out, uint32_t cap,
                                                         uint32_t *n_out);
+
+/* The caller has performed every copy it took (or ordered them on its stream
+ * before any later K/V write): release the src and dst each taken copy held,
+ * oldest copy first, src before dst. A no-op with nothing taken. Returns the
+ * block source's status if it refuses a release (the copies not released
+ * stay held). */
+KV_API KV_NODISCARD kv_status kv_page_table_copies_done(kv_page_table *pt);
 
 /* Counters since create (kv_page_table_stats_get). */
 struct kv_page_table_stats {
     uint32_t live_seqs;
     uint64_t held_blocks;     /* sum over live sequences of n_blocks */
     uint64_t cow_copies;      /* copies queued since create */
+    uint32_t copies_held;     /* copies not yet done (queued or taken): each holds 2 refs */
     uint64_t reused_blocks;   /* blocks obtained through match_prefix */
     uint64_t committed;       /* successful commit_full calls */
     uint64_t commit_failures; /* failed commit_full calls */

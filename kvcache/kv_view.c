@@ -741,8 +741,8 @@ static bool kv__compute_strides(const int64_t *oshape, const int64_t *ostride, i
     chunk_base = ostride[ondim - 1];
     for (int td = ondim - 1; td >= 0; td--) {
         tensor_numel *= oshape[td]; /* <= numel > 0: fits */
-        if (td == 0 || (oshape[td - 1] != 1 &&
-                        (!kv__mul_i64(tensor_numel, chunk_base, &prod) || ostride[td - 1] != prod))) {
+        if (td == 0 || (oshape[td - 1] != 1 && (!kv__mul_i64(tensor_numel, chunk_base, &prod) ||
+                                                ostride[td - 1] != prod))) {
             while (view_d >= 0 && (view_numel < tensor_numel || nshape[view_d] == 1)) {
                 /* chunk_base may be the stride of a size-1 dim, which no
                  * element uses and so is not bounded by the storage */
@@ -1154,6 +1154,5 @@ int kv_view_describe(const struct kv_view *v, char *buf, size_t cap)
                     kv__fmt_list(st, sizeof(st), v->strides, v->ndim),
                     kv__fmt_bytes_list(sb, sizeof(sb), v->strides, v->ndim, es), v->offset, ob,
                     kv_dtype_name(v->dtype), kv_view_numel(v), contig, v->base, v->storage_bytes,
-                    v->base && off_ok ? (void *)((uintptr_t)v->base + (uintptr_t)off_bytes)
-                                      : NULL);
+                    v->base && off_ok ? (void *)((uintptr_t)v->base + (uintptr_t)off_bytes) : NULL);
 }

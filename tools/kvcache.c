@@ -144,7 +144,8 @@ static void usage_cache(FILE *f)
             "  A model's KV cache, a few prompts, a fork with copy-on-write, and the block\n"
             "  table / slot mapping / CSR a kernel takes. Each option may be given once.\n"
             "  --layers L         layers, >= 1 (default 4)\n"
-            "  --blocks B         blocks, 2..4294967296 (default 1024; block 0 is reserved)\n"
+            "  --blocks B         blocks, 2..%u, the pool's KV_BLOCK_POOL_MAX_BLOCKS (default\n"
+            "                     1024; block 0 is reserved)\n"
             "  --block-tokens N   tokens per block, >= 1 (default 16)\n"
             "  --heads H          KV heads, >= 1 (default 8)\n"
             "  --head-dim D       elements per head, >= 1 (default 128)\n"
@@ -155,8 +156,10 @@ static void usage_cache(FILE *f)
             "  --page-ratio R     kernel pages per block, >= 1, must divide N (default 1)\n"
             "  --seqs LEN,..      1..%d prompt lengths, each 0..%d (default 37,70,5). Each\n"
             "                     prompt has its own token ids, except the third, which uses\n"
-            "                     the first one's (so it reuses the first one's cached blocks)\n",
-            MAX_SEQS, MAX_SEQ_TOKENS);
+            "                     the first one's (so it reuses the first one's cached blocks)\n"
+            "  The layout must also fit in int64 bytes and in memory: a cache that cannot be\n"
+            "  allocated is refused at once, before anything is touched.\n",
+            KV_BLOCK_POOL_MAX_BLOCKS, MAX_SEQS, MAX_SEQ_TOKENS);
 }
 
 static void usage(FILE *f)
@@ -199,13 +202,26 @@ static void range_text(int64_t lo, int64_t hi, char *buf, size_t cap)
         snprintf(buf, cap, "%" PRId64 "..%" PRId64, lo, hi);
 }
 
+/* s[0..len) for quoting in a message: as is up to 60 characters, else its
+ * first 40, "...", and its length, so a long argument never pushes the
+ * reason out of a fixed-size message. */
+#define ABBREV_CAP 80
+static const char *abbrev(char *buf, const char *s, size_t len)
+{
+    if (len <= 60)
+        snprintf(buf, ABBREV_CAP, "%.*s", (int)len, s);
+    else
+        snprintf(buf, ABBREV_CAP, "%.40s... (%zu chars)", s, len);
+    return buf;
+}
+
 /* Parse s[0..len) as one whole base-10 integer in lo..hi into *out. s[len]
  * must not be a digit (it is a separator or the end). On failure writes
  * "WHAT 'TEXT' is not an integer|not a number in range (allowed: ...)" to err. */
 static int parse_int(const char *s, size_t len, const char *what, int64_t lo, int64_t hi,
                      int64_t *out, char *err, size_t cap)
 {
-    char range[64];
+    char range[64], q[ABBREV_CAP];
     long long v = 0;
     bool whole = false; /* strtoll consumed exactly s[0..len) */
 
@@ -217,12 +233,13 @@ static int parse_int(const char *s, size_t len, const char *what, int64_t lo, in
         whole = end == s + len;
     }
     if (!whole) {
-        snprintf(err, cap, "%s '%.*s' is not an integer (allowed: %s)", what, (int)len, s, range);
+        snprintf(err, cap, "%s '%s' is not an integer (allowed: %s)", what, abbrev(q, s, len),
+                 range);
         return -1;
     }
     if (errno == ERANGE || v < lo || v > hi) {
-        snprintf(err, cap, "%s '%.*s' is not a number in range (allowed: %s)", what, (int)len, s,
-                 range);
+        snprintf(err, cap, "%s '%s' is not a number in range (allowed: %s)", what,
+                 abbrev(q, s, len), range);
         return -1;
     }
     *out = v;
@@ -235,6 +252,7 @@ static int parse_list(const char *s, size_t len, const char *what, bool allow_no
                       int64_t hi, int64_t *out, int *n, char *err, size_t cap)
 {
     const char *p = s, *stop = s + len;
+    char q1[ABBREV_CAP], q2[ABBREV_CAP];
 
     *n = 0;
     if (allow_none && (len == 0 || (len == 6 && !strncmp(s, "scalar", 6))))
@@ -251,16 +269,16 @@ static int parse_list(const char *s, size_t len, const char *what, bool allow_no
         if (!q)
             q = stop;
         if (*n == KV_MAX_DIMS) {
-            snprintf(err, cap, "%s '%.*s' has more than %d entries (entry %d is '%.*s')", what,
-                     (int)len, s, KV_MAX_DIMS, *n + 1, (int)(q - p), p);
+            snprintf(err, cap, "%s '%s' has more than %d entries (entry %d is '%s')", what,
+                     abbrev(q1, s, len), KV_MAX_DIMS, *n + 1, abbrev(q2, p, (size_t)(q - p)));
             return -1;
         }
         if (q == p) {
-            snprintf(err, cap, "%s '%.*s': entry %d is empty (expected an integer)", what, (int)len,
-                     s, *n + 1);
+            snprintf(err, cap, "%s '%s': entry %d is empty (expected an integer)", what,
+                     abbrev(q1, s, len), *n + 1);
             return -1;
         }
-        snprintf(entry, sizeof(entry), "%s '%.*s': entry %d", what, (int)len, s, *n + 1);
+        snprintf(entry, sizeof(entry), "%s '%s': entry %d", what, abbrev(q1, s, len), *n + 1);
         if (parse_int(p, (size_t)(q - p), entry, lo, hi, &out[*n], err, cap))
             return -1;
         (*n)++;
@@ -329,7 +347,9 @@ static int op_parse(const char *text, struct op *op, char *err, size_t cap)
         if (strlen(op_specs[i].name) == tlen[0] && !strncmp(op_specs[i].name, tok[0], tlen[0]))
             spec = &op_specs[i];
     if (!spec) {
-        size_t used = (size_t)snprintf(err, cap, "unknown op '%.*s' (known:", (int)tlen[0], tok[0]);
+        char q[ABBREV_CAP];
+        size_t used =
+            (size_t)snprintf(err, cap, "unknown op '%s' (known:", abbrev(q, tok[0], tlen[0]));
         for (int i = 0; i < NUM_OPS && used < cap; i++)
             used += (size_t)snprintf(err + used, cap - used, " %s", op_specs[i].name);
         if (used < cap)
@@ -584,8 +604,10 @@ static int cmd_view(int argc, char **argv)
                 return EXIT_USAGE;
             if (nops == MAX_OPS)
                 return usage_error("view", "too many --op (at most %d)", MAX_OPS);
-            if (op_parse(text, &ops[nops], err, sizeof(err)))
-                return usage_error("view", "--op '%s': %s", text, err);
+            if (op_parse(text, &ops[nops], err, sizeof(err))) {
+                char q[ABBREV_CAP];
+                return usage_error("view", "--op '%s': %s", abbrev(q, text, strlen(text)), err);
+            }
             nops++;
         } else if (!strcmp(a, "--print")) {
             if (print)
@@ -679,7 +701,7 @@ static int cache_parse(int argc, char **argv, struct kv_cache_config *cfg, int64
     int64_t page_ratio = 1;
     struct cache_opt opts[] = {
         {"--layers", CO_INT, 1, INT64_MAX, &cfg->layout.num_layers, false},
-        {"--blocks", CO_INT, 2, INT64_C(1) << 32, &cfg->layout.num_blocks, false},
+        {"--blocks", CO_INT, 2, KV_BLOCK_POOL_MAX_BLOCKS, &cfg->layout.num_blocks, false},
         {"--block-tokens", CO_INT, 1, INT64_MAX, &cfg->layout.block_tokens, false},
         {"--heads", CO_INT, 1, INT64_MAX, &cfg->layout.num_heads, false},
         {"--head-dim", CO_INT, 1, INT64_MAX, &cfg->layout.head_dim, false},
@@ -845,6 +867,10 @@ static int cmd_cache(int argc, char **argv)
             st = kv_page_table_seq_append(pt, child, &t, 1);
         if (st == KV_OK)
             st = kv_page_table_take_copies(pt, cp, 4, &ncp);
+        /* an engine runs the copies here (attention/ block copy), before this
+         * step's K/V writes; then the copies release the blocks they held */
+        if (st == KV_OK)
+            st = kv_page_table_copies_done(pt);
         if (st != KV_OK) {
             rc = cache_fail("fork", st);
             goto destroy_cache;

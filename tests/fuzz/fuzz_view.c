@@ -440,8 +440,7 @@ static void rd_target_shape(struct rd *r, int64_t numel, struct op_args *x)
         int64_t *sz = &x->shape[rd_range(r, 0, x->ndim - 1)];
         if (*sz < ((int64_t)1 << 62))
             *sz += rd_range(r, -2, 2);
-    }
-        break;
+    } break;
     case 3: /* two -1 */
         x->shape[0] = -1;
         x->shape[x->ndim - 1] = -1;

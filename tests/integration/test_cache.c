@@ -120,6 +120,7 @@ static void run_copies(kv_cache *c, struct model *m)
             memcpy((char *)m->expect + dof, (char *)m->expect + so, (size_t)rs.run_bytes);
         }
     }
+    assert_int_equal(kv_page_table_copies_done(kv_cache_page_table(c)), KV_OK);
 }
 
 static void check_arena(kv_cache *c, const struct model *m)
@@ -337,12 +338,16 @@ static void test_cache_bad_config(void **state)
     assert_non_null(strstr(kv_last_error(), "zero_fill"));
     cfg.zero_fill = false;
     {
+        /* the runner says whether a GPU exists (scripts/gpu-check.sh sets
+         * KV_EXPECT_GPU=1); the test never infers it from the result */
+        const char *e = getenv("KV_EXPECT_GPU");
         kv_status st = kv_cache_create(&cfg, &c);
-        if (st == KV_OK) /* a machine with a GPU */
+        if (e && e[0] == '1') {
+            assert_int_equal(st, KV_OK);
             kv_cache_destroy(c);
-        else {
+        } else {
             assert_int_equal(st, KV_ERR_UNSUPPORTED);
-            assert_true(strlen(kv_last_error()) > 10);
+            assert_non_null(strstr(kv_last_error(), "device memory"));
         }
     }
     /* A cheap setting is refused before a 2 TiB arena is attempted. */
@@ -357,6 +362,59 @@ static void test_cache_bad_config(void **state)
     kv_cache_destroy(NULL);
 }
 
+/* Bounds and error detail across modules: a config that can never work is
+ * refused before anything large is touched, naming the bound; a failed
+ * append keeps the pool's own words; a small layout alignment never lowers
+ * the arena's. */
+static void test_cache_limits_and_error_detail(void **state)
+{
+    struct kv_cache_config cfg;
+    kv_cache *c = NULL;
+    (void)state;
+    kv_cache_config_init(&cfg);
+    cfg.layout = (struct kv_layout_config){.struct_size = sizeof(struct kv_layout_config),
+                                           .num_layers = 2,
+                                           .num_blocks = 64,
+                                           .block_tokens = 16,
+                                           .num_heads = 8,
+                                           .head_dim = 128,
+                                           .dtype = KV_BF16,
+                                           .align_bytes = 128};
+    cfg.max_seqs = KV_PAGE_TABLE_MAX_SEQS + 1;
+    assert_int_equal(kv_cache_create(&cfg, &c), KV_ERR_INVALID_ARG);
+    assert_non_null(strstr(kv_last_error(), "KV_PAGE_TABLE_MAX_SEQS"));
+    assert_null(c);
+    /* the largest table is cheap to create: nothing per sequence until used */
+    cfg.max_seqs = KV_PAGE_TABLE_MAX_SEQS;
+    assert_int_equal(kv_cache_create(&cfg, &c), KV_OK);
+    /* 64 blocks x 2 layers x K,V x 32 KiB = 8 MiB: 2 MiB aligned despite the
+     * layout's 128 (huge pages stay possible) */
+    assert_int_equal(kv_arena_align(kv_cache_arena(c)) % ((size_t)2 << 20), 0);
+    kv_page_table *pt = kv_cache_page_table(c);
+    uint32_t s, t;
+    assert_int_equal(kv_page_table_seq_create(pt, &s), KV_OK);
+    assert_int_equal(kv_page_table_seq_create(pt, &t), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, s, NULL, 40 * 16), KV_OK);
+    /* 63 usable blocks of 16 tokens, 40 held: 30 more are refused with the
+     * page table's context AND the pool's numbers */
+    assert_int_equal(kv_page_table_seq_append(pt, t, NULL, 30 * 16), KV_ERR_NO_BLOCKS);
+    assert_non_null(strstr(kv_last_error(), "kv_page_table_seq_append: seq"));
+    assert_non_null(
+        strstr(kv_last_error(), "kv_block_pool_alloc: requested 30 blocks, 23 available"));
+    kv_cache_destroy(c);
+    /* a pool of 2^31 blocks of 32 KiB: the arena (64 TiB) exceeds any machine
+     * here and is refused at once, without building 2^31 block records */
+    cfg.max_seqs = 4;
+    cfg.layout.num_blocks = (int64_t)KV_BLOCK_POOL_MAX_BLOCKS;
+    c = NULL;
+    assert_int_equal(kv_cache_create(&cfg, &c), KV_ERR_NO_MEMORY);
+    assert_non_null(strstr(kv_last_error(), "physical memory"));
+    assert_null(c);
+    cfg.layout.num_blocks = (int64_t)KV_BLOCK_POOL_MAX_BLOCKS + 1;
+    assert_int_equal(kv_cache_create(&cfg, &c), KV_ERR_INVALID_ARG);
+    assert_non_null(strstr(kv_last_error(), "num_blocks 2147483649"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -367,6 +425,7 @@ int main(void)
         cmocka_unit_test(test_cache_prefix_reuse),
         cmocka_unit_test(test_cache_prefix_survives_pressure),
         cmocka_unit_test(test_cache_bad_config),
+        cmocka_unit_test(test_cache_limits_and_error_detail),
     };
     return cmocka_run_group_tests_name("cache", tests, NULL, NULL);
 }

@@ -245,11 +245,33 @@ static struct {
     uint64_t held, cow, reused, committed, commit_failures;
 } MT;
 
-/* Queued copy-on-writes the model expects, oldest first. */
+/* Copy-on-writes not yet done, oldest first: v[0, taken) taken by the
+ * test, v[taken, taken + n) queued. Each holds a ref on its src and dst
+ * until copies_done (the library's rule for copies run at once). */
 static struct {
     struct kv_block_copy v[16];
-    uint32_t n;
+    uint32_t n;     /* queued (kv_page_table_pending_copies) */
+    uint32_t taken; /* taken, not done */
 } MQ;
+
+/* Refs the copies not yet done hold on id (not sharing: the COW test
+ * subtracts them). */
+static uint32_t mq_refs(uint32_t id)
+{
+    uint32_t r = 0;
+    for (uint32_t i = 0; i < MQ.taken + MQ.n; i++)
+        r += (MQ.v[i].src == id) + (MQ.v[i].dst == id);
+    return r;
+}
+
+/* Whether appending to s must copy its partial last block first. */
+static bool m_cow_due(const struct mseq *s)
+{
+    if (s->n % N == 0)
+        return false;
+    const uint32_t last = s->nb - 1, id = s->blk[last];
+    return last < s->ncommit || MP.ref[id] - mq_refs(id) > 1;
+}
 
 /* Content id of every slot of the arena (0 = never written). */
 static uint64_t CONTENT[(size_t)NB * N];
@@ -606,7 +628,7 @@ static kv_status m_blocks_needed(uint32_t sid, uint64_t k, uint32_t *blocks)
     if (k > (uint64_t)G.maxb * N || s->n + k > (uint64_t)G.maxb * N)
         return KV_ERR_CAPACITY;
     uint32_t need = (uint32_t)((s->n + k + N - 1) / N) - s->nb;
-    bool cow = k > 0 && s->n % N != 0 && (s->nb - 1 < s->ncommit || MP.ref[s->blk[s->nb - 1]] > 1);
+    bool cow = k > 0 && m_cow_due(s);
     *blocks = need + (cow ? 1 : 0);
     return KV_OK;
 }
@@ -623,17 +645,25 @@ static kv_status m_append(uint32_t sid, const int32_t *toks, uint64_t k)
     const uint32_t total = (uint32_t)((new_len + N - 1) / N);
     const uint32_t need = total - s->nb;
     const uint32_t last = s->nb - 1;
-    bool cow = false;
-    if (s->n % N != 0)
-        cow = last < s->ncommit || MP.ref[s->blk[last]] > 1;
+    bool cow = m_cow_due(s);
     if (!m_alloc(need + (cow ? 1 : 0), TMP_IDS))
         return KV_ERR_NO_BLOCKS;
     ms_reserve(s, total);
     if (cow) {
-        uint32_t src = s->blk[last], dst = TMP_IDS[need];
-        m_release(src);
-        assert_true(MQ.n < 16);
-        MQ.v[MQ.n++] =
+        /* a src that is the dst of a copy not yet done is read from that
+         * copy's src; the copy holds src and dst, the sequence's ref on its
+         * old block moves to dst */
+        uint32_t old = s->blk[last], src = old, dst = TMP_IDS[need];
+        for (uint32_t i = MQ.taken + MQ.n; i-- > 0;)
+            if (MQ.v[i].dst == src) {
+                src = MQ.v[i].src;
+                break;
+            }
+        m_retain(src);
+        m_retain(dst);
+        m_release(old);
+        assert_true(MQ.taken + MQ.n < 16);
+        MQ.v[MQ.taken + MQ.n++] =
             (struct kv_block_copy){.src = src, .dst = dst, .tokens = (uint32_t)(s->n % N)};
         s->blk[last] = dst;
         if (last < s->ncommit)
@@ -848,6 +878,7 @@ static void check_counters(void)
     check_eq(ts.committed, MT.committed, "committed");
     check_eq(ts.commit_failures, MT.commit_failures, "commit_failures");
     check_eq(kv_page_table_pending_copies(G.pt), MQ.n, "pending copies");
+    check_eq(ts.copies_held, MQ.taken + MQ.n, "copies held");
     check_events();
 }
 
@@ -1092,11 +1123,29 @@ static kv_status append_one(struct step *stp, uint32_t sid, uint64_t k)
     return want;
 }
 
-/* Drain the copy queue in random chunks and perform the copies. */
+/* copies_done, in the library and the model: each taken copy releases its
+ * src, then its dst, oldest first. */
+static void copies_done(void)
+{
+    check_st(kv_page_table_copies_done(G.pt), KV_OK, "copies_done");
+    for (uint32_t i = 0; i < MQ.taken; i++) {
+        m_release(MQ.v[i].src);
+        m_release(MQ.v[i].dst);
+    }
+    memmove(MQ.v, MQ.v + MQ.taken, MQ.n * sizeof(*MQ.v));
+    MQ.taken = 0;
+    check_eq(kv_page_table_pending_copies(G.pt), MQ.n, "copies left queued after done");
+    check_events();
+}
+
+/* Take the copy queue in random chunks and perform the copies; copies_done
+ * after each chunk or once after all (always before the step's K/V writes,
+ * the library's rule). */
 static void drain_copies(void)
 {
     struct kv_block_copy out[4];
     uint32_t got = 99;
+    const bool done_each = kvt_range(&G.rng, 0, 1) == 0;
     if (kvt_range(&G.rng, 0, 7) == 0) {
         check_st(kv_page_table_take_copies(G.pt, out, 0, &got), KV_OK, "take_copies cap 0");
         check_eq(got, 0, "copies taken with cap 0");
@@ -1108,17 +1157,23 @@ static void drain_copies(void)
         CNT.take_calls++;
         check_eq(got, want, "copies taken with cap %u", cap);
         for (uint32_t i = 0; i < got; i++) {
-            const struct kv_block_copy *w = &MQ.v[i];
+            const struct kv_block_copy *w = &MQ.v[MQ.taken + i];
             if (out[i].src != w->src || out[i].dst != w->dst || out[i].tokens != w->tokens)
                 fail_at("copy %u: got {src %u, dst %u, tokens %u}, expected {src %u, dst %u, "
                         "tokens %u}",
                         i, out[i].src, out[i].dst, out[i].tokens, w->src, w->dst, w->tokens);
+            /* held until done: never back in the pool mid-batch */
+            check_eq(MP.ref[w->src] >= 1 && MP.ref[w->dst] >= 1, 1, "copy %u holds its blocks", i);
             apply_copy(&out[i]);
         }
-        memmove(MQ.v, MQ.v + got, (MQ.n - got) * sizeof(*MQ.v));
+        MQ.taken += got;
         MQ.n -= got;
         check_eq(kv_page_table_pending_copies(G.pt), MQ.n, "copies left queued");
+        if (done_each)
+            copies_done();
     }
+    if (MQ.taken)
+        copies_done();
 }
 
 /* Schedule -> copy blocks -> write K/V, as an engine does it. */
@@ -1348,7 +1403,7 @@ static void op_edge(void)
     const struct mseq *s = &MS[sid];
     struct step stp = {0};
     int64_t target = (int64_t)MP.list_len + kvt_range(&G.rng, -1, 2);
-    bool cow = s->n % N != 0 && (s->nb - 1 < s->ncommit || MP.ref[s->blk[s->nb - 1]] > 1);
+    bool cow = m_cow_due(s);
     int64_t fresh = target - (cow ? 1 : 0);
     uint64_t room = s->n % N ? N - s->n % N : 0, k;
     if (fresh <= 0)

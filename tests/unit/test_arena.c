@@ -8,7 +8,9 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -18,6 +20,26 @@
 #include "kv_arena.h"
 
 #define MIB ((size_t)1 << 20)
+
+/* Whether this kernel offers transparent huge pages at all, read from sysfs
+ * independently of the library: madvise(MADV_HUGEPAGE) is accepted exactly
+ * when the THP control file exists (CONFIG_TRANSPARENT_HUGEPAGE). */
+static bool kernel_has_thp(void)
+{
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f)
+        return false;
+    fclose(f);
+    return true;
+}
+
+/* Whether a GPU is expected: set by the runner (scripts/gpu-check.sh sets
+ * KV_EXPECT_GPU=1), never inferred from the call under test. */
+static bool gpu_expected(void)
+{
+    const char *e = getenv("KV_EXPECT_GPU");
+    return e && e[0] == '1';
+}
 
 static void test_arena_host_small_alignment(void **state)
 {
@@ -48,9 +70,10 @@ static void test_arena_host_large_is_huge_page_aligned(void **state)
     assert_int_equal((uintptr_t)kv_arena_base(a) % (2 * MIB), 0);
     /* Rounded up to whole huge pages. */
     assert_int_equal(kv_arena_size(a), 6 * MIB);
-    /* THP may or may not exist here: either answer is fine, creation is not
-     * allowed to fail because of it (it did not). */
+    /* The hint is taken exactly where the kernel has THP (decided above from
+     * sysfs, not from the arena's answer). */
     printf("# huge page hint accepted: %d (%s)\n", (int)kv_arena_huge_pages(a), kv__mem_backend());
+    assert_int_equal(kv_arena_huge_pages(a), kernel_has_thp());
     memset(kv_arena_base(a), 1, kv_arena_size(a));
     kv_arena_destroy(a);
 }
@@ -66,6 +89,41 @@ static void test_arena_host_explicit_alignment(void **state)
     assert_int_equal((uintptr_t)kv_arena_base(a) % 4096, 0);
     assert_int_equal(kv_arena_size(a), 12288);
     kv_arena_destroy(a);
+}
+
+/* A small align_bytes never lowers the default: a large arena keeps its
+ * 2 MiB alignment (and its huge pages); a larger one raises it. */
+static void test_arena_alignment_only_raises(void **state)
+{
+    (void)state;
+    struct kv_arena_config cfg = KV_ARENA_CONFIG_INIT(4 * MIB);
+    kv_arena *a = NULL;
+    cfg.align_bytes = 128;
+    assert_int_equal(kv_arena_create(&cfg, &a), KV_OK);
+    assert_int_equal(kv_arena_align(a), 2 * MIB);
+    assert_int_equal((uintptr_t)kv_arena_base(a) % (2 * MIB), 0);
+    assert_int_equal(kv_arena_huge_pages(a), kernel_has_thp());
+    kv_arena_destroy(a);
+    cfg.align_bytes = 4 * MIB;
+    assert_int_equal(kv_arena_create(&cfg, &a), KV_OK);
+    assert_int_equal(kv_arena_align(a), 4 * MIB);
+    assert_int_equal((uintptr_t)kv_arena_base(a) % (4 * MIB), 0);
+    kv_arena_destroy(a);
+}
+
+/* A host arena larger than physical memory is refused at once, naming both
+ * sizes (overcommit would have granted it). */
+static void test_arena_larger_than_memory_is_refused(void **state)
+{
+    (void)state;
+    const uint64_t phys = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+    struct kv_arena_config cfg = KV_ARENA_CONFIG_INIT((size_t)phys + 2 * MIB);
+    kv_arena *a = NULL;
+    char want[64];
+    assert_int_equal(kv_arena_create(&cfg, &a), KV_ERR_NO_MEMORY);
+    assert_null(a);
+    snprintf(want, sizeof(want), "%llu bytes of physical memory", (unsigned long long)phys);
+    assert_non_null(strstr(kv_last_error(), want));
 }
 
 static void test_arena_zero_flag_zeroes(void **state)
@@ -176,8 +234,9 @@ static void test_arena_null_args(void **state)
     assert_int_equal(kv_arena_size(NULL), 0);
 }
 
-/* Pinned/device: KV_ERR_UNSUPPORTED with a reason on a host without a usable
- * GPU (this CI); a real allocation where one exists. */
+/* Pinned/device: a real allocation where the runner says a GPU exists
+ * (KV_EXPECT_GPU=1, scripts/gpu-check.sh); otherwise KV_ERR_UNSUPPORTED with
+ * the reason this build gives: no CUDA compiled in, or no usable device. */
 static void check_cuda_kind(enum kv_mem_kind kind)
 {
     struct kv_arena_config cfg = KV_ARENA_CONFIG_INIT(3 * MIB);
@@ -185,7 +244,8 @@ static void check_cuda_kind(enum kv_mem_kind kind)
     kv_status s;
     cfg.kind = kind;
     s = kv_arena_create(&cfg, &a);
-    if (s == KV_OK) {
+    if (gpu_expected()) {
+        assert_int_equal(s, KV_OK);
         struct kv_mem_region r;
         size_t n;
         printf("# %s arena allocated: a GPU is present\n", kv_mem_kind_name(kind));
@@ -207,7 +267,8 @@ static void check_cuda_kind(enum kv_mem_kind kind)
     assert_null(a);
     printf("# %s: %s\n", kv_mem_kind_name(kind), kv_last_error());
     /* The message says why: no CUDA in the build, or the runtime's error. */
-    assert_non_null(strstr(kv_last_error(), "CUDA"));
+    assert_non_null(strstr(kv_last_error(), KV_HAVE_CUDA ? "no usable CUDA device"
+                                                         : "this build has no CUDA support"));
     assert_non_null(strstr(kv_last_error(), "3145728 bytes"));
 }
 
@@ -241,6 +302,8 @@ int main(void)
         cmocka_unit_test(test_arena_host_small_alignment),
         cmocka_unit_test(test_arena_host_large_is_huge_page_aligned),
         cmocka_unit_test(test_arena_host_explicit_alignment),
+        cmocka_unit_test(test_arena_alignment_only_raises),
+        cmocka_unit_test(test_arena_larger_than_memory_is_refused),
         cmocka_unit_test(test_arena_zero_flag_zeroes),
         cmocka_unit_test(test_arena_regions_report_the_arena),
         cmocka_unit_test(test_arena_zero_size_is_refused),

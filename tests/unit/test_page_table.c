@@ -575,11 +575,14 @@ static void test_page_table_fork_and_cow(void **state)
     const uint32_t priv = cb[1];
     assert_true(priv != b1);
     assert_int_equal(ref_of(f, b0), 2);
-    assert_int_equal(ref_of(f, b1), 1);
-    assert_int_equal(ref_of(f, priv), 1);
+    assert_int_equal(ref_of(f, b1), 2);   /* the parent + the copy's hold on its src */
+    assert_int_equal(ref_of(f, priv), 2); /* the child + the copy's hold on its dst */
     assert_int_equal(kv_page_table_pending_copies(pt), 1);
+    struct kv_page_table_stats ts;
+    kv_page_table_stats_get(pt, &ts);
+    assert_int_equal(ts.copies_held, 1);
 
-    /* parent now owns b1 alone: writes in place, no copy */
+    /* parent now owns b1 alone (the copy's hold is not sharing): in place */
     assert_int_equal(kv_page_table_seq_append(pt, p, NULL, 3), KV_OK);
     assert_int_equal(kv_page_table_seq_blocks(pt, p, &pb, &np), KV_OK);
     assert_int_equal(pb[1], b1);
@@ -590,16 +593,21 @@ static void test_page_table_fork_and_cow(void **state)
     assert_int_equal(kv_page_table_seq_fork(pt, p, &c2), KV_OK);
     assert_int_equal(kv_page_table_seq_append(pt, c2, NULL, 1), KV_OK);
     assert_int_equal(kv_page_table_pending_copies(pt), 1);
-    assert_int_equal(ref_of(f, b1), 2);
+    assert_int_equal(ref_of(f, b1), 3); /* p, c2, the hold */
     assert_int_equal(ref_of(f, b0), 3);
 
-    /* a second copy: fork c (21 tokens, private partial) and write in both */
+    /* a second copy: fork c (21 tokens, private partial) and write in both.
+     * c's partial block is the dst of the first copy, not yet done: the
+     * second copy reads that copy's src instead, so the two can run at once */
     uint32_t c3;
     assert_int_equal(kv_page_table_seq_fork(pt, c, &c3), KV_OK);
     assert_int_equal(kv_page_table_seq_append(pt, c, NULL, 2), KV_OK);
     assert_int_equal(kv_page_table_pending_copies(pt), 2);
     assert_int_equal(kv_page_table_seq_blocks(pt, c, &cb, &nc), KV_OK);
     const uint32_t priv2 = cb[1];
+    assert_int_equal(ref_of(f, priv), 2);  /* c3 + the first copy's hold */
+    assert_int_equal(ref_of(f, priv2), 2); /* c + the second copy's hold */
+    assert_int_equal(ref_of(f, b1), 4);    /* p, c2, two holds */
     assert_int_equal(kv_page_table_seq_append(pt, c3, NULL, 2), KV_OK); /* sole owner now */
     assert_int_equal(kv_page_table_pending_copies(pt), 2);
 
@@ -614,10 +622,21 @@ static void test_page_table_fork_and_cow(void **state)
     assert_int_equal(cp[0].tokens, 4);
     assert_int_equal(kv_page_table_take_copies(pt, cp, 4, &n), KV_OK);
     assert_int_equal(n, 1);
-    assert_int_equal(cp[0].src, priv);
+    assert_int_equal(cp[0].src, b1);
     assert_int_equal(cp[0].dst, priv2);
     assert_int_equal(cp[0].tokens, 5);
     assert_int_equal(kv_page_table_pending_copies(pt), 0);
+    /* taken, not done: still held */
+    assert_int_equal(ref_of(f, b1), 4);
+    kv_page_table_stats_get(pt, &ts);
+    assert_int_equal(ts.copies_held, 2);
+    assert_int_equal(kv_page_table_copies_done(pt), KV_OK);
+    assert_int_equal(ref_of(f, b1), 2);
+    assert_int_equal(ref_of(f, priv), 1);
+    assert_int_equal(ref_of(f, priv2), 1);
+    kv_page_table_stats_get(pt, &ts);
+    assert_int_equal(ts.copies_held, 0);
+    assert_int_equal(kv_page_table_copies_done(pt), KV_OK); /* nothing taken: no-op */
     struct kv_page_table_stats st;
     kv_page_table_stats_get(pt, &st);
     assert_int_equal(st.cow_copies, 2);
@@ -746,6 +765,183 @@ static void test_page_table_no_blocks_all_or_nothing(void **state)
     free(f);
 }
 
+/* The batch taken from the copy queue must be safe to run at once: no dst
+ * is another copy's src, no two copies share a dst, and every block a copy
+ * names stays held (out of the pool) until copies_done. */
+static void check_batch_safe(const struct fake *f, const struct kv_block_copy *cp, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        assert_true(ref_of(f, cp[i].src) >= 1);
+        assert_true(ref_of(f, cp[i].dst) >= 1);
+        for (uint32_t j = 0; j < n; j++) {
+            if (cp[i].dst == cp[j].src)
+                fail_msg("copy %u writes block %u that copy %u reads", i, cp[i].dst, j);
+            if (i != j && cp[i].dst == cp[j].dst)
+                fail_msg("copies %u and %u both write block %u", i, j, cp[i].dst);
+        }
+    }
+}
+
+/* The scenario that broke concurrent copies when a source was released at
+ * queue time: A's copy source X is freed by its fork in the same step, the
+ * pool hands X out again as the dst of B's copy: [X -> Y, Z -> X]. */
+static void test_page_table_cow_sources_stay_held(void **state)
+{
+    (void)state;
+    struct fake *f = malloc(sizeof(*f));
+    fake_init(f, 64, 5000);
+    kv_page_table *pt = make_pt(f, 16, 1, 8, 8, false);
+    uint32_t a, a2, b, b2, n;
+    const uint32_t *blk;
+    uint32_t nb;
+    assert_int_equal(kv_page_table_seq_create(pt, &a), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, a, NULL, 4), KV_OK);
+    assert_int_equal(kv_page_table_seq_blocks(pt, a, &blk, &nb), KV_OK);
+    const uint32_t x = blk[0];
+    assert_int_equal(kv_page_table_seq_create(pt, &b), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, b, NULL, 4), KV_OK);
+    assert_int_equal(kv_page_table_seq_fork(pt, a, &a2), KV_OK);
+    assert_int_equal(kv_page_table_seq_fork(pt, b, &b2), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, a, NULL, 1), KV_OK); /* X -> Y queued */
+    assert_int_equal(kv_page_table_seq_free(pt, a2), KV_OK);           /* X's last sequence */
+    assert_int_equal(ref_of(f, x), 1);                                 /* the copy holds it */
+    assert_int_equal(kv_page_table_seq_append(pt, b, NULL, 1), KV_OK); /* Z -> W queued */
+    struct kv_block_copy cp[4];
+    assert_int_equal(kv_page_table_take_copies(pt, cp, 4, &n), KV_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(cp[0].src, x);
+    assert_true(cp[1].dst != x);
+    check_batch_safe(f, cp, n);
+    assert_int_equal(kv_page_table_copies_done(pt), KV_OK);
+    assert_int_equal(ref_of(f, x), 0); /* back to the pool only now */
+    assert_int_equal(kv_page_table_seq_free(pt, a), KV_OK);
+    assert_int_equal(kv_page_table_seq_free(pt, b), KV_OK);
+    assert_int_equal(kv_page_table_seq_free(pt, b2), KV_OK);
+    for (uint32_t i = 0; i < f->n; i++)
+        assert_int_equal(f->ref[i], 0);
+    kv_page_table_destroy(pt);
+    free(f);
+}
+
+/* Random steps of forks, appends, truncates and frees, each ending with the
+ * engine's take -> copy -> done: every batch is safe to run concurrently, and
+ * when everything is freed every reference came back (holds included). */
+static void test_page_table_cow_batches_random(void **state)
+{
+    (void)state;
+    struct fake *f = malloc(sizeof(*f));
+    fake_init(f, 400, 77000);
+    kv_page_table *pt = make_pt(f, 8, 1, 32, 16, false);
+    uint64_t rng = 99;
+    uint32_t live[32], nlive = 0, batches = 0, copies = 0;
+    for (int step = 0; step < 3000; step++) {
+        for (int k = 0; k < 6; k++) {
+            int op = (int)kvt_range(&rng, 0, 9);
+            uint32_t id;
+            if (nlive == 0 || op == 0) {
+                if (nlive < 32 && kv_page_table_seq_create(pt, &id) == KV_OK)
+                    live[nlive++] = id;
+                continue;
+            }
+            uint32_t i = (uint32_t)kvt_range(&rng, 0, nlive - 1);
+            if (op <= 2 && nlive < 32) {
+                if (kv_page_table_seq_fork(pt, live[i], &id) == KV_OK)
+                    live[nlive++] = id;
+            } else if (op <= 6) {
+                kv_status st =
+                    kv_page_table_seq_append(pt, live[i], NULL, (uint64_t)kvt_range(&rng, 1, 12));
+                assert_true(st == KV_OK || st == KV_ERR_NO_BLOCKS || st == KV_ERR_CAPACITY);
+            } else if (op == 7) {
+                uint64_t len;
+                assert_int_equal(kv_page_table_seq_len(pt, live[i], &len), KV_OK);
+                assert_int_equal(kv_page_table_seq_truncate(
+                                     pt, live[i], (uint64_t)kvt_range(&rng, 0, (int64_t)len)),
+                                 KV_OK);
+            } else {
+                assert_int_equal(kv_page_table_seq_free(pt, live[i]), KV_OK);
+                live[i] = live[--nlive];
+            }
+        }
+        struct kv_block_copy cp[64];
+        uint32_t n;
+        assert_int_equal(kv_page_table_take_copies(pt, cp, 64, &n), KV_OK);
+        check_batch_safe(f, cp, n);
+        batches += n > 1;
+        copies += n;
+        assert_int_equal(kv_page_table_copies_done(pt), KV_OK);
+    }
+    for (uint32_t i = 0; i < nlive; i++)
+        assert_int_equal(kv_page_table_seq_free(pt, live[i]), KV_OK);
+    for (uint32_t i = 0; i < f->n; i++)
+        assert_int_equal(f->ref[i], 0);
+    print_message("cow batches: %u copies, %u batches of more than one\n", copies, batches);
+    assert_true(copies > 500 && batches > 50);
+    kv_page_table_destroy(pt);
+    free(f);
+}
+
+/* A slot is block * N + t % N in int64: a block id near 2^32 with pages of
+ * 3 x 2^30 tokens does not fit, and both the slot query and the vLLM export say
+ * so (never a negative slot with KV_OK). */
+static void test_page_table_slot_overflow(void **state)
+{
+    (void)state;
+    struct fake *f = malloc(sizeof(*f));
+    fake_init(f, 4, 4000000000u);
+    kv_page_table *pt = make_pt(f, 3u << 30, 1, 2, 2, false);
+    uint32_t s;
+    int64_t slot = 12345;
+    assert_int_equal(kv_page_table_seq_create(pt, &s), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, s, NULL, 3), KV_OK);
+    expect_msg(kv_page_table_slot(pt, s, 2, &slot), KV_ERR_OVERFLOW, "exceeds int64");
+    assert_int_equal(slot, 12345); /* untouched */
+    int64_t sm[4];
+    struct kv_token_range rg = {0, 3};
+    struct kv_vllm_export ve = {.slot_mapping = sm, .slot_mapping_len = 4};
+    assert_int_equal(kv_page_table_export_vllm(pt, &s, 1, &rg, &ve), KV_ERR_OVERFLOW);
+    kv_page_table_destroy(pt);
+    free(f);
+}
+
+/* max_seqs and max_blocks_per_seq have documented bounds; the largest table
+ * is accepted and touches nothing per sequence until used. */
+static void test_page_table_bounds(void **state)
+{
+    (void)state;
+    struct fake *f = malloc(sizeof(*f));
+    fake_init(f, 16, 1);
+    struct kv_page_table_config cfg = KV_PAGE_TABLE_CONFIG_INIT;
+    kv_page_table *pt = NULL;
+    cfg.block_tokens = 4;
+    cfg.max_seqs = KV_PAGE_TABLE_MAX_SEQS + 1;
+    cfg.max_blocks_per_seq = 4;
+    cfg.ops = fake_ops(f);
+    expect_msg(kv_page_table_create(&cfg, &pt), KV_ERR_INVALID_ARG, "KV_PAGE_TABLE_MAX_SEQS");
+    cfg.max_seqs = UINT32_MAX;
+    expect_msg(kv_page_table_create(&cfg, &pt), KV_ERR_INVALID_ARG, "max_seqs 4294967295");
+    cfg.max_seqs = 2;
+    cfg.max_blocks_per_seq = KV_PAGE_TABLE_MAX_BLOCKS_PER_SEQ + 1;
+    expect_msg(kv_page_table_create(&cfg, &pt), KV_ERR_INVALID_ARG,
+               "KV_PAGE_TABLE_MAX_BLOCKS_PER_SEQ");
+    assert_null(pt);
+    cfg.max_seqs = KV_PAGE_TABLE_MAX_SEQS;
+    cfg.max_blocks_per_seq = KV_PAGE_TABLE_MAX_BLOCKS_PER_SEQ;
+    assert_int_equal(kv_page_table_create(&cfg, &pt), KV_OK);
+    /* ids come lowest first, and a retired id is handed out again first */
+    uint32_t a, b, c;
+    assert_int_equal(kv_page_table_seq_create(pt, &a), KV_OK);
+    assert_int_equal(kv_page_table_seq_create(pt, &b), KV_OK);
+    assert_int_equal(a, 0);
+    assert_int_equal(b, 1);
+    assert_int_equal(kv_page_table_seq_free(pt, a), KV_OK);
+    assert_int_equal(kv_page_table_seq_create(pt, &c), KV_OK);
+    assert_int_equal(c, 0);
+    assert_int_equal(kv_page_table_seq_create(pt, &c), KV_OK);
+    assert_int_equal(c, 2);
+    kv_page_table_destroy(pt);
+    free(f);
+}
+
 static void test_page_table_prefix_reuse(void **state)
 {
     (void)state;
@@ -814,7 +1010,9 @@ static void test_page_table_prefix_reuse(void **state)
     assert_int_equal(cp[0].src, aid[2]);
     assert_int_equal(cp[0].tokens, 8);
     assert_true(f->hash[aid[2] - 9000] == h2); /* the cached block keeps its content */
-    assert_int_equal(ref_of(f, aid[2]), 1);    /* still held by b */
+    assert_int_equal(ref_of(f, aid[2]), 2);    /* b, and the copy until it is done */
+    assert_int_equal(kv_page_table_copies_done(pt), KV_OK);
+    assert_int_equal(ref_of(f, aid[2]), 1); /* still held by b */
     assert_int_equal(kv_page_table_seq_blocks(pt, a, &ab, &na), KV_OK);
     assert_int_equal(ab[2], cp[0].dst);
     /* the private copy filled with other tokens is committed with parent h1 */
@@ -838,6 +1036,8 @@ static void test_page_table_prefix_reuse(void **state)
     assert_int_equal(n, 1);
     assert_int_equal(cp[0].src, g0);
     assert_int_equal(cp[0].tokens, 10);
+    assert_int_equal(ref_of(f, g0), 1); /* held by the copy until it is done */
+    assert_int_equal(kv_page_table_copies_done(pt), KV_OK);
     assert_int_equal(ref_of(f, g0), 0); /* cached-free, content intact */
     assert_true(f->hashed[g0 - 9000]);
     assert_int_equal(kv_page_table_seq_free(pt, g), KV_OK);
@@ -1027,6 +1227,10 @@ int main(void)
         cmocka_unit_test(test_page_table_fork_and_cow),
         cmocka_unit_test(test_page_table_truncate_releases_exactly),
         cmocka_unit_test(test_page_table_no_blocks_all_or_nothing),
+        cmocka_unit_test(test_page_table_cow_sources_stay_held),
+        cmocka_unit_test(test_page_table_cow_batches_random),
+        cmocka_unit_test(test_page_table_slot_overflow),
+        cmocka_unit_test(test_page_table_bounds),
         cmocka_unit_test(test_page_table_prefix_reuse),
         cmocka_unit_test(test_page_table_bad_input),
         cmocka_unit_test(test_page_table_doc_example),
