@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include <kvcache/kv.h>
+
 #ifndef KV_TEST_DATA_DIR
 #define KV_TEST_DATA_DIR "tests/data"
 #endif
@@ -24,6 +26,18 @@ static inline int64_t kvt_range(uint64_t *state, int64_t lo, int64_t hi)
 {
     return lo + (int64_t)(kvt_rand(state) % (uint64_t)(hi - lo + 1));
 }
+
+/* Element offset of (layer l, kv, block b, token n, head h, d) computed from
+ * the CONFIG alone, the way docs/kv-layout.md describes it, never from the
+ * strides kv_layout_init derived: tests check cache data through it, so a
+ * wrong stride in the library cannot agree with itself.
+ *   storage block   layer-major (l * planes + plane) * B + b
+ *                   block-major (b * L + l) * planes + plane
+ *   in the block    NHD (n * H + h) * row + d, HND (h * N + n) * row + d,
+ *                   row = D (2D packed, V at +D), plane = packed ? 0 : kv
+ *   block stride    block_stride_bytes / elem, or N * H * row + pad */
+int64_t kvt_ref_offset_elems(const struct kv_layout_config *c, int64_t l, int64_t kv, int64_t b,
+                             int64_t n, int64_t h, int64_t d);
 
 /* Path of a file under tests/data (env KV_TEST_DATA_DIR overrides). */
 const char *kvt_data_path(const char *name);

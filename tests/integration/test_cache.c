@@ -20,6 +20,8 @@
 
 #include <kvcache/kv.h>
 
+#include "kvtest.h"
+
 enum { L = 3, B = 2048, N = 16, H = 4, D = 8, FILLER_BLOCKS = 1500 };
 
 /* The value a token's K/V element should hold: never 0 (0 = untouched). */
@@ -37,6 +39,10 @@ struct model {
     uint16_t *expect; /* same size as the arena in elements; 0 = untouched */
     size_t elems;
 };
+
+/* The layout config of the cache under test: the model addresses elements
+ * through it (kvt_ref_offset_elems), never through the library's strides. */
+static struct kv_layout_config g_cfg;
 
 /* Write tag's values for tokens [start, start+count) of seq through the
  * per-layer views at the slots of the vLLM export; record them in the model. */
@@ -61,11 +67,11 @@ static void write_tokens(kv_cache *c, struct model *m, uint32_t seq, uint32_t ta
                 for (uint32_t h = 0; h < H; h++)
                     for (uint32_t d = 0; d < D; d++) {
                         int64_t idx[4] = {blk, tok, h, d};
-                        uint16_t *p = kv_view_ptr(&v, idx);
-                        size_t e = (size_t)(p - (uint16_t *)v.base);
+                        uint16_t *p = kv_view_ptr(&v, idx); /* where the library writes */
                         assert_non_null(p);
                         *p = val(tag, start + i, l, kv, h, d);
-                        m->expect[e] = *p;
+                        /* where the config says the element is */
+                        m->expect[kvt_ref_offset_elems(&g_cfg, l, kv, blk, tok, h, d)] = *p;
                     }
             }
     }
@@ -87,13 +93,12 @@ static void check_tokens(kv_cache *c, uint32_t seq, uint32_t tag, uint64_t start
         assert_true(page >= g_min_page); /* far from block 0 */
         for (uint32_t l = 0; l < L; l++)
             for (int kv = 0; kv < 2; kv++) {
-                struct kv_view v;
-                assert_int_equal(kv_cache_kv_view(c, l, kv, &v), KV_OK);
+                const uint16_t *a = kv_arena_base(kv_cache_arena(c));
                 for (uint32_t h = 0; h < H; h++)
                     for (uint32_t d = 0; d < D; d++) {
-                        int64_t idx[4] = {page, (int64_t)(t % N), h, d};
-                        assert_int_equal(*(uint16_t *)kv_view_ptr(&v, idx),
-                                         val(tag, t, l, kv, h, d));
+                        int64_t e =
+                            kvt_ref_offset_elems(&g_cfg, l, kv, page, (int64_t)(t % N), h, d);
+                        assert_int_equal(a[e], val(tag, t, l, kv, h, d));
                     }
             }
     }
@@ -117,8 +122,15 @@ static void run_copies(kv_cache *c, struct model *m)
             int64_t so = rs.first_offset_bytes + r * rs.run_stride_bytes;
             int64_t dof = rd.first_offset_bytes + r * rd.run_stride_bytes;
             memcpy(base + dof, base + so, (size_t)rs.run_bytes);
-            memcpy((char *)m->expect + dof, (char *)m->expect + so, (size_t)rs.run_bytes);
         }
+        /* the model copies element by element at the reference addresses */
+        for (uint32_t l = 0; l < L; l++)
+            for (int kv = 0; kv < 2; kv++)
+                for (uint32_t t = 0; t < N; t++)
+                    for (uint32_t h = 0; h < H; h++)
+                        for (uint32_t d = 0; d < D; d++)
+                            m->expect[kvt_ref_offset_elems(&g_cfg, l, kv, cp[i].dst, t, h, d)] =
+                                m->expect[kvt_ref_offset_elems(&g_cfg, l, kv, cp[i].src, t, h, d)];
     }
     assert_int_equal(kv_page_table_copies_done(kv_cache_page_table(c)), KV_OK);
 }
@@ -158,6 +170,7 @@ static void run_case(kv_arrange arrange, kv_order order, int64_t pad)
     cfg.max_seqs = 8;
     cfg.zero_fill = true;
     assert_int_equal(kv_cache_create(&cfg, &c), KV_OK);
+    g_cfg = cfg.layout;
     lo = kv_cache_layout(c);
     pt = kv_cache_page_table(c);
     m.elems = (size_t)lo->total_elems;
@@ -255,6 +268,7 @@ static void test_cache_prefix_reuse(void **state)
     g_min_page = 1;
     cfg.zero_fill = true;
     assert_int_equal(kv_cache_create(&cfg, &c), KV_OK);
+    g_cfg = cfg.layout;
     pt = kv_cache_page_table(c);
     m.elems = (size_t)kv_cache_layout(c)->total_elems;
     m.expect = calloc(m.elems, 2);

@@ -289,6 +289,7 @@ static struct {
     const struct kv_layout *lo;
     char *base;
     struct kv_view view[L][2];
+    struct kv_layout_config cfg; /* the config: checks address through it alone */
     uint64_t rng, seed;
     long op;
     const char *op_name;
@@ -761,13 +762,22 @@ static uint32_t m_reuse(uint32_t sid, const int32_t *toks, uint64_t n)
 
 /* ------------------------------------------------------------ K/V data */
 
-/* Element (l, kv, block b, slot, h, d) through the cache's per-layer view. */
+/* Element (l, kv, block b, slot, h, d) through the cache's per-layer view:
+ * where the library says it is (writes go here, as an engine's would). */
 static uint32_t *elem(uint32_t l, int kv, uint32_t b, uint32_t slot, uint32_t h, uint32_t d)
 {
     const struct kv_view *v = &G.view[l][kv];
     int64_t off = v->offset + (int64_t)b * v->strides[0] + (int64_t)slot * v->strides[1] +
                   (int64_t)h * v->strides[2] + (int64_t)d * v->strides[3];
     return (uint32_t *)v->base + off;
+}
+
+/* The same element where the config says it is (kvt_ref_offset_elems):
+ * every check reads here, so the library's strides are checked, not
+ * trusted. */
+static uint32_t *ref_elem(uint32_t l, int kv, uint32_t b, uint32_t slot, uint32_t h, uint32_t d)
+{
+    return (uint32_t *)G.base + kvt_ref_offset_elems(&G.cfg, l, kv, b, slot, h, d);
 }
 
 static void write_token(uint32_t b, uint32_t slot, uint64_t ph)
@@ -780,8 +790,8 @@ static void write_token(uint32_t b, uint32_t slot, uint64_t ph)
     CONTENT[(size_t)b * N + slot] = ph;
 }
 
-/* Token t of seq sid holds its K/V at slot (model block, t % N): read
- * through kv_view_ptr, and the table's slot for t agrees. */
+/* Token t of seq sid holds its K/V at slot (model block, t % N): read at
+ * the reference address, and the table's slot for t agrees. */
 static void check_token(uint32_t sid, uint64_t t, const char *why)
 {
     const struct mseq *s = &MS[sid];
@@ -795,8 +805,7 @@ static void check_token(uint32_t sid, uint64_t t, const char *why)
         for (int kv = 0; kv < 2; kv++)
             for (uint32_t h = 0; h < H; h++)
                 for (uint32_t d = 0; d < D; d++) {
-                    int64_t idx[4] = {b, slot, h, d};
-                    const uint32_t *p = kv_view_ptr(&G.view[l][kv], idx);
+                    const uint32_t *p = ref_elem(l, kv, b, slot, h, d);
                     uint32_t want = kv_val(s->ph[t], l, kv, h, d);
                     if (!p || *p != want)
                         fail_at("%s: seq %u token %llu (block %u slot %u) layer %u %c h %u d "
@@ -1055,7 +1064,8 @@ static void sweep(void)
                     for (int kv = 0; kv < 2; kv++)
                         for (uint32_t h = 0; h < H; h++)
                             for (uint32_t d = 0; d < D; d++)
-                                expect[elem(l, kv, b, slot, h, d) - a] = kv_val(ph, l, kv, h, d);
+                                expect[ref_elem(l, kv, b, slot, h, d) - a] =
+                                    kv_val(ph, l, kv, h, d);
             }
         for (size_t e = 0; e < elems; e++)
             if (a[e] != expect[e])
@@ -1572,6 +1582,7 @@ static void model_setup(const struct model_cfg *mc)
     cfg.on_event = on_event;
     cfg.event_user = &EV_GOT;
     check_st(kv_cache_create(&cfg, &G.c), KV_OK, "kv_cache_create");
+    G.cfg = cfg.layout;
     G.pt = kv_cache_page_table(G.c);
     G.pool = kv_cache_pool(G.c);
     G.lo = kv_cache_layout(G.c);

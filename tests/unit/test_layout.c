@@ -381,6 +381,117 @@ static uint64_t fp_of(const struct kv_layout_config *c)
     return lo.fingerprint;
 }
 
+/* The fingerprints are a wire contract (peers compare them across builds and
+ * versions): three layouts pinned to their values, and the full fingerprint
+ * recomputed here from docs/kv-layout.md's serialization with strides derived
+ * by hand, not from the library's struct. */
+struct pinned_fp {
+    const char *what;
+    struct kv_layout_config cfg;
+    uint64_t fingerprint, block_format;
+    /* expected byte strides: layer, kv, block, token, head, dim; total */
+    int64_t strides[6], block_stride, total;
+};
+
+static void put64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void test_layout_fingerprints_pinned(void **state)
+{
+    (void)state;
+    const int64_t B = 1024, L = 32, N = 16, H = 8, D = 128;
+    const int64_t blk = N * H * D * 2; /* bf16 / f16 block bytes: 32 KiB */
+    const int64_t pblk = (N * H * D + 64) * 2;
+    struct pinned_fp pins[3] = {
+        {"32x1024 NHD layer-major bf16",
+         {.struct_size = sizeof(struct kv_layout_config),
+          .num_layers = L,
+          .num_blocks = B,
+          .block_tokens = N,
+          .num_heads = H,
+          .head_dim = D,
+          .dtype = KV_BF16},
+         0x4bed694c033fffa4ull,
+         0xcca09c41333f03b3ull,
+         {2 * B * blk, B * blk, blk, H * D * 2, D * 2, 2},
+         blk,
+         L * 2 * B * blk},
+        {"32x1024 HND block-major f16 pad 64",
+         {.struct_size = sizeof(struct kv_layout_config),
+          .num_layers = L,
+          .num_blocks = B,
+          .block_tokens = N,
+          .num_heads = H,
+          .head_dim = D,
+          .dtype = KV_F16,
+          .order = KV_ORDER_HND,
+          .arrange = KV_ARRANGE_BLOCK_MAJOR,
+          .block_pad_elems = 64},
+         0xdf84ccbdb11e93b8ull,
+         0x5c663522f9da1309ull,
+         {2 * pblk, pblk, L * 2 * pblk, D * 2, N * D * 2, 2},
+         pblk,
+         B * L * 2 * pblk},
+        {"2x10000 NHD packed fp8 stride 36864 align 4096",
+         {.struct_size = sizeof(struct kv_layout_config),
+          .num_layers = 2,
+          .num_blocks = 10000,
+          .block_tokens = N,
+          .num_heads = H,
+          .head_dim = D,
+          .dtype = KV_FP8_E4M3,
+          .kv_packed = true,
+          .align_bytes = 4096,
+          .block_stride_bytes = 36864},
+         0xe04602f8c9a21098ull,
+         0xef4411b9a458287dull,
+         {10000 * 36864, D, 36864, H * 2 * D, 2 * D, 1},
+         36864,
+         2 * 10000 * 36864},
+    };
+    for (int i = 0; i < 3; i++) {
+        struct kv_layout lo;
+        const struct pinned_fp *pf = &pins[i];
+        assert_int_equal(kv_layout_init(&pf->cfg, &lo), KV_OK);
+        if (lo.fingerprint != pf->fingerprint || lo.block_format_fingerprint != pf->block_format)
+            fail_msg("%s: fingerprints 0x%016llx / 0x%016llx, pinned 0x%016llx / 0x%016llx: the "
+                     "wire contract changed",
+                     pf->what, (unsigned long long)lo.fingerprint,
+                     (unsigned long long)lo.block_format_fingerprint,
+                     (unsigned long long)pf->fingerprint, (unsigned long long)pf->block_format);
+        /* the documented serialization, built here: tag, 18 u64 LE, dtype name */
+        const struct kv_layout_config *c = &pf->cfg;
+        const int64_t es = (int64_t)kv_dtype_size(c->dtype);
+        const int64_t align = c->align_bytes ? c->align_bytes : es;
+        const int64_t f[18] = {c->num_layers,  c->num_blocks,    c->block_tokens,
+                               c->num_heads,   c->head_dim,      es,
+                               c->order,       c->arrange,       c->kv_packed,
+                               align,          pf->block_stride, pf->strides[0],
+                               pf->strides[1], pf->strides[2],   pf->strides[3],
+                               pf->strides[4], pf->strides[5],   pf->total};
+        unsigned char buf[8 + 18 * 8 + 16] = {'k', 'v', 'l', 'a', 'y', 'o', 'u', '1'};
+        for (int k = 0; k < 18; k++)
+            put64(buf + 8 + 8 * k, (uint64_t)f[k]);
+        snprintf((char *)buf + 8 + 18 * 8, 16, "%s", kv_dtype_name(c->dtype));
+        if (XXH3_64bits(buf, sizeof(buf)) != lo.fingerprint)
+            fail_msg("%s: fingerprint 0x%016llx is not XXH3-64 of the documented serialization "
+                     "(0x%016llx)",
+                     pf->what, (unsigned long long)lo.fingerprint,
+                     (unsigned long long)XXH3_64bits(buf, sizeof(buf)));
+        /* and the block-format one: tag, L N H D es order packed, dtype name */
+        const int64_t g[7] = {c->num_layers, c->block_tokens, c->num_heads, c->head_dim, es,
+                              c->order,      c->kv_packed};
+        unsigned char gb[8 + 7 * 8 + 16] = {'k', 'v', 'b', 'l', 'o', 'c', 'k', '1'};
+        for (int k = 0; k < 7; k++)
+            put64(gb + 8 + 8 * k, (uint64_t)g[k]);
+        snprintf((char *)gb + 8 + 7 * 8, 16, "%s", kv_dtype_name(c->dtype));
+        assert_true(XXH3_64bits(gb, sizeof(gb)) == lo.block_format_fingerprint);
+    }
+}
+
 static void test_layout_fingerprint_stable_and_sensitive(void **state)
 {
     (void)state;
@@ -599,6 +710,7 @@ int main(void)
         cmocka_unit_test(test_layout_views_and_runs_every_combination),
         cmocka_unit_test(test_layout_strides_by_hand),
         cmocka_unit_test(test_layout_large_offsets_64bit),
+        cmocka_unit_test(test_layout_fingerprints_pinned),
         cmocka_unit_test(test_layout_fingerprint_stable_and_sensitive),
         cmocka_unit_test(test_layout_block_format_fingerprint),
         cmocka_unit_test(test_layout_refuses_bad_configs),
