@@ -1,20 +1,49 @@
 #!/usr/bin/env bash
 # Run on a machine with an NVIDIA GPU (budget: under 8 minutes on one GPU).
-#  1. the whole suite built with CUDA: the arena's pinned/device paths run for real;
-#  2. the GPU tests (tests/gpu): device view copies checked element by element
-#     over the whole destination pool, plus the GPU benchmark line (JSON,
-#     candidate vs a device-to-device cudaMemcpy of the same bytes).
+#  1. build with CUDA, and check the library carries sm_80 / sm_90 machine code
+#     and compute_90 PTX (scripts/check-cuda-build.py);
+#  2. the whole suite with KV_EXPECT_GPU=1: the tests then require pinned and
+#     device arenas and device copies to succeed (without it they require the
+#     clean KV_ERR_UNSUPPORTED of a host without a GPU);
+#  3. the GPU tests (tests/gpu): device view copies on every path (16/8/2/1-byte
+#     vectors, strided), checked over the whole destination pool, the arena
+#     round trips, and the GPU benchmark line (JSON: candidate vs a
+#     device-to-device cudaMemcpy of the same bytes).
+# Exit status 0 only if every step passed; each step prints its time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-nvidia-smi -L || { echo "no GPU visible"; exit 1; }
+t0=$(date +%s)
+step() { printf '\n== %s (t=%ss)\n' "$1" "$(( $(date +%s) - t0 ))"; }
+
+step "GPU"
+nvidia-smi -L || { echo "gpu-check: no GPU visible (nvidia-smi failed)"; exit 1; }
 # deps.sh also wants clang and the RDMA headers; a GPU box without them (and
 # without a package mirror) can still build and run the GPU checks.
 scripts/deps.sh || echo "gpu-check: some optional packages are missing; continuing"
-make -j"$(nproc)" CUDA=1 BUILD=build-gpu lib gpu-tests
-make CUDA=1 BUILD=build-gpu test
+
+step "build with CUDA"
+make -j"$(nproc)" CUDA=1 BUILD=build-gpu lib gpu-tests tests build-gpu/kvcache
+python3 scripts/check-cuda-build.py build-gpu/libkvcache.so
+build-gpu/kvcache version
+
+step "the suite, expecting a GPU"
+suite=()
+for t in build-gpu/tests/test_*; do
+    [[ $t == *.d ]] || suite+=("$t")
+done
+KV_EXPECT_GPU=1 scripts/run-tests.sh "${suite[@]}"
+
+step "GPU tests"
 status=0
 for t in build-gpu/gpu/test_gpu_*; do
     case "$t" in *.d) continue ;; esac
-    echo "== $t"; "$t" || status=1
+    echo "-- $t"
+    rc=0
+    "$t" || rc=$?
+    if [[ $rc -ne 0 ]]; then
+        echo "gpu-check: $t failed (exit $rc)"
+        status=1
+    fi
 done
+step "done (status $status)"
 exit $status
