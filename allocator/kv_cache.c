@@ -49,15 +49,28 @@ kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **out)
                        "(clear it with cudaMemsetAsync on the engine's stream)");
         goto undo_alloc;
     }
-    /* Cheap objects first (pool records, page table): a config they refuse
-     * fails before the arena, the big allocation, is made or zeroed. */
+    /* The arena first, reserved but untouched: a cache that cannot fit is
+     * refused before any other part is built (a host arena larger than the
+     * machine is refused by kv_arena_create without mapping it); it is zeroed
+     * (zero_fill) only once everything else has succeeded. */
+    kv_arena_config_init(&acfg, (size_t)c->layout.total_bytes);
+    acfg.kind = cfg->mem_kind;
+    acfg.device = cfg->device;
+    /* the layout's block alignment only ever raises the arena's default
+     * (which keeps huge pages possible); below a pointer it is implied */
+    if (c->layout.align_bytes >= (int64_t)sizeof(void *))
+        acfg.align_bytes = (size_t)c->layout.align_bytes;
+    st = kv_arena_create(&acfg, &c->arena);
+    if (st != KV_OK)
+        goto undo_alloc;
+
     kv_block_pool_config_init(&pcfg);
     pcfg.num_blocks = (uint32_t)c->layout.num_blocks;
     pcfg.on_event = cfg->on_event;
     pcfg.event_user = cfg->event_user;
     st = kv_block_pool_create(&pcfg, &c->pool);
     if (st != KV_OK)
-        goto undo_alloc;
+        goto undo_arena;
 
     if (c->layout.block_tokens > UINT32_MAX) {
         st = kv__error(KV_ERR_INVALID_ARG,
@@ -79,25 +92,16 @@ kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **out)
     if (st != KV_OK)
         goto undo_pool;
 
-    kv_arena_config_init(&acfg, (size_t)c->layout.total_bytes);
-    acfg.kind = cfg->mem_kind;
-    acfg.device = cfg->device;
-    acfg.flags = cfg->zero_fill ? KV_ARENA_ZERO : 0;
-    /* the layout's block alignment only ever raises the arena's default
-     * (which keeps huge pages possible); below a pointer it is implied */
-    if (c->layout.align_bytes >= (int64_t)sizeof(void *))
-        acfg.align_bytes = (size_t)c->layout.align_bytes;
-    st = kv_arena_create(&acfg, &c->arena);
-    if (st != KV_OK)
-        goto undo_page_table;
-
+    /* only now, with everything else built, touch the arena's pages */
+    if (cfg->zero_fill)
+        memset(kv_arena_base(c->arena), 0, kv_arena_size(c->arena));
     *out = c;
     return kv__ok();
 
-undo_page_table:
-    kv_page_table_destroy(c->pt);
 undo_pool:
     kv_block_pool_destroy(c->pool);
+undo_arena:
+    kv_arena_destroy(c->arena);
 undo_alloc:
     kv__mem_free(c);
     return st;

@@ -364,14 +364,21 @@ static void test_cache_bad_config(void **state)
             assert_non_null(strstr(kv_last_error(), "device memory"));
         }
     }
-    /* A cheap setting is refused before a 2 TiB arena is attempted. */
+    /* A 2 TiB arena is refused at once, before the pool or table is built
+     * and without mapping it; a bad table setting on a cache that fits is
+     * refused with its own name, and nothing is left behind. */
     cfg.mem_kind = KV_MEM_HOST;
     cfg.layout.num_blocks = 1 << 20;
     cfg.layout.num_heads = 64;
     cfg.layout.head_dim = 256;
+    cfg.max_seqs = 1;
+    assert_int_equal(kv_cache_create(&cfg, &c), KV_ERR_NO_MEMORY);
+    assert_non_null(strstr(kv_last_error(), "physical memory"));
+    cfg.layout.num_blocks = 8;
     cfg.max_seqs = 0;
     assert_int_equal(kv_cache_create(&cfg, &c), KV_ERR_INVALID_ARG);
     assert_non_null(strstr(kv_last_error(), "max_seqs"));
+    assert_true(c == (kv_cache *)0x1);
     assert_int_equal(kv_cache_create(NULL, &c), KV_ERR_NULL);
     kv_cache_destroy(NULL);
 }
