@@ -583,11 +583,25 @@ static KV__ALWAYS_INLINE void kv__transpose(char *d, int64_t drs, const char *s,
  *                  ownership and an out-of-order write-back per line; streaming
  *                  stores of whole lines, written consecutively so that every
  *                  write-combining buffer fills completely, pay neither.
- *                  Measured on 4096x4096 (vs memcpy): f32 0.455 -> 0.88, f16
- *                  0.39 -> 0.84. Streaming the 8x8 blocks straight to dst (each
- *                  line then filled by several blocks, out of order) was 0.33.
+ *                  Measured on 4096x4096 (vs memcpy, Intel Xeon): f32 0.455 ->
+ *                  0.88, f16 0.39 -> 0.84. Streaming the 8x8 blocks straight to
+ *                  dst (each line then filled by several blocks, out of order)
+ *                  was 0.33.
+ *   KV__TR_STREAM_PF  the same on AMD CPUs, plus a software prefetch into L2
+ *                  (prefetcht1) of the src tile KV__STREAM_PF_AHEAD tiles
+ *                  ahead, issued while the current tile is staged. On AMD EPYC
+ *                  (Zen 4, family 25) KV__TR_STREAM alone measured only 0.37-0.50
+ *                  of memcpy (f32 and f16): the hardware prefetchers do not run
+ *                  ahead in 64-128 src rows that each advance by 256 bytes per
+ *                  tile, so every staged row waits on DRAM. With the L2
+ *                  prefetch: f32 0.76-0.84, f16 0.69-0.86 (standalone harness;
+ *                  library numbers in docs/benchmarks.md). Intel keeps
+ *                  KV__TR_STREAM: there a T0 prefetch of the next tile gained
+ *                  nothing for f32 and cost f16 0.84 -> 0.70-0.77, and T1 was
+ *                  never measured there, so the measured-best Intel path is
+ *                  left as it was.
  */
-enum kv__tr_mode { KV__TR_DIRECT, KV__TR_STAGED, KV__TR_STREAM };
+enum kv__tr_mode { KV__TR_DIRECT, KV__TR_STAGED, KV__TR_STREAM, KV__TR_STREAM_PF };
 
 static KV__ALWAYS_INLINE int64_t kv__stage_elems(size_t esz)
 {
@@ -636,22 +650,55 @@ static KV__ALWAYS_INLINE void kv__transpose_staged(char *d, int64_t drs, const c
     }
 }
 
+/* Tiles ahead whose src rows KV__TR_STREAM_PF prefetches: on AMD EPYC 1, 2
+ * and 3 measured the same within noise (f32 0.76-0.84, f16 0.69-0.84); 2
+ * leaves the most slack for DRAM latency under load. */
+#define KV__STREAM_PF_AHEAD 2
+
+/* Prefetch into L2 the src bytes [p, p + n): every 64-byte line they touch. */
+static KV__ALWAYS_INLINE void kv__prefetch_l2(const char *p, int64_t n)
+{
+#if KV__COPY_X86
+    const char *q = (const char *)((uintptr_t)p & ~(uintptr_t)63);
+    for (; q < p + n; q += 64)
+        _mm_prefetch(q, _MM_HINT_T1);
+#else
+    (void)p;
+    (void)n;
+#endif
+}
+
 static KV__ALWAYS_INLINE void kv__transpose_stream(char *d, int64_t drs, const char *s, int64_t srs,
                                                    int64_t rows, int64_t cols, size_t esz,
-                                                   char *buf)
+                                                   char *buf, bool prefetch)
 {
     const int64_t T = kv__stream_tile_elems(esz);
     const int64_t e = (int64_t)esz;
     const int64_t bs = T * e + KV__STAGE_PAD; /* row stride of A and of B, bytes */
     char *a = buf;                            /* [T][bs]: staged src tile */
     char *b = buf + T * bs;                   /* [SUB][bs]: dst rows being built */
+    const int64_t col_tiles = (cols + T - 1) / T;
+    int64_t tile = 0; /* index of the tile (r0, c0) in visiting order */
 
     for (int64_t r0 = 0; r0 < rows; r0 += T) {
         const int64_t tr = r0 + T < rows ? T : rows - r0;
-        for (int64_t c0 = 0; c0 < cols; c0 += T) {
+        for (int64_t c0 = 0; c0 < cols; c0 += T, tile++) {
             const int64_t tc = c0 + T < cols ? T : cols - c0;
-            for (int64_t r = 0; r < tr; r++)
+            /* The tile KV__STREAM_PF_AHEAD ahead in the same order (pr = rows:
+             * none left), prefetched a row per staged row. */
+            int64_t pr0 = rows, pc0 = 0, ptr = 0, ptc = 0;
+            if (prefetch) {
+                const int64_t ahead = tile + KV__STREAM_PF_AHEAD;
+                pr0 = ahead / col_tiles * T;
+                pc0 = ahead % col_tiles * T;
+                ptr = pr0 + T < rows ? T : rows - pr0;
+                ptc = pc0 + T < cols ? T : cols - pc0;
+            }
+            for (int64_t r = 0; r < tr; r++) {
                 memcpy(a + r * bs, s + (r0 + r) * srs + c0 * e, (size_t)(tc * e));
+                if (prefetch && pr0 < rows && r < ptr)
+                    kv__prefetch_l2(s + (pr0 + r) * srs + pc0 * e, ptc * e);
+            }
             for (int64_t c = 0; c < tc; c += KV__STREAM_SUB) {
                 const int64_t sc = c + KV__STREAM_SUB < tc ? KV__STREAM_SUB : tc - c;
                 /* b[k][r] = a[r][c + k] */
@@ -669,7 +716,10 @@ static KV__ALWAYS_INLINE void kv__transpose_mode(char *d, int64_t drs, const cha
 {
     switch (mode) {
     case KV__TR_STREAM:
-        kv__transpose_stream(d, drs, s, srs, rows, cols, esz, buf);
+        kv__transpose_stream(d, drs, s, srs, rows, cols, esz, buf, false);
+        break;
+    case KV__TR_STREAM_PF:
+        kv__transpose_stream(d, drs, s, srs, rows, cols, esz, buf, true);
         break;
     case KV__TR_STAGED:
         kv__transpose_staged(d, drs, s, srs, rows, cols, esz, buf);
@@ -699,6 +749,26 @@ static void kv__transpose_any(char *d, int64_t drs, const char *s, int64_t srs, 
         kv__transpose_mode(d, drs, s, srs, rows, cols, 8, mode, buf);
         break;
     }
+}
+
+/* True on AMD CPUs (x86 only; cached after the first call). Selects
+ * KV__TR_STREAM_PF over KV__TR_STREAM. __builtin_cpu_init() is idempotent and
+ * is needed here because this may run before libgcc's constructor in a
+ * shared library. Racing first calls store the same value. */
+static bool kv__cpu_is_amd(void)
+{
+#if KV__COPY_X86
+    static _Atomic int cached; /* 0 unknown, 1 no, 2 yes */
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v == 0) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_is("amd") ? 2 : 1;
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+    return v == 2;
+#else
+    return false;
+#endif
 }
 
 /* Transposes moving less than this stay in cache: no staging buffer. */
@@ -731,7 +801,7 @@ static void kv__copy_transpose(const struct kv__copy_plan *p, int r, int c, int6
         p->shape[r] * p->shape[c] * (int64_t)p->esz >= KV__STAGE_MIN_BYTES) {
         if (KV__COPY_X86 && total >= KV__STREAM_MIN_BYTES) {
             buf = kv__mem_alloc_aligned(64, kv__stream_bytes_needed(p->esz));
-            mode = KV__TR_STREAM;
+            mode = kv__cpu_is_amd() ? KV__TR_STREAM_PF : KV__TR_STREAM;
         } else {
             buf = kv__mem_alloc_aligned(64, kv__stage_bytes(p->esz));
             mode = KV__TR_STAGED;
@@ -743,7 +813,7 @@ static void kv__copy_transpose(const struct kv__copy_plan *p, int r, int c, int6
         kv__transpose_any(d, drs, s, srs, p->shape[r], p->shape[c], p->esz, mode, buf);
     } while (kv__odometer_next(p, dims, nd, idx, &d, &s));
 #if KV__COPY_X86
-    if (mode == KV__TR_STREAM)
+    if (mode == KV__TR_STREAM || mode == KV__TR_STREAM_PF)
         _mm_sfence(); /* order the streaming stores before later loads/stores */
 #endif
     kv__mem_free(buf);
