@@ -63,12 +63,15 @@ inc_connector := $(inc_attention) -Iconnector
 INCLUDES := $(inc_connector) -Iinclude
 # The module of a source path "allocator/kv_arena" -> its include flags.
 mod_inc = $(inc_$(firstword $(subst /, ,$(1))))
+# The kernel modules parallelize with OpenMP (gcc's libgomp).
+OMP_MODULES := attention connector
+mod_cflags = $(if $(filter $(OMP_MODULES),$(firstword $(subst /, ,$(1)))),-fopenmp)
 DEFS     := -D_GNU_SOURCE -DKV_HAVE_CUDA=$(HAVE_CUDA) -DKV_HAVE_RDMA=$(HAVE_RDMA) $(DEBUG_DEFS)
 BASECFLAGS = $(WARN) $(OPT) -fPIC -fvisibility=hidden -pthread -MMD -MP $(DEFS) $(SAN_FLAGS) \
              $(CFLAGS)
 ALLCFLAGS  = $(BASECFLAGS) $(INCLUDES)
 
-LIBS := -lxxhash -lm -lpthread
+LIBS := -lxxhash -lgomp -lm -lpthread
 ifneq ($(SANITIZE),)
 SAN_FLAGS := -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all \
              -DKV_USE_LIBC_MALLOC
@@ -140,7 +143,7 @@ info:
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  CC     $<')
-	$(Q)$(CC) $(BASECFLAGS) $(call mod_inc,$*) -c $< -o $@
+	$(Q)$(CC) $(BASECFLAGS) $(call mod_inc,$*) $(call mod_cflags,$*) -c $< -o $@
 
 $(BUILD)/obj/%.cu.o: %.cu $(foreach m,$(MODULES),$(wildcard $(m)/*.h))
 	@mkdir -p $(dir $@)

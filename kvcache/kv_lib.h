@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "kv_status.h"
+#include "kv_view.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -63,6 +64,10 @@ void kv__error_unmute(void);
  * library was built with). type is the struct tag ("kv_layout_config"); the
  * message names both sizes, or the initializer to use when got is 0. */
 kv_status kv__check_struct_size(const char *fn, const char *type, size_t got, size_t want);
+
+/* Count one copy of `bytes` made for `reason` (atomic; kv_copy_stats_get):
+ * every copy any module of the library makes is counted here. */
+void kv__copy_count(kv_copy_reason reason, uint64_t bytes);
 
 /* Overflow-checked 64-bit helpers: return false on overflow. */
 static inline bool kv__mul_i64(int64_t a, int64_t b, int64_t *out)

@@ -8,9 +8,6 @@
 #include "kv_view.h"
 #include "kv_view_index.h"
 
-/* Count one copy of `bytes` for `reason` (atomic). */
-void kv__copy_count(kv_copy_reason reason, uint64_t bytes);
-
 /* The copy engine behind materialize/copy/reshape/contiguous: dst and src
  * have the same shape and dtype, dst has no internal overlap and does not
  * overlap src (callers check). Does not count. */

@@ -32,7 +32,8 @@ HEADERS = [
     "include/kvcache/kv.h", "kvcache/kv_status.h", "kvcache/kv_version.h", "kvcache/kv_dtype.h",
     "kvcache/kv_view.h", "kvcache/kv_view_index.h", "kvcache/kv_layout.h",
     "kvcache/kv_block_ops.h", "kvcache/kv_page_table.h", "allocator/kv_arena.h",
-    "allocator/kv_block_pool.h", "allocator/kv_cache.h",
+    "allocator/kv_block_pool.h", "allocator/kv_cache.h", "attention/kv_attn.h",
+    "attention/kv_attn_index.h", "attention/kv_convert.h",
 ]
 # Installed headers (Makefile: every module header but *_int.h and the
 # library-internal ones); any not listed above is appended so a new public

@@ -26,4 +26,9 @@
 #include "kv_block_pool.h"
 #include "kv_cache.h"
 
+/* Attention (attention/): the kernels, their addressing and conversions. */
+#include "kv_attn.h"
+#include "kv_attn_index.h"
+#include "kv_convert.h"
+
 #endif /* KV_H */

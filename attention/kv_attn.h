@@ -1,0 +1,241 @@
+/*
+ * kv_attn.h - stride-aware KV kernels over paged caches: write (reshape and
+ * cache), read (gather), block copy, and paged decode attention; CPU (OpenMP)
+ * and CUDA (docs/kernels.md).
+ *
+ * Every kernel takes the cache as a complete layout by value plus its
+ * storage (struct kv_paged_cache), and the tensors it reads or writes as
+ * kv_views with any strides. Tokens are addressed through the page-table
+ * exports that already exist: a slot mapping (write) or pages (read and
+ * decode: the FlashInfer CSR or the vLLM block table, with a page ratio r).
+ * Nothing infers a layout from a shape.
+ *
+ *   write   K, V [T][H][D] (one layer) or [L][T][H][D] (every layer at once)
+ *           -> the slots slots[0..n_slots) (-1 skipped; n_slots <= T)
+ *   read    the tokens of the sequences in `pages`, sequence after sequence
+ *           -> K, V [T][H][D] or [L][T][H][D] (T = their total), any strides
+ *   copy    whole blocks src -> dst, every layer, K and V (copy-on-write,
+ *           compaction)
+ *   decode  one query per sequence q [S][Hq][D] over its paged K, V (Hq a
+ *           multiple of H: query head i reads KV head i / (Hq / H)) ->
+ *           out [S][Hq][D]: softmax(scale * q.k) . v, f32 accumulation with an
+ *           online softmax; a sequence of 0 tokens gives zeros
+ *
+ * Element types. The cache dtype is the layout's: f32, f16, bf16, fp8 e4m3fn
+ * or fp8 e5m2. Tensors may be any of the five. Equal dtypes without scales
+ * move bytes exactly; otherwise each element goes through f32
+ * (attention/kv_convert.h: round to nearest even, fp8 saturating).
+ * Scales (struct kv_scales, per tensor or per KV head) follow the vLLM
+ * convention: stored = x / scale on write, x = stored * scale on read and in
+ * decode. read(write(x)) == x bit for bit when the dtypes agree and there are
+ * no scales, and == dequant(quant(x)) otherwise.
+ *
+ * Paths, chosen per call from the tensor side (the cache side always has a
+ * contiguous head dim) and counted by kv_attn_stats_get():
+ *   canonical     the tensor is C-contiguous [T][H][D] (natural strides):
+ *                 whole token rows move at once, runs of consecutive slots
+ *                 of one block in one copy
+ *   outer stride  head dim contiguous, any token and head strides (a slice
+ *                 of a fused QKV tensor, a padded batch): one copy per head row
+ *   generic       any strides: element by element
+ *
+ * Refusals (each a kv_status with a message naming the tensor and values),
+ * all checked before anything is written, by one validator per kernel that
+ * the CPU and CUDA entry points share:
+ *   KV_ERR_NULL          a required pointer is NULL
+ *   KV_ERR_INVALID_ARG   a layout that is not what kv_layout_init computes for
+ *                        its own fields, an unsupported dtype, a layer out of
+ *                        range, a bad scale (not finite and > 0, wrong count),
+ *                        a page ratio that does not divide N
+ *   KV_ERR_BAD_SHAPE     a tensor whose shape is not [T][H][D] ([L][T][H][D])
+ *                        of the layout's H and D, K and V shapes differing,
+ *                        n_slots > T, q/out shapes, Hq % H != 0
+ *   KV_ERR_OUT_OF_BOUNDS a slot outside [-1, B*N), a page id outside [0, B*r),
+ *                        a block id >= B, storage smaller than the layout
+ *   KV_ERR_OVERLAP       an output whose elements overlap (stride 0), two
+ *                        outputs sharing memory, a tensor inside the cache's
+ *                        storage, a slot written twice in one call, a copy
+ *                        whose dst is another copy's src or dst, src == dst
+ *   KV_ERR_CORRUPT       pages that contradict themselves (indptr decreasing,
+ *                        last_page_len outside 1..N/r)
+ * Thread safety: the kernels may run concurrently on different outputs; the
+ * stats counters are atomic; kv_attn_set_threads is process-wide.
+ */
+#ifndef KV_ATTN_H
+#define KV_ATTN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv_cache.h"
+#include "kv_layout.h"
+#include "kv_page_table.h"
+#include "kv_status.h"
+#include "kv_view.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The paged storage a kernel reads and writes: a complete layout (as
+ * kv_layout_init computed it) and the memory it describes (host memory for
+ * the CPU kernels, device memory for the CUDA ones). Passed by value. */
+struct kv_paged_cache {
+    struct kv_layout layout;
+    void *base;           /* the arena: element (l, kv, b, n, h, d) at a layout offset */
+    size_t storage_bytes; /* >= layout.total_bytes */
+};
+
+/* The paged cache of a kv_cache: its layout, arena base and size.
+ * KV_ERR_NULL for a NULL cache or out. */
+KV_API KV_NODISCARD kv_status kv_attn_cache(const kv_cache *c, struct kv_paged_cache *out);
+
+/* The `layer` argument of write/read for every layer in one call: the
+ * tensors are then [L][T][H][D]. */
+#define KV_ATTN_ALL_LAYERS (-1)
+
+/* Quantization scales (stored = x / scale, x = stored * scale), the same for
+ * every layer of a call. NULL pointer to the struct: no scaling. */
+struct kv_scales {
+    const float *k; /* [n]: one per tensor (n == 1) or per KV head (n == H) */
+    const float *v; /* [n] */
+    uint32_t n;
+};
+
+/* Which page-table export describes the sequences of a read or decode. */
+enum kv_pages_format {
+    KV_PAGES_CSR = 1,         /* kv_page_table_export_flashinfer */
+    KV_PAGES_BLOCK_TABLE = 2, /* kv_page_table_export_vllm's block table + lengths */
+};
+
+/* The pages of n_seqs sequences, in kernel pages of N / page_ratio tokens:
+ * page p holds the slots p * (N/r) .. p * (N/r) + N/r - 1, i.e. block p / r.
+ * Sequence s's token t is in its page t / (N/r), at t % (N/r).
+ *   CSR           pages of s: indices[indptr[s] .. indptr[s+1]); its tokens:
+ *                 (pages - 1) * (N/r) + last_page_len[s] (0 pages: 0 tokens)
+ *   block table   pages of s: block_table[s * block_table_cols + i] for
+ *                 i < ceil(seq_lens[s] / (N/r)); its tokens: seq_lens[s]
+ * Only the pages a sequence's tokens use are read (padding is ignored). */
+struct kv_pages {
+    enum kv_pages_format format;
+    uint32_t n_seqs;
+    uint32_t page_ratio; /* r >= 1 (0 means 1), dividing N */
+    /* KV_PAGES_CSR */
+    const int32_t *indptr;        /* [n_seqs + 1] */
+    const int32_t *indices;       /* [indptr[n_seqs]] */
+    const int32_t *last_page_len; /* [n_seqs] */
+    /* KV_PAGES_BLOCK_TABLE */
+    const int32_t *block_table; /* [n_seqs][block_table_cols] */
+    uint32_t block_table_cols;
+    const int64_t *seq_lens; /* [n_seqs] */
+};
+
+/* ---- CPU kernels (OpenMP; kv_attn_set_threads) ------------------------------ */
+
+/* Write K and V of tokens 0..n_slots-1 into their slots (see the top of the
+ * file): layer in [0, L) with k, v [T][H][D], or KV_ATTN_ALL_LAYERS with
+ * [L][T][H][D]. slots[i] == -1 skips token i. Consecutive slots of one block
+ * are written as one run; scattered single slots (a decode step) are
+ * prefetched. scales may be NULL. */
+KV_API KV_NODISCARD kv_status kv_attn_write(struct kv_paged_cache cache, int32_t layer,
+                                            const struct kv_view *k, const struct kv_view *v,
+                                            const int64_t *slots, int64_t n_slots,
+                                            const struct kv_scales *scales);
+
+/* Read the tokens of the sequences in pages into k_out, v_out ([T][H][D], or
+ * [L][T][H][D] with KV_ATTN_ALL_LAYERS; either may be NULL to read only the
+ * other). The exact inverse of kv_attn_write. */
+KV_API KV_NODISCARD kv_status kv_attn_read(struct kv_paged_cache cache, int32_t layer,
+                                           const struct kv_pages *pages,
+                                           const struct kv_view *k_out, const struct kv_view *v_out,
+                                           const struct kv_scales *scales);
+
+/* Copy whole blocks copies[i].src -> copies[i].dst for every layer, K and V
+ * (the tokens field is not needed: the whole block is copied). The pairs
+ * kv_page_table_take_copies hands out are valid input; a batch in which a
+ * dst is another copy's src or dst is refused (the copies run at once). */
+KV_API KV_NODISCARD kv_status kv_attn_copy_blocks(struct kv_paged_cache cache,
+                                                  const struct kv_block_copy *copies,
+                                                  uint32_t n_copies);
+
+/* Paged decode attention of layer: out[s][i] = sum_t softmax_t(scale *
+ * q[s][i] . K[s][t][i / g]) V[s][t][i / g], g = Hq / H, over sequence s's
+ * tokens in pages (n_seqs == S). f32 accumulation; q and out any of the five
+ * dtypes and any strides; out must not overlap q or the cache. */
+KV_API KV_NODISCARD kv_status kv_attn_decode(struct kv_paged_cache cache, uint32_t layer,
+                                             const struct kv_view *q, const struct kv_pages *pages,
+                                             float softmax_scale, const struct kv_scales *scales,
+                                             const struct kv_view *out);
+
+/* Threads the CPU kernels use: n >= 1, or 0 for every core (the default).
+ * KV_ERR_INVALID_ARG for n < 0. Process-wide. */
+KV_API KV_NODISCARD kv_status kv_attn_set_threads(int n);
+/* The thread count the next CPU kernel will use. */
+KV_API int kv_attn_threads(void);
+
+/* ---- CUDA kernels -------------------------------------------------------------
+ * The same kernels on device memory (cache.base and the tensors' bases are
+ * device pointers; slots, pages and copies are HOST arrays, validated on the
+ * host by the CPU kernels' validators, then uploaded on `stream`), launched on
+ * `stream` without synchronizing. KV_ERR_UNSUPPORTED without CUDA in the
+ * build or a usable device; KV_ERR_DEVICE when a launch fails. */
+
+KV_API KV_NODISCARD kv_status kv_attn_write_cuda(struct kv_paged_cache cache, int32_t layer,
+                                                 const struct kv_view *k, const struct kv_view *v,
+                                                 const int64_t *slots, int64_t n_slots,
+                                                 const struct kv_scales *scales,
+                                                 kv_cuda_stream stream);
+KV_API KV_NODISCARD kv_status kv_attn_read_cuda(struct kv_paged_cache cache, int32_t layer,
+                                                const struct kv_pages *pages,
+                                                const struct kv_view *k_out,
+                                                const struct kv_view *v_out,
+                                                const struct kv_scales *scales,
+                                                kv_cuda_stream stream);
+KV_API KV_NODISCARD kv_status kv_attn_copy_blocks_cuda(struct kv_paged_cache cache,
+                                                       const struct kv_block_copy *copies,
+                                                       uint32_t n_copies, kv_cuda_stream stream);
+KV_API KV_NODISCARD kv_status kv_attn_decode_cuda(struct kv_paged_cache cache, uint32_t layer,
+                                                  const struct kv_view *q,
+                                                  const struct kv_pages *pages, float softmax_scale,
+                                                  const struct kv_scales *scales,
+                                                  const struct kv_view *out, kv_cuda_stream stream);
+
+/* ---- which path ran ---------------------------------------------------------- */
+
+/* The kernels, for kv_attn_stats. */
+enum kv_attn_kernel {
+    KV_ATTN_WRITE,
+    KV_ATTN_READ,
+    KV_ATTN_COPY,
+    KV_ATTN_DECODE,
+    KV_ATTN_KERNEL_COUNT
+};
+
+/* The paths (see the top of the file); a block copy always counts as
+ * canonical (it moves whole byte runs). */
+enum kv_attn_path {
+    KV_ATTN_PATH_CANONICAL,
+    KV_ATTN_PATH_OUTER_STRIDE,
+    KV_ATTN_PATH_GENERIC,
+    KV_ATTN_PATH_COUNT
+};
+
+/* Calls per kernel and path since start (or the last reset). */
+struct kv_attn_stats {
+    uint64_t cpu[KV_ATTN_KERNEL_COUNT][KV_ATTN_PATH_COUNT];
+    uint64_t cuda[KV_ATTN_KERNEL_COUNT][KV_ATTN_PATH_COUNT];
+};
+
+/* Snapshot of the counters. Thread-safe. */
+KV_API void kv_attn_stats_get(struct kv_attn_stats *out);
+/* Zero the counters. Thread-safe. */
+KV_API void kv_attn_stats_reset(void);
+/* "canonical", "outer_stride", "generic"; "?" otherwise. */
+KV_API const char *kv_attn_path_name(enum kv_attn_path p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KV_ATTN_H */

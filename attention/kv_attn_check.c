@@ -1,0 +1,682 @@
+/*
+ * kv_attn_check.c - the one validator of each kernel, shared by the CPU and
+ * the CUDA entry points (kv_attn_int.h): everything is checked, and the
+ * tokens are grouped into runs, before anything is written.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_attn_int.h"
+#include "kv_mem.h"
+
+#define KV__LIST 160
+
+/* ---- the cache ---------------------------------------------------------------- */
+
+/* The layout must be exactly what kv_layout_init computes for its own fields:
+ * the kernels trust its strides, so a hand-built or corrupted one is refused
+ * naming the first field that differs. */
+static kv_status check_layout(const char *fn, const struct kv_layout *lo)
+{
+    struct kv_layout_config c;
+    struct kv_layout want;
+    kv_layout_config_init(&c);
+    c.num_layers = lo->num_layers;
+    c.num_blocks = lo->num_blocks;
+    c.block_tokens = lo->block_tokens;
+    c.num_heads = lo->num_heads;
+    c.head_dim = lo->head_dim;
+    c.dtype = lo->dtype;
+    c.order = lo->order;
+    c.arrange = lo->arrange;
+    c.kv_packed = lo->kv_packed;
+    c.block_stride_bytes = lo->block_stride_bytes;
+    c.align_bytes = lo->align_bytes;
+    kv_status st = kv_layout_init(&c, &want);
+    if (st != KV_OK)
+        return kv__error_wrap(KV_ERR_INVALID_ARG, "%s: the cache layout is not a valid layout", fn);
+#define KV__SAME(f)                                                                                \
+    if (lo->f != want.f)                                                                           \
+        return kv__error(KV_ERR_INVALID_ARG,                                                       \
+                         "%s: cache layout field " #f " is %lld, kv_layout_init computes %lld "    \
+                         "for the same dims (a hand-built or corrupted layout)",                   \
+                         fn, (long long)lo->f, (long long)want.f);
+    KV__SAME(elem_bytes)
+    KV__SAME(kv_planes)
+    KV__SAME(block_elems)
+    KV__SAME(block_bytes)
+    KV__SAME(block_stride_elems)
+    KV__SAME(block_stride_bytes)
+    KV__SAME(stride_layer_elems)
+    KV__SAME(stride_kv_elems)
+    KV__SAME(stride_block_elems)
+    KV__SAME(stride_token_elems)
+    KV__SAME(stride_head_elems)
+    KV__SAME(stride_dim_elems)
+    KV__SAME(stride_layer_bytes)
+    KV__SAME(stride_kv_bytes)
+    KV__SAME(stride_block_bytes)
+    KV__SAME(stride_token_bytes)
+    KV__SAME(stride_head_bytes)
+    KV__SAME(stride_dim_bytes)
+    KV__SAME(total_elems)
+    KV__SAME(total_bytes)
+    KV__SAME(fingerprint)
+#undef KV__SAME
+    return KV_OK;
+}
+
+static bool dtype_supported(kv_dtype dt)
+{
+    return dt == KV_F32 || dt == KV_F16 || dt == KV_BF16 || dt == KV_FP8_E4M3 || dt == KV_FP8_E5M2;
+}
+
+static kv_status check_cache(const char *fn, const struct kv_paged_cache *c)
+{
+    if (!c->base)
+        return kv__error(KV_ERR_NULL, "%s: cache base is NULL", fn);
+    kv_status st = check_layout(fn, &c->layout);
+    if (st != KV_OK)
+        return st;
+    if (!dtype_supported(c->layout.dtype))
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: cache dtype %s is not one the kernels handle (f32, f16, bf16, "
+                         "fp8_e4m3, fp8_e5m2)",
+                         fn, kv_dtype_name(c->layout.dtype));
+    if ((uint64_t)c->storage_bytes < (uint64_t)c->layout.total_bytes)
+        return kv__error(KV_ERR_OUT_OF_BOUNDS,
+                         "%s: cache storage of %zu bytes is smaller than its layout (%" PRId64
+                         " bytes)",
+                         fn, c->storage_bytes, c->layout.total_bytes);
+    if ((uintptr_t)c->base % (uintptr_t)c->layout.elem_bytes != 0)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: cache base %p is not aligned to its %" PRId64 "-byte elements", fn,
+                         c->base, c->layout.elem_bytes);
+    return KV_OK;
+}
+
+/* ---- tensors ------------------------------------------------------------------- */
+
+/* A tensor [T][H][D] (or [L][T][H][D] when layers > 0) of the cache's H and
+ * D: valid, a supported dtype, resolved to byte strides. */
+static kv_status check_tensor(const char *fn, const char *name, const struct kv_view *v,
+                              int64_t layers, int64_t heads, int64_t dim, const char *heads_name,
+                              struct kv__attn_tensor *t)
+{
+    char b1[KV__LIST];
+    const int want_nd = layers > 0 ? 4 : 3;
+    kv_status st = kv_view_check(v);
+    if (st != KV_OK)
+        return kv__error_wrap(st, "%s: %s", fn, name);
+    if (!dtype_supported(v->dtype))
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: %s dtype %s is not one the kernels handle (f32, f16, bf16, "
+                         "fp8_e4m3, fp8_e5m2)",
+                         fn, name, kv_dtype_name(v->dtype));
+    if (v->ndim != want_nd)
+        return kv__error(KV_ERR_BAD_SHAPE, "%s: %s has %d dims %s, expected %s", fn, name, v->ndim,
+                         kv__fmt_list(b1, sizeof(b1), v->shape, v->ndim),
+                         want_nd == 4 ? "[L][T][H][D] (every layer)" : "[T][H][D]");
+    const int o = want_nd - 3;
+    if ((layers > 0 && v->shape[0] != layers) || v->shape[o + 1] != heads || v->shape[o + 2] != dim)
+        return kv__error(KV_ERR_BAD_SHAPE,
+                         "%s: %s shape %s does not match the cache: expected %s%s = %" PRId64
+                         " and D = %" PRId64 "%s",
+                         fn, name, kv__fmt_list(b1, sizeof(b1), v->shape, v->ndim),
+                         layers > 0 ? "L, " : "", heads_name, heads, dim,
+                         layers > 0 ? " in [L][T][H][D]" : " in [T][H][D]");
+    const int64_t es = (int64_t)kv_dtype_size(v->dtype);
+    t->dtype = v->dtype;
+    t->base = (char *)v->base + v->offset * es;
+    t->layer_stride = layers > 0 ? v->strides[0] * es : 0;
+    t->token_stride = v->strides[o] * es;
+    t->head_stride = v->strides[o + 1] * es;
+    t->dim_stride = v->strides[o + 2] * es;
+    t->n_tokens = v->shape[o];
+    return KV_OK;
+}
+
+/* canonical / outer stride / generic (kv_attn.h) for a tensor side. */
+static enum kv_attn_path path_of(const struct kv_view *v)
+{
+    if (kv_view_is_contiguous(v))
+        return KV_ATTN_PATH_CANONICAL;
+    if (v->shape[v->ndim - 1] <= 1 || v->strides[v->ndim - 1] == 1)
+        return KV_ATTN_PATH_OUTER_STRIDE;
+    return KV_ATTN_PATH_GENERIC;
+}
+
+static enum kv_attn_path worse(enum kv_attn_path a, enum kv_attn_path b)
+{
+    return a > b ? a : b;
+}
+
+/* A tensor must not reach into the cache's storage (a source read while the
+ * cache is written, or an output written over the cache). */
+static kv_status check_outside_cache(const char *fn, const char *name, const struct kv_view *v,
+                                     const struct kv_paged_cache *c)
+{
+    int64_t lo, hi;
+    kv_view_extent_bytes(v, &lo, &hi);
+    if (hi <= lo)
+        return KV_OK; /* empty */
+    const uintptr_t a = (uintptr_t)v->base + (uintptr_t)lo, b = (uintptr_t)v->base + (uintptr_t)hi;
+    const uintptr_t ca = (uintptr_t)c->base, cb = ca + c->storage_bytes;
+    if (a < cb && ca < b)
+        return kv__error(KV_ERR_OVERLAP,
+                         "%s: %s (bytes [%p, %p)) overlaps the cache storage [%p, %p)", fn, name,
+                         (void *)a, (void *)b, (void *)ca, (void *)cb);
+    return KV_OK;
+}
+
+/* An output's elements must be distinct (no stride 0, no aliasing). */
+static kv_status check_output(const char *fn, const char *name, const struct kv_view *v)
+{
+    char b1[KV__LIST], b2[KV__LIST];
+    bool overlap = true;
+    kv_status st = kv_view_has_internal_overlap(v, 0, &overlap);
+    if (st == KV_OK && !overlap)
+        return KV_OK;
+    return kv__error(KV_ERR_OVERLAP,
+                     "%s: %s elements %s (shape %s strides %s): an output must not write an "
+                     "element twice",
+                     fn, name, st == KV_OK ? "overlap each other" : "could not be proven distinct",
+                     kv__fmt_list(b1, sizeof(b1), v->shape, v->ndim),
+                     kv__fmt_list(b2, sizeof(b2), v->strides, v->ndim));
+}
+
+static kv_status check_disjoint(const char *fn, const char *an, const struct kv_view *a,
+                                const char *bn, const struct kv_view *b)
+{
+    if (!kv_view_may_share(a, b))
+        return KV_OK;
+    bool shares = true;
+    kv_status st = kv_view_shares(a, b, 0, &shares);
+    if (st == KV_OK && !shares)
+        return KV_OK;
+    return kv__error(KV_ERR_OVERLAP, "%s: %s and %s %s memory", fn, an, bn,
+                     st == KV_OK ? "share" : "could not be proven not to share");
+}
+
+static kv_status check_scales(const char *fn, const struct kv_scales *s, int64_t heads,
+                              struct kv__attn_job *job)
+{
+    job->k_scale = job->v_scale = NULL;
+    job->n_scales = 0;
+    if (!s)
+        return KV_OK;
+    if (!s->k || !s->v)
+        return kv__error(KV_ERR_NULL, "%s: scales given with k=%p v=%p", fn, (const void *)s->k,
+                         (const void *)s->v);
+    if (s->n != 1 && (int64_t)s->n != heads)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: %" PRIu32 " scales: expected 1 (per tensor) or %" PRId64
+                         " (per KV head)",
+                         fn, s->n, heads);
+    if (s->n > 1024)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: per-head scales for %" PRIu32 " heads (at most 1024)", fn, s->n);
+    for (uint32_t i = 0; i < s->n; i++)
+        for (int kv = 0; kv < 2; kv++) {
+            const float x = kv ? s->v[i] : s->k[i];
+            if (!(isfinite(x) && x > 0.0f))
+                return kv__error(KV_ERR_INVALID_ARG,
+                                 "%s: %s scale %" PRIu32 " is %g; scales must be finite and > 0",
+                                 fn, kv ? "V" : "K", i, (double)x);
+        }
+    job->k_scale = s->k;
+    job->v_scale = s->v;
+    job->n_scales = s->n;
+    return KV_OK;
+}
+
+static kv_status check_layer(const char *fn, int32_t layer, int64_t L, bool all_ok,
+                             struct kv__attn_job *job)
+{
+    if (all_ok && layer == KV_ATTN_ALL_LAYERS) {
+        job->layer0 = 0;
+        job->n_layers = (uint32_t)L;
+        return KV_OK;
+    }
+    if (layer < 0 || layer >= L)
+        return kv__error(KV_ERR_INVALID_ARG, "%s: layer %" PRId32 " outside [0, %" PRId64 ")%s", fn,
+                         layer, L, all_ok ? " (or KV_ATTN_ALL_LAYERS)" : "");
+    job->layer0 = (uint32_t)layer;
+    job->n_layers = 1;
+    return KV_OK;
+}
+
+/* ---- runs ------------------------------------------------------------------------ */
+
+static int cmp_run_slot(const void *a, const void *b)
+{
+    const struct kv__attn_run *x = a, *y = b;
+    return (x->slot > y->slot) - (x->slot < y->slot);
+}
+
+/* Group tokens 0..n_slots-1 into runs of consecutive slots within a block. */
+static kv_status make_runs(const char *fn, const struct kv_layout *lo, const int64_t *slots,
+                           int64_t n_slots, struct kv__attn_job *job)
+{
+    const int64_t N = lo->block_tokens, limit = lo->num_blocks * lo->block_tokens;
+    struct kv__attn_run *runs = n_slots ? kv__mem_alloc((size_t)n_slots * sizeof(*runs)) : NULL;
+    int64_t n = 0, max_run = 0;
+    if (n_slots && !runs)
+        return kv__error(KV_ERR_NO_MEMORY, "%s: %" PRId64 " runs", fn, n_slots);
+    for (int64_t i = 0; i < n_slots; i++) {
+        const int64_t s = slots[i];
+        if (s == -1)
+            continue;
+        if (s < -1 || s >= limit) {
+            kv__mem_free(runs);
+            return kv__error(KV_ERR_OUT_OF_BOUNDS,
+                             "%s: slots[%" PRId64 "] = %" PRId64 " outside [-1, %" PRId64
+                             ") (B %" PRId64 " x N %" PRId64 ")",
+                             fn, i, s, limit, lo->num_blocks, N);
+        }
+        struct kv__attn_run *r = n ? &runs[n - 1] : NULL;
+        if (r && r->token + r->n == i && r->slot + r->n == s && s / N == r->slot / N) {
+            r->n++;
+        } else {
+            runs[n] = (struct kv__attn_run){.token = i, .slot = s, .n = 1};
+            n++;
+        }
+        if (runs[n - 1].n > max_run)
+            max_run = runs[n - 1].n;
+    }
+    /* a slot written twice would race (and its value depend on the order):
+     * runs sorted by slot must not overlap */
+    if (n > 1) {
+        struct kv__attn_run *sorted = kv__mem_alloc((size_t)n * sizeof(*sorted));
+        if (!sorted) {
+            kv__mem_free(runs);
+            return kv__error(KV_ERR_NO_MEMORY, "%s: %" PRId64 " runs", fn, n);
+        }
+        memcpy(sorted, runs, (size_t)n * sizeof(*sorted));
+        qsort(sorted, (size_t)n, sizeof(*sorted), cmp_run_slot);
+        for (int64_t i = 1; i < n; i++) {
+            const struct kv__attn_run *p = &sorted[i - 1], *q = &sorted[i];
+            if (p->slot + p->n > q->slot) {
+                const int64_t slot = q->slot, t1 = p->token + (slot - p->slot), t2 = q->token;
+                kv__mem_free(sorted);
+                kv__mem_free(runs);
+                return kv__error(KV_ERR_OVERLAP,
+                                 "%s: slot %" PRId64 " is written twice (tokens %" PRId64
+                                 " and %" PRId64 ")",
+                                 fn, slot, t1 < t2 ? t1 : t2, t1 < t2 ? t2 : t1);
+            }
+        }
+        kv__mem_free(sorted);
+    }
+    job->runs = runs;
+    job->n_runs = n;
+    job->max_run = max_run;
+    return KV_OK;
+}
+
+/* ---- pages -------------------------------------------------------------------------- */
+
+static kv_status check_pages(const char *fn, const struct kv_layout *lo, const struct kv_pages *pg,
+                             struct kv__attn_job *job)
+{
+    if (!pg)
+        return kv__error(KV_ERR_NULL, "%s: pages is NULL", fn);
+    const uint32_t r = pg->page_ratio ? pg->page_ratio : 1;
+    if (lo->block_tokens % r != 0)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: page_ratio %" PRIu32 " does not divide the block's %" PRId64
+                         " tokens",
+                         fn, r, lo->block_tokens);
+    const int64_t pt = lo->block_tokens / r, n_ids = lo->num_blocks * r;
+    const uint32_t S = pg->n_seqs;
+    int64_t total_pages = 0;
+
+    if (pg->format == KV_PAGES_CSR) {
+        if (S && (!pg->indptr || !pg->indices || !pg->last_page_len))
+            return kv__error(KV_ERR_NULL,
+                             "%s: CSR pages need indptr=%p indices=%p "
+                             "last_page_len=%p",
+                             fn, (const void *)pg->indptr, (const void *)pg->indices,
+                             (const void *)pg->last_page_len);
+        if (S && pg->indptr[0] != 0)
+            return kv__error(KV_ERR_CORRUPT, "%s: indptr[0] = %" PRId32 ", must be 0", fn,
+                             pg->indptr[0]);
+        for (uint32_t s = 0; s < S; s++)
+            if (pg->indptr[s + 1] < pg->indptr[s])
+                return kv__error(KV_ERR_CORRUPT,
+                                 "%s: indptr decreases at sequence %" PRIu32 " (%" PRId32
+                                 " -> %" PRId32 ")",
+                                 fn, s, pg->indptr[s], pg->indptr[s + 1]);
+        total_pages = S ? pg->indptr[S] : 0;
+    } else if (pg->format == KV_PAGES_BLOCK_TABLE) {
+        if (S && (!pg->block_table || !pg->seq_lens))
+            return kv__error(KV_ERR_NULL, "%s: block-table pages need block_table=%p seq_lens=%p",
+                             fn, (const void *)pg->block_table, (const void *)pg->seq_lens);
+        for (uint32_t s = 0; s < S; s++) {
+            if (pg->seq_lens[s] < 0)
+                return kv__error(KV_ERR_CORRUPT, "%s: seq_lens[%" PRIu32 "] = %" PRId64 " < 0", fn,
+                                 s, pg->seq_lens[s]);
+            const int64_t np = (pg->seq_lens[s] + pt - 1) / pt;
+            if (np > (int64_t)pg->block_table_cols)
+                return kv__error(KV_ERR_OUT_OF_BOUNDS,
+                                 "%s: sequence %" PRIu32 " has %" PRId64 " tokens = %" PRId64
+                                 " pages of %" PRId64 ", but the block table has %" PRIu32
+                                 " columns",
+                                 fn, s, pg->seq_lens[s], np, pt, pg->block_table_cols);
+            total_pages += np;
+        }
+    } else {
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: pages format %d is neither KV_PAGES_CSR (1) nor "
+                         "KV_PAGES_BLOCK_TABLE (2)",
+                         fn, (int)pg->format);
+    }
+
+    job->page_ids = kv__mem_alloc((size_t)(total_pages ? total_pages : 1) * sizeof(int32_t));
+    job->page_start = kv__mem_alloc(((size_t)S + 1) * sizeof(int64_t));
+    job->seq_tokens = kv__mem_alloc(((size_t)S + 1) * sizeof(int64_t));
+    if (!job->page_ids || !job->page_start || !job->seq_tokens)
+        return kv__error(KV_ERR_NO_MEMORY, "%s: page index of %" PRId64 " pages", fn, total_pages);
+    int64_t k = 0;
+    job->page_start[0] = 0;
+    for (uint32_t s = 0; s < S; s++) {
+        int64_t np, tokens;
+        const int32_t *ids;
+        if (pg->format == KV_PAGES_CSR) {
+            np = pg->indptr[s + 1] - pg->indptr[s];
+            ids = pg->indices + pg->indptr[s];
+            const int32_t last = pg->last_page_len[s];
+            if ((np == 0 && last != 0) || (np > 0 && (last < 1 || last > pt)))
+                return kv__error(KV_ERR_CORRUPT,
+                                 "%s: last_page_len[%" PRIu32 "] = %" PRId32 " with %" PRId64
+                                 " pages (expected %s)",
+                                 fn, s, last, np, np ? "1..N/r" : "0");
+            tokens = np ? (np - 1) * pt + last : 0;
+        } else {
+            tokens = pg->seq_lens[s];
+            np = (tokens + pt - 1) / pt;
+            ids = pg->block_table + (size_t)s * pg->block_table_cols;
+        }
+        for (int64_t j = 0; j < np; j++) {
+            if (ids[j] < 0 || ids[j] >= n_ids)
+                return kv__error(KV_ERR_OUT_OF_BOUNDS,
+                                 "%s: sequence %" PRIu32 " page %" PRId64 " is %" PRId32
+                                 ", outside [0, %" PRId64 ") (B %" PRId64 " x r %" PRIu32 ")",
+                                 fn, s, j, ids[j], n_ids, lo->num_blocks, r);
+            job->page_ids[k++] = ids[j];
+        }
+        job->page_start[s + 1] = k;
+        job->seq_tokens[s] = tokens;
+    }
+    job->n_seqs = S;
+    job->page_tokens = (uint32_t)pt;
+    job->page_ratio = r;
+    return KV_OK;
+}
+
+/* Runs of a read: each page of each sequence, tokens numbered sequence after
+ * sequence. *total receives the token count. */
+static kv_status runs_from_pages(const char *fn, struct kv__attn_job *job, int64_t *total)
+{
+    const int64_t n_pages = job->page_start[job->n_seqs], pt = job->page_tokens;
+    job->runs = kv__mem_alloc((size_t)(n_pages ? n_pages : 1) * sizeof(*job->runs));
+    if (!job->runs)
+        return kv__error(KV_ERR_NO_MEMORY, "%s: %" PRId64 " runs", fn, n_pages);
+    int64_t t = 0, n = 0;
+    job->max_run = 0;
+    for (uint32_t s = 0; s < job->n_seqs; s++) {
+        int64_t left = job->seq_tokens[s];
+        for (int64_t j = job->page_start[s]; j < job->page_start[s + 1]; j++) {
+            const int64_t m = left < pt ? left : pt;
+            job->runs[n] = (struct kv__attn_run){
+                .token = t, .slot = kv_attn_page_slot(job->page_ids[j], pt, 0), .n = m};
+            n++;
+            if (m > job->max_run)
+                job->max_run = m;
+            t += m;
+            left -= m;
+        }
+    }
+    job->n_runs = n;
+    *total = t;
+    return KV_OK;
+}
+
+/* ---- the validators ------------------------------------------------------------------ */
+
+void kv__attn_job_free(struct kv__attn_job *job)
+{
+    if (!job)
+        return;
+    kv__mem_free(job->runs);
+    kv__mem_free(job->page_ids);
+    kv__mem_free(job->page_start);
+    kv__mem_free(job->seq_tokens);
+    job->runs = NULL;
+    job->page_ids = NULL;
+    job->page_start = NULL;
+    job->seq_tokens = NULL;
+}
+
+kv_status kv__attn_write_check(const char *fn, const struct kv_paged_cache *cache, int32_t layer,
+                               const struct kv_view *k, const struct kv_view *v,
+                               const int64_t *slots, int64_t n_slots,
+                               const struct kv_scales *scales, struct kv__attn_job *job)
+{
+    kv_status st;
+    memset(job, 0, sizeof(*job));
+    job->kernel = KV_ATTN_WRITE;
+    if (!k || !v)
+        return kv__error(KV_ERR_NULL, "%s: k=%p v=%p", fn, (const void *)k, (const void *)v);
+    if ((st = check_cache(fn, cache)) != KV_OK)
+        return st;
+    const struct kv_layout *lo = &cache->layout;
+    job->cache = *cache;
+    if ((st = check_layer(fn, layer, lo->num_layers, true, job)) != KV_OK)
+        return st;
+    const int64_t L = layer == KV_ATTN_ALL_LAYERS ? lo->num_layers : 0;
+    if ((st = check_tensor(fn, "k", k, L, lo->num_heads, lo->head_dim, "H", &job->k)) != KV_OK ||
+        (st = check_tensor(fn, "v", v, L, lo->num_heads, lo->head_dim, "H", &job->v)) != KV_OK)
+        return st;
+    if (job->k.n_tokens != job->v.n_tokens)
+        return kv__error(KV_ERR_BAD_SHAPE, "%s: k has %" PRId64 " tokens, v %" PRId64, fn,
+                         job->k.n_tokens, job->v.n_tokens);
+    if (n_slots < 0 || n_slots > job->k.n_tokens)
+        return kv__error(KV_ERR_BAD_SHAPE, "%s: n_slots %" PRId64 " outside [0, T = %" PRId64 "]",
+                         fn, n_slots, job->k.n_tokens);
+    if (n_slots > 0 && !slots)
+        return kv__error(KV_ERR_NULL, "%s: slots is NULL with n_slots %" PRId64, fn, n_slots);
+    if ((st = check_outside_cache(fn, "k", k, cache)) != KV_OK ||
+        (st = check_outside_cache(fn, "v", v, cache)) != KV_OK)
+        return st;
+    if ((st = check_scales(fn, scales, lo->num_heads, job)) != KV_OK)
+        return st;
+    if ((st = make_runs(fn, lo, slots, n_slots, job)) != KV_OK)
+        return st;
+    job->has_k = job->has_v = true;
+    job->path = worse(path_of(k), path_of(v));
+    return KV_OK;
+}
+
+kv_status kv__attn_read_check(const char *fn, const struct kv_paged_cache *cache, int32_t layer,
+                              const struct kv_pages *pages, const struct kv_view *k_out,
+                              const struct kv_view *v_out, const struct kv_scales *scales,
+                              struct kv__attn_job *job)
+{
+    kv_status st;
+    int64_t total = 0;
+    memset(job, 0, sizeof(*job));
+    job->kernel = KV_ATTN_READ;
+    if (!k_out && !v_out)
+        return kv__error(KV_ERR_NULL, "%s: k_out and v_out are both NULL", fn);
+    if ((st = check_cache(fn, cache)) != KV_OK)
+        return st;
+    const struct kv_layout *lo = &cache->layout;
+    job->cache = *cache;
+    if ((st = check_layer(fn, layer, lo->num_layers, true, job)) != KV_OK)
+        return st;
+    const int64_t L = layer == KV_ATTN_ALL_LAYERS ? lo->num_layers : 0;
+    job->path = KV_ATTN_PATH_CANONICAL;
+    if (k_out) {
+        if ((st = check_tensor(fn, "k_out", k_out, L, lo->num_heads, lo->head_dim, "H", &job->k)) !=
+                KV_OK ||
+            (st = check_output(fn, "k_out", k_out)) != KV_OK ||
+            (st = check_outside_cache(fn, "k_out", k_out, cache)) != KV_OK)
+            return st;
+        job->has_k = true;
+        job->path = worse(job->path, path_of(k_out));
+    }
+    if (v_out) {
+        if ((st = check_tensor(fn, "v_out", v_out, L, lo->num_heads, lo->head_dim, "H", &job->v)) !=
+                KV_OK ||
+            (st = check_output(fn, "v_out", v_out)) != KV_OK ||
+            (st = check_outside_cache(fn, "v_out", v_out, cache)) != KV_OK)
+            return st;
+        job->has_v = true;
+        job->path = worse(job->path, path_of(v_out));
+    }
+    if (k_out && v_out && (st = check_disjoint(fn, "k_out", k_out, "v_out", v_out)) != KV_OK)
+        return st;
+    if ((st = check_scales(fn, scales, lo->num_heads, job)) != KV_OK)
+        return st;
+    if ((st = check_pages(fn, lo, pages, job)) != KV_OK ||
+        (st = runs_from_pages(fn, job, &total)) != KV_OK) {
+        kv__attn_job_free(job);
+        return st;
+    }
+    for (int kv = 0; kv < 2; kv++) {
+        const struct kv__attn_tensor *t = kv ? &job->v : &job->k;
+        if ((kv ? job->has_v : job->has_k) && t->n_tokens != total) {
+            kv__attn_job_free(job);
+            return kv__error(KV_ERR_BAD_SHAPE,
+                             "%s: %s has %" PRId64 " tokens but the pages hold %" PRId64, fn,
+                             kv ? "v_out" : "k_out", t->n_tokens, total);
+        }
+    }
+    return KV_OK;
+}
+
+static int cmp_id(const void *a, const void *b)
+{
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+kv_status kv__attn_copy_check(const char *fn, const struct kv_paged_cache *cache,
+                              const struct kv_block_copy *copies, uint32_t n_copies,
+                              struct kv__attn_job *job)
+{
+    kv_status st;
+    memset(job, 0, sizeof(*job));
+    job->kernel = KV_ATTN_COPY;
+    job->path = KV_ATTN_PATH_CANONICAL;
+    if (n_copies && !copies)
+        return kv__error(KV_ERR_NULL, "%s: copies is NULL with n_copies %" PRIu32, fn, n_copies);
+    if ((st = check_cache(fn, cache)) != KV_OK)
+        return st;
+    job->cache = *cache;
+    const int64_t B = cache->layout.num_blocks;
+    for (uint32_t i = 0; i < n_copies; i++) {
+        if ((int64_t)copies[i].src >= B || (int64_t)copies[i].dst >= B)
+            return kv__error(KV_ERR_OUT_OF_BOUNDS,
+                             "%s: copy %" PRIu32 " {src %" PRIu32 ", dst %" PRIu32
+                             "} names a block >= B = %" PRId64,
+                             fn, i, copies[i].src, copies[i].dst, B);
+        if (copies[i].src == copies[i].dst)
+            return kv__error(KV_ERR_OVERLAP,
+                             "%s: copy %" PRIu32 " copies block %" PRIu32 " onto itself", fn, i,
+                             copies[i].src);
+    }
+    /* the copies run at once: no block may be written by two copies, nor
+     * written by one and read by another. Sorted (id << 33 | index << 1 |
+     * is_dst), a dst next to the same id is a conflict. */
+    if (n_copies > 1) {
+        uint64_t *keys = kv__mem_alloc((size_t)n_copies * 2 * sizeof(uint64_t));
+        if (!keys)
+            return kv__error(KV_ERR_NO_MEMORY, "%s: %" PRIu32 " copies", fn, n_copies);
+        for (uint32_t i = 0; i < n_copies; i++) {
+            keys[2 * i] = (uint64_t)copies[i].src << 33 | (uint64_t)i << 1;
+            keys[2 * i + 1] = (uint64_t)copies[i].dst << 33 | (uint64_t)i << 1 | 1;
+        }
+        qsort(keys, (size_t)n_copies * 2, sizeof(uint64_t), cmp_id);
+        for (uint32_t j = 1; j < 2 * n_copies; j++) {
+            const uint64_t a = keys[j - 1], b = keys[j];
+            if (a >> 33 != b >> 33 || !((a | b) & 1))
+                continue; /* different blocks, or two reads of one block */
+            const uint32_t id = (uint32_t)(a >> 33), ia = (uint32_t)(a >> 1) & 0xFFFFFFFFu,
+                           ib = (uint32_t)(b >> 1) & 0xFFFFFFFFu;
+            kv__mem_free(keys);
+            return kv__error(KV_ERR_OVERLAP,
+                             "%s: block %" PRIu32 " is %s by copy %" PRIu32
+                             " and %s by copy %" PRIu32 " of the same batch",
+                             fn, id, (a & 1) ? "written" : "read", ia, (b & 1) ? "written" : "read",
+                             ib);
+        }
+        kv__mem_free(keys);
+    }
+    job->copies = copies;
+    job->n_copies = n_copies;
+    return KV_OK;
+}
+
+kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cache, uint32_t layer,
+                                const struct kv_view *q, const struct kv_pages *pages,
+                                float softmax_scale, const struct kv_scales *scales,
+                                const struct kv_view *out, struct kv__attn_job *job)
+{
+    kv_status st;
+    char b1[KV__LIST], b2[KV__LIST];
+    memset(job, 0, sizeof(*job));
+    job->kernel = KV_ATTN_DECODE;
+    if (!q || !out)
+        return kv__error(KV_ERR_NULL, "%s: q=%p out=%p", fn, (const void *)q, (const void *)out);
+    if ((st = check_cache(fn, cache)) != KV_OK)
+        return st;
+    const struct kv_layout *lo = &cache->layout;
+    job->cache = *cache;
+    if ((st = check_layer(fn, layer > INT32_MAX ? -2 : (int32_t)layer, lo->num_layers, false,
+                          job)) != KV_OK)
+        return st;
+    if ((st = kv_view_check(q)) != KV_OK)
+        return kv__error_wrap(st, "%s: q", fn);
+    if (q->ndim != 3)
+        return kv__error(KV_ERR_BAD_SHAPE, "%s: q has %d dims %s, expected [S][Hq][D]", fn, q->ndim,
+                         kv__fmt_list(b1, sizeof(b1), q->shape, q->ndim));
+    const int64_t hq = q->shape[1];
+    if (hq < lo->num_heads || hq % lo->num_heads != 0)
+        return kv__error(KV_ERR_BAD_SHAPE,
+                         "%s: q has %" PRId64 " heads, not a multiple of the cache's %" PRId64
+                         " KV heads",
+                         fn, hq, lo->num_heads);
+    if ((st = check_tensor(fn, "q", q, 0, hq, lo->head_dim, "Hq", &job->q)) != KV_OK ||
+        (st = check_tensor(fn, "out", out, 0, hq, lo->head_dim, "Hq", &job->out)) != KV_OK)
+        return st;
+    if (out->shape[0] != q->shape[0])
+        return kv__error(KV_ERR_BAD_SHAPE, "%s: out shape %s != q shape %s", fn,
+                         kv__fmt_list(b1, sizeof(b1), out->shape, out->ndim),
+                         kv__fmt_list(b2, sizeof(b2), q->shape, q->ndim));
+    if ((st = check_output(fn, "out", out)) != KV_OK ||
+        (st = check_disjoint(fn, "out", out, "q", q)) != KV_OK ||
+        (st = check_outside_cache(fn, "out", out, cache)) != KV_OK)
+        return st;
+    if (!isfinite(softmax_scale))
+        return kv__error(KV_ERR_INVALID_ARG, "%s: softmax_scale %g is not finite", fn,
+                         (double)softmax_scale);
+    if ((st = check_scales(fn, scales, lo->num_heads, job)) != KV_OK)
+        return st;
+    if ((st = check_pages(fn, lo, pages, job)) != KV_OK) {
+        kv__attn_job_free(job);
+        return st;
+    }
+    if ((int64_t)job->n_seqs != q->shape[0]) {
+        kv__attn_job_free(job);
+        return kv__error(KV_ERR_BAD_SHAPE, "%s: q has %" PRId64 " sequences, pages %" PRIu32, fn,
+                         q->shape[0], job->n_seqs);
+    }
+    job->q_heads = (uint32_t)hq;
+    job->softmax_scale = softmax_scale;
+    job->path = worse(path_of(q), path_of(out));
+    return KV_OK;
+}

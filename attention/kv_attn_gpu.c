@@ -1,0 +1,75 @@
+/*
+ * kv_attn_gpu.c - public entries of the CUDA kernels: the CPU kernels'
+ * validators (kv_attn_check.c), then the launch through the CUDA boundary
+ * (kv_attn_cuda_int.h). Index arrays (slots, pages, copies) are host memory,
+ * checked here before anything is launched.
+ */
+#include "kv_attn_cuda_int.h"
+
+kv_status kv_attn_write_cuda(struct kv_paged_cache cache, int32_t layer, const struct kv_view *k,
+                             const struct kv_view *v, const int64_t *slots, int64_t n_slots,
+                             const struct kv_scales *scales, kv_cuda_stream stream)
+{
+    struct kv__attn_job j;
+    kv_status st =
+        kv__attn_write_check("kv_attn_write_cuda", &cache, layer, k, v, slots, n_slots, scales, &j);
+    if (st != KV_OK)
+        return st;
+    st = kv__cuda_attn_move(&j, true, stream);
+    if (st == KV_OK)
+        kv__attn_count(&j, true);
+    kv__attn_job_free(&j);
+    return st == KV_OK ? kv__ok() : st;
+}
+
+kv_status kv_attn_read_cuda(struct kv_paged_cache cache, int32_t layer,
+                            const struct kv_pages *pages, const struct kv_view *k_out,
+                            const struct kv_view *v_out, const struct kv_scales *scales,
+                            kv_cuda_stream stream)
+{
+    struct kv__attn_job j;
+    kv_status st =
+        kv__attn_read_check("kv_attn_read_cuda", &cache, layer, pages, k_out, v_out, scales, &j);
+    if (st != KV_OK)
+        return st;
+    st = kv__cuda_attn_move(&j, false, stream);
+    if (st == KV_OK)
+        kv__attn_count(&j, true);
+    kv__attn_job_free(&j);
+    return st == KV_OK ? kv__ok() : st;
+}
+
+kv_status kv_attn_copy_blocks_cuda(struct kv_paged_cache cache, const struct kv_block_copy *copies,
+                                   uint32_t n_copies, kv_cuda_stream stream)
+{
+    struct kv__attn_job j;
+    kv_status st = kv__attn_copy_check("kv_attn_copy_blocks_cuda", &cache, copies, n_copies, &j);
+    if (st != KV_OK)
+        return st;
+    st = kv__cuda_attn_copy(&j, stream);
+    if (st == KV_OK) {
+        kv__attn_count(&j, true);
+        kv__copy_count(KV_COPY_BLOCK_COPY, (uint64_t)n_copies * (uint64_t)cache.layout.kv_planes *
+                                               (uint64_t)cache.layout.num_layers *
+                                               (uint64_t)cache.layout.block_bytes);
+    }
+    kv__attn_job_free(&j);
+    return st == KV_OK ? kv__ok() : st;
+}
+
+kv_status kv_attn_decode_cuda(struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q,
+                              const struct kv_pages *pages, float softmax_scale,
+                              const struct kv_scales *scales, const struct kv_view *out,
+                              kv_cuda_stream stream)
+{
+    struct kv__attn_job j;
+    kv_status st = kv__attn_decode_check("kv_attn_decode_cuda", &cache, layer, q, pages,
+                                         softmax_scale, scales, out, &j);
+    if (st != KV_OK)
+        return st;
+    st = kv__cuda_attn_decode(&j, stream);
+    if (st == KV_OK)
+        kv__attn_count(&j, true);
+    kv__attn_job_free(&j);
+    return st == KV_OK ? kv__ok() : st;
+}

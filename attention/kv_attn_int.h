@@ -1,0 +1,94 @@
+/*
+ * kv_attn_int.h - what the attention module's validators hand its executors
+ * (module-private).
+ *
+ * One validator per kernel (kv_attn_check.c) turns the public arguments into
+ * a job: every pointer, shape, dtype, stride, slot, page and block id checked,
+ * the tensor sides resolved to byte strides, the tokens grouped into runs.
+ * The CPU executors (kv_attn_cpu.c) and the CUDA launchers (kv_attn_gpu.c ->
+ * kv_attn_cuda.cu) run the same job: there is no second validator.
+ */
+#ifndef KV_ATTN_INT_H
+#define KV_ATTN_INT_H
+
+#include "kv_attn.h"
+#include "kv_attn_index.h"
+#include "kv_lib.h"
+
+/* n consecutive tokens of the tensor side <-> n consecutive slots of one
+ * block: tokens token .. token+n-1, slots slot .. slot+n-1 (slot / N the
+ * same for all). */
+struct kv__attn_run {
+    int64_t token;
+    int64_t slot;
+    int64_t n;
+};
+
+/* A tensor side of a kernel, [L?][T][H][D], resolved: the address of element
+ * [0][0][0][0] and byte strides (layer_stride is 0 for a one-layer tensor). */
+struct kv__attn_tensor {
+    char *base;
+    kv_dtype dtype;
+    int64_t layer_stride, token_stride, head_stride, dim_stride; /* bytes */
+    int64_t n_tokens;                                            /* T */
+};
+
+/* Decode: sequence s's pages are page_ids[page_start[s] .. page_start[s+1])
+ * and it has seq_tokens[s] tokens. */
+struct kv__attn_job {
+    enum kv_attn_kernel kernel;
+    enum kv_attn_path path;
+    struct kv_paged_cache cache;
+    uint32_t layer0, n_layers; /* the layers the call covers */
+
+    /* write / read: k, v are the tensor side (source of a write, destination
+     * of a read); either may be absent in a read */
+    struct kv__attn_tensor k, v;
+    bool has_k, has_v;
+    struct kv__attn_run *runs; /* [n_runs], in token order */
+    int64_t n_runs;
+    int64_t max_run; /* longest run, tokens */
+
+    /* scales: [n_scales] each, 1 or H; NULL = 1 */
+    const float *k_scale, *v_scale;
+    uint32_t n_scales;
+
+    /* decode */
+    struct kv__attn_tensor q, out; /* [S][Hq][D]: token = sequence, head = query head */
+    uint32_t n_seqs, q_heads;
+    float softmax_scale;
+    int32_t *page_ids;    /* [page_start[n_seqs]] */
+    int64_t *page_start;  /* [n_seqs + 1] */
+    int64_t *seq_tokens;  /* [n_seqs] */
+    uint32_t page_tokens; /* N / r */
+    uint32_t page_ratio;
+
+    /* copy */
+    const struct kv_block_copy *copies;
+    uint32_t n_copies;
+};
+
+/* The validators: KV_OK with *job filled (free with kv__attn_job_free), or
+ * the refusal with nothing allocated. fn names the public entry in every
+ * message. */
+kv_status kv__attn_write_check(const char *fn, const struct kv_paged_cache *cache, int32_t layer,
+                               const struct kv_view *k, const struct kv_view *v,
+                               const int64_t *slots, int64_t n_slots,
+                               const struct kv_scales *scales, struct kv__attn_job *job);
+kv_status kv__attn_read_check(const char *fn, const struct kv_paged_cache *cache, int32_t layer,
+                              const struct kv_pages *pages, const struct kv_view *k_out,
+                              const struct kv_view *v_out, const struct kv_scales *scales,
+                              struct kv__attn_job *job);
+kv_status kv__attn_copy_check(const char *fn, const struct kv_paged_cache *cache,
+                              const struct kv_block_copy *copies, uint32_t n_copies,
+                              struct kv__attn_job *job);
+kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cache, uint32_t layer,
+                                const struct kv_view *q, const struct kv_pages *pages,
+                                float softmax_scale, const struct kv_scales *scales,
+                                const struct kv_view *out, struct kv__attn_job *job);
+void kv__attn_job_free(struct kv__attn_job *job);
+
+/* Count one call of job's kernel on its path (cuda: the CUDA counters). */
+void kv__attn_count(const struct kv__attn_job *job, bool cuda);
+
+#endif /* KV_ATTN_INT_H */

@@ -1,0 +1,650 @@
+/*
+ * test_gpu_attn.c - runs only where a GPU exists (scripts/gpu-check.sh): the
+ * attention kernels' CUDA backend on the cases of tests/unit/test_attn.c.
+ *
+ * Every case starts a device pool and a host pool from the same random bytes
+ * and runs the same call through the CPU kernel (itself checked element by
+ * element against a plain reference in tests/unit/test_attn.c) and the CUDA
+ * kernel: write and copy_blocks must leave the two pools identical byte for
+ * byte (the whole pool: no stray writes), read must fill identical output
+ * buffers (guard bytes included), and decode must be within 1e-5 relative of
+ * a float64 reference computed here from the layout's strides.
+ *
+ * Then the GPU benchmark lines (JSON, docs/benchmarks.md): write_prefill,
+ * write_decode and read against a device-to-device cudaMemcpy of the same
+ * bytes, and decode attention against reading its K/V once at cudaMemcpy
+ * speed; medians of 9, interleaved.
+ *
+ * Without a GPU it prints "no GPU: skipped" and passes, unless
+ * KV_EXPECT_GPU=1 (gpu-check.sh), where a missing GPU fails.
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_test.h"
+#include <kvcache/kv.h>
+
+static uint64_t rnd(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int64_t range(uint64_t *s, int64_t lo, int64_t hi)
+{
+    return lo + (int64_t)(rnd(s) % (uint64_t)(hi - lo + 1));
+}
+
+static void fill(unsigned char *p, size_t n, uint64_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (unsigned char)rnd(&seed);
+}
+
+/* A host pool and a device pool holding the same bytes. */
+struct pools {
+    struct kv_layout_config cfg;
+    struct kv_paged_cache host, dev;
+    unsigned char *h, *back;
+    size_t bytes;
+};
+
+static void pools_init(struct pools *p, const struct kv_layout_config *cfg, uint64_t seed)
+{
+    memset(p, 0, sizeof(*p));
+    p->cfg = *cfg;
+    CHECK(kv_layout_init(cfg, &p->host.layout) == KV_OK);
+    p->bytes = (size_t)p->host.layout.total_bytes;
+    p->h = malloc(p->bytes);
+    p->back = malloc(p->bytes);
+    CHECK(p->h && p->back);
+    fill(p->h, p->bytes, seed);
+    p->host.base = p->h;
+    p->host.storage_bytes = p->bytes;
+    p->dev = p->host;
+    CHECK(cudaMalloc(&p->dev.base, p->bytes) == cudaSuccess);
+    CHECK(cudaMemcpy(p->dev.base, p->h, p->bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+}
+
+static void pools_same(struct pools *p, const char *what)
+{
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(cudaMemcpy(p->back, p->dev.base, p->bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+    if (memcmp(p->back, p->h, p->bytes) != 0) {
+        size_t i = 0;
+        while (p->back[i] == p->h[i])
+            i++;
+        fprintf(stderr, "FAIL %s: device pool byte %zu is 0x%02x, the CPU kernel's 0x%02x\n", what,
+                i, p->back[i], p->h[i]);
+        exit(1);
+    }
+}
+
+static void pools_free(struct pools *p)
+{
+    cudaFree(p->dev.base);
+    free(p->h);
+    free(p->back);
+}
+
+/* A tensor [L?][T][H][D] in host and device buffers of identical bytes:
+ * mode 0 contiguous, 1 K and V slices of one fused [T][3][H][D] buffer
+ * (outer strides), 2 head dim of stride 2 (generic). */
+struct tens {
+    unsigned char *h, *d;
+    size_t bytes;
+    struct kv_view hk, hv, dk, dv;
+};
+
+static void tens_init(struct tens *t, int mode, kv_dtype dt, int64_t L, int64_t T, int64_t H,
+                      int64_t D, uint64_t seed)
+{
+    const int64_t es = (int64_t)kv_dtype_size(dt), lead = L ? L : 1;
+    const int nd = L ? 4 : 3;
+    int64_t shape[4] = {L, T, H, D}, st[4], elems, voff;
+    if (mode == 0) {
+        st[3] = 1, st[2] = D, st[1] = H * D, st[0] = T * H * D;
+        elems = 2 * lead * T * H * D, voff = lead * T * H * D;
+    } else if (mode == 1) {
+        st[3] = 1, st[2] = D, st[1] = 3 * H * D, st[0] = T * 3 * H * D;
+        elems = lead * T * 3 * H * D, voff = H * D;
+    } else {
+        st[3] = 2, st[2] = 2 * D, st[1] = 2 * H * D, st[0] = T * 2 * H * D;
+        elems = 2 * lead * T * 2 * H * D, voff = lead * T * 2 * H * D;
+    }
+    memset(t, 0, sizeof(*t));
+    t->bytes = (size_t)(elems ? elems : 1) * (size_t)es;
+    t->h = malloc(t->bytes);
+    CHECK(t->h);
+    for (int64_t i = 0; i < elems; i++) /* finite values of every magnitude */
+        kv_from_f32(dt, (float)range(&seed, -30000, 30000) / 1000.0f, t->h + i * es);
+    CHECK(cudaMalloc((void **)&t->d, t->bytes) == cudaSuccess);
+    CHECK(cudaMemcpy(t->d, t->h, t->bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+    int64_t n1 = elems ? elems : 1;
+    for (int side = 0; side < 2; side++) {
+        struct kv_view flat;
+        unsigned char *b = side ? t->d : t->h;
+        CHECK(kv_view_init(b, t->bytes, dt, 1, &n1, &flat) == KV_OK);
+        CHECK(kv_view_as_strided(&flat, nd, L ? shape : shape + 1, L ? st : st + 1, 0,
+                                 side ? &t->dk : &t->hk) == KV_OK);
+        CHECK(kv_view_as_strided(&flat, nd, L ? shape : shape + 1, L ? st : st + 1, voff,
+                                 side ? &t->dv : &t->hv) == KV_OK);
+    }
+}
+
+static void tens_same(struct tens *t, const char *what)
+{
+    unsigned char *b = malloc(t->bytes);
+    CHECK(b);
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(cudaMemcpy(b, t->d, t->bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+    if (memcmp(b, t->h, t->bytes) != 0) {
+        size_t i = 0;
+        while (b[i] == t->h[i])
+            i++;
+        fprintf(stderr, "FAIL %s: device output byte %zu is 0x%02x, the CPU kernel's 0x%02x\n",
+                what, i, b[i], t->h[i]);
+        exit(1);
+    }
+    free(b);
+}
+
+static void tens_free(struct tens *t)
+{
+    free(t->h);
+    cudaFree(t->d);
+}
+
+/* S sequences on distinct random pages of the upper half of the page space
+ * (block ids far from 0), last pages partial, as CSR (csr) or a block table. */
+struct seqs {
+    uint32_t S;
+    int64_t pt, total, lens[4];
+    int32_t indptr[5], indices[4 * 160], last[4], table[4 * 160];
+    struct kv_pages pages;
+    int64_t *slots;
+};
+
+static void seqs_init(struct seqs *q, const struct kv_layout *lo, uint32_t r, bool csr,
+                      int64_t max_len, uint64_t *rng)
+{
+    const int64_t P = lo->num_blocks * r;
+    uint8_t *used = calloc((size_t)P, 1);
+    CHECK(used);
+    memset(q, 0, sizeof(*q));
+    q->S = 3;
+    q->pt = lo->block_tokens / r;
+    int32_t k = 0;
+    for (uint32_t s = 0; s < q->S; s++) {
+        int64_t n = range(rng, 1, max_len);
+        if (n % q->pt == 0 && q->pt > 1)
+            n--;
+        const int64_t np = (n + q->pt - 1) / q->pt;
+        CHECK(np <= 160);
+        q->indptr[s] = k;
+        for (int64_t j = 0; j < np; j++) {
+            int64_t pg;
+            do
+                pg = range(rng, P / 2, P - 1);
+            while (used[pg]);
+            used[pg] = 1;
+            q->indices[k] = (int32_t)pg;
+            q->table[s * 160 + j] = (int32_t)pg;
+            k++;
+        }
+        q->last[s] = (int32_t)(n - (np - 1) * q->pt);
+        q->lens[s] = n;
+        q->total += n;
+    }
+    q->indptr[q->S] = k;
+    q->slots = malloc((size_t)q->total * sizeof(int64_t));
+    CHECK(q->slots);
+    int64_t t = 0;
+    for (uint32_t s = 0; s < q->S; s++)
+        for (int64_t i = 0; i < q->lens[s]; i++)
+            q->slots[t++] = (int64_t)q->table[s * 160 + i / q->pt] * q->pt + i % q->pt;
+    q->pages.n_seqs = q->S;
+    q->pages.page_ratio = r;
+    if (csr) {
+        q->pages.format = KV_PAGES_CSR;
+        q->pages.indptr = q->indptr;
+        q->pages.indices = q->indices;
+        q->pages.last_page_len = q->last;
+    } else {
+        q->pages.format = KV_PAGES_BLOCK_TABLE;
+        q->pages.block_table = q->table;
+        q->pages.block_table_cols = 160;
+        q->pages.seq_lens = q->lens;
+    }
+    free(used);
+}
+
+static const kv_dtype dtypes[5] = {KV_F32, KV_F16, KV_BF16, KV_FP8_E4M3, KV_FP8_E5M2};
+
+/* write -> read -> copy_blocks on one layout, CPU against CUDA. */
+static void round_trip(int i)
+{
+    static const int64_t Ns[4] = {1, 8, 16, 32}, Ds[4] = {64, 80, 128, 256};
+    uint64_t rng = 5000 + (uint64_t)i;
+    const int lay = i % 16;
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 2;
+    cfg.order = (lay & 1) ? KV_ORDER_HND : KV_ORDER_NHD;
+    cfg.arrange = (lay & 2) ? KV_ARRANGE_BLOCK_MAJOR : KV_ARRANGE_LAYER_MAJOR;
+    cfg.block_pad_elems = (lay & 4) ? 24 : 0;
+    cfg.kv_packed = (lay & 8) != 0;
+    cfg.block_tokens = Ns[(i / 16) % 4];
+    cfg.head_dim = Ds[(i + i / 16) % 4];
+    cfg.num_heads = 2 + i % 3;
+    cfg.dtype = dtypes[i % 5];
+    const kv_dtype sdt = dtypes[(i / 5) % 5];
+    const int mode = i % 3, out_mode = (i + 1) % 3;
+    const bool all = i % 4 == 1, csr = (i / 2) % 2 == 0;
+    const uint32_t r = cfg.block_tokens % 2 == 0 && i % 2 ? 2 : 1;
+    const int64_t max_len = 3 * cfg.block_tokens + 5 > 60 ? 3 * cfg.block_tokens + 5 : 60;
+    const int64_t pt = cfg.block_tokens / r;
+    cfg.num_blocks = 2 * (3 * ((max_len + pt - 1) / pt) / r + 8) + 2;
+    struct pools p;
+    pools_init(&p, &cfg, rng);
+    struct seqs q;
+    seqs_init(&q, &p.host.layout, r, csr, max_len, &rng);
+    const int64_t L = all ? cfg.num_layers : 0, H = cfg.num_heads, D = cfg.head_dim;
+    const int32_t layer = all ? KV_ATTN_ALL_LAYERS : (int32_t)range(&rng, 0, 1);
+    float ks[4] = {0.25f, 0.5f, 0.75f, 1.0f}, vs[4] = {1.5f, 0.75f, 0.5f, 0.375f};
+    struct kv_scales sc = {ks, vs, i % 7 == 3 ? (uint32_t)H : 1};
+    const struct kv_scales *scp = (i % 7 == 3 || i % 5 >= 3) ? &sc : NULL;
+    char what[160];
+    snprintf(what, sizeof(what), "case %d (N %lld D %lld H %lld %s->%s mode %d)", i,
+             (long long)cfg.block_tokens, (long long)D, (long long)H, kv_dtype_name(sdt),
+             kv_dtype_name(cfg.dtype), mode);
+
+    struct tens src;
+    tens_init(&src, mode, sdt, L, q.total, H, D, rng * 3);
+    CHECK(kv_attn_write(p.host, layer, &src.hk, &src.hv, q.slots, q.total, scp) == KV_OK);
+    CHECK(kv_attn_write_cuda(p.dev, layer, &src.dk, &src.dv, q.slots, q.total, scp, NULL) == KV_OK);
+    pools_same(&p, what);
+
+    struct tens out;
+    tens_init(&out, out_mode, sdt, L, q.total, H, D, rng * 5);
+    CHECK(kv_attn_read(p.host, layer, &q.pages, &out.hk, &out.hv, scp) == KV_OK);
+    CHECK(kv_attn_read_cuda(p.dev, layer, &q.pages, &out.dk, &out.dv, scp, NULL) == KV_OK);
+    tens_same(&out, what);
+
+    /* copies from the sequences' blocks into unused low blocks */
+    struct kv_block_copy cp[8];
+    uint32_t n = 0;
+    for (uint32_t j = 0; j < 8 && j < (uint32_t)q.indptr[q.S]; j++) {
+        const uint32_t b = (uint32_t)q.indices[j] / r;
+        bool dup = false;
+        for (uint32_t m = 0; m < n; m++)
+            dup |= cp[m].src == b;
+        if (!dup)
+            cp[n++] = (struct kv_block_copy){b, 1 + n, 0};
+    }
+    CHECK(kv_attn_copy_blocks(p.host, cp, n) == KV_OK);
+    CHECK(kv_attn_copy_blocks_cuda(p.dev, cp, n, NULL) == KV_OK);
+    pools_same(&p, what);
+
+    tens_free(&out);
+    tens_free(&src);
+    free(q.slots);
+    pools_free(&p);
+}
+
+/* Decode attention against a float64 reference from the cache contents. */
+static void decode_case(int i)
+{
+    static const int64_t Ns[4] = {1, 8, 16, 32}, Ds[4] = {64, 80, 128, 256};
+    uint64_t rng = 9000 + (uint64_t)i;
+    const int lay = i % 16;
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 2;
+    cfg.order = (lay & 1) ? KV_ORDER_HND : KV_ORDER_NHD;
+    cfg.arrange = (lay & 2) ? KV_ARRANGE_BLOCK_MAJOR : KV_ARRANGE_LAYER_MAJOR;
+    cfg.block_pad_elems = (lay & 4) ? 8 : 0;
+    cfg.kv_packed = (lay & 8) != 0;
+    cfg.block_tokens = Ns[(i / 16) % 4] < 8 ? 8 : Ns[(i / 16) % 4];
+    cfg.head_dim = Ds[i % 4];
+    cfg.num_heads = 2;
+    cfg.dtype = dtypes[i % 5];
+    const int64_t g = 1 + i % 4, H = 2, Hq = H * g, D = cfg.head_dim;
+    const uint32_t r = i % 2 ? 2 : 1;
+    const int64_t pt = cfg.block_tokens / r, lens[3] = {1, 1 + range(&rng, 0, 2000), 257};
+    int64_t pages_total = 0;
+    for (int s = 0; s < 3; s++)
+        pages_total += (lens[s] + pt - 1) / pt;
+    cfg.num_blocks = 2 * (pages_total / r + 2) + 4;
+    struct pools p;
+    pools_init(&p, &cfg, rng);
+    /* the pool holds finite values: rewrite it from f32 values in [-1, 1] */
+    const int64_t es = (int64_t)p.host.layout.elem_bytes;
+    for (int64_t e = 0; e < (int64_t)p.bytes / es; e++)
+        kv_from_f32(cfg.dtype, (float)range(&rng, -1000, 1000) / 1000.0f, p.h + e * es);
+    CHECK(cudaMemcpy(p.dev.base, p.h, p.bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+    const int64_t P = cfg.num_blocks * r;
+    int32_t *indices = malloc((size_t)pages_total * sizeof(int32_t)), indptr[4], last[3];
+    uint8_t *used = calloc((size_t)P, 1);
+    CHECK(indices && used);
+    int32_t k = 0;
+    for (int s = 0; s < 3; s++) {
+        const int64_t np = (lens[s] + pt - 1) / pt;
+        indptr[s] = k;
+        for (int64_t j = 0; j < np; j++) {
+            int64_t pg;
+            do
+                pg = range(&rng, P / 2, P - 1);
+            while (used[pg]);
+            used[pg] = 1;
+            indices[k++] = (int32_t)pg;
+        }
+        last[s] = (int32_t)(lens[s] - (np - 1) * pt);
+    }
+    indptr[3] = k;
+    struct kv_pages pg = {.format = KV_PAGES_CSR,
+                          .n_seqs = 3,
+                          .page_ratio = r,
+                          .indptr = indptr,
+                          .indices = indices,
+                          .last_page_len = last};
+    /* q f32 [3][Hq][D], out f32 [3][Hq][D] */
+    const size_t qb = (size_t)(3 * Hq * D) * sizeof(float);
+    float *hq = malloc(qb), *hout = malloc(qb);
+    void *dq, *dout;
+    CHECK(hq && hout);
+    for (int64_t e = 0; e < 3 * Hq * D; e++)
+        hq[e] = (float)range(&rng, -1000, 1000) / 1000.0f;
+    CHECK(cudaMalloc(&dq, qb) == cudaSuccess && cudaMalloc(&dout, qb) == cudaSuccess);
+    CHECK(cudaMemcpy(dq, hq, qb, cudaMemcpyHostToDevice) == cudaSuccess);
+    int64_t sh[3] = {3, Hq, D};
+    struct kv_view vq, vout;
+    CHECK(kv_view_init(dq, qb, KV_F32, 3, sh, &vq) == KV_OK);
+    CHECK(kv_view_init(dout, qb, KV_F32, 3, sh, &vout) == KV_OK);
+    const float scale = 1.0f / sqrtf((float)D);
+    const uint32_t layer = 1;
+    CHECK(kv_attn_decode_cuda(p.dev, layer, &vq, &pg, scale, NULL, &vout, NULL) == KV_OK);
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(cudaMemcpy(hout, dout, qb, cudaMemcpyDeviceToHost) == cudaSuccess);
+    /* the float64 reference, addresses from the layout's strides */
+    const struct kv_layout *lo = &p.host.layout;
+    double *w = malloc((size_t)2100 * sizeof(double));
+    CHECK(w);
+    for (int s = 0; s < 3; s++)
+        for (int64_t qi = 0; qi < Hq; qi++) {
+            const int64_t h = qi / g;
+            double mx = -INFINITY, sum = 0.0;
+            for (int64_t t = 0; t < lens[s]; t++) {
+                const int64_t page = indices[indptr[s] + t / pt], slot = page * pt + t % pt;
+                const int64_t b = slot / cfg.block_tokens, n = slot % cfg.block_tokens;
+                const unsigned char *kr = p.h + layer * lo->stride_layer_bytes +
+                                          b * lo->stride_block_bytes + n * lo->stride_token_bytes +
+                                          h * lo->stride_head_bytes;
+                double dot = 0.0;
+                for (int64_t d = 0; d < D; d++)
+                    dot += (double)hq[(s * Hq + qi) * D + d] * kv_to_f32(cfg.dtype, kr + d * es);
+                w[t] = dot * scale;
+                mx = w[t] > mx ? w[t] : mx;
+            }
+            for (int64_t t = 0; t < lens[s]; t++)
+                sum += (w[t] = exp(w[t] - mx));
+            for (int64_t d = 0; d < D; d++) {
+                double a = 0.0;
+                for (int64_t t = 0; t < lens[s]; t++) {
+                    const int64_t page = indices[indptr[s] + t / pt], slot = page * pt + t % pt;
+                    const int64_t b = slot / cfg.block_tokens, n = slot % cfg.block_tokens;
+                    const unsigned char *vr = p.h + layer * lo->stride_layer_bytes +
+                                              lo->stride_kv_bytes + b * lo->stride_block_bytes +
+                                              n * lo->stride_token_bytes +
+                                              h * lo->stride_head_bytes;
+                    a += w[t] * kv_to_f32(cfg.dtype, vr + d * es);
+                }
+                const double want = a / sum, got = hout[(s * Hq + qi) * D + d];
+                const double tol = 1e-5 * (fabs(want) > 1e-2 ? fabs(want) : 1e-2);
+                if (fabs(got - want) > tol) {
+                    fprintf(stderr,
+                            "FAIL decode case %d s%d q%lld d%lld (len %lld): %.9g vs %.9g\n", i, s,
+                            (long long)qi, (long long)d, (long long)lens[s], got, want);
+                    exit(1);
+                }
+            }
+        }
+    free(w);
+    free(hq);
+    free(hout);
+    cudaFree(dq);
+    cudaFree(dout);
+    free(indices);
+    free(used);
+    pools_free(&p);
+}
+
+/* Bad input is refused by the shared validator before any launch. */
+static void refusals(void)
+{
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 2, cfg.num_blocks = 64, cfg.block_tokens = 8, cfg.num_heads = 2;
+    cfg.head_dim = 16, cfg.dtype = KV_BF16;
+    struct pools p;
+    pools_init(&p, &cfg, 11);
+    struct tens src;
+    tens_init(&src, 0, KV_BF16, 0, 4, 2, 16, 3);
+    int64_t bad[4] = {8, 9, 64 * 8, 1}, dup[4] = {8, 9, 10, 9};
+    CHECK(kv_attn_write_cuda(p.dev, 0, &src.dk, &src.dv, bad, 4, NULL, NULL) ==
+          KV_ERR_OUT_OF_BOUNDS);
+    CHECK(kv_attn_write_cuda(p.dev, 0, &src.dk, &src.dv, dup, 4, NULL, NULL) == KV_ERR_OVERLAP);
+    struct kv_block_copy cp[2] = {{3, 5, 0}, {5, 7, 0}};
+    CHECK(kv_attn_copy_blocks_cuda(p.dev, cp, 2, NULL) == KV_ERR_OVERLAP);
+    pools_same(&p, "refusals");
+    tens_free(&src);
+    pools_free(&p);
+}
+
+/* ---- benchmarks ------------------------------------------------------------------------ */
+
+static int cmp_f(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+typedef kv_status (*bench_fn)(void *ctx);
+
+/* Median ms of 9 runs of fn and of a d2d cudaMemcpy of `bytes`, interleaved. */
+static void time_pair(bench_fn fn, void *ctx, void *a, void *b, size_t bytes, float *t_fn,
+                      float *t_mc)
+{
+    cudaEvent_t e0, e1;
+    float tk[9], tm[9];
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    for (int r = -1; r < 9; r++) {
+        cudaEventRecord(e0, 0);
+        CHECK(fn(ctx) == KV_OK);
+        cudaEventRecord(e1, 0);
+        cudaEventSynchronize(e1);
+        if (r >= 0)
+            cudaEventElapsedTime(&tk[r], e0, e1);
+        cudaEventRecord(e0, 0);
+        CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0) == cudaSuccess);
+        cudaEventRecord(e1, 0);
+        cudaEventSynchronize(e1);
+        if (r >= 0)
+            cudaEventElapsedTime(&tm[r], e0, e1);
+    }
+    qsort(tk, 9, sizeof(float), cmp_f);
+    qsort(tm, 9, sizeof(float), cmp_f);
+    *t_fn = tk[4];
+    *t_mc = tm[4];
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+}
+
+struct bctx {
+    struct kv_paged_cache c;
+    struct kv_view k, v, q, out;
+    int64_t *slots, n_slots;
+    struct kv_pages pages;
+};
+
+static kv_status b_write(void *x)
+{
+    struct bctx *b = x;
+    return kv_attn_write_cuda(b->c, 0, &b->k, &b->v, b->slots, b->n_slots, NULL, NULL);
+}
+
+static kv_status b_read(void *x)
+{
+    struct bctx *b = x;
+    return kv_attn_read_cuda(b->c, 0, &b->pages, &b->k, &b->v, NULL, NULL);
+}
+
+static kv_status b_decode(void *x)
+{
+    struct bctx *b = x;
+    return kv_attn_decode_cuda(b->c, 0, &b->q, &b->pages, 0.088f, NULL, &b->out, NULL);
+}
+
+static void bench(kv_order order)
+{
+    /* bf16, N 16, H 8, D 128, one layer of 32768 blocks (2 GiB of K and V) */
+    const int64_t N = 16, H = 8, D = 128, B = 32768;
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 1, cfg.num_blocks = B, cfg.block_tokens = N, cfg.num_heads = H;
+    cfg.head_dim = D, cfg.dtype = KV_BF16, cfg.order = order;
+    struct bctx b;
+    memset(&b, 0, sizeof(b));
+    CHECK(kv_layout_init(&cfg, &b.c.layout) == KV_OK);
+    b.c.storage_bytes = (size_t)b.c.layout.total_bytes;
+    CHECK(cudaMalloc(&b.c.base, b.c.storage_bytes) == cudaSuccess);
+    CHECK(cudaMemset(b.c.base, 0, b.c.storage_bytes) == cudaSuccess);
+    const int64_t T = 256 * 512; /* the read case; prefill writes the same tokens */
+    const size_t tb = (size_t)T * H * D * 2;
+    void *kd, *vd, *scratch;
+    CHECK(cudaMalloc(&kd, tb) == cudaSuccess && cudaMalloc(&vd, tb) == cudaSuccess);
+    CHECK(cudaMalloc(&scratch, 2 * tb) == cudaSuccess);
+    int64_t sh[3] = {T, H, D};
+    CHECK(kv_view_init(kd, tb, KV_BF16, 3, sh, &b.k) == KV_OK);
+    CHECK(kv_view_init(vd, tb, KV_BF16, 3, sh, &b.v) == KV_OK);
+    /* 256 sequences of 512 tokens on scattered whole blocks */
+    const int64_t per = 512 / N, S = 256;
+    int32_t *perm = malloc((size_t)B * sizeof(int32_t)), *indptr = malloc((S + 1) * 4);
+    int32_t *last = malloc(S * 4);
+    b.slots = malloc((size_t)T * sizeof(int64_t));
+    CHECK(perm && indptr && last && b.slots);
+    uint64_t rng = 1;
+    for (int64_t i = 0; i < B; i++)
+        perm[i] = (int32_t)i;
+    for (int64_t i = B - 1; i > 0; i--) {
+        const int64_t j = range(&rng, 0, i);
+        const int32_t t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    for (int64_t s = 0; s < S; s++) {
+        indptr[s] = (int32_t)(s * per);
+        last[s] = (int32_t)N;
+        for (int64_t t = 0; t < 512; t++)
+            b.slots[s * 512 + t] = (int64_t)perm[s * per + t / N] * N + t % N;
+    }
+    indptr[S] = (int32_t)(S * per);
+    b.n_slots = T;
+    b.pages = (struct kv_pages){.format = KV_PAGES_CSR,
+                                .n_seqs = (uint32_t)S,
+                                .page_ratio = 1,
+                                .indptr = indptr,
+                                .indices = perm,
+                                .last_page_len = last};
+    const char *on = order == KV_ORDER_NHD ? "nhd" : "hnd";
+    float tk, tm;
+    /* the baseline moves the same 2 x tb bytes (K and V) */
+    time_pair(b_write, &b, kd, scratch, 2 * tb, &tk, &tm);
+    printf("{\"bench\":\"gpu.kernel.write_prefill\",\"case\":\"%s/bf16/N16/H8/D128/T%lld\","
+           "\"bytes\":%zu,\"gbps\":%.1f,\"baseline\":\"cudaMemcpy_d2d\",\"baseline_gbps\":%.1f,"
+           "\"ratio\":%.3f,\"runs\":9}\n",
+           on, (long long)T, 2 * tb, 2 * tb / (tk * 1e6), 2 * tb / (tm * 1e6), tm / tk);
+    time_pair(b_read, &b, kd, scratch, 2 * tb, &tk, &tm);
+    printf("{\"bench\":\"gpu.kernel.read\",\"case\":\"%s/bf16/N16/H8/D128/256x512\","
+           "\"bytes\":%zu,\"gbps\":%.1f,\"baseline\":\"cudaMemcpy_d2d\",\"baseline_gbps\":%.1f,"
+           "\"ratio\":%.3f,\"runs\":9}\n",
+           on, 2 * tb, 2 * tb / (tk * 1e6), 2 * tb / (tm * 1e6), tm / tk);
+    /* decode: one token for each of 4096 sequences, scattered */
+    const int64_t Td = 4096;
+    for (int64_t s = 0; s < Td; s++)
+        b.slots[s] = (int64_t)perm[(s * 7) % B] * N + s % N;
+    int64_t shd[3] = {Td, H, D};
+    CHECK(kv_view_init(kd, tb, KV_BF16, 3, shd, &b.k) == KV_OK);
+    CHECK(kv_view_init(vd, tb, KV_BF16, 3, shd, &b.v) == KV_OK);
+    b.n_slots = Td;
+    const size_t db = (size_t)Td * H * D * 2 * 2;
+    time_pair(b_write, &b, kd, scratch, db, &tk, &tm);
+    printf("{\"bench\":\"gpu.kernel.write_decode\",\"case\":\"%s/bf16/N16/H8/D128/4096x1\","
+           "\"bytes\":%zu,\"gbps\":%.2f,\"baseline\":\"cudaMemcpy_d2d\",\"baseline_gbps\":%.2f,"
+           "\"ratio\":%.3f,\"runs\":9}\n",
+           on, db, db / (tk * 1e6), db / (tm * 1e6), tm / tk);
+    /* decode attention: Hq 32, 256 sequences x 2048 tokens (every block once) */
+    const int64_t Sd = 256, Ld = 2048, pd = Ld / N;
+    for (int64_t s = 0; s <= Sd; s++)
+        indptr[s] = (int32_t)(s * pd);
+    b.pages.n_seqs = (uint32_t)Sd;
+    void *qd, *od;
+    const size_t qb = (size_t)Sd * 32 * D * 2;
+    CHECK(cudaMalloc(&qd, qb) == cudaSuccess && cudaMalloc(&od, qb) == cudaSuccess);
+    CHECK(cudaMemset(qd, 0, qb) == cudaSuccess);
+    int64_t shq[3] = {Sd, 32, D};
+    CHECK(kv_view_init(qd, qb, KV_BF16, 3, shq, &b.q) == KV_OK);
+    CHECK(kv_view_init(od, qb, KV_BF16, 3, shq, &b.out) == KV_OK);
+    const size_t kvb = (size_t)Sd * Ld * H * D * 2 * 2; /* K and V read once */
+    void *big;
+    CHECK(cudaMalloc(&big, kvb) == cudaSuccess);
+    time_pair(b_decode, &b, b.c.base, big, kvb, &tk, &tm);
+    printf(
+        "{\"bench\":\"gpu.kernel.decode_attn\",\"case\":\"%s/bf16/N16/Hq32/H8/D128/256x2048\","
+        "\"bytes\":%zu,\"tokens_per_s\":%.3g,\"gbps\":%.1f,\"baseline\":\"cudaMemcpy_d2d_of_kv\","
+        "\"baseline_gbps\":%.1f,\"ratio\":%.3f,\"runs\":9}\n",
+        on, kvb, (double)(Sd * Ld) / (tk * 1e-3), kvb / (tk * 1e6), kvb / (tm * 1e6), tm / tk);
+    cudaFree(big);
+    cudaFree(qd);
+    cudaFree(od);
+    cudaFree(kd);
+    cudaFree(vd);
+    cudaFree(scratch);
+    cudaFree(b.c.base);
+    free(perm);
+    free(indptr);
+    free(last);
+    free(b.slots);
+}
+
+int main(void)
+{
+    int devs = 0;
+    if (cudaGetDeviceCount(&devs) != cudaSuccess || devs == 0) {
+        const char *e = getenv("KV_EXPECT_GPU");
+        if (e && strcmp(e, "1") == 0) {
+            fprintf(stderr, "FAIL: KV_EXPECT_GPU=1 but no CUDA device is usable\n");
+            return 1;
+        }
+        printf("no GPU: skipped\n");
+        return 0;
+    }
+    struct kv_attn_stats s0, s1;
+    kv_attn_stats_reset();
+    kv_attn_stats_get(&s0);
+    for (int i = 0; i < 100; i++)
+        round_trip(i);
+    for (int i = 0; i < 40; i++)
+        decode_case(i);
+    refusals();
+    kv_attn_stats_get(&s1);
+    for (int k = KV_ATTN_WRITE; k <= KV_ATTN_READ; k++)
+        for (int p = 0; p < KV_ATTN_PATH_COUNT; p++)
+            CHECK(s1.cuda[k][p] > s0.cuda[k][p]); /* every path ran on the device */
+    printf("test_gpu_attn: 100 round trips, 40 decode cases, refusals: ok\n");
+    bench(KV_ORDER_NHD);
+    bench(KV_ORDER_HND);
+    return 0;
+}
