@@ -14,6 +14,7 @@ kv_status kv_attn_cache(const kv_cache *c, struct kv_paged_cache *out)
     out->layout = *kv_cache_layout(c);
     out->base = kv_arena_base(a);
     out->storage_bytes = kv_arena_size(a);
+    out->mem = kv_arena_kind(a);
     return kv__ok();
 }
 

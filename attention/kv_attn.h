@@ -68,6 +68,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kv_arena.h"
 #include "kv_cache.h"
 #include "kv_layout.h"
 #include "kv_page_table.h"
@@ -79,15 +80,19 @@ extern "C" {
 #endif
 
 /* The paged storage a kernel reads and writes: a complete layout (as
- * kv_layout_init computed it) and the memory it describes (host memory for
- * the CPU kernels, device memory for the CUDA ones). Passed by value. */
+ * kv_layout_init computed it) and the memory it describes, with its kind
+ * stated, never guessed from the pointer: the CPU kernels take KV_MEM_HOST
+ * or KV_MEM_PINNED storage, the CUDA ones KV_MEM_DEVICE or KV_MEM_PINNED
+ * (mapped into the device's address space); any other pairing is refused
+ * with KV_ERR_INVALID_ARG before anything is touched. Passed by value. */
 struct kv_paged_cache {
     struct kv_layout layout;
     void *base;           /* the arena: element (l, kv, b, n, h, d) at a layout offset */
     size_t storage_bytes; /* >= layout.total_bytes */
+    enum kv_mem_kind mem; /* where base points (0: KV_MEM_HOST) */
 };
 
-/* The paged cache of a kv_cache: its layout, arena base and size.
+/* The paged cache of a kv_cache: its layout, arena base, size and kind.
  * KV_ERR_NULL for a NULL cache or out. */
 KV_API KV_NODISCARD kv_status kv_attn_cache(const kv_cache *c, struct kv_paged_cache *out);
 

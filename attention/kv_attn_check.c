@@ -73,10 +73,27 @@ static bool dtype_supported(kv_dtype dt)
     return dt == KV_F32 || dt == KV_F16 || dt == KV_BF16 || dt == KV_FP8_E4M3 || dt == KV_FP8_E5M2;
 }
 
+/* The entry points are named kv_attn_<kernel> (CPU) and kv_attn_<kernel>_cuda. */
+static bool fn_is_cuda(const char *fn)
+{
+    const size_t n = strlen(fn);
+    return n > 5 && strcmp(fn + n - 5, "_cuda") == 0;
+}
+
 static kv_status check_cache(const char *fn, const struct kv_paged_cache *c)
 {
     if (!c->base)
         return kv__error(KV_ERR_NULL, "%s: cache base is NULL", fn);
+    const bool cuda = fn_is_cuda(fn);
+    if (c->mem != KV_MEM_HOST && c->mem != KV_MEM_PINNED && c->mem != KV_MEM_DEVICE)
+        return kv__error(KV_ERR_INVALID_ARG, "%s: cache memory kind %d is not a kv_mem_kind", fn,
+                         (int)c->mem);
+    if (c->mem == (cuda ? KV_MEM_HOST : KV_MEM_DEVICE))
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: the cache is %s memory, which this kernel cannot address (%s)", fn,
+                         kv_mem_kind_name(c->mem),
+                         cuda ? "the CUDA kernels take device or pinned storage"
+                              : "use the kv_attn_*_cuda kernels for device storage");
     kv_status st = check_layout(fn, &c->layout);
     if (st != KV_OK)
         return st;

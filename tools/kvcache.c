@@ -867,8 +867,13 @@ static int cmd_cache(int argc, char **argv)
             st = kv_page_table_seq_append(pt, child, &t, 1);
         if (st == KV_OK)
             st = kv_page_table_take_copies(pt, cp, 4, &ncp);
-        /* an engine runs the copies here (attention/ block copy), before this
-         * step's K/V writes; then the copies release the blocks they held */
+        /* the copies run before this step's K/V writes (all at once); then
+         * they release the blocks they held */
+        struct kv_paged_cache pc;
+        if (st == KV_OK)
+            st = kv_attn_cache(c, &pc);
+        if (st == KV_OK)
+            st = kv_attn_copy_blocks(pc, cp, ncp);
         if (st == KV_OK)
             st = kv_page_table_copies_done(pt);
         if (st != KV_OK) {

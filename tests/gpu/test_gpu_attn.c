@@ -68,6 +68,7 @@ static void pools_init(struct pools *p, const struct kv_layout_config *cfg, uint
     p->host.base = p->h;
     p->host.storage_bytes = p->bytes;
     p->dev = p->host;
+    p->dev.mem = KV_MEM_DEVICE;
     CHECK(cudaMalloc(&p->dev.base, p->bytes) == cudaSuccess);
     CHECK(cudaMemcpy(p->dev.base, p->h, p->bytes, cudaMemcpyHostToDevice) == cudaSuccess);
 }
@@ -520,6 +521,7 @@ static void bench(kv_order order)
     memset(&b, 0, sizeof(b));
     CHECK(kv_layout_init(&cfg, &b.c.layout) == KV_OK);
     b.c.storage_bytes = (size_t)b.c.layout.total_bytes;
+    b.c.mem = KV_MEM_DEVICE;
     CHECK(cudaMalloc(&b.c.base, b.c.storage_bytes) == cudaSuccess);
     CHECK(cudaMemset(b.c.base, 0, b.c.storage_bytes) == cudaSuccess);
     const int64_t T = 256 * 512; /* the read case; prefill writes the same tokens */

@@ -104,25 +104,17 @@ static void check_tokens(kv_cache *c, uint32_t seq, uint32_t tag, uint64_t start
     }
 }
 
-/* Perform queued copy-on-write copies with the layout's byte runs. */
+/* Perform queued copy-on-write copies with the block copy kernel (all of
+ * them at once, as an engine does). */
 static void run_copies(kv_cache *c, struct model *m)
 {
     struct kv_block_copy cp[8];
     uint32_t n = 0;
-    const struct kv_layout *lo = kv_cache_layout(c);
-    char *base = kv_arena_base(kv_cache_arena(c));
+    struct kv_paged_cache pc;
+    assert_int_equal(kv_attn_cache(c, &pc), KV_OK);
     assert_int_equal(kv_page_table_take_copies(kv_cache_page_table(c), cp, 8, &n), KV_OK);
+    assert_int_equal(kv_attn_copy_blocks(pc, cp, n), KV_OK);
     for (uint32_t i = 0; i < n; i++) {
-        struct kv_byte_runs rs, rd;
-        assert_int_equal(kv_layout_block_runs(lo, cp[i].src, &rs), KV_OK);
-        assert_int_equal(kv_layout_block_runs(lo, cp[i].dst, &rd), KV_OK);
-        assert_int_equal(rs.run_count, rd.run_count);
-        assert_int_equal(rs.run_bytes, rd.run_bytes);
-        for (int64_t r = 0; r < rs.run_count; r++) {
-            int64_t so = rs.first_offset_bytes + r * rs.run_stride_bytes;
-            int64_t dof = rd.first_offset_bytes + r * rd.run_stride_bytes;
-            memcpy(base + dof, base + so, (size_t)rs.run_bytes);
-        }
         /* the model copies element by element at the reference addresses */
         for (uint32_t l = 0; l < L; l++)
             for (int kv = 0; kv < 2; kv++)

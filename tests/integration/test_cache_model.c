@@ -818,20 +818,19 @@ static void check_token(uint32_t sid, uint64_t t, const char *why)
                 }
 }
 
-/* Perform one copy-on-write through the layout's block byte runs. */
-static void apply_copy(const struct kv_block_copy *cp)
+/* Perform a batch of copy-on-write copies at once with the block copy
+ * kernel (the queue guarantees no copy's dst is another's src or dst). */
+static void apply_copies(const struct kv_block_copy *cp, uint32_t n)
 {
-    struct kv_byte_runs rs, rd;
-    check_st(kv_layout_block_runs(G.lo, cp->src, &rs), KV_OK, "block runs of %u", cp->src);
-    check_st(kv_layout_block_runs(G.lo, cp->dst, &rd), KV_OK, "block runs of %u", cp->dst);
-    assert_int_equal(rs.run_count, rd.run_count);
-    assert_int_equal(rs.run_bytes, rd.run_bytes);
-    assert_true(cp->src != cp->dst);
-    for (int64_t r = 0; r < rs.run_count; r++)
-        memcpy(G.base + rd.first_offset_bytes + r * rd.run_stride_bytes,
-               G.base + rs.first_offset_bytes + r * rs.run_stride_bytes, (size_t)rs.run_bytes);
-    memcpy(&CONTENT[(size_t)cp->dst * N], &CONTENT[(size_t)cp->src * N], N * sizeof(*CONTENT));
-    CNT.copies++;
+    struct kv_paged_cache pc;
+    check_st(kv_attn_cache(G.c, &pc), KV_OK, "kv_attn_cache");
+    check_st(kv_attn_copy_blocks(pc, cp, n), KV_OK, "copy_blocks of %u copies", n);
+    for (uint32_t i = 0; i < n; i++) {
+        assert_true(cp[i].src != cp[i].dst);
+        memcpy(&CONTENT[(size_t)cp[i].dst * N], &CONTENT[(size_t)cp[i].src * N],
+               N * sizeof(*CONTENT));
+        CNT.copies++;
+    }
 }
 
 /* ------------------------------------------------------------ checks */
@@ -1174,8 +1173,8 @@ static void drain_copies(void)
                         i, out[i].src, out[i].dst, out[i].tokens, w->src, w->dst, w->tokens);
             /* held until done: never back in the pool mid-batch */
             check_eq(MP.ref[w->src] >= 1 && MP.ref[w->dst] >= 1, 1, "copy %u holds its blocks", i);
-            apply_copy(&out[i]);
         }
+        apply_copies(out, got);
         MQ.taken += got;
         MQ.n -= got;
         check_eq(kv_page_table_pending_copies(G.pt), MQ.n, "copies left queued");

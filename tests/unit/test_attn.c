@@ -1037,6 +1037,8 @@ static void test_attn_cuda_entries_validate_first(void **state)
     assert_int_equal(kv_view_init(qbuf, sizeof(qbuf), KV_F32, 3, qsh, &q1), KV_OK);
     assert_int_equal(kv_view_init(obuf, sizeof(obuf), KV_F32, 3, qsh, &o1), KV_OK);
     kv_status st;
+    struct kv_paged_cache host = f.c;
+    f.c.mem = KV_MEM_DEVICE; /* what a device cache says; nothing is launched here */
 #define CUDA_REFUSED(call, want, needle)                                                           \
     do {                                                                                           \
         st = (call);                                                                               \
@@ -1064,6 +1066,17 @@ static void test_attn_cuda_entries_validate_first(void **state)
     CUDA_REFUSED(kv_attn_decode_cuda(f.c, 0, &q1, &pg, 0.25f, NULL, &q1, NULL), KV_ERR_OVERLAP, "");
     CUDA_REFUSED(kv_attn_decode_cuda(f.c, 0, &q1, &pg, 0.25f, NULL, &o1, NULL), KV_ERR_UNSUPPORTED,
                  "kv_attn_decode_cuda");
+    /* the memory kind is stated, and a kernel that cannot address it refuses */
+    CUDA_REFUSED(kv_attn_write_cuda(host, 0, &p.k, &p.v, slots, 4, NULL, NULL), KV_ERR_INVALID_ARG,
+                 "the cache is host memory");
+    CUDA_REFUSED(kv_attn_write(f.c, 0, &p.k, &p.v, slots, 4, NULL), KV_ERR_INVALID_ARG,
+                 "the cache is device memory");
+    CUDA_REFUSED(kv_attn_copy_blocks(f.c, cp, 2), KV_ERR_INVALID_ARG, "device memory");
+    f.c.mem = KV_MEM_PINNED; /* both sides address pinned memory */
+    CUDA_REFUSED(kv_attn_copy_blocks_cuda(f.c, cp, 2, NULL), KV_ERR_UNSUPPORTED, "");
+    f.c.mem = (enum kv_mem_kind)7;
+    CUDA_REFUSED(kv_attn_copy_blocks(f.c, cp, 2), KV_ERR_INVALID_ARG, "memory kind 7");
+    f.c = host;
 #undef CUDA_REFUSED
     free_pair(&p);
     fix_free(&f);
