@@ -60,6 +60,16 @@ void kvb_emit_ops(const char *bench, const char *case_name, uint64_t ops, double
 void kvb_emit_us(const char *bench, const char *case_name, double cand_us, const char *baseline,
                  double base_us, int runs);
 
+/* A benchmark whose result is wrong fails: print what differed (one line on
+ * stderr, and a {"bench":..,"case":..,"error":..} JSON line) and make kvbench
+ * exit with status 3 after the remaining suites. */
+void kvb_mismatch(const char *bench, const char *case_name, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* The CPU model ("model name" of /proc/cpuinfo, or the machine name), also
+ * printed in every result line as "cpu". */
+const char *kvb_cpu_model(void);
+
 /* Keep the compiler from deleting a computed value. */
 void kvb_sink(uint64_t v);
 

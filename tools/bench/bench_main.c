@@ -36,6 +36,8 @@ static int kvb__quick_flag;
 static int kvb__list_mode; /* --list: print "bench case" for each selected case, run nothing */
 static int kvb__matched;   /* cases selected so far */
 static FILE *kvb__out;     /* results file, or NULL when it could not be opened */
+static int kvb__mismatches; /* wrong results seen (kvb_mismatch) */
+static char kvb__cpu[128];  /* kvb_cpu_model */
 
 void kvb_register(const char *area, kvb_suite_fn fn)
 {
@@ -182,6 +184,32 @@ static void kvb__json_str(char *buf, size_t cap, const char *s)
     buf[n] = '\0';
 }
 
+const char *kvb_cpu_model(void)
+{
+    if (kvb__cpu[0])
+        return kvb__cpu;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    while (f && fgets(line, sizeof(line), f)) {
+        if (strncmp(line, "model name", 10) == 0) {
+            const char *c = strchr(line, ':');
+            if (c) {
+                c++;
+                while (*c == ' ' || *c == '\t')
+                    c++;
+                snprintf(kvb__cpu, sizeof(kvb__cpu), "%s", c);
+                kvb__cpu[strcspn(kvb__cpu, "\n")] = '\0';
+                break;
+            }
+        }
+    }
+    if (f)
+        fclose(f);
+    if (!kvb__cpu[0])
+        snprintf(kvb__cpu, sizeof(kvb__cpu), "unknown");
+    return kvb__cpu;
+}
+
 static void kvb__emit_line(const char *fmt, ...) KV_PRINTF(1, 2);
 
 static void kvb__emit_line(const char *fmt, ...)
@@ -191,13 +219,32 @@ static void kvb__emit_line(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(line, sizeof(line), fmt, ap);
     va_end(ap);
+    char cpu[160];
+    kvb__json_str(cpu, sizeof(cpu), kvb_cpu_model());
     kvb__progress_done();
-    printf("%s%s}\n", line, kvb__quick_flag ? ",\"quick\":true" : "");
+    printf("%s,\"cpu\":\"%s\"%s}\n", line, cpu, kvb__quick_flag ? ",\"quick\":true" : "");
     fflush(stdout);
     if (kvb__out) {
-        fprintf(kvb__out, "%s%s}\n", line, kvb__quick_flag ? ",\"quick\":true" : "");
+        fprintf(kvb__out, "%s,\"cpu\":\"%s\"%s}\n", line, cpu,
+                kvb__quick_flag ? ",\"quick\":true" : "");
         fflush(kvb__out);
     }
+}
+
+void kvb_mismatch(const char *bench, const char *case_name, const char *fmt, ...)
+{
+    char msg[512], b[128], c[256], m[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    kvb__mismatches++;
+    kvb__progress_done();
+    fprintf(stderr, "kvbench: WRONG RESULT in %s %s: %s\n", bench, case_name, msg);
+    kvb__json_str(b, sizeof(b), bench);
+    kvb__json_str(c, sizeof(c), case_name);
+    kvb__json_str(m, sizeof(m), msg);
+    kvb__emit_line("{\"bench\":\"%s\",\"case\":\"%s\",\"error\":\"wrong result: %s\"", b, c, m);
 }
 
 void kvb_emit_gbps(const char *bench, const char *case_name, uint64_t bytes, double cand_s,
@@ -326,6 +373,11 @@ int main(int argc, char **argv)
     kvb__progress_done();
     if (kvb__out)
         fclose(kvb__out);
+    if (kvb__mismatches) {
+        fprintf(stderr, "kvbench: %d case(s) computed a wrong result (see above)\n",
+                kvb__mismatches);
+        return 3;
+    }
     if (kvb__matched == 0) {
         fprintf(stderr, "kvbench: no case matched (--bench %s --case %s); try --list\n",
                 kvb__bench_filter ? kvb__bench_filter : "*",
