@@ -23,6 +23,12 @@
 #include <math.h>
 #include <omp.h>
 #include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define KV__HAVE_SSE2_NT 1
+#else
+#define KV__HAVE_SSE2_NT 0
+#endif
 
 #include "kv_attn_int.h"
 #include "kv_convert.h"
@@ -86,19 +92,96 @@ static KV__INLINE void copy_elem(char *d, const char *s, int64_t es)
     }
 }
 
-static void run_plan(const struct kv_copy_plan *pl, char *dst, const char *src)
+/* Moves of at least this many bytes in one call store with non-temporal
+ * (streaming) stores where both the row and its destination are 16-byte
+ * aligned: the destination (a pool of GiBs, or a large output) is not read
+ * back before it leaves the cache anyway, and streaming saves the read for
+ * ownership of every destination line, the difference between a plain store
+ * loop and memcpy's own large-copy path. Smaller calls (a decode step of a
+ * few sequences) keep their lines in cache for the attention that follows. */
+#define KV__NT_MIN_BYTES ((int64_t)8 << 20)
+
+static int64_t kv__nt_min = KV__NT_MIN_BYTES;
+static bool kv__portable;
+
+void kv__attn_test_tune(int64_t nt_min_bytes, bool portable)
+{
+    kv__nt_min = nt_min_bytes < 0 ? KV__NT_MIN_BYTES : nt_min_bytes;
+    kv__portable = portable;
+}
+
+/* Copy n bytes with streaming stores (dst and n multiples of 16). */
+static KV__INLINE void copy_stream(char *d, const char *s, size_t n)
+{
+#if KV__HAVE_SSE2_NT
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        const __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(s + i));
+        const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(s + i + 16));
+        const __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(s + i + 32));
+        const __m128i e = _mm_loadu_si128((const __m128i *)(const void *)(s + i + 48));
+        _mm_stream_si128((__m128i *)(void *)(d + i), a);
+        _mm_stream_si128((__m128i *)(void *)(d + i + 16), b);
+        _mm_stream_si128((__m128i *)(void *)(d + i + 32), c);
+        _mm_stream_si128((__m128i *)(void *)(d + i + 48), e);
+    }
+    for (; i < n; i += 16)
+        _mm_stream_si128((__m128i *)(void *)(d + i),
+                         _mm_loadu_si128((const __m128i *)(const void *)(s + i)));
+#else
+    memcpy(d, s, n);
+#endif
+}
+
+/* Make this thread's streaming stores visible before the kernel returns. */
+static KV__INLINE void stream_fence(void)
+{
+#if KV__HAVE_SSE2_NT
+    _mm_sfence();
+#endif
+}
+
+static void run_plan(const struct kv_copy_plan *pl, char *dst, const char *src, bool nt)
 {
     const int64_t es = pl->elem_bytes, n = pl->row_elems;
     if (kv_copy_plan_rows_contiguous(pl)) {
         const size_t rb = (size_t)(n * es);
+        nt = nt && KV__HAVE_SSE2_NT && rb % 16 == 0;
         if (pl->ndim <= 1) {
-            memcpy(dst + pl->dst_offset_bytes, src + pl->src_offset_bytes, rb);
+            char *d = dst + pl->dst_offset_bytes;
+            if (nt && (uintptr_t)d % 16 == 0)
+                copy_stream(d, src + pl->src_offset_bytes, rb);
+            else
+                memcpy(d, src + pl->src_offset_bytes, rb);
+            return;
+        }
+        if (pl->ndim <= 3) { /* [rows0][rows1] of contiguous rows: no index division */
+            const int64_t n0 = pl->ndim == 3 ? pl->shape[0] : 1;
+            const int64_t n1 = pl->shape[pl->ndim - 2];
+            const int64_t ss0 = pl->ndim == 3 ? pl->src_strides_bytes[0] : 0;
+            const int64_t ds0 = pl->ndim == 3 ? pl->dst_strides_bytes[0] : 0;
+            const int64_t ss1 = pl->src_strides_bytes[pl->ndim - 2];
+            const int64_t ds1 = pl->dst_strides_bytes[pl->ndim - 2];
+            for (int64_t a = 0; a < n0; a++) {
+                const char *sp = src + pl->src_offset_bytes + a * ss0;
+                char *dp = dst + pl->dst_offset_bytes + a * ds0;
+                if (nt && ((uintptr_t)dp % 16 | (uintptr_t)ds1 % 16) == 0) {
+                    for (int64_t b = 0; b < n1; b++)
+                        copy_stream(dp + b * ds1, sp + b * ss1, rb);
+                } else {
+                    for (int64_t b = 0; b < n1; b++)
+                        memcpy(dp + b * ds1, sp + b * ss1, rb);
+                }
+            }
             return;
         }
         for (int64_t r = 0; r < pl->rows; r++) {
             int64_t so, d;
             kv_copy_plan_row(pl, r, &so, &d);
-            memcpy(dst + d, src + so, rb);
+            if (nt && (uintptr_t)(dst + d) % 16 == 0)
+                copy_stream(dst + d, src + so, rb);
+            else
+                memcpy(dst + d, src + so, rb);
         }
         return;
     }
@@ -142,6 +225,7 @@ struct kv__move_ctx {
     const struct kv__attn_job *j;
     bool to_cache;
     bool bytes;                 /* equal dtypes, no scales: copy bytes */
+    bool nt;                    /* a large move: streaming stores (KV__NT_MIN_BYTES) */
     struct kv_copy_plan *plans; /* [max_run + 1] when max_run <= KV__PLAN_CACHE */
     float kmul[KV__MAX_SCALES], vmul[KV__MAX_SCALES]; /* 1/scale (write) or scale (read) */
 };
@@ -181,11 +265,11 @@ static void move_run(const struct kv__move_ctx *c, const struct kv__attn_run *r,
         src = c->to_cache ? &ts : &cs;
         if (c->bytes && dst->dt == src->dt) {
             if (c->plans) {
-                run_plan(&c->plans[r->n], dst->p, src->p);
+                run_plan(&c->plans[r->n], dst->p, src->p, c->nt);
             } else {
                 struct kv_copy_plan pl;
                 plan_for(&pl, dst, src, r->n, H, D);
-                run_plan(&pl, dst->p, src->p);
+                run_plan(&pl, dst->p, src->p, c->nt);
             }
         } else {
             convert_tokens(dst, src, r->n, H, D, kv ? c->vmul : c->kmul, j->n_scales > 1);
@@ -250,13 +334,20 @@ static kv_status exec_move(const struct kv__attn_job *j, bool to_cache)
     const int64_t bytes =
         items ? items * (j->max_run ? j->max_run : 1) * H * D * lo->elem_bytes * 2 : 0;
     const int nt = threads_for(bytes);
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t it = 0; it < items; it++) {
-        const int64_t ri = it / j->n_layers;
-        const uint32_t lrel = (uint32_t)(it % j->n_layers);
-        if (to_cache && it + 2 < items)
-            prefetch_run(&c, &j->runs[(it + 2) / j->n_layers], (uint32_t)((it + 2) % j->n_layers));
-        move_run(&c, &j->runs[ri], lrel);
+    c.nt = bytes >= kv__nt_min;
+#pragma omp parallel num_threads(nt)
+    {
+#pragma omp for schedule(static) nowait
+        for (int64_t it = 0; it < items; it++) {
+            const int64_t ri = it / j->n_layers;
+            const uint32_t lrel = (uint32_t)(it % j->n_layers);
+            if (to_cache && !c.nt && it + 2 < items)
+                prefetch_run(&c, &j->runs[(it + 2) / j->n_layers],
+                             (uint32_t)((it + 2) % j->n_layers));
+            move_run(&c, &j->runs[ri], lrel);
+        }
+        if (c.nt)
+            stream_fence();
     }
     kv__mem_free(c.plans);
     return KV_OK;
@@ -354,8 +445,202 @@ KV__DEFINE_CHUNK(chunk_e5m2, KV__LOAD_E5M2)
 typedef void (*kv__chunk_fn)(const struct kv__dec_tok *, int, int, int64_t, const float *, float,
                              float, float *, float *, float *, float *);
 
-static kv__chunk_fn chunk_for(kv_dtype dt)
+/* ---- the AVX2/FMA chunk (x86-64, chosen at run time) ------------------------------
+ * The same computation as KV__DEFINE_CHUNK for f32, f16 and bf16 caches and
+ * D a multiple of 8, written for 8-lane registers: the scores of up to four
+ * queries sharing a KV head come from one load and conversion of each K
+ * row; the V accumulation keeps four queries' accumulators of one 8-wide
+ * slice in registers across the chunk's tokens, so each V slice is loaded
+ * and converted once. The online softmax is the portable one. */
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#define KV__HAVE_AVX2 1
+#define KV__AVX2 __attribute__((target("avx2,fma,f16c")))
+
+KV__AVX2 static inline __m256 ld8_f32(const void *p)
 {
+    return _mm256_loadu_ps((const float *)p);
+}
+KV__AVX2 static inline __m256 ld8_f16(const void *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+KV__AVX2 static inline __m256 ld8_bf16(const void *p)
+{
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+KV__AVX2 static inline float hsum8(__m256 v)
+{
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+/* e^x for x <= 0 (a score minus the running max), 8 lanes: x = k ln2 + r,
+ * |r| <= ln2 / 2, e^r by a degree-6 polynomial (relative error below 2e-7,
+ * a few float ulps), times 2^k through the exponent bits; x < -87 gives 0
+ * (as expf underflows there). */
+KV__AVX2 static inline __m256 exp8_nonpos(__m256 x)
+{
+    const __m256 lo = _mm256_set1_ps(-87.0f);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(1.428606765330187045e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+/* softmax bookkeeping of one chunk (scores sc[qi][t] in place -> weights
+ * times vmul; acc rescaled), shared by the AVX2 chunks */
+KV__AVX2 static void chunk_softmax(int n, int g, int64_t D, float vmul, float *m, float *l,
+                                   float *acc, float *sc)
+{
+    for (int qi = 0; qi < g; qi++) {
+        float *sq = sc + qi * KV__CHUNK, mx = m[qi];
+        for (int t = 0; t < n; t++)
+            mx = sq[t] > mx ? sq[t] : mx;
+        const float corr = m[qi] == -INFINITY ? 0.0f : expf(m[qi] - mx);
+        float sum = 0.0f;
+        int t = 0;
+        if (n == KV__CHUNK) {
+            const __m256 mx8 = _mm256_set1_ps(mx), vm8 = _mm256_set1_ps(vmul);
+            __m256 s8 = _mm256_setzero_ps();
+            for (; t < KV__CHUNK; t += 8) {
+                const __m256 e8 = exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(sq + t), mx8));
+                s8 = _mm256_add_ps(s8, e8);
+                _mm256_storeu_ps(sq + t, _mm256_mul_ps(e8, vm8));
+            }
+            sum = hsum8(s8);
+        }
+        for (; t < n; t++) {
+            sq[t] = expf(sq[t] - mx);
+            sum += sq[t];
+            sq[t] *= vmul;
+        }
+        l[qi] = l[qi] * corr + sum;
+        m[qi] = mx;
+        if (corr != 1.0f) {
+            float *a = acc + (int64_t)qi * D;
+            const __m256 c8 = _mm256_set1_ps(corr);
+            for (int64_t d = 0; d < D; d += 8)
+                _mm256_storeu_ps(a + d, _mm256_mul_ps(_mm256_loadu_ps(a + d), c8));
+        }
+    }
+}
+
+#define KV__DEFINE_CHUNK_AVX2(NAME, LD8, ES)                                                       \
+    KV__AVX2 static void NAME(const struct kv__dec_tok *tok, int n, int g, int64_t D,              \
+                              const float *q, float kmul, float vmul, float *m, float *l,          \
+                              float *acc, float *sc)                                               \
+    {                                                                                              \
+        for (int t = 0; t < n; t++) {                                                              \
+            const char *kp = (const char *)tok[t].k;                                               \
+            int q0 = 0;                                                                            \
+            for (; q0 + 4 <= g; q0 += 4) {                                                         \
+                const float *qa = q + (int64_t)q0 * D;                                             \
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                        \
+                for (int64_t d = 0; d < D; d += 8) {                                               \
+                    const __m256 k8 = LD8(kp + d * (ES));                                          \
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + d), k8, a0);                         \
+                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + D + d), k8, a1);                     \
+                    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + 2 * D + d), k8, a2);                 \
+                    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + 3 * D + d), k8, a3);                 \
+                }                                                                                  \
+                sc[(q0 + 0) * KV__CHUNK + t] = hsum8(a0) * kmul;                                   \
+                sc[(q0 + 1) * KV__CHUNK + t] = hsum8(a1) * kmul;                                   \
+                sc[(q0 + 2) * KV__CHUNK + t] = hsum8(a2) * kmul;                                   \
+                sc[(q0 + 3) * KV__CHUNK + t] = hsum8(a3) * kmul;                                   \
+            }                                                                                      \
+            for (; q0 < g; q0++) {                                                                 \
+                const float *qa = q + (int64_t)q0 * D;                                             \
+                __m256 a0 = _mm256_setzero_ps();                                                   \
+                for (int64_t d = 0; d < D; d += 8)                                                 \
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + d), LD8(kp + d * (ES)), a0);         \
+                sc[q0 * KV__CHUNK + t] = hsum8(a0) * kmul;                                         \
+            }                                                                                      \
+        }                                                                                          \
+        chunk_softmax(n, g, D, vmul, m, l, acc, sc);                                               \
+        int q0 = 0;                                                                                \
+        for (; q0 + 4 <= g; q0 += 4) {                                                             \
+            float *ac = acc + (int64_t)q0 * D;                                                     \
+            const float *w0 = sc + q0 * KV__CHUNK;                                                 \
+            for (int64_t d = 0; d < D; d += 8) {                                                   \
+                __m256 a0 = _mm256_loadu_ps(ac + d), a1 = _mm256_loadu_ps(ac + D + d);             \
+                __m256 a2 = _mm256_loadu_ps(ac + 2 * D + d), a3 = _mm256_loadu_ps(ac + 3 * D + d); \
+                for (int t = 0; t < n; t++) {                                                      \
+                    const __m256 v8 = LD8((const char *)tok[t].v + d * (ES));                      \
+                    a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w0 + t), v8, a0);                     \
+                    a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(w0 + KV__CHUNK + t), v8, a1);         \
+                    a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(w0 + 2 * KV__CHUNK + t), v8, a2);     \
+                    a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(w0 + 3 * KV__CHUNK + t), v8, a3);     \
+                }                                                                                  \
+                _mm256_storeu_ps(ac + d, a0);                                                      \
+                _mm256_storeu_ps(ac + D + d, a1);                                                  \
+                _mm256_storeu_ps(ac + 2 * D + d, a2);                                              \
+                _mm256_storeu_ps(ac + 3 * D + d, a3);                                              \
+            }                                                                                      \
+        }                                                                                          \
+        for (; q0 < g; q0++) {                                                                     \
+            float *ac = acc + (int64_t)q0 * D;                                                     \
+            const float *w0 = sc + q0 * KV__CHUNK;                                                 \
+            for (int64_t d = 0; d < D; d += 8) {                                                   \
+                __m256 a0 = _mm256_loadu_ps(ac + d);                                               \
+                for (int t = 0; t < n; t++)                                                        \
+                    a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w0 + t),                              \
+                                         LD8((const char *)tok[t].v + d * (ES)), a0);              \
+                _mm256_storeu_ps(ac + d, a0);                                                      \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+KV__DEFINE_CHUNK_AVX2(chunk_avx2_f32, ld8_f32, 4)
+KV__DEFINE_CHUNK_AVX2(chunk_avx2_f16, ld8_f16, 2)
+KV__DEFINE_CHUNK_AVX2(chunk_avx2_bf16, ld8_bf16, 2)
+
+static bool cpu_has_avx2(void)
+{
+    static int has = -1; /* benign race: every thread computes the same value */
+    if (has < 0) {
+        __builtin_cpu_init();
+        has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+              __builtin_cpu_supports("f16c");
+    }
+    return has == 1;
+}
+#else
+#define KV__HAVE_AVX2 0
+#endif
+
+bool kv__attn_decode_simd(kv_dtype dt, int64_t D)
+{
+#if KV__HAVE_AVX2
+    return !kv__portable && D % 8 == 0 && (dt == KV_F32 || dt == KV_F16 || dt == KV_BF16) &&
+           cpu_has_avx2();
+#else
+    (void)dt, (void)D;
+    return false;
+#endif
+}
+
+static kv__chunk_fn chunk_for(kv_dtype dt, int64_t D)
+{
+#if KV__HAVE_AVX2
+    if (kv__attn_decode_simd(dt, D))
+        return dt == KV_F32 ? chunk_avx2_f32 : dt == KV_F16 ? chunk_avx2_f16 : chunk_avx2_bf16;
+#endif
+    (void)D;
     switch (dt) {
     case KV_F16:
         return chunk_f16;
@@ -375,8 +660,8 @@ static kv_status exec_decode(const struct kv__attn_job *j)
     const struct kv_layout *lo = &j->cache.layout;
     const int64_t H = lo->num_heads, D = lo->head_dim, S = j->n_seqs;
     const int g = (int)(j->q_heads / (uint32_t)H);
-    const int64_t pt = j->page_tokens, pairs = S * H;
-    const kv__chunk_fn chunk = chunk_for(lo->dtype);
+    const int64_t pt = j->page_tokens, pairs = S * H, rowb = D * lo->elem_bytes;
+    const kv__chunk_fn chunk = chunk_for(lo->dtype, D);
     int64_t total_tokens = 0;
     for (int64_t s = 0; s < S; s++)
         total_tokens += j->seq_tokens[s];
@@ -390,7 +675,7 @@ static kv_status exec_decode(const struct kv__attn_job *j)
     {
         float *q = scratch + (size_t)omp_get_thread_num() * (per / sizeof(float));
         float *acc = q + g * D, *sc = acc + g * D, *m = sc + g * KV__CHUNK, *l = m + g;
-        struct kv__dec_tok tok[KV__CHUNK];
+        struct kv__dec_tok tok[2][KV__CHUNK]; /* the chunk computed, the next one fetched */
 #pragma omp for schedule(dynamic, 4)
         for (int64_t pair = 0; pair < pairs; pair++) {
             const int64_t s = pair / H, h = pair % H;
@@ -406,7 +691,9 @@ static kv_status exec_decode(const struct kv__attn_job *j)
                 l[qi] = 0.0f;
             }
             memset(acc, 0, (size_t)g * (size_t)D * sizeof(float));
-            int n = 0;
+            /* tokens in chunks of KV__CHUNK: chunk c+1's rows are gathered and
+             * prefetched before chunk c is computed */
+            int n = 0, cur = 0, ready = 0;
             int64_t left = j->seq_tokens[s];
             for (int64_t pj = j->page_start[s]; pj < j->page_start[s + 1] && left > 0; pj++) {
                 const int64_t in_page = left < pt ? left : pt;
@@ -415,17 +702,27 @@ static kv_status exec_decode(const struct kv__attn_job *j)
                     const char *kb = (const char *)j->cache.base +
                                      kv_attn_slot_offset_bytes(lo, j->layer0, 0, slot) +
                                      h * lo->stride_head_bytes;
-                    tok[n].k = kb;
-                    tok[n].v = kb + lo->stride_kv_bytes;
+                    struct kv__dec_tok *tt = &tok[cur ^ 1][n];
+                    tt->k = kb;
+                    tt->v = kb + lo->stride_kv_bytes;
+                    for (int64_t b = 0; b < rowb; b += 64) {
+                        __builtin_prefetch(kb + b, 0, 3);
+                        __builtin_prefetch(kb + lo->stride_kv_bytes + b, 0, 3);
+                    }
                     if (++n == KV__CHUNK) {
-                        chunk(tok, n, g, D, q, ks, vs, m, l, acc, sc);
+                        if (ready)
+                            chunk(tok[cur], ready, g, D, q, ks, vs, m, l, acc, sc);
+                        cur ^= 1;
+                        ready = n;
                         n = 0;
                     }
                 }
                 left -= in_page;
             }
+            if (ready)
+                chunk(tok[cur], ready, g, D, q, ks, vs, m, l, acc, sc);
             if (n)
-                chunk(tok, n, g, D, q, ks, vs, m, l, acc, sc);
+                chunk(tok[cur ^ 1], n, g, D, q, ks, vs, m, l, acc, sc);
             for (int qi = 0; qi < g; qi++) {
                 char *op =
                     j->out.base + s * j->out.token_stride + (h * g + qi) * j->out.head_stride;

@@ -88,6 +88,17 @@ kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cac
                                 const struct kv_view *out, struct kv__attn_job *job);
 void kv__attn_job_free(struct kv__attn_job *job);
 
+/* Test hooks of the CPU executors (library-internal; the unit tests use
+ * them to reach every code path on small inputs):
+ *   nt_min_bytes  moves of at least this many bytes use streaming stores
+ *                 (< 0: the default, KV__NT_MIN_BYTES in kv_attn_cpu.c)
+ *   portable      true: decode attention never takes the AVX2 path
+ * Process-wide; not thread-safe against running kernels. */
+void kv__attn_test_tune(int64_t nt_min_bytes, bool portable);
+/* Whether decode attention of dtype dt and head dim D takes the AVX2/FMA
+ * path on this CPU (with the current tuning). */
+bool kv__attn_decode_simd(kv_dtype dt, int64_t D);
+
 /* Count one call of job's kernel on its path (cuda: the CUDA counters). */
 void kv__attn_count(const struct kv__attn_job *job, bool cuda);
 

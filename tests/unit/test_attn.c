@@ -32,6 +32,7 @@
 
 #include <kvcache/kv.h>
 
+#include "kv_attn_int.h"
 #include "kv_mem.h"
 #include "kvtest.h"
 
@@ -684,11 +685,15 @@ static void run_decode(const struct dec_case *dc, uint64_t seed, const int64_t *
     (void)worst;
 }
 
-static void test_attn_decode_every_layout(void **state)
+/* Every layout: head dims 128, 80, 64 (the AVX2 path where the CPU has it)
+ * and 36 (not a multiple of 8: the portable path), 1 to 8 query heads per KV
+ * head (groups of four and their remainders). */
+static void decode_layouts(bool quick)
 {
-    (void)state;
     const int64_t lens[5] = {1, 17, 333, 2000, 0};
     const int64_t short_lens[3] = {1, 5, 77};
+    static const int64_t Ds[4] = {128, 80, 64, 36};
+    static const int64_t gs[5] = {1, 2, 4, 8, 6};
     for (int i = 0; i < 16; i++) {
         struct dec_case dc = {0};
         dc.order = (i & 1) ? KV_ORDER_HND : KV_ORDER_NHD;
@@ -696,20 +701,26 @@ static void test_attn_decode_every_layout(void **state)
         dc.pad = (i & 4) ? 40 : 0;
         dc.packed = (i & 8) != 0;
         dc.N = i % 3 == 0 ? 16 : 8;
-        dc.D = (i % 4 == 0) ? 128 : 64;
+        dc.D = Ds[i % 4];
         dc.H = 1 + i % 2;
-        dc.g = 1 << (i % 3); /* 1, 2, 4 query heads per KV head */
+        dc.g = gs[i % 5];
         dc.r = i % 2 ? 2 : 1;
         dc.cache_dt = KV_F32;
         dc.q_dt = KV_F32;
         dc.out_dt = KV_F32;
         dc.csr = i % 3 != 1;
         dc.scales = i % 5 == 2;
-        if (SLOW_BUILD)
+        if (quick)
             run_decode(&dc, 500 + (uint64_t)i, short_lens, 3);
         else
             run_decode(&dc, 500 + (uint64_t)i, lens, 5);
     }
+}
+
+static void test_attn_decode_every_layout(void **state)
+{
+    (void)state;
+    decode_layouts(SLOW_BUILD);
 }
 
 /* Reduced-precision caches and tensors: the reference uses the dequantized
@@ -1082,6 +1093,52 @@ static void test_attn_cuda_entries_validate_first(void **state)
     fix_free(&f);
 }
 
+/* The code paths a size or a CPU feature selects, forced on small inputs
+ * through the executors' test hook: decode attention on the portable path
+ * (where the CPU would take AVX2), and write/read with streaming stores
+ * (normally only for moves of 8 MiB and more; rows that are not 16-byte
+ * aligned fall back to memcpy). Same references, same whole-pool checks. */
+static void test_attn_portable_and_streaming_paths(void **state)
+{
+    (void)state;
+    kv__attn_test_tune(-1, true);
+    assert_false(kv__attn_decode_simd(KV_BF16, 128));
+    decode_layouts(true);
+    const int64_t lens[3] = {3, 64, 700};
+    for (int i = 0; i < 3; i++) {
+        struct dec_case dc = {0};
+        dc.order = i % 2 ? KV_ORDER_HND : KV_ORDER_NHD;
+        dc.N = 16, dc.D = 128, dc.H = 2, dc.g = 4, dc.r = 1;
+        dc.cache_dt = k_dtypes[i]; /* f32, f16, bf16: the dtypes AVX2 would take */
+        dc.q_dt = KV_BF16;
+        dc.out_dt = KV_F32;
+        dc.csr = true;
+        run_decode(&dc, 900 + (uint64_t)i, lens, 3);
+    }
+    kv__attn_test_tune(0, false); /* every move streams */
+    static const int64_t Ns[4] = {1, 8, 16, 32}, Ds[4] = {64, 80, 128, 256};
+    for (int i = 0; i < (SLOW_BUILD ? 12 : 40); i++) {
+        struct rt_case rc;
+        const int lay = i % 16;
+        rc.order = (lay & 1) ? KV_ORDER_HND : KV_ORDER_NHD;
+        rc.arrange = (lay & 2) ? KV_ARRANGE_BLOCK_MAJOR : KV_ARRANGE_LAYER_MAJOR;
+        rc.pad = (lay & 4) ? (i % 3 ? 24 : 3) : 0; /* pad 3: rows off 16-byte alignment */
+        rc.packed = (lay & 8) != 0;
+        rc.N = Ns[(i / 16) % 4];
+        rc.D = Ds[(i + i / 16) % 4];
+        rc.H = 2 + i % 3;
+        rc.cache_dt = k_dtypes[(i / 3) % 5];
+        rc.src_dt = rc.cache_dt; /* byte moves: the path that streams */
+        rc.mode = (enum src_mode)(i % 3);
+        rc.all_layers = i % 4 == 1;
+        rc.scales = 0;
+        rc.r = rc.N % 2 == 0 && i % 2 ? 2 : 1;
+        rc.csr = (i / 2) % 2 == 0;
+        run_round_trip(&rc, 7000 + (uint64_t)i);
+    }
+    kv__attn_test_tune(-1, false);
+}
+
 static void test_attn_threads(void **state)
 {
     (void)state;
@@ -1122,6 +1179,7 @@ int main(void)
         cmocka_unit_test(test_attn_refusals_leave_the_pool_alone),
         cmocka_unit_test(test_attn_with_a_cache),
         cmocka_unit_test(test_attn_cuda_entries_validate_first),
+        cmocka_unit_test(test_attn_portable_and_streaming_paths),
         cmocka_unit_test(test_attn_threads),
     };
     return cmocka_run_group_tests_name("attn", tests, NULL, NULL);

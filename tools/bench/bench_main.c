@@ -33,9 +33,9 @@ static int kvb__nsuites;
 static const char *kvb__case_filter;  /* substring of case names, or NULL */
 static const char *kvb__bench_filter; /* substring of bench names, or NULL */
 static int kvb__quick_flag;
-static int kvb__list_mode; /* --list: print "bench case" for each selected case, run nothing */
-static int kvb__matched;   /* cases selected so far */
-static FILE *kvb__out;     /* results file, or NULL when it could not be opened */
+static int kvb__list_mode;  /* --list: print "bench case" for each selected case, run nothing */
+static int kvb__matched;    /* cases selected so far */
+static FILE *kvb__out;      /* results file, or NULL when it could not be opened */
 static int kvb__mismatches; /* wrong results seen (kvb_mismatch) */
 static char kvb__cpu[128];  /* kvb_cpu_model */
 
