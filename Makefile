@@ -183,6 +183,13 @@ $(CLI): tools/kvcache.c $(LIB_A)
 	@$(if $(Q),echo '  LD     $@')
 	$(Q)$(CC) $(ALLCFLAGS) -o $@ $< $(LIB_A) $(LIBS)
 
+# The ctypes fixture of scripts/bench_peers.py (kvcache kernels beside
+# PyTorch and NumPy in one process), against the staged headers.
+PEERS_SHIM := $(BUILD)/libkvpeers.so
+$(PEERS_SHIM): tools/peers/kv_peers_shim.c $(LIB_A) $(STAGED)
+	@$(if $(Q),echo '  LD     $@')
+	$(Q)$(CC) $(BASECFLAGS) -I$(BUILD)/include -shared -o $@ $< $(LIB_A) $(LIBS)
+
 $(BENCH): $(BENCH_SRC) $(LIB_A)
 	@$(if $(Q),echo '  LD     $@')
 	$(Q)$(CC) $(ALLCFLAGS) -Itools/bench -o $@ $(BENCH_SRC) $(LIB_A) $(LIBS)
