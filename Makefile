@@ -220,9 +220,14 @@ demo: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) $(CLI)
 	@scripts/demo.sh $(CLI)
 
+# kvbench (every C case with its baselines), then the PyTorch/NumPy peers
+# (scripts/bench_peers.py installs python3-torch/python3-numpy if missing).
+# BENCH_ARGS go to kvbench, PEERS_ARGS to bench_peers.py (PEERS=0 skips it).
+PEERS ?= 1
 bench: deps
-	@$(MAKE) --no-print-directory -j$(JOBS) $(BENCH) BUILD=$(BUILD)
+	@$(MAKE) --no-print-directory -j$(JOBS) $(BENCH) $(PEERS_SHIM) BUILD=$(BUILD)
 	@scripts/bench.sh $(BENCH) $(BENCH_ARGS)
+	@if [ "$(PEERS)" != 0 ]; then scripts/bench_peers.py --lib $(PEERS_SHIM) $(PEERS_ARGS); fi
 
 # libFuzzer targets: the core sources rebuilt with clang's fuzzer + ASan/UBSan.
 FUZZ_CFLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \

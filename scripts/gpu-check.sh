@@ -7,7 +7,10 @@
 #     clean KV_ERR_UNSUPPORTED of a host without a GPU);
 #  3. the GPU tests (tests/gpu): device view copies on every path (16/8/2/1-byte
 #     vectors, strided), checked over the whole destination pool, the arena
-#     round trips, and the GPU benchmark line (JSON: candidate vs a
+#     round trips, the attention kernels (write, read, copy blocks, decode:
+#     every layout and dtype pair against the checked CPU kernels, whole
+#     device pool compared, refusals leave the pool unchanged), and the GPU
+#     benchmark lines (JSON: gpu.view_copy and gpu.kernel.* against a
 #     device-to-device cudaMemcpy of the same bytes).
 # Exit status 0 only if every step passed; each step prints its time.
 set -euo pipefail
