@@ -171,6 +171,8 @@ static double kvb__pairs_time(kv_block_pool *pool, struct kvb__stack *stack, uin
     struct kvb__pairs_job jobs[2];
     pthread_t th[2];
     pthread_barrier_t bar;
+    if (threads > 1)
+        pthread_barrier_init(&bar, NULL, (unsigned)threads);
     for (int i = 0; i < threads; i++)
         jobs[i] = (struct kvb__pairs_job){.pool = pool,
                                           .stack = stack,
@@ -180,7 +182,6 @@ static double kvb__pairs_time(kv_block_pool *pool, struct kvb__stack *stack, uin
     if (threads == 1) {
         kvb__pairs_run(&jobs[0]);
     } else {
-        pthread_barrier_init(&bar, NULL, (unsigned)threads);
         for (int i = 0; i < threads; i++)
             pthread_create(&th[i], NULL, kvb__pairs_run, &jobs[i]);
         for (int i = 0; i < threads; i++)
