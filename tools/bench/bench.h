@@ -66,6 +66,13 @@ void kvb_emit_us(const char *bench, const char *case_name, double cand_us, const
 void kvb_mismatch(const char *bench, const char *case_name, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* A case that could not run (a library call failed, out of memory, setup
+ * refused) fails like a wrong result: one line on stderr, a
+ * {"bench":..,"case":..,"error":"failed: .."} JSON line, and exit status 3
+ * after the remaining suites. */
+void kvb_failed(const char *bench, const char *case_name, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* The CPU model ("model name" of /proc/cpuinfo, or the machine name), also
  * printed in every result line as "cpu". */
 const char *kvb_cpu_model(void);

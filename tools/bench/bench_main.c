@@ -37,6 +37,7 @@ static int kvb__list_mode;  /* --list: print "bench case" for each selected case
 static int kvb__matched;    /* cases selected so far */
 static FILE *kvb__out;      /* results file, or NULL when it could not be opened */
 static int kvb__mismatches; /* wrong results seen (kvb_mismatch) */
+static int kvb__failures;   /* cases that could not run (kvb_failed) */
 static char kvb__cpu[128];  /* kvb_cpu_model */
 
 void kvb_register(const char *area, kvb_suite_fn fn)
@@ -231,20 +232,40 @@ static void kvb__emit_line(const char *fmt, ...)
     }
 }
 
-void kvb_mismatch(const char *bench, const char *case_name, const char *fmt, ...)
+/* One error for a case: "kvbench: <label> in <bench> <case>: <msg>" on stderr and
+ * a JSON line whose "error" is "<kind>: <msg>". */
+static void kvb__case_error(const char *bench, const char *case_name, const char *label,
+                            const char *kind, const char *fmt, va_list ap) KV_PRINTF(5, 0);
+
+static void kvb__case_error(const char *bench, const char *case_name, const char *label,
+                            const char *kind, const char *fmt, va_list ap)
 {
     char msg[512], b[128], c[256], m[600];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    kvb__mismatches++;
     kvb__progress_done();
-    fprintf(stderr, "kvbench: WRONG RESULT in %s %s: %s\n", bench, case_name, msg);
+    fprintf(stderr, "kvbench: %s in %s %s: %s\n", label, bench, case_name, msg);
     kvb__json_str(b, sizeof(b), bench);
     kvb__json_str(c, sizeof(c), case_name);
     kvb__json_str(m, sizeof(m), msg);
-    kvb__emit_line("{\"bench\":\"%s\",\"case\":\"%s\",\"error\":\"wrong result: %s\"", b, c, m);
+    kvb__emit_line("{\"bench\":\"%s\",\"case\":\"%s\",\"error\":\"%s: %s\"", b, c, kind, m);
+}
+
+void kvb_mismatch(const char *bench, const char *case_name, const char *fmt, ...)
+{
+    va_list ap;
+    kvb__mismatches++;
+    va_start(ap, fmt);
+    kvb__case_error(bench, case_name, "WRONG RESULT", "wrong result", fmt, ap);
+    va_end(ap);
+}
+
+void kvb_failed(const char *bench, const char *case_name, const char *fmt, ...)
+{
+    va_list ap;
+    kvb__failures++;
+    va_start(ap, fmt);
+    kvb__case_error(bench, case_name, "FAILED", "failed", fmt, ap);
+    va_end(ap);
 }
 
 void kvb_emit_gbps(const char *bench, const char *case_name, uint64_t bytes, double cand_s,
@@ -373,9 +394,11 @@ int main(int argc, char **argv)
     kvb__progress_done();
     if (kvb__out)
         fclose(kvb__out);
-    if (kvb__mismatches) {
-        fprintf(stderr, "kvbench: %d case(s) computed a wrong result (see above)\n",
-                kvb__mismatches);
+    if (kvb__mismatches || kvb__failures) {
+        fprintf(stderr,
+                "kvbench: %d case(s) computed a wrong result, %d case(s) failed to run (see "
+                "above)\n",
+                kvb__mismatches, kvb__failures);
         return 3;
     }
     if (kvb__matched == 0) {

@@ -1,15 +1,12 @@
 /*
- * bench_view.c - strided-view benchmarks (see docs/bench-method.md).
+ * bench_view.c - view benchmarks (see docs/bench-method.md).
  *
- *   view.transpose_meta  transpose as metadata vs a materialized copy
- *                        (2048x2048 f32, latency; ratio = copy_us / meta_us)
- *   view.strided_sum     sum over every other column of a 4000x2000 f64 via a
- *                        strided view vs the same sum over a packed 4000x1000
- *                        (ratio = packed_us / strided_us; 1.0 = no penalty)
  *   view.materialize     kv_view_materialize of transposes and of the KV
  *                        [blocks][N][H][D] -> [blocks][H][N][D] permute, against
  *                        one memcpy of the same bytes and against the naive
- *                        element loop over the view formula (separate lines)
+ *                        element loop over the view formula (separate lines).
+ *                        Every copy's output must equal the naive loop's
+ *                        (kvb_mismatch otherwise).
  *
  * Candidate and baselines run interleaved (A B C A B C ...) after a warm-up;
  * medians are reported.
@@ -21,12 +18,6 @@
 #include "kv_view.h"
 
 #define KVB_MIB ((size_t)1 << 20)
-
-static void kvb__die_status(const char *what, kv_status st)
-{
-    fprintf(stderr, "kvbench: %s failed: %s (%s)\n", what, kv_status_name(st), kv_last_error());
-    kvb_sink((uint64_t)st);
-}
 
 /* ---- the naive baseline ------------------------------------------------- */
 
@@ -67,144 +58,6 @@ static void kvb__naive_materialize(const struct kv_view *v, void *dst)
     }
 }
 
-/* ---- view.transpose_meta ------------------------------------------------ */
-
-static void kvb__transpose_meta(void)
-{
-    static const char bench[] = "view.transpose_meta";
-    const int64_t n = 2048;
-    char case_name[128];
-    snprintf(case_name, sizeof(case_name), "f32/%lldx%lld/transpose", (long long)n, (long long)n);
-    if (!kvb_selected(bench, case_name))
-        return;
-    kvb_progress(bench, case_name);
-
-    const size_t bytes = (size_t)(n * n) * 4;
-    const int runs = kvb_runs();
-    const int meta_iters = kvb_quick() ? 10000 : 100000;
-    void *src = kvb_alloc(bytes), *dst = kvb_alloc(bytes);
-    int64_t shape[2] = {n, n};
-    struct kv_view v, t;
-    double meta[256], copy[256];
-    kv_status st;
-
-    kvb_fill_random(src, bytes, 1);
-    if ((st = kv_view_init(src, bytes, KV_F32, 2, shape, &v)) != KV_OK) {
-        kvb__die_status("kv_view_init", st);
-        goto out;
-    }
-    for (int r = -1; r < runs; r++) { /* r == -1: warm-up */
-        uint64_t acc = 0;
-        double t0 = kvb_now();
-        for (int i = 0; i < meta_iters; i++) {
-            acc += (uint64_t)kv_view_transpose(&v, 0, 1, &t);
-            acc += (uint64_t)t.strides[0];
-        }
-        double t1 = kvb_now();
-        kvb_sink(acc);
-        st = kv_view_transpose(&v, 0, 1, &t);
-        double t2 = kvb_now();
-        st = kv_view_materialize(&t, dst, bytes);
-        double t3 = kvb_now();
-        if (st != KV_OK) {
-            kvb__die_status("kv_view_materialize", st);
-            goto out;
-        }
-        if (r >= 0) {
-            meta[r] = (t1 - t0) / meta_iters * 1e6;
-            copy[r] = (t3 - t2) * 1e6;
-        }
-    }
-    kvb_emit_us(bench, case_name, kvb_median(meta, runs), "materialize", kvb_median(copy, runs),
-                runs);
-out:
-    kvb_free(src);
-    kvb_free(dst);
-}
-
-/* ---- view.strided_sum --------------------------------------------------- */
-
-/* Sum of a 2-D f64 view, eight accumulators (like NumPy's pairwise sum) so
- * the loop is limited by memory, not by the add latency. */
-static double kvb__sum2d(const struct kv_view *v)
-{
-    const double *b = (const double *)v->base + v->offset;
-    const int64_t s0 = v->strides[0], s1 = v->strides[1], n1 = v->shape[1];
-    double acc = 0.0;
-
-    for (int64_t i = 0; i < v->shape[0]; i++) {
-        const double *row = b + i * s0;
-        double a[8] = {0};
-        int64_t j = 0;
-        for (; j + 8 <= n1; j += 8)
-            for (int u = 0; u < 8; u++)
-                a[u] += row[(j + u) * s1];
-        for (; j < n1; j++)
-            a[0] += row[j * s1];
-        acc += ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-    }
-    return acc;
-}
-
-static void kvb__fill_doubles(double *p, size_t n, uint64_t seed)
-{
-    kvb_fill_random(p, n * sizeof(double), seed);
-    for (size_t i = 0; i < n; i++) { /* random bits -> finite values in [1, 2) */
-        uint64_t u;
-        memcpy(&u, &p[i], 8);
-        u = (u & 0x000FFFFFFFFFFFFFull) | 0x3FF0000000000000ull;
-        memcpy(&p[i], &u, 8);
-    }
-}
-
-static void kvb__strided_sum(void)
-{
-    static const char bench[] = "view.strided_sum";
-    const int64_t rows = kvb_quick() ? 1000 : 4000, cols = kvb_quick() ? 500 : 2000;
-    char case_name[160];
-    snprintf(case_name, sizeof(case_name),
-             "f64/%lldx%lld/every-other-col/strided-view-vs-packed-%lldx%lld", (long long)rows,
-             (long long)cols, (long long)rows, (long long)(cols / 2));
-    if (!kvb_selected(bench, case_name))
-        return;
-    kvb_progress(bench, case_name);
-
-    const int runs = kvb_runs();
-    const size_t full = (size_t)(rows * cols), half = (size_t)(rows * (cols / 2));
-    double *a = kvb_alloc(full * sizeof(double)), *p = kvb_alloc(half * sizeof(double));
-    int64_t shape[2] = {rows, cols}, pshape[2] = {rows, cols / 2};
-    struct kv_view va, vs, vp;
-    double ts[256], tp[256], s1 = 0, s2 = 0;
-    kv_status st;
-
-    kvb__fill_doubles(a, full, 2);
-    if ((st = kv_view_init(a, full * sizeof(double), KV_F64, 2, shape, &va)) != KV_OK ||
-        (st = kv_view_slice(&va, 1, 0, cols, 2, &vs)) != KV_OK ||
-        (st = kv_view_materialize(&vs, p, half * sizeof(double))) != KV_OK ||
-        (st = kv_view_init(p, half * sizeof(double), KV_F64, 2, pshape, &vp)) != KV_OK) {
-        kvb__die_status("view setup", st);
-        goto out;
-    }
-    for (int r = -1; r < runs; r++) {
-        double t0 = kvb_now();
-        s1 = kvb__sum2d(&vs);
-        double t1 = kvb_now();
-        s2 = kvb__sum2d(&vp);
-        double t2 = kvb_now();
-        if (r >= 0) {
-            ts[r] = (t1 - t0) * 1e6;
-            tp[r] = (t2 - t1) * 1e6;
-        }
-    }
-    if (s1 != s2)
-        fprintf(stderr, "kvbench: %s: strided sum %.17g != packed sum %.17g\n", bench, s1, s2);
-    kvb_sink((uint64_t)(s1 + s2));
-    kvb_emit_us(bench, case_name, kvb_median(ts, runs), "packed", kvb_median(tp, runs), runs);
-out:
-    kvb_free(a);
-    kvb_free(p);
-}
-
 /* ---- view.materialize --------------------------------------------------- */
 
 /*
@@ -223,7 +76,7 @@ static void kvb__materialize_case(const char *case_name, kv_dtype dtype, size_t 
     char *src[16], *dst[16];
     struct kv_view v[16];
     double tc[256], tm[256], tn[256];
-    const int runs = kvb_runs();
+    const int runs = kvb_runs() < 256 ? kvb_runs() : 256;
     kv_status st = KV_OK;
     size_t out_bytes = 0;
 
@@ -235,7 +88,10 @@ static void kvb__materialize_case(const char *case_name, kv_dtype dtype, size_t 
         kvb_fill_random(src[i], src_bytes, 100 + (uint64_t)i);
         st = make_view(src[i], src_bytes, dims, &v[i]);
         if (st != KV_OK) {
-            kvb__die_status(case_name, st);
+            kvb_failed(bench, case_name, "view of copy %d: %s (%s)", i, kv_status_name(st),
+                       kv_last_error());
+            for (int j = 0; j < i; j++)
+                kvb_free(dst[j]);
             for (int j = 0; j <= i; j++)
                 kvb_free(src[j]);
             return;
@@ -257,7 +113,8 @@ static void kvb__materialize_case(const char *case_name, kv_dtype dtype, size_t 
             kvb__naive_materialize(&v[i], dst[i]);
         double t3 = kvb_now();
         if (st != KV_OK) {
-            kvb__die_status("kv_view_materialize", st);
+            kvb_failed(bench, case_name, "kv_view_materialize: %s (%s)", kv_status_name(st),
+                       kv_last_error());
             goto out;
         }
         if (r >= 0) {
@@ -266,13 +123,29 @@ static void kvb__materialize_case(const char *case_name, kv_dtype dtype, size_t 
             tn[r] = t3 - t2;
         }
     }
-    /* The last writer was the naive loop; the candidate must agree with it. */
+    /* The last writer was the naive loop; the candidate must agree with it
+     * on every copy. */
     {
         char *check = kvb_alloc(out_bytes);
-        if (kv_view_materialize(&v[0], check, out_bytes) != KV_OK ||
-            memcmp(check, dst[0], out_bytes) != 0)
-            fprintf(stderr, "kvbench: %s: materialize disagrees with the naive loop\n", case_name);
+        int bad = 0;
+        for (int i = 0; i < copies && !bad; i++) {
+            if ((st = kv_view_materialize(&v[i], check, out_bytes)) != KV_OK) {
+                kvb_failed(bench, case_name, "kv_view_materialize of copy %d: %s (%s)", i,
+                           kv_status_name(st), kv_last_error());
+                bad = 1;
+            } else if (memcmp(check, dst[i], out_bytes) != 0) {
+                size_t at = 0;
+                while (check[at] == dst[i][at])
+                    at++;
+                kvb_mismatch(bench, case_name,
+                             "copy %d byte %zu of %zu: materialize 0x%02x, naive loop 0x%02x", i,
+                             at, out_bytes, (unsigned char)check[at], (unsigned char)dst[i][at]);
+                bad = 1;
+            }
+        }
         kvb_free(check);
+        if (bad)
+            goto out;
     }
     const uint64_t total = (uint64_t)out_bytes * (uint64_t)copies;
     const double cand = kvb_median(tc, runs);
@@ -338,6 +211,4 @@ static void kvb__materialize(void)
     }
 }
 
-KVB_REGISTER("view", kvb__transpose_meta)
-KVB_REGISTER("view", kvb__strided_sum)
 KVB_REGISTER("view", kvb__materialize)
