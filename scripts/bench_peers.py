@@ -30,7 +30,7 @@ Every peer's result is checked before it is timed (written arenas compared
 whole against kvcache's, gathers element-equal, attention within bf16
 rounding of kvcache's output); a mismatch ends the run with status 3.
 Candidate and peers run interleaved (each has run once, for its check,
-before timing); medians of 5 runs (decode attention: 3) are reported,
+before timing); medians of 9 runs (decode attention: 3) are reported,
 one JSON line per (case, peer), ratio = kvcache / peer in throughput (> 1:
 kvcache is faster), with the CPU model and thread counts. NumPy has no
 bfloat16: its peers move the same bytes as uint16 (copies) or widen them to
@@ -520,12 +520,12 @@ def main():
     global ARGS, OUT
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
-    ap.add_argument("--runs", type=int, default=0, help="interleaved runs (default 5, quick 2)")
+    ap.add_argument("--runs", type=int, default=0, help="interleaved runs (default 9, quick 2)")
     ap.add_argument("--only", default="", help="run only cases whose name contains this")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results.jsonl"))
     ap.add_argument("--lib", default=os.path.join(ROOT, "build", "libkvpeers.so"))
     ARGS = ap.parse_args()
-    ARGS.runs = ARGS.runs or (2 if ARGS.quick else 5)
+    ARGS.runs = ARGS.runs or (2 if ARGS.quick else 9)
     if not os.path.exists(ARGS.lib):
         sys.exit(f"bench_peers: {ARGS.lib} not found (make {os.path.relpath(ARGS.lib, ROOT)})")
     lib = load_lib(ARGS.lib)

@@ -86,7 +86,7 @@ def main():
         ax.set_ylabel(unit)
         if log:
             ax.set_yscale("log")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", ncol=2 if len(labels) > 5 else 1)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle(f"kvcache CPU kernels vs baselines and peers (bf16, N16 H8 D128) - {cpu}")
     fig.tight_layout()
