@@ -13,8 +13,10 @@
  *                  The next runs' cache lines are prefetched (decode steps
  *                  scatter single tokens over the pool).
  *   copy           whole blocks as the layout's byte runs (kv_layout_block_runs)
- *   decode         (sequence, KV head) pairs over threads; per pair the g = Hq/H
- *                  queries sharing the head, chunks of 32 tokens: scores,
+ *   decode         (sequence, group of KV heads) tasks over threads (a group
+ *                  of several heads where a token's head rows are adjacent,
+ *                  NHD, so its whole row is read at once); per head the
+ *                  g = Hq/H queries sharing it, chunks of 32 tokens: scores,
  *                  one rescale of the online softmax per chunk, then V.
  *                  Cache rows are read in place, converted in registers, the
  *                  scales folded into the score and the weight.
@@ -655,44 +657,84 @@ static kv__chunk_fn chunk_for(kv_dtype dt, int64_t D)
     }
 }
 
+/* Most KV heads a decode task groups (docs/kernels.md). */
+#define KV__HEAD_GROUP_MAX 16
+
+/* One chunk of n tokens for each of the hb heads h0.. of a task: tok holds
+ * head h0's rows; head h0 + hi's are hi head strides further. */
+static void decode_group(const struct kv__attn_job *j, kv__chunk_fn chunk,
+                         const struct kv__dec_tok *tok, struct kv__dec_tok *th, int n, int64_t hb,
+                         int64_t h0, int g, const float *q, float *m, float *l, float *acc,
+                         float *sc)
+{
+    const int64_t D = j->cache.layout.head_dim, hs = j->cache.layout.stride_head_bytes;
+    for (int64_t hi = 0; hi < hb; hi++) {
+        const int64_t h = h0 + hi;
+        const float ks = j->k_scale ? j->k_scale[j->n_scales == 1 ? 0 : h] : 1.0f;
+        const float vs = j->v_scale ? j->v_scale[j->n_scales == 1 ? 0 : h] : 1.0f;
+        const struct kv__dec_tok *use = tok;
+        if (hi > 0) {
+            for (int t = 0; t < n; t++) {
+                th[t].k = (const char *)tok[t].k + hi * hs;
+                th[t].v = (const char *)tok[t].v + hi * hs;
+            }
+            use = th;
+        }
+        chunk(use, n, g, D, q + hi * g * D, ks, vs, m + hi * g, l + hi * g, acc + hi * g * D, sc);
+    }
+}
+
 static kv_status exec_decode(const struct kv__attn_job *j)
 {
     const struct kv_layout *lo = &j->cache.layout;
     const int64_t H = lo->num_heads, D = lo->head_dim, S = j->n_seqs;
     const int g = (int)(j->q_heads / (uint32_t)H);
-    const int64_t pt = j->page_tokens, pairs = S * H, rowb = D * lo->elem_bytes;
+    const int64_t pt = j->page_tokens, rowb = D * lo->elem_bytes;
     const kv__chunk_fn chunk = chunk_for(lo->dtype, D);
     int64_t total_tokens = 0;
     for (int64_t s = 0; s < S; s++)
         total_tokens += j->seq_tokens[s];
     const int nt = threads_for(total_tokens * H * D * lo->elem_bytes * 2);
-    /* per thread: q [g][D], acc [g][D], scores [g][CHUNK], m [g], l [g] */
-    const size_t per = (size_t)(2 * g * D + g * KV__CHUNK + 2 * g) * sizeof(float);
+    /* A task is a sequence and a group of hb KV heads. Where a token's head
+     * rows are adjacent (NHD), the group is as many heads as still leave 4
+     * tasks a thread, so a token's whole row (H x D elements) is read at
+     * once instead of D elements every token stride; otherwise (HND: a
+     * head's rows of a block are adjacent already) one head. */
+    int64_t hb = 1;
+    if (lo->stride_head_bytes == rowb)
+        for (hb = H < KV__HEAD_GROUP_MAX ? H : KV__HEAD_GROUP_MAX; hb > 1; hb--)
+            if (H % hb == 0 && S * (H / hb) >= 4 * (int64_t)nt)
+                break;
+    const int64_t tasks = S * (H / hb), ghd = (int64_t)g * D;
+    /* per thread: q [hb][g][D], acc [hb][g][D], m [hb][g], l [hb][g],
+     * scores [g][CHUNK] */
+    const size_t per = (size_t)(2 * hb * ghd + 2 * hb * g + g * KV__CHUNK) * sizeof(float);
     float *scratch = kv__mem_alloc_aligned(64, per * (size_t)nt + 64);
     if (!scratch)
         return kv__error(KV_ERR_NO_MEMORY, "kv_attn_decode: %zu bytes of scratch", per * nt);
 #pragma omp parallel num_threads(nt)
     {
         float *q = scratch + (size_t)omp_get_thread_num() * (per / sizeof(float));
-        float *acc = q + g * D, *sc = acc + g * D, *m = sc + g * KV__CHUNK, *l = m + g;
+        float *acc = q + hb * ghd, *m = acc + hb * ghd, *l = m + hb * g, *sc = l + hb * g;
         struct kv__dec_tok tok[2][KV__CHUNK]; /* the chunk computed, the next one fetched */
+        struct kv__dec_tok th[KV__CHUNK];     /* the chunk's rows of one head of the group */
 #pragma omp for schedule(dynamic, 4)
-        for (int64_t pair = 0; pair < pairs; pair++) {
-            const int64_t s = pair / H, h = pair % H;
-            const float ks = j->k_scale ? j->k_scale[j->n_scales == 1 ? 0 : h] : 1.0f;
-            const float vs = j->v_scale ? j->v_scale[j->n_scales == 1 ? 0 : h] : 1.0f;
-            for (int qi = 0; qi < g; qi++) {
-                const char *qp =
-                    j->q.base + s * j->q.token_stride + (h * g + qi) * j->q.head_stride;
-                for (int64_t d = 0; d < D; d++)
-                    q[qi * D + d] =
-                        kv_to_f32(j->q.dtype, qp + d * j->q.dim_stride) * j->softmax_scale;
-                m[qi] = -INFINITY;
-                l[qi] = 0.0f;
-            }
-            memset(acc, 0, (size_t)g * (size_t)D * sizeof(float));
-            /* tokens in chunks of KV__CHUNK: chunk c+1's rows are gathered and
-             * prefetched before chunk c is computed */
+        for (int64_t task = 0; task < tasks; task++) {
+            const int64_t s = task / (H / hb), h0 = task % (H / hb) * hb;
+            for (int64_t hi = 0; hi < hb; hi++)
+                for (int qi = 0; qi < g; qi++) {
+                    const char *qp =
+                        j->q.base + s * j->q.token_stride + ((h0 + hi) * g + qi) * j->q.head_stride;
+                    float *qq = q + hi * ghd + (int64_t)qi * D;
+                    for (int64_t d = 0; d < D; d++)
+                        qq[d] = kv_to_f32(j->q.dtype, qp + d * j->q.dim_stride) * j->softmax_scale;
+                    m[hi * g + qi] = -INFINITY;
+                    l[hi * g + qi] = 0.0f;
+                }
+            memset(acc, 0, (size_t)(hb * ghd) * sizeof(float));
+            /* tokens in chunks of KV__CHUNK: chunk c+1's rows (every head of
+             * the group) are gathered and prefetched before chunk c is
+             * computed, head after head */
             int n = 0, cur = 0, ready = 0;
             int64_t left = j->seq_tokens[s];
             for (int64_t pj = j->page_start[s]; pj < j->page_start[s + 1] && left > 0; pj++) {
@@ -701,17 +743,18 @@ static kv_status exec_decode(const struct kv__attn_job *j)
                     const int64_t slot = kv_attn_page_slot(j->page_ids[pj], pt, i);
                     const char *kb = (const char *)j->cache.base +
                                      kv_attn_slot_offset_bytes(lo, j->layer0, 0, slot) +
-                                     h * lo->stride_head_bytes;
+                                     h0 * lo->stride_head_bytes;
                     struct kv__dec_tok *tt = &tok[cur ^ 1][n];
                     tt->k = kb;
                     tt->v = kb + lo->stride_kv_bytes;
-                    for (int64_t b = 0; b < rowb; b += 64) {
+                    for (int64_t b = 0; b < hb * rowb; b += 64) { /* hb > 1: rows adjacent */
                         __builtin_prefetch(kb + b, 0, 3);
                         __builtin_prefetch(kb + lo->stride_kv_bytes + b, 0, 3);
                     }
                     if (++n == KV__CHUNK) {
                         if (ready)
-                            chunk(tok[cur], ready, g, D, q, ks, vs, m, l, acc, sc);
+                            decode_group(j, chunk, tok[cur], th, ready, hb, h0, g, q, m, l, acc,
+                                         sc);
                         cur ^= 1;
                         ready = n;
                         n = 0;
@@ -720,16 +763,19 @@ static kv_status exec_decode(const struct kv__attn_job *j)
                 left -= in_page;
             }
             if (ready)
-                chunk(tok[cur], ready, g, D, q, ks, vs, m, l, acc, sc);
+                decode_group(j, chunk, tok[cur], th, ready, hb, h0, g, q, m, l, acc, sc);
             if (n)
-                chunk(tok[cur ^ 1], n, g, D, q, ks, vs, m, l, acc, sc);
-            for (int qi = 0; qi < g; qi++) {
-                char *op =
-                    j->out.base + s * j->out.token_stride + (h * g + qi) * j->out.head_stride;
-                const float inv = l[qi] > 0.0f ? 1.0f / l[qi] : 0.0f; /* no tokens: zeros */
-                for (int64_t d = 0; d < D; d++)
-                    kv_from_f32(j->out.dtype, acc[qi * D + d] * inv, op + d * j->out.dim_stride);
-            }
+                decode_group(j, chunk, tok[cur ^ 1], th, n, hb, h0, g, q, m, l, acc, sc);
+            for (int64_t hi = 0; hi < hb; hi++)
+                for (int qi = 0; qi < g; qi++) {
+                    char *op = j->out.base + s * j->out.token_stride +
+                               ((h0 + hi) * g + qi) * j->out.head_stride;
+                    const float lq = l[hi * g + qi];
+                    const float inv = lq > 0.0f ? 1.0f / lq : 0.0f; /* no tokens: zeros */
+                    const float *aq = acc + hi * ghd + (int64_t)qi * D;
+                    for (int64_t d = 0; d < D; d++)
+                        kv_from_f32(j->out.dtype, aq[d] * inv, op + d * j->out.dim_stride);
+                }
         }
     }
     kv__mem_free(scratch);

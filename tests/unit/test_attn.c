@@ -702,7 +702,7 @@ static void decode_layouts(bool quick)
         dc.packed = (i & 8) != 0;
         dc.N = i % 3 == 0 ? 16 : 8;
         dc.D = Ds[i % 4];
-        dc.H = 1 + i % 2;
+        dc.H = (i & 1) ? 2 : 4; /* NHD 4: decode groups heads (rows adjacent) */
         dc.g = gs[i % 5];
         dc.r = i % 2 ? 2 : 1;
         dc.cache_dt = KV_F32;
