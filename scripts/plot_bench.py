@@ -49,6 +49,17 @@ def main():
     rows = load(a.results)
     groups = {}  # (kernel, order) -> {label: rate}
     cpu = ""
+    # kvbench cases end in /t<threads>: draw the run with the most threads
+    most = {}
+    for o in rows:
+        if o["bench"].startswith("kernel.") and "/t" in o["case"]:
+            t = o["case"].rsplit("/t", 1)[1]
+            if t.isdigit():
+                k = kernel_key(o)
+                most[k] = max(most.get(k, 0), int(t))
+    rows = [o for o in rows if not (o["bench"].startswith("kernel.") and "/t" in o["case"]
+                                    and o["case"].rsplit("/t", 1)[1].isdigit()
+                                    and int(o["case"].rsplit("/t", 1)[1]) != most[kernel_key(o)])]
     for o in rows:
         if not (o["bench"].startswith("kernel.") or o["bench"].startswith("peer.")):
             continue
