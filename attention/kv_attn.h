@@ -96,6 +96,14 @@ struct kv_paged_cache {
  * KV_ERR_NULL for a NULL cache or out. */
 KV_API KV_NODISCARD kv_status kv_attn_cache(const kv_cache *c, struct kv_paged_cache *out);
 
+/* The checks every kernel makes of its cache, for code that addresses a
+ * paged cache itself (connector/): the layout is exactly what kv_layout_init
+ * computes for its fields, its dtype one the kernels handle, the storage
+ * non-NULL, element-aligned and at least layout.total_bytes, and the memory
+ * kind one the CPU (cuda false) or CUDA (cuda true) kernels can address.
+ * KV_OK or the error a kernel would return, naming the field or value. */
+KV_API KV_NODISCARD kv_status kv_attn_cache_check(const struct kv_paged_cache *cache, bool cuda);
+
 /* The `layer` argument of write/read for every layer in one call: the
  * tensors are then [L][T][H][D]. */
 #define KV_ATTN_ALL_LAYERS (-1)

@@ -114,6 +114,14 @@ static kv_status check_cache(const char *fn, const struct kv_paged_cache *c)
     return KV_OK;
 }
 
+kv_status kv_attn_cache_check(const struct kv_paged_cache *cache, bool cuda)
+{
+    if (!cache)
+        return kv__error(KV_ERR_NULL, "kv_attn_cache_check: cache is NULL");
+    kv_status st = check_cache(cuda ? "kv_attn_cache_check_cuda" : "kv_attn_cache_check", cache);
+    return st == KV_OK ? kv__ok() : st;
+}
+
 /* ---- tensors ------------------------------------------------------------------- */
 
 /* A tensor [T][H][D] (or [L][T][H][D] when layers > 0) of the cache's H and

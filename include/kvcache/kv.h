@@ -30,5 +30,6 @@
 #include "kv_attn.h"
 #include "kv_attn_index.h"
 #include "kv_convert.h"
+#include "kv_plan.h"
 
 #endif /* KV_H */

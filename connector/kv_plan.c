@@ -1,0 +1,336 @@
+/*
+ * kv_plan.c - transfer plans (kv_plan.h) and their CPU executor.
+ *
+ * Build: every head row (layer, K/V, token of the window, head of the range)
+ * is one (source block, destination block, src_rel, dst_rel) record of D
+ * elements, offsets from attention/kv_attn_index.h. Records are sorted by
+ * (source block, destination block, src_rel) and merged while both sides
+ * continue; the resulting runs are grouped into 2-D copies while width and
+ * both pitches stay the same.
+ */
+#include <inttypes.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_attn_index.h"
+#include "kv_lib.h"
+#include "kv_mem.h"
+#include "kv_plan.h"
+
+#define KV__PLAN_MAX_WINDOW 65536
+
+/* One 2-D copy between block ks (of the window's source blocks) and kd. */
+struct kv__plan_copy {
+    int64_t ks, kd;
+    int64_t src_rel, dst_rel; /* from the blocks' starts */
+    int64_t width;            /* bytes per row */
+    int64_t height;           /* rows */
+    int64_t src_pitch, dst_pitch;
+};
+
+struct kv_plan {
+    struct kv_layout src, dst;
+    struct kv_plan_stats stats;
+    int64_t n_copies;
+    struct kv__plan_copy *copies;
+};
+
+struct kv__row {
+    int64_t ks, kd, src_rel, dst_rel;
+};
+
+static int row_cmp(const void *a, const void *b)
+{
+    const struct kv__row *x = a, *y = b;
+    if (x->ks != y->ks)
+        return x->ks < y->ks ? -1 : 1;
+    if (x->kd != y->kd)
+        return x->kd < y->kd ? -1 : 1;
+    return x->src_rel < y->src_rel ? -1 : x->src_rel > y->src_rel;
+}
+
+static int64_t gcd64(int64_t a, int64_t b)
+{
+    while (b) {
+        const int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* The same validity test the kernels apply to a cache's layout, on a bare
+ * layout (no storage needed yet). */
+static kv_status check_layout(const char *side, const struct kv_layout *lo)
+{
+    static char dummy[64] __attribute__((aligned(64)));
+    struct kv_paged_cache c = {.layout = *lo, .base = dummy, .storage_bytes = SIZE_MAX};
+    kv_status st = kv_attn_cache_check(&c, false);
+    if (st != KV_OK)
+        return kv__error_wrap(st, "kv_plan_create: %s layout", side);
+    return KV_OK;
+}
+
+kv_status kv_plan_create(const struct kv_layout *src, const struct kv_layout *dst,
+                         const struct kv_plan_config *cfg, kv_plan **out)
+{
+    if (!src || !dst || !out)
+        return kv__error(KV_ERR_NULL, "kv_plan_create: %s is NULL",
+                         !src   ? "src"
+                         : !dst ? "dst"
+                                : "out");
+    *out = NULL;
+    struct kv_plan_config c = KV_PLAN_CONFIG_INIT;
+    if (cfg) {
+        if (cfg->struct_size != sizeof(c))
+            return kv__error(KV_ERR_INVALID_ARG,
+                             "kv_plan_create: config struct_size %zu, this library's is %zu "
+                             "(start from KV_PLAN_CONFIG_INIT)",
+                             cfg->struct_size, sizeof(c));
+        c = *cfg;
+    }
+    kv_status st;
+    if ((st = check_layout("source", src)) != KV_OK || (st = check_layout("destination", dst)))
+        return st;
+    if (src->dtype != dst->dtype || src->elem_bytes != dst->elem_bytes)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_plan_create: source dtype %s, destination %s: a plan moves bytes "
+                         "and does not convert elements",
+                         kv_dtype_name(src->dtype), kv_dtype_name(dst->dtype));
+    if (src->num_layers != dst->num_layers || src->head_dim != dst->head_dim)
+        return kv__error(KV_ERR_BAD_SHAPE,
+                         "kv_plan_create: source L %" PRId64 " D %" PRId64
+                         ", destination L %" PRId64 " D %" PRId64
+                         ": layers and head dim must agree",
+                         src->num_layers, src->head_dim, dst->num_layers, dst->head_dim);
+    int64_t nh = c.n_heads;
+    if (nh == 0) {
+        if (src->num_heads != dst->num_heads || c.src_head0 != 0 || c.dst_head0 != 0)
+            return kv__error(KV_ERR_BAD_SHAPE,
+                             "kv_plan_create: n_heads 0 (every head) needs equal head counts and "
+                             "head offsets 0: source H %" PRId64 " destination H %" PRId64
+                             ", src_head0 %" PRId64 " dst_head0 %" PRId64,
+                             src->num_heads, dst->num_heads, c.src_head0, c.dst_head0);
+        nh = src->num_heads;
+    }
+    if (nh < 0 || c.src_head0 < 0 || c.dst_head0 < 0 || c.src_head0 > src->num_heads - nh ||
+        c.dst_head0 > dst->num_heads - nh)
+        return kv__error(KV_ERR_BAD_SHAPE,
+                         "kv_plan_create: heads [%" PRId64 ", %" PRId64 "+%" PRId64
+                         ") of a source with H %" PRId64 " onto [%" PRId64 ", %" PRId64 "+%" PRId64
+                         ") of a destination with H %" PRId64 ": outside a layout",
+                         c.src_head0, c.src_head0, nh, src->num_heads, c.dst_head0, c.dst_head0, nh,
+                         dst->num_heads);
+    const int64_t Ns = src->block_tokens, Nd = dst->block_tokens, g = gcd64(Ns, Nd);
+    if (Ns / g > KV__PLAN_MAX_WINDOW / Nd)
+        return kv__error(KV_ERR_BAD_SHAPE,
+                         "kv_plan_create: page sizes %" PRId64 " and %" PRId64
+                         " make a window of more than %d tokens",
+                         Ns, Nd, KV__PLAN_MAX_WINDOW);
+    const int64_t W = Ns / g * Nd, L = src->num_layers;
+    const int64_t n_rows = L * 2 * W * nh, row_bytes = src->head_dim * src->elem_bytes;
+
+    struct kv__row *rows = kv__mem_alloc((size_t)n_rows * sizeof(*rows));
+    kv_plan *p = kv__mem_calloc(1, sizeof(*p));
+    if (!rows || !p) {
+        kv__mem_free(rows);
+        kv__mem_free(p);
+        return kv__error(KV_ERR_NO_MEMORY, "kv_plan_create: %" PRId64 " rows", n_rows);
+    }
+    int64_t r = 0;
+    for (int64_t l = 0; l < L; l++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int64_t t = 0; t < W; t++)
+                for (int64_t h = 0; h < nh; h++) {
+                    /* offsets of slot t % N in block 0: the block part is added per request */
+                    rows[r].ks = t / Ns;
+                    rows[r].kd = t / Nd;
+                    rows[r].src_rel = kv_attn_slot_offset_bytes(src, (uint32_t)l, kv, t % Ns) +
+                                      (c.src_head0 + h) * src->stride_head_bytes;
+                    rows[r].dst_rel = kv_attn_slot_offset_bytes(dst, (uint32_t)l, kv, t % Nd) +
+                                      (c.dst_head0 + h) * dst->stride_head_bytes;
+                    r++;
+                }
+    qsort(rows, (size_t)n_rows, sizeof(*rows), row_cmp);
+
+    /* coalesce into runs (in place: run i = rows[i] with its length in len[i]) */
+    int64_t *len = kv__mem_alloc((size_t)n_rows * sizeof(*len));
+    p->copies = kv__mem_alloc((size_t)n_rows * sizeof(*p->copies));
+    if (!len || !p->copies) {
+        kv__mem_free(len);
+        kv__mem_free(rows);
+        kv_plan_destroy(p);
+        return kv__error(KV_ERR_NO_MEMORY, "kv_plan_create: %" PRId64 " runs", n_rows);
+    }
+    int64_t n_runs = 0;
+    for (int64_t i = 0; i < n_rows; i++) {
+        if (n_runs > 0) {
+            struct kv__row *q = &rows[n_runs - 1];
+            if (q->ks == rows[i].ks && q->kd == rows[i].kd &&
+                q->src_rel + len[n_runs - 1] == rows[i].src_rel &&
+                q->dst_rel + len[n_runs - 1] == rows[i].dst_rel) {
+                len[n_runs - 1] += row_bytes;
+                continue;
+            }
+        }
+        rows[n_runs] = rows[i];
+        len[n_runs] = row_bytes;
+        n_runs++;
+    }
+    /* group runs into 2-D copies: same blocks, same width, constant pitches */
+    int64_t nc = 0;
+    for (int64_t i = 0; i < n_runs; i++) {
+        if (nc > 0) {
+            struct kv__plan_copy *q = &p->copies[nc - 1];
+            if (q->ks == rows[i].ks && q->kd == rows[i].kd && q->width == len[i]) {
+                const int64_t sp = rows[i].src_rel - (q->src_rel + (q->height - 1) * q->src_pitch);
+                const int64_t dp = rows[i].dst_rel - (q->dst_rel + (q->height - 1) * q->dst_pitch);
+                if (q->height == 1 && sp >= q->width && dp >= q->width) {
+                    q->src_pitch = sp;
+                    q->dst_pitch = dp;
+                    q->height = 2;
+                    continue;
+                }
+                if (q->height > 1 && sp == q->src_pitch && dp == q->dst_pitch) {
+                    q->height++;
+                    continue;
+                }
+            }
+        }
+        p->copies[nc++] = (struct kv__plan_copy){
+            rows[i].ks, rows[i].kd, rows[i].src_rel, rows[i].dst_rel, len[i], 1, len[i], len[i]};
+    }
+    kv__mem_free(len);
+    kv__mem_free(rows);
+    p->n_copies = nc;
+    p->src = *src;
+    p->dst = *dst;
+    p->stats = (struct kv_plan_stats){.window_tokens = W,
+                                      .window_src_blocks = W / Ns,
+                                      .window_dst_blocks = W / Nd,
+                                      .rows = n_rows,
+                                      .runs = n_runs,
+                                      .copies = nc,
+                                      .window_bytes = n_rows * row_bytes};
+    *out = p;
+    return kv__ok();
+}
+
+void kv_plan_destroy(kv_plan *plan)
+{
+    if (!plan)
+        return;
+    kv__mem_free(plan->copies);
+    kv__mem_free(plan);
+}
+
+kv_status kv_plan_stats_get(const kv_plan *plan, struct kv_plan_stats *out)
+{
+    if (!plan || !out)
+        return kv__error(KV_ERR_NULL, "kv_plan_stats_get: %s is NULL", !plan ? "plan" : "out");
+    *out = plan->stats;
+    return kv__ok();
+}
+
+static kv_status check_side(const char *side, const struct kv_paged_cache *c,
+                            const struct kv_layout *want, const uint32_t *ids, uint32_t n,
+                            uint64_t need)
+{
+    kv_status st = kv_attn_cache_check(c, false);
+    if (st != KV_OK)
+        return kv__error_wrap(st, "kv_plan_copy: %s cache", side);
+    if (c->layout.fingerprint != want->fingerprint)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_plan_copy: %s cache layout fingerprint 0x%016" PRIx64
+                         " is not the plan's 0x%016" PRIx64,
+                         side, c->layout.fingerprint, want->fingerprint);
+    if (n != need)
+        return kv__error(KV_ERR_BAD_SHAPE,
+                         "kv_plan_copy: %u %s blocks for a request that needs %" PRIu64, n, side,
+                         need);
+    if (n > 0 && !ids)
+        return kv__error(KV_ERR_NULL, "kv_plan_copy: %s_blocks is NULL", side);
+    for (uint32_t i = 0; i < n; i++)
+        if ((int64_t)ids[i] >= c->layout.num_blocks)
+            return kv__error(KV_ERR_OUT_OF_BOUNDS,
+                             "kv_plan_copy: %s_blocks[%u] = %u, the %s cache has %" PRId64
+                             " blocks",
+                             side, i, ids[i], side, c->layout.num_blocks);
+    return KV_OK;
+}
+
+/* A destination block twice; with shared storage, a block on both sides. */
+static kv_status check_blocks(const struct kv_paged_cache *src, const uint32_t *sids, uint32_t ns,
+                              const struct kv_paged_cache *dst, const uint32_t *dids, uint32_t nd)
+{
+    const uintptr_t sa = (uintptr_t)src->base, sb = sa + src->storage_bytes;
+    const uintptr_t da = (uintptr_t)dst->base, db = da + dst->storage_bytes;
+    const bool shared = sa == da && src->layout.fingerprint == dst->layout.fingerprint;
+    if (!shared && sa < db && da < sb)
+        return kv__error(KV_ERR_OVERLAP,
+                         "kv_plan_copy: source storage [%p, %p) and destination storage [%p, %p) "
+                         "overlap without being one cache",
+                         (void *)sa, (void *)sb, (void *)da, (void *)db);
+    const int64_t B = dst->layout.num_blocks;
+    uint8_t *mark = kv__mem_calloc((size_t)B, 1);
+    if (!mark)
+        return kv__error(KV_ERR_NO_MEMORY, "kv_plan_copy: %" PRId64 " block marks", B);
+    kv_status st = KV_OK;
+    for (uint32_t i = 0; i < nd && st == KV_OK; i++) {
+        if (mark[dids[i]])
+            st = kv__error(KV_ERR_OVERLAP, "kv_plan_copy: destination block %u listed twice",
+                           dids[i]);
+        mark[dids[i]] = 1;
+    }
+    for (uint32_t i = 0; shared && i < ns && st == KV_OK; i++)
+        if (mark[sids[i]])
+            st = kv__error(KV_ERR_OVERLAP,
+                           "kv_plan_copy: block %u is both a source and a destination of one "
+                           "cache (src_blocks[%u])",
+                           sids[i], i);
+    kv__mem_free(mark);
+    return st;
+}
+
+kv_status kv_plan_copy(const kv_plan *plan, struct kv_paged_cache src, const uint32_t *src_blocks,
+                       uint32_t n_src, struct kv_paged_cache dst, const uint32_t *dst_blocks,
+                       uint32_t n_dst, uint64_t n_tokens)
+{
+    if (!plan)
+        return kv__error(KV_ERR_NULL, "kv_plan_copy: plan is NULL");
+    const uint64_t Ns = (uint64_t)plan->src.block_tokens, Nd = (uint64_t)plan->dst.block_tokens;
+    const uint64_t need_s = n_tokens / Ns + (n_tokens % Ns != 0);
+    const uint64_t need_d = n_tokens / Nd + (n_tokens % Nd != 0);
+    kv_status st;
+    if ((st = check_side("src", &src, &plan->src, src_blocks, n_src, need_s)) != KV_OK ||
+        (st = check_side("dst", &dst, &plan->dst, dst_blocks, n_dst, need_d)) != KV_OK ||
+        (st = check_blocks(&src, src_blocks, n_src, &dst, dst_blocks, n_dst)) != KV_OK)
+        return st;
+    if (n_tokens == 0)
+        return kv__ok();
+    const struct kv_plan_stats *ps = &plan->stats;
+    const int64_t windows =
+        (int64_t)((n_tokens + (uint64_t)ps->window_tokens - 1) / (uint64_t)ps->window_tokens);
+    const int64_t nc = plan->n_copies, work = windows * nc;
+    const int64_t sbs = plan->src.stride_block_bytes, dbs = plan->dst.stride_block_bytes;
+    const int nt = (int64_t)n_tokens * ps->window_bytes / ps->window_tokens < ((int64_t)256 << 10)
+                       ? 1
+                       : kv_attn_threads();
+    const char *sbase = src.base;
+    char *dbase = dst.base;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t w = 0; w < work; w++) {
+        const int64_t win = w / nc;
+        const struct kv__plan_copy *cp = &plan->copies[w - win * nc];
+        const int64_t si = win * ps->window_src_blocks + cp->ks;
+        const int64_t di = win * ps->window_dst_blocks + cp->kd;
+        if (si >= (int64_t)n_src || di >= (int64_t)n_dst)
+            continue; /* past the request's last block on one side */
+        const char *s = sbase + (int64_t)src_blocks[si] * sbs + cp->src_rel;
+        char *d = dbase + (int64_t)dst_blocks[di] * dbs + cp->dst_rel;
+        for (int64_t y = 0; y < cp->height; y++)
+            memcpy(d + y * cp->dst_pitch, s + y * cp->src_pitch, (size_t)cp->width);
+    }
+    return kv__ok();
+}

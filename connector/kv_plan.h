@@ -1,0 +1,116 @@
+/*
+ * kv_plan.h - transfer plans: how the blocks of one paged layout become the
+ * blocks of another, computed once as a table of byte runs, then executed
+ * per request with nothing but two lists of block ids (docs/connector.md).
+ *
+ * A plan relates a source layout and a destination layout with the same
+ * layers, head dim and dtype. They may differ in everything else: NHD/HND,
+ * layer-/block-major, padding, packed K|V, block count, page size (N), and
+ * the heads: a head range [src_head0, src_head0 + n_heads) of the source
+ * lands on [dst_head0, dst_head0 + n_heads) of the destination (a receiver
+ * with another tensor-parallel size). Element bytes are never converted.
+ *
+ * The unit of a plan is a window of lcm(Ns, Nd) tokens: lcm/Ns source blocks
+ * and lcm/Nd destination blocks. For each (source block, destination block)
+ * of a window the plan holds the byte runs between them, relative to the two
+ * blocks' starts (every layout is affine in the block id), coalesced where
+ * both sides are contiguous, and grouped into 2-D copies (width x height at
+ * two pitches) where consecutive runs step by constant strides: one block
+ * of a layer-major cache converted to the same layout is a single 2-D copy
+ * of 2L rows. Addresses come from attention/kv_attn_index.h, the code the
+ * kernels use.
+ *
+ * Thread safety: a plan is immutable after kv_plan_create; any number of
+ * threads may execute it at once (on disjoint destination blocks).
+ */
+#ifndef KV_PLAN_H
+#define KV_PLAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kv_attn.h"
+#include "kv_layout.h"
+#include "kv_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Options of kv_plan_create. Start from KV_PLAN_CONFIG_INIT (or
+ * kv_plan_config_init); zero n_heads means every head (both layouts then
+ * need the same H). */
+struct kv_plan_config {
+    size_t struct_size; /* sizeof this struct: set by _INIT / _init() */
+    int64_t src_head0;  /* first source head moved */
+    int64_t dst_head0;  /* where it lands in the destination */
+    int64_t n_heads;    /* heads moved; 0 = all (H of both) */
+};
+
+#define KV_PLAN_CONFIG_INIT                                                                        \
+    {                                                                                              \
+        .struct_size = sizeof(struct kv_plan_config)                                               \
+    }
+
+static inline void kv_plan_config_init(struct kv_plan_config *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->struct_size = sizeof(*cfg);
+}
+
+typedef struct kv_plan kv_plan;
+
+/* Build the plan from src to dst (both complete layouts from
+ * kv_layout_init). cfg may be NULL (every head).
+ * KV_ERR_NULL         src, dst or out NULL.
+ * KV_ERR_INVALID_ARG  a layout kv_layout_init would not compute, a config of
+ *                     another struct_size, dtypes or element sizes that
+ *                     differ.
+ * KV_ERR_BAD_SHAPE    layers or head dims that differ, a head range outside
+ *                     either layout, n_heads 0 with different head counts,
+ *                     a window (lcm of the page sizes) over 65,536 tokens.
+ * KV_ERR_NO_MEMORY.
+ * Each message names the values. */
+KV_API KV_NODISCARD kv_status kv_plan_create(const struct kv_layout *src,
+                                             const struct kv_layout *dst,
+                                             const struct kv_plan_config *cfg, kv_plan **out);
+KV_API void kv_plan_destroy(kv_plan *plan);
+
+/* What a plan moves. */
+struct kv_plan_stats {
+    int64_t window_tokens;     /* lcm(Ns, Nd) */
+    int64_t window_src_blocks; /* window_tokens / Ns */
+    int64_t window_dst_blocks; /* window_tokens / Nd */
+    int64_t rows;              /* contiguous head rows (D elements) per window, before coalescing */
+    int64_t runs;              /* contiguous byte runs per window after coalescing */
+    int64_t copies;            /* 2-D copies per window (runs grouped by constant pitches) */
+    int64_t window_bytes;      /* bytes moved per full window */
+};
+
+KV_API KV_NODISCARD kv_status kv_plan_stats_get(const kv_plan *plan, struct kv_plan_stats *out);
+
+/* Execute the plan on the CPU for one request of n_tokens tokens (OpenMP
+ * across copies): token t of the request is in src_blocks[t / Ns] and goes
+ * to dst_blocks[t / Nd], so n_src must be ceil(n_tokens / Ns) and n_dst
+ * ceil(n_tokens / Nd). Blocks move whole: tokens past n_tokens inside the
+ * last blocks are copied as they are; destination tokens that no source
+ * block covers stay untouched.
+ * Both caches are checked as the kernels check theirs (kv_attn_cache_check,
+ * CPU-addressable memory) and must carry the plan's layouts (fingerprints).
+ * KV_ERR_NULL, KV_ERR_INVALID_ARG (a layout or memory kind, a layout other
+ * than the plan's), KV_ERR_BAD_SHAPE (list lengths), KV_ERR_OUT_OF_BOUNDS (a
+ * block id >= B), KV_ERR_OVERLAP (a destination block listed twice; the
+ * same storage on both sides with a block in both lists; storages that
+ * partly overlap) - all before anything is written. */
+KV_API KV_NODISCARD kv_status kv_plan_copy(const kv_plan *plan, struct kv_paged_cache src,
+                                           const uint32_t *src_blocks, uint32_t n_src,
+                                           struct kv_paged_cache dst, const uint32_t *dst_blocks,
+                                           uint32_t n_dst, uint64_t n_tokens);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KV_PLAN_H */
