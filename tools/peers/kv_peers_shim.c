@@ -92,14 +92,11 @@ SHIM_API int shim_add_seqs(kv_cache *c, uint32_t S, int64_t len, uint32_t *ids)
     return KV_OK;
 }
 
-/* The exports of the S sequences' tokens: slot mapping [T], block table
- * [S][cols] (pad 0), CSR indptr [S+1], indices [T/N+S], last_page_len [S]. */
-SHIM_API int shim_export(kv_cache *c, const uint32_t *ids, uint32_t S, int64_t T, int64_t *slots,
-                         int32_t *bt, uint32_t cols, int32_t *indptr, int32_t *indices,
-                         uint64_t n_indices, int32_t *last)
+/* Every token of each of the S sequences: rg[s] = [0, len). Free *out. */
+static kv_status whole_ranges(kv_page_table *pt, const uint32_t *ids, uint32_t S,
+                              struct kv_token_range **out)
 {
-    kv_page_table *pt = kv_cache_page_table(c);
-    struct kv_token_range *rg = calloc(S, sizeof(*rg));
+    struct kv_token_range *rg = calloc(S ? S : 1, sizeof(*rg));
     if (!rg)
         return KV_ERR_NO_MEMORY;
     for (uint32_t s = 0; s < S; s++) {
@@ -111,6 +108,21 @@ SHIM_API int shim_export(kv_cache *c, const uint32_t *ids, uint32_t S, int64_t T
         }
         rg[s] = (struct kv_token_range){0, n};
     }
+    *out = rg;
+    return KV_OK;
+}
+
+/* The exports of the S sequences' tokens: slot mapping [T], block table
+ * [S][cols] (pad 0), CSR indptr [S+1], indices [T/N+S], last_page_len [S]. */
+SHIM_API int shim_export(kv_cache *c, const uint32_t *ids, uint32_t S, int64_t T, int64_t *slots,
+                         int32_t *bt, uint32_t cols, int32_t *indptr, int32_t *indices,
+                         uint64_t n_indices, int32_t *last)
+{
+    kv_page_table *pt = kv_cache_page_table(c);
+    struct kv_token_range *rg = NULL;
+    kv_status e = whole_ranges(pt, ids, S, &rg);
+    if (e != KV_OK)
+        return e;
     struct kv_vllm_export ve = {.block_table = bt,
                                 .block_table_len = (uint64_t)S * cols,
                                 .block_table_cols = cols,
@@ -131,18 +143,10 @@ SHIM_API int shim_time_slot_mapping(kv_cache *c, const uint32_t *ids, uint32_t S
                                     int64_t *slots, int iters, double *sec)
 {
     kv_page_table *pt = kv_cache_page_table(c);
-    struct kv_token_range *rg = calloc(S, sizeof(*rg));
-    if (!rg)
-        return KV_ERR_NO_MEMORY;
-    for (uint32_t s = 0; s < S; s++) {
-        uint64_t n = 0;
-        kv_status e = kv_page_table_seq_len(pt, ids[s], &n);
-        if (e != KV_OK) {
-            free(rg);
-            return e;
-        }
-        rg[s] = (struct kv_token_range){0, n};
-    }
+    struct kv_token_range *rg = NULL;
+    kv_status e = whole_ranges(pt, ids, S, &rg);
+    if (e != KV_OK)
+        return e;
     struct kv_vllm_export ve = {.slot_mapping = slots, .slot_mapping_len = (uint64_t)T};
     struct timespec a, b;
     kv_status st = KV_OK;
