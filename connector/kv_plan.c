@@ -17,24 +17,9 @@
 #include "kv_lib.h"
 #include "kv_mem.h"
 #include "kv_plan.h"
+#include "kv_plan_int.h"
 
 #define KV__PLAN_MAX_WINDOW 65536
-
-/* One 2-D copy between block ks (of the window's source blocks) and kd. */
-struct kv__plan_copy {
-    int64_t ks, kd;
-    int64_t src_rel, dst_rel; /* from the blocks' starts */
-    int64_t width;            /* bytes per row */
-    int64_t height;           /* rows */
-    int64_t src_pitch, dst_pitch;
-};
-
-struct kv_plan {
-    struct kv_layout src, dst;
-    struct kv_plan_stats stats;
-    int64_t n_copies;
-    struct kv__plan_copy *copies;
-};
 
 struct kv__row {
     int64_t ks, kd, src_rel, dst_rel;
@@ -233,29 +218,27 @@ kv_status kv_plan_stats_get(const kv_plan *plan, struct kv_plan_stats *out)
     return kv__ok();
 }
 
-static kv_status check_side(const char *side, const struct kv_paged_cache *c,
+static kv_status check_side(const char *fn, const char *side, const struct kv_paged_cache *c,
                             const struct kv_layout *want, const uint32_t *ids, uint32_t n,
-                            uint64_t need)
+                            uint64_t need, bool cuda)
 {
-    kv_status st = kv_attn_cache_check(c, false);
+    kv_status st = kv_attn_cache_check(c, cuda);
     if (st != KV_OK)
-        return kv__error_wrap(st, "kv_plan_copy: %s cache", side);
+        return kv__error_wrap(st, "%s: %s cache", fn, side);
     if (c->layout.fingerprint != want->fingerprint)
         return kv__error(KV_ERR_INVALID_ARG,
-                         "kv_plan_copy: %s cache layout fingerprint 0x%016" PRIx64
+                         "%s: %s cache layout fingerprint 0x%016" PRIx64
                          " is not the plan's 0x%016" PRIx64,
-                         side, c->layout.fingerprint, want->fingerprint);
+                         fn, side, c->layout.fingerprint, want->fingerprint);
     if (n != need)
-        return kv__error(KV_ERR_BAD_SHAPE,
-                         "kv_plan_copy: %u %s blocks for a request that needs %" PRIu64, n, side,
-                         need);
+        return kv__error(KV_ERR_BAD_SHAPE, "%s: %u %s blocks for a request that needs %" PRIu64, fn,
+                         n, side, need);
     if (n > 0 && !ids)
-        return kv__error(KV_ERR_NULL, "kv_plan_copy: %s_blocks is NULL", side);
+        return kv__error(KV_ERR_NULL, "%s: %s_blocks is NULL", fn, side);
     for (uint32_t i = 0; i < n; i++)
         if ((int64_t)ids[i] >= c->layout.num_blocks)
             return kv__error(KV_ERR_OUT_OF_BOUNDS,
-                             "kv_plan_copy: %s_blocks[%u] = %u, the %s cache has %" PRId64
-                             " blocks",
+                             "%s: %s_blocks[%u] = %u, the %s cache has %" PRId64 " blocks", fn,
                              side, i, ids[i], side, c->layout.num_blocks);
     return KV_OK;
 }
@@ -267,67 +250,73 @@ static int u32_cmp(const void *a, const void *b)
 }
 
 /* A destination block twice; with shared storage, a block on both sides. */
-static kv_status check_blocks(const struct kv_paged_cache *src, const uint32_t *sids, uint32_t ns,
-                              const struct kv_paged_cache *dst, const uint32_t *dids, uint32_t nd)
+static kv_status check_blocks(const char *fn, const struct kv_paged_cache *src,
+                              const uint32_t *sids, uint32_t ns, const struct kv_paged_cache *dst,
+                              const uint32_t *dids, uint32_t nd)
 {
     const uintptr_t sa = (uintptr_t)src->base, sb = sa + src->storage_bytes;
     const uintptr_t da = (uintptr_t)dst->base, db = da + dst->storage_bytes;
     const bool shared = sa == da && src->layout.fingerprint == dst->layout.fingerprint;
     if (!shared && sa < db && da < sb)
         return kv__error(KV_ERR_OVERLAP,
-                         "kv_plan_copy: source storage [%p, %p) and destination storage [%p, %p) "
+                         "%s: source storage [%p, %p) and destination storage [%p, %p) "
                          "overlap without being one cache",
-                         (void *)sa, (void *)sb, (void *)da, (void *)db);
+                         fn, (void *)sa, (void *)sb, (void *)da, (void *)db);
     if (nd == 0)
         return KV_OK;
     /* a sorted copy of the destination ids: O((nd + ns) log nd) per request,
      * nothing proportional to the pool */
     uint32_t *sorted = kv__mem_alloc((size_t)nd * sizeof(*sorted));
     if (!sorted)
-        return kv__error(KV_ERR_NO_MEMORY, "kv_plan_copy: %u block ids", nd);
+        return kv__error(KV_ERR_NO_MEMORY, "%s: %u block ids", fn, nd);
     memcpy(sorted, dids, (size_t)nd * sizeof(*sorted));
     qsort(sorted, nd, sizeof(*sorted), u32_cmp);
     kv_status st = KV_OK;
     for (uint32_t i = 1; i < nd && st == KV_OK; i++)
         if (sorted[i] == sorted[i - 1])
-            st = kv__error(KV_ERR_OVERLAP, "kv_plan_copy: destination block %u listed twice",
-                           sorted[i]);
+            st = kv__error(KV_ERR_OVERLAP, "%s: destination block %u listed twice", fn, sorted[i]);
     for (uint32_t i = 0; shared && i < ns && st == KV_OK; i++)
         if (bsearch(&sids[i], sorted, nd, sizeof(*sorted), u32_cmp))
             st = kv__error(KV_ERR_OVERLAP,
-                           "kv_plan_copy: block %u is both a source and a destination of one "
+                           "%s: block %u is both a source and a destination of one "
                            "cache (src_blocks[%u])",
-                           sids[i], i);
+                           fn, sids[i], i);
     kv__mem_free(sorted);
     return st;
 }
 
-kv_status kv_plan_copy(const kv_plan *plan, struct kv_paged_cache src, const uint32_t *src_blocks,
-                       uint32_t n_src, struct kv_paged_cache dst, const uint32_t *dst_blocks,
-                       uint32_t n_dst, uint64_t n_tokens)
+kv_status kv__plan_check_request(const char *fn, const kv_plan *plan,
+                                 const struct kv_paged_cache *src, const uint32_t *src_blocks,
+                                 uint32_t n_src, const struct kv_paged_cache *dst,
+                                 const uint32_t *dst_blocks, uint32_t n_dst, uint64_t n_tokens,
+                                 bool cuda)
 {
     if (!plan)
-        return kv__error(KV_ERR_NULL, "kv_plan_copy: plan is NULL");
-    const uint64_t Ns = (uint64_t)plan->src.block_tokens, Nd = (uint64_t)plan->dst.block_tokens;
-    const uint64_t need_s = n_tokens / Ns + (n_tokens % Ns != 0);
-    const uint64_t need_d = n_tokens / Nd + (n_tokens % Nd != 0);
+        return kv__error(KV_ERR_NULL, "%s: plan is NULL", fn);
     kv_status st;
-    if ((st = check_side("src", &src, &plan->src, src_blocks, n_src, need_s)) != KV_OK ||
-        (st = check_side("dst", &dst, &plan->dst, dst_blocks, n_dst, need_d)) != KV_OK ||
-        (st = check_blocks(&src, src_blocks, n_src, &dst, dst_blocks, n_dst)) != KV_OK)
+    if ((st = check_side(fn, "src", src, &plan->src, src_blocks, n_src,
+                         kv__plan_blocks(&plan->src, n_tokens), cuda)) != KV_OK ||
+        (st = check_side(fn, "dst", dst, &plan->dst, dst_blocks, n_dst,
+                         kv__plan_blocks(&plan->dst, n_tokens), cuda)) != KV_OK ||
+        (st = check_blocks(fn, src, src_blocks, n_src, dst, dst_blocks, n_dst)) != KV_OK)
         return st;
+    return KV_OK;
+}
+
+void kv__plan_exec_cpu(const kv_plan *plan, const char *const *src_blk, uint32_t n_src,
+                       char *const *dst_blk, uint32_t n_dst, uint64_t n_tokens, int threads)
+{
     if (n_tokens == 0)
-        return kv__ok();
+        return;
     const struct kv_plan_stats *ps = &plan->stats;
     const int64_t windows =
         (int64_t)((n_tokens + (uint64_t)ps->window_tokens - 1) / (uint64_t)ps->window_tokens);
     const int64_t nc = plan->n_copies, work = windows * nc;
-    const int64_t sbs = plan->src.stride_block_bytes, dbs = plan->dst.stride_block_bytes;
-    const int nt = (int64_t)n_tokens * ps->window_bytes / ps->window_tokens < ((int64_t)256 << 10)
-                       ? 1
-                       : kv_attn_threads();
-    const char *sbase = src.base;
-    char *dbase = dst.base;
+    int nt = threads;
+    if (nt <= 0)
+        nt = (int64_t)n_tokens * ps->window_bytes / ps->window_tokens < ((int64_t)256 << 10)
+                 ? 1
+                 : kv_attn_threads();
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t w = 0; w < work; w++) {
         const int64_t win = w / nc;
@@ -336,10 +325,33 @@ kv_status kv_plan_copy(const kv_plan *plan, struct kv_paged_cache src, const uin
         const int64_t di = win * ps->window_dst_blocks + cp->kd;
         if (si >= (int64_t)n_src || di >= (int64_t)n_dst)
             continue; /* past the request's last block on one side */
-        const char *s = sbase + (int64_t)src_blocks[si] * sbs + cp->src_rel;
-        char *d = dbase + (int64_t)dst_blocks[di] * dbs + cp->dst_rel;
+        const char *s = src_blk[si] + cp->src_rel;
+        char *d = dst_blk[di] + cp->dst_rel;
         for (int64_t y = 0; y < cp->height; y++)
             memcpy(d + y * cp->dst_pitch, s + y * cp->src_pitch, (size_t)cp->width);
     }
+}
+
+kv_status kv_plan_copy(const kv_plan *plan, struct kv_paged_cache src, const uint32_t *src_blocks,
+                       uint32_t n_src, struct kv_paged_cache dst, const uint32_t *dst_blocks,
+                       uint32_t n_dst, uint64_t n_tokens)
+{
+    static const char fn[] = "kv_plan_copy";
+    kv_status st = kv__plan_check_request(fn, plan, &src, src_blocks, n_src, &dst, dst_blocks,
+                                          n_dst, n_tokens, false);
+    if (st != KV_OK)
+        return st;
+    if (n_tokens == 0)
+        return kv__ok();
+    const char **sp = kv__mem_alloc(((size_t)n_src + n_dst) * sizeof(*sp));
+    if (!sp)
+        return kv__error(KV_ERR_NO_MEMORY, "%s: %u + %u block addresses", fn, n_src, n_dst);
+    char **dp = (char **)(sp + n_src);
+    for (uint32_t i = 0; i < n_src; i++)
+        sp[i] = (const char *)src.base + (int64_t)src_blocks[i] * plan->src.stride_block_bytes;
+    for (uint32_t i = 0; i < n_dst; i++)
+        dp[i] = (char *)dst.base + (int64_t)dst_blocks[i] * plan->dst.stride_block_bytes;
+    kv__plan_exec_cpu(plan, sp, n_src, dp, n_dst, n_tokens, 0);
+    kv__mem_free(sp);
     return kv__ok();
 }

@@ -1,0 +1,54 @@
+/*
+ * kv_plan_int.h - the inside of a transfer plan, shared by the connector's
+ * executors (CPU copy, pack/unpack, the offload tier, the CUDA executor).
+ * Module-private: not installed.
+ */
+#ifndef KV_PLAN_INT_H
+#define KV_PLAN_INT_H
+
+#include <stdint.h>
+
+#include "kv_plan.h"
+
+/* One 2-D copy between block ks (of the window's source blocks) and kd:
+ * height rows of width bytes, src_rel / dst_rel from the blocks' starts. */
+struct kv__plan_copy {
+    int64_t ks, kd;
+    int64_t src_rel, dst_rel;
+    int64_t width;
+    int64_t height;
+    int64_t src_pitch, dst_pitch;
+};
+
+struct kv_plan {
+    struct kv_layout src, dst;
+    struct kv_plan_stats stats;
+    int64_t n_copies;
+    struct kv__plan_copy *copies;
+};
+
+/* Blocks a request of n_tokens needs on one side of a plan. */
+static inline uint64_t kv__plan_blocks(const struct kv_layout *lo, uint64_t n_tokens)
+{
+    const uint64_t N = (uint64_t)lo->block_tokens;
+    return n_tokens / N + (n_tokens % N != 0);
+}
+
+/* The request checks of kv_plan_copy, shared by every executor that moves
+ * between two caches (CPU and CUDA): each cache against the plan's layout
+ * (cuda: device-addressable memory allowed), the list lengths, block ids in
+ * range, no destination block twice, no block on both sides of one cache,
+ * no partial overlap. fn names the caller in messages. */
+kv_status kv__plan_check_request(const char *fn, const kv_plan *plan,
+                                 const struct kv_paged_cache *src, const uint32_t *src_blocks,
+                                 uint32_t n_src, const struct kv_paged_cache *dst,
+                                 const uint32_t *dst_blocks, uint32_t n_dst, uint64_t n_tokens,
+                                 bool cuda);
+
+/* The CPU executor on block start addresses (nothing checked): source block
+ * i of the request starts at src_blk[i], destination block j at dst_blk[j].
+ * threads <= 0: kv_attn_threads() when the request is large enough. */
+void kv__plan_exec_cpu(const kv_plan *plan, const char *const *src_blk, uint32_t n_src,
+                       char *const *dst_blk, uint32_t n_dst, uint64_t n_tokens, int threads);
+
+#endif /* KV_PLAN_INT_H */
