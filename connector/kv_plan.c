@@ -218,6 +218,51 @@ kv_status kv_plan_stats_get(const kv_plan *plan, struct kv_plan_stats *out)
     return kv__ok();
 }
 
+kv_status kv__plan_check_ids(const char *fn, const char *side, const uint32_t *ids, uint32_t n,
+                             int64_t num_blocks)
+{
+    if (n > 0 && !ids)
+        return kv__error(KV_ERR_NULL, "%s: %s_blocks is NULL", fn, side);
+    for (uint32_t i = 0; i < n; i++)
+        if ((int64_t)ids[i] >= num_blocks)
+            return kv__error(KV_ERR_OUT_OF_BOUNDS,
+                             "%s: %s_blocks[%u] = %u, the %s cache has %" PRId64 " blocks", fn,
+                             side, i, ids[i], side, num_blocks);
+    return KV_OK;
+}
+
+static int u32_cmp(const void *a, const void *b)
+{
+    const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+kv_status kv__plan_check_unique(const char *fn, const uint32_t *dids, uint32_t nd,
+                                const uint32_t *sids, uint32_t ns)
+{
+    if (nd == 0)
+        return KV_OK;
+    /* a sorted copy of the destination ids: O((nd + ns) log nd) per request,
+     * nothing proportional to the pool */
+    uint32_t *sorted = kv__mem_alloc((size_t)nd * sizeof(*sorted));
+    if (!sorted)
+        return kv__error(KV_ERR_NO_MEMORY, "%s: %u block ids", fn, nd);
+    memcpy(sorted, dids, (size_t)nd * sizeof(*sorted));
+    qsort(sorted, nd, sizeof(*sorted), u32_cmp);
+    kv_status st = KV_OK;
+    for (uint32_t i = 1; i < nd && st == KV_OK; i++)
+        if (sorted[i] == sorted[i - 1])
+            st = kv__error(KV_ERR_OVERLAP, "%s: destination block %u listed twice", fn, sorted[i]);
+    for (uint32_t i = 0; sids && i < ns && st == KV_OK; i++)
+        if (bsearch(&sids[i], sorted, nd, sizeof(*sorted), u32_cmp))
+            st = kv__error(KV_ERR_OVERLAP,
+                           "%s: block %u is both a source and a destination of one "
+                           "cache (src_blocks[%u])",
+                           fn, sids[i], i);
+    kv__mem_free(sorted);
+    return st;
+}
+
 static kv_status check_side(const char *fn, const char *side, const struct kv_paged_cache *c,
                             const struct kv_layout *want, const uint32_t *ids, uint32_t n,
                             uint64_t need, bool cuda)
@@ -233,20 +278,7 @@ static kv_status check_side(const char *fn, const char *side, const struct kv_pa
     if (n != need)
         return kv__error(KV_ERR_BAD_SHAPE, "%s: %u %s blocks for a request that needs %" PRIu64, fn,
                          n, side, need);
-    if (n > 0 && !ids)
-        return kv__error(KV_ERR_NULL, "%s: %s_blocks is NULL", fn, side);
-    for (uint32_t i = 0; i < n; i++)
-        if ((int64_t)ids[i] >= c->layout.num_blocks)
-            return kv__error(KV_ERR_OUT_OF_BOUNDS,
-                             "%s: %s_blocks[%u] = %u, the %s cache has %" PRId64 " blocks", fn,
-                             side, i, ids[i], side, c->layout.num_blocks);
-    return KV_OK;
-}
-
-static int u32_cmp(const void *a, const void *b)
-{
-    const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return (x > y) - (x < y);
+    return kv__plan_check_ids(fn, side, ids, n, c->layout.num_blocks);
 }
 
 /* A destination block twice; with shared storage, a block on both sides. */
@@ -262,27 +294,7 @@ static kv_status check_blocks(const char *fn, const struct kv_paged_cache *src,
                          "%s: source storage [%p, %p) and destination storage [%p, %p) "
                          "overlap without being one cache",
                          fn, (void *)sa, (void *)sb, (void *)da, (void *)db);
-    if (nd == 0)
-        return KV_OK;
-    /* a sorted copy of the destination ids: O((nd + ns) log nd) per request,
-     * nothing proportional to the pool */
-    uint32_t *sorted = kv__mem_alloc((size_t)nd * sizeof(*sorted));
-    if (!sorted)
-        return kv__error(KV_ERR_NO_MEMORY, "%s: %u block ids", fn, nd);
-    memcpy(sorted, dids, (size_t)nd * sizeof(*sorted));
-    qsort(sorted, nd, sizeof(*sorted), u32_cmp);
-    kv_status st = KV_OK;
-    for (uint32_t i = 1; i < nd && st == KV_OK; i++)
-        if (sorted[i] == sorted[i - 1])
-            st = kv__error(KV_ERR_OVERLAP, "%s: destination block %u listed twice", fn, sorted[i]);
-    for (uint32_t i = 0; shared && i < ns && st == KV_OK; i++)
-        if (bsearch(&sids[i], sorted, nd, sizeof(*sorted), u32_cmp))
-            st = kv__error(KV_ERR_OVERLAP,
-                           "%s: block %u is both a source and a destination of one "
-                           "cache (src_blocks[%u])",
-                           fn, sids[i], i);
-    kv__mem_free(sorted);
-    return st;
+    return kv__plan_check_unique(fn, dids, nd, shared ? sids : NULL, shared ? ns : 0);
 }
 
 kv_status kv__plan_check_request(const char *fn, const kv_plan *plan,

@@ -45,6 +45,16 @@ kv_status kv__plan_check_request(const char *fn, const kv_plan *plan,
                                  const uint32_t *dst_blocks, uint32_t n_dst, uint64_t n_tokens,
                                  bool cuda);
 
+/* Block ids of one side in range: KV_ERR_NULL (ids NULL with n > 0),
+ * KV_ERR_OUT_OF_BOUNDS naming the first id >= num_blocks. */
+kv_status kv__plan_check_ids(const char *fn, const char *side, const uint32_t *ids, uint32_t n,
+                             int64_t num_blocks);
+
+/* KV_ERR_OVERLAP when a destination id repeats, or (sids non-NULL: both
+ * sides are one cache) a source id is also a destination id. */
+kv_status kv__plan_check_unique(const char *fn, const uint32_t *dids, uint32_t nd,
+                                const uint32_t *sids, uint32_t ns);
+
 /* The CPU executor on block start addresses (nothing checked): source block
  * i of the request starts at src_blk[i], destination block j at dst_blk[j].
  * threads <= 0: kv_attn_threads() when the request is large enough. */
