@@ -26,6 +26,7 @@
 #include <omp.h>
 #include <string.h>
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define KV__HAVE_SSE2_NT 1
 #else
@@ -616,8 +617,11 @@ static bool cpu_has_avx2(void)
     static int has = -1; /* benign race: every thread computes the same value */
     if (has < 0) {
         __builtin_cpu_init();
-        has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-              __builtin_cpu_supports("f16c");
+        /* F16C from CPUID leaf 1 (ECX bit 29): clang before 15 has no "f16c"
+         * feature string for __builtin_cpu_supports */
+        unsigned a, b, c, d;
+        const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+        has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
     }
     return has == 1;
 }

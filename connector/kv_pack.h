@@ -1,0 +1,146 @@
+/*
+ * kv_pack.h - pack the blocks of a request into one self-describing buffer,
+ * and unpack such a buffer into a cache whose layout may differ
+ * (docs/connector.md "Pack and unpack", where the format is given byte by
+ * byte).
+ *
+ * A packed buffer is a header followed by a payload:
+ *
+ *   header   magic, version, sizes, the request's token and block counts,
+ *            the complete source layout (every field kv_layout_init needs)
+ *            and its fingerprint, an XXH3-64 checksum per block, and an
+ *            XXH3-64 checksum of the header itself; all little-endian,
+ *            padded with zeros to a multiple of 64 bytes.
+ *   payload  the blocks in request order, each one contiguous: the source's
+ *            own in-block format (order, K|V packing, dtype) without padding,
+ *            layer by layer, K then V - the "wire layout", a block-major
+ *            unpadded layout of one block (kv_pack_wire_layout).
+ *
+ * Packing never converts; unpacking converts to the destination's layout
+ * (NHD <-> HND, layer-/block-major, padding, packed K|V, page size, a head
+ * range) through a transfer plan (kv_plan.h). kv_unpack checks the whole
+ * buffer - header, sizes, layout, fingerprint and every block checksum -
+ * before it writes a byte: a truncated, corrupted, foreign or
+ * version-mismatched buffer is refused with a message naming what failed,
+ * and the destination is left bit-identical.
+ *
+ * Plans: packing moves a source layout into its wire layout, unpacking the
+ * wire layout into the destination's layout. Pass a plan built once for the
+ * pair (kv_pack_plan_create / kv_unpack_plan_create) to pay nothing per call
+ * but the copy; NULL builds one per call (for the Llama-3-8B shape that is
+ * a few hundred microseconds).
+ *
+ * Thread safety: every function reads only its arguments; calls on disjoint
+ * destinations may run at once. The CPU work runs on kv_attn_threads()
+ * OpenMP threads.
+ */
+#ifndef KV_PACK_H
+#define KV_PACK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv_attn.h"
+#include "kv_layout.h"
+#include "kv_plan.h"
+#include "kv_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KV_PACK_VERSION 1u /* the format this library writes and reads */
+#define KV_PACK_ALIGN 64u  /* the header is padded to a multiple of this */
+
+/* What a packed buffer's header says (kv_pack_inspect). */
+struct kv_pack_info {
+    uint32_t version;
+    uint32_t n_blocks;       /* blocks in the payload: ceil(n_tokens / source N) */
+    uint64_t n_tokens;       /* tokens of the request */
+    uint64_t header_bytes;   /* offset of the payload (a multiple of KV_PACK_ALIGN) */
+    uint64_t payload_bytes;  /* n_blocks * block_bytes */
+    uint64_t total_bytes;    /* header_bytes + payload_bytes: what kv_unpack reads */
+    uint64_t block_bytes;    /* one payload block: every layer, K and V */
+    struct kv_layout source; /* the sender's layout, rebuilt and fingerprint-checked */
+    struct kv_layout wire;   /* one payload block as a layout (kv_pack_wire_layout) */
+};
+
+/* The wire layout of src: one block (B = 1), block-major, unpadded,
+ * element alignment, with src's L, N, H, D, dtype, order and K|V packing.
+ * KV_ERR_NULL; KV_ERR_INVALID_ARG for a layout kv_layout_init would not
+ * compute (the message names the field). */
+KV_API KV_NODISCARD kv_status kv_pack_wire_layout(const struct kv_layout *src,
+                                                  struct kv_layout *out);
+
+/* Bytes kv_pack writes for a request of n_tokens tokens of layout src.
+ * KV_ERR_NULL, KV_ERR_INVALID_ARG (layout), KV_ERR_OVERFLOW. */
+KV_API KV_NODISCARD kv_status kv_pack_size(const struct kv_layout *src, uint64_t n_tokens,
+                                           uint64_t *out_bytes);
+
+/* The plan kv_pack uses for caches of layout src (src -> its wire layout);
+ * destroy it with kv_plan_destroy. Errors as kv_plan_create. */
+KV_API KV_NODISCARD kv_status kv_pack_plan_create(const struct kv_layout *src, kv_plan **out);
+
+/* The plan kv_unpack uses for buffers packed from layout src into caches of
+ * layout dst, moving heads as cfg says (NULL: every head). Errors as
+ * kv_plan_create. */
+KV_API KV_NODISCARD kv_status kv_unpack_plan_create(const struct kv_layout *src,
+                                                    const struct kv_layout *dst,
+                                                    const struct kv_plan_config *cfg,
+                                                    kv_plan **out);
+
+/* Pack blocks[0..n_blocks) of src (a request of n_tokens tokens: token t is
+ * in blocks[t / N], so n_blocks == ceil(n_tokens / N)) into buf[0..cap).
+ * Blocks move whole; a block id may repeat. plan: from kv_pack_plan_create
+ * for src's layout, or NULL. On success *out_bytes is the packed size.
+ * KV_ERR_NULL         out_bytes, buf (cap > 0), blocks (n_blocks > 0) NULL.
+ * KV_ERR_INVALID_ARG  src as the kernels refuse it (kv_attn_cache_check,
+ *                     CPU-addressable), buf not aligned to the element size,
+ *                     a plan for another layout.
+ * KV_ERR_BAD_SHAPE    n_blocks other than ceil(n_tokens / N).
+ * KV_ERR_OUT_OF_BOUNDS a block id >= B.
+ * KV_ERR_CAPACITY     cap smaller than the packed size (*out_bytes then says
+ *                     the size needed; nothing is written).
+ * KV_ERR_OVERLAP      buf overlaps src's storage.
+ * Nothing is written on an error. */
+KV_API KV_NODISCARD kv_status kv_pack(const kv_plan *plan, struct kv_paged_cache src,
+                                      const uint32_t *blocks, uint32_t n_blocks, uint64_t n_tokens,
+                                      void *buf, size_t cap, size_t *out_bytes);
+
+/* Check a packed buffer's header (not the payload's checksums) and describe
+ * it. len may exceed total_bytes (trailing bytes are not read) but must
+ * cover the header.
+ * KV_ERR_NULL; KV_ERR_MISMATCH (not a kvcache pack: magic; a layout whose
+ * fingerprint is not the one recorded); KV_ERR_UNSUPPORTED (another format
+ * version); KV_ERR_CORRUPT (truncated header, header checksum, a field out
+ * of range or inconsistent with another, non-zero padding). Each message
+ * names the field and the values. */
+KV_API KV_NODISCARD kv_status kv_pack_inspect(const void *buf, size_t len,
+                                              struct kv_pack_info *out);
+
+/* Unpack buf[0..len) into dst_blocks[0..n_dst) of dst, converting to dst's
+ * layout; n_dst must be ceil(n_tokens / dst N). Heads: cfg as for
+ * kv_plan_create (NULL: every head; the source and destination head counts
+ * must then agree). plan: from kv_unpack_plan_create for (the buffer's
+ * source layout, dst's layout, cfg), or NULL (cfg is then used).
+ * Refusals, all before any byte of dst is written:
+ *   everything kv_pack_inspect refuses;
+ *   KV_ERR_CORRUPT      len shorter than total_bytes (truncated payload), a
+ *                       block whose checksum fails (the message names it);
+ *   KV_ERR_INVALID_ARG  dst as the kernels refuse it, the payload not
+ *                       aligned to the element size, a plan for other
+ *                       layouts, a dtype or shape the plan cannot move
+ *                       (kv_plan_create's refusals);
+ *   KV_ERR_BAD_SHAPE    n_dst other than ceil(n_tokens / dst N);
+ *   KV_ERR_OUT_OF_BOUNDS a block id >= dst B;
+ *   KV_ERR_OVERLAP      a destination block listed twice, buf inside dst's
+ *                       storage. */
+KV_API KV_NODISCARD kv_status kv_unpack(const kv_plan *plan, const void *buf, size_t len,
+                                        struct kv_paged_cache dst, const uint32_t *dst_blocks,
+                                        uint32_t n_dst, const struct kv_plan_config *cfg);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KV_PACK_H */

@@ -1,0 +1,414 @@
+/*
+ * test_pack.c - pack/unpack in the wire format (connector/kv_pack.h):
+ * round trips through every pair of layouts (NHD/HND x layer-/block-major x
+ * padded x packed, page sizes 8/16/32, head slices, three dtypes) with block
+ * ids spread over pools of hundreds of blocks, checked against a reference
+ * move computed from the configs alone and over the whole destination pool;
+ * the bytes of the format at their documented offsets, the payload against
+ * an independent gather and XXH3; and corruption: every header byte
+ * flipped, payload bytes flipped, truncation at every length, a forged
+ * fingerprint, version or magic - each refused with the destination
+ * bit-identical.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <xxhash.h>
+
+#include <kvcache/kv.h>
+
+#include "kvt_side.h"
+#include "kvtest.h"
+
+#define REFUSED(call, want, frag)                                                                  \
+    do {                                                                                           \
+        kv_status st_ = (call);                                                                    \
+        if (st_ != (want) || !strstr(kv_last_error(), (frag)))                                     \
+            fail_msg("%s: got %s (%s), want %s with '%s'", #call, kv_status_name(st_),             \
+                     kv_last_error(), kv_status_name(want), frag);                                 \
+    } while (0)
+
+static uint64_t rd64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static uint32_t rd32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void wr64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* Recompute the header checksum after a deliberate edit (a forged header). */
+static void reseal(unsigned char *buf)
+{
+    const uint64_t at = 136 + 8 * (uint64_t)rd32(buf + 40);
+    wr64(buf + at, XXH3_64bits(buf, at));
+}
+
+static unsigned char *pack_request(const kv_plan *plan, const struct kvt_side *s,
+                                   const uint32_t *ids, uint32_t n, uint64_t T, size_t *len)
+{
+    uint64_t size = 0;
+    assert_int_equal(kv_pack_size(&s->lo, T, &size), KV_OK);
+    unsigned char *buf = aligned_alloc(64, (size + 63) / 64 * 64);
+    assert_non_null(buf);
+    kv_status st = kv_pack(plan, s->pc, ids, n, T, buf, (size_t)size, len);
+    if (st != KV_OK)
+        fail_msg("kv_pack: %s: %s", kv_status_name(st), kv_last_error());
+    assert_int_equal(*len, size);
+    return buf;
+}
+
+static void round_trip(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, int64_t Hd,
+                       int64_t sh0, int64_t dh0, int64_t nh, kv_dtype dt, bool plans, uint64_t seed)
+{
+    const int64_t L = 3, D = 16;
+    struct kvt_side s, d;
+    kvt_side_make(&s, L, 300, Ns, Hs, D, dt, sbits, seed);
+    kvt_side_make(&d, L, 260, Nd, Hd, D, dt, dbits, seed + 1);
+    struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+    pc.src_head0 = sh0;
+    pc.dst_head0 = dh0;
+    pc.n_heads = nh;
+    kv_plan *pp = NULL, *up = NULL;
+    if (plans) {
+        assert_int_equal(kv_pack_plan_create(&s.lo, &pp), KV_OK);
+        assert_int_equal(kv_unpack_plan_create(&s.lo, &d.lo, &pc, &up), KV_OK);
+    }
+    uint64_t rng = seed * 11 + 5;
+    const uint64_t T = (uint64_t)kvt_range(&rng, 1, 700);
+    const uint32_t ns = (uint32_t)((T + (uint64_t)Ns - 1) / (uint64_t)Ns);
+    const uint32_t nd = (uint32_t)((T + (uint64_t)Nd - 1) / (uint64_t)Nd);
+    uint32_t sid[128], did[128];
+    kvt_pick_ids(&rng, s.lo.num_blocks, ns, sid);
+    kvt_pick_ids(&rng, d.lo.num_blocks, nd, did);
+    unsigned char *ref = malloc((size_t)d.lo.total_bytes);
+    unsigned char *src0 = malloc((size_t)s.lo.total_bytes);
+    assert_true(ref && src0);
+    memcpy(ref, d.mem, (size_t)d.lo.total_bytes);
+    memcpy(src0, s.mem, (size_t)s.lo.total_bytes);
+    kvt_ref_move(&s, sid, ns, &d, did, nd, sh0, dh0, nh ? nh : Hs, ref);
+
+    size_t len = 0;
+    unsigned char *buf = pack_request(pp, &s, sid, ns, T, &len);
+    struct kv_pack_info info;
+    assert_int_equal(kv_pack_inspect(buf, len, &info), KV_OK);
+    assert_int_equal(info.n_tokens, T);
+    assert_int_equal(info.n_blocks, ns);
+    assert_int_equal(info.source.fingerprint, s.lo.fingerprint);
+    assert_int_equal(info.total_bytes, len);
+    kv_status st = kv_unpack(up, buf, len, d.pc, did, nd, plans ? NULL : &pc);
+    if (st != KV_OK)
+        fail_msg("kv_unpack: %s: %s", kv_status_name(st), kv_last_error());
+    const int64_t at = kvt_first_diff(ref, d.mem, d.lo.total_bytes);
+    if (at >= 0)
+        fail_msg("bits %d->%d N %lld->%lld heads [%lld+%lld) -> [%lld): destination byte %lld "
+                 "of %lld differs",
+                 sbits, dbits, (long long)Ns, (long long)Nd, (long long)sh0,
+                 (long long)(nh ? nh : Hs), (long long)dh0, (long long)at,
+                 (long long)d.lo.total_bytes);
+    assert_memory_equal(src0, s.mem, (size_t)s.lo.total_bytes);
+    free(buf);
+    free(ref);
+    free(src0);
+    kv_plan_destroy(pp);
+    kv_plan_destroy(up);
+    kvt_side_free(&s);
+    kvt_side_free(&d);
+}
+
+static void test_pack_every_layout_pair(void **state)
+{
+    (void)state;
+    static const int64_t Ns[3] = {8, 16, 32};
+    uint64_t seed = 1;
+    for (int sb = 0; sb < 16; sb++)
+        for (int db = 0; db < 16; db++) {
+            const int64_t a = Ns[(sb + 2 * db) % 3], b = Ns[(sb * 5 + db) % 3];
+            round_trip(sb, db, a, b, 4, 4, 0, 0, 0, KV_BF16, (sb + db) % 2 == 0, seed++);
+        }
+}
+
+static void test_pack_head_slices_and_dtypes(void **state)
+{
+    (void)state;
+    uint64_t seed = 5000;
+    for (int i = 0; i < 16; i++) {
+        /* TP 1 -> TP 2: heads 2..3 of 4 to a 2-head receiver, and the reverse */
+        round_trip(i, 15 - i, 16, i % 2 ? 32 : 8, 4, 2, 2, 0, 2, KV_BF16, i % 2, seed++);
+        round_trip(15 - i, i, 16, 16, 2, 4, 0, 2, 2, KV_F32, i % 3 == 0, seed++);
+        round_trip(i, i, 8, 16, 6, 5, 1, 2, 3, KV_FP8_E4M3, i % 2 == 0, seed++);
+    }
+}
+
+/* The documented bytes: fields at their offsets, little-endian; the payload
+ * equals a gather of each block's data runs in (layer, plane) order from
+ * config-only offsets; each checksum is XXH3-64 of its payload block. */
+static void test_pack_format_bytes(void **state)
+{
+    (void)state;
+    for (int bits = 0; bits < 16; bits++) {
+        struct kvt_side s;
+        kvt_side_make(&s, 2, 200, 8, 3, 8, KV_F16, bits, 77 + (uint64_t)bits);
+        const uint32_t ids[5] = {199, 3, 150, 77, 120};
+        const uint64_t T = 37; /* 5 blocks of 8, the last partly used */
+        size_t len;
+        unsigned char *b = pack_request(NULL, &s, ids, 5, T, &len);
+        assert_memory_equal(b, "KVPACK\r\n", 8);
+        assert_int_equal(rd32(b + 8), 1);
+        assert_int_equal(rd32(b + 12), 136);
+        const uint64_t hdr = rd64(b + 16);
+        assert_int_equal(hdr, (136 + 5 * 8 + 8 + 63) / 64 * 64);
+        const int64_t planes = s.cfg.kv_packed ? 1 : 2;
+        const uint64_t run = (uint64_t)(8 * 3 * 8 * (s.cfg.kv_packed ? 2 : 1)) * 2;
+        const uint64_t bb = (uint64_t)(2 * planes) * run;
+        assert_int_equal(rd64(b + 24), 5 * bb);
+        assert_int_equal(rd64(b + 32), T);
+        assert_int_equal(rd32(b + 40), 5);
+        assert_int_equal(rd32(b + 44), 0);
+        assert_int_equal(rd64(b + 48), s.lo.fingerprint);
+        assert_int_equal(rd64(b + 56), 2);
+        assert_int_equal(rd64(b + 64), 200);
+        assert_int_equal(rd64(b + 72), 8);
+        assert_int_equal(rd64(b + 80), 3);
+        assert_int_equal(rd64(b + 88), 8);
+        assert_int_equal(rd32(b + 96), (uint32_t)KV_F16);
+        assert_int_equal(rd32(b + 100), (uint32_t)s.cfg.order);
+        assert_int_equal(rd32(b + 104), (uint32_t)s.cfg.arrange);
+        assert_int_equal(rd32(b + 108), s.cfg.kv_packed ? 1 : 0);
+        assert_int_equal(rd64(b + 112), (uint64_t)s.lo.block_stride_bytes);
+        assert_int_equal(rd64(b + 120), (uint64_t)s.lo.align_bytes);
+        assert_int_equal(rd64(b + 128), bb);
+        unsigned char *want = malloc(5 * bb);
+        assert_non_null(want);
+        for (int i = 0; i < 5; i++) {
+            for (int64_t l = 0; l < 2; l++)
+                for (int64_t p = 0; p < planes; p++) {
+                    const int64_t o = kvt_ref_offset_elems(&s.cfg, l, p, ids[i], 0, 0, 0) * 2;
+                    memcpy(want + (uint64_t)i * bb + (uint64_t)(l * planes + p) * run, s.mem + o,
+                           run);
+                }
+            assert_int_equal(rd64(b + 136 + 8 * i), XXH3_64bits(want + (uint64_t)i * bb, bb));
+        }
+        assert_memory_equal(b + hdr, want, 5 * bb);
+        assert_int_equal(rd64(b + 136 + 40), XXH3_64bits(b, 136 + 40));
+        for (uint64_t i = 136 + 48; i < hdr; i++)
+            assert_int_equal(b[i], 0);
+        free(want);
+        free(b);
+        kvt_side_free(&s);
+    }
+}
+
+/* Each refusal: the destination pool bit-identical afterwards. */
+struct corrupt_fixture {
+    struct kvt_side s, d;
+    uint32_t sid[5], did[3];
+    uint64_t T;
+    unsigned char *buf, *work, *before;
+    size_t len;
+    struct kv_pack_info info;
+};
+
+static void fixture_make(struct corrupt_fixture *f)
+{
+    kvt_side_make(&f->s, 2, 120, 8, 2, 8, KV_BF16, 4, 31); /* NHD layer-major padded */
+    kvt_side_make(&f->d, 2, 90, 16, 2, 8, KV_BF16, 3, 32); /* HND block-major, N 16 */
+    const uint32_t sid[5] = {119, 40, 7, 88, 61}, did[3] = {89, 12, 45};
+    memcpy(f->sid, sid, sizeof(sid));
+    memcpy(f->did, did, sizeof(did));
+    f->T = 40;
+    f->buf = pack_request(NULL, &f->s, f->sid, 5, f->T, &f->len);
+    f->work = malloc(f->len);
+    f->before = malloc((size_t)f->d.lo.total_bytes);
+    assert_true(f->work && f->before);
+    memcpy(f->before, f->d.mem, (size_t)f->d.lo.total_bytes);
+    assert_int_equal(kv_pack_inspect(f->buf, f->len, &f->info), KV_OK);
+}
+
+static void fixture_free(struct corrupt_fixture *f)
+{
+    free(f->buf);
+    free(f->work);
+    free(f->before);
+    kvt_side_free(&f->s);
+    kvt_side_free(&f->d);
+}
+
+static kv_status unpack_work(struct corrupt_fixture *f, size_t len)
+{
+    return kv_unpack(NULL, f->work, len, f->d.pc, f->did, 3, NULL);
+}
+
+static void assert_untouched(const struct corrupt_fixture *f, const char *what, uint64_t at)
+{
+    if (memcmp(f->before, f->d.mem, (size_t)f->d.lo.total_bytes) != 0)
+        fail_msg("%s at %llu: the destination changed", what, (unsigned long long)at);
+}
+
+static void test_pack_corruption(void **state)
+{
+    (void)state;
+    struct corrupt_fixture f;
+    fixture_make(&f);
+    const uint64_t hdr = f.info.header_bytes, bb = f.info.block_bytes;
+    assert_int_equal(f.info.n_blocks, 5);
+    /* every header byte, two different flips */
+    for (uint64_t i = 0; i < hdr; i++)
+        for (int m = 0; m < 2; m++) {
+            memcpy(f.work, f.buf, f.len);
+            f.work[i] ^= m ? 0x80 : 0x01;
+            kv_status st = unpack_work(&f, f.len);
+            if (st == KV_OK)
+                fail_msg("header byte %llu ^ 0x%02x accepted", (unsigned long long)i,
+                         m ? 0x80 : 0x01);
+            if (st != KV_ERR_CORRUPT && st != KV_ERR_MISMATCH && st != KV_ERR_UNSUPPORTED)
+                fail_msg("header byte %llu: %s (%s)", (unsigned long long)i, kv_status_name(st),
+                         kv_last_error());
+            assert_untouched(&f, "header flip", i);
+        }
+    /* payload: the first, a middle and the last byte of every block */
+    for (uint64_t k = 0; k < 5; k++) {
+        const uint64_t at[3] = {hdr + k * bb, hdr + k * bb + bb / 2 + 1, hdr + (k + 1) * bb - 1};
+        for (int j = 0; j < 3; j++) {
+            memcpy(f.work, f.buf, f.len);
+            f.work[at[j]] ^= 0x10;
+            char frag[32];
+            snprintf(frag, sizeof(frag), "block %llu of 5", (unsigned long long)k);
+            REFUSED(unpack_work(&f, f.len), KV_ERR_CORRUPT, frag);
+            assert_untouched(&f, "payload flip", at[j]);
+        }
+    }
+    /* truncated at every length (every region boundary among them) */
+    memcpy(f.work, f.buf, f.len);
+    for (size_t n = 0; n < f.len; n++) {
+        kv_status st = unpack_work(&f, n);
+        if (st != KV_ERR_CORRUPT)
+            fail_msg("truncated to %zu of %zu bytes: %s (%s)", n, f.len, kv_status_name(st),
+                     kv_last_error());
+        assert_untouched(&f, "truncated", n);
+    }
+    REFUSED(kv_pack_inspect(f.work, 100, &f.info), KV_ERR_CORRUPT, "136-byte fixed header");
+    REFUSED(unpack_work(&f, f.len - 1), KV_ERR_CORRUPT, "truncated payload");
+    /* a longer buffer is fine: trailing bytes are not read */
+    assert_int_equal(kv_pack_inspect(f.work, f.len + 1000, &f.info), KV_OK);
+    /* foreign magic, another version, a forged fingerprint or field */
+    memcpy(f.work, f.buf, f.len);
+    memcpy(f.work, "PK\3\4xxxx", 8);
+    REFUSED(unpack_work(&f, f.len), KV_ERR_MISMATCH, "not a kvcache pack");
+    memcpy(f.work, f.buf, f.len);
+    f.work[8] = 2;
+    REFUSED(unpack_work(&f, f.len), KV_ERR_UNSUPPORTED, "version 2");
+    memcpy(f.work, f.buf, f.len);
+    wr64(f.work + 48, rd64(f.buf + 48) ^ 1);
+    REFUSED(unpack_work(&f, f.len), KV_ERR_CORRUPT, "header checksum");
+    reseal(f.work);
+    REFUSED(unpack_work(&f, f.len), KV_ERR_MISMATCH, "fingerprint");
+    memcpy(f.work, f.buf, f.len);
+    f.work[100] ^= 1; /* NHD -> HND with a valid checksum: the fingerprint disagrees */
+    reseal(f.work);
+    REFUSED(unpack_work(&f, f.len), KV_ERR_MISMATCH, "fingerprint");
+    memcpy(f.work, f.buf, f.len);
+    wr64(f.work + 32, 41); /* 41 tokens need 6 blocks of 8 */
+    reseal(f.work);
+    REFUSED(unpack_work(&f, f.len), KV_ERR_CORRUPT, "6 expected");
+    memcpy(f.work, f.buf, f.len);
+    f.work[hdr - 1] = 1; /* padding */
+    REFUSED(unpack_work(&f, f.len), KV_ERR_CORRUPT, "padding byte");
+    assert_untouched(&f, "forged", 0);
+    /* and the untouched buffer goes through */
+    memcpy(f.work, f.buf, f.len);
+    assert_int_equal(unpack_work(&f, f.len), KV_OK);
+    fixture_free(&f);
+}
+
+static void test_pack_refusals(void **state)
+{
+    (void)state;
+    struct corrupt_fixture f;
+    fixture_make(&f);
+    size_t out = 0;
+    uint64_t size = 0;
+    assert_int_equal(kv_pack_size(&f.s.lo, f.T, &size), KV_OK);
+    unsigned char *b = aligned_alloc(64, (size + 64 + 63) / 64 * 64);
+    assert_non_null(b);
+    memset(b, 0xAB, size + 64);
+    REFUSED(kv_pack(NULL, f.s.pc, f.sid, 5, f.T, b, (size_t)size - 1, &out), KV_ERR_CAPACITY,
+            "packs into");
+    assert_int_equal(out, size);
+    REFUSED(kv_pack(NULL, f.s.pc, f.sid, 4, f.T, b, (size_t)size, &out), KV_ERR_BAD_SHAPE,
+            "needs 5");
+    uint32_t far[5] = {1, 2, 120, 3, 4};
+    REFUSED(kv_pack(NULL, f.s.pc, far, 5, f.T, b, (size_t)size, &out), KV_ERR_OUT_OF_BOUNDS,
+            "src_blocks[2] = 120");
+    REFUSED(kv_pack(NULL, f.s.pc, f.sid, 5, f.T, b + 1, (size_t)size, &out), KV_ERR_INVALID_ARG,
+            "aligned");
+    REFUSED(kv_pack(NULL, f.s.pc, f.sid, 5, f.T, f.s.mem + 64, (size_t)size, &out), KV_ERR_OVERLAP,
+            "overlaps");
+    kv_plan *wrong = NULL;
+    assert_int_equal(kv_pack_plan_create(&f.d.lo, &wrong), KV_OK);
+    REFUSED(kv_pack(wrong, f.s.pc, f.sid, 5, f.T, b, (size_t)size, &out), KV_ERR_INVALID_ARG,
+            "kv_pack_plan_create");
+    for (uint64_t i = 0; i < size + 64; i++)
+        assert_int_equal(b[i], 0xAB);
+    /* unpack: destination list, plan, dtype, overlap */
+    uint32_t two[2] = {1, 2}, dup[3] = {5, 6, 5}, oob[3] = {1, 90, 2};
+    REFUSED(kv_unpack(NULL, f.buf, f.len, f.d.pc, two, 2, NULL), KV_ERR_BAD_SHAPE, "need 3");
+    REFUSED(kv_unpack(NULL, f.buf, f.len, f.d.pc, dup, 3, NULL), KV_ERR_OVERLAP, "listed twice");
+    REFUSED(kv_unpack(NULL, f.buf, f.len, f.d.pc, oob, 3, NULL), KV_ERR_OUT_OF_BOUNDS,
+            "dst_blocks[1] = 90");
+    REFUSED(kv_unpack(wrong, f.buf, f.len, f.d.pc, f.did, 3, NULL), KV_ERR_INVALID_ARG,
+            "kv_unpack_plan_create");
+    struct kvt_side o;
+    kvt_side_make(&o, 2, 90, 16, 2, 8, KV_F16, 0, 33);
+    REFUSED(kv_unpack(NULL, f.buf, f.len, o.pc, f.did, 3, NULL), KV_ERR_INVALID_ARG, "dtype");
+    struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+    pc.n_heads = 2;
+    pc.src_head0 = 1;
+    REFUSED(kv_unpack(NULL, f.buf, f.len, f.d.pc, f.did, 3, &pc), KV_ERR_BAD_SHAPE, "outside");
+    /* a buffer that lives inside the destination's storage */
+    unsigned char *inside = f.d.mem + f.d.lo.total_bytes - f.len - 64;
+    memcpy(f.before, f.d.mem, (size_t)f.d.lo.total_bytes);
+    memcpy(inside, f.buf, f.len);
+    memcpy(f.before, f.d.mem, (size_t)f.d.lo.total_bytes);
+    REFUSED(kv_unpack(NULL, inside, f.len, f.d.pc, f.did, 3, NULL), KV_ERR_OVERLAP, "overlaps");
+    assert_untouched(&f, "refusal", 0);
+    REFUSED(kv_unpack(NULL, NULL, 0, f.d.pc, f.did, 3, NULL), KV_ERR_NULL, "buf");
+    REFUSED(kv_pack_inspect(f.buf, f.len, NULL), KV_ERR_NULL, "out");
+    /* an empty request packs and unpacks */
+    assert_int_equal(kv_pack(NULL, f.s.pc, NULL, 0, 0, b, (size_t)size, &out), KV_OK);
+    assert_int_equal(out, 192);
+    assert_int_equal(kv_unpack(NULL, b, out, f.d.pc, NULL, 0, NULL), KV_OK);
+    assert_untouched(&f, "empty", 0);
+    kv_plan_destroy(wrong);
+    kvt_side_free(&o);
+    free(b);
+    fixture_free(&f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pack_every_layout_pair),
+        cmocka_unit_test(test_pack_head_slices_and_dtypes),
+        cmocka_unit_test(test_pack_format_bytes),
+        cmocka_unit_test(test_pack_corruption),
+        cmocka_unit_test(test_pack_refusals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
