@@ -19,68 +19,16 @@
 
 #include <kvcache/kv.h>
 
-#include "kv_mem.h"
+#include "kvt_side.h"
 #include "kvtest.h"
-
-struct side {
-    struct kv_layout_config cfg;
-    struct kv_layout lo;
-    unsigned char *mem;
-    struct kv_paged_cache pc;
-};
-
-static void side_make(struct side *s, int64_t L, int64_t B, int64_t N, int64_t H, int64_t D,
-                      kv_dtype dt, int bits, uint64_t seed)
-{
-    kv_layout_config_init(&s->cfg);
-    s->cfg.num_layers = L;
-    s->cfg.num_blocks = B;
-    s->cfg.block_tokens = N;
-    s->cfg.num_heads = H;
-    s->cfg.head_dim = D;
-    s->cfg.dtype = dt;
-    s->cfg.order = (bits & 1) ? KV_ORDER_HND : KV_ORDER_NHD;
-    s->cfg.arrange = (bits & 2) ? KV_ARRANGE_BLOCK_MAJOR : KV_ARRANGE_LAYER_MAJOR;
-    s->cfg.block_pad_elems = (bits & 4) ? 24 : 0;
-    s->cfg.kv_packed = (bits & 8) != 0;
-    assert_int_equal(kv_layout_init(&s->cfg, &s->lo), KV_OK);
-    s->mem = kv__mem_alloc_aligned(64, (size_t)s->lo.total_bytes);
-    assert_non_null(s->mem);
-    uint64_t st = seed;
-    for (int64_t i = 0; i < s->lo.total_bytes; i++)
-        s->mem[i] = (unsigned char)kvt_rand(&st);
-    s->pc = (struct kv_paged_cache){s->lo, s->mem, (size_t)s->lo.total_bytes, KV_MEM_HOST};
-}
-
-static void side_free(struct side *s)
-{
-    kv__mem_free(s->mem);
-}
-
-/* n distinct ids of [0, B), shuffled (far from 0 as often as not) */
-static void pick_ids(uint64_t *rng, int64_t B, uint32_t n, uint32_t *ids)
-{
-    uint32_t *all = malloc((size_t)B * sizeof(*all));
-    assert_non_null(all);
-    for (int64_t i = 0; i < B; i++)
-        all[i] = (uint32_t)i;
-    for (uint32_t i = 0; i < n; i++) {
-        const int64_t j = kvt_range(rng, i, B - 1);
-        const uint32_t t = all[i];
-        all[i] = all[j];
-        all[j] = t;
-        ids[i] = all[i];
-    }
-    free(all);
-}
 
 static void run_pair(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, int64_t Hd,
                      int64_t sh0, int64_t dh0, int64_t nh, kv_dtype dt, uint64_t seed)
 {
     const int64_t L = 3, D = 16;
-    struct side s, d;
-    side_make(&s, L, 300, Ns, Hs, D, dt, sbits, seed);
-    side_make(&d, L, 260, Nd, Hd, D, dt, dbits, seed + 1);
+    struct kvt_side s, d;
+    kvt_side_make(&s, L, 300, Ns, Hs, D, dt, sbits, seed);
+    kvt_side_make(&d, L, 260, Nd, Hd, D, dt, dbits, seed + 1);
     struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
     pc.src_head0 = sh0;
     pc.dst_head0 = dh0;
@@ -92,8 +40,8 @@ static void run_pair(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, i
     const uint32_t ns = (uint32_t)((T + (uint64_t)Ns - 1) / (uint64_t)Ns);
     const uint32_t nd = (uint32_t)((T + (uint64_t)Nd - 1) / (uint64_t)Nd);
     uint32_t sid[128], did[128];
-    pick_ids(&rng, s.lo.num_blocks, ns, sid);
-    pick_ids(&rng, d.lo.num_blocks, nd, did);
+    kvt_pick_ids(&rng, s.lo.num_blocks, ns, sid);
+    kvt_pick_ids(&rng, d.lo.num_blocks, nd, did);
 
     unsigned char *ref = malloc((size_t)d.lo.total_bytes);
     unsigned char *src0 = malloc((size_t)s.lo.total_bytes);
@@ -101,22 +49,7 @@ static void run_pair(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, i
     memcpy(ref, d.mem, (size_t)d.lo.total_bytes);
     memcpy(src0, s.mem, (size_t)s.lo.total_bytes);
     /* the tokens both lists cover move, element by element */
-    const int64_t es = s.lo.elem_bytes, heads = nh ? nh : Hs;
-    const uint64_t covered = (uint64_t)ns * (uint64_t)Ns < (uint64_t)nd * (uint64_t)Nd
-                                 ? (uint64_t)ns * (uint64_t)Ns
-                                 : (uint64_t)nd * (uint64_t)Nd;
-    for (uint64_t t = 0; t < covered; t++)
-        for (int64_t l = 0; l < L; l++)
-            for (int kv = 0; kv < 2; kv++)
-                for (int64_t h = 0; h < heads; h++) {
-                    const int64_t so =
-                        kvt_ref_offset_elems(&s.cfg, l, kv, sid[t / (uint64_t)Ns],
-                                             (int64_t)(t % (uint64_t)Ns), sh0 + h, 0);
-                    const int64_t dof =
-                        kvt_ref_offset_elems(&d.cfg, l, kv, did[t / (uint64_t)Nd],
-                                             (int64_t)(t % (uint64_t)Nd), dh0 + h, 0);
-                    memcpy(ref + dof * es, s.mem + so * es, (size_t)(D * es));
-                }
+    kvt_ref_move(&s, sid, ns, &d, did, nd, sh0, dh0, nh ? nh : Hs, ref);
     kv_status st = kv_plan_copy(plan, s.pc, sid, ns, d.pc, did, nd, T);
     if (st != KV_OK)
         fail_msg("kv_plan_copy: %s: %s", kv_status_name(st), kv_last_error());
@@ -126,15 +59,16 @@ static void run_pair(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, i
             i++;
         fail_msg("bits %d->%d N %lld->%lld heads [%lld+%lld) -> [%lld): destination byte %lld "
                  "differs (of %lld)",
-                 sbits, dbits, (long long)Ns, (long long)Nd, (long long)sh0, (long long)heads,
-                 (long long)dh0, (long long)i, (long long)d.lo.total_bytes);
+                 sbits, dbits, (long long)Ns, (long long)Nd, (long long)sh0,
+                 (long long)(nh ? nh : Hs), (long long)dh0, (long long)i,
+                 (long long)d.lo.total_bytes);
     }
     assert_memory_equal(src0, s.mem, (size_t)s.lo.total_bytes);
     free(ref);
     free(src0);
     kv_plan_destroy(plan);
-    side_free(&s);
-    side_free(&d);
+    kvt_side_free(&s);
+    kvt_side_free(&d);
 }
 
 static void test_plan_every_layout_pair(void **state)
@@ -164,9 +98,9 @@ static void test_plan_head_slices_and_dtypes(void **state)
 static void test_plan_run_counts(void **state)
 {
     (void)state;
-    struct side s, b;
-    side_make(&s, 4, 64, 16, 8, 128, KV_BF16, 0, 1); /* NHD layer-major */
-    side_make(&b, 4, 64, 16, 8, 128, KV_BF16, 2, 2); /* NHD block-major */
+    struct kvt_side s, b;
+    kvt_side_make(&s, 4, 64, 16, 8, 128, KV_BF16, 0, 1); /* NHD layer-major */
+    kvt_side_make(&b, 4, 64, 16, 8, 128, KV_BF16, 2, 2); /* NHD block-major */
     kv_plan *p = NULL;
     struct kv_plan_stats st;
     assert_int_equal(kv_plan_create(&s.lo, &s.lo, NULL, &p), KV_OK);
@@ -184,8 +118,8 @@ static void test_plan_run_counts(void **state)
     assert_int_equal(st.copies, 1);
     kv_plan_destroy(p);
     /* 16-token pages into 32-token pages: a window of 2 source blocks, 1 destination */
-    struct side w;
-    side_make(&w, 4, 64, 32, 8, 128, KV_BF16, 0, 3);
+    struct kvt_side w;
+    kvt_side_make(&w, 4, 64, 32, 8, 128, KV_BF16, 0, 3);
     assert_int_equal(kv_plan_create(&s.lo, &w.lo, NULL, &p), KV_OK);
     assert_int_equal(kv_plan_stats_get(p, &st), KV_OK);
     assert_int_equal(st.window_tokens, 32);
@@ -193,9 +127,9 @@ static void test_plan_run_counts(void **state)
     assert_int_equal(st.window_dst_blocks, 1);
     assert_int_equal(st.runs, 16);
     kv_plan_destroy(p);
-    side_free(&s);
-    side_free(&b);
-    side_free(&w);
+    kvt_side_free(&s);
+    kvt_side_free(&b);
+    kvt_side_free(&w);
 }
 
 #define REFUSED(call, want, frag)                                                                  \
@@ -209,10 +143,10 @@ static void test_plan_run_counts(void **state)
 static void test_plan_refusals(void **state)
 {
     (void)state;
-    struct side s, d, o;
-    side_make(&s, 2, 40, 16, 4, 16, KV_BF16, 0, 5);
-    side_make(&d, 2, 40, 16, 4, 16, KV_BF16, 1, 6);
-    side_make(&o, 3, 40, 16, 4, 16, KV_F16, 0, 7);
+    struct kvt_side s, d, o;
+    kvt_side_make(&s, 2, 40, 16, 4, 16, KV_BF16, 0, 5);
+    kvt_side_make(&d, 2, 40, 16, 4, 16, KV_BF16, 1, 6);
+    kvt_side_make(&o, 3, 40, 16, 4, 16, KV_F16, 0, 7);
     kv_plan *p = NULL;
     REFUSED(kv_plan_create(NULL, &d.lo, NULL, &p), KV_ERR_NULL, "src");
     REFUSED(kv_plan_create(&s.lo, &o.lo, NULL, &p), KV_ERR_INVALID_ARG, "dtype");
@@ -258,9 +192,9 @@ static void test_plan_refusals(void **state)
                         (size_t)s.lo.block_bytes);
     kv_plan_destroy(p);
     free(before);
-    side_free(&s);
-    side_free(&d);
-    side_free(&o);
+    kvt_side_free(&s);
+    kvt_side_free(&d);
+    kvt_side_free(&o);
 }
 
 int main(void)
