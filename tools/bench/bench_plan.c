@@ -10,6 +10,16 @@
  *
  * The destination is checked at 4,096 random (token, layer, K/V, head) rows
  * against kv_layout_offset on both sides before the case reports.
+ *
+ *   plan.build       kv_plan_create for the same shape, plus the per-request
+ *                    part of a 131,072-token request (the 8,192 + 8,192
+ *                    block start addresses kv_plan_copy builds), in us.
+ *                    Baseline "row_offsets_floor": only enumerating the
+ *                    window's head rows with kv_layout_elem_offset on both
+ *                    sides (no sort, no coalescing, no request part): not an
+ *                    alternative but the floor of any plan, so its ratio is
+ *                    < 1 by construction. The plan's row count is checked
+ *                    against the enumeration.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -137,6 +147,93 @@ out:
     kvb_free(d.mem);
 }
 
+static void kvb__build_case(const char *name, int64_t Nd, kv_order dord, kv_arrange darr,
+                            int64_t heads)
+{
+    static const char bench[] = "plan.build";
+    if (!kvb_selected(bench, name))
+        return;
+    kvb_progress(bench, name);
+    struct kv_layout_config c = KV_LAYOUT_CONFIG_INIT;
+    c.num_layers = 32;
+    c.num_blocks = 8192 + 64;
+    c.block_tokens = 16;
+    c.num_heads = 8;
+    c.head_dim = 128;
+    c.dtype = KV_BF16;
+    struct kv_layout s, d;
+    kv_status st = kv_layout_init(&c, &s);
+    c.block_tokens = Nd;
+    c.order = dord;
+    c.arrange = darr;
+    c.num_heads = heads;
+    if (st == KV_OK)
+        st = kv_layout_init(&c, &d);
+    struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+    pc.n_heads = heads == 8 ? 0 : heads;
+    pc.src_head0 = heads == 8 ? 0 : 8 - heads;
+    const int64_t T = 131072, ns = T / 16, nd = T / Nd;
+    char **addr = malloc((size_t)(ns + nd) * sizeof(*addr));
+    uint32_t *ids = malloc((size_t)(ns > nd ? ns : nd) * sizeof(*ids));
+    const int runs = kvb_runs();
+    double *tc = malloc(sizeof(double) * (size_t)runs), *tb = malloc(sizeof(double) * (size_t)runs);
+    if (st != KV_OK || !addr || !ids || !tc || !tb) {
+        kvb_failed(bench, name, "setup: %s", kv_status_name(st));
+        goto out;
+    }
+    kvb__shuffle(ids, (uint32_t)(ns > nd ? ns : nd), (uint32_t)(8192 + 64), 31);
+    char *base = (char *)(uintptr_t)4096; /* addresses only: never dereferenced */
+    const int64_t W = Nd > 16 ? Nd : 16, nh = heads;
+    uint64_t acc = 0;
+    for (int r = -1; r < runs; r++) {
+        double t0 = kvb_now();
+        kv_plan *p = NULL;
+        st = kv_plan_create(&s, &d, &pc, &p);
+        for (int64_t i = 0; i < ns; i++)
+            addr[i] = base + (int64_t)ids[i] * s.stride_block_bytes;
+        for (int64_t i = 0; i < nd; i++)
+            addr[ns + i] = base + (int64_t)ids[i] * d.stride_block_bytes;
+        double t1 = kvb_now();
+        int64_t rows = 0;
+        for (uint32_t l = 0; l < 32; l++)
+            for (int kv = 0; kv < 2; kv++)
+                for (int64_t t = 0; t < W; t++)
+                    for (int64_t h = 0; h < nh; h++) {
+                        acc += (uint64_t)kv_layout_elem_offset(&s, l, kv, (uint32_t)(t / 16),
+                                                               (uint32_t)(t % 16),
+                                                               (uint32_t)(pc.src_head0 + h), 0);
+                        acc += (uint64_t)kv_layout_elem_offset(&d, l, kv, (uint32_t)(t / Nd),
+                                                               (uint32_t)(t % Nd), (uint32_t)h, 0);
+                        rows++;
+                    }
+        double t2 = kvb_now();
+        struct kv_plan_stats ps;
+        if (st != KV_OK || kv_plan_stats_get(p, &ps) != KV_OK) {
+            kvb_failed(bench, name, "kv_plan_create: %s (%s)", kv_status_name(st), kv_last_error());
+            kv_plan_destroy(p);
+            goto out;
+        }
+        if (ps.rows != rows) {
+            kvb_mismatch(bench, name, "plan rows %lld, the window has %lld", (long long)ps.rows,
+                         (long long)rows);
+            kv_plan_destroy(p);
+            goto out;
+        }
+        kv_plan_destroy(p);
+        if (r >= 0) {
+            tc[r] = (t1 - t0) * 1e6;
+            tb[r] = (t2 - t1) * 1e6;
+        }
+    }
+    kvb_sink(acc ^ (uint64_t)(uintptr_t)addr[ns / 2]);
+    kvb_emit_us(bench, name, kvb_median(tc, runs), "row_offsets_floor", kvb_median(tb, runs), runs);
+out:
+    free(addr);
+    free(ids);
+    free(tc);
+    free(tb);
+}
+
 static void kvb__plan(void)
 {
     const int64_t T = kvb_quick() ? 256 : 4096;
@@ -148,6 +245,13 @@ static void kvb__plan(void)
     snprintf(name, sizeof(name), "llama8b/bf16/N16->N32/%lldtok/nhd-layer->nhd-layer",
              (long long)T);
     kvb__copy_case(name, 32, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, T);
+    kvb__build_case("llama8b/bf16/131072tok/nhd-layer->nhd-layer", 16, KV_ORDER_NHD,
+                    KV_ARRANGE_LAYER_MAJOR, 8);
+    kvb__build_case("llama8b/bf16/131072tok/nhd-layer->hnd-block", 16, KV_ORDER_HND,
+                    KV_ARRANGE_BLOCK_MAJOR, 8);
+    kvb__build_case("llama8b/bf16/131072tok/N16->N32", 32, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, 8);
+    kvb__build_case("llama8b/bf16/131072tok/heads4-7->4-head-hnd", 16, KV_ORDER_HND,
+                    KV_ARRANGE_LAYER_MAJOR, 4);
 }
 
 KVB_REGISTER("connector", kvb__plan)
