@@ -92,15 +92,6 @@ static uint64_t header_bytes(uint64_t n_blocks)
     return (raw + KV_PACK_ALIGN - 1) / KV_PACK_ALIGN * KV_PACK_ALIGN;
 }
 
-/* The same validity test the kernels apply to a cache's layout. */
-static kv_status check_layout(const char *fn, const char *what, const struct kv_layout *lo)
-{
-    static char dummy[64] __attribute__((aligned(64)));
-    struct kv_paged_cache c = {.layout = *lo, .base = dummy, .storage_bytes = SIZE_MAX};
-    kv_status st = kv_attn_cache_check(&c, false);
-    return st == KV_OK ? KV_OK : kv__error_wrap(st, "%s: %s", fn, what);
-}
-
 static kv_status wire_layout(const char *fn, const struct kv_layout *src, struct kv_layout *out)
 {
     struct kv_layout_config c = KV_LAYOUT_CONFIG_INIT;
@@ -122,7 +113,7 @@ kv_status kv_pack_wire_layout(const struct kv_layout *src, struct kv_layout *out
     static const char fn[] = "kv_pack_wire_layout";
     if (!src || !out)
         return kv__error(KV_ERR_NULL, "%s: %s is NULL", fn, !src ? "src" : "out");
-    kv_status st = check_layout(fn, "source layout", src);
+    kv_status st = kv__plan_check_layout(fn, "source layout", src);
     if (st == KV_OK)
         st = wire_layout(fn, src, out);
     return st == KV_OK ? kv__ok() : st;
@@ -152,7 +143,7 @@ kv_status kv_pack_size(const struct kv_layout *src, uint64_t n_tokens, uint64_t 
     if (!src || !out_bytes)
         return kv__error(KV_ERR_NULL, "%s: %s is NULL", fn, !src ? "src" : "out_bytes");
     uint64_t nb;
-    kv_status st = check_layout(fn, "source layout", src);
+    kv_status st = kv__plan_check_layout(fn, "source layout", src);
     if (st == KV_OK)
         st = pack_size(fn, src, n_tokens, &nb, out_bytes);
     return st == KV_OK ? kv__ok() : st;
@@ -164,7 +155,7 @@ kv_status kv_pack_plan_create(const struct kv_layout *src, kv_plan **out)
     if (!src || !out)
         return kv__error(KV_ERR_NULL, "%s: %s is NULL", fn, !src ? "src" : "out");
     struct kv_layout wire;
-    kv_status st = check_layout(fn, "source layout", src);
+    kv_status st = kv__plan_check_layout(fn, "source layout", src);
     if (st == KV_OK)
         st = wire_layout(fn, src, &wire);
     if (st == KV_OK && (st = kv_plan_create(src, &wire, NULL, out)) != KV_OK)
@@ -179,7 +170,7 @@ kv_status kv_unpack_plan_create(const struct kv_layout *src, const struct kv_lay
     if (!src || !dst || !out)
         return kv__error(KV_ERR_NULL, "%s: %s is NULL", fn, !src ? "src" : !dst ? "dst" : "out");
     struct kv_layout wire;
-    kv_status st = check_layout(fn, "source layout", src);
+    kv_status st = kv__plan_check_layout(fn, "source layout", src);
     if (st == KV_OK)
         st = wire_layout(fn, src, &wire);
     if (st == KV_OK && (st = kv_plan_create(&wire, dst, cfg, out)) != KV_OK)
@@ -375,7 +366,7 @@ static kv_status inspect(const char *fn, const unsigned char *b, size_t len,
                          ", the header records 0x%016" PRIx64
                          " (another fingerprint scheme, or a forged header)",
                          fn, info.source.fingerprint, fp);
-    if ((st = check_layout(fn, "the source layout in the header", &info.source)) != KV_OK)
+    if ((st = kv__plan_check_layout(fn, "the source layout in the header", &info.source)) != KV_OK)
         return st;
     if ((st = wire_layout(fn, &info.source, &info.wire)) != KV_OK)
         return st;

@@ -45,16 +45,12 @@ static int64_t gcd64(int64_t a, int64_t b)
     return a;
 }
 
-/* The same validity test the kernels apply to a cache's layout, on a bare
- * layout (no storage needed yet). */
-static kv_status check_layout(const char *side, const struct kv_layout *lo)
+kv_status kv__plan_check_layout(const char *fn, const char *what, const struct kv_layout *lo)
 {
     static char dummy[64] __attribute__((aligned(64)));
     struct kv_paged_cache c = {.layout = *lo, .base = dummy, .storage_bytes = SIZE_MAX};
     kv_status st = kv_attn_cache_check(&c, false);
-    if (st != KV_OK)
-        return kv__error_wrap(st, "kv_plan_create: %s layout", side);
-    return KV_OK;
+    return st == KV_OK ? KV_OK : kv__error_wrap(st, "%s: %s", fn, what);
 }
 
 kv_status kv_plan_create(const struct kv_layout *src, const struct kv_layout *dst,
@@ -76,7 +72,8 @@ kv_status kv_plan_create(const struct kv_layout *src, const struct kv_layout *ds
         c = *cfg;
     }
     kv_status st;
-    if ((st = check_layout("source", src)) != KV_OK || (st = check_layout("destination", dst)))
+    if ((st = kv__plan_check_layout("kv_plan_create", "source layout", src)) != KV_OK ||
+        (st = kv__plan_check_layout("kv_plan_create", "destination layout", dst)) != KV_OK)
         return st;
     if (src->dtype != dst->dtype || src->elem_bytes != dst->elem_bytes)
         return kv__error(KV_ERR_INVALID_ARG,

@@ -45,6 +45,10 @@ kv_status kv__plan_check_request(const char *fn, const kv_plan *plan,
                                  const uint32_t *dst_blocks, uint32_t n_dst, uint64_t n_tokens,
                                  bool cuda);
 
+/* The validity test the kernels apply to a cache's layout, on a bare layout
+ * (no storage needed): kv_attn_cache_check's refusals, prefixed "fn: what". */
+kv_status kv__plan_check_layout(const char *fn, const char *what, const struct kv_layout *lo);
+
 /* Block ids of one side in range: KV_ERR_NULL (ids NULL with n > 0),
  * KV_ERR_OUT_OF_BOUNDS naming the first id >= num_blocks. */
 kv_status kv__plan_check_ids(const char *fn, const char *side, const uint32_t *ids, uint32_t n,

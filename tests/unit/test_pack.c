@@ -309,7 +309,7 @@ static void test_pack_corruption(void **state)
     assert_int_equal(kv_pack_inspect(f.work, f.len + 1000, &f.info), KV_OK);
     /* foreign magic, another version, a forged fingerprint or field */
     memcpy(f.work, f.buf, f.len);
-    memcpy(f.work, "PK\3\4xxxx", 8);
+    memcpy(f.work, "PK\3\4\24\0\0\0", 8); /* a zip file */
     REFUSED(unpack_work(&f, f.len), KV_ERR_MISMATCH, "not a kvcache pack");
     memcpy(f.work, f.buf, f.len);
     f.work[8] = 2;

@@ -56,6 +56,10 @@ void kvb_emit_gbps(const char *bench, const char *case_name, uint64_t bytes, dou
 void kvb_emit_ops(const char *bench, const char *case_name, uint64_t ops, double cand_s,
                   const char *baseline, double base_s, int runs);
 
+/* ids[0..n): n distinct block ids of [0, B) in a seeded random order (a
+ * request's blocks spread over the pool, far from 0). */
+void kvb_shuffle_ids(uint32_t *ids, uint32_t n, uint32_t B, uint64_t seed);
+
 /* Latency result: microseconds per op; ratio = baseline_us / us (speedup). */
 void kvb_emit_us(const char *bench, const char *case_name, double cand_us, const char *baseline,
                  double base_us, int runs);

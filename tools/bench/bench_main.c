@@ -309,6 +309,24 @@ void kvb_emit_us(const char *bench, const char *case_name, double cand_us, const
                    b, c, cand_us, bl, base_us, cand_us > 0 ? base_us / cand_us : 0.0, runs);
 }
 
+void kvb_shuffle_ids(uint32_t *ids, uint32_t n, uint32_t B, uint64_t seed)
+{
+    uint32_t *all = malloc((size_t)B * sizeof(*all));
+    if (!all)
+        exit(2);
+    for (uint32_t i = 0; i < B; i++)
+        all[i] = i;
+    for (uint32_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        const uint32_t j = i + (uint32_t)((seed >> 33) % (B - i));
+        const uint32_t t = all[i];
+        all[i] = all[j];
+        all[j] = t;
+        ids[i] = all[i];
+    }
+    free(all);
+}
+
 void kvb_sink(uint64_t v)
 {
     static volatile uint64_t sink;

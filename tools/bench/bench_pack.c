@@ -44,24 +44,6 @@ static int kvb__pack_cache(struct kv_paged_cache *pc, int64_t blocks, kv_order o
     return 0;
 }
 
-static void kvb__ids(uint32_t *ids, uint32_t n, uint32_t B, uint64_t seed)
-{
-    uint32_t *all = malloc((size_t)B * sizeof(*all));
-    if (!all)
-        exit(2);
-    for (uint32_t i = 0; i < B; i++)
-        all[i] = i;
-    for (uint32_t i = 0; i < n; i++) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        const uint32_t j = i + (uint32_t)((seed >> 33) % (B - i));
-        const uint32_t t = all[i];
-        all[i] = all[j];
-        all[j] = t;
-        ids[i] = all[i];
-    }
-    free(all);
-}
-
 /* 0 when 4,096 random head rows of dst are where the layouts say. */
 static int kvb__rows_match(const struct kv_paged_cache *s, const uint32_t *sid,
                            const struct kv_paged_cache *d, const uint32_t *did, int64_t T)
@@ -103,8 +85,8 @@ static void kvb__pack_case(const char *bench, const char *name, enum kvb__pack_o
         kvb_failed(bench, name, "layout");
         goto out;
     }
-    kvb__ids(sid, (uint32_t)nb, (uint32_t)(nb + 64), 19);
-    kvb__ids(did, (uint32_t)nb, (uint32_t)(nb + 64), 29);
+    kvb_shuffle_ids(sid, (uint32_t)nb, (uint32_t)(nb + 64), 19);
+    kvb_shuffle_ids(did, (uint32_t)nb, (uint32_t)(nb + 64), 29);
     kv_status st = kv_pack_plan_create(&s.layout, &pp);
     if (st == KV_OK)
         st = kv_unpack_plan_create(&s.layout, &d.layout, NULL, &up);

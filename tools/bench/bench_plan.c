@@ -53,24 +53,6 @@ static int kvb__side(struct kvb__side *s, int64_t blocks, int64_t N, kv_order or
     return 0;
 }
 
-static void kvb__shuffle(uint32_t *ids, uint32_t n, uint32_t B, uint64_t seed)
-{
-    uint32_t *all = malloc((size_t)B * sizeof(*all));
-    if (!all)
-        exit(2);
-    for (uint32_t i = 0; i < B; i++)
-        all[i] = i;
-    for (uint32_t i = 0; i < n; i++) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        const uint32_t j = i + (uint32_t)((seed >> 33) % (B - i));
-        const uint32_t t = all[i];
-        all[i] = all[j];
-        all[j] = t;
-        ids[i] = all[i];
-    }
-    free(all);
-}
-
 static void kvb__copy_case(const char *name, int64_t Nd, kv_order dord, kv_arrange darr, int64_t T)
 {
     static const char bench[] = "connector.copy";
@@ -94,8 +76,8 @@ static void kvb__copy_case(const char *name, int64_t Nd, kv_order dord, kv_arran
         goto out;
     }
     kvb_fill_random(ma, bytes, 5);
-    kvb__shuffle(sid, (uint32_t)ns, (uint32_t)(ns + 64), 11);
-    kvb__shuffle(did, (uint32_t)nd, (uint32_t)(nd + 64), 13);
+    kvb_shuffle_ids(sid, (uint32_t)ns, (uint32_t)(ns + 64), 11);
+    kvb_shuffle_ids(did, (uint32_t)nd, (uint32_t)(nd + 64), 13);
     const int runs = kvb_runs();
     double *tc = malloc(sizeof(double) * (size_t)runs), *tb = malloc(sizeof(double) * (size_t)runs);
     if (!tc || !tb)
@@ -181,7 +163,7 @@ static void kvb__build_case(const char *name, int64_t Nd, kv_order dord, kv_arra
         kvb_failed(bench, name, "setup: %s", kv_status_name(st));
         goto out;
     }
-    kvb__shuffle(ids, (uint32_t)(ns > nd ? ns : nd), (uint32_t)(8192 + 64), 31);
+    kvb_shuffle_ids(ids, (uint32_t)(ns > nd ? ns : nd), (uint32_t)(8192 + 64), 31);
     char *base = (char *)(uintptr_t)4096; /* addresses only: never dereferenced */
     const int64_t W = Nd > 16 ? Nd : 16, nh = heads;
     uint64_t acc = 0;
