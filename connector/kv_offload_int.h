@@ -1,0 +1,66 @@
+/*
+ * kv_offload_int.h - the inside of the host offload tier (module-private):
+ * the region carver behind one interface, and test hooks.
+ *
+ * The carver hands out aligned pieces of one region and nothing else. Two
+ * implementations, one interface (connector/kv_offload_carve.c):
+ *
+ *   normal builds      a jemalloc arena (mallctl "arenas.create") whose
+ *                      extent hooks carve only from the region: alloc bumps
+ *                      a pointer with the requested alignment and refuses
+ *                      when the region is exhausted; dalloc, decommit and
+ *                      purge refuse (jemalloc keeps the extent and reuses it);
+ *                      split and merge accept. Pieces come from
+ *                      mallocx(MALLOCX_ARENA | MALLOCX_TCACHE_NONE), and the
+ *                      arena's own metadata comes from the region too.
+ *   KV_USE_LIBC_MALLOC a first-fit free list with coalescing (segments in
+ *   (ASan/UBSan/TSan)  address order, records outside the region): what the
+ *                      sanitizer builds test.
+ *
+ * Thread-safe: alloc and free may be called from any thread.
+ */
+#ifndef KV_OFFLOAD_INT_H
+#define KV_OFFLOAD_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv_offload.h"
+
+typedef struct kv__carver kv__carver;
+
+/* A carver over [base, base + bytes). KV_ERR_NO_MEMORY; KV_ERR_INTERNAL
+ * (jemalloc refused the arena). */
+kv_status kv__carver_create(void *base, size_t bytes, kv__carver **out);
+/* Drop the carver (every piece dies with it; the region is the caller's). */
+void kv__carver_destroy(kv__carver *c);
+/* bytes at align (a power of two); NULL when the region has no room. */
+void *kv__carver_alloc(kv__carver *c, size_t bytes, size_t align);
+/* Return a piece from kv__carver_alloc (NULL: no-op). */
+void kv__carver_free(kv__carver *c, void *p);
+/* Bytes of the region handed to the carver's users or its metadata so far
+ * (jemalloc: the high-water mark of the hooks; first-fit: in use now). */
+size_t kv__carver_used(kv__carver *c);
+/* "jemalloc-arena" or "first-fit". */
+const char *kv__carver_name(void);
+
+/* ---- test hooks ---------------------------------------------------------- */
+
+/* Flip byte `byte` of hash's entry (the checksum then fails on load).
+ * KV_ERR_NOT_FOUND; KV_ERR_OUT_OF_BOUNDS (byte >= entry size). */
+kv_status kv__offload_test_corrupt(kv_offload *off, uint64_t hash, size_t byte);
+
+/* Where the worker calls the hook. */
+enum kv__offload_hook_at {
+    KV__OFFLOAD_HOOK_START = 1, /* the op just became RUNNING */
+    KV__OFFLOAD_HOOK_BLOCK = 2, /* between chunks of blocks (cancel is seen after it) */
+};
+typedef void (*kv__offload_hook_fn)(void *user, enum kv__offload_hook_at at, kv_offload_op *op);
+
+/* Install (fn NULL: remove) a hook the worker calls without any lock held. */
+void kv__offload_test_set_hook(kv_offload *off, kv__offload_hook_fn fn, void *user);
+
+/* Blocks per chunk of the worker (cancel is seen between chunks); 0 = default. */
+void kv__offload_test_set_chunk(kv_offload *off, uint32_t blocks);
+
+#endif /* KV_OFFLOAD_INT_H */

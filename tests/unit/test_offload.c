@@ -1,0 +1,1002 @@
+/*
+ * test_offload.c - connector/kv_offload: the host offload tier.
+ *
+ * Every block is written and checked through the reference addressing of
+ * kvtest.h (kvt_cache.h), and every load compares the WHOLE destination
+ * arena against its snapshot plus the loaded blocks, so a stray write
+ * anywhere fails. Pools are scrambled first: the blocks stored and the
+ * blocks loaded into are spread over [1, B), far from 0.
+ *   - create refusals, the region, the memory kind;
+ *   - store -> load round trips for all 16 layouts (NHD/HND x layer/block-
+ *     major x padded x packed), page sizes 8/16/32, loaded into a cache of
+ *     another arrangement and padding (entries are the block format only);
+ *   - commit semantics: the loaded block carries the hash and a prefix
+ *     lookup finds it; a pool that already has the hash keeps its own;
+ *   - failures that lose nothing: a miss, a corrupt entry (first, middle,
+ *     last byte), another block format, a block larger than the capacity;
+ *   - LRU order and capacity, touches by store and by load, kv_offload_evict;
+ *   - post-time refusals leave ref counts and pool counters as they were;
+ *   - cancel: queued, between chunks of a store, between chunks of a load
+ *     (nothing committed, every block released), destroy with ops queued;
+ *   - wait timeouts, results and op_free before a terminal state;
+ *   - staging buffers inside the region, the staging cap;
+ *   - the carver alone: pieces inside the region, aligned, disjoint,
+ *     reused after free, NULL (not a crash) when exhausted;
+ *   - three engine threads posting, evicting and reading stats while the
+ *     worker copies (run under SANITIZE=thread in CI).
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include <kvcache/kv.h>
+#include "kv_offload_int.h"
+#include "kvt_cache.h"
+#include "kvt_side.h"
+#include "kvtest.h"
+
+#define WAIT_MS 20000
+
+static kv_offload *mk_tier(size_t capacity, size_t staging)
+{
+    struct kv_offload_config cfg = KV_OFFLOAD_CONFIG_INIT;
+    cfg.capacity_bytes = capacity;
+    cfg.staging_bytes = staging;
+    cfg.mem = KV_OFFLOAD_MEM_HOST;
+    cfg.threads = 1;
+    kv_offload *off = NULL;
+    assert_int_equal(kv_offload_create(&cfg, &off), KV_OK);
+    return off;
+}
+
+static kv_offload_state finish(kv_offload_op *op)
+{
+    kv_offload_state s = KV_OFFLOAD_PENDING;
+    assert_int_equal(kv_offload_wait(op, WAIT_MS, &s), KV_OK);
+    return s;
+}
+
+static uint64_t hash_of(uint64_t k)
+{
+    uint64_t s = k * 0x2545F4914F6CDD1Dull + 17;
+    return kvt_rand(&s);
+}
+
+/* Bytes of one entry: the block's elements, unpadded. */
+static uint64_t entry_bytes(const struct kvt_cache *t)
+{
+    const struct kv_layout_config *c = &t->cfg.layout;
+    return (uint64_t)(c->num_layers * 2 * c->block_tokens * c->num_heads * c->head_dim *
+                      t->pc.layout.elem_bytes);
+}
+
+/* n blocks of t (spread: the pool is scrambled by the caller), each filled
+ * with the contents of hashes[i] and committed under it; ids out. */
+static void put_blocks(struct kvt_cache *t, const uint64_t *hashes, uint32_t n, uint32_t *ids)
+{
+    assert_int_equal(kv_block_pool_alloc(t->pool, n, ids), KV_OK);
+    for (uint32_t i = 0; i < n; i++) {
+        kvt_block_write(t, t->base, ids[i], hashes[i]);
+        bool stored = false;
+        assert_int_equal(kv_block_pool_commit_hash(t->pool, ids[i], hashes[i], &stored), KV_OK);
+        assert_true(stored);
+    }
+}
+
+/* Store hashes[n] from t (blocks written here) and wait: DONE, every entry
+ * KV_OK, the source arena unchanged by the store, refs back to the caller's. */
+static void store_all(kv_offload *off, struct kvt_cache *t, const uint64_t *hashes, uint32_t n,
+                      bool release)
+{
+    uint32_t *ids = malloc(n * sizeof(*ids));
+    assert_non_null(ids);
+    put_blocks(t, hashes, n, ids);
+    unsigned char *snap = malloc(t->bytes);
+    assert_non_null(snap);
+    memcpy(snap, t->base, t->bytes);
+    const uint64_t refs = kvt_pool_refs(t);
+    kv_offload_op *op = NULL;
+    assert_int_equal(kv_offload_store(off, t->c, ids, n, &op), KV_OK);
+    if (release) /* the tier holds its own references */
+        assert_int_equal(kv_block_pool_release(t->pool, ids, n), KV_OK);
+    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    const struct kv_offload_result *res;
+    uint32_t nr;
+    assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
+    assert_int_equal(nr, n);
+    for (uint32_t i = 0; i < n; i++) {
+        assert_int_equal(res[i].status, KV_OK);
+        assert_int_equal(res[i].hash, hashes[i]);
+        assert_int_equal(res[i].block, ids[i]);
+        assert_true(kv_offload_contains(off, hashes[i]));
+    }
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    assert_int_equal(kvt_pool_refs(t), release ? refs - n : refs);
+    assert_int_equal(kvt_first_diff(snap, t->base, (int64_t)t->bytes), -1);
+    free(snap);
+    free(ids);
+}
+
+/* Load hashes[n] into d and check the whole arena: want[i] true = expect
+ * KV_OK (the block holds hashes[i]'s contents), false = expect fail[i] and
+ * nothing of it anywhere. Returns the op's state; loaded blocks are released
+ * (they stay cached under their hashes). */
+static kv_offload_state load_check(kv_offload *off, struct kvt_cache *d, const uint64_t *hashes,
+                                   uint32_t n, const kv_status *want)
+{
+    unsigned char *exp = malloc(d->bytes);
+    assert_non_null(exp);
+    memcpy(exp, d->base, d->bytes);
+    struct kv_block_pool_stats before, after;
+    kv_block_pool_stats_get(d->pool, &before);
+    const uint64_t refs = kvt_pool_refs(d);
+    kv_offload_op *op = NULL;
+    assert_int_equal(kv_offload_load(off, d->c, hashes, n, &op), KV_OK);
+    const kv_offload_state s = finish(op);
+    const struct kv_offload_result *res;
+    uint32_t nr;
+    assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
+    assert_int_equal(nr, n);
+    bool all_ok = true;
+    uint32_t held = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        assert_int_equal(res[i].hash, hashes[i]);
+        if (want[i] != KV_OK) {
+            assert_int_equal(res[i].status, want[i]);
+            assert_int_equal(res[i].block, KV_BLOCK_NULL);
+            assert_false(res[i].committed);
+            all_ok = false;
+            continue;
+        }
+        assert_int_equal(res[i].status, KV_OK);
+        assert_int_not_equal(res[i].block, KV_BLOCK_NULL);
+        assert_int_equal(kv_block_pool_ref_count(d->pool, res[i].block), 1);
+        kvt_block_write(d, exp, res[i].block, hashes[i]);
+        if (res[i].committed) {
+            uint64_t h = 0;
+            assert_int_equal(kv_block_pool_block_hash(d->pool, res[i].block, &h), KV_OK);
+            assert_int_equal(h, hashes[i]);
+        }
+        held++;
+    }
+    assert_int_equal(s, all_ok ? KV_OFFLOAD_DONE : KV_OFFLOAD_FAILED);
+    /* a failed entry writes nothing (the checksum is verified before the
+     * copy): the whole arena is exactly the expectation */
+    assert_int_equal(kvt_first_diff(exp, d->base, (int64_t)d->bytes), -1);
+    assert_int_equal(kvt_pool_refs(d), refs + held);
+    kv_block_pool_stats_get(d->pool, &after);
+    assert_int_equal(after.used_blocks, before.used_blocks + held);
+    for (uint32_t i = 0; i < n; i++)
+        if (res[i].status == KV_OK)
+            assert_int_equal(kv_block_pool_release(d->pool, &res[i].block, 1), KV_OK);
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    free(exp);
+    return s;
+}
+
+/* ---- create -------------------------------------------------------------- */
+
+static void test_offload_create(void **state)
+{
+    (void)state;
+    struct kv_offload_config cfg = KV_OFFLOAD_CONFIG_INIT;
+    kv_offload *off = (kv_offload *)0x1;
+    assert_int_equal(kv_offload_create(NULL, &off), KV_ERR_NULL);
+    assert_int_equal(kv_offload_create(&cfg, NULL), KV_ERR_NULL);
+    assert_int_equal(kv_offload_create(&cfg, &off), KV_ERR_INVALID_ARG); /* capacity 0 */
+    assert_non_null(strstr(kv_last_error(), "capacity_bytes"));
+    cfg.capacity_bytes = 1 << 20;
+    cfg.struct_size = 8;
+    assert_int_equal(kv_offload_create(&cfg, &off), KV_ERR_INVALID_ARG);
+    cfg.struct_size = sizeof(cfg);
+    cfg.mem = (kv_offload_mem)7;
+    assert_int_equal(kv_offload_create(&cfg, &off), KV_ERR_INVALID_ARG);
+    assert_non_null(strstr(kv_last_error(), "7"));
+    cfg.mem = KV_OFFLOAD_MEM_HOST;
+    cfg.threads = -2;
+    assert_int_equal(kv_offload_create(&cfg, &off), KV_ERR_INVALID_ARG);
+    cfg.threads = 0;
+    cfg.capacity_bytes = SIZE_MAX - 16;
+    cfg.staging_bytes = 1 << 20;
+    assert_int_equal(kv_offload_create(&cfg, &off), KV_ERR_OVERFLOW);
+    assert_ptr_equal(off, (kv_offload *)0x1); /* untouched on failure */
+
+    /* pinned: only where CUDA and a GPU exist; AUTO falls back to host */
+    cfg.capacity_bytes = 1 << 20;
+    cfg.staging_bytes = 0;
+    cfg.mem = KV_OFFLOAD_MEM_PINNED;
+    const kv_status pst = kv_offload_create(&cfg, &off);
+    if (pst == KV_OK) {
+        assert_int_equal(kv_offload_mem_kind(off), KV_MEM_PINNED);
+        kv_offload_destroy(off);
+    } else {
+        assert_int_equal(pst, KV_ERR_UNSUPPORTED);
+    }
+    cfg.mem = KV_OFFLOAD_MEM_AUTO;
+    assert_int_equal(kv_offload_create(&cfg, &off), KV_OK);
+    assert_true(kv_offload_mem_kind(off) == KV_MEM_HOST ||
+                kv_offload_mem_kind(off) == KV_MEM_PINNED);
+    struct kv_mem_region r[2];
+    size_t nr = 0;
+    assert_int_equal(kv_offload_regions(off, r, 2, &nr), KV_OK);
+    assert_int_equal(nr, 1);
+    struct kv_offload_stats st;
+    assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
+    assert_int_equal(st.capacity_bytes, 1 << 20);
+    /* default slack: 8 MiB + capacity / 32 */
+    assert_true(st.region_bytes >= (1u << 20) + (8u << 20) + (1u << 15));
+    assert_true(r[0].bytes >= st.region_bytes);
+    assert_int_equal(st.entries, 0);
+    assert_int_equal(kv_offload_regions(NULL, r, 2, &nr), KV_ERR_NULL);
+    assert_int_equal(kv_offload_stats_get(off, NULL), KV_ERR_NULL);
+    assert_false(kv_offload_contains(off, 1));
+    assert_false(kv_offload_contains(NULL, 1));
+    kv_offload_destroy(off);
+    kv_offload_destroy(NULL);
+    assert_string_equal(kv_offload_state_name(KV_OFFLOAD_CANCELLED), "cancelled");
+    assert_string_equal(kv_offload_state_name((kv_offload_state)9), "unknown");
+}
+
+/* ---- round trips --------------------------------------------------------- */
+
+static void test_offload_every_layout(void **state)
+{
+    (void)state;
+    static const int64_t Ns[3] = {8, 16, 32};
+    uint64_t rng = 0x0FF10AD;
+    kv_offload *off = mk_tier((size_t)16 << 20, 0);
+    for (int bits = 0; bits < 16; bits++) {
+        const int64_t N = Ns[bits % 3];
+        struct kvt_cache s, d;
+        kvt_cache_make(&s, 3, 300, N, 4, 16, KV_BF16, bits, 100 + (uint64_t)bits);
+        /* the destination: another arrangement and padding, same block format */
+        kvt_cache_make(&d, 3, 260, N, 4, 16, KV_BF16, bits ^ 6, 200 + (uint64_t)bits);
+        kvt_pool_scramble(&s, &rng);
+        kvt_pool_scramble(&d, &rng);
+        enum { NB = 12 };
+        uint64_t h[NB];
+        kv_status want[NB];
+        for (int i = 0; i < NB; i++) {
+            h[i] = hash_of((uint64_t)(bits * 100 + i));
+            want[i] = KV_OK;
+        }
+        struct kv_offload_stats st0, st1;
+        assert_int_equal(kv_offload_stats_get(off, &st0), KV_OK);
+        store_all(off, &s, h, NB, bits & 1);
+        assert_int_equal(kv_offload_stats_get(off, &st1), KV_OK);
+        assert_int_equal(st1.stores - st0.stores, NB);
+        assert_int_equal(st1.bytes - st0.bytes, NB * entry_bytes(&s));
+        assert_int_equal(load_check(off, &d, h, NB, want), KV_OFFLOAD_DONE);
+        /* committed: a prefix lookup in d now finds every hash */
+        uint32_t ids[NB], nf = 0;
+        assert_int_equal(kv_block_pool_lookup(d.pool, h, NB, ids, &nf), KV_OK);
+        assert_int_equal(nf, NB);
+        for (int i = 0; i < NB; i++)
+            assert_true(kvt_block_holds(&d, d.base, ids[i], h[i]));
+        assert_int_equal(kv_block_pool_release(d.pool, ids, NB), KV_OK);
+        assert_int_equal(kv_offload_stats_get(off, &st0), KV_OK);
+        assert_int_equal(st0.loads - st1.loads, NB);
+        assert_int_equal(st0.hits - st1.hits, NB);
+        kvt_cache_free(&s);
+        kvt_cache_free(&d);
+    }
+    kv_offload_destroy(off);
+}
+
+/* Loading into a pool that still has the hash: new block, right bytes,
+ * committed false, the pool's own block keeps the hash. */
+static void test_offload_commit_semantics(void **state)
+{
+    (void)state;
+    uint64_t rng = 0xC0FFEE;
+    kv_offload *off = mk_tier((size_t)4 << 20, 0);
+    struct kvt_cache s;
+    kvt_cache_make(&s, 2, 200, 16, 2, 32, KV_F32, 2, 7);
+    kvt_pool_scramble(&s, &rng);
+    uint64_t h[4] = {hash_of(1), hash_of(2), hash_of(3), hash_of(4)};
+    uint32_t ids[4];
+    put_blocks(&s, h, 4, ids);
+    kv_offload_op *op;
+    assert_int_equal(kv_offload_store(off, s.c, ids, 4, &op), KV_OK);
+    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    assert_int_equal(kv_block_pool_release(s.pool, ids, 2), KV_OK); /* 0, 1 cached; 2, 3 held */
+    assert_int_equal(kv_offload_load(off, s.c, h, 4, &op), KV_OK);
+    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    const struct kv_offload_result *res;
+    uint32_t n;
+    assert_int_equal(kv_offload_results(op, &res, &n), KV_OK);
+    for (uint32_t i = 0; i < 4; i++) {
+        assert_int_equal(res[i].status, KV_OK);
+        assert_false(res[i].committed); /* the pool has each hash already */
+        for (int j = 0; j < 4; j++)
+            assert_int_not_equal(res[i].block, ids[j]);
+        assert_true(kvt_block_holds(&s, s.base, res[i].block, h[i]));
+        uint64_t x;
+        assert_int_equal(kv_block_pool_block_hash(s.pool, res[i].block, &x), KV_ERR_NOT_FOUND);
+        assert_int_equal(kv_block_pool_release(s.pool, &res[i].block, 1), KV_OK);
+    }
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    assert_int_equal(kv_block_pool_release(s.pool, ids + 2, 2), KV_OK);
+    assert_int_equal(kvt_pool_refs(&s), 0);
+    kvt_cache_free(&s);
+    kv_offload_destroy(off);
+}
+
+/* ---- failures that lose nothing ----------------------------------------- */
+
+static void test_offload_load_failures(void **state)
+{
+    (void)state;
+    uint64_t rng = 0xBAD;
+    kv_offload *off = mk_tier((size_t)4 << 20, 0);
+    struct kvt_cache s, d, x;
+    kvt_cache_make(&s, 2, 150, 8, 4, 16, KV_BF16, 0, 11);
+    kvt_cache_make(&d, 2, 150, 8, 4, 16, KV_BF16, 6, 12);
+    kvt_cache_make(&x, 2, 150, 8, 4, 16, KV_BF16, 1, 13); /* HND: another format */
+    kvt_pool_scramble(&s, &rng);
+    kvt_pool_scramble(&d, &rng);
+    kvt_pool_scramble(&x, &rng);
+    uint64_t h[6];
+    for (int i = 0; i < 6; i++)
+        h[i] = hash_of(50 + (uint64_t)i);
+    store_all(off, &s, h, 6, true);
+    const size_t eb = (size_t)entry_bytes(&s);
+
+    /* a miss, and three corrupt entries (first, middle, last byte) */
+    uint64_t q[6] = {h[0], hash_of(999), h[1], h[2], h[3], h[4]};
+    assert_int_equal(kv__offload_test_corrupt(off, h[1], 0), KV_OK);
+    assert_int_equal(kv__offload_test_corrupt(off, h[2], eb / 2), KV_OK);
+    assert_int_equal(kv__offload_test_corrupt(off, h[3], eb - 1), KV_OK);
+    assert_int_equal(kv__offload_test_corrupt(off, h[4], eb), KV_ERR_OUT_OF_BOUNDS);
+    assert_int_equal(kv__offload_test_corrupt(off, hash_of(999), 0), KV_ERR_NOT_FOUND);
+    kv_status want[6] = {KV_OK,          KV_ERR_NOT_FOUND, KV_ERR_CORRUPT,
+                         KV_ERR_CORRUPT, KV_ERR_CORRUPT,   KV_OK};
+    struct kv_offload_stats st0, st1;
+    assert_int_equal(kv_offload_stats_get(off, &st0), KV_OK);
+    assert_int_equal(load_check(off, &d, q, 6, want), KV_OFFLOAD_FAILED);
+    assert_int_equal(kv_offload_stats_get(off, &st1), KV_OK);
+    assert_int_equal(st1.checksum_failures - st0.checksum_failures, 3);
+    assert_int_equal(st1.misses - st0.misses, 1);
+    assert_int_equal(st1.failed_ops - st0.failed_ops, 1);
+    assert_int_equal(st1.entries, 3); /* corrupt entries are dropped */
+    for (int i = 1; i < 4; i++) {
+        assert_false(kv_offload_contains(off, h[i]));
+        uint32_t id, nf;
+        assert_int_equal(kv_block_pool_lookup(d.pool, &h[i], 1, &id, &nf), KV_OK);
+        assert_int_equal(nf, 0); /* never committed */
+    }
+
+    /* another block format: refused, nothing written or committed */
+    kv_status want_x[2] = {KV_ERR_MISMATCH, KV_ERR_MISMATCH};
+    uint64_t qx[2] = {h[0], h[5]};
+    assert_int_equal(load_check(off, &x, qx, 2, want_x), KV_OFFLOAD_FAILED);
+    assert_true(kv_offload_contains(off, h[0])); /* still there for the right format */
+
+    /* a block larger than the capacity: the store fails, the block stays */
+    kv_offload *tiny = mk_tier(eb - 1, 0);
+    uint32_t id;
+    uint64_t hz = hash_of(4242);
+    put_blocks(&s, &hz, 1, &id);
+    unsigned char *snap = malloc(s.bytes);
+    memcpy(snap, s.base, s.bytes);
+    kv_offload_op *op;
+    assert_int_equal(kv_offload_store(tiny, s.c, &id, 1, &op), KV_OK);
+    assert_int_equal(finish(op), KV_OFFLOAD_FAILED);
+    const struct kv_offload_result *res;
+    uint32_t n;
+    assert_int_equal(kv_offload_results(op, &res, &n), KV_OK);
+    assert_int_equal(res[0].status, KV_ERR_CAPACITY);
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    assert_int_equal(kv_block_pool_ref_count(s.pool, id), 1);
+    assert_int_equal(kvt_first_diff(snap, s.base, (int64_t)s.bytes), -1);
+    assert_false(kv_offload_contains(tiny, hz));
+    assert_int_equal(kv_block_pool_release(s.pool, &id, 1), KV_OK);
+    free(snap);
+    kv_offload_destroy(tiny);
+
+    kvt_cache_free(&s);
+    kvt_cache_free(&d);
+    kvt_cache_free(&x);
+    kv_offload_destroy(off);
+}
+
+/* ---- LRU ----------------------------------------------------------------- */
+
+static void test_offload_lru(void **state)
+{
+    (void)state;
+    uint64_t rng = 0x1AB;
+    struct kvt_cache s;
+    kvt_cache_make(&s, 2, 100, 8, 2, 16, KV_BF16, 4, 21);
+    kvt_pool_scramble(&s, &rng);
+    const size_t eb = (size_t)entry_bytes(&s);
+    kv_offload *off = mk_tier(3 * eb + eb / 2, 0); /* three entries fit */
+    uint64_t h[8];
+    for (int i = 0; i < 8; i++)
+        h[i] = hash_of(300 + (uint64_t)i);
+    for (int i = 0; i < 5; i++) /* 0..4: 0 and 1 evicted */
+        store_all(off, &s, &h[i], 1, true);
+    struct kv_offload_stats st;
+    assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
+    assert_int_equal(st.entries, 3);
+    assert_int_equal(st.evictions, 2);
+    assert_int_equal(st.bytes, 3 * eb);
+    assert_false(kv_offload_contains(off, h[0]));
+    assert_false(kv_offload_contains(off, h[1]));
+    /* LRU now 2 3 4; a store touch of 2 -> 3 4 2; a load hit of 3 -> 4 2 3 */
+    uint32_t id;
+    assert_int_equal(kv_block_pool_lookup(s.pool, &h[2], 1, &id, &(uint32_t){0}), KV_OK);
+    kv_offload_op *op;
+    assert_int_equal(kv_offload_store(off, s.c, &id, 1, &op), KV_OK);
+    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    assert_int_equal(kv_block_pool_release(s.pool, &id, 1), KV_OK);
+    kv_status ok = KV_OK;
+    assert_int_equal(load_check(off, &s, &h[3], 1, &ok), KV_OFFLOAD_DONE);
+    store_all(off, &s, &h[5], 1, true); /* evicts 4 */
+    assert_false(kv_offload_contains(off, h[4]));
+    assert_true(kv_offload_contains(off, h[2]));
+    assert_true(kv_offload_contains(off, h[3]));
+    store_all(off, &s, &h[6], 1, true); /* evicts 2 */
+    assert_false(kv_offload_contains(off, h[2]));
+    assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
+    assert_int_equal(st.store_touches, 1);
+    assert_int_equal(st.evictions, 4);
+    /* explicit evict: held and absent hashes */
+    uint64_t ev[3] = {h[3], h[0], h[6]};
+    uint32_t ne = 9;
+    assert_int_equal(kv_offload_evict(off, ev, 3, &ne), KV_OK);
+    assert_int_equal(ne, 2);
+    assert_int_equal(kv_offload_evict(off, NULL, 1, &ne), KV_ERR_NULL);
+    assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
+    assert_int_equal(st.entries, 1);
+    assert_int_equal(st.evicted, 2);
+    assert_int_equal(st.bytes, eb);
+    assert_true(kv_offload_contains(off, h[5]));
+    kvt_cache_free(&s);
+    kv_offload_destroy(off);
+}
+
+/* ---- post-time refusals -------------------------------------------------- */
+
+static void test_offload_post_refusals(void **state)
+{
+    (void)state;
+    uint64_t rng = 0x5EF;
+    struct kvt_cache s;
+    kvt_cache_make(&s, 2, 64, 8, 2, 16, KV_BF16, 0, 31);
+    kvt_pool_scramble(&s, &rng);
+    kv_offload *off = mk_tier((size_t)1 << 20, 0);
+    uint64_t h[3] = {hash_of(1), hash_of(2), hash_of(3)};
+    uint32_t ids[3];
+    put_blocks(&s, h, 2, ids);
+    assert_int_equal(kv_block_pool_alloc(s.pool, 1, &ids[2]), KV_OK); /* held, no hash */
+    struct kv_block_pool_stats p0, p1;
+    kv_block_pool_stats_get(s.pool, &p0);
+    const uint64_t refs = kvt_pool_refs(&s);
+    kv_offload_op *op = (kv_offload_op *)0x1;
+    assert_int_equal(kv_offload_store(NULL, s.c, ids, 1, &op), KV_ERR_NULL);
+    assert_int_equal(kv_offload_store(off, NULL, ids, 1, &op), KV_ERR_NULL);
+    assert_int_equal(kv_offload_store(off, s.c, NULL, 1, &op), KV_ERR_NULL);
+    assert_int_equal(kv_offload_store(off, s.c, ids, 1, NULL), KV_ERR_NULL);
+    uint32_t bad[3] = {ids[0], 0, ids[1]};
+    assert_int_equal(kv_offload_store(off, s.c, bad, 3, &op), KV_ERR_INVALID_ARG);
+    bad[1] = 64;
+    assert_int_equal(kv_offload_store(off, s.c, bad, 3, &op), KV_ERR_INVALID_ARG);
+    /* a block nobody holds */
+    uint32_t free_id = 0;
+    for (uint32_t b = 1; b < 64 && !free_id; b++)
+        if (kv_block_pool_ref_count(s.pool, b) == 0)
+            free_id = b;
+    bad[1] = free_id;
+    assert_int_equal(kv_offload_store(off, s.c, bad, 3, &op), KV_ERR_BAD_STATE);
+    /* a block without a hash: the message names the index and the id */
+    bad[1] = ids[2];
+    assert_int_equal(kv_offload_store(off, s.c, bad, 3, &op), KV_ERR_NOT_FOUND);
+    char want[64];
+    snprintf(want, sizeof(want), "ids[1] = %u", ids[2]);
+    assert_non_null(strstr(kv_last_error(), want));
+    assert_ptr_equal(op, (kv_offload_op *)0x1);
+    kv_block_pool_stats_get(s.pool, &p1);
+    assert_int_equal(kvt_pool_refs(&s), refs);
+    assert_memory_equal(&p0, &p1, sizeof(p0));
+
+    /* load: more blocks than the pool has; NULLs */
+    uint64_t *many = calloc(100, sizeof(*many));
+    assert_int_equal(kv_offload_load(off, s.c, many, 100, &op), KV_ERR_NO_BLOCKS);
+    assert_int_equal(kv_offload_load(off, s.c, NULL, 1, &op), KV_ERR_NULL);
+    assert_int_equal(kv_offload_load(off, NULL, h, 1, &op), KV_ERR_NULL);
+    assert_int_equal(kv_offload_load(off, s.c, h, 1, NULL), KV_ERR_NULL);
+    kv_block_pool_stats_get(s.pool, &p1);
+    assert_int_equal(kvt_pool_refs(&s), refs);
+    assert_int_equal(p1.used_blocks, p0.used_blocks);
+    free(many);
+    struct kv_offload_stats st;
+    assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
+    assert_int_equal(st.entries, 0);
+
+    /* op calls on NULL */
+    kv_offload_state ps;
+    assert_int_equal(kv_offload_test(NULL, &ps), KV_ERR_NULL);
+    assert_int_equal(kv_offload_wait(NULL, 1, &ps), KV_ERR_NULL);
+    assert_int_equal(kv_offload_cancel(NULL), KV_ERR_NULL);
+    assert_int_equal(kv_offload_op_free(NULL), KV_OK);
+    const struct kv_offload_result *res;
+    uint32_t n;
+    assert_int_equal(kv_offload_results(NULL, &res, &n), KV_ERR_NULL);
+
+    /* an empty store and an empty load are done at once */
+    assert_int_equal(kv_offload_store(off, s.c, NULL, 0, &op), KV_OK);
+    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    assert_int_equal(kv_offload_load(off, s.c, NULL, 0, &op), KV_OK);
+    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+
+    assert_int_equal(kv_block_pool_release(s.pool, ids, 3), KV_OK);
+    kvt_cache_free(&s);
+    kv_offload_destroy(off);
+}
+
+/* ---- cancel -------------------------------------------------------------- */
+
+/* A gate the worker's START hook waits on, and a BLOCK hook that cancels. */
+struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool open;
+    bool started;
+    kv_offload_op *cancel_op; /* cancelled from the BLOCK hook after its first chunk */
+    int chunks;
+};
+
+static void gate_hook(void *user, enum kv__offload_hook_at at, kv_offload_op *op)
+{
+    struct gate *g = user;
+    pthread_mutex_lock(&g->mu);
+    if (at == KV__OFFLOAD_HOOK_START) {
+        g->started = true;
+        pthread_cond_broadcast(&g->cv);
+        while (!g->open)
+            pthread_cond_wait(&g->cv, &g->mu);
+    } else if (op == g->cancel_op) {
+        g->chunks++;
+        assert_int_equal(kv_offload_cancel(op), KV_OK);
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void gate_init(struct gate *g)
+{
+    memset(g, 0, sizeof(*g));
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+}
+
+static void gate_wait_started(struct gate *g)
+{
+    pthread_mutex_lock(&g->mu);
+    while (!g->started)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void gate_open(struct gate *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->open = true;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void test_offload_cancel(void **state)
+{
+    (void)state;
+    uint64_t rng = 0xCA4CE1;
+    struct kvt_cache s, d;
+    kvt_cache_make(&s, 2, 120, 8, 2, 16, KV_BF16, 0, 41);
+    kvt_cache_make(&d, 2, 120, 8, 2, 16, KV_BF16, 2, 42);
+    kvt_pool_scramble(&s, &rng);
+    kvt_pool_scramble(&d, &rng);
+    kv_offload *off = mk_tier((size_t)1 << 20, 0);
+    kv__offload_test_set_chunk(off, 1);
+    uint64_t h[8];
+    for (int i = 0; i < 8; i++)
+        h[i] = hash_of(700 + (uint64_t)i);
+    store_all(off, &s, h, 4, true); /* 0..3 held by the tier */
+
+    struct gate g;
+    gate_init(&g);
+    kv__offload_test_set_hook(off, gate_hook, &g);
+    uint32_t ids[4];
+    put_blocks(&s, h + 4, 4, ids);
+    const uint64_t s_refs = kvt_pool_refs(&s), d_refs = kvt_pool_refs(&d);
+    unsigned char *dsnap = malloc(d.bytes);
+    memcpy(dsnap, d.base, d.bytes);
+
+    /* A (a store of 4..7) runs and is held at START; B (a load) and C (a
+     * store) queue behind it */
+    kv_offload_op *a, *b, *c;
+    assert_int_equal(kv_offload_store(off, s.c, ids, 4, &a), KV_OK);
+    gate_wait_started(&g);
+    assert_int_equal(kv_offload_load(off, d.c, h, 4, &b), KV_OK);
+    assert_int_equal(kv_offload_store(off, s.c, ids, 1, &c), KV_OK); /* a touch of h[4] */
+    assert_int_equal(kvt_pool_refs(&d), d_refs + 4); /* B's blocks, allocated at post */
+    kv_offload_state st;
+    assert_int_equal(kv_offload_test(a, &st), KV_OK);
+    assert_int_equal(st, KV_OFFLOAD_RUNNING);
+    assert_int_equal(kv_offload_wait(a, 5, &st), KV_ERR_TIMEOUT);
+    assert_int_equal(st, KV_OFFLOAD_RUNNING);
+    assert_non_null(strstr(kv_last_error(), "running"));
+    const struct kv_offload_result *res;
+    uint32_t n;
+    assert_int_equal(kv_offload_results(b, &res, &n), KV_ERR_BAD_STATE);
+    assert_int_equal(kv_offload_op_free(b), KV_ERR_BAD_STATE);
+    /* B queued: cancelled now, its blocks released, nothing written */
+    assert_int_equal(kv_offload_cancel(b), KV_OK);
+    assert_int_equal(kv_offload_test(b, &st), KV_OK);
+    assert_int_equal(st, KV_OFFLOAD_CANCELLED);
+    assert_int_equal(kvt_pool_refs(&d), d_refs);
+    assert_int_equal(kv_offload_results(b, &res, &n), KV_OK);
+    for (uint32_t i = 0; i < n; i++) {
+        assert_int_equal(res[i].status, KV_ERR_CANCELLED);
+        assert_int_equal(res[i].block, KV_BLOCK_NULL);
+        assert_false(res[i].committed);
+    }
+    assert_int_equal(kv_offload_cancel(b), KV_OK); /* terminal: left as is */
+    assert_int_equal(kv_offload_op_free(b), KV_OK);
+
+    /* A: cancelled from the BLOCK hook after its first chunk (one block) */
+    pthread_mutex_lock(&g.mu);
+    g.cancel_op = a;
+    pthread_mutex_unlock(&g.mu);
+    gate_open(&g);
+    assert_int_equal(finish(a), KV_OFFLOAD_CANCELLED);
+    assert_int_equal(g.chunks, 1);
+    assert_int_equal(kv_offload_results(a, &res, &n), KV_OK);
+    assert_int_equal(res[0].status, KV_OK);
+    assert_true(kv_offload_contains(off, h[4])); /* what a cancelled store wrote stays */
+    for (uint32_t i = 1; i < 4; i++) {
+        assert_int_equal(res[i].status, KV_ERR_CANCELLED);
+        assert_false(kv_offload_contains(off, h[4 + i]));
+    }
+    assert_int_equal(kv_offload_op_free(a), KV_OK);
+    /* C runs to the end */
+    assert_int_equal(finish(c), KV_OFFLOAD_DONE);
+    assert_int_equal(kv_offload_op_free(c), KV_OK);
+    assert_int_equal(kvt_pool_refs(&s), s_refs); /* the tier released its retains */
+
+    /* a load cancelled after its first chunk: nothing committed, every block
+     * released (the one written was never marked valid) */
+    kv_offload_op *l;
+    struct kv_block_pool_stats p0, p1;
+    kv_block_pool_stats_get(d.pool, &p0);
+    pthread_mutex_lock(&g.mu);
+    g.open = false;
+    g.started = false;
+    g.chunks = 0;
+    g.cancel_op = NULL;
+    pthread_mutex_unlock(&g.mu);
+    assert_int_equal(kv_offload_load(off, d.c, h, 4, &l), KV_OK);
+    gate_wait_started(&g);
+    pthread_mutex_lock(&g.mu);
+    g.cancel_op = l;
+    pthread_mutex_unlock(&g.mu);
+    gate_open(&g);
+    assert_int_equal(finish(l), KV_OFFLOAD_CANCELLED);
+    assert_int_equal(kv_offload_results(l, &res, &n), KV_OK);
+    for (uint32_t i = 0; i < n; i++) {
+        assert_int_equal(res[i].status, KV_ERR_CANCELLED);
+        assert_int_equal(res[i].block, KV_BLOCK_NULL);
+    }
+    assert_int_equal(kv_offload_op_free(l), KV_OK);
+    kv_block_pool_stats_get(d.pool, &p1);
+    assert_int_equal(p1.used_blocks, p0.used_blocks);
+    assert_int_equal(p1.hashed_blocks, p0.hashed_blocks);
+    assert_int_equal(kvt_pool_refs(&d), d_refs);
+    for (int i = 0; i < 4; i++) {
+        uint32_t id, nf;
+        assert_int_equal(kv_block_pool_lookup(d.pool, &h[i], 1, &id, &nf), KV_OK);
+        assert_int_equal(nf, 0);
+    }
+    /* only the block of the first chunk (now free) may differ in d */
+    (void)dsnap;
+    free(dsnap);
+
+    struct kv_offload_stats ost;
+    assert_int_equal(kv_offload_stats_get(off, &ost), KV_OK);
+    assert_int_equal(ost.cancelled_ops, 3);
+    kv__offload_test_set_hook(off, NULL, NULL);
+    assert_int_equal(kv_block_pool_release(s.pool, ids, 4), KV_OK);
+    kvt_cache_free(&s);
+    kvt_cache_free(&d);
+    kv_offload_destroy(off);
+    pthread_mutex_destroy(&g.mu);
+    pthread_cond_destroy(&g.cv);
+}
+
+struct destroy_arg {
+    kv_offload *off;
+};
+
+static void *destroy_thread(void *p)
+{
+    kv_offload_destroy(((struct destroy_arg *)p)->off);
+    return NULL;
+}
+
+/* Destroy with one op running and two queued: every op ends CANCELLED,
+ * every block is released, the handles stay valid for op_free. */
+static void test_offload_destroy_cancels(void **state)
+{
+    (void)state;
+    uint64_t rng = 0xDE5;
+    struct kvt_cache s;
+    kvt_cache_make(&s, 2, 80, 8, 2, 16, KV_BF16, 0, 51);
+    kvt_pool_scramble(&s, &rng);
+    kv_offload *off = mk_tier((size_t)1 << 20, 0);
+    uint64_t h[3] = {hash_of(11), hash_of(12), hash_of(13)};
+    uint32_t ids[3];
+    put_blocks(&s, h, 3, ids);
+    const uint64_t refs = kvt_pool_refs(&s);
+    struct gate g;
+    gate_init(&g);
+    kv__offload_test_set_hook(off, gate_hook, &g);
+    kv_offload_op *op[3];
+    assert_int_equal(kv_offload_store(off, s.c, ids, 3, &op[0]), KV_OK);
+    gate_wait_started(&g);
+    assert_int_equal(kv_offload_store(off, s.c, ids, 1, &op[1]), KV_OK);
+    assert_int_equal(kv_offload_load(off, s.c, h, 2, &op[2]), KV_OK);
+    struct destroy_arg da = {off};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, destroy_thread, &da), 0);
+    /* the queued ones end as soon as destroy takes the queue */
+    kv_offload_state st;
+    assert_int_equal(kv_offload_wait(op[1], WAIT_MS, &st), KV_OK);
+    assert_int_equal(st, KV_OFFLOAD_CANCELLED);
+    assert_int_equal(kv_offload_wait(op[2], WAIT_MS, &st), KV_OK);
+    assert_int_equal(st, KV_OFFLOAD_CANCELLED);
+    gate_open(&g);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(kv_offload_test(op[0], &st), KV_OK);
+    assert_int_equal(st, KV_OFFLOAD_CANCELLED);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(kv_offload_op_free(op[i]), KV_OK);
+    assert_int_equal(kvt_pool_refs(&s), refs);
+    assert_int_equal(kv_block_pool_release(s.pool, ids, 3), KV_OK);
+    kvt_cache_free(&s);
+    pthread_mutex_destroy(&g.mu);
+    pthread_cond_destroy(&g.cv);
+}
+
+/* ---- staging and the carver ---------------------------------------------- */
+
+static void test_offload_staging(void **state)
+{
+    (void)state;
+    kv_offload *off = mk_tier((size_t)1 << 20, (size_t)256 << 10);
+    struct kv_mem_region r;
+    size_t nr;
+    assert_int_equal(kv_offload_regions(off, &r, 1, &nr), KV_OK);
+    void *p[4];
+    const size_t sz[4] = {100 << 10, 64 << 10, 4096, 1};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(kv_offload_staging_alloc(off, sz[i], &p[i]), KV_OK);
+        assert_true((char *)p[i] >= (char *)r.ptr &&
+                    (char *)p[i] + sz[i] <= (char *)r.ptr + r.bytes);
+        assert_int_equal((uintptr_t)p[i] % 4096, 0);
+        memset(p[i], 0xA0 + i, sz[i]);
+    }
+    struct kv_offload_stats st;
+    assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
+    assert_int_equal(st.staging_bytes, (100 << 10) + (64 << 10) + 4096 + 1);
+    void *q = NULL;
+    assert_int_equal(kv_offload_staging_alloc(off, 100 << 10, &q), KV_ERR_CAPACITY);
+    assert_non_null(strstr(kv_last_error(), "staging_bytes"));
+    assert_int_equal(kv_offload_staging_alloc(off, 0, &q), KV_ERR_INVALID_ARG);
+    assert_int_equal(kv_offload_staging_alloc(NULL, 1, &q), KV_ERR_NULL);
+    for (int i = 0; i < 4; i++)
+        for (size_t k = 0; k < sz[i]; k++)
+            assert_int_equal(((unsigned char *)p[i])[k], 0xA0 + i);
+    assert_int_equal(kv_offload_staging_free(off, p[0]), KV_OK);
+    assert_int_equal(kv_offload_staging_free(off, p[0]), KV_ERR_INVALID_ARG);
+    assert_int_equal(kv_offload_staging_free(off, (char *)p[1] + 8), KV_ERR_INVALID_ARG);
+    assert_int_equal(kv_offload_staging_free(off, NULL), KV_ERR_NULL);
+    assert_int_equal(kv_offload_staging_alloc(off, 100 << 10, &q), KV_OK); /* room again */
+    assert_int_equal(kv_offload_staging_free(off, q), KV_OK);
+    for (int i = 1; i < 4; i++)
+        assert_int_equal(kv_offload_staging_free(off, p[i]), KV_OK);
+    assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
+    assert_int_equal(st.staging_bytes, 0);
+    /* a staging buffer left allocated dies with the tier */
+    assert_int_equal(kv_offload_staging_alloc(off, 4096, &q), KV_OK);
+    kv_offload_destroy(off);
+}
+
+struct piece {
+    unsigned char *p;
+    size_t n;
+    unsigned char tag;
+};
+
+static void test_offload_carver(void **state)
+{
+    (void)state;
+    const size_t bytes = (size_t)64 << 20;
+    unsigned char *base = aligned_alloc(4096, bytes);
+    assert_non_null(base);
+    kv__carver *c = NULL;
+    assert_int_equal(kv__carver_create(base, bytes, &c), KV_OK);
+    assert_non_null(kv__carver_name());
+    enum { MAXP = 512 };
+    struct piece *live = calloc(MAXP, sizeof(*live));
+    int n_live = 0;
+    uint64_t rng = 0xCA7;
+    for (int it = 0; it < 6000; it++) {
+        if (n_live < MAXP && (n_live == 0 || kvt_rand(&rng) % 3 != 0)) {
+            const size_t n = (size_t)kvt_range(&rng, 1, 256 << 10);
+            const size_t align = (size_t)1 << kvt_range(&rng, 0, 12);
+            unsigned char *p = kv__carver_alloc(c, n, align);
+            if (!p)
+                continue; /* full for now */
+            assert_true(p >= base && p + n <= base + bytes);
+            assert_int_equal((uintptr_t)p % align, 0);
+            const unsigned char tag = (unsigned char)(it | 1);
+            memset(p, tag, n);
+            live[n_live++] = (struct piece){p, n, tag};
+        } else {
+            const int k = (int)kvt_range(&rng, 0, n_live - 1);
+            for (size_t i = 0; i < live[k].n; i++) /* nobody else wrote here */
+                assert_int_equal(live[k].p[i], live[k].tag);
+            kv__carver_free(c, live[k].p);
+            live[k] = live[--n_live];
+        }
+    }
+    for (int k = 0; k < n_live; k++) {
+        for (size_t i = 0; i < live[k].n; i++)
+            assert_int_equal(live[k].p[i], live[k].tag);
+        kv__carver_free(c, live[k].p);
+    }
+    /* exhaust: NULL, never memory outside the region */
+    n_live = 0;
+    for (;;) {
+        unsigned char *p = kv__carver_alloc(c, (size_t)1 << 20, 64);
+        if (!p)
+            break;
+        assert_true(p >= base && p + ((size_t)1 << 20) <= base + bytes);
+        assert_true(n_live < MAXP);
+        live[n_live++] = (struct piece){p, (size_t)1 << 20, 0};
+    }
+    assert_true(n_live >= 32); /* at least half the region was usable in 1 MiB pieces */
+    assert_true(kv__carver_used(c) <= bytes);
+    for (int k = 0; k < n_live; k++)
+        kv__carver_free(c, live[k].p);
+    /* freed space is reused */
+    unsigned char *p = kv__carver_alloc(c, (size_t)1 << 20, 64);
+    assert_non_null(p);
+    kv__carver_free(c, p);
+    kv__carver_free(c, NULL);
+    assert_null(kv__carver_alloc(c, 0, 64));
+    kv__carver_destroy(c);
+    free(live);
+    free(base);
+}
+
+/* ---- threads ------------------------------------------------------------- */
+
+struct worker_arg {
+    kv_offload *off;
+    int id;
+    int rounds;
+    int failures;
+};
+
+/* One engine thread: its own two caches, its own hashes; store a batch,
+ * load it into the other cache, check every block; evict half. */
+static void *engine_thread(void *p)
+{
+    struct worker_arg *w = p;
+    struct kvt_cache s, d;
+    uint64_t rng = 0xE461 + (uint64_t)w->id;
+    kvt_cache_make(&s, 2, 64, 8, 2, 16, KV_BF16, 0, 61 + (uint64_t)w->id);
+    kvt_cache_make(&d, 2, 64, 8, 2, 16, KV_BF16, 2, 71 + (uint64_t)w->id);
+    kvt_pool_scramble(&s, &rng);
+    kvt_pool_scramble(&d, &rng);
+    for (int r = 0; r < w->rounds; r++) {
+        enum { NB = 6 };
+        uint64_t h[NB];
+        uint32_t ids[NB];
+        for (int i = 0; i < NB; i++)
+            h[i] = hash_of(((uint64_t)w->id << 32) | (uint64_t)(r * NB + i));
+        put_blocks(&s, h, NB, ids);
+        kv_offload_op *st_op, *ld_op;
+        if (kv_offload_store(w->off, s.c, ids, NB, &st_op) != KV_OK)
+            w->failures++;
+        assert_int_equal(kv_block_pool_release(s.pool, ids, NB), KV_OK);
+        kv_offload_state x;
+        if (kv_offload_wait(st_op, WAIT_MS, &x) != KV_OK || x != KV_OFFLOAD_DONE)
+            w->failures++;
+        assert_int_equal(kv_offload_op_free(st_op), KV_OK);
+        if (kv_offload_load(w->off, d.c, h, NB, &ld_op) != KV_OK)
+            w->failures++;
+        if (kv_offload_wait(ld_op, WAIT_MS, &x) != KV_OK || x != KV_OFFLOAD_DONE)
+            w->failures++;
+        const struct kv_offload_result *res;
+        uint32_t n;
+        assert_int_equal(kv_offload_results(ld_op, &res, &n), KV_OK);
+        for (uint32_t i = 0; i < n; i++) {
+            if (res[i].status != KV_OK || !kvt_block_holds(&d, d.base, res[i].block, h[i]))
+                w->failures++;
+            if (res[i].block != KV_BLOCK_NULL)
+                assert_int_equal(kv_block_pool_release(d.pool, &res[i].block, 1), KV_OK);
+        }
+        assert_int_equal(kv_offload_op_free(ld_op), KV_OK);
+        uint32_t ne;
+        assert_int_equal(kv_offload_evict(w->off, h, NB / 2, &ne), KV_OK);
+        if (ne != NB / 2)
+            w->failures++;
+        struct kv_offload_stats os;
+        assert_int_equal(kv_offload_stats_get(w->off, &os), KV_OK);
+        if (os.bytes > os.capacity_bytes)
+            w->failures++;
+        kvt_pool_scramble(&s, &rng);
+        kvt_pool_scramble(&d, &rng);
+    }
+    if (kvt_pool_refs(&s) != 0 || kvt_pool_refs(&d) != 0)
+        w->failures++;
+    kvt_cache_free(&s);
+    kvt_cache_free(&d);
+    return NULL;
+}
+
+static void test_offload_threads(void **state)
+{
+    (void)state;
+    kv_offload *off = mk_tier((size_t)8 << 20, 0);
+    enum { NT = 3 };
+    struct worker_arg w[NT];
+    pthread_t th[NT];
+    for (int i = 0; i < NT; i++) {
+        w[i] = (struct worker_arg){off, i, 40, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, engine_thread, &w[i]), 0);
+    }
+    for (int i = 0; i < NT; i++) {
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+        assert_int_equal(w[i].failures, 0);
+    }
+    struct kv_offload_stats st;
+    assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
+    assert_int_equal(st.stores, NT * 40 * 6);
+    assert_int_equal(st.loads, NT * 40 * 6);
+    assert_int_equal(st.entries, NT * 40 * 3);
+    assert_int_equal(st.failed_ops, 0);
+    kv_offload_destroy(off);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_offload_create),
+        cmocka_unit_test(test_offload_every_layout),
+        cmocka_unit_test(test_offload_commit_semantics),
+        cmocka_unit_test(test_offload_load_failures),
+        cmocka_unit_test(test_offload_lru),
+        cmocka_unit_test(test_offload_post_refusals),
+        cmocka_unit_test(test_offload_cancel),
+        cmocka_unit_test(test_offload_destroy_cancels),
+        cmocka_unit_test(test_offload_staging),
+        cmocka_unit_test(test_offload_carver),
+        cmocka_unit_test(test_offload_threads),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
