@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
 #include "kv_attn.h"
@@ -32,7 +33,9 @@
 #include "kv_plan_int.h"
 
 #define KV__OFF_MAX_FMTS 16
-#define KV__OFF_CHUNK 16           /* blocks per chunk: cancel is seen between chunks */
+#define KV__OFF_CHUNK_BYTES ((int64_t)4 << 20) /* per chunk: cancel is seen between chunks */
+#define KV__OFF_CHUNK_MIN 16                   /* blocks */
+#define KV__OFF_CHUNK_MAX 1024
 #define KV__OFF_ENTRY_ALIGN 64     /* a cache line */
 #define KV__OFF_STAGING_ALIGN 4096 /* a page */
 
@@ -45,14 +48,17 @@ struct fmt {
     int64_t block_tokens;         /* N */
     kv_plan *to_entry, *to_block; /* cache block -> entry, entry -> cache block */
     uint32_t users;               /* ops posted and not terminal that use it */
+    bool sequential;              /* to_entry writes the entry front to back, gap-free:
+                                     a store hashes each row as it lands (one pass) */
 };
 
 struct entry {
     uint64_t hash, sum;
     struct entry *hnext;               /* bucket chain */
     struct entry *lru_prev, *lru_next; /* head = least recently used */
-    char *mem;                         /* [entry_bytes] in the region */
-    int64_t bytes;
+    char *mem;                         /* [len] in the region */
+    int64_t len;                       /* the entry's bytes (its format's entry_bytes) */
+    int64_t bytes;                     /* what it takes of the region (its size class) */
     uint64_t block_fp;
     uint32_t pins; /* the worker reads or writes it */
     bool ready;    /* checksum taken: visible to loads and contains */
@@ -103,7 +109,7 @@ struct kv_offload {
     struct kv_offload_stats st;
     kv__offload_hook_fn hook;
     void *hook_user;
-    uint32_t chunk;
+    uint32_t chunk; /* blocks per chunk; 0: KV__OFF_CHUNK_BYTES of entries */
 };
 
 const char *kv_offload_state_name(kv_offload_state s)
@@ -281,7 +287,7 @@ kv_status kv_offload_create(const struct kv_offload_config *cfg, kv_offload **ou
         return kv__error(KV_ERR_NO_MEMORY, "kv_offload_create: %zu bytes", sizeof(*off));
     off->cfg = *cfg;
     off->threads = cfg->threads ? cfg->threads : kv_attn_threads();
-    off->chunk = KV__OFF_CHUNK;
+    off->chunk = 0; /* by bytes (chunk_of) */
     off->n_buckets = 1024;
     off->buckets = kv__mem_calloc(off->n_buckets, sizeof(*off->buckets));
     if (!off->buckets) {
@@ -466,6 +472,16 @@ static kv_status fmt_get(kv_offload *off, const char *fn, const struct kv_layout
         st = kv_plan_create(lo, &el, NULL, &f.to_entry);
     if (st == KV_OK)
         st = kv_plan_create(&el, lo, NULL, &f.to_block);
+    if (st == KV_OK) { /* one block to one block: a window of 1 + 1 */
+        int64_t at = 0;
+        f.sequential = f.to_entry->stats.window_src_blocks == 1;
+        for (int64_t i = 0; f.sequential && i < f.to_entry->n_copies; i++) {
+            const struct kv__plan_copy *c = &f.to_entry->copies[i];
+            f.sequential = c->dst_rel == at && (c->height == 1 || c->dst_pitch == c->width);
+            at += c->width * c->height;
+        }
+        f.sequential = f.sequential && at == f.entry_bytes;
+    }
     if (st != KV_OK) {
         kv_plan_destroy(f.to_entry);
         return kv__error_wrap(st, "%s: the entry format of a cache layout", fn);
@@ -677,6 +693,20 @@ static uint64_t move_block(const struct fmt *f, bool load, char *blk, char *ent,
         }
         return sum;
     }
+    if (f->sequential) { /* copy a row, hash it while it is in cache */
+        XXH3_state_t hs;
+        XXH3_64bits_reset(&hs);
+        for (int64_t i = 0; i < f->to_entry->n_copies; i++) {
+            const struct kv__plan_copy *c = &f->to_entry->copies[i];
+            const char *s = blk + c->src_rel;
+            char *d = ent + c->dst_rel;
+            for (int64_t y = 0; y < c->height; y++) {
+                memcpy(d + y * c->dst_pitch, s + y * c->src_pitch, (size_t)c->width);
+                XXH3_64bits_update(&hs, d + y * c->dst_pitch, (size_t)c->width);
+            }
+        }
+        return XXH3_64bits_digest(&hs);
+    }
     const char *s = blk;
     kv__plan_exec_cpu(f->to_entry, &s, 1, &ent, 1, (uint64_t)N, 1);
     return XXH3_64bits(ent, (size_t)f->entry_bytes);
@@ -707,7 +737,9 @@ static void move_chunk(const kv_offload *off, const struct fmt *f, kv_offload_op
 static bool run_store(kv_offload *off, kv_offload_op *op, const struct fmt *f, uint32_t chunk,
                       struct entry **slot, uint64_t *sum)
 {
-    const uint64_t eb = (uint64_t)f->entry_bytes;
+    /* an entry counts what it takes of the region: its carver size class */
+    const uint64_t eb =
+        (uint64_t)kv__carver_size(off->carver, (size_t)f->entry_bytes, KV__OFF_ENTRY_ALIGN);
     for (uint32_t i0 = 0; i0 < op->n; i0 += chunk) {
         if (atomic_load(&op->cancel))
             return true; /* the rest stay KV_ERR_CANCELLED */
@@ -732,9 +764,10 @@ static bool run_store(kv_offload *off, kv_offload_op *op, const struct fmt *f, u
             if (!room)
                 continue;
             e = kv__mem_calloc(1, sizeof(*e));
-            char *mem = e ? kv__carver_alloc(off->carver, (size_t)eb, KV__OFF_ENTRY_ALIGN) : NULL;
+            const size_t want = (size_t)f->entry_bytes;
+            char *mem = e ? kv__carver_alloc(off->carver, want, KV__OFF_ENTRY_ALIGN) : NULL;
             while (e && !mem && evict_one(off))
-                mem = kv__carver_alloc(off->carver, (size_t)eb, KV__OFF_ENTRY_ALIGN);
+                mem = kv__carver_alloc(off->carver, want, KV__OFF_ENTRY_ALIGN);
             if (!mem) {
                 kv__mem_free(e);
                 r->status = KV_ERR_NO_MEMORY;
@@ -742,6 +775,7 @@ static bool run_store(kv_offload *off, kv_offload_op *op, const struct fmt *f, u
             }
             *e = (struct entry){.hash = r->hash,
                                 .mem = mem,
+                                .len = f->entry_bytes,
                                 .bytes = (int64_t)eb,
                                 .block_fp = f->block_fp,
                                 .pins = 1};
@@ -885,7 +919,11 @@ static void *worker_main(void *arg)
         op->qnext = NULL;
         off->running = op;
         const struct fmt f = off->fmts[op->fmt];
-        const uint32_t chunk = off->chunk;
+        const int64_t by_bytes = (KV__OFF_CHUNK_BYTES + f.entry_bytes - 1) / f.entry_bytes;
+        const uint32_t chunk = off->chunk                     ? off->chunk
+                               : by_bytes < KV__OFF_CHUNK_MIN ? KV__OFF_CHUNK_MIN
+                               : by_bytes > KV__OFF_CHUNK_MAX ? KV__OFF_CHUNK_MAX
+                                                              : (uint32_t)by_bytes;
         pthread_mutex_lock(&op->mu);
         op->state = KV_OFFLOAD_RUNNING;
         pthread_mutex_unlock(&op->mu);
@@ -1124,9 +1162,9 @@ kv_status kv__offload_test_corrupt(kv_offload *off, uint64_t hash, size_t byte)
     struct entry *e = find(off, hash);
     if (!e || !e->ready)
         st = kv__error(KV_ERR_NOT_FOUND, "offload test corrupt: no entry 0x%016" PRIx64, hash);
-    else if ((int64_t)byte >= e->bytes)
+    else if ((int64_t)byte >= e->len)
         st = kv__error(KV_ERR_OUT_OF_BOUNDS, "offload test corrupt: byte %zu of %" PRId64, byte,
-                       e->bytes);
+                       e->len);
     else
         e->mem[byte] ^= 0x5a;
     pthread_mutex_unlock(&off->mu);
@@ -1144,6 +1182,6 @@ void kv__offload_test_set_hook(kv_offload *off, kv__offload_hook_fn fn, void *us
 void kv__offload_test_set_chunk(kv_offload *off, uint32_t blocks)
 {
     pthread_mutex_lock(&off->mu);
-    off->chunk = blocks ? blocks : KV__OFF_CHUNK;
+    off->chunk = blocks;
     pthread_mutex_unlock(&off->mu);
 }

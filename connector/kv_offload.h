@@ -135,7 +135,9 @@ struct kv_offload_result {
  * reads them, until it is done). */
 struct kv_offload_stats {
     uint64_t entries;           /* hashes held */
-    uint64_t bytes;             /* entry bytes carved (<= capacity_bytes) */
+    uint64_t bytes;             /* region bytes the entries take, each its carver size
+                                   class (jemalloc's; exact for power-of-two-like
+                                   blocks): <= capacity_bytes */
     uint64_t capacity_bytes;    /* the configured capacity */
     uint64_t region_bytes;      /* the region: capacity + staging + slack (rounded) */
     uint64_t staging_bytes;     /* staging bytes handed out now */

@@ -115,13 +115,54 @@ kv_status kv__carver_create(void *base, size_t bytes, kv__carver **out)
                          "region of %zu bytes failed (error %d)",
                          bytes, e);
     }
-    /* never purge: freed extents stay dirty in the arena and are reused */
+    /* Freed extents go straight to the arena's retained set (decay 0: the
+     * purge hooks refuse, so nothing is returned; the pages stay as they
+     * are). Retained extents are split exactly and coalesced at once, with
+     * no size-ratio limit (dirty ones are not carved below 1/64 of their
+     * size). Growth asks for what is needed, not jemalloc's geometric
+     * series: a series step is carved from the region for good and its
+     * unused tail can serve nothing larger. */
     char name[64];
-    ssize_t never = -1;
+    ssize_t now = 0;
+    size_t grow = 4096;
     snprintf(name, sizeof(name), "arena.%u.dirty_decay_ms", c->arena);
-    (void)mallctl(name, NULL, NULL, &never, sizeof(never));
+    int e1 = mallctl(name, NULL, NULL, &now, sizeof(now));
     snprintf(name, sizeof(name), "arena.%u.muzzy_decay_ms", c->arena);
-    (void)mallctl(name, NULL, NULL, &never, sizeof(never));
+    int e2 = mallctl(name, NULL, NULL, &now, sizeof(now));
+    snprintf(name, sizeof(name), "arena.%u.retain_grow_limit", c->arena);
+    int e3 = mallctl(name, NULL, NULL, &grow, sizeof(grow));
+    /* Then the region, less a reserve for the arena's own metadata (extent
+     * records, radix-tree nodes: allocated from the region through the same
+     * hooks), becomes one retained extent that every piece is carved from:
+     * allocated as the largest size classes that fit (a large piece costs
+     * its class plus a page), then freed; adjacent retained extents merge. */
+    const int flags = MALLOCX_ARENA(c->arena) | MALLOCX_TCACHE_NONE;
+    const size_t reserve = ((size_t)4 << 20) + bytes / 128, pad = 4096;
+    void *piece[64];
+    int np = 0;
+    while (!e1 && !e2 && !e3 && np < 64) {
+        const size_t used = kv__carver_used(c);
+        if (used + reserve + pad + ((size_t)1 << 20) > bytes)
+            break;
+        const size_t want = bytes - used - reserve - pad;
+        size_t n = want;
+        while (n > ((size_t)1 << 20) && nallocx(n, flags) > want)
+            n -= n / 32;
+        void *p = nallocx(n, flags) <= want ? mallocx(n, flags) : NULL;
+        if (!p)
+            break;
+        piece[np++] = p;
+    }
+    for (int i = 0; i < np; i++)
+        dallocx(piece[i], MALLOCX_TCACHE_NONE);
+    if (e1 || e2 || e3 || np == 0) {
+        kv__carver_destroy(c);
+        return kv__error(e1 || e2 || e3 ? KV_ERR_INTERNAL : KV_ERR_INVALID_ARG,
+                         "offload carver: a jemalloc arena over a region of %zu bytes: %s", bytes,
+                         e1 || e2 || e3 ? "configuring its decay and growth failed"
+                                        : "nothing is left beyond the arena's metadata and "
+                                          "its reserve: raise slack_bytes");
+    }
     *out = c;
     return KV_OK;
 }
@@ -142,6 +183,13 @@ void *kv__carver_alloc(kv__carver *c, size_t bytes, size_t align)
     if (bytes == 0)
         return NULL;
     return mallocx(bytes, MALLOCX_ARENA(c->arena) | MALLOCX_TCACHE_NONE | MALLOCX_ALIGN(align));
+}
+
+size_t kv__carver_size(kv__carver *c, size_t bytes, size_t align)
+{
+    return bytes ? nallocx(bytes,
+                           MALLOCX_ARENA(c->arena) | MALLOCX_TCACHE_NONE | MALLOCX_ALIGN(align))
+                 : 0;
 }
 
 void kv__carver_free(kv__carver *c, void *p)
@@ -264,6 +312,12 @@ void *kv__carver_alloc(kv__carver *c, size_t bytes, size_t align)
     }
     pthread_mutex_unlock(&c->mu);
     return out;
+}
+
+size_t kv__carver_size(kv__carver *c, size_t bytes, size_t align)
+{
+    (void)c, (void)align; /* pieces are exactly the bytes asked (alignment is padding) */
+    return bytes;
 }
 
 /* merge b into a (a->next == b, both free) */

@@ -9,10 +9,15 @@
  *                      extent hooks carve only from the region: alloc bumps
  *                      a pointer with the requested alignment and refuses
  *                      when the region is exhausted; dalloc, decommit and
- *                      purge refuse (jemalloc keeps the extent and reuses it);
- *                      split and merge accept. Pieces come from
- *                      mallocx(MALLOCX_ARENA | MALLOCX_TCACHE_NONE), and the
- *                      arena's own metadata comes from the region too.
+ *                      purge refuse (jemalloc keeps the extent, retained,
+ *                      and reuses it); split and merge accept. At create
+ *                      the region (less a metadata reserve) is allocated
+ *                      and freed once, so it is one retained extent that
+ *                      pieces are split from exactly; decay 0 sends freed
+ *                      pieces straight back to it (merged with their
+ *                      neighbours). Pieces come from mallocx(MALLOCX_ARENA
+ *                      | MALLOCX_TCACHE_NONE) and take their size class;
+ *                      the arena's own metadata comes from the region too.
  *   KV_USE_LIBC_MALLOC a first-fit free list with coalescing (segments in
  *   (ASan/UBSan/TSan)  address order, records outside the region): what the
  *                      sanitizer builds test.
@@ -36,6 +41,10 @@ kv_status kv__carver_create(void *base, size_t bytes, kv__carver **out);
 void kv__carver_destroy(kv__carver *c);
 /* bytes at align (a power of two); NULL when the region has no room. */
 void *kv__carver_alloc(kv__carver *c, size_t bytes, size_t align);
+/* The bytes a piece of bytes at align takes (jemalloc: its size class; the
+ * tier counts entries at this size, so capacity_bytes bounds what they take
+ * of the region). */
+size_t kv__carver_size(kv__carver *c, size_t bytes, size_t align);
 /* Return a piece from kv__carver_alloc (NULL: no-op). */
 void kv__carver_free(kv__carver *c, void *p);
 /* Bytes of the region handed to the carver's users or its metadata so far
@@ -60,7 +69,8 @@ typedef void (*kv__offload_hook_fn)(void *user, enum kv__offload_hook_at at, kv_
 /* Install (fn NULL: remove) a hook the worker calls without any lock held. */
 void kv__offload_test_set_hook(kv_offload *off, kv__offload_hook_fn fn, void *user);
 
-/* Blocks per chunk of the worker (cancel is seen between chunks); 0 = default. */
+/* Blocks per chunk of the worker (cancel is seen between chunks); 0 = the
+ * default (4 MiB of entries, 16 to 1,024 blocks). */
 void kv__offload_test_set_chunk(kv_offload *off, uint32_t blocks);
 
 #endif /* KV_OFFLOAD_INT_H */

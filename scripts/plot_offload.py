@@ -1,0 +1,84 @@
+#!/usr/bin/python3
+"""plot_offload.py - docs/img/offload.png from the JSON lines of one kvbench run.
+
+    scripts/plot_offload.py RESULTS.jsonl [--out docs/img/offload.png]
+
+Reads the offload.store and offload.load lines of kvbench (the last line
+seen for each (bench, case) wins; quick lines and errors are ignored) and
+draws GB/s against the fragment one copy moves (the "fragNKiB" part of the
+case name: layer-major caches move 2L runs of N x H x D x 2 bytes per block,
+a block-major cache one run of the whole block), with the memcpy baseline
+each case measured in the same run. Needs python3-matplotlib (Debian).
+"""
+import argparse
+import json
+import re
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def load(path):
+    lines = {}
+    for raw in open(path):
+        try:
+            o = json.loads(raw)
+        except ValueError:
+            continue
+        if o.get("quick") or "error" in o or "ratio" not in o:
+            continue
+        if o.get("bench") not in ("offload.store", "offload.load"):
+            continue
+        lines[(o["bench"], o["case"])] = o
+    return list(lines.values())
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("results")
+    ap.add_argument("--out", default="docs/img/offload.png")
+    a = ap.parse_args()
+    rows = load(a.results)
+    if not rows:
+        sys.exit("plot_offload.py: no offload.store / offload.load lines in " + a.results)
+    series = {}  # (bench, arrangement) -> [(frag KiB, gbps, baseline gbps)]
+    cpu = rows[0].get("cpu", "?")
+    for o in rows:
+        m = re.search(r"/(nhd-layer|nhd-block)/frag(\d+)KiB", o["case"])
+        if not m:
+            continue
+        series.setdefault((o["bench"], m.group(1)), []).append(
+            (int(m.group(2)), o["gbps"], o["baseline_gbps"]))
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    style = {"offload.store": ("tab:blue", "o"), "offload.load": ("tab:orange", "s")}
+    base = []
+    for (bench, arr), pts in sorted(series.items()):
+        pts.sort()
+        color, marker = style[bench]
+        label = "%s, %s" % (bench.split(".")[1], "layer-major" if arr == "nhd-layer"
+                            else "block-major")
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, color=color,
+                linestyle="-" if arr == "nhd-layer" else "none", markersize=7,
+                fillstyle="full" if arr == "nhd-layer" else "none", label=label)
+        base += [(p[0], p[2]) for p in pts]
+    base.sort()
+    ax.plot([b[0] for b in base], [b[1] for b in base], color="gray", linestyle=":",
+            marker=".", label="memcpy, same bytes (baseline, per case)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("fragment per copy (KiB)")
+    ax.set_ylabel("GB/s")
+    ax.set_ylim(bottom=0)
+    ax.set_title("offload tier: 4,096-token Llama-3-8B request (512 MiB)\n%s" % cpu,
+                 fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(a.out, dpi=110)
+    print("wrote " + a.out)
+
+
+if __name__ == "__main__":
+    main()
