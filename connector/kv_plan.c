@@ -4,9 +4,10 @@
  * Build: every head row (layer, K/V, token of the window, head of the range)
  * is one (source block, destination block, src_rel, dst_rel) record of D
  * elements, offsets from attention/kv_attn_index.h. Records are sorted by
- * (source block, destination block, src_rel) and merged while both sides
- * continue; the resulting runs are grouped into 2-D copies while width and
- * both pitches stay the same.
+ * (source block, destination block, src_rel) - made in the source's stride
+ * order, counted into their block pairs, and only a pair found unsorted is
+ * sorted - and merged while both sides continue; the resulting runs are
+ * grouped into 2-D copies while width and both pitches stay the same.
  */
 #include <inttypes.h>
 #include <omp.h>
@@ -120,21 +121,62 @@ kv_status kv_plan_create(const struct kv_layout *src, const struct kv_layout *ds
         kv__mem_free(p);
         return kv__error(KV_ERR_NO_MEMORY, "kv_plan_create: %" PRId64 " rows", n_rows);
     }
-    int64_t r = 0;
-    for (int64_t l = 0; l < L; l++)
-        for (int kv = 0; kv < 2; kv++)
-            for (int64_t t = 0; t < W; t++)
-                for (int64_t h = 0; h < nh; h++) {
+    /* Rows are made in the source's stride order (the loop over the dim with
+     * the largest source stride outermost), so within one (source block,
+     * destination block) pair they mostly come out sorted by src_rel; a
+     * stable counting sort by pair then leaves only the unsorted pairs (if
+     * any) to qsort. */
+    const int64_t ext[4] = {L, 2, W, nh};
+    const int64_t sstr[4] = {src->stride_layer_bytes, src->stride_kv_bytes,
+                             src->stride_token_bytes, src->stride_head_bytes};
+    int ord[4] = {0, 1, 2, 3};
+    for (int i = 1; i < 4; i++) /* by stride, descending; ties keep l, kv, t, h */
+        for (int j = i; j > 0 && sstr[ord[j]] > sstr[ord[j - 1]]; j--) {
+            const int x = ord[j];
+            ord[j] = ord[j - 1];
+            ord[j - 1] = x;
+        }
+    const int64_t ndb = W / Nd, n_pairs = (W / Ns) * ndb;
+    struct kv__row *tmp = kv__mem_alloc((size_t)n_rows * sizeof(*tmp));
+    int64_t *cnt = kv__mem_calloc((size_t)n_pairs + 1, sizeof(*cnt));
+    if (!tmp || !cnt) {
+        kv__mem_free(tmp);
+        kv__mem_free(cnt);
+        kv__mem_free(rows);
+        kv__mem_free(p);
+        return kv__error(KV_ERR_NO_MEMORY, "kv_plan_create: %" PRId64 " rows", n_rows);
+    }
+    int64_t r = 0, i4[4];
+    for (i4[ord[0]] = 0; i4[ord[0]] < ext[ord[0]]; i4[ord[0]]++)
+        for (i4[ord[1]] = 0; i4[ord[1]] < ext[ord[1]]; i4[ord[1]]++)
+            for (i4[ord[2]] = 0; i4[ord[2]] < ext[ord[2]]; i4[ord[2]]++)
+                for (i4[ord[3]] = 0; i4[ord[3]] < ext[ord[3]]; i4[ord[3]]++) {
+                    const int64_t l = i4[0], t = i4[2], h = i4[3];
+                    const int kv = (int)i4[1];
                     /* offsets of slot t % N in block 0: the block part is added per request */
-                    rows[r].ks = t / Ns;
-                    rows[r].kd = t / Nd;
-                    rows[r].src_rel = kv_attn_slot_offset_bytes(src, (uint32_t)l, kv, t % Ns) +
-                                      (c.src_head0 + h) * src->stride_head_bytes;
-                    rows[r].dst_rel = kv_attn_slot_offset_bytes(dst, (uint32_t)l, kv, t % Nd) +
-                                      (c.dst_head0 + h) * dst->stride_head_bytes;
-                    r++;
+                    struct kv__row *w = &tmp[r++];
+                    w->ks = t / Ns;
+                    w->kd = t / Nd;
+                    w->src_rel = kv_attn_slot_offset_bytes(src, (uint32_t)l, kv, t % Ns) +
+                                 (c.src_head0 + h) * src->stride_head_bytes;
+                    w->dst_rel = kv_attn_slot_offset_bytes(dst, (uint32_t)l, kv, t % Nd) +
+                                 (c.dst_head0 + h) * dst->stride_head_bytes;
+                    cnt[w->ks * ndb + w->kd + 1]++;
                 }
-    qsort(rows, (size_t)n_rows, sizeof(*rows), row_cmp);
+    for (int64_t k = 0; k < n_pairs; k++)
+        cnt[k + 1] += cnt[k];
+    for (int64_t i = 0; i < n_rows; i++) /* stable: each pair keeps the made order */
+        rows[cnt[tmp[i].ks * ndb + tmp[i].kd]++] = tmp[i];
+    for (int64_t k = 0, at = 0; k < n_pairs; k++) { /* cnt[k] is now the end of pair k */
+        bool sorted = true;
+        for (int64_t i = at + 1; i < cnt[k] && sorted; i++)
+            sorted = rows[i - 1].src_rel < rows[i].src_rel;
+        if (!sorted)
+            qsort(rows + at, (size_t)(cnt[k] - at), sizeof(*rows), row_cmp);
+        at = cnt[k];
+    }
+    kv__mem_free(tmp);
+    kv__mem_free(cnt);
 
     /* coalesce into runs (in place: run i = rows[i] with its length in len[i]) */
     int64_t *len = kv__mem_alloc((size_t)n_rows * sizeof(*len));
