@@ -22,7 +22,6 @@
 #include <string.h>
 #include <time.h>
 
-#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
 #include "kv_attn.h"
@@ -472,16 +471,8 @@ static kv_status fmt_get(kv_offload *off, const char *fn, const struct kv_layout
         st = kv_plan_create(lo, &el, NULL, &f.to_entry);
     if (st == KV_OK)
         st = kv_plan_create(&el, lo, NULL, &f.to_block);
-    if (st == KV_OK) { /* one block to one block: a window of 1 + 1 */
-        int64_t at = 0;
-        f.sequential = f.to_entry->stats.window_src_blocks == 1;
-        for (int64_t i = 0; f.sequential && i < f.to_entry->n_copies; i++) {
-            const struct kv__plan_copy *c = &f.to_entry->copies[i];
-            f.sequential = c->dst_rel == at && (c->height == 1 || c->dst_pitch == c->width);
-            at += c->width * c->height;
-        }
-        f.sequential = f.sequential && at == f.entry_bytes;
-    }
+    if (st == KV_OK)
+        f.sequential = kv__plan_is_sequential(f.to_entry, f.entry_bytes);
     if (st != KV_OK) {
         kv_plan_destroy(f.to_entry);
         return kv__error_wrap(st, "%s: the entry format of a cache layout", fn);
@@ -693,20 +684,8 @@ static uint64_t move_block(const struct fmt *f, bool load, char *blk, char *ent,
         }
         return sum;
     }
-    if (f->sequential) { /* copy a row, hash it while it is in cache */
-        XXH3_state_t hs;
-        XXH3_64bits_reset(&hs);
-        for (int64_t i = 0; i < f->to_entry->n_copies; i++) {
-            const struct kv__plan_copy *c = &f->to_entry->copies[i];
-            const char *s = blk + c->src_rel;
-            char *d = ent + c->dst_rel;
-            for (int64_t y = 0; y < c->height; y++) {
-                memcpy(d + y * c->dst_pitch, s + y * c->src_pitch, (size_t)c->width);
-                XXH3_64bits_update(&hs, d + y * c->dst_pitch, (size_t)c->width);
-            }
-        }
-        return XXH3_64bits_digest(&hs);
-    }
+    if (f->sequential) /* copy a row, hash it while it is in cache */
+        return kv__plan_copy_hash(f->to_entry, blk, ent);
     const char *s = blk;
     kv__plan_exec_cpu(f->to_entry, &s, 1, &ent, 1, (uint64_t)N, 1);
     return XXH3_64bits(ent, (size_t)f->entry_bytes);

@@ -253,13 +253,22 @@ kv_status kv_pack(const kv_plan *plan, struct kv_paged_cache src, const uint32_t
     char *payload = (char *)buf + hdr;
     const int64_t nb = n_blocks, N = lo->block_tokens, sbs = lo->stride_block_bytes;
 
-    /* each block copied into its payload slot, then hashed while in cache */
+    /* each block copied into its payload slot and hashed: row by row as the
+     * rows land when the payload block is written front to back (always,
+     * for the wire layout; kept general), else after the block's copy */
+    const bool seq = kv__plan_is_sequential(p, (int64_t)bb);
 #pragma omp parallel for num_threads(pass_threads(size)) schedule(static)
     for (int64_t i = 0; i < nb; i++) {
         const char *sp = (const char *)src.base + (int64_t)blocks[i] * sbs;
         char *dp = payload + (uint64_t)i * bb;
-        kv__plan_exec_cpu(p, &sp, 1, &dp, 1, (uint64_t)N, 1);
-        put_u64(h + KV__PACK_FIXED + 8 * (uint64_t)i, XXH3_64bits(dp, bb));
+        uint64_t sum;
+        if (seq) {
+            sum = kv__plan_copy_hash(p, sp, dp);
+        } else {
+            kv__plan_exec_cpu(p, &sp, 1, &dp, 1, (uint64_t)N, 1);
+            sum = XXH3_64bits(dp, bb);
+        }
+        put_u64(h + KV__PACK_FIXED + 8 * (uint64_t)i, sum);
     }
     memcpy(h, kv__pack_magic, 8);
     put_u32(h + OFF_VERSION, KV_PACK_VERSION);

@@ -14,6 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
+
 #include "kv_attn_index.h"
 #include "kv_lib.h"
 #include "kv_mem.h"
@@ -127,8 +130,8 @@ kv_status kv_plan_create(const struct kv_layout *src, const struct kv_layout *ds
      * stable counting sort by pair then leaves only the unsorted pairs (if
      * any) to qsort. */
     const int64_t ext[4] = {L, 2, W, nh};
-    const int64_t sstr[4] = {src->stride_layer_bytes, src->stride_kv_bytes,
-                             src->stride_token_bytes, src->stride_head_bytes};
+    const int64_t sstr[4] = {src->stride_layer_bytes, src->stride_kv_bytes, src->stride_token_bytes,
+                             src->stride_head_bytes};
     int ord[4] = {0, 1, 2, 3};
     for (int i = 1; i < 4; i++) /* by stride, descending; ties keep l, kv, t, h */
         for (int j = i; j > 0 && sstr[ord[j]] > sstr[ord[j - 1]]; j--) {
@@ -405,4 +408,34 @@ kv_status kv_plan_copy(const kv_plan *plan, struct kv_paged_cache src, const uin
     kv__plan_exec_cpu(plan, sp, n_src, dp, n_dst, n_tokens, 0);
     kv__mem_free(sp);
     return kv__ok();
+}
+
+bool kv__plan_is_sequential(const kv_plan *plan, int64_t total)
+{
+    if (plan->stats.window_src_blocks != 1 || plan->stats.window_dst_blocks != 1)
+        return false;
+    int64_t at = 0;
+    for (int64_t i = 0; i < plan->n_copies; i++) {
+        const struct kv__plan_copy *c = &plan->copies[i];
+        if (c->dst_rel != at || (c->height > 1 && c->dst_pitch != c->width))
+            return false;
+        at += c->width * c->height;
+    }
+    return at == total;
+}
+
+uint64_t kv__plan_copy_hash(const kv_plan *plan, const char *src, char *dst)
+{
+    XXH3_state_t hs;
+    XXH3_64bits_reset(&hs);
+    for (int64_t i = 0; i < plan->n_copies; i++) {
+        const struct kv__plan_copy *c = &plan->copies[i];
+        const char *s = src + c->src_rel;
+        char *d = dst + c->dst_rel;
+        for (int64_t y = 0; y < c->height; y++) {
+            memcpy(d + y * c->dst_pitch, s + y * c->src_pitch, (size_t)c->width);
+            XXH3_64bits_update(&hs, d + y * c->dst_pitch, (size_t)c->width);
+        }
+    }
+    return XXH3_64bits_digest(&hs);
 }

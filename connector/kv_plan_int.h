@@ -6,6 +6,7 @@
 #ifndef KV_PLAN_INT_H
 #define KV_PLAN_INT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kv_plan.h"
@@ -64,5 +65,16 @@ kv_status kv__plan_check_unique(const char *fn, const uint32_t *dids, uint32_t n
  * threads <= 0: kv_attn_threads() when the request is large enough. */
 void kv__plan_exec_cpu(const kv_plan *plan, const char *const *src_blk, uint32_t n_src,
                        char *const *dst_blk, uint32_t n_dst, uint64_t n_tokens, int threads);
+
+/* True when plan moves one block to one block (a window of 1 + 1) and
+ * writes the destination block front to back without gaps, total bytes in
+ * all: a compact image (the pack payload, an offload entry). */
+bool kv__plan_is_sequential(const kv_plan *plan, int64_t total);
+
+/* Execute a sequential plan (kv__plan_is_sequential) from block src to
+ * block dst on this thread and return the XXH3-64 of the destination's
+ * bytes, hashed row by row as they land (one pass over the data instead of
+ * a copy and a re-read). */
+uint64_t kv__plan_copy_hash(const kv_plan *plan, const char *src, char *dst);
 
 #endif /* KV_PLAN_INT_H */
