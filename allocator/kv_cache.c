@@ -1,5 +1,6 @@
 /* kv_cache.c - the cache object: layout + arena + pool + page table. */
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "kv_cache.h"
@@ -7,6 +8,7 @@
 #include "kv_lib.h"
 
 struct kv_cache {
+    atomic_uint refs; /* the creator's + one per kv_cache_retain (exported tensors) */
     struct kv_layout layout;
     kv_arena *arena;
     kv_block_pool *pool;
@@ -95,6 +97,7 @@ kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **out)
     /* only now, with everything else built, touch the arena's pages */
     if (cfg->zero_fill)
         memset(kv_arena_base(c->arena), 0, kv_arena_size(c->arena));
+    atomic_init(&c->refs, 1);
     *out = c;
     return kv__ok();
 
@@ -107,9 +110,19 @@ undo_alloc:
     return st;
 }
 
+kv_cache *kv_cache_retain(kv_cache *c)
+{
+    if (c)
+        atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
+    return c;
+}
+
 void kv_cache_destroy(kv_cache *c)
 {
     if (!c)
+        return;
+    /* the last reference frees: everything the others did happens before */
+    if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1)
         return;
     kv_page_table_destroy(c->pt);
     kv_block_pool_destroy(c->pool);
@@ -150,4 +163,47 @@ kv_status kv_cache_regions(const kv_cache *c, struct kv_mem_region *out, size_t 
     if (!c)
         return kv__error(KV_ERR_NULL, "kv_cache_regions: cache is NULL");
     return kv_arena_regions(c->arena, out, cap, n);
+}
+
+static void kv__cache_release(void *owner)
+{
+    kv_cache_destroy(owner);
+}
+
+kv_status kv_cache_to_dlpack(kv_cache *c, const struct kv_view *v, DLManagedTensor **out)
+{
+    if (!c || !v || !out)
+        return kv__error(KV_ERR_NULL, "kv_cache_to_dlpack: %s is NULL",
+                         !c   ? "cache"
+                         : !v ? "v"
+                              : "out");
+    kv_status st = kv_view_check(v);
+    if (st != KV_OK)
+        return kv__error_wrap(st, "kv_cache_to_dlpack");
+    int64_t lo = 0, hi = 0;
+    kv_view_extent_bytes(v, &lo, &hi);
+    const uintptr_t a0 = (uintptr_t)kv_arena_base(c->arena), a1 = a0 + kv_arena_size(c->arena);
+    const uintptr_t v0 = (uintptr_t)v->base + (uintptr_t)lo,
+                    v1 = (uintptr_t)v->base + (uintptr_t)hi;
+    if (hi > lo && (v0 < a0 || v1 > a1))
+        return kv__error(KV_ERR_OUT_OF_BOUNDS,
+                         "kv_cache_to_dlpack: the view reaches bytes [%p, %p), outside the "
+                         "cache's arena [%p, %p)",
+                         (void *)v0, (void *)v1, (void *)a0, (void *)a1);
+    struct kv_mem_region r;
+    size_t n = 0;
+    if ((st = kv_arena_regions(c->arena, &r, 1, &n)) != KV_OK)
+        return kv__error_wrap(st, "kv_cache_to_dlpack");
+    DLDevice dev = {kDLCPU, 0};
+    if (r.kind == KV_MEM_PINNED)
+        dev.device_type = kDLCUDAHost;
+    else if (r.kind == KV_MEM_DEVICE)
+        dev = (DLDevice){kDLCUDA, r.device};
+    kv_cache_retain(c);
+    st = kv_view_to_dlpack(v, dev, kv__cache_release, c, out);
+    if (st != KV_OK) {
+        kv_cache_destroy(c); /* the reference just taken */
+        return kv__error_wrap(st, "kv_cache_to_dlpack");
+    }
+    return kv__ok();
 }

@@ -31,6 +31,7 @@
 
 #include "kv_arena.h"
 #include "kv_block_pool.h"
+#include "kv_dlpack.h"
 #include "kv_layout.h"
 #include "kv_page_table.h"
 #include "kv_status.h"
@@ -83,9 +84,32 @@ static inline void kv_cache_config_init(struct kv_cache_config *cfg)
  * kv_page_table_create; KV_ERR_NULL; KV_ERR_NO_MEMORY. */
 KV_API KV_NODISCARD kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **out);
 
-/* Free everything (sequences still live release their blocks first).
- * NULL is a no-op. */
+/* Drop a reference: the creator's, or one taken by kv_cache_retain. The
+ * last one frees everything (sequences still live release their blocks
+ * first). So a tensor exported with kv_cache_to_dlpack keeps the cache -
+ * its memory and its parts - valid after the engine's kv_cache_destroy,
+ * until the tensor's deleter runs. NULL is a no-op. Thread-safe against
+ * other references; once the engine has called it, only the holders of
+ * other references may touch the cache (through their tensors). */
 KV_API void kv_cache_destroy(kv_cache *c);
+
+/* Take a reference on c (dropped by kv_cache_destroy); returns c. NULL is a
+ * no-op. Thread-safe. */
+KV_API kv_cache *kv_cache_retain(kv_cache *c);
+
+/*
+ * Export view v - any view inside the cache's arena: a layer's K or V
+ * (kv_cache_kv_view), one block, a head slice - as a DLPack tensor
+ * (kvcache/kv_dlpack.h: zero-copy, shape, strides, dtype and byte offset
+ * exact) on the arena's device: kDLCPU for host memory, kDLCUDAHost for
+ * pinned, kDLCUDA and its device for device memory. The tensor holds a
+ * reference on c until its deleter runs.
+ * KV_ERR_NULL; kv_view_check's refusals; KV_ERR_OUT_OF_BOUNDS (v reaches
+ * bytes outside the arena, both ranges named); kv_view_to_dlpack's
+ * (KV_ERR_UNSUPPORTED for fp8). No reference is kept on failure.
+ */
+KV_API KV_NODISCARD kv_status kv_cache_to_dlpack(kv_cache *c, const struct kv_view *v,
+                                                 DLManagedTensor **out);
 
 /* The parts, owned by the cache (valid until kv_cache_destroy; NULL for a
  * NULL cache): use the page table for sequences, the pool for stats and

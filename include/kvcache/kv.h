@@ -17,6 +17,7 @@
 #include "kv_dtype.h"
 #include "kv_view.h"
 #include "kv_view_index.h"
+#include "kv_dlpack.h"
 #include "kv_layout.h"
 #include "kv_block_ops.h"
 #include "kv_page_table.h"

@@ -1,0 +1,201 @@
+/* kv_dlpack.c - strided views as DLPack tensors and back (kv_dlpack.h). */
+#include <inttypes.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kv_dlpack.h"
+#include "kv_lib.h"
+#include "kv_mem.h"
+
+/* One allocation per exported tensor: the managed tensor, its shape and
+ * strides, and the owner to release. */
+struct kv__dlpack_export {
+    DLManagedTensor mt;
+    int64_t shape[KV_MAX_DIMS];
+    int64_t strides[KV_MAX_DIMS];
+    kv_dlpack_release_fn release;
+    void *owner;
+};
+
+/* kvcache dtype <-> DLPack (code, bits); lanes are always 1. */
+static const struct {
+    kv_dtype dt;
+    uint8_t code, bits;
+} kv__dl_types[] = {
+    {KV_F32, kDLFloat, 32}, {KV_F16, kDLFloat, 16}, {KV_BF16, kDLBfloat, 16},
+    {KV_F64, kDLFloat, 64}, {KV_I8, kDLInt, 8},     {KV_I32, kDLInt, 32},
+    {KV_I64, kDLInt, 64},   {KV_U8, kDLUInt, 8},
+};
+#define KV__DL_NTYPES (sizeof(kv__dl_types) / sizeof(kv__dl_types[0]))
+
+static bool device_ok(DLDeviceType t)
+{
+    return t == kDLCPU || t == kDLCUDAHost || t == kDLCUDA;
+}
+
+static const char *device_name(DLDeviceType t)
+{
+    switch (t) {
+    case kDLCPU:
+        return "kDLCPU";
+    case kDLCUDA:
+        return "kDLCUDA";
+    case kDLCUDAHost:
+        return "kDLCUDAHost";
+    case kDLCUDAManaged:
+        return "kDLCUDAManaged";
+    case kDLROCM:
+        return "kDLROCM";
+    case kDLOpenCL:
+        return "kDLOpenCL";
+    default:
+        return "another device type";
+    }
+}
+
+static void kv__dlpack_deleter(DLManagedTensor *self)
+{
+    if (!self)
+        return;
+    struct kv__dlpack_export *e = self->manager_ctx;
+    kv_dlpack_release_fn release = e->release;
+    void *owner = e->owner;
+    kv__mem_free(e);
+    if (release)
+        release(owner);
+}
+
+kv_status kv_view_to_dlpack(const struct kv_view *v, DLDevice dev, kv_dlpack_release_fn release,
+                            void *owner, DLManagedTensor **out)
+{
+    if (!v || !out)
+        return kv__error(KV_ERR_NULL, "kv_view_to_dlpack: %s is NULL", !v ? "v" : "out");
+    kv_status st = kv_view_check(v);
+    if (st != KV_OK)
+        return kv__error_wrap(st, "kv_view_to_dlpack");
+    if (!device_ok(dev.device_type) || dev.device_id < 0)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_view_to_dlpack: device (%s = %d, id %d): kvcache exports to kDLCPU, "
+                         "kDLCUDAHost and kDLCUDA with an id >= 0",
+                         device_name(dev.device_type), (int)dev.device_type, dev.device_id);
+    size_t k = 0;
+    while (k < KV__DL_NTYPES && kv__dl_types[k].dt != v->dtype)
+        k++;
+    if (k == KV__DL_NTYPES)
+        return kv__error(KV_ERR_UNSUPPORTED,
+                         "kv_view_to_dlpack: dtype %s has no DLPack 0.6 type (export a u8 view "
+                         "of the same bytes)",
+                         kv_dtype_name(v->dtype));
+    struct kv__dlpack_export *e = kv__mem_calloc(1, sizeof(*e));
+    if (!e)
+        return kv__error(KV_ERR_NO_MEMORY, "kv_view_to_dlpack: %zu bytes", sizeof(*e));
+    for (int i = 0; i < v->ndim; i++) {
+        e->shape[i] = v->shape[i];
+        e->strides[i] = v->strides[i];
+    }
+    e->release = release;
+    e->owner = owner;
+    DLTensor *t = &e->mt.dl_tensor;
+    t->data = v->base;
+    t->device = dev;
+    t->ndim = v->ndim;
+    t->dtype = (DLDataType){kv__dl_types[k].code, kv__dl_types[k].bits, 1};
+    t->shape = e->shape;
+    t->strides = e->strides;
+    t->byte_offset = (uint64_t)v->offset * (uint64_t)kv_dtype_size(v->dtype);
+    e->mt.manager_ctx = e;
+    e->mt.deleter = kv__dlpack_deleter;
+    *out = &e->mt;
+    return kv__ok();
+}
+
+kv_status kv_view_from_dlpack(const DLManagedTensor *mt, struct kv_view *out, DLDevice *dev)
+{
+    static const char fn[] = "kv_view_from_dlpack";
+    if (!mt || !out)
+        return kv__error(KV_ERR_NULL, "%s: %s is NULL", fn, !mt ? "t" : "out");
+    const DLTensor *t = &mt->dl_tensor;
+    if (!device_ok(t->device.device_type))
+        return kv__error(KV_ERR_UNSUPPORTED,
+                         "%s: device type %s (%d): kvcache takes kDLCPU, kDLCUDAHost and kDLCUDA",
+                         fn, device_name(t->device.device_type), (int)t->device.device_type);
+    if (t->dtype.lanes != 1)
+        return kv__error(KV_ERR_UNSUPPORTED, "%s: dtype lanes %u: kvcache takes lanes 1", fn,
+                         (unsigned)t->dtype.lanes);
+    size_t k = 0;
+    while (k < KV__DL_NTYPES &&
+           (kv__dl_types[k].code != t->dtype.code || kv__dl_types[k].bits != t->dtype.bits))
+        k++;
+    if (k == KV__DL_NTYPES)
+        return kv__error(KV_ERR_UNSUPPORTED,
+                         "%s: dtype code %u bits %u: no kvcache dtype (f32 f16 bf16 f64 i8 i32 "
+                         "i64 u8)",
+                         fn, (unsigned)t->dtype.code, (unsigned)t->dtype.bits);
+    const kv_dtype dt = kv__dl_types[k].dt;
+    const int64_t es = (int64_t)kv_dtype_size(dt);
+    if (t->ndim < 0 || t->ndim > KV_MAX_DIMS)
+        return kv__error(KV_ERR_BAD_DIM, "%s: ndim %d outside 0..%d", fn, t->ndim, KV_MAX_DIMS);
+    if (t->ndim > 0 && !t->shape)
+        return kv__error(KV_ERR_NULL, "%s: shape is NULL with ndim %d", fn, t->ndim);
+    struct kv_view v = {.dtype = dt, .ndim = t->ndim};
+    int64_t numel = 1;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] < 0)
+            return kv__error(KV_ERR_BAD_SHAPE, "%s: shape[%d] = %" PRId64 " is negative", fn, i,
+                             t->shape[i]);
+        v.shape[i] = t->shape[i];
+        if (!kv__mul_i64(numel, t->shape[i], &numel))
+            return kv__error(KV_ERR_OVERFLOW, "%s: the element count overflows int64", fn);
+    }
+    if (t->strides) {
+        for (int i = 0; i < t->ndim; i++) {
+            if (t->strides[i] < 0)
+                return kv__error(KV_ERR_INVALID_ARG,
+                                 "%s: strides[%d] = %" PRId64
+                                 " is negative (kvcache views have strides >= 0)",
+                                 fn, i, t->strides[i]);
+            v.strides[i] = t->strides[i];
+        }
+    } else { /* compact row-major */
+        int64_t s = 1;
+        for (int i = t->ndim - 1; i >= 0; i--) {
+            v.strides[i] = s;
+            if (t->shape[i] > 1 && !kv__mul_i64(s, t->shape[i], &s))
+                return kv__error(KV_ERR_OVERFLOW, "%s: compact strides overflow int64", fn);
+        }
+    }
+    if (t->byte_offset % (uint64_t)es != 0)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: byte_offset %" PRIu64
+                         " is not a multiple of the %s element size %" PRId64,
+                         fn, t->byte_offset, kv_dtype_name(dt), es);
+    if (t->byte_offset / (uint64_t)es > (uint64_t)INT64_MAX)
+        return kv__error(KV_ERR_OVERFLOW, "%s: byte_offset %" PRIu64 " overflows", fn,
+                         t->byte_offset);
+    if ((uintptr_t)t->data % (uintptr_t)es != 0)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: data %p is not aligned to the %s element size %" PRId64, fn, t->data,
+                         kv_dtype_name(dt), es);
+    v.offset = (int64_t)(t->byte_offset / (uint64_t)es);
+    /* the storage the view reaches: up to its last element */
+    int64_t last = v.offset;
+    for (int i = 0; i < t->ndim && numel > 0; i++) {
+        int64_t span;
+        if (!kv__mul_i64(v.shape[i] - 1, v.strides[i], &span) || !kv__add_i64(last, span, &last))
+            return kv__error(KV_ERR_OVERFLOW, "%s: the last element's offset overflows int64", fn);
+    }
+    int64_t bytes = 0;
+    if (numel > 0 && (!kv__add_i64(last, 1, &bytes) || !kv__mul_i64(bytes, es, &bytes)))
+        return kv__error(KV_ERR_OVERFLOW, "%s: the storage size overflows int64", fn);
+    if (numel > 0 && !t->data)
+        return kv__error(KV_ERR_NULL, "%s: data is NULL with %" PRId64 " elements", fn, numel);
+    v.base = t->data;
+    v.storage_bytes = (size_t)bytes;
+    kv_status st = kv_view_check(&v);
+    if (st != KV_OK)
+        return kv__error_wrap(st, "%s", fn);
+    *out = v;
+    if (dev)
+        *dev = t->device;
+    return kv__ok();
+}
