@@ -34,6 +34,36 @@ static inline uint64_t kv__plan_blocks(const struct kv_layout *lo, uint64_t n_to
     return n_tokens / N + (n_tokens % N != 0);
 }
 
+/* Work items of a request: every copy of every window it touches,
+ * item w = (window w / n_copies, copy w % n_copies). */
+static inline int64_t kv__plan_items(const kv_plan *plan, uint64_t n_tokens)
+{
+    const uint64_t W = (uint64_t)plan->stats.window_tokens;
+    return (int64_t)((n_tokens + W - 1) / W) * plan->n_copies;
+}
+
+/* Item w of a request of n_src / n_dst blocks: its copy, and in *si / *di
+ * the indices into the request's block lists of the copy's two blocks.
+ * NULL when one of them is past the request's last block (the partial last
+ * window): that copy is skipped. The one mapping every executor uses. */
+static inline const struct kv__plan_copy *kv__plan_item(const kv_plan *plan, int64_t w,
+                                                        uint32_t n_src, uint32_t n_dst, int64_t *si,
+                                                        int64_t *di)
+{
+    const int64_t win = w / plan->n_copies;
+    const struct kv__plan_copy *cp = &plan->copies[w - win * plan->n_copies];
+    *si = win * plan->stats.window_src_blocks + cp->ks;
+    *di = win * plan->stats.window_dst_blocks + cp->kd;
+    return *si < (int64_t)n_src && *di < (int64_t)n_dst ? cp : NULL;
+}
+
+/* Start of block id of a cache with layout lo (64-bit product). */
+static inline char *kv__plan_block_addr(const struct kv_paged_cache *c, const struct kv_layout *lo,
+                                        uint32_t id)
+{
+    return (char *)c->base + (int64_t)id * lo->stride_block_bytes;
+}
+
 /* The request checks of kv_plan_copy, shared by every executor that moves
  * between two caches (CPU and CUDA): each cache against the plan's layout
  * (cuda: device-addressable memory allowed), the list lengths, block ids in
