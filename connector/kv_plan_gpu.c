@@ -7,6 +7,7 @@
  * Block id lists are host memory, read here before anything is issued.
  */
 #include <inttypes.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "kv_mem.h"
@@ -17,9 +18,9 @@ void kv__plan_sched_free(struct kv__plan_sched *s)
     if (!s)
         return;
     kv__mem_free(s->wide);
-    kv__mem_free(s->narrow);
-    s->wide = s->narrow = NULL;
-    s->n_wide = s->n_narrow = 0;
+    kv__mem_free((void *)s->narrow.copies);
+    kv__mem_free((void *)s->narrow.src_blk);
+    memset(s, 0, sizeof(*s));
 }
 
 kv_status kv__plan_cuda_schedule(const char *fn, const kv_plan *plan,
@@ -30,48 +31,94 @@ kv_status kv__plan_cuda_schedule(const char *fn, const kv_plan *plan,
 {
     memset(out, 0, sizeof(*out));
     out->wide_bytes = wide_bytes > 0 ? wide_bytes : KV_PLAN_CUDA_WIDE_BYTES;
-    const int64_t items = kv__plan_items(plan, n_tokens);
+    const int64_t items = kv__plan_items(plan, n_tokens), thr = out->wide_bytes;
     if (items == 0)
         return KV_OK;
-    /* how many of each first: the plan's copies are a handful per window */
-    int64_t nw = 0, nn = 0;
-    for (int64_t w = 0; w < items; w++) {
-        int64_t si, di;
-        const struct kv__plan_copy *cp = kv__plan_item(plan, w, n_src, n_dst, &si, &di);
-        if (cp)
-            *(cp->width >= out->wide_bytes ? &nw : &nn) += 1;
+    /* the plan's copies split by width: the wide ones expanded per window,
+     * the narrow ones are the kernel's table; only the last window can
+     * have items past a list (every earlier one is full) */
+    const int64_t nwin = items / plan->n_copies;
+    int64_t nnc = 0;
+    for (int64_t c = 0; c < plan->n_copies; c++)
+        nnc += plan->copies[c].width < thr;
+    const int64_t nwc = plan->n_copies - nnc;
+    struct kv__plan_copy *nc = NULL;
+    char **blk = NULL; /* [n_src] source then [n_dst] destination block starts */
+    if (nwc)
+        out->wide = kv__mem_alloc((size_t)(nwin * nwc) * sizeof(*out->wide));
+    if (nnc) {
+        nc = kv__mem_alloc((size_t)nnc * sizeof(*nc));
+        blk = kv__mem_alloc(((size_t)n_src + n_dst) * sizeof(*blk));
     }
-    out->wide = nw ? kv__mem_alloc((size_t)nw * sizeof(*out->wide)) : NULL;
-    out->narrow = nn ? kv__mem_alloc((size_t)nn * sizeof(*out->narrow)) : NULL;
-    if ((nw && !out->wide) || (nn && !out->narrow)) {
+    if ((nwc && !out->wide) || (nnc && (!nc || !blk))) {
+        kv__mem_free(nc);
+        kv__mem_free(blk);
         kv__plan_sched_free(out);
         return kv__error(KV_ERR_NO_MEMORY,
-                         "%s: a schedule of %" PRId64 " wide and %" PRId64 " narrow copies", fn, nw,
-                         nn);
+                         "%s: a schedule of %" PRId64 " wide copies and %" PRId64
+                         " narrow ones per window, %" PRId64 " windows",
+                         fn, nwc, nnc, nwin);
     }
-    for (int64_t w = 0; w < items; w++) {
-        int64_t si, di;
-        const struct kv__plan_copy *cp = kv__plan_item(plan, w, n_src, n_dst, &si, &di);
-        if (!cp)
-            continue; /* past the request's last block on one side */
-        const struct kv__plan_frag f = {
-            kv__plan_block_addr(src, &plan->src, src_blocks[si]) + cp->src_rel,
-            kv__plan_block_addr(dst, &plan->dst, dst_blocks[di]) + cp->dst_rel,
-            cp->width,
-            cp->height,
-            cp->src_pitch,
-            cp->dst_pitch};
-        const int64_t bytes = cp->width * cp->height;
-        if (cp->width >= out->wide_bytes) {
-            out->wide[out->n_wide++] = f;
-            out->wide_total += bytes;
-        } else {
-            out->narrow[out->n_narrow++] = f;
-            out->narrow_total += bytes;
-            out->narrow_align |= (uint64_t)(uintptr_t)f.src | (uint64_t)(uintptr_t)f.dst |
-                                 (uint64_t)f.width | (uint64_t)f.src_pitch | (uint64_t)f.dst_pitch;
+    /* without wide copies only the last window needs a look */
+    for (int64_t win = nwc ? 0 : nwin - 1; win < nwin; win++) {
+        const bool last = win == nwin - 1;
+        for (int64_t c = 0; c < plan->n_copies; c++) {
+            int64_t si, di;
+            if (plan->copies[c].width < thr && !last)
+                continue; /* narrow, in a full window: counted below */
+            const struct kv__plan_copy *cp =
+                kv__plan_item(plan, win * plan->n_copies + c, n_src, n_dst, &si, &di);
+            if (!cp)
+                continue; /* past the request's last block on one side */
+            if (cp->width < thr) {
+                out->n_narrow++;
+                out->narrow_total += cp->width * cp->height;
+                continue;
+            }
+            out->wide[out->n_wide++] = (struct kv__plan_frag){
+                kv__plan_block_addr(src, &plan->src, src_blocks[si]) + cp->src_rel,
+                kv__plan_block_addr(dst, &plan->dst, dst_blocks[di]) + cp->dst_rel,
+                cp->width,
+                cp->height,
+                cp->src_pitch,
+                cp->dst_pitch};
+            out->wide_total += cp->width * cp->height;
         }
     }
+    if (nnc == 0)
+        return KV_OK;
+    uint64_t align = 0;
+    int64_t k = 0, window_narrow = 0;
+    for (int64_t c = 0; c < plan->n_copies; c++) {
+        const struct kv__plan_copy *cp = &plan->copies[c];
+        if (cp->width >= thr)
+            continue;
+        nc[k++] = *cp;
+        window_narrow += cp->width * cp->height;
+        align |= (uint64_t)cp->src_rel | (uint64_t)cp->dst_rel | (uint64_t)cp->width |
+                 (uint64_t)cp->src_pitch | (uint64_t)cp->dst_pitch;
+    }
+    for (uint32_t i = 0; i < n_src; i++) {
+        blk[i] = kv__plan_block_addr(src, &plan->src, src_blocks[i]);
+        align |= (uint64_t)(uintptr_t)blk[i];
+    }
+    for (uint32_t i = 0; i < n_dst; i++) {
+        blk[n_src + i] = kv__plan_block_addr(dst, &plan->dst, dst_blocks[i]);
+        align |= (uint64_t)(uintptr_t)blk[n_src + i];
+    }
+    out->n_narrow += (nwin - 1) * nnc; /* the full windows */
+    out->narrow_total += (nwin - 1) * window_narrow;
+    const struct kv_plan_stats *ps = &plan->stats;
+    out->narrow = (struct kv__plan_narrow){.copies = nc,
+                                           .src_blk = (const char *const *)blk,
+                                           .dst_blk = blk + n_src,
+                                           .n_copies = nnc,
+                                           .n_items = nwin * nnc,
+                                           .window_src_blocks = ps->window_src_blocks,
+                                           .window_dst_blocks = ps->window_dst_blocks,
+                                           .n_src = n_src,
+                                           .n_dst = n_dst};
+    out->narrow_align = align;
     return KV_OK;
 }
 

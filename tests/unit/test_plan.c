@@ -273,21 +273,22 @@ static void test_plan_cuda_entry_validates_first(void **state)
     kvt_side_free(&d);
 }
 
-/* The schedule's entries executed on the CPU, row by row. */
-static void exec_frags(const struct kv__plan_frag *f, int64_t n)
+/* One 2-D copy on the CPU, row by row. */
+static void exec_frag(const struct kv__plan_frag *f)
 {
-    for (int64_t i = 0; i < n; i++)
-        for (int64_t y = 0; y < f[i].height; y++)
-            memcpy(f[i].dst + y * f[i].dst_pitch, f[i].src + y * f[i].src_pitch,
-                   (size_t)f[i].width);
+    for (int64_t y = 0; y < f->height; y++)
+        memcpy(f->dst + y * f->dst_pitch, f->src + y * f->src_pitch, (size_t)f->width);
 }
 
-/* Check the split of a schedule: widths on the right side of the threshold,
- * the alignment summary, the byte totals; returns the bytes it moves. */
-static int64_t check_split(const struct kv__plan_sched *sc, int64_t thr)
+/* The schedule executed on the CPU: the wide copies, then every narrow item
+ * through kv__plan_narrow_frag (what each CUDA block of the kernel does).
+ * Checks the split on the way: widths on the right side of the threshold,
+ * the alignment summary (the kernel's vector divides every narrow address,
+ * width and pitch), the item and byte counts; returns the bytes moved. */
+static int64_t exec_sched(const struct kv__plan_sched *sc, int64_t thr)
 {
     assert_int_equal(sc->wide_bytes, thr);
-    int64_t wb = 0, nb = 0;
+    int64_t wb = 0, nb = 0, nn = 0;
     uint64_t align = 0;
     for (int64_t i = 0; i < sc->n_wide; i++) {
         const struct kv__plan_frag *f = &sc->wide[i];
@@ -296,27 +297,39 @@ static int64_t check_split(const struct kv__plan_sched *sc, int64_t thr)
                      (long long)thr);
         assert_true(f->height == 1 || (f->src_pitch >= f->width && f->dst_pitch >= f->width));
         wb += f->width * f->height;
+        exec_frag(f);
     }
-    for (int64_t i = 0; i < sc->n_narrow; i++) {
-        const struct kv__plan_frag *f = &sc->narrow[i];
-        if (f->width >= thr)
-            fail_msg("narrow entry %lld has width %lld >= %lld", (long long)i, (long long)f->width,
-                     (long long)thr);
-        nb += f->width * f->height;
-        align |= (uint64_t)(uintptr_t)f->src | (uint64_t)(uintptr_t)f->dst | (uint64_t)f->width |
-                 (uint64_t)f->src_pitch | (uint64_t)f->dst_pitch;
+    for (int64_t c = 0; c < sc->narrow.n_copies; c++)
+        if (sc->narrow.copies[c].width >= thr)
+            fail_msg("narrow copy %lld has width %lld >= %lld", (long long)c,
+                     (long long)sc->narrow.copies[c].width, (long long)thr);
+    for (int64_t w = 0; w < sc->narrow.n_items; w++) {
+        struct kv__plan_frag f;
+        if (!kv__plan_narrow_frag(&sc->narrow, w, &f))
+            continue;
+        nn++;
+        nb += f.width * f.height;
+        align |= (uint64_t)(uintptr_t)f.src | (uint64_t)(uintptr_t)f.dst | (uint64_t)f.width |
+                 (uint64_t)f.src_pitch | (uint64_t)f.dst_pitch;
+        exec_frag(&f);
     }
+    for (uint64_t v = 16; v > 1; v /= 2)
+        if ((sc->narrow_align & (v - 1)) == 0 && (align & (v - 1)) != 0)
+            fail_msg("narrow_align 0x%llx allows %llu-byte vectors, an item's bits 0x%llx do not",
+                     (unsigned long long)sc->narrow_align, (unsigned long long)v,
+                     (unsigned long long)align);
+    assert_int_equal(nn, sc->n_narrow);
     assert_int_equal(wb, sc->wide_total);
     assert_int_equal(nb, sc->narrow_total);
-    assert_int_equal(align, sc->narrow_align);
     return wb + nb;
 }
 
 /* One layout pair: kv_plan_copy into d, the schedule (threshold thr, 0 for
  * the default) executed on the CPU into a twin of d; whole pools equal. */
-static void sched_pair(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, int64_t Hd,
-                       int64_t sh0, int64_t dh0, int64_t nh, int64_t D, kv_dtype dt, uint64_t T,
-                       int64_t thr, uint64_t seed, int64_t *n_wide, int64_t *n_narrow)
+static void sched_pair_at(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, int64_t Hd,
+                          int64_t sh0, int64_t dh0, int64_t nh, int64_t D, kv_dtype dt, uint64_t T,
+                          int64_t thr, uint64_t seed, int64_t src_shift, int64_t *n_wide,
+                          int64_t *n_narrow)
 {
     struct kvt_side s, d;
     /* pools of hundreds of blocks, tens where the blocks are large */
@@ -341,13 +354,19 @@ static void sched_pair(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs,
     memcpy(twin, d.mem, dbytes);
     struct kv_paged_cache tc = d.pc;
     tc.base = twin;
+    /* the source pool moved src_shift bytes off its 64-byte alignment */
+    unsigned char *shifted = malloc((size_t)s.lo.total_bytes + 64 + (size_t)src_shift);
+    assert_non_null(shifted);
+    unsigned char *s0 = shifted + (64 - (uintptr_t)shifted % 64) + src_shift;
+    memcpy(s0, s.mem, (size_t)s.lo.total_bytes);
+    free(s.mem);
+    s.mem = s0;
+    s.pc.base = s0;
 
     struct kv__plan_sched sc;
     assert_int_equal(
         kv__plan_cuda_schedule("test", plan, &s.pc, sid, ns, &tc, did, nd, T, thr, &sc), KV_OK);
-    const int64_t moved = check_split(&sc, thr > 0 ? thr : KV_PLAN_CUDA_WIDE_BYTES);
-    exec_frags(sc.wide, sc.n_wide);
-    exec_frags(sc.narrow, sc.n_narrow);
+    const int64_t moved = exec_sched(&sc, thr > 0 ? thr : KV_PLAN_CUDA_WIDE_BYTES);
     assert_int_equal(kv_plan_copy(plan, s.pc, sid, ns, d.pc, did, nd, T), KV_OK);
     const int64_t i = kvt_first_diff(d.mem, twin, (int64_t)dbytes);
     if (i >= 0)
@@ -365,8 +384,16 @@ static void sched_pair(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs,
     kv__plan_sched_free(&sc);
     free(twin);
     kv_plan_destroy(plan);
-    kvt_side_free(&s);
+    free(shifted);
     kvt_side_free(&d);
+}
+
+static void sched_pair(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, int64_t Hd,
+                       int64_t sh0, int64_t dh0, int64_t nh, int64_t D, kv_dtype dt, uint64_t T,
+                       int64_t thr, uint64_t seed, int64_t *n_wide, int64_t *n_narrow)
+{
+    sched_pair_at(sbits, dbits, Ns, Nd, Hs, Hd, sh0, dh0, nh, D, dt, T, thr, seed, 0, n_wide,
+                  n_narrow);
 }
 
 static void test_plan_cuda_schedule_matches_cpu(void **state)
@@ -424,6 +451,11 @@ static void test_plan_cuda_schedule_split(void **state)
     sched_pair(0, 0, 16, 32, 8, 8, 0, 0, 0, 128, KV_BF16, 112, 0, 4, &nw, &nn);
     assert_int_equal(nn, 0);
     assert_int_equal(nw, 7); /* 4 windows x 2 source blocks, less the missing 8th */
+    /* a source pool 4 and 2 bytes off alignment: the kernel's vectors follow
+     * (exec_sched checks narrow_align against every item's addresses) */
+    sched_pair_at(0, 1, 16, 16, 8, 8, 0, 0, 0, 128, KV_BF16, 40, 0, 6, 4, &nw, &nn);
+    sched_pair_at(1, 0, 16, 8, 8, 8, 0, 0, 0, 128, KV_BF16, 40, 0, 7, 2, &nw, &nn);
+    assert_true(nn > 0);
     /* a head slice of NHD: 2 heads x 128 x 2 = 512-byte runs, narrow */
     sched_pair(0, 0, 16, 16, 8, 2, 4, 0, 2, 128, KV_BF16, 40, 0, 5, &nw, &nn);
     assert_int_equal(nw, 0);
