@@ -208,6 +208,13 @@ int main(void)
         one_case(200, 180, 15 - i, i, 16, 16, 2, 4, 0, 2, 2, 10, KV_F16, 77, 0, st, seed++);
         one_case(200, 180, i, i, 8, 16, 6, 5, 1, 2, 3, 13, KV_FP8_E4M3, 100, 0, NULL, seed++);
     }
+    /* wide copies and the kernel in one request (D 1024: HND head runs of
+     * 16-64 KiB beside 2 KiB head rows) */
+    for (int i = 0; i < 3; i++, n++) {
+        static const int pairs[3][3] = {{3, 2, 32}, {3, 10, 16}, {3, 11, 32}};
+        one_case(16, 12, pairs[i][0], pairs[i][1], pairs[i][2], pairs[i][2], 8, 8, 0, 0, 0, 1024,
+                 KV_BF16, (uint64_t)pairs[i][2] * 5 + 7, 0, i % 2 ? st : NULL, seed++);
+    }
     /* pinned host memory on either side */
     for (int i = 0; i < 8; i++, n++)
         one_case(64, 48, i, 15 - i, 16, 32, 8, 8, 0, 0, 0, 128, KV_BF16, 200, 1 + i % 2, NULL,

@@ -451,6 +451,12 @@ static void test_plan_cuda_schedule_split(void **state)
     sched_pair(0, 0, 16, 32, 8, 8, 0, 0, 0, 128, KV_BF16, 112, 0, 4, &nw, &nn);
     assert_int_equal(nn, 0);
     assert_int_equal(nw, 7); /* 4 windows x 2 source blocks, less the missing 8th */
+    /* HND layer-major (packed) into NHD block-major: whole-head token runs
+     * (wide at 512) beside head rows (narrow) in one request, both parts */
+    sched_pair(3, 2, 32, 32, 8, 8, 0, 0, 0, 128, KV_BF16, 32 * 4 + 9, 512, 8, &nw, &nn);
+    assert_true(nw > 0 && nn > 0);
+    sched_pair(3, 10, 16, 16, 8, 8, 0, 0, 0, 128, KV_BF16, 16 * 3 + 1, 512, 9, &nw, &nn);
+    assert_true(nw > 0 && nn > 0);
     /* a source pool 4 and 2 bytes off alignment: the kernel's vectors follow
      * (exec_sched checks narrow_align against every item's addresses) */
     sched_pair_at(0, 1, 16, 16, 8, 8, 0, 0, 0, 128, KV_BF16, 40, 0, 6, 4, &nw, &nn);
