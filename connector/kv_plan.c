@@ -363,9 +363,7 @@ void kv__plan_exec_cpu(const kv_plan *plan, const char *const *src_blk, uint32_t
     if (n_tokens == 0)
         return;
     const struct kv_plan_stats *ps = &plan->stats;
-    const int64_t windows =
-        (int64_t)((n_tokens + (uint64_t)ps->window_tokens - 1) / (uint64_t)ps->window_tokens);
-    const int64_t nc = plan->n_copies, work = windows * nc;
+    const int64_t work = kv__plan_items(plan, n_tokens);
     int nt = threads;
     if (nt <= 0)
         nt = (int64_t)n_tokens * ps->window_bytes / ps->window_tokens < ((int64_t)256 << 10)
@@ -373,11 +371,9 @@ void kv__plan_exec_cpu(const kv_plan *plan, const char *const *src_blk, uint32_t
                  : kv_attn_threads();
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t w = 0; w < work; w++) {
-        const int64_t win = w / nc;
-        const struct kv__plan_copy *cp = &plan->copies[w - win * nc];
-        const int64_t si = win * ps->window_src_blocks + cp->ks;
-        const int64_t di = win * ps->window_dst_blocks + cp->kd;
-        if (si >= (int64_t)n_src || di >= (int64_t)n_dst)
+        int64_t si, di;
+        const struct kv__plan_copy *cp = kv__plan_item(plan, w, n_src, n_dst, &si, &di);
+        if (!cp)
             continue; /* past the request's last block on one side */
         const char *s = src_blk[si] + cp->src_rel;
         char *d = dst_blk[di] + cp->dst_rel;
@@ -402,9 +398,9 @@ kv_status kv_plan_copy(const kv_plan *plan, struct kv_paged_cache src, const uin
         return kv__error(KV_ERR_NO_MEMORY, "%s: %u + %u block addresses", fn, n_src, n_dst);
     char **dp = (char **)(sp + n_src);
     for (uint32_t i = 0; i < n_src; i++)
-        sp[i] = (const char *)src.base + (int64_t)src_blocks[i] * plan->src.stride_block_bytes;
+        sp[i] = kv__plan_block_addr(&src, &plan->src, src_blocks[i]);
     for (uint32_t i = 0; i < n_dst; i++)
-        dp[i] = (char *)dst.base + (int64_t)dst_blocks[i] * plan->dst.stride_block_bytes;
+        dp[i] = kv__plan_block_addr(&dst, &plan->dst, dst_blocks[i]);
     kv__plan_exec_cpu(plan, sp, n_src, dp, n_dst, n_tokens, 0);
     kv__mem_free(sp);
     return kv__ok();

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "kv_plan.h"
+#include "kv_view_index.h" /* KV_HD */
 
 /* One 2-D copy between block ks (of the window's source blocks) and kd:
  * height rows of width bytes, src_rel / dst_rel from the blocks' starts. */
@@ -33,6 +34,50 @@ static inline uint64_t kv__plan_blocks(const struct kv_layout *lo, uint64_t n_to
 {
     const uint64_t N = (uint64_t)lo->block_tokens;
     return n_tokens / N + (n_tokens % N != 0);
+}
+
+/* Work items of a request: every copy of every window it touches,
+ * item w = (window w / n_copies, copy w % n_copies). */
+static inline int64_t kv__plan_items(const kv_plan *plan, uint64_t n_tokens)
+{
+    const uint64_t W = (uint64_t)plan->stats.window_tokens;
+    return (int64_t)((n_tokens + W - 1) / W) * plan->n_copies;
+}
+
+/* Item w of a request of n_src / n_dst blocks over a table of n_copies
+ * copies per window (window_src_blocks / window_dst_blocks blocks per
+ * window): its copy, and in *si / *di the indices into the request's block
+ * lists of the copy's two blocks. NULL when one of them is past the
+ * request's last block (the partial last window): that copy is skipped.
+ * The one mapping every executor uses, on the host and in the CUDA kernel
+ * (KV_HD). */
+KV_HD const struct kv__plan_copy *kv__plan_item_at(const struct kv__plan_copy *copies,
+                                                   int64_t n_copies, int64_t window_src_blocks,
+                                                   int64_t window_dst_blocks, int64_t w,
+                                                   uint32_t n_src, uint32_t n_dst, int64_t *si,
+                                                   int64_t *di)
+{
+    const int64_t win = w / n_copies;
+    const struct kv__plan_copy *cp = &copies[w - win * n_copies];
+    *si = win * window_src_blocks + cp->ks;
+    *di = win * window_dst_blocks + cp->kd;
+    return *si < (int64_t)n_src && *di < (int64_t)n_dst ? cp : NULL;
+}
+
+/* kv__plan_item_at over all of a plan's copies. */
+static inline const struct kv__plan_copy *kv__plan_item(const kv_plan *plan, int64_t w,
+                                                        uint32_t n_src, uint32_t n_dst, int64_t *si,
+                                                        int64_t *di)
+{
+    return kv__plan_item_at(plan->copies, plan->n_copies, plan->stats.window_src_blocks,
+                            plan->stats.window_dst_blocks, w, n_src, n_dst, si, di);
+}
+
+/* Start of block id of a cache with layout lo (64-bit product). */
+static inline char *kv__plan_block_addr(const struct kv_paged_cache *c, const struct kv_layout *lo,
+                                        uint32_t id)
+{
+    return (char *)c->base + (int64_t)id * lo->stride_block_bytes;
 }
 
 /* The request checks of kv_plan_copy, shared by every executor that moves

@@ -9,7 +9,9 @@
 #     vectors, strided), checked over the whole destination pool, the arena
 #     round trips, the attention kernels (write, read, copy blocks, decode:
 #     every layout and dtype pair against the checked CPU kernels, whole
-#     device pool compared, refusals leave the pool unchanged), and the GPU
+#     device pool compared, refusals leave the pool unchanged), the plan
+#     executor (kv_plan_copy_cuda against kv_plan_copy over whole device and
+#     pinned pools, every layout pair: test_gpu_plan), and the GPU
 #     benchmark lines (JSON: gpu.view_copy and gpu.kernel.* against a
 #     device-to-device cudaMemcpy of the same bytes).
 # Exit status 0 only if every step passed; each step prints its time.
@@ -37,6 +39,8 @@ done
 KV_EXPECT_GPU=1 scripts/run-tests.sh "${suite[@]}"
 
 step "GPU tests"
+# test_gpu_plan must be among them: the plan executor's only device check
+[[ -x build-gpu/gpu/test_gpu_plan ]] || { echo "gpu-check: build-gpu/gpu/test_gpu_plan was not built"; exit 1; }
 status=0
 for t in build-gpu/gpu/test_gpu_*; do
     case "$t" in *.d) continue ;; esac

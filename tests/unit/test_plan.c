@@ -5,7 +5,11 @@
  * element by element against offsets computed from the configs alone
  * (kvt_ref_offset_elems), the whole destination pool compared (no stray
  * bytes) and the source unchanged; the run counts of simple plans; every
- * refusal leaves the destination bit-identical.
+ * refusal leaves the destination bit-identical. The CUDA executor: its
+ * entry refuses what kv_plan_copy refuses, with the same statuses, before
+ * any device work; its schedule (kv__plan_cuda_schedule), executed on the
+ * CPU, writes exactly what kv_plan_copy writes over the whole pool, split
+ * by width at the threshold.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,6 +23,7 @@
 
 #include <kvcache/kv.h>
 
+#include "kv_plan_cuda_int.h"
 #include "kvt_side.h"
 #include "kvtest.h"
 
@@ -197,6 +202,272 @@ static void test_plan_refusals(void **state)
     kvt_side_free(&o);
 }
 
+/* The CUDA entry shares the CPU executor's validator: every bad request of
+ * test_plan_refusals gets the status kv_plan_copy gives it, on caches that
+ * say they are device memory (host pointers: nothing may be launched), and
+ * the destination stays bit-identical. A valid request on a host without a
+ * GPU (or a build without CUDA) is KV_ERR_UNSUPPORTED naming the entry;
+ * where a GPU is expected (KV_EXPECT_GPU=1) valid requests are left to
+ * tests/gpu/test_gpu_plan.c. */
+static void test_plan_cuda_entry_validates_first(void **state)
+{
+    (void)state;
+    const char *e = getenv("KV_EXPECT_GPU");
+    const bool gpu = e && e[0] == '1';
+    struct kvt_side s, d;
+    kvt_side_make(&s, 2, 40, 16, 4, 16, KV_BF16, 0, 5);
+    kvt_side_make(&d, 2, 40, 16, 4, 16, KV_BF16, 1, 6);
+    kv_plan *p = NULL;
+    assert_int_equal(kv_plan_create(&s.lo, &d.lo, NULL, &p), KV_OK);
+    unsigned char *before = malloc((size_t)d.lo.total_bytes);
+    assert_non_null(before);
+    memcpy(before, d.mem, (size_t)d.lo.total_bytes);
+    struct kv_paged_cache sd = s.pc, dd = d.pc, part = d.pc;
+    sd.mem = dd.mem = part.mem = KV_MEM_DEVICE;
+    part.base = s.mem + 64; /* inside the source storage, not the same cache */
+    uint32_t a[3] = {39, 17, 2}, b3[3] = {30, 31, 32}, dup[3] = {5, 9, 5}, far[3] = {1, 40, 2};
+    struct {
+        struct kv_paged_cache cs, cd, hs, hd; /* CUDA-side caches, their host twins */
+        const uint32_t *sid, *did;
+        uint32_t ns, nd;
+        uint64_t T;
+        kv_status want;
+        const char *frag;
+    } bad[] = {
+        {sd, dd, s.pc, d.pc, a, b3, 2, 3, 40, KV_ERR_BAD_SHAPE, "needs 3"},
+        {sd, dd, s.pc, d.pc, a, far, 3, 3, 40, KV_ERR_OUT_OF_BOUNDS, "dst_blocks[1] = 40"},
+        {sd, dd, s.pc, d.pc, a, dup, 3, 3, 40, KV_ERR_OVERLAP, "listed twice"},
+        {dd, dd, d.pc, d.pc, a, b3, 3, 3, 40, KV_ERR_INVALID_ARG, "fingerprint"},
+        {sd, part, s.pc, d.pc, a, b3, 3, 3, 40, KV_ERR_OVERLAP, "overlap"},
+        {sd, dd, s.pc, d.pc, NULL, b3, 3, 3, 40, KV_ERR_NULL, "src_blocks is NULL"},
+    };
+    bad[4].hd = part, bad[4].hd.mem = KV_MEM_HOST;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        const kv_status cpu = kv_plan_copy(p, bad[i].hs, bad[i].sid, bad[i].ns, bad[i].hd,
+                                           bad[i].did, bad[i].nd, bad[i].T);
+        assert_int_equal(cpu, bad[i].want);
+        REFUSED(kv_plan_copy_cuda(p, bad[i].cs, bad[i].sid, bad[i].ns, bad[i].cd, bad[i].did,
+                                  bad[i].nd, bad[i].T, NULL),
+                bad[i].want, bad[i].frag);
+        assert_true(strstr(kv_last_error(), "kv_plan_copy_cuda") != NULL);
+    }
+    REFUSED(kv_plan_copy_cuda(NULL, sd, a, 3, dd, b3, 3, 40, NULL), KV_ERR_NULL, "plan is NULL");
+    /* the memory kind: the CUDA entry takes device or pinned, not host */
+    REFUSED(kv_plan_copy_cuda(p, s.pc, a, 3, dd, b3, 3, 40, NULL), KV_ERR_INVALID_ARG,
+            "host memory");
+    REFUSED(kv_plan_copy(p, sd, a, 3, d.pc, b3, 3, 40), KV_ERR_INVALID_ARG, "device memory");
+    if (!gpu) {
+        REFUSED(kv_plan_copy_cuda(p, sd, a, 3, dd, b3, 3, 40, NULL), KV_ERR_UNSUPPORTED,
+                "kv_plan_copy_cuda");
+        REFUSED(kv_plan_copy_cuda(p, sd, a, 0, dd, b3, 0, 0, NULL), KV_ERR_UNSUPPORTED,
+                "kv_plan_copy_cuda"); /* no work still says there is no device */
+        struct kv_paged_cache sp = sd, dp = dd;
+        sp.mem = dp.mem = KV_MEM_PINNED;
+        REFUSED(kv_plan_copy_cuda(p, sp, a, 3, dp, b3, 3, 40, NULL), KV_ERR_UNSUPPORTED,
+                "kv_plan_copy_cuda");
+    }
+    assert_memory_equal(before, d.mem, (size_t)d.lo.total_bytes);
+    kv_plan_destroy(p);
+    free(before);
+    kvt_side_free(&s);
+    kvt_side_free(&d);
+}
+
+/* One 2-D copy on the CPU, row by row. */
+static void exec_frag(const struct kv__plan_frag *f)
+{
+    for (int64_t y = 0; y < f->height; y++)
+        memcpy(f->dst + y * f->dst_pitch, f->src + y * f->src_pitch, (size_t)f->width);
+}
+
+/* The schedule executed on the CPU: the wide copies, then every narrow item
+ * through kv__plan_narrow_frag (what each CUDA block of the kernel does).
+ * Checks the split on the way: widths on the right side of the threshold,
+ * the alignment summary (the kernel's vector divides every narrow address,
+ * width and pitch), the item and byte counts; returns the bytes moved. */
+static int64_t exec_sched(const struct kv__plan_sched *sc, int64_t thr)
+{
+    assert_int_equal(sc->wide_bytes, thr);
+    int64_t wb = 0, nb = 0, nn = 0;
+    uint64_t align = 0;
+    for (int64_t i = 0; i < sc->n_wide; i++) {
+        const struct kv__plan_frag *f = &sc->wide[i];
+        if (f->width < thr)
+            fail_msg("wide entry %lld has width %lld < %lld", (long long)i, (long long)f->width,
+                     (long long)thr);
+        assert_true(f->height == 1 || (f->src_pitch >= f->width && f->dst_pitch >= f->width));
+        wb += f->width * f->height;
+        exec_frag(f);
+    }
+    for (int64_t c = 0; c < sc->narrow.n_copies; c++)
+        if (sc->narrow.copies[c].width >= thr)
+            fail_msg("narrow copy %lld has width %lld >= %lld", (long long)c,
+                     (long long)sc->narrow.copies[c].width, (long long)thr);
+    for (int64_t w = 0; w < sc->narrow.n_items; w++) {
+        struct kv__plan_frag f;
+        if (!kv__plan_narrow_frag(&sc->narrow, w, &f))
+            continue;
+        nn++;
+        nb += f.width * f.height;
+        align |= (uint64_t)(uintptr_t)f.src | (uint64_t)(uintptr_t)f.dst | (uint64_t)f.width |
+                 (uint64_t)f.src_pitch | (uint64_t)f.dst_pitch;
+        exec_frag(&f);
+    }
+    for (uint64_t v = 16; v > 1; v /= 2)
+        if ((sc->narrow_align & (v - 1)) == 0 && (align & (v - 1)) != 0)
+            fail_msg("narrow_align 0x%llx allows %llu-byte vectors, an item's bits 0x%llx do not",
+                     (unsigned long long)sc->narrow_align, (unsigned long long)v,
+                     (unsigned long long)align);
+    assert_int_equal(nn, sc->n_narrow);
+    assert_int_equal(wb, sc->wide_total);
+    assert_int_equal(nb, sc->narrow_total);
+    return wb + nb;
+}
+
+/* One layout pair: kv_plan_copy into d, the schedule (threshold thr, 0 for
+ * the default) executed on the CPU into a twin of d; whole pools equal. */
+static void sched_pair_at(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, int64_t Hd,
+                          int64_t sh0, int64_t dh0, int64_t nh, int64_t D, kv_dtype dt, uint64_t T,
+                          int64_t thr, uint64_t seed, int64_t src_shift, int64_t *n_wide,
+                          int64_t *n_narrow)
+{
+    struct kvt_side s, d;
+    /* pools of hundreds of blocks, tens where the blocks are large */
+    kvt_side_make(&s, 3, Hs * D > 256 ? 40 : 300, Ns, Hs, D, dt, sbits, seed);
+    kvt_side_make(&d, 3, Hd * D > 256 ? 36 : 260, Nd, Hd, D, dt, dbits, seed + 1);
+    struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+    pc.src_head0 = sh0;
+    pc.dst_head0 = dh0;
+    pc.n_heads = nh;
+    kv_plan *plan = NULL;
+    assert_int_equal(kv_plan_create(&s.lo, &d.lo, &pc, &plan), KV_OK);
+    uint64_t rng = seed * 11 + 5;
+    const uint32_t ns = (uint32_t)((T + (uint64_t)Ns - 1) / (uint64_t)Ns);
+    const uint32_t nd = (uint32_t)((T + (uint64_t)Nd - 1) / (uint64_t)Nd);
+    uint32_t sid[128], did[128];
+    assert_true(ns <= 128 && nd <= 128);
+    kvt_pick_ids(&rng, s.lo.num_blocks, ns, sid);
+    kvt_pick_ids(&rng, d.lo.num_blocks, nd, did);
+    const size_t dbytes = (size_t)d.lo.total_bytes;
+    unsigned char *twin = aligned_alloc(64, (dbytes + 63) / 64 * 64);
+    assert_non_null(twin);
+    memcpy(twin, d.mem, dbytes);
+    struct kv_paged_cache tc = d.pc;
+    tc.base = twin;
+    /* the source pool moved src_shift bytes off its 64-byte alignment */
+    unsigned char *shifted = malloc((size_t)s.lo.total_bytes + 64 + (size_t)src_shift);
+    assert_non_null(shifted);
+    unsigned char *s0 = shifted + (64 - (uintptr_t)shifted % 64) + src_shift;
+    memcpy(s0, s.mem, (size_t)s.lo.total_bytes);
+    free(s.mem);
+    s.mem = s0;
+    s.pc.base = s0;
+
+    struct kv__plan_sched sc;
+    assert_int_equal(
+        kv__plan_cuda_schedule("test", plan, &s.pc, sid, ns, &tc, did, nd, T, thr, &sc), KV_OK);
+    const int64_t moved = exec_sched(&sc, thr > 0 ? thr : KV_PLAN_CUDA_WIDE_BYTES);
+    assert_int_equal(kv_plan_copy(plan, s.pc, sid, ns, d.pc, did, nd, T), KV_OK);
+    const int64_t i = kvt_first_diff(d.mem, twin, (int64_t)dbytes);
+    if (i >= 0)
+        fail_msg("bits %d->%d N %lld->%lld T %llu thr %lld: the schedule's destination byte %lld "
+                 "differs from kv_plan_copy's (of %zu)",
+                 sbits, dbits, (long long)Ns, (long long)Nd, (unsigned long long)T, (long long)thr,
+                 (long long)i, dbytes);
+    /* a request of whole windows moves window_bytes per window */
+    struct kv_plan_stats ps;
+    assert_int_equal(kv_plan_stats_get(plan, &ps), KV_OK);
+    if (T % (uint64_t)ps.window_tokens == 0)
+        assert_int_equal(moved, (int64_t)(T / (uint64_t)ps.window_tokens) * ps.window_bytes);
+    *n_wide = sc.n_wide;
+    *n_narrow = sc.n_narrow;
+    kv__plan_sched_free(&sc);
+    free(twin);
+    kv_plan_destroy(plan);
+    free(shifted);
+    kvt_side_free(&d);
+}
+
+static void sched_pair(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, int64_t Hd,
+                       int64_t sh0, int64_t dh0, int64_t nh, int64_t D, kv_dtype dt, uint64_t T,
+                       int64_t thr, uint64_t seed, int64_t *n_wide, int64_t *n_narrow)
+{
+    sched_pair_at(sbits, dbits, Ns, Nd, Hs, Hd, sh0, dh0, nh, D, dt, T, thr, seed, 0, n_wide,
+                  n_narrow);
+}
+
+static void test_plan_cuda_schedule_matches_cpu(void **state)
+{
+    (void)state;
+    int64_t nw, nn;
+    uint64_t seed = 5000;
+    static const int64_t thr[4] = {0, 1, 64, INT64_MAX};
+    /* every layout pair, page sizes 8/16/32, partial last windows, at four
+     * thresholds: all wide, the default, a middle one, all narrow */
+    for (int sb = 0; sb < 16; sb++)
+        for (int db = 0; db < 16; db += 3) {
+            static const int64_t Ns[3] = {8, 16, 32};
+            const int64_t a = Ns[(sb + db) % 3], b = Ns[(sb * 3 + db) % 3];
+            const uint64_t T = 1 + (uint64_t)((sb * 37 + db * 11) % 400);
+            sched_pair(sb, db, a, b, 4, 4, 0, 0, 0, 16, KV_BF16, T, thr[(sb + db) % 4], seed++, &nw,
+                       &nn);
+        }
+    /* head slices (TP 1 -> TP 2 and back), odd element counts (byte path) */
+    for (int i = 0; i < 16; i += 5) {
+        sched_pair(i, 15 - i, 16, 32, 4, 2, 2, 0, 2, 16, KV_BF16, 16 * 7, 0, seed++, &nw, &nn);
+        sched_pair(15 - i, i, 16, 16, 2, 4, 0, 2, 2, 16, KV_F32, 33, 64, seed++, &nw, &nn);
+        sched_pair(i, i, 8, 16, 6, 5, 1, 2, 3, 13, KV_FP8_E4M3, 100, 0, seed++, &nw, &nn);
+    }
+}
+
+/* What the threshold says, on plans whose copies are known: a layer-major
+ * NHD cache to itself is one 2-D copy per block of 2L rows of a whole
+ * layer's block (16 x 8 x 128 x 2 = 32 KiB: wide); NHD -> HND is head rows
+ * of D x 2 = 256 bytes (narrow); a request over 3.5 windows of 16 -> 32
+ * pages (partial last window) skips the half-window's missing block. */
+static void test_plan_cuda_schedule_split(void **state)
+{
+    (void)state;
+    int64_t nw, nn;
+    /* same layout, layer-major: 5 blocks, 5 wide copies, nothing for the kernel */
+    sched_pair(0, 0, 16, 16, 8, 8, 0, 0, 0, 128, KV_BF16, 80, 0, 1, &nw, &nn);
+    assert_int_equal(nw, 5);
+    assert_int_equal(nn, 0);
+    /* ... and with a threshold above a block's 32 KiB, all of it is the kernel's */
+    sched_pair(0, 0, 16, 16, 8, 8, 0, 0, 0, 128, KV_BF16, 80, (32 << 10) + 1, 1, &nw, &nn);
+    assert_int_equal(nw, 0);
+    assert_int_equal(nn, 5);
+    /* NHD -> HND: 256-byte head rows only, all narrow at the default threshold */
+    sched_pair(0, 1, 16, 16, 8, 8, 0, 0, 0, 128, KV_BF16, 80, 0, 2, &nw, &nn);
+    assert_int_equal(nw, 0);
+    assert_true(nn > 0);
+    /* block-major to itself: a whole block (3 layers x 2 x 32 KiB) per copy */
+    sched_pair(2, 2, 16, 16, 8, 8, 0, 0, 0, 128, KV_BF16, 50, 0, 3, &nw, &nn);
+    assert_int_equal(nw, 4);
+    assert_int_equal(nn, 0);
+    /* 16 -> 32 pages, layer-major NHD: per window 2 source blocks x (3 layers x
+     * K/V) runs of 16 tokens at constant pitches, one 2-D copy each; 3.5 windows = 7 source blocks,
+     * 4 destination */
+    sched_pair(0, 0, 16, 32, 8, 8, 0, 0, 0, 128, KV_BF16, 112, 0, 4, &nw, &nn);
+    assert_int_equal(nn, 0);
+    assert_int_equal(nw, 7); /* 4 windows x 2 source blocks, less the missing 8th */
+    /* HND layer-major (packed) into NHD block-major: whole-head token runs
+     * (wide at 512) beside head rows (narrow) in one request, both parts */
+    sched_pair(3, 2, 32, 32, 8, 8, 0, 0, 0, 128, KV_BF16, 32 * 4 + 9, 512, 8, &nw, &nn);
+    assert_true(nw > 0 && nn > 0);
+    sched_pair(3, 10, 16, 16, 8, 8, 0, 0, 0, 128, KV_BF16, 16 * 3 + 1, 512, 9, &nw, &nn);
+    assert_true(nw > 0 && nn > 0);
+    /* a source pool 4 and 2 bytes off alignment: the kernel's vectors follow
+     * (exec_sched checks narrow_align against every item's addresses) */
+    sched_pair_at(0, 1, 16, 16, 8, 8, 0, 0, 0, 128, KV_BF16, 40, 0, 6, 4, &nw, &nn);
+    sched_pair_at(1, 0, 16, 8, 8, 8, 0, 0, 0, 128, KV_BF16, 40, 0, 7, 2, &nw, &nn);
+    assert_true(nn > 0);
+    /* a head slice of NHD: 2 heads x 128 x 2 = 512-byte runs, narrow */
+    sched_pair(0, 0, 16, 16, 8, 2, 4, 0, 2, 128, KV_BF16, 40, 0, 5, &nw, &nn);
+    assert_int_equal(nw, 0);
+    assert_true(nn > 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -204,6 +475,9 @@ int main(void)
         cmocka_unit_test(test_plan_head_slices_and_dtypes),
         cmocka_unit_test(test_plan_run_counts),
         cmocka_unit_test(test_plan_refusals),
+        cmocka_unit_test(test_plan_cuda_entry_validates_first),
+        cmocka_unit_test(test_plan_cuda_schedule_matches_cpu),
+        cmocka_unit_test(test_plan_cuda_schedule_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
