@@ -7,8 +7,8 @@
  * into an HND block-major cache. Not a Python binding (the package is
  * python/kvcache); a benchmark fixture.
  *
- * Every function returns a kv_status (0 = KV_OK); shim_error() gives the
- * message of the last failure.
+ * Every function but shim_error, shim_threads and the frees returns a
+ * kv_status (0 = KV_OK); shim_error() gives the message of the last failure.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -41,9 +41,9 @@ SHIM_API int shim_threads(void);
 struct shim_pack;
 SHIM_API int shim_pack_new(int64_t T, struct shim_pack **out);
 SHIM_API void shim_pack_free(struct shim_pack *p);
-SHIM_API int shim_pack_geometry(const struct shim_pack *p, void **src, int64_t src_g[8],
-                                void **dst, int64_t dst_g[8], const uint32_t **sid,
-                                const uint32_t **did, int64_t *n_blocks, uint64_t *payload_bytes);
+SHIM_API int shim_pack_geometry(const struct shim_pack *p, void **src, int64_t src_g[8], void **dst,
+                                int64_t dst_g[8], const uint32_t **sid, const uint32_t **did,
+                                int64_t *n_blocks, uint64_t *payload_bytes);
 SHIM_API int shim_pack_unpack(struct shim_pack *p);
 
 SHIM_API const char *shim_error(void)
@@ -303,7 +303,9 @@ static kv_status shim_ids(uint32_t *ids, int64_t n, uint32_t range, uint64_t see
  * the unpack plan, as described at struct shim_pack. */
 SHIM_API int shim_pack_new(int64_t T, struct shim_pack **out)
 {
-    if (T <= 0 || T % N || !out)
+    if (!out)
+        return KV_ERR_NULL;
+    if (T <= 0 || T % N)
         return KV_ERR_INVALID_ARG;
     struct shim_pack *p = calloc(1, sizeof(*p));
     if (!p)
@@ -373,9 +375,9 @@ static void shim_layout_geometry(const struct kv_layout *lo, int64_t g[8])
 /* Base addresses and byte strides of both caches: g[0..7] = layer, kv,
  * block, token, head, dim, total bytes, blocks; the id lists [nb] (owned by
  * p); nb; the payload bytes kv_unpack moves. */
-SHIM_API int shim_pack_geometry(const struct shim_pack *p, void **src, int64_t src_g[8],
-                                void **dst, int64_t dst_g[8], const uint32_t **sid,
-                                const uint32_t **did, int64_t *n_blocks, uint64_t *payload_bytes)
+SHIM_API int shim_pack_geometry(const struct shim_pack *p, void **src, int64_t src_g[8], void **dst,
+                                int64_t dst_g[8], const uint32_t **sid, const uint32_t **did,
+                                int64_t *n_blocks, uint64_t *payload_bytes)
 {
     *src = p->src.base;
     *dst = p->dst.base;
