@@ -7,8 +7,9 @@ would write instead, in PyTorch and NumPy, on the same shapes, in one process.
 
 The C side is build/libkvpeers.so (tools/peers/kv_peers_shim.c, built by
 `make bench`): one layer of a bf16 cache, N 16, H 8, D 128, NHD and HND, in
-kvcache's own layout; the peers index the very same arena through strided
-tensors (zero-copy, torch.as_strided / numpy as_strided over the bytes).
+kvcache's own layout (pack_convert: two 32-layer caches, below); the peers
+index the very same arena through strided tensors (zero-copy,
+torch.as_strided / numpy as_strided over the bytes).
 
 Cases (shapes as in tools/bench/bench_kernel.c; --quick shrinks them):
   pagetable.export   slot mapping of 256 sequences x 512 tokens (131,072):
@@ -25,14 +26,29 @@ Cases (shapes as in tools/bench/bench_kernel.c; --quick shrinks them):
   decode_attn        Hq 32 over H 8, 256 sequences x 2,048 tokens:
                      gather pages + f32 matmul + softmax + matmul per chunk
                      of 32 sequences (torch, NumPy).
+  pack_convert       kvbench's connector.pack_convert (bench_pack.c): a
+                     4,096-token request (256 blocks, random ids) of a Llama-3-8B-like cache (L 32,
+                     H 8, D 128, bf16, N 16; 512 MiB of K and V; --quick 256
+                     tokens, 32 MiB) packed once from an NHD layer-major
+                     cache; timed: kv_unpack (header and every block checksum
+                     verified, then NHD -> HND) into an HND block-major
+                     cache. Peers over the source cache [L][2][B][N][H][D]
+                     as int16 (only bytes move): torch index_select of the
+                     blocks (out=) then permute().contiguous() as copy_ into
+                     a preallocated [nb][L][2][H][N][D], and index_select of
+                     the permuted view straight into that out (one pass).
+                     Both preallocate; neither verifies checksums or scatters
+                     into cache blocks (their out is dense, in request order).
 
 Every peer's result is checked before it is timed (written arenas compared
 whole against kvcache's, gathers element-equal, attention within bf16
-rounding of kvcache's output); a mismatch ends the run with status 3.
+rounding of kvcache's output, pack_convert byte for byte against kvcache's
+destination blocks); a mismatch ends the run with status 3.
 Candidate and peers run interleaved (each has run once, for its check,
 before timing); medians of 9 runs (decode attention: 3) are reported,
 one JSON line per (case, peer), ratio = kvcache / peer in throughput (> 1:
-kvcache is faster), with the CPU model and thread counts. NumPy has no
+kvcache is faster), with the CPU model and thread counts (torch runs on as
+many threads as kvcache's OpenMP work, kv_attn_threads()). NumPy has no
 bfloat16: its peers move the same bytes as uint16 (copies) or widen them to
 float32 by a 16-bit shift (attention), which is what one writes.
 
