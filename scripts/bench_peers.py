@@ -7,8 +7,9 @@ would write instead, in PyTorch and NumPy, on the same shapes, in one process.
 
 The C side is build/libkvpeers.so (tools/peers/kv_peers_shim.c, built by
 `make bench`): one layer of a bf16 cache, N 16, H 8, D 128, NHD and HND, in
-kvcache's own layout; the peers index the very same arena through strided
-tensors (zero-copy, torch.as_strided / numpy as_strided over the bytes).
+kvcache's own layout (pack_convert: two 32-layer caches, below); the peers
+index the very same arena through strided tensors (zero-copy,
+torch.as_strided / numpy as_strided over the bytes).
 
 Cases (shapes as in tools/bench/bench_kernel.c; --quick shrinks them):
   pagetable.export   slot mapping of 256 sequences x 512 tokens (131,072):
@@ -25,14 +26,29 @@ Cases (shapes as in tools/bench/bench_kernel.c; --quick shrinks them):
   decode_attn        Hq 32 over H 8, 256 sequences x 2,048 tokens:
                      gather pages + f32 matmul + softmax + matmul per chunk
                      of 32 sequences (torch, NumPy).
+  pack_convert       kvbench's connector.pack_convert (bench_pack.c): a
+                     4,096-token request (256 blocks, random ids) of a Llama-3-8B-like cache (L 32,
+                     H 8, D 128, bf16, N 16; 512 MiB of K and V; --quick 256
+                     tokens, 32 MiB) packed once from an NHD layer-major
+                     cache; timed: kv_unpack (header and every block checksum
+                     verified, then NHD -> HND) into an HND block-major
+                     cache. Peers over the source cache [L][2][B][N][H][D]
+                     as int16 (only bytes move): torch index_select of the
+                     blocks (out=) then permute().contiguous() as copy_ into
+                     a preallocated [nb][L][2][H][N][D], and index_select of
+                     the permuted view straight into that out (one pass).
+                     Both preallocate; neither verifies checksums or scatters
+                     into cache blocks (their out is dense, in request order).
 
 Every peer's result is checked before it is timed (written arenas compared
 whole against kvcache's, gathers element-equal, attention within bf16
-rounding of kvcache's output); a mismatch ends the run with status 3.
+rounding of kvcache's output, pack_convert byte for byte against kvcache's
+destination blocks); a mismatch ends the run with status 3.
 Candidate and peers run interleaved (each has run once, for its check,
 before timing); medians of 9 runs (decode attention: 3) are reported,
 one JSON line per (case, peer), ratio = kvcache / peer in throughput (> 1:
-kvcache is faster), with the CPU model and thread counts. NumPy has no
+kvcache is faster), with the CPU model and thread counts (torch runs on as
+many threads as kvcache's OpenMP work, kv_attn_threads()). NumPy has no
 bfloat16: its peers move the same bytes as uint16 (copies) or widen them to
 float32 by a 16-bit shift (attention), which is what one writes.
 
@@ -130,6 +146,14 @@ def load_lib(path):
                                      ctypes.c_int64]),
         "shim_decode": (ctypes.c_int, [vp, vp, ctypes.c_uint32, ctypes.c_int64, c_i32p,
                                        c_i32p, c_i32p, ctypes.c_float, vp]),
+        "shim_threads": (ctypes.c_int, []),
+        "shim_pack_new": (ctypes.c_int, [ctypes.c_int64, ctypes.POINTER(vp)]),
+        "shim_pack_free": (None, [vp]),
+        "shim_pack_geometry": (ctypes.c_int, [vp, ctypes.POINTER(vp), c_i64p,
+                                              ctypes.POINTER(vp), c_i64p,
+                                              ctypes.POINTER(c_u32p), ctypes.POINTER(c_u32p),
+                                              c_i64p, ctypes.POINTER(ctypes.c_uint64)]),
+        "shim_pack_unpack": (ctypes.c_int, [vp]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)
@@ -474,6 +498,78 @@ def case_decode(lib, A, sq, case, Hq=32, chunk=32):
     report_ops(case, S * L, times[0], list(zip(good, times[1:])), min(ARGS.runs, 3))
 
 
+def arena_tensor(base, g, shape, order):
+    """int16 tensor over a cache arena (zero copy): dims in `order`, each a
+    (geometry index) of shim_pack_geometry's byte strides."""
+    flat = np.ctypeslib.as_array((ctypes.c_int16 * (g[6] // 2)).from_address(base))
+    return torch.from_numpy(flat).as_strided(shape, tuple(g[i] // ELEM for i in order), 0)
+
+
+def case_pack_convert(lib, T, case):
+    """kv_unpack of a packed T-token request (NHD layer-major source) into an
+    HND block-major cache, against the gather + permute an engine author
+    writes over the source cache itself."""
+    h = ctypes.c_void_p()
+    st = lib.shim_pack_new(T, ctypes.byref(h))
+    if st != 0:
+        raise RuntimeError(f"shim_pack_new: status {st}: {lib.shim_error().decode()}")
+    try:
+        sb, db = ctypes.c_void_p(), ctypes.c_void_p()
+        sg, dg = (ctypes.c_int64 * 8)(), (ctypes.c_int64 * 8)()
+        sid, did = c_u32p(), c_u32p()
+        nb, payload = ctypes.c_int64(), ctypes.c_uint64()
+        lib.shim_pack_geometry(h, ctypes.byref(sb), sg, ctypes.byref(db), dg, ctypes.byref(sid),
+                               ctypes.byref(did), ctypes.byref(nb), ctypes.byref(payload))
+        nb, sg, dg = nb.value, list(sg), list(dg)
+        L = 32
+        # geometry indices: 0 layer, 1 kv, 2 block, 3 token, 4 head, 5 dim
+        src = arena_tensor(sb.value, sg, (L, 2, sg[7], N, H, D), (0, 1, 2, 3, 4, 5))
+        dst = arena_tensor(db.value, dg, (dg[7], L, 2, H, N, D), (2, 0, 1, 4, 3, 5))
+        ids = torch.from_numpy(np.ctypeslib.as_array(sid, (nb,)).astype(np.int64))
+        dids = torch.from_numpy(np.ctypeslib.as_array(did, (nb,)).astype(np.int64))
+
+        def ours():
+            st = lib.shim_pack_unpack(h)
+            if st != 0:
+                raise RuntimeError(f"shim_pack_unpack: status {st}: {lib.shim_error().decode()}")
+
+        # preallocated: the peers pay no allocation (index_select out=, copy_)
+        gath = torch.empty((L, 2, nb, N, H, D), dtype=torch.int16)  # [L][2][nb][N][H][D]
+        out = torch.empty((nb, L, 2, H, N, D), dtype=torch.int16)   # [nb][L][2][H][N][D]
+
+        def gather_permute():
+            torch.index_select(src, 2, ids, out=gath)
+            out.copy_(gath.permute(2, 0, 1, 4, 3, 5))  # = .contiguous(), into out
+
+        srcp = src.permute(2, 0, 1, 4, 3, 5)  # a view: [B][L][2][H][N][D]
+
+        def select_permuted():
+            torch.index_select(srcp, 0, ids, out=out)
+
+        peers = [("peer.torch.permute_contiguous",
+                  "torch index_select (out=) + permute().contiguous() as copy_ into a "
+                  "preallocated out", gather_permute),
+                 ("peer.torch.index_select_permuted",
+                  "torch index_select of the permuted view (out=), one pass", select_permuted)]
+        ours()
+        mine = dst.index_select(0, dids)  # kvcache's destination blocks, request order
+        good = []
+        for p in peers:
+            out.zero_()
+            p[2]()
+            if torch.equal(out, mine):
+                good.append(p)
+            else:
+                bad = int((out != mine).flatten(1).any(1).sum())
+                mismatch(case, p[0], f"{bad} of {nb} blocks differ from kvcache's destination")
+        mine = None
+        times = interleaved([ours] + [p[2] for p in good], ARGS.runs)
+        report_bytes(case, payload.value, times[0], list(zip(good, times[1:])))
+    finally:
+        src = dst = srcp = None
+        lib.shim_pack_free(h)
+
+
 def case_slot_mapping(lib, A, sq, case):
     bt, lens = sq.bt, sq.lens
     tbt, tlens = torch.from_numpy(bt), torch.from_numpy(lens)
@@ -529,6 +625,9 @@ def main():
     if not os.path.exists(ARGS.lib):
         sys.exit(f"bench_peers: {ARGS.lib} not found (make {os.path.relpath(ARGS.lib, ROOT)})")
     lib = load_lib(ARGS.lib)
+    global THREADS
+    THREADS = lib.shim_threads()  # the OpenMP threads kvcache's CPU work uses
+    torch.set_num_threads(THREADS)
     os.makedirs(os.path.dirname(os.path.abspath(ARGS.out)), exist_ok=True)
     OUT = open(ARGS.out, "a")
     print(f"bench_peers: torch {torch.__version__} numpy {np.__version__}, {THREADS} threads, "
@@ -541,6 +640,14 @@ def main():
     blocks = S1 * L1 // N + S2 * L2 // N + 1024
     shape = f"bf16/N{N}/H{H}/D{D}"
     for order, oname in ((0, "nhd"), (1, "hnd")):
+        names = [f"kernel.write_decode/{oname}/{shape}/{SD}x1",
+                 f"kernel.write_prefill/{oname}/{shape}/{S1}x{L1}",
+                 f"kernel.read/{oname}/{shape}/{S1}x{L1}",
+                 f"kernel.decode_attn/{oname}/bf16/N{N}/Hq32/H{H}/D{D}/{S2}x{L2}"]
+        if order == 0:
+            names.append(f"pagetable.export/{S1}seq/{S1 * L1}tok/N{N}/r1")
+        if not any(selected(n) for n in names):
+            continue  # none of this order's cases: skip filling its caches
         A = Cache(lib, order, blocks, S1 + S2)
         B = Cache(lib, order, blocks, 1)
         try:
@@ -578,6 +685,10 @@ def main():
             if B:
                 B.close()
             A.close()
+    TP = 256 if q else 4096  # the request of kvbench's connector.pack_convert
+    cs = f"connector.pack_convert/llama8b/bf16/N{N}/{TP}tok/nhd-layer->hnd-block"
+    if selected(cs):
+        case_pack_convert(lib, TP, cs)
     OUT.close()
     if MISMATCHES:
         print(f"bench_peers: {MISMATCHES} wrong result(s)", file=sys.stderr)

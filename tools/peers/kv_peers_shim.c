@@ -2,11 +2,13 @@
  * kv_peers_shim.c - the small C surface scripts/bench_peers.py drives through
  * ctypes: one kv_cache (one layer, bf16, N 16, H 8, D 128), sequences grown
  * through its page table as an engine grows them, the page-table exports,
- * and the CPU kernels on flat contiguous tensors. Not a Python binding (the
- * package is python/kvcache); a benchmark fixture.
+ * and the CPU kernels on flat contiguous tensors; and, for the pack_convert
+ * case, a packed request of a Llama-3-8B-like cache (shim_pack_*) unpacked
+ * into an HND block-major cache. Not a Python binding (the package is
+ * python/kvcache); a benchmark fixture.
  *
- * Every function returns a kv_status (0 = KV_OK); shim_error() gives the
- * message of the last failure.
+ * Every function but shim_error, shim_threads and the frees returns a
+ * kv_status (0 = KV_OK); shim_error() gives the message of the last failure.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -34,6 +36,15 @@ SHIM_API int shim_read(kv_cache *c, const int32_t *indptr, const int32_t *indice
                        const int32_t *last, uint32_t S, void *ko, void *vo, int64_t T);
 SHIM_API int shim_decode(kv_cache *c, void *q, uint32_t S, int64_t Hq, const int32_t *indptr,
                          const int32_t *indices, const int32_t *last, float scale, void *out);
+
+SHIM_API int shim_threads(void);
+struct shim_pack;
+SHIM_API int shim_pack_new(int64_t T, struct shim_pack **out);
+SHIM_API void shim_pack_free(struct shim_pack *p);
+SHIM_API int shim_pack_geometry(const struct shim_pack *p, void **src, int64_t src_g[8], void **dst,
+                                int64_t dst_g[8], const uint32_t **sid, const uint32_t **did,
+                                int64_t *n_blocks, uint64_t *payload_bytes);
+SHIM_API int shim_pack_unpack(struct shim_pack *p);
 
 SHIM_API const char *shim_error(void)
 {
@@ -206,4 +217,182 @@ SHIM_API int shim_decode(kv_cache *c, void *q, uint32_t S, int64_t Hq, const int
     struct kv_pages pg = {.format = KV_PAGES_CSR, .n_seqs = S, .page_ratio = 1,
                           .indptr = indptr, .indices = indices, .last_page_len = last};
     return kv_attn_decode(pc, 0, &qq, &pg, scale, NULL, &oo);
+}
+
+/* The OpenMP threads kvcache's CPU work runs on (kv_attn_threads). */
+SHIM_API int shim_threads(void)
+{
+    return kv_attn_threads();
+}
+
+/* ---- pack_convert: the request of tools/bench/bench_pack.c ------------------------ */
+
+/* One packed request and the caches on both sides:
+ *   src  NHD layer-major, L 32, B nb + 64, N 16, H 8, D 128, bf16, random bytes
+ *        [L][2][B][N][H][D]
+ *   dst  HND block-major, the same dims, random bytes  [B][L][2][H][N][D]
+ *   buf  kv_pack of src's blocks sid[0..nb), once
+ * shim_pack_unpack runs kv_unpack(buf -> dst's blocks did[0..nb)). */
+struct shim_pack {
+    struct kv_paged_cache src, dst;
+    uint32_t *sid, *did; /* [nb], distinct, random order */
+    int64_t nb;
+    kv_plan *up;
+    void *buf;
+    size_t len;
+    uint64_t payload_bytes;
+};
+
+static void *shim_alloc_random(size_t bytes, uint64_t seed)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, bytes ? bytes : 1) != 0)
+        return NULL;
+    uint64_t *w = p; /* splitmix64 */
+    for (size_t i = 0; i < bytes / 8; i++) {
+        uint64_t z = (seed += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        w[i] = z ^ (z >> 31);
+    }
+    return p;
+}
+
+static kv_status shim_pack_cache(struct kv_paged_cache *pc, int64_t blocks, kv_order order,
+                                 kv_arrange arr, uint64_t seed)
+{
+    struct kv_layout_config c = KV_LAYOUT_CONFIG_INIT;
+    c.num_layers = 32;
+    c.num_blocks = blocks;
+    c.block_tokens = N;
+    c.num_heads = H;
+    c.head_dim = D;
+    c.dtype = KV_BF16;
+    c.order = order;
+    c.arrange = arr;
+    kv_status st = kv_layout_init(&c, &pc->layout);
+    if (st != KV_OK)
+        return st;
+    pc->storage_bytes = (size_t)pc->layout.total_bytes;
+    pc->mem = KV_MEM_HOST;
+    pc->base = shim_alloc_random(pc->storage_bytes, seed);
+    return pc->base ? KV_OK : KV_ERR_NO_MEMORY;
+}
+
+/* n distinct ids of [0, range) in random order (a Fisher-Yates prefix). */
+static kv_status shim_ids(uint32_t *ids, int64_t n, uint32_t range, uint64_t seed)
+{
+    uint32_t *all = malloc((size_t)range * sizeof(*all));
+    if (!all)
+        return KV_ERR_NO_MEMORY;
+    for (uint32_t i = 0; i < range; i++)
+        all[i] = i;
+    for (int64_t i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        const uint32_t j = (uint32_t)i + (uint32_t)((seed >> 33) % (range - (uint32_t)i));
+        const uint32_t t = all[i];
+        all[i] = all[j];
+        all[j] = t;
+        ids[i] = all[i];
+    }
+    free(all);
+    return KV_OK;
+}
+
+/* A T-token request (T a multiple of 16): caches, ids, the packed buffer and
+ * the unpack plan, as described at struct shim_pack. */
+SHIM_API int shim_pack_new(int64_t T, struct shim_pack **out)
+{
+    if (!out)
+        return KV_ERR_NULL;
+    if (T <= 0 || T % N)
+        return KV_ERR_INVALID_ARG;
+    struct shim_pack *p = calloc(1, sizeof(*p));
+    if (!p)
+        return KV_ERR_NO_MEMORY;
+    p->nb = T / N;
+    const uint32_t B = (uint32_t)p->nb + 64;
+    kv_plan *pp = NULL;
+    uint64_t size = 0;
+    kv_status st = KV_ERR_NO_MEMORY;
+    p->sid = malloc((size_t)p->nb * sizeof(*p->sid));
+    p->did = malloc((size_t)p->nb * sizeof(*p->did));
+    if (!p->sid || !p->did)
+        goto fail;
+    if ((st = shim_pack_cache(&p->src, B, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, 3)) != KV_OK ||
+        (st = shim_pack_cache(&p->dst, B, KV_ORDER_HND, KV_ARRANGE_BLOCK_MAJOR, 4)) != KV_OK ||
+        (st = shim_ids(p->sid, p->nb, B, 19)) != KV_OK ||
+        (st = shim_ids(p->did, p->nb, B, 29)) != KV_OK ||
+        (st = kv_pack_plan_create(&p->src.layout, &pp)) != KV_OK ||
+        (st = kv_unpack_plan_create(&p->src.layout, &p->dst.layout, NULL, &p->up)) != KV_OK ||
+        (st = kv_pack_size(&p->src.layout, (uint64_t)T, &size)) != KV_OK)
+        goto fail;
+    if (posix_memalign(&p->buf, 4096, (size_t)size) != 0) {
+        p->buf = NULL;
+        st = KV_ERR_NO_MEMORY;
+        goto fail;
+    }
+    struct kv_pack_info info;
+    if ((st = kv_pack(pp, p->src, p->sid, (uint32_t)p->nb, (uint64_t)T, p->buf, (size_t)size,
+                      &p->len)) != KV_OK ||
+        (st = kv_pack_inspect(p->buf, p->len, &info)) != KV_OK)
+        goto fail;
+    p->payload_bytes = info.payload_bytes;
+    kv_plan_destroy(pp);
+    *out = p;
+    return KV_OK;
+fail:
+    kv_plan_destroy(pp);
+    shim_pack_free(p);
+    return st;
+}
+
+SHIM_API void shim_pack_free(struct shim_pack *p)
+{
+    if (!p)
+        return;
+    kv_plan_destroy(p->up);
+    free(p->buf);
+    free(p->src.base);
+    free(p->dst.base);
+    free(p->sid);
+    free(p->did);
+    free(p);
+}
+
+static void shim_layout_geometry(const struct kv_layout *lo, int64_t g[8])
+{
+    g[0] = lo->stride_layer_bytes;
+    g[1] = lo->stride_kv_bytes;
+    g[2] = lo->stride_block_bytes;
+    g[3] = lo->stride_token_bytes;
+    g[4] = lo->stride_head_bytes;
+    g[5] = lo->stride_dim_bytes;
+    g[6] = lo->total_bytes;
+    g[7] = lo->num_blocks;
+}
+
+/* Base addresses and byte strides of both caches: g[0..7] = layer, kv,
+ * block, token, head, dim, total bytes, blocks; the id lists [nb] (owned by
+ * p); nb; the payload bytes kv_unpack moves. */
+SHIM_API int shim_pack_geometry(const struct shim_pack *p, void **src, int64_t src_g[8], void **dst,
+                                int64_t dst_g[8], const uint32_t **sid, const uint32_t **did,
+                                int64_t *n_blocks, uint64_t *payload_bytes)
+{
+    *src = p->src.base;
+    *dst = p->dst.base;
+    shim_layout_geometry(&p->src.layout, src_g);
+    shim_layout_geometry(&p->dst.layout, dst_g);
+    *sid = p->sid;
+    *did = p->did;
+    *n_blocks = p->nb;
+    *payload_bytes = p->payload_bytes;
+    return KV_OK;
+}
+
+/* One kv_unpack of the packed request into dst's blocks did[0..nb): header
+ * and every block checksum verified, then the NHD -> HND conversion. */
+SHIM_API int shim_pack_unpack(struct shim_pack *p)
+{
+    return kv_unpack(p->up, p->buf, p->len, p->dst, p->did, (uint32_t)p->nb, NULL);
 }
