@@ -22,8 +22,6 @@
 #include <string.h>
 #include <time.h>
 
-#include <xxhash.h>
-
 #include "kv_attn.h"
 #include "kv_lib.h"
 #include "kv_mem.h"
@@ -677,7 +675,7 @@ static uint64_t move_block(const struct fmt *f, bool load, char *blk, char *ent,
 {
     const int64_t N = f->block_tokens;
     if (load) {
-        const uint64_t sum = XXH3_64bits(ent, (size_t)f->entry_bytes);
+        const uint64_t sum = kv__xxh3_64(ent, (size_t)f->entry_bytes);
         if (sum == want) {
             const char *s = ent;
             kv__plan_exec_cpu(f->to_block, &s, 1, &blk, 1, (uint64_t)N, 1);
@@ -688,7 +686,7 @@ static uint64_t move_block(const struct fmt *f, bool load, char *blk, char *ent,
         return kv__plan_copy_hash(f->to_entry, blk, ent);
     const char *s = blk;
     kv__plan_exec_cpu(f->to_entry, &s, 1, &ent, 1, (uint64_t)N, 1);
-    return XXH3_64bits(ent, (size_t)f->entry_bytes);
+    return kv__xxh3_64(ent, (size_t)f->entry_bytes);
 }
 
 /* The copies of one chunk: slot[i] the entry of block i (NULL: nothing). */

@@ -23,7 +23,6 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
 
 #include "kv_lib.h"
 #include "kv_mem.h"
@@ -266,7 +265,7 @@ kv_status kv_pack(const kv_plan *plan, struct kv_paged_cache src, const uint32_t
             sum = kv__plan_copy_hash(p, sp, dp);
         } else {
             kv__plan_exec_cpu(p, &sp, 1, &dp, 1, (uint64_t)N, 1);
-            sum = XXH3_64bits(dp, bb);
+            sum = kv__xxh3_64(dp, bb);
         }
         put_u64(h + KV__PACK_FIXED + 8 * (uint64_t)i, sum);
     }
@@ -292,7 +291,7 @@ kv_status kv_pack(const kv_plan *plan, struct kv_paged_cache src, const uint32_t
     put_u64(h + OFF_ALIGN, (uint64_t)lo->align_bytes);
     put_u64(h + OFF_BLOCK_BYTES, bb);
     const uint64_t sum_at = KV__PACK_FIXED + 8 * (uint64_t)n_blocks;
-    put_u64(h + sum_at, XXH3_64bits(h, sum_at));
+    put_u64(h + sum_at, kv__xxh3_64(h, sum_at));
     memset(h + sum_at + 8, 0, hdr - sum_at - 8);
     kv_plan_destroy(own);
     *out_bytes = (size_t)size;
@@ -337,7 +336,7 @@ static kv_status inspect(const char *fn, const unsigned char *b, size_t len,
                          "%s: truncated: %zu bytes, shorter than the %" PRIu64 "-byte header", fn,
                          len, hdr);
     const uint64_t sum_at = KV__PACK_FIXED + 8 * (uint64_t)nb;
-    const uint64_t sum = get_u64(b + sum_at), want_sum = XXH3_64bits(b, sum_at);
+    const uint64_t sum = get_u64(b + sum_at), want_sum = kv__xxh3_64(b, sum_at);
     if (sum != want_sum)
         return kv__error(KV_ERR_CORRUPT,
                          "%s: header checksum 0x%016" PRIx64 ", the header hashes to 0x%016" PRIx64,
@@ -478,7 +477,7 @@ kv_status kv_unpack(const kv_plan *plan, const void *buf, size_t len, struct kv_
     reduction(min                                                                                  \
               : bad)
         for (int64_t i = 0; i < nb; i++)
-            if (XXH3_64bits(payload + (uint64_t)i * bb, bb) != get_u64(sums + 8 * (uint64_t)i) &&
+            if (kv__xxh3_64(payload + (uint64_t)i * bb, bb) != get_u64(sums + 8 * (uint64_t)i) &&
                 i < bad)
                 bad = i;
         if (bad < nb)
@@ -486,7 +485,7 @@ kv_status kv_unpack(const kv_plan *plan, const void *buf, size_t len, struct kv_
                            "%s: block %" PRId64 " of %" PRId64 " fails its checksum: 0x%016" PRIx64
                            " recorded, 0x%016" PRIx64 " computed",
                            fn, bad, nb, get_u64(sums + 8 * (uint64_t)bad),
-                           (uint64_t)XXH3_64bits(payload + (uint64_t)bad * bb, bb));
+                           (uint64_t)kv__xxh3_64(payload + (uint64_t)bad * bb, bb));
     }
     if (st == KV_OK && sp) {
         char **dp = (char **)(sp + nb);

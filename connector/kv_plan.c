@@ -14,9 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
-#include <xxhash.h>
-
 #include "kv_attn_index.h"
 #include "kv_lib.h"
 #include "kv_mem.h"
@@ -422,16 +419,16 @@ bool kv__plan_is_sequential(const kv_plan *plan, int64_t total)
 
 uint64_t kv__plan_copy_hash(const kv_plan *plan, const char *src, char *dst)
 {
-    XXH3_state_t hs;
-    XXH3_64bits_reset(&hs);
+    struct kv__xxh3_state hs;
+    kv__xxh3_reset(&hs);
     for (int64_t i = 0; i < plan->n_copies; i++) {
         const struct kv__plan_copy *c = &plan->copies[i];
         const char *s = src + c->src_rel;
         char *d = dst + c->dst_rel;
         for (int64_t y = 0; y < c->height; y++) {
             memcpy(d + y * c->dst_pitch, s + y * c->src_pitch, (size_t)c->width);
-            XXH3_64bits_update(&hs, d + y * c->dst_pitch, (size_t)c->width);
+            kv__xxh3_update(&hs, d + y * c->dst_pitch, (size_t)c->width);
         }
     }
-    return XXH3_64bits_digest(&hs);
+    return kv__xxh3_digest(&hs);
 }

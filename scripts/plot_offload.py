@@ -8,7 +8,8 @@ seen for each (bench, case) wins; quick lines and errors are ignored) and
 draws GB/s against the fragment one copy moves (the "fragNKiB" part of the
 case name: layer-major caches move 2L runs of N x H x D x 2 bytes per block,
 a block-major cache one run of the whole block), with the memcpy baseline
-each case measured in the same run. Needs python3-matplotlib (Debian).
+each case measured in the same run, and the store's second baseline (a
+1-thread memcpy of its own runs: the cost of the access pattern alone). Needs python3-matplotlib (Debian).
 """
 import argparse
 import json
@@ -32,7 +33,7 @@ def load(path):
             continue
         if o.get("bench") not in ("offload.store", "offload.load"):
             continue
-        lines[(o["bench"], o["case"])] = o
+        lines[(o["bench"], o["case"], o.get("baseline"))] = o
     return list(lines.values())
 
 
@@ -45,10 +46,16 @@ def main():
     if not rows:
         sys.exit("plot_offload.py: no offload.store / offload.load lines in " + a.results)
     series = {}  # (bench, arrangement) -> [(frag KiB, gbps, baseline gbps)]
+    runs1 = []  # (frag KiB, GB/s of a 1-thread memcpy of the store's own runs)
     cpu = rows[0].get("cpu", "?")
     for o in rows:
         m = re.search(r"/(nhd-layer|nhd-block)/frag(\d+)KiB", o["case"])
         if not m:
+            continue
+        if o.get("baseline") == "memcpy_runs_1thread":
+            runs1.append((int(m.group(2)), o["baseline_gbps"]))
+            continue
+        if o.get("baseline") != "memcpy":
             continue
         series.setdefault((o["bench"], m.group(1)), []).append(
             (int(m.group(2)), o["gbps"], o["baseline_gbps"]))
@@ -64,9 +71,16 @@ def main():
                 linestyle="-" if arr == "nhd-layer" else "none", markersize=7,
                 fillstyle="full" if arr == "nhd-layer" else "none", label=label)
         base += [(p[0], p[2]) for p in pts]
-    base.sort()
-    ax.plot([b[0] for b in base], [b[1] for b in base], color="gray", linestyle=":",
-            marker=".", label="memcpy, same bytes (baseline, per case)")
+    per = {}  # fragment -> the baselines its cases measured
+    for f, g in base:
+        per.setdefault(f, []).append(g)
+    xs = sorted(per)
+    ax.plot(xs, [sum(per[x]) / len(per[x]) for x in xs], color="gray", linestyle=":",
+            marker=".", label="memcpy of the same bytes (baseline, mean of its cases)")
+    runs1.sort()
+    if runs1:
+        ax.plot([r[0] for r in runs1], [r[1] for r in runs1], color="gray", linestyle="--",
+                marker="x", label="memcpy of the store's own runs, 1 thread (baseline)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("fragment per copy (KiB)")
     ax.set_ylabel("GB/s")

@@ -13,7 +13,9 @@
  * 2 KiB to 128 KiB, one 2-D copy) and a block-major cache (one run of a
  * whole 2 MiB block). docs/img/offload.png plots GB/s against the fragment
  * (scripts/plot_offload.py).
- * Baseline: one memcpy of the same bytes, interleaved. Before a store run
+ * Baselines, interleaved: one memcpy of the same bytes; and for the store a
+ * memcpy of its own runs (each block's per-layer K and V blocks, request
+ * order) on one thread, the cost of the access pattern without the tier. Before a store run
  * the entries are evicted (outside the timing), so every run copies; after
  * a load run its blocks are released (outside). The last load is compared
  * with its source blocks byte for byte (every layer, K and V) before a case
@@ -195,11 +197,13 @@ static void kvb__off_case(int64_t N, kv_arrange arr, int64_t T)
     const int runs = kvb_runs();
     double *ts = calloc((size_t)runs, sizeof(double)), *tl = calloc((size_t)runs, sizeof(double));
     double *bs = calloc((size_t)runs, sizeof(double)), *bl = calloc((size_t)runs, sizeof(double));
+    double *br = calloc((size_t)runs, sizeof(double));
+    const char **runs_src = NULL;
     char *ma = NULL, *mb = NULL;
     kv_status st = kvb__off_setup(&o, N, arr, T);
     const uint64_t bytes =
         (uint64_t)o.nb * (uint64_t)(o.pc.layout.kv_planes * 32) * (uint64_t)o.pc.layout.block_bytes;
-    if (!ts || !tl || !bs || !bl)
+    if (!ts || !tl || !bs || !bl || !br)
         exit(2);
     if (st != KV_OK) {
         kvb_failed("offload.store", name, "setup: %s (%s)", kv_status_name(st), kv_last_error());
@@ -208,6 +212,22 @@ static void kvb__off_case(int64_t N, kv_arrange arr, int64_t T)
     ma = kvb_alloc((size_t)bytes);
     mb = kvb_alloc((size_t)bytes);
     kvb_fill_random(ma, (size_t)bytes, 5);
+    /* the second baseline: memcpy of the store's own runs (every block's
+     * layer and plane blocks, in request order) on one thread: the price of
+     * the access pattern alone, without the tier */
+    const struct kv_layout *lo = &o.pc.layout;
+    const int64_t n_runs = (int64_t)o.nb * lo->num_layers * lo->kv_planes;
+    runs_src = malloc((size_t)n_runs * sizeof(*runs_src));
+    if (!runs_src)
+        exit(2);
+    for (uint32_t i = 0, r = 0; i < o.nb; i++)
+        for (uint32_t l = 0; l < (uint32_t)lo->num_layers; l++)
+            for (int kv = 0; kv < lo->kv_planes; kv++, r++) {
+                int64_t so = 0;
+                if (kv_layout_offset(lo, l, kv, o.src[i], 0, 0, 0, &so) != KV_OK)
+                    exit(2);
+                runs_src[r] = (const char *)o.pc.base + so * lo->elem_bytes;
+            }
     kv_block_pool *pool = kv_cache_pool(o.cache);
     for (int r = -1; r < runs; r++) { /* r = -1: warm-up */
         uint32_t ne = 0;
@@ -224,6 +244,9 @@ static void kvb__off_case(int64_t N, kv_arrange arr, int64_t T)
         double t3 = kvb_now();
         memcpy(ma, mb, (size_t)bytes);
         double t4 = kvb_now();
+        for (int64_t r2 = 0; r2 < n_runs; r2++)
+            memcpy(mb + r2 * lo->block_bytes, runs_src[r2], (size_t)lo->block_bytes);
+        double t5 = kvb_now();
         if (st != KV_OK)
             break;
         if (r == runs - 1 && kvb__off_check(&o) != 0)
@@ -236,6 +259,7 @@ static void kvb__off_case(int64_t N, kv_arrange arr, int64_t T)
             bs[r] = t2 - t1;
             tl[r] = t3 - t2;
             bl[r] = t4 - t3;
+            br[r] = t5 - t4;
         }
     }
     kvb_sink((uint64_t)(unsigned char)mb[bytes / 2]);
@@ -243,9 +267,12 @@ static void kvb__off_case(int64_t N, kv_arrange arr, int64_t T)
         kvb_failed("offload.store", name, "%s (%s)", kv_status_name(st), kv_last_error());
         goto out;
     }
-    if (do_store)
+    if (do_store) {
         kvb_emit_gbps("offload.store", name, bytes, kvb_median(ts, runs), "memcpy",
                       kvb_median(bs, runs), runs);
+        kvb_emit_gbps("offload.store", name, bytes, kvb_median(ts, runs), "memcpy_runs_1thread",
+                      kvb_median(br, runs), runs);
+    }
     if (do_load)
         kvb_emit_gbps("offload.load", name, bytes, kvb_median(tl, runs), "memcpy",
                       kvb_median(bl, runs), runs);
@@ -257,6 +284,8 @@ out:
     free(tl);
     free(bs);
     free(bl);
+    free(br);
+    free(runs_src);
 }
 
 static void kvb__offload(void)
