@@ -5,6 +5,7 @@
  */
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
@@ -68,6 +69,7 @@ uint64_t kv__xxh3_64(const void *p, size_t n)
 
 void kv__xxh3_reset(struct kv__xxh3_state *s)
 {
+    memset(s->b, 0, sizeof(s->b)); /* every byte defined, whatever reset touches */
     XXH3_state_t *st = (XXH3_state_t *)(void *)s->b;
     if (avx2()) {
         kv__xxh3_reset_avx2(st);
