@@ -9,11 +9,14 @@
 # Options: SANITIZE=address|undefined|thread|address,undefined  CUDA=auto|0|1
 #          DEBUG=1 (-O0; pool invariant walk + page-table sequence checks after every op)
 #          RDMA=auto|0|1  WERROR=1 (default when CI is set)  BUILD=dir  V=1 (show commands)
+#          MALLOC=jemalloc|libc (libc: no jemalloc, as the sanitizer builds; what the Python
+#          package loads, since a dlopen'ed jemalloc cannot get its initial-exec TLS)
 
 PREFIX    ?= /usr/local
 CUDA      ?= auto
 RDMA      ?= auto
 SANITIZE  ?=
+MALLOC    ?= jemalloc
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
 CLANG     ?= clang
@@ -24,7 +27,7 @@ JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
 
 comma := ,
 DEBUG ?= 0
-BUILD ?= build$(if $(SANITIZE),-$(subst $(comma),-,$(SANITIZE)))$(if $(filter 1,$(DEBUG)),-debug)
+BUILD ?= build$(if $(SANITIZE),-$(subst $(comma),-,$(SANITIZE)))$(if $(filter 1,$(DEBUG)),-debug)$(if $(filter libc,$(MALLOC)),-libc)
 
 ifeq ($(CUDA),auto)
 HAVE_CUDA := $(if $(NVCC),1,0)
@@ -75,6 +78,8 @@ LIBS := -lxxhash -lgomp -lm -lpthread
 ifneq ($(SANITIZE),)
 SAN_FLAGS := -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all \
              -DKV_USE_LIBC_MALLOC
+else ifeq ($(MALLOC),libc)
+SAN_FLAGS := -DKV_USE_LIBC_MALLOC
 else
 LIBS := -ljemalloc $(LIBS)
 endif
@@ -129,7 +134,7 @@ LIB_SO := $(BUILD)/libkvcache.so
 CLI    := $(BUILD)/kvcache
 BENCH  := $(BUILD)/kvbench
 
-.PHONY: all lib deps test tests gpu-tests demo bench fuzz install clean format cppcheck info \
+.PHONY: all lib deps test tests pytest gpu-tests demo bench fuzz install clean format cppcheck info \
         check-walls headers
 all: lib $(CLI)
 lib: $(LIB_A) $(LIB_SO)
@@ -215,6 +220,17 @@ check-walls:
 test: deps check-walls
 	@$(MAKE) --no-print-directory -j$(JOBS) tests $(CLI)
 	@scripts/run-tests.sh $(TESTS)
+	$(if $(SANITIZE)$(filter 1,$(DEBUG)),,@$(MAKE) --no-print-directory pytest)
+
+# The Python package (python/kvcache) over its library flavour: MALLOC=libc,
+# because jemalloc's initial-exec TLS cannot be had by a dlopen'ed library
+# (python/README.md). Run from the tree: no install needed.
+PY_LIB := build-libc/libkvcache.so
+pytest: deps
+	@$(MAKE) --no-print-directory -j$(JOBS) MALLOC=libc SANITIZE= DEBUG=0 BUILD=build-libc lib
+	@echo "  PYTEST tests/python ($(PY_LIB))"
+	@cd python && KVCACHE_LIBRARY=$(CURDIR)/$(PY_LIB) /usr/bin/python3 -m pytest -q \
+	    -p no:cacheprovider ../tests/python
 
 demo: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) $(CLI)

@@ -96,13 +96,17 @@ kv_status kv_view_to_dlpack(const struct kv_view *v, DLDevice dev, kv_dlpack_rel
     e->release = release;
     e->owner = owner;
     DLTensor *t = &e->mt.dl_tensor;
-    t->data = v->base;
+    /* data at the first element, byte_offset 0: what PyTorch, CuPy and
+     * NumPy export themselves. PyTorch up to at least 1.13 ignores
+     * byte_offset on import, so an offset carried there would alias the
+     * wrong memory without a word. */
+    t->data = v->base ? (char *)v->base + v->offset * (int64_t)kv_dtype_size(v->dtype) : NULL;
     t->device = dev;
     t->ndim = v->ndim;
     t->dtype = (DLDataType){kv__dl_types[k].code, kv__dl_types[k].bits, 1};
     t->shape = e->shape;
     t->strides = e->strides;
-    t->byte_offset = (uint64_t)v->offset * (uint64_t)kv_dtype_size(v->dtype);
+    t->byte_offset = 0;
     e->mt.manager_ctx = e;
     e->mt.deleter = kv__dlpack_deleter;
     *out = &e->mt;
@@ -198,4 +202,25 @@ kv_status kv_view_from_dlpack(const DLManagedTensor *mt, struct kv_view *out, DL
     if (dev)
         *dev = t->device;
     return kv__ok();
+}
+
+static kv_py_capsule_is_valid_fn kv__capsule_is_valid;
+static kv_py_capsule_get_pointer_fn kv__capsule_get_pointer;
+
+void kv_dlpack_capsule_api(kv_py_capsule_is_valid_fn is_valid,
+                           kv_py_capsule_get_pointer_fn get_pointer)
+{
+    __atomic_store_n(&kv__capsule_get_pointer, get_pointer, __ATOMIC_RELEASE);
+    __atomic_store_n(&kv__capsule_is_valid, is_valid, __ATOMIC_RELEASE);
+}
+
+void kv_dlpack_capsule_destructor(void *capsule)
+{
+    kv_py_capsule_is_valid_fn is_valid = __atomic_load_n(&kv__capsule_is_valid, __ATOMIC_ACQUIRE);
+    kv_py_capsule_get_pointer_fn get = __atomic_load_n(&kv__capsule_get_pointer, __ATOMIC_ACQUIRE);
+    if (!capsule || !is_valid || !get || !is_valid(capsule, "dltensor"))
+        return; /* consumed ("used_dltensor"): its new owner frees it */
+    DLManagedTensor *mt = get(capsule, "dltensor");
+    if (mt && mt->deleter)
+        mt->deleter(mt);
 }

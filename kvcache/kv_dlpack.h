@@ -3,9 +3,12 @@
  * header of Debian's libdlpack-dev, DLPack 0.6: DLManagedTensor).
  *
  * Export: a kv_view on a device becomes a DLManagedTensor whose data is the
- * view's storage base, byte_offset its offset in bytes, and shape and
+ * address of the view's first element (byte_offset 0), and shape and
  * strides (in elements) its own, so torch.from_dlpack / numpy.from_dlpack
- * see exactly the elements the view does, without a copy. The tensor owns
+ * see exactly the elements the view does, without a copy. byte_offset is
+ * left 0 on purpose: it is what PyTorch, CuPy and NumPy produce, and
+ * PyTorch (1.13 at least) ignores it on import - an offset carried there
+ * would silently alias the start of the storage instead. The tensor owns
  * only its metadata; the memory belongs to whoever exported it, which
  * passes a release callback that the tensor's deleter calls (allocator/
  * kv_cache.h's kv_cache_to_dlpack holds a reference on the cache that way).
@@ -39,8 +42,9 @@ typedef void (*kv_dlpack_release_fn)(void *owner);
 
 /*
  * Export view v on device dev as a new DLManagedTensor (*out, set only on
- * success): dl_tensor.data = v->base, byte_offset = v->offset * elem bytes,
- * ndim, shape and strides as the view's (strides always given, never NULL),
+ * success): dl_tensor.data = the address of the view's first element
+ * (base + offset * elem bytes), byte_offset = 0, ndim, shape and strides as
+ * the view's (strides always given, never NULL),
  * dtype from v->dtype with lanes 1, device dev. The deleter frees the
  * metadata and then calls release(owner).
  * KV_ERR_NULL (v or out); the refusals of kv_view_check (a view that breaks
@@ -70,6 +74,22 @@ KV_API KV_NODISCARD kv_status kv_view_to_dlpack(const struct kv_view *v, DLDevic
  */
 KV_API KV_NODISCARD kv_status kv_view_from_dlpack(const DLManagedTensor *t, struct kv_view *out,
                                                   DLDevice *dev);
+
+/*
+ * For bindings without a C compiler (the Python package, ctypes): the
+ * destructor of a PyCapsule named "dltensor" that holds a DLManagedTensor
+ * from this library. A consumer that takes the tensor renames the capsule
+ * "used_dltensor" and becomes its owner; otherwise the capsule still owns
+ * it and this destructor runs its deleter. It is C, so it runs without
+ * Python frames (a pending exception is left alone). The binding passes the
+ * interpreter's PyCapsule_IsValid and PyCapsule_GetPointer once, with
+ * kv_dlpack_capsule_api; until then the destructor does nothing.
+ */
+typedef int (*kv_py_capsule_is_valid_fn)(void *capsule, const char *name);
+typedef void *(*kv_py_capsule_get_pointer_fn)(void *capsule, const char *name);
+KV_API void kv_dlpack_capsule_api(kv_py_capsule_is_valid_fn is_valid,
+                                  kv_py_capsule_get_pointer_fn get_pointer);
+KV_API void kv_dlpack_capsule_destructor(void *capsule);
 
 #ifdef __cplusplus
 }

@@ -6,10 +6,13 @@ set -euo pipefail
 # Build and tests: build-essential (gcc, g++, make, binutils), pkg-config, the
 # libraries. .ci/run also: python3 (gen-api-doc.py), cppcheck, and clang with
 # its sanitizer/libFuzzer runtime (bookworm's clang is clang-14; without
-# libclang-rt-14-dev, -fsanitize=fuzzer cannot link). Next, for the planned
-# DLPack interop and its Python tests: libdlpack-dev, python3-pytest.
+# libclang-rt-14-dev, -fsanitize=fuzzer cannot link). DLPack interop: the
+# libdlpack-dev header. The Python package and its tests (make test):
+# python3-pytest, python3-numpy (python3-torch is optional: the tests that
+# need it are skipped without it, and scripts/bench_peers.py installs it).
 pkgs=(build-essential pkg-config libjemalloc-dev libcmocka-dev libibverbs-dev librdmacm-dev
-      libxxhash-dev clang libclang-rt-14-dev python3 cppcheck libdlpack-dev python3-pytest)
+      libxxhash-dev clang libclang-rt-14-dev python3 cppcheck libdlpack-dev python3-pytest
+      python3-numpy)
 declare -A have=()
 while read -r p; do have[$p]=1; done < <(
     dpkg-query -W -f='${Package} ${Status}\n' "${pkgs[@]}" 2>/dev/null |

@@ -32,6 +32,7 @@
 #include "kv_attn_index.h"
 #include "kv_convert.h"
 #include "kv_plan.h"
+#include "kv_abi.h"
 #include "kv_offload.h"
 #include "kv_pack.h"
 

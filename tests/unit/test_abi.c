@@ -179,9 +179,36 @@ static void test_abi_version_and_build_info(void **state)
     assert_non_null(strstr(kv_build_info(), KV_HAVE_RDMA ? "rdma=yes" : "rdma=no"));
 }
 
+/* kv_abi.h: the table bindings check their declarations against. */
+static void test_abi_struct_table(void **state)
+{
+    (void)state;
+    size_t size = 0, align = 0, off = 0;
+    assert_int_equal(kv_abi_struct("kv_layout", &size, &align), KV_OK);
+    assert_int_equal(size, sizeof(struct kv_layout));
+    assert_int_equal(align, _Alignof(struct kv_layout));
+    assert_int_equal(kv_abi_struct("kv_cache_config", &size, &align), KV_OK);
+    assert_int_equal(size, sizeof(struct kv_cache_config));
+    assert_int_equal(kv_abi_field("kv_layout", "fingerprint", &off, &size), KV_OK);
+    assert_int_equal(off, offsetof(struct kv_layout, fingerprint));
+    assert_int_equal(size, sizeof(uint64_t));
+    assert_int_equal(kv_abi_field("kv_view", "shape", &off, &size), KV_OK);
+    assert_int_equal(off, offsetof(struct kv_view, shape));
+    assert_int_equal(size, sizeof(int64_t) * KV_MAX_DIMS);
+    assert_int_equal(kv_abi_field("kv_cache_config", "layout", &off, &size), KV_OK);
+    assert_int_equal(size, sizeof(struct kv_layout_config));
+    assert_int_equal(kv_abi_struct("kv_nothing", &size, &align), KV_ERR_NOT_FOUND);
+    assert_msg_has("kv_nothing");
+    assert_int_equal(kv_abi_field("kv_layout", "nothing", &off, &size), KV_ERR_NOT_FOUND);
+    assert_msg_has("\"nothing\" of struct \"kv_layout\"");
+    assert_int_equal(kv_abi_struct(NULL, &size, &align), KV_ERR_NULL);
+    assert_int_equal(kv_abi_field("kv_layout", "fingerprint", NULL, &size), KV_ERR_NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_abi_struct_table),
         cmocka_unit_test(test_abi_layout_config_size),
         cmocka_unit_test(test_abi_arena_config_size),
         cmocka_unit_test(test_abi_block_pool_config_size),

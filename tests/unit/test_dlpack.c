@@ -83,8 +83,10 @@ static void test_dlpack_export(void **state)
         assert_int_equal(kv_view_to_dlpack(&w, (DLDevice){kDLCPU, 0}, count_release, &buf[7], &mt),
                          KV_OK);
         const DLTensor *t = &mt->dl_tensor;
-        assert_ptr_equal(t->data, buf);
-        assert_int_equal(t->byte_offset, (uint64_t)w.offset * kv_dtype_size(types[k].dt));
+        /* the first element's address, byte_offset 0 (PyTorch ignores it) */
+        assert_ptr_equal(t->data, buf + (size_t)w.offset * kv_dtype_size(types[k].dt));
+        assert_int_equal(t->byte_offset, 0);
+        assert_true(w.offset > 0);
         assert_int_equal(t->dtype.code, types[k].code);
         assert_int_equal(t->dtype.bits, types[k].bits);
         assert_int_equal(t->dtype.lanes, 1);
@@ -100,11 +102,12 @@ static void test_dlpack_export(void **state)
         assert_int_equal(kv_view_from_dlpack(mt, &x, &dev), KV_OK);
         assert_int_equal(dev.device_type, kDLCPU);
         assert_int_equal(x.dtype, types[k].dt);
-        assert_int_equal(x.offset, w.offset);
+        assert_int_equal(x.offset, 0);
         check_same_elements(&x, t);
         int64_t lo, hi;
         kv_view_extent_bytes(&w, &lo, &hi);
-        assert_int_equal((int64_t)x.storage_bytes, hi);
+        assert_int_equal((int64_t)x.storage_bytes,
+                         hi - w.offset * (int64_t)kv_dtype_size(types[k].dt));
         mt->deleter(mt);
         assert_int_equal(released, 1);
         assert_ptr_equal(released_owner, &buf[7]);
@@ -126,7 +129,8 @@ static void test_dlpack_export(void **state)
     assert_int_equal(kv_view_select(&v, 0, 2, &z), KV_OK);
     assert_int_equal(kv_view_to_dlpack(&z, (DLDevice){kDLCUDAHost, 0}, NULL, NULL, &mt), KV_OK);
     assert_int_equal(mt->dl_tensor.ndim, 0);
-    assert_int_equal(mt->dl_tensor.byte_offset, 8);
+    assert_ptr_equal(mt->dl_tensor.data, buf + 8);
+    assert_int_equal(mt->dl_tensor.byte_offset, 0);
     mt->deleter(mt);
 
     /* refusals: nothing allocated, release never called */
@@ -347,12 +351,50 @@ static void test_dlpack_cache(void **state)
     assert_null(kv_cache_retain(NULL));
 }
 
+/* The C capsule destructor of kv_dlpack.h, with stand-ins for Python's
+ * PyCapsule_IsValid / PyCapsule_GetPointer. */
+static int fake_valid;
+static void *fake_ptr;
+static int fake_is_valid(void *capsule, const char *name)
+{
+    return capsule != NULL && strcmp(name, "dltensor") == 0 && fake_valid;
+}
+static void *fake_get(void *capsule, const char *name)
+{
+    (void)capsule, (void)name;
+    return fake_ptr;
+}
+
+static void test_dlpack_capsule_destructor(void **state)
+{
+    (void)state;
+    _Alignas(64) static float buf[16];
+    struct kv_view v;
+    const int64_t s1[1] = {16};
+    assert_int_equal(kv_view_init(buf, sizeof(buf), KV_F32, 1, s1, &v), KV_OK);
+    DLManagedTensor *mt;
+    assert_int_equal(kv_view_to_dlpack(&v, (DLDevice){kDLCPU, 0}, count_release, buf, &mt), KV_OK);
+    released = 0;
+    kv_dlpack_capsule_destructor((void *)0x10); /* no API given yet: nothing */
+    kv_dlpack_capsule_api(fake_is_valid, fake_get);
+    fake_ptr = mt;
+    fake_valid = 0; /* consumed ("used_dltensor"): the new owner frees it */
+    kv_dlpack_capsule_destructor((void *)0x10);
+    assert_int_equal(released, 0);
+    fake_valid = 1; /* never consumed: the capsule runs the deleter */
+    kv_dlpack_capsule_destructor((void *)0x10);
+    assert_int_equal(released, 1);
+    kv_dlpack_capsule_destructor(NULL);
+    kv_dlpack_capsule_api(NULL, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dlpack_export),
         cmocka_unit_test(test_dlpack_import),
         cmocka_unit_test(test_dlpack_cache),
+        cmocka_unit_test(test_dlpack_capsule_destructor),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,177 @@
+/* kv_abi.c - the struct table of kv_abi.h. */
+#include <stddef.h>
+#include <string.h>
+
+#include "kv_abi.h"
+#include "kv_block_pool.h"
+#include "kv_cache.h"
+#include "kv_layout.h"
+#include "kv_lib.h"
+#include "kv_page_table.h"
+#include "kv_view.h"
+
+/* X(struct, field) for every field of every struct in the table. */
+#define KV__ABI_FIELDS(X)                                                                          \
+    X(kv_layout_config, struct_size)                                                               \
+    X(kv_layout_config, num_layers)                                                                \
+    X(kv_layout_config, num_blocks)                                                                \
+    X(kv_layout_config, block_tokens)                                                              \
+    X(kv_layout_config, num_heads)                                                                 \
+    X(kv_layout_config, head_dim)                                                                  \
+    X(kv_layout_config, dtype)                                                                     \
+    X(kv_layout_config, order)                                                                     \
+    X(kv_layout_config, arrange)                                                                   \
+    X(kv_layout_config, kv_packed)                                                                 \
+    X(kv_layout_config, block_pad_elems)                                                           \
+    X(kv_layout_config, block_stride_bytes)                                                        \
+    X(kv_layout_config, align_bytes)                                                               \
+    X(kv_layout, num_layers)                                                                       \
+    X(kv_layout, num_blocks)                                                                       \
+    X(kv_layout, block_tokens)                                                                     \
+    X(kv_layout, num_heads)                                                                        \
+    X(kv_layout, head_dim)                                                                         \
+    X(kv_layout, dtype)                                                                            \
+    X(kv_layout, order)                                                                            \
+    X(kv_layout, arrange)                                                                          \
+    X(kv_layout, kv_packed)                                                                        \
+    X(kv_layout, elem_bytes)                                                                       \
+    X(kv_layout, align_bytes)                                                                      \
+    X(kv_layout, kv_planes)                                                                        \
+    X(kv_layout, block_elems)                                                                      \
+    X(kv_layout, block_bytes)                                                                      \
+    X(kv_layout, block_stride_elems)                                                               \
+    X(kv_layout, block_stride_bytes)                                                               \
+    X(kv_layout, stride_layer_elems)                                                               \
+    X(kv_layout, stride_kv_elems)                                                                  \
+    X(kv_layout, stride_block_elems)                                                               \
+    X(kv_layout, stride_token_elems)                                                               \
+    X(kv_layout, stride_head_elems)                                                                \
+    X(kv_layout, stride_dim_elems)                                                                 \
+    X(kv_layout, stride_layer_bytes)                                                               \
+    X(kv_layout, stride_kv_bytes)                                                                  \
+    X(kv_layout, stride_block_bytes)                                                               \
+    X(kv_layout, stride_token_bytes)                                                               \
+    X(kv_layout, stride_head_bytes)                                                                \
+    X(kv_layout, stride_dim_bytes)                                                                 \
+    X(kv_layout, total_elems)                                                                      \
+    X(kv_layout, total_bytes)                                                                      \
+    X(kv_layout, fingerprint)                                                                      \
+    X(kv_layout, block_format_fingerprint)                                                         \
+    X(kv_cache_config, struct_size)                                                                \
+    X(kv_cache_config, layout)                                                                     \
+    X(kv_cache_config, mem_kind)                                                                   \
+    X(kv_cache_config, device)                                                                     \
+    X(kv_cache_config, max_seqs)                                                                   \
+    X(kv_cache_config, max_blocks_per_seq)                                                         \
+    X(kv_cache_config, page_ratio)                                                                 \
+    X(kv_cache_config, enable_prefix_caching)                                                      \
+    X(kv_cache_config, zero_fill)                                                                  \
+    X(kv_cache_config, on_event)                                                                   \
+    X(kv_cache_config, event_user)                                                                 \
+    X(kv_block_pool_stats, capacity)                                                               \
+    X(kv_block_pool_stats, free_blocks)                                                            \
+    X(kv_block_pool_stats, used_blocks)                                                            \
+    X(kv_block_pool_stats, cached_blocks)                                                          \
+    X(kv_block_pool_stats, used_high_water)                                                        \
+    X(kv_block_pool_stats, hashed_blocks)                                                          \
+    X(kv_block_pool_stats, hits)                                                                   \
+    X(kv_block_pool_stats, misses)                                                                 \
+    X(kv_block_pool_stats, evictions)                                                              \
+    X(kv_block_pool_stats, stored)                                                                 \
+    X(kv_page_table_stats, live_seqs)                                                              \
+    X(kv_page_table_stats, held_blocks)                                                            \
+    X(kv_page_table_stats, cow_copies)                                                             \
+    X(kv_page_table_stats, copies_held)                                                            \
+    X(kv_page_table_stats, reused_blocks)                                                          \
+    X(kv_page_table_stats, committed)                                                              \
+    X(kv_page_table_stats, commit_failures)                                                        \
+    X(kv_token_range, start)                                                                       \
+    X(kv_token_range, count)                                                                       \
+    X(kv_vllm_export, block_table)                                                                 \
+    X(kv_vllm_export, block_table_len)                                                             \
+    X(kv_vllm_export, block_table_cols)                                                            \
+    X(kv_vllm_export, block_table_pad)                                                             \
+    X(kv_vllm_export, slot_mapping)                                                                \
+    X(kv_vllm_export, slot_mapping_len)                                                            \
+    X(kv_vllm_export, tokens_per_seq)                                                              \
+    X(kv_flashinfer_export, indptr)                                                                \
+    X(kv_flashinfer_export, indptr_len)                                                            \
+    X(kv_flashinfer_export, indices)                                                               \
+    X(kv_flashinfer_export, indices_len)                                                           \
+    X(kv_flashinfer_export, last_page_len)                                                         \
+    X(kv_flashinfer_export, last_page_len_len)                                                     \
+    X(kv_block_copy, src)                                                                          \
+    X(kv_block_copy, dst)                                                                          \
+    X(kv_block_copy, tokens)                                                                       \
+    X(kv_view, dtype)                                                                              \
+    X(kv_view, ndim)                                                                               \
+    X(kv_view, shape)                                                                              \
+    X(kv_view, strides)                                                                            \
+    X(kv_view, offset)                                                                             \
+    X(kv_view, base)                                                                               \
+    X(kv_view, storage_bytes)
+
+#define KV__ABI_STRUCTS(X)                                                                         \
+    X(kv_layout_config)                                                                            \
+    X(kv_layout)                                                                                   \
+    X(kv_cache_config)                                                                             \
+    X(kv_block_pool_stats)                                                                         \
+    X(kv_page_table_stats)                                                                         \
+    X(kv_token_range)                                                                              \
+    X(kv_vllm_export)                                                                              \
+    X(kv_flashinfer_export)                                                                        \
+    X(kv_block_copy)                                                                               \
+    X(kv_view)
+
+static const struct {
+    const char *name;
+    size_t size, align;
+} kv__abi_structs[] = {
+#define KV__ABI_S(s) {#s, sizeof(struct s), _Alignof(struct s)},
+    KV__ABI_STRUCTS(KV__ABI_S)
+#undef KV__ABI_S
+};
+
+static const struct {
+    const char *strct, *field;
+    size_t offset, size;
+} kv__abi_fields[] = {
+#define KV__ABI_F(s, f) {#s, #f, offsetof(struct s, f), sizeof(((struct s *)0)->f)},
+    KV__ABI_FIELDS(KV__ABI_F)
+#undef KV__ABI_F
+};
+
+kv_status kv_abi_struct(const char *name, size_t *size, size_t *align)
+{
+    if (!name || !size || !align)
+        return kv__error(KV_ERR_NULL, "kv_abi_struct: %s is NULL",
+                         !name   ? "name"
+                         : !size ? "size"
+                                 : "align");
+    for (size_t i = 0; i < sizeof(kv__abi_structs) / sizeof(kv__abi_structs[0]); i++)
+        if (strcmp(kv__abi_structs[i].name, name) == 0) {
+            *size = kv__abi_structs[i].size;
+            *align = kv__abi_structs[i].align;
+            return kv__ok();
+        }
+    return kv__error(KV_ERR_NOT_FOUND, "kv_abi_struct: no struct \"%s\" in the table", name);
+}
+
+kv_status kv_abi_field(const char *name, const char *field, size_t *offset, size_t *size)
+{
+    if (!name || !field || !offset || !size)
+        return kv__error(KV_ERR_NULL, "kv_abi_field: %s is NULL",
+                         !name     ? "name"
+                         : !field  ? "field"
+                         : !offset ? "offset"
+                                   : "size");
+    for (size_t i = 0; i < sizeof(kv__abi_fields) / sizeof(kv__abi_fields[0]); i++)
+        if (strcmp(kv__abi_fields[i].strct, name) == 0 &&
+            strcmp(kv__abi_fields[i].field, field) == 0) {
+            *offset = kv__abi_fields[i].offset;
+            *size = kv__abi_fields[i].size;
+            return kv__ok();
+        }
+    return kv__error(KV_ERR_NOT_FOUND,
+                     "kv_abi_field: no field \"%s\" of struct \"%s\" in the table", field, name);
+}

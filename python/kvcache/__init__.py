@@ -1,0 +1,29 @@
+"""kvcache: a paged KV cache for LLM serving engines, from Python.
+
+    import kvcache, torch
+    lay = kvcache.Layout(num_layers=2, num_blocks=64, block_tokens=16,
+                         num_heads=4, head_dim=64, dtype="bf16")
+    with kvcache.Cache(lay, max_seqs=8) as c:
+        s = c.seq_create()
+        c.append(s, range(40))
+        block_table, slot_mapping = c.export_vllm([s])
+        k0 = torch.from_dlpack(c.kv(0, 0))      # layer 0's K, zero-copy
+
+Over libkvcache.so through ctypes (see python/README.md for why). Every
+failed call raises a KvError subclass with the C library's message.
+"""
+from . import _lib
+from .cache import Cache, Layout, View
+from .errors import (KvError, InvalidArgument, NullArgument, BadDim, BadShape, OutOfBounds,
+                     NeedsCopy, Overlap, Overflow, NoMemory, NoBlocks, NotFound, BadState,
+                     Unsupported, TooCostly, Mismatch, IoError, Timeout, Cancelled, Corrupt,
+                     Internal, Capacity, DeviceError)
+
+__version__ = _lib.lib.kv_version().decode()
+library_path = _lib.path
+
+__all__ = ["Cache", "Layout", "View", "KvError", "InvalidArgument", "NullArgument", "BadDim",
+           "BadShape", "OutOfBounds", "NeedsCopy", "Overlap", "Overflow", "NoMemory",
+           "NoBlocks", "NotFound", "BadState", "Unsupported", "TooCostly", "Mismatch",
+           "IoError", "Timeout", "Cancelled", "Corrupt", "Internal", "Capacity", "DeviceError",
+           "library_path"]

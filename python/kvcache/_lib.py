@@ -1,0 +1,302 @@
+"""The C library through ctypes: loading it, its structs, its functions.
+
+ABI mode: nothing is compiled at install time. Every ctypes Structure below
+mirrors a public C struct; at import each one's size and every field's
+offset and size are compared with what the loaded library reports
+(kv_abi_struct / kv_abi_field), so a package and a library built from
+different headers fail at import with the struct and field named, instead
+of reading the wrong bytes later.
+"""
+import ctypes
+import ctypes.util
+import os
+
+c_i64p = ctypes.POINTER(ctypes.c_int64)
+c_i32p = ctypes.POINTER(ctypes.c_int32)
+c_u32p = ctypes.POINTER(ctypes.c_uint32)
+c_u64p = ctypes.POINTER(ctypes.c_uint64)
+vp = ctypes.c_void_p
+
+KV_MAX_DIMS = 8
+
+
+def _candidates():
+    env = os.environ.get("KVCACHE_LIBRARY")
+    if env:
+        return [env]
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = [os.path.join(here, "libkvcache.so")]  # bundled by pip install
+    root = os.path.dirname(os.path.dirname(here))  # a build tree: python/kvcache -> repo
+    out.append(os.path.join(root, "build-libc", "libkvcache.so"))
+    found = ctypes.util.find_library("kvcache")
+    if found:
+        out.append(found)
+    return out
+
+
+def _load():
+    errors = []
+    for path in _candidates():
+        if not os.path.sep in path or os.path.exists(path):
+            try:
+                return ctypes.CDLL(path), path
+            except OSError as e:  # e.g. a jemalloc build: no static TLS left for it
+                errors.append("%s: %s" % (path, e))
+    raise ImportError(
+        "kvcache: no loadable libkvcache.so (set KVCACHE_LIBRARY, or build the package's "
+        "flavour with `make MALLOC=libc lib`): " + "; ".join(errors or ["none found"]))
+
+
+lib, path = _load()
+
+
+# ---- structs ---------------------------------------------------------------
+
+
+class LayoutConfig(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("num_layers", ctypes.c_int64),
+        ("num_blocks", ctypes.c_int64),
+        ("block_tokens", ctypes.c_int64),
+        ("num_heads", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("dtype", ctypes.c_int),
+        ("order", ctypes.c_int),
+        ("arrange", ctypes.c_int),
+        ("kv_packed", ctypes.c_bool),
+        ("block_pad_elems", ctypes.c_int64),
+        ("block_stride_bytes", ctypes.c_int64),
+        ("align_bytes", ctypes.c_int64),
+    ]
+
+
+_LAYOUT_I64 = ["elem_bytes", "align_bytes", "kv_planes", "block_elems", "block_bytes",
+               "block_stride_elems", "block_stride_bytes",
+               "stride_layer_elems", "stride_kv_elems", "stride_block_elems",
+               "stride_token_elems", "stride_head_elems", "stride_dim_elems",
+               "stride_layer_bytes", "stride_kv_bytes", "stride_block_bytes",
+               "stride_token_bytes", "stride_head_bytes", "stride_dim_bytes",
+               "total_elems", "total_bytes"]
+
+
+class LayoutC(ctypes.Structure):
+    _fields_ = ([(n, ctypes.c_int64) for n in
+                 ("num_layers", "num_blocks", "block_tokens", "num_heads", "head_dim")] +
+                [("dtype", ctypes.c_int), ("order", ctypes.c_int), ("arrange", ctypes.c_int),
+                 ("kv_packed", ctypes.c_bool)] +
+                [(n, ctypes.c_int64) for n in _LAYOUT_I64] +
+                [("fingerprint", ctypes.c_uint64), ("block_format_fingerprint", ctypes.c_uint64)])
+
+
+class CacheConfig(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("layout", LayoutConfig),
+        ("mem_kind", ctypes.c_int),
+        ("device", ctypes.c_int),
+        ("max_seqs", ctypes.c_uint32),
+        ("max_blocks_per_seq", ctypes.c_uint32),
+        ("page_ratio", ctypes.c_uint32),
+        ("enable_prefix_caching", ctypes.c_bool),
+        ("zero_fill", ctypes.c_bool),
+        ("on_event", vp),
+        ("event_user", vp),
+    ]
+
+
+class PoolStats(ctypes.Structure):
+    _fields_ = ([(n, ctypes.c_uint32) for n in ("capacity", "free_blocks", "used_blocks",
+                                               "cached_blocks", "used_high_water",
+                                               "hashed_blocks")] +
+                [(n, ctypes.c_uint64) for n in ("hits", "misses", "evictions", "stored")])
+
+
+class TableStats(ctypes.Structure):
+    _fields_ = [
+        ("live_seqs", ctypes.c_uint32),
+        ("held_blocks", ctypes.c_uint64),
+        ("cow_copies", ctypes.c_uint64),
+        ("copies_held", ctypes.c_uint32),
+        ("reused_blocks", ctypes.c_uint64),
+        ("committed", ctypes.c_uint64),
+        ("commit_failures", ctypes.c_uint64),
+    ]
+
+
+class TokenRange(ctypes.Structure):
+    _fields_ = [("start", ctypes.c_uint64), ("count", ctypes.c_uint64)]
+
+
+class VllmExport(ctypes.Structure):
+    _fields_ = [
+        ("block_table", c_i32p),
+        ("block_table_len", ctypes.c_uint64),
+        ("block_table_cols", ctypes.c_uint32),
+        ("block_table_pad", ctypes.c_int32),
+        ("slot_mapping", c_i64p),
+        ("slot_mapping_len", ctypes.c_uint64),
+        ("tokens_per_seq", ctypes.c_uint32),
+    ]
+
+
+class FlashinferExport(ctypes.Structure):
+    _fields_ = [
+        ("indptr", c_i32p),
+        ("indptr_len", ctypes.c_uint64),
+        ("indices", c_i32p),
+        ("indices_len", ctypes.c_uint64),
+        ("last_page_len", c_i32p),
+        ("last_page_len_len", ctypes.c_uint64),
+    ]
+
+
+class BlockCopy(ctypes.Structure):
+    _fields_ = [("src", ctypes.c_uint32), ("dst", ctypes.c_uint32), ("tokens", ctypes.c_uint32)]
+
+
+class ViewC(ctypes.Structure):
+    _fields_ = [
+        ("dtype", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("shape", ctypes.c_int64 * KV_MAX_DIMS),
+        ("strides", ctypes.c_int64 * KV_MAX_DIMS),
+        ("offset", ctypes.c_int64),
+        ("base", vp),
+        ("storage_bytes", ctypes.c_size_t),
+    ]
+
+
+# DLPack 0.6 (dlpack/dlpack.h)
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", vp),
+        ("device", DLDevice),
+        ("ndim", ctypes.c_int),
+        ("dtype", DLDataType),
+        ("shape", c_i64p),
+        ("strides", c_i64p),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class DLManagedTensor(ctypes.Structure):
+    pass
+
+
+DLManagedTensor._fields_ = [
+    ("dl_tensor", DLTensor),
+    ("manager_ctx", vp),
+    ("deleter", ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))),
+]
+
+_ABI = {
+    "kv_layout_config": LayoutConfig,
+    "kv_layout": LayoutC,
+    "kv_cache_config": CacheConfig,
+    "kv_block_pool_stats": PoolStats,
+    "kv_page_table_stats": TableStats,
+    "kv_token_range": TokenRange,
+    "kv_vllm_export": VllmExport,
+    "kv_flashinfer_export": FlashinferExport,
+    "kv_block_copy": BlockCopy,
+    "kv_view": ViewC,
+}
+
+# ---- functions -------------------------------------------------------------
+
+_ST = ctypes.c_int  # kv_status
+_PROTOS = {
+    "kv_version": (ctypes.c_char_p, []),
+    "kv_status_name": (ctypes.c_char_p, [_ST]),
+    "kv_last_error": (ctypes.c_char_p, []),
+    "kv_abi_struct": (_ST, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t),
+                            ctypes.POINTER(ctypes.c_size_t)]),
+    "kv_abi_field": (_ST, [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t),
+                           ctypes.POINTER(ctypes.c_size_t)]),
+    "kv_dtype_parse": (_ST, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)]),
+    "kv_dtype_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "kv_dtype_size": (ctypes.c_size_t, [ctypes.c_int]),
+    "kv_layout_init": (_ST, [ctypes.POINTER(LayoutConfig), ctypes.POINTER(LayoutC)]),
+    "kv_cache_create": (_ST, [ctypes.POINTER(CacheConfig), ctypes.POINTER(vp)]),
+    "kv_cache_destroy": (None, [vp]),
+    "kv_cache_retain": (vp, [vp]),
+    "kv_cache_layout": (ctypes.POINTER(LayoutC), [vp]),
+    "kv_cache_pool": (vp, [vp]),
+    "kv_cache_page_table": (vp, [vp]),
+    "kv_cache_kv_view": (_ST, [vp, ctypes.c_uint32, ctypes.c_int, ctypes.POINTER(ViewC)]),
+    "kv_cache_to_dlpack": (_ST, [vp, ctypes.POINTER(ViewC),
+                                 ctypes.POINTER(ctypes.POINTER(DLManagedTensor))]),
+    "kv_view_from_dlpack": (_ST, [ctypes.POINTER(DLManagedTensor), ctypes.POINTER(ViewC),
+                                  ctypes.POINTER(DLDevice)]),
+    "kv_view_select": (_ST, [ctypes.POINTER(ViewC), ctypes.c_int, ctypes.c_int64,
+                             ctypes.POINTER(ViewC)]),
+    "kv_view_narrow": (_ST, [ctypes.POINTER(ViewC), ctypes.c_int, ctypes.c_int64,
+                             ctypes.c_int64, ctypes.POINTER(ViewC)]),
+    "kv_dlpack_capsule_api": (None, [vp, vp]),
+    "kv_dlpack_capsule_destructor": (None, [vp]),
+    "kv_block_pool_stats_get": (None, [vp, ctypes.POINTER(PoolStats)]),
+    "kv_block_pool_ref_count": (ctypes.c_uint32, [vp, ctypes.c_uint32]),
+    "kv_page_table_seq_create": (_ST, [vp, c_u32p]),
+    "kv_page_table_seq_set_extra_key": (_ST, [vp, ctypes.c_uint32, ctypes.c_uint64]),
+    "kv_page_table_seq_reuse_prefix": (_ST, [vp, ctypes.c_uint32, c_i32p, ctypes.c_uint64,
+                                             c_u64p]),
+    "kv_page_table_seq_append": (_ST, [vp, ctypes.c_uint32, c_i32p, ctypes.c_uint64]),
+    "kv_page_table_blocks_needed": (_ST, [vp, ctypes.c_uint32, ctypes.c_uint64, c_u32p]),
+    "kv_page_table_seq_fork": (_ST, [vp, ctypes.c_uint32, c_u32p]),
+    "kv_page_table_seq_truncate": (_ST, [vp, ctypes.c_uint32, ctypes.c_uint64]),
+    "kv_page_table_seq_free": (_ST, [vp, ctypes.c_uint32]),
+    "kv_page_table_seq_len": (_ST, [vp, ctypes.c_uint32, c_u64p]),
+    "kv_page_table_seq_blocks": (_ST, [vp, ctypes.c_uint32, ctypes.POINTER(c_u32p), c_u32p]),
+    "kv_page_table_slot": (_ST, [vp, ctypes.c_uint32, ctypes.c_uint64, c_i64p]),
+    "kv_page_table_pending_copies": (ctypes.c_uint32, [vp]),
+    "kv_page_table_take_copies": (_ST, [vp, ctypes.POINTER(BlockCopy), ctypes.c_uint32,
+                                        c_u32p]),
+    "kv_page_table_copies_done": (_ST, [vp]),
+    "kv_page_table_stats_get": (None, [vp, ctypes.POINTER(TableStats)]),
+    "kv_page_table_export_vllm": (_ST, [vp, c_u32p, ctypes.c_uint32, ctypes.POINTER(TokenRange),
+                                        ctypes.POINTER(VllmExport)]),
+    "kv_page_table_export_flashinfer": (_ST, [vp, c_u32p, ctypes.c_uint32,
+                                              ctypes.POINTER(FlashinferExport), c_u64p]),
+}
+
+for _name, (_res, _args) in _PROTOS.items():
+    _f = getattr(lib, _name)
+    _f.restype = _res
+    _f.argtypes = _args
+
+
+class AbiMismatch(ImportError):
+    """The loaded library's structs differ from this package's declarations."""
+
+
+def _check_abi():
+    size, align = ctypes.c_size_t(), ctypes.c_size_t()
+    for name, cls in _ABI.items():
+        if lib.kv_abi_struct(name.encode(), ctypes.byref(size), ctypes.byref(align)) != 0:
+            raise AbiMismatch("kvcache: %s has no struct %s: %s" %
+                              (path, name, lib.kv_last_error().decode()))
+        if size.value != ctypes.sizeof(cls):
+            raise AbiMismatch("kvcache: struct %s is %d bytes in %s, %d in this package" %
+                              (name, size.value, path, ctypes.sizeof(cls)))
+        for fname, _ in cls._fields_:
+            if lib.kv_abi_field(name.encode(), fname.encode(), ctypes.byref(size),
+                                ctypes.byref(align)) != 0:
+                raise AbiMismatch("kvcache: %s: %s" % (path, lib.kv_last_error().decode()))
+            mine = getattr(cls, fname)
+            if size.value != mine.offset or align.value != mine.size:
+                raise AbiMismatch(
+                    "kvcache: field %s.%s at offset %d size %d in %s, offset %d size %d in "
+                    "this package" % (name, fname, size.value, align.value, path, mine.offset,
+                                      mine.size))
+
+
+_check_abi()

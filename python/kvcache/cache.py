@@ -1,0 +1,454 @@
+"""Layout, Cache and View: the paged KV cache as Python objects.
+
+Arrays handed out (block tables, slot mappings, CSR indices, block lists)
+are NumPy arrays the caller owns. Views of the cache's memory are zero-copy:
+View objects implement __dlpack__ / __dlpack_device__, so
+torch.from_dlpack(view) and numpy.from_dlpack(view) see the cache's own
+bytes, and the tensor keeps the cache alive (a reference on the C cache)
+until the framework frees it.
+"""
+import ctypes
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import _lib
+from .errors import check, BadState, InvalidArgument
+
+L = _lib.lib
+
+ORDERS = {"NHD": 0, "HND": 1}
+ARRANGES = {"layer": 0, "block": 1}
+_MEM = {"host": 0, "pinned": 1, "device": 2}
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST = 1, 2, 3
+
+
+def _dtype_code(name):
+    out = ctypes.c_int()
+    check(L.kv_dtype_parse(name.encode(), ctypes.byref(out)))
+    return out.value
+
+
+def _u32_array(xs, what):
+    a = np.ascontiguousarray(np.asarray(xs, dtype=np.int64))
+    if a.ndim != 1:
+        raise InvalidArgument("%s: a 1-d sequence of ids, got shape %s" % (what, a.shape),
+                              status="KV_ERR_INVALID_ARG", code=-1)
+    if a.size and (a.min() < 0 or a.max() > 0xFFFFFFFF):
+        raise InvalidArgument("%s: ids must be in [0, 2^32), got %d..%d" %
+                              (what, a.min(), a.max()), status="KV_ERR_INVALID_ARG", code=-1)
+    return np.ascontiguousarray(a.astype(np.uint32))
+
+
+def _tokens(tokens):
+    a = np.asarray(tokens)
+    if a.ndim != 1 or (a.size and not np.issubdtype(a.dtype, np.integer)):
+        raise InvalidArgument("tokens: a 1-d sequence of integers, got %s of shape %s" %
+                              (a.dtype, a.shape), status="KV_ERR_INVALID_ARG", code=-1)
+    if a.size and (a.min() < -2**31 or a.max() >= 2**31):
+        raise InvalidArgument("tokens: values must fit int32", status="KV_ERR_INVALID_ARG",
+                              code=-1)
+    return np.ascontiguousarray(a.astype(np.int32))
+
+
+def _p(a, typ):
+    return a.ctypes.data_as(typ)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where every K/V element of every layer and block lives (kv_layout.h).
+
+    num_layers, num_blocks, block_tokens (N), num_heads (H), head_dim (D),
+    dtype ("bf16", "f16", "f32", "fp8_e4m3", ...), order ("NHD" / "HND"),
+    arrange ("layer" / "block"-major), kv_packed, block_pad_elems,
+    block_stride_bytes, align_bytes: as the C config (0 = default).
+    Derived values (strides, sizes, fingerprints) are computed by the C
+    library at construction; a config it refuses raises there."""
+    num_layers: int
+    num_blocks: int
+    block_tokens: int
+    num_heads: int
+    head_dim: int
+    dtype: str = "bf16"
+    order: str = "NHD"
+    arrange: str = "layer"
+    kv_packed: bool = False
+    block_pad_elems: int = 0
+    block_stride_bytes: int = 0
+    align_bytes: int = 0
+    _c: object = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        out = _lib.LayoutC()
+        check(L.kv_layout_init(ctypes.byref(self._config()), ctypes.byref(out)))
+        object.__setattr__(self, "_c", out)
+
+    def _config(self):
+        if self.order not in ORDERS:
+            raise InvalidArgument("order %r: one of %s" % (self.order, sorted(ORDERS)),
+                                  status="KV_ERR_INVALID_ARG", code=-1)
+        if self.arrange not in ARRANGES:
+            raise InvalidArgument("arrange %r: one of %s" % (self.arrange, sorted(ARRANGES)),
+                                  status="KV_ERR_INVALID_ARG", code=-1)
+        c = _lib.LayoutConfig()
+        c.struct_size = ctypes.sizeof(c)
+        for n in ("num_layers", "num_blocks", "block_tokens", "num_heads", "head_dim",
+                  "block_pad_elems", "block_stride_bytes", "align_bytes"):
+            setattr(c, n, int(getattr(self, n)))
+        c.dtype = _dtype_code(self.dtype)
+        c.order = ORDERS[self.order]
+        c.arrange = ARRANGES[self.arrange]
+        c.kv_packed = bool(self.kv_packed)
+        return c
+
+    @property
+    def fingerprint(self):
+        """64-bit identity of the layout (equal layouts, equal fingerprints)."""
+        return int(self._c.fingerprint)
+
+    @property
+    def block_format_fingerprint(self):
+        """Identity of one block's format (ignores placement: count, padding, arrangement)."""
+        return int(self._c.block_format_fingerprint)
+
+    @property
+    def total_bytes(self):
+        return int(self._c.total_bytes)
+
+    @property
+    def elem_bytes(self):
+        return int(self._c.elem_bytes)
+
+    @property
+    def block_bytes(self):
+        """Bytes of one block of one layer and plane (K or V; K|V when packed)."""
+        return int(self._c.block_bytes)
+
+    def strides_bytes(self):
+        """Byte strides: layer, kv, block, token, head, dim."""
+        c = self._c
+        return {"layer": c.stride_layer_bytes, "kv": c.stride_kv_bytes,
+                "block": c.stride_block_bytes, "token": c.stride_token_bytes,
+                "head": c.stride_head_bytes, "dim": c.stride_dim_bytes}
+
+
+_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
+_PyCapsule_New.restype = ctypes.py_object
+_PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+# The capsule destructor is C (kv_dlpack_capsule_destructor): it runs its
+# tensor's deleter unless a consumer took the tensor, with no Python frame
+# (an exception pending in the consumer stays as it is).
+L.kv_dlpack_capsule_api(ctypes.cast(ctypes.pythonapi.PyCapsule_IsValid, ctypes.c_void_p),
+                        ctypes.cast(ctypes.pythonapi.PyCapsule_GetPointer, ctypes.c_void_p))
+_CAPSULE_DESTRUCTOR = ctypes.cast(L.kv_dlpack_capsule_destructor, ctypes.c_void_p).value
+
+
+class View:
+    """A strided view of the cache's memory (kv_view): dtype, shape, strides
+    (elements) and offset exactly as the C library describes them. Export
+    with torch.from_dlpack(view) / numpy.from_dlpack(view): zero-copy, and
+    the tensor holds a reference on the cache."""
+
+    def __init__(self, cache, cview):
+        self._cache = cache
+        self._v = cview
+
+    @property
+    def shape(self):
+        return tuple(self._v.shape[i] for i in range(self._v.ndim))
+
+    @property
+    def strides(self):
+        """In elements."""
+        return tuple(self._v.strides[i] for i in range(self._v.ndim))
+
+    @property
+    def offset(self):
+        return int(self._v.offset)
+
+    @property
+    def dtype(self):
+        return L.kv_dtype_name(self._v.dtype).decode()
+
+    def select(self, dim, index):
+        """The view with dim removed at index (no copy)."""
+        out = _lib.ViewC()
+        check(L.kv_view_select(ctypes.byref(self._v), dim, index, ctypes.byref(out)))
+        return View(self._cache, out)
+
+    def narrow(self, dim, start, length):
+        """The view of [start, start + length) along dim (no copy)."""
+        out = _lib.ViewC()
+        check(L.kv_view_narrow(ctypes.byref(self._v), dim, start, length, ctypes.byref(out)))
+        return View(self._cache, out)
+
+    def numpy(self):
+        """A writeable NumPy array over the same bytes (zero-copy; host and
+        pinned memory only). numpy.from_dlpack also works, but NumPy 1.x
+        marks DLPack imports read-only. NumPy has no bfloat16 or fp8: those
+        come as uint16 / uint8 holding the raw bits. The array keeps the
+        cache alive (a reference on the C cache) while it exists."""
+        if self._cache.mem == "device":
+            raise InvalidArgument("numpy(): the view is in device memory (use __dlpack__ "
+                                  "with a GPU framework)", status="KV_ERR_INVALID_ARG", code=-1)
+        return np.asarray(_ArrayRef(self))
+
+    def __dlpack__(self, stream=None):
+        if stream not in (None, -1):
+            if self._cache.mem != "device":
+                raise InvalidArgument("__dlpack__: stream %r for host memory" % (stream,),
+                                      status="KV_ERR_INVALID_ARG", code=-1)
+        mt = ctypes.POINTER(_lib.DLManagedTensor)()
+        check(L.kv_cache_to_dlpack(self._cache._h, ctypes.byref(self._v), ctypes.byref(mt)))
+        addr = ctypes.cast(mt, ctypes.c_void_p).value
+        return _PyCapsule_New(addr, b"dltensor", _CAPSULE_DESTRUCTOR)
+
+    def __dlpack_device__(self):
+        kind = {"host": _DL_CPU, "pinned": _DL_CUDA_HOST, "device": _DL_CUDA}[self._cache.mem]
+        return (kind, self._cache.device if kind == _DL_CUDA else 0)
+
+    def __repr__(self):
+        return "View(%s, shape=%s, strides=%s, offset=%d)" % (self.dtype, self.shape,
+                                                               self.strides, self.offset)
+
+
+_NP_TYPESTR = {"f32": "<f4", "f16": "<f2", "bf16": "<u2", "f64": "<f8", "i8": "|i1",
+               "i32": "<i4", "i64": "<i8", "u8": "|u1", "fp8_e4m3": "|u1", "fp8_e5m2": "|u1"}
+
+
+class _ArrayRef:
+    """The __array_interface__ of a View, holding a reference on its cache."""
+
+    def __init__(self, view):
+        v = view._v
+        es = L.kv_dtype_size(v.dtype)
+        self._h = L.kv_cache_retain(view._cache._h)
+        shape = tuple(v.shape[i] for i in range(v.ndim))
+        self.__array_interface__ = {
+            "shape": shape,
+            "typestr": _NP_TYPESTR[view.dtype],
+            "data": (v.base + v.offset * es if v.base else 0, False),
+            "strides": tuple(v.strides[i] * es for i in range(v.ndim)),
+            "version": 3,
+        }
+
+    def __del__(self):
+        if getattr(self, "_h", None):
+            L.kv_cache_destroy(self._h)
+            self._h = None
+
+
+class Cache:
+    """A model's KV cache (kv_cache.h): layout, memory, block pool with prefix
+    caching, page table. Sequences are integer ids from seq_create()/fork().
+
+    The page table is single-threaded, like the C one: use a Cache from one
+    thread (the engine's scheduler) at a time."""
+
+    def __init__(self, layout, max_seqs=16, mem="host", device=0, prefix_caching=True,
+                 max_blocks_per_seq=0, page_ratio=0, zero_fill=False):
+        if mem not in _MEM:
+            raise InvalidArgument("mem %r: one of %s" % (mem, sorted(_MEM)),
+                                  status="KV_ERR_INVALID_ARG", code=-1)
+        self.layout = layout
+        self.mem = mem
+        self.page_tokens = layout.block_tokens // max(int(page_ratio), 1)
+        self.device = int(device)
+        cfg = _lib.CacheConfig()
+        cfg.struct_size = ctypes.sizeof(cfg)
+        cfg.layout = layout._config()
+        cfg.mem_kind = _MEM[mem]
+        cfg.device = self.device
+        cfg.max_seqs = max_seqs
+        cfg.max_blocks_per_seq = max_blocks_per_seq
+        cfg.page_ratio = page_ratio
+        cfg.enable_prefix_caching = bool(prefix_caching)
+        cfg.zero_fill = bool(zero_fill)
+        h = ctypes.c_void_p()
+        check(L.kv_cache_create(ctypes.byref(cfg), ctypes.byref(h)))
+        self._h = h
+        self._pt = L.kv_cache_page_table(h)
+        self._pool = L.kv_cache_pool(h)
+
+    def close(self):
+        """Drop this object's reference on the C cache (tensors exported from
+        it keep theirs). Idempotent; also runs when the object is collected."""
+        if getattr(self, "_h", None):
+            L.kv_cache_destroy(self._h)
+            self._h = None
+
+    def __del__(self):
+        self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _live(self):
+        if not self._h:
+            raise BadState("the cache is closed", status="KV_ERR_BAD_STATE", code=-12)
+
+    # ---- sequences ----------------------------------------------------------
+
+    def seq_create(self, extra_key=None):
+        """A new empty sequence; extra_key (LoRA id, salt) separates prefixes."""
+        self._live()
+        s = ctypes.c_uint32()
+        check(L.kv_page_table_seq_create(self._pt, ctypes.byref(s)))
+        if extra_key is not None:
+            check(L.kv_page_table_seq_set_extra_key(self._pt, s.value, extra_key))
+        return s.value
+
+    def reuse_prefix(self, seq, tokens):
+        """Start empty seq with the longest cached prefix of tokens; returns the
+        number of tokens it now holds (whole cached blocks)."""
+        self._live()
+        t = _tokens(tokens)
+        n = ctypes.c_uint64()
+        check(L.kv_page_table_seq_reuse_prefix(self._pt, seq, _p(t, _lib.c_i32p), t.size,
+                                               ctypes.byref(n)))
+        return n.value
+
+    def append(self, seq, tokens):
+        """Append tokens to seq (blocks allocated, full blocks hashed for reuse)."""
+        self._live()
+        t = _tokens(tokens)
+        check(L.kv_page_table_seq_append(self._pt, seq, _p(t, _lib.c_i32p), t.size))
+
+    def blocks_needed(self, seq, n):
+        self._live()
+        b = ctypes.c_uint32()
+        check(L.kv_page_table_blocks_needed(self._pt, seq, n, ctypes.byref(b)))
+        return b.value
+
+    def fork(self, seq):
+        """A child sharing all of seq's blocks (copy-on-write on the next write
+        into a shared block: see take_copies)."""
+        self._live()
+        c = ctypes.c_uint32()
+        check(L.kv_page_table_seq_fork(self._pt, seq, ctypes.byref(c)))
+        return c.value
+
+    def truncate(self, seq, n_tokens):
+        self._live()
+        check(L.kv_page_table_seq_truncate(self._pt, seq, n_tokens))
+
+    def free(self, seq):
+        """Release seq's blocks (full ones stay cached for prefix reuse)."""
+        self._live()
+        check(L.kv_page_table_seq_free(self._pt, seq))
+
+    def seq_len(self, seq):
+        self._live()
+        n = ctypes.c_uint64()
+        check(L.kv_page_table_seq_len(self._pt, seq, ctypes.byref(n)))
+        return n.value
+
+    def seq_blocks(self, seq):
+        """seq's block ids, a new uint32 array."""
+        self._live()
+        p = _lib.c_u32p()
+        n = ctypes.c_uint32()
+        check(L.kv_page_table_seq_blocks(self._pt, seq, ctypes.byref(p), ctypes.byref(n)))
+        return np.ctypeslib.as_array(p, shape=(n.value,)).copy() if n.value else \
+            np.zeros(0, np.uint32)
+
+    def slot(self, seq, t):
+        self._live()
+        s = ctypes.c_int64()
+        check(L.kv_page_table_slot(self._pt, seq, t, ctypes.byref(s)))
+        return s.value
+
+    def take_copies(self):
+        """Queued copy-on-write copies as an [n, 3] uint32 array (src, dst,
+        tokens); run them, then call copies_done()."""
+        self._live()
+        n = L.kv_page_table_pending_copies(self._pt)
+        buf = (_lib.BlockCopy * max(n, 1))()
+        got = ctypes.c_uint32()
+        check(L.kv_page_table_take_copies(self._pt, buf, n, ctypes.byref(got)))
+        return np.array([[buf[i].src, buf[i].dst, buf[i].tokens] for i in range(got.value)],
+                        dtype=np.uint32).reshape(got.value, 3)
+
+    def copies_done(self):
+        self._live()
+        check(L.kv_page_table_copies_done(self._pt))
+
+    # ---- exports ------------------------------------------------------------
+
+    def export_vllm(self, seqs, ranges=None, cols=None, pad=0, tokens_per_seq=0,
+                    slot_mapping_len=None):
+        """vLLM's forms: (block_table int32 [n_seqs, cols], slot_mapping int64)
+        for the token ranges [(start, count), ...] of each sequence (default:
+        all of each); slot_mapping is None without ranges and no default."""
+        self._live()
+        s = _u32_array(seqs, "seqs")
+        n = s.size
+        if ranges is None:
+            ranges = [(0, self.seq_len(int(q))) for q in s]
+        rg = (_lib.TokenRange * max(n, 1))()
+        total = 0
+        for i, (a, c) in enumerate(ranges):
+            rg[i].start, rg[i].count = int(a), int(c)
+            total += int(c)
+        page = self.page_tokens
+        if cols is None:
+            cols = max([(self.seq_len(int(q)) + page - 1) // page for q in s] + [1])
+        bt = np.empty((n, cols), dtype=np.int32)
+        if slot_mapping_len is None:
+            slot_mapping_len = n * tokens_per_seq if tokens_per_seq else total
+        sm = np.empty(slot_mapping_len, dtype=np.int64)
+        out = _lib.VllmExport(_p(bt, _lib.c_i32p), bt.size, cols, pad, _p(sm, _lib.c_i64p),
+                              sm.size, tokens_per_seq)
+        check(L.kv_page_table_export_vllm(self._pt, _p(s, _lib.c_u32p), n, rg,
+                                          ctypes.byref(out)))
+        return bt, sm
+
+    def export_flashinfer(self, seqs):
+        """FlashInfer's CSR form: (indptr [n+1], indices [nnz], last_page_len [n]), int32."""
+        self._live()
+        s = _u32_array(seqs, "seqs")
+        n = s.size
+        page = self.page_tokens
+        nnz = sum((self.seq_len(int(q)) + page - 1) // page for q in s)
+        indptr = np.empty(n + 1, np.int32)
+        indices = np.empty(max(nnz, 1), np.int32)
+        last = np.empty(max(n, 1), np.int32)
+        out = _lib.FlashinferExport(_p(indptr, _lib.c_i32p), indptr.size,
+                                    _p(indices, _lib.c_i32p), nnz,
+                                    _p(last, _lib.c_i32p), n)
+        got = ctypes.c_uint64()
+        check(L.kv_page_table_export_flashinfer(self._pt, _p(s, _lib.c_u32p), n,
+                                                ctypes.byref(out), ctypes.byref(got)))
+        return indptr, indices[:got.value], last[:n]
+
+    # ---- stats --------------------------------------------------------------
+
+    def pool_stats(self):
+        self._live()
+        st = _lib.PoolStats()
+        L.kv_block_pool_stats_get(self._pool, ctypes.byref(st))
+        return {n: getattr(st, n) for n, _ in st._fields_}
+
+    def table_stats(self):
+        self._live()
+        st = _lib.TableStats()
+        L.kv_page_table_stats_get(self._pt, ctypes.byref(st))
+        return {n: getattr(st, n) for n, _ in st._fields_}
+
+    def ref_count(self, block):
+        self._live()
+        return L.kv_block_pool_ref_count(self._pool, block)
+
+    # ---- memory -------------------------------------------------------------
+
+    def kv(self, layer, kv):
+        """Layer's K (kv=0) or V (kv=1) tensor over the cache's memory:
+        [num_blocks][block] in the layout's in-block order, as a View."""
+        self._live()
+        v = _lib.ViewC()
+        check(L.kv_cache_kv_view(self._h, layer, kv, ctypes.byref(v)))
+        return View(self, v)

@@ -1,0 +1,260 @@
+"""tests/python/test_package.py - the Python package (python/kvcache) over
+libkvcache.so: the ABI check, Layout, Cache (sequences, fork / copy-on-write,
+prefix reuse, stats), the page-table exports against references built from
+seq_blocks, zero-copy DLPack both ways (NumPy and PyTorch), lifetime (a
+tensor outliving its Cache), and bad inputs raising the right KvError and
+changing nothing. Run by `make test` (`make pytest`)."""
+import ctypes
+import gc
+
+import numpy as np
+import pytest
+
+import kvcache
+from kvcache import _lib
+
+
+def small_layout(**kw):
+    args = dict(num_layers=2, num_blocks=64, block_tokens=16, num_heads=4, head_dim=32,
+                dtype="f16")
+    args.update(kw)
+    return kvcache.Layout(**args)
+
+
+# ---- the ABI check -----------------------------------------------------------
+
+
+def test_abi_check_passes_and_catches_a_wrong_declaration():
+    _lib._check_abi()  # what import did
+
+    class Wrong(ctypes.Structure):  # kv_token_range with its fields swapped in size
+        _fields_ = [("start", ctypes.c_uint32), ("count", ctypes.c_uint64)]
+
+    saved = dict(_lib._ABI)
+    try:
+        _lib._ABI["kv_token_range"] = Wrong
+        with pytest.raises(_lib.AbiMismatch, match="kv_token_range"):
+            _lib._check_abi()
+
+        class Extra(ctypes.Structure):  # a field the C struct does not have
+            _fields_ = [("start", ctypes.c_uint64), ("count", ctypes.c_uint64),
+                        ("stop", ctypes.c_uint64)]
+        _lib._ABI["kv_token_range"] = Extra
+        with pytest.raises(_lib.AbiMismatch):
+            _lib._check_abi()
+    finally:
+        _lib._ABI.clear()
+        _lib._ABI.update(saved)
+
+
+# ---- Layout ------------------------------------------------------------------
+
+
+def test_layout_fields_and_fingerprints():
+    a = small_layout()
+    b = small_layout()
+    c = small_layout(order="HND")
+    d = small_layout(num_blocks=65)
+    assert a.fingerprint == b.fingerprint
+    assert a.fingerprint != c.fingerprint
+    assert a.block_format_fingerprint == d.block_format_fingerprint  # placement only
+    assert a.fingerprint != d.fingerprint
+    assert a.elem_bytes == 2
+    assert a.block_bytes == 16 * 4 * 32 * 2
+    assert a.total_bytes == 2 * 2 * 64 * a.block_bytes
+    s = a.strides_bytes()
+    assert s["token"] == 4 * 32 * 2 and s["head"] == 32 * 2 and s["dim"] == 2
+    assert c.strides_bytes()["head"] == 16 * 32 * 2
+
+
+@pytest.mark.parametrize("kw,exc,words", [
+    (dict(dtype="f17"), kvcache.InvalidArgument, "f17"),
+    (dict(num_heads=0), kvcache.BadShape, "num_heads"),
+    (dict(order="XYZ"), kvcache.InvalidArgument, "order"),
+    (dict(arrange="diagonal"), kvcache.InvalidArgument, "arrange"),
+])
+def test_layout_refusals_name_the_field(kw, exc, words):
+    with pytest.raises(exc) as e:
+        small_layout(**kw)
+    assert words in str(e.value)
+    assert isinstance(e.value, kvcache.KvError) and e.value.status.startswith("KV_ERR_")
+
+
+# ---- sequences and exports ---------------------------------------------------
+
+
+def test_sequences_exports_against_references():
+    with kvcache.Cache(small_layout(), max_seqs=8) as c:
+        seqs, lens = [], [1, 16, 17, 40, 5]
+        for n in lens:
+            s = c.seq_create()
+            c.append(s, np.arange(n) + 1000 * len(seqs))
+            seqs.append(s)
+        for s, n in zip(seqs, lens):
+            assert c.seq_len(s) == n
+            blocks = c.seq_blocks(s)
+            assert len(blocks) == (n + 15) // 16
+            for t in (0, n // 2, n - 1):
+                assert c.slot(s, t) == int(blocks[t // 16]) * 16 + t % 16
+        bt, sm = c.export_vllm(seqs, pad=-1)
+        assert bt.shape == (len(seqs), 3)
+        want_sm = []
+        for i, (s, n) in enumerate(zip(seqs, lens)):
+            blocks = c.seq_blocks(s)
+            assert list(bt[i, :len(blocks)]) == list(blocks)
+            assert all(x == -1 for x in bt[i, len(blocks):])
+            want_sm += [int(blocks[t // 16]) * 16 + t % 16 for t in range(n)]
+        assert list(sm) == want_sm
+        # padded slot mapping for a sub-range
+        bt2, sm2 = c.export_vllm(seqs[3:4], ranges=[(8, 20)], tokens_per_seq=32)
+        b = c.seq_blocks(seqs[3])
+        assert list(sm2[:20]) == [int(b[t // 16]) * 16 + t % 16 for t in range(8, 28)]
+        assert all(x == -1 for x in sm2[20:])
+        indptr, indices, last = c.export_flashinfer(seqs)
+        assert list(indptr) == list(np.cumsum([0] + [(n + 15) // 16 for n in lens]))
+        assert list(indices) == [int(x) for s in seqs for x in c.seq_blocks(s)]
+        assert list(last) == [(n - 1) % 16 + 1 for n in lens]
+        st = c.table_stats()
+        assert st["live_seqs"] == len(seqs)
+        ps = c.pool_stats()
+        assert ps["used_blocks"] == sum((n + 15) // 16 for n in lens)
+        assert ps["free_blocks"] + ps["cached_blocks"] + ps["used_blocks"] == ps["capacity"]
+
+
+def test_fork_copy_on_write_and_prefix_reuse():
+    with kvcache.Cache(small_layout(), max_seqs=8) as c:
+        prompt = np.arange(40)
+        a = c.seq_create()
+        c.append(a, prompt)
+        b = c.fork(a)
+        assert list(c.seq_blocks(b)) == list(c.seq_blocks(a))
+        shared_last = int(c.seq_blocks(a)[-1])
+        assert c.ref_count(shared_last) == 2
+        c.append(b, [7])  # writes into the shared partial block: copy-on-write
+        cp = c.take_copies()
+        assert cp.shape == (1, 3) and cp[0, 0] == shared_last
+        assert int(c.seq_blocks(b)[-1]) == cp[0, 1] != shared_last
+        c.copies_done()
+        c.free(b)
+        c.free(a)  # full blocks stay cached under their prefix hashes
+        d = c.seq_create()
+        got = c.reuse_prefix(d, np.arange(50))
+        assert got == 32  # two full blocks of the 40-token prompt
+        assert c.pool_stats()["hits"] >= 2
+        assert c.table_stats()["reused_blocks"] >= 2
+
+
+def test_bad_inputs_raise_and_change_nothing():
+    with kvcache.Cache(small_layout(num_blocks=8), max_seqs=2) as c:
+        s = c.seq_create()
+        c.append(s, range(20))
+        before = (c.seq_len(s), list(c.seq_blocks(s)), c.pool_stats())
+        with pytest.raises(kvcache.InvalidArgument):
+            c.append(s, [[1, 2], [3, 4]])
+        with pytest.raises(kvcache.InvalidArgument):
+            c.append(s, [2**40])
+        with pytest.raises(kvcache.Capacity) as e:
+            c.append(s, range(200))  # more than max_blocks_per_seq (7)
+        assert "max_blocks_per_seq 7" in e.value.message
+        s2 = c.seq_create()
+        with pytest.raises(kvcache.NoBlocks) as e:
+            c.append(s2, range(96))  # 6 blocks, and only 5 of 7 are left
+        assert c.seq_len(s2) == 0
+        with pytest.raises(kvcache.KvError) as e:
+            c.free(999)
+        assert "999" in e.value.message
+        with pytest.raises(kvcache.KvError):
+            c.export_vllm([999])
+        assert (c.seq_len(s), list(c.seq_blocks(s)), c.pool_stats()) == before
+        with pytest.raises(kvcache.InvalidArgument):
+            c.export_flashinfer([-1])
+    with pytest.raises(kvcache.BadState):
+        c.seq_create()  # closed
+    with pytest.raises(kvcache.InvalidArgument):
+        kvcache.Cache(small_layout(), mem="disk")
+
+
+# ---- DLPack, zero-copy -------------------------------------------------------
+
+
+def test_numpy_sees_the_cache_without_a_copy():
+    c = kvcache.Cache(small_layout(), max_seqs=2)
+    v = c.kv(1, 1)  # layer 1's V: [B][N][H][D]
+    assert v.shape == (64, 16, 4, 32) and v.dtype == "f16"
+    assert v.__dlpack_device__() == (1, 0)
+    ro = np.from_dlpack(v)  # NumPy 1.x: read-only, the same bytes
+    whole = v.numpy()
+    assert ro.ctypes.data == whole.ctypes.data and ro.strides == whole.strides
+    blk = v.select(0, 37).numpy()  # one block far from 0
+    head = v.select(0, 37).narrow(1, 2, 2).numpy()  # a head slice
+    assert whole.strides == tuple(x * 2 for x in v.strides)
+    whole[37, 5, 3, 7] = 1.5
+    assert blk[5, 3, 7] == np.float16(1.5)
+    assert head[5, 1, 7] == np.float16(1.5)
+    blk[0, 0, 0] = -2.0
+    assert whole[37, 0, 0, 0] == np.float16(-2.0)
+    # the same bytes the layout says: K of layer 0 and V of layer 1 are disjoint
+    k0 = np.from_dlpack(c.kv(0, 0))
+    assert k0[37, 5, 3, 7] != np.float16(1.5) or k0.ctypes.data != whole.ctypes.data
+    off = (whole.ctypes.data - k0.ctypes.data)
+    assert off == c.layout.strides_bytes()["layer"] + c.layout.strides_bytes()["kv"]
+    c.close()
+    del v, blk, head, k0
+
+
+def test_tensor_outlives_its_cache_and_any_free_order():
+    c = kvcache.Cache(small_layout(), max_seqs=2)
+    a = c.kv(0, 1).numpy()
+    b = c.kv(0, 1).select(0, 9).numpy()
+    c.close()
+    del c
+    gc.collect()
+    a[9, 1, 1, 1] = 3.0  # the memory is still the cache's, still alive
+    assert b[1, 1, 1] == np.float16(3.0)
+    del a
+    gc.collect()
+    b[0, 0, 0] = 1.0  # the last tensor keeps it
+    assert b[0, 0, 0] == np.float16(1.0)
+    del b
+    gc.collect()
+    # an exported capsule nobody consumed frees its reference too
+    c = kvcache.Cache(small_layout(), max_seqs=2)
+    cap = c.kv(0, 0).__dlpack__()
+    del cap
+    c.close()
+
+
+def test_torch_zero_copy_both_ways():
+    torch = pytest.importorskip("torch")
+    lay = small_layout(dtype="bf16", order="HND", block_pad_elems=24)
+    c = kvcache.Cache(lay, max_seqs=2)
+    k = torch.from_dlpack(c.kv(1, 0))  # [B][H][N][D] with padded blocks
+    # logical [B][N][H][D]; HND shows in the strides, the padding in the block stride
+    assert k.dtype == torch.bfloat16 and tuple(k.shape) == (64, 16, 4, 32)
+    assert k.stride() == (4 * 16 * 32 + 24, 32, 16 * 32, 1)
+    k[50, 7, 2] = torch.arange(32, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError):  # NumPy has no bfloat16: refused by NumPy itself
+        np.from_dlpack(c.kv(1, 0).select(0, 50))
+    again = torch.from_dlpack(c.kv(1, 0).select(0, 50))
+    assert torch.equal(again[7, 2], torch.arange(32, dtype=torch.bfloat16))
+    raw = c.kv(1, 0).select(0, 50).numpy()  # bf16 as uint16 bits
+    assert raw[7, 2, 5] == (torch.tensor(5.0, dtype=torch.bfloat16).view(torch.int16).item()
+                            & 0xFFFF)
+    again[0, 0, 0] = 5
+    assert k[50, 0, 0, 0].item() == 5
+    # torch -> the cache: a view of the same memory imported back through DLPack
+    mt = torch.utils.dlpack.to_dlpack(k[50])
+    p = ctypes.pythonapi.PyCapsule_GetPointer
+    p.restype = ctypes.c_void_p
+    p.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    addr = p(mt, b"dltensor")
+    view = _lib.ViewC()
+    dev = _lib.DLDevice()
+    kvcache.errors.check(_lib.lib.kv_view_from_dlpack(
+        ctypes.cast(addr, ctypes.POINTER(_lib.DLManagedTensor)), ctypes.byref(view),
+        ctypes.byref(dev)))
+    assert view.base + view.offset * 2 == k[50].data_ptr()
+    assert tuple(view.shape[:3]) == (16, 4, 32)
+    assert tuple(view.strides[:3]) == (32, 16 * 32, 1)
+    c.close()
+    del k, again
