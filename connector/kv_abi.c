@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "kv_abi.h"
+#include "kv_attn.h"
 #include "kv_block_pool.h"
 #include "kv_cache.h"
 #include "kv_layout.h"
@@ -109,7 +110,23 @@
     X(kv_view, strides)                                                                            \
     X(kv_view, offset)                                                                             \
     X(kv_view, base)                                                                               \
-    X(kv_view, storage_bytes)
+    X(kv_view, storage_bytes)                                                                      \
+    X(kv_paged_cache, layout)                                                                      \
+    X(kv_paged_cache, base)                                                                        \
+    X(kv_paged_cache, storage_bytes)                                                               \
+    X(kv_paged_cache, mem)                                                                         \
+    X(kv_scales, k)                                                                                \
+    X(kv_scales, v)                                                                                \
+    X(kv_scales, n)                                                                                \
+    X(kv_pages, format)                                                                            \
+    X(kv_pages, n_seqs)                                                                            \
+    X(kv_pages, page_ratio)                                                                        \
+    X(kv_pages, indptr)                                                                            \
+    X(kv_pages, indices)                                                                           \
+    X(kv_pages, last_page_len)                                                                     \
+    X(kv_pages, block_table)                                                                       \
+    X(kv_pages, block_table_cols)                                                                  \
+    X(kv_pages, seq_lens)
 
 #define KV__ABI_STRUCTS(X)                                                                         \
     X(kv_layout_config)                                                                            \
@@ -121,7 +138,10 @@
     X(kv_vllm_export)                                                                              \
     X(kv_flashinfer_export)                                                                        \
     X(kv_block_copy)                                                                               \
-    X(kv_view)
+    X(kv_view)                                                                                     \
+    X(kv_paged_cache)                                                                              \
+    X(kv_scales)                                                                                   \
+    X(kv_pages)
 
 static const struct {
     const char *name;

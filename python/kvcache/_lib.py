@@ -167,6 +167,30 @@ class ViewC(ctypes.Structure):
     ]
 
 
+class PagedCache(ctypes.Structure):
+    _fields_ = [("layout", LayoutC), ("base", vp), ("storage_bytes", ctypes.c_size_t),
+                ("mem", ctypes.c_int)]
+
+
+class Scales(ctypes.Structure):
+    _fields_ = [("k", ctypes.POINTER(ctypes.c_float)), ("v", ctypes.POINTER(ctypes.c_float)),
+                ("n", ctypes.c_uint32)]
+
+
+class Pages(ctypes.Structure):
+    _fields_ = [
+        ("format", ctypes.c_int),
+        ("n_seqs", ctypes.c_uint32),
+        ("page_ratio", ctypes.c_uint32),
+        ("indptr", c_i32p),
+        ("indices", c_i32p),
+        ("last_page_len", c_i32p),
+        ("block_table", c_i32p),
+        ("block_table_cols", ctypes.c_uint32),
+        ("seq_lens", c_i64p),
+    ]
+
+
 # DLPack 0.6 (dlpack/dlpack.h)
 class DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
@@ -209,6 +233,9 @@ _ABI = {
     "kv_flashinfer_export": FlashinferExport,
     "kv_block_copy": BlockCopy,
     "kv_view": ViewC,
+    "kv_paged_cache": PagedCache,
+    "kv_scales": Scales,
+    "kv_pages": Pages,
 }
 
 # ---- functions -------------------------------------------------------------
@@ -243,6 +270,18 @@ _PROTOS = {
                              ctypes.c_int64, ctypes.POINTER(ViewC)]),
     "kv_dlpack_capsule_api": (None, [vp, vp]),
     "kv_dlpack_capsule_destructor": (None, [vp]),
+    "kv_attn_cache": (_ST, [vp, ctypes.POINTER(PagedCache)]),
+    "kv_attn_write": (_ST, [PagedCache, ctypes.c_int32, ctypes.POINTER(ViewC),
+                            ctypes.POINTER(ViewC), c_i64p, ctypes.c_int64,
+                            ctypes.POINTER(Scales)]),
+    "kv_attn_read": (_ST, [PagedCache, ctypes.c_int32, ctypes.POINTER(Pages),
+                           ctypes.POINTER(ViewC), ctypes.POINTER(ViewC), ctypes.POINTER(Scales)]),
+    "kv_attn_copy_blocks": (_ST, [PagedCache, ctypes.POINTER(BlockCopy), ctypes.c_uint32]),
+    "kv_attn_decode": (_ST, [PagedCache, ctypes.c_uint32, ctypes.POINTER(ViewC),
+                             ctypes.POINTER(Pages), ctypes.c_float, ctypes.POINTER(Scales),
+                             ctypes.POINTER(ViewC)]),
+    "kv_attn_set_threads": (_ST, [ctypes.c_int]),
+    "kv_attn_threads": (ctypes.c_int, []),
     "kv_block_pool_stats_get": (None, [vp, ctypes.POINTER(PoolStats)]),
     "kv_block_pool_ref_count": (ctypes.c_uint32, [vp, ctypes.c_uint32]),
     "kv_page_table_seq_create": (_ST, [vp, c_u32p]),

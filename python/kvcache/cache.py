@@ -14,6 +14,7 @@ import numpy as np
 
 from . import _lib
 from .errors import check, BadState, InvalidArgument
+from .tensors import borrow, host_only
 
 L = _lib.lib
 
@@ -443,6 +444,82 @@ class Cache:
         self._live()
         return L.kv_block_pool_ref_count(self._pool, block)
 
+    # ---- kernels (CPU; the GIL is released while they run) -----------------
+
+    def _paged(self):
+        self._live()
+        if self.mem == "device":
+            raise InvalidArgument("the CPU kernels need a host or pinned cache; this one is "
+                                  "device memory", status="KV_ERR_UNSUPPORTED", code=-13)
+        pc = _lib.PagedCache()
+        check(L.kv_attn_cache(self._h, ctypes.byref(pc)))
+        return pc
+
+    @staticmethod
+    def _scales(scales, keep):
+        if scales is None:
+            return None
+        ks = np.ascontiguousarray(np.asarray(scales[0], dtype=np.float32).reshape(-1))
+        vs = np.ascontiguousarray(np.asarray(scales[1], dtype=np.float32).reshape(-1))
+        if ks.size != vs.size:
+            raise InvalidArgument("scales: %d K scales, %d V scales" % (ks.size, vs.size),
+                                  status="KV_ERR_INVALID_ARG", code=-1)
+        keep += [ks, vs]
+        sc = _lib.Scales(_p(ks, ctypes.POINTER(ctypes.c_float)),
+                         _p(vs, ctypes.POINTER(ctypes.c_float)), ks.size)
+        return ctypes.byref(sc)
+
+    def write(self, layer, k, v, slots, scales=None):
+        """Write K and V [T][H][D] (layer None: [L][T][H][D], every layer) of
+        tokens 0..len(slots)-1 into their slots (-1 skips a token). k and v:
+        any tensor with __dlpack__ or the array interface, any strides.
+        scales: None or (k_scales, v_scales), one per tensor or per KV head."""
+        pc = self._paged()
+        kb, vb = host_only(borrow(k, "k"), "k"), host_only(borrow(v, "v"), "v")
+        sl = np.ascontiguousarray(np.asarray(slots, dtype=np.int64).reshape(-1))
+        keep = []
+        check(L.kv_attn_write(pc, -1 if layer is None else layer, kb.ref(), vb.ref(),
+                              _p(sl, _lib.c_i64p), sl.size, self._scales(scales, keep)))
+
+    def pages(self, seqs):
+        """The CSR pages (FlashInfer form) of seqs, for read and decode."""
+        return Pages(self, seqs)
+
+    def read(self, layer, pages, k_out=None, v_out=None, scales=None):
+        """Gather the tokens of pages' sequences into k_out / v_out [T][H][D]
+        (layer None: [L][T][H][D]); either may be None."""
+        pc = self._paged()
+        kb = host_only(borrow(k_out, "k_out"), "k_out") if k_out is not None else None
+        vb = host_only(borrow(v_out, "v_out"), "v_out") if v_out is not None else None
+        keep = []
+        check(L.kv_attn_read(pc, -1 if layer is None else layer, ctypes.byref(pages._c),
+                             kb.ref() if kb else None, vb.ref() if vb else None,
+                             self._scales(scales, keep)))
+
+    def copy_blocks(self, copies):
+        """Copy whole blocks: copies [n, 2] or [n, 3] (src, dst[, tokens]), e.g.
+        take_copies()'s result; every layer, K and V."""
+        pc = self._paged()
+        a = np.asarray(copies, dtype=np.int64).reshape(-1, np.asarray(copies).shape[-1]
+                                                       if np.asarray(copies).size else 3)
+        buf = (_lib.BlockCopy * max(len(a), 1))()
+        for i, row in enumerate(a):
+            buf[i].src, buf[i].dst = int(row[0]), int(row[1])
+            buf[i].tokens = int(row[2]) if a.shape[1] > 2 else 0
+        check(L.kv_attn_copy_blocks(pc, buf, len(a)))
+
+    def decode(self, layer, q, pages, out, scale=None, scales=None):
+        """Paged decode attention of layer: q [S][Hq][D] -> out [S][Hq][D]
+        over each sequence's tokens in pages; scale defaults to 1/sqrt(D)."""
+        pc = self._paged()
+        qb = host_only(borrow(q, "q"), "q")
+        ob = host_only(borrow(out, "out"), "out")
+        if scale is None:
+            scale = 1.0 / float(self.layout.head_dim) ** 0.5
+        keep = []
+        check(L.kv_attn_decode(pc, layer, qb.ref(), ctypes.byref(pages._c), float(scale),
+                               self._scales(scales, keep), ob.ref()))
+
     # ---- memory -------------------------------------------------------------
 
     def kv(self, layer, kv):
@@ -452,3 +529,30 @@ class Cache:
         v = _lib.ViewC()
         check(L.kv_cache_kv_view(self._h, layer, kv, ctypes.byref(v)))
         return View(self, v)
+
+
+class Pages:
+    """The pages of some sequences in FlashInfer's CSR form, as the kernels
+    take them (arrays owned here; rebuild after the sequences change)."""
+
+    def __init__(self, cache, seqs):
+        self.indptr, self.indices, self.last_page_len = cache.export_flashinfer(seqs)
+        self.page_tokens = cache.page_tokens
+        ratio = cache.layout.block_tokens // cache.page_tokens
+        self._ind = self.indices if self.indices.size else np.zeros(1, np.int32)
+        self._c = _lib.Pages(1, len(self.indptr) - 1, ratio, _p(self.indptr, _lib.c_i32p),
+                             _p(self._ind, _lib.c_i32p), _p(self.last_page_len, _lib.c_i32p),
+                             None, 0, None)
+
+    def seq_tokens(self):
+        """Tokens of each sequence, in order."""
+        out = []
+        for s in range(len(self.indptr) - 1):
+            n = int(self.indptr[s + 1] - self.indptr[s])
+            out.append(0 if n == 0 else (n - 1) * self.page_tokens + int(self.last_page_len[s]))
+        return out
+
+    @property
+    def n_tokens(self):
+        """Tokens of all the sequences (the T of read's outputs)."""
+        return sum(self.seq_tokens())

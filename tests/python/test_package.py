@@ -258,3 +258,155 @@ def test_torch_zero_copy_both_ways():
     assert tuple(view.strides[:3]) == (32, 16 * 32, 1)
     c.close()
     del k, again
+
+
+# ---- kernels ------------------------------------------------------------------
+
+
+def _cache_with(c, n):
+    s = c.seq_create()
+    c.append(s, np.arange(n))
+    return s, [c.slot(s, t) for t in range(n)]
+
+
+def test_write_read_round_trip_with_strided_tensors():
+    rng = np.random.default_rng(7)
+    lay = small_layout(dtype="f32", order="HND", block_pad_elems=24, num_blocks=96)
+    with kvcache.Cache(lay, max_seqs=4) as c:
+        c.append(c.seq_create(), np.arange(500))  # push the next blocks far from 0
+        s, slots = _cache_with(c, 37)
+        # K and V as slices of a fused [T][3][H][D] buffer: token stride 3*H*D
+        qkv = rng.standard_normal((37, 3, 4, 32)).astype(np.float32)
+        c.write(1, qkv[:, 1], qkv[:, 2], slots)
+        pg = c.pages([s])
+        assert pg.n_tokens == 37
+        # outputs with a padded token stride, written in place
+        kbuf = np.full((37, 5, 32), np.nan, np.float32)
+        vbuf = np.full((37, 5, 32), np.nan, np.float32)
+        c.read(1, pg, kbuf[:, :4], vbuf[:, 1:])
+        assert np.array_equal(kbuf[:, :4], qkv[:, 1]) and np.isnan(kbuf[:, 4]).all()
+        assert np.array_equal(vbuf[:, 1:], qkv[:, 2]) and np.isnan(vbuf[:, 0]).all()
+        # layer 0 untouched by the layer-1 write (its bytes as the arena had them)
+        k0 = np.zeros((37, 4, 32), np.float32)
+        c.read(0, pg, k0, None)
+        assert not np.array_equal(k0, qkv[:, 1])
+
+
+def test_zero_copy_between_torch_and_the_kernels():
+    torch = pytest.importorskip("torch")
+    lay = small_layout(dtype="bf16", num_blocks=80)
+    with kvcache.Cache(lay, max_seqs=4) as c:
+        c.append(c.seq_create(), np.arange(700))
+        s, slots = _cache_with(c, 20)
+        pg = c.pages([s])
+        kcache = torch.from_dlpack(c.kv(0, 0))  # [B][N][H][D] over the arena
+        vcache = torch.from_dlpack(c.kv(0, 1))
+        # written through torch at the slots' (block, offset) -> read by the C kernel
+        src = torch.randn(20, 4, 32).to(torch.bfloat16)
+        for t, sl in enumerate(slots):
+            kcache[sl // 16, sl % 16] = src[t]
+            vcache[sl // 16, sl % 16] = -src[t]
+        kout = torch.empty(20, 4, 32, dtype=torch.bfloat16)
+        vout = torch.empty(20, 4, 32, dtype=torch.bfloat16)
+        c.read(0, pg, kout, vout)
+        assert torch.equal(kout, src) and torch.equal(vout, -src)
+        # written by the C kernel -> seen by torch in the cache's memory
+        src2 = torch.randn(20, 4, 32).to(torch.bfloat16)
+        c.write(0, src2, src2 * 2, slots)
+        for t, sl in enumerate(slots):
+            assert torch.equal(kcache[sl // 16, sl % 16], src2[t])
+            assert torch.equal(vcache[sl // 16, sl % 16], src2[t] * 2)
+
+
+def test_decode_against_a_reference():
+    rng = np.random.default_rng(3)
+    lay = small_layout(dtype="f32", num_blocks=64)
+    with kvcache.Cache(lay, max_seqs=4) as c:
+        lens = [33, 1, 16]
+        seqs, ks, vs = [], [], []
+        for n in lens:
+            s, slots = _cache_with(c, n)
+            k = rng.standard_normal((n, 4, 32)).astype(np.float32)
+            v = rng.standard_normal((n, 4, 32)).astype(np.float32)
+            c.write(0, k, v, slots)
+            seqs.append(s), ks.append(k), vs.append(v)
+        q = rng.standard_normal((3, 8, 32)).astype(np.float32)  # Hq 8 over H 4
+        out = np.zeros_like(q)
+        c.decode(0, q, c.pages(seqs), out)
+        scale = 1 / np.sqrt(32)
+        for s in range(3):
+            for i in range(8):
+                lg = ks[s][:, i // 2] @ q[s, i] * scale
+                p = np.exp(lg - lg.max())
+                want = (p / p.sum()) @ vs[s][:, i // 2]
+                assert np.allclose(out[s, i], want, atol=2e-6, rtol=1e-5)
+
+
+def test_copy_blocks_runs_copy_on_write():
+    rng = np.random.default_rng(5)
+    lay = small_layout(dtype="f32")
+    with kvcache.Cache(lay, max_seqs=4) as c:
+        a, slots = _cache_with(c, 24)
+        k = rng.standard_normal((24, 4, 32)).astype(np.float32)
+        for layer in (0, 1):
+            c.write(layer, k + layer, -k, slots)
+        b = c.fork(a)
+        c.append(b, [99])  # copy-on-write of the shared partial block
+        cp = c.take_copies()
+        c.copy_blocks(cp)
+        c.copies_done()
+        assert c.seq_len(b) == 25
+        for layer in (0, 1):
+            kb = np.zeros((25, 4, 32), np.float32)
+            c.read(layer, c.pages([b]), kb, None)
+            assert np.array_equal(kb[:24], k + layer)  # b's copy holds a's tokens
+
+
+class _FakeDeviceTensor:
+    """A DLPack producer claiming CUDA memory (no GPU needed to test the refusal)."""
+
+    def __init__(self):
+        self.shape = (4, 4, 32)
+        self._shape = (ctypes.c_int64 * 3)(*self.shape)
+        self.mt = _lib.DLManagedTensor()
+        t = self.mt.dl_tensor
+        t.data = 4096
+        t.device = _lib.DLDevice(2, 0)
+        t.ndim = 3
+        t.dtype = _lib.DLDataType(2, 32, 1)
+        t.shape = ctypes.cast(self._shape, _lib.c_i64p)
+
+    def __dlpack__(self, stream=None):
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype = ctypes.py_object
+        new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        return new(ctypes.addressof(self.mt), b"dltensor", None)
+
+
+def test_kernel_refusals_change_nothing():
+    lay = small_layout(dtype="f32")
+    with kvcache.Cache(lay, max_seqs=4) as c:
+        s, slots = _cache_with(c, 8)
+        k = np.ones((8, 4, 32), np.float32)
+        c.write(0, k, k, slots)
+        before = c.kv(0, 0).numpy().copy()
+        with pytest.raises(kvcache.BadShape):
+            c.write(0, np.ones((8, 3, 32), np.float32), np.ones((8, 3, 32), np.float32), slots)
+        with pytest.raises(kvcache.OutOfBounds) as e:
+            c.write(0, k * 2, k * 2, [0, 1, 2, 3, 4, 5, 6, 10**9])
+        assert str(10**9) in e.value.message
+        with pytest.raises(kvcache.Overlap):
+            c.write(0, k * 2, k * 2, [5, 5, 1, 2, 3, 4, 6, 7])
+        with pytest.raises(kvcache.Unsupported) as e:
+            c.write(0, _FakeDeviceTensor(), k, slots[:4])
+        assert "cuda" in e.value.message
+        with pytest.raises(kvcache.Unsupported):
+            c.write(0, np.ones((8, 4, 32), np.complex64), k, slots)
+        with pytest.raises(kvcache.InvalidArgument):
+            c.write(0, k[::-1], k, slots)  # negative strides: not a kvcache view
+        with pytest.raises(kvcache.InvalidArgument):
+            c.write(0, object(), k, slots)
+        out_small = np.zeros((7, 4, 32), np.float32)
+        with pytest.raises(kvcache.BadShape):
+            c.read(0, c.pages([s]), out_small, None)
+        assert np.array_equal(c.kv(0, 0).numpy(), before)

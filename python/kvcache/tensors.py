@@ -1,0 +1,108 @@
+"""Any tensor as a kv_view, without a copy: objects with __dlpack__ (PyTorch,
+NumPy >= 1.22, CuPy, kvcache Views) through the C library's checked import
+(kv_view_from_dlpack), and objects with only __array_interface__ through
+their pointer, shape and strides. Strides are honoured as they are: nothing
+here calls .contiguous()."""
+import ctypes
+
+import numpy as np
+
+from . import _lib
+from .errors import InvalidArgument, Unsupported, check
+
+L = _lib.lib
+
+_GetPointer = ctypes.pythonapi.PyCapsule_GetPointer
+_GetPointer.restype = ctypes.c_void_p
+_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST = 1, 2, 3
+_DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host"}
+
+_NP_DTYPES = {np.dtype("float32"): "f32", np.dtype("float16"): "f16",
+              np.dtype("float64"): "f64", np.dtype("int8"): "i8", np.dtype("int32"): "i32",
+              np.dtype("int64"): "i64", np.dtype("uint8"): "u8"}
+
+
+class Borrowed:
+    """A kv_view of someone else's tensor, valid while this object lives (it
+    holds the tensor and the DLPack capsule)."""
+
+    def __init__(self, view, device, keep):
+        self.view = view
+        self.device = device  # (DLDeviceType, id)
+        self._keep = keep
+
+    def ref(self):
+        return ctypes.byref(self.view)
+
+
+def _from_dlpack(obj, what):
+    cap = obj.__dlpack__()
+    addr = _GetPointer(cap, b"dltensor")
+    mt = ctypes.cast(addr, ctypes.POINTER(_lib.DLManagedTensor))
+    v = _lib.ViewC()
+    dev = _lib.DLDevice()
+    st = L.kv_view_from_dlpack(mt, ctypes.byref(v), ctypes.byref(dev))
+    if st != 0:
+        check(st, what)
+    # the capsule stays unconsumed: its producer frees the tensor when it goes
+    return Borrowed(v, (dev.device_type, dev.device_id), (obj, cap))
+
+
+def _from_array_interface(obj, what):
+    a = obj if isinstance(obj, np.ndarray) else np.asarray(obj)
+    if a.dtype not in _NP_DTYPES:
+        raise Unsupported("%s: NumPy dtype %s has no kvcache dtype" % (what, a.dtype),
+                          status="KV_ERR_UNSUPPORTED", code=-13)
+    if any(s < 0 for s in a.strides):
+        raise InvalidArgument("%s: negative strides %s (kvcache views have none)" %
+                              (what, a.strides), status="KV_ERR_INVALID_ARG", code=-1)
+    if any(s % a.itemsize for s in a.strides):
+        raise InvalidArgument("%s: strides %s are not multiples of the element size %d" %
+                              (what, a.strides, a.itemsize), status="KV_ERR_INVALID_ARG",
+                              code=-1)
+    if a.ndim > _lib.KV_MAX_DIMS:
+        raise InvalidArgument("%s: ndim %d > %d" % (what, a.ndim, _lib.KV_MAX_DIMS),
+                              status="KV_ERR_BAD_DIM", code=-3)
+    code = ctypes.c_int()
+    check(L.kv_dtype_parse(_NP_DTYPES[a.dtype].encode(), ctypes.byref(code)))
+    v = _lib.ViewC()
+    v.dtype = code.value
+    v.ndim = a.ndim
+    last = 0
+    for i in range(a.ndim):
+        v.shape[i] = a.shape[i]
+        v.strides[i] = a.strides[i] // a.itemsize
+        last += (a.shape[i] - 1) * v.strides[i] if a.shape[i] else 0
+    v.offset = 0
+    v.base = a.ctypes.data if a.size else None
+    v.storage_bytes = (last + 1) * a.itemsize if a.size else 0
+    return Borrowed(v, (_DL_CPU, 0), (obj, a))
+
+
+def borrow(obj, what="tensor"):
+    """A Borrowed kv_view of obj (PyTorch / NumPy / kvcache View / anything
+    with __dlpack__ or the array interface)."""
+    if hasattr(obj, "__dlpack__"):
+        try:
+            return _from_dlpack(obj, what)
+        except (RuntimeError, TypeError, BufferError) as e:
+            # NumPy refuses to export some arrays (read-only, unaligned): fall
+            # back to its array interface, which describes the same memory
+            if not hasattr(obj, "__array_interface__"):
+                raise InvalidArgument("%s: __dlpack__ failed: %s" % (what, e),
+                                      status="KV_ERR_INVALID_ARG", code=-1)
+    if hasattr(obj, "__array_interface__") or isinstance(obj, (list, tuple)):
+        return _from_array_interface(obj, what)
+    raise InvalidArgument("%s: %s has neither __dlpack__ nor __array_interface__" %
+                          (what, type(obj).__name__), status="KV_ERR_INVALID_ARG", code=-1)
+
+
+def host_only(b, what):
+    """Refuse device memory for a CPU kernel (it would dereference it)."""
+    if b.device[0] not in (_DL_CPU, _DL_CUDA_HOST):
+        raise Unsupported("%s is on %s:%d; the CPU kernels take host memory" %
+                          (what, _DEVICE_NAMES.get(b.device[0], str(b.device[0])),
+                           b.device[1]), status="KV_ERR_UNSUPPORTED", code=-13)
+    return b
