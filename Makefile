@@ -4,6 +4,7 @@
 #   make test            install missing deps, build, run every test suite
 #   make bench           benchmarks as JSON lines (bench/results.jsonl)
 #   make fuzz            build the libFuzzer targets (clang)
+#   make example         the tiny engine on the Python package (examples/tiny_engine.py)
 #   make install PREFIX=/opt/kv
 #
 # Options: SANITIZE=address|undefined|thread|address,undefined  CUDA=auto|0|1
@@ -134,7 +135,7 @@ LIB_SO := $(BUILD)/libkvcache.so
 CLI    := $(BUILD)/kvcache
 BENCH  := $(BUILD)/kvbench
 
-.PHONY: all lib deps test tests pytest gpu-tests demo bench fuzz install clean format cppcheck info \
+.PHONY: all lib deps test tests pytest example gpu-tests demo bench fuzz install clean format cppcheck info \
         check-walls headers
 all: lib $(CLI)
 lib: $(LIB_A) $(LIB_SO)
@@ -221,6 +222,12 @@ test: deps check-walls
 	@$(MAKE) --no-print-directory -j$(JOBS) tests $(CLI)
 	@scripts/run-tests.sh $(TESTS)
 	$(if $(SANITIZE)$(filter 1,$(DEBUG)),,@$(MAKE) --no-print-directory pytest)
+
+# The tiny engine on the Python package (examples/tiny_engine.py): continuous
+# batching, prefix reuse, a fork, every token checked against an unpaged run.
+example: deps
+	@$(MAKE) --no-print-directory -j$(JOBS) MALLOC=libc SANITIZE= DEBUG=0 BUILD=build-libc lib
+	@KVCACHE_LIBRARY=$(CURDIR)/build-libc/libkvcache.so /usr/bin/python3 examples/tiny_engine.py
 
 # The Python package (python/kvcache) over its library flavour: MALLOC=libc,
 # because jemalloc's initial-exec TLS cannot be had by a dlopen'ed library

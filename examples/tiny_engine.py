@@ -1,0 +1,275 @@
+#!/usr/bin/python3
+"""tiny_engine.py - a small decoder-only transformer served on kvcache.
+
+    examples/tiny_engine.py [--requests N] [--small] [--seed S]   (make example)
+
+The model: 2 layers, grouped-query attention (8 query heads over 2 KV heads,
+head dim 16), RoPE, RMSNorm, a SiLU MLP, seeded random weights, NumPy f32.
+The engine serves a batch of requests with continuous batching on a paged
+kvcache.Cache (f32, HND pages of 16 tokens):
+  - requests arrive over time; all running sequences decode together, one
+    token per step, through kvcache's decode attention over the paged cache
+    (Cache.decode: every sequence of the batch in one call per layer);
+  - prefill writes K/V through the write kernel (Cache.write) at the slots
+    the page table gives, and attends over the sequence's K/V gathered back
+    from the cache (Cache.read);
+  - requests that share a system prompt reuse its cached blocks
+    (Cache.reuse_prefix): only the rest of the prompt is computed;
+  - one request forks for parallel sampling (Cache.fork): the samples share
+    the prompt's blocks, and the first write into a shared block is a
+    copy-on-write (take_copies -> copy_blocks -> copies_done).
+Every generated token is checked against an unpaged reference run of the
+same model (plain contiguous K/V per sequence, no kvcache); the exit status
+is 0 only if all of them agree. It prints tokens/s and the cache's stats.
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import kvcache  # noqa: E402
+
+VOCAB, D_MODEL, LAYERS, HQ, HKV, HD, FF = 96, 128, 2, 8, 2, 16, 256
+BLOCK = 16
+
+
+class Model:
+    def __init__(self, seed):
+        r = np.random.default_rng(seed)
+        s = 1 / np.sqrt(D_MODEL)
+        self.emb = r.standard_normal((VOCAB, D_MODEL)).astype(np.float32)
+        self.layers = []
+        for _ in range(LAYERS):
+            self.layers.append(dict(
+                wq=(r.standard_normal((D_MODEL, HQ * HD)) * s).astype(np.float32),
+                wk=(r.standard_normal((D_MODEL, HKV * HD)) * s).astype(np.float32),
+                wv=(r.standard_normal((D_MODEL, HKV * HD)) * s).astype(np.float32),
+                wo=(r.standard_normal((HQ * HD, D_MODEL)) * s).astype(np.float32),
+                w1=(r.standard_normal((D_MODEL, FF)) * s).astype(np.float32),
+                w2=(r.standard_normal((FF, D_MODEL)) / np.sqrt(FF)).astype(np.float32)))
+        self.out = (r.standard_normal((D_MODEL, VOCAB)) * s).astype(np.float32)
+
+    @staticmethod
+    def norm(x):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6)
+
+    @staticmethod
+    def rope(x, pos):  # x [T][H][HD], pos [T]
+        half = HD // 2
+        inv = 1.0 / (10000 ** (np.arange(half, dtype=np.float32) / half))
+        ang = pos[:, None].astype(np.float32) * inv[None, :]
+        c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        a, b = x[..., :half], x[..., half:]
+        return np.concatenate([a * c - b * s, a * s + b * c], -1).astype(np.float32)
+
+    def qkv(self, layer, h, pos):
+        w = self.layers[layer]
+        x = self.norm(h)
+        q = self.rope((x @ w["wq"]).reshape(-1, HQ, HD), pos)
+        k = self.rope((x @ w["wk"]).reshape(-1, HKV, HD), pos)
+        v = (x @ w["wv"]).reshape(-1, HKV, HD).astype(np.float32)
+        return q, k, v
+
+    def finish(self, layer, h, attn):  # attn [T][HQ][HD]
+        w = self.layers[layer]
+        h = h + attn.reshape(len(h), HQ * HD) @ w["wo"]
+        x = self.norm(h)
+        a = x @ w["w1"]
+        return (h + (a / (1 + np.exp(-a))) @ w["w2"]).astype(np.float32)
+
+    def logits(self, h):
+        return self.norm(h) @ self.out
+
+
+def attend(q, k, v, q_pos0):
+    """Causal attention of queries at positions q_pos0.. over k, v [T][HKV][HD]."""
+    scale = 1 / np.sqrt(HD)
+    g = HQ // HKV
+    out = np.zeros_like(q)
+    for i in range(HQ):
+        lg = (q[:, i] @ k[:, i // g].T) * scale  # [Tq][Tk]
+        tq = q_pos0 + np.arange(len(q))[:, None]
+        lg = np.where(np.arange(len(k))[None, :] <= tq, lg, -np.inf)
+        p = np.exp(lg - lg.max(-1, keepdims=True))
+        out[:, i] = (p / p.sum(-1, keepdims=True)) @ v[:, i // g]
+    return out
+
+
+def pick(logits, rid, sample, step):
+    """Greedy for sample 0; a seeded Gumbel draw for the other samples of a
+    fork (robust to last-bit differences, like argmax)."""
+    if sample == 0:
+        return int(np.argmax(logits))
+    g = np.random.default_rng(1000003 * rid + 7919 * sample + step).gumbel(size=logits.shape)
+    return int(np.argmax(logits / 0.8 + g))
+
+
+def reference(model, prompt, max_new, rid, sample):
+    """The same model with contiguous K/V and no kvcache."""
+    ks = [np.zeros((0, HKV, HD), np.float32) for _ in range(LAYERS)]
+    vs = [np.zeros((0, HKV, HD), np.float32) for _ in range(LAYERS)]
+    toks = list(prompt)
+    out = []
+    feed, pos0 = np.array(prompt), 0
+    for step in range(max_new):
+        h = model.emb[feed]
+        pos = pos0 + np.arange(len(feed))
+        for l in range(LAYERS):
+            q, k, v = model.qkv(l, h, pos)
+            ks[l] = np.concatenate([ks[l], k])
+            vs[l] = np.concatenate([vs[l], v])
+            h = model.finish(l, h, attend(q, ks[l], vs[l], pos0))
+        t = pick(model.logits(h[-1]), rid, sample, step)
+        out.append(t)
+        toks.append(t)
+        pos0 += len(feed)
+        feed = np.array([t])
+    return out
+
+
+class Engine:
+    def __init__(self, model, num_blocks):
+        self.m = model
+        self.lay = kvcache.Layout(num_layers=LAYERS, num_blocks=num_blocks, block_tokens=BLOCK,
+                                  num_heads=HKV, head_dim=HD, dtype="f32", order="HND")
+        self.c = kvcache.Cache(self.lay, max_seqs=64, prefix_caching=True)
+        self.cow_copies = 0
+        self.prefill_tokens = self.reused_tokens = self.decode_tokens = 0
+
+    def _sync_copies(self):
+        cp = self.c.take_copies()
+        if len(cp):
+            self.c.copy_blocks(cp)
+            self.cow_copies += len(cp)
+        self.c.copies_done()
+
+    def prefill(self, prompt):
+        """A new sequence for prompt, reusing cached prefix blocks; returns
+        (seq, last hidden state)."""
+        c = self.c
+        s = c.seq_create()
+        have = c.reuse_prefix(s, prompt)
+        if have == len(prompt):  # keep one token to compute the first logits from
+            c.truncate(s, have - 1)
+            have -= 1
+        self.reused_tokens += have
+        new = np.array(prompt[have:])
+        c.append(s, new)
+        self._sync_copies()
+        slots = [c.slot(s, t) for t in range(have, len(prompt))]
+        pos = np.arange(have, len(prompt))
+        h = self.m.emb[new]
+        pg = c.pages([s])
+        for l in range(LAYERS):
+            q, k, v = self.m.qkv(l, h, pos)
+            c.write(l, k, v, slots)  # the write kernel, at the page table's slots
+            K = np.empty((len(prompt), HKV, HD), np.float32)
+            V = np.empty_like(K)
+            c.read(l, pg, K, V)  # prefix (cached or not) + the new tokens, from the cache
+            h = self.m.finish(l, h, attend(q, K, V, have))
+        self.prefill_tokens += len(new)
+        return s, h[-1]
+
+    def decode_step(self, seqs, last_tokens):
+        """One token for every sequence of the batch; returns their last hidden states."""
+        c = self.c
+        pos = np.array([c.seq_len(s) for s in seqs])
+        for s, t in zip(seqs, last_tokens):
+            c.append(s, [t])
+        self._sync_copies()  # a fork's first write into a shared block
+        slots = [c.slot(s, int(p)) for s, p in zip(seqs, pos)]
+        pg = c.pages(seqs)
+        h = self.m.emb[np.array(last_tokens)]
+        for l in range(LAYERS):
+            q = np.empty((len(seqs), HQ, HD), np.float32)
+            k = np.empty((len(seqs), HKV, HD), np.float32)
+            v = np.empty_like(k)
+            for i in range(len(seqs)):
+                qi, ki, vi = self.m.qkv(l, h[i:i + 1], pos[i:i + 1])
+                q[i], k[i], v[i] = qi[0], ki[0], vi[0]
+            c.write(l, k, v, slots)
+            out = np.empty_like(q)
+            c.decode(l, q, pg, out)  # kvcache's paged decode attention, the whole batch
+            h = self.m.finish(l, h, out)
+        self.decode_tokens += len(seqs)
+        return h
+
+
+def make_requests(n, rng, small):
+    system = list(rng.integers(0, VOCAB, 40))  # shared by most requests (2 full blocks + 8)
+    reqs = []
+    for rid in range(n):
+        own = list(rng.integers(0, VOCAB, int(rng.integers(3, 12 if small else 30))))
+        prompt = (system + own) if rid % 4 != 3 else own
+        reqs.append(dict(rid=rid, arrive=int(rng.integers(0, 6)), prompt=prompt,
+                         max_new=int(rng.integers(4, 8 if small else 24)),
+                         samples=2 if rid == 1 else 1))
+    return reqs
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=12)
+    ap.add_argument("--small", action="store_true", help="a quick run (the pytest case)")
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args(argv)
+    rng = np.random.default_rng(a.seed)
+    model = Model(a.seed)
+    reqs = make_requests(6 if a.small else a.requests, rng, a.small)
+    eng = Engine(model, num_blocks=512)
+    running = []  # dicts: rid, sample, seq, out, left, last
+    done = []
+    t0 = time.perf_counter()
+    step = 0
+    while len(done) < sum(r["samples"] for r in reqs):
+        for r in [r for r in reqs if r["arrive"] == step]:  # admit arrivals
+            s, h = eng.prefill(r["prompt"])
+            lg = model.logits(h)
+            seqs = [s] + [eng.c.fork(s) for _ in range(r["samples"] - 1)]
+            for j, q in enumerate(seqs):
+                t = pick(lg, r["rid"], j, 0)
+                running.append(dict(rid=r["rid"], sample=j, seq=q, out=[t], left=r["max_new"] - 1,
+                                    prompt=r["prompt"]))
+        for x in [x for x in running if x["left"] == 0]:
+            running.remove(x)
+            done.append(x)
+            eng.c.free(x["seq"])  # its full blocks stay cached for later prefixes
+        if running:
+            h = eng.decode_step([x["seq"] for x in running], [x["out"][-1] for x in running])
+            for i, x in enumerate(running):
+                x["out"].append(pick(model.logits(h[i]), x["rid"], x["sample"], len(x["out"])))
+                x["left"] -= 1
+        step += 1
+    elapsed = time.perf_counter() - t0
+    generated = sum(len(x["out"]) for x in done)
+
+    bad = 0
+    for x in sorted(done, key=lambda x: (x["rid"], x["sample"])):
+        want = reference(model, x["prompt"], len(x["out"]), x["rid"], x["sample"])
+        ok = want == x["out"]
+        bad += not ok
+        print("request %2d sample %d: prompt %3d tokens, %2d generated  %s" %
+              (x["rid"], x["sample"], len(x["prompt"]), len(x["out"]),
+               "matches the unpaged reference" if ok else "MISMATCH %s vs %s" % (x["out"], want)))
+    ps, ts = eng.c.pool_stats(), eng.c.table_stats()
+    print("\n%d tokens generated in %.2f s (%.0f tokens/s, continuous batching over %d steps)" %
+          (generated, elapsed, generated / elapsed, step))
+    print("prefill: %d tokens computed, %d reused from cached prefix blocks" %
+          (eng.prefill_tokens, eng.reused_tokens))
+    print("cache: blocks used high-water %d of %d, prefix hits %d, misses %d, "
+          "copy-on-write copies %d, evictions %d" %
+          (ps["used_high_water"], ps["capacity"], ps["hits"], ps["misses"], eng.cow_copies,
+           ps["evictions"]))
+    print("%s: %d of %d sequences match the reference" %
+          ("PASS" if bad == 0 else "FAIL", len(done) - bad, len(done)))
+    stats = dict(bad=bad, reused=eng.reused_tokens, cow=eng.cow_copies, hits=ps["hits"],
+                 live=ts["live_seqs"], sequences=len(done))
+    eng.c.close()
+    return stats
+
+
+if __name__ == "__main__":
+    sys.exit(1 if main()["bad"] else 0)

@@ -1,0 +1,41 @@
+"""The tiny engine (examples/tiny_engine.py) at a small size: every token of
+every sequence equals the unpaged reference; the run reused cached prefix
+blocks and made a copy-on-write copy for its fork; and the check can fail
+(a perturbed decode attention is caught)."""
+import importlib.util
+import os
+
+import numpy as np
+
+import kvcache
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PATH = os.path.join(HERE, "..", "..", "examples", "tiny_engine.py")
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("tiny_engine", PATH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_tiny_engine_matches_the_reference(capsys):
+    st = load().main(["--small"])
+    assert st["bad"] == 0
+    assert st["sequences"] == 7  # 6 requests, one forked into 2 samples
+    assert st["reused"] > 0 and st["hits"] > 0  # the shared system prompt
+    assert st["cow"] >= 1  # the fork's first write into a shared block
+    assert "PASS" in capsys.readouterr().out
+
+
+def test_tiny_engine_check_can_fail(monkeypatch):
+    real = kvcache.Cache.decode
+
+    def noisy(self, layer, q, pages, out, **kw):
+        real(self, layer, q, pages, out, **kw)
+        out += np.float32(0.5)  # a wrong attention output
+
+    monkeypatch.setattr(kvcache.Cache, "decode", noisy)
+    st = load().main(["--small"])
+    assert st["bad"] > 0
