@@ -211,12 +211,39 @@ def test_tensor_outlives_its_cache_and_any_free_order():
     gc.collect()
     a[9, 1, 1, 1] = 3.0  # the memory is still the cache's, still alive
     assert b[1, 1, 1] == np.float16(3.0)
+    # a C kernel reads the outliving tensor (under ASan in CI a freed arena
+    # would be a heap-use-after-free here, not a silent read)
+    with kvcache.Cache(small_layout(), max_seqs=2) as c2:
+        s = c2.seq_create()
+        c2.append(s, range(16))
+        slots = [c2.slot(s, t) for t in range(16)]
+        c2.write(0, b, b, slots)
+        back = np.zeros((16, 4, 32), np.float16)
+        c2.read(0, c2.pages([s]), back, None)
+        assert back[1, 1, 1] == np.float16(3.0)
     del a
     gc.collect()
     b[0, 0, 0] = 1.0  # the last tensor keeps it
     assert b[0, 0, 0] == np.float16(1.0)
     del b
     gc.collect()
+    # the same through DLPack alone: the tensor's own reference keeps the arena
+    c = kvcache.Cache(small_layout(), max_seqs=2)
+    w = c.kv(1, 0).select(0, 4).numpy()
+    w[...] = 2.5
+    del w
+    d = np.from_dlpack(c.kv(1, 0).select(0, 4))  # read-only in NumPy 1.x; holds a reference
+    c.close()
+    del c
+    gc.collect()
+    with kvcache.Cache(small_layout(), max_seqs=2) as c2:
+        s = c2.seq_create()
+        c2.append(s, range(16))
+        c2.write(1, d, d, [c2.slot(s, t) for t in range(16)])  # the kernel reads d
+        back = np.zeros((16, 4, 32), np.float16)
+        c2.read(1, c2.pages([s]), None, back)
+        assert (back == np.float16(2.5)).all()
+    del d
     # an exported capsule nobody consumed frees its reference too
     c = kvcache.Cache(small_layout(), max_seqs=2)
     cap = c.kv(0, 0).__dlpack__()
