@@ -251,6 +251,8 @@ bench: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) $(BENCH) $(PEERS_SHIM) BUILD=$(BUILD)
 	@scripts/bench.sh $(BENCH) $(BENCH_ARGS)
 	@if [ "$(PEERS)" != 0 ]; then scripts/bench_peers.py --lib $(PEERS_SHIM) $(PEERS_ARGS); fi
+	@$(MAKE) --no-print-directory -j$(JOBS) MALLOC=libc SANITIZE= DEBUG=0 BUILD=build-libc lib
+	@/usr/bin/python3 scripts/bench_python.py --kvbench $(BENCH)
 
 # libFuzzer targets: the core sources rebuilt with clang's fuzzer + ASan/UBSan.
 FUZZ_CFLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \

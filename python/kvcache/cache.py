@@ -269,6 +269,7 @@ class Cache:
         h = ctypes.c_void_p()
         check(L.kv_cache_create(ctypes.byref(cfg), ctypes.byref(h)))
         self._h = h
+        self._pc = None
         self._pt = L.kv_cache_page_table(h)
         self._pool = L.kv_cache_pool(h)
 
@@ -451,9 +452,11 @@ class Cache:
         if self.mem == "device":
             raise InvalidArgument("the CPU kernels need a host or pinned cache; this one is "
                                   "device memory", status="KV_ERR_UNSUPPORTED", code=-13)
-        pc = _lib.PagedCache()
-        check(L.kv_attn_cache(self._h, ctypes.byref(pc)))
-        return pc
+        if self._pc is None:  # fixed for the cache's life: layout, base, size, kind
+            pc = _lib.PagedCache()
+            check(L.kv_attn_cache(self._h, ctypes.byref(pc)))
+            self._pc = pc
+        return self._pc
 
     @staticmethod
     def _scales(scales, keep):
