@@ -9,6 +9,7 @@ until the framework frees it.
 """
 import ctypes
 from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -104,29 +105,29 @@ class Layout:
         return c
 
     @property
-    def fingerprint(self):
+    def fingerprint(self) -> int:
         """64-bit identity of the layout (equal layouts, equal fingerprints)."""
         return int(self._c.fingerprint)
 
     @property
-    def block_format_fingerprint(self):
+    def block_format_fingerprint(self) -> int:
         """Identity of one block's format (ignores placement: count, padding, arrangement)."""
         return int(self._c.block_format_fingerprint)
 
     @property
-    def total_bytes(self):
+    def total_bytes(self) -> int:
         return int(self._c.total_bytes)
 
     @property
-    def elem_bytes(self):
+    def elem_bytes(self) -> int:
         return int(self._c.elem_bytes)
 
     @property
-    def block_bytes(self):
+    def block_bytes(self) -> int:
         """Bytes of one block of one layer and plane (K or V; K|V when packed)."""
         return int(self._c.block_bytes)
 
-    def strides_bytes(self):
+    def strides_bytes(self) -> Dict[str, int]:
         """Byte strides: layer, kv, block, token, head, dim."""
         c = self._c
         return {"layer": c.stride_layer_bytes, "kv": c.stride_kv_bytes,
@@ -156,35 +157,35 @@ class View:
         self._v = cview
 
     @property
-    def shape(self):
+    def shape(self) -> Tuple[int, ...]:
         return tuple(self._v.shape[i] for i in range(self._v.ndim))
 
     @property
-    def strides(self):
+    def strides(self) -> Tuple[int, ...]:
         """In elements."""
         return tuple(self._v.strides[i] for i in range(self._v.ndim))
 
     @property
-    def offset(self):
+    def offset(self) -> int:
         return int(self._v.offset)
 
     @property
-    def dtype(self):
+    def dtype(self) -> str:
         return L.kv_dtype_name(self._v.dtype).decode()
 
-    def select(self, dim, index):
+    def select(self, dim: int, index: int) -> "View":
         """The view with dim removed at index (no copy)."""
         out = _lib.ViewC()
         check(L.kv_view_select(ctypes.byref(self._v), dim, index, ctypes.byref(out)))
         return View(self._cache, out)
 
-    def narrow(self, dim, start, length):
+    def narrow(self, dim: int, start: int, length: int) -> "View":
         """The view of [start, start + length) along dim (no copy)."""
         out = _lib.ViewC()
         check(L.kv_view_narrow(ctypes.byref(self._v), dim, start, length, ctypes.byref(out)))
         return View(self._cache, out)
 
-    def numpy(self):
+    def numpy(self) -> np.ndarray:
         """A writeable NumPy array over the same bytes (zero-copy; host and
         pinned memory only). numpy.from_dlpack also works, but NumPy 1.x
         marks DLPack imports read-only. NumPy has no bfloat16 or fp8: those
@@ -205,7 +206,7 @@ class View:
         addr = ctypes.cast(mt, ctypes.c_void_p).value
         return _PyCapsule_New(addr, b"dltensor", _CAPSULE_DESTRUCTOR)
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> Tuple[int, int]:
         kind = {"host": _DL_CPU, "pinned": _DL_CUDA_HOST, "device": _DL_CUDA}[self._cache.mem]
         return (kind, self._cache.device if kind == _DL_CUDA else 0)
 
@@ -247,8 +248,9 @@ class Cache:
     The page table is single-threaded, like the C one: use a Cache from one
     thread (the engine's scheduler) at a time."""
 
-    def __init__(self, layout, max_seqs=16, mem="host", device=0, prefix_caching=True,
-                 max_blocks_per_seq=0, page_ratio=0, zero_fill=False):
+    def __init__(self, layout: Layout, max_seqs: int = 16, mem: str = "host", device: int = 0,
+                 prefix_caching: bool = True, max_blocks_per_seq: int = 0, page_ratio: int = 0,
+                 zero_fill: bool = False):
         if mem not in _MEM:
             raise InvalidArgument("mem %r: one of %s" % (mem, sorted(_MEM)),
                                   status="KV_ERR_INVALID_ARG", code=-1)
@@ -273,7 +275,7 @@ class Cache:
         self._pt = L.kv_cache_page_table(h)
         self._pool = L.kv_cache_pool(h)
 
-    def close(self):
+    def close(self) -> None:
         """Drop this object's reference on the C cache (tensors exported from
         it keep theirs). Idempotent; also runs when the object is collected."""
         if getattr(self, "_h", None):
@@ -295,7 +297,7 @@ class Cache:
 
     # ---- sequences ----------------------------------------------------------
 
-    def seq_create(self, extra_key=None):
+    def seq_create(self, extra_key: Optional[int] = None) -> int:
         """A new empty sequence; extra_key (LoRA id, salt) separates prefixes."""
         self._live()
         s = ctypes.c_uint32()
@@ -304,7 +306,7 @@ class Cache:
             check(L.kv_page_table_seq_set_extra_key(self._pt, s.value, extra_key))
         return s.value
 
-    def reuse_prefix(self, seq, tokens):
+    def reuse_prefix(self, seq: int, tokens: Iterable[int]) -> int:
         """Start empty seq with the longest cached prefix of tokens; returns the
         number of tokens it now holds (whole cached blocks)."""
         self._live()
@@ -314,19 +316,19 @@ class Cache:
                                                ctypes.byref(n)))
         return n.value
 
-    def append(self, seq, tokens):
+    def append(self, seq: int, tokens: Iterable[int]) -> None:
         """Append tokens to seq (blocks allocated, full blocks hashed for reuse)."""
         self._live()
         t = _tokens(tokens)
         check(L.kv_page_table_seq_append(self._pt, seq, _p(t, _lib.c_i32p), t.size))
 
-    def blocks_needed(self, seq, n):
+    def blocks_needed(self, seq: int, n: int) -> int:
         self._live()
         b = ctypes.c_uint32()
         check(L.kv_page_table_blocks_needed(self._pt, seq, n, ctypes.byref(b)))
         return b.value
 
-    def fork(self, seq):
+    def fork(self, seq: int) -> int:
         """A child sharing all of seq's blocks (copy-on-write on the next write
         into a shared block: see take_copies)."""
         self._live()
@@ -334,22 +336,22 @@ class Cache:
         check(L.kv_page_table_seq_fork(self._pt, seq, ctypes.byref(c)))
         return c.value
 
-    def truncate(self, seq, n_tokens):
+    def truncate(self, seq: int, n_tokens: int) -> None:
         self._live()
         check(L.kv_page_table_seq_truncate(self._pt, seq, n_tokens))
 
-    def free(self, seq):
+    def free(self, seq: int) -> None:
         """Release seq's blocks (full ones stay cached for prefix reuse)."""
         self._live()
         check(L.kv_page_table_seq_free(self._pt, seq))
 
-    def seq_len(self, seq):
+    def seq_len(self, seq: int) -> int:
         self._live()
         n = ctypes.c_uint64()
         check(L.kv_page_table_seq_len(self._pt, seq, ctypes.byref(n)))
         return n.value
 
-    def seq_blocks(self, seq):
+    def seq_blocks(self, seq: int) -> np.ndarray:
         """seq's block ids, a new uint32 array."""
         self._live()
         p = _lib.c_u32p()
@@ -358,13 +360,13 @@ class Cache:
         return np.ctypeslib.as_array(p, shape=(n.value,)).copy() if n.value else \
             np.zeros(0, np.uint32)
 
-    def slot(self, seq, t):
+    def slot(self, seq: int, t: int) -> int:
         self._live()
         s = ctypes.c_int64()
         check(L.kv_page_table_slot(self._pt, seq, t, ctypes.byref(s)))
         return s.value
 
-    def take_copies(self):
+    def take_copies(self) -> np.ndarray:
         """Queued copy-on-write copies as an [n, 3] uint32 array (src, dst,
         tokens); run them, then call copies_done()."""
         self._live()
@@ -375,14 +377,16 @@ class Cache:
         return np.array([[buf[i].src, buf[i].dst, buf[i].tokens] for i in range(got.value)],
                         dtype=np.uint32).reshape(got.value, 3)
 
-    def copies_done(self):
+    def copies_done(self) -> None:
         self._live()
         check(L.kv_page_table_copies_done(self._pt))
 
     # ---- exports ------------------------------------------------------------
 
-    def export_vllm(self, seqs, ranges=None, cols=None, pad=0, tokens_per_seq=0,
-                    slot_mapping_len=None):
+    def export_vllm(self, seqs: Sequence[int],
+                    ranges: Optional[Sequence[Tuple[int, int]]] = None,
+                    cols: Optional[int] = None, pad: int = 0, tokens_per_seq: int = 0,
+                    slot_mapping_len: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
         """vLLM's forms: (block_table int32 [n_seqs, cols], slot_mapping int64)
         for the token ranges [(start, count), ...] of each sequence (default:
         all of each); slot_mapping is None without ranges and no default."""
@@ -409,7 +413,8 @@ class Cache:
                                           ctypes.byref(out)))
         return bt, sm
 
-    def export_flashinfer(self, seqs):
+    def export_flashinfer(self, seqs: Sequence[int]
+                          ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """FlashInfer's CSR form: (indptr [n+1], indices [nnz], last_page_len [n]), int32."""
         self._live()
         s = _u32_array(seqs, "seqs")
@@ -429,19 +434,19 @@ class Cache:
 
     # ---- stats --------------------------------------------------------------
 
-    def pool_stats(self):
+    def pool_stats(self) -> Dict[str, int]:
         self._live()
         st = _lib.PoolStats()
         L.kv_block_pool_stats_get(self._pool, ctypes.byref(st))
         return {n: getattr(st, n) for n, _ in st._fields_}
 
-    def table_stats(self):
+    def table_stats(self) -> Dict[str, int]:
         self._live()
         st = _lib.TableStats()
         L.kv_page_table_stats_get(self._pt, ctypes.byref(st))
         return {n: getattr(st, n) for n, _ in st._fields_}
 
-    def ref_count(self, block):
+    def ref_count(self, block: int) -> int:
         self._live()
         return L.kv_block_pool_ref_count(self._pool, block)
 
@@ -472,7 +477,7 @@ class Cache:
                          _p(vs, ctypes.POINTER(ctypes.c_float)), ks.size)
         return ctypes.byref(sc)
 
-    def write(self, layer, k, v, slots, scales=None):
+    def write(self, layer: Optional[int], k, v, slots: Sequence[int], scales=None) -> None:
         """Write K and V [T][H][D] (layer None: [L][T][H][D], every layer) of
         tokens 0..len(slots)-1 into their slots (-1 skips a token). k and v:
         any tensor with __dlpack__ or the array interface, any strides.
@@ -484,11 +489,12 @@ class Cache:
         check(L.kv_attn_write(pc, -1 if layer is None else layer, kb.ref(), vb.ref(),
                               _p(sl, _lib.c_i64p), sl.size, self._scales(scales, keep)))
 
-    def pages(self, seqs):
+    def pages(self, seqs: Sequence[int]) -> "Pages":
         """The CSR pages (FlashInfer form) of seqs, for read and decode."""
         return Pages(self, seqs)
 
-    def read(self, layer, pages, k_out=None, v_out=None, scales=None):
+    def read(self, layer: Optional[int], pages: "Pages", k_out=None, v_out=None,
+             scales=None) -> None:
         """Gather the tokens of pages' sequences into k_out / v_out [T][H][D]
         (layer None: [L][T][H][D]); either may be None."""
         pc = self._paged()
@@ -499,7 +505,7 @@ class Cache:
                              kb.ref() if kb else None, vb.ref() if vb else None,
                              self._scales(scales, keep)))
 
-    def copy_blocks(self, copies):
+    def copy_blocks(self, copies) -> None:
         """Copy whole blocks: copies [n, 2] or [n, 3] (src, dst[, tokens]), e.g.
         take_copies()'s result; every layer, K and V."""
         pc = self._paged()
@@ -511,7 +517,8 @@ class Cache:
             buf[i].tokens = int(row[2]) if a.shape[1] > 2 else 0
         check(L.kv_attn_copy_blocks(pc, buf, len(a)))
 
-    def decode(self, layer, q, pages, out, scale=None, scales=None):
+    def decode(self, layer: int, q, pages: "Pages", out, scale: Optional[float] = None,
+               scales=None) -> None:
         """Paged decode attention of layer: q [S][Hq][D] -> out [S][Hq][D]
         over each sequence's tokens in pages; scale defaults to 1/sqrt(D)."""
         pc = self._paged()
@@ -525,7 +532,7 @@ class Cache:
 
     # ---- memory -------------------------------------------------------------
 
-    def kv(self, layer, kv):
+    def kv(self, layer: int, kv: int) -> View:
         """Layer's K (kv=0) or V (kv=1) tensor over the cache's memory:
         [num_blocks][block] in the layout's in-block order, as a View."""
         self._live()
@@ -547,7 +554,7 @@ class Pages:
                              _p(self._ind, _lib.c_i32p), _p(self.last_page_len, _lib.c_i32p),
                              None, 0, None)
 
-    def seq_tokens(self):
+    def seq_tokens(self) -> List[int]:
         """Tokens of each sequence, in order."""
         out = []
         for s in range(len(self.indptr) - 1):
@@ -556,6 +563,6 @@ class Pages:
         return out
 
     @property
-    def n_tokens(self):
+    def n_tokens(self) -> int:
         """Tokens of all the sequences (the T of read's outputs)."""
         return sum(self.seq_tokens())
