@@ -4,6 +4,7 @@
 
 #include "kv_abi.h"
 #include "kv_attn.h"
+#include "kv_plan.h"
 #include "kv_block_pool.h"
 #include "kv_cache.h"
 #include "kv_layout.h"
@@ -126,7 +127,11 @@
     X(kv_pages, last_page_len)                                                                     \
     X(kv_pages, block_table)                                                                       \
     X(kv_pages, block_table_cols)                                                                  \
-    X(kv_pages, seq_lens)
+    X(kv_pages, seq_lens)                                                                          \
+    X(kv_plan_config, struct_size)                                                                 \
+    X(kv_plan_config, src_head0)                                                                   \
+    X(kv_plan_config, dst_head0)                                                                   \
+    X(kv_plan_config, n_heads)
 
 #define KV__ABI_STRUCTS(X)                                                                         \
     X(kv_layout_config)                                                                            \
@@ -141,7 +146,8 @@
     X(kv_view)                                                                                     \
     X(kv_paged_cache)                                                                              \
     X(kv_scales)                                                                                   \
-    X(kv_pages)
+    X(kv_pages)                                                                                    \
+    X(kv_plan_config)
 
 static const struct {
     const char *name;

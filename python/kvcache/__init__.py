@@ -20,10 +20,21 @@ from .errors import (KvError, InvalidArgument, NullArgument, BadDim, BadShape, O
                      Internal, Capacity, DeviceError)
 
 __version__ = _lib.lib.kv_version().decode()
+
+
+def threads() -> int:
+    """Threads the CPU kernels use (OpenMP; process-wide)."""
+    return _lib.lib.kv_attn_threads()
+
+
+def set_threads(n: int) -> None:
+    """Threads for the CPU kernels: n >= 1, or 0 for every core."""
+    from .errors import check
+    check(_lib.lib.kv_attn_set_threads(n))
 library_path = _lib.path
 
 __all__ = ["Cache", "Layout", "View", "KvError", "InvalidArgument", "NullArgument", "BadDim",
            "BadShape", "OutOfBounds", "NeedsCopy", "Overlap", "Overflow", "NoMemory",
            "NoBlocks", "NotFound", "BadState", "Unsupported", "TooCostly", "Mismatch",
            "IoError", "Timeout", "Cancelled", "Corrupt", "Internal", "Capacity", "DeviceError",
-           "library_path"]
+           "library_path", "threads", "set_threads"]

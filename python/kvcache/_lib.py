@@ -191,6 +191,11 @@ class Pages(ctypes.Structure):
     ]
 
 
+class PlanConfig(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("src_head0", ctypes.c_int64),
+                ("dst_head0", ctypes.c_int64), ("n_heads", ctypes.c_int64)]
+
+
 # DLPack 0.6 (dlpack/dlpack.h)
 class DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
@@ -236,6 +241,7 @@ _ABI = {
     "kv_paged_cache": PagedCache,
     "kv_scales": Scales,
     "kv_pages": Pages,
+    "kv_plan_config": PlanConfig,
 }
 
 # ---- functions -------------------------------------------------------------
@@ -280,6 +286,11 @@ _PROTOS = {
     "kv_attn_decode": (_ST, [PagedCache, ctypes.c_uint32, ctypes.POINTER(ViewC),
                              ctypes.POINTER(Pages), ctypes.c_float, ctypes.POINTER(Scales),
                              ctypes.POINTER(ViewC)]),
+    "kv_pack_size": (_ST, [ctypes.POINTER(LayoutC), ctypes.c_uint64, c_u64p]),
+    "kv_pack": (_ST, [vp, PagedCache, c_u32p, ctypes.c_uint32, ctypes.c_uint64, vp,
+                      ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
+    "kv_unpack": (_ST, [vp, vp, ctypes.c_size_t, PagedCache, c_u32p, ctypes.c_uint32,
+                        ctypes.POINTER(PlanConfig)]),
     "kv_attn_set_threads": (_ST, [ctypes.c_int]),
     "kv_attn_threads": (ctypes.c_int, []),
     "kv_block_pool_stats_get": (None, [vp, ctypes.POINTER(PoolStats)]),

@@ -530,7 +530,53 @@ class Cache:
         check(L.kv_attn_decode(pc, layer, qb.ref(), ctypes.byref(pages._c), float(scale),
                                self._scales(scales, keep), ob.ref()))
 
+    # ---- pack / unpack (connector/kv_pack.h) -------------------------------
+
+    def pack(self, blocks: Sequence[int], n_tokens: int) -> np.ndarray:
+        """The request's blocks (ceil(n_tokens / N) of them) in kvcache's
+        self-describing wire format (docs/connector.md): a uint8 array."""
+        pc = self._paged()
+        b = _u32_array(blocks, "blocks")
+        size = ctypes.c_uint64()
+        check(L.kv_pack_size(ctypes.byref(pc.layout), n_tokens, ctypes.byref(size)))
+        buf = np.empty(size.value, np.uint8)
+        got = ctypes.c_size_t()
+        check(L.kv_pack(None, pc, _p(b, _lib.c_u32p), b.size, n_tokens, buf.ctypes.data,
+                        buf.size, ctypes.byref(got)))
+        return buf[:got.value]
+
+    def unpack(self, buf, blocks: Sequence[int],
+               heads: Optional[Tuple[int, int, int]] = None) -> None:
+        """Unpack a packed buffer into blocks of this cache, converting to its
+        layout; heads = (src_head0, dst_head0, n_heads) moves a head range.
+        Everything is verified (header, layout, every block checksum) before
+        the first byte is written."""
+        pc = self._paged()
+        b = _u32_array(blocks, "blocks")
+        a = np.ascontiguousarray(np.frombuffer(buf, np.uint8) if not isinstance(buf, np.ndarray)
+                                 else buf.view(np.uint8).reshape(-1))
+        cfg = None
+        if heads is not None:
+            cfg = _lib.PlanConfig(ctypes.sizeof(_lib.PlanConfig), *[int(x) for x in heads])
+        check(L.kv_unpack(None, a.ctypes.data, a.size, pc, _p(b, _lib.c_u32p), b.size,
+                          ctypes.byref(cfg) if cfg is not None else None))
+
     # ---- memory -------------------------------------------------------------
+
+    def arena(self) -> np.ndarray:
+        """The whole arena as a writeable uint8 array (zero-copy; host and
+        pinned memory), e.g. to compare a destination pool whole. Holds a
+        reference on the cache."""
+        v = self.kv(0, 0)._v  # layer 0's K starts at the arena's base
+        full = _lib.ViewC()
+        full.dtype = _dtype_code("u8")
+        full.ndim = 1
+        full.shape[0] = self.layout.total_bytes
+        full.strides[0] = 1
+        full.offset = 0
+        full.base = v.base
+        full.storage_bytes = self.layout.total_bytes
+        return View(self, full).numpy()
 
     def kv(self, layer: int, kv: int) -> View:
         """Layer's K (kv=0) or V (kv=1) tensor over the cache's memory:

@@ -437,3 +437,53 @@ def test_kernel_refusals_change_nothing():
         with pytest.raises(kvcache.BadShape):
             c.read(0, c.pages([s]), out_small, None)
         assert np.array_equal(c.kv(0, 0).numpy(), before)
+
+
+# ---- pack / unpack, the arena, threads ----------------------------------------
+
+
+def test_pack_unpack_converts_and_refuses_corruption():
+    src = kvcache.Cache(small_layout(num_blocks=40))
+    dst = kvcache.Cache(small_layout(num_blocks=50, block_tokens=32, order="HND",
+                                     arrange="block", block_pad_elems=24))
+    ar = src.arena()
+    ar[:] = np.random.default_rng(1).integers(0, 256, ar.size, dtype=np.uint8)
+    buf = src.pack([5, 9, 33], 40)
+    before = dst.arena().copy()
+    dst.unpack(buf, [7, 44])
+    for layer in (0, 1):
+        for kv in (0, 1):
+            a = src.kv(layer, kv).numpy().view(np.uint16)
+            b = dst.kv(layer, kv).numpy().view(np.uint16)
+            assert np.array_equal(np.concatenate([a[5], a[9], a[33]])[:40],
+                                  np.concatenate([b[7], b[44]])[:40])
+    # everything outside blocks 7 and 44 of dst is as it was
+    after = dst.arena()
+    changed = np.nonzero(after != before)[0]
+    bs = dst.layout.strides_bytes()["block"]
+    assert set(int(x) // bs for x in changed) <= {7, 44}
+    # a flipped payload byte: refused, nothing written
+    snap = dst.arena().copy()
+    bad = buf.copy()
+    bad[-1] ^= 1
+    with pytest.raises(kvcache.Corrupt) as e:
+        dst.unpack(bad, [7, 44])
+    assert "block 2 of 3" in e.value.message
+    with pytest.raises(kvcache.Corrupt):
+        dst.unpack(buf[:100], [7, 44])  # truncated
+    with pytest.raises(kvcache.BadShape):
+        dst.unpack(buf, [7])  # 40 tokens need 2 blocks of 32
+    assert np.array_equal(dst.arena(), snap)
+    src.close()
+    dst.close()
+
+
+def test_threads_setting():
+    n = kvcache.threads()
+    assert n >= 1
+    kvcache.set_threads(1)
+    assert kvcache.threads() == 1
+    with pytest.raises(kvcache.InvalidArgument):
+        kvcache.set_threads(-1)
+    kvcache.set_threads(0)
+    assert kvcache.threads() == n
