@@ -189,13 +189,6 @@ $(CLI): tools/kvcache.c $(LIB_A)
 	@$(if $(Q),echo '  LD     $@')
 	$(Q)$(CC) $(ALLCFLAGS) -o $@ $< $(LIB_A) $(LIBS)
 
-# The ctypes fixture of scripts/bench_peers.py (kvcache kernels beside
-# PyTorch and NumPy in one process), against the staged headers.
-PEERS_SHIM := $(BUILD)/libkvpeers.so
-$(PEERS_SHIM): tools/peers/kv_peers_shim.c $(LIB_A) $(STAGED)
-	@$(if $(Q),echo '  LD     $@')
-	$(Q)$(CC) $(BASECFLAGS) -I$(BUILD)/include -shared -o $@ $< $(LIB_A) $(LIBS)
-
 $(BENCH): $(BENCH_SRC) $(LIB_A)
 	@$(if $(Q),echo '  LD     $@')
 	$(Q)$(CC) $(ALLCFLAGS) -Itools/bench -o $@ $(BENCH_SRC) $(LIB_A) $(LIBS)
@@ -243,15 +236,16 @@ demo: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) $(CLI)
 	@scripts/demo.sh $(CLI)
 
-# kvbench (every C case with its baselines), then the PyTorch/NumPy peers
+# kvbench (every C case with its baselines), then the PyTorch/NumPy peers through
+# the Python package, then the package's call overhead against C
 # (scripts/bench_peers.py installs python3-torch/python3-numpy if missing).
 # BENCH_ARGS go to kvbench, PEERS_ARGS to bench_peers.py (PEERS=0 skips it).
 PEERS ?= 1
 bench: deps
-	@$(MAKE) --no-print-directory -j$(JOBS) $(BENCH) $(PEERS_SHIM) BUILD=$(BUILD)
-	@scripts/bench.sh $(BENCH) $(BENCH_ARGS)
-	@if [ "$(PEERS)" != 0 ]; then scripts/bench_peers.py --lib $(PEERS_SHIM) $(PEERS_ARGS); fi
+	@$(MAKE) --no-print-directory -j$(JOBS) $(BENCH) BUILD=$(BUILD)
 	@$(MAKE) --no-print-directory -j$(JOBS) MALLOC=libc SANITIZE= DEBUG=0 BUILD=build-libc lib
+	@scripts/bench.sh $(BENCH) $(BENCH_ARGS)
+	@if [ "$(PEERS)" != 0 ]; then scripts/bench_peers.py $(PEERS_ARGS); fi
 	@/usr/bin/python3 scripts/bench_python.py --kvbench $(BENCH)
 
 # libFuzzer targets: the core sources rebuilt with clang's fuzzer + ASan/UBSan.

@@ -3,18 +3,21 @@
 would write instead, in PyTorch and NumPy, on the same shapes, in one process.
 
     scripts/bench_peers.py [--quick] [--runs N] [--only SUBSTR] [--out FILE]
-                           [--lib build/libkvpeers.so]
 
-The C side is build/libkvpeers.so (tools/peers/kv_peers_shim.c, built by
-`make bench`): one layer of a bf16 cache, N 16, H 8, D 128, NHD and HND, in
-kvcache's own layout (pack_convert: two 32-layer caches, below); the peers
-index the very same arena through strided tensors (zero-copy,
-torch.as_strided / numpy as_strided over the bytes).
+kvcache is driven through its Python package (python/kvcache, over the
+build-libc library that `make bench` builds), as a Python engine would:
+one layer of a bf16 kvcache.Cache, N 16, H 8, D 128, NHD and HND
+(pack_convert: two 32-layer caches, below); the peers index the very same
+arena through strided tensors (zero-copy: the package's arena() and
+torch.from_dlpack of its views). kvcache's times therefore include the
+package's per-call overhead (scripts/bench_python.py measures it: about
+12 us a call), which is nothing next to these calls' milliseconds.
 
 Cases (shapes as in tools/bench/bench_kernel.c; --quick shrinks them):
   pagetable.export   slot mapping of 256 sequences x 512 tokens (131,072):
                      vLLM's NumPy (and torch) vectorized form from a block
-                     table, against kv_page_table_export_vllm.
+                     table, against Cache.export_vllm (kv_page_table_export_vllm;
+                     timed over 20 calls from Python, package overhead included).
   write_prefill      K and V of the same 131,072 tokens into their slots:
                      torch index_copy_ on the flattened cache (NHD, where
                      tokens are evenly spaced) and index_put_
@@ -56,7 +59,6 @@ PyTorch and NumPy come from Debian (python3-torch, python3-numpy); the
 script installs them if missing (as root), the tests never need them.
 """
 import argparse
-import ctypes
 import json
 import os
 import shutil
@@ -68,16 +70,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 N, H, D = 16, 8, 128
 ELEM = 2  # bf16
-
-# libkvcache links jemalloc, whose initial-exec TLS does not fit glibc's
-# default static-TLS surplus when loaded by dlopen (ctypes). Raise the
-# surplus for this process (a loader tunable: must be set before start).
-_TUNE = "glibc.rtld.optional_static_tls=65536"
-if _TUNE not in os.environ.get("GLIBC_TUNABLES", ""):
-    env = dict(os.environ)
-    env["GLIBC_TUNABLES"] = ":".join(x for x in (env.get("GLIBC_TUNABLES"), _TUNE) if x)
-    os.execve(sys.executable, [sys.executable] + sys.argv, env)
-
 
 def ensure_deps():
     try:
@@ -97,6 +89,12 @@ def ensure_deps():
 
 ensure_deps()
 import numpy as np  # noqa: E402
+
+# kvcache through its Python package (python/kvcache), from this tree: the
+# library flavour it loads is build-libc (make MALLOC=libc lib)
+sys.path.insert(0, os.path.join(ROOT, "python"))
+os.environ.setdefault("KVCACHE_LIBRARY", os.path.join(ROOT, "build-libc", "libkvcache.so"))
+import kvcache  # noqa: E402
 import torch  # noqa: E402
 
 THREADS = os.cpu_count() or 1
@@ -118,111 +116,61 @@ class Mismatch(Exception):
     pass
 
 
-# ---- the C side ---------------------------------------------------------------
-
-c_i64p = ctypes.POINTER(ctypes.c_int64)
-c_i32p = ctypes.POINTER(ctypes.c_int32)
-c_u32p = ctypes.POINTER(ctypes.c_uint32)
-
-
-def load_lib(path):
-    lib = ctypes.CDLL(path)
-    vp = ctypes.c_void_p
-    sig = {
-        "shim_error": (ctypes.c_char_p, []),
-        "shim_new": (ctypes.c_int, [ctypes.c_int, ctypes.c_int64, ctypes.c_uint32,
-                                    ctypes.POINTER(vp)]),
-        "shim_free": (None, [vp]),
-        "shim_geometry": (ctypes.c_int, [vp, ctypes.POINTER(vp), c_i64p]),
-        "shim_add_seqs": (ctypes.c_int, [vp, ctypes.c_uint32, ctypes.c_int64, c_u32p]),
-        "shim_export": (ctypes.c_int, [vp, c_u32p, ctypes.c_uint32, ctypes.c_int64, c_i64p,
-                                       c_i32p, ctypes.c_uint32, c_i32p, c_i32p,
-                                       ctypes.c_uint64, c_i32p]),
-        "shim_time_slot_mapping": (ctypes.c_int, [vp, c_u32p, ctypes.c_uint32, ctypes.c_int64,
-                                                  c_i64p, ctypes.c_int,
-                                                  ctypes.POINTER(ctypes.c_double)]),
-        "shim_write": (ctypes.c_int, [vp, vp, vp, c_i64p, ctypes.c_int64]),
-        "shim_read": (ctypes.c_int, [vp, c_i32p, c_i32p, c_i32p, ctypes.c_uint32, vp, vp,
-                                     ctypes.c_int64]),
-        "shim_decode": (ctypes.c_int, [vp, vp, ctypes.c_uint32, ctypes.c_int64, c_i32p,
-                                       c_i32p, c_i32p, ctypes.c_float, vp]),
-        "shim_threads": (ctypes.c_int, []),
-        "shim_pack_new": (ctypes.c_int, [ctypes.c_int64, ctypes.POINTER(vp)]),
-        "shim_pack_free": (None, [vp]),
-        "shim_pack_geometry": (ctypes.c_int, [vp, ctypes.POINTER(vp), c_i64p,
-                                              ctypes.POINTER(vp), c_i64p,
-                                              ctypes.POINTER(c_u32p), ctypes.POINTER(c_u32p),
-                                              c_i64p, ctypes.POINTER(ctypes.c_uint64)]),
-        "shim_pack_unpack": (ctypes.c_int, [vp]),
-    }
-    for name, (res, args) in sig.items():
-        fn = getattr(lib, name)
-        fn.restype = res
-        fn.argtypes = args
-    return lib
-
-
-def ptr(a, typ=None):
-    """ctypes pointer to a NumPy array's or torch tensor's data."""
-    addr = a.ctypes.data if isinstance(a, np.ndarray) else a.data_ptr()
-    return ctypes.cast(addr, typ) if typ else ctypes.c_void_p(addr)
+# ---- kvcache, through the package ----------------------------------------------
 
 
 class Cache:
-    """One kvcache kv_cache plus zero-copy NumPy/torch views of its K and V."""
+    """One layer of a bf16 kvcache.Cache (N 16, H 8, D 128) plus zero-copy
+    NumPy/torch views of its K and V for the peers."""
 
-    def __init__(self, lib, order, blocks, max_seqs):
-        self.lib, self.order, self.blocks = lib, order, blocks
-        self.h = ctypes.c_void_p()
-        self.check(lib.shim_new(order, blocks, max_seqs, ctypes.byref(self.h)), "shim_new")
-        base = ctypes.c_void_p()
-        g = (ctypes.c_int64 * 5)()
-        self.check(lib.shim_geometry(self.h, ctypes.byref(base), g), "shim_geometry")
-        sb, st, sh, skv, total = list(g)
-        self.strides = (sb, st, sh, ELEM)
-        self.kv_off = skv
-        self.flat = np.ctypeslib.as_array((ctypes.c_uint16 * (total // 2)).from_address(base.value))
+    def __init__(self, order, blocks, max_seqs):
+        self.order, self.blocks = order, blocks
+        lay = kvcache.Layout(num_layers=1, num_blocks=blocks, block_tokens=N, num_heads=H,
+                             head_dim=D, dtype="bf16", order="HND" if order else "NHD")
+        self.kc = kvcache.Cache(lay, max_seqs=max_seqs, prefix_caching=False)
+        sb = lay.strides_bytes()
+        self.strides = (sb["block"], sb["token"], sb["head"], ELEM)
+        self.flat = self.kc.arena().view(np.uint16)  # the whole pool, zero-copy
         # [block][token][head][d] in the layout's own byte strides, K and V
         shape = (blocks, N, H, D)
         self.np_k = np.lib.stride_tricks.as_strided(self.flat, shape, self.strides)
-        self.np_v = np.lib.stride_tricks.as_strided(self.flat[skv // 2:], shape, self.strides)
-        tflat = torch.from_numpy(self.flat.view(np.int16)).view(torch.bfloat16)
-        es = tuple(s // ELEM for s in self.strides)
-        self.t_k = tflat.as_strided(shape, es, 0)
-        self.t_v = tflat.as_strided(shape, es, skv // ELEM)
+        self.np_v = np.lib.stride_tricks.as_strided(self.flat[sb["kv"] // 2:], shape,
+                                                    self.strides)
+        self.t_k = torch.from_dlpack(self.kc.kv(0, 0))  # the same bytes, bf16
+        self.t_v = torch.from_dlpack(self.kc.kv(0, 1))
         # tokens evenly spaced (block stride == N x token stride): the cache
         # flattens to [blocks * N][H][D], the form vLLM's index_copy_ takes
-        self.flat_tokens = sb == N * st
-
-    def check(self, st, what):
-        if st != 0:
-            raise RuntimeError(f"{what}: status {st}: {self.lib.shim_error().decode()}")
+        self.flat_tokens = sb["block"] == N * sb["token"]
 
     def close(self):
         self.np_k = self.np_v = self.t_k = self.t_v = self.flat = None
-        self.lib.shim_free(self.h)
+        self.kc.close()
 
 
 class Seqs:
-    """S sequences of L tokens each, grown 16 tokens at a time round robin,
-    with the exports an engine would hand a kernel."""
+    """S sequences of L tokens each, grown 16 tokens at a time round robin
+    (their blocks interleave, as concurrent requests' do), with the exports
+    an engine would hand a kernel."""
 
     def __init__(self, cache, S, L):
-        lib = cache.lib
+        kc = cache.kc
         self.S, self.L, self.T = S, L, S * L
-        self.ids = np.zeros(S, np.uint32)
-        cache.check(lib.shim_add_seqs(cache.h, S, L, ptr(self.ids, c_u32p)), "shim_add_seqs")
+        self.ids = np.array([kc.seq_create() for _ in range(S)], np.uint32)
+        zeros = np.zeros(N, np.int32)
+        for done in range(0, L, N):
+            for s in self.ids:
+                kc.append(int(s), zeros[:min(N, L - done)])
         self.cols = -(-L // N)
-        self.slots = np.empty(self.T, np.int64)
-        self.bt = np.empty((S, self.cols), np.int32)
-        self.indptr = np.empty(S + 1, np.int32)
-        self.indices = np.empty(S * self.cols, np.int32)
-        self.last = np.empty(S, np.int32)
-        cache.check(lib.shim_export(cache.h, ptr(self.ids, c_u32p), S, self.T,
-                                    ptr(self.slots, c_i64p), ptr(self.bt, c_i32p), self.cols,
-                                    ptr(self.indptr, c_i32p), ptr(self.indices, c_i32p),
-                                    self.indices.size, ptr(self.last, c_i32p)), "shim_export")
         self.lens = np.full(S, L, np.int64)
+        self.ranges = np.stack([np.zeros(S, np.uint64), self.lens.astype(np.uint64)], 1)
+        self.bt, self.slots = kc.export_vllm(self.ids, ranges=self.ranges, cols=self.cols)
+        self.indptr, self.indices, self.last = kc.export_flashinfer(self.ids)
+        self.pages = kc.pages(self.ids)
+
+
+def bf16(u16):
+    """A torch bf16 tensor over a NumPy uint16 array's memory (zero-copy)."""
+    return torch.from_numpy(u16.view(np.int16)).view(torch.bfloat16)
 
 
 # ---- timing and output ------------------------------------------------------------
@@ -333,18 +281,16 @@ def write_peers(c, kt, vt, kn, vn, slots):
     return peers
 
 
-def case_write(lib, A, B, order_name, slots, case, label):
+def case_write(A, B, order_name, slots, case, label):
     T = slots.size
     rng = np.random.default_rng(7)
     kn = rng.integers(0, 1 << 16, (T, H, D), dtype=np.uint16)
     kn &= 0x7F7F  # finite bf16 values (no NaN patterns; copies would not care)
     vn = rng.integers(0, 1 << 16, (T, H, D), dtype=np.uint16) & 0x7F7F
-    kt = torch.from_numpy(kn.view(np.int16)).view(torch.bfloat16)
-    vt = torch.from_numpy(vn.view(np.int16)).view(torch.bfloat16)
-    sp = ptr(slots, c_i64p)
+    kt, vt = bf16(kn), bf16(vn)
 
     def ours():
-        A.check(lib.shim_write(A.h, ptr(kn), ptr(vn), sp, T), "shim_write")
+        A.kc.write(0, kt, vt, slots)
 
     A.flat[:] = 0
     ours()
@@ -362,14 +308,14 @@ def case_write(lib, A, B, order_name, slots, case, label):
     report_bytes(case, 2 * T * H * D * ELEM, times[0], list(zip(good, times[1:])))
 
 
-def case_read(lib, A, sq, case):
+def case_read(A, sq, case):
     T = sq.T
     ko = np.empty((T, H, D), np.uint16)
     vo = np.empty((T, H, D), np.uint16)
-    ip, ix, la = ptr(sq.indptr, c_i32p), ptr(sq.indices, c_i32p), ptr(sq.last, c_i32p)
+    kot, vot = bf16(ko), bf16(vo)
 
     def ours():
-        A.check(lib.shim_read(A.h, ip, ix, la, sq.S, ptr(ko), ptr(vo), T), "shim_read")
+        A.kc.read(0, sq.pages, kot, vot)
 
     ours()
     # reference: the tokens at their slots, element by element from the view
@@ -429,7 +375,7 @@ def bf16_to_f32(u16):
     return (u16.astype(np.uint32) << 16).view(np.float32)
 
 
-def case_decode(lib, A, sq, case, Hq=32, chunk=32):
+def case_decode(A, sq, case, Hq=32, chunk=32):
     S, L = sq.S, sq.L
     g = Hq // H
     scale = 1.0 / np.sqrt(D)
@@ -438,10 +384,10 @@ def case_decode(lib, A, sq, case, Hq=32, chunk=32):
     qt = torch.from_numpy(qf).to(torch.bfloat16)
     qn = qt.view(torch.int16).numpy().view(np.uint16).copy()
     out = np.empty((S, Hq, D), np.uint16)
-    ip, ix, la = ptr(sq.indptr, c_i32p), ptr(sq.indices, c_i32p), ptr(sq.last, c_i32p)
+    outt = bf16(out)
 
     def ours():
-        A.check(lib.shim_decode(A.h, ptr(qn), S, Hq, ip, ix, la, scale, ptr(out)), "shim_decode")
+        A.kc.decode(0, qt, sq.pages, outt, scale=scale)
 
     ours()
     if not (sq.last == N).all():
@@ -498,40 +444,45 @@ def case_decode(lib, A, sq, case, Hq=32, chunk=32):
     report_ops(case, S * L, times[0], list(zip(good, times[1:])), min(ARGS.runs, 3))
 
 
-def arena_tensor(base, g, shape, order):
-    """int16 tensor over a cache arena (zero copy): dims in `order`, each a
-    (geometry index) of shim_pack_geometry's byte strides."""
-    flat = np.ctypeslib.as_array((ctypes.c_int16 * (g[6] // 2)).from_address(base))
-    return torch.from_numpy(flat).as_strided(shape, tuple(g[i] // ELEM for i in order), 0)
+def arena_tensor(cache, shape, dims):
+    """int16 tensor over a cache's whole arena (zero copy): dims in `dims`,
+    each a name of the layout's byte strides."""
+    sb = cache.layout.strides_bytes()
+    flat = torch.from_numpy(cache.arena().view(np.int16))
+    return flat.as_strided(shape, tuple(sb[d] // ELEM for d in dims), 0)
 
 
-def case_pack_convert(lib, T, case):
+def case_pack_convert(T, case):
     """kv_unpack of a packed T-token request (NHD layer-major source) into an
     HND block-major cache, against the gather + permute an engine author
     writes over the source cache itself."""
-    h = ctypes.c_void_p()
-    st = lib.shim_pack_new(T, ctypes.byref(h))
-    if st != 0:
-        raise RuntimeError(f"shim_pack_new: status {st}: {lib.shim_error().decode()}")
+    L, nb = 32, T // N
+    B = nb + 64
+
+    def llama(order, arrange):
+        return kvcache.Cache(kvcache.Layout(num_layers=L, num_blocks=B, block_tokens=N,
+                                            num_heads=H, head_dim=D, dtype="bf16",
+                                            order=order, arrange=arrange),
+                             max_seqs=1, prefix_caching=False)
+    sc, dc = llama("NHD", "layer"), llama("HND", "block")
     try:
-        sb, db = ctypes.c_void_p(), ctypes.c_void_p()
-        sg, dg = (ctypes.c_int64 * 8)(), (ctypes.c_int64 * 8)()
-        sid, did = c_u32p(), c_u32p()
-        nb, payload = ctypes.c_int64(), ctypes.c_uint64()
-        lib.shim_pack_geometry(h, ctypes.byref(sb), sg, ctypes.byref(db), dg, ctypes.byref(sid),
-                               ctypes.byref(did), ctypes.byref(nb), ctypes.byref(payload))
-        nb, sg, dg = nb.value, list(sg), list(dg)
-        L = 32
-        # geometry indices: 0 layer, 1 kv, 2 block, 3 token, 4 head, 5 dim
-        src = arena_tensor(sb.value, sg, (L, 2, sg[7], N, H, D), (0, 1, 2, 3, 4, 5))
-        dst = arena_tensor(db.value, dg, (dg[7], L, 2, H, N, D), (2, 0, 1, 4, 3, 5))
-        ids = torch.from_numpy(np.ctypeslib.as_array(sid, (nb,)).astype(np.int64))
-        dids = torch.from_numpy(np.ctypeslib.as_array(did, (nb,)).astype(np.int64))
+        rng = np.random.default_rng(19)
+        sa = sc.arena()
+        sa[:] = rng.integers(0, 256, sa.size, dtype=np.uint8)
+        sa.view(np.uint16)[:] &= 0x7F7F  # finite bf16 (only bytes move; keeps prints sane)
+        sid = rng.permutation(B)[:nb].astype(np.uint32)
+        did = rng.permutation(B)[:nb].astype(np.uint32)
+        buf = sc.pack(sid, T)  # once, as a sender would
+        payload = nb * L * 2 * N * H * D * ELEM
+        src = arena_tensor(sc, (L, 2, B, N, H, D), ("layer", "kv", "block", "token", "head",
+                                                    "dim"))
+        dst = arena_tensor(dc, (B, L, 2, H, N, D), ("block", "layer", "kv", "head", "token",
+                                                    "dim"))
+        ids = torch.from_numpy(sid.astype(np.int64))
+        dids = torch.from_numpy(did.astype(np.int64))
 
         def ours():
-            st = lib.shim_pack_unpack(h)
-            if st != 0:
-                raise RuntimeError(f"shim_pack_unpack: status {st}: {lib.shim_error().decode()}")
+            dc.unpack(buf, did)  # header, layout, every block checksum, then the copy
 
         # preallocated: the peers pay no allocation (index_select out=, copy_)
         gath = torch.empty((L, 2, nb, N, H, D), dtype=torch.int16)  # [L][2][nb][N][H][D]
@@ -564,26 +515,27 @@ def case_pack_convert(lib, T, case):
                 mismatch(case, p[0], f"{bad} of {nb} blocks differ from kvcache's destination")
         mine = None
         times = interleaved([ours] + [p[2] for p in good], ARGS.runs)
-        report_bytes(case, payload.value, times[0], list(zip(good, times[1:])))
+        report_bytes(case, payload, times[0], list(zip(good, times[1:])))
     finally:
         src = dst = srcp = None
-        lib.shim_pack_free(h)
+        sc.close()
+        dc.close()
 
 
-def case_slot_mapping(lib, A, sq, case):
+def case_slot_mapping(A, sq, case):
     bt, lens = sq.bt, sq.lens
     tbt, tlens = torch.from_numpy(bt), torch.from_numpy(lens)
-    ours_slots = np.empty(sq.T, np.int64)
+    res = {}
     iters = 20
-    sec = ctypes.c_double()
 
-    def ours():
-        A.check(lib.shim_time_slot_mapping(A.h, ptr(sq.ids, c_u32p), sq.S, sq.T,
-                                           ptr(ours_slots, c_i64p), iters, ctypes.byref(sec)),
-                "shim_time_slot_mapping")
-        return sec.value
+    def ours():  # seconds per Cache.export_vllm (the package call, as an engine makes it)
+        a = time.perf_counter()
+        for _ in range(iters):
+            res["slots"] = A.kc.export_vllm(sq.ids, ranges=sq.ranges, cols=sq.cols)[1]
+        return (time.perf_counter() - a) / iters
 
     ours()
+    ours_slots = res["slots"]
     peers = [("peer.numpy.slot_mapping", "numpy vectorized (vLLM form)",
               lambda: np_slot_mapping(bt, lens)),
              ("peer.torch.slot_mapping", "torch vectorized (vLLM form)",
@@ -594,7 +546,7 @@ def case_slot_mapping(lib, A, sq, case):
             good.append(p)
         else:
             mismatch(case, p[0], "slot mapping differs from kvcache's")
-    # ours is timed in C (iters calls, no ctypes in the loop); interleave
+    # ours is timed over iters calls per sample; interleave
     t_ours, t_peer = [], [[] for _ in good]
     for _ in range(ARGS.runs):
         t_ours.append(ours())
@@ -619,18 +571,15 @@ def main():
     ap.add_argument("--runs", type=int, default=0, help="interleaved runs (default 9, quick 2)")
     ap.add_argument("--only", default="", help="run only cases whose name contains this")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results.jsonl"))
-    ap.add_argument("--lib", default=os.path.join(ROOT, "build", "libkvpeers.so"))
     ARGS = ap.parse_args()
     ARGS.runs = ARGS.runs or (2 if ARGS.quick else 9)
-    if not os.path.exists(ARGS.lib):
-        sys.exit(f"bench_peers: {ARGS.lib} not found (make {os.path.relpath(ARGS.lib, ROOT)})")
-    lib = load_lib(ARGS.lib)
     global THREADS
-    THREADS = lib.shim_threads()  # the OpenMP threads kvcache's CPU work uses
+    THREADS = kvcache.threads()  # the OpenMP threads kvcache's CPU work uses
     torch.set_num_threads(THREADS)
     os.makedirs(os.path.dirname(os.path.abspath(ARGS.out)), exist_ok=True)
     OUT = open(ARGS.out, "a")
-    print(f"bench_peers: torch {torch.__version__} numpy {np.__version__}, {THREADS} threads, "
+    print(f"bench_peers: torch {torch.__version__} numpy {np.__version__}, kvcache "
+          f"{kvcache.__version__} ({kvcache.library_path}), {THREADS} threads, "
           f"cpu \"{CPU}\"", file=sys.stderr)
 
     q = ARGS.quick
@@ -648,22 +597,22 @@ def main():
             names.append(f"pagetable.export/{S1}seq/{S1 * L1}tok/N{N}/r1")
         if not any(selected(n) for n in names):
             continue  # none of this order's cases: skip filling its caches
-        A = Cache(lib, order, blocks, S1 + S2)
-        B = Cache(lib, order, blocks, 1)
+        A = Cache(order, blocks, S1 + S2)
+        B = Cache(order, blocks, 1)
         try:
             s1 = Seqs(A, S1, L1)
             s2 = Seqs(A, S2, L2)
             rng = np.random.default_rng(3)
             cs = f"pagetable.export/{S1}seq/{S1 * L1}tok/N{N}/r1"
             if order == 0 and selected(cs):
-                case_slot_mapping(lib, A, s1, cs)
+                case_slot_mapping(A, s1, cs)
             cs = f"kernel.write_decode/{oname}/{shape}/{SD}x1"
             if selected(cs):
                 dec = rng.choice(blocks * N, SD, replace=False).astype(np.int64)
-                case_write(lib, A, B, oname, dec, cs, "decode")
+                case_write(A, B, oname, dec, cs, "decode")
             cs = f"kernel.write_prefill/{oname}/{shape}/{S1}x{L1}"
             if selected(cs):
-                case_write(lib, A, B, oname, s1.slots, cs, "prefill")
+                case_write(A, B, oname, s1.slots, cs, "prefill")
             B.close()
             B = None
             # fill both sets' tokens (through kvcache) for read and attention
@@ -673,14 +622,13 @@ def main():
                 k = torch.from_numpy(kf).to(torch.bfloat16).view(torch.int16).numpy()
                 v = torch.from_numpy(rv.standard_normal((sq.T, H, D), dtype=np.float32)) \
                     .to(torch.bfloat16).view(torch.int16).numpy()
-                A.check(lib.shim_write(A.h, ptr(k), ptr(v), ptr(sq.slots, c_i64p), sq.T),
-                        "shim_write")
+                A.kc.write(0, bf16(k.view(np.uint16)), bf16(v.view(np.uint16)), sq.slots)
             cs = f"kernel.read/{oname}/{shape}/{S1}x{L1}"
             if selected(cs):
-                case_read(lib, A, s1, cs)
+                case_read(A, s1, cs)
             cs = f"kernel.decode_attn/{oname}/bf16/N{N}/Hq32/H{H}/D{D}/{S2}x{L2}"
             if selected(cs):
-                case_decode(lib, A, s2, cs)
+                case_decode(A, s2, cs)
         finally:
             if B:
                 B.close()
@@ -688,7 +636,7 @@ def main():
     TP = 256 if q else 4096  # the request of kvbench's connector.pack_convert
     cs = f"connector.pack_convert/llama8b/bf16/N{N}/{TP}tok/nhd-layer->hnd-block"
     if selected(cs):
-        case_pack_convert(lib, TP, cs)
+        case_pack_convert(TP, cs)
     OUT.close()
     if MISMATCHES:
         print(f"bench_peers: {MISMATCHES} wrong result(s)", file=sys.stderr)

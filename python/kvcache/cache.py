@@ -395,11 +395,13 @@ class Cache:
         n = s.size
         if ranges is None:
             ranges = [(0, self.seq_len(int(q))) for q in s]
-        rg = (_lib.TokenRange * max(n, 1))()
-        total = 0
-        for i, (a, c) in enumerate(ranges):
-            rg[i].start, rg[i].count = int(a), int(c)
-            total += int(c)
+        # [n][2] uint64 (start, count) has kv_token_range's layout: no per-range loop
+        rga = np.ascontiguousarray(np.asarray(ranges, dtype=np.uint64).reshape(-1, 2))
+        if len(rga) != n:
+            raise InvalidArgument("ranges: %d for %d sequences" % (len(rga), n),
+                                  status="KV_ERR_INVALID_ARG", code=-1)
+        rg = rga.ctypes.data_as(ctypes.POINTER(_lib.TokenRange)) if n else None
+        total = int(rga[:, 1].sum()) if n else 0
         page = self.page_tokens
         if cols is None:
             cols = max([(self.seq_len(int(q)) + page - 1) // page for q in s] + [1])
