@@ -487,3 +487,43 @@ def test_threads_setting():
         kvcache.set_threads(-1)
     kvcache.set_threads(0)
     assert kvcache.threads() == n
+
+
+def test_remaining_sequence_calls():
+    with kvcache.Cache(small_layout(num_blocks=32), max_seqs=4) as c:
+        a = c.seq_create(extra_key=7)
+        b = c.seq_create()
+        assert c.blocks_needed(a, 17) == 2
+        c.append(a, range(40))
+        c.append(b, range(40))
+        assert c.blocks_needed(a, 8) == 0 and c.blocks_needed(a, 9) == 1
+        # another extra key: a's full blocks are not b's prefix
+        d = c.seq_create(extra_key=7)
+        assert c.reuse_prefix(d, range(40)) == 32
+        e = c.seq_create()
+        assert c.reuse_prefix(e, range(40)) == 32  # b's, under the default key
+        assert list(c.seq_blocks(d)[:2]) == list(c.seq_blocks(a)[:2])
+        assert list(c.seq_blocks(e)[:2]) == list(c.seq_blocks(b)[:2])
+        c.truncate(a, 20)
+        assert c.seq_len(a) == 20 and len(c.seq_blocks(a)) == 2
+        with pytest.raises(kvcache.KvError):
+            c.truncate(a, 21)  # longer than it is
+        lay = c.layout
+        assert (lay.num_layers, lay.num_blocks, lay.block_tokens, lay.num_heads,
+                lay.head_dim, lay.dtype, lay.order, lay.arrange) == (2, 32, 16, 4, 32, "f16",
+                                                                     "NHD", "layer")
+
+
+def test_the_gil_is_released_around_every_c_call():
+    """ctypes releases the GIL around a foreign call unless the function is
+    flagged as using the Python API (PyDLL). Checked on the mechanism, not
+    on timing: every function the package binds must be a plain CDLL one
+    (a timing-based version of this check, with decode loaded through
+    PyDLL, saw the main thread stall; tests do not depend on timing)."""
+    assert type(_lib.lib) is ctypes.CDLL
+    for name in _lib._PROTOS:
+        fn = getattr(_lib.lib, name)
+        assert not (fn._flags_ & ctypes._FUNCFLAG_PYTHONAPI), name
+    for name in ("kv_attn_write", "kv_attn_read", "kv_attn_decode", "kv_attn_copy_blocks",
+                 "kv_pack", "kv_unpack"):
+        assert name in _lib._PROTOS
