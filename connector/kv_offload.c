@@ -560,24 +560,36 @@ static kv_status post(kv_offload *off, const char *fn, kv_offload_op *op,
     return st;
 }
 
-kv_status kv_offload_store(kv_offload *off, kv_cache *cache, const uint32_t *ids, uint32_t n,
-                           kv_offload_op **op)
+/* The start of both posts: the pointers, the cache's storage, a new op of n
+ * entries (*o). Nothing is held on failure. */
+static kv_status post_begin(const char *fn, kv_offload *off, kv_cache *cache, const void *list,
+                            const char *list_name, uint32_t n, kv_offload_op **op,
+                            struct kv_paged_cache *pc, kv_offload_op **o)
 {
-    static const char fn[] = "kv_offload_store";
-    if (!off || !cache || !op || (n > 0 && !ids))
+    if (!off || !cache || !op || (n > 0 && !list))
         return kv__error(KV_ERR_NULL, "%s: %s is NULL", fn,
                          !off     ? "off"
                          : !cache ? "cache"
                          : !op    ? "op"
-                                  : "ids");
+                                  : list_name);
+    kv_status st = cache_side(fn, cache, pc);
+    if (st != KV_OK)
+        return st;
+    if (!(*o = op_new(n)))
+        return kv__error(KV_ERR_NO_MEMORY, "%s: an op of %u blocks", fn, n);
+    return KV_OK;
+}
+
+kv_status kv_offload_store(kv_offload *off, kv_cache *cache, const uint32_t *ids, uint32_t n,
+                           kv_offload_op **op)
+{
+    static const char fn[] = "kv_offload_store";
     struct kv_paged_cache pc;
-    kv_status st = cache_side(fn, cache, &pc);
+    kv_offload_op *o = NULL;
+    kv_status st = post_begin(fn, off, cache, ids, "ids", n, op, &pc, &o);
     if (st != KV_OK)
         return st;
     kv_block_pool *pool = kv_cache_pool(cache);
-    kv_offload_op *o = op_new(n);
-    if (!o)
-        return kv__error(KV_ERR_NO_MEMORY, "%s: an op of %u blocks", fn, n);
     /* retained first: that also proves each id is in range and held */
     st = kv_block_pool_retain(pool, ids, n);
     if (st != KV_OK) {
@@ -617,20 +629,12 @@ kv_status kv_offload_load(kv_offload *off, kv_cache *cache, const uint64_t *hash
                           kv_offload_op **op)
 {
     static const char fn[] = "kv_offload_load";
-    if (!off || !cache || !op || (n > 0 && !hashes))
-        return kv__error(KV_ERR_NULL, "%s: %s is NULL", fn,
-                         !off     ? "off"
-                         : !cache ? "cache"
-                         : !op    ? "op"
-                                  : "hashes");
     struct kv_paged_cache pc;
-    kv_status st = cache_side(fn, cache, &pc);
+    kv_offload_op *o = NULL;
+    kv_status st = post_begin(fn, off, cache, hashes, "hashes", n, op, &pc, &o);
     if (st != KV_OK)
         return st;
     kv_block_pool *pool = kv_cache_pool(cache);
-    kv_offload_op *o = op_new(n);
-    if (!o)
-        return kv__error(KV_ERR_NO_MEMORY, "%s: an op of %u blocks", fn, n);
     o->is_load = true;
     o->pool = pool;
     o->base = pc.base;

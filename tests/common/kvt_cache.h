@@ -7,6 +7,7 @@
 #ifndef KVT_CACHE_H
 #define KVT_CACHE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,10 +61,12 @@ static inline void kvt_cache_free(struct kvt_cache *t)
     t->c = NULL;
 }
 
-/* Write block b's elements (every layer, K and V, token, head) into mem (an
- * image of the arena) from the stream seeded by seed. Padding is left. */
-static inline void kvt_block_write(const struct kvt_cache *t, unsigned char *mem, uint32_t b,
-                                   uint64_t seed)
+/* Write (check false) or compare with (check true) block b's elements
+ * (every layer, K and V, token, head) in mem (an image of the arena) and
+ * the stream seeded by seed; padding is neither written nor compared.
+ * Returns whether every byte compared equal (true when writing). */
+static inline bool kvt_block_pass(const struct kvt_cache *t, unsigned char *mem, uint32_t b,
+                                  uint64_t seed, bool check)
 {
     const struct kv_layout_config *c = &t->cfg.layout;
     const int64_t es = t->pc.layout.elem_bytes, row = c->head_dim * es;
@@ -73,28 +76,29 @@ static inline void kvt_block_write(const struct kvt_cache *t, unsigned char *mem
             for (int64_t n = 0; n < c->block_tokens; n++)
                 for (int64_t h = 0; h < c->num_heads; h++) {
                     unsigned char *p = mem + kvt_ref_offset_elems(c, l, kv, b, n, h, 0) * es;
-                    for (int64_t i = 0; i < row; i++)
-                        p[i] = (unsigned char)kvt_rand(&st);
+                    for (int64_t i = 0; i < row; i++) {
+                        const unsigned char x = (unsigned char)kvt_rand(&st);
+                        if (!check)
+                            p[i] = x;
+                        else if (p[i] != x)
+                            return false;
+                    }
                 }
+    return true;
+}
+
+/* Write block b's elements into mem from the stream seeded by seed. */
+static inline void kvt_block_write(const struct kvt_cache *t, unsigned char *mem, uint32_t b,
+                                   uint64_t seed)
+{
+    (void)kvt_block_pass(t, mem, b, seed, false);
 }
 
 /* Does block b of mem hold what kvt_block_write(seed) wrote? */
 static inline bool kvt_block_holds(const struct kvt_cache *t, const unsigned char *mem, uint32_t b,
                                    uint64_t seed)
 {
-    const struct kv_layout_config *c = &t->cfg.layout;
-    const int64_t es = t->pc.layout.elem_bytes, row = c->head_dim * es;
-    uint64_t st = seed ^ 0x6b76626c6f636bull;
-    for (int64_t l = 0; l < c->num_layers; l++)
-        for (int kv = 0; kv < 2; kv++)
-            for (int64_t n = 0; n < c->block_tokens; n++)
-                for (int64_t h = 0; h < c->num_heads; h++) {
-                    const unsigned char *p = mem + kvt_ref_offset_elems(c, l, kv, b, n, h, 0) * es;
-                    for (int64_t i = 0; i < row; i++)
-                        if (p[i] != (unsigned char)kvt_rand(&st))
-                            return false;
-                }
-    return true;
+    return kvt_block_pass(t, (unsigned char *)mem, b, seed, true);
 }
 
 /* Take every free block and give them back in a random order, so the pool
