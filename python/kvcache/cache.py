@@ -500,8 +500,8 @@ class Cache:
         """Gather the tokens of pages' sequences into k_out / v_out [T][H][D]
         (layer None: [L][T][H][D]); either may be None."""
         pc = self._paged()
-        kb = host_only(borrow(k_out, "k_out"), "k_out") if k_out is not None else None
-        vb = host_only(borrow(v_out, "v_out"), "v_out") if v_out is not None else None
+        kb = host_only(borrow(k_out, "k_out", True), "k_out") if k_out is not None else None
+        vb = host_only(borrow(v_out, "v_out", True), "v_out") if v_out is not None else None
         keep = []
         check(L.kv_attn_read(pc, -1 if layer is None else layer, ctypes.byref(pages._c),
                              kb.ref() if kb else None, vb.ref() if vb else None,
@@ -525,7 +525,7 @@ class Cache:
         over each sequence's tokens in pages; scale defaults to 1/sqrt(D)."""
         pc = self._paged()
         qb = host_only(borrow(q, "q"), "q")
-        ob = host_only(borrow(out, "out"), "out")
+        ob = host_only(borrow(out, "out", True), "out")
         if scale is None:
             scale = 1.0 / float(self.layout.head_dim) ** 0.5
         keep = []

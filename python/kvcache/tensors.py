@@ -81,9 +81,55 @@ def _from_array_interface(obj, what):
     return Borrowed(v, (_DL_CPU, 0), (obj, a))
 
 
-def borrow(obj, what="tensor"):
+_TORCH_DTYPES = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16",
+                 "torch.float64": "f64", "torch.int8": "i8", "torch.int32": "i32",
+                 "torch.int64": "i64", "torch.uint8": "u8"}
+_CODES = {}
+_I64x8 = ctypes.c_int64 * _lib.KV_MAX_DIMS
+
+
+def _code(name):
+    c = _CODES.get(name)
+    if c is None:
+        out = ctypes.c_int()
+        check(L.kv_dtype_parse(name.encode(), ctypes.byref(out)))
+        c = _CODES[name] = out.value
+    return c
+
+
+def _from_torch(t, what):
+    """A CPU torch tensor's view from its own metadata (what its __dlpack__
+    would carry, without building a capsule): the common case, made cheap."""
+    name = _TORCH_DTYPES.get(str(t.dtype))
+    if name is None:
+        raise Unsupported("%s: torch dtype %s has no kvcache dtype" % (what, t.dtype),
+                          status="KV_ERR_UNSUPPORTED", code=-13)
+    shape, strides = t.shape, t.stride()
+    if len(shape) > _lib.KV_MAX_DIMS:
+        raise InvalidArgument("%s: ndim %d > %d" % (what, len(shape), _lib.KV_MAX_DIMS),
+                              status="KV_ERR_BAD_DIM", code=-3)
+    es = t.element_size()
+    numel = t.numel()
+    last = sum((n - 1) * st for n, st in zip(shape, strides) if n) if numel else 0
+    v = _lib.ViewC(_code(name), len(shape), _I64x8(*shape), _I64x8(*strides), 0,
+                   t.data_ptr() if numel else None, (last + 1) * es if numel else 0)
+    return Borrowed(v, (_DL_CPU, 0), t)
+
+
+def borrow(obj, what="tensor", writable=False):
     """A Borrowed kv_view of obj (PyTorch / NumPy / kvcache View / anything
-    with __dlpack__ or the array interface)."""
+    with __dlpack__ or the array interface). writable: obj is an output, so
+    a read-only NumPy array is refused rather than written."""
+    if type(obj).__module__ == "torch" and hasattr(obj, "data_ptr"):
+        if obj.device.type != "cpu":
+            raise Unsupported("%s is on %s; the CPU kernels take host memory" %
+                              (what, obj.device), status="KV_ERR_UNSUPPORTED", code=-13)
+        return _from_torch(obj, what)
+    if isinstance(obj, np.ndarray):
+        if writable and not obj.flags.writeable:
+            raise InvalidArgument("%s: a read-only NumPy array as an output" % what,
+                                  status="KV_ERR_INVALID_ARG", code=-1)
+        return _from_array_interface(obj, what)
     if hasattr(obj, "__dlpack__"):
         try:
             return _from_dlpack(obj, what)

@@ -433,6 +433,11 @@ def test_kernel_refusals_change_nothing():
             c.write(0, k[::-1], k, slots)  # negative strides: not a kvcache view
         with pytest.raises(kvcache.InvalidArgument):
             c.write(0, object(), k, slots)
+        ro = np.zeros((8, 4, 32), np.float32)
+        ro.flags.writeable = False
+        with pytest.raises(kvcache.InvalidArgument) as e:
+            c.read(0, c.pages([s]), ro, None)  # NumPy said read-only: not written
+        assert "read-only" in e.value.message and not ro.any()
         out_small = np.zeros((7, 4, 32), np.float32)
         with pytest.raises(kvcache.BadShape):
             c.read(0, c.pages([s]), out_small, None)
