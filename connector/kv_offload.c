@@ -27,6 +27,7 @@
 #include "kv_mem.h"
 #include "kv_offload.h"
 #include "kv_offload_int.h"
+#include "kv_pack.h"
 #include "kv_plan_int.h"
 
 #define KV__OFF_MAX_FMTS 16
@@ -447,19 +448,10 @@ static kv_status fmt_get(kv_offload *off, const char *fn, const struct kv_layout
                              "serves at once)",
                              fn, KV__OFF_MAX_FMTS);
     }
-    struct kv_layout_config ec;
-    kv_layout_config_init(&ec);
-    ec.num_layers = lo->num_layers;
-    ec.num_blocks = 1;
-    ec.block_tokens = lo->block_tokens;
-    ec.num_heads = lo->num_heads;
-    ec.head_dim = lo->head_dim;
-    ec.dtype = lo->dtype;
-    ec.order = lo->order;
-    ec.arrange = KV_ARRANGE_BLOCK_MAJOR;
-    ec.kv_packed = lo->kv_packed;
+    /* an entry is one block in the pack payload's format: the cache's block
+     * format, block-major, unpadded (the same layout, so the same code) */
     struct kv_layout el;
-    kv_status st = kv_layout_init(&ec, &el);
+    kv_status st = kv_pack_wire_layout(lo, &el);
     struct fmt f = {.cache_fp = lo->fingerprint,
                     .block_fp = el.block_format_fingerprint,
                     .entry_bytes = el.total_bytes,

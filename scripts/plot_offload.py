@@ -12,7 +12,7 @@ each case measured in the same run, and the store's second baseline (a
 1-thread memcpy of its own runs: the cost of the access pattern alone). Needs python3-matplotlib (Debian).
 """
 import argparse
-import json
+import os
 import re
 import sys
 
@@ -23,18 +23,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def load(path):
-    lines = {}
-    for raw in open(path):
-        try:
-            o = json.loads(raw)
-        except ValueError:
-            continue
-        if o.get("quick") or "error" in o or "ratio" not in o:
-            continue
-        if o.get("bench") not in ("offload.store", "offload.load"):
-            continue
-        lines[(o["bench"], o["case"], o.get("baseline"))] = o
-    return list(lines.values())
+    """The offload lines of plot_bench.load (one loader: last line per
+    (bench, case, baseline) wins, quick and failed lines skipped)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from plot_bench import load as load_all
+    return [o for o in load_all(path) if o.get("bench") in ("offload.store", "offload.load")]
 
 
 def main():

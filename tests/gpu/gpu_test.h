@@ -4,6 +4,9 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
 
 #include <kvcache/kv.h>
 
@@ -14,5 +17,24 @@
             exit(1);                                                                               \
         }                                                                                          \
     } while (0)
+
+/* After the device is idle: copy the n bytes at dev (device or pinned) into
+ * back and compare the whole pool with want, the CPU reference; on the first
+ * differing byte print it ("what", "ref" name the case and the reference)
+ * and exit 1. */
+static inline void gpu_pool_same(const void *dev, unsigned char *back, const unsigned char *want,
+                                 size_t n, const char *what, const char *ref)
+{
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(cudaMemcpy(back, dev, n, cudaMemcpyDefault) == cudaSuccess);
+    if (memcmp(back, want, n) != 0) {
+        size_t i = 0;
+        while (back[i] == want[i])
+            i++;
+        fprintf(stderr, "FAIL %s: pool byte %zu (of %zu) is 0x%02x, %s's 0x%02x\n", what, i, n,
+                back[i], ref, want[i]);
+        exit(1);
+    }
+}
 
 #endif /* GPU_TEST_H */

@@ -75,16 +75,7 @@ static void pools_init(struct pools *p, const struct kv_layout_config *cfg, uint
 
 static void pools_same(struct pools *p, const char *what)
 {
-    CHECK(cudaDeviceSynchronize() == cudaSuccess);
-    CHECK(cudaMemcpy(p->back, p->dev.base, p->bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
-    if (memcmp(p->back, p->h, p->bytes) != 0) {
-        size_t i = 0;
-        while (p->back[i] == p->h[i])
-            i++;
-        fprintf(stderr, "FAIL %s: device pool byte %zu is 0x%02x, the CPU kernel's 0x%02x\n", what,
-                i, p->back[i], p->h[i]);
-        exit(1);
-    }
+    gpu_pool_same(p->dev.base, p->back, p->h, p->bytes, what, "the CPU kernel");
 }
 
 static void pools_free(struct pools *p)

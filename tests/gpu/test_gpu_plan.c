@@ -79,16 +79,7 @@ static void side_init(struct side *s, int64_t B, int64_t N, int64_t H, int64_t D
 
 static void side_same(struct side *s, const char *what)
 {
-    CHECK(cudaDeviceSynchronize() == cudaSuccess);
-    CHECK(cudaMemcpy(s->back, s->dev.base, s->bytes, cudaMemcpyDefault) == cudaSuccess);
-    if (memcmp(s->back, s->h, s->bytes) != 0) {
-        size_t i = 0;
-        while (s->back[i] == s->h[i])
-            i++;
-        fprintf(stderr, "FAIL %s: pool byte %zu (of %zu) is 0x%02x, kv_plan_copy's 0x%02x\n", what,
-                i, s->bytes, s->back[i], s->h[i]);
-        exit(1);
-    }
+    gpu_pool_same(s->dev.base, s->back, s->h, s->bytes, what, "kv_plan_copy");
 }
 
 static void side_free(struct side *s)
