@@ -1,0 +1,229 @@
+/*
+ * kv_transport.h - moving bytes between two nodes: one-sided writes into a
+ * peer's registered memory, and a notification delivered strictly after the
+ * data it covers (docs/connector.md, "Transports").
+ *
+ * Model (the one RDMA gives, which TCP emulates):
+ *
+ *   node A (prefill)                                  node B (decode)
+ *   kv_xport_create(cfg)                              kv_xport_create(cfg, listening)
+ *   kv_xport_mem_reg(buf) -> mem                      kv_xport_mem_reg(cache arena) -> mem
+ *   kv_xport_connect(host, port) -> peer  ---hello--> kv_xport_accept -> peer
+ *        (version, token, fingerprint checked both ways; a mismatch names the field)
+ *                                          <--blob--  kv_xport_mem_expose(peer, mem) -> blob
+ *   kv_xport_rmem_import(peer, blob) -> rmem           (B sends the blob out of band or
+ *                                                        in a notification)
+ *   kv_xport_write(peer, ios) -> xfer  ====data====>  bytes land in B's mem; B's CPU is not
+ *   kv_xport_notify(peer, tag, msg) ---after data-->  kv_xport_notify_poll -> (peer, tag, msg)
+ *   kv_xport_xfer_wait(xfer) -> DONE / FAILED / TIMED_OUT / CANCELLED
+ *
+ * A write is a list of entries (local mem, offset, remote mem, offset,
+ * bytes). The receiver checks every entry against the regions it exposed to
+ * that peer (bounds and region id); anything else is refused, nothing of it
+ * is written, and the sender's entry fails with KV_ERR_OUT_OF_BOUNDS.
+ *
+ * Every posted transfer reaches exactly one terminal state within the
+ * configured bound (timeout_ms): DONE (every entry acknowledged), FAILED
+ * (an entry refused, the connection lost: per-entry statuses say which),
+ * TIMED_OUT, or CANCELLED. Its local memory stays owned by the transfer
+ * until then: the caller must not free or reuse it before a terminal state.
+ * A notification is delivered only after every write posted before it on
+ * the same peer has landed completely; a receiver that sees it may read the
+ * data. A peer that disconnects fails everything in flight to it.
+ *
+ * Backends share this seam through a versioned ops table
+ * (kv_xport_ops_get): TCP (real sockets; always built) and RDMA
+ * (libibverbs through its own function table; built where rdma-core is).
+ *
+ * Thread safety: every call may be made from any thread; one progress
+ * thread per transport does the I/O.
+ */
+#ifndef KV_TRANSPORT_H
+#define KV_TRANSPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kv_arena.h"
+#include "kv_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KV_XPORT_PROTOCOL_VERSION 1u
+
+typedef enum kv_xport_kind {
+    KV_XPORT_TCP = 1,
+    KV_XPORT_RDMA = 2,
+} kv_xport_kind;
+
+/* "tcp", "rdma"; "unknown". */
+KV_API const char *kv_xport_kind_name(kv_xport_kind k);
+
+/* Input of kv_xport_create. Start from KV_XPORT_CONFIG_INIT. */
+struct kv_xport_config {
+    size_t struct_size;
+    kv_xport_kind kind;
+    const char *listen_host; /* accept peers on this address ("127.0.0.1"); NULL: none */
+    uint16_t listen_port;    /* 0: any free port (kv_xport_port) */
+    uint64_t token;          /* shared secret: a peer presenting another is refused */
+    uint64_t fingerprint;    /* what both sides must agree on (a layout fingerprint;
+                                0 on both sides: not checked) */
+    uint32_t conns_per_peer; /* TCP connections / RDMA QPs per peer; 0 = 2 */
+    uint32_t timeout_ms;     /* bound on every transfer and handshake; 0 = 30,000 */
+};
+
+#define KV_XPORT_CONFIG_INIT                                                                       \
+    {                                                                                              \
+        .struct_size = sizeof(struct kv_xport_config)                                              \
+    }
+
+/* Handles (opaque). */
+typedef struct kv_xport kv_xport;           /* one transport endpoint */
+typedef struct kv_xport_peer kv_xport_peer; /* a connection (conns_per_peer sockets / QPs) */
+typedef struct kv_xport_mem kv_xport_mem;   /* a local registered region */
+typedef struct kv_xport_rmem kv_xport_rmem; /* a peer's region, from its blob */
+typedef struct kv_xport_xfer kv_xport_xfer; /* a posted transfer */
+
+/* Create the transport (and its progress thread); listening when
+ * cfg->listen_host is set. KV_ERR_NULL; KV_ERR_INVALID_ARG (struct_size,
+ * kind, a token of 0); KV_ERR_UNSUPPORTED (KV_XPORT_RDMA without a device);
+ * KV_ERR_IO (bind/listen, errno named). */
+KV_API KV_NODISCARD kv_status kv_xport_create(const struct kv_xport_config *cfg, kv_xport **out);
+
+/* Close every peer (their transfers end FAILED or CANCELLED first), join the
+ * progress thread, free. Registered memory must be deregistered before.
+ * NULL is a no-op. */
+KV_API void kv_xport_destroy(kv_xport *x);
+
+/* The port it listens on (0 when not listening). */
+KV_API uint16_t kv_xport_port(const kv_xport *x);
+
+/* States of a peer. */
+typedef enum kv_xport_peer_state {
+    KV_XPORT_CONNECTING = 0, /* TCP connect or the handshake in progress */
+    KV_XPORT_READY = 1,      /* handshake done: version, token, fingerprint agree */
+    KV_XPORT_CLOSED = 2,     /* terminal: closed, refused or lost (see the status) */
+} kv_xport_peer_state;
+
+/* Start connecting to host:port (non-blocking: *peer is CONNECTING until
+ * the handshake ends). KV_ERR_NULL; KV_ERR_INVALID_ARG (host); KV_ERR_IO. */
+KV_API KV_NODISCARD kv_status kv_xport_connect(kv_xport *x, const char *host, uint16_t port,
+                                               kv_xport_peer **peer);
+
+/* The next peer whose handshake completed on the listening side, waiting at
+ * most timeout_ms. KV_ERR_TIMEOUT when none; KV_ERR_BAD_STATE (not
+ * listening). A peer refused at the handshake never appears here. */
+KV_API KV_NODISCARD kv_status kv_xport_accept(kv_xport *x, uint32_t timeout_ms,
+                                              kv_xport_peer **peer);
+
+/* The peer's state now, and (CLOSED) why: KV_OK for a clean close,
+ * KV_ERR_MISMATCH (version, token or fingerprint: named in the message),
+ * KV_ERR_IO, KV_ERR_TIMEOUT, KV_ERR_CORRUPT (a frame that fails its checks).
+ * KV_ERR_NULL. */
+KV_API KV_NODISCARD kv_status kv_xport_peer_state_get(kv_xport_peer *peer,
+                                                      kv_xport_peer_state *state,
+                                                      kv_status *why);
+
+/* Close the peer (its transfers end CANCELLED) and free the handle. */
+KV_API void kv_xport_peer_close(kv_xport_peer *peer);
+
+/* Register [base, base + bytes) of memory kind `kind` (host or pinned for
+ * TCP; what the device can reach for RDMA, split at max_mr_size). Once per
+ * region: an arena, the offload tier's region. KV_ERR_NULL; KV_ERR_INVALID_ARG;
+ * KV_ERR_UNSUPPORTED (a kind the backend cannot reach); KV_ERR_NO_MEMORY. */
+KV_API KV_NODISCARD kv_status kv_xport_mem_reg(kv_xport *x, void *base, size_t bytes,
+                                               enum kv_mem_kind kind, kv_xport_mem **out);
+
+/* Deregister (KV_ERR_BAD_STATE while a transfer or an exposure uses it). */
+KV_API KV_NODISCARD kv_status kv_xport_mem_dereg(kv_xport_mem *mem);
+
+/* Let peer write into mem, and write into blob[cap] what the peer imports
+ * (kv_xport_rmem_import) to address it: *len bytes (at most
+ * KV_XPORT_BLOB_MAX). Writes from this peer into memory it was not exposed
+ * are refused and not written. KV_ERR_NULL; KV_ERR_CAPACITY (cap). */
+#define KV_XPORT_BLOB_MAX 256
+KV_API KV_NODISCARD kv_status kv_xport_mem_expose(kv_xport_peer *peer, kv_xport_mem *mem,
+                                                  void *blob, size_t cap, size_t *len);
+
+/* A peer's region from its blob. KV_ERR_NULL; KV_ERR_CORRUPT (a blob that
+ * fails its checks: magic, version, checksum, another peer's). */
+KV_API KV_NODISCARD kv_status kv_xport_rmem_import(kv_xport_peer *peer, const void *blob,
+                                                   size_t len, kv_xport_rmem **out);
+KV_API void kv_xport_rmem_free(kv_xport_rmem *rmem);
+
+/* One write of a transfer: bytes from local + local_off to remote +
+ * remote_off. */
+struct kv_xport_io {
+    kv_xport_mem *local;
+    uint64_t local_off;
+    kv_xport_rmem *remote;
+    uint64_t remote_off;
+    uint64_t bytes;
+};
+
+/* The notification of a transfer: delivered to the peer strictly after every
+ * byte of every write posted on this peer before it (this transfer's
+ * included) has landed. */
+struct kv_xport_notify {
+    uint64_t tag;
+    const void *msg; /* copied at post */
+    uint32_t len;    /* <= KV_XPORT_NOTIFY_MAX */
+};
+#define KV_XPORT_NOTIFY_MAX 4096
+
+/*
+ * Post ios[n] (and notify, may be NULL) to peer. *xfer set on success; the
+ * local memory of the ios belongs to the transfer until it is terminal.
+ * Checked at post, before anything is sent (KV_ERR_OUT_OF_BOUNDS naming the
+ * entry and range; KV_ERR_INVALID_ARG for a remote region of another peer);
+ * the receiver checks every write again against what it exposed.
+ */
+KV_API KV_NODISCARD kv_status kv_xport_write(kv_xport_peer *peer, const struct kv_xport_io *ios,
+                                             uint32_t n, const struct kv_xport_notify *notify,
+                                             kv_xport_xfer **xfer);
+
+/* States of a transfer; the last four are terminal. */
+typedef enum kv_xport_state {
+    KV_XPORT_PENDING = 0,
+    KV_XPORT_DONE = 1,      /* every write acknowledged, the notification delivered */
+    KV_XPORT_FAILED = 2,    /* an entry refused or the peer lost: per-entry statuses */
+    KV_XPORT_TIMED_OUT = 3, /* not terminal within timeout_ms of its post */
+    KV_XPORT_CANCELLED = 4,
+} kv_xport_state;
+
+KV_API KV_NODISCARD kv_status kv_xport_xfer_test(kv_xport_xfer *xfer, kv_xport_state *state);
+/* KV_OK when terminal within timeout_ms, KV_ERR_TIMEOUT otherwise. */
+KV_API KV_NODISCARD kv_status kv_xport_xfer_wait(kv_xport_xfer *xfer, uint32_t timeout_ms,
+                                                 kv_xport_state *state);
+/* Ask to cancel: ends CANCELLED once nothing of it is in flight any more
+ * (its memory is then the caller's again); a terminal transfer is left. */
+KV_API KV_NODISCARD kv_status kv_xport_xfer_cancel(kv_xport_xfer *xfer);
+/* Per-entry statuses (*st[n], valid until free); KV_ERR_BAD_STATE until
+ * terminal. */
+KV_API KV_NODISCARD kv_status kv_xport_xfer_results(kv_xport_xfer *xfer, const kv_status **st,
+                                                    uint32_t *n);
+/* Free a terminal transfer (KV_ERR_BAD_STATE otherwise). */
+KV_API KV_NODISCARD kv_status kv_xport_xfer_free(kv_xport_xfer *xfer);
+
+/* A notification received. */
+struct kv_xport_msg {
+    kv_xport_peer *peer;
+    uint64_t tag;
+    uint32_t len;
+    unsigned char data[KV_XPORT_NOTIFY_MAX];
+};
+
+/* The oldest notification received, waiting at most timeout_ms:
+ * KV_ERR_TIMEOUT when none. Every write it covers has landed. */
+KV_API KV_NODISCARD kv_status kv_xport_notify_poll(kv_xport *x, uint32_t timeout_ms,
+                                                   struct kv_xport_msg *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KV_TRANSPORT_H */
