@@ -47,6 +47,7 @@
 #include <string.h>
 
 #include "kv_arena.h"
+#include "kv_plan.h"
 #include "kv_status.h"
 
 #ifdef __cplusplus
@@ -149,6 +150,15 @@ KV_API KV_NODISCARD kv_status kv_xport_mem_dereg(kv_xport_mem *mem);
 KV_API KV_NODISCARD kv_status kv_xport_mem_expose(kv_xport_peer *peer, kv_xport_mem *mem,
                                                   void *blob, size_t cap, size_t *len);
 
+/* Bytes of a registered region / an imported one. */
+KV_API uint64_t kv_xport_mem_bytes(const kv_xport_mem *mem);
+KV_API uint64_t kv_xport_rmem_bytes(const kv_xport_rmem *rmem);
+
+/* Withdraw peer's access to mem (waits until no incoming write of that
+ * peer is landing in it); later writes there are refused. KV_ERR_NOT_FOUND
+ * when it was not exposed to peer. */
+KV_API KV_NODISCARD kv_status kv_xport_mem_unexpose(kv_xport_peer *peer, kv_xport_mem *mem);
+
 /* A peer's region from its blob. KV_ERR_NULL; KV_ERR_CORRUPT (a blob that
  * fails its checks: magic, version, checksum, another peer's). */
 KV_API KV_NODISCARD kv_status kv_xport_rmem_import(kv_xport_peer *peer, const void *blob,
@@ -164,6 +174,18 @@ struct kv_xport_io {
     uint64_t remote_off;
     uint64_t bytes;
 };
+
+/*
+ * Post ios[n] as one-sided reads: bytes from remote + remote_off land in
+ * local + local_off (the io's fields keep their names; the direction is the
+ * call's). The same checks at post as kv_xport_write; the peer checks each
+ * read against what it exposed to us and refuses the rest (that entry
+ * FAILED with KV_ERR_OUT_OF_BOUNDS, nothing read). The local memory
+ * belongs to the transfer until it is terminal: after a TIMED_OUT or
+ * CANCELLED read nothing more lands there. Reads carry no notification.
+ */
+KV_API KV_NODISCARD kv_status kv_xport_read(kv_xport_peer *peer, const struct kv_xport_io *ios,
+                                            uint32_t n, kv_xport_xfer **xfer);
 
 /* The notification of a transfer: delivered to the peer strictly after every
  * byte of every write posted on this peer before it (this transfer's
@@ -185,6 +207,29 @@ struct kv_xport_notify {
 KV_API KV_NODISCARD kv_status kv_xport_write(kv_xport_peer *peer, const struct kv_xport_io *ios,
                                              uint32_t n, const struct kv_xport_notify *notify,
                                              kv_xport_xfer **xfer);
+
+/*
+ * Prefill -> decode: post the byte runs of a transfer plan (kv_plan.h) for
+ * one request as one write, then notify. The source cache's base is
+ * local_base_off bytes into local, the destination cache's base
+ * remote_base_off bytes into remote; the plan's source and destination
+ * layouts say where each block lies (64-bit offsets from the bases). Block
+ * lists as kv_plan_copy takes them (n_src = ceil(n_tokens / Ns), n_dst =
+ * ceil(n_tokens / Nd)); each 2-D copy of the plan becomes `height` entries
+ * of `width` bytes, merged where consecutive entries are contiguous on both
+ * sides. KV_ERR_NULL; KV_ERR_BAD_SHAPE (list lengths); KV_ERR_OUT_OF_BOUNDS
+ * (a block id >= the layout's block count, a block outside either region);
+ * KV_ERR_OVERLAP (a destination block twice); KV_ERR_NO_MEMORY; then those
+ * of kv_xport_write. Nothing is sent on an error.
+ */
+KV_API KV_NODISCARD kv_status kv_xport_write_plan(kv_xport_peer *peer, const kv_plan *plan,
+                                                  kv_xport_mem *local, uint64_t local_base_off,
+                                                  const uint32_t *src_blocks, uint32_t n_src,
+                                                  kv_xport_rmem *remote, uint64_t remote_base_off,
+                                                  const uint32_t *dst_blocks, uint32_t n_dst,
+                                                  uint64_t n_tokens,
+                                                  const struct kv_xport_notify *notify,
+                                                  kv_xport_xfer **xfer);
 
 /* States of a transfer; the last four are terminal. */
 typedef enum kv_xport_state {

@@ -35,5 +35,6 @@
 #include "kv_abi.h"
 #include "kv_offload.h"
 #include "kv_pack.h"
+#include "kv_transport.h"
 
 #endif /* KV_H */
