@@ -1,9 +1,9 @@
-/* kv_xport_frame.c - the TCP frame header (kv_xport_frame.h). */
+/* kv_xport_frame.c - the TCP frame header (kv_xport_frame_int.h). */
 #include <inttypes.h>
 #include <string.h>
 
 #include "kv_lib.h"
-#include "kv_xport_frame.h"
+#include "kv_xport_frame_int.h"
 
 #ifndef KV_XPORT_PROTOCOL_VERSION
 #define KV_XPORT_PROTOCOL_VERSION 1u

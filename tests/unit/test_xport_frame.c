@@ -14,7 +14,7 @@
 
 #include <kvcache/kv.h>
 #include "kv_lib.h"
-#include "kv_xport_frame.h"
+#include "kv_xport_frame_int.h"
 
 static const struct kv__xf sample = {
     1,    KV__XF_WRITE,         0, 17, 0x1122334455667788ull, 9, 3, 0x0102030405060708ull,

@@ -1,5 +1,5 @@
 /*
- * kv_xport_frame.h - the TCP transport's frame header (module-private):
+ * kv_xport_frame_int.h - the TCP transport's frame header (module-private):
  * 64 bytes, little-endian, checksummed, and the receiver's range check.
  * docs/connector.md, "Transports": a frame is this header, then `length`
  * payload bytes whose XXH3-64 is payload_sum.
@@ -18,8 +18,8 @@
  *    48     8  payload_sum (XXH3-64 of the payload; 0 when length is 0)
  *    56     8  header_sum (XXH3-64 of bytes [0, 56))
  */
-#ifndef KV_XPORT_FRAME_H
-#define KV_XPORT_FRAME_H
+#ifndef KV_XPORT_FRAME_INT_H
+#define KV_XPORT_FRAME_INT_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -63,4 +63,4 @@ static inline bool kv__xf_range_ok(uint64_t region_bytes, uint64_t offset, uint6
     return offset <= region_bytes && length <= region_bytes - offset;
 }
 
-#endif /* KV_XPORT_FRAME_H */
+#endif /* KV_XPORT_FRAME_INT_H */
