@@ -212,6 +212,11 @@ void kv__xport_peer_closed(kv_xport_peer *p, kv_status why, const char *msg)
         p->why = why;
         snprintf(p->why_msg, sizeof(p->why_msg), "%s", msg ? msg : "");
     }
+    /* Nothing of it lands any more (the backend released its landings
+     * before): its exposures end, the regions can be deregistered. */
+    for (uint32_t i = 0; i < p->n_exposed; i++)
+        p->exposed[i]->users--;
+    p->n_exposed = 0;
     const kv_status fail = why == KV_OK ? KV_ERR_IO : why;
     while (p->xfers) {
         kv_xport_xfer *t = p->xfers;
@@ -304,7 +309,7 @@ void kv_xport_peer_close(kv_xport_peer *peer)
         peer->user_closed = true;
         x->ops->peer_close(peer);
         /* Nothing of it may be in flight once this returns. */
-        while (peer->xfers)
+        while (peer->xfers || peer->state != KV_XPORT_CLOSED)
             pthread_cond_wait(&x->cv, &x->mu);
     }
     kv__xport_peer_unref(peer);
