@@ -22,6 +22,17 @@
  * too); send-queue slots released only when a signaled completion is polled;
  * CQ overflow puts the CQ in error; a peer that dies fails the WRs in flight
  * with RETRY_EXC_ERR. Thread-safe like libibverbs.
+ *
+ * Simplified or absent: one request in flight per QP (no pipelining, so no
+ * PSN sequence errors, and max_rd_atomic is not enforced); a request to a
+ * responder QP that is missing, in RESET/INIT or in ERR fails at once with
+ * RETRY_EXC_ERR instead of after timeout * retry_cnt; the retry timeout is
+ * KVT_SV_RETRY_MS whatever the QP's timeout/retry_cnt; RNR retries wait
+ * ~1 ms whatever min_rnr_timer (rnr_retry 7 = forever, as in the spec); no
+ * atomics, SRQ, UD/UC, completion channels, async events, memory windows,
+ * SEND_WITH_IMM or SQD; one port (1), one GID (index 0), pkey ignored; an MR
+ * is checked on every access but dereg_mr does not wait for WRs using it;
+ * CQ overrun moves the QP that overran to ERR (no async event).
  */
 #ifndef KVT_SOFTVERBS_H
 #define KVT_SOFTVERBS_H
