@@ -751,6 +751,10 @@ static void got_info(struct rdma *r, struct rpeer *rp, const unsigned char *b, u
                   len >= 8 ? (unsigned)get_le(b + 4, 4) : 0u, rp->nq);
         return;
     }
+    if (!rp->info_sent) /* theirs came first: ours before anything else */
+        send_info(r, rp);
+    if (rp->ph == PH_FAIL)
+        return;
     rp->p->nonce_remote = get_le(b + 8, 8);
     union ibv_gid gid;
     memcpy(gid.raw, b + 16, 16);
@@ -906,8 +910,9 @@ static bool oob_round(struct rdma *r)
                 peer_fail(r, rp, KV_OK, "closed by the peer");
             else
                 peer_fail(r, rp, why, "xport rdma: out of band: %s", msg);
-        } else if (s == KV_XPORT_READY && rp->ph == PH_OOB) {
-            rp->ph = PH_INFO;
+        } else if (s == KV_XPORT_READY && !rp->info_sent) {
+            if (rp->ph == PH_OOB)
+                rp->ph = PH_INFO;
             send_info(r, rp);
             any = true;
         }
