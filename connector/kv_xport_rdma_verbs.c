@@ -540,23 +540,28 @@ static kv_status rdma_connect(kv_xport_peer *p, const char *host, uint16_t port)
 {
     kv_xport *x = p->x;
     struct rdma *r = x->be;
-    kv_xport_peer *op = NULL;
-    kv_status st = kv_xport_connect(r->oob, host, port, &op);
-    if (st != KV_OK)
-        return kv__error_wrap(st, "xport_connect(rdma): out of band");
-    struct rpeer *rp = rpeer_new(r, p, op);
-    if (!rp) {
-        kv_xport_peer_close(op);
+    struct rpeer *rp = rpeer_new(r, p, NULL);
+    if (!rp)
         return kv__error(KV_ERR_NO_MEMORY, "xport_connect(rdma): peer state");
-    }
-    st = peer_verbs(r, rp);
+    kv_status st = peer_verbs(r, rp);
     if (st != KV_OK) {
         peer_verbs_free(r, rp);
-        kv_xport_peer_close(op);
         kv__mem_free(rp);
         return st;
     }
+    /* The OOB connect under x->mu (the order x->mu -> oob): the progress
+     * thread matches the OOB peer's first notification only with x->mu
+     * held, so it finds rp listed. */
     pthread_mutex_lock(&x->mu);
+    kv_xport_peer *op = NULL;
+    st = kv_xport_connect(r->oob, host, port, &op);
+    if (st != KV_OK) {
+        pthread_mutex_unlock(&x->mu);
+        peer_verbs_free(r, rp);
+        kv__mem_free(rp);
+        return kv__error_wrap(st, "xport_connect(rdma): out of band");
+    }
+    rp->oob = op;
     p->be = rp;
     rp->next = r->peers;
     r->peers = rp;
@@ -1217,8 +1222,12 @@ static bool poll_round(struct rdma *r, struct rpeer *rp)
 static void sweep(struct rdma *r, struct rpeer *rp, uint64_t now)
 {
     if (rp->ph != PH_READY && rp->ph != PH_FAIL && now >= rp->deadline_ns) {
-        peer_fail(r, rp, KV_ERR_TIMEOUT, "xport rdma: handshake not done within %u ms",
-                  r->x->cfg.timeout_ms);
+        static const char *const ph[] = {"out-of-band handshake", "QP info exchange",
+                                         "waiting for the peer's READY"};
+        peer_fail(r, rp, KV_ERR_TIMEOUT,
+                  "xport rdma: handshake not done within %u ms (%s; info %s, ready %s/%s)",
+                  r->x->cfg.timeout_ms, ph[rp->ph], rp->info_sent ? "sent" : "not sent",
+                  rp->ready_sent ? "sent" : "not sent", rp->ready_got ? "got" : "not got");
         return;
     }
     for (kv_xport_xfer *t = rp->p->xfers, *nx; t; t = nx) {
