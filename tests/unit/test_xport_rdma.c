@@ -197,9 +197,12 @@ static int decode_main(int wfd)
             if (m->peer != p)
                 continue; /* an earlier peer's */
             uint64_t bad = UINT64_MAX;
-            if (m->tag == TAG_CHECK || m->tag == TAG_LOOSE)
-                bad = check_a(a, (const struct span *)(const void *)m->data,
-                              m->len / (uint32_t)sizeof(struct span), m->tag == TAG_LOOSE);
+            if (m->tag == TAG_CHECK || m->tag == TAG_LOOSE) {
+                struct span sp[KV_XPORT_NOTIFY_MAX / sizeof(struct span)];
+                const uint32_t n = m->len / (uint32_t)sizeof(struct span);
+                memcpy(sp, m->data, n * sizeof(*sp)); /* data[] is not 8-byte aligned */
+                bad = check_a(a, sp, n, m->tag == TAG_LOOSE);
+            }
             if (m->tag == TAG_CHECK || m->tag == TAG_LOOSE || m->tag == TAG_ZERO) {
                 memset(a, 0, REGION);
                 child_send(p, TAG_RESULT, &bad, sizeof(bad));
