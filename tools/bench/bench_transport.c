@@ -168,8 +168,8 @@ static int decode_main(int ctl, bool convert, int64_t T, uint64_t bytes)
     if (kv_layout_init(&c, &src_lo) != KV_OK ||
         staging_layout(&src_lo, (uint32_t)(T / 16), &stg_lo) != KV_OK)
         return 11;
-    char *stage = kvb_alloc((size_t)stg_lo.total_bytes > bytes ? (size_t)stg_lo.total_bytes
-                                                               : (size_t)bytes);
+    char *stage =
+        kvb_alloc((size_t)stg_lo.total_bytes > bytes ? (size_t)stg_lo.total_bytes : (size_t)bytes);
     kv_plan *conv = NULL;
     if (convert && kv_plan_create(&stg_lo, &d.lo, NULL, &conv) != KV_OK)
         return 12;
@@ -225,12 +225,10 @@ static int decode_main(int ctl, bool convert, int64_t T, uint64_t bytes)
             if (kv_xport_notify_poll(x, 600000, msg) != KV_OK)
                 return 22;
             if (convert) {
-                struct kv_paged_cache s = {.layout = stg_lo,
-                                           .base = stage,
-                                           .storage_bytes = (size_t)stg_lo.total_bytes};
-                struct kv_paged_cache dd = {.layout = d.lo,
-                                            .base = d.base,
-                                            .storage_bytes = (size_t)d.lo.total_bytes};
+                struct kv_paged_cache s = {
+                    .layout = stg_lo, .base = stage, .storage_bytes = (size_t)stg_lo.total_bytes};
+                struct kv_paged_cache dd = {
+                    .layout = d.lo, .base = d.base, .storage_bytes = (size_t)d.lo.total_bytes};
                 if (kv_plan_copy(conv, s, stg_ids, (uint32_t)(T / 16), dd, d.ids, d.n,
                                  (uint64_t)T) != KV_OK)
                     return 23;
@@ -261,8 +259,8 @@ static int decode_main(int ctl, bool convert, int64_t T, uint64_t bytes)
 static void transport_case(bool convert)
 {
     const char *bench = convert ? "transport.tcp_convert" : "transport.tcp";
-    const char *name = convert ? "llama3_8b_T4096_nhd_lm_N16_to_hnd_bm_N32"
-                               : "llama3_8b_T4096_nhd_lm_N16";
+    const char *name =
+        convert ? "llama3_8b_T4096_nhd_lm_N16_to_hnd_bm_N32" : "llama3_8b_T4096_nhd_lm_N16";
     if (!kvb_selected(bench, name))
         return;
     kvb_progress("transport", name);
@@ -396,10 +394,10 @@ static void transport_case(bool convert)
         }
         kv_plan *ref = NULL;
         memset(d.base, 0, (size_t)d.lo.total_bytes);
-        struct kv_paged_cache sc = {.layout = s.lo, .base = s.base,
-                                    .storage_bytes = (size_t)s.lo.total_bytes};
-        struct kv_paged_cache dc = {.layout = d.lo, .base = d.base,
-                                    .storage_bytes = (size_t)d.lo.total_bytes};
+        struct kv_paged_cache sc = {
+            .layout = s.lo, .base = s.base, .storage_bytes = (size_t)s.lo.total_bytes};
+        struct kv_paged_cache dc = {
+            .layout = d.lo, .base = d.base, .storage_bytes = (size_t)d.lo.total_bytes};
         if (kv_plan_create(&s.lo, &d.lo, NULL, &ref) != KV_OK ||
             kv_plan_copy(ref, sc, s.ids, s.n, dc, d.ids, d.n, (uint64_t)T) != KV_OK) {
             kv_plan_destroy(ref);
