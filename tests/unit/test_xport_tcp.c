@@ -39,6 +39,8 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -412,10 +414,11 @@ static void send_note(kv_xport_peer *p, uint64_t tag, const void *msg, uint32_t 
 }
 
 /* The decode child: returns the number of failed checks (its exit code). */
-static int pd_decode(int port_fd)
+static int pd_decode(int port_fd, const char *host)
 {
     int bad = 0;
     struct kv_xport_config c = cfg_make(true, TOKEN, 0x1234);
+    c.listen_host = host;
     kv_xport *x = NULL;
     if (kv_xport_create(&c, &x) != KV_OK)
         return 100;
@@ -536,26 +539,50 @@ static int pd_decode(int port_fd)
 
 /* Prefill in the parent, decode in a child: 40 requests of 1..300 tokens,
  * each into one of 4 decode layouts, blocks chosen by decode. */
-static void test_xport_tcp_prefill_to_decode_two_procs(void **state)
+/* The network namespace /run/netns/<name> for this thread (and the
+ * threads it creates); "" restores `home`. */
+static bool enter_netns(const char *name, int home)
 {
-    (void)state;
+    if (!*name)
+        return setns(home, CLONE_NEWNET) == 0;
+    char path[96];
+    snprintf(path, sizeof(path), "/run/netns/%s", name);
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    const bool ok = fd >= 0 && setns(fd, CLONE_NEWNET) == 0;
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+/* Prefill in this process (in netns `ns_a` when set), decode in a child
+ * (in netns `ns_b`) listening on host. */
+static void pd_run(const char *host, const char *ns_a, const char *ns_b)
+{
     int fds[2];
     assert_int_equal(pipe(fds), 0);
     fflush(NULL);
     const pid_t pid = fork();
     if (pid == 0) {
         close(fds[0]);
-        _exit(pd_decode(fds[1]));
+        if (ns_b && !enter_netns(ns_b, -1))
+            _exit(120);
+        _exit(pd_decode(fds[1], host));
     }
     close(fds[1]);
     uint16_t port = 0;
     assert_int_equal(read(fds[0], &port, sizeof(port)), sizeof(port));
     close(fds[0]);
+    const int home = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+    if (ns_a)
+        assert_true(enter_netns(ns_a, home));
     struct kv_xport_config c = cfg_make(false, TOKEN, 0x1234);
     kv_xport *x = NULL;
     kv_xport_peer *p = NULL;
-    assert_int_equal(kv_xport_create(&c, &x), KV_OK);
-    assert_int_equal(kv_xport_connect(x, "127.0.0.1", port, &p), KV_OK);
+    assert_int_equal(kv_xport_create(&c, &x), KV_OK); /* its thread: in ns_a */
+    assert_int_equal(kv_xport_connect(x, host, port, &p), KV_OK);
+    if (ns_a)
+        assert_true(enter_netns("", home));
+    close(home);
     assert_int_equal(settle(p, NULL), KV_XPORT_READY);
     struct kv_layout_config sc = pd_cfg(4);
     struct kv_layout slo, dlo[4];
@@ -651,6 +678,43 @@ static void test_xport_tcp_prefill_to_decode_two_procs(void **state)
     kv_xport_destroy(x);
     free(src);
     free(msg);
+}
+
+static void test_xport_tcp_prefill_to_decode_two_procs(void **state)
+{
+    (void)state;
+    pd_run("127.0.0.1", NULL, NULL);
+}
+
+/* The same between two hosts: network namespaces joined by a veth pair,
+ * made here (root and iproute2 needed; skipped with a message otherwise). */
+static void test_xport_tcp_two_hosts_veth(void **state)
+{
+    (void)state;
+    char a[32], b[32], cmd[1024];
+    const int id = (int)getpid() % 100000;
+    snprintf(a, sizeof(a), "kvta%d", id);
+    snprintf(b, sizeof(b), "kvtb%d", id);
+    snprintf(cmd, sizeof(cmd),
+             "ip netns add %s && ip netns add %s && "
+             "ip link add %s type veth peer name %s && "
+             "ip link set %s netns %s && ip link set %s netns %s && "
+             "ip -n %s addr add 10.231.7.1/30 dev %s && ip -n %s addr add 10.231.7.2/30 dev %s && "
+             "ip -n %s link set %s up && ip -n %s link set %s up && "
+             "ip -n %s link set lo up && ip -n %s link set lo up",
+             a, b, a, b, a, a, b, b, a, a, b, b, a, a, b, b, a, b);
+    const int rc = system(cmd);
+    if (rc != 0) {
+        snprintf(cmd, sizeof(cmd), "ip netns del %s 2>/dev/null; ip netns del %s 2>/dev/null", a,
+                 b);
+        (void)system(cmd);
+        fprintf(stderr, "test_xport_tcp_two_hosts_veth: SKIPPED: cannot create network "
+                        "namespaces and a veth pair here (needs root and iproute2)\n");
+        skip();
+    }
+    pd_run("10.231.7.2", a, b);
+    snprintf(cmd, sizeof(cmd), "ip netns del %s; ip netns del %s", a, b);
+    assert_int_equal(system(cmd), 0);
 }
 
 /* ---- faults --------------------------------------------------------- */
@@ -928,6 +992,7 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_xport_tcp_prefill_to_decode_two_procs),
+        cmocka_unit_test(test_xport_tcp_two_hosts_veth),
         cmocka_unit_test(test_xport_tcp_handshake_refusals),
         cmocka_unit_test(test_xport_tcp_write_read_whole_region),
         cmocka_unit_test(test_xport_tcp_fault_cut),
