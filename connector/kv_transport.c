@@ -299,6 +299,32 @@ kv_status kv_xport_peer_state_get(kv_xport_peer *peer, kv_xport_peer_state *stat
     return KV_OK;
 }
 
+kv_status kv_xport_peer_wait(kv_xport_peer *peer, uint32_t timeout_ms, kv_xport_peer_state *state)
+{
+    if (!peer)
+        return kv__error(KV_ERR_NULL, "xport_peer_wait: peer is NULL");
+    kv_xport *x = peer->x;
+    const struct timespec ts = deadline_ts(timeout_ms);
+    pthread_mutex_lock(&x->mu);
+    while (peer->state == KV_XPORT_CONNECTING)
+        if (pthread_cond_timedwait(&x->cv, &x->mu, &ts) == ETIMEDOUT)
+            break;
+    const kv_xport_peer_state s = peer->state;
+    const kv_status why = peer->why;
+    char msg[sizeof(peer->why_msg)];
+    memcpy(msg, peer->why_msg, sizeof(msg));
+    pthread_mutex_unlock(&x->mu);
+    if (state)
+        *state = s;
+    if (s == KV_XPORT_CONNECTING)
+        return kv__error(KV_ERR_TIMEOUT, "xport_peer_wait: still connecting after %u ms",
+                         timeout_ms);
+    if (s == KV_XPORT_CLOSED)
+        return why == KV_OK ? kv__error(KV_ERR_BAD_STATE, "xport_peer_wait: peer closed")
+                            : kv__error(why, "%s", msg);
+    return KV_OK;
+}
+
 void kv_xport_peer_close(kv_xport_peer *peer)
 {
     if (!peer)
@@ -546,6 +572,10 @@ kv_status kv_xport_rmem_import(kv_xport_peer *peer, const void *blob, size_t len
         return kv__error(KV_ERR_MISMATCH, "xport_rmem_import: a %s blob on a %s transport",
                          kv_xport_kind_name((kv_xport_kind)kind), kv_xport_kind_name(x->cfg.kind));
     const uint64_t exposer = get_le(b + 24, 8), importer = get_le(b + 32, 8);
+    kv_xport_peer_state ps;
+    if (kv_xport_peer_wait(peer, x->cfg.timeout_ms, &ps) != KV_OK)
+        return kv__error(KV_ERR_BAD_STATE, "xport_rmem_import: peer not ready (%s)",
+                         ps == KV_XPORT_CONNECTING ? "still connecting" : "closed");
     pthread_mutex_lock(&x->mu);
     const bool ours = exposer == peer->nonce_remote && importer == peer->nonce_local;
     if (!ours) {
