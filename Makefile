@@ -91,9 +91,10 @@ ifeq ($(HAVE_CUDA),1)
 LIBS += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 BASECFLAGS += -I$(CUDA_HOME)/include
 endif
-# Verbs libraries are linked only once verbs code (*_verbs.c) exists.
+# The verbs library is linked only once verbs code (*_verbs.c) exists. The
+# transport connects QPs from exchanged GIDs/QPNs itself: no librdmacm.
 ifeq ($(HAVE_RDMA)$(if $(filter %_verbs.c,$(foreach m,$(MODULES),$(wildcard $(m)/*.c))),y),1y)
-LIBS += -libverbs -lrdmacm
+LIBS += -libverbs
 endif
 
 # Backend sources: *_cuda.c / *.cu only with CUDA, *_verbs.c only with RDMA.
@@ -122,7 +123,14 @@ NVCC_ALL   = $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden -DKV_HAVE_CUDA=1
 
 TEST_COMMON := $(wildcard tests/common/*.c)
 TEST_DEFS   := -Itests/common -DKV_TEST_DATA_DIR='"$(CURDIR)/tests/data"'
-UNIT_TESTS  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c))
+# Tests over the software verbs device (tests/softverbs): built only with
+# RDMA, and only they link it (never tests/common: integration tests see
+# public headers alone).
+SOFTVERBS   := tests/softverbs/kvt_softverbs.c
+VERBS_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,\
+                 $(wildcard tests/unit/test_softverbs*.c tests/unit/test_xport_rdma*.c))
+UNIT_TESTS  := $(filter-out $(if $(filter 1,$(HAVE_RDMA)),,$(VERBS_TESTS)),\
+                 $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c)))
 INTEG_TESTS := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(wildcard tests/integration/test_*.c))
 TESTS       := $(UNIT_TESTS) $(INTEG_TESTS)
 BENCH_SRC   := $(wildcard tools/bench/*.c)
@@ -172,6 +180,14 @@ $(BUILD)/tests/%: tests/unit/%.c $(TEST_COMMON) $(LIB_A)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  TEST   $@')
 	$(Q)$(CC) $(ALLCFLAGS) $(TEST_DEFS) -o $@ $< $(TEST_COMMON) $(LIB_A) -lcmocka $(LIBS)
+
+# A static pattern rule: it wins over the generic unit-test rule above.
+$(VERBS_TESTS): $(BUILD)/tests/%: tests/unit/%.c $(SOFTVERBS) tests/softverbs/kvt_softverbs.h \
+                $(TEST_COMMON) $(LIB_A)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo '  TEST   $@')
+	$(Q)$(CC) $(ALLCFLAGS) $(TEST_DEFS) -Itests/softverbs -o $@ $< $(SOFTVERBS) $(TEST_COMMON) \
+	    $(LIB_A) -lcmocka $(LIBS)
 
 $(STAGED): $(HEADERS)
 	@mkdir -p $(dir $@)

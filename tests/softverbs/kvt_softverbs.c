@@ -1,0 +1,1606 @@
+/*
+ * kvt_softverbs.c - the software RC verbs device (kvt_softverbs.h).
+ *
+ * Locking: one mutex per context (sv_ctx.lock) guards everything created
+ * from it (PDs, MRs, CQs, QPs, connections); application calls and the
+ * device thread take it; the device thread drops it only inside poll().
+ * Only the device thread closes sockets and frees connections, so the fds
+ * it polls stay valid while it is unlocked.
+ *
+ * Wire (AF_UNIX stream, one connection per requester QP, opened at RTR):
+ * a fixed header (struct sv_hdr) then `len` payload bytes. A QP has at most
+ * one request in flight (window 1), which makes RC ordering, RNR retry and
+ * "the receive completes after all earlier data landed" hold by
+ * construction.
+ *
+ * Send-queue accounting, the real rule: sq_used counts slots held; a WR
+ * holds its slot from post until a CQE that covers it is polled. A signaled
+ * (or error / flush) CQE covers itself and every unsignaled WR completed
+ * before it on that QP (sv_cqe.retire), so a caller that never signals runs
+ * out (post_send -> ENOMEM).
+ *   sq_used == pending WRs + unsig_done + sum(retire of unpolled send CQEs)
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+#include <fcntl.h>
+
+#include "kv_mem.h"
+#include "kvt_softverbs.h"
+
+/* ------------------------------------------------------------ globals -- */
+
+static struct ibv_device sv_device = {
+    .node_type = IBV_NODE_CA,
+    .transport_type = IBV_TRANSPORT_IB,
+    .name = "kvt_sv0",
+    .dev_name = "uverbs_kvt_sv0",
+};
+
+static _Atomic uint64_t max_mr_size = 1ull << 30;
+static _Atomic uint32_t next_ctx_id = 1;
+
+static pthread_mutex_t fault_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    enum kvt_sv_fault kind;
+    uint32_t left; /* events still let through */
+    uint32_t arg;
+} fault; /* guarded by fault_lock */
+
+static struct {
+    _Atomic uint64_t requests_sent, requests_served, bytes_landed, naks_sent, cqes, faults_fired;
+} stats;
+
+/* Whether the armed fault is `kind` and hits this event (then disarms). */
+static bool fault_hit(enum kvt_sv_fault kind, uint32_t *arg)
+{
+    bool hit = false;
+    pthread_mutex_lock(&fault_lock);
+    if (fault.kind == kind) {
+        if (fault.left > 0) {
+            fault.left--;
+        } else {
+            hit = true;
+            if (arg)
+                *arg = fault.arg;
+            fault.kind = KVT_SV_FAULT_NONE;
+        }
+    }
+    pthread_mutex_unlock(&fault_lock);
+    if (hit)
+        atomic_fetch_add(&stats.faults_fired, 1);
+    return hit;
+}
+
+void kvt_sv_fault(enum kvt_sv_fault f, uint32_t after_n, uint32_t arg)
+{
+    pthread_mutex_lock(&fault_lock);
+    fault.kind = f;
+    fault.left = after_n;
+    fault.arg = arg;
+    pthread_mutex_unlock(&fault_lock);
+}
+
+void kvt_sv_set_max_mr_size(uint64_t bytes)
+{
+    atomic_store(&max_mr_size, bytes);
+}
+
+void kvt_sv_stats_get(struct kvt_sv_stats *out)
+{
+    out->requests_sent = atomic_load(&stats.requests_sent);
+    out->requests_served = atomic_load(&stats.requests_served);
+    out->bytes_landed = atomic_load(&stats.bytes_landed);
+    out->naks_sent = atomic_load(&stats.naks_sent);
+    out->cqes = atomic_load(&stats.cqes);
+    out->faults_fired = atomic_load(&stats.faults_fired);
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* -------------------------------------------------------------- types -- */
+
+enum sv_type {
+    SV_HELLO = 1, /* requester QP src_qpn -> responder QP dst_qpn */
+    SV_WRITE,
+    SV_WRITE_IMM,
+    SV_SEND,
+    SV_READ_REQ,
+    SV_READ_RESP, /* payload: the bytes read */
+    SV_ACK,
+    SV_NAK, /* status: enum ibv_wc_status for the requester */
+};
+
+#define SV_MAGIC 0x6b767376u /* "kvsv" */
+#define SV_FORCE_NAK 1u      /* flags: KVT_SV_REMOTE_ACCESS injected */
+
+struct sv_hdr {
+    uint32_t magic;
+    uint16_t type;
+    uint16_t flags;
+    uint32_t dst_qpn, src_qpn;
+    uint32_t psn;
+    uint32_t rkey;
+    uint64_t raddr;
+    uint64_t len; /* payload bytes after the header (READ_REQ: bytes asked) */
+    uint32_t imm; /* network order, as in ibv_send_wr */
+    uint32_t status;
+};
+
+struct sv_ctx;
+struct sv_qp;
+
+struct sv_pd {
+    struct ibv_pd ibv;
+    struct sv_pd *next;
+    int refs; /* MRs + QPs on it */
+};
+
+struct sv_mr {
+    struct ibv_mr ibv; /* lkey == rkey, unique in the context */
+    struct sv_mr *next;
+    int access;
+};
+
+/* One CQE; qp is valid while the CQE is in the CQ (destroy_qp removes its
+ * CQEs). retire: the send-queue slots polling it releases (0 for recvs). */
+struct sv_cqe {
+    struct ibv_wc wc;
+    struct sv_qp *qp;
+    uint32_t retire;
+    uint64_t visible_ns; /* DELAY_COMPLETION: not polled before */
+};
+
+struct sv_cq {
+    struct ibv_cq ibv;
+    struct sv_cq *next;
+    struct sv_cqe *ring; /* [ibv.cqe] */
+    int head, count;     /* 0 <= count <= ibv.cqe */
+    int refs;            /* QPs using it */
+    bool overflowed;     /* a CQE found it full: poll_cq fails from then on */
+};
+
+struct sv_swr {
+    uint64_t wr_id;
+    enum ibv_wr_opcode op;
+    bool signaled;
+    uint32_t imm;
+    uint64_t raddr;
+    uint32_t rkey;
+    int nsge;
+    struct ibv_sge sge[KVT_SV_MAX_SGE];
+    uint64_t len;
+    bool is_inline; /* data in the slot's inline buffer */
+    uint8_t *inl;   /* [KVT_SV_MAX_INLINE], the slot's */
+};
+
+struct sv_rwr {
+    uint64_t wr_id;
+    int nsge;
+    struct ibv_sge sge[KVT_SV_MAX_SGE];
+};
+
+/* A queued outgoing message: header + payload iovecs (app or MR memory,
+ * valid until the WR completes). */
+struct sv_out {
+    struct sv_out *next;
+    struct sv_hdr hdr;
+    struct iovec iov[KVT_SV_MAX_SGE + 1];
+    int niov;
+    size_t sent, total;
+};
+
+struct sv_conn {
+    struct sv_conn *next;
+    int fd;
+    bool outgoing;    /* a requester QP's; else accepted by our listener */
+    bool dead;        /* closed by the peer or broken: no more I/O */
+    bool doomed;      /* its QP is gone: the device thread closes and frees it */
+    struct sv_qp *qp; /* requester QP (outgoing) or bound responder QP; NULL if none */
+    /* input: header, then payload into in_iov (or discarded) */
+    struct sv_hdr in;
+    size_t in_got;
+    bool in_payload;
+    struct iovec in_iov[KVT_SV_MAX_SGE];
+    int in_niov;
+    uint64_t in_left;
+    bool in_discard;
+    bool in_bad;          /* requester: the READ response cannot land (LOC_PROT_ERR) */
+    uint32_t in_nak;      /* NAK to send once the payload is consumed (0: none) */
+    struct sv_rwr in_rwr; /* receive consumed by this request */
+    bool in_has_rwr;
+    struct sv_out *out_head, *out_tail;
+};
+
+struct sv_qp {
+    struct ibv_qp ibv;
+    struct sv_qp *next;
+    struct sv_ctx *ctx;
+    struct sv_pd *pd;
+    struct sv_cq *scq, *rcq;
+    struct ibv_qp_attr attr; /* as last modified (what query_qp returns) */
+    struct ibv_qp_cap cap;
+    bool sq_sig_all;
+    struct sv_conn *conn; /* outgoing, from RTR; NULL before */
+    /* send queue: ring of pending WRs [sq_head, sq_head + sq_pending) */
+    struct sv_swr *sq; /* [cap.max_send_wr] */
+    uint8_t *inl;      /* [cap.max_send_wr][KVT_SV_MAX_INLINE] */
+    uint32_t sq_head, sq_pending, sq_used, unsig_done;
+    /* the head WR's state */
+    bool in_flight;
+    uint64_t fail_at_ns;   /* != 0: the head fails RETRY_EXC_ERR then */
+    uint64_t resend_at_ns; /* != 0: RNR: resend the head then */
+    uint32_t rnr_left;
+    uint32_t psn;
+    /* receive queue: ring [rq_head, rq_head + rq_count) */
+    struct sv_rwr *rq; /* [cap.max_recv_wr] */
+    uint32_t rq_head, rq_count;
+};
+
+struct sv_ctx {
+    struct ibv_context ibv;
+    pthread_mutex_t lock;
+    pthread_t thread;
+    int listen_fd;
+    int wake[2];
+    uint32_t id;
+    bool stop;
+    union ibv_gid gid;
+    struct sv_pd *pds;
+    struct sv_mr *mrs;
+    struct sv_cq *cqs;
+    struct sv_qp *qps;
+    struct sv_conn *conns;
+    uint32_t next_key, next_qpn;
+};
+
+static struct sv_ctx *ctx_of(struct ibv_context *c)
+{
+    return (struct sv_ctx *)c;
+}
+
+static void wake(struct sv_ctx *c)
+{
+    const char b = 1;
+    ssize_t r = write(c->wake[1], &b, 1);
+    (void)r; /* full pipe: already awake */
+}
+
+/* GID: fe80::"kvsv":pid:ctx id (big-endian), the socket name's source. */
+static void gid_make(union ibv_gid *g, uint32_t pid, uint32_t id)
+{
+    memset(g, 0, sizeof(*g));
+    g->raw[0] = 0xfe;
+    g->raw[1] = 0x80;
+    memcpy(&g->raw[4], "kvsv", 4);
+    for (int i = 0; i < 4; i++) {
+        g->raw[8 + i] = (uint8_t)(pid >> (24 - 8 * i));
+        g->raw[12 + i] = (uint8_t)(id >> (24 - 8 * i));
+    }
+}
+
+/* The abstract socket address of the context a GID names; false if the GID
+ * is not one of ours. */
+static bool gid_addr(const union ibv_gid *g, struct sockaddr_un *a, socklen_t *len)
+{
+    if (g->raw[0] != 0xfe || g->raw[1] != 0x80 || memcmp(&g->raw[4], "kvsv", 4) != 0)
+        return false;
+    uint32_t pid = 0, id = 0;
+    for (int i = 0; i < 4; i++) {
+        pid = pid << 8 | g->raw[8 + i];
+        id = id << 8 | g->raw[12 + i];
+    }
+    memset(a, 0, sizeof(*a));
+    a->sun_family = AF_UNIX;
+    int n = snprintf(a->sun_path + 1, sizeof(a->sun_path) - 1, "kvt_sv.%u.%u", pid, id);
+    *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+    return true;
+}
+
+/* ---------------------------------------------------------- CQ and QP -- */
+
+static void cq_push(struct sv_cq *cq, struct sv_qp *qp, const struct ibv_wc *wc, uint32_t retire)
+{
+    atomic_fetch_add(&stats.cqes, 1);
+    if (fault_hit(KVT_SV_LOST_COMPLETION, NULL)) {
+        qp->sq_used -= retire; /* as if polled: the slots do not leak */
+        return;
+    }
+    if (cq->overflowed)
+        return;
+    if (cq->count == cq->ibv.cqe) {
+        cq->overflowed = true; /* CQ overrun: the CQ is in error */
+        qp->attr.qp_state = IBV_QPS_ERR;
+        qp->ibv.state = IBV_QPS_ERR;
+        return;
+    }
+    uint32_t delay_ms = 0;
+    struct sv_cqe *e = &cq->ring[(cq->head + cq->count) % cq->ibv.cqe];
+    e->wc = *wc;
+    e->qp = qp;
+    e->retire = retire;
+    e->visible_ns = fault_hit(KVT_SV_DELAY_COMPLETION, &delay_ms)
+                        ? now_ns() + (uint64_t)delay_ms * 1000000ull
+                        : 0;
+    cq->count++;
+}
+
+static enum ibv_wc_opcode wc_opcode(enum ibv_wr_opcode op)
+{
+    switch (op) {
+    case IBV_WR_RDMA_READ:
+        return IBV_WC_RDMA_READ;
+    case IBV_WR_SEND:
+        return IBV_WC_SEND;
+    default:
+        return IBV_WC_RDMA_WRITE;
+    }
+}
+
+static void qp_set_err(struct sv_qp *qp)
+{
+    qp->attr.qp_state = IBV_QPS_ERR;
+    qp->ibv.state = IBV_QPS_ERR;
+    wake(qp->ctx); /* the device thread flushes */
+}
+
+/* Complete the head send WR with `status` (error and flush CQEs are always
+ * generated; success only when signaled). */
+static void sq_complete_head(struct sv_qp *qp, enum ibv_wc_status status, uint32_t byte_len)
+{
+    struct sv_swr *w = &qp->sq[qp->sq_head];
+    const bool cqe = status != IBV_WC_SUCCESS || w->signaled;
+    if (cqe) {
+        struct ibv_wc wc = {.wr_id = w->wr_id,
+                            .status = status,
+                            .opcode = wc_opcode(w->op),
+                            .byte_len = byte_len,
+                            .qp_num = qp->ibv.qp_num};
+        cq_push(qp->scq, qp, &wc, qp->unsig_done + 1);
+        qp->unsig_done = 0;
+    } else {
+        qp->unsig_done++;
+    }
+    qp->sq_head = (qp->sq_head + 1) % qp->cap.max_send_wr;
+    qp->sq_pending--;
+    qp->in_flight = false;
+    qp->fail_at_ns = 0;
+    qp->resend_at_ns = 0;
+    qp->rnr_left = qp->attr.rnr_retry; /* the next WR gets its own retries */
+    if (status != IBV_WC_SUCCESS && status != IBV_WC_WR_FLUSH_ERR)
+        qp_set_err(qp);
+}
+
+/* In ERR: every pending send WR and posted receive completes WR_FLUSH_ERR. */
+static void qp_flush(struct sv_qp *qp)
+{
+    while (qp->sq_pending > 0)
+        sq_complete_head(qp, IBV_WC_WR_FLUSH_ERR, 0);
+    while (qp->rq_count > 0) {
+        struct sv_rwr *r = &qp->rq[qp->rq_head];
+        struct ibv_wc wc = {.wr_id = r->wr_id,
+                            .status = IBV_WC_WR_FLUSH_ERR,
+                            .opcode = IBV_WC_RECV,
+                            .qp_num = qp->ibv.qp_num};
+        cq_push(qp->rcq, qp, &wc, 0);
+        qp->rq_head = (qp->rq_head + 1) % qp->cap.max_recv_wr;
+        qp->rq_count--;
+    }
+}
+
+static struct sv_mr *mr_find(struct sv_ctx *c, uint32_t key)
+{
+    for (struct sv_mr *m = c->mrs; m; m = m->next)
+        if (m->ibv.lkey == key)
+            return m;
+    return NULL;
+}
+
+/* [addr, addr + len) inside mr (overflow-safe). */
+static bool mr_covers(const struct sv_mr *m, uint64_t addr, uint64_t len)
+{
+    const uint64_t base = (uint64_t)(uintptr_t)m->ibv.addr;
+    return addr >= base && len <= m->ibv.length && addr - base <= m->ibv.length - len;
+}
+
+/* Local SGEs: lkey of an MR of the QP's PD, inside it, with LOCAL_WRITE
+ * when the device writes them. Fills iov; false -> LOC_PROT_ERR. */
+static bool sges_check(struct sv_qp *qp, const struct ibv_sge *sge, int n, bool write,
+                       struct iovec *iov, uint64_t *total)
+{
+    *total = 0;
+    for (int i = 0; i < n; i++) {
+        struct sv_mr *m = mr_find(qp->ctx, sge[i].lkey);
+        if (!m || m->ibv.pd != &qp->pd->ibv || !mr_covers(m, sge[i].addr, sge[i].length) ||
+            (write && !(m->access & IBV_ACCESS_LOCAL_WRITE)))
+            return false;
+        iov[i].iov_base = (void *)(uintptr_t)sge[i].addr;
+        iov[i].iov_len = sge[i].length;
+        *total += sge[i].length;
+    }
+    return true;
+}
+
+/* ------------------------------------------------------------ the wire -- */
+
+static void conn_queue(struct sv_conn *k, const struct sv_hdr *h, const struct iovec *iov, int n)
+{
+    if (k->dead || k->doomed)
+        return;
+    struct sv_out *o = kv__mem_calloc(1, sizeof(*o));
+    if (!o) {
+        k->dead = true;
+        return;
+    }
+    o->hdr = *h;
+    o->hdr.magic = SV_MAGIC;
+    o->iov[0].iov_base = &o->hdr;
+    o->iov[0].iov_len = sizeof(o->hdr);
+    o->total = sizeof(o->hdr);
+    for (int i = 0; i < n; i++) {
+        o->iov[1 + i] = iov[i];
+        o->total += iov[i].iov_len;
+    }
+    o->niov = 1 + n;
+    if (k->out_tail)
+        k->out_tail->next = o;
+    else
+        k->out_head = o;
+    k->out_tail = o;
+}
+
+static void conn_drop_out(struct sv_conn *k)
+{
+    while (k->out_head) {
+        struct sv_out *o = k->out_head;
+        k->out_head = o->next;
+        kv__mem_free(o);
+    }
+    k->out_tail = NULL;
+}
+
+/* Write what the socket takes without blocking. */
+static void conn_flush(struct sv_conn *k)
+{
+    while (k->out_head && !k->dead) {
+        struct sv_out *o = k->out_head;
+        struct iovec v[KVT_SV_MAX_SGE + 1];
+        int n = 0;
+        size_t skip = o->sent;
+        for (int i = 0; i < o->niov; i++) {
+            if (skip >= o->iov[i].iov_len) {
+                skip -= o->iov[i].iov_len;
+                continue;
+            }
+            v[n].iov_base = (char *)o->iov[i].iov_base + skip;
+            v[n].iov_len = o->iov[i].iov_len - skip;
+            skip = 0;
+            n++;
+        }
+        struct msghdr mh = {.msg_iov = v, .msg_iovlen = (size_t)n};
+        ssize_t r = sendmsg(k->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r < 0) {
+            if (errno == EAGAIN || errno == EINTR)
+                return;
+            k->dead = true;
+            return;
+        }
+        o->sent += (size_t)r;
+        if (o->sent == o->total) {
+            k->out_head = o->next;
+            if (!k->out_head)
+                k->out_tail = NULL;
+            kv__mem_free(o);
+        }
+    }
+}
+
+static void send_ctl(struct sv_conn *k, enum sv_type t, const struct sv_hdr *req, uint32_t status)
+{
+    struct sv_hdr h = {.type = (uint16_t)t,
+                       .dst_qpn = req->src_qpn,
+                       .src_qpn = req->dst_qpn,
+                       .psn = req->psn,
+                       .status = status};
+    if (t == SV_NAK)
+        atomic_fetch_add(&stats.naks_sent, 1);
+    conn_queue(k, &h, NULL, 0);
+}
+
+/* Requester: start the head WR of qp (state RTS, nothing in flight). */
+static void qp_start_head(struct sv_qp *qp)
+{
+    struct sv_swr *w = &qp->sq[qp->sq_head];
+    struct iovec iov[KVT_SV_MAX_SGE];
+    uint64_t total = w->len;
+    int n = 0;
+    if (w->is_inline) {
+        iov[0].iov_base = w->inl;
+        iov[0].iov_len = w->len;
+        n = w->len ? 1 : 0;
+    } else {
+        if (!sges_check(qp, w->sge, w->nsge, w->op == IBV_WR_RDMA_READ, iov, &total)) {
+            sq_complete_head(qp, IBV_WC_LOC_PROT_ERR, 0);
+            return;
+        }
+        n = w->nsge;
+    }
+    w->len = total;
+    qp->in_flight = true;
+    qp->psn++;
+    struct sv_hdr h = {.dst_qpn = qp->attr.dest_qp_num,
+                       .src_qpn = qp->ibv.qp_num,
+                       .psn = qp->psn,
+                       .rkey = w->rkey,
+                       .raddr = w->raddr,
+                       .len = total,
+                       .imm = w->imm};
+    switch (w->op) {
+    case IBV_WR_RDMA_WRITE:
+        h.type = SV_WRITE;
+        break;
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+        h.type = SV_WRITE_IMM;
+        break;
+    case IBV_WR_SEND:
+        h.type = SV_SEND;
+        break;
+    default:
+        h.type = SV_READ_REQ;
+        n = 0; /* no payload; the response lands in the SGEs */
+        break;
+    }
+    if (fault_hit(KVT_SV_REMOTE_ACCESS, NULL))
+        h.flags |= SV_FORCE_NAK;
+    if (!qp->conn || qp->conn->dead || fault_hit(KVT_SV_RETRY_EXCEEDED, NULL)) {
+        qp->fail_at_ns = now_ns() + KVT_SV_RETRY_MS * 1000000ull; /* nobody answers */
+        return;
+    }
+    atomic_fetch_add(&stats.requests_sent, 1);
+    conn_queue(qp->conn, &h, iov, n);
+}
+
+static struct sv_qp *qp_find(struct sv_ctx *c, uint32_t qpn)
+{
+    for (struct sv_qp *q = c->qps; q; q = q->next)
+        if (q->ibv.qp_num == qpn)
+            return q;
+    return NULL;
+}
+
+/* Responder: a request header arrived on accepted connection k. Decide
+ * where its payload goes (MR memory, a receive's SGEs, or nowhere) and what
+ * to answer once it is consumed. */
+static void resp_header(struct sv_ctx *c, struct sv_conn *k)
+{
+    struct sv_hdr *h = &k->in;
+    struct sv_qp *qp = k->qp;
+    k->in_left = h->len;
+    k->in_discard = true;
+    k->in_nak = 0;
+    k->in_has_rwr = false;
+    k->in_niov = 0;
+    if (h->type == SV_READ_REQ)
+        k->in_left = 0;
+    if (!qp || qp->ibv.state == IBV_QPS_RESET || qp->ibv.state == IBV_QPS_INIT ||
+        qp->ibv.state == IBV_QPS_ERR) {
+        k->in_nak = IBV_WC_RETRY_EXC_ERR; /* a real responder drops it: retries run out */
+        return;
+    }
+    if (h->flags & SV_FORCE_NAK) {
+        k->in_nak = IBV_WC_REM_ACCESS_ERR;
+        return;
+    }
+    if (h->type == SV_WRITE || h->type == SV_WRITE_IMM || h->type == SV_READ_REQ) {
+        const int need = h->type == SV_READ_REQ ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
+        struct sv_mr *m = mr_find(c, h->rkey);
+        if (h->len > 0 && (!(qp->attr.qp_access_flags & need) || !m || m->ibv.pd != &qp->pd->ibv ||
+                           !(m->access & need) || !mr_covers(m, h->raddr, h->len))) {
+            k->in_nak = IBV_WC_REM_ACCESS_ERR;
+            return;
+        }
+    }
+    if (h->type == SV_WRITE_IMM || h->type == SV_SEND) {
+        if (qp->rq_count == 0) {
+            k->in_nak = IBV_WC_RNR_RETRY_EXC_ERR; /* RNR NAK: the requester retries */
+            return;
+        }
+        k->in_rwr = qp->rq[qp->rq_head];
+        k->in_has_rwr = true;
+        qp->rq_head = (qp->rq_head + 1) % qp->cap.max_recv_wr;
+        qp->rq_count--;
+    }
+    if (h->type == SV_SEND) {
+        uint64_t room;
+        if (!sges_check(qp, k->in_rwr.sge, k->in_rwr.nsge, true, k->in_iov, &room) ||
+            room < h->len) {
+            const bool prot = room >= h->len;
+            struct ibv_wc wc = {.wr_id = k->in_rwr.wr_id,
+                                .status = prot ? IBV_WC_LOC_PROT_ERR : IBV_WC_LOC_LEN_ERR,
+                                .opcode = IBV_WC_RECV,
+                                .qp_num = qp->ibv.qp_num};
+            cq_push(qp->rcq, qp, &wc, 0);
+            k->in_has_rwr = false;
+            qp_set_err(qp);
+            k->in_nak = prot ? IBV_WC_REM_OP_ERR : IBV_WC_REM_INV_REQ_ERR;
+            return;
+        }
+        k->in_niov = k->in_rwr.nsge;
+    } else if (h->type != SV_READ_REQ && h->len > 0) {
+        k->in_iov[0].iov_base = (void *)(uintptr_t)h->raddr;
+        k->in_iov[0].iov_len = h->len;
+        k->in_niov = 1;
+    }
+    k->in_discard = false;
+}
+
+/* Responder: the request's payload is consumed. */
+static void resp_done(struct sv_conn *k)
+{
+    struct sv_hdr *h = &k->in;
+    struct sv_qp *qp = k->qp;
+    if (k->in_nak) {
+        send_ctl(k, SV_NAK, h, k->in_nak);
+        return;
+    }
+    atomic_fetch_add(&stats.requests_served, 1);
+    if (h->type == SV_READ_REQ) {
+        struct iovec v = {.iov_base = (void *)(uintptr_t)h->raddr, .iov_len = h->len};
+        struct sv_hdr r = {.type = SV_READ_RESP,
+                           .dst_qpn = h->src_qpn,
+                           .src_qpn = h->dst_qpn,
+                           .psn = h->psn,
+                           .len = h->len};
+        conn_queue(k, &r, &v, h->len ? 1 : 0);
+        return;
+    }
+    if (h->type != SV_SEND)
+        atomic_fetch_add(&stats.bytes_landed, h->len);
+    if (k->in_has_rwr) {
+        struct ibv_wc wc = {.wr_id = k->in_rwr.wr_id,
+                            .status = IBV_WC_SUCCESS,
+                            .opcode = h->type == SV_SEND ? IBV_WC_RECV : IBV_WC_RECV_RDMA_WITH_IMM,
+                            .byte_len = (uint32_t)h->len,
+                            .imm_data = h->imm,
+                            .wc_flags = h->type == SV_SEND ? 0 : IBV_WC_WITH_IMM,
+                            .qp_num = qp->ibv.qp_num,
+                            .src_qp = h->src_qpn};
+        cq_push(qp->rcq, qp, &wc, 0);
+        k->in_has_rwr = false;
+    }
+    send_ctl(k, SV_ACK, h, 0);
+}
+
+/* Requester: a response header arrived on qp's outgoing connection. */
+static void req_header(struct sv_conn *k)
+{
+    struct sv_qp *qp = k->qp;
+    k->in_left = k->in.type == SV_READ_RESP ? k->in.len : 0;
+    k->in_discard = true;
+    k->in_niov = 0;
+    if (!qp || !qp->in_flight || k->in.psn != qp->psn)
+        return; /* stale (the WR was flushed): consume and ignore */
+    k->in_bad = false;
+    if (k->in.type == SV_READ_RESP) {
+        struct sv_swr *w = &qp->sq[qp->sq_head];
+        uint64_t total;
+        if (sges_check(qp, w->sge, w->nsge, true, k->in_iov, &total) && total >= k->in.len) {
+            k->in_niov = w->nsge;
+            k->in_discard = false;
+        } else {
+            k->in_bad = true;
+        }
+    }
+}
+
+static void req_done(struct sv_conn *k)
+{
+    struct sv_qp *qp = k->qp;
+    if (!qp || !qp->in_flight || k->in.psn != qp->psn)
+        return;
+    if (k->in.type == SV_ACK || k->in.type == SV_READ_RESP) {
+        sq_complete_head(qp, k->in_bad ? IBV_WC_LOC_PROT_ERR : IBV_WC_SUCCESS, (uint32_t)k->in.len);
+    } else if (k->in.status == IBV_WC_RNR_RETRY_EXC_ERR &&
+               (qp->attr.rnr_retry == 7 || qp->rnr_left > 0)) {
+        if (qp->attr.rnr_retry != 7)
+            qp->rnr_left--;
+        qp->resend_at_ns = now_ns() + 1000000ull; /* min_rnr_timer, ~1 ms */
+    } else {
+        sq_complete_head(qp, (enum ibv_wc_status)k->in.status, 0);
+    }
+}
+
+/* Read what has arrived on k without blocking. */
+static void conn_read(struct sv_ctx *c, struct sv_conn *k)
+{
+    static _Thread_local char discard[65536]; /* written, never read */
+    for (;;) {
+        ssize_t r;
+        if (!k->in_payload) {
+            r = recv(k->fd, (char *)&k->in + k->in_got, sizeof(k->in) - k->in_got, MSG_DONTWAIT);
+        } else if (k->in_discard) {
+            size_t n = k->in_left < sizeof(discard) ? (size_t)k->in_left : sizeof(discard);
+            r = recv(k->fd, discard, n, MSG_DONTWAIT);
+        } else {
+            /* consumed so far = in.len - in_left: walk the iovecs from there */
+            struct iovec v[KVT_SV_MAX_SGE];
+            int n = 0;
+            uint64_t want = k->in_left, done = k->in.len - k->in_left;
+            for (int i = 0; i < k->in_niov && want > 0; i++) {
+                const uint64_t l = k->in_iov[i].iov_len;
+                if (done >= l) {
+                    done -= l;
+                    continue;
+                }
+                const uint64_t take = l - done < want ? l - done : want;
+                v[n].iov_base = (char *)k->in_iov[i].iov_base + done;
+                v[n].iov_len = (size_t)take;
+                want -= take;
+                done = 0;
+                n++;
+            }
+            r = readv(k->fd, v, n);
+        }
+        if (r == 0) {
+            k->dead = true;
+            return;
+        }
+        if (r < 0) {
+            if (errno != EAGAIN && errno != EINTR)
+                k->dead = true;
+            return;
+        }
+        if (!k->in_payload) {
+            k->in_got += (size_t)r;
+            if (k->in_got < sizeof(k->in))
+                continue;
+            k->in_got = 0;
+            if (k->in.magic != SV_MAGIC) {
+                k->dead = true;
+                return;
+            }
+            if (k->in.type == SV_HELLO) {
+                k->qp = qp_find(c, k->in.dst_qpn);
+                continue;
+            }
+            if (k->outgoing)
+                req_header(k);
+            else
+                resp_header(c, k);
+            k->in_payload = true;
+        } else {
+            k->in_left -= (uint64_t)r;
+        }
+        if (k->in_payload && k->in_left == 0) {
+            k->in_payload = false;
+            if (k->outgoing)
+                req_done(k);
+            else
+                resp_done(k);
+        }
+    }
+}
+
+/* A connection died: the requester's WR in flight fails RETRY_EXC_ERR. */
+static void conn_dead(struct sv_conn *k)
+{
+    conn_drop_out(k);
+    if (k->outgoing && k->qp && k->qp->in_flight && k->qp->fail_at_ns == 0)
+        sq_complete_head(k->qp, IBV_WC_RETRY_EXC_ERR, 0);
+}
+
+/* ------------------------------------------------------ device thread -- */
+
+static void qp_progress(struct sv_qp *qp, uint64_t now, uint64_t *next)
+{
+    if (qp->ibv.state == IBV_QPS_ERR) {
+        qp_flush(qp);
+        return;
+    }
+    if (qp->in_flight && qp->fail_at_ns) {
+        if (now >= qp->fail_at_ns)
+            sq_complete_head(qp, IBV_WC_RETRY_EXC_ERR, 0);
+        else if (qp->fail_at_ns < *next)
+            *next = qp->fail_at_ns;
+    }
+    if (qp->in_flight && qp->resend_at_ns) {
+        if (now >= qp->resend_at_ns) {
+            qp->resend_at_ns = 0;
+            qp->in_flight = false;
+            qp->psn--; /* the same request again */
+        } else if (qp->resend_at_ns < *next) {
+            *next = qp->resend_at_ns;
+        }
+    }
+    if (qp->ibv.state == IBV_QPS_ERR) {
+        qp_flush(qp);
+        return;
+    }
+    if (qp->ibv.state == IBV_QPS_RTS && !qp->in_flight && qp->sq_pending > 0)
+        qp_start_head(qp);
+    if (qp->ibv.state == IBV_QPS_ERR)
+        qp_flush(qp);
+}
+
+static void *device_thread(void *arg)
+{
+    struct sv_ctx *c = arg;
+    struct pollfd *pf = NULL;
+    struct sv_conn **pk = NULL;
+    size_t cap = 0;
+    pthread_mutex_lock(&c->lock);
+    while (!c->stop) {
+        const uint64_t now = now_ns();
+        uint64_t next = UINT64_MAX;
+        for (int pass = 0; pass < 2; pass++) /* a completion may start the next WR */
+            for (struct sv_qp *q = c->qps; q; q = q->next)
+                qp_progress(q, now, &next);
+        /* reap dead and doomed connections */
+        for (struct sv_conn **pp = &c->conns; *pp;) {
+            struct sv_conn *k = *pp;
+            if (k->dead)
+                conn_dead(k);
+            if (k->doomed || (k->dead && !k->outgoing)) {
+                *pp = k->next;
+                if (k->qp && k->qp->conn == k)
+                    k->qp->conn = NULL;
+                conn_drop_out(k);
+                close(k->fd);
+                kv__mem_free(k);
+                continue;
+            }
+            pp = &k->next;
+        }
+        size_t n = 2;
+        for (struct sv_conn *k = c->conns; k; k = k->next)
+            n++;
+        if (n > cap) {
+            kv__mem_free(pf);
+            kv__mem_free(pk);
+            cap = n * 2;
+            pf = kv__mem_calloc(cap, sizeof(*pf));
+            pk = kv__mem_calloc(cap, sizeof(*pk));
+        }
+        pf[0] = (struct pollfd){.fd = c->wake[0], .events = POLLIN};
+        pf[1] = (struct pollfd){.fd = c->listen_fd, .events = POLLIN};
+        n = 2;
+        for (struct sv_conn *k = c->conns; k; k = k->next) {
+            if (k->dead)
+                continue;
+            if (k->out_head)
+                conn_flush(k);
+            pk[n] = k;
+            pf[n++] = (struct pollfd){.fd = k->fd,
+                                      .events = (short)(POLLIN | (k->out_head ? POLLOUT : 0))};
+        }
+        int timeout = -1;
+        if (next != UINT64_MAX)
+            timeout = (int)((next - now) / 1000000ull) + 1;
+        pthread_mutex_unlock(&c->lock);
+        int r = poll(pf, (nfds_t)n, timeout);
+        pthread_mutex_lock(&c->lock);
+        if (r <= 0)
+            continue;
+        if (pf[0].revents) {
+            char b[64];
+            while (read(c->wake[0], b, sizeof(b)) > 0) {
+            }
+        }
+        if (pf[1].revents & POLLIN) {
+            int fd;
+            while ((fd = accept4(c->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
+                struct sv_conn *k = kv__mem_calloc(1, sizeof(*k));
+                if (!k) {
+                    close(fd);
+                    continue;
+                }
+                k->fd = fd;
+                k->next = c->conns;
+                c->conns = k;
+            }
+        }
+        for (size_t i = 2; i < n; i++) {
+            struct sv_conn *k = pk[i];
+            if (k->doomed || k->dead)
+                continue;
+            if (pf[i].revents & (POLLIN | POLLHUP | POLLERR))
+                conn_read(c, k);
+            if (!k->dead && k->out_head)
+                conn_flush(k);
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    kv__mem_free(pf);
+    kv__mem_free(pk);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ device --- */
+
+static struct ibv_device **sv_get_device_list(int *num)
+{
+    struct ibv_device **l = kv__mem_calloc(2, sizeof(*l));
+    if (!l) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    l[0] = &sv_device;
+    if (num)
+        *num = 1;
+    return l;
+}
+
+static void sv_free_device_list(struct ibv_device **list)
+{
+    kv__mem_free(list);
+}
+
+static const char *sv_get_device_name(struct ibv_device *d)
+{
+    return d->name;
+}
+
+static struct ibv_context *sv_open_device(struct ibv_device *d)
+{
+    if (d != &sv_device) {
+        errno = ENODEV;
+        return NULL;
+    }
+    struct sv_ctx *c = kv__mem_calloc(1, sizeof(*c));
+    if (!c)
+        goto fail;
+    c->ibv.device = d;
+    c->ibv.num_comp_vectors = 1;
+    c->ibv.cmd_fd = -1;
+    c->ibv.async_fd = -1;
+    c->id = atomic_fetch_add(&next_ctx_id, 1);
+    c->next_key = 0x100;
+    c->next_qpn = 0x10;
+    gid_make(&c->gid, (uint32_t)getpid(), c->id);
+    if (pipe2(c->wake, O_NONBLOCK | O_CLOEXEC) != 0)
+        goto free_ctx;
+    c->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (c->listen_fd < 0)
+        goto close_pipe;
+    struct sockaddr_un a;
+    socklen_t alen;
+    gid_addr(&c->gid, &a, &alen);
+    if (bind(c->listen_fd, (struct sockaddr *)&a, alen) != 0 || listen(c->listen_fd, 64) != 0)
+        goto close_sock;
+    pthread_mutex_init(&c->lock, NULL);
+    if (pthread_create(&c->thread, NULL, device_thread, c) != 0)
+        goto destroy_lock;
+    return &c->ibv;
+
+destroy_lock:
+    pthread_mutex_destroy(&c->lock);
+close_sock:
+    close(c->listen_fd);
+close_pipe:
+    close(c->wake[0]);
+    close(c->wake[1]);
+free_ctx:
+    kv__mem_free(c);
+fail:
+    errno = ENOMEM;
+    return NULL;
+}
+
+static int sv_close_device(struct ibv_context *ic)
+{
+    struct sv_ctx *c = ctx_of(ic);
+    pthread_mutex_lock(&c->lock);
+    if (c->pds || c->mrs || c->cqs || c->qps) {
+        pthread_mutex_unlock(&c->lock);
+        return EBUSY;
+    }
+    c->stop = true;
+    pthread_mutex_unlock(&c->lock);
+    wake(c);
+    pthread_join(c->thread, NULL);
+    while (c->conns) {
+        struct sv_conn *k = c->conns;
+        c->conns = k->next;
+        conn_drop_out(k);
+        close(k->fd);
+        kv__mem_free(k);
+    }
+    close(c->listen_fd);
+    close(c->wake[0]);
+    close(c->wake[1]);
+    pthread_mutex_destroy(&c->lock);
+    kv__mem_free(c);
+    return 0;
+}
+
+static int sv_query_device(struct ibv_context *ic, struct ibv_device_attr *a)
+{
+    (void)ic;
+    memset(a, 0, sizeof(*a));
+    snprintf(a->fw_ver, sizeof(a->fw_ver), "kvt-softverbs-1");
+    a->max_mr_size = atomic_load(&max_mr_size);
+    a->page_size_cap = 4096;
+    a->vendor_id = 0x4b56;
+    a->max_qp = 1024;
+    a->max_qp_wr = KVT_SV_MAX_QP_WR;
+    a->max_sge = KVT_SV_MAX_SGE;
+    a->max_cq = 1024;
+    a->max_cqe = KVT_SV_MAX_CQE;
+    a->max_mr = 1 << 16;
+    a->max_pd = 1024;
+    a->max_qp_rd_atom = 16;
+    a->max_qp_init_rd_atom = 16;
+    a->phys_port_cnt = 1;
+    return 0;
+}
+
+static int sv_query_port(struct ibv_context *ic, uint8_t port, struct ibv_port_attr *a)
+{
+    (void)ic;
+    if (port != 1)
+        return EINVAL;
+    memset(a, 0, sizeof(*a));
+    a->state = IBV_PORT_ACTIVE;
+    a->max_mtu = IBV_MTU_4096;
+    a->active_mtu = IBV_MTU_4096;
+    a->gid_tbl_len = 1;
+    a->max_msg_sz = 1u << 31;
+    a->pkey_tbl_len = 1;
+    a->link_layer = IBV_LINK_LAYER_ETHERNET;
+    a->phys_state = 5; /* LinkUp */
+    return 0;
+}
+
+static int sv_query_gid(struct ibv_context *ic, uint8_t port, int index, union ibv_gid *g)
+{
+    if (port != 1 || index != 0)
+        return EINVAL;
+    *g = ctx_of(ic)->gid;
+    return 0;
+}
+
+static struct ibv_pd *sv_alloc_pd(struct ibv_context *ic)
+{
+    struct sv_ctx *c = ctx_of(ic);
+    struct sv_pd *p = kv__mem_calloc(1, sizeof(*p));
+    if (!p) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    p->ibv.context = ic;
+    pthread_mutex_lock(&c->lock);
+    p->ibv.handle = c->next_key++;
+    p->next = c->pds;
+    c->pds = p;
+    pthread_mutex_unlock(&c->lock);
+    return &p->ibv;
+}
+
+static int sv_dealloc_pd(struct ibv_pd *ip)
+{
+    struct sv_ctx *c = ctx_of(ip->context);
+    struct sv_pd *p = (struct sv_pd *)ip;
+    pthread_mutex_lock(&c->lock);
+    if (p->refs > 0) {
+        pthread_mutex_unlock(&c->lock);
+        return EBUSY;
+    }
+    for (struct sv_pd **pp = &c->pds; *pp; pp = &(*pp)->next)
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    pthread_mutex_unlock(&c->lock);
+    kv__mem_free(p);
+    return 0;
+}
+
+static struct ibv_mr *sv_reg_mr(struct ibv_pd *ip, void *addr, size_t length, int access)
+{
+    struct sv_ctx *c = ctx_of(ip->context);
+    const int known = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    /* ibv_reg_mr(3): REMOTE_WRITE (or atomic) needs LOCAL_WRITE. */
+    if ((access & ~known) ||
+        ((access & IBV_ACCESS_REMOTE_WRITE) && !(access & IBV_ACCESS_LOCAL_WRITE)) || length == 0 ||
+        length > atomic_load(&max_mr_size) || !addr) {
+        errno = EINVAL;
+        return NULL;
+    }
+    struct sv_mr *m = kv__mem_calloc(1, sizeof(*m));
+    if (!m) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    m->ibv.context = ip->context;
+    m->ibv.pd = ip;
+    m->ibv.addr = addr;
+    m->ibv.length = length;
+    m->access = access;
+    pthread_mutex_lock(&c->lock);
+    m->ibv.lkey = m->ibv.rkey = m->ibv.handle = c->next_key++;
+    m->next = c->mrs;
+    c->mrs = m;
+    ((struct sv_pd *)ip)->refs++;
+    pthread_mutex_unlock(&c->lock);
+    return &m->ibv;
+}
+
+static int sv_dereg_mr(struct ibv_mr *im)
+{
+    struct sv_ctx *c = ctx_of(im->context);
+    struct sv_mr *m = (struct sv_mr *)im;
+    pthread_mutex_lock(&c->lock);
+    for (struct sv_mr **pp = &c->mrs; *pp; pp = &(*pp)->next)
+        if (*pp == m) {
+            *pp = m->next;
+            break;
+        }
+    ((struct sv_pd *)im->pd)->refs--;
+    pthread_mutex_unlock(&c->lock);
+    kv__mem_free(m);
+    return 0;
+}
+
+static struct ibv_cq *sv_create_cq(struct ibv_context *ic, int cqe, void *cq_context,
+                                   struct ibv_comp_channel *channel, int comp_vector)
+{
+    struct sv_ctx *c = ctx_of(ic);
+    if (cqe < 1 || cqe > KVT_SV_MAX_CQE || channel != NULL || comp_vector != 0) {
+        errno = EINVAL;
+        return NULL;
+    }
+    struct sv_cq *q = kv__mem_calloc(1, sizeof(*q));
+    if (!q || !(q->ring = kv__mem_calloc((size_t)cqe, sizeof(*q->ring)))) {
+        kv__mem_free(q);
+        errno = ENOMEM;
+        return NULL;
+    }
+    q->ibv.context = ic;
+    q->ibv.cq_context = cq_context;
+    q->ibv.cqe = cqe;
+    pthread_mutex_lock(&c->lock);
+    q->next = c->cqs;
+    c->cqs = q;
+    pthread_mutex_unlock(&c->lock);
+    return &q->ibv;
+}
+
+static int sv_destroy_cq(struct ibv_cq *icq)
+{
+    struct sv_ctx *c = ctx_of(icq->context);
+    struct sv_cq *q = (struct sv_cq *)icq;
+    pthread_mutex_lock(&c->lock);
+    if (q->refs > 0) {
+        pthread_mutex_unlock(&c->lock);
+        return EBUSY;
+    }
+    for (struct sv_cq **pp = &c->cqs; *pp; pp = &(*pp)->next)
+        if (*pp == q) {
+            *pp = q->next;
+            break;
+        }
+    pthread_mutex_unlock(&c->lock);
+    kv__mem_free(q->ring);
+    kv__mem_free(q);
+    return 0;
+}
+
+static struct ibv_qp *sv_create_qp(struct ibv_pd *ip, struct ibv_qp_init_attr *ia)
+{
+    struct sv_ctx *c = ctx_of(ip->context);
+    if (ia->qp_type != IBV_QPT_RC || !ia->send_cq || !ia->recv_cq || ia->srq ||
+        ia->send_cq->context != ip->context || ia->recv_cq->context != ip->context ||
+        ia->cap.max_send_wr < 1 || ia->cap.max_send_wr > KVT_SV_MAX_QP_WR ||
+        ia->cap.max_recv_wr < 1 || ia->cap.max_recv_wr > KVT_SV_MAX_QP_WR ||
+        ia->cap.max_send_sge > KVT_SV_MAX_SGE || ia->cap.max_recv_sge > KVT_SV_MAX_SGE ||
+        ia->cap.max_inline_data > KVT_SV_MAX_INLINE) {
+        errno = EINVAL;
+        return NULL;
+    }
+    struct sv_qp *q = kv__mem_calloc(1, sizeof(*q));
+    if (!q)
+        goto fail;
+    q->sq = kv__mem_calloc(ia->cap.max_send_wr, sizeof(*q->sq));
+    q->inl = kv__mem_calloc(ia->cap.max_send_wr, KVT_SV_MAX_INLINE);
+    q->rq = kv__mem_calloc(ia->cap.max_recv_wr, sizeof(*q->rq));
+    if (!q->sq || !q->inl || !q->rq)
+        goto free_qp;
+    for (uint32_t i = 0; i < ia->cap.max_send_wr; i++)
+        q->sq[i].inl = q->inl + (size_t)i * KVT_SV_MAX_INLINE;
+    q->ctx = c;
+    q->pd = (struct sv_pd *)ip;
+    q->scq = (struct sv_cq *)ia->send_cq;
+    q->rcq = (struct sv_cq *)ia->recv_cq;
+    q->cap = ia->cap;
+    q->sq_sig_all = ia->sq_sig_all != 0;
+    q->ibv.context = ip->context;
+    q->ibv.qp_context = ia->qp_context;
+    q->ibv.pd = ip;
+    q->ibv.send_cq = ia->send_cq;
+    q->ibv.recv_cq = ia->recv_cq;
+    q->ibv.qp_type = IBV_QPT_RC;
+    q->ibv.state = IBV_QPS_RESET;
+    q->attr.qp_state = IBV_QPS_RESET;
+    q->attr.cap = ia->cap;
+    pthread_mutex_lock(&c->lock);
+    q->ibv.qp_num = q->ibv.handle = c->next_qpn++;
+    q->next = c->qps;
+    c->qps = q;
+    q->pd->refs++;
+    q->scq->refs++;
+    q->rcq->refs++;
+    pthread_mutex_unlock(&c->lock);
+    return &q->ibv;
+
+free_qp:
+    kv__mem_free(q->rq);
+    kv__mem_free(q->inl);
+    kv__mem_free(q->sq);
+    kv__mem_free(q);
+fail:
+    errno = ENOMEM;
+    return NULL;
+}
+
+/* Remove qp's CQEs from cq (destroy_qp, as mlx5's cq clean). */
+static void cq_clean(struct sv_cq *cq, const struct sv_qp *qp)
+{
+    int kept = 0;
+    for (int i = 0; i < cq->count; i++) {
+        struct sv_cqe e = cq->ring[(cq->head + i) % cq->ibv.cqe];
+        if (e.qp != qp)
+            cq->ring[(cq->head + kept++) % cq->ibv.cqe] = e;
+    }
+    cq->count = kept;
+}
+
+static int sv_destroy_qp(struct ibv_qp *iqp)
+{
+    struct sv_ctx *c = ctx_of(iqp->context);
+    struct sv_qp *q = (struct sv_qp *)iqp;
+    pthread_mutex_lock(&c->lock);
+    for (struct sv_qp **pp = &c->qps; *pp; pp = &(*pp)->next)
+        if (*pp == q) {
+            *pp = q->next;
+            break;
+        }
+    /* its connections close: the peer's WRs in flight fail */
+    for (struct sv_conn *k = c->conns; k; k = k->next)
+        if (k->qp == q) {
+            k->qp = NULL;
+            k->doomed = true;
+            conn_drop_out(k);
+        }
+    cq_clean(q->scq, q);
+    cq_clean(q->rcq, q);
+    q->pd->refs--;
+    q->scq->refs--;
+    q->rcq->refs--;
+    pthread_mutex_unlock(&c->lock);
+    wake(c);
+    kv__mem_free(q->rq);
+    kv__mem_free(q->inl);
+    kv__mem_free(q->sq);
+    kv__mem_free(q);
+    return 0;
+}
+
+/* ibv_modify_qp(3), RC: the attributes each transition requires and the
+ * ones it allows; anything else is EINVAL. */
+struct sv_transition {
+    enum ibv_qp_state from, to;
+    int required, optional;
+};
+
+static const struct sv_transition transitions[] = {
+    {IBV_QPS_RESET, IBV_QPS_RESET, 0, 0},
+    {IBV_QPS_RESET, IBV_QPS_INIT, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0},
+    {IBV_QPS_INIT, IBV_QPS_INIT, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS},
+    {IBV_QPS_INIT, IBV_QPS_RTR,
+     IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+         IBV_QP_MIN_RNR_TIMER,
+     IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX},
+    {IBV_QPS_RTR, IBV_QPS_RTS,
+     IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC,
+     IBV_QP_CUR_STATE | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER |
+         IBV_QP_PATH_MIG_STATE},
+    {IBV_QPS_RTS, IBV_QPS_RTS, 0,
+     IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH | IBV_QP_MIN_RNR_TIMER |
+         IBV_QP_PATH_MIG_STATE},
+};
+
+static bool transition_ok(enum ibv_qp_state from, enum ibv_qp_state to, int mask)
+{
+    mask &= ~IBV_QP_STATE;
+    if (to == IBV_QPS_RESET || to == IBV_QPS_ERR)
+        return (mask & ~IBV_QP_CUR_STATE) == 0; /* from any state */
+    for (size_t i = 0; i < sizeof(transitions) / sizeof(transitions[0]); i++) {
+        const struct sv_transition *t = &transitions[i];
+        if (t->from == from && t->to == to)
+            return (mask & t->required) == t->required &&
+                   (mask & ~(t->required | t->optional)) == 0;
+    }
+    return false;
+}
+
+/* Connect qp to the context its RTR GID names; a peer that is not there is
+ * not an error of modify_qp (as on a real fabric): its WRs time out. */
+static void qp_connect(struct sv_qp *q)
+{
+    struct sockaddr_un a;
+    socklen_t alen;
+    struct sv_conn *k = kv__mem_calloc(1, sizeof(*k));
+    if (!k)
+        return;
+    k->outgoing = true;
+    k->qp = q;
+    k->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (k->fd < 0) {
+        kv__mem_free(k);
+        return;
+    }
+    if (!gid_addr(&q->attr.ah_attr.grh.dgid, &a, &alen) ||
+        connect(k->fd, (struct sockaddr *)&a, alen) != 0)
+        k->dead = true;
+    fcntl(k->fd, F_SETFL, fcntl(k->fd, F_GETFL) | O_NONBLOCK);
+    struct sv_hdr h = {.type = SV_HELLO, .dst_qpn = q->attr.dest_qp_num, .src_qpn = q->ibv.qp_num};
+    conn_queue(k, &h, NULL, 0);
+    k->next = q->ctx->conns;
+    q->ctx->conns = k;
+    q->conn = k;
+}
+
+static void qp_reset(struct sv_qp *q)
+{
+    for (struct sv_conn *k = q->ctx->conns; k; k = k->next)
+        if (k->qp == q) {
+            k->qp = NULL;
+            k->doomed = true;
+            conn_drop_out(k);
+        }
+    q->conn = NULL;
+    cq_clean(q->scq, q);
+    cq_clean(q->rcq, q);
+    q->sq_head = q->sq_pending = q->sq_used = q->unsig_done = 0;
+    q->rq_head = q->rq_count = 0;
+    q->in_flight = false;
+    q->fail_at_ns = q->resend_at_ns = 0;
+}
+
+static int sv_modify_qp(struct ibv_qp *iqp, struct ibv_qp_attr *attr, int mask)
+{
+    struct sv_qp *q = (struct sv_qp *)iqp;
+    struct sv_ctx *c = q->ctx;
+    int rc = 0;
+    pthread_mutex_lock(&c->lock);
+    const enum ibv_qp_state from = q->ibv.state;
+    const enum ibv_qp_state to = (mask & IBV_QP_STATE) ? attr->qp_state : from;
+    if (((mask & IBV_QP_CUR_STATE) && attr->cur_qp_state != from) ||
+        !transition_ok(from, to, mask) || ((mask & IBV_QP_PORT) && attr->port_num != 1) ||
+        ((mask & IBV_QP_AV) && !(attr->ah_attr.is_global))) {
+        rc = EINVAL;
+        goto out;
+    }
+    if (mask & IBV_QP_ACCESS_FLAGS)
+        q->attr.qp_access_flags = attr->qp_access_flags;
+    if (mask & IBV_QP_PKEY_INDEX)
+        q->attr.pkey_index = attr->pkey_index;
+    if (mask & IBV_QP_PORT)
+        q->attr.port_num = attr->port_num;
+    if (mask & IBV_QP_AV)
+        q->attr.ah_attr = attr->ah_attr;
+    if (mask & IBV_QP_PATH_MTU)
+        q->attr.path_mtu = attr->path_mtu;
+    if (mask & IBV_QP_DEST_QPN)
+        q->attr.dest_qp_num = attr->dest_qp_num;
+    if (mask & IBV_QP_RQ_PSN)
+        q->attr.rq_psn = attr->rq_psn;
+    if (mask & IBV_QP_MAX_DEST_RD_ATOMIC)
+        q->attr.max_dest_rd_atomic = attr->max_dest_rd_atomic;
+    if (mask & IBV_QP_MIN_RNR_TIMER)
+        q->attr.min_rnr_timer = attr->min_rnr_timer;
+    if (mask & IBV_QP_TIMEOUT)
+        q->attr.timeout = attr->timeout;
+    if (mask & IBV_QP_RETRY_CNT)
+        q->attr.retry_cnt = attr->retry_cnt;
+    if (mask & IBV_QP_RNR_RETRY) {
+        q->attr.rnr_retry = attr->rnr_retry;
+        q->rnr_left = attr->rnr_retry;
+    }
+    if (mask & IBV_QP_SQ_PSN)
+        q->attr.sq_psn = attr->sq_psn;
+    if (mask & IBV_QP_MAX_QP_RD_ATOMIC)
+        q->attr.max_rd_atomic = attr->max_rd_atomic;
+    if (to == IBV_QPS_RESET)
+        qp_reset(q);
+    if (from == IBV_QPS_INIT && to == IBV_QPS_RTR)
+        qp_connect(q);
+    q->attr.qp_state = to;
+    q->ibv.state = to;
+    if (to == IBV_QPS_ERR)
+        qp_flush(q);
+out:
+    pthread_mutex_unlock(&c->lock);
+    wake(c);
+    return rc;
+}
+
+static int sv_query_qp(struct ibv_qp *iqp, struct ibv_qp_attr *attr, int mask,
+                       struct ibv_qp_init_attr *ia)
+{
+    struct sv_qp *q = (struct sv_qp *)iqp;
+    (void)mask; /* everything is returned */
+    pthread_mutex_lock(&q->ctx->lock);
+    *attr = q->attr;
+    attr->cur_qp_state = q->attr.qp_state;
+    if (ia) {
+        memset(ia, 0, sizeof(*ia));
+        ia->qp_context = iqp->qp_context;
+        ia->send_cq = iqp->send_cq;
+        ia->recv_cq = iqp->recv_cq;
+        ia->cap = q->cap;
+        ia->qp_type = IBV_QPT_RC;
+        ia->sq_sig_all = q->sq_sig_all;
+    }
+    pthread_mutex_unlock(&q->ctx->lock);
+    return 0;
+}
+
+/* ----------------------------------------------------------- data path -- */
+
+static int post_one_send(struct sv_qp *q, const struct ibv_send_wr *wr)
+{
+    if (q->ibv.state == IBV_QPS_RESET || q->ibv.state == IBV_QPS_INIT ||
+        q->ibv.state == IBV_QPS_RTR)
+        return EINVAL;
+    if (wr->num_sge < 0 || wr->num_sge > (int)q->cap.max_send_sge ||
+        (wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM &&
+         wr->opcode != IBV_WR_RDMA_READ && wr->opcode != IBV_WR_SEND) ||
+        (wr->send_flags & ~(IBV_SEND_SIGNALED | IBV_SEND_INLINE | IBV_SEND_FENCE)))
+        return EINVAL;
+    if (q->sq_used >= q->cap.max_send_wr)
+        return ENOMEM;
+    struct sv_swr *w = &q->sq[(q->sq_head + q->sq_pending) % q->cap.max_send_wr];
+    w->wr_id = wr->wr_id;
+    w->op = wr->opcode;
+    w->signaled = q->sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED);
+    w->imm = wr->imm_data;
+    w->raddr = wr->wr.rdma.remote_addr;
+    w->rkey = wr->wr.rdma.rkey;
+    w->nsge = wr->num_sge;
+    w->is_inline = false;
+    w->len = 0;
+    for (int i = 0; i < wr->num_sge; i++) {
+        w->sge[i] = wr->sg_list[i];
+        w->len += wr->sg_list[i].length;
+    }
+    if ((wr->send_flags & IBV_SEND_INLINE) && wr->opcode != IBV_WR_RDMA_READ) {
+        if (w->len > q->cap.max_inline_data)
+            return EINVAL;
+        size_t off = 0;
+        for (int i = 0; i < wr->num_sge; i++) {
+            memcpy(w->inl + off, (const void *)(uintptr_t)wr->sg_list[i].addr,
+                   wr->sg_list[i].length);
+            off += wr->sg_list[i].length;
+        }
+        w->is_inline = true;
+    }
+    q->sq_pending++;
+    q->sq_used++;
+    return 0;
+}
+
+static int sv_post_send(struct ibv_qp *iqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+    struct sv_qp *q = (struct sv_qp *)iqp;
+    int rc = 0;
+    pthread_mutex_lock(&q->ctx->lock);
+    for (; wr; wr = wr->next) {
+        rc = post_one_send(q, wr);
+        if (rc) {
+            *bad = wr;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&q->ctx->lock);
+    wake(q->ctx);
+    return rc;
+}
+
+static int sv_post_recv(struct ibv_qp *iqp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+    struct sv_qp *q = (struct sv_qp *)iqp;
+    int rc = 0;
+    pthread_mutex_lock(&q->ctx->lock);
+    for (; wr; wr = wr->next) {
+        if (q->ibv.state == IBV_QPS_RESET)
+            rc = EINVAL;
+        else if (wr->num_sge < 0 || wr->num_sge > (int)q->cap.max_recv_sge)
+            rc = EINVAL;
+        else if (q->rq_count >= q->cap.max_recv_wr)
+            rc = ENOMEM;
+        if (rc) {
+            *bad = wr;
+            break;
+        }
+        struct sv_rwr *r = &q->rq[(q->rq_head + q->rq_count) % q->cap.max_recv_wr];
+        r->wr_id = wr->wr_id;
+        r->nsge = wr->num_sge;
+        for (int i = 0; i < wr->num_sge; i++)
+            r->sge[i] = wr->sg_list[i];
+        q->rq_count++;
+    }
+    if (q->ibv.state == IBV_QPS_ERR)
+        qp_flush(q);
+    pthread_mutex_unlock(&q->ctx->lock);
+    return rc;
+}
+
+static int sv_poll_cq(struct ibv_cq *icq, int n, struct ibv_wc *wc)
+{
+    struct sv_cq *q = (struct sv_cq *)icq;
+    struct sv_ctx *c = ctx_of(icq->context);
+    int got = 0;
+    pthread_mutex_lock(&c->lock);
+    if (q->overflowed) {
+        pthread_mutex_unlock(&c->lock);
+        return -EOVERFLOW;
+    }
+    const uint64_t now = now_ns();
+    while (got < n && q->count > 0) {
+        struct sv_cqe *e = &q->ring[q->head];
+        if (e->visible_ns > now)
+            break; /* held (DELAY_COMPLETION); what is behind it waits */
+        wc[got++] = e->wc;
+        e->qp->sq_used -= e->retire;
+        q->head = (q->head + 1) % q->ibv.cqe;
+        q->count--;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return got;
+}
+
+static const struct kv__verbs softverbs = {
+    .version = KV__VERBS_VERSION,
+    .name = "softverbs",
+    .get_device_list = sv_get_device_list,
+    .free_device_list = sv_free_device_list,
+    .get_device_name = sv_get_device_name,
+    .open_device = sv_open_device,
+    .close_device = sv_close_device,
+    .query_device = sv_query_device,
+    .query_port = sv_query_port,
+    .query_gid = sv_query_gid,
+    .alloc_pd = sv_alloc_pd,
+    .dealloc_pd = sv_dealloc_pd,
+    .reg_mr = sv_reg_mr,
+    .dereg_mr = sv_dereg_mr,
+    .create_cq = sv_create_cq,
+    .destroy_cq = sv_destroy_cq,
+    .create_qp = sv_create_qp,
+    .modify_qp = sv_modify_qp,
+    .query_qp = sv_query_qp,
+    .destroy_qp = sv_destroy_qp,
+    .post_send = sv_post_send,
+    .post_recv = sv_post_recv,
+    .poll_cq = sv_poll_cq,
+};
+
+const struct kv__verbs *kvt_softverbs(void)
+{
+    return &softverbs;
+}

@@ -1,0 +1,85 @@
+/*
+ * kvt_softverbs.h - a software RC verbs device for tests (not in the
+ * library): a struct kv__verbs table whose device "kvt_sv0" moves data
+ * between processes on one host with verbs semantics, so the RDMA transport
+ * runs end to end without RDMA hardware.
+ *
+ * Model. Each open_device() context owns one device thread and one AF_UNIX
+ * listening socket in the abstract namespace, named from its GID (pid +
+ * context id). Moving a QP to RTR connects it to the peer context named by
+ * ah_attr.grh.dgid; every WR is then a request packet executed by the
+ * peer's device thread, which checks the MR (rkey, bounds, access flags,
+ * PD) and reads or writes the registered memory itself (one-sided: the
+ * target's application threads take no part), then ACKs or NAKs. Loopback
+ * (both QPs in one process, one context or two) takes the same path.
+ *
+ * What is faithful (see kvt_softverbs.c for the rules, man-page wording):
+ * QP states RESET/INIT/RTR/RTS/ERR with the RC attr masks of ibv_modify_qp;
+ * RDMA_WRITE, RDMA_WRITE_WITH_IMM, RDMA_READ, SEND, up to max_sge SGEs,
+ * SIGNALED, INLINE; in-order execution and completion per QP; lkey/rkey,
+ * bounds, access and PD checks (LOC_PROT_ERR, REM_ACCESS_ERR); RNR
+ * (RNR_RETRY_EXC_ERR); ERR flushes every WR (WR_FLUSH_ERR, unsignaled ones
+ * too); send-queue slots released only when a signaled completion is polled;
+ * CQ overflow puts the CQ in error; a peer that dies fails the WRs in flight
+ * with RETRY_EXC_ERR. Thread-safe like libibverbs.
+ *
+ * Simplified or absent: one request in flight per QP (no pipelining, so no
+ * PSN sequence errors, and max_rd_atomic is not enforced); a request to a
+ * responder QP that is missing, in RESET/INIT or in ERR fails at once with
+ * RETRY_EXC_ERR instead of after timeout * retry_cnt; the retry timeout is
+ * KVT_SV_RETRY_MS whatever the QP's timeout/retry_cnt; RNR retries wait
+ * ~1 ms whatever min_rnr_timer (rnr_retry 7 = forever, as in the spec); no
+ * atomics, SRQ, UD/UC, completion channels, async events, memory windows,
+ * SEND_WITH_IMM or SQD; one port (1), one GID (index 0), pkey ignored; an MR
+ * is checked on every access but dereg_mr does not wait for WRs using it;
+ * CQ overrun moves the QP that overran to ERR (no async event).
+ */
+#ifndef KVT_SOFTVERBS_H
+#define KVT_SOFTVERBS_H
+
+#include <stdint.h>
+
+#include "kv_verbs_int.h"
+
+/* The software device's table (static storage). Install it with
+ * kv__verbs_set(kvt_softverbs()) before opening anything. */
+const struct kv__verbs *kvt_softverbs(void);
+
+/* Faults, process-wide and one-shot: the fault lets after_n eligible events
+ * pass, hits the next one, then disarms. Events are counted in the process
+ * that armed it (arm it in the requester for the request faults). */
+enum kvt_sv_fault {
+    KVT_SV_FAULT_NONE = 0,       /* disarm every fault */
+    KVT_SV_RETRY_EXCEEDED = 1,   /* a request is dropped on the wire: its WR completes
+                                    IBV_WC_RETRY_EXC_ERR after KVT_SV_RETRY_MS, QP to ERR */
+    KVT_SV_REMOTE_ACCESS = 2,    /* the responder NAKs a request, nothing written:
+                                    IBV_WC_REM_ACCESS_ERR, QP to ERR */
+    KVT_SV_LOST_COMPLETION = 3,  /* a CQE (any CQ) is silently dropped; its send-queue
+                                    slots are released as if it had been polled */
+    KVT_SV_DELAY_COMPLETION = 4, /* a CQE is held arg ms (the CQE after it waits too) */
+};
+void kvt_sv_fault(enum kvt_sv_fault f, uint32_t after_n, uint32_t arg);
+
+/* How long a dropped request or a dead connection takes to fail its WR. */
+#define KVT_SV_RETRY_MS 50
+
+/* Limits reported by query_device; the MR size is settable so tests can
+ * exercise MR splitting (default 1 GiB). Process-wide. */
+#define KVT_SV_MAX_SGE 16
+#define KVT_SV_MAX_QP_WR 4096
+#define KVT_SV_MAX_CQE 65536
+#define KVT_SV_MAX_INLINE 256
+void kvt_sv_set_max_mr_size(uint64_t bytes);
+
+/* Process-wide counters (atomic). */
+struct kvt_sv_stats {
+    uint64_t requests_sent;   /* request packets (WRITE, READ, SEND) sent */
+    uint64_t requests_served; /* requests executed by this process's responders */
+    uint64_t bytes_landed;    /* bytes this process's responders wrote into MRs */
+    uint64_t naks_sent;       /* access / RNR / invalid NAKs sent */
+    uint64_t cqes;            /* CQEs generated */
+    uint64_t faults_fired;
+};
+void kvt_sv_stats_get(struct kvt_sv_stats *out);
+
+#endif /* KVT_SOFTVERBS_H */

@@ -1,0 +1,727 @@
+/*
+ * test_softverbs.c - the software verbs device (tests/softverbs), driven
+ * through the struct kv__verbs table only, as the RDMA transport drives it:
+ * the QP state machine and its attr masks, writes and write-with-imm across
+ * two processes landing exactly (whole 64 MiB buffer compared), RDMA READ
+ * and SEND in loopback, remote access errors with nothing written, flushes
+ * after ERR (unsignaled WRs too), send-queue accounting, CQ overflow, RNR,
+ * every injected fault and a killed peer.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kv_verbs_int.h"
+#include "kvt_softverbs.h"
+
+#define BIG_BYTES ((size_t)64 << 20)
+#define ACC_ALL (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
+
+static const struct kv__verbs *V;
+
+/* One end: a context, a PD, one CQ for both queues, an RC QP, a buffer and
+ * its MR. */
+struct node {
+    struct ibv_context *ctx;
+    struct ibv_pd *pd;
+    struct ibv_cq *cq;
+    struct ibv_qp *qp;
+    uint8_t *buf;
+    size_t bytes;
+    struct ibv_mr *mr;
+    union ibv_gid gid;
+};
+
+/* What a peer needs to reach a node. */
+struct wire {
+    uint32_t qpn, rkey;
+    uint64_t addr;
+    union ibv_gid gid;
+};
+
+/* A check usable in the forked peer too: there a failed cmocka assert would
+ * unwind into the child's copy of the runner and go on running tests, so
+ * the child exits 20 instead (the parent sees it in the exit status). */
+static bool in_child;
+
+static void must(bool ok, const char *what)
+{
+    if (ok)
+        return;
+    if (in_child)
+        _exit(20);
+    fail_msg("%s", what);
+}
+
+static void node_open(struct node *n, size_t bytes, int access, int cqe, uint32_t sq_wr)
+{
+    memset(n, 0, sizeof(*n));
+    int num = 0;
+    struct ibv_device **l = V->get_device_list(&num);
+    must(l != NULL, "l");
+    must((num) == (1), "num == 1");
+    must(strcmp(V->get_device_name(l[0]), "kvt_sv0") == 0, "device name");
+    n->ctx = V->open_device(l[0]);
+    V->free_device_list(l);
+    must(n->ctx != NULL, "n->ctx");
+    must((V->query_gid(n->ctx, 1, 0, &n->gid)) == (0), "V->query_gid(n->ctx, 1, 0, &n->gid) == 0");
+    n->pd = V->alloc_pd(n->ctx);
+    must(n->pd != NULL, "n->pd");
+    n->cq = V->create_cq(n->ctx, cqe, NULL, NULL, 0);
+    must(n->cq != NULL, "n->cq");
+    struct ibv_qp_init_attr ia = {.send_cq = n->cq,
+                                  .recv_cq = n->cq,
+                                  .cap = {.max_send_wr = sq_wr,
+                                          .max_recv_wr = 16,
+                                          .max_send_sge = KVT_SV_MAX_SGE,
+                                          .max_recv_sge = 4,
+                                          .max_inline_data = 64},
+                                  .qp_type = IBV_QPT_RC};
+    n->qp = V->create_qp(n->pd, &ia);
+    must(n->qp != NULL, "n->qp");
+    n->bytes = bytes;
+    n->buf = calloc(1, bytes);
+    must(n->buf != NULL, "n->buf");
+    n->mr = V->reg_mr(n->pd, n->buf, bytes, access);
+    must(n->mr != NULL, "n->mr");
+}
+
+static void node_close(struct node *n)
+{
+    must((V->destroy_qp(n->qp)) == (0), "V->destroy_qp(n->qp) == 0");
+    must((V->dereg_mr(n->mr)) == (0), "V->dereg_mr(n->mr) == 0");
+    must((V->destroy_cq(n->cq)) == (0), "V->destroy_cq(n->cq) == 0");
+    must((V->dealloc_pd(n->pd)) == (0), "V->dealloc_pd(n->pd) == 0");
+    must((V->close_device(n->ctx)) == (0), "V->close_device(n->ctx) == 0");
+    free(n->buf);
+}
+
+static struct wire node_wire(const struct node *n)
+{
+    struct wire w = {.qpn = n->qp->qp_num,
+                     .rkey = n->mr->rkey,
+                     .addr = (uint64_t)(uintptr_t)n->buf,
+                     .gid = n->gid};
+    return w;
+}
+
+static int to_init(struct ibv_qp *qp, int access)
+{
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1, .qp_access_flags = access};
+    return V->modify_qp(qp, &a,
+                        IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+}
+
+static int to_rtr(struct ibv_qp *qp, const struct wire *peer)
+{
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
+                            .path_mtu = IBV_MTU_4096,
+                            .dest_qp_num = peer->qpn,
+                            .max_dest_rd_atomic = 1,
+                            .min_rnr_timer = 1,
+                            .ah_attr = {.is_global = 1, .port_num = 1}};
+    a.ah_attr.grh.dgid = peer->gid;
+    return V->modify_qp(qp, &a,
+                        IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                            IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+}
+
+static int to_rts(struct ibv_qp *qp, uint8_t rnr_retry)
+{
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTS,
+                            .timeout = 14,
+                            .retry_cnt = 7,
+                            .rnr_retry = rnr_retry,
+                            .max_rd_atomic = 1};
+    return V->modify_qp(qp, &a,
+                        IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                            IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+static void connect_qp(struct node *n, const struct wire *peer, int access, uint8_t rnr_retry)
+{
+    must((to_init(n->qp, access)) == (0), "to_init(n->qp, access) == 0");
+    must((to_rtr(n->qp, peer)) == (0), "to_rtr(n->qp, peer) == 0");
+    must((to_rts(n->qp, rnr_retry)) == (0), "to_rts(n->qp, rnr_retry) == 0");
+}
+
+/* Two nodes of this process connected to each other (loopback). */
+static void pair_open(struct node *a, struct node *b, size_t bytes, int cqe, uint32_t sq_wr)
+{
+    node_open(a, bytes, ACC_ALL, cqe, sq_wr);
+    node_open(b, bytes, ACC_ALL, cqe, sq_wr);
+    const struct wire wa = node_wire(a), wb = node_wire(b);
+    connect_qp(a, &wb, ACC_ALL, 0);
+    connect_qp(b, &wa, ACC_ALL, 0);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Poll cq until want CQEs arrived or ms passed; returns how many (or the
+ * poll_cq error, < 0). */
+static int poll_n(struct ibv_cq *cq, struct ibv_wc *wc, int want, double ms)
+{
+    int got = 0;
+    const double end = now_ms() + ms;
+    while (got < want && now_ms() < end) {
+        const int r = V->poll_cq(cq, want - got, wc + got);
+        if (r < 0)
+            return r;
+        got += r;
+        if (r == 0)
+            usleep(200);
+    }
+    return got;
+}
+
+static int post_rdma(struct node *n, enum ibv_wr_opcode op, uint64_t wr_id, size_t off,
+                     uint32_t len, uint64_t raddr, uint32_t rkey, unsigned flags)
+{
+    struct ibv_sge sge = {
+        .addr = (uint64_t)(uintptr_t)(n->buf + off), .length = len, .lkey = n->mr->lkey};
+    struct ibv_send_wr wr = {.wr_id = wr_id,
+                             .sg_list = &sge,
+                             .num_sge = 1,
+                             .opcode = op,
+                             .send_flags = flags,
+                             .imm_data = htonl(0xC0FFEE)},
+                       *bad = NULL;
+    wr.wr.rdma.remote_addr = raddr;
+    wr.wr.rdma.rkey = rkey;
+    return V->post_send(n->qp, &wr, &bad);
+}
+
+static int post_recv1(struct node *n, uint64_t wr_id, size_t off, uint32_t len)
+{
+    struct ibv_sge sge = {
+        .addr = (uint64_t)(uintptr_t)(n->buf + off), .length = len, .lkey = n->mr->lkey};
+    struct ibv_recv_wr wr = {.wr_id = wr_id, .sg_list = &sge, .num_sge = len ? 1 : 0}, *bad;
+    return V->post_recv(n->qp, &wr, &bad);
+}
+
+static void fill(uint8_t *p, size_t n, uint64_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)((i * 131 + seed * 7 + (i >> 12)) | 1);
+}
+
+static int setup_sv(void **state)
+{
+    (void)state;
+    kv__verbs_set(kvt_softverbs());
+    V = kv__verbs_get();
+    kvt_sv_fault(KVT_SV_FAULT_NONE, 0, 0);
+    kvt_sv_set_max_mr_size(1ull << 30);
+    return V == kvt_softverbs() ? 0 : -1;
+}
+
+static int teardown_sv(void **state)
+{
+    (void)state;
+    kvt_sv_fault(KVT_SV_FAULT_NONE, 0, 0);
+    kv__verbs_set(NULL);
+    return 0;
+}
+
+/* ------------------------------------------------------------- tests --- */
+
+static void test_softverbs_table_and_device(void **state)
+{
+    (void)state;
+    const struct kv__verbs *v = NULL;
+    assert_int_equal(kv__verbs_acquire(&v), KV_OK);
+    assert_ptr_equal(v, kvt_softverbs());
+    kv__verbs_set(NULL);
+    assert_ptr_equal(kv__verbs_get(), kv__verbs_real());
+    assert_string_equal(kv__verbs_real()->name, "libibverbs");
+    kv__verbs_set(kvt_softverbs());
+
+    struct node n;
+    node_open(&n, 4096, ACC_ALL, 4, 4);
+    struct ibv_device_attr da;
+    assert_int_equal(V->query_device(n.ctx, &da), 0);
+    assert_int_equal(da.max_sge, KVT_SV_MAX_SGE);
+    assert_int_equal(da.max_mr_size, 1ull << 30);
+    kvt_sv_set_max_mr_size(1 << 20);
+    assert_int_equal(V->query_device(n.ctx, &da), 0);
+    assert_int_equal(da.max_mr_size, 1 << 20);
+    uint8_t *big = malloc(2 << 20);
+    assert_null(V->reg_mr(n.pd, big, 2 << 20, ACC_ALL)); /* over max_mr_size */
+    assert_int_equal(errno, EINVAL);
+    /* REMOTE_WRITE without LOCAL_WRITE is refused (ibv_reg_mr(3)) */
+    assert_null(V->reg_mr(n.pd, big, 4096, IBV_ACCESS_REMOTE_WRITE));
+    free(big);
+    kvt_sv_set_max_mr_size(1ull << 30);
+    struct ibv_port_attr pa;
+    assert_int_equal(V->query_port(n.ctx, 1, &pa), 0);
+    assert_int_equal(pa.state, IBV_PORT_ACTIVE);
+    assert_int_equal(pa.link_layer, IBV_LINK_LAYER_ETHERNET);
+    assert_int_equal(pa.active_mtu, IBV_MTU_4096);
+    /* busy resources cannot go */
+    assert_int_equal(V->dealloc_pd(n.pd), EBUSY);
+    assert_int_equal(V->destroy_cq(n.cq), EBUSY);
+    assert_int_equal(V->close_device(n.ctx), EBUSY);
+    node_close(&n);
+}
+
+static void test_softverbs_qp_state_machine(void **state)
+{
+    (void)state;
+    struct node a, b;
+    node_open(&a, 4096, ACC_ALL, 8, 4);
+    node_open(&b, 4096, ACC_ALL, 8, 4);
+    const struct wire wb = node_wire(&b);
+    struct ibv_qp_attr at;
+    struct ibv_qp_init_attr ia;
+    /* RESET -> RTR / RTS skipped: refused */
+    assert_int_equal(to_rtr(a.qp, &wb), EINVAL);
+    assert_int_equal(to_rts(a.qp, 0), EINVAL);
+    /* RESET -> INIT with a mask missing IBV_QP_ACCESS_FLAGS */
+    struct ibv_qp_attr x = {.qp_state = IBV_QPS_INIT, .port_num = 1};
+    assert_int_equal(V->modify_qp(a.qp, &x, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT),
+                     EINVAL);
+    /* ... or with an attribute INIT does not take */
+    assert_int_equal(V->modify_qp(a.qp, &x,
+                                  IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                      IBV_QP_ACCESS_FLAGS | IBV_QP_DEST_QPN),
+                     EINVAL);
+    assert_int_equal(V->query_qp(a.qp, &at, IBV_QP_STATE, &ia), 0);
+    assert_int_equal(at.qp_state, IBV_QPS_RESET);
+    /* posting in RESET / INIT fails */
+    assert_int_equal(post_rdma(&a, IBV_WR_RDMA_WRITE, 1, 0, 8, wb.addr, wb.rkey, 0), EINVAL);
+    assert_int_equal(post_recv1(&a, 1, 0, 8), EINVAL);
+    assert_int_equal(to_init(a.qp, ACC_ALL), 0);
+    assert_int_equal(post_rdma(&a, IBV_WR_RDMA_WRITE, 1, 0, 8, wb.addr, wb.rkey, 0), EINVAL);
+    assert_int_equal(to_rts(a.qp, 0), EINVAL); /* INIT -> RTS */
+    /* INIT -> RTR without MIN_RNR_TIMER */
+    struct ibv_qp_attr r = {
+        .qp_state = IBV_QPS_RTR, .dest_qp_num = wb.qpn, .ah_attr = {.is_global = 1}};
+    assert_int_equal(V->modify_qp(a.qp, &r,
+                                  IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC),
+                     EINVAL);
+    assert_int_equal(to_rtr(a.qp, &wb), 0);
+    assert_int_equal(to_rtr(a.qp, &wb), EINVAL); /* RTR -> RTR */
+    assert_int_equal(post_rdma(&a, IBV_WR_RDMA_WRITE, 1, 0, 8, wb.addr, wb.rkey, 0), EINVAL);
+    assert_int_equal(to_rts(a.qp, 0), 0);
+    assert_int_equal(to_init(a.qp, ACC_ALL), EINVAL); /* RTS -> INIT */
+    /* a wrong IBV_QP_CUR_STATE */
+    struct ibv_qp_attr c = {.qp_state = IBV_QPS_RTS, .cur_qp_state = IBV_QPS_INIT};
+    assert_int_equal(V->modify_qp(a.qp, &c, IBV_QP_STATE | IBV_QP_CUR_STATE), EINVAL);
+    assert_int_equal(V->query_qp(a.qp, &at, IBV_QP_STATE, &ia), 0);
+    assert_int_equal(at.qp_state, IBV_QPS_RTS);
+    assert_int_equal(at.dest_qp_num, wb.qpn);
+    /* -> ERR and -> RESET from anywhere, STATE only */
+    struct ibv_qp_attr e = {.qp_state = IBV_QPS_ERR};
+    assert_int_equal(V->modify_qp(a.qp, &e, IBV_QP_STATE | IBV_QP_PORT), EINVAL);
+    assert_int_equal(V->modify_qp(a.qp, &e, IBV_QP_STATE), 0);
+    struct ibv_qp_attr z = {.qp_state = IBV_QPS_RESET};
+    assert_int_equal(V->modify_qp(a.qp, &z, IBV_QP_STATE), 0);
+    assert_int_equal(to_init(a.qp, ACC_ALL), 0);
+    node_close(&a);
+    node_close(&b);
+}
+
+/* Child side of the cross-process tests: a 64 MiB MR, its wire sent to the
+ * parent, connected back; then either wait for the imm and check the whole
+ * buffer (exit 0 when it is exact) or just wait to be killed. */
+#define OFF_A (BIG_BYTES - 3 * 4096 - 100) /* far from 0, near the MR's end */
+#define LEN_A (2 * 4096 + 77)
+#define OFF_B (BIG_BYTES - 23) /* the last 23 bytes */
+#define LEN_B 23
+
+static int child_main(int rd, int wr, bool check)
+{
+    struct node n;
+    node_open(&n, BIG_BYTES, ACC_ALL, 16, 16);
+    const struct wire w = node_wire(&n);
+    struct wire peer;
+    if (write(wr, &w, sizeof(w)) != sizeof(w) || read(rd, &peer, sizeof(peer)) != sizeof(peer))
+        return 10;
+    connect_qp(&n, &peer, ACC_ALL, 0);
+    if (post_recv1(&n, 77, 0, 0) != 0)
+        return 11;
+    const char go = 'g';
+    if (write(wr, &go, 1) != 1)
+        return 12;
+    if (!check) {
+        pause(); /* killed here */
+        return 13;
+    }
+    struct ibv_wc wc;
+    if (poll_n(n.cq, &wc, 1, 5000) != 1 || wc.status != IBV_WC_SUCCESS ||
+        wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM || wc.wr_id != 77 ||
+        ntohl(wc.imm_data) != 0xC0FFEE || wc.byte_len != LEN_B || !(wc.wc_flags & IBV_WC_WITH_IMM))
+        return 14;
+    /* both writes landed before the imm completed, and nothing else changed */
+    uint8_t *want = calloc(1, BIG_BYTES);
+    fill(want + OFF_A, LEN_A, 1);
+    fill(want + OFF_B, LEN_B, 2);
+    const int same = memcmp(want, n.buf, BIG_BYTES) == 0;
+    free(want);
+    node_close(&n);
+    return same ? 0 : 15;
+}
+
+static pid_t spawn_peer(struct node *me, bool check)
+{
+    int to_child[2], to_parent[2];
+    assert_int_equal(pipe(to_child), 0);
+    assert_int_equal(pipe(to_parent), 0);
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        in_child = true;
+        close(to_child[1]);
+        close(to_parent[0]);
+        _exit(child_main(to_child[0], to_parent[1], check));
+    }
+    close(to_child[0]);
+    close(to_parent[1]);
+    node_open(me, BIG_BYTES, ACC_ALL, 16, 16);
+    struct wire peer;
+    const struct wire w = node_wire(me);
+    assert_int_equal(read(to_parent[0], &peer, sizeof(peer)), sizeof(peer));
+    assert_int_equal(write(to_child[1], &w, sizeof(w)), sizeof(w));
+    connect_qp(me, &peer, ACC_ALL, 0);
+    char go;
+    assert_int_equal(read(to_parent[0], &go, 1), 1);
+    close(to_child[1]);
+    close(to_parent[0]);
+    /* stash the peer's MR for the caller */
+    me->gid = peer.gid;
+    *(struct wire *)(void *)me->buf = peer;
+    return pid;
+}
+
+static void test_softverbs_two_processes_write_imm(void **state)
+{
+    (void)state;
+    struct node n;
+    const pid_t pid = spawn_peer(&n, true);
+    struct wire peer;
+    memcpy(&peer, n.buf, sizeof(peer));
+    fill(n.buf + OFF_A, LEN_A, 1);
+    fill(n.buf + OFF_B, LEN_B, 2);
+    /* unsignaled write, then a signaled write_with_imm */
+    assert_int_equal(
+        post_rdma(&n, IBV_WR_RDMA_WRITE, 1, OFF_A, LEN_A, peer.addr + OFF_A, peer.rkey, 0), 0);
+    assert_int_equal(post_rdma(&n, IBV_WR_RDMA_WRITE_WITH_IMM, 2, OFF_B, LEN_B, peer.addr + OFF_B,
+                               peer.rkey, IBV_SEND_SIGNALED),
+                     0);
+    struct ibv_wc wc[2];
+    assert_int_equal(poll_n(n.cq, wc, 1, 5000), 1);
+    assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
+    assert_int_equal(wc[0].wr_id, 2);
+    assert_int_equal(wc[0].opcode, IBV_WC_RDMA_WRITE);
+    assert_int_equal(poll_n(n.cq, wc, 1, 50), 0); /* the unsignaled one has no CQE */
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    node_close(&n);
+}
+
+static void test_softverbs_killed_peer_retry_exceeded(void **state)
+{
+    (void)state;
+    struct node n;
+    const pid_t pid = spawn_peer(&n, false);
+    struct wire peer;
+    memcpy(&peer, n.buf, sizeof(peer));
+    assert_int_equal(
+        post_rdma(&n, IBV_WR_RDMA_WRITE, 1, 0, 4096, peer.addr, peer.rkey, IBV_SEND_SIGNALED), 0);
+    struct ibv_wc wc[2];
+    assert_int_equal(poll_n(n.cq, wc, 1, 5000), 1);
+    assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_int_equal(waitpid(pid, NULL, 0), pid);
+    assert_int_equal(post_rdma(&n, IBV_WR_RDMA_WRITE, 2, 0, 4096, peer.addr, peer.rkey, 0), 0);
+    assert_int_equal(post_rdma(&n, IBV_WR_RDMA_WRITE, 3, 0, 4096, peer.addr, peer.rkey, 0), 0);
+    assert_int_equal(poll_n(n.cq, wc, 2, 5000), 2);
+    assert_int_equal(wc[0].wr_id, 2);
+    assert_int_equal(wc[0].status, IBV_WC_RETRY_EXC_ERR);
+    assert_int_equal(wc[1].wr_id, 3);
+    assert_int_equal(wc[1].status, IBV_WC_WR_FLUSH_ERR);
+    struct ibv_qp_attr at;
+    struct ibv_qp_init_attr ia;
+    assert_int_equal(V->query_qp(n.qp, &at, IBV_QP_STATE, &ia), 0);
+    assert_int_equal(at.qp_state, IBV_QPS_ERR);
+    node_close(&n);
+}
+
+static void test_softverbs_read_send_loopback(void **state)
+{
+    (void)state;
+    struct node a, b;
+    pair_open(&a, &b, 1 << 20, 16, 16);
+    fill(b.buf + 5000, 3000, 3);
+    /* READ into two SGEs */
+    struct ibv_sge sge[2] = {{(uint64_t)(uintptr_t)(a.buf + 100), 1000, a.mr->lkey},
+                             {(uint64_t)(uintptr_t)(a.buf + 9000), 2000, a.mr->lkey}};
+    struct ibv_send_wr wr = {.wr_id = 9,
+                             .sg_list = sge,
+                             .num_sge = 2,
+                             .opcode = IBV_WR_RDMA_READ,
+                             .send_flags = IBV_SEND_SIGNALED},
+                       *bad;
+    wr.wr.rdma.remote_addr = (uint64_t)(uintptr_t)(b.buf + 5000);
+    wr.wr.rdma.rkey = b.mr->rkey;
+    assert_int_equal(V->post_send(a.qp, &wr, &bad), 0);
+    struct ibv_wc wc[2];
+    assert_int_equal(poll_n(a.cq, wc, 1, 5000), 1);
+    assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
+    assert_int_equal(wc[0].opcode, IBV_WC_RDMA_READ);
+    assert_memory_equal(a.buf + 100, b.buf + 5000, 1000);
+    assert_memory_equal(a.buf + 9000, b.buf + 6000, 2000);
+    /* SEND (inline) into a posted receive */
+    memcpy(a.buf + 20000, "hello softverbs", 16);
+    assert_int_equal(post_recv1(&b, 5, 30000, 64), 0);
+    assert_int_equal(
+        post_rdma(&a, IBV_WR_SEND, 10, 20000, 16, 0, 0, IBV_SEND_SIGNALED | IBV_SEND_INLINE), 0);
+    assert_int_equal(poll_n(b.cq, wc, 1, 5000), 1);
+    assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
+    assert_int_equal(wc[0].opcode, IBV_WC_RECV);
+    assert_int_equal(wc[0].byte_len, 16);
+    assert_string_equal((char *)b.buf + 30000, "hello softverbs");
+    assert_int_equal(poll_n(a.cq, wc, 1, 5000), 1);
+    assert_int_equal(wc[0].opcode, IBV_WC_SEND);
+    node_close(&a);
+    node_close(&b);
+}
+
+static void test_softverbs_remote_access_errors(void **state)
+{
+    (void)state;
+    struct node a, b;
+    pair_open(&a, &b, 1 << 20, 16, 16);
+    fill(a.buf, a.bytes, 4);
+    const uint64_t base = (uint64_t)(uintptr_t)b.buf;
+    const struct {
+        uint64_t raddr;
+        uint32_t rkey;
+    } bad[] = {
+        {base + b.bytes - 100, b.mr->rkey}, /* runs 1 byte past the MR's end */
+        {base - 1, b.mr->rkey},             /* starts before it */
+        {base, b.mr->rkey + 1000},          /* a wrong rkey */
+    };
+    struct ibv_wc wc[4];
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_int_equal(post_rdma(&a, IBV_WR_RDMA_WRITE, i, 0, 101, bad[i].raddr, bad[i].rkey, 0),
+                         0);
+        assert_int_equal(post_rdma(&a, IBV_WR_RDMA_WRITE, 100 + i, 0, 8, base, b.mr->rkey, 0), 0);
+        assert_int_equal(poll_n(a.cq, wc, 2, 5000), 2);
+        assert_int_equal(wc[0].wr_id, i);
+        assert_int_equal(wc[0].status, IBV_WC_REM_ACCESS_ERR); /* unsignaled: still a CQE */
+        assert_int_equal(wc[1].status, IBV_WC_WR_FLUSH_ERR);   /* after it, flushed */
+        /* back to RTS */
+        struct ibv_qp_attr z = {.qp_state = IBV_QPS_RESET};
+        assert_int_equal(V->modify_qp(a.qp, &z, IBV_QP_STATE), 0);
+        const struct wire wb = node_wire(&b);
+        connect_qp(&a, &wb, ACC_ALL, 0);
+    }
+    /* an MR without REMOTE_WRITE; an MR of another PD than b's QP */
+    struct ibv_mr *ro = V->reg_mr(b.pd, b.buf, 4096, IBV_ACCESS_REMOTE_READ);
+    struct ibv_pd *pd2 = V->alloc_pd(b.ctx);
+    struct ibv_mr *other = V->reg_mr(pd2, b.buf, 4096, ACC_ALL);
+    assert_non_null(ro);
+    assert_non_null(other);
+    const uint32_t keys[2] = {ro->rkey, other->rkey};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(
+            post_rdma(&a, IBV_WR_RDMA_WRITE, 7, 0, 64, base, keys[i], IBV_SEND_SIGNALED), 0);
+        assert_int_equal(poll_n(a.cq, wc, 1, 5000), 1);
+        assert_int_equal(wc[0].status, IBV_WC_REM_ACCESS_ERR);
+        struct ibv_qp_attr z = {.qp_state = IBV_QPS_RESET};
+        assert_int_equal(V->modify_qp(a.qp, &z, IBV_QP_STATE), 0);
+        const struct wire wb = node_wire(&b);
+        connect_qp(&a, &wb, ACC_ALL, 0);
+    }
+    /* a local SGE with a wrong lkey */
+    struct ibv_sge s = {(uint64_t)(uintptr_t)a.buf, 8, a.mr->lkey ^ 0x5555};
+    struct ibv_send_wr w = {.wr_id = 8, .sg_list = &s, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE},
+                       *badwr;
+    w.wr.rdma.remote_addr = base;
+    w.wr.rdma.rkey = b.mr->rkey;
+    assert_int_equal(V->post_send(a.qp, &w, &badwr), 0);
+    assert_int_equal(poll_n(a.cq, wc, 1, 5000), 1);
+    assert_int_equal(wc[0].status, IBV_WC_LOC_PROT_ERR);
+    /* nothing was ever written */
+    for (size_t i = 0; i < b.bytes; i++)
+        if (b.buf[i] != 0)
+            fail_msg("byte %zu of the target written", i);
+    assert_int_equal(V->dereg_mr(ro), 0);
+    assert_int_equal(V->dereg_mr(other), 0);
+    assert_int_equal(V->dealloc_pd(pd2), 0);
+    node_close(&a);
+    node_close(&b);
+}
+
+static void test_softverbs_flush_and_send_queue(void **state)
+{
+    (void)state;
+    struct node a, b;
+    pair_open(&a, &b, 1 << 20, 64, 4);
+    const uint64_t base = (uint64_t)(uintptr_t)b.buf;
+    /* never signaling: 4 slots, then ENOMEM (slots are held until a signaled
+     * completion is polled) */
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(post_rdma(&a, IBV_WR_RDMA_WRITE, i, 0, 64, base, b.mr->rkey, 0), 0);
+    usleep(20000);
+    assert_int_equal(post_rdma(&a, IBV_WR_RDMA_WRITE, 4, 0, 64, base, b.mr->rkey, 0), ENOMEM);
+    struct ibv_wc wc[8];
+    assert_int_equal(poll_n(a.cq, wc, 1, 30), 0);
+    /* ERR: the next WRs, unsignaled, complete WR_FLUSH_ERR - but first free slots */
+    struct ibv_qp_attr z = {.qp_state = IBV_QPS_RESET};
+    assert_int_equal(V->modify_qp(a.qp, &z, IBV_QP_STATE), 0);
+    const struct wire wb = node_wire(&b);
+    connect_qp(&a, &wb, ACC_ALL, 0);
+    /* 3 unsignaled + 1 signaled: one CQE releases all 4 slots */
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(post_rdma(&a, IBV_WR_RDMA_WRITE, i, 0, 64, base, b.mr->rkey, 0), 0);
+    assert_int_equal(
+        post_rdma(&a, IBV_WR_RDMA_WRITE, 3, 0, 64, base, b.mr->rkey, IBV_SEND_SIGNALED), 0);
+    assert_int_equal(post_rdma(&a, IBV_WR_RDMA_WRITE, 4, 0, 64, base, b.mr->rkey, 0), ENOMEM);
+    assert_int_equal(poll_n(a.cq, wc, 1, 5000), 1);
+    assert_int_equal(wc[0].wr_id, 3);
+    for (int i = 0; i < 4; i++) /* all four slots back */
+        assert_int_equal(post_rdma(&a, IBV_WR_RDMA_WRITE, 10 + i, 0, 64, base, b.mr->rkey, 0), 0);
+    struct ibv_qp_attr e = {.qp_state = IBV_QPS_ERR};
+    assert_int_equal(V->modify_qp(a.qp, &e, IBV_QP_STATE), 0);
+    int got = poll_n(a.cq, wc, 8, 300);
+    /* the ones not yet executed flush; every flush has a CQE */
+    assert_true(got >= 1);
+    for (int i = 0; i < got; i++)
+        assert_int_equal(wc[i].status, IBV_WC_WR_FLUSH_ERR);
+    /* posting in ERR: accepted and flushed */
+    assert_int_equal(post_rdma(&a, IBV_WR_RDMA_WRITE, 20, 0, 64, base, b.mr->rkey, 0), 0);
+    assert_int_equal(poll_n(a.cq, wc, 1, 5000), 1);
+    assert_int_equal(wc[0].wr_id, 20);
+    assert_int_equal(wc[0].status, IBV_WC_WR_FLUSH_ERR);
+    /* a posted receive flushes too */
+    assert_int_equal(post_recv1(&a, 30, 0, 8), 0);
+    assert_int_equal(poll_n(a.cq, wc, 1, 5000), 1);
+    assert_int_equal(wc[0].wr_id, 30);
+    assert_int_equal(wc[0].status, IBV_WC_WR_FLUSH_ERR);
+    node_close(&a);
+    node_close(&b);
+}
+
+static void test_softverbs_cq_overflow_and_rnr(void **state)
+{
+    (void)state;
+    struct node a, b;
+    pair_open(&a, &b, 1 << 20, 2, 8);
+    const uint64_t base = (uint64_t)(uintptr_t)b.buf;
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(
+            post_rdma(&a, IBV_WR_RDMA_WRITE, i, 0, 64, base, b.mr->rkey, IBV_SEND_SIGNALED), 0);
+    usleep(100000);
+    struct ibv_wc wc[4];
+    assert_true(V->poll_cq(a.cq, 4, wc) < 0); /* 3 CQEs into a CQ of 2 */
+    node_close(&a);
+    node_close(&b);
+
+    /* WRITE_WITH_IMM with no receive posted: RNR, retried, then RNR_RETRY_EXC_ERR */
+    node_open(&a, 4096, ACC_ALL, 8, 8);
+    node_open(&b, 4096, ACC_ALL, 8, 8);
+    const struct wire wa = node_wire(&a), wb = node_wire(&b);
+    connect_qp(&a, &wb, ACC_ALL, 2);
+    connect_qp(&b, &wa, ACC_ALL, 0);
+    assert_int_equal(
+        post_rdma(&a, IBV_WR_RDMA_WRITE_WITH_IMM, 1, 0, 16, wb.addr, wb.rkey, IBV_SEND_SIGNALED),
+        0);
+    assert_int_equal(poll_n(a.cq, wc, 1, 5000), 1);
+    assert_int_equal(wc[0].status, IBV_WC_RNR_RETRY_EXC_ERR);
+    assert_int_equal(poll_n(b.cq, wc, 1, 20), 0);
+    node_close(&a);
+    node_close(&b);
+}
+
+static void test_softverbs_faults(void **state)
+{
+    (void)state;
+    struct node a, b;
+    struct ibv_wc wc[4];
+    const int faults[2] = {KVT_SV_RETRY_EXCEEDED, KVT_SV_REMOTE_ACCESS};
+    const int want[2] = {IBV_WC_RETRY_EXC_ERR, IBV_WC_REM_ACCESS_ERR};
+    for (int f = 0; f < 2; f++) {
+        pair_open(&a, &b, 4096, 8, 8);
+        fill(a.buf, 4096, 9);
+        const uint64_t base = (uint64_t)(uintptr_t)b.buf;
+        kvt_sv_fault((enum kvt_sv_fault)faults[f], 1, 0); /* the second request */
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(post_rdma(&a, IBV_WR_RDMA_WRITE, i, 0, 100, base + 1000 * i,
+                                       b.mr->rkey, IBV_SEND_SIGNALED),
+                             0);
+        const double t0 = now_ms();
+        assert_int_equal(poll_n(a.cq, wc, 2, 5000), 2);
+        assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
+        assert_int_equal(wc[1].status, want[f]);
+        if (faults[f] == KVT_SV_RETRY_EXCEEDED)
+            assert_true(now_ms() - t0 >= KVT_SV_RETRY_MS - 1);
+        assert_memory_equal(b.buf, a.buf, 100);
+        for (int i = 1000; i < 1100; i++)
+            assert_int_equal(b.buf[i], 0); /* the faulted write landed nowhere */
+        node_close(&a);
+        node_close(&b);
+    }
+    /* a lost completion: the CQE never shows, the next one does */
+    pair_open(&a, &b, 4096, 8, 8);
+    const uint64_t base = (uint64_t)(uintptr_t)b.buf;
+    kvt_sv_fault(KVT_SV_LOST_COMPLETION, 0, 0);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(
+            post_rdma(&a, IBV_WR_RDMA_WRITE, i, 0, 8, base, b.mr->rkey, IBV_SEND_SIGNALED), 0);
+    assert_int_equal(poll_n(a.cq, wc, 2, 300), 1);
+    assert_int_equal(wc[0].wr_id, 1);
+    /* a delayed completion: held 150 ms */
+    kvt_sv_fault(KVT_SV_DELAY_COMPLETION, 0, 150);
+    const double t0 = now_ms();
+    assert_int_equal(post_rdma(&a, IBV_WR_RDMA_WRITE, 5, 0, 8, base, b.mr->rkey, IBV_SEND_SIGNALED),
+                     0);
+    assert_int_equal(poll_n(a.cq, wc, 1, 100), 0);
+    assert_int_equal(poll_n(a.cq, wc, 1, 5000), 1);
+    assert_int_equal(wc[0].wr_id, 5);
+    assert_true(now_ms() - t0 >= 149);
+    struct kvt_sv_stats s;
+    kvt_sv_stats_get(&s);
+    assert_true(s.faults_fired >= 4);
+    node_close(&a);
+    node_close(&b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_softverbs_table_and_device, setup_sv, teardown_sv),
+        cmocka_unit_test_setup_teardown(test_softverbs_qp_state_machine, setup_sv, teardown_sv),
+        cmocka_unit_test_setup_teardown(test_softverbs_two_processes_write_imm, setup_sv,
+                                        teardown_sv),
+        cmocka_unit_test_setup_teardown(test_softverbs_killed_peer_retry_exceeded, setup_sv,
+                                        teardown_sv),
+        cmocka_unit_test_setup_teardown(test_softverbs_read_send_loopback, setup_sv, teardown_sv),
+        cmocka_unit_test_setup_teardown(test_softverbs_remote_access_errors, setup_sv, teardown_sv),
+        cmocka_unit_test_setup_teardown(test_softverbs_flush_and_send_queue, setup_sv, teardown_sv),
+        cmocka_unit_test_setup_teardown(test_softverbs_cq_overflow_and_rnr, setup_sv, teardown_sv),
+        cmocka_unit_test_setup_teardown(test_softverbs_faults, setup_sv, teardown_sv),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
