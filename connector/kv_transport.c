@@ -13,6 +13,7 @@
 
 #include "kv_mem.h"
 #include "kv_plan_int.h"
+#include "kv_verbs_int.h"
 #include "kv_xport_int.h"
 
 const char *kv_xport_kind_name(kv_xport_kind k)
@@ -53,7 +54,7 @@ static const struct kv__xport_ops *ops_of(kv_xport_kind kind)
     case KV_XPORT_TCP:
         return &kv__xport_tcp_ops;
     case KV_XPORT_RDMA:
-        return KV__XPORT_RDMA_OPS;
+        return kv__xport_rdma();
     }
     return NULL;
 }
