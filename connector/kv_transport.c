@@ -13,6 +13,7 @@
 
 #include "kv_mem.h"
 #include "kv_plan_int.h"
+#include "kv_verbs_int.h"
 #include "kv_xport_int.h"
 
 const char *kv_xport_kind_name(kv_xport_kind k)
@@ -53,7 +54,7 @@ static const struct kv__xport_ops *ops_of(kv_xport_kind kind)
     case KV_XPORT_TCP:
         return &kv__xport_tcp_ops;
     case KV_XPORT_RDMA:
-        return KV__XPORT_RDMA_OPS;
+        return kv__xport_rdma();
     }
     return NULL;
 }
@@ -296,6 +297,32 @@ kv_status kv_xport_peer_state_get(kv_xport_peer *peer, kv_xport_peer_state *stat
     if (peer->state == KV_XPORT_CLOSED && peer->why != KV_OK)
         kv__error(peer->why, "%s", peer->why_msg);
     pthread_mutex_unlock(&x->mu);
+    return KV_OK;
+}
+
+kv_status kv_xport_peer_wait(kv_xport_peer *peer, uint32_t timeout_ms, kv_xport_peer_state *state)
+{
+    if (!peer)
+        return kv__error(KV_ERR_NULL, "xport_peer_wait: peer is NULL");
+    kv_xport *x = peer->x;
+    const struct timespec ts = deadline_ts(timeout_ms);
+    pthread_mutex_lock(&x->mu);
+    while (peer->state == KV_XPORT_CONNECTING)
+        if (pthread_cond_timedwait(&x->cv, &x->mu, &ts) == ETIMEDOUT)
+            break;
+    const kv_xport_peer_state s = peer->state;
+    const kv_status why = peer->why;
+    char msg[sizeof(peer->why_msg)];
+    memcpy(msg, peer->why_msg, sizeof(msg));
+    pthread_mutex_unlock(&x->mu);
+    if (state)
+        *state = s;
+    if (s == KV_XPORT_CONNECTING)
+        return kv__error(KV_ERR_TIMEOUT, "xport_peer_wait: still connecting after %u ms",
+                         timeout_ms);
+    if (s == KV_XPORT_CLOSED)
+        return why == KV_OK ? kv__error(KV_ERR_BAD_STATE, "xport_peer_wait: peer closed")
+                            : kv__error(why, "%s", msg);
     return KV_OK;
 }
 
@@ -546,6 +573,10 @@ kv_status kv_xport_rmem_import(kv_xport_peer *peer, const void *blob, size_t len
         return kv__error(KV_ERR_MISMATCH, "xport_rmem_import: a %s blob on a %s transport",
                          kv_xport_kind_name((kv_xport_kind)kind), kv_xport_kind_name(x->cfg.kind));
     const uint64_t exposer = get_le(b + 24, 8), importer = get_le(b + 32, 8);
+    kv_xport_peer_state ps;
+    if (kv_xport_peer_wait(peer, x->cfg.timeout_ms, &ps) != KV_OK)
+        return kv__error(KV_ERR_BAD_STATE, "xport_rmem_import: peer not ready (%s)",
+                         ps == KV_XPORT_CONNECTING ? "still connecting" : "closed");
     pthread_mutex_lock(&x->mu);
     const bool ours = exposer == peer->nonce_remote && importer == peer->nonce_local;
     if (!ours) {

@@ -128,6 +128,13 @@ KV_API KV_NODISCARD kv_status kv_xport_accept(kv_xport *x, uint32_t timeout_ms,
 KV_API KV_NODISCARD kv_status kv_xport_peer_state_get(kv_xport_peer *peer,
                                                       kv_xport_peer_state *state, kv_status *why);
 
+/* Wait at most timeout_ms for the peer to leave CONNECTING; *state (may be
+ * NULL) as kv_xport_peer_state_get. KV_OK once READY; the close reason
+ * once CLOSED (KV_ERR_MISMATCH, ...); KV_ERR_TIMEOUT while still
+ * connecting. KV_ERR_NULL. */
+KV_API KV_NODISCARD kv_status kv_xport_peer_wait(kv_xport_peer *peer, uint32_t timeout_ms,
+                                                 kv_xport_peer_state *state);
+
 /* Close the peer (its transfers end CANCELLED) and free the handle. */
 KV_API void kv_xport_peer_close(kv_xport_peer *peer);
 
@@ -158,8 +165,11 @@ KV_API uint64_t kv_xport_rmem_bytes(const kv_xport_rmem *rmem);
  * when it was not exposed to peer. */
 KV_API KV_NODISCARD kv_status kv_xport_mem_unexpose(kv_xport_peer *peer, kv_xport_mem *mem);
 
-/* A peer's region from its blob. KV_ERR_NULL; KV_ERR_CORRUPT (a blob that
- * fails its checks: magic, version, checksum, another peer's). */
+/* A peer's region from its blob (waits for a CONNECTING peer's handshake,
+ * at most the configured timeout: the blob names the connection).
+ * KV_ERR_NULL; KV_ERR_CORRUPT (a blob that fails its checks: magic,
+ * version, checksum, another peer's); KV_ERR_BAD_STATE (the peer did not
+ * become ready). */
 KV_API KV_NODISCARD kv_status kv_xport_rmem_import(kv_xport_peer *peer, const void *blob,
                                                    size_t len, kv_xport_rmem **out);
 KV_API void kv_xport_rmem_free(kv_xport_rmem *rmem);

@@ -87,9 +87,20 @@ const struct kv__verbs *kv__verbs_get(void);
  * (naming both versions) when it was built against another one. */
 KV_NODISCARD kv_status kv__verbs_acquire(const struct kv__verbs **out);
 
+/* The RDMA backend of the transport seam (kv_xport_rdma_verbs.c). */
+struct kv__xport_ops;
+const struct kv__xport_ops *kv__xport_rdma(void);
+
 #else /* !KV_HAVE_RDMA */
 
 struct kv__verbs; /* opaque: no table in a build without verbs */
+
+/* No RDMA backend: kv_xport_create(KV_XPORT_RDMA) says KV_ERR_UNSUPPORTED. */
+struct kv__xport_ops;
+static inline const struct kv__xport_ops *kv__xport_rdma(void)
+{
+    return NULL;
+}
 
 static inline const struct kv__verbs *kv__verbs_real(void)
 {

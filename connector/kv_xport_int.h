@@ -73,15 +73,9 @@ struct kv__xport_ops {
     void (*peer_close)(kv_xport_peer *p);
 };
 
-/* The backends. This header is the RDMA boundary: a build without
- * rdma-core has no RDMA ops (kv_xport_create says KV_ERR_UNSUPPORTED). */
+/* The backends: TCP here; RDMA through the verbs boundary header
+ * (kv__xport_rdma() in kv_verbs_int.h: NULL in a build without rdma-core). */
 extern const struct kv__xport_ops kv__xport_tcp_ops;
-#if KV_HAVE_RDMA
-extern const struct kv__xport_ops kv__xport_rdma_ops;
-#define KV__XPORT_RDMA_OPS (&kv__xport_rdma_ops)
-#else
-#define KV__XPORT_RDMA_OPS NULL
-#endif
 
 /* A notification received, queued for kv_xport_notify_poll. */
 struct kv__xport_note {

@@ -685,7 +685,7 @@ static void rdma_peer_close(kv_xport_peer *p)
     kick(p->x);
 }
 
-const struct kv__xport_ops kv__xport_rdma_ops = {
+static const struct kv__xport_ops kv__xport_rdma_ops = {
     .version = KV__XPORT_OPS_VERSION,
     .kind = KV_XPORT_RDMA,
     .name = "rdma",
@@ -699,6 +699,11 @@ const struct kv__xport_ops kv__xport_rdma_ops = {
     .cancel = rdma_cancel,
     .peer_close = rdma_peer_close,
 };
+
+const struct kv__xport_ops *kv__xport_rdma(void)
+{
+    return &kv__xport_rdma_ops;
+}
 
 /* ---- the handshake after the OOB one ---------------------------------- */
 

@@ -51,15 +51,19 @@
 #include "kv_xport_int.h"
 
 #define KV__TCP_CHUNK (512u << 10)    /* payload bytes per data frame sent */
+#define KV__TCP_MAXV 64u              /* pieces per WRITE frame */
+#define KV__TCP_DESC 24u              /* bytes of a piece's descriptor */
 #define KV__TCP_MAX_FRAME (16u << 20) /* a larger payload is refused (corrupt) */
 #define KV__TCP_RX_BUDGET (8u << 20)  /* bytes received per connection per round */
 #define KV__TCP_SCRATCH (64u << 10)
 
 enum rx_phase {
     RX_HDR,     /* filling hdr[] */
-    RX_LAND,    /* payload into dst (WRITE into a region, RDATA into a read) */
-    RX_SMALL,   /* payload into small[] (HELLO, REFUSE, NOTIFY) */
-    RX_DISCARD, /* payload dropped (refused write, read of an ended transfer) */
+    RX_DESC,    /* a WRITE's descriptor table into small[] */
+    RX_PIECES,  /* a WRITE's pieces, each into its place (or dropped) */
+    RX_LAND,    /* an RDATA's payload into its read */
+    RX_SMALL,   /* payload into small[] (HELLO, REFUSE, NOTIFY, READ, ACK) */
+    RX_DISCARD, /* payload dropped (read data of an ended transfer) */
 };
 
 struct tcp_peer;
@@ -85,12 +89,15 @@ struct conn {
     /* tx: control stream */
     unsigned char *ctl;
     size_t ctl_len, ctl_off, ctl_cap;
-    /* tx: the data frame in flight (df_t NULL: none, or an RDATA) */
+    /* tx: the data frame in flight: the header, the descriptor table (a
+     * WRITE) and df_k pieces of registered memory; df_sent of df_total */
     bool df_on;
     unsigned char df_hdr[KV__XF_BYTES];
-    size_t df_hdr_off;
-    const char *df_src;
-    uint64_t df_len, df_off;
+    unsigned char df_desc[KV__TCP_MAXV * KV__TCP_DESC];
+    uint32_t df_desc_bytes, df_k;
+    const char *df_src[KV__TCP_MAXV];
+    uint64_t df_len[KV__TCP_MAXV];
+    uint64_t df_total, df_sent;
     kv_xport_xfer *df_t;  /* the WRITE's transfer (busy++) */
     struct serve *df_srv; /* the RDATA's read */
     struct serve *srv_head, *srv_tail;
@@ -99,13 +106,18 @@ struct conn {
     unsigned char hdr[KV__XF_BYTES];
     size_t hdr_got;
     struct kv__xf f;
-    char *dst;
-    uint64_t got;
-    kv_xport_mem *land_mem; /* landing++ while RX_LAND of a WRITE */
-    kv_xport_xfer *land_t;  /* busy++ while RX_LAND of an RDATA */
-    kv_status refuse;       /* RX_DISCARD of a WRITE: the NACK status */
+    char *dst;    /* RX_SMALL, RDATA */
+    uint64_t got; /* payload bytes so far */
+    /* a WRITE's pieces: where each lands (NULL: refused, dropped) */
+    uint32_t rx_k, rx_p;
+    uint64_t rx_pgot;
+    char *rx_dst[KV__TCP_MAXV];
+    uint64_t rx_len[KV__TCP_MAXV];
+    uint32_t rx_entry[KV__TCP_MAXV];
+    kv_xport_mem *rx_mem[KV__TCP_MAXV]; /* landing++ while receiving */
+    kv_xport_xfer *land_t;              /* busy++ while RX_LAND of an RDATA */
     struct kv__xxh3_state hs;
-    unsigned char small[KV_XPORT_NOTIFY_MAX + 256];
+    unsigned char small[KV_XPORT_NOTIFY_MAX + 256]; /* >= MAXV * DESC, MAXV * ACK */
 };
 
 struct tcp_peer {
@@ -233,8 +245,9 @@ static void serve_drop(struct conn *c)
  * counts, reads it serves) and close it. */
 static void conn_free(struct conn *c)
 {
-    if (c->land_mem)
-        c->land_mem->landing--;
+    for (uint32_t i = c->rx_p; c->ph == RX_PIECES && i < c->rx_k; i++)
+        if (c->rx_mem[i])
+            c->rx_mem[i]->landing--;
     if (c->land_t && c->land_t->busy)
         c->land_t->busy--;
     if (c->df_t && c->df_t->busy)
@@ -643,23 +656,20 @@ static struct verdict on_header(struct conn *c)
         c->ph = RX_SMALL;
         c->dst = (char *)c->small;
         return OK_VERDICT;
-    case KV__XF_WRITE: {
-        kv_xport_mem *m = kv__xport_exposed(tp->p, f->region, f->offset, f->length);
-        if (!m || f->length == 0) {
-            c->refuse = KV_ERR_OUT_OF_BOUNDS;
-            c->ph = RX_DISCARD;
-            return OK_VERDICT;
-        }
-        m->landing++;
-        c->land_mem = m;
-        c->dst = m->base + f->offset;
-        c->ph = RX_LAND;
+    case KV__XF_WRITE:
+        /* entry: the piece count; offset: XXH3 of the descriptor table,
+         * checked before any piece lands (a damaged table must not steer
+         * bytes anywhere). */
+        if (f->entry == 0 || f->entry > KV__TCP_MAXV ||
+            f->length < (uint64_t)f->entry * KV__TCP_DESC)
+            return bad(KV_ERR_CORRUPT, "xport tcp: a WRITE of %u pieces in %" PRIu64 " bytes",
+                       f->entry, f->length);
+        c->ph = RX_DESC;
+        c->dst = (char *)c->small;
         return OK_VERDICT;
-    }
     case KV__XF_RDATA: {
         kv_xport_xfer *xf = kv__xport_xfer_find(tp->p, f->xfer);
         if (!xf || xf->cancel_req) { /* ended or ending: nothing more lands */
-            c->refuse = KV_OK;
             c->ph = RX_DISCARD;
             return OK_VERDICT;
         }
@@ -678,34 +688,33 @@ static struct verdict on_header(struct conn *c)
         return OK_VERDICT;
     }
     case KV__XF_ACK:
+        if (f->entry != KV__XF_ENTRY_NOTE) { /* a WRITE's: one record per piece */
+            if (f->entry == 0 || f->entry > KV__TCP_MAXV || f->length != (uint64_t)f->entry * 16)
+                return bad(KV_ERR_CORRUPT, "xport tcp: an ACK of %u pieces in %" PRIu64 " bytes",
+                           f->entry, f->length);
+            c->ph = RX_SMALL;
+            c->dst = (char *)c->small;
+            return OK_VERDICT;
+        }
+        /* A notification's ACK has no payload: as a NACK's. */
+        /* fall through */
     case KV__XF_NACK: {
         if (f->length)
-            return bad(KV_ERR_CORRUPT, "xport tcp: an ACK with payload");
+            return bad(KV_ERR_CORRUPT, "xport tcp: a NACK with payload");
         kv_xport_xfer *xf = kv__xport_xfer_find(tp->p, f->xfer);
         if (!xf)
             return OK_VERDICT; /* ended already (timed out, cancelled) */
-        if (f->entry == KV__XF_ENTRY_NOTE) {
+        if (f->type == KV__XF_ACK) {
             if (!xf->note_sent)
                 return bad(KV_ERR_CORRUPT, "xport tcp: an ACK of a notification not sent");
             xf->note_done = true;
         } else if (f->entry >= xf->n) {
-            return bad(KV_ERR_CORRUPT, "xport tcp: an ACK of entry %u of a transfer of %u",
+            return bad(KV_ERR_CORRUPT, "xport tcp: a NACK of entry %u of a transfer of %u",
                        f->entry, xf->n);
-        } else if (f->type == KV__XF_NACK) {
+        } else {
             const kv_status s = (kv_status)(int64_t)f->offset;
             kv__xport_entry_end(xf, f->entry, s < 0 ? s : KV_ERR_IO);
-        } else if (!xf->ended[f->entry]) {
-            const uint64_t want = xf->ios[f->entry].bytes - xf->moved[f->entry];
-            if (f->offset == 0 || f->offset > want)
-                return bad(KV_ERR_CORRUPT,
-                           "xport tcp: an ACK of %" PRIu64 " bytes, %" PRIu64 " outstanding",
-                           f->offset, want);
-            xf->moved[f->entry] += f->offset;
-            if (xf->moved[f->entry] == xf->ios[f->entry].bytes)
-                kv__xport_entry_end(xf, f->entry, KV_OK);
         }
-        if (!notes_flush(tp))
-            return bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
         settle_all(tp);
         return OK_VERDICT;
     }
@@ -756,6 +765,115 @@ static struct verdict serve_read(struct conn *c)
     return OK_VERDICT;
 }
 
+static uint64_t le(const unsigned char *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static void put_le(unsigned char *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* mu held: a WRITE's descriptor table arrived (c->small): check it whole,
+ * then say where each piece lands (NULL: not inside a region exposed to
+ * this peer: dropped, refused in the ACK). */
+static struct verdict on_desc(struct conn *c)
+{
+    const struct kv__xf *f = &c->f;
+    const uint32_t k = f->entry;
+    if (kv__xxh3_64(c->small, (size_t)k * KV__TCP_DESC) != f->offset)
+        return bad(KV_ERR_CORRUPT, "xport tcp: a WRITE's descriptor table fails its checksum");
+    const uint64_t data = f->length - (uint64_t)k * KV__TCP_DESC;
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        const unsigned char *d = c->small + (size_t)i * KV__TCP_DESC;
+        const uint64_t len = le(d + 16, 8);
+        if (len == 0 || len > data - sum)
+            return bad(KV_ERR_CORRUPT, "xport tcp: WRITE piece %u of %" PRIu64 " bytes", i, len);
+        sum += len;
+    }
+    if (sum != data)
+        return bad(KV_ERR_CORRUPT, "xport tcp: WRITE pieces of %" PRIu64 " bytes in %" PRIu64, sum,
+                   data);
+    for (uint32_t i = 0; i < k; i++) {
+        const unsigned char *d = c->small + (size_t)i * KV__TCP_DESC;
+        const uint32_t region = (uint32_t)le(d + 4, 4);
+        const uint64_t off = le(d + 8, 8), len = le(d + 16, 8);
+        kv_xport_mem *m = kv__xport_exposed(c->tp->p, region, off, len);
+        c->rx_entry[i] = (uint32_t)le(d, 4);
+        c->rx_len[i] = len;
+        c->rx_mem[i] = m;
+        c->rx_dst[i] = m ? m->base + off : NULL;
+        if (m)
+            m->landing++;
+    }
+    c->rx_k = k;
+    c->rx_p = 0;
+    c->rx_pgot = 0;
+    kv__xxh3_reset(&c->hs);
+    c->ph = RX_PIECES;
+    return OK_VERDICT;
+}
+
+/* mu held: every piece of a WRITE arrived: one ACK with a record per
+ * piece {entry, status, bytes}: KV_OK, KV_ERR_OUT_OF_BOUNDS (refused,
+ * not written) or KV_ERR_CORRUPT (the data failed its checksum). */
+static struct verdict on_pieces(struct conn *c, bool sum_ok)
+{
+    unsigned char rec[KV__TCP_MAXV * 16];
+    for (uint32_t i = 0; i < c->rx_k; i++) {
+        const kv_status st = !c->rx_dst[i] ? KV_ERR_OUT_OF_BOUNDS : sum_ok ? KV_OK : KV_ERR_CORRUPT;
+        put_le(rec + 16 * i, c->rx_entry[i], 4);
+        put_le(rec + 16 * i + 4, (uint32_t)(int32_t)st, 4);
+        put_le(rec + 16 * i + 8, c->rx_len[i], 8);
+    }
+    struct kv__xf a = {.type = KV__XF_ACK, .xfer = c->f.xfer, .entry = c->rx_k};
+    c->rx_k = 0;
+    return ctl_put(c, a, rec, 16 * a.entry) ? OK_VERDICT
+                                            : bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
+}
+
+/* mu held: the ACK of one of our WRITEs (c->small: a record per piece). */
+static struct verdict on_acks(struct conn *c)
+{
+    struct tcp_peer *tp = c->tp;
+    kv_xport_xfer *xf = kv__xport_xfer_find(tp->p, c->f.xfer);
+    if (!xf)
+        return OK_VERDICT; /* ended already (timed out, cancelled) */
+    for (uint32_t i = 0; i < c->f.entry; i++) {
+        const unsigned char *r = c->small + 16 * i;
+        const uint32_t e = (uint32_t)le(r, 4);
+        const kv_status st = (kv_status)(int32_t)(uint32_t)le(r + 4, 4);
+        const uint64_t bytes = le(r + 8, 8);
+        if (e >= xf->n || xf->read)
+            return bad(KV_ERR_CORRUPT, "xport tcp: an ACK of entry %u of transfer %" PRIu64, e,
+                       xf->id);
+        if (xf->ended[e])
+            continue;
+        if (st != KV_OK) {
+            kv__xport_entry_end(xf, e, st < 0 ? st : KV_ERR_IO);
+            continue;
+        }
+        if (bytes == 0 || bytes > xf->ios[e].bytes - xf->moved[e])
+            return bad(KV_ERR_CORRUPT,
+                       "xport tcp: an ACK of %" PRIu64 " bytes of entry %u, %" PRIu64
+                       " outstanding",
+                       bytes, e, xf->ios[e].bytes - xf->moved[e]);
+        xf->moved[e] += bytes;
+        if (xf->moved[e] == xf->ios[e].bytes)
+            kv__xport_entry_end(xf, e, KV_OK);
+    }
+    if (!notes_flush(tp))
+        return bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
+    settle_all(tp);
+    return OK_VERDICT;
+}
+
 /* mu held: the payload of c->f is complete. */
 static struct verdict on_payload(struct tcp *t, struct conn *c)
 {
@@ -777,6 +895,8 @@ static struct verdict on_payload(struct tcp *t, struct conn *c)
         }
         if (f->type == KV__XF_READ)
             return serve_read(c);
+        if (f->type == KV__XF_ACK)
+            return on_acks(c);
         if (f->type == KV__XF_REFUSE) {
             char m[200];
             const size_t n = f->length < sizeof(m) - 1 ? (size_t)f->length : sizeof(m) - 1;
@@ -792,42 +912,24 @@ static struct verdict on_payload(struct tcp *t, struct conn *c)
             kv__xport_hello_decode(c->small, &h);
             return tp ? hello_out(t, c, &h) : hello_in(t, c, &h);
         }
-    case RX_LAND:
-        if (c->land_mem) { /* a WRITE into our region */
-            c->land_mem->landing--;
-            c->land_mem = NULL;
-            pthread_cond_broadcast(&t->x->cv);
-            struct kv__xf a = {.type = sum_ok ? KV__XF_ACK : KV__XF_NACK,
-                               .xfer = f->xfer,
-                               .entry = f->entry,
-                               .offset = sum_ok ? f->length : (uint64_t)(int64_t)KV_ERR_CORRUPT};
-            if (!ctl_put(c, a, NULL, 0))
-                return bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
-            return OK_VERDICT;
-        } else { /* RDATA into our read */
-            kv_xport_xfer *xf = c->land_t;
-            c->land_t = NULL;
-            xf->busy--;
-            if (!sum_ok) {
-                kv__xport_entry_end(xf, f->entry, KV_ERR_CORRUPT);
-            } else {
-                xf->moved[f->entry] += f->length;
-                if (xf->moved[f->entry] == xf->ios[f->entry].bytes)
-                    kv__xport_entry_end(xf, f->entry, KV_OK);
-            }
-            settle_all(tp);
-            return OK_VERDICT;
+    case RX_LAND: { /* RDATA into our read */
+        kv_xport_xfer *xf = c->land_t;
+        c->land_t = NULL;
+        xf->busy--;
+        if (!sum_ok) {
+            kv__xport_entry_end(xf, f->entry, KV_ERR_CORRUPT);
+        } else {
+            xf->moved[f->entry] += f->length;
+            if (xf->moved[f->entry] == xf->ios[f->entry].bytes)
+                kv__xport_entry_end(xf, f->entry, KV_OK);
         }
-    case RX_DISCARD:
-        if (f->type == KV__XF_WRITE) {
-            struct kv__xf a = {.type = KV__XF_NACK,
-                               .xfer = f->xfer,
-                               .entry = f->entry,
-                               .offset = (uint64_t)(int64_t)c->refuse};
-            if (!ctl_put(c, a, NULL, 0))
-                return bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
-        }
+        settle_all(tp);
         return OK_VERDICT;
+    }
+    case RX_PIECES:
+        return on_pieces(c, sum_ok);
+    case RX_DESC:
+    case RX_DISCARD:
     case RX_HDR:
         break;
     }
@@ -841,24 +943,36 @@ static struct verdict conn_rx(struct tcp *t, struct conn *c)
     kv_xport *x = t->x;
     uint64_t budget = KV__TCP_RX_BUDGET;
     while (budget) {
-        void *dst;
-        size_t want;
+        struct iovec iov[KV__TCP_MAXV];
+        int niov = 1;
         if (c->ph == RX_HDR) {
-            dst = c->hdr + c->hdr_got;
-            want = KV__XF_BYTES - c->hdr_got;
-        } else {
-            want = (size_t)(c->f.length - c->got);
-            if (c->ph == RX_DISCARD) {
-                dst = t->scratch;
-                want = want < sizeof(t->scratch) ? want : sizeof(t->scratch);
+            iov[0] = (struct iovec){c->hdr + c->hdr_got, KV__XF_BYTES - c->hdr_got};
+        } else if (c->ph == RX_PIECES) {
+            /* The pieces in place, in one call; a dropped one alone. */
+            const uint64_t rest = c->rx_len[c->rx_p] - c->rx_pgot;
+            if (!c->rx_dst[c->rx_p]) {
+                iov[0] = (struct iovec){t->scratch, rest < sizeof(t->scratch) ? (size_t)rest
+                                                                              : sizeof(t->scratch)};
             } else {
-                dst = c->dst + c->got;
+                iov[0] = (struct iovec){c->rx_dst[c->rx_p] + c->rx_pgot, (size_t)rest};
+                for (uint32_t p = c->rx_p + 1; p < c->rx_k && c->rx_dst[p]; p++)
+                    iov[niov++] = (struct iovec){c->rx_dst[p], (size_t)c->rx_len[p]};
             }
+        } else {
+            const uint64_t end =
+                c->ph == RX_DESC ? (uint64_t)c->f.entry * KV__TCP_DESC : c->f.length;
+            const size_t want = (size_t)(end - c->got);
+            if (c->ph == RX_DISCARD)
+                iov[0] = (struct iovec){t->scratch,
+                                        want < sizeof(t->scratch) ? want : sizeof(t->scratch)};
+            else
+                iov[0] = (struct iovec){c->dst + c->got, want};
         }
         ssize_t r = 0;
-        if (want) {
+        if (iov[0].iov_len) {
+            struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
             pthread_mutex_unlock(&x->mu);
-            r = recv(c->fd, dst, want, MSG_DONTWAIT);
+            r = recvmsg(c->fd, &mh, MSG_DONTWAIT);
             const int e = errno;
             pthread_mutex_lock(&x->mu);
             if (r == 0)
@@ -885,12 +999,39 @@ static struct verdict conn_rx(struct tcp *t, struct conn *c)
                 continue; /* a frame without payload, handled */
             if (c->f.length)
                 continue;
+        } else if (c->ph == RX_PIECES) {
+            /* Hash what landed, piece by piece; a finished piece is no
+             * longer landing (unexpose may proceed). */
+            size_t n = (size_t)r;
+            for (int k = 0; k < niov && n; k++) {
+                const size_t take = n < iov[k].iov_len ? n : iov[k].iov_len;
+                kv__xxh3_update(&c->hs, iov[k].iov_base, take);
+                n -= take;
+                c->rx_pgot += take;
+                if (c->rx_pgot == c->rx_len[c->rx_p]) {
+                    if (c->rx_mem[c->rx_p]) {
+                        c->rx_mem[c->rx_p]->landing--;
+                        pthread_cond_broadcast(&x->cv);
+                    }
+                    c->rx_p++;
+                    c->rx_pgot = 0;
+                }
+            }
+            c->got += (uint64_t)r;
+            if (c->rx_p < c->rx_k)
+                continue;
         } else {
             if (c->ph != RX_DISCARD)
-                kv__xxh3_update(&c->hs, dst, (size_t)r);
+                kv__xxh3_update(&c->hs, iov[0].iov_base, (size_t)r);
             c->got += (uint64_t)r;
-            if (c->got < c->f.length)
+            if (c->got < (c->ph == RX_DESC ? (uint64_t)c->f.entry * KV__TCP_DESC : c->f.length))
                 continue;
+            if (c->ph == RX_DESC) {
+                struct verdict v = on_desc(c);
+                if (v.st != KV_OK || v.msg[0])
+                    return v;
+                continue;
+            }
         }
         struct verdict v = on_payload(t, c);
         c->ph = RX_HDR;
@@ -902,32 +1043,45 @@ static struct verdict conn_rx(struct tcp *t, struct conn *c)
 
 /* ---- sending -------------------------------------------------------- */
 
+/* mu held: c's data frame from a header and df_k pieces (df_src/df_len). */
+static void frame_start(struct conn *c, struct kv__xf *f, uint32_t desc_bytes)
+{
+    uint64_t data = 0;
+    for (uint32_t i = 0; i < c->df_k; i++)
+        data += c->df_len[i];
+    f->version = KV_XPORT_PROTOCOL_VERSION;
+    f->conn = c->index;
+    f->length = desc_bytes + data;
+    kv__xf_encode(f, c->df_hdr);
+    c->df_desc_bytes = desc_bytes;
+    c->df_total = KV__XF_BYTES + desc_bytes + data;
+    c->df_sent = 0;
+    c->df_on = true;
+}
+
 /* mu held: the next data frame for c, or false when there is none: the
  * reads c serves first (they came on c), then the peer's writes in post
- * order, and the READ requests of its reads (control frames). */
+ * order, and the READ requests of its reads (control frames). A WRITE
+ * gathers up to KV__TCP_MAXV pieces and KV__TCP_CHUNK bytes of one
+ * transfer's entries, split where an entry is larger. */
 static bool next_frame(struct tcp_peer *tp, struct conn *c)
 {
     if (c->srv_head) {
         struct serve *s = c->srv_head;
         const uint64_t len = s->len - s->sent < KV__TCP_CHUNK ? s->len - s->sent : KV__TCP_CHUNK;
         const char *src = s->mem->base + s->off + s->sent;
-        struct kv__xf f = {.version = KV_XPORT_PROTOCOL_VERSION,
-                           .type = KV__XF_RDATA,
+        struct kv__xf f = {.type = KV__XF_RDATA,
                            .entry = s->entry,
                            .xfer = s->xfer,
-                           .conn = c->index,
                            .offset = s->sent,
-                           .length = len,
                            .payload_sum = kv__xxh3_64(src, (size_t)len)};
-        kv__xf_encode(&f, c->df_hdr);
-        c->df_src = src;
-        c->df_len = len;
-        c->df_off = 0;
-        c->df_hdr_off = 0;
+        c->df_k = 1;
+        c->df_src[0] = src;
+        c->df_len[0] = len;
         c->df_srv = s;
         c->df_t = NULL;
-        c->df_on = true;
         s->sent += len;
+        frame_start(c, &f, 0);
         return true;
     }
     for (kv_xport_xfer *xf = tp->p->xfers; xf; xf = xf->next) {
@@ -943,41 +1097,47 @@ static bool next_frame(struct tcp_peer *tp, struct conn *c)
                                .region = io->remote->region,
                                .offset = io->remote_off};
             unsigned char len[8];
-            for (int i = 0; i < 8; i++)
-                len[i] = (unsigned char)(io->bytes >> (8 * i));
+            put_le(len, io->bytes, 8);
             struct conn *rc = tp->conns[e % tp->n_conns];
             if (!ctl_put(rc, f, len, sizeof(len)))
                 return false;
             return next_frame(tp, c);
         }
-        const uint32_t e = (uint32_t)xf->be_entry;
-        const struct kv_xport_io *io = &xf->ios[e];
-        const uint64_t rest = io->bytes - xf->be_off;
-        const uint64_t len = rest < KV__TCP_CHUNK ? rest : KV__TCP_CHUNK;
-        const char *src = io->local->base + io->local_off + xf->be_off;
-        struct kv__xf f = {.version = KV_XPORT_PROTOCOL_VERSION,
-                           .type = KV__XF_WRITE,
-                           .entry = e,
+        struct kv__xxh3_state hs;
+        kv__xxh3_reset(&hs);
+        uint32_t k = 0;
+        uint64_t bytes = 0;
+        while (k < KV__TCP_MAXV && bytes < KV__TCP_CHUNK && xf->be_entry < xf->n) {
+            const uint32_t e = (uint32_t)xf->be_entry;
+            const struct kv_xport_io *io = &xf->ios[e];
+            const uint64_t rest = io->bytes - xf->be_off;
+            const uint64_t len = rest < KV__TCP_CHUNK - bytes ? rest : KV__TCP_CHUNK - bytes;
+            unsigned char *d = c->df_desc + (size_t)k * KV__TCP_DESC;
+            put_le(d, e, 4);
+            put_le(d + 4, io->remote->region, 4);
+            put_le(d + 8, io->remote_off + xf->be_off, 8);
+            put_le(d + 16, len, 8);
+            c->df_src[k] = io->local->base + io->local_off + xf->be_off;
+            c->df_len[k] = len;
+            kv__xxh3_update(&hs, c->df_src[k], (size_t)len);
+            k++;
+            bytes += len;
+            xf->be_off += len;
+            if (xf->be_off == io->bytes) {
+                xf->be_entry++;
+                xf->be_off = 0;
+            }
+        }
+        struct kv__xf f = {.type = KV__XF_WRITE,
+                           .entry = k,
                            .xfer = xf->id,
-                           .region = io->remote->region,
-                           .conn = c->index,
-                           .offset = io->remote_off + xf->be_off,
-                           .length = len,
-                           .payload_sum = kv__xxh3_64(src, (size_t)len)};
-        kv__xf_encode(&f, c->df_hdr);
-        c->df_src = src;
-        c->df_len = len;
-        c->df_off = 0;
-        c->df_hdr_off = 0;
+                           .offset = kv__xxh3_64(c->df_desc, (size_t)k * KV__TCP_DESC),
+                           .payload_sum = kv__xxh3_digest(&hs)};
+        c->df_k = k;
         c->df_t = xf;
         c->df_srv = NULL;
-        c->df_on = true;
         xf->busy++;
-        xf->be_off += len;
-        if (xf->be_off == io->bytes) {
-            xf->be_entry++;
-            xf->be_off = 0;
-        }
+        frame_start(c, &f, k * KV__TCP_DESC);
         return true;
     }
     return false;
@@ -989,24 +1149,64 @@ static bool tx_pending(struct conn *c)
     return c->df_on || c->ctl_off < c->ctl_len;
 }
 
+/* mu held: c's data frame is on the wire whole. */
+static void frame_done(struct conn *c)
+{
+    c->df_on = false;
+    if (c->df_t) {
+        c->df_t->busy--;
+        c->df_t = NULL;
+    }
+    if (c->df_srv && c->df_srv->sent == c->df_srv->len) {
+        struct serve *s = c->df_srv;
+        c->srv_head = s->next;
+        if (!c->srv_head)
+            c->srv_tail = NULL;
+        s->mem->users--;
+        kv__mem_free(s);
+    }
+    c->df_srv = NULL;
+}
+
+/* The unsent rest of c's data frame as iovecs (at most 2 + MAXV). */
+static int frame_iov(const struct conn *c, struct iovec *iov)
+{
+    int k = 0;
+    uint64_t skip = c->df_sent;
+    const void *part[2] = {c->df_hdr, c->df_desc};
+    const uint64_t plen[2] = {KV__XF_BYTES, c->df_desc_bytes};
+    for (int i = 0; i < 2; i++) {
+        if (skip >= plen[i]) {
+            skip -= plen[i];
+            continue;
+        }
+        iov[k++] = (struct iovec){(char *)part[i] + skip, (size_t)(plen[i] - skip)};
+        skip = 0;
+    }
+    for (uint32_t i = 0; i < c->df_k; i++) {
+        if (skip >= c->df_len[i]) {
+            skip -= c->df_len[i];
+            continue;
+        }
+        iov[k++] = (struct iovec){(char *)c->df_src[i] + skip, (size_t)(c->df_len[i] - skip)};
+        skip = 0;
+    }
+    return k;
+}
+
 /* Send on c until EAGAIN: mu held on entry and exit, dropped around send.
  * Control frames go between data frames, never inside one. */
 static struct verdict conn_tx(struct tcp *t, struct conn *c)
 {
     kv_xport *x = t->x;
     for (;;) {
-        if (!c->df_on && c->ctl_off == c->ctl_len) {
-            if (!c->tp || !c->up || !next_frame(c->tp, c)) {
-                if (c->ctl_off == c->ctl_len)
-                    return OK_VERDICT;
-            }
-        }
+        const bool ctl = c->ctl_off < c->ctl_len;
+        if (!c->df_on && !ctl && (!c->tp || !c->up || !next_frame(c->tp, c)) &&
+            c->ctl_off == c->ctl_len)
+            return OK_VERDICT;
         ssize_t r;
         int e = 0;
-        if (!c->df_on || (c->df_hdr_off == 0 && c->df_off == 0 && c->ctl_off < c->ctl_len)) {
-            /* Control first when no data frame has started. */
-            if (c->ctl_off == c->ctl_len)
-                continue;
+        if (c->ctl_off < c->ctl_len && (!c->df_on || c->df_sent == 0)) {
             const unsigned char *p = c->ctl + c->ctl_off;
             const size_t n = c->ctl_len - c->ctl_off;
             pthread_mutex_unlock(&x->mu);
@@ -1016,42 +1216,16 @@ static struct verdict conn_tx(struct tcp *t, struct conn *c)
             if (r > 0)
                 c->ctl_off += (size_t)r;
         } else {
-            struct iovec iov[2];
-            int k = 0;
-            if (c->df_hdr_off < KV__XF_BYTES)
-                iov[k++] = (struct iovec){c->df_hdr + c->df_hdr_off, KV__XF_BYTES - c->df_hdr_off};
-            iov[k++] =
-                (struct iovec){(void *)(c->df_src + c->df_off), (size_t)(c->df_len - c->df_off)};
-            struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)k};
+            struct iovec iov[2 + KV__TCP_MAXV];
+            struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)frame_iov(c, iov)};
             pthread_mutex_unlock(&x->mu);
             r = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
             e = errno;
             pthread_mutex_lock(&x->mu);
             if (r > 0) {
-                size_t n = (size_t)r;
-                if (c->df_hdr_off < KV__XF_BYTES) {
-                    const size_t h =
-                        KV__XF_BYTES - c->df_hdr_off < n ? KV__XF_BYTES - c->df_hdr_off : n;
-                    c->df_hdr_off += h;
-                    n -= h;
-                }
-                c->df_off += n;
-                if (c->df_off == c->df_len) {
-                    c->df_on = false;
-                    if (c->df_t) {
-                        c->df_t->busy--;
-                        c->df_t = NULL;
-                    }
-                    if (c->df_srv && c->df_srv->sent == c->df_srv->len) {
-                        struct serve *s = c->df_srv;
-                        c->srv_head = s->next;
-                        if (!c->srv_head)
-                            c->srv_tail = NULL;
-                        s->mem->users--;
-                        kv__mem_free(s);
-                    }
-                    c->df_srv = NULL;
-                }
+                c->df_sent += (uint64_t)r;
+                if (c->df_sent == c->df_total)
+                    frame_done(c);
             }
         }
         if (r < 0) {

@@ -39,6 +39,8 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -342,12 +344,661 @@ static void test_xport_tcp_write_read_whole_region(void **state)
     free(back);
 }
 
+/* ---- two processes: prefill -> decode ------------------------------ */
+
+enum { PD_L = 2, PD_H = 8, PD_D = 64, PD_B = 192, PD_REQS = 40, PD_MAXT = 300 };
+#define TAG_BLOB 0x100u
+#define TAG_PLACE 0x200u
+#define TAG_DONE 0x300u
+#define TAG_BYE 0x400u
+
+/* The value of element (request r, layer, kv, token, head, d). */
+static uint16_t pd_val(uint32_t r, int64_t l, int64_t kv, int64_t t, int64_t h, int64_t d)
+{
+    uint64_t z = ((((uint64_t)r * 7 + (uint64_t)l) * 2 + (uint64_t)kv) * 4096 + (uint64_t)t) * 64 +
+                 (uint64_t)(h * PD_D + d);
+    return (uint16_t)(kvt_rand(&z) >> 17);
+}
+
+/* Decode's layouts, one per request r % 4: another page size, HND, block-
+ * major, padding, and a head slice (4 of prefill's 8 heads). */
+static struct kv_layout_config pd_cfg(int which)
+{
+    struct kv_layout_config c;
+    kv_layout_config_init(&c);
+    c.num_layers = PD_L;
+    c.num_blocks = PD_B;
+    c.num_heads = PD_H;
+    c.head_dim = PD_D;
+    c.dtype = KV_F16;
+    c.block_tokens = 16;
+    switch (which) {
+    case 0: /* prefill's own layout */
+        break;
+    case 1:
+        c.order = KV_ORDER_HND;
+        c.arrange = KV_ARRANGE_BLOCK_MAJOR;
+        c.block_tokens = 32;
+        break;
+    case 2:
+        c.block_tokens = 8;
+        c.block_pad_elems = 40;
+        break;
+    case 3:
+        c.order = KV_ORDER_HND;
+        c.num_heads = 4;
+        break;
+    case 4: /* prefill */
+        c.num_blocks = 2 * PD_B;
+        c.block_pad_elems = 24;
+        break;
+    }
+    return c;
+}
+
+/* A placement: decode tells prefill where request r goes. */
+struct pd_place {
+    uint32_t r, which, n_tokens, n_blocks;
+    uint32_t ids[PD_MAXT];
+};
+
+static void send_note(kv_xport_peer *p, uint64_t tag, const void *msg, uint32_t len)
+{
+    struct kv_xport_notify n = {.tag = tag, .msg = msg, .len = len};
+    kv_xport_xfer *t = NULL;
+    assert_int_equal(kv_xport_write(p, NULL, 0, &n, &t), KV_OK);
+    kv_xport_state s;
+    assert_int_equal(kv_xport_xfer_wait(t, 10000, &s), KV_OK);
+    assert_int_equal(s, KV_XPORT_DONE);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+}
+
+/* The decode child: returns the number of failed checks (its exit code). */
+static int pd_decode(int port_fd, const char *host)
+{
+    int bad = 0;
+    struct kv_xport_config c = cfg_make(true, TOKEN, 0x1234);
+    c.listen_host = host;
+    kv_xport *x = NULL;
+    if (kv_xport_create(&c, &x) != KV_OK)
+        return 100;
+    const uint16_t port = kv_xport_port(x);
+    if (write(port_fd, &port, sizeof(port)) != sizeof(port))
+        return 101;
+    kv_xport_peer *p = NULL;
+    if (kv_xport_accept(x, 10000, &p) != KV_OK)
+        return 102;
+    struct kv_layout_config cfg[4];
+    struct kv_layout lo[4];
+    unsigned char *pool[4];
+    kv_xport_mem *mem[4];
+    uint32_t free_ids[4][PD_B], n_free[4];
+    uint64_t rng = 99;
+    for (int w = 0; w < 4; w++) {
+        cfg[w] = pd_cfg(w);
+        if (kv_layout_init(&cfg[w], &lo[w]) != KV_OK)
+            return 103;
+        pool[w] = malloc((size_t)lo[w].total_bytes);
+        memset(pool[w], 0xEE, (size_t)lo[w].total_bytes);
+        if (kv_xport_mem_reg(x, pool[w], (size_t)lo[w].total_bytes, KV_MEM_HOST, &mem[w]) != KV_OK)
+            return 104;
+        unsigned char blob[KV_XPORT_BLOB_MAX];
+        size_t bl = 0;
+        if (kv_xport_mem_expose(p, mem[w], blob, sizeof(blob), &bl) != KV_OK)
+            return 105;
+        send_note(p, TAG_BLOB + (uint64_t)w, blob, (uint32_t)bl);
+        /* Free ids: the upper half first, shuffled (far from 0). */
+        n_free[w] = 0;
+        for (uint32_t i = PD_B - 1; i >= 1; i--)
+            free_ids[w][n_free[w]++] = i;
+        for (uint32_t i = n_free[w] - 1; i > 0; i--) {
+            const uint32_t j = (uint32_t)(kvt_rand(&rng) % (i + 1)), t = free_ids[w][i];
+            free_ids[w][i] = free_ids[w][j];
+            free_ids[w][j] = t;
+        }
+    }
+    struct pd_place *pl = calloc(PD_REQS, sizeof(*pl));
+    bool *used[4];
+    for (int w = 0; w < 4; w++)
+        used[w] = calloc(PD_B, sizeof(bool));
+    struct kv_xport_msg *msg = malloc(sizeof(*msg));
+    uint32_t next = 0, done = 0, inflight = 0;
+    while (done < PD_REQS) {
+        /* Up to 4 placements ahead of the completions. */
+        while (next < PD_REQS && inflight < 4) {
+            struct pd_place *q = &pl[next];
+            q->r = next;
+            q->which = next % 4;
+            q->n_tokens = 1 + (uint32_t)(kvt_rand(&rng) % PD_MAXT);
+            const uint32_t N = (uint32_t)cfg[q->which].block_tokens;
+            q->n_blocks = (q->n_tokens + N - 1) / N;
+            if (n_free[q->which] < q->n_blocks)
+                break;
+            for (uint32_t i = 0; i < q->n_blocks; i++) {
+                q->ids[i] = free_ids[q->which][--n_free[q->which]];
+                used[q->which][q->ids[i]] = true;
+            }
+            send_note(p, TAG_PLACE, q,
+                      (uint32_t)offsetof(struct pd_place, ids) +
+                          q->n_blocks * (uint32_t)sizeof(uint32_t));
+            next++;
+            inflight++;
+        }
+        if (kv_xport_notify_poll(x, 20000, msg) != KV_OK)
+            return 106;
+        if (msg->tag < TAG_DONE || msg->tag >= TAG_DONE + PD_REQS)
+            return 107;
+        /* The notification follows the data: check every element now. */
+        const struct pd_place *q = &pl[msg->tag - TAG_DONE];
+        const struct kv_layout_config *dc = &cfg[q->which];
+        const int64_t h0 = q->which == 3 ? 4 : 0; /* prefill's first head here */
+        for (uint32_t t = 0; t < q->n_tokens; t++)
+            for (int64_t l = 0; l < PD_L; l++)
+                for (int64_t kv = 0; kv < 2; kv++)
+                    for (int64_t h = 0; h < dc->num_heads; h++)
+                        for (int64_t d = 0; d < PD_D; d++) {
+                            const int64_t o =
+                                kvt_ref_offset_elems(dc, l, kv, q->ids[t / dc->block_tokens],
+                                                     t % dc->block_tokens, h, d);
+                            uint16_t v;
+                            memcpy(&v, pool[q->which] + 2 * o, 2);
+                            bad += v != pd_val(q->r, l, kv, t, h + h0, d);
+                        }
+        /* Release its blocks. */
+        for (uint32_t i = 0; i < q->n_blocks; i++)
+            free_ids[q->which][n_free[q->which]++] = q->ids[i];
+        done++;
+        inflight--;
+    }
+    /* Blocks no request used are untouched, every byte. */
+    for (int w = 0; w < 4; w++)
+        for (uint32_t b = 0; b < PD_B; b++) {
+            if (used[w][b])
+                continue;
+            for (int64_t l = 0; l < PD_L; l++)
+                for (int64_t kv = 0; kv < 2; kv++) {
+                    const unsigned char *blk =
+                        pool[w] + 2 * kvt_ref_offset_elems(&cfg[w], l, kv, b, 0, 0, 0);
+                    for (int64_t i = 0; i < lo[w].block_bytes; i++)
+                        bad += blk[i] != 0xEE;
+                }
+        }
+    if (kv_xport_notify_poll(x, 20000, msg) != KV_OK || msg->tag != TAG_BYE)
+        bad++;
+    kv_xport_peer_close(p);
+    for (int w = 0; w < 4; w++) {
+        bad += kv_xport_mem_dereg(mem[w]) != KV_OK;
+        free(pool[w]);
+        free(used[w]);
+    }
+    kv_xport_destroy(x);
+    free(msg);
+    free(pl);
+    return bad > 250 ? 250 : bad;
+}
+
+/* Prefill in the parent, decode in a child: 40 requests of 1..300 tokens,
+ * each into one of 4 decode layouts, blocks chosen by decode. */
+/* The network namespace /run/netns/<name> for this thread (and the
+ * threads it creates); "" restores `home`. */
+static bool enter_netns(const char *name, int home)
+{
+    if (!*name)
+        return setns(home, CLONE_NEWNET) == 0;
+    char path[96];
+    snprintf(path, sizeof(path), "/run/netns/%s", name);
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    const bool ok = fd >= 0 && setns(fd, CLONE_NEWNET) == 0;
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+/* Prefill in this process (in netns `ns_a` when set), decode in a child
+ * (in netns `ns_b`) listening on host. */
+static void pd_run(const char *host, const char *ns_a, const char *ns_b)
+{
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    fflush(NULL);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        if (ns_b && !enter_netns(ns_b, -1))
+            _exit(120);
+        _exit(pd_decode(fds[1], host));
+    }
+    close(fds[1]);
+    uint16_t port = 0;
+    assert_int_equal(read(fds[0], &port, sizeof(port)), sizeof(port));
+    close(fds[0]);
+    const int home = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+    if (ns_a)
+        assert_true(enter_netns(ns_a, home));
+    struct kv_xport_config c = cfg_make(false, TOKEN, 0x1234);
+    kv_xport *x = NULL;
+    kv_xport_peer *p = NULL;
+    assert_int_equal(kv_xport_create(&c, &x), KV_OK); /* its thread: in ns_a */
+    assert_int_equal(kv_xport_connect(x, host, port, &p), KV_OK);
+    if (ns_a)
+        assert_true(enter_netns("", home));
+    close(home);
+    assert_int_equal(settle(p, NULL), KV_XPORT_READY);
+    struct kv_layout_config sc = pd_cfg(4);
+    struct kv_layout slo, dlo[4];
+    assert_int_equal(kv_layout_init(&sc, &slo), KV_OK);
+    unsigned char *src = calloc(1, (size_t)slo.total_bytes);
+    kv_xport_mem *ms = NULL;
+    assert_int_equal(kv_xport_mem_reg(x, src, (size_t)slo.total_bytes, KV_MEM_HOST, &ms), KV_OK);
+    kv_xport_rmem *rm[4] = {0};
+    kv_plan *plan[4] = {0};
+    struct kv_xport_msg *msg = malloc(sizeof(*msg));
+    uint32_t got_blobs = 0, sent = 0;
+    uint64_t rng = 3;
+    while (sent < PD_REQS) {
+        assert_int_equal(kv_xport_notify_poll(x, 20000, msg), KV_OK);
+        if (msg->tag >= TAG_BLOB && msg->tag < TAG_BLOB + 4) {
+            const int w = (int)(msg->tag - TAG_BLOB);
+            assert_int_equal(kv_xport_rmem_import(p, msg->data, msg->len, &rm[w]), KV_OK);
+            struct kv_layout_config dc = pd_cfg(w);
+            assert_int_equal(kv_layout_init(&dc, &dlo[w]), KV_OK);
+            struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+            if (w == 3) {
+                pc.src_head0 = 4;
+                pc.n_heads = 4;
+            }
+            assert_int_equal(kv_plan_create(&slo, &dlo[w], &pc, &plan[w]), KV_OK);
+            got_blobs++;
+            continue;
+        }
+        assert_int_equal(msg->tag, TAG_PLACE);
+        assert_int_equal(got_blobs, 4);
+        struct pd_place q;
+        memcpy(&q, msg->data, msg->len);
+        /* Prefill's own blocks for it: random, far from 0. */
+        const uint32_t ns = (q.n_tokens + 15) / 16;
+        uint32_t sids[PD_MAXT];
+        for (uint32_t i = 0; i < ns; i++) {
+            bool dup;
+            do {
+                sids[i] = (uint32_t)(PD_B / 2 + kvt_rand(&rng) % (2 * PD_B - PD_B / 2));
+                dup = false;
+                for (uint32_t j = 0; j < i; j++)
+                    dup |= sids[j] == sids[i];
+            } while (dup);
+        }
+        for (uint32_t t = 0; t < q.n_tokens; t++)
+            for (int64_t l = 0; l < PD_L; l++)
+                for (int64_t kv = 0; kv < 2; kv++)
+                    for (int64_t h = 0; h < PD_H; h++)
+                        for (int64_t d = 0; d < PD_D; d++) {
+                            const uint16_t v = pd_val(q.r, l, kv, t, h, d);
+                            memcpy(src + 2 * kvt_ref_offset_elems(&sc, l, kv, sids[t / 16], t % 16,
+                                                                  h, d),
+                                   &v, 2);
+                        }
+        struct kv_xport_notify n = {.tag = TAG_DONE + q.r};
+        kv_xport_xfer *t = NULL;
+        assert_int_equal(kv_xport_write_plan(p, plan[q.which], ms, 0, sids, ns, rm[q.which], 0,
+                                             q.ids, q.n_blocks, q.n_tokens, &n, &t),
+                         KV_OK);
+        kv_xport_state s;
+        assert_int_equal(kv_xport_xfer_wait(t, 20000, &s), KV_OK);
+        assert_int_equal(s, KV_XPORT_DONE);
+        assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+        sent++;
+    }
+    /* Refusals of write_plan, nothing sent: lengths, ids, a block twice. */
+    uint32_t ids2[2] = {1, 1};
+    kv_xport_xfer *t = NULL;
+    assert_int_equal(
+        kv_xport_write_plan(p, plan[0], ms, 0, ids2, 1, rm[0], 0, ids2, 2, 16, NULL, &t),
+        KV_ERR_BAD_SHAPE);
+    uint32_t far[1] = {PD_B};
+    assert_int_equal(
+        kv_xport_write_plan(p, plan[0], ms, 0, ids2, 1, rm[0], 0, far, 1, 16, NULL, &t),
+        KV_ERR_OUT_OF_BOUNDS);
+    assert_int_equal(
+        kv_xport_write_plan(p, plan[0], ms, 0, ids2, 2, rm[0], 0, ids2, 2, 17, NULL, &t),
+        KV_ERR_OVERLAP);
+    assert_int_equal(
+        kv_xport_write_plan(p, plan[0], ms, 8, ids2, 1, rm[0], 0, ids2, 1, 16, NULL, &t),
+        KV_ERR_OUT_OF_BOUNDS); /* the cache would pass the region's end */
+    send_note(p, TAG_BYE, NULL, 0);
+    int wst = 0;
+    assert_int_equal(waitpid(pid, &wst, 0), pid);
+    assert_true(WIFEXITED(wst));
+    assert_int_equal(WEXITSTATUS(wst), 0);
+    for (int w = 0; w < 4; w++) {
+        kv_plan_destroy(plan[w]);
+        kv_xport_rmem_free(rm[w]);
+    }
+    kv_xport_peer_close(p);
+    assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
+    kv_xport_destroy(x);
+    free(src);
+    free(msg);
+}
+
+static void test_xport_tcp_prefill_to_decode_two_procs(void **state)
+{
+    (void)state;
+    pd_run("127.0.0.1", NULL, NULL);
+}
+
+/* The same between two hosts: network namespaces joined by a veth pair,
+ * made here (root and iproute2 needed; skipped with a message otherwise). */
+static void test_xport_tcp_two_hosts_veth(void **state)
+{
+    (void)state;
+    char a[32], b[32], cmd[1024];
+    const int id = (int)getpid() % 100000;
+    snprintf(a, sizeof(a), "kvta%d", id);
+    snprintf(b, sizeof(b), "kvtb%d", id);
+    snprintf(cmd, sizeof(cmd),
+             "ip netns add %s && ip netns add %s && "
+             "ip link add %s type veth peer name %s && "
+             "ip link set %s netns %s && ip link set %s netns %s && "
+             "ip -n %s addr add 10.231.7.1/30 dev %s && ip -n %s addr add 10.231.7.2/30 dev %s && "
+             "ip -n %s link set %s up && ip -n %s link set %s up && "
+             "ip -n %s link set lo up && ip -n %s link set lo up",
+             a, b, a, b, a, a, b, b, a, a, b, b, a, a, b, b, a, b);
+    const int rc = system(cmd);
+    if (rc != 0) {
+        snprintf(cmd, sizeof(cmd), "ip netns del %s 2>/dev/null; ip netns del %s 2>/dev/null", a,
+                 b);
+        (void)system(cmd);
+        fprintf(stderr, "test_xport_tcp_two_hosts_veth: SKIPPED: cannot create network "
+                        "namespaces and a veth pair here (needs root and iproute2)\n");
+        skip();
+    }
+    pd_run("10.231.7.2", a, b);
+    snprintf(cmd, sizeof(cmd), "ip netns del %s; ip netns del %s", a, b);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* ---- faults --------------------------------------------------------- */
+
+enum relay_mode { RELAY_CUT = 1, RELAY_FLIP = 2, RELAY_STALL = 3 };
+
+/* A relay process between a sender and a receiver (one connection each
+ * way): forwards bytes, and after `after` bytes from the sender cuts the
+ * connection, flips one byte, or stops forwarding. Returns its port. */
+static pid_t relay_start(uint16_t target, enum relay_mode mode, uint64_t after, uint16_t *port)
+{
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(ls, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(listen(ls, 4), 0);
+    socklen_t sl = sizeof(sa);
+    getsockname(ls, (struct sockaddr *)&sa, &sl);
+    *port = ntohs(sa.sin_port);
+    fflush(NULL);
+    const pid_t pid = fork();
+    if (pid != 0) {
+        close(ls);
+        return pid;
+    }
+    const int a = accept(ls, NULL, NULL);
+    const int b = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in ta = {.sin_family = AF_INET,
+                             .sin_port = htons(target),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (a < 0 || connect(b, (struct sockaddr *)&ta, sizeof(ta)) != 0)
+        _exit(1);
+    uint64_t up = 0;
+    static char buf[1 << 16];
+    for (;;) {
+        struct pollfd pf[2] = {{.fd = a, .events = POLLIN}, {.fd = b, .events = POLLIN}};
+        if (poll(pf, 2, -1) < 0)
+            _exit(2);
+        if (pf[0].revents) {
+            const ssize_t r = read(a, buf, sizeof(buf));
+            if (r <= 0)
+                _exit(0);
+            if (up + (uint64_t)r > after && mode == RELAY_CUT)
+                _exit(0); /* both connections close */
+            if (up + (uint64_t)r > after && mode == RELAY_STALL) {
+                pause(); /* hold the connections open, forward nothing */
+                _exit(0);
+            }
+            if (mode == RELAY_FLIP && up <= after && after < up + (uint64_t)r)
+                buf[after - up] ^= 0x10;
+            up += (uint64_t)r;
+            if (write(b, buf, (size_t)r) != r)
+                _exit(0);
+        }
+        if (pf[1].revents) {
+            const ssize_t r = read(b, buf, sizeof(buf));
+            if (r <= 0 || write(a, buf, (size_t)r) != r)
+                _exit(0);
+        }
+    }
+}
+
+/* A sender connected to an in-process receiver through a relay: a 16 MiB
+ * write (8 entries of 2 MiB) with a notification. */
+static void fault_case(enum relay_mode mode, uint64_t after, kv_xport_state want, kv_status why)
+{
+    struct kv_xport_config cb = cfg_make(true, TOKEN, 1), ca = cfg_make(false, TOKEN, 1);
+    ca.conns_per_peer = cb.conns_per_peer = 1;
+    ca.timeout_ms = 600;
+    struct pair p;
+    assert_int_equal(kv_xport_create(&cb, &p.b), KV_OK);
+    assert_int_equal(kv_xport_create(&ca, &p.a), KV_OK);
+    uint16_t rport = 0;
+    const pid_t relay = relay_start(kv_xport_port(p.b), mode, after, &rport);
+    assert_int_equal(kv_xport_connect(p.a, "127.0.0.1", rport, &p.pa), KV_OK);
+    assert_int_equal(kv_xport_accept(p.b, 5000, &p.pb), KV_OK);
+    assert_int_equal(settle(p.pa, NULL), KV_XPORT_READY);
+    unsigned char *src = malloc(REGION), *dst = malloc(REGION);
+    fill(src, REGION, 21);
+    memset(dst, 0, REGION);
+    kv_xport_mem *ms, *md;
+    assert_int_equal(kv_xport_mem_reg(p.a, src, REGION, KV_MEM_HOST, &ms), KV_OK);
+    assert_int_equal(kv_xport_mem_reg(p.b, dst, REGION, KV_MEM_HOST, &md), KV_OK);
+    kv_xport_rmem *r = share(&p, md);
+    struct kv_xport_io ios[8];
+    for (int i = 0; i < 8; i++)
+        ios[i] = (struct kv_xport_io){ms, (uint64_t)i << 21, r, (uint64_t)(8 + i) << 21, 2u << 20};
+    struct kv_xport_notify n = {.tag = 77};
+    kv_xport_xfer *t = NULL;
+    const uint64_t t0 = kv__xport_now_ns();
+    assert_int_equal(kv_xport_write(p.pa, ios, 8, &n, &t), KV_OK);
+    kv_xport_state s;
+    assert_int_equal(kv_xport_xfer_wait(t, 10000, &s), KV_OK);
+    const uint64_t ms_taken = (kv__xport_now_ns() - t0) / 1000000;
+    assert_int_equal(s, want);
+    assert_true(ms_taken < 600 + 2000); /* within the bound */
+    const kv_status *st;
+    uint32_t ns;
+    assert_int_equal(kv_xport_xfer_results(t, &st, &ns), KV_OK);
+    uint32_t ok = 0;
+    for (uint32_t i = 0; i < ns; i++) {
+        ok += st[i] == KV_OK;
+        if (st[i] != KV_OK && why != KV_OK)
+            assert_true(st[i] == why || st[i] == KV_ERR_IO || st[i] == KV_ERR_CORRUPT ||
+                        st[i] == KV_ERR_TIMEOUT);
+    }
+    assert_true(ok < ns); /* not everything claimed done */
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    /* The receiver never saw the notification: nothing is complete there. */
+    struct kv_xport_msg *msg = malloc(sizeof(*msg));
+    assert_int_equal(kv_xport_notify_poll(p.b, 300, msg), KV_ERR_TIMEOUT);
+    free(msg);
+    kill(relay, SIGKILL);
+    waitpid(relay, NULL, 0);
+    kv_xport_rmem_free(r);
+    kv_xport_peer_close(p.pb); /* its exposure ends: md can go */
+    p.pb = NULL;
+    assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
+    pair_close(&p);
+    free(src);
+    free(dst);
+}
+
+static void test_xport_tcp_fault_cut(void **state)
+{
+    (void)state;
+    fault_case(RELAY_CUT, 3u << 20, KV_XPORT_FAILED, KV_ERR_IO);
+}
+
+static void test_xport_tcp_fault_corrupt_payload(void **state)
+{
+    (void)state;
+    /* A byte deep inside the data, and one in the first frame's header
+     * region (the handshake and the blob are ~400 bytes). */
+    fault_case(RELAY_FLIP, 5u << 20, KV_XPORT_FAILED, KV_ERR_CORRUPT);
+    fault_case(RELAY_FLIP, 700, KV_XPORT_FAILED, KV_ERR_CORRUPT);
+}
+
+static void test_xport_tcp_fault_stall_times_out(void **state)
+{
+    (void)state;
+    fault_case(RELAY_STALL, 1u << 20, KV_XPORT_TIMED_OUT, KV_ERR_TIMEOUT);
+}
+
+/* A receiver child killed mid-transfer; cancel in flight. */
+static int sink_child(int fd)
+{
+    struct kv_xport_config c = cfg_make(true, TOKEN, 0);
+    kv_xport *x = NULL;
+    if (kv_xport_create(&c, &x) != KV_OK)
+        return 1;
+    const uint16_t port = kv_xport_port(x);
+    if (write(fd, &port, 2) != 2)
+        return 2;
+    kv_xport_peer *p = NULL;
+    if (kv_xport_accept(x, 10000, &p) != KV_OK)
+        return 3;
+    unsigned char *dst = malloc(REGION);
+    kv_xport_mem *m = NULL;
+    unsigned char blob[KV_XPORT_BLOB_MAX];
+    size_t bl = 0;
+    if (kv_xport_mem_reg(x, dst, REGION, KV_MEM_HOST, &m) != KV_OK ||
+        kv_xport_mem_expose(p, m, blob, sizeof(blob), &bl) != KV_OK)
+        return 4;
+    send_note(p, 1, blob, (uint32_t)bl);
+    /* Report every notification's tag on fd; until BYE. */
+    struct kv_xport_msg *msg = malloc(sizeof(*msg));
+    for (;;) {
+        if (kv_xport_notify_poll(x, 30000, msg) != KV_OK)
+            return 5;
+        if (write(fd, &msg->tag, 8) != 8)
+            return 6;
+        if (msg->tag == TAG_BYE)
+            break;
+    }
+    kv_xport_peer_close(p);
+    if (kv_xport_mem_dereg(m) != KV_OK)
+        return 7;
+    kv_xport_destroy(x);
+    return 0;
+}
+
+static void test_xport_tcp_peer_killed_and_cancel(void **state)
+{
+    (void)state;
+    unsigned char *src = malloc(REGION);
+    fill(src, REGION, 3);
+    for (int round = 0; round < 2; round++) {
+        int fds[2];
+        assert_int_equal(pipe(fds), 0);
+        fflush(NULL);
+        const pid_t pid = fork();
+        if (pid == 0) {
+            close(fds[0]);
+            _exit(sink_child(fds[1]));
+        }
+        close(fds[1]);
+        uint16_t port = 0;
+        assert_int_equal(read(fds[0], &port, 2), 2);
+        struct kv_xport_config c = cfg_make(false, TOKEN, 0);
+        kv_xport *x = NULL;
+        kv_xport_peer *p = NULL;
+        assert_int_equal(kv_xport_create(&c, &x), KV_OK);
+        assert_int_equal(kv_xport_connect(x, "127.0.0.1", port, &p), KV_OK);
+        assert_int_equal(settle(p, NULL), KV_XPORT_READY);
+        kv_xport_mem *ms = NULL;
+        assert_int_equal(kv_xport_mem_reg(x, src, REGION, KV_MEM_HOST, &ms), KV_OK);
+        struct kv_xport_msg *msg = malloc(sizeof(*msg));
+        assert_int_equal(kv_xport_notify_poll(x, 10000, msg), KV_OK);
+        kv_xport_rmem *r = NULL;
+        assert_int_equal(kv_xport_rmem_import(p, msg->data, msg->len, &r), KV_OK);
+        uint64_t tag = 0;
+        /* 16 x 64 MiB: long enough to be in flight when the fault comes. */
+        struct kv_xport_io ios[16];
+        for (int i = 0; i < 16; i++)
+            ios[i] = (struct kv_xport_io){ms, 0, r, 0, REGION};
+        struct kv_xport_notify n = {.tag = 55};
+        kv_xport_xfer *t = NULL;
+        assert_int_equal(kv_xport_write(p, ios, 16, &n, &t), KV_OK);
+        usleep(20000);
+        kv_xport_state s;
+        if (round == 0) {
+            kill(pid, SIGKILL);
+            assert_int_equal(kv_xport_xfer_wait(t, 10000, &s), KV_OK);
+            assert_int_equal(s, KV_XPORT_FAILED);
+            kv_status why = KV_OK;
+            kv_xport_peer_state ps;
+            assert_int_equal(kv_xport_peer_state_get(p, &ps, &why), KV_OK);
+            assert_int_equal(ps, KV_XPORT_CLOSED);
+            assert_int_equal(why, KV_ERR_IO);
+            waitpid(pid, NULL, 0);
+        } else {
+            assert_int_equal(kv_xport_xfer_cancel(t), KV_OK);
+            assert_int_equal(kv_xport_xfer_wait(t, 10000, &s), KV_OK);
+            assert_int_equal(s, KV_XPORT_CANCELLED);
+            /* The peer is still usable; the cancelled notification never
+             * arrives, the next one does. */
+            struct kv_xport_io one = {ms, 0, r, 4096, 4096};
+            struct kv_xport_notify n2 = {.tag = 56};
+            kv_xport_xfer *t2 = NULL;
+            assert_int_equal(kv_xport_write(p, &one, 1, &n2, &t2), KV_OK);
+            assert_int_equal(kv_xport_xfer_wait(t2, 10000, &s), KV_OK);
+            assert_int_equal(s, KV_XPORT_DONE);
+            assert_int_equal(kv_xport_xfer_free(t2), KV_OK);
+            send_note(p, TAG_BYE, NULL, 0);
+            assert_int_equal(read(fds[0], &tag, 8), 8);
+            assert_int_equal(tag, 56);
+            assert_int_equal(read(fds[0], &tag, 8), 8);
+            assert_int_equal(tag, TAG_BYE);
+            int wst = 0;
+            waitpid(pid, &wst, 0);
+            assert_true(WIFEXITED(wst));
+            assert_int_equal(WEXITSTATUS(wst), 0);
+        }
+        const kv_status *st;
+        uint32_t ns;
+        assert_int_equal(kv_xport_xfer_results(t, &st, &ns), KV_OK);
+        uint32_t ok = 0;
+        for (uint32_t i = 0; i < ns; i++)
+            ok += st[i] == KV_OK;
+        assert_true(ok < ns);
+        assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+        close(fds[0]);
+        free(msg);
+        kv_xport_rmem_free(r);
+        kv_xport_peer_close(p);
+        assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
+        kv_xport_destroy(x);
+    }
+    free(src);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_xport_tcp_prefill_to_decode_two_procs),
+        cmocka_unit_test(test_xport_tcp_two_hosts_veth),
         cmocka_unit_test(test_xport_tcp_handshake_refusals),
         cmocka_unit_test(test_xport_tcp_write_read_whole_region),
+        cmocka_unit_test(test_xport_tcp_fault_cut),
+        cmocka_unit_test(test_xport_tcp_fault_corrupt_payload),
+        cmocka_unit_test(test_xport_tcp_fault_stall_times_out),
+        cmocka_unit_test(test_xport_tcp_peer_killed_and_cancel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

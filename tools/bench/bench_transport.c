@@ -12,13 +12,17 @@
  *   transport.tcp_convert  the same request into a decode cache of another
  *                          layout (HND, block-major, 32-token pages):
  *                          prefill writes its blocks compact into a staging
- *                          region, decode converts them with kv_plan_copy
- *                          on the notification; timed until decode is done.
+ *                          region as 8 transfers of 512 tokens with a
+ *                          notification each, decode converts each slice
+ *                          with kv_plan_copy when its notification comes
+ *                          (while the next slices travel); timed until
+ *                          decode has converted the last.
  * Baseline, interleaved: a plain socket stream of the same number of bytes
  * over the same loopback between the same two processes (one connection,
  * blocking send of one contiguous buffer, recv with MSG_WAITALL into
  * another), also timed until the receiver reports. Both transports use
- * the kernel's default socket buffers.
+ * the kernel's default socket buffers. Each case runs with the default 2
+ * connections per peer and with 1 (as many streams as the baseline).
  * After the last run decode sends the XXH3-64 of its whole destination
  * pool; prefill computes it from kv_plan_copy of the same request into a
  * pool of its own: a difference fails the case.
@@ -139,6 +143,10 @@ static int recv_all(int fd, void *p, size_t n)
 /* Commands from prefill to decode over the control socket. */
 enum { CMD_STREAM = 'S', CMD_XPORT = 'T', CMD_HASH = 'H', CMD_QUIT = 'Q' };
 
+/* transport.tcp_convert sends a request as SLICES transfers with a
+ * notification each, so decode converts slice j while j + 1.. travel. */
+#define SLICES 8u
+
 struct setup {
     uint16_t xport_port, stream_port;
     uint32_t blob_len;
@@ -146,7 +154,7 @@ struct setup {
 };
 
 /* Decode: the child. Returns its exit status. */
-static int decode_main(int ctl, bool convert, int64_t T, uint64_t bytes)
+static int decode_main(int ctl, bool convert, uint32_t conns, int64_t T, uint64_t bytes)
 {
     struct side d;
     const kv_status st0 = convert ? side_make(&d, 32, KV_ORDER_HND, KV_ARRANGE_BLOCK_MAJOR, T, 77)
@@ -168,8 +176,8 @@ static int decode_main(int ctl, bool convert, int64_t T, uint64_t bytes)
     if (kv_layout_init(&c, &src_lo) != KV_OK ||
         staging_layout(&src_lo, (uint32_t)(T / 16), &stg_lo) != KV_OK)
         return 11;
-    char *stage = kvb_alloc((size_t)stg_lo.total_bytes > bytes ? (size_t)stg_lo.total_bytes
-                                                               : (size_t)bytes);
+    char *stage =
+        kvb_alloc((size_t)stg_lo.total_bytes > bytes ? (size_t)stg_lo.total_bytes : (size_t)bytes);
     kv_plan *conv = NULL;
     if (convert && kv_plan_create(&stg_lo, &d.lo, NULL, &conv) != KV_OK)
         return 12;
@@ -180,6 +188,7 @@ static int decode_main(int ctl, bool convert, int64_t T, uint64_t bytes)
     struct kv_xport_config xc = KV_XPORT_CONFIG_INIT;
     xc.kind = KV_XPORT_TCP;
     xc.listen_host = "127.0.0.1";
+    xc.conns_per_peer = conns;
     xc.token = TOKEN;
     xc.timeout_ms = 600000;
     kv_xport *x = NULL;
@@ -222,17 +231,22 @@ static int decode_main(int ctl, bool convert, int64_t T, uint64_t bytes)
             if (recv_all(sfd, stage, (size_t)bytes))
                 return 21;
         } else if (cmd == CMD_XPORT) {
-            if (kv_xport_notify_poll(x, 600000, msg) != KV_OK)
-                return 22;
-            if (convert) {
-                struct kv_paged_cache s = {.layout = stg_lo,
-                                           .base = stage,
-                                           .storage_bytes = (size_t)stg_lo.total_bytes};
-                struct kv_paged_cache dd = {.layout = d.lo,
-                                            .base = d.base,
-                                            .storage_bytes = (size_t)d.lo.total_bytes};
-                if (kv_plan_copy(conv, s, stg_ids, (uint32_t)(T / 16), dd, d.ids, d.n,
-                                 (uint64_t)T) != KV_OK)
+            /* convert: SLICES notifications, each slice converted as soon
+             * as its notification says it landed (while the next ones are
+             * still on the wire). */
+            for (uint32_t j = 0; j < (convert ? SLICES : 1); j++) {
+                if (kv_xport_notify_poll(x, 600000, msg) != KV_OK)
+                    return 22;
+                if (!convert)
+                    break;
+                const uint32_t sj = (uint32_t)msg->tag % SLICES;
+                const uint64_t tok = (uint64_t)T / SLICES;
+                struct kv_paged_cache s = {
+                    .layout = stg_lo, .base = stage, .storage_bytes = (size_t)stg_lo.total_bytes};
+                struct kv_paged_cache dd = {
+                    .layout = d.lo, .base = d.base, .storage_bytes = (size_t)d.lo.total_bytes};
+                if (kv_plan_copy(conv, s, stg_ids + sj * (tok / 16), (uint32_t)(tok / 16), dd,
+                                 d.ids + sj * (tok / 32), (uint32_t)(tok / 32), tok) != KV_OK)
                     return 23;
             }
         } else if (cmd == CMD_HASH) {
@@ -258,11 +272,13 @@ static int decode_main(int ctl, bool convert, int64_t T, uint64_t bytes)
     return rc;
 }
 
-static void transport_case(bool convert)
+static void transport_case(bool convert, uint32_t conns)
 {
     const char *bench = convert ? "transport.tcp_convert" : "transport.tcp";
-    const char *name = convert ? "llama3_8b_T4096_nhd_lm_N16_to_hnd_bm_N32"
-                               : "llama3_8b_T4096_nhd_lm_N16";
+    char name[96];
+    snprintf(name, sizeof(name), "%s_conns%u",
+             convert ? "llama3_8b_T4096_nhd_lm_N16_to_hnd_bm_N32" : "llama3_8b_T4096_nhd_lm_N16",
+             conns);
     if (!kvb_selected(bench, name))
         return;
     kvb_progress("transport", name);
@@ -285,8 +301,8 @@ static void transport_case(bool convert)
      * does not survive fork), and decode converts with it. */
     fflush(NULL);
     char env[96];
-    snprintf(env, sizeof(env), "KVB_TRANSPORT_DECODE=%d,%d,%lld,%llu", sv[1], convert ? 1 : 0,
-             (long long)T, (unsigned long long)bytes);
+    snprintf(env, sizeof(env), "KVB_TRANSPORT_DECODE=%d,%d,%u,%lld,%llu", sv[1], convert ? 1 : 0,
+             conns, (long long)T, (unsigned long long)bytes);
     const pid_t pid = fork();
     if (pid == 0) {
         close(sv[0]);
@@ -312,9 +328,11 @@ static void transport_case(bool convert)
     struct kv_xport_config xc = KV_XPORT_CONFIG_INIT;
     xc.kind = KV_XPORT_TCP;
     xc.token = TOKEN;
+    xc.conns_per_peer = conns;
     xc.timeout_ms = 600000;
     if (recv_all(ctl, &su, sizeof(su)) || kv_xport_create(&xc, &x) != KV_OK ||
-        kv_xport_connect(x, "127.0.0.1", su.xport_port, &peer) != KV_OK) {
+        kv_xport_connect(x, "127.0.0.1", su.xport_port, &peer) != KV_OK ||
+        kv_xport_peer_wait(peer, 60000, NULL) != KV_OK) {
         fail = "connect";
         goto out;
     }
@@ -368,22 +386,32 @@ static void transport_case(bool convert)
             goto out;
         }
         double t1 = kvb_now();
-        struct kv_xport_notify n = {.tag = (uint64_t)i};
-        kv_xport_xfer *t = NULL;
+        const uint32_t S = convert ? SLICES : 1, per = s.n / S;
+        kv_xport_xfer *t[SLICES] = {0};
         kv_xport_state state;
-        if (send_all(ctl, (char[]){CMD_XPORT}, 1) ||
-            kv_xport_write_plan(peer, plan, m, 0, s.ids, s.n, r, 0, dst_ids, s.n, (uint64_t)T, &n,
-                                &t) != KV_OK ||
-            recv_all(ctl, &k, 1) || kv_xport_xfer_wait(t, 600000, &state) != KV_OK ||
-            state != KV_XPORT_DONE) {
+        if (send_all(ctl, (char[]){CMD_XPORT}, 1)) {
+            fail = "control";
+            goto out;
+        }
+        for (uint32_t j = 0; j < S; j++) {
+            struct kv_xport_notify n = {.tag = (uint64_t)i * SLICES + j};
+            if (kv_xport_write_plan(peer, plan, m, 0, s.ids + j * per, per, r, 0, dst_ids + j * per,
+                                    per, (uint64_t)per * 16, &n, &t[j]) != KV_OK) {
+                fail = "post";
+                goto out;
+            }
+        }
+        if (recv_all(ctl, &k, 1)) {
             fail = "transfer";
             goto out;
         }
         double t2 = kvb_now();
-        if (kv_xport_xfer_free(t) != KV_OK) {
-            fail = "free";
-            goto out;
-        }
+        for (uint32_t j = 0; j < S; j++)
+            if (kv_xport_xfer_wait(t[j], 600000, &state) != KV_OK || state != KV_XPORT_DONE ||
+                kv_xport_xfer_free(t[j]) != KV_OK) {
+                fail = "transfer";
+                goto out;
+            }
         bs[i] = t1 - t0;
         ts[i] = t2 - t1;
     }
@@ -396,10 +424,10 @@ static void transport_case(bool convert)
         }
         kv_plan *ref = NULL;
         memset(d.base, 0, (size_t)d.lo.total_bytes);
-        struct kv_paged_cache sc = {.layout = s.lo, .base = s.base,
-                                    .storage_bytes = (size_t)s.lo.total_bytes};
-        struct kv_paged_cache dc = {.layout = d.lo, .base = d.base,
-                                    .storage_bytes = (size_t)d.lo.total_bytes};
+        struct kv_paged_cache sc = {
+            .layout = s.lo, .base = s.base, .storage_bytes = (size_t)s.lo.total_bytes};
+        struct kv_paged_cache dc = {
+            .layout = d.lo, .base = d.base, .storage_bytes = (size_t)d.lo.total_bytes};
         if (kv_plan_create(&s.lo, &d.lo, NULL, &ref) != KV_OK ||
             kv_plan_copy(ref, sc, s.ids, s.n, dc, d.ids, d.n, (uint64_t)T) != KV_OK) {
             kv_plan_destroy(ref);
@@ -450,19 +478,24 @@ __attribute__((constructor)) static void transport_decode_entry(void)
     if (!e)
         return;
     int fd = -1, conv = 0;
+    unsigned conns = 0;
     long long T = 0;
     unsigned long long bytes = 0;
-    if (sscanf(e, "%d,%d,%lld,%llu", &fd, &conv, &T, &bytes) != 4)
+    if (sscanf(e, "%d,%d,%u,%lld,%llu", &fd, &conv, &conns, &T, &bytes) != 5)
         _exit(2);
     signal(SIGPIPE, SIG_IGN);
-    _exit(decode_main(fd, conv != 0, (int64_t)T, (uint64_t)bytes));
+    _exit(decode_main(fd, conv != 0, conns, (int64_t)T, (uint64_t)bytes));
 }
 
 static void transport_suite(void)
 {
     signal(SIGPIPE, SIG_IGN);
-    transport_case(false);
-    transport_case(true);
+    /* The default (2 connections per peer), and 1: as many streams as the
+     * baseline. */
+    transport_case(false, 2);
+    transport_case(false, 1);
+    transport_case(true, 2);
+    transport_case(true, 1);
 }
 
 KVB_REGISTER("transport", transport_suite)
