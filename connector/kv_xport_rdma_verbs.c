@@ -81,12 +81,12 @@
 #include "kv_verbs_int.h"
 #include "kv_xport_int.h"
 
-#define RD_SIG_EVERY 16u            /* a signaled WR at least every this many */
+#define RD_SIG_EVERY 16u             /* a signaled WR at least every this many */
 #define RD_WR_MAX_BYTES (256u << 10) /* bytes per WR (spreads a transfer over QPs) */
-#define RD_MAX_SGE 16u              /* SGEs per WR at most (and max_sge of the device) */
-#define RD_SQ_WR 256u               /* send queue depth per QP (and max_qp_wr) */
-#define RD_RECVS 16u                /* receive buffers per QP */
-#define RD_NOTE_SLOTS 8u            /* notifications in flight per peer */
+#define RD_MAX_SGE 16u               /* SGEs per WR at most (and max_sge of the device) */
+#define RD_SQ_WR 256u                /* send queue depth per QP (and max_qp_wr) */
+#define RD_RECVS 16u                 /* receive buffers per QP */
+#define RD_NOTE_SLOTS 8u             /* notifications in flight per peer */
 #define RD_NOTE_HDR 16u
 #define RD_MSG_BYTES (RD_NOTE_HDR + KV_XPORT_NOTIFY_MAX)
 #define RD_NOTE_MAGIC 0x4b56524eu /* "KVRN" */
@@ -104,7 +104,7 @@ enum rec_kind { REC_WRITE = 1, REC_READ, REC_NOTE, REC_MARK };
 /* One posted send WR (ring slot seq % RD_SQ_WR of its QP). */
 struct rec {
     uint8_t kind;
-    uint8_t n; /* pieces */
+    uint8_t n;    /* pieces */
     uint8_t slot; /* REC_NOTE: the note buffer */
     uint64_t xfer;
     uint32_t entry[RD_MAX_SGE];
@@ -235,8 +235,8 @@ static kv_status rdma_start(kv_xport *x)
     r->ctx = v->open_device(list[0]);
     v->free_device_list(list);
     if (!r->ctx) {
-        st = kv__error(KV_ERR_IO, "xport_create(rdma): open_device %s: %s", r->dev,
-                       strerror(errno));
+        st =
+            kv__error(KV_ERR_IO, "xport_create(rdma): open_device %s: %s", r->dev, strerror(errno));
         goto fail_state;
     }
     int e = v->query_device(r->ctx, &r->da);
@@ -621,8 +621,7 @@ static void rdma_mem_dereg(kv_xport_mem *m)
 
 /* Key (LE): 0 4 chunks, 4 4 reserved, 8 8 chunk bytes, 16 8 base address,
  * 24 4*chunks rkeys. */
-static kv_status rdma_mem_key(kv_xport_peer *p, kv_xport_mem *m, unsigned char *key,
-                              uint32_t *len)
+static kv_status rdma_mem_key(kv_xport_peer *p, kv_xport_mem *m, unsigned char *key, uint32_t *len)
 {
     (void)p;
     const struct rmr *rm = m->be;
@@ -756,8 +755,8 @@ static void got_info(struct rdma *r, struct rpeer *rp, const unsigned char *b, u
     if (len < INFO_HEAD || get_le(b, 4) != KV_XPORT_RDMA || get_le(b + 4, 4) != rp->nq ||
         len != INFO_HEAD + 8 * rp->nq) {
         peer_fail(r, rp, KV_ERR_MISMATCH,
-                  "xport rdma handshake: QP info of %u bytes (kind %u, %u QPs; here rdma, %u)",
-                  len, len >= 8 ? (unsigned)get_le(b, 4) : 0u,
+                  "xport rdma handshake: QP info of %u bytes (kind %u, %u QPs; here rdma, %u)", len,
+                  len >= 8 ? (unsigned)get_le(b, 4) : 0u,
                   len >= 8 ? (unsigned)get_le(b + 4, 4) : 0u, rp->nq);
         return;
     }
@@ -766,7 +765,7 @@ static void got_info(struct rdma *r, struct rpeer *rp, const unsigned char *b, u
     if (rp->ph == PH_FAIL)
         return;
     rp->p->nonce_remote = get_le(b + 8, 8);
-    union ibv_gid gid;
+    union ibv_gid gid = {.raw = {0}};
     memcpy(gid.raw, b + 16, 16);
     const uint8_t rd = (uint8_t)(r->da.max_qp_rd_atom < 1    ? 1
                                  : r->da.max_qp_rd_atom > 16 ? 16
@@ -787,10 +786,10 @@ static void got_info(struct rdma *r, struct rpeer *rp, const unsigned char *b, u
         a.ah_attr.grh.sgid_index = 0;
         struct ibv_qp *qp = rp->q[i].qp;
         pthread_mutex_unlock(&x->mu);
-        int e = r->v->modify_qp(qp, &a,
-                                IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                    IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                    IBV_QP_MIN_RNR_TIMER);
+        int e =
+            r->v->modify_qp(qp, &a,
+                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
         const char *what = "RTR";
         if (e == 0) {
             struct ibv_qp_attr s = {.qp_state = IBV_QPS_RTS,
@@ -941,8 +940,7 @@ struct chain {
 
 /* mu held: cut the next WR of t into chain c of QP qi (false: t has nothing
  * more to send). */
-static bool cut_wr(struct rdma *r, struct rpeer *rp, kv_xport_xfer *t, uint32_t qi,
-                   struct chain *c)
+static bool cut_wr(struct rdma *r, struct rpeer *rp, kv_xport_xfer *t, uint32_t qi, struct chain *c)
 {
     if (t->be_entry >= t->n)
         return false;
@@ -1183,8 +1181,8 @@ static bool poll_round(struct rdma *r, struct rpeer *rp)
                 const uint32_t b = (uint32_t)(w->wr_id & ~RD_RECV_BIT);
                 if (w->status != IBV_WC_SUCCESS) {
                     if (w->status != IBV_WC_WR_FLUSH_ERR)
-                        peer_fail(r, rp, wc_status(w->status),
-                                  "xport rdma: receive on QP %u: %s", qi, wc_str(w->status));
+                        peer_fail(r, rp, wc_status(w->status), "xport rdma: receive on QP %u: %s",
+                                  qi, wc_str(w->status));
                     continue;
                 }
                 if (b >= rp->nq * RD_RECVS || rp->ph == PH_FAIL)

@@ -70,9 +70,9 @@ struct span {
     uint64_t roff, len, loff, seed, count, rstride, lstride;
 };
 
-static bool real_dev;      /* KV_RDMA_REAL=1: no soft device */
-static pid_t child = -1;   /* the decode process */
-static uint16_t port;      /* its listening port */
+static bool real_dev;    /* KV_RDMA_REAL=1: no soft device */
+static pid_t child = -1; /* the decode process */
+static uint16_t port;    /* its listening port */
 
 static unsigned char pat(uint64_t seed, uint64_t off)
 {
@@ -306,8 +306,7 @@ static kv_xport_state run(kv_xport_xfer *t, uint32_t ms)
  * the child's RESULT: the first bad offset. */
 static uint64_t ask(uint64_t tag, const struct span *sp, uint32_t n)
 {
-    const struct kv_xport_notify nt = {
-        .tag = tag, .msg = sp, .len = n * (uint32_t)sizeof(*sp)};
+    const struct kv_xport_notify nt = {.tag = tag, .msg = sp, .len = n * (uint32_t)sizeof(*sp)};
     kv_xport_xfer *t = NULL;
     assert_int_equal(kv_xport_write(S.p, NULL, 0, &nt, &t), KV_OK);
     assert_int_equal(run(t, 10000), KV_XPORT_DONE);
@@ -350,10 +349,10 @@ static void test_xport_rdma_writes_notify_whole_region(void **state)
     uint32_t n = 0;
     const uint64_t M = 1u << 20;
     const uint64_t far[][3] = {
-        {1000, 8 * M - 100, 300},          /* across the remote 8 MiB MR boundary */
+        {1000, 8 * M - 100, 300},            /* across the remote 8 MiB MR boundary */
         {8 * M - 50, 13 * M + 12345, M + 7}, /* across the local one */
-        {2 * M + 3, REGION - 4096, 4096},  /* up to the last byte */
-        {9 * M + 1, 15 * M + 7, 4 * M},    /* several WRs, across 16 MiB remotely */
+        {2 * M + 3, REGION - 4096, 4096},    /* up to the last byte */
+        {9 * M + 1, 15 * M + 7, 4 * M},      /* several WRs, across 16 MiB remotely */
     };
     for (uint32_t i = 0; i < 4; i++) {
         ios[n] = io(far[i][0], far[i][1], far[i][2]);
@@ -406,10 +405,10 @@ static void test_xport_rdma_reads_whole_region(void **state)
     const uint64_t M = 1u << 20;
     const uint64_t rd[][3] = {
         /* local, remote, bytes */
-        {100, 8 * M - 1000, 5000},       /* across the remote MR boundary */
-        {8 * M - 10, 3 * M + 7, M},      /* across the local one */
-        {12 * M, REGION - 777, 777},     /* the peer's last byte */
-        {REGION - 4096, 17 * M, 4096},   /* into our last byte */
+        {100, 8 * M - 1000, 5000},     /* across the remote MR boundary */
+        {8 * M - 10, 3 * M + 7, M},    /* across the local one */
+        {12 * M, REGION - 777, 777},   /* the peer's last byte */
+        {REGION - 4096, 17 * M, 4096}, /* into our last byte */
     };
     struct kv_xport_io ios[4];
     for (int i = 0; i < 4; i++)
@@ -649,7 +648,9 @@ static void test_xport_rdma_peer_killed_mid_transfer(void **state)
     for (uint32_t k = 0; k < n; k++)
         ok += st[k] == KV_OK;
     printf("    peer killed: %s, %u of %u entries done\n",
-           s == KV_XPORT_FAILED ? "FAILED" : s == KV_XPORT_DONE ? "DONE (finished first)" : "?",
+           s == KV_XPORT_FAILED ? "FAILED"
+           : s == KV_XPORT_DONE ? "DONE (finished first)"
+                                : "?",
            ok, n);
     if (s != KV_XPORT_DONE) {
         assert_int_equal(s, KV_XPORT_FAILED);
