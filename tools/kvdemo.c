@@ -168,6 +168,8 @@ struct report {
     uint64_t checks, passed;
     uint64_t requests, requests_ok, tokens, xfer_bytes;
     double attn_max_err;
+    uint32_t id_min, id_max;                      /* decode block ids handed to prefill */
+    uint64_t xg_bytes[N_GROUPS], xg_ns[N_GROUPS]; /* the transfer by decode layout */
     char first_fail[512];
 };
 
@@ -187,6 +189,13 @@ static void stage_add(enum stage s, uint64_t bytes, uint64_t t0)
     g_rep.bytes[s] += bytes;
     g_rep.ns[s] += now_ns() - t0;
     g_rep.calls[s]++;
+}
+
+static void xfer_add(uint32_t g, uint32_t n_tokens, uint64_t t0)
+{
+    g_rep.xg_bytes[g] += (uint64_t)n_tokens * TOKEN_BYTES;
+    g_rep.xg_ns[g] += now_ns() - t0;
+    stage_add(ST_XFER, (uint64_t)n_tokens * TOKEN_BYTES, t0);
 }
 
 /* Count a check; a failing one is named (the first is kept). */
@@ -613,6 +622,8 @@ struct decode {
     uint16_t *k, *v, *ek, *ev; /* [L][MAX_TOKENS][H][D] */
     int32_t *indices;
     uint32_t verified;
+    bool fault; /* --fault: corrupt one request after its transfer */
+    uint32_t fault_req;
 };
 
 static unsigned char ballast_fill(uint32_t b)
@@ -746,6 +757,15 @@ static bool decode_place(struct decode *d, const struct request *r, struct place
     }
     f->live = true;
     f->req = r->id;
+    const uint32_t *ids;
+    uint32_t nb = 0;
+    if (kv_page_table_seq_blocks(dg->s.pt, f->seq, &ids, &nb) == KV_OK)
+        for (uint32_t i = 0; i < nb; i++) {
+            if (!g_rep.id_min || ids[i] < g_rep.id_min)
+                g_rep.id_min = ids[i];
+            if (ids[i] > g_rep.id_max)
+                g_rep.id_max = ids[i];
+        }
     memset(pl, 0, sizeof(*pl));
     pl->req = r->id;
     pl->group = g;
@@ -779,11 +799,19 @@ static bool decode_check(struct decode *d, const struct request *r)
     struct kv_view kv_, vv;
     if (!kv_views(d->k, d->v, T, &kv_, &vv))
         return false;
+    gen_kv(d->seed, r, 0, T, d->ek, d->ev); /* the expectation: not timed */
+    if (d->fault && r->id == d->fault_req) {
+        /* --fault: one bit of one transferred block flipped after the transfer */
+        unsigned char *p = (unsigned char *)dg->s.pc.base;
+        struct kv_byte_runs br;
+        if (kv_layout_block_runs(dg->s.lo, (uint32_t)d->indices[0], &br) == KV_OK)
+            p[br.first_offset_bytes + 2 * D_HEAD + 1] ^= 0x10;
+        printf("  decode: --fault: flipped a bit of request %u's block %d\n", r->id, d->indices[0]);
+    }
     uint64_t t0 = now_ns();
     if (!ok_call(kv_attn_read(dg->s.pc, KV_ATTN_ALL_LAYERS, &pages, &kv_, &vv, NULL),
                  "kv_attn_read"))
         return false;
-    gen_kv(d->seed, r, 0, T, d->ek, d->ev);
     const size_t n = (size_t)L_LAYERS * T * H_KV * D_HEAD;
     size_t bad = n;
     int plane = 0;
@@ -1013,7 +1041,7 @@ static bool place_accept(const struct placement *pl, const struct request *reqs,
 
 /* ---- --local: both sides here, the transfer by kv_plan_copy ------------------------- */
 
-static int run_local(uint64_t seed, const struct request *reqs, uint32_t n_req)
+static int run_local(uint64_t seed, bool fault, const struct request *reqs, uint32_t n_req)
 {
     struct prefill *p = calloc(1, sizeof(*p));
     struct decode *d = calloc(1, sizeof(*d));
@@ -1023,6 +1051,10 @@ static int run_local(uint64_t seed, const struct request *reqs, uint32_t n_req)
     if (!ok)
         fail_msg("out of memory");
     ok = ok && prefill_init(p, seed) && decode_init(d, seed);
+    if (ok) {
+        d->fault = fault;
+        d->fault_req = n_req / 2;
+    }
     const uint64_t t_start = now_ns();
     for (uint32_t i = 0; ok && i < n_req; i++) {
         const struct request *r = &reqs[i];
@@ -1061,10 +1093,8 @@ static int run_local(uint64_t seed, const struct request *reqs, uint32_t n_req)
         ok = ok && ok_call(kv_plan_copy(plans[g], p->s.pc, src, n_src, d->g[g].s.pc, pl.blocks,
                                         pl.n_blocks, r->n_tokens),
                            "kv_plan_copy");
-        if (ok) {
-            stage_add(ST_XFER, (uint64_t)r->n_tokens * TOKEN_BYTES, t0);
-            g_rep.xfer_bytes += (uint64_t)r->n_tokens * TOKEN_BYTES;
-        }
+        if (ok)
+            xfer_add(g, r->n_tokens, t0);
         ok = ok && ok_call(kv_page_table_seq_free(p->s.pt, seq), "kv_page_table_seq_free");
         if (ok && first_prefix && p->prefix_stored)
             ok = prefill_offload_roundtrip(p, old_prefix, snap);
@@ -1097,7 +1127,7 @@ struct opts {
     uint32_t requests;
     uint64_t seed;
     kv_xport_kind kind;
-    bool local;
+    bool local, fault;
     int port;
     int port_fd, report_fd;
 };
@@ -1163,6 +1193,10 @@ static int run_decode(const struct opts *o, const struct request *reqs)
     if (!ok)
         fail_msg("out of memory");
     ok = ok && decode_init(d, o->seed) && xport_new(o, true, &x);
+    if (ok) {
+        d->fault = o->fault;
+        d->fault_req = o->requests / 2;
+    }
     if (o->port_fd >= 0) {
         char line[32];
         const int n = snprintf(line, sizeof(line), "%u\n", ok ? kv_xport_port(x) : 0u);
@@ -1324,8 +1358,7 @@ static bool prefill_serve(struct prefill *p, const struct opts *o, const struct 
     if (ok)
         ok = ok_call(kv_xport_xfer_wait(x, WAIT_MS, &st), "kv_xport_xfer_wait");
     if (ok) {
-        stage_add(ST_XFER, (uint64_t)r->n_tokens * TOKEN_BYTES, t0);
-        g_rep.xfer_bytes += (uint64_t)r->n_tokens * TOKEN_BYTES;
+        xfer_add(g, r->n_tokens, t0);
         g_rep.requests++;
         g_rep.tokens += r->n_tokens;
         if (check(st == KV_XPORT_DONE, "request %u: the transfer ended in state %d", r->id,
@@ -1440,6 +1473,9 @@ static void report_write(int fd, const struct report *r)
     fprintf(f, "requests %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", r->requests,
             r->requests_ok, r->tokens, r->xfer_bytes);
     fprintf(f, "attn %.9g\n", r->attn_max_err);
+    fprintf(f, "ids %u %u\n", r->id_min, r->id_max);
+    for (int g = 0; g < N_GROUPS; g++)
+        fprintf(f, "xgroup %d %" PRIu64 " %" PRIu64 "\n", g, r->xg_bytes[g], r->xg_ns[g]);
     if (r->first_fail[0])
         fprintf(f, "fail %s\n", r->first_fail);
     fclose(f);
@@ -1474,6 +1510,15 @@ static bool report_read(int fd, struct report *r, bool take_requests)
                 r->tokens = c;
                 r->xfer_bytes = e;
             }
+        } else if (sscanf(line, "xgroup %d %" SCNu64 " %" SCNu64, &s, &a, &b) == 3 && s >= 0 &&
+                   s < N_GROUPS) {
+            r->xg_bytes[s] += a;
+            r->xg_ns[s] += b;
+        } else if (sscanf(line, "ids %" SCNu64 " %" SCNu64, &a, &b) == 2) {
+            if (a && (!r->id_min || a < r->id_min))
+                r->id_min = (uint32_t)a;
+            if (b > r->id_max)
+                r->id_max = (uint32_t)b;
         } else if (sscanf(line, "attn %lf", &x) == 1) {
             if (x > r->attn_max_err)
                 r->attn_max_err = x;
@@ -1505,6 +1550,8 @@ static void print_table(const struct report *r, const char *how, double wall_s)
     printf("  requests        %" PRIu64 " (%" PRIu64 " ok)\n", r->requests, r->requests_ok);
     printf("  tokens          %" PRIu64 "\n", r->tokens);
     printf("  bytes moved     %.1f MiB (prefill -> decode)\n", (double)r->xfer_bytes / 1048576.0);
+    printf("  decode block ids %u .. %u (pools of %" PRId64 "..%" PRId64 " blocks, churned)\n",
+           r->id_min, r->id_max, (int64_t)3 * MAX_TOKENS / 64 + 1, (int64_t)3 * MAX_TOKENS / 8 + 1);
     printf("  wall time       %.2f s\n\n", wall_s);
     printf("  %-24s %10s %8s %10s %9s\n", "stage", "MiB", "calls", "ms", "GB/s");
     for (int s = 0; s < ST_COUNT; s++) {
@@ -1512,6 +1559,17 @@ static void print_table(const struct report *r, const char *how, double wall_s)
         printf("  %-24s %10.1f %8" PRIu64 " %10.1f %9.2f\n", stage_name[s],
                (double)r->bytes[s] / 1048576.0, r->calls[s], ms,
                r->ns[s] ? (double)r->bytes[s] / (double)r->ns[s] : 0.0);
+        for (uint32_t g = 0; s == ST_XFER && g < N_GROUPS; g++) {
+            struct kv_layout_config lc;
+            group_layout(g, &lc);
+            char name[64];
+            snprintf(name, sizeof(name), "  to N=%" PRId64 " %s %s%s", lc.block_tokens,
+                     kv_order_name(lc.order), lc.arrange ? "blk" : "lyr",
+                     lc.block_pad_elems || lc.block_stride_bytes ? " pad" : "");
+            printf("  %-24s %10.1f %8s %10.1f %9.2f\n", name, (double)r->xg_bytes[g] / 1048576.0,
+                   "", (double)r->xg_ns[g] / 1e6,
+                   r->xg_ns[g] ? (double)r->xg_bytes[g] / (double)r->xg_ns[g] : 0.0);
+        }
     }
     printf("\n  attention max |err| vs reference  %.3g (tolerance 1e-3 x (1 + |ref|))\n",
            r->attn_max_err);
@@ -1535,6 +1593,8 @@ static void usage(FILE *f)
             "  --seed S         the batch and the generated K/V (default 1)\n"
             "  --transport K    tcp (default) or rdma (needs an RDMA device)\n"
             "  --local          one process: the transfer as kv_plan_copy (no transport)\n"
+            "  --fault          flip one bit of one request in decode after its transfer\n"
+            "                   (the run must then fail, naming that check)\n"
             "  --port P         decode: listen on 127.0.0.1:P (0: any); prefill: connect to it\n"
             "Both roles must get the same --requests and --seed.\n"
             "Exit status: 0 every check passed; 1 a check failed or a call was refused;\n"
@@ -1565,6 +1625,9 @@ static int parse_opts(int argc, char **argv, int first, struct opts *o)
             exit(0);
         } else if (!strcmp(a, "--local")) {
             o->local = true;
+            continue;
+        } else if (!strcmp(a, "--fault")) {
+            o->fault = true;
             continue;
         } else if (!strcmp(a, "--requests")) {
             if (!parse_u64(val, 1, MAX_REQUESTS, &v))
@@ -1649,6 +1712,8 @@ static pid_t spawn(const char *self, const char *role, const struct opts *o, int
             args[n++] = "--port-fd";
             args[n++] = pfd;
         }
+        if (o->fault)
+            args[n++] = "--fault";
         args[n] = NULL;
         execv("/proc/self/exe", args);
         fprintf(stderr, "kvdemo: exec of %s %s failed: %s\n", self, role, strerror(errno));
@@ -1733,7 +1798,7 @@ static int run_parent(const char *self, const struct opts *o)
 int main(int argc, char **argv)
 {
     g_tty = isatty(STDOUT_FILENO);
-    struct opts o = {24, 1, KV_XPORT_TCP, false, -1, -1, -1};
+    struct opts o = {24, 1, KV_XPORT_TCP, false, false, -1, -1, -1};
     const char *role = argc > 1 && argv[1][0] != '-' ? argv[1] : NULL;
     if (role && strcmp(role, "decode") && strcmp(role, "prefill")) {
         fprintf(stderr, "kvdemo: unknown role '%s': decode or prefill (kvdemo --help)\n", role);
@@ -1776,11 +1841,13 @@ int main(int argc, char **argv)
     if (o.local) {
         printf("kvdemo: %u requests, seed %" PRIu64 ", one process (kv_plan_copy)\n", o.requests,
                o.seed);
-        rc = run_local(o.seed, reqs, o.requests);
-    } else if (!strcmp(role, "decode")) {
-        rc = run_decode(&o, reqs);
+        rc = run_local(o.seed, o.fault, reqs, o.requests);
     } else {
-        rc = run_prefill(&o, reqs);
+        /* two processes share the machine: each kernel gets half the cores */
+        const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        if (!ok_call(kv_attn_set_threads(cores > 1 ? (int)(cores / 2) : 1), "kv_attn_set_threads"))
+            return EXIT_FAILED;
+        rc = !strcmp(role, "decode") ? run_decode(&o, reqs) : run_prefill(&o, reqs);
     }
     if (o.report_fd >= 0) {
         report_write(o.report_fd, &g_rep);
