@@ -1134,6 +1134,44 @@ struct opts {
 
 #if KVDEMO_XPORT
 
+static const char *xstate_name(kv_xport_state st)
+{
+    switch (st) {
+    case KV_XPORT_PENDING:
+        return "PENDING";
+    case KV_XPORT_DONE:
+        return "DONE";
+    case KV_XPORT_FAILED:
+        return "FAILED";
+    case KV_XPORT_TIMED_OUT:
+        return "TIMED_OUT";
+    case KV_XPORT_CANCELLED:
+        return "CANCELLED";
+    }
+    return "unknown";
+}
+
+/* The next notification, waiting at most WAIT_MS, in short slices so that
+ * a peer that went away ends the wait at once. */
+static kv_status poll_msg(kv_xport *x, kv_xport_peer *peer, struct kv_xport_msg *msg)
+{
+    for (uint32_t waited = 0;; waited += 200) {
+        const kv_status st = kv_xport_notify_poll(x, 200, msg);
+        if (st != KV_ERR_TIMEOUT)
+            return st;
+        kv_xport_peer_state ps = KV_XPORT_READY;
+        kv_status why = KV_OK;
+        if (kv_xport_peer_state_get(peer, &ps, &why) == KV_OK && ps == KV_XPORT_CLOSED) {
+            fail_msg("the peer closed the connection (%s)", kv_status_name(why));
+            return KV_ERR_IO;
+        }
+        if (waited >= WAIT_MS) {
+            fail_msg("no notification from the peer within %d ms", WAIT_MS);
+            return KV_ERR_TIMEOUT;
+        }
+    }
+}
+
 /* Post a notification with no data (a placement, a failure, the end). */
 static bool send_msg(kv_xport_peer *peer, uint64_t tag, const void *msg, uint32_t len)
 {
@@ -1144,7 +1182,7 @@ static bool send_msg(kv_xport_peer *peer, uint64_t tag, const void *msg, uint32_
     kv_xport_state st = KV_XPORT_PENDING;
     bool ok = ok_call(kv_xport_xfer_wait(x, WAIT_MS, &st), "kv_xport_xfer_wait (notification)");
     if (ok && st != KV_XPORT_DONE)
-        ok = fail_msg("a notification (tag %" PRIu64 ") ended in state %d", tag, (int)st);
+        ok = fail_msg("a notification (tag %" PRIu64 ") ended %s", tag, xstate_name(st));
     if (kv_xport_xfer_free(x) != KV_OK)
         ok = fail_msg("kv_xport_xfer_free refused a terminal transfer");
     return ok;
@@ -1237,10 +1275,9 @@ static int run_decode(const struct opts *o, const struct request *reqs)
         }
         if (!ok)
             break;
-        kv_status st = kv_xport_notify_poll(x, WAIT_MS, msg);
-        if (st == KV_ERR_TIMEOUT) {
-            ok = fail_msg("no completion from prefill within %d ms (%u requests in flight)",
-                          WAIT_MS, inflight);
+        const kv_status st = poll_msg(x, peer, msg);
+        if (st == KV_ERR_TIMEOUT || st == KV_ERR_IO) {
+            ok = fail_msg("waiting for prefill with %u requests in flight", inflight);
             break;
         }
         if (!(ok = ok_call(st, "kv_xport_notify_poll")))
@@ -1350,23 +1387,29 @@ static bool prefill_serve(struct prefill *p, const struct opts *o, const struct 
         memcpy(old_prefix, src, sizeof(old_prefix));
     const struct kv_xport_notify nt = {TAG_DONE, req_le, 4};
     kv_xport_xfer *x = NULL;
-    kv_xport_state st = KV_XPORT_PENDING;
+    kv_xport_state st = KV_XPORT_FAILED;
     const uint64_t t0 = now_ns();
-    bool ok = ok_call(kv_xport_write_plan(peer, plans[g], mem, 0, src, n_src, rmem[g], 0, pl.blocks,
-                                          pl.n_blocks, r->n_tokens, &nt, &x),
-                      "kv_xport_write_plan");
-    if (ok)
-        ok = ok_call(kv_xport_xfer_wait(x, WAIT_MS, &st), "kv_xport_xfer_wait");
-    if (ok) {
+    const kv_status pst = kv_xport_write_plan(peer, plans[g], mem, 0, src, n_src, rmem[g], 0,
+                                              pl.blocks, pl.n_blocks, r->n_tokens, &nt, &x);
+    bool ok = true;
+    if (pst == KV_OK) {
+        kv_status wst = kv_xport_xfer_wait(x, WAIT_MS, &st);
+        if (wst == KV_ERR_TIMEOUT && kv_xport_xfer_cancel(x) == KV_OK)
+            wst = kv_xport_xfer_wait(x, WAIT_MS, &st);
+        if (wst != KV_OK) /* not terminal: its memory (our blocks) is not ours to free */
+            return ok_call(wst, "kv_xport_xfer_wait (after a cancel)");
         xfer_add(g, r->n_tokens, t0);
-        g_rep.requests++;
-        g_rep.tokens += r->n_tokens;
-        if (check(st == KV_XPORT_DONE, "request %u: the transfer ended in state %d", r->id,
-                  (int)st))
-            g_rep.requests_ok++;
+        if (kv_xport_xfer_free(x) != KV_OK)
+            ok = fail_msg("kv_xport_xfer_free refused a terminal transfer");
     }
-    if (x && kv_xport_xfer_free(x) != KV_OK)
-        ok = fail_msg("kv_xport_xfer_free refused a terminal transfer");
+    g_rep.requests++;
+    g_rep.tokens += r->n_tokens;
+    if (pst != KV_OK)
+        check(false, "request %u: kv_xport_write_plan refused: %s: %s", r->id, kv_status_name(pst),
+              kv_last_error());
+    else if (check(st == KV_XPORT_DONE, "request %u: the transfer ended %s", r->id,
+                   xstate_name(st)))
+        g_rep.requests_ok++;
     if (!ok_call(kv_page_table_seq_free(p->s.pt, seq), "kv_page_table_seq_free"))
         return false;
     if (ok && st != KV_XPORT_DONE)
@@ -1393,9 +1436,9 @@ static int run_prefill(const struct opts *o, const struct request *reqs)
     ok = ok && prefill_init(p, o->seed) && xport_new(o, false, &x) && xport_reg(x, &p->s, &mem) &&
          prefill_connect(x, (uint16_t)o->port, &peer);
     while (ok) {
-        const kv_status st = kv_xport_notify_poll(x, WAIT_MS, msg);
-        if (st == KV_ERR_TIMEOUT) {
-            ok = fail_msg("no placement from decode within %d ms", WAIT_MS);
+        const kv_status st = poll_msg(x, peer, msg);
+        if (st == KV_ERR_TIMEOUT || st == KV_ERR_IO) {
+            ok = fail_msg("waiting for a placement from decode");
             break;
         }
         if (!(ok = ok_call(st, "kv_xport_notify_poll")))
