@@ -126,8 +126,7 @@ KV_API KV_NODISCARD kv_status kv_xport_accept(kv_xport *x, uint32_t timeout_ms,
  * KV_ERR_IO, KV_ERR_TIMEOUT, KV_ERR_CORRUPT (a frame that fails its checks).
  * KV_ERR_NULL. */
 KV_API KV_NODISCARD kv_status kv_xport_peer_state_get(kv_xport_peer *peer,
-                                                      kv_xport_peer_state *state,
-                                                      kv_status *why);
+                                                      kv_xport_peer_state *state, kv_status *why);
 
 /* Close the peer (its transfers end CANCELLED) and free the handle. */
 KV_API void kv_xport_peer_close(kv_xport_peer *peer);
@@ -222,14 +221,11 @@ KV_API KV_NODISCARD kv_status kv_xport_write(kv_xport_peer *peer, const struct k
  * KV_ERR_OVERLAP (a destination block twice); KV_ERR_NO_MEMORY; then those
  * of kv_xport_write. Nothing is sent on an error.
  */
-KV_API KV_NODISCARD kv_status kv_xport_write_plan(kv_xport_peer *peer, const kv_plan *plan,
-                                                  kv_xport_mem *local, uint64_t local_base_off,
-                                                  const uint32_t *src_blocks, uint32_t n_src,
-                                                  kv_xport_rmem *remote, uint64_t remote_base_off,
-                                                  const uint32_t *dst_blocks, uint32_t n_dst,
-                                                  uint64_t n_tokens,
-                                                  const struct kv_xport_notify *notify,
-                                                  kv_xport_xfer **xfer);
+KV_API KV_NODISCARD kv_status kv_xport_write_plan(
+    kv_xport_peer *peer, const kv_plan *plan, kv_xport_mem *local, uint64_t local_base_off,
+    const uint32_t *src_blocks, uint32_t n_src, kv_xport_rmem *remote, uint64_t remote_base_off,
+    const uint32_t *dst_blocks, uint32_t n_dst, uint64_t n_tokens,
+    const struct kv_xport_notify *notify, kv_xport_xfer **xfer);
 
 /* States of a transfer; the last four are terminal. */
 typedef enum kv_xport_state {

@@ -88,7 +88,7 @@ kv_status kv__xf_decode(const unsigned char in[KV__XF_BYTES], struct kv__xf *f)
                          (unsigned)x.version, (unsigned)KV_XPORT_PROTOCOL_VERSION);
     if (x.flags != 0)
         return kv__error(KV_ERR_CORRUPT, "transport frame: flags 0x%08x (none defined)", x.flags);
-    if (x.type < KV__XF_HELLO || x.type > KV__XF_BYE)
+    if (x.type < KV__XF_HELLO || x.type > KV__XF_TYPE_MAX)
         return kv__error(KV_ERR_CORRUPT, "transport frame: unknown type %u", (unsigned)x.type);
     if (x.length > KV__XF_MAX_PAYLOAD)
         return kv__error(KV_ERR_CORRUPT,

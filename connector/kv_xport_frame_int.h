@@ -28,6 +28,8 @@
 
 #define KV__XF_BYTES 64
 #define KV__XF_MAX_PAYLOAD ((uint64_t)1 << 40)
+/* Void of an ACK of a notification (entry field). */
+#define KV__XF_ENTRY_NOTE UINT32_MAX
 
 enum kv__xf_type {
     KV__XF_HELLO = 1,  /* payload: version, token, fingerprint, conn count */
@@ -37,6 +39,9 @@ enum kv__xf_type {
     KV__XF_NACK = 5,   /* entry of xfer refused; offset carries the kv_status */
     KV__XF_NOTIFY = 6, /* payload: the notification; after every earlier write */
     KV__XF_BYE = 7,
+    KV__XF_READ = 8,  /* read [offset, +length) of region into entry of xfer */
+    KV__XF_RDATA = 9, /* payload: read data of entry of xfer at offset (in the entry) */
+    KV__XF_TYPE_MAX = KV__XF_RDATA,
 };
 
 struct kv__xf {
