@@ -136,9 +136,6 @@ LIB_SO := $(BUILD)/libkvcache.so
 CLI    := $(BUILD)/kvcache
 DEMO   := $(BUILD)/kvdemo
 BENCH  := $(BUILD)/kvbench
-# kvdemo runs over the transport once its implementation is in the tree;
-# until then it runs its --local mode (the same plans, in one process).
-KVDEMO_XPORT := $(if $(wildcard connector/kv_transport.c),1,0)
 
 .PHONY: all lib deps test tests pytest example gpu-tests demo tour bench fuzz install clean format cppcheck info \
         check-walls headers
@@ -196,7 +193,7 @@ $(CLI): tools/kvcache.c $(LIB_A)
 
 $(DEMO): tools/kvdemo.c $(LIB_A)
 	@$(if $(Q),echo '  LD     $@')
-	$(Q)$(CC) $(ALLCFLAGS) -DKVDEMO_XPORT=$(KVDEMO_XPORT) -o $@ $< $(LIB_A) $(LIBS)
+	$(Q)$(CC) $(ALLCFLAGS) -o $@ $< $(LIB_A) $(LIBS)
 
 $(BENCH): $(BENCH_SRC) $(LIB_A)
 	@$(if $(Q),echo '  LD     $@')

@@ -46,10 +46,6 @@
 
 #include <kvcache/kv.h>
 
-#ifndef KVDEMO_XPORT
-#define KVDEMO_XPORT 1 /* the transport is in the library (connector/kv_transport.c) */
-#endif
-
 #define EXIT_FAILED 1
 #define EXIT_USAGE 2
 
@@ -1132,8 +1128,6 @@ struct opts {
     int port_fd, report_fd;
 };
 
-#if KVDEMO_XPORT
-
 static const char *xstate_name(kv_xport_state st)
 {
     switch (st) {
@@ -1478,29 +1472,6 @@ static bool xport_probe(const struct opts *o)
     kv_xport_destroy(x);
     return true;
 }
-
-#else /* !KVDEMO_XPORT */
-
-static int run_decode(const struct opts *o, const struct request *reqs)
-{
-    (void)o;
-    (void)reqs;
-    fail_msg("this build has no transport (connector/kv_transport.c is not in the library yet)");
-    return EXIT_FAILED;
-}
-
-static int run_prefill(const struct opts *o, const struct request *reqs)
-{
-    return run_decode(o, reqs);
-}
-
-static bool xport_probe(const struct opts *o)
-{
-    (void)o;
-    return false;
-}
-
-#endif /* KVDEMO_XPORT */
 
 /* ---- reports and the table ------------------------------------------------------------- */
 
@@ -1870,15 +1841,8 @@ int main(int argc, char **argv)
     }
     struct request reqs[MAX_REQUESTS];
     make_requests(o.seed, o.requests, reqs);
-    if (!role && !o.local) {
-        if (!KVDEMO_XPORT) {
-            printf("kvdemo: this build has no transport yet (connector/kv_transport.c); "
-                   "running --local\n");
-            o.local = true;
-        } else {
-            return run_parent(argv[0], &o);
-        }
-    }
+    if (!role && !o.local)
+        return run_parent(argv[0], &o);
     int rc;
     const uint64_t t0 = now_ns();
     if (o.local) {
