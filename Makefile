@@ -1,6 +1,7 @@
 # kvcache - one GNU Makefile for the library, tests, tools and benchmarks.
 #
-#   make demo            install missing deps, build, run the demo tour
+#   make demo            install missing deps, build, run the prefill -> decode demo
+#   make tour            the command-line tour (scripts/demo.sh)
 #   make test            install missing deps, build, run every test suite
 #   make bench           benchmarks as JSON lines (bench/results.jsonl)
 #   make fuzz            build the libFuzzer targets (clang)
@@ -141,11 +142,12 @@ FUZZ_BINS   := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRC))
 LIB_A  := $(BUILD)/libkvcache.a
 LIB_SO := $(BUILD)/libkvcache.so
 CLI    := $(BUILD)/kvcache
+DEMO   := $(BUILD)/kvdemo
 BENCH  := $(BUILD)/kvbench
 
-.PHONY: all lib deps test tests pytest example gpu-tests demo bench fuzz install clean format cppcheck info \
+.PHONY: all lib deps test tests pytest example gpu-tests demo tour bench fuzz install clean format cppcheck info \
         check-walls headers
-all: lib $(CLI)
+all: lib $(CLI) $(DEMO)
 lib: $(LIB_A) $(LIB_SO)
 
 deps:
@@ -205,6 +207,10 @@ $(CLI): tools/kvcache.c $(LIB_A)
 	@$(if $(Q),echo '  LD     $@')
 	$(Q)$(CC) $(ALLCFLAGS) -o $@ $< $(LIB_A) $(LIBS)
 
+$(DEMO): tools/kvdemo.c $(LIB_A)
+	@$(if $(Q),echo '  LD     $@')
+	$(Q)$(CC) $(ALLCFLAGS) -o $@ $< $(LIB_A) $(LIBS)
+
 $(BENCH): $(BENCH_SRC) $(LIB_A)
 	@$(if $(Q),echo '  LD     $@')
 	$(Q)$(CC) $(ALLCFLAGS) -Itools/bench -o $@ $(BENCH_SRC) $(LIB_A) $(LIBS)
@@ -248,7 +254,14 @@ pytest: deps
 	@cd python && KVCACHE_LIBRARY=$(CURDIR)/$(PY_LIB) /usr/bin/python3 -m pytest -q \
 	    -p no:cacheprovider ../tests/python
 
+# The demo: a disaggregated prefill -> decode run (tools/kvdemo.c): two
+# processes on loopback, every byte and every attention output checked.
 demo: deps
+	@$(MAKE) --no-print-directory -j$(JOBS) $(DEMO)
+	@$(DEMO)
+
+# The command-line tour (scripts/demo.sh: views, a cache, its exports).
+tour: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) $(CLI)
 	@scripts/demo.sh $(CLI)
 
