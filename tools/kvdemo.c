@@ -1302,14 +1302,14 @@ static int run_decode(const struct opts *o, const struct request *reqs)
         decode_group_check(&d->g[g], g);
     for (uint32_t i = 0; d && i < o->requests; i++)
         decode_release(d, i);
-    for (uint32_t g = 0; g < N_GROUPS; g++) {
-        if (exposed[g] && kv_xport_mem_unexpose(peer, mem[g]) != KV_OK)
-            ok = ok_call(KV_ERR_BAD_STATE, "kv_xport_mem_unexpose");
-        if (mem[g] && kv_xport_mem_dereg(mem[g]) != KV_OK)
-            ok = fail_msg("kv_xport_mem_dereg: %s", kv_last_error());
-    }
+    /* Closing the peer ends its exposures (prefill may have closed first:
+     * then they are gone already); then the regions deregister. */
     if (peer)
         kv_xport_peer_close(peer);
+    peer = NULL;
+    for (uint32_t g = 0; g < N_GROUPS; g++)
+        if (mem[g] && kv_xport_mem_dereg(mem[g]) != KV_OK)
+            ok = fail_msg("kv_xport_mem_dereg: %s", kv_last_error());
     kv_xport_destroy(x);
     if (d)
         decode_fini(d);
