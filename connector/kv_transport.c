@@ -14,6 +14,7 @@
 #include "kv_mem.h"
 #include "kv_plan_int.h"
 #include "kv_verbs_int.h"
+#include "kv_xport_frame_int.h"
 #include "kv_xport_int.h"
 
 const char *kv_xport_kind_name(kv_xport_kind k)
@@ -437,20 +438,6 @@ kv_xport_mem *kv__xport_exposed(kv_xport_peer *p, uint32_t region, uint64_t off,
  */
 #define BLOB_HEAD 40
 
-static void put_le(unsigned char *p, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint64_t get_le(const unsigned char *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
 kv_status kv_xport_mem_expose(kv_xport_peer *peer, kv_xport_mem *mem, void *blob, size_t cap,
                               size_t *len)
 {
@@ -503,16 +490,16 @@ kv_status kv_xport_mem_expose(kv_xport_peer *peer, kv_xport_mem *mem, void *blob
     }
     unsigned char *b = blob;
     memcpy(b, "KVXB", 4);
-    put_le(b + 4, KV_XPORT_PROTOCOL_VERSION, 2);
-    put_le(b + 6, (uint64_t)x->cfg.kind, 2);
-    put_le(b + 8, mem->region, 4);
-    put_le(b + 12, key_len, 4);
-    put_le(b + 16, mem->bytes, 8);
-    put_le(b + 24, peer->nonce_local, 8);
-    put_le(b + 32, peer->nonce_remote, 8);
+    kv__le_put(b + 4, KV_XPORT_PROTOCOL_VERSION, 2);
+    kv__le_put(b + 6, (uint64_t)x->cfg.kind, 2);
+    kv__le_put(b + 8, mem->region, 4);
+    kv__le_put(b + 12, key_len, 4);
+    kv__le_put(b + 16, mem->bytes, 8);
+    kv__le_put(b + 24, peer->nonce_local, 8);
+    kv__le_put(b + 32, peer->nonce_remote, 8);
     pthread_mutex_unlock(&x->mu);
     memcpy(b + BLOB_HEAD, key, key_len);
-    put_le(b + BLOB_HEAD + key_len, kv__xxh3_64(b, BLOB_HEAD + key_len), 8);
+    kv__le_put(b + BLOB_HEAD + key_len, kv__xxh3_64(b, BLOB_HEAD + key_len), 8);
     *len = need;
     return KV_OK;
 }
@@ -555,16 +542,16 @@ kv_status kv_xport_rmem_import(kv_xport_peer *peer, const void *blob, size_t len
                          BLOB_HEAD + 8, KV_XPORT_BLOB_MAX);
     if (memcmp(b, "KVXB", 4) != 0)
         return kv__error(KV_ERR_CORRUPT, "xport_rmem_import: magic is not \"KVXB\"");
-    const uint32_t key_len = (uint32_t)get_le(b + 12, 4);
+    const uint32_t key_len = (uint32_t)kv__le_get(b + 12, 4);
     if (key_len > KV__XPORT_KEY_MAX || BLOB_HEAD + key_len + 8 != len)
         return kv__error(KV_ERR_CORRUPT, "xport_rmem_import: key of %u bytes in a blob of %zu",
                          key_len, len);
-    const uint64_t sum = get_le(b + BLOB_HEAD + key_len, 8);
+    const uint64_t sum = kv__le_get(b + BLOB_HEAD + key_len, 8);
     if (sum != kv__xxh3_64(b, BLOB_HEAD + key_len))
         return kv__error(
             KV_ERR_CORRUPT,
             "xport_rmem_import: blob checksum 0x%016" PRIx64 " does not match its bytes", sum);
-    const uint32_t ver = (uint32_t)get_le(b + 4, 2), kind = (uint32_t)get_le(b + 6, 2);
+    const uint32_t ver = (uint32_t)kv__le_get(b + 4, 2), kind = (uint32_t)kv__le_get(b + 6, 2);
     if (ver != KV_XPORT_PROTOCOL_VERSION)
         return kv__error(KV_ERR_MISMATCH, "xport_rmem_import: blob version %u, this library %u",
                          ver, KV_XPORT_PROTOCOL_VERSION);
@@ -572,7 +559,7 @@ kv_status kv_xport_rmem_import(kv_xport_peer *peer, const void *blob, size_t len
     if (kind != (uint32_t)x->cfg.kind)
         return kv__error(KV_ERR_MISMATCH, "xport_rmem_import: a %s blob on a %s transport",
                          kv_xport_kind_name((kv_xport_kind)kind), kv_xport_kind_name(x->cfg.kind));
-    const uint64_t exposer = get_le(b + 24, 8), importer = get_le(b + 32, 8);
+    const uint64_t exposer = kv__le_get(b + 24, 8), importer = kv__le_get(b + 32, 8);
     kv_xport_peer_state ps;
     if (kv_xport_peer_wait(peer, x->cfg.timeout_ms, &ps) != KV_OK)
         return kv__error(KV_ERR_BAD_STATE, "xport_rmem_import: peer not ready (%s)",
@@ -594,8 +581,8 @@ kv_status kv_xport_rmem_import(kv_xport_peer *peer, const void *blob, size_t len
     }
     r->peer = peer;
     peer->refs++;
-    r->region = (uint32_t)get_le(b + 8, 4);
-    r->bytes = get_le(b + 16, 8);
+    r->region = (uint32_t)kv__le_get(b + 8, 4);
+    r->bytes = kv__le_get(b + 16, 8);
     r->key_len = key_len;
     memcpy(r->key, b + BLOB_HEAD, key_len);
     pthread_mutex_unlock(&x->mu);
@@ -964,26 +951,26 @@ kv_status kv_xport_notify_poll(kv_xport *x, uint32_t timeout_ms, struct kv_xport
 
 void kv__xport_hello_encode(const struct kv__xport_hello *h, unsigned char *out)
 {
-    put_le(out, h->version, 4);
-    put_le(out + 4, h->kind, 4);
-    put_le(out + 8, h->token, 8);
-    put_le(out + 16, h->fingerprint, 8);
-    put_le(out + 24, h->nonce, 8);
-    put_le(out + 32, h->echo, 8);
-    put_le(out + 40, h->conns, 4);
-    put_le(out + 44, h->conn, 4);
+    kv__le_put(out, h->version, 4);
+    kv__le_put(out + 4, h->kind, 4);
+    kv__le_put(out + 8, h->token, 8);
+    kv__le_put(out + 16, h->fingerprint, 8);
+    kv__le_put(out + 24, h->nonce, 8);
+    kv__le_put(out + 32, h->echo, 8);
+    kv__le_put(out + 40, h->conns, 4);
+    kv__le_put(out + 44, h->conn, 4);
 }
 
 void kv__xport_hello_decode(const unsigned char *in, struct kv__xport_hello *h)
 {
-    h->version = (uint32_t)get_le(in, 4);
-    h->kind = (uint32_t)get_le(in + 4, 4);
-    h->token = get_le(in + 8, 8);
-    h->fingerprint = get_le(in + 16, 8);
-    h->nonce = get_le(in + 24, 8);
-    h->echo = get_le(in + 32, 8);
-    h->conns = (uint32_t)get_le(in + 40, 4);
-    h->conn = (uint32_t)get_le(in + 44, 4);
+    h->version = (uint32_t)kv__le_get(in, 4);
+    h->kind = (uint32_t)kv__le_get(in + 4, 4);
+    h->token = kv__le_get(in + 8, 8);
+    h->fingerprint = kv__le_get(in + 16, 8);
+    h->nonce = kv__le_get(in + 24, 8);
+    h->echo = kv__le_get(in + 32, 8);
+    h->conns = (uint32_t)kv__le_get(in + 40, 4);
+    h->conn = (uint32_t)kv__le_get(in + 44, 4);
 }
 
 kv_status kv__xport_hello_check(const kv_xport *x, const struct kv__xport_hello *h, char *msg,

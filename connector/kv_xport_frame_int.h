@@ -61,6 +61,22 @@ void kv__xf_encode(const struct kv__xf *f, unsigned char out[KV__XF_BYTES]);
  * another protocol version. *f untouched on failure. */
 kv_status kv__xf_decode(const unsigned char in[KV__XF_BYTES], struct kv__xf *f);
 
+/* n (<= 8) little-endian bytes of the wire formats (frames, HELLO, blobs,
+ * ACK records, the RDMA key and messages). */
+static inline void kv__le_put(unsigned char *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static inline uint64_t kv__le_get(const unsigned char *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
 /* Whether [offset, offset + length) lies in a region of region_bytes, with
  * no overflow. */
 static inline bool kv__xf_range_ok(uint64_t region_bytes, uint64_t offset, uint64_t length)

@@ -79,6 +79,7 @@
 
 #include "kv_mem.h"
 #include "kv_verbs_int.h"
+#include "kv_xport_frame_int.h"
 #include "kv_xport_int.h"
 
 #define RD_SIG_EVERY 16u             /* a signaled WR at least every this many */
@@ -163,20 +164,6 @@ struct rdma {
     struct rpeer *peers;
     char dev[64];
 };
-
-static void put_le(unsigned char *p, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint64_t get_le(const unsigned char *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
 
 static kv_status wc_status(enum ibv_wc_status s)
 {
@@ -625,12 +612,12 @@ static kv_status rdma_mem_key(kv_xport_peer *p, kv_xport_mem *m, unsigned char *
 {
     (void)p;
     const struct rmr *rm = m->be;
-    put_le(key, rm->n, 4);
-    put_le(key + 4, 0, 4);
-    put_le(key + 8, rm->chunk, 8);
-    put_le(key + 16, (uint64_t)(uintptr_t)m->base, 8);
+    kv__le_put(key, rm->n, 4);
+    kv__le_put(key + 4, 0, 4);
+    kv__le_put(key + 8, rm->chunk, 8);
+    kv__le_put(key + 16, (uint64_t)(uintptr_t)m->base, 8);
     for (uint32_t i = 0; i < rm->n; i++)
-        put_le(key + RD_KEY_HEAD + 4 * i, rm->mr[i]->rkey, 4);
+        kv__le_put(key + RD_KEY_HEAD + 4 * i, rm->mr[i]->rkey, 4);
     *len = RD_KEY_HEAD + 4 * rm->n;
     return KV_OK;
 }
@@ -646,9 +633,9 @@ static bool rkey_get(const kv_xport_rmem *rm, struct rkey *k)
 {
     if (rm->key_len < RD_KEY_HEAD)
         return false;
-    k->n = (uint32_t)get_le(rm->key, 4);
-    k->chunk = get_le(rm->key + 8, 8);
-    k->base = get_le(rm->key + 16, 8);
+    k->n = (uint32_t)kv__le_get(rm->key, 4);
+    k->chunk = kv__le_get(rm->key + 8, 8);
+    k->base = kv__le_get(rm->key + 16, 8);
     k->keys = rm->key + RD_KEY_HEAD;
     return k->n >= 1 && k->n <= RD_MAX_CHUNKS && k->chunk && rm->key_len == RD_KEY_HEAD + 4 * k->n;
 }
@@ -659,7 +646,7 @@ static uint32_t rkey_of(const struct rkey *k, uint64_t off)
 {
     uint64_t c = off / k->chunk;
     c = c >= k->n ? k->n - 1 : c;
-    return (uint32_t)get_le(k->keys + 4 * c, 4);
+    return (uint32_t)kv__le_get(k->keys + 4 * c, 4);
 }
 
 static void rdma_post(kv_xport_xfer *t)
@@ -730,13 +717,13 @@ static bool oob_send(struct rdma *r, struct rpeer *rp, int which, const void *ms
 static void send_info(struct rdma *r, struct rpeer *rp)
 {
     unsigned char b[INFO_HEAD + 8 * KV__XPORT_MAX_CONNS];
-    put_le(b, KV_XPORT_RDMA, 4);
-    put_le(b + 4, rp->nq, 4);
-    put_le(b + 8, rp->p->nonce_local, 8);
+    kv__le_put(b, KV_XPORT_RDMA, 4);
+    kv__le_put(b + 4, rp->nq, 4);
+    kv__le_put(b + 8, rp->p->nonce_local, 8);
     memcpy(b + 16, r->gid.raw, 16);
     for (uint32_t i = 0; i < rp->nq; i++) {
-        put_le(b + INFO_HEAD + 8 * i, rp->q[i].qp->qp_num, 4);
-        put_le(b + INFO_HEAD + 8 * i + 4, rp->q[i].psn, 4);
+        kv__le_put(b + INFO_HEAD + 8 * i, rp->q[i].qp->qp_num, 4);
+        kv__le_put(b + INFO_HEAD + 8 * i + 4, rp->q[i].psn, 4);
     }
     if (!oob_send(r, rp, 0, b, INFO_HEAD + 8 * rp->nq))
         peer_fail(r, rp, KV_ERR_IO, "xport rdma: sending QP info: %s", kv_last_error());
@@ -752,19 +739,19 @@ static void got_info(struct rdma *r, struct rpeer *rp, const unsigned char *b, u
         peer_fail(r, rp, KV_ERR_CORRUPT, "xport rdma: QP info twice");
         return;
     }
-    if (len < INFO_HEAD || get_le(b, 4) != KV_XPORT_RDMA || get_le(b + 4, 4) != rp->nq ||
+    if (len < INFO_HEAD || kv__le_get(b, 4) != KV_XPORT_RDMA || kv__le_get(b + 4, 4) != rp->nq ||
         len != INFO_HEAD + 8 * rp->nq) {
         peer_fail(r, rp, KV_ERR_MISMATCH,
                   "xport rdma handshake: QP info of %u bytes (kind %u, %u QPs; here rdma, %u)", len,
-                  len >= 8 ? (unsigned)get_le(b, 4) : 0u,
-                  len >= 8 ? (unsigned)get_le(b + 4, 4) : 0u, rp->nq);
+                  len >= 8 ? (unsigned)kv__le_get(b, 4) : 0u,
+                  len >= 8 ? (unsigned)kv__le_get(b + 4, 4) : 0u, rp->nq);
         return;
     }
     if (!rp->info_sent) /* theirs came first: ours before anything else */
         send_info(r, rp);
     if (rp->ph == PH_FAIL)
         return;
-    rp->p->nonce_remote = get_le(b + 8, 8);
+    rp->p->nonce_remote = kv__le_get(b + 8, 8);
     union ibv_gid gid = {.raw = {0}};
     memcpy(gid.raw, b + 16, 16);
     const uint8_t rd = (uint8_t)(r->da.max_qp_rd_atom < 1    ? 1
@@ -776,8 +763,8 @@ static void got_info(struct rdma *r, struct rpeer *rp, const unsigned char *b, u
     for (uint32_t i = 0; i < rp->nq; i++) {
         struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
                                 .path_mtu = IBV_MTU_1024,
-                                .dest_qp_num = (uint32_t)get_le(b + INFO_HEAD + 8 * i, 4),
-                                .rq_psn = (uint32_t)get_le(b + INFO_HEAD + 8 * i + 4, 4),
+                                .dest_qp_num = (uint32_t)kv__le_get(b + INFO_HEAD + 8 * i, 4),
+                                .rq_psn = (uint32_t)kv__le_get(b + INFO_HEAD + 8 * i + 4, 4),
                                 .max_dest_rd_atomic = rd,
                                 .min_rnr_timer = 12,
                                 .ah_attr = {.is_global = 1, .port_num = 1}};
@@ -1063,9 +1050,9 @@ static void notes_flush(struct rdma *r, struct rpeer *rp, struct chain *c)
             break;
         rp->note_busy[slot] = true;
         unsigned char *b = buf_at(rp, rp->nq * RD_RECVS + slot);
-        put_le(b, RD_NOTE_MAGIC, 4);
-        put_le(b + 4, t->note_len, 4);
-        put_le(b + 8, t->note_tag, 8);
+        kv__le_put(b, RD_NOTE_MAGIC, 4);
+        kv__le_put(b + 4, t->note_len, 4);
+        kv__le_put(b + 8, t->note_tag, 8);
         if (t->note_len)
             memcpy(b + RD_NOTE_HDR, t->note, t->note_len);
         struct rec *rc = &rp->ring[q->head % RD_SQ_WR];
@@ -1188,15 +1175,17 @@ static bool poll_round(struct rdma *r, struct rpeer *rp)
                 if (b >= rp->nq * RD_RECVS || rp->ph == PH_FAIL)
                     continue;
                 const unsigned char *m = buf_at(rp, b);
-                const uint32_t len = w->byte_len >= RD_NOTE_HDR ? (uint32_t)get_le(m + 4, 4) : 0;
-                if (w->byte_len < RD_NOTE_HDR || get_le(m, 4) != RD_NOTE_MAGIC ||
+                const uint32_t len =
+                    w->byte_len >= RD_NOTE_HDR ? (uint32_t)kv__le_get(m + 4, 4) : 0;
+                if (w->byte_len < RD_NOTE_HDR || kv__le_get(m, 4) != RD_NOTE_MAGIC ||
                     len > KV_XPORT_NOTIFY_MAX || len + RD_NOTE_HDR != w->byte_len) {
                     peer_fail(r, rp, KV_ERR_CORRUPT,
                               "xport rdma: a notification of %u bytes fails its checks",
                               w->byte_len);
                     continue;
                 }
-                if (kv__xport_note_push(rp->p, get_le(m + 8, 8), m + RD_NOTE_HDR, len) != KV_OK) {
+                if (kv__xport_note_push(rp->p, kv__le_get(m + 8, 8), m + RD_NOTE_HDR, len) !=
+                    KV_OK) {
                     peer_fail(r, rp, KV_ERR_NO_MEMORY, "xport rdma: a notification");
                     continue;
                 }

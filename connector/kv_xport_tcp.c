@@ -765,20 +765,6 @@ static struct verdict serve_read(struct conn *c)
     return OK_VERDICT;
 }
 
-static uint64_t le(const unsigned char *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-static void put_le(unsigned char *p, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
 /* mu held: a WRITE's descriptor table arrived (c->small): check it whole,
  * then say where each piece lands (NULL: not inside a region exposed to
  * this peer: dropped, refused in the ACK). */
@@ -792,7 +778,7 @@ static struct verdict on_desc(struct conn *c)
     uint64_t sum = 0;
     for (uint32_t i = 0; i < k; i++) {
         const unsigned char *d = c->small + (size_t)i * KV__TCP_DESC;
-        const uint64_t len = le(d + 16, 8);
+        const uint64_t len = kv__le_get(d + 16, 8);
         if (len == 0 || len > data - sum)
             return bad(KV_ERR_CORRUPT, "xport tcp: WRITE piece %u of %" PRIu64 " bytes", i, len);
         sum += len;
@@ -802,10 +788,10 @@ static struct verdict on_desc(struct conn *c)
                    data);
     for (uint32_t i = 0; i < k; i++) {
         const unsigned char *d = c->small + (size_t)i * KV__TCP_DESC;
-        const uint32_t region = (uint32_t)le(d + 4, 4);
-        const uint64_t off = le(d + 8, 8), len = le(d + 16, 8);
+        const uint32_t region = (uint32_t)kv__le_get(d + 4, 4);
+        const uint64_t off = kv__le_get(d + 8, 8), len = kv__le_get(d + 16, 8);
         kv_xport_mem *m = kv__xport_exposed(c->tp->p, region, off, len);
-        c->rx_entry[i] = (uint32_t)le(d, 4);
+        c->rx_entry[i] = (uint32_t)kv__le_get(d, 4);
         c->rx_len[i] = len;
         c->rx_mem[i] = m;
         c->rx_dst[i] = m ? m->base + off : NULL;
@@ -828,9 +814,9 @@ static struct verdict on_pieces(struct conn *c, bool sum_ok)
     unsigned char rec[KV__TCP_MAXV * 16];
     for (uint32_t i = 0; i < c->rx_k; i++) {
         const kv_status st = !c->rx_dst[i] ? KV_ERR_OUT_OF_BOUNDS : sum_ok ? KV_OK : KV_ERR_CORRUPT;
-        put_le(rec + 16 * i, c->rx_entry[i], 4);
-        put_le(rec + 16 * i + 4, (uint32_t)(int32_t)st, 4);
-        put_le(rec + 16 * i + 8, c->rx_len[i], 8);
+        kv__le_put(rec + 16 * i, c->rx_entry[i], 4);
+        kv__le_put(rec + 16 * i + 4, (uint32_t)(int32_t)st, 4);
+        kv__le_put(rec + 16 * i + 8, c->rx_len[i], 8);
     }
     struct kv__xf a = {.type = KV__XF_ACK, .xfer = c->f.xfer, .entry = c->rx_k};
     c->rx_k = 0;
@@ -847,9 +833,9 @@ static struct verdict on_acks(struct conn *c)
         return OK_VERDICT; /* ended already (timed out, cancelled) */
     for (uint32_t i = 0; i < c->f.entry; i++) {
         const unsigned char *r = c->small + 16 * i;
-        const uint32_t e = (uint32_t)le(r, 4);
-        const kv_status st = (kv_status)(int32_t)(uint32_t)le(r + 4, 4);
-        const uint64_t bytes = le(r + 8, 8);
+        const uint32_t e = (uint32_t)kv__le_get(r, 4);
+        const kv_status st = (kv_status)(int32_t)(uint32_t)kv__le_get(r + 4, 4);
+        const uint64_t bytes = kv__le_get(r + 8, 8);
         if (e >= xf->n || xf->read)
             return bad(KV_ERR_CORRUPT, "xport tcp: an ACK of entry %u of transfer %" PRIu64, e,
                        xf->id);
@@ -1097,7 +1083,7 @@ static bool next_frame(struct tcp_peer *tp, struct conn *c)
                                .region = io->remote->region,
                                .offset = io->remote_off};
             unsigned char len[8];
-            put_le(len, io->bytes, 8);
+            kv__le_put(len, io->bytes, 8);
             struct conn *rc = tp->conns[e % tp->n_conns];
             if (!ctl_put(rc, f, len, sizeof(len)))
                 return false;
@@ -1113,10 +1099,10 @@ static bool next_frame(struct tcp_peer *tp, struct conn *c)
             const uint64_t rest = io->bytes - xf->be_off;
             const uint64_t len = rest < KV__TCP_CHUNK - bytes ? rest : KV__TCP_CHUNK - bytes;
             unsigned char *d = c->df_desc + (size_t)k * KV__TCP_DESC;
-            put_le(d, e, 4);
-            put_le(d + 4, io->remote->region, 4);
-            put_le(d + 8, io->remote_off + xf->be_off, 8);
-            put_le(d + 16, len, 8);
+            kv__le_put(d, e, 4);
+            kv__le_put(d + 4, io->remote->region, 4);
+            kv__le_put(d + 8, io->remote_off + xf->be_off, 8);
+            kv__le_put(d + 16, len, 8);
             c->df_src[k] = io->local->base + io->local_off + xf->be_off;
             c->df_len[k] = len;
             kv__xxh3_update(&hs, c->df_src[k], (size_t)len);
