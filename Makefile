@@ -108,7 +108,7 @@ OBJ     := $(SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
 # by every module and never installed; module-private *_int.h (incl. the CUDA
 # boundaries); everything else is public, installed in include/kvcache/ with
 # the umbrella include/kvcache/kv.h.
-LIB_HEADERS := kvcache/kv_lib.h kvcache/kv_mem.h kvcache/kv_cuda_lib.h
+LIB_HEADERS := kvcache/kv_lib.h kvcache/kv_mem.h kvcache/kv_cuda_lib.h kvcache/kv_wire.h
 HEADERS := $(filter-out %_int.h $(LIB_HEADERS),$(foreach m,$(MODULES),$(wildcard $(m)/*.h))) \
            include/kvcache/kv.h
 # The public headers as installed, in the build tree: integration tests

@@ -13,6 +13,7 @@
 #include "kv_block_pool.h"
 #include "kv_mem.h"
 #include "kv_lib.h"
+#include "kv_wire.h"
 
 #define KV__NIL UINT32_MAX        /* no link: the block is not on the free list */
 #define KV__BLOCK_HASHED 0x1u     /* kv__block.hash is valid and in the table */
@@ -87,18 +88,6 @@ struct kv_block_pool {
 
 /* ---------------------------------------------------------------- hashing */
 
-static inline void put_le64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static inline void put_le32(unsigned char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
 /* tokens as little-endian int32: a plain copy on little-endian hosts. */
 static void put_tokens(unsigned char *p, const int32_t *tokens, uint32_t n)
 {
@@ -106,7 +95,7 @@ static void put_tokens(unsigned char *p, const int32_t *tokens, uint32_t n)
     memcpy(p, tokens, (size_t)n * 4);
 #else
     for (uint32_t i = 0; i < n; i++)
-        put_le32(p + (size_t)i * 4, (uint32_t)tokens[i]);
+        kv__le_put32(p + (size_t)i * 4, (uint32_t)tokens[i]);
 #endif
 }
 
@@ -116,9 +105,9 @@ uint64_t kv_block_hash(uint64_t parent_hash, const int32_t *tokens, uint32_t n_t
     enum { HDR = 8 + 8 + 4 };
     unsigned char buf[HDR + 4 * KV__HASH_STACK_TOKENS];
 
-    put_le64(buf, parent_hash);
-    put_le64(buf + 8, extra_key);
-    put_le32(buf + 16, n_tokens);
+    kv__le_put64(buf, parent_hash);
+    kv__le_put64(buf + 8, extra_key);
+    kv__le_put32(buf + 16, n_tokens);
     if (n_tokens <= KV__HASH_STACK_TOKENS) {
         if (n_tokens)
             put_tokens(buf + HDR, tokens, n_tokens);

@@ -28,6 +28,7 @@
 #include "kv_mem.h"
 #include "kv_pack.h"
 #include "kv_plan_int.h"
+#include "kv_wire.h"
 
 #define KV__PACK_FIXED 136u
 static const unsigned char kv__pack_magic[8] = {'K', 'V', 'P', 'A', 'C', 'K', '\r', '\n'};
@@ -54,34 +55,6 @@ enum {
     OFF_ALIGN = 120,
     OFF_BLOCK_BYTES = 128,
 };
-
-static void put_u32(unsigned char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static void put_u64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint32_t get_u32(const unsigned char *p)
-{
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-
-static uint64_t get_u64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 
 /* The header size for n blocks: fixed part, checksums, header checksum,
  * zero padding to KV_PACK_ALIGN. */
@@ -267,31 +240,31 @@ kv_status kv_pack(const kv_plan *plan, struct kv_paged_cache src, const uint32_t
             kv__plan_exec_cpu(p, &sp, 1, &dp, 1, (uint64_t)N, 1);
             sum = kv__xxh3_64(dp, bb);
         }
-        put_u64(h + KV__PACK_FIXED + 8 * (uint64_t)i, sum);
+        kv__le_put64(h + KV__PACK_FIXED + 8 * (uint64_t)i, sum);
     }
     memcpy(h, kv__pack_magic, 8);
-    put_u32(h + OFF_VERSION, KV_PACK_VERSION);
-    put_u32(h + OFF_FIXED, KV__PACK_FIXED);
-    put_u64(h + OFF_HEADER, hdr);
-    put_u64(h + OFF_PAYLOAD, (uint64_t)n_blocks * bb);
-    put_u64(h + OFF_TOKENS, n_tokens);
-    put_u32(h + OFF_BLOCKS, n_blocks);
-    put_u32(h + OFF_FLAGS, 0);
-    put_u64(h + OFF_FP, lo->fingerprint);
-    put_u64(h + OFF_L, (uint64_t)lo->num_layers);
-    put_u64(h + OFF_B, (uint64_t)lo->num_blocks);
-    put_u64(h + OFF_N, (uint64_t)lo->block_tokens);
-    put_u64(h + OFF_H, (uint64_t)lo->num_heads);
-    put_u64(h + OFF_D, (uint64_t)lo->head_dim);
-    put_u32(h + OFF_DTYPE, (uint32_t)lo->dtype);
-    put_u32(h + OFF_ORDER, (uint32_t)lo->order);
-    put_u32(h + OFF_ARRANGE, (uint32_t)lo->arrange);
-    put_u32(h + OFF_PACKED, lo->kv_packed ? 1u : 0u);
-    put_u64(h + OFF_STRIDE, (uint64_t)lo->block_stride_bytes);
-    put_u64(h + OFF_ALIGN, (uint64_t)lo->align_bytes);
-    put_u64(h + OFF_BLOCK_BYTES, bb);
+    kv__le_put32(h + OFF_VERSION, KV_PACK_VERSION);
+    kv__le_put32(h + OFF_FIXED, KV__PACK_FIXED);
+    kv__le_put64(h + OFF_HEADER, hdr);
+    kv__le_put64(h + OFF_PAYLOAD, (uint64_t)n_blocks * bb);
+    kv__le_put64(h + OFF_TOKENS, n_tokens);
+    kv__le_put32(h + OFF_BLOCKS, n_blocks);
+    kv__le_put32(h + OFF_FLAGS, 0);
+    kv__le_put64(h + OFF_FP, lo->fingerprint);
+    kv__le_put64(h + OFF_L, (uint64_t)lo->num_layers);
+    kv__le_put64(h + OFF_B, (uint64_t)lo->num_blocks);
+    kv__le_put64(h + OFF_N, (uint64_t)lo->block_tokens);
+    kv__le_put64(h + OFF_H, (uint64_t)lo->num_heads);
+    kv__le_put64(h + OFF_D, (uint64_t)lo->head_dim);
+    kv__le_put32(h + OFF_DTYPE, (uint32_t)lo->dtype);
+    kv__le_put32(h + OFF_ORDER, (uint32_t)lo->order);
+    kv__le_put32(h + OFF_ARRANGE, (uint32_t)lo->arrange);
+    kv__le_put32(h + OFF_PACKED, lo->kv_packed ? 1u : 0u);
+    kv__le_put64(h + OFF_STRIDE, (uint64_t)lo->block_stride_bytes);
+    kv__le_put64(h + OFF_ALIGN, (uint64_t)lo->align_bytes);
+    kv__le_put64(h + OFF_BLOCK_BYTES, bb);
     const uint64_t sum_at = KV__PACK_FIXED + 8 * (uint64_t)n_blocks;
-    put_u64(h + sum_at, kv__xxh3_64(h, sum_at));
+    kv__le_put64(h + sum_at, kv__xxh3_64(h, sum_at));
     memset(h + sum_at + 8, 0, hdr - sum_at - 8);
     kv_plan_destroy(own);
     *out_bytes = (size_t)size;
@@ -313,11 +286,11 @@ static kv_status inspect(const char *fn, const unsigned char *b, size_t len,
     if (len < 16)
         return kv__error(KV_ERR_CORRUPT,
                          "%s: truncated: %zu bytes, shorter than the 16-byte preamble", fn, len);
-    const uint32_t version = get_u32(b + OFF_VERSION);
+    const uint32_t version = kv__le_get32(b + OFF_VERSION);
     if (version != KV_PACK_VERSION)
         return kv__error(KV_ERR_UNSUPPORTED, "%s: format version %u; this library reads version %u",
                          fn, version, KV_PACK_VERSION);
-    const uint32_t fixed = get_u32(b + OFF_FIXED);
+    const uint32_t fixed = kv__le_get32(b + OFF_FIXED);
     if (fixed != KV__PACK_FIXED)
         return kv__error(KV_ERR_CORRUPT, "%s: fixed header of %u bytes; version %u has %u", fn,
                          fixed, version, KV__PACK_FIXED);
@@ -325,8 +298,8 @@ static kv_status inspect(const char *fn, const unsigned char *b, size_t len,
         return kv__error(KV_ERR_CORRUPT,
                          "%s: truncated: %zu bytes, shorter than the %u-byte fixed header", fn, len,
                          KV__PACK_FIXED);
-    const uint32_t nb = get_u32(b + OFF_BLOCKS);
-    const uint64_t hdr = get_u64(b + OFF_HEADER), want_hdr = header_bytes(nb);
+    const uint32_t nb = kv__le_get32(b + OFF_BLOCKS);
+    const uint64_t hdr = kv__le_get64(b + OFF_HEADER), want_hdr = header_bytes(nb);
     if (hdr != want_hdr)
         return kv__error(KV_ERR_CORRUPT,
                          "%s: header bytes %" PRIu64 ", but %u blocks make a header of %" PRIu64,
@@ -336,7 +309,7 @@ static kv_status inspect(const char *fn, const unsigned char *b, size_t len,
                          "%s: truncated: %zu bytes, shorter than the %" PRIu64 "-byte header", fn,
                          len, hdr);
     const uint64_t sum_at = KV__PACK_FIXED + 8 * (uint64_t)nb;
-    const uint64_t sum = get_u64(b + sum_at), want_sum = kv__xxh3_64(b, sum_at);
+    const uint64_t sum = kv__le_get64(b + sum_at), want_sum = kv__xxh3_64(b, sum_at);
     if (sum != want_sum)
         return kv__error(KV_ERR_CORRUPT,
                          "%s: header checksum 0x%016" PRIx64 ", the header hashes to 0x%016" PRIx64,
@@ -346,28 +319,28 @@ static kv_status inspect(const char *fn, const unsigned char *b, size_t len,
             return kv__error(KV_ERR_CORRUPT,
                              "%s: header padding byte %" PRIu64 " is 0x%02x, not zero", fn, i,
                              b[i]);
-    const uint32_t flags = get_u32(b + OFF_FLAGS), packed = get_u32(b + OFF_PACKED);
+    const uint32_t flags = kv__le_get32(b + OFF_FLAGS), packed = kv__le_get32(b + OFF_PACKED);
     if (flags != 0 || packed > 1)
         return kv__error(KV_ERR_CORRUPT,
                          "%s: flags 0x%x (version 1 defines none), K|V packed %u (0 or 1)", fn,
                          flags, packed);
     struct kv_layout_config c = KV_LAYOUT_CONFIG_INIT;
-    c.num_layers = (int64_t)get_u64(b + OFF_L);
-    c.num_blocks = (int64_t)get_u64(b + OFF_B);
-    c.block_tokens = (int64_t)get_u64(b + OFF_N);
-    c.num_heads = (int64_t)get_u64(b + OFF_H);
-    c.head_dim = (int64_t)get_u64(b + OFF_D);
-    c.dtype = (kv_dtype)get_u32(b + OFF_DTYPE);
-    c.order = (kv_order)get_u32(b + OFF_ORDER);
-    c.arrange = (kv_arrange)get_u32(b + OFF_ARRANGE);
+    c.num_layers = (int64_t)kv__le_get64(b + OFF_L);
+    c.num_blocks = (int64_t)kv__le_get64(b + OFF_B);
+    c.block_tokens = (int64_t)kv__le_get64(b + OFF_N);
+    c.num_heads = (int64_t)kv__le_get64(b + OFF_H);
+    c.head_dim = (int64_t)kv__le_get64(b + OFF_D);
+    c.dtype = (kv_dtype)kv__le_get32(b + OFF_DTYPE);
+    c.order = (kv_order)kv__le_get32(b + OFF_ORDER);
+    c.arrange = (kv_arrange)kv__le_get32(b + OFF_ARRANGE);
     c.kv_packed = packed != 0;
-    c.block_stride_bytes = (int64_t)get_u64(b + OFF_STRIDE);
-    c.align_bytes = (int64_t)get_u64(b + OFF_ALIGN);
+    c.block_stride_bytes = (int64_t)kv__le_get64(b + OFF_STRIDE);
+    c.align_bytes = (int64_t)kv__le_get64(b + OFF_ALIGN);
     struct kv_pack_info info = {.version = version, .n_blocks = nb, .header_bytes = hdr};
     kv_status st = kv_layout_init(&c, &info.source);
     if (st != KV_OK)
         return kv__error_wrap(KV_ERR_CORRUPT, "%s: the source layout in the header", fn);
-    const uint64_t fp = get_u64(b + OFF_FP);
+    const uint64_t fp = kv__le_get64(b + OFF_FP);
     if (fp != info.source.fingerprint)
         return kv__error(KV_ERR_MISMATCH,
                          "%s: the header's layout has fingerprint 0x%016" PRIx64
@@ -378,7 +351,7 @@ static kv_status inspect(const char *fn, const unsigned char *b, size_t len,
         return st;
     if ((st = wire_layout(fn, &info.source, &info.wire)) != KV_OK)
         return st;
-    info.n_tokens = get_u64(b + OFF_TOKENS);
+    info.n_tokens = kv__le_get64(b + OFF_TOKENS);
     const uint64_t N = (uint64_t)info.source.block_tokens;
     const uint64_t need = info.n_tokens / N + (info.n_tokens % N != 0);
     if (need != nb)
@@ -386,13 +359,13 @@ static kv_status inspect(const char *fn, const unsigned char *b, size_t len,
                          "%s: %u blocks for %" PRIu64 " tokens in %" PRIu64
                          "-token blocks (%" PRIu64 " expected)",
                          fn, nb, info.n_tokens, N, need);
-    info.block_bytes = get_u64(b + OFF_BLOCK_BYTES);
+    info.block_bytes = kv__le_get64(b + OFF_BLOCK_BYTES);
     if (info.block_bytes != (uint64_t)info.wire.stride_block_bytes)
         return kv__error(KV_ERR_CORRUPT,
                          "%s: payload blocks of %" PRIu64
                          " bytes; the layout's blocks are %" PRId64,
                          fn, info.block_bytes, info.wire.stride_block_bytes);
-    info.payload_bytes = get_u64(b + OFF_PAYLOAD);
+    info.payload_bytes = kv__le_get64(b + OFF_PAYLOAD);
     if (info.payload_bytes != (uint64_t)nb * info.block_bytes ||
         info.payload_bytes > UINT64_MAX - hdr)
         return kv__error(KV_ERR_CORRUPT,
@@ -477,14 +450,15 @@ kv_status kv_unpack(const kv_plan *plan, const void *buf, size_t len, struct kv_
     reduction(min                                                                                  \
               : bad)
         for (int64_t i = 0; i < nb; i++)
-            if (kv__xxh3_64(payload + (uint64_t)i * bb, bb) != get_u64(sums + 8 * (uint64_t)i) &&
+            if (kv__xxh3_64(payload + (uint64_t)i * bb, bb) !=
+                    kv__le_get64(sums + 8 * (uint64_t)i) &&
                 i < bad)
                 bad = i;
         if (bad < nb)
             st = kv__error(KV_ERR_CORRUPT,
                            "%s: block %" PRId64 " of %" PRId64 " fails its checksum: 0x%016" PRIx64
                            " recorded, 0x%016" PRIx64 " computed",
-                           fn, bad, nb, get_u64(sums + 8 * (uint64_t)bad),
+                           fn, bad, nb, kv__le_get64(sums + 8 * (uint64_t)bad),
                            (uint64_t)kv__xxh3_64(payload + (uint64_t)bad * bb, bb));
     }
     if (st == KV_OK && sp) {

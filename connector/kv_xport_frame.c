@@ -11,54 +11,20 @@
 
 static const unsigned char kv__xf_magic[4] = {'K', 'V', 'X', 'F'};
 
-static void put16(unsigned char *p, uint16_t v)
-{
-    p[0] = (unsigned char)v;
-    p[1] = (unsigned char)(v >> 8);
-}
-static void put32(unsigned char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-static void put64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-static uint16_t get16(const unsigned char *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-static uint32_t get32(const unsigned char *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-static uint64_t get64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
 void kv__xf_encode(const struct kv__xf *f, unsigned char out[KV__XF_BYTES])
 {
     memcpy(out, kv__xf_magic, 4);
-    put16(out + 4, f->version);
-    put16(out + 6, f->type);
-    put32(out + 8, f->flags);
-    put32(out + 12, f->entry);
-    put64(out + 16, f->xfer);
-    put32(out + 24, f->region);
-    put32(out + 28, f->conn);
-    put64(out + 32, f->offset);
-    put64(out + 40, f->length);
-    put64(out + 48, f->payload_sum);
-    put64(out + 56, kv__xxh3_64(out, 56));
+    kv__le_put16(out + 4, f->version);
+    kv__le_put16(out + 6, f->type);
+    kv__le_put32(out + 8, f->flags);
+    kv__le_put32(out + 12, f->entry);
+    kv__le_put64(out + 16, f->xfer);
+    kv__le_put32(out + 24, f->region);
+    kv__le_put32(out + 28, f->conn);
+    kv__le_put64(out + 32, f->offset);
+    kv__le_put64(out + 40, f->length);
+    kv__le_put64(out + 48, f->payload_sum);
+    kv__le_put64(out + 56, kv__xxh3_64(out, 56));
 }
 
 kv_status kv__xf_decode(const unsigned char in[KV__XF_BYTES], struct kv__xf *f)
@@ -66,22 +32,22 @@ kv_status kv__xf_decode(const unsigned char in[KV__XF_BYTES], struct kv__xf *f)
     if (memcmp(in, kv__xf_magic, 4) != 0)
         return kv__error(KV_ERR_CORRUPT, "transport frame: magic %02x %02x %02x %02x, not \"KVXF\"",
                          in[0], in[1], in[2], in[3]);
-    const uint64_t want = get64(in + 56), got = kv__xxh3_64(in, 56);
+    const uint64_t want = kv__le_get64(in + 56), got = kv__xxh3_64(in, 56);
     if (want != got)
         return kv__error(KV_ERR_CORRUPT,
                          "transport frame: header checksum 0x%016" PRIx64 " recorded, 0x%016" PRIx64
                          " computed",
                          want, got);
-    struct kv__xf x = {.version = get16(in + 4),
-                       .type = get16(in + 6),
-                       .flags = get32(in + 8),
-                       .entry = get32(in + 12),
-                       .xfer = get64(in + 16),
-                       .region = get32(in + 24),
-                       .conn = get32(in + 28),
-                       .offset = get64(in + 32),
-                       .length = get64(in + 40),
-                       .payload_sum = get64(in + 48)};
+    struct kv__xf x = {.version = kv__le_get16(in + 4),
+                       .type = kv__le_get16(in + 6),
+                       .flags = kv__le_get32(in + 8),
+                       .entry = kv__le_get32(in + 12),
+                       .xfer = kv__le_get64(in + 16),
+                       .region = kv__le_get32(in + 24),
+                       .conn = kv__le_get32(in + 28),
+                       .offset = kv__le_get64(in + 32),
+                       .length = kv__le_get64(in + 40),
+                       .payload_sum = kv__le_get64(in + 48)};
     if (x.version != KV_XPORT_PROTOCOL_VERSION)
         return kv__error(KV_ERR_MISMATCH,
                          "transport frame: protocol version %u, this library speaks %u",

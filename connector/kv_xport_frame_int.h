@@ -1,6 +1,6 @@
 /*
  * kv_xport_frame_int.h - the TCP transport's frame header (module-private):
- * 64 bytes, little-endian, checksummed, and the receiver's range check.
+ * 64 bytes, little-endian, checksummed.
  * docs/connector.md, "Transports": a frame is this header, then `length`
  * payload bytes whose XXH3-64 is payload_sum.
  *
@@ -25,6 +25,9 @@
 #include <stdint.h>
 
 #include "kv_status.h"
+/* kv__le_put/kv__le_get (the frames, HELLO, blobs, ACK records, the RDMA key
+ * and messages) and kv__range_ok come from the core's one wire header. */
+#include "kv_wire.h"
 
 #define KV__XF_BYTES 64
 #define KV__XF_MAX_PAYLOAD ((uint64_t)1 << 40)
@@ -60,28 +63,5 @@ void kv__xf_encode(const struct kv__xf *f, unsigned char out[KV__XF_BYTES]);
  * KV__XF_MAX_PAYLOAD, a payload_sum without payload); KV_ERR_MISMATCH for
  * another protocol version. *f untouched on failure. */
 kv_status kv__xf_decode(const unsigned char in[KV__XF_BYTES], struct kv__xf *f);
-
-/* n (<= 8) little-endian bytes of the wire formats (frames, HELLO, blobs,
- * ACK records, the RDMA key and messages). */
-static inline void kv__le_put(unsigned char *p, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static inline uint64_t kv__le_get(const unsigned char *p, int n)
-{
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-/* Whether [offset, offset + length) lies in a region of region_bytes, with
- * no overflow. */
-static inline bool kv__xf_range_ok(uint64_t region_bytes, uint64_t offset, uint64_t length)
-{
-    return offset <= region_bytes && length <= region_bytes - offset;
-}
 
 #endif /* KV_XPORT_FRAME_INT_H */

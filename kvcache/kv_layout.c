@@ -7,6 +7,7 @@
 
 #include "kv_layout.h"
 #include "kv_lib.h"
+#include "kv_wire.h"
 
 const char *kv_order_name(kv_order o)
 {
@@ -42,8 +43,8 @@ struct kv__ser {
 
 static void ser_u64(struct kv__ser *s, uint64_t v)
 {
-    for (int i = 0; i < 8; i++)
-        s->buf[s->len++] = (unsigned char)(v >> (8 * i));
+    kv__le_put64(s->buf + s->len, v);
+    s->len += 8;
 }
 
 /* XXH3-64 of: an 8-byte version tag, the fields as 64-bit little-endian
