@@ -3,11 +3,8 @@
 #include <string.h>
 
 #include "kv_lib.h"
+#include "kv_transport.h" /* KV_XPORT_PROTOCOL_VERSION: defined there only */
 #include "kv_xport_frame_int.h"
-
-#ifndef KV_XPORT_PROTOCOL_VERSION
-#define KV_XPORT_PROTOCOL_VERSION 1u
-#endif
 
 static const unsigned char kv__xf_magic[4] = {'K', 'V', 'X', 'F'};
 
