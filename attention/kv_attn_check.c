@@ -17,55 +17,12 @@
 
 /* The layout must be exactly what kv_layout_init computes for its own fields:
  * the kernels trust its strides, so a hand-built or corrupted one is refused
- * naming the first field that differs. */
+ * naming the first field that differs (kv_layout_config_from rebuilds it). */
 static kv_status check_layout(const char *fn, const struct kv_layout *lo)
 {
     struct kv_layout_config c;
-    struct kv_layout want;
-    kv_layout_config_init(&c);
-    c.num_layers = lo->num_layers;
-    c.num_blocks = lo->num_blocks;
-    c.block_tokens = lo->block_tokens;
-    c.num_heads = lo->num_heads;
-    c.head_dim = lo->head_dim;
-    c.dtype = lo->dtype;
-    c.order = lo->order;
-    c.arrange = lo->arrange;
-    c.kv_packed = lo->kv_packed;
-    c.block_stride_bytes = lo->block_stride_bytes;
-    c.align_bytes = lo->align_bytes;
-    kv_status st = kv_layout_init(&c, &want);
-    if (st != KV_OK)
-        return kv__error_wrap(KV_ERR_INVALID_ARG, "%s: the cache layout is not a valid layout", fn);
-#define KV__SAME(f)                                                                                \
-    if (lo->f != want.f)                                                                           \
-        return kv__error(KV_ERR_INVALID_ARG,                                                       \
-                         "%s: cache layout field " #f " is %lld, kv_layout_init computes %lld "    \
-                         "for the same dims (a hand-built or corrupted layout)",                   \
-                         fn, (long long)lo->f, (long long)want.f);
-    KV__SAME(elem_bytes)
-    KV__SAME(kv_planes)
-    KV__SAME(block_elems)
-    KV__SAME(block_bytes)
-    KV__SAME(block_stride_elems)
-    KV__SAME(block_stride_bytes)
-    KV__SAME(stride_layer_elems)
-    KV__SAME(stride_kv_elems)
-    KV__SAME(stride_block_elems)
-    KV__SAME(stride_token_elems)
-    KV__SAME(stride_head_elems)
-    KV__SAME(stride_dim_elems)
-    KV__SAME(stride_layer_bytes)
-    KV__SAME(stride_kv_bytes)
-    KV__SAME(stride_block_bytes)
-    KV__SAME(stride_token_bytes)
-    KV__SAME(stride_head_bytes)
-    KV__SAME(stride_dim_bytes)
-    KV__SAME(total_elems)
-    KV__SAME(total_bytes)
-    KV__SAME(fingerprint)
-#undef KV__SAME
-    return KV_OK;
+    kv_status st = kv_layout_config_from(lo, &c);
+    return st == KV_OK ? KV_OK : kv__error_wrap(KV_ERR_INVALID_ARG, "%s: the cache layout", fn);
 }
 
 static bool dtype_supported(kv_dtype dt)

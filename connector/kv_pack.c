@@ -64,19 +64,20 @@ static uint64_t header_bytes(uint64_t n_blocks)
     return (raw + KV_PACK_ALIGN - 1) / KV_PACK_ALIGN * KV_PACK_ALIGN;
 }
 
+/* The payload's layout: src's blocks as they are (dims, dtype, order, K|V
+ * packing), one block, block-major, unpadded, element-aligned. */
 static kv_status wire_layout(const char *fn, const struct kv_layout *src, struct kv_layout *out)
 {
-    struct kv_layout_config c = KV_LAYOUT_CONFIG_INIT;
-    c.num_layers = src->num_layers;
-    c.num_blocks = 1;
-    c.block_tokens = src->block_tokens;
-    c.num_heads = src->num_heads;
-    c.head_dim = src->head_dim;
-    c.dtype = src->dtype;
-    c.order = src->order;
-    c.arrange = KV_ARRANGE_BLOCK_MAJOR;
-    c.kv_packed = src->kv_packed;
-    kv_status st = kv_layout_init(&c, out);
+    struct kv_layout_config c;
+    kv_status st = kv_layout_config_from(src, &c);
+    if (st == KV_OK) {
+        c.num_blocks = 1;
+        c.arrange = KV_ARRANGE_BLOCK_MAJOR;
+        c.block_pad_elems = 0;
+        c.block_stride_bytes = 0;
+        c.align_bytes = 0;
+        st = kv_layout_init(&c, out);
+    }
     return st == KV_OK ? KV_OK : kv__error_wrap(st, "%s: the wire layout", fn);
 }
 

@@ -1,5 +1,6 @@
 /* kv_layout.c - KV cache layout descriptor: checks, strides, fingerprint. */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -256,6 +257,83 @@ kv_status kv_layout_init(const struct kv_layout_config *cfg, struct kv_layout *o
     lo.fingerprint = layout_fingerprint(&lo);
     lo.block_format_fingerprint = layout_block_format_fingerprint(&lo);
     *out = lo;
+    return kv__ok();
+}
+
+/* ---- back to a config ------------------------------------------------------ */
+
+/* The derived int64 fields of a layout, in struct order: what
+ * kv_layout_config_from compares after rebuilding. */
+static const struct {
+    const char *name;
+    size_t off;
+} kv__layout_i64[] = {
+#define KV__F(f)                                                                                   \
+    {                                                                                              \
+#f, offsetof(struct kv_layout, f)                                                          \
+    }
+    KV__F(num_layers),         KV__F(num_blocks),         KV__F(block_tokens),
+    KV__F(num_heads),          KV__F(head_dim),           KV__F(elem_bytes),
+    KV__F(align_bytes),        KV__F(kv_planes),          KV__F(block_elems),
+    KV__F(block_bytes),        KV__F(block_stride_elems), KV__F(block_stride_bytes),
+    KV__F(stride_layer_elems), KV__F(stride_kv_elems),    KV__F(stride_block_elems),
+    KV__F(stride_token_elems), KV__F(stride_head_elems),  KV__F(stride_dim_elems),
+    KV__F(stride_layer_bytes), KV__F(stride_kv_bytes),    KV__F(stride_block_bytes),
+    KV__F(stride_token_bytes), KV__F(stride_head_bytes),  KV__F(stride_dim_bytes),
+    KV__F(total_elems),        KV__F(total_bytes),
+#undef KV__F
+};
+
+static int64_t layout_i64(const struct kv_layout *lo, size_t off)
+{
+    int64_t v;
+    memcpy(&v, (const unsigned char *)lo + off, sizeof(v));
+    return v;
+}
+
+kv_status kv_layout_config_from(const struct kv_layout *lo, struct kv_layout_config *out)
+{
+    static const char fn[] = "kv_layout_config_from";
+    if (!lo || !out)
+        return kv__error(KV_ERR_NULL, "%s: %s is NULL", fn, !lo ? "layout" : "out");
+    struct kv_layout_config c;
+    kv_layout_config_init(&c);
+    c.num_layers = lo->num_layers;
+    c.num_blocks = lo->num_blocks;
+    c.block_tokens = lo->block_tokens;
+    c.num_heads = lo->num_heads;
+    c.head_dim = lo->head_dim;
+    c.dtype = lo->dtype;
+    c.order = lo->order;
+    c.arrange = lo->arrange;
+    c.kv_packed = lo->kv_packed;
+    c.align_bytes = lo->align_bytes;
+    /* padding in bytes: exact whatever the config said (pad elems or stride) */
+    c.block_stride_bytes = lo->block_stride_elems == lo->block_elems ? 0 : lo->block_stride_bytes;
+    struct kv_layout again;
+    kv_status st = kv_layout_init(&c, &again);
+    if (st != KV_OK)
+        return kv__error_wrap(KV_ERR_INVALID_ARG, "%s: not a layout kv_layout_init computed", fn);
+    for (size_t i = 0; i < sizeof(kv__layout_i64) / sizeof(kv__layout_i64[0]); i++) {
+        const int64_t got = layout_i64(lo, kv__layout_i64[i].off);
+        const int64_t want = layout_i64(&again, kv__layout_i64[i].off);
+        if (got != want)
+            return kv__error(KV_ERR_INVALID_ARG,
+                             "%s: layout field %s is %" PRId64 ", kv_layout_init computes %" PRId64
+                             " for the same dims (a hand-built or corrupted layout)",
+                             fn, kv__layout_i64[i].name, got, want);
+    }
+    if (lo->fingerprint != again.fingerprint ||
+        lo->block_format_fingerprint != again.block_format_fingerprint)
+        return kv__error(
+            KV_ERR_INVALID_ARG,
+            "%s: layout field %s is 0x%016" PRIx64 ", kv_layout_init computes 0x%016" PRIx64
+            " for the same fields (a hand-built or corrupted layout)",
+            fn, lo->fingerprint != again.fingerprint ? "fingerprint" : "block_format_fingerprint",
+            lo->fingerprint != again.fingerprint ? lo->fingerprint : lo->block_format_fingerprint,
+            lo->fingerprint != again.fingerprint ? again.fingerprint
+                                                 : again.block_format_fingerprint);
+    *out = c;
     return kv__ok();
 }
 

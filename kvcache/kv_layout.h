@@ -175,6 +175,23 @@ struct kv_layout {
 KV_API KV_NODISCARD kv_status kv_layout_init(const struct kv_layout_config *cfg,
                                              struct kv_layout *out);
 
+/* The config that rebuilds exactly lo: kv_layout_init(out) gives a layout
+ * equal to *lo field by field, fingerprints included. Every config field is
+ * set: dims, dtype, order, arrangement, K|V packing, align_bytes (resolved:
+ * never 0), and the padding as block_stride_bytes (0 when unpadded;
+ * block_pad_elems is always 0). This is how a layout goes back to a config
+ * (to send it: kv_layout_config_encode; to derive a layout from it: change
+ * a field and init) instead of copying fields by hand.
+ * lo must be what kv_layout_init computed; anything else is refused:
+ * KV_ERR_NULL        lo or out NULL.
+ * KV_ERR_INVALID_ARG lo's own fields are refused by kv_layout_init, or a
+ *                    derived field (a stride, a size, a fingerprint) is not
+ *                    what kv_layout_init computes for them (a hand-built or
+ *                    corrupted layout): the message names the first field.
+ * *out is written only on success. */
+KV_API KV_NODISCARD kv_status kv_layout_config_from(const struct kv_layout *lo,
+                                                    struct kv_layout_config *out);
+
 /* The K (kv = 0) or V (kv = 1) tensor of one layer as a view over
  * (base, storage_bytes): shape [B][N][H][D], strides
  * [stride_block, stride_token, stride_head, stride_dim] in elements,

@@ -704,6 +704,201 @@ static void test_layout_refuses_bad_queries(void **state)
     free(arena);
 }
 
+/* ---- back to a config ------------------------------ */
+
+static const kv_dtype k_all_dtypes[] = {KV_F32, KV_F16, KV_BF16, KV_FP8_E4M3, KV_FP8_E5M2,
+                                        KV_I8,  KV_I32, KV_I64,  KV_U8,       KV_F64};
+
+/* A random config kv_layout_init accepts, over every option: dims from 1 to
+ * large (B up to 2^32, never allocated), every dtype, order, arrangement,
+ * packing, no padding / pad elements / an explicit stride, default or
+ * explicit alignment. */
+static void random_config(uint64_t *rng, struct kv_layout_config *c)
+{
+    for (;;) {
+        kv_layout_config_init(c);
+        const int big = kvt_range(rng, 0, 9) == 0;
+        c->num_layers = kvt_range(rng, 1, big ? 4096 : 80);
+        c->num_blocks = big ? ((int64_t)1 << 32) - kvt_range(rng, 0, 3) : kvt_range(rng, 1, 70000);
+        c->block_tokens = kvt_range(rng, 1, big ? 4 : 64);
+        c->num_heads = kvt_range(rng, 1, big ? 2 : 32);
+        c->head_dim = kvt_range(rng, 1, big ? 8 : 256);
+        c->dtype = k_all_dtypes[kvt_range(rng, 0, 9)];
+        c->order = kvt_range(rng, 0, 1) ? KV_ORDER_HND : KV_ORDER_NHD;
+        c->arrange = kvt_range(rng, 0, 1) ? KV_ARRANGE_BLOCK_MAJOR : KV_ARRANGE_LAYER_MAJOR;
+        c->kv_packed = kvt_range(rng, 0, 1) != 0;
+        const int64_t es = (int64_t)kv_dtype_size(c->dtype);
+        const int64_t align = kvt_range(rng, 0, 2) == 0 ? 0 : (int64_t)1 << kvt_range(rng, 0, 12);
+        c->align_bytes = align != 0 && align < es ? 0 : align;
+        const int64_t nat = c->block_tokens * c->num_heads * c->head_dim * (c->kv_packed ? 2 : 1);
+        const int64_t a = c->align_bytes ? c->align_bytes : es;
+        switch (kvt_range(rng, 0, 2)) {
+        case 1: /* pad elements up to the next alignment, plus whole alignments */
+            c->block_pad_elems = ((nat * es + a - 1) / a * a + a * kvt_range(rng, 0, 3)) / es - nat;
+            break;
+        case 2: /* an explicit stride: the natural size rounded up, plus some */
+            c->block_stride_bytes = (nat * es + a - 1) / a * a + a * kvt_range(rng, 0, 3);
+            break;
+        default:
+            break;
+        }
+        struct kv_layout lo;
+        if (kv_layout_init(c, &lo) == KV_OK)
+            return;
+    }
+}
+
+/* Every field of two layouts, one by one (never memcmp: padding bytes). */
+static void assert_layout_fields_equal(const struct kv_layout *a, const struct kv_layout *b,
+                                       const char *what)
+{
+#define SAME(f)                                                                                    \
+    do {                                                                                           \
+        if ((int64_t)a->f != (int64_t)b->f)                                                        \
+            fail_msg("%s: field " #f " %lld != %lld", what, (long long)a->f, (long long)b->f);     \
+    } while (0)
+    SAME(num_layers);
+    SAME(num_blocks);
+    SAME(block_tokens);
+    SAME(num_heads);
+    SAME(head_dim);
+    SAME(dtype);
+    SAME(order);
+    SAME(arrange);
+    SAME(kv_packed);
+    SAME(elem_bytes);
+    SAME(align_bytes);
+    SAME(kv_planes);
+    SAME(block_elems);
+    SAME(block_bytes);
+    SAME(block_stride_elems);
+    SAME(block_stride_bytes);
+    SAME(stride_layer_elems);
+    SAME(stride_kv_elems);
+    SAME(stride_block_elems);
+    SAME(stride_token_elems);
+    SAME(stride_head_elems);
+    SAME(stride_dim_elems);
+    SAME(stride_layer_bytes);
+    SAME(stride_kv_bytes);
+    SAME(stride_block_bytes);
+    SAME(stride_token_bytes);
+    SAME(stride_head_bytes);
+    SAME(stride_dim_bytes);
+    SAME(total_elems);
+    SAME(total_bytes);
+#undef SAME
+    if (a->fingerprint != b->fingerprint ||
+        a->block_format_fingerprint != b->block_format_fingerprint)
+        fail_msg("%s: fingerprints differ", what);
+}
+
+static void assert_config_fields_equal(const struct kv_layout_config *a,
+                                       const struct kv_layout_config *b, const char *what)
+{
+#define SAME(f)                                                                                    \
+    do {                                                                                           \
+        if ((int64_t)a->f != (int64_t)b->f)                                                        \
+            fail_msg("%s: config field " #f " %lld != %lld", what, (long long)a->f,                \
+                     (long long)b->f);                                                             \
+    } while (0)
+    SAME(struct_size);
+    SAME(num_layers);
+    SAME(num_blocks);
+    SAME(block_tokens);
+    SAME(num_heads);
+    SAME(head_dim);
+    SAME(dtype);
+    SAME(order);
+    SAME(arrange);
+    SAME(kv_packed);
+    SAME(block_pad_elems);
+    SAME(block_stride_bytes);
+    SAME(align_bytes);
+#undef SAME
+}
+
+static void test_layout_config_from_rebuilds_exactly(void **state)
+{
+    (void)state;
+    uint64_t rng = 0x1a7c0f;
+    for (int i = 0; i < 4000; i++) {
+        struct kv_layout_config c, back, again_cfg;
+        random_config(&rng, &c);
+        struct kv_layout lo, again, third;
+        assert_int_equal(kv_layout_init(&c, &lo), KV_OK);
+        memset(&back, 0x77, sizeof(back));
+        if (kv_layout_config_from(&lo, &back) != KV_OK)
+            fail_msg("case %d: config_from refused: %s", i, kv_last_error());
+        assert_int_equal(back.struct_size, sizeof(back));
+        assert_int_equal(back.block_pad_elems, 0);
+        assert_true(back.align_bytes == lo.align_bytes);
+        assert_int_equal(kv_layout_init(&back, &again), KV_OK);
+        char what[64];
+        snprintf(what, sizeof(what), "case %d", i);
+        assert_layout_fields_equal(&lo, &again, what);
+        /* and from the rebuilt layout: the same config again */
+        assert_int_equal(kv_layout_config_from(&again, &again_cfg), KV_OK);
+        assert_config_fields_equal(&back, &again_cfg, what);
+        assert_int_equal(kv_layout_init(&again_cfg, &third), KV_OK);
+        assert_layout_fields_equal(&lo, &third, what);
+    }
+}
+
+static void test_layout_config_from_refuses_hand_built(void **state)
+{
+    (void)state;
+    struct kv_layout_config c = k_base;
+    c.block_pad_elems = 8;
+    struct kv_layout lo;
+    assert_int_equal(kv_layout_init(&c, &lo), KV_OK);
+    struct kv_layout_config out, before;
+    memset(&out, 0x3C, sizeof(out));
+    before = out;
+    /* a derived field off by one: refused naming it */
+    static const struct {
+        const char *name;
+        size_t off;
+    } derived[] = {
+        {"block_bytes", offsetof(struct kv_layout, block_bytes)},
+        {"block_stride_elems", offsetof(struct kv_layout, block_stride_elems)},
+        {"stride_layer_elems", offsetof(struct kv_layout, stride_layer_elems)},
+        {"stride_kv_elems", offsetof(struct kv_layout, stride_kv_elems)},
+        {"stride_block_elems", offsetof(struct kv_layout, stride_block_elems)},
+        {"stride_token_elems", offsetof(struct kv_layout, stride_token_elems)},
+        {"stride_head_elems", offsetof(struct kv_layout, stride_head_elems)},
+        {"stride_dim_elems", offsetof(struct kv_layout, stride_dim_elems)},
+        {"stride_token_bytes", offsetof(struct kv_layout, stride_token_bytes)},
+        {"stride_dim_bytes", offsetof(struct kv_layout, stride_dim_bytes)},
+        {"total_elems", offsetof(struct kv_layout, total_elems)},
+        {"total_bytes", offsetof(struct kv_layout, total_bytes)},
+        {"kv_planes", offsetof(struct kv_layout, kv_planes)},
+    };
+    for (size_t i = 0; i < sizeof(derived) / sizeof(derived[0]); i++) {
+        struct kv_layout h = lo;
+        int64_t v;
+        memcpy(&v, (unsigned char *)&h + derived[i].off, sizeof(v));
+        v += 1;
+        memcpy((unsigned char *)&h + derived[i].off, &v, sizeof(v));
+        expect_msg(kv_layout_config_from(&h, &out), KV_ERR_INVALID_ARG, derived[i].name);
+    }
+    struct kv_layout h = lo;
+    h.fingerprint ^= 1;
+    expect_msg(kv_layout_config_from(&h, &out), KV_ERR_INVALID_ARG, "fingerprint");
+    h = lo;
+    h.block_format_fingerprint ^= 1;
+    expect_msg(kv_layout_config_from(&h, &out), KV_ERR_INVALID_ARG, "block_format_fingerprint");
+    h = lo;
+    h.dtype = (kv_dtype)99;
+    expect_msg(kv_layout_config_from(&h, &out), KV_ERR_INVALID_ARG, "unknown dtype 99");
+    h = lo;
+    h.num_heads = 0;
+    expect_msg(kv_layout_config_from(&h, &out), KV_ERR_INVALID_ARG, "num_heads = 0");
+    assert_memory_equal(&out, &before, sizeof(out)); /* untouched by every refusal */
+    expect_msg(kv_layout_config_from(NULL, &out), KV_ERR_NULL, "layout");
+    expect_msg(kv_layout_config_from(&lo, NULL), KV_ERR_NULL, "out");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -715,6 +910,8 @@ int main(void)
         cmocka_unit_test(test_layout_block_format_fingerprint),
         cmocka_unit_test(test_layout_refuses_bad_configs),
         cmocka_unit_test(test_layout_refuses_bad_queries),
+        cmocka_unit_test(test_layout_config_from_rebuilds_exactly),
+        cmocka_unit_test(test_layout_config_from_refuses_hand_built),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

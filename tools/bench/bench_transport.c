@@ -92,19 +92,19 @@ static void side_free(struct side *s)
     free(s->ids);
 }
 
-/* The compact staging layout of src's blocks (block-major, unpadded). */
+/* The compact staging layout of src's blocks (src's block format, K|V
+ * packing included; block-major, unpadded). */
 static kv_status staging_layout(const struct kv_layout *src, uint32_t n, struct kv_layout *out)
 {
     struct kv_layout_config c;
-    kv_layout_config_init(&c);
-    c.num_layers = src->num_layers;
-    c.block_tokens = src->block_tokens;
-    c.num_heads = src->num_heads;
-    c.head_dim = src->head_dim;
-    c.dtype = src->dtype;
-    c.order = src->order;
+    kv_status st = kv_layout_config_from(src, &c);
+    if (st != KV_OK)
+        return st;
     c.arrange = KV_ARRANGE_BLOCK_MAJOR;
     c.num_blocks = n;
+    c.block_pad_elems = 0;
+    c.block_stride_bytes = 0;
+    c.align_bytes = 0;
     return kv_layout_init(&c, out);
 }
 
