@@ -192,6 +192,73 @@ KV_API KV_NODISCARD kv_status kv_layout_init(const struct kv_layout_config *cfg,
 KV_API KV_NODISCARD kv_status kv_layout_config_from(const struct kv_layout *lo,
                                                     struct kv_layout_config *out);
 
+/* ---- the config on the wire ------------------------------------------------
+ *
+ * A config as bytes another process (another build, another host) can
+ * rebuild the same layout from: how a decode node tells a prefill node where
+ * its blocks live. Little-endian, fixed offsets, a magic, a version, the
+ * length, the dtype by name (not by enum value), the fingerprint of the
+ * layout the config builds, and an XXH3-64 checksum of everything before it.
+ * Version 1, 128 bytes (docs/kv-layout.md, "The config on the wire"):
+ *
+ *   off  size  field
+ *     0     8  magic "KVLAYCFG"
+ *     8     2  version (1)
+ *    10     2  flags (0: version 1 defines none)
+ *    12     4  length of the whole encoding in bytes (128)
+ *    16     8  num_layers          i64
+ *    24     8  num_blocks          i64
+ *    32     8  block_tokens        i64
+ *    40     8  num_heads           i64
+ *    48     8  head_dim            i64
+ *    56     8  block_pad_elems     i64
+ *    64     8  block_stride_bytes  i64
+ *    72     8  align_bytes         i64 (as given: 0 = element size)
+ *    80     4  order               u32 (kv_order: 0 NHD, 1 HND)
+ *    84     4  arrange             u32 (kv_arrange: 0 layer-major, 1 block-major)
+ *    88     4  kv_packed           u32 (0 or 1)
+ *    92     4  reserved (0)
+ *    96    16  dtype name, NUL-padded (kv_dtype_name: "bf16")
+ *   112     8  fingerprint of kv_layout_init(config) (kv_layout.fingerprint)
+ *   120     8  checksum: XXH3-64 (seed 0) of bytes [0, 120)
+ *
+ * The encoding is canonical: a config has exactly one, and whatever decodes
+ * re-encodes to the same bytes. A later version may be longer; the version
+ * and length fields stay where they are. */
+#define KV_LAYOUT_CONFIG_WIRE_VERSION 1u
+#define KV_LAYOUT_CONFIG_WIRE_BYTES 128u /* version 1's length */
+
+/* Encode cfg into buf[0, cap); *len = the bytes written
+ * (KV_LAYOUT_CONFIG_WIRE_BYTES). cfg is checked as kv_layout_init checks
+ * it: only a config that builds a layout is encoded.
+ * KV_ERR_NULL        cfg or len NULL; buf NULL while cap is large enough.
+ * KV_ERR_CAPACITY    cap < KV_LAYOUT_CONFIG_WIRE_BYTES (*len then says how
+ *                    many bytes it needs; buf untouched).
+ * kv_layout_init's statuses for a config it refuses, with its message.
+ * buf is written only on success. */
+KV_API KV_NODISCARD kv_status kv_layout_config_encode(const struct kv_layout_config *cfg, void *buf,
+                                                      size_t cap, size_t *len);
+
+/* The config encoded in buf[0, len), len being exactly the encoding's length.
+ * The bytes are treated as hostile: every length and field is checked before
+ * it is used, and the config is validated as kv_layout_init validates it, so
+ * kv_layout_init(out) succeeds after a successful decode and builds the
+ * layout whose fingerprint the sender recorded.
+ * KV_ERR_NULL        buf or out NULL.
+ * KV_ERR_MISMATCH    another encoding version (the message names it and the
+ *                    version this library reads); a config whose layout
+ *                    here has another fingerprint than the one recorded
+ *                    (another fingerprint scheme on the sending side).
+ * KV_ERR_CORRUPT     naming what: truncated (len shorter than the magic,
+ *                    the preamble or the encoding), trailing bytes, the
+ *                    magic, the length field, the checksum, flags, reserved
+ *                    bytes, order/arrange/kv_packed out of range, a dtype
+ *                    name that is not one, or a config kv_layout_init
+ *                    refuses (its message, naming the field, follows).
+ * *out is written only on success (struct_size set to this build's). */
+KV_API KV_NODISCARD kv_status kv_layout_config_decode(const void *buf, size_t len,
+                                                      struct kv_layout_config *out);
+
 /* The K (kv = 0) or V (kv = 1) tensor of one layer as a view over
  * (base, storage_bytes): shape [B][N][H][D], strides
  * [stride_block, stride_token, stride_head, stride_dim] in elements,

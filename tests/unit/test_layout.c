@@ -704,7 +704,7 @@ static void test_layout_refuses_bad_queries(void **state)
     free(arena);
 }
 
-/* ---- back to a config ------------------------------ */
+/* ---- back to a config, and the config on the wire ------------------------------ */
 
 static const kv_dtype k_all_dtypes[] = {KV_F32, KV_F16, KV_BF16, KV_FP8_E4M3, KV_FP8_E5M2,
                                         KV_I8,  KV_I32, KV_I64,  KV_U8,       KV_F64};
@@ -899,6 +899,294 @@ static void test_layout_config_from_refuses_hand_built(void **state)
     expect_msg(kv_layout_config_from(&lo, NULL), KV_ERR_NULL, "out");
 }
 
+static size_t encode_ok(const struct kv_layout_config *c, unsigned char *buf)
+{
+    size_t len = 0;
+    if (kv_layout_config_encode(c, buf, KV_LAYOUT_CONFIG_WIRE_BYTES, &len) != KV_OK)
+        fail_msg("encode refused: %s", kv_last_error());
+    assert_int_equal(len, KV_LAYOUT_CONFIG_WIRE_BYTES);
+    return len;
+}
+
+/* The checksum recomputed after an edit, so the checks behind it are reached. */
+static void reseal(unsigned char *b)
+{
+    put64(b + 120, XXH3_64bits(b, 120));
+}
+
+static void test_layout_codec_round_trip(void **state)
+{
+    (void)state;
+    uint64_t rng = 0xc0dec;
+    for (int i = 0; i < 4000; i++) {
+        struct kv_layout_config c, d;
+        random_config(&rng, &c);
+        unsigned char b[KV_LAYOUT_CONFIG_WIRE_BYTES + 8], b2[KV_LAYOUT_CONFIG_WIRE_BYTES];
+        memset(b, 0xEE, sizeof(b));
+        const size_t len = encode_ok(&c, b);
+        assert_int_equal(b[len], 0xEE); /* nothing written past the encoding */
+        if (kv_layout_config_decode(b, len, &d) != KV_OK)
+            fail_msg("case %d: decode refused its own encoding: %s", i, kv_last_error());
+        char what[64];
+        snprintf(what, sizeof(what), "case %d", i);
+        assert_config_fields_equal(&c, &d, what);
+        struct kv_layout lc, ld;
+        assert_int_equal(kv_layout_init(&c, &lc), KV_OK);
+        assert_int_equal(kv_layout_init(&d, &ld), KV_OK);
+        assert_layout_fields_equal(&lc, &ld, what);
+        /* canonical: the decoded config encodes to the same bytes */
+        encode_ok(&d, b2);
+        assert_memory_equal(b, b2, len);
+        /* and a layout's config_from travels the same way */
+        struct kv_layout_config from, from_d;
+        assert_int_equal(kv_layout_config_from(&lc, &from), KV_OK);
+        encode_ok(&from, b2);
+        assert_int_equal(kv_layout_config_decode(b2, len, &from_d), KV_OK);
+        assert_int_equal(kv_layout_init(&from_d, &ld), KV_OK);
+        assert_layout_fields_equal(&lc, &ld, what);
+    }
+}
+
+/* The documented table, byte by byte, built here from the offsets. */
+static void test_layout_codec_bytes_as_documented(void **state)
+{
+    (void)state;
+    struct kv_layout_config c = k_base;
+    c.dtype = KV_BF16;
+    c.order = KV_ORDER_HND;
+    c.arrange = KV_ARRANGE_BLOCK_MAJOR;
+    c.kv_packed = true;
+    c.block_stride_bytes = 16 * 4 * 128 * 2 + 256;
+    c.align_bytes = 256;
+    struct kv_layout lo;
+    assert_int_equal(kv_layout_init(&c, &lo), KV_OK);
+    unsigned char want[128] = {'K', 'V', 'L', 'A', 'Y', 'C', 'F', 'G', 1, 0, 0, 0, 128, 0, 0, 0};
+    const int64_t f[8] = {c.num_layers, c.num_blocks,      c.block_tokens,       c.num_heads,
+                          c.head_dim,   c.block_pad_elems, c.block_stride_bytes, c.align_bytes};
+    for (int k = 0; k < 8; k++)
+        put64(want + 16 + 8 * k, (uint64_t)f[k]);
+    want[80] = 1; /* HND */
+    want[84] = 1; /* block-major */
+    want[88] = 1; /* packed */
+    memcpy(want + 96, "bf16", 4);
+    put64(want + 112, lo.fingerprint);
+    put64(want + 120, XXH3_64bits(want, 120));
+    unsigned char got[128];
+    encode_ok(&c, got);
+    for (int i = 0; i < 128; i++)
+        if (got[i] != want[i])
+            fail_msg("byte %d is 0x%02x, docs/kv-layout.md says 0x%02x", i, got[i], want[i]);
+}
+
+/* Every single-byte change of a valid encoding is refused: the version bytes
+ * as another version (KV_ERR_MISMATCH), every other byte as corrupt (the
+ * magic, the length, or the checksum that covers every field). With the
+ * checksum resealed, the field checks and the fingerprint behind it still
+ * refuse every change that alters the layout; what they let through decodes
+ * to a config building the very same layout (an align_bytes of 0 and the
+ * element size, say). */
+static void test_layout_codec_every_byte_corruption_refused(void **state)
+{
+    (void)state;
+    uint64_t rng = 0xbadb17e;
+    int let_through = 0, resealed_refused = 0;
+    for (int e = 0; e < 6; e++) {
+        struct kv_layout_config c;
+        random_config(&rng, &c);
+        struct kv_layout lo;
+        assert_int_equal(kv_layout_init(&c, &lo), KV_OK);
+        unsigned char b[KV_LAYOUT_CONFIG_WIRE_BYTES];
+        const size_t len = encode_ok(&c, b);
+        for (size_t i = 0; i < len; i++)
+            for (int x = 1; x < 256; x++) {
+                unsigned char m[KV_LAYOUT_CONFIG_WIRE_BYTES];
+                memcpy(m, b, len);
+                m[i] ^= (unsigned char)x;
+                struct kv_layout_config out, before;
+                memset(&out, 0x5A, sizeof(out));
+                before = out;
+                const kv_status st = kv_layout_config_decode(m, len, &out);
+                const kv_status want = (i == 8 || i == 9) ? KV_ERR_MISMATCH : KV_ERR_CORRUPT;
+                if (st != want)
+                    fail_msg("encoding %d, byte %zu ^ 0x%02x: %s (%s), expected %s", e, i, x,
+                             kv_status_name(st), kv_last_error(), kv_status_name(want));
+                assert_true(kv_last_error()[0] != '\0');
+                assert_memory_equal(&out, &before, sizeof(out));
+                if (i >= 120)
+                    continue; /* resealing a changed checksum restores it */
+                reseal(m);
+                const kv_status rs = kv_layout_config_decode(m, len, &out);
+                if (rs == KV_OK) {
+                    struct kv_layout lo2;
+                    assert_int_equal(kv_layout_init(&out, &lo2), KV_OK);
+                    assert_layout_fields_equal(&lo, &lo2, "a resealed change let through");
+                    let_through++;
+                } else {
+                    if (rs != KV_ERR_CORRUPT && rs != KV_ERR_MISMATCH)
+                        fail_msg("encoding %d, byte %zu ^ 0x%02x resealed: %s (%s)", e, i, x,
+                                 kv_status_name(rs), kv_last_error());
+                    assert_memory_equal(&out, &before, sizeof(out));
+                    resealed_refused++;
+                }
+            }
+    }
+    /* most changes alter the layout or a checked field; a few cannot */
+    assert_true(resealed_refused > 100 * let_through);
+}
+
+static void test_layout_codec_truncations_refused(void **state)
+{
+    (void)state;
+    struct kv_layout_config c = k_base, out;
+    unsigned char b[KV_LAYOUT_CONFIG_WIRE_BYTES + 1];
+    const size_t len = encode_ok(&c, b);
+    for (size_t n = 0; n < len; n++) {
+        /* a copy of exactly n bytes: ASan would see any read past it */
+        unsigned char *t = malloc(n ? n : 1);
+        assert_non_null(t);
+        memcpy(t, b, n);
+        kv_status st = kv_layout_config_decode(t, n, &out);
+        if (st != KV_ERR_CORRUPT || !strstr(kv_last_error(), "truncated"))
+            fail_msg("%zu of %zu bytes: %s (%s)", n, len, kv_status_name(st), kv_last_error());
+        free(t);
+    }
+    b[len] = 0;
+    expect_msg(kv_layout_config_decode(b, len + 1, &out), KV_ERR_CORRUPT, "trailing");
+    /* a length field that lies is named, longer or shorter */
+    encode_ok(&c, b);
+    b[12] = 127;
+    reseal(b);
+    expect_msg(kv_layout_config_decode(b, len, &out), KV_ERR_CORRUPT, "length field 127");
+}
+
+static void test_layout_codec_future_version_refused(void **state)
+{
+    (void)state;
+    struct kv_layout_config c = k_base, out;
+    unsigned char b[256];
+    const size_t len = encode_ok(&c, b);
+    /* version 2, resealed: refused as another version, both named */
+    b[8] = 2;
+    reseal(b);
+    expect_msg(kv_layout_config_decode(b, len, &out), KV_ERR_MISMATCH,
+               "encoding version 2; this library reads version 1");
+    /* a later, longer version: the version is read before the length */
+    memset(b + len, 0xAB, sizeof(b) - len);
+    b[8] = 0x34;
+    b[9] = 0x12;
+    b[12] = 200;
+    expect_msg(kv_layout_config_decode(b, 200, &out), KV_ERR_MISMATCH, "encoding version 4660");
+    b[8] = 0;
+    b[9] = 0;
+    expect_msg(kv_layout_config_decode(b, 16, &out), KV_ERR_MISMATCH, "encoding version 0");
+}
+
+static void test_layout_codec_field_refusals(void **state)
+{
+    (void)state;
+    struct kv_layout_config c = k_base, out, before;
+    struct kv_layout lo;
+    assert_int_equal(kv_layout_init(&c, &lo), KV_OK);
+    unsigned char good[KV_LAYOUT_CONFIG_WIRE_BYTES], b[KV_LAYOUT_CONFIG_WIRE_BYTES];
+    const size_t len = encode_ok(&c, good);
+    memset(&out, 0x11, sizeof(out));
+    before = out;
+    struct {
+        const char *what;
+        size_t at;
+        uint64_t value;
+        int width;
+        kv_status status;
+        const char *needle;
+    } cases[] = {
+        {"magic", 3, 'X', 1, KV_ERR_CORRUPT, "expected \"KVLAYCFG\""},
+        {"flags", 10, 1, 2, KV_ERR_CORRUPT, "flags 0x0001"},
+        {"reserved", 92, 7, 4, KV_ERR_CORRUPT, "reserved field 0x00000007"},
+        {"order", 80, 2, 4, KV_ERR_CORRUPT, "order 2"},
+        {"arrange", 84, 9, 4, KV_ERR_CORRUPT, "arrange 9"},
+        {"packed", 88, 2, 4, KV_ERR_CORRUPT, "kv_packed 2"},
+        {"heads 0", 40, 0, 8, KV_ERR_CORRUPT, "num_heads = 0"},
+        {"negative blocks", 24, (uint64_t)-5, 8, KV_ERR_CORRUPT, "num_blocks = -5"},
+        {"blocks > 2^32", 24, (uint64_t)1 << 33, 8, KV_ERR_CORRUPT, "exceeds 2^32"},
+        {"overflow", 48, (uint64_t)1 << 60, 8, KV_ERR_CORRUPT, "overflows"},
+        {"negative pad", 56, (uint64_t)-1, 8, KV_ERR_CORRUPT, "block_pad_elems = -1"},
+        {"align 24", 72, 24, 8, KV_ERR_CORRUPT, "align_bytes = 24"},
+        {"stride overlap", 64, 8, 8, KV_ERR_CORRUPT, "blocks would overlap"},
+        {"fingerprint", 112, 0x1234, 8, KV_ERR_MISMATCH, "the sender recorded 0x0000000000001234"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        memcpy(b, good, len);
+        for (int k = 0; k < cases[i].width; k++)
+            b[cases[i].at + (size_t)k] = (unsigned char)(cases[i].value >> (8 * k));
+        reseal(b);
+        kv_status st = kv_layout_config_decode(b, len, &out);
+        if (st != cases[i].status || !strstr(kv_last_error(), cases[i].needle))
+            fail_msg("%s: %s \"%s\", expected %s with \"%s\"", cases[i].what, kv_status_name(st),
+                     kv_last_error(), kv_status_name(cases[i].status), cases[i].needle);
+        assert_memory_equal(&out, &before, sizeof(out));
+    }
+    /* the dtype by name: unknown, an alias, unterminated, garbage after the NUL */
+    static const char *names[] = {"bf17", "float16", "", "bf16\0x"};
+    static const size_t name_len[] = {4, 7, 0, 6};
+    for (int i = 0; i < 4; i++) {
+        memcpy(b, good, len);
+        memset(b + 96, 0, 16);
+        memcpy(b + 96, names[i], name_len[i]);
+        reseal(b);
+        expect_msg(kv_layout_config_decode(b, len, &out), KV_ERR_CORRUPT, "dtype field");
+    }
+    memcpy(b, good, len);
+    memset(b + 96, 'f', 16);
+    reseal(b);
+    expect_msg(kv_layout_config_decode(b, len, &out), KV_ERR_CORRUPT, "ffffffffffffffff");
+    memcpy(b, good, len);
+    b[96] = 0x1b; /* an escape byte is shown, not printed */
+    reseal(b);
+    expect_msg(kv_layout_config_decode(b, len, &out), KV_ERR_CORRUPT, "\\x1b");
+    assert_memory_equal(&out, &before, sizeof(out));
+    /* the checksum named with both values */
+    memcpy(b, good, len);
+    b[20] ^= 1;
+    expect_msg(kv_layout_config_decode(b, len, &out), KV_ERR_CORRUPT, "checksum");
+    expect_msg(kv_layout_config_decode(NULL, len, &out), KV_ERR_NULL, "buf");
+    expect_msg(kv_layout_config_decode(good, len, NULL), KV_ERR_NULL, "out");
+    assert_int_equal(kv_layout_config_decode(good, len, &out), KV_OK);
+}
+
+static void test_layout_codec_encode_refusals(void **state)
+{
+    (void)state;
+    struct kv_layout_config c = k_base;
+    unsigned char b[KV_LAYOUT_CONFIG_WIRE_BYTES], before[KV_LAYOUT_CONFIG_WIRE_BYTES];
+    memset(b, 0x42, sizeof(b));
+    memcpy(before, b, sizeof(b));
+    size_t len = 7;
+    expect_msg(kv_layout_config_encode(&c, b, KV_LAYOUT_CONFIG_WIRE_BYTES - 1, &len),
+               KV_ERR_CAPACITY, "127 bytes of room, the encoding needs 128");
+    assert_int_equal(len, KV_LAYOUT_CONFIG_WIRE_BYTES); /* the size it needs */
+    len = 7;
+    expect_msg(kv_layout_config_encode(&c, NULL, 0, &len), KV_ERR_CAPACITY, "needs 128");
+    assert_int_equal(len, KV_LAYOUT_CONFIG_WIRE_BYTES);
+    len = 7;
+    struct kv_layout_config bad = c;
+    bad.num_heads = 0;
+    expect_msg(kv_layout_config_encode(&bad, b, sizeof(b), &len), KV_ERR_BAD_SHAPE,
+               "num_heads = 0");
+    bad = c;
+    bad.struct_size = 8;
+    expect_msg(kv_layout_config_encode(&bad, b, sizeof(b), &len), KV_ERR_INVALID_ARG,
+               "kv_layout_config");
+    bad = c;
+    bad.dtype = (kv_dtype)99;
+    expect_msg(kv_layout_config_encode(&bad, b, sizeof(b), &len), KV_ERR_INVALID_ARG,
+               "unknown dtype 99");
+    expect_msg(kv_layout_config_encode(NULL, b, sizeof(b), &len), KV_ERR_NULL, "cfg");
+    expect_msg(kv_layout_config_encode(&c, b, sizeof(b), NULL), KV_ERR_NULL, "len");
+    expect_msg(kv_layout_config_encode(&c, NULL, sizeof(b), &len), KV_ERR_NULL, "buf");
+    assert_int_equal(len, 7);
+    assert_memory_equal(b, before, sizeof(b)); /* nothing written by a refusal */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -912,6 +1200,13 @@ int main(void)
         cmocka_unit_test(test_layout_refuses_bad_queries),
         cmocka_unit_test(test_layout_config_from_rebuilds_exactly),
         cmocka_unit_test(test_layout_config_from_refuses_hand_built),
+        cmocka_unit_test(test_layout_codec_round_trip),
+        cmocka_unit_test(test_layout_codec_bytes_as_documented),
+        cmocka_unit_test(test_layout_codec_every_byte_corruption_refused),
+        cmocka_unit_test(test_layout_codec_truncations_refused),
+        cmocka_unit_test(test_layout_codec_future_version_refused),
+        cmocka_unit_test(test_layout_codec_field_refusals),
+        cmocka_unit_test(test_layout_codec_encode_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
