@@ -15,7 +15,7 @@
  *                                                   churn each pool (ids spread up to B - 1)
  *                                          <--place-- alloc blocks; placement: request, tokens,
  *                                                     layout config, block ids, (once) blob
- *   rebuild decode's layout, compare fingerprints
+ *   decode's layout from its config (the library's codec: fingerprint checked)
  *   write K/V through kv_attn_write (generator)
  *   (first prefix request) offload store, scramble
  *   the pool, load back, compare bit for bit
@@ -30,6 +30,7 @@
  * status: 0 when every check passed; 1 when a check failed (the first one is
  * named) or the library refused a call; 2 for a usage error.
  */
+#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -729,8 +730,7 @@ static void decode_fini(struct decode *d)
 struct placement {
     uint32_t req, group;
     uint64_t n_tokens;
-    struct kv_layout_config lc;
-    uint64_t fingerprint;
+    struct kv_layout_config lc; /* the config of decode's layout (kv_layout_config_from) */
     uint32_t n_blocks;
     const uint32_t *blocks;
     uint32_t blob_len;
@@ -766,9 +766,8 @@ static bool decode_place(struct decode *d, const struct request *r, struct place
     pl->req = r->id;
     pl->group = g;
     pl->n_tokens = r->n_tokens;
-    group_layout(g, &pl->lc);
-    pl->fingerprint = dg->s.lo->fingerprint;
-    return ok_call(kv_page_table_seq_blocks(dg->s.pt, f->seq, &pl->blocks, &pl->n_blocks),
+    return ok_call(kv_layout_config_from(dg->s.lo, &pl->lc), "kv_layout_config_from") &&
+           ok_call(kv_page_table_seq_blocks(dg->s.pt, f->seq, &pl->blocks, &pl->n_blocks),
                    "kv_page_table_seq_blocks");
 }
 
@@ -902,118 +901,119 @@ static void progress(uint32_t done, uint32_t total, uint64_t t_start)
 /* ---- the placement message ---------------------------------------------------------- */
 
 #define PLACE_MAGIC UINT32_C(0x4c50564b) /* "KVPL" */
-#define PLACE_VERSION 1u
-#define PLACE_HDR 112u
+#define PLACE_VERSION 2u                 /* 2: the layout as kv_layout_config_encode's bytes */
+#define PLACE_FIXED 36u
 
-static void put32(unsigned char *p, uint32_t v)
+/* The demo's own fields, little-endian through <endian.h>; the layout goes
+ * through the library's codec. */
+static void le32_put(unsigned char *p, uint32_t v)
 {
-    for (int i = 0; i < 4; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
+    v = htole32(v);
+    memcpy(p, &v, 4);
 }
 
-static void put64(unsigned char *p, uint64_t v)
+static void le64_put(unsigned char *p, uint64_t v)
 {
-    for (int i = 0; i < 8; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
+    v = htole64(v);
+    memcpy(p, &v, 8);
 }
 
-static uint32_t get32(const unsigned char *p)
+static uint32_t le32_get(const unsigned char *p)
 {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)p[i] << (8 * i);
-    return v;
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return le32toh(v);
 }
 
-static uint64_t get64(const unsigned char *p)
+static uint64_t le64_get(const unsigned char *p)
 {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return le64toh(v);
 }
 
-/* The placement as bytes (little-endian): a fixed header, the block ids,
- * the blob. *len = 0 when it does not fit in cap. */
-static void place_encode(const struct placement *pl, unsigned char *buf, size_t cap, size_t *len)
+/* The placement as bytes:
+ *
+ *    0  u32 magic "KVPL"          24  u32 n_blocks
+ *    4  u32 version (2)           28  u32 blob bytes
+ *    8  u32 request               32  u32 layout bytes (KV_LAYOUT_CONFIG_WIRE_BYTES)
+ *   12  u32 group                 36  decode's layout config (kv_layout_config_encode:
+ *   16  u64 n_tokens                  versioned, checksummed, its fingerprint inside)
+ *   36 + layout bytes             u32[n_blocks] block ids, then the blob
+ *
+ * *len = 0 when it does not fit in cap; false when the library refuses the
+ * config (named). */
+static bool place_encode(const struct placement *pl, unsigned char *buf, size_t cap, size_t *len)
 {
-    const size_t need = PLACE_HDR + 4u * pl->n_blocks + pl->blob_len;
     *len = 0;
+    unsigned char lc[KV_LAYOUT_CONFIG_WIRE_BYTES];
+    size_t lc_len = 0;
+    if (!ok_call(kv_layout_config_encode(&pl->lc, lc, sizeof(lc), &lc_len),
+                 "kv_layout_config_encode"))
+        return false;
+    const size_t need = PLACE_FIXED + lc_len + 4u * (size_t)pl->n_blocks + pl->blob_len;
     if (need > cap)
-        return;
-    const struct kv_layout_config *c = &pl->lc;
-    put32(buf + 0, PLACE_MAGIC);
-    put32(buf + 4, PLACE_VERSION);
-    put32(buf + 8, pl->req);
-    put32(buf + 12, pl->group);
-    put64(buf + 16, pl->n_tokens);
-    put64(buf + 24, (uint64_t)c->num_layers);
-    put64(buf + 32, (uint64_t)c->num_blocks);
-    put64(buf + 40, (uint64_t)c->block_tokens);
-    put64(buf + 48, (uint64_t)c->num_heads);
-    put64(buf + 56, (uint64_t)c->head_dim);
-    put32(buf + 64, (uint32_t)c->dtype);
-    put32(buf + 68, (uint32_t)c->order | (uint32_t)c->arrange << 8 | (uint32_t)c->kv_packed << 16);
-    put64(buf + 72, (uint64_t)c->block_pad_elems);
-    put64(buf + 80, (uint64_t)c->block_stride_bytes);
-    put64(buf + 88, (uint64_t)c->align_bytes);
-    put64(buf + 96, pl->fingerprint);
-    put32(buf + 104, pl->n_blocks);
-    put32(buf + 108, pl->blob_len);
+        return true;
+    le32_put(buf + 0, PLACE_MAGIC);
+    le32_put(buf + 4, PLACE_VERSION);
+    le32_put(buf + 8, pl->req);
+    le32_put(buf + 12, pl->group);
+    le64_put(buf + 16, pl->n_tokens);
+    le32_put(buf + 24, pl->n_blocks);
+    le32_put(buf + 28, pl->blob_len);
+    le32_put(buf + 32, (uint32_t)lc_len);
+    memcpy(buf + PLACE_FIXED, lc, lc_len);
+    unsigned char *ids = buf + PLACE_FIXED + lc_len;
     for (uint32_t i = 0; i < pl->n_blocks; i++)
-        put32(buf + PLACE_HDR + 4 * i, pl->blocks[i]);
+        le32_put(ids + 4 * (size_t)i, pl->blocks[i]);
     if (pl->blob_len)
-        memcpy(buf + PLACE_HDR + 4u * pl->n_blocks, pl->blob, pl->blob_len);
+        memcpy(ids + 4 * (size_t)pl->n_blocks, pl->blob, pl->blob_len);
     *len = need;
+    return true;
 }
 
 /* Parse a placement (bad input: false with the reason; blocks and blob
- * point into buf). */
+ * point into buf). The layout config is checked by the library's decoder:
+ * length, version, checksum, every field, kv_layout_init's validation and
+ * the sender's fingerprint against the layout it builds here. */
 static bool place_decode(const unsigned char *buf, size_t len, struct placement *pl,
                          uint32_t *blocks, char *why, size_t why_cap)
 {
-    if (len < PLACE_HDR || get32(buf) != PLACE_MAGIC || get32(buf + 4) != PLACE_VERSION) {
+    if (len < PLACE_FIXED || le32_get(buf) != PLACE_MAGIC || le32_get(buf + 4) != PLACE_VERSION) {
         snprintf(why, why_cap, "not a version %u placement (%zu bytes)", PLACE_VERSION, len);
         return false;
     }
     memset(pl, 0, sizeof(*pl));
-    pl->req = get32(buf + 8);
-    pl->group = get32(buf + 12);
-    pl->n_tokens = get64(buf + 16);
-    struct kv_layout_config *c = &pl->lc;
-    kv_layout_config_init(c);
-    c->num_layers = (int64_t)get64(buf + 24);
-    c->num_blocks = (int64_t)get64(buf + 32);
-    c->block_tokens = (int64_t)get64(buf + 40);
-    c->num_heads = (int64_t)get64(buf + 48);
-    c->head_dim = (int64_t)get64(buf + 56);
-    c->dtype = (kv_dtype)get32(buf + 64);
-    const uint32_t bits = get32(buf + 68);
-    c->order = (kv_order)(bits & 0xff);
-    c->arrange = (kv_arrange)(bits >> 8 & 0xff);
-    c->kv_packed = bits >> 16 & 1;
-    c->block_pad_elems = (int64_t)get64(buf + 72);
-    c->block_stride_bytes = (int64_t)get64(buf + 80);
-    c->align_bytes = (int64_t)get64(buf + 88);
-    pl->fingerprint = get64(buf + 96);
-    pl->n_blocks = get32(buf + 104);
-    pl->blob_len = get32(buf + 108);
+    pl->req = le32_get(buf + 8);
+    pl->group = le32_get(buf + 12);
+    pl->n_tokens = le64_get(buf + 16);
+    pl->n_blocks = le32_get(buf + 24);
+    pl->blob_len = le32_get(buf + 28);
+    const uint32_t lc_len = le32_get(buf + 32);
     if (pl->n_blocks > KV_XPORT_NOTIFY_MAX / 4 || pl->blob_len > KV_XPORT_BLOB_MAX ||
-        PLACE_HDR + 4ull * pl->n_blocks + pl->blob_len != len) {
-        snprintf(why, why_cap, "placement of %zu bytes says %u blocks and a %u-byte blob", len,
-                 pl->n_blocks, pl->blob_len);
+        (uint64_t)PLACE_FIXED + lc_len + 4ull * pl->n_blocks + pl->blob_len != len) {
+        snprintf(why, why_cap,
+                 "placement of %zu bytes says a %u-byte layout, %u blocks and a %u-byte blob", len,
+                 lc_len, pl->n_blocks, pl->blob_len);
         return false;
     }
+    const kv_status st = kv_layout_config_decode(buf + PLACE_FIXED, lc_len, &pl->lc);
+    if (st != KV_OK) {
+        snprintf(why, why_cap, "its layout config: %s: %s", kv_status_name(st), kv_last_error());
+        return false;
+    }
+    const unsigned char *ids = buf + PLACE_FIXED + lc_len;
     for (uint32_t i = 0; i < pl->n_blocks; i++)
-        blocks[i] = get32(buf + PLACE_HDR + 4 * i);
+        blocks[i] = le32_get(ids + 4 * (size_t)i);
     pl->blocks = blocks;
-    pl->blob = pl->blob_len ? buf + PLACE_HDR + 4u * pl->n_blocks : NULL;
+    pl->blob = pl->blob_len ? ids + 4 * (size_t)pl->n_blocks : NULL;
     return true;
 }
 
-/* Prefill's side of a placement: decode's layout rebuilt from the message
- * and compared by fingerprint, the request agreeing with prefill's own
- * batch. *lo out. */
+/* Prefill's side of a placement: decode's layout rebuilt from the config
+ * the message carried (kv_layout_config_decode has already matched its
+ * fingerprint against the one decode recorded), the request agreeing with
+ * prefill's own batch. *lo out. */
 static bool place_accept(const struct placement *pl, const struct request *reqs, uint32_t n_req,
                          struct kv_layout *lo)
 {
@@ -1024,11 +1024,6 @@ static bool place_accept(const struct placement *pl, const struct request *reqs,
     const kv_status st = kv_layout_init(&pl->lc, lo);
     if (!check(st == KV_OK, "request %u: decode's layout config is refused: %s: %s", pl->req,
                kv_status_name(st), kv_last_error()))
-        return false;
-    if (!check(lo->fingerprint == pl->fingerprint,
-               "request %u: decode's layout rebuilt here has fingerprint %016" PRIx64
-               ", the placement says %016" PRIx64,
-               pl->req, lo->fingerprint, pl->fingerprint))
         return false;
     return check(pl->n_blocks == ceil_div(pl->n_tokens, (uint64_t)lo->block_tokens),
                  "request %u: %u blocks for %" PRIu64 " tokens of %" PRId64, pl->req, pl->n_blocks,
@@ -1062,8 +1057,7 @@ static int run_local(uint64_t seed, bool fault, const struct request *reqs, uint
         char why[160];
         ok = decode_place(d, r, &dpl);
         /* the placement goes through its message format here too */
-        if (ok)
-            place_encode(&dpl, buf, sizeof(buf), &len);
+        ok = ok && place_encode(&dpl, buf, sizeof(buf), &len);
         if (ok && (len == 0 || !place_decode(buf, len, &pl, blocks, why, sizeof(why))))
             ok = fail_msg("request %u: the placement does not survive its encoding", r->id);
         if (ok && !place_accept(&pl, reqs, n_req, &lo)) {
@@ -1261,7 +1255,7 @@ static int run_decode(const struct opts *o, const struct request *reqs)
             }
             unsigned char buf[KV_XPORT_NOTIFY_MAX];
             size_t len = 0;
-            place_encode(&pl, buf, sizeof(buf), &len);
+            ok = ok && place_encode(&pl, buf, sizeof(buf), &len);
             if (ok && len == 0)
                 ok = fail_msg("request %u: the placement does not fit in a notification", r->id);
             ok = ok && send_msg(peer, TAG_PLACE, buf, (uint32_t)len);
@@ -1276,7 +1270,7 @@ static int run_decode(const struct opts *o, const struct request *reqs)
         }
         if (!(ok = ok_call(st, "kv_xport_notify_poll")))
             break;
-        uint32_t req = msg->len >= 4 ? get32(msg->data) : UINT32_MAX;
+        uint32_t req = msg->len >= 4 ? le32_get(msg->data) : UINT32_MAX;
         if ((msg->tag != TAG_DONE && msg->tag != TAG_FAILED) || msg->len != 4 ||
             req >= o->requests || !d->fl[req].live) {
             ok = fail_msg("unexpected notification: tag %" PRIu64 ", %u bytes", msg->tag, msg->len);
@@ -1353,7 +1347,7 @@ static bool prefill_serve(struct prefill *p, const struct opts *o, const struct 
         return fail_msg("bad placement from decode: %s", why);
     struct kv_layout lo;
     unsigned char req_le[4];
-    put32(req_le, pl.req);
+    le32_put(req_le, pl.req);
     if (!place_accept(&pl, reqs, o->requests, &lo))
         return pl.req < o->requests ? send_msg(peer, TAG_FAILED, req_le, 4) : false;
     const uint32_t g = pl.group;
