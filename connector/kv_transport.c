@@ -149,7 +149,7 @@ void kv__xport_step(kv_xport *x, uint32_t timeout_ms)
     x->ops->step(x, timeout_ms);
 }
 
-/* Append ", <n> <what>" (and up to 4 ids) to buf. */
+/* Append ", <n> <what>" and, when given, " (ids a b ...)" to buf. */
 static void held_say(char *buf, size_t cap, uint64_t n, const char *what, const uint64_t *ids,
                      uint32_t n_ids)
 {
@@ -159,7 +159,7 @@ static void held_say(char *buf, size_t cap, uint64_t n, const char *what, const 
     len += (size_t)snprintf(buf + len, len < cap ? cap - len : 0, "%s%" PRIu64 " %s",
                             len ? ", " : "", n, what);
     for (uint32_t i = 0; i < n_ids && len < cap; i++)
-        len += (size_t)snprintf(buf + len, cap - len, "%s%" PRIu64, i ? " " : " (", ids[i]);
+        len += (size_t)snprintf(buf + len, cap - len, "%s%" PRIu64, i ? " " : " (ids ", ids[i]);
     if (n_ids && len < cap)
         snprintf(buf + len, cap - len, "%s)", n > n_ids ? " ..." : "");
 }
@@ -186,9 +186,9 @@ kv_status kv_xport_destroy(kv_xport *x)
     pthread_mutex_unlock(&x->mu);
     if (peers || mems || xfers || rmems) {
         char held[400] = "";
-        held_say(held, sizeof(held), peers, "peer(s) not closed, ids", pid,
+        held_say(held, sizeof(held), peers, "peer(s) not closed", pid,
                  (uint32_t)(peers < 4 ? peers : 4));
-        held_say(held, sizeof(held), mems, "region(s) registered, ids", mid,
+        held_say(held, sizeof(held), mems, "region(s) registered", mid,
                  (uint32_t)(mems < 4 ? mems : 4));
         held_say(held, sizeof(held), rmems, "imported region(s) not freed", NULL, 0);
         held_say(held, sizeof(held), xfers, "transfer(s) not freed", NULL, 0);
@@ -747,7 +747,7 @@ kv_status kv_xport_rmem_free(kv_xport_rmem *rmem)
                     break;
                 }
         char list[120] = "";
-        held_say(list, sizeof(list), rmem->users, "transfer(s) not terminal, ids", ids, k);
+        held_say(list, sizeof(list), rmem->users, "transfer(s) not terminal", ids, k);
         const uint32_t region = rmem->region;
         pthread_mutex_unlock(&x->mu);
         return kv__error(KV_ERR_BAD_STATE,

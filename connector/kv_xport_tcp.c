@@ -397,6 +397,12 @@ static kv_status adopt(struct kv__tcp *t, int fd)
             (void)r;
         }
         kv__mem_free(tmp.ctl);
+        /* A FIN after the REFUSE, and what the peer sent already read, so
+         * the close is not a reset that could discard the REFUSE. */
+        (void)shutdown(fd, SHUT_WR);
+        char sink[512];
+        while (recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
+        }
         close(fd);
         return kv__error(KV_ERR_CAPACITY, "xport tcp: a connection refused: %s", why);
     }
