@@ -285,13 +285,16 @@ $(BUILD)/fuzz/%: tests/fuzz/%.c $(wildcard kvcache/*.c kvcache/*.h)
 	@$(if $(Q),echo '  FUZZ   $@')
 	$(Q)$(CLANG) $(FUZZ_CFLAGS) -o $@ $< $(filter-out %_cuda.c %_verbs.c,$(wildcard kvcache/*.c)) -lxxhash -lm
 
-# fuzz_unpack reaches the connector: every module's CPU sources, OpenMP (libomp).
+# fuzz_unpack and fuzz_xport_rx reach the connector: every module's CPU
+# sources, OpenMP (libomp); the transport target also the raw-peer helpers.
 FUZZ_ALL_SRC := $(filter-out %_cuda.c %_verbs.c,$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
-$(BUILD)/fuzz/fuzz_unpack: tests/fuzz/fuzz_unpack.c $(FUZZ_ALL_SRC) $(foreach m,$(MODULES),$(wildcard $(m)/*.h))
+FUZZ_CONNECTOR := $(BUILD)/fuzz/fuzz_unpack $(BUILD)/fuzz/fuzz_xport_rx
+$(FUZZ_CONNECTOR): $(BUILD)/fuzz/%: tests/fuzz/%.c $(FUZZ_ALL_SRC) $(foreach m,$(MODULES),$(wildcard $(m)/*.h)) \
+                   tests/common/kvt_xport_raw.h
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  FUZZ   $@')
-	$(Q)$(CLANG) $(FUZZ_CFLAGS) $(inc_connector) -fopenmp -Wno-unknown-pragmas -o $@ $< \
-	    $(FUZZ_ALL_SRC) -lxxhash -lm -lpthread
+	$(Q)$(CLANG) $(FUZZ_CFLAGS) $(inc_connector) -Itests/common -fopenmp -Wno-unknown-pragmas \
+	    -o $@ $< $(FUZZ_ALL_SRC) -lxxhash -lm -lpthread
 
 fuzz: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) $(FUZZ_BINS)

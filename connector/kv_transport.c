@@ -1,20 +1,20 @@
 /*
  * kv_transport.c - the transport seam's generic layer (kv_xport_int.h):
- * handles, checks at post, exposures and blobs, queues, transfer
- * bookkeeping. The bytes move in the backends (kv_xport_tcp.c,
- * kv_xport_rdma_verbs.c).
+ * handles and what each still holds, checks at post, exposures, the limits
+ * a peer is held to, queues, transfer bookkeeping. The bytes move in the
+ * backends (kv_xport_tcp*.c, kv_xport_rdma_verbs.c); the codecs are in
+ * kv_xport_codec.c, plan expansion in kv_xport_plan.c.
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "kv_mem.h"
-#include "kv_plan_int.h"
-#include "kv_verbs_int.h"
-#include "kv_xport_frame_int.h"
+#include "kv_wire.h"
 #include "kv_xport_int.h"
 
 const char *kv_xport_kind_name(kv_xport_kind k)
@@ -35,32 +35,35 @@ uint64_t kv__xport_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+uint64_t kv__xport_deadline_ns(uint32_t timeout_ms)
+{
+    return kv__xport_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+}
+
 /* A deadline timeout_ms from now, for pthread_cond_timedwait. */
 static struct timespec deadline_ts(uint32_t timeout_ms)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += timeout_ms / 1000;
-    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    return ts;
+    const uint64_t ns = kv__xport_deadline_ns(timeout_ms);
+    return (struct timespec){.tv_sec = (time_t)(ns / 1000000000ull),
+                             .tv_nsec = (long)(ns % 1000000000ull)};
 }
 
-static const struct kv__xport_ops *ops_of(kv_xport_kind kind)
+/* mu held: wait on x->cv until ts; false once it passed. A manual
+ * transport (no progress thread) makes one round of progress instead. */
+static bool wait_until(kv_xport *x, const struct timespec *ts)
 {
-    switch (kind) {
-    case KV_XPORT_TCP:
-        return &kv__xport_tcp_ops;
-    case KV_XPORT_RDMA:
-        return kv__xport_rdma();
+    if (x->manual) {
+        pthread_mutex_unlock(&x->mu);
+        kv__xport_step(x, 0);
+        pthread_mutex_lock(&x->mu);
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        return now.tv_sec < ts->tv_sec || (now.tv_sec == ts->tv_sec && now.tv_nsec < ts->tv_nsec);
     }
-    return NULL;
+    return pthread_cond_timedwait(&x->cv, &x->mu, ts) != ETIMEDOUT;
 }
 
-kv_status kv_xport_create(const struct kv_xport_config *cfg, kv_xport **out)
+static kv_status create(const struct kv_xport_config *cfg, bool manual, kv_xport **out)
 {
     if (!cfg || !out)
         return kv__error(KV_ERR_NULL, "xport_create: %s is NULL", !cfg ? "cfg" : "out");
@@ -81,11 +84,19 @@ kv_status kv_xport_create(const struct kv_xport_config *cfg, kv_xport **out)
     if (cfg->listen_host && strlen(cfg->listen_host) >= sizeof(((kv_xport *)0)->host))
         return kv__error(KV_ERR_INVALID_ARG, "xport_create: listen_host of %zu characters",
                          strlen(cfg->listen_host));
-    const struct kv__xport_ops *ops = ops_of(cfg->kind);
+    const struct kv__xport_ops *ops = kv__xport_backend(cfg->kind);
     if (!ops)
         return kv__error(KV_ERR_UNSUPPORTED,
                          "xport_create: %s transport not in this build (built without rdma-core)",
                          kv_xport_kind_name(cfg->kind));
+    if (ops->version != KV__XPORT_OPS_VERSION || ops->kind != cfg->kind)
+        return kv__error(KV_ERR_INTERNAL,
+                         "xport_create: the %s backend's ops table is version %u for kind %d "
+                         "(this layer: version %u)",
+                         ops->name, ops->version, (int)ops->kind, KV__XPORT_OPS_VERSION);
+    if (manual && !ops->step)
+        return kv__error(KV_ERR_UNSUPPORTED, "xport_create: the %s backend has no manual mode",
+                         ops->name);
     kv_xport *x = kv__mem_calloc(1, sizeof(*x));
     if (!x)
         return kv__error(KV_ERR_NO_MEMORY, "xport_create: %zu bytes", sizeof(*x));
@@ -94,13 +105,19 @@ kv_status kv_xport_create(const struct kv_xport_config *cfg, kv_xport **out)
         strcpy(x->host, cfg->listen_host);
         x->cfg.listen_host = x->host;
     }
-    if (!x->cfg.conns_per_peer)
-        x->cfg.conns_per_peer = KV__XPORT_DEFAULT_CONNS;
-    if (!x->cfg.timeout_ms)
-        x->cfg.timeout_ms = KV__XPORT_DEFAULT_TIMEOUT_MS;
+    struct kv_xport_config *c = &x->cfg;
+    c->conns_per_peer = c->conns_per_peer ? c->conns_per_peer : KV__XPORT_DEFAULT_CONNS;
+    c->timeout_ms = c->timeout_ms ? c->timeout_ms : KV__XPORT_DEFAULT_TIMEOUT_MS;
+    c->max_pending_notes = c->max_pending_notes ? c->max_pending_notes : KV__XPORT_DEFAULT_NOTES;
+    c->max_pending_reads = c->max_pending_reads ? c->max_pending_reads : KV__XPORT_DEFAULT_READS;
+    c->max_handshakes = c->max_handshakes ? c->max_handshakes : KV__XPORT_DEFAULT_HANDSHAKES;
+    c->frames_per_round = c->frames_per_round ? c->frames_per_round : KV__XPORT_DEFAULT_FRAMES;
     x->ops = ops;
+    x->manual = manual;
     x->next_region = 1;
     x->next_xfer = 1;
+    x->next_peer = 1;
+    x->stats = (struct kv_xport_stats)KV_XPORT_STATS_INIT;
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -118,15 +135,71 @@ kv_status kv_xport_create(const struct kv_xport_config *cfg, kv_xport **out)
     return KV_OK;
 }
 
-void kv_xport_destroy(kv_xport *x)
+kv_status kv_xport_create(const struct kv_xport_config *cfg, kv_xport **out)
+{
+    return create(cfg, false, out);
+}
+
+kv_status kv__xport_create_manual(const struct kv_xport_config *cfg, kv_xport **out)
+{
+    return create(cfg, true, out);
+}
+
+void kv__xport_step(kv_xport *x, uint32_t timeout_ms)
+{
+    x->ops->step(x, timeout_ms);
+}
+
+/* Append ", <n> <what>" and, when given, " (ids a b ...)" to buf. */
+static void held_say(char *buf, size_t cap, uint64_t n, const char *what, const uint64_t *ids,
+                     uint32_t n_ids)
+{
+    if (!n)
+        return;
+    size_t len = strlen(buf);
+    len += (size_t)snprintf(buf + len, len < cap ? cap - len : 0, "%s%" PRIu64 " %s",
+                            len ? ", " : "", n, what);
+    for (uint32_t i = 0; i < n_ids && len < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%" PRIu64, i ? " " : " (ids ", ids[i]);
+    if (n_ids && len < cap)
+        snprintf(buf + len, cap - len, "%s)", n > n_ids ? " ..." : "");
+}
+
+kv_status kv_xport_destroy(kv_xport *x)
 {
     if (!x)
-        return;
-    x->ops->stop(x);
-    /* What the user never freed: notifications, imported regions and
-     * transfers keep references; the peers are released with them. */
+        return KV_OK;
+    /* What the caller still holds: refused, nothing freed. */
     pthread_mutex_lock(&x->mu);
-    while (x->accept_head) { /* ready, never accepted */
+    uint64_t peers = 0, mems = 0, pid[4], mid[4];
+    for (kv_xport_peer *p = x->peers; p; p = p->next)
+        if (p->user_owned && !p->user_closed) {
+            if (peers < 4)
+                pid[peers] = p->id;
+            peers++;
+        }
+    for (kv_xport_mem *m = x->mems; m; m = m->next) {
+        if (mems < 4)
+            mid[mems] = m->region;
+        mems++;
+    }
+    const uint64_t xfers = x->n_xfers, rmems = x->n_rmems;
+    pthread_mutex_unlock(&x->mu);
+    if (peers || mems || xfers || rmems) {
+        char held[400] = "";
+        held_say(held, sizeof(held), peers, "peer(s) not closed", pid,
+                 (uint32_t)(peers < 4 ? peers : 4));
+        held_say(held, sizeof(held), mems, "region(s) registered", mid,
+                 (uint32_t)(mems < 4 ? mems : 4));
+        held_say(held, sizeof(held), rmems, "imported region(s) not freed", NULL, 0);
+        held_say(held, sizeof(held), xfers, "transfer(s) not freed", NULL, 0);
+        return kv__error(KV_ERR_BAD_STATE, "xport_destroy: still held by the caller: %s", held);
+    }
+    const kv_status st = x->ops->stop(x);
+    /* What nobody holds a handle of: peers never accepted, notifications
+     * never polled (each keeps its peer's last references). */
+    pthread_mutex_lock(&x->mu);
+    while (x->accept_head) {
         kv_xport_peer *p = x->accept_head;
         x->accept_head = p->accept_next;
         kv__xport_peer_unref(p);
@@ -135,6 +208,7 @@ void kv_xport_destroy(kv_xport *x)
     while (x->note_head) {
         struct kv__xport_note *n = x->note_head;
         x->note_head = n->next;
+        n->peer->n_notes--;
         kv__xport_peer_unref(n->peer);
         kv__mem_free(n);
     }
@@ -142,11 +216,26 @@ void kv_xport_destroy(kv_xport *x)
     pthread_cond_destroy(&x->cv);
     pthread_mutex_destroy(&x->mu);
     kv__mem_free(x);
+    return st;
 }
 
 uint16_t kv_xport_port(const kv_xport *x)
 {
     return x ? x->port : 0;
+}
+
+kv_status kv_xport_stats_get(kv_xport *x, struct kv_xport_stats *out)
+{
+    if (!x || !out)
+        return kv__error(KV_ERR_NULL, "xport_stats_get: %s is NULL", !x ? "x" : "out");
+    kv_status st =
+        kv__check_struct_size("xport_stats_get", "kv_xport_stats", out->struct_size, sizeof(*out));
+    if (st != KV_OK)
+        return st;
+    pthread_mutex_lock(&x->mu);
+    *out = x->stats;
+    pthread_mutex_unlock(&x->mu);
+    return KV_OK;
 }
 
 /* ---- peers ---------------------------------------------------------- */
@@ -157,6 +246,7 @@ kv_xport_peer *kv__xport_peer_new(kv_xport *x, bool outgoing)
     if (!p)
         return NULL;
     p->x = x;
+    p->id = x->next_peer++;
     p->refs = 1;
     p->outgoing = outgoing;
     p->state = KV_XPORT_CONNECTING;
@@ -172,6 +262,23 @@ kv_xport_peer *kv__xport_peer_new(kv_xport *x, bool outgoing)
     return p;
 }
 
+uint64_t kv_xport_peer_id(const kv_xport_peer *peer)
+{
+    return peer ? peer->id : 0;
+}
+
+/* mu held: end every exposure of p (the backend refuses what it queued of
+ * each; nothing of p is busy in them: the backend released that first). */
+static void expos_end(kv_xport_peer *p)
+{
+    while (p->n_exposed) {
+        struct kv__xport_expo *e = p->exposed[--p->n_exposed];
+        p->x->ops->unexpose(p, e);
+        e->mem->users--;
+        kv__mem_free(e);
+    }
+}
+
 void kv__xport_peer_unref(kv_xport_peer *p)
 {
     if (--p->refs)
@@ -182,8 +289,8 @@ void kv__xport_peer_unref(kv_xport_peer *p)
             *pp = p->next;
             break;
         }
-    for (uint32_t i = 0; i < p->n_exposed; i++)
-        p->exposed[i]->users--;
+    /* A peer never closed by its backend (it failed before it had one). */
+    expos_end(p);
     kv__mem_free(p->exposed);
     kv__mem_free(p);
 }
@@ -214,17 +321,18 @@ void kv__xport_peer_closed(kv_xport_peer *p, kv_status why, const char *msg)
         p->why = why;
         snprintf(p->why_msg, sizeof(p->why_msg), "%s", msg ? msg : "");
     }
-    /* Nothing of it lands any more (the backend released its landings
-     * before): its exposures end, the regions can be deregistered. */
-    for (uint32_t i = 0; i < p->n_exposed; i++)
-        p->exposed[i]->users--;
-    p->n_exposed = 0;
+    /* Nothing of it lands any more: its exposures end, the regions can be
+     * deregistered. */
+    expos_end(p);
     const kv_status fail = why == KV_OK ? KV_ERR_IO : why;
     while (p->xfers) {
         kv_xport_xfer *t = p->xfers;
-        kv__xport_xfer_end(t,
-                           t->cancel_req || p->user_closed ? KV_XPORT_CANCELLED : KV_XPORT_FAILED,
-                           t->cancel_req || p->user_closed ? KV_ERR_CANCELLED : fail);
+        const bool cancel = t->cancel_req || p->user_closed;
+        if (!cancel && !t->why[0])
+            snprintf(t->why, sizeof(t->why), "peer %" PRIu64 " closed: %.150s", p->id,
+                     p->why_msg[0] ? p->why_msg : kv_status_name(fail));
+        kv__xport_xfer_end(t, cancel ? KV_XPORT_CANCELLED : KV_XPORT_FAILED,
+                           cancel ? KV_ERR_CANCELLED : fail);
     }
     pthread_cond_broadcast(&x->cv);
 }
@@ -270,7 +378,7 @@ kv_status kv_xport_accept(kv_xport *x, uint32_t timeout_ms, kv_xport_peer **peer
     const struct timespec ts = deadline_ts(timeout_ms);
     pthread_mutex_lock(&x->mu);
     while (!x->accept_head)
-        if (pthread_cond_timedwait(&x->cv, &x->mu, &ts) == ETIMEDOUT)
+        if (!wait_until(x, &ts))
             break;
     kv_xport_peer *p = x->accept_head;
     if (!p) {
@@ -309,7 +417,7 @@ kv_status kv_xport_peer_wait(kv_xport_peer *peer, uint32_t timeout_ms, kv_xport_
     const struct timespec ts = deadline_ts(timeout_ms);
     pthread_mutex_lock(&x->mu);
     while (peer->state == KV_XPORT_CONNECTING)
-        if (pthread_cond_timedwait(&x->cv, &x->mu, &ts) == ETIMEDOUT)
+        if (!wait_until(x, &ts))
             break;
     const kv_xport_peer_state s = peer->state;
     const kv_status why = peer->why;
@@ -337,8 +445,12 @@ void kv_xport_peer_close(kv_xport_peer *peer)
         peer->user_closed = true;
         x->ops->peer_close(peer);
         /* Nothing of it may be in flight once this returns. */
+        const struct timespec never = {.tv_sec = (time_t)1 << 40};
         while (peer->xfers || peer->state != KV_XPORT_CLOSED)
-            pthread_cond_wait(&x->cv, &x->mu);
+            if (x->manual)
+                (void)wait_until(x, &never);
+            else
+                pthread_cond_wait(&x->cv, &x->mu);
     }
     kv__xport_peer_unref(peer);
     pthread_mutex_unlock(&x->mu);
@@ -397,13 +509,22 @@ kv_status kv_xport_mem_dereg(kv_xport_mem *mem)
                          "xport_mem_dereg: region %u still used by %u transfer(s) or exposure(s)",
                          mem->region, u);
     }
+    /* Off the list while the backend lets go: nothing can take it meanwhile
+     * (a user of it would have to name it in a call racing with this one). */
     for (kv_xport_mem **pp = &x->mems; *pp; pp = &(*pp)->next)
         if (*pp == mem) {
             *pp = mem->next;
             break;
         }
     pthread_mutex_unlock(&x->mu);
-    x->ops->mem_dereg(mem);
+    const kv_status st = x->ops->mem_dereg(mem);
+    if (st != KV_OK) {
+        pthread_mutex_lock(&x->mu);
+        mem->next = x->mems;
+        x->mems = mem;
+        pthread_mutex_unlock(&x->mu);
+        return st;
+    }
     kv__mem_free(mem);
     return KV_OK;
 }
@@ -418,25 +539,48 @@ uint64_t kv_xport_rmem_bytes(const kv_xport_rmem *rmem)
     return rmem ? rmem->bytes : 0;
 }
 
-kv_xport_mem *kv__xport_exposed(kv_xport_peer *p, uint32_t region, uint64_t off, uint64_t len)
+struct kv__xport_expo *kv__xport_exposed(kv_xport_peer *p, uint32_t region, uint64_t off,
+                                         uint64_t len)
 {
     for (uint32_t i = 0; i < p->n_exposed; i++) {
-        kv_xport_mem *m = p->exposed[i];
-        if (m->region == region)
-            return off <= m->bytes && len <= m->bytes - off ? m : NULL;
+        struct kv__xport_expo *e = p->exposed[i];
+        if (e->mem->region == region)
+            return kv__range_ok(e->mem->bytes, off, len) ? e : NULL;
     }
     return NULL;
 }
 
-/*
- * The blob (little-endian, KV_XPORT_BLOB_MAX at most):
- *   0  4  magic "KVXB"        4  2  version      6  2  kind
- *   8  4  region             12  4  key_len
- *  16  8  bytes              24  8  exposer's connection id
- *  32  8  importer's connection id
- *  40  key_len  backend key  then 8  XXH3-64 of everything before it
- */
-#define BLOB_HEAD 40
+/* mu held: mem's exposure to peer, or NULL (*at: its index). */
+static struct kv__xport_expo *expo_find(kv_xport_peer *peer, const kv_xport_mem *mem, uint32_t *at)
+{
+    for (uint32_t i = 0; i < peer->n_exposed; i++)
+        if (peer->exposed[i]->mem == mem) {
+            if (at)
+                *at = i;
+            return peer->exposed[i];
+        }
+    return NULL;
+}
+
+/* mu held: the blob of exposure e to peer into out (cap checked). */
+static kv_status blob_make(kv_xport_peer *peer, const struct kv__xport_expo *e, void *out,
+                           size_t cap, size_t *len)
+{
+    const size_t need = KV__XPORT_BLOB_HEAD + e->key_len + 8;
+    if (cap < need)
+        return kv__error(KV_ERR_CAPACITY, "xport_mem_expose: blob of %zu bytes needs %zu", cap,
+                         need);
+    struct kv__xport_blob b = {.version = KV_XPORT_PROTOCOL_VERSION,
+                               .kind = (uint32_t)peer->x->cfg.kind,
+                               .region = e->mem->region,
+                               .key_len = e->key_len,
+                               .bytes = e->mem->bytes,
+                               .exposer = peer->nonce_local,
+                               .importer = peer->nonce_remote};
+    memcpy(b.key, e->key, e->key_len);
+    *len = kv__xport_blob_encode(&b, out);
+    return KV_OK;
+}
 
 kv_status kv_xport_mem_expose(kv_xport_peer *peer, kv_xport_mem *mem, void *blob, size_t cap,
                               size_t *len)
@@ -452,55 +596,58 @@ kv_status kv_xport_mem_expose(kv_xport_peer *peer, kv_xport_mem *mem, void *blob
         return kv__error(KV_ERR_INVALID_ARG,
                          "xport_mem_expose: region %u is registered on another transport",
                          mem->region);
-    unsigned char key[KV__XPORT_KEY_MAX];
-    uint32_t key_len = 0;
-    kv_status st = x->ops->mem_key(peer, mem, key, &key_len);
-    if (st != KV_OK)
-        return st;
-    const size_t need = BLOB_HEAD + key_len + 8;
-    if (cap < need)
-        return kv__error(KV_ERR_CAPACITY, "xport_mem_expose: blob of %zu bytes needs %zu", cap,
-                         need);
     pthread_mutex_lock(&x->mu);
-    if (peer->state != KV_XPORT_READY) {
-        const int s = peer->state;
+    struct kv__xport_expo *have = expo_find(peer, mem, NULL);
+    if (have) { /* exposed already: the same blob again */
+        const kv_status st = blob_make(peer, have, blob, cap, len);
         pthread_mutex_unlock(&x->mu);
+        return st;
+    }
+    pthread_mutex_unlock(&x->mu);
+    struct kv__xport_expo *e = kv__mem_calloc(1, sizeof(*e));
+    if (!e)
+        return kv__error(KV_ERR_NO_MEMORY, "xport_mem_expose: an exposure");
+    e->mem = mem;
+    kv_status st = x->ops->expose(peer, e);
+    if (st != KV_OK) {
+        kv__mem_free(e);
+        return st;
+    }
+    pthread_mutex_lock(&x->mu);
+    if (peer->state != KV_XPORT_READY || peer->user_closed || expo_find(peer, mem, NULL)) {
+        const int s = peer->state;
+        const bool dup = expo_find(peer, mem, NULL) != NULL;
+        x->ops->unexpose(peer, e);
+        pthread_mutex_unlock(&x->mu);
+        kv__mem_free(e);
+        if (dup) /* a racing call exposed it first: its blob */
+            return kv_xport_mem_expose(peer, mem, blob, cap, len);
         return kv__error(KV_ERR_BAD_STATE, "xport_mem_expose: peer %s (not ready)",
                          s == KV_XPORT_CONNECTING ? "connecting" : "closed");
     }
-    bool have = false;
-    for (uint32_t i = 0; i < peer->n_exposed; i++)
-        have |= peer->exposed[i] == mem;
-    if (!have) {
-        if (peer->n_exposed == peer->cap_exposed) {
-            const uint32_t c = peer->cap_exposed ? 2 * peer->cap_exposed : 4;
-            kv_xport_mem **e = kv__mem_alloc(c * sizeof(*e));
-            if (!e) {
-                pthread_mutex_unlock(&x->mu);
-                return kv__error(KV_ERR_NO_MEMORY, "xport_mem_expose: table of %u", c);
-            }
+    st = blob_make(peer, e, blob, cap, len);
+    if (st == KV_OK && peer->n_exposed == peer->cap_exposed) {
+        const uint32_t c = peer->cap_exposed ? 2 * peer->cap_exposed : 4;
+        struct kv__xport_expo **t = kv__mem_alloc(c * sizeof(*t));
+        if (!t) {
+            st = kv__error(KV_ERR_NO_MEMORY, "xport_mem_expose: table of %u", c);
+        } else {
             if (peer->n_exposed)
-                memcpy(e, peer->exposed, peer->n_exposed * sizeof(*e));
+                memcpy(t, peer->exposed, peer->n_exposed * sizeof(*t));
             kv__mem_free(peer->exposed);
-            peer->exposed = e;
+            peer->exposed = t;
             peer->cap_exposed = c;
         }
-        peer->exposed[peer->n_exposed++] = mem;
-        mem->users++;
     }
-    unsigned char *b = blob;
-    memcpy(b, "KVXB", 4);
-    kv__le_put(b + 4, KV_XPORT_PROTOCOL_VERSION, 2);
-    kv__le_put(b + 6, (uint64_t)x->cfg.kind, 2);
-    kv__le_put(b + 8, mem->region, 4);
-    kv__le_put(b + 12, key_len, 4);
-    kv__le_put(b + 16, mem->bytes, 8);
-    kv__le_put(b + 24, peer->nonce_local, 8);
-    kv__le_put(b + 32, peer->nonce_remote, 8);
+    if (st != KV_OK) {
+        x->ops->unexpose(peer, e);
+        pthread_mutex_unlock(&x->mu);
+        kv__mem_free(e);
+        return st;
+    }
+    peer->exposed[peer->n_exposed++] = e;
+    mem->users++;
     pthread_mutex_unlock(&x->mu);
-    memcpy(b + BLOB_HEAD, key, key_len);
-    kv__le_put(b + BLOB_HEAD + key_len, kv__xxh3_64(b, BLOB_HEAD + key_len), 8);
-    *len = need;
     return KV_OK;
 }
 
@@ -511,20 +658,28 @@ kv_status kv_xport_mem_unexpose(kv_xport_peer *peer, kv_xport_mem *mem)
     kv_xport *x = peer->x;
     pthread_mutex_lock(&x->mu);
     uint32_t i = 0;
-    while (i < peer->n_exposed && peer->exposed[i] != mem)
-        i++;
-    if (i == peer->n_exposed) {
+    struct kv__xport_expo *e = expo_find(peer, mem, &i);
+    if (!e) {
         pthread_mutex_unlock(&x->mu);
         return kv__error(KV_ERR_NOT_FOUND,
-                         "xport_mem_unexpose: region %u is not exposed to "
-                         "this peer",
-                         mem->region);
+                         "xport_mem_unexpose: region %u is not exposed to peer %" PRIu64,
+                         mem->region, peer->id);
     }
+    /* Out of the table: nothing new of this peer is admitted into mem. */
     peer->exposed[i] = peer->exposed[--peer->n_exposed];
-    while (mem->landing) /* a write admitted before is still landing */
-        pthread_cond_wait(&x->cv, &x->mu);
+    x->ops->unexpose(peer, e);
+    /* What was admitted before finishes (each frame has a deadline: a
+     * stalled one closes the peer, which releases it). Only this peer's
+     * traffic in this region counts. */
+    const struct timespec never = {.tv_sec = (time_t)1 << 40};
+    while (e->busy)
+        if (x->manual)
+            (void)wait_until(x, &never);
+        else
+            pthread_cond_wait(&x->cv, &x->mu);
     mem->users--;
     pthread_mutex_unlock(&x->mu);
+    kv__mem_free(e);
     return KV_OK;
 }
 
@@ -536,43 +691,28 @@ kv_status kv_xport_rmem_import(kv_xport_peer *peer, const void *blob, size_t len
                          !peer   ? "peer"
                          : !blob ? "blob"
                                  : "out");
-    const unsigned char *b = blob;
-    if (len < BLOB_HEAD + 8 || len > KV_XPORT_BLOB_MAX)
-        return kv__error(KV_ERR_CORRUPT, "xport_rmem_import: blob of %zu bytes (%d..%d)", len,
-                         BLOB_HEAD + 8, KV_XPORT_BLOB_MAX);
-    if (memcmp(b, "KVXB", 4) != 0)
-        return kv__error(KV_ERR_CORRUPT, "xport_rmem_import: magic is not \"KVXB\"");
-    const uint32_t key_len = (uint32_t)kv__le_get(b + 12, 4);
-    if (key_len > KV__XPORT_KEY_MAX || BLOB_HEAD + key_len + 8 != len)
-        return kv__error(KV_ERR_CORRUPT, "xport_rmem_import: key of %u bytes in a blob of %zu",
-                         key_len, len);
-    const uint64_t sum = kv__le_get(b + BLOB_HEAD + key_len, 8);
-    if (sum != kv__xxh3_64(b, BLOB_HEAD + key_len))
-        return kv__error(
-            KV_ERR_CORRUPT,
-            "xport_rmem_import: blob checksum 0x%016" PRIx64 " does not match its bytes", sum);
-    const uint32_t ver = (uint32_t)kv__le_get(b + 4, 2), kind = (uint32_t)kv__le_get(b + 6, 2);
-    if (ver != KV_XPORT_PROTOCOL_VERSION)
-        return kv__error(KV_ERR_MISMATCH, "xport_rmem_import: blob version %u, this library %u",
-                         ver, KV_XPORT_PROTOCOL_VERSION);
+    struct kv__xport_blob b;
+    kv_status st = kv__xport_blob_decode(blob, len, &b);
+    if (st != KV_OK)
+        return st;
     kv_xport *x = peer->x;
-    if (kind != (uint32_t)x->cfg.kind)
+    if (b.kind != (uint32_t)x->cfg.kind)
         return kv__error(KV_ERR_MISMATCH, "xport_rmem_import: a %s blob on a %s transport",
-                         kv_xport_kind_name((kv_xport_kind)kind), kv_xport_kind_name(x->cfg.kind));
-    const uint64_t exposer = kv__le_get(b + 24, 8), importer = kv__le_get(b + 32, 8);
+                         kv_xport_kind_name((kv_xport_kind)b.kind),
+                         kv_xport_kind_name(x->cfg.kind));
     kv_xport_peer_state ps;
     if (kv_xport_peer_wait(peer, x->cfg.timeout_ms, &ps) != KV_OK)
         return kv__error(KV_ERR_BAD_STATE, "xport_rmem_import: peer not ready (%s)",
                          ps == KV_XPORT_CONNECTING ? "still connecting" : "closed");
     pthread_mutex_lock(&x->mu);
-    const bool ours = exposer == peer->nonce_remote && importer == peer->nonce_local;
+    const bool ours = b.exposer == peer->nonce_remote && b.importer == peer->nonce_local;
     if (!ours) {
         pthread_mutex_unlock(&x->mu);
         return kv__error(KV_ERR_CORRUPT,
                          "xport_rmem_import: the blob was made for another connection (ids "
                          "0x%016" PRIx64 "/0x%016" PRIx64 ", this one 0x%016" PRIx64
                          "/0x%016" PRIx64 ")",
-                         exposer, importer, peer->nonce_remote, peer->nonce_local);
+                         b.exposer, b.importer, peer->nonce_remote, peer->nonce_local);
     }
     kv_xport_rmem *r = kv__mem_calloc(1, sizeof(*r));
     if (!r) {
@@ -581,33 +721,49 @@ kv_status kv_xport_rmem_import(kv_xport_peer *peer, const void *blob, size_t len
     }
     r->peer = peer;
     peer->refs++;
-    r->region = (uint32_t)kv__le_get(b + 8, 4);
-    r->bytes = kv__le_get(b + 16, 8);
-    r->key_len = key_len;
-    memcpy(r->key, b + BLOB_HEAD, key_len);
+    x->n_rmems++;
+    r->region = b.region;
+    r->bytes = b.bytes;
+    r->key_len = b.key_len;
+    memcpy(r->key, b.key, b.key_len);
     pthread_mutex_unlock(&x->mu);
     *out = r;
     return KV_OK;
 }
 
-void kv_xport_rmem_free(kv_xport_rmem *rmem)
+kv_status kv_xport_rmem_free(kv_xport_rmem *rmem)
 {
     if (!rmem)
-        return;
+        return KV_OK;
     kv_xport *x = rmem->peer->x;
     pthread_mutex_lock(&x->mu);
+    if (rmem->users) {
+        /* Name the transfers (those of its peer that are not terminal). */
+        uint64_t ids[4];
+        uint32_t k = 0;
+        for (kv_xport_xfer *t = rmem->peer->xfers; t && k < 4; t = t->next)
+            for (uint32_t i = 0; i < t->n; i++)
+                if (t->ios[i].remote == rmem) {
+                    ids[k++] = t->id;
+                    break;
+                }
+        char list[120] = "";
+        held_say(list, sizeof(list), rmem->users, "transfer(s) not terminal", ids, k);
+        const uint32_t region = rmem->region;
+        pthread_mutex_unlock(&x->mu);
+        return kv__error(KV_ERR_BAD_STATE,
+                         "xport_rmem_free: the peer's region %u is still named by %s (wait for "
+                         "them or cancel them first)",
+                         region, list);
+    }
+    x->n_rmems--;
     kv__xport_peer_unref(rmem->peer);
     pthread_mutex_unlock(&x->mu);
     kv__mem_free(rmem);
+    return KV_OK;
 }
 
 /* ---- transfers ------------------------------------------------------ */
-
-/* [off, off + len) inside [0, bytes), no overflow. */
-static bool range_ok(uint64_t bytes, uint64_t off, uint64_t len)
-{
-    return off <= bytes && len <= bytes - off;
-}
 
 /* The checks at post (nothing sent yet). */
 static kv_status check_ios(const char *fn, kv_xport_peer *peer, const struct kv_xport_io *ios,
@@ -628,12 +784,12 @@ static kv_status check_ios(const char *fn, kv_xport_peer *peer, const struct kv_
                              io->remote->region);
         if (io->bytes == 0)
             return kv__error(KV_ERR_INVALID_ARG, "%s: entry %u of 0 bytes", fn, i);
-        if (!range_ok(io->local->bytes, io->local_off, io->bytes))
+        if (!kv__range_ok(io->local->bytes, io->local_off, io->bytes))
             return kv__error(KV_ERR_OUT_OF_BOUNDS,
                              "%s: entry %u: local [%" PRIu64 ", +%" PRIu64
                              ") outside region %u of %" PRIu64 " bytes",
                              fn, i, io->local_off, io->bytes, io->local->region, io->local->bytes);
-        if (!range_ok(io->remote->bytes, io->remote_off, io->bytes))
+        if (!kv__range_ok(io->remote->bytes, io->remote_off, io->bytes))
             return kv__error(KV_ERR_OUT_OF_BOUNDS,
                              "%s: entry %u: remote [%" PRIu64 ", +%" PRIu64
                              ") outside the peer's region %u of %" PRIu64 " bytes",
@@ -711,8 +867,11 @@ static kv_status post(const char *fn, kv_xport_peer *peer, const struct kv_xport
     }
     t->peer = peer;
     peer->refs++;
-    for (uint32_t i = 0; i < n; i++)
+    x->n_xfers++;
+    for (uint32_t i = 0; i < n; i++) {
         ios[i].local->users++;
+        ios[i].remote->users++;
+    }
     t->id = x->next_xfer++;
     t->state = KV_XPORT_PENDING;
     t->post_ns = kv__xport_now_ns();
@@ -752,6 +911,31 @@ void kv__xport_entry_end(kv_xport_xfer *t, uint32_t i, kv_status st)
     t->failed += st != KV_OK;
 }
 
+void kv__xport_entry_fail(kv_xport_xfer *t, uint32_t i, kv_status st, const char *fmt, ...)
+{
+    if (i >= t->n || t->ended[i])
+        return;
+    if (!t->why[0]) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(t->why, sizeof(t->why), fmt, ap);
+        va_end(ap);
+    }
+    kv__xport_entry_end(t, i, st);
+}
+
+kv_status kv__xport_wire_status(int64_t v, bool ok_allowed)
+{
+    switch (v) {
+#define KV__WIRE_STATUS(name, value, msg)                                                          \
+    case value:                                                                                    \
+        return value == 0 && !ok_allowed ? KV_ERR_CORRUPT : (kv_status)value;
+        KV_STATUS_MAP(KV__WIRE_STATUS)
+#undef KV__WIRE_STATUS
+    }
+    return KV_ERR_CORRUPT;
+}
+
 void kv__xport_xfer_end(kv_xport_xfer *t, kv_xport_state state, kv_status why)
 {
     if (t->state != KV_XPORT_PENDING)
@@ -773,8 +957,13 @@ void kv__xport_xfer_end(kv_xport_xfer *t, kv_xport_state state, kv_status why)
             break;
         }
     t->next = NULL;
-    for (uint32_t i = 0; i < t->n; i++)
+    for (uint32_t i = 0; i < t->n; i++) {
         t->ios[i].local->users--;
+        t->ios[i].remote->users--;
+    }
+    if (state == KV_XPORT_TIMED_OUT && !t->why[0])
+        snprintf(t->why, sizeof(t->why), "transfer %" PRIu64 " not done within %u ms", t->id,
+                 p->x->cfg.timeout_ms);
     pthread_cond_broadcast(&p->x->cv);
 }
 
@@ -782,7 +971,7 @@ bool kv__xport_xfer_settle(kv_xport_xfer *t)
 {
     if (t->state != KV_XPORT_PENDING || t->left)
         return t->state != KV_XPORT_PENDING;
-    if (t->failed) {
+    if (t->failed || t->note_st != KV_OK) {
         kv__xport_xfer_end(t, KV_XPORT_FAILED, KV_ERR_IO);
         return true;
     }
@@ -790,6 +979,13 @@ bool kv__xport_xfer_settle(kv_xport_xfer *t)
         return false;
     kv__xport_xfer_end(t, KV_XPORT_DONE, KV_OK);
     return true;
+}
+
+void kv__xport_note_refused(kv_xport_xfer *t, kv_status st, const char *msg)
+{
+    t->note_st = st;
+    if (!t->why[0])
+        snprintf(t->why, sizeof(t->why), "%s", msg);
 }
 
 bool kv__xport_note_may_go(const kv_xport_xfer *t)
@@ -815,6 +1011,8 @@ kv_status kv_xport_xfer_test(kv_xport_xfer *xfer, kv_xport_state *state)
     if (!xfer || !state)
         return kv__error(KV_ERR_NULL, "xport_xfer_test: %s is NULL", !xfer ? "xfer" : "state");
     kv_xport *x = xfer->peer->x;
+    if (x->manual)
+        kv__xport_step(x, 0);
     pthread_mutex_lock(&x->mu);
     *state = xfer->state;
     pthread_mutex_unlock(&x->mu);
@@ -829,7 +1027,7 @@ kv_status kv_xport_xfer_wait(kv_xport_xfer *xfer, uint32_t timeout_ms, kv_xport_
     const struct timespec ts = deadline_ts(timeout_ms);
     pthread_mutex_lock(&x->mu);
     while (xfer->state == KV_XPORT_PENDING)
-        if (pthread_cond_timedwait(&x->cv, &x->mu, &ts) == ETIMEDOUT)
+        if (!wait_until(x, &ts))
             break;
     const kv_xport_state s = xfer->state;
     pthread_mutex_unlock(&x->mu);
@@ -875,6 +1073,17 @@ kv_status kv_xport_xfer_results(kv_xport_xfer *xfer, const kv_status **st, uint3
     return KV_OK;
 }
 
+const char *kv_xport_xfer_error(kv_xport_xfer *xfer)
+{
+    if (!xfer)
+        return "";
+    kv_xport *x = xfer->peer->x;
+    pthread_mutex_lock(&x->mu);
+    const bool ended = xfer->state != KV_XPORT_PENDING && xfer->state != KV_XPORT_DONE;
+    pthread_mutex_unlock(&x->mu);
+    return ended ? xfer->why : "";
+}
+
 kv_status kv_xport_xfer_free(kv_xport_xfer *xfer)
 {
     if (!xfer)
@@ -888,6 +1097,7 @@ kv_status kv_xport_xfer_free(kv_xport_xfer *xfer)
                          "xport_xfer_free: transfer %" PRIu64 " pending (wait or cancel first)",
                          xfer->id);
     }
+    x->n_xfers--;
     kv__xport_peer_unref(p);
     pthread_mutex_unlock(&x->mu);
     xfer_release(xfer);
@@ -896,14 +1106,41 @@ kv_status kv_xport_xfer_free(kv_xport_xfer *xfer)
 
 /* ---- notifications -------------------------------------------------- */
 
+kv_status kv__xport_note_admit(const kv_xport_peer *p, uint64_t len, char *msg, size_t cap)
+{
+    char tmp[1];
+    if (!msg) {
+        msg = tmp;
+        cap = sizeof(tmp);
+    }
+    if (len > KV_XPORT_NOTIFY_MAX) {
+        snprintf(msg, cap, "peer %" PRIu64 " sent a notification of %" PRIu64 " bytes (at most %u)",
+                 p->id, len, KV_XPORT_NOTIFY_MAX);
+        return KV_ERR_CORRUPT;
+    }
+    if (p->n_notes >= p->x->cfg.max_pending_notes) {
+        snprintf(msg, cap,
+                 "the receiver's queue of notifications from this peer is full: %u not yet "
+                 "polled (max_pending_notes)",
+                 p->n_notes);
+        return KV_ERR_CAPACITY;
+    }
+    return KV_OK;
+}
+
 kv_status kv__xport_note_push(kv_xport_peer *p, uint64_t tag, const void *data, uint32_t len)
 {
+    char why[160];
+    const kv_status st = kv__xport_note_admit(p, len, why, sizeof(why));
+    if (st != KV_OK)
+        return kv__error(st, "xport: %s", why);
     struct kv__xport_note *n = kv__mem_alloc(sizeof(*n) + len);
     if (!n)
         return kv__error(KV_ERR_NO_MEMORY, "notification of %u bytes", len);
     n->next = NULL;
     n->peer = p;
     p->refs++;
+    p->n_notes++;
     n->tag = tag;
     n->len = len;
     if (len)
@@ -925,7 +1162,7 @@ kv_status kv_xport_notify_poll(kv_xport *x, uint32_t timeout_ms, struct kv_xport
     const struct timespec ts = deadline_ts(timeout_ms);
     pthread_mutex_lock(&x->mu);
     while (!x->note_head)
-        if (pthread_cond_timedwait(&x->cv, &x->mu, &ts) == ETIMEDOUT)
+        if (!wait_until(x, &ts))
             break;
     struct kv__xport_note *n = x->note_head;
     if (!n) {
@@ -935,147 +1172,14 @@ kv_status kv_xport_notify_poll(kv_xport *x, uint32_t timeout_ms, struct kv_xport
     x->note_head = n->next;
     if (!x->note_head)
         x->note_tail = NULL;
-    out->peer = n->peer;
+    out->peer_id = n->peer->id;
     out->tag = n->tag;
     out->len = n->len;
     memcpy(out->data, n->data, n->len);
-    /* The message names the peer: its handle stays valid while the user
-     * holds it; the queue's reference ends here. */
+    /* The message names the peer by id; the queue's reference ends here. */
+    n->peer->n_notes--;
     kv__xport_peer_unref(n->peer);
     pthread_mutex_unlock(&x->mu);
     kv__mem_free(n);
     return KV_OK;
-}
-
-/* ---- the handshake payload ------------------------------------------ */
-
-void kv__xport_hello_encode(const struct kv__xport_hello *h, unsigned char *out)
-{
-    kv__le_put(out, h->version, 4);
-    kv__le_put(out + 4, h->kind, 4);
-    kv__le_put(out + 8, h->token, 8);
-    kv__le_put(out + 16, h->fingerprint, 8);
-    kv__le_put(out + 24, h->nonce, 8);
-    kv__le_put(out + 32, h->echo, 8);
-    kv__le_put(out + 40, h->conns, 4);
-    kv__le_put(out + 44, h->conn, 4);
-}
-
-void kv__xport_hello_decode(const unsigned char *in, struct kv__xport_hello *h)
-{
-    h->version = (uint32_t)kv__le_get(in, 4);
-    h->kind = (uint32_t)kv__le_get(in + 4, 4);
-    h->token = kv__le_get(in + 8, 8);
-    h->fingerprint = kv__le_get(in + 16, 8);
-    h->nonce = kv__le_get(in + 24, 8);
-    h->echo = kv__le_get(in + 32, 8);
-    h->conns = (uint32_t)kv__le_get(in + 40, 4);
-    h->conn = (uint32_t)kv__le_get(in + 44, 4);
-}
-
-kv_status kv__xport_hello_check(const kv_xport *x, const struct kv__xport_hello *h, char *msg,
-                                size_t cap)
-{
-    if (h->version != KV_XPORT_PROTOCOL_VERSION)
-        snprintf(msg, cap, "protocol version mismatch: peer %u, here %u", h->version,
-                 KV_XPORT_PROTOCOL_VERSION);
-    else if (h->kind != (uint32_t)x->cfg.kind)
-        snprintf(msg, cap, "transport kind mismatch: peer %s, here %s",
-                 kv_xport_kind_name((kv_xport_kind)h->kind), kv_xport_kind_name(x->cfg.kind));
-    else if (h->token != x->cfg.token)
-        snprintf(msg, cap, "token mismatch: the peer presented another token");
-    else if (h->fingerprint != x->cfg.fingerprint)
-        snprintf(msg, cap, "layout fingerprint mismatch: peer 0x%016" PRIx64 ", here 0x%016" PRIx64,
-                 h->fingerprint, x->cfg.fingerprint);
-    else if (h->conns != x->cfg.conns_per_peer || h->conn >= h->conns)
-        snprintf(msg, cap, "connections mismatch: peer %u (this one %u), here %u", h->conns,
-                 h->conn, x->cfg.conns_per_peer);
-    else
-        return KV_OK;
-    return kv__error(KV_ERR_MISMATCH, "xport handshake: %s", msg);
-}
-
-/* ---- prefill -> decode: a plan's runs as one write ------------------- */
-
-kv_status kv_xport_write_plan(kv_xport_peer *peer, const kv_plan *plan, kv_xport_mem *local,
-                              uint64_t local_base_off, const uint32_t *src_blocks, uint32_t n_src,
-                              kv_xport_rmem *remote, uint64_t remote_base_off,
-                              const uint32_t *dst_blocks, uint32_t n_dst, uint64_t n_tokens,
-                              const struct kv_xport_notify *notify, kv_xport_xfer **xfer)
-{
-    static const char fn[] = "xport_write_plan";
-    if (!peer || !plan || !local || !remote || !xfer || (n_src && !src_blocks) ||
-        (n_dst && !dst_blocks))
-        return kv__error(KV_ERR_NULL,
-                         "%s: a NULL argument (peer, plan, local, remote, xfer, "
-                         "block lists)",
-                         fn);
-    const struct kv_layout *sl = &plan->src, *dl = &plan->dst;
-    if (n_tokens == 0 || n_src != kv__plan_blocks(sl, n_tokens) ||
-        n_dst != kv__plan_blocks(dl, n_tokens))
-        return kv__error(KV_ERR_BAD_SHAPE,
-                         "%s: %" PRIu64 " tokens need %" PRIu64 " source and %" PRIu64
-                         " destination blocks, got %u and %u",
-                         fn, n_tokens, kv__plan_blocks(sl, n_tokens), kv__plan_blocks(dl, n_tokens),
-                         n_src, n_dst);
-    kv_status st = kv__plan_check_ids(fn, "source", src_blocks, n_src, sl->num_blocks);
-    if (st == KV_OK)
-        st = kv__plan_check_ids(fn, "destination", dst_blocks, n_dst, dl->num_blocks);
-    if (st == KV_OK)
-        st = kv__plan_check_unique(fn, dst_blocks, n_dst, NULL, 0);
-    if (st != KV_OK)
-        return st;
-    /* Both caches whole inside their regions: then every run is. */
-    if (!range_ok(local->bytes, local_base_off, (uint64_t)sl->total_bytes) ||
-        !range_ok(remote->bytes, remote_base_off, (uint64_t)dl->total_bytes))
-        return kv__error(KV_ERR_OUT_OF_BOUNDS,
-                         "%s: a cache outside its region: source [%" PRIu64 ", +%" PRIu64
-                         ") in %" PRIu64 " bytes, destination [%" PRIu64 ", +%" PRIu64
-                         ") in %" PRIu64,
-                         fn, local_base_off, (uint64_t)sl->total_bytes, local->bytes,
-                         remote_base_off, (uint64_t)dl->total_bytes, remote->bytes);
-    const int64_t items = kv__plan_items(plan, n_tokens);
-    uint64_t cap = 0;
-    for (int64_t w = 0; w < items; w++) {
-        int64_t si, di;
-        const struct kv__plan_copy *cp = kv__plan_item(plan, w, n_src, n_dst, &si, &di);
-        if (cp)
-            cap += (uint64_t)cp->height;
-    }
-    if (cap > UINT32_MAX)
-        return kv__error(KV_ERR_TOO_COSTLY, "%s: %" PRIu64 " runs (more than 2^32)", fn, cap);
-    struct kv_xport_io *ios = kv__mem_alloc((cap ? cap : 1) * sizeof(*ios));
-    if (!ios)
-        return kv__error(KV_ERR_NO_MEMORY, "%s: %" PRIu64 " entries", fn, cap);
-    uint32_t n = 0;
-    for (int64_t w = 0; w < items; w++) {
-        int64_t si, di;
-        const struct kv__plan_copy *cp = kv__plan_item(plan, w, n_src, n_dst, &si, &di);
-        if (!cp)
-            continue;
-        const uint64_t sb = local_base_off +
-                            (uint64_t)src_blocks[si] * (uint64_t)sl->stride_block_bytes +
-                            (uint64_t)cp->src_rel;
-        const uint64_t db = remote_base_off +
-                            (uint64_t)dst_blocks[di] * (uint64_t)dl->stride_block_bytes +
-                            (uint64_t)cp->dst_rel;
-        for (int64_t r = 0; r < cp->height; r++) {
-            const uint64_t lo = sb + (uint64_t)(r * cp->src_pitch);
-            const uint64_t ro = db + (uint64_t)(r * cp->dst_pitch);
-            struct kv_xport_io *prev = n ? &ios[n - 1] : NULL;
-            if (prev && prev->local_off + prev->bytes == lo &&
-                prev->remote_off + prev->bytes == ro) {
-                prev->bytes += (uint64_t)cp->width;
-                continue;
-            }
-            ios[n++] = (struct kv_xport_io){.local = local,
-                                            .local_off = lo,
-                                            .remote = remote,
-                                            .remote_off = ro,
-                                            .bytes = (uint64_t)cp->width};
-        }
-    }
-    st = kv_xport_write(peer, ios, n, notify, xfer);
-    kv__mem_free(ios);
-    return st;
 }

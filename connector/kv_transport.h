@@ -13,14 +13,15 @@
  *                                          <--blob--  kv_xport_mem_expose(peer, mem) -> blob
  *   kv_xport_rmem_import(peer, blob) -> rmem           (B sends the blob out of band or
  *                                                        in a notification)
- *   kv_xport_write(peer, ios) -> xfer  ====data====>  bytes land in B's mem; B's CPU is not
- *   kv_xport_notify(peer, tag, msg) ---after data-->  kv_xport_notify_poll -> (peer, tag, msg)
+ *   kv_xport_write(peer, ios, notify) -> xfer ==data=> bytes land in B's mem; B's CPU is not
+ *                                         --notify--> kv_xport_notify_poll -> (peer id, tag, msg)
  *   kv_xport_xfer_wait(xfer) -> DONE / FAILED / TIMED_OUT / CANCELLED
  *
  * A write is a list of entries (local mem, offset, remote mem, offset,
- * bytes). The receiver checks every entry against the regions it exposed to
- * that peer (bounds and region id); anything else is refused, nothing of it
- * is written, and the sender's entry fails with KV_ERR_OUT_OF_BOUNDS.
+ * bytes) with an optional notification (struct kv_xport_notify). The
+ * receiver checks every entry against the regions it exposed to that peer
+ * (bounds and region id); anything else is refused, nothing of it is
+ * written, and the sender's entry fails with KV_ERR_OUT_OF_BOUNDS.
  *
  * Every posted transfer reaches exactly one terminal state within the
  * configured bound (timeout_ms): DONE (every entry acknowledged), FAILED
@@ -31,9 +32,22 @@
  * the same peer has landed completely; a receiver that sees it may read the
  * data. A peer that disconnects fails everything in flight to it.
  *
- * Backends share this seam through a versioned ops table
- * (kv_xport_ops_get): TCP (real sockets; always built) and RDMA
- * (libibverbs through its own function table; built where rdma-core is).
+ * Everything a peer sends is untrusted. Its frames are checked where they
+ * arrive (lengths, checksums, the limits below); everything it can make us
+ * queue is bounded by this config (notifications not yet polled, reads being
+ * served, connections in their handshake, frames handled per round) and
+ * refused by name when full; a frame that stalls, or a peer that stops
+ * reading what we send it, is closed within timeout_ms.
+ *
+ * Handles can be released in any order: a call that would free something
+ * still in use is refused (KV_ERR_BAD_STATE naming the users), never freed
+ * under them. kv_xport_destroy refuses while the caller still holds peers,
+ * regions, imported regions or transfers of it.
+ *
+ * Backends share this seam through a versioned ops table (struct
+ * kv__xport_ops, connector/kv_xport_int.h): TCP (real sockets; always built)
+ * and RDMA (libibverbs through its own function table; built where
+ * rdma-core is).
  *
  * Thread safety: every call may be made from any thread; one progress
  * thread per transport does the I/O.
@@ -74,7 +88,17 @@ struct kv_xport_config {
     uint64_t fingerprint;    /* what both sides must agree on (a layout fingerprint;
                                 0 on both sides: not checked) */
     uint32_t conns_per_peer; /* TCP connections / RDMA QPs per peer; 0 = 2 */
-    uint32_t timeout_ms;     /* bound on every transfer and handshake; 0 = 30,000 */
+    uint32_t timeout_ms;     /* bound on every transfer, handshake and incoming frame, and
+                                on a peer that stops reading; 0 = 30,000 */
+    /* What a peer can make us hold (0 = the default). A frame over a limit
+     * is refused by name: its sender's transfer (or entry) ends FAILED with
+     * KV_ERR_CAPACITY. */
+    uint32_t max_pending_notes; /* per peer: notifications received, not yet polled; 1024 */
+    uint32_t max_pending_reads; /* per peer: its reads of our memory being served (TCP); 1024 */
+    uint32_t max_handshakes;    /* incoming connections not through their handshake (each
+                                   refused beyond it); 64 */
+    uint32_t frames_per_round;  /* frames handled per connection per progress round, so one
+                                   peer's flood cannot starve another; 64 */
 };
 
 #define KV_XPORT_CONFIG_INIT                                                                       \
@@ -95,10 +119,16 @@ typedef struct kv_xport_xfer kv_xport_xfer; /* a posted transfer */
  * KV_ERR_IO (bind/listen, errno named). */
 KV_API KV_NODISCARD kv_status kv_xport_create(const struct kv_xport_config *cfg, kv_xport **out);
 
-/* Close every peer (their transfers end FAILED or CANCELLED first), join the
- * progress thread, free. Registered memory must be deregistered before.
- * NULL is a no-op. */
-KV_API void kv_xport_destroy(kv_xport *x);
+/* Close what is left (peers never accepted, connections in their
+ * handshake, notifications never polled), join the progress thread, free.
+ * Refused with KV_ERR_BAD_STATE, naming what is still held, while the
+ * caller holds a peer not closed (kv_xport_peer_close), a registered region
+ * (kv_xport_mem_dereg), an imported region (kv_xport_rmem_free) or a
+ * transfer not freed (kv_xport_xfer_free): nothing is freed then. Once past
+ * that check the transport is gone whatever the result; KV_ERR_DEVICE or
+ * KV_ERR_IO then reports a backend teardown call that failed (named).
+ * NULL: KV_OK. */
+KV_API KV_NODISCARD kv_status kv_xport_destroy(kv_xport *x);
 
 /* The port it listens on (0 when not listening). */
 KV_API uint16_t kv_xport_port(const kv_xport *x);
@@ -135,8 +165,14 @@ KV_API KV_NODISCARD kv_status kv_xport_peer_state_get(kv_xport_peer *peer,
 KV_API KV_NODISCARD kv_status kv_xport_peer_wait(kv_xport_peer *peer, uint32_t timeout_ms,
                                                  kv_xport_peer_state *state);
 
-/* Close the peer (its transfers end CANCELLED) and free the handle. */
+/* Close the peer (its transfers end CANCELLED, its exposures end) and
+ * release the caller's handle. Transfers and imported regions of the peer
+ * stay valid until freed (their calls then answer for a closed peer). */
 KV_API void kv_xport_peer_close(kv_xport_peer *peer);
+
+/* The peer's id: unique within this transport for its lifetime (never
+ * reused), what a kv_xport_msg names its sender by. 0 for NULL. */
+KV_API uint64_t kv_xport_peer_id(const kv_xport_peer *peer);
 
 /* Register [base, base + bytes) of memory kind `kind` (host or pinned for
  * TCP; what the device can reach for RDMA, split at max_mr_size). Once per
@@ -145,7 +181,8 @@ KV_API void kv_xport_peer_close(kv_xport_peer *peer);
 KV_API KV_NODISCARD kv_status kv_xport_mem_reg(kv_xport *x, void *base, size_t bytes,
                                                enum kv_mem_kind kind, kv_xport_mem **out);
 
-/* Deregister (KV_ERR_BAD_STATE while a transfer or an exposure uses it). */
+/* Deregister (KV_ERR_BAD_STATE while a transfer or an exposure uses it;
+ * KV_ERR_DEVICE when the backend's deregistration fails: still registered). */
 KV_API KV_NODISCARD kv_status kv_xport_mem_dereg(kv_xport_mem *mem);
 
 /* Let peer write into mem, and write into blob[cap] what the peer imports
@@ -160,9 +197,15 @@ KV_API KV_NODISCARD kv_status kv_xport_mem_expose(kv_xport_peer *peer, kv_xport_
 KV_API uint64_t kv_xport_mem_bytes(const kv_xport_mem *mem);
 KV_API uint64_t kv_xport_rmem_bytes(const kv_xport_rmem *rmem);
 
-/* Withdraw peer's access to mem (waits until no incoming write of that
- * peer is landing in it); later writes there are refused. KV_ERR_NOT_FOUND
- * when it was not exposed to peer. */
+/* Withdraw peer's access to mem. When it returns, nothing of that peer
+ * touches mem any more: writes of that peer landing in it finished (it
+ * waits for them, at most the frame deadline of timeout_ms; other peers'
+ * traffic never delays it), its reads of mem not yet sent are refused
+ * (KV_ERR_OUT_OF_BOUNDS at the reader), and later writes and reads are
+ * refused. TCP: checked by the receiver per frame. RDMA: each exposure has
+ * its own memory registration, deregistered here, so the rkey the peer holds
+ * stops working (the NIC refuses it: REM_ACCESS_ERR at the peer).
+ * KV_ERR_NOT_FOUND when it was not exposed to peer. */
 KV_API KV_NODISCARD kv_status kv_xport_mem_unexpose(kv_xport_peer *peer, kv_xport_mem *mem);
 
 /* A peer's region from its blob (waits for a CONNECTING peer's handshake,
@@ -172,7 +215,10 @@ KV_API KV_NODISCARD kv_status kv_xport_mem_unexpose(kv_xport_peer *peer, kv_xpor
  * become ready). */
 KV_API KV_NODISCARD kv_status kv_xport_rmem_import(kv_xport_peer *peer, const void *blob,
                                                    size_t len, kv_xport_rmem **out);
-KV_API void kv_xport_rmem_free(kv_xport_rmem *rmem);
+
+/* Free an imported region: KV_ERR_BAD_STATE (naming the transfers) while a
+ * transfer that is not terminal names it. NULL: KV_OK. */
+KV_API KV_NODISCARD kv_status kv_xport_rmem_free(kv_xport_rmem *rmem);
 
 /* One write of a transfer: bytes from local + local_off to remote +
  * remote_off. */
@@ -198,7 +244,9 @@ KV_API KV_NODISCARD kv_status kv_xport_read(kv_xport_peer *peer, const struct kv
 
 /* The notification of a transfer: delivered to the peer strictly after every
  * byte of every write posted on this peer before it (this transfer's
- * included) has landed. */
+ * included) has landed. The peer may refuse it when its queue of
+ * notifications not yet polled is full (max_pending_notes): the transfer
+ * then ends FAILED with KV_ERR_CAPACITY. */
 struct kv_xport_notify {
     uint64_t tag;
     const void *msg; /* copied at post */
@@ -211,7 +259,9 @@ struct kv_xport_notify {
  * local memory of the ios belongs to the transfer until it is terminal.
  * Checked at post, before anything is sent (KV_ERR_OUT_OF_BOUNDS naming the
  * entry and range; KV_ERR_INVALID_ARG for a remote region of another peer);
- * the receiver checks every write again against what it exposed.
+ * the receiver checks every write again against what it exposed. Entries
+ * whose destination ranges overlap land in an unspecified order (each is
+ * verified as it was received); the overlap then holds one of them.
  */
 KV_API KV_NODISCARD kv_status kv_xport_write(kv_xport_peer *peer, const struct kv_xport_io *ios,
                                              uint32_t n, const struct kv_xport_notify *notify,
@@ -257,12 +307,18 @@ KV_API KV_NODISCARD kv_status kv_xport_xfer_cancel(kv_xport_xfer *xfer);
  * terminal. */
 KV_API KV_NODISCARD kv_status kv_xport_xfer_results(kv_xport_xfer *xfer, const kv_status **st,
                                                     uint32_t *n);
+/* Why a terminal transfer that is not DONE ended: the first failure's
+ * detail, naming the entry and the values ("" when DONE or pending, or when
+ * no more than the status is known). Valid until free. */
+KV_API const char *kv_xport_xfer_error(kv_xport_xfer *xfer);
 /* Free a terminal transfer (KV_ERR_BAD_STATE otherwise). */
 KV_API KV_NODISCARD kv_status kv_xport_xfer_free(kv_xport_xfer *xfer);
 
-/* A notification received. */
+/* A notification received. Its sender is named by id (kv_xport_peer_id),
+ * never by pointer: the message stays meaningful after the peer is closed
+ * and freed. */
 struct kv_xport_msg {
-    kv_xport_peer *peer;
+    uint64_t peer_id;
     uint64_t tag;
     uint32_t len;
     unsigned char data[KV_XPORT_NOTIFY_MAX];
@@ -272,6 +328,30 @@ struct kv_xport_msg {
  * KV_ERR_TIMEOUT when none. Every write it covers has landed. */
 KV_API KV_NODISCARD kv_status kv_xport_notify_poll(kv_xport *x, uint32_t timeout_ms,
                                                    struct kv_xport_msg *out);
+
+/* What the transport refused or closed, since its creation (monotonic
+ * counters; a snapshot under the transport's lock). */
+struct kv_xport_stats {
+    size_t struct_size;
+    uint64_t peers_refused;         /* handshakes refused (mismatch, corrupt, the handshake
+                                       limit, a deadline) */
+    uint64_t handshakes_over_limit; /* of which: over max_handshakes */
+    uint64_t notes_refused;         /* notifications refused (max_pending_notes) */
+    uint64_t reads_refused;         /* reads refused (max_pending_reads, not exposed) */
+    uint64_t frames_stalled;        /* peers closed: an incoming frame past its deadline */
+    uint64_t sends_stalled;         /* peers closed: not reading what we send for timeout_ms */
+    uint64_t accept_backoffs;       /* accept() failed for lack of resources (EMFILE, ...):
+                                       the listener paused, 10 ms doubling to 1 s */
+    int accept_last_errno;          /* the errno of the last such failure (0: none) */
+};
+#define KV_XPORT_STATS_INIT                                                                        \
+    {                                                                                              \
+        .struct_size = sizeof(struct kv_xport_stats)                                               \
+    }
+
+/* Fill *out (start from KV_XPORT_STATS_INIT). KV_ERR_NULL; KV_ERR_INVALID_ARG
+ * (struct_size). */
+KV_API KV_NODISCARD kv_status kv_xport_stats_get(kv_xport *x, struct kv_xport_stats *out);
 
 #ifdef __cplusplus
 }

@@ -1,28 +1,42 @@
 /*
  * kv_xport_int.h - the inside of the transport seam (kv_transport.h), shared
- * by the generic layer (kv_transport.c) and the backends (kv_xport_tcp.c,
+ * by the generic layer (kv_transport.c) and the backends (kv_xport_tcp*.c,
  * kv_xport_rdma_verbs.c). Module-private: not installed.
  *
  * Division of work:
- *   generic  the handles and their lifetimes (reference counts), argument
- *            checks at post, the exposure table a receiver checks against,
- *            the blobs, the accept and notification queues, transfer
- *            bookkeeping (per-entry status, the terminal state, waiting);
+ *   generic  the handles and their lifetimes (reference counts, what is
+ *            still held), argument checks at post, the exposure table a
+ *            receiver checks against, the blobs, the accept and
+ *            notification queues, every limit the API states (the
+ *            backends ask before they read a payload), transfer bookkeeping
+ *            (per-entry status, the terminal state, waiting);
  *   backend  moving the bytes: its progress thread, connections or queue
  *            pairs, the handshake on the wire, deadlines of what it holds.
+ *
+ * A backend provides exactly struct kv__xport_ops and its own state behind
+ * the `be` pointers (x->be, p->be, m->be, e->be); the generic structs hold
+ * nothing of one backend. A third backend is a new file with an ops table.
  *
  * One mutex per transport (x->mu) guards every field below that is not
  * marked otherwise, in every object of that transport; x->cv is broadcast
  * on every change a caller may wait for (a transfer terminal, a peer ready
- * or closed, a notification queued, a landing write finished). Memory a
+ * or closed, a notification queued, an exposure no longer busy). Memory a
  * transfer names is touched only by the backend's progress thread, and only
- * while the transfer is not terminal.
+ * while the transfer is not terminal; memory an exposure names only while
+ * the exposure is in its peer's table or busy.
  *
  * Lifetimes: a peer is freed when its references drop to 0: the user's
  * handle (until kv_xport_peer_close), one per transfer and imported region
- * still allocated, and the backend's (until it has closed the peer's
- * connections). A transfer is freed by the user only (kv_xport_xfer_free,
- * once terminal).
+ * still allocated, one per queued notification, and the backend's (until it
+ * has closed the peer's connections). A transfer is freed by the user only
+ * (kv_xport_xfer_free, once terminal). An imported region counts the
+ * transfers not yet terminal that name it (rmem_free refuses while any do).
+ *
+ *   x->n_xfers == transfers posted and not freed
+ *   x->n_rmems == imported regions not freed
+ *   m->users   == transfers not terminal naming m + exposures of m
+ *   r->users   == transfers not terminal naming r
+ *   p->n_notes == notifications of p queued, not yet polled (<= max_pending_notes)
  */
 #ifndef KV_XPORT_INT_H
 #define KV_XPORT_INT_H
@@ -34,34 +48,48 @@
 #include "kv_lib.h"
 #include "kv_transport.h"
 
-#define KV__XPORT_OPS_VERSION 1u
+#define KV__XPORT_OPS_VERSION 2u
 #define KV__XPORT_KEY_MAX 160 /* backend key bytes inside a blob */
 #define KV__XPORT_DEFAULT_TIMEOUT_MS 30000u
 #define KV__XPORT_DEFAULT_CONNS 2u
 #define KV__XPORT_MAX_CONNS 16u
+#define KV__XPORT_DEFAULT_NOTES 1024u
+#define KV__XPORT_DEFAULT_READS 1024u
+#define KV__XPORT_DEFAULT_HANDSHAKES 64u
+#define KV__XPORT_DEFAULT_FRAMES 64u
 
-/* A backend: the versioned ops table (kv__xport_tcp_ops, kv__xport_rdma_ops).
+struct kv__xport_expo;
+
+/* A backend: the versioned ops table (kv__xport_tcp_ops, kv__xport_rdma()).
  * Every entry is called with x->mu NOT held unless it says "mu held". */
 struct kv__xport_ops {
-    uint32_t version; /* KV__XPORT_OPS_VERSION */
+    uint32_t version; /* KV__XPORT_OPS_VERSION: checked at kv_xport_create */
     kv_xport_kind kind;
     const char *name;
     /* Backend state into x->be; listen when x->cfg.listen_host; start the
-     * progress thread. x->port set when listening. */
+     * progress thread (none when x->manual: kv__xport_step drives it).
+     * x->port set when listening. */
     kv_status (*start)(kv_xport *x);
-    /* Close every peer (mu taken inside: their transfers end), join the
-     * thread, free x->be. */
-    void (*stop)(kv_xport *x);
+    /* Close every peer left (mu taken inside: their transfers end), join
+     * the thread, free x->be. The result of every teardown call: the first
+     * that failed, named (the rest is still freed). */
+    kv_status (*stop)(kv_xport *x);
     /* Begin connecting p (state CONNECTING, p->be to be set); the progress
      * thread finishes the handshake and calls kv__xport_peer_ready or
      * kv__xport_peer_closed. */
     kv_status (*connect)(kv_xport_peer *p, const char *host, uint16_t port);
-    /* Per-region backend state (RDMA: the MRs) into m->be. */
+    /* Per-region backend state (RDMA: local-access MRs) into m->be. */
     kv_status (*mem_reg)(kv_xport_mem *m);
-    void (*mem_dereg)(kv_xport_mem *m);
-    /* The backend part of a blob exposing m to p: at most KV__XPORT_KEY_MAX
-     * bytes into key (TCP: none). */
-    kv_status (*mem_key)(kv_xport_peer *p, kv_xport_mem *m, unsigned char *key, uint32_t *len);
+    /* Release m->be; an error leaves it registered. */
+    kv_status (*mem_dereg)(kv_xport_mem *m);
+    /* A new exposure e of e->mem to p (not yet in p's table): its backend
+     * state into e->be and the key the blob carries into e->key/e->key_len
+     * (RDMA: its own remote-access MRs and their rkeys; TCP: nothing). */
+    kv_status (*expose)(kv_xport_peer *p, struct kv__xport_expo *e);
+    /* mu held (may be dropped inside): e left p's table (unexpose, or p
+     * closed); refuse what the backend queued of it, release e->be. The
+     * caller then waits for e->busy == 0. */
+    void (*unexpose)(kv_xport_peer *p, struct kv__xport_expo *e);
     /* mu held: take t (entries checked, state PENDING, on p's list). */
     void (*post)(kv_xport_xfer *t);
     /* mu held: t->cancel_req was just set; end it as soon as nothing of it
@@ -71,16 +99,21 @@ struct kv__xport_ops {
      * CANCELLED) from the progress thread and drop the backend's
      * reference. */
     void (*peer_close)(kv_xport_peer *p);
+    /* Manual progress (x->manual, no thread): one round, waiting at most
+     * timeout_ms for something to do. NULL where the backend has none. */
+    void (*step)(kv_xport *x, uint32_t timeout_ms);
 };
 
 /* The backends: TCP here; RDMA through the verbs boundary header
- * (kv__xport_rdma() in kv_verbs_int.h: NULL in a build without rdma-core). */
+ * (kv__xport_rdma() in kv_verbs_int.h: NULL in a build without rdma-core;
+ * the generic layer reaches it only through kv__xport_backend()). */
 extern const struct kv__xport_ops kv__xport_tcp_ops;
+const struct kv__xport_ops *kv__xport_backend(kv_xport_kind kind);
 
 /* A notification received, queued for kv_xport_notify_poll. */
 struct kv__xport_note {
     struct kv__xport_note *next;
-    kv_xport_peer *peer; /* holds a reference until polled */
+    kv_xport_peer *peer; /* a reference until polled (its n_notes) */
     uint64_t tag;
     uint32_t len;
     unsigned char data[];
@@ -91,6 +124,7 @@ struct kv_xport {
     char host[64];
     const struct kv__xport_ops *ops;
     void *be;
+    bool manual; /* no progress thread: kv__xport_step */
     uint16_t port;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -100,6 +134,9 @@ struct kv_xport {
     kv_xport_mem *mems;
     uint32_t next_region; /* region ids: 1, 2, ... (0 never names one) */
     uint64_t next_xfer;   /* transfer ids: 1, 2, ... */
+    uint64_t next_peer;   /* peer ids: 1, 2, ... */
+    uint64_t n_xfers, n_rmems;
+    struct kv_xport_stats stats;
 };
 
 struct kv_xport_mem {
@@ -109,8 +146,16 @@ struct kv_xport_mem {
     uint64_t bytes;
     enum kv_mem_kind kind;
     uint32_t region;
-    uint32_t users;   /* transfers not freed that name it + exposures */
-    uint32_t landing; /* incoming writes being received into it now */
+    uint32_t users; /* transfers not terminal that name it + exposures */
+    void *be;
+};
+
+/* mem exposed to one peer: an entry of that peer's table. */
+struct kv__xport_expo {
+    kv_xport_mem *mem;
+    uint32_t busy; /* backend: its incoming writes landing / its reads of mem being sent */
+    uint32_t key_len;
+    unsigned char key[KV__XPORT_KEY_MAX];
     void *be;
 };
 
@@ -118,6 +163,7 @@ struct kv_xport_peer {
     kv_xport *x;
     kv_xport_peer *next;        /* x->peers */
     kv_xport_peer *accept_next; /* x->accept_head */
+    uint64_t id;                /* kv_xport_peer_id */
     uint32_t refs;
     kv_xport_peer_state state;
     kv_status why; /* CLOSED: why (KV_OK for a clean close) */
@@ -126,8 +172,9 @@ struct kv_xport_peer {
     bool user_closed; /* kv_xport_peer_close called */
     bool user_owned;  /* the user holds a handle (connect, or accept returned it) */
     uint64_t nonce_local, nonce_remote; /* this connection's ids on each side */
-    kv_xport_mem **exposed;             /* what this peer may write or read */
+    struct kv__xport_expo **exposed;    /* what this peer may write or read */
     uint32_t n_exposed, cap_exposed;
+    uint32_t n_notes;     /* queued, not yet polled */
     kv_xport_xfer *xfers; /* not yet terminal, oldest first (via next) */
     kv_xport_xfer *xfers_tail;
     void *be;
@@ -136,6 +183,7 @@ struct kv_xport_peer {
 struct kv_xport_rmem {
     kv_xport_peer *peer; /* a reference */
     uint32_t region;     /* the peer's region id */
+    uint32_t users;      /* transfers not terminal that name it */
     uint64_t bytes;
     uint32_t key_len;
     unsigned char key[KV__XPORT_KEY_MAX];
@@ -154,21 +202,32 @@ struct kv_xport_xfer {
     uint32_t left;           /* entries not ended */
     uint32_t failed;         /* entries ended with an error */
     bool has_note, note_sent, note_done;
+    kv_status note_st; /* the notification refused by the peer (KV_OK: not) */
     uint64_t note_tag;
     uint32_t note_len;
     unsigned char *note;
     kv_xport_state state;
     uint64_t post_ns, deadline_ns;
     bool cancel_req;
-    uint32_t busy;             /* backend: frames of it on the wire or landing now */
+    uint32_t busy;             /* backend: frames / WRs of it on the wire or landing now */
     uint64_t be_entry, be_off; /* backend: the send cursor */
+    char why[200];             /* kv_xport_xfer_error: the first failure's detail */
 };
 
-/* Monotonic nanoseconds. */
+/* Monotonic nanoseconds; now + ms as nanoseconds. */
 uint64_t kv__xport_now_ns(void);
+uint64_t kv__xport_deadline_ns(uint32_t timeout_ms);
 
 /* mu held: entry i of t ended with st (KV_OK: all its bytes moved). */
 void kv__xport_entry_end(kv_xport_xfer *t, uint32_t i, kv_status st);
+/* mu held: as kv__xport_entry_end with an error and its detail (the first
+ * detail of a transfer is kept: kv_xport_xfer_error). */
+void kv__xport_entry_fail(kv_xport_xfer *t, uint32_t i, kv_status st, const char *fmt, ...)
+    KV_PRINTF(4, 5);
+
+/* A status read from the wire: itself when it is one of ours and an error
+ * (KV_OK when ok is allowed and it is 0), else KV_ERR_CORRUPT. */
+kv_status kv__xport_wire_status(int64_t v, bool ok_allowed);
 
 /* mu held: t ends in state (terminal) now: unended entries get `why`;
  * it leaves the peer's list; waiters are woken. */
@@ -183,12 +242,17 @@ bool kv__xport_xfer_settle(kv_xport_xfer *t);
  * entries successfully (and t's own): t's notification may go. */
 bool kv__xport_note_may_go(const kv_xport_xfer *t);
 
+/* mu held: the peer refused t's notification with st (detail msg). */
+void kv__xport_note_refused(kv_xport_xfer *t, kv_status st, const char *msg);
+
 /* mu held: the peer's handshake completed (accept queue for incoming). */
 void kv__xport_peer_ready(kv_xport_peer *p);
 
-/* mu held: p is closed (why, message): every transfer not terminal ends
+/* mu held: p is closed (why, message): its exposures end (the backend's
+ * unexpose for each; mu may be dropped), every transfer not terminal ends
  * (CANCELLED when asked, else FAILED with why, or KV_ERR_IO for a clean
- * close while transfers were pending). */
+ * close while transfers were pending). The backend released everything
+ * of p it held busy before. */
 void kv__xport_peer_closed(kv_xport_peer *p, kv_status why, const char *msg);
 
 /* mu held: a new peer (refs: 1, the backend's). */
@@ -196,15 +260,29 @@ kv_xport_peer *kv__xport_peer_new(kv_xport *x, bool outgoing);
 /* mu held: drop a reference (frees at 0). */
 void kv__xport_peer_unref(kv_xport_peer *p);
 
-/* mu held: queue a received notification. KV_ERR_NO_MEMORY. */
+/* mu held: may a notification of len bytes from p be queued? KV_OK;
+ * KV_ERR_CORRUPT (over KV_XPORT_NOTIFY_MAX: a protocol violation);
+ * KV_ERR_CAPACITY (p has max_pending_notes queued). msg (may be NULL) gets
+ * the detail. Backends ask before they read the payload. */
+kv_status kv__xport_note_admit(const kv_xport_peer *p, uint64_t len, char *msg, size_t cap);
+/* mu held: queue a received notification (admitted again).
+ * KV_ERR_CORRUPT; KV_ERR_CAPACITY; KV_ERR_NO_MEMORY. */
 kv_status kv__xport_note_push(kv_xport_peer *p, uint64_t tag, const void *data, uint32_t len);
 
-/* mu held: the region p exposed to us... the local region `region` if it is
- * exposed to p and [off, off + len) lies in it; NULL otherwise. */
-kv_xport_mem *kv__xport_exposed(kv_xport_peer *p, uint32_t region, uint64_t off, uint64_t len);
+/* mu held: the exposure of local region `region` to p if [off, off + len)
+ * lies in it; NULL otherwise. */
+struct kv__xport_expo *kv__xport_exposed(kv_xport_peer *p, uint32_t region, uint64_t off,
+                                         uint64_t len);
 
 /* A transfer with id in p's list (mu held); NULL when none (ended). */
 kv_xport_xfer *kv__xport_xfer_find(kv_xport_peer *p, uint64_t id);
+
+/* Create a transport without a progress thread (tests, fuzzing): progress
+ * is made by kv__xport_step, one round per call, in the caller's thread.
+ * Calls that wait (accept, peer_wait, xfer_wait, notify_poll, unexpose,
+ * peer_close) must then be made with nothing left to wait for. */
+kv_status kv__xport_create_manual(const struct kv_xport_config *cfg, kv_xport **out);
+void kv__xport_step(kv_xport *x, uint32_t timeout_ms);
 
 /* The handshake's payload (both backends): what a HELLO carries, encoded
  * little-endian in KV__XPORT_HELLO_BYTES. */
@@ -223,5 +301,19 @@ void kv__xport_hello_decode(const unsigned char *in, struct kv__xport_hello *h);
  * REFUSE carries. */
 kv_status kv__xport_hello_check(const kv_xport *x, const struct kv__xport_hello *h, char *msg,
                                 size_t cap);
+
+/* The blob of an exposure (kv_xport_codec.c has the byte layout). */
+#define KV__XPORT_BLOB_HEAD 40
+struct kv__xport_blob {
+    uint32_t version, kind, region, key_len;
+    uint64_t bytes;
+    uint64_t exposer, importer; /* the connection's ids on the exposing / importing side */
+    unsigned char key[KV__XPORT_KEY_MAX];
+};
+/* Bytes written to out (at most KV_XPORT_BLOB_MAX). */
+size_t kv__xport_blob_encode(const struct kv__xport_blob *b, unsigned char *out);
+/* Every field checked: KV_ERR_CORRUPT (length, magic, key length,
+ * checksum, region 0 or 0 bytes); KV_ERR_MISMATCH (another version). */
+kv_status kv__xport_blob_decode(const void *in, size_t len, struct kv__xport_blob *b);
 
 #endif /* KV_XPORT_INT_H */

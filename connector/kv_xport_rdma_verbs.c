@@ -15,9 +15,14 @@
  *                 (INIT -> RTR -> RTS) and the other side's READY came, so
  *                 nothing is sent to a QP that cannot take it yet. A dead
  *                 OOB peer closes the RDMA peer.
- *   regions       one MR per chunk of at most max_mr_size bytes (rounded
- *                 down to 4 KiB); the blob key is the chunk count, the
- *                 chunk size, the region's virtual base and each rkey.
+ *   regions       one local-access MR per chunk of at most max_mr_size
+ *                 bytes (rounded down to 4 KiB) for the SGEs of our own
+ *                 WRs; each exposure to a peer registers the region again,
+ *                 remote access only, with its own rkeys: the blob key is
+ *                 the chunk count, the chunk size, the region's virtual
+ *                 base and each of that exposure's rkeys. Unexposing (or
+ *                 closing the peer) deregisters them: the peer's rkeys stop
+ *                 working at the NIC.
  *   writes/reads  a WR is one remote-contiguous range inside one remote
  *                 chunk, gathered from up to max_sge local pieces (each
  *                 inside one local chunk), WRs round robin over the peer's
@@ -56,11 +61,10 @@
  * what an MR covers with the rkey it holds, and it learns rkeys only from
  * the blobs of regions exposed to it (kv_xport_mem_expose); a write outside
  * an MR is refused by the responder (REM_ACCESS_ERR: nothing written, the
- * sender's entry FAILED with KV_ERR_OUT_OF_BOUNDS). What RDMA cannot give
- * that TCP does: unexpose cannot revoke an rkey already handed out (the
- * MRs live until the region is deregistered), and regions of one transport
- * share a PD, so an rkey leaked to another peer of the same transport
- * would work there too.
+ * sender's entry FAILED with KV_ERR_OUT_OF_BOUNDS), and so is one with the
+ * rkey of an exposure that ended. What RDMA cannot give that TCP does:
+ * regions of one transport share a PD, so an rkey leaked to another peer of
+ * the same transport would work there too while its exposure lasts.
  *
  * Threads: one progress thread per transport makes every terminal
  * transition and every post/poll (the rule of kv_xport_tcp.c); it drops
@@ -72,8 +76,10 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <inttypes.h>
+#include <netdb.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -133,6 +139,7 @@ struct rpeer {
     kv_xport_peer *p;
     struct rpeer *next;
     kv_xport_peer *oob;
+    uint64_t oob_id; /* its id: how the OOB transport's messages name it */
     enum rphase ph;
     bool info_sent, ready_sent, ready_got, close_req;
     kv_xport_xfer *oob_x[2]; /* the INFO / READY notifications (freed when terminal) */
@@ -163,7 +170,29 @@ struct rdma {
     bool stop;
     struct rpeer *peers;
     char dev[64];
+    kv_status teardown; /* the first verbs teardown call that failed (kv_xport_destroy) */
+    char teardown_msg[200];
 };
+
+/* mu NOT needed: note the first teardown call that failed (rc != 0). */
+static void teardown_check(struct rdma *r, int rc, const char *what)
+{
+    if (rc == 0 || r->teardown != KV_OK)
+        return;
+    r->teardown = KV_ERR_DEVICE;
+    snprintf(r->teardown_msg, sizeof(r->teardown_msg), "xport rdma: %s on %s: %s", what, r->dev,
+             strerror(rc < 0 ? -rc : rc));
+}
+
+/* Destroy an internal transport on an error path, keeping the caller's
+ * error message. */
+static void oob_destroy_quiet(kv_xport *oob)
+{
+    kv__error_mute();
+    if (kv_xport_destroy(oob) != KV_OK)
+        kv__error_clear();
+    kv__error_unmute();
+}
 
 static kv_status wc_status(enum ibv_wc_status s)
 {
@@ -269,11 +298,11 @@ static kv_status rdma_start(kv_xport *x)
     return KV_OK;
 
 fail_oob:
-    kv_xport_destroy(r->oob);
+    oob_destroy_quiet(r->oob);
 fail_pd:
-    v->dealloc_pd(r->pd);
+    (void)v->dealloc_pd(r->pd);
 fail_ctx:
-    v->close_device(r->ctx);
+    (void)v->close_device(r->ctx);
 fail_state:
     kv__mem_free(r);
     return st;
@@ -344,17 +373,18 @@ static kv_status peer_verbs(struct rdma *r, struct rpeer *rp)
     return KV_OK;
 }
 
-/* mu NOT held: free what peer_verbs made (QPs first: nothing lands after). */
+/* mu NOT held: free what peer_verbs made (QPs first: nothing lands after);
+ * a call that fails is noted for kv_xport_destroy. */
 static void peer_verbs_free(struct rdma *r, struct rpeer *rp)
 {
     const struct kv__verbs *v = r->v;
     for (uint32_t i = 0; i < rp->nq; i++)
         if (rp->q[i].qp)
-            v->destroy_qp(rp->q[i].qp);
+            teardown_check(r, v->destroy_qp(rp->q[i].qp), "ibv_destroy_qp");
     if (rp->cq)
-        v->destroy_cq(rp->cq);
+        teardown_check(r, v->destroy_cq(rp->cq), "ibv_destroy_cq");
     if (rp->bufs_mr)
-        v->dereg_mr(rp->bufs_mr);
+        teardown_check(r, v->dereg_mr(rp->bufs_mr), "ibv_dereg_mr (message buffers)");
     kv__mem_free(rp->bufs);
     kv__mem_free(rp->ring);
 }
@@ -508,7 +538,7 @@ static void finish_fail(struct rdma *r, struct rpeer *rp)
     kick(x);
 }
 
-static void rdma_stop(kv_xport *x)
+static kv_status rdma_stop(kv_xport *x)
 {
     struct rdma *r = x->be;
     pthread_mutex_lock(&x->mu);
@@ -516,11 +546,18 @@ static void rdma_stop(kv_xport *x)
     kick(x);
     pthread_mutex_unlock(&x->mu);
     pthread_join(r->thr, NULL);
-    kv_xport_destroy(r->oob);
-    r->v->dealloc_pd(r->pd);
-    r->v->close_device(r->ctx);
+    if (kv_xport_destroy(r->oob) != KV_OK && r->teardown == KV_OK) {
+        r->teardown = kv__error_wrap(KV_ERR_BAD_STATE, "xport rdma: the out-of-band transport");
+        snprintf(r->teardown_msg, sizeof(r->teardown_msg), "%s", kv_last_error());
+    }
+    teardown_check(r, r->v->dealloc_pd(r->pd), "ibv_dealloc_pd");
+    teardown_check(r, r->v->close_device(r->ctx), "ibv_close_device");
+    const kv_status st = r->teardown;
+    char msg[sizeof(r->teardown_msg)];
+    memcpy(msg, r->teardown_msg, sizeof(msg));
     kv__mem_free(r);
     x->be = NULL;
+    return st == KV_OK ? KV_OK : kv__error(st, "xport_destroy: %s", msg);
 }
 
 static kv_status rdma_connect(kv_xport_peer *p, const char *host, uint16_t port)
@@ -536,12 +573,31 @@ static kv_status rdma_connect(kv_xport_peer *p, const char *host, uint16_t port)
         kv__mem_free(rp);
         return st;
     }
-    /* The OOB connect under x->mu (the order x->mu -> oob): the progress
-     * thread matches the OOB peer's first notification only with x->mu
-     * held, so it finds rp listed. */
+    /* The name is resolved first, without x->mu (a DNS lookup must not
+     * hold up calls on other peers); the OOB connect of the numeric address
+     * then runs under x->mu (the order x->mu -> oob): the progress thread
+     * matches the OOB peer's first notification only with x->mu held, so it
+     * finds rp listed. */
+    char num[NI_MAXHOST];
+    {
+        struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+        struct addrinfo *ai = NULL;
+        const int g = getaddrinfo(host, NULL, &hints, &ai);
+        const int n = g == 0 ? getnameinfo(ai->ai_addr, ai->ai_addrlen, num, sizeof(num), NULL, 0,
+                                           NI_NUMERICHOST)
+                             : g;
+        if (ai)
+            freeaddrinfo(ai);
+        if (g != 0 || n != 0) {
+            peer_verbs_free(r, rp);
+            kv__mem_free(rp);
+            return kv__error(KV_ERR_INVALID_ARG, "xport_connect(rdma): host \"%s\": %s", host,
+                             gai_strerror(g != 0 ? g : n));
+        }
+    }
     pthread_mutex_lock(&x->mu);
     kv_xport_peer *op = NULL;
-    st = kv_xport_connect(r->oob, host, port, &op);
+    st = kv_xport_connect(r->oob, num, port, &op);
     if (st != KV_OK) {
         pthread_mutex_unlock(&x->mu);
         peer_verbs_free(r, rp);
@@ -549,6 +605,7 @@ static kv_status rdma_connect(kv_xport_peer *p, const char *host, uint16_t port)
         return kv__error_wrap(st, "xport_connect(rdma): out of band");
     }
     rp->oob = op;
+    rp->oob_id = kv_xport_peer_id(op);
     p->be = rp;
     rp->next = r->peers;
     r->peers = rp;
@@ -573,7 +630,9 @@ static kv_status rdma_mem_reg(kv_xport_mem *m)
     if (!rm)
         return kv__error(KV_ERR_NO_MEMORY, "xport_mem_reg(rdma): region state");
     rm->chunk = r->chunk;
-    const int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    /* Our own WRs' SGEs only: a peer reaches the region through the MRs of
+     * an exposure (rdma_expose), never these. */
+    const int acc = IBV_ACCESS_LOCAL_WRITE;
     for (uint32_t i = 0; i < n; i++) {
         const uint64_t off = (uint64_t)i * r->chunk;
         const uint64_t len = m->bytes - off < r->chunk ? m->bytes - off : r->chunk;
@@ -594,32 +653,92 @@ static kv_status rdma_mem_reg(kv_xport_mem *m)
     return KV_OK;
 }
 
-static void rdma_mem_dereg(kv_xport_mem *m)
+/* Deregister rm's MRs from the last; an error keeps that one and the ones
+ * before it (the region stays registered: the caller can retry). */
+static kv_status rmr_dereg(struct rdma *r, struct rmr *rm, const char *what)
+{
+    while (rm->n) {
+        const int e = r->v->dereg_mr(rm->mr[rm->n - 1]);
+        if (e != 0)
+            return kv__error(KV_ERR_DEVICE, "xport rdma: ibv_dereg_mr of %s chunk %u on %s: %s",
+                             what, rm->n - 1, r->dev, strerror(e < 0 ? -e : e));
+        rm->n--;
+    }
+    return KV_OK;
+}
+
+static kv_status rdma_mem_dereg(kv_xport_mem *m)
 {
     struct rdma *r = m->x->be;
     struct rmr *rm = m->be;
     if (!rm)
-        return;
-    for (uint32_t i = 0; i < rm->n; i++)
-        r->v->dereg_mr(rm->mr[i]);
+        return KV_OK;
+    const kv_status st = rmr_dereg(r, rm, "a region");
+    if (st != KV_OK)
+        return kv__error_wrap(st, "xport_mem_dereg: region %u", m->region);
     kv__mem_free(rm);
     m->be = NULL;
+    return KV_OK;
 }
 
-/* Key (LE): 0 4 chunks, 4 4 reserved, 8 8 chunk bytes, 16 8 base address,
+/* The exposure's own MRs, remote access, the region's chunking; its key
+ * (LE): 0 4 chunks, 4 4 reserved, 8 8 chunk bytes, 16 8 base address,
  * 24 4*chunks rkeys. */
-static kv_status rdma_mem_key(kv_xport_peer *p, kv_xport_mem *m, unsigned char *key, uint32_t *len)
+static kv_status rdma_expose(kv_xport_peer *p, struct kv__xport_expo *e)
 {
     (void)p;
-    const struct rmr *rm = m->be;
+    kv_xport_mem *m = e->mem;
+    struct rdma *r = m->x->be;
+    const struct rmr *lm = m->be;
+    struct rmr *rm = kv__mem_calloc(1, sizeof(*rm));
+    if (!rm)
+        return kv__error(KV_ERR_NO_MEMORY, "xport_mem_expose(rdma): exposure state");
+    rm->chunk = lm->chunk;
+    const int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    for (uint32_t i = 0; i < lm->n; i++) {
+        const uint64_t off = (uint64_t)i * rm->chunk;
+        const uint64_t len = m->bytes - off < rm->chunk ? m->bytes - off : rm->chunk;
+        rm->mr[i] = r->v->reg_mr(r->pd, m->base + off, (size_t)len, acc);
+        if (!rm->mr[i]) {
+            const int err = errno;
+            if (rmr_dereg(r, rm, "an exposure") != KV_OK)
+                kv__error_clear(); /* keeps failing: leaked, noted for destroy */
+            kv__mem_free(rm);
+            return kv__error(err == ENOMEM ? KV_ERR_NO_MEMORY : KV_ERR_IO,
+                             "xport_mem_expose(rdma): reg_mr of chunk %u of region %u: %s", i,
+                             m->region, strerror(err));
+        }
+        rm->n = i + 1;
+    }
+    unsigned char *key = e->key;
     kv__le_put(key, rm->n, 4);
     kv__le_put(key + 4, 0, 4);
     kv__le_put(key + 8, rm->chunk, 8);
     kv__le_put(key + 16, (uint64_t)(uintptr_t)m->base, 8);
     for (uint32_t i = 0; i < rm->n; i++)
         kv__le_put(key + RD_KEY_HEAD + 4 * i, rm->mr[i]->rkey, 4);
-    *len = RD_KEY_HEAD + 4 * rm->n;
+    e->key_len = RD_KEY_HEAD + 4 * rm->n;
+    e->be = rm;
     return KV_OK;
+}
+
+/* mu held (dropped around the verbs calls): the exposure's MRs go, so the
+ * rkeys the peer holds stop working. */
+static void rdma_unexpose(kv_xport_peer *p, struct kv__xport_expo *e)
+{
+    struct rmr *rm = e->be;
+    kv_xport *x = p->x;
+    struct rdma *r = x->be;
+    if (!rm || !r)
+        return;
+    e->be = NULL;
+    pthread_mutex_unlock(&x->mu);
+    if (rmr_dereg(r, rm, "an exposure") != KV_OK) {
+        teardown_check(r, EBUSY, "ibv_dereg_mr of an exposure");
+        kv__error_clear();
+    }
+    pthread_mutex_lock(&x->mu);
+    kv__mem_free(rm);
 }
 
 /* A remote region's key, decoded: false when malformed. */
@@ -680,7 +799,8 @@ static const struct kv__xport_ops kv__xport_rdma_ops = {
     .connect = rdma_connect,
     .mem_reg = rdma_mem_reg,
     .mem_dereg = rdma_mem_dereg,
-    .mem_key = rdma_mem_key,
+    .expose = rdma_expose,
+    .unexpose = rdma_unexpose,
     .post = rdma_post,
     .cancel = rdma_cancel,
     .peer_close = rdma_peer_close,
@@ -815,10 +935,10 @@ static void maybe_ready(struct rpeer *rp)
 
 /* mu held: the OOB side of every peer: new incoming peers, INFO / READY
  * notifications, dead OOB peers. */
-static struct rpeer *find_oob(struct rdma *r, kv_xport_peer *op)
+static struct rpeer *find_oob(struct rdma *r, uint64_t oob_id)
 {
     for (struct rpeer *rp = r->peers; rp; rp = rp->next)
-        if (rp->oob == op)
+        if (rp->oob && rp->oob_id == oob_id)
             return rp;
     return NULL;
 }
@@ -847,6 +967,7 @@ static bool accept_one(struct rdma *r)
         pthread_mutex_lock(&x->mu);
         return true;
     }
+    rp->oob_id = kv_xport_peer_id(op);
     p->be = rp;
     rp->next = r->peers;
     r->peers = rp;
@@ -874,9 +995,9 @@ static bool oob_round(struct rdma *r)
         if (st != KV_OK)
             break;
         any = true;
-        struct rpeer *rp = find_oob(r, m.peer);
+        struct rpeer *rp = find_oob(r, m.peer_id);
         while (!rp && accept_one(r)) /* ready before we accepted it */
-            rp = find_oob(r, m.peer);
+            rp = find_oob(r, m.peer_id);
         if (!rp || rp->ph == PH_FAIL)
             continue;
         if (m.tag == RD_OOB_INFO)
@@ -1175,17 +1296,25 @@ static bool poll_round(struct rdma *r, struct rpeer *rp)
                 if (b >= rp->nq * RD_RECVS || rp->ph == PH_FAIL)
                     continue;
                 const unsigned char *m = buf_at(rp, b);
-                const uint32_t len =
-                    w->byte_len >= RD_NOTE_HDR ? (uint32_t)kv__le_get(m + 4, 4) : 0;
-                if (w->byte_len < RD_NOTE_HDR || kv__le_get(m, 4) != RD_NOTE_MAGIC ||
-                    len > KV_XPORT_NOTIFY_MAX || len + RD_NOTE_HDR != w->byte_len) {
+                const uint64_t len = w->byte_len >= RD_NOTE_HDR ? kv__le_get(m + 4, 4) : 0;
+                if (w->byte_len < RD_NOTE_HDR || w->byte_len > RD_MSG_BYTES ||
+                    kv__le_get(m, 4) != RD_NOTE_MAGIC || len + RD_NOTE_HDR != w->byte_len) {
                     peer_fail(r, rp, KV_ERR_CORRUPT,
                               "xport rdma: a notification of %u bytes fails its checks",
                               w->byte_len);
                     continue;
                 }
-                if (kv__xport_note_push(rp->p, kv__le_get(m + 8, 8), m + RD_NOTE_HDR, len) !=
-                    KV_OK) {
+                /* The generic layer's limits (length, queue): a peer over
+                 * them is closed, named. */
+                char why[160];
+                const kv_status as = kv__xport_note_admit(rp->p, len, why, sizeof(why));
+                if (as != KV_OK) {
+                    r->x->stats.notes_refused += as == KV_ERR_CAPACITY;
+                    peer_fail(r, rp, as, "xport rdma: %s", why);
+                    continue;
+                }
+                if (kv__xport_note_push(rp->p, kv__le_get(m + 8, 8), m + RD_NOTE_HDR,
+                                        (uint32_t)len) != KV_OK) {
                     peer_fail(r, rp, KV_ERR_NO_MEMORY, "xport rdma: a notification");
                     continue;
                 }

@@ -1304,7 +1304,8 @@ static int run_decode(const struct opts *o, const struct request *reqs)
     for (uint32_t g = 0; g < N_GROUPS; g++)
         if (mem[g] && kv_xport_mem_dereg(mem[g]) != KV_OK)
             ok = fail_msg("kv_xport_mem_dereg: %s", kv_last_error());
-    kv_xport_destroy(x);
+    if (kv_xport_destroy(x) != KV_OK)
+        ok = fail_msg("kv_xport_destroy: %s", kv_last_error());
     if (d)
         decode_fini(d);
     free(d);
@@ -1440,14 +1441,16 @@ static int run_prefill(const struct opts *o, const struct request *reqs)
         ok = prefill_serve(p, o, reqs, peer, mem, rmem, plans, msg, snap);
     }
     for (uint32_t g = 0; g < N_GROUPS; g++) {
-        kv_xport_rmem_free(rmem[g]);
+        if (kv_xport_rmem_free(rmem[g]) != KV_OK)
+            ok = fail_msg("kv_xport_rmem_free: %s", kv_last_error());
         kv_plan_destroy(plans[g]);
     }
     if (peer)
         kv_xport_peer_close(peer);
     if (mem && kv_xport_mem_dereg(mem) != KV_OK)
         ok = fail_msg("kv_xport_mem_dereg: %s", kv_last_error());
-    kv_xport_destroy(x);
+    if (kv_xport_destroy(x) != KV_OK)
+        ok = fail_msg("kv_xport_destroy: %s", kv_last_error());
     if (p)
         prefill_fini(p);
     free(p);
@@ -1463,8 +1466,7 @@ static bool xport_probe(const struct opts *o)
     kv_xport *x = NULL;
     if (!xport_new(o, false, &x))
         return false;
-    kv_xport_destroy(x);
-    return true;
+    return ok_call(kv_xport_destroy(x), "kv_xport_destroy");
 }
 
 /* ---- reports and the table ------------------------------------------------------------- */

@@ -58,10 +58,11 @@
 enum tags {
     TAG_BLOB_A = 1,
     TAG_BLOB_B,
-    TAG_CHECK,  /* ranges (struct span[]): compare region A, reply RESULT */
-    TAG_LOOSE,  /* the same, only inside the ranges */
-    TAG_ZERO,   /* zero region A, reply RESULT */
-    TAG_RESULT, /* u64: the first bad offset, UINT64_MAX when none */
+    TAG_CHECK,      /* ranges (struct span[]): compare region A, reply RESULT */
+    TAG_LOOSE,      /* the same, only inside the ranges */
+    TAG_ZERO,       /* zero region A, reply RESULT */
+    TAG_RESULT,     /* u64: the first bad offset, UINT64_MAX when none */
+    TAG_UNEXPOSE_B, /* withdraw region B from this peer, reply RESULT */
 };
 
 /* Bytes [roff, roff + len) of A hold pat(seed, loff + i): count runs, the
@@ -194,7 +195,7 @@ static int decode_main(int wfd)
                     break;
                 continue;
             }
-            if (m->peer != p)
+            if (m->peer_id != kv_xport_peer_id(p))
                 continue; /* an earlier peer's */
             uint64_t bad = UINT64_MAX;
             if (m->tag == TAG_CHECK || m->tag == TAG_LOOSE) {
@@ -202,6 +203,10 @@ static int decode_main(int wfd)
                 const uint32_t n = m->len / (uint32_t)sizeof(struct span);
                 memcpy(sp, m->data, n * sizeof(*sp)); /* data[] is not 8-byte aligned */
                 bad = check_a(a, sp, n, m->tag == TAG_LOOSE);
+            }
+            if (m->tag == TAG_UNEXPOSE_B) {
+                must(kv_xport_mem_unexpose(p, mb) == KV_OK, "unexpose B");
+                child_send(p, TAG_RESULT, &bad, sizeof(bad));
             }
             if (m->tag == TAG_CHECK || m->tag == TAG_LOOSE || m->tag == TAG_ZERO) {
                 memset(a, 0, REGION);
@@ -212,7 +217,7 @@ static int decode_main(int wfd)
     }
     free(m);
     must(kv_xport_mem_dereg(ma) == KV_OK && kv_xport_mem_dereg(mb) == KV_OK, "dereg");
-    kv_xport_destroy(x);
+    must(kv_xport_destroy(x) == KV_OK, "destroy");
     free(a);
     free(b);
     return 0;
@@ -252,7 +257,7 @@ static void sess_connect(struct sess *s)
         fail_msg("connect: state %d why %s: %s", (int)ps, kv_status_name(why), kv_last_error());
     for (int i = 0; i < 2; i++) {
         assert_int_equal(kv_xport_notify_poll(s->x, 5000, &msg), KV_OK);
-        assert_ptr_equal(msg.peer, s->p);
+        assert_int_equal(msg.peer_id, kv_xport_peer_id(s->p));
         assert_true(msg.tag == TAG_BLOB_A || msg.tag == TAG_BLOB_B);
         kv_xport_rmem **r = msg.tag == TAG_BLOB_A ? &s->ra : &s->rb;
         assert_int_equal(kv_xport_rmem_import(s->p, msg.data, msg.len, r), KV_OK);
@@ -265,8 +270,8 @@ static void sess_connect(struct sess *s)
 
 static void sess_drop(struct sess *s)
 {
-    kv_xport_rmem_free(s->ra);
-    kv_xport_rmem_free(s->rb);
+    assert_int_equal(kv_xport_rmem_free(s->ra), KV_OK);
+    assert_int_equal(kv_xport_rmem_free(s->rb), KV_OK);
     s->ra = s->rb = NULL;
     kv_xport_peer_close(s->p);
     s->p = NULL;
@@ -290,7 +295,7 @@ static void sess_close(void)
     if (S.p)
         sess_drop(&S);
     assert_int_equal(kv_xport_mem_dereg(S.ml), KV_OK);
-    kv_xport_destroy(S.x);
+    assert_int_equal(kv_xport_destroy(S.x), KV_OK);
     free(S.l);
     memset(&S, 0, sizeof(S));
 }
@@ -428,6 +433,39 @@ static void test_xport_rdma_reads_whole_region(void **state)
             want[rd[i][0] + j] = pat(SEED_B, rd[i][1] + j);
     assert_memory_equal(S.l, want, REGION);
     free(want);
+    sess_close();
+}
+
+/* Unexpose revokes: each exposure has its own MRs, deregistered by
+ * unexpose, so the rkeys the peer imported stop working at the NIC. */
+static void test_xport_rdma_unexpose_revokes(void **state)
+{
+    (void)state;
+    sess_open(3000);
+    struct kv_xport_io rd = {
+        .local = S.ml, .local_off = 0, .remote = S.rb, .remote_off = 9u << 20, .bytes = 4096};
+    kv_xport_xfer *t = NULL;
+    assert_int_equal(kv_xport_read(S.p, &rd, 1, &t), KV_OK);
+    assert_int_equal(run(t, 10000), KV_XPORT_DONE);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    for (uint64_t j = 0; j < 4096; j++)
+        assert_int_equal(S.l[j], pat(SEED_B, (9u << 20) + j));
+    assert_int_equal(ask(TAG_UNEXPOSE_B, NULL, 0), UINT64_MAX);
+    /* The same read with the same (imported) rkeys: refused by the NIC. */
+    memset(S.l, 0, 4096);
+    assert_int_equal(kv_xport_read(S.p, &rd, 1, &t), KV_OK);
+    assert_int_equal(run(t, 10000), KV_XPORT_FAILED);
+    const kv_status *st;
+    uint32_t n;
+    assert_int_equal(kv_xport_xfer_results(t, &st, &n), KV_OK);
+    assert_int_equal(st[0], KV_ERR_OUT_OF_BOUNDS);
+    for (uint64_t j = 0; j < 4096; j++)
+        assert_int_equal(S.l[j], 0);
+    /* Nothing is torn down under the caller: destroy refuses while the
+     * transfer is held, naming it. */
+    assert_int_equal(kv_xport_destroy(S.x), KV_ERR_BAD_STATE);
+    assert_non_null(strstr(kv_last_error(), "transfer(s) not freed"));
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
     sess_close();
 }
 
@@ -586,7 +624,7 @@ static void refused(uint64_t token, uint64_t fp, const char *words)
     const struct kv_xport_notify nt = {.tag = 1};
     assert_int_equal(kv_xport_write(p, NULL, 0, &nt, &t), KV_ERR_BAD_STATE);
     kv_xport_peer_close(p);
-    kv_xport_destroy(x);
+    assert_int_equal(kv_xport_destroy(x), KV_OK);
 }
 
 static void test_xport_rdma_wrong_token_refused(void **state)
@@ -692,6 +730,7 @@ int main(void)
         cmocka_unit_test(test_xport_rdma_unsupported_without_device),
         cmocka_unit_test(test_xport_rdma_writes_notify_whole_region),
         cmocka_unit_test(test_xport_rdma_reads_whole_region),
+        cmocka_unit_test(test_xport_rdma_unexpose_revokes),
         cmocka_unit_test(test_xport_rdma_delayed_completion_done),
         cmocka_unit_test(test_xport_rdma_retry_exceeded),
         cmocka_unit_test(test_xport_rdma_remote_access_out_of_bounds),

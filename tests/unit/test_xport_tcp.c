@@ -97,8 +97,8 @@ static void pair_close(struct pair *p)
 {
     kv_xport_peer_close(p->pa);
     kv_xport_peer_close(p->pb);
-    kv_xport_destroy(p->a);
-    kv_xport_destroy(p->b);
+    assert_int_equal(kv_xport_destroy(p->a), KV_OK);
+    assert_int_equal(kv_xport_destroy(p->b), KV_OK);
 }
 
 /* b exposes m to a: the blob travels as a notification (as an engine
@@ -117,7 +117,7 @@ static kv_xport_rmem *share(struct pair *p, kv_xport_mem *m)
     assert_int_equal(kv_xport_xfer_free(t), KV_OK);
     struct kv_xport_msg *msg = malloc(sizeof(*msg));
     assert_int_equal(kv_xport_notify_poll(p->a, 5000, msg), KV_OK);
-    assert_ptr_equal(msg->peer, p->pa);
+    assert_int_equal(msg->peer_id, kv_xport_peer_id(p->pa));
     assert_int_equal(msg->tag, 1);
     kv_xport_rmem *r = NULL;
     assert_int_equal(kv_xport_rmem_import(p->pa, msg->data, msg->len, &r), KV_OK);
@@ -166,11 +166,11 @@ static void test_xport_tcp_handshake_refusals(void **state)
         struct kv_xport_notify n = {.tag = 9};
         assert_int_equal(kv_xport_write(p, NULL, 0, &n, &t), KV_ERR_BAD_STATE);
         kv_xport_peer_close(p);
-        kv_xport_destroy(a);
+        assert_int_equal(kv_xport_destroy(a), KV_OK);
     }
     kv_xport_peer *none = NULL;
     assert_int_equal(kv_xport_accept(b, 100, &none), KV_ERR_TIMEOUT);
-    kv_xport_destroy(b);
+    assert_int_equal(kv_xport_destroy(b), KV_OK);
 
     /* A listener that never speaks: the handshake times out. */
     int ls = socket(AF_INET, SOCK_STREAM, 0);
@@ -189,7 +189,7 @@ static void test_xport_tcp_handshake_refusals(void **state)
     assert_int_equal(settle(p, &why), KV_XPORT_CLOSED);
     assert_int_equal(why, KV_ERR_TIMEOUT);
     kv_xport_peer_close(p);
-    kv_xport_destroy(a);
+    assert_int_equal(kv_xport_destroy(a), KV_OK);
     close(ls);
 
     /* Config refusals. */
@@ -245,7 +245,7 @@ static void test_xport_tcp_write_read_whole_region(void **state)
     assert_int_equal(kv_xport_notify_poll(p.b, 10000, msg), KV_OK);
     assert_int_equal(msg->tag, 42);
     assert_memory_equal(msg->data, note, sizeof(note));
-    assert_ptr_equal(msg->peer, p.pb);
+    assert_int_equal(msg->peer_id, kv_xport_peer_id(p.pb));
     assert_memory_equal(dst, want, REGION);
     kv_xport_state s;
     assert_int_equal(kv_xport_xfer_wait(t, 10000, &s), KV_OK);
@@ -332,7 +332,7 @@ static void test_xport_tcp_write_read_whole_region(void **state)
     assert_int_equal(kv_xport_rmem_import(p.pa, blob, bl - 1, &r2), KV_ERR_CORRUPT);
     assert_int_equal(kv_xport_mem_unexpose(p.pb, md), KV_OK);
 
-    kv_xport_rmem_free(r);
+    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
     assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
     assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
     assert_int_equal(kv_xport_mem_dereg(mb), KV_OK);
@@ -531,7 +531,7 @@ static int pd_decode(int port_fd, const char *host)
         free(pool[w]);
         free(used[w]);
     }
-    kv_xport_destroy(x);
+    bad += kv_xport_destroy(x) != KV_OK;
     free(msg);
     free(pl);
     return bad > 250 ? 250 : bad;
@@ -671,11 +671,11 @@ static void pd_run(const char *host, const char *ns_a, const char *ns_b)
     assert_int_equal(WEXITSTATUS(wst), 0);
     for (int w = 0; w < 4; w++) {
         kv_plan_destroy(plan[w]);
-        kv_xport_rmem_free(rm[w]);
+        assert_int_equal(kv_xport_rmem_free(rm[w]), KV_OK);
     }
     kv_xport_peer_close(p);
     assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
-    kv_xport_destroy(x);
+    assert_int_equal(kv_xport_destroy(x), KV_OK);
     free(src);
     free(msg);
 }
@@ -828,7 +828,7 @@ static void fault_case(enum relay_mode mode, uint64_t after, kv_xport_state want
     free(msg);
     kill(relay, SIGKILL);
     waitpid(relay, NULL, 0);
-    kv_xport_rmem_free(r);
+    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
     kv_xport_peer_close(p.pb); /* its exposure ends: md can go */
     p.pb = NULL;
     assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
@@ -893,7 +893,7 @@ static int sink_child(int fd)
     kv_xport_peer_close(p);
     if (kv_xport_mem_dereg(m) != KV_OK)
         return 7;
-    kv_xport_destroy(x);
+    assert_int_equal(kv_xport_destroy(x), KV_OK);
     return 0;
 }
 
@@ -979,10 +979,10 @@ static void test_xport_tcp_peer_killed_and_cancel(void **state)
         assert_int_equal(kv_xport_xfer_free(t), KV_OK);
         close(fds[0]);
         free(msg);
-        kv_xport_rmem_free(r);
+        assert_int_equal(kv_xport_rmem_free(r), KV_OK);
         kv_xport_peer_close(p);
         assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
-        kv_xport_destroy(x);
+        assert_int_equal(kv_xport_destroy(x), KV_OK);
     }
     free(src);
 }

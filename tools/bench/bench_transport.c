@@ -264,7 +264,8 @@ static int decode_main(int ctl, bool convert, uint32_t conns, int64_t T, uint64_
     kv_xport_peer_close(peer);
     if (kv_xport_mem_dereg(m) != KV_OK)
         rc = 26;
-    kv_xport_destroy(x);
+    if (kv_xport_destroy(x) != KV_OK)
+        rc = 27;
     kv_plan_destroy(conv);
     kvb_free(stage);
     free(stg_ids);
@@ -457,11 +458,13 @@ out:
         close(sfd);
     close(ctl);
     kv_plan_destroy(plan);
-    kv_xport_rmem_free(r);
+    if (kv_xport_rmem_free(r) != KV_OK)
+        kvb_failed(bench, name, "rmem_free: %s", kv_last_error());
     kv_xport_peer_close(peer);
     if (m && kv_xport_mem_dereg(m) != KV_OK)
         kvb_failed(bench, name, "dereg: %s", kv_last_error());
-    kv_xport_destroy(x);
+    if (kv_xport_destroy(x) != KV_OK)
+        kvb_failed(bench, name, "destroy: %s", kv_last_error());
     free(stg_ids);
     free(ts);
     free(bs);

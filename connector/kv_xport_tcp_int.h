@@ -1,0 +1,215 @@
+/*
+ * kv_xport_tcp_int.h - the TCP backend's state, shared by its three files
+ * (module-private):
+ *
+ *   kv_xport_tcp.c     the ops table, connections and peers (open, close),
+ *                      the progress loop: poll, accept (with back-off),
+ *                      deadlines (transfers, handshakes, incoming frames,
+ *                      peers that stop reading);
+ *   kv_xport_tcp_rx.c  the receive state machine: frames checked as they
+ *                      arrive, every limit asked of the generic layer before
+ *                      a payload is read; fuzzed (tests/fuzz/fuzz_xport_rx.c);
+ *   kv_xport_tcp_tx.c  the control stream and the send scheduler (data
+ *                      frames cut from transfers, reads served).
+ *
+ * Per connection, two directions:
+ *   tx  a control stream (HELLO, REFUSE, ACK, NACK, NOTIFY, READ, BYE: small
+ *       frames, sent between data frames) and at most one data frame in
+ *       flight (WRITE or RDATA: a 64-byte header, then the payload straight
+ *       from registered memory: sendmsg, no staging copy). Data frames are
+ *       cut lazily, at most KV__TCP_CHUNK bytes, from the peer's transfers
+ *       in post order: a free connection takes the next chunk, so one
+ *       transfer stripes over every connection. The payload is hashed with
+ *       x->mu dropped (the memory is held: a busy transfer or exposure).
+ *   rx  a header (checked: kv__xf_decode), then the payload: a WRITE's
+ *       pieces into the region each names if that region is exposed to this
+ *       peer and the range lies inside it (recv straight into place), else
+ *       read into a scratch buffer and dropped, refused in the ACK. The
+ *       payload's XXH3 is computed as it lands, with x->mu dropped, on what
+ *       each recvmsg returned before anything else lands: pieces whose
+ *       destinations overlap are never received by one call. ACK only when
+ *       it matches.
+ *
+ * Bounds (kv_transport.h): a connection stops reading at a frame boundary
+ * while more than KV__TCP_CTL_HIGH bytes of control frames wait to be sent
+ * (a peer that does not read its ACKs stops being read), and handles at most
+ * frames_per_round frames and KV__TCP_RX_BUDGET bytes per round; an
+ * incoming frame must complete within timeout_ms of its first byte; a
+ * connection with something to send that sends nothing for timeout_ms
+ * closes its peer.
+ */
+#ifndef KV_XPORT_TCP_INT_H
+#define KV_XPORT_TCP_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/uio.h>
+
+#include "kv_xport_frame_int.h"
+#include "kv_xport_int.h"
+
+#define KV__TCP_CHUNK (512u << 10)    /* payload bytes per data frame sent */
+#define KV__TCP_MAXV 64u              /* pieces per WRITE frame */
+#define KV__TCP_DESC 24u              /* bytes of a piece's descriptor */
+#define KV__TCP_ACK_REC 16u           /* bytes of a piece's ACK record */
+#define KV__TCP_MAX_FRAME (16u << 20) /* a larger payload is refused (corrupt) */
+#define KV__TCP_RX_BUDGET (8u << 20)  /* bytes received per connection per round */
+#define KV__TCP_CTL_HIGH (256u << 10) /* control bytes queued: stop reading above */
+#define KV__TCP_SCRATCH (64u << 10)
+/* The largest payload read into a connection's small[] buffer. */
+#define KV__TCP_SMALL                                                                              \
+    (KV_XPORT_NOTIFY_MAX > KV__TCP_MAXV * KV__TCP_DESC ? KV_XPORT_NOTIFY_MAX                       \
+                                                       : KV__TCP_MAXV * KV__TCP_DESC)
+_Static_assert(KV__TCP_SMALL >= KV__TCP_MAXV * KV__TCP_ACK_REC, "an ACK fits in small[]");
+_Static_assert(KV__TCP_SMALL >= KV__XPORT_HELLO_BYTES, "a HELLO fits in small[]");
+
+enum kv__rx_phase {
+    RX_HDR,     /* filling hdr[] */
+    RX_DESC,    /* a WRITE's descriptor table into small[] */
+    RX_PIECES,  /* a WRITE's pieces, each into its place (or dropped) */
+    RX_LAND,    /* an RDATA's payload into its read */
+    RX_SMALL,   /* payload into small[] (HELLO, REFUSE, NOTIFY, READ, ACK) */
+    RX_DISCARD, /* payload dropped (read data of an ended transfer, a refused notification) */
+};
+
+struct kv__tcp_peer;
+
+/* A read the peer asked of us: served on the connection it came on, in
+ * order (the requester checks each RDATA's offset against what it has). */
+struct kv__tcp_serve {
+    struct kv__tcp_serve *next;
+    uint64_t xfer;
+    uint32_t entry;
+    struct kv__xport_expo *expo; /* busy++ while queued */
+    uint64_t off, len, sent;
+    bool refused; /* unexposed while in flight: NACK once the frame is out */
+};
+
+struct kv__tcp_conn {
+    int fd;
+    uint32_t index;
+    struct kv__tcp_peer *tp; /* NULL: incoming, before its HELLO */
+    bool connecting;         /* non-blocking connect in progress */
+    bool up;                 /* its HELLO exchange is done */
+    bool dead;               /* close at the end of this round (unbound conns) */
+    uint64_t deadline_ns;    /* unbound: its handshake */
+    /* tx: control stream; tx_since_ns: when tx last moved (or became
+     * pending): a stall past timeout_ms closes the peer */
+    unsigned char *ctl;
+    size_t ctl_len, ctl_off, ctl_cap;
+    uint64_t tx_since_ns;
+    /* tx: the data frame in flight: the header (encoded once its payload is
+     * hashed: df_ready), the descriptor table (a WRITE) and df_k pieces of
+     * registered memory; df_sent of df_total */
+    bool df_on, df_ready;
+    struct kv__xf df_f;
+    unsigned char df_hdr[KV__XF_BYTES];
+    unsigned char df_desc[KV__TCP_MAXV * KV__TCP_DESC];
+    uint32_t df_desc_bytes, df_k;
+    const char *df_src[KV__TCP_MAXV];
+    uint64_t df_len[KV__TCP_MAXV];
+    uint64_t df_total, df_sent;
+    kv_xport_xfer *df_t;          /* the WRITE's transfer (busy++) */
+    struct kv__tcp_serve *df_srv; /* the RDATA's read */
+    struct kv__tcp_serve *srv_head, *srv_tail;
+    /* rx; rx_since_ns: the current frame's first byte (0: between frames) */
+    enum kv__rx_phase ph;
+    unsigned char hdr[KV__XF_BYTES];
+    size_t hdr_got;
+    uint64_t rx_since_ns;
+    struct kv__xf f;
+    char *dst;    /* RX_SMALL, RDATA */
+    uint64_t got; /* payload bytes so far */
+    /* a WRITE's pieces: where each lands (NULL: refused, dropped) */
+    uint32_t rx_k, rx_p;
+    uint64_t rx_pgot;
+    char *rx_dst[KV__TCP_MAXV];
+    uint64_t rx_len[KV__TCP_MAXV];
+    uint32_t rx_entry[KV__TCP_MAXV];
+    struct kv__xport_expo *rx_expo[KV__TCP_MAXV]; /* busy++ while receiving */
+    kv_xport_xfer *land_t;                        /* busy++ while RX_LAND of an RDATA */
+    struct kv__xxh3_state hs;
+    unsigned char small[KV__TCP_SMALL];
+};
+
+struct kv__tcp_peer {
+    kv_xport_peer *p;
+    struct kv__tcp_peer *next;
+    struct kv__tcp_conn *conns[KV__XPORT_MAX_CONNS];
+    uint32_t n_conns, n_up;
+    uint32_t n_serves;    /* reads of ours being served to it (<= max_pending_reads) */
+    uint64_t deadline_ns; /* handshake */
+    bool close_req;       /* the user closed it */
+};
+
+struct kv__tcp {
+    kv_xport *x;
+    int lfd;
+    int wake[2];
+    pthread_t thr;
+    bool stop, thread;
+    struct kv__tcp_peer *peers;
+    struct kv__tcp_conn **unbound; /* incoming connections before their HELLO */
+    uint32_t n_unbound, cap_unbound;
+    uint64_t accept_pause_ns, accept_backoff_ns; /* the listener rests until then */
+    bool accept_said;                            /* the back-off was reported (stderr) */
+    struct pollfd *pfd;
+    struct kv__tcp_conn **pconn;
+    uint32_t cap_pfd;
+    char scratch[KV__TCP_SCRATCH];
+};
+
+/* Result of handling a frame: keep going, or close (the peer, or this
+ * unbound connection) with a status and a message. */
+struct kv__tcp_verdict {
+    kv_status st;
+    char msg[200];
+};
+#define KV__TCP_OK ((struct kv__tcp_verdict){.st = KV_OK})
+static inline bool kv__tcp_ok(const struct kv__tcp_verdict *v)
+{
+    return v->st == KV_OK && !v->msg[0];
+}
+struct kv__tcp_verdict kv__tcp_bad(kv_status st, const char *fmt, ...) KV_PRINTF(2, 3);
+
+/* kv_xport_tcp_tx.c (mu held unless said) */
+void kv__tcp_wake(struct kv__tcp *t);
+bool kv__tcp_ctl_put(struct kv__tcp_conn *c, struct kv__xf f, const void *p, uint32_t len);
+size_t kv__tcp_ctl_pending(const struct kv__tcp_conn *c);
+bool kv__tcp_put_hello(struct kv__tcp *t, struct kv__tcp_conn *c, kv_xport_peer *p, uint32_t conns);
+/* REFUSE with a status (in the offset field) and its reason. */
+bool kv__tcp_put_refuse(struct kv__tcp_conn *c, kv_status st, const char *why);
+/* The notifications of tp that may go now, in post order. false: out of
+ * memory. */
+bool kv__tcp_notes_flush(struct kv__tcp_peer *tp);
+/* c has something to send; tp has something for a free connection. */
+bool kv__tcp_tx_pending(const struct kv__tcp_conn *c);
+bool kv__tcp_has_work(const struct kv__tcp *t, const struct kv__tcp_peer *tp);
+/* Send on c until EAGAIN (mu dropped around hashing and send). */
+struct kv__tcp_verdict kv__tcp_conn_tx(struct kv__tcp *t, struct kv__tcp_conn *c);
+/* Drop c's queued reads (the peer is going). */
+void kv__tcp_serve_drop(struct kv__tcp_peer *tp, struct kv__tcp_conn *c);
+/* e left the peer's table: its queued reads are refused now (NACK), the
+ * one on the wire once its frame is out (busy until then). */
+void kv__tcp_serve_unexpose(struct kv__tcp_peer *tp, const struct kv__xport_expo *e);
+
+/* kv_xport_tcp_rx.c */
+/* Receive on c until EAGAIN, the round's budget or frame count, or the
+ * control stream's high-water mark (mu dropped around recv and hashing). */
+struct kv__tcp_verdict kv__tcp_conn_rx(struct kv__tcp *t, struct kv__tcp_conn *c);
+/* Whether c reads now (not held back by its control stream). */
+bool kv__tcp_rx_wanted(const struct kv__tcp_conn *c);
+/* Settle every transfer of tp whose entries have all ended. */
+void kv__tcp_settle_all(struct kv__tcp_peer *tp);
+
+/* kv_xport_tcp.c */
+/* An incoming connection from an fd (accepted, or a socketpair in tests):
+ * it goes through the handshake like any other. KV_ERR_CAPACITY when
+ * max_handshakes connections are in their handshake (fd refused, closed). */
+kv_status kv__tcp_adopt(kv_xport *x, int fd);
+/* Connections in their handshake (unbound, or of an incoming peer not yet
+ * ready). */
+uint32_t kv__tcp_handshaking(const struct kv__tcp *t);
+
+#endif /* KV_XPORT_TCP_INT_H */

@@ -1,0 +1,416 @@
+/*
+ * kv_xport_tcp_tx.c - the TCP backend's sending side (kv_xport_tcp_int.h):
+ * the control stream, the send scheduler that cuts data frames from the
+ * peer's transfers and from the reads it asked of us, and the send loop.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "kv_mem.h"
+#include "kv_xport_tcp_int.h"
+
+struct kv__tcp_verdict kv__tcp_bad(kv_status st, const char *fmt, ...)
+{
+    struct kv__tcp_verdict v = {.st = st};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(v.msg, sizeof(v.msg), fmt, ap);
+    va_end(ap);
+    return v;
+}
+
+void kv__tcp_wake(struct kv__tcp *t)
+{
+    const char c = 1;
+    ssize_t r = write(t->wake[1], &c, 1);
+    (void)r; /* a full pipe is already a pending wake-up */
+}
+
+/* ---- the control stream --------------------------------------------- */
+
+size_t kv__tcp_ctl_pending(const struct kv__tcp_conn *c)
+{
+    return c->ctl_len - c->ctl_off;
+}
+
+bool kv__tcp_tx_pending(const struct kv__tcp_conn *c)
+{
+    return c->df_on || c->ctl_off < c->ctl_len;
+}
+
+/* c is about to have something to send: a stall is timed from now if it
+ * had nothing before. */
+static void tx_touch(struct kv__tcp_conn *c)
+{
+    if (!kv__tcp_tx_pending(c))
+        c->tx_since_ns = kv__xport_now_ns();
+}
+
+static bool ctl_reserve(struct kv__tcp_conn *c, size_t more)
+{
+    if (c->ctl_off && c->ctl_off == c->ctl_len)
+        c->ctl_off = c->ctl_len = 0;
+    if (c->ctl_off > c->ctl_cap / 2) { /* slide the unsent rest down */
+        memmove(c->ctl, c->ctl + c->ctl_off, c->ctl_len - c->ctl_off);
+        c->ctl_len -= c->ctl_off;
+        c->ctl_off = 0;
+    }
+    if (c->ctl_len + more <= c->ctl_cap)
+        return true;
+    size_t cap = c->ctl_cap ? c->ctl_cap : 4096;
+    while (cap < c->ctl_len + more)
+        cap *= 2;
+    unsigned char *b = kv__mem_alloc(cap);
+    if (!b)
+        return false;
+    if (c->ctl_len)
+        memcpy(b, c->ctl, c->ctl_len);
+    kv__mem_free(c->ctl);
+    c->ctl = b;
+    c->ctl_cap = cap;
+    return true;
+}
+
+bool kv__tcp_ctl_put(struct kv__tcp_conn *c, struct kv__xf f, const void *p, uint32_t len)
+{
+    if (!ctl_reserve(c, KV__XF_BYTES + len))
+        return false;
+    tx_touch(c);
+    f.version = KV_XPORT_PROTOCOL_VERSION;
+    f.flags = 0;
+    f.conn = c->index;
+    f.length = len;
+    f.payload_sum = len ? kv__xxh3_64(p, len) : 0;
+    kv__xf_encode(&f, c->ctl + c->ctl_len);
+    if (len)
+        memcpy(c->ctl + c->ctl_len + KV__XF_BYTES, p, len);
+    c->ctl_len += KV__XF_BYTES + len;
+    return true;
+}
+
+bool kv__tcp_put_hello(struct kv__tcp *t, struct kv__tcp_conn *c, kv_xport_peer *p, uint32_t conns)
+{
+    unsigned char b[KV__XPORT_HELLO_BYTES];
+    const struct kv__xport_hello h = {.version = KV_XPORT_PROTOCOL_VERSION,
+                                      .kind = (uint32_t)t->x->cfg.kind,
+                                      .token = t->x->cfg.token,
+                                      .fingerprint = t->x->cfg.fingerprint,
+                                      .nonce = p->nonce_local,
+                                      .echo = p->nonce_remote,
+                                      .conns = conns,
+                                      .conn = c->index};
+    kv__xport_hello_encode(&h, b);
+    return kv__tcp_ctl_put(c, (struct kv__xf){.type = KV__XF_HELLO}, b, sizeof(b));
+}
+
+bool kv__tcp_put_refuse(struct kv__tcp_conn *c, kv_status st, const char *why)
+{
+    const size_t n = strlen(why);
+    return kv__tcp_ctl_put(c,
+                           (struct kv__xf){.type = KV__XF_REFUSE, .offset = (uint64_t)(int64_t)st},
+                           why, (uint32_t)(n < 200 ? n : 200));
+}
+
+bool kv__tcp_notes_flush(struct kv__tcp_peer *tp)
+{
+    for (kv_xport_xfer *xf = tp->p->xfers; xf; xf = xf->next) {
+        if (!xf->has_note || xf->note_sent || xf->cancel_req)
+            continue;
+        if (!kv__xport_note_may_go(xf))
+            break;
+        struct kv__tcp_conn *c = tp->conns[0];
+        struct kv__xf f = {.type = KV__XF_NOTIFY, .xfer = xf->id, .offset = xf->note_tag};
+        if (!kv__tcp_ctl_put(c, f, xf->note, xf->note_len))
+            return false;
+        xf->note_sent = true;
+    }
+    return true;
+}
+
+/* ---- reads we serve ------------------------------------------------- */
+
+/* Remove s from c's queue and release it; NACK its entry when `nack`. */
+static void serve_end(struct kv__tcp_peer *tp, struct kv__tcp_conn *c, struct kv__tcp_serve *s,
+                      bool nack)
+{
+    struct kv__tcp_serve **pp = &c->srv_head, *prev = NULL;
+    while (*pp && *pp != s) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    if (*pp) {
+        *pp = s->next;
+        if (c->srv_tail == s)
+            c->srv_tail = prev;
+    }
+    if (nack) {
+        struct kv__xf n = {.type = KV__XF_NACK,
+                           .xfer = s->xfer,
+                           .entry = s->entry,
+                           .offset = (uint64_t)(int64_t)KV_ERR_OUT_OF_BOUNDS};
+        (void)kv__tcp_ctl_put(c, n, NULL, 0); /* out of memory: the requester times out */
+    }
+    s->expo->busy--;
+    tp->n_serves--;
+    pthread_cond_broadcast(&tp->p->x->cv);
+    kv__mem_free(s);
+}
+
+void kv__tcp_serve_drop(struct kv__tcp_peer *tp, struct kv__tcp_conn *c)
+{
+    while (c->srv_head)
+        serve_end(tp, c, c->srv_head, false);
+}
+
+void kv__tcp_serve_unexpose(struct kv__tcp_peer *tp, const struct kv__xport_expo *e)
+{
+    for (uint32_t i = 0; i < tp->n_conns; i++) {
+        struct kv__tcp_conn *c = tp->conns[i];
+        if (!c)
+            continue;
+        for (struct kv__tcp_serve *s = c->srv_head, *nx; s; s = nx) {
+            nx = s->next;
+            if (s->expo != e)
+                continue;
+            if (s == c->df_srv) { /* its frame is on the wire: the rest is refused */
+                s->refused = s->sent < s->len;
+                s->len = s->sent;
+            } else {
+                serve_end(tp, c, s, true);
+            }
+        }
+    }
+}
+
+/* ---- data frames ---------------------------------------------------- */
+
+/* mu held: c's data frame from a header and df_k pieces (df_src/df_len);
+ * its payload is hashed and the header encoded by conn_tx, mu dropped. */
+static void frame_start(struct kv__tcp_conn *c, const struct kv__xf *f, uint32_t desc_bytes)
+{
+    uint64_t data = 0;
+    for (uint32_t i = 0; i < c->df_k; i++)
+        data += c->df_len[i];
+    tx_touch(c);
+    c->df_f = *f;
+    c->df_f.version = KV_XPORT_PROTOCOL_VERSION;
+    c->df_f.conn = c->index;
+    c->df_f.length = desc_bytes + data;
+    c->df_desc_bytes = desc_bytes;
+    c->df_total = KV__XF_BYTES + desc_bytes + data;
+    c->df_sent = 0;
+    c->df_on = true;
+    c->df_ready = false;
+}
+
+/* Read entries of xf requested and not yet ended. */
+static uint64_t reads_out(const kv_xport_xfer *xf)
+{
+    return xf->be_entry - (uint64_t)(xf->n - xf->left);
+}
+
+/* mu held: whether xf has something to send now: a write with bytes left,
+ * or a read with entries to request within the window of
+ * max_pending_reads requests outstanding to the peer (`out`: those
+ * outstanding of every read transfer up to xf, its own included). */
+static bool xfer_sendable(const kv_xport_xfer *xf, uint64_t out, uint32_t window)
+{
+    if (xf->cancel_req || xf->be_entry >= xf->n)
+        return false;
+    return !xf->read || out < window;
+}
+
+bool kv__tcp_has_work(const struct kv__tcp *t, const struct kv__tcp_peer *tp)
+{
+    uint64_t out = 0;
+    for (const kv_xport_xfer *xf = tp->p->xfers; xf; xf = xf->next) {
+        out += xf->read ? reads_out(xf) : 0;
+        if (xfer_sendable(xf, out, t->x->cfg.max_pending_reads))
+            return true;
+    }
+    return false;
+}
+
+/* mu held: the next data frame for c, or false when there is none: the
+ * reads c serves first (they came on c), then the peer's writes in post
+ * order; the READ requests of its reads (control frames, round robin over
+ * the connections, at most max_pending_reads outstanding) on the way. A
+ * WRITE gathers up to KV__TCP_MAXV pieces and KV__TCP_CHUNK bytes of one
+ * transfer's entries, split where an entry is larger. */
+static bool next_frame(struct kv__tcp *t, struct kv__tcp_peer *tp, struct kv__tcp_conn *c)
+{
+    if (c->srv_head && c->srv_head->sent < c->srv_head->len) {
+        struct kv__tcp_serve *s = c->srv_head;
+        const uint64_t len = s->len - s->sent < KV__TCP_CHUNK ? s->len - s->sent : KV__TCP_CHUNK;
+        struct kv__xf f = {
+            .type = KV__XF_RDATA, .entry = s->entry, .xfer = s->xfer, .offset = s->sent};
+        c->df_k = 1;
+        c->df_src[0] = s->expo->mem->base + s->off + s->sent;
+        c->df_len[0] = len;
+        c->df_srv = s;
+        c->df_t = NULL;
+        s->sent += len;
+        frame_start(c, &f, 0);
+        return true;
+    }
+    const uint32_t window = t->x->cfg.max_pending_reads;
+    uint64_t out = 0;
+    for (kv_xport_xfer *xf = tp->p->xfers; xf; xf = xf->next) {
+        out += xf->read ? reads_out(xf) : 0;
+        if (!xfer_sendable(xf, out, window))
+            continue;
+        if (xf->read) {
+            /* READ requests while the window has room. */
+            while (xf->be_entry < xf->n && out < window) {
+                const uint32_t e = (uint32_t)xf->be_entry;
+                const struct kv_xport_io *io = &xf->ios[e];
+                struct kv__xf f = {.type = KV__XF_READ,
+                                   .xfer = xf->id,
+                                   .entry = e,
+                                   .region = io->remote->region,
+                                   .offset = io->remote_off};
+                unsigned char len[8];
+                kv__le_put(len, io->bytes, 8);
+                if (!kv__tcp_ctl_put(tp->conns[e % tp->n_conns], f, len, sizeof(len)))
+                    return false;
+                xf->be_entry++;
+                out++;
+            }
+            continue;
+        }
+        uint32_t k = 0;
+        uint64_t bytes = 0;
+        while (k < KV__TCP_MAXV && bytes < KV__TCP_CHUNK && xf->be_entry < xf->n) {
+            const uint32_t e = (uint32_t)xf->be_entry;
+            const struct kv_xport_io *io = &xf->ios[e];
+            const uint64_t rest = io->bytes - xf->be_off;
+            const uint64_t len = rest < KV__TCP_CHUNK - bytes ? rest : KV__TCP_CHUNK - bytes;
+            unsigned char *d = c->df_desc + (size_t)k * KV__TCP_DESC;
+            kv__le_put(d, e, 4);
+            kv__le_put(d + 4, io->remote->region, 4);
+            kv__le_put(d + 8, io->remote_off + xf->be_off, 8);
+            kv__le_put(d + 16, len, 8);
+            c->df_src[k] = io->local->base + io->local_off + xf->be_off;
+            c->df_len[k] = len;
+            k++;
+            bytes += len;
+            xf->be_off += len;
+            if (xf->be_off == io->bytes) {
+                xf->be_entry++;
+                xf->be_off = 0;
+            }
+        }
+        struct kv__xf f = {.type = KV__XF_WRITE,
+                           .entry = k,
+                           .xfer = xf->id,
+                           .offset = kv__xxh3_64(c->df_desc, (size_t)k * KV__TCP_DESC)};
+        c->df_k = k;
+        c->df_t = xf;
+        c->df_srv = NULL;
+        xf->busy++;
+        frame_start(c, &f, k * KV__TCP_DESC);
+        return true;
+    }
+    return false;
+}
+
+/* mu held: c's data frame is on the wire whole. */
+static void frame_done(struct kv__tcp_conn *c)
+{
+    c->df_on = false;
+    if (c->df_t) {
+        c->df_t->busy--;
+        c->df_t = NULL;
+    }
+    struct kv__tcp_serve *s = c->df_srv;
+    c->df_srv = NULL;
+    if (s && s->sent == s->len)
+        serve_end(c->tp, c, s, s->refused);
+}
+
+/* The unsent rest of c's data frame as iovecs (at most 2 + MAXV). */
+static int frame_iov(const struct kv__tcp_conn *c, struct iovec *iov)
+{
+    int k = 0;
+    uint64_t skip = c->df_sent;
+    const void *part[2] = {c->df_hdr, c->df_desc};
+    const uint64_t plen[2] = {KV__XF_BYTES, c->df_desc_bytes};
+    for (int i = 0; i < 2; i++) {
+        if (skip >= plen[i]) {
+            skip -= plen[i];
+            continue;
+        }
+        iov[k++] = (struct iovec){(char *)part[i] + skip, (size_t)(plen[i] - skip)};
+        skip = 0;
+    }
+    for (uint32_t i = 0; i < c->df_k; i++) {
+        if (skip >= c->df_len[i]) {
+            skip -= c->df_len[i];
+            continue;
+        }
+        iov[k++] = (struct iovec){(char *)c->df_src[i] + skip, (size_t)(c->df_len[i] - skip)};
+        skip = 0;
+    }
+    return k;
+}
+
+struct kv__tcp_verdict kv__tcp_conn_tx(struct kv__tcp *t, struct kv__tcp_conn *c)
+{
+    kv_xport *x = t->x;
+    for (;;) {
+        const bool ctl = c->ctl_off < c->ctl_len;
+        if (!c->df_on && !ctl && (!c->tp || !c->up || !next_frame(t, c->tp, c)) &&
+            c->ctl_off == c->ctl_len)
+            return KV__TCP_OK;
+        ssize_t r;
+        int e = 0;
+        if (c->ctl_off < c->ctl_len && (!c->df_on || c->df_sent == 0)) {
+            const unsigned char *p = c->ctl + c->ctl_off;
+            const size_t n = c->ctl_len - c->ctl_off;
+            pthread_mutex_unlock(&x->mu);
+            r = send(c->fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+            e = errno;
+            pthread_mutex_lock(&x->mu);
+            if (r > 0)
+                c->ctl_off += (size_t)r;
+        } else {
+            if (!c->df_ready) {
+                /* The payload's hash, with the lock dropped: the memory is
+                 * held (a busy transfer, a busy exposure) until frame_done. */
+                struct kv__xf f = c->df_f;
+                const uint32_t k = c->df_k;
+                pthread_mutex_unlock(&x->mu);
+                struct kv__xxh3_state hs;
+                kv__xxh3_reset(&hs);
+                for (uint32_t i = 0; i < k; i++)
+                    kv__xxh3_update(&hs, c->df_src[i], (size_t)c->df_len[i]);
+                f.payload_sum = kv__xxh3_digest(&hs);
+                kv__xf_encode(&f, c->df_hdr);
+                pthread_mutex_lock(&x->mu);
+                c->df_ready = true;
+            }
+            struct iovec iov[2 + KV__TCP_MAXV];
+            struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)frame_iov(c, iov)};
+            pthread_mutex_unlock(&x->mu);
+            r = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+            e = errno;
+            pthread_mutex_lock(&x->mu);
+            if (r > 0) {
+                c->df_sent += (uint64_t)r;
+                if (c->df_sent == c->df_total)
+                    frame_done(c);
+            }
+        }
+        if (r > 0)
+            c->tx_since_ns = kv__xport_now_ns();
+        if (r < 0) {
+            if (e == EAGAIN || e == EWOULDBLOCK || e == EINTR)
+                return KV__TCP_OK;
+            return kv__tcp_bad(KV_ERR_IO, "xport tcp: send: %s", strerror(e));
+        }
+    }
+}
