@@ -14,7 +14,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _lib
-from .errors import check, BadState, InvalidArgument
+from .errors import check, error
 from .tensors import borrow, host_only
 
 L = _lib.lib
@@ -34,22 +34,21 @@ def _dtype_code(name):
 def _u32_array(xs, what):
     a = np.ascontiguousarray(np.asarray(xs, dtype=np.int64))
     if a.ndim != 1:
-        raise InvalidArgument("%s: a 1-d sequence of ids, got shape %s" % (what, a.shape),
-                              status="KV_ERR_INVALID_ARG", code=-1)
+        raise error("KV_ERR_INVALID_ARG",
+                    "%s: a 1-d sequence of ids, got shape %s" % (what, a.shape))
     if a.size and (a.min() < 0 or a.max() > 0xFFFFFFFF):
-        raise InvalidArgument("%s: ids must be in [0, 2^32), got %d..%d" %
-                              (what, a.min(), a.max()), status="KV_ERR_INVALID_ARG", code=-1)
+        raise error("KV_ERR_INVALID_ARG", "%s: ids must be in [0, 2^32), got %d..%d" %
+                    (what, a.min(), a.max()))
     return np.ascontiguousarray(a.astype(np.uint32))
 
 
 def _tokens(tokens):
     a = np.asarray(tokens)
     if a.ndim != 1 or (a.size and not np.issubdtype(a.dtype, np.integer)):
-        raise InvalidArgument("tokens: a 1-d sequence of integers, got %s of shape %s" %
-                              (a.dtype, a.shape), status="KV_ERR_INVALID_ARG", code=-1)
+        raise error("KV_ERR_INVALID_ARG", "tokens: a 1-d sequence of integers, got %s of shape "
+                    "%s" % (a.dtype, a.shape))
     if a.size and (a.min() < -2**31 or a.max() >= 2**31):
-        raise InvalidArgument("tokens: values must fit int32", status="KV_ERR_INVALID_ARG",
-                              code=-1)
+        raise error("KV_ERR_INVALID_ARG", "tokens: values must fit int32")
     return np.ascontiguousarray(a.astype(np.int32))
 
 
@@ -88,11 +87,10 @@ class Layout:
 
     def _config(self):
         if self.order not in ORDERS:
-            raise InvalidArgument("order %r: one of %s" % (self.order, sorted(ORDERS)),
-                                  status="KV_ERR_INVALID_ARG", code=-1)
+            raise error("KV_ERR_INVALID_ARG", "order %r: one of %s" % (self.order, sorted(ORDERS)))
         if self.arrange not in ARRANGES:
-            raise InvalidArgument("arrange %r: one of %s" % (self.arrange, sorted(ARRANGES)),
-                                  status="KV_ERR_INVALID_ARG", code=-1)
+            raise error("KV_ERR_INVALID_ARG",
+                        "arrange %r: one of %s" % (self.arrange, sorted(ARRANGES)))
         c = _lib.LayoutConfig()
         c.struct_size = ctypes.sizeof(c)
         for n in ("num_layers", "num_blocks", "block_tokens", "num_heads", "head_dim",
@@ -192,15 +190,15 @@ class View:
         come as uint16 / uint8 holding the raw bits. The array keeps the
         cache alive (a reference on the C cache) while it exists."""
         if self._cache.mem == "device":
-            raise InvalidArgument("numpy(): the view is in device memory (use __dlpack__ "
-                                  "with a GPU framework)", status="KV_ERR_INVALID_ARG", code=-1)
+            raise error("KV_ERR_INVALID_ARG", "numpy(): the view is in device memory (use "
+                        "__dlpack__ with a GPU framework)")
         return np.asarray(_ArrayRef(self))
 
     def __dlpack__(self, stream=None):
         if stream not in (None, -1):
             if self._cache.mem != "device":
-                raise InvalidArgument("__dlpack__: stream %r for host memory" % (stream,),
-                                      status="KV_ERR_INVALID_ARG", code=-1)
+                raise error("KV_ERR_INVALID_ARG",
+                            "__dlpack__: stream %r for host memory" % (stream,))
         mt = ctypes.POINTER(_lib.DLManagedTensor)()
         check(L.kv_cache_to_dlpack(self._cache._h, ctypes.byref(self._v), ctypes.byref(mt)))
         addr = ctypes.cast(mt, ctypes.c_void_p).value
@@ -252,8 +250,7 @@ class Cache:
                  prefix_caching: bool = True, max_blocks_per_seq: int = 0, page_ratio: int = 0,
                  zero_fill: bool = False):
         if mem not in _MEM:
-            raise InvalidArgument("mem %r: one of %s" % (mem, sorted(_MEM)),
-                                  status="KV_ERR_INVALID_ARG", code=-1)
+            raise error("KV_ERR_INVALID_ARG", "mem %r: one of %s" % (mem, sorted(_MEM)))
         self.layout = layout
         self.mem = mem
         self.page_tokens = layout.block_tokens // max(int(page_ratio), 1)
@@ -293,7 +290,7 @@ class Cache:
 
     def _live(self):
         if not self._h:
-            raise BadState("the cache is closed", status="KV_ERR_BAD_STATE", code=-12)
+            raise error("KV_ERR_BAD_STATE", "the cache is closed")
 
     # ---- sequences ----------------------------------------------------------
 
@@ -398,8 +395,7 @@ class Cache:
         # [n][2] uint64 (start, count) has kv_token_range's layout: no per-range loop
         rga = np.ascontiguousarray(np.asarray(ranges, dtype=np.uint64).reshape(-1, 2))
         if len(rga) != n:
-            raise InvalidArgument("ranges: %d for %d sequences" % (len(rga), n),
-                                  status="KV_ERR_INVALID_ARG", code=-1)
+            raise error("KV_ERR_INVALID_ARG", "ranges: %d for %d sequences" % (len(rga), n))
         rg = rga.ctypes.data_as(ctypes.POINTER(_lib.TokenRange)) if n else None
         total = int(rga[:, 1].sum()) if n else 0
         page = self.page_tokens
@@ -457,8 +453,8 @@ class Cache:
     def _paged(self):
         self._live()
         if self.mem == "device":
-            raise InvalidArgument("the CPU kernels need a host or pinned cache; this one is "
-                                  "device memory", status="KV_ERR_UNSUPPORTED", code=-13)
+            raise error("KV_ERR_UNSUPPORTED", "the CPU kernels need a host or pinned cache; "
+                        "this one is device memory")
         if self._pc is None:  # fixed for the cache's life: layout, base, size, kind
             pc = _lib.PagedCache()
             check(L.kv_attn_cache(self._h, ctypes.byref(pc)))
@@ -472,8 +468,8 @@ class Cache:
         ks = np.ascontiguousarray(np.asarray(scales[0], dtype=np.float32).reshape(-1))
         vs = np.ascontiguousarray(np.asarray(scales[1], dtype=np.float32).reshape(-1))
         if ks.size != vs.size:
-            raise InvalidArgument("scales: %d K scales, %d V scales" % (ks.size, vs.size),
-                                  status="KV_ERR_INVALID_ARG", code=-1)
+            raise error("KV_ERR_INVALID_ARG",
+                        "scales: %d K scales, %d V scales" % (ks.size, vs.size))
         keep += [ks, vs]
         sc = _lib.Scales(_p(ks, ctypes.POINTER(ctypes.c_float)),
                          _p(vs, ctypes.POINTER(ctypes.c_float)), ks.size)

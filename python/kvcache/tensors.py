@@ -8,7 +8,7 @@ import ctypes
 import numpy as np
 
 from . import _lib
-from .errors import InvalidArgument, Unsupported, check
+from .errors import check, error
 
 L = _lib.lib
 
@@ -53,18 +53,16 @@ def _from_dlpack(obj, what):
 def _from_array_interface(obj, what):
     a = obj if isinstance(obj, np.ndarray) else np.asarray(obj)
     if a.dtype not in _NP_DTYPES:
-        raise Unsupported("%s: NumPy dtype %s has no kvcache dtype" % (what, a.dtype),
-                          status="KV_ERR_UNSUPPORTED", code=-13)
+        raise error("KV_ERR_UNSUPPORTED",
+                    "%s: NumPy dtype %s has no kvcache dtype" % (what, a.dtype))
     if any(s < 0 for s in a.strides):
-        raise InvalidArgument("%s: negative strides %s (kvcache views have none)" %
-                              (what, a.strides), status="KV_ERR_INVALID_ARG", code=-1)
+        raise error("KV_ERR_INVALID_ARG", "%s: negative strides %s (kvcache views have none)" %
+                    (what, a.strides))
     if any(s % a.itemsize for s in a.strides):
-        raise InvalidArgument("%s: strides %s are not multiples of the element size %d" %
-                              (what, a.strides, a.itemsize), status="KV_ERR_INVALID_ARG",
-                              code=-1)
+        raise error("KV_ERR_INVALID_ARG", "%s: strides %s are not multiples of the element "
+                    "size %d" % (what, a.strides, a.itemsize))
     if a.ndim > _lib.KV_MAX_DIMS:
-        raise InvalidArgument("%s: ndim %d > %d" % (what, a.ndim, _lib.KV_MAX_DIMS),
-                              status="KV_ERR_BAD_DIM", code=-3)
+        raise error("KV_ERR_BAD_DIM", "%s: ndim %d > %d" % (what, a.ndim, _lib.KV_MAX_DIMS))
     code = ctypes.c_int()
     check(L.kv_dtype_parse(_NP_DTYPES[a.dtype].encode(), ctypes.byref(code)))
     v = _lib.ViewC()
@@ -102,12 +100,11 @@ def _from_torch(t, what):
     would carry, without building a capsule): the common case, made cheap."""
     name = _TORCH_DTYPES.get(str(t.dtype))
     if name is None:
-        raise Unsupported("%s: torch dtype %s has no kvcache dtype" % (what, t.dtype),
-                          status="KV_ERR_UNSUPPORTED", code=-13)
+        raise error("KV_ERR_UNSUPPORTED",
+                    "%s: torch dtype %s has no kvcache dtype" % (what, t.dtype))
     shape, strides = t.shape, t.stride()
     if len(shape) > _lib.KV_MAX_DIMS:
-        raise InvalidArgument("%s: ndim %d > %d" % (what, len(shape), _lib.KV_MAX_DIMS),
-                              status="KV_ERR_BAD_DIM", code=-3)
+        raise error("KV_ERR_BAD_DIM", "%s: ndim %d > %d" % (what, len(shape), _lib.KV_MAX_DIMS))
     es = t.element_size()
     numel = t.numel()
     last = sum((n - 1) * st for n, st in zip(shape, strides) if n) if numel else 0
@@ -122,13 +119,12 @@ def borrow(obj, what="tensor", writable=False):
     a read-only NumPy array is refused rather than written."""
     if type(obj).__module__ == "torch" and hasattr(obj, "data_ptr"):
         if obj.device.type != "cpu":
-            raise Unsupported("%s is on %s; the CPU kernels take host memory" %
-                              (what, obj.device), status="KV_ERR_UNSUPPORTED", code=-13)
+            raise error("KV_ERR_UNSUPPORTED", "%s is on %s; the CPU kernels take host memory" %
+                        (what, obj.device))
         return _from_torch(obj, what)
     if isinstance(obj, np.ndarray):
         if writable and not obj.flags.writeable:
-            raise InvalidArgument("%s: a read-only NumPy array as an output" % what,
-                                  status="KV_ERR_INVALID_ARG", code=-1)
+            raise error("KV_ERR_INVALID_ARG", "%s: a read-only NumPy array as an output" % what)
         return _from_array_interface(obj, what)
     if hasattr(obj, "__dlpack__"):
         try:
@@ -137,18 +133,16 @@ def borrow(obj, what="tensor", writable=False):
             # NumPy refuses to export some arrays (read-only, unaligned): fall
             # back to its array interface, which describes the same memory
             if not hasattr(obj, "__array_interface__"):
-                raise InvalidArgument("%s: __dlpack__ failed: %s" % (what, e),
-                                      status="KV_ERR_INVALID_ARG", code=-1)
+                raise error("KV_ERR_INVALID_ARG", "%s: __dlpack__ failed: %s" % (what, e))
     if hasattr(obj, "__array_interface__") or isinstance(obj, (list, tuple)):
         return _from_array_interface(obj, what)
-    raise InvalidArgument("%s: %s has neither __dlpack__ nor __array_interface__" %
-                          (what, type(obj).__name__), status="KV_ERR_INVALID_ARG", code=-1)
+    raise error("KV_ERR_INVALID_ARG", "%s: %s has neither __dlpack__ nor __array_interface__" %
+                (what, type(obj).__name__))
 
 
 def host_only(b, what):
     """Refuse device memory for a CPU kernel (it would dereference it)."""
     if b.device[0] not in (_DL_CPU, _DL_CUDA_HOST):
-        raise Unsupported("%s is on %s:%d; the CPU kernels take host memory" %
-                          (what, _DEVICE_NAMES.get(b.device[0], str(b.device[0])),
-                           b.device[1]), status="KV_ERR_UNSUPPORTED", code=-13)
+        raise error("KV_ERR_UNSUPPORTED", "%s is on %s:%d; the CPU kernels take host memory" %
+                    (what, _DEVICE_NAMES.get(b.device[0], str(b.device[0])), b.device[1]))
     return b
