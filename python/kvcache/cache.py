@@ -14,6 +14,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _lib
+from ._ints import I32, I64, INT, U32, U64, int_array, integer
 from .errors import check, error
 from .tensors import borrow, host_only
 
@@ -32,24 +33,12 @@ def _dtype_code(name):
 
 
 def _u32_array(xs, what):
-    a = np.ascontiguousarray(np.asarray(xs, dtype=np.int64))
-    if a.ndim != 1:
-        raise error("KV_ERR_INVALID_ARG",
-                    "%s: a 1-d sequence of ids, got shape %s" % (what, a.shape))
-    if a.size and (a.min() < 0 or a.max() > 0xFFFFFFFF):
-        raise error("KV_ERR_INVALID_ARG", "%s: ids must be in [0, 2^32), got %d..%d" %
-                    (what, a.min(), a.max()))
-    return np.ascontiguousarray(a.astype(np.uint32))
+    """A 1-d uint32 array of ids (sequences, blocks), none wrapped."""
+    return int_array(xs, what, U32, ndim=1)
 
 
 def _tokens(tokens):
-    a = np.asarray(tokens)
-    if a.ndim != 1 or (a.size and not np.issubdtype(a.dtype, np.integer)):
-        raise error("KV_ERR_INVALID_ARG", "tokens: a 1-d sequence of integers, got %s of shape "
-                    "%s" % (a.dtype, a.shape))
-    if a.size and (a.min() < -2**31 or a.max() >= 2**31):
-        raise error("KV_ERR_INVALID_ARG", "tokens: values must fit int32")
-    return np.ascontiguousarray(a.astype(np.int32))
+    return int_array(tokens, "tokens", I32, ndim=1)
 
 
 def _p(a, typ):
@@ -95,7 +84,7 @@ class Layout:
         c.struct_size = ctypes.sizeof(c)
         for n in ("num_layers", "num_blocks", "block_tokens", "num_heads", "head_dim",
                   "block_pad_elems", "block_stride_bytes", "align_bytes"):
-            setattr(c, n, int(getattr(self, n)))
+            setattr(c, n, integer(getattr(self, n), n, I64))
         c.dtype = _dtype_code(self.dtype)
         c.order = ORDERS[self.order]
         c.arrange = ARRANGES[self.arrange]
@@ -174,13 +163,16 @@ class View:
     def select(self, dim: int, index: int) -> "View":
         """The view with dim removed at index (no copy)."""
         out = _lib.ViewC()
-        check(L.kv_view_select(ctypes.byref(self._v), dim, index, ctypes.byref(out)))
+        check(L.kv_view_select(ctypes.byref(self._v), integer(dim, "dim", INT),
+                               integer(index, "index", I64), ctypes.byref(out)))
         return View(self._cache, out)
 
     def narrow(self, dim: int, start: int, length: int) -> "View":
         """The view of [start, start + length) along dim (no copy)."""
         out = _lib.ViewC()
-        check(L.kv_view_narrow(ctypes.byref(self._v), dim, start, length, ctypes.byref(out)))
+        check(L.kv_view_narrow(ctypes.byref(self._v), integer(dim, "dim", INT),
+                               integer(start, "start", I64), integer(length, "length", I64),
+                               ctypes.byref(out)))
         return View(self._cache, out)
 
     def numpy(self) -> np.ndarray:
@@ -251,17 +243,18 @@ class Cache:
                  zero_fill: bool = False):
         if mem not in _MEM:
             raise error("KV_ERR_INVALID_ARG", "mem %r: one of %s" % (mem, sorted(_MEM)))
+        page_ratio = integer(page_ratio, "page_ratio", U32)
         self.layout = layout
         self.mem = mem
-        self.page_tokens = layout.block_tokens // max(int(page_ratio), 1)
-        self.device = int(device)
+        self.page_tokens = layout.block_tokens // max(page_ratio, 1)
+        self.device = integer(device, "device", INT)
         cfg = _lib.CacheConfig()
         cfg.struct_size = ctypes.sizeof(cfg)
         cfg.layout = layout._config()
         cfg.mem_kind = _MEM[mem]
         cfg.device = self.device
-        cfg.max_seqs = max_seqs
-        cfg.max_blocks_per_seq = max_blocks_per_seq
+        cfg.max_seqs = integer(max_seqs, "max_seqs", U32)
+        cfg.max_blocks_per_seq = integer(max_blocks_per_seq, "max_blocks_per_seq", U32)
         cfg.page_ratio = page_ratio
         cfg.enable_prefix_caching = bool(prefix_caching)
         cfg.zero_fill = bool(zero_fill)
@@ -297,6 +290,8 @@ class Cache:
     def seq_create(self, extra_key: Optional[int] = None) -> int:
         """A new empty sequence; extra_key (LoRA id, salt) separates prefixes."""
         self._live()
+        if extra_key is not None:
+            extra_key = integer(extra_key, "extra_key", U64)
         s = ctypes.c_uint32()
         check(L.kv_page_table_seq_create(self._pt, ctypes.byref(s)))
         if extra_key is not None:
@@ -307,6 +302,7 @@ class Cache:
         """Start empty seq with the longest cached prefix of tokens; returns the
         number of tokens it now holds (whole cached blocks)."""
         self._live()
+        seq = integer(seq, "seq", U32)
         t = _tokens(tokens)
         n = ctypes.c_uint64()
         check(L.kv_page_table_seq_reuse_prefix(self._pt, seq, _p(t, _lib.c_i32p), t.size,
@@ -316,13 +312,15 @@ class Cache:
     def append(self, seq: int, tokens: Iterable[int]) -> None:
         """Append tokens to seq (blocks allocated, full blocks hashed for reuse)."""
         self._live()
+        seq = integer(seq, "seq", U32)
         t = _tokens(tokens)
         check(L.kv_page_table_seq_append(self._pt, seq, _p(t, _lib.c_i32p), t.size))
 
     def blocks_needed(self, seq: int, n: int) -> int:
         self._live()
         b = ctypes.c_uint32()
-        check(L.kv_page_table_blocks_needed(self._pt, seq, n, ctypes.byref(b)))
+        check(L.kv_page_table_blocks_needed(self._pt, integer(seq, "seq", U32),
+                                            integer(n, "n", U64), ctypes.byref(b)))
         return b.value
 
     def fork(self, seq: int) -> int:
@@ -330,20 +328,24 @@ class Cache:
         into a shared block: see take_copies)."""
         self._live()
         c = ctypes.c_uint32()
-        check(L.kv_page_table_seq_fork(self._pt, seq, ctypes.byref(c)))
+        check(L.kv_page_table_seq_fork(self._pt, integer(seq, "seq", U32), ctypes.byref(c)))
         return c.value
 
     def truncate(self, seq: int, n_tokens: int) -> None:
         self._live()
-        check(L.kv_page_table_seq_truncate(self._pt, seq, n_tokens))
+        check(L.kv_page_table_seq_truncate(self._pt, integer(seq, "seq", U32),
+                                           integer(n_tokens, "n_tokens", U64)))
 
     def free(self, seq: int) -> None:
         """Release seq's blocks (full ones stay cached for prefix reuse)."""
         self._live()
-        check(L.kv_page_table_seq_free(self._pt, seq))
+        check(L.kv_page_table_seq_free(self._pt, integer(seq, "seq", U32)))
 
     def seq_len(self, seq: int) -> int:
         self._live()
+        return self._seq_len(integer(seq, "seq", U32))
+
+    def _seq_len(self, seq):
         n = ctypes.c_uint64()
         check(L.kv_page_table_seq_len(self._pt, seq, ctypes.byref(n)))
         return n.value
@@ -353,14 +355,16 @@ class Cache:
         self._live()
         p = _lib.c_u32p()
         n = ctypes.c_uint32()
-        check(L.kv_page_table_seq_blocks(self._pt, seq, ctypes.byref(p), ctypes.byref(n)))
+        check(L.kv_page_table_seq_blocks(self._pt, integer(seq, "seq", U32), ctypes.byref(p),
+                                         ctypes.byref(n)))
         return np.ctypeslib.as_array(p, shape=(n.value,)).copy() if n.value else \
             np.zeros(0, np.uint32)
 
     def slot(self, seq: int, t: int) -> int:
         self._live()
         s = ctypes.c_int64()
-        check(L.kv_page_table_slot(self._pt, seq, t, ctypes.byref(s)))
+        check(L.kv_page_table_slot(self._pt, integer(seq, "seq", U32), integer(t, "t", U64),
+                                   ctypes.byref(s)))
         return s.value
 
     def take_copies(self) -> np.ndarray:
@@ -390,17 +394,28 @@ class Cache:
         self._live()
         s = _u32_array(seqs, "seqs")
         n = s.size
+        pad = integer(pad, "pad", I32)
+        tokens_per_seq = integer(tokens_per_seq, "tokens_per_seq", U32)
+        if cols is not None:
+            cols = integer(cols, "cols", U32)
+        if slot_mapping_len is not None:
+            slot_mapping_len = integer(slot_mapping_len, "slot_mapping_len", U64)
         if ranges is None:
-            ranges = [(0, self.seq_len(int(q))) for q in s]
-        # [n][2] uint64 (start, count) has kv_token_range's layout: no per-range loop
-        rga = np.ascontiguousarray(np.asarray(ranges, dtype=np.uint64).reshape(-1, 2))
+            rga = np.array([(0, self._seq_len(int(q))) for q in s], np.uint64).reshape(-1, 2)
+        else:
+            # [n][2] uint64 (start, count) has kv_token_range's layout: no per-range loop
+            rga = int_array(ranges, "ranges", U64)
+            if rga.size % 2:
+                raise error("KV_ERR_INVALID_ARG", "ranges: (start, count) pairs, got shape %s"
+                            % (rga.shape,))
+            rga = rga.reshape(-1, 2)
         if len(rga) != n:
             raise error("KV_ERR_INVALID_ARG", "ranges: %d for %d sequences" % (len(rga), n))
         rg = rga.ctypes.data_as(ctypes.POINTER(_lib.TokenRange)) if n else None
-        total = int(rga[:, 1].sum()) if n else 0
+        total = sum(int(x) for x in rga[:, 1]) if n else 0
         page = self.page_tokens
         if cols is None:
-            cols = max([(self.seq_len(int(q)) + page - 1) // page for q in s] + [1])
+            cols = max([(self._seq_len(int(q)) + page - 1) // page for q in s] + [1])
         bt = np.empty((n, cols), dtype=np.int32)
         if slot_mapping_len is None:
             slot_mapping_len = n * tokens_per_seq if tokens_per_seq else total
@@ -418,7 +433,7 @@ class Cache:
         s = _u32_array(seqs, "seqs")
         n = s.size
         page = self.page_tokens
-        nnz = sum((self.seq_len(int(q)) + page - 1) // page for q in s)
+        nnz = sum((self._seq_len(int(q)) + page - 1) // page for q in s)
         indptr = np.empty(n + 1, np.int32)
         indices = np.empty(max(nnz, 1), np.int32)
         last = np.empty(max(n, 1), np.int32)
@@ -446,7 +461,7 @@ class Cache:
 
     def ref_count(self, block: int) -> int:
         self._live()
-        return L.kv_block_pool_ref_count(self._pool, block)
+        return L.kv_block_pool_ref_count(self._pool, integer(block, "block", U32))
 
     # ---- kernels (CPU; the GIL is released while they run) -----------------
 
@@ -472,7 +487,7 @@ class Cache:
                         "scales: %d K scales, %d V scales" % (ks.size, vs.size))
         keep += [ks, vs]
         sc = _lib.Scales(_p(ks, ctypes.POINTER(ctypes.c_float)),
-                         _p(vs, ctypes.POINTER(ctypes.c_float)), ks.size)
+                         _p(vs, ctypes.POINTER(ctypes.c_float)), integer(ks.size, "scales", U32))
         return ctypes.byref(sc)
 
     def write(self, layer: Optional[int], k, v, slots: Sequence[int], scales=None) -> None:
@@ -481,11 +496,12 @@ class Cache:
         any tensor with __dlpack__ or the array interface, any strides.
         scales: None or (k_scales, v_scales), one per tensor or per KV head."""
         pc = self._paged()
+        layer = -1 if layer is None else integer(layer, "layer", I32)
+        sl = int_array(slots, "slots", I64).reshape(-1)
         kb, vb = host_only(borrow(k, "k"), "k"), host_only(borrow(v, "v"), "v")
-        sl = np.ascontiguousarray(np.asarray(slots, dtype=np.int64).reshape(-1))
         keep = []
-        check(L.kv_attn_write(pc, -1 if layer is None else layer, kb.ref(), vb.ref(),
-                              _p(sl, _lib.c_i64p), sl.size, self._scales(scales, keep)))
+        check(L.kv_attn_write(pc, layer, kb.ref(), vb.ref(), _p(sl, _lib.c_i64p), sl.size,
+                              self._scales(scales, keep)))
 
     def pages(self, seqs: Sequence[int]) -> "Pages":
         """The CSR pages (FlashInfer form) of seqs, for read and decode."""
@@ -496,10 +512,11 @@ class Cache:
         """Gather the tokens of pages' sequences into k_out / v_out [T][H][D]
         (layer None: [L][T][H][D]); either may be None."""
         pc = self._paged()
+        layer = -1 if layer is None else integer(layer, "layer", I32)
         kb = host_only(borrow(k_out, "k_out", True), "k_out") if k_out is not None else None
         vb = host_only(borrow(v_out, "v_out", True), "v_out") if v_out is not None else None
         keep = []
-        check(L.kv_attn_read(pc, -1 if layer is None else layer, ctypes.byref(pages._c),
+        check(L.kv_attn_read(pc, layer, ctypes.byref(pages._c),
                              kb.ref() if kb else None, vb.ref() if vb else None,
                              self._scales(scales, keep)))
 
@@ -507,19 +524,23 @@ class Cache:
         """Copy whole blocks: copies [n, 2] or [n, 3] (src, dst[, tokens]), e.g.
         take_copies()'s result; every layer, K and V."""
         pc = self._paged()
-        a = np.asarray(copies, dtype=np.int64).reshape(-1, np.asarray(copies).shape[-1]
-                                                       if np.asarray(copies).size else 3)
-        buf = (_lib.BlockCopy * max(len(a), 1))()
-        for i, row in enumerate(a):
-            buf[i].src, buf[i].dst = int(row[0]), int(row[1])
-            buf[i].tokens = int(row[2]) if a.shape[1] > 2 else 0
-        check(L.kv_attn_copy_blocks(pc, buf, len(a)))
+        a = int_array(copies, "copies", U32)
+        if a.size == 0:
+            return
+        if a.ndim != 2 or a.shape[1] not in (2, 3):
+            raise error("KV_ERR_INVALID_ARG", "copies: [n, 2] or [n, 3] (src, dst[, tokens]), "
+                        "got shape %s" % (a.shape,))
+        if a.shape[1] == 2:  # kv_block_copy is (src, dst, tokens), three uint32
+            a = np.concatenate([a, np.zeros((len(a), 1), np.uint32)], axis=1)
+        n = integer(len(a), "len(copies)", U32)
+        check(L.kv_attn_copy_blocks(pc, a.ctypes.data_as(ctypes.POINTER(_lib.BlockCopy)), n))
 
     def decode(self, layer: int, q, pages: "Pages", out, scale: Optional[float] = None,
                scales=None) -> None:
         """Paged decode attention of layer: q [S][Hq][D] -> out [S][Hq][D]
         over each sequence's tokens in pages; scale defaults to 1/sqrt(D)."""
         pc = self._paged()
+        layer = integer(layer, "layer", U32)
         qb = host_only(borrow(q, "q"), "q")
         ob = host_only(borrow(out, "out", True), "out")
         if scale is None:
@@ -535,6 +556,7 @@ class Cache:
         self-describing wire format (docs/connector.md): a uint8 array."""
         pc = self._paged()
         b = _u32_array(blocks, "blocks")
+        n_tokens = integer(n_tokens, "n_tokens", U64)
         size = ctypes.c_uint64()
         check(L.kv_pack_size(ctypes.byref(pc.layout), n_tokens, ctypes.byref(size)))
         buf = np.empty(size.value, np.uint8)
@@ -555,7 +577,12 @@ class Cache:
                                  else buf.view(np.uint8).reshape(-1))
         cfg = None
         if heads is not None:
-            cfg = _lib.PlanConfig(ctypes.sizeof(_lib.PlanConfig), *[int(x) for x in heads])
+            if len(heads) != 3:
+                raise error("KV_ERR_INVALID_ARG", "heads: (src_head0, dst_head0, n_heads), got "
+                            "%r" % (heads,))
+            cfg = _lib.PlanConfig(ctypes.sizeof(_lib.PlanConfig),
+                                  *[integer(x, "heads.%s" % n, I64) for x, n in
+                                    zip(heads, ("src_head0", "dst_head0", "n_heads"))])
         check(L.kv_unpack(None, a.ctypes.data, a.size, pc, _p(b, _lib.c_u32p), b.size,
                           ctypes.byref(cfg) if cfg is not None else None))
 
@@ -581,7 +608,8 @@ class Cache:
         [num_blocks][block] in the layout's in-block order, as a View."""
         self._live()
         v = _lib.ViewC()
-        check(L.kv_cache_kv_view(self._h, layer, kv, ctypes.byref(v)))
+        check(L.kv_cache_kv_view(self._h, integer(layer, "layer", U32), integer(kv, "kv", INT),
+                                 ctypes.byref(v)))
         return View(self, v)
 
 

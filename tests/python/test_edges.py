@@ -100,3 +100,168 @@ def test_no_hard_coded_status_codes_in_the_package():
         if name.endswith(".py"):
             src = open(os.path.join(PKG_DIR, name)).read()
             assert not re.search(r"\bcode\s*=\s*-?\d", src), name
+
+
+# ---- integers crossing into C: range-checked, refused by name ------------------------
+
+U32 = (0, 2**32 - 1)
+I32 = (-2**31, 2**31 - 1)
+U64 = (0, 2**64 - 1)
+I64 = (-2**63, 2**63 - 1)
+
+
+class Ctx:
+    """A cache with one 20-token sequence written, and what the calls need."""
+
+    def __init__(self, c):
+        self.c = c
+        self.s = c.seq_create()
+        self.e = c.seq_create()  # empty
+        c.append(self.s, np.arange(20))
+        self.slots = [c.slot(self.s, t) for t in range(20)]
+        self.k = np.arange(20 * 4 * 32, dtype=np.float32).reshape(20, 4, 32)
+        c.write(0, self.k, -self.k, self.slots)
+        c.write(1, self.k + 1, -self.k, self.slots)
+        self.pg = c.pages([self.s])
+        self.out = np.zeros((20, 4, 32), np.float32)
+        self.q = np.ones((1, 4, 32), np.float32)
+        self.o = np.zeros((1, 4, 32), np.float32)
+        self.blocks = [int(b) for b in c.seq_blocks(self.s)]
+        self.buf = c.pack(self.blocks, 20)
+
+    def state(self):
+        c = self.c
+        return (c.seq_len(self.s), list(c.seq_blocks(self.s)), c.table_stats(),
+                c.pool_stats(), c.arena().tobytes())
+
+
+# (argument, its C range, the call with the value in that argument)
+SCALARS = [
+    ("seq", U32, lambda t, x: t.c.seq_len(x)),
+    ("seq", U32, lambda t, x: t.c.append(x, [1])),
+    ("seq", U32, lambda t, x: t.c.reuse_prefix(x, [1])),
+    ("seq", U32, lambda t, x: t.c.blocks_needed(x, 1)),
+    ("seq", U32, lambda t, x: t.c.fork(x)),
+    ("seq", U32, lambda t, x: t.c.truncate(x, 0)),
+    ("seq", U32, lambda t, x: t.c.free(x)),
+    ("seq", U32, lambda t, x: t.c.seq_blocks(x)),
+    ("seq", U32, lambda t, x: t.c.slot(x, 0)),
+    ("n", U64, lambda t, x: t.c.blocks_needed(t.s, x)),
+    ("n_tokens", U64, lambda t, x: t.c.truncate(t.s, x)),
+    ("t", U64, lambda t, x: t.c.slot(t.s, x)),
+    ("extra_key", U64, lambda t, x: t.c.seq_create(extra_key=x)),
+    ("block", U32, lambda t, x: t.c.ref_count(x)),
+    ("cols", U32, lambda t, x: t.c.export_vllm([t.s], cols=x)),
+    ("pad", I32, lambda t, x: t.c.export_vllm([t.s], pad=x)),
+    ("tokens_per_seq", U32, lambda t, x: t.c.export_vllm([t.s], tokens_per_seq=x)),
+    ("slot_mapping_len", U64, lambda t, x: t.c.export_vllm([t.s], slot_mapping_len=x)),
+    ("layer", U32, lambda t, x: t.c.kv(x, 0)),
+    ("kv", I32, lambda t, x: t.c.kv(0, x)),
+    ("layer", I32, lambda t, x: t.c.write(x, t.k, t.k, t.slots)),
+    ("layer", I32, lambda t, x: t.c.read(x, t.pg, t.out, None)),
+    ("layer", U32, lambda t, x: t.c.decode(x, t.q, t.pg, t.o)),
+    ("n_tokens", U64, lambda t, x: t.c.pack(t.blocks, x)),
+    ("heads", I64, lambda t, x: t.c.unpack(t.buf, t.blocks, heads=(x, 0, 0))),
+    ("heads", I64, lambda t, x: t.c.unpack(t.buf, t.blocks, heads=(0, 0, x))),
+    ("dim", I32, lambda t, x: t.c.kv(0, 0).select(x, 0)),
+    ("index", I64, lambda t, x: t.c.kv(0, 0).select(0, x)),
+    ("dim", I32, lambda t, x: t.c.kv(0, 0).narrow(x, 0, 1)),
+    ("start", I64, lambda t, x: t.c.kv(0, 0).narrow(0, x, 1)),
+    ("length", I64, lambda t, x: t.c.kv(0, 0).narrow(0, 0, x)),
+]
+
+
+@pytest.mark.parametrize("arg,rng,call", SCALARS,
+                         ids=["%s-%d" % (s[0], i) for i, s in enumerate(SCALARS)])
+def test_every_scalar_is_range_checked_by_name(arg, rng, call):
+    lo, hi = rng
+    with kvcache.Cache(small_layout(), max_seqs=4) as c:
+        t = Ctx(c)
+        before = t.state()
+        # just past each end, and far past it where a wrap lands on a valid value
+        # (2^32 + 1 as uint32 is 1, 2^64 + 16 as uint64 is 16)
+        for x in (hi + 1, lo - 1, hi + 1 + t.s + 1, lo - (hi - lo + 1) + 3):
+            with pytest.raises(kvcache.InvalidArgument) as e:
+                call(t, x)
+            msg = str(e.value)
+            assert arg in msg and str(x) in msg and "[%d, %d]" % (lo, hi) in msg, msg
+            assert e.value.status == "KV_ERR_INVALID_ARG"
+        with pytest.raises(kvcache.InvalidArgument) as e:
+            call(t, 1.0)  # not an integer: not truncated either
+        assert arg in str(e.value)
+        assert t.state() == before
+
+
+def test_module_and_config_integers_are_range_checked():
+    for n in (2**31, -2**31 - 1, 2**32 + 1):
+        with pytest.raises(kvcache.InvalidArgument, match=r"threads|\bn\b"):
+            kvcache.set_threads(n)
+    for field in ("num_layers", "num_blocks", "block_tokens", "num_heads", "head_dim",
+                  "block_pad_elems", "block_stride_bytes", "align_bytes"):
+        for x in (2**63, 2**64 + 64, -2**63 - 1):
+            with pytest.raises(kvcache.InvalidArgument, match=field):
+                small_layout(**{field: x})
+    for arg, rng in (("max_seqs", U32), ("max_blocks_per_seq", U32), ("page_ratio", U32),
+                     ("device", I32)):
+        for x in (rng[1] + 1, rng[0] - 1, rng[1] + 3):
+            with pytest.raises(kvcache.InvalidArgument, match=arg):
+                kvcache.Cache(small_layout(), **{arg: x})
+
+
+def test_copy_blocks_does_not_wrap_block_ids():
+    """The issue's case: 2^32 + 3 copied block 3, -2^32 + 5 block 5."""
+    with kvcache.Cache(small_layout(), max_seqs=4) as c:
+        ar = c.arena()
+        ar[:] = np.random.default_rng(2).integers(0, 256, ar.size, dtype=np.uint8)
+        before = ar.copy()
+        for bad in ([[2**32 + 3, 40]], [[-2**32 + 5, 40]], [[3, 2**32 + 40]],
+                    [[3, 40, 2**32]], np.array([[2**64 - 1, 40]], np.uint64),
+                    [[3.5, 40]], [[3, 40], [2**70, 41]]):
+            with pytest.raises(kvcache.InvalidArgument) as e:
+                c.copy_blocks(bad)
+            assert "copies" in str(e.value) and "[0, 4294967295]" in str(e.value), bad
+            assert np.array_equal(ar, before), bad
+        c.copy_blocks([[3, 40]])  # in range: copied
+        k0 = c.kv(0, 0).numpy().view(np.uint32)  # random bytes: NaNs as floats
+        assert np.array_equal(k0[40], k0[3])
+
+
+# (argument, its C range, the call with the array in that argument, bad arrays)
+ARRAYS = [
+    ("seqs", U32, lambda t, a: t.c.export_vllm(a)),
+    ("seqs", U32, lambda t, a: t.c.export_flashinfer(a)),
+    ("seqs", U32, lambda t, a: t.c.pages(a)),
+    ("blocks", U32, lambda t, a: t.c.pack(a, 16)),
+    ("blocks", U32, lambda t, a: t.c.unpack(t.buf[:0], a)),
+    ("tokens", I32, lambda t, a: t.c.append(t.s, a)),
+    ("tokens", I32, lambda t, a: t.c.reuse_prefix(t.e, a)),
+    ("slots", I64, lambda t, a: t.c.write(0, t.k[:1], t.k[:1], a)),
+    ("ranges", U64, lambda t, a: t.c.export_vllm([t.s], ranges=a)),
+]
+
+
+def _bad_arrays(rng):
+    lo, hi = rng
+    out = [[hi + 1], [lo - 1], [hi + 2**32 + 1], [1.5]]
+    if hi < 2**63:
+        out.append(np.array([2**64 - 1], np.uint64))  # wraps to -1 in int64
+    if hi == 2**63 - 1:
+        out.append([2**64 + 5])
+    return out
+
+
+@pytest.mark.parametrize("arg,rng,call", ARRAYS,
+                         ids=["%s-%d" % (s[0], i) for i, s in enumerate(ARRAYS)])
+def test_every_index_array_is_range_checked_before_conversion(arg, rng, call):
+    with kvcache.Cache(small_layout(), max_seqs=8) as c:
+        t = Ctx(c)
+        before = t.state()
+        for bad in _bad_arrays(rng):
+            if arg == "ranges":  # [(start, count)]: the bad value as a count
+                bad = (np.array([[0, bad[0]]], bad.dtype) if isinstance(bad, np.ndarray)
+                       else [[0, bad[0]]])
+            with pytest.raises(kvcache.InvalidArgument) as e:
+                call(t, bad)
+            assert arg in str(e.value), (bad, str(e.value))
+            assert "[%d, %d]" % rng in str(e.value), (bad, str(e.value))
+        assert t.state() == before
