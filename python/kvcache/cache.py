@@ -196,6 +196,12 @@ class View:
         addr = ctypes.cast(mt, ctypes.c_void_p).value
         return _PyCapsule_New(addr, b"dltensor", _CAPSULE_DESTRUCTOR)
 
+    def _kv_borrow(self):
+        """For the kernels (tensors.borrow): this view, its DLPack device, and
+        what keeps its memory alive. The cache's memory is writable."""
+        self._cache._live()
+        return self._v, self.__dlpack_device__(), self
+
     def __dlpack_device__(self) -> Tuple[int, int]:
         kind = {"host": _DL_CPU, "pinned": _DL_CUDA_HOST, "device": _DL_CUDA}[self._cache.mem]
         return (kind, self._cache.device if kind == _DL_CUDA else 0)

@@ -265,3 +265,157 @@ def test_every_index_array_is_range_checked_before_conversion(arg, rng, call):
             assert arg in str(e.value), (bad, str(e.value))
             assert "[%d, %d]" % rng in str(e.value), (bad, str(e.value))
         assert t.state() == before
+
+
+# ---- outputs: writability checked whatever the type -----------------------------------
+
+
+class _Interface:
+    """Only the array interface of an array (as another library's tensor would)."""
+
+    def __init__(self, a):
+        self._a = a
+        self.__array_interface__ = a.__array_interface__
+
+
+class _DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class _DLManagedTensorVersioned(ctypes.Structure):  # DLPack 1.0 (dlpack.h)
+    _fields_ = [("version", _DLPackVersion), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64),
+                ("dl_tensor", _lib.DLTensor)]
+
+
+_READ_ONLY, _IS_COPIED = 1, 2
+_New = ctypes.pythonapi.PyCapsule_New
+_New.restype = ctypes.py_object
+_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+class _Producer:
+    """A CPU float32 DLPack producer over an array's memory: DLPack 1.0
+    (versioned capsule, flags) when asked with max_version, 0.x otherwise -
+    as NumPy 2 does."""
+
+    def __init__(self, a, flags=0, major=1):
+        self.a = a
+        self._shape = (ctypes.c_int64 * a.ndim)(*a.shape)
+        self._strides = (ctypes.c_int64 * a.ndim)(*[s // a.itemsize for s in a.strides])
+        t = _lib.DLTensor()
+        t.data = a.__array_interface__["data"][0]
+        t.device = _lib.DLDevice(1, 0)
+        t.ndim = a.ndim
+        t.dtype = _lib.DLDataType(2, 32, 1)
+        t.shape = ctypes.cast(self._shape, _lib.c_i64p)
+        t.strides = ctypes.cast(self._strides, _lib.c_i64p)
+        self.v = _DLManagedTensorVersioned()
+        self.v.version = _DLPackVersion(major, 0)
+        self.v.flags = flags
+        self.v.dl_tensor = t
+        self.m = _lib.DLManagedTensor()
+        self.m.dl_tensor = t
+        self.asked = []
+
+    def __dlpack__(self, stream=None, max_version=None):
+        self.asked.append(max_version)
+        if max_version is not None and max_version[0] >= 1:
+            return _New(ctypes.addressof(self.v), b"dltensor_versioned", None)
+        return _New(ctypes.addressof(self.m), b"dltensor", None)
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+class _LegacyProducer(_Producer):
+    """DLPack 0.x only: its capsule cannot say whether the memory is writable."""
+
+    def __dlpack__(self, stream=None):
+        return _New(ctypes.addressof(self.m), b"dltensor", None)
+
+
+def _immutable(shape):
+    """A bytes object and a read-only float32 array over its bytes."""
+    b = bytes(int(np.prod(shape)) * 4)
+    return b, np.frombuffer(b, np.float32).reshape(shape)
+
+
+def test_read_only_outputs_are_refused_whatever_their_type():
+    with kvcache.Cache(small_layout(), max_seqs=4) as c:
+        t = Ctx(c)
+        shape = (20, 4, 32)
+        cases = []
+        b, ro = _immutable(shape)
+        cases.append(("array interface", b, _Interface(ro)))
+        b, ro = _immutable(shape)
+        cases.append(("DLPack 1.0 read-only", b, _Producer(ro, flags=_READ_ONLY)))
+        b, ro = _immutable(shape)
+        cases.append(("DLPack 0.x", b, _LegacyProducer(ro)))
+        b, ro = _immutable(shape)
+        cases.append(("memoryview of bytes", b, memoryview(b).cast("B").cast("f", shape)))
+        for what, b, out in cases:
+            for call in (lambda o: c.read(0, t.pg, o, None), lambda o: c.read(0, t.pg, None, o),
+                         lambda o: c.read(0, t.pg, t.out, o)):
+                with pytest.raises(kvcache.InvalidArgument) as e:
+                    call(out)
+                assert "read-only" in str(e.value) or "writ" in str(e.value), (what, e.value)
+                assert b == bytes(len(b)), what  # the immutable bytes untouched
+        # decode's out too
+        b, ro = _immutable((1, 4, 32))
+        for out in (_Interface(ro), _Producer(ro, flags=_READ_ONLY), _LegacyProducer(ro),
+                    memoryview(b).cast("B").cast("f", (1, 4, 32))):
+            with pytest.raises(kvcache.InvalidArgument):
+                c.decode(0, t.q, t.pg, out)
+            assert b == bytes(len(b))
+
+
+def test_outputs_that_would_be_copies_are_refused():
+    with kvcache.Cache(small_layout(), max_seqs=4) as c:
+        t = Ctx(c)
+        lst = np.zeros((20, 4, 32), np.float32).tolist()
+        with pytest.raises(kvcache.InvalidArgument, match="copy|list"):
+            c.read(0, t.pg, lst, None)  # the results would go to a temporary
+        a = np.zeros((20, 4, 32), np.float32)
+        with pytest.raises(kvcache.InvalidArgument, match="cop"):
+            c.read(0, t.pg, _Producer(a, flags=_IS_COPIED), None)
+        with pytest.raises(kvcache.Unsupported, match="DLPack 2"):
+            c.read(0, t.pg, _Producer(a, major=2), None)
+        assert not a.any()
+
+
+def test_writable_outputs_of_every_kind_are_written():
+    with kvcache.Cache(small_layout(), max_seqs=4) as c:
+        t = Ctx(c)
+        want = t.k
+        a = np.zeros((20, 4, 32), np.float32)
+        c.read(0, t.pg, _Interface(a), None)
+        assert np.array_equal(a, want)
+        a = np.zeros((20, 4, 32), np.float32)
+        p = _Producer(a)
+        c.read(0, t.pg, p, None)
+        assert np.array_equal(a, want) and p.asked == [(1, 0)]
+        ba = bytearray(20 * 4 * 32 * 4)
+        c.read(0, t.pg, memoryview(ba).cast("f", (20, 4, 32)), None)
+        assert np.array_equal(np.frombuffer(ba, np.float32).reshape(20, 4, 32), want)
+        # a View of another cache's memory, as an output
+        with kvcache.Cache(small_layout(num_blocks=8, block_tokens=20), max_seqs=1) as d:
+            blk = d.kv(0, 0).select(0, 5)
+            c.read(0, t.pg, blk, None)
+            assert np.array_equal(blk.numpy(), want)
+
+
+def test_read_only_inputs_are_still_taken():
+    with kvcache.Cache(small_layout(), max_seqs=4) as c:
+        t = Ctx(c)
+        src = np.arange(20 * 4 * 32, dtype=np.float32).reshape(20, 4, 32) * 3
+        ro = src.copy()
+        ro.flags.writeable = False
+        b = src.tobytes()
+        for k in (ro, _Interface(ro), _Producer(ro, flags=_READ_ONLY), _LegacyProducer(ro),
+                  memoryview(b).cast("B").cast("f", (20, 4, 32))):
+            c.write(1, k, k, t.slots)
+            out = np.zeros_like(src)
+            c.read(1, t.pg, out, None)
+            assert np.array_equal(out, src), type(k)
+            c.write(1, t.k, t.k, t.slots)
