@@ -133,14 +133,34 @@ L.kv_dlpack_capsule_api(ctypes.cast(ctypes.pythonapi.PyCapsule_IsValid, ctypes.c
 _CAPSULE_DESTRUCTOR = ctypes.cast(L.kv_dlpack_capsule_destructor, ctypes.c_void_p).value
 
 
+class _Memory:
+    """A reference on the C cache (kv_cache_retain), dropped when this object
+    goes, and what the cache's memory is: the owner of a View's bytes. Views
+    (and View.numpy()'s arrays) hold one, so their memory outlives
+    Cache.close() the way an exported DLPack tensor's does."""
+    __slots__ = ("h", "mem", "device")
+
+    def __init__(self, cache):
+        self.h = None
+        self.h = L.kv_cache_retain(cache._h)
+        self.mem, self.device = cache.mem, cache.device
+
+    def __del__(self):
+        h, self.h = self.h, None
+        if h:
+            L.kv_cache_destroy(h)
+
+
 class View:
     """A strided view of the cache's memory (kv_view): dtype, shape, strides
     (elements) and offset exactly as the C library describes them. Export
     with torch.from_dlpack(view) / numpy.from_dlpack(view): zero-copy, and
-    the tensor holds a reference on the cache."""
+    the tensor holds a reference on the cache. The View holds one too: it,
+    its select()/narrow() views and its numpy() arrays stay valid after
+    Cache.close(), and the cache is freed when the last of them goes."""
 
-    def __init__(self, cache, cview):
-        self._cache = cache
+    def __init__(self, memory, cview):
+        self._m = memory
         self._v = cview
 
     @property
@@ -165,7 +185,7 @@ class View:
         out = _lib.ViewC()
         check(L.kv_view_select(ctypes.byref(self._v), integer(dim, "dim", INT),
                                integer(index, "index", I64), ctypes.byref(out)))
-        return View(self._cache, out)
+        return View(self._m, out)
 
     def narrow(self, dim: int, start: int, length: int) -> "View":
         """The view of [start, start + length) along dim (no copy)."""
@@ -173,7 +193,7 @@ class View:
         check(L.kv_view_narrow(ctypes.byref(self._v), integer(dim, "dim", INT),
                                integer(start, "start", I64), integer(length, "length", I64),
                                ctypes.byref(out)))
-        return View(self._cache, out)
+        return View(self._m, out)
 
     def numpy(self) -> np.ndarray:
         """A writeable NumPy array over the same bytes (zero-copy; host and
@@ -181,30 +201,29 @@ class View:
         marks DLPack imports read-only. NumPy has no bfloat16 or fp8: those
         come as uint16 / uint8 holding the raw bits. The array keeps the
         cache alive (a reference on the C cache) while it exists."""
-        if self._cache.mem == "device":
+        if self._m.mem == "device":
             raise error("KV_ERR_INVALID_ARG", "numpy(): the view is in device memory (use "
                         "__dlpack__ with a GPU framework)")
         return np.asarray(_ArrayRef(self))
 
     def __dlpack__(self, stream=None):
         if stream not in (None, -1):
-            if self._cache.mem != "device":
+            if self._m.mem != "device":
                 raise error("KV_ERR_INVALID_ARG",
                             "__dlpack__: stream %r for host memory" % (stream,))
         mt = ctypes.POINTER(_lib.DLManagedTensor)()
-        check(L.kv_cache_to_dlpack(self._cache._h, ctypes.byref(self._v), ctypes.byref(mt)))
+        check(L.kv_cache_to_dlpack(self._m.h, ctypes.byref(self._v), ctypes.byref(mt)))
         addr = ctypes.cast(mt, ctypes.c_void_p).value
         return _PyCapsule_New(addr, b"dltensor", _CAPSULE_DESTRUCTOR)
 
     def _kv_borrow(self):
         """For the kernels (tensors.borrow): this view, its DLPack device, and
         what keeps its memory alive. The cache's memory is writable."""
-        self._cache._live()
-        return self._v, self.__dlpack_device__(), self
+        return self._v, self.__dlpack_device__(), self._m
 
     def __dlpack_device__(self) -> Tuple[int, int]:
-        kind = {"host": _DL_CPU, "pinned": _DL_CUDA_HOST, "device": _DL_CUDA}[self._cache.mem]
-        return (kind, self._cache.device if kind == _DL_CUDA else 0)
+        kind = {"host": _DL_CPU, "pinned": _DL_CUDA_HOST, "device": _DL_CUDA}[self._m.mem]
+        return (kind, self._m.device if kind == _DL_CUDA else 0)
 
     def __repr__(self):
         return "View(%s, shape=%s, strides=%s, offset=%d)" % (self.dtype, self.shape,
@@ -216,12 +235,14 @@ _NP_TYPESTR = {"f32": "<f4", "f16": "<f2", "bf16": "<u2", "f64": "<f8", "i8": "|
 
 
 class _ArrayRef:
-    """The __array_interface__ of a View, holding a reference on its cache."""
+    """The __array_interface__ of a View, holding its reference on the cache
+    (the array's base keeps this object, so the memory lives as long as the
+    array)."""
 
     def __init__(self, view):
         v = view._v
         es = L.kv_dtype_size(v.dtype)
-        self._h = L.kv_cache_retain(view._cache._h)
+        self._m = view._m
         shape = tuple(v.shape[i] for i in range(v.ndim))
         self.__array_interface__ = {
             "shape": shape,
@@ -230,11 +251,6 @@ class _ArrayRef:
             "strides": tuple(v.strides[i] * es for i in range(v.ndim)),
             "version": 3,
         }
-
-    def __del__(self):
-        if getattr(self, "_h", None):
-            L.kv_cache_destroy(self._h)
-            self._h = None
 
 
 class Cache:
@@ -607,7 +623,7 @@ class Cache:
         full.offset = 0
         full.base = v.base
         full.storage_bytes = self.layout.total_bytes
-        return View(self, full).numpy()
+        return View(_Memory(self), full).numpy()
 
     def kv(self, layer: int, kv: int) -> View:
         """Layer's K (kv=0) or V (kv=1) tensor over the cache's memory:
@@ -616,7 +632,7 @@ class Cache:
         v = _lib.ViewC()
         check(L.kv_cache_kv_view(self._h, integer(layer, "layer", U32), integer(kv, "kv", INT),
                                  ctypes.byref(v)))
-        return View(self, v)
+        return View(_Memory(self), v)
 
 
 class Pages:

@@ -419,3 +419,72 @@ def test_read_only_inputs_are_still_taken():
             c.read(1, t.pg, out, None)
             assert np.array_equal(out, src), type(k)
             c.write(1, t.k, t.k, t.slots)
+
+
+# ---- lifetime: a View keeps its cache alive ----------------------------------------------
+
+
+def test_view_numpy_after_close_is_the_live_arena():
+    """Before: View.numpy() after close() gave an array over the freed arena
+    (a SIGSEGV on the first write, the arena being unmapped)."""
+    out = run_isolated("""
+        lay = kvcache.Layout(num_layers=2, num_blocks=512, block_tokens=16, num_heads=4,
+                             head_dim=32, dtype="f32")  # 16 MiB: unmapped when freed
+        c = kvcache.Cache(lay, max_seqs=2)
+        v = c.kv(1, 0)
+        blk = v.select(0, 300)
+        c.close()
+        a = v.numpy()
+        a[300:] = 1.5
+        assert (blk.numpy() == 1.5).all()
+        d = np.from_dlpack(blk.narrow(1, 2, 2))
+        assert d.shape == (16, 2, 32) and (d == 1.5).all()
+        # the with-block form, and the kernels on the outliving view's memory
+        with kvcache.Cache(lay, max_seqs=2) as c2:
+            w = c2.kv(0, 1).select(0, 7)
+        del c2
+        gc.collect()
+        w.numpy()[...] = 2.5
+        with kvcache.Cache(lay, max_seqs=2) as c3:
+            s = c3.seq_create()
+            c3.append(s, range(16))
+            c3.write(0, w, w, [c3.slot(s, t) for t in range(16)])
+            back = np.zeros((16, 4, 32), np.float32)
+            c3.read(0, c3.pages([s]), back, None)
+            assert (back == 2.5).all()
+        del v, blk, a, d, w
+        gc.collect()
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_views_release_their_reference(monkeypatch):
+    """The reference a View (and an array from View.numpy()) holds is dropped
+    with the last of them: no cache outlives its holders."""
+    n = {"retain": 0, "destroy": 0}
+    real_retain, real_destroy = L.kv_cache_retain, L.kv_cache_destroy
+
+    def retain(h):
+        n["retain"] += 1
+        return real_retain(h)
+
+    def destroy(h):
+        n["destroy"] += 1
+        real_destroy(h)
+
+    monkeypatch.setattr(L, "kv_cache_retain", retain)
+    monkeypatch.setattr(L, "kv_cache_destroy", destroy)
+    c = kvcache.Cache(small_layout(), max_seqs=2)
+    v = c.kv(0, 0)
+    b = v.select(0, 3).narrow(1, 1, 2)
+    a = b.numpy()
+    ar = c.arena()
+    c.close()
+    a[...] = 1.0
+    assert (v.numpy()[3, :, 1:3] == 1.0).all() and ar.size == c.layout.total_bytes
+    del v, b, a, ar
+    import gc
+    gc.collect()
+    # the creator's reference (close) and every one taken since, all dropped
+    assert n["destroy"] == n["retain"] + 1 and n["retain"] >= 1, n
