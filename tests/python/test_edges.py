@@ -435,7 +435,11 @@ def test_view_numpy_after_close_is_the_live_arena():
         blk = v.select(0, 300)
         c.close()
         a = v.numpy()
-        a[300:] = 1.5
+        with kvcache.Cache(lay, max_seqs=2) as c4:  # a C kernel reads it (ASan sees that)
+            s = c4.seq_create()
+            c4.append(s, range(16))
+            c4.write(1, a[300], a[301], [c4.slot(s, t) for t in range(16)])
+        a[300:] = 1.5  # NumPy writes it (SIGSEGV on an unmapped arena)
         assert (blk.numpy() == 1.5).all()
         d = np.from_dlpack(blk.narrow(1, 2, 2))
         assert d.shape == (16, 2, 32) and (d == 1.5).all()
