@@ -81,6 +81,8 @@ def int_array(xs, what, t, ndim=None):
     except (ValueError, TypeError, OverflowError) as e:
         raise error("KV_ERR_INVALID_ARG",
                     "%s: not an array of integers (%s)" % (what, e)) from None
+    if a.dtype == t.dtype and (ndim is None or a.ndim == ndim):  # the common case
+        return np.ascontiguousarray(a)
     if ndim is not None and a.ndim != ndim and not (a.size == 0 and a.ndim == 1):
         raise error("KV_ERR_INVALID_ARG", "%s: %d-d, got shape %s" % (what, ndim, a.shape))
     if a.size == 0:
