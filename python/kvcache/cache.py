@@ -8,6 +8,8 @@ bytes, and the tensor keeps the cache alive (a reference on the C cache)
 until the framework frees it.
 """
 import ctypes
+import functools
+import threading
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -253,16 +255,37 @@ class _ArrayRef:
         }
 
 
+def _call(method):
+    """A Cache method as one call in flight: refused (BadState) once the
+    cache is closed or closing, and counted while it runs, so that close()
+    on another thread waits for it instead of freeing the cache under it."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        self._enter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._leave()
+    return call
+
+
 class Cache:
     """A model's KV cache (kv_cache.h): layout, memory, block pool with prefix
     caching, page table. Sequences are integer ids from seq_create()/fork().
 
     The page table is single-threaded, like the C one: use a Cache from one
-    thread (the engine's scheduler) at a time."""
+    thread (the engine's scheduler) at a time. Kernels on other threads may
+    run alongside it. close() is safe from any thread: it waits for the
+    calls in flight, and every call after it raises BadState."""
 
     def __init__(self, layout: Layout, max_seqs: int = 16, mem: str = "host", device: int = 0,
                  prefix_caching: bool = True, max_blocks_per_seq: int = 0, page_ratio: int = 0,
                  zero_fill: bool = False):
+        self._h = None
+        self._lock = threading.Lock()  # guards _h, _busy, _closers
+        self._idle = threading.Condition(self._lock)
+        self._busy = 0  # calls in flight
+        self._closers = 0  # close() calls waiting for them
         if mem not in _MEM:
             raise error("KV_ERR_INVALID_ARG", "mem %r: one of %s" % (mem, sorted(_MEM)))
         page_ratio = integer(page_ratio, "page_ratio", U32)
@@ -287,12 +310,48 @@ class Cache:
         self._pt = L.kv_cache_page_table(h)
         self._pool = L.kv_cache_pool(h)
 
-    def close(self) -> None:
-        """Drop this object's reference on the C cache (tensors exported from
-        it keep theirs). Idempotent; also runs when the object is collected."""
-        if getattr(self, "_h", None):
-            L.kv_cache_destroy(self._h)
-            self._h = None
+    def _enter(self):
+        with self._lock:
+            if not self._h or self._closers:
+                raise error("KV_ERR_BAD_STATE", "the cache is closed" if not self._h else
+                            "the cache is closing (close() waits for the calls in flight)")
+            self._busy += 1
+
+    def _leave(self):
+        with self._lock:
+            self._busy -= 1
+            if not self._busy and self._closers:
+                self._idle.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        """True once close() has dropped the cache."""
+        return not self._h
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Drop this object's reference on the C cache (Views and tensors
+        exported from it keep theirs). Calls in flight on other threads (a
+        kernel, a page-table call) finish first: close() waits for them, and
+        calls made meanwhile raise BadState. timeout (seconds): raise Timeout
+        instead of waiting longer, the cache left open. Idempotent; also runs
+        when the object is collected."""
+        lock = getattr(self, "_lock", None)
+        if lock is None:  # __init__ failed before there was anything to close
+            return
+        with self._idle:
+            if not self._h:
+                return
+            self._closers += 1
+            try:
+                if not self._idle.wait_for(lambda: not self._busy, timeout):
+                    raise error("KV_ERR_TIMEOUT", "close(): %d call(s) still in flight after "
+                                "%gs; the cache stays open" % (self._busy, timeout))
+            finally:
+                self._closers -= 1
+            h, self._h = self._h, None
+            self._pc = self._pt = self._pool = None
+        if h:  # another close() may have dropped it while this one waited
+            L.kv_cache_destroy(h)
 
     def __del__(self):
         self.close()
@@ -303,15 +362,11 @@ class Cache:
     def __exit__(self, *exc):
         self.close()
 
-    def _live(self):
-        if not self._h:
-            raise error("KV_ERR_BAD_STATE", "the cache is closed")
-
     # ---- sequences ----------------------------------------------------------
 
+    @_call
     def seq_create(self, extra_key: Optional[int] = None) -> int:
         """A new empty sequence; extra_key (LoRA id, salt) separates prefixes."""
-        self._live()
         if extra_key is not None:
             extra_key = integer(extra_key, "extra_key", U64)
         s = ctypes.c_uint32()
@@ -320,10 +375,10 @@ class Cache:
             check(L.kv_page_table_seq_set_extra_key(self._pt, s.value, extra_key))
         return s.value
 
+    @_call
     def reuse_prefix(self, seq: int, tokens: Iterable[int]) -> int:
         """Start empty seq with the longest cached prefix of tokens; returns the
         number of tokens it now holds (whole cached blocks)."""
-        self._live()
         seq = integer(seq, "seq", U32)
         t = _tokens(tokens)
         n = ctypes.c_uint64()
@@ -331,40 +386,40 @@ class Cache:
                                                ctypes.byref(n)))
         return n.value
 
+    @_call
     def append(self, seq: int, tokens: Iterable[int]) -> None:
         """Append tokens to seq (blocks allocated, full blocks hashed for reuse)."""
-        self._live()
         seq = integer(seq, "seq", U32)
         t = _tokens(tokens)
         check(L.kv_page_table_seq_append(self._pt, seq, _p(t, _lib.c_i32p), t.size))
 
+    @_call
     def blocks_needed(self, seq: int, n: int) -> int:
-        self._live()
         b = ctypes.c_uint32()
         check(L.kv_page_table_blocks_needed(self._pt, integer(seq, "seq", U32),
                                             integer(n, "n", U64), ctypes.byref(b)))
         return b.value
 
+    @_call
     def fork(self, seq: int) -> int:
         """A child sharing all of seq's blocks (copy-on-write on the next write
         into a shared block: see take_copies)."""
-        self._live()
         c = ctypes.c_uint32()
         check(L.kv_page_table_seq_fork(self._pt, integer(seq, "seq", U32), ctypes.byref(c)))
         return c.value
 
+    @_call
     def truncate(self, seq: int, n_tokens: int) -> None:
-        self._live()
         check(L.kv_page_table_seq_truncate(self._pt, integer(seq, "seq", U32),
                                            integer(n_tokens, "n_tokens", U64)))
 
+    @_call
     def free(self, seq: int) -> None:
         """Release seq's blocks (full ones stay cached for prefix reuse)."""
-        self._live()
         check(L.kv_page_table_seq_free(self._pt, integer(seq, "seq", U32)))
 
+    @_call
     def seq_len(self, seq: int) -> int:
-        self._live()
         return self._seq_len(integer(seq, "seq", U32))
 
     def _seq_len(self, seq):
@@ -372,9 +427,9 @@ class Cache:
         check(L.kv_page_table_seq_len(self._pt, seq, ctypes.byref(n)))
         return n.value
 
+    @_call
     def seq_blocks(self, seq: int) -> np.ndarray:
         """seq's block ids, a new uint32 array."""
-        self._live()
         p = _lib.c_u32p()
         n = ctypes.c_uint32()
         check(L.kv_page_table_seq_blocks(self._pt, integer(seq, "seq", U32), ctypes.byref(p),
@@ -382,17 +437,17 @@ class Cache:
         return np.ctypeslib.as_array(p, shape=(n.value,)).copy() if n.value else \
             np.zeros(0, np.uint32)
 
+    @_call
     def slot(self, seq: int, t: int) -> int:
-        self._live()
         s = ctypes.c_int64()
         check(L.kv_page_table_slot(self._pt, integer(seq, "seq", U32), integer(t, "t", U64),
                                    ctypes.byref(s)))
         return s.value
 
+    @_call
     def take_copies(self) -> np.ndarray:
         """Queued copy-on-write copies as an [n, 3] uint32 array (src, dst,
         tokens); run them, then call copies_done()."""
-        self._live()
         n = L.kv_page_table_pending_copies(self._pt)
         buf = (_lib.BlockCopy * max(n, 1))()
         got = ctypes.c_uint32()
@@ -400,12 +455,13 @@ class Cache:
         return np.array([[buf[i].src, buf[i].dst, buf[i].tokens] for i in range(got.value)],
                         dtype=np.uint32).reshape(got.value, 3)
 
+    @_call
     def copies_done(self) -> None:
-        self._live()
         check(L.kv_page_table_copies_done(self._pt))
 
     # ---- exports ------------------------------------------------------------
 
+    @_call
     def export_vllm(self, seqs: Sequence[int],
                     ranges: Optional[Sequence[Tuple[int, int]]] = None,
                     cols: Optional[int] = None, pad: int = 0, tokens_per_seq: int = 0,
@@ -413,7 +469,6 @@ class Cache:
         """vLLM's forms: (block_table int32 [n_seqs, cols], slot_mapping int64)
         for the token ranges [(start, count), ...] of each sequence (default:
         all of each); slot_mapping is None without ranges and no default."""
-        self._live()
         s = _u32_array(seqs, "seqs")
         n = s.size
         pad = integer(pad, "pad", I32)
@@ -448,10 +503,10 @@ class Cache:
                                           ctypes.byref(out)))
         return bt, sm
 
+    @_call
     def export_flashinfer(self, seqs: Sequence[int]
                           ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """FlashInfer's CSR form: (indptr [n+1], indices [nnz], last_page_len [n]), int32."""
-        self._live()
         s = _u32_array(seqs, "seqs")
         n = s.size
         page = self.page_tokens
@@ -469,26 +524,25 @@ class Cache:
 
     # ---- stats --------------------------------------------------------------
 
+    @_call
     def pool_stats(self) -> Dict[str, int]:
-        self._live()
         st = _lib.PoolStats()
         L.kv_block_pool_stats_get(self._pool, ctypes.byref(st))
         return {n: getattr(st, n) for n, _ in st._fields_}
 
+    @_call
     def table_stats(self) -> Dict[str, int]:
-        self._live()
         st = _lib.TableStats()
         L.kv_page_table_stats_get(self._pt, ctypes.byref(st))
         return {n: getattr(st, n) for n, _ in st._fields_}
 
+    @_call
     def ref_count(self, block: int) -> int:
-        self._live()
         return L.kv_block_pool_ref_count(self._pool, integer(block, "block", U32))
 
     # ---- kernels (CPU; the GIL is released while they run) -----------------
 
     def _paged(self):
-        self._live()
         if self.mem == "device":
             raise error("KV_ERR_UNSUPPORTED", "the CPU kernels need a host or pinned cache; "
                         "this one is device memory")
@@ -512,6 +566,7 @@ class Cache:
                          _p(vs, ctypes.POINTER(ctypes.c_float)), integer(ks.size, "scales", U32))
         return ctypes.byref(sc)
 
+    @_call
     def write(self, layer: Optional[int], k, v, slots: Sequence[int], scales=None) -> None:
         """Write K and V [T][H][D] (layer None: [L][T][H][D], every layer) of
         tokens 0..len(slots)-1 into their slots (-1 skips a token). k and v:
@@ -529,6 +584,7 @@ class Cache:
         """The CSR pages (FlashInfer form) of seqs, for read and decode."""
         return Pages(self, seqs)
 
+    @_call
     def read(self, layer: Optional[int], pages: "Pages", k_out=None, v_out=None,
              scales=None) -> None:
         """Gather the tokens of pages' sequences into k_out / v_out [T][H][D]
@@ -542,6 +598,7 @@ class Cache:
                              kb.ref() if kb else None, vb.ref() if vb else None,
                              self._scales(scales, keep)))
 
+    @_call
     def copy_blocks(self, copies) -> None:
         """Copy whole blocks: copies [n, 2] or [n, 3] (src, dst[, tokens]), e.g.
         take_copies()'s result; every layer, K and V."""
@@ -557,6 +614,7 @@ class Cache:
         n = integer(len(a), "len(copies)", U32)
         check(L.kv_attn_copy_blocks(pc, a.ctypes.data_as(ctypes.POINTER(_lib.BlockCopy)), n))
 
+    @_call
     def decode(self, layer: int, q, pages: "Pages", out, scale: Optional[float] = None,
                scales=None) -> None:
         """Paged decode attention of layer: q [S][Hq][D] -> out [S][Hq][D]
@@ -573,6 +631,7 @@ class Cache:
 
     # ---- pack / unpack (connector/kv_pack.h) -------------------------------
 
+    @_call
     def pack(self, blocks: Sequence[int], n_tokens: int) -> np.ndarray:
         """The request's blocks (ceil(n_tokens / N) of them) in kvcache's
         self-describing wire format (docs/connector.md): a uint8 array."""
@@ -587,6 +646,7 @@ class Cache:
                         buf.size, ctypes.byref(got)))
         return buf[:got.value]
 
+    @_call
     def unpack(self, buf, blocks: Sequence[int],
                heads: Optional[Tuple[int, int, int]] = None) -> None:
         """Unpack a packed buffer into blocks of this cache, converting to its
@@ -610,11 +670,12 @@ class Cache:
 
     # ---- memory -------------------------------------------------------------
 
+    @_call
     def arena(self) -> np.ndarray:
         """The whole arena as a writeable uint8 array (zero-copy; host and
         pinned memory), e.g. to compare a destination pool whole. Holds a
         reference on the cache."""
-        v = self.kv(0, 0)._v  # layer 0's K starts at the arena's base
+        v = self._kv_view(0, 0)  # layer 0's K starts at the arena's base
         full = _lib.ViewC()
         full.dtype = _dtype_code("u8")
         full.ndim = 1
@@ -625,14 +686,17 @@ class Cache:
         full.storage_bytes = self.layout.total_bytes
         return View(_Memory(self), full).numpy()
 
+    @_call
     def kv(self, layer: int, kv: int) -> View:
         """Layer's K (kv=0) or V (kv=1) tensor over the cache's memory:
         [num_blocks][block] in the layout's in-block order, as a View."""
-        self._live()
+        return View(_Memory(self), self._kv_view(layer, kv))
+
+    def _kv_view(self, layer, kv):
         v = _lib.ViewC()
         check(L.kv_cache_kv_view(self._h, integer(layer, "layer", U32), integer(kv, "kv", INT),
                                  ctypes.byref(v)))
-        return View(_Memory(self), v)
+        return v
 
 
 class Pages:

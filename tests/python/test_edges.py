@@ -492,3 +492,176 @@ def test_views_release_their_reference(monkeypatch):
     gc.collect()
     # the creator's reference (close) and every one taken since, all dropped
     assert n["destroy"] == n["retain"] + 1 and n["retain"] >= 1, n
+
+
+# ---- Cache.close() against calls in flight --------------------------------------------------
+
+_GATE = """
+    L = _lib.lib
+    lay = kvcache.Layout(num_layers=2, num_blocks=512, block_tokens=16, num_heads=4,
+                         head_dim=32, dtype="f32")
+    c = kvcache.Cache(lay, max_seqs=2)
+    s = c.seq_create()
+    c.append(s, range(40))
+    c.write(0, np.ones((40, 4, 32), np.float32), np.ones((40, 4, 32), np.float32),
+            [c.slot(s, t) for t in range(40)])
+    # no View is held: one would keep the arena alive past close()
+    b0, b1 = [int(b) for b in c.seq_blocks(s)[:2]]  # full blocks of ones
+    entered, proceed = threading.Event(), threading.Event()
+    real = L.kv_attn_copy_blocks
+
+    def gated(*args):  # the kernel's call, held at its start until told to go on
+        entered.set()
+        proceed.wait(30)
+        return real(*args)
+
+    L.kv_attn_copy_blocks = gated
+    result = {}
+
+    def kernel():
+        try:
+            c.copy_blocks([[b0, 300], [b1, 301]])
+            result["kernel"] = "ok"
+        except Exception as e:
+            result["kernel"] = repr(e)
+
+    kt = threading.Thread(target=kernel)
+    kt.start()
+    assert entered.wait(30)
+"""
+
+
+def test_close_waits_for_a_kernel_in_flight():
+    """Before: close() freed the arena under the running kernel (a SIGSEGV
+    or an ASan heap-use-after-free once the gate opened)."""
+    out = run_isolated(_GATE + """
+    def closer():
+        c.close()
+        result["closed_at"] = time.monotonic()
+
+    ct = threading.Thread(target=closer)
+    ct.start()
+    time.sleep(0.3)
+    waited = ct.is_alive()       # close() is waiting for the kernel
+    # a new call meanwhile is refused: the cache is closing
+    try:
+        c.seq_len(s)
+        result["new call"] = "ran"
+    except kvcache.BadState as e:
+        result["new call"] = str(e)
+    released = time.monotonic()
+    proceed.set()
+    kt.join(30)
+    ct.join(30)
+    assert result["kernel"] == "ok", result
+    assert waited and result["closed_at"] >= released, result
+    assert "clos" in result["new call"], result
+    for call in (lambda: c.seq_len(s), lambda: c.copy_blocks([[0, 1]]), lambda: c.kv(0, 0)):
+        try:
+            call()
+            raise SystemExit("a call after close ran")
+        except kvcache.BadState as e:
+            assert "closed" in str(e)
+    print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_close_with_a_timeout_leaves_the_cache_open():
+    out = run_isolated(_GATE + """
+    try:
+        c.close(timeout=0.2)
+        raise SystemExit("close returned with a kernel in flight")
+    except kvcache.Timeout as e:
+        assert "in flight" in str(e), e
+    proceed.set()
+    kt.join(30)
+    assert result["kernel"] == "ok", result
+    assert c.seq_len(s) == 40     # still open, still working
+    c.close()
+    try:
+        c.seq_len(s)
+        raise SystemExit("ran after close")
+    except kvcache.BadState:
+        pass
+    print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_close_races_real_kernels_on_other_threads():
+    """No gate: threads run kernels and page-table calls back to back while
+    the main thread closes. Each call either completes or raises BadState;
+    none runs on freed memory."""
+    out = run_isolated("""
+        lay = kvcache.Layout(num_layers=2, num_blocks=512, block_tokens=16, num_heads=8,
+                             head_dim=64, dtype="f32")
+        for rnd in range(6):
+            c = kvcache.Cache(lay, max_seqs=8)
+            seqs = []
+            for i in range(4):
+                s = c.seq_create()
+                c.append(s, range(1000 * i, 1000 * i + 700))
+                seqs.append(s)
+            pg = c.pages(seqs)
+            T = pg.n_tokens
+            q = np.ones((4, 8, 64), np.float32)
+            errors, started = [], threading.Barrier(4)
+
+            def work(kind):
+                out = np.zeros((4, 8, 64), np.float32)
+                kbuf = np.zeros((T, 8, 64), np.float32)
+                started.wait()
+                try:
+                    while True:
+                        if kind == 0:
+                            c.decode(1, q, pg, out)
+                        elif kind == 1:
+                            c.read(0, pg, kbuf, None)
+                        else:
+                            c.copy_blocks([[b, b + 1] for b in range(200, 400, 2)])
+                            c.seq_len(seqs[0])
+                except kvcache.BadState:
+                    pass
+                except Exception as e:
+                    errors.append(repr(e))
+
+            ts = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+            for t in ts:
+                t.start()
+            started.wait()
+            time.sleep(0.02 * (rnd + 1))
+            c.close()
+            for t in ts:
+                t.join(60)
+            assert not errors, errors
+            assert not any(t.is_alive() for t in ts)
+        print("ok")
+    """, timeout=300)
+    assert out.strip() == "ok"
+
+
+def test_every_method_raises_once_closed():
+    c = kvcache.Cache(small_layout(), max_seqs=4)
+    t = Ctx(c)
+    assert not c.closed
+    c.close()
+    c.close()  # idempotent
+    assert c.closed
+    calls = [lambda: c.seq_create(), lambda: c.reuse_prefix(t.s, [1]),
+             lambda: c.append(t.s, [1]), lambda: c.blocks_needed(t.s, 1),
+             lambda: c.fork(t.s), lambda: c.truncate(t.s, 0), lambda: c.free(t.s),
+             lambda: c.seq_len(t.s), lambda: c.seq_blocks(t.s), lambda: c.slot(t.s, 0),
+             lambda: c.take_copies(), lambda: c.copies_done(), lambda: c.export_vllm([t.s]),
+             lambda: c.export_flashinfer([t.s]), lambda: c.pool_stats(),
+             lambda: c.table_stats(), lambda: c.ref_count(0), lambda: c.pages([t.s]),
+             lambda: c.write(0, t.k, t.k, t.slots), lambda: c.read(0, t.pg, t.out, None),
+             lambda: c.copy_blocks([[0, 1]]), lambda: c.decode(0, t.q, t.pg, t.o),
+             lambda: c.pack(t.blocks, 20), lambda: c.unpack(t.buf, t.blocks),
+             lambda: c.arena(), lambda: c.kv(0, 0)]
+    public = {n for n in dir(kvcache.Cache) if not n.startswith("_") and
+              callable(getattr(kvcache.Cache, n))} - {"close"}
+    assert len(calls) == len(public), sorted(public)
+    for call in calls:
+        with pytest.raises(kvcache.BadState, match="closed"):
+            call()
