@@ -29,8 +29,9 @@ def threads() -> int:
 
 def set_threads(n: int) -> None:
     """Threads for the CPU kernels: n >= 1, or 0 for every core."""
+    from ._ints import INT, integer
     from .errors import check
-    check(_lib.lib.kv_attn_set_threads(n))
+    check(_lib.lib.kv_attn_set_threads(integer(n, "n", INT)))
 library_path = _lib.path
 
 __all__ = ["Cache", "Layout", "View", "KvError", "InvalidArgument", "NullArgument", "BadDim",

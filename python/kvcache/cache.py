@@ -8,13 +8,16 @@ bytes, and the tensor keeps the cache alive (a reference on the C cache)
 until the framework frees it.
 """
 import ctypes
+import functools
+import threading
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import _lib
-from .errors import check, BadState, InvalidArgument
+from ._ints import I32, I64, INT, U32, U64, int_array, integer
+from .errors import check, error
 from .tensors import borrow, host_only
 
 L = _lib.lib
@@ -32,25 +35,12 @@ def _dtype_code(name):
 
 
 def _u32_array(xs, what):
-    a = np.ascontiguousarray(np.asarray(xs, dtype=np.int64))
-    if a.ndim != 1:
-        raise InvalidArgument("%s: a 1-d sequence of ids, got shape %s" % (what, a.shape),
-                              status="KV_ERR_INVALID_ARG", code=-1)
-    if a.size and (a.min() < 0 or a.max() > 0xFFFFFFFF):
-        raise InvalidArgument("%s: ids must be in [0, 2^32), got %d..%d" %
-                              (what, a.min(), a.max()), status="KV_ERR_INVALID_ARG", code=-1)
-    return np.ascontiguousarray(a.astype(np.uint32))
+    """A 1-d uint32 array of ids (sequences, blocks), none wrapped."""
+    return int_array(xs, what, U32, ndim=1)
 
 
 def _tokens(tokens):
-    a = np.asarray(tokens)
-    if a.ndim != 1 or (a.size and not np.issubdtype(a.dtype, np.integer)):
-        raise InvalidArgument("tokens: a 1-d sequence of integers, got %s of shape %s" %
-                              (a.dtype, a.shape), status="KV_ERR_INVALID_ARG", code=-1)
-    if a.size and (a.min() < -2**31 or a.max() >= 2**31):
-        raise InvalidArgument("tokens: values must fit int32", status="KV_ERR_INVALID_ARG",
-                              code=-1)
-    return np.ascontiguousarray(a.astype(np.int32))
+    return int_array(tokens, "tokens", I32, ndim=1)
 
 
 def _p(a, typ):
@@ -88,16 +78,15 @@ class Layout:
 
     def _config(self):
         if self.order not in ORDERS:
-            raise InvalidArgument("order %r: one of %s" % (self.order, sorted(ORDERS)),
-                                  status="KV_ERR_INVALID_ARG", code=-1)
+            raise error("KV_ERR_INVALID_ARG", "order %r: one of %s" % (self.order, sorted(ORDERS)))
         if self.arrange not in ARRANGES:
-            raise InvalidArgument("arrange %r: one of %s" % (self.arrange, sorted(ARRANGES)),
-                                  status="KV_ERR_INVALID_ARG", code=-1)
+            raise error("KV_ERR_INVALID_ARG",
+                        "arrange %r: one of %s" % (self.arrange, sorted(ARRANGES)))
         c = _lib.LayoutConfig()
         c.struct_size = ctypes.sizeof(c)
         for n in ("num_layers", "num_blocks", "block_tokens", "num_heads", "head_dim",
                   "block_pad_elems", "block_stride_bytes", "align_bytes"):
-            setattr(c, n, int(getattr(self, n)))
+            setattr(c, n, integer(getattr(self, n), n, I64))
         c.dtype = _dtype_code(self.dtype)
         c.order = ORDERS[self.order]
         c.arrange = ARRANGES[self.arrange]
@@ -146,14 +135,34 @@ L.kv_dlpack_capsule_api(ctypes.cast(ctypes.pythonapi.PyCapsule_IsValid, ctypes.c
 _CAPSULE_DESTRUCTOR = ctypes.cast(L.kv_dlpack_capsule_destructor, ctypes.c_void_p).value
 
 
+class _Memory:
+    """A reference on the C cache (kv_cache_retain), dropped when this object
+    goes, and what the cache's memory is: the owner of a View's bytes. Views
+    (and View.numpy()'s arrays) hold one, so their memory outlives
+    Cache.close() the way an exported DLPack tensor's does."""
+    __slots__ = ("h", "mem", "device")
+
+    def __init__(self, cache):
+        self.h = None
+        self.h = L.kv_cache_retain(cache._h)
+        self.mem, self.device = cache.mem, cache.device
+
+    def __del__(self):
+        h, self.h = self.h, None
+        if h:
+            L.kv_cache_destroy(h)
+
+
 class View:
     """A strided view of the cache's memory (kv_view): dtype, shape, strides
     (elements) and offset exactly as the C library describes them. Export
     with torch.from_dlpack(view) / numpy.from_dlpack(view): zero-copy, and
-    the tensor holds a reference on the cache."""
+    the tensor holds a reference on the cache. The View holds one too: it,
+    its select()/narrow() views and its numpy() arrays stay valid after
+    Cache.close(), and the cache is freed when the last of them goes."""
 
-    def __init__(self, cache, cview):
-        self._cache = cache
+    def __init__(self, memory, cview):
+        self._m = memory
         self._v = cview
 
     @property
@@ -176,14 +185,17 @@ class View:
     def select(self, dim: int, index: int) -> "View":
         """The view with dim removed at index (no copy)."""
         out = _lib.ViewC()
-        check(L.kv_view_select(ctypes.byref(self._v), dim, index, ctypes.byref(out)))
-        return View(self._cache, out)
+        check(L.kv_view_select(ctypes.byref(self._v), integer(dim, "dim", INT),
+                               integer(index, "index", I64), ctypes.byref(out)))
+        return View(self._m, out)
 
     def narrow(self, dim: int, start: int, length: int) -> "View":
         """The view of [start, start + length) along dim (no copy)."""
         out = _lib.ViewC()
-        check(L.kv_view_narrow(ctypes.byref(self._v), dim, start, length, ctypes.byref(out)))
-        return View(self._cache, out)
+        check(L.kv_view_narrow(ctypes.byref(self._v), integer(dim, "dim", INT),
+                               integer(start, "start", I64), integer(length, "length", I64),
+                               ctypes.byref(out)))
+        return View(self._m, out)
 
     def numpy(self) -> np.ndarray:
         """A writeable NumPy array over the same bytes (zero-copy; host and
@@ -191,24 +203,29 @@ class View:
         marks DLPack imports read-only. NumPy has no bfloat16 or fp8: those
         come as uint16 / uint8 holding the raw bits. The array keeps the
         cache alive (a reference on the C cache) while it exists."""
-        if self._cache.mem == "device":
-            raise InvalidArgument("numpy(): the view is in device memory (use __dlpack__ "
-                                  "with a GPU framework)", status="KV_ERR_INVALID_ARG", code=-1)
+        if self._m.mem == "device":
+            raise error("KV_ERR_INVALID_ARG", "numpy(): the view is in device memory (use "
+                        "__dlpack__ with a GPU framework)")
         return np.asarray(_ArrayRef(self))
 
     def __dlpack__(self, stream=None):
         if stream not in (None, -1):
-            if self._cache.mem != "device":
-                raise InvalidArgument("__dlpack__: stream %r for host memory" % (stream,),
-                                      status="KV_ERR_INVALID_ARG", code=-1)
+            if self._m.mem != "device":
+                raise error("KV_ERR_INVALID_ARG",
+                            "__dlpack__: stream %r for host memory" % (stream,))
         mt = ctypes.POINTER(_lib.DLManagedTensor)()
-        check(L.kv_cache_to_dlpack(self._cache._h, ctypes.byref(self._v), ctypes.byref(mt)))
+        check(L.kv_cache_to_dlpack(self._m.h, ctypes.byref(self._v), ctypes.byref(mt)))
         addr = ctypes.cast(mt, ctypes.c_void_p).value
         return _PyCapsule_New(addr, b"dltensor", _CAPSULE_DESTRUCTOR)
 
+    def _kv_borrow(self):
+        """For the kernels (tensors.borrow): this view, its DLPack device, and
+        what keeps its memory alive. The cache's memory is writable."""
+        return self._v, self.__dlpack_device__(), self._m
+
     def __dlpack_device__(self) -> Tuple[int, int]:
-        kind = {"host": _DL_CPU, "pinned": _DL_CUDA_HOST, "device": _DL_CUDA}[self._cache.mem]
-        return (kind, self._cache.device if kind == _DL_CUDA else 0)
+        kind = {"host": _DL_CPU, "pinned": _DL_CUDA_HOST, "device": _DL_CUDA}[self._m.mem]
+        return (kind, self._m.device if kind == _DL_CUDA else 0)
 
     def __repr__(self):
         return "View(%s, shape=%s, strides=%s, offset=%d)" % (self.dtype, self.shape,
@@ -220,12 +237,14 @@ _NP_TYPESTR = {"f32": "<f4", "f16": "<f2", "bf16": "<u2", "f64": "<f8", "i8": "|
 
 
 class _ArrayRef:
-    """The __array_interface__ of a View, holding a reference on its cache."""
+    """The __array_interface__ of a View, holding its reference on the cache
+    (the array's base keeps this object, so the memory lives as long as the
+    array)."""
 
     def __init__(self, view):
         v = view._v
         es = L.kv_dtype_size(v.dtype)
-        self._h = L.kv_cache_retain(view._cache._h)
+        self._m = view._m
         shape = tuple(v.shape[i] for i in range(v.ndim))
         self.__array_interface__ = {
             "shape": shape,
@@ -235,10 +254,19 @@ class _ArrayRef:
             "version": 3,
         }
 
-    def __del__(self):
-        if getattr(self, "_h", None):
-            L.kv_cache_destroy(self._h)
-            self._h = None
+
+def _call(method):
+    """A Cache method as one call in flight: refused (BadState) once the
+    cache is closed or closing, and counted while it runs, so that close()
+    on another thread waits for it instead of freeing the cache under it."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        self._enter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._leave()
+    return call
 
 
 class Cache:
@@ -246,25 +274,32 @@ class Cache:
     caching, page table. Sequences are integer ids from seq_create()/fork().
 
     The page table is single-threaded, like the C one: use a Cache from one
-    thread (the engine's scheduler) at a time."""
+    thread (the engine's scheduler) at a time. Kernels on other threads may
+    run alongside it. close() is safe from any thread: it waits for the
+    calls in flight, and every call after it raises BadState."""
 
     def __init__(self, layout: Layout, max_seqs: int = 16, mem: str = "host", device: int = 0,
                  prefix_caching: bool = True, max_blocks_per_seq: int = 0, page_ratio: int = 0,
                  zero_fill: bool = False):
+        self._h = None
+        self._lock = threading.Lock()  # guards _h, _busy, _closers
+        self._idle = threading.Condition(self._lock)
+        self._busy = 0  # calls in flight
+        self._closers = 0  # close() calls waiting for them
         if mem not in _MEM:
-            raise InvalidArgument("mem %r: one of %s" % (mem, sorted(_MEM)),
-                                  status="KV_ERR_INVALID_ARG", code=-1)
+            raise error("KV_ERR_INVALID_ARG", "mem %r: one of %s" % (mem, sorted(_MEM)))
+        page_ratio = integer(page_ratio, "page_ratio", U32)
         self.layout = layout
         self.mem = mem
-        self.page_tokens = layout.block_tokens // max(int(page_ratio), 1)
-        self.device = int(device)
+        self.page_tokens = layout.block_tokens // max(page_ratio, 1)
+        self.device = integer(device, "device", INT)
         cfg = _lib.CacheConfig()
         cfg.struct_size = ctypes.sizeof(cfg)
         cfg.layout = layout._config()
         cfg.mem_kind = _MEM[mem]
         cfg.device = self.device
-        cfg.max_seqs = max_seqs
-        cfg.max_blocks_per_seq = max_blocks_per_seq
+        cfg.max_seqs = integer(max_seqs, "max_seqs", U32)
+        cfg.max_blocks_per_seq = integer(max_blocks_per_seq, "max_blocks_per_seq", U32)
         cfg.page_ratio = page_ratio
         cfg.enable_prefix_caching = bool(prefix_caching)
         cfg.zero_fill = bool(zero_fill)
@@ -275,12 +310,48 @@ class Cache:
         self._pt = L.kv_cache_page_table(h)
         self._pool = L.kv_cache_pool(h)
 
-    def close(self) -> None:
-        """Drop this object's reference on the C cache (tensors exported from
-        it keep theirs). Idempotent; also runs when the object is collected."""
-        if getattr(self, "_h", None):
-            L.kv_cache_destroy(self._h)
-            self._h = None
+    def _enter(self):
+        with self._lock:
+            if not self._h or self._closers:
+                raise error("KV_ERR_BAD_STATE", "the cache is closed" if not self._h else
+                            "the cache is closing (close() waits for the calls in flight)")
+            self._busy += 1
+
+    def _leave(self):
+        with self._lock:
+            self._busy -= 1
+            if not self._busy and self._closers:
+                self._idle.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        """True once close() has dropped the cache."""
+        return not self._h
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Drop this object's reference on the C cache (Views and tensors
+        exported from it keep theirs). Calls in flight on other threads (a
+        kernel, a page-table call) finish first: close() waits for them, and
+        calls made meanwhile raise BadState. timeout (seconds): raise Timeout
+        instead of waiting longer, the cache left open. Idempotent; also runs
+        when the object is collected."""
+        lock = getattr(self, "_lock", None)
+        if lock is None:  # __init__ failed before there was anything to close
+            return
+        with self._idle:
+            if not self._h:
+                return
+            self._closers += 1
+            try:
+                if not self._idle.wait_for(lambda: not self._busy, timeout):
+                    raise error("KV_ERR_TIMEOUT", "close(): %d call(s) still in flight after "
+                                "%gs; the cache stays open" % (self._busy, timeout))
+            finally:
+                self._closers -= 1
+            h, self._h = self._h, None
+            self._pc = self._pt = self._pool = None
+        if h:  # another close() may have dropped it while this one waited
+            L.kv_cache_destroy(h)
 
     def __del__(self):
         self.close()
@@ -291,85 +362,92 @@ class Cache:
     def __exit__(self, *exc):
         self.close()
 
-    def _live(self):
-        if not self._h:
-            raise BadState("the cache is closed", status="KV_ERR_BAD_STATE", code=-12)
-
     # ---- sequences ----------------------------------------------------------
 
+    @_call
     def seq_create(self, extra_key: Optional[int] = None) -> int:
         """A new empty sequence; extra_key (LoRA id, salt) separates prefixes."""
-        self._live()
+        if extra_key is not None:
+            extra_key = integer(extra_key, "extra_key", U64)
         s = ctypes.c_uint32()
         check(L.kv_page_table_seq_create(self._pt, ctypes.byref(s)))
         if extra_key is not None:
             check(L.kv_page_table_seq_set_extra_key(self._pt, s.value, extra_key))
         return s.value
 
+    @_call
     def reuse_prefix(self, seq: int, tokens: Iterable[int]) -> int:
         """Start empty seq with the longest cached prefix of tokens; returns the
         number of tokens it now holds (whole cached blocks)."""
-        self._live()
+        seq = integer(seq, "seq", U32)
         t = _tokens(tokens)
         n = ctypes.c_uint64()
         check(L.kv_page_table_seq_reuse_prefix(self._pt, seq, _p(t, _lib.c_i32p), t.size,
                                                ctypes.byref(n)))
         return n.value
 
+    @_call
     def append(self, seq: int, tokens: Iterable[int]) -> None:
         """Append tokens to seq (blocks allocated, full blocks hashed for reuse)."""
-        self._live()
+        seq = integer(seq, "seq", U32)
         t = _tokens(tokens)
         check(L.kv_page_table_seq_append(self._pt, seq, _p(t, _lib.c_i32p), t.size))
 
+    @_call
     def blocks_needed(self, seq: int, n: int) -> int:
-        self._live()
         b = ctypes.c_uint32()
-        check(L.kv_page_table_blocks_needed(self._pt, seq, n, ctypes.byref(b)))
+        check(L.kv_page_table_blocks_needed(self._pt, integer(seq, "seq", U32),
+                                            integer(n, "n", U64), ctypes.byref(b)))
         return b.value
 
+    @_call
     def fork(self, seq: int) -> int:
         """A child sharing all of seq's blocks (copy-on-write on the next write
         into a shared block: see take_copies)."""
-        self._live()
         c = ctypes.c_uint32()
-        check(L.kv_page_table_seq_fork(self._pt, seq, ctypes.byref(c)))
+        check(L.kv_page_table_seq_fork(self._pt, integer(seq, "seq", U32), ctypes.byref(c)))
         return c.value
 
+    @_call
     def truncate(self, seq: int, n_tokens: int) -> None:
-        self._live()
-        check(L.kv_page_table_seq_truncate(self._pt, seq, n_tokens))
+        check(L.kv_page_table_seq_truncate(self._pt, integer(seq, "seq", U32),
+                                           integer(n_tokens, "n_tokens", U64)))
 
+    @_call
     def free(self, seq: int) -> None:
         """Release seq's blocks (full ones stay cached for prefix reuse)."""
-        self._live()
-        check(L.kv_page_table_seq_free(self._pt, seq))
+        check(L.kv_page_table_seq_free(self._pt, integer(seq, "seq", U32)))
 
+    @_call
     def seq_len(self, seq: int) -> int:
-        self._live()
+        return self._seq_len(integer(seq, "seq", U32))
+
+    def _seq_len(self, seq):
         n = ctypes.c_uint64()
         check(L.kv_page_table_seq_len(self._pt, seq, ctypes.byref(n)))
         return n.value
 
+    @_call
     def seq_blocks(self, seq: int) -> np.ndarray:
         """seq's block ids, a new uint32 array."""
-        self._live()
         p = _lib.c_u32p()
         n = ctypes.c_uint32()
-        check(L.kv_page_table_seq_blocks(self._pt, seq, ctypes.byref(p), ctypes.byref(n)))
+        check(L.kv_page_table_seq_blocks(self._pt, integer(seq, "seq", U32), ctypes.byref(p),
+                                         ctypes.byref(n)))
         return np.ctypeslib.as_array(p, shape=(n.value,)).copy() if n.value else \
             np.zeros(0, np.uint32)
 
+    @_call
     def slot(self, seq: int, t: int) -> int:
-        self._live()
         s = ctypes.c_int64()
-        check(L.kv_page_table_slot(self._pt, seq, t, ctypes.byref(s)))
+        check(L.kv_page_table_slot(self._pt, integer(seq, "seq", U32), integer(t, "t", U64),
+                                   ctypes.byref(s)))
         return s.value
 
+    @_call
     def take_copies(self) -> np.ndarray:
         """Queued copy-on-write copies as an [n, 3] uint32 array (src, dst,
         tokens); run them, then call copies_done()."""
-        self._live()
         n = L.kv_page_table_pending_copies(self._pt)
         buf = (_lib.BlockCopy * max(n, 1))()
         got = ctypes.c_uint32()
@@ -377,12 +455,13 @@ class Cache:
         return np.array([[buf[i].src, buf[i].dst, buf[i].tokens] for i in range(got.value)],
                         dtype=np.uint32).reshape(got.value, 3)
 
+    @_call
     def copies_done(self) -> None:
-        self._live()
         check(L.kv_page_table_copies_done(self._pt))
 
     # ---- exports ------------------------------------------------------------
 
+    @_call
     def export_vllm(self, seqs: Sequence[int],
                     ranges: Optional[Sequence[Tuple[int, int]]] = None,
                     cols: Optional[int] = None, pad: int = 0, tokens_per_seq: int = 0,
@@ -390,21 +469,30 @@ class Cache:
         """vLLM's forms: (block_table int32 [n_seqs, cols], slot_mapping int64)
         for the token ranges [(start, count), ...] of each sequence (default:
         all of each); slot_mapping is None without ranges and no default."""
-        self._live()
         s = _u32_array(seqs, "seqs")
         n = s.size
+        pad = integer(pad, "pad", I32)
+        tokens_per_seq = integer(tokens_per_seq, "tokens_per_seq", U32)
+        if cols is not None:
+            cols = integer(cols, "cols", U32)
+        if slot_mapping_len is not None:
+            slot_mapping_len = integer(slot_mapping_len, "slot_mapping_len", U64)
         if ranges is None:
-            ranges = [(0, self.seq_len(int(q))) for q in s]
-        # [n][2] uint64 (start, count) has kv_token_range's layout: no per-range loop
-        rga = np.ascontiguousarray(np.asarray(ranges, dtype=np.uint64).reshape(-1, 2))
+            rga = np.array([(0, self._seq_len(int(q))) for q in s], np.uint64).reshape(-1, 2)
+        else:
+            # [n][2] uint64 (start, count) has kv_token_range's layout: no per-range loop
+            rga = int_array(ranges, "ranges", U64)
+            if rga.size % 2:
+                raise error("KV_ERR_INVALID_ARG", "ranges: (start, count) pairs, got shape %s"
+                            % (rga.shape,))
+            rga = rga.reshape(-1, 2)
         if len(rga) != n:
-            raise InvalidArgument("ranges: %d for %d sequences" % (len(rga), n),
-                                  status="KV_ERR_INVALID_ARG", code=-1)
+            raise error("KV_ERR_INVALID_ARG", "ranges: %d for %d sequences" % (len(rga), n))
         rg = rga.ctypes.data_as(ctypes.POINTER(_lib.TokenRange)) if n else None
-        total = int(rga[:, 1].sum()) if n else 0
+        total = sum(int(x) for x in rga[:, 1]) if n else 0
         page = self.page_tokens
         if cols is None:
-            cols = max([(self.seq_len(int(q)) + page - 1) // page for q in s] + [1])
+            cols = max([(self._seq_len(int(q)) + page - 1) // page for q in s] + [1])
         bt = np.empty((n, cols), dtype=np.int32)
         if slot_mapping_len is None:
             slot_mapping_len = n * tokens_per_seq if tokens_per_seq else total
@@ -415,14 +503,14 @@ class Cache:
                                           ctypes.byref(out)))
         return bt, sm
 
+    @_call
     def export_flashinfer(self, seqs: Sequence[int]
                           ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """FlashInfer's CSR form: (indptr [n+1], indices [nnz], last_page_len [n]), int32."""
-        self._live()
         s = _u32_array(seqs, "seqs")
         n = s.size
         page = self.page_tokens
-        nnz = sum((self.seq_len(int(q)) + page - 1) // page for q in s)
+        nnz = sum((self._seq_len(int(q)) + page - 1) // page for q in s)
         indptr = np.empty(n + 1, np.int32)
         indices = np.empty(max(nnz, 1), np.int32)
         last = np.empty(max(n, 1), np.int32)
@@ -436,29 +524,28 @@ class Cache:
 
     # ---- stats --------------------------------------------------------------
 
+    @_call
     def pool_stats(self) -> Dict[str, int]:
-        self._live()
         st = _lib.PoolStats()
         L.kv_block_pool_stats_get(self._pool, ctypes.byref(st))
         return {n: getattr(st, n) for n, _ in st._fields_}
 
+    @_call
     def table_stats(self) -> Dict[str, int]:
-        self._live()
         st = _lib.TableStats()
         L.kv_page_table_stats_get(self._pt, ctypes.byref(st))
         return {n: getattr(st, n) for n, _ in st._fields_}
 
+    @_call
     def ref_count(self, block: int) -> int:
-        self._live()
-        return L.kv_block_pool_ref_count(self._pool, block)
+        return L.kv_block_pool_ref_count(self._pool, integer(block, "block", U32))
 
     # ---- kernels (CPU; the GIL is released while they run) -----------------
 
     def _paged(self):
-        self._live()
         if self.mem == "device":
-            raise InvalidArgument("the CPU kernels need a host or pinned cache; this one is "
-                                  "device memory", status="KV_ERR_UNSUPPORTED", code=-13)
+            raise error("KV_ERR_UNSUPPORTED", "the CPU kernels need a host or pinned cache; "
+                        "this one is device memory")
         if self._pc is None:  # fixed for the cache's life: layout, base, size, kind
             pc = _lib.PagedCache()
             check(L.kv_attn_cache(self._h, ctypes.byref(pc)))
@@ -472,58 +559,68 @@ class Cache:
         ks = np.ascontiguousarray(np.asarray(scales[0], dtype=np.float32).reshape(-1))
         vs = np.ascontiguousarray(np.asarray(scales[1], dtype=np.float32).reshape(-1))
         if ks.size != vs.size:
-            raise InvalidArgument("scales: %d K scales, %d V scales" % (ks.size, vs.size),
-                                  status="KV_ERR_INVALID_ARG", code=-1)
+            raise error("KV_ERR_INVALID_ARG",
+                        "scales: %d K scales, %d V scales" % (ks.size, vs.size))
         keep += [ks, vs]
         sc = _lib.Scales(_p(ks, ctypes.POINTER(ctypes.c_float)),
-                         _p(vs, ctypes.POINTER(ctypes.c_float)), ks.size)
+                         _p(vs, ctypes.POINTER(ctypes.c_float)), integer(ks.size, "scales", U32))
         return ctypes.byref(sc)
 
+    @_call
     def write(self, layer: Optional[int], k, v, slots: Sequence[int], scales=None) -> None:
         """Write K and V [T][H][D] (layer None: [L][T][H][D], every layer) of
         tokens 0..len(slots)-1 into their slots (-1 skips a token). k and v:
         any tensor with __dlpack__ or the array interface, any strides.
         scales: None or (k_scales, v_scales), one per tensor or per KV head."""
         pc = self._paged()
+        layer = -1 if layer is None else integer(layer, "layer", I32)
+        sl = int_array(slots, "slots", I64).reshape(-1)
         kb, vb = host_only(borrow(k, "k"), "k"), host_only(borrow(v, "v"), "v")
-        sl = np.ascontiguousarray(np.asarray(slots, dtype=np.int64).reshape(-1))
         keep = []
-        check(L.kv_attn_write(pc, -1 if layer is None else layer, kb.ref(), vb.ref(),
-                              _p(sl, _lib.c_i64p), sl.size, self._scales(scales, keep)))
+        check(L.kv_attn_write(pc, layer, kb.ref(), vb.ref(), _p(sl, _lib.c_i64p), sl.size,
+                              self._scales(scales, keep)))
 
     def pages(self, seqs: Sequence[int]) -> "Pages":
         """The CSR pages (FlashInfer form) of seqs, for read and decode."""
         return Pages(self, seqs)
 
+    @_call
     def read(self, layer: Optional[int], pages: "Pages", k_out=None, v_out=None,
              scales=None) -> None:
         """Gather the tokens of pages' sequences into k_out / v_out [T][H][D]
         (layer None: [L][T][H][D]); either may be None."""
         pc = self._paged()
+        layer = -1 if layer is None else integer(layer, "layer", I32)
         kb = host_only(borrow(k_out, "k_out", True), "k_out") if k_out is not None else None
         vb = host_only(borrow(v_out, "v_out", True), "v_out") if v_out is not None else None
         keep = []
-        check(L.kv_attn_read(pc, -1 if layer is None else layer, ctypes.byref(pages._c),
+        check(L.kv_attn_read(pc, layer, ctypes.byref(pages._c),
                              kb.ref() if kb else None, vb.ref() if vb else None,
                              self._scales(scales, keep)))
 
+    @_call
     def copy_blocks(self, copies) -> None:
         """Copy whole blocks: copies [n, 2] or [n, 3] (src, dst[, tokens]), e.g.
         take_copies()'s result; every layer, K and V."""
         pc = self._paged()
-        a = np.asarray(copies, dtype=np.int64).reshape(-1, np.asarray(copies).shape[-1]
-                                                       if np.asarray(copies).size else 3)
-        buf = (_lib.BlockCopy * max(len(a), 1))()
-        for i, row in enumerate(a):
-            buf[i].src, buf[i].dst = int(row[0]), int(row[1])
-            buf[i].tokens = int(row[2]) if a.shape[1] > 2 else 0
-        check(L.kv_attn_copy_blocks(pc, buf, len(a)))
+        a = int_array(copies, "copies", U32)
+        if a.size == 0:
+            return
+        if a.ndim != 2 or a.shape[1] not in (2, 3):
+            raise error("KV_ERR_INVALID_ARG", "copies: [n, 2] or [n, 3] (src, dst[, tokens]), "
+                        "got shape %s" % (a.shape,))
+        if a.shape[1] == 2:  # kv_block_copy is (src, dst, tokens), three uint32
+            a = np.concatenate([a, np.zeros((len(a), 1), np.uint32)], axis=1)
+        n = integer(len(a), "len(copies)", U32)
+        check(L.kv_attn_copy_blocks(pc, a.ctypes.data_as(ctypes.POINTER(_lib.BlockCopy)), n))
 
+    @_call
     def decode(self, layer: int, q, pages: "Pages", out, scale: Optional[float] = None,
                scales=None) -> None:
         """Paged decode attention of layer: q [S][Hq][D] -> out [S][Hq][D]
         over each sequence's tokens in pages; scale defaults to 1/sqrt(D)."""
         pc = self._paged()
+        layer = integer(layer, "layer", U32)
         qb = host_only(borrow(q, "q"), "q")
         ob = host_only(borrow(out, "out", True), "out")
         if scale is None:
@@ -534,11 +631,13 @@ class Cache:
 
     # ---- pack / unpack (connector/kv_pack.h) -------------------------------
 
+    @_call
     def pack(self, blocks: Sequence[int], n_tokens: int) -> np.ndarray:
         """The request's blocks (ceil(n_tokens / N) of them) in kvcache's
         self-describing wire format (docs/connector.md): a uint8 array."""
         pc = self._paged()
         b = _u32_array(blocks, "blocks")
+        n_tokens = integer(n_tokens, "n_tokens", U64)
         size = ctypes.c_uint64()
         check(L.kv_pack_size(ctypes.byref(pc.layout), n_tokens, ctypes.byref(size)))
         buf = np.empty(size.value, np.uint8)
@@ -547,6 +646,7 @@ class Cache:
                         buf.size, ctypes.byref(got)))
         return buf[:got.value]
 
+    @_call
     def unpack(self, buf, blocks: Sequence[int],
                heads: Optional[Tuple[int, int, int]] = None) -> None:
         """Unpack a packed buffer into blocks of this cache, converting to its
@@ -559,17 +659,23 @@ class Cache:
                                  else buf.view(np.uint8).reshape(-1))
         cfg = None
         if heads is not None:
-            cfg = _lib.PlanConfig(ctypes.sizeof(_lib.PlanConfig), *[int(x) for x in heads])
+            if len(heads) != 3:
+                raise error("KV_ERR_INVALID_ARG", "heads: (src_head0, dst_head0, n_heads), got "
+                            "%r" % (heads,))
+            cfg = _lib.PlanConfig(ctypes.sizeof(_lib.PlanConfig),
+                                  *[integer(x, "heads.%s" % n, I64) for x, n in
+                                    zip(heads, ("src_head0", "dst_head0", "n_heads"))])
         check(L.kv_unpack(None, a.ctypes.data, a.size, pc, _p(b, _lib.c_u32p), b.size,
                           ctypes.byref(cfg) if cfg is not None else None))
 
     # ---- memory -------------------------------------------------------------
 
+    @_call
     def arena(self) -> np.ndarray:
         """The whole arena as a writeable uint8 array (zero-copy; host and
         pinned memory), e.g. to compare a destination pool whole. Holds a
         reference on the cache."""
-        v = self.kv(0, 0)._v  # layer 0's K starts at the arena's base
+        v = self._kv_view(0, 0)  # layer 0's K starts at the arena's base
         full = _lib.ViewC()
         full.dtype = _dtype_code("u8")
         full.ndim = 1
@@ -578,15 +684,19 @@ class Cache:
         full.offset = 0
         full.base = v.base
         full.storage_bytes = self.layout.total_bytes
-        return View(self, full).numpy()
+        return View(_Memory(self), full).numpy()
 
+    @_call
     def kv(self, layer: int, kv: int) -> View:
         """Layer's K (kv=0) or V (kv=1) tensor over the cache's memory:
         [num_blocks][block] in the layout's in-block order, as a View."""
-        self._live()
+        return View(_Memory(self), self._kv_view(layer, kv))
+
+    def _kv_view(self, layer, kv):
         v = _lib.ViewC()
-        check(L.kv_cache_kv_view(self._h, layer, kv, ctypes.byref(v)))
-        return View(self, v)
+        check(L.kv_cache_kv_view(self._h, integer(layer, "layer", U32), integer(kv, "kv", INT),
+                                 ctypes.byref(v)))
+        return v
 
 
 class Pages:

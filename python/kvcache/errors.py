@@ -2,15 +2,20 @@
 carrying the status name (.status), its code (.code) and the C library's
 message for the failed call (.message, from kv_last_error, which names the
 offending values). Subclasses also derive from the closest Python built-in
-(ValueError, IndexError, MemoryError, ...) so generic handlers work too."""
+(ValueError, IndexError, MemoryError, ...) so generic handlers work too.
+
+The codes are the library's: STATUS (name -> code) is read from
+kv_status_name at import, so a refusal made here in Python (error(name,
+message)) carries the same code as one from C, and no code is written down
+in this package."""
 from . import _lib
 
 
 class KvError(Exception):
     """A kvcache call failed. .status: "KV_ERR_...", .code: its value, .message:
-    the library's words."""
+    the library's words (a status the library has no name for: .code None)."""
     status = "KV_ERR_UNKNOWN"
-    code = 0
+    code = None
 
     def __init__(self, message, status=None, code=None):
         super().__init__(message)
@@ -61,6 +66,37 @@ _BY_NAME = {
 }
 
 
+def _status_table():
+    """name -> code of every kv_status the library has (KV_OK and the
+    negative KV_ERR_* codes), from its own kv_status_name."""
+    table = {}
+    for code in range(0, -256, -1):
+        name = _lib.lib.kv_status_name(code).decode()
+        if name != "KV_UNKNOWN_STATUS":
+            table[name] = code
+    return table
+
+
+STATUS = _status_table()
+for _name, _cls in _BY_NAME.items():  # InvalidArgument("...") alone has its status and code
+    if _name in STATUS:
+        _cls.status, _cls.code = _name, STATUS[_name]
+
+
+def error_class(status):
+    """The KvError subclass of a status name ("KV_ERR_NO_BLOCKS" -> NoBlocks)."""
+    return _BY_NAME.get(status, KvError)
+
+
+def error(status, message):
+    """The KvError for a refusal made in Python before any C call: status by
+    name ("KV_ERR_INVALID_ARG"), its class and the library's code for it."""
+    if status not in STATUS:
+        raise Internal("kvcache: the library has no status %s (refusing: %s)" %
+                       (status, message))
+    return error_class(status)(message, status=status, code=STATUS[status])
+
+
 def error_for(code, context=None):
     """The KvError for status `code` of the call just made (this thread's
     kv_last_error)."""
@@ -68,8 +104,7 @@ def error_for(code, context=None):
     msg = (_lib.lib.kv_last_error() or b"").decode(errors="replace")
     if context and not msg:
         msg = context
-    cls = _BY_NAME.get(name, KvError)
-    return cls(msg or name, status=name, code=code)
+    return error_class(name)(msg or name, status=name, code=code)
 
 
 def check(code, context=None):

@@ -1,20 +1,49 @@
 """Any tensor as a kv_view, without a copy: objects with __dlpack__ (PyTorch,
 NumPy >= 1.22, CuPy, kvcache Views) through the C library's checked import
-(kv_view_from_dlpack), and objects with only __array_interface__ through
-their pointer, shape and strides. Strides are honoured as they are: nothing
-here calls .contiguous()."""
+(kv_view_from_dlpack), and objects with only __array_interface__ or the
+buffer protocol through their pointer, shape and strides. Strides are
+honoured as they are: nothing here calls .contiguous().
+
+An output (writable=True) is checked for writability whatever its type,
+from what the object itself says: NumPy's writeable flag, the array
+interface's read-only flag, a memoryview's .readonly, a DLPack >= 1.0
+capsule's READ_ONLY flag (asked for with max_version=(1, 0)). An object
+that cannot say - a DLPack 0.x capsule has no such flag - is refused as an
+output, and so is anything the results would reach only as a copy (a
+list, a DLPack capsule flagged IS_COPIED): nothing is written that the
+caller did not hand over as writable memory."""
 import ctypes
+import sys
 
 import numpy as np
 
 from . import _lib
-from .errors import InvalidArgument, Unsupported, check
+from .errors import check, error
 
 L = _lib.lib
 
 _GetPointer = ctypes.pythonapi.PyCapsule_GetPointer
 _GetPointer.restype = ctypes.c_void_p
 _GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_IsValid = ctypes.pythonapi.PyCapsule_IsValid
+_IsValid.restype = ctypes.c_int
+_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+# DLPack 1.0 (dlpack.h): a versioned managed tensor, which carries flags. The
+# library speaks DLPack 0.6; the DLTensor inside is the same struct.
+class DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [("version", DLPackVersion), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64),
+                ("dl_tensor", _lib.DLTensor)]
+
+
+DLPACK_FLAG_READ_ONLY = 1 << 0
+DLPACK_FLAG_IS_COPIED = 1 << 1
 
 _DL_CPU, _DL_CUDA, _DL_CUDA_HOST = 1, 2, 3
 _DEVICE_NAMES = {1: "cpu", 2: "cuda", 3: "cuda_host"}
@@ -37,34 +66,70 @@ class Borrowed:
         return ctypes.byref(self.view)
 
 
-def _from_dlpack(obj, what):
-    cap = obj.__dlpack__()
-    addr = _GetPointer(cap, b"dltensor")
-    mt = ctypes.cast(addr, ctypes.POINTER(_lib.DLManagedTensor))
+def _not_writable(what, why):
+    return error("KV_ERR_INVALID_ARG", "%s is an output, and %s" % (what, why))
+
+
+def _capsule(obj):
+    """obj's DLPack capsule: DLPack 1.0 (versioned, with flags) if the
+    producer takes max_version, else 0.x."""
+    try:
+        return obj.__dlpack__(max_version=(1, 0))
+    except TypeError:  # a producer from before DLPack 1.0: no max_version
+        return obj.__dlpack__()
+
+
+def _from_dlpack(obj, what, writable, cap):
+    """The Borrowed view of capsule cap from obj, or None for a DLPack 0.x
+    capsule as an output (it cannot say whether its memory is writable)."""
+    if _IsValid(cap, b"dltensor_versioned"):
+        mv = ctypes.cast(_GetPointer(cap, b"dltensor_versioned"),
+                         ctypes.POINTER(DLManagedTensorVersioned)).contents
+        if mv.version.major != 1:
+            raise error("KV_ERR_UNSUPPORTED", "%s: a DLPack %d.%d tensor (kvcache reads 1.x)" %
+                        (what, mv.version.major, mv.version.minor))
+        if writable and mv.flags & DLPACK_FLAG_READ_ONLY:
+            raise _not_writable(what, "its DLPack tensor is flagged read-only")
+        if writable and mv.flags & DLPACK_FLAG_IS_COPIED:
+            raise _not_writable(what, "its DLPack tensor is a copy (flagged IS_COPIED): the "
+                                "results would not reach it")
+        mt = _lib.DLManagedTensor()  # the 0.6 form the library checks: the same DLTensor
+        mt.dl_tensor = mv.dl_tensor
+        mtp = ctypes.pointer(mt)
+    elif _IsValid(cap, b"dltensor"):
+        if writable:
+            return None
+        mtp = ctypes.cast(_GetPointer(cap, b"dltensor"), ctypes.POINTER(_lib.DLManagedTensor))
+    else:
+        raise error("KV_ERR_INVALID_ARG", "%s: __dlpack__ returned %s, not a DLPack capsule" %
+                    (what, type(cap).__name__))
     v = _lib.ViewC()
     dev = _lib.DLDevice()
-    st = L.kv_view_from_dlpack(mt, ctypes.byref(v), ctypes.byref(dev))
+    st = L.kv_view_from_dlpack(mtp, ctypes.byref(v), ctypes.byref(dev))
     if st != 0:
         check(st, what)
     # the capsule stays unconsumed: its producer frees the tensor when it goes
     return Borrowed(v, (dev.device_type, dev.device_id), (obj, cap))
 
 
-def _from_array_interface(obj, what):
+def _from_array_interface(obj, what, writable=False):
     a = obj if isinstance(obj, np.ndarray) else np.asarray(obj)
+    if writable and not a.flags.writeable:
+        raise _not_writable(what, "its memory is read-only (%s)" %
+                            ("NumPy's writeable flag" if a is obj else
+                             "the read-only flag of its array interface" if
+                             hasattr(obj, "__array_interface__") else "a read-only buffer"))
     if a.dtype not in _NP_DTYPES:
-        raise Unsupported("%s: NumPy dtype %s has no kvcache dtype" % (what, a.dtype),
-                          status="KV_ERR_UNSUPPORTED", code=-13)
+        raise error("KV_ERR_UNSUPPORTED",
+                    "%s: NumPy dtype %s has no kvcache dtype" % (what, a.dtype))
     if any(s < 0 for s in a.strides):
-        raise InvalidArgument("%s: negative strides %s (kvcache views have none)" %
-                              (what, a.strides), status="KV_ERR_INVALID_ARG", code=-1)
+        raise error("KV_ERR_INVALID_ARG", "%s: negative strides %s (kvcache views have none)" %
+                    (what, a.strides))
     if any(s % a.itemsize for s in a.strides):
-        raise InvalidArgument("%s: strides %s are not multiples of the element size %d" %
-                              (what, a.strides, a.itemsize), status="KV_ERR_INVALID_ARG",
-                              code=-1)
+        raise error("KV_ERR_INVALID_ARG", "%s: strides %s are not multiples of the element "
+                    "size %d" % (what, a.strides, a.itemsize))
     if a.ndim > _lib.KV_MAX_DIMS:
-        raise InvalidArgument("%s: ndim %d > %d" % (what, a.ndim, _lib.KV_MAX_DIMS),
-                              status="KV_ERR_BAD_DIM", code=-3)
+        raise error("KV_ERR_BAD_DIM", "%s: ndim %d > %d" % (what, a.ndim, _lib.KV_MAX_DIMS))
     code = ctypes.c_int()
     check(L.kv_dtype_parse(_NP_DTYPES[a.dtype].encode(), ctypes.byref(code)))
     v = _lib.ViewC()
@@ -102,12 +167,11 @@ def _from_torch(t, what):
     would carry, without building a capsule): the common case, made cheap."""
     name = _TORCH_DTYPES.get(str(t.dtype))
     if name is None:
-        raise Unsupported("%s: torch dtype %s has no kvcache dtype" % (what, t.dtype),
-                          status="KV_ERR_UNSUPPORTED", code=-13)
+        raise error("KV_ERR_UNSUPPORTED",
+                    "%s: torch dtype %s has no kvcache dtype" % (what, t.dtype))
     shape, strides = t.shape, t.stride()
     if len(shape) > _lib.KV_MAX_DIMS:
-        raise InvalidArgument("%s: ndim %d > %d" % (what, len(shape), _lib.KV_MAX_DIMS),
-                              status="KV_ERR_BAD_DIM", code=-3)
+        raise error("KV_ERR_BAD_DIM", "%s: ndim %d > %d" % (what, len(shape), _lib.KV_MAX_DIMS))
     es = t.element_size()
     numel = t.numel()
     last = sum((n - 1) * st for n, st in zip(shape, strides) if n) if numel else 0
@@ -116,39 +180,77 @@ def _from_torch(t, what):
     return Borrowed(v, (_DL_CPU, 0), t)
 
 
+def _buffer(obj):
+    """A memoryview of obj if it has the buffer protocol, else None."""
+    if isinstance(obj, (str, int, float)):
+        return None
+    try:
+        return memoryview(obj)
+    except TypeError:
+        return None
+
+
 def borrow(obj, what="tensor", writable=False):
     """A Borrowed kv_view of obj (PyTorch / NumPy / kvcache View / anything
-    with __dlpack__ or the array interface). writable: obj is an output, so
-    a read-only NumPy array is refused rather than written."""
-    if type(obj).__module__ == "torch" and hasattr(obj, "data_ptr"):
+    with __dlpack__, the array interface or the buffer protocol; a list as
+    an input). writable: obj is an output, and is refused unless it says
+    its memory may be written (see the module's doc)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
         if obj.device.type != "cpu":
-            raise Unsupported("%s is on %s; the CPU kernels take host memory" %
-                              (what, obj.device), status="KV_ERR_UNSUPPORTED", code=-13)
+            raise error("KV_ERR_UNSUPPORTED", "%s is on %s; the CPU kernels take host memory" %
+                        (what, obj.device))
         return _from_torch(obj, what)
     if isinstance(obj, np.ndarray):
-        if writable and not obj.flags.writeable:
-            raise InvalidArgument("%s: a read-only NumPy array as an output" % what,
-                                  status="KV_ERR_INVALID_ARG", code=-1)
+        return _from_array_interface(obj, what, writable)
+    own = getattr(type(obj), "_kv_borrow", None)  # a kvcache View: the cache's memory
+    if own is not None:
+        view, device, keep = own(obj)
+        return Borrowed(view, device, keep)
+    if isinstance(obj, (list, tuple)):
+        if writable:
+            raise _not_writable(what, "a %s is copied on the way in: the results would reach "
+                                "the copy, not it" % type(obj).__name__)
         return _from_array_interface(obj, what)
+    legacy = False
     if hasattr(obj, "__dlpack__"):
         try:
-            return _from_dlpack(obj, what)
+            cap = _capsule(obj)
         except (RuntimeError, TypeError, BufferError) as e:
             # NumPy refuses to export some arrays (read-only, unaligned): fall
             # back to its array interface, which describes the same memory
-            if not hasattr(obj, "__array_interface__"):
-                raise InvalidArgument("%s: __dlpack__ failed: %s" % (what, e),
-                                      status="KV_ERR_INVALID_ARG", code=-1)
-    if hasattr(obj, "__array_interface__") or isinstance(obj, (list, tuple)):
-        return _from_array_interface(obj, what)
-    raise InvalidArgument("%s: %s has neither __dlpack__ nor __array_interface__" %
-                          (what, type(obj).__name__), status="KV_ERR_INVALID_ARG", code=-1)
+            if not hasattr(obj, "__array_interface__") and _buffer(obj) is None:
+                raise error("KV_ERR_INVALID_ARG", "%s: __dlpack__ failed: %s" % (what, e))
+        else:
+            b = _from_dlpack(obj, what, writable, cap)
+            if b is not None:
+                return b
+            legacy = True  # an output over DLPack 0.x: try what else it says
+    if hasattr(obj, "__array_interface__"):
+        return _from_array_interface(obj, what, writable)
+    m = _buffer(obj)
+    if m is not None:
+        if writable and m.readonly:
+            raise _not_writable(what, "its buffer is read-only")
+        try:
+            a = np.asarray(m)
+        except (ValueError, TypeError) as e:
+            raise error("KV_ERR_INVALID_ARG", "%s: its buffer is not an array NumPy can view "
+                        "(%s)" % (what, e))
+        b = _from_array_interface(a, what, writable)
+        b._keep = (obj, m, a)
+        return b
+    if legacy:
+        raise _not_writable(what, "%s exports DLPack 0.x only, which cannot say whether its "
+                            "memory may be written (pass a NumPy array, a torch tensor, or a "
+                            "DLPack >= 1.0 producer)" % type(obj).__name__)
+    raise error("KV_ERR_INVALID_ARG", "%s: %s has neither __dlpack__ nor __array_interface__ "
+                "nor the buffer protocol" % (what, type(obj).__name__))
 
 
 def host_only(b, what):
     """Refuse device memory for a CPU kernel (it would dereference it)."""
     if b.device[0] not in (_DL_CPU, _DL_CUDA_HOST):
-        raise Unsupported("%s is on %s:%d; the CPU kernels take host memory" %
-                          (what, _DEVICE_NAMES.get(b.device[0], str(b.device[0])),
-                           b.device[1]), status="KV_ERR_UNSUPPORTED", code=-13)
+        raise error("KV_ERR_UNSUPPORTED", "%s is on %s:%d; the CPU kernels take host memory" %
+                    (what, _DEVICE_NAMES.get(b.device[0], str(b.device[0])), b.device[1]))
     return b
