@@ -75,6 +75,7 @@ struct kv_offload_op {
     atomic_bool cancel;
     bool is_load;
     kv_offload *off;
+    kv_cache *cache; /* a reference (kv_cache_retain) from post until terminal */
     kv_block_pool *pool;
     char *base; /* the cache's storage */
     int fmt;
@@ -93,6 +94,7 @@ struct kv_offload {
     pthread_t worker;
 
     pthread_mutex_t mu; /* guards everything below */
+    bool destroyed;     /* kv_offload_destroy ran; the handle lives while n_stg > 0 */
     pthread_cond_t cv;  /* the worker waits for work */
     kv_offload_op *qhead, *qtail;
     kv_offload_op *running;
@@ -360,6 +362,12 @@ static void op_finish(kv_offload *off, kv_offload_op *op, kv_offload_state fin)
         for (uint32_t i = 0; i < op->n; i++)
             if (op->res[i].status == KV_OK)
                 op->res[i].status = KV_ERR_CANCELLED;
+    /* the op's reference on its cache, with no lock held: when the engine
+     * has destroyed the cache meanwhile, this frees it (on this thread) */
+    kv_cache_destroy(op->cache);
+    op->cache = NULL;
+    op->pool = NULL;
+    op->base = NULL;
     pthread_mutex_lock(&off->mu);
     if (fin == KV_OFFLOAD_FAILED)
         off->st.failed_ops++;
@@ -373,6 +381,18 @@ static void op_finish(kv_offload *off, kv_offload_op *op, kv_offload_state fin)
     op->state = fin;
     pthread_cond_broadcast(&op->cv);
     pthread_mutex_unlock(&op->mu);
+}
+
+/* The region and the handle: at destroy, or at the last staging buffer
+ * returned after it. */
+static void tier_free(kv_offload *off)
+{
+    kv__mem_free(off->stg);
+    kv__carver_destroy(off->carver);
+    kv_arena_destroy(off->arena);
+    pthread_cond_destroy(&off->cv);
+    pthread_mutex_destroy(&off->mu);
+    kv__mem_free(off);
 }
 
 void kv_offload_destroy(kv_offload *off)
@@ -393,22 +413,30 @@ void kv_offload_destroy(kv_offload *off)
         q = n;
     }
     pthread_join(off->worker, NULL);
+    /* no op is left and no worker: the entries (their pieces go with the
+     * region) and the plans */
+    pthread_mutex_lock(&off->mu);
     for (size_t i = 0; i < off->n_buckets; i++)
         for (struct entry *e = off->buckets[i], *n; e; e = n) {
             n = e->hnext;
-            kv__mem_free(e); /* the region goes as a whole */
+            kv__mem_free(e);
         }
     kv__mem_free(off->buckets);
-    kv__mem_free(off->stg);
+    off->buckets = NULL;
+    off->n_buckets = 0;
+    off->lru_head = off->lru_tail = NULL;
+    off->st.entries = off->st.bytes = 0;
     for (int i = 0; i < off->n_fmts; i++) {
         kv_plan_destroy(off->fmts[i].to_entry);
         kv_plan_destroy(off->fmts[i].to_block);
     }
-    kv__carver_destroy(off->carver);
-    kv_arena_destroy(off->arena);
-    pthread_cond_destroy(&off->cv);
-    pthread_mutex_destroy(&off->mu);
-    kv__mem_free(off);
+    off->n_fmts = 0;
+    /* staging buffers still out keep the region until the last is returned */
+    off->destroyed = true;
+    const bool last = off->n_stg == 0;
+    pthread_mutex_unlock(&off->mu);
+    if (last)
+        tier_free(off);
 }
 
 enum kv_mem_kind kv_offload_mem_kind(const kv_offload *off)
@@ -528,8 +556,9 @@ static void op_delete(kv_offload_op *op)
     kv__mem_free(op);
 }
 
-/* Queue op (its format looked up / made under the same lock). */
-static kv_status post(kv_offload *off, const char *fn, kv_offload_op *op,
+/* Queue op (its format looked up / made under the same lock); on success
+ * the op holds a reference on cache until it is terminal (op_finish). */
+static kv_status post(kv_offload *off, const char *fn, kv_offload_op *op, kv_cache *cache,
                       const struct kv_layout *lo)
 {
     pthread_mutex_lock(&off->mu);
@@ -540,6 +569,7 @@ static kv_status post(kv_offload *off, const char *fn, kv_offload_op *op,
         st = fmt_get(off, fn, lo, &op->fmt);
     if (st == KV_OK) {
         op->off = off;
+        op->cache = kv_cache_retain(cache); /* before the worker can see the op */
         op->state = KV_OFFLOAD_PENDING;
         if (off->qtail)
             off->qtail->qnext = op;
@@ -603,7 +633,7 @@ kv_status kv_offload_store(kv_offload *off, kv_cache *cache, const uint32_t *ids
     o->pool = pool;
     o->base = pc.base;
     if (st == KV_OK)
-        st = post(off, fn, o, &pc.layout);
+        st = post(off, fn, o, cache, &pc.layout);
     if (st != KV_OK) { /* undo the retains, keeping the error's words */
         kv__error_mute();
         const kv_status rs = kv_block_pool_release(pool, ids, n);
@@ -637,7 +667,7 @@ kv_status kv_offload_load(kv_offload *off, kv_cache *cache, const uint64_t *hash
     }
     for (uint32_t i = 0; i < n; i++)
         o->res[i] = (struct kv_offload_result){hashes[i], o->ids[i], KV_OK, false};
-    st = post(off, fn, o, &pc.layout);
+    st = post(off, fn, o, cache, &pc.layout);
     if (st != KV_OK) { /* undo the allocation, keeping the error's words */
         kv__error_mute();
         const kv_status rs = kv_block_pool_release(pool, o->ids, n);
@@ -1068,7 +1098,12 @@ kv_status kv_offload_staging_alloc(kv_offload *off, size_t bytes, void **ptr)
         return kv__error(KV_ERR_INVALID_ARG, "kv_offload_staging_alloc: bytes is 0");
     kv_status st = KV_OK;
     pthread_mutex_lock(&off->mu);
-    if (bytes > off->cfg.staging_bytes - off->st.staging_bytes) {
+    if (off->destroyed) {
+        st = kv__error(KV_ERR_BAD_STATE,
+                       "kv_offload_staging_alloc: the tier is destroyed (%zu staging buffers "
+                       "still out keep its region)",
+                       off->n_stg);
+    } else if (bytes > off->cfg.staging_bytes - off->st.staging_bytes) {
         st = kv__error(KV_ERR_CAPACITY,
                        "kv_offload_staging_alloc: %zu bytes with %" PRIu64
                        " of staging_bytes %zu in use",
@@ -1122,7 +1157,10 @@ kv_status kv_offload_staging_free(kv_offload *off, void *ptr)
         off->st.staging_bytes -= off->stg[i].bytes;
         off->stg[i] = off->stg[--off->n_stg];
     }
+    const bool last = off->destroyed && off->n_stg == 0;
     pthread_mutex_unlock(&off->mu);
+    if (last) /* the tier was destroyed: this buffer held the region */
+        tier_free(off);
     return st == KV_OK ? kv__ok() : st;
 }
 

@@ -37,18 +37,35 @@
  * (the block stays in the cache, untouched); a load whose entry is gone or
  * fails its checksum names the hash, and its block is released uncommitted.
  *
+ * Lifetimes. No handle is freed under a user, whatever the order of the
+ * frees:
+ *   op -> cache   an op holds a reference on its cache (kv_cache_retain)
+ *                 from post until it is terminal, so the engine may
+ *                 kv_cache_destroy its own reference with ops queued or
+ *                 running; the cache is freed when the last reference goes
+ *                 (by the worker, on its thread, when that is the op's);
+ *   op -> tier    kv_offload_destroy ends every op (CANCELLED); the op
+ *                 handles stay valid for kv_offload_test / _wait / _results
+ *                 / _op_free, which never touch the tier;
+ *   op handle     kv_offload_op_free refuses (KV_ERR_BAD_STATE, naming the
+ *                 state) an op that is not terminal;
+ *   staging       buffers still out at kv_offload_destroy keep the region
+ *                 (and the handle, for kv_offload_staging_free alone) until
+ *                 the last is returned.
+ *
  * Thread-safe: every kv_offload_* call but create and destroy may be made
  * from any thread while the worker runs (one mutex per tier guards the
- * queue, the entry table, the LRU list and the stats; one per op its state).
- * While ops run, the engine may keep using the cache (its page table, pool
- * and kernels) with three rules: (1) the cache outlives every op posted on
- * it; (2) the blocks of a store are retained by the tier from post to end:
- * the engine may release its own references meanwhile but must not write
- * them; (3) the blocks of a load belong to the tier until the op is
- * terminal: the engine must not read, write or release them before. The
- * worker calls only these pool functions, each thread-safe:
- * kv_block_pool_release, kv_block_pool_commit_hash. Pool event callbacks
- * must not call into the tier.
+ * queue, the entry table, the LRU list and the stats; one per op its state);
+ * destroy must not overlap another call on the tier or on one of its ops
+ * but kv_offload_test / _wait / _results. While ops run, the engine may keep
+ * using the cache (its page table, pool and kernels) with two rules: (1) the
+ * blocks of a store are retained by the tier from post to end: the engine
+ * may release its own references meanwhile but must not write them; (2) the
+ * blocks of a load belong to the tier until the op is terminal: the engine
+ * must not read, write or release them before. The worker calls only these
+ * pool functions, each thread-safe: kv_block_pool_release,
+ * kv_block_pool_commit_hash (and kv_cache_destroy, for the last reference).
+ * Pool event callbacks must not call into the tier.
  */
 #ifndef KV_OFFLOAD_H
 #define KV_OFFLOAD_H
@@ -165,9 +182,12 @@ KV_API KV_NODISCARD kv_status kv_offload_create(const struct kv_offload_config *
                                                 kv_offload **out);
 
 /* Cancel every queued op and the running one, wait until each is terminal
- * (blocks released), join the worker, free the entries and the region.
- * Op handles stay valid (terminal) for kv_offload_op_free. Staging buffers
- * die with the region. NULL is a no-op. */
+ * (blocks and cache references released), join the worker, free the entries
+ * and the region. Op handles stay valid (terminal) for kv_offload_op_free.
+ * Staging buffers still out keep the region: it is freed, with the handle,
+ * by the kv_offload_staging_free of the last one (the one call the handle
+ * then takes; kv_offload_staging_alloc answers KV_ERR_BAD_STATE). NULL is a
+ * no-op. */
 KV_API void kv_offload_destroy(kv_offload *off);
 
 /* The kind of memory the region got (KV_MEM_HOST or KV_MEM_PINNED). */
@@ -181,8 +201,9 @@ KV_API KV_NODISCARD kv_status kv_offload_regions(const kv_offload *off, struct k
 /*
  * Post a store of blocks ids[n] of cache. Each block must be held (ref > 0)
  * and carry a committed hash; the tier retains each at post and releases it
- * when the op ends, so the caller may release its references meanwhile. A
- * hash already held only becomes the most recent. *op set on success.
+ * when the op ends, so the caller may release its references meanwhile (and
+ * the op holds a reference on cache until then). A hash already held only
+ * becomes the most recent. *op set on success.
  * KV_ERR_NULL; KV_ERR_INVALID_ARG (id 0 or out of range); KV_ERR_BAD_STATE
  * (a block not held); KV_ERR_NOT_FOUND (a block without a hash);
  * KV_ERR_UNSUPPORTED (a device cache: no CUDA executor yet); KV_ERR_CAPACITY
@@ -195,7 +216,8 @@ KV_API KV_NODISCARD kv_status kv_offload_store(kv_offload *off, kv_cache *cache,
 
 /*
  * Post a load of hashes[n] into n new blocks of cache, allocated now
- * (kv_block_pool_alloc; they belong to the tier until the op is terminal).
+ * (kv_block_pool_alloc; they belong to the tier until the op is terminal,
+ * and the op holds a reference on cache until then).
  * The worker looks each hash up when it reaches it, verifies the entry's
  * checksum, copies it into the block only when it matches (a corrupt entry
  * writes nothing) and, once every entry is done, commits each loaded
@@ -253,11 +275,13 @@ KV_API KV_NODISCARD kv_status kv_offload_stats_get(kv_offload *off, struct kv_of
 /* A staging buffer of bytes (4 KiB aligned) carved from the region, so a
  * transport can use it without registering it. KV_ERR_NULL;
  * KV_ERR_INVALID_ARG (bytes 0); KV_ERR_CAPACITY (more than staging_bytes
- * in use at once); KV_ERR_NO_MEMORY (the region has no room). */
+ * in use at once); KV_ERR_NO_MEMORY (the region has no room);
+ * KV_ERR_BAD_STATE (the tier is destroyed, other buffers still out). */
 KV_API KV_NODISCARD kv_status kv_offload_staging_alloc(kv_offload *off, size_t bytes, void **ptr);
 
-/* Return a staging buffer. KV_ERR_NULL; KV_ERR_INVALID_ARG (ptr not a live
- * staging buffer of this tier). */
+/* Return a staging buffer; after kv_offload_destroy, the last one returned
+ * frees the region and the handle. KV_ERR_NULL; KV_ERR_INVALID_ARG (ptr not
+ * a live staging buffer of this tier). */
 KV_API KV_NODISCARD kv_status kv_offload_staging_free(kv_offload *off, void *ptr);
 
 #ifdef __cplusplus

@@ -18,8 +18,13 @@
  *   - post-time refusals leave ref counts and pool counters as they were;
  *   - cancel: queued, between chunks of a store, between chunks of a load
  *     (nothing committed, every block released), destroy with ops queued;
+ *   - lifetimes: the engine destroys its cache with ops of it queued (the
+ *     ops hold references: no use after free), and every order of freeing
+ *     the cache, the tier, the op handles and a staging buffer against live
+ *     ops (refused while an op is live, counted otherwise);
  *   - wait timeouts, results and op_free before a terminal state;
- *   - staging buffers inside the region, the staging cap;
+ *   - staging buffers inside the region, the staging cap, a buffer out at
+ *     destroy (the region stays until it is returned);
  *   - the carver alone: pieces inside the region, aligned, disjoint,
  *     reused after free, NULL (not a crash) when exhausted;
  *   - three engine threads posting, evicting and reading stats while the
@@ -779,6 +784,220 @@ static void test_offload_destroy_cancels(void **state)
     pthread_cond_destroy(&g.cv);
 }
 
+/* The engine destroys its cache while a store and a load of it are queued
+ * behind a running op: each op holds its own reference on the cache until it
+ * is terminal, so the worker copies from and into live memory, every op ends
+ * DONE with the right bytes, and the cache is freed with the last op (under
+ * ASan: no use after free; LSan: no leak). */
+static void test_offload_cache_destroyed_with_ops_queued(void **state)
+{
+    (void)state;
+    uint64_t rng = 0xCAC4E;
+    struct kvt_cache s, d;
+    kvt_cache_make(&s, 2, 64, 8, 2, 16, KV_BF16, 0, 81);
+    kvt_cache_make(&d, 2, 64, 8, 2, 16, KV_BF16, 2, 82); /* the same block format */
+    kvt_pool_scramble(&s, &rng);
+    kvt_pool_scramble(&d, &rng);
+    kv_offload *off = mk_tier((size_t)1 << 20, 0);
+    uint64_t h[4];
+    for (int i = 0; i < 4; i++)
+        h[i] = hash_of(900 + (uint64_t)i);
+    store_all(off, &s, h, 2, true); /* h[0], h[1]: in the tier, for the load */
+    uint32_t ids[2];
+    put_blocks(&s, h + 2, 2, ids); /* h[2], h[3]: for the store */
+    struct gate g;
+    gate_init(&g);
+    kv__offload_test_set_hook(off, gate_hook, &g);
+
+    /* A (a load into d) runs, held at START; B (a store of s) and C (a load
+     * into s) queue behind it */
+    kv_offload_op *a, *b, *c;
+    assert_int_equal(kv_offload_load(off, d.c, h, 1, &a), KV_OK);
+    gate_wait_started(&g);
+    assert_int_equal(kv_offload_store(off, s.c, ids, 2, &b), KV_OK);
+    assert_int_equal(kv_offload_load(off, s.c, h, 2, &c), KV_OK);
+    /* the engine lets go of everything of s: its blocks, then the cache */
+    assert_int_equal(kv_block_pool_release(s.pool, ids, 2), KV_OK);
+    kv_cache_destroy(s.c);
+    s.c = NULL;
+    gate_open(&g);
+    assert_int_equal(finish(a), KV_OFFLOAD_DONE);
+    assert_int_equal(finish(b), KV_OFFLOAD_DONE);
+    assert_int_equal(finish(c), KV_OFFLOAD_DONE);
+    const struct kv_offload_result *res;
+    uint32_t n;
+    assert_int_equal(kv_offload_results(c, &res, &n), KV_OK);
+    for (uint32_t i = 0; i < n; i++)
+        assert_int_equal(res[i].status, KV_OK);
+    assert_int_equal(kv_offload_results(a, &res, &n), KV_OK);
+    assert_int_equal(res[0].status, KV_OK);
+    assert_int_equal(kv_block_pool_release(d.pool, &res[0].block, 1), KV_OK);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(kv_offload_op_free(i == 0 ? a : i == 1 ? b : c), KV_OK);
+    /* B copied the blocks of s as they were: d loads exactly them */
+    kv__offload_test_set_hook(off, NULL, NULL);
+    const kv_status want[2] = {KV_OK, KV_OK};
+    assert_int_equal(load_check(off, &d, h + 2, 2, want), KV_OFFLOAD_DONE);
+    kvt_cache_free(&d);
+    kv_offload_destroy(off);
+    pthread_mutex_destroy(&g.mu);
+    pthread_cond_destroy(&g.cv);
+}
+
+/* Every order of letting go of the handles of a tier with live ops: the
+ * engine's cache (kv_cache_destroy), the tier (kv_offload_destroy), the op
+ * handles (kv_offload_op_free) and a staging buffer, with the worker
+ * letting the ops run (RUN) somewhere in between: 5! orders, the running op
+ * a store and the queued one a load, then the other way round. Nothing is
+ * freed under a user: an op not yet terminal is refused naming its state;
+ * ops on a destroyed cache run to DONE on live memory; a staging buffer
+ * out at destroy stays writable until it is returned (under ASan: no use
+ * after free; LSan: no leak, each cache freed with its last reference). */
+enum { EV_CACHE, EV_TIER, EV_OPS, EV_STAGING, EV_RUN, N_EV };
+
+struct handles {
+    struct kvt_cache s;
+    kv_offload *off;
+    struct gate g;
+    kv_offload_op *run, *queued; /* held at START; queued behind it */
+    bool run_is_store;
+    void *stg;
+    bool cache_gone, tier_gone, ran, ops_freed, stg_freed;
+};
+
+/* Let the ops end: normally (DONE), or by destroying the tier (CANCELLED). */
+static void *destroy_tier_thread(void *p)
+{
+    kv_offload_destroy(p);
+    return NULL;
+}
+
+static void handles_event(struct handles *x, int ev)
+{
+    kv_offload_state st;
+    switch (ev) {
+    case EV_CACHE:
+        kv_cache_destroy(x->s.c); /* the engine's reference; the ops hold theirs */
+        x->s.c = NULL;
+        x->cache_gone = true;
+        break;
+    case EV_RUN:
+        if (x->ran)
+            break;
+        gate_open(&x->g);
+        assert_int_equal(finish(x->run), KV_OFFLOAD_DONE);
+        assert_int_equal(finish(x->queued), KV_OFFLOAD_DONE);
+        x->ran = true;
+        if (!x->cache_gone) { /* the loaded blocks are the caller's now */
+            kv_offload_op *ld = x->run_is_store ? x->queued : x->run;
+            const struct kv_offload_result *res;
+            uint32_t n;
+            assert_int_equal(kv_offload_results(ld, &res, &n), KV_OK);
+            for (uint32_t i = 0; i < n; i++) {
+                assert_int_equal(res[i].status, KV_OK);
+                assert_true(kvt_block_holds(&x->s, x->s.base, res[i].block, res[i].hash));
+                assert_int_equal(kv_block_pool_release(x->s.pool, &res[i].block, 1), KV_OK);
+            }
+        }
+        break;
+    case EV_TIER:
+        if (!x->ran) { /* ops live: destroy cancels them, the queued one at once */
+            pthread_t th;
+            assert_int_equal(pthread_create(&th, NULL, destroy_tier_thread, x->off), 0);
+            assert_int_equal(kv_offload_wait(x->queued, WAIT_MS, &st), KV_OK);
+            assert_int_equal(st, KV_OFFLOAD_CANCELLED);
+            gate_open(&x->g);
+            assert_int_equal(pthread_join(th, NULL), 0);
+            assert_int_equal(kv_offload_test(x->run, &st), KV_OK);
+            assert_int_equal(st, KV_OFFLOAD_CANCELLED);
+            x->ran = true;
+        } else {
+            kv_offload_destroy(x->off);
+        }
+        x->tier_gone = true;
+        break;
+    case EV_OPS:
+        if (!x->ran) { /* refused, naming the state; freed once terminal */
+            assert_int_equal(kv_offload_op_free(x->run), KV_ERR_BAD_STATE);
+            assert_non_null(strstr(kv_last_error(), "running"));
+            assert_int_equal(kv_offload_op_free(x->queued), KV_ERR_BAD_STATE);
+            assert_non_null(strstr(kv_last_error(), "pending"));
+            break;
+        }
+        assert_int_equal(kv_offload_op_free(x->run), KV_OK);
+        assert_int_equal(kv_offload_op_free(x->queued), KV_OK);
+        x->ops_freed = true;
+        break;
+    case EV_STAGING:
+        memset(x->stg, 0x5A, 4096); /* still the caller's, destroyed tier or not */
+        if (x->tier_gone) {
+            void *q = NULL;
+            assert_int_equal(kv_offload_staging_alloc(x->off, 4096, &q), KV_ERR_BAD_STATE);
+        }
+        assert_int_equal(kv_offload_staging_free(x->off, x->stg), KV_OK); /* the last: frees */
+        x->stg_freed = true;
+        break;
+    }
+}
+
+static void test_offload_free_orders(void **state)
+{
+    (void)state;
+    uint64_t rng = 0x0DE25;
+    int orders = 0;
+    for (int variant = 0; variant < 2; variant++)
+        for (int perm = 0; perm < 120; perm++) {
+            int ev[N_EV], pool[N_EV] = {0, 1, 2, 3, 4}, left = N_EV, code = perm;
+            for (int i = 0; i < N_EV; i++) { /* the perm-th permutation (factorial base) */
+                const int k = code % left;
+                code /= left;
+                ev[i] = pool[k];
+                pool[k] = pool[--left];
+            }
+            struct handles x;
+            memset(&x, 0, sizeof(x));
+            kvt_cache_make(&x.s, 2, 32, 8, 2, 16, KV_BF16, variant ? 6 : 0, 90 + (uint64_t)perm);
+            kvt_pool_scramble(&x.s, &rng);
+            x.off = mk_tier((size_t)256 << 10, 64 << 10);
+            uint64_t h[4];
+            for (int i = 0; i < 4; i++)
+                h[i] = hash_of(1000 + (uint64_t)i);
+            store_all(x.off, &x.s, h, 2, true); /* h[0], h[1]: for the load */
+            uint32_t ids[2];
+            put_blocks(&x.s, h + 2, 2, ids); /* h[2], h[3]: for the store */
+            assert_int_equal(kv_offload_staging_alloc(x.off, 4096, &x.stg), KV_OK);
+            gate_init(&x.g);
+            kv__offload_test_set_hook(x.off, gate_hook, &x.g);
+            x.run_is_store = variant == 0;
+            kv_offload_op *st_op, *ld_op;
+            if (x.run_is_store) {
+                assert_int_equal(kv_offload_store(x.off, x.s.c, ids, 2, &st_op), KV_OK);
+                gate_wait_started(&x.g);
+                assert_int_equal(kv_offload_load(x.off, x.s.c, h, 2, &ld_op), KV_OK);
+                x.run = st_op;
+                x.queued = ld_op;
+            } else {
+                assert_int_equal(kv_offload_load(x.off, x.s.c, h, 2, &ld_op), KV_OK);
+                gate_wait_started(&x.g);
+                assert_int_equal(kv_offload_store(x.off, x.s.c, ids, 2, &st_op), KV_OK);
+                x.run = ld_op;
+                x.queued = st_op;
+            }
+            assert_int_equal(kv_block_pool_release(x.s.pool, ids, 2), KV_OK); /* tier retains */
+            for (int i = 0; i < N_EV; i++)
+                handles_event(&x, ev[i]);
+            if (!x.ops_freed) { /* refused while live: terminal now */
+                assert_int_equal(kv_offload_op_free(x.run), KV_OK);
+                assert_int_equal(kv_offload_op_free(x.queued), KV_OK);
+            }
+            assert_true(x.cache_gone && x.tier_gone && x.ran && x.stg_freed);
+            pthread_mutex_destroy(&x.g.mu);
+            pthread_cond_destroy(&x.g.cv);
+            orders++;
+        }
+    assert_int_equal(orders, 240);
+}
+
 /* ---- staging and the carver ---------------------------------------------- */
 
 static void test_offload_staging(void **state)
@@ -818,9 +1037,20 @@ static void test_offload_staging(void **state)
         assert_int_equal(kv_offload_staging_free(off, p[i]), KV_OK);
     assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
     assert_int_equal(st.staging_bytes, 0);
-    /* a staging buffer left allocated dies with the tier */
+    /* a staging buffer out at destroy keeps the region: still writable, and
+     * returning it frees the tier (LSan: nothing left) */
     assert_int_equal(kv_offload_staging_alloc(off, 4096, &q), KV_OK);
+    void *q2 = NULL;
+    assert_int_equal(kv_offload_staging_alloc(off, 8192, &q2), KV_OK);
     kv_offload_destroy(off);
+    memset(q, 0x11, 4096);
+    memset(q2, 0x22, 8192);
+    assert_int_equal(kv_offload_staging_alloc(off, 4096, &p[0]), KV_ERR_BAD_STATE);
+    assert_non_null(strstr(kv_last_error(), "destroyed"));
+    assert_int_equal(kv_offload_staging_free(off, q), KV_OK);
+    for (size_t k = 0; k < 8192; k++)
+        assert_int_equal(((unsigned char *)q2)[k], 0x22);
+    assert_int_equal(kv_offload_staging_free(off, q2), KV_OK); /* the last: frees the tier */
 }
 
 struct piece {
@@ -994,6 +1224,8 @@ int main(void)
         cmocka_unit_test(test_offload_post_refusals),
         cmocka_unit_test(test_offload_cancel),
         cmocka_unit_test(test_offload_destroy_cancels),
+        cmocka_unit_test(test_offload_cache_destroyed_with_ops_queued),
+        cmocka_unit_test(test_offload_free_orders),
         cmocka_unit_test(test_offload_staging),
         cmocka_unit_test(test_offload_carver),
         cmocka_unit_test(test_offload_threads),
