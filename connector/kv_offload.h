@@ -3,17 +3,33 @@
  * host memory by prefix hash, with a byte capacity and LRU eviction, moved
  * by a worker thread (docs/connector.md, "Host offload tier").
  *
- * Model. A tier holds entries: one per prefix hash (the hash a block carries
- * in its pool, kv_block_pool_block_hash), each the block's bytes as a
- * compact, unpadded, block-major image of the cache's block format (same
- * order, packing and dtype), plus an XXH3-64 checksum of those bytes taken
- * at store. entries' bytes <= capacity_bytes; when a store needs room the
- * least recently used entries go first (a store that finds its hash already
- * there, and a load that hits, make the entry the most recent).
+ * Model. A tier holds entries, each keyed by (prefix hash, block format):
+ * the hash a block carries in its pool (kv_block_pool_block_hash) and the
+ * block format of the cache it came from. An entry is the block's bytes as
+ * a compact, unpadded, block-major image in that format, plus an XXH3-64
+ * checksum of those bytes taken at store. entries' bytes <= capacity_bytes;
+ * when a store needs room the least recently used entries go first, of any
+ * format (a store that finds its (hash, format) already there, and a load
+ * that hits, make the entry the most recent).
+ *
+ * Block format: what one block's bytes are, hence what an entry holds and
+ * its size. It is the cache layout's block_format_fingerprint (kv_layout.h):
+ * layers L, tokens per block N, KV heads H, head dim D, dtype (name and
+ * size), in-block order (NHD/HND) and K|V packing; an entry is L x {K, V} x
+ * N x H x D elements in that order and packing. Not part of it: the block
+ * count, padding, alignment and arrangement (layer-/block-major), which say
+ * where blocks sit, not what they hold; caches differing only in those
+ * share entries. Entries of one hash in several formats coexist (ranks with
+ * different head counts storing one prefix into one tier each load back
+ * their own), and each is stored, touched, evicted and counted on its own.
+ * The format does not say WHICH of a model's heads or layers a cache holds:
+ * the ranks of one tensor-parallel group (same H) have one format, so one
+ * hash from two of them names one entry; give them distinct hashes (the
+ * page table's extra_key, e.g. the rank) or a tier each.
  *
  *   engine thread                     worker thread
  *   kv_offload_store(cache, ids) --->  copy block -> entry, checksum, insert
- *   kv_offload_load(cache, hashes) ->  find entry, verify its checksum,
+ *   kv_offload_load(cache, hashes) ->  find (hash, format), verify its checksum,
  *        (blocks allocated at post)    copy entry -> new block, commit
  *   kv_offload_test / _wait / _cancel on the op; results once terminal
  *
@@ -131,10 +147,11 @@ typedef enum kv_offload_state {
 KV_API const char *kv_offload_state_name(kv_offload_state s);
 
 /* One entry of an op, in the order posted.
- * status: KV_OK; KV_ERR_NOT_FOUND (load: no entry for the hash when the worker
- * looked); KV_ERR_CORRUPT (load: the checksum did not match; the entry is
- * dropped); KV_ERR_MISMATCH (load: the entry was stored from a cache with
- * another block format); KV_ERR_CAPACITY (store: the block is larger than
+ * status: KV_OK; KV_ERR_NOT_FOUND (load: no entry for the hash in any block
+ * format when the worker looked); KV_ERR_MISMATCH (load: none in the cache's
+ * block format, but one in another: stored from a cache whose blocks hold
+ * other bytes); KV_ERR_CORRUPT (load: the checksum did not match; the entry
+ * is dropped); KV_ERR_CAPACITY (store: the block is larger than
  * the capacity, or every other entry is in use); KV_ERR_NO_MEMORY (store:
  * the region had no room even with nothing left to evict); KV_ERR_CANCELLED
  * (not done: the op was cancelled first). */
@@ -151,15 +168,15 @@ struct kv_offload_result {
  * table holds now (bytes also counts entries evicted while the worker still
  * reads them, until it is done). */
 struct kv_offload_stats {
-    uint64_t entries;           /* hashes held */
+    uint64_t entries;           /* entries held: (hash, block format) pairs */
     uint64_t bytes;             /* region bytes the entries take, each its carver size
                                    class (jemalloc's; exact for power-of-two-like
                                    blocks): <= capacity_bytes */
     uint64_t capacity_bytes;    /* the configured capacity */
     uint64_t region_bytes;      /* the region: capacity + staging + slack (rounded) */
     uint64_t staging_bytes;     /* staging bytes handed out now */
-    uint64_t stores;            /* entries written (a hash already held is not counted) */
-    uint64_t store_touches;     /* stores that found their hash already held */
+    uint64_t stores;            /* entries written (one already held is not counted) */
+    uint64_t store_touches;     /* stores that found their (hash, format) already held */
     uint64_t loads;             /* blocks loaded (checksum verified) */
     uint64_t hits;              /* load lookups that found their hash */
     uint64_t misses;            /* load lookups that did not */
@@ -202,8 +219,9 @@ KV_API KV_NODISCARD kv_status kv_offload_regions(const kv_offload *off, struct k
  * Post a store of blocks ids[n] of cache. Each block must be held (ref > 0)
  * and carry a committed hash; the tier retains each at post and releases it
  * when the op ends, so the caller may release its references meanwhile (and
- * the op holds a reference on cache until then). A hash already held only
- * becomes the most recent. *op set on success.
+ * the op holds a reference on cache until then). Each entry is keyed by the
+ * block's hash and cache's block format; one already held only becomes the
+ * most recent. *op set on success.
  * KV_ERR_NULL; KV_ERR_INVALID_ARG (id 0 or out of range); KV_ERR_BAD_STATE
  * (a block not held); KV_ERR_NOT_FOUND (a block without a hash);
  * KV_ERR_UNSUPPORTED (a device cache: no CUDA executor yet); KV_ERR_CAPACITY
@@ -215,7 +233,8 @@ KV_API KV_NODISCARD kv_status kv_offload_store(kv_offload *off, kv_cache *cache,
                                                const uint32_t *ids, uint32_t n, kv_offload_op **op);
 
 /*
- * Post a load of hashes[n] into n new blocks of cache, allocated now
+ * Post a load of the entries of hashes[n] in cache's block format into n
+ * new blocks of cache, allocated now
  * (kv_block_pool_alloc; they belong to the tier until the op is terminal,
  * and the op holds a reference on cache until then).
  * The worker looks each hash up when it reaches it, verifies the entry's
@@ -260,14 +279,16 @@ KV_API KV_NODISCARD kv_status kv_offload_results(kv_offload_op *op,
  * while it is pending or running: cancel and wait first. */
 KV_API KV_NODISCARD kv_status kv_offload_op_free(kv_offload_op *op);
 
-/* Drop the entries of hashes[n] now (hashes not held are skipped); an entry
- * the worker is reading is unlinked now and freed when the worker is done.
- * *n_evicted (may be NULL) gets how many were dropped. KV_ERR_NULL. */
+/* Drop the entries of hashes[n], in every block format, now (hashes not
+ * held are skipped); an entry the worker is reading is unlinked now and
+ * freed when the worker is done. *n_evicted (may be NULL) gets how many
+ * entries were dropped. KV_ERR_NULL. */
 KV_API KV_NODISCARD kv_status kv_offload_evict(kv_offload *off, const uint64_t *hashes, uint32_t n,
                                                uint32_t *n_evicted);
 
-/* True when the tier holds a complete entry for hash (false for NULL). */
-KV_API bool kv_offload_contains(kv_offload *off, uint64_t hash);
+/* True when the tier holds a complete entry for hash in cache's block
+ * format; cache NULL: in any format. False for a NULL tier. */
+KV_API bool kv_offload_contains(kv_offload *off, const kv_cache *cache, uint64_t hash);
 
 /* A snapshot of the counters. KV_ERR_NULL. */
 KV_API KV_NODISCARD kv_status kv_offload_stats_get(kv_offload *off, struct kv_offload_stats *out);

@@ -14,6 +14,9 @@
  *     lookup finds it; a pool that already has the hash keeps its own;
  *   - failures that lose nothing: a miss, a corrupt entry (first, middle,
  *     last byte), another block format, a block larger than the capacity;
+ *   - entries keyed by (hash, block format): ranks of three formats store
+ *     the same hashes into one tier and each loads back its own bytes;
+ *     LRU, capacity, evict and corruption per format;
  *   - LRU order and capacity, touches by store and by load, kv_offload_evict;
  *   - post-time refusals leave ref counts and pool counters as they were;
  *   - cancel: queued, between chunks of a store, between chunks of a load
@@ -122,7 +125,7 @@ static void store_all(kv_offload *off, struct kvt_cache *t, const uint64_t *hash
         assert_int_equal(res[i].status, KV_OK);
         assert_int_equal(res[i].hash, hashes[i]);
         assert_int_equal(res[i].block, ids[i]);
-        assert_true(kv_offload_contains(off, hashes[i]));
+        assert_true(kv_offload_contains(off, t->c, hashes[i]));
     }
     assert_int_equal(kv_offload_op_free(op), KV_OK);
     assert_int_equal(kvt_pool_refs(t), release ? refs - n : refs);
@@ -243,8 +246,8 @@ static void test_offload_create(void **state)
     assert_int_equal(st.entries, 0);
     assert_int_equal(kv_offload_regions(NULL, r, 2, &nr), KV_ERR_NULL);
     assert_int_equal(kv_offload_stats_get(off, NULL), KV_ERR_NULL);
-    assert_false(kv_offload_contains(off, 1));
-    assert_false(kv_offload_contains(NULL, 1));
+    assert_false(kv_offload_contains(off, NULL, 1));
+    assert_false(kv_offload_contains(NULL, NULL, 1));
     kv_offload_destroy(off);
     kv_offload_destroy(NULL);
     assert_string_equal(kv_offload_state_name(KV_OFFLOAD_CANCELLED), "cancelled");
@@ -359,11 +362,11 @@ static void test_offload_load_failures(void **state)
 
     /* a miss, and three corrupt entries (first, middle, last byte) */
     uint64_t q[6] = {h[0], hash_of(999), h[1], h[2], h[3], h[4]};
-    assert_int_equal(kv__offload_test_corrupt(off, h[1], 0), KV_OK);
-    assert_int_equal(kv__offload_test_corrupt(off, h[2], eb / 2), KV_OK);
-    assert_int_equal(kv__offload_test_corrupt(off, h[3], eb - 1), KV_OK);
-    assert_int_equal(kv__offload_test_corrupt(off, h[4], eb), KV_ERR_OUT_OF_BOUNDS);
-    assert_int_equal(kv__offload_test_corrupt(off, hash_of(999), 0), KV_ERR_NOT_FOUND);
+    assert_int_equal(kv__offload_test_corrupt(off, NULL, h[1], 0), KV_OK);
+    assert_int_equal(kv__offload_test_corrupt(off, NULL, h[2], eb / 2), KV_OK);
+    assert_int_equal(kv__offload_test_corrupt(off, NULL, h[3], eb - 1), KV_OK);
+    assert_int_equal(kv__offload_test_corrupt(off, NULL, h[4], eb), KV_ERR_OUT_OF_BOUNDS);
+    assert_int_equal(kv__offload_test_corrupt(off, NULL, hash_of(999), 0), KV_ERR_NOT_FOUND);
     kv_status want[6] = {KV_OK,          KV_ERR_NOT_FOUND, KV_ERR_CORRUPT,
                          KV_ERR_CORRUPT, KV_ERR_CORRUPT,   KV_OK};
     struct kv_offload_stats st0, st1;
@@ -375,17 +378,20 @@ static void test_offload_load_failures(void **state)
     assert_int_equal(st1.failed_ops - st0.failed_ops, 1);
     assert_int_equal(st1.entries, 3); /* corrupt entries are dropped */
     for (int i = 1; i < 4; i++) {
-        assert_false(kv_offload_contains(off, h[i]));
+        assert_false(kv_offload_contains(off, NULL, h[i]));
         uint32_t id, nf;
         assert_int_equal(kv_block_pool_lookup(d.pool, &h[i], 1, &id, &nf), KV_OK);
         assert_int_equal(nf, 0); /* never committed */
     }
 
-    /* another block format: refused, nothing written or committed */
-    kv_status want_x[2] = {KV_ERR_MISMATCH, KV_ERR_MISMATCH};
-    uint64_t qx[2] = {h[0], h[5]};
-    assert_int_equal(load_check(off, &x, qx, 2, want_x), KV_OFFLOAD_FAILED);
-    assert_true(kv_offload_contains(off, h[0])); /* still there for the right format */
+    /* held only in another block format: refused, nothing written or
+     * committed; a hash in no format at all is a plain miss */
+    kv_status want_x[3] = {KV_ERR_MISMATCH, KV_ERR_MISMATCH, KV_ERR_NOT_FOUND};
+    uint64_t qx[3] = {h[0], h[5], hash_of(998)};
+    assert_int_equal(load_check(off, &x, qx, 3, want_x), KV_OFFLOAD_FAILED);
+    assert_true(kv_offload_contains(off, s.c, h[0])); /* still there for the right format */
+    assert_true(kv_offload_contains(off, d.c, h[0])); /* d: the same block format as s */
+    assert_false(kv_offload_contains(off, x.c, h[0]));
 
     /* a block larger than the capacity: the store fails, the block stays */
     kv_offload *tiny = mk_tier(eb - 1, 0);
@@ -404,7 +410,7 @@ static void test_offload_load_failures(void **state)
     assert_int_equal(kv_offload_op_free(op), KV_OK);
     assert_int_equal(kv_block_pool_ref_count(s.pool, id), 1);
     assert_int_equal(kvt_first_diff(snap, s.base, (int64_t)s.bytes), -1);
-    assert_false(kv_offload_contains(tiny, hz));
+    assert_false(kv_offload_contains(tiny, NULL, hz));
     assert_int_equal(kv_block_pool_release(s.pool, &id, 1), KV_OK);
     free(snap);
     kv_offload_destroy(tiny);
@@ -413,6 +419,158 @@ static void test_offload_load_failures(void **state)
     kvt_cache_free(&d);
     kvt_cache_free(&x);
     kv_offload_destroy(off);
+}
+
+/* ---- block formats ------------------------------------------------------- */
+
+/* Entries are keyed by (hash, block format). Three ranks of one model (8 KV
+ * heads) share a tier: A holds 4 heads (TP 2), B 2 heads (TP 4), C 4 heads
+ * in HND; D is A's block format in another arrangement and padding. All
+ * store the same hashes: A, B and C each get an entry of their own and each
+ * loads back its own bytes (the whole destination arena compared); D's
+ * store of the same hashes is a touch of A's, and D loads A's bytes. */
+static void test_offload_formats_share_hashes(void **state)
+{
+    (void)state;
+    uint64_t rng = 0xF0A7;
+    struct kvt_cache a, b, c, d;
+    kvt_cache_make(&a, 2, 90, 8, 4, 16, KV_BF16, 0, 101);
+    kvt_cache_make(&b, 2, 90, 8, 2, 16, KV_BF16, 6, 102);
+    kvt_cache_make(&c, 2, 90, 8, 4, 16, KV_BF16, 1, 103);
+    kvt_cache_make(&d, 2, 70, 8, 4, 16, KV_BF16, 6, 104);
+    struct kvt_cache *all[4] = {&a, &b, &c, &d};
+    for (int i = 0; i < 4; i++)
+        kvt_pool_scramble(all[i], &rng);
+    const uint64_t ea = entry_bytes(&a), eb = entry_bytes(&b);
+    assert_int_equal(ea, 2 * eb);
+    assert_int_equal(entry_bytes(&c), ea);
+    kv_offload *off = mk_tier((size_t)1 << 20, 0);
+    enum { NB = 6 };
+    uint64_t h[NB];
+    kv_status ok[NB];
+    for (int i = 0; i < NB; i++) {
+        h[i] = hash_of(5000 + (uint64_t)i);
+        ok[i] = KV_OK;
+    }
+    store_all(off, &a, h, NB, true);
+    store_all(off, &b, h, NB, true);
+    store_all(off, &c, h, NB, false);
+    struct kv_offload_stats st;
+    assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
+    assert_int_equal(st.entries, 3 * NB);
+    assert_int_equal(st.stores, 3 * NB);
+    assert_int_equal(st.store_touches, 0);
+    assert_int_equal(st.bytes, NB * (2 * ea + eb));
+    for (int i = 0; i < 3; i++) /* each its own bytes, nothing else written */
+        assert_int_equal(load_check(off, all[i], h, NB, ok), KV_OFFLOAD_DONE);
+    assert_int_equal(load_check(off, &d, h, NB, ok), KV_OFFLOAD_DONE);
+    assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
+    assert_int_equal(st.hits, 4 * NB);
+    assert_int_equal(st.misses, 0);
+
+    /* D stores the blocks it loaded (committed under h): A's entries, touched */
+    uint32_t ids[NB], nf = 0;
+    assert_int_equal(kv_block_pool_lookup(d.pool, h, NB, ids, &nf), KV_OK);
+    assert_int_equal(nf, NB);
+    kv_offload_op *op;
+    assert_int_equal(kv_offload_store(off, d.c, ids, NB, &op), KV_OK);
+    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    assert_int_equal(kv_block_pool_release(d.pool, ids, NB), KV_OK);
+    assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
+    assert_int_equal(st.entries, 3 * NB);
+    assert_int_equal(st.store_touches, NB);
+
+    /* evict drops a hash in every format; contains asks per format */
+    uint32_t ne = 0;
+    assert_int_equal(kv_offload_evict(off, h, 1, &ne), KV_OK);
+    assert_int_equal(ne, 3);
+    for (int i = 0; i < 4; i++) {
+        assert_false(kv_offload_contains(off, all[i]->c, h[0]));
+        assert_true(kv_offload_contains(off, all[i]->c, h[1]));
+    }
+    assert_false(kv_offload_contains(off, NULL, h[0]));
+    assert_true(kv_offload_contains(off, NULL, h[1]));
+    /* a corrupt entry of one format leaves the others intact */
+    assert_int_equal(kv__offload_test_corrupt(off, b.c, h[1], 7), KV_OK);
+    kv_status want_b[2] = {KV_ERR_CORRUPT, KV_OK};
+    assert_int_equal(load_check(off, &b, h + 1, 2, want_b), KV_OFFLOAD_FAILED);
+    assert_false(kv_offload_contains(off, b.c, h[1]));
+    assert_true(kv_offload_contains(off, a.c, h[1]));
+    assert_true(kv_offload_contains(off, c.c, h[1]));
+    assert_int_equal(load_check(off, &a, h + 1, 2, ok), KV_OFFLOAD_DONE);
+    kv_offload_destroy(off);
+    for (int i = 0; i < 4; i++)
+        kvt_cache_free(all[i]);
+}
+
+/* The tier's entries, bytes and evictions are these; returns the stats. */
+static struct kv_offload_stats expect_table(kv_offload *off, uint64_t entries, uint64_t bytes,
+                                            uint64_t evictions)
+{
+    struct kv_offload_stats st;
+    assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
+    assert_int_equal(st.entries, entries);
+    assert_int_equal(st.bytes, bytes);
+    assert_int_equal(st.evictions, evictions);
+    return st;
+}
+
+/* LRU and capacity across formats: A's entries are twice B's; the capacity
+ * holds exactly two of each. Every step predicts entries, bytes and
+ * evictions. */
+static void test_offload_formats_lru(void **state)
+{
+    (void)state;
+    uint64_t rng = 0x1F0A7;
+    struct kvt_cache a, b;
+    kvt_cache_make(&a, 2, 60, 8, 4, 16, KV_BF16, 0, 111);
+    kvt_cache_make(&b, 2, 60, 8, 2, 16, KV_BF16, 0, 112);
+    kvt_pool_scramble(&a, &rng);
+    kvt_pool_scramble(&b, &rng);
+    const uint64_t ea = entry_bytes(&a), eb = entry_bytes(&b);
+    kv_offload *off = mk_tier((size_t)(2 * ea + 2 * eb), 0);
+    uint64_t g[4];
+    for (int i = 0; i < 4; i++)
+        g[i] = hash_of(6000 + (uint64_t)i);
+    /* LRU: A0 A1 B0 B1, full */
+    store_all(off, &a, &g[0], 1, true);
+    store_all(off, &a, &g[1], 1, true);
+    store_all(off, &b, &g[0], 1, true);
+    store_all(off, &b, &g[1], 1, true);
+    expect_table(off, 4, 2 * ea + 2 * eb, 0);
+    /* a hit of A0: A1 B0 B1 A0 */
+    const kv_status ok = KV_OK, mism = KV_ERR_MISMATCH;
+    assert_int_equal(load_check(off, &a, &g[0], 1, &ok), KV_OFFLOAD_DONE);
+    /* B2 needs eb: A1 goes (B1 stays: a hash is evicted per format) */
+    store_all(off, &b, &g[2], 1, true);
+    expect_table(off, 4, ea + 3 * eb, 1);
+    assert_false(kv_offload_contains(off, a.c, g[1]));
+    assert_true(kv_offload_contains(off, b.c, g[1]));
+    assert_int_equal(load_check(off, &a, &g[1], 1, &mism), KV_OFFLOAD_FAILED);
+    /* A3 needs ea: B0 goes (eb is enough) -> B1 A0 B2 A3 */
+    store_all(off, &a, &g[3], 1, true);
+    expect_table(off, 4, 2 * ea + 2 * eb, 2);
+    assert_false(kv_offload_contains(off, b.c, g[0]));
+    assert_true(kv_offload_contains(off, a.c, g[0]));
+    /* A2 beside B2 (a new entry, not a touch) needs ea: B1 and A0 go */
+    store_all(off, &a, &g[2], 1, true);
+    assert_false(kv_offload_contains(off, b.c, g[1]));
+    assert_false(kv_offload_contains(off, a.c, g[0]));
+    assert_true(kv_offload_contains(off, b.c, g[2]));
+    assert_true(kv_offload_contains(off, a.c, g[2]));
+    const struct kv_offload_stats st = expect_table(off, 3, 2 * ea + eb, 4);
+    assert_int_equal(st.stores, 7);
+    assert_int_equal(st.store_touches, 0);
+    /* both formats of g[2] go at once */
+    uint32_t ne = 0;
+    assert_int_equal(kv_offload_evict(off, &g[2], 1, &ne), KV_OK);
+    assert_int_equal(ne, 2);
+    expect_table(off, 1, ea, 4);
+    assert_true(kv_offload_contains(off, a.c, g[3]));
+    kv_offload_destroy(off);
+    kvt_cache_free(&a);
+    kvt_cache_free(&b);
 }
 
 /* ---- LRU ----------------------------------------------------------------- */
@@ -436,8 +594,8 @@ static void test_offload_lru(void **state)
     assert_int_equal(st.entries, 3);
     assert_int_equal(st.evictions, 2);
     assert_int_equal(st.bytes, 3 * eb);
-    assert_false(kv_offload_contains(off, h[0]));
-    assert_false(kv_offload_contains(off, h[1]));
+    assert_false(kv_offload_contains(off, NULL, h[0]));
+    assert_false(kv_offload_contains(off, NULL, h[1]));
     /* LRU now 2 3 4; a store touch of 2 -> 3 4 2; a load hit of 3 -> 4 2 3 */
     uint32_t id;
     assert_int_equal(kv_block_pool_lookup(s.pool, &h[2], 1, &id, &(uint32_t){0}), KV_OK);
@@ -449,11 +607,11 @@ static void test_offload_lru(void **state)
     kv_status ok = KV_OK;
     assert_int_equal(load_check(off, &s, &h[3], 1, &ok), KV_OFFLOAD_DONE);
     store_all(off, &s, &h[5], 1, true); /* evicts 4 */
-    assert_false(kv_offload_contains(off, h[4]));
-    assert_true(kv_offload_contains(off, h[2]));
-    assert_true(kv_offload_contains(off, h[3]));
+    assert_false(kv_offload_contains(off, NULL, h[4]));
+    assert_true(kv_offload_contains(off, NULL, h[2]));
+    assert_true(kv_offload_contains(off, NULL, h[3]));
     store_all(off, &s, &h[6], 1, true); /* evicts 2 */
-    assert_false(kv_offload_contains(off, h[2]));
+    assert_false(kv_offload_contains(off, NULL, h[2]));
     assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
     assert_int_equal(st.store_touches, 1);
     assert_int_equal(st.evictions, 4);
@@ -467,7 +625,7 @@ static void test_offload_lru(void **state)
     assert_int_equal(st.entries, 1);
     assert_int_equal(st.evicted, 2);
     assert_int_equal(st.bytes, eb);
-    assert_true(kv_offload_contains(off, h[5]));
+    assert_true(kv_offload_contains(off, NULL, h[5]));
     kvt_cache_free(&s);
     kv_offload_destroy(off);
 }
@@ -670,10 +828,10 @@ static void test_offload_cancel(void **state)
     assert_int_equal(g.chunks, 1);
     assert_int_equal(kv_offload_results(a, &res, &n), KV_OK);
     assert_int_equal(res[0].status, KV_OK);
-    assert_true(kv_offload_contains(off, h[4])); /* what a cancelled store wrote stays */
+    assert_true(kv_offload_contains(off, NULL, h[4])); /* what a cancelled store wrote stays */
     for (uint32_t i = 1; i < 4; i++) {
         assert_int_equal(res[i].status, KV_ERR_CANCELLED);
-        assert_false(kv_offload_contains(off, h[4 + i]));
+        assert_false(kv_offload_contains(off, NULL, h[4 + i]));
     }
     assert_int_equal(kv_offload_op_free(a), KV_OK);
     /* C runs to the end */
@@ -1220,6 +1378,8 @@ int main(void)
         cmocka_unit_test(test_offload_every_layout),
         cmocka_unit_test(test_offload_commit_semantics),
         cmocka_unit_test(test_offload_load_failures),
+        cmocka_unit_test(test_offload_formats_share_hashes),
+        cmocka_unit_test(test_offload_formats_lru),
         cmocka_unit_test(test_offload_lru),
         cmocka_unit_test(test_offload_post_refusals),
         cmocka_unit_test(test_offload_cancel),
