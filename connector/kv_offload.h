@@ -189,7 +189,8 @@ struct kv_offload_stats {
 
 /*
  * Create a tier: the region (cfg->mem), its carver, the worker thread.
- * *out set only on success. cfg is borrowed for the call.
+ * *out set only on success. cfg is borrowed for the call. Every field and
+ * the region size are checked before anything is allocated.
  * KV_ERR_NULL; KV_ERR_INVALID_ARG (struct_size, capacity 0, unknown mem,
  * threads < 0); KV_ERR_OVERFLOW (the region size); KV_ERR_UNSUPPORTED
  * (KV_OFFLOAD_MEM_PINNED without CUDA or a GPU); KV_ERR_NO_MEMORY;
