@@ -62,7 +62,8 @@
  *                 (by the worker, on its thread, when that is the op's);
  *   op -> tier    kv_offload_destroy ends every op (CANCELLED); the op
  *                 handles stay valid for kv_offload_test / _wait / _results
- *                 / _op_free, which never touch the tier;
+ *                 / _op_free (and _cancel, a no-op once terminal), which
+ *                 never touch the tier;
  *   op handle     kv_offload_op_free refuses (KV_ERR_BAD_STATE, naming the
  *                 state) an op that is not terminal;
  *   staging       buffers still out at kv_offload_destroy keep the region
