@@ -58,30 +58,60 @@ static uint64_t arena_phys_bytes(void)
     return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
 }
 
-static kv_status arena_alloc_host(kv_arena *a, const struct kv_arena_config *cfg)
+/* What an arena of cfg takes: the alignment and the bytes to allocate
+ * (host: size rounded up to the alignment; pinned/device: size plus the
+ * slack that meets an alignment above CUDA's 256 bytes). Checked before
+ * anything is allocated. */
+struct arena_geometry {
+    size_t align;
+    size_t alloc_bytes;
+};
+
+static kv_status arena_geometry(const struct kv_arena_config *cfg, struct arena_geometry *g)
 {
-    /* The default alignment (2 MiB for arenas of 2 MiB and more, so the whole
-     * range can be backed by transparent huge pages) is a floor: a caller's
-     * align_bytes only ever raises it. */
-    size_t align =
-        cfg->size_bytes >= KV__ARENA_HUGE_BYTES ? KV__ARENA_HUGE_BYTES : KV__ARENA_SMALL_ALIGN;
-    size_t rounded;
-    const uint64_t phys = arena_phys_bytes();
-    if (cfg->align_bytes > align)
-        align = cfg->align_bytes;
-    if (cfg->size_bytes > SIZE_MAX - (align - 1))
+    if (cfg->kind == KV_MEM_HOST) {
+        /* The default alignment (2 MiB for arenas of 2 MiB and more, so the
+         * whole range can be backed by transparent huge pages) is a floor: a
+         * caller's align_bytes only ever raises it. */
+        size_t align =
+            cfg->size_bytes >= KV__ARENA_HUGE_BYTES ? KV__ARENA_HUGE_BYTES : KV__ARENA_SMALL_ALIGN;
+        const uint64_t phys = arena_phys_bytes();
+        if (cfg->align_bytes > align)
+            align = cfg->align_bytes;
+        if (cfg->size_bytes > SIZE_MAX - (align - 1))
+            return kv__error(KV_ERR_OVERFLOW,
+                             "kv_arena: size_bytes %zu rounded up to align_bytes %zu overflows "
+                             "size_t",
+                             cfg->size_bytes, align);
+        /* Virtual memory may be granted far past what exists (overcommit): a
+         * KV arena is meant to be filled, so one larger than the machine is
+         * refused now rather than OOM-killed later. */
+        if (phys && cfg->size_bytes > phys)
+            return kv__error(KV_ERR_NO_MEMORY,
+                             "kv_arena: a host arena of %zu bytes exceeds this machine's %llu "
+                             "bytes of physical memory",
+                             cfg->size_bytes, (unsigned long long)phys);
+        g->align = align;
+        g->alloc_bytes = (cfg->size_bytes + align - 1) & ~(align - 1);
+        return KV_OK;
+    }
+    /* CUDA allocations are at least 256-byte aligned; a larger alignment is
+     * met by over-allocating align - 256 bytes and rounding the base up */
+    const size_t cuda_align = 256;
+    const size_t align = cfg->align_bytes > cuda_align ? cfg->align_bytes : cuda_align;
+    const size_t extra = align - cuda_align;
+    if (cfg->size_bytes > SIZE_MAX - extra)
         return kv__error(KV_ERR_OVERFLOW,
-                         "kv_arena: size_bytes %zu rounded up to align_bytes %zu overflows size_t",
-                         cfg->size_bytes, align);
-    /* Virtual memory may be granted far past what exists (overcommit): a KV
-     * arena is meant to be filled, so one larger than the machine is refused
-     * now rather than OOM-killed later. */
-    if (phys && cfg->size_bytes > phys)
-        return kv__error(KV_ERR_NO_MEMORY,
-                         "kv_arena: a host arena of %zu bytes exceeds this machine's %llu bytes "
-                         "of physical memory",
-                         cfg->size_bytes, (unsigned long long)phys);
-    rounded = (cfg->size_bytes + align - 1) & ~(align - 1);
+                         "kv_arena: size_bytes %zu + alignment slack %zu overflows size_t",
+                         cfg->size_bytes, extra);
+    g->align = align;
+    g->alloc_bytes = cfg->size_bytes + extra;
+    return KV_OK;
+}
+
+static kv_status arena_alloc_host(kv_arena *a, const struct arena_geometry *g)
+{
+    const size_t align = g->align, rounded = g->alloc_bytes;
     a->base = a->raw = kv__mem_alloc_aligned(align, rounded);
     if (!a->base)
         return kv__error(KV_ERR_NO_MEMORY,
@@ -93,23 +123,17 @@ static kv_status arena_alloc_host(kv_arena *a, const struct kv_arena_config *cfg
     return KV_OK;
 }
 
-/* CUDA allocations are at least 256-byte aligned; a larger alignment is met
- * by over-allocating align - 256 bytes and rounding the base up (raw keeps
- * the pointer to free). */
-static kv_status arena_alloc_cuda(kv_arena *a, const struct kv_arena_config *cfg)
+/* Pinned or device memory (raw keeps the pointer to free; the base is
+ * rounded up to the alignment inside the slack). */
+static kv_status arena_alloc_cuda(kv_arena *a, const struct kv_arena_config *cfg,
+                                  const struct arena_geometry *g)
 {
-    const size_t cuda_align = 256;
-    size_t align = cfg->align_bytes > cuda_align ? cfg->align_bytes : cuda_align;
-    size_t extra = align - cuda_align;
+    const size_t align = g->align;
     kv_status s;
-    if (cfg->size_bytes > SIZE_MAX - extra)
-        return kv__error(KV_ERR_OVERFLOW,
-                         "kv_arena: size_bytes %zu + alignment slack %zu overflows size_t",
-                         cfg->size_bytes, extra);
     if (cfg->kind == KV_MEM_PINNED)
-        s = kv__cuda_host_alloc(cfg->size_bytes + extra, &a->raw);
+        s = kv__cuda_host_alloc(g->alloc_bytes, &a->raw);
     else
-        s = kv__cuda_device_alloc(cfg->device, cfg->size_bytes + extra, &a->raw);
+        s = kv__cuda_device_alloc(cfg->device, g->alloc_bytes, &a->raw);
     if (s != KV_OK)
         return s;
     a->base = (void *)(((uintptr_t)a->raw + (align - 1)) & ~(uintptr_t)(align - 1));
@@ -143,6 +167,15 @@ kv_status kv_arena_create(const struct kv_arena_config *cfg, kv_arena **out)
     if (cfg->flags & ~KV_ARENA_ZERO)
         return kv__error(KV_ERR_INVALID_ARG, "kv_arena_create: unknown flags 0x%x",
                          cfg->flags & ~KV_ARENA_ZERO);
+    if (cfg->kind == KV_MEM_DEVICE && (cfg->flags & KV_ARENA_ZERO))
+        /* A device memset needs a stream; the layout owner zeroes with a
+         * kernel. Refuse rather than pretend. */
+        return kv__error(KV_ERR_UNSUPPORTED,
+                         "kv_arena_create: KV_ARENA_ZERO is not supported for device memory");
+    struct arena_geometry g = {0, 0};
+    s = arena_geometry(cfg, &g);
+    if (s != KV_OK)
+        return s;
 
     a = kv__mem_calloc(1, sizeof(*a));
     if (!a)
@@ -152,28 +185,21 @@ kv_status kv_arena_create(const struct kv_arena_config *cfg, kv_arena **out)
 
     switch (cfg->kind) {
     case KV_MEM_HOST:
-        s = arena_alloc_host(a, cfg);
+        s = arena_alloc_host(a, &g);
         if (s != KV_OK)
             goto free_handle;
         if (cfg->flags & KV_ARENA_ZERO)
             memset(a->base, 0, a->size_bytes);
         break;
     case KV_MEM_PINNED:
-        s = arena_alloc_cuda(a, cfg);
+        s = arena_alloc_cuda(a, cfg, &g);
         if (s != KV_OK)
             goto free_handle;
         if (cfg->flags & KV_ARENA_ZERO)
             memset(a->base, 0, a->size_bytes);
         break;
     case KV_MEM_DEVICE:
-        if (cfg->flags & KV_ARENA_ZERO) {
-            /* A device memset needs a stream; the layout owner zeroes with a
-             * kernel. Refuse rather than pretend. */
-            s = kv__error(KV_ERR_UNSUPPORTED,
-                          "kv_arena_create: KV_ARENA_ZERO is not supported for device memory");
-            goto free_handle;
-        }
-        s = arena_alloc_cuda(a, cfg);
+        s = arena_alloc_cuda(a, cfg, &g);
         if (s != KV_OK)
             goto free_handle;
         a->device = cfg->device;

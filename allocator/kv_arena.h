@@ -93,7 +93,9 @@ static inline void kv_arena_config_init(struct kv_arena_config *cfg, size_t byte
 
 /*
  * Create an arena. *out is set only on success; destroy with
- * kv_arena_destroy(). cfg is borrowed for the call.
+ * kv_arena_destroy(). cfg is borrowed for the call. Every field, and the
+ * size to allocate derived from them, is checked before anything is
+ * allocated.
  *
  * Returns KV_OK; KV_ERR_NULL (cfg or out NULL); KV_ERR_INVALID_ARG (unknown
  * kind, size 0, alignment not a power of two or below sizeof(void *), bad

@@ -1,6 +1,7 @@
 /* kv_cache.c - the cache object: layout + arena + pool + page table. */
 #include <inttypes.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "kv_cache.h"
@@ -15,11 +16,62 @@ struct kv_cache {
     kv_page_table *pt;
 };
 
+/* Every field of cfg, and every size derived from it, before anything is
+ * allocated: a config that cannot be built is refused naming its field,
+ * never answered KV_ERR_NO_MEMORY by an arena mapped first. The parts check
+ * again what they are given (their own callers are not all this one). */
+static kv_status cache_config_check(const struct kv_cache_config *cfg, struct kv_layout *lo)
+{
+    kv_status st = kv_layout_init(&cfg->layout, lo);
+    if (st != KV_OK)
+        return kv__error_wrap(st, "kv_cache_create: layout");
+    if (lo->num_blocks < 2 || lo->num_blocks > (int64_t)KV_BLOCK_POOL_MAX_BLOCKS)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_cache_create: num_blocks %" PRId64 " outside 2..%" PRIu32
+                         " (block 0 is the reserved null block)",
+                         lo->num_blocks, KV_BLOCK_POOL_MAX_BLOCKS);
+    if (lo->block_tokens > UINT32_MAX)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_cache_create: block_tokens %" PRId64 " exceeds %" PRIu32
+                         " (the page table's token counts are uint32)",
+                         lo->block_tokens, UINT32_MAX);
+    if ((uint64_t)lo->total_bytes > SIZE_MAX)
+        return kv__error(KV_ERR_OVERFLOW, "kv_cache_create: total_bytes %" PRId64 " exceeds size_t",
+                         lo->total_bytes);
+    if (cfg->mem_kind != KV_MEM_HOST && cfg->mem_kind != KV_MEM_PINNED &&
+        cfg->mem_kind != KV_MEM_DEVICE)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_cache_create: unknown mem_kind %d (host %d, pinned %d, device %d)",
+                         (int)cfg->mem_kind, KV_MEM_HOST, KV_MEM_PINNED, KV_MEM_DEVICE);
+    if (cfg->zero_fill && cfg->mem_kind == KV_MEM_DEVICE)
+        return kv__error(KV_ERR_UNSUPPORTED,
+                         "kv_cache_create: zero_fill is not supported for device memory "
+                         "(clear it with cudaMemsetAsync on the engine's stream)");
+    if (cfg->max_seqs == 0 || cfg->max_seqs > KV_PAGE_TABLE_MAX_SEQS)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_cache_create: max_seqs %" PRIu32
+                         " outside 1..KV_PAGE_TABLE_MAX_SEQS (%u live sequences)",
+                         cfg->max_seqs, KV_PAGE_TABLE_MAX_SEQS);
+    if (cfg->max_blocks_per_seq > KV_PAGE_TABLE_MAX_BLOCKS_PER_SEQ)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_cache_create: max_blocks_per_seq %" PRIu32
+                         " exceeds KV_PAGE_TABLE_MAX_BLOCKS_PER_SEQ (%u)",
+                         cfg->max_blocks_per_seq, KV_PAGE_TABLE_MAX_BLOCKS_PER_SEQ);
+    const uint32_t r = cfg->page_ratio ? cfg->page_ratio : 1;
+    if ((uint64_t)lo->block_tokens % r != 0)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_cache_create: block_tokens %" PRId64
+                         " is not divisible by page_ratio %" PRIu32,
+                         lo->block_tokens, r);
+    return KV_OK;
+}
+
 kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **out)
 {
     struct kv_arena_config acfg;
     struct kv_block_pool_config pcfg;
     struct kv_page_table_config tcfg;
+    struct kv_layout lo;
     kv_cache *c;
     kv_status st;
 
@@ -30,27 +82,15 @@ kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **out)
         kv__check_struct_size("kv_cache_create", "kv_cache_config", cfg->struct_size, sizeof(*cfg));
     if (st != KV_OK)
         return st;
+    st = cache_config_check(cfg, &lo);
+    if (st != KV_OK)
+        return st;
+
     c = kv__mem_calloc(1, sizeof(*c));
     if (!c)
         return kv__error(KV_ERR_NO_MEMORY, "kv_cache_create: %zu bytes", sizeof(*c));
+    c->layout = lo;
 
-    st = kv_layout_init(&cfg->layout, &c->layout);
-    if (st != KV_OK)
-        goto undo_alloc;
-    if (c->layout.num_blocks < 2 || c->layout.num_blocks > (int64_t)KV_BLOCK_POOL_MAX_BLOCKS) {
-        st = kv__error(KV_ERR_INVALID_ARG,
-                       "kv_cache_create: num_blocks %" PRId64 " outside 2..%" PRIu32
-                       " (block 0 is the reserved null block)",
-                       c->layout.num_blocks, KV_BLOCK_POOL_MAX_BLOCKS);
-        goto undo_alloc;
-    }
-
-    if (cfg->zero_fill && cfg->mem_kind == KV_MEM_DEVICE) {
-        st = kv__error(KV_ERR_UNSUPPORTED,
-                       "kv_cache_create: zero_fill is not supported for device memory "
-                       "(clear it with cudaMemsetAsync on the engine's stream)");
-        goto undo_alloc;
-    }
     /* The arena first, reserved but untouched: a cache that cannot fit is
      * refused before any other part is built (a host arena larger than the
      * machine is refused by kv_arena_create without mapping it); it is zeroed
@@ -74,12 +114,6 @@ kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **out)
     if (st != KV_OK)
         goto undo_arena;
 
-    if (c->layout.block_tokens > UINT32_MAX) {
-        st = kv__error(KV_ERR_INVALID_ARG,
-                       "kv_cache_create: block_tokens %" PRId64 " exceeds uint32",
-                       c->layout.block_tokens);
-        goto undo_pool;
-    }
     kv_page_table_config_init(&tcfg);
     tcfg.block_tokens = (uint32_t)c->layout.block_tokens;
     tcfg.page_ratio = cfg->page_ratio;

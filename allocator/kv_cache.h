@@ -78,10 +78,17 @@ static inline void kv_cache_config_init(struct kv_cache_config *cfg)
 }
 
 /* Build layout, arena, pool and page table. *out set only on success; on
- * failure everything built so far is undone. Statuses: those of
- * kv_layout_init, kv_arena_create (KV_ERR_UNSUPPORTED for pinned/device
- * memory without CUDA), kv_block_pool_create (num_blocks >= 2),
- * kv_page_table_create; KV_ERR_NULL; KV_ERR_NO_MEMORY. */
+ * failure everything built so far is undone. The whole config - the layout,
+ * num_blocks (2..KV_BLOCK_POOL_MAX_BLOCKS), block_tokens (<= 2^32 - 1),
+ * mem_kind, zero_fill (not with device memory), max_seqs
+ * (1..KV_PAGE_TABLE_MAX_SEQS), max_blocks_per_seq, page_ratio (divides
+ * block_tokens) - and every size derived from it is checked before anything
+ * is allocated, so a config that can never be built is refused naming its
+ * field, not answered KV_ERR_NO_MEMORY by an arena mapped first. Statuses:
+ * those of kv_layout_init (wrapped), KV_ERR_INVALID_ARG / KV_ERR_OVERFLOW /
+ * KV_ERR_UNSUPPORTED for the fields above; kv_arena_create's
+ * (KV_ERR_UNSUPPORTED for pinned/device memory without CUDA, KV_ERR_NO_MEMORY
+ * for an arena larger than the machine); KV_ERR_NULL; KV_ERR_NO_MEMORY. */
 KV_API KV_NODISCARD kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **out);
 
 /* Drop a reference: the creator's, or one taken by kv_cache_retain. The

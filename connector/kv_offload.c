@@ -7,8 +7,12 @@
  * chunk of blocks does its table work under off->mu, then copies (and
  * checksums) with no lock held, then publishes under off->mu.
  *
+ * Entries are keyed by (hash, block format fingerprint): one hash may have
+ * an entry in each format, in one bucket (chosen by the hash).
+ *
  * Invariants (off->mu held):
  *   entries == number of linked entries == length of the LRU list
+ *   no two linked entries share (hash, block_fp)
  *   bytes   == sum of entry bytes over linked entries + unlinked pinned ones
  *   bytes   <= capacity_bytes
  *   linked && !ready  =>  pins > 0 (the worker is writing it)
@@ -18,6 +22,7 @@
 #include <omp.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -40,7 +45,7 @@
 /* One cache layout the tier has seen and its two plans. */
 struct fmt {
     uint64_t cache_fp;            /* the cache layout's fingerprint */
-    uint64_t block_fp;            /* its block_format_fingerprint: entries interchange */
+    uint64_t block_fp;            /* its block_format_fingerprint: half of an entry's key */
     int64_t entry_bytes;          /* the compact block-major image of one block */
     int64_t stride_block_bytes;   /* cache: block id -> start */
     int64_t block_tokens;         /* N */
@@ -50,7 +55,7 @@ struct fmt {
                                      a store hashes each row as it lands (one pass) */
 };
 
-struct entry {
+struct entry { /* keyed by (hash, block_fp) */
     uint64_t hash, sum;
     struct entry *hnext;               /* bucket chain */
     struct entry *lru_prev, *lru_next; /* head = least recently used */
@@ -75,6 +80,7 @@ struct kv_offload_op {
     atomic_bool cancel;
     bool is_load;
     kv_offload *off;
+    kv_cache *cache; /* a reference (kv_cache_retain) from post until terminal */
     kv_block_pool *pool;
     char *base; /* the cache's storage */
     int fmt;
@@ -93,6 +99,7 @@ struct kv_offload {
     pthread_t worker;
 
     pthread_mutex_t mu; /* guards everything below */
+    bool destroyed;     /* kv_offload_destroy ran; the handle lives while n_stg > 0 */
     pthread_cond_t cv;  /* the worker waits for work */
     kv_offload_op *qhead, *qtail;
     kv_offload_op *running;
@@ -139,10 +146,21 @@ static size_t bucket_of(const kv_offload *off, uint64_t h)
     return (size_t)((h * 0x9E3779B97F4A7C15ull) >> 17) & (off->n_buckets - 1);
 }
 
-static struct entry *find(kv_offload *off, uint64_t h)
+/* The entry of (h, block format fp); entries of one hash in several formats
+ * share a bucket. */
+static struct entry *find(kv_offload *off, uint64_t h, uint64_t fp)
 {
     for (struct entry *e = off->buckets[bucket_of(off, h)]; e; e = e->hnext)
-        if (e->hash == h)
+        if (e->hash == h && e->block_fp == fp)
+            return e;
+    return NULL;
+}
+
+/* An entry of h in any format (ready_only: a complete one). */
+static struct entry *find_any(kv_offload *off, uint64_t h, bool ready_only)
+{
+    for (struct entry *e = off->buckets[bucket_of(off, h)]; e; e = e->hnext)
+        if (e->hash == h && (e->ready || !ready_only))
             return e;
     return NULL;
 }
@@ -236,6 +254,63 @@ static void unpin(kv_offload *off, struct entry *e)
 {
     if (--e->pins == 0 && !e->linked)
         entry_free(off, e);
+}
+
+/* The invariants at the top of this file, walked in full (off->mu held):
+ * KV_ERR_INTERNAL naming the first one broken. */
+static kv_status table_check_locked(const kv_offload *off)
+{
+    uint64_t linked = 0, bytes = 0, n_lru = 0;
+    for (size_t i = 0; i < off->n_buckets; i++)
+        for (const struct entry *e = off->buckets[i]; e; e = e->hnext) {
+            if (!e->linked || bucket_of(off, e->hash) != i)
+                return kv__error(KV_ERR_INTERNAL,
+                                 "kv_offload: entry 0x%016" PRIx64 " in bucket %zu: linked %d",
+                                 e->hash, i, (int)e->linked);
+            if (!e->ready && e->pins == 0)
+                return kv__error(KV_ERR_INTERNAL,
+                                 "kv_offload: entry 0x%016" PRIx64 " neither ready nor pinned",
+                                 e->hash);
+            for (const struct entry *o = e->hnext; o; o = o->hnext)
+                if (o->hash == e->hash && o->block_fp == e->block_fp)
+                    return kv__error(KV_ERR_INTERNAL,
+                                     "kv_offload: two entries of (0x%016" PRIx64 ", 0x%016" PRIx64
+                                     ")",
+                                     e->hash, e->block_fp);
+            linked++;
+            bytes += (uint64_t)e->bytes;
+        }
+    for (const struct entry *e = off->lru_head, *prev = NULL; e; prev = e, e = e->lru_next) {
+        if (e->lru_prev != prev || !e->linked)
+            return kv__error(KV_ERR_INTERNAL, "kv_offload: LRU list broken at 0x%016" PRIx64,
+                             e->hash);
+        if (!e->lru_next && off->lru_tail != e)
+            return kv__error(KV_ERR_INTERNAL, "kv_offload: LRU tail is not the last entry");
+        n_lru++;
+    }
+    if (linked != off->st.entries || n_lru != linked || bytes > off->st.bytes ||
+        off->st.bytes > off->cfg.capacity_bytes)
+        return kv__error(
+            KV_ERR_INTERNAL,
+            "kv_offload: %" PRIu64 " linked entries, %" PRIu64 " on the LRU list, %" PRIu64
+            " bytes linked; counters: entries %" PRIu64 ", bytes %" PRIu64 " (capacity %zu)",
+            linked, n_lru, bytes, off->st.entries, off->st.bytes, off->cfg.capacity_bytes);
+    return KV_OK;
+}
+
+/* After each change of the table, off->mu held: the full walk in DEBUG=1
+ * builds. A failure is a bug in this file: abort with the message. */
+static void debug_check(const kv_offload *off)
+{
+#if defined(KV_DEBUG_CHECKS)
+    if (table_check_locked(off) != KV_OK) {
+        fprintf(stderr, "kvcache: %s\n", kv_last_error());
+        abort();
+    }
+#else
+    (void)off;
+    (void)table_check_locked;
+#endif
 }
 
 /* Evict the least recently used entry nobody holds; false when none. */
@@ -360,6 +435,12 @@ static void op_finish(kv_offload *off, kv_offload_op *op, kv_offload_state fin)
         for (uint32_t i = 0; i < op->n; i++)
             if (op->res[i].status == KV_OK)
                 op->res[i].status = KV_ERR_CANCELLED;
+    /* the op's reference on its cache, with no lock held: when the engine
+     * has destroyed the cache meanwhile, this frees it (on this thread) */
+    kv_cache_destroy(op->cache);
+    op->cache = NULL;
+    op->pool = NULL;
+    op->base = NULL;
     pthread_mutex_lock(&off->mu);
     if (fin == KV_OFFLOAD_FAILED)
         off->st.failed_ops++;
@@ -373,6 +454,18 @@ static void op_finish(kv_offload *off, kv_offload_op *op, kv_offload_state fin)
     op->state = fin;
     pthread_cond_broadcast(&op->cv);
     pthread_mutex_unlock(&op->mu);
+}
+
+/* The region and the handle: at destroy, or at the last staging buffer
+ * returned after it. */
+static void tier_free(kv_offload *off)
+{
+    kv__mem_free(off->stg);
+    kv__carver_destroy(off->carver);
+    kv_arena_destroy(off->arena);
+    pthread_cond_destroy(&off->cv);
+    pthread_mutex_destroy(&off->mu);
+    kv__mem_free(off);
 }
 
 void kv_offload_destroy(kv_offload *off)
@@ -393,22 +486,30 @@ void kv_offload_destroy(kv_offload *off)
         q = n;
     }
     pthread_join(off->worker, NULL);
+    /* no op is left and no worker: the entries (their pieces go with the
+     * region) and the plans */
+    pthread_mutex_lock(&off->mu);
     for (size_t i = 0; i < off->n_buckets; i++)
         for (struct entry *e = off->buckets[i], *n; e; e = n) {
             n = e->hnext;
-            kv__mem_free(e); /* the region goes as a whole */
+            kv__mem_free(e);
         }
     kv__mem_free(off->buckets);
-    kv__mem_free(off->stg);
+    off->buckets = NULL;
+    off->n_buckets = 0;
+    off->lru_head = off->lru_tail = NULL;
+    off->st.entries = off->st.bytes = 0;
     for (int i = 0; i < off->n_fmts; i++) {
         kv_plan_destroy(off->fmts[i].to_entry);
         kv_plan_destroy(off->fmts[i].to_block);
     }
-    kv__carver_destroy(off->carver);
-    kv_arena_destroy(off->arena);
-    pthread_cond_destroy(&off->cv);
-    pthread_mutex_destroy(&off->mu);
-    kv__mem_free(off);
+    off->n_fmts = 0;
+    /* staging buffers still out keep the region until the last is returned */
+    off->destroyed = true;
+    const bool last = off->n_stg == 0;
+    pthread_mutex_unlock(&off->mu);
+    if (last)
+        tier_free(off);
 }
 
 enum kv_mem_kind kv_offload_mem_kind(const kv_offload *off)
@@ -453,7 +554,7 @@ static kv_status fmt_get(kv_offload *off, const char *fn, const struct kv_layout
     struct kv_layout el;
     kv_status st = kv_pack_wire_layout(lo, &el);
     struct fmt f = {.cache_fp = lo->fingerprint,
-                    .block_fp = el.block_format_fingerprint,
+                    .block_fp = lo->block_format_fingerprint, /* == el's: what a block holds */
                     .entry_bytes = el.total_bytes,
                     .stride_block_bytes = lo->stride_block_bytes,
                     .block_tokens = lo->block_tokens};
@@ -528,8 +629,9 @@ static void op_delete(kv_offload_op *op)
     kv__mem_free(op);
 }
 
-/* Queue op (its format looked up / made under the same lock). */
-static kv_status post(kv_offload *off, const char *fn, kv_offload_op *op,
+/* Queue op (its format looked up / made under the same lock); on success
+ * the op holds a reference on cache until it is terminal (op_finish). */
+static kv_status post(kv_offload *off, const char *fn, kv_offload_op *op, kv_cache *cache,
                       const struct kv_layout *lo)
 {
     pthread_mutex_lock(&off->mu);
@@ -540,6 +642,7 @@ static kv_status post(kv_offload *off, const char *fn, kv_offload_op *op,
         st = fmt_get(off, fn, lo, &op->fmt);
     if (st == KV_OK) {
         op->off = off;
+        op->cache = kv_cache_retain(cache); /* before the worker can see the op */
         op->state = KV_OFFLOAD_PENDING;
         if (off->qtail)
             off->qtail->qnext = op;
@@ -603,7 +706,7 @@ kv_status kv_offload_store(kv_offload *off, kv_cache *cache, const uint32_t *ids
     o->pool = pool;
     o->base = pc.base;
     if (st == KV_OK)
-        st = post(off, fn, o, &pc.layout);
+        st = post(off, fn, o, cache, &pc.layout);
     if (st != KV_OK) { /* undo the retains, keeping the error's words */
         kv__error_mute();
         const kv_status rs = kv_block_pool_release(pool, ids, n);
@@ -637,7 +740,7 @@ kv_status kv_offload_load(kv_offload *off, kv_cache *cache, const uint64_t *hash
     }
     for (uint32_t i = 0; i < n; i++)
         o->res[i] = (struct kv_offload_result){hashes[i], o->ids[i], KV_OK, false};
-    st = post(off, fn, o, &pc.layout);
+    st = post(off, fn, o, cache, &pc.layout);
     if (st != KV_OK) { /* undo the allocation, keeping the error's words */
         kv__error_mute();
         const kv_status rs = kv_block_pool_release(pool, o->ids, n);
@@ -721,8 +824,8 @@ static bool run_store(kv_offload *off, kv_offload_op *op, const struct fmt *f, u
         for (uint32_t j = 0; j < k; j++) {
             struct kv_offload_result *r = &op->res[i0 + j];
             slot[j] = NULL;
-            struct entry *e = find(off, r->hash);
-            if (e) { /* held already (or being written by this chunk) */
+            struct entry *e = find(off, r->hash, f->block_fp);
+            if (e) { /* held already in this format (or being written by this chunk) */
                 lru_touch(off, e);
                 off->st.store_touches++;
                 r->status = KV_OK;
@@ -756,6 +859,7 @@ static bool run_store(kv_offload *off, kv_offload_op *op, const struct fmt *f, u
             table_insert(off, e);
             slot[j] = e;
         }
+        debug_check(off);
         pthread_mutex_unlock(&off->mu);
         move_chunk(off, f, op, i0, k, slot, sum);
         pthread_mutex_lock(&off->mu);
@@ -767,6 +871,7 @@ static bool run_store(kv_offload *off, kv_offload_op *op, const struct fmt *f, u
                 op->res[i0 + j].status = KV_OK;
                 off->st.stores++;
             }
+        debug_check(off);
         pthread_mutex_unlock(&off->mu);
         hook_call(off, KV__OFFLOAD_HOOK_BLOCK, op);
     }
@@ -785,13 +890,10 @@ static bool run_load(kv_offload *off, kv_offload_op *op, const struct fmt *f, ui
         pthread_mutex_lock(&off->mu);
         for (uint32_t j = 0; j < k; j++) {
             struct kv_offload_result *r = &op->res[i0 + j];
-            struct entry *e = find(off, r->hash);
+            struct entry *e = find(off, r->hash, f->block_fp);
             slot[j] = NULL;
-            if (!e || !e->ready) {
-                r->status = KV_ERR_NOT_FOUND;
-                off->st.misses++;
-            } else if (e->block_fp != f->block_fp) {
-                r->status = KV_ERR_MISMATCH;
+            if (!e || !e->ready) { /* a miss; MISMATCH when only other formats hold it */
+                r->status = find_any(off, r->hash, true) ? KV_ERR_MISMATCH : KV_ERR_NOT_FOUND;
                 off->st.misses++;
             } else {
                 e->pins++;
@@ -800,6 +902,7 @@ static bool run_load(kv_offload *off, kv_offload_op *op, const struct fmt *f, ui
                 slot[j] = e;
             }
         }
+        debug_check(off);
         pthread_mutex_unlock(&off->mu);
         move_chunk(off, f, op, i0, k, slot, sum);
         pthread_mutex_lock(&off->mu);
@@ -815,6 +918,7 @@ static bool run_load(kv_offload *off, kv_offload_op *op, const struct fmt *f, ui
             }
             unpin(off, e);
         }
+        debug_check(off);
         pthread_mutex_unlock(&off->mu);
         hook_call(off, KV__OFFLOAD_HOOK_BLOCK, op);
     }
@@ -1025,26 +1129,27 @@ kv_status kv_offload_evict(kv_offload *off, const uint64_t *hashes, uint32_t n, 
         return kv__error(KV_ERR_NULL, "kv_offload_evict: %s is NULL", !off ? "off" : "hashes");
     uint32_t k = 0;
     pthread_mutex_lock(&off->mu);
-    for (uint32_t i = 0; i < n; i++) {
-        struct entry *e = find(off, hashes[i]);
-        if (e) {
+    for (uint32_t i = 0; i < n; i++) /* every format's entry of the hash */
+        for (struct entry *e; (e = find_any(off, hashes[i], false));) {
             table_remove(off, e);
             off->st.evicted++;
             k++;
         }
-    }
+    debug_check(off);
     pthread_mutex_unlock(&off->mu);
     if (n_evicted)
         *n_evicted = k;
     return kv__ok();
 }
 
-bool kv_offload_contains(kv_offload *off, uint64_t hash)
+bool kv_offload_contains(kv_offload *off, const kv_cache *cache, uint64_t hash)
 {
     if (!off)
         return false;
+    const struct kv_layout *lo = kv_cache_layout(cache);
     pthread_mutex_lock(&off->mu);
-    const struct entry *e = find(off, hash);
+    const struct entry *e =
+        lo ? find(off, hash, lo->block_format_fingerprint) : find_any(off, hash, true);
     const bool yes = e && e->ready;
     pthread_mutex_unlock(&off->mu);
     return yes;
@@ -1068,7 +1173,12 @@ kv_status kv_offload_staging_alloc(kv_offload *off, size_t bytes, void **ptr)
         return kv__error(KV_ERR_INVALID_ARG, "kv_offload_staging_alloc: bytes is 0");
     kv_status st = KV_OK;
     pthread_mutex_lock(&off->mu);
-    if (bytes > off->cfg.staging_bytes - off->st.staging_bytes) {
+    if (off->destroyed) {
+        st = kv__error(KV_ERR_BAD_STATE,
+                       "kv_offload_staging_alloc: the tier is destroyed (%zu staging buffers "
+                       "still out keep its region)",
+                       off->n_stg);
+    } else if (bytes > off->cfg.staging_bytes - off->st.staging_bytes) {
         st = kv__error(KV_ERR_CAPACITY,
                        "kv_offload_staging_alloc: %zu bytes with %" PRIu64
                        " of staging_bytes %zu in use",
@@ -1122,17 +1232,23 @@ kv_status kv_offload_staging_free(kv_offload *off, void *ptr)
         off->st.staging_bytes -= off->stg[i].bytes;
         off->stg[i] = off->stg[--off->n_stg];
     }
+    const bool last = off->destroyed && off->n_stg == 0;
     pthread_mutex_unlock(&off->mu);
+    if (last) /* the tier was destroyed: this buffer held the region */
+        tier_free(off);
     return st == KV_OK ? kv__ok() : st;
 }
 
 /* ---- test hooks (kv_offload_int.h) --------------------------------------- */
 
-kv_status kv__offload_test_corrupt(kv_offload *off, uint64_t hash, size_t byte)
+kv_status kv__offload_test_corrupt(kv_offload *off, const kv_cache *cache, uint64_t hash,
+                                   size_t byte)
 {
     kv_status st = KV_OK;
+    const struct kv_layout *lo = kv_cache_layout(cache);
     pthread_mutex_lock(&off->mu);
-    struct entry *e = find(off, hash);
+    struct entry *e =
+        lo ? find(off, hash, lo->block_format_fingerprint) : find_any(off, hash, true);
     if (!e || !e->ready)
         st = kv__error(KV_ERR_NOT_FOUND, "offload test corrupt: no entry 0x%016" PRIx64, hash);
     else if ((int64_t)byte >= e->len)

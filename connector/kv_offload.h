@@ -3,17 +3,33 @@
  * host memory by prefix hash, with a byte capacity and LRU eviction, moved
  * by a worker thread (docs/connector.md, "Host offload tier").
  *
- * Model. A tier holds entries: one per prefix hash (the hash a block carries
- * in its pool, kv_block_pool_block_hash), each the block's bytes as a
- * compact, unpadded, block-major image of the cache's block format (same
- * order, packing and dtype), plus an XXH3-64 checksum of those bytes taken
- * at store. entries' bytes <= capacity_bytes; when a store needs room the
- * least recently used entries go first (a store that finds its hash already
- * there, and a load that hits, make the entry the most recent).
+ * Model. A tier holds entries, each keyed by (prefix hash, block format):
+ * the hash a block carries in its pool (kv_block_pool_block_hash) and the
+ * block format of the cache it came from. An entry is the block's bytes as
+ * a compact, unpadded, block-major image in that format, plus an XXH3-64
+ * checksum of those bytes taken at store. entries' bytes <= capacity_bytes;
+ * when a store needs room the least recently used entries go first, of any
+ * format (a store that finds its (hash, format) already there, and a load
+ * that hits, make the entry the most recent).
+ *
+ * Block format: what one block's bytes are, hence what an entry holds and
+ * its size. It is the cache layout's block_format_fingerprint (kv_layout.h):
+ * layers L, tokens per block N, KV heads H, head dim D, dtype (name and
+ * size), in-block order (NHD/HND) and K|V packing; an entry is L x {K, V} x
+ * N x H x D elements in that order and packing. Not part of it: the block
+ * count, padding, alignment and arrangement (layer-/block-major), which say
+ * where blocks sit, not what they hold; caches differing only in those
+ * share entries. Entries of one hash in several formats coexist (ranks with
+ * different head counts storing one prefix into one tier each load back
+ * their own), and each is stored, touched, evicted and counted on its own.
+ * The format does not say WHICH of a model's heads or layers a cache holds:
+ * the ranks of one tensor-parallel group (same H) have one format, so one
+ * hash from two of them names one entry; give them distinct hashes (the
+ * page table's extra_key, e.g. the rank) or a tier each.
  *
  *   engine thread                     worker thread
  *   kv_offload_store(cache, ids) --->  copy block -> entry, checksum, insert
- *   kv_offload_load(cache, hashes) ->  find entry, verify its checksum,
+ *   kv_offload_load(cache, hashes) ->  find (hash, format), verify its checksum,
  *        (blocks allocated at post)    copy entry -> new block, commit
  *   kv_offload_test / _wait / _cancel on the op; results once terminal
  *
@@ -37,18 +53,36 @@
  * (the block stays in the cache, untouched); a load whose entry is gone or
  * fails its checksum names the hash, and its block is released uncommitted.
  *
+ * Lifetimes. No handle is freed under a user, whatever the order of the
+ * frees:
+ *   op -> cache   an op holds a reference on its cache (kv_cache_retain)
+ *                 from post until it is terminal, so the engine may
+ *                 kv_cache_destroy its own reference with ops queued or
+ *                 running; the cache is freed when the last reference goes
+ *                 (by the worker, on its thread, when that is the op's);
+ *   op -> tier    kv_offload_destroy ends every op (CANCELLED); the op
+ *                 handles stay valid for kv_offload_test / _wait / _results
+ *                 / _op_free (and _cancel, a no-op once terminal), which
+ *                 never touch the tier;
+ *   op handle     kv_offload_op_free refuses (KV_ERR_BAD_STATE, naming the
+ *                 state) an op that is not terminal;
+ *   staging       buffers still out at kv_offload_destroy keep the region
+ *                 (and the handle, for kv_offload_staging_free alone) until
+ *                 the last is returned.
+ *
  * Thread-safe: every kv_offload_* call but create and destroy may be made
  * from any thread while the worker runs (one mutex per tier guards the
- * queue, the entry table, the LRU list and the stats; one per op its state).
- * While ops run, the engine may keep using the cache (its page table, pool
- * and kernels) with three rules: (1) the cache outlives every op posted on
- * it; (2) the blocks of a store are retained by the tier from post to end:
- * the engine may release its own references meanwhile but must not write
- * them; (3) the blocks of a load belong to the tier until the op is
- * terminal: the engine must not read, write or release them before. The
- * worker calls only these pool functions, each thread-safe:
- * kv_block_pool_release, kv_block_pool_commit_hash. Pool event callbacks
- * must not call into the tier.
+ * queue, the entry table, the LRU list and the stats; one per op its state);
+ * destroy must not overlap another call on the tier or on one of its ops
+ * but kv_offload_test / _wait / _results. While ops run, the engine may keep
+ * using the cache (its page table, pool and kernels) with two rules: (1) the
+ * blocks of a store are retained by the tier from post to end: the engine
+ * may release its own references meanwhile but must not write them; (2) the
+ * blocks of a load belong to the tier until the op is terminal: the engine
+ * must not read, write or release them before. The worker calls only these
+ * pool functions, each thread-safe: kv_block_pool_release,
+ * kv_block_pool_commit_hash (and kv_cache_destroy, for the last reference).
+ * Pool event callbacks must not call into the tier.
  */
 #ifndef KV_OFFLOAD_H
 #define KV_OFFLOAD_H
@@ -114,10 +148,11 @@ typedef enum kv_offload_state {
 KV_API const char *kv_offload_state_name(kv_offload_state s);
 
 /* One entry of an op, in the order posted.
- * status: KV_OK; KV_ERR_NOT_FOUND (load: no entry for the hash when the worker
- * looked); KV_ERR_CORRUPT (load: the checksum did not match; the entry is
- * dropped); KV_ERR_MISMATCH (load: the entry was stored from a cache with
- * another block format); KV_ERR_CAPACITY (store: the block is larger than
+ * status: KV_OK; KV_ERR_NOT_FOUND (load: no entry for the hash in any block
+ * format when the worker looked); KV_ERR_MISMATCH (load: none in the cache's
+ * block format, but one in another: stored from a cache whose blocks hold
+ * other bytes); KV_ERR_CORRUPT (load: the checksum did not match; the entry
+ * is dropped); KV_ERR_CAPACITY (store: the block is larger than
  * the capacity, or every other entry is in use); KV_ERR_NO_MEMORY (store:
  * the region had no room even with nothing left to evict); KV_ERR_CANCELLED
  * (not done: the op was cancelled first). */
@@ -134,15 +169,15 @@ struct kv_offload_result {
  * table holds now (bytes also counts entries evicted while the worker still
  * reads them, until it is done). */
 struct kv_offload_stats {
-    uint64_t entries;           /* hashes held */
+    uint64_t entries;           /* entries held: (hash, block format) pairs */
     uint64_t bytes;             /* region bytes the entries take, each its carver size
                                    class (jemalloc's; exact for power-of-two-like
                                    blocks): <= capacity_bytes */
     uint64_t capacity_bytes;    /* the configured capacity */
     uint64_t region_bytes;      /* the region: capacity + staging + slack (rounded) */
     uint64_t staging_bytes;     /* staging bytes handed out now */
-    uint64_t stores;            /* entries written (a hash already held is not counted) */
-    uint64_t store_touches;     /* stores that found their hash already held */
+    uint64_t stores;            /* entries written (one already held is not counted) */
+    uint64_t store_touches;     /* stores that found their (hash, format) already held */
     uint64_t loads;             /* blocks loaded (checksum verified) */
     uint64_t hits;              /* load lookups that found their hash */
     uint64_t misses;            /* load lookups that did not */
@@ -155,7 +190,8 @@ struct kv_offload_stats {
 
 /*
  * Create a tier: the region (cfg->mem), its carver, the worker thread.
- * *out set only on success. cfg is borrowed for the call.
+ * *out set only on success. cfg is borrowed for the call. Every field and
+ * the region size are checked before anything is allocated.
  * KV_ERR_NULL; KV_ERR_INVALID_ARG (struct_size, capacity 0, unknown mem,
  * threads < 0); KV_ERR_OVERFLOW (the region size); KV_ERR_UNSUPPORTED
  * (KV_OFFLOAD_MEM_PINNED without CUDA or a GPU); KV_ERR_NO_MEMORY;
@@ -165,9 +201,12 @@ KV_API KV_NODISCARD kv_status kv_offload_create(const struct kv_offload_config *
                                                 kv_offload **out);
 
 /* Cancel every queued op and the running one, wait until each is terminal
- * (blocks released), join the worker, free the entries and the region.
- * Op handles stay valid (terminal) for kv_offload_op_free. Staging buffers
- * die with the region. NULL is a no-op. */
+ * (blocks and cache references released), join the worker, free the entries
+ * and the region. Op handles stay valid (terminal) for kv_offload_op_free.
+ * Staging buffers still out keep the region: it is freed, with the handle,
+ * by the kv_offload_staging_free of the last one (the one call the handle
+ * then takes; kv_offload_staging_alloc answers KV_ERR_BAD_STATE). NULL is a
+ * no-op. */
 KV_API void kv_offload_destroy(kv_offload *off);
 
 /* The kind of memory the region got (KV_MEM_HOST or KV_MEM_PINNED). */
@@ -181,8 +220,10 @@ KV_API KV_NODISCARD kv_status kv_offload_regions(const kv_offload *off, struct k
 /*
  * Post a store of blocks ids[n] of cache. Each block must be held (ref > 0)
  * and carry a committed hash; the tier retains each at post and releases it
- * when the op ends, so the caller may release its references meanwhile. A
- * hash already held only becomes the most recent. *op set on success.
+ * when the op ends, so the caller may release its references meanwhile (and
+ * the op holds a reference on cache until then). Each entry is keyed by the
+ * block's hash and cache's block format; one already held only becomes the
+ * most recent. *op set on success.
  * KV_ERR_NULL; KV_ERR_INVALID_ARG (id 0 or out of range); KV_ERR_BAD_STATE
  * (a block not held); KV_ERR_NOT_FOUND (a block without a hash);
  * KV_ERR_UNSUPPORTED (a device cache: no CUDA executor yet); KV_ERR_CAPACITY
@@ -194,8 +235,10 @@ KV_API KV_NODISCARD kv_status kv_offload_store(kv_offload *off, kv_cache *cache,
                                                const uint32_t *ids, uint32_t n, kv_offload_op **op);
 
 /*
- * Post a load of hashes[n] into n new blocks of cache, allocated now
- * (kv_block_pool_alloc; they belong to the tier until the op is terminal).
+ * Post a load of the entries of hashes[n] in cache's block format into n
+ * new blocks of cache, allocated now
+ * (kv_block_pool_alloc; they belong to the tier until the op is terminal,
+ * and the op holds a reference on cache until then).
  * The worker looks each hash up when it reaches it, verifies the entry's
  * checksum, copies it into the block only when it matches (a corrupt entry
  * writes nothing) and, once every entry is done, commits each loaded
@@ -238,14 +281,16 @@ KV_API KV_NODISCARD kv_status kv_offload_results(kv_offload_op *op,
  * while it is pending or running: cancel and wait first. */
 KV_API KV_NODISCARD kv_status kv_offload_op_free(kv_offload_op *op);
 
-/* Drop the entries of hashes[n] now (hashes not held are skipped); an entry
- * the worker is reading is unlinked now and freed when the worker is done.
- * *n_evicted (may be NULL) gets how many were dropped. KV_ERR_NULL. */
+/* Drop the entries of hashes[n], in every block format, now (hashes not
+ * held are skipped); an entry the worker is reading is unlinked now and
+ * freed when the worker is done. *n_evicted (may be NULL) gets how many
+ * entries were dropped. KV_ERR_NULL. */
 KV_API KV_NODISCARD kv_status kv_offload_evict(kv_offload *off, const uint64_t *hashes, uint32_t n,
                                                uint32_t *n_evicted);
 
-/* True when the tier holds a complete entry for hash (false for NULL). */
-KV_API bool kv_offload_contains(kv_offload *off, uint64_t hash);
+/* True when the tier holds a complete entry for hash in cache's block
+ * format; cache NULL: in any format. False for a NULL tier. */
+KV_API bool kv_offload_contains(kv_offload *off, const kv_cache *cache, uint64_t hash);
 
 /* A snapshot of the counters. KV_ERR_NULL. */
 KV_API KV_NODISCARD kv_status kv_offload_stats_get(kv_offload *off, struct kv_offload_stats *out);
@@ -253,11 +298,13 @@ KV_API KV_NODISCARD kv_status kv_offload_stats_get(kv_offload *off, struct kv_of
 /* A staging buffer of bytes (4 KiB aligned) carved from the region, so a
  * transport can use it without registering it. KV_ERR_NULL;
  * KV_ERR_INVALID_ARG (bytes 0); KV_ERR_CAPACITY (more than staging_bytes
- * in use at once); KV_ERR_NO_MEMORY (the region has no room). */
+ * in use at once); KV_ERR_NO_MEMORY (the region has no room);
+ * KV_ERR_BAD_STATE (the tier is destroyed, other buffers still out). */
 KV_API KV_NODISCARD kv_status kv_offload_staging_alloc(kv_offload *off, size_t bytes, void **ptr);
 
-/* Return a staging buffer. KV_ERR_NULL; KV_ERR_INVALID_ARG (ptr not a live
- * staging buffer of this tier). */
+/* Return a staging buffer; after kv_offload_destroy, the last one returned
+ * frees the region and the handle. KV_ERR_NULL; KV_ERR_INVALID_ARG (ptr not
+ * a live staging buffer of this tier). */
 KV_API KV_NODISCARD kv_status kv_offload_staging_free(kv_offload *off, void *ptr);
 
 #ifdef __cplusplus

@@ -55,9 +55,11 @@ const char *kv__carver_name(void);
 
 /* ---- test hooks ---------------------------------------------------------- */
 
-/* Flip byte `byte` of hash's entry (the checksum then fails on load).
- * KV_ERR_NOT_FOUND; KV_ERR_OUT_OF_BOUNDS (byte >= entry size). */
-kv_status kv__offload_test_corrupt(kv_offload *off, uint64_t hash, size_t byte);
+/* Flip byte `byte` of hash's entry in cache's block format (cache NULL: the
+ * first complete entry of hash in any format); the checksum then fails on
+ * load. KV_ERR_NOT_FOUND; KV_ERR_OUT_OF_BOUNDS (byte >= entry size). */
+kv_status kv__offload_test_corrupt(kv_offload *off, const kv_cache *cache, uint64_t hash,
+                                   size_t byte);
 
 /* Where the worker calls the hook. */
 enum kv__offload_hook_at {

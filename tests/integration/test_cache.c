@@ -8,13 +8,23 @@
  * through the CSR export, a fork takes a copy-on-write copy (performed through
  * the layout's block byte runs), and the WHOLE arena is compared against an
  * independent model of which bytes were written.
+ *
+ * Every create (cache, arena, pool, offload tier) checks its whole config
+ * before it allocates: probed in a forked child under RLIMIT_AS, where a
+ * create that mapped its GiBs first would answer KV_ERR_NO_MEMORY instead
+ * of naming the field.
  */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -428,6 +438,232 @@ static void test_cache_limits_and_error_detail(void **state)
     assert_non_null(strstr(kv_last_error(), "num_blocks 2147483649"));
 }
 
+/* ---- every config checked whole before anything is allocated ------------ */
+
+#if defined(__SANITIZE_ADDRESS__)
+/* The probes' controls allocate past the limit on purpose: the allocator
+ * must answer NULL, as the library expects, not end the process (visible:
+ * the build hides symbols by default, and the runtime looks this one up). */
+const char *__asan_default_options(void);
+__attribute__((visibility("default"))) const char *__asan_default_options(void)
+{
+    return "allocator_may_return_null=1";
+}
+#endif
+#if defined(__SANITIZE_THREAD__)
+const char *__tsan_default_options(void);
+__attribute__((visibility("default"))) const char *__tsan_default_options(void)
+{
+    return "allocator_may_return_null=1";
+}
+#endif
+
+struct probe {
+    kv_status st;
+    char msg[512];
+};
+
+/* Create, and on success destroy, one object of the config at arg. */
+typedef kv_status (*probe_fn)(const void *arg);
+
+static kv_status probe_cache(const void *arg)
+{
+    kv_cache *c = NULL;
+    const kv_status st = kv_cache_create(arg, &c);
+    kv_cache_destroy(c);
+    return st;
+}
+
+static kv_status probe_arena(const void *arg)
+{
+    kv_arena *a = NULL;
+    const kv_status st = kv_arena_create(arg, &a);
+    kv_arena_destroy(a);
+    return st;
+}
+
+static kv_status probe_pool(const void *arg)
+{
+    kv_block_pool *p = NULL;
+    const kv_status st = kv_block_pool_create(arg, &p);
+    kv_block_pool_destroy(p);
+    return st;
+}
+
+static kv_status probe_offload(const void *arg)
+{
+    kv_offload *o = NULL;
+    const kv_status st = kv_offload_create(arg, &o);
+    kv_offload_destroy(o);
+    return st;
+}
+
+#define PROBE_HEADROOM_BYTES ((uint64_t)256 << 20)
+
+/* fn(arg) in a forked child whose address space may grow by 256 MiB over
+ * what it has mapped at the fork (RLIMIT_AS), the status and last error
+ * coming back through a pipe; the test process itself is not limited. */
+static struct probe run_limited(probe_fn fn, const void *arg)
+{
+    int fd[2];
+    assert_int_equal(pipe(fd), 0);
+    fflush(NULL);
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) { /* the child: no cmocka calls, only the pipe */
+        struct probe p = {KV_ERR_INTERNAL, "probe child: could not set RLIMIT_AS"};
+        unsigned long long pages = 0;
+        FILE *f = fopen("/proc/self/statm", "r");
+        const bool got = f && fscanf(f, "%llu", &pages) == 1;
+        if (f)
+            fclose(f);
+        const uint64_t vm = (uint64_t)pages * (uint64_t)sysconf(_SC_PAGESIZE);
+        struct rlimit rl = {(rlim_t)(vm + PROBE_HEADROOM_BYTES),
+                            (rlim_t)(vm + PROBE_HEADROOM_BYTES)};
+        if (got && setrlimit(RLIMIT_AS, &rl) == 0) {
+            p.st = fn(arg);
+            snprintf(p.msg, sizeof(p.msg), "%s", p.st == KV_OK ? "" : kv_last_error());
+        }
+        const ssize_t w = write(fd[1], &p, sizeof(p));
+        _exit(w == (ssize_t)sizeof(p) ? 0 : 1);
+    }
+    close(fd[1]);
+    struct probe p;
+    size_t got = 0;
+    while (got < sizeof(p)) {
+        const ssize_t r = read(fd[0], (char *)&p + got, sizeof(p) - got);
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd[0]);
+    int wst = 0;
+    assert_int_equal(waitpid(pid, &wst, 0), pid);
+    assert_true(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+    assert_int_equal(got, sizeof(p));
+    return p;
+}
+
+/* fn(arg) under the limit answers want, and its message holds each of the
+ * NULL-terminated words. */
+static void expect_limited(probe_fn fn, const void *arg, kv_status want, ...)
+{
+    const struct probe p = run_limited(fn, arg);
+    if (p.st != want)
+        print_error("probe: %s (want %s): %s\n", kv_status_name(p.st), kv_status_name(want), p.msg);
+    assert_int_equal(p.st, want);
+    va_list ap;
+    va_start(ap, want);
+    for (const char *w = va_arg(ap, const char *); w; w = va_arg(ap, const char *)) {
+        if (!strstr(p.msg, w))
+            print_error("probe: \"%s\" not in: %s\n", w, p.msg);
+        assert_non_null(strstr(p.msg, w));
+    }
+    va_end(ap);
+}
+
+/* A cache of 16 GiB (L 1, K and V, B 2, N 2^32 - 128, H 1, D 1, u8): past
+ * the headroom but (on most machines) not past physical memory, so the
+ * arena is mapped, and only a config refused before that comes back
+ * naming its field. */
+static void big_cache(struct kv_cache_config *cfg)
+{
+    kv_cache_config_init(cfg);
+    cfg->layout.num_layers = 1;
+    cfg->layout.num_blocks = 2;
+    cfg->layout.block_tokens = ((int64_t)1 << 32) - 128;
+    cfg->layout.num_heads = 1;
+    cfg->layout.head_dim = 1;
+    cfg->layout.dtype = KV_U8;
+    cfg->max_seqs = 1;
+}
+
+static void test_cache_configs_checked_before_allocating(void **state)
+{
+    (void)state;
+    struct kv_cache_config cc;
+    /* the controls: the limit bites (a valid 16 GiB cache cannot be made),
+     * and leaves room for a small one */
+    big_cache(&cc);
+    expect_limited(probe_cache, &cc, KV_ERR_NO_MEMORY, (const char *)NULL);
+    big_cache(&cc);
+    cc.layout.block_tokens = 16;
+    cc.layout.num_blocks = 64;
+    expect_limited(probe_cache, &cc, KV_OK, (const char *)NULL);
+    /* block_tokens 2^32 + 1 (the page table counts tokens in uint32): an
+     * arena of 16 GiB + 4 bytes */
+    big_cache(&cc);
+    cc.layout.block_tokens = ((int64_t)1 << 32) + 1;
+    expect_limited(probe_cache, &cc, KV_ERR_INVALID_ARG, "block_tokens 4294967297",
+                   (const char *)NULL);
+    /* the page table's fields, checked by the cache before its arena */
+    big_cache(&cc);
+    cc.max_seqs = KV_PAGE_TABLE_MAX_SEQS + 1;
+    expect_limited(probe_cache, &cc, KV_ERR_INVALID_ARG, "max_seqs 1048577",
+                   "KV_PAGE_TABLE_MAX_SEQS", (const char *)NULL);
+    big_cache(&cc);
+    cc.max_seqs = 0;
+    expect_limited(probe_cache, &cc, KV_ERR_INVALID_ARG, "max_seqs 0", (const char *)NULL);
+    big_cache(&cc);
+    cc.max_blocks_per_seq = KV_PAGE_TABLE_MAX_BLOCKS_PER_SEQ + 1u;
+    expect_limited(probe_cache, &cc, KV_ERR_INVALID_ARG, "max_blocks_per_seq 2147483649",
+                   (const char *)NULL);
+    big_cache(&cc);
+    cc.page_ratio = 3;
+    expect_limited(probe_cache, &cc, KV_ERR_INVALID_ARG, "page_ratio 3", (const char *)NULL);
+    big_cache(&cc);
+    cc.mem_kind = (enum kv_mem_kind)7;
+    expect_limited(probe_cache, &cc, KV_ERR_INVALID_ARG, "mem_kind 7", (const char *)NULL);
+    big_cache(&cc);
+    cc.mem_kind = KV_MEM_DEVICE;
+    cc.zero_fill = true;
+    expect_limited(probe_cache, &cc, KV_ERR_UNSUPPORTED, "zero_fill", (const char *)NULL);
+    big_cache(&cc);
+    cc.layout.num_blocks = (int64_t)KV_BLOCK_POOL_MAX_BLOCKS + 1;
+    cc.layout.block_tokens = 16;
+    expect_limited(probe_cache, &cc, KV_ERR_INVALID_ARG, "num_blocks 2147483649",
+                   (const char *)NULL);
+
+    /* the arena: 16 GiB with a bad field; the control maps nothing either */
+    struct kv_arena_config ac;
+    kv_arena_config_init(&ac, (size_t)16 << 30);
+    expect_limited(probe_arena, &ac, KV_ERR_NO_MEMORY, (const char *)NULL);
+    ac.flags = 0x80;
+    expect_limited(probe_arena, &ac, KV_ERR_INVALID_ARG, "flags 0x80", (const char *)NULL);
+    ac.flags = KV_ARENA_ZERO;
+    ac.kind = KV_MEM_DEVICE;
+    expect_limited(probe_arena, &ac, KV_ERR_UNSUPPORTED, "KV_ARENA_ZERO", (const char *)NULL);
+    ac.flags = 0;
+    ac.kind = KV_MEM_HOST;
+    ac.align_bytes = 3;
+    expect_limited(probe_arena, &ac, KV_ERR_INVALID_ARG, "align_bytes 3", (const char *)NULL);
+    ac.align_bytes = 0;
+    ac.size_bytes = SIZE_MAX - 100; /* rounded up to 2 MiB: past size_t */
+    expect_limited(probe_arena, &ac, KV_ERR_OVERFLOW, "overflows", (const char *)NULL);
+
+    /* the pool: 2^31 block records (GiBs of them) with a bad field */
+    struct kv_block_pool_config pc;
+    kv_block_pool_config_init(&pc);
+    pc.num_blocks = KV_BLOCK_POOL_MAX_BLOCKS;
+    expect_limited(probe_pool, &pc, KV_ERR_NO_MEMORY, (const char *)NULL);
+    pc.flags = 0x80;
+    expect_limited(probe_pool, &pc, KV_ERR_INVALID_ARG, "flags 0x80", (const char *)NULL);
+
+    /* the offload tier: a 16 GiB region with a bad field */
+    struct kv_offload_config oc = KV_OFFLOAD_CONFIG_INIT;
+    oc.capacity_bytes = (size_t)16 << 30;
+    oc.mem = KV_OFFLOAD_MEM_HOST;
+    expect_limited(probe_offload, &oc, KV_ERR_NO_MEMORY, (const char *)NULL);
+    oc.threads = -1;
+    expect_limited(probe_offload, &oc, KV_ERR_INVALID_ARG, "threads -1", (const char *)NULL);
+    oc.threads = 0;
+    oc.mem = (kv_offload_mem)7;
+    expect_limited(probe_offload, &oc, KV_ERR_INVALID_ARG, "mem 7", (const char *)NULL);
+    oc.mem = KV_OFFLOAD_MEM_HOST;
+    oc.staging_bytes = SIZE_MAX - ((size_t)8 << 30);
+    expect_limited(probe_offload, &oc, KV_ERR_OVERFLOW, "overflows", (const char *)NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -439,6 +675,7 @@ int main(void)
         cmocka_unit_test(test_cache_prefix_survives_pressure),
         cmocka_unit_test(test_cache_bad_config),
         cmocka_unit_test(test_cache_limits_and_error_detail),
+        cmocka_unit_test(test_cache_configs_checked_before_allocating),
     };
     return cmocka_run_group_tests_name("cache", tests, NULL, NULL);
 }

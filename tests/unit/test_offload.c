@@ -14,12 +14,20 @@
  *     lookup finds it; a pool that already has the hash keeps its own;
  *   - failures that lose nothing: a miss, a corrupt entry (first, middle,
  *     last byte), another block format, a block larger than the capacity;
+ *   - entries keyed by (hash, block format): ranks of three formats store
+ *     the same hashes into one tier and each loads back its own bytes;
+ *     LRU, capacity, evict and corruption per format;
  *   - LRU order and capacity, touches by store and by load, kv_offload_evict;
  *   - post-time refusals leave ref counts and pool counters as they were;
  *   - cancel: queued, between chunks of a store, between chunks of a load
  *     (nothing committed, every block released), destroy with ops queued;
+ *   - lifetimes: the engine destroys its cache with ops of it queued (the
+ *     ops hold references: no use after free), and every order of freeing
+ *     the cache, the tier, the op handles and a staging buffer against live
+ *     ops (refused while an op is live, counted otherwise);
  *   - wait timeouts, results and op_free before a terminal state;
- *   - staging buffers inside the region, the staging cap;
+ *   - staging buffers inside the region, the staging cap, a buffer out at
+ *     destroy (the region stays until it is returned);
  *   - the carver alone: pieces inside the region, aligned, disjoint,
  *     reused after free, NULL (not a crash) when exhausted;
  *   - three engine threads posting, evicting and reading stats while the
@@ -117,7 +125,7 @@ static void store_all(kv_offload *off, struct kvt_cache *t, const uint64_t *hash
         assert_int_equal(res[i].status, KV_OK);
         assert_int_equal(res[i].hash, hashes[i]);
         assert_int_equal(res[i].block, ids[i]);
-        assert_true(kv_offload_contains(off, hashes[i]));
+        assert_true(kv_offload_contains(off, t->c, hashes[i]));
     }
     assert_int_equal(kv_offload_op_free(op), KV_OK);
     assert_int_equal(kvt_pool_refs(t), release ? refs - n : refs);
@@ -238,8 +246,8 @@ static void test_offload_create(void **state)
     assert_int_equal(st.entries, 0);
     assert_int_equal(kv_offload_regions(NULL, r, 2, &nr), KV_ERR_NULL);
     assert_int_equal(kv_offload_stats_get(off, NULL), KV_ERR_NULL);
-    assert_false(kv_offload_contains(off, 1));
-    assert_false(kv_offload_contains(NULL, 1));
+    assert_false(kv_offload_contains(off, NULL, 1));
+    assert_false(kv_offload_contains(NULL, NULL, 1));
     kv_offload_destroy(off);
     kv_offload_destroy(NULL);
     assert_string_equal(kv_offload_state_name(KV_OFFLOAD_CANCELLED), "cancelled");
@@ -354,11 +362,11 @@ static void test_offload_load_failures(void **state)
 
     /* a miss, and three corrupt entries (first, middle, last byte) */
     uint64_t q[6] = {h[0], hash_of(999), h[1], h[2], h[3], h[4]};
-    assert_int_equal(kv__offload_test_corrupt(off, h[1], 0), KV_OK);
-    assert_int_equal(kv__offload_test_corrupt(off, h[2], eb / 2), KV_OK);
-    assert_int_equal(kv__offload_test_corrupt(off, h[3], eb - 1), KV_OK);
-    assert_int_equal(kv__offload_test_corrupt(off, h[4], eb), KV_ERR_OUT_OF_BOUNDS);
-    assert_int_equal(kv__offload_test_corrupt(off, hash_of(999), 0), KV_ERR_NOT_FOUND);
+    assert_int_equal(kv__offload_test_corrupt(off, NULL, h[1], 0), KV_OK);
+    assert_int_equal(kv__offload_test_corrupt(off, NULL, h[2], eb / 2), KV_OK);
+    assert_int_equal(kv__offload_test_corrupt(off, NULL, h[3], eb - 1), KV_OK);
+    assert_int_equal(kv__offload_test_corrupt(off, NULL, h[4], eb), KV_ERR_OUT_OF_BOUNDS);
+    assert_int_equal(kv__offload_test_corrupt(off, NULL, hash_of(999), 0), KV_ERR_NOT_FOUND);
     kv_status want[6] = {KV_OK,          KV_ERR_NOT_FOUND, KV_ERR_CORRUPT,
                          KV_ERR_CORRUPT, KV_ERR_CORRUPT,   KV_OK};
     struct kv_offload_stats st0, st1;
@@ -370,17 +378,20 @@ static void test_offload_load_failures(void **state)
     assert_int_equal(st1.failed_ops - st0.failed_ops, 1);
     assert_int_equal(st1.entries, 3); /* corrupt entries are dropped */
     for (int i = 1; i < 4; i++) {
-        assert_false(kv_offload_contains(off, h[i]));
+        assert_false(kv_offload_contains(off, NULL, h[i]));
         uint32_t id, nf;
         assert_int_equal(kv_block_pool_lookup(d.pool, &h[i], 1, &id, &nf), KV_OK);
         assert_int_equal(nf, 0); /* never committed */
     }
 
-    /* another block format: refused, nothing written or committed */
-    kv_status want_x[2] = {KV_ERR_MISMATCH, KV_ERR_MISMATCH};
-    uint64_t qx[2] = {h[0], h[5]};
-    assert_int_equal(load_check(off, &x, qx, 2, want_x), KV_OFFLOAD_FAILED);
-    assert_true(kv_offload_contains(off, h[0])); /* still there for the right format */
+    /* held only in another block format: refused, nothing written or
+     * committed; a hash in no format at all is a plain miss */
+    kv_status want_x[3] = {KV_ERR_MISMATCH, KV_ERR_MISMATCH, KV_ERR_NOT_FOUND};
+    uint64_t qx[3] = {h[0], h[5], hash_of(998)};
+    assert_int_equal(load_check(off, &x, qx, 3, want_x), KV_OFFLOAD_FAILED);
+    assert_true(kv_offload_contains(off, s.c, h[0])); /* still there for the right format */
+    assert_true(kv_offload_contains(off, d.c, h[0])); /* d: the same block format as s */
+    assert_false(kv_offload_contains(off, x.c, h[0]));
 
     /* a block larger than the capacity: the store fails, the block stays */
     kv_offload *tiny = mk_tier(eb - 1, 0);
@@ -399,7 +410,7 @@ static void test_offload_load_failures(void **state)
     assert_int_equal(kv_offload_op_free(op), KV_OK);
     assert_int_equal(kv_block_pool_ref_count(s.pool, id), 1);
     assert_int_equal(kvt_first_diff(snap, s.base, (int64_t)s.bytes), -1);
-    assert_false(kv_offload_contains(tiny, hz));
+    assert_false(kv_offload_contains(tiny, NULL, hz));
     assert_int_equal(kv_block_pool_release(s.pool, &id, 1), KV_OK);
     free(snap);
     kv_offload_destroy(tiny);
@@ -408,6 +419,158 @@ static void test_offload_load_failures(void **state)
     kvt_cache_free(&d);
     kvt_cache_free(&x);
     kv_offload_destroy(off);
+}
+
+/* ---- block formats ------------------------------------------------------- */
+
+/* Entries are keyed by (hash, block format). Three ranks of one model (8 KV
+ * heads) share a tier: A holds 4 heads (TP 2), B 2 heads (TP 4), C 4 heads
+ * in HND; D is A's block format in another arrangement and padding. All
+ * store the same hashes: A, B and C each get an entry of their own and each
+ * loads back its own bytes (the whole destination arena compared); D's
+ * store of the same hashes is a touch of A's, and D loads A's bytes. */
+static void test_offload_formats_share_hashes(void **state)
+{
+    (void)state;
+    uint64_t rng = 0xF0A7;
+    struct kvt_cache a, b, c, d;
+    kvt_cache_make(&a, 2, 90, 8, 4, 16, KV_BF16, 0, 101);
+    kvt_cache_make(&b, 2, 90, 8, 2, 16, KV_BF16, 6, 102);
+    kvt_cache_make(&c, 2, 90, 8, 4, 16, KV_BF16, 1, 103);
+    kvt_cache_make(&d, 2, 70, 8, 4, 16, KV_BF16, 6, 104);
+    struct kvt_cache *all[4] = {&a, &b, &c, &d};
+    for (int i = 0; i < 4; i++)
+        kvt_pool_scramble(all[i], &rng);
+    const uint64_t ea = entry_bytes(&a), eb = entry_bytes(&b);
+    assert_int_equal(ea, 2 * eb);
+    assert_int_equal(entry_bytes(&c), ea);
+    kv_offload *off = mk_tier((size_t)1 << 20, 0);
+    enum { NB = 6 };
+    uint64_t h[NB];
+    kv_status ok[NB];
+    for (int i = 0; i < NB; i++) {
+        h[i] = hash_of(5000 + (uint64_t)i);
+        ok[i] = KV_OK;
+    }
+    store_all(off, &a, h, NB, true);
+    store_all(off, &b, h, NB, true);
+    store_all(off, &c, h, NB, false);
+    struct kv_offload_stats st;
+    assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
+    assert_int_equal(st.entries, 3 * NB);
+    assert_int_equal(st.stores, 3 * NB);
+    assert_int_equal(st.store_touches, 0);
+    assert_int_equal(st.bytes, NB * (2 * ea + eb));
+    for (int i = 0; i < 3; i++) /* each its own bytes, nothing else written */
+        assert_int_equal(load_check(off, all[i], h, NB, ok), KV_OFFLOAD_DONE);
+    assert_int_equal(load_check(off, &d, h, NB, ok), KV_OFFLOAD_DONE);
+    assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
+    assert_int_equal(st.hits, 4 * NB);
+    assert_int_equal(st.misses, 0);
+
+    /* D stores the blocks it loaded (committed under h): A's entries, touched */
+    uint32_t ids[NB], nf = 0;
+    assert_int_equal(kv_block_pool_lookup(d.pool, h, NB, ids, &nf), KV_OK);
+    assert_int_equal(nf, NB);
+    kv_offload_op *op;
+    assert_int_equal(kv_offload_store(off, d.c, ids, NB, &op), KV_OK);
+    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    assert_int_equal(kv_block_pool_release(d.pool, ids, NB), KV_OK);
+    assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
+    assert_int_equal(st.entries, 3 * NB);
+    assert_int_equal(st.store_touches, NB);
+
+    /* evict drops a hash in every format; contains asks per format */
+    uint32_t ne = 0;
+    assert_int_equal(kv_offload_evict(off, h, 1, &ne), KV_OK);
+    assert_int_equal(ne, 3);
+    for (int i = 0; i < 4; i++) {
+        assert_false(kv_offload_contains(off, all[i]->c, h[0]));
+        assert_true(kv_offload_contains(off, all[i]->c, h[1]));
+    }
+    assert_false(kv_offload_contains(off, NULL, h[0]));
+    assert_true(kv_offload_contains(off, NULL, h[1]));
+    /* a corrupt entry of one format leaves the others intact */
+    assert_int_equal(kv__offload_test_corrupt(off, b.c, h[1], 7), KV_OK);
+    kv_status want_b[2] = {KV_ERR_CORRUPT, KV_OK};
+    assert_int_equal(load_check(off, &b, h + 1, 2, want_b), KV_OFFLOAD_FAILED);
+    assert_false(kv_offload_contains(off, b.c, h[1]));
+    assert_true(kv_offload_contains(off, a.c, h[1]));
+    assert_true(kv_offload_contains(off, c.c, h[1]));
+    assert_int_equal(load_check(off, &a, h + 1, 2, ok), KV_OFFLOAD_DONE);
+    kv_offload_destroy(off);
+    for (int i = 0; i < 4; i++)
+        kvt_cache_free(all[i]);
+}
+
+/* The tier's entries, bytes and evictions are these; returns the stats. */
+static struct kv_offload_stats expect_table(kv_offload *off, uint64_t entries, uint64_t bytes,
+                                            uint64_t evictions)
+{
+    struct kv_offload_stats st;
+    assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
+    assert_int_equal(st.entries, entries);
+    assert_int_equal(st.bytes, bytes);
+    assert_int_equal(st.evictions, evictions);
+    return st;
+}
+
+/* LRU and capacity across formats: A's entries are twice B's; the capacity
+ * holds exactly two of each. Every step predicts entries, bytes and
+ * evictions. */
+static void test_offload_formats_lru(void **state)
+{
+    (void)state;
+    uint64_t rng = 0x1F0A7;
+    struct kvt_cache a, b;
+    kvt_cache_make(&a, 2, 60, 8, 4, 16, KV_BF16, 0, 111);
+    kvt_cache_make(&b, 2, 60, 8, 2, 16, KV_BF16, 0, 112);
+    kvt_pool_scramble(&a, &rng);
+    kvt_pool_scramble(&b, &rng);
+    const uint64_t ea = entry_bytes(&a), eb = entry_bytes(&b);
+    kv_offload *off = mk_tier((size_t)(2 * ea + 2 * eb), 0);
+    uint64_t g[4];
+    for (int i = 0; i < 4; i++)
+        g[i] = hash_of(6000 + (uint64_t)i);
+    /* LRU: A0 A1 B0 B1, full */
+    store_all(off, &a, &g[0], 1, true);
+    store_all(off, &a, &g[1], 1, true);
+    store_all(off, &b, &g[0], 1, true);
+    store_all(off, &b, &g[1], 1, true);
+    expect_table(off, 4, 2 * ea + 2 * eb, 0);
+    /* a hit of A0: A1 B0 B1 A0 */
+    const kv_status ok = KV_OK, mism = KV_ERR_MISMATCH;
+    assert_int_equal(load_check(off, &a, &g[0], 1, &ok), KV_OFFLOAD_DONE);
+    /* B2 needs eb: A1 goes (B1 stays: a hash is evicted per format) */
+    store_all(off, &b, &g[2], 1, true);
+    expect_table(off, 4, ea + 3 * eb, 1);
+    assert_false(kv_offload_contains(off, a.c, g[1]));
+    assert_true(kv_offload_contains(off, b.c, g[1]));
+    assert_int_equal(load_check(off, &a, &g[1], 1, &mism), KV_OFFLOAD_FAILED);
+    /* A3 needs ea: B0 goes (eb is enough) -> B1 A0 B2 A3 */
+    store_all(off, &a, &g[3], 1, true);
+    expect_table(off, 4, 2 * ea + 2 * eb, 2);
+    assert_false(kv_offload_contains(off, b.c, g[0]));
+    assert_true(kv_offload_contains(off, a.c, g[0]));
+    /* A2 beside B2 (a new entry, not a touch) needs ea: B1 and A0 go */
+    store_all(off, &a, &g[2], 1, true);
+    assert_false(kv_offload_contains(off, b.c, g[1]));
+    assert_false(kv_offload_contains(off, a.c, g[0]));
+    assert_true(kv_offload_contains(off, b.c, g[2]));
+    assert_true(kv_offload_contains(off, a.c, g[2]));
+    const struct kv_offload_stats st = expect_table(off, 3, 2 * ea + eb, 4);
+    assert_int_equal(st.stores, 7);
+    assert_int_equal(st.store_touches, 0);
+    /* both formats of g[2] go at once */
+    uint32_t ne = 0;
+    assert_int_equal(kv_offload_evict(off, &g[2], 1, &ne), KV_OK);
+    assert_int_equal(ne, 2);
+    expect_table(off, 1, ea, 4);
+    assert_true(kv_offload_contains(off, a.c, g[3]));
+    kv_offload_destroy(off);
+    kvt_cache_free(&a);
+    kvt_cache_free(&b);
 }
 
 /* ---- LRU ----------------------------------------------------------------- */
@@ -431,8 +594,8 @@ static void test_offload_lru(void **state)
     assert_int_equal(st.entries, 3);
     assert_int_equal(st.evictions, 2);
     assert_int_equal(st.bytes, 3 * eb);
-    assert_false(kv_offload_contains(off, h[0]));
-    assert_false(kv_offload_contains(off, h[1]));
+    assert_false(kv_offload_contains(off, NULL, h[0]));
+    assert_false(kv_offload_contains(off, NULL, h[1]));
     /* LRU now 2 3 4; a store touch of 2 -> 3 4 2; a load hit of 3 -> 4 2 3 */
     uint32_t id;
     assert_int_equal(kv_block_pool_lookup(s.pool, &h[2], 1, &id, &(uint32_t){0}), KV_OK);
@@ -444,11 +607,11 @@ static void test_offload_lru(void **state)
     kv_status ok = KV_OK;
     assert_int_equal(load_check(off, &s, &h[3], 1, &ok), KV_OFFLOAD_DONE);
     store_all(off, &s, &h[5], 1, true); /* evicts 4 */
-    assert_false(kv_offload_contains(off, h[4]));
-    assert_true(kv_offload_contains(off, h[2]));
-    assert_true(kv_offload_contains(off, h[3]));
+    assert_false(kv_offload_contains(off, NULL, h[4]));
+    assert_true(kv_offload_contains(off, NULL, h[2]));
+    assert_true(kv_offload_contains(off, NULL, h[3]));
     store_all(off, &s, &h[6], 1, true); /* evicts 2 */
-    assert_false(kv_offload_contains(off, h[2]));
+    assert_false(kv_offload_contains(off, NULL, h[2]));
     assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
     assert_int_equal(st.store_touches, 1);
     assert_int_equal(st.evictions, 4);
@@ -462,7 +625,7 @@ static void test_offload_lru(void **state)
     assert_int_equal(st.entries, 1);
     assert_int_equal(st.evicted, 2);
     assert_int_equal(st.bytes, eb);
-    assert_true(kv_offload_contains(off, h[5]));
+    assert_true(kv_offload_contains(off, NULL, h[5]));
     kvt_cache_free(&s);
     kv_offload_destroy(off);
 }
@@ -665,10 +828,10 @@ static void test_offload_cancel(void **state)
     assert_int_equal(g.chunks, 1);
     assert_int_equal(kv_offload_results(a, &res, &n), KV_OK);
     assert_int_equal(res[0].status, KV_OK);
-    assert_true(kv_offload_contains(off, h[4])); /* what a cancelled store wrote stays */
+    assert_true(kv_offload_contains(off, NULL, h[4])); /* what a cancelled store wrote stays */
     for (uint32_t i = 1; i < 4; i++) {
         assert_int_equal(res[i].status, KV_ERR_CANCELLED);
-        assert_false(kv_offload_contains(off, h[4 + i]));
+        assert_false(kv_offload_contains(off, NULL, h[4 + i]));
     }
     assert_int_equal(kv_offload_op_free(a), KV_OK);
     /* C runs to the end */
@@ -779,6 +942,220 @@ static void test_offload_destroy_cancels(void **state)
     pthread_cond_destroy(&g.cv);
 }
 
+/* The engine destroys its cache while a store and a load of it are queued
+ * behind a running op: each op holds its own reference on the cache until it
+ * is terminal, so the worker copies from and into live memory, every op ends
+ * DONE with the right bytes, and the cache is freed with the last op (under
+ * ASan: no use after free; LSan: no leak). */
+static void test_offload_cache_destroyed_with_ops_queued(void **state)
+{
+    (void)state;
+    uint64_t rng = 0xCAC4E;
+    struct kvt_cache s, d;
+    kvt_cache_make(&s, 2, 64, 8, 2, 16, KV_BF16, 0, 81);
+    kvt_cache_make(&d, 2, 64, 8, 2, 16, KV_BF16, 2, 82); /* the same block format */
+    kvt_pool_scramble(&s, &rng);
+    kvt_pool_scramble(&d, &rng);
+    kv_offload *off = mk_tier((size_t)1 << 20, 0);
+    uint64_t h[4];
+    for (int i = 0; i < 4; i++)
+        h[i] = hash_of(900 + (uint64_t)i);
+    store_all(off, &s, h, 2, true); /* h[0], h[1]: in the tier, for the load */
+    uint32_t ids[2];
+    put_blocks(&s, h + 2, 2, ids); /* h[2], h[3]: for the store */
+    struct gate g;
+    gate_init(&g);
+    kv__offload_test_set_hook(off, gate_hook, &g);
+
+    /* A (a load into d) runs, held at START; B (a store of s) and C (a load
+     * into s) queue behind it */
+    kv_offload_op *a, *b, *c;
+    assert_int_equal(kv_offload_load(off, d.c, h, 1, &a), KV_OK);
+    gate_wait_started(&g);
+    assert_int_equal(kv_offload_store(off, s.c, ids, 2, &b), KV_OK);
+    assert_int_equal(kv_offload_load(off, s.c, h, 2, &c), KV_OK);
+    /* the engine lets go of everything of s: its blocks, then the cache */
+    assert_int_equal(kv_block_pool_release(s.pool, ids, 2), KV_OK);
+    kv_cache_destroy(s.c);
+    s.c = NULL;
+    gate_open(&g);
+    assert_int_equal(finish(a), KV_OFFLOAD_DONE);
+    assert_int_equal(finish(b), KV_OFFLOAD_DONE);
+    assert_int_equal(finish(c), KV_OFFLOAD_DONE);
+    const struct kv_offload_result *res;
+    uint32_t n;
+    assert_int_equal(kv_offload_results(c, &res, &n), KV_OK);
+    for (uint32_t i = 0; i < n; i++)
+        assert_int_equal(res[i].status, KV_OK);
+    assert_int_equal(kv_offload_results(a, &res, &n), KV_OK);
+    assert_int_equal(res[0].status, KV_OK);
+    assert_int_equal(kv_block_pool_release(d.pool, &res[0].block, 1), KV_OK);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(kv_offload_op_free(i == 0 ? a : i == 1 ? b : c), KV_OK);
+    /* B copied the blocks of s as they were: d loads exactly them */
+    kv__offload_test_set_hook(off, NULL, NULL);
+    const kv_status want[2] = {KV_OK, KV_OK};
+    assert_int_equal(load_check(off, &d, h + 2, 2, want), KV_OFFLOAD_DONE);
+    kvt_cache_free(&d);
+    kv_offload_destroy(off);
+    pthread_mutex_destroy(&g.mu);
+    pthread_cond_destroy(&g.cv);
+}
+
+/* Every order of letting go of the handles of a tier with live ops: the
+ * engine's cache (kv_cache_destroy), the tier (kv_offload_destroy), the op
+ * handles (kv_offload_op_free) and a staging buffer, with the worker
+ * letting the ops run (RUN) somewhere in between: 5! orders, the running op
+ * a store and the queued one a load, then the other way round. Nothing is
+ * freed under a user: an op not yet terminal is refused naming its state;
+ * ops on a destroyed cache run to DONE on live memory; a staging buffer
+ * out at destroy stays writable until it is returned (under ASan: no use
+ * after free; LSan: no leak, each cache freed with its last reference). */
+enum { EV_CACHE, EV_TIER, EV_OPS, EV_STAGING, EV_RUN, N_EV };
+
+struct handles {
+    struct kvt_cache s;
+    kv_offload *off;
+    struct gate g;
+    kv_offload_op *run, *queued; /* held at START; queued behind it */
+    bool run_is_store;
+    void *stg;
+    bool cache_gone, tier_gone, ran, ops_freed, stg_freed;
+};
+
+/* Let the ops end: normally (DONE), or by destroying the tier (CANCELLED). */
+static void *destroy_tier_thread(void *p)
+{
+    kv_offload_destroy(p);
+    return NULL;
+}
+
+static void handles_event(struct handles *x, int ev)
+{
+    kv_offload_state st;
+    switch (ev) {
+    case EV_CACHE:
+        kv_cache_destroy(x->s.c); /* the engine's reference; the ops hold theirs */
+        x->s.c = NULL;
+        x->cache_gone = true;
+        break;
+    case EV_RUN:
+        if (x->ran)
+            break;
+        gate_open(&x->g);
+        assert_int_equal(finish(x->run), KV_OFFLOAD_DONE);
+        assert_int_equal(finish(x->queued), KV_OFFLOAD_DONE);
+        x->ran = true;
+        if (!x->cache_gone) { /* the loaded blocks are the caller's now */
+            kv_offload_op *ld = x->run_is_store ? x->queued : x->run;
+            const struct kv_offload_result *res;
+            uint32_t n;
+            assert_int_equal(kv_offload_results(ld, &res, &n), KV_OK);
+            for (uint32_t i = 0; i < n; i++) {
+                assert_int_equal(res[i].status, KV_OK);
+                assert_true(kvt_block_holds(&x->s, x->s.base, res[i].block, res[i].hash));
+                assert_int_equal(kv_block_pool_release(x->s.pool, &res[i].block, 1), KV_OK);
+            }
+        }
+        break;
+    case EV_TIER:
+        if (!x->ran) { /* ops live: destroy cancels them, the queued one at once */
+            pthread_t th;
+            assert_int_equal(pthread_create(&th, NULL, destroy_tier_thread, x->off), 0);
+            assert_int_equal(kv_offload_wait(x->queued, WAIT_MS, &st), KV_OK);
+            assert_int_equal(st, KV_OFFLOAD_CANCELLED);
+            gate_open(&x->g);
+            assert_int_equal(pthread_join(th, NULL), 0);
+            assert_int_equal(kv_offload_test(x->run, &st), KV_OK);
+            assert_int_equal(st, KV_OFFLOAD_CANCELLED);
+            x->ran = true;
+        } else {
+            kv_offload_destroy(x->off);
+        }
+        x->tier_gone = true;
+        break;
+    case EV_OPS:
+        if (!x->ran) { /* refused, naming the state; freed once terminal */
+            assert_int_equal(kv_offload_op_free(x->run), KV_ERR_BAD_STATE);
+            assert_non_null(strstr(kv_last_error(), "running"));
+            assert_int_equal(kv_offload_op_free(x->queued), KV_ERR_BAD_STATE);
+            assert_non_null(strstr(kv_last_error(), "pending"));
+            break;
+        }
+        assert_int_equal(kv_offload_op_free(x->run), KV_OK);
+        assert_int_equal(kv_offload_op_free(x->queued), KV_OK);
+        x->ops_freed = true;
+        break;
+    case EV_STAGING:
+        memset(x->stg, 0x5A, 4096); /* still the caller's, destroyed tier or not */
+        if (x->tier_gone) {
+            void *q = NULL;
+            assert_int_equal(kv_offload_staging_alloc(x->off, 4096, &q), KV_ERR_BAD_STATE);
+        }
+        assert_int_equal(kv_offload_staging_free(x->off, x->stg), KV_OK); /* the last: frees */
+        x->stg_freed = true;
+        break;
+    }
+}
+
+static void test_offload_free_orders(void **state)
+{
+    (void)state;
+    uint64_t rng = 0x0DE25;
+    int orders = 0;
+    for (int variant = 0; variant < 2; variant++)
+        for (int perm = 0; perm < 120; perm++) {
+            int ev[N_EV], pool[N_EV] = {0, 1, 2, 3, 4}, left = N_EV, code = perm;
+            for (int i = 0; i < N_EV; i++) { /* the perm-th permutation (factorial base) */
+                const int k = code % left;
+                code /= left;
+                ev[i] = pool[k];
+                pool[k] = pool[--left];
+            }
+            struct handles x;
+            memset(&x, 0, sizeof(x));
+            kvt_cache_make(&x.s, 2, 32, 8, 2, 16, KV_BF16, variant ? 6 : 0, 90 + (uint64_t)perm);
+            kvt_pool_scramble(&x.s, &rng);
+            x.off = mk_tier((size_t)256 << 10, 64 << 10);
+            uint64_t h[4];
+            for (int i = 0; i < 4; i++)
+                h[i] = hash_of(1000 + (uint64_t)i);
+            store_all(x.off, &x.s, h, 2, true); /* h[0], h[1]: for the load */
+            uint32_t ids[2];
+            put_blocks(&x.s, h + 2, 2, ids); /* h[2], h[3]: for the store */
+            assert_int_equal(kv_offload_staging_alloc(x.off, 4096, &x.stg), KV_OK);
+            gate_init(&x.g);
+            kv__offload_test_set_hook(x.off, gate_hook, &x.g);
+            x.run_is_store = variant == 0;
+            kv_offload_op *st_op, *ld_op;
+            if (x.run_is_store) {
+                assert_int_equal(kv_offload_store(x.off, x.s.c, ids, 2, &st_op), KV_OK);
+                gate_wait_started(&x.g);
+                assert_int_equal(kv_offload_load(x.off, x.s.c, h, 2, &ld_op), KV_OK);
+                x.run = st_op;
+                x.queued = ld_op;
+            } else {
+                assert_int_equal(kv_offload_load(x.off, x.s.c, h, 2, &ld_op), KV_OK);
+                gate_wait_started(&x.g);
+                assert_int_equal(kv_offload_store(x.off, x.s.c, ids, 2, &st_op), KV_OK);
+                x.run = ld_op;
+                x.queued = st_op;
+            }
+            assert_int_equal(kv_block_pool_release(x.s.pool, ids, 2), KV_OK); /* tier retains */
+            for (int i = 0; i < N_EV; i++)
+                handles_event(&x, ev[i]);
+            if (!x.ops_freed) { /* refused while live: terminal now */
+                assert_int_equal(kv_offload_op_free(x.run), KV_OK);
+                assert_int_equal(kv_offload_op_free(x.queued), KV_OK);
+            }
+            assert_true(x.cache_gone && x.tier_gone && x.ran && x.stg_freed);
+            pthread_mutex_destroy(&x.g.mu);
+            pthread_cond_destroy(&x.g.cv);
+            orders++;
+        }
+    assert_int_equal(orders, 240);
+}
+
 /* ---- staging and the carver ---------------------------------------------- */
 
 static void test_offload_staging(void **state)
@@ -818,9 +1195,20 @@ static void test_offload_staging(void **state)
         assert_int_equal(kv_offload_staging_free(off, p[i]), KV_OK);
     assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
     assert_int_equal(st.staging_bytes, 0);
-    /* a staging buffer left allocated dies with the tier */
+    /* a staging buffer out at destroy keeps the region: still writable, and
+     * returning it frees the tier (LSan: nothing left) */
     assert_int_equal(kv_offload_staging_alloc(off, 4096, &q), KV_OK);
+    void *q2 = NULL;
+    assert_int_equal(kv_offload_staging_alloc(off, 8192, &q2), KV_OK);
     kv_offload_destroy(off);
+    memset(q, 0x11, 4096);
+    memset(q2, 0x22, 8192);
+    assert_int_equal(kv_offload_staging_alloc(off, 4096, &p[0]), KV_ERR_BAD_STATE);
+    assert_non_null(strstr(kv_last_error(), "destroyed"));
+    assert_int_equal(kv_offload_staging_free(off, q), KV_OK);
+    for (size_t k = 0; k < 8192; k++)
+        assert_int_equal(((unsigned char *)q2)[k], 0x22);
+    assert_int_equal(kv_offload_staging_free(off, q2), KV_OK); /* the last: frees the tier */
 }
 
 struct piece {
@@ -990,10 +1378,14 @@ int main(void)
         cmocka_unit_test(test_offload_every_layout),
         cmocka_unit_test(test_offload_commit_semantics),
         cmocka_unit_test(test_offload_load_failures),
+        cmocka_unit_test(test_offload_formats_share_hashes),
+        cmocka_unit_test(test_offload_formats_lru),
         cmocka_unit_test(test_offload_lru),
         cmocka_unit_test(test_offload_post_refusals),
         cmocka_unit_test(test_offload_cancel),
         cmocka_unit_test(test_offload_destroy_cancels),
+        cmocka_unit_test(test_offload_cache_destroyed_with_ops_queued),
+        cmocka_unit_test(test_offload_free_orders),
         cmocka_unit_test(test_offload_staging),
         cmocka_unit_test(test_offload_carver),
         cmocka_unit_test(test_offload_threads),

@@ -4,7 +4,10 @@
  * corrupt operations (KVT_MODEL_OPS overrides the count) on a tier whose
  * capacity is a fraction of the working set, shared by three caches of two
  * block formats (two interchange, one does not, and its entries are twice
- * the size).
+ * the size). Every key may be stored from either format: the tier keys
+ * entries by (hash, block format), so a key has up to two entries, each
+ * with its own LRU place, and a load finds only its own format's (another
+ * format's alone is KV_ERR_MISMATCH).
  *
  * Up to four ops are in flight at once; then the test waits for all of
  * them and replays them, in the order posted (the worker runs ops FIFO),
@@ -17,7 +20,8 @@
  *   - every loaded block holds exactly what was stored under its hash
  *     (contents are a function of the hash, checked through the reference
  *     addressing of kvtest.h), and a committed block carries the hash;
- *   - kv_offload_contains for every hash, and every counter of the tier;
+ *   - kv_offload_contains for every hash in each format and in any, and
+ *     every counter of the tier;
  *   - each pool: the sum of ref counts equals the references the test
  *     holds, and free + cached + used blocks equal the capacity.
  */
@@ -39,23 +43,24 @@
 #include "kvt_cache.h"
 #include "kvtest.h"
 
-#define N_KEYS 192    /* 0..127: format 0 (caches A and C), 128..191: format 1 (X) */
-#define FMT1_KEY0 128 /* first key of format 1 */
+#define N_KEYS 128 /* each in format 0 (caches A and C) and format 1 (X) */
 #define MAX_FLIGHT 4
 #define MAX_N 6
 #define CHUNK 2
 #define WAIT_MS 30000
 
-struct ment { /* the model's entry of one key */
+struct ment { /* the model's entry of one key in one format */
     bool present, corrupt;
     uint64_t stamp; /* LRU: smallest goes first */
 };
 
 struct model {
-    struct ment e[N_KEYS];
+    struct ment e[N_KEYS][2]; /* [key][format] */
     uint64_t clock, bytes, capacity;
     uint64_t eb[2]; /* entry bytes per format */
     struct kv_offload_stats st;
+    uint64_t mismatches; /* loads answered KV_ERR_MISMATCH */
+    uint64_t beside;     /* stores that made a key's second entry (the other format's held) */
 };
 
 struct flight {
@@ -90,48 +95,46 @@ static uint64_t key_hash(int k)
     return kvt_rand(&s);
 }
 
-static int key_fmt(int k)
-{
-    return k >= FMT1_KEY0;
-}
-
 static int cache_fmt(int c)
 {
     return c == 2;
 }
 
-static void m_touch(struct model *m, int k)
+static void m_touch(struct model *m, int k, int f)
 {
-    m->e[k].stamp = ++m->clock;
+    m->e[k][f].stamp = ++m->clock;
 }
 
-static void m_remove(struct model *m, int k)
+static void m_remove(struct model *m, int k, int f)
 {
-    m->e[k].present = false;
-    m->e[k].corrupt = false;
-    m->bytes -= m->eb[key_fmt(k)];
+    m->e[k][f].present = false;
+    m->e[k][f].corrupt = false;
+    m->bytes -= m->eb[f];
     m->st.entries--;
     m->st.bytes = m->bytes;
 }
 
-static void m_insert(struct model *m, int k)
+static void m_insert(struct model *m, int k, int f)
 {
-    const uint64_t eb = m->eb[key_fmt(k)];
-    while (m->bytes + eb > m->capacity) {
-        int lru = -1;
+    const uint64_t eb = m->eb[f];
+    while (m->bytes + eb > m->capacity) { /* the least recent entry of any format */
+        int lk = -1, lf = 0;
         for (int j = 0; j < N_KEYS; j++)
-            if (m->e[j].present && (lru < 0 || m->e[j].stamp < m->e[lru].stamp))
-                lru = j;
-        assert_true(lru >= 0);
-        m_remove(m, lru);
+            for (int g = 0; g < 2; g++)
+                if (m->e[j][g].present && (lk < 0 || m->e[j][g].stamp < m->e[lk][lf].stamp)) {
+                    lk = j;
+                    lf = g;
+                }
+        assert_true(lk >= 0);
+        m_remove(m, lk, lf);
         m->st.evictions++;
     }
-    m->e[k].present = true;
-    m->e[k].corrupt = false;
+    m->e[k][f].present = true;
+    m->e[k][f].corrupt = false;
     m->bytes += eb;
     m->st.entries++;
     m->st.bytes = m->bytes;
-    m_touch(m, k);
+    m_touch(m, k, f);
 }
 
 /* A held block of cache t holding key k's contents with its hash committed. */
@@ -179,6 +182,7 @@ static void replay(struct model *m, struct kvt_cache *caches, struct flight *f)
     if (!cancelled)
         assert_int_equal(done, f->n);
     struct kvt_cache *t = &caches[f->cache];
+    const int fc = cache_fmt(f->cache);
     bool all_ok = true;
     for (uint32_t i = 0; i < n; i++) {
         const int k = f->keys[i];
@@ -186,31 +190,30 @@ static void replay(struct model *m, struct kvt_cache *caches, struct flight *f)
         assert_int_equal(res[i].hash, h);
         kv_status want = KV_ERR_CANCELLED;
         if (!f->load && i < done) {
-            if (m->e[k].present) {
-                m_touch(m, k);
+            if (m->e[k][fc].present) {
+                m_touch(m, k, fc);
                 m->st.store_touches++;
             } else {
-                m_insert(m, k);
+                m->beside += m->e[k][!fc].present;
+                m_insert(m, k, fc);
                 m->st.stores++;
             }
             want = KV_OK;
         } else if (f->load && i < done) {
-            struct ment *e = &m->e[k];
-            if (!e->present) {
-                want = KV_ERR_NOT_FOUND;
-                m->st.misses++;
-            } else if (key_fmt(k) != cache_fmt(f->cache)) {
-                want = KV_ERR_MISMATCH;
+            struct ment *e = &m->e[k][fc];
+            if (!e->present) { /* held in the other format alone: a mismatch */
+                want = m->e[k][!fc].present ? KV_ERR_MISMATCH : KV_ERR_NOT_FOUND;
+                m->mismatches += want == KV_ERR_MISMATCH;
                 m->st.misses++;
             } else if (e->corrupt) {
                 want = KV_ERR_CORRUPT;
                 m->st.hits++;
                 m->st.checksum_failures++;
-                m_remove(m, k);
+                m_remove(m, k, fc);
             } else {
                 want = cancelled ? KV_ERR_CANCELLED : KV_OK;
                 m->st.hits++;
-                m_touch(m, k);
+                m_touch(m, k, fc);
             }
         }
         assert_int_equal(res[i].status, want);
@@ -276,8 +279,14 @@ static void quiesce(kv_offload *off, struct model *m, struct kvt_cache *caches)
     m->st.staging_bytes = st.staging_bytes;
     assert_memory_equal(&st, &m->st, sizeof(st));
     assert_true(st.bytes <= st.capacity_bytes);
-    for (int k = 0; k < N_KEYS; k++)
-        assert_int_equal(kv_offload_contains(off, key_hash(k)), m->e[k].present);
+    for (int k = 0; k < N_KEYS; k++) {
+        const uint64_t h = key_hash(k);
+        assert_int_equal(kv_offload_contains(off, caches[0].c, h), m->e[k][0].present);
+        assert_int_equal(kv_offload_contains(off, caches[1].c, h), m->e[k][0].present);
+        assert_int_equal(kv_offload_contains(off, caches[2].c, h), m->e[k][1].present);
+        assert_int_equal(kv_offload_contains(off, NULL, h),
+                         m->e[k][0].present || m->e[k][1].present);
+    }
     for (int c = 0; c < 3; c++)
         check_pool(&caches[c]);
 }
@@ -301,7 +310,7 @@ static void test_offload_model(void **state)
     memset(&m, 0, sizeof(m));
     m.eb[0] = 2 * 2 * 4 * 2 * 8 * 2;
     m.eb[1] = 2 * m.eb[0];
-    m.capacity = 40 * m.eb[0] + m.eb[0] / 2; /* ~1/4 of the working set */
+    m.capacity = 96 * m.eb[0] + m.eb[0] / 2; /* ~1/4 of the working set (128 x 3 eb[0]) */
     struct kv_offload_config cfg = KV_OFFLOAD_CONFIG_INIT;
     cfg.capacity_bytes = m.capacity;
     cfg.mem = KV_OFFLOAD_MEM_HOST;
@@ -321,12 +330,10 @@ static void test_offload_model(void **state)
         if (r < 40) { /* store */
             struct flight f = {.load = false, .cache = (int)kvt_range(&rng, 0, 2)};
             f.n = (uint32_t)kvt_range(&rng, 1, MAX_N);
-            const int k0 = cache_fmt(f.cache) ? FMT1_KEY0 : 0;
-            const int nk = cache_fmt(f.cache) ? N_KEYS - FMT1_KEY0 : FMT1_KEY0;
             for (uint32_t i = 0; i < f.n; i++) {
                 bool dup;
                 do { /* distinct within one store */
-                    f.keys[i] = k0 + (int)kvt_range(&rng, 0, nk - 1);
+                    f.keys[i] = (int)kvt_range(&rng, 0, N_KEYS - 1);
                     dup = false;
                     for (uint32_t j = 0; j < i; j++)
                         dup = dup || f.keys[j] == f.keys[i];
@@ -338,15 +345,11 @@ static void test_offload_model(void **state)
             fl[n_fl++] = f;
             pthread_mutex_unlock(&hook_mu);
             counts[0]++;
-        } else if (r < 78) { /* load: mostly its own format */
+        } else if (r < 78) { /* load */
             struct flight f = {.load = true, .cache = (int)kvt_range(&rng, 0, 2)};
             f.n = (uint32_t)kvt_range(&rng, 1, MAX_N);
-            for (uint32_t i = 0; i < f.n; i++) {
-                const bool other = kvt_range(&rng, 0, 9) == 0;
-                const int fmt = other ? !cache_fmt(f.cache) : cache_fmt(f.cache);
-                f.keys[i] = fmt ? FMT1_KEY0 + (int)kvt_range(&rng, 0, N_KEYS - FMT1_KEY0 - 1)
-                                : (int)kvt_range(&rng, 0, FMT1_KEY0 - 1);
-            }
+            for (uint32_t i = 0; i < f.n; i++)
+                f.keys[i] = (int)kvt_range(&rng, 0, N_KEYS - 1);
             uint64_t h[MAX_N];
             for (uint32_t i = 0; i < f.n; i++)
                 h[i] = key_hash(f.keys[i]);
@@ -366,11 +369,12 @@ static void test_offload_model(void **state)
             for (int i = 0; i < ne; i++) {
                 const int k = (int)kvt_range(&rng, 0, N_KEYS - 1);
                 h[i] = key_hash(k);
-                if (m.e[k].present) {
-                    m_remove(&m, k);
-                    m.st.evicted++;
-                    want++;
-                }
+                for (int g = 0; g < 2; g++) /* every format's entry of the key */
+                    if (m.e[k][g].present) {
+                        m_remove(&m, k, g);
+                        m.st.evicted++;
+                        want++;
+                    }
             }
             /* a key listed twice is dropped once */
             assert_int_equal(kv_offload_evict(off, h, (uint32_t)ne, &got), KV_OK);
@@ -379,13 +383,14 @@ static void test_offload_model(void **state)
         } else if (r < 95) { /* corrupt a held entry, at a quiet point */
             quiesce(off, &m, caches);
             const int k = (int)kvt_range(&rng, 0, N_KEYS - 1);
-            if (m.e[k].corrupt)
+            const int g = (int)kvt_range(&rng, 0, 1); /* the format: cache A's or X's */
+            if (m.e[k][g].corrupt)
                 continue; /* a second flip of the same byte would heal it */
-            const kv_status st =
-                kv__offload_test_corrupt(off, key_hash(k), (size_t)kvt_range(&rng, 0, 511));
-            assert_int_equal(st, m.e[k].present ? KV_OK : KV_ERR_NOT_FOUND);
-            if (m.e[k].present)
-                m.e[k].corrupt = true;
+            const kv_status st = kv__offload_test_corrupt(off, caches[g ? 2 : 0].c, key_hash(k),
+                                                          (size_t)kvt_range(&rng, 0, 511));
+            assert_int_equal(st, m.e[k][g].present ? KV_OK : KV_ERR_NOT_FOUND);
+            if (m.e[k][g].present)
+                m.e[k][g].corrupt = true;
             counts[4]++;
         } else {
             quiesce(off, &m, caches);
@@ -395,13 +400,16 @@ static void test_offload_model(void **state)
     quiesce(off, &m, caches);
     print_message("offload model: %ld ops (store %ld, load %ld, cancel %ld, evict %ld, corrupt "
                   "%ld, checkpoints %ld); %" PRIu64 " stores, %" PRIu64 " loads, %" PRIu64
-                  " evictions, %" PRIu64 " checksum failures, %" PRIu64 " cancelled\n",
+                  " evictions, %" PRIu64 " checksum failures, %" PRIu64 " cancelled, %" PRIu64
+                  " second-format entries, %" PRIu64 " mismatches\n",
                   n_ops, counts[0], counts[1], counts[2], counts[3], counts[4], counts[5],
                   m.st.stores, m.st.loads, m.st.evictions, m.st.checksum_failures,
-                  m.st.cancelled_ops);
+                  m.st.cancelled_ops, m.beside, m.mismatches);
     assert_true(m.st.evictions > 1000); /* the capacity really was under pressure */
     assert_true(m.st.cancelled_ops > 100);
     assert_true(m.st.checksum_failures > 10);
+    assert_true(m.beside > 100);     /* keys really held in both formats at once */
+    assert_true(m.mismatches > 100); /* and in the other format alone */
     kv_offload_destroy(off);
     for (int c = 0; c < 3; c++)
         kvt_cache_free(&caches[c]);
