@@ -11,6 +11,7 @@
 struct kv_cache {
     atomic_uint refs; /* the creator's + one per kv_cache_retain (exported tensors) */
     struct kv_layout layout;
+    uint32_t head_offset;
     kv_arena *arena;
     kv_block_pool *pool;
     kv_page_table *pt;
@@ -35,6 +36,11 @@ static kv_status cache_config_check(const struct kv_cache_config *cfg, struct kv
                          "kv_cache_create: block_tokens %" PRId64 " exceeds %" PRIu32
                          " (the page table's token counts are uint32)",
                          lo->block_tokens, UINT32_MAX);
+    if ((uint64_t)cfg->head_offset + (uint64_t)lo->num_heads > UINT32_MAX)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_cache_create: head_offset %" PRIu32 " + %" PRId64
+                         " heads exceeds 2^32 - 1",
+                         cfg->head_offset, lo->num_heads);
     if ((uint64_t)lo->total_bytes > SIZE_MAX)
         return kv__error(KV_ERR_OVERFLOW, "kv_cache_create: total_bytes %" PRId64 " exceeds size_t",
                          lo->total_bytes);
@@ -90,6 +96,7 @@ kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **out)
     if (!c)
         return kv__error(KV_ERR_NO_MEMORY, "kv_cache_create: %zu bytes", sizeof(*c));
     c->layout = lo;
+    c->head_offset = cfg->head_offset;
 
     /* The arena first, reserved but untouched: a cache that cannot fit is
      * refused before any other part is built (a host arena larger than the
@@ -162,6 +169,11 @@ void kv_cache_destroy(kv_cache *c)
     kv_block_pool_destroy(c->pool);
     kv_arena_destroy(c->arena);
     kv__mem_free(c);
+}
+
+uint32_t kv_cache_head_offset(const kv_cache *c)
+{
+    return c ? c->head_offset : 0;
 }
 
 const struct kv_layout *kv_cache_layout(const kv_cache *c)

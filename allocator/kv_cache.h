@@ -61,6 +61,11 @@ struct kv_cache_config {
                                        KV_ERR_UNSUPPORTED with KV_MEM_DEVICE) */
     kv_block_event_fn on_event;     /* pool stored/removed events (may be NULL) */
     void *event_user;               /* passed back to on_event; borrowed for the cache's life */
+    uint32_t head_offset;           /* the model's first KV head this cache holds (tensor
+                                       parallel rank r of H heads each: r * H; 0 otherwise):
+                                       half of what the offload tier keys a block by, so the
+                                       ranks of one group share a tier. head_offset + H must
+                                       fit in 32 bits. */
 };
 
 /* C initializer: struct kv_cache_config cfg = KV_CACHE_CONFIG_INIT; */
@@ -122,6 +127,9 @@ KV_API KV_NODISCARD kv_status kv_cache_to_dlpack(kv_cache *c, const struct kv_vi
  * NULL cache): use the page table for sequences, the pool for stats and
  * events, the arena for transport registration. */
 KV_API const struct kv_layout *kv_cache_layout(const kv_cache *c);
+
+/* The config's head_offset (0 for NULL). */
+KV_API uint32_t kv_cache_head_offset(const kv_cache *c);
 KV_API kv_arena *kv_cache_arena(kv_cache *c);
 KV_API kv_block_pool *kv_cache_pool(kv_cache *c);
 KV_API kv_page_table *kv_cache_page_table(kv_cache *c);

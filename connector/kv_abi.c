@@ -70,6 +70,7 @@
     X(kv_cache_config, zero_fill)                                                                  \
     X(kv_cache_config, on_event)                                                                   \
     X(kv_cache_config, event_user)                                                                 \
+    X(kv_cache_config, head_offset)                                                                \
     X(kv_block_pool_stats, capacity)                                                               \
     X(kv_block_pool_stats, free_blocks)                                                            \
     X(kv_block_pool_stats, used_blocks)                                                            \

@@ -45,7 +45,8 @@
 /* One cache layout the tier has seen and its two plans. */
 struct fmt {
     uint64_t cache_fp;            /* the cache layout's fingerprint */
-    uint64_t block_fp;            /* its block_format_fingerprint: half of an entry's key */
+    uint32_t head_offset;         /* the cache's first head in the model (kv_cache_head_offset) */
+    uint64_t block_fp;            /* what a block holds (block_key): half of an entry's key */
     int64_t entry_bytes;          /* the compact block-major image of one block */
     int64_t stride_block_bytes;   /* cache: block id -> start */
     int64_t block_tokens;         /* N */
@@ -527,12 +528,24 @@ kv_status kv_offload_regions(const kv_offload *off, struct kv_mem_region *out, s
 
 /* ---- posting ------------------------------------------------------------- */
 
+/* What a block of a cache holds, as half of an entry's key: the block
+ * format (layers, N, H, D, dtype, order, packing) and which of the model's
+ * heads those are (tensor-parallel ranks of one group share a format). */
+static uint64_t block_key(const struct kv_layout *lo, uint32_t head_offset)
+{
+    if (head_offset == 0)
+        return lo->block_format_fingerprint;
+    const uint64_t k[2] = {lo->block_format_fingerprint, head_offset};
+    return kv__xxh3_64(k, sizeof(k));
+}
+
 /* The format of cache's layout (made on first use: two plans), off->mu held. */
-static kv_status fmt_get(kv_offload *off, const char *fn, const struct kv_layout *lo, int *idx)
+static kv_status fmt_get(kv_offload *off, const char *fn, const struct kv_layout *lo,
+                         uint32_t head_offset, int *idx)
 {
     int slot = -1;
     for (int i = 0; i < off->n_fmts; i++)
-        if (off->fmts[i].cache_fp == lo->fingerprint) {
+        if (off->fmts[i].cache_fp == lo->fingerprint && off->fmts[i].head_offset == head_offset) {
             off->fmts[i].users++;
             *idx = i;
             return KV_OK;
@@ -554,7 +567,8 @@ static kv_status fmt_get(kv_offload *off, const char *fn, const struct kv_layout
     struct kv_layout el;
     kv_status st = kv_pack_wire_layout(lo, &el);
     struct fmt f = {.cache_fp = lo->fingerprint,
-                    .block_fp = lo->block_format_fingerprint, /* == el's: what a block holds */
+                    .head_offset = head_offset,
+                    .block_fp = block_key(lo, head_offset), /* lo's and el's block format */
                     .entry_bytes = el.total_bytes,
                     .stride_block_bytes = lo->stride_block_bytes,
                     .block_tokens = lo->block_tokens};
@@ -639,7 +653,7 @@ static kv_status post(kv_offload *off, const char *fn, kv_offload_op *op, kv_cac
     if (off->stopping)
         st = kv__error(KV_ERR_BAD_STATE, "%s: the tier is being destroyed", fn);
     if (st == KV_OK)
-        st = fmt_get(off, fn, lo, &op->fmt);
+        st = fmt_get(off, fn, lo, kv_cache_head_offset(cache), &op->fmt);
     if (st == KV_OK) {
         op->off = off;
         op->cache = kv_cache_retain(cache); /* before the worker can see the op */
@@ -1148,8 +1162,8 @@ bool kv_offload_contains(kv_offload *off, const kv_cache *cache, uint64_t hash)
         return false;
     const struct kv_layout *lo = kv_cache_layout(cache);
     pthread_mutex_lock(&off->mu);
-    const struct entry *e =
-        lo ? find(off, hash, lo->block_format_fingerprint) : find_any(off, hash, true);
+    const struct entry *e = lo ? find(off, hash, block_key(lo, kv_cache_head_offset(cache)))
+                               : find_any(off, hash, true);
     const bool yes = e && e->ready;
     pthread_mutex_unlock(&off->mu);
     return yes;
@@ -1247,8 +1261,8 @@ kv_status kv__offload_test_corrupt(kv_offload *off, const kv_cache *cache, uint6
     kv_status st = KV_OK;
     const struct kv_layout *lo = kv_cache_layout(cache);
     pthread_mutex_lock(&off->mu);
-    struct entry *e =
-        lo ? find(off, hash, lo->block_format_fingerprint) : find_any(off, hash, true);
+    struct entry *e = lo ? find(off, hash, block_key(lo, kv_cache_head_offset(cache)))
+                         : find_any(off, hash, true);
     if (!e || !e->ready)
         st = kv__error(KV_ERR_NOT_FOUND, "offload test corrupt: no entry 0x%016" PRIx64, hash);
     else if ((int64_t)byte >= e->len)

@@ -22,10 +22,10 @@
  * share entries. Entries of one hash in several formats coexist (ranks with
  * different head counts storing one prefix into one tier each load back
  * their own), and each is stored, touched, evicted and counted on its own.
- * The format does not say WHICH of a model's heads or layers a cache holds:
- * the ranks of one tensor-parallel group (same H) have one format, so one
- * hash from two of them names one entry; give them distinct hashes (the
- * page table's extra_key, e.g. the rank) or a tier each.
+ * Which of the model's heads a cache holds is part of the key too
+ * (kv_cache_config.head_offset): the ranks of one tensor-parallel group
+ * (same H, other heads) store one prefix into one tier and each loads back
+ * its own heads.
  *
  *   engine thread                     worker thread
  *   kv_offload_store(cache, ids) --->  copy block -> entry, checksum, insert

@@ -102,6 +102,7 @@ class CacheConfig(ctypes.Structure):
         ("zero_fill", ctypes.c_bool),
         ("on_event", vp),
         ("event_user", vp),
+        ("head_offset", ctypes.c_uint32),
     ]
 
 

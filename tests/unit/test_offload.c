@@ -504,6 +504,53 @@ static void test_offload_formats_share_hashes(void **state)
         kvt_cache_free(all[i]);
 }
 
+/* Two tensor-parallel ranks of one group: the same block format, other
+ * heads (head_offset 0 and H), the same hashes. Each loads back its own
+ * heads' bytes, never the other rank's (keyed by hash and format alone,
+ * rank 1's load returned rank 0's bytes). */
+static void test_offload_tp_ranks_share_tier(void **state)
+{
+    (void)state;
+    uint64_t rng = 0x7A9;
+    struct kvt_cache r0, r1;
+    kvt_cache_make(&r0, 2, 40, 8, 4, 16, KV_BF16, 0, 201);
+    kvt_cache_make(&r1, 2, 40, 8, 4, 16, KV_BF16, 16, 202);
+    assert_int_equal(kv_cache_head_offset(r1.c), 4);
+    kvt_pool_scramble(&r0, &rng);
+    kvt_pool_scramble(&r1, &rng);
+    kv_offload *off = mk_tier((size_t)1 << 20, 0);
+    enum { NB = 6 };
+    uint64_t h[NB];
+    kv_status ok[NB];
+    for (int i = 0; i < NB; i++) {
+        h[i] = hash_of(7000 + (uint64_t)i);
+        ok[i] = KV_OK;
+    }
+    store_all(off, &r0, h, NB, true);
+    store_all(off, &r1, h, NB, true);
+    struct kv_offload_stats st;
+    assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
+    assert_int_equal(st.entries, 2 * NB);
+    assert_int_equal(st.store_touches, 0);
+    assert_int_equal(load_check(off, &r1, h, NB, ok), KV_OFFLOAD_DONE);
+    assert_int_equal(load_check(off, &r0, h, NB, ok), KV_OFFLOAD_DONE);
+    uint32_t ne = 0;
+    assert_int_equal(kv_offload_evict(off, h, 1, &ne), KV_OK);
+    assert_int_equal(ne, 2);
+    /* A rank whose entries are gone misses; the other rank's are no
+     * substitute (a MISMATCH names it, nothing is written). */
+    const uint64_t one = h[1];
+    assert_int_equal(kv__offload_test_corrupt(off, r1.c, one, 3), KV_OK);
+    const kv_status bad = KV_ERR_CORRUPT;
+    assert_int_equal(load_check(off, &r1, &one, 1, &bad), KV_OFFLOAD_FAILED);
+    const kv_status mism = KV_ERR_MISMATCH;
+    assert_int_equal(load_check(off, &r1, &one, 1, &mism), KV_OFFLOAD_FAILED);
+    assert_int_equal(load_check(off, &r0, &one, 1, ok), KV_OFFLOAD_DONE);
+    kv_offload_destroy(off);
+    kvt_cache_free(&r0);
+    kvt_cache_free(&r1);
+}
+
 /* The tier's entries, bytes and evictions are these; returns the stats. */
 static struct kv_offload_stats expect_table(kv_offload *off, uint64_t entries, uint64_t bytes,
                                             uint64_t evictions)
@@ -1379,6 +1426,7 @@ int main(void)
         cmocka_unit_test(test_offload_commit_semantics),
         cmocka_unit_test(test_offload_load_failures),
         cmocka_unit_test(test_offload_formats_share_hashes),
+        cmocka_unit_test(test_offload_tp_ranks_share_tier),
         cmocka_unit_test(test_offload_formats_lru),
         cmocka_unit_test(test_offload_lru),
         cmocka_unit_test(test_offload_post_refusals),
