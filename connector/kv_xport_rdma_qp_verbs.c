@@ -1,0 +1,418 @@
+/*
+ * kv_xport_rdma_qp_verbs.c - a peer of the RDMA backend
+ * (kv_xport_rdma_int.h): its verbs resources (CQ, RC QPs in INIT, the
+ * registered message buffers and their posted receives), the handshake after
+ * the OOB one (INFO: per QP its qpn and psn, the GID, the connection id;
+ * INIT -> RTR -> RTS on the other side's INFO; READY), and failing a peer:
+ * every QP to ERR behind a signaled marker, the transfers ended only once
+ * every marker's flush completed (kv__rd_finish_fail).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kv_mem.h"
+#include "kv_xport_rdma_int.h"
+
+unsigned char *kv__rd_buf_at(struct rpeer *rp, uint32_t i)
+{
+    return rp->bufs + (size_t)i * RD_MSG_BYTES;
+}
+
+/* mu NOT held: the verbs resources of rp (CQ, QPs in INIT, buffers, the
+ * receives posted). */
+kv_status kv__rd_peer_verbs(struct rdma *r, struct rpeer *rp)
+{
+    const struct kv__verbs *v = r->v;
+    const uint32_t nq = rp->nq;
+    rp->ring = kv__mem_calloc((size_t)nq * RD_SQ_WR, sizeof(*rp->ring));
+    const size_t nb = (size_t)nq * RD_RECVS + RD_NOTE_SLOTS;
+    rp->bufs = kv__mem_calloc(nb, RD_MSG_BYTES);
+    if (!rp->ring || !rp->bufs)
+        return kv__error(KV_ERR_NO_MEMORY, "xport rdma: peer buffers");
+    rp->bufs_mr = v->reg_mr(r->pd, rp->bufs, nb * RD_MSG_BYTES, IBV_ACCESS_LOCAL_WRITE);
+    if (!rp->bufs_mr)
+        return kv__error(KV_ERR_IO, "xport rdma: reg_mr of the message buffers: %s",
+                         strerror(errno));
+    const int cqe = (int)(nq * (RD_SQ_WR + RD_RECVS) + 16);
+    rp->cq = v->create_cq(r->ctx, cqe, NULL, NULL, 0);
+    if (!rp->cq)
+        return kv__error(KV_ERR_IO, "xport rdma: create_cq of %d: %s", cqe, strerror(errno));
+    for (uint32_t i = 0; i < nq; i++) {
+        struct ibv_qp_init_attr ia = {.send_cq = rp->cq,
+                                      .recv_cq = rp->cq,
+                                      .cap = {.max_send_wr = RD_SQ_WR,
+                                              .max_recv_wr = RD_RECVS,
+                                              .max_send_sge = r->sge,
+                                              .max_recv_sge = 1},
+                                      .qp_type = IBV_QPT_RC};
+        struct rqp *q = &rp->q[i];
+        q->qp = v->create_qp(r->pd, &ia);
+        if (!q->qp)
+            return kv__error(KV_ERR_IO, "xport rdma: create_qp: %s", strerror(errno));
+        q->drained = true; /* nothing posted yet */
+        q->psn = (uint32_t)(kv__xxh3_64(&(uint64_t[2]){kv__xport_now_ns(), i}, 16) & 0xffffff);
+        struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
+                                .pkey_index = 0,
+                                .port_num = 1,
+                                .qp_access_flags = IBV_ACCESS_LOCAL_WRITE |
+                                                   IBV_ACCESS_REMOTE_WRITE |
+                                                   IBV_ACCESS_REMOTE_READ};
+        int e = v->modify_qp(q->qp, &a,
+                             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+        if (e)
+            return kv__error(KV_ERR_IO, "xport rdma: QP %u to INIT: %s", i, strerror(e));
+        for (uint32_t k = 0; k < RD_RECVS; k++) {
+            const uint32_t b = i * RD_RECVS + k;
+            struct ibv_sge sg = {.addr = (uintptr_t)kv__rd_buf_at(rp, b),
+                                 .length = RD_MSG_BYTES,
+                                 .lkey = rp->bufs_mr->lkey};
+            struct ibv_recv_wr w = {.wr_id = RD_RECV_BIT | b, .sg_list = &sg, .num_sge = 1},
+                               *bad = NULL;
+            e = v->post_recv(q->qp, &w, &bad);
+            if (e)
+                return kv__error(KV_ERR_IO, "xport rdma: post_recv: %s", strerror(e));
+        }
+    }
+    return KV_OK;
+}
+
+/* mu NOT held: free what peer_verbs made (QPs first: nothing lands after);
+ * a call that fails is noted for kv_xport_destroy. */
+void kv__rd_peer_verbs_free(struct rdma *r, struct rpeer *rp)
+{
+    const struct kv__verbs *v = r->v;
+    for (uint32_t i = 0; i < rp->nq; i++)
+        if (rp->q[i].qp)
+            kv__rd_teardown_check(r, v->destroy_qp(rp->q[i].qp), "ibv_destroy_qp");
+    if (rp->cq)
+        kv__rd_teardown_check(r, v->destroy_cq(rp->cq), "ibv_destroy_cq");
+    if (rp->bufs_mr)
+        kv__rd_teardown_check(r, v->dereg_mr(rp->bufs_mr), "ibv_dereg_mr (message buffers)");
+    kv__mem_free(rp->bufs);
+    kv__mem_free(rp->ring);
+}
+
+struct rpeer *kv__rd_rpeer_new(struct rdma *r, kv_xport_peer *p, kv_xport_peer *oob)
+{
+    struct rpeer *rp = kv__mem_calloc(1, sizeof(*rp));
+    if (!rp)
+        return NULL;
+    rp->p = p;
+    rp->oob = oob;
+    rp->nq = r->x->cfg.conns_per_peer;
+    rp->ph = PH_OOB;
+    rp->deadline_ns = kv__xport_now_ns() + (uint64_t)r->x->cfg.timeout_ms * 1000000ull;
+    return rp;
+}
+
+/* mu held: start closing rp (why, msg): every QP to ERR behind a marker;
+ * the transfers end once the markers completed (finish_fail). */
+void kv__rd_peer_fail(struct rdma *r, struct rpeer *rp, kv_status why, const char *fmt, ...)
+{
+    if (rp->ph == PH_FAIL)
+        return;
+    rp->ph = PH_FAIL;
+    rp->why = why;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(rp->msg, sizeof(rp->msg), fmt, ap);
+    va_end(ap);
+    rp->deadline_ns = kv__xport_now_ns() + RD_DRAIN_NS;
+    kv_xport *x = r->x;
+    for (uint32_t i = 0; i < rp->nq; i++) {
+        struct rqp *q = &rp->q[i];
+        if (!q->qp)
+            continue;
+        pthread_mutex_unlock(&x->mu);
+        struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+        const int e = r->v->modify_qp(q->qp, &a, IBV_QP_STATE);
+        pthread_mutex_lock(&x->mu);
+        if (e != 0 || q->head == q->tail) {
+            q->drained = true; /* nothing outstanding (or nothing can flush) */
+            continue;
+        }
+        /* A marker behind what is outstanding: its flush completion says
+         * the QP is done with everything before it (a slot is always kept
+         * free for it). */
+        struct rec *rc = &rp->ring[(size_t)i * RD_SQ_WR + q->head % RD_SQ_WR];
+        memset(rc, 0, sizeof(*rc));
+        rc->kind = REC_MARK;
+        const uint64_t seq = q->head++;
+        q->marked = true;
+        q->drained = false;
+        struct ibv_send_wr w = {.wr_id = seq,
+                                .opcode = IBV_WR_RDMA_WRITE,
+                                .send_flags = IBV_SEND_SIGNALED,
+                                .num_sge = 0},
+                           *bad = NULL;
+        pthread_mutex_unlock(&x->mu);
+        const int pe = r->v->post_send(q->qp, &w, &bad);
+        pthread_mutex_lock(&x->mu);
+        if (pe != 0)
+            q->drained = true;
+    }
+}
+
+/* mu held: the markers have all completed (or the drain deadline passed):
+ * end the transfers, free the verbs state, close the OOB peer, drop the
+ * backend's reference. rp is freed. */
+void kv__rd_finish_fail(struct rdma *r, struct rpeer *rp)
+{
+    kv_xport *x = r->x;
+    for (struct rpeer **pp = &r->peers; *pp; pp = &(*pp)->next)
+        if (*pp == rp) {
+            *pp = rp->next;
+            break;
+        }
+    kv_xport_peer *p = rp->p;
+    const uint64_t now = kv__xport_now_ns();
+    for (kv_xport_xfer *t = p->xfers, *nx; t; t = nx) {
+        nx = t->next;
+        if (now >= t->deadline_ns)
+            kv__xport_xfer_end(t, t->cancel_req ? KV_XPORT_CANCELLED : KV_XPORT_TIMED_OUT,
+                               t->cancel_req ? KV_ERR_CANCELLED : KV_ERR_TIMEOUT);
+    }
+    p->be = NULL;
+    kv__xport_peer_closed(p, rp->why, rp->msg);
+    kv__xport_peer_unref(p);
+    pthread_mutex_unlock(&x->mu);
+    kv__rd_peer_verbs_free(r, rp);
+    if (rp->oob) /* its transfers end (CANCELLED at the latest) before it returns */
+        kv_xport_peer_close(rp->oob);
+    for (int i = 0; i < 2; i++)
+        if (rp->oob_x[i])
+            if (kv_xport_xfer_free(rp->oob_x[i]) != KV_OK)
+                kv__error_clear(); /* cannot be pending: the OOB peer is closed */
+    kv__mem_free(rp);
+    pthread_mutex_lock(&x->mu);
+    kv__rd_kick(x);
+}
+
+/* mu held: send an OOB notification of rp (INFO or READY). */
+static bool oob_send(struct rdma *r, struct rpeer *rp, int which, const void *msg, uint32_t len)
+{
+    kv_xport *x = r->x;
+    const struct kv_xport_notify n = {
+        .tag = which ? RD_OOB_READY : RD_OOB_INFO, .msg = msg, .len = len};
+    kv_xport_peer *op = rp->oob;
+    pthread_mutex_unlock(&x->mu);
+    kv_xport_xfer *t = NULL;
+    const kv_status st = kv_xport_write(op, NULL, 0, &n, &t);
+    pthread_mutex_lock(&x->mu);
+    if (st != KV_OK)
+        return false;
+    rp->oob_x[which] = t;
+    return true;
+}
+
+static void send_info(struct rdma *r, struct rpeer *rp)
+{
+    unsigned char b[INFO_HEAD + 8 * KV__XPORT_MAX_CONNS];
+    kv__le_put(b, KV_XPORT_RDMA, 4);
+    kv__le_put(b + 4, rp->nq, 4);
+    kv__le_put(b + 8, rp->p->nonce_local, 8);
+    memcpy(b + 16, r->gid.raw, 16);
+    for (uint32_t i = 0; i < rp->nq; i++) {
+        kv__le_put(b + INFO_HEAD + 8 * i, rp->q[i].qp->qp_num, 4);
+        kv__le_put(b + INFO_HEAD + 8 * i + 4, rp->q[i].psn, 4);
+    }
+    if (!oob_send(r, rp, 0, b, INFO_HEAD + 8 * rp->nq))
+        kv__rd_peer_fail(r, rp, KV_ERR_IO, "xport rdma: sending QP info: %s", kv_last_error());
+    else
+        rp->info_sent = true;
+}
+
+/* mu held: the peer's INFO: every QP INIT -> RTR -> RTS, then READY. */
+static void got_info(struct rdma *r, struct rpeer *rp, const unsigned char *b, uint32_t len)
+{
+    kv_xport *x = r->x;
+    if (rp->ph != PH_INFO && rp->ph != PH_OOB) {
+        kv__rd_peer_fail(r, rp, KV_ERR_CORRUPT, "xport rdma: QP info twice");
+        return;
+    }
+    if (len < INFO_HEAD || kv__le_get(b, 4) != KV_XPORT_RDMA || kv__le_get(b + 4, 4) != rp->nq ||
+        len != INFO_HEAD + 8 * rp->nq) {
+        kv__rd_peer_fail(
+            r, rp, KV_ERR_MISMATCH,
+            "xport rdma handshake: QP info of %u bytes (kind %u, %u QPs; here rdma, %u)", len,
+            len >= 8 ? (unsigned)kv__le_get(b, 4) : 0u,
+            len >= 8 ? (unsigned)kv__le_get(b + 4, 4) : 0u, rp->nq);
+        return;
+    }
+    if (!rp->info_sent) /* theirs came first: ours before anything else */
+        send_info(r, rp);
+    if (rp->ph == PH_FAIL)
+        return;
+    rp->p->nonce_remote = kv__le_get(b + 8, 8);
+    union ibv_gid gid = {.raw = {0}};
+    memcpy(gid.raw, b + 16, 16);
+    const uint8_t rd = (uint8_t)(r->da.max_qp_rd_atom < 1    ? 1
+                                 : r->da.max_qp_rd_atom > 16 ? 16
+                                                             : r->da.max_qp_rd_atom);
+    const uint8_t rdi = (uint8_t)(r->da.max_qp_init_rd_atom < 1    ? 1
+                                  : r->da.max_qp_init_rd_atom > 16 ? 16
+                                                                   : r->da.max_qp_init_rd_atom);
+    for (uint32_t i = 0; i < rp->nq; i++) {
+        struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
+                                .path_mtu = IBV_MTU_1024,
+                                .dest_qp_num = (uint32_t)kv__le_get(b + INFO_HEAD + 8 * i, 4),
+                                .rq_psn = (uint32_t)kv__le_get(b + INFO_HEAD + 8 * i + 4, 4),
+                                .max_dest_rd_atomic = rd,
+                                .min_rnr_timer = 12,
+                                .ah_attr = {.is_global = 1, .port_num = 1}};
+        a.ah_attr.grh.dgid = gid;
+        a.ah_attr.grh.hop_limit = 1;
+        a.ah_attr.grh.sgid_index = 0;
+        struct ibv_qp *qp = rp->q[i].qp;
+        pthread_mutex_unlock(&x->mu);
+        int e =
+            r->v->modify_qp(qp, &a,
+                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+        const char *what = "RTR";
+        if (e == 0) {
+            struct ibv_qp_attr s = {.qp_state = IBV_QPS_RTS,
+                                    .timeout = 14,
+                                    .retry_cnt = 7,
+                                    .rnr_retry = 7, /* receivers re-post; RNR never gives up */
+                                    .sq_psn = rp->q[i].psn,
+                                    .max_rd_atomic = rdi};
+            e = r->v->modify_qp(qp, &s,
+                                IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                    IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+            what = "RTS";
+        }
+        pthread_mutex_lock(&x->mu);
+        if (e != 0) {
+            kv__rd_peer_fail(r, rp, KV_ERR_IO, "xport rdma: QP %u to %s: %s", i, what, strerror(e));
+            return;
+        }
+    }
+    rp->ph = PH_RTS;
+    unsigned char ok = 1;
+    if (!oob_send(r, rp, 1, &ok, 1)) {
+        kv__rd_peer_fail(r, rp, KV_ERR_IO, "xport rdma: sending READY: %s", kv_last_error());
+        return;
+    }
+    rp->ready_sent = true;
+}
+
+static void maybe_ready(struct rpeer *rp)
+{
+    if (rp->ph == PH_RTS && rp->ready_got) {
+        rp->ph = PH_READY;
+        kv__xport_peer_ready(rp->p);
+    }
+}
+
+/* mu held: the OOB side of every peer: new incoming peers, INFO / READY
+ * notifications, dead OOB peers. */
+static struct rpeer *find_oob(struct rdma *r, uint64_t oob_id)
+{
+    for (struct rpeer *rp = r->peers; rp; rp = rp->next)
+        if (rp->oob && rp->oob_id == oob_id)
+            return rp;
+    return NULL;
+}
+
+/* mu held: one incoming OOB peer accepted: an RDMA peer for it. */
+static bool accept_one(struct rdma *r)
+{
+    kv_xport *x = r->x;
+    if (!x->cfg.listen_host)
+        return false;
+    kv_xport_peer *op = NULL;
+    pthread_mutex_unlock(&x->mu);
+    kv__error_mute();
+    const kv_status st = kv_xport_accept(r->oob, 0, &op);
+    kv__error_unmute();
+    pthread_mutex_lock(&x->mu);
+    if (st != KV_OK)
+        return false;
+    kv_xport_peer *p = kv__xport_peer_new(x, false);
+    struct rpeer *rp = p ? kv__rd_rpeer_new(r, p, op) : NULL;
+    if (!rp) {
+        if (p)
+            kv__xport_peer_unref(p);
+        pthread_mutex_unlock(&x->mu);
+        kv_xport_peer_close(op);
+        pthread_mutex_lock(&x->mu);
+        return true;
+    }
+    rp->oob_id = kv_xport_peer_id(op);
+    p->be = rp;
+    rp->next = r->peers;
+    r->peers = rp;
+    pthread_mutex_unlock(&x->mu);
+    const kv_status vs = kv__rd_peer_verbs(r, rp);
+    pthread_mutex_lock(&x->mu);
+    if (vs != KV_OK)
+        kv__rd_peer_fail(r, rp, vs, "%s", kv_last_error());
+    return true;
+}
+
+bool kv__rd_oob_round(struct rdma *r)
+{
+    kv_xport *x = r->x;
+    bool any = false;
+    while (accept_one(r))
+        any = true;
+    for (;;) {
+        struct kv_xport_msg m;
+        pthread_mutex_unlock(&x->mu);
+        kv__error_mute();
+        const kv_status st = kv_xport_notify_poll(r->oob, 0, &m);
+        kv__error_unmute();
+        pthread_mutex_lock(&x->mu);
+        if (st != KV_OK)
+            break;
+        any = true;
+        struct rpeer *rp = find_oob(r, m.peer_id);
+        while (!rp && accept_one(r)) /* ready before we accepted it */
+            rp = find_oob(r, m.peer_id);
+        if (!rp || rp->ph == PH_FAIL)
+            continue;
+        if (m.tag == RD_OOB_INFO)
+            got_info(r, rp, m.data, m.len);
+        else if (m.tag == RD_OOB_READY) {
+            rp->ready_got = true;
+            maybe_ready(rp);
+        } else
+            kv__rd_peer_fail(r, rp, KV_ERR_CORRUPT, "xport rdma: OOB message tag 0x%" PRIx64,
+                             m.tag);
+    }
+    for (struct rpeer *rp = r->peers; rp; rp = rp->next) {
+        if (rp->ph == PH_FAIL)
+            continue;
+        kv_xport_peer_state s;
+        kv_status why = KV_OK;
+        kv_xport_peer *op = rp->oob;
+        pthread_mutex_unlock(&x->mu);
+        kv__error_clear();
+        if (kv_xport_peer_state_get(op, &s, &why) != KV_OK)
+            s = KV_XPORT_CONNECTING;
+        char msg[200];
+        snprintf(msg, sizeof(msg), "%s", s == KV_XPORT_CLOSED ? kv_last_error() : "");
+        pthread_mutex_lock(&x->mu);
+        if (s == KV_XPORT_CLOSED) {
+            any = true;
+            if (why == KV_OK)
+                kv__rd_peer_fail(r, rp, KV_OK, "closed by the peer");
+            else
+                kv__rd_peer_fail(r, rp, why, "xport rdma: out of band: %s", msg);
+        } else if (s == KV_XPORT_READY && !rp->info_sent) {
+            if (rp->ph == PH_OOB)
+                rp->ph = PH_INFO;
+            send_info(r, rp);
+            any = true;
+        }
+    }
+    return any;
+}

@@ -1,0 +1,366 @@
+/*
+ * kv_xport_rdma_wr_verbs.c - the RDMA backend's data path
+ * (kv_xport_rdma_int.h): WRs cut from the peer's transfers (one
+ * remote-contiguous range in one remote MR, gathered from up to max_sge
+ * local pieces), posted in chains round robin over the QPs with selective
+ * signaling, notifications as SENDs on QP 0 once every earlier write
+ * completed, and completions polled and retired in order per QP.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kv_mem.h"
+#include "kv_xport_rdma_int.h"
+
+/* mu held: retire the records of QP qi up to and including seq; `st` is
+ * the completion's status for seq, the records before it succeeded unless
+ * st is a flush (then they were flushed too, or, behind a marker, unknown:
+ * not done either way). */
+void kv__rd_retire(struct rdma *r, struct rpeer *rp, uint32_t qi, uint64_t seq,
+                   enum ibv_wc_status wst)
+{
+    struct rqp *q = &rp->q[qi];
+    if (seq < q->tail || seq >= q->head)
+        return; /* stale */
+    for (uint64_t s = q->tail; s <= seq; s++) {
+        struct rec *rc = &rp->ring[(size_t)qi * RD_SQ_WR + s % RD_SQ_WR];
+        const enum ibv_wc_status st =
+            s == seq ? wst : (wst == IBV_WC_WR_FLUSH_ERR ? IBV_WC_WR_FLUSH_ERR : IBV_WC_SUCCESS);
+        if (rc->kind == REC_MARK) {
+            if (s == seq)
+                q->drained = true;
+            continue;
+        }
+        if (rc->kind == REC_NOTE)
+            rp->note_busy[rc->slot] = false;
+        kv_xport_xfer *t = kv__xport_xfer_find(rp->p, rc->xfer);
+        if (!t)
+            continue;
+        if (t->busy)
+            t->busy--;
+        const kv_status ks = st == IBV_WC_SUCCESS ? KV_OK : kv__rd_wc_status(st);
+        if (rc->kind == REC_NOTE) {
+            if (ks == KV_OK)
+                t->note_done = true;
+            else
+                t->failed++; /* ended FAILED at settle (its entries all ended OK) */
+            continue;
+        }
+        for (uint32_t k = 0; k < rc->n; k++) {
+            const uint32_t e = rc->entry[k];
+            if (t->ended[e])
+                continue;
+            if (ks != KV_OK) {
+                kv__xport_entry_end(t, e, ks);
+                continue;
+            }
+            t->moved[e] += rc->bytes[k];
+            if (t->moved[e] == t->ios[e].bytes)
+                kv__xport_entry_end(t, e, KV_OK);
+        }
+    }
+    q->tail = seq + 1;
+    (void)r;
+}
+
+/* mu held: cut the next WR of t into chain c of QP qi (false: t has nothing
+ * more to send). */
+static bool cut_wr(struct rdma *r, struct rpeer *rp, kv_xport_xfer *t, uint32_t qi, struct chain *c)
+{
+    if (t->be_entry >= t->n)
+        return false;
+    struct rqp *q = &rp->q[qi];
+    const uint32_t w = c->n;
+    struct rec *rc = &rp->ring[(size_t)qi * RD_SQ_WR + q->head % RD_SQ_WR];
+    memset(rc, 0, offsetof(struct rec, entry));
+    rc->kind = t->read ? REC_READ : REC_WRITE;
+    rc->xfer = t->id;
+    struct ibv_send_wr *wr = &c->wr[w];
+    memset(wr, 0, sizeof(*wr));
+    wr->wr_id = q->head;
+    wr->opcode = t->read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+    wr->sg_list = c->sge[w];
+    const kv_xport_rmem *rmem = t->ios[t->be_entry].remote;
+    struct rkey k;
+    if (!kv__rd_rkey_get(rmem, &k)) {
+        kv__xport_entry_end(t, (uint32_t)t->be_entry, KV_ERR_CORRUPT);
+        t->be_entry++;
+        t->be_off = 0;
+        return true; /* nothing posted: the caller sees n unchanged */
+    }
+    uint64_t wr_bytes = 0, roff0 = 0;
+    while (t->be_entry < t->n && rc->n < r->sge && wr_bytes < RD_WR_MAX_BYTES) {
+        const uint32_t e = (uint32_t)t->be_entry;
+        const struct kv_xport_io *io = &t->ios[e];
+        const uint64_t roff = io->remote_off + t->be_off;
+        if (rc->n) { /* joins only when remote-contiguous in the same chunk */
+            if (io->remote != rmem || roff != roff0 + wr_bytes || roff % k.chunk == 0 ||
+                t->ended[e])
+                break;
+        } else {
+            roff0 = roff;
+        }
+        const struct rmr *lm = io->local->be;
+        const uint64_t loff = io->local_off + t->be_off;
+        uint64_t len = io->bytes - t->be_off;
+        const uint64_t lrest = lm->chunk - loff % lm->chunk;
+        const uint64_t rrest = k.chunk - roff % k.chunk;
+        len = len < lrest ? len : lrest;
+        len = len < rrest ? len : rrest;
+        len = len < RD_WR_MAX_BYTES - wr_bytes ? len : RD_WR_MAX_BYTES - wr_bytes;
+        c->sge[w][rc->n] = (struct ibv_sge){.addr = (uintptr_t)(io->local->base + loff),
+                                            .length = (uint32_t)len,
+                                            .lkey = lm->mr[loff / lm->chunk]->lkey};
+        rc->entry[rc->n] = e;
+        rc->bytes[rc->n] = (uint32_t)len;
+        rc->n++;
+        wr_bytes += len;
+        t->be_off += len;
+        if (t->be_off == io->bytes) {
+            t->be_entry++;
+            t->be_off = 0;
+        }
+        if ((roff0 + wr_bytes) % k.chunk == 0)
+            break; /* the remote chunk ends here */
+    }
+    wr->num_sge = (int)rc->n;
+    wr->wr.rdma.remote_addr = k.base + roff0;
+    wr->wr.rdma.rkey = kv__rd_rkey_of(&k, roff0);
+    if (w)
+        c->wr[w - 1].next = wr;
+    c->n++;
+    q->head++;
+    t->busy++;
+    return true;
+}
+
+/* mu held: post chain c on QP qi (mu dropped around the call). */
+static void post_chain(struct rdma *r, struct rpeer *rp, uint32_t qi, struct chain *c)
+{
+    if (!c->n)
+        return;
+    kv_xport *x = r->x;
+    c->wr[c->n - 1].next = NULL;
+    c->wr[c->n - 1].send_flags |= IBV_SEND_SIGNALED;
+    struct ibv_send_wr *bad = NULL;
+    struct ibv_qp *qp = rp->q[qi].qp;
+    rp->q[qi].drained = false;
+    pthread_mutex_unlock(&x->mu);
+    const int e = r->v->post_send(qp, c->wr, &bad);
+    pthread_mutex_lock(&x->mu);
+    if (e == 0)
+        return;
+    /* What was not posted is retired as not done, then the peer fails. */
+    const uint64_t from = bad ? bad->wr_id : c->first;
+    struct rqp *q = &rp->q[qi];
+    for (uint64_t s = from; s < q->head; s++) {
+        struct rec *rc = &rp->ring[(size_t)qi * RD_SQ_WR + s % RD_SQ_WR];
+        if (rc->kind == REC_NOTE)
+            rp->note_busy[rc->slot] = false;
+        kv_xport_xfer *t = kv__xport_xfer_find(rp->p, rc->xfer);
+        if (t && t->busy)
+            t->busy--;
+        if (t)
+            for (uint32_t k = 0; k < rc->n; k++)
+                kv__xport_entry_end(t, rc->entry[k], KV_ERR_IO);
+    }
+    q->head = from;
+    if (q->head == q->tail)
+        q->drained = true;
+    kv__rd_peer_fail(r, rp, KV_ERR_IO, "xport rdma: post_send on QP %u: %s", qi, strerror(e));
+}
+
+/* mu held: the notifications of rp that may go now (QP 0, post order). */
+void kv__rd_notes_flush(struct rdma *r, struct rpeer *rp, struct chain *c)
+{
+    struct rqp *q = &rp->q[0];
+    c->n = 0;
+    c->first = q->head;
+    for (kv_xport_xfer *t = rp->p->xfers; t; t = t->next) {
+        if (!t->has_note || t->note_sent || t->cancel_req)
+            continue;
+        if (!kv__xport_note_may_go(t))
+            break;
+        uint32_t slot = 0;
+        while (slot < RD_NOTE_SLOTS && rp->note_busy[slot])
+            slot++;
+        if (slot == RD_NOTE_SLOTS || q->head - q->tail + 2 > RD_SQ_WR)
+            break;
+        rp->note_busy[slot] = true;
+        unsigned char *b = kv__rd_buf_at(rp, rp->nq * RD_RECVS + slot);
+        kv__le_put(b, RD_NOTE_MAGIC, 4);
+        kv__le_put(b + 4, t->note_len, 4);
+        kv__le_put(b + 8, t->note_tag, 8);
+        if (t->note_len)
+            memcpy(b + RD_NOTE_HDR, t->note, t->note_len);
+        struct rec *rc = &rp->ring[q->head % RD_SQ_WR];
+        memset(rc, 0, sizeof(*rc));
+        rc->kind = REC_NOTE;
+        rc->slot = (uint8_t)slot;
+        rc->xfer = t->id;
+        const uint32_t w = c->n++;
+        c->sge[w][0] = (struct ibv_sge){
+            .addr = (uintptr_t)b, .length = RD_NOTE_HDR + t->note_len, .lkey = rp->bufs_mr->lkey};
+        c->wr[w] = (struct ibv_send_wr){.wr_id = q->head,
+                                        .opcode = IBV_WR_SEND,
+                                        .sg_list = c->sge[w],
+                                        .num_sge = 1,
+                                        .send_flags = IBV_SEND_SIGNALED};
+        if (w)
+            c->wr[w - 1].next = &c->wr[w];
+        q->head++;
+        t->busy++;
+        t->note_sent = true;
+    }
+    post_chain(r, rp, 0, c);
+}
+
+/* mu held: transfers of rp that can end now; false when rp failed. */
+void kv__rd_settle_all(struct rpeer *rp)
+{
+    for (kv_xport_xfer *t = rp->p->xfers, *nx; t; t = nx) {
+        nx = t->next;
+        if (t->busy)
+            continue;
+        if (t->cancel_req)
+            kv__xport_xfer_end(t, KV_XPORT_CANCELLED, KV_ERR_CANCELLED);
+        else if (t->failed) /* the rest is not sent: they end KV_ERR_IO */
+            kv__xport_xfer_end(t, KV_XPORT_FAILED, KV_ERR_IO);
+        else if (!t->left)
+            kv__xport_xfer_settle(t);
+    }
+}
+
+/* mu held: post what rp's transfers have to send. */
+bool kv__rd_send_round(struct rdma *r, struct rpeer *rp, struct chain *c)
+{
+    bool any = false;
+    for (uint32_t round = 0; round < 4; round++) {
+        bool posted = false;
+        for (uint32_t qi = 0; qi < rp->nq; qi++) {
+            c->n = 0;
+            c->first = rp->q[qi].head;
+            uint32_t unsig = 0;
+            for (kv_xport_xfer *t = rp->p->xfers; t && rp->ph == PH_READY; t = t->next) {
+                if (t->cancel_req || t->failed)
+                    continue;
+                while (t->be_entry < t->n) {
+                    const uint64_t used = rp->q[qi].head - rp->q[qi].tail;
+                    if (used + (qi == 0 ? 3 : 2) > RD_SQ_WR || c->n == RD_SQ_WR)
+                        goto full;
+                    const uint32_t before = c->n;
+                    if (!cut_wr(r, rp, t, qi, c))
+                        break;
+                    if (c->n == before)
+                        continue; /* an entry refused without a WR */
+                    if (++unsig == RD_SIG_EVERY) {
+                        c->wr[c->n - 1].send_flags |= IBV_SEND_SIGNALED;
+                        unsig = 0;
+                    }
+                    if (rp->nq > 1 && c->n % 8 == 0)
+                        goto full; /* leave the next WRs to the other QPs */
+                }
+            }
+        full:
+            if (c->n) {
+                posted = any = true;
+                post_chain(r, rp, qi, c);
+                if (rp->ph != PH_READY)
+                    return true;
+            }
+        }
+        if (!posted)
+            break;
+    }
+    return any;
+}
+
+/* mu held: poll rp's CQ. */
+bool kv__rd_poll_round(struct rdma *r, struct rpeer *rp)
+{
+    kv_xport *x = r->x;
+    struct ibv_wc wc[32];
+    bool any = false;
+    for (;;) {
+        struct ibv_cq *cq = rp->cq;
+        pthread_mutex_unlock(&x->mu);
+        const int n = r->v->poll_cq(cq, 32, wc);
+        pthread_mutex_lock(&x->mu);
+        if (n < 0) {
+            kv__rd_peer_fail(r, rp, KV_ERR_IO, "xport rdma: poll_cq: %d (CQ overrun?)", n);
+            for (uint32_t i = 0; i < rp->nq; i++)
+                rp->q[i].drained = true; /* nothing more can be polled */
+            return true;
+        }
+        if (n == 0)
+            return any;
+        any = true;
+        for (int k = 0; k < n; k++) {
+            const struct ibv_wc *w = &wc[k];
+            uint32_t qi = 0;
+            while (qi < rp->nq && rp->q[qi].qp->qp_num != w->qp_num)
+                qi++;
+            if (qi == rp->nq)
+                continue;
+            if (w->wr_id & RD_RECV_BIT) {
+                const uint32_t b = (uint32_t)(w->wr_id & ~RD_RECV_BIT);
+                if (w->status != IBV_WC_SUCCESS) {
+                    if (w->status != IBV_WC_WR_FLUSH_ERR)
+                        kv__rd_peer_fail(r, rp, kv__rd_wc_status(w->status),
+                                         "xport rdma: receive on QP %u: %s", qi,
+                                         kv__rd_wc_str(w->status));
+                    continue;
+                }
+                if (b >= rp->nq * RD_RECVS || rp->ph == PH_FAIL)
+                    continue;
+                const unsigned char *m = kv__rd_buf_at(rp, b);
+                const uint64_t len = w->byte_len >= RD_NOTE_HDR ? kv__le_get(m + 4, 4) : 0;
+                if (w->byte_len < RD_NOTE_HDR || w->byte_len > RD_MSG_BYTES ||
+                    kv__le_get(m, 4) != RD_NOTE_MAGIC || len + RD_NOTE_HDR != w->byte_len) {
+                    kv__rd_peer_fail(r, rp, KV_ERR_CORRUPT,
+                                     "xport rdma: a notification of %u bytes fails its checks",
+                                     w->byte_len);
+                    continue;
+                }
+                /* The generic layer's limits (length, queue): a peer over
+                 * them is closed, named. */
+                char why[160];
+                const kv_status as = kv__xport_note_admit(rp->p, len, why, sizeof(why));
+                if (as != KV_OK) {
+                    r->x->stats.notes_refused += as == KV_ERR_CAPACITY;
+                    kv__rd_peer_fail(r, rp, as, "xport rdma: %s", why);
+                    continue;
+                }
+                if (kv__xport_note_push(rp->p, kv__le_get(m + 8, 8), m + RD_NOTE_HDR,
+                                        (uint32_t)len) != KV_OK) {
+                    kv__rd_peer_fail(r, rp, KV_ERR_NO_MEMORY, "xport rdma: a notification");
+                    continue;
+                }
+                struct ibv_sge sg = {
+                    .addr = (uintptr_t)m, .length = RD_MSG_BYTES, .lkey = rp->bufs_mr->lkey};
+                struct ibv_recv_wr rw = {.wr_id = w->wr_id, .sg_list = &sg, .num_sge = 1},
+                                   *bad = NULL;
+                struct ibv_qp *qp = rp->q[qi].qp;
+                pthread_mutex_unlock(&x->mu);
+                const int e = r->v->post_recv(qp, &rw, &bad);
+                pthread_mutex_lock(&x->mu);
+                if (e)
+                    kv__rd_peer_fail(r, rp, KV_ERR_IO, "xport rdma: post_recv: %s", strerror(e));
+                continue;
+            }
+            kv__rd_retire(r, rp, qi, w->wr_id, w->status);
+            if (w->status != IBV_WC_SUCCESS && w->status != IBV_WC_WR_FLUSH_ERR)
+                kv__rd_peer_fail(
+                    r, rp, kv__rd_wc_status(w->status),
+                    "xport rdma: a work request on QP %u completed %s (%d, vendor 0x%x)", qi,
+                    kv__rd_wc_str(w->status), (int)w->status, w->vendor_err);
+        }
+    }
+}
