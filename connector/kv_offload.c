@@ -1,22 +1,8 @@
 /*
- * kv_offload.c - the host offload tier (kv_offload.h).
- *
- * One mutex (off->mu) guards the queue, the entry table, the LRU list, the
- * formats, the staging list and the stats; each op's mutex guards its state
- * (lock order: off->mu, then op->mu). The worker takes an op, and for each
- * chunk of blocks does its table work under off->mu, then copies (and
- * checksums) with no lock held, then publishes under off->mu.
- *
- * Entries are keyed by (hash, block format fingerprint): one hash may have
- * an entry in each format, in one bucket (chosen by the hash).
- *
- * Invariants (off->mu held):
- *   entries == number of linked entries == length of the LRU list
- *   no two linked entries share (hash, block_fp)
- *   bytes   == sum of entry bytes over linked entries + unlinked pinned ones
- *   bytes   <= capacity_bytes
- *   linked && !ready  =>  pins > 0 (the worker is writing it)
- *   !linked           =>  pins > 0 (freed at the last unpin)
+ * kv_offload.c - the host offload tier (kv_offload.h): create and destroy,
+ * posting store and load, ops, staging buffers. The table and the worker
+ * are in kv_offload_table.c and kv_offload_worker.c; the state and its
+ * invariants in kv_offload_tier_int.h.
  */
 #include <inttypes.h>
 #include <omp.h>
@@ -30,93 +16,9 @@
 #include "kv_attn.h"
 #include "kv_lib.h"
 #include "kv_mem.h"
-#include "kv_offload.h"
-#include "kv_offload_int.h"
+#include "kv_offload_tier_int.h"
 #include "kv_pack.h"
 #include "kv_plan_int.h"
-
-#define KV__OFF_MAX_FMTS 16
-#define KV__OFF_CHUNK_BYTES ((int64_t)4 << 20) /* per chunk: cancel is seen between chunks */
-#define KV__OFF_CHUNK_MIN 16                   /* blocks */
-#define KV__OFF_CHUNK_MAX 1024
-#define KV__OFF_ENTRY_ALIGN 64     /* a cache line */
-#define KV__OFF_STAGING_ALIGN 4096 /* a page */
-
-/* One cache layout the tier has seen and its two plans. */
-struct fmt {
-    uint64_t cache_fp;            /* the cache layout's fingerprint */
-    uint32_t head_offset;         /* the cache's first head in the model (kv_cache_head_offset) */
-    uint64_t block_fp;            /* what a block holds (block_key): half of an entry's key */
-    int64_t entry_bytes;          /* the compact block-major image of one block */
-    int64_t stride_block_bytes;   /* cache: block id -> start */
-    int64_t block_tokens;         /* N */
-    kv_plan *to_entry, *to_block; /* cache block -> entry, entry -> cache block */
-    uint32_t users;               /* ops posted and not terminal that use it */
-    bool sequential;              /* to_entry writes the entry front to back, gap-free:
-                                     a store hashes each row as it lands (one pass) */
-};
-
-struct entry { /* keyed by (hash, block_fp) */
-    uint64_t hash, sum;
-    struct entry *hnext;               /* bucket chain */
-    struct entry *lru_prev, *lru_next; /* head = least recently used */
-    char *mem;                         /* [len] in the region */
-    int64_t len;                       /* the entry's bytes (its format's entry_bytes) */
-    int64_t bytes;                     /* what it takes of the region (its size class) */
-    uint64_t block_fp;
-    uint32_t pins; /* the worker reads or writes it */
-    bool ready;    /* checksum taken: visible to loads and contains */
-    bool linked;   /* in the table and the LRU list */
-};
-
-struct staging {
-    void *p;
-    size_t bytes;
-};
-
-struct kv_offload_op {
-    pthread_mutex_t mu; /* guards state */
-    pthread_cond_t cv;
-    kv_offload_state state;
-    atomic_bool cancel;
-    bool is_load;
-    kv_offload *off;
-    kv_cache *cache; /* a reference (kv_cache_retain) from post until terminal */
-    kv_block_pool *pool;
-    char *base; /* the cache's storage */
-    int fmt;
-    uint32_t n;
-    uint32_t *ids;                 /* [n] store: retained blocks; load: allocated blocks */
-    struct kv_offload_result *res; /* [n] */
-    struct kv_offload_op *qnext;
-};
-
-struct kv_offload {
-    struct kv_offload_config cfg;
-    kv_arena *arena;
-    kv__carver *carver;
-    enum kv_mem_kind kind;
-    int threads;
-    pthread_t worker;
-
-    pthread_mutex_t mu; /* guards everything below */
-    bool destroyed;     /* kv_offload_destroy ran; the handle lives while n_stg > 0 */
-    pthread_cond_t cv;  /* the worker waits for work */
-    kv_offload_op *qhead, *qtail;
-    kv_offload_op *running;
-    bool stopping;
-    struct fmt fmts[KV__OFF_MAX_FMTS];
-    int n_fmts;
-    struct entry **buckets;
-    size_t n_buckets; /* a power of two */
-    struct entry *lru_head, *lru_tail;
-    struct staging *stg;
-    size_t n_stg, cap_stg;
-    struct kv_offload_stats st;
-    kv__offload_hook_fn hook;
-    void *hook_user;
-    uint32_t chunk; /* blocks per chunk; 0: KV__OFF_CHUNK_BYTES of entries */
-};
 
 const char *kv_offload_state_name(kv_offload_state s)
 {
@@ -135,200 +37,10 @@ const char *kv_offload_state_name(kv_offload_state s)
     return "unknown";
 }
 
-static bool terminal(kv_offload_state s)
+bool kv__off_terminal(kv_offload_state s)
 {
     return s == KV_OFFLOAD_DONE || s == KV_OFFLOAD_FAILED || s == KV_OFFLOAD_CANCELLED;
 }
-
-/* ---- the table and the LRU list (off->mu held) --------------------------- */
-
-static size_t bucket_of(const kv_offload *off, uint64_t h)
-{
-    return (size_t)((h * 0x9E3779B97F4A7C15ull) >> 17) & (off->n_buckets - 1);
-}
-
-/* The entry of (h, block format fp); entries of one hash in several formats
- * share a bucket. */
-static struct entry *find(kv_offload *off, uint64_t h, uint64_t fp)
-{
-    for (struct entry *e = off->buckets[bucket_of(off, h)]; e; e = e->hnext)
-        if (e->hash == h && e->block_fp == fp)
-            return e;
-    return NULL;
-}
-
-/* An entry of h in any format (ready_only: a complete one). */
-static struct entry *find_any(kv_offload *off, uint64_t h, bool ready_only)
-{
-    for (struct entry *e = off->buckets[bucket_of(off, h)]; e; e = e->hnext)
-        if (e->hash == h && (e->ready || !ready_only))
-            return e;
-    return NULL;
-}
-
-static void lru_unlink(kv_offload *off, struct entry *e)
-{
-    if (e->lru_prev)
-        e->lru_prev->lru_next = e->lru_next;
-    else
-        off->lru_head = e->lru_next;
-    if (e->lru_next)
-        e->lru_next->lru_prev = e->lru_prev;
-    else
-        off->lru_tail = e->lru_prev;
-    e->lru_prev = e->lru_next = NULL;
-}
-
-static void lru_append(kv_offload *off, struct entry *e)
-{
-    e->lru_prev = off->lru_tail;
-    e->lru_next = NULL;
-    if (off->lru_tail)
-        off->lru_tail->lru_next = e;
-    else
-        off->lru_head = e;
-    off->lru_tail = e;
-}
-
-static void lru_touch(kv_offload *off, struct entry *e)
-{
-    lru_unlink(off, e);
-    lru_append(off, e);
-}
-
-/* Double the buckets when entries outgrow them (false: no memory, keep them). */
-static void table_grow(kv_offload *off)
-{
-    if (off->st.entries < off->n_buckets)
-        return;
-    const size_t nb = off->n_buckets * 2;
-    struct entry **b = kv__mem_calloc(nb, sizeof(*b));
-    if (!b)
-        return; /* longer chains, still correct */
-    struct entry **old = off->buckets;
-    const size_t on = off->n_buckets;
-    off->buckets = b;
-    off->n_buckets = nb;
-    for (size_t i = 0; i < on; i++)
-        for (struct entry *e = old[i], *n; e; e = n) {
-            n = e->hnext;
-            const size_t k = bucket_of(off, e->hash);
-            e->hnext = b[k];
-            b[k] = e;
-        }
-    kv__mem_free(old);
-}
-
-static void table_insert(kv_offload *off, struct entry *e)
-{
-    const size_t k = bucket_of(off, e->hash);
-    e->hnext = off->buckets[k];
-    off->buckets[k] = e;
-    e->linked = true;
-    lru_append(off, e);
-    off->st.entries++;
-    table_grow(off);
-}
-
-static void entry_free(kv_offload *off, struct entry *e)
-{
-    kv__carver_free(off->carver, e->mem);
-    off->st.bytes -= (uint64_t)e->bytes;
-    kv__mem_free(e);
-}
-
-/* Take e out of the table and the LRU list; free it unless the worker holds it. */
-static void table_remove(kv_offload *off, struct entry *e)
-{
-    struct entry **pp = &off->buckets[bucket_of(off, e->hash)];
-    while (*pp != e)
-        pp = &(*pp)->hnext;
-    *pp = e->hnext;
-    lru_unlink(off, e);
-    e->linked = false;
-    off->st.entries--;
-    if (e->pins == 0)
-        entry_free(off, e);
-}
-
-static void unpin(kv_offload *off, struct entry *e)
-{
-    if (--e->pins == 0 && !e->linked)
-        entry_free(off, e);
-}
-
-/* The invariants at the top of this file, walked in full (off->mu held):
- * KV_ERR_INTERNAL naming the first one broken. */
-static kv_status table_check_locked(const kv_offload *off)
-{
-    uint64_t linked = 0, bytes = 0, n_lru = 0;
-    for (size_t i = 0; i < off->n_buckets; i++)
-        for (const struct entry *e = off->buckets[i]; e; e = e->hnext) {
-            if (!e->linked || bucket_of(off, e->hash) != i)
-                return kv__error(KV_ERR_INTERNAL,
-                                 "kv_offload: entry 0x%016" PRIx64 " in bucket %zu: linked %d",
-                                 e->hash, i, (int)e->linked);
-            if (!e->ready && e->pins == 0)
-                return kv__error(KV_ERR_INTERNAL,
-                                 "kv_offload: entry 0x%016" PRIx64 " neither ready nor pinned",
-                                 e->hash);
-            for (const struct entry *o = e->hnext; o; o = o->hnext)
-                if (o->hash == e->hash && o->block_fp == e->block_fp)
-                    return kv__error(KV_ERR_INTERNAL,
-                                     "kv_offload: two entries of (0x%016" PRIx64 ", 0x%016" PRIx64
-                                     ")",
-                                     e->hash, e->block_fp);
-            linked++;
-            bytes += (uint64_t)e->bytes;
-        }
-    for (const struct entry *e = off->lru_head, *prev = NULL; e; prev = e, e = e->lru_next) {
-        if (e->lru_prev != prev || !e->linked)
-            return kv__error(KV_ERR_INTERNAL, "kv_offload: LRU list broken at 0x%016" PRIx64,
-                             e->hash);
-        if (!e->lru_next && off->lru_tail != e)
-            return kv__error(KV_ERR_INTERNAL, "kv_offload: LRU tail is not the last entry");
-        n_lru++;
-    }
-    if (linked != off->st.entries || n_lru != linked || bytes > off->st.bytes ||
-        off->st.bytes > off->cfg.capacity_bytes)
-        return kv__error(
-            KV_ERR_INTERNAL,
-            "kv_offload: %" PRIu64 " linked entries, %" PRIu64 " on the LRU list, %" PRIu64
-            " bytes linked; counters: entries %" PRIu64 ", bytes %" PRIu64 " (capacity %zu)",
-            linked, n_lru, bytes, off->st.entries, off->st.bytes, off->cfg.capacity_bytes);
-    return KV_OK;
-}
-
-/* After each change of the table, off->mu held: the full walk in DEBUG=1
- * builds. A failure is a bug in this file: abort with the message. */
-static void debug_check(const kv_offload *off)
-{
-#if defined(KV_DEBUG_CHECKS)
-    if (table_check_locked(off) != KV_OK) {
-        fprintf(stderr, "kvcache: %s\n", kv_last_error());
-        abort();
-    }
-#else
-    (void)off;
-    (void)table_check_locked;
-#endif
-}
-
-/* Evict the least recently used entry nobody holds; false when none. */
-static bool evict_one(kv_offload *off)
-{
-    for (struct entry *e = off->lru_head; e; e = e->lru_next)
-        if (e->pins == 0) {
-            table_remove(off, e);
-            off->st.evictions++;
-            return true;
-        }
-    return false;
-}
-
-/* ---- create / destroy ---------------------------------------------------- */
-
-static void *worker_main(void *arg);
 
 kv_status kv_offload_create(const struct kv_offload_config *cfg, kv_offload **out)
 {
@@ -394,7 +106,7 @@ kv_status kv_offload_create(const struct kv_offload_config *cfg, kv_offload **ou
 
     pthread_mutex_init(&off->mu, NULL);
     pthread_cond_init(&off->cv, NULL);
-    int e = pthread_create(&off->worker, NULL, worker_main, off);
+    int e = pthread_create(&off->worker, NULL, kv__off_worker_main, off);
     if (e != 0) {
         st = kv__error(KV_ERR_INTERNAL, "kv_offload_create: pthread_create failed (%s)",
                        strerror(e));
@@ -418,7 +130,7 @@ undo_off:
 
 /* The op's final state: release what it holds, then publish (the op may be
  * freed by its owner the moment the state is terminal). */
-static void op_finish(kv_offload *off, kv_offload_op *op, kv_offload_state fin)
+void kv__off_op_finish(kv_offload *off, kv_offload_op *op, kv_offload_state fin)
 {
     if (!op->is_load) {
         if (kv_block_pool_release(op->pool, op->ids, op->n) != KV_OK)
@@ -483,7 +195,7 @@ void kv_offload_destroy(kv_offload *off)
     pthread_mutex_unlock(&off->mu);
     while (q) {
         kv_offload_op *n = q->qnext;
-        op_finish(off, q, KV_OFFLOAD_CANCELLED);
+        kv__off_op_finish(off, q, KV_OFFLOAD_CANCELLED);
         q = n;
     }
     pthread_join(off->worker, NULL);
@@ -526,19 +238,6 @@ kv_status kv_offload_regions(const kv_offload *off, struct kv_mem_region *out, s
     return kv_arena_regions(off->arena, out, cap, n);
 }
 
-/* ---- posting ------------------------------------------------------------- */
-
-/* What a block of a cache holds, as half of an entry's key: the block
- * format (layers, N, H, D, dtype, order, packing) and which of the model's
- * heads those are (tensor-parallel ranks of one group share a format). */
-static uint64_t block_key(const struct kv_layout *lo, uint32_t head_offset)
-{
-    if (head_offset == 0)
-        return lo->block_format_fingerprint;
-    const uint64_t k[2] = {lo->block_format_fingerprint, head_offset};
-    return kv__xxh3_64(k, sizeof(k));
-}
-
 /* The format of cache's layout (made on first use: two plans), off->mu held. */
 static kv_status fmt_get(kv_offload *off, const char *fn, const struct kv_layout *lo,
                          uint32_t head_offset, int *idx)
@@ -568,7 +267,7 @@ static kv_status fmt_get(kv_offload *off, const char *fn, const struct kv_layout
     kv_status st = kv_pack_wire_layout(lo, &el);
     struct fmt f = {.cache_fp = lo->fingerprint,
                     .head_offset = head_offset,
-                    .block_fp = block_key(lo, head_offset), /* lo's and el's block format */
+                    .block_fp = kv__off_block_key(lo, head_offset), /* lo's and el's block format */
                     .entry_bytes = el.total_bytes,
                     .stride_block_bytes = lo->stride_block_bytes,
                     .block_tokens = lo->block_tokens};
@@ -768,267 +467,6 @@ kv_status kv_offload_load(kv_offload *off, kv_cache *cache, const uint64_t *hash
     return kv__ok();
 }
 
-/* ---- the worker ---------------------------------------------------------- */
-
-static void hook_call(kv_offload *off, enum kv__offload_hook_at at, kv_offload_op *op)
-{
-    pthread_mutex_lock(&off->mu);
-    kv__offload_hook_fn fn = off->hook;
-    void *user = off->hook_user;
-    pthread_mutex_unlock(&off->mu);
-    if (fn)
-        fn(user, at, op);
-}
-
-/* One block. Store: copy the block into the entry, then checksum the entry.
- * Load: checksum the entry first and copy it into the block only when the
- * sum is the one taken at store, so a corrupt entry never reaches a block.
- * Returns the entry's sum. */
-static uint64_t move_block(const struct fmt *f, bool load, char *blk, char *ent, uint64_t want)
-{
-    const int64_t N = f->block_tokens;
-    if (load) {
-        const uint64_t sum = kv__xxh3_64(ent, (size_t)f->entry_bytes);
-        if (sum == want) {
-            const char *s = ent;
-            kv__plan_exec_cpu(f->to_block, &s, 1, &blk, 1, (uint64_t)N, 1);
-        }
-        return sum;
-    }
-    if (f->sequential) /* copy a row, hash it while it is in cache */
-        return kv__plan_copy_hash(f->to_entry, blk, ent);
-    const char *s = blk;
-    kv__plan_exec_cpu(f->to_entry, &s, 1, &ent, 1, (uint64_t)N, 1);
-    return kv__xxh3_64(ent, (size_t)f->entry_bytes);
-}
-
-/* The copies of one chunk: slot[i] the entry of block i (NULL: nothing). */
-static void move_chunk(const kv_offload *off, const struct fmt *f, kv_offload_op *op, uint32_t i0,
-                       uint32_t k, struct entry *const *slot, uint64_t *sum)
-{
-    const int nt = off->threads < (int)k ? off->threads : (int)k;
-    if (nt > 1) {
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-        for (uint32_t j = 0; j < k; j++)
-            if (slot[j])
-                sum[j] = move_block(f, op->is_load,
-                                    op->base + (int64_t)op->ids[i0 + j] * f->stride_block_bytes,
-                                    slot[j]->mem, slot[j]->sum);
-    } else { /* no OpenMP runtime on this path (the TSan tests take it) */
-        for (uint32_t j = 0; j < k; j++)
-            if (slot[j])
-                sum[j] = move_block(f, op->is_load,
-                                    op->base + (int64_t)op->ids[i0 + j] * f->stride_block_bytes,
-                                    slot[j]->mem, slot[j]->sum);
-    }
-}
-
-/* Store: returns true when cancelled. */
-static bool run_store(kv_offload *off, kv_offload_op *op, const struct fmt *f, uint32_t chunk,
-                      struct entry **slot, uint64_t *sum)
-{
-    /* an entry counts what it takes of the region: its carver size class */
-    const uint64_t eb =
-        (uint64_t)kv__carver_size(off->carver, (size_t)f->entry_bytes, KV__OFF_ENTRY_ALIGN);
-    for (uint32_t i0 = 0; i0 < op->n; i0 += chunk) {
-        if (atomic_load(&op->cancel))
-            return true; /* the rest stay KV_ERR_CANCELLED */
-        const uint32_t k = op->n - i0 < chunk ? op->n - i0 : chunk;
-        pthread_mutex_lock(&off->mu);
-        for (uint32_t j = 0; j < k; j++) {
-            struct kv_offload_result *r = &op->res[i0 + j];
-            slot[j] = NULL;
-            struct entry *e = find(off, r->hash, f->block_fp);
-            if (e) { /* held already in this format (or being written by this chunk) */
-                lru_touch(off, e);
-                off->st.store_touches++;
-                r->status = KV_OK;
-                continue;
-            }
-            r->status = KV_ERR_CAPACITY;
-            if (eb > off->cfg.capacity_bytes)
-                continue;
-            bool room = true;
-            while (room && off->st.bytes + eb > off->cfg.capacity_bytes)
-                room = evict_one(off);
-            if (!room)
-                continue;
-            e = kv__mem_calloc(1, sizeof(*e));
-            const size_t want = (size_t)f->entry_bytes;
-            char *mem = e ? kv__carver_alloc(off->carver, want, KV__OFF_ENTRY_ALIGN) : NULL;
-            while (e && !mem && evict_one(off))
-                mem = kv__carver_alloc(off->carver, want, KV__OFF_ENTRY_ALIGN);
-            if (!mem) {
-                kv__mem_free(e);
-                r->status = KV_ERR_NO_MEMORY;
-                continue;
-            }
-            *e = (struct entry){.hash = r->hash,
-                                .mem = mem,
-                                .len = f->entry_bytes,
-                                .bytes = (int64_t)eb,
-                                .block_fp = f->block_fp,
-                                .pins = 1};
-            off->st.bytes += eb;
-            table_insert(off, e);
-            slot[j] = e;
-        }
-        debug_check(off);
-        pthread_mutex_unlock(&off->mu);
-        move_chunk(off, f, op, i0, k, slot, sum);
-        pthread_mutex_lock(&off->mu);
-        for (uint32_t j = 0; j < k; j++)
-            if (slot[j]) {
-                slot[j]->sum = sum[j];
-                slot[j]->ready = true;
-                unpin(off, slot[j]);
-                op->res[i0 + j].status = KV_OK;
-                off->st.stores++;
-            }
-        debug_check(off);
-        pthread_mutex_unlock(&off->mu);
-        hook_call(off, KV__OFFLOAD_HOOK_BLOCK, op);
-    }
-    return false;
-}
-
-/* Load: copy and verify every entry; returns true when cancelled. Results:
- * KV_OK = copied and verified (not committed yet). */
-static bool run_load(kv_offload *off, kv_offload_op *op, const struct fmt *f, uint32_t chunk,
-                     struct entry **slot, uint64_t *sum)
-{
-    for (uint32_t i0 = 0; i0 < op->n; i0 += chunk) {
-        if (atomic_load(&op->cancel))
-            return true;
-        const uint32_t k = op->n - i0 < chunk ? op->n - i0 : chunk;
-        pthread_mutex_lock(&off->mu);
-        for (uint32_t j = 0; j < k; j++) {
-            struct kv_offload_result *r = &op->res[i0 + j];
-            struct entry *e = find(off, r->hash, f->block_fp);
-            slot[j] = NULL;
-            if (!e || !e->ready) { /* a miss; MISMATCH when only other formats hold it */
-                r->status = find_any(off, r->hash, true) ? KV_ERR_MISMATCH : KV_ERR_NOT_FOUND;
-                off->st.misses++;
-            } else {
-                e->pins++;
-                lru_touch(off, e);
-                off->st.hits++;
-                slot[j] = e;
-            }
-        }
-        debug_check(off);
-        pthread_mutex_unlock(&off->mu);
-        move_chunk(off, f, op, i0, k, slot, sum);
-        pthread_mutex_lock(&off->mu);
-        for (uint32_t j = 0; j < k; j++) {
-            struct entry *e = slot[j];
-            if (!e)
-                continue;
-            if (sum[j] != e->sum) {
-                op->res[i0 + j].status = KV_ERR_CORRUPT;
-                off->st.checksum_failures++;
-                if (e->linked)
-                    table_remove(off, e); /* a corrupt entry is never served again */
-            }
-            unpin(off, e);
-        }
-        debug_check(off);
-        pthread_mutex_unlock(&off->mu);
-        hook_call(off, KV__OFFLOAD_HOOK_BLOCK, op);
-    }
-    return false;
-}
-
-/* Commit the verified blocks of a load, release the failed ones. */
-static void load_commit(kv_offload *off, kv_offload_op *op)
-{
-    uint64_t loaded = 0;
-    for (uint32_t i = 0; i < op->n; i++) {
-        struct kv_offload_result *r = &op->res[i];
-        if (r->status == KV_OK) {
-            bool stored = false;
-            kv_status st = kv_block_pool_commit_hash(op->pool, r->block, r->hash, &stored);
-            if (st == KV_OK) {
-                r->committed = stored;
-                loaded++;
-                continue;
-            }
-            r->status = st; /* the block is ours and fresh: not expected */
-        }
-        if (kv_block_pool_release(op->pool, &r->block, 1) != KV_OK)
-            abort(); /* allocated at post */
-        r->block = KV_BLOCK_NULL;
-    }
-    pthread_mutex_lock(&off->mu);
-    off->st.loads += loaded;
-    pthread_mutex_unlock(&off->mu);
-}
-
-static void run_op(kv_offload *off, kv_offload_op *op, const struct fmt *f, uint32_t chunk)
-{
-    struct entry **slot = kv__mem_calloc(chunk, sizeof(*slot));
-    uint64_t *sum = kv__mem_calloc(chunk, sizeof(*sum));
-    bool cancelled;
-    if (!slot || !sum) { /* cannot run: every entry fails, nothing lost */
-        for (uint32_t i = 0; i < op->n; i++)
-            op->res[i].status = KV_ERR_NO_MEMORY;
-        cancelled = false;
-    } else {
-        cancelled = op->is_load ? run_load(off, op, f, chunk, slot, sum)
-                                : run_store(off, op, f, chunk, slot, sum);
-    }
-    kv__mem_free(slot);
-    kv__mem_free(sum);
-    /* the last point a cancel is seen: a load commits nothing once cancelled */
-    if (!cancelled && atomic_load(&op->cancel) && op->is_load)
-        cancelled = true;
-    if (cancelled) {
-        op_finish(off, op, KV_OFFLOAD_CANCELLED);
-        return;
-    }
-    if (op->is_load)
-        load_commit(off, op);
-    bool ok = true;
-    for (uint32_t i = 0; i < op->n; i++)
-        ok = ok && op->res[i].status == KV_OK;
-    op_finish(off, op, ok ? KV_OFFLOAD_DONE : KV_OFFLOAD_FAILED);
-}
-
-static void *worker_main(void *arg)
-{
-    kv_offload *off = arg;
-    pthread_mutex_lock(&off->mu);
-    for (;;) {
-        while (!off->qhead && !off->stopping)
-            pthread_cond_wait(&off->cv, &off->mu);
-        if (!off->qhead)
-            break; /* stopping, nothing queued */
-        kv_offload_op *op = off->qhead;
-        off->qhead = op->qnext;
-        if (!off->qhead)
-            off->qtail = NULL;
-        op->qnext = NULL;
-        off->running = op;
-        const struct fmt f = off->fmts[op->fmt];
-        const int64_t by_bytes = (KV__OFF_CHUNK_BYTES + f.entry_bytes - 1) / f.entry_bytes;
-        const uint32_t chunk = off->chunk                     ? off->chunk
-                               : by_bytes < KV__OFF_CHUNK_MIN ? KV__OFF_CHUNK_MIN
-                               : by_bytes > KV__OFF_CHUNK_MAX ? KV__OFF_CHUNK_MAX
-                                                              : (uint32_t)by_bytes;
-        pthread_mutex_lock(&op->mu);
-        op->state = KV_OFFLOAD_RUNNING;
-        pthread_mutex_unlock(&op->mu);
-        pthread_mutex_unlock(&off->mu);
-        hook_call(off, KV__OFFLOAD_HOOK_START, op);
-        run_op(off, op, &f, chunk);
-        pthread_mutex_lock(&off->mu);
-    }
-    pthread_mutex_unlock(&off->mu);
-    return NULL;
-}
-
-/* ---- ops ----------------------------------------------------------------- */
-
 kv_status kv_offload_test(kv_offload_op *op, kv_offload_state *state)
 {
     if (!op || !state)
@@ -1052,14 +490,14 @@ kv_status kv_offload_wait(kv_offload_op *op, uint32_t timeout_ms, kv_offload_sta
         dl.tv_nsec -= 1000000000L;
     }
     pthread_mutex_lock(&op->mu);
-    while (!terminal(op->state))
+    while (!kv__off_terminal(op->state))
         if (pthread_cond_timedwait(&op->cv, &op->mu, &dl) != 0)
             break;
     const kv_offload_state s = op->state;
     pthread_mutex_unlock(&op->mu);
     if (state)
         *state = s;
-    if (!terminal(s))
+    if (!kv__off_terminal(s))
         return kv__error(KV_ERR_TIMEOUT, "kv_offload_wait: op still %s after %u ms",
                          kv_offload_state_name(s), timeout_ms);
     return kv__ok();
@@ -1072,7 +510,7 @@ kv_status kv_offload_cancel(kv_offload_op *op)
     pthread_mutex_lock(&op->mu);
     const kv_offload_state s = op->state;
     pthread_mutex_unlock(&op->mu);
-    if (terminal(s))
+    if (kv__off_terminal(s))
         return kv__ok();
     kv_offload *off = op->off;
     bool queued = false;
@@ -1096,7 +534,7 @@ kv_status kv_offload_cancel(kv_offload_op *op)
     pthread_mutex_unlock(&op->mu);
     pthread_mutex_unlock(&off->mu);
     if (queued)
-        op_finish(off, op, KV_OFFLOAD_CANCELLED);
+        kv__off_op_finish(off, op, KV_OFFLOAD_CANCELLED);
     return kv__ok();
 }
 
@@ -1111,7 +549,7 @@ kv_status kv_offload_results(kv_offload_op *op, const struct kv_offload_result *
     pthread_mutex_lock(&op->mu);
     s = op->state;
     pthread_mutex_unlock(&op->mu);
-    if (!terminal(s))
+    if (!kv__off_terminal(s))
         return kv__error(KV_ERR_BAD_STATE, "kv_offload_results: the op is still %s",
                          kv_offload_state_name(s));
     *res = op->res;
@@ -1127,55 +565,11 @@ kv_status kv_offload_op_free(kv_offload_op *op)
     pthread_mutex_lock(&op->mu);
     s = op->state;
     pthread_mutex_unlock(&op->mu);
-    if (!terminal(s))
+    if (!kv__off_terminal(s))
         return kv__error(KV_ERR_BAD_STATE,
                          "kv_offload_op_free: the op is still %s (cancel and wait first)",
                          kv_offload_state_name(s));
     op_delete(op);
-    return kv__ok();
-}
-
-/* ---- table calls --------------------------------------------------------- */
-
-kv_status kv_offload_evict(kv_offload *off, const uint64_t *hashes, uint32_t n, uint32_t *n_evicted)
-{
-    if (!off || (n > 0 && !hashes))
-        return kv__error(KV_ERR_NULL, "kv_offload_evict: %s is NULL", !off ? "off" : "hashes");
-    uint32_t k = 0;
-    pthread_mutex_lock(&off->mu);
-    for (uint32_t i = 0; i < n; i++) /* every format's entry of the hash */
-        for (struct entry *e; (e = find_any(off, hashes[i], false));) {
-            table_remove(off, e);
-            off->st.evicted++;
-            k++;
-        }
-    debug_check(off);
-    pthread_mutex_unlock(&off->mu);
-    if (n_evicted)
-        *n_evicted = k;
-    return kv__ok();
-}
-
-bool kv_offload_contains(kv_offload *off, const kv_cache *cache, uint64_t hash)
-{
-    if (!off)
-        return false;
-    const struct kv_layout *lo = kv_cache_layout(cache);
-    pthread_mutex_lock(&off->mu);
-    const struct entry *e = lo ? find(off, hash, block_key(lo, kv_cache_head_offset(cache)))
-                               : find_any(off, hash, true);
-    const bool yes = e && e->ready;
-    pthread_mutex_unlock(&off->mu);
-    return yes;
-}
-
-kv_status kv_offload_stats_get(kv_offload *off, struct kv_offload_stats *out)
-{
-    if (!off || !out)
-        return kv__error(KV_ERR_NULL, "kv_offload_stats_get: %s is NULL", !off ? "off" : "out");
-    pthread_mutex_lock(&off->mu);
-    *out = off->st;
-    pthread_mutex_unlock(&off->mu);
     return kv__ok();
 }
 
@@ -1251,27 +645,6 @@ kv_status kv_offload_staging_free(kv_offload *off, void *ptr)
     if (last) /* the tier was destroyed: this buffer held the region */
         tier_free(off);
     return st == KV_OK ? kv__ok() : st;
-}
-
-/* ---- test hooks (kv_offload_int.h) --------------------------------------- */
-
-kv_status kv__offload_test_corrupt(kv_offload *off, const kv_cache *cache, uint64_t hash,
-                                   size_t byte)
-{
-    kv_status st = KV_OK;
-    const struct kv_layout *lo = kv_cache_layout(cache);
-    pthread_mutex_lock(&off->mu);
-    struct entry *e = lo ? find(off, hash, block_key(lo, kv_cache_head_offset(cache)))
-                         : find_any(off, hash, true);
-    if (!e || !e->ready)
-        st = kv__error(KV_ERR_NOT_FOUND, "offload test corrupt: no entry 0x%016" PRIx64, hash);
-    else if ((int64_t)byte >= e->len)
-        st = kv__error(KV_ERR_OUT_OF_BOUNDS, "offload test corrupt: byte %zu of %" PRId64, byte,
-                       e->len);
-    else
-        e->mem[byte] ^= 0x5a;
-    pthread_mutex_unlock(&off->mu);
-    return st;
 }
 
 void kv__offload_test_set_hook(kv_offload *off, kv__offload_hook_fn fn, void *user)

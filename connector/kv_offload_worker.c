@@ -1,0 +1,279 @@
+/*
+ * kv_offload_worker.c - the offload tier's worker thread
+ * (kv_offload_tier_int.h): it takes the oldest op, and for each chunk of
+ * blocks does its table work under off->mu, copies (and checksums) with no
+ * lock held, then publishes under off->mu; cancel is seen between chunks.
+ */
+#include <inttypes.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kv_attn.h"
+#include "kv_lib.h"
+#include "kv_mem.h"
+#include "kv_offload_tier_int.h"
+#include "kv_pack.h"
+#include "kv_plan_int.h"
+
+void kv__off_hook_call(kv_offload *off, enum kv__offload_hook_at at, kv_offload_op *op)
+{
+    pthread_mutex_lock(&off->mu);
+    kv__offload_hook_fn fn = off->hook;
+    void *user = off->hook_user;
+    pthread_mutex_unlock(&off->mu);
+    if (fn)
+        fn(user, at, op);
+}
+
+/* One block. Store: copy the block into the entry, then checksum the entry.
+ * Load: checksum the entry first and copy it into the block only when the
+ * sum is the one taken at store, so a corrupt entry never reaches a block.
+ * Returns the entry's sum. */
+static uint64_t move_block(const struct fmt *f, bool load, char *blk, char *ent, uint64_t want)
+{
+    const int64_t N = f->block_tokens;
+    if (load) {
+        const uint64_t sum = kv__xxh3_64(ent, (size_t)f->entry_bytes);
+        if (sum == want) {
+            const char *s = ent;
+            kv__plan_exec_cpu(f->to_block, &s, 1, &blk, 1, (uint64_t)N, 1);
+        }
+        return sum;
+    }
+    if (f->sequential) /* copy a row, hash it while it is in cache */
+        return kv__plan_copy_hash(f->to_entry, blk, ent);
+    const char *s = blk;
+    kv__plan_exec_cpu(f->to_entry, &s, 1, &ent, 1, (uint64_t)N, 1);
+    return kv__xxh3_64(ent, (size_t)f->entry_bytes);
+}
+
+/* The copies of one chunk: slot[i] the entry of block i (NULL: nothing). */
+static void move_chunk(const kv_offload *off, const struct fmt *f, kv_offload_op *op, uint32_t i0,
+                       uint32_t k, struct entry *const *slot, uint64_t *sum)
+{
+    const int nt = off->threads < (int)k ? off->threads : (int)k;
+    if (nt > 1) {
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+        for (uint32_t j = 0; j < k; j++)
+            if (slot[j])
+                sum[j] = move_block(f, op->is_load,
+                                    op->base + (int64_t)op->ids[i0 + j] * f->stride_block_bytes,
+                                    slot[j]->mem, slot[j]->sum);
+    } else { /* no OpenMP runtime on this path (the TSan tests take it) */
+        for (uint32_t j = 0; j < k; j++)
+            if (slot[j])
+                sum[j] = move_block(f, op->is_load,
+                                    op->base + (int64_t)op->ids[i0 + j] * f->stride_block_bytes,
+                                    slot[j]->mem, slot[j]->sum);
+    }
+}
+
+/* Store: returns true when cancelled. */
+static bool run_store(kv_offload *off, kv_offload_op *op, const struct fmt *f, uint32_t chunk,
+                      struct entry **slot, uint64_t *sum)
+{
+    /* an entry counts what it takes of the region: its carver size class */
+    const uint64_t eb =
+        (uint64_t)kv__carver_size(off->carver, (size_t)f->entry_bytes, KV__OFF_ENTRY_ALIGN);
+    for (uint32_t i0 = 0; i0 < op->n; i0 += chunk) {
+        if (atomic_load(&op->cancel))
+            return true; /* the rest stay KV_ERR_CANCELLED */
+        const uint32_t k = op->n - i0 < chunk ? op->n - i0 : chunk;
+        pthread_mutex_lock(&off->mu);
+        for (uint32_t j = 0; j < k; j++) {
+            struct kv_offload_result *r = &op->res[i0 + j];
+            slot[j] = NULL;
+            struct entry *e = kv__off_find(off, r->hash, f->block_fp);
+            if (e) { /* held already in this format (or being written by this chunk) */
+                kv__off_lru_touch(off, e);
+                off->st.store_touches++;
+                r->status = KV_OK;
+                continue;
+            }
+            r->status = KV_ERR_CAPACITY;
+            if (eb > off->cfg.capacity_bytes)
+                continue;
+            bool room = true;
+            while (room && off->st.bytes + eb > off->cfg.capacity_bytes)
+                room = kv__off_evict_one(off);
+            if (!room)
+                continue;
+            e = kv__mem_calloc(1, sizeof(*e));
+            const size_t want = (size_t)f->entry_bytes;
+            char *mem = e ? kv__carver_alloc(off->carver, want, KV__OFF_ENTRY_ALIGN) : NULL;
+            while (e && !mem && kv__off_evict_one(off))
+                mem = kv__carver_alloc(off->carver, want, KV__OFF_ENTRY_ALIGN);
+            if (!mem) {
+                kv__mem_free(e);
+                r->status = KV_ERR_NO_MEMORY;
+                continue;
+            }
+            *e = (struct entry){.hash = r->hash,
+                                .mem = mem,
+                                .len = f->entry_bytes,
+                                .bytes = (int64_t)eb,
+                                .block_fp = f->block_fp,
+                                .pins = 1};
+            off->st.bytes += eb;
+            kv__off_table_insert(off, e);
+            slot[j] = e;
+        }
+        kv__off_debug_check(off);
+        pthread_mutex_unlock(&off->mu);
+        move_chunk(off, f, op, i0, k, slot, sum);
+        pthread_mutex_lock(&off->mu);
+        for (uint32_t j = 0; j < k; j++)
+            if (slot[j]) {
+                slot[j]->sum = sum[j];
+                slot[j]->ready = true;
+                kv__off_unpin(off, slot[j]);
+                op->res[i0 + j].status = KV_OK;
+                off->st.stores++;
+            }
+        kv__off_debug_check(off);
+        pthread_mutex_unlock(&off->mu);
+        kv__off_hook_call(off, KV__OFFLOAD_HOOK_BLOCK, op);
+    }
+    return false;
+}
+
+/* Load: copy and verify every entry; returns true when cancelled. Results:
+ * KV_OK = copied and verified (not committed yet). */
+static bool run_load(kv_offload *off, kv_offload_op *op, const struct fmt *f, uint32_t chunk,
+                     struct entry **slot, uint64_t *sum)
+{
+    for (uint32_t i0 = 0; i0 < op->n; i0 += chunk) {
+        if (atomic_load(&op->cancel))
+            return true;
+        const uint32_t k = op->n - i0 < chunk ? op->n - i0 : chunk;
+        pthread_mutex_lock(&off->mu);
+        for (uint32_t j = 0; j < k; j++) {
+            struct kv_offload_result *r = &op->res[i0 + j];
+            struct entry *e = kv__off_find(off, r->hash, f->block_fp);
+            slot[j] = NULL;
+            if (!e || !e->ready) { /* a miss; MISMATCH when only other formats hold it */
+                r->status =
+                    kv__off_find_any(off, r->hash, true) ? KV_ERR_MISMATCH : KV_ERR_NOT_FOUND;
+                off->st.misses++;
+            } else {
+                e->pins++;
+                kv__off_lru_touch(off, e);
+                off->st.hits++;
+                slot[j] = e;
+            }
+        }
+        kv__off_debug_check(off);
+        pthread_mutex_unlock(&off->mu);
+        move_chunk(off, f, op, i0, k, slot, sum);
+        pthread_mutex_lock(&off->mu);
+        for (uint32_t j = 0; j < k; j++) {
+            struct entry *e = slot[j];
+            if (!e)
+                continue;
+            if (sum[j] != e->sum) {
+                op->res[i0 + j].status = KV_ERR_CORRUPT;
+                off->st.checksum_failures++;
+                if (e->linked)
+                    kv__off_table_remove(off, e); /* a corrupt entry is never served again */
+            }
+            kv__off_unpin(off, e);
+        }
+        kv__off_debug_check(off);
+        pthread_mutex_unlock(&off->mu);
+        kv__off_hook_call(off, KV__OFFLOAD_HOOK_BLOCK, op);
+    }
+    return false;
+}
+
+/* Commit the verified blocks of a load, release the failed ones. */
+static void load_commit(kv_offload *off, kv_offload_op *op)
+{
+    uint64_t loaded = 0;
+    for (uint32_t i = 0; i < op->n; i++) {
+        struct kv_offload_result *r = &op->res[i];
+        if (r->status == KV_OK) {
+            bool stored = false;
+            kv_status st = kv_block_pool_commit_hash(op->pool, r->block, r->hash, &stored);
+            if (st == KV_OK) {
+                r->committed = stored;
+                loaded++;
+                continue;
+            }
+            r->status = st; /* the block is ours and fresh: not expected */
+        }
+        if (kv_block_pool_release(op->pool, &r->block, 1) != KV_OK)
+            abort(); /* allocated at post */
+        r->block = KV_BLOCK_NULL;
+    }
+    pthread_mutex_lock(&off->mu);
+    off->st.loads += loaded;
+    pthread_mutex_unlock(&off->mu);
+}
+
+static void run_op(kv_offload *off, kv_offload_op *op, const struct fmt *f, uint32_t chunk)
+{
+    struct entry **slot = kv__mem_calloc(chunk, sizeof(*slot));
+    uint64_t *sum = kv__mem_calloc(chunk, sizeof(*sum));
+    bool cancelled;
+    if (!slot || !sum) { /* cannot run: every entry fails, nothing lost */
+        for (uint32_t i = 0; i < op->n; i++)
+            op->res[i].status = KV_ERR_NO_MEMORY;
+        cancelled = false;
+    } else {
+        cancelled = op->is_load ? run_load(off, op, f, chunk, slot, sum)
+                                : run_store(off, op, f, chunk, slot, sum);
+    }
+    kv__mem_free(slot);
+    kv__mem_free(sum);
+    /* the last point a cancel is seen: a load commits nothing once cancelled */
+    if (!cancelled && atomic_load(&op->cancel) && op->is_load)
+        cancelled = true;
+    if (cancelled) {
+        kv__off_op_finish(off, op, KV_OFFLOAD_CANCELLED);
+        return;
+    }
+    if (op->is_load)
+        load_commit(off, op);
+    bool ok = true;
+    for (uint32_t i = 0; i < op->n; i++)
+        ok = ok && op->res[i].status == KV_OK;
+    kv__off_op_finish(off, op, ok ? KV_OFFLOAD_DONE : KV_OFFLOAD_FAILED);
+}
+
+void *kv__off_worker_main(void *arg)
+{
+    kv_offload *off = arg;
+    pthread_mutex_lock(&off->mu);
+    for (;;) {
+        while (!off->qhead && !off->stopping)
+            pthread_cond_wait(&off->cv, &off->mu);
+        if (!off->qhead)
+            break; /* stopping, nothing queued */
+        kv_offload_op *op = off->qhead;
+        off->qhead = op->qnext;
+        if (!off->qhead)
+            off->qtail = NULL;
+        op->qnext = NULL;
+        off->running = op;
+        const struct fmt f = off->fmts[op->fmt];
+        const int64_t by_bytes = (KV__OFF_CHUNK_BYTES + f.entry_bytes - 1) / f.entry_bytes;
+        const uint32_t chunk = off->chunk                     ? off->chunk
+                               : by_bytes < KV__OFF_CHUNK_MIN ? KV__OFF_CHUNK_MIN
+                               : by_bytes > KV__OFF_CHUNK_MAX ? KV__OFF_CHUNK_MAX
+                                                              : (uint32_t)by_bytes;
+        pthread_mutex_lock(&op->mu);
+        op->state = KV_OFFLOAD_RUNNING;
+        pthread_mutex_unlock(&op->mu);
+        pthread_mutex_unlock(&off->mu);
+        kv__off_hook_call(off, KV__OFFLOAD_HOOK_START, op);
+        run_op(off, op, &f, chunk);
+        pthread_mutex_lock(&off->mu);
+    }
+    pthread_mutex_unlock(&off->mu);
+    return NULL;
+}
