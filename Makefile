@@ -42,7 +42,7 @@ else
 HAVE_RDMA := $(RDMA)
 endif
 
-MODULES  := kvcache allocator attention connector
+MODULES  := kvcache allocator attention connector binding
 WARN     := -std=c11 -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes \
             -Wmissing-prototypes -Wformat=2 -Wundef -Wimplicit-fallthrough
 ifeq ($(WERROR),1)
@@ -60,12 +60,15 @@ endif
 # and the folders below it on the include path, so an upward include does not
 # compile; scripts/check-walls.py catches what the path cannot (another
 # module's private *_int.h, a public header including an internal one).
+# The modules form a DAG, not a line: attention and connector are siblings
+# on allocator (neither uses the other); binding sees them all.
 inc_kvcache   := -Ikvcache
 inc_allocator := $(inc_kvcache) -Iallocator
 inc_attention := $(inc_allocator) -Iattention
-inc_connector := $(inc_attention) -Iconnector
+inc_connector := $(inc_allocator) -Iconnector
+inc_binding   := $(inc_allocator) -Iattention -Iconnector -Ibinding
 # Tests, tools and benchmarks see every module and the umbrella <kvcache/kv.h>.
-INCLUDES := $(inc_connector) -Iinclude
+INCLUDES := $(inc_binding) -Iinclude
 # The module of a source path "allocator/kv_arena" -> its include flags.
 mod_inc = $(inc_$(firstword $(subst /, ,$(1))))
 # The kernel modules parallelize with OpenMP (gcc's libgomp).
@@ -109,7 +112,11 @@ OBJ     := $(SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
 # boundaries); everything else is public, installed in include/kvcache/ with
 # the umbrella include/kvcache/kv.h.
 LIB_HEADERS := kvcache/kv_lib.h kvcache/kv_mem.h kvcache/kv_cuda_lib.h kvcache/kv_wire.h
-HEADERS := $(filter-out %_int.h $(LIB_HEADERS),$(foreach m,$(MODULES),$(wildcard $(m)/*.h))) \
+# The *_hd.h tier: addressing and conversions shared by .c and .cu
+# (__host__ __device__), used across modules like the library-internal tier,
+# never installed: the installed API is only what we mean to keep stable.
+HD_HEADERS := $(foreach m,$(MODULES),$(wildcard $(m)/*_hd.h))
+HEADERS := $(filter-out %_int.h %_hd.h $(LIB_HEADERS),$(foreach m,$(MODULES),$(wildcard $(m)/*.h))) \
            include/kvcache/kv.h
 # The public headers as installed, in the build tree: integration tests
 # compile against this directory alone (-I$(BUILD)/include), as a user would.
@@ -231,7 +238,7 @@ headers: $(STAGED)
 # the checker fails on a tree that breaks each rule.
 check-walls:
 	@python3 scripts/check-walls.py --self-test
-	@python3 scripts/check-walls.py --public "$(HEADERS)" --internal "$(LIB_HEADERS)"
+	@python3 scripts/check-walls.py --public "$(HEADERS)" --internal "$(LIB_HEADERS) $(HD_HEADERS)"
 
 test: deps check-walls
 	@$(MAKE) --no-print-directory -j$(JOBS) tests $(CLI)
@@ -293,7 +300,7 @@ $(FUZZ_CONNECTOR): $(BUILD)/fuzz/%: tests/fuzz/%.c $(FUZZ_ALL_SRC) $(foreach m,$
                    tests/common/kvt_xport_raw.h
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  FUZZ   $@')
-	$(Q)$(CLANG) $(FUZZ_CFLAGS) $(inc_connector) -Itests/common -fopenmp -Wno-unknown-pragmas \
+	$(Q)$(CLANG) $(FUZZ_CFLAGS) $(inc_binding) -Itests/common -fopenmp -Wno-unknown-pragmas \
 	    -o $@ $< $(FUZZ_ALL_SRC) -lxxhash -lm -lpthread
 
 fuzz: deps

@@ -1,40 +1,7 @@
-/* kv_attn.c - what the CPU and CUDA kernels share: the cache handle, the
- * thread setting and the path counters. */
-#include <omp.h>
+/* kv_attn.c - what the CPU and CUDA kernels share: the path counters. */
 #include <stdatomic.h>
 
 #include "kv_attn_int.h"
-
-kv_status kv_attn_cache(const kv_cache *c, struct kv_paged_cache *out)
-{
-    if (!c || !out)
-        return kv__error(KV_ERR_NULL, "kv_attn_cache: %s is NULL", !c ? "cache" : "out");
-    /* the cache's parts are owned by it and do not change after create */
-    kv_arena *a = kv_cache_arena((kv_cache *)c);
-    out->layout = *kv_cache_layout(c);
-    out->base = kv_arena_base(a);
-    out->storage_bytes = kv_arena_size(a);
-    out->mem = kv_arena_kind(a);
-    return kv__ok();
-}
-
-/* ---- threads ------------------------------------------------------------------ */
-
-static _Atomic int kv__attn_threads_set; /* 0: every core */
-
-kv_status kv_attn_set_threads(int n)
-{
-    if (n < 0)
-        return kv__error(KV_ERR_INVALID_ARG, "kv_attn_set_threads: %d < 0 (0 means every core)", n);
-    atomic_store_explicit(&kv__attn_threads_set, n, memory_order_relaxed);
-    return kv__ok();
-}
-
-int kv_attn_threads(void)
-{
-    int n = atomic_load_explicit(&kv__attn_threads_set, memory_order_relaxed);
-    return n > 0 ? n : omp_get_num_procs();
-}
 
 /* ---- stats --------------------------------------------------------------------- */
 

@@ -24,7 +24,7 @@
  * Element types. The cache dtype is the layout's: f32, f16, bf16, fp8 e4m3fn
  * or fp8 e5m2. Tensors may be any of the five. Equal dtypes without scales
  * move bytes exactly; otherwise each element goes through f32
- * (attention/kv_convert.h: round to nearest even, fp8 saturating).
+ * (attention/kv_convert_hd.h: round to nearest even, fp8 saturating).
  * Scales (struct kv_scales, per tensor or per KV head) follow the vLLM
  * convention: stored = x / scale on write, x = stored * scale on read and in
  * decode. read(write(x)) == x bit for bit when the dtypes agree and there are
@@ -59,7 +59,7 @@
  *   KV_ERR_CORRUPT       pages that contradict themselves (indptr decreasing,
  *                        last_page_len outside 1..N/r)
  * Thread safety: the kernels may run concurrently on different outputs; the
- * stats counters are atomic; kv_attn_set_threads is process-wide.
+ * stats counters are atomic; kv_set_threads is process-wide.
  */
 #ifndef KV_ATTN_H
 #define KV_ATTN_H
@@ -72,37 +72,17 @@
 #include "kv_cache.h"
 #include "kv_layout.h"
 #include "kv_page_table.h"
+#include "kv_paged.h"
 #include "kv_status.h"
+#include "kv_threads.h"
 #include "kv_view.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* The paged storage a kernel reads and writes: a complete layout (as
- * kv_layout_init computed it) and the memory it describes, with its kind
- * stated, never guessed from the pointer: the CPU kernels take KV_MEM_HOST
- * or KV_MEM_PINNED storage, the CUDA ones KV_MEM_DEVICE or KV_MEM_PINNED
- * (mapped into the device's address space); any other pairing is refused
- * with KV_ERR_INVALID_ARG before anything is touched. Passed by value. */
-struct kv_paged_cache {
-    struct kv_layout layout;
-    void *base;           /* the arena: element (l, kv, b, n, h, d) at a layout offset */
-    size_t storage_bytes; /* >= layout.total_bytes */
-    enum kv_mem_kind mem; /* where base points (0: KV_MEM_HOST) */
-};
-
-/* The paged cache of a kv_cache: its layout, arena base, size and kind.
- * KV_ERR_NULL for a NULL cache or out. */
-KV_API KV_NODISCARD kv_status kv_attn_cache(const kv_cache *c, struct kv_paged_cache *out);
-
-/* The checks every kernel makes of its cache, for code that addresses a
- * paged cache itself (connector/): the layout is exactly what kv_layout_init
- * computes for its fields, its dtype one the kernels handle, the storage
- * non-NULL, element-aligned and at least layout.total_bytes, and the memory
- * kind one the CPU (cuda false) or CUDA (cuda true) kernels can address.
- * KV_OK or the error a kernel would return, naming the field or value. */
-KV_API KV_NODISCARD kv_status kv_attn_cache_check(const struct kv_paged_cache *cache, bool cuda);
+/* The cache a kernel reads and writes: struct kv_paged_cache (kv_paged.h;
+ * kv_cache_paged() for a kv_cache), checked as kv_paged_check does. */
 
 /* The `layer` argument of write/read for every layer in one call: the
  * tensors are then [L][T][H][D]. */
@@ -144,7 +124,7 @@ struct kv_pages {
     const int64_t *seq_lens; /* [n_seqs] */
 };
 
-/* ---- CPU kernels (OpenMP; kv_attn_set_threads) ------------------------------ */
+/* ---- CPU kernels (OpenMP; kv_set_threads) ------------------------------ */
 
 /* Write K and V of tokens 0..n_slots-1 into their slots (see the top of the
  * file): layer in [0, L) with k, v [T][H][D], or KV_ATTN_ALL_LAYERS with
@@ -181,11 +161,7 @@ KV_API KV_NODISCARD kv_status kv_attn_decode(struct kv_paged_cache cache, uint32
                                              float softmax_scale, const struct kv_scales *scales,
                                              const struct kv_view *out);
 
-/* Threads the CPU kernels use: n >= 1, or 0 for every core (the default).
- * KV_ERR_INVALID_ARG for n < 0. Process-wide. */
-KV_API KV_NODISCARD kv_status kv_attn_set_threads(int n);
-/* The thread count the next CPU kernel will use. */
-KV_API int kv_attn_threads(void);
+/* The CPU kernels use kv_threads() threads (kv_threads.h). */
 
 /* ---- CUDA kernels -------------------------------------------------------------
  * The same kernels on device memory (cache.base and the tensors' bases are

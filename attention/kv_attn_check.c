@@ -15,16 +15,6 @@
 
 /* ---- the cache ---------------------------------------------------------------- */
 
-/* The layout must be exactly what kv_layout_init computes for its own fields:
- * the kernels trust its strides, so a hand-built or corrupted one is refused
- * naming the first field that differs (kv_layout_config_from rebuilds it). */
-static kv_status check_layout(const char *fn, const struct kv_layout *lo)
-{
-    struct kv_layout_config c;
-    kv_status st = kv_layout_config_from(lo, &c);
-    return st == KV_OK ? KV_OK : kv__error_wrap(KV_ERR_INVALID_ARG, "%s: the cache layout", fn);
-}
-
 static bool dtype_supported(kv_dtype dt)
 {
     return dt == KV_F32 || dt == KV_F16 || dt == KV_BF16 || dt == KV_FP8_E4M3 || dt == KV_FP8_E5M2;
@@ -37,46 +27,12 @@ static bool fn_is_cuda(const char *fn)
     return n > 5 && strcmp(fn + n - 5, "_cuda") == 0;
 }
 
+/* The cache, as every executor checks it (kv_paged_check), for the CPU
+ * or the CUDA kernel named fn. */
 static kv_status check_cache(const char *fn, const struct kv_paged_cache *c)
 {
-    if (!c->base)
-        return kv__error(KV_ERR_NULL, "%s: cache base is NULL", fn);
-    const bool cuda = fn_is_cuda(fn);
-    if (c->mem != KV_MEM_HOST && c->mem != KV_MEM_PINNED && c->mem != KV_MEM_DEVICE)
-        return kv__error(KV_ERR_INVALID_ARG, "%s: cache memory kind %d is not a kv_mem_kind", fn,
-                         (int)c->mem);
-    if (c->mem == (cuda ? KV_MEM_HOST : KV_MEM_DEVICE))
-        return kv__error(KV_ERR_INVALID_ARG,
-                         "%s: the cache is %s memory, which this kernel cannot address (%s)", fn,
-                         kv_mem_kind_name(c->mem),
-                         cuda ? "the CUDA kernels take device or pinned storage"
-                              : "use the kv_attn_*_cuda kernels for device storage");
-    kv_status st = check_layout(fn, &c->layout);
-    if (st != KV_OK)
-        return st;
-    if (!dtype_supported(c->layout.dtype))
-        return kv__error(KV_ERR_INVALID_ARG,
-                         "%s: cache dtype %s is not one the kernels handle (f32, f16, bf16, "
-                         "fp8_e4m3, fp8_e5m2)",
-                         fn, kv_dtype_name(c->layout.dtype));
-    if ((uint64_t)c->storage_bytes < (uint64_t)c->layout.total_bytes)
-        return kv__error(KV_ERR_OUT_OF_BOUNDS,
-                         "%s: cache storage of %zu bytes is smaller than its layout (%" PRId64
-                         " bytes)",
-                         fn, c->storage_bytes, c->layout.total_bytes);
-    if ((uintptr_t)c->base % (uintptr_t)c->layout.elem_bytes != 0)
-        return kv__error(KV_ERR_INVALID_ARG,
-                         "%s: cache base %p is not aligned to its %" PRId64 "-byte elements", fn,
-                         c->base, c->layout.elem_bytes);
-    return KV_OK;
-}
-
-kv_status kv_attn_cache_check(const struct kv_paged_cache *cache, bool cuda)
-{
-    if (!cache)
-        return kv__error(KV_ERR_NULL, "kv_attn_cache_check: cache is NULL");
-    kv_status st = check_cache(cuda ? "kv_attn_cache_check_cuda" : "kv_attn_cache_check", cache);
-    return st == KV_OK ? kv__ok() : st;
+    const kv_status st = kv_paged_check(c, fn_is_cuda(fn));
+    return st == KV_OK ? KV_OK : kv__error_wrap(st, "%s", fn);
 }
 
 /* ---- tensors ------------------------------------------------------------------- */

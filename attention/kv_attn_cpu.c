@@ -1,15 +1,15 @@
 /*
  * kv_attn_cpu.c - the CPU executors of the attention kernels and their public
  * entry points. Each entry runs the kernel's validator (kv_attn_check.c), then
- * the job, in parallel with OpenMP (kv_attn_threads()).
+ * the job, in parallel with OpenMP (kv_threads()).
  *
  *   write / read   runs (consecutive slots of one block <-> consecutive
  *                  tokens) x layers, split over threads. A run moves
  *                  [n][H][D]: with equal dtypes and no scales through the
- *                  shared copy plan (kv_view_index.h: dims both sides step
+ *                  shared copy plan (kv_view_hd.h: dims both sides step
  *                  over contiguously are merged, so a canonical NHD run is
  *                  one memcpy of n*H*D elements and an HND one H memcpys of
- *                  n*D); otherwise row by row through f32 (kv_convert.h).
+ *                  n*D); otherwise row by row through f32 (kv_convert_hd.h).
  *                  The next runs' cache lines are prefetched (decode steps
  *                  scatter single tokens over the pool).
  *   copy           whole blocks as the layout's byte runs (kv_layout_block_runs)
@@ -34,7 +34,7 @@
 #endif
 
 #include "kv_attn_int.h"
-#include "kv_convert.h"
+#include "kv_convert_hd.h"
 #include "kv_mem.h"
 
 #if defined(__GNUC__)
@@ -51,7 +51,7 @@
 
 static int threads_for(int64_t bytes)
 {
-    return bytes < KV__PAR_MIN_BYTES ? 1 : kv_attn_threads();
+    return bytes < KV__PAR_MIN_BYTES ? 1 : kv_threads();
 }
 
 /* ---- moving [n][H][D] between a tensor and the cache --------------------------- */
@@ -237,7 +237,7 @@ static void side_cache(const struct kv__attn_job *j, uint32_t layer, int kv, int
                        struct kv__side *s)
 {
     const struct kv_layout *lo = &j->cache.layout;
-    s->p = (char *)j->cache.base + kv_attn_slot_offset_bytes(lo, layer, kv, slot);
+    s->p = (char *)j->cache.base + kv_layout_slot_offset_bytes(lo, layer, kv, slot);
     s->tok = lo->stride_token_bytes;
     s->head = lo->stride_head_bytes;
     s->dim = lo->stride_dim_bytes;
@@ -289,7 +289,7 @@ static void prefetch_run(const struct kv__move_ctx *c, const struct kv__attn_run
     const int64_t row = lo->head_dim * lo->elem_bytes;
     for (int kv = 0; kv < 2; kv++) {
         const char *p = (const char *)j->cache.base +
-                        kv_attn_slot_offset_bytes(lo, j->layer0 + lrel, kv, r->slot);
+                        kv_layout_slot_offset_bytes(lo, j->layer0 + lrel, kv, r->slot);
         for (int64_t h = 0; h < lo->num_heads && h < 16; h++)
             for (int64_t b = 0; b < row && b < 256; b += 64)
                 KV__PREFETCH_W(p + h * lo->stride_head_bytes + b);
@@ -746,7 +746,7 @@ static kv_status exec_decode(const struct kv__attn_job *j)
                 for (int64_t i = 0; i < in_page; i++) {
                     const int64_t slot = kv_attn_page_slot(j->page_ids[pj], pt, i);
                     const char *kb = (const char *)j->cache.base +
-                                     kv_attn_slot_offset_bytes(lo, j->layer0, 0, slot) +
+                                     kv_layout_slot_offset_bytes(lo, j->layer0, 0, slot) +
                                      h0 * lo->stride_head_bytes;
                     struct kv__dec_tok *tt = &tok[cur ^ 1][n];
                     tt->k = kb;

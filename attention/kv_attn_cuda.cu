@@ -6,7 +6,7 @@
  * copy offsets, scales) with stream-ordered allocations, launches on the
  * caller's stream, frees on the stream, and maps any CUDA error through
  * kv__cuda_status (KV_ERR_DEVICE for a failed launch). Every cache address is
- * computed with kv_attn_index.h and every conversion with kv_convert.h: the
+ * computed with kv_attn_hd.h and every conversion with kv_convert_hd.h: the
  * code the CPU kernels and tests run.
  *
  *   move    one CUDA block per (run, layer); its threads walk the run's
@@ -23,7 +23,7 @@
 #include <math.h>
 
 #include "kv_attn_cuda_int.h"
-#include "kv_convert.h"
+#include "kv_convert_hd.h"
 #include "kv_cuda_lib.h"
 #include "kv_mem.h"
 
@@ -97,7 +97,7 @@ __global__ void kv__move_bytes_kernel(struct kv__cmove m, const struct kv__attn_
             if (!m.has[kv])
                 continue;
             const struct kv__cside t = m.t[kv];
-            char *c0 = m.cache + kv_attn_slot_offset_bytes(&m.lo, m.layer0 + lrel, kv, r.slot);
+            char *c0 = m.cache + kv_layout_slot_offset_bytes(&m.lo, m.layer0 + lrel, kv, r.slot);
             char *t0 = t.base + (int64_t)lrel * t.layer + r.token * t.tok;
             /* the tensor's head dim is contiguous here unless V is one element */
             const int64_t tstep = t.dim == m.lo.elem_bytes ? (int64_t)sizeof(V) : t.dim;
@@ -128,7 +128,7 @@ __global__ void kv__move_convert_kernel(struct kv__cmove m, const struct kv__att
             if (!m.has[kv])
                 continue;
             const struct kv__cside t = m.t[kv];
-            char *c0 = m.cache + kv_attn_slot_offset_bytes(&m.lo, m.layer0 + lrel, kv, r.slot);
+            char *c0 = m.cache + kv_layout_slot_offset_bytes(&m.lo, m.layer0 + lrel, kv, r.slot);
             char *t0 = t.base + (int64_t)lrel * t.layer + r.token * t.tok;
             for (int64_t i = threadIdx.x; i < total; i += blockDim.x) {
                 const int64_t row = i / D, d = i - row * D;
@@ -359,7 +359,7 @@ __global__ void kv__decode_kernel(struct kv__cdec p)
     float *wacc = acc + warp * g * D, *wm = ml + warp * 2 * g, *wl = wm + g;
     for (int64_t t = warp; t < n_tok; t += p.warps) {
         const int64_t slot = kv_attn_page_slot(pages[t / p.pt], p.pt, t % p.pt);
-        const char *kb = p.cache + kv_attn_slot_offset_bytes(&p.lo, p.layer, 0, slot) +
+        const char *kb = p.cache + kv_layout_slot_offset_bytes(&p.lo, p.layer, 0, slot) +
                          h * p.lo.stride_head_bytes;
         const char *vb = kb + p.lo.stride_kv_bytes;
         for (int64_t qi = 0; qi < g; qi++) {

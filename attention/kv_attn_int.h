@@ -12,7 +12,7 @@
 #define KV_ATTN_INT_H
 
 #include "kv_attn.h"
-#include "kv_attn_index.h"
+#include "kv_attn_hd.h"
 #include "kv_lib.h"
 
 /* n consecutive tokens of the tensor side <-> n consecutive slots of one

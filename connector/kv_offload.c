@@ -13,7 +13,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "kv_attn.h"
+#include "kv_paged.h"
+#include "kv_threads.h"
 #include "kv_lib.h"
 #include "kv_mem.h"
 #include "kv_offload_tier_int.h"
@@ -72,7 +73,7 @@ kv_status kv_offload_create(const struct kv_offload_config *cfg, kv_offload **ou
     if (!off)
         return kv__error(KV_ERR_NO_MEMORY, "kv_offload_create: %zu bytes", sizeof(*off));
     off->cfg = *cfg;
-    off->threads = cfg->threads ? cfg->threads : kv_attn_threads();
+    off->threads = cfg->threads ? cfg->threads : kv_threads();
     off->chunk = 0; /* by bytes (chunk_of) */
     off->n_buckets = 1024;
     off->buckets = kv__mem_calloc(off->n_buckets, sizeof(*off->buckets));
@@ -296,13 +297,13 @@ static kv_status fmt_get(kv_offload *off, const char *fn, const struct kv_layout
 /* The cache's storage, checked as the CPU kernels check theirs. */
 static kv_status cache_side(const char *fn, kv_cache *cache, struct kv_paged_cache *pc)
 {
-    kv_status st = kv_attn_cache(cache, pc);
+    kv_status st = kv_cache_paged(cache, pc);
     if (st != KV_OK)
         return kv__error_wrap(st, "%s: cache", fn);
     if (pc->mem == KV_MEM_DEVICE)
         return kv__error(KV_ERR_UNSUPPORTED,
                          "%s: a device cache: the offload tier has no CUDA executor yet", fn);
-    st = kv_attn_cache_check(pc, false);
+    st = kv_paged_check(pc, false);
     if (st != KV_OK)
         return kv__error_wrap(st, "%s: cache", fn);
     return KV_OK;

@@ -120,7 +120,7 @@ struct kv_offload_config {
     size_t slack_bytes;    /* region bytes beyond capacity + staging for the carver's
                               metadata and size-class rounding; 0 = 8 MiB + capacity/32 */
     kv_offload_mem mem;    /* KV_OFFLOAD_MEM_* */
-    int threads;           /* copy threads of the worker (OpenMP); 0 = kv_attn_threads(),
+    int threads;           /* copy threads of the worker (OpenMP); 0 = kv_threads(),
                               1 = the worker thread alone */
 };
 

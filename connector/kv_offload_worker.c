@@ -13,7 +13,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "kv_attn.h"
+#include "kv_paged.h"
+#include "kv_threads.h"
 #include "kv_lib.h"
 #include "kv_mem.h"
 #include "kv_offload_tier_int.h"

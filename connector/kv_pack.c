@@ -155,7 +155,7 @@ kv_status kv_unpack_plan_create(const struct kv_layout *src, const struct kv_lay
  * more than it saves), the kernels' count above. */
 static int pass_threads(uint64_t bytes)
 {
-    return bytes < ((uint64_t)256 << 10) ? 1 : kv_attn_threads();
+    return bytes < ((uint64_t)256 << 10) ? 1 : kv_threads();
 }
 
 static kv_status check_buffer_overlap(const char *fn, const void *buf, uint64_t bytes,
@@ -176,7 +176,7 @@ kv_status kv_pack(const kv_plan *plan, struct kv_paged_cache src, const uint32_t
     static const char fn[] = "kv_pack";
     if (!out_bytes)
         return kv__error(KV_ERR_NULL, "%s: out_bytes is NULL", fn);
-    kv_status st = kv_attn_cache_check(&src, false);
+    kv_status st = kv_paged_check(&src, false);
     if (st != KV_OK)
         return kv__error_wrap(st, "%s: source cache", fn);
     const struct kv_layout *lo = &src.layout;
@@ -407,7 +407,7 @@ kv_status kv_unpack(const kv_plan *plan, const void *buf, size_t len, struct kv_
         return kv__error(KV_ERR_INVALID_ARG,
                          "%s: the payload at %p is not aligned to the %" PRId64 "-byte elements",
                          fn, (const void *)payload, info.source.elem_bytes);
-    if ((st = kv_attn_cache_check(&dst, false)) != KV_OK)
+    if ((st = kv_paged_check(&dst, false)) != KV_OK)
         return kv__error_wrap(st, "%s: destination cache", fn);
     kv_plan *own = NULL;
     if (plan) {

@@ -31,7 +31,7 @@
  * a few hundred microseconds).
  *
  * Thread safety: every function reads only its arguments; calls on disjoint
- * destinations may run at once. The CPU work runs on kv_attn_threads()
+ * destinations may run at once. The CPU work runs on kv_threads()
  * OpenMP threads.
  */
 #ifndef KV_PACK_H
@@ -40,7 +40,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kv_attn.h"
+#include "kv_paged.h"
+#include "kv_threads.h"
 #include "kv_layout.h"
 #include "kv_plan.h"
 #include "kv_status.h"
@@ -94,7 +95,7 @@ KV_API KV_NODISCARD kv_status kv_unpack_plan_create(const struct kv_layout *src,
  * Blocks move whole; a block id may repeat. plan: from kv_pack_plan_create
  * for src's layout, or NULL. On success *out_bytes is the packed size.
  * KV_ERR_NULL         out_bytes, buf (cap > 0), blocks (n_blocks > 0) NULL.
- * KV_ERR_INVALID_ARG  src as the kernels refuse it (kv_attn_cache_check,
+ * KV_ERR_INVALID_ARG  src as the kernels refuse it (kv_paged_check,
  *                     CPU-addressable), buf not aligned to the element size,
  *                     a plan for another layout.
  * KV_ERR_BAD_SHAPE    n_blocks other than ceil(n_tokens / N).

@@ -3,7 +3,7 @@
  *
  * Build: every head row (layer, K/V, token of the window, head of the range)
  * is one (source block, destination block, src_rel, dst_rel) record of D
- * elements, offsets from attention/kv_attn_index.h. Records are sorted by
+ * elements, offsets from kvcache/kv_layout_hd.h. Records are sorted by
  * (source block, destination block, src_rel) - made in the source's stride
  * order, counted into their block pairs, and only a pair found unsorted is
  * sorted - and merged while both sides continue; the resulting runs are
@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kv_attn_index.h"
+#include "kv_layout_hd.h"
 #include "kv_lib.h"
 #include "kv_mem.h"
 #include "kv_plan.h"
@@ -50,7 +50,7 @@ kv_status kv__plan_check_layout(const char *fn, const char *what, const struct k
 {
     static char dummy[64] __attribute__((aligned(64)));
     struct kv_paged_cache c = {.layout = *lo, .base = dummy, .storage_bytes = SIZE_MAX};
-    kv_status st = kv_attn_cache_check(&c, false);
+    kv_status st = kv_paged_check(&c, false);
     return st == KV_OK ? KV_OK : kv__error_wrap(st, "%s: %s", fn, what);
 }
 
@@ -157,9 +157,9 @@ kv_status kv_plan_create(const struct kv_layout *src, const struct kv_layout *ds
                     struct kv__row *w = &tmp[r++];
                     w->ks = t / Ns;
                     w->kd = t / Nd;
-                    w->src_rel = kv_attn_slot_offset_bytes(src, (uint32_t)l, kv, t % Ns) +
+                    w->src_rel = kv_layout_slot_offset_bytes(src, (uint32_t)l, kv, t % Ns) +
                                  (c.src_head0 + h) * src->stride_head_bytes;
-                    w->dst_rel = kv_attn_slot_offset_bytes(dst, (uint32_t)l, kv, t % Nd) +
+                    w->dst_rel = kv_layout_slot_offset_bytes(dst, (uint32_t)l, kv, t % Nd) +
                                  (c.dst_head0 + h) * dst->stride_head_bytes;
                     cnt[w->ks * ndb + w->kd + 1]++;
                 }
@@ -306,7 +306,7 @@ static kv_status check_side(const char *fn, const char *side, const struct kv_pa
                             const struct kv_layout *want, const uint32_t *ids, uint32_t n,
                             uint64_t need, bool cuda)
 {
-    kv_status st = kv_attn_cache_check(c, cuda);
+    kv_status st = kv_paged_check(c, cuda);
     if (st != KV_OK)
         return kv__error_wrap(st, "%s: %s cache", fn, side);
     if (c->layout.fingerprint != want->fingerprint)
@@ -365,7 +365,7 @@ void kv__plan_exec_cpu(const kv_plan *plan, const char *const *src_blk, uint32_t
     if (nt <= 0)
         nt = (int64_t)n_tokens * ps->window_bytes / ps->window_tokens < ((int64_t)256 << 10)
                  ? 1
-                 : kv_attn_threads();
+                 : kv_threads();
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t w = 0; w < work; w++) {
         int64_t si, di;

@@ -17,7 +17,7 @@
  * both sides are contiguous, and grouped into 2-D copies (width x height at
  * two pitches) where consecutive runs step by constant strides: one block
  * of a layer-major cache converted to the same layout is a single 2-D copy
- * of 2L rows. Addresses come from attention/kv_attn_index.h, the code the
+ * of 2L rows. Addresses come from kvcache/kv_layout_hd.h, the code the
  * kernels use.
  *
  * Thread safety: a plan is immutable after kv_plan_create; any number of
@@ -31,7 +31,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "kv_attn.h"
+#include "kv_paged.h"
+#include "kv_threads.h"
 #include "kv_layout.h"
 #include "kv_status.h"
 
@@ -97,7 +98,7 @@ KV_API KV_NODISCARD kv_status kv_plan_stats_get(const kv_plan *plan, struct kv_p
  * ceil(n_tokens / Nd). Blocks move whole: tokens past n_tokens inside the
  * last blocks are copied as they are; destination tokens that no source
  * block covers stay untouched.
- * Both caches are checked as the kernels check theirs (kv_attn_cache_check,
+ * Both caches are checked as the kernels check theirs (kv_paged_check,
  * CPU-addressable memory) and must carry the plan's layouts (fingerprints).
  * KV_ERR_NULL, KV_ERR_INVALID_ARG (a layout or memory kind, a layout other
  * than the plan's), KV_ERR_BAD_SHAPE (list lengths), KV_ERR_OUT_OF_BOUNDS (a

@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "kv_plan.h"
-#include "kv_view_index.h" /* KV_HD */
+#include "kv_view_hd.h" /* KV_HD */
 
 /* One 2-D copy between block ks (of the window's source blocks) and kd:
  * height rows of width bytes, src_rel / dst_rel from the blocks' starts. */
@@ -92,7 +92,7 @@ kv_status kv__plan_check_request(const char *fn, const kv_plan *plan,
                                  bool cuda);
 
 /* The validity test the kernels apply to a cache's layout, on a bare layout
- * (no storage needed): kv_attn_cache_check's refusals, prefixed "fn: what". */
+ * (no storage needed): kv_paged_check's refusals, prefixed "fn: what". */
 kv_status kv__plan_check_layout(const char *fn, const char *what, const struct kv_layout *lo);
 
 /* Block ids of one side in range: KV_ERR_NULL (ids NULL with n > 0),
@@ -107,7 +107,7 @@ kv_status kv__plan_check_unique(const char *fn, const uint32_t *dids, uint32_t n
 
 /* The CPU executor on block start addresses (nothing checked): source block
  * i of the request starts at src_blk[i], destination block j at dst_blk[j].
- * threads <= 0: kv_attn_threads() when the request is large enough. */
+ * threads <= 0: kv_threads() when the request is large enough. */
 void kv__plan_exec_cpu(const kv_plan *plan, const char *const *src_blk, uint32_t n_src,
                        char *const *dst_blk, uint32_t n_dst, uint64_t n_tokens, int threads);
 

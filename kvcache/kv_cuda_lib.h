@@ -7,7 +7,7 @@
  *
  *   public entry (C)        validates with the one validator the CPU path
  *                           uses, builds the geometry with the one addressing
- *                           header (kv_view_index.h), then calls
+ *                           header (kv_view_hd.h), then calls
  *   <module>_cuda_int.h     the module's boundary: with CUDA, declarations of
  *                           the launchers; without, inline stubs returning
  *                           KV_ERR_UNSUPPORTED ("this build has no CUDA")

@@ -186,7 +186,7 @@ KV_API KV_NODISCARD kv_status kv_view_copy(const struct kv_view *src, const stru
 /* Device-side kv_view_copy: src and dst describe device (or managed) memory;
  * validated on the host by the same validator as kv_view_copy (same
  * statuses, same messages with this function's name), reduced to the same
- * plan (kv_view_index.h), then launched on `stream` (NULL = the default
+ * plan (kv_view_hd.h), then launched on `stream` (NULL = the default
  * stream) without synchronizing. Rows contiguous on both sides move as
  * aligned 16/8/4/2-byte vectors; others element by element.
  * KV_ERR_UNSUPPORTED in a build without CUDA or on a host without a usable

@@ -5,7 +5,7 @@
  * kv__view_copy_unchecked() turns a (src, dst) pair of same-shaped views into a
  * plan and runs the cheapest of three loops:
  *
- *   1. plan: kv_copy_plan_build (kv_view_index.h, shared with the CUDA
+ *   1. plan: kv_copy_plan_build (kv_view_hd.h, shared with the CUDA
  *      kernel): drop size-1 dims, order dims by dst stride (largest first;
  *      dst has no internal overlap, so this only changes the visiting order),
  *      merge dims that BOTH views step over contiguously.
@@ -158,7 +158,7 @@ struct kv__copy_plan {
     const char *src;            /* src element [0,...,0] */
 };
 
-/* The shared plan (kv_view_index.h: the same reduction the CUDA kernel
+/* The shared plan (kv_view_hd.h: the same reduction the CUDA kernel
  * runs) as pointers for the CPU loops. Returns false when there is nothing
  * to copy (numel == 0). */
 static bool kv__copy_plan_build(struct kv__copy_plan *p, const struct kv_view *src,

@@ -2,7 +2,7 @@
  * kv_view_cuda.cu - strided view copy on the GPU.
  *
  * The host has validated the copy (kv__view_copy_check, the CPU path's
- * validator) and reduced it to a plan (kv_copy_plan_build, kv_view_index.h,
+ * validator) and reduced it to a plan (kv_copy_plan_build, kv_view_hd.h,
  * the CPU engine's reduction). One kernel runs the plan row by row: a row's
  * outer dims are decoded once (kv_copy_plan_row, one division per outer
  * dim), then a group of threads walks the row with fixed strides:

@@ -12,7 +12,7 @@
 #define KV_VIEW_CUDA_INT_H
 
 #include "kv_lib.h"
-#include "kv_view_index.h"
+#include "kv_view_hd.h"
 
 #if KV_HAVE_CUDA
 #ifdef __cplusplus

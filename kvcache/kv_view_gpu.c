@@ -1,6 +1,6 @@
 /*
  * kv_view_gpu.c - public entry of device-side view copies: the CPU path's
- * validator (kv__view_copy_check), the shared plan (kv_view_index.h), then
+ * validator (kv__view_copy_check), the shared plan (kv_view_hd.h), then
  * the launch through the CUDA boundary (kv_view_cuda_int.h). The template
  * every CUDA kernel of the library follows (docs/design.md, "Backends").
  */

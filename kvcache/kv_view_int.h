@@ -6,7 +6,7 @@
 
 #include "kv_lib.h"
 #include "kv_view.h"
-#include "kv_view_index.h"
+#include "kv_view_hd.h"
 
 /* The copy engine behind materialize/copy/reshape/contiguous: dst and src
  * have the same shape and dtype, dst has no internal overlap and does not

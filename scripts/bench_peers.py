@@ -51,7 +51,7 @@ Candidate and peers run interleaved (each has run once, for its check,
 before timing); medians of 9 runs (decode attention: 3) are reported,
 one JSON line per (case, peer), ratio = kvcache / peer in throughput (> 1:
 kvcache is faster), with the CPU model and thread counts (torch runs on as
-many threads as kvcache's OpenMP work, kv_attn_threads()). NumPy has no
+many threads as kvcache's OpenMP work, kv_threads()). NumPy has no
 bfloat16: its peers move the same bytes as uint16 (copies) or widen them to
 float32 by a 16-bit shift (attention), which is what one writes.
 

@@ -7,13 +7,17 @@
 The Makefile passes the header lists (make check-walls; make test runs it).
 Rules, each reported with the file, the line and the rule broken:
 
-  upward     a module includes a header of a module above it
-             (kvcache <- allocator <- attention <- connector)
+  upward     a module includes a header of a module it does not depend on
+             (kvcache <- allocator <- {attention, connector} <- binding:
+             attention and connector are siblings, neither uses the other)
   private    a module includes another module's private header (*_int.h, or
              any header of another module that is neither public nor
              library-internal)
-  internal   a library-internal header (kv_lib.h, kv_mem.h) is included by a
-             public header (it would not exist in an installed tree)
+  internal   a library-internal header (kv_lib.h, kv_mem.h, an *_hd.h) is
+             included by a public header (it would not exist in an installed
+             tree)
+  installed  a public (installed) header declares a kv__ name: internals
+             live in *_int.h, *_hd.h or the library-internal tier
   public     a public header includes a header that is not public
   umbrella   include/kvcache/kv.h does not include every public header once
   style      a module includes <kvcache/...> (modules use "kv_x.h"), or a
@@ -36,7 +40,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-MODULES = ["kvcache", "allocator", "attention", "connector"]
+MODULES = ["kvcache", "allocator", "attention", "connector", "binding"]
+# What each module may use (a DAG, not a line: every arrow is a real use).
+DEPENDS = {
+    "kvcache": set(),
+    "allocator": {"kvcache"},
+    "attention": {"kvcache", "allocator"},
+    "connector": {"kvcache", "allocator"},
+    "binding": {"kvcache", "allocator", "attention", "connector"},
+}
+INTERNAL_NAME_RE = re.compile(r"\bkv__\w+")
 UMBRELLA = "include/kvcache/kv.h"
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
 BACKEND_IF_RE = re.compile(r"^\s*#\s*(if|ifdef|ifndef|elif)\b.*\bKV_HAVE_(CUDA|RDMA)\b")
@@ -46,10 +59,18 @@ API_STATUS_RE = re.compile(r"^\s*KV_API\b(.*?)\bkv_status\s+(kv_\w+)\s*\(")
 
 
 def module_files(root, mod):
+    """Every source file of a module, its subfolders (a module's parts) included."""
     d = root / mod
     if not d.is_dir():
         return []
-    return sorted(p for p in d.iterdir() if p.is_file() and p.name.endswith(SOURCE_EXT))
+    return sorted(p for p in d.rglob("*") if p.is_file() and p.name.endswith(SOURCE_EXT))
+
+
+def declarations(text):
+    """The text without comments and string literals (what declares names)."""
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    text = re.sub(r"//[^\n]*", " ", text)
+    return re.sub(r'"(\\.|[^"\\])*"', '""', text)
 
 
 def includes(path):
@@ -73,9 +94,9 @@ def check(root, public, internal):
     public_names = {Path(p).name for p in public}
     internal_names = {Path(p).name for p in internal}
 
-    for level, mod in enumerate(MODULES):
+    for mod in MODULES:
         for path in module_files(root, mod):
-            rel = f"{mod}/{path.name}"
+            rel = str(path.relative_to(root))
             is_public = rel in public
             for no, kind, name in includes(path):
                 where = f"{rel}:{no}"
@@ -84,18 +105,18 @@ def check(root, public, internal):
                         errs.append(("style", f"{where}: a module includes <{name}>; "
                                      f"use \"{Path(name).name}\" (modules see their own folders)"))
                     continue
-                if (root / mod / name).is_file():
+                if (path.parent / name).is_file() or (root / mod / name).is_file():
                     target_mod = mod
                 elif name in home:
                     target_mod = home[name]
                 else:
                     errs.append(("style", f"{where}: \"{name}\" exists in no module"))
                     continue
-                tlevel = MODULES.index(target_mod)
-                trel = f"{target_mod}/{name}"
-                if tlevel > level:
+                trel = next((str(q.relative_to(root)) for q in module_files(root, target_mod)
+                             if q.name == name), f"{target_mod}/{name}")
+                if target_mod != mod and target_mod not in DEPENDS[mod]:
                     errs.append(("upward", f"{where}: {mod}/ includes \"{name}\" of {target_mod}/, "
-                                 f"a module above it"))
+                                 f"a module it does not depend on"))
                     continue
                 if target_mod != mod:
                     if name.endswith("_int.h") or (trel not in public and trel not in internal):
@@ -110,6 +131,11 @@ def check(root, public, internal):
                         errs.append(("public", f"{where}: public header includes {trel}, "
                                      f"which is not public"))
             if is_public:
+                for no, line in enumerate(declarations(path.read_text(errors="replace"))
+                                          .splitlines(), 1):
+                    for m in INTERNAL_NAME_RE.finditer(line):
+                        errs.append(("installed", f"{rel}:{no}: the installed header declares "
+                                     f"{m.group(0)} (internals go in *_int.h / *_hd.h)"))
                 for no, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
                     m = API_STATUS_RE.match(line)
                     if m and "KV_NODISCARD" not in m.group(1):
@@ -176,6 +202,10 @@ def self_test():
         ("backend", {"allocator/kv_pool.c": "#if KV_HAVE_CUDA\n#endif\n"}, "backend"),
         ("tests", {"tests/integration/test_x.c": '#include "kv_pool.h"\n'}, "tests"),
         ("nodiscard", {"kvcache/kv_view.h": "KV_API kv_status kv_view_f(int x);\n"}, "nodiscard"),
+        ("sibling", {"connector/kv_plan.c": '#include "kv_attn.h"\n',
+                     "attention/kv_attn.h": '#include "kv_status.h"\n'}, "upward"),
+        ("installed", {"kvcache/kv_view.h": '#include "kv_status.h"\n'
+                       "int kv__view_secret(void);\n"}, "installed"),
     ]
     ok = True
     for name, changes, want in cases:

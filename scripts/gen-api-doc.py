@@ -30,15 +30,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 HEADERS = [
     "include/kvcache/kv.h", "kvcache/kv_status.h", "kvcache/kv_version.h", "kvcache/kv_dtype.h",
-    "kvcache/kv_view.h", "kvcache/kv_view_index.h", "kvcache/kv_layout.h",
+    "kvcache/kv_threads.h", "kvcache/kv_view.h", "kvcache/kv_layout.h",
     "kvcache/kv_block_ops.h", "kvcache/kv_page_table.h", "allocator/kv_arena.h",
-    "allocator/kv_block_pool.h", "allocator/kv_cache.h", "attention/kv_attn.h",
-    "attention/kv_attn_index.h", "attention/kv_convert.h",
+    "allocator/kv_block_pool.h", "allocator/kv_cache.h", "allocator/kv_paged.h",
+    "attention/kv_attn.h",
 ]
 # Installed headers (Makefile: every module header but *_int.h and the
 # library-internal ones); any not listed above is appended so a new public
 # header can never be left out silently.
-MODULES = ["kvcache", "allocator", "attention", "connector"]
+MODULES = ["kvcache", "allocator", "attention", "connector", "binding"]
 # The library-internal headers, from the Makefile's LIB_HEADERS (one list:
 # a new one is never documented as public by accident).
 LIB_INTERNAL = set(re.search(r"^LIB_HEADERS\s*:=\s*(.*)$", (ROOT / "Makefile").read_text(),
@@ -483,7 +483,8 @@ def render_header(out, h, text):
 def header_list():
     listed = [h for h in HEADERS if (ROOT / h).exists()]
     extra = sorted(str(p.relative_to(ROOT)) for m in MODULES for p in (ROOT / m).glob("*.h")
-                   if not p.name.endswith("_int.h") and str(p.relative_to(ROOT)) not in HEADERS
+                   if not p.name.endswith(("_int.h", "_hd.h"))
+                   and str(p.relative_to(ROOT)) not in HEADERS
                    and str(p.relative_to(ROOT)) not in LIB_INTERNAL)
     for h in extra:
         lint(f"{h}: installed but not in HEADERS (appended)")

@@ -871,7 +871,7 @@ static int cmd_cache(int argc, char **argv)
          * they release the blocks they held */
         struct kv_paged_cache pc;
         if (st == KV_OK)
-            st = kv_attn_cache(c, &pc);
+            st = kv_cache_paged(c, &pc);
         if (st == KV_OK)
             st = kv_attn_copy_blocks(pc, cp, ncp);
         if (st == KV_OK)

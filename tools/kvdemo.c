@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 #include <kvcache/kv.h>
+#include "kv_convert_hd.h" /* scalar conversions: not installed */
 
 #define EXIT_FAILED 1
 #define EXIT_USAGE 2
@@ -264,7 +265,7 @@ static bool side_make(struct side *s, const struct kv_layout_config *lc, bool pr
     s->pt = kv_cache_page_table(s->c);
     s->pool = kv_cache_pool(s->c);
     s->lo = kv_cache_layout(s->c);
-    if (!ok_call(kv_attn_cache(s->c, &s->pc), "kv_attn_cache"))
+    if (!ok_call(kv_cache_paged(s->c, &s->pc), "kv_cache_paged"))
         return false;
     snprintf(s->desc, sizeof(s->desc), "N=%" PRId64 " %s %s%s", lc->block_tokens,
              kv_order_name(lc->order), kv_arrange_name(lc->arrange),
@@ -1848,7 +1849,7 @@ int main(int argc, char **argv)
     } else {
         /* two processes share the machine: each kernel gets half the cores */
         const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        if (!ok_call(kv_attn_set_threads(cores > 1 ? (int)(cores / 2) : 1), "kv_attn_set_threads"))
+        if (!ok_call(kv_set_threads(cores > 1 ? (int)(cores / 2) : 1), "kv_set_threads"))
             return EXIT_FAILED;
         rc = !strcmp(role, "decode") ? run_decode(&o, reqs) : run_prefill(&o, reqs);
     }

@@ -24,14 +24,14 @@ __version__ = _lib.lib.kv_version().decode()
 
 def threads() -> int:
     """Threads the CPU kernels use (OpenMP; process-wide)."""
-    return _lib.lib.kv_attn_threads()
+    return _lib.lib.kv_threads()
 
 
 def set_threads(n: int) -> None:
     """Threads for the CPU kernels: n >= 1, or 0 for every core."""
     from ._ints import INT, integer
     from .errors import check
-    check(_lib.lib.kv_attn_set_threads(integer(n, "n", INT)))
+    check(_lib.lib.kv_set_threads(integer(n, "n", INT)))
 library_path = _lib.path
 
 __all__ = ["Cache", "Layout", "View", "KvError", "InvalidArgument", "NullArgument", "BadDim",

@@ -548,7 +548,7 @@ class Cache:
                         "this one is device memory")
         if self._pc is None:  # fixed for the cache's life: layout, base, size, kind
             pc = _lib.PagedCache()
-            check(L.kv_attn_cache(self._h, ctypes.byref(pc)))
+            check(L.kv_cache_paged(self._h, ctypes.byref(pc)))
             self._pc = pc
         return self._pc
 

@@ -50,7 +50,7 @@ static inline void kvt_cache_make(struct kvt_cache *t, int64_t L, int64_t B, int
     t->cfg.enable_prefix_caching = true;
     assert_int_equal(kv_cache_create(&t->cfg, &t->c), KV_OK);
     t->pool = kv_cache_pool(t->c);
-    assert_int_equal(kv_attn_cache(t->c, &t->pc), KV_OK);
+    assert_int_equal(kv_cache_paged(t->c, &t->pc), KV_OK);
     t->base = t->pc.base;
     t->bytes = (size_t)t->pc.layout.total_bytes;
     uint64_t st = seed;

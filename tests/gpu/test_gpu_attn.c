@@ -27,6 +27,7 @@
 
 #include "gpu_test.h"
 #include <kvcache/kv.h>
+#include "kv_convert_hd.h" /* scalar conversions: not installed */
 
 static uint64_t rnd(uint64_t *s)
 {

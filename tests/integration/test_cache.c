@@ -121,7 +121,7 @@ static void run_copies(kv_cache *c, struct model *m)
     struct kv_block_copy cp[8];
     uint32_t n = 0;
     struct kv_paged_cache pc;
-    assert_int_equal(kv_attn_cache(c, &pc), KV_OK);
+    assert_int_equal(kv_cache_paged(c, &pc), KV_OK);
     assert_int_equal(kv_page_table_take_copies(kv_cache_page_table(c), cp, 8, &n), KV_OK);
     assert_int_equal(kv_attn_copy_blocks(pc, cp, n), KV_OK);
     for (uint32_t i = 0; i < n; i++) {

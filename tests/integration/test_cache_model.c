@@ -823,7 +823,7 @@ static void check_token(uint32_t sid, uint64_t t, const char *why)
 static void apply_copies(const struct kv_block_copy *cp, uint32_t n)
 {
     struct kv_paged_cache pc;
-    check_st(kv_attn_cache(G.c, &pc), KV_OK, "kv_attn_cache");
+    check_st(kv_cache_paged(G.c, &pc), KV_OK, "kv_cache_paged");
     check_st(kv_attn_copy_blocks(pc, cp, n), KV_OK, "copy_blocks of %u copies", n);
     for (uint32_t i = 0; i < n; i++) {
         assert_true(cp[i].src != cp[i].dst);

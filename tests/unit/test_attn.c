@@ -31,6 +31,7 @@
 #include <cmocka.h>
 
 #include <kvcache/kv.h>
+#include "kv_convert_hd.h" /* the reference conversions: not installed */
 
 #include "kv_attn_int.h"
 #include "kv_mem.h"
@@ -971,8 +972,8 @@ static void test_attn_with_a_cache(void **state)
     cc.layout.num_heads = 2, cc.layout.head_dim = 8, cc.layout.dtype = KV_F32;
     cc.max_seqs = 4;
     assert_int_equal(kv_cache_create(&cc, &c), KV_OK);
-    assert_int_equal(kv_attn_cache(c, &pc), KV_OK);
-    assert_int_equal(kv_attn_cache(NULL, &pc), KV_ERR_NULL);
+    assert_int_equal(kv_cache_paged(c, &pc), KV_OK);
+    assert_int_equal(kv_cache_paged(NULL, &pc), KV_ERR_NULL);
     kv_page_table *pt = kv_cache_page_table(c);
     uint32_t a, b;
     assert_int_equal(kv_page_table_seq_create(pt, &a), KV_OK);
@@ -1142,9 +1143,9 @@ static void test_attn_portable_and_streaming_paths(void **state)
 static void test_attn_threads(void **state)
 {
     (void)state;
-    assert_int_equal(kv_attn_set_threads(-1), KV_ERR_INVALID_ARG);
-    assert_int_equal(kv_attn_set_threads(1), KV_OK);
-    assert_int_equal(kv_attn_threads(), 1);
+    assert_int_equal(kv_set_threads(-1), KV_ERR_INVALID_ARG);
+    assert_int_equal(kv_set_threads(1), KV_OK);
+    assert_int_equal(kv_threads(), 1);
     /* one thread gives the same pool as all of them */
     struct rt_case rc = {KV_ORDER_HND,
                          KV_ARRANGE_BLOCK_MAJOR,
@@ -1161,8 +1162,8 @@ static void test_attn_threads(void **state)
                          2,
                          true};
     run_round_trip(&rc, 4242);
-    assert_int_equal(kv_attn_set_threads(0), KV_OK);
-    assert_true(kv_attn_threads() >= 1);
+    assert_int_equal(kv_set_threads(0), KV_OK);
+    assert_true(kv_threads() >= 1);
     run_round_trip(&rc, 4242);
     assert_string_equal(kv_attn_path_name(KV_ATTN_PATH_OUTER_STRIDE), "outer_stride");
     assert_string_equal(kv_attn_path_name(KV_ATTN_PATH_COUNT), "?");

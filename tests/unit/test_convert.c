@@ -1,5 +1,5 @@
 /*
- * test_convert.c - attention/kv_convert.h against references written here:
+ * test_convert.c - attention/kv_convert_hd.h against references written here:
  * every fp8 code each way, round to nearest even at every midpoint, the
  * saturation and NaN rules, all 65536 f16 and bf16 codes, and random floats
  * against a brute-force nearest-code search (and the CPU's own F16C where it
@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include <kvcache/kv.h>
+#include "kv_convert_hd.h" /* the conversions under test: not installed */
 
 #include "kvtest.h"
 

@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #include <kvcache/kv.h>
-#include "kv_view_index.h"
+#include "kv_view_hd.h"
 #include "kvtest.h"
 
 static int cmp_pair(const void *x, const void *y)

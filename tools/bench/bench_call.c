@@ -37,7 +37,7 @@ static void kvb__call_write(void)
     cc.max_seqs = 1;
     kv_cache *c = NULL;
     struct kv_paged_cache pc;
-    if (kv_cache_create(&cc, &c) != KV_OK || kv_attn_cache(c, &pc) != KV_OK) {
+    if (kv_cache_create(&cc, &c) != KV_OK || kv_cache_paged(c, &pc) != KV_OK) {
         kvb_failed(bench, name, "cache: %s", kv_last_error());
         kv_cache_destroy(c);
         return;

@@ -30,7 +30,7 @@
 
 #include "bench.h"
 #include "kv_attn.h"
-#include "kv_convert.h"
+#include "kv_convert_hd.h"
 
 #define KVB_MIB ((size_t)1 << 20)
 
@@ -178,7 +178,7 @@ static void kvb__prefill_and_read(struct kvb__kc *kc, int64_t S, int64_t len)
     const int runs = kvb_runs();
     char wname[160], rname[160];
     snprintf(wname, sizeof(wname), "%s/bf16/N16/H8/D128/%lldx%lld/t%d", kvb__order_name(kc->order),
-             (long long)S, (long long)len, kv_attn_threads());
+             (long long)S, (long long)len, kv_threads());
     snprintf(rname, sizeof(rname), "%s", wname);
     const int do_w = kvb_selected("kernel.write_prefill", wname);
     const int do_r = kvb_selected("kernel.read", rname);
@@ -316,7 +316,7 @@ static void kvb__write_decode(struct kvb__kc *kc, int64_t S, int steps)
     const int runs = kvb_runs();
     char name[160];
     snprintf(name, sizeof(name), "%s/bf16/N16/H8/D128/%lldx1/steps%d/t%d",
-             kvb__order_name(kc->order), (long long)S, steps, kv_attn_threads());
+             kvb__order_name(kc->order), (long long)S, steps, kv_threads());
     if (!kvb_selected(bench, name))
         return;
     if (kvb__kc_need(kc) != 0) {
@@ -416,7 +416,7 @@ static void kvb__decode_attn(struct kvb__kc *kc, int64_t S, int64_t len)
     const size_t qb = (size_t)(S * Hq * D) * 2, kvb = (size_t)(S * len * H * D) * 2 * 2;
     char name[160];
     snprintf(name, sizeof(name), "%s/bf16/N16/Hq32/H8/D128/%lldx%lld/t%d",
-             kvb__order_name(kc->order), (long long)S, (long long)len, kv_attn_threads());
+             kvb__order_name(kc->order), (long long)S, (long long)len, kv_threads());
     if (!kvb_selected(bench, name))
         return;
     if (kvb__kc_need(kc) != 0) {
@@ -528,8 +528,8 @@ static void kvb__kernels(void)
 {
     const int quick = kvb_quick();
     const char *te = getenv("KVB_THREADS"); /* the kernels' thread count (default: every core) */
-    if (te && atoi(te) > 0 && kv_attn_set_threads(atoi(te)) != KV_OK)
-        kvb_mismatch("kernel.*", te, "kv_attn_set_threads(%d) failed", atoi(te));
+    if (te && atoi(te) > 0 && kv_set_threads(atoi(te)) != KV_OK)
+        kvb_mismatch("kernel.*", te, "kv_set_threads(%d) failed", atoi(te));
     static const kv_order orders[2] = {KV_ORDER_NHD, KV_ORDER_HND};
     for (int oi = 0; oi < 2; oi++) {
         /* 2 GiB + 64 MiB of K and V: the decode case reads 2 GiB of it */

@@ -69,7 +69,7 @@ static kv_status kvb__off_setup(struct kvb__off *o, int64_t N, kv_arrange arr, i
     cc.enable_prefix_caching = true;
     kv_status st = kv_cache_create(&cc, &o->cache);
     if (st == KV_OK)
-        st = kv_attn_cache(o->cache, &o->pc);
+        st = kv_cache_paged(o->cache, &o->pc);
     if (st != KV_OK)
         return st;
     kvb_fill_random(o->pc.base, (size_t)o->pc.layout.total_bytes, 41);

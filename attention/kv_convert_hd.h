@@ -1,5 +1,5 @@
 /*
- * kv_convert.h - element conversions the attention kernels share, CPU and
+ * kv_convert_hd.h - element conversions the attention kernels share, CPU and
  * CUDA (KV_HD: __host__ __device__ under nvcc, static inline in C): the CPU
  * executors, the CUDA kernels and the tests run this exact code.
  *
@@ -22,14 +22,14 @@
  * to_f32(stored) * scale; kv_convert_row takes the multiplier (1/scale or
  * scale) directly.
  */
-#ifndef KV_CONVERT_H
-#define KV_CONVERT_H
+#ifndef KV_CONVERT_HD_H
+#define KV_CONVERT_HD_H
 
 #include <stdint.h>
 #include <string.h>
 
 #include "kv_dtype.h"
-#include "kv_view_index.h"
+#include "kv_view_hd.h"
 
 /* ---- bit casts ------------------------------------------------------------------ */
 
@@ -259,4 +259,4 @@ KV_HD void kv_convert_row(kv_dtype dst_dt, void *dst, kv_dtype src_dt, const voi
         kv_from_f32(dst_dt, kv_to_f32(src_dt, s + i * ss) * mul, d + i * ds);
 }
 
-#endif /* KV_CONVERT_H */
+#endif /* KV_CONVERT_HD_H */

@@ -5,9 +5,10 @@
  * these at import, so a binding built against other headers fails loudly
  * instead of reading the wrong bytes).
  *
- * It lives in connector/, the top module, because it names structs of every
- * module. The table covers the structs the Python package uses; a name not
- * in it is KV_ERR_NOT_FOUND.
+ * It is the binding/ module: what a binding built without a C compiler needs
+ * from the library. It sits above every other module because it names
+ * structs of all of them. The table covers the structs the Python package
+ * uses; a name not in it is KV_ERR_NOT_FOUND.
  */
 #ifndef KV_ABI_H
 #define KV_ABI_H

@@ -1,5 +1,5 @@
 /*
- * kv_view_index.h - the addressing math every kernel shares, CPU and CUDA.
+ * kv_view_hd.h - the addressing math every kernel shares, CPU and CUDA.
  *
  * Compiled as C by the host compiler and as CUDA C++ by nvcc
  * (__host__ __device__), so the index math a GPU runs is exactly the math the
@@ -21,8 +21,8 @@
  * check views first (kv_view_check and the copy validator), so no product
  * here can overflow (every offset lies inside a storage that exists).
  */
-#ifndef KV_VIEW_INDEX_H
-#define KV_VIEW_INDEX_H
+#ifndef KV_VIEW_HD_H
+#define KV_VIEW_HD_H
 
 #include <stdint.h>
 
@@ -196,4 +196,4 @@ KV_HD int32_t kv_copy_plan_vector_bytes(const struct kv_copy_plan *p, uint64_t s
     return 1;
 }
 
-#endif /* KV_VIEW_INDEX_H */
+#endif /* KV_VIEW_HD_H */
