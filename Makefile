@@ -199,7 +199,7 @@ $(VERBS_TESTS): $(BUILD)/tests/%: tests/unit/%.c $(SOFTVERBS) tests/softverbs/kv
 	    $(LIB_A) -lcmocka $(LIBS)
 
 $(STAGED): $(HEADERS)
-	@mkdir -p $(dir $@)
+	@rm -rf $(dir $@) && mkdir -p $(dir $@)
 	$(Q)cp $(HEADERS) $(dir $@) && touch $@
 
 # Integration tests use the public API only: compiled against the staged

@@ -44,10 +44,9 @@
  * under them. kv_xport_destroy refuses while the caller still holds peers,
  * regions, imported regions or transfers of it.
  *
- * Backends share this seam through a versioned ops table (struct
- * kv__xport_ops, connector/kv_xport_int.h): TCP (real sockets; always built)
- * and RDMA (libibverbs through its own function table; built where
- * rdma-core is).
+ * Backends share this seam through a versioned ops table (module-private,
+ * connector/kv_xport_int.h): TCP (real sockets; always built) and RDMA
+ * (libibverbs through its own function table; built where rdma-core is).
  *
  * Thread safety: every call may be made from any thread; one progress
  * thread per transport does the I/O.
