@@ -9,7 +9,8 @@
 #   make install PREFIX=/opt/kv
 #
 # Options: SANITIZE=address|undefined|thread|address,undefined  CUDA=auto|0|1
-#          DEBUG=1 (-O0; pool invariant walk + page-table sequence checks after every op)
+#          DEBUG=1 (-O0; pool invariant walk + page-table sequence checks after every op;
+#                   uninitialized locals pattern-filled where the compiler can)
 #          RDMA=auto|0|1  WERROR=1 (default when CI is set)  BUILD=dir  V=1 (show commands)
 #          MALLOC=jemalloc|libc (libc: no jemalloc, as the sanitizer builds; what the Python
 #          package loads, since a dlopen'ed jemalloc cannot get its initial-exec TLS)
@@ -53,6 +54,16 @@ ifeq ($(DEBUG),1)
 # per-sequence checks (held ids, no duplicates, counts) after every op.
 OPT      ?= -O0 -g
 DEBUG_DEFS := -DKV_DEBUG_CHECKS
+# Uninitialized locals filled with a fixed pattern (gcc 0xFE, clang 0xAA), so
+# code or a test that reads a field nobody wrote fails on every machine, not
+# only where the stack happens to hold garbage. gcc (>= 12) zeroes struct
+# padding under this flag where clang (>= 8) pattern-fills it: a test that
+# compares padding passes under gcc, which is why make check-compares refuses
+# struct memcmp in tests/. The compiler is probed once per make invocation;
+# one without the flag builds without it.
+AUTO_INIT := $(shell $(CC) -ftrivial-auto-var-init=pattern -Werror -x c -c /dev/null \
+               -o /dev/null >/dev/null 2>&1 && echo -ftrivial-auto-var-init=pattern)
+DEBUG_CFLAGS := $(AUTO_INIT)
 else
 OPT      ?= -O2 -g
 endif
@@ -72,8 +83,8 @@ mod_inc = $(inc_$(firstword $(subst /, ,$(1))))
 OMP_MODULES := attention connector
 mod_cflags = $(if $(filter $(OMP_MODULES),$(firstword $(subst /, ,$(1)))),-fopenmp)
 DEFS     := -D_GNU_SOURCE -DKV_HAVE_CUDA=$(HAVE_CUDA) -DKV_HAVE_RDMA=$(HAVE_RDMA) $(DEBUG_DEFS)
-BASECFLAGS = $(WARN) $(OPT) -fPIC -fvisibility=hidden -pthread -MMD -MP $(DEFS) $(SAN_FLAGS) \
-             $(CFLAGS)
+BASECFLAGS = $(WARN) $(OPT) $(DEBUG_CFLAGS) -fPIC -fvisibility=hidden -pthread -MMD -MP $(DEFS) \
+             $(SAN_FLAGS) $(CFLAGS)
 ALLCFLAGS  = $(BASECFLAGS) $(INCLUDES)
 
 LIBS := -lxxhash -lgomp -lm -lpthread
