@@ -195,9 +195,15 @@ KV_API int kv_attn_threads(void);
 /* ---- CUDA kernels -------------------------------------------------------------
  * The same kernels on device memory (cache.base and the tensors' bases are
  * device pointers; slots, pages and copies are HOST arrays, validated on the
- * host by the CPU kernels' validators, then uploaded on `stream`), launched on
- * `stream` without synchronizing. KV_ERR_UNSUPPORTED without CUDA in the
- * build or a usable device; KV_ERR_DEVICE when a launch fails. */
+ * host by the CPU kernels' validators), launched on `stream`. Each call
+ * uploads its index arrays (runs of slots, pages, copy offsets, scales) to
+ * stream-ordered device memory with cudaMemcpyAsync from pageable host
+ * memory: no explicit synchronize, but CUDA may synchronize with the stream
+ * to stage that copy, and a call cannot be captured in a CUDA graph (the
+ * host arrays are freed when it returns). Device-resident indices are
+ * planned. KV_ERR_UNSUPPORTED without CUDA in the build or a usable device;
+ * KV_ERR_NO_MEMORY when host or device memory for the index arrays runs out;
+ * KV_ERR_DEVICE when a CUDA call or a launch fails. */
 
 KV_API KV_NODISCARD kv_status kv_attn_write_cuda(struct kv_paged_cache cache, int32_t layer,
                                                  const struct kv_view *k, const struct kv_view *v,

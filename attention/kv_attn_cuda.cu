@@ -3,8 +3,10 @@
  *
  * Each launcher receives a job validated on the host by the CPU kernels'
  * validator (kv_attn_check.c), uploads its host index arrays (runs, pages,
- * copy offsets, scales) with stream-ordered allocations, launches on the
- * caller's stream, frees on the stream, and maps any CUDA error through
+ * copy offsets, scales) with stream-ordered allocations (cudaMemcpyAsync
+ * from pageable host memory: CUDA may synchronize with the stream to stage
+ * it, and graph capture could not replay it; docs/design.md), launches on
+ * the caller's stream, frees on the stream, and maps any CUDA error through
  * kv__cuda_status (KV_ERR_DEVICE for a failed launch). Every cache address is
  * computed with kv_attn_index.h and every conversion with kv_convert.h: the
  * code the CPU kernels and tests run.
