@@ -3,6 +3,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kvtest.h"
 
@@ -42,14 +43,23 @@ struct kvt_field {
     uint64_t a, b;
 };
 
-#define KVT_F(f)                                                                                   \
-    {                                                                                              \
-#f, -1, (uint64_t)(a->f), (uint64_t)(b->f)                                                 \
-    }
-#define KVT_FP(f)                                                                                  \
-    {                                                                                              \
-#f, -1, (uint64_t)(uintptr_t)(a->f), (uint64_t)(uintptr_t)(b->f)                           \
-    }
+static struct kvt_field kvt_f(const char *name, uint64_t a, uint64_t b)
+{
+    return (struct kvt_field){name, -1, a, b};
+}
+
+/* A bool by its byte: the "out untouched" tests poison structs with bytes
+ * like 0x5A, which must not be read as a bool (UBSan: invalid _Bool). */
+static uint64_t kvt_byte(const void *p)
+{
+    unsigned char c;
+    memcpy(&c, p, 1);
+    return c;
+}
+
+#define KVT_F(f) kvt_f(#f, (uint64_t)(a->f), (uint64_t)(b->f))
+#define KVT_FP(f) kvt_f(#f, (uint64_t)(uintptr_t)(a->f), (uint64_t)(uintptr_t)(b->f))
+#define KVT_FB(f) kvt_f(#f, kvt_byte(&a->f), kvt_byte(&b->f))
 
 static _Thread_local char kvt_why[192];
 
@@ -101,7 +111,7 @@ const char *kvt_layout_diff(const struct kv_layout *a, const struct kv_layout *b
                                   KVT_F(dtype),
                                   KVT_F(order),
                                   KVT_F(arrange),
-                                  KVT_F(kv_packed),
+                                  KVT_FB(kv_packed),
                                   KVT_F(elem_bytes),
                                   KVT_F(align_bytes),
                                   KVT_F(kv_planes),
@@ -137,7 +147,7 @@ const char *kvt_layout_config_diff(const struct kv_layout_config *a,
     const struct kvt_field f[] = {
         KVT_F(struct_size), KVT_F(num_layers), KVT_F(num_blocks),      KVT_F(block_tokens),
         KVT_F(num_heads),   KVT_F(head_dim),   KVT_F(dtype),           KVT_F(order),
-        KVT_F(arrange),     KVT_F(kv_packed),  KVT_F(block_pad_elems), KVT_F(block_stride_bytes),
+        KVT_F(arrange),     KVT_FB(kv_packed), KVT_F(block_pad_elems), KVT_F(block_stride_bytes),
         KVT_F(align_bytes)};
     return kvt_first_diff("kv_layout_config", f, sizeof(f) / sizeof(f[0]));
 }
