@@ -558,7 +558,10 @@ static void test_attn_scaled_write_divides(void **state)
                         memcpy(&stored, ref_at(&f, f.ref, 0, kv, sm_slots[t], h, d), 4);
                         const float want = stored * (kv ? vs : ks)[h];
                         const float got = out[kv][sm_idx(strided, t, h, d)];
-                        if (memcmp(&got, &want, 4) != 0)
+                        uint32_t gb, wb; /* bit for bit */
+                        memcpy(&gb, &got, 4);
+                        memcpy(&wb, &want, 4);
+                        if (gb != wb)
                             fail_msg("read %c t%lld h%lld d%lld: %a, want stored * scale = %a",
                                      kv ? 'V' : 'K', (long long)t, (long long)h, (long long)d,
                                      (double)got, (double)want);
