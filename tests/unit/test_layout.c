@@ -894,7 +894,7 @@ static void test_layout_config_from_refuses_hand_built(void **state)
     h = lo;
     h.num_heads = 0;
     expect_msg(kv_layout_config_from(&h, &out), KV_ERR_INVALID_ARG, "num_heads = 0");
-    assert_memory_equal(&out, &before, sizeof(out)); /* untouched by every refusal */
+    assert_string_equal(kvt_layout_config_diff(&out, &before), ""); /* untouched by every refusal */
     expect_msg(kv_layout_config_from(NULL, &out), KV_ERR_NULL, "layout");
     expect_msg(kv_layout_config_from(&lo, NULL), KV_ERR_NULL, "out");
 }
@@ -1011,7 +1011,7 @@ static void test_layout_codec_every_byte_corruption_refused(void **state)
                     fail_msg("encoding %d, byte %zu ^ 0x%02x: %s (%s), expected %s", e, i, x,
                              kv_status_name(st), kv_last_error(), kv_status_name(want));
                 assert_true(kv_last_error()[0] != '\0');
-                assert_memory_equal(&out, &before, sizeof(out));
+                assert_string_equal(kvt_layout_config_diff(&out, &before), "");
                 if (i >= 120)
                     continue; /* resealing a changed checksum restores it */
                 reseal(m);
@@ -1025,7 +1025,7 @@ static void test_layout_codec_every_byte_corruption_refused(void **state)
                     if (rs != KV_ERR_CORRUPT && rs != KV_ERR_MISMATCH)
                         fail_msg("encoding %d, byte %zu ^ 0x%02x resealed: %s (%s)", e, i, x,
                                  kv_status_name(rs), kv_last_error());
-                    assert_memory_equal(&out, &before, sizeof(out));
+                    assert_string_equal(kvt_layout_config_diff(&out, &before), "");
                     resealed_refused++;
                 }
             }
@@ -1123,7 +1123,7 @@ static void test_layout_codec_field_refusals(void **state)
         if (st != cases[i].status || !strstr(kv_last_error(), cases[i].needle))
             fail_msg("%s: %s \"%s\", expected %s with \"%s\"", cases[i].what, kv_status_name(st),
                      kv_last_error(), kv_status_name(cases[i].status), cases[i].needle);
-        assert_memory_equal(&out, &before, sizeof(out));
+        assert_string_equal(kvt_layout_config_diff(&out, &before), "");
     }
     /* the dtype by name: unknown, an alias, unterminated, garbage after the NUL */
     static const char *names[] = {"bf17", "float16", "", "bf16\0x"};
@@ -1143,7 +1143,7 @@ static void test_layout_codec_field_refusals(void **state)
     b[96] = 0x1b; /* an escape byte is shown, not printed */
     reseal(b);
     expect_msg(kv_layout_config_decode(b, len, &out), KV_ERR_CORRUPT, "\\x1b");
-    assert_memory_equal(&out, &before, sizeof(out));
+    assert_string_equal(kvt_layout_config_diff(&out, &before), "");
     /* the checksum named with both values */
     memcpy(b, good, len);
     b[20] ^= 1;
