@@ -9,7 +9,8 @@
 #   make install PREFIX=/opt/kv
 #
 # Options: SANITIZE=address|undefined|thread|address,undefined  CUDA=auto|0|1
-#          DEBUG=1 (-O0; pool invariant walk + page-table sequence checks after every op)
+#          DEBUG=1 (-O0; pool invariant walk + page-table sequence checks after every op;
+#                   uninitialized locals pattern-filled where the compiler can)
 #          RDMA=auto|0|1  WERROR=1 (default when CI is set)  BUILD=dir  V=1 (show commands)
 #          MALLOC=jemalloc|libc (libc: no jemalloc, as the sanitizer builds; what the Python
 #          package loads, since a dlopen'ed jemalloc cannot get its initial-exec TLS)
@@ -53,6 +54,16 @@ ifeq ($(DEBUG),1)
 # per-sequence checks (held ids, no duplicates, counts) after every op.
 OPT      ?= -O0 -g
 DEBUG_DEFS := -DKV_DEBUG_CHECKS
+# Uninitialized locals filled with a fixed pattern (gcc 0xFE, clang 0xAA), so
+# code or a test that reads a field nobody wrote fails on every machine, not
+# only where the stack happens to hold garbage. gcc (>= 12) zeroes struct
+# padding under this flag where clang (>= 8) pattern-fills it: a test that
+# compares padding passes under gcc, which is why make check-compares refuses
+# struct memcmp in tests/. The compiler is probed once per make invocation;
+# one without the flag builds without it.
+AUTO_INIT := $(shell $(CC) -ftrivial-auto-var-init=pattern -Werror -x c -c /dev/null \
+               -o /dev/null >/dev/null 2>&1 && echo -ftrivial-auto-var-init=pattern)
+DEBUG_CFLAGS := $(AUTO_INIT)
 else
 OPT      ?= -O2 -g
 endif
@@ -75,8 +86,8 @@ mod_inc = $(inc_$(firstword $(subst /, ,$(1))))
 OMP_MODULES := attention connector
 mod_cflags = $(if $(filter $(OMP_MODULES),$(firstword $(subst /, ,$(1)))),-fopenmp)
 DEFS     := -D_GNU_SOURCE -DKV_HAVE_CUDA=$(HAVE_CUDA) -DKV_HAVE_RDMA=$(HAVE_RDMA) $(DEBUG_DEFS)
-BASECFLAGS = $(WARN) $(OPT) -fPIC -fvisibility=hidden -pthread -MMD -MP $(DEFS) $(SAN_FLAGS) \
-             $(CFLAGS)
+BASECFLAGS = $(WARN) $(OPT) $(DEBUG_CFLAGS) -fPIC -fvisibility=hidden -pthread -MMD -MP $(DEFS) \
+             $(SAN_FLAGS) $(CFLAGS)
 ALLCFLAGS  = $(BASECFLAGS) $(INCLUDES)
 
 LIBS := -lxxhash -lgomp -lm -lpthread
@@ -153,7 +164,7 @@ DEMO   := $(BUILD)/kvdemo
 BENCH  := $(BUILD)/kvbench
 
 .PHONY: all lib deps test tests pytest example gpu-tests demo tour bench fuzz install clean format cppcheck info \
-        check-walls headers
+        check-walls check-compares headers
 all: lib $(CLI) $(DEMO)
 lib: $(LIB_A) $(LIB_SO)
 
@@ -240,7 +251,13 @@ check-walls:
 	@python3 scripts/check-walls.py --self-test
 	@python3 scripts/check-walls.py --public "$(HEADERS)" --internal "$(LIB_HEADERS) $(HD_HEADERS)"
 
-test: deps check-walls
+# No struct compared as bytes in the tests (padding is indeterminate; the
+# debug build's pattern fill cannot expose it under gcc, which zeroes padding).
+check-compares:
+	@python3 scripts/check-test-compares.py --self-test
+	@python3 scripts/check-test-compares.py tests
+
+test: deps check-walls check-compares
 	@$(MAKE) --no-print-directory -j$(JOBS) tests $(CLI)
 	@scripts/run-tests.sh $(TESTS)
 	$(if $(SANITIZE)$(filter 1,$(DEBUG)),,@$(MAKE) --no-print-directory pytest)

@@ -22,13 +22,17 @@
  *           online softmax; a sequence of 0 tokens gives zeros
  *
  * Element types. The cache dtype is the layout's: f32, f16, bf16, fp8 e4m3fn
- * or fp8 e5m2. Tensors may be any of the five. Equal dtypes without scales
- * move bytes exactly; otherwise each element goes through f32
- * (attention/kv_convert_hd.h: round to nearest even, fp8 saturating).
+ * or fp8 e5m2. Tensors may be any of the five. In a call without scales, a
+ * tensor of the cache's dtype moves its bytes exactly (inf and NaN payloads
+ * included); every other element goes through f32 (attention/kv_convert_hd.h:
+ * round to nearest even, fp8 saturating, NaNs canonical), and so does every
+ * element of a call with scales, whatever their values (1.0 included).
  * Scales (struct kv_scales, per tensor or per KV head) follow the vLLM
- * convention: stored = x / scale on write, x = stored * scale on read and in
- * decode. read(write(x)) == x bit for bit when the dtypes agree and there are
- * no scales, and == dequant(quant(x)) otherwise.
+ * convention: stored = convert(x / scale) on write, a true division (not
+ * x * (1 / scale), which rounds differently for some x), and
+ * x = to_f32(stored) * scale on read and in decode. read(write(x)) == x bit
+ * for bit when the dtypes agree and there are no scales, and
+ * == dequant(quant(x)) otherwise.
  *
  * Paths, chosen per call from the tensor side (the cache side always has a
  * contiguous head dim) and counted by kv_attn_stats_get():
@@ -88,8 +92,9 @@ extern "C" {
  * tensors are then [L][T][H][D]. */
 #define KV_ATTN_ALL_LAYERS (-1)
 
-/* Quantization scales (stored = x / scale, x = stored * scale), the same for
- * every layer of a call. NULL pointer to the struct: no scaling. */
+/* Quantization scales (stored = convert(x / scale), x = stored * scale), the
+ * same for every layer of a call. NULL pointer to the struct: no scaling
+ * (bytes moved where the dtypes agree); a struct of 1.0s still converts. */
 struct kv_scales {
     const float *k; /* [n]: one per tensor (n == 1) or per KV head (n == H) */
     const float *v; /* [n] */
@@ -166,9 +171,15 @@ KV_API KV_NODISCARD kv_status kv_attn_decode(struct kv_paged_cache cache, uint32
 /* ---- CUDA kernels -------------------------------------------------------------
  * The same kernels on device memory (cache.base and the tensors' bases are
  * device pointers; slots, pages and copies are HOST arrays, validated on the
- * host by the CPU kernels' validators, then uploaded on `stream`), launched on
- * `stream` without synchronizing. KV_ERR_UNSUPPORTED without CUDA in the
- * build or a usable device; KV_ERR_DEVICE when a launch fails. */
+ * host by the CPU kernels' validators), launched on `stream`. Each call
+ * uploads its index arrays (runs of slots, pages, copy offsets, scales) to
+ * stream-ordered device memory with cudaMemcpyAsync from pageable host
+ * memory: no explicit synchronize, but CUDA may synchronize with the stream
+ * to stage that copy, and a call cannot be captured in a CUDA graph (the
+ * host arrays are freed when it returns). Device-resident indices are
+ * planned. KV_ERR_UNSUPPORTED without CUDA in the build or a usable device;
+ * KV_ERR_NO_MEMORY when host or device memory for the index arrays runs out;
+ * KV_ERR_DEVICE when a CUDA call or a launch fails. */
 
 KV_API KV_NODISCARD kv_status kv_attn_write_cuda(struct kv_paged_cache cache, int32_t layer,
                                                  const struct kv_view *k, const struct kv_view *v,

@@ -197,22 +197,33 @@ static void run_plan(const struct kv_copy_plan *pl, char *dst, const char *src, 
     }
 }
 
-/* Element by element through f32: dst = from_f32(to_f32(src) * mul[h]) (mul
- * per head, or mul[0] for every head). */
+/* The tokens of one side of a call that does not move every side as bytes:
+ * its bytes when raw (no scales, the tensor's dtype the cache's: the other
+ * side converts), otherwise element by element through f32,
+ * dst = from_f32(kv_apply_scale(to_f32(src), scale[h], quantize)) (scale per
+ * head, or scale[0] for every head; 1 without scales). */
 static void convert_tokens(const struct kv__side *dst, const struct kv__side *src, int64_t n,
-                           int64_t H, int64_t D, const float *mul, bool per_head)
+                           int64_t H, int64_t D, const float *scale, bool per_head, bool quantize,
+                           bool raw)
 {
     const int64_t des = (int64_t)kv_dtype_size(dst->dt), ses = (int64_t)kv_dtype_size(src->dt);
+    const bool rows = dst->dim == des && src->dim == ses;
     for (int64_t t = 0; t < n; t++)
         for (int64_t h = 0; h < H; h++) {
-            const float m = mul[per_head ? h : 0];
+            const float sc = scale[per_head ? h : 0];
             char *d = dst->p + t * dst->tok + h * dst->head;
             const char *s = src->p + t * src->tok + h * src->head;
-            if (dst->dim == des && src->dim == ses) {
-                kv_convert_row(dst->dt, d, src->dt, s, D, m);
+            if (raw && rows) {
+                memcpy(d, s, (size_t)(D * des));
+            } else if (raw) {
+                for (int64_t i = 0; i < D; i++)
+                    copy_elem(d + i * dst->dim, s + i * src->dim, des);
+            } else if (rows) {
+                kv_convert_row(dst->dt, d, src->dt, s, D, sc, quantize);
             } else {
                 for (int64_t i = 0; i < D; i++)
-                    kv_from_f32(dst->dt, kv_to_f32(src->dt, s + i * src->dim) * m,
+                    kv_from_f32(dst->dt,
+                                kv_apply_scale(kv_to_f32(src->dt, s + i * src->dim), sc, quantize),
                                 d + i * dst->dim);
             }
         }
@@ -228,9 +239,10 @@ struct kv__move_ctx {
     const struct kv__attn_job *j;
     bool to_cache;
     bool bytes;                 /* equal dtypes, no scales: copy bytes */
+    bool raw[2];                /* K, V: no scales and the cache's dtype (its bytes) */
     bool nt;                    /* a large move: streaming stores (KV__NT_MIN_BYTES) */
     struct kv_copy_plan *plans; /* [max_run + 1] when max_run <= KV__PLAN_CACHE */
-    float kmul[KV__MAX_SCALES], vmul[KV__MAX_SCALES]; /* 1/scale (write) or scale (read) */
+    float kscale[KV__MAX_SCALES], vscale[KV__MAX_SCALES]; /* 1 without scales */
 };
 
 static void side_cache(const struct kv__attn_job *j, uint32_t layer, int kv, int64_t slot,
@@ -275,7 +287,8 @@ static void move_run(const struct kv__move_ctx *c, const struct kv__attn_run *r,
                 run_plan(&pl, dst->p, src->p, c->nt);
             }
         } else {
-            convert_tokens(dst, src, r->n, H, D, kv ? c->vmul : c->kmul, j->n_scales > 1);
+            convert_tokens(dst, src, r->n, H, D, kv ? c->vscale : c->kscale, j->n_scales > 1,
+                           c->to_cache, c->raw[kv]);
         }
     }
 }
@@ -304,14 +317,13 @@ static kv_status exec_move(const struct kv__attn_job *j, bool to_cache)
     c.j = j;
     c.to_cache = to_cache;
     c.plans = NULL;
-    c.bytes = j->n_scales == 0 && (!j->has_k || j->k.dtype == lo->dtype) &&
-              (!j->has_v || j->v.dtype == lo->dtype);
-    const int64_t n_mul = j->n_scales > 1 ? (int64_t)j->n_scales : 1;
-    for (int64_t h = 0; h < n_mul; h++) {
-        const float ks = j->k_scale ? j->k_scale[h] : 1.0f;
-        const float vs = j->v_scale ? j->v_scale[h] : 1.0f;
-        c.kmul[h] = to_cache ? 1.0f / ks : ks;
-        c.vmul[h] = to_cache ? 1.0f / vs : vs;
+    c.raw[0] = j->n_scales == 0 && j->k.dtype == lo->dtype;
+    c.raw[1] = j->n_scales == 0 && j->v.dtype == lo->dtype;
+    c.bytes = (!j->has_k || c.raw[0]) && (!j->has_v || c.raw[1]);
+    const int64_t n_sc = j->n_scales > 1 ? (int64_t)j->n_scales : 1;
+    for (int64_t h = 0; h < n_sc; h++) {
+        c.kscale[h] = j->k_scale ? j->k_scale[h] : 1.0f;
+        c.vscale[h] = j->v_scale ? j->v_scale[h] : 1.0f;
     }
     if (c.bytes && j->max_run > 0 && j->max_run <= KV__PLAN_CACHE) {
         c.plans = kv__mem_alloc((size_t)(j->max_run + 1) * sizeof(*c.plans));

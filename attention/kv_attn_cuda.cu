@@ -3,8 +3,10 @@
  *
  * Each launcher receives a job validated on the host by the CPU kernels'
  * validator (kv_attn_check.c), uploads its host index arrays (runs, pages,
- * copy offsets, scales) with stream-ordered allocations, launches on the
- * caller's stream, frees on the stream, and maps any CUDA error through
+ * copy offsets, scales) with stream-ordered allocations (cudaMemcpyAsync
+ * from pageable host memory: CUDA may synchronize with the stream to stage
+ * it, and graph capture could not replay it; docs/design.md), launches on
+ * the caller's stream, frees on the stream, and maps any CUDA error through
  * kv__cuda_status (KV_ERR_DEVICE for a failed launch). Every cache address is
  * computed with kv_attn_hd.h and every conversion with kv_convert_hd.h: the
  * code the CPU kernels and tests run.
@@ -77,6 +79,7 @@ struct kv__cmove {
     char *cache;
     struct kv__cside t[2];
     int has[2];
+    int raw[2]; /* K, V: no scales and the cache's dtype (moved as bytes) */
     uint32_t layer0, n_layers;
     int64_t n_items;
     int to_cache;
@@ -117,7 +120,7 @@ __global__ void kv__move_bytes_kernel(struct kv__cmove m, const struct kv__attn_
 }
 
 __global__ void kv__move_convert_kernel(struct kv__cmove m, const struct kv__attn_run *runs,
-                                        const float *mul /* [2][n_mul] */)
+                                        const float *scale /* [2][n_mul] */)
 {
     const int64_t H = m.lo.num_heads, D = m.lo.head_dim, es = m.lo.elem_bytes;
     for (int64_t item = blockIdx.x; item < m.n_items; item += gridDim.x) {
@@ -133,13 +136,15 @@ __global__ void kv__move_convert_kernel(struct kv__cmove m, const struct kv__att
             for (int64_t i = threadIdx.x; i < total; i += blockDim.x) {
                 const int64_t row = i / D, d = i - row * D;
                 const int64_t tk = row / H, h = row - tk * H;
-                const float f = mul[kv * m.n_mul + (m.per_head ? h : 0)];
+                const float f = scale[kv * m.n_mul + (m.per_head ? h : 0)];
                 char *c = c0 + tk * m.lo.stride_token_bytes + h * m.lo.stride_head_bytes + d * es;
                 char *x = t0 + tk * t.tok + h * t.head + d * t.dim;
-                if (m.to_cache)
-                    kv_from_f32(m.lo.dtype, kv_to_f32(t.dt, x) * f, c);
+                if (m.raw[kv])
+                    memcpy(m.to_cache ? c : x, m.to_cache ? x : c, (size_t)es);
+                else if (m.to_cache)
+                    kv_from_f32(m.lo.dtype, kv_apply_scale(kv_to_f32(t.dt, x), f, true), c);
                 else
-                    kv_from_f32(t.dt, kv_to_f32(m.lo.dtype, c) * f, x);
+                    kv_from_f32(t.dt, kv_apply_scale(kv_to_f32(m.lo.dtype, c), f, false), x);
             }
         }
     }
@@ -190,9 +195,10 @@ extern "C" kv_status kv__cuda_attn_move(const struct kv__attn_job *j, bool to_ca
         m.t[kv] = (struct kv__cside){t->base,        t->layer_stride, t->token_stride,
                                      t->head_stride, t->dim_stride,   t->dtype};
     }
-    const bool bytes = j->n_scales == 0 && (!m.has[0] || m.t[0].dt == m.lo.dtype) &&
-                       (!m.has[1] || m.t[1].dt == m.lo.dtype);
-    void *d_runs = NULL, *d_mul = NULL;
+    for (int kv = 0; kv < 2; kv++)
+        m.raw[kv] = j->n_scales == 0 && m.t[kv].dt == m.lo.dtype;
+    const bool bytes = (!m.has[0] || m.raw[0]) && (!m.has[1] || m.raw[1]);
+    void *d_runs = NULL, *d_scale = NULL;
     st = upload(&d_runs, j->runs, (size_t)j->n_runs * sizeof(*j->runs), s, fn);
     if (st != KV_OK)
         return st;
@@ -217,25 +223,24 @@ extern "C" kv_status kv__cuda_attn_move(const struct kv__attn_job *j, bool to_ca
             break;
         }
     } else {
-        /* multipliers: 1/scale on the way in, scale on the way out */
+        /* the scales themselves (1 without): x / scale on the way in, x *
+         * scale on the way out (kv_apply_scale, as on the CPU) */
         m.n_mul = j->n_scales > 1 ? j->n_scales : 1;
         m.per_head = j->n_scales > 1;
-        float mul[2 * 1024];
+        float scale[2 * 1024];
         for (int64_t h = 0; h < m.n_mul; h++) {
-            const float ks = j->k_scale ? j->k_scale[h] : 1.0f;
-            const float vs = j->v_scale ? j->v_scale[h] : 1.0f;
-            mul[h] = to_cache ? 1.0f / ks : ks;
-            mul[m.n_mul + h] = to_cache ? 1.0f / vs : vs;
+            scale[h] = j->k_scale ? j->k_scale[h] : 1.0f;
+            scale[m.n_mul + h] = j->v_scale ? j->v_scale[h] : 1.0f;
         }
-        st = upload(&d_mul, mul, (size_t)(2 * m.n_mul) * sizeof(float), s, fn);
+        st = upload(&d_scale, scale, (size_t)(2 * m.n_mul) * sizeof(float), s, fn);
         if (st != KV_OK) {
             release(d_runs, s);
             return st;
         }
-        kv__move_convert_kernel<<<grid, KV__THREADS, 0, s>>>(m, runs, (const float *)d_mul);
+        kv__move_convert_kernel<<<grid, KV__THREADS, 0, s>>>(m, runs, (const float *)d_scale);
     }
     st = kv__cuda_status(cudaGetLastError(), fn);
-    release(d_mul, s);
+    release(d_scale, s);
     release(d_runs, s);
     return st;
 }

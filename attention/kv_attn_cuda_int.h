@@ -7,7 +7,9 @@
  * KV_HAVE_CUDA` appears here and nowhere else in attention/. The caller
  * (kv_attn_gpu.c) has validated the job with the CPU kernels' validator; a
  * launcher uploads the job's host index arrays on the stream (stream-ordered
- * allocations, freed on the stream), launches, and checks the launch.
+ * allocations, freed on the stream; copied from pageable host memory, which
+ * CUDA may stage by synchronizing with the stream), launches, and checks the
+ * launch.
  */
 #ifndef KV_ATTN_CUDA_INT_H
 #define KV_ATTN_CUDA_INT_H

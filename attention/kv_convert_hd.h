@@ -18,13 +18,17 @@
  *     NaN becomes 0x7F with the input's sign bit (0x7F / 0xFF); -0.0 stays
  *     -0 (0x80);
  *   - fp8 -> f32 and f16/bf16 -> f32 are exact.
- * Scales (attention/kv_attn.h): stored = convert(x / scale), read back as
- * to_f32(stored) * scale; kv_convert_row takes the multiplier (1/scale or
- * scale) directly.
+ * Scales (attention/kv_attn.h, vLLM's convention): a write stores
+ * convert(x / scale), a true division (x * (1 / scale) rounds differently
+ * for some x, e.g. scale 3); a read gives to_f32(stored) * scale
+ * (kv_apply_scale). A scaled conversion follows the rules above whatever the
+ * scale, 1.0 included: only an unscaled move of equal dtypes copies bytes,
+ * and that is the kernels' choice, never kv_convert_row's.
  */
 #ifndef KV_CONVERT_HD_H
 #define KV_CONVERT_HD_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -243,20 +247,27 @@ KV_HD int64_t kv__convert_elem_bytes(kv_dtype dt)
                                                     : 0;
 }
 
-/* dst[i] = from_f32(to_f32(src[i]) * mul) for i < n, both rows contiguous;
- * equal dtypes with mul == 1 copy the bytes exactly. */
+/* The scale rule of every kernel: quantize (a write into the cache) gives
+ * x / scale, dequantize (a read, decode) x * scale. scale 1 leaves x as it
+ * is (a NaN quieted). */
+KV_HD float kv_apply_scale(float x, float scale, bool quantize)
+{
+    return quantize ? x / scale : x * scale;
+}
+
+/* dst[i] = from_f32(kv_apply_scale(to_f32(src[i]), scale, quantize)) for
+ * i < n, both rows contiguous. Always element by element through f32, equal
+ * dtypes and scale 1 included (fp8 saturation, canonical NaNs): a caller
+ * that means to copy bytes copies them itself. */
 KV_HD void kv_convert_row(kv_dtype dst_dt, void *dst, kv_dtype src_dt, const void *src, int64_t n,
-                          float mul)
+                          float scale, bool quantize)
 {
     const int64_t ds = kv__convert_elem_bytes(dst_dt), ss = kv__convert_elem_bytes(src_dt);
-    if (dst_dt == src_dt && mul == 1.0f) {
-        memcpy(dst, src, (size_t)(n * ss));
-        return;
-    }
     char *d = (char *)dst;
     const char *s = (const char *)src;
     for (int64_t i = 0; i < n; i++)
-        kv_from_f32(dst_dt, kv_to_f32(src_dt, s + i * ss) * mul, d + i * ds);
+        kv_from_f32(dst_dt, kv_apply_scale(kv_to_f32(src_dt, s + i * ss), scale, quantize),
+                    d + i * ds);
 }
 
 #endif /* KV_CONVERT_HD_H */

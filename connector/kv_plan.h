@@ -111,14 +111,18 @@ KV_API KV_NODISCARD kv_status kv_plan_copy(const kv_plan *plan, struct kv_paged_
                                            uint32_t n_dst, uint64_t n_tokens);
 
 /* Execute the plan with CUDA for one request, asynchronously on stream
- * (NULL: the default stream; nothing is synchronized: the copy is done when
- * the stream's work up to here is). The same request as kv_plan_copy, with
- * the same checks and statuses before anything is issued, except that the
- * caches must be CUDA-addressable (KV_MEM_DEVICE or KV_MEM_PINNED;
- * KV_ERR_INVALID_ARG for host memory). The block id lists are host memory,
- * read before the call returns. Copies of at least 4 KiB per row go to
- * the copy engines as cudaMemcpy2DAsync; all narrower ones are done by one
- * kernel launch (docs/connector.md, "CUDA executor").
+ * (NULL: the default stream; the copy is done when the stream's work up to
+ * here is). No explicit synchronize, but when there are narrow copies their
+ * table and block addresses are uploaded from pageable host memory on every
+ * call, which CUDA may stage by synchronizing with the stream, and which
+ * keeps the call out of CUDA graph capture (device-resident schedules are
+ * planned). The same request as kv_plan_copy, with the same checks and
+ * statuses before anything is issued, except that the caches must be
+ * CUDA-addressable (KV_MEM_DEVICE or KV_MEM_PINNED; KV_ERR_INVALID_ARG for
+ * host memory). The block id lists are host memory, read before the call
+ * returns. Copies of at least 4 KiB per row go to the copy engines as
+ * cudaMemcpy2DAsync; all narrower ones are done by one kernel launch
+ * (docs/connector.md, "CUDA executor").
  * KV_ERR_UNSUPPORTED  a build without CUDA, or no usable device (also for a
  *                     request of 0 tokens).
  * KV_ERR_NO_MEMORY    host memory for the schedule, device memory for the

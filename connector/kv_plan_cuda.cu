@@ -18,7 +18,10 @@
  *           vectors, 16-byte vectors when every address, width and pitch
  *           allows, else 8, 4 or 1
  *
- * Never a synchronize; every CUDA error through kv__cuda_status.
+ * No explicit synchronize; but the narrow upload is a cudaMemcpyAsync from
+ * pageable host memory, which CUDA may stage by synchronizing with the
+ * stream, and which a CUDA graph could not replay (the schedule is freed
+ * when the call returns). Every CUDA error through kv__cuda_status.
  */
 #include <cuda_runtime.h>
 

@@ -126,11 +126,12 @@ void kv__plan_sched_free(struct kv__plan_sched *s);
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* Issue the schedule on stream without synchronizing: kv__cuda_ready first
- * (KV_ERR_UNSUPPORTED without a usable device, even for an empty schedule),
- * the wide copies, then the narrow table and block addresses uploaded with
- * stream-ordered allocation, one kernel launch, the upload freed on the
- * stream.
+/* Issue the schedule on stream, with no explicit synchronize: kv__cuda_ready
+ * first (KV_ERR_UNSUPPORTED without a usable device, even for an empty
+ * schedule), the wide copies, then the narrow table and block addresses
+ * uploaded with stream-ordered allocation from pageable host memory (CUDA
+ * may synchronize with the stream to stage it), one kernel launch, the
+ * upload freed on the stream.
  * CUDA errors through kv__cuda_status (KV_ERR_DEVICE for a failed launch).
  * The schedule's host arrays may be freed when this returns. */
 kv_status kv__cuda_plan_copy(const struct kv__plan_sched *s, kv_cuda_stream stream);

@@ -13,8 +13,12 @@
  *                           KV_ERR_UNSUPPORTED ("this build has no CUDA")
  *   <file>.cu               launchers: kv__cuda_ready() first, then the
  *                           launch on the caller's stream, then
- *                           kv__cuda_status() on cudaGetLastError(); never a
- *                           synchronize
+ *                           kv__cuda_status() on cudaGetLastError(); never an
+ *                           explicit synchronize. Launchers that upload host
+ *                           index arrays (attention, the plan's narrow
+ *                           copies) copy from pageable memory, which CUDA may
+ *                           stage by synchronizing with the stream and which
+ *                           graph capture cannot replay (docs/design.md)
  *
  * Status mapping of a CUDA error (kv__cuda_status):
  *   cudaErrorNoDevice, cudaErrorInsufficientDriver    KV_ERR_UNSUPPORTED

@@ -56,7 +56,11 @@ bfloat16: its peers move the same bytes as uint16 (copies) or widen them to
 float32 by a 16-bit shift (attention), which is what one writes.
 
 PyTorch and NumPy come from Debian (python3-torch, python3-numpy); the
-script installs them if missing (as root), the tests never need them.
+script installs them if missing (as root), the tests never need them. apt
+installs them for /usr/bin/python3 only: run from another interpreter (a
+venv, pyenv) that lacks them, the script re-runs itself once with
+/usr/bin/python3 (after installing, if that one lacks them too), and
+otherwise stops naming the interpreter and the missing module.
 """
 import argparse
 import json
@@ -71,20 +75,69 @@ ROOT = os.path.dirname(HERE)
 N, H, D = 16, 8, 128
 ELEM = 2  # bf16
 
+# apt's python3-torch / python3-numpy land in Debian's interpreter, and in
+# no other (a venv's, pyenv's): that is the one to re-run with after
+# installing. The guard makes the install-and-re-run happen at most once.
+DEBIAN_PYTHON = "/usr/bin/python3"
+DEPS_GUARD = "KVCACHE_BENCH_PEERS_DEPS"
+APT_PACKAGES = ["python3-torch", "python3-numpy"]
+
+
+def missing_modules():
+    """The peers' modules this interpreter cannot import."""
+    missing = []
+    for mod in ("numpy", "torch"):
+        try:
+            __import__(mod)
+        except ImportError:
+            missing.append(mod)
+    return missing
+
+
+def is_debian_python():
+    """Whether this is the interpreter apt installs for (not a venv over it)."""
+    return sys.prefix == "/usr" and os.path.realpath(sys.executable) == os.path.realpath(
+        DEBIAN_PYTHON)
+
+
+def debian_python_has_deps():
+    if not os.access(DEBIAN_PYTHON, os.X_OK):
+        return False
+    return subprocess.run([DEBIAN_PYTHON, "-c", "import numpy, torch"], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL).returncode == 0
+
+
+def rerun_with(python, why):
+    print(f"bench_peers: {why}; re-running with {python}", file=sys.stderr)
+    env = dict(os.environ, **{DEPS_GUARD: sys.executable})
+    os.execve(python, [python, os.path.abspath(__file__)] + sys.argv[1:], env)
+
+
 def ensure_deps():
-    try:
-        import numpy  # noqa: F401
-        import torch  # noqa: F401
+    """Return with numpy and torch importable here, or after at most one
+    install and one re-run end with a message naming the interpreter that
+    lacks which module."""
+    missing = missing_modules()
+    if not missing:
         return
-    except ImportError:
-        pass
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        sys.exit("bench_peers: needs python3-torch and python3-numpy (apt-get install "
-                 "python3-torch python3-numpy as root)")
-    print("bench_peers: installing python3-torch python3-numpy", file=sys.stderr)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "python3-torch", "python3-numpy"],
-                   check=True, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
-    os.execve(sys.executable, [sys.executable] + sys.argv, os.environ)
+    me, lacks = sys.executable, " and ".join(missing)
+    tried = os.environ.get(DEPS_GUARD)
+    if tried:
+        sys.exit(f"bench_peers: {me} lacks {lacks} even after installing/re-running once (from "
+                 f"{tried}); apt's {' '.join(APT_PACKAGES)} serve {DEBIAN_PYTHON} only: "
+                 f"check `{DEBIAN_PYTHON} -c 'import numpy, torch'`")
+    debian = is_debian_python()
+    if not debian and debian_python_has_deps():
+        rerun_with(DEBIAN_PYTHON, f"{me} lacks {lacks}, {DEBIAN_PYTHON} has both")
+    if os.geteuid() != 0 or not shutil.which("apt-get") or not os.access(DEBIAN_PYTHON, os.X_OK):
+        sys.exit(f"bench_peers: {me} lacks {lacks}; as root, `apt-get install "
+                 f"{' '.join(APT_PACKAGES)}` provides them to {DEBIAN_PYTHON} (this script then "
+                 "re-runs with it), or install them into this interpreter (pip)")
+    print(f"bench_peers: {me} lacks {lacks}: installing {' '.join(APT_PACKAGES)} for "
+          f"{DEBIAN_PYTHON}", file=sys.stderr)
+    subprocess.run(["apt-get", "install", "-y", "-qq"] + APT_PACKAGES, check=True,
+                   env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    rerun_with(DEBIAN_PYTHON, f"installed {' '.join(APT_PACKAGES)}")
 
 
 ensure_deps()

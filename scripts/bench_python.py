@@ -29,7 +29,13 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "python"))
 os.environ.setdefault("KVCACHE_LIBRARY", os.path.join(ROOT, "build-libc", "libkvcache.so"))
 
-import numpy as np  # noqa: E402
+try:
+    import numpy as np  # noqa: E402
+except ImportError:
+    # nothing installed here: apt's python3-numpy (scripts/deps.sh) serves
+    # /usr/bin/python3, which make bench runs this with
+    sys.exit(f"bench_python.py: {sys.executable} lacks numpy; run it with /usr/bin/python3 "
+             "(apt-get install python3-numpy) or install numpy into this interpreter")
 
 import kvcache  # noqa: E402
 

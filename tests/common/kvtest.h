@@ -42,4 +42,22 @@ int64_t kvt_ref_offset_elems(const struct kv_layout_config *c, int64_t l, int64_
 /* Path of a file under tests/data (env KV_TEST_DATA_DIR overrides). */
 const char *kvt_data_path(const char *name);
 
+/* Field-by-field comparison of the library's structs: "" when a and b hold
+ * the same values, else the first field that differs with both values
+ * ("shape[2]: 3 vs 4 (0x3 vs 0x4)"), in a per-thread buffer that the next
+ * call overwrites. Use as assert_string_equal(kvt_view_diff(&a, &b), "").
+ * Never memcmp a struct: its padding bytes are indeterminate (a struct
+ * assignment or an initializer need not copy or clear them), so such a test
+ * passes or fails with the compiler, its flags and the stack's history.
+ * scripts/check-test-compares.py refuses it in tests/. */
+const char *kvt_view_diff(const struct kv_view *a, const struct kv_view *b);
+const char *kvt_layout_diff(const struct kv_layout *a, const struct kv_layout *b);
+const char *kvt_layout_config_diff(const struct kv_layout_config *a,
+                                   const struct kv_layout_config *b);
+const char *kvt_arena_config_diff(const struct kv_arena_config *a, const struct kv_arena_config *b);
+const char *kvt_block_pool_stats_diff(const struct kv_block_pool_stats *a,
+                                      const struct kv_block_pool_stats *b);
+const char *kvt_offload_stats_diff(const struct kv_offload_stats *a,
+                                   const struct kv_offload_stats *b);
+
 #endif /* KVTEST_H */

@@ -8,7 +8,9 @@
  * kernel: write and copy_blocks must leave the two pools identical byte for
  * byte (the whole pool: no stray writes), read must fill identical output
  * buffers (guard bytes included), and decode must be within 1e-5 relative of
- * a float64 reference computed here from the layout's strides.
+ * a float64 reference computed here from the layout's strides. The scale
+ * rules (x / scale, scale 1.0 still converting, raw bytes only without
+ * scales) on inputs that tell the variants apart, writes and reads.
  *
  * Then the GPU benchmark lines (JSON, docs/benchmarks.md): write_prefill,
  * write_decode and read against a device-to-device cudaMemcpy of the same
@@ -437,6 +439,124 @@ static void refusals(void)
     pools_free(&p);
 }
 
+/* ---- the scale and conversion rules ------------------------------------------------- */
+
+enum { SR_T = 6, SR_H = 2, SR_D = 8, SR_E = SR_T * SR_H * SR_D };
+
+/* A [SR_T][SR_H][SR_D] view of dt over buf (2 * SR_E elements): contiguous,
+ * or with a head dim of stride 2. */
+static struct kv_view sr_view(void *buf, kv_dtype dt, bool strided)
+{
+    struct kv_view flat, v;
+    int64_t n = 2 * SR_E;
+    const int64_t s = strided ? 2 : 1;
+    int64_t sh[3] = {SR_T, SR_H, SR_D}, st[3] = {SR_H * SR_D * s, SR_D * s, s};
+    CHECK(kv_view_init(buf, (size_t)n * kv_dtype_size(dt), dt, 1, &n, &flat) == KV_OK);
+    CHECK(kv_view_as_strided(&flat, 3, sh, st, 0, &v) == KV_OK);
+    return v;
+}
+
+/* The same values in a host buffer and a device buffer. */
+struct sr_buf {
+    unsigned char h[2 * SR_E * 4];
+    void *d;
+};
+
+static void sr_upload(struct sr_buf *b)
+{
+    CHECK(cudaMalloc(&b->d, sizeof(b->h)) == cudaSuccess);
+    CHECK(cudaMemcpy(b->d, b->h, sizeof(b->h), cudaMemcpyHostToDevice) == cudaSuccess);
+}
+
+/* CPU against CUDA on inputs that tell the variants apart (the CPU side is
+ * checked against exact expectations in tests/unit/test_attn.c): x / scale
+ * with scales whose reciprocal is inexact; with scale 1.0, e5m2 inf and NaNs
+ * and out-of-range f32 still converted; without scales, a tensor of the
+ * cache's dtype moved as bytes next to one converted. Writes, then reads. */
+static void scale_rules(void)
+{
+    static const int64_t slots[SR_T] = {20, 21, 22, 23, 8, 9};
+    static const int32_t indptr[2] = {0, 2}, indices[2] = {5, 2}, last[1] = {2};
+    static const uint8_t codes[8] = {0x7C, 0xFC, 0x7D, 0x7E, 0xFD, 0x7B, 0x83, 0x80};
+    static const float ks[SR_H] = {3.0f, 0.3f}, vs[SR_H] = {7.0f, 1.1f}, one[1] = {1.0f};
+    const struct kv_scales sc = {ks, vs, SR_H}, sc1 = {one, one, 1};
+    struct kv_pages pg;
+    memset(&pg, 0, sizeof(pg));
+    pg.format = KV_PAGES_CSR, pg.n_seqs = 1, pg.page_ratio = 1;
+    pg.indptr = indptr, pg.indices = indices, pg.last_page_len = last;
+    static struct sr_buf f32, e5m2, out[2];
+    uint64_t rng = 3;
+    for (int64_t i = 0; i < 2 * SR_E; i++) {
+        const float x = i % 8 == 0   ? INFINITY
+                        : i % 8 == 1 ? -1e6f
+                                     : (float)range(&rng, -(1 << 24), 1 << 24) / 4096.0f;
+        memcpy(f32.h + i * 4, &x, 4);
+        e5m2.h[i] = codes[i % 8];
+    }
+    sr_upload(&f32);
+    sr_upload(&e5m2);
+    sr_upload(&out[0]);
+    sr_upload(&out[1]);
+    const struct {
+        kv_dtype cache, kdt, vdt;
+        const struct kv_scales *sc;
+        const char *what;
+    } cases[4] = {
+        {KV_F32, KV_F32, KV_F32, &sc, "f32, x / scale"},
+        {KV_FP8_E5M2, KV_FP8_E5M2, KV_F32, &sc1, "e5m2 and f32 into e5m2, scale 1.0"},
+        {KV_FP8_E5M2, KV_FP8_E5M2, KV_FP8_E5M2, NULL, "e5m2 into e5m2, no scales"},
+        {KV_FP8_E5M2, KV_F32, KV_FP8_E5M2, NULL, "f32 and e5m2 into e5m2, no scales"},
+    };
+    for (int strided = 0; strided < 2; strided++)
+        for (int c = 0; c < 4; c++) {
+            char what[128];
+            snprintf(what, sizeof(what), "scale rules: %s%s", cases[c].what,
+                     strided ? " (strided)" : "");
+            struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+            cfg.num_layers = 1, cfg.num_blocks = 8, cfg.block_tokens = 4, cfg.num_heads = SR_H;
+            cfg.head_dim = SR_D, cfg.dtype = cases[c].cache;
+            struct pools p;
+            pools_init(&p, &cfg, 21 + (uint64_t)c);
+            struct sr_buf *kb = cases[c].kdt == KV_F32 ? &f32 : &e5m2,
+                          *vb = cases[c].vdt == KV_F32 ? &f32 : &e5m2;
+            struct kv_view hk = sr_view(kb->h, cases[c].kdt, strided),
+                           hv = sr_view(vb->h, cases[c].vdt, strided),
+                           dk = sr_view(kb->d, cases[c].kdt, strided),
+                           dv = sr_view(vb->d, cases[c].vdt, strided);
+            CHECK(kv_attn_write(p.host, 0, &hk, &hv, slots, SR_T, cases[c].sc) == KV_OK);
+            CHECK(kv_attn_write_cuda(p.dev, 0, &dk, &dv, slots, SR_T, cases[c].sc, NULL) == KV_OK);
+            pools_same(&p, what);
+            for (int kv = 0; kv < 2; kv++) {
+                memset(out[kv].h, 0x11, sizeof(out[kv].h));
+                CHECK(cudaMemcpy(out[kv].d, out[kv].h, sizeof(out[kv].h), cudaMemcpyHostToDevice) ==
+                      cudaSuccess);
+            }
+            hk = sr_view(out[0].h, cases[c].kdt, strided);
+            hv = sr_view(out[1].h, cases[c].vdt, strided);
+            dk = sr_view(out[0].d, cases[c].kdt, strided);
+            dv = sr_view(out[1].d, cases[c].vdt, strided);
+            CHECK(kv_attn_read(p.host, 0, &pg, &hk, &hv, cases[c].sc) == KV_OK);
+            CHECK(kv_attn_read_cuda(p.dev, 0, &pg, &dk, &dv, cases[c].sc, NULL) == KV_OK);
+            for (int kv = 0; kv < 2; kv++) {
+                static unsigned char back[2 * SR_E * 4];
+                CHECK(cudaDeviceSynchronize() == cudaSuccess);
+                CHECK(cudaMemcpy(back, out[kv].d, sizeof(back), cudaMemcpyDeviceToHost) ==
+                      cudaSuccess);
+                for (size_t i = 0; i < sizeof(back); i++)
+                    if (back[i] != out[kv].h[i]) {
+                        fprintf(stderr, "FAIL %s: read %c byte %zu is 0x%02x, the CPU's 0x%02x\n",
+                                what, kv ? 'V' : 'K', i, back[i], out[kv].h[i]);
+                        exit(1);
+                    }
+            }
+            pools_free(&p);
+        }
+    for (int b = 0; b < 2; b++)
+        cudaFree(out[b].d);
+    cudaFree(f32.d);
+    cudaFree(e5m2.d);
+}
+
 /* ---- benchmarks ------------------------------------------------------------------------ */
 
 static int cmp_f(const void *a, const void *b)
@@ -633,11 +753,12 @@ int main(void)
     for (int i = 0; i < 40; i++)
         decode_case(i);
     refusals();
+    scale_rules();
     kv_attn_stats_get(&s1);
     for (int k = KV_ATTN_WRITE; k <= KV_ATTN_READ; k++)
         for (int p = 0; p < KV_ATTN_PATH_COUNT; p++)
             CHECK(s1.cuda[k][p] > s0.cuda[k][p]); /* every path ran on the device */
-    printf("test_gpu_attn: 100 round trips, 40 decode cases, refusals: ok\n");
+    printf("test_gpu_attn: 100 round trips, 40 decode cases, refusals, scale rules: ok\n");
     bench(KV_ORDER_NHD);
     bench(KV_ORDER_HND);
     return 0;

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include <kvcache/kv.h>
+#include "kvtest.h"
 
 static void assert_msg_has(const char *needle)
 {
@@ -58,14 +59,14 @@ static void test_abi_layout_config_size(void **state)
         memset(&lo, 0x5A, sizeof(lo));
         before = lo;
         assert_refused(kv_layout_init(&bad, &lo), "kv_layout_config", i);
-        assert_memory_equal(&lo, &before, sizeof(lo)); /* out untouched */
+        assert_string_equal(kvt_layout_diff(&lo, &before), ""); /* out untouched */
     }
     /* the inline initializer and the macro agree */
     struct kv_layout_config d;
     memset(&d, 0xFF, sizeof(d));
     kv_layout_config_init(&d);
     struct kv_layout_config e = KV_LAYOUT_CONFIG_INIT;
-    assert_memory_equal(&d, &e, sizeof(d));
+    assert_string_equal(kvt_layout_config_diff(&d, &e), "");
     assert_int_equal(d.struct_size, sizeof(d));
 }
 
@@ -78,7 +79,7 @@ static void test_abi_arena_config_size(void **state)
     assert_int_equal(c.struct_size, sizeof(c));
     assert_int_equal(c.size_bytes, 4096);
     struct kv_arena_config m = KV_ARENA_CONFIG_INIT(4096);
-    assert_memory_equal(&c, &m, sizeof(c));
+    assert_string_equal(kvt_arena_config_diff(&c, &m), "");
     for (size_t i = 0; i < 3; i++) {
         struct kv_arena_config bad = c;
         bad.struct_size = bad_size(sizeof(c), k_delta[i]);
@@ -205,6 +206,45 @@ static void test_abi_struct_table(void **state)
     assert_int_equal(kv_abi_field("kv_layout", "fingerprint", NULL, &size), KV_ERR_NULL);
 }
 
+/* The tests compare structs through tests/common's kvt_*_diff (never
+ * memcmp): they must ignore padding bytes and name any field that differs. */
+static void test_abi_struct_diffs_see_fields_not_padding(void **state)
+{
+    (void)state;
+    struct kv_layout_config a = KV_LAYOUT_CONFIG_INIT, b;
+    a.num_layers = 2, a.num_blocks = 8, a.block_tokens = 4, a.num_heads = 2, a.head_dim = 8;
+    a.dtype = KV_BF16;
+    struct kv_layout la, lb;
+    assert_int_equal(kv_layout_init(&a, &la), KV_OK);
+    /* a padding byte of each: the three after the bool kv_packed */
+    const size_t cpad = offsetof(struct kv_layout_config, kv_packed) + 1;
+    const size_t lpad = offsetof(struct kv_layout, kv_packed) + 1;
+    assert_true(cpad < offsetof(struct kv_layout_config, block_pad_elems));
+    assert_true(lpad < offsetof(struct kv_layout, elem_bytes));
+    memcpy(&b, &a, sizeof(b));
+    memcpy(&lb, &la, sizeof(lb));
+    ((unsigned char *)&b)[cpad] ^= 0xFF;
+    ((unsigned char *)&lb)[lpad] ^= 0xFF;
+    assert_string_equal(kvt_layout_config_diff(&a, &b), "");
+    assert_string_equal(kvt_layout_diff(&la, &lb), "");
+    b.head_dim = 9;
+    lb.fingerprint = la.fingerprint + 1;
+    assert_non_null(strstr(kvt_layout_config_diff(&a, &b), "kv_layout_config.head_dim: 8 vs 9"));
+    assert_non_null(strstr(kvt_layout_diff(&la, &lb), "kv_layout.fingerprint: "));
+    /* the last field of each table is compared too */
+    memcpy(&b, &a, sizeof(b));
+    b.align_bytes = 64;
+    assert_non_null(strstr(kvt_layout_config_diff(&a, &b), "align_bytes: 0 vs 64"));
+    struct kv_view v, w;
+    int64_t shape[2] = {2, 3};
+    static float buf[6];
+    assert_int_equal(kv_view_init(buf, sizeof(buf), KV_F32, 2, shape, &v), KV_OK);
+    w = v;
+    assert_string_equal(kvt_view_diff(&v, &w), "");
+    w.strides[7] = 5; /* past ndim: still a field */
+    assert_non_null(strstr(kvt_view_diff(&v, &w), "kv_view.strides[7]: 0 vs 5"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -215,6 +255,7 @@ int main(void)
         cmocka_unit_test(test_abi_page_table_config_and_ops_version),
         cmocka_unit_test(test_abi_cache_config_size),
         cmocka_unit_test(test_abi_version_and_build_info),
+        cmocka_unit_test(test_abi_struct_diffs_see_fields_not_padding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,7 +15,12 @@
  *   - decode attention within 1e-5 (relative) of a float64 softmax over
  *     contiguous K/V, sequences of 1 to 2,000 tokens with partial last pages,
  *     page ratio 1 and 2, every layout, grouped-query heads;
- *   - block copies, and every refusal with the pool left bit-identical.
+ *   - block copies, and every refusal with the pool left bit-identical;
+ *   - the scale rules exactly: a write stores x / scale (inputs where
+ *     x * (1 / scale) rounds apart), a read x * scale; scale 1.0 still
+ *     converts (e5m2 inf saturates, NaNs canonical, out-of-range f32
+ *     saturates); without scales a tensor of the cache's dtype keeps its
+ *     bytes, next to one converted.
  * Cache elements are addressed through kvt_ref_offset_elems (the config
  * alone), never through the library's layout strides.
  */
@@ -187,16 +192,18 @@ static unsigned char *view_at(const struct kv_view *v, int64_t l, int64_t t, int
     return (unsigned char *)v->base + e * (int64_t)kv_dtype_size(v->dtype);
 }
 
-/* The value the reference stores for x of dtype sdt into a dtype cdt element
- * (mul = 1/scale): bytes as is for equal dtypes without scales. */
+/* The value the reference stores for x of dtype sdt into a dtype cdt element:
+ * bytes as is for equal dtypes without scales; otherwise converted, x / scale
+ * on a write (quantize), x * scale on a read (scale 1 without scales). */
 static void ref_store(kv_dtype cdt, unsigned char *dst, kv_dtype sdt, const unsigned char *src,
-                      float mul, bool scaled)
+                      float scale, bool scaled, bool quantize)
 {
     if (cdt == sdt && !scaled) {
         memcpy(dst, src, kv_dtype_size(cdt));
         return;
     }
-    kv_from_f32(cdt, kv_to_f32(sdt, src) * mul, dst);
+    const float x = kv_to_f32(sdt, src);
+    kv_from_f32(cdt, quantize ? x / scale : x * scale, dst);
 }
 
 /* ---- the write / read round trip over one layout -------------------------------------- */
@@ -355,8 +362,8 @@ static void run_round_trip(const struct rt_case *rc, uint64_t seed)
                         ref_store(
                             rc->cache_dt,
                             ref_at(&f, f.ref, rc->all_layers ? lr : layer, kv, slots[t], h, d),
-                            rc->src_dt, view_at(kv ? &src.v : &src.k, lr, t, h, d), 1.0f / s,
-                            rc->scales != 0);
+                            rc->src_dt, view_at(kv ? &src.v : &src.k, lr, t, h, d), s,
+                            rc->scales != 0, true);
                 }
     kv_status st = kv_attn_write(f.c, layer, &src.k, &src.v, slots, T, scp);
     if (st != KV_OK)
@@ -396,7 +403,8 @@ static void run_round_trip(const struct rt_case *rc, uint64_t seed)
                         unsigned char want[8];
                         const unsigned char *cached =
                             ref_at(&f, f.ref, rc->all_layers ? lr : layer, kv, slots[t], h, d);
-                        ref_store(rc->src_dt, want, rc->cache_dt, cached, s, rc->scales != 0);
+                        ref_store(rc->src_dt, want, rc->cache_dt, cached, s, rc->scales != 0,
+                                  false);
                         if (memcmp(o, want, kv_dtype_size(rc->src_dt)) != 0)
                             fail_msg("read %c l%lld t%lld h%lld d%lld: got %g want %g",
                                      kv ? 'V' : 'K', (long long)lr, (long long)t, (long long)h,
@@ -457,6 +465,232 @@ static void test_attn_write_read_every_layout_and_dtype(void **state)
         for (int p = 0; p < KV_ATTN_PATH_COUNT; p++)
             if (st1.cpu[k][p] == st0.cpu[k][p])
                 fail_msg("kernel %d never ran path %s", k, kv_attn_path_name((enum kv_attn_path)p));
+}
+
+/* ---- the scale and conversion rules, exactly, on a small cache ------------------------ */
+
+/* 6 tokens [6][2][8]: slots 20..23 (block 5) then 8, 9 (block 2); read back
+ * as one sequence of pages 5 and 2. */
+#define SM_T 6
+#define SM_H 2
+#define SM_D 8
+#define SM_ELEMS (SM_T * SM_H * SM_D)
+static const int64_t sm_slots[SM_T] = {20, 21, 22, 23, 8, 9};
+static const int32_t sm_indptr[2] = {0, 2}, sm_indices[2] = {5, 2}, sm_last[1] = {2};
+
+static void sm_fix(struct fix *f, kv_dtype dt, uint64_t seed)
+{
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 1, cfg.num_blocks = 8, cfg.block_tokens = 4, cfg.num_heads = SM_H;
+    cfg.head_dim = SM_D, cfg.dtype = dt;
+    fix_init(f, &cfg, seed);
+}
+
+static struct kv_pages sm_pages(void)
+{
+    struct kv_pages p;
+    memset(&p, 0, sizeof(p));
+    p.format = KV_PAGES_CSR, p.n_seqs = 1, p.page_ratio = 1;
+    p.indptr = sm_indptr, p.indices = sm_indices, p.last_page_len = sm_last;
+    return p;
+}
+
+/* Index of element (t, h, d) in a buffer of 2 * SM_ELEMS elements viewed as
+ * [SM_T][SM_H][SM_D]: contiguous, or with a head dim of stride 2. */
+static int64_t sm_idx(bool strided, int64_t t, int64_t h, int64_t d)
+{
+    return ((t * SM_H + h) * SM_D + d) * (strided ? 2 : 1);
+}
+
+static struct kv_view sm_view(void *buf, kv_dtype dt, bool strided)
+{
+    struct kv_view flat, v;
+    int64_t n = 2 * SM_ELEMS;
+    const int64_t s = strided ? 2 : 1;
+    int64_t sh[3] = {SM_T, SM_H, SM_D}, st[3] = {SM_H * SM_D * s, SM_D * s, s};
+    assert_int_equal(kv_view_init(buf, (size_t)n * kv_dtype_size(dt), dt, 1, &n, &flat), KV_OK);
+    assert_int_equal(kv_view_as_strided(&flat, 3, sh, st, 0, &v), KV_OK);
+    return v;
+}
+
+/* A scaled write stores convert(x / scale) and a scaled read gives
+ * to_f32(stored) * scale (kv_attn.h): a true division, which x * (1 / scale)
+ * is not. Every input is picked so that the two round apart in f32, and the
+ * expectations are computed here. */
+static void test_attn_scaled_write_divides(void **state)
+{
+    (void)state;
+    static const float ks[SM_H] = {3.0f, 0.3f}, vs[SM_H] = {7.0f, 1.1f};
+    const struct kv_scales sc = {ks, vs, SM_H};
+    const struct kv_pages pg = sm_pages();
+    for (int strided = 0; strided < 2; strided++) {
+        struct fix f;
+        sm_fix(&f, KV_F32, 31 + (uint64_t)strided);
+        static float src[2][2 * SM_ELEMS], out[2][2 * SM_ELEMS];
+        memset(src, 0, sizeof(src));
+        uint64_t rng = 17;
+        for (int kv = 0; kv < 2; kv++)
+            for (int64_t t = 0; t < SM_T; t++)
+                for (int64_t h = 0; h < SM_H; h++)
+                    for (int64_t d = 0; d < SM_D; d++) {
+                        const float s = (kv ? vs : ks)[h];
+                        float x = 0.0f;
+                        int tries = 0;
+                        do
+                            x = (float)kvt_range(&rng, -(1 << 24), 1 << 24) / 4096.0f;
+                        while (x / s == x * (1.0f / s) && ++tries < 1000);
+                        assert_true(x / s != x * (1.0f / s)); /* found one that tells */
+                        src[kv][sm_idx(strided, t, h, d)] = x;
+                        const float want = x / s;
+                        memcpy(ref_at(&f, f.ref, 0, kv, sm_slots[t], h, d), &want, 4);
+                    }
+        struct kv_view k = sm_view(src[0], KV_F32, strided), v = sm_view(src[1], KV_F32, strided);
+        assert_int_equal(kv_attn_write(f.c, 0, &k, &v, sm_slots, SM_T, &sc), KV_OK);
+        check_pool(&f, strided ? "x / scale (strided head dim)" : "x / scale");
+
+        memset(out, 0, sizeof(out));
+        struct kv_view ko = sm_view(out[0], KV_F32, strided), vo = sm_view(out[1], KV_F32, strided);
+        assert_int_equal(kv_attn_read(f.c, 0, &pg, &ko, &vo, &sc), KV_OK);
+        for (int kv = 0; kv < 2; kv++)
+            for (int64_t t = 0; t < SM_T; t++)
+                for (int64_t h = 0; h < SM_H; h++)
+                    for (int64_t d = 0; d < SM_D; d++) {
+                        float stored;
+                        memcpy(&stored, ref_at(&f, f.ref, 0, kv, sm_slots[t], h, d), 4);
+                        const float want = stored * (kv ? vs : ks)[h];
+                        const float got = out[kv][sm_idx(strided, t, h, d)];
+                        uint32_t gb, wb; /* bit for bit */
+                        memcpy(&gb, &got, 4);
+                        memcpy(&wb, &want, 4);
+                        if (gb != wb)
+                            fail_msg("read %c t%lld h%lld d%lld: %a, want stored * scale = %a",
+                                     kv ? 'V' : 'K', (long long)t, (long long)h, (long long)d,
+                                     (double)got, (double)want);
+                    }
+        fix_free(&f);
+    }
+}
+
+/* e5m2 codes, and what any scaled call (scale 1.0 included) or any
+ * conversion stores for them: +-inf saturate to +-max finite (0x7B/0xFB),
+ * NaNs become 0x7F/0xFF with their sign, finite codes stay. */
+static const uint8_t sm_e5m2_in[8] = {0x7C, 0xFC, 0x7D, 0x7E, 0xFD, 0x7B, 0x83, 0x80};
+static const uint8_t sm_e5m2_conv[8] = {0x7B, 0xFB, 0x7F, 0x7F, 0xFF, 0x7B, 0x83, 0x80};
+
+/* f32 inputs out of e5m2's range and what e5m2 holds of them. */
+static float sm_f32_in(int i)
+{
+    static const float v[8] = {1e6f, -1e6f, 61440.0f, -61440.0f, 57344.0f, -0.0f, 0.0f, 0.0f};
+    return i == 6 ? INFINITY : i == 7 ? -INFINITY : v[i];
+}
+static const uint8_t sm_f32_conv[8] = {0x7B, 0xFB, 0x7B, 0xFB, 0x7B, 0x80, 0x7B, 0xFB};
+
+/* Fill a source of dt (e5m2 or f32) with the table's inputs, cycling. */
+static void sm_fill(void *buf, kv_dtype dt, bool strided)
+{
+    memset(buf, 0, 2 * SM_ELEMS * kv_dtype_size(dt));
+    for (int64_t i = 0; i < SM_ELEMS; i++) {
+        const int64_t j = sm_idx(strided, i / (SM_H * SM_D), i / SM_D % SM_H, i % SM_D);
+        if (dt == KV_FP8_E5M2)
+            ((uint8_t *)buf)[j] = sm_e5m2_in[i % 8];
+        else
+            ((float *)buf)[j] = sm_f32_in((int)(i % 8));
+    }
+}
+
+/* The e5m2 code element (t, h, d) of a source of dt must be stored as:
+ * converted, or its bytes when raw. */
+static uint8_t sm_want(kv_dtype dt, int64_t t, int64_t h, int64_t d, bool raw)
+{
+    const int64_t i = (t * SM_H + h) * SM_D + d;
+    if (dt == KV_FP8_E5M2)
+        return raw ? sm_e5m2_in[i % 8] : sm_e5m2_conv[i % 8];
+    return sm_f32_conv[i % 8];
+}
+
+static void sm_expect(struct fix *f, kv_dtype kdt, kv_dtype vdt, bool k_raw, bool v_raw)
+{
+    for (int kv = 0; kv < 2; kv++)
+        for (int64_t t = 0; t < SM_T; t++)
+            for (int64_t h = 0; h < SM_H; h++)
+                for (int64_t d = 0; d < SM_D; d++)
+                    *ref_at(f, f->ref, 0, kv, sm_slots[t], h, d) =
+                        sm_want(kv ? vdt : kdt, t, h, d, kv ? v_raw : k_raw);
+}
+
+static void sm_read_expect(const struct fix *f, const struct kv_scales *sc, bool strided, bool raw)
+{
+    static uint8_t out[2][2 * SM_ELEMS];
+    const struct kv_pages pg = sm_pages();
+    memset(out, 0x11, sizeof(out));
+    struct kv_view ko = sm_view(out[0], KV_FP8_E5M2, strided),
+                   vo = sm_view(out[1], KV_FP8_E5M2, strided);
+    assert_int_equal(kv_attn_read(f->c, 0, &pg, &ko, &vo, sc), KV_OK);
+    for (int kv = 0; kv < 2; kv++)
+        for (int64_t t = 0; t < SM_T; t++)
+            for (int64_t h = 0; h < SM_H; h++)
+                for (int64_t d = 0; d < SM_D; d++) {
+                    const uint8_t got = out[kv][sm_idx(strided, t, h, d)];
+                    const uint8_t want = sm_want(KV_FP8_E5M2, t, h, d, raw);
+                    if (got != want)
+                        fail_msg("read%s%s %c t%lld h%lld d%lld: 0x%02x, want 0x%02x",
+                                 sc ? " with scale 1.0" : "", strided ? " (strided)" : "",
+                                 kv ? 'V' : 'K', (long long)t, (long long)h, (long long)d, got,
+                                 want);
+                }
+}
+
+/* Only a call without scales moves the bytes of a tensor whose dtype is the
+ * cache's; a scaled call converts every element whatever the scale (1.0
+ * included): e5m2 inf saturates, NaNs are canonical, out-of-range f32
+ * saturates. Each for a contiguous and a strided head dim (the two CPU
+ * branches), writes and reads. */
+static void test_attn_scale_one_still_converts(void **state)
+{
+    (void)state;
+    static const float one[1] = {1.0f};
+    const struct kv_scales sc1 = {one, one, 1};
+    static uint8_t k8[2 * SM_ELEMS], v8[2 * SM_ELEMS];
+    static float k32[2 * SM_ELEMS];
+    for (int strided = 0; strided < 2; strided++) {
+        struct fix f;
+        char what[96];
+        /* scaled by 1.0: e5m2 K, f32 V, both converted */
+        sm_fix(&f, KV_FP8_E5M2, 41 + (uint64_t)strided);
+        sm_fill(k8, KV_FP8_E5M2, strided);
+        sm_fill(k32, KV_F32, strided);
+        struct kv_view k = sm_view(k8, KV_FP8_E5M2, strided), v = sm_view(k32, KV_F32, strided);
+        assert_int_equal(kv_attn_write(f.c, 0, &k, &v, sm_slots, SM_T, &sc1), KV_OK);
+        sm_expect(&f, KV_FP8_E5M2, KV_F32, false, false);
+        snprintf(what, sizeof(what), "write e5m2/f32 -> e5m2, scale 1.0%s",
+                 strided ? ", strided" : "");
+        check_pool(&f, what);
+        fix_free(&f);
+
+        /* no scales, equal dtypes: the bytes, inf and NaN payloads kept;
+         * read back as bytes without scales, converted with scale 1.0 */
+        sm_fix(&f, KV_FP8_E5M2, 43 + (uint64_t)strided);
+        sm_fill(v8, KV_FP8_E5M2, strided);
+        v = sm_view(v8, KV_FP8_E5M2, strided);
+        assert_int_equal(kv_attn_write(f.c, 0, &k, &v, sm_slots, SM_T, NULL), KV_OK);
+        sm_expect(&f, KV_FP8_E5M2, KV_FP8_E5M2, true, true);
+        snprintf(what, sizeof(what), "write e5m2 -> e5m2, no scales%s", strided ? ", strided" : "");
+        check_pool(&f, what);
+        sm_read_expect(&f, NULL, strided, true);
+        sm_read_expect(&f, &sc1, strided, false);
+        check_pool(&f, "after the reads");
+        fix_free(&f);
+
+        /* no scales, K f32 (converted), V e5m2 like the cache: V's bytes */
+        sm_fix(&f, KV_FP8_E5M2, 47 + (uint64_t)strided);
+        k = sm_view(k32, KV_F32, strided);
+        assert_int_equal(kv_attn_write(f.c, 0, &k, &v, sm_slots, SM_T, NULL), KV_OK);
+        sm_expect(&f, KV_F32, KV_FP8_E5M2, false, true);
+        snprintf(what, sizeof(what), "write f32/e5m2 -> e5m2, no scales%s",
+                 strided ? ", strided" : "");
+        check_pool(&f, what);
+        fix_free(&f);
+    }
 }
 
 /* A pool of 10,000 blocks: 4,096 single tokens scattered over it (a decode
@@ -1174,6 +1408,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attn_write_read_every_layout_and_dtype),
         cmocka_unit_test(test_attn_large_pool_scattered),
+        cmocka_unit_test(test_attn_scaled_write_divides),
+        cmocka_unit_test(test_attn_scale_one_still_converts),
         cmocka_unit_test(test_attn_decode_every_layout),
         cmocka_unit_test(test_attn_decode_dtypes),
         cmocka_unit_test(test_attn_copy_blocks),

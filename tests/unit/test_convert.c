@@ -353,14 +353,21 @@ static void test_convert_rows_every_pair(void **state)
     float src_f[97];
     for (int i = 0; i < 97; i++)
         src_f[i] = (float)kvt_range(&rng, -4000, 4000) / 37.0f;
+    src_f[2] = INFINITY, src_f[3] = -INFINITY, src_f[4] = NAN, src_f[5] = 1e6f; /* saturate */
     for (int a = 0; a < 5; a++)
         for (int b = 0; b < 5; b++)
-            for (int mi = 0; mi < 3; mi++) {
-                const float mul = mi == 0 ? 1.0f : mi == 1 ? 0.25f : 3.5f;
+            for (int mi = 0; mi < 6; mi++) {
+                /* scale 1 (equal dtypes too: still converted), a power of
+                 * two, and 3 (1/3 inexact: x / 3 and x * (1/3) differ),
+                 * each to quantize (x / scale) and dequantize (x * scale) */
+                const float scale = mi / 2 == 0 ? 1.0f : mi / 2 == 1 ? 0.25f : 3.0f;
+                const bool quantize = mi % 2 == 0;
                 unsigned char src[97 * 4], dst[97 * 4], want[97 * 4];
-                const size_t sa = kv_dtype_size(dts[a]), sb = kv_dtype_size(dts[b]);
+                const size_t sa = kv_dtype_size(dts[a]);
                 for (int i = 0; i < 97; i++)
                     kv_from_f32(dts[a], src_f[i], src + i * sa);
+                if (dts[a] == KV_FP8_E5M2)
+                    src[0] = 0x7C, src[1] = 0xFD; /* inf, a NaN: to 0x7B, 0xFF even to e5m2 */
                 memset(dst, 0x5a, sizeof(dst));
                 memset(want, 0x5a, sizeof(want));
                 for (int i = 0; i < 97; i++) {
@@ -389,11 +396,7 @@ static void test_convert_rows_every_pair(void **state)
                         x = kv_e5m2_to_f32(src[i]);
                         break;
                     }
-                    x *= mul;
-                    if (dts[a] == dts[b] && mul == 1.0f) {
-                        memcpy(want + i * sb, src + i * sa, sb);
-                        continue;
-                    }
+                    x = quantize ? x / scale : x * scale;
                     switch (dts[b]) {
                     case KV_F32:
                         memcpy(want + i * 4, &x, 4);
@@ -416,7 +419,7 @@ static void test_convert_rows_every_pair(void **state)
                         break;
                     }
                 }
-                kv_convert_row(dts[b], dst, dts[a], src, 97, mul);
+                kv_convert_row(dts[b], dst, dts[a], src, 97, scale, quantize);
                 assert_memory_equal(dst, want, sizeof(dst)); /* nothing past the row either */
             }
 }

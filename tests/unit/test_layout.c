@@ -650,7 +650,7 @@ static void test_layout_refuses_bad_configs(void **state)
             fail_msg("%s: got %s \"%s\", expected %s containing \"%s\"", cases[i].what,
                      kv_status_name(st), kv_last_error(), kv_status_name(cases[i].status),
                      cases[i].needle);
-        assert_memory_equal(&lo, &before, sizeof(lo)); /* out untouched */
+        assert_string_equal(kvt_layout_diff(&lo, &before), ""); /* out untouched */
     }
     struct kv_layout lo;
     expect_msg(kv_layout_init(NULL, &lo), KV_ERR_NULL, "cfg");
@@ -684,7 +684,7 @@ static void test_layout_refuses_bad_queries(void **state)
     expect_msg(kv_layout_kv_view(&lo, NULL, (size_t)lo.total_bytes, 0, 0, &v), KV_ERR_NULL, "base");
     expect_msg(kv_layout_kv_view(NULL, arena, (size_t)lo.total_bytes, 0, 0, &v), KV_ERR_NULL,
                "layout");
-    assert_memory_equal(&v, &before, sizeof(v));
+    assert_string_equal(kvt_view_diff(&v, &before), "");
 
     int64_t off = -1;
     expect_msg(kv_layout_offset(&lo, 0, 0, 64, 0, 0, 0, &off), KV_ERR_OUT_OF_BOUNDS,
@@ -894,7 +894,7 @@ static void test_layout_config_from_refuses_hand_built(void **state)
     h = lo;
     h.num_heads = 0;
     expect_msg(kv_layout_config_from(&h, &out), KV_ERR_INVALID_ARG, "num_heads = 0");
-    assert_memory_equal(&out, &before, sizeof(out)); /* untouched by every refusal */
+    assert_string_equal(kvt_layout_config_diff(&out, &before), ""); /* untouched by every refusal */
     expect_msg(kv_layout_config_from(NULL, &out), KV_ERR_NULL, "layout");
     expect_msg(kv_layout_config_from(&lo, NULL), KV_ERR_NULL, "out");
 }
@@ -1011,7 +1011,7 @@ static void test_layout_codec_every_byte_corruption_refused(void **state)
                     fail_msg("encoding %d, byte %zu ^ 0x%02x: %s (%s), expected %s", e, i, x,
                              kv_status_name(st), kv_last_error(), kv_status_name(want));
                 assert_true(kv_last_error()[0] != '\0');
-                assert_memory_equal(&out, &before, sizeof(out));
+                assert_string_equal(kvt_layout_config_diff(&out, &before), "");
                 if (i >= 120)
                     continue; /* resealing a changed checksum restores it */
                 reseal(m);
@@ -1025,7 +1025,7 @@ static void test_layout_codec_every_byte_corruption_refused(void **state)
                     if (rs != KV_ERR_CORRUPT && rs != KV_ERR_MISMATCH)
                         fail_msg("encoding %d, byte %zu ^ 0x%02x resealed: %s (%s)", e, i, x,
                                  kv_status_name(rs), kv_last_error());
-                    assert_memory_equal(&out, &before, sizeof(out));
+                    assert_string_equal(kvt_layout_config_diff(&out, &before), "");
                     resealed_refused++;
                 }
             }
@@ -1123,7 +1123,7 @@ static void test_layout_codec_field_refusals(void **state)
         if (st != cases[i].status || !strstr(kv_last_error(), cases[i].needle))
             fail_msg("%s: %s \"%s\", expected %s with \"%s\"", cases[i].what, kv_status_name(st),
                      kv_last_error(), kv_status_name(cases[i].status), cases[i].needle);
-        assert_memory_equal(&out, &before, sizeof(out));
+        assert_string_equal(kvt_layout_config_diff(&out, &before), "");
     }
     /* the dtype by name: unknown, an alias, unterminated, garbage after the NUL */
     static const char *names[] = {"bf17", "float16", "", "bf16\0x"};
@@ -1143,7 +1143,7 @@ static void test_layout_codec_field_refusals(void **state)
     b[96] = 0x1b; /* an escape byte is shown, not printed */
     reseal(b);
     expect_msg(kv_layout_config_decode(b, len, &out), KV_ERR_CORRUPT, "\\x1b");
-    assert_memory_equal(&out, &before, sizeof(out));
+    assert_string_equal(kvt_layout_config_diff(&out, &before), "");
     /* the checksum named with both values */
     memcpy(b, good, len);
     b[20] ^= 1;

@@ -46,7 +46,18 @@ static void test_frame_round_trip_and_offsets(void **state)
     struct kv__xf f;
     memset(&f, 0, sizeof(f));
     assert_int_equal(kv__xf_decode(b, &f), KV_OK);
-    assert_memory_equal(&f, &sample, sizeof(f));
+    /* field by field: the padding after entry (bytes 12..15) holds whatever
+     * the decoder's stack did */
+    assert_int_equal(f.version, sample.version);
+    assert_int_equal(f.type, sample.type);
+    assert_int_equal(f.flags, sample.flags);
+    assert_int_equal(f.entry, sample.entry);
+    assert_int_equal(f.xfer, sample.xfer);
+    assert_int_equal(f.region, sample.region);
+    assert_int_equal(f.conn, sample.conn);
+    assert_int_equal(f.offset, sample.offset);
+    assert_int_equal(f.length, sample.length);
+    assert_int_equal(f.payload_sum, sample.payload_sum);
 }
 
 static void test_frame_every_byte_flipped_is_refused(void **state)
