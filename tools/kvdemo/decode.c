@@ -200,8 +200,87 @@ void decode_release(struct decode *d, uint32_t req)
     f->live = false;
 }
 
+/* The plain reference of decode attention for one query head against its KV
+ * head kh, in double: out_ref[e] = sum_t softmax_t(q . K[t] * scale) V[t][e].
+ * K, V: [T][H][D] bf16 (one layer of the generator's K/V); q: [D] f32. */
+static void attn_reference(const float *q, const uint16_t *K, const uint16_t *V, uint32_t T,
+                           uint32_t kh, float scale, double *out_ref)
+{
+    static double score[MAX_TOKENS];
+    double m = -INFINITY, sum = 0;
+    for (uint32_t t = 0; t < T; t++) {
+        double s = 0;
+        const uint16_t *kr = K + ((size_t)t * H_KV + kh) * D_HEAD;
+        for (uint32_t e = 0; e < D_HEAD; e++)
+            s += (double)q[e] * kv_bf16_to_f32(kr[e]);
+        score[t] = s * scale;
+        if (score[t] > m)
+            m = score[t];
+    }
+    for (uint32_t t = 0; t < T; t++)
+        sum += score[t] = exp(score[t] - m);
+    for (uint32_t e = 0; e < D_HEAD; e++) {
+        double acc = 0;
+        for (uint32_t t = 0; t < T; t++)
+            acc += score[t] * kv_bf16_to_f32(V[((size_t)t * H_KV + kh) * D_HEAD + e]);
+        out_ref[e] = acc / sum;
+    }
+}
+
+/* Decode attention of request r, one query per layer, against the plain
+ * reference over the generator's K/V (d->ek, d->ev). A mismatch is a failed
+ * check (true: counted); false when the library refused a call. */
+static bool decode_attention(struct decode *d, const struct request *r,
+                             const struct kv_pages *pages)
+{
+    const struct decode_group *dg = &d->g[r->id % N_GROUPS];
+    const uint32_t T = r->n_tokens;
+    /* one query per request and layer: q [1][Hq][D] f32, out [1][Hq][D] f32 */
+    float q[H_Q * D_HEAD], out[H_Q * D_HEAD];
+    double ref[D_HEAD];
+    const float scale = 1.0f / sqrtf((float)D_HEAD);
+    const int64_t qshape[3] = {1, H_Q, D_HEAD};
+    struct kv_view qv, ov;
+    if (!ok_call(kv_view_init(q, sizeof(q), KV_F32, 3, qshape, &qv), "kv_view_init (q)") ||
+        !ok_call(kv_view_init(out, sizeof(out), KV_F32, 3, qshape, &ov), "kv_view_init (out)"))
+        return false;
+    double max_err = 0;
+    for (uint32_t l = 0; l < L_LAYERS; l++) {
+        for (uint32_t h = 0; h < H_Q; h++)
+            for (uint32_t e = 0; e < D_HEAD; e++)
+                q[h * D_HEAD + e] = gen_value(d->seed, 0x10000 + r->id, l, 0, h, e, 2);
+        const uint64_t t0 = now_ns();
+        if (!ok_call(kv_attn_decode(dg->s.pc, l, &qv, pages, scale, NULL, &ov), "kv_attn_decode"))
+            return false;
+        stage_add(ST_ATTN, (uint64_t)T * TOKEN_BYTES / L_LAYERS, t0);
+        const uint16_t *K = d->ek + (size_t)l * T * H_KV * D_HEAD; /* [T][H][D] */
+        const uint16_t *V = d->ev + (size_t)l * T * H_KV * D_HEAD; /* [T][H][D] */
+        for (uint32_t h = 0; h < H_Q; h++) {
+            attn_reference(q + h * D_HEAD, K, V, T, h / (H_Q / H_KV), scale, ref);
+            for (uint32_t e = 0; e < D_HEAD; e++) {
+                const double err = fabs(out[h * D_HEAD + e] - ref[e]);
+                if (err > max_err)
+                    max_err = err;
+                if (err > 1e-3 * (1 + fabs(ref[e]))) {
+                    check(false,
+                          "request %u (decode %s): attention layer %u head %u dim %u = %.6f, "
+                          "reference %.6f",
+                          r->id, dg->s.desc, l, h, e, out[h * D_HEAD + e], ref[e]);
+                    return true;
+                }
+            }
+        }
+    }
+    if (max_err > g_rep.attn_max_err)
+        g_rep.attn_max_err = max_err;
+    check(true, "attention");
+    return true;
+}
+
 /* Read request r back through the page table, compare every byte with the
- * generator, run decode attention per layer against a plain reference. */
+ * generator, run decode attention per layer against a plain reference.
+ * A mismatch is a failed check (true: counted); false when the library
+ * refused a call. */
 bool decode_check(struct decode *d, const struct request *r)
 {
     struct decode_group *dg = &d->g[r->id % N_GROUPS];
@@ -222,7 +301,7 @@ bool decode_check(struct decode *d, const struct request *r)
             p[br.first_offset_bytes + 2 * D_HEAD + 1] ^= 0x10;
         printf("  decode: --fault: flipped a bit of request %u's block %d\n", r->id, d->indices[0]);
     }
-    uint64_t t0 = now_ns();
+    const uint64_t t0 = now_ns();
     if (!ok_call(kv_attn_read(dg->s.pc, KV_ATTN_ALL_LAYERS, &pages, &kv_, &vv, NULL),
                  "kv_attn_read"))
         return false;
@@ -244,61 +323,5 @@ bool decode_check(struct decode *d, const struct request *r)
                bad < n ? (plane ? d->v[bad] : d->k[bad]) : 0,
                bad < n ? (plane ? d->ev[bad] : d->ek[bad]) : 0))
         return true; /* counted; attention over wrong data says nothing more */
-
-    /* one query per request and layer: q [1][Hq][D] f32, out [1][Hq][D] f32 */
-    float q[H_Q * D_HEAD], out[H_Q * D_HEAD];
-    static double score[MAX_TOKENS];
-    const float scale = 1.0f / sqrtf((float)D_HEAD);
-    const int64_t qshape[3] = {1, H_Q, D_HEAD};
-    struct kv_view qv, ov;
-    if (!ok_call(kv_view_init(q, sizeof(q), KV_F32, 3, qshape, &qv), "kv_view_init (q)") ||
-        !ok_call(kv_view_init(out, sizeof(out), KV_F32, 3, qshape, &ov), "kv_view_init (out)"))
-        return false;
-    double max_err = 0;
-    for (uint32_t l = 0; l < L_LAYERS; l++) {
-        for (uint32_t h = 0; h < H_Q; h++)
-            for (uint32_t e = 0; e < D_HEAD; e++)
-                q[h * D_HEAD + e] = gen_value(d->seed, 0x10000 + r->id, l, 0, h, e, 2);
-        t0 = now_ns();
-        if (!ok_call(kv_attn_decode(dg->s.pc, l, &qv, &pages, scale, NULL, &ov), "kv_attn_decode"))
-            return false;
-        stage_add(ST_ATTN, (uint64_t)T * TOKEN_BYTES / L_LAYERS, t0);
-        const uint16_t *K = d->ek + (size_t)l * T * H_KV * D_HEAD;
-        const uint16_t *V = d->ev + (size_t)l * T * H_KV * D_HEAD;
-        for (uint32_t h = 0; h < H_Q; h++) {
-            const uint32_t kh = h / (H_Q / H_KV);
-            double m = -INFINITY, sum = 0;
-            for (uint32_t t = 0; t < T; t++) {
-                double s = 0;
-                const uint16_t *kr = K + ((size_t)t * H_KV + kh) * D_HEAD;
-                for (uint32_t e = 0; e < D_HEAD; e++)
-                    s += (double)q[h * D_HEAD + e] * kv_bf16_to_f32(kr[e]);
-                score[t] = s * scale;
-                if (score[t] > m)
-                    m = score[t];
-            }
-            for (uint32_t t = 0; t < T; t++)
-                sum += score[t] = exp(score[t] - m);
-            for (uint32_t e = 0; e < D_HEAD; e++) {
-                double acc = 0;
-                for (uint32_t t = 0; t < T; t++)
-                    acc += score[t] * kv_bf16_to_f32(V[((size_t)t * H_KV + kh) * D_HEAD + e]);
-                const double ref = acc / sum, err = fabs(out[h * D_HEAD + e] - ref);
-                if (err > max_err)
-                    max_err = err;
-                if (err > 1e-3 * (1 + fabs(ref))) {
-                    check(false,
-                          "request %u (decode %s): attention layer %u head %u dim %u = %.6f, "
-                          "reference %.6f",
-                          r->id, dg->s.desc, l, h, e, out[h * D_HEAD + e], ref);
-                    return true;
-                }
-            }
-        }
-    }
-    if (max_err > g_rep.attn_max_err)
-        g_rep.attn_max_err = max_err;
-    check(true, "attention");
-    d->verified++;
-    return true;
+    return decode_attention(d, r, &pages);
 }

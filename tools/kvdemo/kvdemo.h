@@ -193,8 +193,7 @@ struct decode {
     struct inflight fl[MAX_REQUESTS]; /* by request id: its sequence while placed */
     uint16_t *k, *v, *ek, *ev;        /* [L][MAX_TOKENS][H][D] */
     int32_t *indices;                 /* [MAX_TOKENS + 1] */
-    uint32_t verified;
-    bool fault; /* --fault: corrupt one request after its transfer */
+    bool fault;                       /* --fault: corrupt one request after its transfer */
     uint32_t fault_req;
 };
 
