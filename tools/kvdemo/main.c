@@ -18,6 +18,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
@@ -46,11 +47,36 @@ static void usage(FILE *f)
             "  --fault          flip one bit of one request in decode after its transfer\n"
             "                   (the run must then fail, naming that check)\n"
             "  --port P         decode: listen on 127.0.0.1:P (0: any); prefill: connect to it\n"
+            "  --help, -h       this text\n"
             "Both roles must get the same --requests and --seed.\n"
             "Exit status: 0 every check passed; 1 a check failed or a call was refused;\n"
             "2 usage error.\n",
             L_LAYERS, H_KV, D_HEAD, MAX_TOKENS, MAX_REQUESTS);
 }
+
+enum {
+    OPT_REQUESTS = 256, /* above every short option */
+    OPT_SEED,
+    OPT_TRANSPORT,
+    OPT_LOCAL,
+    OPT_FAULT,
+    OPT_PORT,
+    OPT_PORT_FD,
+    OPT_REPORT_FD,
+};
+
+static const struct option long_opts[] = {
+    {"requests", required_argument, NULL, OPT_REQUESTS},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"transport", required_argument, NULL, OPT_TRANSPORT},
+    {"local", no_argument, NULL, OPT_LOCAL},
+    {"fault", no_argument, NULL, OPT_FAULT},
+    {"port", required_argument, NULL, OPT_PORT},
+    {"port-fd", required_argument, NULL, OPT_PORT_FD},
+    {"report-fd", required_argument, NULL, OPT_REPORT_FD},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
 
 static bool parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
 {
@@ -65,57 +91,87 @@ static bool parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
     return true;
 }
 
+/* Refuse option c's value val (NULL: none given), naming both. */
+static int bad_value(int c, const char *val)
+{
+    const char *name = "?";
+    for (const struct option *lo = long_opts; lo->name; lo++)
+        if (lo->val == c)
+            name = lo->name;
+    fprintf(stderr, "kvdemo: --%s needs %s, got '%s' (kvdemo --help)\n", name,
+            c == OPT_TRANSPORT  ? "tcp or rdma"
+            : c == OPT_REQUESTS ? "1..256"
+            : c == OPT_PORT     ? "a port 0..65535"
+            : c == OPT_SEED     ? "an unsigned integer"
+                                : "an open file descriptor",
+            val ? val : "(nothing)");
+    return EXIT_USAGE;
+}
+
+/* The options from argv[first] on into *o: 0, or EXIT_USAGE with the
+ * offending option named. --help prints the usage and exits 0. */
 static int parse_opts(int argc, char **argv, int first, struct opts *o)
 {
-    for (int i = first; i < argc; i++) {
-        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+    opterr = 0; /* the messages below name the option themselves */
+    optind = first;
+    int c;
+    /* "+": stop at the first non-option; ":": a missing value returns ':' */
+    while ((c = getopt_long(argc, argv, "+:h", long_opts, NULL)) != -1) {
         uint64_t v = 0;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+        switch (c) {
+        case 'h':
             usage(stdout);
             exit(0);
-        } else if (!strcmp(a, "--local")) {
+        case OPT_LOCAL:
             o->local = true;
-            continue;
-        } else if (!strcmp(a, "--fault")) {
+            break;
+        case OPT_FAULT:
             o->fault = true;
-            continue;
-        } else if (!strcmp(a, "--requests")) {
-            if (!parse_u64(val, 1, MAX_REQUESTS, &v))
-                goto bad;
+            break;
+        case OPT_REQUESTS:
+            if (!parse_u64(optarg, 1, MAX_REQUESTS, &v))
+                return bad_value(c, optarg);
             o->requests = (uint32_t)v;
-        } else if (!strcmp(a, "--seed")) {
-            if (!parse_u64(val, 0, UINT64_MAX, &v))
-                goto bad;
+            break;
+        case OPT_SEED:
+            if (!parse_u64(optarg, 0, UINT64_MAX, &v))
+                return bad_value(c, optarg);
             o->seed = v;
-        } else if (!strcmp(a, "--transport")) {
-            if (val && !strcmp(val, "tcp"))
+            break;
+        case OPT_TRANSPORT:
+            if (!strcmp(optarg, "tcp"))
                 o->kind = KV_XPORT_TCP;
-            else if (val && !strcmp(val, "rdma"))
+            else if (!strcmp(optarg, "rdma"))
                 o->kind = KV_XPORT_RDMA;
             else
-                goto bad;
-        } else if (!strcmp(a, "--port")) {
-            if (!parse_u64(val, 0, 65535, &v))
-                goto bad;
+                return bad_value(c, optarg);
+            break;
+        case OPT_PORT:
+            if (!parse_u64(optarg, 0, 65535, &v))
+                return bad_value(c, optarg);
             o->port = (int)v;
-        } else if (!strcmp(a, "--port-fd") || !strcmp(a, "--report-fd")) {
-            if (!parse_u64(val, 3, INT_MAX, &v) || fcntl((int)v, F_GETFD) < 0)
-                goto bad;
-            *(a[2] == 'p' && a[3] == 'o' ? &o->port_fd : &o->report_fd) = (int)v;
-        } else {
-            fprintf(stderr, "kvdemo: unknown option '%s' (kvdemo --help)\n", a);
+            break;
+        case OPT_PORT_FD:
+        case OPT_REPORT_FD:
+            if (!parse_u64(optarg, 3, INT_MAX, &v) || fcntl((int)v, F_GETFD) < 0)
+                return bad_value(c, optarg);
+            *(c == OPT_PORT_FD ? &o->port_fd : &o->report_fd) = (int)v;
+            break;
+        case ':': /* the last option, with its value missing */
+            return bad_value(optopt, NULL);
+        default:             /* '?': unknown, or a value given to an option that takes none */
+            if (optopt == 0) /* a long option: getopt_long has stepped past it */
+                fprintf(stderr, "kvdemo: unknown option '%s' (kvdemo --help)\n", argv[optind - 1]);
+            else if (optopt == 'h' || optopt >= OPT_REQUESTS)
+                fprintf(stderr, "kvdemo: option '%s' takes no value (kvdemo --help)\n",
+                        argv[optind - 1]);
+            else
+                fprintf(stderr, "kvdemo: unknown option '-%c' (kvdemo --help)\n", optopt);
             return EXIT_USAGE;
         }
-        i++;
-        continue;
-    bad:
-        fprintf(stderr, "kvdemo: %s needs %s, got '%s' (kvdemo --help)\n", a,
-                !strcmp(a, "--transport")  ? "tcp or rdma"
-                : !strcmp(a, "--requests") ? "1..256"
-                : !strcmp(a, "--port")     ? "a port 0..65535"
-                : !strcmp(a, "--seed")     ? "an unsigned integer"
-                                           : "an open file descriptor",
-                val ? val : "(nothing)");
+    }
+    if (optind < argc) {
+        fprintf(stderr, "kvdemo: unexpected argument '%s' (kvdemo --help)\n", argv[optind]);
         return EXIT_USAGE;
     }
     return 0;
