@@ -76,8 +76,11 @@ endif
 inc_kvcache   := -Ikvcache
 inc_allocator := $(inc_kvcache) -Iallocator
 inc_attention := $(inc_allocator) -Iattention
-inc_connector := $(inc_allocator) -Iconnector
-inc_binding   := $(inc_allocator) -Iattention -Iconnector -Ibinding
+# A module's parts are its subfolders (connector/plan, pack, offload,
+# transport): one module, one include path each.
+mod_dirs = -I$(1) $(patsubst %/,-I%,$(wildcard $(1)/*/))
+inc_connector := $(inc_allocator) $(call mod_dirs,connector)
+inc_binding   := $(inc_allocator) -Iattention $(call mod_dirs,connector) -Ibinding
 # Tests, tools and benchmarks see every module and the umbrella <kvcache/kv.h>.
 INCLUDES := $(inc_binding) -Iinclude
 # The module of a source path "allocator/kv_arena" -> its include flags.
@@ -108,15 +111,15 @@ BASECFLAGS += -I$(CUDA_HOME)/include
 endif
 # The verbs library is linked only once verbs code (*_verbs.c) exists. The
 # transport connects QPs from exchanged GIDs/QPNs itself: no librdmacm.
-ifeq ($(HAVE_RDMA)$(if $(filter %_verbs.c,$(foreach m,$(MODULES),$(wildcard $(m)/*.c))),y),1y)
+ifeq ($(HAVE_RDMA)$(if $(filter %_verbs.c,$(foreach m,$(MODULES),$(wildcard $(m)/*.c $(m)/*/*.c))),y),1y)
 LIBS += -libverbs
 endif
 
 # Backend sources: *_cuda.c / *.cu only with CUDA, *_verbs.c only with RDMA.
-SRC_ALL := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
+SRC_ALL := $(foreach m,$(MODULES),$(wildcard $(m)/*.c $(m)/*/*.c))
 SRC     := $(filter-out $(if $(filter 1,$(HAVE_CUDA)),,%_cuda.c) \
                         $(if $(filter 1,$(HAVE_RDMA)),,%_verbs.c),$(SRC_ALL))
-CU_SRC  := $(if $(filter 1,$(HAVE_CUDA)),$(foreach m,$(MODULES),$(wildcard $(m)/*.cu)))
+CU_SRC  := $(if $(filter 1,$(HAVE_CUDA)),$(foreach m,$(MODULES),$(wildcard $(m)/*.cu $(m)/*/*.cu)))
 OBJ     := $(SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
 # Header tiers (kvcache/kv_lib.h): library-internal headers of the core, used
 # by every module and never installed; module-private *_int.h (incl. the CUDA
@@ -126,8 +129,8 @@ LIB_HEADERS := kvcache/kv_lib.h kvcache/kv_mem.h kvcache/kv_cuda_lib.h kvcache/k
 # The *_hd.h tier: addressing and conversions shared by .c and .cu
 # (__host__ __device__), used across modules like the library-internal tier,
 # never installed: the installed API is only what we mean to keep stable.
-HD_HEADERS := $(foreach m,$(MODULES),$(wildcard $(m)/*_hd.h))
-HEADERS := $(filter-out %_int.h %_hd.h $(LIB_HEADERS),$(foreach m,$(MODULES),$(wildcard $(m)/*.h))) \
+HD_HEADERS := $(foreach m,$(MODULES),$(wildcard $(m)/*_hd.h $(m)/*/*_hd.h))
+HEADERS := $(filter-out %_int.h %_hd.h $(LIB_HEADERS),$(foreach m,$(MODULES),$(wildcard $(m)/*.h $(m)/*/*.h))) \
            include/kvcache/kv.h
 # The public headers as installed, in the build tree: integration tests
 # compile against this directory alone (-I$(BUILD)/include), as a user would.
@@ -180,7 +183,7 @@ $(BUILD)/obj/%.o: %.c
 	@$(if $(Q),echo '  CC     $<')
 	$(Q)$(CC) $(BASECFLAGS) $(call mod_inc,$*) $(call mod_cflags,$*) -c $< -o $@
 
-$(BUILD)/obj/%.cu.o: %.cu $(foreach m,$(MODULES),$(wildcard $(m)/*.h))
+$(BUILD)/obj/%.cu.o: %.cu $(foreach m,$(MODULES),$(wildcard $(m)/*.h $(m)/*/*.h))
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  NVCC   $<')
 	$(Q)$(NVCC) $(NVCC_ALL) $(call mod_inc,$*) -c $< -o $@
@@ -316,9 +319,9 @@ $(BUILD)/fuzz/%: tests/fuzz/%.c $(wildcard kvcache/*.c kvcache/*.h)
 
 # fuzz_unpack and fuzz_xport_rx reach the connector: every module's CPU
 # sources, OpenMP (libomp); the transport target also the raw-peer helpers.
-FUZZ_ALL_SRC := $(filter-out %_cuda.c %_verbs.c,$(foreach m,$(MODULES),$(wildcard $(m)/*.c)))
+FUZZ_ALL_SRC := $(filter-out %_cuda.c %_verbs.c,$(foreach m,$(MODULES),$(wildcard $(m)/*.c $(m)/*/*.c)))
 FUZZ_CONNECTOR := $(BUILD)/fuzz/fuzz_unpack $(BUILD)/fuzz/fuzz_xport_rx
-$(FUZZ_CONNECTOR): $(BUILD)/fuzz/%: tests/fuzz/%.c $(FUZZ_ALL_SRC) $(foreach m,$(MODULES),$(wildcard $(m)/*.h)) \
+$(FUZZ_CONNECTOR): $(BUILD)/fuzz/%: tests/fuzz/%.c $(FUZZ_ALL_SRC) $(foreach m,$(MODULES),$(wildcard $(m)/*.h $(m)/*/*.h)) \
                    tests/common/kvt_xport_raw.h
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  FUZZ   $@')
@@ -338,7 +341,7 @@ install: lib
 	    scripts/kvcache.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvcache.pc
 
 format:
-	clang-format -i $(foreach m,$(MODULES),$(wildcard $(m)/*.[ch] $(m)/*.cu)) include/kvcache/*.h \
+	clang-format -i $(foreach m,$(MODULES),$(wildcard $(m)/*.[ch] $(m)/*.cu $(m)/*/*.[ch] $(m)/*/*.cu)) include/kvcache/*.h \
 	    tools/*.c tools/kvdemo/*.[ch] tools/bench/*.[ch] \
 	    tests/*/*.[ch]
 

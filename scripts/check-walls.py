@@ -202,7 +202,7 @@ def self_test():
         ("backend", {"allocator/kv_pool.c": "#if KV_HAVE_CUDA\n#endif\n"}, "backend"),
         ("tests", {"tests/integration/test_x.c": '#include "kv_pool.h"\n'}, "tests"),
         ("nodiscard", {"kvcache/kv_view.h": "KV_API kv_status kv_view_f(int x);\n"}, "nodiscard"),
-        ("sibling", {"connector/kv_plan.c": '#include "kv_attn.h"\n',
+        ("sibling", {"connector/plan/kv_plan.c": '#include "kv_attn.h"\n',
                      "attention/kv_attn.h": '#include "kv_status.h"\n'}, "upward"),
         ("installed", {"kvcache/kv_view.h": '#include "kv_status.h"\n'
                        "int kv__view_secret(void);\n"}, "installed"),

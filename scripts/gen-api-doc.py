@@ -482,7 +482,7 @@ def render_header(out, h, text):
 
 def header_list():
     listed = [h for h in HEADERS if (ROOT / h).exists()]
-    extra = sorted(str(p.relative_to(ROOT)) for m in MODULES for p in (ROOT / m).glob("*.h")
+    extra = sorted(str(p.relative_to(ROOT)) for m in MODULES for p in (ROOT / m).rglob("*.h")
                    if not p.name.endswith(("_int.h", "_hd.h"))
                    and str(p.relative_to(ROOT)) not in HEADERS
                    and str(p.relative_to(ROOT)) not in LIB_INTERNAL)

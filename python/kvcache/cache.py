@@ -629,7 +629,7 @@ class Cache:
         check(L.kv_attn_decode(pc, layer, qb.ref(), ctypes.byref(pages._c), float(scale),
                                self._scales(scales, keep), ob.ref()))
 
-    # ---- pack / unpack (connector/kv_pack.h) -------------------------------
+    # ---- pack / unpack (connector/pack/kv_pack.h) -------------------------------
 
     @_call
     def pack(self, blocks: Sequence[int], n_tokens: int) -> np.ndarray:

@@ -1,6 +1,6 @@
 /*
  * fuzz_unpack.c - libFuzzer target for kv_unpack / kv_pack_inspect of
- * untrusted buffers (connector/kv_pack.h).
+ * untrusted buffers (connector/pack/kv_pack.h).
  *
  * Input: byte 0 picks the mode, byte 1 the destination layout (order,
  * arrangement, padding, packing, page size, a head slice), the rest is

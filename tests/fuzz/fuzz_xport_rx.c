@@ -1,6 +1,6 @@
 /*
  * fuzz_xport_rx.c - libFuzzer target for the TCP transport's receive state
- * machine (connector/kv_xport_tcp_rx.c) and the blob decoder
+ * machine (connector/transport/kv_xport_tcp_rx.c) and the blob decoder
  * (kv_xport_rmem_import): the bytes a peer sends, fed through a socketpair
  * into a transport driven by hand (kv__xport_create_manual: no progress
  * thread, so every run is deterministic).

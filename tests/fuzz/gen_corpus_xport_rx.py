@@ -3,7 +3,7 @@
 tests/fuzz/corpus_xport_rx/). Each seed is a mode byte then frames whose
 checksums are left zero: the seeds set the structure-aware bit (2), so the
 harness recomputes them; the fuzzer then mutates fields, lengths and mode.
-The frame layout is connector/kv_xport_frame_int.h; the transfers and
+The frame layout is connector/transport/kv_xport_frame_int.h; the transfers and
 regions named are the ones the harness sets up in handshake mode (region 1
 exposed to the peer, transfer 1 a write of 2 entries with a notification,
 transfer 2 a read of 2 entries)."""

@@ -1,5 +1,5 @@
 /*
- * test_pack.c - pack/unpack in the wire format (connector/kv_pack.h):
+ * test_pack.c - pack/unpack in the wire format (connector/pack/kv_pack.h):
  * round trips through every pair of layouts (NHD/HND x layer-/block-major x
  * padded x packed, page sizes 8/16/32, head slices, three dtypes) with block
  * ids spread over pools of hundreds of blocks, checked against a reference

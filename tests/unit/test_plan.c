@@ -1,5 +1,5 @@
 /*
- * test_plan.c - transfer plans (connector/kv_plan.h): every pair of layouts
+ * test_plan.c - transfer plans (connector/plan/kv_plan.h): every pair of layouts
  * (NHD/HND x layer-/block-major x padded x packed, page sizes 8/16/32, head
  * slices), block ids spread over pools of hundreds of blocks, checked
  * element by element against offsets computed from the configs alone

@@ -1,6 +1,6 @@
 /*
  * test_xport_rdma.c - the transport seam over its RDMA backend
- * (connector/kv_xport_rdma_verbs.c), end to end in two processes over the
+ * (connector/transport/kv_xport_rdma_verbs.c), end to end in two processes over the
  * software verbs device (tests/softverbs: kv__verbs_set(kvt_softverbs())),
  * or over the real device when KV_RDMA_REAL=1 (scripts/rdma-check.sh; the
  * fault cases, which need the soft device, are skipped then).

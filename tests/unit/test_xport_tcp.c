@@ -1,6 +1,6 @@
 /*
  * test_xport_tcp.c - the transport seam over its TCP backend
- * (connector/kv_transport.h, kv_xport_tcp.c), in one process and in two.
+ * (connector/transport/kv_transport.h, kv_xport_tcp.c), in one process and in two.
  *
  *   - the handshake: ready both ways; a wrong token, a wrong fingerprint,
  *     another connection count refused naming the field, the refused peer

@@ -1,5 +1,5 @@
 /*
- * bench_offload.c - the host offload tier (connector/kv_offload.h).
+ * bench_offload.c - the host offload tier (connector/offload/kv_offload.h).
  *
  *   offload.store   a 4,096-token request of a Llama-3-8B-like cache (32
  *                   layers, 8 KV heads, D 128, bf16: 512 MiB of K and V)

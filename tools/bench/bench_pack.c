@@ -1,5 +1,5 @@
 /*
- * bench_pack.c - pack and unpack in the wire format (connector/kv_pack.h).
+ * bench_pack.c - pack and unpack in the wire format (connector/pack/kv_pack.h).
  *
  *   connector.pack          a 4,096-token request (256 blocks of 16 tokens,
  *                           random ids) of a Llama-3-8B-like cache (32

@@ -1,5 +1,5 @@
 /*
- * bench_plan.c - transfer plans executed on the CPU (connector/kv_plan.h).
+ * bench_plan.c - transfer plans executed on the CPU (connector/plan/kv_plan.h).
  *
  *   connector.copy   a 4,096-token request (256 blocks of 16 tokens) of a
  *                    Llama-3-8B-like cache (32 layers, 8 KV heads, D 128,

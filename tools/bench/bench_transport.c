@@ -1,5 +1,5 @@
 /*
- * bench_transport.c - the TCP transport (connector/kv_transport.h) between
+ * bench_transport.c - the TCP transport (connector/transport/kv_transport.h) between
  * two processes over loopback: a prefill parent and a decode child.
  *
  *   transport.tcp          a 4,096-token request of a Llama-3-8B-shaped

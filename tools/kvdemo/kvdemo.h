@@ -15,7 +15,7 @@
  *                   byte read back, decode attention against a plain reference
  *   placement.c     the message decode sends prefill: request, decode's layout (the
  *                   library's kv_layout_config_encode), block ids, the exposure blob
- *   transport.c     what both role processes do on the transport (connector/kv_transport.h)
+ *   transport.c     what both role processes do on the transport (connector/transport/kv_transport.h)
  *   decode_role.c   the decode process: listen, place requests, verify what arrives
  *   prefill_role.c  the prefill process: connect, write each placed request into decode
  *   local.c         --local: both sides in one process, the transfer by kv_plan_copy

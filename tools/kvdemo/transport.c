@@ -1,7 +1,7 @@
 /*
  * transport.c - what both role processes do on the transport.
  *
- * The transport (connector/kv_transport.h; TCP, or RDMA where a device
+ * The transport (connector/transport/kv_transport.h; TCP, or RDMA where a device
  * exists) carries two things between decode and prefill: notifications,
  * small tagged messages (placements and the END of the batch from decode;
  * DONE or FAILED per request from prefill), and prefill's one-sided writes into decode's

@@ -45,7 +45,7 @@
  * regions, imported regions or transfers of it.
  *
  * Backends share this seam through a versioned ops table (module-private,
- * connector/kv_xport_int.h): TCP (real sockets; always built) and RDMA
+ * connector/transport/kv_xport_int.h): TCP (real sockets; always built) and RDMA
  * (libibverbs through its own function table; built where rdma-core is).
  *
  * Thread safety: every call may be made from any thread; one progress

@@ -493,7 +493,7 @@ static bool conn_late(struct kv__tcp *t, const struct kv__tcp_conn *c, uint64_t 
             snprintf(msg, cap,
                      "xport tcp: a frame header on connection %u stalled at %zu of %u bytes for "
                      "%u ms: the peer is closed",
-                     c->index, c->hdr_got, KV__XF_BYTES, t->x->cfg.timeout_ms);
+                     c->index, c->hdr_got, (unsigned)KV__XF_BYTES, t->x->cfg.timeout_ms);
         else
             snprintf(msg, cap,
                      "xport tcp: a frame of type %u on connection %u stalled at %" PRIu64

@@ -3,7 +3,7 @@
  * the region carver behind one interface, and test hooks.
  *
  * The carver hands out aligned pieces of one region and nothing else. Two
- * implementations, one interface (connector/kv_offload_carve.c):
+ * implementations, one interface (connector/offload/kv_offload_carve.c):
  *
  *   normal builds      a jemalloc arena (mallctl "arenas.create") whose
  *                      extent hooks carve only from the region: alloc bumps

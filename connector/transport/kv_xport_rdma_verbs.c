@@ -263,11 +263,11 @@ static kv_status rdma_connect(kv_xport_peer *p, const char *host, uint16_t port)
         struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
         struct addrinfo *ai = NULL;
         const int g = getaddrinfo(host, NULL, &hints, &ai);
-        const int n = g == 0 ? getnameinfo(ai->ai_addr, ai->ai_addrlen, num, sizeof(num), NULL, 0,
-                                           NI_NUMERICHOST)
-                             : g;
-        if (ai)
+        int n = g;
+        if (g == 0 && ai) {
+            n = getnameinfo(ai->ai_addr, ai->ai_addrlen, num, sizeof(num), NULL, 0, NI_NUMERICHOST);
             freeaddrinfo(ai);
+        }
         if (g != 0 || n != 0) {
             kv__rd_peer_verbs_free(r, rp);
             kv__mem_free(rp);
