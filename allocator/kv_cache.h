@@ -47,10 +47,16 @@ typedef struct kv_cache kv_cache;
 /* Input of kv_cache_create(). Start from kv_cache_config_init() (or
  * KV_CACHE_CONFIG_INIT), then set the layout dims, dtype and max_seqs: zero
  * means the default for every other field. Both this struct_size and
- * layout.struct_size are checked. */
+ * layout.struct_size are checked.
+ *
+ * Blocks: layout.num_blocks = B counts the null block. Block 0 is reserved
+ * (KV_BLOCK_NULL: never handed out, its bytes never written through a page
+ * table), so B - 1 blocks are usable: (B - 1) * N tokens across all
+ * sequences, pool capacity B - 1. For room for n blocks, set B = n + 1. */
 struct kv_cache_config {
     size_t struct_size;             /* sizeof this struct: set by its _init() or _INIT */
-    struct kv_layout_config layout; /* L, B, N, H, D, dtype, order, arrangement, padding */
+    struct kv_layout_config layout; /* L, B (incl. the null block 0: B - 1 usable), N, H, D,
+                                       dtype, order, arrangement, padding */
     enum kv_mem_kind mem_kind;      /* KV_MEM_HOST (default), KV_MEM_PINNED, KV_MEM_DEVICE */
     int device;                     /* CUDA device for KV_MEM_DEVICE */
     uint32_t max_seqs;              /* live sequences at once (>= 1) */
@@ -84,7 +90,8 @@ static inline void kv_cache_config_init(struct kv_cache_config *cfg)
 
 /* Build layout, arena, pool and page table. *out set only on success; on
  * failure everything built so far is undone. The whole config - the layout,
- * num_blocks (2..KV_BLOCK_POOL_MAX_BLOCKS), block_tokens (<= 2^32 - 1),
+ * num_blocks (2..KV_BLOCK_POOL_MAX_BLOCKS, the null block 0 included: B - 1
+ * usable), block_tokens (<= 2^32 - 1),
  * mem_kind, zero_fill (not with device memory), max_seqs
  * (1..KV_PAGE_TABLE_MAX_SEQS), max_blocks_per_seq, page_ratio (divides
  * block_tokens) - and every size derived from it is checked before anything

@@ -326,11 +326,22 @@ static kv_status check_pages(const char *fn, const struct kv_layout *lo, const s
             np = pg->indptr[s + 1] - pg->indptr[s];
             ids = pg->indices + pg->indptr[s];
             const int32_t last = pg->last_page_len[s];
-            if ((np == 0 && last != 0) || (np > 0 && (last < 1 || last > pt)))
+            /* FlashInfer's rule: 1..N/r tokens in the last page of a sequence
+             * with pages; an empty sequence (no pages) has last_page_len 0 */
+            if (np == 0 && last != 0)
                 return kv__error(KV_ERR_CORRUPT,
-                                 "%s: last_page_len[%" PRIu32 "] = %" PRId32 " with %" PRId64
-                                 " pages (expected %s)",
-                                 fn, s, last, np, np ? "1..N/r" : "0");
+                                 "%s: last_page_len[%" PRIu32 "] = %" PRId32
+                                 " but sequence %" PRIu32 " has no pages (indptr[%" PRIu32
+                                 "] = indptr[%" PRIu32 "] = %" PRId32
+                                 "): an empty sequence needs last_page_len 0",
+                                 fn, s, last, s, s, s + 1, pg->indptr[s]);
+            if (np > 0 && (last < 1 || last > pt))
+                return kv__error(
+                    KV_ERR_CORRUPT,
+                    "%s: last_page_len[%" PRIu32 "] = %" PRId32 " outside 1..%" PRId64
+                    " (N/r) for sequence %" PRIu32 " of %" PRId64 " pages (indptr[%" PRIu32
+                    "] = %" PRId32 ", indptr[%" PRIu32 "] = %" PRId32 ")",
+                    fn, s, last, pt, s, np, s, pg->indptr[s], s + 1, pg->indptr[s + 1]);
             tokens = np ? (np - 1) * pt + last : 0;
         } else {
             tokens = pg->seq_lens[s];

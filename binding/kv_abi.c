@@ -97,6 +97,13 @@
     X(kv_vllm_export, slot_mapping)                                                                \
     X(kv_vllm_export, slot_mapping_len)                                                            \
     X(kv_vllm_export, tokens_per_seq)                                                              \
+    X(kv_vllm_export, seq_lens)                                                                    \
+    X(kv_vllm_export, seq_lens_len)                                                                \
+    X(kv_vllm_export, sizes)                                                                       \
+    X(kv_vllm_export_sizes, block_table_cols)                                                      \
+    X(kv_vllm_export_sizes, block_table_len)                                                       \
+    X(kv_vllm_export_sizes, slot_mapping_len)                                                      \
+    X(kv_vllm_export_sizes, seq_lens_len)                                                          \
     X(kv_flashinfer_export, indptr)                                                                \
     X(kv_flashinfer_export, indptr_len)                                                            \
     X(kv_flashinfer_export, indices)                                                               \
@@ -142,6 +149,7 @@
     X(kv_page_table_stats)                                                                         \
     X(kv_token_range)                                                                              \
     X(kv_vllm_export)                                                                              \
+    X(kv_vllm_export_sizes)                                                                        \
     X(kv_flashinfer_export)                                                                        \
     X(kv_block_copy)                                                                               \
     X(kv_view)                                                                                     \

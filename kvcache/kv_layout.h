@@ -78,7 +78,8 @@ typedef enum kv_arrange {
 struct kv_layout_config {
     size_t struct_size;   /* sizeof this struct: set by its _init() or _INIT */
     int64_t num_layers;   /* L >= 1 */
-    int64_t num_blocks;   /* B >= 1, <= 2^32 (block ids are uint32) */
+    int64_t num_blocks;   /* B >= 1, <= 2^32 (block ids are uint32); a kv_cache keeps
+                             block 0 as its null block: B - 1 usable, B >= 2 there */
     int64_t block_tokens; /* N >= 1, tokens per block (the page size) */
     int64_t num_heads;    /* H >= 1, KV heads */
     int64_t head_dim;     /* D >= 1 */

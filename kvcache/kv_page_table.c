@@ -891,7 +891,10 @@ kv_status kv_page_table_export_vllm(const kv_page_table *pt, const uint32_t *seq
     if (st != KV_OK)
         return st;
 
-    /* pass 1: validate everything, size the outputs */
+    /* pass 1: validate everything, size the outputs. The slot mapping is
+     * sized (and ranges checked) when it is written or, given ranges, when
+     * the sizes are asked for: a size query checks what the export would. */
+    const bool slots_sized = out->slot_mapping || (out->sizes && ranges);
     uint64_t max_pages = 0, total = 0;
     for (uint32_t i = 0; i < n_seqs; i++) {
         const struct kv__seq *s = seq_get(pt, seqs[i]);
@@ -901,7 +904,7 @@ kv_status kv_page_table_export_vllm(const kv_page_table *pt, const uint32_t *seq
         uint64_t pages = seq_pages(pt, s);
         if (pages > max_pages)
             max_pages = pages;
-        if (out->slot_mapping) {
+        if (slots_sized) {
             const struct kv_token_range *rg = &ranges[i];
             if (rg->start > s->n_tokens || rg->count > s->n_tokens - rg->start)
                 return kv__error(KV_ERR_OUT_OF_BOUNDS,
@@ -916,6 +919,10 @@ kv_status kv_page_table_export_vllm(const kv_page_table *pt, const uint32_t *seq
             total += rg->count;
         }
     }
+    if (max_pages > UINT32_MAX) /* not reached with distinct blocks: page ids are < 2^31 */
+        return kv__error(KV_ERR_OVERFLOW,
+                         "%s: %" PRIu64 " pages in one sequence exceed a uint32 column count", fn,
+                         max_pages);
     if (out->block_table) {
         if (max_pages > out->block_table_cols)
             return kv__error(KV_ERR_INVALID_ARG,
@@ -928,11 +935,16 @@ kv_status kv_page_table_export_vllm(const kv_page_table *pt, const uint32_t *seq
                              " cols",
                              fn, out->block_table_len, n_seqs, out->block_table_cols);
     }
-    uint64_t slots = out->tokens_per_seq ? (uint64_t)n_seqs * out->tokens_per_seq : total;
+    uint64_t slots = !slots_sized          ? 0
+                     : out->tokens_per_seq ? (uint64_t)n_seqs * out->tokens_per_seq
+                                           : total;
     if (out->slot_mapping && slots > out->slot_mapping_len)
         return kv__error(KV_ERR_INVALID_ARG,
                          "%s: slot_mapping_len %" PRIu64 " < %" PRIu64 " slots needed", fn,
                          out->slot_mapping_len, slots);
+    if (out->seq_lens && out->seq_lens_len < n_seqs)
+        return kv__error(KV_ERR_INVALID_ARG, "%s: seq_lens_len %" PRIu64 " < n_seqs %" PRIu32, fn,
+                         out->seq_lens_len, n_seqs);
 
     /* pass 2: fill */
     if (out->block_table) {
@@ -972,6 +984,16 @@ kv_status kv_page_table_export_vllm(const kv_page_table *pt, const uint32_t *seq
         for (; pos < out->slot_mapping_len; pos++)
             sm[pos] = -1;
     }
+    if (out->seq_lens) {
+        int64_t *sl = out->seq_lens; /* [seq_lens_len] */
+        for (uint32_t i = 0; i < n_seqs; i++)
+            sl[i] = (int64_t)pt->seqs[seqs[i]].n_tokens; /* < 2^32 * 2^31 */
+    }
+    if (out->sizes)
+        *out->sizes = (struct kv_vllm_export_sizes){.block_table_cols = (uint32_t)max_pages,
+                                                    .block_table_len = (uint64_t)n_seqs * max_pages,
+                                                    .slot_mapping_len = slots,
+                                                    .seq_lens_len = n_seqs};
     return kv__ok();
 }
 
@@ -980,13 +1002,11 @@ kv_status kv_page_table_export_flashinfer(const kv_page_table *pt, const uint32_
                                           uint64_t *nnz_out)
 {
     static const char fn[] = "kv_page_table_export_flashinfer";
-    if (!pt || !out || (!seqs && n_seqs))
-        return kv__error(KV_ERR_NULL, "%s: %s is NULL", fn, !pt ? "pt" : !out ? "out" : "seqs");
-    if (!out->indptr || !out->last_page_len || (!out->indices && out->indices_len))
-        return kv__error(KV_ERR_NULL, "%s: out->%s is NULL", fn,
-                         !out->indptr          ? "indptr"
-                         : !out->last_page_len ? "last_page_len"
-                                               : "indices");
+    if (!pt || (!seqs && n_seqs))
+        return kv__error(KV_ERR_NULL, "%s: %s is NULL", fn, !pt ? "pt" : "seqs");
+    /* out NULL: a size query (every buffer NULL) */
+    static const struct kv_flashinfer_export none = {0};
+    const struct kv_flashinfer_export *o = out ? out : &none;
     kv_status st = check_page_ids(pt, fn);
     if (st != KV_OK)
         return st;
@@ -1001,26 +1021,30 @@ kv_status kv_page_table_export_flashinfer(const kv_page_table *pt, const uint32_
     }
     if (nnz > (uint64_t)INT32_MAX)
         return kv__error(KV_ERR_OVERFLOW, "%s: %" PRIu64 " pages exceed int32 indptr", fn, nnz);
-    if (out->indptr_len < (uint64_t)n_seqs + 1)
+    if (o->indptr && o->indptr_len < (uint64_t)n_seqs + 1)
         return kv__error(KV_ERR_INVALID_ARG, "%s: indptr_len %" PRIu64 " < n_seqs + 1 = %" PRIu64,
-                         fn, out->indptr_len, (uint64_t)n_seqs + 1);
-    if (out->last_page_len_len < n_seqs)
+                         fn, o->indptr_len, (uint64_t)n_seqs + 1);
+    if (o->last_page_len && o->last_page_len_len < n_seqs)
         return kv__error(KV_ERR_INVALID_ARG, "%s: last_page_len_len %" PRIu64 " < n_seqs %" PRIu32,
-                         fn, out->last_page_len_len, n_seqs);
-    if (out->indices_len < nnz)
+                         fn, o->last_page_len_len, n_seqs);
+    if (o->indices && o->indices_len < nnz)
         return kv__error(KV_ERR_INVALID_ARG, "%s: indices_len %" PRIu64 " < nnz %" PRIu64, fn,
-                         out->indices_len, nnz);
+                         o->indices_len, nnz);
 
     const uint64_t P = pt->page_tokens;
     uint64_t at = 0;
-    out->indptr[0] = 0;
+    if (o->indptr)
+        o->indptr[0] = 0;
     for (uint32_t i = 0; i < n_seqs; i++) {
         const struct kv__seq *s = &pt->seqs[seqs[i]];
         uint64_t pages = seq_pages(pt, s);
-        write_pages(pt, s, pages, out->indices + at);
+        if (o->indices)
+            write_pages(pt, s, pages, o->indices + at);
         at += pages;
-        out->indptr[i + 1] = (int32_t)at;
-        out->last_page_len[i] = pages ? (int32_t)(s->n_tokens - (pages - 1) * P) : 0;
+        if (o->indptr)
+            o->indptr[i + 1] = (int32_t)at;
+        if (o->last_page_len) /* empty: 0 pages, last_page_len 0 (FlashInfer's convention) */
+            o->last_page_len[i] = pages ? (int32_t)(s->n_tokens - (pages - 1) * P) : 0;
     }
     if (nnz_out)
         *nnz_out = nnz;

@@ -248,7 +248,31 @@ KV_API void kv_page_table_stats_get(const kv_page_table *pt, struct kv_page_tabl
 
 /* ---- exports for attention kernels (no allocation, no per-token calls) ---- */
 
-/* Output buffers of kv_page_table_export_vllm (see its contract below). */
+/*
+ * Both exports validate the whole batch first, then fill: on an error
+ * nothing is written. Every output buffer may be NULL: it is then neither
+ * written nor is its length checked. Size queries: call with NULL buffers
+ * and the export reports what it would write, after every check a real
+ * export makes except the buffers' lengths; so buffers of those sizes are
+ * then accepted by the same call (same table, same seqs and ranges). vLLM
+ * form: *out->sizes; FlashInfer form: *nnz_out (indptr needs n_seqs + 1
+ * entries and last_page_len n_seqs). Page units are N/r tokens; a sequence
+ * of n tokens lists ceil(n / (N/r)) pages (0 when empty).
+ */
+
+/* What kv_page_table_export_vllm writes for a batch (set only on KV_OK). */
+struct kv_vllm_export_sizes {
+    uint32_t block_table_cols; /* pages of the longest sequence: the fewest columns accepted */
+    uint64_t block_table_len;  /* n_seqs * block_table_cols entries (with more columns c:
+                                  n_seqs * c) */
+    uint64_t slot_mapping_len; /* tokens_per_seq == 0: the sum of ranges[i].count;
+                                  tokens_per_seq > 0: n_seqs * tokens_per_seq;
+                                  0 without ranges */
+    uint64_t seq_lens_len;     /* n_seqs */
+};
+
+/* Output buffers of kv_page_table_export_vllm (see its contract below).
+ * Zero-initialize it ({0}): a field added later is then NULL (skipped). */
 struct kv_vllm_export {
     int32_t *block_table; /* [n_seqs][block_table_cols] */
     uint64_t block_table_len;
@@ -257,8 +281,11 @@ struct kv_vllm_export {
     int64_t *slot_mapping;   /* [slot_mapping_len] */
     uint64_t slot_mapping_len;
     uint32_t tokens_per_seq;
+    int64_t *seq_lens; /* [seq_lens_len]: token count of each seqs[i] */
+    uint64_t seq_lens_len;
+    struct kv_vllm_export_sizes *sizes; /* NULL, or receives what the call writes */
 };
-/* vLLM form. Either output may be NULL (skipped).
+/* vLLM form. Any output may be NULL (skipped).
  *
  *   block_table [n_seqs][block_table_cols] int32, row i = kernel pages of
  *     seqs[i] (ceil(len / (N/r)) of them), then block_table_pad up to the
@@ -271,7 +298,17 @@ struct kv_vllm_export {
  *     every other entry up to slot_mapping_len is -1 (padding, skipped by
  *     writers), so a batch padded to a graph size needs no extra pass.
  *     slot_mapping_len must cover the written entries, else KV_ERR_INVALID_ARG.
- * KV_ERR_OVERFLOW when a page id does not fit int32. */
+ *   seq_lens [n_seqs] int64: the token count of each seqs[i] (entries past
+ *     n_seqs are not written); seq_lens_len >= n_seqs, else
+ *     KV_ERR_INVALID_ARG. With block_table this is struct kv_pages'
+ *     KV_PAGES_BLOCK_TABLE form (attention/kv_attn.h) as it stands: pages
+ *     = block_table, block_table_cols, seq_lens, page_ratio r.
+ *   sizes (may be NULL): set on KV_OK (struct kv_vllm_export_sizes). With
+ *     every buffer NULL the call is a size query; ranges given, they are
+ *     checked and the slot mapping sized as if it were written.
+ * KV_ERR_NULL (pt, out, seqs with n_seqs > 0, or ranges with slot_mapping);
+ * KV_ERR_NOT_FOUND naming seqs[i]; KV_ERR_OUT_OF_BOUNDS (a range past its
+ * sequence); KV_ERR_OVERFLOW when a page id does not fit int32. */
 KV_API KV_NODISCARD kv_status kv_page_table_export_vllm(const kv_page_table *pt,
                                                         const uint32_t *seqs, uint32_t n_seqs,
                                                         const struct kv_token_range *ranges,
@@ -286,13 +323,21 @@ struct kv_flashinfer_export {
     int32_t *last_page_len; /* [n_seqs] */
     uint64_t last_page_len_len;
 };
-/* FlashInfer form (page units of N/r tokens):
+/* FlashInfer form (page units of N/r tokens), struct kv_pages' KV_PAGES_CSR:
  *   indptr[n_seqs + 1]: indptr[0] = 0, indptr[i+1] = indptr[i] + pages(seqs[i])
  *   indices[nnz]:       the pages, sequence after sequence
- *   last_page_len[n_seqs]: tokens in the last page, 1..N/r (0 for an empty
- *                          sequence)
- * Lengths are checked (KV_ERR_INVALID_ARG naming them); *nnz_out (may be
- * NULL) = total pages. KV_ERR_OVERFLOW when nnz or a page id exceeds int32. */
+ *   last_page_len[n_seqs]: tokens in the last page:
+ *       a sequence of n >= 1 tokens:  1..N/r  (n - (pages - 1) * N/r)
+ *       an empty sequence:            0, with indptr[i] == indptr[i+1]
+ *     (FlashInfer's convention; the kernels accept exactly this and refuse
+ *     anything else with KV_ERR_CORRUPT: 0 for a sequence with pages, a
+ *     non-zero value for one without).
+ * out may be NULL, and any buffer in it (skipped, its length unchecked):
+ * with none, the call is a size query. Lengths of the buffers given are
+ * checked (KV_ERR_INVALID_ARG naming them); *nnz_out (may be NULL) = total
+ * pages, the indices_len needed. KV_ERR_NULL (pt, or seqs with n_seqs > 0);
+ * KV_ERR_NOT_FOUND naming seqs[i]; KV_ERR_OVERFLOW when nnz or a page id
+ * exceeds int32. */
 KV_API KV_NODISCARD kv_status
 kv_page_table_export_flashinfer(const kv_page_table *pt, const uint32_t *seqs, uint32_t n_seqs,
                                 const struct kv_flashinfer_export *out, uint64_t *nnz_out);

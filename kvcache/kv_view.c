@@ -202,6 +202,90 @@ kv_status kv_view_as_strided(const struct kv_view *src, int ndim, const int64_t 
     return kv__ok();
 }
 
+kv_status kv_view_from_strided(void *base, size_t storage_bytes, kv_dtype dtype, int ndim,
+                               const int64_t *shape, const int64_t *strides, int64_t offset_bytes,
+                               struct kv_view *out)
+{
+    static const char fn[] = "kv_view_from_strided";
+    char b1[KV__LIST_BUF], b2[KV__LIST_BUF];
+    struct kv_view t;
+    int64_t numel, extent = 0;
+
+    if (!out)
+        return kv__error(KV_ERR_NULL, "%s: out is NULL", fn);
+    if (ndim > 0 && (!shape || !strides))
+        return kv__view_null(fn, shape, "shape", strides, "strides");
+    if (!base && storage_bytes > 0)
+        return kv__error(KV_ERR_NULL, "%s: base is NULL with storage_bytes %zu", fn, storage_bytes);
+    if (ndim < 0 || ndim > KV_MAX_DIMS)
+        return kv__error(KV_ERR_BAD_DIM, "%s: ndim %d outside 0..%d", fn, ndim, KV_MAX_DIMS);
+    const size_t es = kv_dtype_size(dtype);
+    if (es == 0)
+        return kv__error(KV_ERR_INVALID_ARG, "%s: unknown dtype %d", fn, (int)dtype);
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0)
+            return kv__error(KV_ERR_BAD_SHAPE, "%s: negative size %" PRId64 " at dim %d of %s", fn,
+                             shape[i], i, kv__fmt_list(b1, sizeof(b1), shape, ndim));
+        if (strides[i] < 0)
+            return kv__error(KV_ERR_INVALID_ARG,
+                             "%s: negative stride %" PRId64 " at dim %d of %s (negative strides "
+                             "are refused, as in PyTorch)",
+                             fn, strides[i], i, kv__fmt_list(b1, sizeof(b1), strides, ndim));
+    }
+    if (offset_bytes < 0)
+        return kv__error(KV_ERR_OUT_OF_BOUNDS, "%s: negative offset_bytes %" PRId64, fn,
+                         offset_bytes);
+    if (offset_bytes % (int64_t)es != 0)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: offset_bytes %" PRId64 " is not a multiple of the %zu-byte element "
+                         "size of %s",
+                         fn, offset_bytes, es, kv_dtype_name(dtype));
+    const int64_t offset = offset_bytes / (int64_t)es;
+    if (!kv__shape_numel(shape, ndim, &numel))
+        return kv__error(KV_ERR_OVERFLOW, "%s: element count of shape %s overflows int64", fn,
+                         kv__fmt_list(b1, sizeof(b1), shape, ndim));
+    if (numel > 0) {
+        /* extent = (offset + sum (shape-1)*stride + 1) * elem_bytes: one past the last byte */
+        int64_t max_elem;
+        if (!kv__max_elem(shape, strides, ndim, offset, &max_elem) ||
+            !kv__add_i64(max_elem, 1, &extent) || !kv__mul_i64(extent, (int64_t)es, &extent)
+#if SIZE_MAX < INT64_MAX
+            || (uint64_t)extent > (uint64_t)SIZE_MAX /* a 32-bit size_t */
+#endif
+        )
+            return kv__error(KV_ERR_OVERFLOW,
+                             "%s: shape %s strides %s from offset_bytes %" PRId64
+                             " reach past int64 bytes",
+                             fn, kv__fmt_list(b1, sizeof(b1), shape, ndim),
+                             kv__fmt_list(b2, sizeof(b2), strides, ndim), offset_bytes);
+    }
+    if (storage_bytes == 0)
+        storage_bytes = (size_t)extent;
+    else if ((uint64_t)extent > (uint64_t)storage_bytes)
+        return kv__error(KV_ERR_OUT_OF_BOUNDS,
+                         "%s: shape %s strides %s from offset_bytes %" PRId64 " reach byte %" PRId64
+                         " (extent %" PRId64 " bytes) but storage_bytes is %zu",
+                         fn, kv__fmt_list(b1, sizeof(b1), shape, ndim),
+                         kv__fmt_list(b2, sizeof(b2), strides, ndim), offset_bytes, extent - 1,
+                         extent, storage_bytes);
+    /* what is left: the base (NULL with elements, misaligned) */
+    kv_status st = kv__check_geometry(fn, dtype, ndim, shape, strides, offset, base, storage_bytes);
+    if (st != KV_OK)
+        return st;
+    memset(&t, 0, sizeof(t));
+    t.dtype = dtype;
+    t.ndim = ndim;
+    for (int i = 0; i < ndim; i++) {
+        t.shape[i] = shape[i];
+        t.strides[i] = strides[i];
+    }
+    t.offset = offset;
+    t.base = base;
+    t.storage_bytes = storage_bytes;
+    *out = t;
+    return kv__ok();
+}
+
 kv_status kv_view_check(const struct kv_view *v)
 {
     kv_status st;

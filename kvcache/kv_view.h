@@ -79,6 +79,32 @@ struct kv_view {
 KV_API KV_NODISCARD kv_status kv_view_init(void *base, size_t storage_bytes, kv_dtype dtype,
                                            int ndim, const int64_t *shape, struct kv_view *out);
 
+/* A view of any shape and strides over (base, storage_bytes): the form a
+ * framework hands out (torch: data_ptr() of the storage, dtype, size(),
+ * stride(), storage_offset() * element_size(); DLPack: data, shape, strides,
+ * byte_offset). strides are in ELEMENTS, >= 0 (stride 0 = broadcast);
+ * offset_bytes is from base to index 0, a multiple of the element size.
+ * The extent, one past the highest byte any element reaches, is
+ *
+ *     numel == 0:  0
+ *     otherwise:   offset_bytes + (sum_k (shape[k]-1) * strides[k] + 1) * elem_bytes
+ *
+ * storage_bytes == 0 means "exactly the extent" (the view's storage_bytes is
+ * then the extent); otherwise the extent must fit in it. Nothing is read or
+ * written through base.
+ * KV_ERR_NULL (out NULL; shape or strides NULL with ndim > 0; base NULL
+ * with storage_bytes > 0 or with elements), KV_ERR_BAD_DIM (ndim outside
+ * 0..8), KV_ERR_BAD_SHAPE (a negative size), KV_ERR_INVALID_ARG (unknown
+ * dtype, a negative stride, offset_bytes not a multiple of the element size,
+ * base not aligned to it), KV_ERR_OUT_OF_BOUNDS (negative offset_bytes; an
+ * extent past storage_bytes, naming the last byte, the extent and
+ * storage_bytes), KV_ERR_OVERFLOW (numel or the extent past int64). *out is
+ * set only on success. */
+KV_API KV_NODISCARD kv_status kv_view_from_strided(void *base, size_t storage_bytes,
+                                                   kv_dtype dtype, int ndim, const int64_t *shape,
+                                                   const int64_t *strides, int64_t offset_bytes,
+                                                   struct kv_view *out);
+
 /* Any shape/strides/offset over src's storage (torch.as_strided with an
  * absolute storage offset), refused with KV_ERR_OUT_OF_BOUNDS naming the
  * highest byte it would reach and the storage size. */

@@ -129,6 +129,15 @@ class TokenRange(ctypes.Structure):
     _fields_ = [("start", ctypes.c_uint64), ("count", ctypes.c_uint64)]
 
 
+class VllmExportSizes(ctypes.Structure):
+    _fields_ = [
+        ("block_table_cols", ctypes.c_uint32),
+        ("block_table_len", ctypes.c_uint64),
+        ("slot_mapping_len", ctypes.c_uint64),
+        ("seq_lens_len", ctypes.c_uint64),
+    ]
+
+
 class VllmExport(ctypes.Structure):
     _fields_ = [
         ("block_table", c_i32p),
@@ -138,6 +147,9 @@ class VllmExport(ctypes.Structure):
         ("slot_mapping", c_i64p),
         ("slot_mapping_len", ctypes.c_uint64),
         ("tokens_per_seq", ctypes.c_uint32),
+        ("seq_lens", c_i64p),
+        ("seq_lens_len", ctypes.c_uint64),
+        ("sizes", ctypes.POINTER(VllmExportSizes)),
     ]
 
 
@@ -236,6 +248,7 @@ _ABI = {
     "kv_page_table_stats": TableStats,
     "kv_token_range": TokenRange,
     "kv_vllm_export": VllmExport,
+    "kv_vllm_export_sizes": VllmExportSizes,
     "kv_flashinfer_export": FlashinferExport,
     "kv_block_copy": BlockCopy,
     "kv_view": ViewC,

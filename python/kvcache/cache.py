@@ -465,10 +465,15 @@ class Cache:
     def export_vllm(self, seqs: Sequence[int],
                     ranges: Optional[Sequence[Tuple[int, int]]] = None,
                     cols: Optional[int] = None, pad: int = 0, tokens_per_seq: int = 0,
-                    slot_mapping_len: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
+                    slot_mapping_len: Optional[int] = None, with_seq_lens: bool = False
+                    ) -> Tuple[np.ndarray, ...]:
         """vLLM's forms: (block_table int32 [n_seqs, cols], slot_mapping int64)
         for the token ranges [(start, count), ...] of each sequence (default:
-        all of each); slot_mapping is None without ranges and no default."""
+        all of each); slot_mapping is None without ranges and no default.
+        with_seq_lens: also seq_lens int64 [n_seqs], the token count of each
+        sequence (with block_table, the kernels' block-table pages). The
+        arrays are sized by the library's own size query (cols: the longest
+        sequence's pages, at least 1)."""
         s = _u32_array(seqs, "seqs")
         n = s.size
         pad = integer(pad, "pad", I32)
@@ -489,33 +494,39 @@ class Cache:
         if len(rga) != n:
             raise error("KV_ERR_INVALID_ARG", "ranges: %d for %d sequences" % (len(rga), n))
         rg = rga.ctypes.data_as(ctypes.POINTER(_lib.TokenRange)) if n else None
-        total = sum(int(x) for x in rga[:, 1]) if n else 0
-        page = self.page_tokens
+        sz = _lib.VllmExportSizes()
+        query = _lib.VllmExport(tokens_per_seq=tokens_per_seq, sizes=ctypes.pointer(sz))
+        check(L.kv_page_table_export_vllm(self._pt, _p(s, _lib.c_u32p), n, rg,
+                                          ctypes.byref(query)))
         if cols is None:
-            cols = max([(self._seq_len(int(q)) + page - 1) // page for q in s] + [1])
+            cols = max(sz.block_table_cols, 1)
         bt = np.empty((n, cols), dtype=np.int32)
         if slot_mapping_len is None:
-            slot_mapping_len = n * tokens_per_seq if tokens_per_seq else total
+            slot_mapping_len = sz.slot_mapping_len
         sm = np.empty(slot_mapping_len, dtype=np.int64)
+        sl = np.empty(n if with_seq_lens else 0, dtype=np.int64)
         out = _lib.VllmExport(_p(bt, _lib.c_i32p), bt.size, cols, pad, _p(sm, _lib.c_i64p),
-                              sm.size, tokens_per_seq)
+                              sm.size, tokens_per_seq,
+                              _p(sl, _lib.c_i64p) if with_seq_lens else None, sl.size, None)
         check(L.kv_page_table_export_vllm(self._pt, _p(s, _lib.c_u32p), n, rg,
                                           ctypes.byref(out)))
-        return bt, sm
+        return (bt, sm, sl) if with_seq_lens else (bt, sm)
 
     @_call
     def export_flashinfer(self, seqs: Sequence[int]
                           ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """FlashInfer's CSR form: (indptr [n+1], indices [nnz], last_page_len [n]), int32."""
+        """FlashInfer's CSR form: (indptr [n+1], indices [nnz], last_page_len [n]), int32.
+        An empty sequence has no pages and last_page_len 0."""
         s = _u32_array(seqs, "seqs")
         n = s.size
-        page = self.page_tokens
-        nnz = sum((self._seq_len(int(q)) + page - 1) // page for q in s)
+        nnz = ctypes.c_uint64()
+        check(L.kv_page_table_export_flashinfer(self._pt, _p(s, _lib.c_u32p), n, None,
+                                                ctypes.byref(nnz)))  # the size query
         indptr = np.empty(n + 1, np.int32)
-        indices = np.empty(max(nnz, 1), np.int32)
+        indices = np.empty(max(nnz.value, 1), np.int32)
         last = np.empty(max(n, 1), np.int32)
         out = _lib.FlashinferExport(_p(indptr, _lib.c_i32p), indptr.size,
-                                    _p(indices, _lib.c_i32p), nnz,
+                                    _p(indices, _lib.c_i32p), nnz.value,
                                     _p(last, _lib.c_i32p), n)
         got = ctypes.c_uint64()
         check(L.kv_page_table_export_flashinfer(self._pt, _p(s, _lib.c_u32p), n,

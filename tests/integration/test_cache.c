@@ -327,6 +327,51 @@ static void test_cache_prefix_survives_pressure(void **state)
     kv_cache_destroy(c);
 }
 
+/* layout.num_blocks = B counts the null block: a cache of B = 9 hands out
+ * exactly 8 blocks (ids 1..8, never 0), (B - 1) * N tokens, and no more. */
+static void test_cache_null_block_not_usable(void **state)
+{
+    (void)state;
+    enum { NB = 9, NT = 4 };
+    struct kv_cache_config cfg;
+    kv_cache *c = NULL;
+    kv_cache_config_init(&cfg);
+    cfg.layout.num_layers = 1;
+    cfg.layout.num_blocks = NB;
+    cfg.layout.block_tokens = NT;
+    cfg.layout.num_heads = 1;
+    cfg.layout.head_dim = 4;
+    cfg.layout.dtype = KV_F16;
+    cfg.max_seqs = 2;
+    assert_int_equal(kv_cache_create(&cfg, &c), KV_OK);
+    struct kv_block_pool_stats ps;
+    kv_block_pool_stats_get(kv_cache_pool(c), &ps);
+    assert_int_equal(ps.capacity, NB - 1);
+    assert_int_equal(ps.free_blocks, NB - 1);
+    kv_page_table *pt = kv_cache_page_table(c);
+    uint32_t s1, s2;
+    assert_int_equal(kv_page_table_seq_create(pt, &s1), KV_OK);
+    assert_int_equal(kv_page_table_seq_create(pt, &s2), KV_OK);
+    /* (B - 1) * N tokens fit, in blocks 1..B-1 */
+    assert_int_equal(kv_page_table_seq_append(pt, s1, NULL, (NB - 1) * NT), KV_OK);
+    const uint32_t *blocks;
+    uint32_t nb;
+    assert_int_equal(kv_page_table_seq_blocks(pt, s1, &blocks, &nb), KV_OK);
+    assert_int_equal(nb, NB - 1);
+    bool seen[NB] = {false};
+    for (uint32_t i = 0; i < nb; i++) {
+        assert_true(blocks[i] >= 1 && blocks[i] < NB);
+        assert_false(seen[blocks[i]]);
+        seen[blocks[i]] = true;
+    }
+    /* one token more needs a B-th block: there is none */
+    assert_int_equal(kv_page_table_seq_append(pt, s2, NULL, 1), KV_ERR_NO_BLOCKS);
+    kv_block_pool_stats_get(kv_cache_pool(c), &ps);
+    assert_int_equal(ps.used_blocks, NB - 1);
+    assert_int_equal(ps.free_blocks, 0);
+    kv_cache_destroy(c);
+}
+
 static void test_cache_bad_config(void **state)
 {
     struct kv_cache_config cfg;
@@ -673,6 +718,7 @@ int main(void)
         cmocka_unit_test(test_cache_block_major_hnd),
         cmocka_unit_test(test_cache_prefix_reuse),
         cmocka_unit_test(test_cache_prefix_survives_pressure),
+        cmocka_unit_test(test_cache_null_block_not_usable),
         cmocka_unit_test(test_cache_bad_config),
         cmocka_unit_test(test_cache_limits_and_error_detail),
         cmocka_unit_test(test_cache_configs_checked_before_allocating),

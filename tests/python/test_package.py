@@ -114,6 +114,16 @@ def test_sequences_exports_against_references():
         assert list(indptr) == list(np.cumsum([0] + [(n + 15) // 16 for n in lens]))
         assert list(indices) == [int(x) for s in seqs for x in c.seq_blocks(s)]
         assert list(last) == [(n - 1) % 16 + 1 for n in lens]
+        # seq_lens (the kernels' block-table form) and an empty sequence
+        empty = c.seq_create()
+        batch = [seqs[3], empty, seqs[0]]
+        bt3, sm3, sl3 = c.export_vllm(batch, with_seq_lens=True)
+        assert sl3.dtype == np.int64 and list(sl3) == [40, 0, 1]
+        assert bt3.shape == (3, 3) and sm3.size == 41
+        assert list(bt3[0]) == [int(x) for x in c.seq_blocks(seqs[3])]
+        indptr3, indices3, last3 = c.export_flashinfer(batch)
+        assert list(indptr3) == [0, 3, 3, 4] and list(last3) == [8, 0, 1]
+        c.free(empty)
         st = c.table_stats()
         assert st["live_seqs"] == len(seqs)
         ps = c.pool_stats()

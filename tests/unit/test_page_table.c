@@ -547,6 +547,259 @@ static void test_page_table_exports_match_direct_r4(void **state)
     check_exports(4);
 }
 
+/* ---- size queries ------------------------------------------------------------ */
+
+#define CANARY32 0x5AFE5AFE
+#define CANARY64 INT64_C(0x5AFE5AFE5AFE5AFE)
+
+static int32_t *alloc_i32(uint64_t n, uint64_t extra)
+{
+    int32_t *p = malloc((n + extra) * sizeof(*p));
+    assert_non_null(p);
+    for (uint64_t k = 0; k < n + extra; k++)
+        p[k] = CANARY32;
+    return p;
+}
+
+static int64_t *alloc_i64(uint64_t n, uint64_t extra)
+{
+    int64_t *p = malloc((n + extra) * sizeof(*p));
+    assert_non_null(p);
+    for (uint64_t k = 0; k < n + extra; k++)
+        p[k] = CANARY64;
+    return p;
+}
+
+/* One random batch: the size queries of both exports against sizes computed
+ * here from the model, then real exports into buffers of exactly those
+ * sizes (accepted, filled as the model says, nothing written past them),
+ * and each length one short (refused, nothing written). */
+static void check_size_queries(kv_page_table *pt, const uint32_t *seqs, const struct model *m,
+                               uint32_t r, uint32_t N, uint64_t *rng)
+{
+    const uint32_t P = N / r;
+    const uint32_t n = (uint32_t)kvt_range(rng, 0, 12);
+    uint32_t batch[12], which[12];
+    struct kv_token_range rg[12];
+    uint64_t ref_cols = 0, ref_total = 0, ref_nnz = 0, max_count = 0;
+    for (uint32_t b = 0; b < n; b++) {
+        which[b] = (uint32_t)kvt_range(rng, 0, 9); /* repeats allowed */
+        batch[b] = seqs[which[b]];
+        const uint64_t len = m[which[b]].len, pages = (len + P - 1) / P;
+        rg[b].start = (uint64_t)kvt_range(rng, 0, (int64_t)len);
+        rg[b].count = (uint64_t)kvt_range(rng, 0, (int64_t)(len - rg[b].start));
+        ref_cols = pages > ref_cols ? pages : ref_cols;
+        ref_total += rg[b].count;
+        ref_nnz += pages;
+        max_count = rg[b].count > max_count ? rg[b].count : max_count;
+    }
+    const uint32_t T =
+        kvt_range(rng, 0, 1) ? 0 : (uint32_t)max_count + (uint32_t)kvt_range(rng, 0, 3);
+    const uint64_t ref_slots = T ? (uint64_t)n * T : ref_total;
+
+    /* vLLM: the size query (no buffers) */
+    struct kv_vllm_export_sizes sz = {7, 7, 7, 7};
+    struct kv_vllm_export q = {.tokens_per_seq = T, .sizes = &sz};
+    if (kv_page_table_export_vllm(pt, batch, n, rg, &q) != KV_OK)
+        fail_msg("size query: %s", kv_last_error());
+    assert_int_equal(sz.block_table_cols, ref_cols);
+    assert_int_equal(sz.block_table_len, (uint64_t)n * ref_cols);
+    assert_int_equal(sz.slot_mapping_len, ref_slots);
+    assert_int_equal(sz.seq_lens_len, n);
+    /* without ranges there is no slot mapping to size */
+    struct kv_vllm_export_sizes sz2 = {7, 7, 7, 7};
+    q.sizes = &sz2;
+    assert_int_equal(kv_page_table_export_vllm(pt, batch, n, NULL, &q), KV_OK);
+    assert_int_equal(sz2.block_table_cols, ref_cols);
+    assert_int_equal(sz2.slot_mapping_len, 0);
+
+    /* a real export into exactly those sizes */
+    const uint64_t X = 3; /* canaries past each buffer */
+    int32_t *bt = alloc_i32(sz.block_table_len, X);
+    int64_t *sm = alloc_i64(sz.slot_mapping_len, X), *sl = alloc_i64(sz.seq_lens_len, X);
+    struct kv_vllm_export_sizes got = {7, 7, 7, 7};
+    struct kv_vllm_export ve = {.block_table = bt,
+                                .block_table_len = sz.block_table_len,
+                                .block_table_cols = sz.block_table_cols,
+                                .block_table_pad = -9,
+                                .slot_mapping = sm,
+                                .slot_mapping_len = sz.slot_mapping_len,
+                                .tokens_per_seq = T,
+                                .seq_lens = sl,
+                                .seq_lens_len = sz.seq_lens_len,
+                                .sizes = &got};
+    if (kv_page_table_export_vllm(pt, batch, n, rg, &ve) != KV_OK)
+        fail_msg("export at the queried sizes: %s", kv_last_error());
+    assert_int_equal(got.block_table_cols, sz.block_table_cols);
+    assert_int_equal(got.block_table_len, sz.block_table_len);
+    assert_int_equal(got.slot_mapping_len, sz.slot_mapping_len);
+    assert_int_equal(got.seq_lens_len, sz.seq_lens_len);
+    uint64_t pos = 0;
+    for (uint32_t b = 0; b < n; b++) {
+        const struct model *mm = &m[which[b]];
+        const uint64_t pages = (mm->len + P - 1) / P;
+        for (uint64_t j = 0; j < ref_cols; j++)
+            assert_int_equal(bt[b * ref_cols + j],
+                             j < pages ? (int32_t)(mm->blocks[j / r] * r + j % r) : -9);
+        assert_int_equal(sl[b], (int64_t)mm->len);
+        if (T)
+            pos = (uint64_t)b * T;
+        for (uint64_t t = rg[b].start; t < rg[b].start + rg[b].count; t++)
+            assert_int_equal(sm[pos++], (int64_t)mm->blocks[t / N] * N + (int64_t)(t % N));
+        if (T)
+            for (; pos < (uint64_t)(b + 1) * T; pos++)
+                assert_int_equal(sm[pos], -1);
+    }
+    assert_int_equal(pos, ref_slots);
+    for (uint64_t k = 0; k < X; k++) { /* nothing past the sizes */
+        assert_int_equal(bt[sz.block_table_len + k], CANARY32);
+        assert_int_equal(sm[sz.slot_mapping_len + k], CANARY64);
+        assert_int_equal(sl[sz.seq_lens_len + k], CANARY64);
+    }
+    /* each buffer one short: refused, nothing written, sizes untouched */
+    for (int which_len = 0; which_len < 3; which_len++) {
+        struct kv_vllm_export bad = ve;
+        uint64_t *len = which_len == 0   ? &bad.block_table_len
+                        : which_len == 1 ? &bad.slot_mapping_len
+                                         : &bad.seq_lens_len;
+        if (*len == 0)
+            continue;
+        (*len)--;
+        int32_t *bt2 = alloc_i32(sz.block_table_len, X);
+        int64_t *sm2 = alloc_i64(sz.slot_mapping_len, X), *sl2 = alloc_i64(sz.seq_lens_len, X);
+        bad.block_table = bt2;
+        bad.slot_mapping = sm2;
+        bad.seq_lens = sl2;
+        struct kv_vllm_export_sizes keep = {7, 7, 7, 7};
+        bad.sizes = &keep;
+        expect_msg(kv_page_table_export_vllm(pt, batch, n, rg, &bad), KV_ERR_INVALID_ARG,
+                   which_len == 0   ? "block_table_len"
+                   : which_len == 1 ? "slot_mapping_len"
+                                    : "seq_lens_len");
+        for (uint64_t k = 0; k < sz.block_table_len + X; k++)
+            assert_int_equal(bt2[k], CANARY32);
+        for (uint64_t k = 0; k < sz.slot_mapping_len + X; k++)
+            assert_int_equal(sm2[k], CANARY64);
+        for (uint64_t k = 0; k < sz.seq_lens_len + X; k++)
+            assert_int_equal(sl2[k], CANARY64);
+        assert_int_equal(keep.block_table_cols, 7);
+        free(bt2);
+        free(sm2);
+        free(sl2);
+    }
+    if (ref_cols > 0 && n > 0) { /* one column short */
+        struct kv_vllm_export bad = ve;
+        bad.block_table_cols--;
+        expect_msg(kv_page_table_export_vllm(pt, batch, n, rg, &bad), KV_ERR_INVALID_ARG,
+                   "block_table_cols");
+    }
+    free(bt);
+    free(sm);
+    free(sl);
+
+    /* FlashInfer: out NULL, or every buffer NULL */
+    uint64_t nnz = 7, nnz2 = 7;
+    if (kv_page_table_export_flashinfer(pt, batch, n, NULL, &nnz) != KV_OK)
+        fail_msg("CSR size query: %s", kv_last_error());
+    assert_int_equal(nnz, ref_nnz);
+    struct kv_flashinfer_export none = {0};
+    assert_int_equal(kv_page_table_export_flashinfer(pt, batch, n, &none, &nnz2), KV_OK);
+    assert_int_equal(nnz2, ref_nnz);
+    int32_t *ip = alloc_i32(n + 1, X), *ind = alloc_i32(nnz, X), *lpl = alloc_i32(n, X);
+    struct kv_flashinfer_export fe = {ip, n + 1, ind, nnz, lpl, n};
+    uint64_t nnz3 = 7;
+    if (kv_page_table_export_flashinfer(pt, batch, n, &fe, &nnz3) != KV_OK)
+        fail_msg("CSR export at the queried sizes: %s", kv_last_error());
+    assert_int_equal(nnz3, nnz);
+    assert_int_equal(ip[n], (int32_t)nnz);
+    uint64_t at = 0;
+    for (uint32_t b = 0; b < n; b++) {
+        const struct model *mm = &m[which[b]];
+        const uint64_t pages = (mm->len + P - 1) / P;
+        assert_int_equal(ip[b], (int32_t)at);
+        for (uint64_t j = 0; j < pages; j++)
+            assert_int_equal(ind[at + j], (int32_t)(mm->blocks[j / r] * r + j % r));
+        at += pages;
+        /* the documented rule: 1..N/r with pages, 0 without */
+        assert_int_equal(lpl[b], pages ? (int32_t)(mm->len - (pages - 1) * P) : 0);
+    }
+    for (uint64_t k = 0; k < X; k++) {
+        assert_int_equal(ip[n + 1 + k], CANARY32);
+        assert_int_equal(ind[nnz + k], CANARY32);
+        assert_int_equal(lpl[n + k], CANARY32);
+    }
+    /* one buffer at a time: the others skipped */
+    int32_t *ind2 = alloc_i32(nnz, X);
+    struct kv_flashinfer_export only = {.indices = ind2, .indices_len = nnz};
+    assert_int_equal(kv_page_table_export_flashinfer(pt, batch, n, &only, NULL), KV_OK);
+    for (uint64_t k = 0; k < nnz; k++)
+        assert_int_equal(ind2[k], ind[k]);
+    assert_int_equal(ind2[nnz], CANARY32);
+    if (nnz) {
+        struct kv_flashinfer_export bad = fe;
+        bad.indices_len = nnz - 1;
+        expect_msg(kv_page_table_export_flashinfer(pt, batch, n, &bad, NULL), KV_ERR_INVALID_ARG,
+                   "indices_len");
+    }
+    free(ind2);
+    free(ip);
+    free(ind);
+    free(lpl);
+}
+
+/* Size queries over random sequences (empty ones included) and random
+ * batches, for page ratios 1, 2, 4 and 16 (pages of one token). */
+static void test_page_table_size_queries(void **state)
+{
+    (void)state;
+    const uint32_t N = 16, ratios[4] = {1, 2, 4, 16};
+    uint64_t rng = 77;
+    for (int ri = 0; ri < 4; ri++) {
+        const uint32_t r = ratios[ri];
+        struct fake *f = malloc(sizeof(*f));
+        fake_init(f, 2000, 70000);
+        kv_page_table *pt = make_pt(f, N, r, 16, 64, false);
+        struct model *m = calloc(10, sizeof(*m));
+        uint32_t seqs[10];
+        for (uint32_t i = 0; i < 10; i++)
+            assert_int_equal(kv_page_table_seq_create(pt, &seqs[i]), KV_OK);
+        for (int round = 0; round < 40; round++) {
+            /* grow some sequences (3 stay empty), then query a few batches */
+            for (uint32_t i = 3; i < 10; i++)
+                if (kvt_range(&rng, 0, 2) == 0 && m[i].len < 400)
+                    model_append(pt, f, seqs[i], &m[i], (uint64_t)kvt_range(&rng, 1, 37), N);
+            for (int k = 0; k < 4; k++)
+                check_size_queries(pt, seqs, m, r, N, &rng);
+        }
+        /* a size query checks what the export would: an unknown sequence, a
+         * range past its sequence */
+        uint32_t bad_seq[2] = {seqs[4], 15};
+        struct kv_vllm_export_sizes sz = {7, 7, 7, 7};
+        struct kv_vllm_export q = {.sizes = &sz};
+        expect_msg(kv_page_table_export_vllm(pt, bad_seq, 2, NULL, &q), KV_ERR_NOT_FOUND,
+                   "seqs[1] = 15");
+        uint64_t nnz = 7;
+        expect_msg(kv_page_table_export_flashinfer(pt, bad_seq, 2, NULL, &nnz), KV_ERR_NOT_FOUND,
+                   "seqs[1] = 15");
+        assert_int_equal(nnz, 7);
+        struct kv_token_range past = {m[4].len, 1};
+        expect_msg(kv_page_table_export_vllm(pt, &seqs[4], 1, &past, &q), KV_ERR_OUT_OF_BOUNDS,
+                   "ranges[0]");
+        assert_int_equal(sz.block_table_cols, 7);
+        /* no sequences at all */
+        assert_int_equal(kv_page_table_export_vllm(pt, NULL, 0, NULL, &q), KV_OK);
+        assert_int_equal(sz.block_table_cols, 0);
+        assert_int_equal(sz.block_table_len, 0);
+        assert_int_equal(sz.slot_mapping_len, 0);
+        assert_int_equal(sz.seq_lens_len, 0);
+        assert_int_equal(kv_page_table_export_flashinfer(pt, NULL, 0, NULL, &nnz), KV_OK);
+        assert_int_equal(nnz, 0);
+        free(m);
+        kv_page_table_destroy(pt);
+        free(f);
+    }
+}
+
 static void test_page_table_fork_and_cow(void **state)
 {
     (void)state;
@@ -1224,6 +1477,7 @@ int main(void)
         cmocka_unit_test(test_page_table_exports_match_direct_r1),
         cmocka_unit_test(test_page_table_exports_match_direct_r2),
         cmocka_unit_test(test_page_table_exports_match_direct_r4),
+        cmocka_unit_test(test_page_table_size_queries),
         cmocka_unit_test(test_page_table_fork_and_cow),
         cmocka_unit_test(test_page_table_truncate_releases_exactly),
         cmocka_unit_test(test_page_table_no_blocks_all_or_nothing),

@@ -762,6 +762,296 @@ static void test_view_hand_built_views_refused(void **state)
     assert_msg_has("not aligned");
 }
 
+/* ---- kv_view_from_strided ------------------------------------------------ */
+
+/* Fields, one by one (never struct memory). */
+static void assert_same_view(const struct kv_view *a, const struct kv_view *b)
+{
+    assert_int_equal(a->dtype, b->dtype);
+    assert_int_equal(a->ndim, b->ndim);
+    for (int k = 0; k < a->ndim; k++) {
+        assert_int_equal(a->shape[k], b->shape[k]);
+        assert_int_equal(a->strides[k], b->strides[k]);
+    }
+    assert_int_equal(a->offset, b->offset);
+    assert_ptr_equal(a->base, b->base);
+    assert_int_equal(a->storage_bytes, b->storage_bytes);
+}
+
+/* The reference extent: walk every index and keep the highest byte reached
+ * (one past it; 0 when there is no element). Independent of the library's
+ * closed form. */
+static int64_t ref_extent_bytes(int ndim, const int64_t *shape, const int64_t *strides,
+                                int64_t offset_bytes, int64_t es)
+{
+    int64_t idx[KV_MAX_DIMS] = {0}, hi = 0;
+    for (int k = 0; k < ndim; k++)
+        if (shape[k] == 0)
+            return 0;
+    for (;;) {
+        int64_t off = offset_bytes;
+        for (int k = 0; k < ndim; k++)
+            off += idx[k] * strides[k] * es;
+        if (off + es > hi)
+            hi = off + es;
+        int k = ndim - 1;
+        for (; k >= 0; k--) {
+            if (++idx[k] < shape[k])
+                break;
+            idx[k] = 0;
+        }
+        if (k < 0)
+            return hi;
+    }
+}
+
+/* Torch-like views, each built two ways: from (base, shape, strides, byte
+ * offset) and by the view ops over a contiguous tensor (what torch would
+ * report for x.t(), x[1:, 1::2], x.expand(...)); the fields must agree, and
+ * the computed storage (storage_bytes 0) must be the reference extent. */
+static void test_view_from_strided_torch_cases(void **state)
+{
+    (void)state;
+    float buf[64];
+    struct kv_view x, w, v;
+    int64_t s34[2] = {3, 4}, s46[2] = {4, 6}, s15[2] = {1, 5};
+
+    /* x.t() of a [3][4] f32 */
+    assert_int_equal(kv_view_init(buf, 48, KV_F32, 2, s34, &x), KV_OK);
+    assert_int_equal(kv_view_transpose(&x, 0, 1, &w), KV_OK);
+    int64_t t_shape[2] = {4, 3}, t_str[2] = {1, 4};
+    assert_int_equal(kv_view_from_strided(buf, 48, KV_F32, 2, t_shape, t_str, 0, &v), KV_OK);
+    assert_same_view(&v, &w);
+    assert_int_equal(kv_view_from_strided(buf, 0, KV_F32, 2, t_shape, t_str, 0, &v), KV_OK);
+    assert_int_equal(v.storage_bytes, 48);
+    assert_int_equal(ref_extent_bytes(2, t_shape, t_str, 0, 4), 48);
+
+    /* x[1:, 1::2] of a [4][6] f32: offset 7 elements = 28 bytes */
+    assert_int_equal(kv_view_init(buf, 96, KV_F32, 2, s46, &x), KV_OK);
+    assert_int_equal(kv_view_slice(&x, 0, 1, 4, 1, &w), KV_OK);
+    assert_int_equal(kv_view_slice(&w, 1, 1, 6, 2, &w), KV_OK);
+    int64_t sl_shape[2] = {3, 3}, sl_str[2] = {6, 2};
+    assert_int_equal(kv_view_from_strided(buf, 96, KV_F32, 2, sl_shape, sl_str, 28, &v), KV_OK);
+    assert_same_view(&v, &w);
+    assert_int_equal(v.offset, 7);
+    /* the last element is [2][2] = 7 + 12 + 4 = element 23: bytes 92..95 */
+    assert_int_equal(kv_view_from_strided(buf, 0, KV_F32, 2, sl_shape, sl_str, 28, &v), KV_OK);
+    assert_int_equal(v.storage_bytes, 96);
+    assert_int_equal(ref_extent_bytes(2, sl_shape, sl_str, 28, 4), 96);
+    /* x[:3, ::2] stops short of the storage's end: element 16, extent 68 */
+    int64_t sl2_str[2] = {6, 2};
+    assert_int_equal(kv_view_from_strided(buf, 0, KV_F32, 2, sl_shape, sl2_str, 0, &v), KV_OK);
+    assert_int_equal(v.storage_bytes, 68);
+    assert_int_equal(ref_extent_bytes(2, sl_shape, sl2_str, 0, 4), 68);
+
+    /* a [1][5] row expanded to [3][5]: stride 0 */
+    assert_int_equal(kv_view_init(buf, 20, KV_F32, 2, s15, &x), KV_OK);
+    int64_t e_shape[2] = {3, 5}, e_str[2] = {0, 1};
+    assert_int_equal(kv_view_expand(&x, 2, e_shape, &w), KV_OK);
+    assert_int_equal(kv_view_from_strided(buf, 20, KV_F32, 2, e_shape, e_str, 0, &v), KV_OK);
+    assert_same_view(&v, &w);
+    assert_int_equal(kv_view_from_strided(buf, 0, KV_F32, 2, e_shape, e_str, 0, &v), KV_OK);
+    assert_int_equal(v.storage_bytes, 20);
+
+    /* zero-size dims reach nothing, whatever the strides and offset */
+    int64_t z_shape[3] = {2, 0, 7}, z_str[3] = {INT64_MAX, INT64_MAX, 1};
+    assert_int_equal(kv_view_from_strided(buf, 0, KV_F32, 3, z_shape, z_str, 4000, &v), KV_OK);
+    assert_int_equal(v.storage_bytes, 0);
+    assert_int_equal(v.offset, 1000);
+    assert_int_equal(kv_view_numel(&v), 0);
+    assert_int_equal(kv_view_check(&v), KV_OK);
+    assert_int_equal(kv_view_from_strided(NULL, 0, KV_F32, 3, z_shape, z_str, 0, &v), KV_OK);
+    /* size-1 dims take any stride: they are never stepped */
+    int64_t o_shape[2] = {1, 4}, o_str[2] = {999999, 1};
+    assert_int_equal(kv_view_from_strided(buf, 0, KV_F32, 2, o_shape, o_str, 8, &v), KV_OK);
+    assert_int_equal(v.storage_bytes, 24);
+    /* 0-d: one element at the offset */
+    assert_int_equal(kv_view_from_strided(buf, 0, KV_F64, 0, NULL, NULL, 16, &v), KV_OK);
+    assert_int_equal(v.storage_bytes, 24);
+    assert_int_equal(kv_view_numel(&v), 1);
+    /* the view is usable: element [1][2] of the slice above is buf[7 + 6 + 4] */
+    for (int i = 0; i < 24; i++)
+        buf[i] = (float)i;
+    assert_int_equal(kv_view_from_strided(buf, 96, KV_F32, 2, sl_shape, sl_str, 28, &v), KV_OK);
+    int64_t idx[2] = {1, 2};
+    assert_ptr_equal(kv_view_ptr(&v, idx), &buf[17]);
+}
+
+/* Random shapes, strides (0 included) and offsets in 0..8 dims: the
+ * computed storage is the walked extent; a storage of exactly that size is
+ * accepted, one byte less refused naming both; the fields are the inputs. */
+static void test_view_from_strided_random_extents(void **state)
+{
+    (void)state;
+    static int64_t storage[1 << 16];
+    uint64_t rng = 2024;
+    const kv_dtype dts[4] = {KV_U8, KV_F16, KV_F32, KV_I64};
+    int checked = 0;
+    for (int iter = 0; iter < 3000; iter++) {
+        int64_t shape[KV_MAX_DIMS], strides[KV_MAX_DIMS], numel = 1;
+        const int ndim = (int)kvt_range(&rng, 0, KV_MAX_DIMS);
+        for (int k = 0; k < ndim; k++) {
+            shape[k] = kvt_range(&rng, 0, 10) == 0 ? 0 : kvt_range(&rng, 1, ndim > 4 ? 2 : 4);
+            strides[k] = kvt_range(&rng, 0, 6) == 0 ? 0 : kvt_range(&rng, 1, 40);
+            numel *= shape[k];
+        }
+        const kv_dtype dt = dts[kvt_range(&rng, 0, 3)];
+        const int64_t es = (int64_t)kv_dtype_size(dt);
+        const int64_t off = kvt_range(&rng, 0, 50) * es;
+        const int64_t want = ref_extent_bytes(ndim, shape, strides, off, es);
+        struct kv_view v;
+        kv_status st = kv_view_from_strided(storage, 0, dt, ndim, shape, strides, off, &v);
+        if (st != KV_OK)
+            fail_msg("iter %d: %s", iter, kv_last_error());
+        assert_int_equal(v.storage_bytes, (size_t)want);
+        assert_int_equal(v.dtype, dt);
+        assert_int_equal(v.ndim, ndim);
+        for (int k = 0; k < ndim; k++) {
+            assert_int_equal(v.shape[k], shape[k]);
+            assert_int_equal(v.strides[k], strides[k]);
+        }
+        assert_int_equal(v.offset * es, off);
+        assert_int_equal(kv_view_numel(&v), numel);
+        int64_t lo, hi;
+        kv_view_extent_bytes(&v, &lo, &hi);
+        assert_int_equal(hi, want);
+        if (want == 0)
+            continue;
+        assert_int_equal(
+            kv_view_from_strided(storage, (size_t)want, dt, ndim, shape, strides, off, &v), KV_OK);
+        struct kv_view keep = v;
+        if (want == 1) /* storage_bytes 0 would mean "computed" */
+            continue;
+        st = kv_view_from_strided(storage, (size_t)want - 1, dt, ndim, shape, strides, off, &v);
+        assert_int_equal(st, KV_ERR_OUT_OF_BOUNDS);
+        char needle[96];
+        snprintf(needle, sizeof(needle),
+                 "reach byte %lld (extent %lld bytes) but storage_bytes is %lld",
+                 (long long)want - 1, (long long)want, (long long)want - 1);
+        if (!strstr(kv_last_error(), needle))
+            fail_msg("\"%s\" lacks \"%s\"", kv_last_error(), needle);
+        assert_same_view(&v, &keep); /* unchanged on failure */
+        checked++;
+    }
+    assert_true(checked > 1000);
+}
+
+/* The PyTorch vectors again: every line that ends in a view of the original
+ * arange storage (no copy on the way) gives torch's own (shape, strides,
+ * storage_offset); the view built from them must read torch's checksums,
+ * and fit the storage torch had. */
+static void test_view_from_strided_torch_vectors(void **state)
+{
+    (void)state;
+    char line[4096];
+    int used = 0;
+    FILE *f = fopen(kvt_data_path("strided_views.txt"), "r");
+    if (!f)
+        fail_msg("cannot open %s", kvt_data_path("strided_views.txt"));
+    while (fgets(line, sizeof(line), f)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (line[0] == '#' || strstr(line, "copy=1") || !strstr(line, "expect "))
+            continue;
+        int64_t start[LIST_MAX], shape[LIST_MAX], strides[LIST_MAX], numel = 1;
+        const int n0 = parse_list(line + 6, start);
+        for (int k = 0; k < n0; k++)
+            numel *= start[k];
+        const char *exp = strstr(line, "expect ");
+        const int ndim = parse_list(strstr(exp, "shape=") + 6, shape);
+        assert_int_equal(parse_list(strstr(exp, "strides=") + 8, strides), ndim);
+        const int64_t off = strtoll(strstr(exp, "offset=") + 7, NULL, 10);
+        const int64_t esum = strtoll(strstr(exp, "sum=") + 4, NULL, 10);
+        const int64_t ewsum = strtoll(strstr(exp, "wsum=") + 5, NULL, 10);
+        int64_t *storage = kv__mem_alloc((size_t)(numel ? numel : 1) * 8);
+        assert_non_null(storage);
+        for (int64_t i = 0; i < numel; i++)
+            storage[i] = i;
+        struct kv_view v;
+        if (kv_view_from_strided(storage, 0, KV_I64, ndim, shape, strides, off * 8, &v) != KV_OK)
+            fail_msg("%s: %s", line, kv_last_error());
+        assert_int_equal(v.storage_bytes,
+                         (size_t)ref_extent_bytes(ndim, shape, strides, off * 8, 8));
+        assert_true(v.storage_bytes <= (size_t)numel * 8);
+        int64_t sum, wsum;
+        ref_sums(&v, &sum, &wsum);
+        if (sum != esum || wsum != ewsum)
+            fail_msg("%s: sum %lld wsum %lld", line, (long long)sum, (long long)wsum);
+        if (kv_view_from_strided(storage, (size_t)numel * 8, KV_I64, ndim, shape, strides, off * 8,
+                                 &v) != KV_OK)
+            fail_msg("%s: %s", line, kv_last_error());
+        kv__mem_free(storage);
+        used++;
+    }
+    fclose(f);
+    print_message("strided_views.txt: %d views rebuilt from (shape, strides, offset)\n", used);
+    assert_true(used > 1500);
+}
+
+/* Every refusal names its values and leaves *out as it was. */
+static void test_view_from_strided_bad_input(void **state)
+{
+    (void)state;
+    float buf[64];
+    struct kv_view v, keep;
+    int64_t shape[2] = {4, 4}, strides[2] = {4, 1}, neg[2] = {4, -1};
+    assert_int_equal(kv_view_from_strided(buf, 64, KV_F32, 2, shape, strides, 0, &v), KV_OK);
+    keep = v;
+
+    assert_int_equal(kv_view_from_strided(buf, 64, KV_F32, 2, shape, neg, 0, &v),
+                     KV_ERR_INVALID_ARG);
+    assert_msg_has("negative stride -1 at dim 1 of [4,-1]");
+    assert_same_view(&v, &keep);
+    assert_int_equal(kv_view_from_strided(buf, 64, KV_F32, 2, shape, strides, 6, &v),
+                     KV_ERR_INVALID_ARG);
+    assert_msg_has("offset_bytes 6 is not a multiple of the 4-byte element size of f32");
+    assert_same_view(&v, &keep);
+    assert_int_equal(kv_view_from_strided(buf, 64, KV_F32, 2, shape, strides, -4, &v),
+                     KV_ERR_OUT_OF_BOUNDS);
+    assert_msg_has("negative offset_bytes -4");
+    /* one float too far: element 16, bytes 64..67 */
+    assert_int_equal(kv_view_from_strided(buf, 64, KV_F32, 2, shape, strides, 4, &v),
+                     KV_ERR_OUT_OF_BOUNDS);
+    assert_msg_has("shape [4,4] strides [4,1] from offset_bytes 4 reach byte 67 (extent 68 bytes) "
+                   "but storage_bytes is 64");
+    assert_same_view(&v, &keep);
+    int64_t s9[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1}, t9[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+    assert_int_equal(kv_view_from_strided(buf, 64, KV_F32, 9, s9, t9, 0, &v), KV_ERR_BAD_DIM);
+    assert_msg_has("ndim 9 outside 0..8");
+    assert_int_equal(kv_view_from_strided(buf, 64, KV_F32, -1, s9, t9, 0, &v), KV_ERR_BAD_DIM);
+    int64_t negs[2] = {4, -2};
+    assert_int_equal(kv_view_from_strided(buf, 64, KV_F32, 2, negs, strides, 0, &v),
+                     KV_ERR_BAD_SHAPE);
+    assert_msg_has("negative size -2 at dim 1");
+    /* the extent past int64: 3 x 2^62 elements of 4 bytes */
+    int64_t big_shape[1] = {4}, big_str[1] = {INT64_C(1) << 62};
+    assert_int_equal(kv_view_from_strided(buf, 0, KV_F32, 1, big_shape, big_str, 0, &v),
+                     KV_ERR_OVERFLOW);
+    assert_msg_has("reach past int64 bytes");
+    int64_t big_str2[1] = {INT64_C(1) << 60}; /* elements fit, bytes do not */
+    assert_int_equal(kv_view_from_strided(buf, 0, KV_F32, 1, big_shape, big_str2, 0, &v),
+                     KV_ERR_OVERFLOW);
+    int64_t huge[3] = {INT64_C(1) << 30, INT64_C(1) << 30, INT64_C(1) << 30}, one3[3] = {0, 0, 0};
+    assert_int_equal(kv_view_from_strided(buf, 0, KV_F32, 3, huge, one3, 0, &v), KV_ERR_OVERFLOW);
+    assert_msg_has("element count");
+    assert_same_view(&v, &keep);
+    /* NULLs, the base, the dtype */
+    assert_int_equal(kv_view_from_strided(buf, 64, KV_F32, 2, shape, strides, 0, NULL),
+                     KV_ERR_NULL);
+    assert_int_equal(kv_view_from_strided(buf, 64, KV_F32, 2, NULL, strides, 0, &v), KV_ERR_NULL);
+    assert_int_equal(kv_view_from_strided(buf, 64, KV_F32, 2, shape, NULL, 0, &v), KV_ERR_NULL);
+    assert_int_equal(kv_view_from_strided(NULL, 64, KV_F32, 2, shape, strides, 0, &v), KV_ERR_NULL);
+    assert_msg_has("base is NULL with storage_bytes 64");
+    assert_int_equal(kv_view_from_strided(NULL, 0, KV_F32, 2, shape, strides, 0, &v), KV_ERR_NULL);
+    assert_int_equal(
+        kv_view_from_strided((char *)buf + 2, 60, KV_F32, 1, big_shape, strides + 1, 0, &v),
+        KV_ERR_INVALID_ARG);
+    assert_msg_has("not aligned");
+    assert_int_equal(kv_view_from_strided(buf, 64, (kv_dtype)999, 2, shape, strides, 0, &v),
+                     KV_ERR_INVALID_ARG);
+    assert_msg_has("unknown dtype 999");
+    assert_same_view(&v, &keep);
+}
+
 static void test_view_status_names(void **state)
 {
     (void)state;
@@ -796,6 +1086,10 @@ int main(void)
         cmocka_unit_test(test_view_overflow_edges),
         cmocka_unit_test(test_view_hand_built_views_refused),
         cmocka_unit_test(test_view_status_names),
+        cmocka_unit_test(test_view_from_strided_torch_cases),
+        cmocka_unit_test(test_view_from_strided_random_extents),
+        cmocka_unit_test(test_view_from_strided_torch_vectors),
+        cmocka_unit_test(test_view_from_strided_bad_input),
     };
     return cmocka_run_group_tests_name("view", tests, NULL, NULL);
 }
