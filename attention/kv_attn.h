@@ -61,7 +61,9 @@
  *                        storage, a slot written twice in one call, a copy
  *                        whose dst is another copy's src or dst, src == dst
  *   KV_ERR_CORRUPT       pages that contradict themselves (indptr decreasing,
- *                        last_page_len outside 1..N/r)
+ *                        last_page_len outside 1..N/r for a sequence with
+ *                        pages, or not 0 for an empty one: indptr[s] ==
+ *                        indptr[s+1])
  * Thread safety: the kernels may run concurrently on different outputs; the
  * stats counters are atomic; kv_set_threads is process-wide.
  */

@@ -76,7 +76,7 @@ static void fixture_make(struct fixture *f, uint32_t r, bool block_major, uint64
     f->pt = kv_cache_page_table(f->c);
     f->r = r;
     f->P = N / r;
-    assert_int_equal(kv_attn_cache(f->c, &f->pc), KV_OK);
+    assert_int_equal(kv_cache_paged(f->c, &f->pc), KV_OK);
 
     /* a filler holds the low ids: the sequences under test get blocks >= FILLER */
     uint32_t filler;
