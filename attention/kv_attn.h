@@ -94,13 +94,19 @@ extern "C" {
  * tensors are then [L][T][H][D]. */
 #define KV_ATTN_ALL_LAYERS (-1)
 
-/* Quantization scales (stored = convert(x / scale), x = stored * scale), the
- * same for every layer of a call. NULL pointer to the struct: no scaling
- * (bytes moved where the dtypes agree); a struct of 1.0s still converts. */
+/* Quantization scales (stored = convert(x / scale), x = stored * scale).
+ * NULL pointer to the struct: no scaling (bytes moved where the dtypes
+ * agree); a struct of 1.0s still converts. Engines quantize per layer:
+ * with layers == L, layer l's scales are k[l * n .. l * n + n) (v alike)
+ * whatever the call (one layer, KV_ATTN_ALL_LAYERS, decode of layer l);
+ * with layers 0 or 1, the same n scales serve every layer. Scales apply
+ * to every cache dtype (vLLM applies them to fp8 caches only: pass NULL
+ * for the others to match it). */
 struct kv_scales {
-    const float *k; /* [n]: one per tensor (n == 1) or per KV head (n == H) */
-    const float *v; /* [n] */
-    uint32_t n;
+    const float *k;  /* [layers][n] (layers 0 counts as 1) */
+    const float *v;  /* [layers][n] */
+    uint32_t n;      /* per layer: 1 (per tensor) or H (per KV head) */
+    uint32_t layers; /* 0 or 1: shared by every layer; L: one row of n per layer */
 };
 
 /* Which page-table export describes the sequences of a read or decode. */

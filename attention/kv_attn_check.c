@@ -138,13 +138,21 @@ static kv_status check_disjoint(const char *fn, const char *an, const struct kv_
                      st == KV_OK ? "share" : "could not be proven not to share");
 }
 
+/* After check_layer: the call's layers are job->layer0 .. + n_layers. */
 static kv_status check_scales(const char *fn, const struct kv_scales *s, int64_t heads,
-                              struct kv__attn_job *job)
+                              int64_t layers, struct kv__attn_job *job)
 {
     job->k_scale = job->v_scale = NULL;
     job->n_scales = 0;
+    job->scale_layer_stride = 0;
     if (!s)
         return KV_OK;
+    const uint32_t rows = s->layers ? s->layers : 1;
+    if (rows != 1 && (int64_t)rows != layers)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: scales for %" PRIu32 " layers: expected 0 or 1 (shared by every "
+                         "layer) or %" PRId64 " (one row per layer)",
+                         fn, s->layers, layers);
     if (!s->k || !s->v)
         return kv__error(KV_ERR_NULL, "%s: scales given with k=%p v=%p", fn, (const void *)s->k,
                          (const void *)s->v);
@@ -156,17 +164,27 @@ static kv_status check_scales(const char *fn, const struct kv_scales *s, int64_t
     if (s->n > 1024)
         return kv__error(KV_ERR_INVALID_ARG,
                          "%s: per-head scales for %" PRIu32 " heads (at most 1024)", fn, s->n);
-    for (uint32_t i = 0; i < s->n; i++)
-        for (int kv = 0; kv < 2; kv++) {
-            const float x = kv ? s->v[i] : s->k[i];
-            if (!(isfinite(x) && x > 0.0f))
-                return kv__error(KV_ERR_INVALID_ARG,
-                                 "%s: %s scale %" PRIu32 " is %g; scales must be finite and > 0",
-                                 fn, kv ? "V" : "K", i, (double)x);
-        }
-    job->k_scale = s->k;
-    job->v_scale = s->v;
+    /* The rows this call reads, each value checked. */
+    const uint32_t r0 = rows == 1 ? 0 : job->layer0, r1 = rows == 1 ? 1 : r0 + job->n_layers;
+    for (uint32_t r = r0; r < r1; r++)
+        for (uint32_t i = 0; i < s->n; i++)
+            for (int kv = 0; kv < 2; kv++) {
+                const float x = (kv ? s->v : s->k)[(size_t)r * s->n + i];
+                if (isfinite(x) && x > 0.0f)
+                    continue;
+                return rows == 1 ? kv__error(KV_ERR_INVALID_ARG,
+                                             "%s: %s scale %" PRIu32
+                                             " is %g; scales must be finite and > 0",
+                                             fn, kv ? "V" : "K", i, (double)x)
+                                 : kv__error(KV_ERR_INVALID_ARG,
+                                             "%s: %s scale %" PRIu32 " of layer %" PRIu32
+                                             " is %g; scales must be finite and > 0",
+                                             fn, kv ? "V" : "K", i, r, (double)x);
+            }
+    job->k_scale = s->k + (size_t)r0 * s->n;
+    job->v_scale = s->v + (size_t)r0 * s->n;
     job->n_scales = s->n;
+    job->scale_layer_stride = rows == 1 ? 0 : (int64_t)s->n;
     return KV_OK;
 }
 
@@ -184,6 +202,20 @@ static kv_status check_layer(const char *fn, int32_t layer, int64_t L, bool all_
     job->layer0 = (uint32_t)layer;
     job->n_layers = 1;
     return KV_OK;
+}
+
+void kv__attn_job_layer(const struct kv__attn_job *j, uint32_t lrel, struct kv__attn_job *out)
+{
+    *out = *j;
+    out->layer0 = j->layer0 + lrel;
+    out->n_layers = 1;
+    out->k.base = j->k.base ? j->k.base + (int64_t)lrel * j->k.layer_stride : NULL;
+    out->v.base = j->v.base ? j->v.base + (int64_t)lrel * j->v.layer_stride : NULL;
+    if (j->k_scale) {
+        out->k_scale = j->k_scale + (int64_t)lrel * j->scale_layer_stride;
+        out->v_scale = j->v_scale + (int64_t)lrel * j->scale_layer_stride;
+    }
+    out->scale_layer_stride = 0;
 }
 
 /* ---- runs ------------------------------------------------------------------------ */
@@ -440,7 +472,7 @@ kv_status kv__attn_write_check(const char *fn, const struct kv_paged_cache *cach
     if ((st = check_outside_cache(fn, "k", k, cache)) != KV_OK ||
         (st = check_outside_cache(fn, "v", v, cache)) != KV_OK)
         return st;
-    if ((st = check_scales(fn, scales, lo->num_heads, job)) != KV_OK)
+    if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, job)) != KV_OK)
         return st;
     if ((st = make_runs(fn, lo, slots, n_slots, job)) != KV_OK)
         return st;
@@ -488,7 +520,7 @@ kv_status kv__attn_read_check(const char *fn, const struct kv_paged_cache *cache
     }
     if (k_out && v_out && (st = check_disjoint(fn, "k_out", k_out, "v_out", v_out)) != KV_OK)
         return st;
-    if ((st = check_scales(fn, scales, lo->num_heads, job)) != KV_OK)
+    if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, job)) != KV_OK)
         return st;
     if ((st = check_pages(fn, lo, pages, job)) != KV_OK ||
         (st = runs_from_pages(fn, job, &total)) != KV_OK) {
@@ -613,7 +645,7 @@ kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cac
     if (!isfinite(softmax_scale))
         return kv__error(KV_ERR_INVALID_ARG, "%s: softmax_scale %g is not finite", fn,
                          (double)softmax_scale);
-    if ((st = check_scales(fn, scales, lo->num_heads, job)) != KV_OK)
+    if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, job)) != KV_OK)
         return st;
     if ((st = check_pages(fn, lo, pages, job)) != KV_OK) {
         kv__attn_job_free(job);

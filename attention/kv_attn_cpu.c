@@ -311,6 +311,16 @@ static void prefetch_run(const struct kv__move_ctx *c, const struct kv__attn_run
 
 static kv_status exec_move(const struct kv__attn_job *j, bool to_cache)
 {
+    if (j->scale_layer_stride && j->n_layers > 1) { /* scales per layer: a layer at a time */
+        for (uint32_t l = 0; l < j->n_layers; l++) {
+            struct kv__attn_job one;
+            kv__attn_job_layer(j, l, &one);
+            const kv_status st = exec_move(&one, to_cache);
+            if (st != KV_OK)
+                return st;
+        }
+        return KV_OK;
+    }
     struct kv__move_ctx c;
     const struct kv_layout *lo = &j->cache.layout;
     const int64_t H = lo->num_heads, D = lo->head_dim;

@@ -6,6 +6,22 @@
  */
 #include "kv_attn_cuda_int.h"
 
+/* One launch, or one per layer when the scales differ per layer (the
+ * split the CPU executor makes, kv__attn_job_layer). */
+static kv_status cuda_move(const struct kv__attn_job *j, bool to_cache, kv_cuda_stream stream)
+{
+    if (!j->scale_layer_stride || j->n_layers == 1)
+        return kv__cuda_attn_move(j, to_cache, stream);
+    for (uint32_t l = 0; l < j->n_layers; l++) {
+        struct kv__attn_job one;
+        kv__attn_job_layer(j, l, &one);
+        const kv_status st = kv__cuda_attn_move(&one, to_cache, stream);
+        if (st != KV_OK)
+            return st;
+    }
+    return KV_OK;
+}
+
 kv_status kv_attn_write_cuda(struct kv_paged_cache cache, int32_t layer, const struct kv_view *k,
                              const struct kv_view *v, const int64_t *slots, int64_t n_slots,
                              const struct kv_scales *scales, kv_cuda_stream stream)
@@ -15,7 +31,7 @@ kv_status kv_attn_write_cuda(struct kv_paged_cache cache, int32_t layer, const s
         kv__attn_write_check("kv_attn_write_cuda", &cache, layer, k, v, slots, n_slots, scales, &j);
     if (st != KV_OK)
         return st;
-    st = kv__cuda_attn_move(&j, true, stream);
+    st = cuda_move(&j, true, stream);
     if (st == KV_OK)
         kv__attn_count(&j, true);
     kv__attn_job_free(&j);
@@ -32,7 +48,7 @@ kv_status kv_attn_read_cuda(struct kv_paged_cache cache, int32_t layer,
         kv__attn_read_check("kv_attn_read_cuda", &cache, layer, pages, k_out, v_out, scales, &j);
     if (st != KV_OK)
         return st;
-    st = kv__cuda_attn_move(&j, false, stream);
+    st = cuda_move(&j, false, stream);
     if (st == KV_OK)
         kv__attn_count(&j, true);
     kv__attn_job_free(&j);

@@ -33,6 +33,13 @@ struct kv__attn_tensor {
     int64_t n_tokens;                                            /* T */
 };
 
+/* The part of a write or read job j that covers its layer layer0 + lrel
+ * alone (n_layers 1, the tensors' bases and the scales of that layer): how
+ * the CPU and CUDA executors run a KV_ATTN_ALL_LAYERS call whose scales
+ * differ per layer. *out shares j's runs (free only j). */
+struct kv__attn_job;
+void kv__attn_job_layer(const struct kv__attn_job *j, uint32_t lrel, struct kv__attn_job *out);
+
 /* Decode: sequence s's pages are page_ids[page_start[s] .. page_start[s+1])
  * and it has seq_tokens[s] tokens. */
 struct kv__attn_job {
@@ -49,9 +56,11 @@ struct kv__attn_job {
     int64_t n_runs;
     int64_t max_run; /* longest run, tokens */
 
-    /* scales: [n_scales] each, 1 or H; NULL = 1 */
+    /* scales: [n_scales] each, 1 or H, of layer0; NULL = 1. Layer layer0 +
+     * lrel's are at k_scale + lrel * scale_layer_stride (0: shared). */
     const float *k_scale, *v_scale;
     uint32_t n_scales;
+    int64_t scale_layer_stride;
 
     /* decode */
     struct kv__attn_tensor q, out; /* [S][Hq][D]: token = sequence, head = query head */

@@ -127,6 +127,7 @@
     X(kv_scales, k)                                                                                \
     X(kv_scales, v)                                                                                \
     X(kv_scales, n)                                                                                \
+    X(kv_scales, layers)                                                                           \
     X(kv_pages, format)                                                                            \
     X(kv_pages, n_seqs)                                                                            \
     X(kv_pages, page_ratio)                                                                        \

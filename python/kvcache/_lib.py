@@ -187,7 +187,7 @@ class PagedCache(ctypes.Structure):
 
 class Scales(ctypes.Structure):
     _fields_ = [("k", ctypes.POINTER(ctypes.c_float)), ("v", ctypes.POINTER(ctypes.c_float)),
-                ("n", ctypes.c_uint32)]
+                ("n", ctypes.c_uint32), ("layers", ctypes.c_uint32)]
 
 
 class Pages(ctypes.Structure):

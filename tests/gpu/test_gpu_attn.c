@@ -252,7 +252,7 @@ static void round_trip(int i)
     const int64_t L = all ? cfg.num_layers : 0, H = cfg.num_heads, D = cfg.head_dim;
     const int32_t layer = all ? KV_ATTN_ALL_LAYERS : (int32_t)range(&rng, 0, 1);
     float ks[4] = {0.25f, 0.5f, 0.75f, 1.0f}, vs[4] = {1.5f, 0.75f, 0.5f, 0.375f};
-    struct kv_scales sc = {ks, vs, i % 7 == 3 ? (uint32_t)H : 1};
+    struct kv_scales sc = {ks, vs, i % 7 == 3 ? (uint32_t)H : 1, 0};
     const struct kv_scales *scp = (i % 7 == 3 || i % 5 >= 3) ? &sc : NULL;
     char what[160];
     snprintf(what, sizeof(what), "case %d (N %lld D %lld H %lld %s->%s mode %d)", i,
@@ -479,7 +479,7 @@ static void scale_rules(void)
     static const int32_t indptr[2] = {0, 2}, indices[2] = {5, 2}, last[1] = {2};
     static const uint8_t codes[8] = {0x7C, 0xFC, 0x7D, 0x7E, 0xFD, 0x7B, 0x83, 0x80};
     static const float ks[SR_H] = {3.0f, 0.3f}, vs[SR_H] = {7.0f, 1.1f}, one[1] = {1.0f};
-    const struct kv_scales sc = {ks, vs, SR_H}, sc1 = {one, one, 1};
+    const struct kv_scales sc = {ks, vs, SR_H, 0}, sc1 = {one, one, 1, 0};
     struct kv_pages pg;
     memset(&pg, 0, sizeof(pg));
     pg.format = KV_PAGES_CSR, pg.n_seqs = 1, pg.page_ratio = 1;

@@ -345,7 +345,7 @@ static void run_round_trip(const struct rt_case *rc, uint64_t seed)
             memcpy(src_copy[kv], src.buf[kv], src.bytes[kv]);
     }
     float ks[8], vs[8];
-    struct kv_scales sc = {ks, vs, rc->scales == 2 ? (uint32_t)H : 1};
+    struct kv_scales sc = {ks, vs, rc->scales == 2 ? (uint32_t)H : 1, 0};
     for (int64_t h = 0; h < 8; h++) {
         ks[h] = rc->scales ? 0.25f * (float)(h + 1) : 1.0f;
         vs[h] = rc->scales ? 1.5f / (float)(h + 1) : 1.0f;
@@ -521,7 +521,7 @@ static void test_attn_scaled_write_divides(void **state)
 {
     (void)state;
     static const float ks[SM_H] = {3.0f, 0.3f}, vs[SM_H] = {7.0f, 1.1f};
-    const struct kv_scales sc = {ks, vs, SM_H};
+    const struct kv_scales sc = {ks, vs, SM_H, 0};
     const struct kv_pages pg = sm_pages();
     for (int strided = 0; strided < 2; strided++) {
         struct fix f;
@@ -569,6 +569,126 @@ static void test_attn_scaled_write_divides(void **state)
                     }
         fix_free(&f);
     }
+}
+
+/* Scales per layer (struct kv_scales.layers == L): a KV_ATTN_ALL_LAYERS
+ * write stores layer l's elements as convert(x / scale[l][h]) and the read
+ * gives stored * scale[l][h], against the reference conversion, the whole
+ * pool compared; a one-layer call and decode take layer l's row; a row
+ * count that is neither 1 nor L, or a bad value in a row the call reads, is
+ * refused naming it, with nothing written. */
+#define PL_L 3
+static void test_attn_per_layer_scales(void **state)
+{
+    (void)state;
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = PL_L, cfg.num_blocks = 8, cfg.block_tokens = 4, cfg.num_heads = SM_H;
+    cfg.head_dim = SM_D, cfg.dtype = KV_FP8_E4M3, cfg.block_pad_elems = 16;
+    struct fix f;
+    fix_init(&f, &cfg, 77);
+    float ks[PL_L][SM_H], vs[PL_L][SM_H];
+    for (int l = 0; l < PL_L; l++)
+        for (int h = 0; h < SM_H; h++) {
+            ks[l][h] = 0.25f * (float)(1 + l * SM_H + h);
+            vs[l][h] = 3.0f / (float)(1 + l + h);
+        }
+    const struct kv_scales per = {&ks[0][0], &vs[0][0], SM_H, PL_L};
+    static float src[2][PL_L * SM_ELEMS], out[2][PL_L * SM_ELEMS];
+    uint64_t rng = 5;
+    for (int kv = 0; kv < 2; kv++)
+        for (int64_t i = 0; i < PL_L * SM_ELEMS; i++)
+            src[kv][i] = (float)kvt_range(&rng, -4000, 4000) / 64.0f;
+    const int64_t shape[4] = {PL_L, SM_T, SM_H, SM_D};
+    struct kv_view k, v, ko, vo;
+    assert_int_equal(kv_view_init(src[0], sizeof(src[0]), KV_F32, 4, shape, &k), KV_OK);
+    assert_int_equal(kv_view_init(src[1], sizeof(src[1]), KV_F32, 4, shape, &v), KV_OK);
+    assert_int_equal(kv_attn_write(f.c, KV_ATTN_ALL_LAYERS, &k, &v, sm_slots, SM_T, &per), KV_OK);
+    for (int64_t l = 0; l < PL_L; l++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int64_t t = 0; t < SM_T; t++)
+                for (int64_t h = 0; h < SM_H; h++)
+                    for (int64_t d = 0; d < SM_D; d++) {
+                        const float *x = &src[kv][((l * SM_T + t) * SM_H + h) * SM_D + d];
+                        ref_store(KV_FP8_E4M3, ref_at(&f, f.ref, l, kv, sm_slots[t], h, d), KV_F32,
+                                  (const unsigned char *)x, (kv ? vs : ks)[l][h], true, true);
+                    }
+    check_pool(&f, "a write of every layer, scales per layer");
+
+    /* The read of every layer: stored * scale[l][h], bit for bit. */
+    const struct kv_pages pg = sm_pages();
+    assert_int_equal(kv_view_init(out[0], sizeof(out[0]), KV_F32, 4, shape, &ko), KV_OK);
+    assert_int_equal(kv_view_init(out[1], sizeof(out[1]), KV_F32, 4, shape, &vo), KV_OK);
+    assert_int_equal(kv_attn_read(f.c, KV_ATTN_ALL_LAYERS, &pg, &ko, &vo, &per), KV_OK);
+    for (int64_t l = 0; l < PL_L; l++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int64_t t = 0; t < SM_T; t++)
+                for (int64_t h = 0; h < SM_H; h++)
+                    for (int64_t d = 0; d < SM_D; d++) {
+                        float want;
+                        ref_store(KV_F32, (unsigned char *)&want, KV_FP8_E4M3,
+                                  ref_at(&f, f.ref, l, kv, sm_slots[t], h, d), (kv ? vs : ks)[l][h],
+                                  true, false);
+                        const float got = out[kv][((l * SM_T + t) * SM_H + h) * SM_D + d];
+                        uint32_t gb, wb;
+                        memcpy(&gb, &got, 4);
+                        memcpy(&wb, &want, 4);
+                        if (gb != wb)
+                            fail_msg("read l%lld %c t%lld h%lld d%lld: %a, want %a", (long long)l,
+                                     kv ? 'V' : 'K', (long long)t, (long long)h, (long long)d,
+                                     (double)got, (double)want);
+                    }
+
+    /* One layer's call with the per-layer table is that row's call. */
+    const int64_t shape1[3] = {SM_T, SM_H, SM_D};
+    struct kv_view k1, v1;
+    assert_int_equal(kv_view_init(src[0], SM_ELEMS * 4, KV_F32, 3, shape1, &k1), KV_OK);
+    assert_int_equal(kv_view_init(src[1], SM_ELEMS * 4, KV_F32, 3, shape1, &v1), KV_OK);
+    assert_int_equal(kv_attn_write(f.c, 2, &k1, &v1, sm_slots, SM_T, &per), KV_OK);
+    for (int kv = 0; kv < 2; kv++)
+        for (int64_t t = 0; t < SM_T; t++)
+            for (int64_t h = 0; h < SM_H; h++)
+                for (int64_t d = 0; d < SM_D; d++)
+                    ref_store(KV_FP8_E4M3, ref_at(&f, f.ref, 2, kv, sm_slots[t], h, d), KV_F32,
+                              (const unsigned char *)&src[kv][(t * SM_H + h) * SM_D + d],
+                              (kv ? vs : ks)[2][h], true, true);
+    check_pool(&f, "a write of layer 2 with the per-layer table");
+
+    /* Decode of layer 1 with the table == decode with layer 1's row shared. */
+    static float q[SM_H * SM_D], o1[SM_H * SM_D], o2[SM_H * SM_D];
+    for (int i = 0; i < SM_H * SM_D; i++)
+        q[i] = (float)kvt_range(&rng, -100, 100) / 50.0f;
+    const int64_t qs[3] = {1, SM_H, SM_D};
+    struct kv_view qv, ov1, ov2;
+    assert_int_equal(kv_view_init(q, sizeof(q), KV_F32, 3, qs, &qv), KV_OK);
+    assert_int_equal(kv_view_init(o1, sizeof(o1), KV_F32, 3, qs, &ov1), KV_OK);
+    assert_int_equal(kv_view_init(o2, sizeof(o2), KV_F32, 3, qs, &ov2), KV_OK);
+    const struct kv_scales row1 = {ks[1], vs[1], SM_H, 1};
+    assert_int_equal(kv_attn_decode(f.c, 1, &qv, &pg, 0.3f, &per, &ov1), KV_OK);
+    assert_int_equal(kv_attn_decode(f.c, 1, &qv, &pg, 0.3f, &row1, &ov2), KV_OK);
+    assert_memory_equal(o1, o2, sizeof(o1));
+
+    /* Refusals: 2 rows for 3 layers; a NaN in a row the call reads. */
+    memcpy(f.ref, f.pool, f.bytes);
+    const struct kv_scales two = {&ks[0][0], &vs[0][0], SM_H, 2};
+    assert_int_equal(kv_attn_write(f.c, KV_ATTN_ALL_LAYERS, &k, &v, sm_slots, SM_T, &two),
+                     KV_ERR_INVALID_ARG);
+    assert_non_null(strstr(kv_last_error(), "scales for 2 layers"));
+    const float keep = vs[2][1];
+    vs[2][1] = NAN;
+    assert_int_equal(kv_attn_write(f.c, KV_ATTN_ALL_LAYERS, &k, &v, sm_slots, SM_T, &per),
+                     KV_ERR_INVALID_ARG);
+    assert_non_null(strstr(kv_last_error(), "V scale 1 of layer 2"));
+    assert_int_equal(kv_attn_write(f.c, 0, &k1, &v1, sm_slots, SM_T, &per), KV_OK); /* row 0 */
+    vs[2][1] = keep;
+    for (int kv = 0; kv < 2; kv++)
+        for (int64_t t = 0; t < SM_T; t++)
+            for (int64_t h = 0; h < SM_H; h++)
+                for (int64_t d = 0; d < SM_D; d++)
+                    ref_store(KV_FP8_E4M3, ref_at(&f, f.ref, 0, kv, sm_slots[t], h, d), KV_F32,
+                              (const unsigned char *)&src[kv][(t * SM_H + h) * SM_D + d],
+                              (kv ? vs : ks)[0][h], true, true);
+    check_pool(&f, "refusals wrote nothing; layer 0's write its row");
+    fix_free(&f);
 }
 
 /* e5m2 codes, and what any scaled call (scale 1.0 included) or any
@@ -649,7 +769,7 @@ static void test_attn_scale_one_still_converts(void **state)
 {
     (void)state;
     static const float one[1] = {1.0f};
-    const struct kv_scales sc1 = {one, one, 1};
+    const struct kv_scales sc1 = {one, one, 1, 0};
     static uint8_t k8[2 * SM_ELEMS], v8[2 * SM_ELEMS];
     static float k32[2 * SM_ELEMS];
     for (int strided = 0; strided < 2; strided++) {
@@ -855,7 +975,7 @@ static void run_decode(const struct dec_case *dc, uint64_t seed, const int64_t *
     (void)qq;
     (void)pb;
     float ksv = kscale, vsv = vscale;
-    struct kv_scales scl = {&ksv, &vsv, 1};
+    struct kv_scales scl = {&ksv, &vsv, 1, 0};
     const float smscale = 1.0f / sqrtf((float)D);
     kv_status stt = kv_attn_decode(f.c, layer, &q, &pages, smscale, dc->scales ? &scl : NULL, &out);
     if (stt != KV_OK)
@@ -1083,7 +1203,7 @@ static void test_attn_refusals_leave_the_pool_alone(void **state)
     i32.strides[1] = 8, i32.strides[0] = 16;
     REFUSED(kv_attn_write(f.c, 0, &i32, &p.v, slots, 4, NULL), KV_ERR_INVALID_ARG, "dtype i32");
     float zero = 0.0f, one = 1.0f, nanv = NAN;
-    struct kv_scales s0 = {&zero, &one, 1}, sn = {&one, &nanv, 1}, s3 = {&one, &one, 3};
+    struct kv_scales s0 = {&zero, &one, 1, 0}, sn = {&one, &nanv, 1, 0}, s3 = {&one, &one, 3, 0};
     REFUSED(kv_attn_write(f.c, 0, &p.k, &p.v, slots, 4, &s0), KV_ERR_INVALID_ARG, "K scale 0 is 0");
     REFUSED(kv_attn_write(f.c, 0, &p.k, &p.v, slots, 4, &sn), KV_ERR_INVALID_ARG, "V scale 0");
     REFUSED(kv_attn_write(f.c, 0, &p.k, &p.v, slots, 4, &s3), KV_ERR_INVALID_ARG, "3 scales");
@@ -1409,6 +1529,7 @@ int main(void)
         cmocka_unit_test(test_attn_write_read_every_layout_and_dtype),
         cmocka_unit_test(test_attn_large_pool_scattered),
         cmocka_unit_test(test_attn_scaled_write_divides),
+        cmocka_unit_test(test_attn_per_layer_scales),
         cmocka_unit_test(test_attn_scale_one_still_converts),
         cmocka_unit_test(test_attn_decode_every_layout),
         cmocka_unit_test(test_attn_decode_dtypes),
