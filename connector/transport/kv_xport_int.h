@@ -44,6 +44,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "kv_lib.h"
 #include "kv_transport.h"
@@ -217,6 +218,15 @@ struct kv_xport_xfer {
 /* Monotonic nanoseconds; now + ms as nanoseconds. */
 uint64_t kv__xport_now_ns(void);
 uint64_t kv__xport_deadline_ns(uint32_t timeout_ms);
+/* A deadline timeout_ms from now, for pthread_cond_timedwait. */
+struct timespec kv__xport_deadline_ts(uint32_t timeout_ms);
+/* mu held: wait on x->cv until ts; false once it passed. A manual transport
+ * (no progress thread) makes one round of progress instead. */
+bool kv__xport_wait_until(kv_xport *x, const struct timespec *ts);
+/* Append ", <n> <what>" and, when given, " (ids a b ...)" to buf (the
+ * messages naming what is still held). */
+void kv__xport_held_say(char *buf, size_t cap, uint64_t n, const char *what, const uint64_t *ids,
+                        uint32_t n_ids);
 
 /* mu held: entry i of t ended with st (KV_OK: all its bytes moved). */
 void kv__xport_entry_end(kv_xport_xfer *t, uint32_t i, kv_status st);
