@@ -1,7 +1,8 @@
 /*
- * kv_attn_cpu.c - the CPU executors of the attention kernels and their public
- * entry points. Each entry runs the kernel's validator (kv_attn_check.c), then
- * the job, in parallel with OpenMP (kv_threads()).
+ * kv_attn_cpu.c - the CPU executors of write, read and copy-blocks and their
+ * public entry points (decode: kv_attn_cpu_decode.c). Each entry runs the
+ * kernel's validator (kv_attn_check.c), then the job, in parallel with
+ * OpenMP (kv_threads()).
  *
  *   write / read   runs (consecutive slots of one block <-> consecutive
  *                  tokens) x layers, split over threads. A run moves
@@ -13,13 +14,6 @@
  *                  The next runs' cache lines are prefetched (decode steps
  *                  scatter single tokens over the pool).
  *   copy           whole blocks as the layout's byte runs (kv_layout_block_runs)
- *   decode         (sequence, group of KV heads) tasks over threads (a group
- *                  of several heads where a token's head rows are adjacent,
- *                  NHD, so its whole row is read at once); per head the
- *                  g = Hq/H queries sharing it, chunks of 32 tokens: scores,
- *                  one rescale of the online softmax per chunk, then V.
- *                  Cache rows are read in place, converted in registers, the
- *                  scales folded into the score and the weight.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -49,7 +43,7 @@
  * more than it saves). */
 #define KV__PAR_MIN_BYTES ((int64_t)256 << 10)
 
-static int threads_for(int64_t bytes)
+int kv__attn_threads_for(int64_t bytes)
 {
     return bytes < KV__PAR_MIN_BYTES ? 1 : kv_threads();
 }
@@ -105,12 +99,12 @@ static KV__INLINE void copy_elem(char *d, const char *s, int64_t es)
 #define KV__NT_MIN_BYTES ((int64_t)8 << 20)
 
 static int64_t kv__nt_min = KV__NT_MIN_BYTES;
-static bool kv__portable;
+bool kv__attn_portable;
 
 void kv__attn_test_tune(int64_t nt_min_bytes, bool portable)
 {
     kv__nt_min = nt_min_bytes < 0 ? KV__NT_MIN_BYTES : nt_min_bytes;
-    kv__portable = portable;
+    kv__attn_portable = portable;
 }
 
 /* Copy n bytes with streaming stores (dst and n multiples of 16). */
@@ -358,7 +352,7 @@ static kv_status exec_move(const struct kv__attn_job *j, bool to_cache)
     const int64_t items = j->n_runs * (int64_t)j->n_layers;
     const int64_t bytes =
         items ? items * (j->max_run ? j->max_run : 1) * H * D * lo->elem_bytes * 2 : 0;
-    const int nt = threads_for(bytes);
+    const int nt = kv__attn_threads_for(bytes);
     c.nt = bytes >= kv__nt_min;
 #pragma omp parallel num_threads(nt)
     {
@@ -389,7 +383,7 @@ static void exec_copy(const struct kv__attn_job *j)
         return;
     const int64_t per = probe.run_count; /* the same for every block */
     const int64_t items = (int64_t)j->n_copies * per;
-    const int nt = threads_for(items * probe.run_bytes);
+    const int nt = kv__attn_threads_for(items * probe.run_bytes);
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t it = 0; it < items; it++) {
         const struct kv_block_copy *cp = &j->copies[it / per];
@@ -402,410 +396,6 @@ static void exec_copy(const struct kv__attn_job *j)
             memcpy(base + rd.first_offset_bytes + r * rd.run_stride_bytes,
                    base + rs.first_offset_bytes + r * rs.run_stride_bytes, (size_t)rs.run_bytes);
     }
-}
-
-/* ---- decode attention ------------------------------------------------------------ */
-
-#define KV__CHUNK 32
-
-/* Per-dtype row loads, inlined into the dot product and the V accumulation
- * (switches hoisted out of the inner loops by instantiating each). */
-#define KV__LOAD_F32(p, i) (((const float *)(p))[i])
-#define KV__LOAD_F16(p, i) kv_f16_to_f32(((const uint16_t *)(p))[i])
-#define KV__LOAD_BF16(p, i) kv_bf16_to_f32(((const uint16_t *)(p))[i])
-#define KV__LOAD_E4M3(p, i) kv_e4m3_to_f32(((const uint8_t *)(p))[i])
-#define KV__LOAD_E5M2(p, i) kv_e5m2_to_f32(((const uint8_t *)(p))[i])
-
-struct kv__dec_tok {
-    const void *k, *v; /* rows of the KV head: D elements each */
-};
-
-#define KV__DEFINE_CHUNK(NAME, LOAD)                                                               \
-    static void NAME(const struct kv__dec_tok *tok, int n, int g, int64_t D, const float *q,       \
-                     float kmul, float vmul, float *m, float *l, float *acc, float *sc)            \
-    {                                                                                              \
-        for (int t = 0; t < n; t++) {                                                              \
-            const void *kp = tok[t].k;                                                             \
-            for (int qi = 0; qi < g; qi++) {                                                       \
-                const float *qq = q + (int64_t)qi * D;                                             \
-                float s = 0.0f;                                                                    \
-                _Pragma("omp simd reduction(+ : s)") for (int64_t d = 0; d < D; d++) s +=          \
-                    qq[d] * LOAD(kp, d);                                                           \
-                sc[qi * KV__CHUNK + t] = s * kmul;                                                 \
-            }                                                                                      \
-        }                                                                                          \
-        for (int qi = 0; qi < g; qi++) {                                                           \
-            float *sq = sc + qi * KV__CHUNK, mx = m[qi];                                           \
-            for (int t = 0; t < n; t++)                                                            \
-                mx = sq[t] > mx ? sq[t] : mx;                                                      \
-            const float corr = m[qi] == -INFINITY ? 0.0f : expf(m[qi] - mx);                       \
-            float sum = 0.0f;                                                                      \
-            for (int t = 0; t < n; t++) {                                                          \
-                sq[t] = expf(sq[t] - mx);                                                          \
-                sum += sq[t];                                                                      \
-            }                                                                                      \
-            l[qi] = l[qi] * corr + sum;                                                            \
-            m[qi] = mx;                                                                            \
-            float *a = acc + (int64_t)qi * D;                                                      \
-            if (corr != 1.0f) {                                                                    \
-                _Pragma("omp simd") for (int64_t d = 0; d < D; d++) a[d] *= corr;                  \
-            }                                                                                      \
-        }                                                                                          \
-        for (int t = 0; t < n; t++) {                                                              \
-            const void *vp = tok[t].v;                                                             \
-            for (int qi = 0; qi < g; qi++) {                                                       \
-                const float w = sc[qi * KV__CHUNK + t] * vmul;                                     \
-                float *a = acc + (int64_t)qi * D;                                                  \
-                _Pragma("omp simd") for (int64_t d = 0; d < D; d++) a[d] += w * LOAD(vp, d);       \
-            }                                                                                      \
-        }                                                                                          \
-    }
-
-KV__DEFINE_CHUNK(chunk_f32, KV__LOAD_F32)
-KV__DEFINE_CHUNK(chunk_f16, KV__LOAD_F16)
-KV__DEFINE_CHUNK(chunk_bf16, KV__LOAD_BF16)
-KV__DEFINE_CHUNK(chunk_e4m3, KV__LOAD_E4M3)
-KV__DEFINE_CHUNK(chunk_e5m2, KV__LOAD_E5M2)
-
-typedef void (*kv__chunk_fn)(const struct kv__dec_tok *, int, int, int64_t, const float *, float,
-                             float, float *, float *, float *, float *);
-
-/* ---- the AVX2/FMA chunk (x86-64, chosen at run time) ------------------------------
- * The same computation as KV__DEFINE_CHUNK for f32, f16 and bf16 caches and
- * D a multiple of 8, written for 8-lane registers: the scores of up to four
- * queries sharing a KV head come from one load and conversion of each K
- * row; the V accumulation keeps four queries' accumulators of one 8-wide
- * slice in registers across the chunk's tokens, so each V slice is loaded
- * and converted once. The online softmax is the portable one. */
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
-#define KV__HAVE_AVX2 1
-#define KV__AVX2 __attribute__((target("avx2,fma,f16c")))
-
-KV__AVX2 static inline __m256 ld8_f32(const void *p)
-{
-    return _mm256_loadu_ps((const float *)p);
-}
-KV__AVX2 static inline __m256 ld8_f16(const void *p)
-{
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-}
-KV__AVX2 static inline __m256 ld8_bf16(const void *p)
-{
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-}
-KV__AVX2 static inline float hsum8(__m256 v)
-{
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
-}
-
-/* e^x for x <= 0 (a score minus the running max), 8 lanes: x = k ln2 + r,
- * |r| <= ln2 / 2, e^r by a degree-6 polynomial (relative error below 2e-7,
- * a few float ulps), times 2^k through the exponent bits; x < -87 gives 0
- * (as expf underflows there). */
-KV__AVX2 static inline __m256 exp8_nonpos(__m256 x)
-{
-    const __m256 lo = _mm256_set1_ps(-87.0f);
-    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_max_ps(x, lo);
-    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693145751953125f), x);
-    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(1.428606765330187045e-06f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    const __m256i e =
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
-
-/* softmax bookkeeping of one chunk (scores sc[qi][t] in place -> weights
- * times vmul; acc rescaled), shared by the AVX2 chunks */
-KV__AVX2 static void chunk_softmax(int n, int g, int64_t D, float vmul, float *m, float *l,
-                                   float *acc, float *sc)
-{
-    for (int qi = 0; qi < g; qi++) {
-        float *sq = sc + qi * KV__CHUNK, mx = m[qi];
-        for (int t = 0; t < n; t++)
-            mx = sq[t] > mx ? sq[t] : mx;
-        const float corr = m[qi] == -INFINITY ? 0.0f : expf(m[qi] - mx);
-        float sum = 0.0f;
-        int t = 0;
-        if (n == KV__CHUNK) {
-            const __m256 mx8 = _mm256_set1_ps(mx), vm8 = _mm256_set1_ps(vmul);
-            __m256 s8 = _mm256_setzero_ps();
-            for (; t < KV__CHUNK; t += 8) {
-                const __m256 e8 = exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(sq + t), mx8));
-                s8 = _mm256_add_ps(s8, e8);
-                _mm256_storeu_ps(sq + t, _mm256_mul_ps(e8, vm8));
-            }
-            sum = hsum8(s8);
-        }
-        for (; t < n; t++) {
-            sq[t] = expf(sq[t] - mx);
-            sum += sq[t];
-            sq[t] *= vmul;
-        }
-        l[qi] = l[qi] * corr + sum;
-        m[qi] = mx;
-        if (corr != 1.0f) {
-            float *a = acc + (int64_t)qi * D;
-            const __m256 c8 = _mm256_set1_ps(corr);
-            for (int64_t d = 0; d < D; d += 8)
-                _mm256_storeu_ps(a + d, _mm256_mul_ps(_mm256_loadu_ps(a + d), c8));
-        }
-    }
-}
-
-#define KV__DEFINE_CHUNK_AVX2(NAME, LD8, ES)                                                       \
-    KV__AVX2 static void NAME(const struct kv__dec_tok *tok, int n, int g, int64_t D,              \
-                              const float *q, float kmul, float vmul, float *m, float *l,          \
-                              float *acc, float *sc)                                               \
-    {                                                                                              \
-        for (int t = 0; t < n; t++) {                                                              \
-            const char *kp = (const char *)tok[t].k;                                               \
-            int q0 = 0;                                                                            \
-            for (; q0 + 4 <= g; q0 += 4) {                                                         \
-                const float *qa = q + (int64_t)q0 * D;                                             \
-                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                        \
-                for (int64_t d = 0; d < D; d += 8) {                                               \
-                    const __m256 k8 = LD8(kp + d * (ES));                                          \
-                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + d), k8, a0);                         \
-                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + D + d), k8, a1);                     \
-                    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + 2 * D + d), k8, a2);                 \
-                    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + 3 * D + d), k8, a3);                 \
-                }                                                                                  \
-                sc[(q0 + 0) * KV__CHUNK + t] = hsum8(a0) * kmul;                                   \
-                sc[(q0 + 1) * KV__CHUNK + t] = hsum8(a1) * kmul;                                   \
-                sc[(q0 + 2) * KV__CHUNK + t] = hsum8(a2) * kmul;                                   \
-                sc[(q0 + 3) * KV__CHUNK + t] = hsum8(a3) * kmul;                                   \
-            }                                                                                      \
-            for (; q0 < g; q0++) {                                                                 \
-                const float *qa = q + (int64_t)q0 * D;                                             \
-                __m256 a0 = _mm256_setzero_ps();                                                   \
-                for (int64_t d = 0; d < D; d += 8)                                                 \
-                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + d), LD8(kp + d * (ES)), a0);         \
-                sc[q0 * KV__CHUNK + t] = hsum8(a0) * kmul;                                         \
-            }                                                                                      \
-        }                                                                                          \
-        chunk_softmax(n, g, D, vmul, m, l, acc, sc);                                               \
-        int q0 = 0;                                                                                \
-        for (; q0 + 4 <= g; q0 += 4) {                                                             \
-            float *ac = acc + (int64_t)q0 * D;                                                     \
-            const float *w0 = sc + q0 * KV__CHUNK;                                                 \
-            for (int64_t d = 0; d < D; d += 8) {                                                   \
-                __m256 a0 = _mm256_loadu_ps(ac + d), a1 = _mm256_loadu_ps(ac + D + d);             \
-                __m256 a2 = _mm256_loadu_ps(ac + 2 * D + d), a3 = _mm256_loadu_ps(ac + 3 * D + d); \
-                for (int t = 0; t < n; t++) {                                                      \
-                    const __m256 v8 = LD8((const char *)tok[t].v + d * (ES));                      \
-                    a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w0 + t), v8, a0);                     \
-                    a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(w0 + KV__CHUNK + t), v8, a1);         \
-                    a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(w0 + 2 * KV__CHUNK + t), v8, a2);     \
-                    a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(w0 + 3 * KV__CHUNK + t), v8, a3);     \
-                }                                                                                  \
-                _mm256_storeu_ps(ac + d, a0);                                                      \
-                _mm256_storeu_ps(ac + D + d, a1);                                                  \
-                _mm256_storeu_ps(ac + 2 * D + d, a2);                                              \
-                _mm256_storeu_ps(ac + 3 * D + d, a3);                                              \
-            }                                                                                      \
-        }                                                                                          \
-        for (; q0 < g; q0++) {                                                                     \
-            float *ac = acc + (int64_t)q0 * D;                                                     \
-            const float *w0 = sc + q0 * KV__CHUNK;                                                 \
-            for (int64_t d = 0; d < D; d += 8) {                                                   \
-                __m256 a0 = _mm256_loadu_ps(ac + d);                                               \
-                for (int t = 0; t < n; t++)                                                        \
-                    a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w0 + t),                              \
-                                         LD8((const char *)tok[t].v + d * (ES)), a0);              \
-                _mm256_storeu_ps(ac + d, a0);                                                      \
-            }                                                                                      \
-        }                                                                                          \
-    }
-
-KV__DEFINE_CHUNK_AVX2(chunk_avx2_f32, ld8_f32, 4)
-KV__DEFINE_CHUNK_AVX2(chunk_avx2_f16, ld8_f16, 2)
-KV__DEFINE_CHUNK_AVX2(chunk_avx2_bf16, ld8_bf16, 2)
-
-static bool cpu_has_avx2(void)
-{
-    static int has = -1; /* benign race: every thread computes the same value */
-    if (has < 0) {
-        __builtin_cpu_init();
-        /* F16C from CPUID leaf 1 (ECX bit 29): clang before 15 has no "f16c"
-         * feature string for __builtin_cpu_supports */
-        unsigned a, b, c, d;
-        const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
-        has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-    }
-    return has == 1;
-}
-#else
-#define KV__HAVE_AVX2 0
-#endif
-
-bool kv__attn_decode_simd(kv_dtype dt, int64_t D)
-{
-#if KV__HAVE_AVX2
-    return !kv__portable && D % 8 == 0 && (dt == KV_F32 || dt == KV_F16 || dt == KV_BF16) &&
-           cpu_has_avx2();
-#else
-    (void)dt, (void)D;
-    return false;
-#endif
-}
-
-static kv__chunk_fn chunk_for(kv_dtype dt, int64_t D)
-{
-#if KV__HAVE_AVX2
-    if (kv__attn_decode_simd(dt, D))
-        return dt == KV_F32 ? chunk_avx2_f32 : dt == KV_F16 ? chunk_avx2_f16 : chunk_avx2_bf16;
-#endif
-    (void)D;
-    switch (dt) {
-    case KV_F16:
-        return chunk_f16;
-    case KV_BF16:
-        return chunk_bf16;
-    case KV_FP8_E4M3:
-        return chunk_e4m3;
-    case KV_FP8_E5M2:
-        return chunk_e5m2;
-    default:
-        return chunk_f32;
-    }
-}
-
-/* Most KV heads a decode task groups (docs/kernels.md). */
-#define KV__HEAD_GROUP_MAX 16
-
-/* One chunk of n tokens for each of the hb heads h0.. of a task: tok holds
- * head h0's rows; head h0 + hi's are hi head strides further. */
-static void decode_group(const struct kv__attn_job *j, kv__chunk_fn chunk,
-                         const struct kv__dec_tok *tok, struct kv__dec_tok *th, int n, int64_t hb,
-                         int64_t h0, int g, const float *q, float *m, float *l, float *acc,
-                         float *sc)
-{
-    const int64_t D = j->cache.layout.head_dim, hs = j->cache.layout.stride_head_bytes;
-    for (int64_t hi = 0; hi < hb; hi++) {
-        const int64_t h = h0 + hi;
-        const float ks = j->k_scale ? j->k_scale[j->n_scales == 1 ? 0 : h] : 1.0f;
-        const float vs = j->v_scale ? j->v_scale[j->n_scales == 1 ? 0 : h] : 1.0f;
-        const struct kv__dec_tok *use = tok;
-        if (hi > 0) {
-            for (int t = 0; t < n; t++) {
-                th[t].k = (const char *)tok[t].k + hi * hs;
-                th[t].v = (const char *)tok[t].v + hi * hs;
-            }
-            use = th;
-        }
-        chunk(use, n, g, D, q + hi * g * D, ks, vs, m + hi * g, l + hi * g, acc + hi * g * D, sc);
-    }
-}
-
-static kv_status exec_decode(const struct kv__attn_job *j)
-{
-    const struct kv_layout *lo = &j->cache.layout;
-    const int64_t H = lo->num_heads, D = lo->head_dim, S = j->n_seqs;
-    const int g = (int)(j->q_heads / (uint32_t)H);
-    const int64_t pt = j->page_tokens, rowb = D * lo->elem_bytes;
-    const kv__chunk_fn chunk = chunk_for(lo->dtype, D);
-    int64_t total_tokens = 0;
-    for (int64_t s = 0; s < S; s++)
-        total_tokens += j->seq_tokens[s];
-    const int nt = threads_for(total_tokens * H * D * lo->elem_bytes * 2);
-    /* A task is a sequence and a group of hb KV heads. Where a token's head
-     * rows are adjacent (NHD), the group is as many heads as still leave 4
-     * tasks a thread, so a token's whole row (H x D elements) is read at
-     * once instead of D elements every token stride; otherwise (HND: a
-     * head's rows of a block are adjacent already) one head. */
-    int64_t hb = 1;
-    if (lo->stride_head_bytes == rowb)
-        for (hb = H < KV__HEAD_GROUP_MAX ? H : KV__HEAD_GROUP_MAX; hb > 1; hb--)
-            if (H % hb == 0 && S * (H / hb) >= 4 * (int64_t)nt)
-                break;
-    const int64_t tasks = S * (H / hb), ghd = (int64_t)g * D;
-    /* per thread: q [hb][g][D], acc [hb][g][D], m [hb][g], l [hb][g],
-     * scores [g][CHUNK] */
-    const size_t per = (size_t)(2 * hb * ghd + 2 * hb * g + g * KV__CHUNK) * sizeof(float);
-    float *scratch = kv__mem_alloc_aligned(64, per * (size_t)nt + 64);
-    if (!scratch)
-        return kv__error(KV_ERR_NO_MEMORY, "kv_attn_decode: %zu bytes of scratch", per * nt);
-#pragma omp parallel num_threads(nt)
-    {
-        float *q = scratch + (size_t)omp_get_thread_num() * (per / sizeof(float));
-        float *acc = q + hb * ghd, *m = acc + hb * ghd, *l = m + hb * g, *sc = l + hb * g;
-        struct kv__dec_tok tok[2][KV__CHUNK]; /* the chunk computed, the next one fetched */
-        struct kv__dec_tok th[KV__CHUNK];     /* the chunk's rows of one head of the group */
-#pragma omp for schedule(dynamic, 4)
-        for (int64_t task = 0; task < tasks; task++) {
-            const int64_t s = task / (H / hb), h0 = task % (H / hb) * hb;
-            for (int64_t hi = 0; hi < hb; hi++)
-                for (int qi = 0; qi < g; qi++) {
-                    const char *qp =
-                        j->q.base + s * j->q.token_stride + ((h0 + hi) * g + qi) * j->q.head_stride;
-                    float *qq = q + hi * ghd + (int64_t)qi * D;
-                    for (int64_t d = 0; d < D; d++)
-                        qq[d] = kv_to_f32(j->q.dtype, qp + d * j->q.dim_stride) * j->softmax_scale;
-                    m[hi * g + qi] = -INFINITY;
-                    l[hi * g + qi] = 0.0f;
-                }
-            memset(acc, 0, (size_t)(hb * ghd) * sizeof(float));
-            /* tokens in chunks of KV__CHUNK: chunk c+1's rows (every head of
-             * the group) are gathered and prefetched before chunk c is
-             * computed, head after head */
-            int n = 0, cur = 0, ready = 0;
-            int64_t left = j->seq_tokens[s];
-            for (int64_t pj = j->page_start[s]; pj < j->page_start[s + 1] && left > 0; pj++) {
-                const int64_t in_page = left < pt ? left : pt;
-                for (int64_t i = 0; i < in_page; i++) {
-                    const int64_t slot = kv_attn_page_slot(j->page_ids[pj], pt, i);
-                    const char *kb = (const char *)j->cache.base +
-                                     kv_layout_slot_offset_bytes(lo, j->layer0, 0, slot) +
-                                     h0 * lo->stride_head_bytes;
-                    struct kv__dec_tok *tt = &tok[cur ^ 1][n];
-                    tt->k = kb;
-                    tt->v = kb + lo->stride_kv_bytes;
-                    for (int64_t b = 0; b < hb * rowb; b += 64) { /* hb > 1: rows adjacent */
-                        __builtin_prefetch(kb + b, 0, 3);
-                        __builtin_prefetch(kb + lo->stride_kv_bytes + b, 0, 3);
-                    }
-                    if (++n == KV__CHUNK) {
-                        if (ready)
-                            decode_group(j, chunk, tok[cur], th, ready, hb, h0, g, q, m, l, acc,
-                                         sc);
-                        cur ^= 1;
-                        ready = n;
-                        n = 0;
-                    }
-                }
-                left -= in_page;
-            }
-            if (ready)
-                decode_group(j, chunk, tok[cur], th, ready, hb, h0, g, q, m, l, acc, sc);
-            if (n)
-                decode_group(j, chunk, tok[cur ^ 1], th, n, hb, h0, g, q, m, l, acc, sc);
-            for (int64_t hi = 0; hi < hb; hi++)
-                for (int qi = 0; qi < g; qi++) {
-                    char *op = j->out.base + s * j->out.token_stride +
-                               ((h0 + hi) * g + qi) * j->out.head_stride;
-                    const float lq = l[hi * g + qi];
-                    const float inv = lq > 0.0f ? 1.0f / lq : 0.0f; /* no tokens: zeros */
-                    const float *aq = acc + hi * ghd + (int64_t)qi * D;
-                    for (int64_t d = 0; d < D; d++)
-                        kv_from_f32(j->out.dtype, aq[d] * inv, op + d * j->out.dim_stride);
-                }
-        }
-    }
-    kv__mem_free(scratch);
-    return KV_OK;
 }
 
 /* ---- public entry points ------------------------------------------------------- */
@@ -856,20 +446,4 @@ kv_status kv_attn_copy_blocks(struct kv_paged_cache cache, const struct kv_block
                                            (uint64_t)cache.layout.block_bytes);
     kv__attn_job_free(&j);
     return kv__ok();
-}
-
-kv_status kv_attn_decode(struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q,
-                         const struct kv_pages *pages, float softmax_scale,
-                         const struct kv_scales *scales, const struct kv_view *out)
-{
-    struct kv__attn_job j;
-    kv_status st = kv__attn_decode_check("kv_attn_decode", &cache, layer, q, pages, softmax_scale,
-                                         scales, out, &j);
-    if (st != KV_OK)
-        return st;
-    st = exec_decode(&j);
-    if (st == KV_OK)
-        kv__attn_count(&j, false);
-    kv__attn_job_free(&j);
-    return st == KV_OK ? kv__ok() : st;
 }

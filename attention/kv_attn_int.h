@@ -33,6 +33,10 @@ struct kv__attn_tensor {
     int64_t n_tokens;                                            /* T */
 };
 
+/* Threads for CPU work of `bytes`: 1 below 256 KiB (a fork/join costs more
+ * than it saves), else kv_threads(). */
+int kv__attn_threads_for(int64_t bytes);
+
 /* The part of a write or read job j that covers its layer layer0 + lrel
  * alone (n_layers 1, the tensors' bases and the scales of that layer): how
  * the CPU and CUDA executors run a KV_ATTN_ALL_LAYERS call whose scales
@@ -104,6 +108,8 @@ void kv__attn_job_free(struct kv__attn_job *job);
  *   portable      true: decode attention never takes the AVX2 path
  * Process-wide; not thread-safe against running kernels. */
 void kv__attn_test_tune(int64_t nt_min_bytes, bool portable);
+/* Set by kv__attn_test_tune: the portable (non-SIMD, non-streaming) paths only. */
+extern bool kv__attn_portable;
 /* Whether decode attention of dtype dt and head dim D takes the AVX2/FMA
  * path on this CPU (with the current tuning). */
 bool kv__attn_decode_simd(kv_dtype dt, int64_t D);
