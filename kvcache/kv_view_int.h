@@ -44,4 +44,15 @@ static inline bool kv__wrap_dim(int dim, int ndim, int *out)
     return true;
 }
 
+/* Shared by kv_view.c, kv_view_ops.c and kv_view_reshape.c. */
+/* KV_ERR_NULL naming a or b when NULL (b may be absent: bn NULL). */
+kv_status kv__view_null(const char *fn, const void *a, const char *an, const void *b,
+                        const char *bn);
+/* The element count of shape[n] (false on overflow). */
+bool kv__shape_numel(const int64_t *shape, int n, int64_t *out);
+/* src valid, as kv_view_check says, with fn's name on the message. */
+kv_status kv__check_src(const char *fn, const struct kv_view *src);
+/* KV_ERR_BAD_DIM naming dim and the valid range for ndim. */
+kv_status kv__bad_dim(const char *fn, int dim, int ndim);
+
 #endif /* KV_VIEW_INT_H */
