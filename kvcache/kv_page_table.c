@@ -1,6 +1,7 @@
-/* kv_page_table.c - per-sequence block lists, copy-on-write, prefix reuse,
- * and the vLLM / FlashInfer exports. Model: kv_page_table.h and
- * docs/page-table.md. */
+/* kv_page_table.c - per-sequence block lists, copy-on-write, prefix reuse
+ * and the queries; the vLLM / FlashInfer exports are in
+ * kv_page_table_export.c, the state in kv_page_table_int.h. Model:
+ * kv_page_table.h and docs/page-table.md. */
 #include <assert.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -11,49 +12,7 @@
 #include "kv_page_table.h"
 #include "kv_lib.h"
 
-/*
- * One sequence. Invariants (checked by seq_check() in debug builds):
- *
- *     live  => n_blocks == ceil(n_tokens / N)
- *     n_committed <= n_blocks <= cap,  n_blocks <= max_blocks_per_seq
- *     blocks [0, n_committed) are sealed: hashes[i] is block i's chained hash
- *     prefix caching off => n_committed == 0, hashes == tokens == NULL
- */
-struct kv__seq {
-    uint32_t *blocks; /* [cap] physical block ids */
-    uint64_t *hashes; /* [cap] chained hash of committed block i (prefix caching only) */
-    int32_t *tokens;  /* [cap * N] token ids (prefix caching only) */
-    uint32_t cap;     /* blocks the arrays can hold */
-    uint32_t n_blocks;
-    uint32_t n_committed;
-    uint64_t n_tokens;
-    uint64_t extra_key;
-    bool live;
-};
-
-struct kv_page_table {
-    struct kv_page_table_config cfg;
-    uint32_t N;           /* tokens per block */
-    uint32_t r;           /* kernel pages per block */
-    uint32_t page_tokens; /* N / r */
-    bool prefix;          /* prefix caching on */
-
-    struct kv__seq *seqs; /* [max_seqs], lazily zeroed pages: only ids < fresh_id touched */
-    uint32_t *free_ids;   /* [max_seqs] stack of retired ids (LIFO) */
-    uint32_t n_retired;   /* entries on free_ids */
-    uint32_t fresh_id;    /* ids >= fresh_id were never handed out */
-    uint32_t n_free; /* live_seqs + n_free == max_seqs; n_free == n_retired + max_seqs - fresh_id */
-
-    /* Copies not yet done, oldest first: [0, n_taken) taken by the caller,
-     * [n_taken, n_copies) still queued. Each holds one reference on its src
-     * and one on its dst until kv_page_table_copies_done() (or destroy). */
-    struct kv_block_copy *copies; /* [cap_copies] */
-    uint32_t n_copies, n_taken, cap_copies;
-
-    bool any_block;  /* a block id was ever held */
-    uint32_t max_id; /* largest block id ever held (for the int32 export check) */
-    struct kv_page_table_stats stats;
-};
+#include "kv_page_table_int.h"
 
 /* ---- helpers --------------------------------------------------------------- */
 
@@ -105,7 +64,7 @@ static void note_ids(kv_page_table *pt, const uint32_t *ids, uint32_t n)
         }
 }
 
-static struct kv__seq *seq_get(const kv_page_table *pt, uint32_t id)
+struct kv__seq *kv__pt_seq_get(const kv_page_table *pt, uint32_t id)
 {
     if (id >= pt->cfg.max_seqs || !pt->seqs[id].live)
         return NULL;
@@ -399,7 +358,7 @@ kv_status kv_page_table_seq_set_extra_key(kv_page_table *pt, uint32_t seq, uint6
 {
     if (!pt)
         return kv__error(KV_ERR_NULL, "kv_page_table_seq_set_extra_key: pt is NULL");
-    struct kv__seq *s = seq_get(pt, seq);
+    struct kv__seq *s = kv__pt_seq_get(pt, seq);
     if (!s)
         return bad_seq("kv_page_table_seq_set_extra_key", pt, seq);
     if (s->n_tokens != 0)
@@ -417,7 +376,7 @@ kv_status kv_page_table_seq_reuse_prefix(kv_page_table *pt, uint32_t seq, const 
     if (!pt || !cached_tokens)
         return kv__error(KV_ERR_NULL, "kv_page_table_seq_reuse_prefix: %s is NULL",
                          !pt ? "pt" : "cached_tokens");
-    struct kv__seq *s = seq_get(pt, seq);
+    struct kv__seq *s = kv__pt_seq_get(pt, seq);
     if (!s)
         return bad_seq("kv_page_table_seq_reuse_prefix", pt, seq);
     if (s->n_tokens != 0)
@@ -530,7 +489,7 @@ kv_status kv_page_table_blocks_needed(const kv_page_table *pt, uint32_t seq, uin
     if (!pt || !blocks)
         return kv__error(KV_ERR_NULL, "kv_page_table_blocks_needed: %s is NULL",
                          !pt ? "pt" : "blocks");
-    const struct kv__seq *s = seq_get(pt, seq);
+    const struct kv__seq *s = kv__pt_seq_get(pt, seq);
     if (!s)
         return bad_seq("kv_page_table_blocks_needed", pt, seq);
     kv_status st = append_plan("kv_page_table_blocks_needed", pt, seq, s, n, &total, &need, &cow);
@@ -545,7 +504,7 @@ kv_status kv_page_table_seq_append(kv_page_table *pt, uint32_t seq, const int32_
 {
     if (!pt)
         return kv__error(KV_ERR_NULL, "kv_page_table_seq_append: pt is NULL");
-    struct kv__seq *s = seq_get(pt, seq);
+    struct kv__seq *s = kv__pt_seq_get(pt, seq);
     if (!s)
         return bad_seq("kv_page_table_seq_append", pt, seq);
     if (n == 0)
@@ -650,7 +609,7 @@ kv_status kv_page_table_seq_fork(kv_page_table *pt, uint32_t parent, uint32_t *c
     if (!pt || !child_out)
         return kv__error(KV_ERR_NULL, "kv_page_table_seq_fork: %s is NULL",
                          !pt ? "pt" : "child_out");
-    struct kv__seq *p = seq_get(pt, parent);
+    struct kv__seq *p = kv__pt_seq_get(pt, parent);
     if (!p)
         return bad_seq("kv_page_table_seq_fork", pt, parent);
     if (pt->n_free == 0)
@@ -695,7 +654,7 @@ kv_status kv_page_table_seq_truncate(kv_page_table *pt, uint32_t seq, uint64_t n
 {
     if (!pt)
         return kv__error(KV_ERR_NULL, "kv_page_table_seq_truncate: pt is NULL");
-    struct kv__seq *s = seq_get(pt, seq);
+    struct kv__seq *s = kv__pt_seq_get(pt, seq);
     if (!s)
         return bad_seq("kv_page_table_seq_truncate", pt, seq);
     if (n_tokens > s->n_tokens)
@@ -726,7 +685,7 @@ kv_status kv_page_table_seq_free(kv_page_table *pt, uint32_t seq)
 {
     if (!pt)
         return kv__error(KV_ERR_NULL, "kv_page_table_seq_free: pt is NULL");
-    struct kv__seq *s = seq_get(pt, seq);
+    struct kv__seq *s = kv__pt_seq_get(pt, seq);
     if (!s)
         return bad_seq("kv_page_table_seq_free", pt, seq);
     if (s->n_blocks) {
@@ -752,7 +711,7 @@ kv_status kv_page_table_seq_len(const kv_page_table *pt, uint32_t seq, uint64_t 
 {
     if (!pt || !n_tokens)
         return kv__error(KV_ERR_NULL, "kv_page_table_seq_len: %s is NULL", !pt ? "pt" : "n_tokens");
-    const struct kv__seq *s = seq_get(pt, seq);
+    const struct kv__seq *s = kv__pt_seq_get(pt, seq);
     if (!s)
         return bad_seq("kv_page_table_seq_len", pt, seq);
     *n_tokens = s->n_tokens;
@@ -767,7 +726,7 @@ kv_status kv_page_table_seq_blocks(const kv_page_table *pt, uint32_t seq, const 
                          !pt       ? "pt"
                          : !blocks ? "blocks"
                                    : "n_blocks");
-    const struct kv__seq *s = seq_get(pt, seq);
+    const struct kv__seq *s = kv__pt_seq_get(pt, seq);
     if (!s)
         return bad_seq("kv_page_table_seq_blocks", pt, seq);
     *blocks = s->blocks;
@@ -779,7 +738,7 @@ kv_status kv_page_table_slot(const kv_page_table *pt, uint32_t seq, uint64_t t, 
 {
     if (!pt || !slot)
         return kv__error(KV_ERR_NULL, "kv_page_table_slot: %s is NULL", !pt ? "pt" : "slot");
-    const struct kv__seq *s = seq_get(pt, seq);
+    const struct kv__seq *s = kv__pt_seq_get(pt, seq);
     if (!s)
         return bad_seq("kv_page_table_slot", pt, seq);
     if (t >= s->n_tokens)
@@ -841,212 +800,4 @@ void kv_page_table_stats_get(const kv_page_table *pt, struct kv_page_table_stats
         return;
     *out = pt->stats;
     out->copies_held = pt->n_copies;
-}
-
-/* ---- exports ----------------------------------------------------------------- */
-
-static kv_status check_page_ids(const kv_page_table *pt, const char *fn)
-{
-    if (pt->any_block && (uint64_t)pt->max_id * pt->r + (pt->r - 1) > (uint64_t)INT32_MAX)
-        return kv__error(KV_ERR_OVERFLOW,
-                         "%s: block id %" PRIu32 " x page_ratio %" PRIu32
-                         " does not fit an int32 page id",
-                         fn, pt->max_id, pt->r);
-    return KV_OK;
-}
-
-static inline uint64_t seq_pages(const kv_page_table *pt, const struct kv__seq *s)
-{
-    return (s->n_tokens + pt->page_tokens - 1) / pt->page_tokens;
-}
-
-/* Pages [0, n_pages) of s into dst: block b -> b*r .. b*r + r-1. */
-static void write_pages(const kv_page_table *pt, const struct kv__seq *s, uint64_t n_pages,
-                        int32_t *dst)
-{
-    const uint32_t r = pt->r;
-    if (r == 1) {
-        for (uint64_t j = 0; j < n_pages; j++)
-            dst[j] = (int32_t)s->blocks[j];
-        return;
-    }
-    uint64_t j = 0;
-    for (uint32_t b = 0; j < n_pages; b++) {
-        int32_t first = (int32_t)(s->blocks[b] * r);
-        for (uint32_t k = 0; k < r && j < n_pages; k++)
-            dst[j++] = first + (int32_t)k;
-    }
-}
-
-kv_status kv_page_table_export_vllm(const kv_page_table *pt, const uint32_t *seqs, uint32_t n_seqs,
-                                    const struct kv_token_range *ranges,
-                                    const struct kv_vllm_export *out)
-{
-    static const char fn[] = "kv_page_table_export_vllm";
-    if (!pt || !out || (!seqs && n_seqs))
-        return kv__error(KV_ERR_NULL, "%s: %s is NULL", fn, !pt ? "pt" : !out ? "out" : "seqs");
-    if (out->slot_mapping && !ranges && n_seqs)
-        return kv__error(KV_ERR_NULL, "%s: ranges is NULL but slot_mapping is requested", fn);
-    kv_status st = check_page_ids(pt, fn);
-    if (st != KV_OK)
-        return st;
-
-    /* pass 1: validate everything, size the outputs. The slot mapping is
-     * sized (and ranges checked) when it is written or, given ranges, when
-     * the sizes are asked for: a size query checks what the export would. */
-    const bool slots_sized = out->slot_mapping || (out->sizes && ranges);
-    uint64_t max_pages = 0, total = 0;
-    for (uint32_t i = 0; i < n_seqs; i++) {
-        const struct kv__seq *s = seq_get(pt, seqs[i]);
-        if (!s)
-            return kv__error(KV_ERR_NOT_FOUND, "%s: seqs[%" PRIu32 "] = %" PRIu32 " is not live",
-                             fn, i, seqs[i]);
-        uint64_t pages = seq_pages(pt, s);
-        if (pages > max_pages)
-            max_pages = pages;
-        if (slots_sized) {
-            const struct kv_token_range *rg = &ranges[i];
-            if (rg->start > s->n_tokens || rg->count > s->n_tokens - rg->start)
-                return kv__error(KV_ERR_OUT_OF_BOUNDS,
-                                 "%s: ranges[%" PRIu32 "] = [%" PRIu64 ", +%" PRIu64
-                                 ") outside seq %" PRIu32 " of %" PRIu64 " tokens",
-                                 fn, i, rg->start, rg->count, seqs[i], s->n_tokens);
-            if (out->tokens_per_seq && rg->count > out->tokens_per_seq)
-                return kv__error(KV_ERR_INVALID_ARG,
-                                 "%s: ranges[%" PRIu32 "].count %" PRIu64
-                                 " > tokens_per_seq %" PRIu32,
-                                 fn, i, rg->count, out->tokens_per_seq);
-            total += rg->count;
-        }
-    }
-    if (max_pages > UINT32_MAX) /* not reached with distinct blocks: page ids are < 2^31 */
-        return kv__error(KV_ERR_OVERFLOW,
-                         "%s: %" PRIu64 " pages in one sequence exceed a uint32 column count", fn,
-                         max_pages);
-    if (out->block_table) {
-        if (max_pages > out->block_table_cols)
-            return kv__error(KV_ERR_INVALID_ARG,
-                             "%s: block_table_cols %" PRIu32 " < %" PRIu64
-                             " pages of the longest sequence",
-                             fn, out->block_table_cols, max_pages);
-        if ((uint64_t)n_seqs * out->block_table_cols > out->block_table_len)
-            return kv__error(KV_ERR_INVALID_ARG,
-                             "%s: block_table_len %" PRIu64 " < %" PRIu32 " seqs x %" PRIu32
-                             " cols",
-                             fn, out->block_table_len, n_seqs, out->block_table_cols);
-    }
-    uint64_t slots = !slots_sized          ? 0
-                     : out->tokens_per_seq ? (uint64_t)n_seqs * out->tokens_per_seq
-                                           : total;
-    if (out->slot_mapping && slots > out->slot_mapping_len)
-        return kv__error(KV_ERR_INVALID_ARG,
-                         "%s: slot_mapping_len %" PRIu64 " < %" PRIu64 " slots needed", fn,
-                         out->slot_mapping_len, slots);
-    if (out->seq_lens && out->seq_lens_len < n_seqs)
-        return kv__error(KV_ERR_INVALID_ARG, "%s: seq_lens_len %" PRIu64 " < n_seqs %" PRIu32, fn,
-                         out->seq_lens_len, n_seqs);
-
-    /* pass 2: fill */
-    if (out->block_table) {
-        const uint64_t cols = out->block_table_cols;
-        for (uint32_t i = 0; i < n_seqs; i++) {
-            const struct kv__seq *s = &pt->seqs[seqs[i]];
-            int32_t *row = out->block_table + i * cols; /* [cols] */
-            uint64_t pages = seq_pages(pt, s);
-            write_pages(pt, s, pages, row);
-            for (uint64_t j = pages; j < cols; j++)
-                row[j] = out->block_table_pad;
-        }
-    }
-    if (out->slot_mapping) {
-        int64_t *sm = out->slot_mapping; /* [slot_mapping_len] */
-        const uint64_t N = pt->N;
-        uint64_t pos = 0;
-        for (uint32_t i = 0; i < n_seqs; i++) {
-            const struct kv__seq *s = &pt->seqs[seqs[i]];
-            uint64_t t = ranges[i].start, end = t + ranges[i].count;
-            if (out->tokens_per_seq)
-                pos = (uint64_t)i * out->tokens_per_seq;
-            while (t < end) { /* one block at a time: no division per token */
-                uint64_t off = t % N, chunk = N - off;
-                if (chunk > end - t)
-                    chunk = end - t;
-                int64_t first = (int64_t)s->blocks[t / N] * (int64_t)N + (int64_t)off;
-                for (uint64_t k = 0; k < chunk; k++)
-                    sm[pos + k] = first + (int64_t)k;
-                pos += chunk;
-                t += chunk;
-            }
-            if (out->tokens_per_seq)
-                for (uint64_t e = (uint64_t)(i + 1) * out->tokens_per_seq; pos < e; pos++)
-                    sm[pos] = -1;
-        }
-        for (; pos < out->slot_mapping_len; pos++)
-            sm[pos] = -1;
-    }
-    if (out->seq_lens) {
-        int64_t *sl = out->seq_lens; /* [seq_lens_len] */
-        for (uint32_t i = 0; i < n_seqs; i++)
-            sl[i] = (int64_t)pt->seqs[seqs[i]].n_tokens; /* < 2^32 * 2^31 */
-    }
-    if (out->sizes)
-        *out->sizes = (struct kv_vllm_export_sizes){.block_table_cols = (uint32_t)max_pages,
-                                                    .block_table_len = (uint64_t)n_seqs * max_pages,
-                                                    .slot_mapping_len = slots,
-                                                    .seq_lens_len = n_seqs};
-    return kv__ok();
-}
-
-kv_status kv_page_table_export_flashinfer(const kv_page_table *pt, const uint32_t *seqs,
-                                          uint32_t n_seqs, const struct kv_flashinfer_export *out,
-                                          uint64_t *nnz_out)
-{
-    static const char fn[] = "kv_page_table_export_flashinfer";
-    if (!pt || (!seqs && n_seqs))
-        return kv__error(KV_ERR_NULL, "%s: %s is NULL", fn, !pt ? "pt" : "seqs");
-    /* out NULL: a size query (every buffer NULL) */
-    static const struct kv_flashinfer_export none = {0};
-    const struct kv_flashinfer_export *o = out ? out : &none;
-    kv_status st = check_page_ids(pt, fn);
-    if (st != KV_OK)
-        return st;
-
-    uint64_t nnz = 0;
-    for (uint32_t i = 0; i < n_seqs; i++) {
-        const struct kv__seq *s = seq_get(pt, seqs[i]);
-        if (!s)
-            return kv__error(KV_ERR_NOT_FOUND, "%s: seqs[%" PRIu32 "] = %" PRIu32 " is not live",
-                             fn, i, seqs[i]);
-        nnz += seq_pages(pt, s);
-    }
-    if (nnz > (uint64_t)INT32_MAX)
-        return kv__error(KV_ERR_OVERFLOW, "%s: %" PRIu64 " pages exceed int32 indptr", fn, nnz);
-    if (o->indptr && o->indptr_len < (uint64_t)n_seqs + 1)
-        return kv__error(KV_ERR_INVALID_ARG, "%s: indptr_len %" PRIu64 " < n_seqs + 1 = %" PRIu64,
-                         fn, o->indptr_len, (uint64_t)n_seqs + 1);
-    if (o->last_page_len && o->last_page_len_len < n_seqs)
-        return kv__error(KV_ERR_INVALID_ARG, "%s: last_page_len_len %" PRIu64 " < n_seqs %" PRIu32,
-                         fn, o->last_page_len_len, n_seqs);
-    if (o->indices && o->indices_len < nnz)
-        return kv__error(KV_ERR_INVALID_ARG, "%s: indices_len %" PRIu64 " < nnz %" PRIu64, fn,
-                         o->indices_len, nnz);
-
-    const uint64_t P = pt->page_tokens;
-    uint64_t at = 0;
-    if (o->indptr)
-        o->indptr[0] = 0;
-    for (uint32_t i = 0; i < n_seqs; i++) {
-        const struct kv__seq *s = &pt->seqs[seqs[i]];
-        uint64_t pages = seq_pages(pt, s);
-        if (o->indices)
-            write_pages(pt, s, pages, o->indices + at);
-        at += pages;
-        if (o->indptr)
-            o->indptr[i + 1] = (int32_t)at;
-        if (o->last_page_len) /* empty: 0 pages, last_page_len 0 (FlashInfer's convention) */
-            o->last_page_len[i] = pages ? (int32_t)(s->n_tokens - (pages - 1) * P) : 0;
-    }
-    if (nnz_out)
-        *nnz_out = nnz;
-    return kv__ok();
 }
