@@ -115,6 +115,13 @@ ifeq ($(HAVE_RDMA)$(if $(filter %_verbs.c,$(foreach m,$(MODULES),$(wildcard $(m)
 LIBS += -libverbs
 endif
 
+# XXH3 on x86-64 goes through libxxhash's own CPU dispatcher
+# (XXH3_64bits_dispatch in xxh_x86dispatch.h: SSE2, AVX2 or AVX-512; see
+# kvcache/kv_xxh3.c). A shared library links even with that symbol missing
+# and fails only when loaded, so a probe program must compile and link
+# against -lxxhash first, once per build folder, or the build stops here.
+XXH_PROBE := $(if $(filter x86_64-%,$(shell $(CC) -dumpmachine)),$(BUILD)/xxhash-dispatch.ok)
+
 # Backend sources: *_cuda.c / *.cu only with CUDA, *_verbs.c only with RDMA.
 SRC_ALL := $(foreach m,$(MODULES),$(wildcard $(m)/*.c $(m)/*/*.c))
 SRC     := $(filter-out $(if $(filter 1,$(HAVE_CUDA)),,%_cuda.c) \
@@ -177,6 +184,19 @@ deps:
 
 info:
 	@echo "CUDA=$(HAVE_CUDA) (nvcc: $(or $(NVCC),none)) RDMA=$(HAVE_RDMA) SANITIZE=$(or $(SANITIZE),none) BUILD=$(BUILD)"
+
+$(BUILD)/xxhash-dispatch.ok:
+	@mkdir -p $(dir $@)
+	$(Q)printf '#include <xxh_x86dispatch.h>\nint main(void) { return XXH3_64bits_dispatch("", 0) == 0; }\n' \
+	    > $(BUILD)/xxhash-dispatch.c
+	$(Q)$(CC) -o $(BUILD)/xxhash-dispatch $(BUILD)/xxhash-dispatch.c -lxxhash \
+	    2> $(BUILD)/xxhash-dispatch.log || { cat $(BUILD)/xxhash-dispatch.log >&2; \
+	    echo "kvcache: this libxxhash has no XXH3_64bits_dispatch (xxh_x86dispatch.h, built" \
+	         "with its x86 dispatcher, as Debian 12's libxxhash-dev 0.8.1 is): see the error above" >&2; \
+	    exit 1; }
+	$(Q)touch $@
+
+$(OBJ): | $(XXH_PROBE)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -312,7 +332,7 @@ bench: deps
 # libFuzzer targets: the core sources rebuilt with clang's fuzzer + ASan/UBSan.
 FUZZ_CFLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
                -DKV_USE_LIBC_MALLOC -D_GNU_SOURCE -DKV_HAVE_CUDA=0 -DKV_HAVE_RDMA=0 $(inc_kvcache)
-$(BUILD)/fuzz/%: tests/fuzz/%.c $(wildcard kvcache/*.c kvcache/*.h)
+$(BUILD)/fuzz/%: tests/fuzz/%.c $(wildcard kvcache/*.c kvcache/*.h) $(XXH_PROBE)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  FUZZ   $@')
 	$(Q)$(CLANG) $(FUZZ_CFLAGS) -o $@ $< $(filter-out %_cuda.c %_verbs.c,$(wildcard kvcache/*.c)) -lxxhash -lm
@@ -322,7 +342,7 @@ $(BUILD)/fuzz/%: tests/fuzz/%.c $(wildcard kvcache/*.c kvcache/*.h)
 FUZZ_ALL_SRC := $(filter-out %_cuda.c %_verbs.c,$(foreach m,$(MODULES),$(wildcard $(m)/*.c $(m)/*/*.c)))
 FUZZ_CONNECTOR := $(BUILD)/fuzz/fuzz_unpack $(BUILD)/fuzz/fuzz_xport_rx
 $(FUZZ_CONNECTOR): $(BUILD)/fuzz/%: tests/fuzz/%.c $(FUZZ_ALL_SRC) $(foreach m,$(MODULES),$(wildcard $(m)/*.h $(m)/*/*.h)) \
-                   tests/common/kvt_xport_raw.h
+                   tests/common/kvt_xport_raw.h $(XXH_PROBE)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  FUZZ   $@')
 	$(Q)$(CLANG) $(FUZZ_CFLAGS) $(inc_binding) -Itests/common -fopenmp -Wno-unknown-pragmas \

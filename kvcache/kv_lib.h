@@ -89,10 +89,12 @@ const char *kv__fmt_list(char *buf, size_t cap, const int64_t *v, int n);
 }
 #endif
 
-/* XXH3-64 (seed 0) for bulk checksums (pack, offload): the AVX2 build of
- * xxHash where the CPU has it (3x libxxhash's portable SSE2 code on these
- * machines), libxxhash otherwise; the values are identical. The streaming
- * form hashes a buffer written piece by piece (kv__plan_copy_hash). */
+/* XXH3-64 (seed 0) for bulk checksums (pack, offload, the transport's
+ * frames): libxxhash's, through its x86 dispatcher (XXH3_64bits_dispatch:
+ * SSE2, AVX2 or AVX-512, whichever the CPU has; 3x the SSE2 code of the
+ * x86-64 baseline with AVX2), the plain calls elsewhere; the values are
+ * identical. The streaming form hashes a buffer written piece by piece
+ * (kv__plan_copy_hash, the TCP receiver). */
 struct kv__xxh3_state {
     unsigned char b[640] __attribute__((aligned(64))); /* an XXH3_state_t */
 };
@@ -100,7 +102,5 @@ uint64_t kv__xxh3_64(const void *p, size_t n);
 void kv__xxh3_reset(struct kv__xxh3_state *s);
 void kv__xxh3_update(struct kv__xxh3_state *s, const void *p, size_t n);
 uint64_t kv__xxh3_digest(const struct kv__xxh3_state *s);
-/* Whether the AVX2 code is the one in use (tests, bench reports). */
-bool kv__xxh3_is_avx2(void);
 
 #endif /* KV_LIB_H */

@@ -1,4 +1,5 @@
 /* kv_mem.c - host allocation through jemalloc, or libc under sanitizers. */
+#include <assert.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,4 +71,24 @@ const char *kv__mem_backend(void)
 void *kv__mem_alloc(size_t size)
 {
     return kv__mem_alloc_aligned(16, size);
+}
+
+void *kv__mem_grow(void *old, size_t *cap, size_t used, size_t need, size_t elem, size_t first)
+{
+    assert(need >= 1 && first >= 1 && used <= *cap);
+    if (need <= *cap)
+        return old;
+    size_t n = *cap ? *cap : first, bytes;
+    while (n < need)
+        n = n > SIZE_MAX / 2 ? need : 2 * n;
+    if (__builtin_mul_overflow(n, elem, &bytes))
+        return NULL;
+    void *p = kv__mem_alloc(bytes);
+    if (!p)
+        return NULL;
+    if (used)
+        memcpy(p, old, used * elem);
+    kv__mem_free(old);
+    *cap = n;
+    return p;
 }

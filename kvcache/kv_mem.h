@@ -31,6 +31,23 @@ void *kv__mem_calloc(size_t n, size_t size);
 /* Free memory from any kv__mem_* call; NULL is a no-op. */
 void kv__mem_free(void *p);
 
+/* Grow an array of elem-byte elements so that it holds at least need >= 1
+ * of them, by doubling: from *cap, or from first (>= 1) when *cap is 0.
+ * The first `used` elements move to the new array and old is freed.
+ * Returns the array to use from now on (old itself when need <= *cap) and
+ * sets *cap to its capacity; NULL when the capacity overflows or memory runs
+ * out, and then old and *cap are unchanged. old is any kv__mem_* array, or
+ * NULL with *cap 0:
+ *
+ *     if (n == cap) {
+ *         struct item *t = kv__mem_grow(items, &cap, n, n + 1, sizeof(*t), 8);
+ *         if (!t)
+ *             return kv__error(KV_ERR_NO_MEMORY, "...: %zu items", cap);
+ *         items = t;
+ *     }
+ */
+void *kv__mem_grow(void *old, size_t *cap, size_t used, size_t need, size_t elem, size_t first);
+
 /* "jemalloc" or "libc": which allocator this build uses. */
 const char *kv__mem_backend(void);
 

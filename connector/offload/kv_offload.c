@@ -593,17 +593,12 @@ kv_status kv_offload_staging_alloc(kv_offload *off, size_t bytes, void **ptr)
                        " of staging_bytes %zu in use",
                        bytes, off->st.staging_bytes, off->cfg.staging_bytes);
     } else if (off->n_stg == off->cap_stg) {
-        const size_t nc = off->cap_stg ? off->cap_stg * 2 : 8;
-        struct staging *g = kv__mem_alloc(nc * sizeof(*g));
-        if (!g) {
+        struct staging *g =
+            kv__mem_grow(off->stg, &off->cap_stg, off->n_stg, off->n_stg + 1, sizeof(*g), 8);
+        if (!g)
             st = kv__error(KV_ERR_NO_MEMORY, "kv_offload_staging_alloc: records");
-        } else {
-            if (off->n_stg)
-                memcpy(g, off->stg, off->n_stg * sizeof(*g));
-            kv__mem_free(off->stg);
+        else
             off->stg = g;
-            off->cap_stg = nc;
-        }
     }
     void *p = NULL;
     if (st == KV_OK) {

@@ -174,7 +174,8 @@ struct kv_xport_peer {
     bool user_owned;  /* the user holds a handle (connect, or accept returned it) */
     uint64_t nonce_local, nonce_remote; /* this connection's ids on each side */
     struct kv__xport_expo **exposed;    /* what this peer may write or read */
-    uint32_t n_exposed, cap_exposed;
+    uint32_t n_exposed;
+    size_t cap_exposed;
     uint32_t n_notes;     /* queued, not yet polled */
     kv_xport_xfer *xfers; /* not yet terminal, oldest first (via next) */
     kv_xport_xfer *xfers_tail;

@@ -186,17 +186,13 @@ kv_status kv_xport_mem_expose(kv_xport_peer *peer, kv_xport_mem *mem, void *blob
     }
     st = blob_make(peer, e, blob, cap, len);
     if (st == KV_OK && peer->n_exposed == peer->cap_exposed) {
-        const uint32_t c = peer->cap_exposed ? 2 * peer->cap_exposed : 4;
-        struct kv__xport_expo **t = kv__mem_alloc(c * sizeof(*t));
-        if (!t) {
-            st = kv__error(KV_ERR_NO_MEMORY, "xport_mem_expose: table of %u", c);
-        } else {
-            if (peer->n_exposed)
-                memcpy(t, peer->exposed, peer->n_exposed * sizeof(*t));
-            kv__mem_free(peer->exposed);
+        struct kv__xport_expo **t = kv__mem_grow(peer->exposed, &peer->cap_exposed, peer->n_exposed,
+                                                 (size_t)peer->n_exposed + 1, sizeof(*t), 4);
+        if (!t)
+            st = kv__error(KV_ERR_NO_MEMORY, "xport_mem_expose: growing the table of %zu",
+                           peer->cap_exposed);
+        else
             peer->exposed = t;
-            peer->cap_exposed = c;
-        }
     }
     if (st != KV_OK) {
         x->ops->unexpose(peer, e);

@@ -407,17 +407,13 @@ static kv_status adopt(struct kv__tcp *t, int fd)
         return kv__error(KV_ERR_CAPACITY, "xport tcp: a connection refused: %s", why);
     }
     if (t->n_unbound == t->cap_unbound) {
-        const uint32_t cap = t->cap_unbound ? 2 * t->cap_unbound : 8;
-        struct kv__tcp_conn **u = kv__mem_alloc(cap * sizeof(*u));
+        struct kv__tcp_conn **u = kv__mem_grow(t->unbound, &t->cap_unbound, t->n_unbound,
+                                               (size_t)t->n_unbound + 1, sizeof(*u), 8);
         if (!u) {
             close(fd);
             return kv__error(KV_ERR_NO_MEMORY, "xport tcp: a connection refused: no memory");
         }
-        if (t->n_unbound)
-            memcpy(u, t->unbound, t->n_unbound * sizeof(*u));
-        kv__mem_free(t->unbound);
         t->unbound = u;
-        t->cap_unbound = cap;
     }
     struct kv__tcp_conn *c = conn_new(fd);
     if (!c) {
@@ -596,25 +592,17 @@ static void unbound_drop(struct kv__tcp *t, uint32_t i)
     t->unbound[i] = t->unbound[--t->n_unbound];
 }
 
+/* Room for n entries in the poll set (rebuilt each round: nothing kept). */
 static bool pfd_reserve(struct kv__tcp *t, uint32_t n)
 {
-    if (n <= t->cap_pfd)
-        return true;
-    uint32_t cap = t->cap_pfd ? t->cap_pfd : 16;
-    while (cap < n)
-        cap *= 2;
-    struct pollfd *p = kv__mem_alloc(cap * sizeof(*p));
-    struct kv__tcp_conn **c = kv__mem_alloc(cap * sizeof(*c));
-    if (!p || !c) {
-        kv__mem_free(p);
-        kv__mem_free(c);
+    struct pollfd *p = kv__mem_grow(t->pfd, &t->cap_pfd, 0, n, sizeof(*p), 16);
+    if (!p)
         return false;
-    }
-    kv__mem_free(t->pfd);
-    kv__mem_free(t->pconn);
     t->pfd = p;
+    struct kv__tcp_conn **c = kv__mem_grow(t->pconn, &t->cap_pconn, 0, n, sizeof(*c), 16);
+    if (!c)
+        return false;
     t->pconn = c;
-    t->cap_pfd = cap;
     return true;
 }
 

@@ -151,12 +151,13 @@ struct kv__tcp {
     bool stop, thread;
     struct kv__tcp_peer *peers;
     struct kv__tcp_conn **unbound; /* incoming connections before their HELLO */
-    uint32_t n_unbound, cap_unbound;
+    uint32_t n_unbound;
+    size_t cap_unbound;
     uint64_t accept_pause_ns, accept_backoff_ns; /* the listener rests until then */
     bool accept_said;                            /* the back-off was reported (stderr) */
-    struct pollfd *pfd;
-    struct kv__tcp_conn **pconn;
-    uint32_t cap_pfd;
+    struct pollfd *pfd;                          /* [cap_pfd] */
+    struct kv__tcp_conn **pconn;                 /* [cap_pconn]: pfd[i]'s connection */
+    size_t cap_pfd, cap_pconn;
     char scratch[KV__TCP_SCRATCH];
 };
 

@@ -59,19 +59,10 @@ static bool ctl_reserve(struct kv__tcp_conn *c, size_t more)
         c->ctl_len -= c->ctl_off;
         c->ctl_off = 0;
     }
-    if (c->ctl_len + more <= c->ctl_cap)
-        return true;
-    size_t cap = c->ctl_cap ? c->ctl_cap : 4096;
-    while (cap < c->ctl_len + more)
-        cap *= 2;
-    unsigned char *b = kv__mem_alloc(cap);
+    unsigned char *b = kv__mem_grow(c->ctl, &c->ctl_cap, c->ctl_len, c->ctl_len + more, 1, 4096);
     if (!b)
         return false;
-    if (c->ctl_len)
-        memcpy(b, c->ctl, c->ctl_len);
-    kv__mem_free(c->ctl);
     c->ctl = b;
-    c->ctl_cap = cap;
     return true;
 }
 
