@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "kv_status.h"
 #include "kv_view.h"
@@ -80,6 +81,23 @@ static inline bool kv__add_i64(int64_t a, int64_t b, int64_t *out)
 {
     return !__builtin_add_overflow(a, b, out);
 }
+
+/* Timeouts and deadlines, on the monotonic clock (CLOCK_MONOTONIC: the
+ * clock of every condition variable the library waits on with a timeout),
+ * in nanoseconds (kv_clock.c):
+ *
+ *     const struct timespec ts = kv__deadline_ts(timeout_ms);
+ *     while (!done)
+ *         if (pthread_cond_timedwait(&cv, &mu, &ts) == ETIMEDOUT)
+ *             break;
+ */
+uint64_t kv__now_ns(void);
+/* kv__now_ns() + timeout_ms milliseconds. */
+uint64_t kv__deadline_ns(uint32_t timeout_ms);
+/* A kv__now_ns() time as the absolute timespec pthread_cond_timedwait takes. */
+struct timespec kv__ns_to_ts(uint64_t ns);
+/* kv__ns_to_ts(kv__deadline_ns(timeout_ms)). */
+struct timespec kv__deadline_ts(uint32_t timeout_ms);
 
 /* Format an int64 list as "[a,b,c]" into buf (always NUL-terminated; a list
  * that does not fit ends in "...]"). */

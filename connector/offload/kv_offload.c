@@ -482,14 +482,7 @@ kv_status kv_offload_wait(kv_offload_op *op, uint32_t timeout_ms, kv_offload_sta
 {
     if (!op)
         return kv__error(KV_ERR_NULL, "kv_offload_wait: op is NULL");
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
+    const struct timespec dl = kv__deadline_ts(timeout_ms);
     pthread_mutex_lock(&op->mu);
     while (!kv__off_terminal(op->state))
         if (pthread_cond_timedwait(&op->cv, &op->mu, &dl) != 0)

@@ -30,26 +30,6 @@ const char *kv_xport_kind_name(kv_xport_kind k)
     return "unknown";
 }
 
-uint64_t kv__xport_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-uint64_t kv__xport_deadline_ns(uint32_t timeout_ms)
-{
-    return kv__xport_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-}
-
-/* A deadline timeout_ms from now, for pthread_cond_timedwait. */
-struct timespec kv__xport_deadline_ts(uint32_t timeout_ms)
-{
-    const uint64_t ns = kv__xport_deadline_ns(timeout_ms);
-    return (struct timespec){.tv_sec = (time_t)(ns / 1000000000ull),
-                             .tv_nsec = (long)(ns % 1000000000ull)};
-}
-
 /* mu held: wait on x->cv until ts; false once it passed. A manual
  * transport (no progress thread) makes one round of progress instead. */
 bool kv__xport_wait_until(kv_xport *x, const struct timespec *ts)
@@ -58,9 +38,7 @@ bool kv__xport_wait_until(kv_xport *x, const struct timespec *ts)
         pthread_mutex_unlock(&x->mu);
         kv__xport_step(x, 0);
         pthread_mutex_lock(&x->mu);
-        struct timespec now;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        return now.tv_sec < ts->tv_sec || (now.tv_sec == ts->tv_sec && now.tv_nsec < ts->tv_nsec);
+        return kv__now_ns() < (uint64_t)ts->tv_sec * 1000000000ull + (uint64_t)ts->tv_nsec;
     }
     return pthread_cond_timedwait(&x->cv, &x->mu, ts) != ETIMEDOUT;
 }
@@ -256,9 +234,8 @@ kv_xport_peer *kv__xport_peer_new(kv_xport *x, bool outgoing)
      * one connection does not import on another). */
     static _Atomic uint64_t counter;
     const uint64_t c = ++counter;
-    p->nonce_local = kv__xxh3_64(&(uint64_t[3]){kv__xport_now_ns(), (uint64_t)getpid(), c},
-                                 3 * sizeof(uint64_t)) |
-                     1;
+    p->nonce_local =
+        kv__xxh3_64(&(uint64_t[3]){kv__now_ns(), (uint64_t)getpid(), c}, 3 * sizeof(uint64_t)) | 1;
     p->next = x->peers;
     x->peers = p;
     return p;
@@ -377,7 +354,7 @@ kv_status kv_xport_accept(kv_xport *x, uint32_t timeout_ms, kv_xport_peer **peer
         return kv__error(KV_ERR_NULL, "xport_accept: %s is NULL", !x ? "x" : "peer");
     if (!x->cfg.listen_host)
         return kv__error(KV_ERR_BAD_STATE, "xport_accept: this transport does not listen");
-    const struct timespec ts = kv__xport_deadline_ts(timeout_ms);
+    const struct timespec ts = kv__deadline_ts(timeout_ms);
     pthread_mutex_lock(&x->mu);
     while (!x->accept_head)
         if (!kv__xport_wait_until(x, &ts))
@@ -416,7 +393,7 @@ kv_status kv_xport_peer_wait(kv_xport_peer *peer, uint32_t timeout_ms, kv_xport_
     if (!peer)
         return kv__error(KV_ERR_NULL, "xport_peer_wait: peer is NULL");
     kv_xport *x = peer->x;
-    const struct timespec ts = kv__xport_deadline_ts(timeout_ms);
+    const struct timespec ts = kv__deadline_ts(timeout_ms);
     pthread_mutex_lock(&x->mu);
     while (peer->state == KV_XPORT_CONNECTING)
         if (!kv__xport_wait_until(x, &ts))
@@ -513,7 +490,7 @@ kv_status kv_xport_notify_poll(kv_xport *x, uint32_t timeout_ms, struct kv_xport
 {
     if (!x || !out)
         return kv__error(KV_ERR_NULL, "xport_notify_poll: %s is NULL", !x ? "x" : "out");
-    const struct timespec ts = kv__xport_deadline_ts(timeout_ms);
+    const struct timespec ts = kv__deadline_ts(timeout_ms);
     pthread_mutex_lock(&x->mu);
     while (!x->note_head)
         if (!kv__xport_wait_until(x, &ts))

@@ -216,11 +216,8 @@ struct kv_xport_xfer {
     char why[200];             /* kv_xport_xfer_error: the first failure's detail */
 };
 
-/* Monotonic nanoseconds; now + ms as nanoseconds. */
-uint64_t kv__xport_now_ns(void);
-uint64_t kv__xport_deadline_ns(uint32_t timeout_ms);
-/* A deadline timeout_ms from now, for pthread_cond_timedwait. */
-struct timespec kv__xport_deadline_ts(uint32_t timeout_ms);
+/* Clocks and deadlines: kv__now_ns / kv__deadline_ns / kv__deadline_ts
+ * (kvcache/kv_lib.h), the library's one monotonic clock. */
 /* mu held: wait on x->cv until ts; false once it passed. A manual transport
  * (no progress thread) makes one round of progress instead. */
 bool kv__xport_wait_until(kv_xport *x, const struct timespec *ts);

@@ -57,7 +57,7 @@ kv_status kv__rd_peer_verbs(struct rdma *r, struct rpeer *rp)
         if (!q->qp)
             return kv__error(KV_ERR_IO, "xport rdma: create_qp: %s", strerror(errno));
         q->drained = true; /* nothing posted yet */
-        q->psn = (uint32_t)(kv__xxh3_64(&(uint64_t[2]){kv__xport_now_ns(), i}, 16) & 0xffffff);
+        q->psn = (uint32_t)(kv__xxh3_64(&(uint64_t[2]){kv__now_ns(), i}, 16) & 0xffffff);
         struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
                                 .pkey_index = 0,
                                 .port_num = 1,
@@ -108,7 +108,7 @@ struct rpeer *kv__rd_rpeer_new(struct rdma *r, kv_xport_peer *p, kv_xport_peer *
     rp->oob = oob;
     rp->nq = r->x->cfg.conns_per_peer;
     rp->ph = PH_OOB;
-    rp->deadline_ns = kv__xport_now_ns() + (uint64_t)r->x->cfg.timeout_ms * 1000000ull;
+    rp->deadline_ns = kv__now_ns() + (uint64_t)r->x->cfg.timeout_ms * 1000000ull;
     return rp;
 }
 
@@ -124,7 +124,7 @@ void kv__rd_peer_fail(struct rdma *r, struct rpeer *rp, kv_status why, const cha
     va_start(ap, fmt);
     vsnprintf(rp->msg, sizeof(rp->msg), fmt, ap);
     va_end(ap);
-    rp->deadline_ns = kv__xport_now_ns() + RD_DRAIN_NS;
+    rp->deadline_ns = kv__now_ns() + RD_DRAIN_NS;
     kv_xport *x = r->x;
     for (uint32_t i = 0; i < rp->nq; i++) {
         struct rqp *q = &rp->q[i];
@@ -172,7 +172,7 @@ void kv__rd_finish_fail(struct rdma *r, struct rpeer *rp)
             break;
         }
     kv_xport_peer *p = rp->p;
-    const uint64_t now = kv__xport_now_ns();
+    const uint64_t now = kv__now_ns();
     for (kv_xport_xfer *t = p->xfers, *nx; t; t = nx) {
         nx = t->next;
         if (now >= t->deadline_ns)

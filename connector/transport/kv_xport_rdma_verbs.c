@@ -525,7 +525,7 @@ static void *progress(void *arg)
                 kv__rd_peer_fail(r, rp, KV_ERR_CANCELLED, "the transport was destroyed");
         if (!r->stop)
             any |= kv__rd_oob_round(r);
-        const uint64_t now = kv__xport_now_ns();
+        const uint64_t now = kv__now_ns();
         for (struct rpeer *rp = r->peers, *nx; rp; rp = nx) {
             nx = rp->next;
             if (rp->close_req && rp->ph != PH_FAIL)
@@ -555,13 +555,8 @@ static void *progress(void *arg)
                 kv__rd_settle_all(rp);
         }
         if (!any) {
-            struct timespec ts;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            ts.tv_nsec += 200000; /* 0.2 ms: completions are polled */
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
+            /* 0.2 ms: completions are polled */
+            const struct timespec ts = kv__ns_to_ts(kv__now_ns() + 200000u);
             pthread_cond_timedwait(&x->cv, &x->mu, &ts);
         }
     }

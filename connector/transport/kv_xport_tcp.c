@@ -282,7 +282,7 @@ static kv_status tcp_connect(kv_xport_peer *p, const char *host, uint16_t port)
         pthread_mutex_unlock(&x->mu);
         return st;
     }
-    tp->deadline_ns = kv__xport_deadline_ns(x->cfg.timeout_ms);
+    tp->deadline_ns = kv__deadline_ns(x->cfg.timeout_ms);
     p->be = tp;
     tp->next = t->peers;
     t->peers = tp;
@@ -420,7 +420,7 @@ static kv_status adopt(struct kv__tcp *t, int fd)
         close(fd);
         return kv__error(KV_ERR_NO_MEMORY, "xport tcp: a connection refused: no memory");
     }
-    c->deadline_ns = kv__xport_deadline_ns(x->cfg.timeout_ms);
+    c->deadline_ns = kv__deadline_ns(x->cfg.timeout_ms);
     t->unbound[t->n_unbound++] = c;
     return KV_OK;
 }
@@ -450,7 +450,7 @@ static void accept_all(struct kv__tcp *t)
         if (fd < 0) {
             const int e = errno;
             if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
-                t->accept_pause_ns = kv__xport_now_ns() + t->accept_backoff_ns;
+                t->accept_pause_ns = kv__now_ns() + t->accept_backoff_ns;
                 t->accept_backoff_ns = 2 * t->accept_backoff_ns < ACCEPT_BACKOFF_MAX_NS
                                            ? 2 * t->accept_backoff_ns
                                            : ACCEPT_BACKOFF_MAX_NS;
@@ -636,7 +636,7 @@ static void round_once(struct kv__tcp *t, uint32_t cap_ms)
         if (tp->close_req)
             peer_bye(t, tp, KV_OK, "closed");
     }
-    const uint64_t now = kv__xport_now_ns();
+    const uint64_t now = kv__now_ns();
     for (struct kv__tcp_peer *tp = t->peers, *nx; tp; tp = nx) {
         nx = tp->next;
         sweep(t, tp, now);
@@ -688,7 +688,7 @@ static void round_once(struct kv__tcp *t, uint32_t cap_ms)
         }
     }
     const uint64_t d = next_deadline(t);
-    const uint64_t now2 = kv__xport_now_ns();
+    const uint64_t now2 = kv__now_ns();
     int ms = d == UINT64_MAX ? 1000 : d <= now2 ? 0 : (int)min64((d - now2) / 1000000u + 1, 1000);
     ms = ms > (int)cap_ms ? (int)cap_ms : ms;
     pthread_mutex_unlock(&x->mu);

@@ -63,7 +63,7 @@ static struct kv__tcp_verdict hello_in(struct kv__tcp *t, struct kv__tcp_conn *c
         p->be = tp;
         p->nonce_remote = h->nonce;
         tp->n_conns = h->conns;
-        tp->deadline_ns = kv__xport_deadline_ns(x->cfg.timeout_ms);
+        tp->deadline_ns = kv__deadline_ns(x->cfg.timeout_ms);
         tp->next = t->peers;
         t->peers = tp;
     }
@@ -553,7 +553,7 @@ struct kv__tcp_verdict kv__tcp_conn_rx(struct kv__tcp *t, struct kv__tcp_conn *c
         }
         if (c->ph == RX_HDR) {
             if (c->hdr_got == 0)
-                c->rx_since_ns = kv__xport_now_ns();
+                c->rx_since_ns = kv__now_ns();
             c->hdr_got += (size_t)r;
             if (c->hdr_got < KV__XF_BYTES)
                 continue;

@@ -47,7 +47,7 @@ bool kv__tcp_tx_pending(const struct kv__tcp_conn *c)
 static void tx_touch(struct kv__tcp_conn *c)
 {
     if (!kv__tcp_tx_pending(c))
-        c->tx_since_ns = kv__xport_now_ns();
+        c->tx_since_ns = kv__now_ns();
 }
 
 static bool ctl_reserve(struct kv__tcp_conn *c, size_t more)
@@ -397,7 +397,7 @@ struct kv__tcp_verdict kv__tcp_conn_tx(struct kv__tcp *t, struct kv__tcp_conn *c
             }
         }
         if (r > 0)
-            c->tx_since_ns = kv__xport_now_ns();
+            c->tx_since_ns = kv__now_ns();
         if (r < 0) {
             if (e == EAGAIN || e == EWOULDBLOCK || e == EINTR)
                 return KV__TCP_OK;

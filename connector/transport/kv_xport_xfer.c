@@ -128,7 +128,7 @@ static kv_status post(const char *fn, kv_xport_peer *peer, const struct kv_xport
     }
     t->id = x->next_xfer++;
     t->state = KV_XPORT_PENDING;
-    t->post_ns = kv__xport_now_ns();
+    t->post_ns = kv__now_ns();
     t->deadline_ns = t->post_ns + (uint64_t)x->cfg.timeout_ms * 1000000ull;
     if (peer->xfers_tail)
         peer->xfers_tail->next = t;
@@ -278,7 +278,7 @@ kv_status kv_xport_xfer_wait(kv_xport_xfer *xfer, uint32_t timeout_ms, kv_xport_
     if (!xfer)
         return kv__error(KV_ERR_NULL, "xport_xfer_wait: xfer is NULL");
     kv_xport *x = xfer->peer->x;
-    const struct timespec ts = kv__xport_deadline_ts(timeout_ms);
+    const struct timespec ts = kv__deadline_ts(timeout_ms);
     pthread_mutex_lock(&x->mu);
     while (xfer->state == KV_XPORT_PENDING)
         if (!kv__xport_wait_until(x, &ts))

@@ -514,7 +514,7 @@ static void faulty(enum kvt_sv_fault f, bool forged, uint32_t timeout_ms, kv_xpo
     kvt_sv_fault(f, 0, 0);
     const struct kv_xport_io e = {
         .local = S.ml, .local_off = 0, .remote = r, .remote_off = roff, .bytes = 1u << 20};
-    const uint64_t t0 = kv__xport_now_ns();
+    const uint64_t t0 = kv__now_ns();
     kv_xport_xfer *t = NULL;
     assert_int_equal(kv_xport_write(S.p, &e, 1, NULL, &t), KV_OK);
     assert_int_equal(run(t, 10000), want);
@@ -526,7 +526,7 @@ static void faulty(enum kvt_sv_fault f, bool forged, uint32_t timeout_ms, kv_xpo
         assert_int_equal(st[0], want_st);
     assert_int_not_equal(st[0], KV_OK);
     if (want == KV_XPORT_TIMED_OUT)
-        assert_true(kv__xport_now_ns() - t0 >= (uint64_t)timeout_ms * 1000000ull);
+        assert_true(kv__now_ns() - t0 >= (uint64_t)timeout_ms * 1000000ull);
     assert_int_equal(kv_xport_xfer_free(t), KV_OK);
     kv_status why = KV_OK;
     assert_int_equal(wait_state(S.p, KV_XPORT_CLOSED, 5000, &why), KV_XPORT_CLOSED);
@@ -645,7 +645,7 @@ static void test_xport_rdma_bandwidth(void **state)
     sess_open(20000);
     const uint32_t reps = real_dev ? 256 : 8; /* 5 GiB on a real device, 160 MiB soft */
     struct kv_xport_io e = io(0, 0, REGION);
-    const uint64_t t0 = kv__xport_now_ns();
+    const uint64_t t0 = kv__now_ns();
     kv_xport_xfer *ts[8];
     uint32_t done = 0;
     for (uint32_t k = 0; k < reps; k += 8) {
@@ -657,7 +657,7 @@ static void test_xport_rdma_bandwidth(void **state)
             done++;
         }
     }
-    const double s = (double)(kv__xport_now_ns() - t0) / 1e9;
+    const double s = (double)(kv__now_ns() - t0) / 1e9;
     printf("    rdma write bandwidth (%s): %u x %u MiB in %.3f s = %.2f GB/s\n",
            real_dev ? "real device" : "soft device", done, REGION >> 20, s,
            (double)done * REGION / s / 1e9);
