@@ -136,66 +136,32 @@ kv_status kv_view_from_dlpack(const DLManagedTensor *mt, struct kv_view *out, DL
                          "i64 u8)",
                          fn, (unsigned)t->dtype.code, (unsigned)t->dtype.bits);
     const kv_dtype dt = kv__dl_types[k].dt;
-    const int64_t es = (int64_t)kv_dtype_size(dt);
     if (t->ndim < 0 || t->ndim > KV_MAX_DIMS)
         return kv__error(KV_ERR_BAD_DIM, "%s: ndim %d outside 0..%d", fn, t->ndim, KV_MAX_DIMS);
     if (t->ndim > 0 && !t->shape)
         return kv__error(KV_ERR_NULL, "%s: shape is NULL with ndim %d", fn, t->ndim);
-    struct kv_view v = {.dtype = dt, .ndim = t->ndim};
-    int64_t numel = 1;
-    for (int i = 0; i < t->ndim; i++) {
-        if (t->shape[i] < 0)
-            return kv__error(KV_ERR_BAD_SHAPE, "%s: shape[%d] = %" PRId64 " is negative", fn, i,
-                             t->shape[i]);
-        v.shape[i] = t->shape[i];
-        if (!kv__mul_i64(numel, t->shape[i], &numel))
-            return kv__error(KV_ERR_OVERFLOW, "%s: the element count overflows int64", fn);
-    }
+    /* Strides as given, or compact row-major; the rest (negative sizes or
+     * strides, the offset's alignment, the extent, the base) is
+     * kv_view_from_strided's, the one geometry check of a view made from
+     * outside memory. */
+    int64_t strides[KV_MAX_DIMS];
     if (t->strides) {
-        for (int i = 0; i < t->ndim; i++) {
-            if (t->strides[i] < 0)
-                return kv__error(KV_ERR_INVALID_ARG,
-                                 "%s: strides[%d] = %" PRId64
-                                 " is negative (kvcache views have strides >= 0)",
-                                 fn, i, t->strides[i]);
-            v.strides[i] = t->strides[i];
-        }
-    } else { /* compact row-major */
+        for (int i = 0; i < t->ndim; i++)
+            strides[i] = t->strides[i];
+    } else {
         int64_t s = 1;
         for (int i = t->ndim - 1; i >= 0; i--) {
-            v.strides[i] = s;
+            strides[i] = s;
             if (t->shape[i] > 1 && !kv__mul_i64(s, t->shape[i], &s))
                 return kv__error(KV_ERR_OVERFLOW, "%s: compact strides overflow int64", fn);
         }
     }
-    if (t->byte_offset % (uint64_t)es != 0)
-        return kv__error(KV_ERR_INVALID_ARG,
-                         "%s: byte_offset %" PRIu64
-                         " is not a multiple of the %s element size %" PRId64,
-                         fn, t->byte_offset, kv_dtype_name(dt), es);
-    if (t->byte_offset / (uint64_t)es > (uint64_t)INT64_MAX)
+    if (t->byte_offset > (uint64_t)INT64_MAX)
         return kv__error(KV_ERR_OVERFLOW, "%s: byte_offset %" PRIu64 " overflows", fn,
                          t->byte_offset);
-    if ((uintptr_t)t->data % (uintptr_t)es != 0)
-        return kv__error(KV_ERR_INVALID_ARG,
-                         "%s: data %p is not aligned to the %s element size %" PRId64, fn, t->data,
-                         kv_dtype_name(dt), es);
-    v.offset = (int64_t)(t->byte_offset / (uint64_t)es);
-    /* the storage the view reaches: up to its last element */
-    int64_t last = v.offset;
-    for (int i = 0; i < t->ndim && numel > 0; i++) {
-        int64_t span;
-        if (!kv__mul_i64(v.shape[i] - 1, v.strides[i], &span) || !kv__add_i64(last, span, &last))
-            return kv__error(KV_ERR_OVERFLOW, "%s: the last element's offset overflows int64", fn);
-    }
-    int64_t bytes = 0;
-    if (numel > 0 && (!kv__add_i64(last, 1, &bytes) || !kv__mul_i64(bytes, es, &bytes)))
-        return kv__error(KV_ERR_OVERFLOW, "%s: the storage size overflows int64", fn);
-    if (numel > 0 && !t->data)
-        return kv__error(KV_ERR_NULL, "%s: data is NULL with %" PRId64 " elements", fn, numel);
-    v.base = t->data;
-    v.storage_bytes = (size_t)bytes;
-    kv_status st = kv_view_check(&v);
+    struct kv_view v;
+    kv_status st = kv_view_from_strided(t->data, 0, dt, t->ndim, t->shape, strides,
+                                        (int64_t)t->byte_offset, &v);
     if (st != KV_OK)
         return kv__error_wrap(st, "%s", fn);
     *out = v;

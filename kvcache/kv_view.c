@@ -75,19 +75,14 @@ static bool kv__max_elem(const int64_t *shape, const int64_t *strides, int ndim,
     return true;
 }
 
-/*
- * Check shape/strides/offset against a storage. fn names the caller for the
- * message. Returns KV_OK (without touching the last error) or an error.
- */
-static kv_status kv__check_geometry(const char *fn, kv_dtype dtype, int ndim, const int64_t *shape,
-                                    const int64_t *strides, int64_t offset, const void *base,
-                                    size_t storage_bytes)
+/* The dtype is one, ndim in range, no size or stride negative; *es the
+ * element size. */
+static kv_status kv__check_dims(const char *fn, kv_dtype dtype, int ndim, const int64_t *shape,
+                                const int64_t *strides, size_t *es)
 {
-    char b1[KV__LIST_BUF], b2[KV__LIST_BUF];
-    size_t es = kv_dtype_size(dtype);
-    int64_t numel, max_elem = 0, hi_bytes = 0;
-
-    if (es == 0)
+    char b1[KV__LIST_BUF];
+    *es = kv_dtype_size(dtype);
+    if (*es == 0)
         return kv__error(KV_ERR_INVALID_ARG, "%s: unknown dtype %d", fn, (int)dtype);
     if (ndim < 0 || ndim > KV_MAX_DIMS)
         return kv__error(KV_ERR_BAD_DIM, "%s: ndim %d outside 0..%d", fn, ndim, KV_MAX_DIMS);
@@ -101,6 +96,34 @@ static kv_status kv__check_geometry(const char *fn, kv_dtype dtype, int ndim, co
                              "are refused, as in PyTorch)",
                              fn, strides[i], i, kv__fmt_list(b1, sizeof(b1), strides, ndim));
     }
+    return KV_OK;
+}
+
+/* One past the last byte a view with elements reaches, from offset
+ * (elements): (offset + sum (shape-1)*stride + 1) * es; *max_elem the last
+ * element. false on int64 overflow. */
+static bool kv__extent_bytes(const int64_t *shape, const int64_t *strides, int ndim, int64_t offset,
+                             size_t es, int64_t *max_elem, int64_t *out)
+{
+    int64_t past_last;
+    return kv__max_elem(shape, strides, ndim, offset, max_elem) &&
+           kv__add_i64(*max_elem, 1, &past_last) && kv__mul_i64(past_last, (int64_t)es, out);
+}
+
+/*
+ * Check shape/strides/offset against a storage. fn names the caller for the
+ * message. Returns KV_OK (without touching the last error) or an error.
+ */
+static kv_status kv__check_geometry(const char *fn, kv_dtype dtype, int ndim, const int64_t *shape,
+                                    const int64_t *strides, int64_t offset, const void *base,
+                                    size_t storage_bytes)
+{
+    char b1[KV__LIST_BUF], b2[KV__LIST_BUF];
+    size_t es;
+    int64_t numel, max_elem = 0, hi_bytes = 0;
+    kv_status st = kv__check_dims(fn, dtype, ndim, shape, strides, &es);
+    if (st != KV_OK)
+        return st;
     if (offset < 0)
         return kv__error(KV_ERR_OUT_OF_BOUNDS, "%s: negative offset %" PRId64, fn, offset);
     if (!kv__shape_numel(shape, ndim, &numel))
@@ -115,9 +138,7 @@ static kv_status kv__check_geometry(const char *fn, kv_dtype dtype, int ndim, co
     if (!base)
         return kv__error(KV_ERR_NULL, "%s: storage base is NULL for a view of %" PRId64 " elements",
                          fn, numel);
-    int64_t past_last;
-    if (!kv__max_elem(shape, strides, ndim, offset, &max_elem) ||
-        !kv__add_i64(max_elem, 1, &past_last) || !kv__mul_i64(past_last, (int64_t)es, &hi_bytes))
+    if (!kv__extent_bytes(shape, strides, ndim, offset, es, &max_elem, &hi_bytes))
         return kv__error(KV_ERR_OVERFLOW,
                          "%s: shape %s strides %s offset %" PRId64 " reach past int64 bytes", fn,
                          kv__fmt_list(b1, sizeof(b1), shape, ndim),
@@ -220,21 +241,10 @@ kv_status kv_view_from_strided(void *base, size_t storage_bytes, kv_dtype dtype,
         return kv__view_null(fn, shape, "shape", strides, "strides");
     if (!base && storage_bytes > 0)
         return kv__error(KV_ERR_NULL, "%s: base is NULL with storage_bytes %zu", fn, storage_bytes);
-    if (ndim < 0 || ndim > KV_MAX_DIMS)
-        return kv__error(KV_ERR_BAD_DIM, "%s: ndim %d outside 0..%d", fn, ndim, KV_MAX_DIMS);
-    const size_t es = kv_dtype_size(dtype);
-    if (es == 0)
-        return kv__error(KV_ERR_INVALID_ARG, "%s: unknown dtype %d", fn, (int)dtype);
-    for (int i = 0; i < ndim; i++) {
-        if (shape[i] < 0)
-            return kv__error(KV_ERR_BAD_SHAPE, "%s: negative size %" PRId64 " at dim %d of %s", fn,
-                             shape[i], i, kv__fmt_list(b1, sizeof(b1), shape, ndim));
-        if (strides[i] < 0)
-            return kv__error(KV_ERR_INVALID_ARG,
-                             "%s: negative stride %" PRId64 " at dim %d of %s (negative strides "
-                             "are refused, as in PyTorch)",
-                             fn, strides[i], i, kv__fmt_list(b1, sizeof(b1), strides, ndim));
-    }
+    size_t es;
+    kv_status st = kv__check_dims(fn, dtype, ndim, shape, strides, &es);
+    if (st != KV_OK)
+        return st;
     if (offset_bytes < 0)
         return kv__error(KV_ERR_OUT_OF_BOUNDS, "%s: negative offset_bytes %" PRId64, fn,
                          offset_bytes);
@@ -248,10 +258,8 @@ kv_status kv_view_from_strided(void *base, size_t storage_bytes, kv_dtype dtype,
         return kv__error(KV_ERR_OVERFLOW, "%s: element count of shape %s overflows int64", fn,
                          kv__fmt_list(b1, sizeof(b1), shape, ndim));
     if (numel > 0) {
-        /* extent = (offset + sum (shape-1)*stride + 1) * elem_bytes: one past the last byte */
         int64_t max_elem;
-        if (!kv__max_elem(shape, strides, ndim, offset, &max_elem) ||
-            !kv__add_i64(max_elem, 1, &extent) || !kv__mul_i64(extent, (int64_t)es, &extent)
+        if (!kv__extent_bytes(shape, strides, ndim, offset, es, &max_elem, &extent)
 #if SIZE_MAX < INT64_MAX
             || (uint64_t)extent > (uint64_t)SIZE_MAX /* a 32-bit size_t */
 #endif
@@ -272,7 +280,7 @@ kv_status kv_view_from_strided(void *base, size_t storage_bytes, kv_dtype dtype,
                          kv__fmt_list(b2, sizeof(b2), strides, ndim), offset_bytes, extent - 1,
                          extent, storage_bytes);
     /* what is left: the base (NULL with elements, misaligned) */
-    kv_status st = kv__check_geometry(fn, dtype, ndim, shape, strides, offset, base, storage_bytes);
+    st = kv__check_geometry(fn, dtype, ndim, shape, strides, offset, base, storage_bytes);
     if (st != KV_OK)
         return st;
     memset(&t, 0, sizeof(t));

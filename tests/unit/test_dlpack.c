@@ -223,11 +223,11 @@ static void test_dlpack_import(void **state)
         {"complex", KV_ERR_UNSUPPORTED, "code 5 bits 64"},
         {"i16", KV_ERR_UNSUPPORTED, "code 0 bits 16"},
         {"ndim", KV_ERR_BAD_DIM, "ndim 9"},
-        {"shape", KV_ERR_BAD_SHAPE, "shape[1] = -3"},
-        {"stride", KV_ERR_INVALID_ARG, "strides[2] = -1"},
-        {"byte_offset", KV_ERR_INVALID_ARG, "byte_offset 6"},
+        {"shape", KV_ERR_BAD_SHAPE, "size -3 at dim 1"},
+        {"stride", KV_ERR_INVALID_ARG, "stride -1 at dim 2"},
+        {"byte_offset", KV_ERR_INVALID_ARG, "offset_bytes 6"},
         {"align", KV_ERR_INVALID_ARG, "not aligned"},
-        {"null data", KV_ERR_NULL, "data is NULL"},
+        {"null data", KV_ERR_NULL, "base is NULL"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         fake_init(&f, buf);
