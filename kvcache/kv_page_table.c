@@ -150,18 +150,17 @@ static uint32_t copy_refs(const kv_page_table *pt, uint32_t id)
 
 static kv_status copies_reserve(kv_page_table *pt, uint32_t extra)
 {
-    if (pt->n_copies + extra <= pt->cap_copies)
+    size_t cap = pt->cap_copies, need = (size_t)pt->n_copies + extra;
+    if (need <= cap)
         return KV_OK;
-    uint32_t ncap = pt->cap_copies ? pt->cap_copies * 2 : 16;
-    struct kv_block_copy *nc = kv__mem_alloc((size_t)ncap * sizeof(*nc));
+    struct kv_block_copy *nc =
+        need > UINT32_MAX ? NULL
+                          : kv__mem_grow(pt->copies, &cap, pt->n_copies, need, sizeof(*nc), 16);
     if (!nc)
-        return kv__error(KV_ERR_NO_MEMORY, "kv_page_table: cannot grow the copy queue to %" PRIu32,
-                         ncap);
-    if (pt->n_copies)
-        memcpy(nc, pt->copies, pt->n_copies * sizeof(*nc));
-    kv__mem_free(pt->copies);
+        return kv__error(KV_ERR_NO_MEMORY,
+                         "kv_page_table: cannot grow the copy queue to %zu entries", need);
     pt->copies = nc;
-    pt->cap_copies = ncap;
+    pt->cap_copies = cap > UINT32_MAX ? UINT32_MAX : (uint32_t)cap;
     return KV_OK;
 }
 
