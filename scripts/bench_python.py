@@ -96,7 +96,9 @@ def main():
     got = c.kv(0, 0).select(0, last // 16).select(0, last % 16).numpy()
     want = (k.view(dtype=__import__("torch").int16).numpy().view(np.uint16) if kind == "torch"
             else k.view(np.uint16))
-    if not np.array_equal(got.reshape(-1), np.asarray(want).reshape(-1).astype(got.dtype)):
+    # compared as bits: numpy() gives f16 for f16 and the raw 16 bits for bf16
+    got_bits = np.ascontiguousarray(got).view(np.uint16).reshape(-1)
+    if not np.array_equal(got_bits, np.asarray(want).reshape(-1)):
         print(json.dumps({"bench": "python.write_token", "error": "the token written differs"}))
         sys.exit(3)
     py_us = statistics.median(times)
