@@ -1035,12 +1035,18 @@ struct slow_reader {
     bool all_old; /* every RDATA byte has the value before unexpose */
 };
 
+/* Reads the edge test queues: 16 MiB, more than both socket buffers hold
+ * (the reader's receive buffer is pinned at 64 KiB, the sender's send
+ * buffer grows to tcp_wmem's 4 MiB at most), so reads are still queued at
+ * unexpose however the two threads are scheduled. */
+#define SLOW_READS 256u
+
 static void *slow_read(void *arg)
 {
     struct slow_reader *sr = arg;
     unsigned char *pl = malloc(1u << 20);
     sr->all_old = true;
-    while (sr->n_rdata + sr->n_nack < 64) {
+    while (sr->n_rdata + sr->n_nack < SLOW_READS) {
         struct kv__xf f;
         if (!kvt_raw_next(sr->fd, &f, pl, 1u << 20, 5000))
             break;
@@ -1076,13 +1082,15 @@ static void test_xport_edges_unexpose_refuses_queued_reads(void **state)
     assert_int_equal(kv_xport_mem_expose(r.peer, m, blob, sizeof(blob), &bl), KV_OK);
     struct kv__xport_blob b;
     assert_int_equal(kv__xport_blob_decode(blob, bl, &b), KV_OK);
-    /* 64 reads of 64 KiB, read back slowly. */
+    /* SLOW_READS reads of 64 KiB, read back slowly. */
+    const int rcvbuf = 64 << 10;
+    assert_int_equal(setsockopt(r.fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf)), 0);
     unsigned char fr[KV__XF_BYTES + 8], len8[8];
     kv__le_put(len8, 65536, 8);
-    for (uint32_t i = 0; i < 64; i++)
+    for (uint32_t i = 0; i < SLOW_READS; i++)
         assert_true(kvt_raw_send(
             r.fd, fr,
-            kvt_raw_frame(fr, KV__XF_READ, i, 1, b.region, (uint64_t)i * 65536, len8, 8)));
+            kvt_raw_frame(fr, KV__XF_READ, i, 1, b.region, (uint64_t)(i % 64) * 65536, len8, 8)));
     usleep(100000);
     struct slow_reader sr = {.fd = r.fd};
     pthread_t th;
@@ -1092,11 +1100,11 @@ static void test_xport_edges_unexpose_refuses_queued_reads(void **state)
     /* Anything the peer receives from now on must not carry this. */
     memset(buf, 0x99, 4u << 20);
     pthread_join(th, NULL);
-    print_message("    unexpose under 64 queued reads: %u served whole, %u refused\n", sr.n_rdata,
-                  sr.n_nack);
+    print_message("    unexpose under %u queued reads: %u served whole, %u refused\n", SLOW_READS,
+                  sr.n_rdata, sr.n_nack);
     assert_true(sr.all_old);
     assert_int_equal(sr.n_other, 0);
-    assert_int_equal(sr.n_rdata + sr.n_nack, 64);
+    assert_int_equal(sr.n_rdata + sr.n_nack, SLOW_READS);
     assert_true(sr.n_nack > 0);
     kv_xport_peer_close(r.peer);
     close(r.fd);
