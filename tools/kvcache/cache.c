@@ -58,8 +58,10 @@ static int cache_fail(const char *what, kv_status st)
 
 enum cache_opt_kind { CO_INT, CO_SEQS, CO_DTYPE, CO_ORDER, CO_ARRANGE };
 
+#define CACHE_OPT0 256 /* getopt_long's val of the first option */
+
 struct cache_opt {
-    const char *name;
+    const char *name; /* "--layers" */
     enum cache_opt_kind kind;
     int64_t lo, hi; /* CO_INT: allowed values */
     int64_t *dst;   /* CO_INT: where the value goes */
@@ -85,24 +87,25 @@ static int cache_parse(int argc, char **argv, struct kv_cache_config *cfg, int64
         {"--arrange", CO_ARRANGE, 0, 0, NULL, false},
     };
     const int nopts = (int)(sizeof(opts) / sizeof(opts[0]));
+    /* getopt_long's table: opts[k] ("--layers" -> "layers") is val CACHE_OPT0 + k.
+     * No --help: cmd_cache has looked for it first. */
+    struct option longopts[sizeof(opts) / sizeof(opts[0]) + 1];
+    struct cli_opts p = {.cmd = "cache", .longopts = longopts, .usage = usage_cache};
     char err[ERR_CAP];
+    int c;
 
-    for (int i = 0; i < argc; i++) {
-        struct cache_opt *o = NULL;
+    for (int k = 0; k < nopts; k++)
+        longopts[k] = (struct option){opts[k].name + 2, required_argument, NULL, CACHE_OPT0 + k};
+    longopts[nopts] = (struct option){NULL, 0, NULL, 0};
+    optind = 1; /* argv[0] is "cache" */
+    while ((c = cli_next(&p, argc, argv)) > 0) {
+        struct cache_opt *o = &opts[c - CACHE_OPT0];
         const char *v;
 
-        for (int k = 0; k < nopts && !o; k++)
-            if (!strcmp(argv[i], opts[k].name))
-                o = &opts[k];
-        if (!o) {
-            fprintf(stderr, "kvcache cache: unknown option '%s'\nusage: ", argv[i]);
-            usage_cache(stderr);
-            return EXIT_USAGE;
-        }
         if (o->seen)
             return usage_error("cache", "%s given twice", o->name);
         o->seen = true;
-        if (!(v = option_value("cache", argc, argv, &i)))
+        if (!(v = cli_value(&p)))
             return EXIT_USAGE;
         switch (o->kind) {
         case CO_INT:
@@ -131,6 +134,8 @@ static int cache_parse(int argc, char **argv, struct kv_cache_config *cfg, int64
             break;
         }
     }
+    if (c == CLI_BAD)
+        return EXIT_USAGE;
     cfg->page_ratio = (uint32_t)page_ratio; /* 1..UINT32_MAX, checked above */
     return 0;
 }
@@ -154,7 +159,8 @@ int cmd_cache(int argc, char **argv)
     char line[1024];
     kv_status st;
 
-    for (int i = 0; i < argc; i++) {
+    /* --help anywhere, even after a bad option or as a value, prints the usage */
+    for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage_cache(stdout);
             return 0;

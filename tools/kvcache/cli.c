@@ -4,6 +4,7 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -113,17 +114,78 @@ int parse_list(const char *s, size_t len, const char *what, bool allow_none, int
     }
 }
 
-const char *option_value(const char *cmd, int argc, char **argv, int *i)
+/* "unknown option 'WORD'" and the command's usage, on stderr. */
+static int cli_unknown(const struct cli_opts *o, const char *word)
 {
-    const char *opt = argv[*i];
+    fprintf(stderr, "kvcache %s: unknown option '%s'\nusage: ", o->cmd, word);
+    o->usage(stderr);
+    return CLI_BAD;
+}
 
-    if (*i + 1 >= argc) {
-        usage_error(cmd, "%s needs a value", opt);
-        return NULL;
+/* Whether word spells out the option getopt_long took it for: "--NAME" or
+ * "--NAME=VALUE" (getopt_long alone also takes a unique prefix, "--sha"),
+ * or exactly "-h" (not "-hx", a cluster). */
+static bool cli_spelled_out(const char *word, const struct option *lo)
+{
+    size_t n;
+
+    if (!lo)
+        return !strcmp(word, "-h");
+    n = strlen(lo->name);
+    return !strncmp(word, "--", 2) && !strncmp(word + 2, lo->name, n) &&
+           (word[2 + n] == '\0' || word[2 + n] == '=');
+}
+
+int cli_next(struct cli_opts *o, int argc, char **argv)
+{
+    const char *word = optind < argc ? argv[optind] : NULL; /* the word read next */
+    const char *shorts = "+:";
+    const struct option *lo = NULL;
+    bool missing = false;
+    int c, idx = -1;
+
+    for (const struct option *k = o->longopts; k->name; k++)
+        if (k->val == 'h')
+            shorts = "+:h"; /* -h, where the command has --help */
+    o->name[0] = '\0';
+    o->value = NULL;
+    o->joined = false;
+    opterr = 0; /* the messages name the word as given, getopt_long's would not */
+    /* "+": stop at the first word that is not an option; ":": a missing value returns ':' */
+    c = getopt_long(argc, argv, shorts, o->longopts, &idx);
+    if (c == -1)
+        return word ? cli_unknown(o, word) : CLI_END; /* a word not an option, or "--" */
+    if (c == '?') /* unknown, ambiguous, or a value given to an option that takes none */
+        return cli_unknown(o, word);
+    if (c == ':') { /* the last word, an option without its value: optopt says which */
+        missing = true;
+        c = optopt;
+        for (idx = 0; o->longopts[idx].name && o->longopts[idx].val != c; idx++)
+            ;
     }
-    if (!strncmp(argv[*i + 1], "--", 2)) {
-        usage_error(cmd, "%s needs a value (got the option '%s')", opt, argv[*i + 1]);
-        return NULL;
+    if (idx >= 0 && o->longopts[idx].name)
+        lo = &o->longopts[idx];
+    if (!cli_spelled_out(word, lo))
+        return cli_unknown(o, word);
+    if (!lo) {
+        snprintf(o->name, sizeof(o->name), "-h");
+        return c;
     }
-    return argv[++*i];
+    snprintf(o->name, sizeof(o->name), "--%s", lo->name);
+    if (lo->has_arg != no_argument && !missing) {
+        o->value = optarg;
+        o->joined = word[2 + strlen(lo->name)] == '=';
+    }
+    return c;
+}
+
+const char *cli_value(const struct cli_opts *o)
+{
+    if (!o->value)
+        usage_error(o->cmd, "%s needs a value", o->name);
+    else if (!o->joined && !strncmp(o->value, "--", 2))
+        usage_error(o->cmd, "%s needs a value (got the option '%s')", o->name, o->value);
+    else
+        return o->value;
+    return NULL;
 }

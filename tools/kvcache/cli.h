@@ -18,6 +18,7 @@
 #ifndef KVCACHE_CLI_H
 #define KVCACHE_CLI_H
 
+#include <getopt.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -50,12 +51,44 @@ int parse_int(const char *s, size_t len, const char *what, int64_t lo, int64_t h
 int parse_list(const char *s, size_t len, const char *what, bool allow_none, int64_t lo, int64_t hi,
                int64_t *out, int *n, char *err, size_t cap);
 
-/* The value of option argv[*i] (advancing *i), or NULL after saying it is
- * missing: at the end of the line, or when the next word is an option. */
-const char *option_value(const char *cmd, int argc, char **argv, int *i);
+/* A command's options, read with getopt_long as this tool has always read
+ * them: each option spelled out in full ("--shape", not a prefix "--sha"),
+ * its value the next word or after '=' ("--shape 2,3", "--shape=2,3"), -h
+ * the one short option (for --help); the first word that is not an option
+ * (or "--") is an unknown option. Messages go to stderr and name the word.
+ *
+ *     struct cli_opts o = {.cmd = "view", .longopts = view_opts, .usage = usage_view};
+ *     optind = 1;  (argv[0] is the command's name)
+ *     while ((c = cli_next(&o, argc, argv)) > 0)
+ *         ... c is the option's val; cli_value(&o) its value ...
+ *     if (c == CLI_BAD)
+ *         return EXIT_USAGE;
+ */
+struct cli_opts {
+    const char *cmd;               /* "view": messages start "kvcache view: " */
+    const struct option *longopts; /* getopt_long's table: val > 0, {NULL} last */
+    void (*usage)(FILE *f);        /* printed after "unknown option" */
+    /* The option cli_next returned last: */
+    char name[48];     /* as spelled in the usage: "--shape", "-h" */
+    const char *value; /* its value; NULL when it takes none or it is missing */
+    bool joined;       /* given as --NAME=VALUE */
+};
 
-/* The commands: argv holds the command's own arguments (after its name).
- * Each returns the exit status. */
+#define CLI_END 0    /* cli_next: no options left */
+#define CLI_BAD (-1) /* cli_next: an unknown option, said so with the usage */
+
+/* The val of the next option in argv (from optind on), CLI_END, or CLI_BAD.
+ * An option whose value is missing (the last word) is returned too, with
+ * value NULL: the command decides what it checks first. */
+int cli_next(struct cli_opts *o, int argc, char **argv);
+
+/* The value of the option cli_next returned, or NULL after saying it is
+ * missing: at the end of the line, or when the next word is an option
+ * ("--shape --op": a value given as --shape=--x is taken as is). */
+const char *cli_value(const struct cli_opts *o);
+
+/* The commands: argv[0] is the command's name, then its arguments. Each
+ * returns the exit status. */
 int cmd_view(int argc, char **argv);
 int cmd_cache(int argc, char **argv);
 

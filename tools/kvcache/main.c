@@ -38,9 +38,9 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(argv[1], "view"))
-        return cmd_view(argc - 2, argv + 2);
+        return cmd_view(argc - 1, argv + 1);
     if (!strcmp(argv[1], "cache"))
-        return cmd_cache(argc - 2, argv + 2);
+        return cmd_cache(argc - 1, argv + 1);
     if (!strcmp(argv[1], "version")) {
         if (argc > 2 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))) {
             printf("usage: kvcache version   the library version and host memory backend\n");

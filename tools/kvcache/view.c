@@ -378,11 +378,23 @@ static int parse_shape(const char *s, int64_t *shape, int *ndim, int64_t *numel)
     return 0;
 }
 
+enum { VIEW_SHAPE = 256, VIEW_DTYPE, VIEW_OP, VIEW_PRINT };
+
+static const struct option view_opts[] = {
+    {"shape", required_argument, NULL, VIEW_SHAPE},
+    {"dtype", required_argument, NULL, VIEW_DTYPE},
+    {"op", required_argument, NULL, VIEW_OP},
+    {"print", no_argument, NULL, VIEW_PRINT},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
 int cmd_view(int argc, char **argv)
 {
     static struct op ops[MAX_OPS];
     const char *shape_s = NULL, *dtype_s = NULL;
-    int nops = 0, print = 0, ndim = 0, rc = 0;
+    struct cli_opts o = {.cmd = "view", .longopts = view_opts, .usage = usage_view};
+    int nops = 0, print = 0, ndim = 0, rc = 0, c;
     int64_t shape[KV_MAX_DIMS], numel = 0;
     struct session s = {.nbufs = 0};
     struct kv_view v;
@@ -391,21 +403,25 @@ int cmd_view(int argc, char **argv)
     void *storage;
     kv_status st;
 
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+    optind = 1; /* argv[0] is "view" */
+    while ((c = cli_next(&o, argc, argv)) > 0) {
+        switch (c) {
+        case 'h':
             usage_view(stdout);
             return 0;
-        } else if (!strcmp(a, "--shape") || !strcmp(a, "--dtype")) {
-            const char **slot = !strcmp(a, "--shape") ? &shape_s : &dtype_s;
-            const char *val = option_value("view", argc, argv, &i);
+        case VIEW_SHAPE:
+        case VIEW_DTYPE: {
+            const char **slot = c == VIEW_SHAPE ? &shape_s : &dtype_s;
+            const char *val = cli_value(&o);
             if (!val)
                 return EXIT_USAGE;
             if (*slot)
-                return usage_error("view", "%s given twice ('%s', then '%s')", a, *slot, val);
+                return usage_error("view", "%s given twice ('%s', then '%s')", o.name, *slot, val);
             *slot = val;
-        } else if (!strcmp(a, "--op")) {
-            const char *text = option_value("view", argc, argv, &i);
+            break;
+        }
+        case VIEW_OP: {
+            const char *text = cli_value(&o);
             if (!text)
                 return EXIT_USAGE;
             if (nops == MAX_OPS)
@@ -415,16 +431,17 @@ int cmd_view(int argc, char **argv)
                 return usage_error("view", "--op '%s': %s", abbrev(q, text, strlen(text)), err);
             }
             nops++;
-        } else if (!strcmp(a, "--print")) {
+            break;
+        }
+        default: /* VIEW_PRINT */
             if (print)
                 return usage_error("view", "--print given twice");
             print = 1;
-        } else {
-            fprintf(stderr, "kvcache view: unknown option '%s'\nusage: ", a);
-            usage_view(stderr);
-            return EXIT_USAGE;
+            break;
         }
     }
+    if (c == CLI_BAD)
+        return EXIT_USAGE;
     if (!shape_s)
         return usage_error("view", "--shape is required (`--shape scalar` for a 0-d view)");
     if (dtype_s && kv_dtype_parse(dtype_s, &dt) != KV_OK)
