@@ -98,7 +98,8 @@ static int cache_parse(int argc, char **argv, struct kv_cache_config *cfg, int64
         longopts[k] = (struct option){opts[k].name + 2, required_argument, NULL, CACHE_OPT0 + k};
     longopts[nopts] = (struct option){NULL, 0, NULL, 0};
     optind = 1; /* argv[0] is "cache" */
-    while ((c = cli_next(&p, argc, argv)) > 0) {
+    /* every option's val is CACHE_OPT0 + k; CLI_END and CLI_BAD are below */
+    while ((c = cli_next(&p, argc, argv)) >= CACHE_OPT0) {
         struct cache_opt *o = &opts[c - CACHE_OPT0];
         const char *v;
 
