@@ -1,11 +1,13 @@
 /*
  * cli.h - what the parts of the `kvcache` command-line tool share: exit
- * statuses, strict parsing of option values, usage errors, the commands.
+ * statuses, strict parsing of option values, usage errors, reading a
+ * command's options, the commands.
  *
  * The map: one file per part.
  *
  *   main.c   the command line: dispatch to a command, the overall usage
- *   cli.c    strict parsing (whole string, range checked) and usage errors
+ *   cli.c    strict parsing (whole string, range checked), usage errors, a
+ *            command's options read by getopt_long (cli_next, cli_value)
  *   view.c   kvcache view: a view over zeroed storage, then ops one by one
  *   cache.c  kvcache cache: a model's KV cache, a few prompts and a fork
  *            through its page table, the kernel exports
