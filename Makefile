@@ -164,6 +164,7 @@ INTEG_TESTS := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(wildcard test
 TESTS       := $(UNIT_TESTS) $(INTEG_TESTS)
 BENCH_SRC   := $(wildcard tools/bench/*.c)
 DEMO_SRC    := $(wildcard tools/kvdemo/*.c)
+CLI_SRC     := $(wildcard tools/kvcache/*.c)
 GPU_TESTS   := $(patsubst tests/gpu/%.c,$(BUILD)/gpu/%,$(wildcard tests/gpu/test_gpu_*.c))
 FUZZ_SRC    := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS   := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRC))
@@ -245,9 +246,12 @@ $(BUILD)/tests/%: tests/integration/%.c $(TEST_COMMON) $(LIB_SO) $(STAGED)
 	$(Q)$(CC) $(BASECFLAGS) -I$(BUILD)/include $(TEST_DEFS) -o $@ $< $(TEST_COMMON) -L$(BUILD) \
 	    -Wl,-rpath,'$$ORIGIN/..' -lkvcache -lcmocka $(LIBS)
 
-$(CLI): tools/kvcache.c $(LIB_A)
+$(CLI): $(CLI_SRC) tools/kvcache/cli.h $(LIB_A)
 	@$(if $(Q),echo '  LD     $@')
-	$(Q)$(CC) $(ALLCFLAGS) -o $@ $< $(LIB_A) $(LIBS)
+	$(Q)$(CC) $(ALLCFLAGS) -o $@ $(CLI_SRC) $(LIB_A) $(LIBS)
+# It was one file, tools/kvcache.c, which a build tree from then still names in
+# $(BUILD)/kvcache.d until the next link rewrites it (as tools/kvdemo.c below).
+tools/kvcache.c:
 
 # The demo sees the public headers only, as installed (-I$(BUILD)/include).
 $(DEMO): $(DEMO_SRC) tools/kvdemo/kvdemo.h $(LIB_A) $(STAGED)
@@ -362,7 +366,7 @@ install: lib
 
 format:
 	clang-format -i $(foreach m,$(MODULES),$(wildcard $(m)/*.[ch] $(m)/*.cu $(m)/*/*.[ch] $(m)/*/*.cu)) include/kvcache/*.h \
-	    tools/*.c tools/kvdemo/*.[ch] tools/bench/*.[ch] \
+	    tools/kvcache/*.[ch] tools/kvdemo/*.[ch] tools/bench/*.[ch] \
 	    tests/*/*.[ch]
 
 cppcheck:

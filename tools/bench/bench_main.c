@@ -9,6 +9,7 @@
  * (default bench/results.jsonl; its directory is created as needed).
  */
 #include <errno.h>
+#include <getopt.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -367,37 +368,81 @@ static void kvb__usage(FILE *f)
             "env: KVB_RUNS=n overrides the number of interleaved runs\n");
 }
 
+enum { KVB_OPT_CASE = 256, KVB_OPT_BENCH, KVB_OPT_OUT, KVB_OPT_QUICK, KVB_OPT_LIST };
+
+static const struct option kvb__opts[] = {
+    {"case", required_argument, NULL, KVB_OPT_CASE},
+    {"bench", required_argument, NULL, KVB_OPT_BENCH},
+    {"out", required_argument, NULL, KVB_OPT_OUT},
+    {"quick", no_argument, NULL, KVB_OPT_QUICK},
+    {"list", no_argument, NULL, KVB_OPT_LIST},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+/* Whether word spells out the option getopt_long took it for: "--NAME" or
+ * "--NAME=VALUE" (getopt_long alone also takes a unique prefix, "--qu"), or
+ * exactly "-h" (lo NULL; not "-hx", a cluster). */
+static int kvb__spelled_out(const char *word, const struct option *lo)
+{
+    size_t n;
+
+    if (!lo || !lo->name)
+        return !strcmp(word, "-h");
+    n = strlen(lo->name);
+    return !strncmp(word, "--", 2) && !strncmp(word + 2, lo->name, n) &&
+           (word[2 + n] == '\0' || word[2 + n] == '=');
+}
+
 int main(int argc, char **argv)
 {
     const char *out_path = KVB_DEFAULT_OUT;
     const char *q = getenv("KVB_QUICK");
 
     kvb__quick_flag = q && q[0] && strcmp(q, "0") != 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if ((!strcmp(a, "--case") || !strcmp(a, "--bench") || !strcmp(a, "--out")) &&
-            i + 1 >= argc) {
-            fprintf(stderr, "kvbench: %s needs a value\n", a);
+    opterr = 0; /* the messages below name the word as given */
+    optind = 1;
+    for (;;) {
+        const char *word = optind < argc ? argv[optind] : NULL; /* the word read next */
+        int idx = -1;
+        /* "+": stop at the first word that is not an option; ":": a missing value returns ':' */
+        int c = getopt_long(argc, argv, "+:h", kvb__opts, &idx);
+
+        if (c == -1 && !word)
+            break;
+        if (c == ':') { /* the last word, an option without its value: optopt says which */
+            for (idx = 0; kvb__opts[idx].name && kvb__opts[idx].val != optopt; idx++)
+                ;
+        }
+        /* c == -1 here: a word that is not an option, or "--" */
+        if (c == -1 || c == '?' || !kvb__spelled_out(word, idx >= 0 ? &kvb__opts[idx] : NULL)) {
+            fprintf(stderr, "kvbench: unknown argument '%s'\n", word);
             kvb__usage(stderr);
             return 2;
         }
-        if (!strcmp(a, "--case"))
-            kvb__case_filter = argv[++i];
-        else if (!strcmp(a, "--bench"))
-            kvb__bench_filter = argv[++i];
-        else if (!strcmp(a, "--out"))
-            out_path = argv[++i];
-        else if (!strcmp(a, "--quick"))
-            kvb__quick_flag = 1;
-        else if (!strcmp(a, "--list"))
-            kvb__list_mode = 1;
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            kvb__usage(stdout);
-            return 0;
-        } else {
-            fprintf(stderr, "kvbench: unknown argument '%s'\n", a);
+        switch (c) {
+        case ':':
+            fprintf(stderr, "kvbench: %s needs a value\n", word);
             kvb__usage(stderr);
             return 2;
+        case KVB_OPT_CASE:
+            kvb__case_filter = optarg;
+            break;
+        case KVB_OPT_BENCH:
+            kvb__bench_filter = optarg;
+            break;
+        case KVB_OPT_OUT:
+            out_path = optarg;
+            break;
+        case KVB_OPT_QUICK:
+            kvb__quick_flag = 1;
+            break;
+        case KVB_OPT_LIST:
+            kvb__list_mode = 1;
+            break;
+        default: /* 'h' */
+            kvb__usage(stdout);
+            return 0;
         }
     }
     if (!kvb__list_mode && out_path[0]) {
