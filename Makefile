@@ -371,7 +371,8 @@ format:
 
 cppcheck:
 	cppcheck --std=c11 --enable=warning,performance,portability --error-exitcode=1 \
-	    --inline-suppr -q $(INCLUDES) $(DEFS) $(foreach m,$(MODULES),$(m))
+	    --inline-suppr -q $(INCLUDES) $(DEFS) -Itools/kvcache -Itools/bench -Itools/kvdemo \
+	    $(foreach m,$(MODULES),$(m)) tools
 
 clean:
 	rm -rf build build-*
