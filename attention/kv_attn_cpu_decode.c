@@ -113,6 +113,27 @@ KV__AVX2 static inline __m256 ld8_bf16(const void *p)
     const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
+/* fp8 rows, 8 bytes -> 8 floats, exactly kv_e5m2_to_f32 / kv_e4m3_to_f32:
+ * e5m2 is the high byte of an f16 (inf and NaN included); e4m3's magnitude
+ * bits shifted into an f16 are the value times 2^-8 (bias 7 against 15,
+ * subnormals included, exact), then x 256; its one NaN pattern
+ * (S.1111.111, OCP e4m3fn has no inf) becomes a quiet NaN. */
+KV__AVX2 static inline __m256 ld8_e5m2(const void *p)
+{
+    const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_cvtph_ps(_mm_slli_epi16(w, 8));
+}
+KV__AVX2 static inline __m256 ld8_e4m3(const void *p)
+{
+    const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    const __m128i mag = _mm_and_si128(w, _mm_set1_epi16(0x7f));
+    const __m128i sign = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8);
+    const __m128i nan = _mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f));
+    /* a NaN lane becomes f16 0x7e00 (quiet NaN), sign kept */
+    const __m128i h =
+        _mm_or_si128(sign, _mm_blendv_epi8(_mm_slli_epi16(mag, 7), _mm_set1_epi16(0x7e00), nan));
+    return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+}
 KV__AVX2 static inline float hsum8(__m256 v)
 {
     __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -252,6 +273,8 @@ KV__AVX2 static void chunk_softmax(int n, int g, int64_t D, float vmul, float *m
 KV__DEFINE_CHUNK_AVX2(chunk_avx2_f32, ld8_f32, 4)
 KV__DEFINE_CHUNK_AVX2(chunk_avx2_f16, ld8_f16, 2)
 KV__DEFINE_CHUNK_AVX2(chunk_avx2_bf16, ld8_bf16, 2)
+KV__DEFINE_CHUNK_AVX2(chunk_avx2_e4m3, ld8_e4m3, 1)
+KV__DEFINE_CHUNK_AVX2(chunk_avx2_e5m2, ld8_e5m2, 1)
 
 static bool cpu_has_avx2(void)
 {
@@ -273,7 +296,9 @@ static bool cpu_has_avx2(void)
 bool kv__attn_decode_simd(kv_dtype dt, int64_t D)
 {
 #if KV__HAVE_AVX2
-    return !kv__attn_portable && D % 8 == 0 && (dt == KV_F32 || dt == KV_F16 || dt == KV_BF16) &&
+    return !kv__attn_portable && D % 8 == 0 &&
+           (dt == KV_F32 || dt == KV_F16 || dt == KV_BF16 || dt == KV_FP8_E4M3 ||
+            dt == KV_FP8_E5M2) &&
            cpu_has_avx2();
 #else
     (void)dt, (void)D;
@@ -281,11 +306,59 @@ bool kv__attn_decode_simd(kv_dtype dt, int64_t D)
 #endif
 }
 
+#if KV__HAVE_AVX2
+KV__AVX2 static void load8_avx2(kv_dtype dt, const void *p, float *out)
+{
+    switch (dt) {
+    case KV_F16:
+        _mm256_storeu_ps(out, ld8_f16(p));
+        break;
+    case KV_BF16:
+        _mm256_storeu_ps(out, ld8_bf16(p));
+        break;
+    case KV_FP8_E4M3:
+        _mm256_storeu_ps(out, ld8_e4m3(p));
+        break;
+    case KV_FP8_E5M2:
+        _mm256_storeu_ps(out, ld8_e5m2(p));
+        break;
+    default:
+        _mm256_storeu_ps(out, ld8_f32(p));
+        break;
+    }
+}
+#endif
+
+bool kv__attn_decode_load8(kv_dtype dt, const void *p, float out[8])
+{
+#if KV__HAVE_AVX2
+    if (!kv__attn_decode_simd(dt, 8))
+        return false;
+    load8_avx2(dt, p, out);
+    return true;
+#else
+    (void)dt, (void)p, (void)out;
+    return false;
+#endif
+}
+
 static kv__chunk_fn chunk_for(kv_dtype dt, int64_t D)
 {
 #if KV__HAVE_AVX2
-    if (kv__attn_decode_simd(dt, D))
-        return dt == KV_F32 ? chunk_avx2_f32 : dt == KV_F16 ? chunk_avx2_f16 : chunk_avx2_bf16;
+    if (kv__attn_decode_simd(dt, D)) {
+        switch (dt) {
+        case KV_F16:
+            return chunk_avx2_f16;
+        case KV_BF16:
+            return chunk_avx2_bf16;
+        case KV_FP8_E4M3:
+            return chunk_avx2_e4m3;
+        case KV_FP8_E5M2:
+            return chunk_avx2_e5m2;
+        default:
+            return chunk_avx2_f32;
+        }
+    }
 #endif
     (void)D;
     switch (dt) {

@@ -1448,6 +1448,47 @@ static void test_attn_cuda_entries_validate_first(void **state)
     fix_free(&f);
 }
 
+/* The AVX2 decode path's fp8 row loads against the scalar conversions the
+ * reference uses: all 256 byte values of each format, bit for bit (NaN:
+ * NaN; zeros keep their sign), at every byte offset of an 8-byte load. */
+static void test_attn_decode_fp8_loads_exact(void **state)
+{
+    (void)state;
+    static const kv_dtype fp8[2] = {KV_FP8_E4M3, KV_FP8_E5M2};
+    if (!kv__attn_decode_simd(KV_FP8_E4M3, 128)) {
+        print_message("    no AVX2/F16C on this CPU: the portable path only (tested below)\n");
+        return;
+    }
+    uint8_t bytes[256 + 8];
+    for (int i = 0; i < 256 + 8; i++)
+        bytes[i] = (uint8_t)(i * 37 + 11); /* 37 is odd: a permutation of 0..255 */
+    for (int f = 0; f < 2; f++) {
+        int nan = 0;
+        for (int at = 0; at < 256; at++) {
+            float got[8];
+            assert_true(kv__attn_decode_load8(fp8[f], bytes + at, got));
+            for (int e = 0; e < 8; e++) {
+                const uint8_t b = bytes[at + e];
+                const float want = fp8[f] == KV_FP8_E4M3 ? kv_e4m3_to_f32(b) : kv_e5m2_to_f32(b);
+                if (isnan(want)) {
+                    nan += e == 0;
+                    if (!isnan(got[e]) || signbit(got[e]) != signbit(want))
+                        fail_msg("%s byte 0x%02x: %g, want NaN", kv_dtype_name(fp8[f]), b,
+                                 (double)got[e]);
+                    continue;
+                }
+                uint32_t gb, wb;
+                memcpy(&gb, &got[e], 4);
+                memcpy(&wb, &want, 4);
+                if (gb != wb)
+                    fail_msg("%s byte 0x%02x: %a, want %a", kv_dtype_name(fp8[f]), b,
+                             (double)got[e], (double)want);
+            }
+        }
+        assert_int_equal(nan, f == 0 ? 2 : 6); /* e4m3: 0x7f 0xff; e5m2: 3 mantissas x 2 signs */
+    }
+}
+
 /* The code paths a size or a CPU feature selects, forced on small inputs
  * through the executors' test hook: decode attention on the portable path
  * (where the CPU would take AVX2), and write/read with streaming stores
@@ -1460,11 +1501,12 @@ static void test_attn_portable_and_streaming_paths(void **state)
     assert_false(kv__attn_decode_simd(KV_BF16, 128));
     decode_layouts(true);
     const int64_t lens[3] = {3, 64, 700};
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 5; i++) {
         struct dec_case dc = {0};
         dc.order = i % 2 ? KV_ORDER_HND : KV_ORDER_NHD;
         dc.N = 16, dc.D = 128, dc.H = 2, dc.g = 4, dc.r = 1;
-        dc.cache_dt = k_dtypes[i]; /* f32, f16, bf16: the dtypes AVX2 would take */
+        dc.cache_dt = k_dtypes[i]; /* every dtype AVX2 would take, fp8 included */
+        dc.scales = i >= 3;
         dc.q_dt = KV_BF16;
         dc.out_dt = KV_F32;
         dc.csr = true;
@@ -1537,6 +1579,7 @@ int main(void)
         cmocka_unit_test(test_attn_refusals_leave_the_pool_alone),
         cmocka_unit_test(test_attn_with_a_cache),
         cmocka_unit_test(test_attn_cuda_entries_validate_first),
+        cmocka_unit_test(test_attn_decode_fp8_loads_exact),
         cmocka_unit_test(test_attn_portable_and_streaming_paths),
         cmocka_unit_test(test_attn_threads),
     };

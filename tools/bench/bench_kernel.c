@@ -17,6 +17,9 @@
  *   kernel.decode_attn    Hq 32 over H 8, 256 sequences x 2,048 tokens (CSR);
  *                         tokens/s vs reading the same K/V once at memcpy
  *                         speed (a memcpy of its bytes)
+ *   kernel.decode_attn_fp8  the same decode over an fp8 (e4m3) cache of the
+ *                         same shape vs the bf16 decode, alternated in each
+ *                         run (the goal: >= 1.5x its tokens/s)
  *
  * Every case checks its result before it reports: written rows at addresses
  * computed from the layout's strides, read output against the source it was
@@ -38,6 +41,7 @@ static const int64_t N = 16, H = 8, D = 128;
 
 struct kvb__kc {
     kv_order order;
+    kv_dtype dtype; /* KV_BF16, or fp8 for the fp8 decode case */
     int64_t want_blocks;
     int ready; /* 1 built, -1 failed (built on first use: --list builds nothing) */
     struct kv_paged_cache c;
@@ -60,11 +64,21 @@ static void kvb__fill_bf16(void *p, size_t bytes, uint64_t seed)
         w[i] &= 0xBFFFBFFFBFFFBFFFull;
 }
 
-static int kvb__kc_build(struct kvb__kc *k, kv_order order, int64_t blocks)
+/* Random finite e4m3 values, |x| < 2: random bytes with exponent bit 6 clear
+ * (which also excludes the NaN pattern). */
+static void kvb__fill_e4m3(void *p, size_t bytes, uint64_t seed)
+{
+    kvb_fill_random(p, bytes, seed);
+    uint64_t *w = p;
+    for (size_t i = 0; i < bytes / 8; i++)
+        w[i] &= 0xBFBFBFBFBFBFBFBFull;
+}
+
+static int kvb__kc_build(struct kvb__kc *k, kv_order order, kv_dtype dt, int64_t blocks)
 {
     struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
     cfg.num_layers = 1, cfg.num_blocks = blocks, cfg.block_tokens = N, cfg.num_heads = H;
-    cfg.head_dim = D, cfg.dtype = KV_BF16, cfg.order = order;
+    cfg.head_dim = D, cfg.dtype = dt, cfg.order = order;
     memset(k, 0, sizeof(*k));
     kv_status st = kv_layout_init(&cfg, &k->c.layout);
     if (st != KV_OK) {
@@ -76,7 +90,10 @@ static int kvb__kc_build(struct kvb__kc *k, kv_order order, int64_t blocks)
     k->c.mem = KV_MEM_HOST;
     k->pool = kvb_alloc(k->c.storage_bytes);
     k->c.base = k->pool;
-    kvb__fill_bf16(k->pool, k->c.storage_bytes, 7); /* faults every page in */
+    if (dt == KV_FP8_E4M3) /* faults every page in */
+        kvb__fill_e4m3(k->pool, k->c.storage_bytes, 7);
+    else
+        kvb__fill_bf16(k->pool, k->c.storage_bytes, 7);
     k->perm = malloc((size_t)blocks * sizeof(int32_t));
     if (!k->perm)
         return -1;
@@ -97,9 +114,10 @@ static int kvb__kc_need(struct kvb__kc *k)
 {
     if (!k->ready) {
         const kv_order o = k->order;
+        const kv_dtype dt = k->dtype;
         const int64_t b = k->want_blocks;
-        k->ready = kvb__kc_build(k, o, b) == 0 ? 1 : -1;
-        k->order = o, k->want_blocks = b;
+        k->ready = kvb__kc_build(k, o, dt, b) == 0 ? 1 : -1;
+        k->order = o, k->dtype = dt, k->want_blocks = b;
     }
     return k->ready == 1 ? 0 : -1;
 }
@@ -407,30 +425,88 @@ out:
     kvb_free(scratch);
 }
 
-/* decode attention over S sequences of len tokens (Hq = 32 over H = 8). */
-static void kvb__decode_attn(struct kvb__kc *kc, int64_t S, int64_t len)
+/* Checks decode output o (bf16 [S][Hq][D]) of q over kc's cache against a
+ * float64 reference for a sample of (sequence, query head) pairs; 0 or -1
+ * after reporting the mismatch. */
+static int kvb__decode_check(const char *bench, const char *name, const struct kvb__kc *kc,
+                             int64_t S, int64_t len, const char *q, const char *o, float scale)
 {
-    static const char bench[] = "kernel.decode_attn";
-    const int64_t Hq = 32, per = len / N, g = Hq / H;
+    const struct kv_layout *lo = &kc->c.layout;
+    const kv_dtype dt = lo->dtype;
+    const int64_t Hq = 32, per = len / N, g = Hq / H, es = lo->elem_bytes;
+    double *w = malloc((size_t)len * sizeof(double));
+    const int64_t ss[3] = {0, S / 2, S - 1}, qs[3] = {0, 13, Hq - 1};
+    if (!w)
+        return -1;
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) {
+            const int64_t s = ss[a], qi = qs[b], h = qi / g;
+            const char *qr = q + (s * Hq + qi) * D * 2;
+            double mx = -INFINITY, sum = 0.0;
+            for (int64_t t = 0; t < len; t++) {
+                const int64_t slot = (int64_t)kc->perm[s * per + t / N] * N + t % N;
+                const char *kr = kc->pool + kvb__row_off(lo, 0, slot, h);
+                double dot = 0.0;
+                for (int64_t d = 0; d < D; d++)
+                    dot +=
+                        (double)kv_to_f32(KV_BF16, qr + d * 2) * (double)kv_to_f32(dt, kr + d * es);
+                w[t] = dot * scale;
+                mx = w[t] > mx ? w[t] : mx;
+            }
+            for (int64_t t = 0; t < len; t++)
+                sum += (w[t] = exp(w[t] - mx));
+            for (int64_t d = 0; d < D; d++) {
+                double acc = 0.0;
+                for (int64_t t = 0; t < len; t++) {
+                    const int64_t slot = (int64_t)kc->perm[s * per + t / N] * N + t % N;
+                    acc += w[t] *
+                           (double)kv_to_f32(dt, kc->pool + kvb__row_off(lo, 1, slot, h) + d * es);
+                }
+                const double want = acc / sum;
+                const double got = kv_to_f32(KV_BF16, o + ((s * Hq + qi) * D + d) * 2);
+                /* bf16 output: 2^-8 relative, plus f32 accumulation */
+                if (fabs(got - want) > 1e-2 * fabs(want) + 1e-3) {
+                    kvb_mismatch(
+                        bench, name, "%s cache: s %lld q %lld d %lld: %.6g, reference %.6g",
+                        kv_dtype_name(dt), (long long)s, (long long)qi, (long long)d, got, want);
+                    free(w);
+                    return -1;
+                }
+            }
+        }
+    free(w);
+    return 0;
+}
+
+/* Decode attention over S sequences of len tokens (Hq = 32 over H = 8) on
+ * kc's cache. Without cmp the baseline is reading the same K/V once at
+ * memcpy speed; with cmp (kernel.decode_attn_fp8: kc holds e4m3, cmp the
+ * bf16 cache of the same shape) it is the same decode over cmp, alternated
+ * with the candidate in every run. Both outputs are checked. */
+static void kvb__decode_attn(struct kvb__kc *kc, struct kvb__kc *cmp, int64_t S, int64_t len)
+{
+    const char *bench = cmp ? "kernel.decode_attn_fp8" : "kernel.decode_attn";
+    const int64_t Hq = 32, per = len / N;
     const int runs = kvb_runs() < 5 ? kvb_runs() : 5; /* each run reads over 2 GiB */
-    const size_t qb = (size_t)(S * Hq * D) * 2, kvb = (size_t)(S * len * H * D) * 2 * 2;
+    const size_t qb = (size_t)(S * Hq * D) * 2;
     char name[160];
-    snprintf(name, sizeof(name), "%s/bf16/N16/Hq32/H8/D128/%lldx%lld/t%d",
-             kvb__order_name(kc->order), (long long)S, (long long)len, kv_threads());
+    snprintf(name, sizeof(name), "%s/%s/N16/Hq32/H8/D128/%lldx%lld/t%d", kvb__order_name(kc->order),
+             kv_dtype_name(kc->dtype), (long long)S, (long long)len, kv_threads());
     if (!kvb_selected(bench, name))
         return;
-    if (kvb__kc_need(kc) != 0) {
+    if (kvb__kc_need(kc) != 0 || (cmp && kvb__kc_need(cmp) != 0)) {
         kvb_mismatch(bench, name, "cannot build the cache");
         return;
     }
-    const struct kv_layout *lo = &kc->c.layout;
     if (S * per > kc->blocks) {
         kvb_mismatch(bench, name, "the pool has %lld blocks, the case needs %lld",
                      (long long)kc->blocks, (long long)(S * per));
         return;
     }
     kvb_progress(bench, name);
-    char *q = kvb_alloc(qb), *o = kvb_alloc(qb), *scratch = kvb_alloc(kvb);
+    const size_t kvb = cmp ? 0 : (size_t)(S * len * H * D) * kc->c.layout.elem_bytes * 2;
+    char *q = kvb_alloc(qb), *o = kvb_alloc(qb), *o2 = kvb_alloc(qb);
+    char *scratch = cmp ? NULL : kvb_alloc(kvb);
     int32_t *indptr = malloc((size_t)(S + 1) * sizeof(int32_t));
     int32_t *last = malloc((size_t)S * sizeof(int32_t));
     double tc[256], tm[256];
@@ -438,7 +514,9 @@ static void kvb__decode_attn(struct kvb__kc *kc, int64_t S, int64_t len)
         goto out;
     kvb__fill_bf16(q, qb, 5);
     memset(o, 0, qb);
-    memset(scratch, 0, kvb);
+    memset(o2, 0, qb);
+    if (scratch)
+        memset(scratch, 0, kvb);
     for (int64_t s = 0; s <= S; s++)
         indptr[s] = (int32_t)(s * per);
     for (int64_t s = 0; s < S; s++)
@@ -449,11 +527,15 @@ static void kvb__decode_attn(struct kvb__kc *kc, int64_t S, int64_t len)
                           .indptr = indptr,
                           .indices = kc->perm,
                           .last_page_len = last};
-    struct kv_view vq, vo;
+    struct kv_pages pg2 = pg;
+    if (cmp)
+        pg2.indices = cmp->perm;
+    struct kv_view vq, vo, vo2;
     const int64_t shape[3] = {S, Hq, D};
     kv_status st;
     if ((st = kv_view_init(q, qb, KV_BF16, 3, shape, &vq)) != KV_OK ||
-        (st = kv_view_init(o, qb, KV_BF16, 3, shape, &vo)) != KV_OK) {
+        (st = kv_view_init(o, qb, KV_BF16, 3, shape, &vo)) != KV_OK ||
+        (st = kv_view_init(o2, qb, KV_BF16, 3, shape, &vo2)) != KV_OK) {
         kvb__fail(bench, name, "views", st);
         goto out;
     }
@@ -462,66 +544,32 @@ static void kvb__decode_attn(struct kvb__kc *kc, int64_t S, int64_t len)
         double t0 = kvb_now();
         st = kv_attn_decode(kc->c, 0, &vq, &pg, scale, NULL, &vo);
         double t1 = kvb_now();
-        memcpy(scratch, kc->pool, kvb);
+        kv_status st2 = KV_OK;
+        if (cmp)
+            st2 = kv_attn_decode(cmp->c, 0, &vq, &pg2, scale, NULL, &vo2);
+        else
+            memcpy(scratch, kc->pool, kvb);
         double t2 = kvb_now();
-        if (st != KV_OK) {
-            kvb__fail(bench, name, "kv_attn_decode", st);
+        if (st != KV_OK || st2 != KV_OK) {
+            kvb__fail(bench, name, "kv_attn_decode", st != KV_OK ? st : st2);
             goto out;
         }
         if (r >= 0)
             tc[r] = t1 - t0, tm[r] = t2 - t1;
     }
-    /* a float64 reference for a sample of (sequence, query head) pairs */
-    {
-        double *w = malloc((size_t)len * sizeof(double));
-        const int64_t ss[3] = {0, S / 2, S - 1}, qs[3] = {0, 13, Hq - 1};
-        if (!w)
-            goto out;
-        for (int a = 0; a < 3; a++)
-            for (int b = 0; b < 3; b++) {
-                const int64_t s = ss[a], qi = qs[b], h = qi / g;
-                const char *qr = q + (s * Hq + qi) * D * 2;
-                double mx = -INFINITY, sum = 0.0;
-                for (int64_t t = 0; t < len; t++) {
-                    const int64_t slot = (int64_t)kc->perm[s * per + t / N] * N + t % N;
-                    const char *kr = kc->pool + kvb__row_off(lo, 0, slot, h);
-                    double dot = 0.0;
-                    for (int64_t d = 0; d < D; d++)
-                        dot += (double)kv_to_f32(KV_BF16, qr + d * 2) *
-                               (double)kv_to_f32(KV_BF16, kr + d * 2);
-                    w[t] = dot * scale;
-                    mx = w[t] > mx ? w[t] : mx;
-                }
-                for (int64_t t = 0; t < len; t++)
-                    sum += (w[t] = exp(w[t] - mx));
-                for (int64_t d = 0; d < D; d++) {
-                    double acc = 0.0;
-                    for (int64_t t = 0; t < len; t++) {
-                        const int64_t slot = (int64_t)kc->perm[s * per + t / N] * N + t % N;
-                        acc += w[t] * (double)kv_to_f32(
-                                          KV_BF16, kc->pool + kvb__row_off(lo, 1, slot, h) + d * 2);
-                    }
-                    const double want = acc / sum;
-                    const double got = kv_to_f32(KV_BF16, o + ((s * Hq + qi) * D + d) * 2);
-                    /* bf16 output: 2^-8 relative, plus f32 accumulation */
-                    if (fabs(got - want) > 1e-2 * fabs(want) + 1e-3) {
-                        kvb_mismatch(bench, name, "s %lld q %lld d %lld: %.6g, reference %.6g",
-                                     (long long)s, (long long)qi, (long long)d, got, want);
-                        free(w);
-                        goto out;
-                    }
-                }
-            }
-        free(w);
-    }
-    kvb_emit_ops(bench, name, (uint64_t)(S * len), kvb_median(tc, runs), "memcpy",
-                 kvb_median(tm, runs), runs);
+    if (kvb__decode_check(bench, name, kc, S, len, q, o, scale) != 0 ||
+        (cmp && kvb__decode_check(bench, name, cmp, S, len, q, o2, scale) != 0))
+        goto out;
+    kvb_emit_ops(bench, name, (uint64_t)(S * len), kvb_median(tc, runs),
+                 cmp ? "bf16_decode" : "memcpy", kvb_median(tm, runs), runs);
 out:
     free(indptr);
     free(last);
     kvb_free(q);
     kvb_free(o);
-    kvb_free(scratch);
+    kvb_free(o2);
+    if (scratch)
+        kvb_free(scratch);
 }
 
 static void kvb__kernels(void)
@@ -534,13 +582,18 @@ static void kvb__kernels(void)
     for (int oi = 0; oi < 2; oi++) {
         /* 2 GiB + 64 MiB of K and V: the decode case reads 2 GiB of it */
         const int64_t blocks = quick ? 1024 : 32768 + 1024;
-        struct kvb__kc kc;
+        struct kvb__kc kc, k8;
         memset(&kc, 0, sizeof(kc));
         kc.order = orders[oi];
+        kc.dtype = KV_BF16;
         kc.want_blocks = blocks;
+        k8 = kc;
+        k8.dtype = KV_FP8_E4M3;
         kvb__prefill_and_read(&kc, quick ? 16 : 256, quick ? 64 : 512);
         kvb__write_decode(&kc, quick ? 256 : 4096, quick ? 2 : 16);
-        kvb__decode_attn(&kc, quick ? 16 : 256, quick ? 256 : 2048);
+        kvb__decode_attn(&kc, NULL, quick ? 16 : 256, quick ? 256 : 2048);
+        kvb__decode_attn(&k8, &kc, quick ? 16 : 256, quick ? 256 : 2048);
+        kvb__kc_fini(&k8);
         kvb__kc_fini(&kc);
     }
 }
