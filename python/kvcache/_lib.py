@@ -206,7 +206,9 @@ class Pages(ctypes.Structure):
 
 class PlanConfig(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("src_head0", ctypes.c_int64),
-                ("dst_head0", ctypes.c_int64), ("n_heads", ctypes.c_int64)]
+                ("dst_head0", ctypes.c_int64), ("n_heads", ctypes.c_int64),
+                ("src_layer0", ctypes.c_int64), ("dst_layer0", ctypes.c_int64),
+                ("n_layers", ctypes.c_int64)]
 
 
 # DLPack 0.6 (dlpack/dlpack.h)
