@@ -54,9 +54,8 @@ kv_status kv__plan_check_layout(const char *fn, const char *what, const struct k
     return st == KV_OK ? KV_OK : kv__error_wrap(st, "%s: %s", fn, what);
 }
 
-kv_status kv__plan_resolve(const char *fn, const struct kv_layout *src,
-                           const struct kv_layout *dst, const struct kv_plan_config *cfg,
-                           struct kv_plan_config *out)
+kv_status kv__plan_resolve(const char *fn, const struct kv_layout *src, const struct kv_layout *dst,
+                           const struct kv_plan_config *cfg, struct kv_plan_config *out)
 {
     struct kv_plan_config c = KV_PLAN_CONFIG_INIT;
     kv_status st;
@@ -91,8 +90,8 @@ kv_status kv__plan_resolve(const char *fn, const struct kv_layout *src,
     if (c.n_heads < 0 || c.src_head0 < 0 || c.dst_head0 < 0 ||
         c.src_head0 > src->num_heads - c.n_heads || c.dst_head0 > dst->num_heads - c.n_heads)
         return kv__error(KV_ERR_BAD_SHAPE,
-                         "%s: heads [%" PRId64 ", %" PRId64 "+%" PRId64 ") of a source with H %" PRId64
-                         " onto [%" PRId64 ", %" PRId64 "+%" PRId64
+                         "%s: heads [%" PRId64 ", %" PRId64 "+%" PRId64
+                         ") of a source with H %" PRId64 " onto [%" PRId64 ", %" PRId64 "+%" PRId64
                          ") of a destination with H %" PRId64 ": outside a layout",
                          fn, c.src_head0, c.src_head0, c.n_heads, src->num_heads, c.dst_head0,
                          c.dst_head0, c.n_heads, dst->num_heads);
@@ -106,14 +105,13 @@ kv_status kv__plan_resolve(const char *fn, const struct kv_layout *src,
         c.n_layers = src->num_layers;
     }
     if (c.n_layers < 0 || c.src_layer0 < 0 || c.dst_layer0 < 0 ||
-        c.src_layer0 > src->num_layers - c.n_layers ||
-        c.dst_layer0 > dst->num_layers - c.n_layers)
+        c.src_layer0 > src->num_layers - c.n_layers || c.dst_layer0 > dst->num_layers - c.n_layers)
         return kv__error(KV_ERR_BAD_SHAPE,
                          "%s: layers [%" PRId64 ", %" PRId64 "+%" PRId64
-                         ") of a source with L %" PRId64 " onto [%" PRId64 ", %" PRId64
-                         "+%" PRId64 ") of a destination with L %" PRId64 ": outside a layout",
-                         fn, c.src_layer0, c.src_layer0, c.n_layers, src->num_layers,
-                         c.dst_layer0, c.dst_layer0, c.n_layers, dst->num_layers);
+                         ") of a source with L %" PRId64 " onto [%" PRId64 ", %" PRId64 "+%" PRId64
+                         ") of a destination with L %" PRId64 ": outside a layout",
+                         fn, c.src_layer0, c.src_layer0, c.n_layers, src->num_layers, c.dst_layer0,
+                         c.dst_layer0, c.n_layers, dst->num_layers);
     *out = c;
     return KV_OK;
 }
@@ -186,12 +184,12 @@ kv_status kv_plan_create(const struct kv_layout *src, const struct kv_layout *ds
                     struct kv__row *w = &tmp[r++];
                     w->ks = t / Ns;
                     w->kd = t / Nd;
-                    w->src_rel = kv_layout_slot_offset_bytes(src, (uint32_t)(c.src_layer0 + l),
-                                                             kv, t % Ns) +
-                                 (c.src_head0 + h) * src->stride_head_bytes;
-                    w->dst_rel = kv_layout_slot_offset_bytes(dst, (uint32_t)(c.dst_layer0 + l),
-                                                             kv, t % Nd) +
-                                 (c.dst_head0 + h) * dst->stride_head_bytes;
+                    w->src_rel =
+                        kv_layout_slot_offset_bytes(src, (uint32_t)(c.src_layer0 + l), kv, t % Ns) +
+                        (c.src_head0 + h) * src->stride_head_bytes;
+                    w->dst_rel =
+                        kv_layout_slot_offset_bytes(dst, (uint32_t)(c.dst_layer0 + l), kv, t % Nd) +
+                        (c.dst_head0 + h) * dst->stride_head_bytes;
                     cnt[w->ks * ndb + w->kd + 1]++;
                 }
     for (int64_t k = 0; k < n_pairs; k++)

@@ -42,9 +42,8 @@ struct kv_plan {
  * head, every layer), the head and layer ranges inside both layouts. On
  * success *out is cfg with n_heads and n_layers resolved (never 0). The
  * refusals and statuses of kv_plan_create, its messages prefixed fn. */
-kv_status kv__plan_resolve(const char *fn, const struct kv_layout *src,
-                           const struct kv_layout *dst, const struct kv_plan_config *cfg,
-                           struct kv_plan_config *out);
+kv_status kv__plan_resolve(const char *fn, const struct kv_layout *src, const struct kv_layout *dst,
+                           const struct kv_plan_config *cfg, struct kv_plan_config *out);
 
 /* Blocks a request of n_tokens needs on one side of a plan. */
 static inline uint64_t kv__plan_blocks(const struct kv_layout *lo, uint64_t n_tokens)

@@ -37,16 +37,14 @@
  * source unchanged, the stats counting the moved layers and heads only. */
 static void run_pair_cfg(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Ls, int64_t Ld,
                          int64_t Bs, int64_t Bd, int64_t Hs, int64_t Hd,
-                         const struct kv_plan_config *pc, kv_dtype dt, int64_t Tmax,
-                         uint64_t seed)
+                         const struct kv_plan_config *pc, kv_dtype dt, int64_t Tmax, uint64_t seed)
 {
     const int64_t D = 16;
     struct kvt_side s, d;
     kvt_side_make(&s, Ls, Bs, Ns, Hs, D, dt, sbits, seed);
     kvt_side_make(&d, Ld, Bd, Nd, Hd, D, dt, dbits, seed + 1);
     const int64_t sh0 = pc->src_head0, dh0 = pc->dst_head0, nh = pc->n_heads ? pc->n_heads : Hs;
-    const int64_t sl0 = pc->src_layer0, dl0 = pc->dst_layer0,
-                  nl = pc->n_layers ? pc->n_layers : Ls;
+    const int64_t sl0 = pc->src_layer0, dl0 = pc->dst_layer0, nl = pc->n_layers ? pc->n_layers : Ls;
     kv_plan *plan = NULL;
     kv_status cst = kv_plan_create(&s.lo, &d.lo, pc, &plan);
     if (cst != KV_OK)
@@ -341,8 +339,9 @@ static void test_plan_layer_range_refusals(void **state)
         {INT64_MAX, 0, 1, "outside a layout"},
         {0, 0, INT64_MAX, "outside a layout"},
         {1, 1, INT64_MAX, "outside a layout"},
-        {0, 0, 0, "n_layers 0 (every layer) needs equal layer counts and layer offsets 0: "
-                  "source L 3 destination L 5, src_layer0 0 dst_layer0 0"},
+        {0, 0, 0,
+         "n_layers 0 (every layer) needs equal layer counts and layer offsets 0: "
+         "source L 3 destination L 5, src_layer0 0 dst_layer0 0"},
     };
     kv_plan *p = (kv_plan *)&bad; /* a sentinel: a refusal sets *out NULL */
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -510,9 +509,9 @@ struct sched_layers {
 };
 
 static void sched_pair_lay(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, int64_t Hd,
-                           int64_t sh0, int64_t dh0, int64_t nh, int64_t D, kv_dtype dt,
-                           uint64_t T, int64_t thr, uint64_t seed, int64_t src_shift,
-                           struct sched_layers ly, int64_t *n_wide, int64_t *n_narrow)
+                           int64_t sh0, int64_t dh0, int64_t nh, int64_t D, kv_dtype dt, uint64_t T,
+                           int64_t thr, uint64_t seed, int64_t src_shift, struct sched_layers ly,
+                           int64_t *n_wide, int64_t *n_narrow)
 {
     struct kvt_side s, d;
     /* pools of hundreds of blocks, tens where the blocks are large */
@@ -570,8 +569,8 @@ static void sched_pair_lay(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t
         assert_int_equal(moved, (int64_t)(T / (uint64_t)ps.window_tokens) * ps.window_bytes);
     /* and both equal the config-only reference (the layers and heads
      * outside the ranges as they were) */
-    kvt_ref_move_layers(&s, sid, ns, &d, did, nd, ly.sl0, ly.dl0, ly.nl ? ly.nl : ly.Ls, sh0,
-                        dh0, nh ? nh : Hs, ref);
+    kvt_ref_move_layers(&s, sid, ns, &d, did, nd, ly.sl0, ly.dl0, ly.nl ? ly.nl : ly.Ls, sh0, dh0,
+                        nh ? nh : Hs, ref);
     assert_int_equal(kvt_first_diff(ref, twin, (int64_t)dbytes), -1);
     free(ref);
     *n_wide = sc.n_wide;
