@@ -424,7 +424,7 @@ static kv_status inspect(const char *fn, const unsigned char *b, size_t len,
     const uint32_t flags = kv__le_get32(b + OFF_FLAGS), packed = kv__le_get32(b + OFF_PACKED);
     if (flags != 0 || packed > 1)
         return kv__error(KV_ERR_CORRUPT,
-                         "%s: flags 0x%x (version 1 defines none), K|V packed %u (0 or 1)", fn,
+                         "%s: flags 0x%x (version 2 defines none), K|V packed %u (0 or 1)", fn,
                          flags, packed);
     struct kv_layout_config c = KV_LAYOUT_CONFIG_INIT;
     c.num_layers = (int64_t)kv__le_get64(b + OFF_L);
