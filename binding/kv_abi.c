@@ -140,7 +140,10 @@
     X(kv_plan_config, struct_size)                                                                 \
     X(kv_plan_config, src_head0)                                                                   \
     X(kv_plan_config, dst_head0)                                                                   \
-    X(kv_plan_config, n_heads)
+    X(kv_plan_config, n_heads)                                                                     \
+    X(kv_plan_config, src_layer0)                                                                  \
+    X(kv_plan_config, dst_layer0)                                                                  \
+    X(kv_plan_config, n_layers)
 
 #define KV__ABI_STRUCTS(X)                                                                         \
     X(kv_layout_config)                                                                            \

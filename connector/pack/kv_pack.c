@@ -2,11 +2,11 @@
  * kv_pack.c - pack/unpack in the self-describing wire format (kv_pack.h;
  * the byte-by-byte format is in docs/connector.md).
  *
- * Fixed header, version 1 (little-endian; offsets in bytes):
+ * Fixed header, version 2 (little-endian; offsets in bytes):
  *
  *     0  u8[8] magic "KVPACK\r\n"      64  i64 B (source blocks)
- *     8  u32   version (1)             72  i64 N
- *    12  u32   fixed bytes (136)       80  i64 H
+ *     8  u32   version (2)             72  i64 N
+ *    12  u32   fixed bytes (152)       80  i64 H
  *    16  u64   header bytes            88  i64 D
  *    24  u64   payload bytes           96  u32 dtype (kv_dtype value)
  *    32  u64   n_tokens               100  u32 order (kv_order value)
@@ -15,9 +15,13 @@
  *    48  u64   source fingerprint     112  i64 block stride bytes
  *    56  i64   L                      120  i64 align bytes
  *                                     128  u64 payload block bytes
- *   136  u64[n_blocks] XXH3-64 of each payload block
- *   136 + 8 n_blocks   u64 XXH3-64 of bytes [0, 136 + 8 n_blocks)
- *   then zeros up to header bytes = round_up(144 + 8 n_blocks, 64).
+ *                                     136  u64 first packed layer
+ *                                     144  u64 packed layers
+ *   152  u64[n_blocks] XXH3-64 of each payload block
+ *   152 + 8 n_blocks   u64 XXH3-64 of bytes [0, 152 + 8 n_blocks)
+ *   then zeros up to header bytes = round_up(160 + 8 n_blocks, 64).
+ *
+ * Version 1 (136 fixed bytes, every layer, no range) is refused by name.
  */
 #include <inttypes.h>
 #include <omp.h>
@@ -30,7 +34,7 @@
 #include "kv_plan_int.h"
 #include "kv_wire.h"
 
-#define KV__PACK_FIXED 136u
+#define KV__PACK_FIXED 152u
 static const unsigned char kv__pack_magic[8] = {'K', 'V', 'P', 'A', 'C', 'K', '\r', '\n'};
 
 enum {
@@ -54,6 +58,8 @@ enum {
     OFF_STRIDE = 112,
     OFF_ALIGN = 120,
     OFF_BLOCK_BYTES = 128,
+    OFF_LAYER0 = 136,
+    OFF_NLAYERS = 144,
 };
 
 /* The header size for n blocks: fixed part, checksums, header checksum,
@@ -64,13 +70,16 @@ static uint64_t header_bytes(uint64_t n_blocks)
     return (raw + KV_PACK_ALIGN - 1) / KV_PACK_ALIGN * KV_PACK_ALIGN;
 }
 
-/* The payload's layout: src's blocks as they are (dims, dtype, order, K|V
- * packing), one block, block-major, unpadded, element-aligned. */
-static kv_status wire_layout(const char *fn, const struct kv_layout *src, struct kv_layout *out)
+/* The payload's layout for n_layers packed layers of src: src's blocks as
+ * they are (dims, dtype, order, K|V packing), one block, block-major,
+ * unpadded, element-aligned, L = n_layers. */
+static kv_status wire_layout(const char *fn, const struct kv_layout *src, int64_t n_layers,
+                             struct kv_layout *out)
 {
     struct kv_layout_config c;
     kv_status st = kv_layout_config_from(src, &c);
     if (st == KV_OK) {
+        c.num_layers = n_layers;
         c.num_blocks = 1;
         c.arrange = KV_ARRANGE_BLOCK_MAJOR;
         c.block_pad_elems = 0;
@@ -88,18 +97,46 @@ kv_status kv_pack_wire_layout(const struct kv_layout *src, struct kv_layout *out
         return kv__error(KV_ERR_NULL, "%s: %s is NULL", fn, !src ? "src" : "out");
     kv_status st = kv__plan_check_layout(fn, "source layout", src);
     if (st == KV_OK)
-        st = wire_layout(fn, src, out);
+        st = wire_layout(fn, src, src->num_layers, out);
     return st == KV_OK ? kv__ok() : st;
 }
 
-static kv_status pack_size(const char *fn, const struct kv_layout *src, uint64_t n_tokens,
-                           uint64_t *n_blocks, uint64_t *out)
+/* The layers a pack config packs: [*l0, *l0 + *nl) of src (cfg NULL or
+ * n_layers 0: every layer). Only src_layer0 and n_layers are read, so the
+ * config of the whole transfer serves both ends. src is a checked layout. */
+static kv_status pack_range(const char *fn, const struct kv_layout *src,
+                            const struct kv_plan_config *cfg, int64_t *l0, int64_t *nl)
+{
+    struct kv_plan_config c = KV_PLAN_CONFIG_INIT;
+    if (cfg) {
+        kv_status st = kv__check_struct_size(fn, "kv_plan_config", cfg->struct_size, sizeof(c));
+        if (st != KV_OK)
+            return st;
+        c = *cfg;
+    }
+    const int64_t L = src->num_layers;
+    if (c.n_layers == 0 && c.src_layer0 != 0)
+        return kv__error(KV_ERR_BAD_SHAPE,
+                         "%s: n_layers 0 (every layer) needs src_layer0 0, got %" PRId64, fn,
+                         c.src_layer0);
+    const int64_t n = c.n_layers ? c.n_layers : L;
+    if (n < 0 || c.src_layer0 < 0 || c.src_layer0 > L - n)
+        return kv__error(KV_ERR_BAD_SHAPE,
+                         "%s: layers [%" PRId64 ", %" PRId64 "+%" PRId64
+                         ") of a source with L %" PRId64 ": outside the layout",
+                         fn, c.src_layer0, c.src_layer0, n, L);
+    *l0 = c.src_layer0;
+    *nl = n;
+    return KV_OK;
+}
+
+static kv_status pack_size(const char *fn, const struct kv_layout *src, int64_t n_layers,
+                           uint64_t n_tokens, uint64_t *n_blocks, uint64_t *out)
 {
     const uint64_t N = (uint64_t)src->block_tokens;
     const uint64_t nb = n_tokens / N + (n_tokens % N != 0);
-    /* one payload block: every layer, both planes, no padding */
-    const uint64_t bb =
-        (uint64_t)src->num_layers * (uint64_t)src->kv_planes * (uint64_t)src->block_bytes;
+    /* one payload block: the packed layers, both planes, no padding */
+    const uint64_t bb = (uint64_t)n_layers * (uint64_t)src->kv_planes * (uint64_t)src->block_bytes;
     if (nb > UINT32_MAX || (bb != 0 && nb > (UINT64_MAX - header_bytes(nb)) / bb))
         return kv__error(KV_ERR_OVERFLOW,
                          "%s: %" PRIu64 " tokens in %" PRIu64 "-token blocks of %" PRIu64
@@ -110,30 +147,81 @@ static kv_status pack_size(const char *fn, const struct kv_layout *src, uint64_t
     return KV_OK;
 }
 
-kv_status kv_pack_size(const struct kv_layout *src, uint64_t n_tokens, uint64_t *out_bytes)
+kv_status kv_pack_size(const struct kv_layout *src, const struct kv_plan_config *cfg,
+                       uint64_t n_tokens, uint64_t *out_bytes)
 {
     static const char fn[] = "kv_pack_size";
     if (!src || !out_bytes)
         return kv__error(KV_ERR_NULL, "%s: %s is NULL", fn, !src ? "src" : "out_bytes");
     uint64_t nb;
+    int64_t l0, nl;
     kv_status st = kv__plan_check_layout(fn, "source layout", src);
     if (st == KV_OK)
-        st = pack_size(fn, src, n_tokens, &nb, out_bytes);
+        st = pack_range(fn, src, cfg, &l0, &nl);
+    if (st == KV_OK)
+        st = pack_size(fn, src, nl, n_tokens, &nb, out_bytes);
     return st == KV_OK ? kv__ok() : st;
 }
 
-kv_status kv_pack_plan_create(const struct kv_layout *src, kv_plan **out)
+/* The pack plan of layers [l0, l0 + nl) of src into their wire layout. */
+static kv_status pack_plan(const char *fn, const struct kv_layout *src, int64_t l0, int64_t nl,
+                           kv_plan **out)
+{
+    struct kv_layout wire;
+    kv_status st = wire_layout(fn, src, nl, &wire);
+    struct kv_plan_config c = KV_PLAN_CONFIG_INIT;
+    c.src_layer0 = l0;
+    c.n_layers = nl;
+    if (st == KV_OK && (st = kv_plan_create(src, &wire, &c, out)) != KV_OK)
+        st = kv__error_wrap(st, "%s", fn);
+    return st;
+}
+
+kv_status kv_pack_plan_create(const struct kv_layout *src, const struct kv_plan_config *cfg,
+                              kv_plan **out)
 {
     static const char fn[] = "kv_pack_plan_create";
     if (!src || !out)
         return kv__error(KV_ERR_NULL, "%s: %s is NULL", fn, !src ? "src" : "out");
-    struct kv_layout wire;
+    int64_t l0, nl;
     kv_status st = kv__plan_check_layout(fn, "source layout", src);
     if (st == KV_OK)
-        st = wire_layout(fn, src, &wire);
-    if (st == KV_OK && (st = kv_plan_create(src, &wire, NULL, out)) != KV_OK)
-        st = kv__error_wrap(st, "%s", fn);
+        st = pack_range(fn, src, cfg, &l0, &nl);
+    if (st == KV_OK)
+        st = pack_plan(fn, src, l0, nl, out);
     return st == KV_OK ? kv__ok() : st;
+}
+
+/* The unpack plan for buffers packed from layout src into caches of layout
+ * dst as cfg says (the config between the two caches): cfg resolved by
+ * kv_plan_create's validator, then a plan from the wire layout of the
+ * packed layers (L = n_layers) onto [dst_layer0, +n_layers) of dst. With
+ * info (a buffer's header), the buffer must carry exactly cfg's source
+ * layers (KV_ERR_MISMATCH naming both ranges). */
+static kv_status unpack_plan(const char *fn, const struct kv_layout *src,
+                             const struct kv_layout *dst, const struct kv_plan_config *cfg,
+                             const struct kv_pack_info *info, kv_plan **out)
+{
+    struct kv_plan_config r;
+    kv_status st = kv__plan_resolve(fn, src, dst, cfg, &r);
+    if (st != KV_OK)
+        return st;
+    if (info && (r.src_layer0 != info->src_layer0 || r.n_layers != info->n_layers))
+        return kv__error(KV_ERR_MISMATCH,
+                         "%s: the buffer carries layers [%" PRId64 ", %" PRId64 "+%" PRId64
+                         ") of a source with L %" PRId64 "; the config unpacks [%" PRId64
+                         ", %" PRId64 "+%" PRId64 ")",
+                         fn, info->src_layer0, info->src_layer0, info->n_layers, src->num_layers,
+                         r.src_layer0, r.src_layer0, r.n_layers);
+    struct kv_layout wire;
+    if ((st = wire_layout(fn, src, r.n_layers, &wire)) != KV_OK)
+        return st;
+    struct kv_plan_config w = r;
+    w.src_layer0 = 0;
+    if ((st = kv_plan_create(&wire, dst, &w, out)) != KV_OK)
+        return kv__error_wrap(st, "%s", fn);
+    (*out)->wire_layer0 = r.src_layer0;
+    return KV_OK;
 }
 
 kv_status kv_unpack_plan_create(const struct kv_layout *src, const struct kv_layout *dst,
@@ -142,12 +230,8 @@ kv_status kv_unpack_plan_create(const struct kv_layout *src, const struct kv_lay
     static const char fn[] = "kv_unpack_plan_create";
     if (!src || !dst || !out)
         return kv__error(KV_ERR_NULL, "%s: %s is NULL", fn, !src ? "src" : !dst ? "dst" : "out");
-    struct kv_layout wire;
-    kv_status st = kv__plan_check_layout(fn, "source layout", src);
-    if (st == KV_OK)
-        st = wire_layout(fn, src, &wire);
-    if (st == KV_OK && (st = kv_plan_create(&wire, dst, cfg, out)) != KV_OK)
-        st = kv__error_wrap(st, "%s", fn);
+    *out = NULL;
+    kv_status st = unpack_plan(fn, src, dst, cfg, NULL, out);
     return st == KV_OK ? kv__ok() : st;
 }
 
@@ -171,7 +255,8 @@ static kv_status check_buffer_overlap(const char *fn, const void *buf, uint64_t 
 }
 
 kv_status kv_pack(const kv_plan *plan, struct kv_paged_cache src, const uint32_t *blocks,
-                  uint32_t n_blocks, uint64_t n_tokens, void *buf, size_t cap, size_t *out_bytes)
+                  uint32_t n_blocks, uint64_t n_tokens, void *buf, size_t cap, size_t *out_bytes,
+                  const struct kv_plan_config *cfg)
 {
     static const char fn[] = "kv_pack";
     if (!out_bytes)
@@ -180,8 +265,31 @@ kv_status kv_pack(const kv_plan *plan, struct kv_paged_cache src, const uint32_t
     if (st != KV_OK)
         return kv__error_wrap(st, "%s: source cache", fn);
     const struct kv_layout *lo = &src.layout;
+    /* the packed layers: the plan's (checked against this cache and its
+     * wire layout), else cfg's */
+    int64_t l0, nl;
+    struct kv_layout wire;
+    if (plan) {
+        l0 = plan->cfg.src_layer0;
+        nl = plan->cfg.n_layers;
+        const bool mine = plan->src.fingerprint == lo->fingerprint && nl <= lo->num_layers &&
+                          wire_layout(fn, lo, nl, &wire) == KV_OK &&
+                          plan->dst.fingerprint == wire.fingerprint && plan->cfg.dst_layer0 == 0 &&
+                          plan->cfg.n_heads == lo->num_heads;
+        if (!mine)
+            return kv__error(
+                KV_ERR_INVALID_ARG,
+                "%s: the plan moves 0x%016" PRIx64 " -> 0x%016" PRIx64 " (layers [%" PRId64
+                ", %" PRId64 "+%" PRId64 ")), not this cache's layout 0x%016" PRIx64
+                " into the wire layout of those layers"
+                " (build it with kv_pack_plan_create)",
+                fn, plan->src.fingerprint, plan->dst.fingerprint, l0, l0, nl, lo->fingerprint);
+    } else if ((st = pack_range(fn, lo, cfg, &l0, &nl)) != KV_OK ||
+               (st = wire_layout(fn, lo, nl, &wire)) != KV_OK) {
+        return st;
+    }
     uint64_t need_blocks, size;
-    if ((st = pack_size(fn, lo, n_tokens, &need_blocks, &size)) != KV_OK)
+    if ((st = pack_size(fn, lo, nl, n_tokens, &need_blocks, &size)) != KV_OK)
         return st;
     if (n_blocks != need_blocks)
         return kv__error(KV_ERR_BAD_SHAPE,
@@ -204,22 +312,9 @@ kv_status kv_pack(const kv_plan *plan, struct kv_paged_cache src, const uint32_t
                          lo->elem_bytes);
     if ((st = check_buffer_overlap(fn, buf, size, &src, "source")) != KV_OK)
         return st;
-    struct kv_layout wire;
-    if ((st = wire_layout(fn, lo, &wire)) != KV_OK)
-        return st;
     kv_plan *own = NULL;
-    if (plan) {
-        if (plan->src.fingerprint != lo->fingerprint || plan->dst.fingerprint != wire.fingerprint)
-            return kv__error(KV_ERR_INVALID_ARG,
-                             "%s: the plan moves 0x%016" PRIx64 " -> 0x%016" PRIx64
-                             ", not this cache's layout 0x%016" PRIx64
-                             " into its wire layout 0x%016" PRIx64
-                             " (build it with kv_pack_plan_create)",
-                             fn, plan->src.fingerprint, plan->dst.fingerprint, lo->fingerprint,
-                             wire.fingerprint);
-    } else if ((st = kv_plan_create(lo, &wire, NULL, &own)) != KV_OK) {
-        return kv__error_wrap(st, "%s", fn);
-    }
+    if (!plan && (st = pack_plan(fn, lo, l0, nl, &own)) != KV_OK)
+        return st;
     const kv_plan *p = plan ? plan : own;
     const uint64_t hdr = header_bytes(n_blocks), bb = (uint64_t)wire.stride_block_bytes;
     unsigned char *h = buf;
@@ -264,6 +359,8 @@ kv_status kv_pack(const kv_plan *plan, struct kv_paged_cache src, const uint32_t
     kv__le_put64(h + OFF_STRIDE, (uint64_t)lo->block_stride_bytes);
     kv__le_put64(h + OFF_ALIGN, (uint64_t)lo->align_bytes);
     kv__le_put64(h + OFF_BLOCK_BYTES, bb);
+    kv__le_put64(h + OFF_LAYER0, (uint64_t)l0);
+    kv__le_put64(h + OFF_NLAYERS, (uint64_t)nl);
     const uint64_t sum_at = KV__PACK_FIXED + 8 * (uint64_t)n_blocks;
     kv__le_put64(h + sum_at, kv__xxh3_64(h, sum_at));
     memset(h + sum_at + 8, 0, hdr - sum_at - 8);
@@ -289,8 +386,12 @@ static kv_status inspect(const char *fn, const unsigned char *b, size_t len,
                          "%s: truncated: %zu bytes, shorter than the 16-byte preamble", fn, len);
     const uint32_t version = kv__le_get32(b + OFF_VERSION);
     if (version != KV_PACK_VERSION)
-        return kv__error(KV_ERR_UNSUPPORTED, "%s: format version %u; this library reads version %u",
-                         fn, version, KV_PACK_VERSION);
+        return kv__error(KV_ERR_UNSUPPORTED,
+                         "%s: format version %u; this library reads version %u only%s", fn, version,
+                         KV_PACK_VERSION,
+                         version == 1 ? " (version 1 carried every layer and no layer range: "
+                                        "pack it again with this library)"
+                                      : "");
     const uint32_t fixed = kv__le_get32(b + OFF_FIXED);
     if (fixed != KV__PACK_FIXED)
         return kv__error(KV_ERR_CORRUPT, "%s: fixed header of %u bytes; version %u has %u", fn,
@@ -323,7 +424,7 @@ static kv_status inspect(const char *fn, const unsigned char *b, size_t len,
     const uint32_t flags = kv__le_get32(b + OFF_FLAGS), packed = kv__le_get32(b + OFF_PACKED);
     if (flags != 0 || packed > 1)
         return kv__error(KV_ERR_CORRUPT,
-                         "%s: flags 0x%x (version 1 defines none), K|V packed %u (0 or 1)", fn,
+                         "%s: flags 0x%x (version 2 defines none), K|V packed %u (0 or 1)", fn,
                          flags, packed);
     struct kv_layout_config c = KV_LAYOUT_CONFIG_INIT;
     c.num_layers = (int64_t)kv__le_get64(b + OFF_L);
@@ -350,7 +451,17 @@ static kv_status inspect(const char *fn, const unsigned char *b, size_t len,
                          fn, info.source.fingerprint, fp);
     if ((st = kv__plan_check_layout(fn, "the source layout in the header", &info.source)) != KV_OK)
         return st;
-    if ((st = wire_layout(fn, &info.source, &info.wire)) != KV_OK)
+    /* the packed layers, inside the source (u64 compares: any value) */
+    const uint64_t l0 = kv__le_get64(b + OFF_LAYER0), nl = kv__le_get64(b + OFF_NLAYERS);
+    const uint64_t L = (uint64_t)info.source.num_layers;
+    if (nl == 0 || nl > L || l0 > L - nl)
+        return kv__error(KV_ERR_CORRUPT,
+                         "%s: packed layers [%" PRIu64 ", %" PRIu64 "+%" PRIu64
+                         ") of a source with L %" PRIu64 ": outside the layout",
+                         fn, l0, l0, nl, L);
+    info.src_layer0 = (int64_t)l0;
+    info.n_layers = (int64_t)nl;
+    if ((st = wire_layout(fn, &info.source, info.n_layers, &info.wire)) != KV_OK)
         return st;
     info.n_tokens = kv__le_get64(b + OFF_TOKENS);
     const uint64_t N = (uint64_t)info.source.block_tokens;
@@ -411,6 +522,14 @@ kv_status kv_unpack(const kv_plan *plan, const void *buf, size_t len, struct kv_
         return kv__error_wrap(st, "%s: destination cache", fn);
     kv_plan *own = NULL;
     if (plan) {
+        if (plan->wire_layer0 != info.src_layer0 || plan->src.num_layers != info.n_layers)
+            return kv__error(KV_ERR_MISMATCH,
+                             "%s: the buffer carries layers [%" PRId64 ", %" PRId64 "+%" PRId64
+                             ") of its source; the plan unpacks [%" PRId64 ", %" PRId64 "+%" PRId64
+                             ") (build it with kv_unpack_plan_create for the "
+                             "packed range)",
+                             fn, info.src_layer0, info.src_layer0, info.n_layers, plan->wire_layer0,
+                             plan->wire_layer0, plan->src.num_layers);
         if (plan->src.fingerprint != info.wire.fingerprint ||
             plan->dst.fingerprint != dst.layout.fingerprint)
             return kv__error(KV_ERR_INVALID_ARG,
@@ -420,8 +539,8 @@ kv_status kv_unpack(const kv_plan *plan, const void *buf, size_t len, struct kv_
                              " (build it with kv_unpack_plan_create)",
                              fn, plan->src.fingerprint, plan->dst.fingerprint,
                              info.wire.fingerprint, dst.layout.fingerprint);
-    } else if ((st = kv_plan_create(&info.wire, &dst.layout, cfg, &own)) != KV_OK) {
-        return kv__error_wrap(st, "%s", fn);
+    } else if ((st = unpack_plan(fn, &info.source, &dst.layout, cfg, &info, &own)) != KV_OK) {
+        return st;
     }
     const kv_plan *p = plan ? plan : own;
     const uint64_t need = kv__plan_blocks(&dst.layout, info.n_tokens);

@@ -8,13 +8,22 @@
  *
  *   header   magic, version, sizes, the request's token and block counts,
  *            the complete source layout (every field kv_layout_init needs)
- *            and its fingerprint, an XXH3-64 checksum per block, and an
- *            XXH3-64 checksum of the header itself; all little-endian,
- *            padded with zeros to a multiple of 64 bytes.
+ *            and its fingerprint, the packed layer range, an XXH3-64
+ *            checksum per block, and an XXH3-64 checksum of the header
+ *            itself; all little-endian, padded with zeros to a multiple of
+ *            64 bytes.
  *   payload  the blocks in request order, each one contiguous: the source's
  *            own in-block format (order, K|V packing, dtype) without padding,
- *            layer by layer, K then V - the "wire layout", a block-major
- *            unpadded layout of one block (kv_pack_wire_layout).
+ *            layer by layer (the packed layers only), K then V - the "wire
+ *            layout", a block-major unpadded layout of one block
+ *            (kv_pack_wire_layout for every layer).
+ *
+ * Layer ranges: a pack carries layers [src_layer0, src_layer0 + n_layers)
+ * of the source (a struct kv_plan_config; NULL or n_layers 0: every layer),
+ * every head. kv_unpack takes the config between the two caches (the same
+ * struct: kv_pack reads only src_layer0 and n_layers, so one config serves
+ * both ends) and refuses a buffer that carries other layers than its
+ * src_layer0 / n_layers name (KV_ERR_MISMATCH), before any write.
  *
  * Packing never converts; unpacking converts to the destination's layout
  * (NHD <-> HND, layer-/block-major, padding, packed K|V, page size, a head
@@ -50,7 +59,7 @@
 extern "C" {
 #endif
 
-#define KV_PACK_VERSION 1u /* the format this library writes and reads */
+#define KV_PACK_VERSION 2u /* the format this library writes and reads (1: no layer range) */
 #define KV_PACK_ALIGN 64u  /* the header is padded to a multiple of this */
 
 /* What a packed buffer's header says (kv_pack_inspect). */
@@ -61,9 +70,11 @@ struct kv_pack_info {
     uint64_t header_bytes;   /* offset of the payload (a multiple of KV_PACK_ALIGN) */
     uint64_t payload_bytes;  /* n_blocks * block_bytes */
     uint64_t total_bytes;    /* header_bytes + payload_bytes: what kv_unpack reads */
-    uint64_t block_bytes;    /* one payload block: every layer, K and V */
+    uint64_t block_bytes;    /* one payload block: the packed layers, K and V */
+    int64_t src_layer0;      /* the packed layers: [src_layer0, src_layer0 + n_layers) */
+    int64_t n_layers;        /*   of the source, 1 <= n_layers <= source L */
     struct kv_layout source; /* the sender's layout, rebuilt and fingerprint-checked */
-    struct kv_layout wire;   /* one payload block as a layout (kv_pack_wire_layout) */
+    struct kv_layout wire;   /* one payload block as a layout (L = n_layers) */
 };
 
 /* The wire layout of src: one block (B = 1), block-major, unpadded,
@@ -73,18 +84,26 @@ struct kv_pack_info {
 KV_API KV_NODISCARD kv_status kv_pack_wire_layout(const struct kv_layout *src,
                                                   struct kv_layout *out);
 
-/* Bytes kv_pack writes for a request of n_tokens tokens of layout src.
- * KV_ERR_NULL, KV_ERR_INVALID_ARG (layout), KV_ERR_OVERFLOW. */
-KV_API KV_NODISCARD kv_status kv_pack_size(const struct kv_layout *src, uint64_t n_tokens,
+/* Bytes kv_pack writes for a request of n_tokens tokens of layout src, of
+ * the layers cfg names (src_layer0, n_layers; NULL: every layer).
+ * KV_ERR_NULL, KV_ERR_INVALID_ARG (layout, a config of another
+ * struct_size), KV_ERR_BAD_SHAPE (a layer range outside src, n_layers 0
+ * with src_layer0 > 0; the message names the values), KV_ERR_OVERFLOW. */
+KV_API KV_NODISCARD kv_status kv_pack_size(const struct kv_layout *src,
+                                           const struct kv_plan_config *cfg, uint64_t n_tokens,
                                            uint64_t *out_bytes);
 
-/* The plan kv_pack uses for caches of layout src (src -> its wire layout);
- * destroy it with kv_plan_destroy. Errors as kv_plan_create. */
-KV_API KV_NODISCARD kv_status kv_pack_plan_create(const struct kv_layout *src, kv_plan **out);
+/* The plan kv_pack uses for caches of layout src and the layers cfg names
+ * (src -> the wire layout of those layers; NULL: every layer); destroy it
+ * with kv_plan_destroy. Errors as kv_pack_size and kv_plan_create. */
+KV_API KV_NODISCARD kv_status kv_pack_plan_create(const struct kv_layout *src,
+                                                  const struct kv_plan_config *cfg, kv_plan **out);
 
 /* The plan kv_unpack uses for buffers packed from layout src into caches of
- * layout dst, moving heads as cfg says (NULL: every head). Errors as
- * kv_plan_create. */
+ * layout dst, with cfg the config between the two caches as kv_plan_create
+ * takes it (heads and layers; NULL: every head and layer): such a plan
+ * unpacks buffers carrying layers [src_layer0, +n_layers) of src onto
+ * [dst_layer0, +n_layers) of dst. Errors as kv_plan_create. */
 KV_API KV_NODISCARD kv_status kv_unpack_plan_create(const struct kv_layout *src,
                                                     const struct kv_layout *dst,
                                                     const struct kv_plan_config *cfg,
@@ -92,13 +111,17 @@ KV_API KV_NODISCARD kv_status kv_unpack_plan_create(const struct kv_layout *src,
 
 /* Pack blocks[0..n_blocks) of src (a request of n_tokens tokens: token t is
  * in blocks[t / N], so n_blocks == ceil(n_tokens / N)) into buf[0..cap).
- * Blocks move whole; a block id may repeat. plan: from kv_pack_plan_create
- * for src's layout, or NULL. On success *out_bytes is the packed size.
+ * Blocks move whole (the packed layers of them); a block id may repeat.
+ * plan: from kv_pack_plan_create for src's layout, or NULL; the layers are
+ * the plan's, else cfg's (src_layer0, n_layers; NULL: every layer; cfg is
+ * not read when there is a plan). On success *out_bytes is the packed size.
  * KV_ERR_NULL         out_bytes, buf (cap > 0), blocks (n_blocks > 0) NULL.
  * KV_ERR_INVALID_ARG  src as the kernels refuse it (kv_paged_check,
  *                     CPU-addressable), buf not aligned to the element size,
- *                     a plan for another layout.
- * KV_ERR_BAD_SHAPE    n_blocks other than ceil(n_tokens / N).
+ *                     a plan for another layout, a config of another
+ *                     struct_size.
+ * KV_ERR_BAD_SHAPE    n_blocks other than ceil(n_tokens / N), cfg's layer
+ *                     range outside src.
  * KV_ERR_OUT_OF_BOUNDS a block id >= B.
  * KV_ERR_CAPACITY     cap smaller than the packed size (*out_bytes then says
  *                     the size needed; nothing is written).
@@ -106,33 +129,41 @@ KV_API KV_NODISCARD kv_status kv_unpack_plan_create(const struct kv_layout *src,
  * Nothing is written on an error. */
 KV_API KV_NODISCARD kv_status kv_pack(const kv_plan *plan, struct kv_paged_cache src,
                                       const uint32_t *blocks, uint32_t n_blocks, uint64_t n_tokens,
-                                      void *buf, size_t cap, size_t *out_bytes);
+                                      void *buf, size_t cap, size_t *out_bytes,
+                                      const struct kv_plan_config *cfg);
 
 /* Check a packed buffer's header (not the payload's checksums) and describe
  * it. len may exceed total_bytes (trailing bytes are not read) but must
  * cover the header.
  * KV_ERR_NULL; KV_ERR_MISMATCH (not a kvcache pack: magic; a layout whose
  * fingerprint is not the one recorded); KV_ERR_UNSUPPORTED (another format
- * version); KV_ERR_CORRUPT (truncated header, header checksum, a field out
- * of range or inconsistent with another, non-zero padding). Each message
- * names the field and the values. */
+ * version, version 1 included); KV_ERR_CORRUPT (truncated header, header
+ * checksum, a field out of range or inconsistent with another - a packed
+ * layer range outside the source among them -, non-zero padding). Each
+ * message names the field and the values. */
 KV_API KV_NODISCARD kv_status kv_pack_inspect(const void *buf, size_t len,
                                               struct kv_pack_info *out);
 
 /* Unpack buf[0..len) into dst_blocks[0..n_dst) of dst, converting to dst's
- * layout; n_dst must be ceil(n_tokens / dst N). Heads: cfg as for
- * kv_plan_create (NULL: every head; the source and destination head counts
- * must then agree). plan: from kv_unpack_plan_create for (the buffer's
- * source layout, dst's layout, cfg), or NULL (cfg is then used).
+ * layout; n_dst must be ceil(n_tokens / dst N). Heads and layers: cfg as
+ * kv_plan_create takes it between the source cache and dst (NULL: every
+ * head and every layer; the source and destination counts must then
+ * agree); the buffer must carry exactly layers [src_layer0, +n_layers) of
+ * its source, which land on [dst_layer0, +n_layers) of dst; dst's other
+ * layers are not written. plan: from kv_unpack_plan_create for (the
+ * buffer's source layout, dst's layout, cfg), or NULL (cfg is then used).
  * Refusals, all before any byte of dst is written:
  *   everything kv_pack_inspect refuses;
  *   KV_ERR_CORRUPT      len shorter than total_bytes (truncated payload), a
  *                       block whose checksum fails (the message names it);
+ *   KV_ERR_MISMATCH     a buffer packed with other layers than cfg (or the
+ *                       plan) unpacks (the message names both ranges);
  *   KV_ERR_INVALID_ARG  dst as the kernels refuse it, the payload not
  *                       aligned to the element size, a plan for other
- *                       layouts, a dtype or shape the plan cannot move
+ *                       layouts, a dtype the plan cannot move
  *                       (kv_plan_create's refusals);
- *   KV_ERR_BAD_SHAPE    n_dst other than ceil(n_tokens / dst N);
+ *   KV_ERR_BAD_SHAPE    n_dst other than ceil(n_tokens / dst N), a head or
+ *                       layer range outside a layout (kv_plan_create's);
  *   KV_ERR_OUT_OF_BOUNDS a block id >= dst B;
  *   KV_ERR_OVERLAP      a destination block listed twice, buf inside dst's
  *                       storage. */

@@ -1,7 +1,7 @@
 /*
  * kv_plan.c - transfer plans (kv_plan.h) and their CPU executor.
  *
- * Build: every head row (layer, K/V, token of the window, head of the range)
+ * Build: every head row (layer and head of the ranges, K/V, token of the window)
  * is one (source block, destination block, src_rel, dst_rel) record of D
  * elements, offsets from kvcache/kv_layout_hd.h. Records are sorted by
  * (source block, destination block, src_rel) - made in the source's stride
@@ -54,6 +54,68 @@ kv_status kv__plan_check_layout(const char *fn, const char *what, const struct k
     return st == KV_OK ? KV_OK : kv__error_wrap(st, "%s: %s", fn, what);
 }
 
+kv_status kv__plan_resolve(const char *fn, const struct kv_layout *src, const struct kv_layout *dst,
+                           const struct kv_plan_config *cfg, struct kv_plan_config *out)
+{
+    struct kv_plan_config c = KV_PLAN_CONFIG_INIT;
+    kv_status st;
+    if (cfg) {
+        if ((st = kv__check_struct_size(fn, "kv_plan_config", cfg->struct_size, sizeof(c))) !=
+            KV_OK)
+            return st;
+        c = *cfg;
+    }
+    if ((st = kv__plan_check_layout(fn, "source layout", src)) != KV_OK ||
+        (st = kv__plan_check_layout(fn, "destination layout", dst)) != KV_OK)
+        return st;
+    if (src->dtype != dst->dtype || src->elem_bytes != dst->elem_bytes)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: source dtype %s, destination %s: a plan moves bytes "
+                         "and does not convert elements",
+                         fn, kv_dtype_name(src->dtype), kv_dtype_name(dst->dtype));
+    if (src->head_dim != dst->head_dim)
+        return kv__error(KV_ERR_BAD_SHAPE,
+                         "%s: source D %" PRId64 ", destination D %" PRId64
+                         ": head dims must agree",
+                         fn, src->head_dim, dst->head_dim);
+    if (c.n_heads == 0) {
+        if (src->num_heads != dst->num_heads || c.src_head0 != 0 || c.dst_head0 != 0)
+            return kv__error(KV_ERR_BAD_SHAPE,
+                             "%s: n_heads 0 (every head) needs equal head counts and "
+                             "head offsets 0: source H %" PRId64 " destination H %" PRId64
+                             ", src_head0 %" PRId64 " dst_head0 %" PRId64,
+                             fn, src->num_heads, dst->num_heads, c.src_head0, c.dst_head0);
+        c.n_heads = src->num_heads;
+    }
+    if (c.n_heads < 0 || c.src_head0 < 0 || c.dst_head0 < 0 ||
+        c.src_head0 > src->num_heads - c.n_heads || c.dst_head0 > dst->num_heads - c.n_heads)
+        return kv__error(KV_ERR_BAD_SHAPE,
+                         "%s: heads [%" PRId64 ", %" PRId64 "+%" PRId64
+                         ") of a source with H %" PRId64 " onto [%" PRId64 ", %" PRId64 "+%" PRId64
+                         ") of a destination with H %" PRId64 ": outside a layout",
+                         fn, c.src_head0, c.src_head0, c.n_heads, src->num_heads, c.dst_head0,
+                         c.dst_head0, c.n_heads, dst->num_heads);
+    if (c.n_layers == 0) {
+        if (src->num_layers != dst->num_layers || c.src_layer0 != 0 || c.dst_layer0 != 0)
+            return kv__error(KV_ERR_BAD_SHAPE,
+                             "%s: n_layers 0 (every layer) needs equal layer counts and "
+                             "layer offsets 0: source L %" PRId64 " destination L %" PRId64
+                             ", src_layer0 %" PRId64 " dst_layer0 %" PRId64,
+                             fn, src->num_layers, dst->num_layers, c.src_layer0, c.dst_layer0);
+        c.n_layers = src->num_layers;
+    }
+    if (c.n_layers < 0 || c.src_layer0 < 0 || c.dst_layer0 < 0 ||
+        c.src_layer0 > src->num_layers - c.n_layers || c.dst_layer0 > dst->num_layers - c.n_layers)
+        return kv__error(KV_ERR_BAD_SHAPE,
+                         "%s: layers [%" PRId64 ", %" PRId64 "+%" PRId64
+                         ") of a source with L %" PRId64 " onto [%" PRId64 ", %" PRId64 "+%" PRId64
+                         ") of a destination with L %" PRId64 ": outside a layout",
+                         fn, c.src_layer0, c.src_layer0, c.n_layers, src->num_layers, c.dst_layer0,
+                         c.dst_layer0, c.n_layers, dst->num_layers);
+    *out = c;
+    return KV_OK;
+}
+
 kv_status kv_plan_create(const struct kv_layout *src, const struct kv_layout *dst,
                          const struct kv_plan_config *cfg, kv_plan **out)
 {
@@ -63,55 +125,20 @@ kv_status kv_plan_create(const struct kv_layout *src, const struct kv_layout *ds
                          : !dst ? "dst"
                                 : "out");
     *out = NULL;
-    struct kv_plan_config c = KV_PLAN_CONFIG_INIT;
-    if (cfg) {
-        if (cfg->struct_size != sizeof(c))
-            return kv__error(KV_ERR_INVALID_ARG,
-                             "kv_plan_create: config struct_size %zu, this library's is %zu "
-                             "(start from KV_PLAN_CONFIG_INIT)",
-                             cfg->struct_size, sizeof(c));
-        c = *cfg;
-    }
-    kv_status st;
-    if ((st = kv__plan_check_layout("kv_plan_create", "source layout", src)) != KV_OK ||
-        (st = kv__plan_check_layout("kv_plan_create", "destination layout", dst)) != KV_OK)
+    struct kv_plan_config c;
+    kv_status st = kv__plan_resolve("kv_plan_create", src, dst, cfg, &c);
+    if (st != KV_OK)
         return st;
-    if (src->dtype != dst->dtype || src->elem_bytes != dst->elem_bytes)
-        return kv__error(KV_ERR_INVALID_ARG,
-                         "kv_plan_create: source dtype %s, destination %s: a plan moves bytes "
-                         "and does not convert elements",
-                         kv_dtype_name(src->dtype), kv_dtype_name(dst->dtype));
-    if (src->num_layers != dst->num_layers || src->head_dim != dst->head_dim)
-        return kv__error(KV_ERR_BAD_SHAPE,
-                         "kv_plan_create: source L %" PRId64 " D %" PRId64
-                         ", destination L %" PRId64 " D %" PRId64
-                         ": layers and head dim must agree",
-                         src->num_layers, src->head_dim, dst->num_layers, dst->head_dim);
-    int64_t nh = c.n_heads;
-    if (nh == 0) {
-        if (src->num_heads != dst->num_heads || c.src_head0 != 0 || c.dst_head0 != 0)
-            return kv__error(KV_ERR_BAD_SHAPE,
-                             "kv_plan_create: n_heads 0 (every head) needs equal head counts and "
-                             "head offsets 0: source H %" PRId64 " destination H %" PRId64
-                             ", src_head0 %" PRId64 " dst_head0 %" PRId64,
-                             src->num_heads, dst->num_heads, c.src_head0, c.dst_head0);
-        nh = src->num_heads;
-    }
-    if (nh < 0 || c.src_head0 < 0 || c.dst_head0 < 0 || c.src_head0 > src->num_heads - nh ||
-        c.dst_head0 > dst->num_heads - nh)
-        return kv__error(KV_ERR_BAD_SHAPE,
-                         "kv_plan_create: heads [%" PRId64 ", %" PRId64 "+%" PRId64
-                         ") of a source with H %" PRId64 " onto [%" PRId64 ", %" PRId64 "+%" PRId64
-                         ") of a destination with H %" PRId64 ": outside a layout",
-                         c.src_head0, c.src_head0, nh, src->num_heads, c.dst_head0, c.dst_head0, nh,
-                         dst->num_heads);
+    const int64_t nh = c.n_heads;
     const int64_t Ns = src->block_tokens, Nd = dst->block_tokens, g = gcd64(Ns, Nd);
     if (Ns / g > KV__PLAN_MAX_WINDOW / Nd)
         return kv__error(KV_ERR_BAD_SHAPE,
                          "kv_plan_create: page sizes %" PRId64 " and %" PRId64
                          " make a window of more than %d tokens",
                          Ns, Nd, KV__PLAN_MAX_WINDOW);
-    const int64_t W = Ns / g * Nd, L = src->num_layers;
+    /* L: the layers moved; layer l of the plan is c.src_layer0 + l of the
+     * source and c.dst_layer0 + l of the destination */
+    const int64_t W = Ns / g * Nd, L = c.n_layers;
     const int64_t n_rows = L * 2 * W * nh, row_bytes = src->head_dim * src->elem_bytes;
 
     struct kv__row *rows = kv__mem_alloc((size_t)n_rows * sizeof(*rows));
@@ -157,10 +184,12 @@ kv_status kv_plan_create(const struct kv_layout *src, const struct kv_layout *ds
                     struct kv__row *w = &tmp[r++];
                     w->ks = t / Ns;
                     w->kd = t / Nd;
-                    w->src_rel = kv_layout_slot_offset_bytes(src, (uint32_t)l, kv, t % Ns) +
-                                 (c.src_head0 + h) * src->stride_head_bytes;
-                    w->dst_rel = kv_layout_slot_offset_bytes(dst, (uint32_t)l, kv, t % Nd) +
-                                 (c.dst_head0 + h) * dst->stride_head_bytes;
+                    w->src_rel =
+                        kv_layout_slot_offset_bytes(src, (uint32_t)(c.src_layer0 + l), kv, t % Ns) +
+                        (c.src_head0 + h) * src->stride_head_bytes;
+                    w->dst_rel =
+                        kv_layout_slot_offset_bytes(dst, (uint32_t)(c.dst_layer0 + l), kv, t % Nd) +
+                        (c.dst_head0 + h) * dst->stride_head_bytes;
                     cnt[w->ks * ndb + w->kd + 1]++;
                 }
     for (int64_t k = 0; k < n_pairs; k++)
@@ -230,6 +259,8 @@ kv_status kv_plan_create(const struct kv_layout *src, const struct kv_layout *ds
     p->n_copies = nc;
     p->src = *src;
     p->dst = *dst;
+    p->cfg = c;
+    p->wire_layer0 = 0;
     p->stats = (struct kv_plan_stats){.window_tokens = W,
                                       .window_src_blocks = W / Ns,
                                       .window_dst_blocks = W / Nd,

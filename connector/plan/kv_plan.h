@@ -4,11 +4,16 @@
  * per request with nothing but two lists of block ids (docs/connector.md).
  *
  * A plan relates a source layout and a destination layout with the same
- * layers, head dim and dtype. They may differ in everything else: NHD/HND,
- * layer-/block-major, padding, packed K|V, block count, page size (N), and
- * the heads: a head range [src_head0, src_head0 + n_heads) of the source
- * lands on [dst_head0, dst_head0 + n_heads) of the destination (a receiver
- * with another tensor-parallel size). Element bytes are never converted.
+ * head dim and dtype. They may differ in everything else: NHD/HND,
+ * layer-/block-major, padding, packed K|V, block count, page size (N), the
+ * heads - a head range [src_head0, src_head0 + n_heads) of the source lands
+ * on [dst_head0, dst_head0 + n_heads) of the destination (a receiver with
+ * another tensor-parallel size) - and the layers: a layer range
+ * [src_layer0, src_layer0 + n_layers) of the source lands on
+ * [dst_layer0, dst_layer0 + n_layers) of the destination (pipeline stage k
+ * of a prefill writing its layers into a decoder's matching ones, or one
+ * layer per transfer); layers outside the range are neither read nor
+ * written. Element bytes are never converted.
  *
  * The unit of a plan is a window of lcm(Ns, Nd) tokens: lcm/Ns source blocks
  * and lcm/Nd destination blocks. For each (source block, destination block)
@@ -41,13 +46,20 @@ extern "C" {
 #endif
 
 /* Options of kv_plan_create. Start from KV_PLAN_CONFIG_INIT (or
- * kv_plan_config_init); zero n_heads means every head (both layouts then
- * need the same H). */
+ * kv_plan_config_init): all zero is every head and every layer. Zero
+ * n_heads means every head (both layouts then need the same H and both head
+ * offsets must be 0); zero n_layers means every layer (the same for L).
+ * With n_layers > 0 the layouts may have different L: a pipeline stage's
+ * cache of 4 layers moves into layers [dst_layer0, dst_layer0 + 4) of a
+ * decoder's cache of 32. */
 struct kv_plan_config {
     size_t struct_size; /* sizeof this struct: set by _INIT / _init() */
     int64_t src_head0;  /* first source head moved */
     int64_t dst_head0;  /* where it lands in the destination */
     int64_t n_heads;    /* heads moved; 0 = all (H of both) */
+    int64_t src_layer0; /* first source layer moved */
+    int64_t dst_layer0; /* where it lands in the destination */
+    int64_t n_layers;   /* layers moved; 0 = all (L of both) */
 };
 
 #define KV_PLAN_CONFIG_INIT                                                                        \
@@ -64,14 +76,17 @@ static inline void kv_plan_config_init(struct kv_plan_config *cfg)
 typedef struct kv_plan kv_plan;
 
 /* Build the plan from src to dst (both complete layouts from
- * kv_layout_init). cfg may be NULL (every head).
+ * kv_layout_init). cfg may be NULL (every head, every layer).
  * KV_ERR_NULL         src, dst or out NULL.
  * KV_ERR_INVALID_ARG  a layout kv_layout_init would not compute, a config of
- *                     another struct_size, dtypes or element sizes that
- *                     differ.
- * KV_ERR_BAD_SHAPE    layers or head dims that differ, a head range outside
- *                     either layout, n_heads 0 with different head counts,
- *                     a window (lcm of the page sizes) over 65,536 tokens.
+ *                     another struct_size (a caller built against other
+ *                     headers), dtypes or element sizes that differ.
+ * KV_ERR_BAD_SHAPE    head dims that differ; a head or layer range outside
+ *                     either layout (a negative offset or count included);
+ *                     n_heads 0 with different head counts or a non-zero
+ *                     head offset; n_layers 0 with different layer counts
+ *                     or a non-zero layer offset; a window (lcm of the page
+ *                     sizes) over 65,536 tokens.
  * KV_ERR_NO_MEMORY.
  * Each message names the values. */
 KV_API KV_NODISCARD kv_status kv_plan_create(const struct kv_layout *src,
@@ -79,7 +94,8 @@ KV_API KV_NODISCARD kv_status kv_plan_create(const struct kv_layout *src,
                                              const struct kv_plan_config *cfg, kv_plan **out);
 KV_API void kv_plan_destroy(kv_plan *plan);
 
-/* What a plan moves. */
+/* What a plan moves. Rows, runs, copies and bytes count the moved heads
+ * and layers only: rows = n_layers x 2 x window_tokens x n_heads. */
 struct kv_plan_stats {
     int64_t window_tokens;     /* lcm(Ns, Nd) */
     int64_t window_src_blocks; /* window_tokens / Ns */
@@ -95,9 +111,10 @@ KV_API KV_NODISCARD kv_status kv_plan_stats_get(const kv_plan *plan, struct kv_p
 /* Execute the plan on the CPU for one request of n_tokens tokens (OpenMP
  * across copies): token t of the request is in src_blocks[t / Ns] and goes
  * to dst_blocks[t / Nd], so n_src must be ceil(n_tokens / Ns) and n_dst
- * ceil(n_tokens / Nd). Blocks move whole: tokens past n_tokens inside the
- * last blocks are copied as they are; destination tokens that no source
- * block covers stay untouched.
+ * ceil(n_tokens / Nd). Blocks move whole (within the plan's heads and
+ * layers): tokens past n_tokens inside the last blocks are copied as they
+ * are; destination tokens that no source block covers, and the layers and
+ * heads outside the plan's ranges, stay untouched.
  * Both caches are checked as the kernels check theirs (kv_paged_check,
  * CPU-addressable memory) and must carry the plan's layouts (fingerprints).
  * KV_ERR_NULL, KV_ERR_INVALID_ARG (a layout or memory kind, a layout other

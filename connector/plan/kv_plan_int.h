@@ -22,12 +22,28 @@ struct kv__plan_copy {
     int64_t src_pitch, dst_pitch;
 };
 
+/* cfg: the config resolved against src and dst (kv__plan_resolve):
+ * n_heads > 0 and n_layers > 0, both ranges inside both layouts.
+ * wire_layer0: the layer of the packed cache that src's layer 0 stands for.
+ * 0 except for a plan from kv_unpack_plan_create of a layer range, whose
+ * src is the wire layout of layers [wire_layer0, wire_layer0 + src L) of
+ * the cache that was packed (kv_unpack checks it against the buffer). */
 struct kv_plan {
     struct kv_layout src, dst;
+    struct kv_plan_config cfg;
+    int64_t wire_layer0;
     struct kv_plan_stats stats;
     int64_t n_copies;
     struct kv__plan_copy *copies;
 };
+
+/* The validation of kv_plan_create, alone: the two layouts as the kernels
+ * check them, dtype and head dim equal, cfg's struct_size (cfg NULL: every
+ * head, every layer), the head and layer ranges inside both layouts. On
+ * success *out is cfg with n_heads and n_layers resolved (never 0). The
+ * refusals and statuses of kv_plan_create, its messages prefixed fn. */
+kv_status kv__plan_resolve(const char *fn, const struct kv_layout *src, const struct kv_layout *dst,
+                           const struct kv_plan_config *cfg, struct kv_plan_config *out);
 
 /* Blocks a request of n_tokens needs on one side of a plan. */
 static inline uint64_t kv__plan_blocks(const struct kv_layout *lo, uint64_t n_tokens)

@@ -275,7 +275,11 @@ KV_API KV_NODISCARD kv_status kv_xport_write(kv_xport_peer *peer, const struct k
  * lists as kv_plan_copy takes them (n_src = ceil(n_tokens / Ns), n_dst =
  * ceil(n_tokens / Nd)); each 2-D copy of the plan becomes `height` entries
  * of `width` bytes, merged where consecutive entries are contiguous on both
- * sides. KV_ERR_NULL; KV_ERR_BAD_SHAPE (list lengths); KV_ERR_OUT_OF_BOUNDS
+ * sides. The plan's head and layer ranges decide what moves (a pipeline
+ * stage's layers into the decoder's matching ones, one layer per write);
+ * the receiver checks the writes against its exposed regions only, so
+ * which layout and layers it expects is for the two sides to agree (the
+ * placement the plan is built from). KV_ERR_NULL; KV_ERR_BAD_SHAPE (list lengths); KV_ERR_OUT_OF_BOUNDS
  * (a block id >= the layout's block count, a block outside either region);
  * KV_ERR_OVERLAP (a destination block twice); KV_ERR_NO_MEMORY; then those
  * of kv_xport_write. Nothing is sent on an error.

@@ -206,7 +206,9 @@ class Pages(ctypes.Structure):
 
 class PlanConfig(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("src_head0", ctypes.c_int64),
-                ("dst_head0", ctypes.c_int64), ("n_heads", ctypes.c_int64)]
+                ("dst_head0", ctypes.c_int64), ("n_heads", ctypes.c_int64),
+                ("src_layer0", ctypes.c_int64), ("dst_layer0", ctypes.c_int64),
+                ("n_layers", ctypes.c_int64)]
 
 
 # DLPack 0.6 (dlpack/dlpack.h)
@@ -300,9 +302,11 @@ _PROTOS = {
     "kv_attn_decode": (_ST, [PagedCache, ctypes.c_uint32, ctypes.POINTER(ViewC),
                              ctypes.POINTER(Pages), ctypes.c_float, ctypes.POINTER(Scales),
                              ctypes.POINTER(ViewC)]),
-    "kv_pack_size": (_ST, [ctypes.POINTER(LayoutC), ctypes.c_uint64, c_u64p]),
+    "kv_pack_size": (_ST, [ctypes.POINTER(LayoutC), ctypes.POINTER(PlanConfig),
+                           ctypes.c_uint64, c_u64p]),
     "kv_pack": (_ST, [vp, PagedCache, c_u32p, ctypes.c_uint32, ctypes.c_uint64, vp,
-                      ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
+                      ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t),
+                      ctypes.POINTER(PlanConfig)]),
     "kv_unpack": (_ST, [vp, vp, ctypes.c_size_t, PagedCache, c_u32p, ctypes.c_uint32,
                         ctypes.POINTER(PlanConfig)]),
     "kv_set_threads": (_ST, [ctypes.c_int]),

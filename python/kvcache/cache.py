@@ -34,6 +34,26 @@ def _dtype_code(name):
     return out.value
 
 
+def _plan_config(heads, layers):
+    """A kv_plan_config from (values, names) pairs for heads and layers
+    (either None), or None when both are: each tuple's length and every value
+    checked, InvalidArgument naming the field."""
+    if heads is None and layers is None:
+        return None
+    cfg = _lib.PlanConfig()
+    cfg.struct_size = ctypes.sizeof(_lib.PlanConfig)
+    for part, what in ((heads, "heads"), (layers, "layers")):
+        if part is None:
+            continue
+        values, names = part
+        if len(values) != len(names):
+            raise error("KV_ERR_INVALID_ARG", "%s: (%s), got %r" % (what, ", ".join(names),
+                                                                     values))
+        for x, n in zip(values, names):
+            setattr(cfg, n, integer(x, "%s.%s" % (what, n), I64))
+    return cfg
+
+
 def _u32_array(xs, what):
     """A 1-d uint32 array of ids (sequences, blocks), none wrapped."""
     return int_array(xs, what, U32, ndim=1)
@@ -643,39 +663,43 @@ class Cache:
     # ---- pack / unpack (connector/pack/kv_pack.h) -------------------------------
 
     @_call
-    def pack(self, blocks: Sequence[int], n_tokens: int) -> np.ndarray:
+    def pack(self, blocks: Sequence[int], n_tokens: int,
+             layers: Optional[Tuple[int, int]] = None) -> np.ndarray:
         """The request's blocks (ceil(n_tokens / N) of them) in kvcache's
-        self-describing wire format (docs/connector.md): a uint8 array."""
+        self-describing wire format (docs/connector.md): a uint8 array.
+        layers = (src_layer0, n_layers) packs that layer range only (every
+        layer when None)."""
         pc = self._paged()
         b = _u32_array(blocks, "blocks")
         n_tokens = integer(n_tokens, "n_tokens", U64)
+        cfg = _plan_config(None, None if layers is None else (layers, ("src_layer0", "n_layers")))
+        ref = ctypes.byref(cfg) if cfg is not None else None
         size = ctypes.c_uint64()
-        check(L.kv_pack_size(ctypes.byref(pc.layout), n_tokens, ctypes.byref(size)))
+        check(L.kv_pack_size(ctypes.byref(pc.layout), ref, n_tokens, ctypes.byref(size)))
         buf = np.empty(size.value, np.uint8)
         got = ctypes.c_size_t()
         check(L.kv_pack(None, pc, _p(b, _lib.c_u32p), b.size, n_tokens, buf.ctypes.data,
-                        buf.size, ctypes.byref(got)))
+                        buf.size, ctypes.byref(got), ref))
         return buf[:got.value]
 
     @_call
     def unpack(self, buf, blocks: Sequence[int],
-               heads: Optional[Tuple[int, int, int]] = None) -> None:
+               heads: Optional[Tuple[int, int, int]] = None,
+               layers: Optional[Tuple[int, int, int]] = None) -> None:
         """Unpack a packed buffer into blocks of this cache, converting to its
-        layout; heads = (src_head0, dst_head0, n_heads) moves a head range.
-        Everything is verified (header, layout, every block checksum) before
-        the first byte is written."""
+        layout; heads = (src_head0, dst_head0, n_heads) moves a head range,
+        layers = (src_layer0, dst_layer0, n_layers) lands the packed layers
+        [src_layer0, +n_layers) on [dst_layer0, +n_layers) of this cache (the
+        buffer must carry exactly those layers). Everything is verified
+        (header, layout, layer range, every block checksum) before the first
+        byte is written."""
         pc = self._paged()
         b = _u32_array(blocks, "blocks")
         a = np.ascontiguousarray(np.frombuffer(buf, np.uint8) if not isinstance(buf, np.ndarray)
                                  else buf.view(np.uint8).reshape(-1))
-        cfg = None
-        if heads is not None:
-            if len(heads) != 3:
-                raise error("KV_ERR_INVALID_ARG", "heads: (src_head0, dst_head0, n_heads), got "
-                            "%r" % (heads,))
-            cfg = _lib.PlanConfig(ctypes.sizeof(_lib.PlanConfig),
-                                  *[integer(x, "heads.%s" % n, I64) for x, n in
-                                    zip(heads, ("src_head0", "dst_head0", "n_heads"))])
+        cfg = _plan_config(
+            None if heads is None else (heads, ("src_head0", "dst_head0", "n_heads")),
+            None if layers is None else (layers, ("src_layer0", "dst_layer0", "n_layers")))
         check(L.kv_unpack(None, a.ctypes.data, a.size, pc, _p(b, _lib.c_u32p), b.size,
                           ctypes.byref(cfg) if cfg is not None else None))
 

@@ -71,26 +71,62 @@ static inline void kvt_pick_ids(uint64_t *rng, int64_t B, uint32_t n, uint32_t *
 }
 
 /* Apply to ref (a copy of d's storage) the move of a request of whole
- * blocks: every token both block lists cover, every layer, K and V, heads
- * [sh0, sh0 + nh) of s onto [dh0, ...) of d, D elements per head row. */
-static inline void kvt_ref_move(const struct kvt_side *s, const uint32_t *sid, uint32_t ns,
-                                const struct kvt_side *d, const uint32_t *did, uint32_t nd,
-                                int64_t sh0, int64_t dh0, int64_t nh, unsigned char *ref)
+ * blocks: every token both block lists cover, layers [sl0, sl0 + nl) of s
+ * onto [dl0, dl0 + nl) of d, K and V, heads [sh0, sh0 + nh) of s onto
+ * [dh0, ...) of d, D elements per head row. */
+static inline void kvt_ref_move_layers(const struct kvt_side *s, const uint32_t *sid, uint32_t ns,
+                                       const struct kvt_side *d, const uint32_t *did, uint32_t nd,
+                                       int64_t sl0, int64_t dl0, int64_t nl, int64_t sh0,
+                                       int64_t dh0, int64_t nh, unsigned char *ref)
 {
     const uint64_t Ns = (uint64_t)s->cfg.block_tokens, Nd = (uint64_t)d->cfg.block_tokens;
     const int64_t es = s->lo.elem_bytes, D = s->cfg.head_dim;
     const uint64_t covered =
         (uint64_t)ns * Ns < (uint64_t)nd * Nd ? (uint64_t)ns * Ns : (uint64_t)nd * Nd;
     for (uint64_t t = 0; t < covered; t++)
-        for (int64_t l = 0; l < s->cfg.num_layers; l++)
+        for (int64_t l = 0; l < nl; l++)
             for (int kv = 0; kv < 2; kv++)
                 for (int64_t h = 0; h < nh; h++) {
-                    const int64_t so = kvt_ref_offset_elems(&s->cfg, l, kv, sid[t / Ns],
+                    const int64_t so = kvt_ref_offset_elems(&s->cfg, sl0 + l, kv, sid[t / Ns],
                                                             (int64_t)(t % Ns), sh0 + h, 0);
-                    const int64_t dof = kvt_ref_offset_elems(&d->cfg, l, kv, did[t / Nd],
+                    const int64_t dof = kvt_ref_offset_elems(&d->cfg, dl0 + l, kv, did[t / Nd],
                                                              (int64_t)(t % Nd), dh0 + h, 0);
                     memcpy(ref + dof * es, s->mem + so * es, (size_t)(D * es));
                 }
+}
+
+/* kvt_ref_move_layers over every layer (both sides have the same L). */
+static inline void kvt_ref_move(const struct kvt_side *s, const uint32_t *sid, uint32_t ns,
+                                const struct kvt_side *d, const uint32_t *did, uint32_t nd,
+                                int64_t sh0, int64_t dh0, int64_t nh, unsigned char *ref)
+{
+    kvt_ref_move_layers(s, sid, ns, d, did, nd, 0, 0, s->cfg.num_layers, sh0, dh0, nh, ref);
+}
+
+/* Bytes of d's listed blocks in layers outside [dl0, dl0 + nl) that differ
+ * between mem and before (both d's whole storage): the layers a layer-range
+ * move must leave byte-identical, checked by config-only offsets, row by
+ * row (every head, K and V, every token of the blocks). */
+static inline int64_t kvt_other_layers_changed(const struct kvt_side *d, const uint32_t *did,
+                                               uint32_t nd, int64_t dl0, int64_t nl,
+                                               const unsigned char *mem,
+                                               const unsigned char *before)
+{
+    const int64_t es = d->lo.elem_bytes, D = d->cfg.head_dim, row = D * es;
+    int64_t changed = 0;
+    for (uint32_t b = 0; b < nd; b++)
+        for (int64_t l = 0; l < d->cfg.num_layers; l++) {
+            if (l >= dl0 && l < dl0 + nl)
+                continue;
+            for (int kv = 0; kv < 2; kv++)
+                for (int64_t n = 0; n < d->cfg.block_tokens; n++)
+                    for (int64_t h = 0; h < d->cfg.num_heads; h++) {
+                        const int64_t o =
+                            kvt_ref_offset_elems(&d->cfg, l, kv, did[b], n, h, 0) * es;
+                        changed += memcmp(mem + o, before + o, (size_t)row) != 0;
+                    }
+        }
+    return changed;
 }
 
 /* Index of the first byte where a and b differ, -1 if none. */

@@ -3,7 +3,9 @@
  * untrusted buffers (connector/pack/kv_pack.h).
  *
  * Input: byte 0 picks the mode, byte 1 the destination layout (order,
- * arrangement, padding, packing, page size, a head slice), the rest is
+ * arrangement, padding, packing, page size, a head slice) and the layers
+ * (bit 7: layer 1 of the source packed alone and unpacked onto layer
+ * (byte 1 >> 4) & 1; else every layer), the rest is
  *
  *   mode 0 (raw)     the buffer itself, exactly as received;
  *   mode 1 (edited)  edits to a valid pack of a seeded source request:
@@ -37,6 +39,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define SRC_BLOCKS 12
 #define DST_BLOCKS 10
+#define FIXED 152 /* the fixed header of pack format version 2 */
 
 static void die(const char *what)
 {
@@ -114,6 +117,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         pc.src_head0 = 2; /* heads 2..3 of the source onto 0..1 */
         pc.n_heads = 2;
     }
+    if (dsel & 0x80) { /* layer 1 of 2 onto layer 0 or 1: one config for both ends */
+        pc.src_layer0 = 1;
+        pc.dst_layer0 = (dsel >> 4) & 1;
+        pc.n_layers = 1;
+    }
     unsigned char *smem = malloc((size_t)slo.total_bytes);
     unsigned char *dmem = malloc((size_t)dlo.total_bytes);
     unsigned char *before = malloc((size_t)dlo.total_bytes);
@@ -139,10 +147,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         memcpy(buf, data, len);
     } else {
         uint64_t need = 0;
-        if (kv_pack_size(&slo, T, &need) != KV_OK)
+        if (kv_pack_size(&slo, &pc, T, &need) != KV_OK)
             die("pack_size");
         buf = malloc((size_t)need);
-        if (!buf || kv_pack(NULL, src, sid, 3, T, buf, (size_t)need, &len) != KV_OK)
+        if (!buf || kv_pack(NULL, src, sid, 3, T, buf, (size_t)need, &len, &pc) != KV_OK)
             die("pack");
         size_t i = 0;
         const uint8_t flags = size ? data[i++] : 0;
@@ -155,11 +163,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         const uint32_t nb =
             (uint32_t)(buf[40] | buf[41] << 8 | buf[42] << 16 | (uint32_t)buf[43] << 24);
-        const uint64_t sum_at = 136 + 8 * (uint64_t)nb, hdr = rd64(buf + 16);
+        const uint64_t sum_at = FIXED + 8 * (uint64_t)nb, hdr = rd64(buf + 16);
         if ((flags & 2) && nb == 3 && hdr + 3 * rd64(buf + 128) <= len && hdr <= len &&
             rd64(buf + 128) <= len)
             for (uint32_t k = 0; k < 3; k++) /* recompute block checksums */
-                wr64(buf + 136 + 8 * k,
+                wr64(buf + FIXED + 8 * k,
                      XXH3_64bits(buf + hdr + k * rd64(buf + 128), (size_t)rd64(buf + 128)));
         if ((flags & 1) && sum_at + 8 <= len)
             wr64(buf + sum_at, XXH3_64bits(buf, (size_t)sum_at));

@@ -2,7 +2,8 @@
  * test_gpu_plan.c - runs only where a GPU exists (scripts/gpu-check.sh):
  * kv_plan_copy_cuda against kv_plan_copy (itself checked element by element
  * in tests/unit/test_plan.c) over every pair of layouts (NHD/HND x layer-/
- * block-major x padded x packed), page sizes 8/16/32, head slices, dtypes
+ * block-major x padded x packed), page sizes 8/16/32, head slices, layer
+ * ranges between caches of different layer counts, dtypes
  * with odd head dims (the kernel's 16-, 4- and 1-byte paths), partial last
  * windows and block ids spread over the pools. Source and destination pools
  * start from the same random bytes on the host and the device; after the
@@ -42,12 +43,12 @@ struct side {
 };
 
 /* bits: 1 HND, 2 block-major, 4 padded, 8 packed K|V. */
-static void side_init(struct side *s, int64_t B, int64_t N, int64_t H, int64_t D, kv_dtype dt,
-                      int bits, int pinned, uint64_t seed)
+static void side_init(struct side *s, int64_t L, int64_t B, int64_t N, int64_t H, int64_t D,
+                      kv_dtype dt, int bits, int pinned, uint64_t seed)
 {
     struct kv_layout_config c = KV_LAYOUT_CONFIG_INIT;
     memset(s, 0, sizeof(*s));
-    c.num_layers = 3;
+    c.num_layers = L;
     c.num_blocks = B;
     c.block_tokens = N;
     c.num_heads = H;
@@ -108,18 +109,28 @@ static void pick(uint64_t *r, int64_t B, uint32_t n, uint32_t *ids)
     free(all);
 }
 
-static void one_case(int64_t Bs, int64_t Bd, int sb, int db, int64_t Ns, int64_t Nd, int64_t Hs,
-                     int64_t Hd, int64_t sh0, int64_t dh0, int64_t nh, int64_t D, kv_dtype dt,
-                     uint64_t T, int pinned, cudaStream_t stream, uint64_t seed)
+/* Layers of a case: source and destination L, the layer range (nl 0: all). */
+struct layers {
+    int64_t Ls, Ld, sl0, dl0, nl;
+};
+static const struct layers ALL3 = {3, 3, 0, 0, 0};
+
+static void one_case_layers(int64_t Bs, int64_t Bd, int sb, int db, int64_t Ns, int64_t Nd,
+                            int64_t Hs, int64_t Hd, int64_t sh0, int64_t dh0, int64_t nh, int64_t D,
+                            kv_dtype dt, uint64_t T, int pinned, cudaStream_t stream, uint64_t seed,
+                            struct layers ly)
 {
     struct side s, d;
-    char what[160];
-    side_init(&s, Bs, Ns, Hs, D, dt, sb, pinned == 1, seed);
-    side_init(&d, Bd, Nd, Hd, D, dt, db, pinned == 2, seed + 1);
+    char what[200];
+    side_init(&s, ly.Ls, Bs, Ns, Hs, D, dt, sb, pinned == 1, seed);
+    side_init(&d, ly.Ld, Bd, Nd, Hd, D, dt, db, pinned == 2, seed + 1);
     struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
     pc.src_head0 = sh0;
     pc.dst_head0 = dh0;
     pc.n_heads = nh;
+    pc.src_layer0 = ly.sl0;
+    pc.dst_layer0 = ly.dl0;
+    pc.n_layers = ly.nl;
     kv_plan *plan = NULL;
     CHECK(kv_plan_create(&s.lo, &d.lo, &pc, &plan) == KV_OK);
     const uint32_t ns = (uint32_t)((T + (uint64_t)Ns - 1) / (uint64_t)Ns);
@@ -132,9 +143,12 @@ static void one_case(int64_t Bs, int64_t Bd, int sb, int db, int64_t Ns, int64_t
     CHECK(kv_plan_copy(plan, s.host, sid, ns, d.host, did, nd, T) == KV_OK);
     CHECK(kv_plan_copy_cuda(plan, s.dev, sid, ns, d.dev, did, nd, T, (kv_cuda_stream)stream) ==
           KV_OK);
-    snprintf(what, sizeof(what), "bits %d->%d N %lld->%lld heads %lld+%lld->%lld D %lld %s T %llu",
+    snprintf(what, sizeof(what),
+             "bits %d->%d N %lld->%lld heads %lld+%lld->%lld layers %lld+%lld of %lld -> %lld "
+             "of %lld D %lld %s T %llu",
              sb, db, (long long)Ns, (long long)Nd, (long long)sh0, (long long)nh, (long long)dh0,
-             (long long)D, kv_dtype_name(dt), (unsigned long long)T);
+             (long long)ly.sl0, (long long)ly.nl, (long long)ly.Ls, (long long)ly.dl0,
+             (long long)ly.Ld, (long long)D, kv_dtype_name(dt), (unsigned long long)T);
     side_same(&d, what);
     side_same(&s, what); /* the source unchanged */
     kv_plan_destroy(plan);
@@ -142,12 +156,20 @@ static void one_case(int64_t Bs, int64_t Bd, int sb, int db, int64_t Ns, int64_t
     side_free(&d);
 }
 
+static void one_case(int64_t Bs, int64_t Bd, int sb, int db, int64_t Ns, int64_t Nd, int64_t Hs,
+                     int64_t Hd, int64_t sh0, int64_t dh0, int64_t nh, int64_t D, kv_dtype dt,
+                     uint64_t T, int pinned, cudaStream_t stream, uint64_t seed)
+{
+    one_case_layers(Bs, Bd, sb, db, Ns, Nd, Hs, Hd, sh0, dh0, nh, D, dt, T, pinned, stream, seed,
+                    ALL3);
+}
+
 /* One device cache on both sides (compaction), and refusals that leave the
  * device pool unchanged. */
 static void same_cache_and_refusals(void)
 {
     struct side s;
-    side_init(&s, 64, 16, 4, 64, KV_BF16, 0, 0, 77);
+    side_init(&s, 3, 64, 16, 4, 64, KV_BF16, 0, 0, 77);
     kv_plan *p = NULL;
     CHECK(kv_plan_create(&s.lo, &s.lo, NULL, &p) == KV_OK);
     uint32_t a[3] = {3, 40, 9}, b[3] = {10, 11, 63}, dup[3] = {10, 11, 10}, far[3] = {1, 64, 2};
@@ -206,6 +228,17 @@ int main(void)
         one_case(16, 12, pairs[i][0], pairs[i][1], pairs[i][2], pairs[i][2], 8, 8, 0, 0, 0, 1024,
                  KV_BF16, (uint64_t)pairs[i][2] * 5 + 7, 0, i % 2 ? st : NULL, seed++);
     }
+    /* layer ranges between different layer counts (a pipeline stage's 2
+     * layers into a decoder of 5, one layer), every layout pair of a few */
+    for (int sb = 0; sb < 16; sb += 3)
+        for (int db = 0; db < 16; db += 2, n++) {
+            const int64_t Ls = 1 + (int64_t)(rnd(&seed) % 4), Ld = 1 + (int64_t)(rnd(&seed) % 5);
+            const int64_t nl = 1 + (int64_t)(rnd(&seed) % (uint64_t)(Ls < Ld ? Ls : Ld));
+            const struct layers ly = {Ls, Ld, (int64_t)(rnd(&seed) % (uint64_t)(Ls - nl + 1)),
+                                      (int64_t)(rnd(&seed) % (uint64_t)(Ld - nl + 1)), nl};
+            one_case_layers(64, 48, sb, db, Ns[(sb + db) % 3], Ns[(2 * sb + db) % 3], 8, 8, 0, 0, 0,
+                            128, KV_BF16, 1 + rnd(&seed) % 200, 0, n % 2 ? st : NULL, seed++, ly);
+        }
     /* pinned host memory on either side */
     for (int i = 0; i < 8; i++, n++)
         one_case(64, 48, i, 15 - i, 16, 32, 8, 8, 0, 0, 0, 128, KV_BF16, 200, 1 + i % 2, NULL,

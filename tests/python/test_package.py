@@ -493,6 +493,42 @@ def test_pack_unpack_converts_and_refuses_corruption():
     dst.close()
 
 
+def test_pack_unpack_layer_range():
+    """Layer 1 of a 2-layer prefill cache into layer 2 of a 3-layer decode
+    cache (another layout); the other layers untouched; a buffer of other
+    layers than the call names is refused with nothing written."""
+    src = kvcache.Cache(small_layout(num_blocks=40))
+    dst = kvcache.Cache(small_layout(num_layers=3, num_blocks=50, block_tokens=32, order="HND"))
+    ar = src.arena()
+    ar[:] = np.random.default_rng(2).integers(0, 256, ar.size, dtype=np.uint8)
+    da = dst.arena()
+    da[:] = np.random.default_rng(3).integers(0, 256, da.size, dtype=np.uint8)
+    buf = src.pack([5, 9, 33], 40, layers=(1, 1))
+    whole = src.pack([5, 9, 33], 40)
+    assert buf.size < whole.size
+    before = [[dst.kv(layer, kv).numpy().view(np.uint16).copy() for kv in (0, 1)]
+              for layer in range(3)]  # bits: random f16 holds NaNs
+    snap = dst.arena().copy()
+    with pytest.raises(kvcache.Mismatch) as e:
+        dst.unpack(buf, [7, 44], layers=(0, 2, 1))  # the buffer carries layer 1, not 0
+    assert "layers [1, 1+1)" in e.value.message
+    with pytest.raises(kvcache.BadShape):
+        dst.unpack(buf, [7, 44])  # every layer: L 2 and 3 differ
+    with pytest.raises(kvcache.InvalidArgument):
+        dst.unpack(buf, [7, 44], layers=(1, 2))
+    assert np.array_equal(dst.arena(), snap)
+    dst.unpack(buf, [7, 44], layers=(1, 2, 1))
+    for kv in (0, 1):
+        a = src.kv(1, kv).numpy().view(np.uint16)  # [B][N][H][D] views of both orders
+        b = dst.kv(2, kv).numpy().view(np.uint16)
+        assert np.array_equal(np.concatenate([a[5], a[9], a[33]])[:40],
+                              np.concatenate([b[7], b[44]])[:40])
+        for layer in (0, 1):
+            assert np.array_equal(dst.kv(layer, kv).numpy().view(np.uint16), before[layer][kv])
+    src.close()
+    dst.close()
+
+
 def test_threads_setting():
     n = kvcache.threads()
     assert n >= 1

@@ -2,7 +2,8 @@
  * test_abi.c - the ABI checks at the boundary: every config struct carries
  * its struct_size and every create/init refuses a config compiled against
  * other headers (size 0: never initialized; another size: other headers)
- * before reading any other field; ops tables carry a version; the version
+ * before reading any other field (kv_plan_config included: its size before
+ * layer ranges is refused); ops tables carry a version; the version
  * and build lines say what was linked.
  */
 #include <setjmp.h>
@@ -167,6 +168,41 @@ static void test_abi_cache_config_size(void **state)
     kv_cache_destroy(cache);
 }
 
+static void test_abi_plan_config_size(void **state)
+{
+    (void)state;
+    struct kv_layout_config lc = KV_LAYOUT_CONFIG_INIT;
+    struct kv_layout lo;
+    lc.num_layers = 4, lc.num_blocks = 8, lc.block_tokens = 4, lc.num_heads = 2, lc.head_dim = 8;
+    lc.dtype = KV_BF16;
+    assert_int_equal(kv_layout_init(&lc, &lo), KV_OK);
+    struct kv_plan_config c;
+    memset(&c, 0xFF, sizeof(c));
+    kv_plan_config_init(&c);
+    struct kv_plan_config m = KV_PLAN_CONFIG_INIT;
+    assert_int_equal(c.struct_size, sizeof(c));
+    assert_int_equal(m.struct_size, sizeof(m));
+    assert_true(c.n_heads == 0 && c.n_layers == 0 && c.src_layer0 == 0 && c.dst_layer0 == 0);
+    c.src_layer0 = 1, c.dst_layer0 = 2, c.n_layers = 2;
+    kv_plan *p = NULL;
+    for (size_t i = 0; i < 3; i++) {
+        struct kv_plan_config bad = c;
+        bad.struct_size = bad_size(sizeof(c), k_delta[i]);
+        assert_refused(kv_plan_create(&lo, &lo, &bad, &p), "kv_plan_config", i);
+        assert_null(p);
+    }
+    /* the struct as it was before layer ranges (heads only) */
+    struct kv_plan_config old = c;
+    old.struct_size = offsetof(struct kv_plan_config, src_layer0);
+    assert_refused(kv_plan_create(&lo, &lo, &old, &p), "kv_plan_config", 1);
+    assert_int_equal(kv_plan_create(&lo, &lo, &c, &p), KV_OK);
+    kv_plan_destroy(p);
+    size_t off = 0, size = 0;
+    assert_int_equal(kv_abi_field("kv_plan_config", "n_layers", &off, &size), KV_OK);
+    assert_int_equal(off, offsetof(struct kv_plan_config, n_layers));
+    assert_int_equal(size, sizeof(int64_t));
+}
+
 static void test_abi_version_and_build_info(void **state)
 {
     (void)state;
@@ -254,6 +290,7 @@ int main(void)
         cmocka_unit_test(test_abi_block_pool_config_size),
         cmocka_unit_test(test_abi_page_table_config_and_ops_version),
         cmocka_unit_test(test_abi_cache_config_size),
+        cmocka_unit_test(test_abi_plan_config_size),
         cmocka_unit_test(test_abi_version_and_build_info),
         cmocka_unit_test(test_abi_struct_diffs_see_fields_not_padding),
     };

@@ -4,11 +4,14 @@
  * padded x packed, page sizes 8/16/32, head slices, three dtypes) with block
  * ids spread over pools of hundreds of blocks, checked against a reference
  * move computed from the configs alone and over the whole destination pool;
- * the bytes of the format at their documented offsets, the payload against
- * an independent gather and XXH3; and corruption: every header byte
- * flipped, payload bytes flipped, truncation at every length, a forged
- * fingerprint, version or magic - each refused with the destination
- * bit-identical.
+ * layer ranges (every layout pair with a random range between caches of
+ * different layer counts, a pipeline's stages, one layer; the layers
+ * outside the range untouched); the bytes of the format at their
+ * documented offsets, the payload against an independent gather and XXH3;
+ * and corruption: every header byte flipped, payload bytes flipped,
+ * truncation at every length, a forged fingerprint, version, magic or
+ * layer range, a version 1 buffer, a buffer of other layers than the
+ * config or plan unpacks - each refused with the destination bit-identical.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -53,83 +56,122 @@ static void wr64(unsigned char *p, uint64_t v)
         p[i] = (unsigned char)(v >> (8 * i));
 }
 
+#define FIXED 152 /* the fixed header of version 2 */
+
 /* Recompute the header checksum after a deliberate edit (a forged header). */
 static void reseal(unsigned char *buf)
 {
-    const uint64_t at = 136 + 8 * (uint64_t)rd32(buf + 40);
+    const uint64_t at = FIXED + 8 * (uint64_t)rd32(buf + 40);
     wr64(buf + at, XXH3_64bits(buf, at));
 }
 
-static unsigned char *pack_request(const kv_plan *plan, const struct kvt_side *s,
-                                   const uint32_t *ids, uint32_t n, uint64_t T, size_t *len)
+/* Pack a request of the layers cfg names (NULL: every layer) with plan (or
+ * NULL: cfg). */
+static unsigned char *pack_range(const kv_plan *plan, const struct kvt_side *s, const uint32_t *ids,
+                                 uint32_t n, uint64_t T, const struct kv_plan_config *cfg,
+                                 size_t *len)
 {
     uint64_t size = 0;
-    assert_int_equal(kv_pack_size(&s->lo, T, &size), KV_OK);
+    assert_int_equal(kv_pack_size(&s->lo, cfg, T, &size), KV_OK);
     unsigned char *buf = aligned_alloc(64, (size + 63) / 64 * 64);
     assert_non_null(buf);
-    kv_status st = kv_pack(plan, s->pc, ids, n, T, buf, (size_t)size, len);
+    kv_status st = kv_pack(plan, s->pc, ids, n, T, buf, (size_t)size, len, plan ? NULL : cfg);
     if (st != KV_OK)
         fail_msg("kv_pack: %s: %s", kv_status_name(st), kv_last_error());
     assert_int_equal(*len, size);
     return buf;
 }
 
-static void round_trip(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, int64_t Hd,
-                       int64_t sh0, int64_t dh0, int64_t nh, kv_dtype dt, bool plans, uint64_t seed)
+static unsigned char *pack_request(const kv_plan *plan, const struct kvt_side *s,
+                                   const uint32_t *ids, uint32_t n, uint64_t T, size_t *len)
 {
-    const int64_t L = 3, D = 16;
+    return pack_range(plan, s, ids, n, T, NULL, len);
+}
+
+/* Pack a request from a source of Ls layers (Bs blocks) and unpack it into
+ * a destination of Ld layers (Bd blocks), both with the config pc of the
+ * whole transfer (heads and layers), through plans built once or per call;
+ * the whole destination pool against the config-only reference, the layers
+ * outside the range byte-identical, the source unchanged, the header's
+ * layer range and sizes as the range says. */
+static void round_trip_cfg(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Ls, int64_t Ld,
+                           int64_t Bs, int64_t Bd, int64_t Hs, int64_t Hd,
+                           const struct kv_plan_config *cfg, kv_dtype dt, bool plans, int64_t Tmax,
+                           uint64_t seed)
+{
+    const int64_t D = 16;
     struct kvt_side s, d;
-    kvt_side_make(&s, L, 300, Ns, Hs, D, dt, sbits, seed);
-    kvt_side_make(&d, L, 260, Nd, Hd, D, dt, dbits, seed + 1);
-    struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
-    pc.src_head0 = sh0;
-    pc.dst_head0 = dh0;
-    pc.n_heads = nh;
+    kvt_side_make(&s, Ls, Bs, Ns, Hs, D, dt, sbits, seed);
+    kvt_side_make(&d, Ld, Bd, Nd, Hd, D, dt, dbits, seed + 1);
+    const struct kv_plan_config pc = *cfg;
+    const int64_t sh0 = pc.src_head0, dh0 = pc.dst_head0, nh = pc.n_heads;
+    const int64_t sl0 = pc.src_layer0, dl0 = pc.dst_layer0, nl = pc.n_layers ? pc.n_layers : Ls;
     kv_plan *pp = NULL, *up = NULL;
     if (plans) {
-        assert_int_equal(kv_pack_plan_create(&s.lo, &pp), KV_OK);
+        assert_int_equal(kv_pack_plan_create(&s.lo, &pc, &pp), KV_OK);
         assert_int_equal(kv_unpack_plan_create(&s.lo, &d.lo, &pc, &up), KV_OK);
     }
     uint64_t rng = seed * 11 + 5;
-    const uint64_t T = (uint64_t)kvt_range(&rng, 1, 700);
+    const uint64_t T = (uint64_t)kvt_range(&rng, 1, Tmax);
     const uint32_t ns = (uint32_t)((T + (uint64_t)Ns - 1) / (uint64_t)Ns);
     const uint32_t nd = (uint32_t)((T + (uint64_t)Nd - 1) / (uint64_t)Nd);
     uint32_t sid[128], did[128];
     kvt_pick_ids(&rng, s.lo.num_blocks, ns, sid);
     kvt_pick_ids(&rng, d.lo.num_blocks, nd, did);
     unsigned char *ref = malloc((size_t)d.lo.total_bytes);
+    unsigned char *dst0 = malloc((size_t)d.lo.total_bytes);
     unsigned char *src0 = malloc((size_t)s.lo.total_bytes);
-    assert_true(ref && src0);
+    assert_true(ref && dst0 && src0);
     memcpy(ref, d.mem, (size_t)d.lo.total_bytes);
+    memcpy(dst0, d.mem, (size_t)d.lo.total_bytes);
     memcpy(src0, s.mem, (size_t)s.lo.total_bytes);
-    kvt_ref_move(&s, sid, ns, &d, did, nd, sh0, dh0, nh ? nh : Hs, ref);
+    kvt_ref_move_layers(&s, sid, ns, &d, did, nd, sl0, dl0, nl, sh0, dh0, nh ? nh : Hs, ref);
 
     size_t len = 0;
-    unsigned char *buf = pack_request(pp, &s, sid, ns, T, &len);
+    unsigned char *buf = pack_range(pp, &s, sid, ns, T, &pc, &len);
     struct kv_pack_info info;
     assert_int_equal(kv_pack_inspect(buf, len, &info), KV_OK);
     assert_int_equal(info.n_tokens, T);
     assert_int_equal(info.n_blocks, ns);
     assert_int_equal(info.source.fingerprint, s.lo.fingerprint);
     assert_int_equal(info.total_bytes, len);
+    assert_int_equal(info.src_layer0, sl0);
+    assert_int_equal(info.n_layers, nl);
+    assert_int_equal(info.wire.num_layers, nl);
+    /* a block of the payload: the packed layers, K and V, no padding */
+    assert_int_equal(info.block_bytes, (uint64_t)(nl * 2 * Ns * Hs * D * s.lo.elem_bytes));
     kv_status st = kv_unpack(up, buf, len, d.pc, did, nd, plans ? NULL : &pc);
     if (st != KV_OK)
         fail_msg("kv_unpack: %s: %s", kv_status_name(st), kv_last_error());
     const int64_t at = kvt_first_diff(ref, d.mem, d.lo.total_bytes);
     if (at >= 0)
-        fail_msg("bits %d->%d N %lld->%lld heads [%lld+%lld) -> [%lld): destination byte %lld "
-                 "of %lld differs",
+        fail_msg("bits %d->%d N %lld->%lld heads [%lld+%lld) -> [%lld) layers [%lld+%lld) of "
+                 "%lld -> [%lld) of %lld: destination byte %lld of %lld differs",
                  sbits, dbits, (long long)Ns, (long long)Nd, (long long)sh0,
-                 (long long)(nh ? nh : Hs), (long long)dh0, (long long)at,
+                 (long long)(nh ? nh : Hs), (long long)dh0, (long long)sl0, (long long)nl,
+                 (long long)Ls, (long long)dl0, (long long)Ld, (long long)at,
                  (long long)d.lo.total_bytes);
+    /* the destination's other layers, row by row from the config: as before */
+    assert_int_equal(kvt_other_layers_changed(&d, did, nd, dl0, nl, d.mem, dst0), 0);
     assert_memory_equal(src0, s.mem, (size_t)s.lo.total_bytes);
     free(buf);
     free(ref);
+    free(dst0);
     free(src0);
     kv_plan_destroy(pp);
     kv_plan_destroy(up);
     kvt_side_free(&s);
     kvt_side_free(&d);
+}
+
+static void round_trip(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, int64_t Hd,
+                       int64_t sh0, int64_t dh0, int64_t nh, kv_dtype dt, bool plans, uint64_t seed)
+{
+    struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+    pc.src_head0 = sh0;
+    pc.dst_head0 = dh0;
+    pc.n_heads = nh;
+    round_trip_cfg(sbits, dbits, Ns, Nd, 3, 3, 300, 260, Hs, Hd, &pc, dt, plans, 700, seed);
 }
 
 static void test_pack_every_layout_pair(void **state)
@@ -156,33 +198,95 @@ static void test_pack_head_slices_and_dtypes(void **state)
     }
 }
 
+/* Every layout pair with a random layer range between a source of 1-5
+ * layers and a destination of 1-6 (every 8th: every layer between equal
+ * L), plans built once for half of them; every 4th pair also a head
+ * slice. */
+static void test_pack_layer_ranges_every_layout_pair(void **state)
+{
+    (void)state;
+    static const int64_t Ns[3] = {8, 16, 32};
+    uint64_t seed = 9000, rng = 41;
+    for (int sb = 0; sb < 16; sb++)
+        for (int db = 0; db < 16; db++) {
+            const int64_t a = Ns[(sb + db) % 3], b = Ns[(2 * sb + db) % 3];
+            struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+            int64_t Ls = kvt_range(&rng, 1, 5), Ld = kvt_range(&rng, 1, 6), Hd = 4;
+            if (kvt_range(&rng, 0, 7) == 0) {
+                Ld = Ls;
+            } else {
+                pc.n_layers = kvt_range(&rng, 1, Ls < Ld ? Ls : Ld);
+                pc.src_layer0 = kvt_range(&rng, 0, Ls - pc.n_layers);
+                pc.dst_layer0 = kvt_range(&rng, 0, Ld - pc.n_layers);
+            }
+            if ((sb + db) % 4 == 1) { /* heads 2..3 of 4 onto 0..1 of 2 */
+                Hd = 2;
+                pc.src_head0 = 2;
+                pc.n_heads = 2;
+            }
+            round_trip_cfg(sb, db, a, b, Ls, Ld, 110, 100, 4, Hd, &pc, KV_BF16, (sb + db) % 2 == 0,
+                           250, seed++);
+        }
+}
+
+/* A decoder of 6 layers filled by 3 prefill stages of 2 layers (stage k ->
+ * layers [2k, 2k + 2)), and one layer per pack, in three dtypes. */
+static void test_pack_layer_ranges_pipeline_and_one_layer(void **state)
+{
+    (void)state;
+    uint64_t seed = 12000;
+    for (int k = 0; k < 3; k++) {
+        struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+        pc.dst_layer0 = 2 * k;
+        pc.n_layers = 2;
+        round_trip_cfg(k, 15 - k, 16, 32, 2, 6, 90, 70, 4, 4, &pc, KV_BF16, k % 2, 400, seed++);
+    }
+    for (int l = 0; l < 4; l++) {
+        struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+        pc.src_layer0 = l;
+        pc.dst_layer0 = 3 - l;
+        pc.n_layers = 1;
+        round_trip_cfg(4 * l, l, 8, 16, 4, 4, 80, 80, 2, 2, &pc, KV_F32, l % 2, 200, seed++);
+        round_trip_cfg(l, 8 + l, 16, 8, 4, 4, 80, 80, 2, 2, &pc, KV_FP8_E4M3, l % 2 == 0, 200,
+                       seed++);
+    }
+}
+
 /* The documented bytes: fields at their offsets, little-endian; the payload
  * equals a gather of each block's data runs in (layer, plane) order from
  * config-only offsets; each checksum is XXH3-64 of its payload block. */
 static void test_pack_format_bytes(void **state)
 {
     (void)state;
-    for (int bits = 0; bits < 16; bits++) {
+    for (int bits = 0; bits < 32; bits++) {
+        /* bits 16..31: layers [1, 3) of 4 packed, else every layer of 2 */
+        const bool range = bits >= 16;
+        const int64_t L = range ? 4 : 2, l0 = range ? 1 : 0, nl = 2;
         struct kvt_side s;
-        kvt_side_make(&s, 2, 200, 8, 3, 8, KV_F16, bits, 77 + (uint64_t)bits);
+        kvt_side_make(&s, L, 200, 8, 3, 8, KV_F16, bits % 16, 77 + (uint64_t)bits);
+        struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+        pc.src_layer0 = l0;
+        pc.n_layers = range ? nl : 0;
+        pc.dst_layer0 = 3; /* not read by kv_pack */
+        pc.n_heads = 1;    /* nor this: a pack carries every head */
         const uint32_t ids[5] = {199, 3, 150, 77, 120};
         const uint64_t T = 37; /* 5 blocks of 8, the last partly used */
         size_t len;
-        unsigned char *b = pack_request(NULL, &s, ids, 5, T, &len);
+        unsigned char *b = pack_range(NULL, &s, ids, 5, T, &pc, &len);
         assert_memory_equal(b, "KVPACK\r\n", 8);
-        assert_int_equal(rd32(b + 8), 1);
-        assert_int_equal(rd32(b + 12), 136);
+        assert_int_equal(rd32(b + 8), 2);
+        assert_int_equal(rd32(b + 12), FIXED);
         const uint64_t hdr = rd64(b + 16);
-        assert_int_equal(hdr, (136 + 5 * 8 + 8 + 63) / 64 * 64);
+        assert_int_equal(hdr, (FIXED + 5 * 8 + 8 + 63) / 64 * 64);
         const int64_t planes = s.cfg.kv_packed ? 1 : 2;
         const uint64_t run = (uint64_t)(8 * 3 * 8 * (s.cfg.kv_packed ? 2 : 1)) * 2;
-        const uint64_t bb = (uint64_t)(2 * planes) * run;
+        const uint64_t bb = (uint64_t)(nl * planes) * run;
         assert_int_equal(rd64(b + 24), 5 * bb);
         assert_int_equal(rd64(b + 32), T);
         assert_int_equal(rd32(b + 40), 5);
         assert_int_equal(rd32(b + 44), 0);
         assert_int_equal(rd64(b + 48), s.lo.fingerprint);
-        assert_int_equal(rd64(b + 56), 2);
+        assert_int_equal(rd64(b + 56), (uint64_t)L);
         assert_int_equal(rd64(b + 64), 200);
         assert_int_equal(rd64(b + 72), 8);
         assert_int_equal(rd64(b + 80), 3);
@@ -194,20 +298,22 @@ static void test_pack_format_bytes(void **state)
         assert_int_equal(rd64(b + 112), (uint64_t)s.lo.block_stride_bytes);
         assert_int_equal(rd64(b + 120), (uint64_t)s.lo.align_bytes);
         assert_int_equal(rd64(b + 128), bb);
+        assert_int_equal(rd64(b + 136), (uint64_t)l0);
+        assert_int_equal(rd64(b + 144), (uint64_t)nl);
         unsigned char *want = malloc(5 * bb);
         assert_non_null(want);
         for (int i = 0; i < 5; i++) {
-            for (int64_t l = 0; l < 2; l++)
+            for (int64_t l = 0; l < nl; l++)
                 for (int64_t p = 0; p < planes; p++) {
-                    const int64_t o = kvt_ref_offset_elems(&s.cfg, l, p, ids[i], 0, 0, 0) * 2;
+                    const int64_t o = kvt_ref_offset_elems(&s.cfg, l0 + l, p, ids[i], 0, 0, 0) * 2;
                     memcpy(want + (uint64_t)i * bb + (uint64_t)(l * planes + p) * run, s.mem + o,
                            run);
                 }
-            assert_int_equal(rd64(b + 136 + 8 * i), XXH3_64bits(want + (uint64_t)i * bb, bb));
+            assert_int_equal(rd64(b + FIXED + 8 * i), XXH3_64bits(want + (uint64_t)i * bb, bb));
         }
         assert_memory_equal(b + hdr, want, 5 * bb);
-        assert_int_equal(rd64(b + 136 + 40), XXH3_64bits(b, 136 + 40));
-        for (uint64_t i = 136 + 48; i < hdr; i++)
+        assert_int_equal(rd64(b + FIXED + 40), XXH3_64bits(b, FIXED + 40));
+        for (uint64_t i = FIXED + 48; i < hdr; i++)
             assert_int_equal(b[i], 0);
         free(want);
         free(b);
@@ -303,7 +409,7 @@ static void test_pack_corruption(void **state)
                      kv_last_error());
         assert_untouched(&f, "truncated", n);
     }
-    REFUSED(kv_pack_inspect(f.work, 100, &f.info), KV_ERR_CORRUPT, "136-byte fixed header");
+    REFUSED(kv_pack_inspect(f.work, 100, &f.info), KV_ERR_CORRUPT, "152-byte fixed header");
     REFUSED(unpack_work(&f, f.len - 1), KV_ERR_CORRUPT, "truncated payload");
     /* a longer buffer is fine: trailing bytes are not read */
     assert_int_equal(kv_pack_inspect(f.work, f.len + 1000, &f.info), KV_OK);
@@ -312,8 +418,30 @@ static void test_pack_corruption(void **state)
     memcpy(f.work, "PK\3\4\24\0\0\0", 8); /* a zip file */
     REFUSED(unpack_work(&f, f.len), KV_ERR_MISMATCH, "not a kvcache pack");
     memcpy(f.work, f.buf, f.len);
-    f.work[8] = 2;
-    REFUSED(unpack_work(&f, f.len), KV_ERR_UNSUPPORTED, "version 2");
+    f.work[8] = 3;
+    REFUSED(unpack_work(&f, f.len), KV_ERR_UNSUPPORTED, "version 3");
+    /* version 1 (every layer, no range): refused by name, resealed or not */
+    memcpy(f.work, f.buf, f.len);
+    f.work[8] = 1;
+    REFUSED(unpack_work(&f, f.len), KV_ERR_UNSUPPORTED, "version 1 carried every layer");
+    reseal(f.work);
+    REFUSED(unpack_work(&f, f.len), KV_ERR_UNSUPPORTED, "this library reads version 2");
+    /* a forged layer range behind a valid header checksum: none, more than
+     * L, past L, wrapping */
+    const uint64_t forged[][2] = {{0, 0}, {0, 3}, {1, 2}, {2, 1}, {UINT64_MAX, 1}, {1, UINT64_MAX}};
+    for (size_t i = 0; i < sizeof(forged) / sizeof(forged[0]); i++) {
+        memcpy(f.work, f.buf, f.len);
+        wr64(f.work + 136, forged[i][0]);
+        wr64(f.work + 144, forged[i][1]);
+        reseal(f.work);
+        REFUSED(unpack_work(&f, f.len), KV_ERR_CORRUPT, "packed layers [");
+        assert_untouched(&f, "forged layer range", i);
+    }
+    /* a range inside L but not the one packed: the block bytes disagree */
+    memcpy(f.work, f.buf, f.len);
+    wr64(f.work + 144, 1);
+    reseal(f.work);
+    REFUSED(unpack_work(&f, f.len), KV_ERR_CORRUPT, "payload blocks of");
     memcpy(f.work, f.buf, f.len);
     wr64(f.work + 48, rd64(f.buf + 48) ^ 1);
     REFUSED(unpack_work(&f, f.len), KV_ERR_CORRUPT, "header checksum");
@@ -344,25 +472,25 @@ static void test_pack_refusals(void **state)
     fixture_make(&f);
     size_t out = 0;
     uint64_t size = 0;
-    assert_int_equal(kv_pack_size(&f.s.lo, f.T, &size), KV_OK);
+    assert_int_equal(kv_pack_size(&f.s.lo, NULL, f.T, &size), KV_OK);
     unsigned char *b = aligned_alloc(64, (size + 64 + 63) / 64 * 64);
     assert_non_null(b);
     memset(b, 0xAB, size + 64);
-    REFUSED(kv_pack(NULL, f.s.pc, f.sid, 5, f.T, b, (size_t)size - 1, &out), KV_ERR_CAPACITY,
+    REFUSED(kv_pack(NULL, f.s.pc, f.sid, 5, f.T, b, (size_t)size - 1, &out, NULL), KV_ERR_CAPACITY,
             "packs into");
     assert_int_equal(out, size);
-    REFUSED(kv_pack(NULL, f.s.pc, f.sid, 4, f.T, b, (size_t)size, &out), KV_ERR_BAD_SHAPE,
+    REFUSED(kv_pack(NULL, f.s.pc, f.sid, 4, f.T, b, (size_t)size, &out, NULL), KV_ERR_BAD_SHAPE,
             "needs 5");
     uint32_t far[5] = {1, 2, 120, 3, 4};
-    REFUSED(kv_pack(NULL, f.s.pc, far, 5, f.T, b, (size_t)size, &out), KV_ERR_OUT_OF_BOUNDS,
+    REFUSED(kv_pack(NULL, f.s.pc, far, 5, f.T, b, (size_t)size, &out, NULL), KV_ERR_OUT_OF_BOUNDS,
             "src_blocks[2] = 120");
-    REFUSED(kv_pack(NULL, f.s.pc, f.sid, 5, f.T, b + 1, (size_t)size, &out), KV_ERR_INVALID_ARG,
-            "aligned");
-    REFUSED(kv_pack(NULL, f.s.pc, f.sid, 5, f.T, f.s.mem + 64, (size_t)size, &out), KV_ERR_OVERLAP,
-            "overlaps");
+    REFUSED(kv_pack(NULL, f.s.pc, f.sid, 5, f.T, b + 1, (size_t)size, &out, NULL),
+            KV_ERR_INVALID_ARG, "aligned");
+    REFUSED(kv_pack(NULL, f.s.pc, f.sid, 5, f.T, f.s.mem + 64, (size_t)size, &out, NULL),
+            KV_ERR_OVERLAP, "overlaps");
     kv_plan *wrong = NULL;
-    assert_int_equal(kv_pack_plan_create(&f.d.lo, &wrong), KV_OK);
-    REFUSED(kv_pack(wrong, f.s.pc, f.sid, 5, f.T, b, (size_t)size, &out), KV_ERR_INVALID_ARG,
+    assert_int_equal(kv_pack_plan_create(&f.d.lo, NULL, &wrong), KV_OK);
+    REFUSED(kv_pack(wrong, f.s.pc, f.sid, 5, f.T, b, (size_t)size, &out, NULL), KV_ERR_INVALID_ARG,
             "kv_pack_plan_create");
     for (uint64_t i = 0; i < size + 64; i++)
         assert_int_equal(b[i], 0xAB);
@@ -391,7 +519,7 @@ static void test_pack_refusals(void **state)
     REFUSED(kv_unpack(NULL, NULL, 0, f.d.pc, f.did, 3, NULL), KV_ERR_NULL, "buf");
     REFUSED(kv_pack_inspect(f.buf, f.len, NULL), KV_ERR_NULL, "out");
     /* an empty request packs and unpacks */
-    assert_int_equal(kv_pack(NULL, f.s.pc, NULL, 0, 0, b, (size_t)size, &out), KV_OK);
+    assert_int_equal(kv_pack(NULL, f.s.pc, NULL, 0, 0, b, (size_t)size, &out, NULL), KV_OK);
     assert_int_equal(out, 192);
     assert_int_equal(kv_unpack(NULL, b, out, f.d.pc, NULL, 0, NULL), KV_OK);
     assert_untouched(&f, "empty", 0);
@@ -401,14 +529,150 @@ static void test_pack_refusals(void **state)
     fixture_free(&f);
 }
 
+/* Layer ranges refused: a pack range outside the source (kv_pack_size,
+ * kv_pack_plan_create and kv_pack alike, nothing written); an unpack whose
+ * config or plan names other layers than the buffer carries (both ranges
+ * named), or a destination range outside the destination - each with the
+ * destination pool bit-identical; then the right config lands the layers
+ * and leaves the others as they were. */
+static void test_pack_layer_range_refusals(void **state)
+{
+    (void)state;
+    struct kvt_side s, d, d4;
+    kvt_side_make(&s, 4, 60, 8, 2, 8, KV_BF16, 4, 51);  /* L 4, NHD layer-major padded */
+    kvt_side_make(&d, 3, 50, 16, 2, 8, KV_BF16, 3, 52); /* L 3, HND block-major */
+    kvt_side_make(&d4, 4, 50, 16, 2, 8, KV_BF16, 1, 53);
+    const uint32_t sid[3] = {59, 7, 33}, did[2] = {49, 20};
+    const uint64_t T = 20;
+    struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+    uint64_t size = 0;
+    size_t out = 0;
+    /* packing: ranges outside L 4, n_layers 0 with an offset, negatives */
+    struct {
+        int64_t l0, n;
+        const char *frag;
+    } bad[] = {
+        {3, 2, "layers [3, 3+2) of a source with L 4: outside the layout"},
+        {0, 5, "layers [0, 0+5) of a source with L 4"},
+        {-1, 1, "layers [-1, -1+1)"},
+        {0, -2, "+-2)"},
+        {INT64_MAX, 1, "outside the layout"},
+        {1, INT64_MAX, "outside the layout"},
+        {2, 0, "n_layers 0 (every layer) needs src_layer0 0, got 2"},
+    };
+    unsigned char *b = aligned_alloc(64, 1 << 16);
+    assert_non_null(b);
+    memset(b, 0xAB, 1 << 16);
+    kv_plan *p = (kv_plan *)&bad; /* a sentinel: a refusal leaves it or sets NULL */
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        pc.src_layer0 = bad[i].l0;
+        pc.n_layers = bad[i].n;
+        REFUSED(kv_pack_size(&s.lo, &pc, T, &size), KV_ERR_BAD_SHAPE, bad[i].frag);
+        REFUSED(kv_pack_plan_create(&s.lo, &pc, &p), KV_ERR_BAD_SHAPE, bad[i].frag);
+        REFUSED(kv_pack(NULL, s.pc, sid, 3, T, b, 1 << 16, &out, &pc), KV_ERR_BAD_SHAPE,
+                bad[i].frag);
+    }
+    pc = (struct kv_plan_config)KV_PLAN_CONFIG_INIT;
+    pc.struct_size = offsetof(struct kv_plan_config, src_layer0); /* before layer ranges */
+    REFUSED(kv_pack(NULL, s.pc, sid, 3, T, b, 1 << 16, &out, &pc), KV_ERR_INVALID_ARG,
+            "kv_plan_config");
+    for (size_t i = 0; i < (1 << 16); i++)
+        if (b[i] != 0xAB)
+            fail_msg("a refused pack wrote byte %zu", i);
+    /* layers [1, 3) of 4: the size of 2 layers */
+    pc = (struct kv_plan_config)KV_PLAN_CONFIG_INIT;
+    pc.src_layer0 = 1;
+    pc.n_layers = 2;
+    uint64_t all = 0;
+    assert_int_equal(kv_pack_size(&s.lo, NULL, T, &all), KV_OK);
+    assert_int_equal(kv_pack_size(&s.lo, &pc, T, &size), KV_OK);
+    const uint64_t hdr = (FIXED + 3 * 8 + 8 + 63) / 64 * 64;
+    assert_int_equal(size - hdr, (all - hdr) / 2);
+    /* with a plan, the plan's layers (cfg is not read) */
+    kv_plan *pp = NULL;
+    assert_int_equal(kv_pack_plan_create(&s.lo, &pc, &pp), KV_OK);
+    struct kv_plan_config other = KV_PLAN_CONFIG_INIT;
+    other.src_layer0 = 3;
+    other.n_layers = 1;
+    size_t len = 0;
+    assert_int_equal(kv_pack(pp, s.pc, sid, 3, T, b, 1 << 16, &len, &other), KV_OK);
+    assert_int_equal(len, size);
+    struct kv_pack_info info;
+    assert_int_equal(kv_pack_inspect(b, len, &info), KV_OK);
+    assert_int_equal(info.src_layer0, 1);
+    assert_int_equal(info.n_layers, 2);
+
+    /* unpacking it: every refusal before a write */
+    unsigned char *before = malloc((size_t)d4.lo.total_bytes);
+    assert_non_null(before);
+    memcpy(before, d4.mem, (size_t)d4.lo.total_bytes);
+    REFUSED(kv_unpack(NULL, b, len, d4.pc, did, 2, NULL), KV_ERR_MISMATCH,
+            "the buffer carries layers [1, 1+2) of a source with L 4; the config unpacks "
+            "[0, 0+4)");
+    struct kv_plan_config u = KV_PLAN_CONFIG_INIT;
+    u.n_layers = 2;
+    u.dst_layer0 = 1;
+    REFUSED(kv_unpack(NULL, b, len, d4.pc, did, 2, &u), KV_ERR_MISMATCH,
+            "the config unpacks [0, 0+2)");
+    u.src_layer0 = 2;
+    REFUSED(kv_unpack(NULL, b, len, d4.pc, did, 2, &u), KV_ERR_MISMATCH, "[2, 2+2)");
+    u.src_layer0 = 1;
+    u.n_layers = 1;
+    REFUSED(kv_unpack(NULL, b, len, d4.pc, did, 2, &u), KV_ERR_MISMATCH, "[1, 1+1)");
+    u.n_layers = 2;
+    u.dst_layer0 = 3; /* [3, 5) of a destination with L 4 */
+    REFUSED(kv_unpack(NULL, b, len, d4.pc, did, 2, &u), KV_ERR_BAD_SHAPE,
+            "onto [3, 3+2) of a destination with L 4: outside a layout");
+    kv_plan *up = NULL;
+    struct kv_plan_config w = KV_PLAN_CONFIG_INIT;
+    w.n_layers = 2;
+    assert_int_equal(kv_unpack_plan_create(&s.lo, &d4.lo, &w, &up), KV_OK);
+    REFUSED(kv_unpack(up, b, len, d4.pc, did, 2, NULL), KV_ERR_MISMATCH,
+            "the plan unpacks [0, 0+2)");
+    kv_plan_destroy(up);
+    assert_int_equal(kv_unpack_plan_create(&s.lo, &d4.lo, NULL, &up), KV_OK);
+    REFUSED(kv_unpack(up, b, len, d4.pc, did, 2, NULL), KV_ERR_MISMATCH,
+            "the plan unpacks [0, 0+4)");
+    kv_plan_destroy(up);
+    assert_memory_equal(before, d4.mem, (size_t)d4.lo.total_bytes);
+    /* the right config: layers 1..2 of the source onto 0..1 of the L-3
+     * destination; its layer 2 as it was */
+    unsigned char *before3 = malloc((size_t)d.lo.total_bytes);
+    assert_non_null(before3);
+    memcpy(before3, d.mem, (size_t)d.lo.total_bytes);
+    u = (struct kv_plan_config)KV_PLAN_CONFIG_INIT;
+    u.src_layer0 = 1;
+    u.n_layers = 2;
+    assert_int_equal(kv_unpack_plan_create(&s.lo, &d.lo, &u, &up), KV_OK);
+    assert_int_equal(kv_unpack(up, b, len, d.pc, did, 2, NULL), KV_OK);
+    assert_int_equal(kvt_other_layers_changed(&d, did, 2, 0, 2, d.mem, before3), 0);
+    unsigned char *ref = malloc((size_t)d.lo.total_bytes);
+    assert_non_null(ref);
+    memcpy(ref, before3, (size_t)d.lo.total_bytes);
+    kvt_ref_move_layers(&s, sid, 3, &d, did, 2, 1, 0, 2, 0, 0, 2, ref);
+    assert_int_equal(kvt_first_diff(ref, d.mem, d.lo.total_bytes), -1);
+    kv_plan_destroy(up);
+    kv_plan_destroy(pp);
+    free(ref);
+    free(before3);
+    free(before);
+    free(b);
+    kvt_side_free(&s);
+    kvt_side_free(&d);
+    kvt_side_free(&d4);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pack_every_layout_pair),
         cmocka_unit_test(test_pack_head_slices_and_dtypes),
+        cmocka_unit_test(test_pack_layer_ranges_every_layout_pair),
+        cmocka_unit_test(test_pack_layer_ranges_pipeline_and_one_layer),
         cmocka_unit_test(test_pack_format_bytes),
         cmocka_unit_test(test_pack_corruption),
         cmocka_unit_test(test_pack_refusals),
+        cmocka_unit_test(test_pack_layer_range_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,15 +1,18 @@
 /*
  * test_plan.c - transfer plans (connector/plan/kv_plan.h): every pair of layouts
  * (NHD/HND x layer-/block-major x padded x packed, page sizes 8/16/32, head
- * slices), block ids spread over pools of hundreds of blocks, checked
+ * slices, layer ranges between caches of different layer counts: random
+ * ranges, pipeline stages, one layer), block ids spread over pools of
+ * hundreds of blocks, checked
  * element by element against offsets computed from the configs alone
  * (kvt_ref_offset_elems), the whole destination pool compared (no stray
  * bytes) and the source unchanged; the run counts of simple plans; every
- * refusal leaves the destination bit-identical. The CUDA executor: its
+ * refusal leaves the destination bit-identical, layer ranges outside a
+ * layout are refused naming the values. The CUDA executor: its
  * entry refuses what kv_plan_copy refuses, with the same statuses, before
  * any device work; its schedule (kv__plan_cuda_schedule), executed on the
- * CPU, writes exactly what kv_plan_copy writes over the whole pool, split
- * by width at the threshold.
+ * CPU, writes exactly what kv_plan_copy writes over the whole pool (and
+ * the reference, layer ranges included), split by width at the threshold.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -27,21 +30,31 @@
 #include "kvt_side.h"
 #include "kvtest.h"
 
-static void run_pair(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, int64_t Hd,
-                     int64_t sh0, int64_t dh0, int64_t nh, kv_dtype dt, uint64_t seed)
+/* One request from a source of Ls layers (pool of Bs blocks) into a
+ * destination of Ld layers (Bd blocks) with the plan config pc (heads and
+ * layers), T tokens at most Tmax; the whole destination pool against the
+ * config-only reference, the layers outside the range byte-identical, the
+ * source unchanged, the stats counting the moved layers and heads only. */
+static void run_pair_cfg(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Ls, int64_t Ld,
+                         int64_t Bs, int64_t Bd, int64_t Hs, int64_t Hd,
+                         const struct kv_plan_config *pc, kv_dtype dt, int64_t Tmax, uint64_t seed)
 {
-    const int64_t L = 3, D = 16;
+    const int64_t D = 16;
     struct kvt_side s, d;
-    kvt_side_make(&s, L, 300, Ns, Hs, D, dt, sbits, seed);
-    kvt_side_make(&d, L, 260, Nd, Hd, D, dt, dbits, seed + 1);
-    struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
-    pc.src_head0 = sh0;
-    pc.dst_head0 = dh0;
-    pc.n_heads = nh;
+    kvt_side_make(&s, Ls, Bs, Ns, Hs, D, dt, sbits, seed);
+    kvt_side_make(&d, Ld, Bd, Nd, Hd, D, dt, dbits, seed + 1);
+    const int64_t sh0 = pc->src_head0, dh0 = pc->dst_head0, nh = pc->n_heads ? pc->n_heads : Hs;
+    const int64_t sl0 = pc->src_layer0, dl0 = pc->dst_layer0, nl = pc->n_layers ? pc->n_layers : Ls;
     kv_plan *plan = NULL;
-    assert_int_equal(kv_plan_create(&s.lo, &d.lo, &pc, &plan), KV_OK);
+    kv_status cst = kv_plan_create(&s.lo, &d.lo, pc, &plan);
+    if (cst != KV_OK)
+        fail_msg("kv_plan_create: %s: %s", kv_status_name(cst), kv_last_error());
+    struct kv_plan_stats ps;
+    assert_int_equal(kv_plan_stats_get(plan, &ps), KV_OK);
+    assert_int_equal(ps.rows, nl * 2 * ps.window_tokens * nh);
+    assert_int_equal(ps.window_bytes, ps.rows * D * s.lo.elem_bytes);
     uint64_t rng = seed * 7 + 3;
-    const uint64_t T = (uint64_t)kvt_range(&rng, 1, 700);
+    const uint64_t T = (uint64_t)kvt_range(&rng, 1, Tmax);
     const uint32_t ns = (uint32_t)((T + (uint64_t)Ns - 1) / (uint64_t)Ns);
     const uint32_t nd = (uint32_t)((T + (uint64_t)Nd - 1) / (uint64_t)Nd);
     uint32_t sid[128], did[128];
@@ -54,7 +67,7 @@ static void run_pair(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, i
     memcpy(ref, d.mem, (size_t)d.lo.total_bytes);
     memcpy(src0, s.mem, (size_t)s.lo.total_bytes);
     /* the tokens both lists cover move, element by element */
-    kvt_ref_move(&s, sid, ns, &d, did, nd, sh0, dh0, nh ? nh : Hs, ref);
+    kvt_ref_move_layers(&s, sid, ns, &d, did, nd, sl0, dl0, nl, sh0, dh0, nh, ref);
     kv_status st = kv_plan_copy(plan, s.pc, sid, ns, d.pc, did, nd, T);
     if (st != KV_OK)
         fail_msg("kv_plan_copy: %s: %s", kv_status_name(st), kv_last_error());
@@ -62,18 +75,30 @@ static void run_pair(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, i
         int64_t i = 0;
         while (ref[i] == d.mem[i])
             i++;
-        fail_msg("bits %d->%d N %lld->%lld heads [%lld+%lld) -> [%lld): destination byte %lld "
-                 "differs (of %lld)",
-                 sbits, dbits, (long long)Ns, (long long)Nd, (long long)sh0,
-                 (long long)(nh ? nh : Hs), (long long)dh0, (long long)i,
-                 (long long)d.lo.total_bytes);
+        fail_msg("bits %d->%d N %lld->%lld heads [%lld+%lld) -> [%lld) layers [%lld+%lld) of "
+                 "%lld -> [%lld) of %lld: destination byte %lld differs (of %lld)",
+                 sbits, dbits, (long long)Ns, (long long)Nd, (long long)sh0, (long long)nh,
+                 (long long)dh0, (long long)sl0, (long long)nl, (long long)Ls, (long long)dl0,
+                 (long long)Ld, (long long)i, (long long)d.lo.total_bytes);
     }
+    /* the destination's other layers, row by row from the config: as before */
+    assert_int_equal(kvt_other_layers_changed(&d, did, nd, dl0, nl, d.mem, ref), 0);
     assert_memory_equal(src0, s.mem, (size_t)s.lo.total_bytes);
     free(ref);
     free(src0);
     kv_plan_destroy(plan);
     kvt_side_free(&s);
     kvt_side_free(&d);
+}
+
+static void run_pair(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, int64_t Hd,
+                     int64_t sh0, int64_t dh0, int64_t nh, kv_dtype dt, uint64_t seed)
+{
+    struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+    pc.src_head0 = sh0;
+    pc.dst_head0 = dh0;
+    pc.n_heads = nh;
+    run_pair_cfg(sbits, dbits, Ns, Nd, 3, 3, 300, 260, Hs, Hd, &pc, dt, 700, seed);
 }
 
 static void test_plan_every_layout_pair(void **state)
@@ -97,6 +122,71 @@ static void test_plan_head_slices_and_dtypes(void **state)
         run_pair(i, 15 - i, 16, i % 2 ? 32 : 8, 4, 2, 2, 0, 2, KV_BF16, seed++);
         run_pair(15 - i, i, 16, 16, 2, 4, 0, 2, 2, KV_F32, seed++);
         run_pair(i, i, 8, 16, 6, 5, 1, 2, 3, KV_FP8_E4M3, seed++);
+    }
+}
+
+/* A random layer range of a source of Ls layers onto a destination of Ld
+ * (every 8th draw: n_layers 0 between equal L), with the draw in *pc. */
+static void draw_layers(uint64_t *rng, int64_t *Ls, int64_t *Ld, struct kv_plan_config *pc)
+{
+    *Ls = kvt_range(rng, 1, 5);
+    *Ld = kvt_range(rng, 1, 6);
+    if (kvt_range(rng, 0, 7) == 0) {
+        *Ld = *Ls;
+        pc->src_layer0 = pc->dst_layer0 = pc->n_layers = 0;
+        return;
+    }
+    const int64_t n = kvt_range(rng, 1, *Ls < *Ld ? *Ls : *Ld);
+    pc->n_layers = n;
+    pc->src_layer0 = kvt_range(rng, 0, *Ls - n);
+    pc->dst_layer0 = kvt_range(rng, 0, *Ld - n);
+}
+
+/* Every layout pair (NHD/HND x layer-/block-major x padded x packed, page
+ * sizes 8/16/32) with a random layer range between caches of different
+ * layer counts: the whole destination pool against the reference, the
+ * layers outside the range untouched; every 4th pair also a head slice. */
+static void test_plan_layer_ranges_every_layout_pair(void **state)
+{
+    (void)state;
+    static const int64_t Ns[3] = {8, 16, 32};
+    uint64_t seed = 20000, rng = 99;
+    for (int sb = 0; sb < 16; sb++)
+        for (int db = 0; db < 16; db++) {
+            const int64_t a = Ns[(sb + 2 * db) % 3], b = Ns[(sb * 5 + db) % 3];
+            struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+            int64_t Ls, Ld, Hs = 4, Hd = 4;
+            draw_layers(&rng, &Ls, &Ld, &pc);
+            if ((sb + db) % 4 == 0) { /* heads 1..2 of 4 onto 0..1 of 3 */
+                Hd = 3;
+                pc.src_head0 = 1;
+                pc.n_heads = 2;
+            }
+            run_pair_cfg(sb, db, a, b, Ls, Ld, 120, 100, Hs, Hd, &pc, KV_BF16, 300, seed++);
+        }
+}
+
+/* A pipeline: a decoder of 8 layers filled by 4 prefill stages of 2 layers
+ * each (stage k -> layers [2k, 2k + 2)), and one layer at a time; dtypes
+ * of 1, 2 and 4 bytes. */
+static void test_plan_layer_ranges_pipeline_and_one_layer(void **state)
+{
+    (void)state;
+    uint64_t seed = 30000;
+    for (int k = 0; k < 4; k++) {
+        struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+        pc.dst_layer0 = 2 * k;
+        pc.n_layers = 2;
+        run_pair_cfg(k, 15 - k, 16, 8, 2, 8, 90, 200, 4, 4, &pc, KV_BF16, 400, seed++);
+        run_pair_cfg(k * 4, k, 8, 32, 2, 8, 90, 60, 4, 4, &pc, KV_FP8_E4M3, 400, seed++);
+    }
+    for (int l = 0; l < 5; l++) {
+        struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+        pc.src_layer0 = l;
+        pc.dst_layer0 = 4 - l;
+        pc.n_layers = 1;
+        run_pair_cfg(l, 3 * l % 16, 16, 16, 5, 5, 80, 80, 2, 2, &pc, KV_F32, 200, seed++);
+        run_pair_cfg(8 + l, l, 32, 16, 5, 5, 80, 80, 2, 2, &pc, KV_BF16, 200, seed++);
     }
 }
 
@@ -132,6 +222,27 @@ static void test_plan_run_counts(void **state)
     assert_int_equal(st.window_dst_blocks, 1);
     assert_int_equal(st.runs, 16);
     kv_plan_destroy(p);
+    /* one layer of the 4, layer-major to itself: K and V of that layer, a
+     * 2-D copy of 2 rows; rows and bytes a quarter of the whole plan's */
+    struct kv_plan_config one = KV_PLAN_CONFIG_INIT;
+    one.src_layer0 = 3;
+    one.dst_layer0 = 1;
+    one.n_layers = 1;
+    assert_int_equal(kv_plan_create(&s.lo, &s.lo, &one, &p), KV_OK);
+    assert_int_equal(kv_plan_stats_get(p, &st), KV_OK);
+    assert_int_equal(st.rows, 2 * 16 * 8);
+    assert_int_equal(st.runs, 2);
+    assert_int_equal(st.copies, 1);
+    assert_int_equal(st.window_bytes, 2 * 16 * 8 * 128 * 2);
+    kv_plan_destroy(p);
+    /* block-major, layers 1..2 of 4: one contiguous run of 2 layers */
+    one.src_layer0 = one.dst_layer0 = 1;
+    one.n_layers = 2;
+    assert_int_equal(kv_plan_create(&b.lo, &b.lo, &one, &p), KV_OK);
+    assert_int_equal(kv_plan_stats_get(p, &st), KV_OK);
+    assert_int_equal(st.runs, 1);
+    assert_int_equal(st.window_bytes, 2 * 2 * 16 * 8 * 128 * 2);
+    kv_plan_destroy(p);
     kvt_side_free(&s);
     kvt_side_free(&b);
     kvt_side_free(&w);
@@ -164,6 +275,9 @@ static void test_plan_refusals(void **state)
     REFUSED(kv_plan_create(&s.lo, &d.lo, &pc, &p), KV_ERR_BAD_SHAPE, "outside");
     pc.struct_size = 8;
     REFUSED(kv_plan_create(&s.lo, &d.lo, &pc, &p), KV_ERR_INVALID_ARG, "struct_size");
+    /* the config before layer ranges (4 fields): built against older headers */
+    pc.struct_size = offsetof(struct kv_plan_config, src_layer0);
+    REFUSED(kv_plan_create(&s.lo, &d.lo, &pc, &p), KV_ERR_INVALID_ARG, "other kvcache headers");
     assert_null(p);
 
     assert_int_equal(kv_plan_create(&s.lo, &d.lo, NULL, &p), KV_OK);
@@ -200,6 +314,69 @@ static void test_plan_refusals(void **state)
     kvt_side_free(&s);
     kvt_side_free(&d);
     kvt_side_free(&o);
+}
+
+/* Layer ranges outside a layout, negative or overflowing, n_layers 0
+ * between different layer counts or with an offset: refused at create with
+ * the values named, *out untouched; a copy with a layer-range plan on a
+ * cache of another layer count is refused with the destination untouched. */
+static void test_plan_layer_range_refusals(void **state)
+{
+    (void)state;
+    struct kvt_side s, d;
+    kvt_side_make(&s, 3, 40, 16, 4, 16, KV_BF16, 0, 5); /* L 3 */
+    kvt_side_make(&d, 5, 40, 8, 4, 16, KV_BF16, 3, 6);  /* L 5 */
+    struct {
+        int64_t sl0, dl0, nl;
+        const char *frag;
+    } bad[] = {
+        {2, 0, 2, "layers [2, 2+2) of a source with L 3 onto [0, 0+2) of a destination with L 5"},
+        {0, 4, 2, "layers [0, 0+2) of a source with L 3 onto [4, 4+2) of a destination with L 5"},
+        {0, 0, 4, "layers [0, 0+4) of a source with L 3"},
+        {-1, 0, 1, "layers [-1, -1+1)"},
+        {0, -2, 1, "onto [-2, -2+1)"},
+        {0, 0, -1, "+-1)"},
+        {INT64_MAX, 0, 1, "outside a layout"},
+        {0, 0, INT64_MAX, "outside a layout"},
+        {1, 1, INT64_MAX, "outside a layout"},
+        {0, 0, 0,
+         "n_layers 0 (every layer) needs equal layer counts and layer offsets 0: "
+         "source L 3 destination L 5, src_layer0 0 dst_layer0 0"},
+    };
+    kv_plan *p = (kv_plan *)&bad; /* a sentinel: a refusal sets *out NULL */
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+        pc.src_layer0 = bad[i].sl0;
+        pc.dst_layer0 = bad[i].dl0;
+        pc.n_layers = bad[i].nl;
+        REFUSED(kv_plan_create(&s.lo, &d.lo, &pc, &p), KV_ERR_BAD_SHAPE, bad[i].frag);
+        assert_null(p);
+    }
+    /* n_layers 0 with equal L but an offset */
+    struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+    pc.dst_layer0 = 1;
+    REFUSED(kv_plan_create(&s.lo, &s.lo, &pc, &p), KV_ERR_BAD_SHAPE,
+            "source L 3 destination L 3, src_layer0 0 dst_layer0 1");
+    /* a valid range, then a request on a cache of the other layer count */
+    pc.src_layer0 = 1;
+    pc.dst_layer0 = 3;
+    pc.n_layers = 2;
+    assert_int_equal(kv_plan_create(&s.lo, &d.lo, &pc, &p), KV_OK);
+    struct kvt_side d3;
+    kvt_side_make(&d3, 3, 40, 8, 4, 16, KV_BF16, 3, 7); /* d's layout with L 3 */
+    unsigned char *before = malloc((size_t)d3.lo.total_bytes);
+    assert_non_null(before);
+    memcpy(before, d3.mem, (size_t)d3.lo.total_bytes);
+    uint32_t a[2] = {39, 20}, b4[4] = {30, 1, 17, 5};
+    REFUSED(kv_plan_copy(p, s.pc, a, 2, d3.pc, b4, 4, 32), KV_ERR_INVALID_ARG, "fingerprint");
+    assert_memory_equal(before, d3.mem, (size_t)d3.lo.total_bytes);
+    free(before);
+    /* ... and the right cache takes it */
+    assert_int_equal(kv_plan_copy(p, s.pc, a, 2, d.pc, b4, 4, 32), KV_OK);
+    kv_plan_destroy(p);
+    kvt_side_free(&s);
+    kvt_side_free(&d);
+    kvt_side_free(&d3);
 }
 
 /* The CUDA entry shares the CPU executor's validator: every bad request of
@@ -326,19 +503,27 @@ static int64_t exec_sched(const struct kv__plan_sched *sc, int64_t thr)
 
 /* One layout pair: kv_plan_copy into d, the schedule (threshold thr, 0 for
  * the default) executed on the CPU into a twin of d; whole pools equal. */
-static void sched_pair_at(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, int64_t Hd,
-                          int64_t sh0, int64_t dh0, int64_t nh, int64_t D, kv_dtype dt, uint64_t T,
-                          int64_t thr, uint64_t seed, int64_t src_shift, int64_t *n_wide,
-                          int64_t *n_narrow)
+/* Layers of a schedule test: source and destination L, the layer range. */
+struct sched_layers {
+    int64_t Ls, Ld, sl0, dl0, nl;
+};
+
+static void sched_pair_lay(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, int64_t Hd,
+                           int64_t sh0, int64_t dh0, int64_t nh, int64_t D, kv_dtype dt, uint64_t T,
+                           int64_t thr, uint64_t seed, int64_t src_shift, struct sched_layers ly,
+                           int64_t *n_wide, int64_t *n_narrow)
 {
     struct kvt_side s, d;
     /* pools of hundreds of blocks, tens where the blocks are large */
-    kvt_side_make(&s, 3, Hs * D > 256 ? 40 : 300, Ns, Hs, D, dt, sbits, seed);
-    kvt_side_make(&d, 3, Hd * D > 256 ? 36 : 260, Nd, Hd, D, dt, dbits, seed + 1);
+    kvt_side_make(&s, ly.Ls, Hs * D > 256 ? 40 : 300, Ns, Hs, D, dt, sbits, seed);
+    kvt_side_make(&d, ly.Ld, Hd * D > 256 ? 36 : 260, Nd, Hd, D, dt, dbits, seed + 1);
     struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
     pc.src_head0 = sh0;
     pc.dst_head0 = dh0;
     pc.n_heads = nh;
+    pc.src_layer0 = ly.sl0;
+    pc.dst_layer0 = ly.dl0;
+    pc.n_layers = ly.nl;
     kv_plan *plan = NULL;
     assert_int_equal(kv_plan_create(&s.lo, &d.lo, &pc, &plan), KV_OK);
     uint64_t rng = seed * 11 + 5;
@@ -352,6 +537,9 @@ static void sched_pair_at(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t 
     unsigned char *twin = aligned_alloc(64, (dbytes + 63) / 64 * 64);
     assert_non_null(twin);
     memcpy(twin, d.mem, dbytes);
+    unsigned char *ref = malloc(dbytes);
+    assert_non_null(ref);
+    memcpy(ref, d.mem, dbytes);
     struct kv_paged_cache tc = d.pc;
     tc.base = twin;
     /* the source pool moved src_shift bytes off its 64-byte alignment */
@@ -379,6 +567,12 @@ static void sched_pair_at(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t 
     assert_int_equal(kv_plan_stats_get(plan, &ps), KV_OK);
     if (T % (uint64_t)ps.window_tokens == 0)
         assert_int_equal(moved, (int64_t)(T / (uint64_t)ps.window_tokens) * ps.window_bytes);
+    /* and both equal the config-only reference (the layers and heads
+     * outside the ranges as they were) */
+    kvt_ref_move_layers(&s, sid, ns, &d, did, nd, ly.sl0, ly.dl0, ly.nl ? ly.nl : ly.Ls, sh0, dh0,
+                        nh ? nh : Hs, ref);
+    assert_int_equal(kvt_first_diff(ref, twin, (int64_t)dbytes), -1);
+    free(ref);
     *n_wide = sc.n_wide;
     *n_narrow = sc.n_narrow;
     kv__plan_sched_free(&sc);
@@ -386,6 +580,15 @@ static void sched_pair_at(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t 
     kv_plan_destroy(plan);
     free(shifted);
     kvt_side_free(&d);
+}
+
+static void sched_pair_at(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, int64_t Hd,
+                          int64_t sh0, int64_t dh0, int64_t nh, int64_t D, kv_dtype dt, uint64_t T,
+                          int64_t thr, uint64_t seed, int64_t src_shift, int64_t *n_wide,
+                          int64_t *n_narrow)
+{
+    sched_pair_lay(sbits, dbits, Ns, Nd, Hs, Hd, sh0, dh0, nh, D, dt, T, thr, seed, src_shift,
+                   (struct sched_layers){3, 3, 0, 0, 0}, n_wide, n_narrow);
 }
 
 static void sched_pair(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, int64_t Hd,
@@ -418,6 +621,38 @@ static void test_plan_cuda_schedule_matches_cpu(void **state)
         sched_pair(15 - i, i, 16, 16, 2, 4, 0, 2, 2, 16, KV_F32, 33, 64, seed++, &nw, &nn);
         sched_pair(i, i, 8, 16, 6, 5, 1, 2, 3, 13, KV_FP8_E4M3, 100, 0, seed++, &nw, &nn);
     }
+}
+
+/* The CUDA schedule of layer-range plans (the same table, so the same
+ * ranges): every layout pair at the four thresholds, a random range between
+ * different layer counts, executed on the CPU, equal to kv_plan_copy and to
+ * the config-only reference; one layer of a layer-major cache to itself is
+ * one wide 2-D copy of 2 rows per block. */
+static void test_plan_cuda_schedule_layer_ranges(void **state)
+{
+    (void)state;
+    int64_t nw, nn;
+    uint64_t seed = 7000, rng = 17;
+    static const int64_t thr[4] = {0, 1, 64, INT64_MAX};
+    static const int64_t Ns[3] = {8, 16, 32};
+    for (int sb = 0; sb < 16; sb++)
+        for (int db = (sb % 3); db < 16; db += 3) {
+            struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+            struct sched_layers ly;
+            draw_layers(&rng, &ly.Ls, &ly.Ld, &pc);
+            ly.sl0 = pc.src_layer0;
+            ly.dl0 = pc.dst_layer0;
+            ly.nl = pc.n_layers;
+            const uint64_t T = 1 + (uint64_t)((sb * 31 + db * 7) % 300);
+            sched_pair_lay(sb, db, Ns[(sb + db) % 3], Ns[(2 * sb + db) % 3], 4, 4, 0, 0, 0, 16,
+                           KV_BF16, T, thr[(sb + 2 * db) % 4], seed++, 0, ly, &nw, &nn);
+        }
+    /* layer 2 of 4 onto layer 0 of 1 (a transfer of one layer), layer-major
+     * NHD, 32 KiB per plane and block: 5 blocks, 5 wide copies */
+    sched_pair_lay(0, 0, 16, 16, 8, 8, 0, 0, 0, 128, KV_BF16, 80, 0, 11, 0,
+                   (struct sched_layers){4, 1, 2, 0, 1}, &nw, &nn);
+    assert_int_equal(nw, 5);
+    assert_int_equal(nn, 0);
 }
 
 /* What the threshold says, on plans whose copies are known: a layer-major
@@ -473,10 +708,14 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plan_every_layout_pair),
         cmocka_unit_test(test_plan_head_slices_and_dtypes),
+        cmocka_unit_test(test_plan_layer_ranges_every_layout_pair),
+        cmocka_unit_test(test_plan_layer_ranges_pipeline_and_one_layer),
         cmocka_unit_test(test_plan_run_counts),
         cmocka_unit_test(test_plan_refusals),
+        cmocka_unit_test(test_plan_layer_range_refusals),
         cmocka_unit_test(test_plan_cuda_entry_validates_first),
         cmocka_unit_test(test_plan_cuda_schedule_matches_cpu),
+        cmocka_unit_test(test_plan_cuda_schedule_layer_ranges),
         cmocka_unit_test(test_plan_cuda_schedule_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

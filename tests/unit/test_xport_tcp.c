@@ -19,6 +19,11 @@
  *     a head slice), block ids far from 0, every element checked on the
  *     decode side through the reference addressing (kvtest.h) and the
  *     whole pool compared;
+ *   - in one process, layer-range plans through kv_xport_write_plan: every
+ *     order x arrangement x padding pair with random layer ranges between
+ *     caches of different layer counts, and a decoder filled by three
+ *     pipeline stages one write each, the whole destination pool against
+ *     the config-only reference (the other layers untouched);
  *   - faults through a relay process between the two ends that cuts the
  *     connection, flips a payload byte, or stalls; the peer killed
  *     mid-transfer; cancel in flight: each ends in a terminal state with
@@ -47,6 +52,7 @@
 
 #include <kvcache/kv.h>
 #include "kv_xport_int.h"
+#include "kvt_side.h"
 #include "kvtest.h"
 
 #define TOKEN 0x5EC12E7ull
@@ -342,6 +348,127 @@ static void test_xport_tcp_write_read_whole_region(void **state)
     free(dst);
     free(want);
     free(back);
+}
+
+/* ---- layer ranges through kv_xport_write_plan ---------------------- */
+
+/* One write of a request through plan from s (registered on a) into d
+ * (exposed by b), notification after the data; the transfer DONE. */
+static void write_plan_once(struct pair *p, const kv_plan *plan, struct kvt_side *s,
+                            const uint32_t *sid, uint32_t ns, struct kvt_side *d,
+                            const uint32_t *did, uint32_t nd, uint64_t T, uint64_t tag)
+{
+    kv_xport_mem *ms = NULL, *md = NULL;
+    assert_int_equal(kv_xport_mem_reg(p->a, s->mem, (size_t)s->lo.total_bytes, KV_MEM_HOST, &ms),
+                     KV_OK);
+    assert_int_equal(kv_xport_mem_reg(p->b, d->mem, (size_t)d->lo.total_bytes, KV_MEM_HOST, &md),
+                     KV_OK);
+    kv_xport_rmem *r = share(p, md);
+    struct kv_xport_notify n = {.tag = tag};
+    kv_xport_xfer *t = NULL;
+    kv_status st = kv_xport_write_plan(p->pa, plan, ms, 0, sid, ns, r, 0, did, nd, T, &n, &t);
+    if (st != KV_OK)
+        fail_msg("kv_xport_write_plan: %s: %s", kv_status_name(st), kv_last_error());
+    struct kv_xport_msg *msg = malloc(sizeof(*msg));
+    assert_non_null(msg);
+    assert_int_equal(kv_xport_notify_poll(p->b, 10000, msg), KV_OK);
+    assert_int_equal(msg->tag, tag);
+    kv_xport_state xs;
+    assert_int_equal(kv_xport_xfer_wait(t, 10000, &xs), KV_OK);
+    assert_int_equal(xs, KV_XPORT_DONE);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    assert_int_equal(kv_xport_mem_unexpose(p->pb, md), KV_OK);
+    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
+    free(msg);
+}
+
+/* Layer-range plans on the wire: the runs kv_xport_write_plan posts are
+ * the plan's, so source layers [sl0, +n) land on [dl0, +n) of a decoder of
+ * another layer count and its other layers stay as they were. Every
+ * order x arrangement x padding pair (NHD/HND, layer-/block-major, padded:
+ * bits 0..7) with a random range, page sizes 16 -> 8/16/32, block ids
+ * spread over the pools; then three pipeline stages of 2 layers each
+ * writing one decoder of 6. The whole destination pool is compared with
+ * the config-only reference after each write. */
+static void test_xport_tcp_write_plan_layer_ranges(void **state)
+{
+    (void)state;
+    struct pair p;
+    pair_open(&p, 2);
+    uint64_t rng = 77, tag = 1000;
+    static const int64_t Nd[3] = {8, 16, 32};
+    for (int sb = 0; sb < 8; sb++)
+        for (int db = 0; db < 8; db++) {
+            const int64_t Ls = kvt_range(&rng, 1, 4), Ld = kvt_range(&rng, 1, 5);
+            struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+            pc.n_layers = kvt_range(&rng, 1, Ls < Ld ? Ls : Ld);
+            pc.src_layer0 = kvt_range(&rng, 0, Ls - pc.n_layers);
+            pc.dst_layer0 = kvt_range(&rng, 0, Ld - pc.n_layers);
+            struct kvt_side s, d;
+            kvt_side_make(&s, Ls, 90, 16, 4, 32, KV_BF16, sb, tag);
+            kvt_side_make(&d, Ld, 80, Nd[(sb + db) % 3], 4, 32, KV_BF16, db, tag + 1);
+            kv_plan *plan = NULL;
+            assert_int_equal(kv_plan_create(&s.lo, &d.lo, &pc, &plan), KV_OK);
+            const uint64_t T = (uint64_t)kvt_range(&rng, 1, 200);
+            const uint32_t ns = (uint32_t)((T + 15) / 16);
+            const uint32_t nd =
+                (uint32_t)((T + (uint64_t)d.lo.block_tokens - 1) / (uint64_t)d.lo.block_tokens);
+            uint32_t sid[32], did[32];
+            kvt_pick_ids(&rng, s.lo.num_blocks, ns, sid);
+            kvt_pick_ids(&rng, d.lo.num_blocks, nd, did);
+            unsigned char *ref = malloc((size_t)d.lo.total_bytes);
+            unsigned char *dst0 = malloc((size_t)d.lo.total_bytes);
+            assert_true(ref && dst0);
+            memcpy(ref, d.mem, (size_t)d.lo.total_bytes);
+            memcpy(dst0, d.mem, (size_t)d.lo.total_bytes);
+            kvt_ref_move_layers(&s, sid, ns, &d, did, nd, pc.src_layer0, pc.dst_layer0, pc.n_layers,
+                                0, 0, 4, ref);
+            write_plan_once(&p, plan, &s, sid, ns, &d, did, nd, T, tag++);
+            const int64_t at = kvt_first_diff(ref, d.mem, d.lo.total_bytes);
+            if (at >= 0)
+                fail_msg("bits %d->%d layers [%lld+%lld) of %lld -> [%lld) of %lld, T %llu: "
+                         "destination byte %lld of %lld differs",
+                         sb, db, (long long)pc.src_layer0, (long long)pc.n_layers, (long long)Ls,
+                         (long long)pc.dst_layer0, (long long)Ld, (unsigned long long)T,
+                         (long long)at, (long long)d.lo.total_bytes);
+            assert_int_equal(
+                kvt_other_layers_changed(&d, did, nd, pc.dst_layer0, pc.n_layers, d.mem, dst0), 0);
+            free(ref);
+            free(dst0);
+            kv_plan_destroy(plan);
+            kvt_side_free(&s);
+            kvt_side_free(&d);
+        }
+    /* a pipeline: stage k (2 layers, its own NHD cache) -> layers [2k, 2k + 2)
+     * of one HND block-major decoder of 6, one write per stage */
+    struct kvt_side d;
+    kvt_side_make(&d, 6, 70, 32, 4, 32, KV_BF16, 3, 500);
+    unsigned char *ref = malloc((size_t)d.lo.total_bytes);
+    assert_non_null(ref);
+    memcpy(ref, d.mem, (size_t)d.lo.total_bytes);
+    const uint64_t T = 150;
+    const uint32_t did[5] = {69, 3, 41, 12, 55};
+    for (int k = 0; k < 3; k++) {
+        struct kvt_side s;
+        kvt_side_make(&s, 2, 60, 16, 4, 32, KV_BF16, 4 * (k % 2), 600 + (uint64_t)k);
+        struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+        pc.dst_layer0 = 2 * k;
+        pc.n_layers = 2;
+        kv_plan *plan = NULL;
+        assert_int_equal(kv_plan_create(&s.lo, &d.lo, &pc, &plan), KV_OK);
+        uint32_t sid[10];
+        kvt_pick_ids(&rng, s.lo.num_blocks, 10, sid);
+        kvt_ref_move_layers(&s, sid, 10, &d, did, 5, 0, 2 * k, 2, 0, 0, 4, ref);
+        write_plan_once(&p, plan, &s, sid, 10, &d, did, 5, T, tag++);
+        assert_int_equal(kvt_first_diff(ref, d.mem, d.lo.total_bytes), -1);
+        kv_plan_destroy(plan);
+        kvt_side_free(&s);
+    }
+    free(ref);
+    kvt_side_free(&d);
+    pair_close(&p);
 }
 
 /* ---- two processes: prefill -> decode ------------------------------ */
@@ -995,6 +1122,7 @@ int main(void)
         cmocka_unit_test(test_xport_tcp_two_hosts_veth),
         cmocka_unit_test(test_xport_tcp_handshake_refusals),
         cmocka_unit_test(test_xport_tcp_write_read_whole_region),
+        cmocka_unit_test(test_xport_tcp_write_plan_layer_ranges),
         cmocka_unit_test(test_xport_tcp_fault_cut),
         cmocka_unit_test(test_xport_tcp_fault_corrupt_payload),
         cmocka_unit_test(test_xport_tcp_fault_stall_times_out),

@@ -87,18 +87,19 @@ static void kvb__pack_case(const char *bench, const char *name, enum kvb__pack_o
     }
     kvb_shuffle_ids(sid, (uint32_t)nb, (uint32_t)(nb + 64), 19);
     kvb_shuffle_ids(did, (uint32_t)nb, (uint32_t)(nb + 64), 29);
-    kv_status st = kv_pack_plan_create(&s.layout, &pp);
+    kv_status st = kv_pack_plan_create(&s.layout, NULL, &pp);
     if (st == KV_OK)
         st = kv_unpack_plan_create(&s.layout, &d.layout, NULL, &up);
     if (st == KV_OK)
-        st = kv_pack_size(&s.layout, (uint64_t)T, &size);
+        st = kv_pack_size(&s.layout, NULL, (uint64_t)T, &size);
     if (st != KV_OK) {
         kvb_failed(bench, name, "%s (%s)", kv_status_name(st), kv_last_error());
         goto out;
     }
     buf = kvb_alloc((size_t)size);
     size_t len = 0;
-    if ((st = kv_pack(pp, s, sid, (uint32_t)nb, (uint64_t)T, buf, (size_t)size, &len)) != KV_OK) {
+    if ((st = kv_pack(pp, s, sid, (uint32_t)nb, (uint64_t)T, buf, (size_t)size, &len, NULL)) !=
+        KV_OK) {
         kvb_failed(bench, name, "kv_pack: %s (%s)", kv_status_name(st), kv_last_error());
         goto out;
     }
@@ -119,7 +120,7 @@ static void kvb__pack_case(const char *bench, const char *name, enum kvb__pack_o
     for (int r = -1; r < runs; r++) { /* r = -1: warm-up */
         double t0 = kvb_now();
         st = op == KVB_PACK
-                 ? kv_pack(pp, s, sid, (uint32_t)nb, (uint64_t)T, buf, (size_t)size, &len)
+                 ? kv_pack(pp, s, sid, (uint32_t)nb, (uint64_t)T, buf, (size_t)size, &len, NULL)
                  : kv_unpack(up, buf, len, d, did, (uint32_t)nb, NULL);
         double t1 = kvb_now();
         memcpy(mb, ma, (size_t)bytes);
