@@ -602,7 +602,10 @@ class Cache:
         """Write K and V [T][H][D] (layer None: [L][T][H][D], every layer) of
         tokens 0..len(slots)-1 into their slots (-1 skips a token). k and v:
         any tensor with __dlpack__ or the array interface, any strides.
-        scales: None or (k_scales, v_scales), one per tensor or per KV head."""
+        scales: None or (k_scales, v_scales), one per tensor or per KV head.
+        Scales apply to every cache dtype (stored = convert(x / scale)); vLLM
+        applies them to fp8 caches only, so pass None for the others to
+        match it."""
         pc = self._paged()
         layer = -1 if layer is None else integer(layer, "layer", I32)
         sl = int_array(slots, "slots", I64).reshape(-1)
@@ -723,8 +726,12 @@ class Cache:
 
     @_call
     def kv(self, layer: int, kv: int) -> View:
-        """Layer's K (kv=0) or V (kv=1) tensor over the cache's memory:
-        [num_blocks][block] in the layout's in-block order, as a View."""
+        """Layer's K (kv=0) or V (kv=1) tensor over the cache's memory, as a
+        View of the logical shape [num_blocks][block_tokens][num_heads][head_dim]
+        whatever the order: for HND the order is in the strides (token
+        stride head_dim, head stride block_tokens * head_dim), not in the
+        shape (view.numpy().transpose(0, 2, 1, 3) is [B][H][N][D], contiguous
+        per block for HND)."""
         return View(_Memory(self), self._kv_view(layer, kv))
 
     def _kv_view(self, layer, kv):
