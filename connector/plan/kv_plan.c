@@ -54,6 +54,31 @@ kv_status kv__plan_check_layout(const char *fn, const char *what, const struct k
     return st == KV_OK ? KV_OK : kv__error_wrap(st, "%s: %s", fn, what);
 }
 
+/* A range [s0, s0 + n) of the source's heads or layers (stem "head" or
+ * "layer", sn of them) onto [d0, d0 + n) of the destination's (dn); n 0
+ * means every one, then both counts agree, both offsets are 0, and n
+ * becomes the count. */
+static kv_status resolve_range(const char *fn, const char *stem, const char *sym, int64_t sn,
+                               int64_t dn, int64_t *s0, int64_t *d0, int64_t *n)
+{
+    if (*n == 0) {
+        if (sn != dn || *s0 != 0 || *d0 != 0)
+            return kv__error(KV_ERR_BAD_SHAPE,
+                             "%s: n_%ss 0 (every %s) needs equal %s counts and %s offsets 0: "
+                             "source %s %" PRId64 " destination %s %" PRId64 ", src_%s0 %" PRId64
+                             " dst_%s0 %" PRId64,
+                             fn, stem, stem, stem, stem, sym, sn, sym, dn, stem, *s0, stem, *d0);
+        *n = sn;
+    }
+    if (*n < 0 || *s0 < 0 || *d0 < 0 || *s0 > sn - *n || *d0 > dn - *n)
+        return kv__error(KV_ERR_BAD_SHAPE,
+                         "%s: %ss [%" PRId64 ", %" PRId64 "+%" PRId64
+                         ") of a source with %s %" PRId64 " onto [%" PRId64 ", %" PRId64 "+%" PRId64
+                         ") of a destination with %s %" PRId64 ": outside a layout",
+                         fn, stem, *s0, *s0, *n, sym, sn, *d0, *d0, *n, sym, dn);
+    return KV_OK;
+}
+
 kv_status kv__plan_resolve(const char *fn, const struct kv_layout *src, const struct kv_layout *dst,
                            const struct kv_plan_config *cfg, struct kv_plan_config *out)
 {
@@ -78,40 +103,11 @@ kv_status kv__plan_resolve(const char *fn, const struct kv_layout *src, const st
                          "%s: source D %" PRId64 ", destination D %" PRId64
                          ": head dims must agree",
                          fn, src->head_dim, dst->head_dim);
-    if (c.n_heads == 0) {
-        if (src->num_heads != dst->num_heads || c.src_head0 != 0 || c.dst_head0 != 0)
-            return kv__error(KV_ERR_BAD_SHAPE,
-                             "%s: n_heads 0 (every head) needs equal head counts and "
-                             "head offsets 0: source H %" PRId64 " destination H %" PRId64
-                             ", src_head0 %" PRId64 " dst_head0 %" PRId64,
-                             fn, src->num_heads, dst->num_heads, c.src_head0, c.dst_head0);
-        c.n_heads = src->num_heads;
-    }
-    if (c.n_heads < 0 || c.src_head0 < 0 || c.dst_head0 < 0 ||
-        c.src_head0 > src->num_heads - c.n_heads || c.dst_head0 > dst->num_heads - c.n_heads)
-        return kv__error(KV_ERR_BAD_SHAPE,
-                         "%s: heads [%" PRId64 ", %" PRId64 "+%" PRId64
-                         ") of a source with H %" PRId64 " onto [%" PRId64 ", %" PRId64 "+%" PRId64
-                         ") of a destination with H %" PRId64 ": outside a layout",
-                         fn, c.src_head0, c.src_head0, c.n_heads, src->num_heads, c.dst_head0,
-                         c.dst_head0, c.n_heads, dst->num_heads);
-    if (c.n_layers == 0) {
-        if (src->num_layers != dst->num_layers || c.src_layer0 != 0 || c.dst_layer0 != 0)
-            return kv__error(KV_ERR_BAD_SHAPE,
-                             "%s: n_layers 0 (every layer) needs equal layer counts and "
-                             "layer offsets 0: source L %" PRId64 " destination L %" PRId64
-                             ", src_layer0 %" PRId64 " dst_layer0 %" PRId64,
-                             fn, src->num_layers, dst->num_layers, c.src_layer0, c.dst_layer0);
-        c.n_layers = src->num_layers;
-    }
-    if (c.n_layers < 0 || c.src_layer0 < 0 || c.dst_layer0 < 0 ||
-        c.src_layer0 > src->num_layers - c.n_layers || c.dst_layer0 > dst->num_layers - c.n_layers)
-        return kv__error(KV_ERR_BAD_SHAPE,
-                         "%s: layers [%" PRId64 ", %" PRId64 "+%" PRId64
-                         ") of a source with L %" PRId64 " onto [%" PRId64 ", %" PRId64 "+%" PRId64
-                         ") of a destination with L %" PRId64 ": outside a layout",
-                         fn, c.src_layer0, c.src_layer0, c.n_layers, src->num_layers, c.dst_layer0,
-                         c.dst_layer0, c.n_layers, dst->num_layers);
+    if ((st = resolve_range(fn, "head", "H", src->num_heads, dst->num_heads, &c.src_head0,
+                            &c.dst_head0, &c.n_heads)) != KV_OK ||
+        (st = resolve_range(fn, "layer", "L", src->num_layers, dst->num_layers, &c.src_layer0,
+                            &c.dst_layer0, &c.n_layers)) != KV_OK)
+        return st;
     *out = c;
     return KV_OK;
 }
