@@ -113,15 +113,44 @@ KV__AVX2 static inline __m256 ld8_bf16(const void *p)
     const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
-/* fp8 rows, 8 bytes -> 8 floats. Each byte lands in the high byte of a
- * 16-bit lane (x = b << 8), where e5m2 already is an f16 (inf and NaN
- * included): exactly kv_e5m2_to_f32. For e4m3, an arithmetic shift right by
+/* fp8 rows to f16, 16 elements per step: each byte goes to the high byte
+ * of a 16-bit lane (x = b << 8), where e5m2 already is an f16 (inf and NaN
+ * included): exactly kv_e5m2_to_f32. For e4m3 an arithmetic shift right by
  * one and the mask 0xbf80 leave the sign at bit 15 and the magnitude bits at
  * 7..13: the f16 of the value times 2^-8 (bias 7 against 15, subnormals
  * included, exact); its one NaN pattern (S.1111.111, OCP e4m3fn has no inf)
- * gets the f16 exponent 31. ld8_e4m3_raw is therefore the value times 2^-8:
- * the e4m3 chunk folds the 256 into its K and V multipliers (a power of
- * two, so the products are the same), ld8_e4m3 applies it. */
+ * gets the f16 exponent 31. An e4m3 row is therefore stored as its values
+ * times 2^-8: the decode folds the 2^8 into its K and V multipliers (a power
+ * of two, so the products are the same). Decode converts each head's rows of
+ * a chunk once (fp8_rows_to_f16) and runs the f16 chunk over them: half the
+ * bytes read from memory, one cvtph per 8 elements in the inner loops. */
+KV__AVX2 static inline __m256i fp8_to_f16_16(kv_dtype dt, __m256i x)
+{
+    if (dt == KV_FP8_E5M2)
+        return x;
+    const __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x7f00)),
+                                           _mm256_set1_epi16(0x7f00));
+    const __m256i h = _mm256_and_si256(_mm256_srai_epi16(x, 1), _mm256_set1_epi16((short)0xbf80));
+    return _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7c00)));
+}
+KV__AVX2 static void fp8_row_to_f16(kv_dtype dt, uint16_t *dst, const uint8_t *src, int64_t D)
+{
+    int64_t d = 0;
+    for (; d + 16 <= D; d += 16) {
+        const __m256i x =
+            _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(src + d))), 8);
+        _mm256_storeu_si256((__m256i *)(dst + d), fp8_to_f16_16(dt, x));
+    }
+    if (d < D) { /* D % 8 == 0: one group of 8 left */
+        const __m256i x =
+            _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(src + d))), 8);
+        _mm_storeu_si128((__m128i *)(dst + d), _mm256_castsi256_si128(fp8_to_f16_16(dt, x)));
+    }
+}
+/* The same conversion 8 elements at a time inside the chunk's loops, for
+ * rows read in place (NHD, where a head group's q and acc already fill L1
+ * and converted rows would not fit beside them): ld8_e4m3_raw is the value
+ * times 2^-8 like a converted row. */
 KV__AVX2 static inline __m128i ld8_fp8_hi(const void *p)
 {
     return _mm_unpacklo_epi8(_mm_setzero_si128(), _mm_loadl_epi64((const __m128i *)p));
@@ -137,10 +166,6 @@ KV__AVX2 static inline __m256 ld8_e4m3_raw(const void *p)
         _mm_cmpeq_epi16(_mm_and_si128(x, _mm_set1_epi16(0x7f00)), _mm_set1_epi16(0x7f00));
     const __m128i h = _mm_and_si128(_mm_srai_epi16(x, 1), _mm_set1_epi16((short)0xbf80));
     return _mm256_cvtph_ps(_mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7c00))));
-}
-KV__AVX2 static inline __m256 ld8_e4m3(const void *p)
-{
-    return _mm256_mul_ps(ld8_e4m3_raw(p), _mm256_set1_ps(256.0f));
 }
 KV__AVX2 static inline float hsum8(__m256 v)
 {
@@ -324,37 +349,44 @@ bool kv__attn_decode_simd(kv_dtype dt, int64_t D)
 }
 
 #if KV__HAVE_AVX2
-KV__AVX2 static void load8_avx2(kv_dtype dt, const void *p, float *out)
+KV__AVX2 static void row_avx2(kv_dtype dt, const void *p, int64_t n, float *out)
 {
-    switch (dt) {
-    case KV_F16:
-        _mm256_storeu_ps(out, ld8_f16(p));
-        break;
-    case KV_BF16:
-        _mm256_storeu_ps(out, ld8_bf16(p));
-        break;
-    case KV_FP8_E4M3:
-        _mm256_storeu_ps(out, ld8_e4m3(p));
-        break;
-    case KV_FP8_E5M2:
-        _mm256_storeu_ps(out, ld8_e5m2(p));
-        break;
-    default:
-        _mm256_storeu_ps(out, ld8_f32(p));
-        break;
+    uint16_t h[64];
+    for (int64_t d = 0; d < n; d += 8) {
+        __m256 v;
+        switch (dt) {
+        case KV_F16:
+            v = ld8_f16((const char *)p + 2 * d);
+            break;
+        case KV_BF16:
+            v = ld8_bf16((const char *)p + 2 * d);
+            break;
+        case KV_FP8_E4M3:
+        case KV_FP8_E5M2:
+            if (d % 64 == 0)
+                fp8_row_to_f16(dt, h, (const uint8_t *)p + d, n - d < 64 ? n - d : 64);
+            v = ld8_f16(h + d % 64);
+            if (dt == KV_FP8_E4M3)
+                v = _mm256_mul_ps(v, _mm256_set1_ps(256.0f));
+            break;
+        default:
+            v = ld8_f32((const char *)p + 4 * d);
+            break;
+        }
+        _mm256_storeu_ps(out + d, v);
     }
 }
 #endif
 
-bool kv__attn_decode_load8(kv_dtype dt, const void *p, float out[8])
+bool kv__attn_decode_row_f32(kv_dtype dt, const void *p, int64_t n, float *out)
 {
 #if KV__HAVE_AVX2
-    if (!kv__attn_decode_simd(dt, 8))
+    if (n % 8 != 0 || !kv__attn_decode_simd(dt, n))
         return false;
-    load8_avx2(dt, p, out);
+    row_avx2(dt, p, n, out);
     return true;
 #else
-    (void)dt, (void)p, (void)out;
+    (void)dt, (void)p, (void)n, (void)out;
     return false;
 #endif
 }
@@ -392,6 +424,28 @@ static kv__chunk_fn chunk_for(kv_dtype dt, int64_t D)
     }
 }
 
+/* Whether decode of dt with head groups of hb converts each head's fp8 rows
+ * of a chunk to f16 first (decode_group), then runs the f16 chunk: on the
+ * AVX2 path with one head a task (HND; measured, docs/benchmarks.md: 1.45-1.54x
+ * the bf16 decode against 1.33-1.45x converting in the loops). With head
+ * groups (NHD) q and acc of the group fill L1 already and the loops convert
+ * (chunk_avx2_e4m3/e5m2). The portable path converts element by element. */
+static bool fp8_rows_converted(kv_dtype dt, int64_t D, int64_t hb)
+{
+    return KV__HAVE_AVX2 && hb == 1 && (dt == KV_FP8_E4M3 || dt == KV_FP8_E5M2) &&
+           kv__attn_decode_simd(dt, D);
+}
+
+static kv__chunk_fn chunk_for_rows(kv_dtype dt, int64_t D, bool converted)
+{
+#if KV__HAVE_AVX2
+    if (converted)
+        return chunk_avx2_f16;
+#endif
+    (void)converted;
+    return chunk_for(dt, D);
+}
+
 /* Most KV heads a decode task groups (docs/kernels.md). */
 #define KV__HEAD_GROUP_MAX 16
 
@@ -407,20 +461,35 @@ static kv__chunk_fn chunk_for(kv_dtype dt, int64_t D)
 static void decode_group(const struct kv__attn_job *j, kv__chunk_fn chunk,
                          const struct kv__dec_tok *tok, struct kv__dec_tok *th, int n, int64_t hb,
                          int64_t h0, int g, const float *q, float *m, float *l, float *acc,
-                         float *sc, char *rows)
+                         float *sc, char *rows, bool conv)
 {
+    const kv_dtype dt = j->cache.layout.dtype;
     const int64_t D = j->cache.layout.head_dim, hs = j->cache.layout.stride_head_bytes;
-    const size_t rowb = (size_t)(D * j->cache.layout.elem_bytes);
+    const size_t rowb = (size_t)(D * (conv ? 2 : j->cache.layout.elem_bytes));
+    /* e4m3 rows converted hold the values times 2^-8 (fp8_row_to_f16) */
+    const float fold = conv && dt == KV_FP8_E4M3 ? 256.0f : 1.0f;
     for (int64_t hi = 0; hi < hb; hi++) {
         const int64_t h = h0 + hi;
-        const float ks = j->k_scale ? j->k_scale[j->n_scales == 1 ? 0 : h] : 1.0f;
-        const float vs = j->v_scale ? j->v_scale[j->n_scales == 1 ? 0 : h] : 1.0f;
+        const float ks = (j->k_scale ? j->k_scale[j->n_scales == 1 ? 0 : h] : 1.0f) * fold;
+        const float vs = (j->v_scale ? j->v_scale[j->n_scales == 1 ? 0 : h] : 1.0f) * fold;
         const struct kv__dec_tok *use = tok;
         if (rows) {
             char *kr = rows, *vr = rows + KV__CHUNK * rowb;
             for (int t = 0; t < n; t++) {
-                memcpy(kr + (size_t)t * rowb, (const char *)tok[t].k + hi * hs, rowb);
-                memcpy(vr + (size_t)t * rowb, (const char *)tok[t].v + hi * hs, rowb);
+                const char *ks_row = (const char *)tok[t].k + hi * hs;
+                const char *vs_row = (const char *)tok[t].v + hi * hs;
+#if KV__HAVE_AVX2
+                if (conv) {
+                    fp8_row_to_f16(dt, (uint16_t *)(kr + (size_t)t * rowb), (const uint8_t *)ks_row,
+                                   D);
+                    fp8_row_to_f16(dt, (uint16_t *)(vr + (size_t)t * rowb), (const uint8_t *)vs_row,
+                                   D);
+                } else
+#endif
+                {
+                    memcpy(kr + (size_t)t * rowb, ks_row, rowb);
+                    memcpy(vr + (size_t)t * rowb, vs_row, rowb);
+                }
                 th[t].k = kr + (size_t)t * rowb;
                 th[t].v = vr + (size_t)t * rowb;
             }
@@ -442,7 +511,6 @@ static kv_status exec_decode(const struct kv__attn_job *j)
     const int64_t H = lo->num_heads, D = lo->head_dim, S = j->n_seqs;
     const int g = (int)(j->q_heads / (uint32_t)H);
     const int64_t pt = j->page_tokens, rowb = D * lo->elem_bytes;
-    const kv__chunk_fn chunk = chunk_for(lo->dtype, D);
     int64_t total_tokens = 0;
     for (int64_t s = 0; s < S; s++)
         total_tokens += j->seq_tokens[s];
@@ -460,7 +528,12 @@ static kv_status exec_decode(const struct kv__attn_job *j)
     const int64_t tasks = S * (H / hb), ghd = (int64_t)g * D;
     /* per thread: q [hb][g][D], acc [hb][g][D], m [hb][g], l [hb][g],
      * scores [g][CHUNK] */
-    const size_t rbytes = hb > 1 ? (size_t)(2 * KV__CHUNK * rowb + 63) / 64 * 64 : 0;
+    /* NHD (hb > 1): each head's rows of a chunk copied contiguous; fp8 on
+     * the AVX2 path in HND: converted to f16 (decode_group) */
+    const bool conv = fp8_rows_converted(lo->dtype, D, hb);
+    const kv__chunk_fn chunk = chunk_for_rows(lo->dtype, D, conv);
+    const int64_t crow = conv ? D * 2 : rowb;
+    const size_t rbytes = hb > 1 || conv ? (size_t)(2 * KV__CHUNK * crow + 63) / 64 * 64 : 0;
     const size_t per =
         ((size_t)(2 * hb * ghd + 2 * hb * g + g * KV__CHUNK) * sizeof(float) + 63) / 64 * 64 +
         rbytes;
@@ -510,7 +583,7 @@ static kv_status exec_decode(const struct kv__attn_job *j)
                     if (++n == KV__CHUNK) {
                         if (ready)
                             decode_group(j, chunk, tok[cur], th, ready, hb, h0, g, q, m, l, acc, sc,
-                                         rows);
+                                         rows, conv);
                         cur ^= 1;
                         ready = n;
                         n = 0;
@@ -519,9 +592,11 @@ static kv_status exec_decode(const struct kv__attn_job *j)
                 left -= in_page;
             }
             if (ready)
-                decode_group(j, chunk, tok[cur], th, ready, hb, h0, g, q, m, l, acc, sc, rows);
+                decode_group(j, chunk, tok[cur], th, ready, hb, h0, g, q, m, l, acc, sc, rows,
+                             conv);
             if (n)
-                decode_group(j, chunk, tok[cur ^ 1], th, n, hb, h0, g, q, m, l, acc, sc, rows);
+                decode_group(j, chunk, tok[cur ^ 1], th, n, hb, h0, g, q, m, l, acc, sc, rows,
+                             conv);
             for (int64_t hi = 0; hi < hb; hi++)
                 for (int qi = 0; qi < g; qi++) {
                     char *op = j->out.base + s * j->out.token_stride +

@@ -113,10 +113,12 @@ extern bool kv__attn_portable;
 /* Whether decode attention of dtype dt and head dim D takes the AVX2/FMA
  * path on this CPU (with the current tuning). */
 bool kv__attn_decode_simd(kv_dtype dt, int64_t D);
-/* The AVX2 path's row load: 8 elements of dtype dt at p as floats into out;
- * false (out untouched) where decode of dt does not take that path. For
- * tests: every fp8 byte against kv_e4m3_to_f32 / kv_e5m2_to_f32. */
-bool kv__attn_decode_load8(kv_dtype dt, const void *p, float out[8]);
+/* What the AVX2 decode path reads for n elements (a multiple of 8) of
+ * dtype dt at p, as floats into out: fp8 rows go through the same f16
+ * conversion decode uses; false (out untouched) where decode of dt does not
+ * take that path. For tests: every fp8 byte against kv_e4m3_to_f32 /
+ * kv_e5m2_to_f32. */
+bool kv__attn_decode_row_f32(kv_dtype dt, const void *p, int64_t n, float *out);
 
 /* Count one call of job's kernel on its path (cuda: the CUDA counters). */
 void kv__attn_count(const struct kv__attn_job *job, bool cuda);

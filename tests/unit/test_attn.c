@@ -1097,6 +1097,15 @@ static void test_attn_decode_dtypes(void **state)
         run_decode(&dc, 900 + (uint64_t)i, lens, 3);
         dc.out_dt = k_dtypes[1 + i % 2]; /* f16 / bf16 outputs */
         run_decode(&dc, 950 + (uint64_t)i, lens, 3);
+        if (i >= 3) { /* fp8 on both AVX2 variants: HND converts each head's rows, NHD
+                       * with head groups (H 4 over 5 sequences) converts in the loops */
+            static const int64_t lens5[5] = {1, 17, 333, 700, 0};
+            dc.H = 4;
+            for (int o = 0; o < 2; o++) {
+                dc.order = o ? KV_ORDER_HND : KV_ORDER_NHD;
+                run_decode(&dc, 970 + (uint64_t)(2 * i + o), lens5, 5);
+            }
+        }
     }
 }
 
@@ -1448,9 +1457,10 @@ static void test_attn_cuda_entries_validate_first(void **state)
     fix_free(&f);
 }
 
-/* The AVX2 decode path's fp8 row loads against the scalar conversions the
- * reference uses: all 256 byte values of each format, bit for bit (NaN:
- * NaN; zeros keep their sign), at every byte offset of an 8-byte load. */
+/* The AVX2 decode path's fp8 rows (converted to f16 16 elements at a time,
+ * then 8) against the scalar conversions the reference uses: all 256 byte
+ * values of each format, bit for bit (NaN: NaN of the same sign), at every
+ * position of a 24-element row (a 16-wide step and an 8-wide tail). */
 static void test_attn_decode_fp8_loads_exact(void **state)
 {
     (void)state;
@@ -1459,21 +1469,25 @@ static void test_attn_decode_fp8_loads_exact(void **state)
         print_message("    no AVX2/F16C on this CPU: the portable path only (tested below)\n");
         return;
     }
-    uint8_t bytes[256 + 8];
-    for (int i = 0; i < 256 + 8; i++)
+    enum { ROW = 24 };
+    uint8_t bytes[256 + ROW];
+    for (int i = 0; i < 256 + ROW; i++)
         bytes[i] = (uint8_t)(i * 37 + 11); /* 37 is odd: a permutation of 0..255 */
     for (int f = 0; f < 2; f++) {
         int nan = 0;
+        static uint8_t hit[ROW][256];
+        memset(hit, 0, sizeof(hit));
         for (int at = 0; at < 256; at++) {
-            float got[8];
-            assert_true(kv__attn_decode_load8(fp8[f], bytes + at, got));
-            for (int e = 0; e < 8; e++) {
+            float got[ROW];
+            assert_true(kv__attn_decode_row_f32(fp8[f], bytes + at, ROW, got));
+            for (int e = 0; e < ROW; e++) {
                 const uint8_t b = bytes[at + e];
                 const float want = fp8[f] == KV_FP8_E4M3 ? kv_e4m3_to_f32(b) : kv_e5m2_to_f32(b);
+                hit[e][b] = 1;
                 if (isnan(want)) {
                     nan += e == 0;
                     if (!isnan(got[e]) || signbit(got[e]) != signbit(want))
-                        fail_msg("%s byte 0x%02x: %g, want NaN", kv_dtype_name(fp8[f]), b,
+                        fail_msg("%s byte 0x%02x at %d: %g, want NaN", kv_dtype_name(fp8[f]), b, e,
                                  (double)got[e]);
                     continue;
                 }
@@ -1481,12 +1495,17 @@ static void test_attn_decode_fp8_loads_exact(void **state)
                 memcpy(&gb, &got[e], 4);
                 memcpy(&wb, &want, 4);
                 if (gb != wb)
-                    fail_msg("%s byte 0x%02x: %a, want %a", kv_dtype_name(fp8[f]), b,
+                    fail_msg("%s byte 0x%02x at %d: %a, want %a", kv_dtype_name(fp8[f]), b, e,
                              (double)got[e], (double)want);
             }
         }
         assert_int_equal(nan, f == 0 ? 2 : 6); /* e4m3: 0x7f 0xff; e5m2: 3 mantissas x 2 signs */
+        for (int e = 0; e < ROW; e++)          /* every byte value at every position */
+            for (int b = 0; b < 256; b++)
+                assert_int_equal(hit[e][b], 1);
     }
+    float out[8];
+    assert_false(kv__attn_decode_row_f32(KV_FP8_E4M3, bytes, 12, out)); /* not a multiple of 8 */
 }
 
 /* The code paths a size or a CPU feature selects, forced on small inputs
