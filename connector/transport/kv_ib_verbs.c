@@ -4,9 +4,11 @@
  *
  * Built only when the RDMA headers exist (the Makefile compiles *_verbs.c
  * with RDMA and links -libverbs). Each wrapper is the libibverbs call
- * itself; the inline ones (post_send, poll_cq, query_port, reg_mr) are why
- * the wrappers exist at all.
+ * itself (get_cq_event's -1 + errno turned into the errno value); the
+ * inline ones (post_send, poll_cq, query_port, reg_mr, req_notify_cq) are
+ * why the wrappers exist at all.
  */
+#include <errno.h>
 #include <stdatomic.h>
 
 #include "kv_verbs_int.h"
@@ -84,6 +86,35 @@ static int real_destroy_cq(struct ibv_cq *cq)
     return ibv_destroy_cq(cq);
 }
 
+static struct ibv_comp_channel *real_create_comp_channel(struct ibv_context *context)
+{
+    return ibv_create_comp_channel(context);
+}
+
+static int real_destroy_comp_channel(struct ibv_comp_channel *channel)
+{
+    return ibv_destroy_comp_channel(channel);
+}
+
+static int real_req_notify_cq(struct ibv_cq *cq, int solicited_only)
+{
+    return ibv_req_notify_cq(cq, solicited_only);
+}
+
+/* ibv_get_cq_event says -1 + errno; the table says the errno value. */
+static int real_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq,
+                             void **cq_context)
+{
+    if (ibv_get_cq_event(channel, cq, cq_context) == 0)
+        return 0;
+    return errno != 0 ? errno : EIO;
+}
+
+static void real_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
+{
+    ibv_ack_cq_events(cq, nevents);
+}
+
 static struct ibv_qp *real_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *qp_init_attr)
 {
     return ibv_create_qp(pd, qp_init_attr);
@@ -137,6 +168,11 @@ static const struct kv__verbs real_verbs = {
     .dereg_mr = real_dereg_mr,
     .create_cq = real_create_cq,
     .destroy_cq = real_destroy_cq,
+    .create_comp_channel = real_create_comp_channel,
+    .destroy_comp_channel = real_destroy_comp_channel,
+    .req_notify_cq = real_req_notify_cq,
+    .get_cq_event = real_get_cq_event,
+    .ack_cq_events = real_ack_cq_events,
     .create_qp = real_create_qp,
     .modify_qp = real_modify_qp,
     .query_qp = real_query_qp,

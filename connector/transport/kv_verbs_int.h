@@ -13,7 +13,8 @@
  * kv__verbs_get() is the one the transport uses: the real table unless a
  * test installed another with kv__verbs_set(). Each entry has the signature
  * and the return convention of the ibverbs call it is named after (pointer
- * or NULL + errno; int 0 or an errno value; poll_cq: count or < 0), so
+ * or NULL + errno; int 0 or an errno value; poll_cq: count or < 0;
+ * get_cq_event: 0 or an errno value, where libibverbs says -1 + errno), so
  * `v->post_send(qp, wr, &bad)` reads like ibv_post_send(qp, wr, &bad).
  *
  * The only place in connector/ where KV_HAVE_RDMA is tested. Without RDMA
@@ -30,7 +31,7 @@
 
 /* Bumped whenever an entry is added, removed or changes signature; a table
  * whose version differs is refused by kv__verbs_acquire(). */
-#define KV__VERBS_VERSION 1
+#define KV__VERBS_VERSION 2
 
 #if KV_HAVE_RDMA
 
@@ -58,6 +59,19 @@ struct kv__verbs {
     struct ibv_cq *(*create_cq)(struct ibv_context *context, int cqe, void *cq_context,
                                 struct ibv_comp_channel *channel, int comp_vector);
     int (*destroy_cq)(struct ibv_cq *cq);
+
+    /* Completion events (ibv_get_cq_event(3), ibv_req_notify_cq(3)): a CQ
+     * created with a channel and armed with req_notify_cq gets one event on
+     * the channel at its next completion (one-shot: re-arm after each);
+     * channel->fd is readable while an event waits, get_cq_event blocks on
+     * it unless the fd is O_NONBLOCK (EAGAIN then). Every event got must be
+     * acknowledged (ack_cq_events) before its CQ is destroyed; a channel
+     * with CQs still attached is not destroyed (EBUSY). */
+    struct ibv_comp_channel *(*create_comp_channel)(struct ibv_context *context);
+    int (*destroy_comp_channel)(struct ibv_comp_channel *channel);
+    int (*req_notify_cq)(struct ibv_cq *cq, int solicited_only);
+    int (*get_cq_event)(struct ibv_comp_channel *channel, struct ibv_cq **cq, void **cq_context);
+    void (*ack_cq_events)(struct ibv_cq *cq, unsigned int nevents);
     struct ibv_qp *(*create_qp)(struct ibv_pd *pd, struct ibv_qp_init_attr *qp_init_attr);
     int (*modify_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask);
     int (*query_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask,

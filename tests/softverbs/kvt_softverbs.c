@@ -165,13 +165,39 @@ struct sv_cqe {
     uint64_t visible_ns; /* DELAY_COMPLETION: not polled before */
 };
 
+struct sv_cq;
+
+/* A completion event queued on a channel, not yet got. */
+struct sv_ev {
+    struct sv_cq *cq;
+    struct sv_ev *next;
+};
+
+/* A completion channel. ibv.fd is one end of a socketpair whose other end
+ * (wfd) gets one byte per queued event, so the fd is readable exactly while
+ * an event waits, and a read of it blocks (or says EAGAIN when the caller
+ * made it O_NONBLOCK) as ibv_get_cq_event does:
+ *   bytes in the socket + bytes read by a get_cq_event not yet under the
+ *   lock >= events queued; ibv.refcnt == CQs created on it */
+struct sv_chan {
+    struct ibv_comp_channel ibv;
+    struct sv_chan *next;
+    int wfd;
+    struct sv_ev *head, *tail;
+};
+
 struct sv_cq {
     struct ibv_cq ibv;
     struct sv_cq *next;
-    struct sv_cqe *ring; /* [ibv.cqe] */
-    int head, count;     /* 0 <= count <= ibv.cqe */
-    int refs;            /* QPs using it */
-    bool overflowed;     /* a CQE found it full: poll_cq fails from then on */
+    struct sv_cqe *ring;   /* [ibv.cqe] */
+    int head, count;       /* 0 <= count <= ibv.cqe */
+    int refs;              /* QPs using it */
+    bool overflowed;       /* a CQE found it full: poll_cq fails from then on */
+    struct sv_chan *chan;  /* NULL: created without a channel */
+    bool armed;            /* req_notify_cq since its last event (one-shot) */
+    uint64_t event_at_ns;  /* a held CQE (DELAY_COMPLETION) becomes visible: its event */
+    uint64_t events_got;   /* get_cq_event returned it */
+    uint64_t events_acked; /* ack_cq_events; destroy_cq needs acked == got */
 };
 
 struct sv_swr {
@@ -263,6 +289,7 @@ struct sv_ctx {
     struct sv_pd *pds;
     struct sv_mr *mrs;
     struct sv_cq *cqs;
+    struct sv_chan *chans;
     struct sv_qp *qps;
     struct sv_conn *conns;
     uint32_t next_key, next_qpn;
@@ -313,6 +340,29 @@ static bool gid_addr(const union ibv_gid *g, struct sockaddr_un *a, socklen_t *l
 
 /* ---------------------------------------------------------- CQ and QP -- */
 
+/* lock held: a completion was added to cq: one event on its channel when
+ * it was armed (ibv_req_notify_cq: "the next" completion only; arming is
+ * one-shot, so a CQ not re-armed since its last event gets no more). */
+static void cq_event(struct sv_cq *cq)
+{
+    if (!cq->armed || !cq->chan)
+        return;
+    struct sv_ev *ev = kv__mem_calloc(1, sizeof(*ev));
+    if (!ev)
+        return; /* as the kernel when it cannot queue one: the event is lost */
+    cq->armed = false;
+    ev->cq = cq;
+    struct sv_chan *ch = cq->chan;
+    if (ch->tail)
+        ch->tail->next = ev;
+    else
+        ch->head = ev;
+    ch->tail = ev;
+    const char b = 1;
+    ssize_t r = write(ch->wfd, &b, 1);
+    (void)r; /* 64 KiB of socket buffer: more events than CQs never queue */
+}
+
 static void cq_push(struct sv_cq *cq, struct sv_qp *qp, const struct ibv_wc *wc, uint32_t retire)
 {
     atomic_fetch_add(&stats.cqes, 1);
@@ -337,6 +387,12 @@ static void cq_push(struct sv_cq *cq, struct sv_qp *qp, const struct ibv_wc *wc,
                         ? now_ns() + (uint64_t)delay_ms * 1000000ull
                         : 0;
     cq->count++;
+    if (e->visible_ns == 0) {
+        cq_event(cq);
+    } else if (cq->event_at_ns == 0 || e->visible_ns < cq->event_at_ns) {
+        cq->event_at_ns = e->visible_ns; /* added when it becomes visible */
+        wake(ctx_of(cq->ibv.context));   /* the device thread times it */
+    }
 }
 
 static enum ibv_wc_opcode wc_opcode(enum ibv_wr_opcode op)
@@ -849,6 +905,16 @@ static void *device_thread(void *arg)
         for (int pass = 0; pass < 2; pass++) /* a completion may start the next WR */
             for (struct sv_qp *q = c->qps; q; q = q->next)
                 qp_progress(q, now, &next);
+        for (struct sv_cq *q = c->cqs; q; q = q->next) { /* held CQEs now visible */
+            if (q->event_at_ns == 0)
+                continue;
+            if (now >= q->event_at_ns) {
+                q->event_at_ns = 0;
+                cq_event(q);
+            } else if (q->event_at_ns < next) {
+                next = q->event_at_ns;
+            }
+        }
         /* reap dead and doomed connections */
         for (struct sv_conn **pp = &c->conns; *pp;) {
             struct sv_conn *k = *pp;
@@ -1004,7 +1070,7 @@ static int sv_close_device(struct ibv_context *ic)
 {
     struct sv_ctx *c = ctx_of(ic);
     pthread_mutex_lock(&c->lock);
-    if (c->pds || c->mrs || c->cqs || c->qps) {
+    if (c->pds || c->mrs || c->cqs || c->qps || c->chans) {
         pthread_mutex_unlock(&c->lock);
         return EBUSY;
     }
@@ -1159,7 +1225,8 @@ static struct ibv_cq *sv_create_cq(struct ibv_context *ic, int cqe, void *cq_con
                                    struct ibv_comp_channel *channel, int comp_vector)
 {
     struct sv_ctx *c = ctx_of(ic);
-    if (cqe < 1 || cqe > KVT_SV_MAX_CQE || channel != NULL || comp_vector != 0) {
+    if (cqe < 1 || cqe > KVT_SV_MAX_CQE || comp_vector < 0 || comp_vector >= ic->num_comp_vectors ||
+        (channel && channel->context != ic)) {
         errno = EINVAL;
         return NULL;
     }
@@ -1172,7 +1239,11 @@ static struct ibv_cq *sv_create_cq(struct ibv_context *ic, int cqe, void *cq_con
     q->ibv.context = ic;
     q->ibv.cq_context = cq_context;
     q->ibv.cqe = cqe;
+    q->ibv.channel = channel;
+    q->chan = (struct sv_chan *)channel;
     pthread_mutex_lock(&c->lock);
+    if (channel)
+        channel->refcnt++;
     q->next = c->cqs;
     c->cqs = q;
     pthread_mutex_unlock(&c->lock);
@@ -1184,19 +1255,147 @@ static int sv_destroy_cq(struct ibv_cq *icq)
     struct sv_ctx *c = ctx_of(icq->context);
     struct sv_cq *q = (struct sv_cq *)icq;
     pthread_mutex_lock(&c->lock);
-    if (q->refs > 0) {
+    /* ibv_destroy_cq(3) waits until every event got was acknowledged
+     * (forever, if never): here EBUSY, so a test sees it. */
+    if (q->refs > 0 || q->events_acked < q->events_got) {
         pthread_mutex_unlock(&c->lock);
         return EBUSY;
+    }
+    if (q->events_acked > q->events_got) { /* acked what it never got */
+        pthread_mutex_unlock(&c->lock);
+        return EINVAL;
     }
     for (struct sv_cq **pp = &c->cqs; *pp; pp = &(*pp)->next)
         if (*pp == q) {
             *pp = q->next;
             break;
         }
+    if (q->chan) {
+        /* Its events not got yet go with it (as the kernel drops them). */
+        struct sv_chan *ch = q->chan;
+        struct sv_ev **pp = &ch->head, *last = NULL;
+        while (*pp) {
+            struct sv_ev *ev = *pp;
+            if (ev->cq != q) {
+                last = ev;
+                pp = &ev->next;
+                continue;
+            }
+            *pp = ev->next;
+            kv__mem_free(ev);
+            char b;
+            ssize_t r = recv(ch->ibv.fd, &b, 1, MSG_DONTWAIT);
+            (void)r; /* EAGAIN: a get_cq_event took the byte and finds no event */
+        }
+        ch->tail = last;
+        ch->ibv.refcnt--;
+    }
     pthread_mutex_unlock(&c->lock);
     kv__mem_free(q->ring);
     kv__mem_free(q);
     return 0;
+}
+
+static struct ibv_comp_channel *sv_create_comp_channel(struct ibv_context *ic)
+{
+    struct sv_ctx *c = ctx_of(ic);
+    struct sv_chan *ch = kv__mem_calloc(1, sizeof(*ch));
+    int sp[2];
+    if (!ch) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0) {
+        const int e = errno;
+        kv__mem_free(ch);
+        errno = e;
+        return NULL;
+    }
+    ch->ibv.context = ic;
+    ch->ibv.fd = sp[0];
+    ch->wfd = sp[1];
+    pthread_mutex_lock(&c->lock);
+    ch->next = c->chans;
+    c->chans = ch;
+    pthread_mutex_unlock(&c->lock);
+    return &ch->ibv;
+}
+
+static int sv_destroy_comp_channel(struct ibv_comp_channel *ich)
+{
+    struct sv_ctx *c = ctx_of(ich->context);
+    struct sv_chan *ch = (struct sv_chan *)ich;
+    pthread_mutex_lock(&c->lock);
+    if (ich->refcnt > 0) { /* CQs still use it (libibverbs: EBUSY) */
+        pthread_mutex_unlock(&c->lock);
+        return EBUSY;
+    }
+    for (struct sv_chan **pp = &c->chans; *pp; pp = &(*pp)->next)
+        if (*pp == ch) {
+            *pp = ch->next;
+            break;
+        }
+    pthread_mutex_unlock(&c->lock);
+    close(ch->ibv.fd);
+    close(ch->wfd);
+    kv__mem_free(ch);
+    return 0;
+}
+
+/* Arm cq: an event for the next completion added to it (those already in
+ * it raise none: poll after arming). solicited_only is not modelled. */
+static int sv_req_notify_cq(struct ibv_cq *icq, int solicited_only)
+{
+    struct sv_ctx *c = ctx_of(icq->context);
+    struct sv_cq *q = (struct sv_cq *)icq;
+    if (solicited_only)
+        return EOPNOTSUPP;
+    pthread_mutex_lock(&c->lock);
+    q->armed = true;
+    pthread_mutex_unlock(&c->lock);
+    return 0;
+}
+
+/* Read one byte (blocking unless O_NONBLOCK), then take the oldest event;
+ * none left (destroy_cq dropped it): wait for the next. */
+static int sv_get_cq_event(struct ibv_comp_channel *ich, struct ibv_cq **cq, void **cq_context)
+{
+    struct sv_ctx *c = ctx_of(ich->context);
+    struct sv_chan *ch = (struct sv_chan *)ich;
+    for (;;) {
+        char b;
+        const ssize_t r = read(ich->fd, &b, 1);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return errno;
+        if (r == 0)
+            return EIO;
+        pthread_mutex_lock(&c->lock);
+        struct sv_ev *ev = ch->head;
+        if (ev) {
+            ch->head = ev->next;
+            if (!ch->head)
+                ch->tail = NULL;
+            ev->cq->events_got++;
+            *cq = &ev->cq->ibv;
+            *cq_context = ev->cq->ibv.cq_context;
+        }
+        pthread_mutex_unlock(&c->lock);
+        if (ev) {
+            kv__mem_free(ev);
+            return 0;
+        }
+    }
+}
+
+static void sv_ack_cq_events(struct ibv_cq *icq, unsigned int nevents)
+{
+    struct sv_ctx *c = ctx_of(icq->context);
+    struct sv_cq *q = (struct sv_cq *)icq;
+    pthread_mutex_lock(&c->lock);
+    q->events_acked += nevents;
+    pthread_mutex_unlock(&c->lock);
 }
 
 static struct ibv_qp *sv_create_qp(struct ibv_pd *ip, struct ibv_qp_init_attr *ia)
@@ -1591,6 +1790,11 @@ static const struct kv__verbs softverbs = {
     .dereg_mr = sv_dereg_mr,
     .create_cq = sv_create_cq,
     .destroy_cq = sv_destroy_cq,
+    .create_comp_channel = sv_create_comp_channel,
+    .destroy_comp_channel = sv_destroy_comp_channel,
+    .req_notify_cq = sv_req_notify_cq,
+    .get_cq_event = sv_get_cq_event,
+    .ack_cq_events = sv_ack_cq_events,
     .create_qp = sv_create_qp,
     .modify_qp = sv_modify_qp,
     .query_qp = sv_query_qp,

@@ -21,7 +21,12 @@
  * (RNR_RETRY_EXC_ERR); ERR flushes every WR (WR_FLUSH_ERR, unsignaled ones
  * too); send-queue slots released only when a signaled completion is polled;
  * CQ overflow puts the CQ in error; a peer that dies fails the WRs in flight
- * with RETRY_EXC_ERR. Thread-safe like libibverbs.
+ * with RETRY_EXC_ERR; completion channels (an fd readable only while an
+ * event waits; req_notify_cq arms one event for the next completion added,
+ * none for those already in the CQ; get_cq_event blocks, or EAGAIN on an
+ * O_NONBLOCK fd; destroy_cq with events got but not acked is EBUSY where
+ * libibverbs would wait forever; destroy_comp_channel with CQs on it is
+ * EBUSY). Thread-safe like libibverbs.
  *
  * Simplified or absent: one request in flight per QP (no pipelining, so no
  * PSN sequence errors, and max_rd_atomic is not enforced); a request to a
@@ -29,7 +34,8 @@
  * RETRY_EXC_ERR instead of after timeout * retry_cnt; the retry timeout is
  * KVT_SV_RETRY_MS whatever the QP's timeout/retry_cnt; RNR retries wait
  * ~1 ms whatever min_rnr_timer (rnr_retry 7 = forever, as in the spec); no
- * atomics, SRQ, UD/UC, completion channels, async events, memory windows,
+ * atomics, SRQ, UD/UC, solicited-only events (EOPNOTSUPP), async events,
+ * memory windows,
  * SEND_WITH_IMM or SQD; one port (1), one GID (index 0), pkey ignored; an MR
  * is checked on every access but dereg_mr does not wait for WRs using it;
  * CQ overrun moves the QP that overran to ERR (no async event).

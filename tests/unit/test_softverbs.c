@@ -5,8 +5,13 @@
  * two processes landing exactly (whole 64 MiB buffer compared), RDMA READ
  * and SEND in loopback, remote access errors with nothing written, flushes
  * after ERR (unsignaled WRs too), send-queue accounting, CQ overflow, RNR,
- * every injected fault and a killed peer.
+ * every injected fault and a killed peer; completion channels (no event
+ * unless armed, one-shot arming, none for CQEs already there, EAGAIN on a
+ * non-blocking fd, a blocking get, a held CQE's event when it shows, the
+ * refusals of destroy_cq / destroy_comp_channel / close_device).
  */
+#include <fcntl.h>
+#include <poll.h>
 #include <arpa/inet.h>
 #include <errno.h>
 #include <setjmp.h>
@@ -36,6 +41,7 @@ static const struct kv__verbs *V;
 struct node {
     struct ibv_context *ctx;
     struct ibv_pd *pd;
+    struct ibv_comp_channel *ch; /* node_open_ch: the CQ's channel */
     struct ibv_cq *cq;
     struct ibv_qp *qp;
     uint8_t *buf;
@@ -65,7 +71,10 @@ static void must(bool ok, const char *what)
     fail_msg("%s", what);
 }
 
-static void node_open(struct node *n, size_t bytes, int access, int cqe, uint32_t sq_wr)
+static int cq_cookie; /* the cq_context of node_open_ch's CQs */
+
+static void node_open_ch(struct node *n, size_t bytes, int access, int cqe, uint32_t sq_wr,
+                         bool chan)
 {
     memset(n, 0, sizeof(*n));
     int num = 0;
@@ -79,7 +88,11 @@ static void node_open(struct node *n, size_t bytes, int access, int cqe, uint32_
     must((V->query_gid(n->ctx, 1, 0, &n->gid)) == (0), "V->query_gid(n->ctx, 1, 0, &n->gid) == 0");
     n->pd = V->alloc_pd(n->ctx);
     must(n->pd != NULL, "n->pd");
-    n->cq = V->create_cq(n->ctx, cqe, NULL, NULL, 0);
+    if (chan) {
+        n->ch = V->create_comp_channel(n->ctx);
+        must(n->ch != NULL && n->ch->fd >= 0, "create_comp_channel");
+    }
+    n->cq = V->create_cq(n->ctx, cqe, chan ? &cq_cookie : NULL, n->ch, 0);
     must(n->cq != NULL, "n->cq");
     struct ibv_qp_init_attr ia = {.send_cq = n->cq,
                                   .recv_cq = n->cq,
@@ -98,11 +111,18 @@ static void node_open(struct node *n, size_t bytes, int access, int cqe, uint32_
     must(n->mr != NULL, "n->mr");
 }
 
+static void node_open(struct node *n, size_t bytes, int access, int cqe, uint32_t sq_wr)
+{
+    node_open_ch(n, bytes, access, cqe, sq_wr, false);
+}
+
 static void node_close(struct node *n)
 {
     must((V->destroy_qp(n->qp)) == (0), "V->destroy_qp(n->qp) == 0");
     must((V->dereg_mr(n->mr)) == (0), "V->dereg_mr(n->mr) == 0");
     must((V->destroy_cq(n->cq)) == (0), "V->destroy_cq(n->cq) == 0");
+    if (n->ch)
+        must(V->destroy_comp_channel(n->ch) == 0, "destroy_comp_channel");
     must((V->dealloc_pd(n->pd)) == (0), "V->dealloc_pd(n->pd) == 0");
     must((V->close_device(n->ctx)) == (0), "V->close_device(n->ctx) == 0");
     free(n->buf);
@@ -708,6 +728,127 @@ static void test_softverbs_faults(void **state)
     node_close(&b);
 }
 
+/* Whether fd becomes readable within ms. */
+static bool readable(int fd, int ms)
+{
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    return poll(&pf, 1, ms) == 1 && (pf.revents & POLLIN);
+}
+
+static void test_softverbs_completion_channel(void **state)
+{
+    (void)state;
+    struct node a, b;
+    struct ibv_wc wc[4];
+    node_open_ch(&a, 4096, ACC_ALL, 16, 16, true);
+    node_open(&b, 4096, ACC_ALL, 16, 16);
+    connect_qp(&a, &(struct wire){node_wire(&b).qpn, 0, 0, b.gid}, ACC_ALL, 0);
+    connect_qp(&b, &(struct wire){node_wire(&a).qpn, 0, 0, a.gid}, ACC_ALL, 0);
+    const uint64_t base = (uint64_t)(uintptr_t)b.buf;
+    const int fd = a.ch->fd;
+    const int fl = fcntl(fd, F_GETFL);
+    assert_true(fl >= 0);
+    assert_int_equal(fcntl(fd, F_SETFL, fl | O_NONBLOCK), 0);
+    struct ibv_cq *cq = NULL;
+    void *ctx = NULL;
+    /* nothing armed, nothing completed: no event, EAGAIN */
+    assert_false(readable(fd, 0));
+    assert_int_equal(V->get_cq_event(a.ch, &cq, &ctx), EAGAIN);
+    /* a completion on a CQ never armed raises no event */
+    assert_int_equal(post_rdma(&a, IBV_WR_RDMA_WRITE, 1, 0, 8, base, b.mr->rkey, IBV_SEND_SIGNALED),
+                     0);
+    assert_int_equal(poll_n(a.cq, wc, 1, 2000), 1);
+    assert_false(readable(fd, 50));
+    /* a CQE already in the CQ when it is armed raises none either */
+    assert_int_equal(post_rdma(&a, IBV_WR_RDMA_WRITE, 2, 0, 8, base, b.mr->rkey, IBV_SEND_SIGNALED),
+                     0);
+    usleep(50000); /* it lands in the CQ, unpolled */
+    assert_int_equal(V->req_notify_cq(a.cq, 0), 0);
+    assert_false(readable(fd, 50));
+    assert_int_equal(poll_n(a.cq, wc, 1, 2000), 1);
+    assert_int_equal(wc[0].wr_id, 2);
+    /* armed: the next completion raises one event, naming the CQ */
+    assert_int_equal(post_rdma(&a, IBV_WR_RDMA_WRITE, 3, 0, 8, base, b.mr->rkey, IBV_SEND_SIGNALED),
+                     0);
+    assert_true(readable(fd, 2000));
+    assert_int_equal(V->get_cq_event(a.ch, &cq, &ctx), 0);
+    assert_ptr_equal(cq, a.cq);
+    assert_ptr_equal(ctx, &cq_cookie);
+    assert_false(readable(fd, 0));
+    assert_int_equal(V->get_cq_event(a.ch, &cq, &ctx), EAGAIN);
+    assert_int_equal(poll_n(a.cq, wc, 1, 2000), 1);
+    /* one-shot: not re-armed, the next completion raises nothing */
+    assert_int_equal(post_rdma(&a, IBV_WR_RDMA_WRITE, 4, 0, 8, base, b.mr->rkey, IBV_SEND_SIGNALED),
+                     0);
+    assert_int_equal(poll_n(a.cq, wc, 1, 2000), 1);
+    assert_false(readable(fd, 50));
+    /* a held CQE (DELAY_COMPLETION) raises its event when it shows */
+    assert_int_equal(V->req_notify_cq(a.cq, 0), 0);
+    kvt_sv_fault(KVT_SV_DELAY_COMPLETION, 0, 200);
+    assert_int_equal(post_rdma(&a, IBV_WR_RDMA_WRITE, 5, 0, 8, base, b.mr->rkey, IBV_SEND_SIGNALED),
+                     0);
+    assert_false(readable(fd, 60));
+    assert_true(readable(fd, 3000));
+    assert_int_equal(V->get_cq_event(a.ch, &cq, &ctx), 0);
+    assert_int_equal(poll_n(a.cq, wc, 1, 100), 1);
+    assert_int_equal(wc[0].wr_id, 5);
+    /* a blocking fd: get_cq_event waits for the event */
+    assert_int_equal(fcntl(fd, F_SETFL, fl & ~O_NONBLOCK), 0);
+    assert_int_equal(V->req_notify_cq(a.cq, 0), 0);
+    assert_int_equal(post_rdma(&a, IBV_WR_RDMA_WRITE, 6, 0, 8, base, b.mr->rkey, IBV_SEND_SIGNALED),
+                     0);
+    cq = NULL;
+    assert_int_equal(V->get_cq_event(a.ch, &cq, &ctx), 0); /* the third event got */
+    assert_ptr_equal(cq, a.cq);
+    assert_int_equal(poll_n(a.cq, wc, 1, 2000), 1);
+    /* not modelled: solicited-only; a channel of another context */
+    assert_int_equal(V->req_notify_cq(a.cq, 1), EOPNOTSUPP);
+    struct ibv_comp_channel *bch = V->create_comp_channel(b.ctx);
+    assert_non_null(bch);
+    errno = 0;
+    assert_null(V->create_cq(a.ctx, 4, NULL, bch, 0));
+    assert_int_equal(errno, EINVAL);
+    assert_int_equal(V->destroy_comp_channel(bch), 0);
+    /* refusals: a channel with a CQ on it, a CQ with events not acked, a
+     * context with a channel */
+    assert_int_equal(V->destroy_qp(a.qp), 0);
+    assert_int_equal(V->destroy_comp_channel(a.ch), EBUSY);
+    assert_int_equal(V->destroy_cq(a.cq), EBUSY); /* 3 got, 0 acked */
+    V->ack_cq_events(a.cq, 1);
+    assert_int_equal(V->destroy_cq(a.cq), EBUSY); /* 3 got, 1 acked */
+    V->ack_cq_events(a.cq, 2);
+    /* an event queued but never got goes with its CQ */
+    struct ibv_cq *cq2 = V->create_cq(a.ctx, 4, NULL, a.ch, 0);
+    assert_non_null(cq2);
+    struct ibv_qp_init_attr ia = {
+        .send_cq = cq2,
+        .recv_cq = cq2,
+        .cap = {.max_send_wr = 4, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1},
+        .qp_type = IBV_QPT_RC};
+    a.qp = V->create_qp(a.pd, &ia);
+    assert_non_null(a.qp);
+    connect_qp(&a, &(struct wire){node_wire(&b).qpn, 0, 0, b.gid}, ACC_ALL, 0);
+    assert_int_equal(
+        V->modify_qp(b.qp, &(struct ibv_qp_attr){.qp_state = IBV_QPS_RESET}, IBV_QP_STATE), 0);
+    connect_qp(&b, &(struct wire){a.qp->qp_num, 0, 0, a.gid}, ACC_ALL, 0);
+    assert_int_equal(V->req_notify_cq(cq2, 0), 0);
+    assert_int_equal(post_rdma(&a, IBV_WR_RDMA_WRITE, 7, 0, 8, base, b.mr->rkey, IBV_SEND_SIGNALED),
+                     0);
+    assert_true(readable(fd, 2000));
+    assert_int_equal(V->destroy_qp(a.qp), 0);
+    assert_int_equal(V->destroy_cq(cq2), 0);
+    assert_false(readable(fd, 0));
+    assert_int_equal(V->destroy_cq(a.cq), 0);
+    assert_int_equal(V->close_device(a.ctx), EBUSY); /* PD, MR and the channel still there */
+    assert_int_equal(V->dereg_mr(a.mr), 0);
+    assert_int_equal(V->dealloc_pd(a.pd), 0);
+    assert_int_equal(V->close_device(a.ctx), EBUSY); /* the channel */
+    assert_int_equal(V->destroy_comp_channel(a.ch), 0);
+    assert_int_equal(V->close_device(a.ctx), 0);
+    free(a.buf);
+    node_close(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -722,6 +863,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_softverbs_flush_and_send_queue, setup_sv, teardown_sv),
         cmocka_unit_test_setup_teardown(test_softverbs_cq_overflow_and_rnr, setup_sv, teardown_sv),
         cmocka_unit_test_setup_teardown(test_softverbs_faults, setup_sv, teardown_sv),
+        cmocka_unit_test_setup_teardown(test_softverbs_completion_channel, setup_sv, teardown_sv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
