@@ -289,7 +289,7 @@ void kv__xport_peer_ready(kv_xport_peer *p)
             x->accept_head = p;
         x->accept_tail = p;
     }
-    pthread_cond_broadcast(&x->cv);
+    kv__xport_signal(x);
 }
 
 void kv__xport_peer_closed(kv_xport_peer *p, kv_status why, const char *msg)
@@ -313,7 +313,7 @@ void kv__xport_peer_closed(kv_xport_peer *p, kv_status why, const char *msg)
         kv__xport_xfer_end(t, cancel ? KV_XPORT_CANCELLED : KV_XPORT_FAILED,
                            cancel ? KV_ERR_CANCELLED : fail);
     }
-    pthread_cond_broadcast(&x->cv);
+    kv__xport_signal(x);
 }
 
 kv_status kv_xport_connect(kv_xport *x, const char *host, uint16_t port, kv_xport_peer **peer)
@@ -482,7 +482,7 @@ kv_status kv__xport_note_push(kv_xport_peer *p, uint64_t tag, const void *data, 
     else
         x->note_head = n;
     x->note_tail = n;
-    pthread_cond_broadcast(&x->cv);
+    kv__xport_signal(x);
     return KV_OK;
 }
 

@@ -98,6 +98,12 @@ struct kv_xport_config {
                                    refused beyond it); 64 */
     uint32_t frames_per_round;  /* frames handled per connection per progress round, so one
                                    peer's flood cannot starve another; 64 */
+    /* RDMA: how the progress thread learns of completions. false (the
+     * default): events; it sleeps on a completion channel and the
+     * transport's own wake-ups and deadlines, so an idle transport uses no
+     * CPU. true: busy polling; it polls every CQ at least every 0.2 ms even
+     * when idle (lower completion latency; about 7% of a core). TCP: unused. */
+    bool rdma_busy_poll;
 };
 
 #define KV_XPORT_CONFIG_INIT                                                                       \

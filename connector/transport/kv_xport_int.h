@@ -129,6 +129,12 @@ struct kv_xport {
     uint16_t port;
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    /* Called (mu held) wherever cv is broadcast for a peer, a notification
+     * or a transfer (kv__xport_signal): how a transport that drives this
+     * one (RDMA's out-of-band TCP) learns of it without polling. Set under
+     * mu; NULL: none. It must not take mu. */
+    void (*on_signal)(void *arg);
+    void *on_signal_arg;
     kv_xport_peer *peers;                     /* every peer not yet freed */
     kv_xport_peer *accept_head, *accept_tail; /* ready, not yet accepted */
     struct kv__xport_note *note_head, *note_tail;
@@ -218,6 +224,14 @@ struct kv_xport_xfer {
 
 /* Clocks and deadlines: kv__now_ns / kv__deadline_ns / kv__deadline_ts
  * (kvcache/kv_lib.h), the library's one monotonic clock. */
+/* mu held: broadcast x->cv and call x->on_signal. */
+static inline void kv__xport_signal(kv_xport *x)
+{
+    pthread_cond_broadcast(&x->cv);
+    if (x->on_signal)
+        x->on_signal(x->on_signal_arg);
+}
+
 /* mu held: wait on x->cv until ts; false once it passed. A manual transport
  * (no progress thread) makes one round of progress instead. */
 bool kv__xport_wait_until(kv_xport *x, const struct timespec *ts);

@@ -80,8 +80,9 @@ struct rpeer {
     kv_xport_xfer *oob_x[2]; /* the INFO / READY notifications (freed when terminal) */
     uint32_t nq;
     struct rqp q[KV__XPORT_MAX_CONNS];
-    struct rec *ring; /* [nq][RD_SQ_WR] */
-    struct ibv_cq *cq;
+    struct rec *ring;    /* [nq][RD_SQ_WR] */
+    struct ibv_cq *cq;   /* cq_context: this rpeer */
+    bool armed;          /* event mode: req_notify_cq since its last event (progress thread) */
     unsigned char *bufs; /* [nq * RD_RECVS + RD_NOTE_SLOTS][RD_MSG_BYTES] */
     struct ibv_mr *bufs_mr;
     bool note_busy[RD_NOTE_SLOTS];
@@ -101,6 +102,13 @@ struct rdma {
     uint64_t chunk; /* MR chunk bytes */
     uint32_t sge;
     kv_xport *oob;
+    /* Event mode (!busy_poll): the CQs' channel (its fd O_NONBLOCK) and an
+     * eventfd kicked whenever the progress thread has work that is not a
+     * completion (kv__rd_kick, the OOB transport's on_signal); -1 / NULL in
+     * busy-poll mode. */
+    bool busy_poll;
+    struct ibv_comp_channel *ch;
+    int wake_fd;
     pthread_t thr;
     bool stop;
     struct rpeer *peers;

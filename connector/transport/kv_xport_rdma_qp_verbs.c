@@ -41,7 +41,7 @@ kv_status kv__rd_peer_verbs(struct rdma *r, struct rpeer *rp)
         return kv__error(KV_ERR_IO, "xport rdma: reg_mr of the message buffers: %s",
                          strerror(errno));
     const int cqe = (int)(nq * (RD_SQ_WR + RD_RECVS) + 16);
-    rp->cq = v->create_cq(r->ctx, cqe, NULL, NULL, 0);
+    rp->cq = v->create_cq(r->ctx, cqe, rp, r->ch, 0);
     if (!rp->cq)
         return kv__error(KV_ERR_IO, "xport rdma: create_cq of %d: %s", cqe, strerror(errno));
     for (uint32_t i = 0; i < nq; i++) {

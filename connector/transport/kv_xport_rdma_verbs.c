@@ -72,6 +72,18 @@
  * own lock is never held while taking x->mu, so the order is x->mu ->
  * oob). WR records name transfers by id (kv__xport_xfer_find), never by
  * pointer, and a transfer's `busy` counts its WRs not yet retired.
+ *
+ * Waiting (progress): in event mode (the default) every peer's CQ is
+ * created on one completion channel and armed (req_notify_cq, one-shot)
+ * before it is polled; with nothing to do the thread sleeps in poll() on
+ * the channel's fd and an eventfd, which kv__rd_kick (a post, a cancel, a
+ * close, a connect, stop) and the OOB transport's on_signal (a peer, a
+ * notification) write, for at most the nearest deadline (handshakes,
+ * drains, transfers). An event is got, acknowledged at once (destroy_cq
+ * waits for acks) and its CQ re-armed before it is polled again: a
+ * completion that lands between the poll and the sleep finds the CQ armed.
+ * Idle, the thread uses no CPU. With cfg.rdma_busy_poll it instead polls
+ * every 0.2 ms (a condition-variable wait), as before events existed.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -79,6 +91,10 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -130,9 +146,62 @@ const char *kv__rd_wc_str(enum ibv_wc_status s)
     return ibv_wc_status_str(s);
 }
 
+/* Wake the progress thread's poll() (event mode); safe from any thread,
+ * with or without a lock (the OOB transport's on_signal). */
+static void wake_write(const struct rdma *r)
+{
+    if (r->wake_fd < 0)
+        return;
+    const uint64_t one = 1;
+    const ssize_t n = write(r->wake_fd, &one, sizeof(one));
+    (void)n; /* EAGAIN: the counter is at its maximum, a wake-up already pending */
+}
+
+static void oob_signal(void *arg)
+{
+    wake_write(arg);
+}
+
 void kv__rd_kick(kv_xport *x)
 {
     pthread_cond_broadcast(&x->cv);
+    if (x->be)
+        wake_write(x->be);
+}
+
+/* Event mode: the completion channel (fd non-blocking) and the eventfd. */
+static kv_status events_open(struct rdma *r)
+{
+    r->ch = r->v->create_comp_channel(r->ctx);
+    if (!r->ch)
+        return kv__error(KV_ERR_IO, "xport_create(rdma): create_comp_channel on %s: %s", r->dev,
+                         strerror(errno));
+    const int fl = fcntl(r->ch->fd, F_GETFL);
+    if (fl < 0 || fcntl(r->ch->fd, F_SETFL, fl | O_NONBLOCK) != 0) {
+        const int e = errno;
+        kv__rd_teardown_check(r, r->v->destroy_comp_channel(r->ch), "ibv_destroy_comp_channel");
+        r->ch = NULL;
+        return kv__error(KV_ERR_IO, "xport_create(rdma): O_NONBLOCK on the completion channel: %s",
+                         strerror(e));
+    }
+    r->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (r->wake_fd < 0) {
+        const int e = errno;
+        kv__rd_teardown_check(r, r->v->destroy_comp_channel(r->ch), "ibv_destroy_comp_channel");
+        r->ch = NULL;
+        return kv__error(KV_ERR_IO, "xport_create(rdma): eventfd: %s", strerror(e));
+    }
+    return KV_OK;
+}
+
+static void events_close(struct rdma *r)
+{
+    if (r->ch)
+        kv__rd_teardown_check(r, r->v->destroy_comp_channel(r->ch), "ibv_destroy_comp_channel");
+    r->ch = NULL;
+    if (r->wake_fd >= 0)
+        close(r->wake_fd);
+    r->wake_fd = -1;
 }
 
 static kv_status rdma_start(kv_xport *x)
@@ -146,6 +215,8 @@ static kv_status rdma_start(kv_xport *x)
         return kv__error(KV_ERR_NO_MEMORY, "xport_create: rdma state");
     r->x = x;
     r->v = v;
+    r->wake_fd = -1;
+    r->busy_poll = x->cfg.rdma_busy_poll;
     int num = 0;
     struct ibv_device **list = v->get_device_list(&num);
     if (!list || num <= 0) {
@@ -188,6 +259,11 @@ static kv_status rdma_start(kv_xport *x)
         st = kv__error(KV_ERR_IO, "xport_create(rdma): alloc_pd: %s", strerror(errno));
         goto fail_ctx;
     }
+    if (!r->busy_poll) {
+        st = events_open(r);
+        if (st != KV_OK)
+            goto fail_pd;
+    }
     /* Out of band: the checked TCP handshake and the QP exchange. */
     struct kv_xport_config oc = x->cfg;
     oc.kind = KV_XPORT_TCP;
@@ -195,7 +271,13 @@ static kv_status rdma_start(kv_xport *x)
     st = kv_xport_create(&oc, &r->oob);
     if (st != KV_OK) {
         st = kv__error_wrap(st, "xport_create(rdma): the out-of-band transport");
-        goto fail_pd;
+        goto fail_events;
+    }
+    if (!r->busy_poll) { /* its peers and notifications wake our poll() */
+        pthread_mutex_lock(&r->oob->mu);
+        r->oob->on_signal = oob_signal;
+        r->oob->on_signal_arg = r;
+        pthread_mutex_unlock(&r->oob->mu);
     }
     x->port = kv_xport_port(r->oob);
     x->be = r;
@@ -209,6 +291,8 @@ static kv_status rdma_start(kv_xport *x)
 
 fail_oob:
     oob_destroy_quiet(r->oob);
+fail_events:
+    events_close(r);
 fail_pd:
     (void)v->dealloc_pd(r->pd);
 fail_ctx:
@@ -230,6 +314,7 @@ static kv_status rdma_stop(kv_xport *x)
         r->teardown = kv__error_wrap(KV_ERR_BAD_STATE, "xport rdma: the out-of-band transport");
         snprintf(r->teardown_msg, sizeof(r->teardown_msg), "%s", kv_last_error());
     }
+    events_close(r); /* after the OOB transport: its thread may still signal */
     kv__rd_teardown_check(r, r->v->dealloc_pd(r->pd), "ibv_dealloc_pd");
     kv__rd_teardown_check(r, r->v->close_device(r->ctx), "ibv_close_device");
     const kv_status st = r->teardown;
@@ -512,6 +597,85 @@ static void sweep(struct rdma *r, struct rpeer *rp, uint64_t now)
     }
 }
 
+/* mu held (dropped around the verbs calls): arm every CQ not armed since
+ * its last event; it is polled after this, so nothing is missed. A failure
+ * is noted for kv_xport_destroy and the transport polls from then on. */
+static void arm_all(struct rdma *r)
+{
+    kv_xport *x = r->x;
+    for (struct rpeer *rp = r->peers; rp && !r->busy_poll; rp = rp->next) {
+        if (!rp->cq || rp->armed)
+            continue;
+        struct ibv_cq *cq = rp->cq;
+        pthread_mutex_unlock(&x->mu);
+        const int e = r->v->req_notify_cq(cq, 0);
+        pthread_mutex_lock(&x->mu);
+        rp->armed = e == 0;
+        if (e != 0) {
+            kv__rd_teardown_check(r, e, "ibv_req_notify_cq (now busy polling)");
+            r->busy_poll = true;
+        }
+    }
+}
+
+/* mu held: the nearest deadline the thread must wake for (UINT64_MAX:
+ * none): a handshake or a drain, a pending transfer's. */
+static uint64_t next_deadline(const struct rdma *r)
+{
+    uint64_t d = UINT64_MAX;
+    for (const struct rpeer *rp = r->peers; rp; rp = rp->next) {
+        if (rp->ph != PH_READY && rp->deadline_ns < d)
+            d = rp->deadline_ns;
+        for (const kv_xport_xfer *t = rp->p->xfers; t; t = t->next)
+            if (t->state == KV_XPORT_PENDING && t->deadline_ns < d)
+                d = t->deadline_ns;
+    }
+    return d;
+}
+
+/* mu held (dropped while asleep): event mode's wait: poll() on the
+ * eventfd and the channel until one is readable or the deadline; then each
+ * event got, acknowledged, and its CQ marked for re-arming. */
+static void wait_events(struct rdma *r, uint64_t deadline)
+{
+    kv_xport *x = r->x;
+    int ms = -1;
+    if (deadline != UINT64_MAX) {
+        const uint64_t now = kv__now_ns();
+        const uint64_t left = deadline > now ? (deadline - now + 999999u) / 1000000u : 0;
+        ms = left > INT_MAX ? INT_MAX : (int)left;
+    }
+    struct pollfd pf[2] = {{.fd = r->wake_fd, .events = POLLIN},
+                           {.fd = r->ch->fd, .events = POLLIN}};
+    pthread_mutex_unlock(&x->mu);
+    const int n = poll(pf, 2, ms);
+    if (n > 0 && pf[0].revents) {
+        uint64_t v;
+        const ssize_t got = read(r->wake_fd, &v, sizeof(v));
+        (void)got; /* EAGAIN: nothing to clear */
+    }
+    int err = 0;
+    if (n > 0 && pf[1].revents)
+        for (;;) {
+            struct ibv_cq *cq = NULL;
+            void *ctx = NULL;
+            const int e = r->v->get_cq_event(r->ch, &cq, &ctx);
+            if (e == EAGAIN || e == EWOULDBLOCK)
+                break;
+            if (e != 0) {
+                err = e;
+                break;
+            }
+            r->v->ack_cq_events(cq, 1);
+            ((struct rpeer *)ctx)->armed = false; /* only this thread touches it */
+        }
+    pthread_mutex_lock(&x->mu);
+    if (err != 0) {
+        kv__rd_teardown_check(r, err, "ibv_get_cq_event (now busy polling)");
+        r->busy_poll = true;
+    }
+}
+
 static void *progress(void *arg)
 {
     struct rdma *r = arg;
@@ -520,6 +684,7 @@ static void *progress(void *arg)
     pthread_mutex_lock(&x->mu);
     while (!r->stop || r->peers) {
         bool any = false;
+        arm_all(r); /* before the CQs are polled below */
         if (r->stop)
             for (struct rpeer *rp = r->peers; rp; rp = rp->next)
                 kv__rd_peer_fail(r, rp, KV_ERR_CANCELLED, "the transport was destroyed");
@@ -554,8 +719,11 @@ static void *progress(void *arg)
             if (rp->ph != PH_FAIL)
                 kv__rd_settle_all(rp);
         }
-        if (!any) {
-            /* 0.2 ms: completions are polled */
+        if (any)
+            continue;
+        if (!r->busy_poll) {
+            wait_events(r, next_deadline(r));
+        } else { /* 0.2 ms: completions are polled */
             const struct timespec ts = kv__ns_to_ts(kv__now_ns() + 200000u);
             pthread_cond_timedwait(&x->cv, &x->mu, &ts);
         }

@@ -218,7 +218,7 @@ void kv__xport_xfer_end(kv_xport_xfer *t, kv_xport_state state, kv_status why)
     if (state == KV_XPORT_TIMED_OUT && !t->why[0])
         snprintf(t->why, sizeof(t->why), "transfer %" PRIu64 " not done within %u ms", t->id,
                  p->x->cfg.timeout_ms);
-    pthread_cond_broadcast(&p->x->cv);
+    kv__xport_signal(p->x);
 }
 
 bool kv__xport_xfer_settle(kv_xport_xfer *t)
