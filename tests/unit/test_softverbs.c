@@ -626,8 +626,11 @@ static void test_softverbs_flush_and_send_queue(void **state)
     struct ibv_qp_attr e = {.qp_state = IBV_QPS_ERR};
     assert_int_equal(V->modify_qp(a.qp, &e, IBV_QP_STATE), 0);
     int got = poll_n(a.cq, wc, 8, 300);
-    /* the ones not yet executed flush; every flush has a CQE */
-    assert_true(got >= 1);
+    /* the ones not yet executed flush, each with a CQE; how many of the four
+     * executed before the ERR transition is up to scheduling (all four under
+     * load: then no CQE, as on a real device), so only what did come is
+     * checked here; the flush of a WR posted in ERR below is deterministic */
+    assert_true(got >= 0 && got <= 4);
     for (int i = 0; i < got; i++)
         assert_int_equal(wc[i].status, IBV_WC_WR_FLUSH_ERR);
     /* posting in ERR: accepted and flushed */
