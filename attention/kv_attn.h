@@ -52,7 +52,8 @@
  *   KV_ERR_INVALID_ARG   a layout that is not what kv_layout_init computes for
  *                        its own fields, an unsupported dtype, a layer out of
  *                        range, a bad scale (not finite and > 0, wrong count),
- *                        a page ratio that does not divide N
+ *                        a page ratio that does not divide N, a copy's
+ *                        layer range or planes, options of another size
  *   KV_ERR_BAD_SHAPE     a tensor whose shape is not [T][H][D] ([L][T][H][D])
  *                        of the layout's H and D, K and V shapes differing,
  *                        n_slots > T, q/out shapes, Hq % H != 0
