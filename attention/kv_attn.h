@@ -11,11 +11,13 @@
  * Nothing infers a layout from a shape.
  *
  *   write   K, V [T][H][D] (one layer) or [L][T][H][D] (every layer at once)
- *           -> the slots slots[0..n_slots) (-1 skipped; n_slots <= T)
+ *           -> the slots slots[0..n_slots) (-1 skipped; n_slots <= T),
+ *           int64 or int32 (kv_attn_write_i32)
  *   read    the tokens of the sequences in `pages`, sequence after sequence
  *           -> K, V [T][H][D] or [L][T][H][D] (T = their total), any strides
  *   copy    whole blocks src -> dst, every layer, K and V (copy-on-write,
- *           compaction)
+ *           compaction); or a layer range and K, V or both, within one
+ *           cache or between two of one block format (swap in / out)
  *   decode  one query per sequence q [S][Hq][D] over its paged K, V (Hq a
  *           multiple of H: query head i reads KV head i / (Hq / H)) ->
  *           out [S][Hq][D]: softmax(scale * q.k) . v, f32 accumulation with an
@@ -50,7 +52,8 @@
  *   KV_ERR_INVALID_ARG   a layout that is not what kv_layout_init computes for
  *                        its own fields, an unsupported dtype, a layer out of
  *                        range, a bad scale (not finite and > 0, wrong count),
- *                        a page ratio that does not divide N
+ *                        a page ratio that does not divide N, a copy's
+ *                        layer range or planes, options of another size
  *   KV_ERR_BAD_SHAPE     a tensor whose shape is not [T][H][D] ([L][T][H][D])
  *                        of the layout's H and D, K and V shapes differing,
  *                        n_slots > T, q/out shapes, Hq % H != 0
@@ -59,7 +62,9 @@
  *   KV_ERR_OVERLAP       an output whose elements overlap (stride 0), two
  *                        outputs sharing memory, a tensor inside the cache's
  *                        storage, a slot written twice in one call, a copy
- *                        whose dst is another copy's src or dst, src == dst
+ *                        whose dst is another copy's src or dst, src == dst,
+ *                        two caches of a copy whose storages overlap
+ *   KV_ERR_MISMATCH      two caches of a copy with different block formats
  *   KV_ERR_CORRUPT       pages that contradict themselves (indptr decreasing,
  *                        last_page_len outside 1..N/r for a sequence with
  *                        pages, or not 0 for an empty one: indptr[s] ==
@@ -73,6 +78,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kv_arena.h"
 #include "kv_cache.h"
@@ -165,6 +171,70 @@ KV_API KV_NODISCARD kv_status kv_attn_copy_blocks(struct kv_paged_cache cache,
                                                   const struct kv_block_copy *copies,
                                                   uint32_t n_copies);
 
+/* Which planes a block copy moves (struct kv_copy_blocks_opts.planes). */
+enum kv_attn_planes {
+    KV_ATTN_PLANE_K = 1,
+    KV_ATTN_PLANE_V = 2,
+    KV_ATTN_PLANES_KV = 3, /* both (0 means this too) */
+};
+
+/* Options of kv_attn_copy_blocks_ex. Start from kv_copy_blocks_opts_init()
+ * (or KV_COPY_BLOCKS_OPTS_INIT): zero for every other field copies every
+ * layer, K and V. struct_size lets the library refuse options compiled
+ * against other headers (KV_ERR_INVALID_ARG naming both sizes). */
+struct kv_copy_blocks_opts {
+    size_t struct_size; /* sizeof this struct: set by its _init() or _INIT */
+    uint32_t layer0;    /* the first layer copied, < L */
+    uint32_t n_layers;  /* layers layer0 .. layer0 + n_layers - 1; 0: through L - 1 */
+    uint32_t planes;    /* enum kv_attn_planes: K, V or both; 0: both */
+};
+
+/* C initializer: struct kv_copy_blocks_opts o = KV_COPY_BLOCKS_OPTS_INIT; */
+#define KV_COPY_BLOCKS_OPTS_INIT                                                                   \
+    {                                                                                              \
+        .struct_size = sizeof(struct kv_copy_blocks_opts)                                          \
+    }
+
+/* Zero *opts and set its struct_size (C and C++). */
+static inline void kv_copy_blocks_opts_init(struct kv_copy_blocks_opts *opts)
+{
+    memset(opts, 0, sizeof(*opts));
+    opts->struct_size = sizeof(*opts);
+}
+
+/* Copy blocks copies[i].src of src -> copies[i].dst of dst, for the layers
+ * and planes opts names (NULL: every layer, K and V): vLLM's copy_blocks
+ * (src and dst the same cache) and swap_blocks (two caches, e.g. a device
+ * cache and a host cache). The two caches must hold the same block format
+ * (layout.block_format_fingerprint: L, N, H, D, dtype, order, K|V packing;
+ * the block count, arrangement, padding and alignment may differ): a block
+ * moves as bytes, never converted. With packed K|V and one plane, each head
+ * row's K (or V) half moves.
+ *   same cache (equal base and fingerprint): the rules of
+ *       kv_attn_copy_blocks (ids < B, src != dst, no dst another copy's
+ *       src or dst)
+ *   two caches: storages that do not overlap; src ids < src's B, dst ids <
+ *       dst's B, no dst block twice (any id may appear on both sides)
+ * KV_ERR_MISMATCH for block formats that differ (naming the field and
+ * both values), KV_ERR_INVALID_ARG for a layer range outside [0, L), planes
+ * outside 0..3 or a struct_size of other headers, KV_ERR_OUT_OF_BOUNDS for a
+ * block id, KV_ERR_OVERLAP as above; every check before the first byte
+ * moves. */
+KV_API KV_NODISCARD kv_status kv_attn_copy_blocks_ex(struct kv_paged_cache dst,
+                                                     struct kv_paged_cache src,
+                                                     const struct kv_block_copy *copies,
+                                                     uint32_t n_copies,
+                                                     const struct kv_copy_blocks_opts *opts);
+
+/* kv_attn_write with an int32 slot mapping (FlashInfer's, and most engines'
+ * outside vLLM), read in place: the same checks (a slot outside [-1, B*N) is
+ * refused naming its index and value), runs and executor as the int64 form,
+ * and the same bytes in the cache. */
+KV_API KV_NODISCARD kv_status kv_attn_write_i32(struct kv_paged_cache cache, int32_t layer,
+                                                const struct kv_view *k, const struct kv_view *v,
+                                                const int32_t *slots, int64_t n_slots,
+                                                const struct kv_scales *scales);
+
 /* Paged decode attention of layer: out[s][i] = sum_t softmax_t(scale *
  * q[s][i] . K[s][t][i / g]) V[s][t][i / g], g = Hq / H, over sequence s's
  * tokens in pages (n_seqs == S). f32 accumulation; q and out any of the five
@@ -203,6 +273,12 @@ KV_API KV_NODISCARD kv_status kv_attn_read_cuda(struct kv_paged_cache cache, int
 KV_API KV_NODISCARD kv_status kv_attn_copy_blocks_cuda(struct kv_paged_cache cache,
                                                        const struct kv_block_copy *copies,
                                                        uint32_t n_copies, kv_cuda_stream stream);
+KV_API KV_NODISCARD kv_status kv_attn_copy_blocks_ex_cuda(
+    struct kv_paged_cache dst, struct kv_paged_cache src, const struct kv_block_copy *copies,
+    uint32_t n_copies, const struct kv_copy_blocks_opts *opts, kv_cuda_stream stream);
+KV_API KV_NODISCARD kv_status kv_attn_write_i32_cuda(
+    struct kv_paged_cache cache, int32_t layer, const struct kv_view *k, const struct kv_view *v,
+    const int32_t *slots, int64_t n_slots, const struct kv_scales *scales, kv_cuda_stream stream);
 KV_API KV_NODISCARD kv_status kv_attn_decode_cuda(struct kv_paged_cache cache, uint32_t layer,
                                                   const struct kv_view *q,
                                                   const struct kv_pages *pages, float softmax_scale,

@@ -5,6 +5,7 @@
  */
 #include <inttypes.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -226,8 +227,14 @@ static int cmp_run_slot(const void *a, const void *b)
     return (x->slot > y->slot) - (x->slot < y->slot);
 }
 
+/* Slot i of a mapping, int64 or int32, widened. */
+static inline int64_t slot_at(struct kv__attn_slots slots, int64_t i)
+{
+    return slots.i32 ? (int64_t)((const int32_t *)slots.p)[i] : ((const int64_t *)slots.p)[i];
+}
+
 /* Group tokens 0..n_slots-1 into runs of consecutive slots within a block. */
-static kv_status make_runs(const char *fn, const struct kv_layout *lo, const int64_t *slots,
+static kv_status make_runs(const char *fn, const struct kv_layout *lo, struct kv__attn_slots slots,
                            int64_t n_slots, struct kv__attn_job *job)
 {
     const int64_t N = lo->block_tokens, limit = lo->num_blocks * lo->block_tokens;
@@ -236,7 +243,7 @@ static kv_status make_runs(const char *fn, const struct kv_layout *lo, const int
     if (n_slots && !runs)
         return kv__error(KV_ERR_NO_MEMORY, "%s: %" PRId64 " runs", fn, n_slots);
     for (int64_t i = 0; i < n_slots; i++) {
-        const int64_t s = slots[i];
+        const int64_t s = slot_at(slots, i);
         if (s == -1)
             continue;
         if (s < -1 || s >= limit) {
@@ -443,11 +450,12 @@ void kv__attn_job_free(struct kv__attn_job *job)
 
 kv_status kv__attn_write_check(const char *fn, const struct kv_paged_cache *cache, int32_t layer,
                                const struct kv_view *k, const struct kv_view *v,
-                               const int64_t *slots, int64_t n_slots,
+                               struct kv__attn_slots slots, int64_t n_slots,
                                const struct kv_scales *scales, struct kv__attn_job *job)
 {
     kv_status st;
     memset(job, 0, sizeof(*job));
+    job->fn = fn;
     job->kernel = KV_ATTN_WRITE;
     if (!k || !v)
         return kv__error(KV_ERR_NULL, "%s: k=%p v=%p", fn, (const void *)k, (const void *)v);
@@ -467,7 +475,7 @@ kv_status kv__attn_write_check(const char *fn, const struct kv_paged_cache *cach
     if (n_slots < 0 || n_slots > job->k.n_tokens)
         return kv__error(KV_ERR_BAD_SHAPE, "%s: n_slots %" PRId64 " outside [0, T = %" PRId64 "]",
                          fn, n_slots, job->k.n_tokens);
-    if (n_slots > 0 && !slots)
+    if (n_slots > 0 && !slots.p)
         return kv__error(KV_ERR_NULL, "%s: slots is NULL with n_slots %" PRId64, fn, n_slots);
     if ((st = check_outside_cache(fn, "k", k, cache)) != KV_OK ||
         (st = check_outside_cache(fn, "v", v, cache)) != KV_OK)
@@ -489,6 +497,7 @@ kv_status kv__attn_read_check(const char *fn, const struct kv_paged_cache *cache
     kv_status st;
     int64_t total = 0;
     memset(job, 0, sizeof(*job));
+    job->fn = fn;
     job->kernel = KV_ATTN_READ;
     if (!k_out && !v_out)
         return kv__error(KV_ERR_NULL, "%s: k_out and v_out are both NULL", fn);
@@ -545,61 +554,204 @@ static int cmp_id(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-kv_status kv__attn_copy_check(const char *fn, const struct kv_paged_cache *cache,
-                              const struct kv_block_copy *copies, uint32_t n_copies,
+/* The block format two caches of a copy must share (what
+ * block_format_fingerprint covers): the first field that differs, or NULL. */
+static const char *block_format_diff(const struct kv_layout *a, const struct kv_layout *b,
+                                     int64_t *va, int64_t *vb)
+{
+    static const char *const names[] = {"L", "N", "H", "D", "dtype", "order", "kv_packed"};
+    const int64_t x[] = {a->num_layers, a->block_tokens, a->num_heads, a->head_dim,
+                         a->dtype,      a->order,        a->kv_packed};
+    const int64_t y[] = {b->num_layers, b->block_tokens, b->num_heads, b->head_dim,
+                         b->dtype,      b->order,        b->kv_packed};
+    for (size_t i = 0; i < sizeof(x) / sizeof(x[0]); i++)
+        if (x[i] != y[i]) {
+            *va = x[i], *vb = y[i];
+            return names[i];
+        }
+    return NULL;
+}
+
+/* The layers and planes of a copy (opts NULL: every layer, K and V). */
+static kv_status check_copy_opts(const char *fn, const struct kv_copy_blocks_opts *opts, int64_t L,
+                                 struct kv__attn_job *job)
+{
+    job->layer0 = 0;
+    job->n_layers = (uint32_t)L;
+    job->planes = KV_ATTN_PLANES_KV;
+    if (!opts)
+        return KV_OK;
+    kv_status st =
+        kv__check_struct_size(fn, "kv_copy_blocks_opts", opts->struct_size, sizeof(*opts));
+    if (st != KV_OK)
+        return st;
+    const int64_t l0 = opts->layer0, n = opts->n_layers ? (int64_t)opts->n_layers : L - l0;
+    if (l0 >= L || n < 1 || l0 + n > L)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: layers [%" PRIu32 ", %" PRId64 ") (layer0 %" PRIu32
+                         ", n_layers %" PRIu32 ") outside [0, L = %" PRId64 ")",
+                         fn, opts->layer0, l0 + n, opts->layer0, opts->n_layers, L);
+    if (opts->planes > KV_ATTN_PLANES_KV)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: planes %" PRIu32 " is not KV_ATTN_PLANE_K (1), KV_ATTN_PLANE_V (2) "
+                         "or both (3, or 0)",
+                         fn, opts->planes);
+    job->layer0 = opts->layer0;
+    job->n_layers = (uint32_t)n;
+    job->planes = opts->planes ? opts->planes : KV_ATTN_PLANES_KV;
+    return KV_OK;
+}
+
+/* Sorted keys (id << 33 | index << 1 | is_dst) of n copies: a dst next to
+ * the same id is a conflict (two_caches: only two dsts, src and dst ids
+ * naming different caches). */
+static kv_status check_copy_conflicts(const char *fn, const struct kv_block_copy *copies,
+                                      uint32_t n_copies, bool two_caches)
+{
+    if (n_copies < 2)
+        return KV_OK;
+    uint64_t *keys = kv__mem_alloc((size_t)n_copies * 2 * sizeof(uint64_t));
+    if (!keys)
+        return kv__error(KV_ERR_NO_MEMORY, "%s: %" PRIu32 " copies", fn, n_copies);
+    size_t n = 0;
+    for (uint32_t i = 0; i < n_copies; i++) {
+        if (!two_caches)
+            keys[n++] = (uint64_t)copies[i].src << 33 | (uint64_t)i << 1;
+        keys[n++] = (uint64_t)copies[i].dst << 33 | (uint64_t)i << 1 | 1;
+    }
+    qsort(keys, n, sizeof(uint64_t), cmp_id);
+    for (size_t j = 1; j < n; j++) {
+        const uint64_t a = keys[j - 1], b = keys[j];
+        if (a >> 33 != b >> 33 || !((a | b) & 1))
+            continue; /* different blocks, or two reads of one block */
+        const uint32_t id = (uint32_t)(a >> 33), ia = (uint32_t)(a >> 1) & 0xFFFFFFFFu,
+                       ib = (uint32_t)(b >> 1) & 0xFFFFFFFFu;
+        kv__mem_free(keys);
+        return two_caches ? kv__error(KV_ERR_OVERLAP,
+                                      "%s: dst block %" PRIu32 " is written by copy %" PRIu32
+                                      " and by copy %" PRIu32 " of the same batch",
+                                      fn, id, ia, ib)
+                          : kv__error(KV_ERR_OVERLAP,
+                                      "%s: block %" PRIu32 " is %s by copy %" PRIu32
+                                      " and %s by copy %" PRIu32 " of the same batch",
+                                      fn, id, (a & 1) ? "written" : "read", ia,
+                                      (b & 1) ? "written" : "read", ib);
+    }
+    kv__mem_free(keys);
+    return KV_OK;
+}
+
+kv_status kv__attn_copy_check(const char *fn, const struct kv_paged_cache *dst,
+                              const struct kv_paged_cache *src, const struct kv_block_copy *copies,
+                              uint32_t n_copies, const struct kv_copy_blocks_opts *opts,
                               struct kv__attn_job *job)
 {
     kv_status st;
     memset(job, 0, sizeof(*job));
+    job->fn = fn;
     job->kernel = KV_ATTN_COPY;
     job->path = KV_ATTN_PATH_CANONICAL;
     if (n_copies && !copies)
         return kv__error(KV_ERR_NULL, "%s: copies is NULL with n_copies %" PRIu32, fn, n_copies);
-    if ((st = check_cache(fn, cache)) != KV_OK)
+    const bool one = src == NULL;
+    if (one) {
+        if ((st = check_cache(fn, dst)) != KV_OK)
+            return st;
+        src = dst;
+    } else {
+        const bool cuda = fn_is_cuda(fn);
+        if ((st = kv_paged_check(dst, cuda)) != KV_OK)
+            return kv__error_wrap(st, "%s: dst", fn);
+        if ((st = kv_paged_check(src, cuda)) != KV_OK)
+            return kv__error_wrap(st, "%s: src", fn);
+    }
+    const struct kv_layout *dl = &dst->layout, *sl = &src->layout;
+    int64_t va = 0, vb = 0;
+    const char *field = block_format_diff(sl, dl, &va, &vb);
+    if (field) {
+        char a[24], b[24];
+        const bool dt = strcmp(field, "dtype") == 0, order = strcmp(field, "order") == 0;
+        snprintf(a, sizeof(a), "%s",
+                 dt      ? kv_dtype_name(sl->dtype)
+                 : order ? kv_order_name(sl->order)
+                         : "");
+        snprintf(b, sizeof(b), "%s",
+                 dt      ? kv_dtype_name(dl->dtype)
+                 : order ? kv_order_name(dl->order)
+                         : "");
+        if (!dt && !order) {
+            snprintf(a, sizeof(a), "%" PRId64, va);
+            snprintf(b, sizeof(b), "%" PRId64, vb);
+        }
+        return kv__error(KV_ERR_MISMATCH,
+                         "%s: src and dst hold different block formats: %s %s (src) vs %s (dst) "
+                         "(src fingerprint 0x%016" PRIx64 ", dst 0x%016" PRIx64
+                         "); a block copy moves bytes, it does not convert",
+                         fn, field, a, b, sl->fingerprint, dl->fingerprint);
+    }
+    /* one cache: the same base and layout (whatever the caller's two
+     * structs); otherwise two storages that must not overlap */
+    const bool same = one || (src->base == dst->base && sl->fingerprint == dl->fingerprint);
+    if (!same) {
+        const uintptr_t sa = (uintptr_t)src->base, sb = sa + src->storage_bytes;
+        const uintptr_t da = (uintptr_t)dst->base, db = da + dst->storage_bytes;
+        if (sa < db && da < sb)
+            return kv__error(KV_ERR_OVERLAP,
+                             "%s: src storage [%p, %p) and dst storage [%p, %p) overlap "
+                             "(not one cache: their bases or layouts differ)",
+                             fn, (void *)sa, (void *)sb, (void *)da, (void *)db);
+    }
+    if ((st = check_copy_opts(fn, opts, dl->num_layers, job)) != KV_OK)
         return st;
-    job->cache = *cache;
-    const int64_t B = cache->layout.num_blocks;
     for (uint32_t i = 0; i < n_copies; i++) {
-        if ((int64_t)copies[i].src >= B || (int64_t)copies[i].dst >= B)
+        if (same) {
+            if ((int64_t)copies[i].src >= dl->num_blocks ||
+                (int64_t)copies[i].dst >= dl->num_blocks)
+                return kv__error(KV_ERR_OUT_OF_BOUNDS,
+                                 "%s: copy %" PRIu32 " {src %" PRIu32 ", dst %" PRIu32
+                                 "} names a block >= B = %" PRId64,
+                                 fn, i, copies[i].src, copies[i].dst, dl->num_blocks);
+            if (copies[i].src == copies[i].dst)
+                return kv__error(KV_ERR_OVERLAP,
+                                 "%s: copy %" PRIu32 " copies block %" PRIu32 " onto itself", fn, i,
+                                 copies[i].src);
+        } else if ((int64_t)copies[i].src >= sl->num_blocks ||
+                   (int64_t)copies[i].dst >= dl->num_blocks) {
+            const bool s_bad = (int64_t)copies[i].src >= sl->num_blocks;
             return kv__error(KV_ERR_OUT_OF_BOUNDS,
                              "%s: copy %" PRIu32 " {src %" PRIu32 ", dst %" PRIu32
-                             "} names a block >= B = %" PRId64,
-                             fn, i, copies[i].src, copies[i].dst, B);
-        if (copies[i].src == copies[i].dst)
-            return kv__error(KV_ERR_OVERLAP,
-                             "%s: copy %" PRIu32 " copies block %" PRIu32 " onto itself", fn, i,
-                             copies[i].src);
+                             "}: %s block %" PRIu32 " >= the %s cache's B = %" PRId64,
+                             fn, i, copies[i].src, copies[i].dst, s_bad ? "src" : "dst",
+                             s_bad ? copies[i].src : copies[i].dst, s_bad ? "src" : "dst",
+                             s_bad ? sl->num_blocks : dl->num_blocks);
+        }
     }
     /* the copies run at once: no block may be written by two copies, nor
-     * written by one and read by another. Sorted (id << 33 | index << 1 |
-     * is_dst), a dst next to the same id is a conflict. */
-    if (n_copies > 1) {
-        uint64_t *keys = kv__mem_alloc((size_t)n_copies * 2 * sizeof(uint64_t));
-        if (!keys)
-            return kv__error(KV_ERR_NO_MEMORY, "%s: %" PRIu32 " copies", fn, n_copies);
-        for (uint32_t i = 0; i < n_copies; i++) {
-            keys[2 * i] = (uint64_t)copies[i].src << 33 | (uint64_t)i << 1;
-            keys[2 * i + 1] = (uint64_t)copies[i].dst << 33 | (uint64_t)i << 1 | 1;
-        }
-        qsort(keys, (size_t)n_copies * 2, sizeof(uint64_t), cmp_id);
-        for (uint32_t j = 1; j < 2 * n_copies; j++) {
-            const uint64_t a = keys[j - 1], b = keys[j];
-            if (a >> 33 != b >> 33 || !((a | b) & 1))
-                continue; /* different blocks, or two reads of one block */
-            const uint32_t id = (uint32_t)(a >> 33), ia = (uint32_t)(a >> 1) & 0xFFFFFFFFu,
-                           ib = (uint32_t)(b >> 1) & 0xFFFFFFFFu;
-            kv__mem_free(keys);
-            return kv__error(KV_ERR_OVERLAP,
-                             "%s: block %" PRIu32 " is %s by copy %" PRIu32
-                             " and %s by copy %" PRIu32 " of the same batch",
-                             fn, id, (a & 1) ? "written" : "read", ia, (b & 1) ? "written" : "read",
-                             ib);
-        }
-        kv__mem_free(keys);
-    }
+     * (one cache) written by one and read by another */
+    if ((st = check_copy_conflicts(fn, copies, n_copies, !same)) != KV_OK)
+        return st;
+    job->cache = *dst;
+    job->src = *src;
     job->copies = copies;
     job->n_copies = n_copies;
     return KV_OK;
+}
+
+bool kv__attn_copy_is_whole(const struct kv__attn_job *job)
+{
+    return job->cache.base == job->src.base &&
+           job->cache.layout.fingerprint == job->src.layout.fingerprint && job->layer0 == 0 &&
+           (int64_t)job->n_layers == job->cache.layout.num_layers &&
+           job->planes == KV_ATTN_PLANES_KV;
+}
+
+uint64_t kv__attn_copy_bytes(const struct kv__attn_job *job)
+{
+    const struct kv_layout *lo = &job->cache.layout;
+    const uint64_t per_plane =
+        lo->kv_packed ? (uint64_t)lo->block_bytes / 2 : (uint64_t)lo->block_bytes;
+    const uint64_t planes = job->planes == KV_ATTN_PLANES_KV ? 2 : 1;
+    return (uint64_t)job->n_copies * job->n_layers * planes * per_plane;
 }
 
 kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cache, uint32_t layer,
@@ -610,6 +762,7 @@ kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cac
     kv_status st;
     char b1[KV__LIST], b2[KV__LIST];
     memset(job, 0, sizeof(*job));
+    job->fn = fn;
     job->kernel = KV_ATTN_DECODE;
     if (!q || !out)
         return kv__error(KV_ERR_NULL, "%s: q=%p out=%p", fn, (const void *)q, (const void *)out);

@@ -13,7 +13,9 @@
  *                  n*D); otherwise row by row through f32 (kv_convert_hd.h).
  *                  The next runs' cache lines are prefetched (decode steps
  *                  scatter single tokens over the pool).
- *   copy           whole blocks as the layout's byte runs (kv_layout_block_runs)
+ *   copy           whole blocks as the layout's byte runs (kv_layout_block_runs);
+ *                  a layer range, one plane or two caches per storage block
+ *                  (packed K|V with one plane: per half head row)
  */
 #include <inttypes.h>
 #include <math.h>
@@ -398,6 +400,46 @@ static void exec_copy(const struct kv__attn_job *j)
     }
 }
 
+/* A copy of layers and planes, within one cache or between two of one block
+ * format: one item per (copy, layer, storage block moved). Whole storage
+ * blocks move as one memcpy each (their in-block bytes are the same on both
+ * sides); one plane of a packed K|V block moves as N x H half rows. */
+static void exec_copy_ex(const struct kv__attn_job *j)
+{
+    const struct kv_layout *dl = &j->cache.layout, *sl = &j->src.layout;
+    char *dbase = j->cache.base;
+    const char *sbase = j->src.base;
+    const bool halves = dl->kv_packed && j->planes != KV_ATTN_PLANES_KV;
+    /* storage blocks per (copy, layer): unpacked, one per plane moved */
+    const int64_t units = dl->kv_packed ? 1 : (j->planes == KV_ATTN_PLANES_KV ? 2 : 1);
+    const int kv0 = j->planes == KV_ATTN_PLANE_V ? 1 : 0;
+    const int64_t per_copy = (int64_t)j->n_layers * units;
+    const int64_t items = (int64_t)j->n_copies * per_copy;
+    const int64_t N = dl->block_tokens, H = dl->num_heads;
+    const size_t half = (size_t)(dl->head_dim * dl->elem_bytes);
+    const int nt = kv__attn_threads_for((int64_t)kv__attn_copy_bytes(j));
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t it = 0; it < items; it++) {
+        const struct kv_block_copy *cp = &j->copies[it / per_copy];
+        const int64_t r = it % per_copy;
+        const uint32_t l = j->layer0 + (uint32_t)(r / units);
+        /* unpacked: the plane of this unit; packed halves: the half's offset
+         * in each head row (stride_kv is D there); packed whole: 0 */
+        const int kv = halves ? kv0 : (dl->kv_packed ? 0 : kv0 + (int)(r % units));
+        const int64_t so = kv_layout_slot_offset_bytes(sl, l, kv, (int64_t)cp->src * N);
+        const int64_t dof = kv_layout_slot_offset_bytes(dl, l, kv, (int64_t)cp->dst * N);
+        if (!halves) {
+            memcpy(dbase + dof, sbase + so, (size_t)dl->block_bytes);
+            continue;
+        }
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t h = 0; h < H; h++) {
+                const int64_t in = n * dl->stride_token_bytes + h * dl->stride_head_bytes;
+                memcpy(dbase + dof + in, sbase + so + in, half);
+            }
+    }
+}
+
 /* ---- public entry points ------------------------------------------------------- */
 
 kv_status kv_attn_write(struct kv_paged_cache cache, int32_t layer, const struct kv_view *k,
@@ -405,8 +447,26 @@ kv_status kv_attn_write(struct kv_paged_cache cache, int32_t layer, const struct
                         const struct kv_scales *scales)
 {
     struct kv__attn_job j;
+    const struct kv__attn_slots sl = {slots, false};
     kv_status st =
-        kv__attn_write_check("kv_attn_write", &cache, layer, k, v, slots, n_slots, scales, &j);
+        kv__attn_write_check("kv_attn_write", &cache, layer, k, v, sl, n_slots, scales, &j);
+    if (st != KV_OK)
+        return st;
+    st = exec_move(&j, true);
+    if (st == KV_OK)
+        kv__attn_count(&j, false);
+    kv__attn_job_free(&j);
+    return st == KV_OK ? kv__ok() : st;
+}
+
+kv_status kv_attn_write_i32(struct kv_paged_cache cache, int32_t layer, const struct kv_view *k,
+                            const struct kv_view *v, const int32_t *slots, int64_t n_slots,
+                            const struct kv_scales *scales)
+{
+    struct kv__attn_job j;
+    const struct kv__attn_slots sl = {slots, true};
+    kv_status st =
+        kv__attn_write_check("kv_attn_write_i32", &cache, layer, k, v, sl, n_slots, scales, &j);
     if (st != KV_OK)
         return st;
     st = exec_move(&j, true);
@@ -436,14 +496,32 @@ kv_status kv_attn_copy_blocks(struct kv_paged_cache cache, const struct kv_block
                               uint32_t n_copies)
 {
     struct kv__attn_job j;
-    kv_status st = kv__attn_copy_check("kv_attn_copy_blocks", &cache, copies, n_copies, &j);
+    kv_status st =
+        kv__attn_copy_check("kv_attn_copy_blocks", &cache, NULL, copies, n_copies, NULL, &j);
     if (st != KV_OK)
         return st;
     exec_copy(&j);
     kv__attn_count(&j, false);
-    kv__copy_count(KV_COPY_BLOCK_COPY, (uint64_t)n_copies * (uint64_t)cache.layout.kv_planes *
-                                           (uint64_t)cache.layout.num_layers *
-                                           (uint64_t)cache.layout.block_bytes);
+    kv__copy_count(KV_COPY_BLOCK_COPY, kv__attn_copy_bytes(&j));
+    kv__attn_job_free(&j);
+    return kv__ok();
+}
+
+kv_status kv_attn_copy_blocks_ex(struct kv_paged_cache dst, struct kv_paged_cache src,
+                                 const struct kv_block_copy *copies, uint32_t n_copies,
+                                 const struct kv_copy_blocks_opts *opts)
+{
+    struct kv__attn_job j;
+    kv_status st =
+        kv__attn_copy_check("kv_attn_copy_blocks_ex", &dst, &src, copies, n_copies, opts, &j);
+    if (st != KV_OK)
+        return st;
+    if (kv__attn_copy_is_whole(&j))
+        exec_copy(&j); /* the layout's byte runs, as kv_attn_copy_blocks */
+    else
+        exec_copy_ex(&j);
+    kv__attn_count(&j, false);
+    kv__copy_count(KV_COPY_BLOCK_COPY, kv__attn_copy_bytes(&j));
     kv__attn_job_free(&j);
     return kv__ok();
 }

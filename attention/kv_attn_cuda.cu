@@ -15,7 +15,9 @@
  *           [n][H][D] elements: as 16/8/4/2/1-byte vectors when the dtypes
  *           agree without scales (the widest every address allows), through
  *           f32 otherwise
- *   copy    one CUDA block per (block pair, byte run), vector copies
+ *   copy    one CUDA block per (block pair, byte run), vector copies; a
+ *           layer range, one plane or two caches: one per (pair, layer,
+ *           storage block) or, one plane of packed K|V, per half head row
  *   decode  one CUDA block per (sequence, KV head); each warp takes every
  *           KV__DEC_WARPS-th token, lanes split the head dim, an online
  *           softmax per warp and query head in shared memory, merged at
@@ -177,7 +179,7 @@ extern "C" kv_status kv__cuda_attn_move(const struct kv__attn_job *j, bool to_ca
                                         kv_cuda_stream stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
-    const char *fn = to_cache ? "kv_attn_write_cuda" : "kv_attn_read_cuda";
+    const char *fn = j->fn;
     kv_status st = kv__cuda_ready(fn, NULL);
     if (st != KV_OK || j->n_runs == 0)
         return st;
@@ -264,7 +266,7 @@ __global__ void kv__copy_kernel(char *base, const int64_t *offs /* [n][2]: src, 
 
 extern "C" kv_status kv__cuda_attn_copy(const struct kv__attn_job *j, kv_cuda_stream stream)
 {
-    static const char fn[] = "kv_attn_copy_blocks_cuda";
+    const char *fn = j->fn;
     cudaStream_t s = (cudaStream_t)stream;
     const struct kv_layout *lo = &j->cache.layout;
     kv_status st = kv__cuda_ready(fn, NULL);
@@ -308,6 +310,89 @@ extern "C" kv_status kv__cuda_attn_copy(const struct kv__attn_job *j, kv_cuda_st
     else
         kv__copy_kernel<uint8_t><<<grid, KV__THREADS, 0, s>>>(base, o, items, rs.run_count,
                                                               rs.run_stride_bytes, rs.run_bytes);
+    st = kv__cuda_status(cudaGetLastError(), fn);
+    release(d_offs, s);
+    return st;
+}
+
+/* A copy of layers and planes, within one cache or between two (the same
+ * block format): item i moves rows of row_bytes from src + offs[2 i] to dst
+ * + offs[2 i + 1], a whole storage block (rows 1) or, for one plane of a
+ * packed K|V block, its N x H half rows (row r: token r / H, head r % H,
+ * the same in-block offset on both sides). */
+template <typename V>
+__global__ void kv__copy_ex_kernel(char *dst, const char *src, const int64_t *offs, int64_t n_items,
+                                   int64_t rows, int64_t H, int64_t tok, int64_t head,
+                                   int64_t row_bytes)
+{
+    const int64_t vecs = row_bytes / (int64_t)sizeof(V);
+    for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
+        const int64_t u = item / rows, r = item - u * rows;
+        const int64_t in = rows == 1 ? 0 : (r / H) * tok + (r % H) * head;
+        const V *sp = (const V *)(src + offs[2 * u] + in);
+        V *dp = (V *)(dst + offs[2 * u + 1] + in);
+        for (int64_t i = threadIdx.x; i < vecs; i += blockDim.x)
+            dp[i] = sp[i];
+    }
+}
+
+extern "C" kv_status kv__cuda_attn_copy_ex(const struct kv__attn_job *j, kv_cuda_stream stream)
+{
+    const char *fn = j->fn;
+    cudaStream_t s = (cudaStream_t)stream;
+    const struct kv_layout *dl = &j->cache.layout, *sl = &j->src.layout;
+    kv_status st = kv__cuda_ready(fn, NULL);
+    if (st != KV_OK || j->n_copies == 0)
+        return st;
+    const bool halves = dl->kv_packed && j->planes != KV_ATTN_PLANES_KV;
+    const int64_t units = dl->kv_packed ? 1 : (j->planes == KV_ATTN_PLANES_KV ? 2 : 1);
+    const int kv0 = j->planes == KV_ATTN_PLANE_V ? 1 : 0;
+    const int64_t per_copy = (int64_t)j->n_layers * units, n_units = j->n_copies * per_copy;
+    int64_t *offs = (int64_t *)kv__mem_alloc((size_t)n_units * 2 * sizeof(int64_t));
+    if (!offs)
+        return kv__error(KV_ERR_NO_MEMORY, "%s: %u copies", fn, j->n_copies);
+    uint64_t bits = (uint64_t)(uintptr_t)j->cache.base | (uint64_t)(uintptr_t)j->src.base;
+    for (int64_t u = 0; u < n_units; u++) {
+        const struct kv_block_copy *cp = &j->copies[u / per_copy];
+        const int64_t r = u % per_copy;
+        const uint32_t l = j->layer0 + (uint32_t)(r / units);
+        const int kv = halves ? kv0 : (dl->kv_packed ? 0 : kv0 + (int)(r % units));
+        offs[2 * u] = kv_layout_slot_offset_bytes(sl, l, kv, (int64_t)cp->src * sl->block_tokens);
+        offs[2 * u + 1] =
+            kv_layout_slot_offset_bytes(dl, l, kv, (int64_t)cp->dst * dl->block_tokens);
+        bits |= (uint64_t)offs[2 * u] | (uint64_t)offs[2 * u + 1];
+    }
+    const int64_t rows = halves ? dl->block_tokens * dl->num_heads : 1;
+    const int64_t row_bytes = halves ? dl->head_dim * dl->elem_bytes : dl->block_bytes;
+    const int64_t H = dl->num_heads, tok = dl->stride_token_bytes, head = dl->stride_head_bytes;
+    bits |= (uint64_t)row_bytes;
+    if (halves)
+        bits |= (uint64_t)tok | (uint64_t)head;
+    void *d_offs = NULL;
+    st = upload(&d_offs, offs, (size_t)n_units * 2 * sizeof(int64_t), s, fn);
+    kv__mem_free(offs);
+    if (st != KV_OK)
+        return st;
+    const int64_t items = n_units * rows;
+    const int grid = grid_of(items);
+    char *dst = (char *)j->cache.base;
+    const char *src = (const char *)j->src.base;
+    const int64_t *o = (const int64_t *)d_offs;
+    if ((bits & 15) == 0)
+        kv__copy_ex_kernel<uint4>
+            <<<grid, KV__THREADS, 0, s>>>(dst, src, o, items, rows, H, tok, head, row_bytes);
+    else if ((bits & 7) == 0)
+        kv__copy_ex_kernel<uint2>
+            <<<grid, KV__THREADS, 0, s>>>(dst, src, o, items, rows, H, tok, head, row_bytes);
+    else if ((bits & 3) == 0)
+        kv__copy_ex_kernel<uint32_t>
+            <<<grid, KV__THREADS, 0, s>>>(dst, src, o, items, rows, H, tok, head, row_bytes);
+    else if ((bits & 1) == 0)
+        kv__copy_ex_kernel<uint16_t>
+            <<<grid, KV__THREADS, 0, s>>>(dst, src, o, items, rows, H, tok, head, row_bytes);
+    else
+        kv__copy_ex_kernel<uint8_t>
+            <<<grid, KV__THREADS, 0, s>>>(dst, src, o, items, rows, H, tok, head, row_bytes);
     st = kv__cuda_status(cudaGetLastError(), fn);
     release(d_offs, s);
     return st;

@@ -22,6 +22,7 @@ extern "C" {
 #endif
 kv_status kv__cuda_attn_move(const struct kv__attn_job *job, bool to_cache, kv_cuda_stream stream);
 kv_status kv__cuda_attn_copy(const struct kv__attn_job *job, kv_cuda_stream stream);
+kv_status kv__cuda_attn_copy_ex(const struct kv__attn_job *job, kv_cuda_stream stream);
 kv_status kv__cuda_attn_decode(const struct kv__attn_job *job, kv_cuda_stream stream);
 #ifdef __cplusplus
 }
@@ -33,7 +34,7 @@ static inline kv_status kv__cuda_attn_unsupported(const struct kv__attn_job *job
                                         "kv_attn_copy_blocks_cuda", "kv_attn_decode_cuda"};
     return kv__error(KV_ERR_UNSUPPORTED,
                      "%s: this build has no CUDA (built with CUDA=0 or nvcc was not found)",
-                     names[(unsigned)job->kernel < 4 ? job->kernel : 0]);
+                     job->fn ? job->fn : names[(unsigned)job->kernel < 4 ? job->kernel : 0]);
 }
 static inline kv_status kv__cuda_attn_move(const struct kv__attn_job *job, bool to_cache,
                                            kv_cuda_stream stream)
@@ -42,6 +43,11 @@ static inline kv_status kv__cuda_attn_move(const struct kv__attn_job *job, bool 
     return kv__cuda_attn_unsupported(job);
 }
 static inline kv_status kv__cuda_attn_copy(const struct kv__attn_job *job, kv_cuda_stream stream)
+{
+    (void)stream;
+    return kv__cuda_attn_unsupported(job);
+}
+static inline kv_status kv__cuda_attn_copy_ex(const struct kv__attn_job *job, kv_cuda_stream stream)
 {
     (void)stream;
     return kv__cuda_attn_unsupported(job);

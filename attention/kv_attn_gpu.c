@@ -27,8 +27,27 @@ kv_status kv_attn_write_cuda(struct kv_paged_cache cache, int32_t layer, const s
                              const struct kv_scales *scales, kv_cuda_stream stream)
 {
     struct kv__attn_job j;
+    const struct kv__attn_slots sl = {slots, false};
     kv_status st =
-        kv__attn_write_check("kv_attn_write_cuda", &cache, layer, k, v, slots, n_slots, scales, &j);
+        kv__attn_write_check("kv_attn_write_cuda", &cache, layer, k, v, sl, n_slots, scales, &j);
+    if (st != KV_OK)
+        return st;
+    st = cuda_move(&j, true, stream);
+    if (st == KV_OK)
+        kv__attn_count(&j, true);
+    kv__attn_job_free(&j);
+    return st == KV_OK ? kv__ok() : st;
+}
+
+kv_status kv_attn_write_i32_cuda(struct kv_paged_cache cache, int32_t layer,
+                                 const struct kv_view *k, const struct kv_view *v,
+                                 const int32_t *slots, int64_t n_slots,
+                                 const struct kv_scales *scales, kv_cuda_stream stream)
+{
+    struct kv__attn_job j;
+    const struct kv__attn_slots sl = {slots, true};
+    kv_status st = kv__attn_write_check("kv_attn_write_i32_cuda", &cache, layer, k, v, sl, n_slots,
+                                        scales, &j);
     if (st != KV_OK)
         return st;
     st = cuda_move(&j, true, stream);
@@ -59,15 +78,33 @@ kv_status kv_attn_copy_blocks_cuda(struct kv_paged_cache cache, const struct kv_
                                    uint32_t n_copies, kv_cuda_stream stream)
 {
     struct kv__attn_job j;
-    kv_status st = kv__attn_copy_check("kv_attn_copy_blocks_cuda", &cache, copies, n_copies, &j);
+    kv_status st =
+        kv__attn_copy_check("kv_attn_copy_blocks_cuda", &cache, NULL, copies, n_copies, NULL, &j);
     if (st != KV_OK)
         return st;
     st = kv__cuda_attn_copy(&j, stream);
     if (st == KV_OK) {
         kv__attn_count(&j, true);
-        kv__copy_count(KV_COPY_BLOCK_COPY, (uint64_t)n_copies * (uint64_t)cache.layout.kv_planes *
-                                               (uint64_t)cache.layout.num_layers *
-                                               (uint64_t)cache.layout.block_bytes);
+        kv__copy_count(KV_COPY_BLOCK_COPY, kv__attn_copy_bytes(&j));
+    }
+    kv__attn_job_free(&j);
+    return st == KV_OK ? kv__ok() : st;
+}
+
+kv_status kv_attn_copy_blocks_ex_cuda(struct kv_paged_cache dst, struct kv_paged_cache src,
+                                      const struct kv_block_copy *copies, uint32_t n_copies,
+                                      const struct kv_copy_blocks_opts *opts, kv_cuda_stream stream)
+{
+    struct kv__attn_job j;
+    kv_status st =
+        kv__attn_copy_check("kv_attn_copy_blocks_ex_cuda", &dst, &src, copies, n_copies, opts, &j);
+    if (st != KV_OK)
+        return st;
+    st = kv__attn_copy_is_whole(&j) ? kv__cuda_attn_copy(&j, stream)
+                                    : kv__cuda_attn_copy_ex(&j, stream);
+    if (st == KV_OK) {
+        kv__attn_count(&j, true);
+        kv__copy_count(KV_COPY_BLOCK_COPY, kv__attn_copy_bytes(&j));
     }
     kv__attn_job_free(&j);
     return st == KV_OK ? kv__ok() : st;

@@ -47,6 +47,7 @@ void kv__attn_job_layer(const struct kv__attn_job *j, uint32_t lrel, struct kv__
 /* Decode: sequence s's pages are page_ids[page_start[s] .. page_start[s+1])
  * and it has seq_tokens[s] tokens. */
 struct kv__attn_job {
+    const char *fn; /* the public entry, for messages */
     enum kv_attn_kernel kernel;
     enum kv_attn_path path;
     struct kv_paged_cache cache;
@@ -76,9 +77,19 @@ struct kv__attn_job {
     uint32_t page_tokens; /* N / r */
     uint32_t page_ratio;
 
-    /* copy */
+    /* copy: copies[i].src of src -> copies[i].dst of cache (dst), layers
+     * layer0 .. + n_layers, the planes (enum kv_attn_planes, 1..3) */
     const struct kv_block_copy *copies;
     uint32_t n_copies;
+    struct kv_paged_cache src; /* == cache when one cache */
+    uint32_t planes;
+};
+
+/* A slot mapping as the caller holds it: int64 (vLLM) or int32, read in
+ * place by the write validator. */
+struct kv__attn_slots {
+    const void *p;
+    bool i32;
 };
 
 /* The validators: KV_OK with *job filled (free with kv__attn_job_free), or
@@ -86,15 +97,22 @@ struct kv__attn_job {
  * message. */
 kv_status kv__attn_write_check(const char *fn, const struct kv_paged_cache *cache, int32_t layer,
                                const struct kv_view *k, const struct kv_view *v,
-                               const int64_t *slots, int64_t n_slots,
+                               struct kv__attn_slots slots, int64_t n_slots,
                                const struct kv_scales *scales, struct kv__attn_job *job);
 kv_status kv__attn_read_check(const char *fn, const struct kv_paged_cache *cache, int32_t layer,
                               const struct kv_pages *pages, const struct kv_view *k_out,
                               const struct kv_view *v_out, const struct kv_scales *scales,
                               struct kv__attn_job *job);
-kv_status kv__attn_copy_check(const char *fn, const struct kv_paged_cache *cache,
-                              const struct kv_block_copy *copies, uint32_t n_copies,
+/* copy: src NULL for one cache (kv_attn_copy_blocks); opts NULL for every
+ * layer, K and V. */
+kv_status kv__attn_copy_check(const char *fn, const struct kv_paged_cache *dst,
+                              const struct kv_paged_cache *src, const struct kv_block_copy *copies,
+                              uint32_t n_copies, const struct kv_copy_blocks_opts *opts,
                               struct kv__attn_job *job);
+/* Whether a copy job moves whole blocks of every layer and plane of one
+ * cache (kv_attn_copy_blocks' byte runs serve it), and the bytes it moves. */
+bool kv__attn_copy_is_whole(const struct kv__attn_job *job);
+uint64_t kv__attn_copy_bytes(const struct kv__attn_job *job);
 kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cache, uint32_t layer,
                                 const struct kv_view *q, const struct kv_pages *pages,
                                 float softmax_scale, const struct kv_scales *scales,

@@ -143,7 +143,11 @@
     X(kv_plan_config, n_heads)                                                                     \
     X(kv_plan_config, src_layer0)                                                                  \
     X(kv_plan_config, dst_layer0)                                                                  \
-    X(kv_plan_config, n_layers)
+    X(kv_plan_config, n_layers)                                                                    \
+    X(kv_copy_blocks_opts, struct_size)                                                            \
+    X(kv_copy_blocks_opts, layer0)                                                                 \
+    X(kv_copy_blocks_opts, n_layers)                                                               \
+    X(kv_copy_blocks_opts, planes)
 
 #define KV__ABI_STRUCTS(X)                                                                         \
     X(kv_layout_config)                                                                            \
@@ -160,7 +164,8 @@
     X(kv_paged_cache)                                                                              \
     X(kv_scales)                                                                                   \
     X(kv_pages)                                                                                    \
-    X(kv_plan_config)
+    X(kv_plan_config)                                                                              \
+    X(kv_copy_blocks_opts)
 
 static const struct {
     const char *name;

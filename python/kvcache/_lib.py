@@ -211,6 +211,11 @@ class PlanConfig(ctypes.Structure):
                 ("n_layers", ctypes.c_int64)]
 
 
+class CopyBlocksOpts(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("layer0", ctypes.c_uint32),
+                ("n_layers", ctypes.c_uint32), ("planes", ctypes.c_uint32)]
+
+
 # DLPack 0.6 (dlpack/dlpack.h)
 class DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
@@ -258,6 +263,7 @@ _ABI = {
     "kv_scales": Scales,
     "kv_pages": Pages,
     "kv_plan_config": PlanConfig,
+    "kv_copy_blocks_opts": CopyBlocksOpts,
 }
 
 # ---- functions -------------------------------------------------------------
@@ -298,7 +304,12 @@ _PROTOS = {
                             ctypes.POINTER(Scales)]),
     "kv_attn_read": (_ST, [PagedCache, ctypes.c_int32, ctypes.POINTER(Pages),
                            ctypes.POINTER(ViewC), ctypes.POINTER(ViewC), ctypes.POINTER(Scales)]),
+    "kv_attn_write_i32": (_ST, [PagedCache, ctypes.c_int32, ctypes.POINTER(ViewC),
+                                ctypes.POINTER(ViewC), c_i32p, ctypes.c_int64,
+                                ctypes.POINTER(Scales)]),
     "kv_attn_copy_blocks": (_ST, [PagedCache, ctypes.POINTER(BlockCopy), ctypes.c_uint32]),
+    "kv_attn_copy_blocks_ex": (_ST, [PagedCache, PagedCache, ctypes.POINTER(BlockCopy),
+                                     ctypes.c_uint32, ctypes.POINTER(CopyBlocksOpts)]),
     "kv_attn_decode": (_ST, [PagedCache, ctypes.c_uint32, ctypes.POINTER(ViewC),
                              ctypes.POINTER(Pages), ctypes.c_float, ctypes.POINTER(Scales),
                              ctypes.POINTER(ViewC)]),

@@ -54,6 +54,59 @@ def _plan_config(heads, layers):
     return cfg
 
 
+_PLANES = {None: 3, "kv": 3, "k": 1, "v": 2}
+
+
+def _copy_opts(layers, planes, num_layers):
+    """A kv_copy_blocks_opts for copy_blocks' layers and planes, or None
+    when both are None (every layer, K and V). layers: one layer, a range or
+    slice of step 1, or (start, stop); the bounds are the library's to
+    check, an empty range is refused here (n_layers 0 would mean "to the
+    end")."""
+    if layers is None and planes is None:
+        return None
+    if planes not in _PLANES:
+        raise error("KV_ERR_INVALID_ARG", "planes: None, \"kv\", \"k\" or \"v\", got %r"
+                    % (planes,))
+    o = _lib.CopyBlocksOpts()
+    o.struct_size = ctypes.sizeof(_lib.CopyBlocksOpts)
+    o.planes = _PLANES[planes]
+    if layers is None:
+        return o
+    if isinstance(layers, (range, slice)):
+        if layers.step not in (None, 1):
+            raise error("KV_ERR_INVALID_ARG", "layers: a range of step 1, got %r" % (layers,))
+        start = 0 if layers.start is None else layers.start
+        stop = num_layers if layers.stop is None else layers.stop
+    elif isinstance(layers, tuple):
+        if len(layers) != 2:
+            raise error("KV_ERR_INVALID_ARG", "layers: (start, stop), got %r" % (layers,))
+        start, stop = layers
+    else:
+        start = integer(layers, "layers", U32)
+        stop = start + 1
+    start, stop = integer(start, "layers start", U32), integer(stop, "layers stop", U32)
+    if stop <= start:
+        raise error("KV_ERR_INVALID_ARG", "layers: [%d, %d) is empty" % (start, stop))
+    o.layer0, o.n_layers = start, stop - start
+    return o
+
+
+def _int32_slots(slots):
+    """slots as a 1-d int32 array when the caller holds int32 (a NumPy
+    array, or a CPU tensor seen through __array__ without a copy), read in
+    place by kv_attn_write_i32; None for anything else (the int64 path)."""
+    if slots is None or isinstance(slots, (list, tuple, range)) or not hasattr(slots, "dtype"):
+        return None
+    try:
+        a = slots if isinstance(slots, np.ndarray) else np.asarray(slots)
+    except (TypeError, ValueError, RuntimeError):
+        return None  # a device tensor: the int64 path says why
+    if a.dtype != np.int32:
+        return None
+    return np.ascontiguousarray(a).reshape(-1)  # a view when contiguous
+
+
 def _u32_array(xs, what):
     """A 1-d uint32 array of ids (sequences, blocks), none wrapped."""
     return int_array(xs, what, U32, ndim=1)
@@ -605,12 +658,20 @@ class Cache:
         scales: None or (k_scales, v_scales), one per tensor or per KV head.
         Scales apply to every cache dtype (stored = convert(x / scale)); vLLM
         applies them to fp8 caches only, so pass None for the others to
-        match it."""
+        match it. slots: int64 (vLLM's slot_mapping) or int32 (FlashInfer's
+        and most engines'): a contiguous int32 NumPy array or CPU tensor is
+        read in place (kv_attn_write_i32), never converted; anything else
+        goes through int64."""
         pc = self._paged()
         layer = -1 if layer is None else integer(layer, "layer", I32)
-        sl = int_array(slots, "slots", I64).reshape(-1)
+        s32 = _int32_slots(slots)
+        sl = s32 if s32 is not None else int_array(slots, "slots", I64).reshape(-1)
         kb, vb = host_only(borrow(k, "k"), "k"), host_only(borrow(v, "v"), "v")
         keep = []
+        if s32 is not None:
+            check(L.kv_attn_write_i32(pc, layer, kb.ref(), vb.ref(), _p(sl, _lib.c_i32p),
+                                      sl.size, self._scales(scales, keep)))
+            return
         check(L.kv_attn_write(pc, layer, kb.ref(), vb.ref(), _p(sl, _lib.c_i64p), sl.size,
                               self._scales(scales, keep)))
 
@@ -633,10 +694,19 @@ class Cache:
                              self._scales(scales, keep)))
 
     @_call
-    def copy_blocks(self, copies) -> None:
-        """Copy whole blocks: copies [n, 2] or [n, 3] (src, dst[, tokens]), e.g.
-        take_copies()'s result; every layer, K and V."""
+    def copy_blocks(self, copies, layers=None, planes=None, src: Optional["Cache"] = None) -> None:
+        """Copy blocks: copies [n, 2] or [n, 3] (src, dst[, tokens]), e.g.
+        take_copies()'s result. layers: None (every layer), one layer, a
+        range / slice with step 1, or (start, stop). planes: None or "kv"
+        (K and V), "k" or "v". src: None copies within this cache (vLLM's
+        copy_blocks: no dst may be another copy's src or dst); another Cache
+        of the same block format (L, N, H, D, dtype, order, packing; its
+        block count, arrangement and padding may differ) copies its blocks
+        into this one (vLLM's swap_blocks: swap out into a host cache, swap
+        in back), any ids on either side, no dst twice."""
         pc = self._paged()
+        spc = src._paged() if src is not None else None
+        opts = _copy_opts(layers, planes, self.layout.num_layers)
         a = int_array(copies, "copies", U32)
         if a.size == 0:
             return
@@ -646,7 +716,12 @@ class Cache:
         if a.shape[1] == 2:  # kv_block_copy is (src, dst, tokens), three uint32
             a = np.concatenate([a, np.zeros((len(a), 1), np.uint32)], axis=1)
         n = integer(len(a), "len(copies)", U32)
-        check(L.kv_attn_copy_blocks(pc, a.ctypes.data_as(ctypes.POINTER(_lib.BlockCopy)), n))
+        cp = a.ctypes.data_as(ctypes.POINTER(_lib.BlockCopy))
+        if spc is None and opts is None:
+            check(L.kv_attn_copy_blocks(pc, cp, n))
+            return
+        check(L.kv_attn_copy_blocks_ex(pc, spc if spc is not None else pc, cp, n,
+                                       ctypes.byref(opts) if opts is not None else None))
 
     @_call
     def decode(self, layer: int, q, pages: "Pages", out, scale: Optional[float] = None,

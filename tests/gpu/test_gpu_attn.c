@@ -5,7 +5,8 @@
  * Every case starts a device pool and a host pool from the same random bytes
  * and runs the same call through the CPU kernel (itself checked element by
  * element against a plain reference in tests/unit/test_attn.c) and the CUDA
- * kernel: write and copy_blocks must leave the two pools identical byte for
+ * kernel: write (int64 and int32 slots) and copy_blocks (whole, a layer and
+ * a plane, and into a second cache) must leave the two pools identical byte for
  * byte (the whole pool: no stray writes), read must fill identical output
  * buffers (guard bytes included), and decode must be within 1e-5 relative of
  * a float64 reference computed here from the layout's strides. The scale
@@ -285,6 +286,45 @@ static void round_trip(int i)
     CHECK(kv_attn_copy_blocks(p.host, cp, n) == KV_OK);
     CHECK(kv_attn_copy_blocks_cuda(p.dev, cp, n, NULL) == KV_OK);
     pools_same(&p, what);
+
+    /* the same copies with a layer and a plane, within the pool */
+    struct kv_copy_blocks_opts o = KV_COPY_BLOCKS_OPTS_INIT;
+    o.layer0 = (uint32_t)(i % 2), o.n_layers = 1, o.planes = (uint32_t)(1 + i % 3);
+    for (uint32_t j = 0; j < n; j++)
+        cp[j].dst = n + 1 + j; /* low blocks the first copies left alone */
+    CHECK(kv_attn_copy_blocks_ex(p.host, p.host, cp, n, &o) == KV_OK);
+    CHECK(kv_attn_copy_blocks_ex_cuda(p.dev, p.dev, cp, n, &o, NULL) == KV_OK);
+    pools_same(&p, what);
+
+    /* swap out into a cache of another block count and arrangement */
+    struct kv_layout_config cfg2 = cfg;
+    cfg2.num_blocks = n + 3;
+    cfg2.arrange =
+        cfg.arrange == KV_ARRANGE_BLOCK_MAJOR ? KV_ARRANGE_LAYER_MAJOR : KV_ARRANGE_BLOCK_MAJOR;
+    struct pools p2;
+    pools_init(&p2, &cfg2, rng * 11);
+    for (uint32_t j = 0; j < n; j++)
+        cp[j].dst = n + 2 - j;
+    o.layer0 = 0, o.n_layers = 0, o.planes = (uint32_t)(i % 4);
+    CHECK(kv_attn_copy_blocks_ex(p2.host, p.host, cp, n, &o) == KV_OK);
+    CHECK(kv_attn_copy_blocks_ex_cuda(p2.dev, p.dev, cp, n, &o, NULL) == KV_OK);
+    pools_same(&p2, what);
+    pools_same(&p, what);
+    pools_free(&p2);
+
+    /* int32 slots: the pool int64 slots give */
+    int32_t *s32 = malloc((size_t)(q.total ? q.total : 1) * sizeof(int32_t));
+    CHECK(s32 != NULL);
+    for (int64_t t = 0; t < q.total; t++)
+        s32[t] = (int32_t)q.slots[t];
+    struct tens src2;
+    tens_init(&src2, mode, sdt, L, q.total, H, D, rng * 7);
+    CHECK(kv_attn_write_i32(p.host, layer, &src2.hk, &src2.hv, s32, q.total, scp) == KV_OK);
+    CHECK(kv_attn_write_i32_cuda(p.dev, layer, &src2.dk, &src2.dv, s32, q.total, scp, NULL) ==
+          KV_OK);
+    pools_same(&p, what);
+    tens_free(&src2);
+    free(s32);
 
     tens_free(&out);
     tens_free(&src);

@@ -203,6 +203,42 @@ static void test_abi_plan_config_size(void **state)
     assert_int_equal(size, sizeof(int64_t));
 }
 
+/* kv_copy_blocks_opts (attention/kv_attn.h): initialized by both forms,
+ * refused with any other struct_size before a layer or block is read, and
+ * in the table bindings check. */
+static void test_abi_copy_blocks_opts_size(void **state)
+{
+    (void)state;
+    struct kv_layout_config lc = KV_LAYOUT_CONFIG_INIT;
+    struct kv_paged_cache pc = {.mem = KV_MEM_HOST};
+    lc.num_layers = 2, lc.num_blocks = 8, lc.block_tokens = 4, lc.num_heads = 1, lc.head_dim = 8;
+    lc.dtype = KV_F32;
+    assert_int_equal(kv_layout_init(&lc, &pc.layout), KV_OK);
+    static float mem[2 * 2 * 8 * 4 * 8];
+    pc.base = mem;
+    pc.storage_bytes = sizeof(mem);
+    struct kv_copy_blocks_opts c;
+    memset(&c, 0xFF, sizeof(c));
+    kv_copy_blocks_opts_init(&c);
+    struct kv_copy_blocks_opts m = KV_COPY_BLOCKS_OPTS_INIT;
+    assert_int_equal(c.struct_size, sizeof(c));
+    assert_int_equal(m.struct_size, sizeof(m));
+    assert_true(c.layer0 == 0 && c.n_layers == 0 && c.planes == 0);
+    struct kv_block_copy cp[1] = {{1, 2, 0}};
+    for (size_t i = 0; i < 3; i++) {
+        struct kv_copy_blocks_opts bad = c;
+        bad.struct_size = bad_size(sizeof(c), k_delta[i]);
+        assert_refused(kv_attn_copy_blocks_ex(pc, pc, cp, 1, &bad), "kv_copy_blocks_opts", i);
+    }
+    assert_int_equal(kv_attn_copy_blocks_ex(pc, pc, cp, 1, &c), KV_OK);
+    size_t off = 0, size = 0, align = 0;
+    assert_int_equal(kv_abi_struct("kv_copy_blocks_opts", &size, &align), KV_OK);
+    assert_int_equal(size, sizeof(struct kv_copy_blocks_opts));
+    assert_int_equal(kv_abi_field("kv_copy_blocks_opts", "planes", &off, &size), KV_OK);
+    assert_int_equal(off, offsetof(struct kv_copy_blocks_opts, planes));
+    assert_int_equal(size, sizeof(uint32_t));
+}
+
 static void test_abi_version_and_build_info(void **state)
 {
     (void)state;
@@ -291,6 +327,7 @@ int main(void)
         cmocka_unit_test(test_abi_page_table_config_and_ops_version),
         cmocka_unit_test(test_abi_cache_config_size),
         cmocka_unit_test(test_abi_plan_config_size),
+        cmocka_unit_test(test_abi_copy_blocks_opts_size),
         cmocka_unit_test(test_abi_version_and_build_info),
         cmocka_unit_test(test_abi_struct_diffs_see_fields_not_padding),
     };
