@@ -442,14 +442,15 @@ static void exec_copy_ex(const struct kv__attn_job *j)
 
 /* ---- public entry points ------------------------------------------------------- */
 
-kv_status kv_attn_write(struct kv_paged_cache cache, int32_t layer, const struct kv_view *k,
-                        const struct kv_view *v, const int64_t *slots, int64_t n_slots,
-                        const struct kv_scales *scales)
+/* kv_attn_write and kv_attn_write_i32: one validator, one executor; only
+ * the slots' index width differs. */
+static kv_status write_slots(const char *fn, struct kv_paged_cache cache, int32_t layer,
+                             const struct kv_view *k, const struct kv_view *v,
+                             struct kv__attn_slots sl, int64_t n_slots,
+                             const struct kv_scales *scales)
 {
     struct kv__attn_job j;
-    const struct kv__attn_slots sl = {slots, false};
-    kv_status st =
-        kv__attn_write_check("kv_attn_write", &cache, layer, k, v, sl, n_slots, scales, &j);
+    kv_status st = kv__attn_write_check(fn, &cache, layer, k, v, sl, n_slots, scales, &j);
     if (st != KV_OK)
         return st;
     st = exec_move(&j, true);
@@ -459,21 +460,20 @@ kv_status kv_attn_write(struct kv_paged_cache cache, int32_t layer, const struct
     return st == KV_OK ? kv__ok() : st;
 }
 
+kv_status kv_attn_write(struct kv_paged_cache cache, int32_t layer, const struct kv_view *k,
+                        const struct kv_view *v, const int64_t *slots, int64_t n_slots,
+                        const struct kv_scales *scales)
+{
+    return write_slots("kv_attn_write", cache, layer, k, v, (struct kv__attn_slots){slots, false},
+                       n_slots, scales);
+}
+
 kv_status kv_attn_write_i32(struct kv_paged_cache cache, int32_t layer, const struct kv_view *k,
                             const struct kv_view *v, const int32_t *slots, int64_t n_slots,
                             const struct kv_scales *scales)
 {
-    struct kv__attn_job j;
-    const struct kv__attn_slots sl = {slots, true};
-    kv_status st =
-        kv__attn_write_check("kv_attn_write_i32", &cache, layer, k, v, sl, n_slots, scales, &j);
-    if (st != KV_OK)
-        return st;
-    st = exec_move(&j, true);
-    if (st == KV_OK)
-        kv__attn_count(&j, false);
-    kv__attn_job_free(&j);
-    return st == KV_OK ? kv__ok() : st;
+    return write_slots("kv_attn_write_i32", cache, layer, k, v,
+                       (struct kv__attn_slots){slots, true}, n_slots, scales);
 }
 
 kv_status kv_attn_read(struct kv_paged_cache cache, int32_t layer, const struct kv_pages *pages,

@@ -22,14 +22,15 @@ static kv_status cuda_move(const struct kv__attn_job *j, bool to_cache, kv_cuda_
     return KV_OK;
 }
 
-kv_status kv_attn_write_cuda(struct kv_paged_cache cache, int32_t layer, const struct kv_view *k,
-                             const struct kv_view *v, const int64_t *slots, int64_t n_slots,
-                             const struct kv_scales *scales, kv_cuda_stream stream)
+/* kv_attn_write_cuda and kv_attn_write_i32_cuda: only the slots' index
+ * width differs. */
+static kv_status write_slots_cuda(const char *fn, struct kv_paged_cache cache, int32_t layer,
+                                  const struct kv_view *k, const struct kv_view *v,
+                                  struct kv__attn_slots sl, int64_t n_slots,
+                                  const struct kv_scales *scales, kv_cuda_stream stream)
 {
     struct kv__attn_job j;
-    const struct kv__attn_slots sl = {slots, false};
-    kv_status st =
-        kv__attn_write_check("kv_attn_write_cuda", &cache, layer, k, v, sl, n_slots, scales, &j);
+    kv_status st = kv__attn_write_check(fn, &cache, layer, k, v, sl, n_slots, scales, &j);
     if (st != KV_OK)
         return st;
     st = cuda_move(&j, true, stream);
@@ -39,22 +40,21 @@ kv_status kv_attn_write_cuda(struct kv_paged_cache cache, int32_t layer, const s
     return st == KV_OK ? kv__ok() : st;
 }
 
+kv_status kv_attn_write_cuda(struct kv_paged_cache cache, int32_t layer, const struct kv_view *k,
+                             const struct kv_view *v, const int64_t *slots, int64_t n_slots,
+                             const struct kv_scales *scales, kv_cuda_stream stream)
+{
+    return write_slots_cuda("kv_attn_write_cuda", cache, layer, k, v,
+                            (struct kv__attn_slots){slots, false}, n_slots, scales, stream);
+}
+
 kv_status kv_attn_write_i32_cuda(struct kv_paged_cache cache, int32_t layer,
                                  const struct kv_view *k, const struct kv_view *v,
                                  const int32_t *slots, int64_t n_slots,
                                  const struct kv_scales *scales, kv_cuda_stream stream)
 {
-    struct kv__attn_job j;
-    const struct kv__attn_slots sl = {slots, true};
-    kv_status st = kv__attn_write_check("kv_attn_write_i32_cuda", &cache, layer, k, v, sl, n_slots,
-                                        scales, &j);
-    if (st != KV_OK)
-        return st;
-    st = cuda_move(&j, true, stream);
-    if (st == KV_OK)
-        kv__attn_count(&j, true);
-    kv__attn_job_free(&j);
-    return st == KV_OK ? kv__ok() : st;
+    return write_slots_cuda("kv_attn_write_i32_cuda", cache, layer, k, v,
+                            (struct kv__attn_slots){slots, true}, n_slots, scales, stream);
 }
 
 kv_status kv_attn_read_cuda(struct kv_paged_cache cache, int32_t layer,
