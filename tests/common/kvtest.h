@@ -5,12 +5,21 @@
 #define KVTEST_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include <kvcache/kv.h>
 
 #ifndef KV_TEST_DATA_DIR
 #define KV_TEST_DATA_DIR "tests/data"
 #endif
+
+/* Fail unless the library's last error message contains needle (a macro:
+ * cmocka's fail_msg is in scope where it is used). */
+#define kvt_assert_msg_has(needle)                                                                 \
+    do {                                                                                           \
+        if (!strstr(kv_last_error(), (needle)))                                                    \
+            fail_msg("last error '%s' lacks '%s'", kv_last_error(), (needle));                     \
+    } while (0)
 
 /* Deterministic PRNG (splitmix64) so a failing case can be replayed. */
 static inline uint64_t kvt_rand(uint64_t *state)

@@ -17,12 +17,6 @@
 #include <kvcache/kv.h>
 #include "kvtest.h"
 
-static void assert_msg_has(const char *needle)
-{
-    if (!strstr(kv_last_error(), needle))
-        fail_msg("last error '%s' lacks '%s'", kv_last_error(), needle);
-}
-
 /* A config whose every field is set as for a valid create, except
  * struct_size: 0, one word short, one word long. */
 static const size_t k_delta[] = {0, 1, 2};
@@ -36,13 +30,13 @@ static void assert_refused(kv_status st, const char *type, size_t which)
 {
     char want[96];
     assert_int_equal(st, KV_ERR_INVALID_ARG);
-    assert_msg_has(type);
+    kvt_assert_msg_has(type);
     if (which == 0) {
         snprintf(want, sizeof(want), "%s_init()", type);
-        assert_msg_has("struct_size 0");
-        assert_msg_has(want);
+        kvt_assert_msg_has("struct_size 0");
+        kvt_assert_msg_has(want);
     } else {
-        assert_msg_has("other kvcache headers");
+        kvt_assert_msg_has("other kvcache headers");
     }
 }
 
@@ -130,10 +124,10 @@ static void test_abi_page_table_config_and_ops_version(void **state)
     struct kv_page_table_config v0 = c;
     v0.ops.version = 0;
     assert_int_equal(kv_page_table_create(&v0, &pt), KV_ERR_INVALID_ARG);
-    assert_msg_has("block ops version 0");
+    kvt_assert_msg_has("block ops version 0");
     v0.ops.version = KV_BLOCK_OPS_VERSION + 1;
     assert_int_equal(kv_page_table_create(&v0, &pt), KV_ERR_INVALID_ARG);
-    assert_msg_has("version 2");
+    kvt_assert_msg_has("version 2");
     assert_null(pt);
     assert_int_equal(kv_page_table_create(&c, &pt), KV_OK);
     kv_page_table_destroy(pt);
@@ -271,9 +265,9 @@ static void test_abi_struct_table(void **state)
     assert_int_equal(kv_abi_field("kv_cache_config", "layout", &off, &size), KV_OK);
     assert_int_equal(size, sizeof(struct kv_layout_config));
     assert_int_equal(kv_abi_struct("kv_nothing", &size, &align), KV_ERR_NOT_FOUND);
-    assert_msg_has("kv_nothing");
+    kvt_assert_msg_has("kv_nothing");
     assert_int_equal(kv_abi_field("kv_layout", "nothing", &off, &size), KV_ERR_NOT_FOUND);
-    assert_msg_has("\"nothing\" of struct \"kv_layout\"");
+    kvt_assert_msg_has("\"nothing\" of struct \"kv_layout\"");
     assert_int_equal(kv_abi_struct(NULL, &size, &align), KV_ERR_NULL);
     assert_int_equal(kv_abi_field("kv_layout", "fingerprint", NULL, &size), KV_ERR_NULL);
 }

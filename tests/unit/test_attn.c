@@ -50,12 +50,6 @@
 
 static const kv_dtype k_dtypes[5] = {KV_F32, KV_F16, KV_BF16, KV_FP8_E4M3, KV_FP8_E5M2};
 
-static void assert_msg_has(const char *needle)
-{
-    if (!strstr(kv_last_error(), needle))
-        fail_msg("last error '%s' lacks '%s'", kv_last_error(), needle);
-}
-
 /* ---- a pool and its reference --------------------------------------------------- */
 
 struct fix {
@@ -1182,7 +1176,7 @@ static void test_attn_refusals_leave_the_pool_alone(void **state)
         if (st != (want))                                                                          \
             fail_msg("%s: got %s (%s), want %s", #call, kv_status_name(st), kv_last_error(),       \
                      kv_status_name(want));                                                        \
-        assert_msg_has(needle);                                                                    \
+        kvt_assert_msg_has(needle);                                                                \
         check_pool(&f, #call);                                                                     \
     } while (0)
 
@@ -1420,7 +1414,7 @@ static void test_attn_cuda_entries_validate_first(void **state)
         if (st != (want))                                                                          \
             fail_msg("%s: got %s (%s), want %s", #call, kv_status_name(st), kv_last_error(),       \
                      kv_status_name(want));                                                        \
-        assert_msg_has(needle);                                                                    \
+        kvt_assert_msg_has(needle);                                                                \
         check_pool(&f, #call);                                                                     \
     } while (0)
     CUDA_REFUSED(kv_attn_write_cuda(f.c, 0, &p.k, &p.v, bad, 4, NULL, NULL), KV_ERR_OUT_OF_BOUNDS,

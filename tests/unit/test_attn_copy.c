@@ -41,12 +41,6 @@
 
 static const kv_dtype k_dtypes[5] = {KV_F32, KV_F16, KV_BF16, KV_FP8_E4M3, KV_FP8_E5M2};
 
-static void assert_msg_has(const char *needle)
-{
-    if (!strstr(kv_last_error(), needle))
-        fail_msg("last error '%s' lacks '%s'", kv_last_error(), needle);
-}
-
 /* ---- a pool and what it must hold ---------------------------------------------- */
 
 struct pool {
@@ -268,7 +262,7 @@ static void test_attn_copy_ex_refusals(void **state)
         if (st != (want))                                                                          \
             fail_msg("%s: got %s (%s), want %s", #call, kv_status_name(st), kv_last_error(),       \
                      kv_status_name(want));                                                        \
-        assert_msg_has(needle);                                                                    \
+        kvt_assert_msg_has(needle);                                                                \
         pool_check(&dev, #call);                                                                   \
         pool_check(&host, #call);                                                                  \
     } while (0)
@@ -311,8 +305,8 @@ static void test_attn_copy_ex_refusals(void **state)
         st = kv_attn_copy_blocks_ex(other.c, dev.c, ok, 2, NULL);
         if (st != KV_ERR_MISMATCH)
             fail_msg("%s: got %s (%s)", fmt[i].field, kv_status_name(st), kv_last_error());
-        assert_msg_has(fmt[i].field);
-        assert_msg_has("different block formats");
+        kvt_assert_msg_has(fmt[i].field);
+        kvt_assert_msg_has("different block formats");
         pool_check(&other, fmt[i].field);
         pool_check(&dev, fmt[i].field);
         pool_free(&other);
@@ -367,7 +361,7 @@ static void test_attn_copy_ex_refusals(void **state)
     struct kv_paged_cache alias = host.c;
     alias.base = dev.mem;
     REFUSED(kv_attn_copy_blocks_ex(alias, dev.c, ok, 2, &o), KV_ERR_OVERLAP, "src storage [");
-    assert_msg_has("overlap");
+    kvt_assert_msg_has("overlap");
     alias.layout.num_blocks = 0; /* a broken layout: refused before the overlap check */
     REFUSED(kv_attn_copy_blocks_ex(dev.c, alias, ok, 2, &o), KV_ERR_INVALID_ARG, "src");
     struct kv_layout_config small = hc;
@@ -411,13 +405,13 @@ static void test_attn_copy_ex_cuda_entries_validate_first(void **state)
     o.planes = KV_ATTN_PLANE_V;
     kv_status st = kv_attn_copy_blocks_ex_cuda(host.c, dev.c, bad, 1, &o, NULL);
     assert_int_equal(st, KV_ERR_OUT_OF_BOUNDS);
-    assert_msg_has("kv_attn_copy_blocks_ex_cuda: copy 0 {src 64, dst 1}");
+    kvt_assert_msg_has("kv_attn_copy_blocks_ex_cuda: copy 0 {src 64, dst 1}");
     st = kv_attn_copy_blocks_ex_cuda(host.c, dev.c, ok, 2, &o, NULL);
     assert_int_equal(st, KV_ERR_UNSUPPORTED);
-    assert_msg_has("kv_attn_copy_blocks_ex_cuda");
+    kvt_assert_msg_has("kv_attn_copy_blocks_ex_cuda");
     st = kv_attn_copy_blocks_ex(host.c, dev.c, ok, 2, &o); /* the CPU cannot address it */
     assert_int_equal(st, KV_ERR_INVALID_ARG);
-    assert_msg_has("device memory");
+    kvt_assert_msg_has("device memory");
     pool_check(&dev, "cuda");
     pool_check(&host, "cuda");
 
@@ -432,10 +426,10 @@ static void test_attn_copy_ex_cuda_entries_validate_first(void **state)
     int32_t slots[3] = {8, 9, 64 * 4}, good[3] = {8, 9, 10};
     st = kv_attn_write_i32_cuda(dev.c, 0, &k, &v, slots, 3, NULL, NULL);
     assert_int_equal(st, KV_ERR_OUT_OF_BOUNDS);
-    assert_msg_has("kv_attn_write_i32_cuda: slots[2] = 256 outside [-1, 256)");
+    kvt_assert_msg_has("kv_attn_write_i32_cuda: slots[2] = 256 outside [-1, 256)");
     st = kv_attn_write_i32_cuda(dev.c, 0, &k, &v, good, 3, NULL, NULL);
     assert_int_equal(st, KV_ERR_UNSUPPORTED);
-    assert_msg_has("kv_attn_write_i32_cuda");
+    kvt_assert_msg_has("kv_attn_write_i32_cuda");
     pool_check(&dev, "write_i32_cuda");
     free(kb);
     free(vb);
@@ -542,7 +536,7 @@ static void test_attn_write_i32_refusals(void **state)
         if (st != (want))                                                                          \
             fail_msg("%s: got %s (%s), want %s", #call, kv_status_name(st), kv_last_error(),       \
                      kv_status_name(want));                                                        \
-        assert_msg_has(needle);                                                                    \
+        kvt_assert_msg_has(needle);                                                                \
         pool_check(&p, #call);                                                                     \
     } while (0)
     const int64_t limit = 64 * cfg.block_tokens;

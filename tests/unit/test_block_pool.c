@@ -143,12 +143,6 @@ static void assert_free_list(kv_block_pool *p, const uint32_t *want, uint32_t n)
         assert_int_equal(got[i], want[i]);
 }
 
-static void assert_msg_has(const char *needle)
-{
-    if (!strstr(kv_last_error(), needle))
-        fail_msg("last error \"%s\" lacks \"%s\"", kv_last_error(), needle);
-}
-
 /* ---- basic behaviour ----------------------------------------------------- */
 
 static void test_block_pool_create_refuses_bad_config(void **state)
@@ -158,7 +152,7 @@ static void test_block_pool_create_refuses_bad_config(void **state)
                                        .num_blocks = 1};
     kv_block_pool *p = NULL;
     assert_int_equal(kv_block_pool_create(&cfg, &p), KV_ERR_INVALID_ARG);
-    assert_msg_has("num_blocks 1");
+    kvt_assert_msg_has("num_blocks 1");
     cfg.num_blocks = 0;
     assert_int_equal(kv_block_pool_create(&cfg, &p), KV_ERR_INVALID_ARG);
     cfg.num_blocks = KV_BLOCK_POOL_MAX_BLOCKS + 1u;
@@ -166,7 +160,7 @@ static void test_block_pool_create_refuses_bad_config(void **state)
     cfg.num_blocks = 8;
     cfg.flags = 0x100;
     assert_int_equal(kv_block_pool_create(&cfg, &p), KV_ERR_INVALID_ARG);
-    assert_msg_has("0x100");
+    kvt_assert_msg_has("0x100");
     assert_int_equal(kv_block_pool_create(NULL, &p), KV_ERR_NULL);
     assert_int_equal(kv_block_pool_create(&cfg, NULL), KV_ERR_NULL);
     assert_null(p);
@@ -202,9 +196,9 @@ static void test_block_pool_null_block_never_handed_out(void **state)
     assert_int_equal(kv_block_pool_alloc(p, 1, ids + 4), KV_ERR_NO_BLOCKS);
     assert_int_equal(kv_block_pool_ref_count(p, 0), 0);
     assert_int_equal(kv_block_pool_retain(p, &zero, 1), KV_ERR_INVALID_ARG);
-    assert_msg_has("null block");
+    kvt_assert_msg_has("null block");
     assert_int_equal(kv_block_pool_release(p, &zero, 1), KV_ERR_INVALID_ARG);
-    assert_msg_has("null block");
+    kvt_assert_msg_has("null block");
     assert_int_equal(kv_block_pool_commit_hash(p, 0, 42, NULL), KV_ERR_INVALID_ARG);
     /* Cycle every block many times: 0 still never appears. */
     for (int round = 0; round < 100; round++) {
@@ -265,8 +259,8 @@ static void test_block_pool_batch_alloc_all_or_nothing(void **state)
     assert_int_equal(before.st.free_blocks + before.st.cached_blocks, 7);
     memset(extra, 0xee, sizeof(extra));
     assert_int_equal(kv_block_pool_alloc(p, 8, extra), KV_ERR_NO_BLOCKS);
-    assert_msg_has("requested 8");
-    assert_msg_has("7 available (5 free + 2 cached)");
+    kvt_assert_msg_has("requested 8");
+    kvt_assert_msg_has("7 available (5 free + 2 cached)");
     for (int i = 0; i < 16; i++)
         assert_int_equal(extra[i], 0xeeeeeeeeu); /* nothing written */
     assert_same_state(p, &before);
@@ -289,17 +283,17 @@ static void test_block_pool_double_free_is_an_error(void **state)
     assert_int_equal(kv_block_pool_release(p, &ids[1], 1), KV_OK);
     snap_take(p, 9, &before);
     assert_int_equal(kv_block_pool_release(p, &ids[1], 1), KV_ERR_BAD_STATE);
-    assert_msg_has("double free");
+    kvt_assert_msg_has("double free");
     char want[64];
     snprintf(want, sizeof(want), "ids[0] = %u", ids[1]);
-    assert_msg_has(want);
+    kvt_assert_msg_has(want);
     assert_same_state(p, &before);
 
     /* A batch with a double free in the middle changes nothing. */
     uint32_t batch[3] = {ids[0], ids[2], ids[0]};
     assert_int_equal(kv_block_pool_release(p, batch, 3), KV_ERR_BAD_STATE);
     snprintf(want, sizeof(want), "ids[2] = %u released 2 times", ids[0]);
-    assert_msg_has(want);
+    kvt_assert_msg_has(want);
     assert_same_state(p, &before);
     assert_int_equal(kv_block_pool_ref_count(p, ids[0]), 1);
     assert_int_equal(kv_block_pool_ref_count(p, ids[2]), 1);
@@ -322,11 +316,11 @@ static void test_block_pool_foreign_id_is_an_error(void **state)
     snap_take(p, 9, &before);
     uint32_t bad[3] = {ids[0], 9, ids[1]};
     assert_int_equal(kv_block_pool_release(p, bad, 3), KV_ERR_INVALID_ARG);
-    assert_msg_has("ids[1] = 9 is not a block of this pool (ids 1 .. 8)");
+    kvt_assert_msg_has("ids[1] = 9 is not a block of this pool (ids 1 .. 8)");
     assert_same_state(p, &before);
     bad[1] = 0xfffffff0u;
     assert_int_equal(kv_block_pool_retain(p, bad, 3), KV_ERR_INVALID_ARG);
-    assert_msg_has("4294967280");
+    kvt_assert_msg_has("4294967280");
     assert_same_state(p, &before);
     assert_int_equal(kv_block_pool_ref_count(p, 9), 0);
     assert_int_equal(kv_block_pool_ref_count(p, UINT32_MAX), 0);
@@ -356,7 +350,7 @@ static void test_block_pool_retain_shares_blocks(void **state)
     uint32_t bad[2] = {ids[0], 5};
     snap_take(p, 9, &before);
     assert_int_equal(kv_block_pool_retain(p, bad, 2), KV_ERR_BAD_STATE);
-    assert_msg_has("ids[1] = 5 is not held");
+    kvt_assert_msg_has("ids[1] = 5 is not held");
     assert_same_state(p, &before);
     assert_int_equal(kv_block_pool_release(p, fork, 4), KV_OK);
     assert_int_equal(kv_block_pool_ref_count(p, ids[1]), 1);
@@ -645,11 +639,11 @@ static void test_block_pool_events_fire_with_hash_and_id(void **state)
     assert_true(stored);
     assert_int_equal(log.n, 1);
     assert_int_equal(kv_block_pool_commit_hash(p, ids[0], h + 1, NULL), KV_ERR_BAD_STATE);
-    assert_msg_has("already carries hash");
+    kvt_assert_msg_has("already carries hash");
     /* Committing a block that is not held is refused. */
     assert_int_equal(kv_block_pool_release(p, &ids[2], 1), KV_OK);
     assert_int_equal(kv_block_pool_commit_hash(p, ids[2], 5, NULL), KV_ERR_BAD_STATE);
-    assert_msg_has("not held");
+    kvt_assert_msg_has("not held");
     assert_int_equal(kv_block_pool_commit_full(p, ids[1], 0, tok, 0, 0, &h2), KV_ERR_INVALID_ARG);
     assert_int_equal(kv_block_pool_commit_full(p, ids[1], 0, NULL, BT, 0, &h2), KV_ERR_NULL);
     /* Evict it: REMOVED with the same (hash, id). */
