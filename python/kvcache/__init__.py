@@ -13,7 +13,8 @@ Over libkvcache.so through ctypes (see python/README.md for why). Every
 failed call raises a KvError subclass with the C library's message.
 """
 from . import _lib
-from .cache import Cache, Layout, View
+from .cache import Cache, Layout, Pages, View
+from .paged import PagedCache
 from .errors import (KvError, InvalidArgument, NullArgument, BadDim, BadShape, OutOfBounds,
                      NeedsCopy, Overlap, Overflow, NoMemory, NoBlocks, NotFound, BadState,
                      Unsupported, TooCostly, Mismatch, IoError, Timeout, Cancelled, Corrupt,
@@ -34,7 +35,7 @@ def set_threads(n: int) -> None:
     check(_lib.lib.kv_set_threads(integer(n, "n", INT)))
 library_path = _lib.path
 
-__all__ = ["Cache", "Layout", "View", "KvError", "InvalidArgument", "NullArgument", "BadDim",
+__all__ = ["Cache", "Layout", "View", "Pages", "PagedCache", "KvError", "InvalidArgument", "NullArgument", "BadDim",
            "BadShape", "OutOfBounds", "NeedsCopy", "Overlap", "Overflow", "NoMemory",
            "NoBlocks", "NotFound", "BadState", "Unsupported", "TooCostly", "Mismatch",
            "IoError", "Timeout", "Cancelled", "Corrupt", "Internal", "Capacity", "DeviceError",
