@@ -734,7 +734,7 @@ class Cache:
         range / slice with step 1, or (start, stop). planes: None or "kv"
         (K and V), "k" or "v". src: None copies within this cache (vLLM's
         copy_blocks: no dst may be another copy's src or dst); another Cache
-        of the same block format (L, N, H, D, dtype, order, packing; its
+        (or PagedCache) of the same block format (L, N, H, D, dtype, order, packing; its
         block count, arrangement and padding may differ) copies its blocks
         into this one (vLLM's swap_blocks: swap out into a host cache, swap
         in back), any ids on either side, no dst twice."""

@@ -148,6 +148,8 @@ def _index(obj, what, ndim, t):
     C-contiguous; the engine's own array when it already is (used in place),
     else one range-checked conversion."""
     a = _host_ints(obj, what)
+    if a.size == 0 and a.ndim == 1:  # [] is float64 to NumPy
+        a = a.astype(t.dtype)
     if a.dtype.kind not in "iu":
         raise error("KV_ERR_INVALID_ARG", "%s: int32 or int64 integers, got %s values" %
                     (what, a.dtype))

@@ -261,6 +261,7 @@ def host_only(b, what):
 # ---- fp8 across the boundary ------------------------------------------------
 
 _FP8 = ("fp8_e4m3", "fp8_e5m2")
+_U8, _FP8_CODES = _code("u8"), (_code(_FP8[0]), _code(_FP8[1]))
 
 
 def raw_fp8(b, what, cache_dtype):
@@ -273,9 +274,8 @@ def raw_fp8(b, what, cache_dtype):
     cache is refused by name: mixing the two is a mistake, not a
     conversion anyone asks for. Everything else passes unchanged."""
     dt = b.view.dtype
-    fp8 = (_code(_FP8[0]), _code(_FP8[1]))
-    if dt == _code("u8"):
-        if cache_dtype not in fp8:
+    if dt == _U8:
+        if cache_dtype not in _FP8_CODES:
             name = L.kv_dtype_name(cache_dtype).decode()
             raise error("KV_ERR_UNSUPPORTED",
                         "%s: a uint8 tensor is taken as raw fp8 bytes, and the cache holds %s, "
@@ -283,7 +283,7 @@ def raw_fp8(b, what, cache_dtype):
         v = _lib.ViewC.from_buffer_copy(b.view)  # b.view may be a kvcache View's own
         v.dtype = cache_dtype
         return Borrowed(v, b.device, b._keep)
-    if dt in fp8 and cache_dtype in fp8 and dt != cache_dtype:
+    if dt in _FP8_CODES and cache_dtype in _FP8_CODES and dt != cache_dtype:
         raise error("KV_ERR_MISMATCH", "%s: %s elements, the cache holds %s (the two fp8 "
                     "formats are not mixed; raw bytes go as uint8)" %
                     (what, L.kv_dtype_name(dt).decode(), L.kv_dtype_name(cache_dtype).decode()))
@@ -373,7 +373,8 @@ def _dlpack_region(obj, what, cap):
                                 "engine would not see the cache's writes")
         t = mv.dl_tensor
     elif _IsValid(cap, b"dltensor"):
-        return None  # DLPack 0.x cannot say whether the memory may be written
+        t = ctypes.cast(_GetPointer(cap, b"dltensor"),
+                        ctypes.POINTER(_lib.DLManagedTensor)).contents.dl_tensor
     else:
         raise error("KV_ERR_INVALID_ARG", "%s: __dlpack__ returned %s, not a DLPack capsule" %
                     (what, type(cap).__name__))
@@ -383,6 +384,8 @@ def _dlpack_region(obj, what, cap):
                     "only, so a paged cache is host or pinned memory (CUDA from Python is "
                     "planned, issue \"The GPU path an engine can embed\")" %
                     (what, _DEVICE_NAMES.get(kind, "device type %d" % kind), dev_id))
+    if not _IsValid(cap, b"dltensor_versioned"):
+        return None  # DLPack 0.x cannot say whether the memory may be written
     if t.dtype.lanes != 1 or t.dtype.bits % 8:
         raise error("KV_ERR_UNSUPPORTED", "%s: DLPack dtype code %d bits %d lanes %d (kvcache "
                     "takes whole bytes, lanes 1)" % (what, t.dtype.code, t.dtype.bits,
