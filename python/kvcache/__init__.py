@@ -9,6 +9,9 @@
         block_table, slot_mapping = c.export_vllm([s])
         k0 = torch.from_dlpack(c.kv(0, 0))      # layer 0's K, zero-copy
 
+An engine's own memory and page tables: kvcache.PagedCache(layout, tensor)
+and kvcache.Pages.from_block_table / from_csr (python/README.md).
+
 Over libkvcache.so through ctypes (see python/README.md for why). Every
 failed call raises a KvError subclass with the C library's message.
 """

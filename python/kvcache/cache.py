@@ -6,6 +6,12 @@ View objects implement __dlpack__ / __dlpack_device__, so
 torch.from_dlpack(view) and numpy.from_dlpack(view) see the cache's own
 bytes, and the tensor keeps the cache alive (a reference on the C cache)
 until the framework frees it.
+
+The kernels take uint8 tensors as raw fp8 bytes of an fp8 cache's format
+(inputs and outputs; tensors.raw_fp8), and View.as_bytes() exports an fp8
+view through DLPack. PagedCache (paged.py) runs the same kernel methods on
+memory an engine owns, with Pages.from_csr / Pages.from_block_table over
+its own page-table arrays.
 """
 import ctypes
 import functools
@@ -18,7 +24,7 @@ import numpy as np
 from . import _lib
 from ._ints import I32, I64, INT, U32, U64, int_array, integer
 from .errors import check, error
-from .tensors import borrow, host_only, raw_fp8
+from .tensors import FP8_OR_U8, borrow, host_only, raw_fp8
 
 L = _lib.lib
 
@@ -668,7 +674,8 @@ class Cache:
         """obj as a CPU kernel's tensor: host memory, any strides (borrowed,
         not copied), and uint8 read as raw bytes of an fp8 cache's format
         (tensors.raw_fp8)."""
-        return raw_fp8(host_only(borrow(obj, what, writable), what), what, self.layout._c.dtype)
+        b = host_only(borrow(obj, what, writable), what)
+        return raw_fp8(b, what, self.layout._c.dtype) if b.view.dtype in FP8_OR_U8 else b
 
     @staticmethod
     def _scales(scales, keep):

@@ -262,6 +262,7 @@ def host_only(b, what):
 
 _FP8 = ("fp8_e4m3", "fp8_e5m2")
 _U8, _FP8_CODES = _code("u8"), (_code(_FP8[0]), _code(_FP8[1]))
+FP8_OR_U8 = frozenset((_U8,) + _FP8_CODES)  # the dtype codes raw_fp8 looks at
 
 
 def raw_fp8(b, what, cache_dtype):

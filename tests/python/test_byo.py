@@ -448,6 +448,27 @@ def test_fp8_view_as_bytes_through_dlpack():
             assert src.dtype == "u8" and (c2.kv(0, 0).numpy()[0, 5] == 0x38).all()
 
 
+def test_fp8_of_the_other_format_is_refused_by_name():
+    # a View of an e5m2 cache is an fp8 tensor that says its format, as a
+    # torch.float8_e5m2 tensor does where torch has one
+    with kvcache.Cache(vllm_layout(dtype="fp8_e5m2", num_layers=1), max_seqs=2) as other:
+        e5 = other.kv(0, 0).select(0, 201).narrow(0, 0, 3)  # [3][H][D] fp8_e5m2
+        lay = vllm_layout(dtype="fp8_e4m3", num_layers=1)
+        mem = np.zeros((2, B, N, H, D), np.uint8)
+        pc = kvcache.PagedCache(lay, mem)
+        with pytest.raises(kvcache.Mismatch) as e:
+            pc.write(0, np.zeros((3, H, D), np.uint8), e5, [7, 8, 9])
+        assert "v: fp8_e5m2 elements, the cache holds fp8_e4m3" in e.value.message
+        with pytest.raises(kvcache.Mismatch) as e:
+            pc.read(0, kvcache.Pages.from_csr(lay, [0, 1], [250], [3]), e5, None)
+        assert "k_out: fp8_e5m2 elements, the cache holds fp8_e4m3" in e.value.message
+        assert not mem.any()
+        with pytest.raises(kvcache.Mismatch) as e:
+            kvcache.PagedCache(vllm_layout(dtype="bf16", num_layers=1),
+                               np.zeros(lay.total_bytes, np.float16))
+        assert "memory: f16 elements, the layout holds bf16" in e.value.message
+
+
 def test_as_bytes_of_a_wider_dtype():
     lay = vllm_layout(dtype="f16", num_layers=1)
     with kvcache.Cache(lay, max_seqs=2) as c:
