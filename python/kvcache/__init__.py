@@ -38,8 +38,8 @@ def set_threads(n: int) -> None:
     check(_lib.lib.kv_set_threads(integer(n, "n", INT)))
 library_path = _lib.path
 
-__all__ = ["Cache", "Layout", "View", "Pages", "PagedCache", "KvError", "InvalidArgument", "NullArgument", "BadDim",
+__all__ = ["Cache", "Layout", "View", "KvError", "InvalidArgument", "NullArgument", "BadDim",
            "BadShape", "OutOfBounds", "NeedsCopy", "Overlap", "Overflow", "NoMemory",
            "NoBlocks", "NotFound", "BadState", "Unsupported", "TooCostly", "Mismatch",
            "IoError", "Timeout", "Cancelled", "Corrupt", "Internal", "Capacity", "DeviceError",
-           "library_path", "threads", "set_threads"]
+           "library_path", "threads", "set_threads", "Pages", "PagedCache"]

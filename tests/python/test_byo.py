@@ -504,9 +504,9 @@ def test_torch_float8_tensors_match_the_cache_format():
 class _DLPackOnly:
     """A DLPack producer with no array interface (device and version as asked)."""
 
-    def __init__(self, device_type, data=4096, versioned=False, flags=0):
+    def __init__(self, device_type, data=4096, versioned=False, flags=0, nbytes=1 << 20):
         from kvcache import tensors
-        self._shape = (ctypes.c_int64 * 1)(1 << 20)
+        self._shape = (ctypes.c_int64 * 1)(nbytes)
         if versioned:
             self.mt = tensors.DLManagedTensorVersioned()
             self.mt.version = tensors.DLPackVersion(1, 0)
@@ -564,6 +564,23 @@ def test_memory_refusals_name_the_values():
     # bf16 as NumPy holds it (uint16 bits) and a byte buffer are taken
     kvcache.PagedCache(vllm_layout(num_layers=1, dtype="bf16"), np.zeros(need // 2, np.uint16))
     kvcache.PagedCache(lay, bytearray(need))
+
+
+def test_flashinfer_shaped_memory_through_a_dlpack_1_producer():
+    # FlashInfer's paged cache of one layer, [pages][2][N][H][D], is a
+    # block-major layout of one layer; handed over by a DLPack 1.0 producer
+    rng = np.random.default_rng(9)
+    lay = vllm_layout(num_layers=1, arrange="block", dtype="f32")
+    backing = np.zeros((B, 2, N, H, D), np.float32)
+    prod = _DLPackOnly(1, data=backing.ctypes.data, versioned=True, nbytes=backing.nbytes)
+    pc = kvcache.PagedCache(lay, prod)
+    assert pc.memory is prod
+    k = rng.standard_normal((3, H, D)).astype(np.float32)
+    pc.write(0, k, -k, [2399, 8, 1203])
+    want = np.zeros_like(backing)
+    for t, sl in enumerate([2399, 8, 1203]):
+        want[sl // N, 0, sl % N], want[sl // N, 1, sl % N] = k[t], -k[t]
+    assert np.array_equal(backing, want)
 
 
 def test_page_table_refusals_name_the_values():
