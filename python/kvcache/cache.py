@@ -24,7 +24,7 @@ import numpy as np
 from . import _lib
 from ._ints import I32, I64, INT, U32, U64, int_array, integer
 from .errors import check, error
-from .tensors import FP8_OR_U8, borrow, host_only, raw_fp8
+from .tensors import FP8_CODES, FP8_OR_U8, borrow, host_only, raw_fp8
 
 L = _lib.lib
 
@@ -311,7 +311,7 @@ class View:
         return View(self._m, out)
 
     def __dlpack__(self, stream=None):
-        if self.dtype in ("fp8_e4m3", "fp8_e5m2"):
+        if self._v.dtype in FP8_CODES:
             raise error("KV_ERR_UNSUPPORTED", "__dlpack__: dtype %s has no DLPack 0.6 type; "
                         "View.as_bytes() is a uint8 View of the same bytes that exports "
                         "(raw fp8 bytes; torch >= 2.1: .view(torch.float8_%s))" %
@@ -741,8 +741,8 @@ class Cache:
         range / slice with step 1, or (start, stop). planes: None or "kv"
         (K and V), "k" or "v". src: None copies within this cache (vLLM's
         copy_blocks: no dst may be another copy's src or dst); another Cache
-        (or PagedCache) of the same block format (L, N, H, D, dtype, order, packing; its
-        block count, arrangement and padding may differ) copies its blocks
+        (or PagedCache) of the same block format (L, N, H, D, dtype, order,
+        packing; its block count, arrangement and padding may differ) copies its blocks
         into this one (vLLM's swap_blocks: swap out into a host cache, swap
         in back), any ids on either side, no dst twice."""
         pc = self._paged()

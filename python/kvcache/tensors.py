@@ -261,8 +261,8 @@ def host_only(b, what):
 # ---- fp8 across the boundary ------------------------------------------------
 
 _FP8 = ("fp8_e4m3", "fp8_e5m2")
-_U8, _FP8_CODES = _code("u8"), (_code(_FP8[0]), _code(_FP8[1]))
-FP8_OR_U8 = frozenset((_U8,) + _FP8_CODES)  # the dtype codes raw_fp8 looks at
+_U8, FP8_CODES = _code("u8"), (_code(_FP8[0]), _code(_FP8[1]))
+FP8_OR_U8 = frozenset((_U8,) + FP8_CODES)  # the dtype codes raw_fp8 looks at
 
 
 def raw_fp8(b, what, cache_dtype):
@@ -276,7 +276,7 @@ def raw_fp8(b, what, cache_dtype):
     conversion anyone asks for. Everything else passes unchanged."""
     dt = b.view.dtype
     if dt == _U8:
-        if cache_dtype not in _FP8_CODES:
+        if cache_dtype not in FP8_CODES:
             name = L.kv_dtype_name(cache_dtype).decode()
             raise error("KV_ERR_UNSUPPORTED",
                         "%s: a uint8 tensor is taken as raw fp8 bytes, and the cache holds %s, "
@@ -284,7 +284,7 @@ def raw_fp8(b, what, cache_dtype):
         v = _lib.ViewC.from_buffer_copy(b.view)  # b.view may be a kvcache View's own
         v.dtype = cache_dtype
         return Borrowed(v, b.device, b._keep)
-    if dt in _FP8_CODES and cache_dtype in _FP8_CODES and dt != cache_dtype:
+    if dt in FP8_CODES and cache_dtype in FP8_CODES and dt != cache_dtype:
         raise error("KV_ERR_MISMATCH", "%s: %s elements, the cache holds %s (the two fp8 "
                     "formats are not mixed; raw bytes go as uint8)" %
                     (what, L.kv_dtype_name(dt).decode(), L.kv_dtype_name(cache_dtype).decode()))
