@@ -299,6 +299,7 @@ _PROTOS = {
     "kv_dlpack_capsule_api": (None, [vp, vp]),
     "kv_dlpack_capsule_destructor": (None, [vp]),
     "kv_cache_paged": (_ST, [vp, ctypes.POINTER(PagedCache)]),
+    "kv_paged_check": (_ST, [ctypes.POINTER(PagedCache), ctypes.c_bool]),
     "kv_attn_write": (_ST, [PagedCache, ctypes.c_int32, ctypes.POINTER(ViewC),
                             ctypes.POINTER(ViewC), c_i64p, ctypes.c_int64,
                             ctypes.POINTER(Scales)]),
