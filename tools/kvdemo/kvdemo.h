@@ -15,11 +15,13 @@
  *                   byte read back, decode attention against a plain reference
  *   placement.c     the message decode sends prefill: request, decode's layout (the
  *                   library's kv_layout_config_encode), block ids, the exposure blob
- *   transport.c     what both role processes do on the transport
- * (connector/transport/kv_transport.h) decode_role.c   the decode process: listen, place requests,
- * verify what arrives prefill_role.c  the prefill process: connect, write each placed request into
- * decode local.c         --local: both sides in one process, the transfer by kv_plan_copy main.c
- * the command line and the parent: start decode, then prefill, read both reports, print the table
+ *   transport.c     what both role processes do on the transport (connector/transport/kv_transport.h)
+ *   decode_role.c   the decode process: listen, place requests, verify what arrives
+ *   prefill_role.c  the prefill process: connect, write each placed request into decode
+ *   layerwise.c     layer by layer against whole-request on one request (kv_xport_layers.h)
+ *   local.c         --local: both sides in one process, the transfer by kv_plan_copy
+ *   main.c          the command line and the parent: start decode, then prefill, read
+ *                   both reports, print the table
  *
  * The run (two processes on 127.0.0.1; both derive the same batch from the seed):
  *
@@ -257,13 +259,14 @@ bool xport_new(const struct opts *o, bool listen, kv_xport **x);
 bool xport_reg(kv_xport *x, const struct side *s, kv_xport_mem **mem);
 bool xport_probe(const struct opts *o);
 
-int run_decode(const struct opts *o, const struct request *reqs); /* decode_role.c */
+int run_decode(const struct opts *o, const struct request *reqs);  /* decode_role.c */
+int run_prefill(const struct opts *o, const struct request *reqs); /* prefill_role.c */
+int run_local(uint64_t seed, bool fault, const struct request *reqs, uint32_t n_req); /* local.c */
+
 /* layerwise.c: the layer-by-layer comparison on one placed request */
 bool decode_layerwise(struct decode *d, kv_xport *x, kv_xport_peer *peer, const struct request *r);
 bool prefill_layerwise(struct prefill *p, const struct request *r, const struct placement *pl,
                        const struct kv_layout *lo, kv_xport_peer *peer, kv_xport_mem *mem,
                        kv_xport_rmem *rmem);
-int run_prefill(const struct opts *o, const struct request *reqs); /* prefill_role.c */
-int run_local(uint64_t seed, bool fault, const struct request *reqs, uint32_t n_req); /* local.c */
 
 #endif /* KVDEMO_H */

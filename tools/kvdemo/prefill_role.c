@@ -42,9 +42,9 @@ static bool prefill_connect(kv_xport *x, uint16_t port, kv_xport_peer **peer)
 }
 
 /* A placement from decode into *pl (blocks[] its block list), decode's
- * layout into *lo, the group's exposure imported when it comes with it:
- * 1. 0: the placement is refused (decode was told FAILED; no failure of
- * the run); -1: a failure. */
+ * layout into *lo, the group's exposure imported when it comes with it.
+ * 1: taken; 0: refused (decode was told FAILED; no failure of the run);
+ * -1: a failure. */
 static int placement_take(const struct opts *o, const struct request *reqs, kv_xport_peer *peer,
                           kv_xport_rmem **rmem, const struct kv_xport_msg *msg,
                           struct placement *pl, uint32_t *blocks, struct kv_layout *lo)
