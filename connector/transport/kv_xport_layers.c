@@ -574,6 +574,11 @@ kv_status kv_xlayer_tx_create(const struct kv_xlayer_tx_config *cfg, kv_xlayer_t
     uint32_t reqs = cfg->max_requests, layers = cfg->max_layers;
     if ((st = limits("xlayer_tx_create", &reqs, &layers)) != KV_OK)
         return st;
+    if ((uint64_t)reqs * layers > KV_XLAYER_TX_SLOTS_MAX)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "xlayer_tx_create: max_requests %" PRIu32 " x max_layers %" PRIu32
+                         " over %u slots",
+                         reqs, layers, KV_XLAYER_TX_SLOTS_MAX);
     kv_xlayer_tx *tx = kv__mem_calloc(1, sizeof(*tx));
     if (!tx)
         return kv__error(KV_ERR_NO_MEMORY, "xlayer_tx_create: %zu bytes", sizeof(*tx));

@@ -69,8 +69,10 @@ extern "C" {
 #define KV_XLAYER_TAG 0x574C564Bull /* the kv_xport_notify tag of every layer notification */
 #define KV_XLAYER_NOTE_BYTES 32u
 #define KV_XLAYER_VERSION 1u
-#define KV_XLAYER_LAYERS_MAX 4096u    /* layers of one request */
-#define KV_XLAYER_REQUESTS_MAX 65536u /* bound on max_requests */
+#define KV_XLAYER_LAYERS_MAX 4096u        /* layers of one request */
+#define KV_XLAYER_REQUESTS_MAX 65536u     /* bound on max_requests */
+#define KV_XLAYER_TX_SLOTS_MAX (1u << 22) /* bound on a kv_xlayer_tx's max_requests x max_layers   \
+                                           */
 
 typedef enum kv_xlayer_kind {
     KV_XLAYER_LAYERS = 1, /* layers [layer0, layer0 + n_layers) of request landed */
@@ -198,8 +200,9 @@ struct kv_xlayer_tx_config {
         .struct_size = sizeof(struct kv_xlayer_tx_config)                                          \
     }
 
-/* KV_ERR_NULL; KV_ERR_INVALID_ARG (struct_size, a limit over its bound);
- * KV_ERR_NO_MEMORY. */
+/* Holds 12 bytes per (request, layer) slot, allocated here.
+ * KV_ERR_NULL; KV_ERR_INVALID_ARG (struct_size, a limit over its bound,
+ * max_requests x max_layers over KV_XLAYER_TX_SLOTS_MAX); KV_ERR_NO_MEMORY. */
 KV_API KV_NODISCARD kv_status kv_xlayer_tx_create(const struct kv_xlayer_tx_config *cfg,
                                                   kv_xlayer_tx **out);
 

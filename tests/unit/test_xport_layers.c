@@ -588,6 +588,11 @@ static void test_xport_layers_limits_refused_by_name(void **state)
     tc.max_layers = 4097;
     assert_int_equal(kv_xlayer_tx_create(&tc, &tx), KV_ERR_INVALID_ARG);
     kvt_assert_msg_has("max_layers 4097");
+    tc.max_layers = 4096;
+    tc.max_requests = 65536;
+    assert_int_equal(kv_xlayer_tx_create(&tc, &tx), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("max_requests 65536 x max_layers 4096");
+    assert_null(tx);
     tc.max_layers = 4;
     tc.max_requests = 1;
     assert_int_equal(kv_xlayer_tx_create(&tc, &tx), KV_OK);
