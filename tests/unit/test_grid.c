@@ -22,6 +22,13 @@
  *     with scales; the output's padding untouched, the pool unchanged;
  *   - copy blocks and copy_ex (two caches, a layer range, one plane of a
  *     packed block): the whole destination pool, the source pool unchanged;
+ *   - the view copy (kv_view_cuda.cu's body): permuted, padded, offset and
+ *     overlapping-free strided views of 1-, 2-, 4- and 8-byte elements,
+ *     every path (vectors 16..1, strided) against the view formula, the
+ *     whole destination buffer compared;
+ *   - the plan's narrow copies (kv_plan_cuda.cu's body) with the wide ones
+ *     as cudaMemcpy2D does them: NHD <-> HND, head slices, a layer range,
+ *     a misaligned source, against the config-only reference, whole pools;
  *   - the emulator refuses what CUDA refuses (block > 1024, grid 0, shared
  *     memory > 48 KiB) and faults on what is undefined on a GPU.
  * scripts/check-mutations.sh shows these tests fail for mutated bodies.
@@ -43,6 +50,11 @@
 #include "kv_attn_grid_int.h"
 #include "kv_grid_hd.h"
 #include "kv_mem.h"
+#include "kv_plan_grid_int.h"
+#include "kv_view_cuda_int.h"
+#include "kv_view_grid_int.h"
+#include "kv_view_int.h"
+#include "kvt_side.h"
 #include "kvtest.h"
 
 /* ---- a pool and its reference --------------------------------------------------- */
@@ -614,6 +626,164 @@ static void test_grid_copy_blocks_ex(void **state)
     }
 }
 
+/* ---- view copy --------------------------------------------------------------------------- */
+
+struct vc_case {
+    kv_dtype dt;
+    int ndim;
+    int64_t shape[4];
+    int64_t sst[4], soff; /* source strides and offset, elements */
+    int64_t dst_[4], doff;
+    int want_path;
+};
+
+static void run_view_copy(const struct vc_case *vc, uint64_t seed)
+{
+    const int64_t es = (int64_t)kv_dtype_size(vc->dt);
+    int64_t sspan = vc->soff + 1, dspan = vc->doff + 1, numel = 1;
+    for (int k = 0; k < vc->ndim; k++) {
+        sspan += (vc->shape[k] - 1) * vc->sst[k];
+        dspan += (vc->shape[k] - 1) * vc->dst_[k];
+        numel *= vc->shape[k];
+    }
+    unsigned char *sb = kv__mem_alloc_aligned(64, (size_t)(sspan * es));
+    unsigned char *db = kv__mem_alloc_aligned(64, (size_t)(dspan * es));
+    unsigned char *want = malloc((size_t)(dspan * es)), *s0 = malloc((size_t)(sspan * es));
+    assert_true(sb && db && want && s0);
+    fill_random(sb, (size_t)(sspan * es), seed);
+    fill_random(db, (size_t)(dspan * es), seed + 1);
+    memcpy(want, db, (size_t)(dspan * es));
+    memcpy(s0, sb, (size_t)(sspan * es));
+    struct kv_view fs, fd, src, dst;
+    int64_t ns = sspan, nd = dspan;
+    assert_int_equal(kv_view_init(sb, (size_t)(sspan * es), vc->dt, 1, &ns, &fs), KV_OK);
+    assert_int_equal(kv_view_init(db, (size_t)(dspan * es), vc->dt, 1, &nd, &fd), KV_OK);
+    assert_int_equal(kv_view_as_strided(&fs, vc->ndim, vc->shape, vc->sst, vc->soff, &src), KV_OK);
+    assert_int_equal(kv_view_as_strided(&fd, vc->ndim, vc->shape, vc->dst_, vc->doff, &dst),
+                     KV_OK);
+    /* the reference: element i of C order, by the view formula */
+    for (int64_t i = 0; i < numel; i++) {
+        int64_t r = i, so = vc->soff, dof = vc->doff;
+        for (int k = vc->ndim - 1; k >= 0; k--) {
+            const int64_t ix = r % vc->shape[k];
+            r /= vc->shape[k];
+            so += ix * vc->sst[k];
+            dof += ix * vc->dst_[k];
+        }
+        memcpy(want + dof * es, sb + so * es, (size_t)es);
+    }
+    assert_int_equal(kv__view_copy_check("kv_view_copy_cuda", &src, &dst), KV_OK);
+    const struct kv_view_geom sg = kv__view_geom(&src), dg = kv__view_geom(&dst);
+    struct kv_copy_plan plan;
+    assert_int_equal(kv_copy_plan_build(&plan, &sg, &dg, (int32_t)es), 1);
+    int path = -1;
+    const kv_status st = kv__grid_view_copy(&plan, sb, db, &path);
+    if (st != KV_OK)
+        fail_msg("emulated view copy: %s: %s", kv_status_name(st), kv_last_error());
+    assert_int_equal(path, vc->want_path);
+    check_bytes(db, want, (size_t)(dspan * es), "view copy destination");
+    check_bytes(sb, s0, (size_t)(sspan * es), "view copy source");
+    kv__mem_free(sb), kv__mem_free(db);
+    free(want), free(s0);
+}
+
+static void test_grid_view_copy(void **state)
+{
+    (void)state;
+    static const struct vc_case cases[] = {
+        /* rows of 40 f32 padded to 48, into rows at offset 4: 16-byte vectors */
+        {KV_F32, 3, {7, 3, 40, 0}, {3 * 48, 48, 1, 0}, 0, {3 * 44, 44, 1, 0}, 4,
+         KV__CUDA_COPY_VEC16},
+        /* f16 rows of 36 (72 bytes): 8 */
+        {KV_F16, 2, {9, 36, 0, 0}, {40, 1, 0, 0}, 4, {36, 1, 0, 0}, 0, KV__CUDA_COPY_VEC8},
+        /* f16 rows of 34 at an odd offset pair: 4 */
+        {KV_F16, 2, {5, 34, 0, 0}, {36, 1, 0, 0}, 2, {34, 1, 0, 0}, 0, KV__CUDA_COPY_VEC4},
+        /* bf16 rows of 33: 2 */
+        {KV_BF16, 2, {6, 33, 0, 0}, {35, 1, 0, 0}, 1, {33, 1, 0, 0}, 0, KV__CUDA_COPY_VEC2},
+        /* u8 rows at offset 3: 1 */
+        {KV_U8, 2, {4, 19, 0, 0}, {23, 1, 0, 0}, 3, {19, 1, 0, 0}, 0, KV__CUDA_COPY_VEC1},
+        /* a transpose of f16 [4][5][6] (strided, 2-byte elements) */
+        {KV_F16, 3, {4, 5, 6, 0}, {30, 6, 1, 0}, 0, {1, 24, 4, 0}, 0, KV__CUDA_COPY_STRIDED},
+        /* f64 and i32 with a strided innermost dim (8- and 4-byte elements) */
+        {KV_F64, 3, {3, 4, 5, 0}, {40, 10, 2, 0}, 1, {20, 5, 1, 0}, 2, KV__CUDA_COPY_STRIDED},
+        {KV_I32, 2, {300, 3, 0, 0}, {3, 900, 0, 0}, 0, {3, 1, 0, 0}, 5, KV__CUDA_COPY_STRIDED},
+        /* many short rows (several rows per block) and 4-D */
+        {KV_FP8_E4M3, 4, {3, 4, 5, 6, }, {200, 50, 10, 1}, 0, {120, 30, 6, 1}, 0,
+         KV__CUDA_COPY_VEC2},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        run_view_copy(&cases[i], 300 + i);
+}
+
+/* ---- plan narrow copies ------------------------------------------------------------------ */
+
+static void run_plan(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, int64_t Hd,
+                     int64_t sh0, int64_t dh0, int64_t nh, int64_t D, kv_dtype dt, int64_t thr,
+                     int64_t src_shift, int64_t want_width, uint64_t seed)
+{
+    struct kvt_side s, d;
+    kvt_side_make(&s, 3, 60, Ns, Hs, D, dt, sbits, seed);
+    kvt_side_make(&d, 3, 60, Nd, Hd, D, dt, dbits, seed + 1);
+    struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+    pc.src_head0 = sh0, pc.dst_head0 = dh0, pc.n_heads = nh;
+    pc.src_layer0 = 1, pc.dst_layer0 = 0, pc.n_layers = 2;
+    kv_plan *plan = NULL;
+    assert_int_equal(kv_plan_create(&s.lo, &d.lo, &pc, &plan), KV_OK);
+    uint64_t rng = seed * 3 + 1;
+    const uint64_t T = (uint64_t)(Ns > Nd ? Ns : Nd) * 4;
+    const uint32_t ns = (uint32_t)(T / (uint64_t)Ns), nd = (uint32_t)(T / (uint64_t)Nd);
+    uint32_t sid[64], did[64];
+    kvt_pick_ids(&rng, 60, ns, sid);
+    kvt_pick_ids(&rng, 60, nd, did);
+    /* the source moved src_shift bytes off its alignment */
+    const size_t sbytes = (size_t)s.lo.total_bytes, dbytes = (size_t)d.lo.total_bytes;
+    unsigned char *shifted = kv__mem_alloc_aligned(64, sbytes + 64);
+    assert_non_null(shifted);
+    memcpy(shifted + src_shift, s.mem, sbytes);
+    free(s.mem);
+    s.mem = shifted + src_shift;
+    s.pc.base = s.mem;
+    unsigned char *ref = malloc(dbytes), *s0 = malloc(sbytes);
+    assert_true(ref && s0);
+    memcpy(ref, d.mem, dbytes);
+    memcpy(s0, s.mem, sbytes);
+    kvt_ref_move_layers(&s, sid, ns, &d, did, nd, 1, 0, 2, sh0, dh0, nh ? nh : Hs, ref);
+    struct kv__plan_sched sc;
+    assert_int_equal(
+        kv__plan_cuda_schedule("test", plan, &s.pc, sid, ns, &d.pc, did, nd, T, thr, &sc), KV_OK);
+    assert_true(sc.narrow.n_items > 0);
+    const int64_t w = (sc.narrow_align & 15) == 0  ? 16
+                      : (sc.narrow_align & 7) == 0 ? 8
+                      : (sc.narrow_align & 3) == 0 ? 4
+                                                   : 1;
+    assert_int_equal(w, want_width);
+    const kv_status st = kv__grid_plan_copy(&sc);
+    if (st != KV_OK)
+        fail_msg("emulated plan copy: %s: %s", kv_status_name(st), kv_last_error());
+    check_bytes(d.mem, ref, dbytes, "destination pool after the emulated plan copy");
+    check_bytes(s.mem, s0, sbytes, "source pool after the emulated plan copy");
+    kv__plan_sched_free(&sc);
+    kv_plan_destroy(plan);
+    kv__mem_free(shifted);
+    free(ref), free(s0);
+    kvt_side_free(&d);
+}
+
+static void test_grid_plan_narrow(void **state)
+{
+    (void)state;
+    /* NHD -> HND f16 head rows of 128 bytes: all narrow, 16-byte vectors */
+    run_plan(0, 1, 8, 8, 4, 4, 0, 0, 0, 64, KV_F16, 0, 0, 16, 11);
+    /* block sizes 8 -> 4, heads 1..2 of 4 into 0..1 of 2, padded, block-major */
+    run_plan(4, 2 | 1, 8, 4, 4, 2, 1, 0, 2, 32, KV_F32, 0, 0, 16, 12);
+    /* a source 2 bytes off: 2-byte alignment, byte vectors */
+    run_plan(1, 8, 4, 4, 2, 2, 0, 0, 0, 40, KV_BF16, 0, 2, 1, 13);
+    /* a source 4 bytes off, f32 D 36, blocks 4 -> 8: 4-byte vectors */
+    run_plan(0, 1, 4, 8, 3, 3, 0, 0, 0, 36, KV_F32, 0, 4, 4, 14);
+    /* fp8 D 24 (24-byte rows): 8-byte vectors */
+    run_plan(1, 0, 8, 8, 2, 2, 0, 0, 0, 24, KV_FP8_E4M3, 0, 0, 8, 15);
+}
+
 /* ---- the emulator's strictness ----------------------------------------------------------- */
 
 struct probe {
@@ -696,6 +866,8 @@ int main(void)
         cmocka_unit_test(test_grid_decode),
         cmocka_unit_test(test_grid_copy_blocks),
         cmocka_unit_test(test_grid_copy_blocks_ex),
+        cmocka_unit_test(test_grid_view_copy),
+        cmocka_unit_test(test_grid_plan_narrow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
