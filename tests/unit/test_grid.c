@@ -19,7 +19,9 @@
  *     the reference, every other output byte untouched, the pool unchanged;
  *   - decode: within 1e-5 of a float64 softmax, sequences of 0 to 70 tokens
  *     (partial pages, page ratio 2), grouped query heads, f32 and fp8 caches
- *     with scales; the output's padding untouched, the pool unchanged;
+ *     with scales, one warp where four do not fit in shared memory (the
+ *     launch's block and shared bytes checked); the output's padding
+ *     untouched, the pool unchanged; past 48 KiB a refusal naming the values;
  *   - copy blocks and copy_ex (two caches, a layer range, one plane of a
  *     packed block): the whole destination pool, the source pool unchanged;
  *   - the view copy (kv_view_cuda.cu's body): permuted, padded, offset and
@@ -513,9 +515,55 @@ static void test_grid_decode(void **state)
         {KV_ORDER_HND, KV_ARRANGE_BLOCK_MAJOR, 8, true, 8, 3, 2, 40, 2, KV_F32, 1},
         {KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, 4, false, 8, 2, 3, 36, 1, KV_F16, 2},
         {KV_ORDER_HND, KV_ARRANGE_LAYER_MAJOR, 0, false, 16, 2, 4, 96, 2, KV_FP8_E4M3, 2},
+        /* 16 query heads x D 256: one warp's shared memory only (32 threads) */
+        {KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, 0, false, 8, 1, 16, 256, 1, KV_BF16, 0},
     };
-    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         run_decode(&cases[i], 700 + i);
+        struct kv__grid_attn_last lst;
+        kv__grid_attn_last(&lst);
+        const int64_t gd = cases[i].g * cases[i].D;
+        const uint64_t warps = i == 4 ? 1 : 4;
+        assert_int_equal(lst.launch.block, 32 * warps);
+        assert_int_equal(lst.launch.shared_bytes, (gd + warps * (gd + 2 * cases[i].g)) * 4);
+    }
+}
+
+/* 32 query heads x D 256 need 65,792 bytes of shared memory even with one
+ * warp: refused before any launch, naming the values; the output untouched. */
+static void test_grid_decode_shared_limit(void **state)
+{
+    (void)state;
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    struct fix f;
+    cfg.num_layers = 1, cfg.num_blocks = 8, cfg.block_tokens = 4, cfg.num_heads = 1;
+    cfg.head_dim = 256, cfg.dtype = KV_F16;
+    fix_init(&f, &cfg, 5);
+    const int64_t n = 32 * 256;
+    float *qb = calloc((size_t)n, 4), *ob = malloc((size_t)n * 4), *ob0 = malloc((size_t)n * 4);
+    assert_true(qb && ob && ob0);
+    fill_random(ob, (size_t)n * 4, 6);
+    memcpy(ob0, ob, (size_t)n * 4);
+    struct kv_view q, out;
+    int64_t sh[3] = {1, 32, 256};
+    assert_int_equal(kv_view_init(qb, (size_t)n * 4, KV_F32, 3, sh, &q), KV_OK);
+    assert_int_equal(kv_view_init(ob, (size_t)n * 4, KV_F32, 3, sh, &out), KV_OK);
+    int32_t indptr[2] = {0, 1}, indices[1] = {6}, last[1] = {3};
+    struct kv_pages pages;
+    memset(&pages, 0, sizeof(pages));
+    pages.format = KV_PAGES_CSR, pages.n_seqs = 1, pages.page_ratio = 1;
+    pages.indptr = indptr, pages.indices = indices, pages.last_page_len = last;
+    struct kv__attn_job j;
+    assert_int_equal(kv__attn_decode_check("kv_attn_decode_cuda", &f.c, 0, &q, &pages, 0.0625f,
+                                           NULL, &out, &j),
+                     KV_OK);
+    assert_int_equal(kv__grid_attn_decode(&j), KV_ERR_UNSUPPORTED);
+    kv__attn_job_free(&j);
+    kvt_assert_msg_has("32 query heads per KV head x D 256 need 65792 bytes");
+    check_bytes((unsigned char *)ob, (unsigned char *)ob0, (size_t)n * 4, "refused decode output");
+    check_bytes(f.pool, f.ref, f.bytes, "pool after a refused decode");
+    free(qb), free(ob), free(ob0);
+    fix_free(&f);
 }
 
 /* ---- block copies ------------------------------------------------------------------------ */
@@ -864,6 +912,7 @@ int main(void)
         cmocka_unit_test(test_grid_emulator_is_strict),
         cmocka_unit_test(test_grid_write_read),
         cmocka_unit_test(test_grid_decode),
+        cmocka_unit_test(test_grid_decode_shared_limit),
         cmocka_unit_test(test_grid_copy_blocks),
         cmocka_unit_test(test_grid_copy_blocks_ex),
         cmocka_unit_test(test_grid_view_copy),
