@@ -31,6 +31,19 @@
 #include "kv_lib.h"
 #include "kv_mem.h"
 
+/* Under AddressSanitizer each switch is announced (the fiber's stack
+ * bounds), so ASan's stack bookkeeping follows the fibers. */
+#if defined(__SANITIZE_ADDRESS__)
+#define KV__GRID_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KV__GRID_ASAN 1
+#endif
+#endif
+#ifdef KV__GRID_ASAN
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 #define GUARD_BYTES 256
 #define GUARD_BYTE 0xA5
 #define FIBER_STACK (256 << 10)
@@ -42,6 +55,7 @@ struct th {
     enum th_state state;
     float val;
     struct kv_grid_ctx ctx;
+    void *fake; /* ASan's fake stack of the fiber while it is switched out */
 };
 
 struct emu {
@@ -53,6 +67,9 @@ struct emu {
     struct th *th;  /* [block] */
     char *stacks;   /* [block][FIBER_STACK] */
     ucontext_t main;
+    const void *main_bottom; /* the scheduler's stack (ASan) */
+    void *main_fake;
+    size_t main_size;
     uint32_t cur;
     int faulted;
     char msg[256];
@@ -70,7 +87,9 @@ void kv__grid_fault(const struct kv_grid_ctx *c, const char *what, uint64_t a, u
              (unsigned long long)a, (unsigned long long)b, c->block, c->thread);
 }
 
-/* Leave the fiber of the calling thread in state st. */
+/* Leave the fiber of the calling thread in state st. After the switch back,
+ * the state is found again through g_emu (no local lives across a
+ * swapcontext: it returns twice, and -Wclobbered rightly says so). */
 static void wait_in(const struct kv_grid_ctx *c, enum th_state st)
 {
     struct emu *e = c->emu;
@@ -81,7 +100,29 @@ static void wait_in(const struct kv_grid_ctx *c, enum th_state st)
     }
     struct th *t = &e->th[c->thread];
     t->state = st;
+#ifdef KV__GRID_ASAN
+    __sanitizer_start_switch_fiber(&t->fake, e->main_bottom, e->main_size);
+#endif
     swapcontext(&t->uc, &e->main);
+#ifdef KV__GRID_ASAN
+    e = g_emu;
+    __sanitizer_finish_switch_fiber(e->th[e->cur].fake, &e->main_bottom, &e->main_size);
+#endif
+}
+
+/* Run thread i's fiber until it waits or ends. */
+static __attribute__((noinline)) void resume(struct emu *e, uint32_t i)
+{
+    e->cur = i;
+#ifdef KV__GRID_ASAN
+    e->main_fake = NULL;
+    __sanitizer_start_switch_fiber(&e->main_fake, e->stacks + (size_t)i * FIBER_STACK, FIBER_STACK);
+#endif
+    swapcontext(&e->main, &e->th[i].uc);
+#ifdef KV__GRID_ASAN
+    e = g_emu;
+    __sanitizer_finish_switch_fiber(e->main_fake, NULL, NULL);
+#endif
 }
 
 void kv__grid_sync(const struct kv_grid_ctx *c)
@@ -110,8 +151,14 @@ static void fiber_main(void)
 {
     struct emu *e = g_emu;
     struct th *t = &e->th[e->cur];
+#ifdef KV__GRID_ASAN
+    __sanitizer_finish_switch_fiber(NULL, &e->main_bottom, &e->main_size);
+#endif
     e->body(&t->ctx, e->arg);
     t->state = TH_DONE;
+#ifdef KV__GRID_ASAN
+    __sanitizer_start_switch_fiber(NULL, e->main_bottom, e->main_size); /* the fiber ends */
+#endif
     /* uc_link returns to the scheduler */
 }
 
@@ -161,23 +208,31 @@ static int resolve_warps(struct emu *e, uint32_t block, uint32_t n)
     return released;
 }
 
+/* Thread i's fiber, ready to start. getcontext is returns_twice for the
+ * compiler (it never returns twice here: makecontext rewrites the context),
+ * so the locals after it are volatile, in a function of their own. */
+static __attribute__((noinline)) void make_fiber(struct emu *e, uint32_t i)
+{
+    struct th *volatile t = &e->th[i];
+    char *volatile stack = e->stacks + (size_t)i * FIBER_STACK;
+    ucontext_t *volatile link = &e->main;
+    getcontext(&t->uc);
+    t->uc.uc_stack.ss_sp = stack;
+    t->uc.uc_stack.ss_size = FIBER_STACK;
+    t->uc.uc_link = link;
+    makecontext(&t->uc, fiber_main, 0);
+    t->state = TH_RUN;
+}
+
 static void run_block_fibers(struct emu *e, uint32_t b, uint32_t n)
 {
-    for (uint32_t i = 0; i < n; i++) {
-        struct th *t = &e->th[i];
-        getcontext(&t->uc);
-        t->uc.uc_stack.ss_sp = e->stacks + (size_t)i * FIBER_STACK;
-        t->uc.uc_stack.ss_size = FIBER_STACK;
-        t->uc.uc_link = &e->main;
-        makecontext(&t->uc, fiber_main, 0);
-        t->state = TH_RUN;
-    }
+    for (uint32_t i = 0; i < n; i++)
+        make_fiber(e, i);
     for (;;) {
         for (uint32_t i = 0; i < n && !e->faulted; i++) {
             if (e->th[i].state != TH_RUN)
                 continue;
-            e->cur = i;
-            swapcontext(&e->main, &e->th[i].uc);
+            resume(e, i);
         }
         if (e->faulted)
             return;
