@@ -148,8 +148,7 @@ extern "C" kv_status kv__cuda_attn_move(const struct kv__attn_job *j, bool to_ca
             release(d_runs, s);
             return st;
         }
-        kv__move_convert_kernel<<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs,
-                                                                  (const float *)d_scale);
+        kv__move_convert_kernel<<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs, (const float *)d_scale);
     }
     st = kv__cuda_status(cudaGetLastError(), fn);
     release(d_scale, s);

@@ -108,8 +108,8 @@ kv_status kv__grid_attn_copy(const struct kv__attn_job *j)
     struct copy_arg a = {&p, NULL, 1};
     kv_status st = kv__ccopy_build(j, offs, &p, &a.vbytes);
     if (st == KV_OK) {
-        const struct kv_grid_launch l = {(uint64_t)kv__attn_grid_of(p.n_items), KV__ATTN_THREADS,
-                                         0, false};
+        const struct kv_grid_launch l = {(uint64_t)kv__attn_grid_of(p.n_items), KV__ATTN_THREADS, 0,
+                                         false};
         st = run(j->fn, l, copy_thread, &a, a.vbytes);
     }
     kv__mem_free(offs);

@@ -112,7 +112,8 @@ KV_HD void kv__move_convert_body(const struct kv_grid_ctx *c, const struct kv__c
                 const int64_t row = i / D, d = i - row * D;
                 const int64_t tk = row / H, h = row - tk * H;
                 const float f = scale[kv * m->n_mul + (m->per_head ? h : 0)];
-                char *cp = c0 + tk * m->lo.stride_token_bytes + h * m->lo.stride_head_bytes + d * es;
+                char *cp =
+                    c0 + tk * m->lo.stride_token_bytes + h * m->lo.stride_head_bytes + d * es;
                 char *x = t0 + tk * t.tok + h * t.head + d * t.dim;
                 if (m->raw[kv])
                     memcpy(m->to_cache ? cp : x, m->to_cache ? x : cp, (size_t)es);
@@ -201,9 +202,9 @@ KV_HD void kv__decode_body(const struct kv_grid_ctx *c, const struct kv__cdec *p
     float *ml = acc + p->warps * g * D; /* [warps][2][g]: m then l */
     for (int64_t i = c->thread; i < g * D; i += c->block_dim) {
         const int64_t qi = i / D, d = i - qi * D;
-        q[i] = kv_to_f32(p->q.dt,
-                         p->q.base + s * p->q.tok + (h * g + qi) * p->q.head + d * p->q.dim) *
-               p->softmax_scale;
+        q[i] =
+            kv_to_f32(p->q.dt, p->q.base + s * p->q.tok + (h * g + qi) * p->q.head + d * p->q.dim) *
+            p->softmax_scale;
     }
     for (int64_t i = c->thread; i < p->warps * g * D; i += c->block_dim)
         acc[i] = 0.0f;

@@ -64,8 +64,8 @@ struct emu {
     void (*body)(const struct kv_grid_ctx *, const void *);
     const void *arg;
     bool fibers;
-    struct th *th;  /* [block] */
-    char *stacks;   /* [block][FIBER_STACK] */
+    struct th *th; /* [block] */
+    char *stacks;  /* [block][FIBER_STACK] */
     ucontext_t main;
     const void *main_bottom; /* the scheduler's stack (ASan) */
     void *main_fake;
@@ -94,8 +94,8 @@ static void wait_in(const struct kv_grid_ctx *c, enum th_state st)
 {
     struct emu *e = c->emu;
     if (!e->fibers) {
-        kv__grid_fault(c, "a barrier in a kernel launched as barrier-free (state, 0)",
-                       (uint64_t)st, 0);
+        kv__grid_fault(c, "a barrier in a kernel launched as barrier-free (state, 0)", (uint64_t)st,
+                       0);
         return;
     }
     struct th *t = &e->th[c->thread];
@@ -267,8 +267,9 @@ kv_status kv__grid_run(const char *fn, const struct kv_grid_launch *l,
                        void (*body)(const struct kv_grid_ctx *c, const void *arg), const void *arg)
 {
     if (l->block == 0 || l->block > KV_GRID_MAX_BLOCK)
-        return kv__error(KV_ERR_INVALID_ARG, "%s: emulated launch of %llu threads per block (1 to %u)",
-                         fn, (unsigned long long)l->block, KV_GRID_MAX_BLOCK);
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: emulated launch of %llu threads per block (1 to %u)", fn,
+                         (unsigned long long)l->block, KV_GRID_MAX_BLOCK);
     if (l->grid == 0 || l->grid > KV_GRID_MAX_GRID)
         return kv__error(KV_ERR_INVALID_ARG, "%s: emulated launch of %llu blocks (1 to %u)", fn,
                          (unsigned long long)l->grid, KV_GRID_MAX_GRID);

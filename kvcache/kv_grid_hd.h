@@ -47,8 +47,8 @@
 #include <math.h>
 #endif
 
-#define KV_GRID_MAX_BLOCK 1024u              /* threads per block */
-#define KV_GRID_MAX_GRID 2147483647u         /* blocks, x */
+#define KV_GRID_MAX_BLOCK 1024u               /* threads per block */
+#define KV_GRID_MAX_GRID 2147483647u          /* blocks, x */
 #define KV_GRID_MAX_SHARED ((size_t)48 << 10) /* dynamic shared bytes, no opt-in */
 #define KV_GRID_WARP 32u
 
@@ -85,12 +85,11 @@ struct kv_grid_launch {
  * block after block. KV_ERR_INVALID_ARG for a launch CUDA refuses (naming
  * the value and the limit), KV_ERR_DEVICE for the first fault of the body
  * (which one, block, thread and the values; the launch stops there), else
- * KV_OK. fn names the caller in messages. Not thread-safe against another
- * launch on the same thread only; launches on different threads are
+ * KV_OK. fn names the caller in messages. Thread-safe: the state is per
+ * call (and per host thread), so launches on different threads are
  * independent. */
 kv_status kv__grid_run(const char *fn, const struct kv_grid_launch *l,
-                       void (*body)(const struct kv_grid_ctx *c, const void *arg),
-                       const void *arg);
+                       void (*body)(const struct kv_grid_ctx *c, const void *arg), const void *arg);
 #ifdef __cplusplus
 }
 #endif
@@ -157,10 +156,10 @@ KV_HD void kv_grid_move(const struct kv_grid_ctx *c, void *dst, const void *src,
     }
 #else
     if ((((uintptr_t)dst | (uintptr_t)src) & (uintptr_t)(bytes - 1)) != 0) {
-        kv__grid_fault(c, "misaligned vector access (address, bytes)",
-                       (uint64_t)(((uintptr_t)dst & (uintptr_t)(bytes - 1)) ? (uintptr_t)dst
-                                                                             : (uintptr_t)src),
-                       (uint64_t)bytes);
+        kv__grid_fault(
+            c, "misaligned vector access (address, bytes)",
+            (uint64_t)(((uintptr_t)dst & (uintptr_t)(bytes - 1)) ? (uintptr_t)dst : (uintptr_t)src),
+            (uint64_t)bytes);
         return;
     }
     memcpy(dst, src, (size_t)bytes);

@@ -115,8 +115,8 @@ static void check_bytes(const unsigned char *got, const unsigned char *want, siz
     size_t i = 0;
     while (got[i] == want[i])
         i++;
-    fail_msg("%s: byte %zu is 0x%02x, expected 0x%02x (%zu bytes in all)", what, i, got[i],
-             want[i], n);
+    fail_msg("%s: byte %zu is 0x%02x, expected 0x%02x (%zu bytes in all)", what, i, got[i], want[i],
+             n);
 }
 
 /* A tensor [L?][T][H][D] of dtype dt: rows padded by 8 elements, or a head
@@ -145,9 +145,9 @@ static void make_tens(struct tens *t, kv_dtype dt, int64_t L, int64_t T, int64_t
     struct kv_view flat;
     int64_t n1 = elems;
     assert_int_equal(kv_view_init(t->buf, t->bytes, dt, 1, &n1, &flat), KV_OK);
-    assert_int_equal(kv_view_as_strided(&flat, L ? 4 : 3, L ? shape : shape + 1, L ? st : st + 1,
-                                        0, &t->v),
-                     KV_OK);
+    assert_int_equal(
+        kv_view_as_strided(&flat, L ? 4 : 3, L ? shape : shape + 1, L ? st : st + 1, 0, &t->v),
+        KV_OK);
 }
 
 static unsigned char *tens_at(const struct tens *t, int64_t l, int64_t tk, int64_t h, int64_t d)
@@ -227,8 +227,8 @@ static void run_move(const struct mv_case *mc, uint64_t seed)
             for (int kv = 0; kv < 2; kv++)
                 for (int64_t h = 0; h < H; h++)
                     for (int64_t d = 0; d < D; d++) {
-                        unsigned char *dst = ref_at(&f, f.ref, mc->all_layers ? lr : layer, kv,
-                                                    slots[t], h, d);
+                        unsigned char *dst =
+                            ref_at(&f, f.ref, mc->all_layers ? lr : layer, kv, slots[t], h, d);
                         const unsigned char *src = tens_at(kv ? &v : &k, lr, t, h, d);
                         if (raw) {
                             memcpy(dst, src, (size_t)f.es);
@@ -340,12 +340,12 @@ static void test_grid_write_read(void **state)
          0, 16},
         {KV_ORDER_HND, KV_ARRANGE_BLOCK_MAJOR, 8, true, 8, 3, 64, KV_BF16, KV_BF16, false, true, 0,
          0, 16},
-        {KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, 4, false, 4, 2, 36, KV_F16, KV_F16, false, false,
-         0, 0, 8},
-        {KV_ORDER_HND, KV_ARRANGE_LAYER_MAJOR, 2, true, 4, 2, 34, KV_F16, KV_F16, false, true, 0,
-         0, 4},
-        {KV_ORDER_NHD, KV_ARRANGE_BLOCK_MAJOR, 1, false, 4, 3, 33, KV_F16, KV_F16, false, false,
-         0, 0, 2},
+        {KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, 4, false, 4, 2, 36, KV_F16, KV_F16, false, false, 0,
+         0, 8},
+        {KV_ORDER_HND, KV_ARRANGE_LAYER_MAJOR, 2, true, 4, 2, 34, KV_F16, KV_F16, false, true, 0, 0,
+         4},
+        {KV_ORDER_NHD, KV_ARRANGE_BLOCK_MAJOR, 1, false, 4, 3, 33, KV_F16, KV_F16, false, false, 0,
+         0, 2},
         {KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, 0, false, 8, 2, 64, KV_FP8_E4M3, KV_FP8_E4M3, false,
          false, 1, 0, 1},
         {KV_ORDER_HND, KV_ARRANGE_LAYER_MAJOR, 0, false, 8, 2, 32, KV_F32, KV_F32, true, false, 0,
@@ -437,7 +437,8 @@ static void run_decode(const struct dec_case *dc, uint64_t seed)
     memcpy(f.ref, f.pool, f.bytes);
     /* q and out [S][Hq][D] with padded rows */
     const int64_t row = D + 8, n1 = S * Hq * row;
-    float *qb = kv__mem_alloc_aligned(64, (size_t)n1 * 4), *ob = kv__mem_alloc_aligned(64, (size_t)n1 * 4);
+    float *qb = kv__mem_alloc_aligned(64, (size_t)n1 * 4),
+          *ob = kv__mem_alloc_aligned(64, (size_t)n1 * 4);
     assert_true(qb && ob);
     for (int64_t i = 0; i < n1; i++)
         qb[i] = (float)kvt_range(&rng, -1000, 1000) / 1000.0f;
@@ -495,8 +496,7 @@ static void run_decode(const struct dec_case *dc, uint64_t seed)
                 const double err = fabs((double)*o - ref) / (fabs(ref) > 0.1 ? fabs(ref) : 0.1);
                 if (!(err <= 1e-5))
                     fail_msg("decode s%u q%lld d%lld (len %lld): %.9g vs %.9g (rel %.2g)", s,
-                             (long long)qi, (long long)d, (long long)lens[s], (double)*o, ref,
-                             err);
+                             (long long)qi, (long long)d, (long long)lens[s], (double)*o, ref, err);
                 *o = ob0[o - ob]; /* restore, for the guard compare */
             }
         }
@@ -554,9 +554,9 @@ static void test_grid_decode_shared_limit(void **state)
     pages.format = KV_PAGES_CSR, pages.n_seqs = 1, pages.page_ratio = 1;
     pages.indptr = indptr, pages.indices = indices, pages.last_page_len = last;
     struct kv__attn_job j;
-    assert_int_equal(kv__attn_decode_check("kv_attn_decode_cuda", &f.c, 0, &q, &pages, 0.0625f,
-                                           NULL, &out, &j),
-                     KV_OK);
+    assert_int_equal(
+        kv__attn_decode_check("kv_attn_decode_cuda", &f.c, 0, &q, &pages, 0.0625f, NULL, &out, &j),
+        KV_OK);
     assert_int_equal(kv__grid_attn_decode(&j), KV_ERR_UNSUPPORTED);
     kv__attn_job_free(&j);
     kvt_assert_msg_has("32 query heads per KV head x D 256 need 65792 bytes");
@@ -707,8 +707,7 @@ static void run_view_copy(const struct vc_case *vc, uint64_t seed)
     assert_int_equal(kv_view_init(sb, (size_t)(sspan * es), vc->dt, 1, &ns, &fs), KV_OK);
     assert_int_equal(kv_view_init(db, (size_t)(dspan * es), vc->dt, 1, &nd, &fd), KV_OK);
     assert_int_equal(kv_view_as_strided(&fs, vc->ndim, vc->shape, vc->sst, vc->soff, &src), KV_OK);
-    assert_int_equal(kv_view_as_strided(&fd, vc->ndim, vc->shape, vc->dst_, vc->doff, &dst),
-                     KV_OK);
+    assert_int_equal(kv_view_as_strided(&fd, vc->ndim, vc->shape, vc->dst_, vc->doff, &dst), KV_OK);
     /* the reference: element i of C order, by the view formula */
     for (int64_t i = 0; i < numel; i++) {
         int64_t r = i, so = vc->soff, dof = vc->doff;
@@ -740,7 +739,13 @@ static void test_grid_view_copy(void **state)
     (void)state;
     static const struct vc_case cases[] = {
         /* rows of 40 f32 padded to 48, into rows at offset 4: 16-byte vectors */
-        {KV_F32, 3, {7, 3, 40, 0}, {3 * 48, 48, 1, 0}, 0, {3 * 44, 44, 1, 0}, 4,
+        {KV_F32,
+         3,
+         {7, 3, 40, 0},
+         {3 * 48, 48, 1, 0},
+         0,
+         {3 * 44, 44, 1, 0},
+         4,
          KV__CUDA_COPY_VEC16},
         /* f16 rows of 36 (72 bytes): 8 */
         {KV_F16, 2, {9, 36, 0, 0}, {40, 1, 0, 0}, 4, {36, 1, 0, 0}, 0, KV__CUDA_COPY_VEC8},
@@ -756,7 +761,18 @@ static void test_grid_view_copy(void **state)
         {KV_F64, 3, {3, 4, 5, 0}, {40, 10, 2, 0}, 1, {20, 5, 1, 0}, 2, KV__CUDA_COPY_STRIDED},
         {KV_I32, 2, {300, 3, 0, 0}, {3, 900, 0, 0}, 0, {3, 1, 0, 0}, 5, KV__CUDA_COPY_STRIDED},
         /* many short rows (several rows per block) and 4-D */
-        {KV_FP8_E4M3, 4, {3, 4, 5, 6, }, {200, 50, 10, 1}, 0, {120, 30, 6, 1}, 0,
+        {KV_FP8_E4M3,
+         4,
+         {
+             3,
+             4,
+             5,
+             6,
+         },
+         {200, 50, 10, 1},
+         0,
+         {120, 30, 6, 1},
+         0,
          KV__CUDA_COPY_VEC2},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
@@ -880,8 +896,8 @@ static void test_grid_emulator_is_strict(void **state)
     for (int i = 0; i < 128; i++)
         assert_true(out[i] == 496.0f); /* 0 + 1 + ... + 31 in every lane */
     /* launches CUDA refuses */
-    const struct kv_grid_launch bad[3] = {{1, 1025, 0, false}, {0, 32, 0, false},
-                                          {1, 32, (48 << 10) + 1, false}};
+    const struct kv_grid_launch bad[3] = {
+        {1, 1025, 0, false}, {0, 32, 0, false}, {1, 32, (48 << 10) + 1, false}};
     static const char *const bad_msg[3] = {"1025 threads", "0 blocks", "49153 bytes"};
     for (int i = 0; i < 3; i++) {
         assert_int_equal(kv__grid_run("probe", &bad[i], probe_body, &p), KV_ERR_INVALID_ARG);
@@ -891,9 +907,11 @@ static void test_grid_emulator_is_strict(void **state)
     static const char *const fault_msg[5] = {"misaligned", "__syncthreads not reached",
                                              "past the block's dynamic shared memory",
                                              "divergent warp operation", "barrier-free"};
-    const struct kv_grid_launch fl[5] = {
-        {1, 32, 0, false}, {1, 64, 0, true}, {1, 32, 32 * 4, false}, {1, 32, 0, true},
-        {1, 32, 0, false}};
+    const struct kv_grid_launch fl[5] = {{1, 32, 0, false},
+                                         {1, 64, 0, true},
+                                         {1, 32, 32 * 4, false},
+                                         {1, 32, 0, true},
+                                         {1, 32, 0, false}};
     for (int i = 0; i < 5; i++) {
         p.kind = i + 1;
         assert_int_equal(kv__grid_run("probe", &fl[i], probe_body, &p), KV_ERR_DEVICE);
