@@ -896,10 +896,14 @@ static void test_grid_emulator_is_strict(void **state)
     for (int i = 0; i < 128; i++)
         assert_true(out[i] == 496.0f); /* 0 + 1 + ... + 31 in every lane */
     /* launches CUDA refuses */
-    const struct kv_grid_launch bad[3] = {
-        {1, 1025, 0, false}, {0, 32, 0, false}, {1, 32, (48 << 10) + 1, false}};
-    static const char *const bad_msg[3] = {"1025 threads", "0 blocks", "49153 bytes"};
-    for (int i = 0; i < 3; i++) {
+    const struct kv_grid_launch bad[5] = {{1, 1025, 0, false},
+                                          {0, 32, 0, false},
+                                          {1, 32, (48 << 10) + 1, false},
+                                          {1, 0, 0, false},
+                                          {(uint64_t)1 << 31, 32, 0, false}};
+    static const char *const bad_msg[5] = {"1025 threads", "0 blocks", "49153 bytes", "0 threads",
+                                           "2147483648 blocks"};
+    for (int i = 0; i < 5; i++) {
         assert_int_equal(kv__grid_run("probe", &bad[i], probe_body, &p), KV_ERR_INVALID_ARG);
         kvt_assert_msg_has(bad_msg[i]);
     }
