@@ -164,7 +164,7 @@ static void fiber_main(void)
 
 /* Resolve the warp operations every lane has reached; 1 if any was
  * released, 0 if none pending, -1 on a fault. */
-static int resolve_warps(struct emu *e, uint32_t block, uint32_t n)
+static int resolve_warps(struct emu *e, uint32_t n)
 {
     int released = 0;
     for (uint32_t w0 = 0; w0 < n; w0 += KV_GRID_WARP) {
@@ -204,7 +204,6 @@ static int resolve_warps(struct emu *e, uint32_t block, uint32_t n)
             e->th[i].state = TH_RUN;
         released = 1;
     }
-    (void)block;
     return released;
 }
 
@@ -224,7 +223,7 @@ static __attribute__((noinline)) void make_fiber(struct emu *e, uint32_t i)
     t->state = TH_RUN;
 }
 
-static void run_block_fibers(struct emu *e, uint32_t b, uint32_t n)
+static void run_block_fibers(struct emu *e, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++)
         make_fiber(e, i);
@@ -236,7 +235,7 @@ static void run_block_fibers(struct emu *e, uint32_t b, uint32_t n)
         }
         if (e->faulted)
             return;
-        const int w = resolve_warps(e, b, n);
+        const int w = resolve_warps(e, n);
         if (w < 0)
             return;
         if (w > 0)
@@ -303,7 +302,7 @@ kv_status kv__grid_run(const char *fn, const struct kv_grid_launch *l,
         for (uint32_t i = 0; i < n; i++)
             e.th[i].ctx = (struct kv_grid_ctx){(uint32_t)b, i, n, (uint32_t)l->grid, shared, &e};
         if (e.fibers) {
-            run_block_fibers(&e, (uint32_t)b, n);
+            run_block_fibers(&e, n);
         } else {
             for (uint32_t i = 0; i < n && !e.faulted; i++)
                 body(&e.th[i].ctx, arg);
