@@ -659,12 +659,19 @@ static kv_status exec_decode(const struct kv__attn_job *j)
                                  conv, qlo,   qhi,  0,    0};
 #pragma omp for schedule(dynamic, 4)
         for (int64_t task = 0; task < tasks; task++) {
-            const int64_t u = task / (H / hb), h0 = task % (H / hb) * hb;
-            const int64_t s = multi ? seq_of_unit(tile0, S, u) : u;
+            /* decode: task = s * (H / hb) + head group; multi-token: the
+             * tiles of one sequence and head group are adjacent tasks (they
+             * read the same K/V: one thread takes several, from cache) */
+            int64_t s = task / (H / hb), h0 = task % (H / hb) * hb, qa = 0;
+            if (multi) {
+                s = seq_of_unit(tile0, S, s);
+                const int64_t r = task - (H / hb) * tile0[s], tiles = tile0[s + 1] - tile0[s];
+                h0 = r / tiles * hb;
+                qa = r % tiles * qt;
+            }
             const int64_t len = j->seq_tokens[s];
             const int64_t row0 = multi ? j->q_start[s] : s;
             const int64_t q_len = multi ? j->q_start[s + 1] - j->q_start[s] : 1;
-            const int64_t qa = multi ? (u - tile0[s]) * qt : 0;
             const int64_t nq = q_len - qa < qt ? q_len - qa : qt;
             const int gq = (int)(nq * g);
             /* query iq sits at position len - q_len + qa + iq */
