@@ -48,7 +48,8 @@ struct kv__dec_mod {
     int64_t pos0;           /* the position of the chunk's first token */
 };
 
-static void chunk_mod(const struct kv__dec_mod *mod, int n, int g, float *sc)
+__attribute__((noinline, cold)) static void chunk_mod(const struct kv__dec_mod *mod, int n, int g,
+                                                      float *sc)
 {
     for (int qi = 0; qi < g; qi++) {
         float *sq = sc + qi * KV__CHUNK;
@@ -357,6 +358,188 @@ KV__AVX2 static void chunk_avx2_e4m3(const struct kv__dec_tok *tok, int n, int g
     chunk_avx2_e4m3_raw(tok, n, g, D, q, kmul * 256.0f, vmul * 256.0f, m, l, acc, sc, mod);
 }
 
+/* ---- the multi-token tile (AVX2): many score rows per K/V head ----------------
+ * A prefill task's gq = nq * g rows per KV head share each K and V row: the
+ * chunk's rows are converted to f32 once (kf, vf [CHUNK][D]), then scores
+ * are computed 4 rows x 2 tokens at a time (8 accumulators, one K load per
+ * 4 FMAs, the 8 sums reduced by hadd), and V is accumulated 4 rows x 16
+ * elements at a time with the accumulators in registers across the chunk's
+ * tokens. The online softmax is chunk_softmax. */
+typedef void (*kv__tile_fn)(const struct kv__dec_tok *, int, int, int64_t, const float *, float,
+                            float, float *, float *, float *, float *, const struct kv__dec_mod *,
+                            float *);
+
+/* the four sums of a, b, c, d */
+KV__AVX2 static inline __m128 hsum4x8(__m256 a, __m256 b, __m256 c, __m256 d)
+{
+    const __m256 x = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+}
+
+KV__AVX2 static void tile_scores(const float *kf, int n, int g, int64_t D, const float *q,
+                                 float kmul, float *sc)
+{
+    const __m128 km = _mm_set1_ps(kmul);
+    float r[4];
+    int q0 = 0;
+    for (; q0 + 4 <= g; q0 += 4) {
+        const float *qa = q + (int64_t)q0 * D;
+        int t = 0;
+        for (; t + 2 <= n; t += 2) {
+            const float *k0 = kf + (int64_t)t * D, *k1 = k0 + D;
+            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
+                   a30 = a00, a31 = a00;
+            for (int64_t d = 0; d < D; d += 8) {
+                const __m256 x0 = _mm256_loadu_ps(k0 + d), x1 = _mm256_loadu_ps(k1 + d);
+                __m256 y = _mm256_loadu_ps(qa + d);
+                a00 = _mm256_fmadd_ps(y, x0, a00);
+                a01 = _mm256_fmadd_ps(y, x1, a01);
+                y = _mm256_loadu_ps(qa + D + d);
+                a10 = _mm256_fmadd_ps(y, x0, a10);
+                a11 = _mm256_fmadd_ps(y, x1, a11);
+                y = _mm256_loadu_ps(qa + 2 * D + d);
+                a20 = _mm256_fmadd_ps(y, x0, a20);
+                a21 = _mm256_fmadd_ps(y, x1, a21);
+                y = _mm256_loadu_ps(qa + 3 * D + d);
+                a30 = _mm256_fmadd_ps(y, x0, a30);
+                a31 = _mm256_fmadd_ps(y, x1, a31);
+            }
+            _mm_storeu_ps(r, _mm_mul_ps(hsum4x8(a00, a10, a20, a30), km));
+            for (int i = 0; i < 4; i++)
+                sc[(q0 + i) * KV__CHUNK + t] = r[i];
+            _mm_storeu_ps(r, _mm_mul_ps(hsum4x8(a01, a11, a21, a31), km));
+            for (int i = 0; i < 4; i++)
+                sc[(q0 + i) * KV__CHUNK + t + 1] = r[i];
+        }
+        for (; t < n; t++) {
+            const float *k0 = kf + (int64_t)t * D;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t d = 0; d < D; d += 8) {
+                const __m256 x0 = _mm256_loadu_ps(k0 + d);
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + d), x0, a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + D + d), x0, a1);
+                a2 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + 2 * D + d), x0, a2);
+                a3 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + 3 * D + d), x0, a3);
+            }
+            _mm_storeu_ps(r, _mm_mul_ps(hsum4x8(a0, a1, a2, a3), km));
+            for (int i = 0; i < 4; i++)
+                sc[(q0 + i) * KV__CHUNK + t] = r[i];
+        }
+    }
+    for (; q0 < g; q0++) {
+        const float *qa = q + (int64_t)q0 * D;
+        for (int t = 0; t < n; t++) {
+            const float *k0 = kf + (int64_t)t * D;
+            __m256 a0 = _mm256_setzero_ps();
+            for (int64_t d = 0; d < D; d += 8)
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + d), _mm256_loadu_ps(k0 + d), a0);
+            sc[q0 * KV__CHUNK + t] = hsum8(a0) * kmul;
+        }
+    }
+}
+
+/* acc[qi] += sum_t w[qi][t] vf[t] (the weights already times vmul) */
+KV__AVX2 static void tile_values(const float *vf, int n, int g, int64_t D, float *acc,
+                                 const float *sc)
+{
+    int q0 = 0;
+    for (; q0 + 4 <= g; q0 += 4) {
+        float *ac = acc + (int64_t)q0 * D;
+        const float *w = sc + q0 * KV__CHUNK;
+        int64_t d = 0;
+        for (; d + 16 <= D; d += 16) {
+            __m256 a00 = _mm256_loadu_ps(ac + d), a01 = _mm256_loadu_ps(ac + d + 8);
+            __m256 a10 = _mm256_loadu_ps(ac + D + d), a11 = _mm256_loadu_ps(ac + D + d + 8);
+            __m256 a20 = _mm256_loadu_ps(ac + 2 * D + d), a21 = _mm256_loadu_ps(ac + 2 * D + d + 8);
+            __m256 a30 = _mm256_loadu_ps(ac + 3 * D + d), a31 = _mm256_loadu_ps(ac + 3 * D + d + 8);
+            for (int t = 0; t < n; t++) {
+                const float *vr = vf + (int64_t)t * D + d;
+                const __m256 v0 = _mm256_loadu_ps(vr), v1 = _mm256_loadu_ps(vr + 8);
+                __m256 b = _mm256_broadcast_ss(w + t);
+                a00 = _mm256_fmadd_ps(b, v0, a00);
+                a01 = _mm256_fmadd_ps(b, v1, a01);
+                b = _mm256_broadcast_ss(w + KV__CHUNK + t);
+                a10 = _mm256_fmadd_ps(b, v0, a10);
+                a11 = _mm256_fmadd_ps(b, v1, a11);
+                b = _mm256_broadcast_ss(w + 2 * KV__CHUNK + t);
+                a20 = _mm256_fmadd_ps(b, v0, a20);
+                a21 = _mm256_fmadd_ps(b, v1, a21);
+                b = _mm256_broadcast_ss(w + 3 * KV__CHUNK + t);
+                a30 = _mm256_fmadd_ps(b, v0, a30);
+                a31 = _mm256_fmadd_ps(b, v1, a31);
+            }
+            _mm256_storeu_ps(ac + d, a00);
+            _mm256_storeu_ps(ac + d + 8, a01);
+            _mm256_storeu_ps(ac + D + d, a10);
+            _mm256_storeu_ps(ac + D + d + 8, a11);
+            _mm256_storeu_ps(ac + 2 * D + d, a20);
+            _mm256_storeu_ps(ac + 2 * D + d + 8, a21);
+            _mm256_storeu_ps(ac + 3 * D + d, a30);
+            _mm256_storeu_ps(ac + 3 * D + d + 8, a31);
+        }
+        for (; d < D; d += 8) {
+            __m256 a0 = _mm256_loadu_ps(ac + d), a1 = _mm256_loadu_ps(ac + D + d);
+            __m256 a2 = _mm256_loadu_ps(ac + 2 * D + d), a3 = _mm256_loadu_ps(ac + 3 * D + d);
+            for (int t = 0; t < n; t++) {
+                const __m256 v0 = _mm256_loadu_ps(vf + (int64_t)t * D + d);
+                a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + t), v0, a0);
+                a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + KV__CHUNK + t), v0, a1);
+                a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + 2 * KV__CHUNK + t), v0, a2);
+                a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + 3 * KV__CHUNK + t), v0, a3);
+            }
+            _mm256_storeu_ps(ac + d, a0);
+            _mm256_storeu_ps(ac + D + d, a1);
+            _mm256_storeu_ps(ac + 2 * D + d, a2);
+            _mm256_storeu_ps(ac + 3 * D + d, a3);
+        }
+    }
+    for (; q0 < g; q0++) {
+        float *ac = acc + (int64_t)q0 * D;
+        const float *w = sc + q0 * KV__CHUNK;
+        for (int64_t d = 0; d < D; d += 8) {
+            __m256 a0 = _mm256_loadu_ps(ac + d);
+            for (int t = 0; t < n; t++)
+                a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + t),
+                                     _mm256_loadu_ps(vf + (int64_t)t * D + d), a0);
+            _mm256_storeu_ps(ac + d, a0);
+        }
+    }
+}
+
+#define KV__DEFINE_TILE_AVX2(NAME, LD8, ES)                                                        \
+    KV__AVX2 static void NAME(const struct kv__dec_tok *tok, int n, int g, int64_t D,              \
+                              const float *q, float kmul, float vmul, float *m, float *l,          \
+                              float *acc, float *sc, const struct kv__dec_mod *mod, float *kf)     \
+    {                                                                                              \
+        float *vf = kf + (int64_t)KV__CHUNK * D;                                                   \
+        for (int t = 0; t < n; t++) {                                                              \
+            const char *kp = (const char *)tok[t].k, *vp = (const char *)tok[t].v;                 \
+            float *kr = kf + (int64_t)t * D, *vr = vf + (int64_t)t * D;                            \
+            for (int64_t d = 0; d < D; d += 8) {                                                   \
+                _mm256_storeu_ps(kr + d, LD8(kp + d * (ES)));                                      \
+                _mm256_storeu_ps(vr + d, LD8(vp + d * (ES)));                                      \
+            }                                                                                      \
+        }                                                                                          \
+        tile_scores(kf, n, g, D, q, kmul, sc);                                                     \
+        if (mod)                                                                                   \
+            chunk_mod(mod, n, g, sc);                                                              \
+        chunk_softmax(n, g, D, vmul, m, l, acc, sc);                                               \
+        tile_values(vf, n, g, D, acc, sc);                                                         \
+    }
+
+KV__DEFINE_TILE_AVX2(tile_avx2_f32, ld8_f32, 4)
+KV__DEFINE_TILE_AVX2(tile_avx2_f16, ld8_f16, 2)
+KV__DEFINE_TILE_AVX2(tile_avx2_bf16, ld8_bf16, 2)
+KV__DEFINE_TILE_AVX2(tile_avx2_e4m3_raw, ld8_e4m3_raw, 1)
+KV__DEFINE_TILE_AVX2(tile_avx2_e5m2, ld8_e5m2, 1)
+
+KV__AVX2 static void tile_avx2_e4m3(const struct kv__dec_tok *tok, int n, int g, int64_t D,
+                                    const float *q, float kmul, float vmul, float *m, float *l,
+                                    float *acc, float *sc, const struct kv__dec_mod *mod, float *kf)
+{
+    tile_avx2_e4m3_raw(tok, n, g, D, q, kmul * 256.0f, vmul * 256.0f, m, l, acc, sc, mod, kf);
+}
+
 static bool cpu_has_avx2(void)
 {
     static int has = -1; /* benign race: every thread computes the same value */
@@ -485,6 +668,32 @@ static kv__chunk_fn chunk_for_rows(kv_dtype dt, int64_t D, bool converted)
     return chunk_for(dt, D);
 }
 
+/* The multi-token tile for rows of dt (f16 when converted), or NULL where
+ * the AVX2 path is not taken (the chunks then serve every row). */
+#if KV__HAVE_AVX2
+static kv__tile_fn tile_for_rows(kv_dtype dt, int64_t D, bool converted)
+{
+    if (!kv__attn_decode_simd(dt, D))
+        return NULL;
+    if (converted)
+        return tile_avx2_f16;
+    switch (dt) {
+    case KV_F16:
+        return tile_avx2_f16;
+    case KV_BF16:
+        return tile_avx2_bf16;
+    case KV_FP8_E4M3:
+        return tile_avx2_e4m3;
+    case KV_FP8_E5M2:
+        return tile_avx2_e5m2;
+    default:
+        return tile_avx2_f32;
+    }
+}
+#else
+typedef void (*kv__tile_fn)(void);
+#endif
+
 /* Most KV heads a decode task groups (docs/kernels.md). */
 #define KV__HEAD_GROUP_MAX 16
 
@@ -497,10 +706,11 @@ static kv__chunk_fn chunk_for_rows(kv_dtype dt, int64_t D, bool converted)
  * the chunk's tokens, and at a token-row stride those lines fall into a few
  * L1 sets and evict each other between slices (measured, docs/benchmarks.md:
  * NHD bf16 1.57 -> 2.4-2.7 M tokens/s, fp8 0.94 -> 2.65 M). */
-static void decode_group(const struct kv__attn_job *j, kv__chunk_fn chunk,
-                         const struct kv__dec_tok *tok, struct kv__dec_tok *th, int n, int64_t hb,
-                         int64_t h0, int g, const float *q, float *m, float *l, float *acc,
-                         float *sc, char *rows, bool conv, const struct kv__dec_mod *mod)
+__attribute__((noinline)) static void
+decode_group(const struct kv__attn_job *j, kv__chunk_fn chunk, const struct kv__dec_tok *tok,
+             struct kv__dec_tok *th, int n, int64_t hb, int64_t h0, int g, const float *q, float *m,
+             float *l, float *acc, float *sc, char *rows, bool conv, const struct kv__dec_mod *mod,
+             kv__tile_fn tile, float *tbuf)
 {
     const kv_dtype dt = j->cache.layout.dtype;
     const int64_t D = j->cache.layout.head_dim, hs = j->cache.layout.stride_head_bytes;
@@ -540,6 +750,15 @@ static void decode_group(const struct kv__attn_job *j, kv__chunk_fn chunk,
             }
             use = th;
         }
+#if KV__HAVE_AVX2
+        if (tile) {
+            tile(use, n, g, D, q + hi * g * D, ks, vs, m + hi * g, l + hi * g, acc + hi * g * D, sc,
+                 mod, tbuf);
+            continue;
+        }
+#else
+        (void)tile, (void)tbuf;
+#endif
         chunk(use, n, g, D, q + hi * g * D, ks, vs, m + hi * g, l + hi * g, acc + hi * g * D, sc,
               mod);
     }
@@ -563,6 +782,8 @@ struct kv__dec_task {
     bool conv;
     const int64_t *qlo, *qhi; /* [gq] */
     int64_t lo_max, hi_min;   /* the last query's lo, the first query's hi */
+    kv__tile_fn tile;         /* several queries per head (nq > 1) on AVX2; else NULL */
+    float *tbuf;              /* the tile's f32 rows, [2][CHUNK][D] */
 };
 
 static void run_chunk(const struct kv__dec_task *k, const struct kv__dec_tok *tok, int n,
@@ -572,7 +793,7 @@ static void run_chunk(const struct kv__dec_task *k, const struct kv__dec_tok *to
     if (pos0 < k->lo_max || pos0 + n - 1 > k->hi_min) /* a query does not see all of it */
         mod.lo = k->qlo, mod.hi = k->qhi;
     decode_group(k->j, k->chunk, tok, k->th, n, k->hb, k->h0, k->gq, k->q, k->m, k->l, k->acc,
-                 k->sc, k->rows, k->conv, mod.cap > 0.0f || mod.lo ? &mod : NULL);
+                 k->sc, k->rows, k->conv, mod.cap > 0.0f || mod.lo ? &mod : NULL, k->tile, k->tbuf);
 }
 
 /* The unit (a sequence, or a tile of a sequence's queries) of index u:
@@ -642,7 +863,13 @@ static kv_status exec_decode(const struct kv__attn_job *j)
     const size_t fbytes =
         ((size_t)(2 * hb * G * D + 2 * hb * G + G * KV__CHUNK) * sizeof(float) + 63) / 64 * 64;
     const size_t ibytes = ((size_t)(2 * G) * sizeof(int64_t) + 63) / 64 * 64;
-    const size_t per = fbytes + ibytes + rbytes;
+#if KV__HAVE_AVX2
+    const kv__tile_fn tile_fn = multi ? tile_for_rows(lo->dtype, D, conv) : NULL;
+#else
+    const kv__tile_fn tile_fn = NULL;
+#endif
+    const size_t tbytes = tile_fn ? (size_t)(2 * KV__CHUNK * D) * sizeof(float) : 0;
+    const size_t per = fbytes + ibytes + tbytes + rbytes;
     float *scratch = kv__mem_alloc_aligned(64, per * (size_t)nt + 64);
     if (!scratch) {
         kv__mem_free(tile0);
@@ -651,12 +878,15 @@ static kv_status exec_decode(const struct kv__attn_job *j)
 #pragma omp parallel num_threads(nt)
     {
         char *mine = (char *)scratch + (size_t)omp_get_thread_num() * per;
-        int64_t *qlo = (int64_t *)(mine + fbytes), *qhi = qlo + G;
+        int64_t *qlo = (int64_t *)(mine + fbytes + rbytes), *qhi = qlo + G;
         struct kv__dec_tok tok[2][KV__CHUNK]; /* the chunk computed, the next one fetched */
         struct kv__dec_tok th[KV__CHUNK];     /* the chunk's rows of one head of the group */
-        struct kv__dec_task k = {j,    chunk, th,   hb,   0,    0,
-                                 NULL, NULL,  NULL, NULL, NULL, rbytes ? mine + per - rbytes : NULL,
-                                 conv, qlo,   qhi,  0,    0};
+        struct kv__dec_task k;
+        memset(&k, 0, sizeof(k));
+        k.j = j, k.chunk = chunk, k.th = th, k.hb = hb, k.conv = conv;
+        k.rows = rbytes ? mine + fbytes : NULL; /* where decode always had them */
+        k.qlo = qlo, k.qhi = qhi;
+        k.tbuf = tbytes ? (float *)(mine + fbytes + rbytes + ibytes) : NULL;
 #pragma omp for schedule(dynamic, 4)
         for (int64_t task = 0; task < tasks; task++) {
             /* decode: task = s * (H / hb) + head group; multi-token: the
@@ -694,6 +924,7 @@ static kv_status exec_decode(const struct kv__attn_job *j)
             k.sc = k.l + hb * gq;
             k.lo_max = qlo[gq - 1];
             k.hi_min = qhi[0];
+            k.tile = nq > 1 ? tile_fn : NULL; /* one query: the decode chunk, as decode */
             for (int64_t hi = 0; hi < hb; hi++)
                 for (int64_t iq = 0; iq < nq; iq++)
                     for (int qi = 0; qi < g; qi++) {
