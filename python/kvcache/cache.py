@@ -766,9 +766,32 @@ class Cache:
 
     @_call
     def decode(self, layer: int, q, pages: "Pages", out, scale: Optional[float] = None,
-               scales=None) -> None:
+               scales=None, window_left: Optional[int] = None,
+               soft_cap: Optional[float] = None, lse=None) -> None:
         """Paged decode attention of layer: q [S][Hq][D] -> out [S][Hq][D]
-        over each sequence's tokens in pages; scale defaults to 1/sqrt(D)."""
+        over each sequence's tokens in pages; scale defaults to 1/sqrt(D).
+        Options (kv_attn_decode_ex; docs/kernels.md has the formulas):
+        window_left W (FlashInfer's: the last W + 1 tokens; None or -1: no
+        window), soft_cap c (logits c * tanh(x / c); None or 0: off), lse
+        (a writable float32 array [S][Hq], heads contiguous: the natural-log
+        log-sum-exp of each query head's logits, -inf with no token)."""
+        self._attend(layer, q, None, pages, out, scale, scales, window_left, soft_cap, lse)
+
+    @_call
+    def prefill(self, layer: int, q, qo_indptr, pages: "Pages", out,
+                scale: Optional[float] = None, scales=None, window_left: Optional[int] = None,
+                soft_cap: Optional[float] = None, lse=None) -> None:
+        """Paged attention of several query tokens per sequence with a causal
+        mask (kv_attn_prefill): sequence s's queries are rows qo_indptr[s] ..
+        qo_indptr[s+1] - 1 of q [T][Hq][D] (FlashInfer's qo_indptr, int32
+        or int64 values, starting at 0, ending at T), its last q_len tokens
+        (their K/V already written): query i sits at position len - q_len + i
+        and sees tokens 0 .. that position (less with a window). out and lse
+        [T][Hq][D], [T][Hq]; the options as in decode."""
+        self._attend(layer, q, qo_indptr, pages, out, scale, scales, window_left, soft_cap, lse)
+
+    def _attend(self, layer, q, qo_indptr, pages, out, scale, scales, window_left, soft_cap,
+                lse):
         pc = self._paged()
         layer = integer(layer, "layer", U32)
         qb = self._tensor(q, "q")
@@ -776,8 +799,44 @@ class Cache:
         if scale is None:
             scale = 1.0 / float(self.layout.head_dim) ** 0.5
         keep = []
-        check(L.kv_attn_decode(pc, layer, qb.ref(), ctypes.byref(pages._c), float(scale),
-                               self._scales(scales, keep), ob.ref()))
+        sc = self._scales(scales, keep)
+        opts = None
+        if window_left is not None or soft_cap is not None or lse is not None:
+            o = _lib.AttnOpts()
+            o.struct_size = ctypes.sizeof(_lib.AttnOpts)
+            o.window_left = -1 if window_left is None else integer(window_left, "window_left",
+                                                                   I32)
+            o.logit_soft_cap = 0.0 if soft_cap is None else float(soft_cap)
+            if lse is not None:
+                a = lse if isinstance(lse, np.ndarray) else np.asarray(lse)
+                if (a.dtype != np.float32 or a.ndim != 2 or not a.flags.writeable or
+                        (a.shape[1] > 1 and a.strides[1] != 4) or a.strides[0] % 4 or
+                        a.strides[0] < 0):
+                    raise error("KV_ERR_INVALID_ARG",
+                                "lse: a writable float32 array [rows][Hq] with contiguous heads, "
+                                "got %s %s strides %s" % (a.dtype, a.shape, a.strides))
+                if a.shape != (qb.view.shape[0], qb.view.shape[1]):
+                    raise error("KV_ERR_BAD_SHAPE", "lse shape %s, q has %d rows of %d heads" %
+                                (a.shape, qb.view.shape[0], qb.view.shape[1]))
+                keep.append(a)
+                o.lse = a.ctypes.data_as(ctypes.POINTER(ctypes.c_float)) if a.size else None
+                o.lse_stride = a.strides[0] // 4 if a.shape[0] > 1 else 0
+            opts = ctypes.byref(o)
+        if qo_indptr is None:
+            if opts is None:
+                check(L.kv_attn_decode(pc, layer, qb.ref(), ctypes.byref(pages._c), float(scale),
+                                       sc, ob.ref()))
+            else:
+                check(L.kv_attn_decode_ex(pc, layer, qb.ref(), ctypes.byref(pages._c),
+                                          float(scale), sc, ob.ref(), opts))
+            return
+        qo = int_array(qo_indptr, "qo_indptr", I32).reshape(-1)
+        qo = np.ascontiguousarray(qo, dtype=np.int32)
+        if qo.size != pages._c.n_seqs + 1:
+            raise error("KV_ERR_BAD_SHAPE", "qo_indptr has %d entries, pages %d sequences (+1)" %
+                        (qo.size, pages._c.n_seqs))
+        check(L.kv_attn_prefill(pc, layer, qb.ref(), _p(qo, _lib.c_i32p), ctypes.byref(pages._c),
+                                float(scale), sc, ob.ref(), opts))
 
     # ---- pack / unpack (connector/pack/kv_pack.h) -------------------------------
 

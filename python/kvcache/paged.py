@@ -61,6 +61,7 @@ class PagedCache:
     read = Cache.read
     copy_blocks = Cache.copy_blocks
     decode = Cache.decode
+    prefill = Cache.prefill
     pack = Cache.pack
     unpack = Cache.unpack
     _tensor = Cache._tensor
