@@ -65,6 +65,7 @@ class PagedCache:
     pack = Cache.pack
     unpack = Cache.unpack
     _tensor = Cache._tensor
+    _attend = Cache._attend
     _scales = Cache.__dict__["_scales"]  # the staticmethod itself
 
     def __init__(self, layout: Layout, memory):

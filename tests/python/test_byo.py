@@ -330,7 +330,10 @@ def test_kernel_methods_are_caches_own():
             kernels.add(name)
             assert vars(kvcache.PagedCache).get(name) is f, \
                 "Cache.%s is a kernel: PagedCache must share it" % name
-    assert kernels >= {"write", "read", "copy_blocks", "decode", "pack", "unpack"}
+    # decode and prefill reach _paged through _attend, which they share
+    assert kernels >= {"write", "read", "copy_blocks", "_attend", "pack", "unpack"}
+    for name in ("decode", "prefill"):
+        assert vars(kvcache.PagedCache).get(name) is vars(kvcache.Cache)[name], name
 
 
 def test_copy_blocks_swap_and_pack_between_engine_memory_and_a_cache():
