@@ -276,7 +276,8 @@ struct sv_out {
 struct sv_conn {
     struct sv_conn *next;
     int fd;
-    uint8_t port_num; /* accepted: the port (1-based) whose listener took it */
+    uint8_t port_num;  /* accepted: the port (1-based) whose listener took it */
+    uint32_t path_mtu; /* accepted: the requester's path MTU (enum ibv_mtu, its HELLO) */
     bool outgoing;    /* a requester QP's; else accepted by our listener */
     bool dead;        /* closed by the peer or broken: no more I/O */
     bool doomed;      /* its QP is gone: the device thread closes and frees it */
@@ -788,6 +789,13 @@ static void resp_header(struct sv_ctx *c, struct sv_conn *k)
         k->in_nak = IBV_WC_RETRY_EXC_ERR; /* a real responder drops it: retries run out */
         return;
     }
+    /* Through a port the QP is not bound to, or in packets bigger than
+     * that port's active MTU: lost on the fabric, the same. */
+    const struct sv_port *pt = port_of(c, k->port_num);
+    if (!pt || qp->attr.port_num != k->port_num || k->path_mtu > (uint32_t)pt->spec.active_mtu) {
+        k->in_nak = IBV_WC_RETRY_EXC_ERR;
+        return;
+    }
     if (h->flags & SV_FORCE_NAK) {
         k->in_nak = IBV_WC_REM_ACCESS_ERR;
         return;
@@ -961,17 +969,10 @@ static void conn_read(struct sv_ctx *c, struct sv_conn *k)
                 return;
             }
             if (k->in.type == SV_HELLO) {
-                /* HELLO: status = the requester's path MTU. The QP must be
-                 * bound to the port this arrived on, and the path MTU fit
-                 * that port (else the packets would be lost: dropped). */
+                /* HELLO: status = the requester's path MTU (checked per
+                 * request: resp_header). */
                 k->qp = qp_find(c, k->in.dst_qpn);
-                const struct sv_port *pt = port_of(c, k->port_num);
-                if (k->qp && (!pt || k->qp->attr.port_num != k->port_num ||
-                              k->in.status > (uint32_t)pt->spec.active_mtu)) {
-                    k->qp = NULL;
-                    k->dead = true;
-                    return;
-                }
+                k->path_mtu = k->in.status;
                 continue;
             }
             if (k->outgoing)

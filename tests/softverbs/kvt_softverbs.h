@@ -48,9 +48,9 @@
  * the table and a dgid that resolves to a port (EINVAL otherwise). The
  * route is the dlid on InfiniBand, the dgid on Ethernet. The responder
  * checks the path MTU again against its own port's active MTU, and that
- * the request arrived on the port its QP is bound to: a mismatch drops the
- * connection (the requester's WR ends RETRY_EXC_ERR, as packets a port
- * cannot take are lost on a fabric).
+ * the request arrived on the port its QP is bound to: a request that fails
+ * either is dropped, nothing written (the requester's WR ends
+ * RETRY_EXC_ERR, as packets a port cannot take are lost on a fabric).
  *
  * Simplified or absent: one request in flight per QP (no pipelining, so no
  * PSN sequence errors, and max_rd_atomic is not enforced); a request to a
