@@ -882,6 +882,24 @@ static void test_xport_rdma_device_choice(void **state)
     assert_int_equal(in.rdma_gid[0], 0xfe);
     in.struct_size--;
     assert_int_equal(kv_xport_info_get(x, &in), KV_ERR_INVALID_ARG);
+    assert_int_equal(kv_xport_info_get(x, NULL), KV_ERR_NULL);
+    assert_int_equal(kv_xport_peer_info_get(NULL, &in), KV_ERR_NULL);
+    assert_int_equal(kv_xport_destroy(x), KV_OK);
+    /* TCP reports its kind and nothing else */
+    c.kind = KV_XPORT_TCP;
+    assert_int_equal(kv_xport_create(&c, &x), KV_OK);
+    struct kv_xport_info t = KV_XPORT_INFO_INIT;
+    assert_int_equal(kv_xport_info_get(x, &t), KV_OK);
+    assert_int_equal(t.kind, KV_XPORT_TCP);
+    assert_string_equal(t.rdma_device, "");
+    assert_int_equal(t.rdma_port, 0);
+    assert_int_equal(t.rdma_link, KV_XPORT_LINK_NONE);
+    assert_int_equal(t.rdma_gid_index, -1);
+    assert_int_equal(t.rdma_active_mtu, 0);
+    assert_int_equal(t.rdma_qps, 0);
+    char line[64];
+    assert_int_equal(kv_xport_info_format(&t, line, sizeof(line)), 3);
+    assert_string_equal(line, "tcp");
     assert_int_equal(kv_xport_destroy(x), KV_OK);
 }
 
