@@ -2,7 +2,8 @@
  * kv_xport_rdma_qp_verbs.c - a peer of the RDMA backend
  * (kv_xport_rdma_int.h): its verbs resources (CQ, RC QPs in INIT, the
  * registered message buffers and their posted receives), the handshake after
- * the OOB one (INFO: per QP its qpn and psn, the GID, the connection id;
+ * the OOB one (INFO, checked by kv__rd_info_decode: per QP its qpn and
+ * psn, the GID, LID, link layer and active MTU, the connection id;
  * INIT -> RTR -> RTS on the other side's INFO; READY), and failing a peer:
  * every QP to ERR behind a signaled marker, the transfers ended only once
  * every marker's flush completed (kv__rd_finish_fail).

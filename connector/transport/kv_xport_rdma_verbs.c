@@ -6,11 +6,19 @@
  *
  * Model:
  *
+ *   parameters    device, port and GID from the config or chosen at start
+ *                 (pick_port, pick_gid: the first ACTIVE port, the RoCE v2
+ *                 IPv4-mapped GID on Ethernet, index 0 on InfiniBand); the
+ *                 path per peer from both INFO (got_info: path MTU the
+ *                 smaller active MTU, a GRH on Ethernet or across IB
+ *                 subnets, the LID otherwise); all reported (rdma_info).
+ *
  *   out of band   an internal TCP kv_xport (same token, fingerprint, host,
  *                 port; one connection per peer) carries the checked
  *                 handshake (version, token, fingerprint) and then, as its
- *                 notifications, INFO (per QP: qpn, psn; the GID; this
- *                 side's connection id) and READY (every QP of the sender
+ *                 notifications, INFO (per QP: qpn, psn; the GID, LID,
+ *                 link layer and active MTU; this side's connection id)
+ *                 and READY (every QP of the sender
  *                 is RTR/RTS). A peer is READY once both INFO were applied
  *                 (INIT -> RTR -> RTS) and the other side's READY came, so
  *                 nothing is sent to a QP that cannot take it yet. A dead

@@ -5,9 +5,10 @@
  * runs end to end without RDMA hardware.
  *
  * Model. Each open_device() context owns one device thread and one AF_UNIX
- * listening socket in the abstract namespace, named from its GID (pid +
- * context id). Moving a QP to RTR connects it to the peer context named by
- * ah_attr.grh.dgid; every WR is then a request packet executed by the
+ * listening socket per active port in the abstract namespace, named from
+ * the port's address (below). Moving a QP to RTR connects it to the port
+ * its route names (the dlid on InfiniBand, ah_attr.grh.dgid on Ethernet);
+ * every WR is then a request packet executed by the
  * peer's device thread, which checks the MR (rkey, bounds, access flags,
  * PD) and reads or writes the registered memory itself (one-sided: the
  * target's application threads take no part), then ACKs or NAKs. Loopback
