@@ -133,6 +133,11 @@ static struct kv_xport_config cfg_make(bool listen, uint64_t token, uint64_t fp,
     c.rdma_busy_poll = busy_poll;
     if (!real_dev) /* the child names its device; the parent names RoCE only */
         c.rdma_device = listen ? (pass_ib ? "kvt_ib1" : "kvt_roce0") : (pass_ib ? NULL : "kvt_roce0");
+    if (real_dev) { /* scripts/rdma-check.sh passes what its caller chose, if anything */
+        c.rdma_device = getenv("KV_RDMA_DEVICE");
+        c.rdma_port = getenv("KV_RDMA_PORT") ? (uint32_t)atoi(getenv("KV_RDMA_PORT")) : 0;
+        c.rdma_gid_index = getenv("KV_RDMA_GID_INDEX") ? atoi(getenv("KV_RDMA_GID_INDEX")) : -1;
+    }
     return c;
 }
 
