@@ -219,8 +219,7 @@ kv_status kv_xport_stats_get(kv_xport *x, struct kv_xport_stats *out)
     return KV_OK;
 }
 
-static kv_status info_get(kv_xport *x, kv_xport_peer *p, struct kv_xport_info *out,
-                          const char *fn)
+static kv_status info_get(kv_xport *x, kv_xport_peer *p, struct kv_xport_info *out, const char *fn)
 {
     kv_status st = kv__check_struct_size(fn, "kv_xport_info", out->struct_size, sizeof(*out));
     if (st != KV_OK)
@@ -285,8 +284,8 @@ int kv_xport_info_format(const struct kv_xport_info *in, char *buf, size_t cap)
              gid_type_name(in->rdma_gid_type), in->rdma_active_mtu);
     if (in->rdma_qps == 0)
         return snprintf(buf, cap, "%s", head);
-    return snprintf(buf, cap, "%s | qps %u path_mtu %u %s hop_limit %u remote lid %u gid %s",
-                    head, in->rdma_qps, in->rdma_path_mtu, in->rdma_grh ? "grh" : "no-grh",
+    return snprintf(buf, cap, "%s | qps %u path_mtu %u %s hop_limit %u remote lid %u gid %s", head,
+                    in->rdma_qps, in->rdma_path_mtu, in->rdma_grh ? "grh" : "no-grh",
                     in->rdma_hop_limit, in->rdma_remote_lid, rg);
 }
 

@@ -396,10 +396,10 @@ struct kv_xport_info {
     char rdma_device[64];
     uint32_t rdma_port;
     kv_xport_link rdma_link;
-    uint32_t rdma_lid;       /* InfiniBand: the port's LID; Ethernet: 0 */
-    int32_t rdma_gid_index;  /* -1: none */
+    uint32_t rdma_lid;      /* InfiniBand: the port's LID; Ethernet: 0 */
+    int32_t rdma_gid_index; /* -1: none */
     kv_xport_gid_type rdma_gid_type;
-    uint8_t rdma_gid[16];    /* network order, as in the GID table */
+    uint8_t rdma_gid[16];     /* network order, as in the GID table */
     uint32_t rdma_active_mtu; /* bytes: the port's active MTU */
     /* A peer (kv_xport_peer_info_get), once its QPs are connected; 0 before. */
     uint32_t rdma_qps;        /* QPs to the peer */

@@ -374,15 +374,16 @@ static void got_info(struct rdma *r, struct rpeer *rp, const unsigned char *b, u
                                   : r->da.max_qp_init_rd_atom > 16 ? 16
                                                                    : r->da.max_qp_init_rd_atom);
     for (uint32_t i = 0; i < rp->nq; i++) {
-        struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
-                                .path_mtu = rp->path_mtu,
-                                .dest_qp_num = in.qpn[i],
-                                .rq_psn = in.psn[i],
-                                .max_dest_rd_atomic = rd,
-                                .min_rnr_timer = 12,
-                                .ah_attr = {.is_global = rp->grh,
-                                            .dlid = r->link == IBV_LINK_LAYER_INFINIBAND ? in.lid : 0,
-                                            .port_num = r->port}};
+        struct ibv_qp_attr a = {
+            .qp_state = IBV_QPS_RTR,
+            .path_mtu = rp->path_mtu,
+            .dest_qp_num = in.qpn[i],
+            .rq_psn = in.psn[i],
+            .max_dest_rd_atomic = rd,
+            .min_rnr_timer = 12,
+            .ah_attr = {.is_global = rp->grh,
+                        .dlid = r->link == IBV_LINK_LAYER_INFINIBAND ? in.lid : 0,
+                        .port_num = r->port}};
         if (rp->grh) {
             memcpy(a.ah_attr.grh.dgid.raw, in.gid, 16);
             a.ah_attr.grh.hop_limit = INFO_HOP_LIMIT;
@@ -413,8 +414,7 @@ static void got_info(struct rdma *r, struct rpeer *rp, const unsigned char *b, u
                              "xport rdma: QP %u to %s (%s port %u, path_mtu %u, %s, dlid %u, "
                              "sgid_index %d): %s",
                              i, what, r->dev, r->port, kv__rd_mtu_bytes(rp->path_mtu),
-                             rp->grh ? "grh" : "no grh", a.ah_attr.dlid, r->gid_index,
-                             strerror(e));
+                             rp->grh ? "grh" : "no grh", a.ah_attr.dlid, r->gid_index, strerror(e));
             return;
         }
     }

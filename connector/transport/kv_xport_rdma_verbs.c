@@ -350,7 +350,7 @@ static kv_status pick_port(struct rdma *r, struct ibv_device **list, int num)
             }
             r->port = (uint8_t)pt;
             r->link = r->pa.link_layer == IBV_LINK_LAYER_ETHERNET ? IBV_LINK_LAYER_ETHERNET
-                                                                   : IBV_LINK_LAYER_INFINIBAND;
+                                                                  : IBV_LINK_LAYER_INFINIBAND;
             if (r->link == IBV_LINK_LAYER_INFINIBAND && (r->pa.lid == 0 || r->pa.lid > 0xbfff)) {
                 say(seen, sizeof(seen), "%s%s port %u ACTIVE but LID 0x%x (no subnet manager?)",
                     seen[0] ? ", " : "", r->dev, pt, r->pa.lid);

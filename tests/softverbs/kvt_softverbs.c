@@ -48,8 +48,7 @@ static struct ibv_device sv_devices[KVT_SV_MAX_DEVS] = {{
     .dev_name = "uverbs_kvt_sv0",
 }};
 static struct kvt_sv_dev_spec sv_specs[KVT_SV_MAX_DEVS] = {
-    {.n_ports = 1,
-     .port = {{.link_layer = IBV_LINK_LAYER_ETHERNET, .active_mtu = IBV_MTU_4096}}}};
+    {.n_ports = 1, .port = {{.link_layer = IBV_LINK_LAYER_ETHERNET, .active_mtu = IBV_MTU_4096}}}};
 static uint32_t sv_n_devices = 1;
 
 int kvt_sv_set_devices(const struct kvt_sv_dev_spec *devs, uint32_t n)
@@ -80,8 +79,7 @@ int kvt_sv_set_devices(const struct kvt_sv_dev_spec *devs, uint32_t n)
         sv_devices[i].node_type = IBV_NODE_CA;
         sv_devices[i].transport_type = IBV_TRANSPORT_IB;
         snprintf(sv_devices[i].name, sizeof(sv_devices[i].name), "%s", devs[i].name);
-        snprintf(sv_devices[i].dev_name, sizeof(sv_devices[i].dev_name), "uverbs_%s",
-                 devs[i].name);
+        snprintf(sv_devices[i].dev_name, sizeof(sv_devices[i].dev_name), "uverbs_%s", devs[i].name);
         sv_specs[i] = devs[i];
         sv_specs[i].name = NULL; /* sv_devices[i].name is the copy */
     }
@@ -278,10 +276,10 @@ struct sv_conn {
     int fd;
     uint8_t port_num;  /* accepted: the port (1-based) whose listener took it */
     uint32_t path_mtu; /* accepted: the requester's path MTU (enum ibv_mtu, its HELLO) */
-    bool outgoing;    /* a requester QP's; else accepted by our listener */
-    bool dead;        /* closed by the peer or broken: no more I/O */
-    bool doomed;      /* its QP is gone: the device thread closes and frees it */
-    struct sv_qp *qp; /* requester QP (outgoing) or bound responder QP; NULL if none */
+    bool outgoing;     /* a requester QP's; else accepted by our listener */
+    bool dead;         /* closed by the peer or broken: no more I/O */
+    bool doomed;       /* its QP is gone: the device thread closes and frees it */
+    struct sv_qp *qp;  /* requester QP (outgoing) or bound responder QP; NULL if none */
     /* input: header, then payload into in_iov (or discarded) */
     struct sv_hdr in;
     size_t in_got;
@@ -372,15 +370,13 @@ static void wake(struct sv_ctx *c)
 
 /* The abstract socket a port listens on: "kvt_sv.ib.<LID>" or
  * "kvt_sv.eth.<A>" (the header's addressing). */
-static void port_sockaddr(uint8_t link_layer, uint32_t addr, struct sockaddr_un *a,
-                          socklen_t *len)
+static void port_sockaddr(uint8_t link_layer, uint32_t addr, struct sockaddr_un *a, socklen_t *len)
 {
     memset(a, 0, sizeof(*a));
     a->sun_family = AF_UNIX;
-    const int n =
-        link_layer == IBV_LINK_LAYER_INFINIBAND
-            ? snprintf(a->sun_path + 1, sizeof(a->sun_path) - 1, "kvt_sv.ib.%04x", addr)
-            : snprintf(a->sun_path + 1, sizeof(a->sun_path) - 1, "kvt_sv.eth.%06x", addr);
+    const int n = link_layer == IBV_LINK_LAYER_INFINIBAND
+                      ? snprintf(a->sun_path + 1, sizeof(a->sun_path) - 1, "kvt_sv.ib.%04x", addr)
+                      : snprintf(a->sun_path + 1, sizeof(a->sun_path) - 1, "kvt_sv.eth.%06x", addr);
     *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
 }
 
@@ -443,8 +439,8 @@ static int port_listen(struct sv_port *p, uint32_t ctx_id, uint32_t port_num)
         return 0;
     const bool ib = p->spec.link_layer == IBV_LINK_LAYER_INFINIBAND;
     const uint32_t space = ib ? 0xbfffu : 0xffffffu;
-    uint64_t h = ((uint64_t)getpid() << 20 ^ (uint64_t)ctx_id << 4 ^ port_num) *
-                 0x9E3779B97F4A7C15ull;
+    uint64_t h =
+        ((uint64_t)getpid() << 20 ^ (uint64_t)ctx_id << 4 ^ port_num) * 0x9E3779B97F4A7C15ull;
     for (int tries = 0; tries < 4096; tries++, h += 0x9E3779B97F4A7C15ull) {
         const uint32_t a = (uint32_t)((h >> 32) % space) + (ib ? 1 : 0);
         const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -1114,8 +1110,8 @@ static void *device_thread(void *arg)
             if (!(pf[1 + i].revents & POLLIN))
                 continue;
             int fd;
-            while ((fd = accept4(c->port[i].listen_fd, NULL, NULL,
-                                 SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
+            while ((fd = accept4(c->port[i].listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >=
+                   0) {
                 struct sv_conn *k = kv__mem_calloc(1, sizeof(*k));
                 if (!k) {
                     close(fd);
@@ -1296,7 +1292,7 @@ static int gid_entry(struct ibv_context *ic, uint32_t port, uint32_t index, unio
     if (p->spec.down) {
         memset(g, 0, sizeof(*g));
         *type = p->spec.link_layer == IBV_LINK_LAYER_INFINIBAND ? IBV_GID_TYPE_IB
-                                                                 : IBV_GID_TYPE_ROCE_V1;
+                                                                : IBV_GID_TYPE_ROCE_V1;
         return 0;
     }
     *g = p->gid[index];
@@ -1754,8 +1750,8 @@ static int rtr_check(const struct sv_qp *q, const struct sv_port *pt,
                      const struct ibv_qp_attr *attr)
 {
     const struct ibv_ah_attr *ah = &attr->ah_attr;
-    if (!pt || pt->spec.down || ah->port_num != q->attr.port_num ||
-        attr->path_mtu < IBV_MTU_256 || attr->path_mtu > pt->spec.active_mtu)
+    if (!pt || pt->spec.down || ah->port_num != q->attr.port_num || attr->path_mtu < IBV_MTU_256 ||
+        attr->path_mtu > pt->spec.active_mtu)
         return EINVAL;
     if (ah->is_global) {
         static const union ibv_gid zero;
@@ -1788,7 +1784,8 @@ static void qp_connect(struct sv_qp *q, const struct sv_port *pt)
     }
     uint8_t ll = pt->spec.link_layer;
     uint32_t addr = q->attr.ah_attr.dlid;
-    bool routed = ll == IBV_LINK_LAYER_INFINIBAND || gid_route(&q->attr.ah_attr.grh.dgid, &ll, &addr);
+    bool routed =
+        ll == IBV_LINK_LAYER_INFINIBAND || gid_route(&q->attr.ah_attr.grh.dgid, &ll, &addr);
     port_sockaddr(ll, addr, &a, &alen);
     if (!routed || connect(k->fd, (struct sockaddr *)&a, alen) != 0)
         k->dead = true;
@@ -1829,8 +1826,7 @@ static int sv_modify_qp(struct ibv_qp *iqp, struct ibv_qp_attr *attr, int mask)
     const enum ibv_qp_state from = q->ibv.state;
     const enum ibv_qp_state to = (mask & IBV_QP_STATE) ? attr->qp_state : from;
     if (((mask & IBV_QP_CUR_STATE) && attr->cur_qp_state != from) ||
-        !transition_ok(from, to, mask) ||
-        ((mask & IBV_QP_PORT) && !port_of(c, attr->port_num))) {
+        !transition_ok(from, to, mask) || ((mask & IBV_QP_PORT) && !port_of(c, attr->port_num))) {
         rc = EINVAL;
         goto out;
     }

@@ -890,11 +890,11 @@ static void fab_open(struct node *n, uint32_t dev, int gid_index)
     n->pd = V->alloc_pd(n->ctx);
     n->cq = V->create_cq(n->ctx, 16, NULL, NULL, 0);
     assert_true(n->pd && n->cq);
-    struct ibv_qp_init_attr ia = {.send_cq = n->cq,
-                                  .recv_cq = n->cq,
-                                  .cap = {.max_send_wr = 4, .max_recv_wr = 4,
-                                          .max_send_sge = 1, .max_recv_sge = 1},
-                                  .qp_type = IBV_QPT_RC};
+    struct ibv_qp_init_attr ia = {
+        .send_cq = n->cq,
+        .recv_cq = n->cq,
+        .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1},
+        .qp_type = IBV_QPT_RC};
     n->qp = V->create_qp(n->pd, &ia);
     n->bytes = FAB_BYTES;
     n->buf = malloc(FAB_BYTES);
@@ -947,8 +947,7 @@ static void fab_write(struct node *from, struct node *to, uint8_t *want, size_t 
 {
     assert_int_equal(to_rts(from->qp, 0), 0);
     assert_int_equal(post_rdma(from, IBV_WR_RDMA_WRITE, 9, off, len,
-                               (uint64_t)(uintptr_t)to->buf + off, to->mr->rkey,
-                               IBV_SEND_SIGNALED),
+                               (uint64_t)(uintptr_t)to->buf + off, to->mr->rkey, IBV_SEND_SIGNALED),
                      0);
     struct ibv_wc wc;
     assert_int_equal(poll_n(from->cq, &wc, 1, 5000), 1);
@@ -1048,8 +1047,7 @@ static void test_softverbs_devices_ports_link_layers(void **state)
      * RoCE GID; a multicast dlid; the AV's port not the QP's; all EINVAL. */
     union ibv_gid nobody;
     memset(&nobody, 0x11, sizeof(nobody));
-    assert_int_equal(fab_rtr(&a, b.qp->qp_num, 2, IBV_MTU_1024, true, &nobody, 0, pb.lid),
-                     EINVAL);
+    assert_int_equal(fab_rtr(&a, b.qp->qp_num, 2, IBV_MTU_1024, true, &nobody, 0, pb.lid), EINVAL);
     assert_int_equal(fab_rtr(&a, b.qp->qp_num, 2, IBV_MTU_1024, true, &b.gid, 1, pb.lid), EINVAL);
     assert_int_equal(fab_rtr(&a, b.qp->qp_num, 2, IBV_MTU_1024, true, &c.gid, 0, pb.lid), EINVAL);
     assert_int_equal(fab_rtr(&a, b.qp->qp_num, 2, IBV_MTU_1024, false, NULL, 0, 0xc000), EINVAL);

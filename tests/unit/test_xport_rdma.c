@@ -132,7 +132,8 @@ static struct kv_xport_config cfg_make(bool listen, uint64_t token, uint64_t fp,
     c.timeout_ms = ms;
     c.rdma_busy_poll = busy_poll;
     if (!real_dev) /* the child names its device; the parent names RoCE only */
-        c.rdma_device = listen ? (pass_ib ? "kvt_ib1" : "kvt_roce0") : (pass_ib ? NULL : "kvt_roce0");
+        c.rdma_device =
+            listen ? (pass_ib ? "kvt_ib1" : "kvt_roce0") : (pass_ib ? NULL : "kvt_roce0");
     if (real_dev) { /* scripts/rdma-check.sh passes what its caller chose, if anything */
         c.rdma_device = getenv("KV_RDMA_DEVICE");
         c.rdma_port = getenv("KV_RDMA_PORT") ? (uint32_t)atoi(getenv("KV_RDMA_PORT")) : 0;
@@ -778,7 +779,6 @@ static void test_xport_rdma_idle_pair_cpu(void **state)
     sess_close();
 }
 
-
 /* What each side chose, as kv_xport_info reports it (the line
  * scripts/rdma-check.sh shows), checked against the soft fabric. */
 static void test_xport_rdma_parameters_reported(void **state)
@@ -913,8 +913,12 @@ static void test_xport_rdma_device_choice(void **state)
  * it accepts encodes back to the same bytes. */
 static struct rd_info info_ok(void)
 {
-    struct rd_info in = {.nq = 2, .conn = 0x0123456789abcdefull, .has_gid = true,
-                         .lid = 0x1234, .link = IBV_LINK_LAYER_INFINIBAND, .mtu = IBV_MTU_2048};
+    struct rd_info in = {.nq = 2,
+                         .conn = 0x0123456789abcdefull,
+                         .has_gid = true,
+                         .lid = 0x1234,
+                         .link = IBV_LINK_LAYER_INFINIBAND,
+                         .mtu = IBV_MTU_2048};
     in.gid[0] = 0xfe;
     in.gid[1] = 0x80;
     in.gid[15] = 0x77;
@@ -943,9 +947,8 @@ static void test_xport_rdma_info_decode(void **state)
     assert_int_equal(len, INFO_HEAD + 16);
     struct rd_info out;
     char emsg[200];
-    assert_int_equal(kv__rd_info_decode(b, len, 2, IBV_LINK_LAYER_INFINIBAND, &out, emsg,
-                                        sizeof(emsg)),
-                     KV_OK);
+    assert_int_equal(
+        kv__rd_info_decode(b, len, 2, IBV_LINK_LAYER_INFINIBAND, &out, emsg, sizeof(emsg)), KV_OK);
     assert_int_equal(out.nq, in.nq);
     assert_int_equal(out.conn, in.conn);
     assert_int_equal(out.has_gid, in.has_gid);
