@@ -262,6 +262,10 @@ static kv_status pick_gid(struct rdma *r, int32_t want)
     const struct kv__verbs *v = r->v;
     struct ibv_gid_entry e;
     r->gid_index = -1;
+    if (want < -1)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "xport_create(rdma): rdma_gid_index %d (an index >= 0, or -1: automatic)",
+                         want);
     if (want >= 0) {
         if (want >= r->pa.gid_tbl_len)
             return kv__error(KV_ERR_INVALID_ARG,
@@ -308,6 +312,9 @@ static kv_status pick_port(struct rdma *r, struct ibv_device **list, int num)
     const struct kv_xport_config *cfg = &r->x->cfg;
     char seen[512] = "";
     bool named = false;
+    if (cfg->rdma_port > 255)
+        return kv__error(KV_ERR_INVALID_ARG, "xport_create(rdma): rdma_port %u (ports are 1..255)",
+                         cfg->rdma_port);
     for (int d = 0; d < num; d++) {
         const char *name = v->get_device_name(list[d]);
         if (cfg->rdma_device && strcmp(cfg->rdma_device, name ? name : "") != 0) {
@@ -331,6 +338,11 @@ static kv_status pick_port(struct rdma *r, struct ibv_device **list, int num)
         if (cfg->rdma_port > (uint32_t)r->da.phys_port_cnt) {
             (void)v->close_device(r->ctx);
             r->ctx = NULL;
+            if (!cfg->rdma_device) { /* another device may have that port */
+                say(seen, sizeof(seen), "%s%s: %u ports", seen[0] ? ", " : "", r->dev,
+                    (unsigned)r->da.phys_port_cnt);
+                continue;
+            }
             return kv__error(KV_ERR_INVALID_ARG, "xport_create(rdma): rdma_port %u, but %s has %u",
                              cfg->rdma_port, r->dev, (unsigned)r->da.phys_port_cnt);
         }
@@ -373,6 +385,9 @@ static kv_status pick_port(struct rdma *r, struct ibv_device **list, int num)
     if (cfg->rdma_port)
         return kv__error(KV_ERR_UNSUPPORTED, "xport_create(rdma): rdma_port %u not usable (%s)",
                          cfg->rdma_port, seen);
+    if (cfg->rdma_device)
+        return kv__error(KV_ERR_UNSUPPORTED, "xport_create(rdma): no ACTIVE port on %s (%s)",
+                         cfg->rdma_device, seen);
     return kv__error(KV_ERR_UNSUPPORTED, "xport_create(rdma): no ACTIVE port on any device (%s)",
                      seen);
 }

@@ -874,6 +874,22 @@ static void test_xport_rdma_device_choice(void **state)
     create_refused("kvt_ib1", 0, 1, KV_ERR_INVALID_ARG, "GID index 1 of kvt_ib1 port 1: empty");
     create_refused("kvt_ib1", 0, 2, KV_ERR_INVALID_ARG, "rdma_gid_index 2, but kvt_ib1 port 1");
     create_refused("kvt_roce0", 0, 5, KV_ERR_INVALID_ARG, "GID index 5 of kvt_roce0 port 1");
+    create_refused("kvt_roce0", 0, -2, KV_ERR_INVALID_ARG, "rdma_gid_index -2");
+    create_refused(NULL, 256, -1, KV_ERR_INVALID_ARG, "rdma_port 256 (ports are 1..255)");
+    create_refused(
+        NULL, 3, -1, KV_ERR_UNSUPPORTED,
+        "rdma_port 3 not usable (kvt_ib0: 2 ports, kvt_ib1: 1 ports, kvt_roce0: 1 ports)");
+    /* port 2 given, the device automatic: kvt_ib0, the one with a port 2 */
+    struct kv_xport_config c2 = cfg_make(false, TOKEN, FP, 1000);
+    c2.rdma_device = NULL;
+    c2.rdma_port = 2;
+    kv_xport *x2 = NULL;
+    assert_int_equal(kv_xport_create(&c2, &x2), KV_OK);
+    struct kv_xport_info i2 = KV_XPORT_INFO_INIT;
+    assert_int_equal(kv_xport_info_get(x2, &i2), KV_OK);
+    assert_string_equal(i2.rdma_device, "kvt_ib0");
+    assert_int_equal(i2.rdma_port, 2);
+    assert_int_equal(kv_xport_destroy(x2), KV_OK);
     /* A GID index given: taken as it is (the link-local RoCE v2 one). */
     struct kv_xport_config c = cfg_make(false, TOKEN, FP, 1000);
     c.rdma_device = "kvt_roce0";
