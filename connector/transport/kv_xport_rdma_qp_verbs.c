@@ -346,6 +346,13 @@ static void got_info(struct rdma *r, struct rpeer *rp, const unsigned char *b, u
         kv__rd_peer_fail(r, rp, KV_ERR_CORRUPT, "xport rdma: QP info twice");
         return;
     }
+    /* Theirs came first: ours before anything else, even a refusal of
+     * theirs, so the peer can name the refusal too (our INFO goes out
+     * before the OOB peer closes: the drain waits for it). */
+    if (!rp->info_sent)
+        send_info(r, rp);
+    if (rp->ph == PH_FAIL)
+        return;
     struct rd_info in;
     char why[200];
     const kv_status ds = kv__rd_info_decode(b, len, rp->nq, r->link, &in, why, sizeof(why));
@@ -353,10 +360,6 @@ static void got_info(struct rdma *r, struct rpeer *rp, const unsigned char *b, u
         kv__rd_peer_fail(r, rp, ds, "xport rdma handshake (%s port %u): %s", r->dev, r->port, why);
         return;
     }
-    if (!rp->info_sent) /* theirs came first: ours before anything else */
-        send_info(r, rp);
-    if (rp->ph == PH_FAIL)
-        return;
     rp->p->nonce_remote = in.conn;
     /* The path: MTU the smaller of both ports' active MTU; a GRH always on
      * Ethernet (RoCE routes by GID), on InfiniBand only when the peer's

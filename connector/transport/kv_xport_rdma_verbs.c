@@ -891,6 +891,17 @@ static void wait_events(struct rdma *r, uint64_t deadline)
     }
 }
 
+/* mu held: an OOB notification of rp (INFO, READY) not yet terminal. */
+static bool oob_pending(const struct rpeer *rp)
+{
+    for (int i = 0; i < 2; i++) {
+        kv_xport_state s = KV_XPORT_DONE;
+        if (rp->oob_x[i] && kv_xport_xfer_test(rp->oob_x[i], &s) == KV_OK && s == KV_XPORT_PENDING)
+            return true;
+    }
+    return false;
+}
+
 static void *progress(void *arg)
 {
     struct rdma *r = arg;
@@ -916,6 +927,11 @@ static void *progress(void *arg)
                 bool done = true;
                 for (uint32_t i = 0; i < rp->nq; i++)
                     done &= rp->q[i].drained || !rp->q[i].qp;
+                /* Our INFO / READY out first (bounded by the drain
+                 * deadline): a peer refused at INFO (a link layer, an MTU
+                 * code) then reads our INFO and names the refusal itself,
+                 * rather than seeing only a closed connection. */
+                done = done && (r->stop || !oob_pending(rp));
                 if (done || now >= rp->deadline_ns) {
                     kv__rd_finish_fail(r, rp);
                     any = true;
