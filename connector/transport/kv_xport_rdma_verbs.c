@@ -310,21 +310,20 @@ static kv_status pick_port(struct rdma *r, struct ibv_device **list, int num)
 {
     const struct kv__verbs *v = r->v;
     const struct kv_xport_config *cfg = &r->x->cfg;
-    char seen[512] = "";
+    char seen[512] = "", names[512] = "";
     bool named = false;
     if (cfg->rdma_port > 255)
         return kv__error(KV_ERR_INVALID_ARG, "xport_create(rdma): rdma_port %u (ports are 1..255)",
                          cfg->rdma_port);
     for (int d = 0; d < num; d++) {
         const char *name = v->get_device_name(list[d]);
-        if (cfg->rdma_device && strcmp(cfg->rdma_device, name ? name : "") != 0) {
-            say(seen, sizeof(seen), "%s%s", seen[0] ? ", " : "", name ? name : "?");
+        say(names, sizeof(names), "%s%s", names[0] ? ", " : "", name ? name : "?");
+        if (cfg->rdma_device && strcmp(cfg->rdma_device, name ? name : "") != 0)
             continue;
-        }
         named = true;
         snprintf(r->dev, sizeof(r->dev), "%s", name ? name : "?");
         r->ctx = v->open_device(list[d]);
-        int e = r->ctx ? v->query_device(r->ctx, &r->da) : errno;
+        int e = r->ctx ? v->query_device(r->ctx, &r->da) : (errno ? errno : ENODEV);
         if (e != 0) {
             if (r->ctx)
                 (void)v->close_device(r->ctx);
@@ -381,7 +380,7 @@ static kv_status pick_port(struct rdma *r, struct ibv_device **list, int num)
     if (cfg->rdma_device && !named)
         return kv__error(KV_ERR_NOT_FOUND,
                          "xport_create(rdma): no RDMA device \"%s\" (%s lists: %s)",
-                         cfg->rdma_device, v->name, seen);
+                         cfg->rdma_device, v->name, names);
     if (cfg->rdma_port)
         return kv__error(KV_ERR_UNSUPPORTED, "xport_create(rdma): rdma_port %u not usable (%s)",
                          cfg->rdma_port, seen);

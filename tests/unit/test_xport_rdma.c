@@ -891,7 +891,8 @@ static void test_xport_rdma_device_choice(void **state)
     if (real_dev)
         skip();
     create_refused("kvt_nope", 0, -1, KV_ERR_NOT_FOUND, "kvt_ib0, kvt_ib1, kvt_roce0");
-    create_refused("kvt_ib0", 1, -1, KV_ERR_UNSUPPORTED, "kvt_ib0 port 1 DOWN");
+    create_refused("kvt_ib0", 1, -1, KV_ERR_UNSUPPORTED,
+                   "rdma_port 1 not usable (kvt_ib0 port 1 DOWN)");
     create_refused("kvt_ib0", 3, -1, KV_ERR_INVALID_ARG, "rdma_port 3, but kvt_ib0 has 2");
     create_refused("kvt_ib1", 0, 1, KV_ERR_INVALID_ARG, "GID index 1 of kvt_ib1 port 1: empty");
     create_refused("kvt_ib1", 0, 2, KV_ERR_INVALID_ARG, "rdma_gid_index 2, but kvt_ib1 port 1");
