@@ -49,7 +49,7 @@
 #include "kv_lib.h"
 #include "kv_transport.h"
 
-#define KV__XPORT_OPS_VERSION 2u
+#define KV__XPORT_OPS_VERSION 3u
 #define KV__XPORT_KEY_MAX 160 /* backend key bytes inside a blob */
 #define KV__XPORT_DEFAULT_TIMEOUT_MS 30000u
 #define KV__XPORT_DEFAULT_CONNS 2u
@@ -103,6 +103,10 @@ struct kv__xport_ops {
     /* Manual progress (x->manual, no thread): one round, waiting at most
      * timeout_ms for something to do. NULL where the backend has none. */
     void (*step)(kv_xport *x, uint32_t timeout_ms);
+    /* mu held (v3): what the backend chose into *out (kind and struct_size
+     * already set, the rest zero): the transport's, and p's path when p is
+     * not NULL. NULL: nothing to report. */
+    void (*info)(kv_xport *x, kv_xport_peer *p, struct kv_xport_info *out);
 };
 
 /* The backends: TCP here; RDMA through the verbs boundary header

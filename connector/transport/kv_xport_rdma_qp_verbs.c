@@ -2,7 +2,8 @@
  * kv_xport_rdma_qp_verbs.c - a peer of the RDMA backend
  * (kv_xport_rdma_int.h): its verbs resources (CQ, RC QPs in INIT, the
  * registered message buffers and their posted receives), the handshake after
- * the OOB one (INFO: per QP its qpn and psn, the GID, the connection id;
+ * the OOB one (INFO, checked by kv__rd_info_decode: per QP its qpn and
+ * psn, the GID, LID, link layer and active MTU, the connection id;
  * INIT -> RTR -> RTS on the other side's INFO; READY), and failing a peer:
  * every QP to ERR behind a signaled marker, the transfers ended only once
  * every marker's flush completed (kv__rd_finish_fail).
@@ -60,7 +61,7 @@ kv_status kv__rd_peer_verbs(struct rdma *r, struct rpeer *rp)
         q->psn = (uint32_t)(kv__xxh3_64(&(uint64_t[2]){kv__now_ns(), i}, 16) & 0xffffff);
         struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
                                 .pkey_index = 0,
-                                .port_num = 1,
+                                .port_num = r->port,
                                 .qp_access_flags = IBV_ACCESS_LOCAL_WRITE |
                                                    IBV_ACCESS_REMOTE_WRITE |
                                                    IBV_ACCESS_REMOTE_READ};
@@ -212,18 +213,126 @@ static bool oob_send(struct rdma *r, struct rpeer *rp, int which, const void *ms
     return true;
 }
 
+uint32_t kv__rd_mtu_bytes(enum ibv_mtu m)
+{
+    return m >= IBV_MTU_256 && m <= IBV_MTU_4096 ? 128u << m : 0;
+}
+
+uint32_t kv__rd_info_encode(const struct rd_info *in, unsigned char *b)
+{
+    kv__le_put(b, KV_XPORT_RDMA, 2);
+    kv__le_put(b + 2, INFO_VERSION, 2);
+    kv__le_put(b + 4, in->nq, 4);
+    kv__le_put(b + 8, in->conn, 8);
+    memcpy(b + 16, in->gid, 16);
+    kv__le_put(b + 32, in->lid, 2);
+    b[34] = in->link;
+    b[35] = in->mtu;
+    b[36] = in->has_gid ? 1 : 0;
+    memset(b + 37, 0, 3);
+    for (uint32_t i = 0; i < in->nq; i++) {
+        kv__le_put(b + INFO_HEAD + 8 * i, in->qpn[i], 4);
+        kv__le_put(b + INFO_HEAD + 8 * i + 4, in->psn[i], 4);
+    }
+    return INFO_HEAD + 8 * in->nq;
+}
+
+static const char *link_str(unsigned l)
+{
+    return l == IBV_LINK_LAYER_INFINIBAND ? "infiniband"
+           : l == IBV_LINK_LAYER_ETHERNET ? "ethernet"
+                                          : "unknown";
+}
+
+kv_status kv__rd_info_decode(const unsigned char *b, uint32_t len, uint32_t nq, uint8_t link,
+                             struct rd_info *out, char *msg, size_t cap)
+{
+    static const uint8_t zero[16];
+    if (len < INFO_HEAD) {
+        snprintf(msg, cap, "QP info of %u bytes (the header alone is %u)", len, INFO_HEAD);
+        return KV_ERR_CORRUPT;
+    }
+    const unsigned kind = (unsigned)kv__le_get(b, 2), ver = (unsigned)kv__le_get(b + 2, 2);
+    const uint64_t n = kv__le_get(b + 4, 4);
+    if (kind != KV_XPORT_RDMA || ver != INFO_VERSION) {
+        snprintf(msg, cap, "QP info kind %u version %u (here rdma %u, version %u)", kind, ver,
+                 (unsigned)KV_XPORT_RDMA, INFO_VERSION);
+        return KV_ERR_MISMATCH;
+    }
+    if (n != nq) {
+        snprintf(msg, cap, "QP info for %" PRIu64 " QPs (here %u)", n, nq);
+        return KV_ERR_MISMATCH;
+    }
+    if (len != INFO_HEAD + 8 * nq) {
+        snprintf(msg, cap, "QP info of %u bytes for %u QPs (must be %u)", len, nq,
+                 INFO_HEAD + 8 * nq);
+        return KV_ERR_CORRUPT;
+    }
+    struct rd_info in = {.nq = nq, .conn = kv__le_get(b + 8, 8)};
+    memcpy(in.gid, b + 16, 16);
+    in.lid = (uint16_t)kv__le_get(b + 32, 2);
+    in.link = b[34];
+    in.mtu = b[35];
+    in.has_gid = b[36] & 1;
+    if (in.link != link) {
+        snprintf(msg, cap, "the peer's port is %s (link layer %u), this one %s", link_str(in.link),
+                 in.link, link_str(link));
+        return KV_ERR_MISMATCH;
+    }
+    if (b[36] & ~1u || b[37] || b[38] || b[39]) {
+        snprintf(msg, cap, "QP info flags 0x%02x, reserved %02x %02x %02x (must be 0)", b[36],
+                 b[37], b[38], b[39]);
+        return KV_ERR_CORRUPT;
+    }
+    if (kv__rd_mtu_bytes((enum ibv_mtu)in.mtu) == 0) {
+        snprintf(msg, cap, "active MTU code %u (1..5: 256..4096 bytes)", in.mtu);
+        return KV_ERR_CORRUPT;
+    }
+    if (link == IBV_LINK_LAYER_INFINIBAND && (in.lid == 0 || in.lid > 0xbfff)) {
+        snprintf(msg, cap, "LID 0x%04x on infiniband (unicast: 0x0001..0xbfff)", in.lid);
+        return KV_ERR_CORRUPT;
+    }
+    if (link != IBV_LINK_LAYER_INFINIBAND && in.lid != 0) {
+        snprintf(msg, cap, "LID 0x%04x on ethernet (must be 0)", in.lid);
+        return KV_ERR_CORRUPT;
+    }
+    if (in.has_gid != (memcmp(in.gid, zero, 16) != 0) ||
+        (link == IBV_LINK_LAYER_ETHERNET && !in.has_gid)) {
+        snprintf(msg, cap, "GID %s, flagged %s, on %s (ethernet needs one)",
+                 memcmp(in.gid, zero, 16) ? "nonzero" : "zero", in.has_gid ? "valid" : "absent",
+                 link_str(link));
+        return KV_ERR_CORRUPT;
+    }
+    for (uint32_t i = 0; i < nq; i++) {
+        in.qpn[i] = (uint32_t)kv__le_get(b + INFO_HEAD + 8 * i, 4);
+        in.psn[i] = (uint32_t)kv__le_get(b + INFO_HEAD + 8 * i + 4, 4);
+        if (in.qpn[i] < 2 || in.qpn[i] > 0xffffff || in.psn[i] > 0xffffff) {
+            snprintf(msg, cap, "QP %u: qpn 0x%x, psn 0x%x (qpn 0x2..0xffffff, psn 24 bits)", i,
+                     in.qpn[i], in.psn[i]);
+            return KV_ERR_CORRUPT;
+        }
+    }
+    *out = in;
+    return KV_OK;
+}
+
 static void send_info(struct rdma *r, struct rpeer *rp)
 {
     unsigned char b[INFO_HEAD + 8 * KV__XPORT_MAX_CONNS];
-    kv__le_put(b, KV_XPORT_RDMA, 4);
-    kv__le_put(b + 4, rp->nq, 4);
-    kv__le_put(b + 8, rp->p->nonce_local, 8);
-    memcpy(b + 16, r->gid.raw, 16);
+    struct rd_info in = {.nq = rp->nq,
+                         .conn = rp->p->nonce_local,
+                         .has_gid = r->gid_index >= 0,
+                         .lid = r->link == IBV_LINK_LAYER_INFINIBAND ? r->pa.lid : 0,
+                         .link = r->link,
+                         .mtu = (uint8_t)r->pa.active_mtu};
+    if (r->gid_index >= 0)
+        memcpy(in.gid, r->gid.raw, 16);
     for (uint32_t i = 0; i < rp->nq; i++) {
-        kv__le_put(b + INFO_HEAD + 8 * i, rp->q[i].qp->qp_num, 4);
-        kv__le_put(b + INFO_HEAD + 8 * i + 4, rp->q[i].psn, 4);
+        in.qpn[i] = rp->q[i].qp->qp_num;
+        in.psn[i] = rp->q[i].psn;
     }
-    if (!oob_send(r, rp, 0, b, INFO_HEAD + 8 * rp->nq))
+    const uint32_t len = kv__rd_info_encode(&in, b);
+    if (!oob_send(r, rp, 0, b, len))
         kv__rd_peer_fail(r, rp, KV_ERR_IO, "xport rdma: sending QP info: %s", kv_last_error());
     else
         rp->info_sent = true;
@@ -237,22 +346,30 @@ static void got_info(struct rdma *r, struct rpeer *rp, const unsigned char *b, u
         kv__rd_peer_fail(r, rp, KV_ERR_CORRUPT, "xport rdma: QP info twice");
         return;
     }
-    if (len < INFO_HEAD || kv__le_get(b, 4) != KV_XPORT_RDMA || kv__le_get(b + 4, 4) != rp->nq ||
-        len != INFO_HEAD + 8 * rp->nq) {
-        kv__rd_peer_fail(
-            r, rp, KV_ERR_MISMATCH,
-            "xport rdma handshake: QP info of %u bytes (kind %u, %u QPs; here rdma, %u)", len,
-            len >= 8 ? (unsigned)kv__le_get(b, 4) : 0u,
-            len >= 8 ? (unsigned)kv__le_get(b + 4, 4) : 0u, rp->nq);
-        return;
-    }
-    if (!rp->info_sent) /* theirs came first: ours before anything else */
+    /* Theirs came first: ours before anything else, even a refusal of
+     * theirs, so the peer can name the refusal too (our INFO goes out
+     * before the OOB peer closes: the drain waits for it). */
+    if (!rp->info_sent)
         send_info(r, rp);
     if (rp->ph == PH_FAIL)
         return;
-    rp->p->nonce_remote = kv__le_get(b + 8, 8);
-    union ibv_gid gid = {.raw = {0}};
-    memcpy(gid.raw, b + 16, 16);
+    struct rd_info in;
+    char why[200];
+    const kv_status ds = kv__rd_info_decode(b, len, rp->nq, r->link, &in, why, sizeof(why));
+    if (ds != KV_OK) {
+        kv__rd_peer_fail(r, rp, ds, "xport rdma handshake (%s port %u): %s", r->dev, r->port, why);
+        return;
+    }
+    rp->p->nonce_remote = in.conn;
+    /* The path: MTU the smaller of both ports' active MTU; a GRH always on
+     * Ethernet (RoCE routes by GID), on InfiniBand only when the peer's
+     * GID is on another subnet (its prefix differs): within a subnet the
+     * LID routes, as rc_pingpong does without a GID. */
+    rp->path_mtu = in.mtu < r->pa.active_mtu ? (enum ibv_mtu)in.mtu : r->pa.active_mtu;
+    rp->grh = r->link == IBV_LINK_LAYER_ETHERNET ||
+              (in.has_gid && r->gid_index >= 0 && memcmp(in.gid, r->gid.raw, 8) != 0);
+    rp->rlid = in.lid;
+    memcpy(rp->rgid, in.gid, 16);
     const uint8_t rd = (uint8_t)(r->da.max_qp_rd_atom < 1    ? 1
                                  : r->da.max_qp_rd_atom > 16 ? 16
                                                              : r->da.max_qp_rd_atom);
@@ -260,16 +377,21 @@ static void got_info(struct rdma *r, struct rpeer *rp, const unsigned char *b, u
                                   : r->da.max_qp_init_rd_atom > 16 ? 16
                                                                    : r->da.max_qp_init_rd_atom);
     for (uint32_t i = 0; i < rp->nq; i++) {
-        struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
-                                .path_mtu = IBV_MTU_1024,
-                                .dest_qp_num = (uint32_t)kv__le_get(b + INFO_HEAD + 8 * i, 4),
-                                .rq_psn = (uint32_t)kv__le_get(b + INFO_HEAD + 8 * i + 4, 4),
-                                .max_dest_rd_atomic = rd,
-                                .min_rnr_timer = 12,
-                                .ah_attr = {.is_global = 1, .port_num = 1}};
-        a.ah_attr.grh.dgid = gid;
-        a.ah_attr.grh.hop_limit = 1;
-        a.ah_attr.grh.sgid_index = 0;
+        struct ibv_qp_attr a = {
+            .qp_state = IBV_QPS_RTR,
+            .path_mtu = rp->path_mtu,
+            .dest_qp_num = in.qpn[i],
+            .rq_psn = in.psn[i],
+            .max_dest_rd_atomic = rd,
+            .min_rnr_timer = 12,
+            .ah_attr = {.is_global = rp->grh,
+                        .dlid = r->link == IBV_LINK_LAYER_INFINIBAND ? in.lid : 0,
+                        .port_num = r->port}};
+        if (rp->grh) {
+            memcpy(a.ah_attr.grh.dgid.raw, in.gid, 16);
+            a.ah_attr.grh.hop_limit = INFO_HOP_LIMIT;
+            a.ah_attr.grh.sgid_index = (uint8_t)r->gid_index;
+        }
         struct ibv_qp *qp = rp->q[i].qp;
         pthread_mutex_unlock(&x->mu);
         int e =
@@ -291,7 +413,11 @@ static void got_info(struct rdma *r, struct rpeer *rp, const unsigned char *b, u
         }
         pthread_mutex_lock(&x->mu);
         if (e != 0) {
-            kv__rd_peer_fail(r, rp, KV_ERR_IO, "xport rdma: QP %u to %s: %s", i, what, strerror(e));
+            kv__rd_peer_fail(r, rp, KV_ERR_IO,
+                             "xport rdma: QP %u to %s (%s port %u, path_mtu %u, %s, dlid %u, "
+                             "sgid_index %d): %s",
+                             i, what, r->dev, r->port, kv__rd_mtu_bytes(rp->path_mtu),
+                             rp->grh ? "grh" : "no grh", a.ah_attr.dlid, r->gid_index, strerror(e));
             return;
         }
     }
