@@ -173,7 +173,7 @@ void kv__rd_kick(kv_xport *x);
 bool kv__rd_rkey_get(const kv_xport_rmem *rm, struct rkey *k);
 uint32_t kv__rd_rkey_of(const struct rkey *k, uint64_t off);
 
-/* kv_xport_rdma_qp_verbs.c */
+/* kv_xport_rdma_info_verbs.c */
 /* INFO: encode ours into b (INFO_HEAD + 8 * in->nq bytes; returns that);
  * decode a peer's of len bytes, expecting nq QPs on link layer `link`:
  * KV_OK, or KV_ERR_MISMATCH (kind, version, QP count, link layer) /
@@ -183,6 +183,8 @@ uint32_t kv__rd_info_encode(const struct rd_info *in, unsigned char *b);
 kv_status kv__rd_info_decode(const unsigned char *b, uint32_t len, uint32_t nq, uint8_t link,
                              struct rd_info *out, char *msg, size_t cap);
 uint32_t kv__rd_mtu_bytes(enum ibv_mtu m);
+
+/* kv_xport_rdma_qp_verbs.c */
 unsigned char *kv__rd_buf_at(struct rpeer *rp, uint32_t i);
 kv_status kv__rd_peer_verbs(struct rdma *r, struct rpeer *rp);
 void kv__rd_peer_verbs_free(struct rdma *r, struct rpeer *rp);
