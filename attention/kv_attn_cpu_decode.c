@@ -886,7 +886,7 @@ static kv_status exec_decode(const struct kv__attn_job *j)
         k.j = j, k.chunk = chunk, k.th = th, k.hb = hb, k.conv = conv;
         k.rows = rbytes ? mine + fbytes : NULL; /* where decode always had them */
         k.qlo = qlo, k.qhi = qhi;
-        k.tbuf = tbytes ? (float *)(mine + fbytes + rbytes + ibytes) : NULL;
+        k.tbuf = tbytes ? (float *)(void *)(mine + fbytes + rbytes + ibytes) : NULL;
 #pragma omp for schedule(dynamic, 4)
         for (int64_t task = 0; task < tasks; task++) {
             /* decode: task = s * (H / hb) + head group; multi-token: the
@@ -917,7 +917,7 @@ static kv_status exec_decode(const struct kv__attn_job *j)
             const int64_t t_begin = qlo[0], t_end = qhi[gq - 1] + 1;
             k.h0 = h0;
             k.gq = gq;
-            k.q = (float *)mine;
+            k.q = (float *)(void *)mine;
             k.acc = k.q + hb * gq * D;
             k.m = k.acc + hb * gq * D;
             k.l = k.m + hb * gq;
