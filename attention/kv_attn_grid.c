@@ -142,6 +142,12 @@ static void decode_thread(const struct kv_grid_ctx *c, const void *arg)
 kv_status kv__grid_attn_decode(const struct kv__attn_job *j)
 {
     static const char fn[] = "kv_attn_decode_cuda";
+    /* the body has no options and one query row per sequence: a job with
+     * any is refused, as kv_attn_decode_ex_cuda refuses it */
+    const char *on = kv__attn_opts_on(j);
+    if (on)
+        return kv__error(KV_ERR_UNSUPPORTED, "%s: %s on CUDA: not yet (the CPU kernel has it)",
+                         fn, on);
     if (j->n_seqs == 0)
         return KV_OK;
     struct kv__cdec p;

@@ -462,8 +462,8 @@ static void run_decode(const struct dec_case *dc, uint64_t seed)
     struct kv_scales scl = {ksc, vsc, per_head ? (uint32_t)H : 1, 0};
     const float smscale = 1.0f / sqrtf((float)D);
     struct kv__attn_job j;
-    kv_status st = kv__attn_decode_check("kv_attn_decode_cuda", &f.c, layer, &q, &pages, smscale,
-                                         dc->scales ? &scl : NULL, &out, &j);
+    kv_status st = kv__attn_decode_check("kv_attn_decode_cuda", &f.c, layer, &q, NULL, &pages,
+                                         smscale, dc->scales ? &scl : NULL, &out, NULL, &j);
     if (st != KV_OK)
         fail_msg("decode check: %s: %s", kv_status_name(st), kv_last_error());
     st = kv__grid_attn_decode(&j);
@@ -555,11 +555,22 @@ static void test_grid_decode_shared_limit(void **state)
     pages.indptr = indptr, pages.indices = indices, pages.last_page_len = last;
     struct kv__attn_job j;
     assert_int_equal(
-        kv__attn_decode_check("kv_attn_decode_cuda", &f.c, 0, &q, &pages, 0.0625f, NULL, &out, &j),
+        kv__attn_decode_check("kv_attn_decode_cuda", &f.c, 0, &q, NULL, &pages, 0.0625f, NULL, &out,
+                              NULL, &j),
         KV_OK);
     assert_int_equal(kv__grid_attn_decode(&j), KV_ERR_UNSUPPORTED);
     kv__attn_job_free(&j);
     kvt_assert_msg_has("32 query heads per KV head x D 256 need 65792 bytes");
+    /* the body has no attention options: a job with one is refused */
+    struct kv_attn_opts o = KV_ATTN_OPTS_INIT;
+    o.window_left = 2;
+    assert_int_equal(
+        kv__attn_decode_check("kv_attn_decode_cuda", &f.c, 0, &q, NULL, &pages, 0.0625f, NULL, &out,
+                              &o, &j),
+        KV_OK);
+    assert_int_equal(kv__grid_attn_decode(&j), KV_ERR_UNSUPPORTED);
+    kv__attn_job_free(&j);
+    kvt_assert_msg_has("sliding window on CUDA: not yet");
     check_bytes((unsigned char *)ob, (unsigned char *)ob0, (size_t)n * 4, "refused decode output");
     check_bytes(f.pool, f.ref, f.bytes, "pool after a refused decode");
     free(qb), free(ob), free(ob0);
