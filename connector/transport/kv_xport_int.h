@@ -200,11 +200,14 @@ struct kv_xport_rmem {
     unsigned char key[KV__XPORT_KEY_MAX];
 };
 
-/* One source range of a gathered entry: bytes at off of the entry's local
- * region. */
+/* Source ranges of a gathered entry: count ranges of bytes each, the
+ * first at off of the entry's local region, the next ones pitch bytes
+ * apart (pitch >= bytes; count 1: one range). */
 struct kv__xport_seg {
     uint64_t off;
     uint64_t bytes;
+    uint64_t count;
+    uint64_t pitch;
 };
 
 /*
@@ -217,7 +220,8 @@ struct kv__xport_seg {
  *                    \          ___/
  *   entry (HND)   |h0 t0|h0 t1|..|h1 t0|h1 t1|..|    one destination run
  *
- *   sum over k in [seg_at[i], seg_at[i + 1]) of seg[k].bytes == ios[i].bytes
+ *   sum over k in [seg_at[i], seg_at[i + 1]) of seg[k].bytes * seg[k].count
+ *       == ios[i].bytes
  *   seg_at[0] == 0, seg_at[n] == n_seg
  */
 struct kv_xport_xfer {
@@ -245,7 +249,8 @@ struct kv_xport_xfer {
     struct kv__xport_seg *seg; /* [n_seg]: a gathered write's source ranges; NULL: none */
     uint32_t *seg_at;          /* [n + 1] */
     uint32_t n_seg;
-    uint64_t be_seg, be_seg_off; /* backend: the send cursor in seg (gathered) */
+    uint64_t be_seg, be_rep, be_seg_off; /* backend: the send cursor in seg (gathered): the
+                                            record, the range in it, the offset in that */
     char why[200];             /* kv_xport_xfer_error: the first failure's detail */
 };
 

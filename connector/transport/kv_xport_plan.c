@@ -21,9 +21,11 @@
 #include "kv_plan_int.h"
 #include "kv_xport_int.h"
 
-/* One run of a plan's window: the blocks (of the window) and offsets. */
+/* Runs of a plan's window (blocks of the window, offsets in them) in
+ * destination order, grouped: count runs of width bytes, contiguous in the
+ * destination, their sources pitch bytes apart (pitch >= width). */
 struct wrun {
-    int64_t ks, kd, src_rel, dst_rel, width;
+    int64_t ks, kd, src_rel, dst_rel, width, count, pitch;
 };
 
 /* Destination order: by destination block, then offset in it. */
@@ -33,6 +35,57 @@ static int wrun_cmp(const void *a, const void *b)
     if (x->kd != y->kd)
         return x->kd < y->kd ? -1 : 1;
     return x->dst_rel < y->dst_rel ? -1 : x->dst_rel > y->dst_rel;
+}
+
+/* The plan's runs of one window, destination order, grouped (struct
+ * wrun); *out (free with kv__mem_free) and its length. */
+static kv_status window_runs(const char *fn, const kv_plan *plan, struct wrun **out, int64_t *n)
+{
+    const int64_t R = plan->stats.runs;
+    struct wrun *wr = kv__mem_alloc((size_t)(R ? R : 1) * sizeof(*wr));
+    if (!wr)
+        return kv__error(KV_ERR_NO_MEMORY, "%s: %" PRId64 " runs", fn, R);
+    int64_t k = 0;
+    for (int64_t c = 0; c < plan->n_copies; c++) {
+        const struct kv__plan_copy *cp = &plan->copies[c];
+        for (int64_t r = 0; r < cp->height && k < R; r++)
+            wr[k++] = (struct wrun){.ks = cp->ks,
+                                    .kd = cp->kd,
+                                    .src_rel = cp->src_rel + r * cp->src_pitch,
+                                    .dst_rel = cp->dst_rel + r * cp->dst_pitch,
+                                    .width = cp->width,
+                                    .count = 1,
+                                    .pitch = cp->width};
+    }
+    qsort(wr, (size_t)k, sizeof(*wr), wrun_cmp);
+    int64_t g = 0;
+    for (int64_t i = 0; i < k; i++) {
+        struct wrun *q = g ? &wr[g - 1] : NULL;
+        const struct wrun *r = &wr[i];
+        if (q && q->kd == r->kd && q->ks == r->ks && q->width == r->width &&
+            r->dst_rel == q->dst_rel + q->count * q->width) {
+            const int64_t step = r->src_rel - q->src_rel;
+            if (q->count == 1 && step >= q->width) {
+                q->pitch = step;
+                q->count = 2;
+                continue;
+            }
+            if (q->count > 1 && step == q->count * q->pitch) {
+                q->count++;
+                continue;
+            }
+        }
+        wr[g++] = *r;
+    }
+    for (int64_t i = 0; i < g; i++)
+        if (wr[i].pitch == wr[i].width) { /* contiguous: one range */
+            wr[i].width *= wr[i].count;
+            wr[i].pitch = wr[i].width;
+            wr[i].count = 1;
+        }
+    *out = wr;
+    *n = g;
+    return KV_OK;
 }
 
 /* The entries being built: ios[n] and, gathered, seg[ns] / seg_at[n]. */
@@ -45,32 +98,47 @@ struct runs_out {
     uint32_t n, ns;
 };
 
-/* Add the run [lo, +w) -> [ro, +w): merged into the last entry where it
- * continues it on both sides (direct) or on the destination side
- * (gathered: then a new segment unless it continues the last one too). */
-static void run_add(struct runs_out *o, bool gather, uint64_t lo, uint64_t ro, uint64_t w)
+/* Direct: the run [lo, +w) -> [ro, +w), merged into the last entry where
+ * it continues it on both sides. */
+static void run_add(struct runs_out *o, uint64_t lo, uint64_t ro, uint64_t w)
 {
     struct kv_xport_io *prev = o->n ? &o->ios[o->n - 1] : NULL;
-    if (gather && prev && prev->remote_off + prev->bytes == ro) {
-        struct kv__xport_seg *sg = &o->seg[o->ns - 1];
-        prev->bytes += w;
-        if (sg->off + sg->bytes == lo)
-            sg->bytes += w;
-        else
-            o->seg[o->ns++] = (struct kv__xport_seg){.off = lo, .bytes = w};
-        return;
-    }
-    if (!gather && prev && prev->local_off + prev->bytes == lo &&
-        prev->remote_off + prev->bytes == ro) {
+    if (prev && prev->local_off + prev->bytes == lo && prev->remote_off + prev->bytes == ro) {
         prev->bytes += w;
         return;
-    }
-    if (gather) {
-        o->seg_at[o->n] = o->ns;
-        o->seg[o->ns++] = (struct kv__xport_seg){.off = lo, .bytes = w};
     }
     o->ios[o->n++] = (struct kv_xport_io){
         .local = o->local, .local_off = lo, .remote = o->remote, .remote_off = ro, .bytes = w};
+}
+
+/* Gathered: count runs of w bytes from lo, pitch apart, to [ro, +count w):
+ * merged into the last entry where they continue it in the destination,
+ * and into its last segment where they continue that too. */
+static void gather_add(struct runs_out *o, uint64_t lo, uint64_t ro, uint64_t w, uint64_t count,
+                       uint64_t pitch)
+{
+    struct kv_xport_io *prev = o->n ? &o->ios[o->n - 1] : NULL;
+    if (prev && prev->remote_off + prev->bytes == ro) {
+        struct kv__xport_seg *sg = &o->seg[o->ns - 1];
+        prev->bytes += w * count;
+        if (sg->count == 1 && count == 1 && sg->off + sg->bytes == lo) {
+            sg->bytes += w;
+            sg->pitch = sg->bytes;
+        } else if (sg->bytes == w && sg->pitch == pitch && sg->off + sg->count * pitch == lo) {
+            sg->count += count;
+        } else {
+            o->seg[o->ns++] =
+                (struct kv__xport_seg){.off = lo, .bytes = w, .count = count, .pitch = pitch};
+        }
+        return;
+    }
+    o->seg_at[o->n] = o->ns;
+    o->seg[o->ns++] = (struct kv__xport_seg){.off = lo, .bytes = w, .count = count, .pitch = pitch};
+    o->ios[o->n++] = (struct kv_xport_io){.local = o->local,
+                                          .local_off = lo,
+                                          .remote = o->remote,
+                                          .remote_off = ro,
+                                          .bytes = w * count};
 }
 
 kv_status kv_xport_write_plan(kv_xport_peer *peer, const kv_plan *plan, kv_xport_mem *local,
@@ -135,40 +203,32 @@ kv_status kv_xport_write_plan(kv_xport_peer *peer, const kv_plan *plan, kv_xport
     }
     struct runs_out o = {.ios = ios, .seg = seg, .seg_at = seg_at, .local = local, .remote = remote};
     if (gather) {
-        /* the plan's runs of one window in destination order, once */
-        const int64_t R = plan->stats.runs;
-        struct wrun *wr = kv__mem_alloc((size_t)R * sizeof(*wr));
-        if (!wr) {
+        /* the plan's runs of one window in destination order, once; then
+         * every window of the request through them */
+        struct wrun *wr = NULL;
+        int64_t k = 0;
+        st = window_runs(fn, plan, &wr, &k);
+        if (st != KV_OK) {
             kv__mem_free(ios);
             kv__mem_free(seg);
             kv__mem_free(seg_at);
-            return kv__error(KV_ERR_NO_MEMORY, "%s: %" PRId64 " runs", fn, R);
+            return st;
         }
-        int64_t k = 0;
-        for (int64_t c = 0; c < plan->n_copies; c++) {
-            const struct kv__plan_copy *cp = &plan->copies[c];
-            for (int64_t r = 0; r < cp->height && k < R; r++)
-                wr[k++] = (struct wrun){.ks = cp->ks,
-                                        .kd = cp->kd,
-                                        .src_rel = cp->src_rel + r * cp->src_pitch,
-                                        .dst_rel = cp->dst_rel + r * cp->dst_pitch,
-                                        .width = cp->width};
-        }
-        qsort(wr, (size_t)k, sizeof(*wr), wrun_cmp);
-        const int64_t wins = n_tokens ? items / plan->n_copies : 0;
+        const int64_t wins = items / plan->n_copies;
         const int64_t wsb = plan->stats.window_src_blocks, wdb = plan->stats.window_dst_blocks;
         for (int64_t win = 0; win < wins; win++)
             for (int64_t i = 0; i < k; i++) {
                 const int64_t si = win * wsb + wr[i].ks, di = win * wdb + wr[i].kd;
                 if (si >= (int64_t)n_src || di >= (int64_t)n_dst)
                     continue;
-                run_add(&o, true,
-                        local_base_off + (uint64_t)src_blocks[si] * (uint64_t)sl->stride_block_bytes +
-                            (uint64_t)wr[i].src_rel,
-                        remote_base_off +
-                            (uint64_t)dst_blocks[di] * (uint64_t)dl->stride_block_bytes +
-                            (uint64_t)wr[i].dst_rel,
-                        (uint64_t)wr[i].width);
+                gather_add(&o,
+                           local_base_off +
+                               (uint64_t)src_blocks[si] * (uint64_t)sl->stride_block_bytes +
+                               (uint64_t)wr[i].src_rel,
+                           remote_base_off +
+                               (uint64_t)dst_blocks[di] * (uint64_t)dl->stride_block_bytes +
+                               (uint64_t)wr[i].dst_rel,
+                           (uint64_t)wr[i].width, (uint64_t)wr[i].count, (uint64_t)wr[i].pitch);
             }
         kv__mem_free(wr);
     } else {
@@ -184,7 +244,7 @@ kv_status kv_xport_write_plan(kv_xport_peer *peer, const kv_plan *plan, kv_xport
                                 (uint64_t)dst_blocks[di] * (uint64_t)dl->stride_block_bytes +
                                 (uint64_t)cp->dst_rel;
             for (int64_t r = 0; r < cp->height; r++)
-                run_add(&o, false, sb + (uint64_t)(r * cp->src_pitch),
+                run_add(&o, sb + (uint64_t)(r * cp->src_pitch),
                         db + (uint64_t)(r * cp->dst_pitch), (uint64_t)cp->width);
         }
     }

@@ -323,6 +323,7 @@ static void tcp_post(kv_xport_xfer *xf)
     xf->be_entry = 0;
     xf->be_off = 0;
     xf->be_seg = 0;
+    xf->be_rep = 0;
     xf->be_seg_off = 0;
     kv__tcp_wake(xf->peer->x->be);
 }

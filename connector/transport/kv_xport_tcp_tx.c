@@ -243,14 +243,17 @@ static uint32_t gather_pieces(struct kv__tcp_conn *c, kv_xport_xfer *xf, uint64_
             const struct kv__xport_seg *sg = &xf->seg[xf->be_seg];
             const uint64_t rest = sg->bytes - xf->be_seg_off;
             const uint64_t len = rest < KV__TCP_CHUNK - b ? rest : KV__TCP_CHUNK - b;
-            c->df_src[ns] = io->local->base + sg->off + xf->be_seg_off;
+            c->df_src[ns] = io->local->base + sg->off + xf->be_rep * sg->pitch + xf->be_seg_off;
             c->df_len[ns++] = len;
             b += len;
             xf->be_off += len;
             xf->be_seg_off += len;
             if (xf->be_seg_off == sg->bytes) {
-                xf->be_seg++;
                 xf->be_seg_off = 0;
+                if (++xf->be_rep == sg->count) {
+                    xf->be_rep = 0;
+                    xf->be_seg++;
+                }
             }
         }
         unsigned char *d = c->df_desc + (size_t)k * KV__TCP_DESC;
@@ -436,6 +439,9 @@ struct kv__tcp_verdict kv__tcp_conn_tx(struct kv__tcp *t, struct kv__tcp_conn *c
                      * chunk), hashed and sent from there as one range */
                     uint64_t at = 0;
                     for (uint32_t i = 0; i < k; i++) {
+                        if (i + 8 < k) /* strided sources: ask for them ahead */
+                            for (uint64_t o = 0; o < c->df_len[i + 8] && o < 512; o += 64)
+                                __builtin_prefetch(c->df_src[i + 8] + o);
                         memcpy(c->stage + at, c->df_src[i], (size_t)c->df_len[i]);
                         at += c->df_len[i];
                     }

@@ -30,13 +30,21 @@ static kv_status check_segs(const char *fn, const struct kv_xport_io *io, uint32
                          seg_at[i], seg_at[i + 1], n_seg);
     uint64_t sum = 0;
     for (uint32_t k = seg_at[i]; k < seg_at[i + 1]; k++) {
-        if (seg[k].bytes == 0 || !kv__range_ok(io->local->bytes, seg[k].off, seg[k].bytes))
+        const struct kv__xport_seg *g = &seg[k];
+        /* the span from the first range's start to the last one's end */
+        const uint64_t cap = io->local->bytes;
+        uint64_t span = 0;
+        const bool ok = g->bytes && g->count && g->pitch >= g->bytes &&
+                        !__builtin_mul_overflow(g->count - 1, g->pitch, &span) &&
+                        !__builtin_add_overflow(span, g->bytes, &span);
+        if (!ok || !kv__range_ok(cap, g->off, span))
             return kv__error(KV_ERR_OUT_OF_BOUNDS,
-                             "%s: entry %u: segment %u [%" PRIu64 ", +%" PRIu64
+                             "%s: entry %u: segment %u (%" PRIu64 " x %" PRIu64
+                             " bytes from %" PRIu64 ", pitch %" PRIu64
                              ") empty or outside region %u of %" PRIu64 " bytes",
-                             fn, i, k, seg[k].off, seg[k].bytes, io->local->region,
-                             io->local->bytes);
-        sum += seg[k].bytes;
+                             fn, i, k, g->count, g->bytes, g->off, g->pitch, io->local->region,
+                             cap);
+        sum += g->bytes * g->count;
     }
     if (sum != io->bytes)
         return kv__error(KV_ERR_INVALID_ARG,

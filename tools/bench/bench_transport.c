@@ -269,12 +269,15 @@ static double xport_once(int ctl, kv_xport_peer *peer, const kv_plan *plan, kv_x
         return -1;
     const double t0 = kvb_now();
     if (kv_xport_write_plan(peer, plan, m, 0, s->ids, s->n, r, 0, d->ids, d->n, T, &n, &t) !=
-            KV_OK ||
-        recv_all(ctl, &k, 1))
+        KV_OK)
+        return -1;
+    const double tp = kvb_now();
+    if (recv_all(ctl, &k, 1))
         return -1;
     const double t1 = kvb_now();
     if (getenv("KVB_DEBUG_GATHER"))
-        fprintf(stderr, "xport_once %.1f ms\n", (t1 - t0) * 1e3);
+        fprintf(stderr, "xport_once post %.1f ms, all %.1f ms\n", (tp - t0) * 1e3,
+                (t1 - t0) * 1e3);
     if (kv_xport_xfer_wait(t, 600000, &state) != KV_OK || state != KV_XPORT_DONE ||
         kv_xport_xfer_free(t) != KV_OK)
         return -1;
