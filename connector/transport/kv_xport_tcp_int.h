@@ -106,8 +106,9 @@ struct kv__tcp_conn {
     /* tx: the data frame in flight: the header (encoded once its payload is
      * hashed: df_ready), the descriptor table (a WRITE: df_k pieces) and the
      * payload from df_nsrc ranges of registered memory (df_nsrc == df_k
-     * unless the transfer is gathered: then its ranges are packed into
-     * stage[] with the hash, mu dropped, and sent from there as one);
+     * unless the transfer is gathered: then, when they are more than the
+     * pieces, they are packed into stage[] with the hash, mu dropped, and
+     * sent from there as one);
      * df_sent of df_total */
     bool df_on, df_ready;
     struct kv__xf df_f;

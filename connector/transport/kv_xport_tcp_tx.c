@@ -357,7 +357,7 @@ static bool next_frame(struct kv__tcp *t, struct kv__tcp_peer *tp, struct kv__tc
                            .offset = kv__xxh3_64(c->df_desc, (size_t)k * KV__TCP_DESC)};
         c->df_k = k;
         c->df_nsrc = xf->seg ? c->df_nsrc : k;
-        c->df_pack = xf->seg != NULL;
+        c->df_pack = xf->seg && c->df_nsrc > k; /* one range per piece: sent in place */
         c->df_t = xf;
         c->df_srv = NULL;
         xf->busy++;
