@@ -106,10 +106,10 @@ struct kv_xport_config {
     bool rdma_busy_poll;
     /* kv_xport_write_plan: a plan whose byte runs average fewer bytes than
      * this (kv_plan_stats: window_bytes / runs) is sent gathered on a
-     * backend that can gather (TCP): each run of the destination's layout
-     * that is contiguous there becomes one write whose payload the sender
-     * gathers from the source's small runs straight into the socket (no
-     * staging copy, no staging memory), so the wire carries the
+     * backend that can gather (TCP): one entry per run contiguous in the
+     * destination, its payload gathered from the source's small runs by
+     * the sender as it sends (packed frame by frame into one 512 KiB
+     * staging buffer per connection), so the wire carries the
      * destination's large runs. 0 = KV_XPORT_GATHER_BELOW_DEFAULT (measured:
      * docs/connector.md, "Fragment-proof conversions"); 1: never; UINT32_MAX:
      * always. RDMA: not gathered (one work request per run, as before). */
@@ -117,7 +117,7 @@ struct kv_xport_config {
 };
 
 /* The default of plan_gather_below_bytes. */
-#define KV_XPORT_GATHER_BELOW_DEFAULT 65536u
+#define KV_XPORT_GATHER_BELOW_DEFAULT 24576u
 
 #define KV_XPORT_CONFIG_INIT                                                                       \
     {                                                                                              \

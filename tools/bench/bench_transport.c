@@ -14,7 +14,9 @@
  *                          transfer, as an engine posts it): HND
  *                          block-major 32-token pages (256-byte runs on the
  *                          source side: sent gathered, see docs/connector.md
- *                          "Fragment-proof conversions"), or NHD
+ *                          "Fragment-proof conversions"); and, where the
+ *                          gather threshold lies, NHD block-major 1- and
+ *                          8-token pages (4 and 16 KiB runs) and NHD
  *                          layer-major 32-token pages (32 KiB runs); timed
  *                          until decode has the notification.
  * Baselines, interleaved (A B A B ...): transport.tcp against a plain socket
@@ -60,7 +62,7 @@ struct side {
 };
 
 /* Destination layouts: the same as the source, or a conversion target. */
-enum target { T_SAME = 0, T_HND_BM32 = 1, T_NHD_LM32 = 2 };
+enum target { T_SAME = 0, T_HND_BM32 = 1, T_NHD_LM32 = 2, T_NHD_BM1 = 3, T_NHD_BM8 = 4, T_N = 5 };
 
 static kv_status side_make(struct side *s, int64_t N, kv_order order, kv_arrange arr, int64_t T,
                            uint64_t seed)
@@ -100,7 +102,12 @@ static kv_status target_make(struct side *s, enum target tg, int64_t T, uint64_t
         return side_make(s, 32, KV_ORDER_HND, KV_ARRANGE_BLOCK_MAJOR, T, seed);
     case T_NHD_LM32:
         return side_make(s, 32, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, T, seed);
+    case T_NHD_BM1:
+        return side_make(s, 1, KV_ORDER_NHD, KV_ARRANGE_BLOCK_MAJOR, T, seed);
+    case T_NHD_BM8:
+        return side_make(s, 8, KV_ORDER_NHD, KV_ARRANGE_BLOCK_MAJOR, T, seed);
     case T_SAME:
+    case T_N:
         break;
     }
     return side_make(s, 16, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, T, seed);
@@ -271,13 +278,9 @@ static double xport_once(int ctl, kv_xport_peer *peer, const kv_plan *plan, kv_x
     if (kv_xport_write_plan(peer, plan, m, 0, s->ids, s->n, r, 0, d->ids, d->n, T, &n, &t) !=
         KV_OK)
         return -1;
-    const double tp = kvb_now();
     if (recv_all(ctl, &k, 1))
         return -1;
     const double t1 = kvb_now();
-    if (getenv("KVB_DEBUG_GATHER"))
-        fprintf(stderr, "xport_once post %.1f ms, all %.1f ms\n", (tp - t0) * 1e3,
-                (t1 - t0) * 1e3);
     if (kv_xport_xfer_wait(t, 600000, &state) != KV_OK || state != KV_XPORT_DONE ||
         kv_xport_xfer_free(t) != KV_OK)
         return -1;
@@ -305,9 +308,10 @@ static void transport_case(enum target tg, uint32_t conns)
 {
     const bool convert = tg != T_SAME;
     const char *bench = convert ? "transport.tcp_convert" : "transport.tcp";
-    static const char *const names[3] = {"llama3_8b_T4096_nhd_lm_N16",
-                                         "llama3_8b_T4096_nhd_lm_N16_to_hnd_bm_N32",
-                                         "llama3_8b_T4096_nhd_lm_N16_to_nhd_lm_N32"};
+    static const char *const names[T_N] = {
+        "llama3_8b_T4096_nhd_lm_N16", "llama3_8b_T4096_nhd_lm_N16_to_hnd_bm_N32",
+        "llama3_8b_T4096_nhd_lm_N16_to_nhd_lm_N32", "llama3_8b_T4096_nhd_lm_N16_to_nhd_bm_N1",
+        "llama3_8b_T4096_nhd_lm_N16_to_nhd_bm_N8"};
     char name[96];
     snprintf(name, sizeof(name), "%s_conns%u", names[tg], conns);
     if (!kvb_selected(bench, name))
@@ -438,11 +442,6 @@ static void transport_case(enum target tg, uint32_t conns)
         for (uint32_t i = 0; i < nd; i++)
             ok = ok && pool_ok(&s, &d[i], got[i]);
         const uint64_t gathered = st1.plans_gathered - st0.plans_gathered;
-        if (getenv("KVB_DEBUG_GATHER"))
-            fprintf(stderr, "gathered %llu entries %llu segments %llu\n",
-                    (unsigned long long)gathered,
-                    (unsigned long long)(st1.plan_entries - st0.plan_entries),
-                    (unsigned long long)(st1.plan_segments - st0.plan_segments));
         if (!ok)
             kvb_mismatch(bench, name, "a decode pool's XXH3 differs from kv_plan_copy's");
         else if (convert && tg == T_HND_BM32 && xc.plan_gather_below_bytes == 0 &&
@@ -496,7 +495,7 @@ __attribute__((constructor)) static void transport_decode_entry(void)
     unsigned conns = 0;
     long long T = 0;
     unsigned long long bytes = 0;
-    if (sscanf(e, "%d,%d,%u,%lld,%llu", &fd, &tg, &conns, &T, &bytes) != 5 || tg < 0 || tg > 2)
+    if (sscanf(e, "%d,%d,%u,%lld,%llu", &fd, &tg, &conns, &T, &bytes) != 5 || tg < 0 || tg >= T_N)
         _exit(2);
     signal(SIGPIPE, SIG_IGN);
     _exit(decode_main(fd, (enum target)tg, conns, (int64_t)T, (uint64_t)bytes));
@@ -511,6 +510,11 @@ static void transport_suite(void)
     transport_case(T_SAME, 1);
     transport_case(T_HND_BM32, 2);
     transport_case(T_HND_BM32, 1);
+    /* where the threshold lies: runs of 4 KiB (to 1-token pages, block-
+     * major), 16 KiB (8-token pages) and 32 KiB (32-token pages, layer-
+     * major), each merged on the destination side when gathered */
+    transport_case(T_NHD_BM1, 2);
+    transport_case(T_NHD_BM8, 2);
     transport_case(T_NHD_LM32, 2);
 }
 
