@@ -167,7 +167,9 @@ DEMO_SRC    := $(wildcard tools/kvdemo/*.c)
 CLI_SRC     := $(wildcard tools/kvcache/*.c)
 GPU_TESTS   := $(patsubst tests/gpu/%.c,$(BUILD)/gpu/%,$(wildcard tests/gpu/test_gpu_*.c))
 FUZZ_SRC    := $(wildcard tests/fuzz/fuzz_*.c)
-FUZZ_BINS   := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRC))
+# fuzz_rdma_info needs the verbs header's enums: built where RDMA is.
+FUZZ_BINS   := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,\
+                 $(filter-out $(if $(filter 1,$(HAVE_RDMA)),,tests/fuzz/fuzz_rdma_info.c),$(FUZZ_SRC)))
 
 LIB_A  := $(BUILD)/libkvcache.a
 LIB_SO := $(BUILD)/libkvcache.so
@@ -341,16 +343,25 @@ $(BUILD)/fuzz/%: tests/fuzz/%.c $(wildcard kvcache/*.c kvcache/*.h) $(XXH_PROBE)
 	@$(if $(Q),echo '  FUZZ   $@')
 	$(Q)$(CLANG) $(FUZZ_CFLAGS) -o $@ $< $(filter-out %_cuda.c %_verbs.c,$(wildcard kvcache/*.c)) -lxxhash -lm
 
-# fuzz_unpack and fuzz_xport_rx reach the connector: every module's CPU
+# fuzz_unpack, fuzz_xport_rx and fuzz_xlayer_rx reach the connector: every module's CPU
 # sources, OpenMP (libomp); the transport target also the raw-peer helpers.
 FUZZ_ALL_SRC := $(filter-out %_cuda.c %_verbs.c,$(foreach m,$(MODULES),$(wildcard $(m)/*.c $(m)/*/*.c)))
-FUZZ_CONNECTOR := $(BUILD)/fuzz/fuzz_unpack $(BUILD)/fuzz/fuzz_xport_rx
+FUZZ_CONNECTOR := $(BUILD)/fuzz/fuzz_unpack $(BUILD)/fuzz/fuzz_xport_rx $(BUILD)/fuzz/fuzz_xlayer_rx
 $(FUZZ_CONNECTOR): $(BUILD)/fuzz/%: tests/fuzz/%.c $(FUZZ_ALL_SRC) $(foreach m,$(MODULES),$(wildcard $(m)/*.h $(m)/*/*.h)) \
                    tests/common/kvt_xport_raw.h $(XXH_PROBE)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  FUZZ   $@')
 	$(Q)$(CLANG) $(FUZZ_CFLAGS) $(inc_binding) -Itests/common -fopenmp -Wno-unknown-pragmas \
 	    -o $@ $< $(FUZZ_ALL_SRC) -lxxhash -lm -lpthread
+
+# fuzz_rdma_info: the RDMA INFO decoder (pure code in a *_verbs.c file, only
+# the verbs header's enums; nothing from libibverbs is linked).
+$(BUILD)/fuzz/fuzz_rdma_info: tests/fuzz/fuzz_rdma_info.c connector/transport/kv_xport_rdma_info_verbs.c \
+                              $(wildcard kvcache/*.c kvcache/*.h connector/transport/*.h) $(XXH_PROBE)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo '  FUZZ   $@')
+	$(Q)$(CLANG) $(FUZZ_CFLAGS) -UKV_HAVE_RDMA -DKV_HAVE_RDMA=1 $(inc_binding) -o $@ $< connector/transport/kv_xport_rdma_info_verbs.c \
+	    $(filter-out %_cuda.c %_verbs.c,$(wildcard kvcache/*.c)) -lxxhash -lm -lpthread
 
 fuzz: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) $(FUZZ_BINS)

@@ -21,7 +21,11 @@
  *   decode  one query per sequence q [S][Hq][D] over its paged K, V (Hq a
  *           multiple of H: query head i reads KV head i / (Hq / H)) ->
  *           out [S][Hq][D]: softmax(scale * q.k) . v, f32 accumulation with an
- *           online softmax; a sequence of 0 tokens gives zeros
+ *           online softmax; a sequence of 0 tokens gives zeros; with options
+ *           (kv_attn_decode_ex): a sliding window, a logit soft cap, the
+ *           log-sum-exp
+ *   prefill q_len >= 1 queries per sequence (qo_indptr, CSR) with a causal
+ *           mask over the sequence's cached tokens, the same options
  *
  * Element types. The cache dtype is the layout's: f32, f16, bf16, fp8 e4m3fn
  * or fp8 e5m2. Tensors may be any of the five. In a call without scales, a
@@ -244,6 +248,76 @@ KV_API KV_NODISCARD kv_status kv_attn_decode(struct kv_paged_cache cache, uint32
                                              float softmax_scale, const struct kv_scales *scales,
                                              const struct kv_view *out);
 
+/* Options of kv_attn_decode_ex and kv_attn_prefill (docs/kernels.md has
+ * the formulas). Start from kv_attn_opts_init() or KV_ATTN_OPTS_INIT: they
+ * set window_left to KV_ATTN_WINDOW_OFF (a zeroed struct means a window of
+ * one token), every other field off. NULL options: every field off. A query
+ * at position p (decode: p = len - 1) of a sequence of len tokens sees the
+ * tokens lo(p) .. p, lo(p) = max(0, p - window_left) (FlashInfer's
+ * window_left: the last window_left + 1 tokens; -1 = no window). Its
+ * logits are x = softmax_scale * (q . k) (k dequantized with the scales),
+ * then, with a cap c > 0, c * tanh(x / c) (FlashInfer's logits_soft_cap,
+ * vLLM's soft_cap), before the softmax. lse, when not NULL, receives for
+ * each query row and query head the natural log of sum over the visible
+ * tokens of exp(logit) (vLLM / flash-attention's softmax_lse; FlashInfer's
+ * is base 2: times log2(e)), -inf where no token is visible. struct_size
+ * lets the library refuse options of other headers. */
+#define KV_ATTN_WINDOW_OFF (-1)
+struct kv_attn_opts {
+    size_t struct_size;   /* sizeof this struct: set by its _init() or _INIT */
+    int32_t window_left;  /* -1 (KV_ATTN_WINDOW_OFF): no window; >= 0: see above */
+    float logit_soft_cap; /* 0: off; > 0 and finite: c * tanh(x / c) */
+    float *lse;           /* NULL or [rows][Hq] f32 (rows: S for decode, T for prefill) */
+    int64_t lse_stride;   /* elements between rows of lse (heads at stride 1); 0: Hq */
+};
+
+/* C initializer: struct kv_attn_opts o = KV_ATTN_OPTS_INIT; */
+#define KV_ATTN_OPTS_INIT                                                                          \
+    {                                                                                              \
+        .struct_size = sizeof(struct kv_attn_opts), .window_left = KV_ATTN_WINDOW_OFF              \
+    }
+
+/* Zero *opts, set its struct_size and window_left = KV_ATTN_WINDOW_OFF. */
+static inline void kv_attn_opts_init(struct kv_attn_opts *opts)
+{
+    memset(opts, 0, sizeof(*opts));
+    opts->struct_size = sizeof(*opts);
+    opts->window_left = KV_ATTN_WINDOW_OFF;
+}
+
+/* kv_attn_decode with options (opts NULL: kv_attn_decode exactly): a
+ * sliding window, a logit soft cap, the log-sum-exp of each query head.
+ * The refusals of kv_attn_decode, and KV_ERR_INVALID_ARG for options of
+ * another struct_size, window_left < -1, a soft cap negative or not finite,
+ * an lse_stride < 0 or below Hq, an lse not 4-byte aligned; KV_ERR_OVERLAP
+ * for an lse overlapping out, q or the cache. Nothing is written when a
+ * call is refused. */
+KV_API KV_NODISCARD kv_status kv_attn_decode_ex(struct kv_paged_cache cache, uint32_t layer,
+                                                const struct kv_view *q,
+                                                const struct kv_pages *pages, float softmax_scale,
+                                                const struct kv_scales *scales,
+                                                const struct kv_view *out,
+                                                const struct kv_attn_opts *opts);
+
+/* Paged attention of q_len >= 0 queries per sequence with a causal mask
+ * (chunked prefill over a cached prefix, a whole prefill, speculative
+ * verification): the queries of sequence s are the rows qo_indptr[s] ..
+ * qo_indptr[s+1] - 1 of q [T][Hq][D] (FlashInfer's qo_indptr, [n_seqs + 1],
+ * qo_indptr[0] == 0, qo_indptr[n_seqs] == T), and are its last q_len
+ * tokens: query i sits at position len - q_len + i (len: s's tokens in
+ * pages, its K/V already written) and sees the tokens 0 .. that position
+ * (less with a window). out [T][Hq][D]; a row with q_len 1 is exactly
+ * kv_attn_decode_ex's. Refusals: those of kv_attn_decode_ex, KV_ERR_NULL for
+ * a NULL qo_indptr, KV_ERR_CORRUPT for qo_indptr[0] != 0 or decreasing,
+ * KV_ERR_BAD_SHAPE for qo_indptr[n_seqs] != T or a q_len above the
+ * sequence's len (each naming the sequence and the values). */
+KV_API KV_NODISCARD kv_status kv_attn_prefill(struct kv_paged_cache cache, uint32_t layer,
+                                              const struct kv_view *q, const int32_t *qo_indptr,
+                                              const struct kv_pages *pages, float softmax_scale,
+                                              const struct kv_scales *scales,
+                                              const struct kv_view *out,
+                                              const struct kv_attn_opts *opts);
+
 /* The CPU kernels use kv_threads() threads (kv_threads.h). */
 
 /* ---- CUDA kernels -------------------------------------------------------------
@@ -285,6 +359,19 @@ KV_API KV_NODISCARD kv_status kv_attn_decode_cuda(struct kv_paged_cache cache, u
                                                   const struct kv_scales *scales,
                                                   const struct kv_view *out, kv_cuda_stream stream);
 
+/* kv_attn_decode_ex and kv_attn_prefill on CUDA: the same validation;
+ * then KV_ERR_UNSUPPORTED for what the CUDA kernel does not do yet, naming
+ * it: a window, a soft cap, lse (kv_attn_decode_ex_cuda runs options all
+ * off as kv_attn_decode_cuda), and every kv_attn_prefill_cuda call. */
+KV_API KV_NODISCARD kv_status kv_attn_decode_ex_cuda(
+    struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q,
+    const struct kv_pages *pages, float softmax_scale, const struct kv_scales *scales,
+    const struct kv_view *out, const struct kv_attn_opts *opts, kv_cuda_stream stream);
+KV_API KV_NODISCARD kv_status kv_attn_prefill_cuda(
+    struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q, const int32_t *qo_indptr,
+    const struct kv_pages *pages, float softmax_scale, const struct kv_scales *scales,
+    const struct kv_view *out, const struct kv_attn_opts *opts, kv_cuda_stream stream);
+
 /* ---- which path ran ---------------------------------------------------------- */
 
 /* The kernels, for kv_attn_stats. */
@@ -293,6 +380,7 @@ enum kv_attn_kernel {
     KV_ATTN_READ,
     KV_ATTN_COPY,
     KV_ATTN_DECODE,
+    KV_ATTN_PREFILL, /* kv_attn_prefill (kv_attn_decode_ex counts as decode) */
     KV_ATTN_KERNEL_COUNT
 };
 

@@ -442,6 +442,8 @@ void kv__attn_job_free(struct kv__attn_job *job)
     kv__mem_free(job->page_ids);
     kv__mem_free(job->page_start);
     kv__mem_free(job->seq_tokens);
+    kv__mem_free(job->q_start);
+    job->q_start = NULL;
     job->runs = NULL;
     job->page_ids = NULL;
     job->page_start = NULL;
@@ -754,18 +756,117 @@ uint64_t kv__attn_copy_bytes(const struct kv__attn_job *job)
     return (uint64_t)job->n_copies * job->n_layers * planes * per_plane;
 }
 
+/* The fields of kv_attn_opts (NULL: all off) into job; lse checked
+ * against q, out (rows x Hq floats at lse_stride) and the cache. */
+static kv_status check_attn_opts(const char *fn, const struct kv_attn_opts *o, int64_t rows,
+                                 int64_t hq, const struct kv_view *q, const struct kv_view *out,
+                                 const struct kv_paged_cache *cache, struct kv__attn_job *job)
+{
+    job->window_left = KV_ATTN_WINDOW_OFF;
+    if (!o)
+        return KV_OK;
+    kv_status st = kv__check_struct_size(fn, "kv_attn_opts", o->struct_size, sizeof(*o));
+    if (st != KV_OK)
+        return st;
+    if (o->window_left < KV_ATTN_WINDOW_OFF)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: window_left %" PRId32 " is negative and not KV_ATTN_WINDOW_OFF (-1)",
+                         fn, o->window_left);
+    if (!(o->logit_soft_cap >= 0.0f) || !isfinite(o->logit_soft_cap))
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: logit_soft_cap %g is not 0 (off) or a finite value > 0", fn,
+                         (double)o->logit_soft_cap);
+    job->window_left = o->window_left;
+    job->soft_cap = o->logit_soft_cap;
+    if (!o->lse)
+        return KV_OK;
+    const int64_t ls = o->lse_stride ? o->lse_stride : hq;
+    if (o->lse_stride < 0 || ls < hq)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: lse_stride %" PRId64 " is below the %" PRId64
+                         " query heads of an lse row (0 means Hq)",
+                         fn, o->lse_stride, hq);
+    if ((uintptr_t)o->lse % sizeof(float))
+        return kv__error(KV_ERR_INVALID_ARG, "%s: lse %p is not 4-byte aligned", fn,
+                         (void *)o->lse);
+    if (rows > 0) {
+        const uintptr_t a = (uintptr_t)o->lse,
+                        b = a + (uintptr_t)(((rows - 1) * ls + hq) * (int64_t)sizeof(float));
+        const struct kv_view *vs[2] = {out, q};
+        static const char *const names[2] = {"out", "q"};
+        for (int i = 0; i < 2; i++) {
+            int64_t lo, hi;
+            kv_view_extent_bytes(vs[i], &lo, &hi);
+            const uintptr_t va = (uintptr_t)vs[i]->base + (uintptr_t)lo,
+                            vb = (uintptr_t)vs[i]->base + (uintptr_t)hi;
+            if (hi > lo && a < vb && va < b)
+                return kv__error(KV_ERR_OVERLAP,
+                                 "%s: lse (bytes [%p, %p)) overlaps %s (bytes [%p, %p))", fn,
+                                 (void *)a, (void *)b, names[i], (void *)va, (void *)vb);
+        }
+        const uintptr_t ca = (uintptr_t)cache->base, cb = ca + cache->storage_bytes;
+        if (a < cb && ca < b)
+            return kv__error(KV_ERR_OVERLAP,
+                             "%s: lse (bytes [%p, %p)) overlaps the cache storage [%p, %p)", fn,
+                             (void *)a, (void *)b, (void *)ca, (void *)cb);
+    }
+    job->lse = o->lse;
+    job->lse_stride = ls;
+    return KV_OK;
+}
+
+/* qo_indptr of a prefill against the pages' sequences (job->seq_tokens)
+ * and q's T rows -> job->q_start. */
+static kv_status check_qo_indptr(const char *fn, const int32_t *qo, int64_t T,
+                                 struct kv__attn_job *job)
+{
+    const uint32_t S = job->n_seqs;
+    if (qo[0] != 0)
+        return kv__error(KV_ERR_CORRUPT, "%s: qo_indptr[0] is %" PRId32 ", not 0", fn, qo[0]);
+    for (uint32_t s = 0; s < S; s++) {
+        if (qo[s + 1] < qo[s])
+            return kv__error(KV_ERR_CORRUPT,
+                             "%s: qo_indptr decreases at sequence %" PRIu32 ": qo_indptr[%" PRIu32
+                             "] = %" PRId32 " > qo_indptr[%" PRIu32 "] = %" PRId32,
+                             fn, s, s, qo[s], s + 1, qo[s + 1]);
+        const int64_t ql = (int64_t)qo[s + 1] - qo[s];
+        if (ql > job->seq_tokens[s])
+            return kv__error(KV_ERR_BAD_SHAPE,
+                             "%s: sequence %" PRIu32 " has q_len %" PRId64 " (qo_indptr[%" PRIu32
+                             "] = %" PRId32 ", qo_indptr[%" PRIu32 "] = %" PRId32
+                             ") above its %" PRId64 " tokens in pages (write its K/V first)",
+                             fn, s, ql, s, qo[s], s + 1, qo[s + 1], job->seq_tokens[s]);
+    }
+    if ((int64_t)qo[S] != T)
+        return kv__error(KV_ERR_BAD_SHAPE,
+                         "%s: qo_indptr[%" PRIu32 "] = %" PRId32 " but q and out have %" PRId64
+                         " rows",
+                         fn, S, qo[S], T);
+    job->q_start = kv__mem_alloc(((size_t)S + 1) * sizeof(int64_t));
+    if (!job->q_start)
+        return kv__error(KV_ERR_NO_MEMORY, "%s: qo_indptr of %" PRIu32 " sequences", fn, S);
+    for (uint32_t s = 0; s <= S; s++)
+        job->q_start[s] = qo[s];
+    return KV_OK;
+}
+
 kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cache, uint32_t layer,
-                                const struct kv_view *q, const struct kv_pages *pages,
-                                float softmax_scale, const struct kv_scales *scales,
-                                const struct kv_view *out, struct kv__attn_job *job)
+                                const struct kv_view *q, const int32_t *qo_indptr,
+                                const struct kv_pages *pages, float softmax_scale,
+                                const struct kv_scales *scales, const struct kv_view *out,
+                                const struct kv_attn_opts *opts, struct kv__attn_job *job)
 {
     kv_status st;
     char b1[KV__LIST], b2[KV__LIST];
+    const bool prefill = strstr(fn, "prefill") != NULL;
     memset(job, 0, sizeof(*job));
     job->fn = fn;
-    job->kernel = KV_ATTN_DECODE;
-    if (!q || !out)
-        return kv__error(KV_ERR_NULL, "%s: q=%p out=%p", fn, (const void *)q, (const void *)out);
+    job->kernel = prefill ? KV_ATTN_PREFILL : KV_ATTN_DECODE;
+    if (!q || !out || (prefill && !qo_indptr))
+        return prefill ? kv__error(KV_ERR_NULL, "%s: q=%p qo_indptr=%p out=%p", fn, (const void *)q,
+                                   (const void *)qo_indptr, (const void *)out)
+                       : kv__error(KV_ERR_NULL, "%s: q=%p out=%p", fn, (const void *)q,
+                                   (const void *)out);
     if ((st = check_cache(fn, cache)) != KV_OK)
         return st;
     const struct kv_layout *lo = &cache->layout;
@@ -776,8 +877,9 @@ kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cac
     if ((st = kv_view_check(q)) != KV_OK)
         return kv__error_wrap(st, "%s: q", fn);
     if (q->ndim != 3)
-        return kv__error(KV_ERR_BAD_SHAPE, "%s: q has %d dims %s, expected [S][Hq][D]", fn, q->ndim,
-                         kv__fmt_list(b1, sizeof(b1), q->shape, q->ndim));
+        return kv__error(KV_ERR_BAD_SHAPE, "%s: q has %d dims %s, expected %s", fn, q->ndim,
+                         kv__fmt_list(b1, sizeof(b1), q->shape, q->ndim),
+                         prefill ? "[T][Hq][D]" : "[S][Hq][D]");
     const int64_t hq = q->shape[1];
     if (hq < lo->num_heads || hq % lo->num_heads != 0)
         return kv__error(KV_ERR_BAD_SHAPE,
@@ -798,19 +900,38 @@ kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cac
     if (!isfinite(softmax_scale))
         return kv__error(KV_ERR_INVALID_ARG, "%s: softmax_scale %g is not finite", fn,
                          (double)softmax_scale);
+    if ((st = check_attn_opts(fn, opts, q->shape[0], hq, q, out, cache, job)) != KV_OK)
+        return st;
     if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, job)) != KV_OK)
         return st;
     if ((st = check_pages(fn, lo, pages, job)) != KV_OK) {
         kv__attn_job_free(job);
         return st;
     }
-    if ((int64_t)job->n_seqs != q->shape[0]) {
+    if (prefill)
+        st = check_qo_indptr(fn, qo_indptr, q->shape[0], job);
+    else if ((int64_t)job->n_seqs != q->shape[0])
+        st = kv__error(KV_ERR_BAD_SHAPE, "%s: q has %" PRId64 " sequences, pages %" PRIu32, fn,
+                       q->shape[0], job->n_seqs);
+    if (st != KV_OK) {
         kv__attn_job_free(job);
-        return kv__error(KV_ERR_BAD_SHAPE, "%s: q has %" PRId64 " sequences, pages %" PRIu32, fn,
-                         q->shape[0], job->n_seqs);
+        return st;
     }
     job->q_heads = (uint32_t)hq;
     job->softmax_scale = softmax_scale;
     job->path = worse(path_of(q), path_of(out));
     return KV_OK;
+}
+
+const char *kv__attn_opts_on(const struct kv__attn_job *job)
+{
+    if (job->q_start)
+        return "multi-token attention (qo_indptr)";
+    if (job->window_left != KV_ATTN_WINDOW_OFF)
+        return "sliding window";
+    if (job->soft_cap != 0.0f)
+        return "logit soft cap";
+    if (job->lse)
+        return "lse output";
+    return NULL;
 }

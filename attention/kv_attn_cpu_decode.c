@@ -39,9 +39,36 @@ struct kv__dec_tok {
     const void *k, *v; /* rows of the KV head: D elements each */
 };
 
+/* What a chunk applies to its scores before the softmax (NULL: nothing):
+ * the soft cap, then the mask of queries whose visible tokens [lo, hi]
+ * (positions) do not cover the chunk's (kv_attn_opts). */
+struct kv__dec_mod {
+    float cap;              /* > 0: x -> cap * tanh(x / cap) */
+    const int64_t *lo, *hi; /* [g]: query qi sees positions lo[qi] .. hi[qi]; NULL: all */
+    int64_t pos0;           /* the position of the chunk's first token */
+};
+
+__attribute__((noinline, cold)) static void chunk_mod(const struct kv__dec_mod *mod, int n, int g,
+                                                      float *sc)
+{
+    for (int qi = 0; qi < g; qi++) {
+        float *sq = sc + qi * KV__CHUNK;
+        if (mod->cap > 0.0f) {
+            const float c = mod->cap, ic = 1.0f / mod->cap;
+            for (int t = 0; t < n; t++)
+                sq[t] = c * tanhf(sq[t] * ic);
+        }
+        if (mod->lo)
+            for (int t = 0; t < n; t++)
+                if (mod->pos0 + t < mod->lo[qi] || mod->pos0 + t > mod->hi[qi])
+                    sq[t] = -INFINITY;
+    }
+}
+
 #define KV__DEFINE_CHUNK(NAME, LOAD)                                                               \
     static void NAME(const struct kv__dec_tok *tok, int n, int g, int64_t D, const float *q,       \
-                     float kmul, float vmul, float *m, float *l, float *acc, float *sc)            \
+                     float kmul, float vmul, float *m, float *l, float *acc, float *sc,            \
+                     const struct kv__dec_mod *mod)                                                \
     {                                                                                              \
         for (int t = 0; t < n; t++) {                                                              \
             const void *kp = tok[t].k;                                                             \
@@ -53,10 +80,17 @@ struct kv__dec_tok {
                 sc[qi * KV__CHUNK + t] = s * kmul;                                                 \
             }                                                                                      \
         }                                                                                          \
+        if (mod)                                                                                   \
+            chunk_mod(mod, n, g, sc);                                                              \
         for (int qi = 0; qi < g; qi++) {                                                           \
             float *sq = sc + qi * KV__CHUNK, mx = m[qi];                                           \
             for (int t = 0; t < n; t++)                                                            \
                 mx = sq[t] > mx ? sq[t] : mx;                                                      \
+            if (mx == -INFINITY) { /* nothing visible yet: weights 0 */                            \
+                for (int t = 0; t < n; t++)                                                        \
+                    sq[t] = 0.0f;                                                                  \
+                continue;                                                                          \
+            }                                                                                      \
             const float corr = m[qi] == -INFINITY ? 0.0f : expf(m[qi] - mx);                       \
             float sum = 0.0f;                                                                      \
             for (int t = 0; t < n; t++) {                                                          \
@@ -87,7 +121,7 @@ KV__DEFINE_CHUNK(chunk_e4m3, KV__LOAD_E4M3)
 KV__DEFINE_CHUNK(chunk_e5m2, KV__LOAD_E5M2)
 
 typedef void (*kv__chunk_fn)(const struct kv__dec_tok *, int, int, int64_t, const float *, float,
-                             float, float *, float *, float *, float *);
+                             float, float *, float *, float *, float *, const struct kv__dec_mod *);
 
 /* ---- the AVX2/FMA chunk (x86-64, chosen at run time) ------------------------------
  * The same computation as KV__DEFINE_CHUNK for f32, f16 and bf16 caches and
@@ -209,6 +243,10 @@ KV__AVX2 static void chunk_softmax(int n, int g, int64_t D, float vmul, float *m
         float *sq = sc + qi * KV__CHUNK, mx = m[qi];
         for (int t = 0; t < n; t++)
             mx = sq[t] > mx ? sq[t] : mx;
+        if (mx == -INFINITY) { /* nothing visible yet (a mask): weights 0 */
+            memset(sq, 0, (size_t)n * sizeof(float));
+            continue;
+        }
         const float corr = m[qi] == -INFINITY ? 0.0f : expf(m[qi] - mx);
         float sum = 0.0f;
         int t = 0;
@@ -241,7 +279,7 @@ KV__AVX2 static void chunk_softmax(int n, int g, int64_t D, float vmul, float *m
 #define KV__DEFINE_CHUNK_AVX2(NAME, LD8, ES)                                                       \
     KV__AVX2 static void NAME(const struct kv__dec_tok *tok, int n, int g, int64_t D,              \
                               const float *q, float kmul, float vmul, float *m, float *l,          \
-                              float *acc, float *sc)                                               \
+                              float *acc, float *sc, const struct kv__dec_mod *mod)                \
     {                                                                                              \
         for (int t = 0; t < n; t++) {                                                              \
             const char *kp = (const char *)tok[t].k;                                               \
@@ -269,6 +307,8 @@ KV__AVX2 static void chunk_softmax(int n, int g, int64_t D, float vmul, float *m
                 sc[q0 * KV__CHUNK + t] = hsum8(a0) * kmul;                                         \
             }                                                                                      \
         }                                                                                          \
+        if (mod)                                                                                   \
+            chunk_mod(mod, n, g, sc);                                                              \
         chunk_softmax(n, g, D, vmul, m, l, acc, sc);                                               \
         int q0 = 0;                                                                                \
         for (; q0 + 4 <= g; q0 += 4) {                                                             \
@@ -313,9 +353,191 @@ KV__DEFINE_CHUNK_AVX2(chunk_avx2_e5m2, ld8_e5m2, 1)
  * and the weight's multipliers */
 KV__AVX2 static void chunk_avx2_e4m3(const struct kv__dec_tok *tok, int n, int g, int64_t D,
                                      const float *q, float kmul, float vmul, float *m, float *l,
-                                     float *acc, float *sc)
+                                     float *acc, float *sc, const struct kv__dec_mod *mod)
 {
-    chunk_avx2_e4m3_raw(tok, n, g, D, q, kmul * 256.0f, vmul * 256.0f, m, l, acc, sc);
+    chunk_avx2_e4m3_raw(tok, n, g, D, q, kmul * 256.0f, vmul * 256.0f, m, l, acc, sc, mod);
+}
+
+/* ---- the multi-token tile (AVX2): many score rows per K/V head ----------------
+ * A prefill task's gq = nq * g rows per KV head share each K and V row: the
+ * chunk's rows are converted to f32 once (kf, vf [CHUNK][D]), then scores
+ * are computed 4 rows x 2 tokens at a time (8 accumulators, one K load per
+ * 4 FMAs, the 8 sums reduced by hadd), and V is accumulated 4 rows x 16
+ * elements at a time with the accumulators in registers across the chunk's
+ * tokens. The online softmax is chunk_softmax. */
+typedef void (*kv__tile_fn)(const struct kv__dec_tok *, int, int, int64_t, const float *, float,
+                            float, float *, float *, float *, float *, const struct kv__dec_mod *,
+                            float *);
+
+/* the four sums of a, b, c, d */
+KV__AVX2 static inline __m128 hsum4x8(__m256 a, __m256 b, __m256 c, __m256 d)
+{
+    const __m256 x = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+}
+
+KV__AVX2 static void tile_scores(const float *kf, int n, int g, int64_t D, const float *q,
+                                 float kmul, float *sc)
+{
+    const __m128 km = _mm_set1_ps(kmul);
+    float r[4];
+    int q0 = 0;
+    for (; q0 + 4 <= g; q0 += 4) {
+        const float *qa = q + (int64_t)q0 * D;
+        int t = 0;
+        for (; t + 2 <= n; t += 2) {
+            const float *k0 = kf + (int64_t)t * D, *k1 = k0 + D;
+            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
+                   a30 = a00, a31 = a00;
+            for (int64_t d = 0; d < D; d += 8) {
+                const __m256 x0 = _mm256_loadu_ps(k0 + d), x1 = _mm256_loadu_ps(k1 + d);
+                __m256 y = _mm256_loadu_ps(qa + d);
+                a00 = _mm256_fmadd_ps(y, x0, a00);
+                a01 = _mm256_fmadd_ps(y, x1, a01);
+                y = _mm256_loadu_ps(qa + D + d);
+                a10 = _mm256_fmadd_ps(y, x0, a10);
+                a11 = _mm256_fmadd_ps(y, x1, a11);
+                y = _mm256_loadu_ps(qa + 2 * D + d);
+                a20 = _mm256_fmadd_ps(y, x0, a20);
+                a21 = _mm256_fmadd_ps(y, x1, a21);
+                y = _mm256_loadu_ps(qa + 3 * D + d);
+                a30 = _mm256_fmadd_ps(y, x0, a30);
+                a31 = _mm256_fmadd_ps(y, x1, a31);
+            }
+            _mm_storeu_ps(r, _mm_mul_ps(hsum4x8(a00, a10, a20, a30), km));
+            for (int i = 0; i < 4; i++)
+                sc[(q0 + i) * KV__CHUNK + t] = r[i];
+            _mm_storeu_ps(r, _mm_mul_ps(hsum4x8(a01, a11, a21, a31), km));
+            for (int i = 0; i < 4; i++)
+                sc[(q0 + i) * KV__CHUNK + t + 1] = r[i];
+        }
+        for (; t < n; t++) {
+            const float *k0 = kf + (int64_t)t * D;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t d = 0; d < D; d += 8) {
+                const __m256 x0 = _mm256_loadu_ps(k0 + d);
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + d), x0, a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + D + d), x0, a1);
+                a2 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + 2 * D + d), x0, a2);
+                a3 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + 3 * D + d), x0, a3);
+            }
+            _mm_storeu_ps(r, _mm_mul_ps(hsum4x8(a0, a1, a2, a3), km));
+            for (int i = 0; i < 4; i++)
+                sc[(q0 + i) * KV__CHUNK + t] = r[i];
+        }
+    }
+    for (; q0 < g; q0++) {
+        const float *qa = q + (int64_t)q0 * D;
+        for (int t = 0; t < n; t++) {
+            const float *k0 = kf + (int64_t)t * D;
+            __m256 a0 = _mm256_setzero_ps();
+            for (int64_t d = 0; d < D; d += 8)
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + d), _mm256_loadu_ps(k0 + d), a0);
+            sc[q0 * KV__CHUNK + t] = hsum8(a0) * kmul;
+        }
+    }
+}
+
+/* acc[qi] += sum_t w[qi][t] vf[t] (the weights already times vmul) */
+KV__AVX2 static void tile_values(const float *vf, int n, int g, int64_t D, float *acc,
+                                 const float *sc)
+{
+    int q0 = 0;
+    for (; q0 + 4 <= g; q0 += 4) {
+        float *ac = acc + (int64_t)q0 * D;
+        const float *w = sc + q0 * KV__CHUNK;
+        int64_t d = 0;
+        for (; d + 16 <= D; d += 16) {
+            __m256 a00 = _mm256_loadu_ps(ac + d), a01 = _mm256_loadu_ps(ac + d + 8);
+            __m256 a10 = _mm256_loadu_ps(ac + D + d), a11 = _mm256_loadu_ps(ac + D + d + 8);
+            __m256 a20 = _mm256_loadu_ps(ac + 2 * D + d), a21 = _mm256_loadu_ps(ac + 2 * D + d + 8);
+            __m256 a30 = _mm256_loadu_ps(ac + 3 * D + d), a31 = _mm256_loadu_ps(ac + 3 * D + d + 8);
+            for (int t = 0; t < n; t++) {
+                const float *vr = vf + (int64_t)t * D + d;
+                const __m256 v0 = _mm256_loadu_ps(vr), v1 = _mm256_loadu_ps(vr + 8);
+                __m256 b = _mm256_broadcast_ss(w + t);
+                a00 = _mm256_fmadd_ps(b, v0, a00);
+                a01 = _mm256_fmadd_ps(b, v1, a01);
+                b = _mm256_broadcast_ss(w + KV__CHUNK + t);
+                a10 = _mm256_fmadd_ps(b, v0, a10);
+                a11 = _mm256_fmadd_ps(b, v1, a11);
+                b = _mm256_broadcast_ss(w + 2 * KV__CHUNK + t);
+                a20 = _mm256_fmadd_ps(b, v0, a20);
+                a21 = _mm256_fmadd_ps(b, v1, a21);
+                b = _mm256_broadcast_ss(w + 3 * KV__CHUNK + t);
+                a30 = _mm256_fmadd_ps(b, v0, a30);
+                a31 = _mm256_fmadd_ps(b, v1, a31);
+            }
+            _mm256_storeu_ps(ac + d, a00);
+            _mm256_storeu_ps(ac + d + 8, a01);
+            _mm256_storeu_ps(ac + D + d, a10);
+            _mm256_storeu_ps(ac + D + d + 8, a11);
+            _mm256_storeu_ps(ac + 2 * D + d, a20);
+            _mm256_storeu_ps(ac + 2 * D + d + 8, a21);
+            _mm256_storeu_ps(ac + 3 * D + d, a30);
+            _mm256_storeu_ps(ac + 3 * D + d + 8, a31);
+        }
+        for (; d < D; d += 8) {
+            __m256 a0 = _mm256_loadu_ps(ac + d), a1 = _mm256_loadu_ps(ac + D + d);
+            __m256 a2 = _mm256_loadu_ps(ac + 2 * D + d), a3 = _mm256_loadu_ps(ac + 3 * D + d);
+            for (int t = 0; t < n; t++) {
+                const __m256 v0 = _mm256_loadu_ps(vf + (int64_t)t * D + d);
+                a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + t), v0, a0);
+                a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + KV__CHUNK + t), v0, a1);
+                a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + 2 * KV__CHUNK + t), v0, a2);
+                a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + 3 * KV__CHUNK + t), v0, a3);
+            }
+            _mm256_storeu_ps(ac + d, a0);
+            _mm256_storeu_ps(ac + D + d, a1);
+            _mm256_storeu_ps(ac + 2 * D + d, a2);
+            _mm256_storeu_ps(ac + 3 * D + d, a3);
+        }
+    }
+    for (; q0 < g; q0++) {
+        float *ac = acc + (int64_t)q0 * D;
+        const float *w = sc + q0 * KV__CHUNK;
+        for (int64_t d = 0; d < D; d += 8) {
+            __m256 a0 = _mm256_loadu_ps(ac + d);
+            for (int t = 0; t < n; t++)
+                a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + t),
+                                     _mm256_loadu_ps(vf + (int64_t)t * D + d), a0);
+            _mm256_storeu_ps(ac + d, a0);
+        }
+    }
+}
+
+#define KV__DEFINE_TILE_AVX2(NAME, LD8, ES)                                                        \
+    KV__AVX2 static void NAME(const struct kv__dec_tok *tok, int n, int g, int64_t D,              \
+                              const float *q, float kmul, float vmul, float *m, float *l,          \
+                              float *acc, float *sc, const struct kv__dec_mod *mod, float *kf)     \
+    {                                                                                              \
+        float *vf = kf + (int64_t)KV__CHUNK * D;                                                   \
+        for (int t = 0; t < n; t++) {                                                              \
+            const char *kp = (const char *)tok[t].k, *vp = (const char *)tok[t].v;                 \
+            float *kr = kf + (int64_t)t * D, *vr = vf + (int64_t)t * D;                            \
+            for (int64_t d = 0; d < D; d += 8) {                                                   \
+                _mm256_storeu_ps(kr + d, LD8(kp + d * (ES)));                                      \
+                _mm256_storeu_ps(vr + d, LD8(vp + d * (ES)));                                      \
+            }                                                                                      \
+        }                                                                                          \
+        tile_scores(kf, n, g, D, q, kmul, sc);                                                     \
+        if (mod)                                                                                   \
+            chunk_mod(mod, n, g, sc);                                                              \
+        chunk_softmax(n, g, D, vmul, m, l, acc, sc);                                               \
+        tile_values(vf, n, g, D, acc, sc);                                                         \
+    }
+
+KV__DEFINE_TILE_AVX2(tile_avx2_f32, ld8_f32, 4)
+KV__DEFINE_TILE_AVX2(tile_avx2_f16, ld8_f16, 2)
+KV__DEFINE_TILE_AVX2(tile_avx2_bf16, ld8_bf16, 2)
+KV__DEFINE_TILE_AVX2(tile_avx2_e4m3_raw, ld8_e4m3_raw, 1)
+KV__DEFINE_TILE_AVX2(tile_avx2_e5m2, ld8_e5m2, 1)
+
+KV__AVX2 static void tile_avx2_e4m3(const struct kv__dec_tok *tok, int n, int g, int64_t D,
+                                    const float *q, float kmul, float vmul, float *m, float *l,
+                                    float *acc, float *sc, const struct kv__dec_mod *mod, float *kf)
+{
+    tile_avx2_e4m3_raw(tok, n, g, D, q, kmul * 256.0f, vmul * 256.0f, m, l, acc, sc, mod, kf);
 }
 
 static bool cpu_has_avx2(void)
@@ -446,6 +668,32 @@ static kv__chunk_fn chunk_for_rows(kv_dtype dt, int64_t D, bool converted)
     return chunk_for(dt, D);
 }
 
+/* The multi-token tile for rows of dt (f16 when converted), or NULL where
+ * the AVX2 path is not taken (the chunks then serve every row). */
+#if KV__HAVE_AVX2
+static kv__tile_fn tile_for_rows(kv_dtype dt, int64_t D, bool converted)
+{
+    if (!kv__attn_decode_simd(dt, D))
+        return NULL;
+    if (converted)
+        return tile_avx2_f16;
+    switch (dt) {
+    case KV_F16:
+        return tile_avx2_f16;
+    case KV_BF16:
+        return tile_avx2_bf16;
+    case KV_FP8_E4M3:
+        return tile_avx2_e4m3;
+    case KV_FP8_E5M2:
+        return tile_avx2_e5m2;
+    default:
+        return tile_avx2_f32;
+    }
+}
+#else
+typedef void (*kv__tile_fn)(void);
+#endif
+
 /* Most KV heads a decode task groups (docs/kernels.md). */
 #define KV__HEAD_GROUP_MAX 16
 
@@ -458,10 +706,11 @@ static kv__chunk_fn chunk_for_rows(kv_dtype dt, int64_t D, bool converted)
  * the chunk's tokens, and at a token-row stride those lines fall into a few
  * L1 sets and evict each other between slices (measured, docs/benchmarks.md:
  * NHD bf16 1.57 -> 2.4-2.7 M tokens/s, fp8 0.94 -> 2.65 M). */
-static void decode_group(const struct kv__attn_job *j, kv__chunk_fn chunk,
-                         const struct kv__dec_tok *tok, struct kv__dec_tok *th, int n, int64_t hb,
-                         int64_t h0, int g, const float *q, float *m, float *l, float *acc,
-                         float *sc, char *rows, bool conv)
+__attribute__((noinline)) static void
+decode_group(const struct kv__attn_job *j, kv__chunk_fn chunk, const struct kv__dec_tok *tok,
+             struct kv__dec_tok *th, int n, int64_t hb, int64_t h0, int g, const float *q, float *m,
+             float *l, float *acc, float *sc, char *rows, bool conv, const struct kv__dec_mod *mod,
+             kv__tile_fn tile, float *tbuf)
 {
     const kv_dtype dt = j->cache.layout.dtype;
     const int64_t D = j->cache.layout.head_dim, hs = j->cache.layout.stride_head_bytes;
@@ -501,21 +750,98 @@ static void decode_group(const struct kv__attn_job *j, kv__chunk_fn chunk,
             }
             use = th;
         }
-        chunk(use, n, g, D, q + hi * g * D, ks, vs, m + hi * g, l + hi * g, acc + hi * g * D, sc);
+#if KV__HAVE_AVX2
+        if (tile) {
+            tile(use, n, g, D, q + hi * g * D, ks, vs, m + hi * g, l + hi * g, acc + hi * g * D, sc,
+                 mod, tbuf);
+            continue;
+        }
+#else
+        (void)tile, (void)tbuf;
+#endif
+        chunk(use, n, g, D, q + hi * g * D, ks, vs, m + hi * g, l + hi * g, acc + hi * g * D, sc,
+              mod);
     }
 }
 
+/* Rows of queries a task of a multi-token call takes per KV head (a tile of
+ * KV__TILE_ROWS / g queries, each with its g heads): each K and V row loaded
+ * then serves that many score and accumulation rows. */
+#define KV__TILE_ROWS 16
+
+/* One task's queries: gq = nq * g per KV head, query row iq * g + qi seeing
+ * the positions qlo[] .. qhi[]; the chunk of n tokens from position pos0. */
+struct kv__dec_task {
+    const struct kv__attn_job *j;
+    kv__chunk_fn chunk;
+    struct kv__dec_tok *th;
+    int64_t hb, h0;
+    int gq;
+    float *q, *m, *l, *acc, *sc;
+    char *rows;
+    bool conv;
+    const int64_t *qlo, *qhi; /* [gq] */
+    int64_t lo_max, hi_min;   /* the last query's lo, the first query's hi */
+    kv__tile_fn tile;         /* several queries per head (nq > 1) on AVX2; else NULL */
+    float *tbuf;              /* the tile's f32 rows, [2][CHUNK][D] */
+};
+
+static void run_chunk(const struct kv__dec_task *k, const struct kv__dec_tok *tok, int n,
+                      int64_t pos0)
+{
+    struct kv__dec_mod mod = {k->j->soft_cap, NULL, NULL, pos0};
+    if (pos0 < k->lo_max || pos0 + n - 1 > k->hi_min) /* a query does not see all of it */
+        mod.lo = k->qlo, mod.hi = k->qhi;
+    decode_group(k->j, k->chunk, tok, k->th, n, k->hb, k->h0, k->gq, k->q, k->m, k->l, k->acc,
+                 k->sc, k->rows, k->conv, mod.cap > 0.0f || mod.lo ? &mod : NULL, k->tile, k->tbuf);
+}
+
+/* The unit (a sequence, or a tile of a sequence's queries) of index u:
+ * tile0[s] = tiles before sequence s, [S + 1]. */
+static int64_t seq_of_unit(const int64_t *tile0, int64_t S, int64_t u)
+{
+    int64_t a = 0, b = S; /* tile0[a] <= u < tile0[b] */
+    while (b - a > 1) {
+        const int64_t c = (a + b) / 2;
+        if (tile0[c] <= u)
+            a = c;
+        else
+            b = c;
+    }
+    return a;
+}
+
+/* Decode (q_start NULL: one query a sequence, row s) and the multi-token
+ * kernel (rows q_start[s] .. q_start[s+1] of sequence s, the causal mask)
+ * with the options of the job: each task is a sequence (or a tile of its
+ * queries) and a group of KV heads; it walks the tokens its queries see,
+ * from the first query's lo to the last query's position. */
 static kv_status exec_decode(const struct kv__attn_job *j)
 {
     const struct kv_layout *lo = &j->cache.layout;
     const int64_t H = lo->num_heads, D = lo->head_dim, S = j->n_seqs;
     const int g = (int)(j->q_heads / (uint32_t)H);
     const int64_t pt = j->page_tokens, rowb = D * lo->elem_bytes;
-    int64_t total_tokens = 0;
-    for (int64_t s = 0; s < S; s++)
-        total_tokens += j->seq_tokens[s];
+    const bool multi = j->q_start != NULL;
+    const int64_t qt = multi ? (g >= KV__TILE_ROWS ? 1 : KV__TILE_ROWS / g) : 1;
+    int64_t *tile0 = NULL, units = S, total_tokens = 0;
+    if (multi) {
+        tile0 = kv__mem_alloc(((size_t)S + 1) * sizeof(int64_t));
+        if (!tile0)
+            return kv__error(KV_ERR_NO_MEMORY, "%s: %" PRId64 " sequences", j->fn, S);
+        tile0[0] = 0;
+        for (int64_t s = 0; s < S; s++) {
+            const int64_t tiles = (j->q_start[s + 1] - j->q_start[s] + qt - 1) / qt;
+            tile0[s + 1] = tile0[s] + tiles;
+            total_tokens += tiles * j->seq_tokens[s];
+        }
+        units = tile0[S];
+    } else {
+        for (int64_t s = 0; s < S; s++)
+            total_tokens += j->seq_tokens[s];
+    }
     const int nt = kv__attn_threads_for(total_tokens * H * D * lo->elem_bytes * 2);
-    /* A task is a sequence and a group of hb KV heads. Where a token's head
+    /* A task is a unit and a group of hb KV heads. Where a token's head
      * rows are adjacent (NHD), the group is as many heads as still leave 4
      * tasks a thread, so a token's whole row (H x D elements) is read at
      * once instead of D elements every token stride; otherwise (HND: a
@@ -523,52 +849,103 @@ static kv_status exec_decode(const struct kv__attn_job *j)
     int64_t hb = 1;
     if (lo->stride_head_bytes == rowb)
         for (hb = H < KV__HEAD_GROUP_MAX ? H : KV__HEAD_GROUP_MAX; hb > 1; hb--)
-            if (H % hb == 0 && S * (H / hb) >= 4 * (int64_t)nt)
+            if (H % hb == 0 && units * (H / hb) >= 4 * (int64_t)nt && (!multi || hb * qt * g <= 64))
                 break;
-    const int64_t tasks = S * (H / hb), ghd = (int64_t)g * D;
-    /* per thread: q [hb][g][D], acc [hb][g][D], m [hb][g], l [hb][g],
-     * scores [g][CHUNK] */
-    /* NHD (hb > 1): each head's rows of a chunk copied contiguous; fp8 on
-     * the AVX2 path in HND: converted to f16 (decode_group) */
+    const int64_t tasks = units * (H / hb), G = qt * g;
+    /* per thread: q [hb][G][D], acc [hb][G][D], m [hb][G], l [hb][G],
+     * scores [G][CHUNK]; qlo, qhi [G]; NHD (hb > 1): each head's rows of a
+     * chunk copied contiguous; fp8 on the AVX2 path in HND: converted to
+     * f16 (decode_group) */
     const bool conv = fp8_rows_converted(lo->dtype, D, hb);
     const kv__chunk_fn chunk = chunk_for_rows(lo->dtype, D, conv);
     const int64_t crow = conv ? D * 2 : rowb;
     const size_t rbytes = hb > 1 || conv ? (size_t)(2 * KV__CHUNK * crow + 63) / 64 * 64 : 0;
-    const size_t per =
-        ((size_t)(2 * hb * ghd + 2 * hb * g + g * KV__CHUNK) * sizeof(float) + 63) / 64 * 64 +
-        rbytes;
+    const size_t fbytes =
+        ((size_t)(2 * hb * G * D + 2 * hb * G + G * KV__CHUNK) * sizeof(float) + 63) / 64 * 64;
+    const size_t ibytes = ((size_t)(2 * G) * sizeof(int64_t) + 63) / 64 * 64;
+#if KV__HAVE_AVX2
+    const kv__tile_fn tile_fn = multi ? tile_for_rows(lo->dtype, D, conv) : NULL;
+#else
+    const kv__tile_fn tile_fn = NULL;
+#endif
+    const size_t tbytes = tile_fn ? (size_t)(2 * KV__CHUNK * D) * sizeof(float) : 0;
+    const size_t per = fbytes + ibytes + tbytes + rbytes;
     float *scratch = kv__mem_alloc_aligned(64, per * (size_t)nt + 64);
-    if (!scratch)
-        return kv__error(KV_ERR_NO_MEMORY, "kv_attn_decode: %zu bytes of scratch", per * nt);
+    if (!scratch) {
+        kv__mem_free(tile0);
+        return kv__error(KV_ERR_NO_MEMORY, "%s: %zu bytes of scratch", j->fn, per * nt);
+    }
 #pragma omp parallel num_threads(nt)
     {
-        float *q = scratch + (size_t)omp_get_thread_num() * (per / sizeof(float));
-        float *acc = q + hb * ghd, *m = acc + hb * ghd, *l = m + hb * g, *sc = l + hb * g;
-        char *rows = rbytes ? (char *)q + per - rbytes : NULL;
+        char *mine = (char *)scratch + (size_t)omp_get_thread_num() * per;
+        int64_t *qlo = (int64_t *)(mine + fbytes + rbytes), *qhi = qlo + G;
         struct kv__dec_tok tok[2][KV__CHUNK]; /* the chunk computed, the next one fetched */
         struct kv__dec_tok th[KV__CHUNK];     /* the chunk's rows of one head of the group */
+        struct kv__dec_task k;
+        memset(&k, 0, sizeof(k));
+        k.j = j, k.chunk = chunk, k.th = th, k.hb = hb, k.conv = conv;
+        k.rows = rbytes ? mine + fbytes : NULL; /* where decode always had them */
+        k.qlo = qlo, k.qhi = qhi;
+        k.tbuf = tbytes ? (float *)(void *)(mine + fbytes + rbytes + ibytes) : NULL;
 #pragma omp for schedule(dynamic, 4)
         for (int64_t task = 0; task < tasks; task++) {
-            const int64_t s = task / (H / hb), h0 = task % (H / hb) * hb;
-            for (int64_t hi = 0; hi < hb; hi++)
+            /* decode: task = s * (H / hb) + head group; multi-token: the
+             * tiles of one sequence and head group are adjacent tasks (they
+             * read the same K/V: one thread takes several, from cache) */
+            int64_t s = task / (H / hb), h0 = task % (H / hb) * hb, qa = 0;
+            if (multi) {
+                s = seq_of_unit(tile0, S, s);
+                const int64_t r = task - (H / hb) * tile0[s], tiles = tile0[s + 1] - tile0[s];
+                h0 = r / tiles * hb;
+                qa = r % tiles * qt;
+            }
+            const int64_t len = j->seq_tokens[s];
+            const int64_t row0 = multi ? j->q_start[s] : s;
+            const int64_t q_len = multi ? j->q_start[s + 1] - j->q_start[s] : 1;
+            const int64_t nq = q_len - qa < qt ? q_len - qa : qt;
+            const int gq = (int)(nq * g);
+            /* query iq sits at position len - q_len + qa + iq */
+            for (int64_t iq = 0; iq < nq; iq++) {
+                const int64_t pos = len - q_len + qa + iq;
+                const int64_t l0 =
+                    j->window_left < 0 || pos - j->window_left < 0 ? 0 : pos - j->window_left;
                 for (int qi = 0; qi < g; qi++) {
-                    const char *qp =
-                        j->q.base + s * j->q.token_stride + ((h0 + hi) * g + qi) * j->q.head_stride;
-                    float *qq = q + hi * ghd + (int64_t)qi * D;
-                    for (int64_t d = 0; d < D; d++)
-                        qq[d] = kv_to_f32(j->q.dtype, qp + d * j->q.dim_stride) * j->softmax_scale;
-                    m[hi * g + qi] = -INFINITY;
-                    l[hi * g + qi] = 0.0f;
+                    qlo[iq * g + qi] = l0;
+                    qhi[iq * g + qi] = pos;
                 }
-            memset(acc, 0, (size_t)(hb * ghd) * sizeof(float));
-            /* tokens in chunks of KV__CHUNK: chunk c+1's rows (every head of
-             * the group) are gathered and prefetched before chunk c is
-             * computed, head after head */
+            }
+            const int64_t t_begin = qlo[0], t_end = qhi[gq - 1] + 1;
+            k.h0 = h0;
+            k.gq = gq;
+            k.q = (float *)(void *)mine;
+            k.acc = k.q + hb * gq * D;
+            k.m = k.acc + hb * gq * D;
+            k.l = k.m + hb * gq;
+            k.sc = k.l + hb * gq;
+            k.lo_max = qlo[gq - 1];
+            k.hi_min = qhi[0];
+            k.tile = nq > 1 ? tile_fn : NULL; /* one query: the decode chunk, as decode */
+            for (int64_t hi = 0; hi < hb; hi++)
+                for (int64_t iq = 0; iq < nq; iq++)
+                    for (int qi = 0; qi < g; qi++) {
+                        const char *qp = j->q.base + (row0 + qa + iq) * j->q.token_stride +
+                                         ((h0 + hi) * g + qi) * j->q.head_stride;
+                        const int64_t r = hi * gq + iq * g + qi;
+                        float *qq = k.q + r * D;
+                        for (int64_t d = 0; d < D; d++)
+                            qq[d] =
+                                kv_to_f32(j->q.dtype, qp + d * j->q.dim_stride) * j->softmax_scale;
+                        k.m[r] = -INFINITY;
+                        k.l[r] = 0.0f;
+                    }
+            memset(k.acc, 0, (size_t)(hb * gq * D) * sizeof(float));
+            /* tokens t_begin .. t_end - 1 in chunks of KV__CHUNK: chunk c+1's
+             * rows (every head of the group) are gathered and prefetched
+             * before chunk c is computed, head after head */
             int n = 0, cur = 0, ready = 0;
-            int64_t left = j->seq_tokens[s];
-            for (int64_t pj = j->page_start[s]; pj < j->page_start[s + 1] && left > 0; pj++) {
-                const int64_t in_page = left < pt ? left : pt;
-                for (int64_t i = 0; i < in_page; i++) {
+            int64_t t = t_begin, pos_fill = t_begin, pos_ready = 0;
+            for (int64_t pj = j->page_start[s] + t_begin / pt; t < t_end; pj++) {
+                for (int64_t i = t % pt; i < pt && t < t_end; i++, t++) {
                     const int64_t slot = kv_attn_page_slot(j->page_ids[pj], pt, i);
                     const char *kb = (const char *)j->cache.base +
                                      kv_layout_slot_offset_bytes(lo, j->layer0, 0, slot) +
@@ -582,44 +959,51 @@ static kv_status exec_decode(const struct kv__attn_job *j)
                     }
                     if (++n == KV__CHUNK) {
                         if (ready)
-                            decode_group(j, chunk, tok[cur], th, ready, hb, h0, g, q, m, l, acc, sc,
-                                         rows, conv);
+                            run_chunk(&k, tok[cur], ready, pos_ready);
                         cur ^= 1;
                         ready = n;
+                        pos_ready = pos_fill;
+                        pos_fill += n;
                         n = 0;
                     }
                 }
-                left -= in_page;
             }
             if (ready)
-                decode_group(j, chunk, tok[cur], th, ready, hb, h0, g, q, m, l, acc, sc, rows,
-                             conv);
+                run_chunk(&k, tok[cur], ready, pos_ready);
             if (n)
-                decode_group(j, chunk, tok[cur ^ 1], th, n, hb, h0, g, q, m, l, acc, sc, rows,
-                             conv);
+                run_chunk(&k, tok[cur ^ 1], n, pos_fill);
             for (int64_t hi = 0; hi < hb; hi++)
-                for (int qi = 0; qi < g; qi++) {
-                    char *op = j->out.base + s * j->out.token_stride +
-                               ((h0 + hi) * g + qi) * j->out.head_stride;
-                    const float lq = l[hi * g + qi];
-                    const float inv = lq > 0.0f ? 1.0f / lq : 0.0f; /* no tokens: zeros */
-                    const float *aq = acc + hi * ghd + (int64_t)qi * D;
-                    for (int64_t d = 0; d < D; d++)
-                        kv_from_f32(j->out.dtype, aq[d] * inv, op + d * j->out.dim_stride);
-                }
+                for (int64_t iq = 0; iq < nq; iq++)
+                    for (int qi = 0; qi < g; qi++) {
+                        const int64_t row = row0 + qa + iq, head = (h0 + hi) * g + qi;
+                        const int64_t r = hi * gq + iq * g + qi;
+                        char *op =
+                            j->out.base + row * j->out.token_stride + head * j->out.head_stride;
+                        const float lq = k.l[r];
+                        const float inv = lq > 0.0f ? 1.0f / lq : 0.0f; /* no tokens: zeros */
+                        const float *aq = k.acc + r * D;
+                        for (int64_t d = 0; d < D; d++)
+                            kv_from_f32(j->out.dtype, aq[d] * inv, op + d * j->out.dim_stride);
+                        if (j->lse)
+                            j->lse[row * j->lse_stride + head] =
+                                lq > 0.0f ? k.m[r] + logf(lq) : -INFINITY;
+                    }
         }
     }
     kv__mem_free(scratch);
+    kv__mem_free(tile0);
     return KV_OK;
 }
 
-kv_status kv_attn_decode(struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q,
-                         const struct kv_pages *pages, float softmax_scale,
-                         const struct kv_scales *scales, const struct kv_view *out)
+static kv_status run_decode(const char *fn, struct kv_paged_cache cache, uint32_t layer,
+                            const struct kv_view *q, const int32_t *qo_indptr,
+                            const struct kv_pages *pages, float softmax_scale,
+                            const struct kv_scales *scales, const struct kv_view *out,
+                            const struct kv_attn_opts *opts)
 {
     struct kv__attn_job j;
-    kv_status st = kv__attn_decode_check("kv_attn_decode", &cache, layer, q, pages, softmax_scale,
-                                         scales, out, &j);
+    kv_status st = kv__attn_decode_check(fn, &cache, layer, q, qo_indptr, pages, softmax_scale,
+                                         scales, out, opts, &j);
     if (st != KV_OK)
         return st;
     st = exec_decode(&j);
@@ -627,4 +1011,30 @@ kv_status kv_attn_decode(struct kv_paged_cache cache, uint32_t layer, const stru
         kv__attn_count(&j, false);
     kv__attn_job_free(&j);
     return st == KV_OK ? kv__ok() : st;
+}
+
+kv_status kv_attn_decode(struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q,
+                         const struct kv_pages *pages, float softmax_scale,
+                         const struct kv_scales *scales, const struct kv_view *out)
+{
+    return run_decode("kv_attn_decode", cache, layer, q, NULL, pages, softmax_scale, scales, out,
+                      NULL);
+}
+
+kv_status kv_attn_decode_ex(struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q,
+                            const struct kv_pages *pages, float softmax_scale,
+                            const struct kv_scales *scales, const struct kv_view *out,
+                            const struct kv_attn_opts *opts)
+{
+    return run_decode("kv_attn_decode_ex", cache, layer, q, NULL, pages, softmax_scale, scales, out,
+                      opts);
+}
+
+kv_status kv_attn_prefill(struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q,
+                          const int32_t *qo_indptr, const struct kv_pages *pages,
+                          float softmax_scale, const struct kv_scales *scales,
+                          const struct kv_view *out, const struct kv_attn_opts *opts)
+{
+    return run_decode("kv_attn_prefill", cache, layer, q, qo_indptr, pages, softmax_scale, scales,
+                      out, opts);
 }

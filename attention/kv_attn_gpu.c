@@ -110,19 +110,56 @@ kv_status kv_attn_copy_blocks_ex_cuda(struct kv_paged_cache dst, struct kv_paged
     return st == KV_OK ? kv__ok() : st;
 }
 
+/* The decode entries on CUDA: one validator with the CPU's; the CUDA
+ * kernel runs options all off and refuses the others, naming them. */
+static kv_status decode_cuda(const char *fn, struct kv_paged_cache cache, uint32_t layer,
+                             const struct kv_view *q, const int32_t *qo_indptr,
+                             const struct kv_pages *pages, float softmax_scale,
+                             const struct kv_scales *scales, const struct kv_view *out,
+                             const struct kv_attn_opts *opts, kv_cuda_stream stream)
+{
+    struct kv__attn_job j;
+    kv_status st = kv__attn_decode_check(fn, &cache, layer, q, qo_indptr, pages, softmax_scale,
+                                         scales, out, opts, &j);
+    if (st != KV_OK)
+        return st;
+    const char *on = kv__attn_opts_on(&j);
+    if (on)
+        st = kv__error(KV_ERR_UNSUPPORTED, "%s: %s on CUDA: not yet (the CPU kernel has it)", fn,
+                       on);
+    else
+        st = kv__cuda_attn_decode(&j, stream);
+    if (st == KV_OK)
+        kv__attn_count(&j, true);
+    kv__attn_job_free(&j);
+    return st == KV_OK ? kv__ok() : st;
+}
+
 kv_status kv_attn_decode_cuda(struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q,
                               const struct kv_pages *pages, float softmax_scale,
                               const struct kv_scales *scales, const struct kv_view *out,
                               kv_cuda_stream stream)
 {
-    struct kv__attn_job j;
-    kv_status st = kv__attn_decode_check("kv_attn_decode_cuda", &cache, layer, q, pages,
-                                         softmax_scale, scales, out, &j);
-    if (st != KV_OK)
-        return st;
-    st = kv__cuda_attn_decode(&j, stream);
-    if (st == KV_OK)
-        kv__attn_count(&j, true);
-    kv__attn_job_free(&j);
-    return st == KV_OK ? kv__ok() : st;
+    return decode_cuda("kv_attn_decode_cuda", cache, layer, q, NULL, pages, softmax_scale, scales,
+                       out, NULL, stream);
+}
+
+kv_status kv_attn_decode_ex_cuda(struct kv_paged_cache cache, uint32_t layer,
+                                 const struct kv_view *q, const struct kv_pages *pages,
+                                 float softmax_scale, const struct kv_scales *scales,
+                                 const struct kv_view *out, const struct kv_attn_opts *opts,
+                                 kv_cuda_stream stream)
+{
+    return decode_cuda("kv_attn_decode_ex_cuda", cache, layer, q, NULL, pages, softmax_scale,
+                       scales, out, opts, stream);
+}
+
+kv_status kv_attn_prefill_cuda(struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q,
+                               const int32_t *qo_indptr, const struct kv_pages *pages,
+                               float softmax_scale, const struct kv_scales *scales,
+                               const struct kv_view *out, const struct kv_attn_opts *opts,
+                               kv_cuda_stream stream)
+{
+    return decode_cuda("kv_attn_prefill_cuda", cache, layer, q, qo_indptr, pages, softmax_scale,
+                       scales, out, opts, stream);
 }

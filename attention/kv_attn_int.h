@@ -76,6 +76,14 @@ struct kv__attn_job {
     int64_t *seq_tokens;  /* [n_seqs] */
     uint32_t page_tokens; /* N / r */
     uint32_t page_ratio;
+    /* decode options and prefill (kv_attn_opts): q and out rows of
+     * sequence s are q_start[s] .. q_start[s+1] (NULL: row s alone, a
+     * decode); window_left -1 = off; soft_cap 0 = off; lse NULL = none */
+    int64_t *q_start; /* [n_seqs + 1] */
+    int32_t window_left;
+    float soft_cap;
+    float *lse; /* [rows][lse_stride], q_heads used per row */
+    int64_t lse_stride;
 
     /* copy: copies[i].src of src -> copies[i].dst of cache (dst), layers
      * layer0 .. + n_layers, the planes (enum kv_attn_planes, 1..3) */
@@ -113,10 +121,16 @@ kv_status kv__attn_copy_check(const char *fn, const struct kv_paged_cache *dst,
  * cache (kv_attn_copy_blocks' byte runs serve it), and the bytes it moves. */
 bool kv__attn_copy_is_whole(const struct kv__attn_job *job);
 uint64_t kv__attn_copy_bytes(const struct kv__attn_job *job);
+/* decode and prefill: qo_indptr NULL for a decode (one query row per
+ * sequence), opts NULL for every option off. */
 kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cache, uint32_t layer,
-                                const struct kv_view *q, const struct kv_pages *pages,
-                                float softmax_scale, const struct kv_scales *scales,
-                                const struct kv_view *out, struct kv__attn_job *job);
+                                const struct kv_view *q, const int32_t *qo_indptr,
+                                const struct kv_pages *pages, float softmax_scale,
+                                const struct kv_scales *scales, const struct kv_view *out,
+                                const struct kv_attn_opts *opts, struct kv__attn_job *job);
+/* Whether a checked decode job has every option off (what the CUDA decode
+ * kernel runs); else the name of the first option on, for a message. */
+const char *kv__attn_opts_on(const struct kv__attn_job *job);
 void kv__attn_job_free(struct kv__attn_job *job);
 
 /* Test hooks of the CPU executors (library-internal; the unit tests use

@@ -147,7 +147,12 @@
     X(kv_copy_blocks_opts, struct_size)                                                            \
     X(kv_copy_blocks_opts, layer0)                                                                 \
     X(kv_copy_blocks_opts, n_layers)                                                               \
-    X(kv_copy_blocks_opts, planes)
+    X(kv_copy_blocks_opts, planes)                                                                 \
+    X(kv_attn_opts, struct_size)                                                                   \
+    X(kv_attn_opts, window_left)                                                                   \
+    X(kv_attn_opts, logit_soft_cap)                                                                \
+    X(kv_attn_opts, lse)                                                                           \
+    X(kv_attn_opts, lse_stride)
 
 #define KV__ABI_STRUCTS(X)                                                                         \
     X(kv_layout_config)                                                                            \
@@ -165,7 +170,8 @@
     X(kv_scales)                                                                                   \
     X(kv_pages)                                                                                    \
     X(kv_plan_config)                                                                              \
-    X(kv_copy_blocks_opts)
+    X(kv_copy_blocks_opts)                                                                         \
+    X(kv_attn_opts)
 
 static const struct {
     const char *name;

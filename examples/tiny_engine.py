@@ -11,8 +11,10 @@ kvcache.Cache (f32, HND pages of 16 tokens):
     token per step, through kvcache's decode attention over the paged cache
     (Cache.decode: every sequence of the batch in one call per layer);
   - prefill writes K/V through the write kernel (Cache.write) at the slots
-    the page table gives, and attends over the sequence's K/V gathered back
-    from the cache (Cache.read);
+    the page table gives, and attends with kvcache's multi-token paged
+    attention (Cache.prefill: the prompt's new tokens as queries, a causal
+    mask over the sequence's cached tokens, a reused prefix included), with
+    no K/V gathered out of the cache;
   - requests that share a system prompt reuse its cached blocks
     (Cache.reuse_prefix): only the rest of the prompt is computed;
   - one request forks for parallel sampling (Cache.fork): the samples share
@@ -163,13 +165,15 @@ class Engine:
         pos = np.arange(have, len(prompt))
         h = self.m.emb[new]
         pg = c.pages([s])
+        qo = np.array([0, len(new)], np.int32)  # one sequence: its new tokens are the queries
         for l in range(LAYERS):
             q, k, v = self.m.qkv(l, h, pos)
             c.write(l, k, v, slots)  # the write kernel, at the page table's slots
-            K = np.empty((len(prompt), HKV, HD), np.float32)
-            V = np.empty_like(K)
-            c.read(l, pg, K, V)  # prefix (cached or not) + the new tokens, from the cache
-            h = self.m.finish(l, h, attend(q, K, V, have))
+            out = np.empty_like(q)
+            # kvcache's multi-token paged attention: query i at position have + i
+            # sees tokens 0 .. have + i (the reused prefix and the new tokens)
+            c.prefill(l, q, qo, pg, out)
+            h = self.m.finish(l, h, out)
         self.prefill_tokens += len(new)
         return s, h[-1]
 

@@ -11,6 +11,13 @@
 #     compare, reads, cancel, refused token/fingerprint, the peer killed,
 #     and the bandwidth case (256 writes of 20 MiB; prints GB/s);
 #  4. the same test over the software device, for comparison.
+# It prints the parameters the transport chose on the real device (device,
+# port, link layer, LID, GID index/type/address, active MTU; per peer the
+# path MTU, GRH or not, the peer's LID and GID: kv_xport_info_format's
+# line) and, where ibv_devinfo exists, each port as the device reports it.
+# KV_RDMA_DEVICE, KV_RDMA_PORT, KV_RDMA_GID_INDEX (environment) choose them
+# instead (the transport's config fields rdma_device, rdma_port,
+# rdma_gid_index); unset: automatic.
 # Exit status 0 only if every step passed (or SKIPPED).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,8 +45,21 @@ echo "rdma-check: RDMA device(s): $(echo $devices)"
 echo "== build (RDMA=1)"
 make -j"$(nproc)" RDMA=1 BUILD=build-rdma build-rdma/tests/test_xport_rdma
 
-echo "== test_xport_rdma on the real device (KV_RDMA_REAL=1)"
-KV_RDMA_REAL=1 timeout 300 build-rdma/tests/test_xport_rdma
+if command -v ibv_devinfo >/dev/null 2>&1; then
+    echo "== ports (ibv_devinfo)"
+    ibv_devinfo 2>/dev/null | grep -E "hca_id|port:|state|active_mtu|link_layer|port_lid" || true
+fi
+
+echo "== test_xport_rdma on the real device (KV_RDMA_REAL=1;" \
+    "device ${KV_RDMA_DEVICE:-auto} port ${KV_RDMA_PORT:-auto} gid index ${KV_RDMA_GID_INDEX:-auto})"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+rc=0
+KV_RDMA_REAL=1 timeout 300 build-rdma/tests/test_xport_rdma 2>&1 | tee "$log" || rc=$?
+echo "rdma-check: parameters chosen:"
+grep -m1 "rdma parameters:" "$log" | sed 's/^ *rdma parameters: /rdma-check:   /' ||
+    echo "rdma-check:   (not printed: the handshake did not complete)"
+[[ $rc -eq 0 ]] || { echo "rdma-check: FAILED on the real device (exit $rc)"; exit "$rc"; }
 
 echo "== test_xport_rdma on the software device"
 timeout 120 build-rdma/tests/test_xport_rdma

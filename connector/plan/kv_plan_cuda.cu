@@ -18,6 +18,10 @@
  *           vectors, 16-byte vectors when every address, width and pitch
  *           allows, else 8, 4 or 1
  *
+ * The narrow kernel is a thin __global__ wrapper of kv__plan_narrow_body
+ * (kv_plan_kernels_hd.h), which the CPU grid emulator runs in the tests
+ * (kv_plan_grid.c).
+ *
  * No explicit synchronize; but the narrow upload is a cudaMemcpyAsync from
  * pageable host memory, which CUDA may stage by synchronizing with the
  * stream, and which a CUDA graph could not replay (the schedule is freed
@@ -27,27 +31,16 @@
 
 #include "kv_cuda_lib.h"
 #include "kv_plan_cuda_int.h"
+#include "kv_plan_kernels_hd.h"
 
-#define KV__PLAN_THREADS 256
-#define KV__PLAN_MAX_GRID (1 << 20)
 /* cudaMemcpy2DAsync refuses pitches above cudaDevAttrMaxPitch (2^31 - 1 on
  * every current GPU); a larger pitch goes row by row. */
 #define KV__PLAN_MAX_PITCH ((int64_t)INT32_MAX)
 
-template <typename V> __global__ void kv__plan_narrow_kernel(struct kv__plan_narrow n)
+template <int W> __global__ void kv__plan_narrow_kernel(struct kv__plan_narrow n)
 {
-    for (int64_t w = blockIdx.x; w < n.n_items; w += gridDim.x) {
-        struct kv__plan_frag f;
-        if (!kv__plan_narrow_frag(&n, w, &f))
-            continue; /* past the request's last block on one side */
-        const int64_t vecs = f.width / (int64_t)sizeof(V), total = vecs * f.height;
-        for (int64_t k = threadIdx.x; k < total; k += blockDim.x) {
-            const int64_t y = k / vecs, x = k - y * vecs;
-            const V *s = (const V *)(f.src + y * f.src_pitch) + x;
-            V *d = (V *)(f.dst + y * f.dst_pitch) + x;
-            *d = *s;
-        }
-    }
+    const struct kv_grid_ctx c = {blockIdx.x, threadIdx.x, blockDim.x, gridDim.x, NULL, NULL};
+    kv__plan_narrow_body(&c, &n, W);
 }
 
 static kv_status copy_wide(const struct kv__plan_frag *f, cudaStream_t s, const char *fn)
@@ -101,16 +94,21 @@ extern "C" kv_status kv__cuda_plan_copy(const struct kv__plan_sched *sc, kv_cuda
         n.copies = (const struct kv__plan_copy *)dev;
         n.src_blk = (const char *const *)(dev + cb);
         n.dst_blk = (char *const *)(dev + cb + sb);
-        const int grid = (int)(n.n_items < KV__PLAN_MAX_GRID ? n.n_items : KV__PLAN_MAX_GRID);
-        const uint64_t a = sc->narrow_align;
-        if ((a & 15) == 0)
-            kv__plan_narrow_kernel<uint4><<<grid, KV__PLAN_THREADS, 0, s>>>(n);
-        else if ((a & 7) == 0)
-            kv__plan_narrow_kernel<uint2><<<grid, KV__PLAN_THREADS, 0, s>>>(n);
-        else if ((a & 3) == 0)
-            kv__plan_narrow_kernel<uint32_t><<<grid, KV__PLAN_THREADS, 0, s>>>(n);
-        else
-            kv__plan_narrow_kernel<uint8_t><<<grid, KV__PLAN_THREADS, 0, s>>>(n);
+        const int grid = kv__plan_narrow_grid(n.n_items);
+        switch (kv__plan_narrow_width(sc->narrow_align)) {
+        case 16:
+            kv__plan_narrow_kernel<16><<<grid, KV__PLAN_THREADS, 0, s>>>(n);
+            break;
+        case 8:
+            kv__plan_narrow_kernel<8><<<grid, KV__PLAN_THREADS, 0, s>>>(n);
+            break;
+        case 4:
+            kv__plan_narrow_kernel<4><<<grid, KV__PLAN_THREADS, 0, s>>>(n);
+            break;
+        default:
+            kv__plan_narrow_kernel<1><<<grid, KV__PLAN_THREADS, 0, s>>>(n);
+            break;
+        }
         st = kv__cuda_status(cudaGetLastError(), fn);
     }
     (void)cudaFreeAsync(dev, s);

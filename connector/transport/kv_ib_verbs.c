@@ -5,7 +5,7 @@
  * Built only when the RDMA headers exist (the Makefile compiles *_verbs.c
  * with RDMA and links -libverbs). Each wrapper is the libibverbs call
  * itself (get_cq_event's -1 + errno turned into the errno value); the
- * inline ones (post_send, poll_cq, query_port, reg_mr, req_notify_cq) are
+ * inline ones (post_send, poll_cq, query_port, query_gid_ex, reg_mr, req_notify_cq) are
  * why the wrappers exist at all.
  */
 #include <errno.h>
@@ -53,6 +53,13 @@ static int real_query_gid(struct ibv_context *context, uint8_t port_num, int ind
                           union ibv_gid *gid)
 {
     return ibv_query_gid(context, port_num, index, gid);
+}
+
+/* ibv_query_gid_ex is static inline (a versioned _ibv_query_gid_ex). */
+static int real_query_gid_ex(struct ibv_context *context, uint32_t port_num, uint32_t gid_index,
+                             struct ibv_gid_entry *entry, uint32_t flags)
+{
+    return ibv_query_gid_ex(context, port_num, gid_index, entry, flags);
 }
 
 static struct ibv_pd *real_alloc_pd(struct ibv_context *context)
@@ -162,6 +169,7 @@ static const struct kv__verbs real_verbs = {
     .query_device = real_query_device,
     .query_port = real_query_port,
     .query_gid = real_query_gid,
+    .query_gid_ex = real_query_gid_ex,
     .alloc_pd = real_alloc_pd,
     .dealloc_pd = real_dealloc_pd,
     .reg_mr = real_reg_mr,

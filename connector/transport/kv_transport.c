@@ -7,6 +7,7 @@
  * the backends (kv_xport_tcp*.c, kv_xport_rdma*_verbs.c); the codecs are in
  * kv_xport_codec.c, plan expansion in kv_xport_plan.c.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
@@ -218,6 +219,76 @@ kv_status kv_xport_stats_get(kv_xport *x, struct kv_xport_stats *out)
     *out = x->stats;
     pthread_mutex_unlock(&x->mu);
     return KV_OK;
+}
+
+static kv_status info_get(kv_xport *x, kv_xport_peer *p, struct kv_xport_info *out, const char *fn)
+{
+    kv_status st = kv__check_struct_size(fn, "kv_xport_info", out->struct_size, sizeof(*out));
+    if (st != KV_OK)
+        return st;
+    memset(out, 0, sizeof(*out));
+    out->struct_size = sizeof(*out);
+    out->kind = x->cfg.kind;
+    out->rdma_gid_index = -1;
+    pthread_mutex_lock(&x->mu);
+    if (x->ops->info)
+        x->ops->info(x, p, out);
+    pthread_mutex_unlock(&x->mu);
+    return KV_OK;
+}
+
+kv_status kv_xport_info_get(kv_xport *x, struct kv_xport_info *out)
+{
+    if (!x || !out)
+        return kv__error(KV_ERR_NULL, "xport_info_get: %s is NULL", !x ? "x" : "out");
+    return info_get(x, NULL, out, "xport_info_get");
+}
+
+kv_status kv_xport_peer_info_get(kv_xport_peer *peer, struct kv_xport_info *out)
+{
+    if (!peer || !out)
+        return kv__error(KV_ERR_NULL, "xport_peer_info_get: %s is NULL", !peer ? "peer" : "out");
+    return info_get(peer->x, peer, out, "xport_peer_info_get");
+}
+
+static const char *link_name(kv_xport_link l)
+{
+    return l == KV_XPORT_LINK_INFINIBAND ? "infiniband"
+           : l == KV_XPORT_LINK_ETHERNET ? "ethernet"
+                                         : "none";
+}
+
+static const char *gid_type_name(kv_xport_gid_type t)
+{
+    static const char *const n[] = {"none", "IB", "RoCE v1", "RoCE v2"};
+    return (unsigned)t < 4 ? n[t] : "?";
+}
+
+static void gid_str(const uint8_t g[16], char *buf, size_t cap)
+{
+    if (!inet_ntop(AF_INET6, g, buf, (socklen_t)cap))
+        snprintf(buf, cap, "?");
+}
+
+int kv_xport_info_format(const struct kv_xport_info *in, char *buf, size_t cap)
+{
+    if (!in)
+        return snprintf(buf, cap, "(null)");
+    if (in->kind != KV_XPORT_RDMA)
+        return snprintf(buf, cap, "%s", kv_xport_kind_name(in->kind));
+    char g[INET6_ADDRSTRLEN], rg[INET6_ADDRSTRLEN];
+    gid_str(in->rdma_gid, g, sizeof(g));
+    gid_str(in->rdma_remote_gid, rg, sizeof(rg));
+    char head[256];
+    snprintf(head, sizeof(head), "rdma device %s port %u %s lid %u gid[%d] %s (%s) mtu %u",
+             in->rdma_device, in->rdma_port, link_name(in->rdma_link), in->rdma_lid,
+             in->rdma_gid_index, in->rdma_gid_index >= 0 ? g : "-",
+             gid_type_name(in->rdma_gid_type), in->rdma_active_mtu);
+    if (in->rdma_qps == 0)
+        return snprintf(buf, cap, "%s", head);
+    return snprintf(buf, cap, "%s | qps %u path_mtu %u %s hop_limit %u remote lid %u gid %s", head,
+                    in->rdma_qps, in->rdma_path_mtu, in->rdma_grh ? "grh" : "no-grh",
+                    in->rdma_hop_limit, in->rdma_remote_lid, rg);
 }
 
 /* ---- peers ---------------------------------------------------------- */

@@ -104,6 +104,16 @@ struct kv_xport_config {
      * CPU. true: busy polling; it polls every CQ at least every 0.2 ms even
      * when idle (lower completion latency; about 7% of a core). TCP: unused. */
     bool rdma_busy_poll;
+    /* RDMA: which device, port and GID the transport uses, each automatic
+     * by default (docs/connector.md, "RDMA parameters"); what was chosen is
+     * reported by kv_xport_info_get. TCP: unused. */
+    const char *rdma_device; /* a device by name ("mlx5_0"); NULL: the first device
+                                (in ibv_get_device_list order) with an ACTIVE port */
+    uint32_t rdma_port;      /* that port (1-based; it must be ACTIVE); 0: the device's
+                                first ACTIVE port */
+    int32_t rdma_gid_index;  /* that GID table index; -1 (KV_XPORT_CONFIG_INIT's): on
+                                Ethernet the RoCE v2 IPv4-mapped GID (else the best
+                                RoCE v2, else RoCE v1 one), on InfiniBand index 0 */
     /* kv_xport_write_plan: a plan whose byte runs average fewer bytes than
      * this (kv_plan_stats: window_bytes / runs) is sent gathered on a
      * backend that can gather (TCP): one entry per run contiguous in the
@@ -121,7 +131,7 @@ struct kv_xport_config {
 
 #define KV_XPORT_CONFIG_INIT                                                                       \
     {                                                                                              \
-        .struct_size = sizeof(struct kv_xport_config)                                              \
+        .struct_size = sizeof(struct kv_xport_config), .rdma_gid_index = -1                        \
     }
 
 /* Handles (opaque). */
@@ -383,6 +393,64 @@ struct kv_xport_stats {
 /* Fill *out (start from KV_XPORT_STATS_INIT). KV_ERR_NULL; KV_ERR_INVALID_ARG
  * (struct_size). */
 KV_API KV_NODISCARD kv_status kv_xport_stats_get(kv_xport *x, struct kv_xport_stats *out);
+
+/* Link layers and GID types kv_xport_info reports. */
+typedef enum kv_xport_link {
+    KV_XPORT_LINK_NONE = 0, /* TCP */
+    KV_XPORT_LINK_INFINIBAND = 1,
+    KV_XPORT_LINK_ETHERNET = 2, /* RoCE */
+} kv_xport_link;
+
+typedef enum kv_xport_gid_type {
+    KV_XPORT_GID_NONE = 0, /* no GID in use (or TCP) */
+    KV_XPORT_GID_IB = 1,
+    KV_XPORT_GID_ROCE_V1 = 2,
+    KV_XPORT_GID_ROCE_V2 = 3,
+} kv_xport_gid_type;
+
+/* What the transport chose and, for a peer, what its path uses: every
+ * value the RDMA backend picked by itself (the config's automatic
+ * defaults) or took from the config. TCP: kind only, the rest zero. */
+struct kv_xport_info {
+    size_t struct_size;
+    kv_xport_kind kind;
+    /* The transport (kv_xport_create). */
+    char rdma_device[64];
+    uint32_t rdma_port;
+    kv_xport_link rdma_link;
+    uint32_t rdma_lid;      /* InfiniBand: the port's LID; Ethernet: 0 */
+    int32_t rdma_gid_index; /* -1: none */
+    kv_xport_gid_type rdma_gid_type;
+    uint8_t rdma_gid[16];     /* network order, as in the GID table */
+    uint32_t rdma_active_mtu; /* bytes: the port's active MTU */
+    /* A peer (kv_xport_peer_info_get), once its QPs are connected; 0 before. */
+    uint32_t rdma_qps;        /* QPs to the peer */
+    uint32_t rdma_path_mtu;   /* bytes: min(both sides' active MTU) */
+    bool rdma_grh;            /* a GRH on the path (always on Ethernet; on InfiniBand
+                                 only when the peer's GID is on another subnet) */
+    uint32_t rdma_hop_limit;  /* with a GRH */
+    uint32_t rdma_remote_lid; /* the peer's LID (InfiniBand; the path's dlid) */
+    uint8_t rdma_remote_gid[16];
+};
+#define KV_XPORT_INFO_INIT                                                                         \
+    {                                                                                              \
+        .struct_size = sizeof(struct kv_xport_info)                                                \
+    }
+
+/* Fill *out (start from KV_XPORT_INFO_INIT) with what x chose.
+ * KV_ERR_NULL; KV_ERR_INVALID_ARG (struct_size). */
+KV_API KV_NODISCARD kv_status kv_xport_info_get(kv_xport *x, struct kv_xport_info *out);
+
+/* kv_xport_info_get of the peer's transport plus the peer's path (zero
+ * until the peer's QPs are connected: before READY, or for TCP). */
+KV_API KV_NODISCARD kv_status kv_xport_peer_info_get(kv_xport_peer *peer,
+                                                     struct kv_xport_info *out);
+
+/* info as one line of text into buf[cap] (always terminated when cap > 0):
+ * "rdma device mlx5_0 port 1 ethernet lid 0 gid[3] ::ffff:10.0.0.1 (RoCE
+ * v2) mtu 4096", then, for a peer, " | qps 2 path_mtu 4096 grh hop_limit
+ * 255 remote lid 0 gid ...". Returns the length it needed (snprintf's). */
+KV_API int kv_xport_info_format(const struct kv_xport_info *info, char *buf, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -31,7 +31,7 @@
 
 /* Bumped whenever an entry is added, removed or changes signature; a table
  * whose version differs is refused by kv__verbs_acquire(). */
-#define KV__VERBS_VERSION 2
+#define KV__VERBS_VERSION 3
 
 #if KV_HAVE_RDMA
 
@@ -50,6 +50,10 @@ struct kv__verbs {
     int (*query_port)(struct ibv_context *context, uint8_t port_num,
                       struct ibv_port_attr *port_attr);
     int (*query_gid)(struct ibv_context *context, uint8_t port_num, int index, union ibv_gid *gid);
+    /* ibv_query_gid_ex(3) (v3): the entry with its type (IB, RoCE v1, RoCE
+     * v2); ENODATA for an empty slot of the table. */
+    int (*query_gid_ex)(struct ibv_context *context, uint32_t port_num, uint32_t gid_index,
+                        struct ibv_gid_entry *entry, uint32_t flags);
 
     struct ibv_pd *(*alloc_pd)(struct ibv_context *context);
     int (*dealloc_pd)(struct ibv_pd *pd);

@@ -49,7 +49,7 @@
 #include "kv_lib.h"
 #include "kv_transport.h"
 
-#define KV__XPORT_OPS_VERSION 3u
+#define KV__XPORT_OPS_VERSION 4u
 #define KV__XPORT_KEY_MAX 160 /* backend key bytes inside a blob */
 #define KV__XPORT_DEFAULT_TIMEOUT_MS 30000u
 #define KV__XPORT_DEFAULT_CONNS 2u
@@ -103,7 +103,11 @@ struct kv__xport_ops {
     /* Manual progress (x->manual, no thread): one round, waiting at most
      * timeout_ms for something to do. NULL where the backend has none. */
     void (*step)(kv_xport *x, uint32_t timeout_ms);
-    /* Whether post takes gathered writes (kv_xport_xfer.seg): an entry's
+    /* mu held (v3): what the backend chose into *out (kind and struct_size
+     * already set, the rest zero): the transport's, and p's path when p is
+     * not NULL. NULL: nothing to report. */
+    void (*info)(kv_xport *x, kv_xport_peer *p, struct kv_xport_info *out);
+    /* (v4) Whether post takes gathered writes (kv_xport_xfer.seg): an entry's
      * payload read from several source ranges. false: never given one. */
     bool gather;
 };

@@ -90,6 +90,11 @@ struct rpeer {
     uint64_t deadline_ns; /* handshake; PH_FAIL: drain */
     kv_status why;
     char msg[256];
+    /* The path, set when the peer's INFO was applied (PH_RTS on): */
+    enum ibv_mtu path_mtu; /* min(ours, theirs) */
+    bool grh;
+    uint16_t rlid;
+    uint8_t rgid[16];
 };
 
 struct rdma {
@@ -98,6 +103,14 @@ struct rdma {
     struct ibv_context *ctx;
     struct ibv_pd *pd;
     struct ibv_device_attr da;
+    /* Chosen at start (rd_pick: the config or the automatic defaults):
+     * the port, its attributes, the GID (gid_index -1: none; on InfiniBand
+     * it is used only for a GRH). */
+    uint8_t port;
+    struct ibv_port_attr pa;
+    uint8_t link; /* IBV_LINK_LAYER_INFINIBAND or _ETHERNET (UNSPECIFIED read as IB) */
+    int gid_index;
+    enum ibv_gid_type gid_type;
     union ibv_gid gid;
     uint64_t chunk; /* MR chunk bytes */
     uint32_t sge;
@@ -131,9 +144,26 @@ struct chain {
     uint64_t first; /* seq of wr[0] */
 };
 
-/* INFO (LE): 0 4 kind, 4 4 QPs, 8 8 connection id, 16 16 GID, then per QP
- * 4 qpn, 4 psn. */
-#define INFO_HEAD 32u
+/* INFO (LE), version 2: 0 2 kind (rdma), 2 2 INFO version, 4 4 QPs, 8 8
+ * connection id, 16 16 GID (network order), 32 2 LID, 34 1 link layer
+ * (IBV_LINK_LAYER_*), 35 1 active MTU (enum ibv_mtu), 36 1 flags (bit 0:
+ * the GID is valid), 37 3 zero, then per QP 4 qpn, 4 psn. Version 1 (no
+ * LID, MTU, link layer) read as kind 2, version 0: refused by name. */
+#define INFO_HEAD 40u
+#define INFO_VERSION 2u
+#define INFO_HOP_LIMIT 255u /* with a GRH (routable RoCE v2 / across IB subnets) */
+
+/* A peer's INFO, decoded and checked (kv__rd_info_decode). */
+struct rd_info {
+    uint32_t nq;
+    uint64_t conn;
+    uint8_t gid[16];
+    bool has_gid;
+    uint16_t lid;
+    uint8_t link;
+    uint8_t mtu; /* enum ibv_mtu */
+    uint32_t qpn[KV__XPORT_MAX_CONNS], psn[KV__XPORT_MAX_CONNS];
+};
 
 /* kv_xport_rdma_verbs.c */
 void kv__rd_teardown_check(struct rdma *r, int rc, const char *what);
@@ -142,6 +172,17 @@ const char *kv__rd_wc_str(enum ibv_wc_status s);
 void kv__rd_kick(kv_xport *x);
 bool kv__rd_rkey_get(const kv_xport_rmem *rm, struct rkey *k);
 uint32_t kv__rd_rkey_of(const struct rkey *k, uint64_t off);
+
+/* kv_xport_rdma_info_verbs.c */
+/* INFO: encode ours into b (INFO_HEAD + 8 * in->nq bytes; returns that);
+ * decode a peer's of len bytes, expecting nq QPs on link layer `link`:
+ * KV_OK, or KV_ERR_MISMATCH (kind, version, QP count, link layer) /
+ * KV_ERR_CORRUPT (length, MTU code, LID, GID, flags, a qpn or psn over 24
+ * bits) with msg naming the values. Pure: no verbs, no state. */
+uint32_t kv__rd_info_encode(const struct rd_info *in, unsigned char *b);
+kv_status kv__rd_info_decode(const unsigned char *b, uint32_t len, uint32_t nq, uint8_t link,
+                             struct rd_info *out, char *msg, size_t cap);
+uint32_t kv__rd_mtu_bytes(enum ibv_mtu m);
 
 /* kv_xport_rdma_qp_verbs.c */
 unsigned char *kv__rd_buf_at(struct rpeer *rp, uint32_t i);

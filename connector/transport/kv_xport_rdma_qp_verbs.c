@@ -2,7 +2,9 @@
  * kv_xport_rdma_qp_verbs.c - a peer of the RDMA backend
  * (kv_xport_rdma_int.h): its verbs resources (CQ, RC QPs in INIT, the
  * registered message buffers and their posted receives), the handshake after
- * the OOB one (INFO: per QP its qpn and psn, the GID, the connection id;
+ * the OOB one (INFO, checked by kv__rd_info_decode in
+ * kv_xport_rdma_info_verbs.c: per QP its qpn and
+ * psn, the GID, LID, link layer and active MTU, the connection id;
  * INIT -> RTR -> RTS on the other side's INFO; READY), and failing a peer:
  * every QP to ERR behind a signaled marker, the transfers ended only once
  * every marker's flush completed (kv__rd_finish_fail).
@@ -60,7 +62,7 @@ kv_status kv__rd_peer_verbs(struct rdma *r, struct rpeer *rp)
         q->psn = (uint32_t)(kv__xxh3_64(&(uint64_t[2]){kv__now_ns(), i}, 16) & 0xffffff);
         struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
                                 .pkey_index = 0,
-                                .port_num = 1,
+                                .port_num = r->port,
                                 .qp_access_flags = IBV_ACCESS_LOCAL_WRITE |
                                                    IBV_ACCESS_REMOTE_WRITE |
                                                    IBV_ACCESS_REMOTE_READ};
@@ -215,15 +217,20 @@ static bool oob_send(struct rdma *r, struct rpeer *rp, int which, const void *ms
 static void send_info(struct rdma *r, struct rpeer *rp)
 {
     unsigned char b[INFO_HEAD + 8 * KV__XPORT_MAX_CONNS];
-    kv__le_put(b, KV_XPORT_RDMA, 4);
-    kv__le_put(b + 4, rp->nq, 4);
-    kv__le_put(b + 8, rp->p->nonce_local, 8);
-    memcpy(b + 16, r->gid.raw, 16);
+    struct rd_info in = {.nq = rp->nq,
+                         .conn = rp->p->nonce_local,
+                         .has_gid = r->gid_index >= 0,
+                         .lid = r->link == IBV_LINK_LAYER_INFINIBAND ? r->pa.lid : 0,
+                         .link = r->link,
+                         .mtu = (uint8_t)r->pa.active_mtu};
+    if (r->gid_index >= 0)
+        memcpy(in.gid, r->gid.raw, 16);
     for (uint32_t i = 0; i < rp->nq; i++) {
-        kv__le_put(b + INFO_HEAD + 8 * i, rp->q[i].qp->qp_num, 4);
-        kv__le_put(b + INFO_HEAD + 8 * i + 4, rp->q[i].psn, 4);
+        in.qpn[i] = rp->q[i].qp->qp_num;
+        in.psn[i] = rp->q[i].psn;
     }
-    if (!oob_send(r, rp, 0, b, INFO_HEAD + 8 * rp->nq))
+    const uint32_t len = kv__rd_info_encode(&in, b);
+    if (!oob_send(r, rp, 0, b, len))
         kv__rd_peer_fail(r, rp, KV_ERR_IO, "xport rdma: sending QP info: %s", kv_last_error());
     else
         rp->info_sent = true;
@@ -237,22 +244,30 @@ static void got_info(struct rdma *r, struct rpeer *rp, const unsigned char *b, u
         kv__rd_peer_fail(r, rp, KV_ERR_CORRUPT, "xport rdma: QP info twice");
         return;
     }
-    if (len < INFO_HEAD || kv__le_get(b, 4) != KV_XPORT_RDMA || kv__le_get(b + 4, 4) != rp->nq ||
-        len != INFO_HEAD + 8 * rp->nq) {
-        kv__rd_peer_fail(
-            r, rp, KV_ERR_MISMATCH,
-            "xport rdma handshake: QP info of %u bytes (kind %u, %u QPs; here rdma, %u)", len,
-            len >= 8 ? (unsigned)kv__le_get(b, 4) : 0u,
-            len >= 8 ? (unsigned)kv__le_get(b + 4, 4) : 0u, rp->nq);
-        return;
-    }
-    if (!rp->info_sent) /* theirs came first: ours before anything else */
+    /* Theirs came first: ours before anything else, even a refusal of
+     * theirs, so the peer can name the refusal too (our INFO goes out
+     * before the OOB peer closes: the drain waits for it). */
+    if (!rp->info_sent)
         send_info(r, rp);
     if (rp->ph == PH_FAIL)
         return;
-    rp->p->nonce_remote = kv__le_get(b + 8, 8);
-    union ibv_gid gid = {.raw = {0}};
-    memcpy(gid.raw, b + 16, 16);
+    struct rd_info in;
+    char why[200];
+    const kv_status ds = kv__rd_info_decode(b, len, rp->nq, r->link, &in, why, sizeof(why));
+    if (ds != KV_OK) {
+        kv__rd_peer_fail(r, rp, ds, "xport rdma handshake (%s port %u): %s", r->dev, r->port, why);
+        return;
+    }
+    rp->p->nonce_remote = in.conn;
+    /* The path: MTU the smaller of both ports' active MTU; a GRH always on
+     * Ethernet (RoCE routes by GID), on InfiniBand only when the peer's
+     * GID is on another subnet (its prefix differs): within a subnet the
+     * LID routes, as rc_pingpong does without a GID. */
+    rp->path_mtu = in.mtu < r->pa.active_mtu ? (enum ibv_mtu)in.mtu : r->pa.active_mtu;
+    rp->grh = r->link == IBV_LINK_LAYER_ETHERNET ||
+              (in.has_gid && r->gid_index >= 0 && memcmp(in.gid, r->gid.raw, 8) != 0);
+    rp->rlid = in.lid;
+    memcpy(rp->rgid, in.gid, 16);
     const uint8_t rd = (uint8_t)(r->da.max_qp_rd_atom < 1    ? 1
                                  : r->da.max_qp_rd_atom > 16 ? 16
                                                              : r->da.max_qp_rd_atom);
@@ -260,16 +275,21 @@ static void got_info(struct rdma *r, struct rpeer *rp, const unsigned char *b, u
                                   : r->da.max_qp_init_rd_atom > 16 ? 16
                                                                    : r->da.max_qp_init_rd_atom);
     for (uint32_t i = 0; i < rp->nq; i++) {
-        struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
-                                .path_mtu = IBV_MTU_1024,
-                                .dest_qp_num = (uint32_t)kv__le_get(b + INFO_HEAD + 8 * i, 4),
-                                .rq_psn = (uint32_t)kv__le_get(b + INFO_HEAD + 8 * i + 4, 4),
-                                .max_dest_rd_atomic = rd,
-                                .min_rnr_timer = 12,
-                                .ah_attr = {.is_global = 1, .port_num = 1}};
-        a.ah_attr.grh.dgid = gid;
-        a.ah_attr.grh.hop_limit = 1;
-        a.ah_attr.grh.sgid_index = 0;
+        struct ibv_qp_attr a = {
+            .qp_state = IBV_QPS_RTR,
+            .path_mtu = rp->path_mtu,
+            .dest_qp_num = in.qpn[i],
+            .rq_psn = in.psn[i],
+            .max_dest_rd_atomic = rd,
+            .min_rnr_timer = 12,
+            .ah_attr = {.is_global = rp->grh,
+                        .dlid = r->link == IBV_LINK_LAYER_INFINIBAND ? in.lid : 0,
+                        .port_num = r->port}};
+        if (rp->grh) {
+            memcpy(a.ah_attr.grh.dgid.raw, in.gid, 16);
+            a.ah_attr.grh.hop_limit = INFO_HOP_LIMIT;
+            a.ah_attr.grh.sgid_index = (uint8_t)r->gid_index;
+        }
         struct ibv_qp *qp = rp->q[i].qp;
         pthread_mutex_unlock(&x->mu);
         int e =
@@ -291,7 +311,11 @@ static void got_info(struct rdma *r, struct rpeer *rp, const unsigned char *b, u
         }
         pthread_mutex_lock(&x->mu);
         if (e != 0) {
-            kv__rd_peer_fail(r, rp, KV_ERR_IO, "xport rdma: QP %u to %s: %s", i, what, strerror(e));
+            kv__rd_peer_fail(r, rp, KV_ERR_IO,
+                             "xport rdma: QP %u to %s (%s port %u, path_mtu %u, %s, dlid %u, "
+                             "sgid_index %d): %s",
+                             i, what, r->dev, r->port, kv__rd_mtu_bytes(rp->path_mtu),
+                             rp->grh ? "grh" : "no grh", a.ah_attr.dlid, r->gid_index, strerror(e));
             return;
         }
     }

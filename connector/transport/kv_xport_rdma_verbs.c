@@ -6,11 +6,19 @@
  *
  * Model:
  *
+ *   parameters    device, port and GID from the config or chosen at start
+ *                 (pick_port, pick_gid: the first ACTIVE port, the RoCE v2
+ *                 IPv4-mapped GID on Ethernet, index 0 on InfiniBand); the
+ *                 path per peer from both INFO (got_info: path MTU the
+ *                 smaller active MTU, a GRH on Ethernet or across IB
+ *                 subnets, the LID otherwise); all reported (rdma_info).
+ *
  *   out of band   an internal TCP kv_xport (same token, fingerprint, host,
  *                 port; one connection per peer) carries the checked
  *                 handshake (version, token, fingerprint) and then, as its
- *                 notifications, INFO (per QP: qpn, psn; the GID; this
- *                 side's connection id) and READY (every QP of the sender
+ *                 notifications, INFO (per QP: qpn, psn; the GID, LID,
+ *                 link layer and active MTU; this side's connection id)
+ *                 and READY (every QP of the sender
  *                 is RTR/RTS). A peer is READY once both INFO were applied
  *                 (INIT -> RTR -> RTS) and the other side's READY came, so
  *                 nothing is sent to a QP that cannot take it yet. A dead
@@ -204,6 +212,185 @@ static void events_close(struct rdma *r)
     r->wake_fd = -1;
 }
 
+static const char *port_state_str(enum ibv_port_state s)
+{
+    switch (s) {
+    case IBV_PORT_DOWN:
+        return "DOWN";
+    case IBV_PORT_INIT:
+        return "INIT";
+    case IBV_PORT_ARMED:
+        return "ARMED";
+    case IBV_PORT_ACTIVE:
+        return "ACTIVE";
+    default:
+        return "not active";
+    }
+}
+
+/* Append to buf[cap] (a note of what was tried, for the error message). */
+static void say(char *buf, size_t cap, const char *fmt, ...) KV_PRINTF(3, 4);
+static void say(char *buf, size_t cap, const char *fmt, ...)
+{
+    const size_t len = strlen(buf);
+    if (len + 1 >= cap)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + len, cap - len, fmt, ap);
+    va_end(ap);
+}
+
+/* How much a GID suits RoCE (higher is better), NCCL's order: RoCE v2
+ * with an IPv4-mapped address, then other RoCE v2 (not link-local), then
+ * any RoCE v2, then RoCE v1. */
+static int gid_score(const struct ibv_gid_entry *e)
+{
+    static const uint8_t v4[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    const bool mapped = memcmp(e->gid.raw, v4, 12) == 0;
+    const bool link_local = e->gid.raw[0] == 0xfe && (e->gid.raw[1] & 0xc0) == 0x80;
+    if (e->gid_type != IBV_GID_TYPE_ROCE_V2)
+        return 0;
+    return mapped ? 3 : !link_local ? 2 : 1;
+}
+
+/* The GID: cfg's index (it must hold a GID), else automatic (Ethernet:
+ * the best gid_score, lowest index on a tie; InfiniBand: index 0, or none
+ * when the port has no GID there: then no GRH is possible). */
+static kv_status pick_gid(struct rdma *r, int32_t want)
+{
+    const struct kv__verbs *v = r->v;
+    struct ibv_gid_entry e;
+    r->gid_index = -1;
+    if (want < -1)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "xport_create(rdma): rdma_gid_index %d (an index >= 0, or -1: automatic)",
+                         want);
+    if (want >= 0) {
+        if (want >= r->pa.gid_tbl_len)
+            return kv__error(KV_ERR_INVALID_ARG,
+                             "xport_create(rdma): rdma_gid_index %d, but %s port %u has %d GIDs",
+                             want, r->dev, r->port, r->pa.gid_tbl_len);
+        const int err = v->query_gid_ex(r->ctx, r->port, (uint32_t)want, &e, 0);
+        if (err != 0)
+            return kv__error(err == ENODATA ? KV_ERR_INVALID_ARG : KV_ERR_IO,
+                             "xport_create(rdma): GID index %d of %s port %u: %s", want, r->dev,
+                             r->port, err == ENODATA ? "empty" : strerror(err));
+        r->gid_index = want;
+        r->gid = e.gid;
+        r->gid_type = (enum ibv_gid_type)e.gid_type;
+        return KV_OK;
+    }
+    int best = -1;
+    for (int i = 0; i < r->pa.gid_tbl_len; i++) {
+        if (v->query_gid_ex(r->ctx, r->port, (uint32_t)i, &e, 0) != 0)
+            continue; /* empty (ENODATA) or unreadable: not a candidate */
+        const int sc = gid_score(&e);
+        if (r->link == IBV_LINK_LAYER_INFINIBAND || sc > best) {
+            best = sc;
+            r->gid_index = i;
+            r->gid = e.gid;
+            r->gid_type = (enum ibv_gid_type)e.gid_type;
+        }
+        if (r->link == IBV_LINK_LAYER_INFINIBAND || sc == 3)
+            break; /* InfiniBand: the first; RoCE: none scores higher */
+    }
+    if (r->gid_index < 0 && r->link == IBV_LINK_LAYER_ETHERNET)
+        return kv__error(KV_ERR_UNSUPPORTED,
+                         "xport_create(rdma): %s port %u (ethernet) has no GID among %d entries "
+                         "(RoCE needs one: is an IP address configured on its netdev?)",
+                         r->dev, r->port, r->pa.gid_tbl_len);
+    return KV_OK;
+}
+
+/* Device and port: cfg's device by name (else each in list order) and
+ * cfg's port (else its first ACTIVE one); r->ctx open on success. Every
+ * device and port looked at is named in the error when none fits. */
+static kv_status pick_port(struct rdma *r, struct ibv_device **list, int num)
+{
+    const struct kv__verbs *v = r->v;
+    const struct kv_xport_config *cfg = &r->x->cfg;
+    char seen[512] = "", names[512] = "";
+    bool named = false;
+    if (cfg->rdma_port > 255)
+        return kv__error(KV_ERR_INVALID_ARG, "xport_create(rdma): rdma_port %u (ports are 1..255)",
+                         cfg->rdma_port);
+    for (int d = 0; d < num; d++) {
+        const char *name = v->get_device_name(list[d]);
+        say(names, sizeof(names), "%s%s", names[0] ? ", " : "", name ? name : "?");
+        if (cfg->rdma_device && strcmp(cfg->rdma_device, name ? name : "") != 0)
+            continue;
+        named = true;
+        snprintf(r->dev, sizeof(r->dev), "%s", name ? name : "?");
+        r->ctx = v->open_device(list[d]);
+        int e = r->ctx ? v->query_device(r->ctx, &r->da) : (errno ? errno : ENODEV);
+        if (e != 0) {
+            if (r->ctx)
+                (void)v->close_device(r->ctx);
+            r->ctx = NULL;
+            if (cfg->rdma_device)
+                return kv__error(KV_ERR_IO, "xport_create(rdma): open/query %s: %s", r->dev,
+                                 strerror(e));
+            say(seen, sizeof(seen), "%s%s: %s", seen[0] ? ", " : "", r->dev, strerror(e));
+            continue;
+        }
+        if (cfg->rdma_port > (uint32_t)r->da.phys_port_cnt) {
+            (void)v->close_device(r->ctx);
+            r->ctx = NULL;
+            if (!cfg->rdma_device) { /* another device may have that port */
+                say(seen, sizeof(seen), "%s%s: %u ports", seen[0] ? ", " : "", r->dev,
+                    (unsigned)r->da.phys_port_cnt);
+                continue;
+            }
+            return kv__error(KV_ERR_INVALID_ARG, "xport_create(rdma): rdma_port %u, but %s has %u",
+                             cfg->rdma_port, r->dev, (unsigned)r->da.phys_port_cnt);
+        }
+        const uint32_t lo = cfg->rdma_port ? cfg->rdma_port : 1;
+        const uint32_t hi = cfg->rdma_port ? cfg->rdma_port : r->da.phys_port_cnt;
+        for (uint32_t pt = lo; pt <= hi; pt++) {
+            e = v->query_port(r->ctx, (uint8_t)pt, &r->pa);
+            if (e != 0) {
+                say(seen, sizeof(seen), "%s%s port %u: %s", seen[0] ? ", " : "", r->dev, pt,
+                    strerror(e));
+                continue;
+            }
+            if (r->pa.state != IBV_PORT_ACTIVE) {
+                say(seen, sizeof(seen), "%s%s port %u %s", seen[0] ? ", " : "", r->dev, pt,
+                    port_state_str(r->pa.state));
+                continue;
+            }
+            r->port = (uint8_t)pt;
+            r->link = r->pa.link_layer == IBV_LINK_LAYER_ETHERNET ? IBV_LINK_LAYER_ETHERNET
+                                                                  : IBV_LINK_LAYER_INFINIBAND;
+            if (r->link == IBV_LINK_LAYER_INFINIBAND && (r->pa.lid == 0 || r->pa.lid > 0xbfff)) {
+                say(seen, sizeof(seen), "%s%s port %u ACTIVE but LID 0x%x (no subnet manager?)",
+                    seen[0] ? ", " : "", r->dev, pt, r->pa.lid);
+                continue;
+            }
+            if (kv__rd_mtu_bytes(r->pa.active_mtu) == 0) {
+                say(seen, sizeof(seen), "%s%s port %u active MTU code %d", seen[0] ? ", " : "",
+                    r->dev, pt, (int)r->pa.active_mtu);
+                continue;
+            }
+            return KV_OK;
+        }
+        (void)v->close_device(r->ctx);
+        r->ctx = NULL;
+    }
+    if (cfg->rdma_device && !named)
+        return kv__error(KV_ERR_NOT_FOUND,
+                         "xport_create(rdma): no RDMA device \"%s\" (%s lists: %s)",
+                         cfg->rdma_device, v->name, names);
+    if (cfg->rdma_port)
+        return kv__error(KV_ERR_UNSUPPORTED, "xport_create(rdma): rdma_port %u not usable (%s)",
+                         cfg->rdma_port, seen);
+    if (cfg->rdma_device)
+        return kv__error(KV_ERR_UNSUPPORTED, "xport_create(rdma): no ACTIVE port on %s (%s)",
+                         cfg->rdma_device, seen);
+    return kv__error(KV_ERR_UNSUPPORTED, "xport_create(rdma): no ACTIVE port on any device (%s)",
+                     seen);
+}
+
 static kv_status rdma_start(kv_xport *x)
 {
     const struct kv__verbs *v = NULL;
@@ -228,22 +415,14 @@ static kv_status rdma_start(kv_xport *x)
                        v->name);
         goto fail_state;
     }
-    snprintf(r->dev, sizeof(r->dev), "%s", v->get_device_name(list[0]));
-    r->ctx = v->open_device(list[0]);
+    st = pick_port(r, list, num);
     v->free_device_list(list);
-    if (!r->ctx) {
-        st =
-            kv__error(KV_ERR_IO, "xport_create(rdma): open_device %s: %s", r->dev, strerror(errno));
+    if (st != KV_OK)
         goto fail_state;
-    }
-    int e = v->query_device(r->ctx, &r->da);
-    if (e == 0)
-        e = v->query_gid(r->ctx, 1, 0, &r->gid);
-    if (e != 0) {
-        st = kv__error(KV_ERR_IO, "xport_create(rdma): query device/gid of %s: %s", r->dev,
-                       strerror(e));
+    st = pick_gid(r, x->cfg.rdma_gid_index);
+    if (st != KV_OK)
         goto fail_ctx;
-    }
+    int e;
     if (r->da.max_qp_wr < (int)RD_SQ_WR || r->da.max_sge < 1 || r->da.max_mr_size < 4096) {
         st = kv__error(KV_ERR_UNSUPPORTED,
                        "xport_create(rdma): %s: max_qp_wr %d (need %u), max_sge %d, "
@@ -536,6 +715,40 @@ static void rdma_cancel(kv_xport_xfer *t)
     kv__rd_kick(t->peer->x);
 }
 
+static kv_xport_gid_type gid_type_pub(enum ibv_gid_type t, uint8_t link)
+{
+    if (link == IBV_LINK_LAYER_INFINIBAND)
+        return KV_XPORT_GID_IB;
+    return t == IBV_GID_TYPE_ROCE_V2 ? KV_XPORT_GID_ROCE_V2 : KV_XPORT_GID_ROCE_V1;
+}
+
+/* mu held: what rd_pick chose, and p's path once its QPs are connected. */
+static void rdma_info(kv_xport *x, kv_xport_peer *p, struct kv_xport_info *out)
+{
+    const struct rdma *r = x->be;
+    if (!r)
+        return;
+    snprintf(out->rdma_device, sizeof(out->rdma_device), "%s", r->dev);
+    out->rdma_port = r->port;
+    out->rdma_link =
+        r->link == IBV_LINK_LAYER_ETHERNET ? KV_XPORT_LINK_ETHERNET : KV_XPORT_LINK_INFINIBAND;
+    out->rdma_lid = r->link == IBV_LINK_LAYER_INFINIBAND ? r->pa.lid : 0;
+    out->rdma_gid_index = r->gid_index;
+    out->rdma_gid_type = r->gid_index >= 0 ? gid_type_pub(r->gid_type, r->link) : KV_XPORT_GID_NONE;
+    if (r->gid_index >= 0)
+        memcpy(out->rdma_gid, r->gid.raw, 16);
+    out->rdma_active_mtu = kv__rd_mtu_bytes(r->pa.active_mtu);
+    const struct rpeer *rp = p ? p->be : NULL;
+    if (!rp || (rp->ph != PH_RTS && rp->ph != PH_READY))
+        return;
+    out->rdma_qps = rp->nq;
+    out->rdma_path_mtu = kv__rd_mtu_bytes(rp->path_mtu);
+    out->rdma_grh = rp->grh;
+    out->rdma_hop_limit = rp->grh ? INFO_HOP_LIMIT : 0;
+    out->rdma_remote_lid = rp->rlid;
+    memcpy(out->rdma_remote_gid, rp->rgid, 16);
+}
+
 static void rdma_peer_close(kv_xport_peer *p)
 {
     struct rpeer *rp = p->be;
@@ -560,6 +773,7 @@ static const struct kv__xport_ops kv__xport_rdma_ops = {
     .post = rdma_post,
     .cancel = rdma_cancel,
     .peer_close = rdma_peer_close,
+    .info = rdma_info,
 };
 
 const struct kv__xport_ops *kv__xport_rdma(void)
@@ -676,6 +890,17 @@ static void wait_events(struct rdma *r, uint64_t deadline)
     }
 }
 
+/* mu held: an OOB notification of rp (INFO, READY) not yet terminal. */
+static bool oob_pending(const struct rpeer *rp)
+{
+    for (int i = 0; i < 2; i++) {
+        kv_xport_state s = KV_XPORT_DONE;
+        if (rp->oob_x[i] && kv_xport_xfer_test(rp->oob_x[i], &s) == KV_OK && s == KV_XPORT_PENDING)
+            return true;
+    }
+    return false;
+}
+
 static void *progress(void *arg)
 {
     struct rdma *r = arg;
@@ -701,6 +926,11 @@ static void *progress(void *arg)
                 bool done = true;
                 for (uint32_t i = 0; i < rp->nq; i++)
                     done &= rp->q[i].drained || !rp->q[i].qp;
+                /* Our INFO / READY out first (bounded by the drain
+                 * deadline): a peer refused at INFO (a link layer, an MTU
+                 * code) then reads our INFO and names the refusal itself,
+                 * rather than seeing only a closed connection. */
+                done = done && (r->stop || !oob_pending(rp));
                 if (done || now >= rp->deadline_ns) {
                     kv__rd_finish_fail(r, rp);
                     any = true;

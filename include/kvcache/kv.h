@@ -40,6 +40,7 @@
 #include "kv_offload.h"
 #include "kv_pack.h"
 #include "kv_transport.h"
+#include "kv_xport_layers.h"
 
 /* Binding (binding/): what bindings without a C compiler read (the ABI). */
 #include "kv_abi.h"

@@ -9,11 +9,15 @@
         block_table, slot_mapping = c.export_vllm([s])
         k0 = torch.from_dlpack(c.kv(0, 0))      # layer 0's K, zero-copy
 
+An engine's own memory and page tables: kvcache.PagedCache(layout, tensor)
+and kvcache.Pages.from_block_table / from_csr (python/README.md).
+
 Over libkvcache.so through ctypes (see python/README.md for why). Every
 failed call raises a KvError subclass with the C library's message.
 """
 from . import _lib
-from .cache import Cache, Layout, View
+from .cache import Cache, Layout, Pages, View
+from .paged import PagedCache
 from .errors import (KvError, InvalidArgument, NullArgument, BadDim, BadShape, OutOfBounds,
                      NeedsCopy, Overlap, Overflow, NoMemory, NoBlocks, NotFound, BadState,
                      Unsupported, TooCostly, Mismatch, IoError, Timeout, Cancelled, Corrupt,
@@ -38,4 +42,4 @@ __all__ = ["Cache", "Layout", "View", "KvError", "InvalidArgument", "NullArgumen
            "BadShape", "OutOfBounds", "NeedsCopy", "Overlap", "Overflow", "NoMemory",
            "NoBlocks", "NotFound", "BadState", "Unsupported", "TooCostly", "Mismatch",
            "IoError", "Timeout", "Cancelled", "Corrupt", "Internal", "Capacity", "DeviceError",
-           "library_path", "threads", "set_threads"]
+           "library_path", "threads", "set_threads", "Pages", "PagedCache"]

@@ -216,6 +216,12 @@ class CopyBlocksOpts(ctypes.Structure):
                 ("n_layers", ctypes.c_uint32), ("planes", ctypes.c_uint32)]
 
 
+class AttnOpts(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("window_left", ctypes.c_int32),
+                ("logit_soft_cap", ctypes.c_float), ("lse", ctypes.POINTER(ctypes.c_float)),
+                ("lse_stride", ctypes.c_int64)]
+
+
 # DLPack 0.6 (dlpack/dlpack.h)
 class DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
@@ -264,6 +270,7 @@ _ABI = {
     "kv_pages": Pages,
     "kv_plan_config": PlanConfig,
     "kv_copy_blocks_opts": CopyBlocksOpts,
+    "kv_attn_opts": AttnOpts,
 }
 
 # ---- functions -------------------------------------------------------------
@@ -299,6 +306,7 @@ _PROTOS = {
     "kv_dlpack_capsule_api": (None, [vp, vp]),
     "kv_dlpack_capsule_destructor": (None, [vp]),
     "kv_cache_paged": (_ST, [vp, ctypes.POINTER(PagedCache)]),
+    "kv_paged_check": (_ST, [ctypes.POINTER(PagedCache), ctypes.c_bool]),
     "kv_attn_write": (_ST, [PagedCache, ctypes.c_int32, ctypes.POINTER(ViewC),
                             ctypes.POINTER(ViewC), c_i64p, ctypes.c_int64,
                             ctypes.POINTER(Scales)]),
@@ -313,6 +321,12 @@ _PROTOS = {
     "kv_attn_decode": (_ST, [PagedCache, ctypes.c_uint32, ctypes.POINTER(ViewC),
                              ctypes.POINTER(Pages), ctypes.c_float, ctypes.POINTER(Scales),
                              ctypes.POINTER(ViewC)]),
+    "kv_attn_decode_ex": (_ST, [PagedCache, ctypes.c_uint32, ctypes.POINTER(ViewC),
+                                ctypes.POINTER(Pages), ctypes.c_float, ctypes.POINTER(Scales),
+                                ctypes.POINTER(ViewC), ctypes.POINTER(AttnOpts)]),
+    "kv_attn_prefill": (_ST, [PagedCache, ctypes.c_uint32, ctypes.POINTER(ViewC), c_i32p,
+                              ctypes.POINTER(Pages), ctypes.c_float, ctypes.POINTER(Scales),
+                              ctypes.POINTER(ViewC), ctypes.POINTER(AttnOpts)]),
     "kv_pack_size": (_ST, [ctypes.POINTER(LayoutC), ctypes.POINTER(PlanConfig),
                            ctypes.c_uint64, c_u64p]),
     "kv_pack": (_ST, [vp, PagedCache, c_u32p, ctypes.c_uint32, ctypes.c_uint64, vp,

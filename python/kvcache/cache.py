@@ -6,6 +6,12 @@ View objects implement __dlpack__ / __dlpack_device__, so
 torch.from_dlpack(view) and numpy.from_dlpack(view) see the cache's own
 bytes, and the tensor keeps the cache alive (a reference on the C cache)
 until the framework frees it.
+
+The kernels take uint8 tensors as raw fp8 bytes of an fp8 cache's format
+(inputs and outputs; tensors.raw_fp8), and View.as_bytes() exports an fp8
+view through DLPack. PagedCache (paged.py) runs the same kernel methods on
+memory an engine owns, with Pages.from_csr / Pages.from_block_table over
+its own page-table arrays.
 """
 import ctypes
 import functools
@@ -18,7 +24,7 @@ import numpy as np
 from . import _lib
 from ._ints import I32, I64, INT, U32, U64, int_array, integer
 from .errors import check, error
-from .tensors import borrow, host_only
+from .tensors import FP8_CODES, FP8_OR_U8, borrow, host_only, raw_fp8
 
 L = _lib.lib
 
@@ -281,7 +287,35 @@ class View:
                         "__dlpack__ with a GPU framework)")
         return np.asarray(_ArrayRef(self))
 
+    def as_bytes(self) -> "View":
+        """The same memory as a uint8 View, which DLPack exports whatever the
+        dtype (fp8 has no DLPack 0.6 type): torch.from_dlpack(v.as_bytes())
+        is the raw fp8 bytes (.view(torch.float8_e4m3fn) where torch has
+        fp8). A 1-byte dtype (fp8, i8, u8) keeps its shape and strides; a
+        wider one gets a last dimension of its element size (strides and
+        offset scaled to bytes). It holds the same reference on the cache."""
+        v = self._v
+        es = L.kv_dtype_size(v.dtype)
+        out = _lib.ViewC.from_buffer_copy(v)
+        out.dtype = _dtype_code("u8")
+        if es != 1:
+            if v.ndim >= _lib.KV_MAX_DIMS:
+                raise error("KV_ERR_BAD_DIM", "as_bytes(): a %d-d %s view has no room for the "
+                            "byte dimension (at most %d dims)" % (v.ndim, self.dtype,
+                                                                   _lib.KV_MAX_DIMS))
+            for i in range(v.ndim):
+                out.strides[i] = v.strides[i] * es
+            out.shape[v.ndim], out.strides[v.ndim] = es, 1
+            out.ndim = v.ndim + 1
+            out.offset = v.offset * es
+        return View(self._m, out)
+
     def __dlpack__(self, stream=None):
+        if self._v.dtype in FP8_CODES:
+            raise error("KV_ERR_UNSUPPORTED", "__dlpack__: dtype %s has no DLPack 0.6 type; "
+                        "View.as_bytes() is a uint8 View of the same bytes that exports "
+                        "(raw fp8 bytes; torch >= 2.1: .view(torch.float8_%s))" %
+                        (self.dtype, "e4m3fn" if self.dtype == "fp8_e4m3" else "e5m2"))
         if stream not in (None, -1):
             if self._m.mem != "device":
                 raise error("KV_ERR_INVALID_ARG",
@@ -636,6 +670,13 @@ class Cache:
             self._pc = pc
         return self._pc
 
+    def _tensor(self, obj, what, writable=False):
+        """obj as a CPU kernel's tensor: host memory, any strides (borrowed,
+        not copied), and uint8 read as raw bytes of an fp8 cache's format
+        (tensors.raw_fp8)."""
+        b = host_only(borrow(obj, what, writable), what)
+        return raw_fp8(b, what, self.layout._c.dtype) if b.view.dtype in FP8_OR_U8 else b
+
     @staticmethod
     def _scales(scales, keep):
         if scales is None:
@@ -666,7 +707,7 @@ class Cache:
         layer = -1 if layer is None else integer(layer, "layer", I32)
         s32 = _int32_slots(slots)
         sl = s32 if s32 is not None else int_array(slots, "slots", I64).reshape(-1)
-        kb, vb = host_only(borrow(k, "k"), "k"), host_only(borrow(v, "v"), "v")
+        kb, vb = self._tensor(k, "k"), self._tensor(v, "v")
         keep = []
         if s32 is not None:
             check(L.kv_attn_write_i32(pc, layer, kb.ref(), vb.ref(), _p(sl, _lib.c_i32p),
@@ -686,8 +727,8 @@ class Cache:
         (layer None: [L][T][H][D]); either may be None."""
         pc = self._paged()
         layer = -1 if layer is None else integer(layer, "layer", I32)
-        kb = host_only(borrow(k_out, "k_out", True), "k_out") if k_out is not None else None
-        vb = host_only(borrow(v_out, "v_out", True), "v_out") if v_out is not None else None
+        kb = self._tensor(k_out, "k_out", True) if k_out is not None else None
+        vb = self._tensor(v_out, "v_out", True) if v_out is not None else None
         keep = []
         check(L.kv_attn_read(pc, layer, ctypes.byref(pages._c),
                              kb.ref() if kb else None, vb.ref() if vb else None,
@@ -700,8 +741,8 @@ class Cache:
         range / slice with step 1, or (start, stop). planes: None or "kv"
         (K and V), "k" or "v". src: None copies within this cache (vLLM's
         copy_blocks: no dst may be another copy's src or dst); another Cache
-        of the same block format (L, N, H, D, dtype, order, packing; its
-        block count, arrangement and padding may differ) copies its blocks
+        (or PagedCache) of the same block format (L, N, H, D, dtype, order,
+        packing; its block count, arrangement and padding may differ) copies its blocks
         into this one (vLLM's swap_blocks: swap out into a host cache, swap
         in back), any ids on either side, no dst twice."""
         pc = self._paged()
@@ -725,18 +766,77 @@ class Cache:
 
     @_call
     def decode(self, layer: int, q, pages: "Pages", out, scale: Optional[float] = None,
-               scales=None) -> None:
+               scales=None, window_left: Optional[int] = None,
+               soft_cap: Optional[float] = None, lse=None) -> None:
         """Paged decode attention of layer: q [S][Hq][D] -> out [S][Hq][D]
-        over each sequence's tokens in pages; scale defaults to 1/sqrt(D)."""
+        over each sequence's tokens in pages; scale defaults to 1/sqrt(D).
+        Options (kv_attn_decode_ex; docs/kernels.md has the formulas):
+        window_left W (FlashInfer's: the last W + 1 tokens; None or -1: no
+        window), soft_cap c (logits c * tanh(x / c); None or 0: off), lse
+        (a writable float32 array [S][Hq], heads contiguous: the natural-log
+        log-sum-exp of each query head's logits, -inf with no token)."""
+        self._attend(layer, q, None, pages, out, scale, scales, window_left, soft_cap, lse)
+
+    @_call
+    def prefill(self, layer: int, q, qo_indptr, pages: "Pages", out,
+                scale: Optional[float] = None, scales=None, window_left: Optional[int] = None,
+                soft_cap: Optional[float] = None, lse=None) -> None:
+        """Paged attention of several query tokens per sequence with a causal
+        mask (kv_attn_prefill): sequence s's queries are rows qo_indptr[s] ..
+        qo_indptr[s+1] - 1 of q [T][Hq][D] (FlashInfer's qo_indptr, int32
+        or int64 values, starting at 0, ending at T), its last q_len tokens
+        (their K/V already written): query i sits at position len - q_len + i
+        and sees tokens 0 .. that position (less with a window). out and lse
+        [T][Hq][D], [T][Hq]; the options as in decode."""
+        self._attend(layer, q, qo_indptr, pages, out, scale, scales, window_left, soft_cap, lse)
+
+    def _attend(self, layer, q, qo_indptr, pages, out, scale, scales, window_left, soft_cap,
+                lse):
         pc = self._paged()
         layer = integer(layer, "layer", U32)
-        qb = host_only(borrow(q, "q"), "q")
-        ob = host_only(borrow(out, "out", True), "out")
+        qb = self._tensor(q, "q")
+        ob = self._tensor(out, "out", True)
         if scale is None:
             scale = 1.0 / float(self.layout.head_dim) ** 0.5
         keep = []
-        check(L.kv_attn_decode(pc, layer, qb.ref(), ctypes.byref(pages._c), float(scale),
-                               self._scales(scales, keep), ob.ref()))
+        sc = self._scales(scales, keep)
+        opts = None
+        if window_left is not None or soft_cap is not None or lse is not None:
+            o = _lib.AttnOpts()
+            o.struct_size = ctypes.sizeof(_lib.AttnOpts)
+            o.window_left = -1 if window_left is None else integer(window_left, "window_left",
+                                                                   I32)
+            o.logit_soft_cap = 0.0 if soft_cap is None else float(soft_cap)
+            if lse is not None:
+                a = lse if isinstance(lse, np.ndarray) else np.asarray(lse)
+                if (a.dtype != np.float32 or a.ndim != 2 or not a.flags.writeable or
+                        (a.shape[1] > 1 and a.strides[1] != 4) or a.strides[0] % 4 or
+                        a.strides[0] < 0):
+                    raise error("KV_ERR_INVALID_ARG",
+                                "lse: a writable float32 array [rows][Hq] with contiguous heads, "
+                                "got %s %s strides %s" % (a.dtype, a.shape, a.strides))
+                if a.shape != (qb.view.shape[0], qb.view.shape[1]):
+                    raise error("KV_ERR_BAD_SHAPE", "lse shape %s, q has %d rows of %d heads" %
+                                (a.shape, qb.view.shape[0], qb.view.shape[1]))
+                keep.append(a)
+                o.lse = a.ctypes.data_as(ctypes.POINTER(ctypes.c_float)) if a.size else None
+                o.lse_stride = a.strides[0] // 4 if a.shape[0] > 1 else 0
+            opts = ctypes.byref(o)
+        if qo_indptr is None:
+            if opts is None:
+                check(L.kv_attn_decode(pc, layer, qb.ref(), ctypes.byref(pages._c), float(scale),
+                                       sc, ob.ref()))
+            else:
+                check(L.kv_attn_decode_ex(pc, layer, qb.ref(), ctypes.byref(pages._c),
+                                          float(scale), sc, ob.ref(), opts))
+            return
+        qo = int_array(qo_indptr, "qo_indptr", I32).reshape(-1)
+        qo = np.ascontiguousarray(qo, dtype=np.int32)
+        if qo.size != pages._c.n_seqs + 1:
+            raise error("KV_ERR_BAD_SHAPE", "qo_indptr has %d entries, pages %d sequences (+1)" %
+                        (qo.size, pages._c.n_seqs))
+        check(L.kv_attn_prefill(pc, layer, qb.ref(), _p(qo, _lib.c_i32p), ctypes.byref(pages._c),
+                                float(scale), sc, ob.ref(), opts))
 
     # ---- pack / unpack (connector/pack/kv_pack.h) -------------------------------
 
@@ -817,8 +917,41 @@ class Cache:
 
 
 class Pages:
-    """The pages of some sequences in FlashInfer's CSR form, as the kernels
-    take them (arrays owned here; rebuild after the sequences change)."""
+    """The pages of some sequences, as the kernels take them: Cache.pages()
+    builds them from the cache's own sequences (FlashInfer's CSR form,
+    arrays owned here; rebuild after the sequences change), and
+    Pages.from_csr / Pages.from_block_table from an engine's own arrays."""
+
+    @classmethod
+    def from_csr(cls, layout, indptr, indices, last_page_len,
+                 page_ratio: Optional[int] = None) -> "Pages":
+        """The pages of an engine's FlashInfer-style CSR: indptr [S + 1]
+        (0 first, never decreasing), indices [>= indptr[S]] (page ids in [0,
+        B * r)), last_page_len [S] (1..N/r tokens in a sequence's last page,
+        0 for a sequence with no pages). layout: the Layout (or a Cache or
+        PagedCache: its layout and page size) the ids are checked against;
+        page_ratio r: pages of N / r tokens (default 1, or the cache's).
+        int32 arrays (NumPy, CPU torch tensors), C-contiguous, are used in
+        place and held, never copied: the engine may rewrite their values
+        between calls (the kernels check them on every call). Any other
+        integer array (int64, a list) is converted to int32 once, here, each
+        value range-checked: a later change to it is not seen. Every check
+        above is made here, refusals naming the index and value."""
+        from .paged import pages_csr
+        return pages_csr(layout, indptr, indices, last_page_len, page_ratio)
+
+    @classmethod
+    def from_block_table(cls, layout, block_table, seq_lens,
+                         page_ratio: Optional[int] = None) -> "Pages":
+        """The pages of an engine's vLLM-style block table: block_table [S]
+        [cols] (sequence s's pages in its row; only the first
+        ceil(seq_lens[s] / (N / r)) are read, padding may hold anything),
+        seq_lens [S] (tokens of each sequence). layout and page_ratio as in
+        from_csr. A C-contiguous int32 block_table and an int64 seq_lens
+        are used in place (what the kernels take); other integer arrays
+        (vLLM's int32 seq_lens, a sliced table) are converted once, here."""
+        from .paged import pages_block_table
+        return pages_block_table(layout, block_table, seq_lens, page_ratio)
 
     def __init__(self, cache, seqs):
         self.indptr, self.indices, self.last_page_len = cache.export_flashinfer(seqs)

@@ -148,7 +148,9 @@ def _from_array_interface(obj, what, writable=False):
 
 _TORCH_DTYPES = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16",
                  "torch.float64": "f64", "torch.int8": "i8", "torch.int32": "i32",
-                 "torch.int64": "i64", "torch.uint8": "u8"}
+                 "torch.int64": "i64", "torch.uint8": "u8",
+                 # where torch has them (2.1 and later): kvcache's two fp8 formats
+                 "torch.float8_e4m3fn": "fp8_e4m3", "torch.float8_e5m2": "fp8_e5m2"}
 _CODES = {}
 _I64x8 = ctypes.c_int64 * _lib.KV_MAX_DIMS
 
@@ -254,3 +256,193 @@ def host_only(b, what):
         raise error("KV_ERR_UNSUPPORTED", "%s is on %s:%d; the CPU kernels take host memory" %
                     (what, _DEVICE_NAMES.get(b.device[0], str(b.device[0])), b.device[1]))
     return b
+
+
+# ---- fp8 across the boundary ------------------------------------------------
+
+_FP8 = ("fp8_e4m3", "fp8_e5m2")
+_U8, FP8_CODES = _code("u8"), (_code(_FP8[0]), _code(_FP8[1]))
+FP8_OR_U8 = frozenset((_U8,) + FP8_CODES)  # the dtype codes raw_fp8 looks at
+
+
+def raw_fp8(b, what, cache_dtype):
+    """b for a kernel of a cache of dtype cache_dtype (a kv_dtype code): a
+    uint8 tensor holds raw fp8 bytes in the cache's fp8 format (NumPy has
+    no fp8 type, and torch had none before 2.1), so on an fp8 cache it is
+    read and written as that format, bytes as they are; on any other cache
+    it is refused (its bytes have no format to be read in). An fp8 tensor
+    (torch.float8_e4m3fn / float8_e5m2) of the other fp8 format than an fp8
+    cache is refused by name: mixing the two is a mistake, not a
+    conversion anyone asks for. Everything else passes unchanged."""
+    dt = b.view.dtype
+    if dt == _U8:
+        if cache_dtype not in FP8_CODES:
+            name = L.kv_dtype_name(cache_dtype).decode()
+            raise error("KV_ERR_UNSUPPORTED",
+                        "%s: a uint8 tensor is taken as raw fp8 bytes, and the cache holds %s, "
+                        "not fp8 (pass %s elements or another float type)" % (what, name, name))
+        v = _lib.ViewC.from_buffer_copy(b.view)  # b.view may be a kvcache View's own
+        v.dtype = cache_dtype
+        return Borrowed(v, b.device, b._keep)
+    if dt in FP8_CODES and cache_dtype in FP8_CODES and dt != cache_dtype:
+        raise error("KV_ERR_MISMATCH", "%s: %s elements, the cache holds %s (the two fp8 "
+                    "formats are not mixed; raw bytes go as uint8)" %
+                    (what, L.kv_dtype_name(dt).decode(), L.kv_dtype_name(cache_dtype).decode()))
+    return b
+
+
+# ---- memory an engine owns ----------------------------------------------------
+
+# DLPack (code, bits) -> kvcache name, for the dtype check of a memory tensor
+_DL_FLOATS = {(2, 16): "f16", (2, 32): "f32", (2, 64): "f64", (4, 16): "bf16",
+              (10, 8): "fp8_e4m3", (12, 8): "fp8_e5m2"}  # 10, 12: DLPack 1.1's fp8 codes
+
+
+class Region:
+    """One contiguous range of bytes someone else owns: address, size, where
+    (a DLPack device), its elements (a kvcache dtype name, or "int<bits>" /
+    "uint<bits>" for integers, which hold raw bits of any type, or a
+    foreign type's name), their size, and what keeps it alive."""
+
+    def __init__(self, ptr, nbytes, device, elem, elem_bytes, keep):
+        self.ptr, self.nbytes, self.device = ptr, nbytes, device
+        self.elem, self.elem_bytes, self._keep = elem, elem_bytes, keep
+
+    @property
+    def raw(self):
+        """Integer elements: raw bits, whatever they encode."""
+        return self.elem.startswith(("int", "uint"))
+
+
+def _dense(shape, strides_elems):
+    """C-contiguous (strides of size-1 dims do not matter, as in NumPy)."""
+    want = 1
+    for n, st in zip(reversed(shape), reversed(strides_elems)):
+        if n != 1 and st != want:
+            return False
+        want *= n
+    return True
+
+
+def _not_dense(what, shape, strides):
+    return error("KV_ERR_INVALID_ARG", "%s: shape %s with strides %s (elements) is not "
+                 "C-contiguous; a paged cache addresses one contiguous range of bytes" %
+                 (what, tuple(shape), tuple(strides)))
+
+
+def _numpy_region(a, what, keep):
+    if not a.flags.writeable:
+        raise _not_writable(what, "its memory is read-only (%s)" %
+                            ("NumPy's writeable flag" if a is keep else
+                             "the read-only flag of its array interface or buffer"))
+    if not a.flags.c_contiguous:
+        raise _not_dense(what, a.shape, tuple(s // a.itemsize for s in a.strides))
+    kind = a.dtype.kind
+    elem = ("%s%d" % ("int" if kind == "i" else "uint", 8 * a.itemsize) if kind in "iu"
+            else _NP_DTYPES.get(a.dtype, str(a.dtype)))
+    return Region(a.ctypes.data if a.size else None, a.nbytes, (_DL_CPU, 0), elem,
+                  a.itemsize, keep)
+
+
+def _torch_region(t, what):
+    if t.device.type != "cpu":
+        raise error("KV_ERR_UNSUPPORTED", "%s is on %s: the package runs the CPU kernels only, "
+                    "so a paged cache is host memory (CUDA from Python is planned, issue "
+                    "\"The GPU path an engine can embed\")" % (what, t.device))
+    if not t.is_contiguous():
+        raise _not_dense(what, t.shape, t.stride())
+    name, es = str(t.dtype), t.element_size()
+    if t.is_floating_point() or t.is_complex() or name == "torch.bool":
+        elem = _TORCH_DTYPES.get(name, name)
+    else:
+        elem = "%s%d" % ("uint" if name.startswith("torch.uint") else "int", 8 * es)
+    return Region(t.data_ptr() if t.numel() else None, t.numel() * es, (_DL_CPU, 0), elem, es,
+                  t)
+
+
+def _dlpack_region(obj, what, cap):
+    if _IsValid(cap, b"dltensor_versioned"):
+        mv = ctypes.cast(_GetPointer(cap, b"dltensor_versioned"),
+                         ctypes.POINTER(DLManagedTensorVersioned)).contents
+        if mv.version.major != 1:
+            raise error("KV_ERR_UNSUPPORTED", "%s: a DLPack %d.%d tensor (kvcache reads 1.x)" %
+                        (what, mv.version.major, mv.version.minor))
+        if mv.flags & DLPACK_FLAG_READ_ONLY:
+            raise _not_writable(what, "its DLPack tensor is flagged read-only")
+        if mv.flags & DLPACK_FLAG_IS_COPIED:
+            raise _not_writable(what, "its DLPack tensor is a copy (flagged IS_COPIED): the "
+                                "engine would not see the cache's writes")
+        t = mv.dl_tensor
+    elif _IsValid(cap, b"dltensor"):
+        t = ctypes.cast(_GetPointer(cap, b"dltensor"),
+                        ctypes.POINTER(_lib.DLManagedTensor)).contents.dl_tensor
+    else:
+        raise error("KV_ERR_INVALID_ARG", "%s: __dlpack__ returned %s, not a DLPack capsule" %
+                    (what, type(cap).__name__))
+    kind, dev_id = t.device.device_type, t.device.device_id
+    if kind not in (_DL_CPU, _DL_CUDA_HOST):
+        raise error("KV_ERR_UNSUPPORTED", "%s is on %s:%d: the package runs the CPU kernels "
+                    "only, so a paged cache is host or pinned memory (CUDA from Python is "
+                    "planned, issue \"The GPU path an engine can embed\")" %
+                    (what, _DEVICE_NAMES.get(kind, "device type %d" % kind), dev_id))
+    if not _IsValid(cap, b"dltensor_versioned"):
+        return None  # DLPack 0.x cannot say whether the memory may be written
+    if t.dtype.lanes != 1 or t.dtype.bits % 8:
+        raise error("KV_ERR_UNSUPPORTED", "%s: DLPack dtype code %d bits %d lanes %d (kvcache "
+                    "takes whole bytes, lanes 1)" % (what, t.dtype.code, t.dtype.bits,
+                                                     t.dtype.lanes))
+    shape = [t.shape[i] for i in range(t.ndim)]
+    if t.strides and not _dense(shape, [t.strides[i] for i in range(t.ndim)]):
+        raise _not_dense(what, shape, [t.strides[i] for i in range(t.ndim)])
+    es = t.dtype.bits // 8
+    n = 1
+    for x in shape:
+        n *= x
+    code = t.dtype.code
+    elem = ("%s%d" % ("int" if code == 0 else "uint", t.dtype.bits) if code in (0, 1) else
+            _DL_FLOATS.get((code, t.dtype.bits), "DLPack code %d bits %d" % (code, t.dtype.bits)))
+    ptr = (t.data or 0) + t.byte_offset
+    return Region(ptr if n else None, n * es, (kind, 0), elem, es, (obj, cap))
+
+
+def region(obj, what="memory"):
+    """The Region of obj, memory an engine allocated (a torch tensor, a NumPy
+    array, anything with __dlpack__, the array interface or the buffer
+    protocol), for a paged cache over it: one C-contiguous range, host (or
+    pinned) memory, writable as the outputs of the kernels are (see the
+    module's doc); refused naming obj's shape, strides, device or flags."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        return _torch_region(obj, what)
+    if isinstance(obj, np.ndarray):
+        return _numpy_region(obj, what, obj)
+    if isinstance(obj, (list, tuple)):
+        raise _not_writable(what, "a %s is copied on the way in: the cache would live in the "
+                            "copy" % type(obj).__name__)
+    legacy = False
+    if hasattr(obj, "__dlpack__"):
+        try:
+            cap = _capsule(obj)
+        except (RuntimeError, TypeError, BufferError) as e:
+            if not hasattr(obj, "__array_interface__") and _buffer(obj) is None:
+                raise error("KV_ERR_INVALID_ARG", "%s: __dlpack__ failed: %s" % (what, e))
+        else:
+            r = _dlpack_region(obj, what, cap)
+            if r is not None:
+                return r
+            legacy = True
+    if hasattr(obj, "__array_interface__"):
+        return _numpy_region(np.asarray(obj), what, (obj,))
+    m = _buffer(obj)
+    if m is not None:
+        if m.readonly:
+            raise _not_writable(what, "its buffer is read-only")
+        a = np.asarray(m)
+        r = _numpy_region(a, what, (obj, m, a))
+        return r
+    if legacy:
+        raise _not_writable(what, "%s exports DLPack 0.x only, which cannot say whether its "
+                            "memory may be written (pass a NumPy array, a torch tensor, or a "
+                            "DLPack >= 1.0 producer)" % type(obj).__name__)
+    raise error("KV_ERR_INVALID_ARG", "%s: %s has neither __dlpack__ nor __array_interface__ "
+                "nor the buffer protocol" % (what, type(obj).__name__))

@@ -39,12 +39,53 @@
 
 /* ------------------------------------------------------------ globals -- */
 
-static struct ibv_device sv_device = {
+/* The device set (kvt_sv_set_devices); the default: one device, one
+ * active Ethernet port. */
+static struct ibv_device sv_devices[KVT_SV_MAX_DEVS] = {{
     .node_type = IBV_NODE_CA,
     .transport_type = IBV_TRANSPORT_IB,
     .name = "kvt_sv0",
     .dev_name = "uverbs_kvt_sv0",
-};
+}};
+static struct kvt_sv_dev_spec sv_specs[KVT_SV_MAX_DEVS] = {
+    {.n_ports = 1, .port = {{.link_layer = IBV_LINK_LAYER_ETHERNET, .active_mtu = IBV_MTU_4096}}}};
+static uint32_t sv_n_devices = 1;
+
+int kvt_sv_set_devices(const struct kvt_sv_dev_spec *devs, uint32_t n)
+{
+    if (!devs || n == 0) {
+        static const struct kvt_sv_dev_spec def = {
+            .name = "kvt_sv0",
+            .n_ports = 1,
+            .port = {{.link_layer = IBV_LINK_LAYER_ETHERNET, .active_mtu = IBV_MTU_4096}}};
+        devs = &def;
+        n = 1;
+    }
+    if (n > KVT_SV_MAX_DEVS)
+        return EINVAL;
+    for (uint32_t i = 0; i < n; i++) {
+        const struct kvt_sv_dev_spec *d = &devs[i];
+        if (!d->name || strlen(d->name) + 7 >= sizeof(sv_devices[i].dev_name) || d->n_ports < 1 ||
+            d->n_ports > KVT_SV_MAX_PORTS)
+            return EINVAL;
+        for (uint32_t k = 0; k < d->n_ports; k++)
+            if ((d->port[k].link_layer != IBV_LINK_LAYER_INFINIBAND &&
+                 d->port[k].link_layer != IBV_LINK_LAYER_ETHERNET) ||
+                d->port[k].active_mtu < IBV_MTU_256 || d->port[k].active_mtu > IBV_MTU_4096)
+                return EINVAL;
+    }
+    memset(sv_devices, 0, sizeof(sv_devices));
+    for (uint32_t i = 0; i < n; i++) {
+        sv_devices[i].node_type = IBV_NODE_CA;
+        sv_devices[i].transport_type = IBV_TRANSPORT_IB;
+        snprintf(sv_devices[i].name, sizeof(sv_devices[i].name), "%s", devs[i].name);
+        snprintf(sv_devices[i].dev_name, sizeof(sv_devices[i].dev_name), "uverbs_%s", devs[i].name);
+        sv_specs[i] = devs[i];
+        sv_specs[i].name = NULL; /* sv_devices[i].name is the copy */
+    }
+    sv_n_devices = n;
+    return 0;
+}
 
 static _Atomic uint64_t max_mr_size = 1ull << 30;
 static _Atomic uint32_t next_ctx_id = 1;
@@ -233,10 +274,12 @@ struct sv_out {
 struct sv_conn {
     struct sv_conn *next;
     int fd;
-    bool outgoing;    /* a requester QP's; else accepted by our listener */
-    bool dead;        /* closed by the peer or broken: no more I/O */
-    bool doomed;      /* its QP is gone: the device thread closes and frees it */
-    struct sv_qp *qp; /* requester QP (outgoing) or bound responder QP; NULL if none */
+    uint8_t port_num;  /* accepted: the port (1-based) whose listener took it */
+    uint32_t path_mtu; /* accepted: the requester's path MTU (enum ibv_mtu, its HELLO) */
+    bool outgoing;     /* a requester QP's; else accepted by our listener */
+    bool dead;         /* closed by the peer or broken: no more I/O */
+    bool doomed;       /* its QP is gone: the device thread closes and frees it */
+    struct sv_qp *qp;  /* requester QP (outgoing) or bound responder QP; NULL if none */
     /* input: header, then payload into in_iov (or discarded) */
     struct sv_hdr in;
     size_t in_got;
@@ -277,15 +320,27 @@ struct sv_qp {
     uint32_t rq_head, rq_count;
 };
 
+/* A port of a context: its spec and, when active, its addresses and the
+ * socket listening under them (-1 when down). */
+struct sv_port {
+    struct kvt_sv_port_spec spec;
+    int listen_fd;
+    uint16_t lid;  /* InfiniBand; 0 on Ethernet or down */
+    uint32_t addr; /* Ethernet: A (24 bits); 0 otherwise */
+    int gid_tbl_len;
+    union ibv_gid gid[KVT_SV_GID_TBL];
+    enum ibv_gid_type gid_type[KVT_SV_GID_TBL];
+};
+
 struct sv_ctx {
     struct ibv_context ibv;
     pthread_mutex_t lock;
     pthread_t thread;
-    int listen_fd;
     int wake[2];
     uint32_t id;
     bool stop;
-    union ibv_gid gid;
+    uint8_t n_ports;
+    struct sv_port port[KVT_SV_MAX_PORTS]; /* port number i + 1 */
     struct sv_pd *pds;
     struct sv_mr *mrs;
     struct sv_cq *cqs;
@@ -300,6 +355,12 @@ static struct sv_ctx *ctx_of(struct ibv_context *c)
     return (struct sv_ctx *)c;
 }
 
+/* The port numbered port_num (1-based) of c, NULL when there is none. */
+static struct sv_port *port_of(struct sv_ctx *c, uint32_t port_num)
+{
+    return port_num >= 1 && port_num <= c->n_ports ? &c->port[port_num - 1] : NULL;
+}
+
 static void wake(struct sv_ctx *c)
 {
     const char b = 1;
@@ -307,35 +368,102 @@ static void wake(struct sv_ctx *c)
     (void)r; /* full pipe: already awake */
 }
 
-/* GID: fe80::"kvsv":pid:ctx id (big-endian), the socket name's source. */
-static void gid_make(union ibv_gid *g, uint32_t pid, uint32_t id)
+/* The abstract socket a port listens on: "kvt_sv.ib.<LID>" or
+ * "kvt_sv.eth.<A>" (the header's addressing). */
+static void port_sockaddr(uint8_t link_layer, uint32_t addr, struct sockaddr_un *a, socklen_t *len)
 {
-    memset(g, 0, sizeof(*g));
-    g->raw[0] = 0xfe;
-    g->raw[1] = 0x80;
-    memcpy(&g->raw[4], "kvsv", 4);
-    for (int i = 0; i < 4; i++) {
-        g->raw[8 + i] = (uint8_t)(pid >> (24 - 8 * i));
-        g->raw[12 + i] = (uint8_t)(id >> (24 - 8 * i));
-    }
-}
-
-/* The abstract socket address of the context a GID names; false if the GID
- * is not one of ours. */
-static bool gid_addr(const union ibv_gid *g, struct sockaddr_un *a, socklen_t *len)
-{
-    if (g->raw[0] != 0xfe || g->raw[1] != 0x80 || memcmp(&g->raw[4], "kvsv", 4) != 0)
-        return false;
-    uint32_t pid = 0, id = 0;
-    for (int i = 0; i < 4; i++) {
-        pid = pid << 8 | g->raw[8 + i];
-        id = id << 8 | g->raw[12 + i];
-    }
     memset(a, 0, sizeof(*a));
     a->sun_family = AF_UNIX;
-    int n = snprintf(a->sun_path + 1, sizeof(a->sun_path) - 1, "kvt_sv.%u.%u", pid, id);
+    const int n = link_layer == IBV_LINK_LAYER_INFINIBAND
+                      ? snprintf(a->sun_path + 1, sizeof(a->sun_path) - 1, "kvt_sv.ib.%04x", addr)
+                      : snprintf(a->sun_path + 1, sizeof(a->sun_path) - 1, "kvt_sv.eth.%06x", addr);
     *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
-    return true;
+}
+
+/* The GID table of an active port from its LID / address. */
+static void port_gids(struct sv_port *p)
+{
+    memset(p->gid, 0, sizeof(p->gid));
+    if (p->spec.link_layer == IBV_LINK_LAYER_INFINIBAND) {
+        p->gid_tbl_len = 2;
+        union ibv_gid *g = &p->gid[0];
+        g->raw[0] = 0xfe;
+        g->raw[1] = 0x80;
+        memcpy(&g->raw[8], "kvsv", 4);
+        g->raw[14] = (uint8_t)(p->lid >> 8);
+        g->raw[15] = (uint8_t)p->lid;
+        p->gid_type[0] = p->gid_type[1] = IBV_GID_TYPE_IB;
+        return;
+    }
+    p->gid_tbl_len = KVT_SV_GID_TBL;
+    static const uint8_t ll[13] = {0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x00, 0x6b, 0x76, 0xff, 0xfe};
+    static const uint8_t v4[13] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10};
+    for (int i = 0; i < 4; i++) {
+        memcpy(p->gid[i].raw, i < 2 ? ll : v4, 13);
+        p->gid[i].raw[13] = (uint8_t)(p->addr >> 16);
+        p->gid[i].raw[14] = (uint8_t)(p->addr >> 8);
+        p->gid[i].raw[15] = (uint8_t)p->addr;
+        p->gid_type[i] = i % 2 ? IBV_GID_TYPE_ROCE_V2 : IBV_GID_TYPE_ROCE_V1;
+    }
+    for (int i = 4; i < KVT_SV_GID_TBL; i++)
+        p->gid_type[i] = IBV_GID_TYPE_ROCE_V1;
+}
+
+/* The port a GID names (its link layer and LID / address); false when the
+ * GID is none of ours. */
+static bool gid_route(const union ibv_gid *g, uint8_t *link_layer, uint32_t *addr)
+{
+    static const uint8_t ib[12] = {0xfe, 0x80, 0, 0, 0, 0, 0, 0, 'k', 'v', 's', 'v'};
+    static const uint8_t ll[13] = {0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x00, 0x6b, 0x76, 0xff, 0xfe};
+    static const uint8_t v4[13] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10};
+    if (memcmp(g->raw, ib, 12) == 0 && g->raw[12] == 0 && g->raw[13] == 0) {
+        *link_layer = IBV_LINK_LAYER_INFINIBAND;
+        *addr = (uint32_t)g->raw[14] << 8 | g->raw[15];
+        return *addr >= 1 && *addr <= 0xbfff;
+    }
+    if (memcmp(g->raw, ll, 13) == 0 || memcmp(g->raw, v4, 13) == 0) {
+        *link_layer = IBV_LINK_LAYER_ETHERNET;
+        *addr = (uint32_t)g->raw[13] << 16 | (uint32_t)g->raw[14] << 8 | g->raw[15];
+        return true;
+    }
+    return false;
+}
+
+/* Bind port p's listener under an address no other port on the host has:
+ * the abstract namespace refuses a second bind (EADDRINUSE), so probing
+ * from a hash of (pid, context, port) finds a free one. */
+static int port_listen(struct sv_port *p, uint32_t ctx_id, uint32_t port_num)
+{
+    p->listen_fd = -1;
+    if (p->spec.down)
+        return 0;
+    const bool ib = p->spec.link_layer == IBV_LINK_LAYER_INFINIBAND;
+    const uint32_t space = ib ? 0xbfffu : 0xffffffu;
+    uint64_t h =
+        ((uint64_t)getpid() << 20 ^ (uint64_t)ctx_id << 4 ^ port_num) * 0x9E3779B97F4A7C15ull;
+    for (int tries = 0; tries < 4096; tries++, h += 0x9E3779B97F4A7C15ull) {
+        const uint32_t a = (uint32_t)((h >> 32) % space) + (ib ? 1 : 0);
+        const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            return -1;
+        struct sockaddr_un sa;
+        socklen_t len;
+        port_sockaddr(p->spec.link_layer, a, &sa, &len);
+        if (bind(fd, (struct sockaddr *)&sa, len) == 0 && listen(fd, 64) == 0) {
+            p->listen_fd = fd;
+            if (ib)
+                p->lid = (uint16_t)a;
+            else
+                p->addr = a;
+            port_gids(p);
+            return 0;
+        }
+        const int e = errno;
+        close(fd);
+        if (e != EADDRINUSE)
+            return -1;
+    }
+    return -1;
 }
 
 /* ---------------------------------------------------------- CQ and QP -- */
@@ -657,6 +785,13 @@ static void resp_header(struct sv_ctx *c, struct sv_conn *k)
         k->in_nak = IBV_WC_RETRY_EXC_ERR; /* a real responder drops it: retries run out */
         return;
     }
+    /* Through a port the QP is not bound to, or in packets bigger than
+     * that port's active MTU: lost on the fabric, the same. */
+    const struct sv_port *pt = port_of(c, k->port_num);
+    if (!pt || qp->attr.port_num != k->port_num || k->path_mtu > (uint32_t)pt->spec.active_mtu) {
+        k->in_nak = IBV_WC_RETRY_EXC_ERR;
+        return;
+    }
     if (h->flags & SV_FORCE_NAK) {
         k->in_nak = IBV_WC_REM_ACCESS_ERR;
         return;
@@ -830,7 +965,10 @@ static void conn_read(struct sv_ctx *c, struct sv_conn *k)
                 return;
             }
             if (k->in.type == SV_HELLO) {
+                /* HELLO: status = the requester's path MTU (checked per
+                 * request: resp_header). */
                 k->qp = qp_find(c, k->in.dst_qpn);
+                k->path_mtu = k->in.status;
                 continue;
             }
             if (k->outgoing)
@@ -931,7 +1069,8 @@ static void *device_thread(void *arg)
             }
             pp = &k->next;
         }
-        size_t n = 2;
+        const size_t nl = 1 + KVT_SV_MAX_PORTS; /* the wake pipe, the listeners */
+        size_t n = nl;
         for (struct sv_conn *k = c->conns; k; k = k->next)
             n++;
         if (n > cap) {
@@ -942,8 +1081,9 @@ static void *device_thread(void *arg)
             pk = kv__mem_calloc(cap, sizeof(*pk));
         }
         pf[0] = (struct pollfd){.fd = c->wake[0], .events = POLLIN};
-        pf[1] = (struct pollfd){.fd = c->listen_fd, .events = POLLIN};
-        n = 2;
+        for (uint32_t i = 0; i < KVT_SV_MAX_PORTS; i++) /* -1 (none, down): ignored by poll */
+            pf[1 + i] = (struct pollfd){.fd = c->port[i].listen_fd, .events = POLLIN};
+        n = nl;
         for (struct sv_conn *k = c->conns; k; k = k->next) {
             if (k->dead)
                 continue;
@@ -966,20 +1106,24 @@ static void *device_thread(void *arg)
             while (read(c->wake[0], b, sizeof(b)) > 0) {
             }
         }
-        if (pf[1].revents & POLLIN) {
+        for (uint32_t i = 0; i < KVT_SV_MAX_PORTS; i++) {
+            if (!(pf[1 + i].revents & POLLIN))
+                continue;
             int fd;
-            while ((fd = accept4(c->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
+            while ((fd = accept4(c->port[i].listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >=
+                   0) {
                 struct sv_conn *k = kv__mem_calloc(1, sizeof(*k));
                 if (!k) {
                     close(fd);
                     continue;
                 }
                 k->fd = fd;
+                k->port_num = (uint8_t)(i + 1);
                 k->next = c->conns;
                 c->conns = k;
             }
         }
-        for (size_t i = 2; i < n; i++) {
+        for (size_t i = nl; i < n; i++) {
             struct sv_conn *k = pk[i];
             if (k->doomed || k->dead)
                 continue;
@@ -999,14 +1143,15 @@ static void *device_thread(void *arg)
 
 static struct ibv_device **sv_get_device_list(int *num)
 {
-    struct ibv_device **l = kv__mem_calloc(2, sizeof(*l));
+    struct ibv_device **l = kv__mem_calloc(sv_n_devices + 1, sizeof(*l));
     if (!l) {
         errno = ENOMEM;
         return NULL;
     }
-    l[0] = &sv_device;
+    for (uint32_t i = 0; i < sv_n_devices; i++)
+        l[i] = &sv_devices[i];
     if (num)
-        *num = 1;
+        *num = (int)sv_n_devices;
     return l;
 }
 
@@ -1022,7 +1167,8 @@ static const char *sv_get_device_name(struct ibv_device *d)
 
 static struct ibv_context *sv_open_device(struct ibv_device *d)
 {
-    if (d != &sv_device) {
+    const ptrdiff_t di = d - sv_devices;
+    if (di < 0 || (uint32_t)di >= sv_n_devices) {
         errno = ENODEV;
         return NULL;
     }
@@ -1036,17 +1182,16 @@ static struct ibv_context *sv_open_device(struct ibv_device *d)
     c->id = atomic_fetch_add(&next_ctx_id, 1);
     c->next_key = 0x100;
     c->next_qpn = 0x10;
-    gid_make(&c->gid, (uint32_t)getpid(), c->id);
+    c->n_ports = sv_specs[di].n_ports;
+    for (uint32_t i = 0; i < KVT_SV_MAX_PORTS; i++)
+        c->port[i].listen_fd = -1;
     if (pipe2(c->wake, O_NONBLOCK | O_CLOEXEC) != 0)
         goto free_ctx;
-    c->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (c->listen_fd < 0)
-        goto close_pipe;
-    struct sockaddr_un a;
-    socklen_t alen;
-    gid_addr(&c->gid, &a, &alen);
-    if (bind(c->listen_fd, (struct sockaddr *)&a, alen) != 0 || listen(c->listen_fd, 64) != 0)
-        goto close_sock;
+    for (uint32_t i = 0; i < c->n_ports; i++) {
+        c->port[i].spec = sv_specs[di].port[i];
+        if (port_listen(&c->port[i], c->id, i + 1) != 0)
+            goto close_sock;
+    }
     pthread_mutex_init(&c->lock, NULL);
     if (pthread_create(&c->thread, NULL, device_thread, c) != 0)
         goto destroy_lock;
@@ -1055,8 +1200,9 @@ static struct ibv_context *sv_open_device(struct ibv_device *d)
 destroy_lock:
     pthread_mutex_destroy(&c->lock);
 close_sock:
-    close(c->listen_fd);
-close_pipe:
+    for (uint32_t i = 0; i < c->n_ports; i++)
+        if (c->port[i].listen_fd >= 0)
+            close(c->port[i].listen_fd);
     close(c->wake[0]);
     close(c->wake[1]);
 free_ctx:
@@ -1085,7 +1231,9 @@ static int sv_close_device(struct ibv_context *ic)
         close(k->fd);
         kv__mem_free(k);
     }
-    close(c->listen_fd);
+    for (uint32_t i = 0; i < c->n_ports; i++)
+        if (c->port[i].listen_fd >= 0)
+            close(c->port[i].listen_fd);
     close(c->wake[0]);
     close(c->wake[1]);
     pthread_mutex_destroy(&c->lock);
@@ -1095,7 +1243,6 @@ static int sv_close_device(struct ibv_context *ic)
 
 static int sv_query_device(struct ibv_context *ic, struct ibv_device_attr *a)
 {
-    (void)ic;
     memset(a, 0, sizeof(*a));
     snprintf(a->fw_ver, sizeof(a->fw_ver), "kvt-softverbs-1");
     a->max_mr_size = atomic_load(&max_mr_size);
@@ -1110,32 +1257,75 @@ static int sv_query_device(struct ibv_context *ic, struct ibv_device_attr *a)
     a->max_pd = 1024;
     a->max_qp_rd_atom = 16;
     a->max_qp_init_rd_atom = 16;
-    a->phys_port_cnt = 1;
+    a->phys_port_cnt = ctx_of(ic)->n_ports;
     return 0;
 }
 
 static int sv_query_port(struct ibv_context *ic, uint8_t port, struct ibv_port_attr *a)
 {
-    (void)ic;
-    if (port != 1)
+    const struct sv_port *p = port_of(ctx_of(ic), port);
+    if (!p)
         return EINVAL;
     memset(a, 0, sizeof(*a));
-    a->state = IBV_PORT_ACTIVE;
+    a->state = p->spec.down ? IBV_PORT_DOWN : IBV_PORT_ACTIVE;
     a->max_mtu = IBV_MTU_4096;
-    a->active_mtu = IBV_MTU_4096;
-    a->gid_tbl_len = 1;
+    a->active_mtu = p->spec.active_mtu;
+    a->gid_tbl_len = p->spec.link_layer == IBV_LINK_LAYER_INFINIBAND ? 2 : KVT_SV_GID_TBL;
     a->max_msg_sz = 1u << 31;
     a->pkey_tbl_len = 1;
-    a->link_layer = IBV_LINK_LAYER_ETHERNET;
-    a->phys_state = 5; /* LinkUp */
+    a->lid = p->lid;
+    a->sm_lid = p->spec.link_layer == IBV_LINK_LAYER_INFINIBAND && !p->spec.down ? 1 : 0;
+    a->link_layer = p->spec.link_layer;
+    a->phys_state = p->spec.down ? 3 : 5; /* Disabled, LinkUp */
+    return 0;
+}
+
+/* Entry index of the port's table; EINVAL past gid_tbl_len (a down port's
+ * entries are zero, as are Ethernet entries 4..7). */
+static int gid_entry(struct ibv_context *ic, uint32_t port, uint32_t index, union ibv_gid *g,
+                     enum ibv_gid_type *type)
+{
+    const struct sv_port *p = port_of(ctx_of(ic), port);
+    const uint32_t len = p && p->spec.link_layer == IBV_LINK_LAYER_INFINIBAND ? 2 : KVT_SV_GID_TBL;
+    if (!p || index >= len)
+        return EINVAL;
+    if (p->spec.down) {
+        memset(g, 0, sizeof(*g));
+        *type = p->spec.link_layer == IBV_LINK_LAYER_INFINIBAND ? IBV_GID_TYPE_IB
+                                                                : IBV_GID_TYPE_ROCE_V1;
+        return 0;
+    }
+    *g = p->gid[index];
+    *type = p->gid_type[index];
     return 0;
 }
 
 static int sv_query_gid(struct ibv_context *ic, uint8_t port, int index, union ibv_gid *g)
 {
-    if (port != 1 || index != 0)
+    enum ibv_gid_type t;
+    return index < 0 ? EINVAL : gid_entry(ic, port, (uint32_t)index, g, &t);
+}
+
+/* ibv_query_gid_ex(3): ENODATA for an empty (zero) entry, as the kernel
+ * says for a GID table slot with nothing in it. */
+static int sv_query_gid_ex(struct ibv_context *ic, uint32_t port, uint32_t index,
+                           struct ibv_gid_entry *e, uint32_t flags)
+{
+    if (flags != 0)
         return EINVAL;
-    *g = ctx_of(ic)->gid;
+    union ibv_gid g;
+    enum ibv_gid_type t;
+    const int rc = gid_entry(ic, port, index, &g, &t);
+    if (rc != 0)
+        return rc;
+    static const union ibv_gid zero;
+    if (memcmp(&g, &zero, sizeof(g)) == 0)
+        return ENODATA;
+    memset(e, 0, sizeof(*e));
+    e->gid = g;
+    e->gid_index = index;
+    e->port_num = port;
+    e->gid_type = t;
     return 0;
 }
 
@@ -1536,9 +1726,49 @@ static bool transition_ok(enum ibv_qp_state from, enum ibv_qp_state to, int mask
     return false;
 }
 
-/* Connect qp to the context its RTR GID names; a peer that is not there is
- * not an error of modify_qp (as on a real fabric): its WRs time out. */
-static void qp_connect(struct sv_qp *q)
+/* Whether a port on the host listens under the address a GID names. */
+static bool gid_known(const union ibv_gid *g, uint8_t link_layer)
+{
+    uint8_t ll;
+    uint32_t addr;
+    if (!gid_route(g, &ll, &addr) || ll != link_layer)
+        return false;
+    struct sockaddr_un a;
+    socklen_t alen;
+    port_sockaddr(ll, addr, &a, &alen);
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return false;
+    const bool ok = connect(fd, (struct sockaddr *)&a, alen) == 0;
+    close(fd);
+    return ok;
+}
+
+/* INIT -> RTR of a QP on port pt: the checks of the header's model;
+ * 0 or EINVAL. */
+static int rtr_check(const struct sv_qp *q, const struct sv_port *pt,
+                     const struct ibv_qp_attr *attr)
+{
+    const struct ibv_ah_attr *ah = &attr->ah_attr;
+    if (!pt || pt->spec.down || ah->port_num != q->attr.port_num || attr->path_mtu < IBV_MTU_256 ||
+        attr->path_mtu > pt->spec.active_mtu)
+        return EINVAL;
+    if (ah->is_global) {
+        static const union ibv_gid zero;
+        if ((int)ah->grh.sgid_index >= pt->gid_tbl_len ||
+            memcmp(&pt->gid[ah->grh.sgid_index], &zero, sizeof(zero)) == 0 ||
+            !gid_known(&ah->grh.dgid, pt->spec.link_layer))
+            return EINVAL;
+    }
+    if (pt->spec.link_layer == IBV_LINK_LAYER_INFINIBAND)
+        return ah->dlid >= 1 && ah->dlid <= 0xbfff ? 0 : EINVAL;
+    return ah->is_global ? 0 : EINVAL; /* RoCE: a GRH always */
+}
+
+/* Connect qp (RTR, checked) along its route: the dlid on InfiniBand, the
+ * dgid on Ethernet. A LID nobody has is not an error of modify_qp (as on a
+ * real fabric): the WRs time out. */
+static void qp_connect(struct sv_qp *q, const struct sv_port *pt)
 {
     struct sockaddr_un a;
     socklen_t alen;
@@ -1552,11 +1782,18 @@ static void qp_connect(struct sv_qp *q)
         kv__mem_free(k);
         return;
     }
-    if (!gid_addr(&q->attr.ah_attr.grh.dgid, &a, &alen) ||
-        connect(k->fd, (struct sockaddr *)&a, alen) != 0)
+    uint8_t ll = pt->spec.link_layer;
+    uint32_t addr = q->attr.ah_attr.dlid;
+    bool routed =
+        ll == IBV_LINK_LAYER_INFINIBAND || gid_route(&q->attr.ah_attr.grh.dgid, &ll, &addr);
+    port_sockaddr(ll, addr, &a, &alen);
+    if (!routed || connect(k->fd, (struct sockaddr *)&a, alen) != 0)
         k->dead = true;
     fcntl(k->fd, F_SETFL, fcntl(k->fd, F_GETFL) | O_NONBLOCK);
-    struct sv_hdr h = {.type = SV_HELLO, .dst_qpn = q->attr.dest_qp_num, .src_qpn = q->ibv.qp_num};
+    struct sv_hdr h = {.type = SV_HELLO,
+                       .dst_qpn = q->attr.dest_qp_num,
+                       .src_qpn = q->ibv.qp_num,
+                       .status = (uint32_t)q->attr.path_mtu};
     conn_queue(k, &h, NULL, 0);
     k->next = q->ctx->conns;
     q->ctx->conns = k;
@@ -1589,10 +1826,14 @@ static int sv_modify_qp(struct ibv_qp *iqp, struct ibv_qp_attr *attr, int mask)
     const enum ibv_qp_state from = q->ibv.state;
     const enum ibv_qp_state to = (mask & IBV_QP_STATE) ? attr->qp_state : from;
     if (((mask & IBV_QP_CUR_STATE) && attr->cur_qp_state != from) ||
-        !transition_ok(from, to, mask) || ((mask & IBV_QP_PORT) && attr->port_num != 1) ||
-        ((mask & IBV_QP_AV) && !(attr->ah_attr.is_global))) {
+        !transition_ok(from, to, mask) || ((mask & IBV_QP_PORT) && !port_of(c, attr->port_num))) {
         rc = EINVAL;
         goto out;
+    }
+    if (from == IBV_QPS_INIT && to == IBV_QPS_RTR) {
+        rc = rtr_check(q, port_of(c, q->attr.port_num), attr);
+        if (rc)
+            goto out;
     }
     if (mask & IBV_QP_ACCESS_FLAGS)
         q->attr.qp_access_flags = attr->qp_access_flags;
@@ -1627,7 +1868,7 @@ static int sv_modify_qp(struct ibv_qp *iqp, struct ibv_qp_attr *attr, int mask)
     if (to == IBV_QPS_RESET)
         qp_reset(q);
     if (from == IBV_QPS_INIT && to == IBV_QPS_RTR)
-        qp_connect(q);
+        qp_connect(q, port_of(c, q->attr.port_num));
     q->attr.qp_state = to;
     q->ibv.state = to;
     if (to == IBV_QPS_ERR)
@@ -1784,6 +2025,7 @@ static const struct kv__verbs softverbs = {
     .query_device = sv_query_device,
     .query_port = sv_query_port,
     .query_gid = sv_query_gid,
+    .query_gid_ex = sv_query_gid_ex,
     .alloc_pd = sv_alloc_pd,
     .dealloc_pd = sv_dealloc_pd,
     .reg_mr = sv_reg_mr,

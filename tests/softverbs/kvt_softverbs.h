@@ -5,9 +5,10 @@
  * runs end to end without RDMA hardware.
  *
  * Model. Each open_device() context owns one device thread and one AF_UNIX
- * listening socket in the abstract namespace, named from its GID (pid +
- * context id). Moving a QP to RTR connects it to the peer context named by
- * ah_attr.grh.dgid; every WR is then a request packet executed by the
+ * listening socket per active port in the abstract namespace, named from
+ * the port's address (below). Moving a QP to RTR connects it to the port
+ * its route names (the dlid on InfiniBand, ah_attr.grh.dgid on Ethernet);
+ * every WR is then a request packet executed by the
  * peer's device thread, which checks the MR (rkey, bounds, access flags,
  * PD) and reads or writes the registered memory itself (one-sided: the
  * target's application threads take no part), then ACKs or NAKs. Loopback
@@ -28,6 +29,30 @@
  * libibverbs would wait forever; destroy_comp_channel with CQs on it is
  * EBUSY). Thread-safe like libibverbs.
  *
+ * Devices, ports and link layers (kvt_sv_set_devices; by default one device
+ * "kvt_sv0" with one active Ethernet port, active MTU 4096). Each open
+ * context is its own node: every active port of it gets addresses of its
+ * own, unique on the host (an abstract socket per port, bound under the
+ * address, so two processes never pick the same one):
+ *   InfiniBand  a LID (1..0xbfff); GID table [0] fe80::"kvsv":0:LID (type
+ *               IB), [1] zero; gid_tbl_len 2;
+ *   Ethernet    a 24-bit address A (the port's IPv4 address 10.A, its MAC
+ *               02:6b:76:A): GID table [0] fe80::6b:76ff:feA (RoCE v1),
+ *               [1] the same (RoCE v2), [2] ::ffff:10.A (RoCE v1), [3] the
+ *               same (RoCE v2), [4..7] zero; gid_tbl_len 8; LID 0.
+ * A down port has neither (LID 0, a zero GID table) and refuses RTR.
+ * ibv_modify_qp is as strict as the world or stricter: INIT needs a port
+ * that exists; RTR needs ah_attr.port_num == the QP's port, that port
+ * ACTIVE, path_mtu <= its active MTU; on InfiniBand a unicast dlid, and a
+ * GRH (is_global) only to a GID some port on the host has (EINVAL
+ * otherwise); on Ethernet a GRH, an sgid_index naming a nonzero entry of
+ * the table and a dgid that resolves to a port (EINVAL otherwise). The
+ * route is the dlid on InfiniBand, the dgid on Ethernet. The responder
+ * checks the path MTU again against its own port's active MTU, and that
+ * the request arrived on the port its QP is bound to: a request that fails
+ * either is dropped, nothing written (the requester's WR ends
+ * RETRY_EXC_ERR, as packets a port cannot take are lost on a fabric).
+ *
  * Simplified or absent: one request in flight per QP (no pipelining, so no
  * PSN sequence errors, and max_rd_atomic is not enforced); a request to a
  * responder QP that is missing, in RESET/INIT or in ERR fails at once with
@@ -36,13 +61,15 @@
  * ~1 ms whatever min_rnr_timer (rnr_retry 7 = forever, as in the spec); no
  * atomics, SRQ, UD/UC, solicited-only events (EOPNOTSUPP), async events,
  * memory windows,
- * SEND_WITH_IMM or SQD; one port (1), one GID (index 0), pkey ignored; an MR
+ * SEND_WITH_IMM or SQD; no subnets or routers (a GRH's hop limit and
+ * traffic class are not checked), pkey ignored; an MR
  * is checked on every access but dereg_mr does not wait for WRs using it;
  * CQ overrun moves the QP that overran to ERR (no async event).
  */
 #ifndef KVT_SOFTVERBS_H
 #define KVT_SOFTVERBS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kv_verbs_int.h"
@@ -68,6 +95,27 @@ void kvt_sv_fault(enum kvt_sv_fault f, uint32_t after_n, uint32_t arg);
 
 /* How long a dropped request or a dead connection takes to fail its WR. */
 #define KVT_SV_RETRY_MS 50
+
+/* The device set (process-wide; call before any open_device, in both
+ * processes of a test, e.g. before fork). n == 0 (or devs NULL): the
+ * default, one device "kvt_sv0", one active Ethernet port, MTU 4096.
+ * Returns 0, or EINVAL (n over KVT_SV_MAX_DEVS, a port count of 0 or over
+ * KVT_SV_MAX_PORTS, a name that does not fit, an unknown link layer or
+ * MTU). */
+#define KVT_SV_MAX_DEVS 4
+#define KVT_SV_MAX_PORTS 2
+#define KVT_SV_GID_TBL 8 /* Ethernet; InfiniBand ports have 2 */
+struct kvt_sv_port_spec {
+    uint8_t link_layer;      /* IBV_LINK_LAYER_INFINIBAND or IBV_LINK_LAYER_ETHERNET */
+    enum ibv_mtu active_mtu; /* IBV_MTU_256 .. IBV_MTU_4096 */
+    bool down;               /* state IBV_PORT_DOWN: no addresses, refuses RTR */
+};
+struct kvt_sv_dev_spec {
+    const char *name;
+    uint8_t n_ports; /* 1 .. KVT_SV_MAX_PORTS */
+    struct kvt_sv_port_spec port[KVT_SV_MAX_PORTS];
+};
+int kvt_sv_set_devices(const struct kvt_sv_dev_spec *devs, uint32_t n);
 
 /* Limits reported by query_device; the MR size is settable so tests can
  * exercise MR splitting (default 1 GiB). Process-wide. */

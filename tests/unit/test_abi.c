@@ -233,6 +233,54 @@ static void test_abi_copy_blocks_opts_size(void **state)
     assert_int_equal(size, sizeof(uint32_t));
 }
 
+/* kv_attn_opts (attention/kv_attn.h): both initializers give every option
+ * off (window_left KV_ATTN_WINDOW_OFF), another struct_size is refused
+ * before anything is read, and the table bindings check holds its fields. */
+static void test_abi_attn_opts_size(void **state)
+{
+    (void)state;
+    struct kv_layout_config lc = KV_LAYOUT_CONFIG_INIT;
+    struct kv_paged_cache pc = {.mem = KV_MEM_HOST};
+    lc.num_layers = 1, lc.num_blocks = 8, lc.block_tokens = 4, lc.num_heads = 1, lc.head_dim = 8;
+    lc.dtype = KV_F32;
+    assert_int_equal(kv_layout_init(&lc, &pc.layout), KV_OK);
+    static float mem[2 * 8 * 4 * 8];
+    pc.base = mem;
+    pc.storage_bytes = sizeof(mem);
+    struct kv_attn_opts c;
+    memset(&c, 0xFF, sizeof(c));
+    kv_attn_opts_init(&c);
+    struct kv_attn_opts m = KV_ATTN_OPTS_INIT;
+    assert_int_equal(c.struct_size, sizeof(c));
+    assert_int_equal(m.struct_size, sizeof(m));
+    assert_true(c.window_left == KV_ATTN_WINDOW_OFF && m.window_left == KV_ATTN_WINDOW_OFF);
+    assert_true(c.logit_soft_cap == 0.0f && c.lse == NULL && c.lse_stride == 0);
+    assert_true(m.logit_soft_cap == 0.0f && m.lse == NULL && m.lse_stride == 0);
+    float qb[8], ob[8];
+    int64_t sh[3] = {1, 1, 8};
+    struct kv_view q, o;
+    assert_int_equal(kv_view_init(qb, sizeof(qb), KV_F32, 3, sh, &q), KV_OK);
+    assert_int_equal(kv_view_init(ob, sizeof(ob), KV_F32, 3, sh, &o), KV_OK);
+    int32_t indptr[2] = {0, 0}, last[1] = {0};
+    struct kv_pages pg = {.format = KV_PAGES_CSR,
+                          .n_seqs = 1,
+                          .indptr = indptr,
+                          .indices = indptr,
+                          .last_page_len = last};
+    for (size_t i = 0; i < 3; i++) {
+        struct kv_attn_opts bad = c;
+        bad.struct_size = bad_size(sizeof(c), k_delta[i]);
+        assert_refused(kv_attn_decode_ex(pc, 0, &q, &pg, 1.0f, NULL, &o, &bad), "kv_attn_opts", i);
+    }
+    assert_int_equal(kv_attn_decode_ex(pc, 0, &q, &pg, 1.0f, NULL, &o, &c), KV_OK);
+    size_t off = 0, size = 0, align = 0;
+    assert_int_equal(kv_abi_struct("kv_attn_opts", &size, &align), KV_OK);
+    assert_int_equal(size, sizeof(struct kv_attn_opts));
+    assert_int_equal(kv_abi_field("kv_attn_opts", "lse_stride", &off, &size), KV_OK);
+    assert_int_equal(off, offsetof(struct kv_attn_opts, lse_stride));
+    assert_int_equal(size, sizeof(int64_t));
+}
+
 static void test_abi_version_and_build_info(void **state)
 {
     (void)state;
@@ -322,6 +370,7 @@ int main(void)
         cmocka_unit_test(test_abi_cache_config_size),
         cmocka_unit_test(test_abi_plan_config_size),
         cmocka_unit_test(test_abi_copy_blocks_opts_size),
+        cmocka_unit_test(test_abi_attn_opts_size),
         cmocka_unit_test(test_abi_version_and_build_info),
         cmocka_unit_test(test_abi_struct_diffs_see_fields_not_padding),
     };

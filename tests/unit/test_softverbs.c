@@ -8,7 +8,12 @@
  * every injected fault and a killed peer; completion channels (no event
  * unless armed, one-shot arming, none for CQEs already there, EAGAIN on a
  * non-blocking fd, a blocking get, a held CQE's event when it shows, the
- * refusals of destroy_cq / destroy_comp_channel / close_device).
+ * refusals of destroy_cq / destroy_comp_channel / close_device); devices,
+ * ports and link layers (a set of two InfiniBand devices, one with port 1
+ * down, and a RoCE one: port attributes, GID tables and their types, the
+ * old backend's hard-coded path refused on InfiniBand, every RTR refusal
+ * of both link layers, a path MTU over the responder's port dropped with
+ * nothing written, LID-routed and RoCE v2 writes landing exactly).
  */
 #include <fcntl.h>
 #include <poll.h>
@@ -852,6 +857,243 @@ static void test_softverbs_completion_channel(void **state)
     node_close(&b);
 }
 
+/* ---- devices, ports and link layers ----------------------------------- */
+
+/* Two InfiniBand devices (the first with port 1 down) and a RoCE one. */
+static const struct kvt_sv_dev_spec FABRIC[] = {
+    {.name = "kvt_ib0",
+     .n_ports = 2,
+     .port = {{IBV_LINK_LAYER_INFINIBAND, IBV_MTU_4096, true},
+              {IBV_LINK_LAYER_INFINIBAND, IBV_MTU_4096, false}}},
+    {.name = "kvt_ib1", .n_ports = 1, .port = {{IBV_LINK_LAYER_INFINIBAND, IBV_MTU_2048, false}}},
+    {.name = "kvt_roce0", .n_ports = 1, .port = {{IBV_LINK_LAYER_ETHERNET, IBV_MTU_1024, false}}},
+};
+
+#define FAB_BYTES (256u << 10)
+
+/* A node on device `dev` (an index of FABRIC); its buffer filled with a
+ * pattern of its own; the GID of gid_index (zero when none). */
+static void fab_open(struct node *n, uint32_t dev, int gid_index)
+{
+    memset(n, 0, sizeof(*n));
+    int num = 0;
+    struct ibv_device **l = V->get_device_list(&num);
+    assert_non_null(l);
+    assert_int_equal(num, 3);
+    assert_string_equal(V->get_device_name(l[dev]), FABRIC[dev].name);
+    n->ctx = V->open_device(l[dev]);
+    V->free_device_list(l);
+    assert_non_null(n->ctx);
+    const uint8_t port = dev == 0 ? 2 : 1;
+    if (gid_index >= 0)
+        assert_int_equal(V->query_gid(n->ctx, port, gid_index, &n->gid), 0);
+    n->pd = V->alloc_pd(n->ctx);
+    n->cq = V->create_cq(n->ctx, 16, NULL, NULL, 0);
+    assert_true(n->pd && n->cq);
+    struct ibv_qp_init_attr ia = {
+        .send_cq = n->cq,
+        .recv_cq = n->cq,
+        .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1},
+        .qp_type = IBV_QPT_RC};
+    n->qp = V->create_qp(n->pd, &ia);
+    n->bytes = FAB_BYTES;
+    n->buf = malloc(FAB_BYTES);
+    assert_true(n->qp && n->buf);
+    fill(n->buf, FAB_BYTES, 40 + dev);
+    n->mr = V->reg_mr(n->pd, n->buf, FAB_BYTES, ACC_ALL);
+    assert_non_null(n->mr);
+}
+
+static int fab_init(struct node *n, uint8_t port)
+{
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = port, .qp_access_flags = ACC_ALL};
+    return V->modify_qp(n->qp, &a,
+                        IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+}
+
+/* INIT -> RTR with this path (the old backend's: port 1, GRH, sgid 0,
+ * hop_limit 1, path_mtu 1024, no dlid, is fab_rtr(n, qpn, 1, 1024, 1, gid,
+ * 0, 0)). */
+static int fab_rtr(struct node *n, uint32_t qpn, uint8_t port, enum ibv_mtu mtu, bool grh,
+                   const union ibv_gid *dgid, uint8_t sgid_index, uint16_t dlid)
+{
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
+                            .path_mtu = mtu,
+                            .dest_qp_num = qpn,
+                            .max_dest_rd_atomic = 1,
+                            .min_rnr_timer = 1,
+                            .ah_attr = {.is_global = grh, .dlid = dlid, .port_num = port}};
+    if (grh) {
+        a.ah_attr.grh.dgid = *dgid;
+        a.ah_attr.grh.sgid_index = sgid_index;
+        a.ah_attr.grh.hop_limit = 1;
+    }
+    return V->modify_qp(n->qp, &a,
+                        IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                            IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+}
+
+static void fab_reset(struct node *n)
+{
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_RESET};
+    assert_int_equal(V->modify_qp(n->qp, &a, IBV_QP_STATE), 0);
+}
+
+/* A signaled write of [off, off + len) of `from` to the same offsets of
+ * `to`; the whole of to's buffer is then compared with `want`, updated
+ * here when ok (the write must land) and left when not (nothing may). */
+static void fab_write(struct node *from, struct node *to, uint8_t *want, size_t off, uint32_t len,
+                      enum ibv_wc_status expect)
+{
+    assert_int_equal(to_rts(from->qp, 0), 0);
+    assert_int_equal(post_rdma(from, IBV_WR_RDMA_WRITE, 9, off, len,
+                               (uint64_t)(uintptr_t)to->buf + off, to->mr->rkey, IBV_SEND_SIGNALED),
+                     0);
+    struct ibv_wc wc;
+    assert_int_equal(poll_n(from->cq, &wc, 1, 5000), 1);
+    assert_int_equal(wc.status, expect);
+    if (expect == IBV_WC_SUCCESS)
+        memcpy(want + off, from->buf + off, len);
+    assert_memory_equal(to->buf, want, FAB_BYTES);
+}
+
+static void fab_close(struct node *n)
+{
+    assert_int_equal(V->destroy_qp(n->qp), 0);
+    assert_int_equal(V->dereg_mr(n->mr), 0);
+    assert_int_equal(V->destroy_cq(n->cq), 0);
+    assert_int_equal(V->dealloc_pd(n->pd), 0);
+    assert_int_equal(V->close_device(n->ctx), 0);
+    free(n->buf);
+}
+
+static void test_softverbs_devices_ports_link_layers(void **state)
+{
+    (void)state;
+    /* bad device sets are refused, the set in force unchanged */
+    struct kvt_sv_dev_spec bad = FABRIC[1];
+    bad.port[0].active_mtu = (enum ibv_mtu)6;
+    assert_int_equal(kvt_sv_set_devices(&bad, 1), EINVAL);
+    bad = FABRIC[1];
+    bad.n_ports = KVT_SV_MAX_PORTS + 1;
+    assert_int_equal(kvt_sv_set_devices(&bad, 1), EINVAL);
+    assert_int_equal(kvt_sv_set_devices(FABRIC, KVT_SV_MAX_DEVS + 1), EINVAL);
+    assert_int_equal(kvt_sv_set_devices(FABRIC, 3), 0);
+
+    struct node a, b, c, d;
+    fab_open(&a, 0, 0); /* kvt_ib0 port 2 */
+    fab_open(&b, 1, 0); /* kvt_ib1 port 1 */
+    fab_open(&c, 2, 3); /* kvt_roce0: the RoCE v2 IPv4-mapped GID */
+    fab_open(&d, 2, 3);
+    struct ibv_device_attr da;
+    assert_int_equal(V->query_device(a.ctx, &da), 0);
+    assert_int_equal(da.phys_port_cnt, 2);
+    /* ports: state, LID, link layer, active MTU */
+    struct ibv_port_attr pa1, pa2, pb, pc;
+    assert_int_equal(V->query_port(a.ctx, 1, &pa1), 0);
+    assert_int_equal(V->query_port(a.ctx, 2, &pa2), 0);
+    assert_int_equal(V->query_port(a.ctx, 3, &pa2), EINVAL);
+    assert_int_equal(V->query_port(a.ctx, 2, &pa2), 0);
+    assert_int_equal(V->query_port(b.ctx, 1, &pb), 0);
+    assert_int_equal(V->query_port(c.ctx, 1, &pc), 0);
+    assert_int_equal(pa1.state, IBV_PORT_DOWN);
+    assert_int_equal(pa1.lid, 0);
+    assert_int_equal(pa2.state, IBV_PORT_ACTIVE);
+    assert_int_equal(pa2.link_layer, IBV_LINK_LAYER_INFINIBAND);
+    assert_int_equal(pa2.active_mtu, IBV_MTU_4096);
+    assert_int_equal(pa2.gid_tbl_len, 2);
+    assert_in_range(pa2.lid, 1, 0xbfff);
+    assert_in_range(pb.lid, 1, 0xbfff);
+    assert_int_not_equal(pa2.lid, pb.lid);
+    assert_int_equal(pb.active_mtu, IBV_MTU_2048);
+    assert_int_equal(pc.link_layer, IBV_LINK_LAYER_ETHERNET);
+    assert_int_equal(pc.active_mtu, IBV_MTU_1024);
+    assert_int_equal(pc.gid_tbl_len, KVT_SV_GID_TBL);
+    assert_int_equal(pc.lid, 0);
+    /* GID tables: types, empty slots (ENODATA), the end (EINVAL) */
+    struct ibv_gid_entry e;
+    assert_int_equal(V->query_gid_ex(a.ctx, 2, 0, &e, 0), 0);
+    assert_int_equal(e.gid_type, IBV_GID_TYPE_IB);
+    assert_int_equal(e.gid.raw[0], 0xfe);
+    assert_int_equal((unsigned)e.gid.raw[14] << 8 | e.gid.raw[15], pa2.lid);
+    assert_int_equal(V->query_gid_ex(a.ctx, 2, 1, &e, 0), ENODATA);
+    assert_int_equal(V->query_gid_ex(a.ctx, 2, 2, &e, 0), EINVAL);
+    assert_int_equal(V->query_gid_ex(a.ctx, 1, 0, &e, 0), ENODATA); /* down: no GID */
+    static const uint8_t v4[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    for (uint32_t i = 0; i < KVT_SV_GID_TBL; i++) {
+        const int rc = V->query_gid_ex(c.ctx, 1, i, &e, 0);
+        if (i >= 4) {
+            assert_int_equal(rc, ENODATA);
+            continue;
+        }
+        assert_int_equal(rc, 0);
+        assert_int_equal(e.gid_index, i);
+        assert_int_equal(e.gid_type, i % 2 ? IBV_GID_TYPE_ROCE_V2 : IBV_GID_TYPE_ROCE_V1);
+        assert_int_equal(memcmp(e.gid.raw, v4, 12) == 0, i >= 2);
+    }
+    assert_int_equal(memcmp(c.gid.raw, v4, 12), 0);
+    assert_int_equal(c.gid.raw[12], 10);
+
+    /* The old backend's parameters on the first device (list[0], port 1,
+     * GRH with sgid 0, no dlid): refused, port 1 is down... */
+    assert_int_equal(fab_init(&a, 1), 0);
+    assert_int_equal(fab_rtr(&a, b.qp->qp_num, 1, IBV_MTU_1024, true, &b.gid, 0, 0), EINVAL);
+    fab_reset(&a);
+    assert_int_equal(fab_init(&a, 3), EINVAL); /* no port 3 */
+    /* ... and on its active port too: InfiniBand needs a LID. */
+    assert_int_equal(fab_init(&a, 2), 0);
+    assert_int_equal(fab_rtr(&a, b.qp->qp_num, 2, IBV_MTU_1024, true, &b.gid, 0, 0), EINVAL);
+    /* InfiniBand: a GRH to a GID no port has, from an empty sgid, to a
+     * RoCE GID; a multicast dlid; the AV's port not the QP's; all EINVAL. */
+    union ibv_gid nobody;
+    memset(&nobody, 0x11, sizeof(nobody));
+    assert_int_equal(fab_rtr(&a, b.qp->qp_num, 2, IBV_MTU_1024, true, &nobody, 0, pb.lid), EINVAL);
+    assert_int_equal(fab_rtr(&a, b.qp->qp_num, 2, IBV_MTU_1024, true, &b.gid, 1, pb.lid), EINVAL);
+    assert_int_equal(fab_rtr(&a, b.qp->qp_num, 2, IBV_MTU_1024, true, &c.gid, 0, pb.lid), EINVAL);
+    assert_int_equal(fab_rtr(&a, b.qp->qp_num, 2, IBV_MTU_1024, false, NULL, 0, 0xc000), EINVAL);
+    assert_int_equal(fab_rtr(&a, b.qp->qp_num, 1, IBV_MTU_1024, false, NULL, 0, pb.lid), EINVAL);
+    /* an MTU over the port's own active one */
+    assert_int_equal(fab_init(&b, 1), 0);
+    assert_int_equal(fab_rtr(&b, a.qp->qp_num, 1, IBV_MTU_4096, false, NULL, 0, pa2.lid), EINVAL);
+    /* b: LID-routed plus a GRH to a's (known) GID: accepted */
+    assert_int_equal(fab_rtr(&b, a.qp->qp_num, 1, IBV_MTU_2048, true, &a.gid, 0, pa2.lid), 0);
+    assert_int_equal(to_rts(b.qp, 0), 0);
+
+    /* a -> b routed by LID with path_mtu 4096: a's port takes it, b's
+     * (2048) does not: dropped, RETRY_EXC_ERR, nothing written. */
+    uint8_t *want = malloc(FAB_BYTES);
+    assert_non_null(want);
+    memcpy(want, b.buf, FAB_BYTES);
+    assert_int_equal(fab_rtr(&a, b.qp->qp_num, 2, IBV_MTU_4096, false, NULL, 0, pb.lid), 0);
+    fab_write(&a, &b, want, 100000, 30000, IBV_WC_RETRY_EXC_ERR);
+    /* min(both active MTUs): lands exactly */
+    fab_reset(&a);
+    assert_int_equal(fab_init(&a, 2), 0);
+    assert_int_equal(fab_rtr(&a, b.qp->qp_num, 2, IBV_MTU_2048, false, NULL, 0, pb.lid), 0);
+    fab_write(&a, &b, want, 100000, 30000, IBV_WC_SUCCESS);
+
+    /* Ethernet: no GRH, an empty or missing sgid, an unknown or an
+     * InfiniBand dgid, an MTU over 1024: EINVAL; then the RoCE v2 GID. */
+    assert_int_equal(fab_init(&c, 1), 0);
+    assert_int_equal(fab_init(&d, 1), 0);
+    assert_int_equal(fab_rtr(&c, d.qp->qp_num, 1, IBV_MTU_1024, false, NULL, 0, 0), EINVAL);
+    assert_int_equal(fab_rtr(&c, d.qp->qp_num, 1, IBV_MTU_1024, true, &d.gid, 4, 0), EINVAL);
+    assert_int_equal(fab_rtr(&c, d.qp->qp_num, 1, IBV_MTU_1024, true, &d.gid, 8, 0), EINVAL);
+    assert_int_equal(fab_rtr(&c, d.qp->qp_num, 1, IBV_MTU_1024, true, &nobody, 3, 0), EINVAL);
+    assert_int_equal(fab_rtr(&c, d.qp->qp_num, 1, IBV_MTU_1024, true, &a.gid, 3, 0), EINVAL);
+    assert_int_equal(fab_rtr(&c, d.qp->qp_num, 1, IBV_MTU_2048, true, &d.gid, 3, 0), EINVAL);
+    assert_int_equal(fab_rtr(&c, d.qp->qp_num, 1, IBV_MTU_1024, true, &d.gid, 3, 0), 0);
+    assert_int_equal(fab_rtr(&d, c.qp->qp_num, 1, IBV_MTU_1024, true, &c.gid, 3, 0), 0);
+    memcpy(want, d.buf, FAB_BYTES);
+    fab_write(&c, &d, want, 70001, 50000, IBV_WC_SUCCESS);
+    free(want);
+    fab_close(&a);
+    fab_close(&b);
+    fab_close(&c);
+    fab_close(&d);
+    assert_int_equal(kvt_sv_set_devices(NULL, 0), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -867,6 +1109,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_softverbs_cq_overflow_and_rnr, setup_sv, teardown_sv),
         cmocka_unit_test_setup_teardown(test_softverbs_faults, setup_sv, teardown_sv),
         cmocka_unit_test_setup_teardown(test_softverbs_completion_channel, setup_sv, teardown_sv),
+        cmocka_unit_test_setup_teardown(test_softverbs_devices_ports_link_layers, setup_sv,
+                                        teardown_sv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -30,8 +30,16 @@
  *     uses < 0.05 s of CPU (its progress thread sleeps on the completion
  *     channel), in busy-poll mode the figure is printed (it polls).
  *
- * The whole suite runs twice, each time with a decode child of its own:
- * event mode (the default) on both sides, then cfg.rdma_busy_poll on both.
+ *   - parameters: each side's device, port, link layer, LID, GID (index,
+ *     type) and MTU, and the path (MTU, GRH, the peer's LID and GID), as
+ *     kv_xport_info reports them; refusals of a device, port or GID index
+ *     that does not exist or is not usable (named); the INFO decoder on
+ *     every malformation and on 20,000 mutated blobs.
+ *
+ * The whole suite runs twice over a soft fabric of three devices (FABRIC),
+ * each time with a decode child of its own: event mode (the default) on
+ * both sides over RoCE, then cfg.rdma_busy_poll on both over InfiniBand
+ * across two devices with different MTUs.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -53,7 +61,9 @@
 #include <kvcache/kv.h>
 #include "kv_verbs_int.h"
 #include "kv_xport_int.h"
+#include "kv_xport_rdma_int.h"
 #include "kvt_softverbs.h"
+#include "kvtest.h"
 
 #define TOKEN 0x5EC12E7ull
 #define FP 0xF00Dull
@@ -81,6 +91,22 @@ static bool real_dev;    /* KV_RDMA_REAL=1: no soft device */
 static pid_t child = -1; /* the decode process */
 static uint16_t port;    /* its listening port */
 static bool busy_poll;   /* this pass's cfg.rdma_busy_poll, both processes */
+static bool pass_ib;     /* this pass's fabric: InfiniBand (else RoCE) */
+
+/* The soft fabric (both processes): two InfiniBand devices, the first
+ * with port 1 down, and a RoCE one. The event-mode pass runs over RoCE
+ * (both sides on kvt_roce0, named); the busy-poll pass over InfiniBand
+ * across two devices: this process picks its own (the first ACTIVE port:
+ * kvt_ib0 port 2), the decode child is given kvt_ib1 by name, whose
+ * smaller MTU (2048) the path must take. */
+static const struct kvt_sv_dev_spec FABRIC[] = {
+    {.name = "kvt_ib0",
+     .n_ports = 2,
+     .port = {{IBV_LINK_LAYER_INFINIBAND, IBV_MTU_4096, true},
+              {IBV_LINK_LAYER_INFINIBAND, IBV_MTU_4096, false}}},
+    {.name = "kvt_ib1", .n_ports = 1, .port = {{IBV_LINK_LAYER_INFINIBAND, IBV_MTU_2048, false}}},
+    {.name = "kvt_roce0", .n_ports = 1, .port = {{IBV_LINK_LAYER_ETHERNET, IBV_MTU_1024, false}}},
+};
 
 static unsigned char pat(uint64_t seed, uint64_t off)
 {
@@ -105,6 +131,14 @@ static struct kv_xport_config cfg_make(bool listen, uint64_t token, uint64_t fp,
     c.conns_per_peer = 2;
     c.timeout_ms = ms;
     c.rdma_busy_poll = busy_poll;
+    if (!real_dev) /* the child names its device; the parent names RoCE only */
+        c.rdma_device =
+            listen ? (pass_ib ? "kvt_ib1" : "kvt_roce0") : (pass_ib ? NULL : "kvt_roce0");
+    if (real_dev) { /* scripts/rdma-check.sh passes what its caller chose, if anything */
+        c.rdma_device = getenv("KV_RDMA_DEVICE");
+        c.rdma_port = getenv("KV_RDMA_PORT") ? (uint32_t)atoi(getenv("KV_RDMA_PORT")) : 0;
+        c.rdma_gid_index = getenv("KV_RDMA_GID_INDEX") ? atoi(getenv("KV_RDMA_GID_INDEX")) : -1;
+    }
     return c;
 }
 
@@ -617,22 +651,44 @@ static void test_xport_rdma_cancel_in_flight(void **state)
     sess_close();
 }
 
-static void refused(uint64_t token, uint64_t fp, const char *words)
+static void refused_on(const char *dev, uint64_t token, uint64_t fp, const char *words)
 {
     struct kv_xport_config c = cfg_make(false, token, fp, 3000);
+    if (dev)
+        c.rdma_device = dev;
     kv_xport *x = NULL;
     assert_int_equal(kv_xport_create(&c, &x), KV_OK);
     kv_xport_peer *p = NULL;
     assert_int_equal(kv_xport_connect(x, "127.0.0.1", port, &p), KV_OK);
     kv_status why = KV_OK;
     assert_int_equal(wait_state(p, KV_XPORT_READY, 5000, &why), KV_XPORT_CLOSED);
-    assert_int_equal(why, KV_ERR_MISMATCH);
-    assert_non_null(strstr(kv_last_error(), words));
+    if (why != KV_ERR_MISMATCH)
+        fail_msg("closed with %s: %s", kv_status_name(why), kv_last_error());
+    kvt_assert_msg_has(words);
     kv_xport_xfer *t = NULL;
     const struct kv_xport_notify nt = {.tag = 1};
     assert_int_equal(kv_xport_write(p, NULL, 0, &nt, &t), KV_ERR_BAD_STATE);
     kv_xport_peer_close(p);
     assert_int_equal(kv_xport_destroy(x), KV_OK);
+}
+
+static void refused(uint64_t token, uint64_t fp, const char *words)
+{
+    refused_on(NULL, token, fp, words);
+}
+
+/* A port of the other link layer: the QP info names both. */
+static void test_xport_rdma_other_link_layer_refused(void **state)
+{
+    (void)state;
+    if (real_dev)
+        skip();
+    if (pass_ib)
+        refused_on("kvt_roce0", TOKEN, FP,
+                   "the peer's port is infiniband (link layer 1), this one ethernet");
+    else
+        refused_on("kvt_ib0", TOKEN, FP,
+                   "the peer's port is ethernet (link layer 2), this one infiniband");
 }
 
 static void test_xport_rdma_wrong_token_refused(void **state)
@@ -745,10 +801,267 @@ static void test_xport_rdma_idle_pair_cpu(void **state)
     sess_close();
 }
 
+/* What each side chose, as kv_xport_info reports it (the line
+ * scripts/rdma-check.sh shows), checked against the soft fabric. */
+static void test_xport_rdma_parameters_reported(void **state)
+{
+    (void)state;
+    sess_open(3000);
+    struct kv_xport_info xi = KV_XPORT_INFO_INIT, pi = KV_XPORT_INFO_INIT;
+    assert_int_equal(kv_xport_info_get(S.x, &xi), KV_OK);
+    assert_int_equal(kv_xport_peer_info_get(S.p, &pi), KV_OK);
+    char line[512];
+    assert_true(kv_xport_info_format(&pi, line, sizeof(line)) < (int)sizeof(line));
+    printf("    rdma parameters: %s\n", line);
+    /* the transport's part is the same in both */
+    assert_int_equal(xi.kind, KV_XPORT_RDMA);
+    assert_string_equal(xi.rdma_device, pi.rdma_device);
+    assert_int_equal(xi.rdma_port, pi.rdma_port);
+    assert_int_equal(xi.rdma_link, pi.rdma_link);
+    assert_int_equal(xi.rdma_lid, pi.rdma_lid);
+    assert_int_equal(xi.rdma_gid_index, pi.rdma_gid_index);
+    assert_int_equal(xi.rdma_gid_type, pi.rdma_gid_type);
+    assert_memory_equal(xi.rdma_gid, pi.rdma_gid, 16);
+    assert_int_equal(xi.rdma_active_mtu, pi.rdma_active_mtu);
+    assert_int_equal(xi.rdma_qps, 0); /* no peer part */
+    assert_int_equal(xi.rdma_path_mtu, 0);
+    assert_int_equal(pi.rdma_qps, 2);
+    assert_true(pi.rdma_path_mtu >= 256 && pi.rdma_path_mtu <= pi.rdma_active_mtu);
+    if (real_dev) {
+        sess_close();
+        return;
+    }
+    static const uint8_t v4[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (!pass_ib) { /* RoCE: the RoCE v2 IPv4-mapped GID (index 3, not 0), a GRH */
+        assert_string_equal(pi.rdma_device, "kvt_roce0");
+        assert_int_equal(pi.rdma_port, 1);
+        assert_int_equal(pi.rdma_link, KV_XPORT_LINK_ETHERNET);
+        assert_int_equal(pi.rdma_lid, 0);
+        assert_int_equal(pi.rdma_gid_index, 3);
+        assert_int_equal(pi.rdma_gid_type, KV_XPORT_GID_ROCE_V2);
+        assert_memory_equal(pi.rdma_gid, v4, 12);
+        assert_int_equal(pi.rdma_gid[12], 10);
+        assert_int_equal(pi.rdma_active_mtu, 1024);
+        assert_int_equal(pi.rdma_path_mtu, 1024);
+        assert_true(pi.rdma_grh);
+        assert_int_equal(pi.rdma_hop_limit, 255);
+        assert_int_equal(pi.rdma_remote_lid, 0);
+        assert_memory_equal(pi.rdma_remote_gid, v4, 12);
+        assert_memory_not_equal(pi.rdma_remote_gid, pi.rdma_gid, 16);
+        assert_non_null(strstr(line, "gid[3] ::ffff:10."));
+    } else { /* InfiniBand across two devices: LID-routed, no GRH, MTU min(4096, 2048) */
+        assert_string_equal(pi.rdma_device, "kvt_ib0");
+        assert_int_equal(pi.rdma_port, 2); /* port 1 is down */
+        assert_int_equal(pi.rdma_link, KV_XPORT_LINK_INFINIBAND);
+        assert_in_range(pi.rdma_lid, 1, 0xbfff);
+        assert_int_equal(pi.rdma_gid_index, 0);
+        assert_int_equal(pi.rdma_gid_type, KV_XPORT_GID_IB);
+        assert_int_equal(pi.rdma_gid[0], 0xfe);
+        assert_int_equal((uint32_t)pi.rdma_gid[14] << 8 | pi.rdma_gid[15], pi.rdma_lid);
+        assert_int_equal(pi.rdma_active_mtu, 4096);
+        assert_int_equal(pi.rdma_path_mtu, 2048);
+        assert_false(pi.rdma_grh);
+        assert_int_equal(pi.rdma_hop_limit, 0);
+        assert_in_range(pi.rdma_remote_lid, 1, 0xbfff);
+        assert_int_not_equal(pi.rdma_remote_lid, pi.rdma_lid);
+        assert_int_equal((uint32_t)pi.rdma_remote_gid[14] << 8 | pi.rdma_remote_gid[15],
+                         pi.rdma_remote_lid);
+        assert_non_null(strstr(line, "no-grh"));
+    }
+    sess_close();
+}
+
+/* One create that must fail with st, the message naming `words`. */
+static void create_refused(const char *dev, uint32_t pt, int32_t gid, kv_status st,
+                           const char *words)
+{
+    struct kv_xport_config c = cfg_make(false, TOKEN, FP, 1000);
+    c.rdma_device = dev;
+    c.rdma_port = pt;
+    c.rdma_gid_index = gid;
+    kv_xport *x = NULL;
+    assert_int_equal(kv_xport_create(&c, &x), st);
+    assert_null(x);
+    kvt_assert_msg_has(words);
+}
+
+static void test_xport_rdma_device_choice(void **state)
+{
+    (void)state;
+    if (real_dev)
+        skip();
+    create_refused("kvt_nope", 0, -1, KV_ERR_NOT_FOUND, "kvt_ib0, kvt_ib1, kvt_roce0");
+    create_refused("kvt_ib0", 1, -1, KV_ERR_UNSUPPORTED,
+                   "rdma_port 1 not usable (kvt_ib0 port 1 DOWN)");
+    create_refused("kvt_ib0", 3, -1, KV_ERR_INVALID_ARG, "rdma_port 3, but kvt_ib0 has 2");
+    create_refused("kvt_ib1", 0, 1, KV_ERR_INVALID_ARG, "GID index 1 of kvt_ib1 port 1: empty");
+    create_refused("kvt_ib1", 0, 2, KV_ERR_INVALID_ARG, "rdma_gid_index 2, but kvt_ib1 port 1");
+    create_refused("kvt_roce0", 0, 5, KV_ERR_INVALID_ARG, "GID index 5 of kvt_roce0 port 1");
+    create_refused("kvt_roce0", 0, -2, KV_ERR_INVALID_ARG, "rdma_gid_index -2");
+    create_refused(NULL, 256, -1, KV_ERR_INVALID_ARG, "rdma_port 256 (ports are 1..255)");
+    create_refused(
+        NULL, 3, -1, KV_ERR_UNSUPPORTED,
+        "rdma_port 3 not usable (kvt_ib0: 2 ports, kvt_ib1: 1 ports, kvt_roce0: 1 ports)");
+    /* port 2 given, the device automatic: kvt_ib0, the one with a port 2 */
+    struct kv_xport_config c2 = cfg_make(false, TOKEN, FP, 1000);
+    c2.rdma_device = NULL;
+    c2.rdma_port = 2;
+    kv_xport *x2 = NULL;
+    assert_int_equal(kv_xport_create(&c2, &x2), KV_OK);
+    struct kv_xport_info i2 = KV_XPORT_INFO_INIT;
+    assert_int_equal(kv_xport_info_get(x2, &i2), KV_OK);
+    assert_string_equal(i2.rdma_device, "kvt_ib0");
+    assert_int_equal(i2.rdma_port, 2);
+    assert_int_equal(kv_xport_destroy(x2), KV_OK);
+    /* A GID index given: taken as it is (the link-local RoCE v2 one). */
+    struct kv_xport_config c = cfg_make(false, TOKEN, FP, 1000);
+    c.rdma_device = "kvt_roce0";
+    c.rdma_gid_index = 1;
+    kv_xport *x = NULL;
+    assert_int_equal(kv_xport_create(&c, &x), KV_OK);
+    struct kv_xport_info in = KV_XPORT_INFO_INIT;
+    assert_int_equal(kv_xport_info_get(x, &in), KV_OK);
+    assert_int_equal(in.rdma_gid_index, 1);
+    assert_int_equal(in.rdma_gid_type, KV_XPORT_GID_ROCE_V2);
+    assert_int_equal(in.rdma_gid[0], 0xfe);
+    in.struct_size--;
+    assert_int_equal(kv_xport_info_get(x, &in), KV_ERR_INVALID_ARG);
+    assert_int_equal(kv_xport_info_get(x, NULL), KV_ERR_NULL);
+    assert_int_equal(kv_xport_peer_info_get(NULL, &in), KV_ERR_NULL);
+    assert_int_equal(kv_xport_destroy(x), KV_OK);
+    /* TCP reports its kind and nothing else */
+    c.kind = KV_XPORT_TCP;
+    assert_int_equal(kv_xport_create(&c, &x), KV_OK);
+    struct kv_xport_info t = KV_XPORT_INFO_INIT;
+    assert_int_equal(kv_xport_info_get(x, &t), KV_OK);
+    assert_int_equal(t.kind, KV_XPORT_TCP);
+    assert_string_equal(t.rdma_device, "");
+    assert_int_equal(t.rdma_port, 0);
+    assert_int_equal(t.rdma_link, KV_XPORT_LINK_NONE);
+    assert_int_equal(t.rdma_gid_index, -1);
+    assert_int_equal(t.rdma_active_mtu, 0);
+    assert_int_equal(t.rdma_qps, 0);
+    char line[64];
+    assert_int_equal(kv_xport_info_format(&t, line, sizeof(line)), 3);
+    assert_string_equal(line, "tcp");
+    assert_int_equal(kv_xport_destroy(x), KV_OK);
+}
+
+/* The peer's INFO decoder: a round trip field by field, then each
+ * malformation refused with the values named, then random bytes: whatever
+ * it accepts encodes back to the same bytes. */
+static struct rd_info info_ok(void)
+{
+    struct rd_info in = {.nq = 2,
+                         .conn = 0x0123456789abcdefull,
+                         .has_gid = true,
+                         .lid = 0x1234,
+                         .link = IBV_LINK_LAYER_INFINIBAND,
+                         .mtu = IBV_MTU_2048};
+    in.gid[0] = 0xfe;
+    in.gid[1] = 0x80;
+    in.gid[15] = 0x77;
+    in.qpn[0] = 0x10;
+    in.qpn[1] = 0xfffffe;
+    in.psn[0] = 0xabcdef;
+    in.psn[1] = 5;
+    return in;
+}
+
+static void info_bad(unsigned char *b, uint32_t len, uint8_t link, kv_status st, const char *words)
+{
+    struct rd_info out;
+    char emsg[200] = "";
+    assert_int_equal(kv__rd_info_decode(b, len, 2, link, &out, emsg, sizeof(emsg)), st);
+    if (!strstr(emsg, words))
+        fail_msg("'%s' lacks '%s'", emsg, words);
+}
+
+static void test_xport_rdma_info_decode(void **state)
+{
+    (void)state;
+    unsigned char b[INFO_HEAD + 8 * KV__XPORT_MAX_CONNS + 8], m[sizeof(b)];
+    const struct rd_info in = info_ok();
+    const uint32_t len = kv__rd_info_encode(&in, b);
+    assert_int_equal(len, INFO_HEAD + 16);
+    struct rd_info out;
+    char emsg[200];
+    assert_int_equal(
+        kv__rd_info_decode(b, len, 2, IBV_LINK_LAYER_INFINIBAND, &out, emsg, sizeof(emsg)), KV_OK);
+    assert_int_equal(out.nq, in.nq);
+    assert_int_equal(out.conn, in.conn);
+    assert_int_equal(out.has_gid, in.has_gid);
+    assert_memory_equal(out.gid, in.gid, 16);
+    assert_int_equal(out.lid, in.lid);
+    assert_int_equal(out.link, in.link);
+    assert_int_equal(out.mtu, in.mtu);
+    for (uint32_t i = 0; i < 2; i++) {
+        assert_int_equal(out.qpn[i], in.qpn[i]);
+        assert_int_equal(out.psn[i], in.psn[i]);
+    }
+    const uint8_t IB = IBV_LINK_LAYER_INFINIBAND, ETH = IBV_LINK_LAYER_ETHERNET;
+#define MUT(stmt, ln, link, st, words)                                                             \
+    do {                                                                                           \
+        memcpy(m, b, sizeof(b));                                                                   \
+        stmt;                                                                                      \
+        info_bad(m, ln, link, st, words);                                                          \
+    } while (0)
+    MUT((void)0, INFO_HEAD - 1, IB, KV_ERR_CORRUPT, "QP info of 39 bytes");
+    MUT((void)0, len + 1, IB, KV_ERR_CORRUPT, "57 bytes for 2 QPs (must be 56)");
+    MUT(m[2] = 1, len, IB, KV_ERR_MISMATCH, "version 1 (here rdma 2, version 2)");
+    MUT(kv__le_put(m, KV_XPORT_RDMA, 4), len, IB, KV_ERR_MISMATCH, "kind 2 version 0");
+    MUT(m[0] = 1, len, IB, KV_ERR_MISMATCH, "kind 1 version 2");
+    MUT(m[4] = 3, len, IB, KV_ERR_MISMATCH, "for 3 QPs (here 2)");
+    MUT((void)0, len, ETH, KV_ERR_MISMATCH, "port is infiniband (link layer 1), this one ethernet");
+    MUT(m[36] = 3, len, IB, KV_ERR_CORRUPT, "flags 0x03");
+    MUT(m[38] = 1, len, IB, KV_ERR_CORRUPT, "reserved 00 01 00");
+    MUT(m[35] = 0, len, IB, KV_ERR_CORRUPT, "active MTU code 0");
+    MUT(m[35] = 6, len, IB, KV_ERR_CORRUPT, "active MTU code 6");
+    MUT(kv__le_put(m + 32, 0, 2), len, IB, KV_ERR_CORRUPT, "LID 0x0000 on infiniband");
+    MUT(kv__le_put(m + 32, 0xc000, 2), len, IB, KV_ERR_CORRUPT, "LID 0xc000 on infiniband");
+    MUT(m[34] = ETH, len, ETH, KV_ERR_CORRUPT, "LID 0x1234 on ethernet");
+    MUT((m[34] = ETH, kv__le_put(m + 32, 0, 2), m[36] = 0, memset(m + 16, 0, 16)), len, ETH,
+        KV_ERR_CORRUPT, "GID zero, flagged absent, on ethernet (ethernet needs one)");
+    MUT(memset(m + 16, 0, 16), len, IB, KV_ERR_CORRUPT, "GID zero, flagged valid");
+    MUT(m[36] = 0, len, IB, KV_ERR_CORRUPT, "GID nonzero, flagged absent");
+    MUT(kv__le_put(m + INFO_HEAD, 1, 4), len, IB, KV_ERR_CORRUPT, "QP 0: qpn 0x1,");
+    MUT(kv__le_put(m + INFO_HEAD + 8, 0x1000000, 4), len, IB, KV_ERR_CORRUPT,
+        "QP 1: qpn 0x1000000");
+    MUT(kv__le_put(m + INFO_HEAD + 12, 0x1000000, 4), len, IB, KV_ERR_CORRUPT, "psn 0x1000000");
+#undef MUT
+    /* InfiniBand without a GID is valid (no GRH then) */
+    struct rd_info ng = in;
+    ng.has_gid = false;
+    memset(ng.gid, 0, 16);
+    assert_int_equal(kv__rd_info_encode(&ng, m), len);
+    assert_int_equal(kv__rd_info_decode(m, len, 2, IB, &out, emsg, sizeof(emsg)), KV_OK);
+    assert_false(out.has_gid);
+    /* Random mutations of a valid one: accepted only when it re-encodes
+     * to the very bytes (nothing ignored, nothing read past len). */
+    uint64_t rs = 22;
+    uint32_t accepted = 0;
+    for (uint32_t k = 0; k < 20000; k++) {
+        memcpy(m, b, sizeof(b));
+        const uint32_t flips = 1 + (uint32_t)(kvt_rand(&rs) % 3);
+        for (uint32_t f = 0; f < flips; f++)
+            m[kvt_rand(&rs) % len] ^= (unsigned char)(1u << (kvt_rand(&rs) % 8));
+        const uint32_t l = kvt_rand(&rs) % 8 == 0 ? (uint32_t)(kvt_rand(&rs) % sizeof(m)) : len;
+        if (kv__rd_info_decode(m, l, 2, IB, &out, emsg, sizeof(emsg)) != KV_OK)
+            continue;
+        unsigned char re[sizeof(b)];
+        assert_int_equal(kv__rd_info_encode(&out, re), l);
+        assert_memory_equal(re, m, l);
+        accepted++;
+    }
+    printf("    info decoder: %u of 20000 mutated blobs accepted (each re-encoded exactly)\n",
+           accepted);
+}
+
 /* One pass of the suite with its own decode child. */
 static int run_pass(bool busy)
 {
     busy_poll = busy;
+    pass_ib = busy;
     int fds[2];
     if (pipe(fds) != 0)
         return 2;
@@ -772,6 +1085,9 @@ static int run_pass(bool busy)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_xport_rdma_idle_pair_cpu),
+        cmocka_unit_test(test_xport_rdma_parameters_reported),
+        cmocka_unit_test(test_xport_rdma_device_choice),
+        cmocka_unit_test(test_xport_rdma_info_decode),
         cmocka_unit_test(test_xport_rdma_unsupported_without_device),
         cmocka_unit_test(test_xport_rdma_writes_notify_whole_region),
         cmocka_unit_test(test_xport_rdma_reads_whole_region),
@@ -781,13 +1097,16 @@ static int run_pass(bool busy)
         cmocka_unit_test(test_xport_rdma_remote_access_out_of_bounds),
         cmocka_unit_test(test_xport_rdma_lost_completion_times_out),
         cmocka_unit_test(test_xport_rdma_cancel_in_flight),
+        cmocka_unit_test(test_xport_rdma_other_link_layer_refused),
         cmocka_unit_test(test_xport_rdma_wrong_token_refused),
         cmocka_unit_test(test_xport_rdma_wrong_fingerprint_refused),
         cmocka_unit_test(test_xport_rdma_bandwidth),
         cmocka_unit_test(test_xport_rdma_peer_killed_mid_transfer),
     };
-    const int rc = busy ? cmocka_run_group_tests_name("xport_rdma busy polling", tests, NULL, NULL)
-                        : cmocka_run_group_tests_name("xport_rdma event mode", tests, NULL, NULL);
+    const int rc =
+        busy ? cmocka_run_group_tests_name("xport_rdma busy polling, InfiniBand, two devices",
+                                           tests, NULL, NULL)
+             : cmocka_run_group_tests_name("xport_rdma event mode, RoCE", tests, NULL, NULL);
     if (child > 0) {
         kill(child, SIGKILL);
         waitpid(child, NULL, 0);
@@ -800,6 +1119,8 @@ int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     real_dev = getenv("KV_RDMA_REAL") && strcmp(getenv("KV_RDMA_REAL"), "0") != 0;
+    if (!real_dev && kvt_sv_set_devices(FABRIC, 3) != 0) /* before any fork: both see it */
+        return 2;
     /* Each pass forks its child first, while no thread of ours runs (the
      * first pass's transports are destroyed and joined before the second). */
     const int rc = run_pass(false);

@@ -20,11 +20,16 @@
  *   kernel.decode_attn_fp8  the same decode over an fp8 (e4m3) cache of the
  *                         same shape vs the bf16 decode, alternated in each
  *                         run (the goal: >= 1.5x its tokens/s)
+ *   kernel.prefill_attn   the multi-token kernel (kv_attn_prefill), 64
+ *                         sequences x 2,048 cached tokens whose last 4 or 16
+ *                         are queries (causal), Hq 32 over H 8: tokens/s vs
+ *                         reading the same K/V once at memcpy speed (the
+ *                         goal: >= 0.5x)
  *
  * Every case checks its result before it reports: written rows at addresses
  * computed from the layout's strides, read output against the source it was
- * written from, decode against a float64 reference for a sample of
- * (sequence, head) pairs. A wrong result is a kvb_mismatch (kvbench fails).
+ * written from, decode and prefill against a float64 reference for a sample
+ * of (sequence, query, head). A wrong result is a kvb_mismatch (kvbench fails).
  */
 #include <math.h>
 #include <stdio.h>
@@ -572,6 +577,142 @@ out:
         kvb_free(scratch);
 }
 
+/* Checks prefill output o (bf16 [S * ql][Hq][D]) of q against a float64
+ * reference for a sample of (sequence, query, query head): query i of
+ * sequence s sits at position len - ql + i and sees tokens 0 .. it. */
+static int kvb__prefill_check(const char *bench, const char *name, const struct kvb__kc *kc,
+                              int64_t S, int64_t len, int64_t ql, const char *q, const char *o,
+                              float scale)
+{
+    const struct kv_layout *lo = &kc->c.layout;
+    const kv_dtype dt = lo->dtype;
+    const int64_t Hq = 32, per = len / N, g = Hq / H, es = lo->elem_bytes;
+    double *w = malloc((size_t)len * sizeof(double));
+    const int64_t ss[2] = {0, S - 1}, is[2] = {0, ql - 1}, qs[2] = {5, Hq - 1};
+    if (!w)
+        return -1;
+    for (int a = 0; a < 8; a++) {
+        const int64_t s = ss[a & 1], i = is[(a >> 1) & 1], qi = qs[a >> 2], h = qi / g;
+        const int64_t row = s * ql + i, pos = len - ql + i;
+        const char *qr = q + (row * Hq + qi) * D * 2;
+        double mx = -INFINITY, sum = 0.0;
+        for (int64_t t = 0; t <= pos; t++) {
+            const int64_t slot = (int64_t)kc->perm[s * per + t / N] * N + t % N;
+            const char *kr = kc->pool + kvb__row_off(lo, 0, slot, h);
+            double dot = 0.0;
+            for (int64_t d = 0; d < D; d++)
+                dot += (double)kv_to_f32(KV_BF16, qr + d * 2) * (double)kv_to_f32(dt, kr + d * es);
+            w[t] = dot * scale;
+            mx = w[t] > mx ? w[t] : mx;
+        }
+        for (int64_t t = 0; t <= pos; t++)
+            sum += (w[t] = exp(w[t] - mx));
+        for (int64_t d = 0; d < D; d++) {
+            double acc = 0.0;
+            for (int64_t t = 0; t <= pos; t++) {
+                const int64_t slot = (int64_t)kc->perm[s * per + t / N] * N + t % N;
+                acc +=
+                    w[t] * (double)kv_to_f32(dt, kc->pool + kvb__row_off(lo, 1, slot, h) + d * es);
+            }
+            const double want = acc / sum;
+            const double got = kv_to_f32(KV_BF16, o + ((row * Hq + qi) * D + d) * 2);
+            if (fabs(got - want) > 1e-2 * fabs(want) + 1e-3) {
+                kvb_mismatch(bench, name,
+                             "s %lld query %lld head %lld d %lld: %.6g, reference %.6g",
+                             (long long)s, (long long)i, (long long)qi, (long long)d, got, want);
+                free(w);
+                return -1;
+            }
+        }
+    }
+    free(w);
+    return 0;
+}
+
+/* kernel.prefill_attn: the multi-token kernel (kv_attn_prefill) over S
+ * sequences of len cached tokens whose last ql are the queries (chunked
+ * prefill's tail, speculative verification), Hq 32 over H 8; tokens of K/V
+ * per second vs reading the same K/V once at memcpy speed, alternated. */
+static void kvb__prefill_attn(struct kvb__kc *kc, int64_t S, int64_t len, int64_t ql)
+{
+    const char *bench = "kernel.prefill_attn";
+    const int64_t Hq = 32, per = len / N, T = S * ql;
+    const int runs = kvb_runs() < 5 ? kvb_runs() : 5;
+    const size_t qb = (size_t)(T * Hq * D) * 2;
+    char name[160];
+    snprintf(name, sizeof(name), "%s/%s/N16/Hq32/H8/D128/%lldx%lld/q%lld/t%d",
+             kvb__order_name(kc->order), kv_dtype_name(kc->dtype), (long long)S, (long long)len,
+             (long long)ql, kv_threads());
+    if (!kvb_selected(bench, name))
+        return;
+    if (kvb__kc_need(kc) != 0) {
+        kvb_mismatch(bench, name, "cannot build the cache");
+        return;
+    }
+    if (S * per > kc->blocks) {
+        kvb_mismatch(bench, name, "the pool has %lld blocks, the case needs %lld",
+                     (long long)kc->blocks, (long long)(S * per));
+        return;
+    }
+    kvb_progress(bench, name);
+    const size_t kvb = (size_t)(S * len * H * D) * kc->c.layout.elem_bytes * 2;
+    char *q = kvb_alloc(qb), *o = kvb_alloc(qb), *scratch = kvb_alloc(kvb);
+    int32_t *indptr = malloc((size_t)(S + 1) * sizeof(int32_t));
+    int32_t *qo = malloc((size_t)(S + 1) * sizeof(int32_t));
+    int32_t *last = malloc((size_t)S * sizeof(int32_t));
+    double tc[256], tm[256];
+    if (!indptr || !last || !qo)
+        goto out;
+    kvb__fill_bf16(q, qb, 7);
+    memset(o, 0, qb);
+    memset(scratch, 0, kvb);
+    for (int64_t s = 0; s <= S; s++) {
+        indptr[s] = (int32_t)(s * per);
+        qo[s] = (int32_t)(s * ql);
+    }
+    for (int64_t s = 0; s < S; s++)
+        last[s] = (int32_t)N;
+    struct kv_pages pg = {.format = KV_PAGES_CSR,
+                          .n_seqs = (uint32_t)S,
+                          .page_ratio = 1,
+                          .indptr = indptr,
+                          .indices = kc->perm,
+                          .last_page_len = last};
+    struct kv_view vq, vo;
+    const int64_t shape[3] = {T, Hq, D};
+    kv_status st;
+    if ((st = kv_view_init(q, qb, KV_BF16, 3, shape, &vq)) != KV_OK ||
+        (st = kv_view_init(o, qb, KV_BF16, 3, shape, &vo)) != KV_OK) {
+        kvb__fail(bench, name, "views", st);
+        goto out;
+    }
+    const float scale = 1.0f / sqrtf((float)D);
+    for (int r = -1; r < runs; r++) {
+        double t0 = kvb_now();
+        st = kv_attn_prefill(kc->c, 0, &vq, qo, &pg, scale, NULL, &vo, NULL);
+        double t1 = kvb_now();
+        memcpy(scratch, kc->pool, kvb);
+        double t2 = kvb_now();
+        if (st != KV_OK) {
+            kvb__fail(bench, name, "kv_attn_prefill", st);
+            goto out;
+        }
+        if (r >= 0)
+            tc[r] = t1 - t0, tm[r] = t2 - t1;
+    }
+    if (kvb__prefill_check(bench, name, kc, S, len, ql, q, o, scale) != 0)
+        goto out;
+    kvb_emit_ops(bench, name, (uint64_t)(S * len), kvb_median(tc, runs), "memcpy",
+                 kvb_median(tm, runs), runs);
+out:
+    free(indptr);
+    free(qo);
+    free(last);
+    kvb_free(q);
+    kvb_free(o);
+    kvb_free(scratch);
+}
+
 static void kvb__kernels(void)
 {
     const int quick = kvb_quick();
@@ -593,6 +734,8 @@ static void kvb__kernels(void)
         kvb__write_decode(&kc, quick ? 256 : 4096, quick ? 2 : 16);
         kvb__decode_attn(&kc, NULL, quick ? 16 : 256, quick ? 256 : 2048);
         kvb__decode_attn(&k8, &kc, quick ? 16 : 256, quick ? 256 : 2048);
+        kvb__prefill_attn(&kc, quick ? 16 : 64, quick ? 256 : 2048, 4);
+        kvb__prefill_attn(&kc, quick ? 16 : 64, quick ? 256 : 2048, 16);
         kvb__kc_fini(&k8);
         kvb__kc_fini(&kc);
     }

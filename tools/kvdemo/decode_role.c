@@ -7,8 +7,9 @@
  * a placement (the first of a group carries the arena's exposure). Each
  * DONE from prefill arrives after that request's data (one notification
  * rides behind the writes); decode then checks the request (decode_check),
- * frees it and places the next. After the last one it sends END, checks
- * that no held block was written, and closes.
+ * frees it and places the next. After the last one it places the longest
+ * request once more for the layer-wise comparison (layerwise.c), then
+ * sends END, checks that no held block was written, and closes.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -19,6 +20,33 @@
 
 #include "kvdemo.h"
 
+/* Allocate r's blocks and send its placement under tag (the first of a
+ * group carries the group's exposure). */
+static bool place_send(struct decode *d, const struct request *r, kv_xport_peer *peer,
+                       kv_xport_mem **mem, bool *exposed, uint64_t tag)
+{
+    struct placement pl;
+    if (!decode_place(d, r, &pl))
+        return false;
+    const uint32_t g = pl.group;
+    unsigned char blob[KV_XPORT_BLOB_MAX];
+    size_t blob_len = 0;
+    bool ok = true;
+    if (!exposed[g]) {
+        ok = ok_call(kv_xport_mem_expose(peer, mem[g], blob, sizeof(blob), &blob_len),
+                     "kv_xport_mem_expose");
+        exposed[g] = ok;
+        pl.blob = blob;
+        pl.blob_len = (uint32_t)blob_len;
+    }
+    unsigned char buf[KV_XPORT_NOTIFY_MAX];
+    size_t len = 0;
+    ok = ok && place_encode(&pl, buf, sizeof(buf), &len);
+    if (ok && len == 0)
+        ok = fail_msg("request %u: the placement does not fit in a notification", r->id);
+    return ok && send_msg(peer, tag, buf, (uint32_t)len);
+}
+
 int run_decode(const struct opts *o, const struct request *reqs)
 {
     g_role = "decode";
@@ -27,8 +55,6 @@ int run_decode(const struct opts *o, const struct request *reqs)
     kv_xport_peer *peer = NULL;
     kv_xport_mem *mem[N_GROUPS] = {0};
     bool exposed[N_GROUPS] = {0};
-    unsigned char blob[N_GROUPS][KV_XPORT_BLOB_MAX];
-    size_t blob_len[N_GROUPS] = {0};
     struct kv_xport_msg *msg = malloc(sizeof(*msg));
     bool ok = d && msg;
     if (!ok)
@@ -55,25 +81,7 @@ int run_decode(const struct opts *o, const struct request *reqs)
     const uint64_t t_start = now_ns();
     while (ok && done < o->requests) {
         while (ok && inflight < WINDOW && next < o->requests) {
-            const struct request *r = &reqs[next++];
-            struct placement pl;
-            if (!(ok = decode_place(d, r, &pl)))
-                break;
-            const uint32_t g = pl.group;
-            if (!exposed[g]) {
-                ok = ok_call(
-                    kv_xport_mem_expose(peer, mem[g], blob[g], sizeof(blob[g]), &blob_len[g]),
-                    "kv_xport_mem_expose");
-                exposed[g] = ok;
-                pl.blob = blob[g];
-                pl.blob_len = (uint32_t)blob_len[g];
-            }
-            unsigned char buf[KV_XPORT_NOTIFY_MAX];
-            size_t len = 0;
-            ok = ok && place_encode(&pl, buf, sizeof(buf), &len);
-            if (ok && len == 0)
-                ok = fail_msg("request %u: the placement does not fit in a notification", r->id);
-            ok = ok && send_msg(peer, TAG_PLACE, buf, (uint32_t)len);
+            ok = place_send(d, &reqs[next++], peer, mem, exposed, TAG_PLACE);
             inflight++;
         }
         if (!ok)
@@ -105,6 +113,15 @@ int run_decode(const struct opts *o, const struct request *reqs)
         inflight--;
         progress(++done, o->requests, t_start);
     }
+    /* layer by layer against whole-request, on the longest request without
+     * the shared prefix (prefill checks what a prefix request reuses) */
+    uint32_t lw = UINT32_MAX;
+    for (uint32_t i = 0; i < o->requests; i++)
+        if (!reqs[i].prefix && (lw == UINT32_MAX || reqs[i].n_tokens > reqs[lw].n_tokens))
+            lw = i;
+    if (ok && lw != UINT32_MAX)
+        ok = place_send(d, &reqs[lw], peer, mem, exposed, TAG_LAYERWISE) &&
+             decode_layerwise(d, x, peer, &reqs[lw]);
     if (peer && ok)
         ok = send_msg(peer, TAG_END, NULL, 0);
     for (uint32_t g = 0; ok && g < N_GROUPS; g++)

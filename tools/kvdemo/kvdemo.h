@@ -18,6 +18,7 @@
  *   transport.c     what both role processes do on the transport (connector/transport/kv_transport.h)
  *   decode_role.c   the decode process: listen, place requests, verify what arrives
  *   prefill_role.c  the prefill process: connect, write each placed request into decode
+ *   layerwise.c     layer by layer against whole-request on one request (kv_xport_layers.h)
  *   local.c         --local: both sides in one process, the transfer by kv_plan_copy
  *   main.c          the command line and the parent: start decode, then prefill, read
  *                   both reports, print the table
@@ -92,7 +93,7 @@ static inline float demo_bf16_to_f32(uint16_t b)
 #define XPORT_TOKEN UINT64_C(0x6b7664656d6f2121)
 
 /* Tags of the notifications between the roles. */
-enum { TAG_PLACE = 1, TAG_DONE = 2, TAG_FAILED = 3, TAG_END = 4 };
+enum { TAG_PLACE = 1, TAG_DONE = 2, TAG_FAILED = 3, TAG_END = 4, TAG_LAYERWISE = 5 };
 
 struct request {
     uint32_t id;
@@ -133,6 +134,10 @@ struct report {
     double attn_max_err;
     uint32_t id_min, id_max;                      /* decode block ids handed to prefill */
     uint64_t xg_bytes[N_GROUPS], xg_ns[N_GROUPS]; /* the transfer by decode layout */
+    /* layerwise.c, one request: from prefill's start until its last layer
+     * is acknowledged, with lw_c_ns of compute per layer; whole request
+     * (compute every layer, then one write) vs layer by layer */
+    uint64_t lw_bytes, lw_c_ns, lw_whole_ns, lw_layers_ns;
     char first_fail[512];
 };
 
@@ -257,5 +262,11 @@ bool xport_probe(const struct opts *o);
 int run_decode(const struct opts *o, const struct request *reqs);  /* decode_role.c */
 int run_prefill(const struct opts *o, const struct request *reqs); /* prefill_role.c */
 int run_local(uint64_t seed, bool fault, const struct request *reqs, uint32_t n_req); /* local.c */
+
+/* layerwise.c: the layer-by-layer comparison on one placed request */
+bool decode_layerwise(struct decode *d, kv_xport *x, kv_xport_peer *peer, const struct request *r);
+bool prefill_layerwise(struct prefill *p, const struct request *r, const struct placement *pl,
+                       const struct kv_layout *lo, kv_xport_peer *peer, kv_xport_mem *mem,
+                       kv_xport_rmem *rmem);
 
 #endif /* KVDEMO_H */

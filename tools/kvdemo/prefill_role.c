@@ -9,6 +9,8 @@
  * decode's blocks with a DONE notification behind them; prefill waits for
  * the transfer and frees its sequence. A transfer that is refused or does
  * not end DONE fails its request (FAILED to decode) rather than the run.
+ * A LAYERWISE placement (the last) runs the layer-by-layer comparison
+ * (layerwise.c).
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -39,6 +41,31 @@ static bool prefill_connect(kv_xport *x, uint16_t port, kv_xport_peer **peer)
     }
 }
 
+/* A placement from decode into *pl (blocks[] its block list), decode's
+ * layout into *lo, the group's exposure imported when it comes with it.
+ * 1: taken; 0: refused (decode was told FAILED; no failure of the run);
+ * -1: a failure. */
+static int placement_take(const struct opts *o, const struct request *reqs, kv_xport_peer *peer,
+                          kv_xport_rmem **rmem, const struct kv_xport_msg *msg,
+                          struct placement *pl, uint32_t *blocks, struct kv_layout *lo)
+{
+    char why[160];
+    if (!place_decode(msg->data, msg->len, pl, blocks, why, sizeof(why)))
+        return fail_msg("bad placement from decode: %s", why) ? 0 : -1;
+    unsigned char req_le[4];
+    le32_put(req_le, pl->req);
+    if (!place_accept(pl, reqs, o->requests, lo))
+        return pl->req < o->requests && send_msg(peer, TAG_FAILED, req_le, 4) ? 0 : -1;
+    const uint32_t g = pl->group;
+    if (pl->blob_len && !rmem[g] &&
+        !ok_call(kv_xport_rmem_import(peer, pl->blob, pl->blob_len, &rmem[g]),
+                 "kv_xport_rmem_import"))
+        return -1;
+    if (!rmem[g])
+        return fail_msg("request %u: no exposure of group %u's arena yet", pl->req, g) ? 0 : -1;
+    return 1;
+}
+
 /* One placement: write the request, post the plan's runs into decode's
  * blocks with the completion notification, wait, free. */
 static bool prefill_serve(struct prefill *p, const struct opts *o, const struct request *reqs,
@@ -47,21 +74,13 @@ static bool prefill_serve(struct prefill *p, const struct opts *o, const struct 
 {
     struct placement pl;
     uint32_t blocks[KV_XPORT_NOTIFY_MAX / 4];
-    char why[160];
-    if (!place_decode(msg->data, msg->len, &pl, blocks, why, sizeof(why)))
-        return fail_msg("bad placement from decode: %s", why);
     struct kv_layout lo;
     unsigned char req_le[4];
+    const int taken = placement_take(o, reqs, peer, rmem, msg, &pl, blocks, &lo);
+    if (taken <= 0)
+        return taken == 0;
     le32_put(req_le, pl.req);
-    if (!place_accept(&pl, reqs, o->requests, &lo))
-        return pl.req < o->requests ? send_msg(peer, TAG_FAILED, req_le, 4) : false;
     const uint32_t g = pl.group;
-    if (pl.blob_len && !rmem[g] &&
-        !ok_call(kv_xport_rmem_import(peer, pl.blob, pl.blob_len, &rmem[g]),
-                 "kv_xport_rmem_import"))
-        return false;
-    if (!rmem[g])
-        return fail_msg("request %u: no exposure of group %u's arena yet", pl.req, g);
     if (!plans[g] && !ok_call(kv_plan_create(p->s.lo, &lo, NULL, &plans[g]), "kv_plan_create"))
         return false;
     const struct request *r = &reqs[pl.req];
@@ -138,6 +157,15 @@ int run_prefill(const struct opts *o, const struct request *reqs)
             break;
         if (msg->tag == TAG_END)
             break;
+        if (msg->tag == TAG_LAYERWISE) {
+            struct placement pl;
+            uint32_t blocks[KV_XPORT_NOTIFY_MAX / 4];
+            struct kv_layout lo;
+            const int taken = placement_take(o, reqs, peer, rmem, msg, &pl, blocks, &lo);
+            ok = taken > 0 &&
+                 prefill_layerwise(p, &reqs[pl.req], &pl, &lo, peer, mem, rmem[pl.group]);
+            continue;
+        }
         if (msg->tag != TAG_PLACE) {
             ok = fail_msg("unexpected notification: tag %" PRIu64, msg->tag);
             break;

@@ -130,6 +130,8 @@ void report_write(int fd, const struct report *r)
     fprintf(f, "ids %u %u\n", r->id_min, r->id_max);
     for (int g = 0; g < N_GROUPS; g++)
         fprintf(f, "xgroup %d %" PRIu64 " %" PRIu64 "\n", g, r->xg_bytes[g], r->xg_ns[g]);
+    fprintf(f, "layerwise %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", r->lw_bytes,
+            r->lw_c_ns, r->lw_whole_ns, r->lw_layers_ns);
     if (r->first_fail[0])
         fprintf(f, "fail %s\n", r->first_fail);
     fclose(f);
@@ -163,6 +165,14 @@ bool report_read(int fd, struct report *r, bool take_requests)
                 r->requests_ok = b;
                 r->tokens = c;
                 r->xfer_bytes = e;
+            }
+        } else if (sscanf(line, "layerwise %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64, &a, &b,
+                          &c, &e) == 4) {
+            if (a) { /* prefill's: the only one that measures it */
+                r->lw_bytes = a;
+                r->lw_c_ns = b;
+                r->lw_whole_ns = c;
+                r->lw_layers_ns = e;
             }
         } else if (sscanf(line, "xgroup %d %" SCNu64 " %" SCNu64, &s, &a, &b) == 3 && s >= 0 &&
                    s < N_GROUPS) {
@@ -227,6 +237,18 @@ void print_table(const struct report *r, const char *how, double wall_s)
                    "", (double)r->xg_ns[g] / 1e6,
                    r->xg_ns[g] ? (double)r->xg_bytes[g] / (double)r->xg_ns[g] : 0.0);
         }
+    }
+    if (r->lw_bytes) {
+        const double w = (double)r->lw_whole_ns / 1e6, l = (double)r->lw_layers_ns / 1e6;
+        printf("\n  layer-wise transfer, one request of %.1f MiB, %d layers, compute %.2f ms per "
+               "layer (same run):\n",
+               (double)r->lw_bytes / 1048576.0, L_LAYERS, (double)r->lw_c_ns / 1e6);
+        printf("  %-24s %10.1f %8d %10.1f   compute all layers, then one write\n",
+               "  whole request", (double)r->lw_bytes / 1048576.0, 1, w);
+        printf("  %-24s %10.1f %8d %10.1f   post each layer once computed: %.1f ms saved "
+               "(%.2fx)\n",
+               "  layer by layer", (double)r->lw_bytes / 1048576.0, L_LAYERS, l, w - l,
+               w > 0 ? l / w : 0.0);
     }
     printf("\n  attention max |err| vs reference  %.3g (tolerance 1e-3 x (1 + |ref|))\n",
            r->attn_max_err);

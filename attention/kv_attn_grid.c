@@ -1,0 +1,164 @@
+/*
+ * kv_attn_grid.c - the attention kernels' CUDA bodies on the CPU grid
+ * emulator (kv_attn_grid_int.h): the launchers of kv_attn_cuda.cu with the
+ * uploads left out (the job's host arrays are read in place) and each
+ * <<<grid, block, shared>>> replaced by kv__grid_run over the same body.
+ */
+#include "kv_attn_grid_int.h"
+#include "kv_attn_kernels_hd.h"
+#include "kv_mem.h"
+
+static _Thread_local struct kv__grid_attn_last g_last;
+
+void kv__grid_attn_last(struct kv__grid_attn_last *out)
+{
+    *out = g_last;
+}
+
+struct move_arg {
+    const struct kv__cmove *m;
+    const struct kv__attn_run *runs;
+    const float *scale;
+    int vbytes;
+};
+
+static void move_bytes_thread(const struct kv_grid_ctx *c, const void *arg)
+{
+    const struct move_arg *a = arg;
+    kv__move_bytes_body(c, a->m, a->runs, a->vbytes);
+}
+
+static void move_convert_thread(const struct kv_grid_ctx *c, const void *arg)
+{
+    const struct move_arg *a = arg;
+    kv__move_convert_body(c, a->m, a->runs, a->scale);
+}
+
+static kv_status run(const char *fn, struct kv_grid_launch l,
+                     void (*body)(const struct kv_grid_ctx *, const void *), const void *arg,
+                     int vbytes)
+{
+    const kv_status st = kv__grid_run(fn, &l, body, arg);
+    if (st == KV_OK) {
+        g_last.launch = l;
+        g_last.vbytes = vbytes;
+    }
+    return st;
+}
+
+static kv_status move_one(const struct kv__attn_job *j, bool to_cache)
+{
+    struct kv__cmove m;
+    const bool bytes = kv__cmove_build(j, to_cache, &m);
+    const struct kv_grid_launch l = {(uint64_t)kv__attn_grid_of(m.n_items), KV__ATTN_THREADS, 0,
+                                     false};
+    struct move_arg a = {&m, j->runs, NULL, 0};
+    if (bytes) {
+        a.vbytes = kv__cmove_width(&m);
+        return run(j->fn, l, move_bytes_thread, &a, a.vbytes);
+    }
+    float scale[2 * 1024];
+    kv__cmove_scales(j, &m, scale);
+    a.scale = scale;
+    return run(j->fn, l, move_convert_thread, &a, 0);
+}
+
+kv_status kv__grid_attn_move(const struct kv__attn_job *j, bool to_cache)
+{
+    if (j->n_runs == 0)
+        return KV_OK;
+    if (!j->scale_layer_stride || j->n_layers == 1)
+        return move_one(j, to_cache);
+    for (uint32_t l = 0; l < j->n_layers; l++) {
+        struct kv__attn_job one;
+        kv__attn_job_layer(j, l, &one);
+        const kv_status st = move_one(&one, to_cache);
+        if (st != KV_OK)
+            return st;
+    }
+    return KV_OK;
+}
+
+struct copy_arg {
+    const struct kv__ccopy *p;
+    const struct kv__ccopy_ex *x;
+    int vbytes;
+};
+
+static void copy_thread(const struct kv_grid_ctx *c, const void *arg)
+{
+    const struct copy_arg *a = arg;
+    kv__copy_body(c, a->p, a->vbytes);
+}
+
+static void copy_ex_thread(const struct kv_grid_ctx *c, const void *arg)
+{
+    const struct copy_arg *a = arg;
+    kv__copy_ex_body(c, a->x, a->vbytes);
+}
+
+kv_status kv__grid_attn_copy(const struct kv__attn_job *j)
+{
+    if (j->n_copies == 0)
+        return KV_OK;
+    int64_t *offs = kv__mem_alloc((size_t)j->n_copies * 2 * sizeof(int64_t));
+    if (!offs)
+        return kv__error(KV_ERR_NO_MEMORY, "%s: %u copies", j->fn, j->n_copies);
+    struct kv__ccopy p;
+    struct copy_arg a = {&p, NULL, 1};
+    kv_status st = kv__ccopy_build(j, offs, &p, &a.vbytes);
+    if (st == KV_OK) {
+        const struct kv_grid_launch l = {(uint64_t)kv__attn_grid_of(p.n_items), KV__ATTN_THREADS, 0,
+                                         false};
+        st = run(j->fn, l, copy_thread, &a, a.vbytes);
+    }
+    kv__mem_free(offs);
+    return st;
+}
+
+kv_status kv__grid_attn_copy_ex(const struct kv__attn_job *j)
+{
+    if (j->n_copies == 0)
+        return KV_OK;
+    const int64_t n_units = kv__ccopy_ex_units(j);
+    int64_t *offs = kv__mem_alloc((size_t)n_units * 2 * sizeof(int64_t));
+    if (!offs)
+        return kv__error(KV_ERR_NO_MEMORY, "%s: %u copies", j->fn, j->n_copies);
+    struct kv__ccopy_ex x;
+    struct copy_arg a = {NULL, &x, 1};
+    kv__ccopy_ex_build(j, offs, &x, &a.vbytes);
+    const struct kv_grid_launch l = {(uint64_t)kv__attn_grid_of(x.n_items), KV__ATTN_THREADS, 0,
+                                     false};
+    const kv_status st = run(j->fn, l, copy_ex_thread, &a, a.vbytes);
+    kv__mem_free(offs);
+    return st;
+}
+
+static void decode_thread(const struct kv_grid_ctx *c, const void *arg)
+{
+    kv__decode_body(c, arg);
+}
+
+kv_status kv__grid_attn_decode(const struct kv__attn_job *j)
+{
+    static const char fn[] = "kv_attn_decode_cuda";
+    if (j->n_seqs == 0)
+        return KV_OK;
+    struct kv__cdec p;
+    size_t shmem = 0;
+    kv_status st = kv__cdec_build(j, fn, &p, &shmem);
+    if (st != KV_OK)
+        return st;
+    float scales[2 * 1024];
+    kv__cdec_scales(j, &p, scales);
+    p.page_ids = j->page_ids;
+    p.page_start = j->page_start;
+    p.seq_tokens = j->seq_tokens;
+    p.scales = scales;
+    const int64_t blocks = (int64_t)j->n_seqs * p.lo.num_heads;
+    if (blocks > INT32_MAX)
+        return kv__error(KV_ERR_UNSUPPORTED, "%s: %lld (sequence, head) pairs", fn,
+                         (long long)blocks);
+    const struct kv_grid_launch l = {(uint64_t)blocks, (uint64_t)(32 * p.warps), shmem, true};
+    return run(fn, l, decode_thread, &p, 0);
+}

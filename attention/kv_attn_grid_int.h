@@ -1,0 +1,35 @@
+/*
+ * kv_attn_grid_int.h - the attention kernels' CUDA bodies run on the CPU
+ * grid emulator (kvcache/kv_grid_hd.h), for the tests (module-private).
+ *
+ * Each call takes a job from the kernels' validator, exactly as the CUDA
+ * launcher of the same name in kv_attn_cuda_int.h does (and, for moves, the
+ * per-layer split of kv_attn_gpu.c), builds the same launch parameters
+ * (kv_attn_kernels_hd.h), and runs the same kernel body over every (block,
+ * thread) of that launch, on host memory: the cache, tensors and index
+ * arrays of the job are read and written in place. Returns KV_OK, the
+ * launcher's own refusals (decode: KV_ERR_UNSUPPORTED past the shared
+ * memory limit), or the emulator's (KV_ERR_INVALID_ARG for a launch CUDA
+ * refuses, KV_ERR_DEVICE for a kernel fault: misaligned vector, divergent
+ * barrier, a write past shared memory).
+ */
+#ifndef KV_ATTN_GRID_INT_H
+#define KV_ATTN_GRID_INT_H
+
+#include "kv_attn_int.h"
+#include "kv_grid_hd.h"
+
+kv_status kv__grid_attn_move(const struct kv__attn_job *job, bool to_cache);
+kv_status kv__grid_attn_copy(const struct kv__attn_job *job);
+kv_status kv__grid_attn_copy_ex(const struct kv__attn_job *job);
+kv_status kv__grid_attn_decode(const struct kv__attn_job *job);
+
+/* The launch of the last successful call on this thread (for tests: which
+ * width and grid ran). */
+struct kv__grid_attn_last {
+    struct kv_grid_launch launch;
+    int vbytes; /* 0: a converting move or decode */
+};
+void kv__grid_attn_last(struct kv__grid_attn_last *out);
+
+#endif /* KV_ATTN_GRID_INT_H */

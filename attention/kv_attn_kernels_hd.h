@@ -1,0 +1,461 @@
+/*
+ * kv_attn_kernels_hd.h - the attention module's CUDA kernel bodies and
+ * their launch parameters, one source for the GPU and the CPU grid
+ * emulator (kvcache/kv_grid_hd.h).
+ *
+ * kv_attn_cuda.cu wraps each body in a __global__ function that fills a
+ * struct kv_grid_ctx from the built-ins; kv_attn_grid.c runs the same body
+ * over every (block, thread) of the same launch on the CPU, for the tests
+ * (tests/unit/test_grid.c). The launch parameters (the structs below, the
+ * vector width, the grid, the shared memory) are built by the host
+ * functions at the end of this file, called by both launchers.
+ *
+ *   move    one CUDA block per (run, layer) item (grid-stride); its threads
+ *           walk the run's [n][H][D] elements: as vbytes-wide vectors when
+ *           the dtypes agree without scales (kv__move_bytes_body), through
+ *           f32 otherwise (kv__move_convert_body)
+ *   copy    one CUDA block per (block pair, byte run), vector copies
+ *   copy_ex one per (pair, layer, storage block) or, one plane of packed
+ *           K|V, per half head row
+ *   decode  one CUDA block per (sequence, KV head); each warp takes every
+ *           warps-th token, lanes split the head dim, an online softmax per
+ *           warp and query head in shared memory, merged at the end
+ *
+ * Header tier *_hd.h (module-private in practice: attention/ and its tests).
+ */
+#ifndef KV_ATTN_KERNELS_HD_H
+#define KV_ATTN_KERNELS_HD_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kv_attn_int.h"
+#include "kv_convert_hd.h"
+#include "kv_grid_hd.h"
+#include "kv_layout_hd.h"
+
+#define KV__ATTN_THREADS 256
+#define KV__ATTN_MAX_GRID (1 << 20)
+#define KV__DEC_WARPS 4
+#define KV__SHARED_MAX (48 << 10)
+
+/* ---- move (write and read) ----------------------------------------------------- */
+
+struct kv__cside {
+    char *base;
+    int64_t layer, tok, head, dim; /* bytes */
+    kv_dtype dt;
+};
+
+struct kv__cmove {
+    struct kv_layout lo;
+    char *cache;
+    struct kv__cside t[2];
+    int has[2];
+    int raw[2]; /* K, V: no scales and the cache's dtype (moved as bytes) */
+    uint32_t layer0, n_layers;
+    int64_t n_items;
+    int to_cache;
+    int per_head;
+    int64_t n_mul;
+};
+
+/* The dtypes agree without scales: bytes in vectors of vbytes. */
+KV_HD void kv__move_bytes_body(const struct kv_grid_ctx *c, const struct kv__cmove *m,
+                               const struct kv__attn_run *runs, int vbytes)
+{
+    const int64_t H = m->lo.num_heads, row_vecs = m->lo.head_dim * m->lo.elem_bytes / vbytes;
+    for (int64_t item = c->block; item < m->n_items; item += c->grid_dim) {
+        const struct kv__attn_run r = runs[item / m->n_layers];
+        const uint32_t lrel = (uint32_t)(item % m->n_layers);
+        const int64_t total = r.n * H * row_vecs;
+        for (int kv = 0; kv < 2; kv++) {
+            if (!m->has[kv])
+                continue;
+            const struct kv__cside t = m->t[kv];
+            char *c0 = m->cache + kv_layout_slot_offset_bytes(&m->lo, m->layer0 + lrel, kv, r.slot);
+            char *t0 = t.base + (int64_t)lrel * t.layer + r.token * t.tok;
+            /* the tensor's head dim is contiguous here unless V is one element */
+            const int64_t tstep = t.dim == m->lo.elem_bytes ? (int64_t)vbytes : t.dim;
+            for (int64_t i = c->thread; i < total; i += c->block_dim) {
+                const int64_t row = i / row_vecs, vi = i - row * row_vecs;
+                const int64_t tk = row / H, h = row - tk * H;
+                char *cp = c0 + tk * m->lo.stride_token_bytes + h * m->lo.stride_head_bytes +
+                           vi * (int64_t)vbytes;
+                char *x = t0 + tk * t.tok + h * t.head + vi * tstep;
+                if (m->to_cache)
+                    kv_grid_move(c, cp, x, vbytes);
+                else
+                    kv_grid_move(c, x, cp, vbytes);
+            }
+        }
+    }
+}
+
+/* Through f32: scale [2][n_mul], x / scale on the way in, x * scale out. */
+KV_HD void kv__move_convert_body(const struct kv_grid_ctx *c, const struct kv__cmove *m,
+                                 const struct kv__attn_run *runs, const float *scale)
+{
+    const int64_t H = m->lo.num_heads, D = m->lo.head_dim, es = m->lo.elem_bytes;
+    for (int64_t item = c->block; item < m->n_items; item += c->grid_dim) {
+        const struct kv__attn_run r = runs[item / m->n_layers];
+        const uint32_t lrel = (uint32_t)(item % m->n_layers);
+        const int64_t total = r.n * H * D;
+        for (int kv = 0; kv < 2; kv++) {
+            if (!m->has[kv])
+                continue;
+            const struct kv__cside t = m->t[kv];
+            char *c0 = m->cache + kv_layout_slot_offset_bytes(&m->lo, m->layer0 + lrel, kv, r.slot);
+            char *t0 = t.base + (int64_t)lrel * t.layer + r.token * t.tok;
+            for (int64_t i = c->thread; i < total; i += c->block_dim) {
+                const int64_t row = i / D, d = i - row * D;
+                const int64_t tk = row / H, h = row - tk * H;
+                const float f = scale[kv * m->n_mul + (m->per_head ? h : 0)];
+                char *cp =
+                    c0 + tk * m->lo.stride_token_bytes + h * m->lo.stride_head_bytes + d * es;
+                char *x = t0 + tk * t.tok + h * t.head + d * t.dim;
+                if (m->raw[kv])
+                    memcpy(m->to_cache ? cp : x, m->to_cache ? x : cp, (size_t)es);
+                else if (m->to_cache)
+                    kv_from_f32(m->lo.dtype, kv_apply_scale(kv_to_f32(t.dt, x), f, true), cp);
+                else
+                    kv_from_f32(t.dt, kv_apply_scale(kv_to_f32(m->lo.dtype, cp), f, false), x);
+            }
+        }
+    }
+}
+
+/* ---- copy blocks ---------------------------------------------------------------- */
+
+/* Item i of n_items: copy c = i / run_count, run r = i % run_count, from
+ * base + offs[2c] + r * run_stride to base + offs[2c + 1] + r * run_stride. */
+struct kv__ccopy {
+    char *base;
+    const int64_t *offs; /* [n][2]: src, dst */
+    int64_t n_items, run_count, run_stride, run_bytes;
+};
+
+KV_HD void kv__copy_body(const struct kv_grid_ctx *c, const struct kv__ccopy *p, int vbytes)
+{
+    const int64_t vecs = p->run_bytes / vbytes;
+    for (int64_t item = c->block; item < p->n_items; item += c->grid_dim) {
+        const int64_t cp = item / p->run_count, r = item - cp * p->run_count;
+        const char *src = p->base + p->offs[2 * cp] + r * p->run_stride;
+        char *dst = p->base + p->offs[2 * cp + 1] + r * p->run_stride;
+        for (int64_t i = c->thread; i < vecs; i += c->block_dim)
+            kv_grid_move(c, dst + i * vbytes, src + i * vbytes, vbytes);
+    }
+}
+
+/* A copy of layers and planes, within one cache or between two (the same
+ * block format): unit u moves rows of row_bytes from src + offs[2 u] to dst
+ * + offs[2 u + 1], a whole storage block (rows 1) or, for one plane of a
+ * packed K|V block, its N x H half rows (row r: token r / H, head r % H,
+ * the same in-block offset on both sides). */
+struct kv__ccopy_ex {
+    char *dst;
+    const char *src;
+    const int64_t *offs; /* [units][2] */
+    int64_t n_items, rows, H, tok, head, row_bytes;
+};
+
+KV_HD void kv__copy_ex_body(const struct kv_grid_ctx *c, const struct kv__ccopy_ex *p, int vbytes)
+{
+    const int64_t vecs = p->row_bytes / vbytes;
+    for (int64_t item = c->block; item < p->n_items; item += c->grid_dim) {
+        const int64_t u = item / p->rows, r = item - u * p->rows;
+        const int64_t in = p->rows == 1 ? 0 : (r / p->H) * p->tok + (r % p->H) * p->head;
+        const char *sp = p->src + p->offs[2 * u] + in;
+        char *dp = p->dst + p->offs[2 * u + 1] + in;
+        for (int64_t i = c->thread; i < vecs; i += c->block_dim)
+            kv_grid_move(c, dp + i * vbytes, sp + i * vbytes, vbytes);
+    }
+}
+
+/* ---- decode attention -------------------------------------------------------------- */
+
+struct kv__cdec {
+    struct kv_layout lo;
+    const char *cache;
+    uint32_t layer;
+    struct kv__cside q, out;
+    int64_t g, pt;
+    float softmax_scale;
+    const int32_t *page_ids;
+    const int64_t *page_start, *seq_tokens;
+    const float *scales; /* [2][n_mul] */
+    int64_t n_mul;
+    int warps;
+};
+
+/* Shared memory: q [g][D], acc [warps][g][D], m then l [warps][2][g]
+ * (floats). Synchronizes: launch with 32 * warps threads. */
+KV_HD void kv__decode_body(const struct kv_grid_ctx *c, const struct kv__cdec *p)
+{
+    float *sh = (float *)c->shared;
+    const int64_t H = p->lo.num_heads, D = p->lo.head_dim, g = p->g, es = p->lo.elem_bytes;
+    const int64_t s = c->block / H, h = c->block - s * H;
+    const int warp = (int)(c->thread / 32), lane = (int)(c->thread % 32);
+    float *q = sh;                      /* [g][D] */
+    float *acc = q + g * D;             /* [warps][g][D] */
+    float *ml = acc + p->warps * g * D; /* [warps][2][g]: m then l */
+    for (int64_t i = c->thread; i < g * D; i += c->block_dim) {
+        const int64_t qi = i / D, d = i - qi * D;
+        q[i] =
+            kv_to_f32(p->q.dt, p->q.base + s * p->q.tok + (h * g + qi) * p->q.head + d * p->q.dim) *
+            p->softmax_scale;
+    }
+    for (int64_t i = c->thread; i < p->warps * g * D; i += c->block_dim)
+        acc[i] = 0.0f;
+    for (int64_t i = c->thread; i < p->warps * g; i += c->block_dim) {
+        const int64_t w = i / g, qi = i - w * g;
+        ml[w * 2 * g + qi] = -INFINITY;
+        ml[w * 2 * g + g + qi] = 0.0f;
+    }
+    kv_grid_sync(c);
+    const float ks = p->scales[p->n_mul > 1 ? h : 0],
+                vs = p->scales[p->n_mul + (p->n_mul > 1 ? h : 0)];
+    const int64_t n_tok = p->seq_tokens[s];
+    const int32_t *pages = p->page_ids + p->page_start[s];
+    float *wacc = acc + warp * g * D, *wm = ml + warp * 2 * g, *wl = wm + g;
+    for (int64_t t = warp; t < n_tok; t += p->warps) {
+        const int64_t slot = kv_attn_page_slot(pages[t / p->pt], p->pt, t % p->pt);
+        const char *kb = p->cache + kv_layout_slot_offset_bytes(&p->lo, p->layer, 0, slot) +
+                         h * p->lo.stride_head_bytes;
+        const char *vb = kb + p->lo.stride_kv_bytes;
+        for (int64_t qi = 0; qi < g; qi++) {
+            float part = 0.0f;
+            for (int64_t d = lane; d < D; d += 32)
+                part += q[qi * D + d] * kv_to_f32(p->lo.dtype, kb + d * es);
+            const float sc = kv_grid_warp_sum(c, part) * ks;
+            const float m0 = wm[qi], l0 = wl[qi];
+            const float m1 = fmaxf(m0, sc);
+            const float corr = m0 == -INFINITY ? 0.0f : kv_grid_expf(m0 - m1);
+            const float w = kv_grid_expf(sc - m1);
+            for (int64_t d = lane; d < D; d += 32)
+                wacc[qi * D + d] =
+                    wacc[qi * D + d] * corr + w * vs * kv_to_f32(p->lo.dtype, vb + d * es);
+            kv_grid_syncwarp(c);
+            if (lane == 0) {
+                wm[qi] = m1;
+                wl[qi] = l0 * corr + w;
+            }
+            kv_grid_syncwarp(c);
+        }
+    }
+    kv_grid_sync(c);
+    for (int64_t i = c->thread; i < g * D; i += c->block_dim) {
+        const int64_t qi = i / D, d = i - qi * D;
+        float M = -INFINITY;
+        for (int w = 0; w < p->warps; w++)
+            M = fmaxf(M, ml[w * 2 * g + qi]);
+        float L = 0.0f, A = 0.0f;
+        for (int w = 0; w < p->warps; w++) {
+            const float mw = ml[w * 2 * g + qi];
+            if (mw == -INFINITY)
+                continue;
+            const float f = kv_grid_expf(mw - M);
+            L += ml[w * 2 * g + g + qi] * f;
+            A += acc[(w * g + qi) * D + d] * f;
+        }
+        kv_from_f32(p->out.dt, L > 0.0f ? A / L : 0.0f,
+                    p->out.base + s * p->out.tok + (h * g + qi) * p->out.head + d * p->out.dim);
+    }
+}
+
+/* ---- launch parameters (host code, shared by the two launchers) ------------------- */
+
+static inline int kv__attn_grid_of(int64_t items)
+{
+    return (int)(items < KV__ATTN_MAX_GRID ? (items > 0 ? items : 1) : KV__ATTN_MAX_GRID);
+}
+
+/* The move of job j; returns whether it moves bytes (kv__move_bytes_body)
+ * rather than converting. */
+static inline bool kv__cmove_build(const struct kv__attn_job *j, bool to_cache, struct kv__cmove *m)
+{
+    memset(m, 0, sizeof(*m));
+    m->lo = j->cache.layout;
+    m->cache = (char *)j->cache.base;
+    m->layer0 = j->layer0;
+    m->n_layers = j->n_layers;
+    m->n_items = j->n_runs * (int64_t)j->n_layers;
+    m->to_cache = to_cache;
+    for (int kv = 0; kv < 2; kv++) {
+        const struct kv__attn_tensor *t = kv ? &j->v : &j->k;
+        m->has[kv] = kv ? j->has_v : j->has_k;
+        m->t[kv].base = t->base;
+        m->t[kv].layer = t->layer_stride;
+        m->t[kv].tok = t->token_stride;
+        m->t[kv].head = t->head_stride;
+        m->t[kv].dim = t->dim_stride;
+        m->t[kv].dt = t->dtype;
+    }
+    for (int kv = 0; kv < 2; kv++)
+        m->raw[kv] = j->n_scales == 0 && m->t[kv].dt == m->lo.dtype;
+    m->n_mul = j->n_scales > 1 ? j->n_scales : 1;
+    m->per_head = j->n_scales > 1;
+    return (!m->has[0] || m->raw[0]) && (!m->has[1] || m->raw[1]);
+}
+
+/* The scales of a converting move: scale [2][n_mul] (1 without). */
+static inline void kv__cmove_scales(const struct kv__attn_job *j, const struct kv__cmove *m,
+                                    float *scale)
+{
+    for (int64_t h = 0; h < m->n_mul; h++) {
+        scale[h] = j->k_scale ? j->k_scale[h] : 1.0f;
+        scale[m->n_mul + h] = j->v_scale ? j->v_scale[h] : 1.0f;
+    }
+}
+
+/* The widest vector every address of a bytes move is aligned to. */
+static inline int kv__cmove_width(const struct kv__cmove *m)
+{
+    const struct kv_layout *lo = &m->lo;
+    uint64_t bits = (uint64_t)(lo->head_dim * lo->elem_bytes) | (uint64_t)(uintptr_t)m->cache |
+                    (uint64_t)lo->stride_layer_bytes | (uint64_t)lo->stride_kv_bytes |
+                    (uint64_t)lo->stride_block_bytes | (uint64_t)lo->stride_token_bytes |
+                    (uint64_t)lo->stride_head_bytes;
+    for (int kv = 0; kv < 2; kv++) {
+        if (!m->has[kv])
+            continue;
+        const struct kv__cside *t = &m->t[kv];
+        if (t->dim != lo->elem_bytes)
+            return (int)lo->elem_bytes; /* strided head dim: element by element */
+        bits |= (uint64_t)(uintptr_t)t->base | (uint64_t)t->layer | (uint64_t)t->tok |
+                (uint64_t)t->head;
+    }
+    for (int w = 16; w > (int)lo->elem_bytes; w /= 2)
+        if ((bits & (uint64_t)(w - 1)) == 0)
+            return w;
+    return (int)lo->elem_bytes;
+}
+
+/* Decode of job j: the parameters (index arrays and scales left NULL for
+ * the launcher to point at its copies), the shared memory per block and
+ * the block size; KV_ERR_UNSUPPORTED when even one warp's shared memory
+ * exceeds KV__SHARED_MAX. */
+static inline kv_status kv__cdec_build(const struct kv__attn_job *j, const char *fn,
+                                       struct kv__cdec *p, size_t *shmem)
+{
+    memset(p, 0, sizeof(*p));
+    p->lo = j->cache.layout;
+    p->cache = (const char *)j->cache.base;
+    p->layer = j->layer0;
+    p->q.base = j->q.base;
+    p->q.tok = j->q.token_stride;
+    p->q.head = j->q.head_stride;
+    p->q.dim = j->q.dim_stride;
+    p->q.dt = j->q.dtype;
+    p->out.base = j->out.base;
+    p->out.tok = j->out.token_stride;
+    p->out.head = j->out.head_stride;
+    p->out.dim = j->out.dim_stride;
+    p->out.dt = j->out.dtype;
+    p->g = j->q_heads / p->lo.num_heads;
+    p->pt = j->page_tokens;
+    p->softmax_scale = j->softmax_scale;
+    p->n_mul = j->n_scales > 1 ? j->n_scales : 1;
+    /* shared memory: q [g][D] + acc [warps][g][D] + m, l [warps][g] */
+    const int64_t gd = p->g * p->lo.head_dim;
+    p->warps = KV__DEC_WARPS;
+    while (p->warps > 1 && (gd + p->warps * (gd + 2 * p->g)) * 4 > KV__SHARED_MAX)
+        p->warps--;
+    *shmem = (size_t)(gd + p->warps * (gd + 2 * p->g)) * sizeof(float);
+    if (*shmem > KV__SHARED_MAX)
+        return kv__error(KV_ERR_UNSUPPORTED,
+                         "%s: %lld query heads per KV head x D %lld need %zu bytes of shared "
+                         "memory (at most %d)",
+                         fn, (long long)p->g, (long long)p->lo.head_dim, *shmem, KV__SHARED_MAX);
+    return KV_OK;
+}
+
+/* The decode scales [2][n_mul] (1 without). */
+static inline void kv__cdec_scales(const struct kv__attn_job *j, const struct kv__cdec *p,
+                                   float *scales)
+{
+    for (int64_t h = 0; h < p->n_mul; h++) {
+        scales[h] = j->k_scale ? j->k_scale[h] : 1.0f;
+        scales[p->n_mul + h] = j->v_scale ? j->v_scale[h] : 1.0f;
+    }
+}
+
+/* The copy of job j (kv_attn_copy_blocks: whole blocks of one cache):
+ * offs [n_copies][2] (caller's, filled), *p, and the vector width (16, 8,
+ * 4 or 1 bytes: what every offset, the run length and stride allow). */
+static inline kv_status kv__ccopy_build(const struct kv__attn_job *j, int64_t *offs,
+                                        struct kv__ccopy *p, int *vbytes)
+{
+    const struct kv_layout *lo = &j->cache.layout;
+    struct kv_byte_runs rs = {0, 0, 0, 0}, rd;
+    uint64_t bits = (uint64_t)(uintptr_t)j->cache.base;
+    for (uint32_t i = 0; i < j->n_copies; i++) {
+        /* ids were validated: block_runs cannot fail */
+        if (kv_layout_block_runs(lo, j->copies[i].src, &rs) != KV_OK ||
+            kv_layout_block_runs(lo, j->copies[i].dst, &rd) != KV_OK)
+            return kv__error(KV_ERR_INTERNAL, "%s: block runs of copy %u", j->fn, i);
+        offs[2 * i] = rs.first_offset_bytes;
+        offs[2 * i + 1] = rd.first_offset_bytes;
+        bits |= (uint64_t)rs.first_offset_bytes | (uint64_t)rd.first_offset_bytes;
+    }
+    bits |= (uint64_t)rs.run_bytes | (uint64_t)rs.run_stride_bytes;
+    p->base = (char *)j->cache.base;
+    p->offs = offs;
+    p->n_items = (int64_t)j->n_copies * rs.run_count;
+    p->run_count = rs.run_count;
+    p->run_stride = rs.run_stride_bytes;
+    p->run_bytes = rs.run_bytes;
+    *vbytes = (bits & 15) == 0 ? 16 : (bits & 7) == 0 ? 8 : (bits & 3) == 0 ? 4 : 1;
+    return KV_OK;
+}
+
+/* Units of a copy_ex job: n_copies x n_layers x (2 planes, or 1). */
+static inline int64_t kv__ccopy_ex_units(const struct kv__attn_job *j)
+{
+    const struct kv_layout *dl = &j->cache.layout;
+    const int64_t units = dl->kv_packed ? 1 : (j->planes == KV_ATTN_PLANES_KV ? 2 : 1);
+    return (int64_t)j->n_copies * j->n_layers * units;
+}
+
+/* The copy_ex of job j: offs [kv__ccopy_ex_units][2] (caller's, filled), *p
+ * and the vector width (16, 8, 4, 2 or 1 bytes). */
+static inline void kv__ccopy_ex_build(const struct kv__attn_job *j, int64_t *offs,
+                                      struct kv__ccopy_ex *p, int *vbytes)
+{
+    const struct kv_layout *dl = &j->cache.layout, *sl = &j->src.layout;
+    const bool halves = dl->kv_packed && j->planes != KV_ATTN_PLANES_KV;
+    const int64_t units = dl->kv_packed ? 1 : (j->planes == KV_ATTN_PLANES_KV ? 2 : 1);
+    const int kv0 = j->planes == KV_ATTN_PLANE_V ? 1 : 0;
+    const int64_t per_copy = (int64_t)j->n_layers * units, n_units = kv__ccopy_ex_units(j);
+    uint64_t bits = (uint64_t)(uintptr_t)j->cache.base | (uint64_t)(uintptr_t)j->src.base;
+    for (int64_t u = 0; u < n_units; u++) {
+        const struct kv_block_copy *cp = &j->copies[u / per_copy];
+        const int64_t r = u % per_copy;
+        const uint32_t l = j->layer0 + (uint32_t)(r / units);
+        const int kv = halves ? kv0 : (dl->kv_packed ? 0 : kv0 + (int)(r % units));
+        offs[2 * u] = kv_layout_slot_offset_bytes(sl, l, kv, (int64_t)cp->src * sl->block_tokens);
+        offs[2 * u + 1] =
+            kv_layout_slot_offset_bytes(dl, l, kv, (int64_t)cp->dst * dl->block_tokens);
+        bits |= (uint64_t)offs[2 * u] | (uint64_t)offs[2 * u + 1];
+    }
+    p->rows = halves ? dl->block_tokens * dl->num_heads : 1;
+    p->row_bytes = halves ? dl->head_dim * dl->elem_bytes : dl->block_bytes;
+    p->H = dl->num_heads;
+    p->tok = dl->stride_token_bytes;
+    p->head = dl->stride_head_bytes;
+    p->dst = (char *)j->cache.base;
+    p->src = (const char *)j->src.base;
+    p->offs = offs;
+    p->n_items = n_units * p->rows;
+    bits |= (uint64_t)p->row_bytes;
+    if (halves)
+        bits |= (uint64_t)p->tok | (uint64_t)p->head;
+    *vbytes = (bits & 15) == 0  ? 16
+              : (bits & 7) == 0 ? 8
+              : (bits & 3) == 0 ? 4
+              : (bits & 1) == 0 ? 2
+                                : 1;
+}
+
+#endif /* KV_ATTN_KERNELS_HD_H */

@@ -1,0 +1,179 @@
+/*
+ * kv_grid_hd.h - what a CUDA kernel body sees of its launch, on the GPU and
+ * in the CPU grid emulator (kv_grid.c): one source for both.
+ *
+ * Every CUDA kernel of the library is a per-thread body, a KV_HD function
+ * taking `const struct kv_grid_ctx *` first, plus a thin __global__ wrapper
+ * that fills the context from the built-ins and calls the body. The tests
+ * run the same body over every (block, thread) of a launch on the CPU
+ * (kv__grid_launch), so the code a GPU runs is tested on every CI run.
+ *
+ *   body reads            on the GPU               in the emulator
+ *   c->block, c->thread   blockIdx.x, threadIdx.x  the (block, thread) it runs
+ *   c->block_dim, grid    blockDim.x, gridDim.x    the launch's
+ *   c->shared             extern __shared__        shared_bytes per block,
+ *                                                  garbage-filled, guarded
+ *   kv_grid_sync          __syncthreads()          every thread of the block
+ *                                                  meets there (fibers)
+ *   kv_grid_syncwarp      __syncwarp()             the 32 lanes meet
+ *   kv_grid_warp_sum      xor-butterfly of         the same butterfly over
+ *                         __shfl_xor_sync          the emulated lanes, in the
+ *                                                  same order (same floats)
+ *   kv_grid_move          one V load + store       memcpy, refused (a fault)
+ *                         (16/8/4/2/1 bytes)       unless both aligned to V
+ *   kv_grid_expf          __expf                   expf
+ *
+ * The emulator is at least as strict as the GPU: it refuses a launch CUDA
+ * refuses (block size 0 or > 1024, grid size 0 or > 2^31 - 1, dynamic
+ * shared memory > 48 KiB without opt-in, which no kernel here takes), and
+ * it reports as a fault what is undefined on the GPU: a barrier some threads
+ * of the block skip (or reach after others exited), a warp operation not
+ * all 32 lanes reach together (partial warps included), a misaligned vector
+ * access, a write past the block's dynamic shared memory, and a barrier in a
+ * kernel launched as barrier-free. Only 1-D launches (x): every kernel here.
+ */
+#ifndef KV_GRID_HD_H
+#define KV_GRID_HD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kv_status.h"
+#include "kv_view_hd.h"
+
+#if !defined(__CUDA_ARCH__)
+#include <math.h>
+#endif
+
+#define KV_GRID_MAX_BLOCK 1024u               /* threads per block */
+#define KV_GRID_MAX_GRID 2147483647u          /* blocks, x */
+#define KV_GRID_MAX_SHARED ((size_t)48 << 10) /* dynamic shared bytes, no opt-in */
+#define KV_GRID_WARP 32u
+
+/* One thread's view of its launch (1-D). emu: the emulator's state, NULL on
+ * the GPU. */
+struct kv_grid_ctx {
+    uint32_t block, thread;       /* blockIdx.x, threadIdx.x */
+    uint32_t block_dim, grid_dim; /* blockDim.x, gridDim.x */
+    void *shared;                 /* the block's dynamic shared memory */
+    void *emu;
+};
+
+#if !defined(__CUDA_ARCH__)
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* The emulator's side of the synchronizing operations (kv_grid.c). */
+void kv__grid_sync(const struct kv_grid_ctx *c);
+void kv__grid_syncwarp(const struct kv_grid_ctx *c);
+float kv__grid_warp_sum(const struct kv_grid_ctx *c, float x);
+void kv__grid_fault(const struct kv_grid_ctx *c, const char *what, uint64_t a, uint64_t b);
+
+/* A 1-D launch: grid blocks of block threads, shared_bytes of dynamic
+ * shared memory per block; barriers: whether the body synchronizes
+ * (kv_grid_sync, kv_grid_syncwarp, kv_grid_warp_sum): its threads then run
+ * as fibers that meet at each barrier, else one after another. */
+struct kv_grid_launch {
+    uint64_t grid, block;
+    size_t shared_bytes;
+    bool barriers;
+};
+
+/* Run body(ctx, arg) for every (block, thread) of the launch on the CPU,
+ * block after block. KV_ERR_INVALID_ARG for a launch CUDA refuses (naming
+ * the value and the limit), KV_ERR_DEVICE for the first fault of the body
+ * (which one, block, thread and the values; the launch stops there), else
+ * KV_OK. fn names the caller in messages. Thread-safe: the state is per
+ * call (and per host thread), so launches on different threads are
+ * independent. */
+kv_status kv__grid_run(const char *fn, const struct kv_grid_launch *l,
+                       void (*body)(const struct kv_grid_ctx *c, const void *arg), const void *arg);
+#ifdef __cplusplus
+}
+#endif
+#endif
+
+/* __syncthreads(): every thread of the block, none skipping it. */
+KV_HD void kv_grid_sync(const struct kv_grid_ctx *c)
+{
+#if defined(__CUDA_ARCH__)
+    (void)c;
+    __syncthreads();
+#else
+    kv__grid_sync(c);
+#endif
+}
+
+/* __syncwarp(): all 32 lanes of the warp. */
+KV_HD void kv_grid_syncwarp(const struct kv_grid_ctx *c)
+{
+#if defined(__CUDA_ARCH__)
+    (void)c;
+    __syncwarp();
+#else
+    kv__grid_syncwarp(c);
+#endif
+}
+
+/* The sum of x over the 32 lanes of the warp, in every lane: the butterfly
+ * x += shfl_xor(x, o), o = 16, 8, 4, 2, 1 (the emulator adds in the same
+ * order, so it gets the GPU's floats). */
+KV_HD float kv_grid_warp_sum(const struct kv_grid_ctx *c, float x)
+{
+#if defined(__CUDA_ARCH__)
+    (void)c;
+    for (int o = 16; o > 0; o >>= 1)
+        x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+#else
+    return kv__grid_warp_sum(c, x);
+#endif
+}
+
+/* One aligned vector move of `bytes` (16, 8, 4, 2 or 1) from src to dst. */
+KV_HD void kv_grid_move(const struct kv_grid_ctx *c, void *dst, const void *src, int bytes)
+{
+#if defined(__CUDA_ARCH__)
+    (void)c;
+    switch (bytes) {
+    case 16:
+        *(uint4 *)dst = *(const uint4 *)src;
+        break;
+    case 8:
+        *(uint2 *)dst = *(const uint2 *)src;
+        break;
+    case 4:
+        *(uint32_t *)dst = *(const uint32_t *)src;
+        break;
+    case 2:
+        *(uint16_t *)dst = *(const uint16_t *)src;
+        break;
+    default:
+        *(uint8_t *)dst = *(const uint8_t *)src;
+        break;
+    }
+#else
+    if ((((uintptr_t)dst | (uintptr_t)src) & (uintptr_t)(bytes - 1)) != 0) {
+        kv__grid_fault(
+            c, "misaligned vector access (address, bytes)",
+            (uint64_t)(((uintptr_t)dst & (uintptr_t)(bytes - 1)) ? (uintptr_t)dst : (uintptr_t)src),
+            (uint64_t)bytes);
+        return;
+    }
+    memcpy(dst, src, (size_t)bytes);
+#endif
+}
+
+/* __expf on the GPU (fast, approximate), expf in the emulator. */
+KV_HD float kv_grid_expf(float x)
+{
+#if defined(__CUDA_ARCH__)
+    return __expf(x);
+#else
+    return expf(x);
+#endif
+}
+
+#endif /* KV_GRID_HD_H */

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# scripts/check-mutations.sh - show that the emulated-grid tests catch bugs
+# in the CUDA kernel bodies (tests/unit/test_grid.c over the *_kernels_hd.h
+# bodies: the code kv_attn_cuda.cu, kv_view_cuda.cu and kv_plan_cuda.cu
+# compile).
+#
+#   scripts/check-mutations.sh            every mutation
+#   scripts/check-mutations.sh NAME...    only those
+#
+# In a temporary copy of the tree (tracked and untracked, not ignored, files)
+# it builds build-mut/tests/test_grid (CUDA=0: the bodies are the same C)
+# and runs it unmutated (it must pass), then for each mutation below edits
+# one occurrence of a body header, rebuilds (only what includes it) and
+# runs the test again: it must fail. Exit status 0 when every mutation is
+# caught, 1 otherwise. About 40 s on 2 cores (most of it the first build).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+A=attention/kv_attn_kernels_hd.h
+V=kvcache/kv_view_kernels_hd.h
+P=connector/plan/kv_plan_kernels_hd.h
+
+# name | body file | text | replacement (its first occurrence; \n: a newline)
+mutations=(
+"decode-head-offset|$A|h * p->lo.stride_head_bytes;|((h + 1) % H) * p->lo.stride_head_bytes;"
+"decode-drop-token|$A|t < n_tok; t += p->warps|t < n_tok - 1; t += p->warps"
+"decode-bounds-off-by-one|$A|d < D; d += 32)|d <= D; d += 32)"
+"decode-drop-warp|$A|for (int w = 0; w < p->warps; w++)\n            M =|for (int w = 0; w < p->warps - 1; w++)\n            M ="
+"decode-no-syncthreads|$A|    kv_grid_sync(c);\n    const float ks|    const float ks"
+"decode-no-syncwarp|$A|            kv_grid_syncwarp(c);\n            if (lane == 0)|            if (lane == 0)"
+"move-head-offset|$A|h * m->lo.stride_head_bytes +|((h + 1) % H) * m->lo.stride_head_bytes +"
+"move-drop-token|$A|const int64_t total = r.n * H * row_vecs;|const int64_t total = (r.n - 1) * H * row_vecs;"
+"move-bounds-off-by-one|$A|i < total; i += c->block_dim|i <= total; i += c->block_dim"
+"convert-head-offset|$A|h * t.head + d * t.dim|((h + 1) % H) * t.head + d * t.dim"
+"copy-bounds-off-by-one|$A|i < vecs; i += c->block_dim|i <= vecs; i += c->block_dim"
+"copy-ex-head-offset|$A|(r % p->H) * p->head|(r % p->H) * p->tok"
+"view-drop-row|$V|r < a->p.rows;|r < a->p.rows - 1;"
+"view-bounds-off-by-one|$V|i < a->n; i += tpr|i <= a->n; i += tpr"
+"plan-wrong-pitch|$P|f.dst + y * f.dst_pitch|f.dst + y * f.src_pitch"
+"plan-bounds-off-by-one|$P|k < total; k += c->block_dim|k <= total; k += c->block_dim"
+)
+
+cd "$root"
+git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$tmp"
+cd "$tmp"
+mkdir -p "$tmp/orig"
+for f in "$A" "$V" "$P"; do cp "$f" "$tmp/orig/${f//\//_}"; done
+restore() { for f in "$A" "$V" "$P"; do cp "$tmp/orig/${f//\//_}" "$f"; done; }
+
+build() {
+    make --no-print-directory -j"${JOBS:-2}" CUDA=0 RDMA=0 WERROR=1 BUILD=build-mut \
+        build-mut/tests/test_grid >"$tmp/build.log" 2>&1
+}
+
+if ! build; then
+    cat "$tmp/build.log" >&2
+    echo "check-mutations: the unmutated tree does not build" >&2
+    exit 1
+fi
+if ! build-mut/tests/test_grid >"$tmp/run.log" 2>&1; then
+    cat "$tmp/run.log" >&2
+    echo "check-mutations: test_grid fails unmutated" >&2
+    exit 1
+fi
+echo "unmutated: test_grid passes"
+
+missed=0
+for m in "${mutations[@]}"; do
+    IFS='|' read -r name body from to <<<"$m"
+    if [ $# -gt 0 ] && [[ " $* " != *" $name "* ]]; then
+        continue
+    fi
+    restore
+    if ! FROM="$from" TO="$to" python3 - "$body" <<'PY'
+import os, sys
+p = sys.argv[1]
+s = open(p).read()
+f = os.environ["FROM"].replace("\\n", "\n")
+t = os.environ["TO"].replace("\\n", "\n")
+if f not in s:
+    sys.exit(1)
+open(p, "w").write(s.replace(f, t, 1))
+PY
+    then
+        echo "$name: ERROR: '$from' not found in $body (update this script)"
+        missed=1
+        continue
+    fi
+    if ! build; then
+        cat "$tmp/build.log" >&2
+        echo "$name: ERROR: the mutated tree does not build"
+        missed=1
+        continue
+    fi
+    if build-mut/tests/test_grid >"$tmp/run.log" 2>&1; then
+        echo "$name: MISSED (test_grid passes)"
+        missed=1
+    else
+        test=$(grep -m1 -E '^\[ +FAILED +\] test_' "$tmp/run.log" | sed -E 's/^\[ +FAILED +\] //' || true)
+        why=$(grep -m1 '^ERROR: ' "$tmp/run.log" | sed 's/^ERROR: //' | head -c 150 || true)
+        echo "$name: caught by ${test:-test_grid}: $why"
+    fi
+done
+restore
+exit $missed
