@@ -33,8 +33,9 @@
  *     notification never delivered, the next one is;
  *   - faults through a relay process between the two ends that cuts the
  *     connection, flips a payload byte, or stalls; the peer killed
- *     mid-transfer; cancel in flight: each ends in a terminal state with
- *     nothing marked complete that is not.
+ *     mid-transfer (a plain write, and a gathered write_plan); cancel in
+ *     flight: each ends in a terminal state with nothing marked complete
+ *     that is not.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -1213,7 +1214,10 @@ static void test_xport_tcp_peer_killed_and_cancel(void **state)
     (void)state;
     unsigned char *src = malloc(REGION);
     fill(src, REGION, 3);
-    for (int round = 0; round < 2; round++) {
+    /* round 0: the receiver killed; 1: cancel; 2: the receiver stopped
+     * (SIGSTOP: it reads nothing, so the write cannot finish), then killed
+     * under a gathered kv_xport_write_plan (NHD -> HND, 60 MiB) */
+    for (int round = 0; round < 3; round++) {
         int fds[2];
         assert_int_equal(pipe(fds), 0);
         fflush(NULL);
@@ -1244,10 +1248,38 @@ static void test_xport_tcp_peer_killed_and_cancel(void **state)
             ios[i] = (struct kv_xport_io){ms, 0, r, 0, REGION};
         struct kv_xport_notify n = {.tag = 55};
         kv_xport_xfer *t = NULL;
-        assert_int_equal(kv_xport_write(p, ios, 16, &n, &t), KV_OK);
+        if (round == 2) {
+            assert_int_equal(kill(pid, SIGSTOP), 0);
+            struct kv_layout_config lc;
+            kv_layout_config_init(&lc);
+            lc.num_layers = 8;
+            lc.num_blocks = 120; /* 512 KiB blocks: 60 MiB, inside both regions */
+            lc.block_tokens = 16;
+            lc.num_heads = 8;
+            lc.head_dim = 128;
+            lc.dtype = KV_BF16;
+            struct kv_layout sl, dl;
+            assert_int_equal(kv_layout_init(&lc, &sl), KV_OK);
+            lc.order = KV_ORDER_HND;
+            assert_int_equal(kv_layout_init(&lc, &dl), KV_OK);
+            kv_plan *plan = NULL;
+            assert_int_equal(kv_plan_create(&sl, &dl, NULL, &plan), KV_OK);
+            uint32_t ids[120];
+            for (uint32_t i = 0; i < 120; i++)
+                ids[i] = 119 - i;
+            assert_int_equal(
+                kv_xport_write_plan(p, plan, ms, 0, ids, 120, r, 0, ids, 120, 120 * 16, &n, &t),
+                KV_OK);
+            kv_plan_destroy(plan);
+            struct kv_xport_stats xst = KV_XPORT_STATS_INIT;
+            assert_int_equal(kv_xport_stats_get(x, &xst), KV_OK);
+            assert_int_equal(xst.plans_gathered, 1);
+        } else {
+            assert_int_equal(kv_xport_write(p, ios, 16, &n, &t), KV_OK);
+        }
         usleep(20000);
         kv_xport_state s;
-        if (round == 0) {
+        if (round != 1) {
             kill(pid, SIGKILL);
             assert_int_equal(kv_xport_xfer_wait(t, 10000, &s), KV_OK);
             assert_int_equal(s, KV_XPORT_FAILED);
