@@ -255,7 +255,7 @@ struct kv_xport_xfer {
     uint32_t n_seg;
     uint64_t be_seg, be_rep, be_seg_off; /* backend: the send cursor in seg (gathered): the
                                             record, the range in it, the offset in that */
-    char why[200];             /* kv_xport_xfer_error: the first failure's detail */
+    char why[200];                       /* kv_xport_xfer_error: the first failure's detail */
 };
 
 /* Clocks and deadlines: kv__now_ns / kv__deadline_ns / kv__deadline_ts

@@ -201,7 +201,8 @@ kv_status kv_xport_write_plan(kv_xport_peer *peer, const kv_plan *plan, kv_xport
         kv__mem_free(seg_at);
         return kv__error(KV_ERR_NO_MEMORY, "%s: %" PRIu64 " entries", fn, cap);
     }
-    struct runs_out o = {.ios = ios, .seg = seg, .seg_at = seg_at, .local = local, .remote = remote};
+    struct runs_out o = {
+        .ios = ios, .seg = seg, .seg_at = seg_at, .local = local, .remote = remote};
     if (gather) {
         /* the plan's runs of one window in destination order, once; then
          * every window of the request through them */
@@ -221,14 +222,13 @@ kv_status kv_xport_write_plan(kv_xport_peer *peer, const kv_plan *plan, kv_xport
                 const int64_t si = win * wsb + wr[i].ks, di = win * wdb + wr[i].kd;
                 if (si >= (int64_t)n_src || di >= (int64_t)n_dst)
                     continue;
-                gather_add(&o,
-                           local_base_off +
-                               (uint64_t)src_blocks[si] * (uint64_t)sl->stride_block_bytes +
-                               (uint64_t)wr[i].src_rel,
-                           remote_base_off +
-                               (uint64_t)dst_blocks[di] * (uint64_t)dl->stride_block_bytes +
-                               (uint64_t)wr[i].dst_rel,
-                           (uint64_t)wr[i].width, (uint64_t)wr[i].count, (uint64_t)wr[i].pitch);
+                gather_add(
+                    &o,
+                    local_base_off + (uint64_t)src_blocks[si] * (uint64_t)sl->stride_block_bytes +
+                        (uint64_t)wr[i].src_rel,
+                    remote_base_off + (uint64_t)dst_blocks[di] * (uint64_t)dl->stride_block_bytes +
+                        (uint64_t)wr[i].dst_rel,
+                    (uint64_t)wr[i].width, (uint64_t)wr[i].count, (uint64_t)wr[i].pitch);
             }
         kv__mem_free(wr);
     } else {
@@ -244,8 +244,8 @@ kv_status kv_xport_write_plan(kv_xport_peer *peer, const kv_plan *plan, kv_xport
                                 (uint64_t)dst_blocks[di] * (uint64_t)dl->stride_block_bytes +
                                 (uint64_t)cp->dst_rel;
             for (int64_t r = 0; r < cp->height; r++)
-                run_add(&o, sb + (uint64_t)(r * cp->src_pitch),
-                        db + (uint64_t)(r * cp->dst_pitch), (uint64_t)cp->width);
+                run_add(&o, sb + (uint64_t)(r * cp->src_pitch), db + (uint64_t)(r * cp->dst_pitch),
+                        (uint64_t)cp->width);
         }
     }
     const uint32_t n = o.n, ns = o.ns;

@@ -51,8 +51,7 @@
 
 #define KV__TCP_CHUNK (512u << 10)    /* payload bytes per data frame sent */
 #define KV__TCP_MAXV 64u              /* pieces per WRITE frame */
-#define KV__TCP_MAXSRC 2048u          /* source ranges per gathered WRITE frame (its pieces
-                                         read from several each), packed before sending */
+#define KV__TCP_MAXSRC 2048u          /* source ranges per gathered WRITE frame (packed) */
 #define KV__TCP_DESC 24u              /* bytes of a piece's descriptor */
 #define KV__TCP_ACK_REC 16u           /* bytes of a piece's ACK record */
 #define KV__TCP_MAX_FRAME (16u << 20) /* a larger payload is refused (corrupt) */

@@ -38,12 +38,11 @@ static kv_status check_segs(const char *fn, const struct kv_xport_io *io, uint32
                         !__builtin_mul_overflow(g->count - 1, g->pitch, &span) &&
                         !__builtin_add_overflow(span, g->bytes, &span);
         if (!ok || !kv__range_ok(cap, g->off, span))
-            return kv__error(KV_ERR_OUT_OF_BOUNDS,
-                             "%s: entry %u: segment %u (%" PRIu64 " x %" PRIu64
-                             " bytes from %" PRIu64 ", pitch %" PRIu64
-                             ") empty or outside region %u of %" PRIu64 " bytes",
-                             fn, i, k, g->count, g->bytes, g->off, g->pitch, io->local->region,
-                             cap);
+            return kv__error(
+                KV_ERR_OUT_OF_BOUNDS,
+                "%s: entry %u: segment %u (%" PRIu64 " x %" PRIu64 " bytes from %" PRIu64
+                ", pitch %" PRIu64 ") empty or outside region %u of %" PRIu64 " bytes",
+                fn, i, k, g->count, g->bytes, g->off, g->pitch, io->local->region, cap);
         sum += g->bytes * g->count;
     }
     if (sum != io->bytes)

@@ -491,10 +491,9 @@ static void test_xport_tcp_write_plan_layer_ranges(void **state)
 /* The whole destination pool after write_plan through pair p against
  * want; the stats of p->a say the post went gathered (or direct). */
 static void gathered_once(struct pair *p, const kv_plan *plan, struct kvt_side *s,
-                          const uint32_t *sid, uint32_t ns, struct kvt_side *d,
-                          const uint32_t *did, uint32_t nd, uint64_t T, uint64_t tag,
-                          const unsigned char *dst0, const unsigned char *want, bool gathered,
-                          const char *what)
+                          const uint32_t *sid, uint32_t ns, struct kvt_side *d, const uint32_t *did,
+                          uint32_t nd, uint64_t T, uint64_t tag, const unsigned char *dst0,
+                          const unsigned char *want, bool gathered, const char *what)
 {
     memcpy(d->mem, dst0, (size_t)d->lo.total_bytes);
     struct kv_xport_stats a = KV_XPORT_STATS_INIT, b = KV_XPORT_STATS_INIT;
@@ -529,9 +528,8 @@ static void test_xport_tcp_write_plan_gathered(void **state)
     /* {source bits, destination bits, destination page, head slice} (bits as
      * kvt_side_make: 1 HND, 2 block-major, 4 padded, 8 packed K|V) */
     static const int cases[][4] = {
-        {0, 1, 16, 0}, {1, 0, 16, 0}, {0, 3, 32, 0}, {3, 0, 8, 0},  {4, 5, 16, 0},
-        {7, 4, 32, 0}, {0, 1, 8, 1},  {8, 9, 16, 0}, {0, 6, 32, 0}, {0, 0, 16, 1},
-        {2, 2, 32, 0}, {5, 11, 8, 1},
+        {0, 1, 16, 0}, {1, 0, 16, 0}, {0, 3, 32, 0}, {3, 0, 8, 0},  {4, 5, 16, 0}, {7, 4, 32, 0},
+        {0, 1, 8, 1},  {8, 9, 16, 0}, {0, 6, 32, 0}, {0, 0, 16, 1}, {2, 2, 32, 0}, {5, 11, 8, 1},
     };
     uint64_t rng = 4242, tag = 7000;
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {

@@ -275,8 +275,7 @@ static double xport_once(int ctl, kv_xport_peer *peer, const kv_plan *plan, kv_x
     if (send_all(ctl, (char[]){CMD_XPORT}, 1))
         return -1;
     const double t0 = kvb_now();
-    if (kv_xport_write_plan(peer, plan, m, 0, s->ids, s->n, r, 0, d->ids, d->n, T, &n, &t) !=
-        KV_OK)
+    if (kv_xport_write_plan(peer, plan, m, 0, s->ids, s->n, r, 0, d->ids, d->n, T, &n, &t) != KV_OK)
         return -1;
     if (recv_all(ctl, &k, 1))
         return -1;
@@ -446,7 +445,8 @@ static void transport_case(enum target tg, uint32_t conns)
             kvb_mismatch(bench, name, "a decode pool's XXH3 differs from kv_plan_copy's");
         else if (convert && tg == T_HND_BM32 && xc.plan_gather_below_bytes == 0 &&
                  gathered < (uint64_t)runs)
-            kvb_mismatch(bench, name, "%llu writes gathered for %d converted ones (want all of them)",
+            kvb_mismatch(bench, name,
+                         "%llu writes gathered for %d converted ones (want all of them)",
                          (unsigned long long)gathered, runs);
         else
             kvb_emit_gbps(bench, name, bytes, kvb_median(ts, runs),
