@@ -15,6 +15,7 @@
  */
 #include <inttypes.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kv_mem.h"
 #include "kv_wire.h"
@@ -251,6 +252,21 @@ kv_status kv_xport_write_plan(kv_xport_peer *peer, const kv_plan *plan, kv_xport
     const uint32_t n = o.n, ns = o.ns;
     if (gather) {
         seg_at[n] = ns;
+        /* what the transfer keeps: its records and entries only (the
+         * tables were sized for one record per run) */
+        struct kv__xport_seg *s2 = kv__mem_alloc((size_t)(ns ? ns : 1) * sizeof(*s2));
+        uint32_t *a2 = kv__mem_alloc(((size_t)n + 1) * sizeof(*a2));
+        if (s2 && a2) {
+            memcpy(s2, seg, (size_t)ns * sizeof(*s2));
+            memcpy(a2, seg_at, ((size_t)n + 1) * sizeof(*a2));
+            kv__mem_free(seg);
+            kv__mem_free(seg_at);
+            seg = s2;
+            seg_at = a2;
+        } else { /* keep the large ones */
+            kv__mem_free(s2);
+            kv__mem_free(a2);
+        }
         /* seg and seg_at belong to the transfer from here (freed on an
          * error too) */
         st = kv__xport_write_gather(peer, ios, n, seg, seg_at, ns, notify, xfer);
