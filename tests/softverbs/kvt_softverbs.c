@@ -1319,7 +1319,7 @@ static int sv_query_gid_ex(struct ibv_context *ic, uint32_t port, uint32_t index
     if (rc != 0)
         return rc;
     static const union ibv_gid zero;
-    if (memcmp(&g, &zero, sizeof(g)) == 0)
+    if (memcmp(g.raw, zero.raw, sizeof(g.raw)) == 0)
         return ENODATA;
     memset(e, 0, sizeof(*e));
     e->gid = g;
@@ -1756,7 +1756,7 @@ static int rtr_check(const struct sv_qp *q, const struct sv_port *pt,
     if (ah->is_global) {
         static const union ibv_gid zero;
         if ((int)ah->grh.sgid_index >= pt->gid_tbl_len ||
-            memcmp(&pt->gid[ah->grh.sgid_index], &zero, sizeof(zero)) == 0 ||
+            memcmp(pt->gid[ah->grh.sgid_index].raw, zero.raw, sizeof(zero.raw)) == 0 ||
             !gid_known(&ah->grh.dgid, pt->spec.link_layer))
             return EINVAL;
     }
