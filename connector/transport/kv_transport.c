@@ -93,6 +93,8 @@ static kv_status create(const struct kv_xport_config *cfg, bool manual, kv_xport
     c->max_pending_reads = c->max_pending_reads ? c->max_pending_reads : KV__XPORT_DEFAULT_READS;
     c->max_handshakes = c->max_handshakes ? c->max_handshakes : KV__XPORT_DEFAULT_HANDSHAKES;
     c->frames_per_round = c->frames_per_round ? c->frames_per_round : KV__XPORT_DEFAULT_FRAMES;
+    c->plan_gather_below_bytes =
+        c->plan_gather_below_bytes ? c->plan_gather_below_bytes : KV_XPORT_GATHER_BELOW_DEFAULT;
     x->ops = ops;
     x->manual = manual;
     x->next_region = 1;

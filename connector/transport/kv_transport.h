@@ -114,7 +114,20 @@ struct kv_xport_config {
     int32_t rdma_gid_index;  /* that GID table index; -1 (KV_XPORT_CONFIG_INIT's): on
                                 Ethernet the RoCE v2 IPv4-mapped GID (else the best
                                 RoCE v2, else RoCE v1 one), on InfiniBand index 0 */
+    /* kv_xport_write_plan: a plan whose byte runs average fewer bytes than
+     * this (kv_plan_stats: window_bytes / runs) is sent gathered on a
+     * backend that can gather (TCP): one entry per run contiguous in the
+     * destination, its payload gathered from the source's small runs by
+     * the sender as it sends (packed frame by frame into one 512 KiB
+     * staging buffer per connection), so the wire carries the
+     * destination's large runs. 0 = KV_XPORT_GATHER_BELOW_DEFAULT (measured:
+     * docs/connector.md, "Fragment-proof conversions"); 1: never; UINT32_MAX:
+     * always. RDMA: not gathered (one work request per run, as before). */
+    uint32_t plan_gather_below_bytes;
 };
+
+/* The default of plan_gather_below_bytes. */
+#define KV_XPORT_GATHER_BELOW_DEFAULT 24576u
 
 #define KV_XPORT_CONFIG_INIT                                                                       \
     {                                                                                              \
@@ -295,7 +308,12 @@ KV_API KV_NODISCARD kv_status kv_xport_write(kv_xport_peer *peer, const struct k
  * stage's layers into the decoder's matching ones, one layer per write);
  * the receiver checks the writes against its exposed regions only, so
  * which layout and layers it expects is for the two sides to agree (the
- * placement the plan is built from). KV_ERR_NULL; KV_ERR_BAD_SHAPE (list lengths); KV_ERR_OUT_OF_BOUNDS
+ * placement the plan is built from). A plan whose runs are small (below
+ * the config's plan_gather_below_bytes) is sent gathered where the backend
+ * can (TCP): one entry per run contiguous in the destination, its payload
+ * gathered from the source's runs as it is sent; the same checks,
+ * statuses, notification order, terminal states and cancel as any write
+ * (kv_xport_stats counts which way each post went). KV_ERR_NULL; KV_ERR_BAD_SHAPE (list lengths); KV_ERR_OUT_OF_BOUNDS
  * (a block id >= the layout's block count, a block outside either region);
  * KV_ERR_OVERLAP (a destination block twice); KV_ERR_NO_MEMORY; then those
  * of kv_xport_write. Nothing is sent on an error.
@@ -362,6 +380,10 @@ struct kv_xport_stats {
     uint64_t accept_backoffs;       /* accept() failed for lack of resources (EMFILE, ...):
                                        the listener paused, 10 ms doubling to 1 s */
     int accept_last_errno;          /* the errno of the last such failure (0: none) */
+    uint64_t plans_gathered;        /* kv_xport_write_plan posts sent gathered */
+    uint64_t plans_direct;          /* kv_xport_write_plan posts sent one entry per run */
+    uint64_t plan_segments;         /* source runs of the gathered posts */
+    uint64_t plan_entries;          /* entries (destination runs) of the gathered posts */
 };
 #define KV_XPORT_STATS_INIT                                                                        \
     {                                                                                              \

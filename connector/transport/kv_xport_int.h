@@ -49,7 +49,7 @@
 #include "kv_lib.h"
 #include "kv_transport.h"
 
-#define KV__XPORT_OPS_VERSION 3u
+#define KV__XPORT_OPS_VERSION 4u
 #define KV__XPORT_KEY_MAX 160 /* backend key bytes inside a blob */
 #define KV__XPORT_DEFAULT_TIMEOUT_MS 30000u
 #define KV__XPORT_DEFAULT_CONNS 2u
@@ -107,6 +107,9 @@ struct kv__xport_ops {
      * already set, the rest zero): the transport's, and p's path when p is
      * not NULL. NULL: nothing to report. */
     void (*info)(kv_xport *x, kv_xport_peer *p, struct kv_xport_info *out);
+    /* (v4) Whether post takes gathered writes (kv_xport_xfer.seg): an entry's
+     * payload read from several source ranges. false: never given one. */
+    bool gather;
 };
 
 /* The backends: TCP here; RDMA through the verbs boundary header
@@ -201,6 +204,30 @@ struct kv_xport_rmem {
     unsigned char key[KV__XPORT_KEY_MAX];
 };
 
+/* Source ranges of a gathered entry: count ranges of bytes each, the
+ * first at off of the entry's local region, the next ones pitch bytes
+ * apart (pitch >= bytes; count 1: one range). */
+struct kv__xport_seg {
+    uint64_t off;
+    uint64_t bytes;
+    uint64_t count;
+    uint64_t pitch;
+};
+
+/*
+ * A gathered write (kv_xport_write_plan on a backend with ops->gather):
+ * entry i lands at ios[i].remote_off as usual, but its ios[i].bytes are the
+ * concatenation of seg[seg_at[i] .. seg_at[i + 1]) of ios[i].local, in
+ * order (ios[i].local_off == seg[seg_at[i]].off, unused):
+ *
+ *   source (NHD)  |h0 t0|h1 t0|..|h0 t1|h1 t1|..     256-byte runs
+ *                    \          ___/
+ *   entry (HND)   |h0 t0|h0 t1|..|h1 t0|h1 t1|..|    one destination run
+ *
+ *   sum over k in [seg_at[i], seg_at[i + 1]) of seg[k].bytes * seg[k].count
+ *       == ios[i].bytes
+ *   seg_at[0] == 0, seg_at[n] == n_seg
+ */
 struct kv_xport_xfer {
     kv_xport_peer *peer; /* a reference */
     kv_xport_xfer *next; /* peer->xfers while not terminal */
@@ -223,7 +250,12 @@ struct kv_xport_xfer {
     bool cancel_req;
     uint32_t busy;             /* backend: frames / WRs of it on the wire or landing now */
     uint64_t be_entry, be_off; /* backend: the send cursor */
-    char why[200];             /* kv_xport_xfer_error: the first failure's detail */
+    struct kv__xport_seg *seg; /* [n_seg]: a gathered write's source ranges; NULL: none */
+    uint32_t *seg_at;          /* [n + 1] */
+    uint32_t n_seg;
+    uint64_t be_seg, be_rep, be_seg_off; /* backend: the send cursor in seg (gathered): the
+                                            record, the range in it, the offset in that */
+    char why[200];                       /* kv_xport_xfer_error: the first failure's detail */
 };
 
 /* Clocks and deadlines: kv__now_ns / kv__deadline_ns / kv__deadline_ts
@@ -243,6 +275,15 @@ bool kv__xport_wait_until(kv_xport *x, const struct timespec *ts);
  * messages naming what is still held). */
 void kv__xport_held_say(char *buf, size_t cap, uint64_t n, const char *what, const uint64_t *ids,
                         uint32_t n_ids);
+
+/* kv_xport_write with gathered entries (struct kv__xport_seg): the same
+ * checks and post, each segment checked inside its entry's local region and
+ * the segments' sum against the entry's bytes; takes ownership of seg and
+ * seg_at (freed with the transfer, or here on an error). The backend must
+ * have ops->gather. */
+kv_status kv__xport_write_gather(kv_xport_peer *peer, const struct kv_xport_io *ios, uint32_t n,
+                                 struct kv__xport_seg *seg, uint32_t *seg_at, uint32_t n_seg,
+                                 const struct kv_xport_notify *notify, kv_xport_xfer **xfer);
 
 /* mu held: entry i of t ended with st (KV_OK: all its bytes moved). */
 void kv__xport_entry_end(kv_xport_xfer *t, uint32_t i, kv_status st);

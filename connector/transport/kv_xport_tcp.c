@@ -85,6 +85,7 @@ static void conn_free(struct kv__tcp_conn *c)
     if (c->fd >= 0)
         close(c->fd);
     kv__mem_free(c->ctl);
+    kv__mem_free(c->stage);
     kv__mem_free(c);
 }
 
@@ -321,6 +322,9 @@ static void tcp_post(kv_xport_xfer *xf)
 {
     xf->be_entry = 0;
     xf->be_off = 0;
+    xf->be_seg = 0;
+    xf->be_rep = 0;
+    xf->be_seg_off = 0;
     kv__tcp_wake(xf->peer->x->be);
 }
 
@@ -353,6 +357,7 @@ const struct kv__xport_ops kv__xport_tcp_ops = {
     .version = KV__XPORT_OPS_VERSION,
     .kind = KV_XPORT_TCP,
     .name = "tcp",
+    .gather = true,
     .start = tcp_start,
     .stop = tcp_stop,
     .connect = tcp_connect,

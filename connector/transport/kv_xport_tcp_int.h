@@ -51,6 +51,7 @@
 
 #define KV__TCP_CHUNK (512u << 10)    /* payload bytes per data frame sent */
 #define KV__TCP_MAXV 64u              /* pieces per WRITE frame */
+#define KV__TCP_MAXSRC 2048u          /* source ranges per gathered WRITE frame (packed) */
 #define KV__TCP_DESC 24u              /* bytes of a piece's descriptor */
 #define KV__TCP_ACK_REC 16u           /* bytes of a piece's ACK record */
 #define KV__TCP_MAX_FRAME (16u << 20) /* a larger payload is refused (corrupt) */
@@ -61,6 +62,8 @@
 #define KV__TCP_SMALL                                                                              \
     (KV_XPORT_NOTIFY_MAX > KV__TCP_MAXV * KV__TCP_DESC ? KV_XPORT_NOTIFY_MAX                       \
                                                        : KV__TCP_MAXV * KV__TCP_DESC)
+_Static_assert(2 + KV__TCP_MAXV <= 1024, "a frame's iovecs within IOV_MAX (Linux: 1024)");
+_Static_assert(KV__TCP_MAXSRC >= KV__TCP_MAXV, "a plain WRITE's pieces fit");
 _Static_assert(KV__TCP_SMALL >= KV__TCP_MAXV * KV__TCP_ACK_REC, "an ACK fits in small[]");
 _Static_assert(KV__TCP_SMALL >= KV__XPORT_HELLO_BYTES, "a HELLO fits in small[]");
 
@@ -100,15 +103,22 @@ struct kv__tcp_conn {
     size_t ctl_len, ctl_off, ctl_cap;
     uint64_t tx_since_ns;
     /* tx: the data frame in flight: the header (encoded once its payload is
-     * hashed: df_ready), the descriptor table (a WRITE) and df_k pieces of
-     * registered memory; df_sent of df_total */
+     * hashed: df_ready), the descriptor table (a WRITE: df_k pieces) and the
+     * payload from df_nsrc ranges of registered memory (df_nsrc == df_k
+     * unless the transfer is gathered: then, when they are more than the
+     * pieces, they are packed into stage[] with the hash, mu dropped, and
+     * sent from there as one);
+     * df_sent of df_total */
     bool df_on, df_ready;
     struct kv__xf df_f;
     unsigned char df_hdr[KV__XF_BYTES];
     unsigned char df_desc[KV__TCP_MAXV * KV__TCP_DESC];
-    uint32_t df_desc_bytes, df_k;
-    const char *df_src[KV__TCP_MAXV];
-    uint64_t df_len[KV__TCP_MAXV];
+    uint32_t df_desc_bytes, df_k, df_nsrc;
+    bool df_pack; /* a gathered WRITE: pack df_src into stage before sending */
+    char *stage;  /* KV__TCP_CHUNK bytes, allocated at the first gathered frame: a
+                     connection's one staging buffer (per peer: conns_per_peer x 512 KiB) */
+    const char *df_src[KV__TCP_MAXSRC];
+    uint64_t df_len[KV__TCP_MAXSRC];
     uint64_t df_total, df_sent;
     kv_xport_xfer *df_t;          /* the WRITE's transfer (busy++) */
     struct kv__tcp_serve *df_srv; /* the RDATA's read */

@@ -179,12 +179,12 @@ void kv__tcp_serve_unexpose(struct kv__tcp_peer *tp, const struct kv__xport_expo
 
 /* ---- data frames ---------------------------------------------------- */
 
-/* mu held: c's data frame from a header and df_k pieces (df_src/df_len);
+/* mu held: c's data frame from a header and df_nsrc ranges (df_src/df_len);
  * its payload is hashed and the header encoded by conn_tx, mu dropped. */
 static void frame_start(struct kv__tcp_conn *c, const struct kv__xf *f, uint32_t desc_bytes)
 {
     uint64_t data = 0;
-    for (uint32_t i = 0; i < c->df_k; i++)
+    for (uint32_t i = 0; i < c->df_nsrc; i++)
         data += c->df_len[i];
     tx_touch(c);
     c->df_f = *f;
@@ -226,6 +226,52 @@ bool kv__tcp_has_work(const struct kv__tcp *t, const struct kv__tcp_peer *tp)
     return false;
 }
 
+/* mu held: the pieces of a WRITE frame of gathered transfer xf into c's
+ * descriptor table and source ranges (df_nsrc), from the send cursor on:
+ * up to KV__TCP_MAXV pieces, KV__TCP_CHUNK bytes (*bytes) and
+ * KV__TCP_MAXSRC source ranges. A piece is one destination range (part of
+ * an entry), its payload read from the entry's segments in order. */
+static uint32_t gather_pieces(struct kv__tcp_conn *c, kv_xport_xfer *xf, uint64_t *bytes)
+{
+    uint32_t k = 0, ns = 0;
+    uint64_t b = 0;
+    while (k < KV__TCP_MAXV && b < KV__TCP_CHUNK && ns < KV__TCP_MAXSRC && xf->be_entry < xf->n) {
+        const uint32_t e = (uint32_t)xf->be_entry;
+        const struct kv_xport_io *io = &xf->ios[e];
+        const uint64_t at = xf->be_off;
+        while (xf->be_off < io->bytes && b < KV__TCP_CHUNK && ns < KV__TCP_MAXSRC) {
+            const struct kv__xport_seg *sg = &xf->seg[xf->be_seg];
+            const uint64_t rest = sg->bytes - xf->be_seg_off;
+            const uint64_t len = rest < KV__TCP_CHUNK - b ? rest : KV__TCP_CHUNK - b;
+            c->df_src[ns] = io->local->base + sg->off + xf->be_rep * sg->pitch + xf->be_seg_off;
+            c->df_len[ns++] = len;
+            b += len;
+            xf->be_off += len;
+            xf->be_seg_off += len;
+            if (xf->be_seg_off == sg->bytes) {
+                xf->be_seg_off = 0;
+                if (++xf->be_rep == sg->count) {
+                    xf->be_rep = 0;
+                    xf->be_seg++;
+                }
+            }
+        }
+        unsigned char *d = c->df_desc + (size_t)k * KV__TCP_DESC;
+        kv__le_put(d, e, 4);
+        kv__le_put(d + 4, io->remote->region, 4);
+        kv__le_put(d + 8, io->remote_off + at, 8);
+        kv__le_put(d + 16, xf->be_off - at, 8);
+        k++;
+        if (xf->be_off == io->bytes) {
+            xf->be_entry++;
+            xf->be_off = 0;
+        }
+    }
+    c->df_nsrc = ns;
+    *bytes = b;
+    return k;
+}
+
 /* mu held: the next data frame for c, or false when there is none: the
  * reads c serves first (they came on c), then the peer's writes in post
  * order; the READ requests of its reads (control frames, round robin over
@@ -239,7 +285,8 @@ static bool next_frame(struct kv__tcp *t, struct kv__tcp_peer *tp, struct kv__tc
         const uint64_t len = s->len - s->sent < KV__TCP_CHUNK ? s->len - s->sent : KV__TCP_CHUNK;
         struct kv__xf f = {
             .type = KV__XF_RDATA, .entry = s->entry, .xfer = s->xfer, .offset = s->sent};
-        c->df_k = 1;
+        c->df_k = c->df_nsrc = 1;
+        c->df_pack = false;
         c->df_src[0] = s->expo->mem->base + s->off + s->sent;
         c->df_len[0] = len;
         c->df_srv = s;
@@ -275,7 +322,16 @@ static bool next_frame(struct kv__tcp *t, struct kv__tcp_peer *tp, struct kv__tc
         }
         uint32_t k = 0;
         uint64_t bytes = 0;
-        while (k < KV__TCP_MAXV && bytes < KV__TCP_CHUNK && xf->be_entry < xf->n) {
+        if (xf->seg && !c->stage && !(c->stage = kv__mem_alloc(KV__TCP_CHUNK))) {
+            snprintf(xf->why, sizeof(xf->why),
+                     "transfer %" PRIu64 ": no memory for a %u-byte staging buffer", xf->id,
+                     KV__TCP_CHUNK);
+            kv__xport_xfer_end(xf, KV_XPORT_FAILED, KV_ERR_NO_MEMORY);
+            return false; /* the peer's list changed: the next round looks again */
+        }
+        if (xf->seg)
+            k = gather_pieces(c, xf, &bytes);
+        while (!xf->seg && k < KV__TCP_MAXV && bytes < KV__TCP_CHUNK && xf->be_entry < xf->n) {
             const uint32_t e = (uint32_t)xf->be_entry;
             const struct kv_xport_io *io = &xf->ios[e];
             const uint64_t rest = io->bytes - xf->be_off;
@@ -300,6 +356,8 @@ static bool next_frame(struct kv__tcp *t, struct kv__tcp_peer *tp, struct kv__tc
                            .xfer = xf->id,
                            .offset = kv__xxh3_64(c->df_desc, (size_t)k * KV__TCP_DESC)};
         c->df_k = k;
+        c->df_nsrc = xf->seg ? c->df_nsrc : k;
+        c->df_pack = xf->seg && c->df_nsrc > k; /* one range per piece: sent in place */
         c->df_t = xf;
         c->df_srv = NULL;
         xf->busy++;
@@ -323,7 +381,7 @@ static void frame_done(struct kv__tcp_conn *c)
         serve_end(c->tp, c, s, s->refused);
 }
 
-/* The unsent rest of c's data frame as iovecs (at most 2 + MAXV). */
+/* The unsent rest of c's data frame as iovecs (at most 2 + MAXSRC). */
 static int frame_iov(const struct kv__tcp_conn *c, struct iovec *iov)
 {
     int k = 0;
@@ -338,7 +396,7 @@ static int frame_iov(const struct kv__tcp_conn *c, struct iovec *iov)
         iov[k++] = (struct iovec){(char *)part[i] + skip, (size_t)(plen[i] - skip)};
         skip = 0;
     }
-    for (uint32_t i = 0; i < c->df_k; i++) {
+    for (uint32_t i = 0; i < c->df_nsrc; i++) {
         if (skip >= c->df_len[i]) {
             skip -= c->df_len[i];
             continue;
@@ -373,18 +431,42 @@ struct kv__tcp_verdict kv__tcp_conn_tx(struct kv__tcp *t, struct kv__tcp_conn *c
                 /* The payload's hash, with the lock dropped: the memory is
                  * held (a busy transfer, a busy exposure) until frame_done. */
                 struct kv__xf f = c->df_f;
-                const uint32_t k = c->df_k;
+                const uint32_t k = c->df_nsrc;
                 pthread_mutex_unlock(&x->mu);
-                struct kv__xxh3_state hs;
-                kv__xxh3_reset(&hs);
-                for (uint32_t i = 0; i < k; i++)
-                    kv__xxh3_update(&hs, c->df_src[i], (size_t)c->df_len[i]);
-                f.payload_sum = kv__xxh3_digest(&hs);
+                if (c->df_pack) {
+                    /* a gathered frame: its source ranges packed, in
+                     * order, into the connection's staging buffer (<= one
+                     * chunk), hashed and sent from there as one range */
+                    uint64_t at = 0;
+                    for (uint32_t i = 0; i < k; i++) {
+                        if (i + 8 < k) /* strided sources: ask for them ahead */
+                            for (uint64_t o = 0; o < c->df_len[i + 8] && o < 512; o += 64)
+                                __builtin_prefetch(c->df_src[i + 8] + o);
+                        memcpy(c->stage + at, c->df_src[i], (size_t)c->df_len[i]);
+                        at += c->df_len[i];
+                    }
+                    f.payload_sum = kv__xxh3_64(c->stage, (size_t)at);
+                } else {
+                    struct kv__xxh3_state hs;
+                    kv__xxh3_reset(&hs);
+                    for (uint32_t i = 0; i < k; i++)
+                        kv__xxh3_update(&hs, c->df_src[i], (size_t)c->df_len[i]);
+                    f.payload_sum = kv__xxh3_digest(&hs);
+                }
                 kv__xf_encode(&f, c->df_hdr);
                 pthread_mutex_lock(&x->mu);
                 c->df_ready = true;
+                if (c->df_pack) {
+                    uint64_t at = 0;
+                    for (uint32_t i = 0; i < c->df_nsrc; i++)
+                        at += c->df_len[i];
+                    c->df_src[0] = c->stage;
+                    c->df_len[0] = at;
+                    c->df_nsrc = 1;
+                    c->df_pack = false;
+                }
             }
-            struct iovec iov[2 + KV__TCP_MAXV];
+            struct iovec iov[2 + KV__TCP_MAXSRC];
             struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)frame_iov(c, iov)};
             pthread_mutex_unlock(&x->mu);
             r = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);

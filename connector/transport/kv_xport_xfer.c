@@ -20,8 +20,41 @@
 /* ---- transfers ------------------------------------------------------ */
 
 /* The checks at post (nothing sent yet). */
+/* The segments of gathered entry i (kv__xport_write_gather): inside the
+ * entry's local region, summing to its bytes. */
+static kv_status check_segs(const char *fn, const struct kv_xport_io *io, uint32_t i,
+                            const struct kv__xport_seg *seg, const uint32_t *seg_at, uint32_t n_seg)
+{
+    if (seg_at[i] >= seg_at[i + 1] || seg_at[i + 1] > n_seg)
+        return kv__error(KV_ERR_INVALID_ARG, "%s: entry %u: segments [%u, %u) of %u", fn, i,
+                         seg_at[i], seg_at[i + 1], n_seg);
+    uint64_t sum = 0;
+    for (uint32_t k = seg_at[i]; k < seg_at[i + 1]; k++) {
+        const struct kv__xport_seg *g = &seg[k];
+        /* the span from the first range's start to the last one's end */
+        const uint64_t cap = io->local->bytes;
+        uint64_t span = 0;
+        const bool ok = g->bytes && g->count && g->pitch >= g->bytes &&
+                        !__builtin_mul_overflow(g->count - 1, g->pitch, &span) &&
+                        !__builtin_add_overflow(span, g->bytes, &span);
+        if (!ok || !kv__range_ok(cap, g->off, span))
+            return kv__error(
+                KV_ERR_OUT_OF_BOUNDS,
+                "%s: entry %u: segment %u (%" PRIu64 " x %" PRIu64 " bytes from %" PRIu64
+                ", pitch %" PRIu64 ") empty or outside region %u of %" PRIu64 " bytes",
+                fn, i, k, g->count, g->bytes, g->off, g->pitch, io->local->region, cap);
+        sum += g->bytes * g->count;
+    }
+    if (sum != io->bytes)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: entry %u: segments of %" PRIu64 " bytes for %" PRIu64, fn, i, sum,
+                         io->bytes);
+    return KV_OK;
+}
+
 static kv_status check_ios(const char *fn, kv_xport_peer *peer, const struct kv_xport_io *ios,
-                           uint32_t n)
+                           uint32_t n, const struct kv__xport_seg *seg, const uint32_t *seg_at,
+                           uint32_t n_seg)
 {
     for (uint32_t i = 0; i < n; i++) {
         const struct kv_xport_io *io = &ios[i];
@@ -38,7 +71,11 @@ static kv_status check_ios(const char *fn, kv_xport_peer *peer, const struct kv_
                              io->remote->region);
         if (io->bytes == 0)
             return kv__error(KV_ERR_INVALID_ARG, "%s: entry %u of 0 bytes", fn, i);
-        if (!kv__range_ok(io->local->bytes, io->local_off, io->bytes))
+        if (seg) {
+            const kv_status st = check_segs(fn, io, i, seg, seg_at, n_seg);
+            if (st != KV_OK)
+                return st;
+        } else if (!kv__range_ok(io->local->bytes, io->local_off, io->bytes))
             return kv__error(KV_ERR_OUT_OF_BOUNDS,
                              "%s: entry %u: local [%" PRIu64 ", +%" PRIu64
                              ") outside region %u of %" PRIu64 " bytes",
@@ -60,12 +97,15 @@ static void xfer_release(kv_xport_xfer *t)
     kv__mem_free(t->moved);
     kv__mem_free(t->ended);
     kv__mem_free(t->note);
+    kv__mem_free(t->seg);
+    kv__mem_free(t->seg_at);
     kv__mem_free(t);
 }
 
-static kv_status post(const char *fn, kv_xport_peer *peer, const struct kv_xport_io *ios,
-                      uint32_t n, const struct kv_xport_notify *notify, bool read,
-                      kv_xport_xfer **xfer)
+static kv_status post_checked(const char *fn, kv_xport_peer *peer, const struct kv_xport_io *ios,
+                              uint32_t n, struct kv__xport_seg *seg, uint32_t *seg_at,
+                              uint32_t n_seg, const struct kv_xport_notify *notify, bool read,
+                              kv_xport_xfer **xfer)
 {
     if (!peer || !xfer || (n && !ios))
         return kv__error(KV_ERR_NULL, "%s: %s is NULL", fn,
@@ -79,7 +119,10 @@ static kv_status post(const char *fn, kv_xport_peer *peer, const struct kv_xport
                          notify->len, KV_XPORT_NOTIFY_MAX);
     if (notify && notify->len && !notify->msg)
         return kv__error(KV_ERR_NULL, "%s: notification msg is NULL with len %u", fn, notify->len);
-    kv_status st = check_ios(fn, peer, ios, n);
+    if (seg && !peer->x->ops->gather)
+        return kv__error(KV_ERR_UNSUPPORTED, "%s: the %s backend does not gather", fn,
+                         peer->x->ops->name);
+    kv_status st = check_ios(fn, peer, ios, n, seg, seg_at, n_seg);
     if (st != KV_OK)
         return st;
     kv_xport_xfer *t = kv__mem_calloc(1, sizeof(*t));
@@ -99,6 +142,9 @@ static kv_status post(const char *fn, kv_xport_peer *peer, const struct kv_xport
     if (n)
         memcpy(t->ios, ios, n * sizeof(*ios));
     t->n = n;
+    t->seg = seg; /* owned by t from here: xfer_release frees them */
+    t->seg_at = seg_at;
+    t->n_seg = seg ? n_seg : 0;
     t->left = n;
     t->read = read;
     if (notify) {
@@ -114,6 +160,8 @@ static kv_status post(const char *fn, kv_xport_peer *peer, const struct kv_xport
         const kv_xport_peer_state s = peer->state;
         const kv_status why = peer->why;
         pthread_mutex_unlock(&x->mu);
+        t->seg = NULL; /* still the caller's: post frees them on an error */
+        t->seg_at = NULL;
         xfer_release(t);
         if (s == KV_XPORT_CONNECTING)
             return kv__error(KV_ERR_BAD_STATE, "%s: peer still connecting", fn);
@@ -141,10 +189,35 @@ static kv_status post(const char *fn, kv_xport_peer *peer, const struct kv_xport
     return KV_OK;
 }
 
+/* seg, seg_at (may be NULL): a gathered write's, owned from here on. */
+static kv_status post(const char *fn, kv_xport_peer *peer, const struct kv_xport_io *ios,
+                      uint32_t n, struct kv__xport_seg *seg, uint32_t *seg_at, uint32_t n_seg,
+                      const struct kv_xport_notify *notify, bool read, kv_xport_xfer **xfer)
+{
+    kv_status st = post_checked(fn, peer, ios, n, seg, seg_at, n_seg, notify, read, xfer);
+    if (st != KV_OK) {
+        kv__mem_free(seg);
+        kv__mem_free(seg_at);
+    }
+    return st;
+}
+
 kv_status kv_xport_write(kv_xport_peer *peer, const struct kv_xport_io *ios, uint32_t n,
                          const struct kv_xport_notify *notify, kv_xport_xfer **xfer)
 {
-    return post("xport_write", peer, ios, n, notify, false, xfer);
+    return post("xport_write", peer, ios, n, NULL, NULL, 0, notify, false, xfer);
+}
+
+kv_status kv__xport_write_gather(kv_xport_peer *peer, const struct kv_xport_io *ios, uint32_t n,
+                                 struct kv__xport_seg *seg, uint32_t *seg_at, uint32_t n_seg,
+                                 const struct kv_xport_notify *notify, kv_xport_xfer **xfer)
+{
+    if (!seg || !seg_at) {
+        kv__mem_free(seg);
+        kv__mem_free(seg_at);
+        return kv__error(KV_ERR_NULL, "xport_write_plan: gathered write without segments");
+    }
+    return post("xport_write_plan", peer, ios, n, seg, seg_at, n_seg, notify, false, xfer);
 }
 
 kv_status kv_xport_read(kv_xport_peer *peer, const struct kv_xport_io *ios, uint32_t n,
@@ -152,7 +225,7 @@ kv_status kv_xport_read(kv_xport_peer *peer, const struct kv_xport_io *ios, uint
 {
     if (n == 0)
         return kv__error(KV_ERR_INVALID_ARG, "xport_read: no entries");
-    return post("xport_read", peer, ios, n, NULL, true, xfer);
+    return post("xport_read", peer, ios, n, NULL, NULL, 0, NULL, true, xfer);
 }
 
 void kv__xport_entry_end(kv_xport_xfer *t, uint32_t i, kv_status st)

@@ -24,10 +24,18 @@
  *     caches of different layer counts, and a decoder filled by three
  *     pipeline stages one write each, the whole destination pool against
  *     the config-only reference (the other layers untouched);
+ *   - gathered plans (small runs: NHD <-> HND, padded, other page sizes,
+ *     packed K|V, head slices, layer ranges), each sent gathered and
+ *     direct (plan_gather_below_bytes forced both ways) and with the
+ *     default threshold, whose choice the stats predict: the whole
+ *     destination pool against kv_plan_copy of the same request; a large
+ *     gathered transfer cancelled in flight ends CANCELLED, its
+ *     notification never delivered, the next one is;
  *   - faults through a relay process between the two ends that cuts the
  *     connection, flips a payload byte, or stalls; the peer killed
- *     mid-transfer; cancel in flight: each ends in a terminal state with
- *     nothing marked complete that is not.
+ *     mid-transfer (a plain write, and a gathered write_plan); cancel in
+ *     flight: each ends in a terminal state with nothing marked complete
+ *     that is not.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -88,15 +96,22 @@ struct pair {
     kv_xport_peer *pa, *pb;
 };
 
-static void pair_open(struct pair *p, uint32_t conns)
+/* gather_below: both ends' plan_gather_below_bytes (0: the default). */
+static void pair_open_gather(struct pair *p, uint32_t conns, uint32_t gather_below)
 {
     struct kv_xport_config ca = cfg_make(false, TOKEN, 7), cb = cfg_make(true, TOKEN, 7);
     ca.conns_per_peer = cb.conns_per_peer = conns;
+    ca.plan_gather_below_bytes = cb.plan_gather_below_bytes = gather_below;
     assert_int_equal(kv_xport_create(&cb, &p->b), KV_OK);
     assert_int_equal(kv_xport_create(&ca, &p->a), KV_OK);
     assert_int_equal(kv_xport_connect(p->a, "127.0.0.1", kv_xport_port(p->b), &p->pa), KV_OK);
     assert_int_equal(kv_xport_accept(p->b, 5000, &p->pb), KV_OK);
     assert_int_equal(settle(p->pa, NULL), KV_XPORT_READY);
+}
+
+static void pair_open(struct pair *p, uint32_t conns)
+{
+    pair_open_gather(p, conns, 0);
 }
 
 static void pair_close(struct pair *p)
@@ -467,6 +482,174 @@ static void test_xport_tcp_write_plan_layer_ranges(void **state)
         kvt_side_free(&s);
     }
     free(ref);
+    kvt_side_free(&d);
+    pair_close(&p);
+}
+
+/* ---- gathered plans: fragment-proof conversions -------------------- */
+
+/* The whole destination pool after write_plan through pair p against
+ * want; the stats of p->a say the post went gathered (or direct). */
+static void gathered_once(struct pair *p, const kv_plan *plan, struct kvt_side *s,
+                          const uint32_t *sid, uint32_t ns, struct kvt_side *d, const uint32_t *did,
+                          uint32_t nd, uint64_t T, uint64_t tag, const unsigned char *dst0,
+                          const unsigned char *want, bool gathered, const char *what)
+{
+    memcpy(d->mem, dst0, (size_t)d->lo.total_bytes);
+    struct kv_xport_stats a = KV_XPORT_STATS_INIT, b = KV_XPORT_STATS_INIT;
+    assert_int_equal(kv_xport_stats_get(p->a, &a), KV_OK);
+    write_plan_once(p, plan, s, sid, ns, d, did, nd, T, tag);
+    assert_int_equal(kv_xport_stats_get(p->a, &b), KV_OK);
+    assert_int_equal(b.plans_gathered - a.plans_gathered, gathered ? 1 : 0);
+    assert_int_equal(b.plans_direct - a.plans_direct, gathered ? 0 : 1);
+    if (gathered) { /* entries are destination runs: never more than source runs */
+        assert_true(b.plan_entries > a.plan_entries);
+        assert_true(b.plan_segments - a.plan_segments >= b.plan_entries - a.plan_entries);
+    }
+    const int64_t at = kvt_first_diff(want, d->mem, d->lo.total_bytes);
+    if (at >= 0)
+        fail_msg("%s: T %llu: destination byte %lld of %lld differs", what, (unsigned long long)T,
+                 (long long)at, (long long)d->lo.total_bytes);
+}
+
+/* Every layout-pair class whose runs are small, through kv_xport_write_plan
+ * gathered (forced: UINT32_MAX), direct (forced: 1) and with the default
+ * threshold (gathered iff window_bytes / runs < KV_XPORT_GATHER_BELOW_DEFAULT,
+ * read from kv_plan_stats_get); each time the whole destination pool
+ * against kv_plan_copy of the same request into a copy of it. Random layer
+ * ranges, a head slice in some, block ids spread over pools of 120. */
+static void test_xport_tcp_write_plan_gathered(void **state)
+{
+    (void)state;
+    struct pair pg, pd, pf;
+    pair_open_gather(&pg, 2, UINT32_MAX);
+    pair_open_gather(&pd, 2, 1);
+    pair_open_gather(&pf, 1, 0);
+    /* {source bits, destination bits, destination page, head slice} (bits as
+     * kvt_side_make: 1 HND, 2 block-major, 4 padded, 8 packed K|V) */
+    static const int cases[][4] = {
+        {0, 1, 16, 0}, {1, 0, 16, 0}, {0, 3, 32, 0}, {3, 0, 8, 0},  {4, 5, 16, 0}, {7, 4, 32, 0},
+        {0, 1, 8, 1},  {8, 9, 16, 0}, {0, 6, 32, 0}, {0, 0, 16, 1}, {2, 2, 32, 0}, {5, 11, 8, 1},
+    };
+    uint64_t rng = 4242, tag = 7000;
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        const int64_t Ls = kvt_range(&rng, 1, 4), Ld = kvt_range(&rng, 1, 4);
+        struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+        pc.n_layers = kvt_range(&rng, 1, Ls < Ld ? Ls : Ld);
+        pc.src_layer0 = kvt_range(&rng, 0, Ls - pc.n_layers);
+        pc.dst_layer0 = kvt_range(&rng, 0, Ld - pc.n_layers);
+        const int64_t Hs = 4, Hd = cases[c][3] ? 2 : 4;
+        if (cases[c][3]) { /* a tensor-parallel slice: heads [2, 4) -> [0, 2) */
+            pc.src_head0 = 2;
+            pc.n_heads = 2;
+        }
+        struct kvt_side s, d;
+        kvt_side_make(&s, Ls, 120, 16, Hs, 32, KV_BF16, cases[c][0], tag);
+        kvt_side_make(&d, Ld, 120, cases[c][2], Hd, 32, KV_BF16, cases[c][1], tag + 1);
+        kv_plan *plan = NULL;
+        assert_int_equal(kv_plan_create(&s.lo, &d.lo, &pc, &plan), KV_OK);
+        struct kv_plan_stats ps;
+        assert_int_equal(kv_plan_stats_get(plan, &ps), KV_OK);
+        const bool small = ps.window_bytes < (int64_t)KV_XPORT_GATHER_BELOW_DEFAULT * ps.runs;
+        const uint64_t T = (uint64_t)kvt_range(&rng, 1, 160);
+        const uint32_t ns = (uint32_t)((T + 15) / 16);
+        const uint32_t nd =
+            (uint32_t)((T + (uint64_t)d.lo.block_tokens - 1) / (uint64_t)d.lo.block_tokens);
+        uint32_t sid[16], did[32];
+        kvt_pick_ids(&rng, s.lo.num_blocks, ns, sid);
+        kvt_pick_ids(&rng, d.lo.num_blocks, nd, did);
+        const size_t db = (size_t)d.lo.total_bytes;
+        unsigned char *dst0 = malloc(db), *want = malloc(db);
+        assert_true(dst0 && want);
+        memcpy(dst0, d.mem, db);
+        memcpy(want, d.mem, db);
+        const struct kv_paged_cache wc = {d.lo, want, db, KV_MEM_HOST};
+        assert_int_equal(kv_plan_copy(plan, s.pc, sid, ns, wc, did, nd, T), KV_OK);
+        char what[96];
+        snprintf(what, sizeof(what), "case %zu (bits %d -> %d, Nd %d, slice %d)", c, cases[c][0],
+                 cases[c][1], cases[c][2], cases[c][3]);
+        gathered_once(&pg, plan, &s, sid, ns, &d, did, nd, T, tag++, dst0, want, true, what);
+        gathered_once(&pd, plan, &s, sid, ns, &d, did, nd, T, tag++, dst0, want, false, what);
+        gathered_once(&pf, plan, &s, sid, ns, &d, did, nd, T, tag++, dst0, want, small, what);
+        free(dst0);
+        free(want);
+        kv_plan_destroy(plan);
+        kvt_side_free(&s);
+        kvt_side_free(&d);
+    }
+    pair_close(&pg);
+    pair_close(&pd);
+    pair_close(&pf);
+}
+
+/* A gathered transfer cancelled in flight (32 MiB NHD -> HND, cancelled as
+ * soon as it is posted): CANCELLED, entries not all OK, its notification
+ * never delivered; the peer then carries the next gathered write, whose
+ * notification is the first to arrive and whose data is all there. */
+static void test_xport_tcp_write_plan_gathered_cancel(void **state)
+{
+    (void)state;
+    struct pair p;
+    pair_open(&p, 2);
+    struct kvt_side s, d;
+    kvt_side_make(&s, 8, 66, 16, 8, 128, KV_BF16, 0, 91); /* 512 KiB blocks */
+    kvt_side_make(&d, 8, 66, 16, 8, 128, KV_BF16, 1, 92);
+    kv_plan *plan = NULL;
+    assert_int_equal(kv_plan_create(&s.lo, &d.lo, NULL, &plan), KV_OK);
+    uint32_t sid[64], did[64];
+    uint64_t rng = 5;
+    kvt_pick_ids(&rng, 66, 64, sid);
+    kvt_pick_ids(&rng, 66, 64, did);
+    kv_xport_mem *ms = NULL, *md = NULL;
+    assert_int_equal(kv_xport_mem_reg(p.a, s.mem, (size_t)s.lo.total_bytes, KV_MEM_HOST, &ms),
+                     KV_OK);
+    assert_int_equal(kv_xport_mem_reg(p.b, d.mem, (size_t)d.lo.total_bytes, KV_MEM_HOST, &md),
+                     KV_OK);
+    kv_xport_rmem *r = share(&p, md);
+    struct kv_xport_notify n = {.tag = 71};
+    kv_xport_xfer *t = NULL;
+    assert_int_equal(
+        kv_xport_write_plan(p.pa, plan, ms, 0, sid, 64, r, 0, did, 64, 64 * 16, &n, &t), KV_OK);
+    assert_int_equal(kv_xport_xfer_cancel(t), KV_OK);
+    kv_xport_state xs;
+    assert_int_equal(kv_xport_xfer_wait(t, 10000, &xs), KV_OK);
+    assert_int_equal(xs, KV_XPORT_CANCELLED);
+    const kv_status *st = NULL;
+    uint32_t ne = 0, bad = 0;
+    assert_int_equal(kv_xport_xfer_results(t, &st, &ne), KV_OK);
+    for (uint32_t i = 0; i < ne; i++)
+        bad += st[i] != KV_OK;
+    assert_true(ne > 0 && bad > 0);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    struct kv_xport_stats xst = KV_XPORT_STATS_INIT;
+    assert_int_equal(kv_xport_stats_get(p.a, &xst), KV_OK);
+    assert_int_equal(xst.plans_gathered, 1);
+    /* the next write: 2 blocks, its notification the first to arrive */
+    unsigned char *want = malloc((size_t)d.lo.total_bytes);
+    assert_non_null(want);
+    struct kv_xport_notify n2 = {.tag = 72};
+    assert_int_equal(kv_xport_write_plan(p.pa, plan, ms, 0, sid, 2, r, 0, did, 2, 32, &n2, &t),
+                     KV_OK);
+    assert_int_equal(kv_xport_xfer_wait(t, 10000, &xs), KV_OK);
+    assert_int_equal(xs, KV_XPORT_DONE);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    struct kv_xport_msg *msg = malloc(sizeof(*msg));
+    assert_non_null(msg);
+    assert_int_equal(kv_xport_notify_poll(p.b, 10000, msg), KV_OK);
+    assert_int_equal(msg->tag, 72);
+    assert_int_equal(kv_xport_notify_poll(p.b, 100, msg), KV_ERR_TIMEOUT);
+    memcpy(want, d.mem, (size_t)d.lo.total_bytes); /* what landed before the cancel stays */
+    const struct kv_paged_cache wc = {d.lo, want, (size_t)d.lo.total_bytes, KV_MEM_HOST};
+    assert_int_equal(kv_plan_copy(plan, s.pc, sid, 2, wc, did, 2, 32), KV_OK);
+    assert_int_equal(kvt_first_diff(want, d.mem, d.lo.total_bytes), -1);
+    free(want);
+    free(msg);
+    assert_int_equal(kv_xport_mem_unexpose(p.pb, md), KV_OK);
+    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
+    kv_plan_destroy(plan);
+    kvt_side_free(&s);
     kvt_side_free(&d);
     pair_close(&p);
 }
@@ -1029,7 +1212,10 @@ static void test_xport_tcp_peer_killed_and_cancel(void **state)
     (void)state;
     unsigned char *src = malloc(REGION);
     fill(src, REGION, 3);
-    for (int round = 0; round < 2; round++) {
+    /* round 0: the receiver killed; 1: cancel; 2: the receiver stopped
+     * (SIGSTOP: it reads nothing, so the write cannot finish), then killed
+     * under a gathered kv_xport_write_plan (NHD -> HND, 60 MiB) */
+    for (int round = 0; round < 3; round++) {
         int fds[2];
         assert_int_equal(pipe(fds), 0);
         fflush(NULL);
@@ -1060,10 +1246,38 @@ static void test_xport_tcp_peer_killed_and_cancel(void **state)
             ios[i] = (struct kv_xport_io){ms, 0, r, 0, REGION};
         struct kv_xport_notify n = {.tag = 55};
         kv_xport_xfer *t = NULL;
-        assert_int_equal(kv_xport_write(p, ios, 16, &n, &t), KV_OK);
+        if (round == 2) {
+            assert_int_equal(kill(pid, SIGSTOP), 0);
+            struct kv_layout_config lc;
+            kv_layout_config_init(&lc);
+            lc.num_layers = 8;
+            lc.num_blocks = 120; /* 512 KiB blocks: 60 MiB, inside both regions */
+            lc.block_tokens = 16;
+            lc.num_heads = 8;
+            lc.head_dim = 128;
+            lc.dtype = KV_BF16;
+            struct kv_layout sl, dl;
+            assert_int_equal(kv_layout_init(&lc, &sl), KV_OK);
+            lc.order = KV_ORDER_HND;
+            assert_int_equal(kv_layout_init(&lc, &dl), KV_OK);
+            kv_plan *plan = NULL;
+            assert_int_equal(kv_plan_create(&sl, &dl, NULL, &plan), KV_OK);
+            uint32_t ids[120];
+            for (uint32_t i = 0; i < 120; i++)
+                ids[i] = 119 - i;
+            assert_int_equal(
+                kv_xport_write_plan(p, plan, ms, 0, ids, 120, r, 0, ids, 120, 120 * 16, &n, &t),
+                KV_OK);
+            kv_plan_destroy(plan);
+            struct kv_xport_stats xst = KV_XPORT_STATS_INIT;
+            assert_int_equal(kv_xport_stats_get(x, &xst), KV_OK);
+            assert_int_equal(xst.plans_gathered, 1);
+        } else {
+            assert_int_equal(kv_xport_write(p, ios, 16, &n, &t), KV_OK);
+        }
         usleep(20000);
         kv_xport_state s;
-        if (round == 0) {
+        if (round != 1) {
             kill(pid, SIGKILL);
             assert_int_equal(kv_xport_xfer_wait(t, 10000, &s), KV_OK);
             assert_int_equal(s, KV_XPORT_FAILED);
@@ -1123,6 +1337,8 @@ int main(void)
         cmocka_unit_test(test_xport_tcp_handshake_refusals),
         cmocka_unit_test(test_xport_tcp_write_read_whole_region),
         cmocka_unit_test(test_xport_tcp_write_plan_layer_ranges),
+        cmocka_unit_test(test_xport_tcp_write_plan_gathered),
+        cmocka_unit_test(test_xport_tcp_write_plan_gathered_cancel),
         cmocka_unit_test(test_xport_tcp_fault_cut),
         cmocka_unit_test(test_xport_tcp_fault_corrupt_payload),
         cmocka_unit_test(test_xport_tcp_fault_stall_times_out),

@@ -10,22 +10,28 @@
  *                          cache's blocks (same layout, other block ids),
  *                          from post until decode has the notification;
  *   transport.tcp_convert  the same request into a decode cache of another
- *                          layout (HND, block-major, 32-token pages):
- *                          prefill writes its blocks compact into a staging
- *                          region as 8 transfers of 512 tokens with a
- *                          notification each, decode converts each slice
- *                          with kv_plan_copy when its notification comes
- *                          (while the next slices travel); timed until
- *                          decode has converted the last.
- * Baseline, interleaved: a plain socket stream of the same number of bytes
- * over the same loopback between the same two processes (one connection,
- * blocking send of one contiguous buffer, recv with MSG_WAITALL into
- * another), also timed until the receiver reports. Both transports use
- * the kernel's default socket buffers. Each case runs with the default 2
- * connections per peer and with 1 (as many streams as the baseline).
- * After the last run decode sends the XXH3-64 of its whole destination
- * pool; prefill computes it from kv_plan_copy of the same request into a
- * pool of its own: a difference fails the case.
+ *                          layout through kv_xport_write_plan alone (one
+ *                          transfer, as an engine posts it): HND
+ *                          block-major 32-token pages (256-byte runs on the
+ *                          source side: sent gathered, see docs/connector.md
+ *                          "Fragment-proof conversions"); and, where the
+ *                          gather threshold lies, NHD block-major 1- and
+ *                          8-token pages (4 and 16 KiB runs) and NHD
+ *                          layer-major 32-token pages (32 KiB runs); timed
+ *                          until decode has the notification.
+ * Baselines, interleaved (A B A B ...): transport.tcp against a plain socket
+ * stream of the same number of bytes over the same loopback between the
+ * same two processes (one connection, blocking send of one contiguous
+ * buffer, recv with MSG_WAITALL into another), timed until the receiver
+ * reports; transport.tcp_convert against transport.tcp's same-layout write
+ * of the same request between the same two processes (the ratio the issue
+ * asks for: converted / same-layout). Both use the kernel's default socket
+ * buffers. Each case runs with the default 2 connections per peer and with
+ * 1 (as many streams as the stream baseline). KVB_GATHER_BELOW=n sets the
+ * transports' plan_gather_below_bytes (1: never gather), how the threshold
+ * was measured. After the last run decode sends the XXH3-64 of its whole
+ * destination pool; prefill computes it from kv_plan_copy of the same
+ * request into a pool of its own: a difference fails the case.
  * The software verbs device (tests) is not a benchmark: none is reported.
  */
 #include <arpa/inet.h>
@@ -54,6 +60,9 @@ struct side {
     uint32_t *ids;
     uint32_t n;
 };
+
+/* Destination layouts: the same as the source, or a conversion target. */
+enum target { T_SAME = 0, T_HND_BM32 = 1, T_NHD_LM32 = 2, T_NHD_BM1 = 3, T_NHD_BM8 = 4, T_N = 5 };
 
 static kv_status side_make(struct side *s, int64_t N, kv_order order, kv_arrange arr, int64_t T,
                            uint64_t seed)
@@ -86,26 +95,28 @@ static kv_status side_make(struct side *s, int64_t N, kv_order order, kv_arrange
     return KV_OK;
 }
 
+static kv_status target_make(struct side *s, enum target tg, int64_t T, uint64_t seed)
+{
+    switch (tg) {
+    case T_HND_BM32:
+        return side_make(s, 32, KV_ORDER_HND, KV_ARRANGE_BLOCK_MAJOR, T, seed);
+    case T_NHD_LM32:
+        return side_make(s, 32, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, T, seed);
+    case T_NHD_BM1:
+        return side_make(s, 1, KV_ORDER_NHD, KV_ARRANGE_BLOCK_MAJOR, T, seed);
+    case T_NHD_BM8:
+        return side_make(s, 8, KV_ORDER_NHD, KV_ARRANGE_BLOCK_MAJOR, T, seed);
+    case T_SAME:
+    case T_N:
+        break;
+    }
+    return side_make(s, 16, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, T, seed);
+}
+
 static void side_free(struct side *s)
 {
     kvb_free(s->base);
     free(s->ids);
-}
-
-/* The compact staging layout of src's blocks (src's block format, K|V
- * packing included; block-major, unpadded). */
-static kv_status staging_layout(const struct kv_layout *src, uint32_t n, struct kv_layout *out)
-{
-    struct kv_layout_config c;
-    kv_status st = kv_layout_config_from(src, &c);
-    if (st != KV_OK)
-        return st;
-    c.arrange = KV_ARRANGE_BLOCK_MAJOR;
-    c.num_blocks = n;
-    c.block_pad_elems = 0;
-    c.block_stride_bytes = 0;
-    c.align_bytes = 0;
-    return kv_layout_init(&c, out);
 }
 
 static int send_all(int fd, const void *p, size_t n)
@@ -143,54 +154,42 @@ static int recv_all(int fd, void *p, size_t n)
 /* Commands from prefill to decode over the control socket. */
 enum { CMD_STREAM = 'S', CMD_XPORT = 'T', CMD_HASH = 'H', CMD_QUIT = 'Q' };
 
-/* transport.tcp_convert sends a request as SLICES transfers with a
- * notification each, so decode converts slice j while j + 1.. travel. */
-#define SLICES 8u
-
 struct setup {
     uint16_t xport_port, stream_port;
-    uint32_t blob_len;
-    unsigned char blob[KV_XPORT_BLOB_MAX];
+    uint32_t blob_len[2];
+    unsigned char blob[2][KV_XPORT_BLOB_MAX];
 };
 
-/* Decode: the child. Returns its exit status. */
-static int decode_main(int ctl, bool convert, uint32_t conns, int64_t T, uint64_t bytes)
+/* The transports' config: KVB_GATHER_BELOW sets plan_gather_below_bytes. */
+static struct kv_xport_config xport_config(uint32_t conns, bool listen)
 {
-    struct side d;
-    const kv_status st0 = convert ? side_make(&d, 32, KV_ORDER_HND, KV_ARRANGE_BLOCK_MAJOR, T, 77)
-                                  : side_make(&d, 16, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, T, 77);
-    if (st0 != KV_OK)
-        return 10;
-    memset(d.base, 0, (size_t)d.lo.total_bytes);
-    struct kv_layout src_lo, stg_lo;
-    struct side s_shape;
-    memset(&s_shape, 0, sizeof(s_shape));
-    struct kv_layout_config c;
-    kv_layout_config_init(&c);
-    c.num_layers = 32;
-    c.block_tokens = 16;
-    c.num_heads = 8;
-    c.head_dim = 128;
-    c.dtype = KV_BF16;
-    c.num_blocks = 1;
-    if (kv_layout_init(&c, &src_lo) != KV_OK ||
-        staging_layout(&src_lo, (uint32_t)(T / 16), &stg_lo) != KV_OK)
-        return 11;
-    char *stage =
-        kvb_alloc((size_t)stg_lo.total_bytes > bytes ? (size_t)stg_lo.total_bytes : (size_t)bytes);
-    kv_plan *conv = NULL;
-    if (convert && kv_plan_create(&stg_lo, &d.lo, NULL, &conv) != KV_OK)
-        return 12;
-    uint32_t *stg_ids = malloc((size_t)(T / 16) * sizeof(*stg_ids));
-    for (uint32_t i = 0; i < (uint32_t)(T / 16); i++)
-        stg_ids[i] = i;
-
     struct kv_xport_config xc = KV_XPORT_CONFIG_INIT;
     xc.kind = KV_XPORT_TCP;
-    xc.listen_host = "127.0.0.1";
+    xc.listen_host = listen ? "127.0.0.1" : NULL;
     xc.conns_per_peer = conns;
     xc.token = TOKEN;
     xc.timeout_ms = 600000;
+    const char *g = getenv("KVB_GATHER_BELOW");
+    if (g)
+        xc.plan_gather_below_bytes = (uint32_t)strtoul(g, NULL, 0);
+    return xc;
+}
+
+/* Decode: the child. Holds the same-layout cache (dst 0) and, converting,
+ * the target's (dst 1), both exposed; answers each transfer's
+ * notification. Returns its exit status. */
+static int decode_main(int ctl, enum target tg, uint32_t conns, int64_t T, uint64_t bytes)
+{
+    struct side d[2];
+    memset(d, 0, sizeof(d));
+    const uint32_t nd = tg == T_SAME ? 1 : 2;
+    if (side_make(&d[0], 16, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, T, 77) != KV_OK ||
+        (nd == 2 && target_make(&d[1], tg, T, 78) != KV_OK))
+        return 10;
+    for (uint32_t i = 0; i < nd; i++)
+        memset(d[i].base, 0, (size_t)d[i].lo.total_bytes);
+    char *stage = kvb_alloc((size_t)bytes);
+    const struct kv_xport_config xc = xport_config(conns, true);
     kv_xport *x = NULL;
     if (kv_xport_create(&xc, &x) != KV_OK)
         return 13;
@@ -209,16 +208,20 @@ static int decode_main(int ctl, bool convert, uint32_t conns, int64_t T, uint64_
     const int sfd = accept(ls, NULL, NULL);
     if (sfd < 0)
         return 17;
-    kv_xport_mem *m = NULL;
-    char *region = convert ? stage : d.base;
-    const size_t rbytes = convert ? (size_t)stg_lo.total_bytes : (size_t)d.lo.total_bytes;
-    size_t bl = 0;
-    if (kv_xport_mem_reg(x, region, rbytes, KV_MEM_HOST, &m) != KV_OK ||
-        kv_xport_mem_expose(peer, m, su.blob, sizeof(su.blob), &bl) != KV_OK)
-        return 18;
-    su.blob_len = (uint32_t)bl;
-    if (send_all(ctl, &su, sizeof(su)) || send_all(ctl, d.ids, d.n * sizeof(*d.ids)))
+    kv_xport_mem *m[2] = {NULL, NULL};
+    for (uint32_t i = 0; i < nd; i++) {
+        size_t bl = 0;
+        if (kv_xport_mem_reg(x, d[i].base, (size_t)d[i].lo.total_bytes, KV_MEM_HOST, &m[i]) !=
+                KV_OK ||
+            kv_xport_mem_expose(peer, m[i], su.blob[i], sizeof(su.blob[i]), &bl) != KV_OK)
+            return 18;
+        su.blob_len[i] = (uint32_t)bl;
+    }
+    if (send_all(ctl, &su, sizeof(su)))
         return 19;
+    for (uint32_t i = 0; i < nd; i++)
+        if (send_all(ctl, d[i].ids, d[i].n * sizeof(*d[i].ids)))
+            return 19;
     struct kv_xport_msg *msg = malloc(sizeof(*msg));
     int rc = 0;
     for (;;) {
@@ -231,27 +234,13 @@ static int decode_main(int ctl, bool convert, uint32_t conns, int64_t T, uint64_
             if (recv_all(sfd, stage, (size_t)bytes))
                 return 21;
         } else if (cmd == CMD_XPORT) {
-            /* convert: SLICES notifications, each slice converted as soon
-             * as its notification says it landed (while the next ones are
-             * still on the wire). */
-            for (uint32_t j = 0; j < (convert ? SLICES : 1); j++) {
-                if (kv_xport_notify_poll(x, 600000, msg) != KV_OK)
-                    return 22;
-                if (!convert)
-                    break;
-                const uint32_t sj = (uint32_t)msg->tag % SLICES;
-                const uint64_t tok = (uint64_t)T / SLICES;
-                struct kv_paged_cache s = {
-                    .layout = stg_lo, .base = stage, .storage_bytes = (size_t)stg_lo.total_bytes};
-                struct kv_paged_cache dd = {
-                    .layout = d.lo, .base = d.base, .storage_bytes = (size_t)d.lo.total_bytes};
-                if (kv_plan_copy(conv, s, stg_ids + sj * (tok / 16), (uint32_t)(tok / 16), dd,
-                                 d.ids + sj * (tok / 32), (uint32_t)(tok / 32), tok) != KV_OK)
-                    return 23;
-            }
+            if (kv_xport_notify_poll(x, 600000, msg) != KV_OK)
+                return 22;
         } else if (cmd == CMD_HASH) {
-            const uint64_t h = XXH3_64bits(d.base, (size_t)d.lo.total_bytes);
-            if (send_all(ctl, &h, sizeof(h)))
+            uint64_t h[2] = {0, 0};
+            for (uint32_t i = 0; i < nd; i++)
+                h[i] = XXH3_64bits(d[i].base, (size_t)d[i].lo.total_bytes);
+            if (send_all(ctl, h, sizeof(h)))
                 return 24;
             continue;
         }
@@ -262,24 +251,68 @@ static int decode_main(int ctl, bool convert, uint32_t conns, int64_t T, uint64_
     close(sfd);
     close(ls);
     kv_xport_peer_close(peer);
-    if (kv_xport_mem_dereg(m) != KV_OK)
-        rc = 26;
+    for (uint32_t i = 0; i < nd; i++)
+        if (kv_xport_mem_dereg(m[i]) != KV_OK)
+            rc = 26;
     if (kv_xport_destroy(x) != KV_OK)
         rc = 27;
-    kv_plan_destroy(conv);
     kvb_free(stage);
-    free(stg_ids);
-    side_free(&d);
+    for (uint32_t i = 0; i < nd; i++)
+        side_free(&d[i]);
     return rc;
 }
 
-static void transport_case(bool convert, uint32_t conns)
+/* One transfer of the whole request through plan, timed from post until
+ * decode has its notification. <0: failed. */
+static double xport_once(int ctl, kv_xport_peer *peer, const kv_plan *plan, kv_xport_mem *m,
+                         const struct side *s, kv_xport_rmem *r, const struct side *d, uint64_t T,
+                         uint64_t tag)
 {
+    char k;
+    kv_xport_xfer *t = NULL;
+    kv_xport_state state;
+    struct kv_xport_notify n = {.tag = tag};
+    if (send_all(ctl, (char[]){CMD_XPORT}, 1))
+        return -1;
+    const double t0 = kvb_now();
+    if (kv_xport_write_plan(peer, plan, m, 0, s->ids, s->n, r, 0, d->ids, d->n, T, &n, &t) != KV_OK)
+        return -1;
+    if (recv_all(ctl, &k, 1))
+        return -1;
+    const double t1 = kvb_now();
+    if (kv_xport_xfer_wait(t, 600000, &state) != KV_OK || state != KV_XPORT_DONE ||
+        kv_xport_xfer_free(t) != KV_OK)
+        return -1;
+    return t1 - t0;
+}
+
+/* Decode's pool i (hash got) against kv_plan_copy of the request here. */
+static bool pool_ok(const struct side *s, struct side *d, uint64_t got)
+{
+    kv_plan *ref = NULL;
+    memset(d->base, 0, (size_t)d->lo.total_bytes);
+    struct kv_paged_cache sc = {
+        .layout = s->lo, .base = s->base, .storage_bytes = (size_t)s->lo.total_bytes};
+    struct kv_paged_cache dc = {
+        .layout = d->lo, .base = d->base, .storage_bytes = (size_t)d->lo.total_bytes};
+    const uint64_t T = (uint64_t)s->n * (uint64_t)s->lo.block_tokens;
+    const bool ok = kv_plan_create(&s->lo, &d->lo, NULL, &ref) == KV_OK &&
+                    kv_plan_copy(ref, sc, s->ids, s->n, dc, d->ids, d->n, T) == KV_OK &&
+                    XXH3_64bits(d->base, (size_t)d->lo.total_bytes) == got;
+    kv_plan_destroy(ref);
+    return ok;
+}
+
+static void transport_case(enum target tg, uint32_t conns)
+{
+    const bool convert = tg != T_SAME;
     const char *bench = convert ? "transport.tcp_convert" : "transport.tcp";
+    static const char *const names[T_N] = {
+        "llama3_8b_T4096_nhd_lm_N16", "llama3_8b_T4096_nhd_lm_N16_to_hnd_bm_N32",
+        "llama3_8b_T4096_nhd_lm_N16_to_nhd_lm_N32", "llama3_8b_T4096_nhd_lm_N16_to_nhd_bm_N1",
+        "llama3_8b_T4096_nhd_lm_N16_to_nhd_bm_N8"};
     char name[96];
-    snprintf(name, sizeof(name), "%s_conns%u",
-             convert ? "llama3_8b_T4096_nhd_lm_N16_to_hnd_bm_N32" : "llama3_8b_T4096_nhd_lm_N16",
-             conns);
+    snprintf(name, sizeof(name), "%s_conns%u", names[tg], conns);
     if (!kvb_selected(bench, name))
         return;
     kvb_progress("transport", name);
@@ -299,11 +332,11 @@ static void transport_case(bool convert, uint32_t conns)
     }
     /* Decode runs in a fresh image of this program (fork + exec): a forked
      * child of a process that ran OpenMP cannot use OpenMP (libgomp's pool
-     * does not survive fork), and decode converts with it. */
+     * does not survive fork). */
     fflush(NULL);
     char env[96];
-    snprintf(env, sizeof(env), "KVB_TRANSPORT_DECODE=%d,%d,%u,%lld,%llu", sv[1], convert ? 1 : 0,
-             conns, (long long)T, (unsigned long long)bytes);
+    snprintf(env, sizeof(env), "KVB_TRANSPORT_DECODE=%d,%d,%u,%lld,%llu", sv[1], (int)tg, conns,
+             (long long)T, (unsigned long long)bytes);
     const pid_t pid = fork();
     if (pid == 0) {
         close(sv[0]);
@@ -313,24 +346,20 @@ static void transport_case(bool convert, uint32_t conns)
     }
     close(sv[1]);
     const int ctl = sv[0];
+    const uint32_t nd = convert ? 2 : 1;
     kv_xport *x = NULL;
     kv_xport_peer *peer = NULL;
     kv_xport_mem *m = NULL;
-    kv_xport_rmem *r = NULL;
-    kv_plan *plan = NULL;
+    kv_xport_rmem *r[2] = {NULL, NULL};
+    kv_plan *plan[2] = {NULL, NULL};
     const char *fail = NULL;
     struct setup su;
-    struct side d = {0};
-    struct kv_layout stg_lo;
-    uint32_t *stg_ids = NULL;
+    struct side d[2];
+    memset(d, 0, sizeof(d));
     int sfd = -1;
     double *ts = calloc((size_t)kvb_runs(), sizeof(double));
     double *bs = calloc((size_t)kvb_runs(), sizeof(double));
-    struct kv_xport_config xc = KV_XPORT_CONFIG_INIT;
-    xc.kind = KV_XPORT_TCP;
-    xc.token = TOKEN;
-    xc.conns_per_peer = conns;
-    xc.timeout_ms = 600000;
+    const struct kv_xport_config xc = xport_config(conns, false);
     if (recv_all(ctl, &su, sizeof(su)) || kv_xport_create(&xc, &x) != KV_OK ||
         kv_xport_connect(x, "127.0.0.1", su.xport_port, &peer) != KV_OK ||
         kv_xport_peer_wait(peer, 60000, NULL) != KV_OK) {
@@ -345,103 +374,83 @@ static void transport_case(bool convert, uint32_t conns)
         fail = "stream connect";
         goto out;
     }
-    /* decode's layout as it would describe it in a placement message */
-    if (convert ? side_make(&d, 32, KV_ORDER_HND, KV_ARRANGE_BLOCK_MAJOR, T, 77)
-                : side_make(&d, 16, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, T, 77)) {
+    /* decode's layouts as it would describe them in a placement message */
+    if (side_make(&d[0], 16, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, T, 77) != KV_OK ||
+        (convert && target_make(&d[1], tg, T, 78) != KV_OK)) {
         fail = "decode layout";
         goto out;
     }
-    if (recv_all(ctl, &su, sizeof(su)) || recv_all(ctl, d.ids, d.n * sizeof(*d.ids))) {
+    if (recv_all(ctl, &su, sizeof(su))) {
         fail = "setup from decode";
         goto out;
     }
-    if (kv_xport_mem_reg(x, s.base, (size_t)s.lo.total_bytes, KV_MEM_HOST, &m) != KV_OK ||
-        kv_xport_rmem_import(peer, su.blob, su.blob_len, &r) != KV_OK) {
-        fail = "register/import";
-        goto out;
-    }
-    const struct kv_layout *dst_lo = &d.lo;
-    const uint32_t *dst_ids = d.ids;
-    if (convert) {
-        if (staging_layout(&s.lo, s.n, &stg_lo) != KV_OK) {
-            fail = "staging layout";
+    for (uint32_t i = 0; i < nd; i++)
+        if (recv_all(ctl, d[i].ids, d[i].n * sizeof(*d[i].ids))) {
+            fail = "setup from decode";
             goto out;
         }
-        stg_ids = malloc(s.n * sizeof(*stg_ids));
-        for (uint32_t i = 0; i < s.n; i++)
-            stg_ids[i] = i;
-        dst_lo = &stg_lo;
-        dst_ids = stg_ids;
+    if (kv_xport_mem_reg(x, s.base, (size_t)s.lo.total_bytes, KV_MEM_HOST, &m) != KV_OK) {
+        fail = "register";
+        goto out;
     }
-    if (kv_plan_create(&s.lo, dst_lo, NULL, &plan) != KV_OK) {
-        fail = "plan";
+    for (uint32_t i = 0; i < nd; i++)
+        if (kv_xport_rmem_import(peer, su.blob[i], su.blob_len[i], &r[i]) != KV_OK ||
+            kv_plan_create(&s.lo, &d[i].lo, NULL, &plan[i]) != KV_OK) {
+            fail = "import/plan";
+            goto out;
+        }
+    struct kv_xport_stats st0 = KV_XPORT_STATS_INIT, st1 = KV_XPORT_STATS_INIT;
+    if (kv_xport_stats_get(x, &st0) != KV_OK) {
+        fail = "stats";
         goto out;
     }
     const int runs = kvb_runs();
     for (int i = 0; i < runs; i++) {
         char k;
-        double t0 = kvb_now();
-        if (send_all(ctl, (char[]){CMD_STREAM}, 1) || send_all(sfd, s.base, (size_t)bytes) ||
-            recv_all(ctl, &k, 1)) {
-            fail = "stream";
-            goto out;
-        }
-        double t1 = kvb_now();
-        const uint32_t S = convert ? SLICES : 1, per = s.n / S;
-        kv_xport_xfer *t[SLICES] = {0};
-        kv_xport_state state;
-        if (send_all(ctl, (char[]){CMD_XPORT}, 1)) {
-            fail = "control";
-            goto out;
-        }
-        for (uint32_t j = 0; j < S; j++) {
-            struct kv_xport_notify n = {.tag = (uint64_t)i * SLICES + j};
-            if (kv_xport_write_plan(peer, plan, m, 0, s.ids + j * per, per, r, 0, dst_ids + j * per,
-                                    per, (uint64_t)per * 16, &n, &t[j]) != KV_OK) {
-                fail = "post";
+        if (!convert) { /* A: the socket stream */
+            const double t0 = kvb_now();
+            if (send_all(ctl, (char[]){CMD_STREAM}, 1) || send_all(sfd, s.base, (size_t)bytes) ||
+                recv_all(ctl, &k, 1)) {
+                fail = "stream";
                 goto out;
             }
+            bs[i] = kvb_now() - t0;
+        } else { /* A: the same-layout write */
+            bs[i] = xport_once(ctl, peer, plan[0], m, &s, r[0], &d[0], (uint64_t)T, 2u * i);
         }
-        if (recv_all(ctl, &k, 1)) {
+        /* B: the candidate */
+        ts[i] = xport_once(ctl, peer, plan[nd - 1], m, &s, r[nd - 1], &d[nd - 1], (uint64_t)T,
+                           2u * i + 1);
+        if (bs[i] < 0 || ts[i] < 0) {
             fail = "transfer";
             goto out;
         }
-        double t2 = kvb_now();
-        for (uint32_t j = 0; j < S; j++)
-            if (kv_xport_xfer_wait(t[j], 600000, &state) != KV_OK || state != KV_XPORT_DONE ||
-                kv_xport_xfer_free(t[j]) != KV_OK) {
-                fail = "transfer";
-                goto out;
-            }
-        bs[i] = t1 - t0;
-        ts[i] = t2 - t1;
     }
-    /* The check: decode's whole pool against kv_plan_copy here. */
+    if (kv_xport_stats_get(x, &st1) != KV_OK) {
+        fail = "stats";
+        goto out;
+    }
+    /* The check: decode's whole pools against kv_plan_copy here. */
     {
-        uint64_t got = 0;
-        if (send_all(ctl, (char[]){CMD_HASH}, 1) || recv_all(ctl, &got, sizeof(got))) {
+        uint64_t got[2];
+        if (send_all(ctl, (char[]){CMD_HASH}, 1) || recv_all(ctl, got, sizeof(got))) {
             fail = "hash";
             goto out;
         }
-        kv_plan *ref = NULL;
-        memset(d.base, 0, (size_t)d.lo.total_bytes);
-        struct kv_paged_cache sc = {
-            .layout = s.lo, .base = s.base, .storage_bytes = (size_t)s.lo.total_bytes};
-        struct kv_paged_cache dc = {
-            .layout = d.lo, .base = d.base, .storage_bytes = (size_t)d.lo.total_bytes};
-        if (kv_plan_create(&s.lo, &d.lo, NULL, &ref) != KV_OK ||
-            kv_plan_copy(ref, sc, s.ids, s.n, dc, d.ids, d.n, (uint64_t)T) != KV_OK) {
-            kv_plan_destroy(ref);
-            fail = "reference";
-            goto out;
-        }
-        kv_plan_destroy(ref);
-        const uint64_t want = XXH3_64bits(d.base, (size_t)d.lo.total_bytes);
-        if (got != want)
-            kvb_mismatch(bench, name, "decode pool XXH3 %016llx, reference %016llx",
-                         (unsigned long long)got, (unsigned long long)want);
+        bool ok = true;
+        for (uint32_t i = 0; i < nd; i++)
+            ok = ok && pool_ok(&s, &d[i], got[i]);
+        const uint64_t gathered = st1.plans_gathered - st0.plans_gathered;
+        if (!ok)
+            kvb_mismatch(bench, name, "a decode pool's XXH3 differs from kv_plan_copy's");
+        else if (convert && tg == T_HND_BM32 && xc.plan_gather_below_bytes == 0 &&
+                 gathered < (uint64_t)runs)
+            kvb_mismatch(bench, name,
+                         "%llu writes gathered for %d converted ones (want all of them)",
+                         (unsigned long long)gathered, runs);
         else
-            kvb_emit_gbps(bench, name, bytes, kvb_median(ts, runs), "socket_stream",
+            kvb_emit_gbps(bench, name, bytes, kvb_median(ts, runs),
+                          convert ? "transport_tcp_same_layout" : "socket_stream",
                           kvb_median(bs, runs), runs);
     }
 out:
@@ -457,48 +466,56 @@ out:
     if (sfd >= 0)
         close(sfd);
     close(ctl);
-    kv_plan_destroy(plan);
-    if (kv_xport_rmem_free(r) != KV_OK)
-        kvb_failed(bench, name, "rmem_free: %s", kv_last_error());
+    for (uint32_t i = 0; i < 2; i++) {
+        kv_plan_destroy(plan[i]);
+        if (kv_xport_rmem_free(r[i]) != KV_OK)
+            kvb_failed(bench, name, "rmem_free: %s", kv_last_error());
+    }
     kv_xport_peer_close(peer);
     if (m && kv_xport_mem_dereg(m) != KV_OK)
         kvb_failed(bench, name, "dereg: %s", kv_last_error());
     if (kv_xport_destroy(x) != KV_OK)
         kvb_failed(bench, name, "destroy: %s", kv_last_error());
-    free(stg_ids);
     free(ts);
     free(bs);
-    if (d.base)
-        side_free(&d);
+    for (uint32_t i = 0; i < 2; i++)
+        if (d[i].base)
+            side_free(&d[i]);
     side_free(&s);
 }
 
 /* The decode process: this program started again with
- * KVB_TRANSPORT_DECODE=fd,convert,T,bytes runs decode_main before main. */
+ * KVB_TRANSPORT_DECODE=fd,target,conns,T,bytes runs decode_main before main. */
 __attribute__((constructor)) static void transport_decode_entry(void)
 {
     const char *e = getenv("KVB_TRANSPORT_DECODE");
     if (!e)
         return;
-    int fd = -1, conv = 0;
+    int fd = -1, tg = 0;
     unsigned conns = 0;
     long long T = 0;
     unsigned long long bytes = 0;
-    if (sscanf(e, "%d,%d,%u,%lld,%llu", &fd, &conv, &conns, &T, &bytes) != 5)
+    if (sscanf(e, "%d,%d,%u,%lld,%llu", &fd, &tg, &conns, &T, &bytes) != 5 || tg < 0 || tg >= T_N)
         _exit(2);
     signal(SIGPIPE, SIG_IGN);
-    _exit(decode_main(fd, conv != 0, conns, (int64_t)T, (uint64_t)bytes));
+    _exit(decode_main(fd, (enum target)tg, conns, (int64_t)T, (uint64_t)bytes));
 }
 
 static void transport_suite(void)
 {
     signal(SIGPIPE, SIG_IGN);
     /* The default (2 connections per peer), and 1: as many streams as the
-     * baseline. */
-    transport_case(false, 2);
-    transport_case(false, 1);
-    transport_case(true, 2);
-    transport_case(true, 1);
+     * stream baseline. */
+    transport_case(T_SAME, 2);
+    transport_case(T_SAME, 1);
+    transport_case(T_HND_BM32, 2);
+    transport_case(T_HND_BM32, 1);
+    /* where the threshold lies: runs of 4 KiB (to 1-token pages, block-
+     * major), 16 KiB (8-token pages) and 32 KiB (32-token pages, layer-
+     * major), each merged on the destination side when gathered */
+    transport_case(T_NHD_BM1, 2);
+    transport_case(T_NHD_BM8, 2);
+    transport_case(T_NHD_LM32, 2);
 }
 
 KVB_REGISTER("transport", transport_suite)
