@@ -5,7 +5,14 @@ set -uo pipefail
 passed=0; failed=0; bad_bins=()
 for t in "$@"; do
     [[ -x "$t" ]] || { echo "missing test binary: $t"; failed=$((failed + 1)); continue; }
-    out=$(timeout "${KV_TEST_TIMEOUT:-600}" "$t" 2>&1); rc=$?
+    # Output to a file, not a pipe: a child a failed test left behind must
+    # not hold the run open. timeout leads its own process group; whatever
+    # of that group outlives the test is killed.
+    log=$(mktemp)
+    timeout "${KV_TEST_TIMEOUT:-600}" "$t" > "$log" 2>&1 & tpid=$!
+    wait "$tpid"; rc=$?
+    kill -KILL -- "-$tpid" 2>/dev/null || true
+    out=$(cat "$log"); rm -f "$log"
     printf '%s\n' "$out"
     p=$(printf '%s\n' "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | awk '{s+=$1} END {print s+0}')
     f=$(printf '%s\n' "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | awk '{s+=$1} END {print s+0}')

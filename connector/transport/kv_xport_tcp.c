@@ -524,14 +524,9 @@ static bool sweep(struct kv__tcp *t, struct kv__tcp_peer *tp, uint64_t now)
         peer_fail(t, tp, KV_ERR_TIMEOUT, "xport: handshake not done within the timeout");
         return false;
     }
-    for (uint32_t i = 0; i < tp->n_conns; i++) {
-        char m[200];
-        kv_status st;
-        if (tp->conns[i] && conn_late(t, tp->conns[i], now, m, sizeof(m), &st)) {
-            peer_fail(t, tp, st, m);
-            return false;
-        }
-    }
+    /* transfers first: one whose own deadline passed ends TIMED_OUT even
+     * when a late sweep also finds its connection stalled (which fails the
+     * peer and, with it, the transfers still within their deadlines) */
     for (kv_xport_xfer *xf = p->xfers, *nx; xf; xf = nx) {
         nx = xf->next;
         if (xf->cancel_req && !xf->busy) {
@@ -550,6 +545,14 @@ static bool sweep(struct kv__tcp *t, struct kv__tcp_peer *tp, uint64_t now)
                 peer_fail(t, tp, KV_ERR_TIMEOUT, m);
                 return false;
             }
+        }
+    }
+    for (uint32_t i = 0; i < tp->n_conns; i++) {
+        char m[200];
+        kv_status st;
+        if (tp->conns[i] && conn_late(t, tp->conns[i], now, m, sizeof(m), &st)) {
+            peer_fail(t, tp, st, m);
+            return false;
         }
     }
     if (p->state == KV_XPORT_READY && !kv__tcp_notes_flush(tp)) {
