@@ -17,16 +17,22 @@ def pairwise(params, seed=0):
     tuples in the order of params, for pytest.mark.parametrize."""
     names = list(params)
     rng = random.Random(seed)
-    full = list(itertools.product(*(params[n] for n in names)))
+    full = list(itertools.product(*(range(len(params[n])) for n in names)))
     rng.shuffle(full)
-    idx = list(itertools.combinations(range(len(names)), 2))
-    todo = {(i, j, a, b) for i, j in idx for a in params[names[i]] for b in params[names[j]]}
+    cand = np.array(full, np.int64).reshape(len(full), len(names))
+    sizes = [len(params[n]) for n in names]
+    cols, base = [], 0
+    for i, j in itertools.combinations(range(len(names)), 2):
+        cols.append(base + cand[:, i] * sizes[j] + cand[:, j])  # a global id per pair
+        base += sizes[i] * sizes[j]
+    ids = np.stack(cols, axis=1) if cols else np.zeros((len(full), 0), np.int64)
+    covered = np.zeros(base, bool)
     out = []
-    while todo:
-        best = max(full, key=lambda c: sum((i, j, c[i], c[j]) in todo for i, j in idx))
-        out.append(best)
-        todo -= {(i, j, best[i], best[j]) for i, j in idx}
-    return out
+    while not covered.all():
+        best = int(np.argmax((~covered[ids]).sum(axis=1)))
+        covered[ids[best]] = True
+        out.append(tuple(params[n][k] for n, k in zip(names, cand[best])))
+    return out if out else [tuple(params[n][0] for n in names)]
 
 
 def _e4m3_table():

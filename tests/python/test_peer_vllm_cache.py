@@ -208,3 +208,17 @@ def test_swap_blocks(direction, head_size, block_size, num_blocks, dtype, kv_cac
         ref[:, d] = src_clone[:, s]
     assert np.array_equal(raw(dst_mem), raw(ref)), "the whole dst cache after the swap"
     assert np.array_equal(raw(src_mem), raw(src_clone)), "the src cache changed"
+
+
+def test_pairwise_covers_every_pair_of_values():
+    """The reduction every ported file relies on: each value pair of each
+    two parameters is in some case, checked here by brute force."""
+    import itertools
+    params = {"a": [1, 2, 3], "b": "xyz", "c": [True, False], "d": [0, 1, 2, 3]}
+    cases = pairwise(params, seed=5)
+    assert len(cases) < 3 * 3 * 2 * 4
+    names = list(params)
+    for (i, n), (j, m) in itertools.combinations(enumerate(names), 2):
+        for a in params[n]:
+            for b in params[m]:
+                assert any(c[i] == a and c[j] == b for c in cases), (n, a, m, b)
