@@ -33,10 +33,11 @@ query-per-KV ratio kept, (40, 40) -> (5, 5), (64, 8) -> (16, 2), (32, 8)
 added; NUM_BLOCKS 4321 -> 67; MAX_SEQ_LEN (shared memory / 4 - 512) ->
 520. "v1" and "v2" are one kernel here: v2 splits sequences into
 partitions of 512 tokens, so the longest sequence (520) crosses a
-partition edge in every case, and both versions map to the same call. Not ported: USE_ALIBI True (kvcache has no ALiBi
-bias), the x-split key cache layout [blocks][H][D/x][N][x] of the v1/v2
-kernels (not a kvcache layout; the flash layout carries the same
-attention), test_multi_query_kv_attention (xformers' prefill, not a paged
+partition edge in every case, and both versions map to the same call.
+Not ported: USE_ALIBI True (kvcache has no ALiBi bias), the x-split key
+cache layout [blocks][H][D/x][N][x] of the v1/v2 kernels (not a kvcache
+layout; the flash layout carries the same attention),
+test_multi_query_kv_attention (xformers' prefill, not a paged
 kernel), the ROCm kernel and opcheck."""
 import random
 
