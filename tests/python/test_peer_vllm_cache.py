@@ -40,8 +40,10 @@ direction is host to host here, the disjointness rule kept),
 RESHAPE_FLASH_IMPLEMENTATIONS ["cuda", "triton"] (one kernel here),
 kv_cache_dtype "nvfp4" (no such format), the MLA tests (concat_and_cache_mla,
 swap_blocks_mla, gather_and_maybe_dequant_cache_mla: no MLA layout), the
-x-split key layout of test_reshape_and_cache (not a kvcache layout; the flash
-layout is), opcheck (torch op registration)."""
+x-split key layout [blocks][H][D/x][N][x] of kv_cache_factory, used by
+test_reshape_and_cache, test_copy_blocks and test_swap_blocks (not a kvcache
+layout: test_reshape_and_cache is left out, the copies run on the flash
+layout [2][blocks][N][H][D]), opcheck (torch op registration)."""
 import random
 
 import numpy as np
