@@ -156,6 +156,96 @@ extern "C" kv_status kv__cuda_attn_move(const struct kv__attn_job *j, bool to_ca
     return st;
 }
 
+/* ---- device-index write and its error record ------------------------------------- */
+
+__global__ void kv__dev_error_finish_kernel(struct kv_attn_cuda_errors *e, const int64_t *slots)
+{
+    kv__dev_error_finish(e, slots);
+}
+
+/* No allocation, no copy, no synchronization: capture-safe. */
+extern "C" kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *j, const int64_t *slots,
+                                             int64_t n_slots, struct kv_attn_cuda_errors *err,
+                                             kv_cuda_stream stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    const char *fn = j->fn;
+    kv_status st = kv__cuda_ready(fn, NULL);
+    if (st != KV_OK || n_slots == 0)
+        return st;
+    struct kv__cmove m;
+    const bool bytes = kv__cmove_build_dev(j, slots, n_slots, err, &m);
+    const int grid = kv__attn_grid_of(m.n_items);
+    if (bytes) {
+        switch (kv__cmove_width(&m)) {
+        case 16:
+            kv__move_bytes_kernel<16><<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL);
+            break;
+        case 8:
+            kv__move_bytes_kernel<8><<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL);
+            break;
+        case 4:
+            kv__move_bytes_kernel<4><<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL);
+            break;
+        case 2:
+            kv__move_bytes_kernel<2><<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL);
+            break;
+        default:
+            kv__move_bytes_kernel<1><<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL);
+            break;
+        }
+    } else {
+        kv__move_convert_kernel<<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL, NULL);
+    }
+    if (err)
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, slots);
+    return kv__cuda_status(cudaGetLastError(), fn);
+}
+
+extern "C" kv_status kv__cuda_attn_errors_alloc(struct kv_attn_cuda_errors **out)
+{
+    static const char fn[] = "kv_attn_cuda_errors_create";
+    kv_status st = kv__cuda_ready(fn, NULL);
+    if (st != KV_OK)
+        return st;
+    void *p = NULL;
+    st = kv__cuda_status(cudaMalloc(&p, sizeof(struct kv_attn_cuda_errors)), fn);
+    if (st != KV_OK)
+        return st;
+    st = kv__cuda_status(cudaMemset(p, 0, sizeof(struct kv_attn_cuda_errors)), fn);
+    if (st != KV_OK) {
+        (void)cudaFree(p);
+        return st;
+    }
+    *out = (struct kv_attn_cuda_errors *)p;
+    return KV_OK;
+}
+
+extern "C" void kv__cuda_attn_errors_free(struct kv_attn_cuda_errors *e)
+{
+    (void)cudaFree(e);
+}
+
+extern "C" kv_status kv__cuda_attn_errors_zero(struct kv_attn_cuda_errors *e,
+                                               kv_cuda_stream stream)
+{
+    return kv__cuda_status(
+        cudaMemsetAsync(e, 0, sizeof(*e), (cudaStream_t)stream), "kv_attn_cuda_errors_reset");
+}
+
+extern "C" kv_status kv__cuda_attn_errors_read(const struct kv_attn_cuda_errors *e,
+                                               struct kv_attn_cuda_errors *host,
+                                               kv_cuda_stream stream)
+{
+    static const char fn[] = "kv_attn_cuda_errors_get";
+    cudaStream_t s = (cudaStream_t)stream;
+    kv_status st = kv__cuda_status(
+        cudaMemcpyAsync(host, e, sizeof(*host), cudaMemcpyDeviceToHost, s), fn);
+    if (st == KV_OK)
+        st = kv__cuda_status(cudaStreamSynchronize(s), fn);
+    return st;
+}
+
 /* ---- copy blocks ---------------------------------------------------------------- */
 
 extern "C" kv_status kv__cuda_attn_copy(const struct kv__attn_job *j, kv_cuda_stream stream)

@@ -168,3 +168,39 @@ kv_status kv__grid_attn_decode(const struct kv__attn_job *j)
     const struct kv_grid_launch l = {(uint64_t)blocks, (uint64_t)(32 * p.warps), shmem, true};
     return run(fn, l, decode_thread, &p, 0);
 }
+
+struct finish_arg {
+    struct kv_attn_cuda_errors *err;
+    const int64_t *slots;
+};
+
+static void finish_thread(const struct kv_grid_ctx *c, const void *arg)
+{
+    (void)c;
+    const struct finish_arg *a = arg;
+    kv__dev_error_finish(a->err, a->slots);
+}
+
+kv_status kv__grid_attn_write_dev(const struct kv__attn_job *j, const int64_t *slots,
+                                  int64_t n_slots, struct kv_attn_cuda_errors *err)
+{
+    if (n_slots == 0)
+        return KV_OK;
+    struct kv__cmove m;
+    const bool bytes = kv__cmove_build_dev(j, slots, n_slots, err, &m);
+    const struct kv_grid_launch l = {(uint64_t)kv__attn_grid_of(m.n_items), KV__ATTN_THREADS, 0,
+                                     false};
+    struct move_arg a = {&m, NULL, NULL, 0};
+    kv_status st;
+    if (bytes) {
+        a.vbytes = kv__cmove_width(&m);
+        st = run(j->fn, l, move_bytes_thread, &a, a.vbytes);
+    } else {
+        st = run(j->fn, l, move_convert_thread, &a, 0);
+    }
+    if (st != KV_OK || !err)
+        return st;
+    const struct finish_arg f = {err, slots};
+    const struct kv_grid_launch one = {1, 1, 0, false};
+    return kv__grid_run(j->fn, &one, finish_thread, &f);
+}

@@ -107,6 +107,17 @@ kv_status kv__attn_write_check(const char *fn, const struct kv_paged_cache *cach
                                const struct kv_view *k, const struct kv_view *v,
                                struct kv__attn_slots slots, int64_t n_slots,
                                const struct kv_scales *scales, struct kv__attn_job *job);
+/* The scalar checks of a device-index write (kv_attn_write_cuda_dev):
+ * cache, layer, k, v, n_slots in [0, T], slots non-NULL when n_slots > 0,
+ * scales NULL. The slots are device memory, never read here; *job has no
+ * runs (nothing allocated: kv__attn_job_free is still fine). */
+kv_status kv__attn_write_dev_check(const char *fn, const struct kv_paged_cache *cache,
+                                   int32_t layer, const struct kv_view *k, const struct kv_view *v,
+                                   const int64_t *slots, int64_t n_slots,
+                                   const struct kv_scales *scales, struct kv__attn_job *job);
+/* A record read back (host memory) as the caller sees it. */
+void kv__attn_errors_decode(const struct kv_attn_cuda_errors *rec,
+                            struct kv_attn_cuda_error_info *out);
 kv_status kv__attn_read_check(const char *fn, const struct kv_paged_cache *cache, int32_t layer,
                               const struct kv_pages *pages, const struct kv_view *k_out,
                               const struct kv_view *v_out, const struct kv_scales *scales,

@@ -59,7 +59,72 @@ struct kv__cmove {
     int to_cache;
     int per_head;
     int64_t n_mul;
+    /* device-index mode (kv_attn_write_cuda_dev): slot_map [n_items /
+     * n_layers] read here, each checked against slot_limit = B x N; NULL:
+     * the runs array of the host-index mode */
+    const int64_t *slot_map;
+    int64_t slot_limit;
+    struct kv_attn_cuda_errors *err;
 };
+
+/* Record an invalid index in e (NULL: not recorded): count, and the first
+ * (lowest array, then index) as first_key = ~(array << 56 | index), so that
+ * 0 means none and atomicMax keeps the first. */
+KV_HD void kv__dev_error(struct kv_attn_cuda_errors *e, int array, int64_t index)
+{
+    if (!e)
+        return;
+    const uint64_t key = ~(((uint64_t)array << 56) | (uint64_t)index);
+#if defined(__CUDA_ARCH__)
+    atomicAdd((unsigned long long *)&e->count, 1ull);
+    atomicMax((unsigned long long *)&e->first_key, (unsigned long long)key);
+#else
+    __atomic_fetch_add(&e->count, 1, __ATOMIC_RELAXED);
+    uint64_t cur = __atomic_load_n(&e->first_key, __ATOMIC_RELAXED);
+    while (key > cur && !__atomic_compare_exchange_n(&e->first_key, &cur, key, false,
+                                                     __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+#endif
+}
+
+/* After a launch (one thread, the same stream): the value at the first
+ * index, when this launch changed the first (an earlier launch's first
+ * keeps its value). slots: the launch's slot array. */
+KV_HD void kv__dev_error_finish(struct kv_attn_cuda_errors *e, const int64_t *slots)
+{
+    if (!e || e->first_key == 0 || e->first_key == e->value_key)
+        return;
+    const uint64_t k = ~e->first_key;
+    const int64_t index = (int64_t)(k & ((1ull << 56) - 1));
+    if ((int)(k >> 56) == KV_ATTN_DEV_SLOTS && slots)
+        e->first_value = slots[index];
+    e->value_key = e->first_key;
+}
+
+/* Item item's run: runs[item / n_layers] (host indices), or one token at
+ * slot_map[item / n_layers], false (skip) for -1 or an invalid slot
+ * (recorded once, by thread 0 of the item of layer 0). */
+KV_HD bool kv__move_run(const struct kv_grid_ctx *c, const struct kv__cmove *m,
+                        const struct kv__attn_run *runs, int64_t item, struct kv__attn_run *r)
+{
+    const int64_t t = item / m->n_layers;
+    if (!m->slot_map) {
+        *r = runs[t];
+        return true;
+    }
+    const int64_t s = m->slot_map[t];
+    if (s == -1)
+        return false;
+    if (s < -1 || s >= m->slot_limit) {
+        if (c->thread == 0 && item % m->n_layers == 0)
+            kv__dev_error(m->err, KV_ATTN_DEV_SLOTS, t);
+        return false;
+    }
+    r->token = t;
+    r->slot = s;
+    r->n = 1;
+    return true;
+}
 
 /* The dtypes agree without scales: bytes in vectors of vbytes. */
 KV_HD void kv__move_bytes_body(const struct kv_grid_ctx *c, const struct kv__cmove *m,
@@ -67,7 +132,9 @@ KV_HD void kv__move_bytes_body(const struct kv_grid_ctx *c, const struct kv__cmo
 {
     const int64_t H = m->lo.num_heads, row_vecs = m->lo.head_dim * m->lo.elem_bytes / vbytes;
     for (int64_t item = c->block; item < m->n_items; item += c->grid_dim) {
-        const struct kv__attn_run r = runs[item / m->n_layers];
+        struct kv__attn_run r;
+        if (!kv__move_run(c, m, runs, item, &r))
+            continue;
         const uint32_t lrel = (uint32_t)(item % m->n_layers);
         const int64_t total = r.n * H * row_vecs;
         for (int kv = 0; kv < 2; kv++) {
@@ -93,13 +160,15 @@ KV_HD void kv__move_bytes_body(const struct kv_grid_ctx *c, const struct kv__cmo
     }
 }
 
-/* Through f32: scale [2][n_mul], x / scale on the way in, x * scale out. */
+/* Through f32: scale [2][n_mul] (NULL: 1), x / scale on the way in, x * scale out. */
 KV_HD void kv__move_convert_body(const struct kv_grid_ctx *c, const struct kv__cmove *m,
                                  const struct kv__attn_run *runs, const float *scale)
 {
     const int64_t H = m->lo.num_heads, D = m->lo.head_dim, es = m->lo.elem_bytes;
     for (int64_t item = c->block; item < m->n_items; item += c->grid_dim) {
-        const struct kv__attn_run r = runs[item / m->n_layers];
+        struct kv__attn_run r;
+        if (!kv__move_run(c, m, runs, item, &r))
+            continue;
         const uint32_t lrel = (uint32_t)(item % m->n_layers);
         const int64_t total = r.n * H * D;
         for (int kv = 0; kv < 2; kv++) {
@@ -111,7 +180,7 @@ KV_HD void kv__move_convert_body(const struct kv_grid_ctx *c, const struct kv__c
             for (int64_t i = c->thread; i < total; i += c->block_dim) {
                 const int64_t row = i / D, d = i - row * D;
                 const int64_t tk = row / H, h = row - tk * H;
-                const float f = scale[kv * m->n_mul + (m->per_head ? h : 0)];
+                const float f = scale ? scale[kv * m->n_mul + (m->per_head ? h : 0)] : 1.0f;
                 char *cp =
                     c0 + tk * m->lo.stride_token_bytes + h * m->lo.stride_head_bytes + d * es;
                 char *x = t0 + tk * t.tok + h * t.head + d * t.dim;
@@ -297,6 +366,22 @@ static inline bool kv__cmove_build(const struct kv__attn_job *j, bool to_cache, 
     m->n_mul = j->n_scales > 1 ? j->n_scales : 1;
     m->per_head = j->n_scales > 1;
     return (!m->has[0] || m->raw[0]) && (!m->has[1] || m->raw[1]);
+}
+
+/* The move of a device-index write (kv_attn_write_cuda_dev): job j from
+ * kv__attn_write_dev_check (no runs), one item per (token, layer) reading
+ * slots [n_slots] (device memory) in the body. Returns what kv__cmove_build
+ * returns. */
+static inline bool kv__cmove_build_dev(const struct kv__attn_job *j, const int64_t *slots,
+                                       int64_t n_slots, struct kv_attn_cuda_errors *err,
+                                       struct kv__cmove *m)
+{
+    const bool bytes = kv__cmove_build(j, true, m);
+    m->n_items = n_slots * (int64_t)j->n_layers;
+    m->slot_map = slots;
+    m->slot_limit = m->lo.num_blocks * m->lo.block_tokens;
+    m->err = err;
+    return bytes;
 }
 
 /* The scales of a converting move: scale [2][n_mul] (1 without). */
