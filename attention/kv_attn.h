@@ -398,7 +398,12 @@ struct kv_attn_cuda_errors {
 /* Which index array an error names. */
 enum kv_attn_dev_array {
     KV_ATTN_DEV_NONE = 0,
-    KV_ATTN_DEV_SLOTS = 1 /* slots[index] outside [-1, num_blocks * block_tokens) */
+    KV_ATTN_DEV_SLOTS = 1,  /* slots[index] outside [-1, num_blocks * block_tokens) */
+    KV_ATTN_DEV_INDPTR = 2, /* indptr[index] < indptr[index - 1], < 0 or > n_pages (the
+                             * sequence index - 1 is skipped: its output is 0) */
+    KV_ATTN_DEV_LAST_LEN = 3, /* last_page_len[index] outside 1..N/r (0 with no pages):
+                               * the sequence is skipped, its output 0 */
+    KV_ATTN_DEV_PAGES = 4     /* indices[index] outside [0, B x r): its tokens skipped */
 };
 
 /* The record as read on the host. */
@@ -422,6 +427,17 @@ KV_API KV_NODISCARD kv_status kv_attn_cuda_errors_get(const struct kv_attn_cuda_
                                                       struct kv_attn_cuda_error_info *out,
                                                       kv_cuda_stream stream);
 
+/* Device-resident CSR pages (FlashInfer's paged_kv_indptr / indices /
+ * last_page_len), all int32 device memory. */
+struct kv_attn_dev_pages {
+    uint32_t n_seqs;
+    uint32_t page_ratio;          /* r >= 1 (0 means 1), dividing N */
+    const int32_t *indptr;        /* [n_seqs + 1], device */
+    const int32_t *indices;       /* [n_pages], device */
+    int64_t n_pages;              /* length of indices */
+    const int32_t *last_page_len; /* [n_seqs], device */
+};
+
 /* kv_attn_write_cuda with slots_dev [n_slots] in device memory (int64;
  * -1 skips a token). Slots are checked by the kernel (KV_ATTN_DEV_SLOTS);
  * a slot given twice is not detected (one of the tokens lands). scales must
@@ -435,6 +451,16 @@ KV_API KV_NODISCARD kv_status kv_attn_write_cuda_dev(struct kv_paged_cache cache
                                                      const struct kv_scales *scales,
                                                      struct kv_attn_cuda_errors *errors,
                                                      kv_cuda_stream stream);
+
+/* kv_attn_decode_cuda with device-resident CSR pages: the kernel checks
+ * indptr, last_page_len and every page id (KV_ATTN_DEV_INDPTR, _LAST_LEN,
+ * _PAGES); a sequence with bad indptr or last_page_len gets output 0, a bad
+ * page's tokens are left out of the softmax. scales must be NULL
+ * (KV_ERR_UNSUPPORTED). Capture-safe as kv_attn_write_cuda_dev. */
+KV_API KV_NODISCARD kv_status kv_attn_decode_cuda_dev(
+    struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q,
+    const struct kv_attn_dev_pages *pages, float softmax_scale, const struct kv_scales *scales,
+    const struct kv_view *out, struct kv_attn_cuda_errors *errors, kv_cuda_stream stream);
 
 /* ---- which path ran ---------------------------------------------------------- */
 

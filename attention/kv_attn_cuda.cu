@@ -158,9 +158,22 @@ extern "C" kv_status kv__cuda_attn_move(const struct kv__attn_job *j, bool to_ca
 
 /* ---- device-index write and its error record ------------------------------------- */
 
-__global__ void kv__dev_error_finish_kernel(struct kv_attn_cuda_errors *e, const int64_t *slots)
+__global__ void kv__dev_error_finish_kernel(struct kv_attn_cuda_errors *e, const int64_t *slots,
+                                            const int32_t *indptr, const int32_t *last_len,
+                                            const int32_t *indices)
 {
-    kv__dev_error_finish(e, slots);
+    kv__dev_error_finish(e, slots, indptr, last_len, indices);
+}
+
+/* Unit scales for the device-index decode (scales are refused there): a
+ * __device__ constant, so no upload. */
+__device__ const float kv__d_ones[2] = {1.0f, 1.0f};
+
+static const float *kv__dev_ones(void)
+{
+    void *p = NULL;
+    (void)cudaGetSymbolAddress(&p, kv__d_ones);
+    return (const float *)p;
 }
 
 /* No allocation, no copy, no synchronization: capture-safe. */
@@ -198,7 +211,34 @@ extern "C" kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *j, const
         kv__move_convert_kernel<<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL, NULL);
     }
     if (err)
-        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, slots);
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, slots, NULL, NULL, NULL);
+    return kv__cuda_status(cudaGetLastError(), fn);
+}
+
+extern "C" kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *j,
+                                              const struct kv_attn_dev_pages *pg,
+                                              struct kv_attn_cuda_errors *err,
+                                              kv_cuda_stream stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    const char *fn = j->fn;
+    kv_status st = kv__cuda_ready(fn, NULL);
+    if (st != KV_OK || j->n_seqs == 0)
+        return st;
+    struct kv__cdec p;
+    size_t shmem = 0;
+    if ((st = kv__cdec_build(j, fn, &p, &shmem)) != KV_OK)
+        return st;
+    kv__cdec_build_dev(j, pg, err, &p);
+    p.scales = kv__dev_ones();
+    const int64_t blocks = (int64_t)j->n_seqs * p.lo.num_heads;
+    if (blocks > INT32_MAX)
+        return kv__error(KV_ERR_UNSUPPORTED, "%s: %lld (sequence, head) pairs", fn,
+                         (long long)blocks);
+    kv__decode_kernel<<<(int)blocks, 32 * p.warps, shmem, s>>>(p);
+    if (err)
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, pg->indptr, pg->last_page_len,
+                                                    pg->indices);
     return kv__cuda_status(cudaGetLastError(), fn);
 }
 

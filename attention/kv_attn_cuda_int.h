@@ -29,6 +29,11 @@ kv_status kv__cuda_attn_decode(const struct kv__attn_job *job, kv_cuda_stream st
 kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *job, const int64_t *slots,
                                   int64_t n_slots, struct kv_attn_cuda_errors *err,
                                   kv_cuda_stream stream);
+/* Device-index decode: pages' arrays device memory, checked by the kernel;
+ * capture-safe as kv__cuda_attn_write_dev. */
+kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *job,
+                                   const struct kv_attn_dev_pages *pages,
+                                   struct kv_attn_cuda_errors *err, kv_cuda_stream stream);
 /* The error record's device memory: cudaMalloc + zero, cudaFree,
  * cudaMemsetAsync, cudaMemcpyAsync + cudaStreamSynchronize. */
 kv_status kv__cuda_attn_errors_alloc(struct kv_attn_cuda_errors **out);
@@ -75,6 +80,14 @@ static inline kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *job,
                                                 kv_cuda_stream stream)
 {
     (void)slots, (void)n_slots, (void)err, (void)stream;
+    return kv__cuda_attn_unsupported(job);
+}
+static inline kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *job,
+                                                 const struct kv_attn_dev_pages *pages,
+                                                 struct kv_attn_cuda_errors *err,
+                                                 kv_cuda_stream stream)
+{
+    (void)pages, (void)err, (void)stream;
     return kv__cuda_attn_unsupported(job);
 }
 static inline kv_status kv__cuda_attn_errors_unsupported(const char *fn)

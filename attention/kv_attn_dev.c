@@ -97,3 +97,52 @@ kv_status kv_attn_cuda_errors_get(const struct kv_attn_cuda_errors *errors,
     kv__attn_errors_decode(&host, out);
     return kv__ok();
 }
+
+kv_status kv__attn_decode_dev_check(const char *fn, const struct kv_paged_cache *cache,
+                                    uint32_t layer, const struct kv_view *q,
+                                    const struct kv_attn_dev_pages *pages, float softmax_scale,
+                                    const struct kv_scales *scales, const struct kv_view *out,
+                                    struct kv__attn_job *job)
+{
+    memset(job, 0, sizeof(*job));
+    job->fn = fn;
+    if (!pages)
+        return kv__error(KV_ERR_NULL, "%s: pages is NULL", fn);
+    if (scales)
+        return kv__error(KV_ERR_UNSUPPORTED,
+                         "%s: scales with device-resident pages: not yet (scales %p)", fn,
+                         (const void *)scales);
+    if (pages->n_seqs &&
+        (!pages->indptr || !pages->last_page_len || (pages->n_pages > 0 && !pages->indices)))
+        return kv__error(KV_ERR_NULL,
+                         "%s: device CSR pages need indptr=%p indices=%p last_page_len=%p "
+                         "(n_seqs %" PRIu32 ", n_pages %" PRId64 ")",
+                         fn, (const void *)pages->indptr, (const void *)pages->indices,
+                         (const void *)pages->last_page_len, pages->n_seqs, pages->n_pages);
+    if (pages->n_pages < 0 || pages->n_pages > INT32_MAX)
+        return kv__error(KV_ERR_BAD_SHAPE, "%s: n_pages %" PRId64 " outside [0, 2^31)", fn,
+                         pages->n_pages);
+    const struct kv_pages pg = {.format = KV__PAGES_DEVICE,
+                                .n_seqs = pages->n_seqs,
+                                .page_ratio = pages->page_ratio};
+    /* every scalar check of the host mode; check_pages reads no array */
+    return kv__attn_decode_check(fn, cache, layer, q, NULL, &pg, softmax_scale, NULL, out, NULL,
+                                 job);
+}
+
+kv_status kv_attn_decode_cuda_dev(struct kv_paged_cache cache, uint32_t layer,
+                                  const struct kv_view *q, const struct kv_attn_dev_pages *pages,
+                                  float softmax_scale, const struct kv_scales *scales,
+                                  const struct kv_view *out, struct kv_attn_cuda_errors *errors,
+                                  kv_cuda_stream stream)
+{
+    static const char fn[] = "kv_attn_decode_cuda_dev";
+    struct kv__attn_job j;
+    kv_status st = kv__attn_decode_dev_check(fn, &cache, layer, q, pages, softmax_scale, scales,
+                                             out, &j);
+    if (st != KV_OK)
+        return st;
+    st = kv__cuda_attn_decode_dev(&j, pages, errors, stream);
+    kv__attn_job_free(&j);
+    return st == KV_OK ? kv__ok() : st;
+}

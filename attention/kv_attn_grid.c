@@ -172,13 +172,14 @@ kv_status kv__grid_attn_decode(const struct kv__attn_job *j)
 struct finish_arg {
     struct kv_attn_cuda_errors *err;
     const int64_t *slots;
+    const int32_t *indptr, *last, *indices;
 };
 
 static void finish_thread(const struct kv_grid_ctx *c, const void *arg)
 {
     (void)c;
     const struct finish_arg *a = arg;
-    kv__dev_error_finish(a->err, a->slots);
+    kv__dev_error_finish(a->err, a->slots, a->indptr, a->last, a->indices);
 }
 
 kv_status kv__grid_attn_write_dev(const struct kv__attn_job *j, const int64_t *slots,
@@ -200,7 +201,34 @@ kv_status kv__grid_attn_write_dev(const struct kv__attn_job *j, const int64_t *s
     }
     if (st != KV_OK || !err)
         return st;
-    const struct finish_arg f = {err, slots};
+    const struct finish_arg f = {err, slots, NULL, NULL, NULL};
+    const struct kv_grid_launch one = {1, 1, 0, false};
+    return kv__grid_run(j->fn, &one, finish_thread, &f);
+}
+
+kv_status kv__grid_attn_decode_dev(const struct kv__attn_job *j,
+                                   const struct kv_attn_dev_pages *pg,
+                                   struct kv_attn_cuda_errors *err)
+{
+    if (j->n_seqs == 0)
+        return KV_OK;
+    struct kv__cdec p;
+    size_t shmem = 0;
+    kv_status st = kv__cdec_build(j, j->fn, &p, &shmem);
+    if (st != KV_OK)
+        return st;
+    static const float ones[2] = {1.0f, 1.0f}; /* scales are refused: n_mul 1 */
+    p.scales = ones;
+    kv__cdec_build_dev(j, pg, err, &p);
+    const int64_t blocks = (int64_t)j->n_seqs * p.lo.num_heads;
+    if (blocks > INT32_MAX)
+        return kv__error(KV_ERR_UNSUPPORTED, "%s: %lld (sequence, head) pairs", j->fn,
+                         (long long)blocks);
+    const struct kv_grid_launch l = {(uint64_t)blocks, (uint64_t)(32 * p.warps), shmem, true};
+    st = run(j->fn, l, decode_thread, &p, 0);
+    if (st != KV_OK || !err)
+        return st;
+    const struct finish_arg f = {err, NULL, pg->indptr, pg->last_page_len, pg->indices};
     const struct kv_grid_launch one = {1, 1, 0, false};
     return kv__grid_run(j->fn, &one, finish_thread, &f);
 }

@@ -35,6 +35,12 @@ struct kv__grid_attn_last {
     struct kv_grid_launch launch;
     int vbytes; /* 0: a converting move or decode */
 };
+/* kv__cuda_attn_decode_dev on the emulator: job from
+ * kv__attn_decode_dev_check, pages' arrays host memory read by the body. */
+kv_status kv__grid_attn_decode_dev(const struct kv__attn_job *job,
+                                   const struct kv_attn_dev_pages *pages,
+                                   struct kv_attn_cuda_errors *err);
+
 void kv__grid_attn_last(struct kv__grid_attn_last *out);
 
 #endif /* KV_ATTN_GRID_INT_H */

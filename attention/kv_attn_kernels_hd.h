@@ -90,14 +90,25 @@ KV_HD void kv__dev_error(struct kv_attn_cuda_errors *e, int array, int64_t index
 /* After a launch (one thread, the same stream): the value at the first
  * index, when this launch changed the first (an earlier launch's first
  * keeps its value). slots: the launch's slot array. */
-KV_HD void kv__dev_error_finish(struct kv_attn_cuda_errors *e, const int64_t *slots)
+KV_HD void kv__dev_error_finish(struct kv_attn_cuda_errors *e, const int64_t *slots,
+                                const int32_t *indptr, const int32_t *last_len,
+                                const int32_t *indices)
 {
     if (!e || e->first_key == 0 || e->first_key == e->value_key)
         return;
     const uint64_t k = ~e->first_key;
     const int64_t index = (int64_t)(k & ((1ull << 56) - 1));
-    if ((int)(k >> 56) == KV_ATTN_DEV_SLOTS && slots)
+    const int array = (int)(k >> 56);
+    if (array == KV_ATTN_DEV_SLOTS && slots)
         e->first_value = slots[index];
+    else if (array == KV_ATTN_DEV_INDPTR && indptr)
+        e->first_value = indptr[index];
+    else if (array == KV_ATTN_DEV_LAST_LEN && last_len)
+        e->first_value = last_len[index];
+    else if (array == KV_ATTN_DEV_PAGES && indices)
+        e->first_value = indices[index];
+    else
+        return; /* not this launch's array: the value comes with a later launch */
     e->value_key = e->first_key;
 }
 
@@ -256,7 +267,48 @@ struct kv__cdec {
     const float *scales; /* [2][n_mul] */
     int64_t n_mul;
     int warps;
+    /* device-index mode (kv_attn_decode_cuda_dev): CSR arrays read and
+     * checked here (d_indptr NULL: the host mode's page_ids/page_start/
+     * seq_tokens); n_ids = B x r */
+    const int32_t *d_indptr, *d_indices, *d_last;
+    int64_t d_n_pages, n_ids;
+    struct kv_attn_cuda_errors *err;
 };
+
+/* Sequence s's token count and pages; in the device mode a sequence with a
+ * bad indptr or last_page_len has none (output 0), recorded once (head 0,
+ * thread 0). */
+KV_HD void kv__dec_seq(const struct kv_grid_ctx *c, const struct kv__cdec *p, int64_t s, int64_t h,
+                       int64_t *n_tok, const int32_t **pages)
+{
+    if (!p->d_indptr) {
+        *n_tok = p->seq_tokens[s];
+        *pages = p->page_ids + p->page_start[s];
+        return;
+    }
+    const int64_t a = p->d_indptr[s], b = p->d_indptr[s + 1], ll = p->d_last[s];
+    const bool rec = h == 0 && c->thread == 0;
+    *n_tok = 0;
+    *pages = p->d_indices;
+    if (a < 0 || a > p->d_n_pages) {
+        if (rec)
+            kv__dev_error(p->err, KV_ATTN_DEV_INDPTR, s);
+        return;
+    }
+    if (b < a || b > p->d_n_pages) {
+        if (rec)
+            kv__dev_error(p->err, KV_ATTN_DEV_INDPTR, s + 1);
+        return;
+    }
+    const int64_t np = b - a;
+    if (np == 0 ? ll != 0 : (ll < 1 || ll > p->pt)) {
+        if (rec)
+            kv__dev_error(p->err, KV_ATTN_DEV_LAST_LEN, s);
+        return;
+    }
+    *n_tok = np ? (np - 1) * p->pt + ll : 0;
+    *pages = p->d_indices + a;
+}
 
 /* Shared memory: q [g][D], acc [warps][g][D], m then l [warps][2][g]
  * (floats). Synchronizes: launch with 32 * warps threads. */
@@ -285,11 +337,20 @@ KV_HD void kv__decode_body(const struct kv_grid_ctx *c, const struct kv__cdec *p
     kv_grid_sync(c);
     const float ks = p->scales[p->n_mul > 1 ? h : 0],
                 vs = p->scales[p->n_mul + (p->n_mul > 1 ? h : 0)];
-    const int64_t n_tok = p->seq_tokens[s];
-    const int32_t *pages = p->page_ids + p->page_start[s];
+    int64_t n_tok;
+    const int32_t *pages;
+    kv__dec_seq(c, p, s, h, &n_tok, &pages);
     float *wacc = acc + warp * g * D, *wm = ml + warp * 2 * g, *wl = wm + g;
     for (int64_t t = warp; t < n_tok; t += p->warps) {
-        const int64_t slot = kv_attn_page_slot(pages[t / p->pt], p->pt, t % p->pt);
+        const int32_t pid = pages[t / p->pt];
+        if (p->d_indptr && (pid < 0 || pid >= p->n_ids)) {
+            /* the whole warp skips (t and pid are the warp's): recorded
+             * once, at the page's first token */
+            if (h == 0 && lane == 0 && t % p->pt == 0)
+                kv__dev_error(p->err, KV_ATTN_DEV_PAGES, (pages - p->d_indices) + t / p->pt);
+            continue;
+        }
+        const int64_t slot = kv_attn_page_slot(pid, p->pt, t % p->pt);
         const char *kb = p->cache + kv_layout_slot_offset_bytes(&p->lo, p->layer, 0, slot) +
                          h * p->lo.stride_head_bytes;
         const char *vb = kb + p->lo.stride_kv_bytes;
@@ -454,6 +515,21 @@ static inline kv_status kv__cdec_build(const struct kv__attn_job *j, const char 
                          "memory (at most %d)",
                          fn, (long long)p->g, (long long)p->lo.head_dim, *shmem, KV__SHARED_MAX);
     return KV_OK;
+}
+
+/* The device-index part of a decode (kv_attn_decode_cuda_dev) after
+ * kv__cdec_build: the CSR arrays and the record; scales must point at
+ * [2][n_mul] ones (the launcher's). */
+static inline void kv__cdec_build_dev(const struct kv__attn_job *j,
+                                      const struct kv_attn_dev_pages *pg,
+                                      struct kv_attn_cuda_errors *err, struct kv__cdec *p)
+{
+    p->d_indptr = pg->indptr;
+    p->d_indices = pg->indices;
+    p->d_last = pg->last_page_len;
+    p->d_n_pages = pg->n_pages;
+    p->n_ids = p->lo.num_blocks * (int64_t)j->page_ratio;
+    p->err = err;
 }
 
 /* The decode scales [2][n_mul] (1 without). */

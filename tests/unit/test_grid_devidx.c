@@ -14,8 +14,15 @@
  *     guard bytes around the pool untouched, the record counts each invalid
  *     token once and names the first (index, value); a later launch keeps
  *     an earlier first unless it finds a lower index;
- *   - the host side refuses bad scalars naming the values, pool untouched.
+ *   - the host side refuses bad scalars naming the values, pool untouched;
+ *   - decode with device CSR (kv__grid_attn_decode_dev): valid pages equal
+ *     the host-index decode bit for bit and a float64 softmax within 1e-5;
+ *     a bad indptr or last_page_len zeroes that sequence, a page id of -3
+ *     or B leaves its tokens out, every other output as the reference says,
+ *     the pool unchanged, the output's padding untouched, the record naming
+ *     the first (array, index, value) and the count.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -256,15 +263,15 @@ static void test_devidx_record_across_launches(void **state)
     struct kv_attn_cuda_error_info info;
     const int64_t a[] = {0, 0, 0, -7}, b[] = {0, 0, 0, 0, 0, 99999}, c[] = {0, -9};
     kv__dev_error(&rec, KV_ATTN_DEV_SLOTS, 3);
-    kv__dev_error_finish(&rec, a);
+    kv__dev_error_finish(&rec, a, NULL, NULL, NULL);
     kv__dev_error(&rec, KV_ATTN_DEV_SLOTS, 5);
-    kv__dev_error_finish(&rec, b);
+    kv__dev_error_finish(&rec, b, NULL, NULL, NULL);
     kv__attn_errors_decode(&rec, &info);
     assert_int_equal(info.count, 2);
     assert_int_equal(info.index, 3);
     assert_int_equal(info.value, -7);
     kv__dev_error(&rec, KV_ATTN_DEV_SLOTS, 1);
-    kv__dev_error_finish(&rec, c);
+    kv__dev_error_finish(&rec, c, NULL, NULL, NULL);
     kv__attn_errors_decode(&rec, &info);
     assert_int_equal(info.count, 3);
     assert_int_equal(info.index, 1);
@@ -306,6 +313,166 @@ static void test_devidx_write_refusals(void **state)
     fix_free(&f);
 }
 
+
+/* ---- decode with device CSR ------------------------------------------------------- */
+
+#define DEC_B 200
+#define DEC_N 4
+#define DEC_H 2
+#define DEC_G 2
+#define DEC_D 40
+
+/* Decode S sequences of CSR (indptr, indices [n_pages], last) on the
+ * emulator in the device mode; the expected record; with host_too the host
+ * mode's output must be the same bytes. */
+static void run_dec(const int32_t *indptr, const int32_t *indices, int64_t n_pages,
+                    const int32_t *last, uint32_t S, uint64_t want_count, int want_array,
+                    int64_t want_index, bool host_too)
+{
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    const int64_t N = DEC_N, H = DEC_H, D = DEC_D, Hq = H * DEC_G, pt = N;
+    cfg.num_layers = 2, cfg.num_blocks = DEC_B, cfg.block_tokens = N, cfg.num_heads = H;
+    cfg.head_dim = D, cfg.dtype = KV_F32, cfg.order = KV_ORDER_HND, cfg.block_pad_elems = 3;
+    struct fix f;
+    fix_init(&f, &cfg, 77);
+    uint64_t rng = 5;
+    const uint32_t layer = 1;
+    for (int64_t slot = 0; slot < DEC_B * N; slot++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t d = 0; d < D; d++) {
+                    const float x = (float)kvt_range(&rng, -1000, 1000) / 1000.0f;
+                    kv_from_f32(KV_F32, x, ref_at(&f, layer, kv, slot, h, d) - f.ref + f.mem);
+                }
+    memcpy(f.ref, f.mem, f.bytes + 2 * GUARD);
+    const int64_t row = D + 8, n1 = (int64_t)S * Hq * row;
+    float *qb = kv__mem_alloc_aligned(64, (size_t)n1 * 4),
+          *ob = kv__mem_alloc_aligned(64, (size_t)n1 * 4);
+    float *ob0 = malloc((size_t)n1 * 4), *oh = malloc((size_t)n1 * 4);
+    assert_true(qb && ob && ob0 && oh);
+    for (int64_t i = 0; i < n1; i++)
+        qb[i] = (float)kvt_range(&rng, -1000, 1000) / 1000.0f;
+    fill_random(ob, (size_t)n1 * 4, 9);
+    memcpy(ob0, ob, (size_t)n1 * 4);
+    struct kv_view q, out, flat;
+    int64_t sh[3] = {S, Hq, D}, st3[3] = {Hq * row, row, 1}, nn = n1;
+    assert_int_equal(kv_view_init(qb, (size_t)n1 * 4, KV_F32, 1, &nn, &flat), KV_OK);
+    assert_int_equal(kv_view_as_strided(&flat, 3, sh, st3, 0, &q), KV_OK);
+    assert_int_equal(kv_view_init(ob, (size_t)n1 * 4, KV_F32, 1, &nn, &flat), KV_OK);
+    assert_int_equal(kv_view_as_strided(&flat, 3, sh, st3, 0, &out), KV_OK);
+    const float smscale = 1.0f / sqrtf((float)D);
+    const struct kv_attn_dev_pages dp = {S, 1, indptr, indices, n_pages, last};
+    struct kv_attn_cuda_errors rec;
+    memset(&rec, 0, sizeof(rec));
+    struct kv__attn_job j;
+    kv_status st = kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, layer, &q, &dp,
+                                             smscale, NULL, &out, &j);
+    if (st != KV_OK)
+        fail_msg("dev decode check: %s: %s", kv_status_name(st), kv_last_error());
+    assert_null(j.page_ids); /* nothing read or allocated on the host */
+    st = kv__grid_attn_decode_dev(&j, &dp, &rec);
+    kv__attn_job_free(&j);
+    if (st != KV_OK)
+        fail_msg("emulated dev decode: %s: %s", kv_status_name(st), kv_last_error());
+    check_bytes(f.mem, f.ref, f.bytes + 2 * GUARD, "guards + pool after the decode");
+    struct kv_attn_cuda_error_info info;
+    kv__attn_errors_decode(&rec, &info);
+    assert_int_equal(info.count, want_count);
+    assert_int_equal((int)info.array, want_array);
+    if (want_count) {
+        assert_int_equal(info.index, want_index);
+        const int32_t *arr = want_array == KV_ATTN_DEV_INDPTR     ? indptr
+                             : want_array == KV_ATTN_DEV_LAST_LEN ? last
+                                                                  : indices;
+        assert_int_equal(info.value, arr[want_index]);
+    }
+    if (host_too) {
+        memcpy(oh, ob, (size_t)n1 * 4);
+        memcpy(ob, ob0, (size_t)n1 * 4);
+        const struct kv_pages hp = {.format = KV_PAGES_CSR,
+                                    .n_seqs = S,
+                                    .page_ratio = 1,
+                                    .indptr = indptr,
+                                    .indices = indices,
+                                    .last_page_len = last};
+        st = kv__attn_decode_check("kv_attn_decode_cuda", &f.c, layer, &q, NULL, &hp, smscale,
+                                   NULL, &out, NULL, &j);
+        assert_int_equal(st, KV_OK);
+        assert_int_equal(kv__grid_attn_decode(&j), KV_OK);
+        kv__attn_job_free(&j);
+        check_bytes((unsigned char *)oh, (unsigned char *)ob, (size_t)n1 * 4,
+                    "device-index output vs host-index output");
+    }
+    /* float64 reference, from the CSR by the documented rules */
+    for (uint32_t s = 0; s < S; s++) {
+        const int64_t a = indptr[s], b = indptr[s + 1], ll = last[s];
+        bool ok = a >= 0 && a <= n_pages && b >= a && b <= n_pages;
+        ok = ok && (b == a ? ll == 0 : ll >= 1 && ll <= pt);
+        const int64_t n_tok = ok && b > a ? (b - a - 1) * pt + ll : 0;
+        for (int64_t qi = 0; qi < Hq; qi++) {
+            const int64_t h = qi / DEC_G;
+            double sc[64], mx = -INFINITY, sum = 0;
+            int64_t sl[64], n = 0;
+            for (int64_t t = 0; t < n_tok; t++) {
+                const int64_t pg = indices[a + t / pt];
+                if (pg < 0 || pg >= DEC_B)
+                    continue;
+                sl[n] = pg * pt + t % pt;
+                double dot = 0;
+                for (int64_t d = 0; d < D; d++)
+                    dot += (double)qb[(s * Hq + qi) * row + d] *
+                           (double)kv_to_f32(KV_F32, ref_at(&f, layer, 0, sl[n], h, d));
+                sc[n] = dot * smscale;
+                mx = sc[n] > mx ? sc[n] : mx;
+                n++;
+            }
+            for (int64_t t = 0; t < n; t++)
+                sum += (sc[t] = exp(sc[t] - mx));
+            for (int64_t d = 0; d < D; d++) {
+                double ref = 0;
+                for (int64_t t = 0; t < n; t++)
+                    ref += sc[t] / sum *
+                           (double)kv_to_f32(KV_F32, ref_at(&f, layer, 1, sl[t], h, d));
+                float *o = &ob[(s * Hq + qi) * row + d];
+                const double err = fabs((double)*o - ref) / (fabs(ref) > 0.1 ? fabs(ref) : 0.1);
+                if (!(err <= 1e-5))
+                    fail_msg("decode s%u q%lld d%lld: %.9g vs %.9g", s, (long long)qi,
+                             (long long)d, (double)*o, ref);
+                *o = ob0[o - ob];
+            }
+        }
+    }
+    check_bytes((unsigned char *)ob, (unsigned char *)ob0, (size_t)n1 * 4, "output padding");
+    free(ob0), free(oh);
+    kv__mem_free(qb), kv__mem_free(ob);
+    fix_free(&f);
+}
+
+static void test_devidx_decode_valid(void **state)
+{
+    (void)state;
+    /* lengths 7, 0, 1, 16: pages far from 0 */
+    const int32_t indptr[5] = {0, 2, 2, 3, 7}, last[4] = {3, 0, 1, 4};
+    const int32_t indices[7] = {150, 199, 120, 101, 188, 170, 131};
+    run_dec(indptr, indices, 7, last, 4, 0, KV_ATTN_DEV_NONE, 0, true);
+}
+
+static void test_devidx_decode_invalid(void **state)
+{
+    (void)state;
+    /* s1: page ids 200 (= B) and 120; s2: last_page_len 5 > N; s3: indptr
+     * decreases (5 -> 3); s0 valid */
+    const int32_t indptr[5] = {0, 2, 4, 5, 3}, last[4] = {3, 2, 5, 2};
+    const int32_t indices[5] = {150, 199, DEC_B, 120, 101};
+    run_dec(indptr, indices, 5, last, 4, 3, KV_ATTN_DEV_INDPTR, 4, false);
+    /* page errors only: -3 at index 1, B at index 2 */
+    const int32_t ip2[3] = {0, 2, 4}, l2[2] = {4, 3}, ix2[4] = {150, -3, DEC_B, 120};
+    run_dec(ip2, ix2, 4, l2, 2, 2, KV_ATTN_DEV_PAGES, 1, false);
+    /* indptr past n_pages: index 2 */
+    const int32_t ip3[3] = {0, 1, 9}, l3[2] = {4, 3}, ix3[2] = {150, 120};
+    run_dec(ip3, ix3, 2, l3, 2, 1, KV_ATTN_DEV_INDPTR, 2, false);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -313,6 +480,8 @@ int main(void)
         cmocka_unit_test(test_devidx_write_invalid),
         cmocka_unit_test(test_devidx_record_across_launches),
         cmocka_unit_test(test_devidx_write_refusals),
+        cmocka_unit_test(test_devidx_decode_valid),
+        cmocka_unit_test(test_devidx_decode_invalid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
