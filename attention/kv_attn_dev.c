@@ -90,7 +90,7 @@ kv_status kv_attn_cuda_errors_get(const struct kv_attn_cuda_errors *errors,
     if (!errors || !out)
         return kv__error(KV_ERR_NULL, "kv_attn_cuda_errors_get: errors=%p out=%p",
                          (const void *)errors, (void *)out);
-    struct kv_attn_cuda_errors host;
+    struct kv_attn_cuda_errors host = {0, 0, 0, 0};
     const kv_status st = kv__cuda_attn_errors_read(errors, &host, stream);
     if (st != KV_OK)
         return st;
