@@ -14,6 +14,8 @@
  *     guard bytes around the pool untouched, the record counts each invalid
  *     token once and names the first (index, value); a later launch keeps
  *     an earlier first unless it finds a lower index;
+ *   - the host side (the validator the CUDA entries call) makes no
+ *     allocation (kv__mem_allocs) and reads no index;
  *   - the host side refuses bad scalars naming the values, pool untouched;
  *   - decode with device CSR (kv__grid_attn_decode_dev): valid pages equal
  *     the host-index decode bit for bit and a float64 softmax within 1e-5;
@@ -184,8 +186,10 @@ static void run_write(const struct dcase *dc, const int64_t *slots, int64_t T, u
     struct kv_attn_cuda_errors rec;
     memset(&rec, 0, sizeof(rec));
     struct kv__attn_job j;
+    const uint64_t a0 = kv__mem_allocs();
     kv_status st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, layer, &k.v, &v.v,
                                             slots, T, NULL, &j);
+    assert_int_equal(kv__mem_allocs(), a0); /* the host side allocates nothing */
     if (st != KV_OK)
         fail_msg("dev check: %s: %s", kv_status_name(st), kv_last_error());
     assert_null(j.runs); /* nothing allocated, no slot read on the host */
@@ -212,8 +216,10 @@ static void run_write(const struct dcase *dc, const int64_t *slots, int64_t T, u
         /* the host-index path on the same initial pool lands the same bytes */
         struct fix g;
         fix_init(&g, &cfg, seed);
+        const uint64_t a1 = kv__mem_allocs();
         st = kv__attn_write_check("kv_attn_write_cuda", &g.c, layer, &k.v, &v.v,
                                   (struct kv__attn_slots){slots, false}, T, NULL, &j);
+        assert_true(kv__mem_allocs() > a1); /* the counter sees the host mode's runs */
         if (st != KV_OK)
             fail_msg("host check: %s: %s", kv_status_name(st), kv_last_error());
         assert_int_equal(kv__grid_attn_move(&j, true), KV_OK);
@@ -365,8 +371,10 @@ static void run_dec(const int32_t *indptr, const int32_t *indices, int64_t n_pag
     struct kv_attn_cuda_errors rec;
     memset(&rec, 0, sizeof(rec));
     struct kv__attn_job j;
+    const uint64_t a0 = kv__mem_allocs();
     kv_status st = kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, layer, &q, &dp,
                                              smscale, NULL, &out, &j);
+    assert_int_equal(kv__mem_allocs(), a0); /* the host side allocates nothing */
     if (st != KV_OK)
         fail_msg("dev decode check: %s: %s", kv_status_name(st), kv_last_error());
     assert_null(j.page_ids); /* nothing read or allocated on the host */
