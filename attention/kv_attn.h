@@ -403,7 +403,9 @@ enum kv_attn_dev_array {
                              * sequence index - 1 is skipped: its output is 0) */
     KV_ATTN_DEV_LAST_LEN = 3, /* last_page_len[index] outside 1..N/r (0 with no pages):
                                * the sequence is skipped, its output 0 */
-    KV_ATTN_DEV_PAGES = 4     /* indices[index] outside [0, B x r): its tokens skipped */
+    KV_ATTN_DEV_PAGES = 4,    /* indices[index] outside [0, B x r): its tokens skipped */
+    KV_ATTN_DEV_COPIES = 5    /* copies[index / 2].src (even) or .dst (odd) >= B: the
+                               * pair is skipped */
 };
 
 /* The record as read on the host. */
@@ -461,6 +463,18 @@ KV_API KV_NODISCARD kv_status kv_attn_decode_cuda_dev(
     struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q,
     const struct kv_attn_dev_pages *pages, float softmax_scale, const struct kv_scales *scales,
     const struct kv_view *out, struct kv_attn_cuda_errors *errors, kv_cuda_stream stream);
+
+/* kv_attn_copy_blocks_cuda with copies_dev [n_copies] in device memory
+ * (whole blocks within one cache; .tokens is ignored, as there). The kernel
+ * checks every id (KV_ATTN_DEV_COPIES) and skips a bad pair. Not detected on
+ * the device: a dst that is also a src or another pair's dst (the host mode
+ * refuses these; here the result is then undefined). Capture-safe as
+ * kv_attn_write_cuda_dev. */
+KV_API KV_NODISCARD kv_status kv_attn_copy_blocks_cuda_dev(struct kv_paged_cache cache,
+                                                           const struct kv_block_copy *copies_dev,
+                                                           uint32_t n_copies,
+                                                           struct kv_attn_cuda_errors *errors,
+                                                           kv_cuda_stream stream);
 
 /* ---- which path ran ---------------------------------------------------------- */
 

@@ -160,9 +160,10 @@ extern "C" kv_status kv__cuda_attn_move(const struct kv__attn_job *j, bool to_ca
 
 __global__ void kv__dev_error_finish_kernel(struct kv_attn_cuda_errors *e, const int64_t *slots,
                                             const int32_t *indptr, const int32_t *last_len,
-                                            const int32_t *indices)
+                                            const int32_t *indices,
+                                            const struct kv_block_copy *pairs)
 {
-    kv__dev_error_finish(e, slots, indptr, last_len, indices);
+    kv__dev_error_finish(e, slots, indptr, last_len, indices, pairs);
 }
 
 /* Unit scales for the device-index decode (scales are refused there): a
@@ -211,7 +212,7 @@ extern "C" kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *j, const
         kv__move_convert_kernel<<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL, NULL);
     }
     if (err)
-        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, slots, NULL, NULL, NULL);
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, slots, NULL, NULL, NULL, NULL);
     return kv__cuda_status(cudaGetLastError(), fn);
 }
 
@@ -238,7 +239,35 @@ extern "C" kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *j,
     kv__decode_kernel<<<(int)blocks, 32 * p.warps, shmem, s>>>(p);
     if (err)
         kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, pg->indptr, pg->last_page_len,
-                                                    pg->indices);
+                                                    pg->indices, NULL);
+    return kv__cuda_status(cudaGetLastError(), fn);
+}
+
+extern "C" kv_status kv__cuda_attn_copy_dev(const struct kv__attn_job *j,
+                                            const struct kv_block_copy *pairs, uint32_t n,
+                                            struct kv_attn_cuda_errors *err,
+                                            kv_cuda_stream stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    const char *fn = j->fn;
+    kv_status st = kv__cuda_ready(fn, NULL);
+    if (st != KV_OK || n == 0)
+        return st;
+    struct kv__ccopy p;
+    int w = 1;
+    if ((st = kv__ccopy_build_dev(j, pairs, n, err, &p, &w)) != KV_OK)
+        return st;
+    const int grid = kv__attn_grid_of(p.n_items);
+    if (w == 16)
+        kv__copy_kernel<16><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    else if (w == 8)
+        kv__copy_kernel<8><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    else if (w == 4)
+        kv__copy_kernel<4><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    else
+        kv__copy_kernel<1><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    if (err)
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, NULL, NULL, NULL, pairs);
     return kv__cuda_status(cudaGetLastError(), fn);
 }
 

@@ -34,6 +34,10 @@ kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *job, const int64_t 
 kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *job,
                                    const struct kv_attn_dev_pages *pages,
                                    struct kv_attn_cuda_errors *err, kv_cuda_stream stream);
+/* Device-index copy_blocks: pairs [n] device memory, checked by the kernel. */
+kv_status kv__cuda_attn_copy_dev(const struct kv__attn_job *job, const struct kv_block_copy *pairs,
+                                 uint32_t n, struct kv_attn_cuda_errors *err,
+                                 kv_cuda_stream stream);
 /* The error record's device memory: cudaMalloc + zero, cudaFree,
  * cudaMemsetAsync, cudaMemcpyAsync + cudaStreamSynchronize. */
 kv_status kv__cuda_attn_errors_alloc(struct kv_attn_cuda_errors **out);
@@ -88,6 +92,14 @@ static inline kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *job,
                                                  kv_cuda_stream stream)
 {
     (void)pages, (void)err, (void)stream;
+    return kv__cuda_attn_unsupported(job);
+}
+static inline kv_status kv__cuda_attn_copy_dev(const struct kv__attn_job *job,
+                                               const struct kv_block_copy *pairs, uint32_t n,
+                                               struct kv_attn_cuda_errors *err,
+                                               kv_cuda_stream stream)
+{
+    (void)pairs, (void)n, (void)err, (void)stream;
     return kv__cuda_attn_unsupported(job);
 }
 static inline kv_status kv__cuda_attn_errors_unsupported(const char *fn)

@@ -146,3 +146,31 @@ kv_status kv_attn_decode_cuda_dev(struct kv_paged_cache cache, uint32_t layer,
     kv__attn_job_free(&j);
     return st == KV_OK ? kv__ok() : st;
 }
+
+kv_status kv__attn_copy_dev_check(const char *fn, const struct kv_paged_cache *cache,
+                                  const struct kv_block_copy *copies, uint32_t n_copies,
+                                  struct kv__attn_job *job)
+{
+    /* the cache's checks of the host mode, with no pair to read */
+    kv_status st = kv__attn_copy_check(fn, cache, NULL, NULL, 0, NULL, job);
+    if (st != KV_OK)
+        return st;
+    if (n_copies && !copies)
+        return kv__error(KV_ERR_NULL, "%s: copies_dev is NULL with n_copies %" PRIu32, fn,
+                         n_copies);
+    return KV_OK;
+}
+
+kv_status kv_attn_copy_blocks_cuda_dev(struct kv_paged_cache cache,
+                                       const struct kv_block_copy *copies_dev, uint32_t n_copies,
+                                       struct kv_attn_cuda_errors *errors, kv_cuda_stream stream)
+{
+    static const char fn[] = "kv_attn_copy_blocks_cuda_dev";
+    struct kv__attn_job j;
+    kv_status st = kv__attn_copy_dev_check(fn, &cache, copies_dev, n_copies, &j);
+    if (st != KV_OK)
+        return st;
+    st = kv__cuda_attn_copy_dev(&j, copies_dev, n_copies, errors, stream);
+    kv__attn_job_free(&j);
+    return st == KV_OK ? kv__ok() : st;
+}

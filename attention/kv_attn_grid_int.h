@@ -41,6 +41,10 @@ kv_status kv__grid_attn_decode_dev(const struct kv__attn_job *job,
                                    const struct kv_attn_dev_pages *pages,
                                    struct kv_attn_cuda_errors *err);
 
+/* kv__cuda_attn_copy_dev on the emulator (pairs host memory). */
+kv_status kv__grid_attn_copy_dev(const struct kv__attn_job *job, const struct kv_block_copy *pairs,
+                                 uint32_t n, struct kv_attn_cuda_errors *err);
+
 void kv__grid_attn_last(struct kv__grid_attn_last *out);
 
 #endif /* KV_ATTN_GRID_INT_H */

@@ -130,6 +130,12 @@ kv_status kv__attn_decode_dev_check(const char *fn, const struct kv_paged_cache 
                                     const struct kv_scales *scales, const struct kv_view *out,
                                     struct kv__attn_job *job);
 
+/* The scalar checks of a device-index copy_blocks (kv_attn_copy_blocks_cuda_dev):
+ * the cache, copies non-NULL when n_copies > 0. Nothing allocated. */
+kv_status kv__attn_copy_dev_check(const char *fn, const struct kv_paged_cache *cache,
+                                  const struct kv_block_copy *copies, uint32_t n_copies,
+                                  struct kv__attn_job *job);
+
 /* A record read back (host memory) as the caller sees it. */
 void kv__attn_errors_decode(const struct kv_attn_cuda_errors *rec,
                             struct kv_attn_cuda_error_info *out);

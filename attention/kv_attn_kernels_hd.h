@@ -92,7 +92,7 @@ KV_HD void kv__dev_error(struct kv_attn_cuda_errors *e, int array, int64_t index
  * keeps its value). slots: the launch's slot array. */
 KV_HD void kv__dev_error_finish(struct kv_attn_cuda_errors *e, const int64_t *slots,
                                 const int32_t *indptr, const int32_t *last_len,
-                                const int32_t *indices)
+                                const int32_t *indices, const struct kv_block_copy *pairs)
 {
     if (!e || e->first_key == 0 || e->first_key == e->value_key)
         return;
@@ -107,6 +107,8 @@ KV_HD void kv__dev_error_finish(struct kv_attn_cuda_errors *e, const int64_t *sl
         e->first_value = last_len[index];
     else if (array == KV_ATTN_DEV_PAGES && indices)
         e->first_value = indices[index];
+    else if (array == KV_ATTN_DEV_COPIES && pairs)
+        e->first_value = (int64_t)(index % 2 ? pairs[index / 2].dst : pairs[index / 2].src);
     else
         return; /* not this launch's array: the value comes with a later launch */
     e->value_key = e->first_key;
@@ -214,6 +216,11 @@ struct kv__ccopy {
     char *base;
     const int64_t *offs; /* [n][2]: src, dst */
     int64_t n_items, run_count, run_stride, run_bytes;
+    /* device-index mode (kv_attn_copy_blocks_cuda_dev): pairs [n] read and
+     * checked here (ids < n_blocks; offsets id x stride_block), offs unused */
+    const struct kv_block_copy *pairs;
+    int64_t n_blocks, stride_block;
+    struct kv_attn_cuda_errors *err;
 };
 
 KV_HD void kv__copy_body(const struct kv_grid_ctx *c, const struct kv__ccopy *p, int vbytes)
@@ -221,8 +228,23 @@ KV_HD void kv__copy_body(const struct kv_grid_ctx *c, const struct kv__ccopy *p,
     const int64_t vecs = p->run_bytes / vbytes;
     for (int64_t item = c->block; item < p->n_items; item += c->grid_dim) {
         const int64_t cp = item / p->run_count, r = item - cp * p->run_count;
-        const char *src = p->base + p->offs[2 * cp] + r * p->run_stride;
-        char *dst = p->base + p->offs[2 * cp + 1] + r * p->run_stride;
+        int64_t so, dof;
+        if (p->pairs) {
+            const struct kv_block_copy pr = p->pairs[cp];
+            if ((int64_t)pr.src >= p->n_blocks || (int64_t)pr.dst >= p->n_blocks) {
+                if (c->thread == 0 && r == 0)
+                    kv__dev_error(p->err, KV_ATTN_DEV_COPIES,
+                                  2 * cp + ((int64_t)pr.src >= p->n_blocks ? 0 : 1));
+                continue;
+            }
+            so = (int64_t)pr.src * p->stride_block;
+            dof = (int64_t)pr.dst * p->stride_block;
+        } else {
+            so = p->offs[2 * cp];
+            dof = p->offs[2 * cp + 1];
+        }
+        const char *src = p->base + so + r * p->run_stride;
+        char *dst = p->base + dof + r * p->run_stride;
         for (int64_t i = c->thread; i < vecs; i += c->block_dim)
             kv_grid_move(c, dst + i * vbytes, src + i * vbytes, vbytes);
     }
@@ -561,12 +583,42 @@ static inline kv_status kv__ccopy_build(const struct kv__attn_job *j, int64_t *o
         bits |= (uint64_t)rs.first_offset_bytes | (uint64_t)rd.first_offset_bytes;
     }
     bits |= (uint64_t)rs.run_bytes | (uint64_t)rs.run_stride_bytes;
+    memset(p, 0, sizeof(*p)); /* host indices: no pairs, no record */
     p->base = (char *)j->cache.base;
     p->offs = offs;
     p->n_items = (int64_t)j->n_copies * rs.run_count;
     p->run_count = rs.run_count;
     p->run_stride = rs.run_stride_bytes;
     p->run_bytes = rs.run_bytes;
+    *vbytes = (bits & 15) == 0 ? 16 : (bits & 7) == 0 ? 8 : (bits & 3) == 0 ? 4 : 1;
+    return KV_OK;
+}
+
+/* The copy of a device-index copy_blocks (kv_attn_copy_blocks_cuda_dev):
+ * job j from kv__attn_copy_check with no copies; the pairs [n] are read by
+ * the body. Block b's runs start at b x stride_block_bytes
+ * (kv_layout_block_runs), so the vector width follows from the layout. */
+static inline kv_status kv__ccopy_build_dev(const struct kv__attn_job *j,
+                                            const struct kv_block_copy *pairs, uint32_t n,
+                                            struct kv_attn_cuda_errors *err, struct kv__ccopy *p,
+                                            int *vbytes)
+{
+    const struct kv_layout *lo = &j->cache.layout;
+    struct kv_byte_runs rs;
+    if (kv_layout_block_runs(lo, 0, &rs) != KV_OK)
+        return kv__error(KV_ERR_INTERNAL, "%s: block runs of block 0", j->fn);
+    memset(p, 0, sizeof(*p));
+    p->base = (char *)j->cache.base;
+    p->n_items = (int64_t)n * rs.run_count;
+    p->run_count = rs.run_count;
+    p->run_stride = rs.run_stride_bytes;
+    p->run_bytes = rs.run_bytes;
+    p->pairs = pairs;
+    p->n_blocks = lo->num_blocks;
+    p->stride_block = lo->stride_block_bytes;
+    p->err = err;
+    const uint64_t bits = (uint64_t)(uintptr_t)j->cache.base | (uint64_t)lo->stride_block_bytes |
+                          (uint64_t)rs.run_bytes | (uint64_t)rs.run_stride_bytes;
     *vbytes = (bits & 15) == 0 ? 16 : (bits & 7) == 0 ? 8 : (bits & 3) == 0 ? 4 : 1;
     return KV_OK;
 }

@@ -46,6 +46,7 @@ mutations=(
 "devidx-indptr-past-n-pages|$A|b > p->d_n_pages)|b > p->d_n_pages + 100)"
 "devidx-last-len-off-by-one|$A|ll > p->pt))|ll > p->pt + 1))"
 "devidx-record-every-layer|$A|c->thread == 0 && item % m->n_layers == 0|c->thread == 0"
+"devidx-copy-bound-off-by-one|$A|(int64_t)pr.dst >= p->n_blocks)|(int64_t)pr.dst > p->n_blocks)"
 )
 
 cd "$root"

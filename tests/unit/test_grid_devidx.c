@@ -14,6 +14,9 @@
  *     guard bytes around the pool untouched, the record counts each invalid
  *     token once and names the first (index, value); a later launch keeps
  *     an earlier first unless it finds a lower index;
+ *   - copy blocks with device pairs (kv__grid_attn_copy_dev): layer- and
+ *     block-major padded caches, valid pairs equal an element reference and
+ *     the host mode's pool; a src or dst id >= B skips its pair, recorded;
  *   - the host side (the validator the CUDA entries call) makes no
  *     allocation (kv__mem_allocs) and reads no index;
  *   - the host side refuses bad scalars naming the values, pool untouched;
@@ -269,15 +272,15 @@ static void test_devidx_record_across_launches(void **state)
     struct kv_attn_cuda_error_info info;
     const int64_t a[] = {0, 0, 0, -7}, b[] = {0, 0, 0, 0, 0, 99999}, c[] = {0, -9};
     kv__dev_error(&rec, KV_ATTN_DEV_SLOTS, 3);
-    kv__dev_error_finish(&rec, a, NULL, NULL, NULL);
+    kv__dev_error_finish(&rec, a, NULL, NULL, NULL, NULL);
     kv__dev_error(&rec, KV_ATTN_DEV_SLOTS, 5);
-    kv__dev_error_finish(&rec, b, NULL, NULL, NULL);
+    kv__dev_error_finish(&rec, b, NULL, NULL, NULL, NULL);
     kv__attn_errors_decode(&rec, &info);
     assert_int_equal(info.count, 2);
     assert_int_equal(info.index, 3);
     assert_int_equal(info.value, -7);
     kv__dev_error(&rec, KV_ATTN_DEV_SLOTS, 1);
-    kv__dev_error_finish(&rec, c, NULL, NULL, NULL);
+    kv__dev_error_finish(&rec, c, NULL, NULL, NULL, NULL);
     kv__attn_errors_decode(&rec, &info);
     assert_int_equal(info.count, 3);
     assert_int_equal(info.index, 1);
@@ -481,6 +484,80 @@ static void test_devidx_decode_invalid(void **state)
     run_dec(ip3, ix3, 2, l3, 2, 1, KV_ATTN_DEV_INDPTR, 2, false);
 }
 
+/* ---- copy blocks with device pairs ------------------------------------------------- */
+
+/* Copy pairs[n] in a padded cache (layer- or block-major) on the emulator in
+ * the device mode; reference: each valid pair's elements, every layer and
+ * plane, by kvt_ref_offset_elems; with host_too the host mode's pool too. */
+static void run_copy(kv_arrange arrange, const struct kv_block_copy *pairs, uint32_t n,
+                     uint64_t want_count, int64_t want_index, bool host_too)
+{
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 3, cfg.num_blocks = 300, cfg.block_tokens = 4, cfg.num_heads = 2;
+    cfg.head_dim = 8, cfg.dtype = KV_F16, cfg.arrange = arrange, cfg.block_pad_elems = 5;
+    struct fix f;
+    fix_init(&f, &cfg, 31);
+    for (uint32_t i = 0; i < n; i++) {
+        if (pairs[i].src >= 300 || pairs[i].dst >= 300)
+            continue;
+        for (int64_t l = 0; l < 3; l++)
+            for (int kv = 0; kv < 2; kv++)
+                for (int64_t t = 0; t < 4; t++)
+                    for (int64_t h = 0; h < 2; h++)
+                        for (int64_t d = 0; d < 8; d++)
+                            memcpy(ref_at(&f, l, kv, (int64_t)pairs[i].dst * 4 + t, h, d),
+                                   ref_at(&f, l, kv, (int64_t)pairs[i].src * 4 + t, h, d) - f.ref +
+                                       f.mem,
+                                   (size_t)f.es);
+    }
+    struct kv_attn_cuda_errors rec;
+    memset(&rec, 0, sizeof(rec));
+    struct kv__attn_job j;
+    const uint64_t a0 = kv__mem_allocs();
+    kv_status st = kv__attn_copy_dev_check("kv_attn_copy_blocks_cuda_dev", &f.c, pairs, n, &j);
+    assert_int_equal(kv__mem_allocs(), a0);
+    if (st != KV_OK)
+        fail_msg("dev copy check: %s: %s", kv_status_name(st), kv_last_error());
+    st = kv__grid_attn_copy_dev(&j, pairs, n, &rec);
+    kv__attn_job_free(&j);
+    if (st != KV_OK)
+        fail_msg("emulated dev copy: %s: %s", kv_status_name(st), kv_last_error());
+    check_bytes(f.mem, f.ref, f.bytes + 2 * GUARD, "guards + pool after the device-index copy");
+    struct kv_attn_cuda_error_info info;
+    kv__attn_errors_decode(&rec, &info);
+    assert_int_equal(info.count, want_count);
+    if (want_count) {
+        assert_int_equal(info.array, KV_ATTN_DEV_COPIES);
+        assert_int_equal(info.index, want_index);
+        assert_int_equal(info.value, want_index % 2 ? pairs[want_index / 2].dst
+                                                    : pairs[want_index / 2].src);
+    }
+    if (host_too) {
+        struct fix g;
+        fix_init(&g, &cfg, 31);
+        st = kv__attn_copy_check("kv_attn_copy_blocks_cuda", &g.c, NULL, pairs, n, NULL, &j);
+        assert_int_equal(st, KV_OK);
+        assert_int_equal(kv__grid_attn_copy(&j), KV_OK);
+        kv__attn_job_free(&j);
+        check_bytes(g.mem, f.mem, f.bytes + 2 * GUARD, "host-index pool vs device-index pool");
+        fix_free(&g);
+    }
+    fix_free(&f);
+}
+
+static void test_devidx_copy_blocks(void **state)
+{
+    (void)state;
+    const struct kv_block_copy ok[3] = {{250, 260, 4}, {270, 201, 4}, {299, 150, 4}};
+    run_copy(KV_ARRANGE_LAYER_MAJOR, ok, 3, 0, 0, true);
+    run_copy(KV_ARRANGE_BLOCK_MAJOR, ok, 3, 0, 0, true);
+    /* pair 1: src = B; pair 3: dst = B */
+    const struct kv_block_copy bad[4] = {{250, 260, 4}, {300, 210, 4}, {270, 201, 4},
+                                         {205, 300, 4}};
+    run_copy(KV_ARRANGE_LAYER_MAJOR, bad, 4, 2, 2, false);
+    run_copy(KV_ARRANGE_BLOCK_MAJOR, bad, 4, 2, 2, false);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -490,6 +567,7 @@ int main(void)
         cmocka_unit_test(test_devidx_write_refusals),
         cmocka_unit_test(test_devidx_decode_valid),
         cmocka_unit_test(test_devidx_decode_invalid),
+        cmocka_unit_test(test_devidx_copy_blocks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
