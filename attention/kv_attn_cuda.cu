@@ -166,17 +166,6 @@ __global__ void kv__dev_error_finish_kernel(struct kv_attn_cuda_errors *e, const
     kv__dev_error_finish(e, slots, indptr, last_len, indices, pairs);
 }
 
-/* Unit scales for the device-index decode (scales are refused there): a
- * __device__ constant, so no upload. */
-__device__ const float kv__d_ones[2] = {1.0f, 1.0f};
-
-static const float *kv__dev_ones(void)
-{
-    void *p = NULL;
-    (void)cudaGetSymbolAddress(&p, kv__d_ones);
-    return (const float *)p;
-}
-
 /* No allocation, no copy, no synchronization: capture-safe. */
 extern "C" kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *j, const int64_t *slots,
                                              int64_t n_slots, struct kv_attn_cuda_errors *err,
@@ -231,7 +220,7 @@ extern "C" kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *j,
     if ((st = kv__cdec_build(j, fn, &p, &shmem)) != KV_OK)
         return st;
     kv__cdec_build_dev(j, pg, err, &p);
-    p.scales = kv__dev_ones();
+    p.scales = NULL; /* refused in this mode: 1 */
     const int64_t blocks = (int64_t)j->n_seqs * p.lo.num_heads;
     if (blocks > INT32_MAX)
         return kv__error(KV_ERR_UNSUPPORTED, "%s: %lld (sequence, head) pairs", fn,

@@ -218,8 +218,7 @@ kv_status kv__grid_attn_decode_dev(const struct kv__attn_job *j,
     kv_status st = kv__cdec_build(j, j->fn, &p, &shmem);
     if (st != KV_OK)
         return st;
-    static const float ones[2] = {1.0f, 1.0f}; /* scales are refused: n_mul 1 */
-    p.scales = ones;
+    p.scales = NULL; /* refused in this mode: 1, as the CUDA launcher */
     kv__cdec_build_dev(j, pg, err, &p);
     const int64_t blocks = (int64_t)j->n_seqs * p.lo.num_heads;
     if (blocks > INT32_MAX)

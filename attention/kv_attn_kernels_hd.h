@@ -286,7 +286,7 @@ struct kv__cdec {
     float softmax_scale;
     const int32_t *page_ids;
     const int64_t *page_start, *seq_tokens;
-    const float *scales; /* [2][n_mul] */
+    const float *scales; /* [2][n_mul]; NULL: 1 (the device-index mode) */
     int64_t n_mul;
     int warps;
     /* device-index mode (kv_attn_decode_cuda_dev): CSR arrays read and
@@ -357,8 +357,8 @@ KV_HD void kv__decode_body(const struct kv_grid_ctx *c, const struct kv__cdec *p
         ml[w * 2 * g + g + qi] = 0.0f;
     }
     kv_grid_sync(c);
-    const float ks = p->scales[p->n_mul > 1 ? h : 0],
-                vs = p->scales[p->n_mul + (p->n_mul > 1 ? h : 0)];
+    const float ks = p->scales ? p->scales[p->n_mul > 1 ? h : 0] : 1.0f,
+                vs = p->scales ? p->scales[p->n_mul + (p->n_mul > 1 ? h : 0)] : 1.0f;
     int64_t n_tok;
     const int32_t *pages;
     kv__dec_seq(c, p, s, h, &n_tok, &pages);
@@ -540,8 +540,7 @@ static inline kv_status kv__cdec_build(const struct kv__attn_job *j, const char 
 }
 
 /* The device-index part of a decode (kv_attn_decode_cuda_dev) after
- * kv__cdec_build: the CSR arrays and the record; scales must point at
- * [2][n_mul] ones (the launcher's). */
+ * kv__cdec_build: the CSR arrays and the record; no scales (NULL: 1). */
 static inline void kv__cdec_build_dev(const struct kv__attn_job *j,
                                       const struct kv_attn_dev_pages *pg,
                                       struct kv_attn_cuda_errors *err, struct kv__cdec *p)
