@@ -372,6 +372,110 @@ KV_API KV_NODISCARD kv_status kv_attn_prefill_cuda(
     const struct kv_pages *pages, float softmax_scale, const struct kv_scales *scales,
     const struct kv_view *out, const struct kv_attn_opts *opts, kv_cuda_stream stream);
 
+/* ---- CUDA kernels with device-resident indices ------------------------------
+ * The calling convention an engine embeds: the index arrays are DEVICE
+ * memory (the engine's slot_mapping), read by the kernel itself. The host
+ * side checks only scalars (layout, dtypes, tensor views, lengths): no host
+ * allocation, no host copy, no host loop over indices, no synchronization,
+ * so a call is safe inside cudaStreamBeginCapture and a captured graph can
+ * be replayed after new indices are written in place. The kernel checks
+ * every index against the layout: an invalid one is skipped (nothing is read
+ * or written out of bounds for it) and recorded in `errors`, a record in
+ * device memory (NULL: not recorded) that the caller reads when it wants.
+ * The host-index entries above stay the explicit host-input / debug mode:
+ * they validate every index on the host before anything is launched. */
+
+/* The device-side error record (device memory; all zero = no error: reset
+ * with kv_attn_cuda_errors_reset or cudaMemsetAsync). Updated atomically by
+ * the kernels; read it with kv_attn_cuda_errors_get. */
+struct kv_attn_cuda_errors {
+    uint64_t count;       /* invalid indices skipped since the reset */
+    uint64_t first_key;   /* ~(array << 56 | index) of the first; 0: none */
+    uint64_t value_key;   /* the first_key first_value belongs to */
+    int64_t first_value;  /* the value found at that index */
+};
+
+/* Which index array an error names. */
+enum kv_attn_dev_array {
+    KV_ATTN_DEV_NONE = 0,
+    KV_ATTN_DEV_SLOTS = 1,  /* slots[index] outside [-1, num_blocks * block_tokens) */
+    KV_ATTN_DEV_INDPTR = 2, /* indptr[index] < indptr[index - 1], < 0 or > n_pages (the
+                             * sequence index - 1 is skipped: its output is 0) */
+    KV_ATTN_DEV_LAST_LEN = 3, /* last_page_len[index] outside 1..N/r (0 with no pages):
+                               * the sequence is skipped, its output 0 */
+    KV_ATTN_DEV_PAGES = 4,    /* indices[index] outside [0, B x r): its tokens skipped */
+    KV_ATTN_DEV_COPIES = 5    /* copies[index / 2].src (even) or .dst (odd) >= B: the
+                               * pair is skipped */
+};
+
+/* The record as read on the host. */
+struct kv_attn_cuda_error_info {
+    uint64_t count;             /* 0: no error */
+    enum kv_attn_dev_array array; /* of the first (lowest array, then index) */
+    int64_t index, value;       /* its position in the array and the value there */
+};
+
+/* Allocate (cudaMalloc, zeroed) / free a record. destroy(NULL) is a no-op.
+ * Outside the hot path. KV_ERR_NULL, KV_ERR_UNSUPPORTED without CUDA,
+ * KV_ERR_DEVICE. */
+KV_API KV_NODISCARD kv_status kv_attn_cuda_errors_create(struct kv_attn_cuda_errors **out);
+KV_API void kv_attn_cuda_errors_destroy(struct kv_attn_cuda_errors *errors);
+/* Zero the record on `stream` (cudaMemsetAsync: capture-safe). */
+KV_API KV_NODISCARD kv_status kv_attn_cuda_errors_reset(struct kv_attn_cuda_errors *errors,
+                                                        kv_cuda_stream stream);
+/* Copy the record to the host on `stream` and wait for it: the one
+ * synchronizing call of this convention, never inside a capture. */
+KV_API KV_NODISCARD kv_status kv_attn_cuda_errors_get(const struct kv_attn_cuda_errors *errors,
+                                                      struct kv_attn_cuda_error_info *out,
+                                                      kv_cuda_stream stream);
+
+/* Device-resident CSR pages (FlashInfer's paged_kv_indptr / indices /
+ * last_page_len), all int32 device memory. */
+struct kv_attn_dev_pages {
+    uint32_t n_seqs;
+    uint32_t page_ratio;          /* r >= 1 (0 means 1), dividing N */
+    const int32_t *indptr;        /* [n_seqs + 1], device */
+    const int32_t *indices;       /* [n_pages], device */
+    int64_t n_pages;              /* length of indices */
+    const int32_t *last_page_len; /* [n_seqs], device */
+};
+
+/* kv_attn_write_cuda with slots_dev [n_slots] in device memory (int64;
+ * -1 skips a token). Slots are checked by the kernel (KV_ATTN_DEV_SLOTS);
+ * a slot given twice is not detected (one of the tokens lands). scales must
+ * be NULL (KV_ERR_UNSUPPORTED otherwise: they would need a device copy).
+ * KV_ERR_BAD_SHAPE for n_slots outside [0, T]; KV_ERR_NULL for slots_dev NULL
+ * with n_slots > 0. */
+KV_API KV_NODISCARD kv_status kv_attn_write_cuda_dev(struct kv_paged_cache cache, int32_t layer,
+                                                     const struct kv_view *k,
+                                                     const struct kv_view *v,
+                                                     const int64_t *slots_dev, int64_t n_slots,
+                                                     const struct kv_scales *scales,
+                                                     struct kv_attn_cuda_errors *errors,
+                                                     kv_cuda_stream stream);
+
+/* kv_attn_decode_cuda with device-resident CSR pages: the kernel checks
+ * indptr, last_page_len and every page id (KV_ATTN_DEV_INDPTR, _LAST_LEN,
+ * _PAGES); a sequence with bad indptr or last_page_len gets output 0, a bad
+ * page's tokens are left out of the softmax. scales must be NULL
+ * (KV_ERR_UNSUPPORTED). Capture-safe as kv_attn_write_cuda_dev. */
+KV_API KV_NODISCARD kv_status kv_attn_decode_cuda_dev(
+    struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q,
+    const struct kv_attn_dev_pages *pages, float softmax_scale, const struct kv_scales *scales,
+    const struct kv_view *out, struct kv_attn_cuda_errors *errors, kv_cuda_stream stream);
+
+/* kv_attn_copy_blocks_cuda with copies_dev [n_copies] in device memory
+ * (whole blocks within one cache; .tokens is ignored, as there). The kernel
+ * checks every id (KV_ATTN_DEV_COPIES) and skips a bad pair. Not detected on
+ * the device: a dst that is also a src or another pair's dst (the host mode
+ * refuses these; here the result is then undefined). Capture-safe as
+ * kv_attn_write_cuda_dev. */
+KV_API KV_NODISCARD kv_status kv_attn_copy_blocks_cuda_dev(struct kv_paged_cache cache,
+                                                           const struct kv_block_copy *copies_dev,
+                                                           uint32_t n_copies,
+                                                           struct kv_attn_cuda_errors *errors,
+                                                           kv_cuda_stream stream);
+
 /* ---- which path ran ---------------------------------------------------------- */
 
 /* The kernels, for kv_attn_stats. */

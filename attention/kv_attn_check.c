@@ -310,6 +310,15 @@ static kv_status check_pages(const char *fn, const struct kv_layout *lo, const s
     const uint32_t S = pg->n_seqs;
     int64_t total_pages = 0;
 
+    if (pg->format == KV__PAGES_DEVICE) {
+        /* device-resident CSR (kv_attn_decode_cuda_dev): the kernel reads
+         * and checks the arrays; here only the scalars */
+        job->n_seqs = S;
+        job->page_tokens = (uint32_t)pt;
+        job->page_ratio = r;
+        return KV_OK;
+    }
+
     if (pg->format == KV_PAGES_CSR) {
         if (S && (!pg->indptr || !pg->indices || !pg->last_page_len))
             return kv__error(KV_ERR_NULL,

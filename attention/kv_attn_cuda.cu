@@ -156,6 +156,154 @@ extern "C" kv_status kv__cuda_attn_move(const struct kv__attn_job *j, bool to_ca
     return st;
 }
 
+/* ---- device-index write and its error record ------------------------------------- */
+
+__global__ void kv__dev_error_finish_kernel(struct kv_attn_cuda_errors *e, const int64_t *slots,
+                                            const int32_t *indptr, const int32_t *last_len,
+                                            const int32_t *indices,
+                                            const struct kv_block_copy *pairs)
+{
+    kv__dev_error_finish(e, slots, indptr, last_len, indices, pairs);
+}
+
+/* No allocation, no copy, no synchronization: capture-safe. */
+extern "C" kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *j, const int64_t *slots,
+                                             int64_t n_slots, struct kv_attn_cuda_errors *err,
+                                             kv_cuda_stream stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    const char *fn = j->fn;
+    kv_status st = kv__cuda_ready(fn, NULL);
+    if (st != KV_OK || n_slots == 0)
+        return st;
+    struct kv__cmove m;
+    const bool bytes = kv__cmove_build_dev(j, slots, n_slots, err, &m);
+    const int grid = kv__attn_grid_of(m.n_items);
+    if (bytes) {
+        switch (kv__cmove_width(&m)) {
+        case 16:
+            kv__move_bytes_kernel<16><<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL);
+            break;
+        case 8:
+            kv__move_bytes_kernel<8><<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL);
+            break;
+        case 4:
+            kv__move_bytes_kernel<4><<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL);
+            break;
+        case 2:
+            kv__move_bytes_kernel<2><<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL);
+            break;
+        default:
+            kv__move_bytes_kernel<1><<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL);
+            break;
+        }
+    } else {
+        kv__move_convert_kernel<<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL, NULL);
+    }
+    if (err)
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, slots, NULL, NULL, NULL, NULL);
+    return kv__cuda_status(cudaGetLastError(), fn);
+}
+
+extern "C" kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *j,
+                                              const struct kv_attn_dev_pages *pg,
+                                              struct kv_attn_cuda_errors *err,
+                                              kv_cuda_stream stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    const char *fn = j->fn;
+    kv_status st = kv__cuda_ready(fn, NULL);
+    if (st != KV_OK || j->n_seqs == 0)
+        return st;
+    struct kv__cdec p;
+    size_t shmem = 0;
+    if ((st = kv__cdec_build(j, fn, &p, &shmem)) != KV_OK)
+        return st;
+    kv__cdec_build_dev(j, pg, err, &p);
+    p.scales = NULL; /* refused in this mode: 1 */
+    const int64_t blocks = (int64_t)j->n_seqs * p.lo.num_heads;
+    if (blocks > INT32_MAX)
+        return kv__error(KV_ERR_UNSUPPORTED, "%s: %lld (sequence, head) pairs", fn,
+                         (long long)blocks);
+    kv__decode_kernel<<<(int)blocks, 32 * p.warps, shmem, s>>>(p);
+    if (err)
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, pg->indptr, pg->last_page_len,
+                                                    pg->indices, NULL);
+    return kv__cuda_status(cudaGetLastError(), fn);
+}
+
+extern "C" kv_status kv__cuda_attn_copy_dev(const struct kv__attn_job *j,
+                                            const struct kv_block_copy *pairs, uint32_t n,
+                                            struct kv_attn_cuda_errors *err,
+                                            kv_cuda_stream stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    const char *fn = j->fn;
+    kv_status st = kv__cuda_ready(fn, NULL);
+    if (st != KV_OK || n == 0)
+        return st;
+    struct kv__ccopy p;
+    int w = 1;
+    if ((st = kv__ccopy_build_dev(j, pairs, n, err, &p, &w)) != KV_OK)
+        return st;
+    const int grid = kv__attn_grid_of(p.n_items);
+    if (w == 16)
+        kv__copy_kernel<16><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    else if (w == 8)
+        kv__copy_kernel<8><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    else if (w == 4)
+        kv__copy_kernel<4><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    else
+        kv__copy_kernel<1><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    if (err)
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, NULL, NULL, NULL, pairs);
+    return kv__cuda_status(cudaGetLastError(), fn);
+}
+
+extern "C" kv_status kv__cuda_attn_errors_alloc(struct kv_attn_cuda_errors **out)
+{
+    static const char fn[] = "kv_attn_cuda_errors_create";
+    kv_status st = kv__cuda_ready(fn, NULL);
+    if (st != KV_OK)
+        return st;
+    void *p = NULL;
+    st = kv__cuda_status(cudaMalloc(&p, sizeof(struct kv_attn_cuda_errors)), fn);
+    if (st != KV_OK)
+        return st;
+    st = kv__cuda_status(cudaMemset(p, 0, sizeof(struct kv_attn_cuda_errors)), fn);
+    if (st != KV_OK) {
+        (void)cudaFree(p);
+        return st;
+    }
+    *out = (struct kv_attn_cuda_errors *)p;
+    return KV_OK;
+}
+
+extern "C" void kv__cuda_attn_errors_free(struct kv_attn_cuda_errors *e)
+{
+    (void)cudaFree(e);
+}
+
+extern "C" kv_status kv__cuda_attn_errors_zero(struct kv_attn_cuda_errors *e,
+                                               kv_cuda_stream stream)
+{
+    return kv__cuda_status(
+        cudaMemsetAsync(e, 0, sizeof(*e), (cudaStream_t)stream), "kv_attn_cuda_errors_reset");
+}
+
+extern "C" kv_status kv__cuda_attn_errors_read(const struct kv_attn_cuda_errors *e,
+                                               struct kv_attn_cuda_errors *host,
+                                               kv_cuda_stream stream)
+{
+    static const char fn[] = "kv_attn_cuda_errors_get";
+    cudaStream_t s = (cudaStream_t)stream;
+    kv_status st = kv__cuda_status(
+        cudaMemcpyAsync(host, e, sizeof(*host), cudaMemcpyDeviceToHost, s), fn);
+    if (st == KV_OK)
+        st = kv__cuda_status(cudaStreamSynchronize(s), fn);
+    return st;
+}
+
 /* ---- copy blocks ---------------------------------------------------------------- */
 
 extern "C" kv_status kv__cuda_attn_copy(const struct kv__attn_job *j, kv_cuda_stream stream)

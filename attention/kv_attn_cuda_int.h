@@ -24,6 +24,27 @@ kv_status kv__cuda_attn_move(const struct kv__attn_job *job, bool to_cache, kv_c
 kv_status kv__cuda_attn_copy(const struct kv__attn_job *job, kv_cuda_stream stream);
 kv_status kv__cuda_attn_copy_ex(const struct kv__attn_job *job, kv_cuda_stream stream);
 kv_status kv__cuda_attn_decode(const struct kv__attn_job *job, kv_cuda_stream stream);
+/* Device-index write: slots [n_slots] device memory, checked by the kernel;
+ * no allocation, no copy, no synchronization (capture-safe). */
+kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *job, const int64_t *slots,
+                                  int64_t n_slots, struct kv_attn_cuda_errors *err,
+                                  kv_cuda_stream stream);
+/* Device-index decode: pages' arrays device memory, checked by the kernel;
+ * capture-safe as kv__cuda_attn_write_dev. */
+kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *job,
+                                   const struct kv_attn_dev_pages *pages,
+                                   struct kv_attn_cuda_errors *err, kv_cuda_stream stream);
+/* Device-index copy_blocks: pairs [n] device memory, checked by the kernel. */
+kv_status kv__cuda_attn_copy_dev(const struct kv__attn_job *job, const struct kv_block_copy *pairs,
+                                 uint32_t n, struct kv_attn_cuda_errors *err,
+                                 kv_cuda_stream stream);
+/* The error record's device memory: cudaMalloc + zero, cudaFree,
+ * cudaMemsetAsync, cudaMemcpyAsync + cudaStreamSynchronize. */
+kv_status kv__cuda_attn_errors_alloc(struct kv_attn_cuda_errors **out);
+void kv__cuda_attn_errors_free(struct kv_attn_cuda_errors *e);
+kv_status kv__cuda_attn_errors_zero(struct kv_attn_cuda_errors *e, kv_cuda_stream stream);
+kv_status kv__cuda_attn_errors_read(const struct kv_attn_cuda_errors *e,
+                                    struct kv_attn_cuda_errors *host, kv_cuda_stream stream);
 #ifdef __cplusplus
 }
 #endif
@@ -56,6 +77,57 @@ static inline kv_status kv__cuda_attn_decode(const struct kv__attn_job *job, kv_
 {
     (void)stream;
     return kv__cuda_attn_unsupported(job);
+}
+static inline kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *job,
+                                                const int64_t *slots, int64_t n_slots,
+                                                struct kv_attn_cuda_errors *err,
+                                                kv_cuda_stream stream)
+{
+    (void)slots, (void)n_slots, (void)err, (void)stream;
+    return kv__cuda_attn_unsupported(job);
+}
+static inline kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *job,
+                                                 const struct kv_attn_dev_pages *pages,
+                                                 struct kv_attn_cuda_errors *err,
+                                                 kv_cuda_stream stream)
+{
+    (void)pages, (void)err, (void)stream;
+    return kv__cuda_attn_unsupported(job);
+}
+static inline kv_status kv__cuda_attn_copy_dev(const struct kv__attn_job *job,
+                                               const struct kv_block_copy *pairs, uint32_t n,
+                                               struct kv_attn_cuda_errors *err,
+                                               kv_cuda_stream stream)
+{
+    (void)pairs, (void)n, (void)err, (void)stream;
+    return kv__cuda_attn_unsupported(job);
+}
+static inline kv_status kv__cuda_attn_errors_unsupported(const char *fn)
+{
+    return kv__error(KV_ERR_UNSUPPORTED,
+                     "%s: this build has no CUDA (built with CUDA=0 or nvcc was not found)", fn);
+}
+static inline kv_status kv__cuda_attn_errors_alloc(struct kv_attn_cuda_errors **out)
+{
+    (void)out;
+    return kv__cuda_attn_errors_unsupported("kv_attn_cuda_errors_create");
+}
+static inline void kv__cuda_attn_errors_free(struct kv_attn_cuda_errors *e)
+{
+    (void)e;
+}
+static inline kv_status kv__cuda_attn_errors_zero(struct kv_attn_cuda_errors *e,
+                                                  kv_cuda_stream stream)
+{
+    (void)e, (void)stream;
+    return kv__cuda_attn_errors_unsupported("kv_attn_cuda_errors_reset");
+}
+static inline kv_status kv__cuda_attn_errors_read(const struct kv_attn_cuda_errors *e,
+                                                  struct kv_attn_cuda_errors *host,
+                                                  kv_cuda_stream stream)
+{
+    (void)e, (void)host, (void)stream;
+    return kv__cuda_attn_errors_unsupported("kv_attn_cuda_errors_get");
 }
 #endif
 

@@ -168,3 +168,87 @@ kv_status kv__grid_attn_decode(const struct kv__attn_job *j)
     const struct kv_grid_launch l = {(uint64_t)blocks, (uint64_t)(32 * p.warps), shmem, true};
     return run(fn, l, decode_thread, &p, 0);
 }
+
+struct finish_arg {
+    struct kv_attn_cuda_errors *err;
+    const int64_t *slots;
+    const int32_t *indptr, *last, *indices;
+    const struct kv_block_copy *pairs;
+};
+
+static void finish_thread(const struct kv_grid_ctx *c, const void *arg)
+{
+    (void)c;
+    const struct finish_arg *a = arg;
+    kv__dev_error_finish(a->err, a->slots, a->indptr, a->last, a->indices, a->pairs);
+}
+
+kv_status kv__grid_attn_write_dev(const struct kv__attn_job *j, const int64_t *slots,
+                                  int64_t n_slots, struct kv_attn_cuda_errors *err)
+{
+    if (n_slots == 0)
+        return KV_OK;
+    struct kv__cmove m;
+    const bool bytes = kv__cmove_build_dev(j, slots, n_slots, err, &m);
+    const struct kv_grid_launch l = {(uint64_t)kv__attn_grid_of(m.n_items), KV__ATTN_THREADS, 0,
+                                     false};
+    struct move_arg a = {&m, NULL, NULL, 0};
+    kv_status st;
+    if (bytes) {
+        a.vbytes = kv__cmove_width(&m);
+        st = run(j->fn, l, move_bytes_thread, &a, a.vbytes);
+    } else {
+        st = run(j->fn, l, move_convert_thread, &a, 0);
+    }
+    if (st != KV_OK || !err)
+        return st;
+    const struct finish_arg f = {err, slots, NULL, NULL, NULL, NULL};
+    const struct kv_grid_launch one = {1, 1, 0, false};
+    return kv__grid_run(j->fn, &one, finish_thread, &f);
+}
+
+kv_status kv__grid_attn_decode_dev(const struct kv__attn_job *j,
+                                   const struct kv_attn_dev_pages *pg,
+                                   struct kv_attn_cuda_errors *err)
+{
+    if (j->n_seqs == 0)
+        return KV_OK;
+    struct kv__cdec p;
+    size_t shmem = 0;
+    kv_status st = kv__cdec_build(j, j->fn, &p, &shmem);
+    if (st != KV_OK)
+        return st;
+    p.scales = NULL; /* refused in this mode: 1, as the CUDA launcher */
+    kv__cdec_build_dev(j, pg, err, &p);
+    const int64_t blocks = (int64_t)j->n_seqs * p.lo.num_heads;
+    if (blocks > INT32_MAX)
+        return kv__error(KV_ERR_UNSUPPORTED, "%s: %lld (sequence, head) pairs", j->fn,
+                         (long long)blocks);
+    const struct kv_grid_launch l = {(uint64_t)blocks, (uint64_t)(32 * p.warps), shmem, true};
+    st = run(j->fn, l, decode_thread, &p, 0);
+    if (st != KV_OK || !err)
+        return st;
+    const struct finish_arg f = {err, NULL, pg->indptr, pg->last_page_len, pg->indices, NULL};
+    const struct kv_grid_launch one = {1, 1, 0, false};
+    return kv__grid_run(j->fn, &one, finish_thread, &f);
+}
+
+kv_status kv__grid_attn_copy_dev(const struct kv__attn_job *j, const struct kv_block_copy *pairs,
+                                 uint32_t n, struct kv_attn_cuda_errors *err)
+{
+    if (n == 0)
+        return KV_OK;
+    struct kv__ccopy p;
+    struct copy_arg a = {&p, NULL, 1};
+    kv_status st = kv__ccopy_build_dev(j, pairs, n, err, &p, &a.vbytes);
+    if (st != KV_OK)
+        return st;
+    const struct kv_grid_launch l = {(uint64_t)kv__attn_grid_of(p.n_items), KV__ATTN_THREADS, 0,
+                                     false};
+    st = run(j->fn, l, copy_thread, &a, a.vbytes);
+    if (st != KV_OK || !err)
+        return st;
+    const struct finish_arg f = {err, NULL, NULL, NULL, NULL, pairs};
+    const struct kv_grid_launch one = {1, 1, 0, false};
+    return kv__grid_run(j->fn, &one, finish_thread, &f);
+}

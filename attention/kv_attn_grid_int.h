@@ -23,6 +23,11 @@ kv_status kv__grid_attn_move(const struct kv__attn_job *job, bool to_cache);
 kv_status kv__grid_attn_copy(const struct kv__attn_job *job);
 kv_status kv__grid_attn_copy_ex(const struct kv__attn_job *job);
 kv_status kv__grid_attn_decode(const struct kv__attn_job *job);
+/* kv__cuda_attn_write_dev: job from kv__attn_write_dev_check, slots [n_slots]
+ * read by the body (host memory standing for device memory), err the
+ * record (host memory; NULL: none), finished as the CUDA launcher does. */
+kv_status kv__grid_attn_write_dev(const struct kv__attn_job *job, const int64_t *slots,
+                                  int64_t n_slots, struct kv_attn_cuda_errors *err);
 
 /* The launch of the last successful call on this thread (for tests: which
  * width and grid ran). */
@@ -30,6 +35,16 @@ struct kv__grid_attn_last {
     struct kv_grid_launch launch;
     int vbytes; /* 0: a converting move or decode */
 };
+/* kv__cuda_attn_decode_dev on the emulator: job from
+ * kv__attn_decode_dev_check, pages' arrays host memory read by the body. */
+kv_status kv__grid_attn_decode_dev(const struct kv__attn_job *job,
+                                   const struct kv_attn_dev_pages *pages,
+                                   struct kv_attn_cuda_errors *err);
+
+/* kv__cuda_attn_copy_dev on the emulator (pairs host memory). */
+kv_status kv__grid_attn_copy_dev(const struct kv__attn_job *job, const struct kv_block_copy *pairs,
+                                 uint32_t n, struct kv_attn_cuda_errors *err);
+
 void kv__grid_attn_last(struct kv__grid_attn_last *out);
 
 #endif /* KV_ATTN_GRID_INT_H */

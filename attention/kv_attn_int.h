@@ -107,6 +107,38 @@ kv_status kv__attn_write_check(const char *fn, const struct kv_paged_cache *cach
                                const struct kv_view *k, const struct kv_view *v,
                                struct kv__attn_slots slots, int64_t n_slots,
                                const struct kv_scales *scales, struct kv__attn_job *job);
+/* The scalar checks of a device-index write (kv_attn_write_cuda_dev):
+ * cache, layer, k, v, n_slots in [0, T], slots non-NULL when n_slots > 0,
+ * scales NULL. The slots are device memory, never read here; *job has no
+ * runs (nothing allocated: kv__attn_job_free is still fine). */
+kv_status kv__attn_write_dev_check(const char *fn, const struct kv_paged_cache *cache,
+                                   int32_t layer, const struct kv_view *k, const struct kv_view *v,
+                                   const int64_t *slots, int64_t n_slots,
+                                   const struct kv_scales *scales, struct kv__attn_job *job);
+/* check_pages' device mode (never a caller's value): pages of the
+ * device-index decode, whose arrays the kernel reads and checks; the
+ * validator checks n_seqs and page_ratio only and allocates nothing. */
+#define KV__PAGES_DEVICE ((enum kv_pages_format)0x4445)
+
+/* The scalar checks of a device-index decode (kv_attn_decode_cuda_dev):
+ * every check of kv__attn_decode_check but the page arrays' contents; the
+ * arrays must be non-NULL when n_seqs > 0 and n_pages >= 0. Nothing
+ * allocated. */
+kv_status kv__attn_decode_dev_check(const char *fn, const struct kv_paged_cache *cache,
+                                    uint32_t layer, const struct kv_view *q,
+                                    const struct kv_attn_dev_pages *pages, float softmax_scale,
+                                    const struct kv_scales *scales, const struct kv_view *out,
+                                    struct kv__attn_job *job);
+
+/* The scalar checks of a device-index copy_blocks (kv_attn_copy_blocks_cuda_dev):
+ * the cache, copies non-NULL when n_copies > 0. Nothing allocated. */
+kv_status kv__attn_copy_dev_check(const char *fn, const struct kv_paged_cache *cache,
+                                  const struct kv_block_copy *copies, uint32_t n_copies,
+                                  struct kv__attn_job *job);
+
+/* A record read back (host memory) as the caller sees it. */
+void kv__attn_errors_decode(const struct kv_attn_cuda_errors *rec,
+                            struct kv_attn_cuda_error_info *out);
 kv_status kv__attn_read_check(const char *fn, const struct kv_paged_cache *cache, int32_t layer,
                               const struct kv_pages *pages, const struct kv_view *k_out,
                               const struct kv_view *v_out, const struct kv_scales *scales,

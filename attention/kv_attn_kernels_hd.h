@@ -59,7 +59,85 @@ struct kv__cmove {
     int to_cache;
     int per_head;
     int64_t n_mul;
+    /* device-index mode (kv_attn_write_cuda_dev): slot_map [n_items /
+     * n_layers] read here, each checked against slot_limit = B x N; NULL:
+     * the runs array of the host-index mode */
+    const int64_t *slot_map;
+    int64_t slot_limit;
+    struct kv_attn_cuda_errors *err;
 };
+
+/* Record an invalid index in e (NULL: not recorded): count, and the first
+ * (lowest array, then index) as first_key = ~(array << 56 | index), so that
+ * 0 means none and atomicMax keeps the first. */
+KV_HD void kv__dev_error(struct kv_attn_cuda_errors *e, int array, int64_t index)
+{
+    if (!e)
+        return;
+    const uint64_t key = ~(((uint64_t)array << 56) | (uint64_t)index);
+#if defined(__CUDA_ARCH__)
+    atomicAdd((unsigned long long *)&e->count, 1ull);
+    atomicMax((unsigned long long *)&e->first_key, (unsigned long long)key);
+#else
+    __atomic_fetch_add(&e->count, 1, __ATOMIC_RELAXED);
+    uint64_t cur = __atomic_load_n(&e->first_key, __ATOMIC_RELAXED);
+    while (key > cur && !__atomic_compare_exchange_n(&e->first_key, &cur, key, false,
+                                                     __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+#endif
+}
+
+/* After a launch (one thread, the same stream): the value at the first
+ * index, when this launch changed the first (an earlier launch's first
+ * keeps its value). slots: the launch's slot array. */
+KV_HD void kv__dev_error_finish(struct kv_attn_cuda_errors *e, const int64_t *slots,
+                                const int32_t *indptr, const int32_t *last_len,
+                                const int32_t *indices, const struct kv_block_copy *pairs)
+{
+    if (!e || e->first_key == 0 || e->first_key == e->value_key)
+        return;
+    const uint64_t k = ~e->first_key;
+    const int64_t index = (int64_t)(k & ((1ull << 56) - 1));
+    const int array = (int)(k >> 56);
+    if (array == KV_ATTN_DEV_SLOTS && slots)
+        e->first_value = slots[index];
+    else if (array == KV_ATTN_DEV_INDPTR && indptr)
+        e->first_value = indptr[index];
+    else if (array == KV_ATTN_DEV_LAST_LEN && last_len)
+        e->first_value = last_len[index];
+    else if (array == KV_ATTN_DEV_PAGES && indices)
+        e->first_value = indices[index];
+    else if (array == KV_ATTN_DEV_COPIES && pairs)
+        e->first_value = (int64_t)(index % 2 ? pairs[index / 2].dst : pairs[index / 2].src);
+    else
+        return; /* not this launch's array: the value comes with a later launch */
+    e->value_key = e->first_key;
+}
+
+/* Item item's run: runs[item / n_layers] (host indices), or one token at
+ * slot_map[item / n_layers], false (skip) for -1 or an invalid slot
+ * (recorded once, by thread 0 of the item of layer 0). */
+KV_HD bool kv__move_run(const struct kv_grid_ctx *c, const struct kv__cmove *m,
+                        const struct kv__attn_run *runs, int64_t item, struct kv__attn_run *r)
+{
+    const int64_t t = item / m->n_layers;
+    if (!m->slot_map) {
+        *r = runs[t];
+        return true;
+    }
+    const int64_t s = m->slot_map[t];
+    if (s == -1)
+        return false;
+    if (s < -1 || s >= m->slot_limit) {
+        if (c->thread == 0 && item % m->n_layers == 0)
+            kv__dev_error(m->err, KV_ATTN_DEV_SLOTS, t);
+        return false;
+    }
+    r->token = t;
+    r->slot = s;
+    r->n = 1;
+    return true;
+}
 
 /* The dtypes agree without scales: bytes in vectors of vbytes. */
 KV_HD void kv__move_bytes_body(const struct kv_grid_ctx *c, const struct kv__cmove *m,
@@ -67,7 +145,9 @@ KV_HD void kv__move_bytes_body(const struct kv_grid_ctx *c, const struct kv__cmo
 {
     const int64_t H = m->lo.num_heads, row_vecs = m->lo.head_dim * m->lo.elem_bytes / vbytes;
     for (int64_t item = c->block; item < m->n_items; item += c->grid_dim) {
-        const struct kv__attn_run r = runs[item / m->n_layers];
+        struct kv__attn_run r;
+        if (!kv__move_run(c, m, runs, item, &r))
+            continue;
         const uint32_t lrel = (uint32_t)(item % m->n_layers);
         const int64_t total = r.n * H * row_vecs;
         for (int kv = 0; kv < 2; kv++) {
@@ -93,13 +173,15 @@ KV_HD void kv__move_bytes_body(const struct kv_grid_ctx *c, const struct kv__cmo
     }
 }
 
-/* Through f32: scale [2][n_mul], x / scale on the way in, x * scale out. */
+/* Through f32: scale [2][n_mul] (NULL: 1), x / scale on the way in, x * scale out. */
 KV_HD void kv__move_convert_body(const struct kv_grid_ctx *c, const struct kv__cmove *m,
                                  const struct kv__attn_run *runs, const float *scale)
 {
     const int64_t H = m->lo.num_heads, D = m->lo.head_dim, es = m->lo.elem_bytes;
     for (int64_t item = c->block; item < m->n_items; item += c->grid_dim) {
-        const struct kv__attn_run r = runs[item / m->n_layers];
+        struct kv__attn_run r;
+        if (!kv__move_run(c, m, runs, item, &r))
+            continue;
         const uint32_t lrel = (uint32_t)(item % m->n_layers);
         const int64_t total = r.n * H * D;
         for (int kv = 0; kv < 2; kv++) {
@@ -111,7 +193,7 @@ KV_HD void kv__move_convert_body(const struct kv_grid_ctx *c, const struct kv__c
             for (int64_t i = c->thread; i < total; i += c->block_dim) {
                 const int64_t row = i / D, d = i - row * D;
                 const int64_t tk = row / H, h = row - tk * H;
-                const float f = scale[kv * m->n_mul + (m->per_head ? h : 0)];
+                const float f = scale ? scale[kv * m->n_mul + (m->per_head ? h : 0)] : 1.0f;
                 char *cp =
                     c0 + tk * m->lo.stride_token_bytes + h * m->lo.stride_head_bytes + d * es;
                 char *x = t0 + tk * t.tok + h * t.head + d * t.dim;
@@ -134,6 +216,11 @@ struct kv__ccopy {
     char *base;
     const int64_t *offs; /* [n][2]: src, dst */
     int64_t n_items, run_count, run_stride, run_bytes;
+    /* device-index mode (kv_attn_copy_blocks_cuda_dev): pairs [n] read and
+     * checked here (ids < n_blocks; offsets id x stride_block), offs unused */
+    const struct kv_block_copy *pairs;
+    int64_t n_blocks, stride_block;
+    struct kv_attn_cuda_errors *err;
 };
 
 KV_HD void kv__copy_body(const struct kv_grid_ctx *c, const struct kv__ccopy *p, int vbytes)
@@ -141,8 +228,23 @@ KV_HD void kv__copy_body(const struct kv_grid_ctx *c, const struct kv__ccopy *p,
     const int64_t vecs = p->run_bytes / vbytes;
     for (int64_t item = c->block; item < p->n_items; item += c->grid_dim) {
         const int64_t cp = item / p->run_count, r = item - cp * p->run_count;
-        const char *src = p->base + p->offs[2 * cp] + r * p->run_stride;
-        char *dst = p->base + p->offs[2 * cp + 1] + r * p->run_stride;
+        int64_t so, dof;
+        if (p->pairs) {
+            const struct kv_block_copy pr = p->pairs[cp];
+            if ((int64_t)pr.src >= p->n_blocks || (int64_t)pr.dst >= p->n_blocks) {
+                if (c->thread == 0 && r == 0)
+                    kv__dev_error(p->err, KV_ATTN_DEV_COPIES,
+                                  2 * cp + ((int64_t)pr.src >= p->n_blocks ? 0 : 1));
+                continue;
+            }
+            so = (int64_t)pr.src * p->stride_block;
+            dof = (int64_t)pr.dst * p->stride_block;
+        } else {
+            so = p->offs[2 * cp];
+            dof = p->offs[2 * cp + 1];
+        }
+        const char *src = p->base + so + r * p->run_stride;
+        char *dst = p->base + dof + r * p->run_stride;
         for (int64_t i = c->thread; i < vecs; i += c->block_dim)
             kv_grid_move(c, dst + i * vbytes, src + i * vbytes, vbytes);
     }
@@ -184,10 +286,51 @@ struct kv__cdec {
     float softmax_scale;
     const int32_t *page_ids;
     const int64_t *page_start, *seq_tokens;
-    const float *scales; /* [2][n_mul] */
+    const float *scales; /* [2][n_mul]; NULL: 1 (the device-index mode) */
     int64_t n_mul;
     int warps;
+    /* device-index mode (kv_attn_decode_cuda_dev): CSR arrays read and
+     * checked here (d_indptr NULL: the host mode's page_ids/page_start/
+     * seq_tokens); n_ids = B x r */
+    const int32_t *d_indptr, *d_indices, *d_last;
+    int64_t d_n_pages, n_ids;
+    struct kv_attn_cuda_errors *err;
 };
+
+/* Sequence s's token count and pages; in the device mode a sequence with a
+ * bad indptr or last_page_len has none (output 0), recorded once (head 0,
+ * thread 0). */
+KV_HD void kv__dec_seq(const struct kv_grid_ctx *c, const struct kv__cdec *p, int64_t s, int64_t h,
+                       int64_t *n_tok, const int32_t **pages)
+{
+    if (!p->d_indptr) {
+        *n_tok = p->seq_tokens[s];
+        *pages = p->page_ids + p->page_start[s];
+        return;
+    }
+    const int64_t a = p->d_indptr[s], b = p->d_indptr[s + 1], ll = p->d_last[s];
+    const bool rec = h == 0 && c->thread == 0;
+    *n_tok = 0;
+    *pages = p->d_indices;
+    if (a < 0 || a > p->d_n_pages) {
+        if (rec)
+            kv__dev_error(p->err, KV_ATTN_DEV_INDPTR, s);
+        return;
+    }
+    if (b < a || b > p->d_n_pages) {
+        if (rec)
+            kv__dev_error(p->err, KV_ATTN_DEV_INDPTR, s + 1);
+        return;
+    }
+    const int64_t np = b - a;
+    if (np == 0 ? ll != 0 : (ll < 1 || ll > p->pt)) {
+        if (rec)
+            kv__dev_error(p->err, KV_ATTN_DEV_LAST_LEN, s);
+        return;
+    }
+    *n_tok = np ? (np - 1) * p->pt + ll : 0;
+    *pages = p->d_indices + a;
+}
 
 /* Shared memory: q [g][D], acc [warps][g][D], m then l [warps][2][g]
  * (floats). Synchronizes: launch with 32 * warps threads. */
@@ -214,13 +357,22 @@ KV_HD void kv__decode_body(const struct kv_grid_ctx *c, const struct kv__cdec *p
         ml[w * 2 * g + g + qi] = 0.0f;
     }
     kv_grid_sync(c);
-    const float ks = p->scales[p->n_mul > 1 ? h : 0],
-                vs = p->scales[p->n_mul + (p->n_mul > 1 ? h : 0)];
-    const int64_t n_tok = p->seq_tokens[s];
-    const int32_t *pages = p->page_ids + p->page_start[s];
+    const float ks = p->scales ? p->scales[p->n_mul > 1 ? h : 0] : 1.0f,
+                vs = p->scales ? p->scales[p->n_mul + (p->n_mul > 1 ? h : 0)] : 1.0f;
+    int64_t n_tok;
+    const int32_t *pages;
+    kv__dec_seq(c, p, s, h, &n_tok, &pages);
     float *wacc = acc + warp * g * D, *wm = ml + warp * 2 * g, *wl = wm + g;
     for (int64_t t = warp; t < n_tok; t += p->warps) {
-        const int64_t slot = kv_attn_page_slot(pages[t / p->pt], p->pt, t % p->pt);
+        const int32_t pid = pages[t / p->pt];
+        if (p->d_indptr && (pid < 0 || pid >= p->n_ids)) {
+            /* the whole warp skips (t and pid are the warp's): recorded
+             * once, at the page's first token */
+            if (h == 0 && lane == 0 && t % p->pt == 0)
+                kv__dev_error(p->err, KV_ATTN_DEV_PAGES, (pages - p->d_indices) + t / p->pt);
+            continue;
+        }
+        const int64_t slot = kv_attn_page_slot(pid, p->pt, t % p->pt);
         const char *kb = p->cache + kv_layout_slot_offset_bytes(&p->lo, p->layer, 0, slot) +
                          h * p->lo.stride_head_bytes;
         const char *vb = kb + p->lo.stride_kv_bytes;
@@ -299,6 +451,22 @@ static inline bool kv__cmove_build(const struct kv__attn_job *j, bool to_cache, 
     return (!m->has[0] || m->raw[0]) && (!m->has[1] || m->raw[1]);
 }
 
+/* The move of a device-index write (kv_attn_write_cuda_dev): job j from
+ * kv__attn_write_dev_check (no runs), one item per (token, layer) reading
+ * slots [n_slots] (device memory) in the body. Returns what kv__cmove_build
+ * returns. */
+static inline bool kv__cmove_build_dev(const struct kv__attn_job *j, const int64_t *slots,
+                                       int64_t n_slots, struct kv_attn_cuda_errors *err,
+                                       struct kv__cmove *m)
+{
+    const bool bytes = kv__cmove_build(j, true, m);
+    m->n_items = n_slots * (int64_t)j->n_layers;
+    m->slot_map = slots;
+    m->slot_limit = m->lo.num_blocks * m->lo.block_tokens;
+    m->err = err;
+    return bytes;
+}
+
 /* The scales of a converting move: scale [2][n_mul] (1 without). */
 static inline void kv__cmove_scales(const struct kv__attn_job *j, const struct kv__cmove *m,
                                     float *scale)
@@ -371,6 +539,20 @@ static inline kv_status kv__cdec_build(const struct kv__attn_job *j, const char 
     return KV_OK;
 }
 
+/* The device-index part of a decode (kv_attn_decode_cuda_dev) after
+ * kv__cdec_build: the CSR arrays and the record; no scales (NULL: 1). */
+static inline void kv__cdec_build_dev(const struct kv__attn_job *j,
+                                      const struct kv_attn_dev_pages *pg,
+                                      struct kv_attn_cuda_errors *err, struct kv__cdec *p)
+{
+    p->d_indptr = pg->indptr;
+    p->d_indices = pg->indices;
+    p->d_last = pg->last_page_len;
+    p->d_n_pages = pg->n_pages;
+    p->n_ids = p->lo.num_blocks * (int64_t)j->page_ratio;
+    p->err = err;
+}
+
 /* The decode scales [2][n_mul] (1 without). */
 static inline void kv__cdec_scales(const struct kv__attn_job *j, const struct kv__cdec *p,
                                    float *scales)
@@ -400,12 +582,42 @@ static inline kv_status kv__ccopy_build(const struct kv__attn_job *j, int64_t *o
         bits |= (uint64_t)rs.first_offset_bytes | (uint64_t)rd.first_offset_bytes;
     }
     bits |= (uint64_t)rs.run_bytes | (uint64_t)rs.run_stride_bytes;
+    memset(p, 0, sizeof(*p)); /* host indices: no pairs, no record */
     p->base = (char *)j->cache.base;
     p->offs = offs;
     p->n_items = (int64_t)j->n_copies * rs.run_count;
     p->run_count = rs.run_count;
     p->run_stride = rs.run_stride_bytes;
     p->run_bytes = rs.run_bytes;
+    *vbytes = (bits & 15) == 0 ? 16 : (bits & 7) == 0 ? 8 : (bits & 3) == 0 ? 4 : 1;
+    return KV_OK;
+}
+
+/* The copy of a device-index copy_blocks (kv_attn_copy_blocks_cuda_dev):
+ * job j from kv__attn_copy_check with no copies; the pairs [n] are read by
+ * the body. Block b's runs start at b x stride_block_bytes
+ * (kv_layout_block_runs), so the vector width follows from the layout. */
+static inline kv_status kv__ccopy_build_dev(const struct kv__attn_job *j,
+                                            const struct kv_block_copy *pairs, uint32_t n,
+                                            struct kv_attn_cuda_errors *err, struct kv__ccopy *p,
+                                            int *vbytes)
+{
+    const struct kv_layout *lo = &j->cache.layout;
+    struct kv_byte_runs rs;
+    if (kv_layout_block_runs(lo, 0, &rs) != KV_OK)
+        return kv__error(KV_ERR_INTERNAL, "%s: block runs of block 0", j->fn);
+    memset(p, 0, sizeof(*p));
+    p->base = (char *)j->cache.base;
+    p->n_items = (int64_t)n * rs.run_count;
+    p->run_count = rs.run_count;
+    p->run_stride = rs.run_stride_bytes;
+    p->run_bytes = rs.run_bytes;
+    p->pairs = pairs;
+    p->n_blocks = lo->num_blocks;
+    p->stride_block = lo->stride_block_bytes;
+    p->err = err;
+    const uint64_t bits = (uint64_t)(uintptr_t)j->cache.base | (uint64_t)lo->stride_block_bytes |
+                          (uint64_t)rs.run_bytes | (uint64_t)rs.run_stride_bytes;
     *vbytes = (bits & 15) == 0 ? 16 : (bits & 7) == 0 ? 8 : (bits & 3) == 0 ? 4 : 1;
     return KV_OK;
 }

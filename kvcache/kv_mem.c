@@ -6,11 +6,20 @@
 
 #include "kv_mem.h"
 
+/* Allocation calls made by this thread (kv__mem_allocs). */
+static _Thread_local uint64_t g_allocs;
+
+uint64_t kv__mem_allocs(void)
+{
+    return g_allocs;
+}
+
 #if defined(KV_USE_LIBC_MALLOC)
 
 void *kv__mem_alloc_aligned(size_t align, size_t size)
 {
     void *p = NULL;
+    g_allocs++;
     if (size == 0 || align < sizeof(void *) || (align & (align - 1)))
         return NULL;
     if (posix_memalign(&p, align, size) != 0)
@@ -26,6 +35,7 @@ void kv__mem_free(void *p)
 void *kv__mem_calloc(size_t n, size_t size)
 {
     size_t total;
+    g_allocs++;
     if (__builtin_mul_overflow(n, size, &total) || total == 0)
         return NULL;
     return calloc(n, size);
@@ -42,6 +52,7 @@ const char *kv__mem_backend(void)
 
 void *kv__mem_alloc_aligned(size_t align, size_t size)
 {
+    g_allocs++;
     if (size == 0 || align < sizeof(void *) || (align & (align - 1)))
         return NULL;
     return mallocx(size, MALLOCX_ALIGN(align));
@@ -56,6 +67,7 @@ void kv__mem_free(void *p)
 void *kv__mem_calloc(size_t n, size_t size)
 {
     size_t total;
+    g_allocs++;
     if (__builtin_mul_overflow(n, size, &total) || total == 0)
         return NULL;
     return mallocx(total, MALLOCX_ALIGN(16) | MALLOCX_ZERO);

@@ -11,6 +11,7 @@
 #define KV_MEM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,6 +28,11 @@ void *kv__mem_alloc(size_t size);
  * get fresh pages that the kernel zeroes on first touch (jemalloc's
  * MALLOCX_ZERO, libc calloc), so an untouched table costs no memory. */
 void *kv__mem_calloc(size_t n, size_t size);
+
+/* How many allocation calls (kv__mem_alloc*, kv__mem_calloc, through
+ * kv__mem_grow too) this thread has made: tests assert that a path
+ * allocates nothing (the device-index launchers' host side). */
+uint64_t kv__mem_allocs(void);
 
 /* Free memory from any kv__mem_* call; NULL is a no-op. */
 void kv__mem_free(void *p);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scripts/check-mutations.sh - show that the emulated-grid tests catch bugs
-# in the CUDA kernel bodies (tests/unit/test_grid.c over the *_kernels_hd.h
+# in the CUDA kernel bodies (tests/unit/test_grid.c and test_grid_devidx.c,
+# the device-index mode, over the *_kernels_hd.h
 # bodies: the code kv_attn_cuda.cu, kv_view_cuda.cu and kv_plan_cuda.cu
 # compile).
 #
@@ -8,7 +9,7 @@
 #   scripts/check-mutations.sh NAME...    only those
 #
 # In a temporary copy of the tree (tracked and untracked, not ignored, files)
-# it builds build-mut/tests/test_grid (CUDA=0: the bodies are the same C)
+# it builds build-mut/tests/test_grid and test_grid_devidx (CUDA=0: the bodies are the same C)
 # and runs it unmutated (it must pass), then for each mutation below edits
 # one occurrence of a body header, rebuilds (only what includes it) and
 # runs the test again: it must fail. Exit status 0 when every mutation is
@@ -40,6 +41,12 @@ mutations=(
 "view-bounds-off-by-one|$V|i < a->n; i += tpr|i <= a->n; i += tpr"
 "plan-wrong-pitch|$P|f.dst + y * f.dst_pitch|f.dst + y * f.src_pitch"
 "plan-bounds-off-by-one|$P|k < total; k += c->block_dim|k <= total; k += c->block_dim"
+"devidx-slot-bound-off-by-one|$A|s >= m->slot_limit)|s > m->slot_limit)"
+"devidx-page-bound-off-by-one|$A|pid >= p->n_ids)|pid > p->n_ids)"
+"devidx-indptr-past-n-pages|$A|b > p->d_n_pages)|b > p->d_n_pages + 100)"
+"devidx-last-len-off-by-one|$A|ll > p->pt))|ll > p->pt + 1))"
+"devidx-record-every-layer|$A|c->thread == 0 && item % m->n_layers == 0|c->thread == 0"
+"devidx-copy-bound-off-by-one|$A|(int64_t)pr.dst >= p->n_blocks)|(int64_t)pr.dst > p->n_blocks)"
 )
 
 cd "$root"
@@ -51,7 +58,12 @@ restore() { for f in "$A" "$V" "$P"; do cp "$tmp/orig/${f//\//_}" "$f"; done; }
 
 build() {
     make --no-print-directory -j"${JOBS:-2}" CUDA=0 RDMA=0 WERROR=1 BUILD=build-mut \
-        build-mut/tests/test_grid >"$tmp/build.log" 2>&1
+        build-mut/tests/test_grid build-mut/tests/test_grid_devidx >"$tmp/build.log" 2>&1
+}
+# both emulated-grid tests; the first failure's output in $tmp/run.log
+run_tests() {
+    build-mut/tests/test_grid >"$tmp/run.log" 2>&1 &&
+        build-mut/tests/test_grid_devidx >"$tmp/run.log" 2>&1
 }
 
 if ! build; then
@@ -59,7 +71,7 @@ if ! build; then
     echo "check-mutations: the unmutated tree does not build" >&2
     exit 1
 fi
-if ! build-mut/tests/test_grid >"$tmp/run.log" 2>&1; then
+if ! run_tests; then
     cat "$tmp/run.log" >&2
     echo "check-mutations: test_grid fails unmutated" >&2
     exit 1
@@ -94,7 +106,7 @@ PY
         missed=1
         continue
     fi
-    if build-mut/tests/test_grid >"$tmp/run.log" 2>&1; then
+    if run_tests; then
         echo "$name: MISSED (test_grid passes)"
         missed=1
     else

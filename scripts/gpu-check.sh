@@ -11,7 +11,10 @@
 #     every layout and dtype pair against the checked CPU kernels, whole
 #     device pool compared, refusals leave the pool unchanged), the plan
 #     executor (kv_plan_copy_cuda against kv_plan_copy over whole device and
-#     pinned pools, every layout pair: test_gpu_plan), and the GPU
+#     pinned pools, every layout pair: test_gpu_plan), one decode step with
+#     device-resident indices captured in a CUDA graph and replayed with new
+#     slot mappings against uncaptured calls and the CPU kernels
+#     (test_gpu_graph), and the GPU
 #     benchmark lines (JSON: gpu.view_copy and gpu.kernel.* against a
 #     device-to-device cudaMemcpy of the same bytes).
 # Exit status 0 only if every step passed; each step prints its time.
@@ -39,8 +42,11 @@ done
 KV_EXPECT_GPU=1 scripts/run-tests.sh "${suite[@]}"
 
 step "GPU tests"
-# test_gpu_plan must be among them: the plan executor's only device check
-[[ -x build-gpu/gpu/test_gpu_plan ]] || { echo "gpu-check: build-gpu/gpu/test_gpu_plan was not built"; exit 1; }
+# test_gpu_plan must be among them: the plan executor's only device check;
+# test_gpu_graph: the only check of the device-index entries and of capture
+for need in test_gpu_plan test_gpu_graph; do
+    [[ -x build-gpu/gpu/$need ]] || { echo "gpu-check: build-gpu/gpu/$need was not built"; exit 1; }
+done
 status=0
 for t in build-gpu/gpu/test_gpu_*; do
     case "$t" in *.d) continue ;; esac

@@ -1,0 +1,573 @@
+/*
+ * test_grid_devidx.c - the device-index write (kv_attn_write_cuda_dev) on
+ * the CPU grid emulator: the CUDA launcher's job (kv__attn_write_dev_check:
+ * scalar checks only), the same launch parameters, and the kernel body
+ * reading the slot mapping itself (kv__grid_attn_write_dev), the error
+ * record finished as the CUDA launcher finishes it.
+ *
+ *   - valid slots (blocks far from 0, a -1, one layer and all layers, a
+ *     padded NHD layout and a padded HND one, bytes and converting moves):
+ *     the WHOLE pool equals an element-by-element reference and the host
+ *     index path's pool; the record stays all zero;
+ *   - invalid slots (B x N, -5, INT64_MAX) amid valid ones: the invalid
+ *     tokens are skipped, the valid ones written as the reference says,
+ *     guard bytes around the pool untouched, the record counts each invalid
+ *     token once and names the first (index, value); a later launch keeps
+ *     an earlier first unless it finds a lower index;
+ *   - copy blocks with device pairs (kv__grid_attn_copy_dev): layer- and
+ *     block-major padded caches, valid pairs equal an element reference and
+ *     the host mode's pool; a src or dst id >= B skips its pair, recorded;
+ *   - the host side (the validator the CUDA entries call) makes no
+ *     allocation (kv__mem_allocs) and reads no index;
+ *   - the host side refuses bad scalars naming the values, pool untouched;
+ *   - decode with device CSR (kv__grid_attn_decode_dev): valid pages equal
+ *     the host-index decode bit for bit and a float64 softmax within 1e-5;
+ *     a bad indptr or last_page_len zeroes that sequence, a page id of -3
+ *     or B leaves its tokens out, every other output as the reference says,
+ *     the pool unchanged, the output's padding untouched, the record naming
+ *     the first (array, index, value) and the count.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <kvcache/kv.h>
+#include "kv_convert_hd.h"
+
+#include "kv_attn_grid_int.h"
+#include "kv_attn_kernels_hd.h"
+#include "kv_mem.h"
+#include "kvt_side.h"
+#include "kvtest.h"
+
+#define GUARD 256
+
+struct fix {
+    struct kv_layout_config cfg;
+    struct kv_paged_cache c;
+    unsigned char *mem, *pool, *ref;
+    size_t bytes;
+    int64_t es;
+};
+
+static void fill_random(void *p, size_t n, uint64_t seed)
+{
+    unsigned char *b = p;
+    uint64_t r = seed;
+    for (size_t i = 0; i < n; i++)
+        b[i] = (unsigned char)kvt_rand(&r);
+}
+
+/* The pool between two GUARD-byte guards; ref: the expected guards + pool. */
+static void fix_init(struct fix *f, const struct kv_layout_config *cfg, uint64_t seed)
+{
+    memset(f, 0, sizeof(*f));
+    f->cfg = *cfg;
+    assert_int_equal(kv_layout_init(cfg, &f->c.layout), KV_OK);
+    f->bytes = (size_t)f->c.layout.total_bytes;
+    f->es = f->c.layout.elem_bytes;
+    f->mem = kv__mem_alloc_aligned(64, f->bytes + 2 * GUARD);
+    f->ref = kv__mem_alloc_aligned(64, f->bytes + 2 * GUARD);
+    assert_true(f->mem && f->ref);
+    fill_random(f->mem, f->bytes + 2 * GUARD, seed);
+    memcpy(f->ref, f->mem, f->bytes + 2 * GUARD);
+    f->pool = f->mem + GUARD;
+    f->c.base = f->pool;
+    f->c.storage_bytes = f->bytes;
+    f->c.mem = KV_MEM_PINNED;
+}
+
+static void fix_free(struct fix *f)
+{
+    kv__mem_free(f->mem);
+    kv__mem_free(f->ref);
+}
+
+static unsigned char *ref_at(const struct fix *f, int64_t l, int kv, int64_t slot, int64_t h,
+                             int64_t d)
+{
+    const int64_t N = f->cfg.block_tokens;
+    return f->ref + GUARD + kvt_ref_offset_elems(&f->cfg, l, kv, slot / N, slot % N, h, d) * f->es;
+}
+
+static void check_bytes(const unsigned char *got, const unsigned char *want, size_t n,
+                        const char *what)
+{
+    if (memcmp(got, want, n) == 0)
+        return;
+    size_t i = 0;
+    while (got[i] == want[i])
+        i++;
+    fail_msg("%s: byte %zu is 0x%02x, expected 0x%02x (%zu bytes in all)", what, i, got[i], want[i],
+             n);
+}
+
+/* K or V [L?][T][H][D] of dtype dt, rows padded by 8 elements. */
+struct tens {
+    unsigned char *buf;
+    struct kv_view v;
+    int64_t row;
+};
+
+static void make_tens(struct tens *t, kv_dtype dt, int64_t L, int64_t T, int64_t H, int64_t D,
+                      uint64_t seed)
+{
+    const int64_t es = (int64_t)kv_dtype_size(dt), row = D + 8, lead = L ? L : 1;
+    const int64_t elems = lead * T * H * row;
+    t->row = row;
+    t->buf = kv__mem_alloc_aligned(64, (size_t)(elems * es));
+    assert_non_null(t->buf);
+    uint64_t r = seed;
+    for (int64_t i = 0; i < elems; i++)
+        kv_from_f32(dt, (float)kvt_range(&r, -30000, 30000) / 1000.0f, t->buf + i * es);
+    int64_t shape[4] = {L, T, H, D}, st[4] = {T * H * row, H * row, row, 1};
+    struct kv_view flat;
+    int64_t n1 = elems;
+    assert_int_equal(kv_view_init(t->buf, (size_t)(elems * es), dt, 1, &n1, &flat), KV_OK);
+    assert_int_equal(
+        kv_view_as_strided(&flat, L ? 4 : 3, L ? shape : shape + 1, L ? st : st + 1, 0, &t->v),
+        KV_OK);
+}
+
+static const unsigned char *tens_at(const struct tens *t, int64_t l, int64_t T, int64_t H,
+                                    int64_t tk, int64_t h, int64_t d)
+{
+    const int64_t es = (int64_t)kv_dtype_size(t->v.dtype);
+    return t->buf + (((l * T + tk) * H + h) * t->row + d) * es;
+}
+
+struct dcase {
+    kv_order order;
+    int64_t pad;
+    kv_dtype cache_dt, src_dt;
+    bool all_layers;
+};
+
+/* One write of slots[T] through the device-index path into f (and, with
+ * host_too, through the host-index path into a copy, compared). want:
+ * the expected record. */
+static void run_write(const struct dcase *dc, const int64_t *slots, int64_t T, uint64_t seed,
+                      bool host_too, uint64_t want_count, int64_t want_index)
+{
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    const int64_t L = 2, N = 4, H = 2, D = 8, B = 300;
+    cfg.num_layers = L, cfg.num_blocks = B, cfg.block_tokens = N, cfg.num_heads = H;
+    cfg.head_dim = D, cfg.dtype = dc->cache_dt, cfg.order = dc->order;
+    cfg.block_pad_elems = dc->pad;
+    struct fix f;
+    fix_init(&f, &cfg, seed);
+    const int64_t nl = dc->all_layers ? L : 1;
+    const int32_t layer = dc->all_layers ? KV_ATTN_ALL_LAYERS : 1;
+    struct tens k, v;
+    make_tens(&k, dc->src_dt, dc->all_layers ? L : 0, T, H, D, seed + 3);
+    make_tens(&v, dc->src_dt, dc->all_layers ? L : 0, T, H, D, seed + 5);
+    const bool raw = dc->cache_dt == dc->src_dt;
+    const int64_t limit = B * N;
+    for (int64_t t = 0; t < T; t++) {
+        if (slots[t] < 0 || slots[t] >= limit)
+            continue;
+        for (int64_t lr = 0; lr < nl; lr++)
+            for (int kv = 0; kv < 2; kv++)
+                for (int64_t h = 0; h < H; h++)
+                    for (int64_t d = 0; d < D; d++) {
+                        unsigned char *dst = ref_at(&f, dc->all_layers ? lr : layer, kv, slots[t],
+                                                    h, d);
+                        const unsigned char *src = tens_at(kv ? &v : &k, lr, T, H, t, h, d);
+                        if (raw)
+                            memcpy(dst, src, (size_t)f.es);
+                        else
+                            kv_from_f32(dc->cache_dt, kv_to_f32(dc->src_dt, src), dst);
+                    }
+    }
+    struct kv_attn_cuda_errors rec;
+    memset(&rec, 0, sizeof(rec));
+    struct kv__attn_job j;
+    const uint64_t a0 = kv__mem_allocs();
+    kv_status st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, layer, &k.v, &v.v,
+                                            slots, T, NULL, &j);
+    assert_int_equal(kv__mem_allocs(), a0); /* the host side allocates nothing */
+    if (st != KV_OK)
+        fail_msg("dev check: %s: %s", kv_status_name(st), kv_last_error());
+    assert_null(j.runs); /* nothing allocated, no slot read on the host */
+    assert_int_equal(j.n_runs, 0);
+    st = kv__grid_attn_write_dev(&j, slots, T, &rec);
+    kv__attn_job_free(&j);
+    if (st != KV_OK)
+        fail_msg("emulated dev write: %s: %s", kv_status_name(st), kv_last_error());
+    check_bytes(f.mem, f.ref, f.bytes + 2 * GUARD, "guards + pool after the device-index write");
+
+    struct kv_attn_cuda_error_info info;
+    kv__attn_errors_decode(&rec, &info);
+    assert_int_equal(info.count, want_count);
+    if (want_count) {
+        assert_int_equal(info.array, KV_ATTN_DEV_SLOTS);
+        assert_int_equal(info.index, want_index);
+        assert_int_equal(info.value, slots[want_index]);
+    } else {
+        assert_int_equal(rec.first_key, 0);
+        assert_int_equal(info.array, KV_ATTN_DEV_NONE);
+    }
+
+    if (host_too) {
+        /* the host-index path on the same initial pool lands the same bytes */
+        struct fix g;
+        fix_init(&g, &cfg, seed);
+        const uint64_t a1 = kv__mem_allocs();
+        st = kv__attn_write_check("kv_attn_write_cuda", &g.c, layer, &k.v, &v.v,
+                                  (struct kv__attn_slots){slots, false}, T, NULL, &j);
+        assert_true(kv__mem_allocs() > a1); /* the counter sees the host mode's runs */
+        if (st != KV_OK)
+            fail_msg("host check: %s: %s", kv_status_name(st), kv_last_error());
+        assert_int_equal(kv__grid_attn_move(&j, true), KV_OK);
+        kv__attn_job_free(&j);
+        check_bytes(g.mem, f.mem, f.bytes + 2 * GUARD, "host-index pool vs device-index pool");
+        fix_free(&g);
+    }
+    kv__mem_free(k.buf), kv__mem_free(v.buf);
+    fix_free(&f);
+}
+
+static const struct dcase cases[] = {
+    {KV_ORDER_NHD, 3, KV_F16, KV_F16, false},  /* bytes */
+    {KV_ORDER_HND, 5, KV_F16, KV_F16, true},   /* bytes, all layers */
+    {KV_ORDER_NHD, 0, KV_F16, KV_F32, true},   /* converting */
+    {KV_ORDER_HND, 2, KV_BF16, KV_F32, false}, /* converting */
+};
+
+static void test_devidx_write_valid(void **state)
+{
+    (void)state;
+    /* a decode step: scattered slots in blocks 200..299, one padding -1 */
+    const int64_t slots[] = {1150, 803, 4 * 250 + 2, -1, 4 * 299 + 3, 4 * 201};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        run_write(&cases[i], slots, 6, 100 + i, true, 0, 0);
+}
+
+static void test_devidx_write_invalid(void **state)
+{
+    (void)state;
+    const int64_t B_N = 300 * 4;
+    /* index 2: past the pool; 4: negative other than -1; 6: INT64_MAX */
+    const int64_t slots[] = {1001, -1, B_N, 4 * 250 + 1, -5, 4 * 299, INT64_MAX, B_N - 1};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        run_write(&cases[i], slots, 8, 200 + i, false, 3, 2);
+    /* the first invalid at index 0 */
+    const int64_t first[] = {-2, 1001, 1002};
+    run_write(&cases[0], first, 3, 300, false, 1, 0);
+}
+
+/* Two launches into one record: the first stays unless a lower index. */
+static void test_devidx_record_across_launches(void **state)
+{
+    (void)state;
+    struct kv_attn_cuda_errors rec;
+    memset(&rec, 0, sizeof(rec));
+    struct kv_attn_cuda_error_info info;
+    const int64_t a[] = {0, 0, 0, -7}, b[] = {0, 0, 0, 0, 0, 99999}, c[] = {0, -9};
+    kv__dev_error(&rec, KV_ATTN_DEV_SLOTS, 3);
+    kv__dev_error_finish(&rec, a, NULL, NULL, NULL, NULL);
+    kv__dev_error(&rec, KV_ATTN_DEV_SLOTS, 5);
+    kv__dev_error_finish(&rec, b, NULL, NULL, NULL, NULL);
+    kv__attn_errors_decode(&rec, &info);
+    assert_int_equal(info.count, 2);
+    assert_int_equal(info.index, 3);
+    assert_int_equal(info.value, -7);
+    kv__dev_error(&rec, KV_ATTN_DEV_SLOTS, 1);
+    kv__dev_error_finish(&rec, c, NULL, NULL, NULL, NULL);
+    kv__attn_errors_decode(&rec, &info);
+    assert_int_equal(info.count, 3);
+    assert_int_equal(info.index, 1);
+    assert_int_equal(info.value, -9);
+}
+
+static void test_devidx_write_refusals(void **state)
+{
+    (void)state;
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 2, cfg.num_blocks = 300, cfg.block_tokens = 4, cfg.num_heads = 2;
+    cfg.head_dim = 8, cfg.dtype = KV_F16, cfg.block_pad_elems = 3;
+    struct fix f;
+    fix_init(&f, &cfg, 7);
+    struct tens k, v;
+    make_tens(&k, KV_F16, 0, 3, 2, 8, 1);
+    make_tens(&v, KV_F16, 0, 3, 2, 8, 2);
+    const int64_t slots[4] = {1000, 1001, 1002, 1003};
+    struct kv__attn_job j;
+    kv_status st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, 1, &k.v, &v.v, slots,
+                                            4, NULL, &j);
+    assert_int_equal(st, KV_ERR_BAD_SHAPE);
+    assert_non_null(strstr(kv_last_error(), "n_slots 4 outside [0, T = 3]"));
+    st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, 1, &k.v, &v.v, NULL, 2, NULL, &j);
+    assert_int_equal(st, KV_ERR_NULL);
+    float one = 1.0f;
+    struct kv_scales sc = {&one, &one, 1, 0};
+    st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, 1, &k.v, &v.v, slots, 3, &sc,
+                                  &j);
+    assert_int_equal(st, KV_ERR_UNSUPPORTED);
+    st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, 2, &k.v, &v.v, slots, 3, NULL,
+                                  &j);
+    assert_int_not_equal(st, KV_OK);
+    /* the public entry: same refusals, nothing launched or changed */
+    st = kv_attn_write_cuda_dev(f.c, 1, &k.v, &v.v, slots, 4, NULL, NULL, NULL);
+    assert_int_not_equal(st, KV_OK);
+    check_bytes(f.mem, f.ref, f.bytes + 2 * GUARD, "pool after refusals");
+    kv__mem_free(k.buf), kv__mem_free(v.buf);
+    fix_free(&f);
+}
+
+
+/* ---- decode with device CSR ------------------------------------------------------- */
+
+#define DEC_B 200
+#define DEC_N 4
+#define DEC_H 2
+#define DEC_G 2
+#define DEC_D 40
+
+/* Decode S sequences of CSR (indptr, indices [n_pages], last) on the
+ * emulator in the device mode; the expected record; with host_too the host
+ * mode's output must be the same bytes. */
+static void run_dec(const int32_t *indptr, const int32_t *indices, int64_t n_pages,
+                    const int32_t *last, uint32_t S, uint64_t want_count, int want_array,
+                    int64_t want_index, bool host_too)
+{
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    const int64_t N = DEC_N, H = DEC_H, D = DEC_D, Hq = H * DEC_G, pt = N;
+    cfg.num_layers = 2, cfg.num_blocks = DEC_B, cfg.block_tokens = N, cfg.num_heads = H;
+    cfg.head_dim = D, cfg.dtype = KV_F32, cfg.order = KV_ORDER_HND, cfg.block_pad_elems = 3;
+    struct fix f;
+    fix_init(&f, &cfg, 77);
+    uint64_t rng = 5;
+    const uint32_t layer = 1;
+    for (int64_t slot = 0; slot < DEC_B * N; slot++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t d = 0; d < D; d++) {
+                    const float x = (float)kvt_range(&rng, -1000, 1000) / 1000.0f;
+                    kv_from_f32(KV_F32, x, ref_at(&f, layer, kv, slot, h, d) - f.ref + f.mem);
+                }
+    memcpy(f.ref, f.mem, f.bytes + 2 * GUARD);
+    const int64_t row = D + 8, n1 = (int64_t)S * Hq * row;
+    float *qb = kv__mem_alloc_aligned(64, (size_t)n1 * 4),
+          *ob = kv__mem_alloc_aligned(64, (size_t)n1 * 4);
+    float *ob0 = malloc((size_t)n1 * 4), *oh = malloc((size_t)n1 * 4);
+    assert_true(qb && ob && ob0 && oh);
+    for (int64_t i = 0; i < n1; i++)
+        qb[i] = (float)kvt_range(&rng, -1000, 1000) / 1000.0f;
+    fill_random(ob, (size_t)n1 * 4, 9);
+    memcpy(ob0, ob, (size_t)n1 * 4);
+    struct kv_view q, out, flat;
+    int64_t sh[3] = {S, Hq, D}, st3[3] = {Hq * row, row, 1}, nn = n1;
+    assert_int_equal(kv_view_init(qb, (size_t)n1 * 4, KV_F32, 1, &nn, &flat), KV_OK);
+    assert_int_equal(kv_view_as_strided(&flat, 3, sh, st3, 0, &q), KV_OK);
+    assert_int_equal(kv_view_init(ob, (size_t)n1 * 4, KV_F32, 1, &nn, &flat), KV_OK);
+    assert_int_equal(kv_view_as_strided(&flat, 3, sh, st3, 0, &out), KV_OK);
+    const float smscale = 1.0f / sqrtf((float)D);
+    const struct kv_attn_dev_pages dp = {S, 1, indptr, indices, n_pages, last};
+    struct kv_attn_cuda_errors rec;
+    memset(&rec, 0, sizeof(rec));
+    struct kv__attn_job j;
+    const uint64_t a0 = kv__mem_allocs();
+    kv_status st = kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, layer, &q, &dp,
+                                             smscale, NULL, &out, &j);
+    assert_int_equal(kv__mem_allocs(), a0); /* the host side allocates nothing */
+    if (st != KV_OK)
+        fail_msg("dev decode check: %s: %s", kv_status_name(st), kv_last_error());
+    assert_null(j.page_ids); /* nothing read or allocated on the host */
+    st = kv__grid_attn_decode_dev(&j, &dp, &rec);
+    kv__attn_job_free(&j);
+    if (st != KV_OK)
+        fail_msg("emulated dev decode: %s: %s", kv_status_name(st), kv_last_error());
+    check_bytes(f.mem, f.ref, f.bytes + 2 * GUARD, "guards + pool after the decode");
+    struct kv_attn_cuda_error_info info;
+    kv__attn_errors_decode(&rec, &info);
+    assert_int_equal(info.count, want_count);
+    assert_int_equal((int)info.array, want_array);
+    if (want_count) {
+        assert_int_equal(info.index, want_index);
+        const int32_t *arr = want_array == KV_ATTN_DEV_INDPTR     ? indptr
+                             : want_array == KV_ATTN_DEV_LAST_LEN ? last
+                                                                  : indices;
+        assert_int_equal(info.value, arr[want_index]);
+    }
+    if (host_too) {
+        memcpy(oh, ob, (size_t)n1 * 4);
+        memcpy(ob, ob0, (size_t)n1 * 4);
+        const struct kv_pages hp = {.format = KV_PAGES_CSR,
+                                    .n_seqs = S,
+                                    .page_ratio = 1,
+                                    .indptr = indptr,
+                                    .indices = indices,
+                                    .last_page_len = last};
+        st = kv__attn_decode_check("kv_attn_decode_cuda", &f.c, layer, &q, NULL, &hp, smscale,
+                                   NULL, &out, NULL, &j);
+        assert_int_equal(st, KV_OK);
+        assert_int_equal(kv__grid_attn_decode(&j), KV_OK);
+        kv__attn_job_free(&j);
+        check_bytes((unsigned char *)oh, (unsigned char *)ob, (size_t)n1 * 4,
+                    "device-index output vs host-index output");
+    }
+    /* float64 reference, from the CSR by the documented rules */
+    for (uint32_t s = 0; s < S; s++) {
+        const int64_t a = indptr[s], b = indptr[s + 1], ll = last[s];
+        bool ok = a >= 0 && a <= n_pages && b >= a && b <= n_pages;
+        ok = ok && (b == a ? ll == 0 : ll >= 1 && ll <= pt);
+        const int64_t n_tok = ok && b > a ? (b - a - 1) * pt + ll : 0;
+        for (int64_t qi = 0; qi < Hq; qi++) {
+            const int64_t h = qi / DEC_G;
+            double sc[64], mx = -INFINITY, sum = 0;
+            int64_t sl[64], n = 0;
+            for (int64_t t = 0; t < n_tok; t++) {
+                const int64_t pg = indices[a + t / pt];
+                if (pg < 0 || pg >= DEC_B)
+                    continue;
+                sl[n] = pg * pt + t % pt;
+                double dot = 0;
+                for (int64_t d = 0; d < D; d++)
+                    dot += (double)qb[(s * Hq + qi) * row + d] *
+                           (double)kv_to_f32(KV_F32, ref_at(&f, layer, 0, sl[n], h, d));
+                sc[n] = dot * smscale;
+                mx = sc[n] > mx ? sc[n] : mx;
+                n++;
+            }
+            for (int64_t t = 0; t < n; t++)
+                sum += (sc[t] = exp(sc[t] - mx));
+            for (int64_t d = 0; d < D; d++) {
+                double ref = 0;
+                for (int64_t t = 0; t < n; t++)
+                    ref += sc[t] / sum *
+                           (double)kv_to_f32(KV_F32, ref_at(&f, layer, 1, sl[t], h, d));
+                float *o = &ob[(s * Hq + qi) * row + d];
+                const double err = fabs((double)*o - ref) / (fabs(ref) > 0.1 ? fabs(ref) : 0.1);
+                if (!(err <= 1e-5))
+                    fail_msg("decode s%u q%lld d%lld: %.9g vs %.9g", s, (long long)qi,
+                             (long long)d, (double)*o, ref);
+                *o = ob0[o - ob];
+            }
+        }
+    }
+    check_bytes((unsigned char *)ob, (unsigned char *)ob0, (size_t)n1 * 4, "output padding");
+    free(ob0), free(oh);
+    kv__mem_free(qb), kv__mem_free(ob);
+    fix_free(&f);
+}
+
+static void test_devidx_decode_valid(void **state)
+{
+    (void)state;
+    /* lengths 7, 0, 1, 16: pages far from 0 */
+    const int32_t indptr[5] = {0, 2, 2, 3, 7}, last[4] = {3, 0, 1, 4};
+    const int32_t indices[7] = {150, 199, 120, 101, 188, 170, 131};
+    run_dec(indptr, indices, 7, last, 4, 0, KV_ATTN_DEV_NONE, 0, true);
+}
+
+static void test_devidx_decode_invalid(void **state)
+{
+    (void)state;
+    /* s1: page ids 200 (= B) and 120; s2: last_page_len 5 > N; s3: indptr
+     * decreases (5 -> 3); s0 valid */
+    const int32_t indptr[5] = {0, 2, 4, 5, 3}, last[4] = {3, 2, 5, 2};
+    const int32_t indices[5] = {150, 199, DEC_B, 120, 101};
+    run_dec(indptr, indices, 5, last, 4, 3, KV_ATTN_DEV_INDPTR, 4, false);
+    /* page errors only: -3 at index 1, B at index 2 */
+    const int32_t ip2[3] = {0, 2, 4}, l2[2] = {4, 3}, ix2[4] = {150, -3, DEC_B, 120};
+    run_dec(ip2, ix2, 4, l2, 2, 2, KV_ATTN_DEV_PAGES, 1, false);
+    /* indptr past n_pages: index 2 */
+    const int32_t ip3[3] = {0, 1, 9}, l3[2] = {4, 3}, ix3[2] = {150, 120};
+    run_dec(ip3, ix3, 2, l3, 2, 1, KV_ATTN_DEV_INDPTR, 2, false);
+}
+
+/* ---- copy blocks with device pairs ------------------------------------------------- */
+
+/* Copy pairs[n] in a padded cache (layer- or block-major) on the emulator in
+ * the device mode; reference: each valid pair's elements, every layer and
+ * plane, by kvt_ref_offset_elems; with host_too the host mode's pool too. */
+static void run_copy(kv_arrange arrange, const struct kv_block_copy *pairs, uint32_t n,
+                     uint64_t want_count, int64_t want_index, bool host_too)
+{
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 3, cfg.num_blocks = 300, cfg.block_tokens = 4, cfg.num_heads = 2;
+    cfg.head_dim = 8, cfg.dtype = KV_F16, cfg.arrange = arrange, cfg.block_pad_elems = 5;
+    struct fix f;
+    fix_init(&f, &cfg, 31);
+    for (uint32_t i = 0; i < n; i++) {
+        if (pairs[i].src >= 300 || pairs[i].dst >= 300)
+            continue;
+        for (int64_t l = 0; l < 3; l++)
+            for (int kv = 0; kv < 2; kv++)
+                for (int64_t t = 0; t < 4; t++)
+                    for (int64_t h = 0; h < 2; h++)
+                        for (int64_t d = 0; d < 8; d++)
+                            memcpy(ref_at(&f, l, kv, (int64_t)pairs[i].dst * 4 + t, h, d),
+                                   ref_at(&f, l, kv, (int64_t)pairs[i].src * 4 + t, h, d) - f.ref +
+                                       f.mem,
+                                   (size_t)f.es);
+    }
+    struct kv_attn_cuda_errors rec;
+    memset(&rec, 0, sizeof(rec));
+    struct kv__attn_job j;
+    const uint64_t a0 = kv__mem_allocs();
+    kv_status st = kv__attn_copy_dev_check("kv_attn_copy_blocks_cuda_dev", &f.c, pairs, n, &j);
+    assert_int_equal(kv__mem_allocs(), a0);
+    if (st != KV_OK)
+        fail_msg("dev copy check: %s: %s", kv_status_name(st), kv_last_error());
+    st = kv__grid_attn_copy_dev(&j, pairs, n, &rec);
+    kv__attn_job_free(&j);
+    if (st != KV_OK)
+        fail_msg("emulated dev copy: %s: %s", kv_status_name(st), kv_last_error());
+    check_bytes(f.mem, f.ref, f.bytes + 2 * GUARD, "guards + pool after the device-index copy");
+    struct kv_attn_cuda_error_info info;
+    kv__attn_errors_decode(&rec, &info);
+    assert_int_equal(info.count, want_count);
+    if (want_count) {
+        assert_int_equal(info.array, KV_ATTN_DEV_COPIES);
+        assert_int_equal(info.index, want_index);
+        assert_int_equal(info.value, want_index % 2 ? pairs[want_index / 2].dst
+                                                    : pairs[want_index / 2].src);
+    }
+    if (host_too) {
+        struct fix g;
+        fix_init(&g, &cfg, 31);
+        st = kv__attn_copy_check("kv_attn_copy_blocks_cuda", &g.c, NULL, pairs, n, NULL, &j);
+        assert_int_equal(st, KV_OK);
+        assert_int_equal(kv__grid_attn_copy(&j), KV_OK);
+        kv__attn_job_free(&j);
+        check_bytes(g.mem, f.mem, f.bytes + 2 * GUARD, "host-index pool vs device-index pool");
+        fix_free(&g);
+    }
+    fix_free(&f);
+}
+
+static void test_devidx_copy_blocks(void **state)
+{
+    (void)state;
+    const struct kv_block_copy ok[3] = {{250, 260, 4}, {270, 201, 4}, {299, 150, 4}};
+    run_copy(KV_ARRANGE_LAYER_MAJOR, ok, 3, 0, 0, true);
+    run_copy(KV_ARRANGE_BLOCK_MAJOR, ok, 3, 0, 0, true);
+    /* pair 1: src = B; pair 3: dst = B */
+    const struct kv_block_copy bad[4] = {{250, 260, 4}, {300, 210, 4}, {270, 201, 4},
+                                         {205, 300, 4}};
+    run_copy(KV_ARRANGE_LAYER_MAJOR, bad, 4, 2, 2, false);
+    run_copy(KV_ARRANGE_BLOCK_MAJOR, bad, 4, 2, 2, false);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_devidx_write_valid),
+        cmocka_unit_test(test_devidx_write_invalid),
+        cmocka_unit_test(test_devidx_record_across_launches),
+        cmocka_unit_test(test_devidx_write_refusals),
+        cmocka_unit_test(test_devidx_decode_valid),
+        cmocka_unit_test(test_devidx_decode_invalid),
+        cmocka_unit_test(test_devidx_copy_blocks),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
