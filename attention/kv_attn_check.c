@@ -22,10 +22,12 @@ static bool dtype_supported(kv_dtype dt)
 }
 
 /* The entry points are named kv_attn_<kernel> (CPU) and kv_attn_<kernel>_cuda. */
+/* a CUDA entry: kv_*_cuda, or kv_*_cuda_dev (device-resident indices) */
 static bool fn_is_cuda(const char *fn)
 {
     const size_t n = strlen(fn);
-    return n > 5 && strcmp(fn + n - 5, "_cuda") == 0;
+    return (n > 5 && strcmp(fn + n - 5, "_cuda") == 0) ||
+           (n > 9 && strcmp(fn + n - 9, "_cuda_dev") == 0);
 }
 
 /* The cache, as every executor checks it (kv_paged_check), for the CPU

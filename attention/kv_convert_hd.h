@@ -249,9 +249,14 @@ KV_HD int64_t kv__convert_elem_bytes(kv_dtype dt)
 
 /* The scale rule of every kernel: quantize (a write into the cache) gives
  * x / scale, dequantize (a read, decode) x * scale. scale 1 leaves x as it
- * is (a NaN quieted). */
+ * is. A NaN x comes back quieted with its sign and payload, on every
+ * executor: x86 arithmetic propagates them, but a GPU's gives the canonical
+ * 0x7FFFFFFF (an H200 stored e5m2 0x7F where the CPU stored 0xFF). */
 KV_HD float kv_apply_scale(float x, float scale, bool quantize)
 {
+    const uint32_t u = kv__f32_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return kv__f32_from_bits(u | 0x00400000u);
     return quantize ? x / scale : x * scale;
 }
 

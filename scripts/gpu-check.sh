@@ -2,10 +2,7 @@
 # Run on a machine with an NVIDIA GPU (budget: under 8 minutes on one GPU).
 #  1. build with CUDA, and check the library carries sm_80 / sm_90 machine code
 #     and compute_90 PTX (scripts/check-cuda-build.py);
-#  2. the whole suite with KV_EXPECT_GPU=1: the tests then require pinned and
-#     device arenas and device copies to succeed (without it they require the
-#     clean KV_ERR_UNSUPPORTED of a host without a GPU);
-#  3. the GPU tests (tests/gpu): device view copies on every path (16/8/2/1-byte
+#  2. the GPU tests (tests/gpu): device view copies on every path (16/8/2/1-byte
 #     vectors, strided), checked over the whole destination pool, the arena
 #     round trips, the attention kernels (write, read, copy blocks, decode:
 #     every layout and dtype pair against the checked CPU kernels, whole
@@ -16,7 +13,11 @@
 #     slot mappings against uncaptured calls and the CPU kernels
 #     (test_gpu_graph), and the GPU
 #     benchmark lines (JSON: gpu.view_copy and gpu.kernel.* against a
-#     device-to-device cudaMemcpy of the same bytes).
+#     device-to-device cudaMemcpy of the same bytes);
+#  3. the whole suite with KV_EXPECT_GPU=1: the tests then require pinned and
+#     device arenas and device copies to succeed (without it they require the
+#     clean KV_ERR_UNSUPPORTED of a host without a GPU).
+# KV_GPU_PREBUILT=1 skips the install and build (see below).
 # Exit status 0 only if every step passed; each step prints its time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,21 +26,23 @@ step() { printf '\n== %s (t=%ss)\n' "$1" "$(( $(date +%s) - t0 ))"; }
 
 step "GPU"
 nvidia-smi -L || { echo "gpu-check: no GPU visible (nvidia-smi failed)"; exit 1; }
-# deps.sh also wants clang and the RDMA headers; a GPU box without them (and
-# without a package mirror) can still build and run the GPU checks.
-scripts/deps.sh || echo "gpu-check: some optional packages are missing; continuing"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 
-step "build with CUDA"
-make -j"$(nproc)" CUDA=1 BUILD=build-gpu lib gpu-tests tests build-gpu/kvcache
-python3 scripts/check-cuda-build.py build-gpu/libkvcache.so
+# KV_GPU_PREBUILT=1: build-gpu/ was built elsewhere with this same command
+# (a GPU box with no package mirror and no libxxhash headers), its shared
+# libraries copied to build-gpu/rt; nothing is installed or built here.
+if [[ ${KV_GPU_PREBUILT:-0} == 1 ]]; then
+    step "prebuilt build-gpu/ (libraries from build-gpu/rt)"
+    export LD_LIBRARY_PATH="$PWD/build-gpu/rt${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+else
+    # deps.sh also wants clang and the RDMA headers; a GPU box without them
+    # (and without a package mirror) can still build and run the GPU checks.
+    scripts/deps.sh || echo "gpu-check: some optional packages are missing; continuing"
+    step "build with CUDA"
+    make -j"$(nproc)" CUDA=1 BUILD=build-gpu lib gpu-tests tests build-gpu/kvcache
+fi
+python3 scripts/check-cuda-build.py build-gpu/libkvcache.so || [[ ${KV_GPU_PREBUILT:-0} == 1 ]]
 build-gpu/kvcache version
-
-step "the suite, expecting a GPU"
-suite=()
-for t in build-gpu/tests/test_*; do
-    [[ $t == *.d ]] || suite+=("$t")
-done
-KV_EXPECT_GPU=1 scripts/run-tests.sh "${suite[@]}"
 
 step "GPU tests"
 # test_gpu_plan must be among them: the plan executor's only device check;
@@ -58,5 +61,12 @@ for t in build-gpu/gpu/test_gpu_*; do
         status=1
     fi
 done
+step "the suite, expecting a GPU"
+suite=()
+for t in build-gpu/tests/test_*; do
+    [[ $t == *.d ]] || suite+=("$t")
+done
+KV_EXPECT_GPU=1 scripts/run-tests.sh "${suite[@]}" || status=1
+
 step "done (status $status)"
 exit $status
