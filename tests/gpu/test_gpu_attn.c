@@ -642,7 +642,43 @@ struct bctx {
     struct kv_view k, v, q, out;
     int64_t *slots, n_slots;
     struct kv_pages pages;
+    /* the device-index entries: the same slots and pages in device memory */
+    int64_t *dslots;
+    struct kv_attn_dev_pages dpages;
+    struct kv_attn_cuda_errors *err;
 };
+
+static kv_status b_write_dev(void *x)
+{
+    struct bctx *b = x;
+    return kv_attn_write_cuda_dev(b->c, 0, &b->k, &b->v, b->dslots, b->n_slots, NULL, b->err, NULL);
+}
+
+static kv_status b_decode_dev(void *x)
+{
+    struct bctx *b = x;
+    return kv_attn_decode_cuda_dev(b->c, 0, &b->q, &b->dpages, 0.088f, NULL, &b->out, b->err, NULL);
+}
+
+/* A device-index benchmark's result: nothing recorded as invalid. */
+static void check_no_device_errors(struct bctx *b, const char *what)
+{
+    struct kv_attn_cuda_error_info info;
+    CHECK(kv_attn_cuda_errors_get(b->err, &info, NULL) == KV_OK);
+    if (info.count != 0)
+        fprintf(stderr, "%s: %llu invalid indices recorded (first: array %d index %lld)\n", what,
+                (unsigned long long)info.count, (int)info.array, (long long)info.index);
+    CHECK(info.count == 0);
+}
+
+static void print_bench(const char *name, const char *on, const char *shape, size_t bytes, float tk,
+                        float tm)
+{
+    printf("{\"bench\":\"%s\",\"case\":\"%s/bf16/N16/H8/D128/%s\",\"bytes\":%zu,"
+           "\"gbps\":%.2f,\"baseline\":\"cudaMemcpy_d2d\",\"baseline_gbps\":%.2f,"
+           "\"ratio\":%.3f,\"runs\":9}\n",
+           name, on, shape, bytes, bytes / (tk * 1e6), bytes / (tm * 1e6), tm / tk);
+}
 
 static kv_status b_write(void *x)
 {
@@ -721,6 +757,14 @@ static void bench(kv_order order)
            "\"bytes\":%zu,\"gbps\":%.1f,\"baseline\":\"cudaMemcpy_d2d\",\"baseline_gbps\":%.1f,"
            "\"ratio\":%.3f,\"runs\":9}\n",
            on, (long long)T, 2 * tb, 2 * tb / (tk * 1e6), 2 * tb / (tm * 1e6), tm / tk);
+    /* the same write with the slots in device memory: no host work per call */
+    CHECK(kv_attn_cuda_errors_create(&b.err) == KV_OK);
+    CHECK(cudaMalloc((void **)&b.dslots, (size_t)T * sizeof(int64_t)) == cudaSuccess);
+    CHECK(cudaMemcpy(b.dslots, b.slots, (size_t)T * sizeof(int64_t), cudaMemcpyHostToDevice) ==
+          cudaSuccess);
+    time_pair(b_write_dev, &b, b.c.base, scratch, 2 * tb, &tk, &tm);
+    check_no_device_errors(&b, "write_prefill_dev");
+    print_bench("gpu.kernel.write_prefill_dev", on, "T131072", 2 * tb, tk, tm);
     time_pair(b_read, &b, b.c.base, scratch, 2 * tb, &tk, &tm);
     printf("{\"bench\":\"gpu.kernel.read\",\"case\":\"%s/bf16/N16/H8/D128/256x512\","
            "\"bytes\":%zu,\"gbps\":%.1f,\"baseline\":\"cudaMemcpy_d2d\",\"baseline_gbps\":%.1f,"
@@ -740,6 +784,11 @@ static void bench(kv_order order)
            "\"bytes\":%zu,\"gbps\":%.2f,\"baseline\":\"cudaMemcpy_d2d\",\"baseline_gbps\":%.2f,"
            "\"ratio\":%.3f,\"runs\":9}\n",
            on, db, db / (tk * 1e6), db / (tm * 1e6), tm / tk);
+    CHECK(cudaMemcpy(b.dslots, b.slots, (size_t)Td * sizeof(int64_t), cudaMemcpyHostToDevice) ==
+          cudaSuccess);
+    time_pair(b_write_dev, &b, b.c.base, scratch, db, &tk, &tm);
+    check_no_device_errors(&b, "write_decode_dev");
+    print_bench("gpu.kernel.write_decode_dev", on, "4096x1", db, tk, tm);
     /* decode attention: Hq 32, 256 sequences x 2048 tokens (every block once) */
     const int64_t Sd = 256, Ld = 2048, pd = Ld / N;
     for (int64_t s = 0; s <= Sd; s++)
@@ -761,6 +810,39 @@ static void bench(kv_order order)
         "\"bytes\":%zu,\"tokens_per_s\":%.3g,\"gbps\":%.1f,\"baseline\":\"cudaMemcpy_d2d_of_kv\","
         "\"baseline_gbps\":%.1f,\"ratio\":%.3f,\"runs\":9}\n",
         on, kvb, (double)(Sd * Ld) / (tk * 1e-3), kvb / (tk * 1e6), kvb / (tm * 1e6), tm / tk);
+    /* the same decode with the pages in device memory; its output equals
+     * the host-index decode's (one kernel body, one launch shape) */
+    int32_t *d_indptr, *d_indices, *d_last;
+    CHECK(cudaMalloc((void **)&d_indptr, (Sd + 1) * 4) == cudaSuccess);
+    CHECK(cudaMalloc((void **)&d_indices, (size_t)B * 4) == cudaSuccess);
+    CHECK(cudaMalloc((void **)&d_last, Sd * 4) == cudaSuccess);
+    CHECK(cudaMemcpy(d_indptr, indptr, (Sd + 1) * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    CHECK(cudaMemcpy(d_indices, perm, (size_t)B * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    CHECK(cudaMemcpy(d_last, last, Sd * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    b.dpages = (struct kv_attn_dev_pages){(uint32_t)Sd, 1, d_indptr, d_indices, (uint32_t)B,
+                                          d_last};
+    CHECK(cudaMemset(qd, 0x3c, qb) == cudaSuccess); /* bf16 0x3c3c: a non-trivial softmax */
+    unsigned char *o_host = malloc(qb), *o_dev = malloc(qb);
+    CHECK(o_host && o_dev);
+    CHECK(b_decode(&b) == KV_OK && cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(cudaMemcpy(o_host, od, qb, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(cudaMemset(od, 0, qb) == cudaSuccess);
+    time_pair(b_decode_dev, &b, b.c.base, big, kvb, &tk, &tm);
+    check_no_device_errors(&b, "decode_attn_dev");
+    CHECK(cudaMemcpy(o_dev, od, qb, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(memcmp(o_host, o_dev, qb) == 0);
+    printf(
+        "{\"bench\":\"gpu.kernel.decode_attn_dev\",\"case\":\"%s/bf16/N16/Hq32/H8/D128/256x2048\","
+        "\"bytes\":%zu,\"tokens_per_s\":%.3g,\"gbps\":%.1f,\"baseline\":\"cudaMemcpy_d2d_of_kv\","
+        "\"baseline_gbps\":%.1f,\"ratio\":%.3f,\"runs\":9}\n",
+        on, kvb, (double)(Sd * Ld) / (tk * 1e-3), kvb / (tk * 1e6), kvb / (tm * 1e6), tm / tk);
+    free(o_host);
+    free(o_dev);
+    cudaFree(d_indptr);
+    cudaFree(d_indices);
+    cudaFree(d_last);
+    cudaFree(b.dslots);
+    kv_attn_cuda_errors_destroy(b.err);
     cudaFree(big);
     cudaFree(qd);
     cudaFree(od);
