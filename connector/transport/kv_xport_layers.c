@@ -525,6 +525,7 @@ kv_status kv_xlayer_rx_stats_get(kv_xlayer_rx *rx, struct kv_xlayer_rx_stats *ou
         return st;
     pthread_mutex_lock(&rx->mu);
     *out = rx->st;
+    out->waiting = rx->waiters;
     pthread_mutex_unlock(&rx->mu);
     return KV_OK;
 }

@@ -177,6 +177,7 @@ struct kv_xlayer_rx_stats {
     uint64_t notes_late;    /* ignored: their request was terminal already */
     uint64_t notes_refused; /* refused by kv_xlayer_rx_feed */
     uint32_t tracked;       /* requests tracked now */
+    uint32_t waiting;       /* threads inside kv_xlayer_rx_wait now */
 };
 #define KV_XLAYER_RX_STATS_INIT                                                                    \
     {                                                                                              \

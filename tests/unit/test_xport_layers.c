@@ -18,7 +18,8 @@
  *     too, each side reports it once; the pool holds layers 0 and 1 and
  *     nothing else; a cancel in flight ends the same way (KV_ERR_CANCELLED);
  *   - limits and hostile notifications refused by name with nothing
- *     changed (stats compared field by field, waits still pending).
+ *     changed (stats compared field by field, waits still pending);
+ *   - kv_xlayer_rx_destroy refused while a thread waits, nothing freed.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -631,12 +632,70 @@ static void test_xport_layers_limits_refused_by_name(void **state)
     pair_close(&p);
 }
 
+/* ---- destroy against its users ------------------------------------- */
+
+struct rx_waiter {
+    kv_xlayer_rx *rx;
+    kv_status st;
+};
+
+static void *rx_waiter_main(void *arg)
+{
+    struct rx_waiter *w = arg;
+    w->st = kv_xlayer_rx_wait(w->rx, 4242, 3, 60000);
+    return NULL;
+}
+
+/* kv_xlayer_rx_destroy refuses while a thread waits (naming the count) and
+ * frees nothing: the waiter is still woken by a failure afterwards, and the
+ * destroy succeeds once it left. */
+static void test_xport_layers_rx_destroy_refused_while_waiting(void **state)
+{
+    (void)state;
+    kv_xlayer_rx *rx = NULL;
+    struct kv_xlayer_rx_config rc = KV_XLAYER_RX_CONFIG_INIT;
+    rc.max_requests = 4;
+    rc.max_layers = 8;
+    assert_int_equal(kv_xlayer_rx_create(&rc, &rx), KV_OK);
+    assert_int_equal(kv_xlayer_rx_expect(rx, 11, 4242, 8), KV_OK);
+    struct rx_waiter w = {.rx = rx, .st = KV_OK};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, rx_waiter_main, &w), 0);
+    struct kv_xlayer_rx_stats s;
+    for (;;) { /* until the waiter is inside the wait (no timing asserted) */
+        rx_stats(rx, &s);
+        if (s.waiting == 1)
+            break;
+        usleep(1000);
+    }
+    assert_int_equal(kv_xlayer_rx_destroy(rx), KV_ERR_BAD_STATE);
+    kvt_assert_msg_has("1 thread(s) still waiting");
+    struct kv_xlayer_rx_stats s2;
+    rx_stats(rx, &s2);
+    stats_equal(&s, &s2);
+    assert_int_equal(s2.tracked, 1);
+    assert_int_equal(s2.waiting, 1);
+    assert_int_equal(kv_xlayer_rx_fail(rx, 4242, KV_ERR_IO), KV_OK);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(w.st, KV_ERR_IO);
+    rx_stats(rx, &s2);
+    assert_int_equal(s2.waiting, 0);
+    struct kv_xlayer_done done[2];
+    uint32_t n = 0;
+    assert_int_equal(kv_xlayer_rx_finished(rx, done, 2, &n), KV_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(done[0].request, 4242);
+    assert_int_equal(done[0].status, KV_ERR_IO);
+    assert_int_equal(kv_xlayer_rx_destroy(rx), KV_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_xport_layers_layer_by_layer),
         cmocka_unit_test(test_xport_layers_failure_fails_request_once),
         cmocka_unit_test(test_xport_layers_limits_refused_by_name),
+        cmocka_unit_test(test_xport_layers_rx_destroy_refused_while_waiting),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
