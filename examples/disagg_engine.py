@@ -42,6 +42,7 @@ the connector and the transport need no change.
 import argparse
 import json
 import os
+import queue
 import secrets
 import subprocess
 import sys
@@ -101,6 +102,7 @@ class LayerwiseConnector:
             self.remote = self.plans = None
         else:
             self.rx = kvcache.LayerRx()
+            self.ctrl = queue.Queue()  # the other engine's control messages
             self._stop = threading.Event()
             self._feeder = threading.Thread(target=self._feed, daemon=True)
             self._feeder.start()
@@ -159,18 +161,35 @@ class LayerwiseConnector:
             self.rx.expect(self.peer, r["rid"], self.layers)
 
     def wait_for_layer_load(self, layer):
+        """Return once layer `layer` of every bound request landed. A request
+        whose prefill is gone (the peer closed) or late past TIMEOUT_MS is
+        failed from this side (LayerRx.fail): the wait raises its failure,
+        and its blocks are never attended over."""
         t0 = time.perf_counter()
         for r in self.meta:
-            self.rx.wait(r["rid"], layer, TIMEOUT_MS)
+            deadline = t0 + TIMEOUT_MS / 1000
+            while True:
+                try:
+                    self.rx.wait(r["rid"], layer, 200)
+                    break
+                except kvcache.Timeout:
+                    if self.errors:
+                        raise self.errors[0]
+                    gone = self.peer.state()[0] == "closed"
+                    if gone or time.perf_counter() > deadline:
+                        self.rx.fail(r["rid"], "KV_ERR_IO" if gone else "KV_ERR_TIMEOUT")
         self.waited_s += time.perf_counter() - t0
 
     def _feed(self):
-        """The receive thread: every layer notification into the tracker."""
+        """The receive thread: every layer notification into the tracker,
+        control messages into self.ctrl."""
         while not self._stop.is_set():
             try:
                 note = self.x.poll(20)
                 if note is not None and note.tag == xp.XLAYER_TAG:
                     self.rx.feed(note)
+                elif note is not None and note.tag == CTRL_TAG:
+                    self.ctrl.put(json.loads(note.data))
             except kvcache.KvError as e:
                 self.errors.append(e)
                 return
@@ -237,11 +256,11 @@ def prefill_main(a):
         elif msg["op"] == "bye":
             break
     st = x.stats()
-    ps = eng.c.pool_stats()
-    print("prefill process: %d requests, %d tokens computed, %d reused from cached prefix "
-          "blocks, %d layer transfers (%d gathered), %.2f s busy; prefix hits %d" %
-          (sent, eng.prefill_tokens, eng.reused_tokens, st["plans_gathered"] +
-           st["plans_direct"], st["plans_gathered"], t_busy, ps["hits"]), flush=True)
+    send(peer, {"op": "stats", "line": (
+        "prefill process: %d requests, %d tokens computed, %d reused from cached prefix "
+        "blocks, %d layer transfers (%d sent gathered), %.2f s busy" %
+        (sent, eng.prefill_tokens, eng.reused_tokens, st["plans_gathered"] +
+         st["plans_direct"], st["plans_gathered"], t_busy))})
     conn.close()
     x.close()
     eng.c.close()
@@ -274,6 +293,8 @@ def decode_main(a):
         conn.hello()
         stats = run_decode(a, model, reqs, eng, conn)
         send(peer, {"op": "bye"})
+        msg = conn.ctrl.get(timeout=TIMEOUT_MS / 1000)  # prefill's last words
+        print(msg["line"])
         if proc.wait(TIMEOUT_MS / 1000) != 0:
             raise RuntimeError("the prefill process exited with status %d" % proc.returncode)
         conn.close()
