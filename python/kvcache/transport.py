@@ -39,7 +39,6 @@ import threading
 from collections import namedtuple
 from typing import List, Optional, Tuple
 
-
 from . import _lib
 from ._ints import I32, INT, U32, U64, CInt, int_array, integer
 from .cache import Cache, Layout, _Memory, _plan_config
@@ -301,8 +300,12 @@ class Transport(_Handle):
         is deregistered."""
         _reap()
         if isinstance(memory, (Cache, PagedCache)):
-            pc = memory._paged()  # a Cache in device memory is refused here
-            keep = _Memory(memory) if isinstance(memory, Cache) else memory
+            memory._enter()  # a closed Cache is refused (BadState)
+            try:
+                pc = memory._paged()  # so is one in device memory
+                keep = _Memory(memory) if isinstance(memory, Cache) else memory
+            finally:
+                memory._leave()
             ptr, nbytes, kind = pc.base, pc.storage_bytes, pc.mem
         else:
             r = region(memory, "memory")

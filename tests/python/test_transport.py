@@ -158,6 +158,10 @@ def test_refusals_name_the_values(pair):
                                          num_heads=H, head_dim=8, dtype="f32"))
     with pytest.raises(kvcache.InvalidArgument, match="token"):
         kvcache.Transport(0)
+    gone = filled(src_layout(), 9)
+    gone.close()
+    with pytest.raises(kvcache.BadState, match="the cache is closed"):
+        pair.b.register(gone)
     rx = kvcache.LayerRx()
     with pytest.raises(kvcache.NotFound, match="request 3 is not tracked"):
         rx.wait(3, 0, 0)
