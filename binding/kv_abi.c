@@ -259,8 +259,7 @@ static const struct {
     size_t size, align;
 } kv__abi_structs[] = {
 #define KV__ABI_S(s) {#s, sizeof(struct s), _Alignof(struct s)},
-    KV__ABI_STRUCTS(KV__ABI_S)
-    KV__ABI_XPORT_STRUCTS(KV__ABI_S)
+    KV__ABI_STRUCTS(KV__ABI_S) KV__ABI_XPORT_STRUCTS(KV__ABI_S)
 #undef KV__ABI_S
 };
 
@@ -269,8 +268,7 @@ static const struct {
     size_t offset, size;
 } kv__abi_fields[] = {
 #define KV__ABI_F(s, f) {#s, #f, offsetof(struct s, f), sizeof(((struct s *)0)->f)},
-    KV__ABI_FIELDS(KV__ABI_F)
-    KV__ABI_XPORT_FIELDS(KV__ABI_F)
+    KV__ABI_FIELDS(KV__ABI_F) KV__ABI_XPORT_FIELDS(KV__ABI_F)
 #undef KV__ABI_F
 };
 
