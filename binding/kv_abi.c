@@ -11,6 +11,8 @@
 #include "kv_lib.h"
 #include "kv_page_table.h"
 #include "kv_view.h"
+#include "kv_transport.h"
+#include "kv_xport_layers.h"
 
 /* X(struct, field) for every field of every struct in the table. */
 #define KV__ABI_FIELDS(X)                                                                          \
@@ -173,12 +175,91 @@
     X(kv_copy_blocks_opts)                                                                         \
     X(kv_attn_opts)
 
+/* The transport's structs (kv_transport.h, kv_xport_layers.h) and the plan's
+ * stats: the Python package's transport bindings (python/kvcache/transport.py). */
+#define KV__ABI_XPORT_FIELDS(X)                                                                    \
+    X(kv_plan_stats, window_tokens)                                                                \
+    X(kv_plan_stats, window_src_blocks)                                                            \
+    X(kv_plan_stats, window_dst_blocks)                                                            \
+    X(kv_plan_stats, rows)                                                                         \
+    X(kv_plan_stats, runs)                                                                         \
+    X(kv_plan_stats, copies)                                                                       \
+    X(kv_plan_stats, window_bytes)                                                                 \
+    X(kv_xport_config, struct_size)                                                                \
+    X(kv_xport_config, kind)                                                                       \
+    X(kv_xport_config, listen_host)                                                                \
+    X(kv_xport_config, listen_port)                                                                \
+    X(kv_xport_config, token)                                                                      \
+    X(kv_xport_config, fingerprint)                                                                \
+    X(kv_xport_config, conns_per_peer)                                                             \
+    X(kv_xport_config, timeout_ms)                                                                 \
+    X(kv_xport_config, max_pending_notes)                                                          \
+    X(kv_xport_config, max_pending_reads)                                                          \
+    X(kv_xport_config, max_handshakes)                                                             \
+    X(kv_xport_config, frames_per_round)                                                           \
+    X(kv_xport_config, rdma_busy_poll)                                                             \
+    X(kv_xport_config, rdma_device)                                                                \
+    X(kv_xport_config, rdma_port)                                                                  \
+    X(kv_xport_config, rdma_gid_index)                                                             \
+    X(kv_xport_config, plan_gather_below_bytes)                                                    \
+    X(kv_xport_io, local)                                                                          \
+    X(kv_xport_io, local_off)                                                                      \
+    X(kv_xport_io, remote)                                                                         \
+    X(kv_xport_io, remote_off)                                                                     \
+    X(kv_xport_io, bytes)                                                                          \
+    X(kv_xport_notify, tag)                                                                        \
+    X(kv_xport_notify, msg)                                                                        \
+    X(kv_xport_notify, len)                                                                        \
+    X(kv_xport_msg, peer_id)                                                                       \
+    X(kv_xport_msg, tag)                                                                           \
+    X(kv_xport_msg, len)                                                                           \
+    X(kv_xport_msg, data)                                                                          \
+    X(kv_xport_stats, struct_size)                                                                 \
+    X(kv_xport_stats, peers_refused)                                                               \
+    X(kv_xport_stats, handshakes_over_limit)                                                       \
+    X(kv_xport_stats, notes_refused)                                                               \
+    X(kv_xport_stats, reads_refused)                                                               \
+    X(kv_xport_stats, frames_stalled)                                                              \
+    X(kv_xport_stats, sends_stalled)                                                               \
+    X(kv_xport_stats, accept_backoffs)                                                             \
+    X(kv_xport_stats, accept_last_errno)                                                           \
+    X(kv_xport_stats, plans_gathered)                                                              \
+    X(kv_xport_stats, plans_direct)                                                                \
+    X(kv_xport_stats, plan_segments)                                                               \
+    X(kv_xport_stats, plan_entries)                                                                \
+    X(kv_xlayer_rx_config, struct_size)                                                            \
+    X(kv_xlayer_rx_config, max_requests)                                                           \
+    X(kv_xlayer_rx_config, max_layers)                                                             \
+    X(kv_xlayer_tx_config, struct_size)                                                            \
+    X(kv_xlayer_tx_config, max_requests)                                                           \
+    X(kv_xlayer_tx_config, max_layers)                                                             \
+    X(kv_xlayer_done, request)                                                                     \
+    X(kv_xlayer_done, status)                                                                      \
+    X(kv_xlayer_rx_stats, struct_size)                                                             \
+    X(kv_xlayer_rx_stats, notes_layers)                                                            \
+    X(kv_xlayer_rx_stats, notes_abort)                                                             \
+    X(kv_xlayer_rx_stats, notes_late)                                                              \
+    X(kv_xlayer_rx_stats, notes_refused)                                                           \
+    X(kv_xlayer_rx_stats, tracked)
+
+#define KV__ABI_XPORT_STRUCTS(X)                                                                   \
+    X(kv_plan_stats)                                                                               \
+    X(kv_xport_config)                                                                             \
+    X(kv_xport_io)                                                                                 \
+    X(kv_xport_notify)                                                                             \
+    X(kv_xport_msg)                                                                                \
+    X(kv_xport_stats)                                                                              \
+    X(kv_xlayer_rx_config)                                                                         \
+    X(kv_xlayer_tx_config)                                                                         \
+    X(kv_xlayer_done)                                                                              \
+    X(kv_xlayer_rx_stats)
+
 static const struct {
     const char *name;
     size_t size, align;
 } kv__abi_structs[] = {
 #define KV__ABI_S(s) {#s, sizeof(struct s), _Alignof(struct s)},
-    KV__ABI_STRUCTS(KV__ABI_S)
+    KV__ABI_STRUCTS(KV__ABI_S) KV__ABI_XPORT_STRUCTS(KV__ABI_S)
 #undef KV__ABI_S
 };
 
@@ -187,7 +268,7 @@ static const struct {
     size_t offset, size;
 } kv__abi_fields[] = {
 #define KV__ABI_F(s, f) {#s, #f, offsetof(struct s, f), sizeof(((struct s *)0)->f)},
-    KV__ABI_FIELDS(KV__ABI_F)
+    KV__ABI_FIELDS(KV__ABI_F) KV__ABI_XPORT_FIELDS(KV__ABI_F)
 #undef KV__ABI_F
 };
 

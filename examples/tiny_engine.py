@@ -133,11 +133,17 @@ def reference(model, prompt, max_new, rid, sample):
 
 
 class Engine:
-    def __init__(self, model, num_blocks):
+    """The paged engine. order, arrange, block_tokens: its cache's layout
+    (the split engine, examples/disagg_engine.py, runs prefill NHD and
+    decode HND); prefix_caching as Cache's."""
+
+    def __init__(self, model, num_blocks, order="HND", arrange="layer", block_tokens=BLOCK,
+                 prefix_caching=True):
         self.m = model
-        self.lay = kvcache.Layout(num_layers=LAYERS, num_blocks=num_blocks, block_tokens=BLOCK,
-                                  num_heads=HKV, head_dim=HD, dtype="f32", order="HND")
-        self.c = kvcache.Cache(self.lay, max_seqs=64, prefix_caching=True)
+        self.lay = kvcache.Layout(num_layers=LAYERS, num_blocks=num_blocks,
+                                  block_tokens=block_tokens, num_heads=HKV, head_dim=HD,
+                                  dtype="f32", order=order, arrange=arrange)
+        self.c = kvcache.Cache(self.lay, max_seqs=64, prefix_caching=prefix_caching)
         self.cow_copies = 0
         self.prefill_tokens = self.reused_tokens = self.decode_tokens = 0
 
@@ -148,9 +154,10 @@ class Engine:
             self.cow_copies += len(cp)
         self.c.copies_done()
 
-    def prefill(self, prompt):
+    def prefill(self, prompt, after_write=None):
         """A new sequence for prompt, reusing cached prefix blocks; returns
-        (seq, last hidden state)."""
+        (seq, last hidden state). after_write(layer, seq), when given, runs
+        as soon as each layer's K/V is written (a connector's save_kv_layer)."""
         c = self.c
         s = c.seq_create()
         have = c.reuse_prefix(s, prompt)
@@ -169,6 +176,8 @@ class Engine:
         for l in range(LAYERS):
             q, k, v = self.m.qkv(l, h, pos)
             c.write(l, k, v, slots)  # the write kernel, at the page table's slots
+            if after_write is not None:
+                after_write(l, s)
             out = np.empty_like(q)
             # kvcache's multi-token paged attention: query i at position have + i
             # sees tokens 0 .. have + i (the reused prefix and the new tokens)
@@ -177,8 +186,10 @@ class Engine:
         self.prefill_tokens += len(new)
         return s, h[-1]
 
-    def decode_step(self, seqs, last_tokens):
-        """One token for every sequence of the batch; returns their last hidden states."""
+    def decode_step(self, seqs, last_tokens, before_layer=None):
+        """One token for every sequence of the batch; returns their last hidden
+        states. before_layer(layer), when given, runs before each layer
+        touches the cache (a connector's wait_for_layer_load)."""
         c = self.c
         pos = np.array([c.seq_len(s) for s in seqs])
         for s, t in zip(seqs, last_tokens):
@@ -194,6 +205,8 @@ class Engine:
             for i in range(len(seqs)):
                 qi, ki, vi = self.m.qkv(l, h[i:i + 1], pos[i:i + 1])
                 q[i], k[i], v[i] = qi[0], ki[0], vi[0]
+            if before_layer is not None:
+                before_layer(l)
             c.write(l, k, v, slots)
             out = np.empty_like(q)
             c.decode(l, q, pg, out)  # kvcache's paged decode attention, the whole batch

@@ -10,7 +10,9 @@
         k0 = torch.from_dlpack(c.kv(0, 0))      # layer 0's K, zero-copy
 
 An engine's own memory and page tables: kvcache.PagedCache(layout, tensor)
-and kvcache.Pages.from_block_table / from_csr (python/README.md).
+and kvcache.Pages.from_block_table / from_csr (python/README.md). Moving
+blocks to another process: kvcache.Transport, Plan, LayerTx / LayerRx
+(kvcache.transport).
 
 Over libkvcache.so through ctypes (see python/README.md for why). Every
 failed call raises a KvError subclass with the C library's message.
@@ -18,6 +20,7 @@ failed call raises a KvError subclass with the C library's message.
 from . import _lib
 from .cache import Cache, Layout, Pages, View
 from .paged import PagedCache
+from .transport import Transport, Peer, Mem, RemoteMem, Transfer, Plan, LayerTx, LayerRx, Note
 from .errors import (KvError, InvalidArgument, NullArgument, BadDim, BadShape, OutOfBounds,
                      NeedsCopy, Overlap, Overflow, NoMemory, NoBlocks, NotFound, BadState,
                      Unsupported, TooCostly, Mismatch, IoError, Timeout, Cancelled, Corrupt,
@@ -42,4 +45,6 @@ __all__ = ["Cache", "Layout", "View", "KvError", "InvalidArgument", "NullArgumen
            "BadShape", "OutOfBounds", "NeedsCopy", "Overlap", "Overflow", "NoMemory",
            "NoBlocks", "NotFound", "BadState", "Unsupported", "TooCostly", "Mismatch",
            "IoError", "Timeout", "Cancelled", "Corrupt", "Internal", "Capacity", "DeviceError",
-           "library_path", "threads", "set_threads", "Pages", "PagedCache"]
+           "library_path", "threads", "set_threads", "Pages", "PagedCache",
+           "Transport", "Peer", "Mem", "RemoteMem", "Transfer", "Plan", "LayerTx", "LayerRx",
+           "Note"]

@@ -361,6 +361,158 @@ _PROTOS = {
                                               ctypes.POINTER(FlashinferExport), c_u64p]),
 }
 
+# ---- the transport (connector/transport/kv_transport.h, kv_xport_layers.h) --
+# Declared in their own block, checked by the same _check_abi as the others
+# (binding/kv_abi.c: KV__ABI_XPORT_STRUCTS); used by transport.py.
+
+KV_XPORT_BLOB_MAX = 256
+KV_XPORT_NOTIFY_MAX = 4096
+KV_XLAYER_TAG = 0x574C564B
+
+
+class PlanStats(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in ("window_tokens", "window_src_blocks",
+                                             "window_dst_blocks", "rows", "runs", "copies",
+                                             "window_bytes")]
+
+
+class XportConfig(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("kind", ctypes.c_int),
+        ("listen_host", ctypes.c_char_p),
+        ("listen_port", ctypes.c_uint16),
+        ("token", ctypes.c_uint64),
+        ("fingerprint", ctypes.c_uint64),
+        ("conns_per_peer", ctypes.c_uint32),
+        ("timeout_ms", ctypes.c_uint32),
+        ("max_pending_notes", ctypes.c_uint32),
+        ("max_pending_reads", ctypes.c_uint32),
+        ("max_handshakes", ctypes.c_uint32),
+        ("frames_per_round", ctypes.c_uint32),
+        ("rdma_busy_poll", ctypes.c_bool),
+        ("rdma_device", ctypes.c_char_p),
+        ("rdma_port", ctypes.c_uint32),
+        ("rdma_gid_index", ctypes.c_int32),
+        ("plan_gather_below_bytes", ctypes.c_uint32),
+    ]
+
+
+class XportIo(ctypes.Structure):
+    _fields_ = [("local", vp), ("local_off", ctypes.c_uint64), ("remote", vp),
+                ("remote_off", ctypes.c_uint64), ("bytes", ctypes.c_uint64)]
+
+
+class XportNotify(ctypes.Structure):
+    _fields_ = [("tag", ctypes.c_uint64), ("msg", vp), ("len", ctypes.c_uint32)]
+
+
+class XportMsg(ctypes.Structure):
+    _fields_ = [("peer_id", ctypes.c_uint64), ("tag", ctypes.c_uint64), ("len", ctypes.c_uint32),
+                ("data", ctypes.c_ubyte * KV_XPORT_NOTIFY_MAX)]
+
+
+class XportStats(ctypes.Structure):
+    _fields_ = ([("struct_size", ctypes.c_size_t)] +
+                [(n, ctypes.c_uint64) for n in ("peers_refused", "handshakes_over_limit",
+                                                "notes_refused", "reads_refused",
+                                                "frames_stalled", "sends_stalled",
+                                                "accept_backoffs")] +
+                [("accept_last_errno", ctypes.c_int)] +
+                [(n, ctypes.c_uint64) for n in ("plans_gathered", "plans_direct",
+                                                "plan_segments", "plan_entries")])
+
+
+class XlayerConfig(ctypes.Structure):  # kv_xlayer_rx_config and kv_xlayer_tx_config
+    _fields_ = [("struct_size", ctypes.c_size_t), ("max_requests", ctypes.c_uint32),
+                ("max_layers", ctypes.c_uint32)]
+
+
+class XlayerDone(ctypes.Structure):
+    _fields_ = [("request", ctypes.c_uint64), ("status", ctypes.c_int)]
+
+
+class XlayerRxStats(ctypes.Structure):
+    _fields_ = ([("struct_size", ctypes.c_size_t)] +
+                [(n, ctypes.c_uint64) for n in ("notes_layers", "notes_abort", "notes_late",
+                                                "notes_refused")] +
+                [("tracked", ctypes.c_uint32)])
+
+
+_ABI.update({
+    "kv_plan_stats": PlanStats,
+    "kv_xport_config": XportConfig,
+    "kv_xport_io": XportIo,
+    "kv_xport_notify": XportNotify,
+    "kv_xport_msg": XportMsg,
+    "kv_xport_stats": XportStats,
+    "kv_xlayer_rx_config": XlayerConfig,
+    "kv_xlayer_tx_config": XlayerConfig,
+    "kv_xlayer_done": XlayerDone,
+    "kv_xlayer_rx_stats": XlayerRxStats,
+})
+
+_vpp = ctypes.POINTER(vp)
+_u16 = ctypes.c_uint16
+_PROTOS.update({
+    "kv_plan_create": (_ST, [ctypes.POINTER(LayoutC), ctypes.POINTER(LayoutC),
+                             ctypes.POINTER(PlanConfig), _vpp]),
+    "kv_plan_destroy": (None, [vp]),
+    "kv_plan_stats_get": (_ST, [vp, ctypes.POINTER(PlanStats)]),
+    "kv_xport_kind_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "kv_xport_create": (_ST, [ctypes.POINTER(XportConfig), _vpp]),
+    "kv_xport_destroy": (_ST, [vp]),
+    "kv_xport_port": (_u16, [vp]),
+    "kv_xport_connect": (_ST, [vp, ctypes.c_char_p, _u16, _vpp]),
+    "kv_xport_accept": (_ST, [vp, ctypes.c_uint32, _vpp]),
+    "kv_xport_peer_state_get": (_ST, [vp, ctypes.POINTER(ctypes.c_int),
+                                      ctypes.POINTER(ctypes.c_int)]),
+    "kv_xport_peer_wait": (_ST, [vp, ctypes.c_uint32, ctypes.POINTER(ctypes.c_int)]),
+    "kv_xport_peer_close": (None, [vp]),
+    "kv_xport_peer_id": (ctypes.c_uint64, [vp]),
+    "kv_xport_mem_reg": (_ST, [vp, vp, ctypes.c_size_t, ctypes.c_int, _vpp]),
+    "kv_xport_mem_dereg": (_ST, [vp]),
+    "kv_xport_mem_expose": (_ST, [vp, vp, vp, ctypes.c_size_t,
+                                  ctypes.POINTER(ctypes.c_size_t)]),
+    "kv_xport_mem_unexpose": (_ST, [vp, vp]),
+    "kv_xport_mem_bytes": (ctypes.c_uint64, [vp]),
+    "kv_xport_rmem_bytes": (ctypes.c_uint64, [vp]),
+    "kv_xport_rmem_import": (_ST, [vp, vp, ctypes.c_size_t, _vpp]),
+    "kv_xport_rmem_free": (_ST, [vp]),
+    "kv_xport_read": (_ST, [vp, ctypes.POINTER(XportIo), ctypes.c_uint32, _vpp]),
+    "kv_xport_write": (_ST, [vp, ctypes.POINTER(XportIo), ctypes.c_uint32,
+                             ctypes.POINTER(XportNotify), _vpp]),
+    "kv_xport_write_plan": (_ST, [vp, vp, vp, ctypes.c_uint64, c_u32p, ctypes.c_uint32, vp,
+                                  ctypes.c_uint64, c_u32p, ctypes.c_uint32, ctypes.c_uint64,
+                                  ctypes.POINTER(XportNotify), _vpp]),
+    "kv_xport_xfer_test": (_ST, [vp, ctypes.POINTER(ctypes.c_int)]),
+    "kv_xport_xfer_wait": (_ST, [vp, ctypes.c_uint32, ctypes.POINTER(ctypes.c_int)]),
+    "kv_xport_xfer_cancel": (_ST, [vp]),
+    "kv_xport_xfer_results": (_ST, [vp, ctypes.POINTER(ctypes.POINTER(ctypes.c_int)),
+                                    c_u32p]),
+    "kv_xport_xfer_error": (ctypes.c_char_p, [vp]),
+    "kv_xport_xfer_free": (_ST, [vp]),
+    "kv_xport_notify_poll": (_ST, [vp, ctypes.c_uint32, ctypes.POINTER(XportMsg)]),
+    "kv_xport_stats_get": (_ST, [vp, ctypes.POINTER(XportStats)]),
+    "kv_xlayer_rx_create": (_ST, [ctypes.POINTER(XlayerConfig), _vpp]),
+    "kv_xlayer_rx_destroy": (_ST, [vp]),
+    "kv_xlayer_rx_expect": (_ST, [vp, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint32]),
+    "kv_xlayer_rx_feed": (_ST, [vp, ctypes.POINTER(XportMsg)]),
+    "kv_xlayer_rx_wait": (_ST, [vp, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32]),
+    "kv_xlayer_rx_fail": (_ST, [vp, ctypes.c_uint64, _ST]),
+    "kv_xlayer_rx_finished": (_ST, [vp, ctypes.POINTER(XlayerDone), ctypes.c_uint32, c_u32p]),
+    "kv_xlayer_rx_stats_get": (_ST, [vp, ctypes.POINTER(XlayerRxStats)]),
+    "kv_xlayer_tx_create": (_ST, [ctypes.POINTER(XlayerConfig), _vpp]),
+    "kv_xlayer_tx_destroy": (_ST, [vp]),
+    "kv_xlayer_tx_begin": (_ST, [vp, vp, ctypes.c_uint64, ctypes.c_uint32]),
+    "kv_xlayer_tx_post": (_ST, [vp, ctypes.c_uint64, vp, ctypes.c_uint32, ctypes.c_uint32, vp,
+                                ctypes.c_uint64, c_u32p, ctypes.c_uint32, vp, ctypes.c_uint64,
+                                c_u32p, ctypes.c_uint32, ctypes.c_uint64]),
+    "kv_xlayer_tx_cancel": (_ST, [vp, ctypes.c_uint64]),
+    "kv_xlayer_tx_wait": (_ST, [vp, ctypes.c_uint64, ctypes.c_uint32]),
+    "kv_xlayer_tx_finished": (_ST, [vp, ctypes.POINTER(XlayerDone), ctypes.c_uint32, c_u32p]),
+})
+
 for _name, (_res, _args) in _PROTOS.items():
     _f = getattr(lib, _name)
     _f.restype = _res

@@ -1,0 +1,259 @@
+"""The transport bindings (kvcache.transport) over loopback TCP, two
+transports in one process: a plan's write into another layout (NHD
+layer-major 16-token blocks -> HND block-major padded 32-token blocks),
+the whole destination pool compared with a reference built by NumPy
+assignment through the caches' K/V views; a layer-by-layer request
+(LayerTx -> LayerRx, a feeder thread, waits per layer); refusals with
+their messages; handles freed in any order."""
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+import kvcache
+from kvcache import transport as T
+
+TOKEN = 0x6b76636163686521
+L, H, D = 3, 2, 16
+
+
+def src_layout(B=12):
+    return kvcache.Layout(num_layers=L, num_blocks=B, block_tokens=16, num_heads=H, head_dim=D,
+                          dtype="f32", order="NHD")
+
+
+def dst_layout(B=7):
+    return kvcache.Layout(num_layers=L, num_blocks=B, block_tokens=32, num_heads=H, head_dim=D,
+                          dtype="f32", order="HND", arrange="block", block_pad_elems=24)
+
+
+def filled(layout, seed):
+    c = kvcache.Cache(layout, max_seqs=2)
+    c.arena()[:] = np.random.default_rng(seed).integers(0, 256, layout.total_bytes, np.uint8)
+    return c
+
+
+class Pair:
+    """Decode (a, listening) and prefill (b) connected: pa, pb their peers."""
+
+    def __init__(self, token_b=TOKEN):
+        self.a = kvcache.Transport(TOKEN, listen_host="127.0.0.1", timeout_ms=5000)
+        self.b = kvcache.Transport(token_b, timeout_ms=5000)
+        self.pb = self.b.connect("127.0.0.1", self.a.port)
+
+
+@pytest.fixture
+def pair():
+    p = Pair()
+    p.pb.wait(5000)
+    p.pa = p.a.accept(5000)
+    assert p.pa is not None and p.pa.state() == ("ready", "KV_OK")
+    yield p
+
+
+def expected(dst, src, sb, db, n_tokens, layers=range(L)):
+    """dst's arena with tokens [0, covered) of every layer in `layers`
+    assigned from src through their K/V views (bits as uint32): token t of
+    the request in src block sb[t // Ns] goes to dst block db[t // Nd]."""
+    twin = kvcache.Cache(dst.layout, max_seqs=1)
+    twin.arena()[:] = dst.arena()
+    ns, nd = src.layout.block_tokens, dst.layout.block_tokens
+    covered = min(len(sb) * ns, len(db) * nd)
+    for l in layers:
+        for kv in (0, 1):
+            s = src.kv(l, kv).numpy().view(np.uint32)
+            d = twin.kv(l, kv).numpy().view(np.uint32)
+            for t in range(covered):
+                d[db[t // nd], t % nd] = s[sb[t // ns], t % ns]
+    out = twin.arena().copy()
+    twin.close()
+    return out
+
+
+def test_write_plan_into_another_layout_whole_pool(pair):
+    src, dst = filled(src_layout(), 1), filled(dst_layout(), 2)
+    src_before = src.arena().copy()
+    sb, db, n = [11, 0, 6], [5, 2], 40  # 3 source blocks (48 tokens), 2 destination blocks
+    want = expected(dst, src, sb, db, n)
+    ms, md = pair.b.register(src), pair.a.register(dst)
+    rm = pair.pb.import_blob(pair.pa.expose(md))
+    plan = kvcache.Plan(src, dst)
+    assert plan.blocks(n) == (3, 2)
+    xf = pair.pb.write_plan(plan, ms, sb, rm, db, n, notify=(77, b"request 9"))
+    assert xf.wait(5000) == "done"
+    assert set(xf.results()) == {"KV_OK"} and xf.error == ""
+    note = pair.a.poll(5000)  # delivered after every byte of the write
+    assert note == T.Note(pair.pa.id, 77, b"request 9")
+    assert np.array_equal(dst.arena(), want)  # the whole pool: nothing else written
+    assert np.array_equal(src.arena(), src_before)
+    st = pair.b.stats()
+    assert st["plans_gathered"] + st["plans_direct"] == 1
+    assert pair.a.poll(0) is None
+
+
+def test_layerwise_request(pair):
+    src, dst = filled(src_layout(), 3), filled(dst_layout(), 4)
+    before = filled(dst_layout(), 4)  # dst as it is before the request
+    sb, db, n = [2, 9], [6], 29
+    ms, md = pair.b.register(src), pair.a.register(dst)
+    rm = pair.pb.import_blob(pair.pa.expose(md))
+    tx, rx = kvcache.LayerTx(), kvcache.LayerRx()
+    rx.expect(pair.pa, 5, L)
+    tx.begin(pair.pb, 5, L)
+    stop = threading.Event()
+
+    def feeder():  # decode's receive thread
+        while not stop.is_set():
+            note = pair.a.poll(50)
+            if note is not None and note.tag == T.XLAYER_TAG:
+                rx.feed(note)
+
+    th = threading.Thread(target=feeder)
+    th.start()
+    try:
+        plans = [kvcache.Plan(src, dst, layers=(l, l, 1)) for l in range(L)]
+        for l in range(L):
+            if l == 2:  # not posted yet: the wait times out, naming what landed
+                with pytest.raises(kvcache.Timeout, match="2 of 3 landed"):
+                    rx.wait(5, 2, 0)
+            tx.post(5, plans[l], l, 1, ms, sb, rm, db, n)
+            rx.wait(5, l, 5000)  # returns once layer l landed
+            if l == 0:  # layer 0 landed, nothing else written; layer 0 again refused
+                assert np.array_equal(dst.arena(), expected(before, src, sb, db, n, [0]))
+                with pytest.raises(kvcache.Overlap, match=r"layers \[0, \+1\) posted before"):
+                    tx.post(5, plans[0], 0, 1, ms, sb, rm, db, n)
+        tx.wait(5, 5000)
+    finally:
+        stop.set()
+        th.join()
+    assert tx.finished() == [T.Finished(5, "KV_OK")]
+    assert rx.finished() == [T.Finished(5, "KV_OK")]
+    assert tx.finished() == [] and rx.finished() == []  # each reported once
+    # the whole destination pool: every layer of the request, nothing else
+    assert np.array_equal(dst.arena(), expected(before, src, sb, db, n))
+    st = rx.stats()
+    assert (st["notes_layers"], st["notes_refused"], st["tracked"]) == (L, 0, 0)
+    for x in (tx, rx):
+        x.close()
+
+
+def test_refusals_name_the_values(pair):
+    src, dst = filled(src_layout(), 5), filled(dst_layout(), 6)
+    ms, md = pair.b.register(src), pair.a.register(dst)
+    rm = pair.pb.import_blob(pair.pa.expose(md))
+    plan = kvcache.Plan(src, dst)
+    with pytest.raises(kvcache.OutOfBounds, match="12"):  # block 12 of a 12-block source
+        pair.pb.write_plan(plan, ms, [1, 12], rm, [0], 20)
+    with pytest.raises(kvcache.BadShape):  # 2 destination blocks for 20 tokens of 32
+        pair.pb.write_plan(plan, ms, [1, 2], rm, [0, 1], 20)
+    with pytest.raises(kvcache.InvalidArgument, match="4294967296"):
+        pair.pb.write_plan(plan, ms, [1, 2 ** 32], rm, [0], 20)
+    with pytest.raises(kvcache.InvalidArgument, match="a Mem and a RemoteMem"):
+        pair.pb.write_plan(plan, rm, [1, 2], ms, [0], 20)
+    with pytest.raises(kvcache.Corrupt):
+        pair.pb.import_blob(b"\0" * 40)
+    with pytest.raises(kvcache.BadShape, match="head"):  # head dims 16 and 8
+        kvcache.Plan(src, kvcache.Layout(num_layers=L, num_blocks=4, block_tokens=16,
+                                         num_heads=H, head_dim=8, dtype="f32"))
+    with pytest.raises(kvcache.InvalidArgument, match="token"):
+        kvcache.Transport(0)
+    gone = filled(src_layout(), 9)
+    gone.close()
+    with pytest.raises(kvcache.BadState, match="the cache is closed"):
+        pair.b.register(gone)
+    rx = kvcache.LayerRx()
+    with pytest.raises(kvcache.NotFound, match="request 3 is not tracked"):
+        rx.wait(3, 0, 0)
+    bad = T.Note(pair.pa.id, T.XLAYER_TAG, b"KVLW" + b"\0" * 28)
+    with pytest.raises(kvcache.Corrupt, match="version 0"):
+        rx.feed(bad)
+    rx.close()
+    # a peer presenting another token is refused at the handshake, by name
+    other = Pair(token_b=TOKEN + 1)
+    with pytest.raises(kvcache.Mismatch, match="token"):
+        other.pb.wait(5000)
+    assert other.pb.state()[0] == "closed"
+    other.pb.close()
+
+
+def test_handles_freed_in_any_order(pair):
+    src, dst = filled(src_layout(), 7), filled(dst_layout(), 8)
+    ms, md = pair.b.register(src), pair.a.register(dst)
+    rm = pair.pb.import_blob(pair.pa.expose(md))
+    with pytest.raises(kvcache.BadState, match="still held.*peer"):
+        pair.a.close()  # a peer and a region of it are held: refused, nothing freed
+    with pytest.raises(kvcache.BadState, match="exposure"):
+        md.close()  # exposed to pa
+    tx = kvcache.LayerTx()
+    tx.begin(pair.pb, 1, L)
+    with pytest.raises(kvcache.BadState, match="LayerTx open"):
+        pair.pb.close()
+    with pytest.raises(kvcache.BadState, match="open"):
+        tx.close()
+    tx.cancel(1)
+    with pytest.raises(kvcache.Cancelled):
+        tx.wait(1, 5000)
+    assert tx.finished() == [T.Finished(1, "KV_ERR_CANCELLED")]
+    tx.close()
+    # a wait in flight on another thread: close() is refused, never frees under it
+    rx = kvcache.LayerRx()
+    rx.expect(pair.pa, 2, L)
+    got = []
+    th = threading.Thread(target=lambda: got.append(pytest.raises(kvcache.Cancelled,
+                                                                  rx.wait, 2, 1, 10000)))
+    th.start()
+    while rx._busy == 0:
+        threading.Event().wait(0.001)
+    with pytest.raises(kvcache.BadState, match="in flight"):
+        rx.close()
+    rx.fail(2, "KV_ERR_CANCELLED")  # wakes the waiter with the request's failure
+    th.join()
+    assert got and rx.finished() == [T.Finished(2, "KV_ERR_CANCELLED")]
+    rx.close()
+    # the caches go first: the regions hold their memory
+    src.close(), dst.close()
+    xf = pair.pb.write_plan(kvcache.Plan(src_layout(), dst_layout()), ms, [3], rm, [1], 16)
+    assert xf.wait(5000) == "done"
+    # then everything dropped at once, in no order: nothing is left behind
+    del src, dst, ms, md, rm, xf, tx  # (rx is closed; the waiter lambda holds it)
+    pair.pa = pair.pb = pair.a = pair.b = None
+    gc.collect()
+    T._reap()
+    assert T._ORPHANS == []
+
+
+# ---- the split engine (examples/disagg_engine.py) ------------------------------
+
+
+def load_disagg():
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples",
+                        "disagg_engine.py")
+    spec = importlib.util.spec_from_file_location("disagg_engine", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_disagg_engine_matches_the_reference(capsys):
+    st = load_disagg().main(["--small"])
+    assert st["bad"] == 0 and st["sequences"] == 7  # 6 requests, one forked into 2
+    assert st["loaded"] == st["requests"] == 6  # every request's KV came from prefill
+    assert st["notes"] == 6 * 2  # layer by layer: one notification per layer
+    assert "PASS" in capsys.readouterr().out
+
+
+def test_disagg_engine_check_can_fail(monkeypatch):
+    mod = load_disagg()
+    real = mod.LayerwiseConnector.wait_for_layer_load
+
+    def lost(self, layer):  # the layer landed, then is lost: decode attends over zeros
+        real(self, layer)
+        for r in self.meta:
+            for kv in (0, 1):
+                self.cache.kv(layer, kv).numpy()[np.asarray(r["dst_blocks"])] = 0
+
+    monkeypatch.setattr(mod.LayerwiseConnector, "wait_for_layer_load", lost)
+    assert mod.main(["--small"])["bad"] > 0
