@@ -240,7 +240,8 @@
     X(kv_xlayer_rx_stats, notes_abort)                                                             \
     X(kv_xlayer_rx_stats, notes_late)                                                              \
     X(kv_xlayer_rx_stats, notes_refused)                                                           \
-    X(kv_xlayer_rx_stats, tracked)
+    X(kv_xlayer_rx_stats, tracked)                                                                 \
+    X(kv_xlayer_rx_stats, waiting)
 
 #define KV__ABI_XPORT_STRUCTS(X)                                                                   \
     X(kv_plan_stats)                                                                               \

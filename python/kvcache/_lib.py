@@ -436,7 +436,7 @@ class XlayerRxStats(ctypes.Structure):
     _fields_ = ([("struct_size", ctypes.c_size_t)] +
                 [(n, ctypes.c_uint64) for n in ("notes_layers", "notes_abort", "notes_late",
                                                 "notes_refused")] +
-                [("tracked", ctypes.c_uint32)])
+                [("tracked", ctypes.c_uint32), ("waiting", ctypes.c_uint32)])
 
 
 _ABI.update({
