@@ -121,6 +121,27 @@ static void pat_fill(unsigned char *p, uint64_t n, uint64_t seed)
         p[i] = pat(seed, i);
 }
 
+/* KV_RDMA_DEVICES="mlx5_0,mlx5_1" (real device only): those rails; every
+ * region of the test is registered on rail 0 (kv_xport_mem_reg_on), the
+ * other rails are connected and reported (kv_xport_info_format). */
+static char rails_buf[256];
+static const char *rails[KV_XPORT_MAX_RAILS];
+
+static void rails_from_env(struct kv_xport_config *c)
+{
+    const char *e = getenv("KV_RDMA_DEVICES");
+    if (!e || !*e)
+        return;
+    snprintf(rails_buf, sizeof(rails_buf), "%s", e);
+    uint32_t n = 0;
+    for (char *save = NULL, *t = strtok_r(rails_buf, ",", &save); t && n < KV_XPORT_MAX_RAILS;
+         t = strtok_r(NULL, ",", &save))
+        rails[n++] = t;
+    c->rdma_device = NULL;
+    c->rdma_devices = rails;
+    c->n_rdma_devices = n;
+}
+
 static struct kv_xport_config cfg_make(bool listen, uint64_t token, uint64_t fp, uint32_t ms)
 {
     struct kv_xport_config c = KV_XPORT_CONFIG_INIT;
@@ -136,6 +157,7 @@ static struct kv_xport_config cfg_make(bool listen, uint64_t token, uint64_t fp,
             listen ? (pass_ib ? "kvt_ib1" : "kvt_roce0") : (pass_ib ? NULL : "kvt_roce0");
     if (real_dev) { /* scripts/rdma-check.sh passes what its caller chose, if anything */
         c.rdma_device = getenv("KV_RDMA_DEVICE");
+        rails_from_env(&c);
         c.rdma_port = getenv("KV_RDMA_PORT") ? (uint32_t)atoi(getenv("KV_RDMA_PORT")) : 0;
         c.rdma_gid_index = getenv("KV_RDMA_GID_INDEX") ? atoi(getenv("KV_RDMA_GID_INDEX")) : -1;
     }
@@ -215,8 +237,8 @@ static int decode_main(int wfd)
     must(a && b, "regions");
     pat_fill(b, REGION, SEED_B);
     kv_xport_mem *ma = NULL, *mb = NULL;
-    must(kv_xport_mem_reg(x, a, REGION, KV_MEM_HOST, &ma) == KV_OK, "reg A");
-    must(kv_xport_mem_reg(x, b, REGION, KV_MEM_HOST, &mb) == KV_OK, "reg B");
+    must(kv_xport_mem_reg_on(x, a, REGION, KV_MEM_HOST, 0, &ma) == KV_OK, "reg A");
+    must(kv_xport_mem_reg_on(x, b, REGION, KV_MEM_HOST, 0, &mb) == KV_OK, "reg B");
     struct kv_xport_msg *m = malloc(sizeof(*m));
     must(m != NULL, "msg");
     for (;;) {
@@ -328,7 +350,7 @@ static void sess_open(uint32_t timeout_ms)
     assert_int_equal(kv_xport_create(&c, &S.x), KV_OK);
     S.l = region_alloc();
     assert_non_null(S.l);
-    assert_int_equal(kv_xport_mem_reg(S.x, S.l, REGION, KV_MEM_HOST, &S.ml), KV_OK);
+    assert_int_equal(kv_xport_mem_reg_on(S.x, S.l, REGION, KV_MEM_HOST, 0, &S.ml), KV_OK);
     sess_connect(&S);
 }
 
@@ -810,7 +832,7 @@ static void test_xport_rdma_parameters_reported(void **state)
     struct kv_xport_info xi = KV_XPORT_INFO_INIT, pi = KV_XPORT_INFO_INIT;
     assert_int_equal(kv_xport_info_get(S.x, &xi), KV_OK);
     assert_int_equal(kv_xport_peer_info_get(S.p, &pi), KV_OK);
-    char line[512];
+    char line[2048]; /* every rail's (KV_RDMA_DEVICES) */
     assert_true(kv_xport_info_format(&pi, line, sizeof(line)) < (int)sizeof(line));
     printf("    rdma parameters: %s\n", line);
     /* the transport's part is the same in both */
@@ -825,7 +847,8 @@ static void test_xport_rdma_parameters_reported(void **state)
     assert_int_equal(xi.rdma_active_mtu, pi.rdma_active_mtu);
     assert_int_equal(xi.rdma_qps, 0); /* no peer part */
     assert_int_equal(xi.rdma_path_mtu, 0);
-    assert_int_equal(pi.rdma_qps, 2);
+    assert_int_equal(pi.rdma_qps, 2 * pi.rdma_peer_rails);
+    assert_true(pi.rdma_peer_rails >= 1 && pi.rdma_peer_rails <= pi.rdma_rails);
     assert_true(pi.rdma_path_mtu >= 256 && pi.rdma_path_mtu <= pi.rdma_active_mtu);
     if (real_dev) {
         sess_close();
