@@ -142,7 +142,7 @@ struct kv_xport_config {
 };
 
 /* Rails of one RDMA transport at most. */
-#define KV_XPORT_MAX_RAILS 8
+#define KV_XPORT_MAX_RAILS 8u
 
 /* The default of plan_gather_below_bytes. */
 #define KV_XPORT_GATHER_BELOW_DEFAULT 24576u
