@@ -222,8 +222,10 @@ KV_API uint64_t kv_xport_peer_id(const kv_xport_peer *peer);
 
 /* Register [base, base + bytes) of memory kind `kind` (host or pinned for
  * TCP; what the device can reach for RDMA, split at max_mr_size). Once per
- * region: an arena, the offload tier's region. KV_ERR_NULL; KV_ERR_INVALID_ARG;
- * KV_ERR_UNSUPPORTED (a kind the backend cannot reach); KV_ERR_NO_MEMORY. */
+ * region: an arena, the offload tier's region. RDMA with several devices:
+ * on the rail kv_xport_mem_reg_on's KV_XPORT_DEVICE_AUTO picks. KV_ERR_NULL;
+ * KV_ERR_INVALID_ARG; KV_ERR_UNSUPPORTED (a kind the backend cannot reach);
+ * KV_ERR_NO_MEMORY. */
 KV_API KV_NODISCARD kv_status kv_xport_mem_reg(kv_xport *x, void *base, size_t bytes,
                                                enum kv_mem_kind kind, kv_xport_mem **out);
 
@@ -317,7 +319,10 @@ struct kv_xport_notify {
  * Post ios[n] (and notify, may be NULL) to peer. *xfer set on success; the
  * local memory of the ios belongs to the transfer until it is terminal.
  * Checked at post, before anything is sent (KV_ERR_OUT_OF_BOUNDS naming the
- * entry and range; KV_ERR_INVALID_ARG for a remote region of another peer);
+ * entry and range; KV_ERR_INVALID_ARG for a remote region of another peer,
+ * and, RDMA, for a local and a remote region on different rails or a rail
+ * the peer is not connected on; KV_ERR_CORRUPT for a remote key that fails
+ * its checks);
  * the receiver checks every write again against what it exposed. Entries
  * whose destination ranges overlap land in an unspecified order (each is
  * verified as it was received); the overlap then holds one of them.
