@@ -504,8 +504,8 @@ static void test_xport_rdma_rails_auto_choice(void **state)
     assert_int_equal(kv__rd_rail_choose(nodes, load, 1, 0, &spread, &how), 0);
     assert_int_equal(how, KV_XPORT_CHOSEN_ONLY);
     /* sysfs values: absent, -1, garbage, a node */
-    snprintf(sysroot, sizeof(sysroot), "/tmp/kvt_rails_sys.%d", (int)getpid());
-    assert_int_equal(mkdir(sysroot, 0700), 0);
+    snprintf(sysroot, sizeof(sysroot), "/tmp/kvt_rails_sys.XXXXXX");
+    assert_non_null(mkdtemp(sysroot));
     assert_int_equal(kv__rd_sysfs_numa(sysroot, "kvt_r0"), -1);
     sys_write("kvt_r0", "-1\n");
     assert_int_equal(kv__rd_sysfs_numa(sysroot, "kvt_r0"), -1);
