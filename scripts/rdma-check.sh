@@ -17,7 +17,9 @@
 # line) and, where ibv_devinfo exists, each port as the device reports it.
 # KV_RDMA_DEVICE, KV_RDMA_PORT, KV_RDMA_GID_INDEX (environment) choose them
 # instead (the transport's config fields rdma_device, rdma_port,
-# rdma_gid_index); unset: automatic.
+# rdma_gid_index); unset: automatic. KV_RDMA_DEVICES=mlx5_0,mlx5_1 runs it
+# over those rails (rdma_devices; the test's data on rail 0) and the line
+# then shows each rail's choices and path.
 # Exit status 0 only if every step passed (or SKIPPED).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,7 +53,8 @@ if command -v ibv_devinfo >/dev/null 2>&1; then
 fi
 
 echo "== test_xport_rdma on the real device (KV_RDMA_REAL=1;" \
-    "device ${KV_RDMA_DEVICE:-auto} port ${KV_RDMA_PORT:-auto} gid index ${KV_RDMA_GID_INDEX:-auto})"
+    "device ${KV_RDMA_DEVICES:-${KV_RDMA_DEVICE:-auto}} port ${KV_RDMA_PORT:-auto}" \
+    "gid index ${KV_RDMA_GID_INDEX:-auto})"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 rc=0
@@ -63,5 +66,10 @@ grep -m1 "rdma parameters:" "$log" | sed 's/^ *rdma parameters: /rdma-check:   /
 
 echo "== test_xport_rdma on the software device"
 timeout 120 build-rdma/tests/test_xport_rdma
+
+echo "== test_xport_rdma_rails on the software device (its per-rail choices)"
+make -j"$(nproc)" RDMA=1 BUILD=build-rdma build-rdma/tests/test_xport_rdma_rails
+timeout 60 build-rdma/tests/test_xport_rdma_rails | tee "$log"
+grep -m1 "rails:" "$log" | sed 's/^ *rails: /rdma-check:   soft rails: /' || true
 
 echo "rdma-check: PASSED"

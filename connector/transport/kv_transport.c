@@ -270,25 +270,68 @@ static void gid_str(const uint8_t g[16], char *buf, size_t cap)
         snprintf(buf, cap, "?");
 }
 
+/* One rail as "device D port P link lid L gid[i] G (type) mtu M[ numa N]",
+ * then, when connected, " | qps ... gid RG". */
+static int rail_format(const struct kv_xport_rail_info *r, bool numa, char *buf, size_t cap)
+{
+    char g[INET6_ADDRSTRLEN], rg[INET6_ADDRSTRLEN], nn[24] = "";
+    gid_str(r->gid, g, sizeof(g));
+    gid_str(r->remote_gid, rg, sizeof(rg));
+    if (numa)
+        snprintf(nn, sizeof(nn), " numa %d", r->numa_node);
+    char head[256];
+    snprintf(head, sizeof(head), "device %s port %u %s lid %u gid[%d] %s (%s) mtu %u%s", r->device,
+             r->port, link_name(r->link), r->lid, r->gid_index, r->gid_index >= 0 ? g : "-",
+             gid_type_name(r->gid_type), r->active_mtu, nn);
+    if (r->qps == 0)
+        return snprintf(buf, cap, "%s", head);
+    return snprintf(buf, cap, "%s | qps %u path_mtu %u %s hop_limit %u remote lid %u gid %s", head,
+                    r->qps, r->path_mtu, r->grh ? "grh" : "no-grh", r->hop_limit, r->remote_lid,
+                    rg);
+}
+
 int kv_xport_info_format(const struct kv_xport_info *in, char *buf, size_t cap)
 {
     if (!in)
         return snprintf(buf, cap, "(null)");
     if (in->kind != KV_XPORT_RDMA)
         return snprintf(buf, cap, "%s", kv_xport_kind_name(in->kind));
-    char g[INET6_ADDRSTRLEN], rg[INET6_ADDRSTRLEN];
-    gid_str(in->rdma_gid, g, sizeof(g));
-    gid_str(in->rdma_remote_gid, rg, sizeof(rg));
-    char head[256];
-    snprintf(head, sizeof(head), "rdma device %s port %u %s lid %u gid[%d] %s (%s) mtu %u",
-             in->rdma_device, in->rdma_port, link_name(in->rdma_link), in->rdma_lid,
-             in->rdma_gid_index, in->rdma_gid_index >= 0 ? g : "-",
-             gid_type_name(in->rdma_gid_type), in->rdma_active_mtu);
-    if (in->rdma_qps == 0)
-        return snprintf(buf, cap, "%s", head);
-    return snprintf(buf, cap, "%s | qps %u path_mtu %u %s hop_limit %u remote lid %u gid %s", head,
-                    in->rdma_qps, in->rdma_path_mtu, in->rdma_grh ? "grh" : "no-grh",
-                    in->rdma_hop_limit, in->rdma_remote_lid, rg);
+    if (in->rdma_rails <= 1) { /* rail 0 from the top-level fields */
+        const struct kv_xport_rail_info r0 = {
+            .port = in->rdma_port,
+            .link = in->rdma_link,
+            .lid = in->rdma_lid,
+            .gid_index = in->rdma_gid_index,
+            .gid_type = in->rdma_gid_type,
+            .active_mtu = in->rdma_active_mtu,
+            .qps = in->rdma_qps,
+            .path_mtu = in->rdma_path_mtu,
+            .grh = in->rdma_grh,
+            .hop_limit = in->rdma_hop_limit,
+            .remote_lid = in->rdma_remote_lid,
+        };
+        struct kv_xport_rail_info r = r0;
+        memcpy(r.device, in->rdma_device, sizeof(r.device));
+        r.device[sizeof(r.device) - 1] = 0;
+        memcpy(r.gid, in->rdma_gid, 16);
+        memcpy(r.remote_gid, in->rdma_remote_gid, 16);
+        char line[512];
+        rail_format(&r, false, line, sizeof(line));
+        return snprintf(buf, cap, "rdma %s", line);
+    }
+    /* Several rails: built in a local buffer, then copied (snprintf's
+     * contract: the length needed, whatever cap). */
+    const uint32_t n = in->rdma_rails < KV_XPORT_MAX_RAILS ? in->rdma_rails : KV_XPORT_MAX_RAILS;
+    char all[KV_XPORT_MAX_RAILS * 520 + 64];
+    size_t len = (size_t)snprintf(all, sizeof(all), "rdma rails %u (peer %u):", in->rdma_rails,
+                                  in->rdma_peer_rails);
+    for (uint32_t i = 0; i < n && len < sizeof(all); i++) {
+        char line[512];
+        rail_format(&in->rdma_rail[i], true, line, sizeof(line));
+        len +=
+            (size_t)snprintf(all + len, sizeof(all) - len, "%s rail %u %s", i ? ";" : "", i, line);
+    }
+    return snprintf(buf, cap, "%s", all);
 }
 
 /* ---- peers ---------------------------------------------------------- */

@@ -124,7 +124,25 @@ struct kv_xport_config {
      * docs/connector.md, "Fragment-proof conversions"); 1: never; UINT32_MAX:
      * always. RDMA: not gathered (one work request per run, as before). */
     uint32_t plan_gather_below_bytes;
+    /* RDMA rails: several devices in one transport, as NCCL's rails
+     * (docs/connector.md, "Rails"). rdma_devices[n_rdma_devices] names each
+     * device (rail i is rdma_devices[i]; read during kv_xport_create; at
+     * most KV_XPORT_MAX_RAILS, no name twice, rdma_device NULL then);
+     * rdma_port and rdma_gid_index apply to each (0 / -1: chosen per
+     * device). Each rail has its own context, PD, CQs and conns_per_peer
+     * QPs per peer (rails * conns_per_peer <= 16), connected to the peer's
+     * rail of the same index; with a peer that has fewer rails, only the
+     * common count is connected. A region lives on one rail
+     * (kv_xport_mem_reg_on: the caller's; kv_xport_mem_reg: the rail on the
+     * memory's NUMA node, else round robin) and a write or read moves
+     * bytes between regions of the same rail only. NULL / 0: one rail,
+     * rdma_device's (automatic when NULL). TCP: unused. */
+    const char *const *rdma_devices;
+    uint32_t n_rdma_devices;
 };
+
+/* Rails of one RDMA transport at most. */
+#define KV_XPORT_MAX_RAILS 8u
 
 /* The default of plan_gather_below_bytes. */
 #define KV_XPORT_GATHER_BELOW_DEFAULT 24576u
@@ -204,10 +222,25 @@ KV_API uint64_t kv_xport_peer_id(const kv_xport_peer *peer);
 
 /* Register [base, base + bytes) of memory kind `kind` (host or pinned for
  * TCP; what the device can reach for RDMA, split at max_mr_size). Once per
- * region: an arena, the offload tier's region. KV_ERR_NULL; KV_ERR_INVALID_ARG;
- * KV_ERR_UNSUPPORTED (a kind the backend cannot reach); KV_ERR_NO_MEMORY. */
+ * region: an arena, the offload tier's region. RDMA with several devices:
+ * on the rail kv_xport_mem_reg_on's KV_XPORT_DEVICE_AUTO picks. KV_ERR_NULL;
+ * KV_ERR_INVALID_ARG; KV_ERR_UNSUPPORTED (a kind the backend cannot reach);
+ * KV_ERR_NO_MEMORY. */
 KV_API KV_NODISCARD kv_status kv_xport_mem_reg(kv_xport *x, void *base, size_t bytes,
                                                enum kv_mem_kind kind, kv_xport_mem **out);
+
+/* kv_xport_mem_reg on a given device: `device` is the rail index of an
+ * RDMA transport (0 .. rails - 1, struct kv_xport_config's rdma_devices),
+ * or KV_XPORT_DEVICE_AUTO (what kv_xport_mem_reg does: the rail whose
+ * device is on the memory's NUMA node, the least used of those, else
+ * round robin over every rail; docs/connector.md, "Rails"). TCP: 0 or
+ * KV_XPORT_DEVICE_AUTO. What was chosen: kv_xport_mem_info_get. The
+ * statuses of kv_xport_mem_reg, and KV_ERR_INVALID_ARG for a device index
+ * past the transport's (named). */
+#define KV_XPORT_DEVICE_AUTO UINT32_MAX
+KV_API KV_NODISCARD kv_status kv_xport_mem_reg_on(kv_xport *x, void *base, size_t bytes,
+                                                  enum kv_mem_kind kind, uint32_t device,
+                                                  kv_xport_mem **out);
 
 /* Deregister (KV_ERR_BAD_STATE while a transfer or an exposure uses it;
  * KV_ERR_DEVICE when the backend's deregistration fails: still registered). */
@@ -286,7 +319,10 @@ struct kv_xport_notify {
  * Post ios[n] (and notify, may be NULL) to peer. *xfer set on success; the
  * local memory of the ios belongs to the transfer until it is terminal.
  * Checked at post, before anything is sent (KV_ERR_OUT_OF_BOUNDS naming the
- * entry and range; KV_ERR_INVALID_ARG for a remote region of another peer);
+ * entry and range; KV_ERR_INVALID_ARG for a remote region of another peer,
+ * and, RDMA, for a local and a remote region on different rails or a rail
+ * the peer is not connected on; KV_ERR_CORRUPT for a remote key that fails
+ * its checks);
  * the receiver checks every write again against what it exposed. Entries
  * whose destination ranges overlap land in an unspecified order (each is
  * verified as it was received); the overlap then holds one of them.
@@ -408,6 +444,27 @@ typedef enum kv_xport_gid_type {
     KV_XPORT_GID_ROCE_V2 = 3,
 } kv_xport_gid_type;
 
+/* One rail of an RDMA transport (struct kv_xport_info's rdma_rail[]). */
+struct kv_xport_rail_info {
+    char device[64];
+    uint32_t port;
+    kv_xport_link link;
+    uint32_t lid;
+    int32_t gid_index;
+    kv_xport_gid_type gid_type;
+    uint8_t gid[16];
+    uint32_t active_mtu;
+    int32_t numa_node; /* the device's (sysfs numa_node); -1: unknown */
+    uint32_t regions;  /* regions registered on it now */
+    /* the peer's path on this rail; zero when not connected */
+    uint32_t qps;
+    uint32_t path_mtu;
+    bool grh;
+    uint32_t hop_limit;
+    uint32_t remote_lid;
+    uint8_t remote_gid[16];
+};
+
 /* What the transport chose and, for a peer, what its path uses: every
  * value the RDMA backend picked by itself (the config's automatic
  * defaults) or took from the config. TCP: kind only, the rest zero. */
@@ -431,6 +488,11 @@ struct kv_xport_info {
     uint32_t rdma_hop_limit;  /* with a GRH */
     uint32_t rdma_remote_lid; /* the peer's LID (InfiniBand; the path's dlid) */
     uint8_t rdma_remote_gid[16];
+    /* Rails (the fields above are rail 0's; rdma_qps counts every rail's):
+     * each device of the transport and, for a peer, its path on that rail. */
+    uint32_t rdma_rails;      /* devices of the transport (1 unless rdma_devices) */
+    uint32_t rdma_peer_rails; /* rails connected to the peer: min(both sides' rails) */
+    struct kv_xport_rail_info rdma_rail[KV_XPORT_MAX_RAILS];
 };
 #define KV_XPORT_INFO_INIT                                                                         \
     {                                                                                              \
@@ -449,8 +511,39 @@ KV_API KV_NODISCARD kv_status kv_xport_peer_info_get(kv_xport_peer *peer,
 /* info as one line of text into buf[cap] (always terminated when cap > 0):
  * "rdma device mlx5_0 port 1 ethernet lid 0 gid[3] ::ffff:10.0.0.1 (RoCE
  * v2) mtu 4096", then, for a peer, " | qps 2 path_mtu 4096 grh hop_limit
- * 255 remote lid 0 gid ...". Returns the length it needed (snprintf's). */
+ * 255 remote lid 0 gid ...". With several rails, each rail so, after
+ * "rdma rails 2 (peer 2):", as "; rail 1 device mlx5_1 ... numa 1 | qps 2
+ * ...". Returns the length it needed (snprintf's). */
 KV_API int kv_xport_info_format(const struct kv_xport_info *info, char *buf, size_t cap);
+
+/* How a region's device was chosen (kv_xport_mem_info). */
+typedef enum kv_xport_mem_choice {
+    KV_XPORT_CHOSEN_NONE = 0,   /* TCP: no device */
+    KV_XPORT_CHOSEN_CALLER = 1, /* kv_xport_mem_reg_on with an index */
+    KV_XPORT_CHOSEN_ONLY = 2,   /* automatic, one rail */
+    KV_XPORT_CHOSEN_NUMA = 3,   /* automatic: a device on the memory's NUMA node */
+    KV_XPORT_CHOSEN_SPREAD = 4, /* automatic, no device known near it: round robin */
+} kv_xport_mem_choice;
+
+/* A registered region's device (RDMA: its rail), how it was chosen, and
+ * the NUMA nodes compared. TCP: choice NONE, the rest zero / -1. */
+struct kv_xport_mem_info {
+    size_t struct_size;
+    uint32_t rdma_rail;
+    char rdma_device[64];
+    kv_xport_mem_choice rdma_chosen;
+    int32_t numa_node;        /* the memory's, at registration (-1: unknown) */
+    int32_t device_numa_node; /* the chosen device's (-1: unknown) */
+};
+#define KV_XPORT_MEM_INFO_INIT                                                                     \
+    {                                                                                              \
+        .struct_size = sizeof(struct kv_xport_mem_info)                                            \
+    }
+
+/* Fill *out (start from KV_XPORT_MEM_INFO_INIT) with mem's device.
+ * KV_ERR_NULL; KV_ERR_INVALID_ARG (struct_size). */
+KV_API KV_NODISCARD kv_status kv_xport_mem_info_get(kv_xport_mem *mem,
+                                                    struct kv_xport_mem_info *out);
 
 #ifdef __cplusplus
 }

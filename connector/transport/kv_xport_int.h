@@ -49,7 +49,7 @@
 #include "kv_lib.h"
 #include "kv_transport.h"
 
-#define KV__XPORT_OPS_VERSION 4u
+#define KV__XPORT_OPS_VERSION 5u
 #define KV__XPORT_KEY_MAX 160 /* backend key bytes inside a blob */
 #define KV__XPORT_DEFAULT_TIMEOUT_MS 30000u
 #define KV__XPORT_DEFAULT_CONNS 2u
@@ -110,6 +110,14 @@ struct kv__xport_ops {
     /* (v4) Whether post takes gathered writes (kv_xport_xfer.seg): an entry's
      * payload read from several source ranges. false: never given one. */
     bool gather;
+    /* (v5) mu held, p READY: refuse entries the backend cannot move, before
+     * the transfer exists (RDMA: a local and a remote region on different
+     * rails, a rail the peer is not connected on); the error names the
+     * entry. NULL: none. */
+    kv_status (*check)(kv_xport_peer *p, const struct kv_xport_io *ios, uint32_t n, bool read);
+    /* (v5) mu held: m's device into *out (struct_size set, the rest zero,
+     * numa nodes -1). NULL: nothing to report. */
+    void (*mem_info)(kv_xport_mem *m, struct kv_xport_mem_info *out);
 };
 
 /* The backends: TCP here; RDMA through the verbs boundary header
@@ -160,7 +168,8 @@ struct kv_xport_mem {
     uint64_t bytes;
     enum kv_mem_kind kind;
     uint32_t region;
-    uint32_t users; /* transfers not terminal that name it + exposures */
+    uint32_t users;  /* transfers not terminal that name it + exposures */
+    uint32_t device; /* kv_xport_mem_reg_on's: asked for (KV_XPORT_DEVICE_AUTO: backend's) */
     void *be;
 };
 

@@ -20,6 +20,12 @@
 kv_status kv_xport_mem_reg(kv_xport *x, void *base, size_t bytes, enum kv_mem_kind kind,
                            kv_xport_mem **out)
 {
+    return kv_xport_mem_reg_on(x, base, bytes, kind, KV_XPORT_DEVICE_AUTO, out);
+}
+
+kv_status kv_xport_mem_reg_on(kv_xport *x, void *base, size_t bytes, enum kv_mem_kind kind,
+                              uint32_t device, kv_xport_mem **out)
+{
     if (!x || !base || !out)
         return kv__error(KV_ERR_NULL, "xport_mem_reg: %s is NULL",
                          !x      ? "x"
@@ -34,10 +40,16 @@ kv_status kv_xport_mem_reg(kv_xport *x, void *base, size_t bytes, enum kv_mem_ki
         return kv__error(KV_ERR_UNSUPPORTED,
                          "xport_mem_reg: %s memory on the %s transport (host or pinned only)",
                          kv_mem_kind_name(kind), kv_xport_kind_name(x->cfg.kind));
+    if (device != KV_XPORT_DEVICE_AUTO && device != 0 && !x->ops->mem_info)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "xport_mem_reg: device %u on the %s transport (one device: 0, or "
+                         "KV_XPORT_DEVICE_AUTO)",
+                         device, kv_xport_kind_name(x->cfg.kind));
     kv_xport_mem *m = kv__mem_calloc(1, sizeof(*m));
     if (!m)
         return kv__error(KV_ERR_NO_MEMORY, "xport_mem_reg: %zu bytes", sizeof(*m));
     m->x = x;
+    m->device = device;
     m->base = base;
     m->bytes = bytes;
     m->kind = kind;
@@ -52,6 +64,26 @@ kv_status kv_xport_mem_reg(kv_xport *x, void *base, size_t bytes, enum kv_mem_ki
     x->mems = m;
     pthread_mutex_unlock(&x->mu);
     *out = m;
+    return KV_OK;
+}
+
+kv_status kv_xport_mem_info_get(kv_xport_mem *mem, struct kv_xport_mem_info *out)
+{
+    if (!mem || !out)
+        return kv__error(KV_ERR_NULL, "xport_mem_info_get: %s is NULL", !mem ? "mem" : "out");
+    const kv_status st = kv__check_struct_size("xport_mem_info_get", "kv_xport_mem_info",
+                                               out->struct_size, sizeof(*out));
+    if (st != KV_OK)
+        return st;
+    memset(out, 0, sizeof(*out));
+    out->struct_size = sizeof(*out);
+    out->numa_node = -1;
+    out->device_numa_node = -1;
+    kv_xport *x = mem->x;
+    pthread_mutex_lock(&x->mu);
+    if (x->ops->mem_info)
+        x->ops->mem_info(mem, out);
+    pthread_mutex_unlock(&x->mu);
     return KV_OK;
 }
 

@@ -15,23 +15,39 @@ uint32_t kv__rd_mtu_bytes(enum ibv_mtu m)
     return m >= IBV_MTU_256 && m <= IBV_MTU_4096 ? 128u << m : 0;
 }
 
+uint32_t kv__rd_info_len(uint32_t nq, uint32_t nrail)
+{
+    return INFO_HEAD + INFO_RAIL * (nrail - 1) + 8 * nq * nrail;
+}
+
+static uint32_t rail_at(uint32_t i)
+{
+    return i == 0 ? 16 : INFO_HEAD + INFO_RAIL * (i - 1);
+}
+
 uint32_t kv__rd_info_encode(const struct rd_info *in, unsigned char *b)
 {
     kv__le_put(b, KV_XPORT_RDMA, 2);
     kv__le_put(b + 2, INFO_VERSION, 2);
     kv__le_put(b + 4, in->nq, 4);
     kv__le_put(b + 8, in->conn, 8);
-    memcpy(b + 16, in->gid, 16);
-    kv__le_put(b + 32, in->lid, 2);
-    b[34] = in->link;
-    b[35] = in->mtu;
-    b[36] = in->has_gid ? 1 : 0;
-    memset(b + 37, 0, 3);
-    for (uint32_t i = 0; i < in->nq; i++) {
-        kv__le_put(b + INFO_HEAD + 8 * i, in->qpn[i], 4);
-        kv__le_put(b + INFO_HEAD + 8 * i + 4, in->psn[i], 4);
+    for (uint32_t r = 0; r < in->nrail; r++) {
+        unsigned char *p = b + rail_at(r);
+        const struct rd_rail_info *ri = &in->rail[r];
+        memcpy(p, ri->gid, 16);
+        kv__le_put(p + 16, ri->lid, 2);
+        p[18] = ri->link;
+        p[19] = ri->mtu;
+        p[20] = ri->has_gid ? 1 : 0;
+        p[21] = r == 0 ? (unsigned char)(in->nrail - 1) : 0;
+        p[22] = p[23] = 0;
     }
-    return INFO_HEAD + 8 * in->nq;
+    const uint32_t q0 = kv__rd_info_len(in->nq, in->nrail) - 8 * in->nq * in->nrail;
+    for (uint32_t i = 0; i < in->nq * in->nrail; i++) {
+        kv__le_put(b + q0 + 8 * i, in->qpn[i], 4);
+        kv__le_put(b + q0 + 8 * i + 4, in->psn[i], 4);
+    }
+    return kv__rd_info_len(in->nq, in->nrail);
 }
 
 static const char *link_str(unsigned l)
@@ -41,10 +57,64 @@ static const char *link_str(unsigned l)
                                           : "unknown";
 }
 
-kv_status kv__rd_info_decode(const unsigned char *b, uint32_t len, uint32_t nq, uint8_t link,
-                             struct rd_info *out, char *msg, size_t cap)
+/* Rail r's 24 bytes at p, expecting link layer `want` (0: any known one). */
+static kv_status rail_decode(const unsigned char *p, uint32_t r, uint8_t want,
+                             struct rd_rail_info *ri, char *msg, size_t cap)
 {
     static const uint8_t zero[16];
+    char pre[16] = "";
+    if (r)
+        snprintf(pre, sizeof(pre), "rail %u: ", r);
+    memcpy(ri->gid, p, 16);
+    ri->lid = (uint16_t)kv__le_get(p + 16, 2);
+    ri->link = p[18];
+    ri->mtu = p[19];
+    ri->has_gid = p[20] & 1;
+    if (want && ri->link != want) {
+        snprintf(msg, cap, "%sthe peer's port is %s (link layer %u), this one %s", pre,
+                 link_str(ri->link), ri->link, link_str(want));
+        return KV_ERR_MISMATCH;
+    }
+    if (ri->link != IBV_LINK_LAYER_INFINIBAND && ri->link != IBV_LINK_LAYER_ETHERNET) {
+        snprintf(msg, cap, "%slink layer %u (infiniband 1 or ethernet 2)", pre, ri->link);
+        return KV_ERR_CORRUPT;
+    }
+    if (p[20] & ~1u || (r && p[21]) || p[22] || p[23]) {
+        if (r)
+            snprintf(msg, cap, "%sQP info flags 0x%02x, reserved %02x %02x %02x (must be 0)", pre,
+                     p[20], p[21], p[22], p[23]);
+        else
+            snprintf(msg, cap, "QP info flags 0x%02x, reserved %02x %02x (must be 0)", p[20], p[22],
+                     p[23]);
+        return KV_ERR_CORRUPT;
+    }
+    if (kv__rd_mtu_bytes((enum ibv_mtu)ri->mtu) == 0) {
+        snprintf(msg, cap, "%sactive MTU code %u (1..5: 256..4096 bytes)", pre, ri->mtu);
+        return KV_ERR_CORRUPT;
+    }
+    const uint8_t link = ri->link;
+    if (link == IBV_LINK_LAYER_INFINIBAND && (ri->lid == 0 || ri->lid > 0xbfff)) {
+        snprintf(msg, cap, "%sLID 0x%04x on infiniband (unicast: 0x0001..0xbfff)", pre, ri->lid);
+        return KV_ERR_CORRUPT;
+    }
+    if (link != IBV_LINK_LAYER_INFINIBAND && ri->lid != 0) {
+        snprintf(msg, cap, "%sLID 0x%04x on ethernet (must be 0)", pre, ri->lid);
+        return KV_ERR_CORRUPT;
+    }
+    if (ri->has_gid != (memcmp(ri->gid, zero, 16) != 0) ||
+        (link == IBV_LINK_LAYER_ETHERNET && !ri->has_gid)) {
+        snprintf(msg, cap, "%sGID %s, flagged %s, on %s (ethernet needs one)", pre,
+                 memcmp(ri->gid, zero, 16) ? "nonzero" : "zero", ri->has_gid ? "valid" : "absent",
+                 link_str(link));
+        return KV_ERR_CORRUPT;
+    }
+    return KV_OK;
+}
+
+kv_status kv__rd_info_decode(const unsigned char *b, uint32_t len, uint32_t nq,
+                             const uint8_t *links, uint32_t nlinks, struct rd_info *out, char *msg,
+                             size_t cap)
+{
     if (len < INFO_HEAD) {
         snprintf(msg, cap, "QP info of %u bytes (the header alone is %u)", len, INFO_HEAD);
         return KV_ERR_CORRUPT;
@@ -60,49 +130,32 @@ kv_status kv__rd_info_decode(const unsigned char *b, uint32_t len, uint32_t nq, 
         snprintf(msg, cap, "QP info for %" PRIu64 " QPs (here %u)", n, nq);
         return KV_ERR_MISMATCH;
     }
-    if (len != INFO_HEAD + 8 * nq) {
-        snprintf(msg, cap, "QP info of %u bytes for %u QPs (must be %u)", len, nq,
-                 INFO_HEAD + 8 * nq);
+    const uint32_t nrail = (uint32_t)b[37] + 1;
+    if (nrail > RD_MAX_RAILS || nq * nrail > KV__XPORT_MAX_CONNS) {
+        snprintf(msg, cap, "QP info for %u rails of %u QPs (at most %u rails, %u QPs)", nrail, nq,
+                 RD_MAX_RAILS, KV__XPORT_MAX_CONNS);
         return KV_ERR_CORRUPT;
     }
-    struct rd_info in = {.nq = nq, .conn = kv__le_get(b + 8, 8)};
-    memcpy(in.gid, b + 16, 16);
-    in.lid = (uint16_t)kv__le_get(b + 32, 2);
-    in.link = b[34];
-    in.mtu = b[35];
-    in.has_gid = b[36] & 1;
-    if (in.link != link) {
-        snprintf(msg, cap, "the peer's port is %s (link layer %u), this one %s", link_str(in.link),
-                 in.link, link_str(link));
-        return KV_ERR_MISMATCH;
-    }
-    if (b[36] & ~1u || b[37] || b[38] || b[39]) {
-        snprintf(msg, cap, "QP info flags 0x%02x, reserved %02x %02x %02x (must be 0)", b[36],
-                 b[37], b[38], b[39]);
+    const uint32_t want = kv__rd_info_len(nq, nrail);
+    if (len != want) {
+        if (nrail == 1)
+            snprintf(msg, cap, "QP info of %u bytes for %u QPs (must be %u)", len, nq, want);
+        else
+            snprintf(msg, cap, "QP info of %u bytes for %u rails of %u QPs (must be %u)", len,
+                     nrail, nq, want);
         return KV_ERR_CORRUPT;
     }
-    if (kv__rd_mtu_bytes((enum ibv_mtu)in.mtu) == 0) {
-        snprintf(msg, cap, "active MTU code %u (1..5: 256..4096 bytes)", in.mtu);
-        return KV_ERR_CORRUPT;
+    struct rd_info in = {.nq = nq, .nrail = nrail, .conn = kv__le_get(b + 8, 8)};
+    for (uint32_t r = 0; r < nrail; r++) {
+        const kv_status st =
+            rail_decode(b + rail_at(r), r, r < nlinks ? links[r] : 0, &in.rail[r], msg, cap);
+        if (st != KV_OK)
+            return st;
     }
-    if (link == IBV_LINK_LAYER_INFINIBAND && (in.lid == 0 || in.lid > 0xbfff)) {
-        snprintf(msg, cap, "LID 0x%04x on infiniband (unicast: 0x0001..0xbfff)", in.lid);
-        return KV_ERR_CORRUPT;
-    }
-    if (link != IBV_LINK_LAYER_INFINIBAND && in.lid != 0) {
-        snprintf(msg, cap, "LID 0x%04x on ethernet (must be 0)", in.lid);
-        return KV_ERR_CORRUPT;
-    }
-    if (in.has_gid != (memcmp(in.gid, zero, 16) != 0) ||
-        (link == IBV_LINK_LAYER_ETHERNET && !in.has_gid)) {
-        snprintf(msg, cap, "GID %s, flagged %s, on %s (ethernet needs one)",
-                 memcmp(in.gid, zero, 16) ? "nonzero" : "zero", in.has_gid ? "valid" : "absent",
-                 link_str(link));
-        return KV_ERR_CORRUPT;
-    }
-    for (uint32_t i = 0; i < nq; i++) {
-        in.qpn[i] = (uint32_t)kv__le_get(b + INFO_HEAD + 8 * i, 4);
-        in.psn[i] = (uint32_t)kv__le_get(b + INFO_HEAD + 8 * i + 4, 4);
+    const uint32_t q0 = want - 8 * nq * nrail;
+    for (uint32_t i = 0; i < nq * nrail; i++) {
+        in.qpn[i] = (uint32_t)kv__le_get(b + q0 + 8 * i, 4);
+        in.psn[i] = (uint32_t)kv__le_get(b + q0 + 8 * i + 4, 4);
         if (in.qpn[i] < 2 || in.qpn[i] > 0xffffff || in.psn[i] > 0xffffff) {
             snprintf(msg, cap, "QP %u: qpn 0x%x, psn 0x%x (qpn 0x2..0xffffff, psn 24 bits)", i,
                      in.qpn[i], in.psn[i]);

@@ -38,6 +38,7 @@
 #define RD_OOB_READY 0x4b56524449000002ull /* every QP of the sender is RTS */
 #define RD_DRAIN_NS (2000ull * 1000000ull) /* a marker that never completes */
 #define RD_RECV_BIT (1ull << 63)
+#define RD_MAX_RAILS KV_XPORT_MAX_RAILS
 
 _Static_assert(RD_MAX_CHUNKS >= 1, "a key holds at least one rkey");
 
@@ -61,11 +62,22 @@ struct rqp {
     bool drained;        /* its completion arrived (or nothing was ever posted) */
 };
 
-/* Region state: one MR per chunk. */
+/* Region (or exposure) state: one MR per chunk, all on one rail. */
 struct rmr {
     uint32_t n;
+    uint32_t rail; /* the device its MRs are on */
     uint64_t chunk;
+    kv_xport_mem_choice how; /* region: how the rail was chosen */
+    int numa;                /* region: the memory's NUMA node (-1: unknown) */
     struct ibv_mr *mr[RD_MAX_CHUNKS];
+};
+
+/* A peer's path on one rail, set when the peer's INFO was applied. */
+struct rpath {
+    enum ibv_mtu path_mtu; /* min(ours, theirs) */
+    bool grh;
+    uint16_t rlid;
+    uint8_t rgid[16];
 };
 
 enum rphase { PH_OOB, PH_INFO, PH_RTS, PH_READY, PH_FAIL };
@@ -78,34 +90,33 @@ struct rpeer {
     enum rphase ph;
     bool info_sent, ready_sent, ready_got, close_req;
     kv_xport_xfer *oob_x[2]; /* the INFO / READY notifications (freed when terminal) */
-    uint32_t nq;
+    /* QPs: conns per rail, rail-major (QP qi is on rail qi / conns); nlink
+     * rails connected once the peer's INFO was applied (min of both
+     * sides' rails; the QPs of the rails past it stay in INIT, unused):
+     *   nq == nrail * conns <= KV__XPORT_MAX_CONNS, nlink <= nrail */
+    uint32_t nq, conns, nrail, nlink;
     struct rqp q[KV__XPORT_MAX_CONNS];
-    struct rec *ring;    /* [nq][RD_SQ_WR] */
-    struct ibv_cq *cq;   /* cq_context: this rpeer */
-    bool armed;          /* event mode: req_notify_cq since its last event (progress thread) */
-    unsigned char *bufs; /* [nq * RD_RECVS + RD_NOTE_SLOTS][RD_MSG_BYTES] */
-    struct ibv_mr *bufs_mr;
+    struct rec *ring;                /* [nq][RD_SQ_WR] */
+    struct ibv_cq *cq[RD_MAX_RAILS]; /* one per rail (its device's); cq_context: this rpeer */
+    bool armed[RD_MAX_RAILS];        /* event mode: req_notify_cq since its last event */
+    unsigned char *bufs;             /* [nrecv + RD_NOTE_SLOTS][RD_MSG_BYTES] */
+    uint32_t nrecv;                  /* receive buffers: rail 0's QPs (notifications) */
+    struct ibv_mr *bufs_mr;          /* on rail 0 */
     bool note_busy[RD_NOTE_SLOTS];
     uint32_t next_q;
     uint64_t deadline_ns; /* handshake; PH_FAIL: drain */
     kv_status why;
     char msg[256];
-    /* The path, set when the peer's INFO was applied (PH_RTS on): */
-    enum ibv_mtu path_mtu; /* min(ours, theirs) */
-    bool grh;
-    uint16_t rlid;
-    uint8_t rgid[16];
+    struct rpath path[RD_MAX_RAILS]; /* [nlink] (PH_RTS on) */
 };
 
-struct rdma {
-    kv_xport *x;
-    const struct kv__verbs *v;
+/* One device of the transport. Chosen at start (pick_port, pick_gid: the
+ * config or the automatic defaults): the port, its attributes, the GID
+ * (gid_index -1: none; on InfiniBand it is used only for a GRH). */
+struct rrail {
     struct ibv_context *ctx;
     struct ibv_pd *pd;
     struct ibv_device_attr da;
-    /* Chosen at start (rd_pick: the config or the automatic defaults):
-     * the port, its attributes, the GID (gid_index -1: none; on InfiniBand
-     * it is used only for a GRH). */
     uint8_t port;
     struct ibv_port_attr pa;
     uint8_t link; /* IBV_LINK_LAYER_INFINIBAND or _ETHERNET (UNSPECIFIED read as IB) */
@@ -114,18 +125,29 @@ struct rdma {
     union ibv_gid gid;
     uint64_t chunk; /* MR chunk bytes */
     uint32_t sge;
+    struct ibv_comp_channel *ch; /* event mode: its CQs' channel (fd O_NONBLOCK) */
+    int numa;                    /* sysfs numa_node of the device (-1: unknown) */
+    uint32_t regions;            /* regions registered on it now */
+    char dev[64];
+};
+
+struct rdma {
+    kv_xport *x;
+    const struct kv__verbs *v;
+    uint32_t nrail;
+    struct rrail rail[RD_MAX_RAILS];
+    uint32_t spread; /* automatic choices made by round robin so far */
     kv_xport *oob;
-    /* Event mode (!busy_poll): the CQs' channel (its fd O_NONBLOCK) and an
-     * eventfd kicked whenever the progress thread has work that is not a
-     * completion (kv__rd_kick, the OOB transport's on_signal); -1 / NULL in
-     * busy-poll mode. */
+    /* Event mode (!busy_poll): each rail's channel and an eventfd kicked
+     * whenever the progress thread has work that is not a completion
+     * (kv__rd_kick, the OOB transport's on_signal); -1 / NULL in busy-poll
+     * mode. */
     bool busy_poll;
-    struct ibv_comp_channel *ch;
     int wake_fd;
     pthread_t thr;
     bool stop;
     struct rpeer *peers;
-    char dev[64];
+    char dev[200];      /* the rails' device names, for messages */
     kv_status teardown; /* the first verbs teardown call that failed (kv_xport_destroy) */
     char teardown_msg[200];
 };
@@ -133,6 +155,7 @@ struct rdma {
 /* A remote region's key, decoded: false when malformed. */
 struct rkey {
     uint32_t n;
+    uint32_t rail; /* the peer's rail its MRs are on */
     uint64_t chunk, base;
     const unsigned char *keys;
 };
@@ -144,25 +167,35 @@ struct chain {
     uint64_t first; /* seq of wr[0] */
 };
 
-/* INFO (LE), version 2: 0 2 kind (rdma), 2 2 INFO version, 4 4 QPs, 8 8
- * connection id, 16 16 GID (network order), 32 2 LID, 34 1 link layer
- * (IBV_LINK_LAYER_*), 35 1 active MTU (enum ibv_mtu), 36 1 flags (bit 0:
- * the GID is valid), 37 3 zero, then per QP 4 qpn, 4 psn. Version 1 (no
- * LID, MTU, link layer) read as kind 2, version 0: refused by name. */
+/* INFO (LE), version 2: 0 2 kind (rdma), 2 2 INFO version, 4 4 QPs per
+ * rail, 8 8 connection id, 16 24 rail 0, then 24 bytes per further rail,
+ * then per rail (rail-major) per QP 4 qpn, 4 psn. A rail's 24 bytes: 0 16
+ * GID (network order), 16 2 LID, 18 1 link layer (IBV_LINK_LAYER_*), 19 1
+ * active MTU (enum ibv_mtu), 20 1 flags (bit 0: the GID is valid), 21 1
+ * rail 0: the rail count - 1 (other rails: zero), 22 2 zero. With one rail
+ * it is the single-device INFO byte for byte (byte 37 was reserved, 0).
+ * Version 1 (no LID, MTU, link layer) read as kind 2, version 0: refused
+ * by name. */
 #define INFO_HEAD 40u
+#define INFO_RAIL 24u
 #define INFO_VERSION 2u
 #define INFO_HOP_LIMIT 255u /* with a GRH (routable RoCE v2 / across IB subnets) */
+#define INFO_MAX (INFO_HEAD + INFO_RAIL * (RD_MAX_RAILS - 1) + 8 * KV__XPORT_MAX_CONNS)
 
 /* A peer's INFO, decoded and checked (kv__rd_info_decode). */
-struct rd_info {
-    uint32_t nq;
-    uint64_t conn;
+struct rd_rail_info {
     uint8_t gid[16];
     bool has_gid;
     uint16_t lid;
     uint8_t link;
     uint8_t mtu; /* enum ibv_mtu */
-    uint32_t qpn[KV__XPORT_MAX_CONNS], psn[KV__XPORT_MAX_CONNS];
+};
+struct rd_info {
+    uint32_t nq;    /* per rail */
+    uint32_t nrail; /* nq * nrail <= KV__XPORT_MAX_CONNS */
+    uint64_t conn;
+    struct rd_rail_info rail[RD_MAX_RAILS];
+    uint32_t qpn[KV__XPORT_MAX_CONNS], psn[KV__XPORT_MAX_CONNS]; /* rail-major */
 };
 
 /* kv_xport_rdma_verbs.c */
@@ -171,17 +204,37 @@ kv_status kv__rd_wc_status(enum ibv_wc_status s);
 const char *kv__rd_wc_str(enum ibv_wc_status s);
 void kv__rd_kick(kv_xport *x);
 bool kv__rd_rkey_get(const kv_xport_rmem *rm, struct rkey *k);
+/* The automatic rail of a region (pure): among the rails whose device is
+ * on the memory's NUMA node (mem_node >= 0, dev_node[i] == mem_node), the
+ * one with the fewest regions (load[i]; the lowest index on a tie): NUMA;
+ * none (or the node unknown): *spread % n, then *spread++: SPREAD; one
+ * rail: 0, ONLY. */
+uint32_t kv__rd_rail_choose(const int *dev_node, const uint32_t *load, uint32_t n, int mem_node,
+                            uint32_t *spread, kv_xport_mem_choice *how);
+/* Test seams: the sysfs root the devices' numa_node is read under
+ * ("<root>/class/infiniband/<dev>/device/numa_node"; default "/sys"), and
+ * the lookup of a range's NUMA node (default kv__rd_mem_node_sys:
+ * move_pages(2) of up to 8 sampled pages, the most common node; -1 when
+ * none is known). Set before kv_xport_create / kv_xport_mem_reg. */
+extern const char *kv__rd_sysfs_root;
+extern int (*kv__rd_mem_node)(const void *base, size_t bytes);
+int kv__rd_mem_node_sys(const void *base, size_t bytes);
+int kv__rd_sysfs_numa(const char *root, const char *dev);
 uint32_t kv__rd_rkey_of(const struct rkey *k, uint64_t off);
 
 /* kv_xport_rdma_info_verbs.c */
-/* INFO: encode ours into b (INFO_HEAD + 8 * in->nq bytes; returns that);
- * decode a peer's of len bytes, expecting nq QPs on link layer `link`:
- * KV_OK, or KV_ERR_MISMATCH (kind, version, QP count, link layer) /
- * KV_ERR_CORRUPT (length, MTU code, LID, GID, flags, a qpn or psn over 24
- * bits) with msg naming the values. Pure: no verbs, no state. */
+/* INFO: encode ours into b (kv__rd_info_len bytes; returns that); decode
+ * a peer's of len bytes, expecting nq QPs per rail, our rails' link layers
+ * links[nlinks] (the peer's rail i, i < nlinks, must have links[i]; the
+ * peer may have more or fewer rails): KV_OK, or KV_ERR_MISMATCH (kind,
+ * version, QP count, a link layer) / KV_ERR_CORRUPT (length, rail count,
+ * MTU code, LID, GID, flags, a qpn or psn over 24 bits) with msg naming
+ * the values. Pure: no verbs, no state. */
+uint32_t kv__rd_info_len(uint32_t nq, uint32_t nrail);
 uint32_t kv__rd_info_encode(const struct rd_info *in, unsigned char *b);
-kv_status kv__rd_info_decode(const unsigned char *b, uint32_t len, uint32_t nq, uint8_t link,
-                             struct rd_info *out, char *msg, size_t cap);
+kv_status kv__rd_info_decode(const unsigned char *b, uint32_t len, uint32_t nq,
+                             const uint8_t *links, uint32_t nlinks, struct rd_info *out, char *msg,
+                             size_t cap);
 uint32_t kv__rd_mtu_bytes(enum ibv_mtu m);
 
 /* kv_xport_rdma_qp_verbs.c */

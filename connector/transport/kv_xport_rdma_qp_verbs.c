@@ -27,59 +27,69 @@ unsigned char *kv__rd_buf_at(struct rpeer *rp, uint32_t i)
     return rp->bufs + (size_t)i * RD_MSG_BYTES;
 }
 
-/* mu NOT held: the verbs resources of rp (CQ, QPs in INIT, buffers, the
- * receives posted). */
+/* mu NOT held: the verbs resources of rp: per rail a CQ and conns QPs in
+ * INIT (on that rail's device: its PD, CQ and port), the message buffers
+ * (on rail 0) and the receives of rail 0's QPs posted (notifications
+ * arrive on QP 0 only). */
 kv_status kv__rd_peer_verbs(struct rdma *r, struct rpeer *rp)
 {
     const struct kv__verbs *v = r->v;
     const uint32_t nq = rp->nq;
     rp->ring = kv__mem_calloc((size_t)nq * RD_SQ_WR, sizeof(*rp->ring));
-    const size_t nb = (size_t)nq * RD_RECVS + RD_NOTE_SLOTS;
+    rp->nrecv = rp->conns * RD_RECVS;
+    const size_t nb = (size_t)rp->nrecv + RD_NOTE_SLOTS;
     rp->bufs = kv__mem_calloc(nb, RD_MSG_BYTES);
     if (!rp->ring || !rp->bufs)
         return kv__error(KV_ERR_NO_MEMORY, "xport rdma: peer buffers");
-    rp->bufs_mr = v->reg_mr(r->pd, rp->bufs, nb * RD_MSG_BYTES, IBV_ACCESS_LOCAL_WRITE);
+    rp->bufs_mr = v->reg_mr(r->rail[0].pd, rp->bufs, nb * RD_MSG_BYTES, IBV_ACCESS_LOCAL_WRITE);
     if (!rp->bufs_mr)
-        return kv__error(KV_ERR_IO, "xport rdma: reg_mr of the message buffers: %s",
-                         strerror(errno));
-    const int cqe = (int)(nq * (RD_SQ_WR + RD_RECVS) + 16);
-    rp->cq = v->create_cq(r->ctx, cqe, rp, r->ch, 0);
-    if (!rp->cq)
-        return kv__error(KV_ERR_IO, "xport rdma: create_cq of %d: %s", cqe, strerror(errno));
-    for (uint32_t i = 0; i < nq; i++) {
-        struct ibv_qp_init_attr ia = {.send_cq = rp->cq,
-                                      .recv_cq = rp->cq,
-                                      .cap = {.max_send_wr = RD_SQ_WR,
-                                              .max_recv_wr = RD_RECVS,
-                                              .max_send_sge = r->sge,
-                                              .max_recv_sge = 1},
-                                      .qp_type = IBV_QPT_RC};
-        struct rqp *q = &rp->q[i];
-        q->qp = v->create_qp(r->pd, &ia);
-        if (!q->qp)
-            return kv__error(KV_ERR_IO, "xport rdma: create_qp: %s", strerror(errno));
-        q->drained = true; /* nothing posted yet */
-        q->psn = (uint32_t)(kv__xxh3_64(&(uint64_t[2]){kv__now_ns(), i}, 16) & 0xffffff);
-        struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
-                                .pkey_index = 0,
-                                .port_num = r->port,
-                                .qp_access_flags = IBV_ACCESS_LOCAL_WRITE |
-                                                   IBV_ACCESS_REMOTE_WRITE |
-                                                   IBV_ACCESS_REMOTE_READ};
-        int e = v->modify_qp(q->qp, &a,
-                             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-        if (e)
-            return kv__error(KV_ERR_IO, "xport rdma: QP %u to INIT: %s", i, strerror(e));
-        for (uint32_t k = 0; k < RD_RECVS; k++) {
-            const uint32_t b = i * RD_RECVS + k;
-            struct ibv_sge sg = {.addr = (uintptr_t)kv__rd_buf_at(rp, b),
-                                 .length = RD_MSG_BYTES,
-                                 .lkey = rp->bufs_mr->lkey};
-            struct ibv_recv_wr w = {.wr_id = RD_RECV_BIT | b, .sg_list = &sg, .num_sge = 1},
-                               *bad = NULL;
-            e = v->post_recv(q->qp, &w, &bad);
+        return kv__error(KV_ERR_IO, "xport rdma: reg_mr of the message buffers on %s: %s",
+                         r->rail[0].dev, strerror(errno));
+    for (uint32_t ri = 0; ri < rp->nrail; ri++) {
+        const struct rrail *rl = &r->rail[ri];
+        const int cqe = (int)(rp->conns * (RD_SQ_WR + RD_RECVS) + 16);
+        rp->cq[ri] = v->create_cq(rl->ctx, cqe, rp, rl->ch, 0);
+        if (!rp->cq[ri])
+            return kv__error(KV_ERR_IO, "xport rdma: create_cq of %d on %s: %s", cqe, rl->dev,
+                             strerror(errno));
+        for (uint32_t j = 0; j < rp->conns; j++) {
+            const uint32_t i = ri * rp->conns + j;
+            struct ibv_qp_init_attr ia = {.send_cq = rp->cq[ri],
+                                          .recv_cq = rp->cq[ri],
+                                          .cap = {.max_send_wr = RD_SQ_WR,
+                                                  .max_recv_wr = RD_RECVS,
+                                                  .max_send_sge = rl->sge,
+                                                  .max_recv_sge = 1},
+                                          .qp_type = IBV_QPT_RC};
+            struct rqp *q = &rp->q[i];
+            q->qp = v->create_qp(rl->pd, &ia);
+            if (!q->qp)
+                return kv__error(KV_ERR_IO, "xport rdma: create_qp on %s: %s", rl->dev,
+                                 strerror(errno));
+            q->drained = true; /* nothing posted yet */
+            q->psn = (uint32_t)(kv__xxh3_64(&(uint64_t[2]){kv__now_ns(), i}, 16) & 0xffffff);
+            struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
+                                    .pkey_index = 0,
+                                    .port_num = rl->port,
+                                    .qp_access_flags = IBV_ACCESS_LOCAL_WRITE |
+                                                       IBV_ACCESS_REMOTE_WRITE |
+                                                       IBV_ACCESS_REMOTE_READ};
+            int e = v->modify_qp(
+                q->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
             if (e)
-                return kv__error(KV_ERR_IO, "xport rdma: post_recv: %s", strerror(e));
+                return kv__error(KV_ERR_IO, "xport rdma: QP %u to INIT on %s: %s", i, rl->dev,
+                                 strerror(e));
+            for (uint32_t k = 0; ri == 0 && k < RD_RECVS; k++) {
+                const uint32_t b = i * RD_RECVS + k;
+                struct ibv_sge sg = {.addr = (uintptr_t)kv__rd_buf_at(rp, b),
+                                     .length = RD_MSG_BYTES,
+                                     .lkey = rp->bufs_mr->lkey};
+                struct ibv_recv_wr w = {.wr_id = RD_RECV_BIT | b, .sg_list = &sg, .num_sge = 1},
+                                   *bad = NULL;
+                e = v->post_recv(q->qp, &w, &bad);
+                if (e)
+                    return kv__error(KV_ERR_IO, "xport rdma: post_recv: %s", strerror(e));
+            }
         }
     }
     return KV_OK;
@@ -93,8 +103,9 @@ void kv__rd_peer_verbs_free(struct rdma *r, struct rpeer *rp)
     for (uint32_t i = 0; i < rp->nq; i++)
         if (rp->q[i].qp)
             kv__rd_teardown_check(r, v->destroy_qp(rp->q[i].qp), "ibv_destroy_qp");
-    if (rp->cq)
-        kv__rd_teardown_check(r, v->destroy_cq(rp->cq), "ibv_destroy_cq");
+    for (uint32_t i = 0; i < rp->nrail; i++)
+        if (rp->cq[i])
+            kv__rd_teardown_check(r, v->destroy_cq(rp->cq[i]), "ibv_destroy_cq");
     if (rp->bufs_mr)
         kv__rd_teardown_check(r, v->dereg_mr(rp->bufs_mr), "ibv_dereg_mr (message buffers)");
     kv__mem_free(rp->bufs);
@@ -108,7 +119,9 @@ struct rpeer *kv__rd_rpeer_new(struct rdma *r, kv_xport_peer *p, kv_xport_peer *
         return NULL;
     rp->p = p;
     rp->oob = oob;
-    rp->nq = r->x->cfg.conns_per_peer;
+    rp->conns = r->x->cfg.conns_per_peer;
+    rp->nrail = r->nrail;
+    rp->nq = rp->conns * rp->nrail; /* <= KV__XPORT_MAX_CONNS: checked at start */
     rp->ph = PH_OOB;
     rp->deadline_ns = kv__now_ns() + (uint64_t)r->x->cfg.timeout_ms * 1000000ull;
     return rp;
@@ -216,15 +229,18 @@ static bool oob_send(struct rdma *r, struct rpeer *rp, int which, const void *ms
 
 static void send_info(struct rdma *r, struct rpeer *rp)
 {
-    unsigned char b[INFO_HEAD + 8 * KV__XPORT_MAX_CONNS];
-    struct rd_info in = {.nq = rp->nq,
-                         .conn = rp->p->nonce_local,
-                         .has_gid = r->gid_index >= 0,
-                         .lid = r->link == IBV_LINK_LAYER_INFINIBAND ? r->pa.lid : 0,
-                         .link = r->link,
-                         .mtu = (uint8_t)r->pa.active_mtu};
-    if (r->gid_index >= 0)
-        memcpy(in.gid, r->gid.raw, 16);
+    unsigned char b[INFO_MAX];
+    struct rd_info in = {.nq = rp->conns, .nrail = rp->nrail, .conn = rp->p->nonce_local};
+    for (uint32_t i = 0; i < rp->nrail; i++) {
+        const struct rrail *rl = &r->rail[i];
+        in.rail[i] =
+            (struct rd_rail_info){.has_gid = rl->gid_index >= 0,
+                                  .lid = rl->link == IBV_LINK_LAYER_INFINIBAND ? rl->pa.lid : 0,
+                                  .link = rl->link,
+                                  .mtu = (uint8_t)rl->pa.active_mtu};
+        if (rl->gid_index >= 0)
+            memcpy(in.rail[i].gid, rl->gid.raw, 16);
+    }
     for (uint32_t i = 0; i < rp->nq; i++) {
         in.qpn[i] = rp->q[i].qp->qp_num;
         in.psn[i] = rp->q[i].psn;
@@ -236,7 +252,8 @@ static void send_info(struct rdma *r, struct rpeer *rp)
         rp->info_sent = true;
 }
 
-/* mu held: the peer's INFO: every QP INIT -> RTR -> RTS, then READY. */
+/* mu held: the peer's INFO: the QPs of every rail both sides have
+ * (rail i <-> the peer's rail i) INIT -> RTR -> RTS, then READY. */
 static void got_info(struct rdma *r, struct rpeer *rp, const unsigned char *b, uint32_t len)
 {
     kv_xport *x = r->x;
@@ -253,70 +270,88 @@ static void got_info(struct rdma *r, struct rpeer *rp, const unsigned char *b, u
         return;
     struct rd_info in;
     char why[200];
-    const kv_status ds = kv__rd_info_decode(b, len, rp->nq, r->link, &in, why, sizeof(why));
+    uint8_t links[RD_MAX_RAILS];
+    for (uint32_t i = 0; i < rp->nrail; i++)
+        links[i] = r->rail[i].link;
+    const kv_status ds =
+        kv__rd_info_decode(b, len, rp->conns, links, rp->nrail, &in, why, sizeof(why));
     if (ds != KV_OK) {
-        kv__rd_peer_fail(r, rp, ds, "xport rdma handshake (%s port %u): %s", r->dev, r->port, why);
+        kv__rd_peer_fail(r, rp, ds, "xport rdma handshake (%s port %u): %s", r->rail[0].dev,
+                         r->rail[0].port, why);
         return;
     }
     rp->p->nonce_remote = in.conn;
-    /* The path: MTU the smaller of both ports' active MTU; a GRH always on
-     * Ethernet (RoCE routes by GID), on InfiniBand only when the peer's
-     * GID is on another subnet (its prefix differs): within a subnet the
-     * LID routes, as rc_pingpong does without a GID. */
-    rp->path_mtu = in.mtu < r->pa.active_mtu ? (enum ibv_mtu)in.mtu : r->pa.active_mtu;
-    rp->grh = r->link == IBV_LINK_LAYER_ETHERNET ||
-              (in.has_gid && r->gid_index >= 0 && memcmp(in.gid, r->gid.raw, 8) != 0);
-    rp->rlid = in.lid;
-    memcpy(rp->rgid, in.gid, 16);
-    const uint8_t rd = (uint8_t)(r->da.max_qp_rd_atom < 1    ? 1
-                                 : r->da.max_qp_rd_atom > 16 ? 16
-                                                             : r->da.max_qp_rd_atom);
-    const uint8_t rdi = (uint8_t)(r->da.max_qp_init_rd_atom < 1    ? 1
-                                  : r->da.max_qp_init_rd_atom > 16 ? 16
-                                                                   : r->da.max_qp_init_rd_atom);
-    for (uint32_t i = 0; i < rp->nq; i++) {
-        struct ibv_qp_attr a = {
-            .qp_state = IBV_QPS_RTR,
-            .path_mtu = rp->path_mtu,
-            .dest_qp_num = in.qpn[i],
-            .rq_psn = in.psn[i],
-            .max_dest_rd_atomic = rd,
-            .min_rnr_timer = 12,
-            .ah_attr = {.is_global = rp->grh,
-                        .dlid = r->link == IBV_LINK_LAYER_INFINIBAND ? in.lid : 0,
-                        .port_num = r->port}};
-        if (rp->grh) {
-            memcpy(a.ah_attr.grh.dgid.raw, in.gid, 16);
-            a.ah_attr.grh.hop_limit = INFO_HOP_LIMIT;
-            a.ah_attr.grh.sgid_index = (uint8_t)r->gid_index;
-        }
-        struct ibv_qp *qp = rp->q[i].qp;
-        pthread_mutex_unlock(&x->mu);
-        int e =
-            r->v->modify_qp(qp, &a,
-                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-        const char *what = "RTR";
-        if (e == 0) {
-            struct ibv_qp_attr s = {.qp_state = IBV_QPS_RTS,
-                                    .timeout = 14,
-                                    .retry_cnt = 7,
-                                    .rnr_retry = 7, /* receivers re-post; RNR never gives up */
-                                    .sq_psn = rp->q[i].psn,
-                                    .max_rd_atomic = rdi};
-            e = r->v->modify_qp(qp, &s,
-                                IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                    IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
-            what = "RTS";
-        }
-        pthread_mutex_lock(&x->mu);
-        if (e != 0) {
-            kv__rd_peer_fail(r, rp, KV_ERR_IO,
-                             "xport rdma: QP %u to %s (%s port %u, path_mtu %u, %s, dlid %u, "
-                             "sgid_index %d): %s",
-                             i, what, r->dev, r->port, kv__rd_mtu_bytes(rp->path_mtu),
-                             rp->grh ? "grh" : "no grh", a.ah_attr.dlid, r->gid_index, strerror(e));
-            return;
+    /* Rails: the common count (a peer with fewer devices connects on
+     * fewer; our QPs past them stay in INIT, unused). */
+    rp->nlink = in.nrail < rp->nrail ? in.nrail : rp->nrail;
+    for (uint32_t ri = 0; ri < rp->nlink; ri++) {
+        const struct rrail *rl = &r->rail[ri];
+        const struct rd_rail_info *pr = &in.rail[ri];
+        struct rpath *ph = &rp->path[ri];
+        /* The path: MTU the smaller of both ports' active MTU; a GRH
+         * always on Ethernet (RoCE routes by GID), on InfiniBand only when
+         * the peer's GID is on another subnet (its prefix differs): within
+         * a subnet the LID routes, as rc_pingpong does without a GID. */
+        ph->path_mtu = pr->mtu < rl->pa.active_mtu ? (enum ibv_mtu)pr->mtu : rl->pa.active_mtu;
+        ph->grh = rl->link == IBV_LINK_LAYER_ETHERNET ||
+                  (pr->has_gid && rl->gid_index >= 0 && memcmp(pr->gid, rl->gid.raw, 8) != 0);
+        ph->rlid = pr->lid;
+        memcpy(ph->rgid, pr->gid, 16);
+        const uint8_t rd = (uint8_t)(rl->da.max_qp_rd_atom < 1    ? 1
+                                     : rl->da.max_qp_rd_atom > 16 ? 16
+                                                                  : rl->da.max_qp_rd_atom);
+        const uint8_t rdi =
+            (uint8_t)(rl->da.max_qp_init_rd_atom < 1    ? 1
+                      : rl->da.max_qp_init_rd_atom > 16 ? 16
+                                                        : rl->da.max_qp_init_rd_atom);
+        for (uint32_t j = 0; j < rp->conns; j++) {
+            const uint32_t i = ri * rp->conns + j;
+            /* the peer's QP of the same rail and index (its list is rail-major too) */
+            const uint32_t pi = ri * in.nq + j;
+            struct ibv_qp_attr a = {
+                .qp_state = IBV_QPS_RTR,
+                .path_mtu = ph->path_mtu,
+                .dest_qp_num = in.qpn[pi],
+                .rq_psn = in.psn[pi],
+                .max_dest_rd_atomic = rd,
+                .min_rnr_timer = 12,
+                .ah_attr = {.is_global = ph->grh,
+                            .dlid = rl->link == IBV_LINK_LAYER_INFINIBAND ? pr->lid : 0,
+                            .port_num = rl->port}};
+            if (ph->grh) {
+                memcpy(a.ah_attr.grh.dgid.raw, pr->gid, 16);
+                a.ah_attr.grh.hop_limit = INFO_HOP_LIMIT;
+                a.ah_attr.grh.sgid_index = (uint8_t)rl->gid_index;
+            }
+            struct ibv_qp *qp = rp->q[i].qp;
+            pthread_mutex_unlock(&x->mu);
+            int e = r->v->modify_qp(qp, &a,
+                                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                        IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                        IBV_QP_MIN_RNR_TIMER);
+            const char *what = "RTR";
+            if (e == 0) {
+                struct ibv_qp_attr s = {.qp_state = IBV_QPS_RTS,
+                                        .timeout = 14,
+                                        .retry_cnt = 7,
+                                        .rnr_retry = 7, /* receivers re-post; RNR never gives up */
+                                        .sq_psn = rp->q[i].psn,
+                                        .max_rd_atomic = rdi};
+                e = r->v->modify_qp(qp, &s,
+                                    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                        IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+                what = "RTS";
+            }
+            pthread_mutex_lock(&x->mu);
+            if (e != 0) {
+                kv__rd_peer_fail(r, rp, KV_ERR_IO,
+                                 "xport rdma: QP %u (rail %u) to %s (%s port %u, path_mtu %u, %s, "
+                                 "dlid %u, sgid_index %d): %s",
+                                 i, ri, what, rl->dev, rl->port, kv__rd_mtu_bytes(ph->path_mtu),
+                                 ph->grh ? "grh" : "no grh", a.ah_attr.dlid, rl->gid_index,
+                                 strerror(e));
+                return;
+            }
         }
     }
     rp->ph = PH_RTS;

@@ -12,6 +12,19 @@
  *                 path per peer from both INFO (got_info: path MTU the
  *                 smaller active MTU, a GRH on Ethernet or across IB
  *                 subnets, the LID otherwise); all reported (rdma_info).
+ *   rails         several devices (cfg.rdma_devices), as NCCL's rails:
+ *                 each its own context, PD, channel, and per peer a CQ and
+ *                 conns_per_peer QPs (QP qi on rail qi / conns), connected
+ *                 to the peer's rail of the same index; both INFO carry
+ *                 every rail, and a peer with fewer rails is connected on
+ *                 the common count (our QPs past it stay in INIT). A region
+ *                 lives on one rail (rdma_mem_reg: the caller's, else the
+ *                 least loaded rail on the memory's NUMA node, else round
+ *                 robin), its exposures too, and the blob key names the
+ *                 rail; a WR goes on a QP of its regions' rail, and an
+ *                 entry whose local and remote regions sit on different
+ *                 rails (or on a rail not connected) is refused at post
+ *                 (rdma_check): nothing is staged across rails.
  *
  *   out of band   an internal TCP kv_xport (same token, fingerprint, host,
  *                 port; one connection per peer) carries the checked
@@ -71,7 +84,7 @@
  * an MR is refused by the responder (REM_ACCESS_ERR: nothing written, the
  * sender's entry FAILED with KV_ERR_OUT_OF_BOUNDS), and so is one with the
  * rkey of an exposure that ended. What RDMA cannot give that TCP does:
- * regions of one transport share a PD, so an rkey leaked to another peer of
+ * regions of one rail share a PD, so an rkey leaked to another peer of
  * the same transport would work there too while its exposure lasts.
  *
  * Threads: one progress thread per transport makes every terminal
@@ -104,6 +117,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -118,7 +132,7 @@ void kv__rd_teardown_check(struct rdma *r, int rc, const char *what)
     if (rc == 0 || r->teardown != KV_OK)
         return;
     r->teardown = KV_ERR_DEVICE;
-    snprintf(r->teardown_msg, sizeof(r->teardown_msg), "xport rdma: %s on %s: %s", what, r->dev,
+    snprintf(r->teardown_msg, sizeof(r->teardown_msg), "xport rdma: %s on %.120s: %s", what, r->dev,
              strerror(rc < 0 ? -rc : rc));
 }
 
@@ -177,36 +191,38 @@ void kv__rd_kick(kv_xport *x)
         wake_write(x->be);
 }
 
-/* Event mode: the completion channel (fd non-blocking) and the eventfd. */
+/* Event mode: a completion channel per rail (fd non-blocking) and the
+ * eventfd. */
 static kv_status events_open(struct rdma *r)
 {
-    r->ch = r->v->create_comp_channel(r->ctx);
-    if (!r->ch)
-        return kv__error(KV_ERR_IO, "xport_create(rdma): create_comp_channel on %s: %s", r->dev,
-                         strerror(errno));
-    const int fl = fcntl(r->ch->fd, F_GETFL);
-    if (fl < 0 || fcntl(r->ch->fd, F_SETFL, fl | O_NONBLOCK) != 0) {
-        const int e = errno;
-        kv__rd_teardown_check(r, r->v->destroy_comp_channel(r->ch), "ibv_destroy_comp_channel");
-        r->ch = NULL;
-        return kv__error(KV_ERR_IO, "xport_create(rdma): O_NONBLOCK on the completion channel: %s",
-                         strerror(e));
+    for (uint32_t i = 0; i < r->nrail; i++) {
+        struct rrail *rl = &r->rail[i];
+        rl->ch = r->v->create_comp_channel(rl->ctx);
+        if (!rl->ch)
+            return kv__error(KV_ERR_IO, "xport_create(rdma): create_comp_channel on %s: %s",
+                             rl->dev, strerror(errno));
+        const int fl = fcntl(rl->ch->fd, F_GETFL);
+        if (fl < 0 || fcntl(rl->ch->fd, F_SETFL, fl | O_NONBLOCK) != 0)
+            return kv__error(KV_ERR_IO,
+                             "xport_create(rdma): O_NONBLOCK on the completion channel of %s: %s",
+                             rl->dev, strerror(errno));
     }
     r->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (r->wake_fd < 0) {
-        const int e = errno;
-        kv__rd_teardown_check(r, r->v->destroy_comp_channel(r->ch), "ibv_destroy_comp_channel");
-        r->ch = NULL;
-        return kv__error(KV_ERR_IO, "xport_create(rdma): eventfd: %s", strerror(e));
-    }
+    if (r->wake_fd < 0)
+        return kv__error(KV_ERR_IO, "xport_create(rdma): eventfd: %s", strerror(errno));
     return KV_OK;
 }
 
+/* What events_open made, also after it failed half-way. */
 static void events_close(struct rdma *r)
 {
-    if (r->ch)
-        kv__rd_teardown_check(r, r->v->destroy_comp_channel(r->ch), "ibv_destroy_comp_channel");
-    r->ch = NULL;
+    for (uint32_t i = 0; i < r->nrail; i++) {
+        struct rrail *rl = &r->rail[i];
+        if (rl->ch)
+            kv__rd_teardown_check(r, r->v->destroy_comp_channel(rl->ch),
+                                  "ibv_destroy_comp_channel");
+        rl->ch = NULL;
+    }
     if (r->wake_fd >= 0)
         close(r->wake_fd);
     r->wake_fd = -1;
@@ -254,59 +270,61 @@ static int gid_score(const struct ibv_gid_entry *e)
     return mapped ? 3 : !link_local ? 2 : 1;
 }
 
-/* The GID: cfg's index (it must hold a GID), else automatic (Ethernet:
- * the best gid_score, lowest index on a tie; InfiniBand: index 0, or none
- * when the port has no GID there: then no GRH is possible). */
-static kv_status pick_gid(struct rdma *r, int32_t want)
+/* The GID of rail rl: cfg's index (it must hold a GID), else automatic
+ * (Ethernet: the best gid_score, lowest index on a tie; InfiniBand: index
+ * 0, or none when the port has no GID there: then no GRH is possible). */
+static kv_status pick_gid(struct rdma *r, struct rrail *rl, int32_t want)
 {
     const struct kv__verbs *v = r->v;
     struct ibv_gid_entry e;
-    r->gid_index = -1;
+    rl->gid_index = -1;
     if (want < -1)
         return kv__error(KV_ERR_INVALID_ARG,
                          "xport_create(rdma): rdma_gid_index %d (an index >= 0, or -1: automatic)",
                          want);
     if (want >= 0) {
-        if (want >= r->pa.gid_tbl_len)
+        if (want >= rl->pa.gid_tbl_len)
             return kv__error(KV_ERR_INVALID_ARG,
                              "xport_create(rdma): rdma_gid_index %d, but %s port %u has %d GIDs",
-                             want, r->dev, r->port, r->pa.gid_tbl_len);
-        const int err = v->query_gid_ex(r->ctx, r->port, (uint32_t)want, &e, 0);
+                             want, rl->dev, rl->port, rl->pa.gid_tbl_len);
+        const int err = v->query_gid_ex(rl->ctx, rl->port, (uint32_t)want, &e, 0);
         if (err != 0)
             return kv__error(err == ENODATA ? KV_ERR_INVALID_ARG : KV_ERR_IO,
-                             "xport_create(rdma): GID index %d of %s port %u: %s", want, r->dev,
-                             r->port, err == ENODATA ? "empty" : strerror(err));
-        r->gid_index = want;
-        r->gid = e.gid;
-        r->gid_type = (enum ibv_gid_type)e.gid_type;
+                             "xport_create(rdma): GID index %d of %s port %u: %s", want, rl->dev,
+                             rl->port, err == ENODATA ? "empty" : strerror(err));
+        rl->gid_index = want;
+        rl->gid = e.gid;
+        rl->gid_type = (enum ibv_gid_type)e.gid_type;
         return KV_OK;
     }
     int best = -1;
-    for (int i = 0; i < r->pa.gid_tbl_len; i++) {
-        if (v->query_gid_ex(r->ctx, r->port, (uint32_t)i, &e, 0) != 0)
+    for (int i = 0; i < rl->pa.gid_tbl_len; i++) {
+        if (v->query_gid_ex(rl->ctx, rl->port, (uint32_t)i, &e, 0) != 0)
             continue; /* empty (ENODATA) or unreadable: not a candidate */
         const int sc = gid_score(&e);
-        if (r->link == IBV_LINK_LAYER_INFINIBAND || sc > best) {
+        if (rl->link == IBV_LINK_LAYER_INFINIBAND || sc > best) {
             best = sc;
-            r->gid_index = i;
-            r->gid = e.gid;
-            r->gid_type = (enum ibv_gid_type)e.gid_type;
+            rl->gid_index = i;
+            rl->gid = e.gid;
+            rl->gid_type = (enum ibv_gid_type)e.gid_type;
         }
-        if (r->link == IBV_LINK_LAYER_INFINIBAND || sc == 3)
+        if (rl->link == IBV_LINK_LAYER_INFINIBAND || sc == 3)
             break; /* InfiniBand: the first; RoCE: none scores higher */
     }
-    if (r->gid_index < 0 && r->link == IBV_LINK_LAYER_ETHERNET)
+    if (rl->gid_index < 0 && rl->link == IBV_LINK_LAYER_ETHERNET)
         return kv__error(KV_ERR_UNSUPPORTED,
                          "xport_create(rdma): %s port %u (ethernet) has no GID among %d entries "
                          "(RoCE needs one: is an IP address configured on its netdev?)",
-                         r->dev, r->port, r->pa.gid_tbl_len);
+                         rl->dev, rl->port, rl->pa.gid_tbl_len);
     return KV_OK;
 }
 
-/* Device and port: cfg's device by name (else each in list order) and
- * cfg's port (else its first ACTIVE one); r->ctx open on success. Every
- * device and port looked at is named in the error when none fits. */
-static kv_status pick_port(struct rdma *r, struct ibv_device **list, int num)
+/* Device and port of rail rl: the device `want` by name (NULL: each in
+ * list order) and cfg's port (else its first ACTIVE one); rl->ctx open on
+ * success. Every device and port looked at is named in the error when
+ * none fits. */
+static kv_status pick_port(struct rdma *r, struct rrail *rl, struct ibv_device **list, int num,
+                           const char *want)
 {
     const struct kv__verbs *v = r->v;
     const struct kv_xport_config *cfg = &r->x->cfg;
@@ -318,77 +336,240 @@ static kv_status pick_port(struct rdma *r, struct ibv_device **list, int num)
     for (int d = 0; d < num; d++) {
         const char *name = v->get_device_name(list[d]);
         say(names, sizeof(names), "%s%s", names[0] ? ", " : "", name ? name : "?");
-        if (cfg->rdma_device && strcmp(cfg->rdma_device, name ? name : "") != 0)
+        if (want && strcmp(want, name ? name : "") != 0)
             continue;
         named = true;
-        snprintf(r->dev, sizeof(r->dev), "%s", name ? name : "?");
-        r->ctx = v->open_device(list[d]);
-        int e = r->ctx ? v->query_device(r->ctx, &r->da) : (errno ? errno : ENODEV);
+        snprintf(rl->dev, sizeof(rl->dev), "%s", name ? name : "?");
+        rl->ctx = v->open_device(list[d]);
+        int e = rl->ctx ? v->query_device(rl->ctx, &rl->da) : (errno ? errno : ENODEV);
         if (e != 0) {
-            if (r->ctx)
-                (void)v->close_device(r->ctx);
-            r->ctx = NULL;
-            if (cfg->rdma_device)
-                return kv__error(KV_ERR_IO, "xport_create(rdma): open/query %s: %s", r->dev,
+            if (rl->ctx)
+                (void)v->close_device(rl->ctx);
+            rl->ctx = NULL;
+            if (want)
+                return kv__error(KV_ERR_IO, "xport_create(rdma): open/query %s: %s", rl->dev,
                                  strerror(e));
-            say(seen, sizeof(seen), "%s%s: %s", seen[0] ? ", " : "", r->dev, strerror(e));
+            say(seen, sizeof(seen), "%s%s: %s", seen[0] ? ", " : "", rl->dev, strerror(e));
             continue;
         }
-        if (cfg->rdma_port > (uint32_t)r->da.phys_port_cnt) {
-            (void)v->close_device(r->ctx);
-            r->ctx = NULL;
-            if (!cfg->rdma_device) { /* another device may have that port */
-                say(seen, sizeof(seen), "%s%s: %u ports", seen[0] ? ", " : "", r->dev,
-                    (unsigned)r->da.phys_port_cnt);
+        if (cfg->rdma_port > (uint32_t)rl->da.phys_port_cnt) {
+            (void)v->close_device(rl->ctx);
+            rl->ctx = NULL;
+            if (!want) { /* another device may have that port */
+                say(seen, sizeof(seen), "%s%s: %u ports", seen[0] ? ", " : "", rl->dev,
+                    (unsigned)rl->da.phys_port_cnt);
                 continue;
             }
             return kv__error(KV_ERR_INVALID_ARG, "xport_create(rdma): rdma_port %u, but %s has %u",
-                             cfg->rdma_port, r->dev, (unsigned)r->da.phys_port_cnt);
+                             cfg->rdma_port, rl->dev, (unsigned)rl->da.phys_port_cnt);
         }
         const uint32_t lo = cfg->rdma_port ? cfg->rdma_port : 1;
-        const uint32_t hi = cfg->rdma_port ? cfg->rdma_port : r->da.phys_port_cnt;
+        const uint32_t hi = cfg->rdma_port ? cfg->rdma_port : rl->da.phys_port_cnt;
         for (uint32_t pt = lo; pt <= hi; pt++) {
-            e = v->query_port(r->ctx, (uint8_t)pt, &r->pa);
+            e = v->query_port(rl->ctx, (uint8_t)pt, &rl->pa);
             if (e != 0) {
-                say(seen, sizeof(seen), "%s%s port %u: %s", seen[0] ? ", " : "", r->dev, pt,
+                say(seen, sizeof(seen), "%s%s port %u: %s", seen[0] ? ", " : "", rl->dev, pt,
                     strerror(e));
                 continue;
             }
-            if (r->pa.state != IBV_PORT_ACTIVE) {
-                say(seen, sizeof(seen), "%s%s port %u %s", seen[0] ? ", " : "", r->dev, pt,
-                    port_state_str(r->pa.state));
+            if (rl->pa.state != IBV_PORT_ACTIVE) {
+                say(seen, sizeof(seen), "%s%s port %u %s", seen[0] ? ", " : "", rl->dev, pt,
+                    port_state_str(rl->pa.state));
                 continue;
             }
-            r->port = (uint8_t)pt;
-            r->link = r->pa.link_layer == IBV_LINK_LAYER_ETHERNET ? IBV_LINK_LAYER_ETHERNET
-                                                                  : IBV_LINK_LAYER_INFINIBAND;
-            if (r->link == IBV_LINK_LAYER_INFINIBAND && (r->pa.lid == 0 || r->pa.lid > 0xbfff)) {
+            rl->port = (uint8_t)pt;
+            rl->link = rl->pa.link_layer == IBV_LINK_LAYER_ETHERNET ? IBV_LINK_LAYER_ETHERNET
+                                                                    : IBV_LINK_LAYER_INFINIBAND;
+            if (rl->link == IBV_LINK_LAYER_INFINIBAND && (rl->pa.lid == 0 || rl->pa.lid > 0xbfff)) {
                 say(seen, sizeof(seen), "%s%s port %u ACTIVE but LID 0x%x (no subnet manager?)",
-                    seen[0] ? ", " : "", r->dev, pt, r->pa.lid);
+                    seen[0] ? ", " : "", rl->dev, pt, rl->pa.lid);
                 continue;
             }
-            if (kv__rd_mtu_bytes(r->pa.active_mtu) == 0) {
+            if (kv__rd_mtu_bytes(rl->pa.active_mtu) == 0) {
                 say(seen, sizeof(seen), "%s%s port %u active MTU code %d", seen[0] ? ", " : "",
-                    r->dev, pt, (int)r->pa.active_mtu);
+                    rl->dev, pt, (int)rl->pa.active_mtu);
                 continue;
             }
             return KV_OK;
         }
-        (void)v->close_device(r->ctx);
-        r->ctx = NULL;
+        (void)v->close_device(rl->ctx);
+        rl->ctx = NULL;
     }
-    if (cfg->rdma_device && !named)
+    if (want && !named)
         return kv__error(KV_ERR_NOT_FOUND,
-                         "xport_create(rdma): no RDMA device \"%s\" (%s lists: %s)",
-                         cfg->rdma_device, v->name, names);
+                         "xport_create(rdma): no RDMA device \"%s\" (%s lists: %s)", want, v->name,
+                         names);
     if (cfg->rdma_port)
         return kv__error(KV_ERR_UNSUPPORTED, "xport_create(rdma): rdma_port %u not usable (%s)",
                          cfg->rdma_port, seen);
-    if (cfg->rdma_device)
-        return kv__error(KV_ERR_UNSUPPORTED, "xport_create(rdma): no ACTIVE port on %s (%s)",
-                         cfg->rdma_device, seen);
+    if (want)
+        return kv__error(KV_ERR_UNSUPPORTED, "xport_create(rdma): no ACTIVE port on %s (%s)", want,
+                         seen);
     return kv__error(KV_ERR_UNSUPPORTED, "xport_create(rdma): no ACTIVE port on any device (%s)",
                      seen);
+}
+
+/* ---- NUMA: which rail is near a region --------------------------------- */
+
+const char *kv__rd_sysfs_root = "/sys";
+int (*kv__rd_mem_node)(const void *base, size_t bytes) = kv__rd_mem_node_sys;
+
+/* "<root>/class/infiniband/<dev>/device/numa_node": the node, or -1 (no
+ * file, unreadable, or the kernel's -1: not known). */
+int kv__rd_sysfs_numa(const char *root, const char *dev)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/class/infiniband/%s/device/numa_node", root, dev);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    int n = -1;
+    if (fscanf(f, "%d", &n) != 1 || n < 0 || n > 4095)
+        n = -1;
+    fclose(f);
+    return n;
+}
+
+/* move_pages(2) with nodes NULL reports where each page is (a negative
+ * errno for a page not present); up to 8 pages spread over the range, the
+ * node most of them are on. -1 when none is known (pages not touched yet,
+ * the call refused). */
+int kv__rd_mem_node_sys(const void *base, size_t bytes)
+{
+    const long pg = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
+    const uintptr_t first = (uintptr_t)base & ~(uintptr_t)(pg - 1);
+    const uintptr_t last = ((uintptr_t)base + bytes - 1) & ~(uintptr_t)(pg - 1);
+    const uint64_t npages = (last - first) / (uintptr_t)pg + 1;
+    const unsigned n = npages < 8 ? (unsigned)npages : 8;
+    void *pages[8];
+    int status[8];
+    for (unsigned i = 0; i < n; i++) {
+        const uint64_t k = n == 1 ? 0 : (npages - 1) * i / (n - 1);
+        pages[i] = (void *)(first + (uintptr_t)(k * (uint64_t)pg));
+        status[i] = -1;
+    }
+    if (syscall(SYS_move_pages, 0, (unsigned long)n, pages, NULL, status, 0) != 0)
+        return -1;
+    int best = -1, best_n = 0;
+    for (unsigned i = 0; i < n; i++) {
+        if (status[i] < 0)
+            continue;
+        int c = 0;
+        for (unsigned j = 0; j < n; j++)
+            c += status[j] == status[i];
+        if (c > best_n || (c == best_n && status[i] < best)) {
+            best = status[i];
+            best_n = c;
+        }
+    }
+    return best;
+}
+
+uint32_t kv__rd_rail_choose(const int *dev_node, const uint32_t *load, uint32_t n, int mem_node,
+                            uint32_t *spread, kv_xport_mem_choice *how)
+{
+    if (n <= 1) {
+        *how = KV_XPORT_CHOSEN_ONLY;
+        return 0;
+    }
+    uint32_t best = UINT32_MAX;
+    for (uint32_t i = 0; i < n && mem_node >= 0; i++)
+        if (dev_node[i] == mem_node && (best == UINT32_MAX || load[i] < load[best]))
+            best = i;
+    if (best != UINT32_MAX) {
+        *how = KV_XPORT_CHOSEN_NUMA;
+        return best;
+    }
+    *how = KV_XPORT_CHOSEN_SPREAD;
+    return (*spread)++ % n;
+}
+
+/* The rails' device names from the config: rdma_devices[], else
+ * rdma_device alone (NULL: automatic), checked. */
+static kv_status rails_named(const struct kv_xport_config *cfg, uint32_t *n)
+{
+    if (cfg->n_rdma_devices == 0) {
+        if (cfg->rdma_devices)
+            return kv__error(KV_ERR_INVALID_ARG,
+                             "xport_create(rdma): rdma_devices given with n_rdma_devices 0");
+        *n = 1;
+        return KV_OK;
+    }
+    if (!cfg->rdma_devices)
+        return kv__error(KV_ERR_NULL,
+                         "xport_create(rdma): rdma_devices is NULL with "
+                         "n_rdma_devices %u",
+                         cfg->n_rdma_devices);
+    if (cfg->rdma_device)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "xport_create(rdma): rdma_device \"%s\" and %u rdma_devices (name the "
+                         "devices one way)",
+                         cfg->rdma_device, cfg->n_rdma_devices);
+    if (cfg->n_rdma_devices > RD_MAX_RAILS)
+        return kv__error(KV_ERR_INVALID_ARG, "xport_create(rdma): %u rdma_devices (at most %u)",
+                         cfg->n_rdma_devices, RD_MAX_RAILS);
+    if ((uint64_t)cfg->n_rdma_devices * cfg->conns_per_peer > KV__XPORT_MAX_CONNS)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "xport_create(rdma): %u rails of %u QPs (conns_per_peer) per peer: %u "
+                         "QPs at most",
+                         cfg->n_rdma_devices, cfg->conns_per_peer, KV__XPORT_MAX_CONNS);
+    for (uint32_t i = 0; i < cfg->n_rdma_devices; i++) {
+        if (!cfg->rdma_devices[i])
+            return kv__error(KV_ERR_NULL, "xport_create(rdma): rdma_devices[%u] is NULL", i);
+        for (uint32_t j = 0; j < i; j++)
+            if (strcmp(cfg->rdma_devices[i], cfg->rdma_devices[j]) == 0)
+                return kv__error(KV_ERR_INVALID_ARG,
+                                 "xport_create(rdma): rdma_devices[%u] \"%s\" repeats "
+                                 "rdma_devices[%u]",
+                                 i, cfg->rdma_devices[i], j);
+    }
+    *n = cfg->n_rdma_devices;
+    return KV_OK;
+}
+
+/* Rail i: device, port, GID, limits, PD. */
+static kv_status rail_open(struct rdma *r, uint32_t i, struct ibv_device **list, int num)
+{
+    const struct kv_xport_config *cfg = &r->x->cfg;
+    struct rrail *rl = &r->rail[i];
+    const char *want = cfg->n_rdma_devices ? cfg->rdma_devices[i] : cfg->rdma_device;
+    kv_status st = pick_port(r, rl, list, num, want);
+    if (st != KV_OK)
+        return st;
+    st = pick_gid(r, rl, cfg->rdma_gid_index);
+    if (st == KV_OK &&
+        (rl->da.max_qp_wr < (int)RD_SQ_WR || rl->da.max_sge < 1 || rl->da.max_mr_size < 4096))
+        st = kv__error(KV_ERR_UNSUPPORTED,
+                       "xport_create(rdma): %s: max_qp_wr %d (need %u), max_sge %d, "
+                       "max_mr_size %" PRIu64,
+                       rl->dev, rl->da.max_qp_wr, RD_SQ_WR, rl->da.max_sge,
+                       (uint64_t)rl->da.max_mr_size);
+    if (st == KV_OK) {
+        rl->sge = (uint32_t)rl->da.max_sge < RD_MAX_SGE ? (uint32_t)rl->da.max_sge : RD_MAX_SGE;
+        rl->chunk = (uint64_t)rl->da.max_mr_size & ~4095ull;
+        rl->numa = kv__rd_sysfs_numa(kv__rd_sysfs_root, rl->dev);
+        rl->pd = r->v->alloc_pd(rl->ctx);
+        if (!rl->pd)
+            st = kv__error(KV_ERR_IO, "xport_create(rdma): alloc_pd on %s: %s", rl->dev,
+                           strerror(errno));
+    }
+    if (st != KV_OK) {
+        (void)r->v->close_device(rl->ctx);
+        rl->ctx = NULL;
+    }
+    return st;
+}
+
+/* Rails [0, n) opened by rail_open: PD and context closed. */
+static void rails_close(struct rdma *r, uint32_t n)
+{
+    for (uint32_t i = n; i-- > 0;) {
+        struct rrail *rl = &r->rail[i];
+        kv__rd_teardown_check(r, r->v->dealloc_pd(rl->pd), "ibv_dealloc_pd");
+        kv__rd_teardown_check(r, r->v->close_device(rl->ctx), "ibv_close_device");
+        rl->pd = NULL;
+        rl->ctx = NULL;
+    }
 }
 
 static kv_status rdma_start(kv_xport *x)
@@ -397,6 +578,10 @@ static kv_status rdma_start(kv_xport *x)
     kv_status st = kv__verbs_acquire(&v);
     if (st != KV_OK)
         return kv__error_wrap(st, "xport_create(rdma)");
+    uint32_t nrail = 0;
+    st = rails_named(&x->cfg, &nrail);
+    if (st != KV_OK)
+        return st;
     struct rdma *r = kv__mem_calloc(1, sizeof(*r));
     if (!r)
         return kv__error(KV_ERR_NO_MEMORY, "xport_create: rdma state");
@@ -415,38 +600,26 @@ static kv_status rdma_start(kv_xport *x)
                        v->name);
         goto fail_state;
     }
-    st = pick_port(r, list, num);
+    for (; r->nrail < nrail; r->nrail++) {
+        st = rail_open(r, r->nrail, list, num);
+        if (st != KV_OK)
+            break;
+        say(r->dev, sizeof(r->dev), "%s%s", r->nrail ? "," : "", r->rail[r->nrail].dev);
+    }
     v->free_device_list(list);
     if (st != KV_OK)
-        goto fail_state;
-    st = pick_gid(r, x->cfg.rdma_gid_index);
-    if (st != KV_OK)
-        goto fail_ctx;
-    int e;
-    if (r->da.max_qp_wr < (int)RD_SQ_WR || r->da.max_sge < 1 || r->da.max_mr_size < 4096) {
-        st = kv__error(KV_ERR_UNSUPPORTED,
-                       "xport_create(rdma): %s: max_qp_wr %d (need %u), max_sge %d, "
-                       "max_mr_size %" PRIu64,
-                       r->dev, r->da.max_qp_wr, RD_SQ_WR, r->da.max_sge,
-                       (uint64_t)r->da.max_mr_size);
-        goto fail_ctx;
-    }
-    r->sge = (uint32_t)r->da.max_sge < RD_MAX_SGE ? (uint32_t)r->da.max_sge : RD_MAX_SGE;
-    r->chunk = (uint64_t)r->da.max_mr_size & ~4095ull;
-    r->pd = v->alloc_pd(r->ctx);
-    if (!r->pd) {
-        st = kv__error(KV_ERR_IO, "xport_create(rdma): alloc_pd: %s", strerror(errno));
-        goto fail_ctx;
-    }
+        goto fail_rails;
     if (!r->busy_poll) {
         st = events_open(r);
         if (st != KV_OK)
-            goto fail_pd;
+            goto fail_events;
     }
     /* Out of band: the checked TCP handshake and the QP exchange. */
     struct kv_xport_config oc = x->cfg;
     oc.kind = KV_XPORT_TCP;
     oc.conns_per_peer = 1;
+    oc.rdma_devices = NULL;
+    oc.n_rdma_devices = 0;
     st = kv_xport_create(&oc, &r->oob);
     if (st != KV_OK) {
         st = kv__error_wrap(st, "xport_create(rdma): the out-of-band transport");
@@ -460,7 +633,7 @@ static kv_status rdma_start(kv_xport *x)
     }
     x->port = kv_xport_port(r->oob);
     x->be = r;
-    e = pthread_create(&r->thr, NULL, progress, r);
+    const int e = pthread_create(&r->thr, NULL, progress, r);
     if (e != 0) {
         x->be = NULL;
         st = kv__error(KV_ERR_IO, "xport_create(rdma): progress thread: %s", strerror(e));
@@ -472,10 +645,8 @@ fail_oob:
     oob_destroy_quiet(r->oob);
 fail_events:
     events_close(r);
-fail_pd:
-    (void)v->dealloc_pd(r->pd);
-fail_ctx:
-    (void)v->close_device(r->ctx);
+fail_rails:
+    rails_close(r, r->nrail);
 fail_state:
     kv__mem_free(r);
     return st;
@@ -494,8 +665,7 @@ static kv_status rdma_stop(kv_xport *x)
         snprintf(r->teardown_msg, sizeof(r->teardown_msg), "%s", kv_last_error());
     }
     events_close(r); /* after the OOB transport: its thread may still signal */
-    kv__rd_teardown_check(r, r->v->dealloc_pd(r->pd), "ibv_dealloc_pd");
-    kv__rd_teardown_check(r, r->v->close_device(r->ctx), "ibv_close_device");
+    rails_close(r, r->nrail);
     const kv_status st = r->teardown;
     char msg[sizeof(r->teardown_msg)];
     memcpy(msg, r->teardown_msg, sizeof(msg));
@@ -558,38 +728,83 @@ static kv_status rdma_connect(kv_xport_peer *p, const char *host, uint16_t port)
     return KV_OK;
 }
 
+/* Register [base, base + bytes) on rail rl: one MR per chunk with access
+ * acc into rm (rm->n counts those made; on an error the ones made are
+ * deregistered). */
+static kv_status rmr_reg(struct rdma *r, struct rmr *rm, char *base, uint64_t bytes, int acc,
+                         const char *fn, const char *what)
+{
+    const struct rrail *rl = &r->rail[rm->rail];
+    const uint64_t n = (bytes + rm->chunk - 1) / rm->chunk;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint64_t off = (uint64_t)i * rm->chunk;
+        const uint64_t len = bytes - off < rm->chunk ? bytes - off : rm->chunk;
+        rm->mr[i] = r->v->reg_mr(rl->pd, base + off, (size_t)len, acc);
+        if (!rm->mr[i]) {
+            const int e = errno;
+            while (i--) /* an error here leaks the MR: noted for destroy */
+                kv__rd_teardown_check(r, r->v->dereg_mr(rm->mr[i]), "ibv_dereg_mr (unwinding)");
+            rm->n = 0;
+            return kv__error(e == ENOMEM ? KV_ERR_NO_MEMORY : KV_ERR_IO,
+                             "%s(rdma): reg_mr of chunk %u (%" PRIu64 " bytes at +%" PRIu64
+                             ") of %s on %s: %s",
+                             fn, i, len, off, what, rl->dev, strerror(e));
+        }
+        rm->n = i + 1;
+    }
+    return KV_OK;
+}
+
+/* The region's rail: the caller's (m->device) or automatic
+ * (kv__rd_rail_choose over the devices' and the memory's NUMA nodes). */
 static kv_status rdma_mem_reg(kv_xport_mem *m)
 {
     struct rdma *r = m->x->be;
-    const uint64_t n = (m->bytes + r->chunk - 1) / r->chunk;
-    if (n > RD_MAX_CHUNKS)
-        return kv__error(KV_ERR_CAPACITY,
-                         "xport_mem_reg(rdma): %" PRIu64 " bytes need %" PRIu64
-                         " MRs of at most %" PRIu64 " bytes (max_mr_size of %s); a blob holds "
-                         "%u",
-                         m->bytes, n, r->chunk, r->dev, RD_MAX_CHUNKS);
+    kv_xport *x = m->x;
+    if (m->device != KV_XPORT_DEVICE_AUTO && m->device >= r->nrail)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "xport_mem_reg: device %u, but the transport has %u (rails: %s)",
+                         m->device, r->nrail, r->dev);
     struct rmr *rm = kv__mem_calloc(1, sizeof(*rm));
     if (!rm)
         return kv__error(KV_ERR_NO_MEMORY, "xport_mem_reg(rdma): region state");
-    rm->chunk = r->chunk;
+    rm->numa = m->kind == KV_MEM_DEVICE ? -1 : kv__rd_mem_node(m->base, (size_t)m->bytes);
+    pthread_mutex_lock(&x->mu); /* the rails' loads and the round-robin counter */
+    if (m->device != KV_XPORT_DEVICE_AUTO) {
+        rm->rail = m->device;
+        rm->how = KV_XPORT_CHOSEN_CALLER;
+    } else {
+        int node[RD_MAX_RAILS];
+        uint32_t load[RD_MAX_RAILS];
+        for (uint32_t i = 0; i < r->nrail; i++) {
+            node[i] = r->rail[i].numa;
+            load[i] = r->rail[i].regions;
+        }
+        rm->rail = kv__rd_rail_choose(node, load, r->nrail, rm->numa, &r->spread, &rm->how);
+    }
+    struct rrail *rl = &r->rail[rm->rail];
+    rl->regions++; /* taken back below on an error */
+    pthread_mutex_unlock(&x->mu);
+    rm->chunk = rl->chunk;
+    const uint64_t n = (m->bytes + rl->chunk - 1) / rl->chunk;
+    kv_status st = KV_OK;
+    if (n > RD_MAX_CHUNKS)
+        st = kv__error(KV_ERR_CAPACITY,
+                       "xport_mem_reg(rdma): %" PRIu64 " bytes need %" PRIu64
+                       " MRs of at most %" PRIu64 " bytes (max_mr_size of %s); a blob holds "
+                       "%u",
+                       m->bytes, n, rl->chunk, rl->dev, RD_MAX_CHUNKS);
     /* Our own WRs' SGEs only: a peer reaches the region through the MRs of
      * an exposure (rdma_expose), never these. */
-    const int acc = IBV_ACCESS_LOCAL_WRITE;
-    for (uint32_t i = 0; i < n; i++) {
-        const uint64_t off = (uint64_t)i * r->chunk;
-        const uint64_t len = m->bytes - off < r->chunk ? m->bytes - off : r->chunk;
-        rm->mr[i] = r->v->reg_mr(r->pd, m->base + off, (size_t)len, acc);
-        if (!rm->mr[i]) {
-            const int e = errno;
-            while (i--)
-                r->v->dereg_mr(rm->mr[i]);
-            kv__mem_free(rm);
-            return kv__error(e == ENOMEM ? KV_ERR_NO_MEMORY : KV_ERR_IO,
-                             "xport_mem_reg(rdma): reg_mr of chunk %u (%" PRIu64
-                             " bytes at +%" PRIu64 "): %s",
-                             (unsigned)(off / r->chunk), len, off, strerror(e));
-        }
-        rm->n = i + 1;
+    if (st == KV_OK)
+        st = rmr_reg(r, rm, m->base, m->bytes, IBV_ACCESS_LOCAL_WRITE, "xport_mem_reg",
+                     "the region");
+    if (st != KV_OK) {
+        pthread_mutex_lock(&x->mu);
+        rl->regions--;
+        pthread_mutex_unlock(&x->mu);
+        kv__mem_free(rm);
+        return st;
     }
     m->be = rm;
     return KV_OK;
@@ -603,7 +818,7 @@ static kv_status rmr_dereg(struct rdma *r, struct rmr *rm, const char *what)
         const int e = r->v->dereg_mr(rm->mr[rm->n - 1]);
         if (e != 0)
             return kv__error(KV_ERR_DEVICE, "xport rdma: ibv_dereg_mr of %s chunk %u on %s: %s",
-                             what, rm->n - 1, r->dev, strerror(e < 0 ? -e : e));
+                             what, rm->n - 1, r->rail[rm->rail].dev, strerror(e < 0 ? -e : e));
         rm->n--;
     }
     return KV_OK;
@@ -618,14 +833,17 @@ static kv_status rdma_mem_dereg(kv_xport_mem *m)
     const kv_status st = rmr_dereg(r, rm, "a region");
     if (st != KV_OK)
         return kv__error_wrap(st, "xport_mem_dereg: region %u", m->region);
+    pthread_mutex_lock(&m->x->mu);
+    r->rail[rm->rail].regions--;
+    pthread_mutex_unlock(&m->x->mu);
     kv__mem_free(rm);
     m->be = NULL;
     return KV_OK;
 }
 
-/* The exposure's own MRs, remote access, the region's chunking; its key
- * (LE): 0 4 chunks, 4 4 reserved, 8 8 chunk bytes, 16 8 base address,
- * 24 4*chunks rkeys. */
+/* The exposure's own MRs, remote access, on the region's rail with its
+ * chunking; its key (LE): 0 4 chunks, 4 4 the rail, 8 8 chunk bytes, 16 8
+ * base address, 24 4*chunks rkeys. */
 static kv_status rdma_expose(kv_xport_peer *p, struct kv__xport_expo *e)
 {
     (void)p;
@@ -636,25 +854,18 @@ static kv_status rdma_expose(kv_xport_peer *p, struct kv__xport_expo *e)
     if (!rm)
         return kv__error(KV_ERR_NO_MEMORY, "xport_mem_expose(rdma): exposure state");
     rm->chunk = lm->chunk;
+    rm->rail = lm->rail;
     const int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-    for (uint32_t i = 0; i < lm->n; i++) {
-        const uint64_t off = (uint64_t)i * rm->chunk;
-        const uint64_t len = m->bytes - off < rm->chunk ? m->bytes - off : rm->chunk;
-        rm->mr[i] = r->v->reg_mr(r->pd, m->base + off, (size_t)len, acc);
-        if (!rm->mr[i]) {
-            const int err = errno;
-            if (rmr_dereg(r, rm, "an exposure") != KV_OK)
-                kv__error_clear(); /* keeps failing: leaked, noted for destroy */
-            kv__mem_free(rm);
-            return kv__error(err == ENOMEM ? KV_ERR_NO_MEMORY : KV_ERR_IO,
-                             "xport_mem_expose(rdma): reg_mr of chunk %u of region %u: %s", i,
-                             m->region, strerror(err));
-        }
-        rm->n = i + 1;
+    char what[32];
+    snprintf(what, sizeof(what), "region %u", m->region);
+    const kv_status st = rmr_reg(r, rm, m->base, m->bytes, acc, "xport_mem_expose", what);
+    if (st != KV_OK) {
+        kv__mem_free(rm);
+        return st;
     }
     unsigned char *key = e->key;
     kv__le_put(key, rm->n, 4);
-    kv__le_put(key + 4, 0, 4);
+    kv__le_put(key + 4, rm->rail, 4);
     kv__le_put(key + 8, rm->chunk, 8);
     kv__le_put(key + 16, (uint64_t)(uintptr_t)m->base, 8);
     for (uint32_t i = 0; i < rm->n; i++)
@@ -688,10 +899,12 @@ bool kv__rd_rkey_get(const kv_xport_rmem *rm, struct rkey *k)
     if (rm->key_len < RD_KEY_HEAD)
         return false;
     k->n = (uint32_t)kv__le_get(rm->key, 4);
+    k->rail = (uint32_t)kv__le_get(rm->key + 4, 4);
     k->chunk = kv__le_get(rm->key + 8, 8);
     k->base = kv__le_get(rm->key + 16, 8);
     k->keys = rm->key + RD_KEY_HEAD;
-    return k->n >= 1 && k->n <= RD_MAX_CHUNKS && k->chunk && rm->key_len == RD_KEY_HEAD + 4 * k->n;
+    return k->n >= 1 && k->n <= RD_MAX_CHUNKS && k->chunk && k->rail < RD_MAX_RAILS &&
+           rm->key_len == RD_KEY_HEAD + 4 * k->n;
 }
 
 /* The rkey of the chunk holding remote offset off (past the last chunk:
@@ -701,6 +914,52 @@ uint32_t kv__rd_rkey_of(const struct rkey *k, uint64_t off)
     uint64_t c = off / k->chunk;
     c = c >= k->n ? k->n - 1 : c;
     return (uint32_t)kv__le_get(k->keys + 4 * c, 4);
+}
+
+/* mu held, p READY: every entry moves between a local and a remote region
+ * of one rail, a rail connected to p. Refused otherwise (nothing posted):
+ * staging across rails is not done. */
+static kv_status rdma_check(kv_xport_peer *p, const struct kv_xport_io *ios, uint32_t n, bool read)
+{
+    const struct rdma *r = p->x->be;
+    const struct rpeer *rp = p->be;
+    if (!r || !rp)
+        return kv__error(KV_ERR_BAD_STATE, "peer %" PRIu64 " has no RDMA state", p->id);
+    for (uint32_t i = 0; i < n; i++) {
+        const struct rmr *lm = ios[i].local->be;
+        struct rkey k;
+        if (!kv__rd_rkey_get(ios[i].remote, &k))
+            return kv__error(KV_ERR_CORRUPT, "entry %u: the remote region's key fails its checks",
+                             i);
+        if (lm->rail != k.rail)
+            return kv__error(KV_ERR_INVALID_ARG,
+                             "entry %u: local region %u is on rail %u (%s), remote region %u on "
+                             "the peer's rail %u: RDMA %s only between regions of one rail "
+                             "(register the local one on rail %u: kv_xport_mem_reg_on)",
+                             i, ios[i].local->region, lm->rail, r->rail[lm->rail].dev,
+                             ios[i].remote->region, k.rail, read ? "reads" : "writes", k.rail);
+        if (lm->rail >= rp->nlink)
+            return kv__error(KV_ERR_INVALID_ARG,
+                             "entry %u: region %u is on rail %u (%s), but peer %" PRIu64
+                             " is connected on %u rail(s) (the fewer of both sides' devices)",
+                             i, ios[i].local->region, lm->rail, r->rail[lm->rail].dev, p->id,
+                             rp->nlink);
+    }
+    return KV_OK;
+}
+
+/* mu held: m's rail, how it was chosen, the NUMA nodes compared. */
+static void rdma_mem_info(kv_xport_mem *m, struct kv_xport_mem_info *out)
+{
+    const struct rdma *r = m->x->be;
+    const struct rmr *rm = m->be;
+    if (!r || !rm)
+        return;
+    out->rdma_rail = rm->rail;
+    snprintf(out->rdma_device, sizeof(out->rdma_device), "%s", r->rail[rm->rail].dev);
+    out->rdma_chosen = rm->how;
+    out->numa_node = rm->numa;
+    out->device_numa_node = r->rail[rm->rail].numa;
 }
 
 static void rdma_post(kv_xport_xfer *t)
@@ -722,31 +981,59 @@ static kv_xport_gid_type gid_type_pub(enum ibv_gid_type t, uint8_t link)
     return t == IBV_GID_TYPE_ROCE_V2 ? KV_XPORT_GID_ROCE_V2 : KV_XPORT_GID_ROCE_V1;
 }
 
-/* mu held: what rd_pick chose, and p's path once its QPs are connected. */
+/* mu held: what rd_pick chose, per rail (rail 0 also in the top-level
+ * fields), and p's path on each rail once its QPs are connected. */
 static void rdma_info(kv_xport *x, kv_xport_peer *p, struct kv_xport_info *out)
 {
     const struct rdma *r = x->be;
     if (!r)
         return;
-    snprintf(out->rdma_device, sizeof(out->rdma_device), "%s", r->dev);
-    out->rdma_port = r->port;
-    out->rdma_link =
-        r->link == IBV_LINK_LAYER_ETHERNET ? KV_XPORT_LINK_ETHERNET : KV_XPORT_LINK_INFINIBAND;
-    out->rdma_lid = r->link == IBV_LINK_LAYER_INFINIBAND ? r->pa.lid : 0;
-    out->rdma_gid_index = r->gid_index;
-    out->rdma_gid_type = r->gid_index >= 0 ? gid_type_pub(r->gid_type, r->link) : KV_XPORT_GID_NONE;
-    if (r->gid_index >= 0)
-        memcpy(out->rdma_gid, r->gid.raw, 16);
-    out->rdma_active_mtu = kv__rd_mtu_bytes(r->pa.active_mtu);
     const struct rpeer *rp = p ? p->be : NULL;
-    if (!rp || (rp->ph != PH_RTS && rp->ph != PH_READY))
+    const bool conn = rp && (rp->ph == PH_RTS || rp->ph == PH_READY);
+    out->rdma_rails = r->nrail;
+    out->rdma_peer_rails = conn ? rp->nlink : 0;
+    for (uint32_t i = 0; i < r->nrail; i++) {
+        const struct rrail *rl = &r->rail[i];
+        struct kv_xport_rail_info *o = &out->rdma_rail[i];
+        snprintf(o->device, sizeof(o->device), "%s", rl->dev);
+        o->port = rl->port;
+        o->link =
+            rl->link == IBV_LINK_LAYER_ETHERNET ? KV_XPORT_LINK_ETHERNET : KV_XPORT_LINK_INFINIBAND;
+        o->lid = rl->link == IBV_LINK_LAYER_INFINIBAND ? rl->pa.lid : 0;
+        o->gid_index = rl->gid_index;
+        o->gid_type = rl->gid_index >= 0 ? gid_type_pub(rl->gid_type, rl->link) : KV_XPORT_GID_NONE;
+        if (rl->gid_index >= 0)
+            memcpy(o->gid, rl->gid.raw, 16);
+        o->active_mtu = kv__rd_mtu_bytes(rl->pa.active_mtu);
+        o->numa_node = rl->numa;
+        o->regions = rl->regions;
+        if (!conn || i >= rp->nlink)
+            continue;
+        const struct rpath *ph = &rp->path[i];
+        o->qps = rp->conns;
+        o->path_mtu = kv__rd_mtu_bytes(ph->path_mtu);
+        o->grh = ph->grh;
+        o->hop_limit = ph->grh ? INFO_HOP_LIMIT : 0;
+        o->remote_lid = ph->rlid;
+        memcpy(o->remote_gid, ph->rgid, 16);
+    }
+    const struct kv_xport_rail_info *r0 = &out->rdma_rail[0];
+    snprintf(out->rdma_device, sizeof(out->rdma_device), "%s", r0->device);
+    out->rdma_port = r0->port;
+    out->rdma_link = r0->link;
+    out->rdma_lid = r0->lid;
+    out->rdma_gid_index = r0->gid_index;
+    out->rdma_gid_type = r0->gid_type;
+    memcpy(out->rdma_gid, r0->gid, 16);
+    out->rdma_active_mtu = r0->active_mtu;
+    if (!conn)
         return;
-    out->rdma_qps = rp->nq;
-    out->rdma_path_mtu = kv__rd_mtu_bytes(rp->path_mtu);
-    out->rdma_grh = rp->grh;
-    out->rdma_hop_limit = rp->grh ? INFO_HOP_LIMIT : 0;
-    out->rdma_remote_lid = rp->rlid;
-    memcpy(out->rdma_remote_gid, rp->rgid, 16);
+    out->rdma_qps = rp->nlink * rp->conns;
+    out->rdma_path_mtu = r0->path_mtu;
+    out->rdma_grh = r0->grh;
+    out->rdma_hop_limit = r0->hop_limit;
+    out->rdma_remote_lid = r0->remote_lid;
+    memcpy(out->rdma_remote_gid, r0->remote_gid, 16);
 }
 
 static void rdma_peer_close(kv_xport_peer *p)
@@ -774,6 +1061,8 @@ static const struct kv__xport_ops kv__xport_rdma_ops = {
     .cancel = rdma_cancel,
     .peer_close = rdma_peer_close,
     .info = rdma_info,
+    .check = rdma_check,
+    .mem_info = rdma_mem_info,
 };
 
 const struct kv__xport_ops *kv__xport_rdma(void)
@@ -817,19 +1106,20 @@ static void sweep(struct rdma *r, struct rpeer *rp, uint64_t now)
 static void arm_all(struct rdma *r)
 {
     kv_xport *x = r->x;
-    for (struct rpeer *rp = r->peers; rp && !r->busy_poll; rp = rp->next) {
-        if (!rp->cq || rp->armed)
-            continue;
-        struct ibv_cq *cq = rp->cq;
-        pthread_mutex_unlock(&x->mu);
-        const int e = r->v->req_notify_cq(cq, 0);
-        pthread_mutex_lock(&x->mu);
-        rp->armed = e == 0;
-        if (e != 0) {
-            kv__rd_teardown_check(r, e, "ibv_req_notify_cq (now busy polling)");
-            r->busy_poll = true;
+    for (struct rpeer *rp = r->peers; rp && !r->busy_poll; rp = rp->next)
+        for (uint32_t i = 0; i < rp->nrail && !r->busy_poll; i++) {
+            if (!rp->cq[i] || rp->armed[i])
+                continue;
+            struct ibv_cq *cq = rp->cq[i];
+            pthread_mutex_unlock(&x->mu);
+            const int e = r->v->req_notify_cq(cq, 0);
+            pthread_mutex_lock(&x->mu);
+            rp->armed[i] = e == 0;
+            if (e != 0) {
+                kv__rd_teardown_check(r, e, "ibv_req_notify_cq (now busy polling)");
+                r->busy_poll = true;
+            }
         }
-    }
 }
 
 /* mu held: the nearest deadline the thread must wake for (UINT64_MAX:
@@ -848,8 +1138,8 @@ static uint64_t next_deadline(const struct rdma *r)
 }
 
 /* mu held (dropped while asleep): event mode's wait: poll() on the
- * eventfd and the channel until one is readable or the deadline; then each
- * event got, acknowledged, and its CQ marked for re-arming. */
+ * eventfd and every rail's channel until one is readable or the deadline;
+ * then each event got, acknowledged, and its CQ marked for re-arming. */
 static void wait_events(struct rdma *r, uint64_t deadline)
 {
     kv_xport *x = r->x;
@@ -859,21 +1149,22 @@ static void wait_events(struct rdma *r, uint64_t deadline)
         const uint64_t left = deadline > now ? (deadline - now + 999999u) / 1000000u : 0;
         ms = left > INT_MAX ? INT_MAX : (int)left;
     }
-    struct pollfd pf[2] = {{.fd = r->wake_fd, .events = POLLIN},
-                           {.fd = r->ch->fd, .events = POLLIN}};
+    struct pollfd pf[1 + RD_MAX_RAILS] = {{.fd = r->wake_fd, .events = POLLIN}};
+    for (uint32_t i = 0; i < r->nrail; i++)
+        pf[1 + i] = (struct pollfd){.fd = r->rail[i].ch->fd, .events = POLLIN};
     pthread_mutex_unlock(&x->mu);
-    const int n = poll(pf, 2, ms);
+    const int n = poll(pf, 1 + r->nrail, ms);
     if (n > 0 && pf[0].revents) {
         uint64_t v;
         const ssize_t got = read(r->wake_fd, &v, sizeof(v));
         (void)got; /* EAGAIN: nothing to clear */
     }
     int err = 0;
-    if (n > 0 && pf[1].revents)
-        for (;;) {
+    for (uint32_t i = 0; i < r->nrail && n > 0; i++)
+        while (pf[1 + i].revents) {
             struct ibv_cq *cq = NULL;
             void *ctx = NULL;
-            const int e = r->v->get_cq_event(r->ch, &cq, &ctx);
+            const int e = r->v->get_cq_event(r->rail[i].ch, &cq, &ctx);
             if (e == EAGAIN || e == EWOULDBLOCK)
                 break;
             if (e != 0) {
@@ -881,7 +1172,8 @@ static void wait_events(struct rdma *r, uint64_t deadline)
                 break;
             }
             r->v->ack_cq_events(cq, 1);
-            ((struct rpeer *)ctx)->armed = false; /* only this thread touches it */
+            struct rpeer *rp = ctx; /* only this thread touches armed[] */
+            rp->armed[i] = false;
         }
     pthread_mutex_lock(&x->mu);
     if (err != 0) {
@@ -920,7 +1212,7 @@ static void *progress(void *arg)
             nx = rp->next;
             if (rp->close_req && rp->ph != PH_FAIL)
                 kv__rd_peer_fail(r, rp, KV_OK, "closed");
-            if (rp->cq)
+            if (rp->cq[0])
                 any |= kv__rd_poll_round(r, rp);
             if (rp->ph == PH_FAIL) {
                 bool done = true;

@@ -71,10 +71,14 @@ void kv__rd_retire(struct rdma *r, struct rpeer *rp, uint32_t qi, uint64_t seq,
 }
 
 /* mu held: cut the next WR of t into chain c of QP qi (false: t has nothing
- * more to send). */
+ * more to send on qi's rail now: its next entry is on another rail, or
+ * nothing is left). An SGE list joins entries of qi's rail only. */
 static bool cut_wr(struct rdma *r, struct rpeer *rp, kv_xport_xfer *t, uint32_t qi, struct chain *c)
 {
     if (t->be_entry >= t->n)
+        return false;
+    const uint32_t rail = qi / rp->conns;
+    if (((const struct rmr *)t->ios[t->be_entry].local->be)->rail != rail)
         return false;
     struct rqp *q = &rp->q[qi];
     const uint32_t w = c->n;
@@ -89,20 +93,20 @@ static bool cut_wr(struct rdma *r, struct rpeer *rp, kv_xport_xfer *t, uint32_t 
     wr->sg_list = c->sge[w];
     const kv_xport_rmem *rmem = t->ios[t->be_entry].remote;
     struct rkey k;
-    if (!kv__rd_rkey_get(rmem, &k)) {
+    if (!kv__rd_rkey_get(rmem, &k) || k.rail != rail) { /* kv_xport_write checked both */
         kv__xport_entry_end(t, (uint32_t)t->be_entry, KV_ERR_CORRUPT);
         t->be_entry++;
         t->be_off = 0;
         return true; /* nothing posted: the caller sees n unchanged */
     }
     uint64_t wr_bytes = 0, roff0 = 0;
-    while (t->be_entry < t->n && rc->n < r->sge && wr_bytes < RD_WR_MAX_BYTES) {
+    while (t->be_entry < t->n && rc->n < r->rail[rail].sge && wr_bytes < RD_WR_MAX_BYTES) {
         const uint32_t e = (uint32_t)t->be_entry;
         const struct kv_xport_io *io = &t->ios[e];
         const uint64_t roff = io->remote_off + t->be_off;
         if (rc->n) { /* joins only when remote-contiguous in the same chunk */
             if (io->remote != rmem || roff != roff0 + wr_bytes || roff % k.chunk == 0 ||
-                t->ended[e])
+                t->ended[e] || ((const struct rmr *)io->local->be)->rail != rail)
                 break;
         } else {
             roff0 = roff;
@@ -194,7 +198,7 @@ void kv__rd_notes_flush(struct rdma *r, struct rpeer *rp, struct chain *c)
         if (slot == RD_NOTE_SLOTS || q->head - q->tail + 2 > RD_SQ_WR)
             break;
         rp->note_busy[slot] = true;
-        unsigned char *b = kv__rd_buf_at(rp, rp->nq * RD_RECVS + slot);
+        unsigned char *b = kv__rd_buf_at(rp, rp->nrecv + slot);
         kv__le_put(b, RD_NOTE_MAGIC, 4);
         kv__le_put(b + 4, t->note_len, 4);
         kv__le_put(b + 8, t->note_tag, 8);
@@ -238,13 +242,15 @@ void kv__rd_settle_all(struct rpeer *rp)
     }
 }
 
-/* mu held: post what rp's transfers have to send. */
+/* mu held: post what rp's transfers have to send, each WR on a QP of its
+ * regions' rail (the connected rails' QPs: nlink * conns). */
 bool kv__rd_send_round(struct rdma *r, struct rpeer *rp, struct chain *c)
 {
     bool any = false;
+    const uint32_t nq = rp->nlink * rp->conns;
     for (uint32_t round = 0; round < 4; round++) {
         bool posted = false;
-        for (uint32_t qi = 0; qi < rp->nq; qi++) {
+        for (uint32_t qi = 0; qi < nq; qi++) {
             c->n = 0;
             c->first = rp->q[qi].head;
             uint32_t unsig = 0;
@@ -264,8 +270,8 @@ bool kv__rd_send_round(struct rdma *r, struct rpeer *rp, struct chain *c)
                         c->wr[c->n - 1].send_flags |= IBV_SEND_SIGNALED;
                         unsig = 0;
                     }
-                    if (rp->nq > 1 && c->n % 8 == 0)
-                        goto full; /* leave the next WRs to the other QPs */
+                    if (rp->conns > 1 && c->n % 8 == 0)
+                        goto full; /* leave the next WRs to the rail's other QPs */
                 }
             }
         full:
@@ -282,14 +288,14 @@ bool kv__rd_send_round(struct rdma *r, struct rpeer *rp, struct chain *c)
     return any;
 }
 
-/* mu held: poll rp's CQ. */
-bool kv__rd_poll_round(struct rdma *r, struct rpeer *rp)
+/* mu held: poll rp's CQ of rail ri until empty. */
+static bool poll_cq_round(struct rdma *r, struct rpeer *rp, uint32_t ri)
 {
     kv_xport *x = r->x;
     struct ibv_wc wc[32];
     bool any = false;
     for (;;) {
-        struct ibv_cq *cq = rp->cq;
+        struct ibv_cq *cq = rp->cq[ri];
         pthread_mutex_unlock(&x->mu);
         const int n = r->v->poll_cq(cq, 32, wc);
         pthread_mutex_lock(&x->mu);
@@ -304,10 +310,10 @@ bool kv__rd_poll_round(struct rdma *r, struct rpeer *rp)
         any = true;
         for (int k = 0; k < n; k++) {
             const struct ibv_wc *w = &wc[k];
-            uint32_t qi = 0;
-            while (qi < rp->nq && rp->q[qi].qp->qp_num != w->qp_num)
+            uint32_t qi = ri * rp->conns;
+            while (qi < (ri + 1) * rp->conns && rp->q[qi].qp->qp_num != w->qp_num)
                 qi++;
-            if (qi == rp->nq)
+            if (qi == (ri + 1) * rp->conns)
                 continue;
             if (w->wr_id & RD_RECV_BIT) {
                 const uint32_t b = (uint32_t)(w->wr_id & ~RD_RECV_BIT);
@@ -318,7 +324,7 @@ bool kv__rd_poll_round(struct rdma *r, struct rpeer *rp)
                                          kv__rd_wc_str(w->status));
                     continue;
                 }
-                if (b >= rp->nq * RD_RECVS || rp->ph == PH_FAIL)
+                if (b >= rp->nrecv || rp->ph == PH_FAIL)
                     continue;
                 const unsigned char *m = kv__rd_buf_at(rp, b);
                 const uint64_t len = w->byte_len >= RD_NOTE_HDR ? kv__le_get(m + 4, 4) : 0;
@@ -363,4 +369,14 @@ bool kv__rd_poll_round(struct rdma *r, struct rpeer *rp)
                     kv__rd_wc_str(w->status), (int)w->status, w->vendor_err);
         }
     }
+}
+
+/* mu held: poll rp's CQs, rail by rail (QP numbers are per device: a
+ * completion is matched among its own rail's QPs). */
+bool kv__rd_poll_round(struct rdma *r, struct rpeer *rp)
+{
+    bool any = false;
+    for (uint32_t ri = 0; ri < rp->nrail && rp->cq[ri]; ri++)
+        any |= poll_cq_round(r, rp, ri);
+    return any;
 }

@@ -167,6 +167,16 @@ static kv_status post_checked(const char *fn, kv_xport_peer *peer, const struct 
             return kv__error(KV_ERR_BAD_STATE, "%s: peer still connecting", fn);
         return kv__error(KV_ERR_BAD_STATE, "%s: peer closed (%s)", fn, kv_status_name(why));
     }
+    if (x->ops->check && n) {
+        st = x->ops->check(peer, ios, n, read);
+        if (st != KV_OK) {
+            pthread_mutex_unlock(&x->mu);
+            t->seg = NULL; /* still the caller's: post frees them on an error */
+            t->seg_at = NULL;
+            xfer_release(t);
+            return kv__error_wrap(st, "%s", fn);
+        }
+    }
     t->peer = peer;
     peer->refs++;
     x->n_xfers++;

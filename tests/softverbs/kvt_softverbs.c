@@ -1180,7 +1180,10 @@ static struct ibv_context *sv_open_device(struct ibv_device *d)
     c->ibv.cmd_fd = -1;
     c->ibv.async_fd = -1;
     c->id = atomic_fetch_add(&next_ctx_id, 1);
-    c->next_key = 0x100;
+    /* Keys of one context never equal another's in the process (a 64 Ki
+     * range each): an lkey or rkey of another device is refused as unknown
+     * wherever it is used, never resolved by chance to an MR of this one. */
+    c->next_key = 0x100 + ((c->id & 0x7fffu) << 16);
     c->next_qpn = 0x10;
     c->n_ports = sv_specs[di].n_ports;
     for (uint32_t i = 0; i < KVT_SV_MAX_PORTS; i++)

@@ -53,6 +53,12 @@
  * either is dropped, nothing written (the requester's WR ends
  * RETRY_EXC_ERR, as packets a port cannot take are lost on a fabric).
  *
+ * Devices do not mix: a QP takes only CQs of its own context (EINVAL), a
+ * CQ only a channel of its own; lkeys resolve only to MRs of the QP's
+ * context and PD (LOC_PROT_ERR), rkeys only to MRs of the responder QP's
+ * context and PD (REM_ACCESS_ERR); the keys of the contexts of one process
+ * are disjoint, so a key of another device never aliases an MR.
+ *
  * Simplified or absent: one request in flight per QP (no pipelining, so no
  * PSN sequence errors, and max_rd_atomic is not enforced); a request to a
  * responder QP that is missing, in RESET/INIT or in ERR fails at once with

@@ -121,6 +121,27 @@ static void pat_fill(unsigned char *p, uint64_t n, uint64_t seed)
         p[i] = pat(seed, i);
 }
 
+/* KV_RDMA_DEVICES="mlx5_0,mlx5_1" (real device only): those rails; every
+ * region of the test is registered on rail 0 (kv_xport_mem_reg_on), the
+ * other rails are connected and reported (kv_xport_info_format). */
+static char rails_buf[256];
+static const char *rails[KV_XPORT_MAX_RAILS];
+
+static void rails_from_env(struct kv_xport_config *c)
+{
+    const char *e = getenv("KV_RDMA_DEVICES");
+    if (!e || !*e)
+        return;
+    snprintf(rails_buf, sizeof(rails_buf), "%s", e);
+    uint32_t n = 0;
+    for (char *save = NULL, *t = strtok_r(rails_buf, ",", &save); t && n < KV_XPORT_MAX_RAILS;
+         t = strtok_r(NULL, ",", &save))
+        rails[n++] = t;
+    c->rdma_device = NULL;
+    c->rdma_devices = rails;
+    c->n_rdma_devices = n;
+}
+
 static struct kv_xport_config cfg_make(bool listen, uint64_t token, uint64_t fp, uint32_t ms)
 {
     struct kv_xport_config c = KV_XPORT_CONFIG_INIT;
@@ -136,6 +157,7 @@ static struct kv_xport_config cfg_make(bool listen, uint64_t token, uint64_t fp,
             listen ? (pass_ib ? "kvt_ib1" : "kvt_roce0") : (pass_ib ? NULL : "kvt_roce0");
     if (real_dev) { /* scripts/rdma-check.sh passes what its caller chose, if anything */
         c.rdma_device = getenv("KV_RDMA_DEVICE");
+        rails_from_env(&c);
         c.rdma_port = getenv("KV_RDMA_PORT") ? (uint32_t)atoi(getenv("KV_RDMA_PORT")) : 0;
         c.rdma_gid_index = getenv("KV_RDMA_GID_INDEX") ? atoi(getenv("KV_RDMA_GID_INDEX")) : -1;
     }
@@ -215,8 +237,8 @@ static int decode_main(int wfd)
     must(a && b, "regions");
     pat_fill(b, REGION, SEED_B);
     kv_xport_mem *ma = NULL, *mb = NULL;
-    must(kv_xport_mem_reg(x, a, REGION, KV_MEM_HOST, &ma) == KV_OK, "reg A");
-    must(kv_xport_mem_reg(x, b, REGION, KV_MEM_HOST, &mb) == KV_OK, "reg B");
+    must(kv_xport_mem_reg_on(x, a, REGION, KV_MEM_HOST, 0, &ma) == KV_OK, "reg A");
+    must(kv_xport_mem_reg_on(x, b, REGION, KV_MEM_HOST, 0, &mb) == KV_OK, "reg B");
     struct kv_xport_msg *m = malloc(sizeof(*m));
     must(m != NULL, "msg");
     for (;;) {
@@ -328,7 +350,7 @@ static void sess_open(uint32_t timeout_ms)
     assert_int_equal(kv_xport_create(&c, &S.x), KV_OK);
     S.l = region_alloc();
     assert_non_null(S.l);
-    assert_int_equal(kv_xport_mem_reg(S.x, S.l, REGION, KV_MEM_HOST, &S.ml), KV_OK);
+    assert_int_equal(kv_xport_mem_reg_on(S.x, S.l, REGION, KV_MEM_HOST, 0, &S.ml), KV_OK);
     sess_connect(&S);
 }
 
@@ -810,7 +832,7 @@ static void test_xport_rdma_parameters_reported(void **state)
     struct kv_xport_info xi = KV_XPORT_INFO_INIT, pi = KV_XPORT_INFO_INIT;
     assert_int_equal(kv_xport_info_get(S.x, &xi), KV_OK);
     assert_int_equal(kv_xport_peer_info_get(S.p, &pi), KV_OK);
-    char line[512];
+    char line[2048]; /* every rail's (KV_RDMA_DEVICES) */
     assert_true(kv_xport_info_format(&pi, line, sizeof(line)) < (int)sizeof(line));
     printf("    rdma parameters: %s\n", line);
     /* the transport's part is the same in both */
@@ -825,7 +847,8 @@ static void test_xport_rdma_parameters_reported(void **state)
     assert_int_equal(xi.rdma_active_mtu, pi.rdma_active_mtu);
     assert_int_equal(xi.rdma_qps, 0); /* no peer part */
     assert_int_equal(xi.rdma_path_mtu, 0);
-    assert_int_equal(pi.rdma_qps, 2);
+    assert_int_equal(pi.rdma_qps, 2 * pi.rdma_peer_rails);
+    assert_true(pi.rdma_peer_rails >= 1 && pi.rdma_peer_rails <= pi.rdma_rails);
     assert_true(pi.rdma_path_mtu >= 256 && pi.rdma_path_mtu <= pi.rdma_active_mtu);
     if (real_dev) {
         sess_close();
@@ -952,15 +975,12 @@ static void test_xport_rdma_device_choice(void **state)
  * it accepts encodes back to the same bytes. */
 static struct rd_info info_ok(void)
 {
-    struct rd_info in = {.nq = 2,
-                         .conn = 0x0123456789abcdefull,
-                         .has_gid = true,
-                         .lid = 0x1234,
-                         .link = IBV_LINK_LAYER_INFINIBAND,
-                         .mtu = IBV_MTU_2048};
-    in.gid[0] = 0xfe;
-    in.gid[1] = 0x80;
-    in.gid[15] = 0x77;
+    struct rd_info in = {.nq = 2, .nrail = 1, .conn = 0x0123456789abcdefull};
+    in.rail[0] = (struct rd_rail_info){
+        .has_gid = true, .lid = 0x1234, .link = IBV_LINK_LAYER_INFINIBAND, .mtu = IBV_MTU_2048};
+    in.rail[0].gid[0] = 0xfe;
+    in.rail[0].gid[1] = 0x80;
+    in.rail[0].gid[15] = 0x77;
     in.qpn[0] = 0x10;
     in.qpn[1] = 0xfffffe;
     in.psn[0] = 0xabcdef;
@@ -968,11 +988,18 @@ static struct rd_info info_ok(void)
     return in;
 }
 
+/* The decoder with one rail of ours, on link layer `link`. */
+static kv_status decode1(const unsigned char *b, uint32_t len, uint32_t nq, uint8_t link,
+                         struct rd_info *out, char *why, size_t cap)
+{
+    return kv__rd_info_decode(b, len, nq, &link, 1, out, why, cap);
+}
+
 static void info_bad(unsigned char *b, uint32_t len, uint8_t link, kv_status st, const char *words)
 {
     struct rd_info out;
     char emsg[200] = "";
-    assert_int_equal(kv__rd_info_decode(b, len, 2, link, &out, emsg, sizeof(emsg)), st);
+    assert_int_equal(decode1(b, len, 2, link, &out, emsg, sizeof(emsg)), st);
     if (!strstr(emsg, words))
         fail_msg("'%s' lacks '%s'", emsg, words);
 }
@@ -980,21 +1007,22 @@ static void info_bad(unsigned char *b, uint32_t len, uint8_t link, kv_status st,
 static void test_xport_rdma_info_decode(void **state)
 {
     (void)state;
-    unsigned char b[INFO_HEAD + 8 * KV__XPORT_MAX_CONNS + 8], m[sizeof(b)];
+    unsigned char b[INFO_MAX + 8], m[sizeof(b)];
     const struct rd_info in = info_ok();
     const uint32_t len = kv__rd_info_encode(&in, b);
     assert_int_equal(len, INFO_HEAD + 16);
     struct rd_info out;
     char emsg[200];
-    assert_int_equal(
-        kv__rd_info_decode(b, len, 2, IBV_LINK_LAYER_INFINIBAND, &out, emsg, sizeof(emsg)), KV_OK);
+    assert_int_equal(decode1(b, len, 2, IBV_LINK_LAYER_INFINIBAND, &out, emsg, sizeof(emsg)),
+                     KV_OK);
     assert_int_equal(out.nq, in.nq);
+    assert_int_equal(out.nrail, 1);
     assert_int_equal(out.conn, in.conn);
-    assert_int_equal(out.has_gid, in.has_gid);
-    assert_memory_equal(out.gid, in.gid, 16);
-    assert_int_equal(out.lid, in.lid);
-    assert_int_equal(out.link, in.link);
-    assert_int_equal(out.mtu, in.mtu);
+    assert_int_equal(out.rail[0].has_gid, in.rail[0].has_gid);
+    assert_memory_equal(out.rail[0].gid, in.rail[0].gid, 16);
+    assert_int_equal(out.rail[0].lid, in.rail[0].lid);
+    assert_int_equal(out.rail[0].link, in.rail[0].link);
+    assert_int_equal(out.rail[0].mtu, in.rail[0].mtu);
     for (uint32_t i = 0; i < 2; i++) {
         assert_int_equal(out.qpn[i], in.qpn[i]);
         assert_int_equal(out.psn[i], in.psn[i]);
@@ -1014,7 +1042,10 @@ static void test_xport_rdma_info_decode(void **state)
     MUT(m[4] = 3, len, IB, KV_ERR_MISMATCH, "for 3 QPs (here 2)");
     MUT((void)0, len, ETH, KV_ERR_MISMATCH, "port is infiniband (link layer 1), this one ethernet");
     MUT(m[36] = 3, len, IB, KV_ERR_CORRUPT, "flags 0x03");
-    MUT(m[38] = 1, len, IB, KV_ERR_CORRUPT, "reserved 00 01 00");
+    MUT(m[38] = 1, len, IB, KV_ERR_CORRUPT, "reserved 01 00");
+    MUT(m[37] = 1, len, IB, KV_ERR_CORRUPT, "56 bytes for 2 rails of 2 QPs (must be 96)");
+    MUT(m[37] = 8, len, IB, KV_ERR_CORRUPT, "9 rails of 2 QPs (at most 8 rails, 16 QPs)");
+    MUT(m[34] = 7, len, 7, KV_ERR_CORRUPT, "link layer 7 (infiniband 1 or ethernet 2)");
     MUT(m[35] = 0, len, IB, KV_ERR_CORRUPT, "active MTU code 0");
     MUT(m[35] = 6, len, IB, KV_ERR_CORRUPT, "active MTU code 6");
     MUT(kv__le_put(m + 32, 0, 2), len, IB, KV_ERR_CORRUPT, "LID 0x0000 on infiniband");
@@ -1031,11 +1062,56 @@ static void test_xport_rdma_info_decode(void **state)
 #undef MUT
     /* InfiniBand without a GID is valid (no GRH then) */
     struct rd_info ng = in;
-    ng.has_gid = false;
-    memset(ng.gid, 0, 16);
+    ng.rail[0].has_gid = false;
+    memset(ng.rail[0].gid, 0, 16);
     assert_int_equal(kv__rd_info_encode(&ng, m), len);
-    assert_int_equal(kv__rd_info_decode(m, len, 2, IB, &out, emsg, sizeof(emsg)), KV_OK);
-    assert_false(out.has_gid);
+    assert_int_equal(decode1(m, len, 2, IB, &out, emsg, sizeof(emsg)), KV_OK);
+    assert_false(out.rail[0].has_gid);
+    /* Rails: three of the peer's against two of ours (InfiniBand, then
+     * RoCE): each rail's fields and QPs rail-major; a link layer that
+     * differs on a rail both have is named with the rail; the peer's third
+     * rail (none of ours) is still checked. */
+    struct rd_info r3 = in;
+    r3.nrail = 3;
+    r3.rail[1] = (struct rd_rail_info){.has_gid = true, .lid = 0, .link = ETH, .mtu = IBV_MTU_1024};
+    r3.rail[1].gid[10] = r3.rail[1].gid[11] = 0xff;
+    r3.rail[1].gid[12] = 10;
+    r3.rail[2] = (struct rd_rail_info){.has_gid = false, .lid = 9, .link = IB, .mtu = IBV_MTU_4096};
+    for (uint32_t i = 0; i < 6; i++) {
+        r3.qpn[i] = 0x100 + i;
+        r3.psn[i] = 0x200 + i;
+    }
+    const uint32_t l3 = kv__rd_info_encode(&r3, m);
+    assert_int_equal(l3, INFO_HEAD + 2 * INFO_RAIL + 8 * 6);
+    assert_int_equal(kv__rd_info_len(2, 3), l3);
+    assert_int_equal(m[37], 2);
+    const uint8_t ours[2] = {IB, ETH}, wrong[2] = {IB, IB};
+    assert_int_equal(kv__rd_info_decode(m, l3, 2, ours, 2, &out, emsg, sizeof(emsg)), KV_OK);
+    assert_int_equal(out.nrail, 3);
+    for (uint32_t r = 0; r < 3; r++) {
+        assert_int_equal(out.rail[r].link, r3.rail[r].link);
+        assert_int_equal(out.rail[r].lid, r3.rail[r].lid);
+        assert_int_equal(out.rail[r].mtu, r3.rail[r].mtu);
+        assert_int_equal(out.rail[r].has_gid, r3.rail[r].has_gid);
+        assert_memory_equal(out.rail[r].gid, r3.rail[r].gid, 16);
+    }
+    for (uint32_t i = 0; i < 6; i++) {
+        assert_int_equal(out.qpn[i], r3.qpn[i]);
+        assert_int_equal(out.psn[i], r3.psn[i]);
+    }
+    assert_int_equal(kv__rd_info_decode(m, l3, 2, wrong, 2, &out, emsg, sizeof(emsg)),
+                     KV_ERR_MISMATCH);
+    assert_non_null(
+        strstr(emsg, "rail 1: the peer's port is ethernet (link layer 2), this one infiniband"));
+    m[INFO_HEAD + INFO_RAIL + 18] = 7; /* the peer's rail 2: an unknown link layer */
+    assert_int_equal(kv__rd_info_decode(m, l3, 2, ours, 2, &out, emsg, sizeof(emsg)),
+                     KV_ERR_CORRUPT);
+    assert_non_null(strstr(emsg, "rail 2: link layer 7"));
+    m[INFO_HEAD + INFO_RAIL + 18] = IB;
+    m[INFO_HEAD + 21] = 1; /* rail 1's rail-count byte */
+    assert_int_equal(kv__rd_info_decode(m, l3, 2, ours, 2, &out, emsg, sizeof(emsg)),
+                     KV_ERR_CORRUPT);
+    assert_non_null(strstr(emsg, "rail 1: QP info flags 0x01, reserved 01 00 00"));
     /* Random mutations of a valid one: accepted only when it re-encodes
      * to the very bytes (nothing ignored, nothing read past len). */
     uint64_t rs = 22;
@@ -1046,7 +1122,7 @@ static void test_xport_rdma_info_decode(void **state)
         for (uint32_t f = 0; f < flips; f++)
             m[kvt_rand(&rs) % len] ^= (unsigned char)(1u << (kvt_rand(&rs) % 8));
         const uint32_t l = kvt_rand(&rs) % 8 == 0 ? (uint32_t)(kvt_rand(&rs) % sizeof(m)) : len;
-        if (kv__rd_info_decode(m, l, 2, IB, &out, emsg, sizeof(emsg)) != KV_OK)
+        if (decode1(m, l, 2, IB, &out, emsg, sizeof(emsg)) != KV_OK)
             continue;
         unsigned char re[sizeof(b)];
         assert_int_equal(kv__rd_info_encode(&out, re), l);
