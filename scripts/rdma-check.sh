@@ -10,7 +10,10 @@
 #     MR registration, writes with a notification and the whole-region
 #     compare, reads, cancel, refused token/fingerprint, the peer killed,
 #     and the bandwidth case (256 writes of 20 MiB; prints GB/s);
-#  4. the same test over the software device, for comparison.
+#  4. where perftest is installed, ib_write_bw -s 1048576 on the same
+#     device over loopback, against the test's 1 MiB-message writes (the
+#     ratio; goal >= 0.90);
+#  5. the same test over the software device, for comparison.
 # It prints the parameters the transport chose on the real device (device,
 # port, link layer, LID, GID index/type/address, active MTU; per peer the
 # path MTU, GRH or not, the peer's LID and GID: kv_xport_info_format's
@@ -63,6 +66,39 @@ echo "rdma-check: parameters chosen:"
 grep -m1 "rdma parameters:" "$log" | sed 's/^ *rdma parameters: /rdma-check:   /' ||
     echo "rdma-check:   (not printed: the handshake did not complete)"
 [[ $rc -eq 0 ]] || { echo "rdma-check: FAILED on the real device (exit $rc)"; exit "$rc"; }
+
+# The ib_write_bw comparison (issue goal: >= 90% of perftest's ib_write_bw
+# for 1 MiB messages): perftest's server and client on this host, one
+# device, loopback (the same path the test above took), against the test's
+# "1MiB messages" line.
+echo "== ib_write_bw (perftest) for 1 MiB messages, against kvcache's 1 MiB writes"
+ours=$(sed -n 's/.*rdma write bandwidth 1MiB messages (real device):.* = \([0-9.]*\) GB\/s.*/\1/p' "$log" | head -1)
+if ! command -v ib_write_bw >/dev/null 2>&1; then
+    echo "rdma-check: ib_write_bw not installed (apt install perftest): comparison skipped;" \
+        "kvcache 1 MiB writes: ${ours:-?} GB/s"
+else
+    dev=${KV_RDMA_DEVICE:-$(echo $devices | awk '{print $1}')}
+    pt_args=(-d "$dev" -s 1048576 -n 5000 -F --report_gbits)
+    [[ -n "${KV_RDMA_PORT:-}" ]] && pt_args+=(-i "$KV_RDMA_PORT")
+    [[ -n "${KV_RDMA_GID_INDEX:-}" ]] && pt_args+=(-x "$KV_RDMA_GID_INDEX")
+    srv=$(mktemp)
+    timeout 120 ib_write_bw "${pt_args[@]}" > "$srv" 2>&1 &
+    spid=$!
+    sleep 1
+    cli=$(timeout 120 ib_write_bw "${pt_args[@]}" 127.0.0.1 2>&1 || true)
+    wait "$spid" || true
+    rm -f "$srv"
+    # the result row: "1048576  5000  <peak Gb/s>  <average Gb/s>  <Mpps>"
+    pt=$(echo "$cli" | awk '$1 == 1048576 && NF >= 4 { printf "%.2f", $4 / 8; exit }')
+    if [[ -z "$pt" || -z "$ours" ]]; then
+        echo "rdma-check: no comparison (ib_write_bw: ${pt:-no result row}; kvcache: ${ours:-no line})"
+        echo "$cli" | tail -5
+    else
+        ratio=$(awk -v a="$ours" -v b="$pt" 'BEGIN { printf "%.2f", a / b }')
+        echo "rdma-check: 1 MiB writes: kvcache $ours GB/s, ib_write_bw $pt GB/s" \
+            "(device $dev): ratio $ratio (goal >= 0.90)"
+    fi
+fi
 
 echo "== test_xport_rdma on the software device"
 timeout 120 build-rdma/tests/test_xport_rdma
