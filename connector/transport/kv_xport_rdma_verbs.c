@@ -561,6 +561,16 @@ static kv_status rdma_connect(kv_xport_peer *p, const char *host, uint16_t port)
 static kv_status rdma_mem_reg(kv_xport_mem *m)
 {
     struct rdma *r = m->x->be;
+    /* A notification is delivered when the SEND's completion arrives, with
+     * no flush READ behind the data (NCCL's ncclIbIflush): the NIC's PCIe
+     * writes into GPU memory may still be invisible to a kernel launched on
+     * it. Refused until that flush exists (docs/connector.md, "Regions"). */
+    if (m->kind == KV_MEM_DEVICE)
+        return kv__error(KV_ERR_UNSUPPORTED,
+                         "xport_mem_reg(rdma): %s memory (%p, %" PRIu64 " bytes) not yet: a notification "
+                         "is delivered without a flush READ, so a kernel could read stale bytes "
+                         "(register host or pinned memory)",
+                         kv_mem_kind_name(m->kind), (void *)m->base, m->bytes);
     const uint64_t n = (m->bytes + r->chunk - 1) / r->chunk;
     if (n > RD_MAX_CHUNKS)
         return kv__error(KV_ERR_CAPACITY,
