@@ -102,6 +102,46 @@ __global__ void kv__decode_kernel(struct kv__cdec p)
     kv__decode_body(&c, &p);
 }
 
+/* ---- launches of a templated width ------------------------------------------- */
+
+/* kv__move_bytes_kernel at the width kv__cmove_width chose (runs: device
+ * runs of the host-index mode, NULL in the device-index mode). */
+static void launch_move_bytes(const struct kv__cmove &m, const struct kv__attn_run *runs, int grid,
+                              cudaStream_t s)
+{
+    switch (kv__cmove_width(&m)) {
+    case 16:
+        kv__move_bytes_kernel<16><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
+        break;
+    case 8:
+        kv__move_bytes_kernel<8><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
+        break;
+    case 4:
+        kv__move_bytes_kernel<4><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
+        break;
+    case 2:
+        kv__move_bytes_kernel<2><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
+        break;
+    default:
+        kv__move_bytes_kernel<1><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
+        break;
+    }
+}
+
+/* kv__copy_kernel at width w (16, 8, 4 or 1: kv__ccopy_build*). */
+static void launch_copy(const struct kv__ccopy &p, int w, cudaStream_t s)
+{
+    const int grid = kv__attn_grid_of(p.n_items);
+    if (w == 16)
+        kv__copy_kernel<16><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    else if (w == 8)
+        kv__copy_kernel<8><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    else if (w == 4)
+        kv__copy_kernel<4><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    else
+        kv__copy_kernel<1><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+}
+
 /* ---- move (write and read) ----------------------------------------------------- */
 
 extern "C" kv_status kv__cuda_attn_move(const struct kv__attn_job *j, bool to_cache,
@@ -121,23 +161,7 @@ extern "C" kv_status kv__cuda_attn_move(const struct kv__attn_job *j, bool to_ca
     const struct kv__attn_run *runs = (const struct kv__attn_run *)d_runs;
     const int grid = kv__attn_grid_of(m.n_items);
     if (bytes) {
-        switch (kv__cmove_width(&m)) {
-        case 16:
-            kv__move_bytes_kernel<16><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
-            break;
-        case 8:
-            kv__move_bytes_kernel<8><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
-            break;
-        case 4:
-            kv__move_bytes_kernel<4><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
-            break;
-        case 2:
-            kv__move_bytes_kernel<2><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
-            break;
-        default:
-            kv__move_bytes_kernel<1><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
-            break;
-        }
+        launch_move_bytes(m, runs, grid, s);
     } else {
         /* the scales themselves (1 without): x / scale on the way in, x *
          * scale on the way out (kv_apply_scale, as on the CPU) */
@@ -180,23 +204,7 @@ extern "C" kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *j, const
     const bool bytes = kv__cmove_build_dev(j, slots, n_slots, err, &m);
     const int grid = kv__attn_grid_of(m.n_items);
     if (bytes) {
-        switch (kv__cmove_width(&m)) {
-        case 16:
-            kv__move_bytes_kernel<16><<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL);
-            break;
-        case 8:
-            kv__move_bytes_kernel<8><<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL);
-            break;
-        case 4:
-            kv__move_bytes_kernel<4><<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL);
-            break;
-        case 2:
-            kv__move_bytes_kernel<2><<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL);
-            break;
-        default:
-            kv__move_bytes_kernel<1><<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL);
-            break;
-        }
+        launch_move_bytes(m, NULL, grid, s);
     } else {
         kv__move_convert_kernel<<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL, NULL);
     }
@@ -246,15 +254,7 @@ extern "C" kv_status kv__cuda_attn_copy_dev(const struct kv__attn_job *j,
     int w = 1;
     if ((st = kv__ccopy_build_dev(j, pairs, n, err, &p, &w)) != KV_OK)
         return st;
-    const int grid = kv__attn_grid_of(p.n_items);
-    if (w == 16)
-        kv__copy_kernel<16><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
-    else if (w == 8)
-        kv__copy_kernel<8><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
-    else if (w == 4)
-        kv__copy_kernel<4><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
-    else
-        kv__copy_kernel<1><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    launch_copy(p, w, s);
     if (err)
         kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, NULL, NULL, NULL, pairs);
     return kv__cuda_status(cudaGetLastError(), fn);
@@ -326,15 +326,7 @@ extern "C" kv_status kv__cuda_attn_copy(const struct kv__attn_job *j, kv_cuda_st
     if (st != KV_OK)
         return st;
     p.offs = (const int64_t *)d_offs;
-    const int grid = kv__attn_grid_of(p.n_items);
-    if (w == 16)
-        kv__copy_kernel<16><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
-    else if (w == 8)
-        kv__copy_kernel<8><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
-    else if (w == 4)
-        kv__copy_kernel<4><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
-    else
-        kv__copy_kernel<1><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    launch_copy(p, w, s);
     st = kv__cuda_status(cudaGetLastError(), fn);
     release(d_offs, s);
     return st;
