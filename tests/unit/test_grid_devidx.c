@@ -44,104 +44,9 @@
 #include "kv_attn_grid_int.h"
 #include "kv_attn_kernels_hd.h"
 #include "kv_mem.h"
+#include "kvt_grid.h"
 #include "kvt_side.h"
 #include "kvtest.h"
-
-#define GUARD 256
-
-struct fix {
-    struct kv_layout_config cfg;
-    struct kv_paged_cache c;
-    unsigned char *mem, *pool, *ref;
-    size_t bytes;
-    int64_t es;
-};
-
-static void fill_random(void *p, size_t n, uint64_t seed)
-{
-    unsigned char *b = p;
-    uint64_t r = seed;
-    for (size_t i = 0; i < n; i++)
-        b[i] = (unsigned char)kvt_rand(&r);
-}
-
-/* The pool between two GUARD-byte guards; ref: the expected guards + pool. */
-static void fix_init(struct fix *f, const struct kv_layout_config *cfg, uint64_t seed)
-{
-    memset(f, 0, sizeof(*f));
-    f->cfg = *cfg;
-    assert_int_equal(kv_layout_init(cfg, &f->c.layout), KV_OK);
-    f->bytes = (size_t)f->c.layout.total_bytes;
-    f->es = f->c.layout.elem_bytes;
-    f->mem = kv__mem_alloc_aligned(64, f->bytes + 2 * GUARD);
-    f->ref = kv__mem_alloc_aligned(64, f->bytes + 2 * GUARD);
-    assert_true(f->mem && f->ref);
-    fill_random(f->mem, f->bytes + 2 * GUARD, seed);
-    memcpy(f->ref, f->mem, f->bytes + 2 * GUARD);
-    f->pool = f->mem + GUARD;
-    f->c.base = f->pool;
-    f->c.storage_bytes = f->bytes;
-    f->c.mem = KV_MEM_PINNED;
-}
-
-static void fix_free(struct fix *f)
-{
-    kv__mem_free(f->mem);
-    kv__mem_free(f->ref);
-}
-
-static unsigned char *ref_at(const struct fix *f, int64_t l, int kv, int64_t slot, int64_t h,
-                             int64_t d)
-{
-    const int64_t N = f->cfg.block_tokens;
-    return f->ref + GUARD + kvt_ref_offset_elems(&f->cfg, l, kv, slot / N, slot % N, h, d) * f->es;
-}
-
-static void check_bytes(const unsigned char *got, const unsigned char *want, size_t n,
-                        const char *what)
-{
-    if (memcmp(got, want, n) == 0)
-        return;
-    size_t i = 0;
-    while (got[i] == want[i])
-        i++;
-    fail_msg("%s: byte %zu is 0x%02x, expected 0x%02x (%zu bytes in all)", what, i, got[i], want[i],
-             n);
-}
-
-/* K or V [L?][T][H][D] of dtype dt, rows padded by 8 elements. */
-struct tens {
-    unsigned char *buf;
-    struct kv_view v;
-    int64_t row;
-};
-
-static void make_tens(struct tens *t, kv_dtype dt, int64_t L, int64_t T, int64_t H, int64_t D,
-                      uint64_t seed)
-{
-    const int64_t es = (int64_t)kv_dtype_size(dt), row = D + 8, lead = L ? L : 1;
-    const int64_t elems = lead * T * H * row;
-    t->row = row;
-    t->buf = kv__mem_alloc_aligned(64, (size_t)(elems * es));
-    assert_non_null(t->buf);
-    uint64_t r = seed;
-    for (int64_t i = 0; i < elems; i++)
-        kv_from_f32(dt, (float)kvt_range(&r, -30000, 30000) / 1000.0f, t->buf + i * es);
-    int64_t shape[4] = {L, T, H, D}, st[4] = {T * H * row, H * row, row, 1};
-    struct kv_view flat;
-    int64_t n1 = elems;
-    assert_int_equal(kv_view_init(t->buf, (size_t)(elems * es), dt, 1, &n1, &flat), KV_OK);
-    assert_int_equal(
-        kv_view_as_strided(&flat, L ? 4 : 3, L ? shape : shape + 1, L ? st : st + 1, 0, &t->v),
-        KV_OK);
-}
-
-static const unsigned char *tens_at(const struct tens *t, int64_t l, int64_t T, int64_t H,
-                                    int64_t tk, int64_t h, int64_t d)
-{
-    const int64_t es = (int64_t)kv_dtype_size(t->v.dtype);
-    return t->buf + (((l * T + tk) * H + h) * t->row + d) * es;
-}
 
 struct dcase {
     kv_order order;
@@ -161,13 +66,13 @@ static void run_write(const struct dcase *dc, const int64_t *slots, int64_t T, u
     cfg.num_layers = L, cfg.num_blocks = B, cfg.block_tokens = N, cfg.num_heads = H;
     cfg.head_dim = D, cfg.dtype = dc->cache_dt, cfg.order = dc->order;
     cfg.block_pad_elems = dc->pad;
-    struct fix f;
-    fix_init(&f, &cfg, seed);
+    struct kvt_gfix f;
+    kvt_gfix_init(&f, &cfg, seed);
     const int64_t nl = dc->all_layers ? L : 1;
     const int32_t layer = dc->all_layers ? KV_ATTN_ALL_LAYERS : 1;
-    struct tens k, v;
-    make_tens(&k, dc->src_dt, dc->all_layers ? L : 0, T, H, D, seed + 3);
-    make_tens(&v, dc->src_dt, dc->all_layers ? L : 0, T, H, D, seed + 5);
+    struct kvt_tens k, v;
+    kvt_tens_make(&k, dc->src_dt, dc->all_layers ? L : 0, T, H, D, false, 0, seed + 3);
+    kvt_tens_make(&v, dc->src_dt, dc->all_layers ? L : 0, T, H, D, false, 0, seed + 5);
     const bool raw = dc->cache_dt == dc->src_dt;
     const int64_t limit = B * N;
     for (int64_t t = 0; t < T; t++) {
@@ -177,9 +82,9 @@ static void run_write(const struct dcase *dc, const int64_t *slots, int64_t T, u
             for (int kv = 0; kv < 2; kv++)
                 for (int64_t h = 0; h < H; h++)
                     for (int64_t d = 0; d < D; d++) {
-                        unsigned char *dst = ref_at(&f, dc->all_layers ? lr : layer, kv, slots[t],
-                                                    h, d);
-                        const unsigned char *src = tens_at(kv ? &v : &k, lr, T, H, t, h, d);
+                        unsigned char *dst =
+                            kvt_gat(&f, f.ref, dc->all_layers ? lr : layer, kv, slots[t], h, d);
+                        const unsigned char *src = kvt_tens_at(kv ? &v : &k, lr, t, h, d);
                         if (raw)
                             memcpy(dst, src, (size_t)f.es);
                         else
@@ -201,7 +106,7 @@ static void run_write(const struct dcase *dc, const int64_t *slots, int64_t T, u
     kv__attn_job_free(&j);
     if (st != KV_OK)
         fail_msg("emulated dev write: %s: %s", kv_status_name(st), kv_last_error());
-    check_bytes(f.mem, f.ref, f.bytes + 2 * GUARD, "guards + pool after the device-index write");
+    kvt_gfix_check(&f, "guards + pool after the device-index write");
 
     struct kv_attn_cuda_error_info info;
     kv__attn_errors_decode(&rec, &info);
@@ -217,8 +122,8 @@ static void run_write(const struct dcase *dc, const int64_t *slots, int64_t T, u
 
     if (host_too) {
         /* the host-index path on the same initial pool lands the same bytes */
-        struct fix g;
-        fix_init(&g, &cfg, seed);
+        struct kvt_gfix g;
+        kvt_gfix_init(&g, &cfg, seed);
         const uint64_t a1 = kv__mem_allocs();
         st = kv__attn_write_check("kv_attn_write_cuda", &g.c, layer, &k.v, &v.v,
                                   (struct kv__attn_slots){slots, false}, T, NULL, &j);
@@ -227,11 +132,12 @@ static void run_write(const struct dcase *dc, const int64_t *slots, int64_t T, u
             fail_msg("host check: %s: %s", kv_status_name(st), kv_last_error());
         assert_int_equal(kv__grid_attn_move(&j, true), KV_OK);
         kv__attn_job_free(&j);
-        check_bytes(g.mem, f.mem, f.bytes + 2 * GUARD, "host-index pool vs device-index pool");
-        fix_free(&g);
+        kvt_check_bytes(g.mem, f.mem, f.bytes + 2 * KVT_GUARD,
+                        "host-index pool vs device-index pool");
+        kvt_gfix_free(&g);
     }
-    kv__mem_free(k.buf), kv__mem_free(v.buf);
-    fix_free(&f);
+    kv__mem_free(k.mem), kv__mem_free(v.mem);
+    kvt_gfix_free(&f);
 }
 
 static const struct dcase cases[] = {
@@ -293,35 +199,33 @@ static void test_devidx_write_refusals(void **state)
     struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
     cfg.num_layers = 2, cfg.num_blocks = 300, cfg.block_tokens = 4, cfg.num_heads = 2;
     cfg.head_dim = 8, cfg.dtype = KV_F16, cfg.block_pad_elems = 3;
-    struct fix f;
-    fix_init(&f, &cfg, 7);
-    struct tens k, v;
-    make_tens(&k, KV_F16, 0, 3, 2, 8, 1);
-    make_tens(&v, KV_F16, 0, 3, 2, 8, 2);
+    struct kvt_gfix f;
+    kvt_gfix_init(&f, &cfg, 7);
+    struct kvt_tens k, v;
+    kvt_tens_make(&k, KV_F16, 0, 3, 2, 8, false, 0, 1);
+    kvt_tens_make(&v, KV_F16, 0, 3, 2, 8, false, 0, 2);
     const int64_t slots[4] = {1000, 1001, 1002, 1003};
     struct kv__attn_job j;
-    kv_status st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, 1, &k.v, &v.v, slots,
-                                            4, NULL, &j);
+    kv_status st =
+        kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, 1, &k.v, &v.v, slots, 4, NULL, &j);
     assert_int_equal(st, KV_ERR_BAD_SHAPE);
     assert_non_null(strstr(kv_last_error(), "n_slots 4 outside [0, T = 3]"));
     st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, 1, &k.v, &v.v, NULL, 2, NULL, &j);
     assert_int_equal(st, KV_ERR_NULL);
     float one = 1.0f;
     struct kv_scales sc = {&one, &one, 1, 0};
-    st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, 1, &k.v, &v.v, slots, 3, &sc,
-                                  &j);
+    st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, 1, &k.v, &v.v, slots, 3, &sc, &j);
     assert_int_equal(st, KV_ERR_UNSUPPORTED);
-    st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, 2, &k.v, &v.v, slots, 3, NULL,
-                                  &j);
+    st =
+        kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, 2, &k.v, &v.v, slots, 3, NULL, &j);
     assert_int_not_equal(st, KV_OK);
     /* the public entry: same refusals, nothing launched or changed */
     st = kv_attn_write_cuda_dev(f.c, 1, &k.v, &v.v, slots, 4, NULL, NULL, NULL);
     assert_int_not_equal(st, KV_OK);
-    check_bytes(f.mem, f.ref, f.bytes + 2 * GUARD, "pool after refusals");
-    kv__mem_free(k.buf), kv__mem_free(v.buf);
-    fix_free(&f);
+    kvt_gfix_check(&f, "pool after refusals");
+    kv__mem_free(k.mem), kv__mem_free(v.mem);
+    kvt_gfix_free(&f);
 }
-
 
 /* ---- decode with device CSR ------------------------------------------------------- */
 
@@ -342,8 +246,8 @@ static void run_dec(const int32_t *indptr, const int32_t *indices, int64_t n_pag
     const int64_t N = DEC_N, H = DEC_H, D = DEC_D, Hq = H * DEC_G, pt = N;
     cfg.num_layers = 2, cfg.num_blocks = DEC_B, cfg.block_tokens = N, cfg.num_heads = H;
     cfg.head_dim = D, cfg.dtype = KV_F32, cfg.order = KV_ORDER_HND, cfg.block_pad_elems = 3;
-    struct fix f;
-    fix_init(&f, &cfg, 77);
+    struct kvt_gfix f;
+    kvt_gfix_init(&f, &cfg, 77);
     uint64_t rng = 5;
     const uint32_t layer = 1;
     for (int64_t slot = 0; slot < DEC_B * N; slot++)
@@ -351,9 +255,9 @@ static void run_dec(const int32_t *indptr, const int32_t *indices, int64_t n_pag
             for (int64_t h = 0; h < H; h++)
                 for (int64_t d = 0; d < D; d++) {
                     const float x = (float)kvt_range(&rng, -1000, 1000) / 1000.0f;
-                    kv_from_f32(KV_F32, x, ref_at(&f, layer, kv, slot, h, d) - f.ref + f.mem);
+                    kv_from_f32(KV_F32, x, kvt_gat(&f, f.pool, layer, kv, slot, h, d));
                 }
-    memcpy(f.ref, f.mem, f.bytes + 2 * GUARD);
+    memcpy(f.refmem, f.mem, f.bytes + 2 * KVT_GUARD);
     const int64_t row = D + 8, n1 = (int64_t)S * Hq * row;
     float *qb = kv__mem_alloc_aligned(64, (size_t)n1 * 4),
           *ob = kv__mem_alloc_aligned(64, (size_t)n1 * 4);
@@ -361,7 +265,7 @@ static void run_dec(const int32_t *indptr, const int32_t *indices, int64_t n_pag
     assert_true(qb && ob && ob0 && oh);
     for (int64_t i = 0; i < n1; i++)
         qb[i] = (float)kvt_range(&rng, -1000, 1000) / 1000.0f;
-    fill_random(ob, (size_t)n1 * 4, 9);
+    kvt_fill_random(ob, (size_t)n1 * 4, 9);
     memcpy(ob0, ob, (size_t)n1 * 4);
     struct kv_view q, out, flat;
     int64_t sh[3] = {S, Hq, D}, st3[3] = {Hq * row, row, 1}, nn = n1;
@@ -385,7 +289,7 @@ static void run_dec(const int32_t *indptr, const int32_t *indices, int64_t n_pag
     kv__attn_job_free(&j);
     if (st != KV_OK)
         fail_msg("emulated dev decode: %s: %s", kv_status_name(st), kv_last_error());
-    check_bytes(f.mem, f.ref, f.bytes + 2 * GUARD, "guards + pool after the decode");
+    kvt_gfix_check(&f, "guards + pool after the decode");
     struct kv_attn_cuda_error_info info;
     kv__attn_errors_decode(&rec, &info);
     assert_int_equal(info.count, want_count);
@@ -406,13 +310,13 @@ static void run_dec(const int32_t *indptr, const int32_t *indices, int64_t n_pag
                                     .indptr = indptr,
                                     .indices = indices,
                                     .last_page_len = last};
-        st = kv__attn_decode_check("kv_attn_decode_cuda", &f.c, layer, &q, NULL, &hp, smscale,
-                                   NULL, &out, NULL, &j);
+        st = kv__attn_decode_check("kv_attn_decode_cuda", &f.c, layer, &q, NULL, &hp, smscale, NULL,
+                                   &out, NULL, &j);
         assert_int_equal(st, KV_OK);
         assert_int_equal(kv__grid_attn_decode(&j), KV_OK);
         kv__attn_job_free(&j);
-        check_bytes((unsigned char *)oh, (unsigned char *)ob, (size_t)n1 * 4,
-                    "device-index output vs host-index output");
+        kvt_check_bytes((unsigned char *)oh, (unsigned char *)ob, (size_t)n1 * 4,
+                        "device-index output vs host-index output");
     }
     /* float64 reference, from the CSR by the documented rules */
     for (uint32_t s = 0; s < S; s++) {
@@ -432,7 +336,7 @@ static void run_dec(const int32_t *indptr, const int32_t *indices, int64_t n_pag
                 double dot = 0;
                 for (int64_t d = 0; d < D; d++)
                     dot += (double)qb[(s * Hq + qi) * row + d] *
-                           (double)kv_to_f32(KV_F32, ref_at(&f, layer, 0, sl[n], h, d));
+                           (double)kv_to_f32(KV_F32, kvt_gat(&f, f.ref, layer, 0, sl[n], h, d));
                 sc[n] = dot * smscale;
                 mx = sc[n] > mx ? sc[n] : mx;
                 n++;
@@ -443,20 +347,20 @@ static void run_dec(const int32_t *indptr, const int32_t *indices, int64_t n_pag
                 double ref = 0;
                 for (int64_t t = 0; t < n; t++)
                     ref += sc[t] / sum *
-                           (double)kv_to_f32(KV_F32, ref_at(&f, layer, 1, sl[t], h, d));
+                           (double)kv_to_f32(KV_F32, kvt_gat(&f, f.ref, layer, 1, sl[t], h, d));
                 float *o = &ob[(s * Hq + qi) * row + d];
                 const double err = fabs((double)*o - ref) / (fabs(ref) > 0.1 ? fabs(ref) : 0.1);
                 if (!(err <= 1e-5))
-                    fail_msg("decode s%u q%lld d%lld: %.9g vs %.9g", s, (long long)qi,
-                             (long long)d, (double)*o, ref);
+                    fail_msg("decode s%u q%lld d%lld: %.9g vs %.9g", s, (long long)qi, (long long)d,
+                             (double)*o, ref);
                 *o = ob0[o - ob];
             }
         }
     }
-    check_bytes((unsigned char *)ob, (unsigned char *)ob0, (size_t)n1 * 4, "output padding");
+    kvt_check_bytes((unsigned char *)ob, (unsigned char *)ob0, (size_t)n1 * 4, "output padding");
     free(ob0), free(oh);
     kv__mem_free(qb), kv__mem_free(ob);
-    fix_free(&f);
+    kvt_gfix_free(&f);
 }
 
 static void test_devidx_decode_valid(void **state)
@@ -495,8 +399,8 @@ static void run_copy(kv_arrange arrange, const struct kv_block_copy *pairs, uint
     struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
     cfg.num_layers = 3, cfg.num_blocks = 300, cfg.block_tokens = 4, cfg.num_heads = 2;
     cfg.head_dim = 8, cfg.dtype = KV_F16, cfg.arrange = arrange, cfg.block_pad_elems = 5;
-    struct fix f;
-    fix_init(&f, &cfg, 31);
+    struct kvt_gfix f;
+    kvt_gfix_init(&f, &cfg, 31);
     for (uint32_t i = 0; i < n; i++) {
         if (pairs[i].src >= 300 || pairs[i].dst >= 300)
             continue;
@@ -505,9 +409,8 @@ static void run_copy(kv_arrange arrange, const struct kv_block_copy *pairs, uint
                 for (int64_t t = 0; t < 4; t++)
                     for (int64_t h = 0; h < 2; h++)
                         for (int64_t d = 0; d < 8; d++)
-                            memcpy(ref_at(&f, l, kv, (int64_t)pairs[i].dst * 4 + t, h, d),
-                                   ref_at(&f, l, kv, (int64_t)pairs[i].src * 4 + t, h, d) - f.ref +
-                                       f.mem,
+                            memcpy(kvt_gat(&f, f.ref, l, kv, (int64_t)pairs[i].dst * 4 + t, h, d),
+                                   kvt_gat(&f, f.pool, l, kv, (int64_t)pairs[i].src * 4 + t, h, d),
                                    (size_t)f.es);
     }
     struct kv_attn_cuda_errors rec;
@@ -522,27 +425,28 @@ static void run_copy(kv_arrange arrange, const struct kv_block_copy *pairs, uint
     kv__attn_job_free(&j);
     if (st != KV_OK)
         fail_msg("emulated dev copy: %s: %s", kv_status_name(st), kv_last_error());
-    check_bytes(f.mem, f.ref, f.bytes + 2 * GUARD, "guards + pool after the device-index copy");
+    kvt_gfix_check(&f, "guards + pool after the device-index copy");
     struct kv_attn_cuda_error_info info;
     kv__attn_errors_decode(&rec, &info);
     assert_int_equal(info.count, want_count);
     if (want_count) {
         assert_int_equal(info.array, KV_ATTN_DEV_COPIES);
         assert_int_equal(info.index, want_index);
-        assert_int_equal(info.value, want_index % 2 ? pairs[want_index / 2].dst
-                                                    : pairs[want_index / 2].src);
+        assert_int_equal(info.value,
+                         want_index % 2 ? pairs[want_index / 2].dst : pairs[want_index / 2].src);
     }
     if (host_too) {
-        struct fix g;
-        fix_init(&g, &cfg, 31);
+        struct kvt_gfix g;
+        kvt_gfix_init(&g, &cfg, 31);
         st = kv__attn_copy_check("kv_attn_copy_blocks_cuda", &g.c, NULL, pairs, n, NULL, &j);
         assert_int_equal(st, KV_OK);
         assert_int_equal(kv__grid_attn_copy(&j), KV_OK);
         kv__attn_job_free(&j);
-        check_bytes(g.mem, f.mem, f.bytes + 2 * GUARD, "host-index pool vs device-index pool");
-        fix_free(&g);
+        kvt_check_bytes(g.mem, f.mem, f.bytes + 2 * KVT_GUARD,
+                        "host-index pool vs device-index pool");
+        kvt_gfix_free(&g);
     }
-    fix_free(&f);
+    kvt_gfix_free(&f);
 }
 
 static void test_devidx_copy_blocks(void **state)
@@ -552,8 +456,8 @@ static void test_devidx_copy_blocks(void **state)
     run_copy(KV_ARRANGE_LAYER_MAJOR, ok, 3, 0, 0, true);
     run_copy(KV_ARRANGE_BLOCK_MAJOR, ok, 3, 0, 0, true);
     /* pair 1: src = B; pair 3: dst = B */
-    const struct kv_block_copy bad[4] = {{250, 260, 4}, {300, 210, 4}, {270, 201, 4},
-                                         {205, 300, 4}};
+    const struct kv_block_copy bad[4] = {
+        {250, 260, 4}, {300, 210, 4}, {270, 201, 4}, {205, 300, 4}};
     run_copy(KV_ARRANGE_LAYER_MAJOR, bad, 4, 2, 2, false);
     run_copy(KV_ARRANGE_BLOCK_MAJOR, bad, 4, 2, 2, false);
 }
