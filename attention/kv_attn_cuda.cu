@@ -142,6 +142,22 @@ static void launch_copy(const struct kv__ccopy &p, int w, cudaStream_t s)
         kv__copy_kernel<1><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
 }
 
+/* kv__copy_ex_kernel at width w (16, 8, 4, 2 or 1: kv__ccopy_ex_build*). */
+static void launch_copy_ex(const struct kv__ccopy_ex &p, int w, cudaStream_t s)
+{
+    const int grid = kv__attn_grid_of(p.n_items);
+    if (w == 16)
+        kv__copy_ex_kernel<16><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    else if (w == 8)
+        kv__copy_ex_kernel<8><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    else if (w == 4)
+        kv__copy_ex_kernel<4><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    else if (w == 2)
+        kv__copy_ex_kernel<2><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    else
+        kv__copy_ex_kernel<1><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+}
+
 /* ---- move (write and read) ----------------------------------------------------- */
 
 extern "C" kv_status kv__cuda_attn_move(const struct kv__attn_job *j, bool to_cache,
@@ -185,14 +201,16 @@ extern "C" kv_status kv__cuda_attn_move(const struct kv__attn_job *j, bool to_ca
 __global__ void kv__dev_error_finish_kernel(struct kv_attn_cuda_errors *e, const int64_t *slots,
                                             const int32_t *indptr, const int32_t *last_len,
                                             const int32_t *indices,
-                                            const struct kv_block_copy *pairs)
+                                            const struct kv_block_copy *pairs,
+                                            const int32_t *seq_lens)
 {
-    kv__dev_error_finish(e, slots, indptr, last_len, indices, pairs);
+    kv__dev_error_finish(e, slots, indptr, last_len, indices, pairs, seq_lens);
 }
 
 /* No allocation, no copy, no synchronization: capture-safe. */
 extern "C" kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *j, const int64_t *slots,
-                                             int64_t n_slots, struct kv_attn_cuda_errors *err,
+                                             int64_t n_slots, bool by_value,
+                                             struct kv_attn_cuda_errors *err,
                                              kv_cuda_stream stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
@@ -202,6 +220,7 @@ extern "C" kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *j, const
         return st;
     struct kv__cmove m;
     const bool bytes = kv__cmove_build_dev(j, slots, n_slots, err, &m);
+    kv__cmove_scales_dev(j, by_value, &m);
     const int grid = kv__attn_grid_of(m.n_items);
     if (bytes) {
         launch_move_bytes(m, NULL, grid, s);
@@ -209,12 +228,12 @@ extern "C" kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *j, const
         kv__move_convert_kernel<<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL, NULL);
     }
     if (err)
-        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, slots, NULL, NULL, NULL, NULL);
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, slots, NULL, NULL, NULL, NULL, NULL);
     return kv__cuda_status(cudaGetLastError(), fn);
 }
 
 extern "C" kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *j,
-                                              const struct kv_attn_dev_pages *pg,
+                                              const struct kv_attn_dev_pages *pg, bool by_value,
                                               struct kv_attn_cuda_errors *err,
                                               kv_cuda_stream stream)
 {
@@ -228,15 +247,15 @@ extern "C" kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *j,
     if ((st = kv__cdec_build(j, fn, &p, &shmem)) != KV_OK)
         return st;
     kv__cdec_build_dev(j, pg, err, &p);
-    p.scales = NULL; /* refused in this mode: 1 */
+    kv__cdec_scales_dev(j, by_value, &p);
     const int64_t blocks = (int64_t)j->n_seqs * p.lo.num_heads;
     if (blocks > INT32_MAX)
         return kv__error(KV_ERR_UNSUPPORTED, "%s: %lld (sequence, head) pairs", fn,
                          (long long)blocks);
     kv__decode_kernel<<<(int)blocks, 32 * p.warps, shmem, s>>>(p);
     if (err)
-        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, pg->indptr, pg->last_page_len,
-                                                    pg->indices, NULL);
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, p.d_indptr, p.d_last, p.d_indices,
+                                                    NULL, p.d_lens);
     return kv__cuda_status(cudaGetLastError(), fn);
 }
 
@@ -256,7 +275,26 @@ extern "C" kv_status kv__cuda_attn_copy_dev(const struct kv__attn_job *j,
         return st;
     launch_copy(p, w, s);
     if (err)
-        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, NULL, NULL, NULL, pairs);
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, NULL, NULL, NULL, pairs, NULL);
+    return kv__cuda_status(cudaGetLastError(), fn);
+}
+
+extern "C" kv_status kv__cuda_attn_copy_ex_dev(const struct kv__attn_job *j,
+                                               const struct kv_block_copy *pairs, uint32_t n,
+                                               struct kv_attn_cuda_errors *err,
+                                               kv_cuda_stream stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    const char *fn = j->fn;
+    kv_status st = kv__cuda_ready(fn, NULL);
+    if (st != KV_OK || n == 0)
+        return st;
+    struct kv__ccopy_ex p;
+    int w = 1;
+    kv__ccopy_ex_build_dev(j, pairs, n, err, &p, &w);
+    launch_copy_ex(p, w, s);
+    if (err)
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, NULL, NULL, NULL, pairs, NULL);
     return kv__cuda_status(cudaGetLastError(), fn);
 }
 
@@ -352,17 +390,7 @@ extern "C" kv_status kv__cuda_attn_copy_ex(const struct kv__attn_job *j, kv_cuda
     if (st != KV_OK)
         return st;
     p.offs = (const int64_t *)d_offs;
-    const int grid = kv__attn_grid_of(p.n_items);
-    if (w == 16)
-        kv__copy_ex_kernel<16><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
-    else if (w == 8)
-        kv__copy_ex_kernel<8><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
-    else if (w == 4)
-        kv__copy_ex_kernel<4><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
-    else if (w == 2)
-        kv__copy_ex_kernel<2><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
-    else
-        kv__copy_ex_kernel<1><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    launch_copy_ex(p, w, s);
     st = kv__cuda_status(cudaGetLastError(), fn);
     release(d_offs, s);
     return st;

@@ -55,11 +55,17 @@ struct dcase {
     bool all_layers;
 };
 
+/* Scales of a test: per KV head, a row per layer (rows 2) or shared
+ * (rows 0): K [rows][2], V [rows][2] (H = 2). */
+static const float wks[4] = {0.25f, 1.75f, 3.0f, 0.5f}, wvs[4] = {1.5f, 0.375f, 0.75f, 2.5f};
+
 /* One write of slots[T] through the device-index path into f (and, with
- * host_too, through the host-index path into a copy, compared). want:
- * the expected record. */
-static void run_write(const struct dcase *dc, const int64_t *slots, int64_t T, uint64_t seed,
-                      bool host_too, uint64_t want_count, int64_t want_index)
+ * host_too, through the host-index path into a copy, compared). sc: 0 no
+ * scales, 1 by value (shared by the layers), 2 device memory (a row per
+ * layer; host memory stands for it on the emulator). want: the expected
+ * record. */
+static void run_write(const struct dcase *dc, int sc, const int64_t *slots, int64_t T,
+                      uint64_t seed, bool host_too, uint64_t want_count, int64_t want_index)
 {
     struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
     const int64_t L = 2, N = 4, H = 2, D = 8, B = 300;
@@ -73,7 +79,10 @@ static void run_write(const struct dcase *dc, const int64_t *slots, int64_t T, u
     struct kvt_tens k, v;
     kvt_tens_make(&k, dc->src_dt, dc->all_layers ? L : 0, T, H, D, false, 0, seed + 3);
     kvt_tens_make(&v, dc->src_dt, dc->all_layers ? L : 0, T, H, D, false, 0, seed + 5);
-    const bool raw = dc->cache_dt == dc->src_dt;
+    const bool raw = dc->cache_dt == dc->src_dt && !sc;
+    const uint32_t rows = sc == 2 ? (uint32_t)L : 0;
+    const struct kv_attn_dev_scales dsc = {wks, wvs, (uint32_t)H, rows, sc == 2};
+    const struct kv_scales hsc = {wks, wvs, (uint32_t)H, rows};
     const int64_t limit = B * N;
     for (int64_t t = 0; t < T; t++) {
         if (slots[t] < 0 || slots[t] >= limit)
@@ -85,10 +94,13 @@ static void run_write(const struct dcase *dc, const int64_t *slots, int64_t T, u
                         unsigned char *dst =
                             kvt_gat(&f, f.ref, dc->all_layers ? lr : layer, kv, slots[t], h, d);
                         const unsigned char *src = kvt_tens_at(kv ? &v : &k, lr, t, h, d);
+                        const int64_t l = dc->all_layers ? lr : layer;
+                        const float s = (kv ? wvs : wks)[(rows ? l * H : 0) + h];
+                        const float x = kv_to_f32(dc->src_dt, src);
                         if (raw)
                             memcpy(dst, src, (size_t)f.es);
                         else
-                            kv_from_f32(dc->cache_dt, kv_to_f32(dc->src_dt, src), dst);
+                            kv_from_f32(dc->cache_dt, sc ? x / s : x, dst);
                     }
     }
     struct kv_attn_cuda_errors rec;
@@ -96,13 +108,13 @@ static void run_write(const struct dcase *dc, const int64_t *slots, int64_t T, u
     struct kv__attn_job j;
     const uint64_t a0 = kv__mem_allocs();
     kv_status st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, layer, &k.v, &v.v,
-                                            slots, T, NULL, &j);
+                                            slots, T, sc ? &dsc : NULL, &j);
     assert_int_equal(kv__mem_allocs(), a0); /* the host side allocates nothing */
     if (st != KV_OK)
         fail_msg("dev check: %s: %s", kv_status_name(st), kv_last_error());
     assert_null(j.runs); /* nothing allocated, no slot read on the host */
     assert_int_equal(j.n_runs, 0);
-    st = kv__grid_attn_write_dev(&j, slots, T, &rec);
+    st = kv__grid_attn_write_dev(&j, slots, T, sc == 1, &rec);
     kv__attn_job_free(&j);
     if (st != KV_OK)
         fail_msg("emulated dev write: %s: %s", kv_status_name(st), kv_last_error());
@@ -126,7 +138,7 @@ static void run_write(const struct dcase *dc, const int64_t *slots, int64_t T, u
         kvt_gfix_init(&g, &cfg, seed);
         const uint64_t a1 = kv__mem_allocs();
         st = kv__attn_write_check("kv_attn_write_cuda", &g.c, layer, &k.v, &v.v,
-                                  (struct kv__attn_slots){slots, false}, T, NULL, &j);
+                                  (struct kv__attn_slots){slots, false}, T, sc ? &hsc : NULL, &j);
         assert_true(kv__mem_allocs() > a1); /* the counter sees the host mode's runs */
         if (st != KV_OK)
             fail_msg("host check: %s: %s", kv_status_name(st), kv_last_error());
@@ -153,7 +165,8 @@ static void test_devidx_write_valid(void **state)
     /* a decode step: scattered slots in blocks 200..299, one padding -1 */
     const int64_t slots[] = {1150, 803, 4 * 250 + 2, -1, 4 * 299 + 3, 4 * 201};
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-        run_write(&cases[i], slots, 6, 100 + i, true, 0, 0);
+        for (int sc = 0; sc < 3; sc++)
+            run_write(&cases[i], sc, slots, 6, 100 + i, true, 0, 0);
 }
 
 static void test_devidx_write_invalid(void **state)
@@ -163,10 +176,10 @@ static void test_devidx_write_invalid(void **state)
     /* index 2: past the pool; 4: negative other than -1; 6: INT64_MAX */
     const int64_t slots[] = {1001, -1, B_N, 4 * 250 + 1, -5, 4 * 299, INT64_MAX, B_N - 1};
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-        run_write(&cases[i], slots, 8, 200 + i, false, 3, 2);
+        run_write(&cases[i], (int)i % 3, slots, 8, 200 + i, false, 3, 2);
     /* the first invalid at index 0 */
     const int64_t first[] = {-2, 1001, 1002};
-    run_write(&cases[0], first, 3, 300, false, 1, 0);
+    run_write(&cases[0], 0, first, 3, 300, false, 1, 0);
 }
 
 /* Two launches into one record: the first stays unless a lower index. */
@@ -178,15 +191,15 @@ static void test_devidx_record_across_launches(void **state)
     struct kv_attn_cuda_error_info info;
     const int64_t a[] = {0, 0, 0, -7}, b[] = {0, 0, 0, 0, 0, 99999}, c[] = {0, -9};
     kv__dev_error(&rec, KV_ATTN_DEV_SLOTS, 3);
-    kv__dev_error_finish(&rec, a, NULL, NULL, NULL, NULL);
+    kv__dev_error_finish(&rec, a, NULL, NULL, NULL, NULL, NULL);
     kv__dev_error(&rec, KV_ATTN_DEV_SLOTS, 5);
-    kv__dev_error_finish(&rec, b, NULL, NULL, NULL, NULL);
+    kv__dev_error_finish(&rec, b, NULL, NULL, NULL, NULL, NULL);
     kv__attn_errors_decode(&rec, &info);
     assert_int_equal(info.count, 2);
     assert_int_equal(info.index, 3);
     assert_int_equal(info.value, -7);
     kv__dev_error(&rec, KV_ATTN_DEV_SLOTS, 1);
-    kv__dev_error_finish(&rec, c, NULL, NULL, NULL, NULL);
+    kv__dev_error_finish(&rec, c, NULL, NULL, NULL, NULL, NULL);
     kv__attn_errors_decode(&rec, &info);
     assert_int_equal(info.count, 3);
     assert_int_equal(info.index, 1);
@@ -212,10 +225,52 @@ static void test_devidx_write_refusals(void **state)
     assert_non_null(strstr(kv_last_error(), "n_slots 4 outside [0, T = 3]"));
     st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, 1, &k.v, &v.v, NULL, 2, NULL, &j);
     assert_int_equal(st, KV_ERR_NULL);
-    float one = 1.0f;
-    struct kv_scales sc = {&one, &one, 1, 0};
-    st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, 1, &k.v, &v.v, slots, 3, &sc, &j);
-    assert_int_equal(st, KV_ERR_UNSUPPORTED);
+    /* scales: each refusal names the values */
+    const float one[2] = {1.0f, 1.0f}, bad[2] = {1.0f, NAN};
+    const struct {
+        struct kv_attn_dev_scales sc;
+        kv_status want;
+        const char *msg;
+    } scr[5] = {
+        {{one, one, 1, 0, 2}, KV_ERR_INVALID_ARG, "scales device 2: expected 0"},
+        {{one, bad, 2, 0, 0}, KV_ERR_INVALID_ARG, "V scale 1 is nan"},
+        {{NULL, one, 1, 0, 1}, KV_ERR_NULL, "device scales given with k=(nil)"},
+        {{one, one, 3, 0, 1}, KV_ERR_INVALID_ARG, "3 scales: expected 1 (per tensor) or 2"},
+        {{one, one, 1, 5, 1}, KV_ERR_INVALID_ARG, "scales for 5 layers: expected 0 or 1"},
+    };
+    for (int i = 0; i < 5; i++) {
+        st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, 1, &k.v, &v.v, slots, 3,
+                                      &scr[i].sc, &j);
+        assert_int_equal(st, scr[i].want);
+        kvt_assert_msg_has(scr[i].msg);
+    }
+    /* by value past KV_ATTN_DEV_SCALES_MAX: 70 layers x 2 heads */
+    {
+        struct kv_layout_config c70 = KV_LAYOUT_CONFIG_INIT;
+        c70.num_layers = 70, c70.num_blocks = 4, c70.block_tokens = 1, c70.num_heads = 2;
+        c70.head_dim = 8, c70.dtype = KV_F16;
+        struct kvt_gfix g;
+        kvt_gfix_init(&g, &c70, 8);
+        struct kvt_tens k70, v70;
+        kvt_tens_make(&k70, KV_F16, 70, 1, 2, 8, false, 0, 3);
+        kvt_tens_make(&v70, KV_F16, 70, 1, 2, 8, false, 0, 4);
+        float s140[140];
+        for (int i = 0; i < 140; i++)
+            s140[i] = 1.0f;
+        const struct kv_attn_dev_scales by_value = {s140, s140, 2, 70, 0};
+        st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &g.c, KV_ATTN_ALL_LAYERS, &k70.v,
+                                      &v70.v, slots, 1, &by_value, &j);
+        assert_int_equal(st, KV_ERR_UNSUPPORTED);
+        kvt_assert_msg_has("140 scales per plane by value (at most 128)");
+        const struct kv_attn_dev_scales on_dev = {s140, s140, 2, 70, 1};
+        st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &g.c, KV_ATTN_ALL_LAYERS, &k70.v,
+                                      &v70.v, slots, 1, &on_dev, &j);
+        assert_int_equal(st, KV_OK);
+        kv__attn_job_free(&j);
+        kvt_gfix_check(&g, "pool after the checks");
+        kv__mem_free(k70.mem), kv__mem_free(v70.mem);
+        kvt_gfix_free(&g);
+    }
     st =
         kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, 2, &k.v, &v.v, slots, 3, NULL, &j);
     assert_int_not_equal(st, KV_OK);
@@ -235,15 +290,34 @@ static void test_devidx_write_refusals(void **state)
 #define DEC_G 2
 #define DEC_D 40
 
-/* Decode S sequences of CSR (indptr, indices [n_pages], last) on the
- * emulator in the device mode; the expected record; with host_too the host
- * mode's output must be the same bytes. */
-static void run_dec(const int32_t *indptr, const int32_t *indices, int64_t n_pages,
-                    const int32_t *last, uint32_t S, uint64_t want_count, int want_array,
-                    int64_t want_index, bool host_too)
+/* Sequence s of device pages dp by the documented device rules: its tokens
+ * (0 for a sequence skipped) and its page list. */
+static int64_t ref_seq(const struct kv_attn_dev_pages *dp, uint32_t s, int64_t pt,
+                       const int32_t **pages)
+{
+    if (dp->format == KV_PAGES_BLOCK_TABLE) {
+        const int64_t len = dp->seq_lens[s];
+        *pages = dp->block_table + (int64_t)s * dp->block_table_cols;
+        return len >= 0 && len <= (int64_t)dp->block_table_cols * pt ? len : 0;
+    }
+    const int64_t a = dp->indptr[s], b = dp->indptr[s + 1], ll = dp->last_page_len[s];
+    bool ok = a >= 0 && a <= dp->n_pages && b >= a && b <= dp->n_pages;
+    ok = ok && (b == a ? ll == 0 : ll >= 1 && ll <= pt);
+    *pages = dp->indices + (ok ? a : 0);
+    return ok && b > a ? (b - a - 1) * pt + ll : 0;
+}
+
+/* Decode dp's sequences (layer 1 of a padded HND f32 cache) on the emulator
+ * in the device mode. sc: 0 no scales, 1 by value, 2 device memory (per
+ * KV head, a row per layer: layer 1's row is read). want_*: the expected
+ * record. With host_too the host-index mode's output (CSR or block table
+ * as dp, the same scales as kv_scales) must be the same bytes. */
+static void run_dec(const struct kv_attn_dev_pages *dp, int sc, uint64_t want_count, int want_array,
+                    int64_t want_index, int64_t want_value, bool host_too)
 {
     struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
     const int64_t N = DEC_N, H = DEC_H, D = DEC_D, Hq = H * DEC_G, pt = N;
+    const uint32_t S = dp->n_seqs;
     cfg.num_layers = 2, cfg.num_blocks = DEC_B, cfg.block_tokens = N, cfg.num_heads = H;
     cfg.head_dim = D, cfg.dtype = KV_F32, cfg.order = KV_ORDER_HND, cfg.block_pad_elems = 3;
     struct kvt_gfix f;
@@ -274,18 +348,20 @@ static void run_dec(const int32_t *indptr, const int32_t *indices, int64_t n_pag
     assert_int_equal(kv_view_init(ob, (size_t)n1 * 4, KV_F32, 1, &nn, &flat), KV_OK);
     assert_int_equal(kv_view_as_strided(&flat, 3, sh, st3, 0, &out), KV_OK);
     const float smscale = 1.0f / sqrtf((float)D);
-    const struct kv_attn_dev_pages dp = {S, 1, indptr, indices, n_pages, last};
+    /* per KV head, rows for layers 0 and 1 (layer 1: wks[2..3]) */
+    const struct kv_attn_dev_scales dsc = {wks, wvs, (uint32_t)H, 2, sc == 2};
+    const struct kv_scales hsc = {wks, wvs, (uint32_t)H, 2};
     struct kv_attn_cuda_errors rec;
     memset(&rec, 0, sizeof(rec));
     struct kv__attn_job j;
     const uint64_t a0 = kv__mem_allocs();
-    kv_status st = kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, layer, &q, &dp,
-                                             smscale, NULL, &out, &j);
+    kv_status st = kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, layer, &q, dp,
+                                             smscale, sc ? &dsc : NULL, &out, &j);
     assert_int_equal(kv__mem_allocs(), a0); /* the host side allocates nothing */
     if (st != KV_OK)
         fail_msg("dev decode check: %s: %s", kv_status_name(st), kv_last_error());
     assert_null(j.page_ids); /* nothing read or allocated on the host */
-    st = kv__grid_attn_decode_dev(&j, &dp, &rec);
+    st = kv__grid_attn_decode_dev(&j, dp, sc == 1, &rec);
     kv__attn_job_free(&j);
     if (st != KV_OK)
         fail_msg("emulated dev decode: %s: %s", kv_status_name(st), kv_last_error());
@@ -296,40 +372,43 @@ static void run_dec(const int32_t *indptr, const int32_t *indices, int64_t n_pag
     assert_int_equal((int)info.array, want_array);
     if (want_count) {
         assert_int_equal(info.index, want_index);
-        const int32_t *arr = want_array == KV_ATTN_DEV_INDPTR     ? indptr
-                             : want_array == KV_ATTN_DEV_LAST_LEN ? last
-                                                                  : indices;
-        assert_int_equal(info.value, arr[want_index]);
+        assert_int_equal(info.value, want_value);
     }
     if (host_too) {
         memcpy(oh, ob, (size_t)n1 * 4);
         memcpy(ob, ob0, (size_t)n1 * 4);
-        const struct kv_pages hp = {.format = KV_PAGES_CSR,
-                                    .n_seqs = S,
-                                    .page_ratio = 1,
-                                    .indptr = indptr,
-                                    .indices = indices,
-                                    .last_page_len = last};
-        st = kv__attn_decode_check("kv_attn_decode_cuda", &f.c, layer, &q, NULL, &hp, smscale, NULL,
-                                   &out, NULL, &j);
+        struct kv_pages hp;
+        memset(&hp, 0, sizeof(hp));
+        hp.n_seqs = S, hp.page_ratio = 1;
+        int64_t lens[16];
+        if (dp->format == KV_PAGES_BLOCK_TABLE) {
+            for (uint32_t i = 0; i < S; i++)
+                lens[i] = dp->seq_lens[i];
+            hp.format = KV_PAGES_BLOCK_TABLE, hp.block_table = dp->block_table;
+            hp.block_table_cols = dp->block_table_cols, hp.seq_lens = lens;
+        } else {
+            hp.format = KV_PAGES_CSR, hp.indptr = dp->indptr, hp.indices = dp->indices;
+            hp.last_page_len = dp->last_page_len;
+        }
+        st = kv__attn_decode_check("kv_attn_decode_cuda", &f.c, layer, &q, NULL, &hp, smscale,
+                                   sc ? &hsc : NULL, &out, NULL, &j);
         assert_int_equal(st, KV_OK);
         assert_int_equal(kv__grid_attn_decode(&j), KV_OK);
         kv__attn_job_free(&j);
         kvt_check_bytes((unsigned char *)oh, (unsigned char *)ob, (size_t)n1 * 4,
                         "device-index output vs host-index output");
     }
-    /* float64 reference, from the CSR by the documented rules */
+    /* float64 reference, from the pages by the documented rules */
     for (uint32_t s = 0; s < S; s++) {
-        const int64_t a = indptr[s], b = indptr[s + 1], ll = last[s];
-        bool ok = a >= 0 && a <= n_pages && b >= a && b <= n_pages;
-        ok = ok && (b == a ? ll == 0 : ll >= 1 && ll <= pt);
-        const int64_t n_tok = ok && b > a ? (b - a - 1) * pt + ll : 0;
+        const int32_t *pages;
+        const int64_t n_tok = ref_seq(dp, s, pt, &pages);
         for (int64_t qi = 0; qi < Hq; qi++) {
             const int64_t h = qi / DEC_G;
-            double sc[64], mx = -INFINITY, sum = 0;
+            const double ks = sc ? wks[H + h] : 1.0, vs = sc ? wvs[H + h] : 1.0;
+            double scv[64], mx = -INFINITY, sum = 0;
             int64_t sl[64], n = 0;
             for (int64_t t = 0; t < n_tok; t++) {
-                const int64_t pg = indices[a + t / pt];
+                const int64_t pg = pages[t / pt];
                 if (pg < 0 || pg >= DEC_B)
                     continue;
                 sl[n] = pg * pt + t % pt;
@@ -337,16 +416,16 @@ static void run_dec(const int32_t *indptr, const int32_t *indices, int64_t n_pag
                 for (int64_t d = 0; d < D; d++)
                     dot += (double)qb[(s * Hq + qi) * row + d] *
                            (double)kv_to_f32(KV_F32, kvt_gat(&f, f.ref, layer, 0, sl[n], h, d));
-                sc[n] = dot * smscale;
-                mx = sc[n] > mx ? sc[n] : mx;
+                scv[n] = dot * smscale * ks;
+                mx = scv[n] > mx ? scv[n] : mx;
                 n++;
             }
             for (int64_t t = 0; t < n; t++)
-                sum += (sc[t] = exp(sc[t] - mx));
+                sum += (scv[t] = exp(scv[t] - mx));
             for (int64_t d = 0; d < D; d++) {
                 double ref = 0;
                 for (int64_t t = 0; t < n; t++)
-                    ref += sc[t] / sum *
+                    ref += scv[t] / sum * vs *
                            (double)kv_to_f32(KV_F32, kvt_gat(&f, f.ref, layer, 1, sl[t], h, d));
                 float *o = &ob[(s * Hq + qi) * row + d];
                 const double err = fabs((double)*o - ref) / (fabs(ref) > 0.1 ? fabs(ref) : 0.1);
@@ -363,13 +442,43 @@ static void run_dec(const int32_t *indptr, const int32_t *indices, int64_t n_pag
     kvt_gfix_free(&f);
 }
 
+static struct kv_attn_dev_pages csr(uint32_t S, const int32_t *indptr, const int32_t *indices,
+                                    int64_t n_pages, const int32_t *last)
+{
+    return (struct kv_attn_dev_pages){.n_seqs = S,
+                                      .page_ratio = 1,
+                                      .indptr = indptr,
+                                      .indices = indices,
+                                      .n_pages = n_pages,
+                                      .last_page_len = last};
+}
+
+static struct kv_attn_dev_pages btab(uint32_t S, const int32_t *table, uint32_t cols,
+                                     const int32_t *lens)
+{
+    struct kv_attn_dev_pages p = {.n_seqs = S, .page_ratio = 1};
+    p.format = KV_PAGES_BLOCK_TABLE, p.block_table = table, p.block_table_cols = cols;
+    p.seq_lens = lens;
+    return p;
+}
+
 static void test_devidx_decode_valid(void **state)
 {
     (void)state;
     /* lengths 7, 0, 1, 16: pages far from 0 */
     const int32_t indptr[5] = {0, 2, 2, 3, 7}, last[4] = {3, 0, 1, 4};
     const int32_t indices[7] = {150, 199, 120, 101, 188, 170, 131};
-    run_dec(indptr, indices, 7, last, 4, 0, KV_ATTN_DEV_NONE, 0, true);
+    const struct kv_attn_dev_pages c = csr(4, indptr, indices, 7, last);
+    for (int sc = 0; sc < 3; sc++)
+        run_dec(&c, sc, 0, KV_ATTN_DEV_NONE, 0, 0, true);
+    /* the same sequences as a block table of 5 columns (padding -1 and a
+     * stale id past the pool beyond each length: never read) */
+    const int32_t table[4 * 5] = {150, 199, -1, DEC_B, -1, 77,  -1,  -1,  -1,  -1,
+                                  120, -1,  -1, -1,    -1, 101, 188, 170, 131, 9999};
+    const int32_t lens[4] = {7, 0, 1, 16};
+    const struct kv_attn_dev_pages t = btab(4, table, 5, lens);
+    for (int sc = 0; sc < 3; sc++)
+        run_dec(&t, sc, 0, KV_ATTN_DEV_NONE, 0, 0, true);
 }
 
 static void test_devidx_decode_invalid(void **state)
@@ -379,13 +488,80 @@ static void test_devidx_decode_invalid(void **state)
      * decreases (5 -> 3); s0 valid */
     const int32_t indptr[5] = {0, 2, 4, 5, 3}, last[4] = {3, 2, 5, 2};
     const int32_t indices[5] = {150, 199, DEC_B, 120, 101};
-    run_dec(indptr, indices, 5, last, 4, 3, KV_ATTN_DEV_INDPTR, 4, false);
+    const struct kv_attn_dev_pages c1 = csr(4, indptr, indices, 5, last);
+    run_dec(&c1, 1, 3, KV_ATTN_DEV_INDPTR, 4, 3, false);
     /* page errors only: -3 at index 1, B at index 2 */
     const int32_t ip2[3] = {0, 2, 4}, l2[2] = {4, 3}, ix2[4] = {150, -3, DEC_B, 120};
-    run_dec(ip2, ix2, 4, l2, 2, 2, KV_ATTN_DEV_PAGES, 1, false);
+    const struct kv_attn_dev_pages c2 = csr(2, ip2, ix2, 4, l2);
+    run_dec(&c2, 0, 2, KV_ATTN_DEV_PAGES, 1, -3, false);
     /* indptr past n_pages: index 2 */
     const int32_t ip3[3] = {0, 1, 9}, l3[2] = {4, 3}, ix3[2] = {150, 120};
-    run_dec(ip3, ix3, 2, l3, 2, 1, KV_ATTN_DEV_INDPTR, 2, false);
+    const struct kv_attn_dev_pages c3 = csr(2, ip3, ix3, 2, l3);
+    run_dec(&c3, 2, 1, KV_ATTN_DEV_INDPTR, 2, 9, false);
+    /* block table: s0 page 1 of 3 is B (index 0 x 3 + 1); s1 seq_lens 13 >
+     * 3 x N; s2 seq_lens -1; s3 valid with page -7 past its length */
+    const int32_t tb[4 * 3] = {150, DEC_B, 120, 101, 102, 103, 104, 105, 106, 131, 132, -7};
+    const int32_t lens[4] = {9, 13, -1, 6};
+    const struct kv_attn_dev_pages t = btab(4, tb, 3, lens);
+    run_dec(&t, 1, 3, KV_ATTN_DEV_PAGES, 1, DEC_B, false); /* the lowest array first */
+    /* seq_lens errors only: s1 13 > 3 x N is the first */
+    const int32_t lens3[4] = {3, 13, -1, 6};
+    const struct kv_attn_dev_pages t3 = btab(4, tb, 3, lens3);
+    run_dec(&t3, 0, 2, KV_ATTN_DEV_SEQ_LENS, 1, 13, false);
+    /* block-table page errors only: s1's page 0 is -2 (index 1 x 2 + 0) */
+    const int32_t tb2[2 * 2] = {150, 151, -2, 120}, lens2[2] = {8, 5};
+    const struct kv_attn_dev_pages t2 = btab(2, tb2, 2, lens2);
+    run_dec(&t2, 2, 1, KV_ATTN_DEV_PAGES, 2, -2, false);
+}
+
+static void test_devidx_decode_refusals(void **state)
+{
+    (void)state;
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 2, cfg.num_blocks = DEC_B, cfg.block_tokens = DEC_N, cfg.num_heads = DEC_H;
+    cfg.head_dim = DEC_D, cfg.dtype = KV_F32;
+    struct kvt_gfix f;
+    kvt_gfix_init(&f, &cfg, 3);
+    const int64_t n = 2 * DEC_H * DEC_G * DEC_D;
+    float *qb = calloc((size_t)n, 4), *ob = calloc((size_t)n, 4);
+    assert_true(qb && ob);
+    struct kv_view q, out;
+    int64_t sh[3] = {2, DEC_H * DEC_G, DEC_D};
+    assert_int_equal(kv_view_init(qb, (size_t)n * 4, KV_F32, 3, sh, &q), KV_OK);
+    assert_int_equal(kv_view_init(ob, (size_t)n * 4, KV_F32, 3, sh, &out), KV_OK);
+    const int32_t tb[2] = {1, 2}, lens[2] = {1, 1};
+    struct kv_attn_dev_pages t = btab(2, tb, 1, lens);
+    struct kv__attn_job j;
+    t.seq_lens = NULL;
+    assert_int_equal(
+        kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, 1, &q, &t, 1.0f, NULL, &out, &j),
+        KV_ERR_NULL);
+    kvt_assert_msg_has("block_table=");
+    t.seq_lens = lens, t.block_table_cols = 0;
+    assert_int_equal(
+        kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, 1, &q, &t, 1.0f, NULL, &out, &j),
+        KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("block_table_cols 0 with n_seqs 2");
+    t.block_table_cols = 1, t.format = (enum kv_pages_format)7;
+    assert_int_equal(
+        kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, 1, &q, &t, 1.0f, NULL, &out, &j),
+        KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("pages format 7");
+    t.format = KV_PAGES_BLOCK_TABLE;
+    const float one[2] = {1.0f, 1.0f};
+    const struct kv_attn_dev_scales d3 = {one, one, 3, 0, 1};
+    assert_int_equal(
+        kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, 1, &q, &t, 1.0f, &d3, &out, &j),
+        KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("3 scales: expected 1 (per tensor) or 2 (per KV head)");
+    const struct kv_attn_dev_scales ok = {one, one, 1, 0, 1};
+    assert_int_equal(
+        kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, 1, &q, &t, 1.0f, &ok, &out, &j),
+        KV_OK);
+    kv__attn_job_free(&j);
+    kvt_gfix_check(&f, "pool after the checks");
+    free(qb), free(ob);
+    kvt_gfix_free(&f);
 }
 
 /* ---- copy blocks with device pairs ------------------------------------------------- */
@@ -462,6 +638,117 @@ static void test_devidx_copy_blocks(void **state)
     run_copy(KV_ARRANGE_BLOCK_MAJOR, bad, 4, 2, 2, false);
 }
 
+/* ---- copy_ex with device pairs ---------------------------------------------------- */
+
+/* copy_ex of pairs[n] from a source cache of 300 blocks (block-major,
+ * padded) into a destination of 260 (layer-major, another padding), layers
+ * 1..2 of 3, planes (1 K, 2 V, 3 both), K|V packed or not, on the emulator
+ * in the device mode. Reference: each valid pair's selected elements by
+ * kvt_ref_offset_elems; with host_too the host mode's destination pool
+ * too; the source pool unchanged. */
+static void run_copy_ex(bool packed, uint32_t planes, const struct kv_block_copy *pairs, uint32_t n,
+                        uint64_t want_count, int64_t want_index, bool host_too)
+{
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 3, cfg.block_tokens = 4, cfg.num_heads = 3, cfg.head_dim = 8;
+    cfg.dtype = KV_F16, cfg.kv_packed = packed, cfg.order = packed ? KV_ORDER_HND : KV_ORDER_NHD;
+    cfg.num_blocks = 260, cfg.block_pad_elems = 4;
+    struct kvt_gfix d, s;
+    kvt_gfix_init(&d, &cfg, 61);
+    cfg.num_blocks = 300, cfg.block_pad_elems = 12, cfg.arrange = KV_ARRANGE_BLOCK_MAJOR;
+    kvt_gfix_init(&s, &cfg, 62);
+    for (uint32_t i = 0; i < n; i++) {
+        if (pairs[i].src >= 300 || pairs[i].dst >= 260)
+            continue;
+        for (int64_t l = 1; l < 3; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                if (!(planes & (1u << kv)))
+                    continue;
+                for (int64_t t = 0; t < 4; t++)
+                    for (int64_t h = 0; h < 3; h++)
+                        for (int64_t e = 0; e < 8; e++)
+                            memcpy(kvt_gat(&d, d.ref, l, kv, (int64_t)pairs[i].dst * 4 + t, h, e),
+                                   kvt_gat(&s, s.pool, l, kv, (int64_t)pairs[i].src * 4 + t, h, e),
+                                   (size_t)d.es);
+            }
+    }
+    struct kv_copy_blocks_opts o = KV_COPY_BLOCKS_OPTS_INIT;
+    o.layer0 = 1, o.n_layers = 2, o.planes = planes;
+    struct kv_attn_cuda_errors rec;
+    memset(&rec, 0, sizeof(rec));
+    struct kv__attn_job j;
+    const uint64_t a0 = kv__mem_allocs();
+    kv_status st =
+        kv__attn_copy_ex_dev_check("kv_attn_copy_blocks_ex_cuda_dev", &d.c, &s.c, pairs, n, &o, &j);
+    assert_int_equal(kv__mem_allocs(), a0);
+    if (st != KV_OK)
+        fail_msg("dev copy_ex check: %s: %s", kv_status_name(st), kv_last_error());
+    st = kv__grid_attn_copy_ex_dev(&j, pairs, n, &rec);
+    kv__attn_job_free(&j);
+    if (st != KV_OK)
+        fail_msg("emulated dev copy_ex: %s: %s", kv_status_name(st), kv_last_error());
+    kvt_gfix_check(&d, "guards + destination pool after the device-index copy_ex");
+    kvt_gfix_check(&s, "guards + source pool after the device-index copy_ex");
+    struct kv_attn_cuda_error_info info;
+    kv__attn_errors_decode(&rec, &info);
+    assert_int_equal(info.count, want_count);
+    if (want_count) {
+        assert_int_equal(info.array, KV_ATTN_DEV_COPIES);
+        assert_int_equal(info.index, want_index);
+        assert_int_equal(info.value,
+                         want_index % 2 ? pairs[want_index / 2].dst : pairs[want_index / 2].src);
+    }
+    if (host_too) {
+        struct kvt_gfix g;
+        cfg.num_blocks = 260, cfg.block_pad_elems = 4, cfg.arrange = KV_ARRANGE_LAYER_MAJOR;
+        kvt_gfix_init(&g, &cfg, 61);
+        st = kv__attn_copy_check("kv_attn_copy_blocks_ex_cuda", &g.c, &s.c, pairs, n, &o, &j);
+        assert_int_equal(st, KV_OK);
+        assert_int_equal(kv__grid_attn_copy_ex(&j), KV_OK);
+        kv__attn_job_free(&j);
+        kvt_check_bytes(g.mem, d.mem, d.bytes + 2 * KVT_GUARD,
+                        "host-index pool vs device-index pool (copy_ex)");
+        kvt_gfix_free(&g);
+    }
+    kvt_gfix_free(&d);
+    kvt_gfix_free(&s);
+}
+
+static void test_devidx_copy_blocks_ex(void **state)
+{
+    (void)state;
+    /* ids far from 0; src 299 exists only in the source cache */
+    const struct kv_block_copy ok[3] = {{299, 255, 4}, {210, 201, 4}, {201, 150, 4}};
+    for (uint32_t planes = 1; planes <= 3; planes++) {
+        run_copy_ex(false, planes, ok, 3, 0, 0, true);
+        run_copy_ex(true, planes, ok, 3, 0, 0, true);
+    }
+    /* pair 1: dst 260 (= dst's B; a valid src id); pair 2: src 300 */
+    const struct kv_block_copy bad[4] = {
+        {299, 255, 4}, {210, 260, 4}, {300, 150, 4}, {201, 240, 4}};
+    run_copy_ex(false, 3, bad, 4, 2, 3, false);
+    run_copy_ex(true, 2, bad, 4, 2, 3, false);
+    /* the host side refuses what it can check without reading a pair */
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 3, cfg.num_blocks = 8, cfg.block_tokens = 4, cfg.num_heads = 3;
+    cfg.head_dim = 8, cfg.dtype = KV_F16;
+    struct kvt_gfix d, s;
+    kvt_gfix_init(&d, &cfg, 1);
+    cfg.head_dim = 16;
+    kvt_gfix_init(&s, &cfg, 2);
+    struct kv__attn_job j;
+    assert_int_equal(
+        kv__attn_copy_ex_dev_check("kv_attn_copy_blocks_ex_cuda_dev", &d.c, &s.c, ok, 3, NULL, &j),
+        KV_ERR_MISMATCH);
+    assert_int_equal(kv__attn_copy_ex_dev_check("kv_attn_copy_blocks_ex_cuda_dev", &d.c, &d.c, NULL,
+                                                3, NULL, &j),
+                     KV_ERR_NULL);
+    kvt_assert_msg_has("copies_dev is NULL with n_copies 3");
+    kvt_gfix_check(&d, "pool after the refusals");
+    kvt_gfix_free(&d);
+    kvt_gfix_free(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -471,7 +758,9 @@ int main(void)
         cmocka_unit_test(test_devidx_write_refusals),
         cmocka_unit_test(test_devidx_decode_valid),
         cmocka_unit_test(test_devidx_decode_invalid),
+        cmocka_unit_test(test_devidx_decode_refusals),
         cmocka_unit_test(test_devidx_copy_blocks),
+        cmocka_unit_test(test_devidx_copy_blocks_ex),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
