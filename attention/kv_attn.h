@@ -328,9 +328,9 @@ KV_API KV_NODISCARD kv_status kv_attn_prefill(struct kv_paged_cache cache, uint3
  * stream-ordered device memory with cudaMemcpyAsync from pageable host
  * memory: no explicit synchronize, but CUDA may synchronize with the stream
  * to stage that copy, and a call cannot be captured in a CUDA graph (the
- * host arrays are freed when it returns). Device-resident indices are
- * planned. KV_ERR_UNSUPPORTED without CUDA in the build or a usable device;
- * KV_ERR_NO_MEMORY when host or device memory for the index arrays runs out;
+ * host arrays are freed when it returns). The *_cuda_dev entries below
+ * take device-resident indices. KV_ERR_UNSUPPORTED without CUDA in the
+ * build or a usable device; KV_ERR_NO_MEMORY when host or device memory for the index arrays runs out;
  * KV_ERR_DEVICE when a CUDA call or a launch fails. */
 
 KV_API KV_NODISCARD kv_status kv_attn_write_cuda(struct kv_paged_cache cache, int32_t layer,
@@ -406,8 +406,11 @@ enum kv_attn_dev_array {
     KV_ATTN_DEV_PAGES = 4,    /* indices[index] outside [0, B x r): its tokens skipped */
     KV_ATTN_DEV_COPIES = 5,   /* copies[index / 2].src (even) or .dst (odd) >= the
                                * cache's B (dst: the dst cache's): the pair is skipped */
-    KV_ATTN_DEV_SEQ_LENS = 6  /* seq_lens[index] outside [0, block_table_cols x N/r]:
+    KV_ATTN_DEV_SEQ_LENS = 6, /* seq_lens[index] outside [0, block_table_cols x N/r]:
                                * the sequence is skipped, its output 0 */
+    KV_ATTN_DEV_OUT_INDPTR = 7 /* out_indptr[index] (a read's output rows) outside
+                                * [0, T], decreasing, or not the sequence's
+                                * tokens apart: the sequence is skipped */
 };
 
 /* The record as read on the host. */
@@ -500,6 +503,24 @@ KV_API KV_NODISCARD kv_status kv_attn_decode_cuda_dev(
     const struct kv_attn_dev_pages *pages, float softmax_scale,
     const struct kv_attn_dev_scales *scales,
     const struct kv_view *out, struct kv_attn_cuda_errors *errors, kv_cuda_stream stream);
+
+/* kv_attn_read_cuda with device-resident pages (CSR or block table) and
+ * out_indptr_dev [n_seqs + 1] (int32 device memory, vLLM gather_cache's
+ * cu_seq_lens): sequence s's tokens go to rows out_indptr[s] ..
+ * out_indptr[s + 1] - 1 of k_out / v_out ([T][H][D] or [L][T][H][D], any
+ * strides). The kernel checks the pages as kv_attn_decode_cuda_dev does and
+ * out_indptr (KV_ATTN_DEV_OUT_INDPTR: inside [0, T], non-decreasing, as
+ * many rows as the sequence's tokens); a bad sequence is skipped (its rows
+ * untouched), a bad page's tokens too. One CUDA block per (page entry,
+ * layer). scales as in kv_attn_write_cuda_dev (x = stored x scale).
+ * KV_ERR_NULL for a NULL array of the chosen form or out_indptr_dev with
+ * n_seqs > 0, KV_ERR_BAD_SHAPE for k_out and v_out of different T; the
+ * host mode's tensor checks. Capture-safe as kv_attn_write_cuda_dev. */
+KV_API KV_NODISCARD kv_status kv_attn_read_cuda_dev(
+    struct kv_paged_cache cache, int32_t layer, const struct kv_attn_dev_pages *pages,
+    const int32_t *out_indptr_dev, const struct kv_view *k_out, const struct kv_view *v_out,
+    const struct kv_attn_dev_scales *scales, struct kv_attn_cuda_errors *errors,
+    kv_cuda_stream stream);
 
 /* kv_attn_copy_blocks_cuda with copies_dev [n_copies] in device memory
  * (whole blocks within one cache; .tokens is ignored, as there). The kernel

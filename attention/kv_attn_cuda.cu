@@ -202,16 +202,15 @@ __global__ void kv__dev_error_finish_kernel(struct kv_attn_cuda_errors *e, const
                                             const int32_t *indptr, const int32_t *last_len,
                                             const int32_t *indices,
                                             const struct kv_block_copy *pairs,
-                                            const int32_t *seq_lens)
+                                            const int32_t *seq_lens, const int32_t *out_indptr)
 {
-    kv__dev_error_finish(e, slots, indptr, last_len, indices, pairs, seq_lens);
+    kv__dev_error_finish(e, slots, indptr, last_len, indices, pairs, seq_lens, out_indptr);
 }
 
 /* No allocation, no copy, no synchronization: capture-safe. */
 extern "C" kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *j, const int64_t *slots,
                                              int64_t n_slots, bool by_value,
-                                             struct kv_attn_cuda_errors *err,
-                                             kv_cuda_stream stream)
+                                             struct kv_attn_cuda_errors *err, kv_cuda_stream stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
     const char *fn = j->fn;
@@ -228,7 +227,7 @@ extern "C" kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *j, const
         kv__move_convert_kernel<<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL, NULL);
     }
     if (err)
-        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, slots, NULL, NULL, NULL, NULL, NULL);
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, slots, NULL, NULL, NULL, NULL, NULL, NULL);
     return kv__cuda_status(cudaGetLastError(), fn);
 }
 
@@ -255,14 +254,13 @@ extern "C" kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *j,
     kv__decode_kernel<<<(int)blocks, 32 * p.warps, shmem, s>>>(p);
     if (err)
         kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, p.d_indptr, p.d_last, p.d_indices,
-                                                    NULL, p.d_lens);
+                                                    NULL, p.d_lens, NULL);
     return kv__cuda_status(cudaGetLastError(), fn);
 }
 
 extern "C" kv_status kv__cuda_attn_copy_dev(const struct kv__attn_job *j,
                                             const struct kv_block_copy *pairs, uint32_t n,
-                                            struct kv_attn_cuda_errors *err,
-                                            kv_cuda_stream stream)
+                                            struct kv_attn_cuda_errors *err, kv_cuda_stream stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
     const char *fn = j->fn;
@@ -275,7 +273,31 @@ extern "C" kv_status kv__cuda_attn_copy_dev(const struct kv__attn_job *j,
         return st;
     launch_copy(p, w, s);
     if (err)
-        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, NULL, NULL, NULL, pairs, NULL);
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, NULL, NULL, NULL, pairs, NULL, NULL);
+    return kv__cuda_status(cudaGetLastError(), fn);
+}
+
+extern "C" kv_status kv__cuda_attn_read_dev(const struct kv__attn_job *j,
+                                            const struct kv_attn_dev_pages *pg,
+                                            const int32_t *out_indptr, bool by_value,
+                                            struct kv_attn_cuda_errors *err, kv_cuda_stream stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    const char *fn = j->fn;
+    kv_status st = kv__cuda_ready(fn, NULL);
+    if (st != KV_OK || j->n_seqs == 0)
+        return st;
+    struct kv__cmove m;
+    const bool bytes = kv__cmove_build_read_dev(j, pg, out_indptr, err, &m);
+    kv__cmove_scales_dev(j, by_value, &m);
+    const int grid = kv__attn_grid_of(m.n_items);
+    if (bytes)
+        launch_move_bytes(m, NULL, grid, s);
+    else
+        kv__move_convert_kernel<<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL, NULL);
+    if (err)
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, m.rd_indptr, m.rd_last, m.rd_indices,
+                                                    NULL, m.rd_lens, out_indptr);
     return kv__cuda_status(cudaGetLastError(), fn);
 }
 
@@ -294,7 +316,7 @@ extern "C" kv_status kv__cuda_attn_copy_ex_dev(const struct kv__attn_job *j,
     kv__ccopy_ex_build_dev(j, pairs, n, err, &p, &w);
     launch_copy_ex(p, w, s);
     if (err)
-        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, NULL, NULL, NULL, pairs, NULL);
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, NULL, NULL, NULL, pairs, NULL, NULL);
     return kv__cuda_status(cudaGetLastError(), fn);
 }
 
@@ -322,11 +344,10 @@ extern "C" void kv__cuda_attn_errors_free(struct kv_attn_cuda_errors *e)
     (void)cudaFree(e);
 }
 
-extern "C" kv_status kv__cuda_attn_errors_zero(struct kv_attn_cuda_errors *e,
-                                               kv_cuda_stream stream)
+extern "C" kv_status kv__cuda_attn_errors_zero(struct kv_attn_cuda_errors *e, kv_cuda_stream stream)
 {
-    return kv__cuda_status(
-        cudaMemsetAsync(e, 0, sizeof(*e), (cudaStream_t)stream), "kv_attn_cuda_errors_reset");
+    return kv__cuda_status(cudaMemsetAsync(e, 0, sizeof(*e), (cudaStream_t)stream),
+                           "kv_attn_cuda_errors_reset");
 }
 
 extern "C" kv_status kv__cuda_attn_errors_read(const struct kv_attn_cuda_errors *e,
@@ -335,8 +356,8 @@ extern "C" kv_status kv__cuda_attn_errors_read(const struct kv_attn_cuda_errors 
 {
     static const char fn[] = "kv_attn_cuda_errors_get";
     cudaStream_t s = (cudaStream_t)stream;
-    kv_status st = kv__cuda_status(
-        cudaMemcpyAsync(host, e, sizeof(*host), cudaMemcpyDeviceToHost, s), fn);
+    kv_status st =
+        kv__cuda_status(cudaMemcpyAsync(host, e, sizeof(*host), cudaMemcpyDeviceToHost, s), fn);
     if (st == KV_OK)
         st = kv__cuda_status(cudaStreamSynchronize(s), fn);
     return st;

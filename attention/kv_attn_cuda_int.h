@@ -36,6 +36,12 @@ kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *job, const int64_t 
 kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *job,
                                    const struct kv_attn_dev_pages *pages, bool by_value,
                                    struct kv_attn_cuda_errors *err, kv_cuda_stream stream);
+/* Device-index read: pages' arrays and out_indptr device memory, checked by
+ * the kernel; scales as for the write; capture-safe. */
+kv_status kv__cuda_attn_read_dev(const struct kv__attn_job *job,
+                                 const struct kv_attn_dev_pages *pages, const int32_t *out_indptr,
+                                 bool by_value, struct kv_attn_cuda_errors *err,
+                                 kv_cuda_stream stream);
 /* Device-index copy_blocks: pairs [n] device memory, checked by the kernel. */
 kv_status kv__cuda_attn_copy_dev(const struct kv__attn_job *job, const struct kv_block_copy *pairs,
                                  uint32_t n, struct kv_attn_cuda_errors *err,
@@ -107,6 +113,15 @@ static inline kv_status kv__cuda_attn_copy_dev(const struct kv__attn_job *job,
                                                kv_cuda_stream stream)
 {
     (void)pairs, (void)n, (void)err, (void)stream;
+    return kv__cuda_attn_unsupported(job);
+}
+static inline kv_status kv__cuda_attn_read_dev(const struct kv__attn_job *job,
+                                               const struct kv_attn_dev_pages *pages,
+                                               const int32_t *out_indptr, bool by_value,
+                                               struct kv_attn_cuda_errors *err,
+                                               kv_cuda_stream stream)
+{
+    (void)pages, (void)out_indptr, (void)by_value, (void)err, (void)stream;
     return kv__cuda_attn_unsupported(job);
 }
 static inline kv_status kv__cuda_attn_copy_ex_dev(const struct kv__attn_job *job,

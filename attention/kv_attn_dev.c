@@ -106,11 +106,11 @@ kv_status kv_attn_write_cuda_dev(struct kv_paged_cache cache, int32_t layer,
 {
     static const char fn[] = "kv_attn_write_cuda_dev";
     struct kv__attn_job j;
-    kv_status st = kv__attn_write_dev_check(fn, &cache, layer, k, v, slots_dev, n_slots, scales, &j);
+    kv_status st =
+        kv__attn_write_dev_check(fn, &cache, layer, k, v, slots_dev, n_slots, scales, &j);
     if (st != KV_OK)
         return st;
-    st = kv__cuda_attn_write_dev(&j, slots_dev, n_slots, scales && !scales->device, errors,
-                                 stream);
+    st = kv__cuda_attn_write_dev(&j, slots_dev, n_slots, scales && !scales->device, errors, stream);
     kv__attn_job_free(&j);
     return st == KV_OK ? kv__ok() : st;
 }
@@ -141,7 +141,8 @@ kv_status kv_attn_cuda_errors_reset(struct kv_attn_cuda_errors *errors, kv_cuda_
     return st == KV_OK ? kv__ok() : st;
 }
 
-void kv__attn_errors_decode(const struct kv_attn_cuda_errors *r, struct kv_attn_cuda_error_info *out)
+void kv__attn_errors_decode(const struct kv_attn_cuda_errors *r,
+                            struct kv_attn_cuda_error_info *out)
 {
     memset(out, 0, sizeof(*out));
     out->count = r->count;
@@ -167,6 +168,37 @@ kv_status kv_attn_cuda_errors_get(const struct kv_attn_cuda_errors *errors,
     return kv__ok();
 }
 
+/* The device pages' scalars: the format, the arrays of that form non-NULL
+ * when n_seqs > 0, n_pages and block_table_cols in range. */
+static kv_status dev_pages_check(const char *fn, const struct kv_attn_dev_pages *pages)
+{
+    if (pages->format == KV_PAGES_BLOCK_TABLE) {
+        if (pages->n_seqs && (!pages->block_table || !pages->seq_lens))
+            return kv__error(KV_ERR_NULL,
+                             "%s: device block-table pages need block_table=%p seq_lens=%p "
+                             "(n_seqs %" PRIu32 ")",
+                             fn, (const void *)pages->block_table, (const void *)pages->seq_lens,
+                             pages->n_seqs);
+        if (pages->n_seqs && pages->block_table_cols == 0)
+            return kv__error(KV_ERR_INVALID_ARG, "%s: block_table_cols 0 with n_seqs %" PRIu32, fn,
+                             pages->n_seqs);
+    } else if (pages->format != 0 && pages->format != KV_PAGES_CSR) {
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: pages format %d: expected 0 or %d (CSR) or %d (block table)", fn,
+                         (int)pages->format, (int)KV_PAGES_CSR, (int)KV_PAGES_BLOCK_TABLE);
+    } else if (pages->n_seqs &&
+               (!pages->indptr || !pages->last_page_len || (pages->n_pages > 0 && !pages->indices)))
+        return kv__error(KV_ERR_NULL,
+                         "%s: device CSR pages need indptr=%p indices=%p last_page_len=%p "
+                         "(n_seqs %" PRIu32 ", n_pages %" PRId64 ")",
+                         fn, (const void *)pages->indptr, (const void *)pages->indices,
+                         (const void *)pages->last_page_len, pages->n_seqs, pages->n_pages);
+    else if (pages->n_pages < 0 || pages->n_pages > INT32_MAX)
+        return kv__error(KV_ERR_BAD_SHAPE, "%s: n_pages %" PRId64 " outside [0, 2^31)", fn,
+                         pages->n_pages);
+    return KV_OK;
+}
+
 kv_status kv__attn_decode_dev_check(const char *fn, const struct kv_paged_cache *cache,
                                     uint32_t layer, const struct kv_view *q,
                                     const struct kv_attn_dev_pages *pages, float softmax_scale,
@@ -182,33 +214,10 @@ kv_status kv__attn_decode_dev_check(const char *fn, const struct kv_paged_cache 
     kv_status st = dev_scales_pre(fn, scales, &hs, &hsp);
     if (st != KV_OK)
         return st;
-    if (pages->format == KV_PAGES_BLOCK_TABLE) {
-        if (pages->n_seqs && (!pages->block_table || !pages->seq_lens))
-            return kv__error(KV_ERR_NULL,
-                             "%s: device block-table pages need block_table=%p seq_lens=%p "
-                             "(n_seqs %" PRIu32 ")",
-                             fn, (const void *)pages->block_table, (const void *)pages->seq_lens,
-                             pages->n_seqs);
-        if (pages->n_seqs && pages->block_table_cols == 0)
-            return kv__error(KV_ERR_INVALID_ARG,
-                             "%s: block_table_cols 0 with n_seqs %" PRIu32, fn, pages->n_seqs);
-    } else if (pages->format != 0 && pages->format != KV_PAGES_CSR) {
-        return kv__error(KV_ERR_INVALID_ARG,
-                         "%s: pages format %d: expected 0 or %d (CSR) or %d (block table)", fn,
-                         (int)pages->format, (int)KV_PAGES_CSR, (int)KV_PAGES_BLOCK_TABLE);
-    } else if (pages->n_seqs &&
-        (!pages->indptr || !pages->last_page_len || (pages->n_pages > 0 && !pages->indices)))
-        return kv__error(KV_ERR_NULL,
-                         "%s: device CSR pages need indptr=%p indices=%p last_page_len=%p "
-                         "(n_seqs %" PRIu32 ", n_pages %" PRId64 ")",
-                         fn, (const void *)pages->indptr, (const void *)pages->indices,
-                         (const void *)pages->last_page_len, pages->n_seqs, pages->n_pages);
-    else if (pages->n_pages < 0 || pages->n_pages > INT32_MAX)
-        return kv__error(KV_ERR_BAD_SHAPE, "%s: n_pages %" PRId64 " outside [0, 2^31)", fn,
-                         pages->n_pages);
-    const struct kv_pages pg = {.format = KV__PAGES_DEVICE,
-                                .n_seqs = pages->n_seqs,
-                                .page_ratio = pages->page_ratio};
+    if ((st = dev_pages_check(fn, pages)) != KV_OK)
+        return st;
+    const struct kv_pages pg = {
+        .format = KV__PAGES_DEVICE, .n_seqs = pages->n_seqs, .page_ratio = pages->page_ratio};
     /* every scalar check of the host mode; check_pages reads no array */
     st = kv__attn_decode_check(fn, cache, layer, q, NULL, &pg, softmax_scale, hsp, out, NULL, job);
     if (st != KV_OK)
@@ -224,8 +233,8 @@ kv_status kv_attn_decode_cuda_dev(struct kv_paged_cache cache, uint32_t layer,
 {
     static const char fn[] = "kv_attn_decode_cuda_dev";
     struct kv__attn_job j;
-    kv_status st = kv__attn_decode_dev_check(fn, &cache, layer, q, pages, softmax_scale, scales,
-                                             out, &j);
+    kv_status st =
+        kv__attn_decode_dev_check(fn, &cache, layer, q, pages, softmax_scale, scales, out, &j);
     if (st != KV_OK)
         return st;
     st = kv__cuda_attn_decode_dev(&j, pages, scales && !scales->device, errors, stream);
@@ -247,6 +256,54 @@ kv_status kv__attn_copy_dev_check(const char *fn, const struct kv_paged_cache *c
     return KV_OK;
 }
 
+kv_status kv__attn_read_dev_check(const char *fn, const struct kv_paged_cache *cache, int32_t layer,
+                                  const struct kv_attn_dev_pages *pages, const int32_t *out_indptr,
+                                  const struct kv_view *k_out, const struct kv_view *v_out,
+                                  const struct kv_attn_dev_scales *scales, struct kv__attn_job *job)
+{
+    memset(job, 0, sizeof(*job));
+    job->fn = fn;
+    if (!pages)
+        return kv__error(KV_ERR_NULL, "%s: pages is NULL", fn);
+    struct kv_scales hs;
+    const struct kv_scales *hsp = NULL;
+    kv_status st = dev_scales_pre(fn, scales, &hs, &hsp);
+    if (st != KV_OK || (st = dev_pages_check(fn, pages)) != KV_OK)
+        return st;
+    if (pages->n_seqs && !out_indptr)
+        return kv__error(KV_ERR_NULL, "%s: out_indptr_dev is NULL with n_seqs %" PRIu32, fn,
+                         pages->n_seqs);
+    const struct kv_pages pg = {
+        .format = KV__PAGES_DEVICE, .n_seqs = pages->n_seqs, .page_ratio = pages->page_ratio};
+    /* every scalar check of the host mode; no page array read, no T */
+    st = kv__attn_read_check(fn, cache, layer, &pg, k_out, v_out, hsp, job);
+    if (st != KV_OK)
+        return st;
+    if (job->has_k && job->has_v && job->k.n_tokens != job->v.n_tokens)
+        return kv__error(KV_ERR_BAD_SHAPE, "%s: k_out has %" PRId64 " tokens, v_out %" PRId64, fn,
+                         job->k.n_tokens, job->v.n_tokens);
+    return dev_scales_post(fn, scales, job);
+}
+
+kv_status kv_attn_read_cuda_dev(struct kv_paged_cache cache, int32_t layer,
+                                const struct kv_attn_dev_pages *pages,
+                                const int32_t *out_indptr_dev, const struct kv_view *k_out,
+                                const struct kv_view *v_out,
+                                const struct kv_attn_dev_scales *scales,
+                                struct kv_attn_cuda_errors *errors, kv_cuda_stream stream)
+{
+    static const char fn[] = "kv_attn_read_cuda_dev";
+    struct kv__attn_job j;
+    kv_status st =
+        kv__attn_read_dev_check(fn, &cache, layer, pages, out_indptr_dev, k_out, v_out, scales, &j);
+    if (st != KV_OK)
+        return st;
+    st = kv__cuda_attn_read_dev(&j, pages, out_indptr_dev, scales && !scales->device, errors,
+                                stream);
+    kv__attn_job_free(&j);
+    return st == KV_OK ? kv__ok() : st;
+}
+
 kv_status kv__attn_copy_ex_dev_check(const char *fn, const struct kv_paged_cache *dst,
                                      const struct kv_paged_cache *src,
                                      const struct kv_block_copy *copies, uint32_t n_copies,
@@ -264,11 +321,9 @@ kv_status kv__attn_copy_ex_dev_check(const char *fn, const struct kv_paged_cache
 }
 
 kv_status kv_attn_copy_blocks_ex_cuda_dev(struct kv_paged_cache dst, struct kv_paged_cache src,
-                                          const struct kv_block_copy *copies_dev,
-                                          uint32_t n_copies,
+                                          const struct kv_block_copy *copies_dev, uint32_t n_copies,
                                           const struct kv_copy_blocks_opts *opts,
-                                          struct kv_attn_cuda_errors *errors,
-                                          kv_cuda_stream stream)
+                                          struct kv_attn_cuda_errors *errors, kv_cuda_stream stream)
 {
     static const char fn[] = "kv_attn_copy_blocks_ex_cuda_dev";
     struct kv__attn_job j;

@@ -45,6 +45,11 @@ kv_status kv__grid_attn_decode_dev(const struct kv__attn_job *job,
 kv_status kv__grid_attn_copy_dev(const struct kv__attn_job *job, const struct kv_block_copy *pairs,
                                  uint32_t n, struct kv_attn_cuda_errors *err);
 
+/* kv__cuda_attn_read_dev on the emulator (arrays host memory). */
+kv_status kv__grid_attn_read_dev(const struct kv__attn_job *job,
+                                 const struct kv_attn_dev_pages *pages, const int32_t *out_indptr,
+                                 bool by_value, struct kv_attn_cuda_errors *err);
+
 /* kv__cuda_attn_copy_ex_dev on the emulator (pairs host memory). */
 kv_status kv__grid_attn_copy_ex_dev(const struct kv__attn_job *job,
                                     const struct kv_block_copy *pairs, uint32_t n,

@@ -134,6 +134,18 @@ kv_status kv__attn_decode_dev_check(const char *fn, const struct kv_paged_cache 
                                     const struct kv_attn_dev_scales *scales,
                                     const struct kv_view *out, struct kv__attn_job *job);
 
+/* The scalar checks of a device-index read (kv_attn_read_cuda_dev): those
+ * of kv__attn_read_check but the pages' contents and T (read on the
+ * device), the pages' arrays as for the decode, out_indptr non-NULL when
+ * n_seqs > 0, k_out and v_out of one T; scales as for the write. Nothing
+ * allocated. */
+kv_status kv__attn_read_dev_check(const char *fn, const struct kv_paged_cache *cache,
+                                  int32_t layer, const struct kv_attn_dev_pages *pages,
+                                  const int32_t *out_indptr, const struct kv_view *k_out,
+                                  const struct kv_view *v_out,
+                                  const struct kv_attn_dev_scales *scales,
+                                  struct kv__attn_job *job);
+
 /* The scalar checks of a device-index copy_blocks (kv_attn_copy_blocks_cuda_dev):
  * the cache, copies non-NULL when n_copies > 0. Nothing allocated. */
 kv_status kv__attn_copy_dev_check(const char *fn, const struct kv_paged_cache *cache,

@@ -73,6 +73,15 @@ struct kv__cmove {
     int64_t sc_lstride;
     int sv_on;
     float sv[2][KV_ATTN_DEV_SCALES_MAX];
+    /* device-index read (kv_attn_read_cuda_dev; rd_on): CSR (rd_indptr,
+     * rd_last, rd_n_pages) or block-table (rd_lens, rd_cols) pages with
+     * their entries in rd_indices, sequence s's tokens to rows rd_out[s] ..
+     * rd_out[s + 1] - 1 of T = rd_T; item e x n_layers + lrel: page entry e
+     * (e < rd_entries), else the check of sequence e - rd_entries */
+    const int32_t *rd_indptr, *rd_indices, *rd_last, *rd_lens, *rd_out;
+    int64_t rd_n_pages, rd_cols, rd_entries, rd_T, rd_pt, rd_ids;
+    int64_t rd_seqs;
+    int rd_on;
 };
 
 /* Plane kv's scale for head (or 0) i of layer layer0 + lrel: see sc, sv. */
@@ -113,7 +122,7 @@ KV_HD void kv__dev_error(struct kv_attn_cuda_errors *e, int array, int64_t index
 KV_HD void kv__dev_error_finish(struct kv_attn_cuda_errors *e, const int64_t *slots,
                                 const int32_t *indptr, const int32_t *last_len,
                                 const int32_t *indices, const struct kv_block_copy *pairs,
-                                const int32_t *seq_lens)
+                                const int32_t *seq_lens, const int32_t *out_indptr)
 {
     if (!e || e->first_key == 0 || e->first_key == e->value_key)
         return;
@@ -132,9 +141,125 @@ KV_HD void kv__dev_error_finish(struct kv_attn_cuda_errors *e, const int64_t *sl
         e->first_value = (int64_t)(index % 2 ? pairs[index / 2].dst : pairs[index / 2].src);
     else if (array == KV_ATTN_DEV_SEQ_LENS && seq_lens)
         e->first_value = seq_lens[index];
+    else if (array == KV_ATTN_DEV_OUT_INDPTR && out_indptr)
+        e->first_value = out_indptr[index];
     else
         return; /* not this launch's array: the value comes with a later launch */
     e->value_key = e->first_key;
+}
+
+/* Sequence s of device-resident pages (CSR: indptr, last, n_pages; block
+ * table: lens non-NULL, cols), pt tokens a page: true with its tokens and
+ * the position of its first page entry (in the CSR indices or the table),
+ * or false with the array and index to record (the sequence is skipped). */
+KV_HD bool kv__dev_seq(const int32_t *indptr, const int32_t *last, int64_t n_pages,
+                       const int32_t *lens, int64_t cols, int64_t pt, int64_t s, int64_t *n_tok,
+                       int64_t *first, int *arr, int64_t *idx)
+{
+    *n_tok = 0;
+    *first = 0;
+    if (lens) {
+        const int64_t len = lens[s];
+        if (len < 0 || len > cols * pt) {
+            *arr = KV_ATTN_DEV_SEQ_LENS, *idx = s;
+            return false;
+        }
+        *n_tok = len;
+        *first = s * cols;
+        return true;
+    }
+    const int64_t a = indptr[s], b = indptr[s + 1], ll = last[s];
+    if (a < 0 || a > n_pages) {
+        *arr = KV_ATTN_DEV_INDPTR, *idx = s;
+        return false;
+    }
+    if (b < a || b > n_pages) {
+        *arr = KV_ATTN_DEV_INDPTR, *idx = s + 1;
+        return false;
+    }
+    const int64_t np = b - a;
+    if (np == 0 ? ll != 0 : (ll < 1 || ll > pt)) {
+        *arr = KV_ATTN_DEV_LAST_LEN, *idx = s;
+        return false;
+    }
+    *n_tok = np ? (np - 1) * pt + ll : 0;
+    *first = a;
+    return true;
+}
+
+/* Sequence s of a device-index read: kv__dev_seq, then its output rows
+ * rd_out[s] .. rd_out[s + 1] - 1, inside [0, T) and as many as its tokens. */
+KV_HD bool kv__rd_seq(const struct kv__cmove *m, int64_t s, int64_t *n_tok, int64_t *first,
+                      int64_t *row0, int *arr, int64_t *idx)
+{
+    if (!kv__dev_seq(m->rd_indptr, m->rd_last, m->rd_n_pages, m->rd_lens, m->rd_cols, m->rd_pt, s,
+                     n_tok, first, arr, idx))
+        return false;
+    const int64_t o0 = m->rd_out[s], o1 = m->rd_out[s + 1];
+    *arr = KV_ATTN_DEV_OUT_INDPTR;
+    if (o0 < 0 || o0 > m->rd_T) {
+        *idx = s;
+        return false;
+    }
+    if (o1 < o0 || o1 > m->rd_T || o1 - o0 != *n_tok) {
+        *idx = s + 1;
+        return false;
+    }
+    *row0 = o0;
+    return true;
+}
+
+/* The run of a device-index read's item: page entry e's tokens (one page:
+ * consecutive slots of one block) to their output rows; false for a check
+ * item (which records its sequence's error, thread 0 of layer 0), an entry
+ * of a skipped sequence, padding past a sequence's length, or an invalid
+ * page id (recorded once). CSR entry e belongs to the last sequence whose
+ * indptr is <= e (a binary search: with a decreasing indptr, recorded as
+ * an error, entries near the decrease may be left unread). */
+KV_HD bool kv__move_run_read(const struct kv_grid_ctx *c, const struct kv__cmove *m, int64_t item,
+                             struct kv__attn_run *r)
+{
+    const int64_t e = item / m->n_layers;
+    const bool rec = c->thread == 0 && item % m->n_layers == 0;
+    int64_t n_tok, first, row0 = 0, idx;
+    int arr;
+    if (e >= m->rd_entries) {
+        if (rec && !kv__rd_seq(m, e - m->rd_entries, &n_tok, &first, &row0, &arr, &idx))
+            kv__dev_error(m->err, arr, idx);
+        return false;
+    }
+    int64_t s;
+    if (m->rd_lens) {
+        s = e / m->rd_cols;
+    } else {
+        if (m->rd_seqs == 0 || m->rd_indptr[0] > e)
+            return false;
+        int64_t lo = 0, hi = m->rd_seqs;
+        while (hi - lo > 1) {
+            const int64_t mid = lo + (hi - lo) / 2;
+            if (m->rd_indptr[mid] <= e)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        s = lo;
+    }
+    if (!kv__rd_seq(m, s, &n_tok, &first, &row0, &arr, &idx))
+        return false; /* recorded by the sequence's check item */
+    const int64_t i = e - first;
+    if (i < 0 || i * m->rd_pt >= n_tok)
+        return false; /* not one of the sequence's pages */
+    const int64_t pid = m->rd_indices[e];
+    if (pid < 0 || pid >= m->rd_ids) {
+        if (rec)
+            kv__dev_error(m->err, KV_ATTN_DEV_PAGES, e);
+        return false;
+    }
+    const int64_t left = n_tok - i * m->rd_pt;
+    r->token = row0 + i * m->rd_pt;
+    r->slot = pid * m->rd_pt;
+    r->n = left < m->rd_pt ? left : m->rd_pt;
+    return true;
 }
 
 /* Item item's run: runs[item / n_layers] (host indices), or one token at
@@ -143,6 +268,8 @@ KV_HD void kv__dev_error_finish(struct kv_attn_cuda_errors *e, const int64_t *sl
 KV_HD bool kv__move_run(const struct kv_grid_ctx *c, const struct kv__cmove *m,
                         const struct kv__attn_run *runs, int64_t item, struct kv__attn_run *r)
 {
+    if (m->rd_on)
+        return kv__move_run_read(c, m, item, r);
     const int64_t t = item / m->n_layers;
     if (!m->slot_map) {
         *r = runs[t];
@@ -387,39 +514,17 @@ KV_HD void kv__dec_seq(const struct kv_grid_ctx *c, const struct kv__cdec *p, in
         *pages = p->page_ids + p->page_start[s];
         return;
     }
-    const bool rec = h == 0 && c->thread == 0;
-    *n_tok = 0;
-    *pages = p->d_indices;
-    if (p->d_lens) {
-        const int64_t len = p->d_lens[s];
-        if (len < 0 || len > p->d_cols * p->pt) {
-            if (rec)
-                kv__dev_error(p->err, KV_ATTN_DEV_SEQ_LENS, s);
-            return;
-        }
-        *n_tok = len;
-        *pages = p->d_indices + s * p->d_cols;
+    int64_t first, idx;
+    int arr;
+    if (!kv__dev_seq(p->d_indptr, p->d_last, p->d_n_pages, p->d_lens, p->d_cols, p->pt, s, n_tok,
+                     &first, &arr, &idx)) {
+        if (h == 0 && c->thread == 0)
+            kv__dev_error(p->err, arr, idx);
+        *n_tok = 0;
+        *pages = p->d_indices;
         return;
     }
-    const int64_t a = p->d_indptr[s], b = p->d_indptr[s + 1], ll = p->d_last[s];
-    if (a < 0 || a > p->d_n_pages) {
-        if (rec)
-            kv__dev_error(p->err, KV_ATTN_DEV_INDPTR, s);
-        return;
-    }
-    if (b < a || b > p->d_n_pages) {
-        if (rec)
-            kv__dev_error(p->err, KV_ATTN_DEV_INDPTR, s + 1);
-        return;
-    }
-    const int64_t np = b - a;
-    if (np == 0 ? ll != 0 : (ll < 1 || ll > p->pt)) {
-        if (rec)
-            kv__dev_error(p->err, KV_ATTN_DEV_LAST_LEN, s);
-        return;
-    }
-    *n_tok = np ? (np - 1) * p->pt + ll : 0;
-    *pages = p->d_indices + a;
+    *pages = p->d_indices + first;
 }
 
 /* Shared memory: q [g][D], acc [warps][g][D], m then l [warps][2][g]
@@ -553,6 +658,40 @@ static inline bool kv__cmove_build_dev(const struct kv__attn_job *j, const int64
     m->n_items = n_slots * (int64_t)j->n_layers;
     m->slot_map = slots;
     m->slot_limit = m->lo.num_blocks * m->lo.block_tokens;
+    m->err = err;
+    return bytes;
+}
+
+/* The move of a device-index read (kv_attn_read_cuda_dev): job j from
+ * kv__attn_read_dev_check (no runs; T its outputs' tokens), the pages and
+ * out_indptr [n_seqs + 1] read by the body: one item per (page entry,
+ * layer), then one per (sequence, layer) for its checks. Returns what
+ * kv__cmove_build returns. */
+static inline bool kv__cmove_build_read_dev(const struct kv__attn_job *j,
+                                            const struct kv_attn_dev_pages *pg,
+                                            const int32_t *out_indptr,
+                                            struct kv_attn_cuda_errors *err, struct kv__cmove *m)
+{
+    const bool bytes = kv__cmove_build(j, false, m);
+    m->rd_on = 1;
+    if (pg->format == KV_PAGES_BLOCK_TABLE) {
+        m->rd_indices = pg->block_table;
+        m->rd_lens = pg->seq_lens;
+        m->rd_cols = pg->block_table_cols;
+        m->rd_entries = (int64_t)pg->n_seqs * pg->block_table_cols;
+    } else {
+        m->rd_indptr = pg->indptr;
+        m->rd_indices = pg->indices;
+        m->rd_last = pg->last_page_len;
+        m->rd_n_pages = pg->n_pages;
+        m->rd_entries = pg->n_pages;
+    }
+    m->rd_out = out_indptr;
+    m->rd_seqs = pg->n_seqs;
+    m->rd_T = j->has_k ? j->k.n_tokens : j->v.n_tokens;
+    m->rd_pt = j->page_tokens;
+    m->rd_ids = m->lo.num_blocks * (int64_t)j->page_ratio;
+    m->n_items = (m->rd_entries + (int64_t)pg->n_seqs) * (int64_t)j->n_layers;
     m->err = err;
     return bytes;
 }

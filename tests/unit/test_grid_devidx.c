@@ -191,15 +191,15 @@ static void test_devidx_record_across_launches(void **state)
     struct kv_attn_cuda_error_info info;
     const int64_t a[] = {0, 0, 0, -7}, b[] = {0, 0, 0, 0, 0, 99999}, c[] = {0, -9};
     kv__dev_error(&rec, KV_ATTN_DEV_SLOTS, 3);
-    kv__dev_error_finish(&rec, a, NULL, NULL, NULL, NULL, NULL);
+    kv__dev_error_finish(&rec, a, NULL, NULL, NULL, NULL, NULL, NULL);
     kv__dev_error(&rec, KV_ATTN_DEV_SLOTS, 5);
-    kv__dev_error_finish(&rec, b, NULL, NULL, NULL, NULL, NULL);
+    kv__dev_error_finish(&rec, b, NULL, NULL, NULL, NULL, NULL, NULL);
     kv__attn_errors_decode(&rec, &info);
     assert_int_equal(info.count, 2);
     assert_int_equal(info.index, 3);
     assert_int_equal(info.value, -7);
     kv__dev_error(&rec, KV_ATTN_DEV_SLOTS, 1);
-    kv__dev_error_finish(&rec, c, NULL, NULL, NULL, NULL, NULL);
+    kv__dev_error_finish(&rec, c, NULL, NULL, NULL, NULL, NULL, NULL);
     kv__attn_errors_decode(&rec, &info);
     assert_int_equal(info.count, 3);
     assert_int_equal(info.index, 1);
@@ -564,6 +564,194 @@ static void test_devidx_decode_refusals(void **state)
     kvt_gfix_free(&f);
 }
 
+/* ---- read with device pages ----------------------------------------------------- */
+
+/* Read dp's sequences (out_indptr out [S + 1], T rows) from layer 1 (or
+ * every layer) of a padded HND f16 cache into garbage-filled padded f16 /
+ * f32 outputs on the emulator in the device mode. sc as in run_dec (x =
+ * stored x scale). The whole output buffers against a reference from the
+ * documented rules (rows of skipped sequences and pages untouched); with
+ * host_too the host-index read's outputs (sequences in order) too. */
+static void run_read(const struct kv_attn_dev_pages *dp, const int32_t *out, int64_t T, int sc,
+                     bool all_layers, kv_dtype out_dt, uint64_t want_count, int want_array,
+                     int64_t want_index, int64_t want_value, bool host_too)
+{
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    const int64_t L = 2, N = DEC_N, H = DEC_H, D = 8, pt = N;
+    cfg.num_layers = L, cfg.num_blocks = DEC_B, cfg.block_tokens = N, cfg.num_heads = H;
+    cfg.head_dim = D, cfg.dtype = KV_F16, cfg.order = KV_ORDER_HND, cfg.block_pad_elems = 5;
+    struct kvt_gfix f;
+    kvt_gfix_init(&f, &cfg, 88);
+    uint64_t rng = 17;
+    for (int64_t l = 0; l < L; l++)
+        for (int64_t slot = 0; slot < DEC_B * N; slot++)
+            for (int kv = 0; kv < 2; kv++)
+                for (int64_t h = 0; h < H; h++)
+                    for (int64_t d = 0; d < D; d++)
+                        kv_from_f32(KV_F16, (float)kvt_range(&rng, -4000, 4000) / 1000.0f,
+                                    kvt_gat(&f, f.pool, l, kv, slot, h, d));
+    memcpy(f.refmem, f.mem, f.bytes + 2 * KVT_GUARD);
+    const int32_t layer = all_layers ? KV_ATTN_ALL_LAYERS : 1;
+    const int64_t nl = all_layers ? L : 1;
+    struct kvt_tens ko, vo;
+    kvt_tens_make(&ko, out_dt, all_layers ? L : 0, T, H, D, false, 0, 41);
+    kvt_tens_make(&vo, out_dt, all_layers ? L : 0, T, H, D, false, 0, 42);
+    unsigned char *want[2], *host[2];
+    for (int kv = 0; kv < 2; kv++) {
+        const struct kvt_tens *o = kv ? &vo : &ko;
+        want[kv] = malloc(o->bytes + 64);
+        host[kv] = malloc(o->bytes + 64);
+        assert_true(want[kv] && host[kv]);
+        memcpy(want[kv], o->mem, o->bytes + 64);
+        memcpy(host[kv], o->mem, o->bytes + 64);
+    }
+    const struct kv_attn_dev_scales dsc = {wks, wvs, (uint32_t)H, sc == 2 ? 2u : 0u, sc == 2};
+    const struct kv_scales hsc = {wks, wvs, (uint32_t)H, sc == 2 ? 2u : 0u};
+    for (uint32_t s = 0; s < dp->n_seqs; s++) {
+        const int32_t *pages;
+        const int64_t n_tok = ref_seq(dp, s, pt, &pages);
+        const bool seq_ok =
+            (dp->format == KV_PAGES_BLOCK_TABLE
+                 ? dp->seq_lens[s] >= 0 && dp->seq_lens[s] <= dp->block_table_cols * pt
+                 : n_tok > 0 || dp->indptr[s] == dp->indptr[s + 1]) &&
+            out[s] >= 0 && out[s] <= T && out[s + 1] >= out[s] && out[s + 1] <= T &&
+            out[s + 1] - out[s] == n_tok;
+        if (!seq_ok)
+            continue;
+        for (int64_t t = 0; t < n_tok; t++) {
+            const int64_t pg = pages[t / pt];
+            if (pg < 0 || pg >= DEC_B)
+                continue;
+            for (int64_t lr = 0; lr < nl; lr++)
+                for (int kv = 0; kv < 2; kv++)
+                    for (int64_t h = 0; h < H; h++)
+                        for (int64_t d = 0; d < D; d++) {
+                            const struct kvt_tens *o = kv ? &vo : &ko;
+                            const int64_t l = all_layers ? lr : layer;
+                            const float x = kv_to_f32(
+                                KV_F16, kvt_gat(&f, f.ref, l, kv, pg * pt + t % pt, h, d));
+                            const float m = (kv ? wvs : wks)[(sc == 2 ? l * H : 0) + h];
+                            unsigned char *dst =
+                                want[kv] + (kvt_tens_at(o, lr, out[s] + t, h, d) - o->mem);
+                            kv_from_f32(out_dt, sc ? x * m : x, dst);
+                        }
+        }
+    }
+    struct kv_attn_cuda_errors rec;
+    memset(&rec, 0, sizeof(rec));
+    struct kv__attn_job j;
+    const uint64_t a0 = kv__mem_allocs();
+    kv_status st = kv__attn_read_dev_check("kv_attn_read_cuda_dev", &f.c, layer, dp, out, &ko.v,
+                                           &vo.v, sc ? &dsc : NULL, &j);
+    assert_int_equal(kv__mem_allocs(), a0);
+    if (st != KV_OK)
+        fail_msg("dev read check: %s: %s", kv_status_name(st), kv_last_error());
+    assert_null(j.runs);
+    st = kv__grid_attn_read_dev(&j, dp, out, sc == 1, &rec);
+    kv__attn_job_free(&j);
+    if (st != KV_OK)
+        fail_msg("emulated dev read: %s: %s", kv_status_name(st), kv_last_error());
+    kvt_gfix_check(&f, "guards + pool after the device-index read");
+    kvt_check_bytes(ko.mem, want[0], ko.bytes + 64, "k_out after the device-index read");
+    kvt_check_bytes(vo.mem, want[1], vo.bytes + 64, "v_out after the device-index read");
+    struct kv_attn_cuda_error_info info;
+    kv__attn_errors_decode(&rec, &info);
+    assert_int_equal(info.count, want_count);
+    assert_int_equal((int)info.array, want_array);
+    if (want_count) {
+        assert_int_equal(info.index, want_index);
+        assert_int_equal(info.value, want_value);
+    }
+    if (host_too) {
+        memcpy(ko.mem, host[0], ko.bytes + 64);
+        memcpy(vo.mem, host[1], vo.bytes + 64);
+        struct kv_pages hp;
+        memset(&hp, 0, sizeof(hp));
+        hp.n_seqs = dp->n_seqs, hp.page_ratio = 1;
+        int64_t lens[16];
+        if (dp->format == KV_PAGES_BLOCK_TABLE) {
+            for (uint32_t i = 0; i < dp->n_seqs; i++)
+                lens[i] = dp->seq_lens[i];
+            hp.format = KV_PAGES_BLOCK_TABLE, hp.block_table = dp->block_table;
+            hp.block_table_cols = dp->block_table_cols, hp.seq_lens = lens;
+        } else {
+            hp.format = KV_PAGES_CSR, hp.indptr = dp->indptr, hp.indices = dp->indices;
+            hp.last_page_len = dp->last_page_len;
+        }
+        st = kv__attn_read_check("kv_attn_read_cuda", &f.c, layer, &hp, &ko.v, &vo.v,
+                                 sc ? &hsc : NULL, &j);
+        if (st != KV_OK)
+            fail_msg("host read check: %s: %s", kv_status_name(st), kv_last_error());
+        assert_int_equal(kv__grid_attn_move(&j, false), KV_OK);
+        kv__attn_job_free(&j);
+        kvt_check_bytes(ko.mem, want[0], ko.bytes + 64, "k_out of the host-index read");
+        kvt_check_bytes(vo.mem, want[1], vo.bytes + 64, "v_out of the host-index read");
+    }
+    for (int kv = 0; kv < 2; kv++)
+        free(want[kv]), free(host[kv]);
+    kv__mem_free(ko.mem), kv__mem_free(vo.mem);
+    kvt_gfix_free(&f);
+}
+
+static void test_devidx_read(void **state)
+{
+    (void)state;
+    /* lengths 7, 0, 1, 16 (as the decode): CSR and a block table */
+    const int32_t indptr[5] = {0, 2, 2, 3, 7}, last[4] = {3, 0, 1, 4};
+    const int32_t indices[7] = {150, 199, 120, 101, 188, 170, 131};
+    const int32_t out[5] = {0, 7, 7, 8, 24};
+    const struct kv_attn_dev_pages c = csr(4, indptr, indices, 7, last);
+    const int32_t table[4 * 5] = {150, 199, -1, DEC_B, -1, 77,  -1,  -1,  -1,  -1,
+                                  120, -1,  -1, -1,    -1, 101, 188, 170, 131, 9999};
+    const int32_t lens[4] = {7, 0, 1, 16};
+    const struct kv_attn_dev_pages t = btab(4, table, 5, lens);
+    for (int sc = 0; sc < 3; sc++) {
+        run_read(&c, out, 24, sc, sc == 1, sc ? KV_F32 : KV_F16, 0, KV_ATTN_DEV_NONE, 0, 0, true);
+        run_read(&t, out, 24, sc, sc != 1, sc == 2 ? KV_F32 : KV_F16, 0, KV_ATTN_DEV_NONE, 0, 0,
+                 true);
+    }
+    /* CSR: entry 4 is B (s3's 2nd page: its tokens 4..7 skipped); s1 (0
+     * tokens) given rows 7..8 and s2 (1 token) rows 8..8: both skipped; the
+     * page is the first (the lowest array) */
+    const int32_t ix2[7] = {150, 199, 120, 101, DEC_B, 170, 131};
+    const int32_t out2[5] = {0, 7, 8, 8, 24};
+    const struct kv_attn_dev_pages c2 = csr(4, indptr, ix2, 7, last);
+    run_read(&c2, out2, 24, 1, false, KV_F32, 3, KV_ATTN_DEV_PAGES, 4, DEC_B, false);
+    /* rows past T: s2's end and s3's start (30 > 24), both index 3 */
+    const int32_t out5[5] = {0, 7, 7, 30, 24};
+    run_read(&c, out5, 24, 0, false, KV_F16, 2, KV_ATTN_DEV_OUT_INDPTR, 3, 30, false);
+    /* rows errors only: s1 has 0 tokens but out 7 -> 9; s3 fine */
+    const int32_t out3[5] = {0, 7, 9, 10, 26};
+    run_read(&c, out3, 26, 0, true, KV_F16, 1, KV_ATTN_DEV_OUT_INDPTR, 2, 9, false);
+    /* block table: s0 seq_lens 21 > 5 x N; s3 page -1 at column 1 (index 16) */
+    const int32_t lens4[4] = {21, 0, 1, 16};
+    const int32_t tb4[4 * 5] = {150, 199, -1, DEC_B, -1, 77,  -1, -1,  -1,  -1,
+                                120, -1,  -1, -1,    -1, 101, -1, 170, 131, 9999};
+    const struct kv_attn_dev_pages t4 = btab(4, tb4, 5, lens4);
+    run_read(&t4, out, 24, 2, false, KV_F16, 2, KV_ATTN_DEV_PAGES, 16, -1, false);
+    /* the host side: out_indptr NULL, k_out / v_out of different T */
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 2, cfg.num_blocks = DEC_B, cfg.block_tokens = DEC_N, cfg.num_heads = DEC_H;
+    cfg.head_dim = 8, cfg.dtype = KV_F16;
+    struct kvt_gfix f;
+    kvt_gfix_init(&f, &cfg, 4);
+    struct kvt_tens a, b;
+    kvt_tens_make(&a, KV_F16, 0, 24, DEC_H, 8, false, 0, 1);
+    kvt_tens_make(&b, KV_F16, 0, 23, DEC_H, 8, false, 0, 2);
+    struct kv__attn_job j;
+    assert_int_equal(
+        kv__attn_read_dev_check("kv_attn_read_cuda_dev", &f.c, 1, &c, NULL, &a.v, &a.v, NULL, &j),
+        KV_ERR_NULL);
+    kvt_assert_msg_has("out_indptr_dev is NULL with n_seqs 4");
+    assert_int_equal(
+        kv__attn_read_dev_check("kv_attn_read_cuda_dev", &f.c, 1, &c, out, &a.v, &b.v, NULL, &j),
+        KV_ERR_BAD_SHAPE);
+    kvt_assert_msg_has("k_out has 24 tokens, v_out 23");
+    kvt_gfix_check(&f, "pool after the refusals");
+    kv__mem_free(a.mem), kv__mem_free(b.mem);
+    kvt_gfix_free(&f);
+}
+
 /* ---- copy blocks with device pairs ------------------------------------------------- */
 
 /* Copy pairs[n] in a padded cache (layer- or block-major) on the emulator in
@@ -759,6 +947,7 @@ int main(void)
         cmocka_unit_test(test_devidx_decode_valid),
         cmocka_unit_test(test_devidx_decode_invalid),
         cmocka_unit_test(test_devidx_decode_refusals),
+        cmocka_unit_test(test_devidx_read),
         cmocka_unit_test(test_devidx_copy_blocks),
         cmocka_unit_test(test_devidx_copy_blocks_ex),
     };
