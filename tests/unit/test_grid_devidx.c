@@ -1,31 +1,39 @@
 /*
- * test_grid_devidx.c - the device-index write (kv_attn_write_cuda_dev) on
- * the CPU grid emulator: the CUDA launcher's job (kv__attn_write_dev_check:
- * scalar checks only), the same launch parameters, and the kernel body
- * reading the slot mapping itself (kv__grid_attn_write_dev), the error
- * record finished as the CUDA launcher finishes it.
+ * test_grid_devidx.c - the device-index entries (kv_attn_*_cuda_dev) on the
+ * CPU grid emulator: the CUDA launcher's job (kv__attn_*_dev_check: scalar
+ * checks only), the same launch parameters, and the kernel bodies reading
+ * the index arrays themselves (kv__grid_attn_*_dev; host memory stands for
+ * device memory), the error record finished as the CUDA launcher finishes
+ * it. Fixtures: tests/common/kvt_grid.h (pools between guard bytes).
  *
- *   - valid slots (blocks far from 0, a -1, one layer and all layers, a
- *     padded NHD layout and a padded HND one, bytes and converting moves):
- *     the WHOLE pool equals an element-by-element reference and the host
- *     index path's pool; the record stays all zero;
- *   - invalid slots (B x N, -5, INT64_MAX) amid valid ones: the invalid
- *     tokens are skipped, the valid ones written as the reference says,
- *     guard bytes around the pool untouched, the record counts each invalid
- *     token once and names the first (index, value); a later launch keeps
- *     an earlier first unless it finds a lower index;
- *   - copy blocks with device pairs (kv__grid_attn_copy_dev): layer- and
- *     block-major padded caches, valid pairs equal an element reference and
- *     the host mode's pool; a src or dst id >= B skips its pair, recorded;
- *   - the host side (the validator the CUDA entries call) makes no
- *     allocation (kv__mem_allocs) and reads no index;
- *   - the host side refuses bad scalars naming the values, pool untouched;
- *   - decode with device CSR (kv__grid_attn_decode_dev): valid pages equal
- *     the host-index decode bit for bit and a float64 softmax within 1e-5;
- *     a bad indptr or last_page_len zeroes that sequence, a page id of -3
- *     or B leaves its tokens out, every other output as the reference says,
- *     the pool unchanged, the output's padding untouched, the record naming
- *     the first (array, index, value) and the count.
+ *   - write: valid slots (blocks far from 0, a -1, one layer and all
+ *     layers, padded NHD and HND, bytes and converting moves, no scales,
+ *     scales by value and in device memory with a row per layer): the
+ *     WHOLE pool equals an element-by-element reference and the host-index
+ *     path's pool; the record stays all zero; invalid slots (B x N, -5,
+ *     INT64_MAX) skipped, guards untouched, each counted once, the first
+ *     named (index, value); a later launch keeps an earlier first unless it
+ *     finds a lower index;
+ *   - the host side makes no allocation (kv__mem_allocs), reads no index,
+ *     and refuses bad scalars and scales naming the values (by value past
+ *     KV_ATTN_DEV_SCALES_MAX: KV_ERR_UNSUPPORTED), pool untouched;
+ *   - decode with device CSR and with a block table + seq_lens, scales by
+ *     value and in device memory: valid pages equal the host-index decode
+ *     bit for bit and a float64 softmax within 1e-5; a bad indptr,
+ *     last_page_len or seq_lens zeroes that sequence, a page id of -3, -2
+ *     or B leaves its tokens out, block-table columns past a length are
+ *     never read, the pool and the output's padding untouched, the record
+ *     naming the first (array, index, value) and the count;
+ *   - read with device CSR and block-table pages and out_indptr (one layer
+ *     and all, f16 and f32 outputs, scales): the whole output buffers equal
+ *     a reference from the documented rules and the host-index read; bad
+ *     sequences, pages and output rows skipped (their rows untouched) and
+ *     recorded;
+ *   - copy blocks and copy_ex with device pairs: layer- and block-major
+ *     padded caches, two caches of different block counts, a layer range,
+ *     K, V or both, packed K|V: valid pairs equal an element reference and
+ *     the host mode's pool; a src or dst id past its cache skips its pair,
+ *     recorded; the source pool unchanged.
  */
 #include <math.h>
 #include <setjmp.h>
