@@ -52,6 +52,7 @@ mutations=(
 "devidx-read-drop-last-token|$A|r->n = left < m->rd_pt ? left : m->rd_pt;|r->n = left < m->rd_pt ? left - 1 : m->rd_pt;"
 "devidx-copy-ex-dst-bound|$A|(int64_t)pr.dst >= p->dlo.num_blocks|(int64_t)pr.dst > p->dlo.num_blocks"
 "devidx-scale-layer-row|$A|(int64_t)lrel * m->sc_lstride + i;|(int64_t)(lrel & 0) * m->sc_lstride + i;"
+"devidx-plan-src-bound|$P|(s_id >= p->s_blocks|(s_id > p->s_blocks"
 )
 
 cd "$root"

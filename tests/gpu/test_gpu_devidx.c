@@ -12,7 +12,11 @@
  *   - kv_attn_copy_blocks_ex_cuda_dev between two device caches of one
  *     block format (a layer range, the V plane), one pair with src = B
  *     skipped and recorded;
- *   - capture: read, decode and copy_ex captured in one graph and replayed
+ *   - kv_plan_copy_cuda_dev (a layer range, one head, block lists in
+ *     device memory) against kv_plan_copy_cuda, one invalid destination id
+ *     skipped and recorded;
+ *   - capture: read, decode, copy_ex and the plan copy captured in one
+ *     graph and replayed
  *     after the device scales were rewritten in place (the replay reads the
  *     new values: the uncaptured calls with the new scales give the same
  *     bytes).
@@ -292,7 +296,33 @@ int main(void)
     same(d.base, dh.base, d.storage_bytes, "copy_blocks_ex_dev");
     record_is(err, 1, KV_ATTN_DEV_COPIES, 4, B, "copy_blocks_ex_dev");
 
-    /* ---- capture: read + decode + copy_ex, replayed with new device scales */
+    /* ---- the plan copy with device block lists: c -> d2 (a 2-layer range,
+     * one head), against kv_plan_copy_cuda; one invalid destination id */
+    struct kv_paged_cache d2 = cache_make(128, 4), d2h = cache_twin(&d2);
+    struct kv_plan_config pcfg = KV_PLAN_CONFIG_INIT;
+    pcfg.src_head0 = 1, pcfg.dst_head0 = 0, pcfg.n_heads = 1;
+    pcfg.src_layer0 = 1, pcfg.dst_layer0 = 0, pcfg.n_layers = 2;
+    kv_plan *plan = NULL;
+    kv_plan_dev *pd = NULL;
+    CHECK(kv_plan_create(&c.layout, &d2.layout, &pcfg, &plan) == KV_OK);
+    CHECK(kv_plan_dev_create(plan, &pd) == KV_OK);
+    const uint32_t psrc[3] = {200, 17, 255}, pbad[3] = {5, 128, 64};
+    uint32_t *d_psrc = dev_copy(psrc, sizeof(psrc)), *d_pbad = dev_copy(pbad, sizeof(pbad));
+    struct kv_plan_cuda_errors *perr = dev_alloc(sizeof(*perr)), prec;
+    CHECK(cudaMemset(perr, 0, sizeof(*perr)) == cudaSuccess);
+    /* the host-index twin: the request's valid blocks (block 1 skipped) */
+    const uint32_t hsrc[2] = {200, 255}, hdst[2] = {5, 64};
+    CHECK(kv_plan_copy_cuda(plan, c, hsrc, 1, d2h, hdst, 1, N, NULL) == KV_OK);
+    CHECK(kv_plan_copy_cuda(plan, c, hsrc + 1, 1, d2h, hdst + 1, 1, N, NULL) == KV_OK);
+    CHECK(kv_plan_copy_cuda_dev(pd, c, d_psrc, 3, d2, d_pbad, 3, 3 * N, perr, NULL) == KV_OK);
+    same(d2.base, d2h.base, d2.storage_bytes, "plan_copy_cuda_dev");
+    CHECK(cudaMemcpy(&prec, perr, sizeof(prec), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(prec.count == 1 && prec.first_key == ~(((uint64_t)1 << 56) | 1) &&
+          prec.value_key == prec.first_key && prec.first_value == 128);
+    CHECK(cudaMemset(perr, 0, sizeof(*perr)) == cudaSuccess);
+
+    /* ---- capture: read + decode + copy_ex + plan copy, replayed with new
+     * device scales */
     cudaStream_t st;
     CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
     cudaGraph_t graph;
@@ -303,6 +333,8 @@ int main(void)
     CHECK(kv_attn_decode_cuda_dev(c, 1, &q, &tab, sm, &dsc_l, &oa, err, (kv_cuda_stream)st) ==
           KV_OK);
     CHECK(kv_attn_copy_blocks_ex_cuda_dev(d, c, d_pairs, 4, &o, err, (kv_cuda_stream)st) == KV_OK);
+    CHECK(kv_plan_copy_cuda_dev(pd, c, d_psrc, 3, d2, d_pbad, 3, 3 * N, perr, (kv_cuda_stream)st) ==
+          KV_OK);
     CHECK(cudaStreamEndCapture(st, &graph) == cudaSuccess);
     CHECK(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
     for (int i = 0; i < L * H; i++)
@@ -317,15 +349,21 @@ int main(void)
     same(rv_a, rv_b, rb, "graph replay read, new scales, V");
     same(o_a, o_b, qb, "graph replay decode, new scales");
     same(d.base, dh.base, d.storage_bytes, "graph replay copy_ex");
+    same(d2.base, d2h.base, d2.storage_bytes, "graph replay plan copy");
+    CHECK(cudaMemcpy(&prec, perr, sizeof(prec), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(prec.count == 1 && prec.first_value == 128);
     record_is(err, 1, KV_ATTN_DEV_COPIES, 4, B, "graph replay");
 
     CHECK(cudaGraphExecDestroy(exec) == cudaSuccess);
     CHECK(cudaGraphDestroy(graph) == cudaSuccess);
     CHECK(cudaStreamDestroy(st) == cudaSuccess);
     kv_attn_cuda_errors_destroy(err);
-    void *bufs[] = {dks,       dvs,    c.base,  h.base, dk,     dv,      dslots, d_indptr,
-                    d_indices, d_last, d_table, d_lens, d_out,  ro_a,    ro_b,   rv_a,
-                    rv_b,      dq,     o_a,     o_b,    d.base, dh.base, d_pairs};
+    kv_plan_dev_destroy(pd);
+    kv_plan_destroy(plan);
+    void *bufs[] = {dks,      dvs,       c.base,  h.base,   dk,     dv,     dslots,
+                    d_indptr, d_indices, d_last,  d_table,  d_lens, d_out,  ro_a,
+                    ro_b,     rv_a,      rv_b,    dq,       o_a,    o_b,    d.base,
+                    dh.base,  d_pairs,   d2.base, d2h.base, d_psrc, d_pbad, perr};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         CHECK(cudaFree(bufs[i]) == cudaSuccess);
     free(kt), free(vt), free(qh);

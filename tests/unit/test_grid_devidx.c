@@ -51,6 +51,7 @@
 
 #include "kv_attn_grid_int.h"
 #include "kv_attn_kernels_hd.h"
+#include "kv_plan_grid_int.h"
 #include "kv_mem.h"
 #include "kvt_grid.h"
 #include "kvt_side.h"
@@ -945,6 +946,132 @@ static void test_devidx_copy_blocks_ex(void **state)
     kvt_gfix_free(&s);
 }
 
+/* ---- the plan copy with device block lists ------------------------------------- */
+
+/* Request ns / nd blocks (sid, did; an id past its pool skips the tokens
+ * of that block) through plan (layers 1..2 of s onto 0..1 of d, heads hs0
+ * .. + nh onto hd0 ..) on the emulator in the device mode. Reference:
+ * config-only, token by token; with host_too the host-index executor's
+ * pool (schedule + emulated launch) too. */
+static void run_plan_dev(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, int64_t Hd,
+                         int64_t hs0, int64_t hd0, int64_t nh, kv_dtype dt, const uint32_t *sid,
+                         uint32_t ns, const uint32_t *did, uint32_t nd, uint64_t want_count,
+                         int64_t want_key, int64_t want_value, bool host_too)
+{
+    struct kvt_side s, d;
+    const int64_t D = 32, B = 60;
+    kvt_side_make(&s, 3, B, Ns, Hs, D, dt, sbits, 5);
+    kvt_side_make(&d, 3, B, Nd, Hd, D, dt, dbits, 6);
+    s.pc.mem = d.pc.mem = KV_MEM_PINNED; /* what the CUDA executors take */
+    struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+    pc.src_head0 = hs0, pc.dst_head0 = hd0, pc.n_heads = nh;
+    pc.src_layer0 = 1, pc.dst_layer0 = 0, pc.n_layers = 2;
+    kv_plan *plan = NULL;
+    assert_int_equal(kv_plan_create(&s.lo, &d.lo, &pc, &plan), KV_OK);
+    const uint64_t T = (uint64_t)(ns * Ns < nd * Nd ? ns * Ns : nd * Nd);
+    const size_t sb = (size_t)s.lo.total_bytes, db = (size_t)d.lo.total_bytes;
+    unsigned char *ref = malloc(db), *d0 = malloc(db), *s0 = malloc(sb);
+    assert_true(ref && d0 && s0);
+    memcpy(ref, d.mem, db), memcpy(d0, d.mem, db), memcpy(s0, s.mem, sb);
+    const int64_t es = s.lo.elem_bytes;
+    for (uint64_t t = 0; t < T; t++) {
+        const uint32_t bs = sid[t / (uint64_t)Ns], bd = did[t / (uint64_t)Nd];
+        if (bs >= B || bd >= B)
+            continue;
+        for (int64_t l = 0; l < 2; l++)
+            for (int kv = 0; kv < 2; kv++)
+                for (int64_t h = 0; h < nh; h++) {
+                    const int64_t so = kvt_ref_offset_elems(
+                        &s.cfg, 1 + l, kv, bs, (int64_t)(t % (uint64_t)Ns), hs0 + h, 0);
+                    const int64_t dof = kvt_ref_offset_elems(
+                        &d.cfg, l, kv, bd, (int64_t)(t % (uint64_t)Nd), hd0 + h, 0);
+                    memcpy(ref + dof * es, s.mem + so * es, (size_t)(D * es));
+                }
+    }
+    struct kv_plan_cuda_errors rec;
+    memset(&rec, 0, sizeof(rec));
+    const uint64_t a0 = kv__mem_allocs();
+    kv_status st = kv__plan_check_request_dev("kv_plan_copy_cuda_dev", plan, &s.pc, sid, ns, &d.pc,
+                                              did, nd, T);
+    assert_int_equal(kv__mem_allocs(), a0);
+    if (st != KV_OK)
+        fail_msg("dev plan check: %s: %s", kv_status_name(st), kv_last_error());
+    st = kv__grid_plan_copy_dev(plan, &s.pc, sid, ns, &d.pc, did, nd, T, &rec);
+    if (st != KV_OK)
+        fail_msg("emulated dev plan copy: %s: %s", kv_status_name(st), kv_last_error());
+    kvt_check_bytes(d.mem, ref, db, "destination pool after the device-list plan copy");
+    kvt_check_bytes(s.mem, s0, sb, "source pool after the device-list plan copy");
+    assert_int_equal(rec.count, want_count);
+    if (want_count) {
+        assert_int_equal(rec.first_key, ~(uint64_t)want_key);
+        assert_int_equal(rec.value_key, rec.first_key);
+        assert_int_equal(rec.first_value, want_value);
+    } else {
+        assert_int_equal(rec.first_key, 0);
+    }
+    if (host_too) {
+        memcpy(d.mem, d0, db);
+        struct kv__plan_sched sc;
+        assert_int_equal(kv__plan_check_request("kv_plan_copy_cuda", plan, &s.pc, sid, ns, &d.pc,
+                                                did, nd, T, true),
+                         KV_OK);
+        assert_int_equal(
+            kv__plan_cuda_schedule("test", plan, &s.pc, sid, ns, &d.pc, did, nd, T, 0, &sc), KV_OK);
+        assert_int_equal(kv__grid_plan_copy(&sc), KV_OK);
+        kv__plan_sched_free(&sc);
+        kvt_check_bytes(d.mem, ref, db, "destination pool of the host-index plan copy");
+    }
+    kv_plan_destroy(plan);
+    free(ref), free(d0), free(s0);
+    kvt_side_free(&s);
+    kvt_side_free(&d);
+}
+
+static void test_devidx_plan_copy(void **state)
+{
+    (void)state;
+    uint64_t rng = 3;
+    uint32_t sid[16], did[16];
+    kvt_pick_ids(&rng, 60, 16, sid);
+    kvt_pick_ids(&rng, 60, 16, did);
+    /* NHD -> NHD, block-major both sides: whole-block (wide) copies */
+    run_plan_dev(2, 2, 8, 8, 4, 4, 0, 0, 4, KV_F16, sid, 4, did, 4, 0, 0, 0, true);
+    /* NHD -> HND f32, block sizes 8 -> 4, heads 1..2 of 4 into 0..1 of 2, padded */
+    run_plan_dev(4, 1 | 4, 8, 4, 4, 2, 1, 0, 2, KV_F32, sid, 3, did, 6, 0, 0, 0, true);
+    /* HND -> NHD bf16, blocks 4 -> 8, packed K|V on the source */
+    run_plan_dev(1 | 8, 0, 4, 8, 2, 2, 0, 0, 2, KV_BF16, sid, 8, did, 4, 0, 0, 0, true);
+    /* invalid ids: source entry 1 = B, destination entries 0 and 3 past B */
+    uint32_t bs[6], bd[6];
+    memcpy(bs, sid, sizeof(bs)), memcpy(bd, did, sizeof(bd));
+    bs[1] = 60, bd[0] = 1000, bd[3] = 61;
+    run_plan_dev(4, 1 | 4, 8, 4, 4, 2, 1, 0, 2, KV_F32, bs, 3, bd, 6, 3, 1, 60, false);
+    /* destination errors only: the first is side 1, entry 0 */
+    run_plan_dev(2, 2, 8, 8, 4, 4, 0, 0, 4, KV_F16, sid, 4, bd, 4, 2, (int64_t)1 << 56 | 0, 1000,
+                 false);
+    /* the host side: NULL lists, lengths, memory kind */
+    struct kvt_side s, d;
+    kvt_side_make(&s, 3, 60, 8, 4, 32, KV_F16, 0, 1);
+    kvt_side_make(&d, 3, 60, 8, 4, 32, KV_F16, 0, 2);
+    kv_plan *plan = NULL;
+    assert_int_equal(kv_plan_create(&s.lo, &d.lo, NULL, &plan), KV_OK);
+    s.pc.mem = d.pc.mem = KV_MEM_PINNED;
+    assert_int_equal(kv__plan_check_request_dev("kv_plan_copy_cuda_dev", plan, &s.pc, NULL, 2,
+                                                &d.pc, did, 2, 16),
+                     KV_ERR_NULL);
+    kvt_assert_msg_has("src_blocks_dev is NULL with 2 blocks");
+    assert_int_equal(
+        kv__plan_check_request_dev("kv_plan_copy_cuda_dev", plan, &s.pc, sid, 3, &d.pc, did, 2, 16),
+        KV_ERR_BAD_SHAPE);
+    kvt_assert_msg_has("3 src blocks for a request that needs 2");
+    d.pc.mem = KV_MEM_HOST;
+    assert_int_not_equal(
+        kv__plan_check_request_dev("kv_plan_copy_cuda_dev", plan, &s.pc, sid, 2, &d.pc, did, 2, 16),
+        KV_OK);
+    kv_plan_destroy(plan);
+    kvt_side_free(&s);
+    kvt_side_free(&d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -958,6 +1085,7 @@ int main(void)
         cmocka_unit_test(test_devidx_read),
         cmocka_unit_test(test_devidx_copy_blocks),
         cmocka_unit_test(test_devidx_copy_blocks_ex),
+        cmocka_unit_test(test_devidx_plan_copy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
