@@ -328,9 +328,9 @@ KV_API KV_NODISCARD kv_status kv_attn_prefill(struct kv_paged_cache cache, uint3
  * stream-ordered device memory with cudaMemcpyAsync from pageable host
  * memory: no explicit synchronize, but CUDA may synchronize with the stream
  * to stage that copy, and a call cannot be captured in a CUDA graph (the
- * host arrays are freed when it returns). Device-resident indices are
- * planned. KV_ERR_UNSUPPORTED without CUDA in the build or a usable device;
- * KV_ERR_NO_MEMORY when host or device memory for the index arrays runs out;
+ * host arrays are freed when it returns). The *_cuda_dev entries below
+ * take device-resident indices. KV_ERR_UNSUPPORTED without CUDA in the
+ * build or a usable device; KV_ERR_NO_MEMORY when host or device memory for the index arrays runs out;
  * KV_ERR_DEVICE when a CUDA call or a launch fails. */
 
 KV_API KV_NODISCARD kv_status kv_attn_write_cuda(struct kv_paged_cache cache, int32_t layer,
@@ -404,8 +404,13 @@ enum kv_attn_dev_array {
     KV_ATTN_DEV_LAST_LEN = 3, /* last_page_len[index] outside 1..N/r (0 with no pages):
                                * the sequence is skipped, its output 0 */
     KV_ATTN_DEV_PAGES = 4,    /* indices[index] outside [0, B x r): its tokens skipped */
-    KV_ATTN_DEV_COPIES = 5    /* copies[index / 2].src (even) or .dst (odd) >= B: the
-                               * pair is skipped */
+    KV_ATTN_DEV_COPIES = 5,   /* copies[index / 2].src (even) or .dst (odd) >= the
+                               * cache's B (dst: the dst cache's): the pair is skipped */
+    KV_ATTN_DEV_SEQ_LENS = 6, /* seq_lens[index] outside [0, block_table_cols x N/r]:
+                               * the sequence is skipped, its output 0 */
+    KV_ATTN_DEV_OUT_INDPTR = 7 /* out_indptr[index] (a read's output rows) outside
+                                * [0, T], decreasing, or not the sequence's
+                                * tokens apart: the sequence is skipped */
 };
 
 /* The record as read on the host. */
@@ -429,40 +434,93 @@ KV_API KV_NODISCARD kv_status kv_attn_cuda_errors_get(const struct kv_attn_cuda_
                                                       struct kv_attn_cuda_error_info *out,
                                                       kv_cuda_stream stream);
 
-/* Device-resident CSR pages (FlashInfer's paged_kv_indptr / indices /
- * last_page_len), all int32 device memory. */
+/* Device-resident pages, all int32 device memory: FlashInfer's CSR
+ * (paged_kv_indptr / indices / last_page_len; format 0 or KV_PAGES_CSR)
+ * or vLLM's block table + seq_lens (format KV_PAGES_BLOCK_TABLE: sequence
+ * s's pages are block_table[s * block_table_cols + i] for i <
+ * ceil(seq_lens[s] / (N/r)), as in struct kv_pages). The fields of the
+ * other form are ignored. */
 struct kv_attn_dev_pages {
     uint32_t n_seqs;
     uint32_t page_ratio;          /* r >= 1 (0 means 1), dividing N */
-    const int32_t *indptr;        /* [n_seqs + 1], device */
-    const int32_t *indices;       /* [n_pages], device */
-    int64_t n_pages;              /* length of indices */
-    const int32_t *last_page_len; /* [n_seqs], device */
+    const int32_t *indptr;        /* CSR: [n_seqs + 1], device */
+    const int32_t *indices;       /* CSR: [n_pages], device */
+    int64_t n_pages;              /* CSR: length of indices */
+    const int32_t *last_page_len; /* CSR: [n_seqs], device */
+    enum kv_pages_format format;  /* 0 (CSR), KV_PAGES_CSR or KV_PAGES_BLOCK_TABLE */
+    const int32_t *block_table;   /* block table: [n_seqs][block_table_cols], device */
+    uint32_t block_table_cols;    /* block table: row length (>= 1) */
+    const int32_t *seq_lens;      /* block table: [n_seqs] tokens, device */
+};
+
+/* The scales of the device-index entries (vLLM's k_scale / v_scale), the
+ * rules of struct kv_scales (stored = x / scale, x = stored * scale; n 1
+ * or H; layers 0 or 1 shared, L one row per layer), in one of two forms:
+ *   device 0  k, v host arrays, checked (finite, > 0) and read at the call
+ *             into the launch's parameters (by value: at most
+ *             KV_ATTN_DEV_SCALES_MAX values per plane over the rows the
+ *             call reads); a captured graph replays the captured values
+ *   device 1  k, v device memory, read by the kernel when it runs (a
+ *             replay reads the current values); not checked: a scale that
+ *             is not finite and > 0 gives inf / NaN elements, never an
+ *             access out of bounds */
+#define KV_ATTN_DEV_SCALES_MAX 128
+struct kv_attn_dev_scales {
+    const float *k; /* [layers][n] */
+    const float *v; /* [layers][n] */
+    uint32_t n;     /* per layer: 1 (per tensor) or H (per KV head) */
+    uint32_t layers; /* 0 or 1: shared by every layer; L: one row of n per layer */
+    uint32_t device; /* 0: host arrays (by value); 1: device memory */
 };
 
 /* kv_attn_write_cuda with slots_dev [n_slots] in device memory (int64;
  * -1 skips a token). Slots are checked by the kernel (KV_ATTN_DEV_SLOTS);
- * a slot given twice is not detected (one of the tokens lands). scales must
- * be NULL (KV_ERR_UNSUPPORTED otherwise: they would need a device copy).
- * KV_ERR_BAD_SHAPE for n_slots outside [0, T]; KV_ERR_NULL for slots_dev NULL
- * with n_slots > 0. */
+ * a slot given twice is not detected (one of the tokens lands). scales:
+ * NULL, or struct kv_attn_dev_scales (a KV_ATTN_ALL_LAYERS call with a row
+ * per layer is still one launch). KV_ERR_BAD_SHAPE for n_slots outside
+ * [0, T]; KV_ERR_NULL for slots_dev NULL with n_slots > 0; the refusals of
+ * kv_scales for the scales, and KV_ERR_UNSUPPORTED for by-value scales
+ * past KV_ATTN_DEV_SCALES_MAX. */
 KV_API KV_NODISCARD kv_status kv_attn_write_cuda_dev(struct kv_paged_cache cache, int32_t layer,
                                                      const struct kv_view *k,
                                                      const struct kv_view *v,
                                                      const int64_t *slots_dev, int64_t n_slots,
-                                                     const struct kv_scales *scales,
+                                                     const struct kv_attn_dev_scales *scales,
                                                      struct kv_attn_cuda_errors *errors,
                                                      kv_cuda_stream stream);
 
-/* kv_attn_decode_cuda with device-resident CSR pages: the kernel checks
- * indptr, last_page_len and every page id (KV_ATTN_DEV_INDPTR, _LAST_LEN,
- * _PAGES); a sequence with bad indptr or last_page_len gets output 0, a bad
- * page's tokens are left out of the softmax. scales must be NULL
- * (KV_ERR_UNSUPPORTED). Capture-safe as kv_attn_write_cuda_dev. */
+/* kv_attn_decode_cuda with device-resident pages (CSR or block table):
+ * the kernel checks indptr, last_page_len, seq_lens and every page id it
+ * uses (KV_ATTN_DEV_INDPTR, _LAST_LEN, _SEQ_LENS, _PAGES; a block-table
+ * page's index is s x block_table_cols + i); a sequence with a bad indptr,
+ * last_page_len or seq_lens gets output 0, a bad page's tokens are left out
+ * of the softmax. scales: NULL or struct kv_attn_dev_scales, as in
+ * kv_attn_write_cuda_dev. KV_ERR_NULL for an array of the chosen form that
+ * is NULL, KV_ERR_INVALID_ARG for another format or block_table_cols 0.
+ * Capture-safe as kv_attn_write_cuda_dev. */
 KV_API KV_NODISCARD kv_status kv_attn_decode_cuda_dev(
     struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q,
-    const struct kv_attn_dev_pages *pages, float softmax_scale, const struct kv_scales *scales,
+    const struct kv_attn_dev_pages *pages, float softmax_scale,
+    const struct kv_attn_dev_scales *scales,
     const struct kv_view *out, struct kv_attn_cuda_errors *errors, kv_cuda_stream stream);
+
+/* kv_attn_read_cuda with device-resident pages (CSR or block table) and
+ * out_indptr_dev [n_seqs + 1] (int32 device memory, vLLM gather_cache's
+ * cu_seq_lens): sequence s's tokens go to rows out_indptr[s] ..
+ * out_indptr[s + 1] - 1 of k_out / v_out ([T][H][D] or [L][T][H][D], any
+ * strides). The kernel checks the pages as kv_attn_decode_cuda_dev does and
+ * out_indptr (KV_ATTN_DEV_OUT_INDPTR: inside [0, T], non-decreasing, as
+ * many rows as the sequence's tokens); a bad sequence is skipped (its rows
+ * untouched), a bad page's tokens too. One CUDA block per (page entry,
+ * layer). scales as in kv_attn_write_cuda_dev (x = stored x scale).
+ * KV_ERR_NULL for a NULL array of the chosen form or out_indptr_dev with
+ * n_seqs > 0, KV_ERR_BAD_SHAPE for k_out and v_out of different T; the
+ * host mode's tensor checks. Capture-safe as kv_attn_write_cuda_dev. */
+KV_API KV_NODISCARD kv_status kv_attn_read_cuda_dev(
+    struct kv_paged_cache cache, int32_t layer, const struct kv_attn_dev_pages *pages,
+    const int32_t *out_indptr_dev, const struct kv_view *k_out, const struct kv_view *v_out,
+    const struct kv_attn_dev_scales *scales, struct kv_attn_cuda_errors *errors,
+    kv_cuda_stream stream);
 
 /* kv_attn_copy_blocks_cuda with copies_dev [n_copies] in device memory
  * (whole blocks within one cache; .tokens is ignored, as there). The kernel
@@ -475,6 +533,20 @@ KV_API KV_NODISCARD kv_status kv_attn_copy_blocks_cuda_dev(struct kv_paged_cache
                                                            uint32_t n_copies,
                                                            struct kv_attn_cuda_errors *errors,
                                                            kv_cuda_stream stream);
+
+/* kv_attn_copy_blocks_ex_cuda with copies_dev [n_copies] in device memory:
+ * the layers and planes of opts, within one cache or between two of one
+ * block format. The host side makes the checks of
+ * kv_attn_copy_blocks_ex_cuda that read no pair; the kernel checks every id
+ * (src < src's B, dst < dst's B: KV_ATTN_DEV_COPIES) and skips a bad pair.
+ * Not detected on the device: a dst given twice, or (one cache) a dst that
+ * is another pair's src (the host mode refuses these; the result is then
+ * undefined). KV_ERR_NULL for copies_dev NULL with n_copies > 0.
+ * Capture-safe as kv_attn_write_cuda_dev. */
+KV_API KV_NODISCARD kv_status kv_attn_copy_blocks_ex_cuda_dev(
+    struct kv_paged_cache dst, struct kv_paged_cache src, const struct kv_block_copy *copies_dev,
+    uint32_t n_copies, const struct kv_copy_blocks_opts *opts, struct kv_attn_cuda_errors *errors,
+    kv_cuda_stream stream);
 
 /* ---- which path ran ---------------------------------------------------------- */
 

@@ -544,6 +544,8 @@ kv_status kv__attn_read_check(const char *fn, const struct kv_paged_cache *cache
         return st;
     if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, job)) != KV_OK)
         return st;
+    if (pages && pages->format == KV__PAGES_DEVICE) /* kv_attn_read_cuda_dev: no runs, no T */
+        return check_pages(fn, lo, pages, job);
     if ((st = check_pages(fn, lo, pages, job)) != KV_OK ||
         (st = runs_from_pages(fn, job, &total)) != KV_OK) {
         kv__attn_job_free(job);

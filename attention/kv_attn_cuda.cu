@@ -102,6 +102,62 @@ __global__ void kv__decode_kernel(struct kv__cdec p)
     kv__decode_body(&c, &p);
 }
 
+/* ---- launches of a templated width ------------------------------------------- */
+
+/* kv__move_bytes_kernel at the width kv__cmove_width chose (runs: device
+ * runs of the host-index mode, NULL in the device-index mode). */
+static void launch_move_bytes(const struct kv__cmove &m, const struct kv__attn_run *runs, int grid,
+                              cudaStream_t s)
+{
+    switch (kv__cmove_width(&m)) {
+    case 16:
+        kv__move_bytes_kernel<16><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
+        break;
+    case 8:
+        kv__move_bytes_kernel<8><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
+        break;
+    case 4:
+        kv__move_bytes_kernel<4><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
+        break;
+    case 2:
+        kv__move_bytes_kernel<2><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
+        break;
+    default:
+        kv__move_bytes_kernel<1><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
+        break;
+    }
+}
+
+/* kv__copy_kernel at width w (16, 8, 4 or 1: kv__ccopy_build*). */
+static void launch_copy(const struct kv__ccopy &p, int w, cudaStream_t s)
+{
+    const int grid = kv__attn_grid_of(p.n_items);
+    if (w == 16)
+        kv__copy_kernel<16><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    else if (w == 8)
+        kv__copy_kernel<8><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    else if (w == 4)
+        kv__copy_kernel<4><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    else
+        kv__copy_kernel<1><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+}
+
+/* kv__copy_ex_kernel at width w (16, 8, 4, 2 or 1: kv__ccopy_ex_build*). */
+static void launch_copy_ex(const struct kv__ccopy_ex &p, int w, cudaStream_t s)
+{
+    const int grid = kv__attn_grid_of(p.n_items);
+    if (w == 16)
+        kv__copy_ex_kernel<16><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    else if (w == 8)
+        kv__copy_ex_kernel<8><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    else if (w == 4)
+        kv__copy_ex_kernel<4><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    else if (w == 2)
+        kv__copy_ex_kernel<2><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    else
+        kv__copy_ex_kernel<1><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+}
+
 /* ---- move (write and read) ----------------------------------------------------- */
 
 extern "C" kv_status kv__cuda_attn_move(const struct kv__attn_job *j, bool to_cache,
@@ -121,23 +177,7 @@ extern "C" kv_status kv__cuda_attn_move(const struct kv__attn_job *j, bool to_ca
     const struct kv__attn_run *runs = (const struct kv__attn_run *)d_runs;
     const int grid = kv__attn_grid_of(m.n_items);
     if (bytes) {
-        switch (kv__cmove_width(&m)) {
-        case 16:
-            kv__move_bytes_kernel<16><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
-            break;
-        case 8:
-            kv__move_bytes_kernel<8><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
-            break;
-        case 4:
-            kv__move_bytes_kernel<4><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
-            break;
-        case 2:
-            kv__move_bytes_kernel<2><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
-            break;
-        default:
-            kv__move_bytes_kernel<1><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
-            break;
-        }
+        launch_move_bytes(m, runs, grid, s);
     } else {
         /* the scales themselves (1 without): x / scale on the way in, x *
          * scale on the way out (kv_apply_scale, as on the CPU) */
@@ -161,15 +201,16 @@ extern "C" kv_status kv__cuda_attn_move(const struct kv__attn_job *j, bool to_ca
 __global__ void kv__dev_error_finish_kernel(struct kv_attn_cuda_errors *e, const int64_t *slots,
                                             const int32_t *indptr, const int32_t *last_len,
                                             const int32_t *indices,
-                                            const struct kv_block_copy *pairs)
+                                            const struct kv_block_copy *pairs,
+                                            const int32_t *seq_lens, const int32_t *out_indptr)
 {
-    kv__dev_error_finish(e, slots, indptr, last_len, indices, pairs);
+    kv__dev_error_finish(e, slots, indptr, last_len, indices, pairs, seq_lens, out_indptr);
 }
 
 /* No allocation, no copy, no synchronization: capture-safe. */
 extern "C" kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *j, const int64_t *slots,
-                                             int64_t n_slots, struct kv_attn_cuda_errors *err,
-                                             kv_cuda_stream stream)
+                                             int64_t n_slots, bool by_value,
+                                             struct kv_attn_cuda_errors *err, kv_cuda_stream stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
     const char *fn = j->fn;
@@ -178,35 +219,20 @@ extern "C" kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *j, const
         return st;
     struct kv__cmove m;
     const bool bytes = kv__cmove_build_dev(j, slots, n_slots, err, &m);
+    kv__cmove_scales_dev(j, by_value, &m);
     const int grid = kv__attn_grid_of(m.n_items);
     if (bytes) {
-        switch (kv__cmove_width(&m)) {
-        case 16:
-            kv__move_bytes_kernel<16><<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL);
-            break;
-        case 8:
-            kv__move_bytes_kernel<8><<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL);
-            break;
-        case 4:
-            kv__move_bytes_kernel<4><<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL);
-            break;
-        case 2:
-            kv__move_bytes_kernel<2><<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL);
-            break;
-        default:
-            kv__move_bytes_kernel<1><<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL);
-            break;
-        }
+        launch_move_bytes(m, NULL, grid, s);
     } else {
         kv__move_convert_kernel<<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL, NULL);
     }
     if (err)
-        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, slots, NULL, NULL, NULL, NULL);
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, slots, NULL, NULL, NULL, NULL, NULL, NULL);
     return kv__cuda_status(cudaGetLastError(), fn);
 }
 
 extern "C" kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *j,
-                                              const struct kv_attn_dev_pages *pg,
+                                              const struct kv_attn_dev_pages *pg, bool by_value,
                                               struct kv_attn_cuda_errors *err,
                                               kv_cuda_stream stream)
 {
@@ -220,22 +246,21 @@ extern "C" kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *j,
     if ((st = kv__cdec_build(j, fn, &p, &shmem)) != KV_OK)
         return st;
     kv__cdec_build_dev(j, pg, err, &p);
-    p.scales = NULL; /* refused in this mode: 1 */
+    kv__cdec_scales_dev(j, by_value, &p);
     const int64_t blocks = (int64_t)j->n_seqs * p.lo.num_heads;
     if (blocks > INT32_MAX)
         return kv__error(KV_ERR_UNSUPPORTED, "%s: %lld (sequence, head) pairs", fn,
                          (long long)blocks);
     kv__decode_kernel<<<(int)blocks, 32 * p.warps, shmem, s>>>(p);
     if (err)
-        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, pg->indptr, pg->last_page_len,
-                                                    pg->indices, NULL);
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, p.d_indptr, p.d_last, p.d_indices,
+                                                    NULL, p.d_lens, NULL);
     return kv__cuda_status(cudaGetLastError(), fn);
 }
 
 extern "C" kv_status kv__cuda_attn_copy_dev(const struct kv__attn_job *j,
                                             const struct kv_block_copy *pairs, uint32_t n,
-                                            struct kv_attn_cuda_errors *err,
-                                            kv_cuda_stream stream)
+                                            struct kv_attn_cuda_errors *err, kv_cuda_stream stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
     const char *fn = j->fn;
@@ -246,17 +271,52 @@ extern "C" kv_status kv__cuda_attn_copy_dev(const struct kv__attn_job *j,
     int w = 1;
     if ((st = kv__ccopy_build_dev(j, pairs, n, err, &p, &w)) != KV_OK)
         return st;
-    const int grid = kv__attn_grid_of(p.n_items);
-    if (w == 16)
-        kv__copy_kernel<16><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
-    else if (w == 8)
-        kv__copy_kernel<8><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
-    else if (w == 4)
-        kv__copy_kernel<4><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
-    else
-        kv__copy_kernel<1><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    launch_copy(p, w, s);
     if (err)
-        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, NULL, NULL, NULL, pairs);
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, NULL, NULL, NULL, pairs, NULL, NULL);
+    return kv__cuda_status(cudaGetLastError(), fn);
+}
+
+extern "C" kv_status kv__cuda_attn_read_dev(const struct kv__attn_job *j,
+                                            const struct kv_attn_dev_pages *pg,
+                                            const int32_t *out_indptr, bool by_value,
+                                            struct kv_attn_cuda_errors *err, kv_cuda_stream stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    const char *fn = j->fn;
+    kv_status st = kv__cuda_ready(fn, NULL);
+    if (st != KV_OK || j->n_seqs == 0)
+        return st;
+    struct kv__cmove m;
+    const bool bytes = kv__cmove_build_read_dev(j, pg, out_indptr, err, &m);
+    kv__cmove_scales_dev(j, by_value, &m);
+    const int grid = kv__attn_grid_of(m.n_items);
+    if (bytes)
+        launch_move_bytes(m, NULL, grid, s);
+    else
+        kv__move_convert_kernel<<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL, NULL);
+    if (err)
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, m.rd_indptr, m.rd_last, m.rd_indices,
+                                                    NULL, m.rd_lens, out_indptr);
+    return kv__cuda_status(cudaGetLastError(), fn);
+}
+
+extern "C" kv_status kv__cuda_attn_copy_ex_dev(const struct kv__attn_job *j,
+                                               const struct kv_block_copy *pairs, uint32_t n,
+                                               struct kv_attn_cuda_errors *err,
+                                               kv_cuda_stream stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    const char *fn = j->fn;
+    kv_status st = kv__cuda_ready(fn, NULL);
+    if (st != KV_OK || n == 0)
+        return st;
+    struct kv__ccopy_ex p;
+    int w = 1;
+    kv__ccopy_ex_build_dev(j, pairs, n, err, &p, &w);
+    launch_copy_ex(p, w, s);
+    if (err)
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, NULL, NULL, NULL, pairs, NULL, NULL);
     return kv__cuda_status(cudaGetLastError(), fn);
 }
 
@@ -284,11 +344,10 @@ extern "C" void kv__cuda_attn_errors_free(struct kv_attn_cuda_errors *e)
     (void)cudaFree(e);
 }
 
-extern "C" kv_status kv__cuda_attn_errors_zero(struct kv_attn_cuda_errors *e,
-                                               kv_cuda_stream stream)
+extern "C" kv_status kv__cuda_attn_errors_zero(struct kv_attn_cuda_errors *e, kv_cuda_stream stream)
 {
-    return kv__cuda_status(
-        cudaMemsetAsync(e, 0, sizeof(*e), (cudaStream_t)stream), "kv_attn_cuda_errors_reset");
+    return kv__cuda_status(cudaMemsetAsync(e, 0, sizeof(*e), (cudaStream_t)stream),
+                           "kv_attn_cuda_errors_reset");
 }
 
 extern "C" kv_status kv__cuda_attn_errors_read(const struct kv_attn_cuda_errors *e,
@@ -297,8 +356,8 @@ extern "C" kv_status kv__cuda_attn_errors_read(const struct kv_attn_cuda_errors 
 {
     static const char fn[] = "kv_attn_cuda_errors_get";
     cudaStream_t s = (cudaStream_t)stream;
-    kv_status st = kv__cuda_status(
-        cudaMemcpyAsync(host, e, sizeof(*host), cudaMemcpyDeviceToHost, s), fn);
+    kv_status st =
+        kv__cuda_status(cudaMemcpyAsync(host, e, sizeof(*host), cudaMemcpyDeviceToHost, s), fn);
     if (st == KV_OK)
         st = kv__cuda_status(cudaStreamSynchronize(s), fn);
     return st;
@@ -326,15 +385,7 @@ extern "C" kv_status kv__cuda_attn_copy(const struct kv__attn_job *j, kv_cuda_st
     if (st != KV_OK)
         return st;
     p.offs = (const int64_t *)d_offs;
-    const int grid = kv__attn_grid_of(p.n_items);
-    if (w == 16)
-        kv__copy_kernel<16><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
-    else if (w == 8)
-        kv__copy_kernel<8><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
-    else if (w == 4)
-        kv__copy_kernel<4><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
-    else
-        kv__copy_kernel<1><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    launch_copy(p, w, s);
     st = kv__cuda_status(cudaGetLastError(), fn);
     release(d_offs, s);
     return st;
@@ -360,17 +411,7 @@ extern "C" kv_status kv__cuda_attn_copy_ex(const struct kv__attn_job *j, kv_cuda
     if (st != KV_OK)
         return st;
     p.offs = (const int64_t *)d_offs;
-    const int grid = kv__attn_grid_of(p.n_items);
-    if (w == 16)
-        kv__copy_ex_kernel<16><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
-    else if (w == 8)
-        kv__copy_ex_kernel<8><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
-    else if (w == 4)
-        kv__copy_ex_kernel<4><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
-    else if (w == 2)
-        kv__copy_ex_kernel<2><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
-    else
-        kv__copy_ex_kernel<1><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+    launch_copy_ex(p, w, s);
     st = kv__cuda_status(cudaGetLastError(), fn);
     release(d_offs, s);
     return st;

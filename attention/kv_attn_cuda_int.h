@@ -25,19 +25,32 @@ kv_status kv__cuda_attn_copy(const struct kv__attn_job *job, kv_cuda_stream stre
 kv_status kv__cuda_attn_copy_ex(const struct kv__attn_job *job, kv_cuda_stream stream);
 kv_status kv__cuda_attn_decode(const struct kv__attn_job *job, kv_cuda_stream stream);
 /* Device-index write: slots [n_slots] device memory, checked by the kernel;
- * no allocation, no copy, no synchronization (capture-safe). */
+ * the job's scales (if any) host values copied into the launch (by_value)
+ * or device pointers; no allocation, no copy, no synchronization
+ * (capture-safe). */
 kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *job, const int64_t *slots,
-                                  int64_t n_slots, struct kv_attn_cuda_errors *err,
+                                  int64_t n_slots, bool by_value, struct kv_attn_cuda_errors *err,
                                   kv_cuda_stream stream);
 /* Device-index decode: pages' arrays device memory, checked by the kernel;
- * capture-safe as kv__cuda_attn_write_dev. */
+ * scales as for the write; capture-safe as kv__cuda_attn_write_dev. */
 kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *job,
-                                   const struct kv_attn_dev_pages *pages,
+                                   const struct kv_attn_dev_pages *pages, bool by_value,
                                    struct kv_attn_cuda_errors *err, kv_cuda_stream stream);
+/* Device-index read: pages' arrays and out_indptr device memory, checked by
+ * the kernel; scales as for the write; capture-safe. */
+kv_status kv__cuda_attn_read_dev(const struct kv__attn_job *job,
+                                 const struct kv_attn_dev_pages *pages, const int32_t *out_indptr,
+                                 bool by_value, struct kv_attn_cuda_errors *err,
+                                 kv_cuda_stream stream);
 /* Device-index copy_blocks: pairs [n] device memory, checked by the kernel. */
 kv_status kv__cuda_attn_copy_dev(const struct kv__attn_job *job, const struct kv_block_copy *pairs,
                                  uint32_t n, struct kv_attn_cuda_errors *err,
                                  kv_cuda_stream stream);
+/* Device-index copy_ex: job from kv__attn_copy_ex_dev_check, pairs [n]
+ * device memory, checked by the kernel. */
+kv_status kv__cuda_attn_copy_ex_dev(const struct kv__attn_job *job,
+                                    const struct kv_block_copy *pairs, uint32_t n,
+                                    struct kv_attn_cuda_errors *err, kv_cuda_stream stream);
 /* The error record's device memory: cudaMalloc + zero, cudaFree,
  * cudaMemsetAsync, cudaMemcpyAsync + cudaStreamSynchronize. */
 kv_status kv__cuda_attn_errors_alloc(struct kv_attn_cuda_errors **out);
@@ -80,24 +93,41 @@ static inline kv_status kv__cuda_attn_decode(const struct kv__attn_job *job, kv_
 }
 static inline kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *job,
                                                 const int64_t *slots, int64_t n_slots,
-                                                struct kv_attn_cuda_errors *err,
+                                                bool by_value, struct kv_attn_cuda_errors *err,
                                                 kv_cuda_stream stream)
 {
-    (void)slots, (void)n_slots, (void)err, (void)stream;
+    (void)slots, (void)n_slots, (void)by_value, (void)err, (void)stream;
     return kv__cuda_attn_unsupported(job);
 }
 static inline kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *job,
                                                  const struct kv_attn_dev_pages *pages,
-                                                 struct kv_attn_cuda_errors *err,
+                                                 bool by_value, struct kv_attn_cuda_errors *err,
                                                  kv_cuda_stream stream)
 {
-    (void)pages, (void)err, (void)stream;
+    (void)pages, (void)by_value, (void)err, (void)stream;
     return kv__cuda_attn_unsupported(job);
 }
 static inline kv_status kv__cuda_attn_copy_dev(const struct kv__attn_job *job,
                                                const struct kv_block_copy *pairs, uint32_t n,
                                                struct kv_attn_cuda_errors *err,
                                                kv_cuda_stream stream)
+{
+    (void)pairs, (void)n, (void)err, (void)stream;
+    return kv__cuda_attn_unsupported(job);
+}
+static inline kv_status kv__cuda_attn_read_dev(const struct kv__attn_job *job,
+                                               const struct kv_attn_dev_pages *pages,
+                                               const int32_t *out_indptr, bool by_value,
+                                               struct kv_attn_cuda_errors *err,
+                                               kv_cuda_stream stream)
+{
+    (void)pages, (void)out_indptr, (void)by_value, (void)err, (void)stream;
+    return kv__cuda_attn_unsupported(job);
+}
+static inline kv_status kv__cuda_attn_copy_ex_dev(const struct kv__attn_job *job,
+                                                  const struct kv_block_copy *pairs, uint32_t n,
+                                                  struct kv_attn_cuda_errors *err,
+                                                  kv_cuda_stream stream)
 {
     (void)pairs, (void)n, (void)err, (void)stream;
     return kv__cuda_attn_unsupported(job);

@@ -8,19 +8,87 @@
 
 #include "kv_attn_cuda_int.h"
 
+/* Before the validator: device-index scales in host memory become the
+ * struct kv_scales the validator checks (every value it reads: finite, > 0)
+ * and points the job at; device memory is never read here (*out NULL). */
+static kv_status dev_scales_pre(const char *fn, const struct kv_attn_dev_scales *s,
+                                struct kv_scales *hs, const struct kv_scales **out)
+{
+    *out = NULL;
+    if (!s)
+        return KV_OK;
+    if (s->device > 1)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: scales device %" PRIu32
+                         ": expected 0 (host arrays, by value) or 1 (device memory)",
+                         fn, s->device);
+    if (s->device)
+        return KV_OK;
+    *hs = (struct kv_scales){s->k, s->v, s->n, s->layers};
+    *out = hs;
+    return KV_OK;
+}
+
+/* After the validator (the job's layout, layer0 and n_layers set): by value,
+ * the count the launch parameters hold; in device memory, the scalar checks
+ * of struct kv_scales (no value read) and the job's scale fields (device
+ * pointers, layer0's row). */
+static kv_status dev_scales_post(const char *fn, const struct kv_attn_dev_scales *s,
+                                 struct kv__attn_job *job)
+{
+    if (!s)
+        return KV_OK;
+    if (!s->device) {
+        const int64_t n =
+            (job->scale_layer_stride ? (int64_t)job->n_layers : 1) * (int64_t)job->n_scales;
+        if (n > KV_ATTN_DEV_SCALES_MAX)
+            return kv__error(KV_ERR_UNSUPPORTED,
+                             "%s: %" PRId64 " scales per plane by value (at most %d): pass them "
+                             "in device memory (device = 1)",
+                             fn, n, KV_ATTN_DEV_SCALES_MAX);
+        return KV_OK;
+    }
+    const struct kv_layout *lo = &job->cache.layout;
+    const uint32_t rows = s->layers ? s->layers : 1;
+    if (rows != 1 && (int64_t)rows != lo->num_layers)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: scales for %" PRIu32 " layers: expected 0 or 1 (shared by every "
+                         "layer) or %" PRId64 " (one row per layer)",
+                         fn, s->layers, lo->num_layers);
+    if (!s->k || !s->v)
+        return kv__error(KV_ERR_NULL, "%s: device scales given with k=%p v=%p", fn,
+                         (const void *)s->k, (const void *)s->v);
+    if (s->n != 1 && (int64_t)s->n != lo->num_heads)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: %" PRIu32 " scales: expected 1 (per tensor) or %" PRId64
+                         " (per KV head)",
+                         fn, s->n, lo->num_heads);
+    const size_t r0 = rows == 1 ? 0 : job->layer0;
+    job->k_scale = s->k + r0 * s->n;
+    job->v_scale = s->v + r0 * s->n;
+    job->n_scales = s->n;
+    job->scale_layer_stride = rows == 1 ? 0 : (int64_t)s->n;
+    return KV_OK;
+}
+
 kv_status kv__attn_write_dev_check(const char *fn, const struct kv_paged_cache *cache,
                                    int32_t layer, const struct kv_view *k, const struct kv_view *v,
                                    const int64_t *slots, int64_t n_slots,
-                                   const struct kv_scales *scales, struct kv__attn_job *job)
+                                   const struct kv_attn_dev_scales *scales,
+                                   struct kv__attn_job *job)
 {
-    if (scales)
-        return kv__error(KV_ERR_UNSUPPORTED,
-                         "%s: scales with device-resident slots: not yet (scales %p)", fn,
-                         (const void *)scales);
-    /* every scalar check of the host mode, with no slots to read */
-    kv_status st = kv__attn_write_check(fn, cache, layer, k, v, (struct kv__attn_slots){NULL, false},
-                                        0, NULL, job);
+    struct kv_scales hs;
+    const struct kv_scales *hsp = NULL;
+    memset(job, 0, sizeof(*job));
+    kv_status st = dev_scales_pre(fn, scales, &hs, &hsp);
     if (st != KV_OK)
+        return st;
+    /* every scalar check of the host mode, with no slots to read */
+    st = kv__attn_write_check(fn, cache, layer, k, v, (struct kv__attn_slots){NULL, false}, 0, hsp,
+                              job);
+    if (st != KV_OK)
+        return st;
+    if ((st = dev_scales_post(fn, scales, job)) != KV_OK)
         return st;
     if (n_slots < 0 || n_slots > job->k.n_tokens)
         return kv__error(KV_ERR_BAD_SHAPE, "%s: n_slots %" PRId64 " outside [0, T = %" PRId64 "]",
@@ -33,15 +101,16 @@ kv_status kv__attn_write_dev_check(const char *fn, const struct kv_paged_cache *
 kv_status kv_attn_write_cuda_dev(struct kv_paged_cache cache, int32_t layer,
                                  const struct kv_view *k, const struct kv_view *v,
                                  const int64_t *slots_dev, int64_t n_slots,
-                                 const struct kv_scales *scales,
+                                 const struct kv_attn_dev_scales *scales,
                                  struct kv_attn_cuda_errors *errors, kv_cuda_stream stream)
 {
     static const char fn[] = "kv_attn_write_cuda_dev";
     struct kv__attn_job j;
-    kv_status st = kv__attn_write_dev_check(fn, &cache, layer, k, v, slots_dev, n_slots, scales, &j);
+    kv_status st =
+        kv__attn_write_dev_check(fn, &cache, layer, k, v, slots_dev, n_slots, scales, &j);
     if (st != KV_OK)
         return st;
-    st = kv__cuda_attn_write_dev(&j, slots_dev, n_slots, errors, stream);
+    st = kv__cuda_attn_write_dev(&j, slots_dev, n_slots, scales && !scales->device, errors, stream);
     kv__attn_job_free(&j);
     return st == KV_OK ? kv__ok() : st;
 }
@@ -72,7 +141,8 @@ kv_status kv_attn_cuda_errors_reset(struct kv_attn_cuda_errors *errors, kv_cuda_
     return st == KV_OK ? kv__ok() : st;
 }
 
-void kv__attn_errors_decode(const struct kv_attn_cuda_errors *r, struct kv_attn_cuda_error_info *out)
+void kv__attn_errors_decode(const struct kv_attn_cuda_errors *r,
+                            struct kv_attn_cuda_error_info *out)
 {
     memset(out, 0, sizeof(*out));
     out->count = r->count;
@@ -98,51 +168,76 @@ kv_status kv_attn_cuda_errors_get(const struct kv_attn_cuda_errors *errors,
     return kv__ok();
 }
 
-kv_status kv__attn_decode_dev_check(const char *fn, const struct kv_paged_cache *cache,
-                                    uint32_t layer, const struct kv_view *q,
-                                    const struct kv_attn_dev_pages *pages, float softmax_scale,
-                                    const struct kv_scales *scales, const struct kv_view *out,
-                                    struct kv__attn_job *job)
+/* The device pages' scalars: the format, the arrays of that form non-NULL
+ * when n_seqs > 0, n_pages and block_table_cols in range. */
+static kv_status dev_pages_check(const char *fn, const struct kv_attn_dev_pages *pages)
 {
-    memset(job, 0, sizeof(*job));
-    job->fn = fn;
-    if (!pages)
-        return kv__error(KV_ERR_NULL, "%s: pages is NULL", fn);
-    if (scales)
-        return kv__error(KV_ERR_UNSUPPORTED,
-                         "%s: scales with device-resident pages: not yet (scales %p)", fn,
-                         (const void *)scales);
-    if (pages->n_seqs &&
-        (!pages->indptr || !pages->last_page_len || (pages->n_pages > 0 && !pages->indices)))
+    if (pages->format == KV_PAGES_BLOCK_TABLE) {
+        if (pages->n_seqs && (!pages->block_table || !pages->seq_lens))
+            return kv__error(KV_ERR_NULL,
+                             "%s: device block-table pages need block_table=%p seq_lens=%p "
+                             "(n_seqs %" PRIu32 ")",
+                             fn, (const void *)pages->block_table, (const void *)pages->seq_lens,
+                             pages->n_seqs);
+        if (pages->n_seqs && pages->block_table_cols == 0)
+            return kv__error(KV_ERR_INVALID_ARG, "%s: block_table_cols 0 with n_seqs %" PRIu32, fn,
+                             pages->n_seqs);
+    } else if (pages->format != 0 && pages->format != KV_PAGES_CSR) {
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: pages format %d: expected 0 or %d (CSR) or %d (block table)", fn,
+                         (int)pages->format, (int)KV_PAGES_CSR, (int)KV_PAGES_BLOCK_TABLE);
+    } else if (pages->n_seqs &&
+               (!pages->indptr || !pages->last_page_len || (pages->n_pages > 0 && !pages->indices)))
         return kv__error(KV_ERR_NULL,
                          "%s: device CSR pages need indptr=%p indices=%p last_page_len=%p "
                          "(n_seqs %" PRIu32 ", n_pages %" PRId64 ")",
                          fn, (const void *)pages->indptr, (const void *)pages->indices,
                          (const void *)pages->last_page_len, pages->n_seqs, pages->n_pages);
-    if (pages->n_pages < 0 || pages->n_pages > INT32_MAX)
+    else if (pages->n_pages < 0 || pages->n_pages > INT32_MAX)
         return kv__error(KV_ERR_BAD_SHAPE, "%s: n_pages %" PRId64 " outside [0, 2^31)", fn,
                          pages->n_pages);
-    const struct kv_pages pg = {.format = KV__PAGES_DEVICE,
-                                .n_seqs = pages->n_seqs,
-                                .page_ratio = pages->page_ratio};
+    return KV_OK;
+}
+
+kv_status kv__attn_decode_dev_check(const char *fn, const struct kv_paged_cache *cache,
+                                    uint32_t layer, const struct kv_view *q,
+                                    const struct kv_attn_dev_pages *pages, float softmax_scale,
+                                    const struct kv_attn_dev_scales *scales,
+                                    const struct kv_view *out, struct kv__attn_job *job)
+{
+    memset(job, 0, sizeof(*job));
+    job->fn = fn;
+    if (!pages)
+        return kv__error(KV_ERR_NULL, "%s: pages is NULL", fn);
+    struct kv_scales hs;
+    const struct kv_scales *hsp = NULL;
+    kv_status st = dev_scales_pre(fn, scales, &hs, &hsp);
+    if (st != KV_OK)
+        return st;
+    if ((st = dev_pages_check(fn, pages)) != KV_OK)
+        return st;
+    const struct kv_pages pg = {
+        .format = KV__PAGES_DEVICE, .n_seqs = pages->n_seqs, .page_ratio = pages->page_ratio};
     /* every scalar check of the host mode; check_pages reads no array */
-    return kv__attn_decode_check(fn, cache, layer, q, NULL, &pg, softmax_scale, NULL, out, NULL,
-                                 job);
+    st = kv__attn_decode_check(fn, cache, layer, q, NULL, &pg, softmax_scale, hsp, out, NULL, job);
+    if (st != KV_OK)
+        return st;
+    return dev_scales_post(fn, scales, job);
 }
 
 kv_status kv_attn_decode_cuda_dev(struct kv_paged_cache cache, uint32_t layer,
                                   const struct kv_view *q, const struct kv_attn_dev_pages *pages,
-                                  float softmax_scale, const struct kv_scales *scales,
+                                  float softmax_scale, const struct kv_attn_dev_scales *scales,
                                   const struct kv_view *out, struct kv_attn_cuda_errors *errors,
                                   kv_cuda_stream stream)
 {
     static const char fn[] = "kv_attn_decode_cuda_dev";
     struct kv__attn_job j;
-    kv_status st = kv__attn_decode_dev_check(fn, &cache, layer, q, pages, softmax_scale, scales,
-                                             out, &j);
+    kv_status st =
+        kv__attn_decode_dev_check(fn, &cache, layer, q, pages, softmax_scale, scales, out, &j);
     if (st != KV_OK)
         return st;
-    st = kv__cuda_attn_decode_dev(&j, pages, errors, stream);
+    st = kv__cuda_attn_decode_dev(&j, pages, scales && !scales->device, errors, stream);
     kv__attn_job_free(&j);
     return st == KV_OK ? kv__ok() : st;
 }
@@ -159,6 +254,85 @@ kv_status kv__attn_copy_dev_check(const char *fn, const struct kv_paged_cache *c
         return kv__error(KV_ERR_NULL, "%s: copies_dev is NULL with n_copies %" PRIu32, fn,
                          n_copies);
     return KV_OK;
+}
+
+kv_status kv__attn_read_dev_check(const char *fn, const struct kv_paged_cache *cache, int32_t layer,
+                                  const struct kv_attn_dev_pages *pages, const int32_t *out_indptr,
+                                  const struct kv_view *k_out, const struct kv_view *v_out,
+                                  const struct kv_attn_dev_scales *scales, struct kv__attn_job *job)
+{
+    memset(job, 0, sizeof(*job));
+    job->fn = fn;
+    if (!pages)
+        return kv__error(KV_ERR_NULL, "%s: pages is NULL", fn);
+    struct kv_scales hs;
+    const struct kv_scales *hsp = NULL;
+    kv_status st = dev_scales_pre(fn, scales, &hs, &hsp);
+    if (st != KV_OK || (st = dev_pages_check(fn, pages)) != KV_OK)
+        return st;
+    if (pages->n_seqs && !out_indptr)
+        return kv__error(KV_ERR_NULL, "%s: out_indptr_dev is NULL with n_seqs %" PRIu32, fn,
+                         pages->n_seqs);
+    const struct kv_pages pg = {
+        .format = KV__PAGES_DEVICE, .n_seqs = pages->n_seqs, .page_ratio = pages->page_ratio};
+    /* every scalar check of the host mode; no page array read, no T */
+    st = kv__attn_read_check(fn, cache, layer, &pg, k_out, v_out, hsp, job);
+    if (st != KV_OK)
+        return st;
+    if (job->has_k && job->has_v && job->k.n_tokens != job->v.n_tokens)
+        return kv__error(KV_ERR_BAD_SHAPE, "%s: k_out has %" PRId64 " tokens, v_out %" PRId64, fn,
+                         job->k.n_tokens, job->v.n_tokens);
+    return dev_scales_post(fn, scales, job);
+}
+
+kv_status kv_attn_read_cuda_dev(struct kv_paged_cache cache, int32_t layer,
+                                const struct kv_attn_dev_pages *pages,
+                                const int32_t *out_indptr_dev, const struct kv_view *k_out,
+                                const struct kv_view *v_out,
+                                const struct kv_attn_dev_scales *scales,
+                                struct kv_attn_cuda_errors *errors, kv_cuda_stream stream)
+{
+    static const char fn[] = "kv_attn_read_cuda_dev";
+    struct kv__attn_job j;
+    kv_status st =
+        kv__attn_read_dev_check(fn, &cache, layer, pages, out_indptr_dev, k_out, v_out, scales, &j);
+    if (st != KV_OK)
+        return st;
+    st = kv__cuda_attn_read_dev(&j, pages, out_indptr_dev, scales && !scales->device, errors,
+                                stream);
+    kv__attn_job_free(&j);
+    return st == KV_OK ? kv__ok() : st;
+}
+
+kv_status kv__attn_copy_ex_dev_check(const char *fn, const struct kv_paged_cache *dst,
+                                     const struct kv_paged_cache *src,
+                                     const struct kv_block_copy *copies, uint32_t n_copies,
+                                     const struct kv_copy_blocks_opts *opts,
+                                     struct kv__attn_job *job)
+{
+    /* the caches', formats' and options' checks of the host mode, no pair */
+    kv_status st = kv__attn_copy_check(fn, dst, src, NULL, 0, opts, job);
+    if (st != KV_OK)
+        return st;
+    if (n_copies && !copies)
+        return kv__error(KV_ERR_NULL, "%s: copies_dev is NULL with n_copies %" PRIu32, fn,
+                         n_copies);
+    return KV_OK;
+}
+
+kv_status kv_attn_copy_blocks_ex_cuda_dev(struct kv_paged_cache dst, struct kv_paged_cache src,
+                                          const struct kv_block_copy *copies_dev, uint32_t n_copies,
+                                          const struct kv_copy_blocks_opts *opts,
+                                          struct kv_attn_cuda_errors *errors, kv_cuda_stream stream)
+{
+    static const char fn[] = "kv_attn_copy_blocks_ex_cuda_dev";
+    struct kv__attn_job j;
+    kv_status st = kv__attn_copy_ex_dev_check(fn, &dst, &src, copies_dev, n_copies, opts, &j);
+    if (st != KV_OK)
+        return st;
+    st = kv__cuda_attn_copy_ex_dev(&j, copies_dev, n_copies, errors, stream);
+    kv__attn_job_free(&j);
+    return st == KV_OK ? kv__ok() : st;
 }
 
 kv_status kv_attn_copy_blocks_cuda_dev(struct kv_paged_cache cache,

@@ -146,8 +146,8 @@ kv_status kv__grid_attn_decode(const struct kv__attn_job *j)
      * any is refused, as kv_attn_decode_ex_cuda refuses it */
     const char *on = kv__attn_opts_on(j);
     if (on)
-        return kv__error(KV_ERR_UNSUPPORTED, "%s: %s on CUDA: not yet (the CPU kernel has it)",
-                         fn, on);
+        return kv__error(KV_ERR_UNSUPPORTED, "%s: %s on CUDA: not yet (the CPU kernel has it)", fn,
+                         on);
     if (j->n_seqs == 0)
         return KV_OK;
     struct kv__cdec p;
@@ -174,22 +174,25 @@ struct finish_arg {
     const int64_t *slots;
     const int32_t *indptr, *last, *indices;
     const struct kv_block_copy *pairs;
+    const int32_t *seq_lens, *out_indptr;
 };
 
 static void finish_thread(const struct kv_grid_ctx *c, const void *arg)
 {
     (void)c;
     const struct finish_arg *a = arg;
-    kv__dev_error_finish(a->err, a->slots, a->indptr, a->last, a->indices, a->pairs);
+    kv__dev_error_finish(a->err, a->slots, a->indptr, a->last, a->indices, a->pairs, a->seq_lens,
+                         a->out_indptr);
 }
 
 kv_status kv__grid_attn_write_dev(const struct kv__attn_job *j, const int64_t *slots,
-                                  int64_t n_slots, struct kv_attn_cuda_errors *err)
+                                  int64_t n_slots, bool by_value, struct kv_attn_cuda_errors *err)
 {
     if (n_slots == 0)
         return KV_OK;
     struct kv__cmove m;
     const bool bytes = kv__cmove_build_dev(j, slots, n_slots, err, &m);
+    kv__cmove_scales_dev(j, by_value, &m);
     const struct kv_grid_launch l = {(uint64_t)kv__attn_grid_of(m.n_items), KV__ATTN_THREADS, 0,
                                      false};
     struct move_arg a = {&m, NULL, NULL, 0};
@@ -202,14 +205,13 @@ kv_status kv__grid_attn_write_dev(const struct kv__attn_job *j, const int64_t *s
     }
     if (st != KV_OK || !err)
         return st;
-    const struct finish_arg f = {err, slots, NULL, NULL, NULL, NULL};
+    const struct finish_arg f = {err, slots, NULL, NULL, NULL, NULL, NULL, NULL};
     const struct kv_grid_launch one = {1, 1, 0, false};
     return kv__grid_run(j->fn, &one, finish_thread, &f);
 }
 
-kv_status kv__grid_attn_decode_dev(const struct kv__attn_job *j,
-                                   const struct kv_attn_dev_pages *pg,
-                                   struct kv_attn_cuda_errors *err)
+kv_status kv__grid_attn_decode_dev(const struct kv__attn_job *j, const struct kv_attn_dev_pages *pg,
+                                   bool by_value, struct kv_attn_cuda_errors *err)
 {
     if (j->n_seqs == 0)
         return KV_OK;
@@ -218,8 +220,8 @@ kv_status kv__grid_attn_decode_dev(const struct kv__attn_job *j,
     kv_status st = kv__cdec_build(j, j->fn, &p, &shmem);
     if (st != KV_OK)
         return st;
-    p.scales = NULL; /* refused in this mode: 1, as the CUDA launcher */
     kv__cdec_build_dev(j, pg, err, &p);
+    kv__cdec_scales_dev(j, by_value, &p);
     const int64_t blocks = (int64_t)j->n_seqs * p.lo.num_heads;
     if (blocks > INT32_MAX)
         return kv__error(KV_ERR_UNSUPPORTED, "%s: %lld (sequence, head) pairs", j->fn,
@@ -228,7 +230,8 @@ kv_status kv__grid_attn_decode_dev(const struct kv__attn_job *j,
     st = run(j->fn, l, decode_thread, &p, 0);
     if (st != KV_OK || !err)
         return st;
-    const struct finish_arg f = {err, NULL, pg->indptr, pg->last_page_len, pg->indices, NULL};
+    const struct finish_arg f = {err,         NULL, p.d_indptr, p.d_last,
+                                 p.d_indices, NULL, p.d_lens,   NULL};
     const struct kv_grid_launch one = {1, 1, 0, false};
     return kv__grid_run(j->fn, &one, finish_thread, &f);
 }
@@ -248,7 +251,52 @@ kv_status kv__grid_attn_copy_dev(const struct kv__attn_job *j, const struct kv_b
     st = run(j->fn, l, copy_thread, &a, a.vbytes);
     if (st != KV_OK || !err)
         return st;
-    const struct finish_arg f = {err, NULL, NULL, NULL, NULL, pairs};
+    const struct finish_arg f = {err, NULL, NULL, NULL, NULL, pairs, NULL, NULL};
+    const struct kv_grid_launch one = {1, 1, 0, false};
+    return kv__grid_run(j->fn, &one, finish_thread, &f);
+}
+
+kv_status kv__grid_attn_copy_ex_dev(const struct kv__attn_job *j, const struct kv_block_copy *pairs,
+                                    uint32_t n, struct kv_attn_cuda_errors *err)
+{
+    if (n == 0)
+        return KV_OK;
+    struct kv__ccopy_ex x;
+    struct copy_arg a = {NULL, &x, 1};
+    kv__ccopy_ex_build_dev(j, pairs, n, err, &x, &a.vbytes);
+    const struct kv_grid_launch l = {(uint64_t)kv__attn_grid_of(x.n_items), KV__ATTN_THREADS, 0,
+                                     false};
+    kv_status st = run(j->fn, l, copy_ex_thread, &a, a.vbytes);
+    if (st != KV_OK || !err)
+        return st;
+    const struct finish_arg f = {err, NULL, NULL, NULL, NULL, pairs, NULL, NULL};
+    const struct kv_grid_launch one = {1, 1, 0, false};
+    return kv__grid_run(j->fn, &one, finish_thread, &f);
+}
+
+kv_status kv__grid_attn_read_dev(const struct kv__attn_job *j, const struct kv_attn_dev_pages *pg,
+                                 const int32_t *out_indptr, bool by_value,
+                                 struct kv_attn_cuda_errors *err)
+{
+    if (j->n_seqs == 0)
+        return KV_OK;
+    struct kv__cmove m;
+    const bool bytes = kv__cmove_build_read_dev(j, pg, out_indptr, err, &m);
+    kv__cmove_scales_dev(j, by_value, &m);
+    const struct kv_grid_launch l = {(uint64_t)kv__attn_grid_of(m.n_items), KV__ATTN_THREADS, 0,
+                                     false};
+    struct move_arg a = {&m, NULL, NULL, 0};
+    kv_status st;
+    if (bytes) {
+        a.vbytes = kv__cmove_width(&m);
+        st = run(j->fn, l, move_bytes_thread, &a, a.vbytes);
+    } else {
+        st = run(j->fn, l, move_convert_thread, &a, 0);
+    }
+    if (st != KV_OK || !err)
+        return st;
+    const struct finish_arg f = {err,          NULL, m.rd_indptr, m.rd_last,
+                                 m.rd_indices, NULL, m.rd_lens,   out_indptr};
     const struct kv_grid_launch one = {1, 1, 0, false};
     return kv__grid_run(j->fn, &one, finish_thread, &f);
 }

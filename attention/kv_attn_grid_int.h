@@ -27,7 +27,7 @@ kv_status kv__grid_attn_decode(const struct kv__attn_job *job);
  * read by the body (host memory standing for device memory), err the
  * record (host memory; NULL: none), finished as the CUDA launcher does. */
 kv_status kv__grid_attn_write_dev(const struct kv__attn_job *job, const int64_t *slots,
-                                  int64_t n_slots, struct kv_attn_cuda_errors *err);
+                                  int64_t n_slots, bool by_value, struct kv_attn_cuda_errors *err);
 
 /* The launch of the last successful call on this thread (for tests: which
  * width and grid ran). */
@@ -38,12 +38,22 @@ struct kv__grid_attn_last {
 /* kv__cuda_attn_decode_dev on the emulator: job from
  * kv__attn_decode_dev_check, pages' arrays host memory read by the body. */
 kv_status kv__grid_attn_decode_dev(const struct kv__attn_job *job,
-                                   const struct kv_attn_dev_pages *pages,
+                                   const struct kv_attn_dev_pages *pages, bool by_value,
                                    struct kv_attn_cuda_errors *err);
 
 /* kv__cuda_attn_copy_dev on the emulator (pairs host memory). */
 kv_status kv__grid_attn_copy_dev(const struct kv__attn_job *job, const struct kv_block_copy *pairs,
                                  uint32_t n, struct kv_attn_cuda_errors *err);
+
+/* kv__cuda_attn_read_dev on the emulator (arrays host memory). */
+kv_status kv__grid_attn_read_dev(const struct kv__attn_job *job,
+                                 const struct kv_attn_dev_pages *pages, const int32_t *out_indptr,
+                                 bool by_value, struct kv_attn_cuda_errors *err);
+
+/* kv__cuda_attn_copy_ex_dev on the emulator (pairs host memory). */
+kv_status kv__grid_attn_copy_ex_dev(const struct kv__attn_job *job,
+                                    const struct kv_block_copy *pairs, uint32_t n,
+                                    struct kv_attn_cuda_errors *err);
 
 void kv__grid_attn_last(struct kv__grid_attn_last *out);
 

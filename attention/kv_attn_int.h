@@ -108,13 +108,16 @@ kv_status kv__attn_write_check(const char *fn, const struct kv_paged_cache *cach
                                struct kv__attn_slots slots, int64_t n_slots,
                                const struct kv_scales *scales, struct kv__attn_job *job);
 /* The scalar checks of a device-index write (kv_attn_write_cuda_dev):
- * cache, layer, k, v, n_slots in [0, T], slots non-NULL when n_slots > 0,
- * scales NULL. The slots are device memory, never read here; *job has no
- * runs (nothing allocated: kv__attn_job_free is still fine). */
+ * cache, layer, k, v, n_slots in [0, T], slots non-NULL when n_slots > 0;
+ * scales: by value, checked as kv_scales (values read), or in device
+ * memory (scalars only; job->k_scale / v_scale are then device pointers).
+ * The slots are device memory, never read here; *job has no runs (nothing
+ * allocated: kv__attn_job_free is still fine). */
 kv_status kv__attn_write_dev_check(const char *fn, const struct kv_paged_cache *cache,
                                    int32_t layer, const struct kv_view *k, const struct kv_view *v,
                                    const int64_t *slots, int64_t n_slots,
-                                   const struct kv_scales *scales, struct kv__attn_job *job);
+                                   const struct kv_attn_dev_scales *scales,
+                                   struct kv__attn_job *job);
 /* check_pages' device mode (never a caller's value): pages of the
  * device-index decode, whose arrays the kernel reads and checks; the
  * validator checks n_seqs and page_ratio only and allocates nothing. */
@@ -122,19 +125,40 @@ kv_status kv__attn_write_dev_check(const char *fn, const struct kv_paged_cache *
 
 /* The scalar checks of a device-index decode (kv_attn_decode_cuda_dev):
  * every check of kv__attn_decode_check but the page arrays' contents; the
- * arrays must be non-NULL when n_seqs > 0 and n_pages >= 0. Nothing
- * allocated. */
+ * arrays of the chosen form (CSR or block table) must be non-NULL when
+ * n_seqs > 0, n_pages >= 0, block_table_cols > 0; scales as for the write.
+ * Nothing allocated. */
 kv_status kv__attn_decode_dev_check(const char *fn, const struct kv_paged_cache *cache,
                                     uint32_t layer, const struct kv_view *q,
                                     const struct kv_attn_dev_pages *pages, float softmax_scale,
-                                    const struct kv_scales *scales, const struct kv_view *out,
-                                    struct kv__attn_job *job);
+                                    const struct kv_attn_dev_scales *scales,
+                                    const struct kv_view *out, struct kv__attn_job *job);
+
+/* The scalar checks of a device-index read (kv_attn_read_cuda_dev): those
+ * of kv__attn_read_check but the pages' contents and T (read on the
+ * device), the pages' arrays as for the decode, out_indptr non-NULL when
+ * n_seqs > 0, k_out and v_out of one T; scales as for the write. Nothing
+ * allocated. */
+kv_status kv__attn_read_dev_check(const char *fn, const struct kv_paged_cache *cache,
+                                  int32_t layer, const struct kv_attn_dev_pages *pages,
+                                  const int32_t *out_indptr, const struct kv_view *k_out,
+                                  const struct kv_view *v_out,
+                                  const struct kv_attn_dev_scales *scales,
+                                  struct kv__attn_job *job);
 
 /* The scalar checks of a device-index copy_blocks (kv_attn_copy_blocks_cuda_dev):
  * the cache, copies non-NULL when n_copies > 0. Nothing allocated. */
 kv_status kv__attn_copy_dev_check(const char *fn, const struct kv_paged_cache *cache,
                                   const struct kv_block_copy *copies, uint32_t n_copies,
                                   struct kv__attn_job *job);
+/* The scalar checks of a device-index copy_ex (kv_attn_copy_blocks_ex_cuda_dev):
+ * kv__attn_copy_check's with no pair read (caches, block formats, opts),
+ * copies non-NULL when n_copies > 0. Nothing allocated. */
+kv_status kv__attn_copy_ex_dev_check(const char *fn, const struct kv_paged_cache *dst,
+                                     const struct kv_paged_cache *src,
+                                     const struct kv_block_copy *copies, uint32_t n_copies,
+                                     const struct kv_copy_blocks_opts *opts,
+                                     struct kv__attn_job *job);
 
 /* A record read back (host memory) as the caller sees it. */
 void kv__attn_errors_decode(const struct kv_attn_cuda_errors *rec,

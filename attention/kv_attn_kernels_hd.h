@@ -65,7 +65,36 @@ struct kv__cmove {
     const int64_t *slot_map;
     int64_t slot_limit;
     struct kv_attn_cuda_errors *err;
+    /* device-index mode scales (kv__cmove_scales_dev): plane kv's scale of
+     * layer layer0 + lrel, head (or 0) i, at [kv][lrel * sc_lstride + i] of
+     * sv (sv_on: by value, copied at the call) or of sc[kv] (device memory);
+     * neither: the scale argument of the host-index mode */
+    const float *sc[2];
+    int64_t sc_lstride;
+    int sv_on;
+    float sv[2][KV_ATTN_DEV_SCALES_MAX];
+    /* device-index read (kv_attn_read_cuda_dev; rd_on): CSR (rd_indptr,
+     * rd_last, rd_n_pages) or block-table (rd_lens, rd_cols) pages with
+     * their entries in rd_indices, sequence s's tokens to rows rd_out[s] ..
+     * rd_out[s + 1] - 1 of T = rd_T; item e x n_layers + lrel: page entry e
+     * (e < rd_entries), else the check of sequence e - rd_entries */
+    const int32_t *rd_indptr, *rd_indices, *rd_last, *rd_lens, *rd_out;
+    int64_t rd_n_pages, rd_cols, rd_entries, rd_T, rd_pt, rd_ids;
+    int64_t rd_seqs;
+    int rd_on;
 };
+
+/* Plane kv's scale for head (or 0) i of layer layer0 + lrel: see sc, sv. */
+KV_HD float kv__move_scale(const struct kv__cmove *m, const float *scale, int kv, int64_t i,
+                           uint32_t lrel)
+{
+    const int64_t at = (int64_t)lrel * m->sc_lstride + i;
+    if (m->sv_on)
+        return m->sv[kv][at];
+    if (m->sc[kv])
+        return m->sc[kv][at];
+    return scale ? scale[kv * m->n_mul + i] : 1.0f;
+}
 
 /* Record an invalid index in e (NULL: not recorded): count, and the first
  * (lowest array, then index) as first_key = ~(array << 56 | index), so that
@@ -92,7 +121,8 @@ KV_HD void kv__dev_error(struct kv_attn_cuda_errors *e, int array, int64_t index
  * keeps its value). slots: the launch's slot array. */
 KV_HD void kv__dev_error_finish(struct kv_attn_cuda_errors *e, const int64_t *slots,
                                 const int32_t *indptr, const int32_t *last_len,
-                                const int32_t *indices, const struct kv_block_copy *pairs)
+                                const int32_t *indices, const struct kv_block_copy *pairs,
+                                const int32_t *seq_lens, const int32_t *out_indptr)
 {
     if (!e || e->first_key == 0 || e->first_key == e->value_key)
         return;
@@ -109,9 +139,127 @@ KV_HD void kv__dev_error_finish(struct kv_attn_cuda_errors *e, const int64_t *sl
         e->first_value = indices[index];
     else if (array == KV_ATTN_DEV_COPIES && pairs)
         e->first_value = (int64_t)(index % 2 ? pairs[index / 2].dst : pairs[index / 2].src);
+    else if (array == KV_ATTN_DEV_SEQ_LENS && seq_lens)
+        e->first_value = seq_lens[index];
+    else if (array == KV_ATTN_DEV_OUT_INDPTR && out_indptr)
+        e->first_value = out_indptr[index];
     else
         return; /* not this launch's array: the value comes with a later launch */
     e->value_key = e->first_key;
+}
+
+/* Sequence s of device-resident pages (CSR: indptr, last, n_pages; block
+ * table: lens non-NULL, cols), pt tokens a page: true with its tokens and
+ * the position of its first page entry (in the CSR indices or the table),
+ * or false with the array and index to record (the sequence is skipped). */
+KV_HD bool kv__dev_seq(const int32_t *indptr, const int32_t *last, int64_t n_pages,
+                       const int32_t *lens, int64_t cols, int64_t pt, int64_t s, int64_t *n_tok,
+                       int64_t *first, int *arr, int64_t *idx)
+{
+    *n_tok = 0;
+    *first = 0;
+    if (lens) {
+        const int64_t len = lens[s];
+        if (len < 0 || len > cols * pt) {
+            *arr = KV_ATTN_DEV_SEQ_LENS, *idx = s;
+            return false;
+        }
+        *n_tok = len;
+        *first = s * cols;
+        return true;
+    }
+    const int64_t a = indptr[s], b = indptr[s + 1], ll = last[s];
+    if (a < 0 || a > n_pages) {
+        *arr = KV_ATTN_DEV_INDPTR, *idx = s;
+        return false;
+    }
+    if (b < a || b > n_pages) {
+        *arr = KV_ATTN_DEV_INDPTR, *idx = s + 1;
+        return false;
+    }
+    const int64_t np = b - a;
+    if (np == 0 ? ll != 0 : (ll < 1 || ll > pt)) {
+        *arr = KV_ATTN_DEV_LAST_LEN, *idx = s;
+        return false;
+    }
+    *n_tok = np ? (np - 1) * pt + ll : 0;
+    *first = a;
+    return true;
+}
+
+/* Sequence s of a device-index read: kv__dev_seq, then its output rows
+ * rd_out[s] .. rd_out[s + 1] - 1, inside [0, T) and as many as its tokens. */
+KV_HD bool kv__rd_seq(const struct kv__cmove *m, int64_t s, int64_t *n_tok, int64_t *first,
+                      int64_t *row0, int *arr, int64_t *idx)
+{
+    if (!kv__dev_seq(m->rd_indptr, m->rd_last, m->rd_n_pages, m->rd_lens, m->rd_cols, m->rd_pt, s,
+                     n_tok, first, arr, idx))
+        return false;
+    const int64_t o0 = m->rd_out[s], o1 = m->rd_out[s + 1];
+    *arr = KV_ATTN_DEV_OUT_INDPTR;
+    if (o0 < 0 || o0 > m->rd_T) {
+        *idx = s;
+        return false;
+    }
+    if (o1 < o0 || o1 > m->rd_T || o1 - o0 != *n_tok) {
+        *idx = s + 1;
+        return false;
+    }
+    *row0 = o0;
+    return true;
+}
+
+/* The run of a device-index read's item: page entry e's tokens (one page:
+ * consecutive slots of one block) to their output rows; false for a check
+ * item (which records its sequence's error, thread 0 of layer 0), an entry
+ * of a skipped sequence, padding past a sequence's length, or an invalid
+ * page id (recorded once). CSR entry e belongs to the last sequence whose
+ * indptr is <= e (a binary search: with a decreasing indptr, recorded as
+ * an error, entries near the decrease may be left unread). */
+KV_HD bool kv__move_run_read(const struct kv_grid_ctx *c, const struct kv__cmove *m, int64_t item,
+                             struct kv__attn_run *r)
+{
+    const int64_t e = item / m->n_layers;
+    const bool rec = c->thread == 0 && item % m->n_layers == 0;
+    int64_t n_tok, first, row0 = 0, idx;
+    int arr;
+    if (e >= m->rd_entries) {
+        if (rec && !kv__rd_seq(m, e - m->rd_entries, &n_tok, &first, &row0, &arr, &idx))
+            kv__dev_error(m->err, arr, idx);
+        return false;
+    }
+    int64_t s;
+    if (m->rd_lens) {
+        s = e / m->rd_cols;
+    } else {
+        if (m->rd_seqs == 0 || m->rd_indptr[0] > e)
+            return false;
+        int64_t lo = 0, hi = m->rd_seqs;
+        while (hi - lo > 1) {
+            const int64_t mid = lo + (hi - lo) / 2;
+            if (m->rd_indptr[mid] <= e)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        s = lo;
+    }
+    if (!kv__rd_seq(m, s, &n_tok, &first, &row0, &arr, &idx))
+        return false; /* recorded by the sequence's check item */
+    const int64_t i = e - first;
+    if (i < 0 || i * m->rd_pt >= n_tok)
+        return false; /* not one of the sequence's pages */
+    const int64_t pid = m->rd_indices[e];
+    if (pid < 0 || pid >= m->rd_ids) {
+        if (rec)
+            kv__dev_error(m->err, KV_ATTN_DEV_PAGES, e);
+        return false;
+    }
+    const int64_t left = n_tok - i * m->rd_pt;
+    r->token = row0 + i * m->rd_pt;
+    r->slot = pid * m->rd_pt;
+    r->n = left < m->rd_pt ? left : m->rd_pt;
+    return true;
 }
 
 /* Item item's run: runs[item / n_layers] (host indices), or one token at
@@ -120,6 +268,8 @@ KV_HD void kv__dev_error_finish(struct kv_attn_cuda_errors *e, const int64_t *sl
 KV_HD bool kv__move_run(const struct kv_grid_ctx *c, const struct kv__cmove *m,
                         const struct kv__attn_run *runs, int64_t item, struct kv__attn_run *r)
 {
+    if (m->rd_on)
+        return kv__move_run_read(c, m, item, r);
     const int64_t t = item / m->n_layers;
     if (!m->slot_map) {
         *r = runs[t];
@@ -193,7 +343,7 @@ KV_HD void kv__move_convert_body(const struct kv_grid_ctx *c, const struct kv__c
             for (int64_t i = c->thread; i < total; i += c->block_dim) {
                 const int64_t row = i / D, d = i - row * D;
                 const int64_t tk = row / H, h = row - tk * H;
-                const float f = scale ? scale[kv * m->n_mul + (m->per_head ? h : 0)] : 1.0f;
+                const float f = kv__move_scale(m, scale, kv, m->per_head ? h : 0, lrel);
                 char *cp =
                     c0 + tk * m->lo.stride_token_bytes + h * m->lo.stride_head_bytes + d * es;
                 char *x = t0 + tk * t.tok + h * t.head + d * t.dim;
@@ -260,16 +410,53 @@ struct kv__ccopy_ex {
     const char *src;
     const int64_t *offs; /* [units][2] */
     int64_t n_items, rows, H, tok, head, row_bytes;
+    /* device-index mode (kv_attn_copy_blocks_ex_cuda_dev): pairs [n] read
+     * and checked here (src id < slo's B, dst id < dlo's B), unit u's
+     * offsets computed as kv__ccopy_ex_build computes them; offs unused */
+    const struct kv_block_copy *pairs;
+    struct kv_layout dlo, slo;
+    int64_t per_copy, units; /* units per copy: n_layers x units */
+    uint32_t layer0;
+    int kv0, halves;
+    struct kv_attn_cuda_errors *err;
 };
+
+/* Unit u's source and destination offsets; false (skip) for a pair with an
+ * id past its cache, recorded once (thread 0 of the pair's first item). */
+KV_HD bool kv__copy_ex_unit(const struct kv_grid_ctx *c, const struct kv__ccopy_ex *p, int64_t u,
+                            int64_t row, int64_t *so, int64_t *dof)
+{
+    if (!p->pairs) {
+        *so = p->offs[2 * u];
+        *dof = p->offs[2 * u + 1];
+        return true;
+    }
+    const int64_t cp = u / p->per_copy, r = u - cp * p->per_copy;
+    const struct kv_block_copy pr = p->pairs[cp];
+    const bool bad_src = (int64_t)pr.src >= p->slo.num_blocks;
+    if (bad_src || (int64_t)pr.dst >= p->dlo.num_blocks) {
+        if (c->thread == 0 && r == 0 && row == 0)
+            kv__dev_error(p->err, KV_ATTN_DEV_COPIES, 2 * cp + (bad_src ? 0 : 1));
+        return false;
+    }
+    const uint32_t l = p->layer0 + (uint32_t)(r / p->units);
+    const int kv = p->halves ? p->kv0 : (p->dlo.kv_packed ? 0 : p->kv0 + (int)(r % p->units));
+    *so = kv_layout_slot_offset_bytes(&p->slo, l, kv, (int64_t)pr.src * p->slo.block_tokens);
+    *dof = kv_layout_slot_offset_bytes(&p->dlo, l, kv, (int64_t)pr.dst * p->dlo.block_tokens);
+    return true;
+}
 
 KV_HD void kv__copy_ex_body(const struct kv_grid_ctx *c, const struct kv__ccopy_ex *p, int vbytes)
 {
     const int64_t vecs = p->row_bytes / vbytes;
     for (int64_t item = c->block; item < p->n_items; item += c->grid_dim) {
         const int64_t u = item / p->rows, r = item - u * p->rows;
+        int64_t so, dof;
+        if (!kv__copy_ex_unit(c, p, u, r, &so, &dof))
+            continue;
         const int64_t in = p->rows == 1 ? 0 : (r / p->H) * p->tok + (r % p->H) * p->head;
-        const char *sp = p->src + p->offs[2 * u] + in;
-        char *dp = p->dst + p->offs[2 * u + 1] + in;
+        const char *sp = p->src + so + in;
+        char *dp = p->dst + dof + in;
         for (int64_t i = c->thread; i < vecs; i += c->block_dim)
             kv_grid_move(c, dp + i * vbytes, sp + i * vbytes, vbytes);
     }
@@ -295,7 +482,26 @@ struct kv__cdec {
     const int32_t *d_indptr, *d_indices, *d_last;
     int64_t d_n_pages, n_ids;
     struct kv_attn_cuda_errors *err;
+    /* device-index block table (d_lens non-NULL): sequence s's pages at
+     * d_indices + s x d_cols (d_indices is the table), seq_lens d_lens */
+    const int32_t *d_lens;
+    int64_t d_cols;
+    int dev; /* the device-index mode (either form) */
+    /* device-index scales of the layer, head (or 0) i: sv[kv][i] (sv_on,
+     * by value) or sc[kv][i] (device memory); neither: scales above */
+    const float *sc[2];
+    int sv_on;
+    float sv[2][KV_ATTN_DEV_SCALES_MAX];
 };
+
+KV_HD float kv__dec_scale(const struct kv__cdec *p, int kv, int64_t i)
+{
+    if (p->sv_on)
+        return p->sv[kv][i];
+    if (p->sc[kv])
+        return p->sc[kv][i];
+    return p->scales ? p->scales[kv * p->n_mul + i] : 1.0f;
+}
 
 /* Sequence s's token count and pages; in the device mode a sequence with a
  * bad indptr or last_page_len has none (output 0), recorded once (head 0,
@@ -303,33 +509,22 @@ struct kv__cdec {
 KV_HD void kv__dec_seq(const struct kv_grid_ctx *c, const struct kv__cdec *p, int64_t s, int64_t h,
                        int64_t *n_tok, const int32_t **pages)
 {
-    if (!p->d_indptr) {
+    if (!p->dev) {
         *n_tok = p->seq_tokens[s];
         *pages = p->page_ids + p->page_start[s];
         return;
     }
-    const int64_t a = p->d_indptr[s], b = p->d_indptr[s + 1], ll = p->d_last[s];
-    const bool rec = h == 0 && c->thread == 0;
-    *n_tok = 0;
-    *pages = p->d_indices;
-    if (a < 0 || a > p->d_n_pages) {
-        if (rec)
-            kv__dev_error(p->err, KV_ATTN_DEV_INDPTR, s);
+    int64_t first, idx;
+    int arr;
+    if (!kv__dev_seq(p->d_indptr, p->d_last, p->d_n_pages, p->d_lens, p->d_cols, p->pt, s, n_tok,
+                     &first, &arr, &idx)) {
+        if (h == 0 && c->thread == 0)
+            kv__dev_error(p->err, arr, idx);
+        *n_tok = 0;
+        *pages = p->d_indices;
         return;
     }
-    if (b < a || b > p->d_n_pages) {
-        if (rec)
-            kv__dev_error(p->err, KV_ATTN_DEV_INDPTR, s + 1);
-        return;
-    }
-    const int64_t np = b - a;
-    if (np == 0 ? ll != 0 : (ll < 1 || ll > p->pt)) {
-        if (rec)
-            kv__dev_error(p->err, KV_ATTN_DEV_LAST_LEN, s);
-        return;
-    }
-    *n_tok = np ? (np - 1) * p->pt + ll : 0;
-    *pages = p->d_indices + a;
+    *pages = p->d_indices + first;
 }
 
 /* Shared memory: q [g][D], acc [warps][g][D], m then l [warps][2][g]
@@ -357,15 +552,15 @@ KV_HD void kv__decode_body(const struct kv_grid_ctx *c, const struct kv__cdec *p
         ml[w * 2 * g + g + qi] = 0.0f;
     }
     kv_grid_sync(c);
-    const float ks = p->scales ? p->scales[p->n_mul > 1 ? h : 0] : 1.0f,
-                vs = p->scales ? p->scales[p->n_mul + (p->n_mul > 1 ? h : 0)] : 1.0f;
+    const float ks = kv__dec_scale(p, 0, p->n_mul > 1 ? h : 0),
+                vs = kv__dec_scale(p, 1, p->n_mul > 1 ? h : 0);
     int64_t n_tok;
     const int32_t *pages;
     kv__dec_seq(c, p, s, h, &n_tok, &pages);
     float *wacc = acc + warp * g * D, *wm = ml + warp * 2 * g, *wl = wm + g;
     for (int64_t t = warp; t < n_tok; t += p->warps) {
         const int32_t pid = pages[t / p->pt];
-        if (p->d_indptr && (pid < 0 || pid >= p->n_ids)) {
+        if (p->dev && (pid < 0 || pid >= p->n_ids)) {
             /* the whole warp skips (t and pid are the warp's): recorded
              * once, at the page's first token */
             if (h == 0 && lane == 0 && t % p->pt == 0)
@@ -467,6 +662,64 @@ static inline bool kv__cmove_build_dev(const struct kv__attn_job *j, const int64
     return bytes;
 }
 
+/* The move of a device-index read (kv_attn_read_cuda_dev): job j from
+ * kv__attn_read_dev_check (no runs; T its outputs' tokens), the pages and
+ * out_indptr [n_seqs + 1] read by the body: one item per (page entry,
+ * layer), then one per (sequence, layer) for its checks. Returns what
+ * kv__cmove_build returns. */
+static inline bool kv__cmove_build_read_dev(const struct kv__attn_job *j,
+                                            const struct kv_attn_dev_pages *pg,
+                                            const int32_t *out_indptr,
+                                            struct kv_attn_cuda_errors *err, struct kv__cmove *m)
+{
+    const bool bytes = kv__cmove_build(j, false, m);
+    m->rd_on = 1;
+    if (pg->format == KV_PAGES_BLOCK_TABLE) {
+        m->rd_indices = pg->block_table;
+        m->rd_lens = pg->seq_lens;
+        m->rd_cols = pg->block_table_cols;
+        m->rd_entries = (int64_t)pg->n_seqs * pg->block_table_cols;
+    } else {
+        m->rd_indptr = pg->indptr;
+        m->rd_indices = pg->indices;
+        m->rd_last = pg->last_page_len;
+        m->rd_n_pages = pg->n_pages;
+        m->rd_entries = pg->n_pages;
+    }
+    m->rd_out = out_indptr;
+    m->rd_seqs = pg->n_seqs;
+    m->rd_T = j->has_k ? j->k.n_tokens : j->v.n_tokens;
+    m->rd_pt = j->page_tokens;
+    m->rd_ids = m->lo.num_blocks * (int64_t)j->page_ratio;
+    m->n_items = (m->rd_entries + (int64_t)pg->n_seqs) * (int64_t)j->n_layers;
+    m->err = err;
+    return bytes;
+}
+
+/* The scales of a device-index move (after kv__cmove_build_dev), from job
+ * j's k_scale / v_scale (layer layer0's row; scale_layer_stride between
+ * rows; n_scales 0: none): host arrays copied by value (by_value; at most
+ * KV_ATTN_DEV_SCALES_MAX per plane, checked by the caller) or device
+ * pointers the body reads. One launch whatever the layers. */
+static inline void kv__cmove_scales_dev(const struct kv__attn_job *j, bool by_value,
+                                        struct kv__cmove *m)
+{
+    if (!j->n_scales)
+        return;
+    m->sc_lstride = j->scale_layer_stride;
+    if (!by_value) {
+        m->sc[0] = j->k_scale;
+        m->sc[1] = j->v_scale;
+        return;
+    }
+    const int64_t n = (j->scale_layer_stride ? (int64_t)j->n_layers : 1) * j->n_scales;
+    for (int64_t i = 0; i < n && i < KV_ATTN_DEV_SCALES_MAX; i++) {
+        m->sv[0][i] = j->k_scale[i];
+        m->sv[1][i] = j->v_scale[i];
+    }
+    m->sv_on = 1;
+}
+
 /* The scales of a converting move: scale [2][n_mul] (1 without). */
 static inline void kv__cmove_scales(const struct kv__attn_job *j, const struct kv__cmove *m,
                                     float *scale)
@@ -545,12 +798,40 @@ static inline void kv__cdec_build_dev(const struct kv__attn_job *j,
                                       const struct kv_attn_dev_pages *pg,
                                       struct kv_attn_cuda_errors *err, struct kv__cdec *p)
 {
-    p->d_indptr = pg->indptr;
-    p->d_indices = pg->indices;
-    p->d_last = pg->last_page_len;
-    p->d_n_pages = pg->n_pages;
+    p->dev = 1;
+    if (pg->format == KV_PAGES_BLOCK_TABLE) {
+        p->d_indices = pg->block_table;
+        p->d_lens = pg->seq_lens;
+        p->d_cols = pg->block_table_cols;
+    } else {
+        p->d_indptr = pg->indptr;
+        p->d_indices = pg->indices;
+        p->d_last = pg->last_page_len;
+        p->d_n_pages = pg->n_pages;
+    }
     p->n_ids = p->lo.num_blocks * (int64_t)j->page_ratio;
     p->err = err;
+    p->scales = NULL; /* the host mode's upload: never in this mode */
+}
+
+/* The scales of a device-index decode (after kv__cdec_build_dev), from
+ * job j's k_scale / v_scale (the layer's row, n_scales values; 0: none):
+ * copied by value (by_value) or device pointers the body reads. */
+static inline void kv__cdec_scales_dev(const struct kv__attn_job *j, bool by_value,
+                                       struct kv__cdec *p)
+{
+    if (!j->n_scales)
+        return;
+    if (!by_value) {
+        p->sc[0] = j->k_scale;
+        p->sc[1] = j->v_scale;
+        return;
+    }
+    for (uint32_t i = 0; i < j->n_scales && i < KV_ATTN_DEV_SCALES_MAX; i++) {
+        p->sv[0][i] = j->k_scale[i];
+        p->sv[1][i] = j->v_scale[i];
+    }
+    p->sv_on = 1;
 }
 
 /* The decode scales [2][n_mul] (1 without). */
@@ -638,6 +919,7 @@ static inline void kv__ccopy_ex_build(const struct kv__attn_job *j, int64_t *off
     const struct kv_layout *dl = &j->cache.layout, *sl = &j->src.layout;
     const bool halves = dl->kv_packed && j->planes != KV_ATTN_PLANES_KV;
     const int64_t units = dl->kv_packed ? 1 : (j->planes == KV_ATTN_PLANES_KV ? 2 : 1);
+    memset(p, 0, sizeof(*p)); /* host offsets: no pairs, no record */
     const int kv0 = j->planes == KV_ATTN_PLANE_V ? 1 : 0;
     const int64_t per_copy = (int64_t)j->n_layers * units, n_units = kv__ccopy_ex_units(j);
     uint64_t bits = (uint64_t)(uintptr_t)j->cache.base | (uint64_t)(uintptr_t)j->src.base;
@@ -661,6 +943,51 @@ static inline void kv__ccopy_ex_build(const struct kv__attn_job *j, int64_t *off
     p->offs = offs;
     p->n_items = n_units * p->rows;
     bits |= (uint64_t)p->row_bytes;
+    if (halves)
+        bits |= (uint64_t)p->tok | (uint64_t)p->head;
+    *vbytes = (bits & 15) == 0  ? 16
+              : (bits & 7) == 0 ? 8
+              : (bits & 3) == 0 ? 4
+              : (bits & 1) == 0 ? 2
+                                : 1;
+}
+
+/* The copy_ex of a device-index call (kv_attn_copy_blocks_ex_cuda_dev): job
+ * j from kv__attn_copy_check with no copies (its layers, planes, caches),
+ * the pairs [n] read by the body. The vector width allows every offset
+ * any pair can give (the layouts' layer, K/V and block strides). */
+static inline void kv__ccopy_ex_build_dev(const struct kv__attn_job *j,
+                                          const struct kv_block_copy *pairs, uint32_t n,
+                                          struct kv_attn_cuda_errors *err, struct kv__ccopy_ex *p,
+                                          int *vbytes)
+{
+    const struct kv_layout *dl = &j->cache.layout, *sl = &j->src.layout;
+    const bool halves = dl->kv_packed && j->planes != KV_ATTN_PLANES_KV;
+    memset(p, 0, sizeof(*p));
+    p->units = dl->kv_packed ? 1 : (j->planes == KV_ATTN_PLANES_KV ? 2 : 1);
+    p->per_copy = (int64_t)j->n_layers * p->units;
+    p->kv0 = j->planes == KV_ATTN_PLANE_V ? 1 : 0;
+    p->halves = halves;
+    p->layer0 = j->layer0;
+    p->dlo = *dl;
+    p->slo = *sl;
+    p->pairs = pairs;
+    p->err = err;
+    p->rows = halves ? dl->block_tokens * dl->num_heads : 1;
+    p->row_bytes = halves ? dl->head_dim * dl->elem_bytes : dl->block_bytes;
+    p->H = dl->num_heads;
+    p->tok = dl->stride_token_bytes;
+    p->head = dl->stride_head_bytes;
+    p->dst = (char *)j->cache.base;
+    p->src = (const char *)j->src.base;
+    p->n_items = (int64_t)n * p->per_copy * p->rows;
+    uint64_t bits = (uint64_t)(uintptr_t)j->cache.base | (uint64_t)(uintptr_t)j->src.base |
+                    (uint64_t)p->row_bytes;
+    for (int side = 0; side < 2; side++) {
+        const struct kv_layout *lo = side ? sl : dl;
+        bits |= (uint64_t)lo->stride_layer_bytes | (uint64_t)lo->stride_kv_bytes |
+                (uint64_t)lo->stride_block_bytes;
+    }
     if (halves)
         bits |= (uint64_t)p->tok | (uint64_t)p->head;
     *vbytes = (bits & 15) == 0  ? 16

@@ -329,9 +329,11 @@ kv_status kv__plan_check_unique(const char *fn, const uint32_t *dids, uint32_t n
     return st;
 }
 
+/* ids_dev: device-resident ids (kv_plan_copy_cuda_dev): non-NULL when n >
+ * 0, never read. */
 static kv_status check_side(const char *fn, const char *side, const struct kv_paged_cache *c,
                             const struct kv_layout *want, const uint32_t *ids, uint32_t n,
-                            uint64_t need, bool cuda)
+                            uint64_t need, bool cuda, bool ids_dev)
 {
     kv_status st = kv_paged_check(c, cuda);
     if (st != KV_OK)
@@ -344,6 +346,10 @@ static kv_status check_side(const char *fn, const char *side, const struct kv_pa
     if (n != need)
         return kv__error(KV_ERR_BAD_SHAPE, "%s: %u %s blocks for a request that needs %" PRIu64, fn,
                          n, side, need);
+    if (ids_dev)
+        return n && !ids
+                   ? kv__error(KV_ERR_NULL, "%s: %s_blocks_dev is NULL with %u blocks", fn, side, n)
+                   : KV_OK;
     return kv__plan_check_ids(fn, side, ids, n, c->layout.num_blocks);
 }
 
@@ -360,6 +366,8 @@ static kv_status check_blocks(const char *fn, const struct kv_paged_cache *src,
                          "%s: source storage [%p, %p) and destination storage [%p, %p) "
                          "overlap without being one cache",
                          fn, (void *)sa, (void *)sb, (void *)da, (void *)db);
+    if (!sids && !dids && (ns || nd))
+        return KV_OK; /* device-resident lists: not read */
     return kv__plan_check_unique(fn, dids, nd, shared ? sids : NULL, shared ? ns : 0);
 }
 
@@ -373,10 +381,27 @@ kv_status kv__plan_check_request(const char *fn, const kv_plan *plan,
         return kv__error(KV_ERR_NULL, "%s: plan is NULL", fn);
     kv_status st;
     if ((st = check_side(fn, "src", src, &plan->src, src_blocks, n_src,
-                         kv__plan_blocks(&plan->src, n_tokens), cuda)) != KV_OK ||
+                         kv__plan_blocks(&plan->src, n_tokens), cuda, false)) != KV_OK ||
         (st = check_side(fn, "dst", dst, &plan->dst, dst_blocks, n_dst,
-                         kv__plan_blocks(&plan->dst, n_tokens), cuda)) != KV_OK ||
+                         kv__plan_blocks(&plan->dst, n_tokens), cuda, false)) != KV_OK ||
         (st = check_blocks(fn, src, src_blocks, n_src, dst, dst_blocks, n_dst)) != KV_OK)
+        return st;
+    return KV_OK;
+}
+
+kv_status kv__plan_check_request_dev(const char *fn, const kv_plan *plan,
+                                     const struct kv_paged_cache *src, const uint32_t *src_blocks,
+                                     uint32_t n_src, const struct kv_paged_cache *dst,
+                                     const uint32_t *dst_blocks, uint32_t n_dst, uint64_t n_tokens)
+{
+    if (!plan)
+        return kv__error(KV_ERR_NULL, "%s: plan is NULL", fn);
+    kv_status st;
+    if ((st = check_side(fn, "src", src, &plan->src, src_blocks, n_src,
+                         kv__plan_blocks(&plan->src, n_tokens), true, true)) != KV_OK ||
+        (st = check_side(fn, "dst", dst, &plan->dst, dst_blocks, n_dst,
+                         kv__plan_blocks(&plan->dst, n_tokens), true, true)) != KV_OK ||
+        (st = check_blocks(fn, src, NULL, n_src, dst, NULL, n_dst)) != KV_OK)
         return st;
     return KV_OK;
 }

@@ -132,8 +132,8 @@ KV_API KV_NODISCARD kv_status kv_plan_copy(const kv_plan *plan, struct kv_paged_
  * here is). No explicit synchronize, but when there are narrow copies their
  * table and block addresses are uploaded from pageable host memory on every
  * call, which CUDA may stage by synchronizing with the stream, and which
- * keeps the call out of CUDA graph capture (device-resident schedules are
- * planned). The same request as kv_plan_copy, with the same checks and
+ * keeps the call out of CUDA graph capture (kv_plan_copy_cuda_dev below
+ * takes device-resident block lists). The same request as kv_plan_copy, with the same checks and
  * statuses before anything is issued, except that the caches must be
  * CUDA-addressable (KV_MEM_DEVICE or KV_MEM_PINNED; KV_ERR_INVALID_ARG for
  * host memory). The block id lists are host memory, read before the call
@@ -151,6 +151,54 @@ KV_API KV_NODISCARD kv_status kv_plan_copy_cuda(const kv_plan *plan, struct kv_p
                                                 struct kv_paged_cache dst,
                                                 const uint32_t *dst_blocks, uint32_t n_dst,
                                                 uint64_t n_tokens, kv_cuda_stream stream);
+
+/* ---- CUDA with device-resident block lists --------------------------------------
+ * The engine's calling convention (docs/connector.md, "CUDA executor"): the
+ * plan's copy table is put in device memory once (kv_plan_dev_create), and
+ * each request passes its block id lists in device memory. A call checks
+ * scalars only (the caches against the plan, the list lengths), launches
+ * one kernel over every (window, copy) item, wide copies included (no
+ * cudaMemcpy2DAsync, no host allocation, no host copy, no host loop over
+ * blocks, no synchronization: safe inside cudaStreamBeginCapture), and the
+ * kernel checks every block id against its cache: an id >= B skips the
+ * copies that use it (nothing is read or written out of bounds for it) and
+ * is recorded in `errors`. */
+typedef struct kv_plan_dev kv_plan_dev;
+
+/* The device-side error record of kv_plan_copy_cuda_dev (device memory the
+ * caller allocates and zeroes, e.g. cudaMemsetAsync; NULL: not recorded).
+ * count: invalid ids met since zeroed (once per list entry). first_key:
+ * ~(side << 56 | index) of the first (lowest side, src 0 then dst 1, then
+ * index), 0 for none; first_value: the id found there, valid when
+ * value_key == first_key. The layout of struct kv_attn_cuda_errors. */
+struct kv_plan_cuda_errors {
+    uint64_t count;
+    uint64_t first_key;
+    uint64_t value_key;
+    int64_t first_value;
+};
+
+/* Put plan's copy table in device memory (cudaMalloc + cudaMemcpy: outside
+ * the hot path). plan must outlive *out. KV_ERR_NULL; KV_ERR_UNSUPPORTED
+ * without CUDA or a usable device; KV_ERR_NO_MEMORY; KV_ERR_DEVICE. */
+KV_API KV_NODISCARD kv_status kv_plan_dev_create(const kv_plan *plan, kv_plan_dev **out);
+/* Free it (cudaFree). NULL: a no-op. */
+KV_API void kv_plan_dev_destroy(kv_plan_dev *pd);
+
+/* kv_plan_copy_cuda with src_blocks_dev [n_src] and dst_blocks_dev [n_dst]
+ * in device memory (uint32), the plan's table from kv_plan_dev_create. The
+ * checks of kv_plan_copy_cuda that read no id, before anything is issued:
+ * KV_ERR_NULL (pd, or a list NULL with its n > 0), KV_ERR_INVALID_ARG (a
+ * cache, its memory kind, a layout other than the plan's), KV_ERR_BAD_SHAPE
+ * (list lengths), KV_ERR_OVERLAP (storages that overlap without being one
+ * cache). Not detected on the device: a destination id listed twice, or
+ * (one cache) an id on both sides (the host mode refuses these; the result
+ * is then undefined). KV_ERR_UNSUPPORTED (no CUDA or device), KV_ERR_DEVICE
+ * (a failed launch). */
+KV_API KV_NODISCARD kv_status kv_plan_copy_cuda_dev(
+    const kv_plan_dev *pd, struct kv_paged_cache src, const uint32_t *src_blocks_dev,
+    uint32_t n_src, struct kv_paged_cache dst, const uint32_t *dst_blocks_dev, uint32_t n_dst,
+    uint64_t n_tokens, struct kv_plan_cuda_errors *errors, kv_cuda_stream stream);
 
 #ifdef __cplusplus
 }

@@ -43,6 +43,18 @@ template <int W> __global__ void kv__plan_narrow_kernel(struct kv__plan_narrow n
     kv__plan_narrow_body(&c, &n, W);
 }
 
+template <int W> __global__ void kv__plan_dev_kernel(struct kv__plan_dev p)
+{
+    const struct kv_grid_ctx c = {blockIdx.x, threadIdx.x, blockDim.x, gridDim.x, NULL, NULL};
+    kv__plan_dev_body(&c, &p, W);
+}
+
+__global__ void kv__plan_dev_finish_kernel(struct kv_plan_cuda_errors *e, const uint32_t *sid,
+                                           const uint32_t *did, uint32_t n_src, uint32_t n_dst)
+{
+    kv__plan_dev_finish(e, sid, did, n_src, n_dst);
+}
+
 static kv_status copy_wide(const struct kv__plan_frag *f, cudaStream_t s, const char *fn)
 {
     if (f->height > 1 && f->src_pitch <= KV__PLAN_MAX_PITCH && f->dst_pitch <= KV__PLAN_MAX_PITCH)
@@ -113,4 +125,61 @@ extern "C" kv_status kv__cuda_plan_copy(const struct kv__plan_sched *sc, kv_cuda
     }
     (void)cudaFreeAsync(dev, s);
     return st;
+}
+
+/* ---- device-resident block lists ------------------------------------------------ */
+
+extern "C" kv_status kv__cuda_plan_dev_upload(struct kv_plan_dev *pd)
+{
+    static const char fn[] = "kv_plan_dev_create";
+    kv_status st = kv__cuda_ready(fn, NULL);
+    if (st != KV_OK)
+        return st;
+    const size_t bytes = (size_t)pd->plan->n_copies * sizeof(struct kv__plan_copy);
+    void *p = NULL;
+    if ((st = kv__cuda_status(cudaMalloc(&p, bytes), fn)) != KV_OK)
+        return st;
+    if ((st = kv__cuda_status(cudaMemcpy(p, pd->plan->copies, bytes, cudaMemcpyHostToDevice),
+                              fn)) != KV_OK) {
+        (void)cudaFree(p);
+        return st;
+    }
+    pd->copies = (struct kv__plan_copy *)p;
+    return KV_OK;
+}
+
+extern "C" void kv__cuda_plan_dev_free(struct kv_plan_dev *pd)
+{
+    (void)cudaFree(pd->copies);
+    pd->copies = NULL;
+}
+
+/* No allocation, no copy, no synchronization: capture-safe. */
+extern "C" kv_status kv__cuda_plan_copy_dev(const struct kv__plan_dev *p, int vbytes,
+                                            kv_cuda_stream stream)
+{
+    static const char fn[] = "kv_plan_copy_cuda_dev";
+    cudaStream_t s = (cudaStream_t)stream;
+    kv_status st = kv__cuda_ready(fn, NULL);
+    const int64_t all = p->n_items + (int64_t)p->n_src + p->n_dst;
+    if (st != KV_OK || all == 0)
+        return st;
+    const int grid = kv__plan_narrow_grid(all);
+    switch (vbytes) {
+    case 16:
+        kv__plan_dev_kernel<16><<<grid, KV__PLAN_THREADS, 0, s>>>(*p);
+        break;
+    case 8:
+        kv__plan_dev_kernel<8><<<grid, KV__PLAN_THREADS, 0, s>>>(*p);
+        break;
+    case 4:
+        kv__plan_dev_kernel<4><<<grid, KV__PLAN_THREADS, 0, s>>>(*p);
+        break;
+    default:
+        kv__plan_dev_kernel<1><<<grid, KV__PLAN_THREADS, 0, s>>>(*p);
+        break;
+    }
+    if (p->err)
+        kv__plan_dev_finish_kernel<<<1, 1, 0, s>>>(p->err, p->sid, p->did, p->n_src, p->n_dst);
+    return kv__cuda_status(cudaGetLastError(), fn);
 }

@@ -122,10 +122,26 @@ void kv__plan_sched_free(struct kv__plan_sched *s);
 }
 #endif
 
+struct kv__plan_dev; /* kv_plan_kernels_hd.h: the launch of kv_plan_copy_cuda_dev */
+
+/* A plan's copy table in device memory (kv_plan_dev_create). */
+struct kv_plan_dev {
+    const kv_plan *plan;
+    struct kv__plan_copy *copies; /* [plan->n_copies], device */
+    uint64_t align;               /* kv__plan_copies_align */
+};
+
 #if KV_HAVE_CUDA
 #ifdef __cplusplus
 extern "C" {
 #endif
+/* cudaMalloc + cudaMemcpy of the plan's table into pd->copies. */
+kv_status kv__cuda_plan_dev_upload(struct kv_plan_dev *pd);
+void kv__cuda_plan_dev_free(struct kv_plan_dev *pd);
+/* One launch of kv__plan_dev_body over p (kv__plan_dev_build) at width
+ * vbytes, then the record's value (one thread), on stream: no allocation,
+ * no copy, no synchronization. */
+kv_status kv__cuda_plan_copy_dev(const struct kv__plan_dev *p, int vbytes, kv_cuda_stream stream);
 /* Issue the schedule on stream, with no explicit synchronize: kv__cuda_ready
  * first (KV_ERR_UNSUPPORTED without a usable device, even for an empty
  * schedule), the wide copies, then the narrow table and block addresses
@@ -139,6 +155,25 @@ kv_status kv__cuda_plan_copy(const struct kv__plan_sched *s, kv_cuda_stream stre
 }
 #endif
 #else
+static inline kv_status kv__cuda_plan_dev_upload(struct kv_plan_dev *pd)
+{
+    (void)pd;
+    return kv__error(KV_ERR_UNSUPPORTED,
+                     "kv_plan_dev_create: this build has no CUDA (built with CUDA=0 or nvcc was "
+                     "not found)");
+}
+static inline void kv__cuda_plan_dev_free(struct kv_plan_dev *pd)
+{
+    (void)pd;
+}
+static inline kv_status kv__cuda_plan_copy_dev(const struct kv__plan_dev *p, int vbytes,
+                                               kv_cuda_stream stream)
+{
+    (void)p, (void)vbytes, (void)stream;
+    return kv__error(KV_ERR_UNSUPPORTED,
+                     "kv_plan_copy_cuda_dev: this build has no CUDA (built with CUDA=0 or nvcc "
+                     "was not found)");
+}
 static inline kv_status kv__cuda_plan_copy(const struct kv__plan_sched *s, kv_cuda_stream stream)
 {
     (void)s, (void)stream;

@@ -12,6 +12,7 @@
 
 #include "kv_mem.h"
 #include "kv_plan_cuda_int.h"
+#include "kv_plan_kernels_hd.h"
 
 void kv__plan_sched_free(struct kv__plan_sched *s)
 {
@@ -139,5 +140,54 @@ kv_status kv_plan_copy_cuda(const kv_plan *plan, struct kv_paged_cache src,
         return st;
     st = kv__cuda_plan_copy(&s, stream);
     kv__plan_sched_free(&s);
+    return st == KV_OK ? kv__ok() : st;
+}
+
+/* ---- device-resident block lists ------------------------------------------------ */
+
+kv_status kv_plan_dev_create(const kv_plan *plan, kv_plan_dev **out)
+{
+    if (!plan || !out)
+        return kv__error(KV_ERR_NULL, "kv_plan_dev_create: plan=%p out=%p", (const void *)plan,
+                         (void *)out);
+    struct kv_plan_dev *pd = kv__mem_calloc(1, sizeof(*pd));
+    if (!pd)
+        return kv__error(KV_ERR_NO_MEMORY, "kv_plan_dev_create: %zu bytes", sizeof(*pd));
+    pd->plan = plan;
+    pd->align = kv__plan_copies_align(plan);
+    const kv_status st = kv__cuda_plan_dev_upload(pd);
+    if (st != KV_OK) {
+        kv__mem_free(pd);
+        return st;
+    }
+    *out = pd;
+    return kv__ok();
+}
+
+void kv_plan_dev_destroy(kv_plan_dev *pd)
+{
+    if (!pd)
+        return;
+    kv__cuda_plan_dev_free(pd);
+    kv__mem_free(pd);
+}
+
+kv_status kv_plan_copy_cuda_dev(const kv_plan_dev *pd, struct kv_paged_cache src,
+                                const uint32_t *src_blocks_dev, uint32_t n_src,
+                                struct kv_paged_cache dst, const uint32_t *dst_blocks_dev,
+                                uint32_t n_dst, uint64_t n_tokens,
+                                struct kv_plan_cuda_errors *errors, kv_cuda_stream stream)
+{
+    static const char fn[] = "kv_plan_copy_cuda_dev";
+    if (!pd)
+        return kv__error(KV_ERR_NULL, "%s: pd is NULL", fn);
+    kv_status st = kv__plan_check_request_dev(fn, pd->plan, &src, src_blocks_dev, n_src, &dst,
+                                              dst_blocks_dev, n_dst, n_tokens);
+    if (st != KV_OK)
+        return st;
+    struct kv__plan_dev p;
+    const int w = kv__plan_dev_build(pd->plan, pd->copies, pd->align, &src, src_blocks_dev, n_src,
+                                     &dst, dst_blocks_dev, n_dst, n_tokens, errors, &p);
+    st = kv__cuda_plan_copy_dev(&p, w, stream);
     return st == KV_OK ? kv__ok() : st;
 }

@@ -32,3 +32,48 @@ kv_status kv__grid_plan_copy(const struct kv__plan_sched *sc)
                                      KV__PLAN_THREADS, 0, false};
     return kv__grid_run("kv_plan_copy_cuda", &l, narrow_thread, &a);
 }
+
+struct dev_arg {
+    const struct kv__plan_dev *p;
+    int vbytes;
+};
+
+static void dev_thread(const struct kv_grid_ctx *c, const void *arg)
+{
+    const struct dev_arg *a = arg;
+    kv__plan_dev_body(c, a->p, a->vbytes);
+}
+
+struct finish_arg {
+    const struct kv__plan_dev *p;
+};
+
+static void finish_thread(const struct kv_grid_ctx *c, const void *arg)
+{
+    (void)c;
+    const struct kv__plan_dev *p = ((const struct finish_arg *)arg)->p;
+    kv__plan_dev_finish(p->err, p->sid, p->did, p->n_src, p->n_dst);
+}
+
+kv_status kv__grid_plan_copy_dev(const kv_plan *plan, const struct kv_paged_cache *src,
+                                 const uint32_t *sid, uint32_t n_src,
+                                 const struct kv_paged_cache *dst, const uint32_t *did,
+                                 uint32_t n_dst, uint64_t n_tokens, struct kv_plan_cuda_errors *err)
+{
+    static const char fn[] = "kv_plan_copy_cuda_dev";
+    struct kv__plan_dev p;
+    const struct dev_arg a = {&p, kv__plan_dev_build(plan, plan->copies,
+                                                     kv__plan_copies_align(plan), src, sid, n_src,
+                                                     dst, did, n_dst, n_tokens, err, &p)};
+    const int64_t all = p.n_items + (int64_t)n_src + n_dst;
+    if (all == 0)
+        return KV_OK;
+    const struct kv_grid_launch l = {(uint64_t)kv__plan_narrow_grid(all), KV__PLAN_THREADS, 0,
+                                     false};
+    kv_status st = kv__grid_run(fn, &l, dev_thread, &a);
+    if (st != KV_OK || !err)
+        return st;
+    const struct finish_arg f = {&p};
+    const struct kv_grid_launch one = {1, 1, 0, false};
+    return kv__grid_run(fn, &one, finish_thread, &f);
+}

@@ -16,4 +16,14 @@
 
 kv_status kv__grid_plan_copy(const struct kv__plan_sched *s);
 
+/* kv__cuda_plan_copy_dev on the emulator: a request kv__plan_check_request_dev
+ * accepted, the block lists and the record host memory standing for device
+ * memory, plan's own table standing for kv_plan_dev_create's; the same
+ * launch (grid, block, width), then the record's value. */
+kv_status kv__grid_plan_copy_dev(const kv_plan *plan, const struct kv_paged_cache *src,
+                                 const uint32_t *sid, uint32_t n_src,
+                                 const struct kv_paged_cache *dst, const uint32_t *did,
+                                 uint32_t n_dst, uint64_t n_tokens,
+                                 struct kv_plan_cuda_errors *err);
+
 #endif /* KV_PLAN_GRID_INT_H */

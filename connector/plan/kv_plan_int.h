@@ -107,6 +107,15 @@ kv_status kv__plan_check_request(const char *fn, const kv_plan *plan,
                                  const uint32_t *dst_blocks, uint32_t n_dst, uint64_t n_tokens,
                                  bool cuda);
 
+/* kv__plan_check_request's checks that read no block id, for device-resident
+ * lists (kv_plan_copy_cuda_dev): both caches (CUDA-addressable), the list
+ * lengths, a list non-NULL when its n > 0, storages overlapping without
+ * being one cache. */
+kv_status kv__plan_check_request_dev(const char *fn, const kv_plan *plan,
+                                     const struct kv_paged_cache *src, const uint32_t *src_blocks,
+                                     uint32_t n_src, const struct kv_paged_cache *dst,
+                                     const uint32_t *dst_blocks, uint32_t n_dst, uint64_t n_tokens);
+
 /* The validity test the kernels apply to a cache's layout, on a bare layout
  * (no storage needed): kv_paged_check's refusals, prefixed "fn: what". */
 kv_status kv__plan_check_layout(const char *fn, const char *what, const struct kv_layout *lo);

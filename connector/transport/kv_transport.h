@@ -221,11 +221,12 @@ KV_API void kv_xport_peer_close(kv_xport_peer *peer);
 KV_API uint64_t kv_xport_peer_id(const kv_xport_peer *peer);
 
 /* Register [base, base + bytes) of memory kind `kind` (host or pinned for
- * TCP; what the device can reach for RDMA, split at max_mr_size). Once per
- * region: an arena, the offload tier's region. RDMA with several devices:
- * on the rail kv_xport_mem_reg_on's KV_XPORT_DEVICE_AUTO picks. KV_ERR_NULL;
- * KV_ERR_INVALID_ARG; KV_ERR_UNSUPPORTED (a kind the backend cannot reach);
- * KV_ERR_NO_MEMORY. */
+ * TCP and RDMA; RDMA splits it at max_mr_size). Once per region: an arena,
+ * the offload tier's region. RDMA with several devices: on the rail
+ * kv_xport_mem_reg_on's KV_XPORT_DEVICE_AUTO picks. KV_ERR_NULL;
+ * KV_ERR_INVALID_ARG; KV_ERR_UNSUPPORTED (a kind the backend cannot reach;
+ * KV_MEM_DEVICE on RDMA too: a notification is delivered without a flush
+ * READ, so a kernel could read stale bytes); KV_ERR_NO_MEMORY. */
 KV_API KV_NODISCARD kv_status kv_xport_mem_reg(kv_xport *x, void *base, size_t bytes,
                                                enum kv_mem_kind kind, kv_xport_mem **out);
 

@@ -765,10 +765,20 @@ static kv_status rdma_mem_reg(kv_xport_mem *m)
         return kv__error(KV_ERR_INVALID_ARG,
                          "xport_mem_reg: device %u, but the transport has %u (rails: %s)",
                          m->device, r->nrail, r->dev);
+    /* A notification is delivered when the SEND's completion arrives, with
+     * no flush READ behind the data (NCCL's ncclIbIflush): the NIC's PCIe
+     * writes into GPU memory may still be invisible to a kernel launched on
+     * it. Refused until that flush exists (docs/connector.md, "Regions"). */
+    if (m->kind == KV_MEM_DEVICE)
+        return kv__error(KV_ERR_UNSUPPORTED,
+                         "xport_mem_reg(rdma): %s memory (%p, %" PRIu64 " bytes) not yet: a notification "
+                         "is delivered without a flush READ, so a kernel could read stale bytes "
+                         "(register host or pinned memory)",
+                         kv_mem_kind_name(m->kind), (void *)m->base, m->bytes);
     struct rmr *rm = kv__mem_calloc(1, sizeof(*rm));
     if (!rm)
         return kv__error(KV_ERR_NO_MEMORY, "xport_mem_reg(rdma): region state");
-    rm->numa = m->kind == KV_MEM_DEVICE ? -1 : kv__rd_mem_node(m->base, (size_t)m->bytes);
+    rm->numa = kv__rd_mem_node(m->base, (size_t)m->bytes);
     pthread_mutex_lock(&x->mu); /* the rails' loads and the round-robin counter */
     if (m->device != KV_XPORT_DEVICE_AUTO) {
         rm->rail = m->device;

@@ -819,8 +819,12 @@ static void bench(kv_order order)
     CHECK(cudaMemcpy(d_indptr, indptr, (Sd + 1) * 4, cudaMemcpyHostToDevice) == cudaSuccess);
     CHECK(cudaMemcpy(d_indices, perm, (size_t)B * 4, cudaMemcpyHostToDevice) == cudaSuccess);
     CHECK(cudaMemcpy(d_last, last, Sd * 4, cudaMemcpyHostToDevice) == cudaSuccess);
-    b.dpages = (struct kv_attn_dev_pages){(uint32_t)Sd, 1, d_indptr, d_indices, (uint32_t)B,
-                                          d_last};
+    b.dpages = (struct kv_attn_dev_pages){.n_seqs = (uint32_t)Sd,
+                                          .page_ratio = 1,
+                                          .indptr = d_indptr,
+                                          .indices = d_indices,
+                                          .n_pages = (uint32_t)B,
+                                          .last_page_len = d_last};
     CHECK(cudaMemset(qd, 0x3c, qb) == cudaSuccess); /* bf16 0x3c3c: a non-trivial softmax */
     unsigned char *o_host = malloc(qb), *o_dev = malloc(qb);
     CHECK(o_host && o_dev);

@@ -94,7 +94,12 @@ static void step(struct kv_paged_cache c, const struct step_dev *d, cudaStream_t
     views(d->v, T, H, v);
     views(d->q, S, H * G, q);
     views(d->out, S, H * G, o);
-    const struct kv_attn_dev_pages pg = {S, 1, d->indptr, d->indices, 2 * S, d->last};
+    const struct kv_attn_dev_pages pg = {.n_seqs = S,
+                                         .page_ratio = 1,
+                                         .indptr = d->indptr,
+                                         .indices = d->indices,
+                                         .n_pages = 2 * S,
+                                         .last_page_len = d->last};
     CHECK(kv_attn_cuda_errors_reset(d->err, (kv_cuda_stream)stream) == KV_OK);
     for (int l = 0; l < L; l++) {
         CHECK(kv_attn_write_cuda_dev(c, l, &k[l], &v[l], d->slots, T, NULL, d->err,

@@ -56,109 +56,9 @@
 #include "kv_view_cuda_int.h"
 #include "kv_view_grid_int.h"
 #include "kv_view_int.h"
+#include "kvt_grid.h"
 #include "kvt_side.h"
 #include "kvtest.h"
-
-/* ---- a pool and its reference --------------------------------------------------- */
-
-struct fix {
-    struct kv_layout_config cfg;
-    struct kv_paged_cache c;
-    unsigned char *pool, *ref;
-    size_t bytes;
-    int64_t es;
-};
-
-static void fill_random(void *p, size_t n, uint64_t seed)
-{
-    unsigned char *b = p;
-    uint64_t r = seed;
-    for (size_t i = 0; i < n; i++)
-        b[i] = (unsigned char)kvt_rand(&r);
-}
-
-static void fix_init(struct fix *f, const struct kv_layout_config *cfg, uint64_t seed)
-{
-    memset(f, 0, sizeof(*f));
-    f->cfg = *cfg;
-    assert_int_equal(kv_layout_init(cfg, &f->c.layout), KV_OK);
-    f->bytes = (size_t)f->c.layout.total_bytes;
-    f->es = f->c.layout.elem_bytes;
-    f->pool = kv__mem_alloc_aligned(64, f->bytes);
-    f->ref = kv__mem_alloc_aligned(64, f->bytes);
-    assert_true(f->pool && f->ref);
-    fill_random(f->pool, f->bytes, seed);
-    memcpy(f->ref, f->pool, f->bytes);
-    f->c.base = f->pool;
-    f->c.storage_bytes = f->bytes;
-    f->c.mem = KV_MEM_PINNED; /* host memory the CUDA entries accept */
-}
-
-static void fix_free(struct fix *f)
-{
-    kv__mem_free(f->pool);
-    kv__mem_free(f->ref);
-}
-
-static unsigned char *ref_at(const struct fix *f, unsigned char *mem, int64_t l, int kv,
-                             int64_t slot, int64_t h, int64_t d)
-{
-    const int64_t N = f->cfg.block_tokens;
-    return mem + kvt_ref_offset_elems(&f->cfg, l, kv, slot / N, slot % N, h, d) * f->es;
-}
-
-static void check_bytes(const unsigned char *got, const unsigned char *want, size_t n,
-                        const char *what)
-{
-    if (memcmp(got, want, n) == 0)
-        return;
-    size_t i = 0;
-    while (got[i] == want[i])
-        i++;
-    fail_msg("%s: byte %zu is 0x%02x, expected 0x%02x (%zu bytes in all)", what, i, got[i], want[i],
-             n);
-}
-
-/* A tensor [L?][T][H][D] of dtype dt: rows padded by 8 elements, or a head
- * dim of stride 2 (strided), in a garbage-filled 64-byte aligned buffer
- * displaced by `shift` bytes (shift breaks vector alignment). */
-struct tens {
-    unsigned char *mem, *buf;
-    size_t bytes;
-    struct kv_view v;
-};
-
-static void make_tens(struct tens *t, kv_dtype dt, int64_t L, int64_t T, int64_t H, int64_t D,
-                      bool strided, int64_t shift, uint64_t seed)
-{
-    const int64_t es = (int64_t)kv_dtype_size(dt), row = strided ? 2 * D : D + 8;
-    const int64_t lead = L ? L : 1, elems = lead * T * H * row;
-    t->bytes = (size_t)(elems * es);
-    t->mem = kv__mem_alloc_aligned(64, t->bytes + 64);
-    assert_non_null(t->mem);
-    t->buf = t->mem + shift;
-    uint64_t r = seed;
-    fill_random(t->mem, t->bytes + 64, seed + 1);
-    for (int64_t i = 0; i < elems; i++)
-        kv_from_f32(dt, (float)kvt_range(&r, -30000, 30000) / 1000.0f, t->buf + i * es);
-    int64_t shape[4] = {L, T, H, D}, st[4] = {T * H * row, H * row, row, strided ? 2 : 1};
-    struct kv_view flat;
-    int64_t n1 = elems;
-    assert_int_equal(kv_view_init(t->buf, t->bytes, dt, 1, &n1, &flat), KV_OK);
-    assert_int_equal(
-        kv_view_as_strided(&flat, L ? 4 : 3, L ? shape : shape + 1, L ? st : st + 1, 0, &t->v),
-        KV_OK);
-}
-
-static unsigned char *tens_at(const struct tens *t, int64_t l, int64_t tk, int64_t h, int64_t d)
-{
-    const struct kv_view *v = &t->v;
-    const int o = v->ndim - 3;
-    int64_t e = v->offset + tk * v->strides[o] + h * v->strides[o + 1] + d * v->strides[o + 2];
-    if (o)
-        e += l * v->strides[0];
-    return (unsigned char *)v->base + e * (int64_t)kv_dtype_size(v->dtype);
-}
 
 /* ---- write and read ------------------------------------------------------------------- */
 
@@ -178,13 +78,13 @@ struct mv_case {
 static void run_move(const struct mv_case *mc, uint64_t seed)
 {
     struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
-    struct fix f;
+    struct kvt_gfix f;
     uint64_t rng = seed;
     const int64_t L = 2, N = mc->N, H = mc->H, D = mc->D, B = 300;
     cfg.num_layers = L, cfg.num_blocks = B, cfg.block_tokens = N, cfg.num_heads = H;
     cfg.head_dim = D, cfg.dtype = mc->cache_dt, cfg.order = mc->order;
     cfg.arrange = mc->arrange, cfg.kv_packed = mc->packed, cfg.block_pad_elems = mc->pad;
-    fix_init(&f, &cfg, seed);
+    kvt_gfix_init(&f, &cfg, seed);
     /* 4 runs in distinct blocks 200..299 (the last one partial), then a -1 */
     int64_t slots[32], T = 0;
     uint32_t used[4];
@@ -205,9 +105,11 @@ static void run_move(const struct mv_case *mc, uint64_t seed)
     slots[T++] = -1;
     const int64_t nl = mc->all_layers ? L : 1;
     const int32_t layer = mc->all_layers ? KV_ATTN_ALL_LAYERS : 1;
-    struct tens k, v;
-    make_tens(&k, mc->src_dt, mc->all_layers ? L : 0, T, H, D, mc->strided, mc->shift, seed + 7);
-    make_tens(&v, mc->src_dt, mc->all_layers ? L : 0, T, H, D, mc->strided, mc->shift, seed + 9);
+    struct kvt_tens k, v;
+    kvt_tens_make(&k, mc->src_dt, mc->all_layers ? L : 0, T, H, D, mc->strided, mc->shift,
+                  seed + 7);
+    kvt_tens_make(&v, mc->src_dt, mc->all_layers ? L : 0, T, H, D, mc->strided, mc->shift,
+                  seed + 9);
     unsigned char *k0 = malloc(k.bytes + 64), *v0 = malloc(v.bytes + 64);
     assert_true(k0 && v0);
     memcpy(k0, k.mem, k.bytes + 64);
@@ -228,8 +130,8 @@ static void run_move(const struct mv_case *mc, uint64_t seed)
                 for (int64_t h = 0; h < H; h++)
                     for (int64_t d = 0; d < D; d++) {
                         unsigned char *dst =
-                            ref_at(&f, f.ref, mc->all_layers ? lr : layer, kv, slots[t], h, d);
-                        const unsigned char *src = tens_at(kv ? &v : &k, lr, t, h, d);
+                            kvt_gat(&f, f.ref, mc->all_layers ? lr : layer, kv, slots[t], h, d);
+                        const unsigned char *src = kvt_tens_at(kv ? &v : &k, lr, t, h, d);
                         if (raw) {
                             memcpy(dst, src, (size_t)f.es);
                         } else {
@@ -252,17 +154,17 @@ static void run_move(const struct mv_case *mc, uint64_t seed)
     kv__grid_attn_last(&last);
     assert_int_equal(last.vbytes, mc->want_width);
     assert_int_equal(last.launch.block, 256);
-    check_bytes(f.pool, f.ref, f.bytes, "pool after the emulated write");
-    check_bytes(k.mem, k0, k.bytes + 64, "K source after the write");
-    check_bytes(v.mem, v0, v.bytes + 64, "V source after the write");
+    kvt_gfix_check(&f, "pool after the emulated write");
+    kvt_check_bytes(k.mem, k0, k.bytes + 64, "K source after the write");
+    kvt_check_bytes(v.mem, v0, v.bytes + 64, "V source after the write");
 
     /* read the written tokens back, as one sequence per run (CSR pages) */
-    struct tens ko, vo;
+    struct kvt_tens ko, vo;
     const int64_t Tr = T - 1;
-    make_tens(&ko, mc->src_dt, mc->all_layers ? L : 0, Tr, H, D, !mc->strided, mc->shift,
-              seed + 11);
-    make_tens(&vo, mc->src_dt, mc->all_layers ? L : 0, Tr, H, D, !mc->strided, mc->shift,
-              seed + 13);
+    kvt_tens_make(&ko, mc->src_dt, mc->all_layers ? L : 0, Tr, H, D, !mc->strided, mc->shift,
+                  seed + 11);
+    kvt_tens_make(&vo, mc->src_dt, mc->all_layers ? L : 0, Tr, H, D, !mc->strided, mc->shift,
+                  seed + 13);
     unsigned char *ko0 = malloc(ko.bytes + 64), *vo0 = malloc(vo.bytes + 64);
     assert_true(ko0 && vo0);
     memcpy(ko0, ko.mem, ko.bytes + 64);
@@ -299,16 +201,16 @@ static void run_move(const struct mv_case *mc, uint64_t seed)
     kv__attn_job_free(&j);
     if (st != KV_OK)
         fail_msg("emulated read: %s: %s", kv_status_name(st), kv_last_error());
-    check_bytes(f.pool, f.ref, f.bytes, "pool after the emulated read");
+    kvt_gfix_check(&f, "pool after the emulated read");
     for (int64_t tk = 0; tk < Tr; tk++)
         for (int64_t lr = 0; lr < nl; lr++)
             for (int kv = 0; kv < 2; kv++)
                 for (int64_t h = 0; h < H; h++)
                     for (int64_t d = 0; d < D; d++) {
-                        const struct tens *o = kv ? &vo : &ko;
-                        unsigned char *got = tens_at(o, lr, tk, h, d), want[8];
+                        const struct kvt_tens *o = kv ? &vo : &ko;
+                        unsigned char *got = kvt_tens_at(o, lr, tk, h, d), want[8];
                         const unsigned char *cached =
-                            ref_at(&f, f.ref, mc->all_layers ? lr : layer, kv, rslot[tk], h, d);
+                            kvt_gat(&f, f.ref, mc->all_layers ? lr : layer, kv, rslot[tk], h, d);
                         if (raw) {
                             memcpy(want, cached, (size_t)f.es);
                         } else {
@@ -324,11 +226,11 @@ static void run_move(const struct mv_case *mc, uint64_t seed)
                         const unsigned char *before = (kv ? vo0 : ko0) + (got - o->mem);
                         memcpy(got, before, kv_dtype_size(mc->src_dt)); /* for the guard */
                     }
-    check_bytes(ko.mem, ko0, ko.bytes + 64, "K output outside its view");
-    check_bytes(vo.mem, vo0, vo.bytes + 64, "V output outside its view");
+    kvt_check_bytes(ko.mem, ko0, ko.bytes + 64, "K output outside its view");
+    kvt_check_bytes(vo.mem, vo0, vo.bytes + 64, "V output outside its view");
     free(ko0), free(vo0), free(k0), free(v0);
     kv__mem_free(ko.mem), kv__mem_free(vo.mem), kv__mem_free(k.mem), kv__mem_free(v.mem);
-    fix_free(&f);
+    kvt_gfix_free(&f);
 }
 
 static void test_grid_write_read(void **state)
@@ -381,14 +283,14 @@ static void run_decode(const struct dec_case *dc, uint64_t seed)
     static const int64_t lens[4] = {0, 1, 23, 70};
     const uint32_t S = 4;
     struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
-    struct fix f;
+    struct kvt_gfix f;
     uint64_t rng = seed;
     const int64_t N = dc->N, D = dc->D, H = dc->H, Hq = H * dc->g, pt = N / dc->r;
     cfg.num_layers = 2, cfg.block_tokens = N, cfg.num_heads = H, cfg.head_dim = D;
     cfg.dtype = dc->cache_dt, cfg.order = dc->order, cfg.arrange = dc->arrange;
     cfg.kv_packed = dc->packed, cfg.block_pad_elems = dc->pad;
     cfg.num_blocks = 200;
-    fix_init(&f, &cfg, seed);
+    kvt_gfix_init(&f, &cfg, seed);
     const int64_t P = cfg.num_blocks * dc->r;
     int32_t indptr[5], indices[64], last[4];
     uint8_t used[400] = {0};
@@ -424,8 +326,8 @@ static void run_decode(const struct dec_case *dc, uint64_t seed)
                 for (int64_t d = 0; d < D; d++) {
                     const float x = (float)kvt_range(&rng, -1000, 1000) / 1000.0f;
                     const float y = (float)kvt_range(&rng, 250, 1250) / 1000.0f;
-                    unsigned char *pk = ref_at(&f, f.pool, layer, 0, slot, h, d);
-                    unsigned char *pv = ref_at(&f, f.pool, layer, 1, slot, h, d);
+                    unsigned char *pk = kvt_gat(&f, f.pool, layer, 0, slot, h, d);
+                    unsigned char *pv = kvt_gat(&f, f.pool, layer, 1, slot, h, d);
                     kv_from_f32(dc->cache_dt, x / ks, pk);
                     kv_from_f32(dc->cache_dt, y / vs, pv);
                     const int64_t i = ((s * 70 + t) * H + h) * D + d;
@@ -442,7 +344,7 @@ static void run_decode(const struct dec_case *dc, uint64_t seed)
     assert_true(qb && ob);
     for (int64_t i = 0; i < n1; i++)
         qb[i] = (float)kvt_range(&rng, -1000, 1000) / 1000.0f;
-    fill_random(ob, (size_t)n1 * 4, seed + 5);
+    kvt_fill_random(ob, (size_t)n1 * 4, seed + 5);
     float *ob0 = malloc((size_t)n1 * 4);
     memcpy(ob0, ob, (size_t)n1 * 4);
     struct kv_view q, out, flat;
@@ -474,7 +376,7 @@ static void run_decode(const struct dec_case *dc, uint64_t seed)
     kv__grid_attn_last(&lst);
     assert_int_equal(lst.launch.grid, S * H);
     assert_true(lst.launch.barriers);
-    check_bytes(f.pool, f.ref, f.bytes, "pool after the emulated decode");
+    kvt_gfix_check(&f, "pool after the emulated decode");
     for (uint32_t s = 0; s < S; s++)
         for (int64_t qi = 0; qi < Hq; qi++) {
             const int64_t h = qi / dc->g;
@@ -500,10 +402,11 @@ static void run_decode(const struct dec_case *dc, uint64_t seed)
                 *o = ob0[o - ob]; /* restore, for the guard compare */
             }
         }
-    check_bytes((unsigned char *)ob, (unsigned char *)ob0, (size_t)n1 * 4, "decode output padding");
+    kvt_check_bytes((unsigned char *)ob, (unsigned char *)ob0, (size_t)n1 * 4,
+                    "decode output padding");
     free(ob0), free(kd), free(vd);
     kv__mem_free(qb), kv__mem_free(ob);
-    fix_free(&f);
+    kvt_gfix_free(&f);
 }
 
 static void test_grid_decode(void **state)
@@ -535,14 +438,14 @@ static void test_grid_decode_shared_limit(void **state)
 {
     (void)state;
     struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
-    struct fix f;
+    struct kvt_gfix f;
     cfg.num_layers = 1, cfg.num_blocks = 8, cfg.block_tokens = 4, cfg.num_heads = 1;
     cfg.head_dim = 256, cfg.dtype = KV_F16;
-    fix_init(&f, &cfg, 5);
+    kvt_gfix_init(&f, &cfg, 5);
     const int64_t n = 32 * 256;
     float *qb = calloc((size_t)n, 4), *ob = malloc((size_t)n * 4), *ob0 = malloc((size_t)n * 4);
     assert_true(qb && ob && ob0);
-    fill_random(ob, (size_t)n * 4, 6);
+    kvt_fill_random(ob, (size_t)n * 4, 6);
     memcpy(ob0, ob, (size_t)n * 4);
     struct kv_view q, out;
     int64_t sh[3] = {1, 32, 256};
@@ -554,27 +457,26 @@ static void test_grid_decode_shared_limit(void **state)
     pages.format = KV_PAGES_CSR, pages.n_seqs = 1, pages.page_ratio = 1;
     pages.indptr = indptr, pages.indices = indices, pages.last_page_len = last;
     struct kv__attn_job j;
-    assert_int_equal(
-        kv__attn_decode_check("kv_attn_decode_cuda", &f.c, 0, &q, NULL, &pages, 0.0625f, NULL, &out,
-                              NULL, &j),
-        KV_OK);
+    assert_int_equal(kv__attn_decode_check("kv_attn_decode_cuda", &f.c, 0, &q, NULL, &pages,
+                                           0.0625f, NULL, &out, NULL, &j),
+                     KV_OK);
     assert_int_equal(kv__grid_attn_decode(&j), KV_ERR_UNSUPPORTED);
     kv__attn_job_free(&j);
     kvt_assert_msg_has("32 query heads per KV head x D 256 need 65792 bytes");
     /* the body has no attention options: a job with one is refused */
     struct kv_attn_opts o = KV_ATTN_OPTS_INIT;
     o.window_left = 2;
-    assert_int_equal(
-        kv__attn_decode_check("kv_attn_decode_cuda", &f.c, 0, &q, NULL, &pages, 0.0625f, NULL, &out,
-                              &o, &j),
-        KV_OK);
+    assert_int_equal(kv__attn_decode_check("kv_attn_decode_cuda", &f.c, 0, &q, NULL, &pages,
+                                           0.0625f, NULL, &out, &o, &j),
+                     KV_OK);
     assert_int_equal(kv__grid_attn_decode(&j), KV_ERR_UNSUPPORTED);
     kv__attn_job_free(&j);
     kvt_assert_msg_has("sliding window on CUDA: not yet");
-    check_bytes((unsigned char *)ob, (unsigned char *)ob0, (size_t)n * 4, "refused decode output");
-    check_bytes(f.pool, f.ref, f.bytes, "pool after a refused decode");
+    kvt_check_bytes((unsigned char *)ob, (unsigned char *)ob0, (size_t)n * 4,
+                    "refused decode output");
+    kvt_gfix_check(&f, "pool after a refused decode");
     free(qb), free(ob), free(ob0);
-    fix_free(&f);
+    kvt_gfix_free(&f);
 }
 
 /* ---- block copies ------------------------------------------------------------------------ */
@@ -602,7 +504,7 @@ static void test_grid_copy_blocks(void **state)
     (void)state;
     for (int i = 0; i < 4; i++) {
         struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
-        struct fix f;
+        struct kvt_gfix f;
         uint64_t rng = 31 + (uint64_t)i;
         static const kv_dtype dts[4] = {KV_F16, KV_FP8_E4M3, KV_F32, KV_BF16};
         cfg.num_layers = 3, cfg.num_blocks = 300, cfg.block_tokens = 4, cfg.num_heads = 2;
@@ -611,7 +513,7 @@ static void test_grid_copy_blocks(void **state)
         cfg.arrange = i & 2 ? KV_ARRANGE_BLOCK_MAJOR : KV_ARRANGE_LAYER_MAJOR;
         cfg.kv_packed = i == 3;
         cfg.block_pad_elems = i == 0 ? 8 : 0;
-        fix_init(&f, &cfg, 40 + (uint64_t)i);
+        kvt_gfix_init(&f, &cfg, 40 + (uint64_t)i);
         struct kv_block_copy cp[12];
         copy_pairs(cp, 12, 200, 299, &rng);
         for (int c = 0; c < 12; c++)
@@ -620,8 +522,8 @@ static void test_grid_copy_blocks(void **state)
                     for (int64_t n = 0; n < 4; n++)
                         for (int64_t h = 0; h < 2; h++)
                             for (int64_t d = 0; d < cfg.head_dim; d++)
-                                memcpy(ref_at(&f, f.ref, l, kv, cp[c].dst * 4 + n, h, d),
-                                       ref_at(&f, f.ref, l, kv, cp[c].src * 4 + n, h, d),
+                                memcpy(kvt_gat(&f, f.ref, l, kv, cp[c].dst * 4 + n, h, d),
+                                       kvt_gat(&f, f.ref, l, kv, cp[c].src * 4 + n, h, d),
                                        (size_t)f.es);
         struct kv__attn_job j;
         assert_int_equal(
@@ -630,8 +532,8 @@ static void test_grid_copy_blocks(void **state)
         kv__attn_job_free(&j);
         if (st != KV_OK)
             fail_msg("emulated copy: %s: %s", kv_status_name(st), kv_last_error());
-        check_bytes(f.pool, f.ref, f.bytes, "pool after the emulated copy");
-        fix_free(&f);
+        kvt_gfix_check(&f, "pool after the emulated copy");
+        kvt_gfix_free(&f);
     }
 }
 
@@ -642,16 +544,16 @@ static void test_grid_copy_blocks_ex(void **state)
     (void)state;
     for (int i = 0; i < 6; i++) {
         struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
-        struct fix d, s;
+        struct kvt_gfix d, s;
         uint64_t rng = 77 + (uint64_t)i;
         cfg.num_layers = 3, cfg.num_blocks = 300, cfg.block_tokens = 4, cfg.num_heads = 3;
         cfg.head_dim = i % 3 == 2 ? 31 : 32, cfg.dtype = i % 2 ? KV_F16 : KV_F32;
         cfg.order = i & 1 ? KV_ORDER_HND : KV_ORDER_NHD;
         cfg.kv_packed = i >= 3;
         cfg.block_pad_elems = i == 1 ? 4 : 0;
-        fix_init(&d, &cfg, 90 + (uint64_t)i);
+        kvt_gfix_init(&d, &cfg, 90 + (uint64_t)i);
         cfg.arrange = KV_ARRANGE_BLOCK_MAJOR; /* the other cache: another arrangement */
-        fix_init(&s, &cfg, 95 + (uint64_t)i);
+        kvt_gfix_init(&s, &cfg, 95 + (uint64_t)i);
         struct kv_block_copy cp[10];
         copy_pairs(cp, 10, 200, 299, &rng);
         const uint32_t planes = (uint32_t)(i % 3) + 1; /* K, V, both */
@@ -663,8 +565,8 @@ static void test_grid_copy_blocks_ex(void **state)
                     for (int64_t n = 0; n < 4; n++)
                         for (int64_t h = 0; h < 3; h++)
                             for (int64_t e = 0; e < cfg.head_dim; e++)
-                                memcpy(ref_at(&d, d.ref, l, kv, cp[c].dst * 4 + n, h, e),
-                                       ref_at(&s, s.ref, l, kv, cp[c].src * 4 + n, h, e),
+                                memcpy(kvt_gat(&d, d.ref, l, kv, cp[c].dst * 4 + n, h, e),
+                                       kvt_gat(&s, s.ref, l, kv, cp[c].src * 4 + n, h, e),
                                        (size_t)d.es);
                 }
         struct kv_copy_blocks_opts o = KV_COPY_BLOCKS_OPTS_INIT;
@@ -678,10 +580,10 @@ static void test_grid_copy_blocks_ex(void **state)
         kv__attn_job_free(&j);
         if (st != KV_OK)
             fail_msg("emulated copy_ex: %s: %s", kv_status_name(st), kv_last_error());
-        check_bytes(d.pool, d.ref, d.bytes, "destination pool after the emulated copy_ex");
-        check_bytes(s.pool, s.ref, s.bytes, "source pool after the emulated copy_ex");
-        fix_free(&d);
-        fix_free(&s);
+        kvt_gfix_check(&d, "destination pool after the emulated copy_ex");
+        kvt_gfix_check(&s, "source pool after the emulated copy_ex");
+        kvt_gfix_free(&d);
+        kvt_gfix_free(&s);
     }
 }
 
@@ -709,8 +611,8 @@ static void run_view_copy(const struct vc_case *vc, uint64_t seed)
     unsigned char *db = kv__mem_alloc_aligned(64, (size_t)(dspan * es));
     unsigned char *want = malloc((size_t)(dspan * es)), *s0 = malloc((size_t)(sspan * es));
     assert_true(sb && db && want && s0);
-    fill_random(sb, (size_t)(sspan * es), seed);
-    fill_random(db, (size_t)(dspan * es), seed + 1);
+    kvt_fill_random(sb, (size_t)(sspan * es), seed);
+    kvt_fill_random(db, (size_t)(dspan * es), seed + 1);
     memcpy(want, db, (size_t)(dspan * es));
     memcpy(s0, sb, (size_t)(sspan * es));
     struct kv_view fs, fd, src, dst;
@@ -739,8 +641,8 @@ static void run_view_copy(const struct vc_case *vc, uint64_t seed)
     if (st != KV_OK)
         fail_msg("emulated view copy: %s: %s", kv_status_name(st), kv_last_error());
     assert_int_equal(path, vc->want_path);
-    check_bytes(db, want, (size_t)(dspan * es), "view copy destination");
-    check_bytes(sb, s0, (size_t)(sspan * es), "view copy source");
+    kvt_check_bytes(db, want, (size_t)(dspan * es), "view copy destination");
+    kvt_check_bytes(sb, s0, (size_t)(sspan * es), "view copy source");
     kv__mem_free(sb), kv__mem_free(db);
     free(want), free(s0);
 }
@@ -835,8 +737,8 @@ static void run_plan(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, i
     const kv_status st = kv__grid_plan_copy(&sc);
     if (st != KV_OK)
         fail_msg("emulated plan copy: %s: %s", kv_status_name(st), kv_last_error());
-    check_bytes(d.mem, ref, dbytes, "destination pool after the emulated plan copy");
-    check_bytes(s.mem, s0, sbytes, "source pool after the emulated plan copy");
+    kvt_check_bytes(d.mem, ref, dbytes, "destination pool after the emulated plan copy");
+    kvt_check_bytes(s.mem, s0, sbytes, "source pool after the emulated plan copy");
     kv__plan_sched_free(&sc);
     kv_plan_destroy(plan);
     kv__mem_free(shifted);

@@ -1,31 +1,39 @@
 /*
- * test_grid_devidx.c - the device-index write (kv_attn_write_cuda_dev) on
- * the CPU grid emulator: the CUDA launcher's job (kv__attn_write_dev_check:
- * scalar checks only), the same launch parameters, and the kernel body
- * reading the slot mapping itself (kv__grid_attn_write_dev), the error
- * record finished as the CUDA launcher finishes it.
+ * test_grid_devidx.c - the device-index entries (kv_attn_*_cuda_dev) on the
+ * CPU grid emulator: the CUDA launcher's job (kv__attn_*_dev_check: scalar
+ * checks only), the same launch parameters, and the kernel bodies reading
+ * the index arrays themselves (kv__grid_attn_*_dev; host memory stands for
+ * device memory), the error record finished as the CUDA launcher finishes
+ * it. Fixtures: tests/common/kvt_grid.h (pools between guard bytes).
  *
- *   - valid slots (blocks far from 0, a -1, one layer and all layers, a
- *     padded NHD layout and a padded HND one, bytes and converting moves):
- *     the WHOLE pool equals an element-by-element reference and the host
- *     index path's pool; the record stays all zero;
- *   - invalid slots (B x N, -5, INT64_MAX) amid valid ones: the invalid
- *     tokens are skipped, the valid ones written as the reference says,
- *     guard bytes around the pool untouched, the record counts each invalid
- *     token once and names the first (index, value); a later launch keeps
- *     an earlier first unless it finds a lower index;
- *   - copy blocks with device pairs (kv__grid_attn_copy_dev): layer- and
- *     block-major padded caches, valid pairs equal an element reference and
- *     the host mode's pool; a src or dst id >= B skips its pair, recorded;
- *   - the host side (the validator the CUDA entries call) makes no
- *     allocation (kv__mem_allocs) and reads no index;
- *   - the host side refuses bad scalars naming the values, pool untouched;
- *   - decode with device CSR (kv__grid_attn_decode_dev): valid pages equal
- *     the host-index decode bit for bit and a float64 softmax within 1e-5;
- *     a bad indptr or last_page_len zeroes that sequence, a page id of -3
- *     or B leaves its tokens out, every other output as the reference says,
- *     the pool unchanged, the output's padding untouched, the record naming
- *     the first (array, index, value) and the count.
+ *   - write: valid slots (blocks far from 0, a -1, one layer and all
+ *     layers, padded NHD and HND, bytes and converting moves, no scales,
+ *     scales by value and in device memory with a row per layer): the
+ *     WHOLE pool equals an element-by-element reference and the host-index
+ *     path's pool; the record stays all zero; invalid slots (B x N, -5,
+ *     INT64_MAX) skipped, guards untouched, each counted once, the first
+ *     named (index, value); a later launch keeps an earlier first unless it
+ *     finds a lower index;
+ *   - the host side makes no allocation (kv__mem_allocs), reads no index,
+ *     and refuses bad scalars and scales naming the values (by value past
+ *     KV_ATTN_DEV_SCALES_MAX: KV_ERR_UNSUPPORTED), pool untouched;
+ *   - decode with device CSR and with a block table + seq_lens, scales by
+ *     value and in device memory: valid pages equal the host-index decode
+ *     bit for bit and a float64 softmax within 1e-5; a bad indptr,
+ *     last_page_len or seq_lens zeroes that sequence, a page id of -3, -2
+ *     or B leaves its tokens out, block-table columns past a length are
+ *     never read, the pool and the output's padding untouched, the record
+ *     naming the first (array, index, value) and the count;
+ *   - read with device CSR and block-table pages and out_indptr (one layer
+ *     and all, f16 and f32 outputs, scales): the whole output buffers equal
+ *     a reference from the documented rules and the host-index read; bad
+ *     sequences, pages and output rows skipped (their rows untouched) and
+ *     recorded;
+ *   - copy blocks and copy_ex with device pairs: layer- and block-major
+ *     padded caches, two caches of different block counts, a layer range,
+ *     K, V or both, packed K|V: valid pairs equal an element reference and
+ *     the host mode's pool; a src or dst id past its cache skips its pair,
+ *     recorded; the source pool unchanged.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -43,105 +51,11 @@
 
 #include "kv_attn_grid_int.h"
 #include "kv_attn_kernels_hd.h"
+#include "kv_plan_grid_int.h"
 #include "kv_mem.h"
+#include "kvt_grid.h"
 #include "kvt_side.h"
 #include "kvtest.h"
-
-#define GUARD 256
-
-struct fix {
-    struct kv_layout_config cfg;
-    struct kv_paged_cache c;
-    unsigned char *mem, *pool, *ref;
-    size_t bytes;
-    int64_t es;
-};
-
-static void fill_random(void *p, size_t n, uint64_t seed)
-{
-    unsigned char *b = p;
-    uint64_t r = seed;
-    for (size_t i = 0; i < n; i++)
-        b[i] = (unsigned char)kvt_rand(&r);
-}
-
-/* The pool between two GUARD-byte guards; ref: the expected guards + pool. */
-static void fix_init(struct fix *f, const struct kv_layout_config *cfg, uint64_t seed)
-{
-    memset(f, 0, sizeof(*f));
-    f->cfg = *cfg;
-    assert_int_equal(kv_layout_init(cfg, &f->c.layout), KV_OK);
-    f->bytes = (size_t)f->c.layout.total_bytes;
-    f->es = f->c.layout.elem_bytes;
-    f->mem = kv__mem_alloc_aligned(64, f->bytes + 2 * GUARD);
-    f->ref = kv__mem_alloc_aligned(64, f->bytes + 2 * GUARD);
-    assert_true(f->mem && f->ref);
-    fill_random(f->mem, f->bytes + 2 * GUARD, seed);
-    memcpy(f->ref, f->mem, f->bytes + 2 * GUARD);
-    f->pool = f->mem + GUARD;
-    f->c.base = f->pool;
-    f->c.storage_bytes = f->bytes;
-    f->c.mem = KV_MEM_PINNED;
-}
-
-static void fix_free(struct fix *f)
-{
-    kv__mem_free(f->mem);
-    kv__mem_free(f->ref);
-}
-
-static unsigned char *ref_at(const struct fix *f, int64_t l, int kv, int64_t slot, int64_t h,
-                             int64_t d)
-{
-    const int64_t N = f->cfg.block_tokens;
-    return f->ref + GUARD + kvt_ref_offset_elems(&f->cfg, l, kv, slot / N, slot % N, h, d) * f->es;
-}
-
-static void check_bytes(const unsigned char *got, const unsigned char *want, size_t n,
-                        const char *what)
-{
-    if (memcmp(got, want, n) == 0)
-        return;
-    size_t i = 0;
-    while (got[i] == want[i])
-        i++;
-    fail_msg("%s: byte %zu is 0x%02x, expected 0x%02x (%zu bytes in all)", what, i, got[i], want[i],
-             n);
-}
-
-/* K or V [L?][T][H][D] of dtype dt, rows padded by 8 elements. */
-struct tens {
-    unsigned char *buf;
-    struct kv_view v;
-    int64_t row;
-};
-
-static void make_tens(struct tens *t, kv_dtype dt, int64_t L, int64_t T, int64_t H, int64_t D,
-                      uint64_t seed)
-{
-    const int64_t es = (int64_t)kv_dtype_size(dt), row = D + 8, lead = L ? L : 1;
-    const int64_t elems = lead * T * H * row;
-    t->row = row;
-    t->buf = kv__mem_alloc_aligned(64, (size_t)(elems * es));
-    assert_non_null(t->buf);
-    uint64_t r = seed;
-    for (int64_t i = 0; i < elems; i++)
-        kv_from_f32(dt, (float)kvt_range(&r, -30000, 30000) / 1000.0f, t->buf + i * es);
-    int64_t shape[4] = {L, T, H, D}, st[4] = {T * H * row, H * row, row, 1};
-    struct kv_view flat;
-    int64_t n1 = elems;
-    assert_int_equal(kv_view_init(t->buf, (size_t)(elems * es), dt, 1, &n1, &flat), KV_OK);
-    assert_int_equal(
-        kv_view_as_strided(&flat, L ? 4 : 3, L ? shape : shape + 1, L ? st : st + 1, 0, &t->v),
-        KV_OK);
-}
-
-static const unsigned char *tens_at(const struct tens *t, int64_t l, int64_t T, int64_t H,
-                                    int64_t tk, int64_t h, int64_t d)
-{
-    const int64_t es = (int64_t)kv_dtype_size(t->v.dtype);
-    return t->buf + (((l * T + tk) * H + h) * t->row + d) * es;
-}
 
 struct dcase {
     kv_order order;
@@ -150,25 +64,34 @@ struct dcase {
     bool all_layers;
 };
 
+/* Scales of a test: per KV head, a row per layer (rows 2) or shared
+ * (rows 0): K [rows][2], V [rows][2] (H = 2). */
+static const float wks[4] = {0.25f, 1.75f, 3.0f, 0.5f}, wvs[4] = {1.5f, 0.375f, 0.75f, 2.5f};
+
 /* One write of slots[T] through the device-index path into f (and, with
- * host_too, through the host-index path into a copy, compared). want:
- * the expected record. */
-static void run_write(const struct dcase *dc, const int64_t *slots, int64_t T, uint64_t seed,
-                      bool host_too, uint64_t want_count, int64_t want_index)
+ * host_too, through the host-index path into a copy, compared). sc: 0 no
+ * scales, 1 by value (shared by the layers), 2 device memory (a row per
+ * layer; host memory stands for it on the emulator). want: the expected
+ * record. */
+static void run_write(const struct dcase *dc, int sc, const int64_t *slots, int64_t T,
+                      uint64_t seed, bool host_too, uint64_t want_count, int64_t want_index)
 {
     struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
     const int64_t L = 2, N = 4, H = 2, D = 8, B = 300;
     cfg.num_layers = L, cfg.num_blocks = B, cfg.block_tokens = N, cfg.num_heads = H;
     cfg.head_dim = D, cfg.dtype = dc->cache_dt, cfg.order = dc->order;
     cfg.block_pad_elems = dc->pad;
-    struct fix f;
-    fix_init(&f, &cfg, seed);
+    struct kvt_gfix f;
+    kvt_gfix_init(&f, &cfg, seed);
     const int64_t nl = dc->all_layers ? L : 1;
     const int32_t layer = dc->all_layers ? KV_ATTN_ALL_LAYERS : 1;
-    struct tens k, v;
-    make_tens(&k, dc->src_dt, dc->all_layers ? L : 0, T, H, D, seed + 3);
-    make_tens(&v, dc->src_dt, dc->all_layers ? L : 0, T, H, D, seed + 5);
-    const bool raw = dc->cache_dt == dc->src_dt;
+    struct kvt_tens k, v;
+    kvt_tens_make(&k, dc->src_dt, dc->all_layers ? L : 0, T, H, D, false, 0, seed + 3);
+    kvt_tens_make(&v, dc->src_dt, dc->all_layers ? L : 0, T, H, D, false, 0, seed + 5);
+    const bool raw = dc->cache_dt == dc->src_dt && !sc;
+    const uint32_t rows = sc == 2 ? (uint32_t)L : 0;
+    const struct kv_attn_dev_scales dsc = {wks, wvs, (uint32_t)H, rows, sc == 2};
+    const struct kv_scales hsc = {wks, wvs, (uint32_t)H, rows};
     const int64_t limit = B * N;
     for (int64_t t = 0; t < T; t++) {
         if (slots[t] < 0 || slots[t] >= limit)
@@ -177,13 +100,16 @@ static void run_write(const struct dcase *dc, const int64_t *slots, int64_t T, u
             for (int kv = 0; kv < 2; kv++)
                 for (int64_t h = 0; h < H; h++)
                     for (int64_t d = 0; d < D; d++) {
-                        unsigned char *dst = ref_at(&f, dc->all_layers ? lr : layer, kv, slots[t],
-                                                    h, d);
-                        const unsigned char *src = tens_at(kv ? &v : &k, lr, T, H, t, h, d);
+                        unsigned char *dst =
+                            kvt_gat(&f, f.ref, dc->all_layers ? lr : layer, kv, slots[t], h, d);
+                        const unsigned char *src = kvt_tens_at(kv ? &v : &k, lr, t, h, d);
+                        const int64_t l = dc->all_layers ? lr : layer;
+                        const float s = (kv ? wvs : wks)[(rows ? l * H : 0) + h];
+                        const float x = kv_to_f32(dc->src_dt, src);
                         if (raw)
                             memcpy(dst, src, (size_t)f.es);
                         else
-                            kv_from_f32(dc->cache_dt, kv_to_f32(dc->src_dt, src), dst);
+                            kv_from_f32(dc->cache_dt, sc ? x / s : x, dst);
                     }
     }
     struct kv_attn_cuda_errors rec;
@@ -191,17 +117,17 @@ static void run_write(const struct dcase *dc, const int64_t *slots, int64_t T, u
     struct kv__attn_job j;
     const uint64_t a0 = kv__mem_allocs();
     kv_status st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, layer, &k.v, &v.v,
-                                            slots, T, NULL, &j);
+                                            slots, T, sc ? &dsc : NULL, &j);
     assert_int_equal(kv__mem_allocs(), a0); /* the host side allocates nothing */
     if (st != KV_OK)
         fail_msg("dev check: %s: %s", kv_status_name(st), kv_last_error());
     assert_null(j.runs); /* nothing allocated, no slot read on the host */
     assert_int_equal(j.n_runs, 0);
-    st = kv__grid_attn_write_dev(&j, slots, T, &rec);
+    st = kv__grid_attn_write_dev(&j, slots, T, sc == 1, &rec);
     kv__attn_job_free(&j);
     if (st != KV_OK)
         fail_msg("emulated dev write: %s: %s", kv_status_name(st), kv_last_error());
-    check_bytes(f.mem, f.ref, f.bytes + 2 * GUARD, "guards + pool after the device-index write");
+    kvt_gfix_check(&f, "guards + pool after the device-index write");
 
     struct kv_attn_cuda_error_info info;
     kv__attn_errors_decode(&rec, &info);
@@ -217,21 +143,22 @@ static void run_write(const struct dcase *dc, const int64_t *slots, int64_t T, u
 
     if (host_too) {
         /* the host-index path on the same initial pool lands the same bytes */
-        struct fix g;
-        fix_init(&g, &cfg, seed);
+        struct kvt_gfix g;
+        kvt_gfix_init(&g, &cfg, seed);
         const uint64_t a1 = kv__mem_allocs();
         st = kv__attn_write_check("kv_attn_write_cuda", &g.c, layer, &k.v, &v.v,
-                                  (struct kv__attn_slots){slots, false}, T, NULL, &j);
+                                  (struct kv__attn_slots){slots, false}, T, sc ? &hsc : NULL, &j);
         assert_true(kv__mem_allocs() > a1); /* the counter sees the host mode's runs */
         if (st != KV_OK)
             fail_msg("host check: %s: %s", kv_status_name(st), kv_last_error());
         assert_int_equal(kv__grid_attn_move(&j, true), KV_OK);
         kv__attn_job_free(&j);
-        check_bytes(g.mem, f.mem, f.bytes + 2 * GUARD, "host-index pool vs device-index pool");
-        fix_free(&g);
+        kvt_check_bytes(g.mem, f.mem, f.bytes + 2 * KVT_GUARD,
+                        "host-index pool vs device-index pool");
+        kvt_gfix_free(&g);
     }
-    kv__mem_free(k.buf), kv__mem_free(v.buf);
-    fix_free(&f);
+    kv__mem_free(k.mem), kv__mem_free(v.mem);
+    kvt_gfix_free(&f);
 }
 
 static const struct dcase cases[] = {
@@ -247,7 +174,8 @@ static void test_devidx_write_valid(void **state)
     /* a decode step: scattered slots in blocks 200..299, one padding -1 */
     const int64_t slots[] = {1150, 803, 4 * 250 + 2, -1, 4 * 299 + 3, 4 * 201};
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-        run_write(&cases[i], slots, 6, 100 + i, true, 0, 0);
+        for (int sc = 0; sc < 3; sc++)
+            run_write(&cases[i], sc, slots, 6, 100 + i, true, 0, 0);
 }
 
 static void test_devidx_write_invalid(void **state)
@@ -257,10 +185,10 @@ static void test_devidx_write_invalid(void **state)
     /* index 2: past the pool; 4: negative other than -1; 6: INT64_MAX */
     const int64_t slots[] = {1001, -1, B_N, 4 * 250 + 1, -5, 4 * 299, INT64_MAX, B_N - 1};
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-        run_write(&cases[i], slots, 8, 200 + i, false, 3, 2);
+        run_write(&cases[i], (int)i % 3, slots, 8, 200 + i, false, 3, 2);
     /* the first invalid at index 0 */
     const int64_t first[] = {-2, 1001, 1002};
-    run_write(&cases[0], first, 3, 300, false, 1, 0);
+    run_write(&cases[0], 0, first, 3, 300, false, 1, 0);
 }
 
 /* Two launches into one record: the first stays unless a lower index. */
@@ -272,15 +200,15 @@ static void test_devidx_record_across_launches(void **state)
     struct kv_attn_cuda_error_info info;
     const int64_t a[] = {0, 0, 0, -7}, b[] = {0, 0, 0, 0, 0, 99999}, c[] = {0, -9};
     kv__dev_error(&rec, KV_ATTN_DEV_SLOTS, 3);
-    kv__dev_error_finish(&rec, a, NULL, NULL, NULL, NULL);
+    kv__dev_error_finish(&rec, a, NULL, NULL, NULL, NULL, NULL, NULL);
     kv__dev_error(&rec, KV_ATTN_DEV_SLOTS, 5);
-    kv__dev_error_finish(&rec, b, NULL, NULL, NULL, NULL);
+    kv__dev_error_finish(&rec, b, NULL, NULL, NULL, NULL, NULL, NULL);
     kv__attn_errors_decode(&rec, &info);
     assert_int_equal(info.count, 2);
     assert_int_equal(info.index, 3);
     assert_int_equal(info.value, -7);
     kv__dev_error(&rec, KV_ATTN_DEV_SLOTS, 1);
-    kv__dev_error_finish(&rec, c, NULL, NULL, NULL, NULL);
+    kv__dev_error_finish(&rec, c, NULL, NULL, NULL, NULL, NULL, NULL);
     kv__attn_errors_decode(&rec, &info);
     assert_int_equal(info.count, 3);
     assert_int_equal(info.index, 1);
@@ -293,35 +221,75 @@ static void test_devidx_write_refusals(void **state)
     struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
     cfg.num_layers = 2, cfg.num_blocks = 300, cfg.block_tokens = 4, cfg.num_heads = 2;
     cfg.head_dim = 8, cfg.dtype = KV_F16, cfg.block_pad_elems = 3;
-    struct fix f;
-    fix_init(&f, &cfg, 7);
-    struct tens k, v;
-    make_tens(&k, KV_F16, 0, 3, 2, 8, 1);
-    make_tens(&v, KV_F16, 0, 3, 2, 8, 2);
+    struct kvt_gfix f;
+    kvt_gfix_init(&f, &cfg, 7);
+    struct kvt_tens k, v;
+    kvt_tens_make(&k, KV_F16, 0, 3, 2, 8, false, 0, 1);
+    kvt_tens_make(&v, KV_F16, 0, 3, 2, 8, false, 0, 2);
     const int64_t slots[4] = {1000, 1001, 1002, 1003};
     struct kv__attn_job j;
-    kv_status st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, 1, &k.v, &v.v, slots,
-                                            4, NULL, &j);
+    kv_status st =
+        kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, 1, &k.v, &v.v, slots, 4, NULL, &j);
     assert_int_equal(st, KV_ERR_BAD_SHAPE);
     assert_non_null(strstr(kv_last_error(), "n_slots 4 outside [0, T = 3]"));
     st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, 1, &k.v, &v.v, NULL, 2, NULL, &j);
     assert_int_equal(st, KV_ERR_NULL);
-    float one = 1.0f;
-    struct kv_scales sc = {&one, &one, 1, 0};
-    st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, 1, &k.v, &v.v, slots, 3, &sc,
-                                  &j);
-    assert_int_equal(st, KV_ERR_UNSUPPORTED);
-    st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, 2, &k.v, &v.v, slots, 3, NULL,
-                                  &j);
+    /* scales: each refusal names the values */
+    const float one[2] = {1.0f, 1.0f}, bad[2] = {1.0f, NAN};
+    const struct {
+        struct kv_attn_dev_scales sc;
+        kv_status want;
+        const char *msg;
+    } scr[5] = {
+        {{one, one, 1, 0, 2}, KV_ERR_INVALID_ARG, "scales device 2: expected 0"},
+        {{one, bad, 2, 0, 0}, KV_ERR_INVALID_ARG, "V scale 1 is nan"},
+        {{NULL, one, 1, 0, 1}, KV_ERR_NULL, "device scales given with k=(nil)"},
+        {{one, one, 3, 0, 1}, KV_ERR_INVALID_ARG, "3 scales: expected 1 (per tensor) or 2"},
+        {{one, one, 1, 5, 1}, KV_ERR_INVALID_ARG, "scales for 5 layers: expected 0 or 1"},
+    };
+    for (int i = 0; i < 5; i++) {
+        st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, 1, &k.v, &v.v, slots, 3,
+                                      &scr[i].sc, &j);
+        assert_int_equal(st, scr[i].want);
+        kvt_assert_msg_has(scr[i].msg);
+    }
+    /* by value past KV_ATTN_DEV_SCALES_MAX: 70 layers x 2 heads */
+    {
+        struct kv_layout_config c70 = KV_LAYOUT_CONFIG_INIT;
+        c70.num_layers = 70, c70.num_blocks = 4, c70.block_tokens = 1, c70.num_heads = 2;
+        c70.head_dim = 8, c70.dtype = KV_F16;
+        struct kvt_gfix g;
+        kvt_gfix_init(&g, &c70, 8);
+        struct kvt_tens k70, v70;
+        kvt_tens_make(&k70, KV_F16, 70, 1, 2, 8, false, 0, 3);
+        kvt_tens_make(&v70, KV_F16, 70, 1, 2, 8, false, 0, 4);
+        float s140[140];
+        for (int i = 0; i < 140; i++)
+            s140[i] = 1.0f;
+        const struct kv_attn_dev_scales by_value = {s140, s140, 2, 70, 0};
+        st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &g.c, KV_ATTN_ALL_LAYERS, &k70.v,
+                                      &v70.v, slots, 1, &by_value, &j);
+        assert_int_equal(st, KV_ERR_UNSUPPORTED);
+        kvt_assert_msg_has("140 scales per plane by value (at most 128)");
+        const struct kv_attn_dev_scales on_dev = {s140, s140, 2, 70, 1};
+        st = kv__attn_write_dev_check("kv_attn_write_cuda_dev", &g.c, KV_ATTN_ALL_LAYERS, &k70.v,
+                                      &v70.v, slots, 1, &on_dev, &j);
+        assert_int_equal(st, KV_OK);
+        kv__attn_job_free(&j);
+        kvt_gfix_check(&g, "pool after the checks");
+        kv__mem_free(k70.mem), kv__mem_free(v70.mem);
+        kvt_gfix_free(&g);
+    }
+    st =
+        kv__attn_write_dev_check("kv_attn_write_cuda_dev", &f.c, 2, &k.v, &v.v, slots, 3, NULL, &j);
     assert_int_not_equal(st, KV_OK);
     /* the public entry: same refusals, nothing launched or changed */
     st = kv_attn_write_cuda_dev(f.c, 1, &k.v, &v.v, slots, 4, NULL, NULL, NULL);
     assert_int_not_equal(st, KV_OK);
-    check_bytes(f.mem, f.ref, f.bytes + 2 * GUARD, "pool after refusals");
-    kv__mem_free(k.buf), kv__mem_free(v.buf);
-    fix_free(&f);
+    kvt_gfix_check(&f, "pool after refusals");
+    kv__mem_free(k.mem), kv__mem_free(v.mem);
+    kvt_gfix_free(&f);
 }
-
 
 /* ---- decode with device CSR ------------------------------------------------------- */
 
@@ -331,19 +299,38 @@ static void test_devidx_write_refusals(void **state)
 #define DEC_G 2
 #define DEC_D 40
 
-/* Decode S sequences of CSR (indptr, indices [n_pages], last) on the
- * emulator in the device mode; the expected record; with host_too the host
- * mode's output must be the same bytes. */
-static void run_dec(const int32_t *indptr, const int32_t *indices, int64_t n_pages,
-                    const int32_t *last, uint32_t S, uint64_t want_count, int want_array,
-                    int64_t want_index, bool host_too)
+/* Sequence s of device pages dp by the documented device rules: its tokens
+ * (0 for a sequence skipped) and its page list. */
+static int64_t ref_seq(const struct kv_attn_dev_pages *dp, uint32_t s, int64_t pt,
+                       const int32_t **pages)
+{
+    if (dp->format == KV_PAGES_BLOCK_TABLE) {
+        const int64_t len = dp->seq_lens[s];
+        *pages = dp->block_table + (int64_t)s * dp->block_table_cols;
+        return len >= 0 && len <= (int64_t)dp->block_table_cols * pt ? len : 0;
+    }
+    const int64_t a = dp->indptr[s], b = dp->indptr[s + 1], ll = dp->last_page_len[s];
+    bool ok = a >= 0 && a <= dp->n_pages && b >= a && b <= dp->n_pages;
+    ok = ok && (b == a ? ll == 0 : ll >= 1 && ll <= pt);
+    *pages = dp->indices + (ok ? a : 0);
+    return ok && b > a ? (b - a - 1) * pt + ll : 0;
+}
+
+/* Decode dp's sequences (layer 1 of a padded HND f32 cache) on the emulator
+ * in the device mode. sc: 0 no scales, 1 by value, 2 device memory (per
+ * KV head, a row per layer: layer 1's row is read). want_*: the expected
+ * record. With host_too the host-index mode's output (CSR or block table
+ * as dp, the same scales as kv_scales) must be the same bytes. */
+static void run_dec(const struct kv_attn_dev_pages *dp, int sc, uint64_t want_count, int want_array,
+                    int64_t want_index, int64_t want_value, bool host_too)
 {
     struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
     const int64_t N = DEC_N, H = DEC_H, D = DEC_D, Hq = H * DEC_G, pt = N;
+    const uint32_t S = dp->n_seqs;
     cfg.num_layers = 2, cfg.num_blocks = DEC_B, cfg.block_tokens = N, cfg.num_heads = H;
     cfg.head_dim = D, cfg.dtype = KV_F32, cfg.order = KV_ORDER_HND, cfg.block_pad_elems = 3;
-    struct fix f;
-    fix_init(&f, &cfg, 77);
+    struct kvt_gfix f;
+    kvt_gfix_init(&f, &cfg, 77);
     uint64_t rng = 5;
     const uint32_t layer = 1;
     for (int64_t slot = 0; slot < DEC_B * N; slot++)
@@ -351,9 +338,9 @@ static void run_dec(const int32_t *indptr, const int32_t *indices, int64_t n_pag
             for (int64_t h = 0; h < H; h++)
                 for (int64_t d = 0; d < D; d++) {
                     const float x = (float)kvt_range(&rng, -1000, 1000) / 1000.0f;
-                    kv_from_f32(KV_F32, x, ref_at(&f, layer, kv, slot, h, d) - f.ref + f.mem);
+                    kv_from_f32(KV_F32, x, kvt_gat(&f, f.pool, layer, kv, slot, h, d));
                 }
-    memcpy(f.ref, f.mem, f.bytes + 2 * GUARD);
+    memcpy(f.refmem, f.mem, f.bytes + 2 * KVT_GUARD);
     const int64_t row = D + 8, n1 = (int64_t)S * Hq * row;
     float *qb = kv__mem_alloc_aligned(64, (size_t)n1 * 4),
           *ob = kv__mem_alloc_aligned(64, (size_t)n1 * 4);
@@ -361,7 +348,7 @@ static void run_dec(const int32_t *indptr, const int32_t *indices, int64_t n_pag
     assert_true(qb && ob && ob0 && oh);
     for (int64_t i = 0; i < n1; i++)
         qb[i] = (float)kvt_range(&rng, -1000, 1000) / 1000.0f;
-    fill_random(ob, (size_t)n1 * 4, 9);
+    kvt_fill_random(ob, (size_t)n1 * 4, 9);
     memcpy(ob0, ob, (size_t)n1 * 4);
     struct kv_view q, out, flat;
     int64_t sh[3] = {S, Hq, D}, st3[3] = {Hq * row, row, 1}, nn = n1;
@@ -370,93 +357,118 @@ static void run_dec(const int32_t *indptr, const int32_t *indices, int64_t n_pag
     assert_int_equal(kv_view_init(ob, (size_t)n1 * 4, KV_F32, 1, &nn, &flat), KV_OK);
     assert_int_equal(kv_view_as_strided(&flat, 3, sh, st3, 0, &out), KV_OK);
     const float smscale = 1.0f / sqrtf((float)D);
-    const struct kv_attn_dev_pages dp = {S, 1, indptr, indices, n_pages, last};
+    /* per KV head, rows for layers 0 and 1 (layer 1: wks[2..3]) */
+    const struct kv_attn_dev_scales dsc = {wks, wvs, (uint32_t)H, 2, sc == 2};
+    const struct kv_scales hsc = {wks, wvs, (uint32_t)H, 2};
     struct kv_attn_cuda_errors rec;
     memset(&rec, 0, sizeof(rec));
     struct kv__attn_job j;
     const uint64_t a0 = kv__mem_allocs();
-    kv_status st = kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, layer, &q, &dp,
-                                             smscale, NULL, &out, &j);
+    kv_status st = kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, layer, &q, dp,
+                                             smscale, sc ? &dsc : NULL, &out, &j);
     assert_int_equal(kv__mem_allocs(), a0); /* the host side allocates nothing */
     if (st != KV_OK)
         fail_msg("dev decode check: %s: %s", kv_status_name(st), kv_last_error());
     assert_null(j.page_ids); /* nothing read or allocated on the host */
-    st = kv__grid_attn_decode_dev(&j, &dp, &rec);
+    st = kv__grid_attn_decode_dev(&j, dp, sc == 1, &rec);
     kv__attn_job_free(&j);
     if (st != KV_OK)
         fail_msg("emulated dev decode: %s: %s", kv_status_name(st), kv_last_error());
-    check_bytes(f.mem, f.ref, f.bytes + 2 * GUARD, "guards + pool after the decode");
+    kvt_gfix_check(&f, "guards + pool after the decode");
     struct kv_attn_cuda_error_info info;
     kv__attn_errors_decode(&rec, &info);
     assert_int_equal(info.count, want_count);
     assert_int_equal((int)info.array, want_array);
     if (want_count) {
         assert_int_equal(info.index, want_index);
-        const int32_t *arr = want_array == KV_ATTN_DEV_INDPTR     ? indptr
-                             : want_array == KV_ATTN_DEV_LAST_LEN ? last
-                                                                  : indices;
-        assert_int_equal(info.value, arr[want_index]);
+        assert_int_equal(info.value, want_value);
     }
     if (host_too) {
         memcpy(oh, ob, (size_t)n1 * 4);
         memcpy(ob, ob0, (size_t)n1 * 4);
-        const struct kv_pages hp = {.format = KV_PAGES_CSR,
-                                    .n_seqs = S,
-                                    .page_ratio = 1,
-                                    .indptr = indptr,
-                                    .indices = indices,
-                                    .last_page_len = last};
+        struct kv_pages hp;
+        memset(&hp, 0, sizeof(hp));
+        hp.n_seqs = S, hp.page_ratio = 1;
+        int64_t lens[16];
+        if (dp->format == KV_PAGES_BLOCK_TABLE) {
+            for (uint32_t i = 0; i < S; i++)
+                lens[i] = dp->seq_lens[i];
+            hp.format = KV_PAGES_BLOCK_TABLE, hp.block_table = dp->block_table;
+            hp.block_table_cols = dp->block_table_cols, hp.seq_lens = lens;
+        } else {
+            hp.format = KV_PAGES_CSR, hp.indptr = dp->indptr, hp.indices = dp->indices;
+            hp.last_page_len = dp->last_page_len;
+        }
         st = kv__attn_decode_check("kv_attn_decode_cuda", &f.c, layer, &q, NULL, &hp, smscale,
-                                   NULL, &out, NULL, &j);
+                                   sc ? &hsc : NULL, &out, NULL, &j);
         assert_int_equal(st, KV_OK);
         assert_int_equal(kv__grid_attn_decode(&j), KV_OK);
         kv__attn_job_free(&j);
-        check_bytes((unsigned char *)oh, (unsigned char *)ob, (size_t)n1 * 4,
-                    "device-index output vs host-index output");
+        kvt_check_bytes((unsigned char *)oh, (unsigned char *)ob, (size_t)n1 * 4,
+                        "device-index output vs host-index output");
     }
-    /* float64 reference, from the CSR by the documented rules */
+    /* float64 reference, from the pages by the documented rules */
     for (uint32_t s = 0; s < S; s++) {
-        const int64_t a = indptr[s], b = indptr[s + 1], ll = last[s];
-        bool ok = a >= 0 && a <= n_pages && b >= a && b <= n_pages;
-        ok = ok && (b == a ? ll == 0 : ll >= 1 && ll <= pt);
-        const int64_t n_tok = ok && b > a ? (b - a - 1) * pt + ll : 0;
+        const int32_t *pages;
+        const int64_t n_tok = ref_seq(dp, s, pt, &pages);
         for (int64_t qi = 0; qi < Hq; qi++) {
             const int64_t h = qi / DEC_G;
-            double sc[64], mx = -INFINITY, sum = 0;
+            const double ks = sc ? wks[H + h] : 1.0, vs = sc ? wvs[H + h] : 1.0;
+            double scv[64], mx = -INFINITY, sum = 0;
             int64_t sl[64], n = 0;
             for (int64_t t = 0; t < n_tok; t++) {
-                const int64_t pg = indices[a + t / pt];
+                const int64_t pg = pages[t / pt];
                 if (pg < 0 || pg >= DEC_B)
                     continue;
                 sl[n] = pg * pt + t % pt;
                 double dot = 0;
                 for (int64_t d = 0; d < D; d++)
                     dot += (double)qb[(s * Hq + qi) * row + d] *
-                           (double)kv_to_f32(KV_F32, ref_at(&f, layer, 0, sl[n], h, d));
-                sc[n] = dot * smscale;
-                mx = sc[n] > mx ? sc[n] : mx;
+                           (double)kv_to_f32(KV_F32, kvt_gat(&f, f.ref, layer, 0, sl[n], h, d));
+                scv[n] = dot * smscale * ks;
+                mx = scv[n] > mx ? scv[n] : mx;
                 n++;
             }
             for (int64_t t = 0; t < n; t++)
-                sum += (sc[t] = exp(sc[t] - mx));
+                sum += (scv[t] = exp(scv[t] - mx));
             for (int64_t d = 0; d < D; d++) {
                 double ref = 0;
                 for (int64_t t = 0; t < n; t++)
-                    ref += sc[t] / sum *
-                           (double)kv_to_f32(KV_F32, ref_at(&f, layer, 1, sl[t], h, d));
+                    ref += scv[t] / sum * vs *
+                           (double)kv_to_f32(KV_F32, kvt_gat(&f, f.ref, layer, 1, sl[t], h, d));
                 float *o = &ob[(s * Hq + qi) * row + d];
                 const double err = fabs((double)*o - ref) / (fabs(ref) > 0.1 ? fabs(ref) : 0.1);
                 if (!(err <= 1e-5))
-                    fail_msg("decode s%u q%lld d%lld: %.9g vs %.9g", s, (long long)qi,
-                             (long long)d, (double)*o, ref);
+                    fail_msg("decode s%u q%lld d%lld: %.9g vs %.9g", s, (long long)qi, (long long)d,
+                             (double)*o, ref);
                 *o = ob0[o - ob];
             }
         }
     }
-    check_bytes((unsigned char *)ob, (unsigned char *)ob0, (size_t)n1 * 4, "output padding");
+    kvt_check_bytes((unsigned char *)ob, (unsigned char *)ob0, (size_t)n1 * 4, "output padding");
     free(ob0), free(oh);
     kv__mem_free(qb), kv__mem_free(ob);
-    fix_free(&f);
+    kvt_gfix_free(&f);
+}
+
+static struct kv_attn_dev_pages csr(uint32_t S, const int32_t *indptr, const int32_t *indices,
+                                    int64_t n_pages, const int32_t *last)
+{
+    return (struct kv_attn_dev_pages){.n_seqs = S,
+                                      .page_ratio = 1,
+                                      .indptr = indptr,
+                                      .indices = indices,
+                                      .n_pages = n_pages,
+                                      .last_page_len = last};
+}
+
+static struct kv_attn_dev_pages btab(uint32_t S, const int32_t *table, uint32_t cols,
+                                     const int32_t *lens)
+{
+    struct kv_attn_dev_pages p = {.n_seqs = S, .page_ratio = 1};
+    p.format = KV_PAGES_BLOCK_TABLE, p.block_table = table, p.block_table_cols = cols;
+    p.seq_lens = lens;
+    return p;
 }
 
 static void test_devidx_decode_valid(void **state)
@@ -465,7 +477,17 @@ static void test_devidx_decode_valid(void **state)
     /* lengths 7, 0, 1, 16: pages far from 0 */
     const int32_t indptr[5] = {0, 2, 2, 3, 7}, last[4] = {3, 0, 1, 4};
     const int32_t indices[7] = {150, 199, 120, 101, 188, 170, 131};
-    run_dec(indptr, indices, 7, last, 4, 0, KV_ATTN_DEV_NONE, 0, true);
+    const struct kv_attn_dev_pages c = csr(4, indptr, indices, 7, last);
+    for (int sc = 0; sc < 3; sc++)
+        run_dec(&c, sc, 0, KV_ATTN_DEV_NONE, 0, 0, true);
+    /* the same sequences as a block table of 5 columns (padding -1 and a
+     * stale id past the pool beyond each length: never read) */
+    const int32_t table[4 * 5] = {150, 199, -1, DEC_B, -1, 77,  -1,  -1,  -1,  -1,
+                                  120, -1,  -1, -1,    -1, 101, 188, 170, 131, 9999};
+    const int32_t lens[4] = {7, 0, 1, 16};
+    const struct kv_attn_dev_pages t = btab(4, table, 5, lens);
+    for (int sc = 0; sc < 3; sc++)
+        run_dec(&t, sc, 0, KV_ATTN_DEV_NONE, 0, 0, true);
 }
 
 static void test_devidx_decode_invalid(void **state)
@@ -475,13 +497,268 @@ static void test_devidx_decode_invalid(void **state)
      * decreases (5 -> 3); s0 valid */
     const int32_t indptr[5] = {0, 2, 4, 5, 3}, last[4] = {3, 2, 5, 2};
     const int32_t indices[5] = {150, 199, DEC_B, 120, 101};
-    run_dec(indptr, indices, 5, last, 4, 3, KV_ATTN_DEV_INDPTR, 4, false);
+    const struct kv_attn_dev_pages c1 = csr(4, indptr, indices, 5, last);
+    run_dec(&c1, 1, 3, KV_ATTN_DEV_INDPTR, 4, 3, false);
     /* page errors only: -3 at index 1, B at index 2 */
     const int32_t ip2[3] = {0, 2, 4}, l2[2] = {4, 3}, ix2[4] = {150, -3, DEC_B, 120};
-    run_dec(ip2, ix2, 4, l2, 2, 2, KV_ATTN_DEV_PAGES, 1, false);
+    const struct kv_attn_dev_pages c2 = csr(2, ip2, ix2, 4, l2);
+    run_dec(&c2, 0, 2, KV_ATTN_DEV_PAGES, 1, -3, false);
     /* indptr past n_pages: index 2 */
     const int32_t ip3[3] = {0, 1, 9}, l3[2] = {4, 3}, ix3[2] = {150, 120};
-    run_dec(ip3, ix3, 2, l3, 2, 1, KV_ATTN_DEV_INDPTR, 2, false);
+    const struct kv_attn_dev_pages c3 = csr(2, ip3, ix3, 2, l3);
+    run_dec(&c3, 2, 1, KV_ATTN_DEV_INDPTR, 2, 9, false);
+    /* block table: s0 page 1 of 3 is B (index 0 x 3 + 1); s1 seq_lens 13 >
+     * 3 x N; s2 seq_lens -1; s3 valid with page -7 past its length */
+    const int32_t tb[4 * 3] = {150, DEC_B, 120, 101, 102, 103, 104, 105, 106, 131, 132, -7};
+    const int32_t lens[4] = {9, 13, -1, 6};
+    const struct kv_attn_dev_pages t = btab(4, tb, 3, lens);
+    run_dec(&t, 1, 3, KV_ATTN_DEV_PAGES, 1, DEC_B, false); /* the lowest array first */
+    /* seq_lens errors only: s1 13 > 3 x N is the first */
+    const int32_t lens3[4] = {3, 13, -1, 6};
+    const struct kv_attn_dev_pages t3 = btab(4, tb, 3, lens3);
+    run_dec(&t3, 0, 2, KV_ATTN_DEV_SEQ_LENS, 1, 13, false);
+    /* block-table page errors only: s1's page 0 is -2 (index 1 x 2 + 0) */
+    const int32_t tb2[2 * 2] = {150, 151, -2, 120}, lens2[2] = {8, 5};
+    const struct kv_attn_dev_pages t2 = btab(2, tb2, 2, lens2);
+    run_dec(&t2, 2, 1, KV_ATTN_DEV_PAGES, 2, -2, false);
+}
+
+static void test_devidx_decode_refusals(void **state)
+{
+    (void)state;
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 2, cfg.num_blocks = DEC_B, cfg.block_tokens = DEC_N, cfg.num_heads = DEC_H;
+    cfg.head_dim = DEC_D, cfg.dtype = KV_F32;
+    struct kvt_gfix f;
+    kvt_gfix_init(&f, &cfg, 3);
+    const int64_t n = 2 * DEC_H * DEC_G * DEC_D;
+    float *qb = calloc((size_t)n, 4), *ob = calloc((size_t)n, 4);
+    assert_true(qb && ob);
+    struct kv_view q, out;
+    int64_t sh[3] = {2, DEC_H * DEC_G, DEC_D};
+    assert_int_equal(kv_view_init(qb, (size_t)n * 4, KV_F32, 3, sh, &q), KV_OK);
+    assert_int_equal(kv_view_init(ob, (size_t)n * 4, KV_F32, 3, sh, &out), KV_OK);
+    const int32_t tb[2] = {1, 2}, lens[2] = {1, 1};
+    struct kv_attn_dev_pages t = btab(2, tb, 1, lens);
+    struct kv__attn_job j;
+    t.seq_lens = NULL;
+    assert_int_equal(
+        kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, 1, &q, &t, 1.0f, NULL, &out, &j),
+        KV_ERR_NULL);
+    kvt_assert_msg_has("block_table=");
+    t.seq_lens = lens, t.block_table_cols = 0;
+    assert_int_equal(
+        kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, 1, &q, &t, 1.0f, NULL, &out, &j),
+        KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("block_table_cols 0 with n_seqs 2");
+    t.block_table_cols = 1, t.format = (enum kv_pages_format)7;
+    assert_int_equal(
+        kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, 1, &q, &t, 1.0f, NULL, &out, &j),
+        KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("pages format 7");
+    t.format = KV_PAGES_BLOCK_TABLE;
+    const float one[2] = {1.0f, 1.0f};
+    const struct kv_attn_dev_scales d3 = {one, one, 3, 0, 1};
+    assert_int_equal(
+        kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, 1, &q, &t, 1.0f, &d3, &out, &j),
+        KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("3 scales: expected 1 (per tensor) or 2 (per KV head)");
+    const struct kv_attn_dev_scales ok = {one, one, 1, 0, 1};
+    assert_int_equal(
+        kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, 1, &q, &t, 1.0f, &ok, &out, &j),
+        KV_OK);
+    kv__attn_job_free(&j);
+    kvt_gfix_check(&f, "pool after the checks");
+    free(qb), free(ob);
+    kvt_gfix_free(&f);
+}
+
+/* ---- read with device pages ----------------------------------------------------- */
+
+/* Read dp's sequences (out_indptr out [S + 1], T rows) from layer 1 (or
+ * every layer) of a padded HND f16 cache into garbage-filled padded f16 /
+ * f32 outputs on the emulator in the device mode. sc as in run_dec (x =
+ * stored x scale). The whole output buffers against a reference from the
+ * documented rules (rows of skipped sequences and pages untouched); with
+ * host_too the host-index read's outputs (sequences in order) too. */
+static void run_read(const struct kv_attn_dev_pages *dp, const int32_t *out, int64_t T, int sc,
+                     bool all_layers, kv_dtype out_dt, uint64_t want_count, int want_array,
+                     int64_t want_index, int64_t want_value, bool host_too)
+{
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    const int64_t L = 2, N = DEC_N, H = DEC_H, D = 8, pt = N;
+    cfg.num_layers = L, cfg.num_blocks = DEC_B, cfg.block_tokens = N, cfg.num_heads = H;
+    cfg.head_dim = D, cfg.dtype = KV_F16, cfg.order = KV_ORDER_HND, cfg.block_pad_elems = 5;
+    struct kvt_gfix f;
+    kvt_gfix_init(&f, &cfg, 88);
+    uint64_t rng = 17;
+    for (int64_t l = 0; l < L; l++)
+        for (int64_t slot = 0; slot < DEC_B * N; slot++)
+            for (int kv = 0; kv < 2; kv++)
+                for (int64_t h = 0; h < H; h++)
+                    for (int64_t d = 0; d < D; d++)
+                        kv_from_f32(KV_F16, (float)kvt_range(&rng, -4000, 4000) / 1000.0f,
+                                    kvt_gat(&f, f.pool, l, kv, slot, h, d));
+    memcpy(f.refmem, f.mem, f.bytes + 2 * KVT_GUARD);
+    const int32_t layer = all_layers ? KV_ATTN_ALL_LAYERS : 1;
+    const int64_t nl = all_layers ? L : 1;
+    struct kvt_tens ko, vo;
+    kvt_tens_make(&ko, out_dt, all_layers ? L : 0, T, H, D, false, 0, 41);
+    kvt_tens_make(&vo, out_dt, all_layers ? L : 0, T, H, D, false, 0, 42);
+    unsigned char *want[2], *host[2];
+    for (int kv = 0; kv < 2; kv++) {
+        const struct kvt_tens *o = kv ? &vo : &ko;
+        want[kv] = malloc(o->bytes + 64);
+        host[kv] = malloc(o->bytes + 64);
+        assert_true(want[kv] && host[kv]);
+        memcpy(want[kv], o->mem, o->bytes + 64);
+        memcpy(host[kv], o->mem, o->bytes + 64);
+    }
+    const struct kv_attn_dev_scales dsc = {wks, wvs, (uint32_t)H, sc == 2 ? 2u : 0u, sc == 2};
+    const struct kv_scales hsc = {wks, wvs, (uint32_t)H, sc == 2 ? 2u : 0u};
+    for (uint32_t s = 0; s < dp->n_seqs; s++) {
+        const int32_t *pages;
+        const int64_t n_tok = ref_seq(dp, s, pt, &pages);
+        const bool seq_ok =
+            (dp->format == KV_PAGES_BLOCK_TABLE
+                 ? dp->seq_lens[s] >= 0 && dp->seq_lens[s] <= dp->block_table_cols * pt
+                 : n_tok > 0 || dp->indptr[s] == dp->indptr[s + 1]) &&
+            out[s] >= 0 && out[s] <= T && out[s + 1] >= out[s] && out[s + 1] <= T &&
+            out[s + 1] - out[s] == n_tok;
+        if (!seq_ok)
+            continue;
+        for (int64_t t = 0; t < n_tok; t++) {
+            const int64_t pg = pages[t / pt];
+            if (pg < 0 || pg >= DEC_B)
+                continue;
+            for (int64_t lr = 0; lr < nl; lr++)
+                for (int kv = 0; kv < 2; kv++)
+                    for (int64_t h = 0; h < H; h++)
+                        for (int64_t d = 0; d < D; d++) {
+                            const struct kvt_tens *o = kv ? &vo : &ko;
+                            const int64_t l = all_layers ? lr : layer;
+                            const float x = kv_to_f32(
+                                KV_F16, kvt_gat(&f, f.ref, l, kv, pg * pt + t % pt, h, d));
+                            const float m = (kv ? wvs : wks)[(sc == 2 ? l * H : 0) + h];
+                            unsigned char *dst =
+                                want[kv] + (kvt_tens_at(o, lr, out[s] + t, h, d) - o->mem);
+                            kv_from_f32(out_dt, sc ? x * m : x, dst);
+                        }
+        }
+    }
+    struct kv_attn_cuda_errors rec;
+    memset(&rec, 0, sizeof(rec));
+    struct kv__attn_job j;
+    const uint64_t a0 = kv__mem_allocs();
+    kv_status st = kv__attn_read_dev_check("kv_attn_read_cuda_dev", &f.c, layer, dp, out, &ko.v,
+                                           &vo.v, sc ? &dsc : NULL, &j);
+    assert_int_equal(kv__mem_allocs(), a0);
+    if (st != KV_OK)
+        fail_msg("dev read check: %s: %s", kv_status_name(st), kv_last_error());
+    assert_null(j.runs);
+    st = kv__grid_attn_read_dev(&j, dp, out, sc == 1, &rec);
+    kv__attn_job_free(&j);
+    if (st != KV_OK)
+        fail_msg("emulated dev read: %s: %s", kv_status_name(st), kv_last_error());
+    kvt_gfix_check(&f, "guards + pool after the device-index read");
+    kvt_check_bytes(ko.mem, want[0], ko.bytes + 64, "k_out after the device-index read");
+    kvt_check_bytes(vo.mem, want[1], vo.bytes + 64, "v_out after the device-index read");
+    struct kv_attn_cuda_error_info info;
+    kv__attn_errors_decode(&rec, &info);
+    assert_int_equal(info.count, want_count);
+    assert_int_equal((int)info.array, want_array);
+    if (want_count) {
+        assert_int_equal(info.index, want_index);
+        assert_int_equal(info.value, want_value);
+    }
+    if (host_too) {
+        memcpy(ko.mem, host[0], ko.bytes + 64);
+        memcpy(vo.mem, host[1], vo.bytes + 64);
+        struct kv_pages hp;
+        memset(&hp, 0, sizeof(hp));
+        hp.n_seqs = dp->n_seqs, hp.page_ratio = 1;
+        int64_t lens[16];
+        if (dp->format == KV_PAGES_BLOCK_TABLE) {
+            for (uint32_t i = 0; i < dp->n_seqs; i++)
+                lens[i] = dp->seq_lens[i];
+            hp.format = KV_PAGES_BLOCK_TABLE, hp.block_table = dp->block_table;
+            hp.block_table_cols = dp->block_table_cols, hp.seq_lens = lens;
+        } else {
+            hp.format = KV_PAGES_CSR, hp.indptr = dp->indptr, hp.indices = dp->indices;
+            hp.last_page_len = dp->last_page_len;
+        }
+        st = kv__attn_read_check("kv_attn_read_cuda", &f.c, layer, &hp, &ko.v, &vo.v,
+                                 sc ? &hsc : NULL, &j);
+        if (st != KV_OK)
+            fail_msg("host read check: %s: %s", kv_status_name(st), kv_last_error());
+        assert_int_equal(kv__grid_attn_move(&j, false), KV_OK);
+        kv__attn_job_free(&j);
+        kvt_check_bytes(ko.mem, want[0], ko.bytes + 64, "k_out of the host-index read");
+        kvt_check_bytes(vo.mem, want[1], vo.bytes + 64, "v_out of the host-index read");
+    }
+    for (int kv = 0; kv < 2; kv++)
+        free(want[kv]), free(host[kv]);
+    kv__mem_free(ko.mem), kv__mem_free(vo.mem);
+    kvt_gfix_free(&f);
+}
+
+static void test_devidx_read(void **state)
+{
+    (void)state;
+    /* lengths 7, 0, 1, 16 (as the decode): CSR and a block table */
+    const int32_t indptr[5] = {0, 2, 2, 3, 7}, last[4] = {3, 0, 1, 4};
+    const int32_t indices[7] = {150, 199, 120, 101, 188, 170, 131};
+    const int32_t out[5] = {0, 7, 7, 8, 24};
+    const struct kv_attn_dev_pages c = csr(4, indptr, indices, 7, last);
+    const int32_t table[4 * 5] = {150, 199, -1, DEC_B, -1, 77,  -1,  -1,  -1,  -1,
+                                  120, -1,  -1, -1,    -1, 101, 188, 170, 131, 9999};
+    const int32_t lens[4] = {7, 0, 1, 16};
+    const struct kv_attn_dev_pages t = btab(4, table, 5, lens);
+    for (int sc = 0; sc < 3; sc++) {
+        run_read(&c, out, 24, sc, sc == 1, sc ? KV_F32 : KV_F16, 0, KV_ATTN_DEV_NONE, 0, 0, true);
+        run_read(&t, out, 24, sc, sc != 1, sc == 2 ? KV_F32 : KV_F16, 0, KV_ATTN_DEV_NONE, 0, 0,
+                 true);
+    }
+    /* CSR: entry 4 is B (s3's 2nd page: its tokens 4..7 skipped); s1 (0
+     * tokens) given rows 7..8 and s2 (1 token) rows 8..8: both skipped; the
+     * page is the first (the lowest array) */
+    const int32_t ix2[7] = {150, 199, 120, 101, DEC_B, 170, 131};
+    const int32_t out2[5] = {0, 7, 8, 8, 24};
+    const struct kv_attn_dev_pages c2 = csr(4, indptr, ix2, 7, last);
+    run_read(&c2, out2, 24, 1, false, KV_F32, 3, KV_ATTN_DEV_PAGES, 4, DEC_B, false);
+    /* rows past T: s2's end and s3's start (30 > 24), both index 3 */
+    const int32_t out5[5] = {0, 7, 7, 30, 24};
+    run_read(&c, out5, 24, 0, false, KV_F16, 2, KV_ATTN_DEV_OUT_INDPTR, 3, 30, false);
+    /* rows errors only: s1 has 0 tokens but out 7 -> 9; s3 fine */
+    const int32_t out3[5] = {0, 7, 9, 10, 26};
+    run_read(&c, out3, 26, 0, true, KV_F16, 1, KV_ATTN_DEV_OUT_INDPTR, 2, 9, false);
+    /* block table: s0 seq_lens 21 > 5 x N; s3 page -1 at column 1 (index 16) */
+    const int32_t lens4[4] = {21, 0, 1, 16};
+    const int32_t tb4[4 * 5] = {150, 199, -1, DEC_B, -1, 77,  -1, -1,  -1,  -1,
+                                120, -1,  -1, -1,    -1, 101, -1, 170, 131, 9999};
+    const struct kv_attn_dev_pages t4 = btab(4, tb4, 5, lens4);
+    run_read(&t4, out, 24, 2, false, KV_F16, 2, KV_ATTN_DEV_PAGES, 16, -1, false);
+    /* the host side: out_indptr NULL, k_out / v_out of different T */
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 2, cfg.num_blocks = DEC_B, cfg.block_tokens = DEC_N, cfg.num_heads = DEC_H;
+    cfg.head_dim = 8, cfg.dtype = KV_F16;
+    struct kvt_gfix f;
+    kvt_gfix_init(&f, &cfg, 4);
+    struct kvt_tens a, b;
+    kvt_tens_make(&a, KV_F16, 0, 24, DEC_H, 8, false, 0, 1);
+    kvt_tens_make(&b, KV_F16, 0, 23, DEC_H, 8, false, 0, 2);
+    struct kv__attn_job j;
+    assert_int_equal(
+        kv__attn_read_dev_check("kv_attn_read_cuda_dev", &f.c, 1, &c, NULL, &a.v, &a.v, NULL, &j),
+        KV_ERR_NULL);
+    kvt_assert_msg_has("out_indptr_dev is NULL with n_seqs 4");
+    assert_int_equal(
+        kv__attn_read_dev_check("kv_attn_read_cuda_dev", &f.c, 1, &c, out, &a.v, &b.v, NULL, &j),
+        KV_ERR_BAD_SHAPE);
+    kvt_assert_msg_has("k_out has 24 tokens, v_out 23");
+    kvt_gfix_check(&f, "pool after the refusals");
+    kv__mem_free(a.mem), kv__mem_free(b.mem);
+    kvt_gfix_free(&f);
 }
 
 /* ---- copy blocks with device pairs ------------------------------------------------- */
@@ -495,8 +772,8 @@ static void run_copy(kv_arrange arrange, const struct kv_block_copy *pairs, uint
     struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
     cfg.num_layers = 3, cfg.num_blocks = 300, cfg.block_tokens = 4, cfg.num_heads = 2;
     cfg.head_dim = 8, cfg.dtype = KV_F16, cfg.arrange = arrange, cfg.block_pad_elems = 5;
-    struct fix f;
-    fix_init(&f, &cfg, 31);
+    struct kvt_gfix f;
+    kvt_gfix_init(&f, &cfg, 31);
     for (uint32_t i = 0; i < n; i++) {
         if (pairs[i].src >= 300 || pairs[i].dst >= 300)
             continue;
@@ -505,9 +782,8 @@ static void run_copy(kv_arrange arrange, const struct kv_block_copy *pairs, uint
                 for (int64_t t = 0; t < 4; t++)
                     for (int64_t h = 0; h < 2; h++)
                         for (int64_t d = 0; d < 8; d++)
-                            memcpy(ref_at(&f, l, kv, (int64_t)pairs[i].dst * 4 + t, h, d),
-                                   ref_at(&f, l, kv, (int64_t)pairs[i].src * 4 + t, h, d) - f.ref +
-                                       f.mem,
+                            memcpy(kvt_gat(&f, f.ref, l, kv, (int64_t)pairs[i].dst * 4 + t, h, d),
+                                   kvt_gat(&f, f.pool, l, kv, (int64_t)pairs[i].src * 4 + t, h, d),
                                    (size_t)f.es);
     }
     struct kv_attn_cuda_errors rec;
@@ -522,27 +798,28 @@ static void run_copy(kv_arrange arrange, const struct kv_block_copy *pairs, uint
     kv__attn_job_free(&j);
     if (st != KV_OK)
         fail_msg("emulated dev copy: %s: %s", kv_status_name(st), kv_last_error());
-    check_bytes(f.mem, f.ref, f.bytes + 2 * GUARD, "guards + pool after the device-index copy");
+    kvt_gfix_check(&f, "guards + pool after the device-index copy");
     struct kv_attn_cuda_error_info info;
     kv__attn_errors_decode(&rec, &info);
     assert_int_equal(info.count, want_count);
     if (want_count) {
         assert_int_equal(info.array, KV_ATTN_DEV_COPIES);
         assert_int_equal(info.index, want_index);
-        assert_int_equal(info.value, want_index % 2 ? pairs[want_index / 2].dst
-                                                    : pairs[want_index / 2].src);
+        assert_int_equal(info.value,
+                         want_index % 2 ? pairs[want_index / 2].dst : pairs[want_index / 2].src);
     }
     if (host_too) {
-        struct fix g;
-        fix_init(&g, &cfg, 31);
+        struct kvt_gfix g;
+        kvt_gfix_init(&g, &cfg, 31);
         st = kv__attn_copy_check("kv_attn_copy_blocks_cuda", &g.c, NULL, pairs, n, NULL, &j);
         assert_int_equal(st, KV_OK);
         assert_int_equal(kv__grid_attn_copy(&j), KV_OK);
         kv__attn_job_free(&j);
-        check_bytes(g.mem, f.mem, f.bytes + 2 * GUARD, "host-index pool vs device-index pool");
-        fix_free(&g);
+        kvt_check_bytes(g.mem, f.mem, f.bytes + 2 * KVT_GUARD,
+                        "host-index pool vs device-index pool");
+        kvt_gfix_free(&g);
     }
-    fix_free(&f);
+    kvt_gfix_free(&f);
 }
 
 static void test_devidx_copy_blocks(void **state)
@@ -552,10 +829,247 @@ static void test_devidx_copy_blocks(void **state)
     run_copy(KV_ARRANGE_LAYER_MAJOR, ok, 3, 0, 0, true);
     run_copy(KV_ARRANGE_BLOCK_MAJOR, ok, 3, 0, 0, true);
     /* pair 1: src = B; pair 3: dst = B */
-    const struct kv_block_copy bad[4] = {{250, 260, 4}, {300, 210, 4}, {270, 201, 4},
-                                         {205, 300, 4}};
+    const struct kv_block_copy bad[4] = {
+        {250, 260, 4}, {300, 210, 4}, {270, 201, 4}, {205, 300, 4}};
     run_copy(KV_ARRANGE_LAYER_MAJOR, bad, 4, 2, 2, false);
     run_copy(KV_ARRANGE_BLOCK_MAJOR, bad, 4, 2, 2, false);
+}
+
+/* ---- copy_ex with device pairs ---------------------------------------------------- */
+
+/* copy_ex of pairs[n] from a source cache of 300 blocks (block-major,
+ * padded) into a destination of 260 (layer-major, another padding), layers
+ * 1..2 of 3, planes (1 K, 2 V, 3 both), K|V packed or not, on the emulator
+ * in the device mode. Reference: each valid pair's selected elements by
+ * kvt_ref_offset_elems; with host_too the host mode's destination pool
+ * too; the source pool unchanged. */
+static void run_copy_ex(bool packed, uint32_t planes, const struct kv_block_copy *pairs, uint32_t n,
+                        uint64_t want_count, int64_t want_index, bool host_too)
+{
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 3, cfg.block_tokens = 4, cfg.num_heads = 3, cfg.head_dim = 8;
+    cfg.dtype = KV_F16, cfg.kv_packed = packed, cfg.order = packed ? KV_ORDER_HND : KV_ORDER_NHD;
+    cfg.num_blocks = 260, cfg.block_pad_elems = 4;
+    struct kvt_gfix d, s;
+    kvt_gfix_init(&d, &cfg, 61);
+    cfg.num_blocks = 300, cfg.block_pad_elems = 12, cfg.arrange = KV_ARRANGE_BLOCK_MAJOR;
+    kvt_gfix_init(&s, &cfg, 62);
+    for (uint32_t i = 0; i < n; i++) {
+        if (pairs[i].src >= 300 || pairs[i].dst >= 260)
+            continue;
+        for (int64_t l = 1; l < 3; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                if (!(planes & (1u << kv)))
+                    continue;
+                for (int64_t t = 0; t < 4; t++)
+                    for (int64_t h = 0; h < 3; h++)
+                        for (int64_t e = 0; e < 8; e++)
+                            memcpy(kvt_gat(&d, d.ref, l, kv, (int64_t)pairs[i].dst * 4 + t, h, e),
+                                   kvt_gat(&s, s.pool, l, kv, (int64_t)pairs[i].src * 4 + t, h, e),
+                                   (size_t)d.es);
+            }
+    }
+    struct kv_copy_blocks_opts o = KV_COPY_BLOCKS_OPTS_INIT;
+    o.layer0 = 1, o.n_layers = 2, o.planes = planes;
+    struct kv_attn_cuda_errors rec;
+    memset(&rec, 0, sizeof(rec));
+    struct kv__attn_job j;
+    const uint64_t a0 = kv__mem_allocs();
+    kv_status st =
+        kv__attn_copy_ex_dev_check("kv_attn_copy_blocks_ex_cuda_dev", &d.c, &s.c, pairs, n, &o, &j);
+    assert_int_equal(kv__mem_allocs(), a0);
+    if (st != KV_OK)
+        fail_msg("dev copy_ex check: %s: %s", kv_status_name(st), kv_last_error());
+    st = kv__grid_attn_copy_ex_dev(&j, pairs, n, &rec);
+    kv__attn_job_free(&j);
+    if (st != KV_OK)
+        fail_msg("emulated dev copy_ex: %s: %s", kv_status_name(st), kv_last_error());
+    kvt_gfix_check(&d, "guards + destination pool after the device-index copy_ex");
+    kvt_gfix_check(&s, "guards + source pool after the device-index copy_ex");
+    struct kv_attn_cuda_error_info info;
+    kv__attn_errors_decode(&rec, &info);
+    assert_int_equal(info.count, want_count);
+    if (want_count) {
+        assert_int_equal(info.array, KV_ATTN_DEV_COPIES);
+        assert_int_equal(info.index, want_index);
+        assert_int_equal(info.value,
+                         want_index % 2 ? pairs[want_index / 2].dst : pairs[want_index / 2].src);
+    }
+    if (host_too) {
+        struct kvt_gfix g;
+        cfg.num_blocks = 260, cfg.block_pad_elems = 4, cfg.arrange = KV_ARRANGE_LAYER_MAJOR;
+        kvt_gfix_init(&g, &cfg, 61);
+        st = kv__attn_copy_check("kv_attn_copy_blocks_ex_cuda", &g.c, &s.c, pairs, n, &o, &j);
+        assert_int_equal(st, KV_OK);
+        assert_int_equal(kv__grid_attn_copy_ex(&j), KV_OK);
+        kv__attn_job_free(&j);
+        kvt_check_bytes(g.mem, d.mem, d.bytes + 2 * KVT_GUARD,
+                        "host-index pool vs device-index pool (copy_ex)");
+        kvt_gfix_free(&g);
+    }
+    kvt_gfix_free(&d);
+    kvt_gfix_free(&s);
+}
+
+static void test_devidx_copy_blocks_ex(void **state)
+{
+    (void)state;
+    /* ids far from 0; src 299 exists only in the source cache */
+    const struct kv_block_copy ok[3] = {{299, 255, 4}, {210, 201, 4}, {201, 150, 4}};
+    for (uint32_t planes = 1; planes <= 3; planes++) {
+        run_copy_ex(false, planes, ok, 3, 0, 0, true);
+        run_copy_ex(true, planes, ok, 3, 0, 0, true);
+    }
+    /* pair 1: dst 260 (= dst's B; a valid src id); pair 2: src 300 */
+    const struct kv_block_copy bad[4] = {
+        {299, 255, 4}, {210, 260, 4}, {300, 150, 4}, {201, 240, 4}};
+    run_copy_ex(false, 3, bad, 4, 2, 3, false);
+    run_copy_ex(true, 2, bad, 4, 2, 3, false);
+    /* the host side refuses what it can check without reading a pair */
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 3, cfg.num_blocks = 8, cfg.block_tokens = 4, cfg.num_heads = 3;
+    cfg.head_dim = 8, cfg.dtype = KV_F16;
+    struct kvt_gfix d, s;
+    kvt_gfix_init(&d, &cfg, 1);
+    cfg.head_dim = 16;
+    kvt_gfix_init(&s, &cfg, 2);
+    struct kv__attn_job j;
+    assert_int_equal(
+        kv__attn_copy_ex_dev_check("kv_attn_copy_blocks_ex_cuda_dev", &d.c, &s.c, ok, 3, NULL, &j),
+        KV_ERR_MISMATCH);
+    assert_int_equal(kv__attn_copy_ex_dev_check("kv_attn_copy_blocks_ex_cuda_dev", &d.c, &d.c, NULL,
+                                                3, NULL, &j),
+                     KV_ERR_NULL);
+    kvt_assert_msg_has("copies_dev is NULL with n_copies 3");
+    kvt_gfix_check(&d, "pool after the refusals");
+    kvt_gfix_free(&d);
+    kvt_gfix_free(&s);
+}
+
+/* ---- the plan copy with device block lists ------------------------------------- */
+
+/* Request ns / nd blocks (sid, did; an id past its pool skips the tokens
+ * of that block) through plan (layers 1..2 of s onto 0..1 of d, heads hs0
+ * .. + nh onto hd0 ..) on the emulator in the device mode. Reference:
+ * config-only, token by token; with host_too the host-index executor's
+ * pool (schedule + emulated launch) too. */
+static void run_plan_dev(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, int64_t Hd,
+                         int64_t hs0, int64_t hd0, int64_t nh, kv_dtype dt, const uint32_t *sid,
+                         uint32_t ns, const uint32_t *did, uint32_t nd, uint64_t want_count,
+                         int64_t want_key, int64_t want_value, bool host_too)
+{
+    struct kvt_side s, d;
+    const int64_t D = 32, B = 60;
+    kvt_side_make(&s, 3, B, Ns, Hs, D, dt, sbits, 5);
+    kvt_side_make(&d, 3, B, Nd, Hd, D, dt, dbits, 6);
+    s.pc.mem = d.pc.mem = KV_MEM_PINNED; /* what the CUDA executors take */
+    struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+    pc.src_head0 = hs0, pc.dst_head0 = hd0, pc.n_heads = nh;
+    pc.src_layer0 = 1, pc.dst_layer0 = 0, pc.n_layers = 2;
+    kv_plan *plan = NULL;
+    assert_int_equal(kv_plan_create(&s.lo, &d.lo, &pc, &plan), KV_OK);
+    const uint64_t T = (uint64_t)(ns * Ns < nd * Nd ? ns * Ns : nd * Nd);
+    const size_t sb = (size_t)s.lo.total_bytes, db = (size_t)d.lo.total_bytes;
+    unsigned char *ref = malloc(db), *d0 = malloc(db), *s0 = malloc(sb);
+    assert_true(ref && d0 && s0);
+    memcpy(ref, d.mem, db), memcpy(d0, d.mem, db), memcpy(s0, s.mem, sb);
+    const int64_t es = s.lo.elem_bytes;
+    for (uint64_t t = 0; t < T; t++) {
+        const uint32_t bs = sid[t / (uint64_t)Ns], bd = did[t / (uint64_t)Nd];
+        if (bs >= B || bd >= B)
+            continue;
+        for (int64_t l = 0; l < 2; l++)
+            for (int kv = 0; kv < 2; kv++)
+                for (int64_t h = 0; h < nh; h++) {
+                    const int64_t so = kvt_ref_offset_elems(
+                        &s.cfg, 1 + l, kv, bs, (int64_t)(t % (uint64_t)Ns), hs0 + h, 0);
+                    const int64_t dof = kvt_ref_offset_elems(
+                        &d.cfg, l, kv, bd, (int64_t)(t % (uint64_t)Nd), hd0 + h, 0);
+                    memcpy(ref + dof * es, s.mem + so * es, (size_t)(D * es));
+                }
+    }
+    struct kv_plan_cuda_errors rec;
+    memset(&rec, 0, sizeof(rec));
+    const uint64_t a0 = kv__mem_allocs();
+    kv_status st = kv__plan_check_request_dev("kv_plan_copy_cuda_dev", plan, &s.pc, sid, ns, &d.pc,
+                                              did, nd, T);
+    assert_int_equal(kv__mem_allocs(), a0);
+    if (st != KV_OK)
+        fail_msg("dev plan check: %s: %s", kv_status_name(st), kv_last_error());
+    st = kv__grid_plan_copy_dev(plan, &s.pc, sid, ns, &d.pc, did, nd, T, &rec);
+    if (st != KV_OK)
+        fail_msg("emulated dev plan copy: %s: %s", kv_status_name(st), kv_last_error());
+    kvt_check_bytes(d.mem, ref, db, "destination pool after the device-list plan copy");
+    kvt_check_bytes(s.mem, s0, sb, "source pool after the device-list plan copy");
+    assert_int_equal(rec.count, want_count);
+    if (want_count) {
+        assert_int_equal(rec.first_key, ~(uint64_t)want_key);
+        assert_int_equal(rec.value_key, rec.first_key);
+        assert_int_equal(rec.first_value, want_value);
+    } else {
+        assert_int_equal(rec.first_key, 0);
+    }
+    if (host_too) {
+        memcpy(d.mem, d0, db);
+        struct kv__plan_sched sc;
+        assert_int_equal(kv__plan_check_request("kv_plan_copy_cuda", plan, &s.pc, sid, ns, &d.pc,
+                                                did, nd, T, true),
+                         KV_OK);
+        assert_int_equal(
+            kv__plan_cuda_schedule("test", plan, &s.pc, sid, ns, &d.pc, did, nd, T, 0, &sc), KV_OK);
+        assert_int_equal(kv__grid_plan_copy(&sc), KV_OK);
+        kv__plan_sched_free(&sc);
+        kvt_check_bytes(d.mem, ref, db, "destination pool of the host-index plan copy");
+    }
+    kv_plan_destroy(plan);
+    free(ref), free(d0), free(s0);
+    kvt_side_free(&s);
+    kvt_side_free(&d);
+}
+
+static void test_devidx_plan_copy(void **state)
+{
+    (void)state;
+    uint64_t rng = 3;
+    uint32_t sid[16], did[16];
+    kvt_pick_ids(&rng, 60, 16, sid);
+    kvt_pick_ids(&rng, 60, 16, did);
+    /* NHD -> NHD, block-major both sides: whole-block (wide) copies */
+    run_plan_dev(2, 2, 8, 8, 4, 4, 0, 0, 4, KV_F16, sid, 4, did, 4, 0, 0, 0, true);
+    /* NHD -> HND f32, block sizes 8 -> 4, heads 1..2 of 4 into 0..1 of 2, padded */
+    run_plan_dev(4, 1 | 4, 8, 4, 4, 2, 1, 0, 2, KV_F32, sid, 3, did, 6, 0, 0, 0, true);
+    /* HND -> NHD bf16, blocks 4 -> 8, packed K|V on the source */
+    run_plan_dev(1 | 8, 0, 4, 8, 2, 2, 0, 0, 2, KV_BF16, sid, 8, did, 4, 0, 0, 0, true);
+    /* invalid ids: source entry 1 = B, destination entries 0 and 3 past B */
+    uint32_t bs[6], bd[6];
+    memcpy(bs, sid, sizeof(bs)), memcpy(bd, did, sizeof(bd));
+    bs[1] = 60, bd[0] = 1000, bd[3] = 61;
+    run_plan_dev(4, 1 | 4, 8, 4, 4, 2, 1, 0, 2, KV_F32, bs, 3, bd, 6, 3, 1, 60, false);
+    /* destination errors only: the first is side 1, entry 0 */
+    run_plan_dev(2, 2, 8, 8, 4, 4, 0, 0, 4, KV_F16, sid, 4, bd, 4, 2, (int64_t)1 << 56 | 0, 1000,
+                 false);
+    /* the host side: NULL lists, lengths, memory kind */
+    struct kvt_side s, d;
+    kvt_side_make(&s, 3, 60, 8, 4, 32, KV_F16, 0, 1);
+    kvt_side_make(&d, 3, 60, 8, 4, 32, KV_F16, 0, 2);
+    kv_plan *plan = NULL;
+    assert_int_equal(kv_plan_create(&s.lo, &d.lo, NULL, &plan), KV_OK);
+    s.pc.mem = d.pc.mem = KV_MEM_PINNED;
+    assert_int_equal(kv__plan_check_request_dev("kv_plan_copy_cuda_dev", plan, &s.pc, NULL, 2,
+                                                &d.pc, did, 2, 16),
+                     KV_ERR_NULL);
+    kvt_assert_msg_has("src_blocks_dev is NULL with 2 blocks");
+    assert_int_equal(
+        kv__plan_check_request_dev("kv_plan_copy_cuda_dev", plan, &s.pc, sid, 3, &d.pc, did, 2, 16),
+        KV_ERR_BAD_SHAPE);
+    kvt_assert_msg_has("3 src blocks for a request that needs 2");
+    d.pc.mem = KV_MEM_HOST;
+    assert_int_not_equal(
+        kv__plan_check_request_dev("kv_plan_copy_cuda_dev", plan, &s.pc, sid, 2, &d.pc, did, 2, 16),
+        KV_OK);
+    kv_plan_destroy(plan);
+    kvt_side_free(&s);
+    kvt_side_free(&d);
 }
 
 int main(void)
@@ -567,7 +1081,11 @@ int main(void)
         cmocka_unit_test(test_devidx_write_refusals),
         cmocka_unit_test(test_devidx_decode_valid),
         cmocka_unit_test(test_devidx_decode_invalid),
+        cmocka_unit_test(test_devidx_decode_refusals),
+        cmocka_unit_test(test_devidx_read),
         cmocka_unit_test(test_devidx_copy_blocks),
+        cmocka_unit_test(test_devidx_copy_blocks_ex),
+        cmocka_unit_test(test_devidx_plan_copy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -408,6 +408,30 @@ static void test_xport_rdma_unsupported_without_device(void **state)
     kvt_sv_set_max_mr_size(MR_MAX);
 }
 
+/* Device memory is refused for RDMA (no flush READ before a notification
+ * is delivered): KV_ERR_UNSUPPORTED naming the kind and the reason, *out
+ * untouched, the transport still registering pinned memory. */
+static void test_xport_rdma_device_memory_refused(void **state)
+{
+    (void)state;
+    struct kv_xport_config c = cfg_make(false, TOKEN, FP, 1000);
+    kv_xport *x = NULL;
+    assert_int_equal(kv_xport_create(&c, &x), KV_OK);
+    unsigned char *buf = region_alloc();
+    assert_non_null(buf);
+    kv_xport_mem *m = NULL;
+    assert_int_equal(kv_xport_mem_reg(x, buf, REGION, KV_MEM_DEVICE, &m), KV_ERR_UNSUPPORTED);
+    assert_null(m);
+    assert_non_null(strstr(kv_last_error(), "device memory"));
+    assert_non_null(strstr(kv_last_error(), "without a flush READ"));
+    /* host and pinned memory still register */
+    assert_int_equal(kv_xport_mem_reg(x, buf, REGION, KV_MEM_PINNED, &m), KV_OK);
+    assert_int_equal(kv_xport_mem_bytes(m), REGION);
+    assert_int_equal(kv_xport_mem_dereg(m), KV_OK);
+    assert_int_equal(kv_xport_destroy(x), KV_OK);
+    free(buf);
+}
+
 static void test_xport_rdma_writes_notify_whole_region(void **state)
 {
     (void)state;
@@ -1186,6 +1210,7 @@ static int run_pass(bool busy)
         cmocka_unit_test(test_xport_rdma_device_choice),
         cmocka_unit_test(test_xport_rdma_info_decode),
         cmocka_unit_test(test_xport_rdma_unsupported_without_device),
+        cmocka_unit_test(test_xport_rdma_device_memory_refused),
         cmocka_unit_test(test_xport_rdma_writes_notify_whole_region),
         cmocka_unit_test(test_xport_rdma_reads_whole_region),
         cmocka_unit_test(test_xport_rdma_unexpose_revokes),
