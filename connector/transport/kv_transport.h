@@ -45,8 +45,14 @@
  * regions, imported regions or transfers of it.
  *
  * Backends share this seam through a versioned ops table (module-private,
- * connector/transport/kv_xport_int.h): TCP (real sockets; always built) and RDMA
- * (libibverbs through its own function table; built where rdma-core is).
+ * connector/transport/kv_xport_int.h): TCP (real sockets; always built), RDMA
+ * (libibverbs through its own function table; built where rdma-core is) and
+ * SHM (peers on one host: control over a Unix-domain socket, the bytes
+ * through shared-memory rings, copied in by the sender and out by the
+ * receiver, which checks every piece against its exposures; always built).
+ * SHM addresses: listen_host "/path" is a socket file (port unused); any
+ * other host names the abstract socket "kvcache-shm:<host>:<port>", port 0
+ * picking a free one (kv_xport_port); kv_xport_connect takes the same.
  *
  * Thread safety: every call may be made from any thread; one progress
  * thread per transport does the I/O.
@@ -72,9 +78,11 @@ extern "C" {
 typedef enum kv_xport_kind {
     KV_XPORT_TCP = 1,
     KV_XPORT_RDMA = 2,
+    KV_XPORT_SHM = 3, /* same host: a Unix socket and shared-memory rings
+                         (docs/connector.md, "Same-host transport") */
 } kv_xport_kind;
 
-/* "tcp", "rdma"; "unknown". */
+/* "tcp", "rdma", "shm"; "unknown". */
 KV_API const char *kv_xport_kind_name(kv_xport_kind k);
 
 /* Input of kv_xport_create. Start from KV_XPORT_CONFIG_INIT. */
@@ -169,7 +177,8 @@ typedef enum kv_xport_peer_state {
 } kv_xport_peer_state;
 
 /* Start connecting to host:port (non-blocking: *peer is CONNECTING until
- * the handshake ends). KV_ERR_NULL; KV_ERR_INVALID_ARG (host); KV_ERR_IO. */
+ * the handshake ends). Port 0 only for an SHM socket path ("/..."), which
+ * has none. KV_ERR_NULL; KV_ERR_INVALID_ARG (host, port); KV_ERR_IO. */
 KV_API KV_NODISCARD kv_status kv_xport_connect(kv_xport *x, const char *host, uint16_t port,
                                                kv_xport_peer **peer);
 
