@@ -87,8 +87,7 @@ bool kv__shm_put(struct kv__shm_peer *tp, struct kv__shm_msg m, const void *p, u
     return true;
 }
 
-/* mu held: send what is queued until the socket is full. */
-static struct kv__shm_verdict flush(struct kv__shm_peer *tp)
+struct kv__shm_verdict kv__shm_flush(struct kv__shm_peer *tp)
 {
     while (tp->ctl_off < tp->ctl_len) {
         const size_t n = (size_t)kv__le_get(tp->ctl + tp->ctl_off, 4);
@@ -211,7 +210,7 @@ static void peer_fail(struct kv__shm *t, struct kv__shm_peer *tp, kv_status why,
             *pp = tp->next;
             break;
         }
-    (void)flush(tp);
+    (void)kv__shm_flush(tp);
     while (tp->srv_head)
         serve_end(tp, tp->srv_head, false);
     if (tp->fd >= 0)
@@ -547,7 +546,7 @@ static kv_status adopt(struct kv__shm *t, int fd)
         struct kv__shm_peer tmp = {.fd = fd};
         if (kv__shm_put(&tmp, (struct kv__shm_msg){.type = KV__SM_REFUSE, .status = KV_ERR_CAPACITY},
                         why, (uint32_t)strlen(why)))
-            (void)flush(&tmp);
+            (void)kv__shm_flush(&tmp);
         kv__mem_free(tmp.ctl);
         close(fd);
         return kv__error(KV_ERR_CAPACITY, "xport shm: a connection refused: %s", why);
@@ -713,6 +712,7 @@ static bool tx_fill(struct kv__shm *t, struct kv__shm_peer *tp)
                                     .len = len};
             if (!kv__shm_put(tp, m, NULL, 0))
                 return false;
+            (void)kv__shm_flush(tp); /* the peer copies it out while we fill the next */
             if (s->sent >= s->len)
                 serve_end(tp, s, s->refused);
             continue;
@@ -762,6 +762,7 @@ static bool tx_fill(struct kv__shm *t, struct kv__shm_peer *tp)
             .type = KV__SM_DATA, .slot = si, .xfer = xf->id, .entry = k, .len = bytes};
         if (!kv__shm_put(tp, m, desc, k * KV__SHM_DESC))
             return false;
+        (void)kv__shm_flush(tp); /* an error is met again by peer_io's flush */
     }
     return true;
 }
@@ -853,7 +854,7 @@ static void peer_io(struct kv__shm *t, struct kv__shm_peer *tp, short ev)
         kv__shm_settle_all(tp);
     }
     if (kv__shm_ok(&v))
-        v = flush(tp);
+        v = kv__shm_flush(tp);
     if (!kv__shm_ok(&v))
         peer_fail(t, tp, v.st, v.msg);
 }

@@ -43,8 +43,8 @@
 #include "kv_wire.h"
 #include "kv_xport_int.h"
 
-#define KV__SHM_SLOT (256u << 10)  /* bytes per slot */
-#define KV__SHM_SLOTS 16u          /* slots per direction */
+#define KV__SHM_SLOT (1024u << 10) /* bytes per slot */
+#define KV__SHM_SLOTS 8u           /* slots per direction */
 #define KV__SHM_MAXV 64u           /* pieces per DATA message */
 #define KV__SHM_HDR 64u            /* bytes of a message header */
 #define KV__SHM_DESC 24u           /* bytes of a DATA piece's descriptor */
@@ -167,6 +167,8 @@ extern const struct kv__xport_ops kv__xport_shm_ops;
 void kv__shm_wake(struct kv__shm *t);
 /* Queue message m (payload p, plen bytes) on tp's control stream. */
 bool kv__shm_put(struct kv__shm_peer *tp, struct kv__shm_msg m, const void *p, uint32_t plen);
+/* Send what is queued until the socket is full. */
+struct kv__shm_verdict kv__shm_flush(struct kv__shm_peer *tp);
 void kv__shm_settle_all(struct kv__shm_peer *tp);
 bool kv__shm_notes_flush(struct kv__shm_peer *tp);
 /* Map memfd fd (checked: a memfd sealed against shrinking, of the right

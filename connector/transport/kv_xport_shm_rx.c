@@ -502,6 +502,11 @@ struct kv__shm_verdict kv__shm_rx(struct kv__shm *t, struct kv__shm_peer *tp)
         struct kv__shm_verdict v = kv__shm_on_msg(t, tp, (size_t)r, fd);
         if (!kv__shm_ok(&v))
             return v;
+        /* an ACK or FREE goes now: the sender refills that slot while we
+         * copy the next */
+        v = kv__shm_flush(tp);
+        if (!kv__shm_ok(&v))
+            return v;
     }
     return KV__SHM_OK;
 }

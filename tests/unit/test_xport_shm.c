@@ -674,6 +674,11 @@ static void test_xport_shm_hostile_peer(void **state)
 
 int main(void)
 {
+    signal(SIGPIPE, SIG_IGN);
+    /* one CPU thread for the local references (kv_plan_copy): libgomp's
+     * barriers are invisible to ThreadSanitizer (as test_xport_tcp) */
+    if (kv_set_threads(1) != KV_OK)
+        return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_xport_shm_refusals),
         cmocka_unit_test(test_xport_shm_write_read_whole_region),
