@@ -349,8 +349,8 @@ static void test_xport_shm_write_plan(void **state)
         pc.src_layer0 = 1;
         pc.dst_layer0 = (int64_t)c % 3;
         struct kvt_side s, d;
-        kvt_side_make(&s, Ls, 200, 16, 4, 64, KV_BF16, cases[c][0], tag);
-        kvt_side_make(&d, Ld, 200, cases[c][2], 4, 64, KV_BF16, cases[c][1], tag + 1);
+        kvt_side_make(&s, Ls, 100, 16, 4, 64, KV_BF16, cases[c][0], tag);
+        kvt_side_make(&d, Ld, 100, cases[c][2], 4, 64, KV_BF16, cases[c][1], tag + 1);
         kv_plan *plan = NULL;
         assert_int_equal(kv_plan_create(&s.lo, &d.lo, &pc, &plan), KV_OK);
         const uint64_t T = (uint64_t)kvt_range(&rng, 100, 600);
@@ -412,7 +412,7 @@ static void test_xport_shm_unexpose_cancel_any_order(void **state)
     assert_int_equal(kv_xport_mem_reg(p.a, src, REGION, KV_MEM_HOST, &ms), KV_OK);
     assert_int_equal(kv_xport_mem_reg(p.b, dst, REGION, KV_MEM_HOST, &md), KV_OK);
     kv_xport_rmem *r = share(&p, md);
-    enum { NE = 32 };
+    enum { NE = 8 };
     struct kv_xport_io ios[NE];
     for (int i = 0; i < NE; i++)
         ios[i] = (struct kv_xport_io){ms, 0, r, 0, REGION};
