@@ -314,9 +314,10 @@ pytest: deps
 
 # The demo: a disaggregated prefill -> decode run (tools/kvdemo/): two
 # processes on loopback, every byte and every attention output checked.
+# DEMO_ARGS go to kvdemo (DEMO_ARGS="--transport shm": over shared memory).
 demo: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) $(DEMO)
-	@$(DEMO)
+	@$(DEMO) $(DEMO_ARGS)
 
 # The command-line tour (scripts/demo.sh: views, a cache, its exports).
 tour: deps

@@ -31,6 +31,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -118,8 +119,9 @@ struct kv__shm_verdict kv__shm_hello(struct kv__shm *t, struct kv__shm_peer *tp,
     kv__xport_hello_encode(&h, b);
     const struct kv__shm_msg m = {.type = KV__SM_HELLO, .slot = KV__SHM_SLOTS, .len = KV__SHM_SLOT};
     if (fd < 0)
-        return kv__shm_put(tp, m, b, sizeof(b)) ? KV__SHM_OK
-                                                : bad(KV_ERR_NO_MEMORY, "xport shm: control buffer");
+        return kv__shm_put(tp, m, b, sizeof(b))
+                   ? KV__SHM_OK
+                   : bad(KV_ERR_NO_MEMORY, "xport shm: control buffer");
     /* The connecting side's, with the memfd, on a fresh socket: sent now. */
     unsigned char msg[KV__SHM_HDR + KV__XPORT_HELLO_BYTES];
     struct kv__shm_msg mm = m;
@@ -154,6 +156,14 @@ struct kv__shm_verdict kv__shm_map(struct kv__shm_peer *tp, int fd, bool connect
                    "xport shm handshake: the ring's descriptor is not a memfd sealed against "
                    "shrinking (seals 0x%x)",
                    seals < 0 ? 0 : seals);
+    /* shmem only: a hugetlbfs file with a hole punched in it could fault
+     * (SIGBUS) when the copy reaches the hole */
+    struct statfs fs;
+    memset(&fs, 0, sizeof(fs));
+    if (fstatfs(fd, &fs) != 0 || fs.f_type != 0x01021994 /* TMPFS_MAGIC */)
+        return bad(KV_ERR_CORRUPT,
+                   "xport shm handshake: the ring's memfd is not on shmem (file system 0x%lx)",
+                   (unsigned long)fs.f_type);
     if ((uint64_t)sb.st_size != MAP_BYTES)
         return bad(KV_ERR_CORRUPT, "xport shm handshake: a ring memfd of %lld bytes (%" PRIu64 ")",
                    (long long)sb.st_size, (uint64_t)MAP_BYTES);
@@ -240,8 +250,8 @@ static void peer_bye(struct kv__shm *t, struct kv__shm_peer *tp, kv_status why, 
 /* ---- addresses ------------------------------------------------------ */
 
 /* host "/path": that socket file; else the abstract "kvcache-shm:host:port". */
-static kv_status addr_make(const char *host, uint16_t port, struct sockaddr_un *sa,
-                           socklen_t *len, const char *who)
+static kv_status addr_make(const char *host, uint16_t port, struct sockaddr_un *sa, socklen_t *len,
+                           const char *who)
 {
     memset(sa, 0, sizeof(*sa));
     sa->sun_family = AF_UNIX;
@@ -276,10 +286,11 @@ static kv_status listen_on(struct kv__shm *t)
     const bool path = host[0] == '/';
     /* port 0 on an abstract name: a free one from a start that differs
      * per process */
-    const uint32_t start = x->cfg.listen_port ? x->cfg.listen_port
-                                              : 20000u + (uint32_t)((kv__now_ns() / 1000u ^
-                                                                     (uint64_t)getpid() * 2654435761u) %
-                                                                    40000u);
+    const uint32_t start =
+        x->cfg.listen_port
+            ? x->cfg.listen_port
+            : 20000u +
+                  (uint32_t)((kv__now_ns() / 1000u ^ (uint64_t)getpid() * 2654435761u) % 40000u);
     const uint32_t tries = x->cfg.listen_port || path ? 1 : 4096;
     t->lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (t->lfd < 0)
@@ -477,6 +488,9 @@ static void shm_post(kv_xport_xfer *xf)
 {
     xf->be_entry = 0;
     xf->be_off = 0;
+    xf->be_seg = 0;
+    xf->be_rep = 0;
+    xf->be_seg_off = 0;
     kv__shm_wake(xf->peer->x->be);
 }
 
@@ -508,7 +522,7 @@ const struct kv__xport_ops kv__xport_shm_ops = {
     .version = KV__XPORT_OPS_VERSION,
     .kind = KV_XPORT_SHM,
     .name = "shm",
-    .gather = false,
+    .gather = true,
     .start = shm_start,
     .stop = shm_stop,
     .connect = shm_connect,
@@ -544,8 +558,9 @@ static kv_status adopt(struct kv__shm *t, int fd)
         snprintf(why, sizeof(why), "%u connections in their handshake already (max_handshakes)",
                  busy);
         struct kv__shm_peer tmp = {.fd = fd};
-        if (kv__shm_put(&tmp, (struct kv__shm_msg){.type = KV__SM_REFUSE, .status = KV_ERR_CAPACITY},
-                        why, (uint32_t)strlen(why)))
+        if (kv__shm_put(&tmp,
+                        (struct kv__shm_msg){.type = KV__SM_REFUSE, .status = KV_ERR_CAPACITY}, why,
+                        (uint32_t)strlen(why)))
             (void)kv__shm_flush(&tmp);
         kv__mem_free(tmp.ctl);
         close(fd);
@@ -680,8 +695,8 @@ static bool tx_work(const struct kv__shm_peer *tp)
 
 /* mu held: fill free slots of our ring: reads served first (they are
  * waited on), then writes in post order, each slot up to KV__SHM_MAXV
- * pieces of one transfer. The copy is made with mu dropped. false: out of
- * memory. */
+ * pieces of one transfer (a gathered write's segments packed in order).
+ * The copy is made with mu dropped. false: out of memory. */
 static bool tx_fill(struct kv__shm *t, struct kv__shm_peer *tp)
 {
     kv_xport *x = t->x;
@@ -719,26 +734,50 @@ static bool tx_fill(struct kv__shm *t, struct kv__shm_peer *tp)
         }
         kv_xport_xfer *xf = write_next(tp);
         unsigned char desc[KV__SHM_MAXV * KV__SHM_DESC];
-        const char *src[KV__SHM_MAXV];
-        uint32_t k = 0;
+        uint32_t k = 0, ns = 0;
         uint64_t bytes = 0;
-        sl->k = 0;
-        while (k < KV__SHM_MAXV && bytes < KV__SHM_SLOT && xf->be_entry < xf->n) {
+        /* Pieces (destination ranges, parts of entries) and their source
+         * ranges: one per piece, or a gathered entry's segments in order. */
+        while (k < KV__SHM_MAXV && bytes < KV__SHM_SLOT && ns < KV__SHM_MAXSRC &&
+               xf->be_entry < xf->n) {
             const uint32_t e = (uint32_t)xf->be_entry;
             const struct kv_xport_io *io = &xf->ios[e];
-            const uint64_t rest = io->bytes - xf->be_off;
-            const uint64_t len = rest < KV__SHM_SLOT - bytes ? rest : KV__SHM_SLOT - bytes;
+            const uint64_t at = xf->be_off;
+            if (xf->seg) {
+                while (xf->be_off < io->bytes && bytes < KV__SHM_SLOT && ns < KV__SHM_MAXSRC) {
+                    const struct kv__xport_seg *sg = &xf->seg[xf->be_seg];
+                    const uint64_t rest = sg->bytes - xf->be_seg_off;
+                    const uint64_t len = rest < KV__SHM_SLOT - bytes ? rest : KV__SHM_SLOT - bytes;
+                    tp->gsrc[ns] =
+                        io->local->base + sg->off + xf->be_rep * sg->pitch + xf->be_seg_off;
+                    tp->glen[ns++] = len;
+                    bytes += len;
+                    xf->be_off += len;
+                    xf->be_seg_off += len;
+                    if (xf->be_seg_off == sg->bytes) {
+                        xf->be_seg_off = 0;
+                        if (++xf->be_rep == sg->count) {
+                            xf->be_rep = 0;
+                            xf->be_seg++;
+                        }
+                    }
+                }
+            } else {
+                const uint64_t rest = io->bytes - xf->be_off;
+                const uint64_t len = rest < KV__SHM_SLOT - bytes ? rest : KV__SHM_SLOT - bytes;
+                tp->gsrc[ns] = io->local->base + io->local_off + xf->be_off;
+                tp->glen[ns++] = len;
+                bytes += len;
+                xf->be_off += len;
+            }
             unsigned char *d = desc + (size_t)k * KV__SHM_DESC;
             kv__le_put(d, e, 4);
             kv__le_put(d + 4, io->remote->region, 4);
-            kv__le_put(d + 8, io->remote_off + xf->be_off, 8);
-            kv__le_put(d + 16, len, 8);
-            src[k] = io->local->base + io->local_off + xf->be_off;
+            kv__le_put(d + 8, io->remote_off + at, 8);
+            kv__le_put(d + 16, xf->be_off - at, 8);
             sl->entry[k] = e;
-            sl->len[k] = len;
+            sl->len[k] = xf->be_off - at;
             k++;
-            bytes += len;
-            xf->be_off += len;
             if (xf->be_off == io->bytes) {
                 xf->be_entry++;
                 xf->be_off = 0;
@@ -752,9 +791,12 @@ static bool tx_fill(struct kv__shm *t, struct kv__shm_peer *tp)
         xf->busy++;
         pthread_mutex_unlock(&x->mu);
         uint64_t at = 0;
-        for (uint32_t i = 0; i < k; i++) {
-            memcpy(dst + at, src[i], (size_t)sl->len[i]);
-            at += sl->len[i];
+        for (uint32_t i = 0; i < ns; i++) {
+            if (i + 8 < ns) /* strided sources: ask for them ahead */
+                for (uint64_t o = 0; o < tp->glen[i + 8] && o < 512; o += 64)
+                    __builtin_prefetch(tp->gsrc[i + 8] + o);
+            memcpy(dst + at, tp->gsrc[i], (size_t)tp->glen[i]);
+            at += tp->glen[i];
         }
         pthread_mutex_lock(&x->mu);
         xf->busy--;
@@ -901,7 +943,7 @@ static void round_once(struct kv__shm *t, uint32_t cap_ms)
     }
     const uint64_t d = next_deadline(t);
     const uint64_t now2 = kv__now_ns();
-    int ms = busy ? 0
+    int ms = busy              ? 0
              : d == UINT64_MAX ? 1000
              : d <= now2       ? 0
                                : (int)min64((d - now2) / 1000000u + 1, 1000);

@@ -43,17 +43,18 @@
 #include "kv_wire.h"
 #include "kv_xport_int.h"
 
-#define KV__SHM_SLOT (1024u << 10) /* bytes per slot */
-#define KV__SHM_SLOTS 8u           /* slots per direction */
-#define KV__SHM_MAXV 64u           /* pieces per DATA message */
-#define KV__SHM_HDR 64u            /* bytes of a message header */
-#define KV__SHM_DESC 24u           /* bytes of a DATA piece's descriptor */
-#define KV__SHM_REC 16u            /* bytes of an ACK record */
+#define KV__SHM_SLOT (1024u << 10)    /* bytes per slot */
+#define KV__SHM_SLOTS 8u              /* slots per direction */
+#define KV__SHM_MAXV 64u              /* pieces per DATA message */
+#define KV__SHM_MAXSRC 4096u          /* source ranges per slot (a gathered write) */
+#define KV__SHM_HDR 64u               /* bytes of a message header */
+#define KV__SHM_DESC 24u              /* bytes of a DATA piece's descriptor */
+#define KV__SHM_REC 16u               /* bytes of an ACK record */
 #define KV__SHM_CTL_HIGH (256u << 10) /* control bytes queued: stop reading above */
 #define KV__SHM_MSG_MAX (KV__SHM_HDR + KV_XPORT_NOTIFY_MAX)
 #define KV__SHM_RING_BYTES ((uint64_t)KV__SHM_SLOTS * KV__SHM_SLOT)
-_Static_assert(KV__SHM_MAXV * KV__SHM_DESC <= KV_XPORT_NOTIFY_MAX, "a DATA table fits");
-_Static_assert(KV__SHM_MAXV * KV__SHM_REC <= KV_XPORT_NOTIFY_MAX, "an ACK fits");
+_Static_assert(KV__SHM_MAXV *KV__SHM_DESC <= KV_XPORT_NOTIFY_MAX, "a DATA table fits");
+_Static_assert(KV__SHM_MAXV *KV__SHM_REC <= KV_XPORT_NOTIFY_MAX, "an ACK fits");
 _Static_assert(KV__XPORT_HELLO_BYTES <= KV_XPORT_NOTIFY_MAX, "a HELLO fits");
 
 /* Messages: a 64-byte little-endian header, then plen payload bytes.
@@ -121,18 +122,20 @@ struct kv__shm_peer {
     kv_xport_peer *p; /* NULL: incoming, before its HELLO */
     struct kv__shm_peer *next;
     int fd;
-    bool dead;           /* an unbound one: close at the end of the round */
-    bool close_req;      /* the user closed it */
+    bool dead;            /* an unbound one: close at the end of the round */
+    bool close_req;       /* the user closed it */
     uint64_t deadline_ns; /* handshake */
-    char *map;           /* the memfd, 2 x KV__SHM_RING_BYTES; NULL before the HELLO */
-    char *tx, *rx;       /* our ring, the peer's */
+    char *map;            /* the memfd, 2 x KV__SHM_RING_BYTES; NULL before the HELLO */
+    char *tx, *rx;        /* our ring, the peer's */
     struct kv__shm_slot slot[KV__SHM_SLOTS];
     uint32_t n_used;
     struct kv__shm_serve *srv_head, *srv_tail, *srv_cur; /* srv_cur: being copied */
-    uint32_t n_serves; /* <= max_pending_reads */
+    uint32_t n_serves;                                   /* <= max_pending_reads */
     unsigned char *ctl; /* queued messages: {u32 length, bytes} each */
     size_t ctl_len, ctl_off, ctl_cap;
-    uint64_t tx_since_ns; /* when ctl last moved or became pending */
+    uint64_t tx_since_ns;             /* when ctl last moved or became pending */
+    const char *gsrc[KV__SHM_MAXSRC]; /* the slot being filled: its source ranges */
+    uint64_t glen[KV__SHM_MAXSRC];
     unsigned char rbuf[KV__SHM_MSG_MAX + 8];
 };
 

@@ -50,8 +50,7 @@ kv_status kv__shm_msg_decode(const unsigned char *in, size_t n, struct kv__shm_m
         return kv__error(KV_ERR_CORRUPT, "xport shm: a message of %zu bytes (%u to %u)", n,
                          KV__SHM_HDR, KV__SHM_MSG_MAX);
     if (memcmp(in, MAGIC, 4) != 0)
-        return kv__error(KV_ERR_CORRUPT, "xport shm: bad magic 0x%08" PRIx64,
-                         kv__le_get(in, 4));
+        return kv__error(KV_ERR_CORRUPT, "xport shm: bad magic 0x%08" PRIx64, kv__le_get(in, 4));
     struct kv__shm_msg d = {
         .version = (uint16_t)kv__le_get(in + 4, 2),
         .type = (uint16_t)kv__le_get(in + 6, 2),
@@ -112,8 +111,8 @@ static struct kv__shm_verdict hello_in(struct kv__shm *t, struct kv__shm_peer *t
     }
     if (h.echo != 0 || h.nonce == 0) {
         close(fd);
-        return bad(KV_ERR_CORRUPT, "xport shm handshake: an incoming HELLO that answers 0x%016" PRIx64,
-                   h.echo);
+        return bad(KV_ERR_CORRUPT,
+                   "xport shm handshake: an incoming HELLO that answers 0x%016" PRIx64, h.echo);
     }
     if (m->slot != KV__SHM_SLOTS || m->len != KV__SHM_SLOT) {
         close(fd);
@@ -148,8 +147,7 @@ static struct kv__shm_verdict hello_out(struct kv__shm *t, struct kv__shm_peer *
     if (kv__xport_hello_check(t->x, &h, why, sizeof(why)) != KV_OK)
         return bad(KV_ERR_MISMATCH, "%s", why);
     if (h.echo != tp->p->nonce_local || h.nonce == 0)
-        return bad(KV_ERR_CORRUPT, "xport shm handshake: a HELLO answering 0x%016" PRIx64,
-                   h.echo);
+        return bad(KV_ERR_CORRUPT, "xport shm handshake: a HELLO answering 0x%016" PRIx64, h.echo);
     tp->p->nonce_remote = h.nonce;
     kv__xport_peer_ready(tp->p);
     return KV__SHM_OK;
@@ -167,8 +165,7 @@ static struct kv__shm_verdict on_data(struct kv__shm *t, struct kv__shm_peer *tp
     if (k == 0 || k > KV__SHM_MAXV || m->plen != k * KV__SHM_DESC || m->slot >= KV__SHM_SLOTS ||
         m->len == 0 || m->len > KV__SHM_SLOT)
         return bad(KV_ERR_CORRUPT,
-                   "xport shm: a DATA of %u pieces, %u table bytes, %" PRIu64
-                   " bytes in slot %u",
+                   "xport shm: a DATA of %u pieces, %u table bytes, %" PRIu64 " bytes in slot %u",
                    k, m->plen, m->len, m->slot);
     uint32_t entry[KV__SHM_MAXV];
     uint64_t len[KV__SHM_MAXV];
@@ -179,13 +176,12 @@ static struct kv__shm_verdict on_data(struct kv__shm *t, struct kv__shm_peer *tp
         const unsigned char *d = tp->rbuf + KV__SHM_HDR + (size_t)i * KV__SHM_DESC;
         len[i] = kv__le_get(d + 16, 8);
         if (len[i] == 0 || len[i] > m->len - sum)
-            return bad(KV_ERR_CORRUPT, "xport shm: DATA piece %u of %" PRIu64 " bytes", i,
-                       len[i]);
+            return bad(KV_ERR_CORRUPT, "xport shm: DATA piece %u of %" PRIu64 " bytes", i, len[i]);
         sum += len[i];
     }
     if (sum != m->len)
-        return bad(KV_ERR_CORRUPT, "xport shm: DATA pieces of %" PRIu64 " bytes in %" PRIu64,
-                   sum, m->len);
+        return bad(KV_ERR_CORRUPT, "xport shm: DATA pieces of %" PRIu64 " bytes in %" PRIu64, sum,
+                   m->len);
     for (uint32_t i = 0; i < k; i++) {
         const unsigned char *d = tp->rbuf + KV__SHM_HDR + (size_t)i * KV__SHM_DESC;
         const uint32_t region = (uint32_t)kv__le_get(d + 4, 4);
@@ -239,8 +235,8 @@ static struct kv__shm_verdict on_ack(struct kv__shm_peer *tp, const struct kv__s
             return bad(KV_ERR_CORRUPT,
                        "xport shm: ACK record %u of slot %u names entry %u (%" PRIu64
                        " bytes), the slot holds entry %u (%" PRIu64 ")",
-                       i, m->slot, (uint32_t)kv__le_get(r, 4), kv__le_get(r + 8, 8),
-                       s->entry[i], s->len[i]);
+                       i, m->slot, (uint32_t)kv__le_get(r, 4), kv__le_get(r + 8, 8), s->entry[i],
+                       s->len[i]);
         st[i] = kv__xport_wire_status(v, true);
     }
     s->used = false;
@@ -272,8 +268,7 @@ static struct kv__shm_verdict on_read(struct kv__shm *t, struct kv__shm_peer *tp
 {
     if (m->plen)
         return bad(KV_ERR_CORRUPT, "xport shm: a READ with %u payload bytes", m->plen);
-    struct kv__xport_expo *e =
-        m->len ? kv__xport_exposed(tp->p, m->region, m->off, m->len) : NULL;
+    struct kv__xport_expo *e = m->len ? kv__xport_exposed(tp->p, m->region, m->off, m->len) : NULL;
     const bool full = tp->n_serves >= t->x->cfg.max_pending_reads;
     if (!e || full) {
         t->x->stats.reads_refused++;
@@ -307,8 +302,8 @@ static struct kv__shm_verdict on_rdata(struct kv__shm *t, struct kv__shm_peer *t
 {
     if (m->plen || m->slot >= KV__SHM_SLOTS || m->len == 0 || m->len > KV__SHM_SLOT)
         return bad(KV_ERR_CORRUPT,
-                   "xport shm: an RDATA of %" PRIu64 " bytes in slot %u (%u payload bytes)",
-                   m->len, m->slot, m->plen);
+                   "xport shm: an RDATA of %" PRIu64 " bytes in slot %u (%u payload bytes)", m->len,
+                   m->slot, m->plen);
     kv_xport_xfer *xf = kv__xport_xfer_find(tp->p, m->xfer);
     if (xf && !xf->cancel_req) {
         if (!xf->read || m->entry >= xf->n || xf->ended[m->entry] ||
@@ -438,8 +433,7 @@ struct kv__shm_verdict kv__shm_on_msg(struct kv__shm *t, struct kv__shm_peer *tp
     case KV__SM_RDATA:
         return on_rdata(t, tp, &m);
     case KV__SM_FREE:
-        if (m.plen || m.slot >= KV__SHM_SLOTS || !tp->slot[m.slot].used ||
-            !tp->slot[m.slot].serve)
+        if (m.plen || m.slot >= KV__SHM_SLOTS || !tp->slot[m.slot].used || !tp->slot[m.slot].serve)
             return bad(KV_ERR_CORRUPT, "xport shm: a FREE of slot %u, which holds no read data",
                        m.slot);
         tp->slot[m.slot].used = false;
@@ -452,8 +446,7 @@ struct kv__shm_verdict kv__shm_on_msg(struct kv__shm *t, struct kv__shm_peer *tp
     case KV__SM_REFUSE:
         break;
     }
-    return bad(KV_ERR_CORRUPT, "xport shm: message type %u after the handshake",
-               (unsigned)m.type);
+    return bad(KV_ERR_CORRUPT, "xport shm: message type %u after the handshake", (unsigned)m.type);
 }
 
 struct kv__shm_verdict kv__shm_rx(struct kv__shm *t, struct kv__shm_peer *tp)
@@ -495,7 +488,7 @@ struct kv__shm_verdict kv__shm_rx(struct kv__shm *t, struct kv__shm_peer *tp)
             if (fd >= 0)
                 close(fd);
             return bad(KV_ERR_CORRUPT, "xport shm: a message %s",
-                       extra ? "with several descriptors"
+                       extra                        ? "with several descriptors"
                        : (mh.msg_flags & MSG_TRUNC) ? "over the largest (truncated)"
                                                     : "with its descriptors cut");
         }

@@ -48,8 +48,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static unsigned char g_mem[REGION];
 static unsigned char g_src[8192];
-static int g_mfd = -1;     /* the harness's ring memfd: made once, sealed */
-static char *g_ring;       /* its mapping (the harness's half first) */
+static int g_mfd = -1; /* the harness's ring memfd: made once, sealed */
+static char *g_ring;   /* its mapping (the harness's half first) */
 
 static void die(const char *what)
 {

@@ -79,15 +79,22 @@ struct pair {
     kv_xport_peer *pa, *pb;
 };
 
-static void pair_open(struct pair *p)
+/* gather_below: both ends' plan_gather_below_bytes (0: the default). */
+static void pair_open_gather(struct pair *p, uint32_t gather_below)
 {
     struct kv_xport_config ca = cfg_make(false, TOKEN, 7), cb = cfg_make(true, TOKEN, 7);
+    ca.plan_gather_below_bytes = cb.plan_gather_below_bytes = gather_below;
     assert_int_equal(kv_xport_create(&cb, &p->b), KV_OK);
     assert_int_equal(kv_xport_create(&ca, &p->a), KV_OK);
     assert_true(kv_xport_port(p->b) != 0);
     assert_int_equal(kv_xport_connect(p->a, "test", kv_xport_port(p->b), &p->pa), KV_OK);
     assert_int_equal(kv_xport_accept(p->b, 5000, &p->pb), KV_OK);
     assert_int_equal(settle(p->pa, NULL), KV_XPORT_READY);
+}
+
+static void pair_open(struct pair *p)
+{
+    pair_open_gather(p, 0);
 }
 
 static void pair_close(struct pair *p)
@@ -331,13 +338,15 @@ static void test_xport_shm_write_read_whole_region(void **state)
     free(back);
 }
 
-/* kv_xport_write_plan into other layouts: the whole destination pool
- * against kv_plan_copy of the same request. */
+/* kv_xport_write_plan into other layouts, sent gathered (the sender packs
+ * the source's small runs into each slot) and direct (one entry per run):
+ * the whole destination pool against kv_plan_copy of the same request. */
 static void test_xport_shm_write_plan(void **state)
 {
     (void)state;
-    struct pair p;
-    pair_open(&p);
+    struct pair pairs[2];
+    pair_open_gather(&pairs[0], UINT32_MAX);
+    pair_open_gather(&pairs[1], 1);
     /* {source bits, destination bits, destination page} (kvt_side_make:
      * 1 HND, 2 block-major, 4 padded, 8 packed K|V) */
     static const int cases[][3] = {{0, 1, 16}, {1, 6, 32}, {4, 5, 8}, {2, 0, 16}, {8, 9, 16}};
@@ -361,42 +370,54 @@ static void test_xport_shm_write_plan(void **state)
         kvt_pick_ids(&rng, s.lo.num_blocks, ns, sid);
         kvt_pick_ids(&rng, d.lo.num_blocks, nd, did);
         const size_t db = (size_t)d.lo.total_bytes;
-        unsigned char *want = malloc(db);
+        unsigned char *want = malloc(db), *dst0 = malloc(db);
         memcpy(want, d.mem, db);
+        memcpy(dst0, d.mem, db);
         const struct kv_paged_cache wc = {d.lo, want, db, KV_MEM_HOST};
         assert_int_equal(kv_plan_copy(plan, s.pc, sid, ns, wc, did, nd, T), KV_OK);
 
-        kv_xport_mem *ms = NULL, *md = NULL;
-        assert_int_equal(kv_xport_mem_reg(p.a, s.mem, (size_t)s.lo.total_bytes, KV_MEM_HOST, &ms),
-                         KV_OK);
-        assert_int_equal(kv_xport_mem_reg(p.b, d.mem, db, KV_MEM_HOST, &md), KV_OK);
-        kv_xport_rmem *r = share(&p, md);
-        struct kv_xport_notify n = {.tag = tag};
-        kv_xport_xfer *t = NULL;
-        kv_status st = kv_xport_write_plan(p.pa, plan, ms, 0, sid, ns, r, 0, did, nd, T, &n, &t);
-        if (st != KV_OK)
-            fail_msg("kv_xport_write_plan: %s: %s", kv_status_name(st), kv_last_error());
-        struct kv_xport_msg *msg = malloc(sizeof(*msg));
-        assert_int_equal(kv_xport_notify_poll(p.b, 10000, msg), KV_OK);
-        assert_int_equal(msg->tag, tag);
-        const int64_t at = kvt_first_diff(want, d.mem, d.lo.total_bytes);
-        if (at >= 0)
-            fail_msg("case %zu: destination byte %lld of %lld differs", c, (long long)at,
-                     (long long)d.lo.total_bytes);
-        wait_done(t, KV_XPORT_DONE);
-        assert_int_equal(kv_xport_xfer_free(t), KV_OK);
-        assert_int_equal(kv_xport_mem_unexpose(p.pb, md), KV_OK);
-        assert_int_equal(kv_xport_rmem_free(r), KV_OK);
-        assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
-        assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
-        free(msg);
+        for (int g = 0; g < 2; g++) {
+            struct pair p = pairs[g];
+            kv_xport_mem *ms = NULL, *md = NULL;
+            struct kv_xport_stats s0 = KV_XPORT_STATS_INIT, s1 = KV_XPORT_STATS_INIT;
+            assert_int_equal(kv_xport_stats_get(p.a, &s0), KV_OK);
+            assert_int_equal(
+                kv_xport_mem_reg(p.a, s.mem, (size_t)s.lo.total_bytes, KV_MEM_HOST, &ms), KV_OK);
+            assert_int_equal(kv_xport_mem_reg(p.b, d.mem, db, KV_MEM_HOST, &md), KV_OK);
+            kv_xport_rmem *r = share(&p, md);
+            struct kv_xport_notify n = {.tag = tag};
+            kv_xport_xfer *t = NULL;
+            kv_status st =
+                kv_xport_write_plan(p.pa, plan, ms, 0, sid, ns, r, 0, did, nd, T, &n, &t);
+            if (st != KV_OK)
+                fail_msg("kv_xport_write_plan: %s: %s", kv_status_name(st), kv_last_error());
+            struct kv_xport_msg *msg = malloc(sizeof(*msg));
+            assert_int_equal(kv_xport_notify_poll(p.b, 10000, msg), KV_OK);
+            assert_int_equal(msg->tag, tag);
+            const int64_t at = kvt_first_diff(want, d.mem, d.lo.total_bytes);
+            if (at >= 0)
+                fail_msg("case %zu (%s): destination byte %lld of %lld differs", c,
+                         g ? "direct" : "gathered", (long long)at, (long long)d.lo.total_bytes);
+            wait_done(t, KV_XPORT_DONE);
+            assert_int_equal(kv_xport_stats_get(p.a, &s1), KV_OK);
+            assert_int_equal(s1.plans_gathered - s0.plans_gathered, g ? 0 : 1);
+            assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+            assert_int_equal(kv_xport_mem_unexpose(p.pb, md), KV_OK);
+            assert_int_equal(kv_xport_rmem_free(r), KV_OK);
+            assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
+            assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
+            free(msg);
+            memcpy(d.mem, dst0, db); /* the next pair starts from the same pool */
+            tag++;
+        }
         free(want);
+        free(dst0);
         kv_plan_destroy(plan);
         kvt_side_free(&s);
         kvt_side_free(&d);
-        tag += 2;
     }
-    pair_close(&p);
+    pair_close(&pairs[0]);
+    pair_close(&pairs[1]);
 }
 
 /* Unexpose while a large write lands; cancel in flight; handles in any
@@ -637,8 +658,7 @@ static void test_xport_shm_hostile_peer(void **state)
     unsigned char b[KV__SHM_MSG_MAX];
     assert_true(recv(sv[1], b, sizeof(b), 0) >= KV__SHM_HDR); /* the REFUSE */
     struct kv__shm_msg m;
-    assert_int_equal(kv__shm_msg_decode(b, KV__SHM_HDR + (size_t)kv__le_get(b + 56, 4), &m),
-                     KV_OK);
+    assert_int_equal(kv__shm_msg_decode(b, KV__SHM_HDR + (size_t)kv__le_get(b + 56, 4), &m), KV_OK);
     assert_int_equal(m.type, KV__SM_REFUSE);
     assert_int_equal(m.status, KV_ERR_CORRUPT);
     close(mfd);
@@ -654,9 +674,10 @@ static void test_xport_shm_hostile_peer(void **state)
     assert_int_equal(kv_xport_accept(x, 5000, &p), KV_OK);
     unsigned char d[KV__SHM_DESC] = {0};
     kv__le_put(d + 16, 10, 8);
-    raw_send(sv[1],
-             (struct kv__shm_msg){.type = KV__SM_DATA, .slot = KV__SHM_SLOTS, .entry = 1, .len = 10},
-             d, sizeof(d), -1);
+    raw_send(
+        sv[1],
+        (struct kv__shm_msg){.type = KV__SM_DATA, .slot = KV__SHM_SLOTS, .entry = 1, .len = 10}, d,
+        sizeof(d), -1);
     kv_status why = KV_OK;
     for (int i = 0; i < 5000; i++) {
         kv_xport_peer_state ps;
