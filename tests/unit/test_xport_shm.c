@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <xxhash.h>
 
 #include <kvcache/kv.h>
 #include "kv_xport_shm_int.h"
@@ -599,6 +600,157 @@ static void test_xport_shm_peer_killed(void **state)
     free(src);
 }
 
+/* ---- prefill -> decode in two processes ----------------------------- */
+
+/* Decode's pools: three layouts unlike prefill's (bits as kvt_side_make;
+ * page sizes 8, 32, 16), the same in both processes (seeded). */
+static const int pd_bits[3] = {1, 6, 13};
+static const int64_t pd_page[3] = {8, 32, 16};
+
+static void pd_pools(struct kvt_side *d)
+{
+    for (int i = 0; i < 3; i++)
+        kvt_side_make(&d[i], 2, 160, pd_page[i], 4, 64, KV_BF16, pd_bits[i], 900 + (uint64_t)i);
+}
+
+/* The decode child: exposes its three pools, sends their blobs, takes a
+ * notification per request, then sends the XXH3 of each whole pool. */
+static int pd_child(int wfd, int rfd)
+{
+    struct kvt_side d[3];
+    pd_pools(d);
+    struct kv_xport_config c = cfg_make(true, TOKEN, 0);
+    kv_xport *x = NULL;
+    kv_xport_peer *p = NULL;
+    if (kv_xport_create(&c, &x) != KV_OK)
+        return 1;
+    const uint16_t port = kv_xport_port(x);
+    if (write(wfd, &port, 2) != 2 || kv_xport_accept(x, 10000, &p) != KV_OK)
+        return 2;
+    kv_xport_mem *m[3];
+    for (int i = 0; i < 3; i++) {
+        unsigned char blob[KV_XPORT_BLOB_MAX];
+        size_t bl = 0;
+        if (kv_xport_mem_reg(x, d[i].mem, (size_t)d[i].lo.total_bytes, KV_MEM_HOST, &m[i]) !=
+                KV_OK ||
+            kv_xport_mem_expose(p, m[i], blob, sizeof(blob), &bl) != KV_OK)
+            return 3;
+        const uint32_t n = (uint32_t)bl;
+        if (write(wfd, &n, 4) != 4 || write(wfd, blob, bl) != (ssize_t)bl)
+            return 4;
+    }
+    uint32_t nreq = 0;
+    if (read(rfd, &nreq, 4) != 4)
+        return 5;
+    struct kv_xport_msg *msg = malloc(sizeof(*msg));
+    for (uint32_t i = 0; i < nreq; i++)
+        if (kv_xport_notify_poll(x, 30000, msg) != KV_OK || msg->tag != 1000 + i)
+            return 6;
+    for (int i = 0; i < 3; i++) {
+        const uint64_t h = XXH3_64bits(d[i].mem, (size_t)d[i].lo.total_bytes);
+        if (write(wfd, &h, 8) != 8)
+            return 7;
+    }
+    char q;
+    if (read(rfd, &q, 1) != 1)
+        return 8;
+    kv_xport_peer_close(p);
+    for (int i = 0; i < 3; i++)
+        if (kv_xport_mem_dereg(m[i]) != KV_OK)
+            return 9;
+    free(msg);
+    return kv_xport_destroy(x) == KV_OK ? 0 : 10;
+}
+
+/* Prefill (this process) writes requests of random lengths with
+ * kv_xport_write_plan into decode's three layouts (block ids spread over
+ * the pools, gathered where runs are small), one notification each, and
+ * applies the same requests with kv_plan_copy to its own copies of
+ * decode's pools: decode's whole pools must hash the same. */
+static void test_xport_shm_prefill_to_decode_two_procs(void **state)
+{
+    (void)state;
+    int up[2], down[2];
+    assert_int_equal(pipe(up), 0);
+    assert_int_equal(pipe(down), 0);
+    fflush(NULL);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        close(up[0]);
+        close(down[1]);
+        _exit(pd_child(up[1], down[0]));
+    }
+    close(up[1]);
+    close(down[0]);
+    struct kvt_side s, d[3];
+    kvt_side_make(&s, 2, 120, 16, 4, 64, KV_BF16, 0, 77);
+    pd_pools(d); /* the reference: decode's pools as they start */
+    uint16_t port = 0;
+    assert_int_equal(read(up[0], &port, 2), 2);
+    struct kv_xport_config c = cfg_make(false, TOKEN, 0);
+    kv_xport *x = NULL;
+    kv_xport_peer *p = NULL;
+    assert_int_equal(kv_xport_create(&c, &x), KV_OK);
+    assert_int_equal(kv_xport_connect(x, "test", port, &p), KV_OK);
+    assert_int_equal(settle(p, NULL), KV_XPORT_READY);
+    kv_xport_mem *ms = NULL;
+    assert_int_equal(kv_xport_mem_reg(x, s.mem, (size_t)s.lo.total_bytes, KV_MEM_HOST, &ms), KV_OK);
+    kv_xport_rmem *r[3];
+    kv_plan *plan[3];
+    for (int i = 0; i < 3; i++) {
+        uint32_t n = 0;
+        unsigned char blob[KV_XPORT_BLOB_MAX];
+        assert_int_equal(read(up[0], &n, 4), 4);
+        assert_true(n <= sizeof(blob));
+        assert_int_equal(read(up[0], blob, n), (ssize_t)n);
+        assert_int_equal(kv_xport_rmem_import(p, blob, n, &r[i]), KV_OK);
+        assert_int_equal(kv_plan_create(&s.lo, &d[i].lo, NULL, &plan[i]), KV_OK);
+    }
+    enum { NREQ = 12 };
+    const uint32_t nreq = NREQ;
+    assert_int_equal(write(down[1], &nreq, 4), 4);
+    uint64_t rng = 31337;
+    for (uint32_t q = 0; q < NREQ; q++) {
+        const int i = (int)(q % 3);
+        const uint64_t T = (uint64_t)kvt_range(&rng, 1, 700);
+        const uint32_t ns = (uint32_t)((T + 15) / 16);
+        const uint32_t nd = (uint32_t)((T + (uint64_t)pd_page[i] - 1) / (uint64_t)pd_page[i]);
+        uint32_t sid[64], did[128];
+        kvt_pick_ids(&rng, s.lo.num_blocks, ns, sid);
+        kvt_pick_ids(&rng, d[i].lo.num_blocks, nd, did);
+        struct kv_xport_notify n = {.tag = 1000 + q};
+        kv_xport_xfer *t = NULL;
+        assert_int_equal(
+            kv_xport_write_plan(p, plan[i], ms, 0, sid, ns, r[i], 0, did, nd, T, &n, &t), KV_OK);
+        assert_int_equal(kv_plan_copy(plan[i], s.pc, sid, ns, d[i].pc, did, nd, T), KV_OK);
+        wait_done(t, KV_XPORT_DONE);
+        assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    }
+    for (int i = 0; i < 3; i++) {
+        uint64_t h = 0;
+        assert_int_equal(read(up[0], &h, 8), 8);
+        if (h != XXH3_64bits(d[i].mem, (size_t)d[i].lo.total_bytes))
+            fail_msg("decode pool %d (bits %d, page %lld) differs from kv_plan_copy's", i,
+                     pd_bits[i], (long long)pd_page[i]);
+    }
+    assert_int_equal(write(down[1], "q", 1), 1);
+    int wst = 0;
+    waitpid(pid, &wst, 0);
+    assert_true(WIFEXITED(wst));
+    assert_int_equal(WEXITSTATUS(wst), 0);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(kv_xport_rmem_free(r[i]), KV_OK);
+        kv_plan_destroy(plan[i]);
+        kvt_side_free(&d[i]);
+    }
+    kv_xport_peer_close(p);
+    assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
+    assert_int_equal(kv_xport_destroy(x), KV_OK);
+    kvt_side_free(&s);
+    close(up[0]);
+    close(down[1]);
+}
+
 /* ---- a hostile peer on a raw socket --------------------------------- */
 
 static void raw_send(int fd, struct kv__shm_msg m, const void *p, uint32_t plen, int mfd)
@@ -706,6 +858,7 @@ int main(void)
         cmocka_unit_test(test_xport_shm_write_plan),
         cmocka_unit_test(test_xport_shm_unexpose_cancel_any_order),
         cmocka_unit_test(test_xport_shm_peer_killed),
+        cmocka_unit_test(test_xport_shm_prefill_to_decode_two_procs),
         cmocka_unit_test(test_xport_shm_hostile_peer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
