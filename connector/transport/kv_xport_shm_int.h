@@ -51,6 +51,7 @@
 #define KV__SHM_DESC 24u              /* bytes of a DATA piece's descriptor */
 #define KV__SHM_REC 16u               /* bytes of an ACK record */
 #define KV__SHM_CTL_HIGH (256u << 10) /* control bytes queued: stop reading above */
+#define KV__SHM_RX_BUDGET (8u << 20)  /* bytes copied in per peer per round */
 #define KV__SHM_MSG_MAX (KV__SHM_HDR + KV_XPORT_NOTIFY_MAX)
 #define KV__SHM_RING_BYTES ((uint64_t)KV__SHM_SLOTS * KV__SHM_SLOT)
 _Static_assert(KV__SHM_MAXV *KV__SHM_DESC <= KV_XPORT_NOTIFY_MAX, "a DATA table fits");
@@ -136,6 +137,7 @@ struct kv__shm_peer {
     uint64_t tx_since_ns;             /* when ctl last moved or became pending */
     const char *gsrc[KV__SHM_MAXSRC]; /* the slot being filled: its source ranges */
     uint64_t glen[KV__SHM_MAXSRC];
+    uint64_t rx_copied; /* this round's bytes copied in (DATA, RDATA) */
     unsigned char rbuf[KV__SHM_MSG_MAX + 8];
 };
 
@@ -186,8 +188,9 @@ struct kv__shm_verdict kv__shm_hello(struct kv__shm *t, struct kv__shm_peer *tp,
 kv_status kv__shm_adopt(kv_xport *x, int fd);
 
 /* kv_xport_shm_rx.c */
-/* Receive on tp until EAGAIN or frames_per_round messages, or its control
- * stream's high-water mark; every fd a message carries is closed unless
+/* Receive on tp until EAGAIN, frames_per_round messages or
+ * KV__SHM_RX_BUDGET bytes copied in, or its control stream's high-water
+ * mark; every fd a message carries is closed unless
  * the HELLO takes it. */
 struct kv__shm_verdict kv__shm_rx(struct kv__shm *t, struct kv__shm_peer *tp);
 /* Handle one received message (len bytes in tp->rbuf; fd: the descriptor

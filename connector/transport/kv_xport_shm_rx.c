@@ -201,6 +201,7 @@ static struct kv__shm_verdict on_data(struct kv__shm *t, struct kv__shm_peer *tp
         at += len[i];
     }
     pthread_mutex_lock(&t->x->mu);
+    tp->rx_copied += m->len;
     unsigned char rec[KV__SHM_MAXV * KV__SHM_REC];
     for (uint32_t i = 0; i < k; i++) {
         if (ex[i])
@@ -320,6 +321,7 @@ static struct kv__shm_verdict on_rdata(struct kv__shm *t, struct kv__shm_peer *t
         memcpy(dst, src, (size_t)m->len);
         pthread_mutex_lock(&t->x->mu);
         xf->busy--;
+        tp->rx_copied += m->len;
         xf->moved[m->entry] += m->len;
         if (xf->moved[m->entry] == io->bytes)
             kv__xport_entry_end(xf, m->entry, KV_OK);
@@ -451,7 +453,10 @@ struct kv__shm_verdict kv__shm_on_msg(struct kv__shm *t, struct kv__shm_peer *tp
 
 struct kv__shm_verdict kv__shm_rx(struct kv__shm *t, struct kv__shm_peer *tp)
 {
-    for (uint32_t n = 0; n < t->x->cfg.frames_per_round && kv__shm_rx_wanted(tp); n++) {
+    tp->rx_copied = 0;
+    for (uint32_t n = 0; n < t->x->cfg.frames_per_round && tp->rx_copied < KV__SHM_RX_BUDGET &&
+                         kv__shm_rx_wanted(tp);
+         n++) {
         union {
             struct cmsghdr h;
             char b[CMSG_SPACE(4 * sizeof(int))];
