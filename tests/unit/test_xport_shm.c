@@ -23,7 +23,9 @@
  *   - handles released in any order (destroy refused while held, an
  *     imported region refused while a transfer names it);
  *   - a hostile peer on a raw socket: an unsealed memfd refused, a DATA
- *     naming a slot outside the ring closes the peer (KV_ERR_CORRUPT).
+ *     naming a slot outside the ring closes the peer (KV_ERR_CORRUPT); a
+ *     peer that never ACKs: the write TIMED_OUT within timeout_ms, the late
+ *     ACK only returns the slot; a full notification queue refuses by name.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -845,6 +847,115 @@ static void test_xport_shm_hostile_peer(void **state)
     assert_int_equal(kv_xport_destroy(x), KV_OK);
 }
 
+/* The next message the transport sent on fd (waiting up to 5 s); its
+ * payload into pl (cap bytes). */
+static struct kv__shm_msg raw_next(int fd, unsigned char *pl, size_t cap)
+{
+    unsigned char b[KV__SHM_MSG_MAX + 8];
+    for (int i = 0; i < 5000; i++) {
+        const ssize_t r = recv(fd, b, sizeof(b), MSG_DONTWAIT);
+        if (r > 0) {
+            struct kv__shm_msg m;
+            assert_int_equal(kv__shm_msg_decode(b, (size_t)r, &m), KV_OK);
+            memcpy(pl, b + KV__SHM_HDR, m.plen < cap ? m.plen : cap);
+            return m;
+        }
+        usleep(1000);
+    }
+    fail_msg("no message from the transport");
+    return (struct kv__shm_msg){0};
+}
+
+/* A raw peer that never ACKs: the write ends TIMED_OUT within timeout_ms
+ * and its late ACK only returns the slot; a full notification queue
+ * (max_pending_notes 1) refuses the next by name. */
+static void test_xport_shm_timeout_and_limits(void **state)
+{
+    (void)state;
+    struct kv_xport_config c = cfg_make(true, TOKEN, 0);
+    c.timeout_ms = 300;
+    c.max_pending_notes = 1;
+    kv_xport *x = NULL;
+    assert_int_equal(kv_xport_create(&c, &x), KV_OK);
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+    assert_int_equal(kv__shm_adopt(x, sv[0]), KV_OK);
+    const int mfd = memfd_create("t", MFD_ALLOW_SEALING);
+    assert_int_equal(ftruncate(mfd, 2 * (off_t)KV__SHM_RING_BYTES), 0);
+    assert_int_equal(fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    raw_hello(sv[1], mfd);
+    kv_xport_peer *p = NULL;
+    assert_int_equal(kv_xport_accept(x, 5000, &p), KV_OK);
+    unsigned char pl[KV__SHM_MSG_MAX];
+    struct kv__shm_msg m = raw_next(sv[1], pl, sizeof(pl));
+    assert_int_equal(m.type, KV__SM_HELLO);
+    struct kv__xport_hello hh;
+    kv__xport_hello_decode(pl, &hh);
+    /* a region the raw peer claims (region 7, 1 MiB) */
+    unsigned char blob[KV_XPORT_BLOB_MAX];
+    const struct kv__xport_blob b = {.version = KV_XPORT_PROTOCOL_VERSION,
+                                     .kind = KV_XPORT_SHM,
+                                     .region = 7,
+                                     .bytes = 1u << 20,
+                                     .exposer = 0x1234,
+                                     .importer = hh.nonce};
+    kv_xport_rmem *r = NULL;
+    assert_int_equal(kv_xport_rmem_import(p, blob, kv__xport_blob_encode(&b, blob), &r), KV_OK);
+    static unsigned char src[4096];
+    kv_xport_mem *ms = NULL;
+    assert_int_equal(kv_xport_mem_reg(x, src, sizeof(src), KV_MEM_HOST, &ms), KV_OK);
+    struct kv_xport_io io = {ms, 0, r, 512, 4096};
+    kv_xport_xfer *t = NULL;
+    const uint64_t t0 = kv__now_ns();
+    assert_int_equal(kv_xport_write(p, &io, 1, NULL, &t), KV_OK);
+    m = raw_next(sv[1], pl, sizeof(pl));
+    assert_int_equal(m.type, KV__SM_DATA);
+    assert_int_equal(m.entry, 1);
+    assert_int_equal(kv__le_get(pl + 4, 4), 7);
+    assert_int_equal(kv__le_get(pl + 8, 8), 512);
+    kv_xport_state st;
+    assert_int_equal(kv_xport_xfer_wait(t, 5000, &st), KV_OK);
+    assert_int_equal(st, KV_XPORT_TIMED_OUT);
+    assert_true(kv__now_ns() - t0 >= 300ull * 1000000ull);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    /* the late ACK: the slot comes back, the peer stays up */
+    unsigned char rec[KV__SHM_REC];
+    kv__le_put(rec, 0, 4);
+    kv__le_put(rec + 4, 0, 4);
+    kv__le_put(rec + 8, 4096, 8);
+    raw_send(sv[1],
+             (struct kv__shm_msg){.type = KV__SM_ACK, .slot = m.slot, .xfer = m.xfer, .entry = 1},
+             rec, sizeof(rec), -1);
+    /* two notifications: the second refused (max_pending_notes 1) */
+    raw_send(sv[1], (struct kv__shm_msg){.type = KV__SM_NOTIFY, .xfer = 50, .tag = 5}, "a", 1, -1);
+    raw_send(sv[1], (struct kv__shm_msg){.type = KV__SM_NOTIFY, .xfer = 51, .tag = 6}, "b", 1, -1);
+    m = raw_next(sv[1], pl, sizeof(pl));
+    assert_int_equal(m.type, KV__SM_NOTE_ACK);
+    assert_int_equal(m.xfer, 50);
+    assert_int_equal(m.status, KV_OK);
+    m = raw_next(sv[1], pl, sizeof(pl));
+    assert_int_equal(m.type, KV__SM_NOTE_ACK);
+    assert_int_equal(m.xfer, 51);
+    assert_int_equal(m.status, KV_ERR_CAPACITY);
+    struct kv_xport_stats xs = KV_XPORT_STATS_INIT;
+    assert_int_equal(kv_xport_stats_get(x, &xs), KV_OK);
+    assert_int_equal(xs.notes_refused, 1);
+    struct kv_xport_msg *msg = malloc(sizeof(*msg));
+    assert_int_equal(kv_xport_notify_poll(x, 1000, msg), KV_OK);
+    assert_int_equal(msg->tag, 5);
+    kv_xport_peer_state ps;
+    kv_status why = KV_OK;
+    assert_int_equal(kv_xport_peer_state_get(p, &ps, &why), KV_OK);
+    assert_int_equal(ps, KV_XPORT_READY);
+    free(msg);
+    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
+    kv_xport_peer_close(p);
+    assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
+    assert_int_equal(kv_xport_destroy(x), KV_OK);
+    close(mfd);
+    close(sv[1]);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -860,6 +971,7 @@ int main(void)
         cmocka_unit_test(test_xport_shm_peer_killed),
         cmocka_unit_test(test_xport_shm_prefill_to_decode_two_procs),
         cmocka_unit_test(test_xport_shm_hostile_peer),
+        cmocka_unit_test(test_xport_shm_timeout_and_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
