@@ -14,7 +14,7 @@
  * mapped by both) holding two rings of KV__SHM_SLOTS slots of KV__SHM_SLOT
  * bytes, one per direction:
  *
- *   memfd  |conn->listener slot 0 .. 15 |listener->conn slot 0 .. 15|
+ *   memfd  |conn->listener slot 0 .. 7 |listener->conn slot 0 .. 7|
  *           each side writes only its own ring (its tx), reads the other's
  *
  * The shared memory holds payload bytes only. Which slot holds what, and
