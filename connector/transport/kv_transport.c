@@ -27,6 +27,8 @@ const char *kv_xport_kind_name(kv_xport_kind k)
         return "tcp";
     case KV_XPORT_RDMA:
         return "rdma";
+    case KV_XPORT_SHM:
+        return "shm";
     }
     return "unknown";
 }
@@ -53,9 +55,9 @@ static kv_status create(const struct kv_xport_config *cfg, bool manual, kv_xport
                          "xport_create: cfg struct_size %zu, this library's is %zu (start from "
                          "KV_XPORT_CONFIG_INIT)",
                          cfg->struct_size, sizeof(*cfg));
-    if (cfg->kind != KV_XPORT_TCP && cfg->kind != KV_XPORT_RDMA)
-        return kv__error(KV_ERR_INVALID_ARG, "xport_create: kind %d (tcp %d, rdma %d)",
-                         (int)cfg->kind, KV_XPORT_TCP, KV_XPORT_RDMA);
+    if (cfg->kind != KV_XPORT_TCP && cfg->kind != KV_XPORT_RDMA && cfg->kind != KV_XPORT_SHM)
+        return kv__error(KV_ERR_INVALID_ARG, "xport_create: kind %d (tcp %d, rdma %d, shm %d)",
+                         (int)cfg->kind, KV_XPORT_TCP, KV_XPORT_RDMA, KV_XPORT_SHM);
     if (cfg->token == 0)
         return kv__error(KV_ERR_INVALID_ARG,
                          "xport_create: token 0 (a shared nonzero token is required)");
@@ -439,7 +441,7 @@ kv_status kv_xport_connect(kv_xport *x, const char *host, uint16_t port, kv_xpor
                          !x      ? "x"
                          : !host ? "host"
                                  : "peer");
-    if (port == 0 || !*host)
+    if ((port == 0 && !(x->cfg.kind == KV_XPORT_SHM && host[0] == '/')) || !*host)
         return kv__error(KV_ERR_INVALID_ARG, "xport_connect: host \"%s\" port %u", host,
                          (unsigned)port);
     pthread_mutex_lock(&x->mu);

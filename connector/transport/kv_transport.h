@@ -45,8 +45,14 @@
  * regions, imported regions or transfers of it.
  *
  * Backends share this seam through a versioned ops table (module-private,
- * connector/transport/kv_xport_int.h): TCP (real sockets; always built) and RDMA
- * (libibverbs through its own function table; built where rdma-core is).
+ * connector/transport/kv_xport_int.h): TCP (real sockets; always built), RDMA
+ * (libibverbs through its own function table; built where rdma-core is) and
+ * SHM (peers on one host: control over a Unix-domain socket, the bytes
+ * through shared-memory rings, copied in by the sender and out by the
+ * receiver, which checks every piece against its exposures; always built).
+ * SHM addresses: listen_host "/path" is a socket file (port unused); any
+ * other host names the abstract socket "kvcache-shm:<host>:<port>", port 0
+ * picking a free one (kv_xport_port); kv_xport_connect takes the same.
  *
  * Thread safety: every call may be made from any thread; one progress
  * thread per transport does the I/O.
@@ -72,9 +78,11 @@ extern "C" {
 typedef enum kv_xport_kind {
     KV_XPORT_TCP = 1,
     KV_XPORT_RDMA = 2,
+    KV_XPORT_SHM = 3, /* same host: a Unix socket and shared-memory rings
+                         (docs/connector.md, "Same-host transport") */
 } kv_xport_kind;
 
-/* "tcp", "rdma"; "unknown". */
+/* "tcp", "rdma", "shm"; "unknown". */
 KV_API const char *kv_xport_kind_name(kv_xport_kind k);
 
 /* Input of kv_xport_create. Start from KV_XPORT_CONFIG_INIT. */
@@ -86,14 +94,16 @@ struct kv_xport_config {
     uint64_t token;          /* shared secret: a peer presenting another is refused */
     uint64_t fingerprint;    /* what both sides must agree on (a layout fingerprint;
                                 0 on both sides: not checked) */
-    uint32_t conns_per_peer; /* TCP connections / RDMA QPs per peer; 0 = 2 */
+    uint32_t conns_per_peer; /* TCP connections / RDMA QPs per peer; 0 = 2 (SHM: one
+                                connection; both ends must still agree) */
     uint32_t timeout_ms;     /* bound on every transfer, handshake and incoming frame, and
                                 on a peer that stops reading; 0 = 30,000 */
     /* What a peer can make us hold (0 = the default). A frame over a limit
      * is refused by name: its sender's transfer (or entry) ends FAILED with
      * KV_ERR_CAPACITY. */
     uint32_t max_pending_notes; /* per peer: notifications received, not yet polled; 1024 */
-    uint32_t max_pending_reads; /* per peer: its reads of our memory being served (TCP); 1024 */
+    uint32_t max_pending_reads; /* per peer: its reads of our memory being served (TCP,
+                                   SHM); 1024 */
     uint32_t max_handshakes;    /* incoming connections not through their handshake (each
                                    refused beyond it); 64 */
     uint32_t frames_per_round;  /* frames handled per connection per progress round, so one
@@ -102,11 +112,11 @@ struct kv_xport_config {
      * default): events; it sleeps on a completion channel and the
      * transport's own wake-ups and deadlines, so an idle transport uses no
      * CPU. true: busy polling; it polls every CQ at least every 0.2 ms even
-     * when idle (lower completion latency; about 7% of a core). TCP: unused. */
+     * when idle (lower completion latency; about 7% of a core). TCP, SHM: unused. */
     bool rdma_busy_poll;
     /* RDMA: which device, port and GID the transport uses, each automatic
      * by default (docs/connector.md, "RDMA parameters"); what was chosen is
-     * reported by kv_xport_info_get. TCP: unused. */
+     * reported by kv_xport_info_get. TCP, SHM: unused. */
     const char *rdma_device; /* a device by name ("mlx5_0"); NULL: the first device
                                 (in ibv_get_device_list order) with an ACTIVE port */
     uint32_t rdma_port;      /* that port (1-based; it must be ACTIVE); 0: the device's
@@ -116,10 +126,11 @@ struct kv_xport_config {
                                 RoCE v2, else RoCE v1 one), on InfiniBand index 0 */
     /* kv_xport_write_plan: a plan whose byte runs average fewer bytes than
      * this (kv_plan_stats: window_bytes / runs) is sent gathered on a
-     * backend that can gather (TCP): one entry per run contiguous in the
+     * backend that can gather (TCP, SHM): one entry per run contiguous in the
      * destination, its payload gathered from the source's small runs by
-     * the sender as it sends (packed frame by frame into one 512 KiB
-     * staging buffer per connection), so the wire carries the
+     * the sender as it sends (TCP: packed frame by frame into one 512 KiB
+     * staging buffer per connection; SHM: straight into each ring slot),
+     * so the wire carries the
      * destination's large runs. 0 = KV_XPORT_GATHER_BELOW_DEFAULT (measured:
      * docs/connector.md, "Fragment-proof conversions"); 1: never; UINT32_MAX:
      * always. RDMA: not gathered (one work request per run, as before). */
@@ -187,7 +198,8 @@ typedef enum kv_xport_peer_state {
 } kv_xport_peer_state;
 
 /* Start connecting to host:port (non-blocking: *peer is CONNECTING until
- * the handshake ends). KV_ERR_NULL; KV_ERR_INVALID_ARG (host); KV_ERR_IO. */
+ * the handshake ends). Port 0 only for an SHM socket path ("/..."), which
+ * has none. KV_ERR_NULL; KV_ERR_INVALID_ARG (host, port); KV_ERR_IO. */
 KV_API KV_NODISCARD kv_status kv_xport_connect(kv_xport *x, const char *host, uint16_t port,
                                                kv_xport_peer **peer);
 
@@ -347,7 +359,7 @@ KV_API KV_NODISCARD kv_status kv_xport_write(kv_xport_peer *peer, const struct k
  * which layout and layers it expects is for the two sides to agree (the
  * placement the plan is built from). A plan whose runs are small (below
  * the config's plan_gather_below_bytes) is sent gathered where the backend
- * can (TCP): one entry per run contiguous in the destination, its payload
+ * can (TCP, SHM): one entry per run contiguous in the destination, its payload
  * gathered from the source's runs as it is sent; the same checks,
  * statuses, notification order, terminal states and cancel as any write
  * (kv_xport_stats counts which way each post went). KV_ERR_NULL; KV_ERR_BAD_SHAPE (list lengths); KV_ERR_OUT_OF_BOUNDS

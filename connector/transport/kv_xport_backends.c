@@ -1,11 +1,12 @@
 /*
  * kv_xport_backends.c - the transport backends this build has, by kind:
  * the one place the generic layer (kv_transport.c) learns of them, so it
- * never sees a backend's headers (the RDMA one comes through the verbs
+ * never sees a backend's headers (the shared-memory one in kv_xport_shm_int.h; the RDMA one comes through the verbs
  * boundary, kv_verbs_int.h: NULL in a build without rdma-core).
  */
 #include "kv_verbs_int.h"
 #include "kv_xport_int.h"
+#include "kv_xport_shm_int.h"
 
 const struct kv__xport_ops *kv__xport_backend(kv_xport_kind kind)
 {
@@ -14,6 +15,8 @@ const struct kv__xport_ops *kv__xport_backend(kv_xport_kind kind)
         return &kv__xport_tcp_ops;
     case KV_XPORT_RDMA:
         return kv__xport_rdma();
+    case KV_XPORT_SHM:
+        return &kv__xport_shm_ops;
     }
     return NULL;
 }

@@ -1,7 +1,7 @@
 /*
  * main.c - kvdemo's command line and the parent process (make demo).
  *
- *   kvdemo [--requests N] [--seed S] [--transport tcp|rdma] [--local] [--fault]
+ *   kvdemo [--requests N] [--seed S] [--transport tcp|rdma|shm] [--local] [--fault]
  *   kvdemo decode --port P [--port-fd FD] [--report-fd FD] [options]
  *   kvdemo prefill --port P [--report-fd FD] [options]
  *
@@ -34,7 +34,7 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: kvdemo [--requests N] [--seed S] [--transport tcp|rdma] [--local]\n"
+            "usage: kvdemo [--requests N] [--seed S] [--transport tcp|rdma|shm] [--local]\n"
             "       kvdemo decode --port P [--port-fd FD] [--report-fd FD] [options]\n"
             "       kvdemo prefill --port P [--report-fd FD] [options]\n"
             "\n"
@@ -42,7 +42,8 @@ static void usage(FILE *f)
             "head dim %d, bf16; requests of 1..%d tokens, every third sharing a prefix.\n"
             "  --requests N     requests in the batch (1..%d; default 24)\n"
             "  --seed S         the batch and the generated K/V (default 1)\n"
-            "  --transport K    tcp (default) or rdma (needs an RDMA device)\n"
+            "  --transport K    tcp (default), rdma (needs an RDMA device) or shm (same host:\n"
+            "                   shared-memory rings, a Unix socket named for 127.0.0.1:P)\n"
             "  --local          one process: the transfer as kv_plan_copy (no transport)\n"
             "  --fault          flip one bit of one request in decode after its transfer\n"
             "                   (the run must then fail, naming that check)\n"
@@ -99,7 +100,7 @@ static int bad_value(int c, const char *val)
         if (lo->val == c)
             name = lo->name;
     fprintf(stderr, "kvdemo: --%s needs %s, got '%s' (kvdemo --help)\n", name,
-            c == OPT_TRANSPORT  ? "tcp or rdma"
+            c == OPT_TRANSPORT  ? "tcp, rdma or shm"
             : c == OPT_REQUESTS ? "1..256"
             : c == OPT_PORT     ? "a port 0..65535"
             : c == OPT_SEED     ? "an unsigned integer"
@@ -143,6 +144,8 @@ static int parse_opts(int argc, char **argv, int first, struct opts *o)
                 o->kind = KV_XPORT_TCP;
             else if (!strcmp(optarg, "rdma"))
                 o->kind = KV_XPORT_RDMA;
+            else if (!strcmp(optarg, "shm"))
+                o->kind = KV_XPORT_SHM;
             else
                 return bad_value(c, optarg);
             break;
@@ -291,8 +294,12 @@ static int run_parent(const char *self, const struct opts *o)
     int rc = wait_child(dpid, "decode");
     if (ppid >= 0 && wait_child(ppid, "prefill") != 0 && rc == 0)
         rc = EXIT_FAILED;
-    print_table(&rep, "prefill and decode processes over tcp loopback",
-                (double)(now_ns() - t0) / 1e9);
+    char title[80];
+    snprintf(title, sizeof(title), "prefill and decode processes over %s",
+             o->kind == KV_XPORT_SHM    ? "shared memory"
+             : o->kind == KV_XPORT_RDMA ? "rdma"
+                                        : "tcp loopback");
+    print_table(&rep, title, (double)(now_ns() - t0) / 1e9);
     if (!dseen || !pseen) {
         printf("  FAILED: the %s process ended without its report\n",
                !dseen ? "decode" : "prefill");
