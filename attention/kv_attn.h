@@ -26,6 +26,9 @@
  *           log-sum-exp
  *   prefill q_len >= 1 queries per sequence (qo_indptr, CSR) with a causal
  *           mask over the sequence's cached tokens, the same options
+ *   MLA     decode over a K-only (latent) layout, FlashMLA's convention
+ *           (kv_attn_decode_mla): K only is written, read and copied (a V
+ *           tensor, V scales or a V plane given for it is refused)
  *
  * Element types. The cache dtype is the layout's: f32, f16, bf16, fp8 e4m3fn
  * or fp8 e5m2. Tensors may be any of the five. In a call without scales, a
@@ -317,6 +320,31 @@ KV_API KV_NODISCARD kv_status kv_attn_prefill(struct kv_paged_cache cache, uint3
                                               const struct kv_scales *scales,
                                               const struct kv_view *out,
                                               const struct kv_attn_opts *opts);
+
+/* MLA decode in FlashMLA's convention, over a K-only layout (k_only: one
+ * latent plane, DeepSeek's D = 576 = 512 latent + 64 rope dims) with one KV
+ * head (H == 1): every query head reads the same latent rows,
+ *   out[s][i] = sum_t softmax_t(scale * q[s][i] . K[s][t][0..D)) K[s][t][0..dv)
+ * scores over all D dims, values the first dv dims of the same rows. q
+ * [S][Hq][D] (Hq >= 1, up to 128 in DeepSeek), out [S][Hq][dv], any of the
+ * five dtypes and any strides; f32 accumulation, an online softmax; a
+ * sequence of 0 tokens gives zeros. scales: NULL, or K scales only
+ * (scales->v NULL: the layout has no V) with n == 1 (per tensor; layers 0,
+ * 1 or L), x = to_f32(stored) * scale in the scores and the values alike (an
+ * fp8 latent cache with a per-tensor scale). One pass over each K row serves
+ * every query head of a task (CPU: tasks of (sequence, query-head group),
+ * AVX2/FMA where the CPU has it and D, dv are multiples of 8).
+ * Refusals: those of kv_attn_decode for the cache, q, out, pages and
+ * scales, plus KV_ERR_INVALID_ARG for a layout that is not K-only or has
+ * H != 1, dv outside [1, D], V scales; KV_ERR_BAD_SHAPE for q not
+ * [S][Hq][D] or out not [S][Hq][dv]. kv_attn_decode and the other decode
+ * entries refuse a K-only layout (naming this one). */
+KV_API KV_NODISCARD kv_status kv_attn_decode_mla(struct kv_paged_cache cache, uint32_t layer,
+                                                 const struct kv_view *q,
+                                                 const struct kv_pages *pages, int64_t dv,
+                                                 float softmax_scale,
+                                                 const struct kv_scales *scales,
+                                                 const struct kv_view *out);
 
 /* The CPU kernels use kv_threads() threads (kv_threads.h). */
 
