@@ -211,9 +211,24 @@ KV__AVX2 static void scores_avx2(const float *kf, int n, int nh, int64_t D, cons
                 sc[(h0 + i) * KV__MLA_CHUNK + t] = r[i];
         }
     }
-    for (; h0 < nh; h0++) {
+    for (; h0 < nh; h0++) { /* one head: 4 tokens at a time (4 independent sums) */
         const float *qa = q + (int64_t)h0 * D;
-        for (int t = 0; t < n; t++) {
+        int t = 0;
+        for (; t + 4 <= n; t += 4) {
+            const float *k0 = kf + (int64_t)t * D;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t d = 0; d < D; d += 8) {
+                const __m256 y = _mm256_loadu_ps(qa + d);
+                a0 = _mm256_fmadd_ps(y, _mm256_loadu_ps(k0 + d), a0);
+                a1 = _mm256_fmadd_ps(y, _mm256_loadu_ps(k0 + D + d), a1);
+                a2 = _mm256_fmadd_ps(y, _mm256_loadu_ps(k0 + 2 * D + d), a2);
+                a3 = _mm256_fmadd_ps(y, _mm256_loadu_ps(k0 + 3 * D + d), a3);
+            }
+            _mm_storeu_ps(r, _mm_mul_ps(hsum4x8(a0, a1, a2, a3), km));
+            for (int i = 0; i < 4; i++)
+                sc[h0 * KV__MLA_CHUNK + t + i] = r[i];
+        }
+        for (; t < n; t++) {
             const float *k0 = kf + (int64_t)t * D;
             __m256 a0 = _mm256_setzero_ps();
             for (int64_t d = 0; d < D; d += 8)
@@ -280,10 +295,27 @@ KV__AVX2 static void values_avx2(const float *kf, int n, int nh, int64_t D, int6
             _mm256_storeu_ps(ac + 3 * dv + d, a3);
         }
     }
-    for (; h0 < nh; h0++) {
+    for (; h0 < nh; h0++) { /* one head: 32 dims at a time (4 independent sums) */
         float *ac = acc + (int64_t)h0 * dv;
         const float *w = sc + h0 * KV__MLA_CHUNK;
-        for (int64_t d = 0; d < dv; d += 8) {
+        int64_t d = 0;
+        for (; d + 32 <= dv; d += 32) {
+            __m256 a0 = _mm256_loadu_ps(ac + d), a1 = _mm256_loadu_ps(ac + d + 8);
+            __m256 a2 = _mm256_loadu_ps(ac + d + 16), a3 = _mm256_loadu_ps(ac + d + 24);
+            for (int t = 0; t < n; t++) {
+                const float *vr = kf + (int64_t)t * D + d;
+                const __m256 b = _mm256_broadcast_ss(w + t);
+                a0 = _mm256_fmadd_ps(b, _mm256_loadu_ps(vr), a0);
+                a1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(vr + 8), a1);
+                a2 = _mm256_fmadd_ps(b, _mm256_loadu_ps(vr + 16), a2);
+                a3 = _mm256_fmadd_ps(b, _mm256_loadu_ps(vr + 24), a3);
+            }
+            _mm256_storeu_ps(ac + d, a0);
+            _mm256_storeu_ps(ac + d + 8, a1);
+            _mm256_storeu_ps(ac + d + 16, a2);
+            _mm256_storeu_ps(ac + d + 24, a3);
+        }
+        for (; d < dv; d += 8) {
             __m256 a0 = _mm256_loadu_ps(ac + d);
             for (int t = 0; t < n; t++)
                 a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(w + t),
