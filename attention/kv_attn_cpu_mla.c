@@ -139,7 +139,26 @@ KV__AVX2 static inline __m128 hsum4x8(__m256 a, __m256 b, __m256 c, __m256 d)
     return _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
 }
 
-/* f16 and bf16 rows to f32, 8 at a time (D % 8 == 0) */
+/* 8 fp8 bytes as the f16 of their values: each byte to the high byte of a
+ * 16-bit lane, where e5m2 is an f16 already (inf and NaN included). For e4m3
+ * an arithmetic shift right by one and the mask 0xbf80 leave the f16 of the
+ * value times 2^-8 (subnormals included, exact), its NaN (S.1111.111) given
+ * the f16 exponent 31: the caller folds the 2^8 into its scale. */
+KV__AVX2 static inline __m256 ld8_fp8(kv_dtype dt, const char *p)
+{
+    const __m128i x =
+        _mm_unpacklo_epi8(_mm_setzero_si128(), _mm_loadl_epi64((const __m128i *)(const void *)p));
+    if (dt == KV_FP8_E5M2)
+        return _mm256_cvtph_ps(x);
+    const __m128i nan =
+        _mm_cmpeq_epi16(_mm_and_si128(x, _mm_set1_epi16(0x7f00)), _mm_set1_epi16(0x7f00));
+    const __m128i h = _mm_and_si128(_mm_srai_epi16(x, 1), _mm_set1_epi16((short)0xbf80));
+    return _mm256_cvtph_ps(_mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7c00))));
+}
+
+/* Rows to f32, 8 at a time (D % 8 == 0): f32, f16 and bf16 exactly; e4m3
+ * as the value times 2^-8 (ld8_fp8: the caller's scale is 256 times
+ * larger), e5m2 exactly. */
 KV__AVX2 static void rows_to_f32_avx2(const struct kv_layout *lo, const char *const *rows, int n,
                                       float *kf)
 {
@@ -147,7 +166,12 @@ KV__AVX2 static void rows_to_f32_avx2(const struct kv_layout *lo, const char *co
     for (int t = 0; t < n; t++) {
         float *o = kf + (int64_t)t * D;
         const char *p = rows[t];
-        if (lo->dtype == KV_F16) {
+        if (lo->dtype == KV_F32) {
+            memcpy(o, p, (size_t)D * sizeof(float));
+        } else if (lo->elem_bytes == 1) {
+            for (int64_t d = 0; d < D; d += 8)
+                _mm256_storeu_ps(o + d, ld8_fp8(lo->dtype, p + d));
+        } else if (lo->dtype == KV_F16) {
             for (int64_t d = 0; d < D; d += 8)
                 _mm256_storeu_ps(o + d, _mm256_cvtph_ps(_mm_loadu_si128(
                                             (const __m128i *)(const void *)(p + 2 * d))));
@@ -367,11 +391,14 @@ static kv_status exec_mla(const struct kv__attn_job *j)
     const int64_t pt = j->page_tokens;
     const bool simd = mla_simd(D, dv);
     float lut[256];
-    if (lo->elem_bytes == 1)
+    if (lo->elem_bytes == 1 && !simd)
         for (int i = 0; i < 256; i++)
             lut[i] = lo->dtype == KV_FP8_E4M3 ? kv_e4m3_to_f32((uint8_t)i)
                                               : kv_e5m2_to_f32((uint8_t)i);
-    const float ks = j->k_scale ? j->k_scale[0] : 1.0f;
+    /* the dequantization scale, in the scores and the values; e4m3 rows
+     * converted by rows_to_f32_avx2 hold the values times 2^-8 */
+    const float ks = (j->k_scale ? j->k_scale[0] : 1.0f) *
+                     (simd && lo->dtype == KV_FP8_E4M3 ? 256.0f : 1.0f);
     int64_t total_tokens = 0;
     for (int64_t s = 0; s < S; s++)
         total_tokens += j->seq_tokens[s];
@@ -423,10 +450,7 @@ static kv_status exec_mla(const struct kv__attn_job *j)
                 }
 #if KV__MLA_AVX2
                 if (simd) {
-                    if (lo->dtype == KV_F16 || lo->dtype == KV_BF16)
-                        rows_to_f32_avx2(lo, rows, n, kf);
-                    else
-                        rows_to_f32(lo, rows, n, kf, lut);
+                    rows_to_f32_avx2(lo, rows, n, kf);
                     chunk_avx2(kf, n, nh, D, dv, q, ks, m, l, acc, sc);
                     continue;
                 }

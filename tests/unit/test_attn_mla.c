@@ -484,6 +484,12 @@ static double ref_e4m3(const unsigned char *p)
     const double v = e ? ldexp(1.0 + m / 8.0, (int)e - 7) : ldexp(m / 8.0, -6);
     return p[0] & 0x80 ? -v : v;
 }
+static double ref_e5m2(const unsigned char *p)
+{
+    const unsigned e = (p[0] >> 2) & 31, m = p[0] & 3;
+    const double v = e ? ldexp(1.0 + m / 4.0, (int)e - 15) : ldexp(m / 4.0, -14);
+    return p[0] & 0x80 ? -v : v;
+}
 static double ref_elem(kv_dtype dt, const unsigned char *p)
 {
     float f;
@@ -494,6 +500,8 @@ static double ref_elem(kv_dtype dt, const unsigned char *p)
         return ref_f16(p);
     case KV_FP8_E4M3:
         return ref_e4m3(p);
+    case KV_FP8_E5M2:
+        return ref_e5m2(p);
     default:
         memcpy(&f, p, 4);
         return f;
@@ -520,6 +528,10 @@ static void rand_elem(kv_dtype dt, unsigned char *p, uint64_t *rng)
     case KV_FP8_E4M3: /* exponents 0..7: |x| < 2 */
         p[0] = (unsigned char)((r >> 40) & 0x80) | (unsigned char)((r >> 8) % 8) << 3 |
                (unsigned char)(r % 8);
+        break;
+    case KV_FP8_E5M2: /* exponents 0..15: |x| < 2 */
+        p[0] = (unsigned char)((r >> 40) & 0x80) | (unsigned char)((r >> 8) % 16) << 2 |
+               (unsigned char)(r % 4);
         break;
     default:
         memcpy(p, &f, 4);
@@ -677,6 +689,8 @@ static void test_mla_decode_vs_float64(void **state)
         {KV_BF16, 576, 512, 1, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_BF16},
         {KV_FP8_E4M3, 576, 512, 16, KV_ARRANGE_BLOCK_MAJOR, false, false, true, KV_F32},
         {KV_FP8_E4M3, 576, 512, 3, KV_ARRANGE_LAYER_MAJOR, false, true, true, KV_F32},
+        {KV_FP8_E5M2, 64, 48, 6, KV_ARRANGE_LAYER_MAJOR, true, false, true, KV_F32},
+        {KV_FP8_E5M2, 64, 48, 6, KV_ARRANGE_BLOCK_MAJOR, false, true, false, KV_F32},
         {KV_BF16, 576, 512, 16, KV_ARRANGE_LAYER_MAJOR, false, true, false, KV_F32},
         {KV_F32, 24, 16, 16, KV_ARRANGE_BLOCK_MAJOR, false, false, true, KV_F32},
         {KV_F16, 40, 32, 5, KV_ARRANGE_LAYER_MAJOR, true, false, false, KV_F32},
