@@ -133,7 +133,8 @@ class Layout:
     num_layers, num_blocks, block_tokens (N), num_heads (H), head_dim (D),
     dtype ("bf16", "f16", "f32", "fp8_e4m3", ...), order ("NHD" / "HND"),
     arrange ("layer" / "block"-major), kv_packed, block_pad_elems,
-    block_stride_bytes, align_bytes: as the C config (0 = default).
+    block_stride_bytes, align_bytes, k_only (one plane, K only: an MLA
+    latent cache; not with kv_packed): as the C config (0 = default).
     Derived values (strides, sizes, fingerprints) are computed by the C
     library at construction; a config it refuses raises there."""
     num_layers: int
@@ -148,6 +149,7 @@ class Layout:
     block_pad_elems: int = 0
     block_stride_bytes: int = 0
     align_bytes: int = 0
+    k_only: bool = False
     _c: object = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -170,6 +172,7 @@ class Layout:
         c.order = ORDERS[self.order]
         c.arrange = ARRANGES[self.arrange]
         c.kv_packed = bool(self.kv_packed)
+        c.k_only = bool(self.k_only)
         return c
 
     @property

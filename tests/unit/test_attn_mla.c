@@ -62,7 +62,12 @@ static void fill_random(void *p, size_t n, uint64_t seed)
 {
     unsigned char *b = p;
     uint64_t r = seed;
-    for (size_t i = 0; i < n; i++)
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const uint64_t x = kvt_rand(&r);
+        memcpy(b + i, &x, 8);
+    }
+    for (; i < n; i++)
         b[i] = (unsigned char)(kvt_rand(&r) >> 24);
 }
 
