@@ -400,6 +400,15 @@ KV_API KV_NODISCARD kv_status kv_attn_prefill_cuda(
     const struct kv_pages *pages, float softmax_scale, const struct kv_scales *scales,
     const struct kv_view *out, const struct kv_attn_opts *opts, kv_cuda_stream stream);
 
+/* kv_attn_decode_mla on CUDA: the same validation; one block per
+ * (sequence, group of up to 8 query heads), a tile of latent rows converted
+ * into shared memory once for the group (docs/kernels.md "MLA"). Host page
+ * arrays, uploaded as kv_attn_decode_cuda does. */
+KV_API KV_NODISCARD kv_status kv_attn_decode_mla_cuda(
+    struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q,
+    const struct kv_pages *pages, int64_t dv, float softmax_scale, const struct kv_scales *scales,
+    const struct kv_view *out, kv_cuda_stream stream);
+
 /* ---- CUDA kernels with device-resident indices ------------------------------
  * The calling convention an engine embeds: the index arrays are DEVICE
  * memory (the engine's slot_mapping), read by the kernel itself. The host

@@ -35,6 +35,7 @@
 
 #include <kvcache/kv.h>
 
+#include "kv_attn_grid_int.h"
 #include "kv_attn_int.h"
 #include "kv_mem.h"
 #include "kvtest.h"
@@ -550,6 +551,7 @@ struct dcase {
     kv_arrange arr;
     bool block_table, portable, scaled;
     kv_dtype out_dt;
+    bool grid; /* the CUDA body on the CPU grid emulator (kv__grid_attn_decode_mla) */
 };
 
 static void run_decode_case(const struct dcase *k, uint64_t seed)
@@ -620,10 +622,23 @@ static void run_decode_case(const struct dcase *k, uint64_t seed)
     assert_int_equal(kv_view_from_strided(out, obytes, k->out_dt, 3, os, ost, 0, &ov), KV_OK);
     const float scale = 1.0f / sqrtf((float)D), kscale[2] = {0.37f, 0.37f};
     const struct kv_scales sc = {kscale, NULL, 1, 0};
-    kv__attn_test_tune(-1, k->portable);
-    assert_int_equal(kv_attn_decode_mla(p.c, 1, &qv, &pg, dv, scale, k->scaled ? &sc : NULL, &ov),
-                     KV_OK);
-    kv__attn_test_tune(-1, false);
+    if (k->grid) {
+        struct kv__attn_job j;
+        struct kv_paged_cache dev = p.c;
+        dev.mem = KV_MEM_PINNED; /* what a CUDA entry takes; host memory here */
+        assert_int_equal(kv__attn_decode_mla_check("kv_attn_decode_mla_cuda", &dev, 1, &qv, &pg,
+                                                   dv, scale, k->scaled ? &sc : NULL, &ov, &j),
+                         KV_OK);
+        const kv_status st = kv__grid_attn_decode_mla(&j);
+        kv__attn_job_free(&j);
+        if (st != KV_OK)
+            fail_msg("kv__grid_attn_decode_mla: %s: %s", kv_status_name(st), kv_last_error());
+    } else {
+        kv__attn_test_tune(-1, k->portable);
+        assert_int_equal(
+            kv_attn_decode_mla(p.c, 1, &qv, &pg, dv, scale, k->scaled ? &sc : NULL, &ov), KV_OK);
+        kv__attn_test_tune(-1, false);
+    }
     assert_memory_equal(p.mem, before, p.bytes);
     /* float64 reference */
     const double ks = k->scaled ? 0.37 : 1.0;
@@ -689,17 +704,22 @@ static void test_mla_decode_vs_float64(void **state)
 {
     (void)state;
     const struct dcase cases[] = {
-        {KV_BF16, 576, 512, 128, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_F32},
-        {KV_BF16, 576, 512, 16, KV_ARRANGE_BLOCK_MAJOR, true, false, false, KV_F32},
-        {KV_BF16, 576, 512, 1, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_BF16},
-        {KV_FP8_E4M3, 576, 512, 16, KV_ARRANGE_BLOCK_MAJOR, false, false, true, KV_F32},
-        {KV_FP8_E4M3, 576, 512, 3, KV_ARRANGE_LAYER_MAJOR, false, true, true, KV_F32},
-        {KV_FP8_E5M2, 64, 48, 6, KV_ARRANGE_LAYER_MAJOR, true, false, true, KV_F32},
-        {KV_FP8_E5M2, 64, 48, 6, KV_ARRANGE_BLOCK_MAJOR, false, true, false, KV_F32},
-        {KV_BF16, 576, 512, 16, KV_ARRANGE_LAYER_MAJOR, false, true, false, KV_F32},
-        {KV_F32, 24, 16, 16, KV_ARRANGE_BLOCK_MAJOR, false, false, true, KV_F32},
-        {KV_F16, 40, 32, 5, KV_ARRANGE_LAYER_MAJOR, true, false, false, KV_F32},
-        {KV_F32, 20, 12, 3, KV_ARRANGE_BLOCK_MAJOR, false, false, false, KV_F32},
+        {KV_BF16, 576, 512, 128, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_F32, false},
+        {KV_BF16, 576, 512, 16, KV_ARRANGE_BLOCK_MAJOR, true, false, false, KV_F32, false},
+        {KV_BF16, 576, 512, 1, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_BF16, false},
+        {KV_FP8_E4M3, 576, 512, 16, KV_ARRANGE_BLOCK_MAJOR, false, false, true, KV_F32, false},
+        {KV_FP8_E4M3, 576, 512, 3, KV_ARRANGE_LAYER_MAJOR, false, true, true, KV_F32, false},
+        {KV_FP8_E5M2, 64, 48, 6, KV_ARRANGE_LAYER_MAJOR, true, false, true, KV_F32, false},
+        {KV_FP8_E5M2, 64, 48, 6, KV_ARRANGE_BLOCK_MAJOR, false, true, false, KV_F32, false},
+        {KV_BF16, 576, 512, 16, KV_ARRANGE_LAYER_MAJOR, false, true, false, KV_F32, false},
+        {KV_F32, 24, 16, 16, KV_ARRANGE_BLOCK_MAJOR, false, false, true, KV_F32, false},
+        {KV_F16, 40, 32, 5, KV_ARRANGE_LAYER_MAJOR, true, false, false, KV_F32, false},
+        {KV_F32, 20, 12, 3, KV_ARRANGE_BLOCK_MAJOR, false, false, false, KV_F32, false},
+        /* the CUDA body (kv__decode_mla_body) on the emulated grid */
+        {KV_BF16, 576, 512, 16, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_F32, true},
+        {KV_FP8_E4M3, 576, 512, 5, KV_ARRANGE_BLOCK_MAJOR, true, false, true, KV_BF16, true},
+        {KV_F16, 40, 32, 11, KV_ARRANGE_BLOCK_MAJOR, false, false, false, KV_F32, true},
+        {KV_F32, 20, 12, 1, KV_ARRANGE_LAYER_MAJOR, false, false, true, KV_F32, true},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         run_decode_case(&cases[i], 0x5000 + i);
@@ -755,6 +775,15 @@ static void test_mla_decode_refusals(void **state)
     assert_int_equal(kv_attn_decode_mla(t.c, 1, &q, &pg, 48, 0.1f, NULL, &o), KV_ERR_INVALID_ARG);
     kvt_assert_msg_has("H = 2 KV heads");
     pool_free(&t);
+    /* the CUDA entry runs the same validator (here: host memory, a bad dv) */
+    assert_int_equal(kv_attn_decode_mla_cuda(p.c, 1, &q, &pg, 48, 0.1f, NULL, &o, NULL),
+                     KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("kv_attn_decode_mla_cuda");
+    struct kv_paged_cache pinned = p.c;
+    pinned.mem = KV_MEM_PINNED;
+    assert_int_equal(kv_attn_decode_mla_cuda(pinned, 1, &q, &pg, 0, 0.1f, NULL, &o, NULL),
+                     KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("kv_attn_decode_mla_cuda: dv = 0");
     /* stats: counted as a decode */
     struct kv_attn_stats st0, st1;
     kv_attn_stats_get(&st0);
