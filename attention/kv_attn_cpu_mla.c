@@ -36,7 +36,7 @@
 #include "kv_mem.h"
 
 #define KV__MLA_CHUNK 32
-#define KV__MLA_GROUP 32 /* most query heads a task */
+#define KV__MLA_GROUP 64 /* most query heads a task */
 
 /* One chunk's K rows as f32 (unscaled): kf[t][0..D). */
 static void rows_to_f32(const struct kv_layout *lo, const char *const *rows, int n, float *kf,
