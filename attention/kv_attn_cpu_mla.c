@@ -467,7 +467,6 @@ static kv_status exec_mla(const struct kv__attn_job *j)
             }
         }
     }
-    (void)simd;
     kv__mem_free(scratch);
     return KV_OK;
 }
