@@ -156,7 +156,9 @@ struct kv_pages {
  * file): layer in [0, L) with k, v [T][H][D], or KV_ATTN_ALL_LAYERS with
  * [L][T][H][D]. slots[i] == -1 skips token i. Consecutive slots of one block
  * are written as one run; scattered single slots (a decode step) are
- * prefetched. scales may be NULL. */
+ * prefetched. scales may be NULL. A K-only layout (k_only, MLA) takes k
+ * alone: v must be NULL and scales->v NULL (KV_ERR_INVALID_ARG naming
+ * them otherwise). */
 KV_API KV_NODISCARD kv_status kv_attn_write(struct kv_paged_cache cache, int32_t layer,
                                             const struct kv_view *k, const struct kv_view *v,
                                             const int64_t *slots, int64_t n_slots,
@@ -164,7 +166,8 @@ KV_API KV_NODISCARD kv_status kv_attn_write(struct kv_paged_cache cache, int32_t
 
 /* Read the tokens of the sequences in pages into k_out, v_out ([T][H][D], or
  * [L][T][H][D] with KV_ATTN_ALL_LAYERS; either may be NULL to read only the
- * other). The exact inverse of kv_attn_write. */
+ * other; a K-only layout refuses v_out). The exact inverse of
+ * kv_attn_write. */
 KV_API KV_NODISCARD kv_status kv_attn_read(struct kv_paged_cache cache, int32_t layer,
                                            const struct kv_pages *pages,
                                            const struct kv_view *k_out, const struct kv_view *v_out,
@@ -223,8 +226,10 @@ static inline void kv_copy_blocks_opts_init(struct kv_copy_blocks_opts *opts)
  *   two caches: storages that do not overlap; src ids < src's B, dst ids <
  *       dst's B, no dst block twice (any id may appear on both sides)
  * KV_ERR_MISMATCH for block formats that differ (naming the field and
- * both values), KV_ERR_INVALID_ARG for a layer range outside [0, L), planes
- * outside 0..3 or a struct_size of other headers, KV_ERR_OUT_OF_BOUNDS for a
+ * both values; a K-only and a two-plane cache differ in k_only),
+ * KV_ERR_INVALID_ARG for a layer range outside [0, L), planes outside 0..3,
+ * planes naming V for K-only caches (0 means K there) or a struct_size of
+ * other headers, KV_ERR_OUT_OF_BOUNDS for a
  * block id, KV_ERR_OVERLAP as above; every check before the first byte
  * moves. */
 KV_API KV_NODISCARD kv_status kv_attn_copy_blocks_ex(struct kv_paged_cache dst,
