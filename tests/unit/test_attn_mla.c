@@ -794,6 +794,67 @@ static void test_mla_decode_refusals(void **state)
     pool_free(&p);
 }
 
+/* An fp8 latent cache with a per-tensor K scale (DeepSeek's): f32 rows
+ * written through the scale (stored = e4m3(x / s)), read back through it;
+ * every stored byte decoded here times s is what read returns, and within
+ * half an e4m3 step of x; the V side has no scale to give. */
+static void test_mla_fp8_scaled_write_read(void **state)
+{
+    (void)state;
+    struct kv_layout_config cfg =
+        mla_cfg(2, 40, 16, 1, 576, KV_FP8_E4M3, KV_ORDER_NHD, KV_ARRANGE_BLOCK_MAJOR, 64);
+    struct pool p;
+    pool_make(&p, &cfg, 0x8800);
+    unsigned char *before = snapshot(&p);
+    const int64_t T = 20, D = 576;
+    float *x = malloc((size_t)(T * D) * sizeof(float)), *back = malloc((size_t)(T * D) * 4);
+    assert_true(x && back);
+    uint64_t rng = 0x8801;
+    for (int64_t i = 0; i < T * D; i++) /* magnitudes in [2^-4, 2): e4m3 normals after / s */
+        x[i] = (float)((kvt_rand(&rng) & 1) ? 1 : -1) *
+               (float)ldexp(1.0 + (double)(kvt_rand(&rng) % 1000) / 1000.0,
+                            (int)(kvt_rand(&rng) % 5) - 4);
+    int64_t slots[20];
+    for (int64_t t = 0; t < T; t++)
+        slots[t] = (39 - t / 16) * 16 + t % 16; /* blocks 39, 38 */
+    struct kv_view kv_x, kv_b;
+    int64_t shape[3] = {T, 1, D};
+    assert_int_equal(kv_view_init(x, (size_t)(T * D) * 4, KV_F32, 3, shape, &kv_x), KV_OK);
+    assert_int_equal(kv_view_init(back, (size_t)(T * D) * 4, KV_F32, 3, shape, &kv_b), KV_OK);
+    const float ks[1] = {0.5f};
+    const struct kv_scales sc = {ks, NULL, 1, 0};
+    assert_int_equal(kv_attn_write(p.c, 1, &kv_x, NULL, slots, T, &sc), KV_OK);
+    /* only layer 1 of blocks 39 and 38, token by token, changed */
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t d = 0; d < D; d++) {
+            const size_t o = at(&p, 1, slots[t] / 16, slots[t] % 16, 0, d);
+            const double got = ref_e4m3(p.mem + o) * 0.5, want = x[t * D + d];
+            if (!(fabs(got - want) <= fabs(want) / 16.0))
+                fail_msg("token %lld dim %lld: stored %.6g (x %.6g)", (long long)t, (long long)d,
+                         got, want);
+            before[o] = p.mem[o];
+        }
+    assert_memory_equal(p.mem, before, p.bytes);
+    const int32_t indptr[2] = {0, 2}, indices[2] = {39, 38}, last[1] = {4};
+    const struct kv_pages pg = {.format = KV_PAGES_CSR,
+                                .n_seqs = 1,
+                                .indptr = indptr,
+                                .indices = indices,
+                                .last_page_len = last};
+    assert_int_equal(kv_attn_read(p.c, 1, &pg, &kv_b, NULL, &sc), KV_OK);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t d = 0; d < D; d++) {
+            const double want = ref_e4m3(p.mem + at(&p, 1, slots[t] / 16, slots[t] % 16, 0, d)) * 0.5;
+            if (back[t * D + d] != (float)want)
+                fail_msg("read token %lld dim %lld: %.9g, stored x scale %.9g", (long long)t,
+                         (long long)d, (double)back[t * D + d], want);
+        }
+    free(x);
+    free(back);
+    free(before);
+    pool_free(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -802,6 +863,7 @@ int main(void)
         cmocka_unit_test(test_mla_plans),
         cmocka_unit_test(test_mla_decode_vs_float64),
         cmocka_unit_test(test_mla_decode_refusals),
+        cmocka_unit_test(test_mla_fp8_scaled_write_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
