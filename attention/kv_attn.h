@@ -26,6 +26,9 @@
  *           log-sum-exp
  *   prefill q_len >= 1 queries per sequence (qo_indptr, CSR) with a causal
  *           mask over the sequence's cached tokens, the same options
+ *   MLA     decode over a K-only (latent) layout, FlashMLA's convention
+ *           (kv_attn_decode_mla): K only is written, read and copied (a V
+ *           tensor, V scales or a V plane given for it is refused)
  *
  * Element types. The cache dtype is the layout's: f32, f16, bf16, fp8 e4m3fn
  * or fp8 e5m2. Tensors may be any of the five. In a call without scales, a
@@ -153,7 +156,9 @@ struct kv_pages {
  * file): layer in [0, L) with k, v [T][H][D], or KV_ATTN_ALL_LAYERS with
  * [L][T][H][D]. slots[i] == -1 skips token i. Consecutive slots of one block
  * are written as one run; scattered single slots (a decode step) are
- * prefetched. scales may be NULL. */
+ * prefetched. scales may be NULL. A K-only layout (k_only, MLA) takes k
+ * alone: v must be NULL and scales->v NULL (KV_ERR_INVALID_ARG naming
+ * them otherwise). */
 KV_API KV_NODISCARD kv_status kv_attn_write(struct kv_paged_cache cache, int32_t layer,
                                             const struct kv_view *k, const struct kv_view *v,
                                             const int64_t *slots, int64_t n_slots,
@@ -161,7 +166,8 @@ KV_API KV_NODISCARD kv_status kv_attn_write(struct kv_paged_cache cache, int32_t
 
 /* Read the tokens of the sequences in pages into k_out, v_out ([T][H][D], or
  * [L][T][H][D] with KV_ATTN_ALL_LAYERS; either may be NULL to read only the
- * other). The exact inverse of kv_attn_write. */
+ * other; a K-only layout refuses v_out). The exact inverse of
+ * kv_attn_write. */
 KV_API KV_NODISCARD kv_status kv_attn_read(struct kv_paged_cache cache, int32_t layer,
                                            const struct kv_pages *pages,
                                            const struct kv_view *k_out, const struct kv_view *v_out,
@@ -220,8 +226,10 @@ static inline void kv_copy_blocks_opts_init(struct kv_copy_blocks_opts *opts)
  *   two caches: storages that do not overlap; src ids < src's B, dst ids <
  *       dst's B, no dst block twice (any id may appear on both sides)
  * KV_ERR_MISMATCH for block formats that differ (naming the field and
- * both values), KV_ERR_INVALID_ARG for a layer range outside [0, L), planes
- * outside 0..3 or a struct_size of other headers, KV_ERR_OUT_OF_BOUNDS for a
+ * both values; a K-only and a two-plane cache differ in k_only),
+ * KV_ERR_INVALID_ARG for a layer range outside [0, L), planes outside 0..3,
+ * planes naming V for K-only caches (0 means K there) or a struct_size of
+ * other headers, KV_ERR_OUT_OF_BOUNDS for a
  * block id, KV_ERR_OVERLAP as above; every check before the first byte
  * moves. */
 KV_API KV_NODISCARD kv_status kv_attn_copy_blocks_ex(struct kv_paged_cache dst,
@@ -318,6 +326,31 @@ KV_API KV_NODISCARD kv_status kv_attn_prefill(struct kv_paged_cache cache, uint3
                                               const struct kv_view *out,
                                               const struct kv_attn_opts *opts);
 
+/* MLA decode in FlashMLA's convention, over a K-only layout (k_only: one
+ * latent plane, DeepSeek's D = 576 = 512 latent + 64 rope dims) with one KV
+ * head (H == 1): every query head reads the same latent rows,
+ *   out[s][i] = sum_t softmax_t(scale * q[s][i] . K[s][t][0..D)) K[s][t][0..dv)
+ * scores over all D dims, values the first dv dims of the same rows. q
+ * [S][Hq][D] (Hq >= 1, up to 128 in DeepSeek), out [S][Hq][dv], any of the
+ * five dtypes and any strides; f32 accumulation, an online softmax; a
+ * sequence of 0 tokens gives zeros. scales: NULL, or K scales only
+ * (scales->v NULL: the layout has no V) with n == 1 (per tensor; layers 0,
+ * 1 or L), x = to_f32(stored) * scale in the scores and the values alike (an
+ * fp8 latent cache with a per-tensor scale). One pass over each K row serves
+ * every query head of a task (CPU: tasks of (sequence, query-head group),
+ * AVX2/FMA where the CPU has it and D, dv are multiples of 8).
+ * Refusals: those of kv_attn_decode for the cache, q, out, pages and
+ * scales, plus KV_ERR_INVALID_ARG for a layout that is not K-only or has
+ * H != 1, dv outside [1, D], V scales; KV_ERR_BAD_SHAPE for q not
+ * [S][Hq][D] or out not [S][Hq][dv]. kv_attn_decode and the other decode
+ * entries refuse a K-only layout (naming this one). */
+KV_API KV_NODISCARD kv_status kv_attn_decode_mla(struct kv_paged_cache cache, uint32_t layer,
+                                                 const struct kv_view *q,
+                                                 const struct kv_pages *pages, int64_t dv,
+                                                 float softmax_scale,
+                                                 const struct kv_scales *scales,
+                                                 const struct kv_view *out);
+
 /* The CPU kernels use kv_threads() threads (kv_threads.h). */
 
 /* ---- CUDA kernels -------------------------------------------------------------
@@ -371,6 +404,15 @@ KV_API KV_NODISCARD kv_status kv_attn_prefill_cuda(
     struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q, const int32_t *qo_indptr,
     const struct kv_pages *pages, float softmax_scale, const struct kv_scales *scales,
     const struct kv_view *out, const struct kv_attn_opts *opts, kv_cuda_stream stream);
+
+/* kv_attn_decode_mla on CUDA: the same validation; one block per
+ * (sequence, group of up to 8 query heads), a tile of latent rows converted
+ * into shared memory once for the group (docs/kernels.md "MLA"). Host page
+ * arrays, uploaded as kv_attn_decode_cuda does. */
+KV_API KV_NODISCARD kv_status kv_attn_decode_mla_cuda(
+    struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q,
+    const struct kv_pages *pages, int64_t dv, float softmax_scale, const struct kv_scales *scales,
+    const struct kv_view *out, kv_cuda_stream stream);
 
 /* ---- CUDA kernels with device-resident indices ------------------------------
  * The calling convention an engine embeds: the index arrays are DEVICE

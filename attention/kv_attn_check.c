@@ -143,7 +143,7 @@ static kv_status check_disjoint(const char *fn, const char *an, const struct kv_
 
 /* After check_layer: the call's layers are job->layer0 .. + n_layers. */
 static kv_status check_scales(const char *fn, const struct kv_scales *s, int64_t heads,
-                              int64_t layers, struct kv__attn_job *job)
+                              int64_t layers, bool k_only, struct kv__attn_job *job)
 {
     job->k_scale = job->v_scale = NULL;
     job->n_scales = 0;
@@ -156,7 +156,12 @@ static kv_status check_scales(const char *fn, const struct kv_scales *s, int64_t
                          "%s: scales for %" PRIu32 " layers: expected 0 or 1 (shared by every "
                          "layer) or %" PRId64 " (one row per layer)",
                          fn, s->layers, layers);
-    if (!s->k || !s->v)
+    if (k_only && s->v)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: V scales given (v=%p) for a K-only (MLA) layout: it has no V plane; "
+                         "pass v = NULL",
+                         fn, (const void *)s->v);
+    if (!s->k || (!s->v && !k_only))
         return kv__error(KV_ERR_NULL, "%s: scales given with k=%p v=%p", fn, (const void *)s->k,
                          (const void *)s->v);
     if (s->n != 1 && (int64_t)s->n != heads)
@@ -171,7 +176,7 @@ static kv_status check_scales(const char *fn, const struct kv_scales *s, int64_t
     const uint32_t r0 = rows == 1 ? 0 : job->layer0, r1 = rows == 1 ? 1 : r0 + job->n_layers;
     for (uint32_t r = r0; r < r1; r++)
         for (uint32_t i = 0; i < s->n; i++)
-            for (int kv = 0; kv < 2; kv++) {
+            for (int kv = 0; kv < (k_only ? 1 : 2); kv++) {
                 const float x = (kv ? s->v : s->k)[(size_t)r * s->n + i];
                 if (isfinite(x) && x > 0.0f)
                     continue;
@@ -185,7 +190,7 @@ static kv_status check_scales(const char *fn, const struct kv_scales *s, int64_t
                                              fn, kv ? "V" : "K", i, r, (double)x);
             }
     job->k_scale = s->k + (size_t)r0 * s->n;
-    job->v_scale = s->v + (size_t)r0 * s->n;
+    job->v_scale = s->v ? s->v + (size_t)r0 * s->n : NULL;
     job->n_scales = s->n;
     job->scale_layer_stride = rows == 1 ? 0 : (int64_t)s->n;
     return KV_OK;
@@ -216,7 +221,7 @@ void kv__attn_job_layer(const struct kv__attn_job *j, uint32_t lrel, struct kv__
     out->v.base = j->v.base ? j->v.base + (int64_t)lrel * j->v.layer_stride : NULL;
     if (j->k_scale) {
         out->k_scale = j->k_scale + (int64_t)lrel * j->scale_layer_stride;
-        out->v_scale = j->v_scale + (int64_t)lrel * j->scale_layer_stride;
+        out->v_scale = j->v_scale ? j->v_scale + (int64_t)lrel * j->scale_layer_stride : NULL;
     }
     out->scale_layer_stride = 0;
 }
@@ -470,19 +475,25 @@ kv_status kv__attn_write_check(const char *fn, const struct kv_paged_cache *cach
     memset(job, 0, sizeof(*job));
     job->fn = fn;
     job->kernel = KV_ATTN_WRITE;
-    if (!k || !v)
+    if (!k || (!v && !(cache && cache->layout.k_only)))
         return kv__error(KV_ERR_NULL, "%s: k=%p v=%p", fn, (const void *)k, (const void *)v);
     if ((st = check_cache(fn, cache)) != KV_OK)
         return st;
     const struct kv_layout *lo = &cache->layout;
+    if (lo->k_only && v)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: v given (%p) for a K-only (MLA) layout: it has no V plane; pass "
+                         "v = NULL",
+                         fn, (const void *)v);
     job->cache = *cache;
     if ((st = check_layer(fn, layer, lo->num_layers, true, job)) != KV_OK)
         return st;
     const int64_t L = layer == KV_ATTN_ALL_LAYERS ? lo->num_layers : 0;
     if ((st = check_tensor(fn, "k", k, L, lo->num_heads, lo->head_dim, "H", &job->k)) != KV_OK ||
-        (st = check_tensor(fn, "v", v, L, lo->num_heads, lo->head_dim, "H", &job->v)) != KV_OK)
+        (v && (st = check_tensor(fn, "v", v, L, lo->num_heads, lo->head_dim, "H", &job->v)) !=
+                  KV_OK))
         return st;
-    if (job->k.n_tokens != job->v.n_tokens)
+    if (v && job->k.n_tokens != job->v.n_tokens)
         return kv__error(KV_ERR_BAD_SHAPE, "%s: k has %" PRId64 " tokens, v %" PRId64, fn,
                          job->k.n_tokens, job->v.n_tokens);
     if (n_slots < 0 || n_slots > job->k.n_tokens)
@@ -491,14 +502,15 @@ kv_status kv__attn_write_check(const char *fn, const struct kv_paged_cache *cach
     if (n_slots > 0 && !slots.p)
         return kv__error(KV_ERR_NULL, "%s: slots is NULL with n_slots %" PRId64, fn, n_slots);
     if ((st = check_outside_cache(fn, "k", k, cache)) != KV_OK ||
-        (st = check_outside_cache(fn, "v", v, cache)) != KV_OK)
+        (v && (st = check_outside_cache(fn, "v", v, cache)) != KV_OK))
         return st;
-    if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, job)) != KV_OK)
+    if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, lo->k_only, job)) != KV_OK)
         return st;
     if ((st = make_runs(fn, lo, slots, n_slots, job)) != KV_OK)
         return st;
-    job->has_k = job->has_v = true;
-    job->path = worse(path_of(k), path_of(v));
+    job->has_k = true;
+    job->has_v = v != NULL;
+    job->path = v ? worse(path_of(k), path_of(v)) : path_of(k);
     return KV_OK;
 }
 
@@ -518,6 +530,11 @@ kv_status kv__attn_read_check(const char *fn, const struct kv_paged_cache *cache
         return st;
     const struct kv_layout *lo = &cache->layout;
     job->cache = *cache;
+    if (lo->k_only && v_out)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: v_out given (%p) for a K-only (MLA) layout: it has no V plane; pass "
+                         "v_out = NULL",
+                         fn, (const void *)v_out);
     if ((st = check_layer(fn, layer, lo->num_layers, true, job)) != KV_OK)
         return st;
     const int64_t L = layer == KV_ATTN_ALL_LAYERS ? lo->num_layers : 0;
@@ -542,7 +559,7 @@ kv_status kv__attn_read_check(const char *fn, const struct kv_paged_cache *cache
     }
     if (k_out && v_out && (st = check_disjoint(fn, "k_out", k_out, "v_out", v_out)) != KV_OK)
         return st;
-    if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, job)) != KV_OK)
+    if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, lo->k_only, job)) != KV_OK)
         return st;
     if (pages && pages->format == KV__PAGES_DEVICE) /* kv_attn_read_cuda_dev: no runs, no T */
         return check_pages(fn, lo, pages, job);
@@ -574,11 +591,12 @@ static int cmp_id(const void *a, const void *b)
 static const char *block_format_diff(const struct kv_layout *a, const struct kv_layout *b,
                                      int64_t *va, int64_t *vb)
 {
-    static const char *const names[] = {"L", "N", "H", "D", "dtype", "order", "kv_packed"};
+    static const char *const names[] = {"L",     "N",     "H",         "D",
+                                        "dtype", "order", "kv_packed", "k_only"};
     const int64_t x[] = {a->num_layers, a->block_tokens, a->num_heads, a->head_dim,
-                         a->dtype,      a->order,        a->kv_packed};
+                         a->dtype,      a->order,        a->kv_packed, a->k_only};
     const int64_t y[] = {b->num_layers, b->block_tokens, b->num_heads, b->head_dim,
-                         b->dtype,      b->order,        b->kv_packed};
+                         b->dtype,      b->order,        b->kv_packed, b->k_only};
     for (size_t i = 0; i < sizeof(x) / sizeof(x[0]); i++)
         if (x[i] != y[i]) {
             *va = x[i], *vb = y[i];
@@ -589,11 +607,12 @@ static const char *block_format_diff(const struct kv_layout *a, const struct kv_
 
 /* The layers and planes of a copy (opts NULL: every layer, K and V). */
 static kv_status check_copy_opts(const char *fn, const struct kv_copy_blocks_opts *opts, int64_t L,
-                                 struct kv__attn_job *job)
+                                 bool k_only, struct kv__attn_job *job)
 {
+    const uint32_t all = k_only ? KV_ATTN_PLANE_K : KV_ATTN_PLANES_KV; /* planes 0 */
     job->layer0 = 0;
     job->n_layers = (uint32_t)L;
-    job->planes = KV_ATTN_PLANES_KV;
+    job->planes = all;
     if (!opts)
         return KV_OK;
     kv_status st =
@@ -611,9 +630,14 @@ static kv_status check_copy_opts(const char *fn, const struct kv_copy_blocks_opt
                          "%s: planes %" PRIu32 " is not KV_ATTN_PLANE_K (1), KV_ATTN_PLANE_V (2) "
                          "or both (3, or 0)",
                          fn, opts->planes);
+    if (k_only && (opts->planes & KV_ATTN_PLANE_V))
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: planes %" PRIu32 " names V, but the caches are K-only (MLA): they "
+                         "have no V plane (KV_ATTN_PLANE_K, or 0)",
+                         fn, opts->planes);
     job->layer0 = opts->layer0;
     job->n_layers = (uint32_t)n;
-    job->planes = opts->planes ? opts->planes : KV_ATTN_PLANES_KV;
+    job->planes = opts->planes ? opts->planes : all;
     return KV_OK;
 }
 
@@ -716,7 +740,7 @@ kv_status kv__attn_copy_check(const char *fn, const struct kv_paged_cache *dst,
                              "(not one cache: their bases or layouts differ)",
                              fn, (void *)sa, (void *)sb, (void *)da, (void *)db);
     }
-    if ((st = check_copy_opts(fn, opts, dl->num_layers, job)) != KV_OK)
+    if ((st = check_copy_opts(fn, opts, dl->num_layers, dl->k_only, job)) != KV_OK)
         return st;
     for (uint32_t i = 0; i < n_copies; i++) {
         if (same) {
@@ -757,7 +781,7 @@ bool kv__attn_copy_is_whole(const struct kv__attn_job *job)
     return job->cache.base == job->src.base &&
            job->cache.layout.fingerprint == job->src.layout.fingerprint && job->layer0 == 0 &&
            (int64_t)job->n_layers == job->cache.layout.num_layers &&
-           job->planes == KV_ATTN_PLANES_KV;
+           job->planes == (job->cache.layout.k_only ? KV_ATTN_PLANE_K : KV_ATTN_PLANES_KV);
 }
 
 uint64_t kv__attn_copy_bytes(const struct kv__attn_job *job)
@@ -884,6 +908,11 @@ kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cac
         return st;
     const struct kv_layout *lo = &cache->layout;
     job->cache = *cache;
+    if (lo->k_only)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: a K-only (MLA) layout has no V plane: its decode is "
+                         "kv_attn_decode_mla (values = the first Dv dims of the K rows)",
+                         fn);
     if ((st = check_layer(fn, layer > INT32_MAX ? -2 : (int32_t)layer, lo->num_layers, false,
                           job)) != KV_OK)
         return st;
@@ -915,7 +944,7 @@ kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cac
                          (double)softmax_scale);
     if ((st = check_attn_opts(fn, opts, q->shape[0], hq, q, out, cache, job)) != KV_OK)
         return st;
-    if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, job)) != KV_OK)
+    if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, lo->k_only, job)) != KV_OK)
         return st;
     if ((st = check_pages(fn, lo, pages, job)) != KV_OK) {
         kv__attn_job_free(job);
@@ -932,6 +961,77 @@ kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cac
     }
     job->q_heads = (uint32_t)hq;
     job->softmax_scale = softmax_scale;
+    job->path = worse(path_of(q), path_of(out));
+    return KV_OK;
+}
+
+kv_status kv__attn_decode_mla_check(const char *fn, const struct kv_paged_cache *cache,
+                                    uint32_t layer, const struct kv_view *q,
+                                    const struct kv_pages *pages, int64_t dv, float softmax_scale,
+                                    const struct kv_scales *scales, const struct kv_view *out,
+                                    struct kv__attn_job *job)
+{
+    kv_status st;
+    char b1[KV__LIST], b2[KV__LIST];
+    memset(job, 0, sizeof(*job));
+    job->fn = fn;
+    job->kernel = KV_ATTN_DECODE;
+    job->window_left = KV_ATTN_WINDOW_OFF;
+    if (!q || !out)
+        return kv__error(KV_ERR_NULL, "%s: q=%p out=%p", fn, (const void *)q, (const void *)out);
+    if ((st = check_cache(fn, cache)) != KV_OK)
+        return st;
+    const struct kv_layout *lo = &cache->layout;
+    job->cache = *cache;
+    if (!lo->k_only || lo->num_heads != 1)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: the layout has %s and H = %" PRId64
+                         " KV heads: MLA decode reads one latent plane (k_only) of one KV head",
+                         fn, lo->k_only ? "one plane (K only)" : "K and V planes", lo->num_heads);
+    if ((st = check_layer(fn, layer > INT32_MAX ? -2 : (int32_t)layer, lo->num_layers, false,
+                          job)) != KV_OK)
+        return st;
+    if (dv < 1 || dv > lo->head_dim)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: dv = %" PRId64 " outside [1, D = %" PRId64
+                         "]: the values are the first dv dims of the latent rows",
+                         fn, dv, lo->head_dim);
+    if ((st = kv_view_check(q)) != KV_OK)
+        return kv__error_wrap(st, "%s: q", fn);
+    if (q->ndim != 3)
+        return kv__error(KV_ERR_BAD_SHAPE, "%s: q has %d dims %s, expected [S][Hq][D]", fn,
+                         q->ndim, kv__fmt_list(b1, sizeof(b1), q->shape, q->ndim));
+    const int64_t hq = q->shape[1];
+    if (hq < 1 || hq > INT32_MAX)
+        return kv__error(KV_ERR_BAD_SHAPE, "%s: q has %" PRId64 " heads", fn, hq);
+    if ((st = check_tensor(fn, "q", q, 0, hq, lo->head_dim, "Hq", &job->q)) != KV_OK ||
+        (st = check_tensor(fn, "out", out, 0, hq, dv, "Hq", &job->out)) != KV_OK)
+        return st;
+    if (out->shape[0] != q->shape[0])
+        return kv__error(KV_ERR_BAD_SHAPE, "%s: out shape %s != q's %s in S and Hq", fn,
+                         kv__fmt_list(b1, sizeof(b1), out->shape, out->ndim),
+                         kv__fmt_list(b2, sizeof(b2), q->shape, q->ndim));
+    if ((st = check_output(fn, "out", out)) != KV_OK ||
+        (st = check_disjoint(fn, "out", out, "q", q)) != KV_OK ||
+        (st = check_outside_cache(fn, "out", out, cache)) != KV_OK)
+        return st;
+    if (!isfinite(softmax_scale))
+        return kv__error(KV_ERR_INVALID_ARG, "%s: softmax_scale %g is not finite", fn,
+                         (double)softmax_scale);
+    if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, true, job)) != KV_OK)
+        return st;
+    if ((st = check_pages(fn, lo, pages, job)) != KV_OK) {
+        kv__attn_job_free(job);
+        return st;
+    }
+    if ((int64_t)job->n_seqs != q->shape[0]) {
+        kv__attn_job_free(job);
+        return kv__error(KV_ERR_BAD_SHAPE, "%s: q has %" PRId64 " sequences, pages %" PRIu32, fn,
+                         q->shape[0], job->n_seqs);
+    }
+    job->q_heads = (uint32_t)hq;
+    job->softmax_scale = softmax_scale;
+    job->mla_dv = dv;
     job->path = worse(path_of(q), path_of(out));
     return KV_OK;
 }

@@ -102,6 +102,13 @@ __global__ void kv__decode_kernel(struct kv__cdec p)
     kv__decode_body(&c, &p);
 }
 
+__global__ void kv__decode_mla_kernel(struct kv__cmla p)
+{
+    extern __shared__ float sh[];
+    const struct kv_grid_ctx c = kv__ctx(sh);
+    kv__decode_mla_body(&c, &p);
+}
+
 /* ---- launches of a templated width ------------------------------------------- */
 
 /* kv__move_bytes_kernel at the width kv__cmove_width chose (runs: device
@@ -456,6 +463,39 @@ extern "C" kv_status kv__cuda_attn_decode(const struct kv__attn_job *j, kv_cuda_
     }
 out:
     release(d_scales, s);
+    release(d_tok, s);
+    release(d_start, s);
+    release(d_pages, s);
+    return st;
+}
+
+/* ---- MLA decode --------------------------------------------------------------------- */
+
+extern "C" kv_status kv__cuda_attn_decode_mla(const struct kv__attn_job *j, kv_cuda_stream stream)
+{
+    static const char fn[] = "kv_attn_decode_mla_cuda";
+    cudaStream_t s = (cudaStream_t)stream;
+    kv_status st = kv__cuda_ready(fn, NULL);
+    if (st != KV_OK || j->n_seqs == 0)
+        return st;
+    struct kv__cmla p;
+    int64_t blocks = 0;
+    size_t shmem = 0;
+    if ((st = kv__cmla_build(j, fn, &p, &blocks, &shmem)) != KV_OK)
+        return st;
+    void *d_pages = NULL, *d_start = NULL, *d_tok = NULL;
+    const int64_t n_pages = j->page_start[j->n_seqs];
+    if ((st = upload(&d_pages, j->page_ids, (size_t)n_pages * sizeof(int32_t), s, fn)) != KV_OK ||
+        (st = upload(&d_start, j->page_start, ((size_t)j->n_seqs + 1) * sizeof(int64_t), s, fn)) !=
+            KV_OK ||
+        (st = upload(&d_tok, j->seq_tokens, (size_t)j->n_seqs * sizeof(int64_t), s, fn)) != KV_OK)
+        goto out;
+    p.page_ids = (const int32_t *)d_pages;
+    p.page_start = (const int64_t *)d_start;
+    p.seq_tokens = (const int64_t *)d_tok;
+    kv__decode_mla_kernel<<<(unsigned)blocks, 32 * KV__DEC_WARPS, shmem, s>>>(p);
+    st = kv__cuda_status(cudaGetLastError(), fn);
+out:
     release(d_tok, s);
     release(d_start, s);
     release(d_pages, s);

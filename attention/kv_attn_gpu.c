@@ -144,6 +144,23 @@ kv_status kv_attn_decode_cuda(struct kv_paged_cache cache, uint32_t layer, const
                        out, NULL, stream);
 }
 
+kv_status kv_attn_decode_mla_cuda(struct kv_paged_cache cache, uint32_t layer,
+                                  const struct kv_view *q, const struct kv_pages *pages, int64_t dv,
+                                  float softmax_scale, const struct kv_scales *scales,
+                                  const struct kv_view *out, kv_cuda_stream stream)
+{
+    struct kv__attn_job j;
+    kv_status st = kv__attn_decode_mla_check("kv_attn_decode_mla_cuda", &cache, layer, q, pages,
+                                             dv, softmax_scale, scales, out, &j);
+    if (st != KV_OK)
+        return st;
+    st = kv__cuda_attn_decode_mla(&j, stream);
+    if (st == KV_OK)
+        kv__attn_count(&j, true);
+    kv__attn_job_free(&j);
+    return st == KV_OK ? kv__ok() : st;
+}
+
 kv_status kv_attn_decode_ex_cuda(struct kv_paged_cache cache, uint32_t layer,
                                  const struct kv_view *q, const struct kv_pages *pages,
                                  float softmax_scale, const struct kv_scales *scales,

@@ -169,6 +169,26 @@ kv_status kv__grid_attn_decode(const struct kv__attn_job *j)
     return run(fn, l, decode_thread, &p, 0);
 }
 
+static void decode_mla_thread(const struct kv_grid_ctx *c, const void *arg)
+{
+    kv__decode_mla_body(c, arg);
+}
+
+kv_status kv__grid_attn_decode_mla(const struct kv__attn_job *j)
+{
+    static const char fn[] = "kv_attn_decode_mla_cuda";
+    if (j->n_seqs == 0)
+        return KV_OK;
+    struct kv__cmla p;
+    int64_t blocks = 0;
+    size_t shmem = 0;
+    kv_status st = kv__cmla_build(j, fn, &p, &blocks, &shmem);
+    if (st != KV_OK)
+        return st;
+    const struct kv_grid_launch l = {(uint64_t)blocks, 32 * KV__DEC_WARPS, shmem, true};
+    return run(fn, l, decode_mla_thread, &p, 0);
+}
+
 struct finish_arg {
     struct kv_attn_cuda_errors *err;
     const int64_t *slots;

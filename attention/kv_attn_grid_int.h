@@ -23,6 +23,8 @@ kv_status kv__grid_attn_move(const struct kv__attn_job *job, bool to_cache);
 kv_status kv__grid_attn_copy(const struct kv__attn_job *job);
 kv_status kv__grid_attn_copy_ex(const struct kv__attn_job *job);
 kv_status kv__grid_attn_decode(const struct kv__attn_job *job);
+/* kv__cuda_attn_decode_mla: job from kv__attn_decode_mla_check. */
+kv_status kv__grid_attn_decode_mla(const struct kv__attn_job *job);
 /* kv__cuda_attn_write_dev: job from kv__attn_write_dev_check, slots [n_slots]
  * read by the body (host memory standing for device memory), err the
  * record (host memory; NULL: none), finished as the CUDA launcher does. */

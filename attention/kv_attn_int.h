@@ -80,6 +80,7 @@ struct kv__attn_job {
      * sequence s are q_start[s] .. q_start[s+1] (NULL: row s alone, a
      * decode); window_left -1 = off; soft_cap 0 = off; lse NULL = none */
     int64_t *q_start; /* [n_seqs + 1] */
+    int64_t mla_dv;   /* kv_attn_decode_mla: the value dims (0: not an MLA decode) */
     int32_t window_left;
     float soft_cap;
     float *lse; /* [rows][lse_stride], q_heads used per row */
@@ -184,6 +185,14 @@ kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cac
                                 const struct kv_pages *pages, float softmax_scale,
                                 const struct kv_scales *scales, const struct kv_view *out,
                                 const struct kv_attn_opts *opts, struct kv__attn_job *job);
+/* kv_attn_decode_mla: every check of kv__attn_decode_check that applies
+ * (the cache K-only with one KV head, q [S][Hq][D], out [S][Hq][dv], dv in
+ * [1, D], K scales only), job->mla_dv = dv. */
+kv_status kv__attn_decode_mla_check(const char *fn, const struct kv_paged_cache *cache,
+                                    uint32_t layer, const struct kv_view *q,
+                                    const struct kv_pages *pages, int64_t dv, float softmax_scale,
+                                    const struct kv_scales *scales, const struct kv_view *out,
+                                    struct kv__attn_job *job);
 /* Whether a checked decode job has every option off (what the CUDA decode
  * kernel runs); else the name of the first option on, for a message. */
 const char *kv__attn_opts_on(const struct kv__attn_job *job);

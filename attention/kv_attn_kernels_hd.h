@@ -611,6 +611,102 @@ KV_HD void kv__decode_body(const struct kv_grid_ctx *c, const struct kv__cdec *p
     }
 }
 
+/* ---- MLA decode (kv_attn_decode_mla) ------------------------------------------------
+ * One CUDA block per (sequence, group of hg query heads): a tile of tt
+ * latent rows is converted to f32 (times the K scale) into shared memory
+ * once, then serves every head of the group: the scores (all D dims, a warp
+ * per (head, token) pair, lanes split D), the online softmax (a thread per
+ * head), the values (the first dv dims; threads split heads x dims). */
+struct kv__cmla {
+    struct kv_layout lo;
+    const char *cache;
+    uint32_t layer;
+    struct kv__cside q, out;
+    int64_t hq, hg, tt, dv, pt;
+    float softmax_scale, k_scale;
+    const int32_t *page_ids;
+    const int64_t *page_start, *seq_tokens;
+};
+
+/* Shared memory (floats): q [hg][D], kt [tt][D], acc [hg][dv], sc [hg][tt],
+ * m, l, corr [hg]. Synchronizes. */
+KV_HD void kv__decode_mla_body(const struct kv_grid_ctx *c, const struct kv__cmla *p)
+{
+    float *sh = (float *)c->shared;
+    const int64_t D = p->lo.head_dim, dv = p->dv, hg = p->hg, tt = p->tt, es = p->lo.elem_bytes;
+    const int64_t groups = (p->hq + hg - 1) / hg;
+    const int64_t s = c->block / groups, h0 = (c->block - s * groups) * hg;
+    const int64_t nh = p->hq - h0 < hg ? p->hq - h0 : hg;
+    const int warps = (int)(c->block_dim / 32), warp = (int)(c->thread / 32),
+              lane = (int)(c->thread % 32);
+    float *q = sh, *kt = q + hg * D, *acc = kt + tt * D, *sc = acc + hg * dv;
+    float *m = sc + hg * tt, *l = m + hg, *corr = l + hg;
+    for (int64_t i = c->thread; i < nh * D; i += c->block_dim) {
+        const int64_t hh = i / D, d = i - hh * D;
+        q[i] = kv_to_f32(p->q.dt, p->q.base + s * p->q.tok + (h0 + hh) * p->q.head + d * p->q.dim) *
+               p->softmax_scale;
+    }
+    for (int64_t i = c->thread; i < nh * dv; i += c->block_dim)
+        acc[i] = 0.0f;
+    if (c->thread < nh) {
+        m[c->thread] = -INFINITY;
+        l[c->thread] = 0.0f;
+    }
+    const int64_t n_tok = p->seq_tokens[s];
+    const int32_t *pages = p->page_ids + p->page_start[s];
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tt) {
+        const int64_t nt = n_tok - t0 < tt ? n_tok - t0 : tt;
+        kv_grid_sync(c); /* the previous tile's values are done with kt and sc */
+        for (int64_t i = c->thread; i < nt * D; i += c->block_dim) {
+            const int64_t r = i / D, d = i - r * D, t = t0 + r;
+            const int64_t slot = kv_attn_page_slot(pages[t / p->pt], p->pt, t % p->pt);
+            const char *row = p->cache + kv_layout_slot_offset_bytes(&p->lo, p->layer, 0, slot);
+            kt[i] = kv_to_f32(p->lo.dtype, row + d * es) * p->k_scale;
+        }
+        kv_grid_sync(c);
+        for (int64_t pair = warp; pair < nh * nt; pair += warps) {
+            const int64_t hh = pair / nt, r = pair - hh * nt;
+            float part = 0.0f;
+            for (int64_t d = lane; d < D; d += 32)
+                part += q[hh * D + d] * kt[r * D + d];
+            const float x = kv_grid_warp_sum(c, part);
+            if (lane == 0)
+                sc[hh * tt + r] = x;
+        }
+        kv_grid_sync(c);
+        if (c->thread < nh) {
+            const int64_t hh = c->thread;
+            float mx = m[hh];
+            for (int64_t r = 0; r < nt; r++)
+                mx = fmaxf(mx, sc[hh * tt + r]);
+            const float cr = m[hh] == -INFINITY ? 0.0f : kv_grid_expf(m[hh] - mx);
+            float sum = 0.0f;
+            for (int64_t r = 0; r < nt; r++) {
+                const float w = kv_grid_expf(sc[hh * tt + r] - mx);
+                sc[hh * tt + r] = w;
+                sum += w;
+            }
+            l[hh] = l[hh] * cr + sum;
+            m[hh] = mx;
+            corr[hh] = cr;
+        }
+        kv_grid_sync(c);
+        for (int64_t i = c->thread; i < nh * dv; i += c->block_dim) {
+            const int64_t hh = i / dv, d = i - hh * dv;
+            float a = acc[i] * corr[hh];
+            for (int64_t r = 0; r < nt; r++)
+                a += sc[hh * tt + r] * kt[r * D + d];
+            acc[i] = a;
+        }
+    }
+    kv_grid_sync(c);
+    for (int64_t i = c->thread; i < nh * dv; i += c->block_dim) {
+        const int64_t hh = i / dv, d = i - hh * dv;
+        kv_from_f32(p->out.dt, l[hh] > 0.0f ? acc[i] / l[hh] : 0.0f,
+                    p->out.base + s * p->out.tok + (h0 + hh) * p->out.head + d * p->out.dim);
+    }
+}
+
 /* ---- launch parameters (host code, shared by the two launchers) ------------------- */
 
 static inline int kv__attn_grid_of(int64_t items)
@@ -789,6 +885,56 @@ static inline kv_status kv__cdec_build(const struct kv__attn_job *j, const char 
                          "%s: %lld query heads per KV head x D %lld need %zu bytes of shared "
                          "memory (at most %d)",
                          fn, (long long)p->g, (long long)p->lo.head_dim, *shmem, KV__SHARED_MAX);
+    return KV_OK;
+}
+
+/* The MLA decode of job j (kv__attn_decode_mla_check): *p (the host page
+ * arrays; a CUDA launcher replaces them with device copies), the group of
+ * query heads and the tile of rows that fit in shared memory, *blocks and
+ * *shmem of the launch (32 x KV__DEC_WARPS threads). */
+static inline kv_status kv__cmla_build(const struct kv__attn_job *j, const char *fn,
+                                       struct kv__cmla *p, int64_t *blocks, size_t *shmem)
+{
+    memset(p, 0, sizeof(*p));
+    p->lo = j->cache.layout;
+    p->cache = (const char *)j->cache.base;
+    p->layer = j->layer0;
+    p->q.base = j->q.base;
+    p->q.tok = j->q.token_stride;
+    p->q.head = j->q.head_stride;
+    p->q.dim = j->q.dim_stride;
+    p->q.dt = j->q.dtype;
+    p->out.base = j->out.base;
+    p->out.tok = j->out.token_stride;
+    p->out.head = j->out.head_stride;
+    p->out.dim = j->out.dim_stride;
+    p->out.dt = j->out.dtype;
+    p->hq = j->q_heads;
+    p->dv = j->mla_dv;
+    p->pt = j->page_tokens;
+    p->softmax_scale = j->softmax_scale;
+    p->k_scale = j->k_scale ? j->k_scale[0] : 1.0f;
+    p->page_ids = j->page_ids;
+    p->page_start = j->page_start;
+    p->seq_tokens = j->seq_tokens;
+    const int64_t D = p->lo.head_dim, dv = p->dv;
+    /* floats: hg (D + dv + tt + 3) + tt D; up to 8 heads, tiles of 8 rows
+     * (fewer where D is large) */
+    p->tt = 8;
+    p->hg = p->hq < 8 ? p->hq : 8;
+    while ((p->hg * (D + dv + p->tt + 3) + p->tt * D) * 4 > KV__SHARED_MAX && p->hg > 1)
+        p->hg--;
+    while ((p->hg * (D + dv + p->tt + 3) + p->tt * D) * 4 > KV__SHARED_MAX && p->tt > 1)
+        p->tt--;
+    *shmem = (size_t)(p->hg * (D + dv + p->tt + 3) + p->tt * D) * sizeof(float);
+    if (*shmem > KV__SHARED_MAX)
+        return kv__error(KV_ERR_UNSUPPORTED,
+                         "%s: D %lld and dv %lld need %zu bytes of shared memory (at most %d)", fn,
+                         (long long)D, (long long)dv, *shmem, KV__SHARED_MAX);
+    *blocks = (int64_t)j->n_seqs * ((p->hq + p->hg - 1) / p->hg);
+    if (*blocks > INT32_MAX)
+        return kv__error(KV_ERR_UNSUPPORTED, "%s: %lld (sequence, head group) blocks", fn,
+                         (long long)*blocks);
     return KV_OK;
 }
 

@@ -29,6 +29,7 @@
     X(kv_layout_config, block_pad_elems)                                                           \
     X(kv_layout_config, block_stride_bytes)                                                        \
     X(kv_layout_config, align_bytes)                                                               \
+    X(kv_layout_config, k_only)                                                                    \
     X(kv_layout, num_layers)                                                                       \
     X(kv_layout, num_blocks)                                                                       \
     X(kv_layout, block_tokens)                                                                     \
@@ -61,6 +62,7 @@
     X(kv_layout, total_bytes)                                                                      \
     X(kv_layout, fingerprint)                                                                      \
     X(kv_layout, block_format_fingerprint)                                                         \
+    X(kv_layout, k_only)                                                                           \
     X(kv_cache_config, struct_size)                                                                \
     X(kv_cache_config, layout)                                                                     \
     X(kv_cache_config, mem_kind)                                                                   \

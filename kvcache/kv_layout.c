@@ -65,6 +65,13 @@ static uint64_t fingerprint_of(const char tag[8], const int64_t *fields, size_t 
     return XXH3_64bits(s.buf, s.len);
 }
 
+/* The planes field of both fingerprints and the wire: 0 K and V, 1 packed
+ * K|V, 2 K only (so layouts without k_only keep their fingerprints). */
+static int64_t planes_mode(const struct kv_layout *lo)
+{
+    return lo->kv_packed ? 1 : lo->k_only ? 2 : 0;
+}
+
 /* Everything: two layouts with equal fingerprints place every byte alike. */
 static uint64_t layout_fingerprint(const struct kv_layout *lo)
 {
@@ -72,7 +79,7 @@ static uint64_t layout_fingerprint(const struct kv_layout *lo)
     const int64_t fields[] = {
         lo->num_layers,        lo->num_blocks,         lo->block_tokens,
         lo->num_heads,         lo->head_dim,           lo->elem_bytes,
-        (int64_t)lo->order,    (int64_t)lo->arrange,   (int64_t)lo->kv_packed,
+        (int64_t)lo->order,    (int64_t)lo->arrange,   planes_mode(lo),
         lo->align_bytes,       lo->block_stride_bytes, lo->stride_layer_bytes,
         lo->stride_kv_bytes,   lo->stride_block_bytes, lo->stride_token_bytes,
         lo->stride_head_bytes, lo->stride_dim_bytes,   lo->total_bytes,
@@ -90,7 +97,7 @@ static uint64_t layout_block_format_fingerprint(const struct kv_layout *lo)
     static const char tag[8] = {'k', 'v', 'b', 'l', 'o', 'c', 'k', '1'};
     const int64_t fields[] = {
         lo->num_layers, lo->block_tokens,   lo->num_heads,          lo->head_dim,
-        lo->elem_bytes, (int64_t)lo->order, (int64_t)lo->kv_packed,
+        lo->elem_bytes, (int64_t)lo->order, planes_mode(lo),
     };
     return fingerprint_of(tag, fields, sizeof(fields) / sizeof(fields[0]), lo->dtype);
 }
@@ -150,6 +157,10 @@ kv_status kv_layout_init(const struct kv_layout_config *cfg, struct kv_layout *o
                          "kv_layout_init: block_pad_elems = %" PRId64
                          " and block_stride_bytes = %" PRId64 " both set; set one",
                          cfg->block_pad_elems, cfg->block_stride_bytes);
+    if (cfg->k_only && cfg->kv_packed)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_layout_init: k_only and kv_packed both set: a K-only (MLA) layout "
+                         "has no V to pack");
     int64_t align = cfg->align_bytes == 0 ? es : cfg->align_bytes;
     if (align < 0 || (align & (align - 1)) != 0)
         return kv__error(KV_ERR_INVALID_ARG,
@@ -169,17 +180,19 @@ kv_status kv_layout_init(const struct kv_layout_config *cfg, struct kv_layout *o
     lo.kv_packed = cfg->kv_packed;
     lo.elem_bytes = es;
     lo.align_bytes = align;
-    lo.kv_planes = cfg->kv_packed ? 1 : 2;
+    lo.k_only = cfg->k_only;
+    lo.kv_planes = cfg->kv_packed || cfg->k_only ? 1 : 2;
 
     const int64_t N = lo.block_tokens, H = lo.num_heads, D = lo.head_dim;
     const int64_t L = lo.num_layers, B = lo.num_blocks, P = lo.kv_planes;
     int64_t row = 0, nh = 0, blk = 0, blk_bytes = 0;
-    if (!kv__mul_i64(D, 3 - P, &row) || !kv__mul_i64(N, H, &nh) || !kv__mul_i64(nh, row, &blk) ||
+    const int64_t row_dims = cfg->kv_packed ? 2 : 1; /* D per head row, 2D packed */
+    if (!kv__mul_i64(D, row_dims, &row) || !kv__mul_i64(N, H, &nh) || !kv__mul_i64(nh, row, &blk) ||
         !kv__mul_i64(blk, es, &blk_bytes))
         return kv__error(KV_ERR_OVERFLOW,
                          "kv_layout_init: block of N=%" PRId64 " x H=%" PRId64 " x D=%" PRId64
                          " x %" PRId64 " planes x %" PRId64 " bytes overflows int64",
-                         N, H, D, 3 - P, es);
+                         N, H, D, row_dims, es);
     lo.block_elems = blk;
     lo.block_bytes = blk_bytes;
 
@@ -240,10 +253,10 @@ kv_status kv_layout_init(const struct kv_layout_config *cfg, struct kv_layout *o
     /* arrangement strides */
     if (lo.arrange == KV_ARRANGE_LAYER_MAJOR) {
         lo.stride_block_elems = bs;
-        lo.stride_kv_elems = cfg->kv_packed ? D : B * bs;
+        lo.stride_kv_elems = cfg->kv_packed ? D : cfg->k_only ? 0 : B * bs;
         lo.stride_layer_elems = P * B * bs;
     } else {
-        lo.stride_kv_elems = cfg->kv_packed ? D : bs;
+        lo.stride_kv_elems = cfg->kv_packed ? D : cfg->k_only ? 0 : bs;
         lo.stride_layer_elems = P * bs;
         lo.stride_block_elems = L * P * bs;
     }
@@ -307,6 +320,7 @@ kv_status kv_layout_config_from(const struct kv_layout *lo, struct kv_layout_con
     c.order = lo->order;
     c.arrange = lo->arrange;
     c.kv_packed = lo->kv_packed;
+    c.k_only = lo->k_only;
     c.align_bytes = lo->align_bytes;
     /* padding in bytes: exact whatever the config said (pad elems or stride) */
     c.block_stride_bytes = lo->block_stride_elems == lo->block_elems ? 0 : lo->block_stride_bytes;
@@ -353,6 +367,9 @@ kv_status kv_layout_kv_view(const struct kv_layout *lo, void *base, size_t stora
                          lo->num_layers);
     if (kv != 0 && kv != 1)
         return kv__error(KV_ERR_INVALID_ARG, "kv_layout_kv_view: kv = %d (0 = K, 1 = V)", kv);
+    if (kv == 1 && lo->k_only)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_layout_kv_view: kv = 1 (V) of a K-only (MLA) layout: it has no V");
     if ((uint64_t)storage_bytes < (uint64_t)lo->total_bytes)
         return kv__error(KV_ERR_OUT_OF_BOUNDS,
                          "kv_layout_kv_view: storage of %zu bytes < layout total %" PRId64 " bytes",
@@ -383,6 +400,9 @@ kv_status kv_layout_offset(const struct kv_layout *lo, uint32_t layer, int kv, u
         return kv__error(KV_ERR_NULL, "kv_layout_offset: %s is NULL", !lo ? "layout" : "out");
     if (kv != 0 && kv != 1)
         return kv__error(KV_ERR_INVALID_ARG, "kv_layout_offset: kv = %d (0 = K, 1 = V)", kv);
+    if (kv == 1 && lo->k_only)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_layout_offset: kv = 1 (V) of a K-only (MLA) layout: it has no V");
     const struct {
         const char *name;
         uint32_t v;
@@ -437,7 +457,10 @@ int kv_layout_describe(const struct kv_layout *lo, char *buf, size_t cap)
                     ",%" PRId64 ",%" PRId64 "]elems total=%" PRId64 "B fp=0x%016" PRIx64,
                     lo->num_layers, lo->num_blocks, lo->block_tokens, lo->num_heads, lo->head_dim,
                     kv_dtype_name(lo->dtype), kv_order_name(lo->order),
-                    kv_arrange_name(lo->arrange), lo->kv_packed ? " packed-K|V" : "",
+                    kv_arrange_name(lo->arrange),
+                    lo->kv_packed ? " packed-K|V"
+                    : lo->k_only  ? " K-only"
+                                  : "",
                     lo->block_bytes, lo->block_stride_bytes, lo->align_bytes,
                     lo->stride_layer_elems, lo->stride_kv_elems, lo->stride_block_elems,
                     lo->stride_token_elems, lo->stride_head_elems, lo->stride_dim_elems,

@@ -29,6 +29,12 @@
  *                    HND: block = [H][N][2D]
  *                and the "2" plane disappears from the arrangement:
  *                    layer-major [L][B][block], block-major [B][L][block].
+ *   K only       k_only = true (MLA latent caches, DeepSeek: one latent row
+ *                of D = 576 = 512 latent + 64 rope dims per token and KV
+ *                head): one plane, no V; kv_planes = 1, stride_kv = 0, and
+ *                every kernel, plan and codec refuses a V tensor or plane:
+ *                    layer-major [L][B][block], block-major [B][L][block].
+ *                Not with kv_packed.
  *   padding      each block occupies block_stride elements, possibly more
  *                than its natural size (pad elements follow the data and are
  *                never part of a view or a byte run).
@@ -100,6 +106,10 @@ struct kv_layout_config {
      * relative to the base pointer; 0 = element size. block_stride_bytes must
      * be a multiple of it. The caller aligns the base itself. */
     int64_t align_bytes;
+
+    /* One plane, K only (MLA latent caches; see the top of the file): no V
+     * plane is stored, kv_planes == 1. Refused with kv_packed. */
+    bool k_only;
 };
 
 /* C initializer: struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT; */
@@ -119,6 +129,7 @@ static inline void kv_layout_config_init(struct kv_layout_config *cfg)
  * as read-only. Invariants:
  *
  *     stride_dim_elems == 1 (unpacked and packed alike)
+ *     kv_planes == 1 + !(kv_packed || k_only); stride_kv_elems == 0 when k_only
  *     block_stride_elems >= block_elems,  block_stride_bytes % align_bytes == 0
  *     total_elems == L * kv_planes * B * block_stride_elems
  *     total_bytes == total_elems * elem_bytes
@@ -133,7 +144,7 @@ struct kv_layout {
     bool kv_packed;
     int64_t elem_bytes;
     int64_t align_bytes;
-    int64_t kv_planes; /* 2 unpacked, 1 packed: storage units per (layer, block) */
+    int64_t kv_planes; /* 2 unpacked, 1 packed or K only: storage units per (layer, block) */
 
     /* one block (per layer and plane) */
     int64_t block_elems; /* natural: N*H*D (N*H*2D packed) */
@@ -162,12 +173,17 @@ struct kv_layout {
      * between a prefill and a decode cache with different block counts.
      * Different values: the data needs converting (order, dtype, heads). */
     uint64_t block_format_fingerprint;
+
+    /* K only (copied from the config): one plane, no V (MLA latent caches).
+     * Both fingerprints cover it. */
+    bool k_only;
 };
 
 /* Check cfg and compute *out (written only on success).
  * KV_ERR_NULL        cfg or out NULL.
  * KV_ERR_BAD_SHAPE   a dim <= 0, num_blocks > 2^32, num_layers > 2^32, pad < 0.
  * KV_ERR_INVALID_ARG unknown dtype/order/arrangement; both padding fields set;
+ *                    k_only with kv_packed;
  *                    block_stride_bytes not a multiple of the element size or
  *                    of align_bytes; align_bytes not a power of two.
  * KV_ERR_OVERLAP     block_stride_bytes smaller than the natural block.
@@ -217,7 +233,7 @@ KV_API KV_NODISCARD kv_status kv_layout_config_from(const struct kv_layout *lo,
  *    72     8  align_bytes         i64 (as given: 0 = element size)
  *    80     4  order               u32 (kv_order: 0 NHD, 1 HND)
  *    84     4  arrange             u32 (kv_arrange: 0 layer-major, 1 block-major)
- *    88     4  kv_packed           u32 (0 or 1)
+ *    88     4  planes              u32 (0 K and V, 1 kv_packed, 2 k_only)
  *    92     4  reserved (0)
  *    96    16  dtype name, NUL-padded (kv_dtype_name: "bf16")
  *   112     8  fingerprint of kv_layout_init(config) (kv_layout.fingerprint)
@@ -253,7 +269,7 @@ KV_API KV_NODISCARD kv_status kv_layout_config_encode(const struct kv_layout_con
  * KV_ERR_CORRUPT     naming what: truncated (len shorter than the magic,
  *                    the preamble or the encoding), trailing bytes, the
  *                    magic, the length field, the checksum, flags, reserved
- *                    bytes, order/arrange/kv_packed out of range, a dtype
+ *                    bytes, order/arrange/planes out of range, a dtype
  *                    name that is not one, or a config kv_layout_init
  *                    refuses (its message, naming the field, follows).
  * *out is written only on success (struct_size set to this build's). */
@@ -266,13 +282,15 @@ KV_API KV_NODISCARD kv_status kv_layout_config_decode(const void *buf, size_t le
  * offset layer*stride_layer + kv*stride_kv. Contiguous only for an unpadded,
  * unpacked, layer-major NHD layout; otherwise the strides say how it is not.
  * KV_ERR_NULL (lo/base/out NULL), KV_ERR_OUT_OF_BOUNDS (layer >= L or
- * storage_bytes < total_bytes), KV_ERR_INVALID_ARG (kv not 0 or 1). */
+ * storage_bytes < total_bytes), KV_ERR_INVALID_ARG (kv not 0 or 1; kv 1 of a
+ * K-only layout). */
 KV_API KV_NODISCARD kv_status kv_layout_kv_view(const struct kv_layout *lo, void *base,
                                                 size_t storage_bytes, uint32_t layer, int kv,
                                                 struct kv_view *out);
 
 /* Element offset (from base) of one coordinate, range-checked:
- * KV_ERR_OUT_OF_BOUNDS naming the coordinate and its limit. */
+ * KV_ERR_OUT_OF_BOUNDS naming the coordinate and its limit;
+ * KV_ERR_INVALID_ARG for kv not 0 or 1, or kv 1 of a K-only layout. */
 KV_API KV_NODISCARD kv_status kv_layout_offset(const struct kv_layout *lo, uint32_t layer, int kv,
                                                uint32_t block, uint32_t token, uint32_t head,
                                                uint32_t d, int64_t *out_elems);
@@ -297,6 +315,7 @@ static inline int64_t kv_layout_elem_offset(const struct kv_layout *lo, uint32_t
  *   layer-major, unpacked   2L runs of block_bytes at stride
  *                           B * block_stride_bytes (one 2D copy)
  *   layer-major, packed     L runs (K|V interleaved inside each run)
+ *   layer-major, K only     L runs of block_bytes
  *   block-major             one run of kv_planes*L*block_bytes when unpadded;
  *                           kv_planes*L runs at stride block_stride_bytes
  *                           when padded

@@ -31,7 +31,7 @@ enum {
     LC_ALIGN = 72,
     LC_ORDER = 80,
     LC_ARRANGE = 84,
-    LC_PACKED = 88,
+    LC_PLANES = 88, /* 0 K and V, 1 kv_packed, 2 k_only */
     LC_RESERVED = 92,
     LC_DTYPE = 96,
     LC_DTYPE_BYTES = 16,
@@ -75,7 +75,7 @@ kv_status kv_layout_config_encode(const struct kv_layout_config *cfg, void *buf,
     kv__le_put64(b + LC_ALIGN, (uint64_t)cfg->align_bytes);
     kv__le_put32(b + LC_ORDER, (uint32_t)cfg->order);
     kv__le_put32(b + LC_ARRANGE, (uint32_t)cfg->arrange);
-    kv__le_put32(b + LC_PACKED, cfg->kv_packed ? 1u : 0u);
+    kv__le_put32(b + LC_PLANES, cfg->kv_packed ? 1u : cfg->k_only ? 2u : 0u);
     const char *name = kv_dtype_name(cfg->dtype); /* known: init accepted it */
     memcpy(b + LC_DTYPE, name, strnlen(name, LC_DTYPE_BYTES - 1));
     kv__le_put64(b + LC_FP, lo.fingerprint);
@@ -174,14 +174,15 @@ kv_status kv_layout_config_decode(const void *buf, size_t len, struct kv_layout_
         return kv__error(KV_ERR_CORRUPT, "%s: reserved field 0x%08" PRIx32 ", not zero", fn,
                          reserved);
     const uint32_t order = kv__le_get32(b + LC_ORDER), arrange = kv__le_get32(b + LC_ARRANGE),
-                   packed = kv__le_get32(b + LC_PACKED);
+                   planes = kv__le_get32(b + LC_PLANES);
     if (order > KV_ORDER_HND)
         return kv__error(KV_ERR_CORRUPT, "%s: order %" PRIu32 " (NHD = 0, HND = 1)", fn, order);
     if (arrange > KV_ARRANGE_BLOCK_MAJOR)
         return kv__error(KV_ERR_CORRUPT,
                          "%s: arrange %" PRIu32 " (layer-major = 0, block-major = 1)", fn, arrange);
-    if (packed > 1)
-        return kv__error(KV_ERR_CORRUPT, "%s: kv_packed %" PRIu32 " (0 or 1)", fn, packed);
+    if (planes > 2)
+        return kv__error(KV_ERR_CORRUPT,
+                         "%s: planes %" PRIu32 " (0 K and V, 1 packed K|V, 2 K only)", fn, planes);
     kv_dtype dtype = KV_F32;
     if (!dtype_of_name(b + LC_DTYPE, &dtype)) {
         char text[LC_DTYPE_BYTES * 4 + 1];
@@ -201,7 +202,8 @@ kv_status kv_layout_config_decode(const void *buf, size_t len, struct kv_layout_
     c.align_bytes = (int64_t)kv__le_get64(b + LC_ALIGN);
     c.order = (kv_order)order;
     c.arrange = (kv_arrange)arrange;
-    c.kv_packed = packed != 0;
+    c.kv_packed = planes == 1;
+    c.k_only = planes == 2;
     c.dtype = dtype;
     struct kv_layout lo;
     kv_status st = kv_layout_init(&c, &lo);

@@ -11,7 +11,7 @@
  *    24  u64   payload bytes           96  u32 dtype (kv_dtype value)
  *    32  u64   n_tokens               100  u32 order (kv_order value)
  *    40  u32   n_blocks               104  u32 arrangement (kv_arrange value)
- *    44  u32   flags (0)              108  u32 K|V packed (0 or 1)
+ *    44  u32   flags (0)              108  u32 planes (0 K and V, 1 packed, 2 K only)
  *    48  u64   source fingerprint     112  i64 block stride bytes
  *    56  i64   L                      120  i64 align bytes
  *                                     128  u64 payload block bytes
@@ -355,7 +355,7 @@ kv_status kv_pack(const kv_plan *plan, struct kv_paged_cache src, const uint32_t
     kv__le_put32(h + OFF_DTYPE, (uint32_t)lo->dtype);
     kv__le_put32(h + OFF_ORDER, (uint32_t)lo->order);
     kv__le_put32(h + OFF_ARRANGE, (uint32_t)lo->arrange);
-    kv__le_put32(h + OFF_PACKED, lo->kv_packed ? 1u : 0u);
+    kv__le_put32(h + OFF_PACKED, lo->kv_packed ? 1u : lo->k_only ? 2u : 0u);
     kv__le_put64(h + OFF_STRIDE, (uint64_t)lo->block_stride_bytes);
     kv__le_put64(h + OFF_ALIGN, (uint64_t)lo->align_bytes);
     kv__le_put64(h + OFF_BLOCK_BYTES, bb);
@@ -422,10 +422,11 @@ static kv_status inspect(const char *fn, const unsigned char *b, size_t len,
                              "%s: header padding byte %" PRIu64 " is 0x%02x, not zero", fn, i,
                              b[i]);
     const uint32_t flags = kv__le_get32(b + OFF_FLAGS), packed = kv__le_get32(b + OFF_PACKED);
-    if (flags != 0 || packed > 1)
+    if (flags != 0 || packed > 2)
         return kv__error(KV_ERR_CORRUPT,
-                         "%s: flags 0x%x (version 2 defines none), K|V packed %u (0 or 1)", fn,
-                         flags, packed);
+                         "%s: flags 0x%x (version 2 defines none), planes %u (0 K and V, 1 "
+                         "packed K|V, 2 K only)",
+                         fn, flags, packed);
     struct kv_layout_config c = KV_LAYOUT_CONFIG_INIT;
     c.num_layers = (int64_t)kv__le_get64(b + OFF_L);
     c.num_blocks = (int64_t)kv__le_get64(b + OFF_B);
@@ -435,7 +436,8 @@ static kv_status inspect(const char *fn, const unsigned char *b, size_t len,
     c.dtype = (kv_dtype)kv__le_get32(b + OFF_DTYPE);
     c.order = (kv_order)kv__le_get32(b + OFF_ORDER);
     c.arrange = (kv_arrange)kv__le_get32(b + OFF_ARRANGE);
-    c.kv_packed = packed != 0;
+    c.kv_packed = packed == 1;
+    c.k_only = packed == 2;
     c.block_stride_bytes = (int64_t)kv__le_get64(b + OFF_STRIDE);
     c.align_bytes = (int64_t)kv__le_get64(b + OFF_ALIGN);
     struct kv_pack_info info = {.version = version, .n_blocks = nb, .header_bytes = hdr};

@@ -98,6 +98,12 @@ kv_status kv__plan_resolve(const char *fn, const struct kv_layout *src, const st
                          "%s: source dtype %s, destination %s: a plan moves bytes "
                          "and does not convert elements",
                          fn, kv_dtype_name(src->dtype), kv_dtype_name(dst->dtype));
+    if (src->k_only != dst->k_only)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: source %s, destination %s: a K-only (MLA latent) layout moves to "
+                         "a K-only layout only (a plan moves planes, it does not make or drop V)",
+                         fn, src->k_only ? "K-only" : "K and V planes",
+                         dst->k_only ? "K-only" : "K and V planes");
     if (src->head_dim != dst->head_dim)
         return kv__error(KV_ERR_BAD_SHAPE,
                          "%s: source D %" PRId64 ", destination D %" PRId64
@@ -135,7 +141,8 @@ kv_status kv_plan_create(const struct kv_layout *src, const struct kv_layout *ds
     /* L: the layers moved; layer l of the plan is c.src_layer0 + l of the
      * source and c.dst_layer0 + l of the destination */
     const int64_t W = Ns / g * Nd, L = c.n_layers;
-    const int64_t n_rows = L * 2 * W * nh, row_bytes = src->head_dim * src->elem_bytes;
+    const int64_t P = src->k_only ? 1 : 2; /* planes moved: K (and V) */
+    const int64_t n_rows = L * P * W * nh, row_bytes = src->head_dim * src->elem_bytes;
 
     struct kv__row *rows = kv__mem_alloc((size_t)n_rows * sizeof(*rows));
     kv_plan *p = kv__mem_calloc(1, sizeof(*p));
@@ -149,7 +156,7 @@ kv_status kv_plan_create(const struct kv_layout *src, const struct kv_layout *ds
      * destination block) pair they mostly come out sorted by src_rel; a
      * stable counting sort by pair then leaves only the unsorted pairs (if
      * any) to qsort. */
-    const int64_t ext[4] = {L, 2, W, nh};
+    const int64_t ext[4] = {L, P, W, nh};
     const int64_t sstr[4] = {src->stride_layer_bytes, src->stride_kv_bytes, src->stride_token_bytes,
                              src->stride_head_bytes};
     int ord[4] = {0, 1, 2, 3};

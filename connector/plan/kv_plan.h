@@ -13,7 +13,9 @@
  * [dst_layer0, dst_layer0 + n_layers) of the destination (pipeline stage k
  * of a prefill writing its layers into a decoder's matching ones, or one
  * layer per transfer); layers outside the range are neither read nor
- * written. Element bytes are never converted.
+ * written. Element bytes are never converted. K-only (MLA latent) layouts
+ * move to K-only layouts only: one plane, any of the above (a decode rank
+ * of any tensor-parallel size receives the whole latent: H is 1).
  *
  * The unit of a plan is a window of lcm(Ns, Nd) tokens: lcm/Ns source blocks
  * and lcm/Nd destination blocks. For each (source block, destination block)
@@ -80,7 +82,8 @@ typedef struct kv_plan kv_plan;
  * KV_ERR_NULL         src, dst or out NULL.
  * KV_ERR_INVALID_ARG  a layout kv_layout_init would not compute, a config of
  *                     another struct_size (a caller built against other
- *                     headers), dtypes or element sizes that differ.
+ *                     headers), dtypes or element sizes that differ, one
+ *                     layout K-only (k_only) and the other not.
  * KV_ERR_BAD_SHAPE    head dims that differ; a head or layer range outside
  *                     either layout (a negative offset or count included);
  *                     n_heads 0 with different head counts or a non-zero
@@ -95,7 +98,8 @@ KV_API KV_NODISCARD kv_status kv_plan_create(const struct kv_layout *src,
 KV_API void kv_plan_destroy(kv_plan *plan);
 
 /* What a plan moves. Rows, runs, copies and bytes count the moved heads
- * and layers only: rows = n_layers x 2 x window_tokens x n_heads. */
+ * and layers only: rows = n_layers x planes x window_tokens x n_heads
+ * (planes 2, or 1 between K-only layouts). */
 struct kv_plan_stats {
     int64_t window_tokens;     /* lcm(Ns, Nd) */
     int64_t window_src_blocks; /* window_tokens / Ns */

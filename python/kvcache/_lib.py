@@ -68,6 +68,7 @@ class LayoutConfig(ctypes.Structure):
         ("block_pad_elems", ctypes.c_int64),
         ("block_stride_bytes", ctypes.c_int64),
         ("align_bytes", ctypes.c_int64),
+        ("k_only", ctypes.c_bool),
     ]
 
 
@@ -86,7 +87,8 @@ class LayoutC(ctypes.Structure):
                 [("dtype", ctypes.c_int), ("order", ctypes.c_int), ("arrange", ctypes.c_int),
                  ("kv_packed", ctypes.c_bool)] +
                 [(n, ctypes.c_int64) for n in _LAYOUT_I64] +
-                [("fingerprint", ctypes.c_uint64), ("block_format_fingerprint", ctypes.c_uint64)])
+                [("fingerprint", ctypes.c_uint64), ("block_format_fingerprint", ctypes.c_uint64),
+                 ("k_only", ctypes.c_bool)])
 
 
 class CacheConfig(ctypes.Structure):
@@ -321,6 +323,9 @@ _PROTOS = {
     "kv_attn_decode": (_ST, [PagedCache, ctypes.c_uint32, ctypes.POINTER(ViewC),
                              ctypes.POINTER(Pages), ctypes.c_float, ctypes.POINTER(Scales),
                              ctypes.POINTER(ViewC)]),
+    "kv_attn_decode_mla": (_ST, [PagedCache, ctypes.c_uint32, ctypes.POINTER(ViewC),
+                                 ctypes.POINTER(Pages), ctypes.c_int64, ctypes.c_float,
+                                 ctypes.POINTER(Scales), ctypes.POINTER(ViewC)]),
     "kv_attn_decode_ex": (_ST, [PagedCache, ctypes.c_uint32, ctypes.POINTER(ViewC),
                                 ctypes.POINTER(Pages), ctypes.c_float, ctypes.POINTER(Scales),
                                 ctypes.POINTER(ViewC), ctypes.POINTER(AttnOpts)]),

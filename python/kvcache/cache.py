@@ -133,7 +133,8 @@ class Layout:
     num_layers, num_blocks, block_tokens (N), num_heads (H), head_dim (D),
     dtype ("bf16", "f16", "f32", "fp8_e4m3", ...), order ("NHD" / "HND"),
     arrange ("layer" / "block"-major), kv_packed, block_pad_elems,
-    block_stride_bytes, align_bytes: as the C config (0 = default).
+    block_stride_bytes, align_bytes, k_only (one plane, K only: an MLA
+    latent cache; not with kv_packed): as the C config (0 = default).
     Derived values (strides, sizes, fingerprints) are computed by the C
     library at construction; a config it refuses raises there."""
     num_layers: int
@@ -148,6 +149,7 @@ class Layout:
     block_pad_elems: int = 0
     block_stride_bytes: int = 0
     align_bytes: int = 0
+    k_only: bool = False
     _c: object = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -170,6 +172,7 @@ class Layout:
         c.order = ORDERS[self.order]
         c.arrange = ARRANGES[self.arrange]
         c.kv_packed = bool(self.kv_packed)
+        c.k_only = bool(self.k_only)
         return c
 
     @property
@@ -682,6 +685,12 @@ class Cache:
         if scales is None:
             return None
         ks = np.ascontiguousarray(np.asarray(scales[0], dtype=np.float32).reshape(-1))
+        if scales[1] is None:  # K scales only: a K-only (MLA) cache
+            keep.append(ks)
+            sc = _lib.Scales(_p(ks, ctypes.POINTER(ctypes.c_float)), None,
+                             integer(ks.size, "scales", U32))
+            keep.append(sc)
+            return ctypes.byref(sc)
         vs = np.ascontiguousarray(np.asarray(scales[1], dtype=np.float32).reshape(-1))
         if ks.size != vs.size:
             raise error("KV_ERR_INVALID_ARG",
@@ -697,6 +706,7 @@ class Cache:
         tokens 0..len(slots)-1 into their slots (-1 skips a token). k and v:
         any tensor with __dlpack__ or the array interface, any strides.
         scales: None or (k_scales, v_scales), one per tensor or per KV head.
+        A K-only (MLA) cache takes v None and scales None or (k_scales, None).
         Scales apply to every cache dtype (stored = convert(x / scale)); vLLM
         applies them to fp8 caches only, so pass None for the others to
         match it. slots: int64 (vLLM's slot_mapping) or int32 (FlashInfer's
@@ -707,13 +717,15 @@ class Cache:
         layer = -1 if layer is None else integer(layer, "layer", I32)
         s32 = _int32_slots(slots)
         sl = s32 if s32 is not None else int_array(slots, "slots", I64).reshape(-1)
-        kb, vb = self._tensor(k, "k"), self._tensor(v, "v")
+        kb = self._tensor(k, "k")
+        vb = self._tensor(v, "v") if v is not None else None
+        vref = vb.ref() if vb is not None else None
         keep = []
         if s32 is not None:
-            check(L.kv_attn_write_i32(pc, layer, kb.ref(), vb.ref(), _p(sl, _lib.c_i32p),
+            check(L.kv_attn_write_i32(pc, layer, kb.ref(), vref, _p(sl, _lib.c_i32p),
                                       sl.size, self._scales(scales, keep)))
             return
-        check(L.kv_attn_write(pc, layer, kb.ref(), vb.ref(), _p(sl, _lib.c_i64p), sl.size,
+        check(L.kv_attn_write(pc, layer, kb.ref(), vref, _p(sl, _lib.c_i64p), sl.size,
                               self._scales(scales, keep)))
 
     def pages(self, seqs: Sequence[int]) -> "Pages":
@@ -776,6 +788,26 @@ class Cache:
         (a writable float32 array [S][Hq], heads contiguous: the natural-log
         log-sum-exp of each query head's logits, -inf with no token)."""
         self._attend(layer, q, None, pages, out, scale, scales, window_left, soft_cap, lse)
+
+    @_call
+    def decode_mla(self, layer: int, q, pages: "Pages", out, scale: Optional[float] = None,
+                   k_scale: Optional[float] = None) -> None:
+        """MLA decode (kv_attn_decode_mla) over a K-only cache of one KV head:
+        q [S][Hq][D] -> out [S][Hq][dv] (dv: out's last dim), FlashMLA's
+        convention: scores over all D dims of the latent rows, values their
+        first dv dims. scale defaults to 1/sqrt(D); k_scale: the per-tensor
+        scale of an fp8 latent (None: 1)."""
+        pc = self._paged()
+        layer = integer(layer, "layer", U32)
+        qb = self._tensor(q, "q")
+        ob = self._tensor(out, "out", True)
+        if scale is None:
+            scale = 1.0 / float(self.layout.head_dim) ** 0.5
+        keep = []
+        sc = self._scales(None if k_scale is None else ([k_scale], None), keep)
+        dv = ob.view.shape[ob.view.ndim - 1] if ob.view.ndim else 0
+        check(L.kv_attn_decode_mla(pc, layer, qb.ref(), ctypes.byref(pages._c),
+                                   integer(dv, "dv", I64), float(scale), sc, ob.ref()))
 
     @_call
     def prefill(self, layer: int, q, qo_indptr, pages: "Pages", out,

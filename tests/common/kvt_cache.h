@@ -26,7 +26,7 @@ struct kvt_cache {
 };
 
 /* bits as kvt_side_make: 1 HND, 2 block-major, 4 padded (24 elements), 8
- * packed K|V; 16: tensor-parallel rank 1 (head_offset H: its blocks' bytes
+ * packed K|V, 32 K only (MLA); 16: tensor-parallel rank 1 (head_offset H: its blocks' bytes
  * differ from rank 0's for the same seed). The arena is filled with random
  * bytes from seed. */
 static inline void kvt_cache_make(struct kvt_cache *t, int64_t L, int64_t B, int64_t N, int64_t H,
@@ -45,6 +45,7 @@ static inline void kvt_cache_make(struct kvt_cache *t, int64_t L, int64_t B, int
     lc->arrange = (bits & 2) ? KV_ARRANGE_BLOCK_MAJOR : KV_ARRANGE_LAYER_MAJOR;
     lc->block_pad_elems = (bits & 4) ? 24 : 0;
     lc->kv_packed = (bits & 8) != 0;
+    lc->k_only = (bits & 32) != 0;
     t->cfg.head_offset = (bits & 16) ? (uint32_t)H : 0;
     t->cfg.max_seqs = 4;
     t->cfg.enable_prefix_caching = true;
@@ -75,7 +76,7 @@ static inline bool kvt_block_pass(const struct kvt_cache *t, unsigned char *mem,
     const int64_t es = t->pc.layout.elem_bytes, row = c->head_dim * es;
     uint64_t st = seed ^ 0x6b76626c6f636bull ^ ((uint64_t)t->cfg.head_offset << 40);
     for (int64_t l = 0; l < c->num_layers; l++)
-        for (int kv = 0; kv < 2; kv++)
+        for (int kv = 0; kv < (c->k_only ? 1 : 2); kv++)
             for (int64_t n = 0; n < c->block_tokens; n++)
                 for (int64_t h = 0; h < c->num_heads; h++) {
                     unsigned char *p = mem + kvt_ref_offset_elems(c, l, kv, b, n, h, 0) * es;

@@ -23,7 +23,8 @@ struct kvt_side {
     struct kv_paged_cache pc;
 };
 
-/* bits: 1 HND, 2 block-major, 4 padded (24 elements), 8 packed K|V. */
+/* bits: 1 HND, 2 block-major, 4 padded (24 elements), 8 packed K|V, 32 K
+ * only (k_only, an MLA latent cache; not with 8). */
 static inline void kvt_side_make(struct kvt_side *s, int64_t L, int64_t B, int64_t N, int64_t H,
                                  int64_t D, kv_dtype dt, int bits, uint64_t seed)
 {
@@ -38,6 +39,7 @@ static inline void kvt_side_make(struct kvt_side *s, int64_t L, int64_t B, int64
     s->cfg.arrange = (bits & 2) ? KV_ARRANGE_BLOCK_MAJOR : KV_ARRANGE_LAYER_MAJOR;
     s->cfg.block_pad_elems = (bits & 4) ? 24 : 0;
     s->cfg.kv_packed = (bits & 8) != 0;
+    s->cfg.k_only = (bits & 32) != 0;
     assert_int_equal(kv_layout_init(&s->cfg, &s->lo), KV_OK);
     s->mem = aligned_alloc(64, ((size_t)s->lo.total_bytes + 63) / 64 * 64);
     assert_non_null(s->mem);
@@ -85,7 +87,7 @@ static inline void kvt_ref_move_layers(const struct kvt_side *s, const uint32_t 
         (uint64_t)ns * Ns < (uint64_t)nd * Nd ? (uint64_t)ns * Ns : (uint64_t)nd * Nd;
     for (uint64_t t = 0; t < covered; t++)
         for (int64_t l = 0; l < nl; l++)
-            for (int kv = 0; kv < 2; kv++)
+            for (int kv = 0; kv < (s->cfg.k_only ? 1 : 2); kv++)
                 for (int64_t h = 0; h < nh; h++) {
                     const int64_t so = kvt_ref_offset_elems(&s->cfg, sl0 + l, kv, sid[t / Ns],
                                                             (int64_t)(t % Ns), sh0 + h, 0);
@@ -118,7 +120,7 @@ static inline int64_t kvt_other_layers_changed(const struct kvt_side *d, const u
         for (int64_t l = 0; l < d->cfg.num_layers; l++) {
             if (l >= dl0 && l < dl0 + nl)
                 continue;
-            for (int kv = 0; kv < 2; kv++)
+            for (int kv = 0; kv < (d->cfg.k_only ? 1 : 2); kv++)
                 for (int64_t n = 0; n < d->cfg.block_tokens; n++)
                     for (int64_t h = 0; h < d->cfg.num_heads; h++) {
                         const int64_t o =

@@ -19,7 +19,7 @@ int64_t kvt_ref_offset_elems(const struct kv_layout_config *c, int64_t l, int64_
                              int64_t n, int64_t h, int64_t d)
 {
     const int64_t es = (int64_t)kv_dtype_size(c->dtype);
-    const int64_t planes = c->kv_packed ? 1 : 2, plane = c->kv_packed ? 0 : kv;
+    const int64_t planes = c->kv_packed || c->k_only ? 1 : 2, plane = c->kv_packed ? 0 : kv;
     const int64_t row = c->kv_packed ? 2 * c->head_dim : c->head_dim;
     const int64_t natural = c->block_tokens * c->num_heads * row;
     const int64_t bstride =
@@ -99,7 +99,7 @@ const char *kvt_view_diff(const struct kv_view *a, const struct kv_view *b)
     return kvt_first_diff("kv_view", f, n);
 }
 
-_Static_assert(sizeof(struct kv_layout) == 240, "struct kv_layout changed: update kvt_layout_diff");
+_Static_assert(sizeof(struct kv_layout) == 248, "struct kv_layout changed: update kvt_layout_diff");
 
 const char *kvt_layout_diff(const struct kv_layout *a, const struct kv_layout *b)
 {
@@ -134,11 +134,12 @@ const char *kvt_layout_diff(const struct kv_layout *a, const struct kv_layout *b
                                   KVT_F(total_elems),
                                   KVT_F(total_bytes),
                                   KVT_F(fingerprint),
-                                  KVT_F(block_format_fingerprint)};
+                                  KVT_F(block_format_fingerprint),
+                                  KVT_FB(k_only)};
     return kvt_first_diff("kv_layout", f, sizeof(f) / sizeof(f[0]));
 }
 
-_Static_assert(sizeof(struct kv_layout_config) == 88,
+_Static_assert(sizeof(struct kv_layout_config) == 96,
                "struct kv_layout_config changed: update kvt_layout_config_diff");
 
 const char *kvt_layout_config_diff(const struct kv_layout_config *a,
@@ -148,7 +149,7 @@ const char *kvt_layout_config_diff(const struct kv_layout_config *a,
         KVT_F(struct_size), KVT_F(num_layers), KVT_F(num_blocks),      KVT_F(block_tokens),
         KVT_F(num_heads),   KVT_F(head_dim),   KVT_F(dtype),           KVT_F(order),
         KVT_F(arrange),     KVT_FB(kv_packed), KVT_F(block_pad_elems), KVT_F(block_stride_bytes),
-        KVT_F(align_bytes)};
+        KVT_F(align_bytes), KVT_FB(k_only)};
     return kvt_first_diff("kv_layout_config", f, sizeof(f) / sizeof(f[0]));
 }
 

@@ -62,8 +62,9 @@ static void wr(unsigned char *p, uint64_t v, int n)
 }
 
 /* The config the fields [16, 112) describe. strict: as the table says
- * (order, arrange, kv_packed in range, reserved zero, the dtype name
- * NUL-padded); lenient: any value read as C would (kv_packed = value != 0,
+ * (order, arrange, planes in range -- 0 K and V, 1 packed, 2 K only --,
+ * reserved zero, the dtype name NUL-padded); lenient: any value read as C
+ * would (kv_packed = value == 1, k_only = value == 2,
  * order and arrange as they are, a dtype name followed by anything), which
  * is what mode 2 fingerprints so that a decoder too lenient in one field
  * still reaches the success path and is caught there. */
@@ -78,12 +79,13 @@ static bool parse_fields(const unsigned char *b, bool strict, struct kv_layout_c
     c->block_pad_elems = (int64_t)rd(b + 56, 8);
     c->block_stride_bytes = (int64_t)rd(b + 64, 8);
     c->align_bytes = (int64_t)rd(b + 72, 8);
-    const uint64_t order = rd(b + 80, 4), arrange = rd(b + 84, 4), packed = rd(b + 88, 4);
-    if (strict && (order > 1 || arrange > 1 || packed > 1 || rd(b + 92, 4) != 0))
+    const uint64_t order = rd(b + 80, 4), arrange = rd(b + 84, 4), planes = rd(b + 88, 4);
+    if (strict && (order > 1 || arrange > 1 || planes > 2 || rd(b + 92, 4) != 0))
         return false;
     c->order = (kv_order)(order & 0xff);
     c->arrange = (kv_arrange)(arrange & 0xff);
-    c->kv_packed = packed != 0;
+    c->kv_packed = planes == 1;
+    c->k_only = planes == 2;
     /* the dtype: a name from kv_dtype_name, then zeros to the end of the 16 */
     for (int d = 0; d < KV_DTYPE_COUNT; d++) {
         const char *name = kv_dtype_name((kv_dtype)d);
@@ -116,7 +118,7 @@ static void same_config(const struct kv_layout_config *a, const struct kv_layout
         a->num_blocks != b->num_blocks || a->block_tokens != b->block_tokens ||
         a->num_heads != b->num_heads || a->head_dim != b->head_dim || a->dtype != b->dtype ||
         a->order != b->order || a->arrange != b->arrange || a->kv_packed != b->kv_packed ||
-        a->block_pad_elems != b->block_pad_elems ||
+        a->k_only != b->k_only || a->block_pad_elems != b->block_pad_elems ||
         a->block_stride_bytes != b->block_stride_bytes || a->align_bytes != b->align_bytes)
         die("the decoded config differs from the reference's");
 }

@@ -2,7 +2,8 @@
  * fuzz_unpack.c - libFuzzer target for kv_unpack / kv_pack_inspect of
  * untrusted buffers (connector/pack/kv_pack.h).
  *
- * Input: byte 0 picks the mode, byte 1 the destination layout (order,
+ * Input: byte 0 picks the mode (bit 0) and K-only (MLA) layouts on both
+ * sides (bit 1: k_only, no packing), byte 1 the destination layout (order,
  * arrangement, padding, packing, page size, a head slice) and the layers
  * (bit 7: layer 1 of the source packed alone and unpacked onto layer
  * (byte 1 >> 4) & 1; else every layer), the rest is
@@ -59,7 +60,8 @@ static void layout(int64_t B, int64_t N, int64_t H, unsigned bits, struct kv_lay
     c.order = (bits & 1) ? KV_ORDER_HND : KV_ORDER_NHD;
     c.arrange = (bits & 2) ? KV_ARRANGE_BLOCK_MAJOR : KV_ARRANGE_LAYER_MAJOR;
     c.block_pad_elems = (bits & 4) ? 8 : 0;
-    c.kv_packed = (bits & 8) != 0;
+    c.k_only = (bits & 32) != 0;
+    c.kv_packed = (bits & 8) != 0 && !c.k_only;
     if (kv_layout_init(&c, out) != KV_OK)
         die("layout");
 }
@@ -103,15 +105,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 2)
         return 0;
-    const unsigned mode = data[0] % 2, dsel = data[1];
+    const unsigned mode = data[0] % 2, dsel = data[1], konly = data[0] & 2 ? 32u : 0u;
     data += 2;
     size -= 2;
     /* the source every edited buffer starts from: 4 heads, N 8, NHD padded layer-major */
     struct kv_layout slo, dlo;
-    layout(SRC_BLOCKS, 8, 4, 4, &slo);
+    layout(SRC_BLOCKS, 8, 4, 4 | konly, &slo);
     static const int64_t dN[4] = {4, 8, 16, 8};
     const bool slice = (dsel & 0x40) != 0;
-    layout(DST_BLOCKS, dN[(dsel >> 4) & 3], slice ? 2 : 4, dsel & 15, &dlo);
+    layout(DST_BLOCKS, dN[(dsel >> 4) & 3], slice ? 2 : 4, (dsel & 15) | konly, &dlo);
     struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
     if (slice) {
         pc.src_head0 = 2; /* heads 2..3 of the source onto 0..1 */

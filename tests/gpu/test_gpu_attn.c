@@ -458,6 +458,93 @@ static void decode_case(int i)
     pools_free(&p);
 }
 
+/* MLA decode on the device (kv_attn_decode_mla_cuda) against the CPU
+ * kernel on the same pool and q (itself checked against float64 in
+ * tests/unit/test_attn_mla.c): a K-only pool of one KV head, D 576 / dv 512
+ * and a small D, Hq 1, 16, 128 and 5, bf16 and fp8 e4m3 with a per-tensor
+ * scale, padded, both arrangements, pages far from 0. */
+static void mla_case(int i)
+{
+    static const int64_t Hqs[4] = {1, 16, 128, 5};
+    const int64_t D = i % 4 == 3 ? 64 : 576, dv = D == 576 ? 512 : 48, Hq = Hqs[i % 4];
+    const kv_dtype dt = (i & 4) ? KV_FP8_E4M3 : KV_BF16;
+    uint64_t rng = 7700 + (uint64_t)i;
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 2;
+    cfg.num_blocks = 200;
+    cfg.block_tokens = 64;
+    cfg.num_heads = 1;
+    cfg.head_dim = D;
+    cfg.dtype = dt;
+    cfg.k_only = true;
+    cfg.arrange = (i & 1) ? KV_ARRANGE_BLOCK_MAJOR : KV_ARRANGE_LAYER_MAJOR;
+    cfg.block_pad_elems = 64;
+    struct pools p;
+    pools_init(&p, &cfg, rng);
+    const int64_t es = (int64_t)p.host.layout.elem_bytes;
+    for (int64_t e = 0; e < (int64_t)p.bytes / es; e++)
+        kv_from_f32(dt, (float)range(&rng, -1000, 1000) / 1000.0f, p.h + e * es);
+    CHECK(cudaMemcpy(p.dev.base, p.h, p.bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+    const int64_t lens[3] = {1, 300, 1000};
+    int32_t indices[32], indptr[4], last[3], k = 0;
+    uint8_t used[200] = {0};
+    for (int s = 0; s < 3; s++) {
+        const int64_t np = (lens[s] + 63) / 64;
+        indptr[s] = k;
+        for (int64_t j = 0; j < np; j++) {
+            int64_t pg;
+            do
+                pg = range(&rng, 100, 199);
+            while (used[pg]);
+            used[pg] = 1;
+            indices[k++] = (int32_t)pg;
+        }
+        last[s] = (int32_t)(lens[s] - (np - 1) * 64);
+    }
+    indptr[3] = k;
+    const struct kv_pages pg = {.format = KV_PAGES_CSR,
+                                .n_seqs = 3,
+                                .page_ratio = 1,
+                                .indptr = indptr,
+                                .indices = indices,
+                                .last_page_len = last};
+    const size_t qb = (size_t)(3 * Hq * D) * sizeof(float), ob = (size_t)(3 * Hq * dv) * sizeof(float);
+    float *hq = malloc(qb), *hc = malloc(ob), *hg = malloc(ob);
+    void *dq, *dout;
+    CHECK(hq && hc && hg);
+    for (int64_t e = 0; e < 3 * Hq * D; e++)
+        hq[e] = (float)range(&rng, -1000, 1000) / 1000.0f;
+    CHECK(cudaMalloc(&dq, qb) == cudaSuccess && cudaMalloc(&dout, ob) == cudaSuccess);
+    CHECK(cudaMemcpy(dq, hq, qb, cudaMemcpyHostToDevice) == cudaSuccess);
+    int64_t qs[3] = {3, Hq, D}, os[3] = {3, Hq, dv};
+    struct kv_view vq, vc, dvq, dvo;
+    CHECK(kv_view_init(hq, qb, KV_F32, 3, qs, &vq) == KV_OK);
+    CHECK(kv_view_init(hc, ob, KV_F32, 3, os, &vc) == KV_OK);
+    CHECK(kv_view_init(dq, qb, KV_F32, 3, qs, &dvq) == KV_OK);
+    CHECK(kv_view_init(dout, ob, KV_F32, 3, os, &dvo) == KV_OK);
+    const float scale = 1.0f / sqrtf((float)D), ks[1] = {0.5f};
+    const struct kv_scales sc = {ks, NULL, 1, 0};
+    const struct kv_scales *scp = dt == KV_FP8_E4M3 ? &sc : NULL;
+    CHECK(kv_attn_decode_mla(p.host, 1, &vq, &pg, dv, scale, scp, &vc) == KV_OK);
+    CHECK(kv_attn_decode_mla_cuda(p.dev, 1, &dvq, &pg, dv, scale, scp, &dvo, NULL) == KV_OK);
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(cudaMemcpy(hg, dout, ob, cudaMemcpyDeviceToHost) == cudaSuccess);
+    for (int64_t e = 0; e < 3 * Hq * dv; e++) {
+        const double c = hc[e], g = hg[e], tol = 2e-4 * (fabs(c) > 1e-2 ? fabs(c) : 1e-2);
+        if (!(fabs(g - c) <= tol)) {
+            fprintf(stderr, "FAIL mla case %d (D %lld Hq %lld %s) element %lld: %.9g vs CPU %.9g\n",
+                    i, (long long)D, (long long)Hq, kv_dtype_name(dt), (long long)e, g, c);
+            exit(1);
+        }
+    }
+    free(hq);
+    free(hc);
+    free(hg);
+    cudaFree(dq);
+    cudaFree(dout);
+    pools_free(&p);
+}
+
 /* Bad input is refused by the shared validator before any launch. */
 static void refusals(void)
 {
@@ -879,13 +966,16 @@ int main(void)
         round_trip(i);
     for (int i = 0; i < 40; i++)
         decode_case(i);
+    for (int i = 0; i < 8; i++)
+        mla_case(i);
     refusals();
     scale_rules();
     kv_attn_stats_get(&s1);
     for (int k = KV_ATTN_WRITE; k <= KV_ATTN_READ; k++)
         for (int p = 0; p < KV_ATTN_PATH_COUNT; p++)
             CHECK(s1.cuda[k][p] > s0.cuda[k][p]); /* every path ran on the device */
-    printf("test_gpu_attn: 100 round trips, 40 decode cases, refusals, scale rules: ok\n");
+    printf("test_gpu_attn: 100 round trips, 40 decode cases, 8 MLA decode cases, refusals, scale "
+           "rules: ok\n");
     bench(KV_ORDER_NHD);
     bench(KV_ORDER_HND);
     return 0;

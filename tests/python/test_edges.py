@@ -657,6 +657,7 @@ def test_every_method_raises_once_closed():
              lambda: c.table_stats(), lambda: c.ref_count(0), lambda: c.pages([t.s]),
              lambda: c.write(0, t.k, t.k, t.slots), lambda: c.read(0, t.pg, t.out, None),
              lambda: c.copy_blocks([[0, 1]]), lambda: c.decode(0, t.q, t.pg, t.o),
+             lambda: c.decode_mla(0, t.q, t.pg, t.o),
              lambda: c.prefill(0, t.q, [0, 1], t.pg, t.o),
              lambda: c.pack(t.blocks, 20), lambda: c.unpack(t.buf, t.blocks),
              lambda: c.arena(), lambda: c.kv(0, 0)]

@@ -349,6 +349,12 @@ static void test_abi_struct_diffs_see_fields_not_padding(void **state)
     memcpy(&b, &a, sizeof(b));
     b.align_bytes = 64;
     assert_non_null(strstr(kvt_layout_config_diff(&a, &b), "align_bytes: 0 vs 64"));
+    memcpy(&b, &a, sizeof(b));
+    b.k_only = true;
+    assert_non_null(strstr(kvt_layout_config_diff(&a, &b), "k_only: 0 vs 1"));
+    memcpy(&lb, &la, sizeof(lb));
+    lb.k_only = true;
+    assert_non_null(strstr(kvt_layout_diff(&la, &lb), "kv_layout.k_only: 0 vs 1"));
     struct kv_view v, w;
     int64_t shape[2] = {2, 3};
     static float buf[6];

@@ -38,7 +38,8 @@
 static int64_t ref_offset_elems(const struct kv_layout_config *c, int64_t bstride, int64_t l,
                                 int64_t kv, int64_t b, int64_t n, int64_t h, int64_t d)
 {
-    int64_t planes = c->kv_packed ? 1 : 2, row = c->kv_packed ? 2 * c->head_dim : c->head_dim;
+    int64_t planes = c->kv_packed || c->k_only ? 1 : 2;
+    int64_t row = c->kv_packed ? 2 * c->head_dim : c->head_dim;
     int64_t plane = c->kv_packed ? 0 : kv;
     int64_t in =
         (c->order == KV_ORDER_NHD ? (n * c->num_heads + h) : (h * c->block_tokens + n)) * row +
@@ -53,7 +54,8 @@ static int64_t ref_offset_elems(const struct kv_layout_config *c, int64_t bstrid
 static int64_t ref_stream_pos(const struct kv_layout_config *c, int64_t l, int64_t kv, int64_t n,
                               int64_t h, int64_t d, int64_t es)
 {
-    int64_t planes = c->kv_packed ? 1 : 2, row = c->kv_packed ? 2 * c->head_dim : c->head_dim;
+    int64_t planes = c->kv_packed || c->k_only ? 1 : 2;
+    int64_t row = c->kv_packed ? 2 * c->head_dim : c->head_dim;
     int64_t nat = c->block_tokens * c->num_heads * row;
     int64_t in =
         (c->order == KV_ORDER_NHD ? (n * c->num_heads + h) : (h * c->block_tokens + n)) * row +
@@ -727,6 +729,7 @@ static void random_config(uint64_t *rng, struct kv_layout_config *c)
         c->order = kvt_range(rng, 0, 1) ? KV_ORDER_HND : KV_ORDER_NHD;
         c->arrange = kvt_range(rng, 0, 1) ? KV_ARRANGE_BLOCK_MAJOR : KV_ARRANGE_LAYER_MAJOR;
         c->kv_packed = kvt_range(rng, 0, 1) != 0;
+        c->k_only = !c->kv_packed && kvt_range(rng, 0, 2) == 0;
         const int64_t es = (int64_t)kv_dtype_size(c->dtype);
         const int64_t align = kvt_range(rng, 0, 2) == 0 ? 0 : (int64_t)1 << kvt_range(rng, 0, 12);
         c->align_bytes = align != 0 && align < es ? 0 : align;
@@ -766,6 +769,7 @@ static void assert_layout_fields_equal(const struct kv_layout *a, const struct k
     SAME(order);
     SAME(arrange);
     SAME(kv_packed);
+    SAME(k_only);
     SAME(elem_bytes);
     SAME(align_bytes);
     SAME(kv_planes);
@@ -812,6 +816,7 @@ static void assert_config_fields_equal(const struct kv_layout_config *a,
     SAME(order);
     SAME(arrange);
     SAME(kv_packed);
+    SAME(k_only);
     SAME(block_pad_elems);
     SAME(block_stride_bytes);
     SAME(align_bytes);
@@ -1104,7 +1109,7 @@ static void test_layout_codec_field_refusals(void **state)
         {"reserved", 92, 7, 4, KV_ERR_CORRUPT, "reserved field 0x00000007"},
         {"order", 80, 2, 4, KV_ERR_CORRUPT, "order 2"},
         {"arrange", 84, 9, 4, KV_ERR_CORRUPT, "arrange 9"},
-        {"packed", 88, 2, 4, KV_ERR_CORRUPT, "kv_packed 2"},
+        {"planes", 88, 3, 4, KV_ERR_CORRUPT, "planes 3 (0 K and V, 1 packed K|V, 2 K only)"},
         {"heads 0", 40, 0, 8, KV_ERR_CORRUPT, "num_heads = 0"},
         {"negative blocks", 24, (uint64_t)-5, 8, KV_ERR_CORRUPT, "num_blocks = -5"},
         {"blocks > 2^32", 24, (uint64_t)1 << 33, 8, KV_ERR_CORRUPT, "exceeds 2^32"},

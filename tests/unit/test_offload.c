@@ -83,8 +83,8 @@ static uint64_t hash_of(uint64_t k)
 static uint64_t entry_bytes(const struct kvt_cache *t)
 {
     const struct kv_layout_config *c = &t->cfg.layout;
-    return (uint64_t)(c->num_layers * 2 * c->block_tokens * c->num_heads * c->head_dim *
-                      t->pc.layout.elem_bytes);
+    return (uint64_t)(c->num_layers * (c->k_only ? 1 : 2) * c->block_tokens * c->num_heads *
+                      c->head_dim * t->pc.layout.elem_bytes);
 }
 
 /* n blocks of t (spread: the pool is scrambled by the caller), each filled
@@ -262,8 +262,10 @@ static void test_offload_every_layout(void **state)
     static const int64_t Ns[3] = {8, 16, 32};
     uint64_t rng = 0x0FF10AD;
     kv_offload *off = mk_tier((size_t)16 << 20, 0);
-    for (int bits = 0; bits < 16; bits++) {
-        const int64_t N = Ns[bits % 3];
+    /* bits 0..15, then four K-only (MLA) layouts: 32 | order, arrangement */
+    for (int bi = 0; bi < 20; bi++) {
+        const int bits = bi < 16 ? bi : 32 | (bi - 16);
+        const int64_t N = Ns[bi % 3];
         struct kvt_cache s, d;
         kvt_cache_make(&s, 3, 300, N, 4, 16, KV_BF16, bits, 100 + (uint64_t)bits);
         /* the destination: another arrangement and padding, same block format */

@@ -487,6 +487,57 @@ static void test_xport_tcp_write_plan_layer_ranges(void **state)
     pair_close(&p);
 }
 
+/* MLA latent caches on the wire: a K-only prefill cache (one KV head, D
+ * 576) sends a request to two decode ranks of other layouts (heterogeneous
+ * TP: every rank receives the whole latent, there is no head to slice), and
+ * one layer range to a third; each whole destination pool against the
+ * config-only reference. A two-plane peer is refused at plan time. */
+static void test_xport_tcp_write_plan_mla(void **state)
+{
+    (void)state;
+    struct pair p;
+    pair_open(&p, 2);
+    uint64_t rng = 576, tag = 5760;
+    struct kvt_side s;
+    kvt_side_make(&s, 3, 40, 16, 1, 576, KV_BF16, 32, 9000); /* NHD layer-major */
+    const uint64_t T = 70;
+    uint32_t sid[5];
+    kvt_pick_ids(&rng, s.lo.num_blocks, 5, sid);
+    /* {destination bits, N, layer range (src0, dst0, n; n 0: every layer), L} */
+    static const int cases[3][6] = {
+        {32 | 2 | 4, 16, 0, 0, 0, 3}, {32 | 1, 32, 0, 0, 0, 3}, {32 | 2, 8, 1, 2, 2, 5}};
+    for (int c = 0; c < 3; c++) {
+        struct kvt_side d;
+        kvt_side_make(&d, cases[c][5], 50, cases[c][1], 1, 576, KV_BF16, cases[c][0],
+                      9100 + (uint64_t)c);
+        struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+        pc.src_layer0 = cases[c][2], pc.dst_layer0 = cases[c][3], pc.n_layers = cases[c][4];
+        kv_plan *plan = NULL;
+        assert_int_equal(kv_plan_create(&s.lo, &d.lo, &pc, &plan), KV_OK);
+        const uint32_t nd = (uint32_t)((T + (uint64_t)cases[c][1] - 1) / (uint64_t)cases[c][1]);
+        uint32_t did[16];
+        kvt_pick_ids(&rng, d.lo.num_blocks, nd, did);
+        unsigned char *ref = malloc((size_t)d.lo.total_bytes);
+        assert_non_null(ref);
+        memcpy(ref, d.mem, (size_t)d.lo.total_bytes);
+        kvt_ref_move_layers(&s, sid, 5, &d, did, nd, pc.src_layer0, pc.dst_layer0,
+                            pc.n_layers ? pc.n_layers : 3, 0, 0, 1, ref);
+        write_plan_once(&p, plan, &s, sid, 5, &d, did, nd, T, tag++);
+        assert_int_equal(kvt_first_diff(ref, d.mem, d.lo.total_bytes), -1);
+        free(ref);
+        kv_plan_destroy(plan);
+        kvt_side_free(&d);
+    }
+    struct kvt_side two;
+    kvt_side_make(&two, 3, 50, 16, 1, 576, KV_BF16, 0, 9200);
+    kv_plan *plan = NULL;
+    assert_int_equal(kv_plan_create(&s.lo, &two.lo, NULL, &plan), KV_ERR_INVALID_ARG);
+    assert_null(plan);
+    kvt_side_free(&two);
+    kvt_side_free(&s);
+    pair_close(&p);
+}
+
 /* ---- gathered plans: fragment-proof conversions -------------------- */
 
 /* The whole destination pool after write_plan through pair p against
@@ -1353,6 +1404,7 @@ int main(void)
         cmocka_unit_test(test_xport_tcp_handshake_refusals),
         cmocka_unit_test(test_xport_tcp_write_read_whole_region),
         cmocka_unit_test(test_xport_tcp_write_plan_layer_ranges),
+        cmocka_unit_test(test_xport_tcp_write_plan_mla),
         cmocka_unit_test(test_xport_tcp_write_plan_gathered),
         cmocka_unit_test(test_xport_tcp_write_plan_gathered_cancel),
         cmocka_unit_test(test_xport_tcp_fault_cut),

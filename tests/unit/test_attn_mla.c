@@ -1,0 +1,869 @@
+/*
+ * test_attn_mla.c - MLA latent caches: the K-only layout (kv_layout.h
+ * k_only), the kernels, plans and pack over it, and kv_attn_decode_mla.
+ *
+ *   - the layout: one plane, its strides and byte runs against the config
+ *     formula (kvt_ref_offset_elems), V refused, refused with kv_packed,
+ *     fingerprints apart from the two-plane layout of the same dims, the
+ *     config wire (planes field 2) round trip;
+ *   - write / read / copy-blocks (one cache and two, a layer range) over
+ *     K-only layouts: padded, both arrangements, block ids far from 0,
+ *     strided tensors; the WHOLE pool compared with a reference built from
+ *     the config alone; every V (tensor, output, scales, plane) refused with
+ *     the pools unchanged;
+ *   - plans: K-only -> K-only with a layer range (whole destination
+ *     compared), K-only <-> two planes refused, heterogeneous TP for MLA
+ *     (two decode ranks of other layouts each receive the whole latent),
+ *     pack / unpack of a K-only layer range;
+ *   - kv_attn_decode_mla against a float64 reference: D = 576 / dv = 512 and
+ *     small D, Hq in {1, 3, 5, 16, 128}, bf16 / f16 / f32 / fp8 e4m3 with a
+ *     per-tensor scale, CSR and block-table pages, empty sequences, padded
+ *     layouts, strided q and out (gaps checked untouched), the AVX2 and the
+ *     portable paths; its refusals.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <kvcache/kv.h>
+
+#include "kv_attn_grid_int.h"
+#include "kv_attn_int.h"
+#include "kv_mem.h"
+#include "kvtest.h"
+
+/* ---- pools -------------------------------------------------------------------- */
+
+struct pool {
+    struct kv_layout_config cfg;
+    struct kv_paged_cache c;
+    unsigned char *mem;
+    size_t bytes;
+    int64_t es;
+};
+
+static struct kv_layout_config mla_cfg(int64_t L, int64_t B, int64_t N, int64_t H, int64_t D,
+                                       kv_dtype dt, kv_order o, kv_arrange a, int64_t pad)
+{
+    struct kv_layout_config c = KV_LAYOUT_CONFIG_INIT;
+    c.num_layers = L, c.num_blocks = B, c.block_tokens = N, c.num_heads = H, c.head_dim = D;
+    c.dtype = dt, c.order = o, c.arrange = a, c.block_pad_elems = pad, c.k_only = true;
+    return c;
+}
+
+static void fill_random(void *p, size_t n, uint64_t seed)
+{
+    unsigned char *b = p;
+    uint64_t r = seed;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const uint64_t x = kvt_rand(&r);
+        memcpy(b + i, &x, 8);
+    }
+    for (; i < n; i++)
+        b[i] = (unsigned char)(kvt_rand(&r) >> 24);
+}
+
+static void pool_make(struct pool *p, const struct kv_layout_config *cfg, uint64_t seed)
+{
+    memset(p, 0, sizeof(*p));
+    p->cfg = *cfg;
+    assert_int_equal(kv_layout_init(cfg, &p->c.layout), KV_OK);
+    p->bytes = (size_t)p->c.layout.total_bytes;
+    p->mem = kv__mem_alloc_aligned(4096, p->bytes);
+    assert_non_null(p->mem);
+    fill_random(p->mem, p->bytes, seed);
+    p->c.base = p->mem;
+    p->c.storage_bytes = p->bytes;
+    p->es = (int64_t)kv_dtype_size(cfg->dtype);
+}
+
+static void pool_free(struct pool *p)
+{
+    kv__mem_free(p->mem);
+    p->mem = NULL;
+}
+
+/* byte offset of (l, b, n, h, d) of the K plane, from the config alone */
+static size_t at(const struct pool *p, int64_t l, int64_t b, int64_t n, int64_t h, int64_t d)
+{
+    return (size_t)(kvt_ref_offset_elems(&p->cfg, l, 0, b, n, h, d) * p->es);
+}
+
+static unsigned char *snapshot(const struct pool *p)
+{
+    unsigned char *s = malloc(p->bytes);
+    assert_non_null(s);
+    memcpy(s, p->mem, p->bytes);
+    return s;
+}
+
+/* ---- the layout ------------------------------------------------------------------ */
+
+static void test_mla_layout(void **state)
+{
+    (void)state;
+    for (int bits = 0; bits < 8; bits++) {
+        struct kv_layout_config c =
+            mla_cfg(3, 7, 4, bits & 4 ? 2 : 1, 24, KV_BF16, bits & 1 ? KV_ORDER_HND : KV_ORDER_NHD,
+                    bits & 2 ? KV_ARRANGE_BLOCK_MAJOR : KV_ARRANGE_LAYER_MAJOR, bits & 4 ? 8 : 0);
+        struct kv_layout lo;
+        assert_int_equal(kv_layout_init(&c, &lo), KV_OK);
+        assert_int_equal(lo.kv_planes, 1);
+        assert_true(lo.k_only);
+        assert_int_equal(lo.stride_kv_elems, 0);
+        assert_int_equal(lo.block_elems, 4 * c.num_heads * 24);
+        assert_int_equal(lo.total_elems, 3 * 7 * (lo.block_elems + c.block_pad_elems));
+        for (int64_t l = 0; l < 3; l++)
+            for (int64_t b = 0; b < 7; b++)
+                for (int64_t n = 0; n < 4; n++)
+                    for (int64_t h = 0; h < c.num_heads; h++)
+                        for (int64_t d = 0; d < 24; d += 5) {
+                            int64_t off = -1;
+                            assert_int_equal(kv_layout_offset(&lo, (uint32_t)l, 0, (uint32_t)b,
+                                                              (uint32_t)n, (uint32_t)h,
+                                                              (uint32_t)d, &off),
+                                             KV_OK);
+                            assert_int_equal(off, kvt_ref_offset_elems(&c, l, 0, b, n, h, d));
+                        }
+        /* runs of a block: L storage blocks in layer order */
+        struct kv_byte_runs r;
+        assert_int_equal(kv_layout_block_runs(&lo, 5, &r), KV_OK);
+        const int64_t bb = lo.block_bytes;
+        assert_int_equal(r.first_offset_bytes, kvt_ref_offset_elems(&c, 0, 0, 5, 0, 0, 0) * 2);
+        if (r.run_count == 1) {
+            assert_int_equal(r.run_bytes, 3 * bb);
+        } else {
+            assert_int_equal(r.run_count, 3);
+            assert_int_equal(r.run_bytes, bb);
+            assert_int_equal(r.run_stride_bytes, (kvt_ref_offset_elems(&c, 1, 0, 5, 0, 0, 0) -
+                                                  kvt_ref_offset_elems(&c, 0, 0, 5, 0, 0, 0)) *
+                                                     2);
+        }
+        /* no V */
+        int64_t off = 0;
+        assert_int_equal(kv_layout_offset(&lo, 0, 1, 0, 0, 0, 0, &off), KV_ERR_INVALID_ARG);
+        kvt_assert_msg_has("K-only");
+        struct kv_view v;
+        static char base[1];
+        assert_int_equal(kv_layout_kv_view(&lo, base, (size_t)lo.total_bytes, 1, 1, &v),
+                         KV_ERR_INVALID_ARG);
+        kvt_assert_msg_has("kv = 1 (V) of a K-only");
+        /* fingerprints: apart from the two-plane layout of the same dims */
+        struct kv_layout_config two = c;
+        two.k_only = false;
+        struct kv_layout lt;
+        assert_int_equal(kv_layout_init(&two, &lt), KV_OK);
+        assert_true(lt.fingerprint != lo.fingerprint);
+        assert_true(lt.block_format_fingerprint != lo.block_format_fingerprint);
+        /* back to a config, and over the wire */
+        struct kv_layout_config back, dec;
+        assert_int_equal(kv_layout_config_from(&lo, &back), KV_OK);
+        assert_true(back.k_only);
+        unsigned char wire[KV_LAYOUT_CONFIG_WIRE_BYTES];
+        size_t len = 0;
+        assert_int_equal(kv_layout_config_encode(&c, wire, sizeof(wire), &len), KV_OK);
+        assert_int_equal(wire[88], 2);
+        assert_int_equal(kv_layout_config_decode(wire, len, &dec), KV_OK);
+        assert_string_equal(kvt_layout_config_diff(&dec, &c), "");
+    }
+    struct kv_layout_config c = mla_cfg(1, 2, 4, 1, 8, KV_F32, 0, 0, 0);
+    c.kv_packed = true;
+    struct kv_layout lo;
+    assert_int_equal(kv_layout_init(&c, &lo), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("k_only and kv_packed");
+}
+
+/* ---- write / read / copy ---------------------------------------------------------- */
+
+/* A strided [T][H][D] tensor (or [L][T][H][D]): D contiguous, rows padded. */
+struct tensor {
+    struct kv_view v;
+    unsigned char *mem;
+    size_t bytes;
+};
+
+static void tensor_make(struct tensor *t, kv_dtype dt, int64_t T, int64_t H, int64_t D,
+                        uint64_t seed)
+{
+    const int64_t es = (int64_t)kv_dtype_size(dt);
+    const int64_t hs = D + 8, ts = H * hs + 3;
+    t->bytes = (size_t)(T * ts * es + 64);
+    t->mem = kv__mem_alloc_aligned(64, t->bytes);
+    assert_non_null(t->mem);
+    fill_random(t->mem, t->bytes, seed);
+    int64_t shape[3] = {T, H, D}, strides[3] = {ts, hs, 1};
+    assert_int_equal(kv_view_from_strided(t->mem, t->bytes, dt, 3, shape, strides, 0, &t->v),
+                     KV_OK);
+}
+
+static size_t tat(const struct tensor *t, int64_t tok, int64_t h, int64_t d)
+{
+    const int64_t es = (int64_t)kv_dtype_size(t->v.dtype);
+    return (size_t)((t->v.offset + tok * t->v.strides[0] + h * t->v.strides[1] +
+                     d * t->v.strides[2]) *
+                    es);
+}
+
+static void test_mla_write_read_copy(void **state)
+{
+    (void)state;
+    static const kv_dtype dts[3] = {KV_BF16, KV_FP8_E4M3, KV_F32};
+    for (int bits = 0; bits < 6; bits++) {
+        const int64_t H = bits & 1 ? 2 : 1, D = bits & 1 ? 24 : 576, N = 8, B = 300, L = 3;
+        const kv_dtype dt = dts[bits % 3];
+        struct kv_layout_config cfg =
+            mla_cfg(L, B, N, H, D, dt, bits & 2 ? KV_ORDER_HND : KV_ORDER_NHD,
+                    bits & 4 ? KV_ARRANGE_BLOCK_MAJOR : KV_ARRANGE_LAYER_MAJOR, 16);
+        struct pool p;
+        pool_make(&p, &cfg, 0x100 + (uint64_t)bits);
+        unsigned char *ref = snapshot(&p);
+        /* write 19 tokens of layer 1 into blocks 290.. (one slot -1) */
+        const int64_t T = 19;
+        int64_t slots[19];
+        for (int64_t i = 0; i < T; i++)
+            slots[i] = (299 - i / N * 4) * N + i % N;
+        slots[7] = -1;
+        struct tensor k;
+        tensor_make(&k, dt, T, H, D, 0x200 + (uint64_t)bits);
+        assert_int_equal(kv_attn_write(p.c, 1, &k.v, NULL, slots, T, NULL), KV_OK);
+        for (int64_t i = 0; i < T; i++)
+            for (int64_t h = 0; h < H && slots[i] >= 0; h++)
+                for (int64_t d = 0; d < D; d++)
+                    memcpy(ref + at(&p, 1, slots[i] / N, slots[i] % N, h, d),
+                           k.mem + tat(&k, i, h, d), (size_t)p.es);
+        assert_memory_equal(p.mem, ref, p.bytes);
+        /* a V tensor is refused, nothing written */
+        struct tensor v;
+        tensor_make(&v, dt, T, H, D, 0x300);
+        assert_int_equal(kv_attn_write(p.c, 1, &k.v, &v.v, slots, T, NULL), KV_ERR_INVALID_ARG);
+        kvt_assert_msg_has("v given");
+        const float ks[1] = {0.5f}, vs[1] = {0.25f};
+        const struct kv_scales sc = {ks, vs, 1, 0};
+        assert_int_equal(kv_attn_write(p.c, 1, &k.v, NULL, slots, T, &sc), KV_ERR_INVALID_ARG);
+        kvt_assert_msg_has("V scales given");
+        assert_memory_equal(p.mem, ref, p.bytes);
+
+        /* read two sequences (pages of blocks far from 0) into a strided k_out */
+        const int32_t indptr[3] = {0, 2, 3}, indices[3] = {299, 295, 291}, last[2] = {3, 8};
+        const struct kv_pages pg = {.format = KV_PAGES_CSR,
+                                    .n_seqs = 2,
+                                    .indptr = indptr,
+                                    .indices = indices,
+                                    .last_page_len = last};
+        const int64_t TR = N + 3 + 8;
+        struct tensor out;
+        tensor_make(&out, dt, TR, H, D, 0x400);
+        unsigned char *want = malloc(out.bytes);
+        assert_non_null(want);
+        memcpy(want, out.mem, out.bytes);
+        const int64_t seq_page[19] = {299, 299, 299, 299, 299, 299, 299, 299, 295, 295, 295,
+                                      291, 291, 291, 291, 291, 291, 291, 291};
+        for (int64_t i = 0; i < TR; i++) {
+            const int64_t tok = i < 8 ? i : i < 11 ? i - 8 : i - 11;
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t d = 0; d < D; d++)
+                    memcpy(want + tat(&out, i, h, d), ref + at(&p, 2, seq_page[i], tok, h, d),
+                           (size_t)p.es);
+        }
+        assert_int_equal(kv_attn_read(p.c, 2, &pg, &out.v, NULL, NULL), KV_OK);
+        assert_memory_equal(out.mem, want, out.bytes);
+        memcpy(out.mem, want, out.bytes);
+        assert_int_equal(kv_attn_read(p.c, 2, &pg, &out.v, &v.v, NULL), KV_ERR_INVALID_ARG);
+        kvt_assert_msg_has("v_out given");
+        assert_memory_equal(out.mem, want, out.bytes);
+
+        /* copy blocks within the cache: every layer of 250 -> 298, 260 -> 12 */
+        const struct kv_block_copy cp[2] = {{250, 298, 0}, {260, 12, 0}};
+        assert_int_equal(kv_attn_copy_blocks(p.c, cp, 2), KV_OK);
+        for (int i = 0; i < 2; i++)
+            for (int64_t l = 0; l < L; l++)
+                for (int64_t n = 0; n < N; n++)
+                    for (int64_t h = 0; h < H; h++)
+                        for (int64_t d = 0; d < D; d++)
+                            memcpy(ref + at(&p, l, cp[i].dst, n, h, d),
+                                   ref + at(&p, l, cp[i].src, n, h, d), (size_t)p.es);
+        assert_memory_equal(p.mem, ref, p.bytes);
+
+        /* copy_ex between two caches of one block format (other B, arrangement,
+         * padding): layer 1 only; V and both planes refused */
+        struct kv_layout_config c2 = cfg;
+        c2.num_blocks = 280;
+        c2.arrange = cfg.arrange == KV_ARRANGE_LAYER_MAJOR ? KV_ARRANGE_BLOCK_MAJOR
+                                                           : KV_ARRANGE_LAYER_MAJOR;
+        c2.block_pad_elems = 0;
+        c2.block_stride_bytes = (N * H * D * p.es + 255) / 256 * 256 + 256;
+        struct pool q;
+        pool_make(&q, &c2, 0x500 + (uint64_t)bits);
+        unsigned char *qref = snapshot(&q);
+        const struct kv_block_copy cq[2] = {{299, 277, 0}, {291, 200, 0}};
+        struct kv_copy_blocks_opts o = KV_COPY_BLOCKS_OPTS_INIT;
+        o.layer0 = 1, o.n_layers = 1;
+        for (uint32_t planes = 2; planes <= 3; planes++) {
+            o.planes = planes;
+            assert_int_equal(kv_attn_copy_blocks_ex(q.c, p.c, cq, 2, &o), KV_ERR_INVALID_ARG);
+            kvt_assert_msg_has("names V");
+        }
+        assert_memory_equal(q.mem, qref, q.bytes);
+        o.planes = bits & 1 ? KV_ATTN_PLANE_K : 0;
+        assert_int_equal(kv_attn_copy_blocks_ex(q.c, p.c, cq, 2, &o), KV_OK);
+        for (int i = 0; i < 2; i++)
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t h = 0; h < H; h++)
+                    for (int64_t d = 0; d < D; d++)
+                        memcpy(qref + at(&q, 1, cq[i].dst, n, h, d),
+                               ref + at(&p, 1, cq[i].src, n, h, d), (size_t)p.es);
+        assert_memory_equal(q.mem, qref, q.bytes);
+        assert_memory_equal(p.mem, ref, p.bytes);
+        /* a two-plane cache of the same dims is another block format */
+        struct kv_layout_config c3 = cfg;
+        c3.k_only = false;
+        struct pool r;
+        pool_make(&r, &c3, 0x600);
+        assert_int_equal(kv_attn_copy_blocks_ex(r.c, p.c, cq, 1, NULL), KV_ERR_MISMATCH);
+        kvt_assert_msg_has("k_only 1 (src) vs 0 (dst)");
+        pool_free(&r);
+
+        /* decode entries of two-plane caches refuse the K-only layout */
+        struct tensor qt, ot;
+        tensor_make(&qt, KV_F32, 2, H, D, 0x700);
+        tensor_make(&ot, KV_F32, 2, H, D, 0x800);
+        assert_int_equal(kv_attn_decode(p.c, 0, &qt.v, &pg, 1.0f, NULL, &ot.v),
+                         KV_ERR_INVALID_ARG);
+        kvt_assert_msg_has("kv_attn_decode_mla");
+        kv__mem_free(qt.mem);
+        kv__mem_free(ot.mem);
+
+        free(qref);
+        pool_free(&q);
+        free(want);
+        kv__mem_free(out.mem);
+        kv__mem_free(v.mem);
+        kv__mem_free(k.mem);
+        free(ref);
+        pool_free(&p);
+    }
+}
+
+/* ---- plans, TP, pack ------------------------------------------------------------- */
+
+/* dst_ref gets layers [sl0, sl0 + nl) of src's blocks onto [dl0, ...) of
+ * dst's, token by token for n_tokens (every head). */
+static void ref_move(const struct pool *src, const unsigned char *sm, const uint32_t *sb,
+                     const struct pool *dst, unsigned char *dm, const uint32_t *db,
+                     int64_t n_tokens, int64_t sl0, int64_t dl0, int64_t nl)
+{
+    const int64_t Ns = src->cfg.block_tokens, Nd = dst->cfg.block_tokens;
+    for (int64_t t = 0; t < n_tokens; t++)
+        for (int64_t l = 0; l < nl; l++)
+            for (int64_t h = 0; h < src->cfg.num_heads; h++)
+                for (int64_t d = 0; d < src->cfg.head_dim; d++)
+                    memcpy(dm + at(dst, dl0 + l, db[t / Nd], t % Nd, h, d),
+                           sm + at(src, sl0 + l, sb[t / Ns], t % Ns, h, d), (size_t)src->es);
+}
+
+static void test_mla_plans(void **state)
+{
+    (void)state;
+    const int64_t D = 576;
+    struct kv_layout_config pc =
+        mla_cfg(4, 64, 16, 1, D, KV_BF16, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, 0);
+    struct pool pre;
+    pool_make(&pre, &pc, 0x1000);
+    unsigned char *pre_ref = snapshot(&pre);
+    const uint32_t sb[4] = {63, 40, 51, 33};
+
+    /* a layer range: source layers 1..2 onto layers 3..4 of a decoder of 6
+     * layers, block-major, padded, pages of 8 */
+    struct kv_layout_config dc =
+        mla_cfg(6, 90, 8, 1, D, KV_BF16, KV_ORDER_HND, KV_ARRANGE_BLOCK_MAJOR, 96);
+    struct pool dec;
+    pool_make(&dec, &dc, 0x1100);
+    unsigned char *dec_ref = snapshot(&dec);
+    struct kv_plan_config pcfg = KV_PLAN_CONFIG_INIT;
+    pcfg.src_layer0 = 1, pcfg.dst_layer0 = 3, pcfg.n_layers = 2;
+    kv_plan *plan = NULL;
+    assert_int_equal(kv_plan_create(&pre.c.layout, &dec.c.layout, &pcfg, &plan), KV_OK);
+    struct kv_plan_stats ps;
+    assert_int_equal(kv_plan_stats_get(plan, &ps), KV_OK);
+    assert_int_equal(ps.rows, 2 * 1 * 16 * 1); /* n_layers x one plane x window x heads */
+    const uint32_t db[8] = {89, 70, 81, 60, 77, 88, 64, 71};
+    assert_int_equal(kv_plan_copy(plan, pre.c, sb, 4, dec.c, db, 8, 64), KV_OK);
+    ref_move(&pre, pre_ref, sb, &dec, dec_ref, db, 64, 1, 3, 2);
+    assert_memory_equal(dec.mem, dec_ref, dec.bytes);
+    assert_memory_equal(pre.mem, pre_ref, pre.bytes);
+    kv_plan_destroy(plan);
+
+    /* pack the same layer range, unpack it into the decoder elsewhere */
+    struct kv_plan_config pk = KV_PLAN_CONFIG_INIT;
+    pk.src_layer0 = 1, pk.n_layers = 2;
+    uint64_t need = 0;
+    assert_int_equal(kv_pack_size(&pre.c.layout, &pk, 64, &need), KV_OK);
+    unsigned char *buf = kv__mem_alloc_aligned(64, (size_t)need);
+    assert_non_null(buf);
+    size_t got = 0;
+    assert_int_equal(kv_pack(NULL, pre.c, sb, 4, 64, buf, (size_t)need, &got, &pk), KV_OK);
+    assert_int_equal(buf[108], 2); /* planes: K only */
+    struct kv_pack_info info;
+    assert_int_equal(kv_pack_inspect(buf, got, &info), KV_OK);
+    assert_true(info.source.k_only && info.wire.k_only);
+    assert_int_equal(info.wire.kv_planes, 1);
+    const uint32_t db2[8] = {10, 11, 30, 31, 50, 52, 54, 56};
+    assert_int_equal(kv_unpack(NULL, buf, got, dec.c, db2, 8, &pcfg), KV_OK);
+    ref_move(&pre, pre_ref, sb, &dec, dec_ref, db2, 64, 1, 3, 2);
+    assert_memory_equal(dec.mem, dec_ref, dec.bytes);
+    kv__mem_free(buf);
+
+    /* heterogeneous TP for MLA: two decode ranks of other layouts (TP 2: in
+     * MLA every rank holds the whole latent, there is no KV head to slice)
+     * each receive every layer of the whole latent row */
+    struct kv_layout_config r0 =
+        mla_cfg(4, 70, 16, 1, D, KV_BF16, KV_ORDER_NHD, KV_ARRANGE_BLOCK_MAJOR, 0);
+    r0.block_stride_bytes = 16 * D * 2 + 512;
+    r0.align_bytes = 512;
+    struct kv_layout_config r1 =
+        mla_cfg(4, 40, 32, 1, D, KV_BF16, KV_ORDER_HND, KV_ARRANGE_LAYER_MAJOR, 64);
+    const struct kv_layout_config *ranks[2] = {&r0, &r1};
+    const uint32_t rb[2][4] = {{69, 5, 60, 33}, {39, 21, 0, 0}};
+    for (int r = 0; r < 2; r++) {
+        struct pool d;
+        pool_make(&d, ranks[r], 0x1200 + (uint64_t)r);
+        unsigned char *d_ref = snapshot(&d);
+        assert_int_equal(kv_plan_create(&pre.c.layout, &d.c.layout, NULL, &plan), KV_OK);
+        const uint32_t nd = (uint32_t)(64 / ranks[r]->block_tokens);
+        assert_int_equal(kv_plan_copy(plan, pre.c, sb, 4, d.c, rb[r], nd, 64), KV_OK);
+        ref_move(&pre, pre_ref, sb, &d, d_ref, rb[r], 64, 0, 0, 4);
+        assert_memory_equal(d.mem, d_ref, d.bytes);
+        kv_plan_destroy(plan);
+        /* a head slice of the latent does not exist */
+        struct kv_plan_config hs = KV_PLAN_CONFIG_INIT;
+        hs.src_head0 = 1, hs.n_heads = 1;
+        assert_int_equal(kv_plan_create(&pre.c.layout, &d.c.layout, &hs, &plan), KV_ERR_BAD_SHAPE);
+        free(d_ref);
+        pool_free(&d);
+    }
+
+    /* K-only <-> two planes refused, both ways */
+    struct kv_layout_config two = pc;
+    two.k_only = false;
+    struct kv_layout lt;
+    assert_int_equal(kv_layout_init(&two, &lt), KV_OK);
+    plan = NULL;
+    assert_int_equal(kv_plan_create(&pre.c.layout, &lt, NULL, &plan), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("source K-only, destination K and V planes");
+    assert_int_equal(kv_plan_create(&lt, &pre.c.layout, NULL, &plan), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("source K and V planes, destination K-only");
+    assert_null(plan);
+
+    free(dec_ref);
+    pool_free(&dec);
+    free(pre_ref);
+    pool_free(&pre);
+}
+
+/* ---- decode ------------------------------------------------------------------------ */
+
+/* Independent decoders of the cache's elements. */
+static double ref_bf16(const unsigned char *p)
+{
+    uint32_t u = (uint32_t)(p[0] | p[1] << 8) << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static double ref_f16(const unsigned char *p) /* normals only (how the test fills it) */
+{
+    const unsigned u = p[0] | p[1] << 8, e = (u >> 10) & 31, m = u & 1023;
+    return (u & 0x8000 ? -1.0 : 1.0) * ldexp(1.0 + m / 1024.0, (int)e - 15);
+}
+static double ref_e4m3(const unsigned char *p)
+{
+    const unsigned e = (p[0] >> 3) & 15, m = p[0] & 7;
+    const double v = e ? ldexp(1.0 + m / 8.0, (int)e - 7) : ldexp(m / 8.0, -6);
+    return p[0] & 0x80 ? -v : v;
+}
+static double ref_e5m2(const unsigned char *p)
+{
+    const unsigned e = (p[0] >> 2) & 31, m = p[0] & 3;
+    const double v = e ? ldexp(1.0 + m / 4.0, (int)e - 15) : ldexp(m / 4.0, -14);
+    return p[0] & 0x80 ? -v : v;
+}
+static double ref_elem(kv_dtype dt, const unsigned char *p)
+{
+    float f;
+    switch (dt) {
+    case KV_BF16:
+        return ref_bf16(p);
+    case KV_F16:
+        return ref_f16(p);
+    case KV_FP8_E4M3:
+        return ref_e4m3(p);
+    case KV_FP8_E5M2:
+        return ref_e5m2(p);
+    default:
+        memcpy(&f, p, 4);
+        return f;
+    }
+}
+
+/* a random finite element of dt of magnitude < 2 */
+static void rand_elem(kv_dtype dt, unsigned char *p, uint64_t *rng)
+{
+    const uint64_t r = kvt_rand(rng);
+    float f = (float)((int64_t)(r % 2001) - 1000) / 1000.0f;
+    uint32_t u;
+    switch (dt) {
+    case KV_BF16:
+        memcpy(&u, &f, 4);
+        p[0] = (unsigned char)(u >> 16), p[1] = (unsigned char)(u >> 24);
+        break;
+    case KV_F16: { /* exponent 10..15: [2^-5, 2) */
+        const unsigned v = (unsigned)((r >> 20) & 0x8000) | (unsigned)(10 + (r >> 8) % 6) << 10 |
+                           (unsigned)(r >> 32) % 1024;
+        p[0] = (unsigned char)v, p[1] = (unsigned char)(v >> 8);
+        break;
+    }
+    case KV_FP8_E4M3: /* exponents 0..7: |x| < 2 */
+        p[0] = (unsigned char)((r >> 40) & 0x80) | (unsigned char)((r >> 8) % 8) << 3 |
+               (unsigned char)(r % 8);
+        break;
+    case KV_FP8_E5M2: /* exponents 0..15: |x| < 2 */
+        p[0] = (unsigned char)((r >> 40) & 0x80) | (unsigned char)((r >> 8) % 16) << 2 |
+               (unsigned char)(r % 4);
+        break;
+    default:
+        memcpy(p, &f, 4);
+        break;
+    }
+}
+
+struct dcase {
+    kv_dtype dt;
+    int64_t D, dv, hq;
+    kv_arrange arr;
+    bool block_table, portable, scaled;
+    kv_dtype out_dt;
+    bool grid; /* the CUDA body on the CPU grid emulator (kv__grid_attn_decode_mla) */
+};
+
+static void run_decode_case(const struct dcase *k, uint64_t seed)
+{
+    const int64_t N = 16, B = 200, L = 2, S = 4, D = k->D, dv = k->dv, hq = k->hq;
+    struct kv_layout_config cfg = mla_cfg(L, B, N, 1, D, k->dt, KV_ORDER_NHD, k->arr, 40);
+    struct pool p;
+    pool_make(&p, &cfg, seed);
+    uint64_t rng = seed * 31 + 7;
+    /* every element of layer 1 a finite value */
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t d = 0; d < D; d++)
+                rand_elem(k->dt, p.mem + at(&p, 1, b, n, 0, d), &rng);
+    unsigned char *before = snapshot(&p);
+    /* sequences of 0, 1, 45 and 130 tokens, pages far from 0, shuffled */
+    const int64_t lens[4] = {0, 1, 45, 130};
+    int32_t indptr[5] = {0}, indices[32], last[4], table[4 * 9];
+    int64_t seq_lens[4];
+    int32_t pool_ids[60];
+    for (int i = 0; i < 60; i++)
+        pool_ids[i] = (int32_t)(B - 1 - i);
+    for (int i = 59; i > 0; i--) {
+        const int j = (int)kvt_range(&rng, 0, i);
+        const int32_t x = pool_ids[i];
+        pool_ids[i] = pool_ids[j], pool_ids[j] = x;
+    }
+    int np = 0;
+    for (int s = 0; s < S; s++) {
+        const int64_t pages = (lens[s] + N - 1) / N;
+        for (int64_t i = 0; i < pages; i++) {
+            indices[np] = pool_ids[np];
+            table[s * 9 + i] = pool_ids[np];
+            np++;
+        }
+        indptr[s + 1] = np;
+        last[s] = lens[s] ? (int32_t)((lens[s] - 1) % N + 1) : 0;
+        seq_lens[s] = lens[s];
+    }
+    struct kv_pages pg = {.format = KV_PAGES_CSR,
+                          .n_seqs = (uint32_t)S,
+                          .indptr = indptr,
+                          .indices = indices,
+                          .last_page_len = last};
+    if (k->block_table)
+        pg = (struct kv_pages){.format = KV_PAGES_BLOCK_TABLE,
+                               .n_seqs = (uint32_t)S,
+                               .block_table = table,
+                               .block_table_cols = 9,
+                               .seq_lens = seq_lens};
+    /* q [S][Hq][D] f32 with padded heads; out [S][Hq][dv] padded, gaps checked */
+    const int64_t qhs = D + 4, ohs = dv + 3;
+    float *q = malloc((size_t)(S * hq * qhs) * sizeof(float));
+    const int64_t oes = (int64_t)kv_dtype_size(k->out_dt);
+    const size_t obytes = (size_t)(S * hq * ohs * oes);
+    unsigned char *out = malloc(obytes), *out0 = malloc(obytes);
+    assert_true(q && out && out0);
+    for (int64_t i = 0; i < S * hq * qhs; i++)
+        q[i] = (float)((int64_t)kvt_range(&rng, 0, 2000) - 1000) / 1000.0f;
+    fill_random(out, obytes, seed + 1);
+    memcpy(out0, out, obytes);
+    struct kv_view qv, ov;
+    int64_t qs[3] = {S, hq, D}, qst[3] = {hq * qhs, qhs, 1};
+    int64_t os[3] = {S, hq, dv}, ost[3] = {hq * ohs, ohs, 1};
+    assert_int_equal(kv_view_from_strided(q, (size_t)(S * hq * qhs) * sizeof(float), KV_F32, 3,
+                                          qs, qst, 0, &qv),
+                     KV_OK);
+    assert_int_equal(kv_view_from_strided(out, obytes, k->out_dt, 3, os, ost, 0, &ov), KV_OK);
+    const float scale = 1.0f / sqrtf((float)D), kscale[2] = {0.37f, 0.37f};
+    const struct kv_scales sc = {kscale, NULL, 1, 0};
+    if (k->grid) {
+        struct kv__attn_job j;
+        struct kv_paged_cache dev = p.c;
+        dev.mem = KV_MEM_PINNED; /* what a CUDA entry takes; host memory here */
+        assert_int_equal(kv__attn_decode_mla_check("kv_attn_decode_mla_cuda", &dev, 1, &qv, &pg,
+                                                   dv, scale, k->scaled ? &sc : NULL, &ov, &j),
+                         KV_OK);
+        const kv_status st = kv__grid_attn_decode_mla(&j);
+        kv__attn_job_free(&j);
+        if (st != KV_OK)
+            fail_msg("kv__grid_attn_decode_mla: %s: %s", kv_status_name(st), kv_last_error());
+    } else {
+        kv__attn_test_tune(-1, k->portable);
+        assert_int_equal(
+            kv_attn_decode_mla(p.c, 1, &qv, &pg, dv, scale, k->scaled ? &sc : NULL, &ov), KV_OK);
+        kv__attn_test_tune(-1, false);
+    }
+    assert_memory_equal(p.mem, before, p.bytes);
+    /* float64 reference */
+    const double ks = k->scaled ? 0.37 : 1.0;
+    double *sco = malloc(sizeof(double) * 130), *o = malloc(sizeof(double) * (size_t)dv);
+    assert_true(sco && o);
+    bool *is_out = calloc((size_t)(S * hq * ohs), 1);
+    assert_non_null(is_out);
+    for (int64_t s = 0; s < S; s++)
+        for (int64_t h = 0; h < hq; h++) {
+            const float *qq = q + (s * hq + h) * qhs;
+            double mx = -INFINITY, sum = 0.0;
+            for (int64_t t = 0; t < lens[s]; t++) {
+                const int64_t blk = indices[indptr[s] + t / N];
+                double dot = 0.0;
+                for (int64_t d = 0; d < D; d++)
+                    dot += (double)qq[d] * ref_elem(k->dt, p.mem + at(&p, 1, blk, t % N, 0, d));
+                sco[t] = dot * ks * scale;
+                mx = sco[t] > mx ? sco[t] : mx;
+            }
+            for (int64_t j = 0; j < dv; j++)
+                o[j] = 0.0;
+            for (int64_t t = 0; t < lens[s]; t++) {
+                const int64_t blk = indices[indptr[s] + t / N];
+                const double w = exp(sco[t] - mx);
+                sum += w;
+                for (int64_t j = 0; j < dv; j++)
+                    o[j] += w * ks * ref_elem(k->dt, p.mem + at(&p, 1, blk, t % N, 0, j));
+            }
+            for (int64_t j = 0; j < dv; j++) {
+                const double want = lens[s] ? o[j] / sum : 0.0;
+                const int64_t e = (s * hq + h) * ohs + j;
+                is_out[e] = true;
+                double got;
+                if (k->out_dt == KV_BF16) {
+                    got = ref_bf16(out + e * 2);
+                } else {
+                    float f;
+                    memcpy(&f, out + e * 4, 4);
+                    got = f;
+                }
+                const double tol = k->out_dt == KV_BF16 ? 1e-2 * fabs(want) + 1e-3 : 2e-5 + 1e-4 * fabs(want);
+                if (!(fabs(got - want) <= tol))
+                    fail_msg("dt %s D %" PRId64 " dv %" PRId64 " Hq %" PRId64
+                             " seq %" PRId64 " head %" PRId64 " dim %" PRId64
+                             ": got %.7g, float64 reference %.7g",
+                             kv_dtype_name(k->dt), D, dv, hq, s, h, j, got, want);
+            }
+        }
+    for (int64_t e = 0; e < S * hq * ohs; e++)
+        if (!is_out[e] && memcmp(out + e * oes, out0 + e * oes, (size_t)oes) != 0)
+            fail_msg("out element %" PRId64 " (a gap between heads) was written", e);
+    free(is_out);
+    free(sco);
+    free(o);
+    free(q);
+    free(out);
+    free(out0);
+    free(before);
+    pool_free(&p);
+}
+
+static void test_mla_decode_vs_float64(void **state)
+{
+    (void)state;
+    const struct dcase cases[] = {
+        {KV_BF16, 576, 512, 128, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_F32, false},
+        {KV_BF16, 576, 512, 16, KV_ARRANGE_BLOCK_MAJOR, true, false, false, KV_F32, false},
+        {KV_BF16, 576, 512, 1, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_BF16, false},
+        {KV_FP8_E4M3, 576, 512, 16, KV_ARRANGE_BLOCK_MAJOR, false, false, true, KV_F32, false},
+        {KV_FP8_E4M3, 576, 512, 3, KV_ARRANGE_LAYER_MAJOR, false, true, true, KV_F32, false},
+        {KV_FP8_E5M2, 64, 48, 6, KV_ARRANGE_LAYER_MAJOR, true, false, true, KV_F32, false},
+        {KV_FP8_E5M2, 64, 48, 6, KV_ARRANGE_BLOCK_MAJOR, false, true, false, KV_F32, false},
+        {KV_BF16, 576, 512, 16, KV_ARRANGE_LAYER_MAJOR, false, true, false, KV_F32, false},
+        {KV_F32, 24, 16, 16, KV_ARRANGE_BLOCK_MAJOR, false, false, true, KV_F32, false},
+        {KV_F16, 40, 32, 5, KV_ARRANGE_LAYER_MAJOR, true, false, false, KV_F32, false},
+        {KV_F32, 20, 12, 3, KV_ARRANGE_BLOCK_MAJOR, false, false, false, KV_F32, false},
+        /* the CUDA body (kv__decode_mla_body) on the emulated grid */
+        {KV_BF16, 576, 512, 16, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_F32, true},
+        {KV_FP8_E4M3, 576, 512, 5, KV_ARRANGE_BLOCK_MAJOR, true, false, true, KV_BF16, true},
+        {KV_F16, 40, 32, 11, KV_ARRANGE_BLOCK_MAJOR, false, false, false, KV_F32, true},
+        {KV_F32, 20, 12, 1, KV_ARRANGE_LAYER_MAJOR, false, false, true, KV_F32, true},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        run_decode_case(&cases[i], 0x5000 + i);
+}
+
+static void test_mla_decode_refusals(void **state)
+{
+    (void)state;
+    struct kv_layout_config cfg =
+        mla_cfg(2, 16, 16, 1, 64, KV_BF16, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, 0);
+    struct pool p;
+    pool_make(&p, &cfg, 0x77);
+    const int32_t indptr[2] = {0, 1}, indices[1] = {9}, last[1] = {5};
+    const struct kv_pages pg = {.format = KV_PAGES_CSR,
+                                .n_seqs = 1,
+                                .indptr = indptr,
+                                .indices = indices,
+                                .last_page_len = last};
+    static float qb[1 * 8 * 64], ob[1 * 8 * 64];
+    struct kv_view q, o, o_big;
+    int64_t qs[3] = {1, 8, 64}, os[3] = {1, 8, 48}, ob_s[3] = {1, 8, 64};
+    assert_int_equal(kv_view_init(qb, sizeof(qb), KV_F32, 3, qs, &q), KV_OK);
+    assert_int_equal(kv_view_init(ob, sizeof(ob), KV_F32, 3, os, &o), KV_OK);
+    assert_int_equal(kv_view_init(ob, sizeof(ob), KV_F32, 3, ob_s, &o_big), KV_OK);
+    memset(ob, 0x5a, sizeof(ob));
+    assert_int_equal(kv_attn_decode_mla(p.c, 1, &q, &pg, 48, 0.1f, NULL, &o), KV_OK);
+    /* dv outside [1, D], out not [S][Hq][dv], V scales, layer, q's D */
+    assert_int_equal(kv_attn_decode_mla(p.c, 1, &q, &pg, 0, 0.1f, NULL, &o), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("dv = 0 outside [1, D = 64]");
+    assert_int_equal(kv_attn_decode_mla(p.c, 1, &q, &pg, 65, 0.1f, NULL, &o), KV_ERR_INVALID_ARG);
+    assert_int_equal(kv_attn_decode_mla(p.c, 1, &q, &pg, 48, 0.1f, NULL, &o_big),
+                     KV_ERR_BAD_SHAPE);
+    kvt_assert_msg_has("out shape");
+    const float s1[1] = {1.0f};
+    const struct kv_scales vs = {s1, s1, 1, 0};
+    assert_int_equal(kv_attn_decode_mla(p.c, 1, &q, &pg, 48, 0.1f, &vs, &o), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("V scales given");
+    assert_int_equal(kv_attn_decode_mla(p.c, 2, &q, &pg, 48, 0.1f, NULL, &o), KV_ERR_INVALID_ARG);
+    assert_int_equal(kv_attn_decode_mla(p.c, 1, &o, &pg, 48, 0.1f, NULL, &o), KV_ERR_BAD_SHAPE);
+    assert_int_equal(kv_attn_decode_mla(p.c, 1, NULL, &pg, 48, 0.1f, NULL, &o), KV_ERR_NULL);
+    assert_int_equal(kv_attn_decode_mla(p.c, 1, &q, &pg, 48, NAN, NULL, &o), KV_ERR_INVALID_ARG);
+    /* not K-only; K-only of two KV heads */
+    struct kv_layout_config two = cfg;
+    two.k_only = false;
+    struct pool t;
+    pool_make(&t, &two, 0x78);
+    assert_int_equal(kv_attn_decode_mla(t.c, 1, &q, &pg, 48, 0.1f, NULL, &o), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("K and V planes and H = 1");
+    pool_free(&t);
+    struct kv_layout_config h2 = cfg;
+    h2.num_heads = 2;
+    pool_make(&t, &h2, 0x79);
+    assert_int_equal(kv_attn_decode_mla(t.c, 1, &q, &pg, 48, 0.1f, NULL, &o), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("H = 2 KV heads");
+    pool_free(&t);
+    /* the CUDA entry runs the same validator (here: host memory, a bad dv) */
+    assert_int_equal(kv_attn_decode_mla_cuda(p.c, 1, &q, &pg, 48, 0.1f, NULL, &o, NULL),
+                     KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("kv_attn_decode_mla_cuda");
+    struct kv_paged_cache pinned = p.c;
+    pinned.mem = KV_MEM_PINNED;
+    assert_int_equal(kv_attn_decode_mla_cuda(pinned, 1, &q, &pg, 0, 0.1f, NULL, &o, NULL),
+                     KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("kv_attn_decode_mla_cuda: dv = 0");
+    /* stats: counted as a decode */
+    struct kv_attn_stats st0, st1;
+    kv_attn_stats_get(&st0);
+    assert_int_equal(kv_attn_decode_mla(p.c, 1, &q, &pg, 48, 0.1f, NULL, &o), KV_OK);
+    kv_attn_stats_get(&st1);
+    assert_int_equal(st1.cpu[KV_ATTN_DECODE][KV_ATTN_PATH_CANONICAL],
+                     st0.cpu[KV_ATTN_DECODE][KV_ATTN_PATH_CANONICAL] + 1);
+    pool_free(&p);
+}
+
+/* An fp8 latent cache with a per-tensor K scale (DeepSeek's): f32 rows
+ * written through the scale (stored = e4m3(x / s)), read back through it;
+ * every stored byte decoded here times s is what read returns, and within
+ * half an e4m3 step of x; the V side has no scale to give. */
+static void test_mla_fp8_scaled_write_read(void **state)
+{
+    (void)state;
+    struct kv_layout_config cfg =
+        mla_cfg(2, 40, 16, 1, 576, KV_FP8_E4M3, KV_ORDER_NHD, KV_ARRANGE_BLOCK_MAJOR, 64);
+    struct pool p;
+    pool_make(&p, &cfg, 0x8800);
+    unsigned char *before = snapshot(&p);
+    const int64_t T = 20, D = 576;
+    float *x = malloc((size_t)(T * D) * sizeof(float)), *back = malloc((size_t)(T * D) * 4);
+    assert_true(x && back);
+    uint64_t rng = 0x8801;
+    for (int64_t i = 0; i < T * D; i++) /* magnitudes in [2^-4, 2): e4m3 normals after / s */
+        x[i] = (float)((kvt_rand(&rng) & 1) ? 1 : -1) *
+               (float)ldexp(1.0 + (double)(kvt_rand(&rng) % 1000) / 1000.0,
+                            (int)(kvt_rand(&rng) % 5) - 4);
+    int64_t slots[20];
+    for (int64_t t = 0; t < T; t++)
+        slots[t] = (39 - t / 16) * 16 + t % 16; /* blocks 39, 38 */
+    struct kv_view kv_x, kv_b;
+    int64_t shape[3] = {T, 1, D};
+    assert_int_equal(kv_view_init(x, (size_t)(T * D) * 4, KV_F32, 3, shape, &kv_x), KV_OK);
+    assert_int_equal(kv_view_init(back, (size_t)(T * D) * 4, KV_F32, 3, shape, &kv_b), KV_OK);
+    const float ks[1] = {0.5f};
+    const struct kv_scales sc = {ks, NULL, 1, 0};
+    assert_int_equal(kv_attn_write(p.c, 1, &kv_x, NULL, slots, T, &sc), KV_OK);
+    /* only layer 1 of blocks 39 and 38, token by token, changed */
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t d = 0; d < D; d++) {
+            const size_t o = at(&p, 1, slots[t] / 16, slots[t] % 16, 0, d);
+            const double got = ref_e4m3(p.mem + o) * 0.5, want = x[t * D + d];
+            if (!(fabs(got - want) <= fabs(want) / 16.0))
+                fail_msg("token %lld dim %lld: stored %.6g (x %.6g)", (long long)t, (long long)d,
+                         got, want);
+            before[o] = p.mem[o];
+        }
+    assert_memory_equal(p.mem, before, p.bytes);
+    const int32_t indptr[2] = {0, 2}, indices[2] = {39, 38}, last[1] = {4};
+    const struct kv_pages pg = {.format = KV_PAGES_CSR,
+                                .n_seqs = 1,
+                                .indptr = indptr,
+                                .indices = indices,
+                                .last_page_len = last};
+    assert_int_equal(kv_attn_read(p.c, 1, &pg, &kv_b, NULL, &sc), KV_OK);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t d = 0; d < D; d++) {
+            const double want = ref_e4m3(p.mem + at(&p, 1, slots[t] / 16, slots[t] % 16, 0, d)) * 0.5;
+            if (back[t * D + d] != (float)want)
+                fail_msg("read token %lld dim %lld: %.9g, stored x scale %.9g", (long long)t,
+                         (long long)d, (double)back[t * D + d], want);
+        }
+    free(x);
+    free(back);
+    free(before);
+    pool_free(&p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mla_layout),
+        cmocka_unit_test(test_mla_write_read_copy),
+        cmocka_unit_test(test_mla_plans),
+        cmocka_unit_test(test_mla_decode_vs_float64),
+        cmocka_unit_test(test_mla_decode_refusals),
+        cmocka_unit_test(test_mla_fp8_scaled_write_read),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
