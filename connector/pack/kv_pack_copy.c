@@ -70,8 +70,8 @@ uint64_t kv__pack_copy_hash(const kv_plan *plan, const char *src, char *dst, boo
                 continue;
             }
             for (int64_t x = 0; x < c->width; x += KV__PACK_PIECE) {
-                const size_t k = (size_t)(c->width - x < KV__PACK_PIECE ? c->width - x
-                                                                        : KV__PACK_PIECE);
+                const size_t k =
+                    (size_t)(c->width - x < KV__PACK_PIECE ? c->width - x : KV__PACK_PIECE);
                 memcpy(piece, sr + x, k);
                 kv__xxh3_update(&hs, piece, k);
                 kv__pack_copy_nt(dr + x, piece, k);

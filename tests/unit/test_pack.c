@@ -681,10 +681,10 @@ static void test_pack_streaming_stores(void **state)
     (void)state;
     const uint64_t nt_default = kv__pack_nt_min_bytes;
     struct kvt_side s, d[2];
-    kvt_side_make(&s, 2, 90, 16, 2, 132, KV_BF16, 4, 71); /* NHD layer-major, padded */
+    kvt_side_make(&s, 2, 90, 16, 2, 132, KV_BF16, 4, 71);    /* NHD layer-major, padded */
     kvt_side_make(&d[0], 2, 80, 16, 2, 132, KV_BF16, 0, 72); /* the same, unpadded */
     kvt_side_make(&d[1], 2, 70, 16, 2, 132, KV_BF16, 3, 73); /* HND block-major */
-    const uint64_t T = 200; /* 13 blocks, the last one partial */
+    const uint64_t T = 200;                                  /* 13 blocks, the last one partial */
     const uint32_t nb = 13;
     uint32_t sid[13], did[13];
     uint64_t rng = 0x57AEA4;

@@ -68,7 +68,7 @@ static void kvb__memcpy_threads(char *d, const char *s, size_t n, int t)
         memcpy(d, s, n);
         return;
     }
-    struct kvb__mc m[MAXT];
+    struct kvb__mc m[MAXT] = {{NULL, NULL, 0}};
     pthread_t th[MAXT];
     bool started[MAXT] = {false};
     const size_t part = (n / (size_t)t + 4095) & ~(size_t)4095;
@@ -332,8 +332,8 @@ static void kvb__off_case(int64_t N, kv_arrange arr, int64_t T, int threads)
                       kvb_median(br, runs), runs);
     }
     if (do_load)
-        kvb_emit_gbps("offload.load", name, bytes, kvb_median(tl, runs), base,
-                      kvb_median(bl, runs), runs);
+        kvb_emit_gbps("offload.load", name, bytes, kvb_median(tl, runs), base, kvb_median(bl, runs),
+                      runs);
 out:
     kvb__off_free(&o);
     kvb_free(ma);

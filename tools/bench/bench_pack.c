@@ -61,7 +61,7 @@ static void kvb__memcpy_threads(char *d, const char *s, size_t n, int t)
         memcpy(d, s, n);
         return;
     }
-    struct kvb__mc m[MAXT];
+    struct kvb__mc m[MAXT] = {{NULL, NULL, 0}};
     pthread_t th[MAXT];
     bool started[MAXT] = {false};
     const size_t part = (n / (size_t)t + 4095) & ~(size_t)4095;
@@ -223,7 +223,8 @@ static void kvb__pack(void)
     char name[160];
     snprintf(name, sizeof(name), "llama8b/bf16/N16/%lldtok/nhd-layer/t%d", (long long)T, t);
     kvb__pack_case("connector.pack", name, KVB_PACK, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, T, t);
-    kvb__pack_case("connector.unpack", name, KVB_UNPACK, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, T, t);
+    kvb__pack_case("connector.unpack", name, KVB_UNPACK, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, T,
+                   t);
     snprintf(name, sizeof(name), "llama8b/bf16/N16/%lldtok/nhd-layer->hnd-block/t%d", (long long)T,
              t);
     kvb__pack_case("connector.pack_convert", name, KVB_UNPACK, KV_ORDER_HND, KV_ARRANGE_BLOCK_MAJOR,
