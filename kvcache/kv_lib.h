@@ -112,7 +112,7 @@ const char *kv__fmt_list(char *buf, size_t cap, const int64_t *v, int n);
  * SSE2, AVX2 or AVX-512, whichever the CPU has; 3x the SSE2 code of the
  * x86-64 baseline with AVX2), the plain calls elsewhere; the values are
  * identical. The streaming form hashes a buffer written piece by piece
- * (kv__plan_copy_hash, the TCP receiver). */
+ * (kv__pack_copy_hash, the TCP receiver). */
 struct kv__xxh3_state {
     unsigned char b[640] __attribute__((aligned(64))); /* an XXH3_state_t */
 };

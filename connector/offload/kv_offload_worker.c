@@ -19,6 +19,7 @@
 #include "kv_mem.h"
 #include "kv_offload_tier_int.h"
 #include "kv_pack.h"
+#include "kv_pack_int.h"
 #include "kv_plan_int.h"
 
 void kv__off_hook_call(kv_offload *off, enum kv__offload_hook_at at, kv_offload_op *op)
@@ -31,25 +32,29 @@ void kv__off_hook_call(kv_offload *off, enum kv__offload_hook_at at, kv_offload_
         fn(user, at, op);
 }
 
-/* One block. Store: copy the block into the entry, then checksum the entry.
- * Load: checksum the entry first and copy it into the block only when the
- * sum is the one taken at store, so a corrupt entry never reaches a block.
- * Returns the entry's sum. */
-static uint64_t move_block(const struct fmt *f, bool load, char *blk, char *ent, uint64_t want)
+/* One block. Store: copy the block into the entry and checksum it, one
+ * read of the block when the entry is written front to back (always for
+ * these plans). Load: checksum the entry first and copy it into the block
+ * only when the sum is the one taken at store, so a corrupt entry never
+ * reaches a block (the copy then reads the entry from cache). nt: the op is
+ * large enough to stream its stores (kv_pack_int.h). Returns the entry's
+ * sum. */
+static uint64_t move_block(const struct fmt *f, bool load, bool nt, char *blk, char *ent,
+                           uint64_t want)
 {
     const int64_t N = f->block_tokens;
     if (load) {
         const uint64_t sum = kv__xxh3_64(ent, (size_t)f->entry_bytes);
         if (sum == want) {
             const char *s = ent;
-            kv__plan_exec_cpu(f->to_block, &s, 1, &blk, 1, (uint64_t)N, 1);
+            kv__pack_exec(f->to_block, &s, 1, &blk, 1, (uint64_t)N, 1, nt, false);
         }
         return sum;
     }
-    if (f->sequential) /* copy a row, hash it while it is in cache */
-        return kv__plan_copy_hash(f->to_entry, blk, ent);
-    const char *s = blk;
-    kv__plan_exec_cpu(f->to_entry, &s, 1, &ent, 1, (uint64_t)N, 1);
+    if (f->sequential)
+        return kv__pack_copy_hash(f->to_entry, blk, ent, nt);
+    const char *s = blk; /* plain stores: the entry is hashed from cache */
+    kv__pack_exec(f->to_entry, &s, 1, &ent, 1, (uint64_t)N, 1, false, false);
     return kv__xxh3_64(ent, (size_t)f->entry_bytes);
 }
 
@@ -58,17 +63,18 @@ static void move_chunk(const kv_offload *off, const struct fmt *f, kv_offload_op
                        uint32_t k, struct entry *const *slot, uint64_t *sum)
 {
     const int nt = off->threads < (int)k ? off->threads : (int)k;
+    const bool stream = kv__pack_use_nt((uint64_t)op->n * (uint64_t)f->entry_bytes);
     if (nt > 1) {
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
         for (uint32_t j = 0; j < k; j++)
             if (slot[j])
-                sum[j] = move_block(f, op->is_load,
+                sum[j] = move_block(f, op->is_load, stream,
                                     op->base + (int64_t)op->ids[i0 + j] * f->stride_block_bytes,
                                     slot[j]->mem, slot[j]->sum);
     } else { /* no OpenMP runtime on this path (the TSan tests take it) */
         for (uint32_t j = 0; j < k; j++)
             if (slot[j])
-                sum[j] = move_block(f, op->is_load,
+                sum[j] = move_block(f, op->is_load, stream,
                                     op->base + (int64_t)op->ids[i0 + j] * f->stride_block_bytes,
                                     slot[j]->mem, slot[j]->sum);
     }

@@ -31,6 +31,7 @@
 #include "kv_lib.h"
 #include "kv_mem.h"
 #include "kv_pack.h"
+#include "kv_pack_int.h"
 #include "kv_plan_int.h"
 #include "kv_wire.h"
 
@@ -321,19 +322,21 @@ kv_status kv_pack(const kv_plan *plan, struct kv_paged_cache src, const uint32_t
     char *payload = (char *)buf + hdr;
     const int64_t nb = n_blocks, N = lo->block_tokens, sbs = lo->stride_block_bytes;
 
-    /* each block copied into its payload slot and hashed: row by row as the
-     * rows land when the payload block is written front to back (always,
-     * for the wire layout; kept general), else after the block's copy */
+    /* each block copied into its payload slot and hashed in one read of the
+     * source when the payload block is written front to back (always, for
+     * the wire layout; kept general), else hashed after the block's copy;
+     * a large pack streams its stores (kv_pack_int.h) */
     const bool seq = kv__plan_is_sequential(p, (int64_t)bb);
+    const bool nt = kv__pack_use_nt(size);
 #pragma omp parallel for num_threads(pass_threads(size)) schedule(static)
     for (int64_t i = 0; i < nb; i++) {
         const char *sp = (const char *)src.base + (int64_t)blocks[i] * sbs;
         char *dp = payload + (uint64_t)i * bb;
         uint64_t sum;
         if (seq) {
-            sum = kv__plan_copy_hash(p, sp, dp);
+            sum = kv__pack_copy_hash(p, sp, dp, nt);
         } else {
-            kv__plan_exec_cpu(p, &sp, 1, &dp, 1, (uint64_t)N, 1);
+            kv__pack_exec(p, &sp, 1, &dp, 1, (uint64_t)N, 1, false, false);
             sum = kv__xxh3_64(dp, bb);
         }
         kv__le_put64(h + KV__PACK_FIXED + 8 * (uint64_t)i, sum);
@@ -589,7 +592,9 @@ kv_status kv_unpack(const kv_plan *plan, const void *buf, size_t len, struct kv_
             sp[i] = payload + (uint64_t)i * bb;
         for (uint32_t j = 0; j < n_dst; j++)
             dp[j] = (char *)dst.base + (int64_t)dst_blocks[j] * dst.layout.stride_block_bytes;
-        kv__plan_exec_cpu(p, sp, (uint32_t)nb, dp, n_dst, info.n_tokens, 0);
+        /* last verified, first copied: the payload's tail is still in cache */
+        kv__pack_exec(p, sp, (uint32_t)nb, dp, n_dst, info.n_tokens, 0,
+                      kv__pack_use_nt(info.payload_bytes), true);
     }
     kv__mem_free(sp);
     kv_plan_destroy(own);

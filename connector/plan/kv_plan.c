@@ -475,19 +475,3 @@ bool kv__plan_is_sequential(const kv_plan *plan, int64_t total)
     }
     return at == total;
 }
-
-uint64_t kv__plan_copy_hash(const kv_plan *plan, const char *src, char *dst)
-{
-    struct kv__xxh3_state hs;
-    kv__xxh3_reset(&hs);
-    for (int64_t i = 0; i < plan->n_copies; i++) {
-        const struct kv__plan_copy *c = &plan->copies[i];
-        const char *s = src + c->src_rel;
-        char *d = dst + c->dst_rel;
-        for (int64_t y = 0; y < c->height; y++) {
-            memcpy(d + y * c->dst_pitch, s + y * c->src_pitch, (size_t)c->width);
-            kv__xxh3_update(&hs, d + y * c->dst_pitch, (size_t)c->width);
-        }
-    }
-    return kv__xxh3_digest(&hs);
-}

@@ -141,10 +141,7 @@ void kv__plan_exec_cpu(const kv_plan *plan, const char *const *src_blk, uint32_t
  * all: a compact image (the pack payload, an offload entry). */
 bool kv__plan_is_sequential(const kv_plan *plan, int64_t total);
 
-/* Execute a sequential plan (kv__plan_is_sequential) from block src to
- * block dst on this thread and return the XXH3-64 of the destination's
- * bytes, hashed row by row as they land (one pass over the data instead of
- * a copy and a re-read). */
-uint64_t kv__plan_copy_hash(const kv_plan *plan, const char *src, char *dst);
+/* (Executing a sequential plan with its checksum, and with streaming
+ * stores: kv__pack_copy_hash, kv__pack_exec in connector/pack/kv_pack_int.h.) */
 
 #endif /* KV_PLAN_INT_H */

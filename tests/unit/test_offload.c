@@ -31,7 +31,10 @@
  *   - the carver alone: pieces inside the region, aligned, disjoint,
  *     reused after free, NULL (not a crash) when exhausted;
  *   - three engine threads posting, evicting and reading stats while the
- *     worker copies (run under SANITIZE=thread in CI).
+ *     worker copies (run under SANITIZE=thread in CI);
+ *   - the round trips and the load failures again on the streaming path
+ *     (non-temporal stores, copy + hash in pieces: kv_pack_int.h), which
+ *     only ops of 8 MiB and more take otherwise.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -47,6 +50,7 @@
 #include <cmocka.h>
 
 #include <kvcache/kv.h>
+#include "kv_pack_int.h" /* kv__pack_nt_min_bytes */
 #include "kv_offload_int.h"
 #include "kvt_cache.h"
 #include "kvt_side.h"
@@ -1420,6 +1424,23 @@ static void test_offload_threads(void **state)
     kv_offload_destroy(off);
 }
 
+/* Every op streams its stores, whatever its size (restored after). */
+static uint64_t nt_saved;
+static int setup_streaming(void **state)
+{
+    (void)state;
+    nt_saved = kv__pack_nt_min_bytes;
+    kv__pack_nt_min_bytes = 0;
+    return 0;
+}
+
+static int teardown_streaming(void **state)
+{
+    (void)state;
+    kv__pack_nt_min_bytes = nt_saved;
+    return 0;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1439,6 +1460,10 @@ int main(void)
         cmocka_unit_test(test_offload_staging),
         cmocka_unit_test(test_offload_carver),
         cmocka_unit_test(test_offload_threads),
+        cmocka_unit_test_setup_teardown(test_offload_every_layout, setup_streaming,
+                                        teardown_streaming),
+        cmocka_unit_test_setup_teardown(test_offload_load_failures, setup_streaming,
+                                        teardown_streaming),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

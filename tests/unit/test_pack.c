@@ -11,7 +11,10 @@
  * and corruption: every header byte flipped, payload bytes flipped,
  * truncation at every length, a forged fingerprint, version, magic or
  * layer range, a version 1 buffer, a buffer of other layers than the
- * config or plan unpacks - each refused with the destination bit-identical.
+ * config or plan unpacks - each refused with the destination bit-identical;
+ * the streaming path (non-temporal stores, copy + hash in pieces) against
+ * the plain one, bit for bit, with the first and the last payload byte
+ * corrupted.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,6 +29,7 @@
 
 #include <kvcache/kv.h>
 
+#include "kv_pack_int.h" /* kv__pack_nt_min_bytes: the streaming path */
 #include "kvt_side.h"
 #include "kvtest.h"
 
@@ -662,6 +666,77 @@ static void test_pack_layer_range_refusals(void **state)
     kvt_side_free(&d4);
 }
 
+/* The streaming path (kv_pack_int.h: non-temporal stores, copy + hash in
+ * pieces of an L1 buffer), which only moves of 8 MiB and more take, forced
+ * on small caches: rows of 8,448 bytes (two pieces and a tail) from a padded
+ * source, into the same layout and into HND block-major (264-byte head
+ * rows, every other one off 16-byte alignment: the streamed middle and the
+ * plain edges), 2 threads. The
+ * buffer is byte-identical to the plain path's, both destinations equal
+ * the config-only reference over the whole pool, and a payload corrupted in
+ * its first byte (first block, first piece) or its last (last block, last
+ * piece) is refused naming the block, the whole pool bit-identical. */
+static void test_pack_streaming_stores(void **state)
+{
+    (void)state;
+    const uint64_t nt_default = kv__pack_nt_min_bytes;
+    struct kvt_side s, d[2];
+    kvt_side_make(&s, 2, 90, 16, 2, 132, KV_BF16, 4, 71);    /* NHD layer-major, padded */
+    kvt_side_make(&d[0], 2, 80, 16, 2, 132, KV_BF16, 0, 72); /* the same, unpadded */
+    kvt_side_make(&d[1], 2, 70, 16, 2, 132, KV_BF16, 3, 73); /* HND block-major */
+    const uint64_t T = 200;                                  /* 13 blocks, the last one partial */
+    const uint32_t nb = 13;
+    uint32_t sid[13], did[13];
+    uint64_t rng = 0x57AEA4;
+    kvt_pick_ids(&rng, s.lo.num_blocks, nb, sid);
+    size_t len = 0, len_nt = 0;
+    kv__pack_nt_min_bytes = UINT64_MAX;
+    unsigned char *plain = pack_request(NULL, &s, sid, nb, T, &len);
+    kv__pack_nt_min_bytes = 0;
+    unsigned char *buf = pack_request(NULL, &s, sid, nb, T, &len_nt);
+    assert_int_equal(len, len_nt);
+    assert_int_equal(kvt_first_diff(plain, buf, (int64_t)len), -1);
+    struct kv_pack_info info;
+    assert_int_equal(kv_pack_inspect(buf, len, &info), KV_OK);
+    assert_int_equal(info.n_blocks, nb);
+    unsigned char *work = malloc(len);
+    assert_non_null(work);
+    for (int k = 0; k < 2; k++) {
+        const int64_t bytes = d[k].lo.total_bytes;
+        kvt_pick_ids(&rng, d[k].lo.num_blocks, nb, did);
+        unsigned char *before = malloc((size_t)bytes), *ref = malloc((size_t)bytes);
+        assert_true(before && ref);
+        memcpy(before, d[k].mem, (size_t)bytes);
+        memcpy(ref, d[k].mem, (size_t)bytes);
+        kvt_ref_move(&s, sid, nb, &d[k], did, nb, 0, 0, 2, ref);
+        /* corrupted in the first byte of the payload, then in its last */
+        const uint64_t at[2] = {info.header_bytes, info.total_bytes - 1};
+        const char *frag[2] = {"block 0 of 13", "block 12 of 13"};
+        for (int j = 0; j < 2; j++) {
+            memcpy(work, buf, len);
+            work[at[j]] ^= 0x01;
+            REFUSED(kv_unpack(NULL, work, len, d[k].pc, did, nb, NULL), KV_ERR_CORRUPT, frag[j]);
+            if (kvt_first_diff(before, d[k].mem, bytes) != -1)
+                fail_msg("destination %d, payload byte %llu corrupted: the pool changed", k,
+                         (unsigned long long)at[j]);
+        }
+        assert_int_equal(kv_unpack(NULL, buf, len, d[k].pc, did, nb, NULL), KV_OK);
+        const int64_t diff = kvt_first_diff(ref, d[k].mem, bytes);
+        if (diff >= 0)
+            fail_msg("destination %d: byte %lld of %lld differs from the reference", k,
+                     (long long)diff, (long long)bytes);
+        free(before);
+        free(ref);
+    }
+    kv__pack_nt_min_bytes = nt_default;
+    free(work);
+    free(plain);
+    free(buf);
+    kvt_side_free(&s);
+    kvt_side_free(&d[0]);
+    kvt_side_free(&d[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -673,6 +748,7 @@ int main(void)
         cmocka_unit_test(test_pack_corruption),
         cmocka_unit_test(test_pack_refusals),
         cmocka_unit_test(test_pack_layer_range_refusals),
+        cmocka_unit_test(test_pack_streaming_stores),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

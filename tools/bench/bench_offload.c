@@ -13,7 +13,9 @@
  * 2 KiB to 128 KiB, one 2-D copy) and a block-major cache (one run of a
  * whole 2 MiB block). docs/img/offload.png plots GB/s against the fragment
  * (scripts/plot_offload.py).
- * Baselines, interleaved: one memcpy of the same bytes; and for the store a
+ * Baselines, interleaved: one memcpy of the same bytes given the tier's
+ * copy threads (kv_threads(), KVB_THREADS; `memcpy_t<n>`: n contiguous
+ * parts, one memcpy per thread; `t<n>` in the case); and for the store a
  * memcpy of its own runs (each block's per-layer K and V blocks, request
  * order) on one thread, the cost of the access pattern without the tier. Before a store run
  * the entries are evicted (outside the timing), so every run copies; after
@@ -21,6 +23,8 @@
  * with its source blocks byte for byte (every layer, K and V) before a case
  * reports.
  */
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +33,58 @@
 #include "kv_attn.h"
 #include "kv_cache.h"
 #include "kv_offload.h"
+
+/* KVB_THREADS (as the kernel suite reads it): the library's thread count
+ * for this suite; default every core. */
+static int kvb__threads(void)
+{
+    const char *te = getenv("KVB_THREADS");
+    if (te && atoi(te) > 0 && kv_set_threads(atoi(te)) != KV_OK)
+        exit(2);
+    return kv_threads();
+}
+
+struct kvb__mc {
+    char *d;
+    const char *s;
+    size_t n;
+};
+
+static void *kvb__mc_run(void *a)
+{
+    struct kvb__mc *m = a;
+    memcpy(m->d, m->s, m->n);
+    return NULL;
+}
+
+/* The memcpy baseline given the candidate's threads: n bytes in t
+ * contiguous parts of whole pages, one memcpy per thread (t 1: one plain
+ * memcpy). */
+static void kvb__memcpy_threads(char *d, const char *s, size_t n, int t)
+{
+    enum { MAXT = 64 };
+    t = t < MAXT ? t : MAXT;
+    if (t <= 1 || n < ((size_t)1 << 20)) {
+        memcpy(d, s, n);
+        return;
+    }
+    struct kvb__mc m[MAXT] = {{NULL, NULL, 0}};
+    pthread_t th[MAXT];
+    bool started[MAXT] = {false};
+    const size_t part = (n / (size_t)t + 4095) & ~(size_t)4095;
+    for (int i = 0; i < t; i++) {
+        const size_t at = part * (size_t)i < n ? part * (size_t)i : n;
+        m[i] = (struct kvb__mc){d + at, s + at, n - at < part ? n - at : part};
+    }
+    for (int i = 1; i < t; i++)
+        started[i] = pthread_create(&th[i], NULL, kvb__mc_run, &m[i]) == 0;
+    kvb__mc_run(&m[0]);
+    for (int i = 1; i < t; i++)
+        if (started[i])
+            pthread_join(th[i], NULL);
+        else
+            kvb__mc_run(&m[i]); /* no thread: the same bytes, here */
+}
 
 enum { KVB_OFF_WAIT_MS = 600000 };
 
@@ -181,13 +237,13 @@ static int kvb__off_check(const struct kvb__off *o)
     return 0;
 }
 
-static void kvb__off_case(int64_t N, kv_arrange arr, int64_t T)
+static void kvb__off_case(int64_t N, kv_arrange arr, int64_t T, int threads)
 {
     char name[160];
     const int64_t frag = arr == KV_ARRANGE_LAYER_MAJOR ? N * 8 * 128 * 2 : 32 * 2 * N * 8 * 128 * 2;
-    snprintf(name, sizeof(name), "llama8b/bf16/N%lld/%lldtok/%s/frag%lldKiB", (long long)N,
+    snprintf(name, sizeof(name), "llama8b/bf16/N%lld/%lldtok/%s/frag%lldKiB/t%d", (long long)N,
              (long long)T, arr == KV_ARRANGE_LAYER_MAJOR ? "nhd-layer" : "nhd-block",
-             (long long)(frag >> 10));
+             (long long)(frag >> 10), threads);
     const bool do_store = kvb_selected("offload.store", name),
                do_load = kvb_selected("offload.load", name);
     if (!do_store && !do_load)
@@ -236,13 +292,13 @@ static void kvb__off_case(int64_t N, kv_arrange arr, int64_t T)
         double t0 = kvb_now();
         st = kvb__off_store(&o);
         double t1 = kvb_now();
-        memcpy(mb, ma, (size_t)bytes);
+        kvb__memcpy_threads(mb, ma, (size_t)bytes, threads);
         double t2 = kvb_now();
         if (st != KV_OK)
             break;
         st = kvb__off_load(&o);
         double t3 = kvb_now();
-        memcpy(ma, mb, (size_t)bytes);
+        kvb__memcpy_threads(ma, mb, (size_t)bytes, threads);
         double t4 = kvb_now();
         for (int64_t r2 = 0; r2 < n_runs; r2++)
             memcpy(mb + r2 * lo->block_bytes, runs_src[r2], (size_t)lo->block_bytes);
@@ -267,15 +323,17 @@ static void kvb__off_case(int64_t N, kv_arrange arr, int64_t T)
         kvb_failed("offload.store", name, "%s (%s)", kv_status_name(st), kv_last_error());
         goto out;
     }
+    char base[32];
+    snprintf(base, sizeof(base), threads > 1 ? "memcpy_t%d" : "memcpy", threads);
     if (do_store) {
-        kvb_emit_gbps("offload.store", name, bytes, kvb_median(ts, runs), "memcpy",
+        kvb_emit_gbps("offload.store", name, bytes, kvb_median(ts, runs), base,
                       kvb_median(bs, runs), runs);
         kvb_emit_gbps("offload.store", name, bytes, kvb_median(ts, runs), "memcpy_runs_1thread",
                       kvb_median(br, runs), runs);
     }
     if (do_load)
-        kvb_emit_gbps("offload.load", name, bytes, kvb_median(tl, runs), "memcpy",
-                      kvb_median(bl, runs), runs);
+        kvb_emit_gbps("offload.load", name, bytes, kvb_median(tl, runs), base, kvb_median(bl, runs),
+                      runs);
 out:
     kvb__off_free(&o);
     kvb_free(ma);
@@ -292,9 +350,10 @@ static void kvb__offload(void)
 {
     const int64_t T = kvb_quick() ? 256 : 4096;
     static const int64_t Ns[] = {1, 4, 16, 64};
+    const int t = kvb__threads();
     for (size_t i = 0; i < sizeof(Ns) / sizeof(Ns[0]); i++)
-        kvb__off_case(Ns[i], KV_ARRANGE_LAYER_MAJOR, T);
-    kvb__off_case(16, KV_ARRANGE_BLOCK_MAJOR, T);
+        kvb__off_case(Ns[i], KV_ARRANGE_LAYER_MAJOR, T, t);
+    kvb__off_case(16, KV_ARRANGE_BLOCK_MAJOR, T, t);
 }
 
 KVB_REGISTER("offload", kvb__offload)

@@ -11,17 +11,73 @@
  *                           copy;
  *   connector.pack_convert  the same buffer into an HND block-major cache
  *                           (the conversion runs on unpack).
- * Baseline: one memcpy of the same payload bytes, interleaved. Plans are
+ * Baseline: one memcpy of the same payload bytes, interleaved, given the
+ * candidate's threads (kv_threads(), KVB_THREADS; `memcpy_t<n>`: n
+ * contiguous parts, one memcpy per thread; `t<n>` in the case). Plans are
  * built once (kv_pack_plan_create / kv_unpack_plan_create), as an engine
  * would. The destination is checked at 4,096 random head rows against
  * kv_layout_offset on both sides before a case reports.
  */
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench.h"
 #include "kv_pack.h"
+
+/* KVB_THREADS (as the kernel suite reads it): the library's thread count
+ * for this suite; default every core. */
+static int kvb__threads(void)
+{
+    const char *te = getenv("KVB_THREADS");
+    if (te && atoi(te) > 0 && kv_set_threads(atoi(te)) != KV_OK)
+        exit(2);
+    return kv_threads();
+}
+
+struct kvb__mc {
+    char *d;
+    const char *s;
+    size_t n;
+};
+
+static void *kvb__mc_run(void *a)
+{
+    struct kvb__mc *m = a;
+    memcpy(m->d, m->s, m->n);
+    return NULL;
+}
+
+/* The memcpy baseline given the candidate's threads: n bytes in t
+ * contiguous parts of whole pages, one memcpy per thread (t 1: one plain
+ * memcpy). */
+static void kvb__memcpy_threads(char *d, const char *s, size_t n, int t)
+{
+    enum { MAXT = 64 };
+    t = t < MAXT ? t : MAXT;
+    if (t <= 1 || n < ((size_t)1 << 20)) {
+        memcpy(d, s, n);
+        return;
+    }
+    struct kvb__mc m[MAXT] = {{NULL, NULL, 0}};
+    pthread_t th[MAXT];
+    bool started[MAXT] = {false};
+    const size_t part = (n / (size_t)t + 4095) & ~(size_t)4095;
+    for (int i = 0; i < t; i++) {
+        const size_t at = part * (size_t)i < n ? part * (size_t)i : n;
+        m[i] = (struct kvb__mc){d + at, s + at, n - at < part ? n - at : part};
+    }
+    for (int i = 1; i < t; i++)
+        started[i] = pthread_create(&th[i], NULL, kvb__mc_run, &m[i]) == 0;
+    kvb__mc_run(&m[0]);
+    for (int i = 1; i < t; i++)
+        if (started[i])
+            pthread_join(th[i], NULL);
+        else
+            kvb__mc_run(&m[i]); /* no thread: the same bytes, here */
+}
 
 static int kvb__pack_cache(struct kv_paged_cache *pc, int64_t blocks, kv_order order,
                            kv_arrange arr, uint64_t seed)
@@ -68,7 +124,7 @@ static int kvb__rows_match(const struct kv_paged_cache *s, const uint32_t *sid,
 enum kvb__pack_op { KVB_PACK, KVB_UNPACK };
 
 static void kvb__pack_case(const char *bench, const char *name, enum kvb__pack_op op, kv_order dord,
-                           kv_arrange darr, int64_t T)
+                           kv_arrange darr, int64_t T, int threads)
 {
     if (!kvb_selected(bench, name))
         return;
@@ -123,7 +179,7 @@ static void kvb__pack_case(const char *bench, const char *name, enum kvb__pack_o
                  ? kv_pack(pp, s, sid, (uint32_t)nb, (uint64_t)T, buf, (size_t)size, &len, NULL)
                  : kv_unpack(up, buf, len, d, did, (uint32_t)nb, NULL);
         double t1 = kvb_now();
-        memcpy(mb, ma, (size_t)bytes);
+        kvb__memcpy_threads(mb, ma, (size_t)bytes, threads);
         double t2 = kvb_now();
         if (st != KV_OK) {
             kvb_failed(bench, name, "%s: %s (%s)", op == KVB_PACK ? "kv_pack" : "kv_unpack",
@@ -143,7 +199,9 @@ static void kvb__pack_case(const char *bench, const char *name, enum kvb__pack_o
     }
     if (kvb__rows_match(&s, sid, &d, did, T) != 0)
         kvb_mismatch(bench, name, "a head row is not where the layouts say");
-    kvb_emit_gbps(bench, name, bytes, kvb_median(tc, runs), "memcpy", kvb_median(tb, runs), runs);
+    char base[32];
+    snprintf(base, sizeof(base), threads > 1 ? "memcpy_t%d" : "memcpy", threads);
+    kvb_emit_gbps(bench, name, bytes, kvb_median(tc, runs), base, kvb_median(tb, runs), runs);
 out:
     free(tc);
     free(tb);
@@ -161,13 +219,16 @@ out:
 static void kvb__pack(void)
 {
     const int64_t T = kvb_quick() ? 256 : 4096;
+    const int t = kvb__threads();
     char name[160];
-    snprintf(name, sizeof(name), "llama8b/bf16/N16/%lldtok/nhd-layer", (long long)T);
-    kvb__pack_case("connector.pack", name, KVB_PACK, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, T);
-    kvb__pack_case("connector.unpack", name, KVB_UNPACK, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, T);
-    snprintf(name, sizeof(name), "llama8b/bf16/N16/%lldtok/nhd-layer->hnd-block", (long long)T);
+    snprintf(name, sizeof(name), "llama8b/bf16/N16/%lldtok/nhd-layer/t%d", (long long)T, t);
+    kvb__pack_case("connector.pack", name, KVB_PACK, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, T, t);
+    kvb__pack_case("connector.unpack", name, KVB_UNPACK, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, T,
+                   t);
+    snprintf(name, sizeof(name), "llama8b/bf16/N16/%lldtok/nhd-layer->hnd-block/t%d", (long long)T,
+             t);
     kvb__pack_case("connector.pack_convert", name, KVB_UNPACK, KV_ORDER_HND, KV_ARRANGE_BLOCK_MAJOR,
-                   T);
+                   T, t);
 }
 
 KVB_REGISTER("connector", kvb__pack)

@@ -1,0 +1,143 @@
+/*
+ * kv_pack_copy.c - the bulk copies of pack, unpack and the offload tier
+ * (kv_pack_int.h): streaming stores for large moves, copy + checksum in one
+ * read of the source.
+ */
+#include <omp.h>
+#include <string.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "kv_lib.h"
+#include "kv_pack_int.h"
+#include "kv_threads.h"
+
+uint64_t kv__pack_nt_min_bytes = (uint64_t)8 << 20;
+
+void kv__pack_copy_nt(char *dst, const char *src, size_t n)
+{
+#if defined(__SSE2__)
+    const size_t head = (size_t)(-(uintptr_t)dst & 15);
+    if (n < head + 64) {
+        memcpy(dst, src, n);
+        return;
+    }
+    memcpy(dst, src, head);
+    dst += head;
+    src += head;
+    n -= head;
+    const size_t body = n & ~(size_t)63;
+    for (size_t i = 0; i < body; i += 64) {
+        const __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(src + i));
+        const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(src + i + 16));
+        const __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(src + i + 32));
+        const __m128i d = _mm_loadu_si128((const __m128i *)(const void *)(src + i + 48));
+        _mm_stream_si128((__m128i *)(void *)(dst + i), a);
+        _mm_stream_si128((__m128i *)(void *)(dst + i + 16), b);
+        _mm_stream_si128((__m128i *)(void *)(dst + i + 32), c);
+        _mm_stream_si128((__m128i *)(void *)(dst + i + 48), d);
+    }
+    memcpy(dst + body, src + body, n - body);
+#else
+    memcpy(dst, src, n);
+#endif
+}
+
+void kv__pack_nt_fence(void)
+{
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
+}
+
+uint64_t kv__pack_copy_hash(const kv_plan *plan, const char *src, char *dst, bool nt)
+{
+    struct kv__xxh3_state hs;
+    kv__xxh3_reset(&hs);
+    _Alignas(64) char piece[KV__PACK_PIECE];
+    for (int64_t i = 0; i < plan->n_copies; i++) {
+        const struct kv__plan_copy *c = &plan->copies[i];
+        const char *s = src + c->src_rel;
+        char *d = dst + c->dst_rel;
+        for (int64_t y = 0; y < c->height; y++) {
+            const char *sr = s + y * c->src_pitch;
+            char *dr = d + y * c->dst_pitch;
+            if (!nt) { /* plain stores: the row is in cache after its copy */
+                memcpy(dr, sr, (size_t)c->width);
+                kv__xxh3_update(&hs, dr, (size_t)c->width);
+                continue;
+            }
+            for (int64_t x = 0; x < c->width; x += KV__PACK_PIECE) {
+                const size_t k =
+                    (size_t)(c->width - x < KV__PACK_PIECE ? c->width - x : KV__PACK_PIECE);
+                memcpy(piece, sr + x, k);
+                kv__xxh3_update(&hs, piece, k);
+                kv__pack_copy_nt(dr + x, piece, k);
+            }
+        }
+    }
+    if (nt)
+        kv__pack_nt_fence();
+    return kv__xxh3_digest(&hs);
+}
+
+/* Item w of the request: its rows, streamed when nt and wide enough. */
+static void exec_item(const kv_plan *plan, const char *const *src_blk, uint32_t n_src,
+                      char *const *dst_blk, uint32_t n_dst, int64_t w, bool nt)
+{
+    int64_t si, di;
+    const struct kv__plan_copy *cp = kv__plan_item(plan, w, n_src, n_dst, &si, &di);
+    if (!cp)
+        return; /* past the request's last block on one side */
+    const char *s = src_blk[si] + cp->src_rel;
+    char *d = dst_blk[di] + cp->dst_rel;
+    if (nt && cp->width >= 256)
+        for (int64_t y = 0; y < cp->height; y++)
+            kv__pack_copy_nt(d + y * cp->dst_pitch, s + y * cp->src_pitch, (size_t)cp->width);
+    else
+        for (int64_t y = 0; y < cp->height; y++)
+            memcpy(d + y * cp->dst_pitch, s + y * cp->src_pitch, (size_t)cp->width);
+}
+
+/* The i-th item to run: in plan order, or with reverse the windows last to
+ * first (each window's copies still in order: the rows of a conversion run
+ * forward, as the prefetchers want). */
+static inline int64_t item_at(const kv_plan *plan, int64_t work, int64_t i, bool reverse)
+{
+    if (!reverse)
+        return i;
+    const int64_t nc = plan->n_copies, win = i / nc;
+    return (work / nc - 1 - win) * nc + (i - win * nc);
+}
+
+void kv__pack_exec(const kv_plan *plan, const char *const *src_blk, uint32_t n_src,
+                   char *const *dst_blk, uint32_t n_dst, uint64_t n_tokens, int threads, bool nt,
+                   bool reverse)
+{
+    if (n_tokens == 0)
+        return;
+    const struct kv_plan_stats *ps = &plan->stats;
+    const int64_t work = kv__plan_items(plan, n_tokens);
+    int nth = threads;
+    if (nth <= 0)
+        nth = (int64_t)n_tokens * ps->window_bytes / ps->window_tokens < ((int64_t)256 << 10)
+                  ? 1
+                  : kv_threads();
+    if (nth == 1) { /* no OpenMP runtime on this path (the offload worker's TSan tests) */
+        for (int64_t i = 0; i < work; i++)
+            exec_item(plan, src_blk, n_src, dst_blk, n_dst, item_at(plan, work, i, reverse), nt);
+        if (nt)
+            kv__pack_nt_fence();
+        return;
+    }
+#pragma omp parallel num_threads(nth)
+    {
+#pragma omp for schedule(static) nowait
+        for (int64_t i = 0; i < work; i++)
+            exec_item(plan, src_blk, n_src, dst_blk, n_dst, item_at(plan, work, i, reverse), nt);
+        if (nt)
+            kv__pack_nt_fence();
+    }
+}

@@ -1,0 +1,65 @@
+/*
+ * kv_pack_int.h - the bulk copies of the local data path (pack, unpack, the
+ * offload tier's store and load), shared by connector/pack and
+ * connector/offload. Module-private: not installed.
+ *
+ * Two things a plain memcpy of each row does not do:
+ *  - non-temporal stores for large moves: a call that moves at least
+ *    kv__pack_nt_min_bytes writes around the cache (SSE2 streaming stores),
+ *    so the destination is not read for ownership first and the source's
+ *    lines are not evicted by the destination's; its bytes are past the
+ *    last-level cache anyway by the time anyone reads them;
+ *  - one pass for copy + checksum: each row is taken in pieces of
+ *    KV__PACK_PIECE bytes that are read once from memory into an L1-sized
+ *    buffer, hashed there and written from there, so the hash covers exactly
+ *    the bytes written even if the source changes meanwhile.
+ */
+#ifndef KV_PACK_INT_H
+#define KV_PACK_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv_plan_int.h"
+
+/* Bytes hashed and copied per step of kv__pack_copy_hash (L1-resident). */
+#define KV__PACK_PIECE 4096
+
+/* A call moving at least this many bytes uses non-temporal stores (8 MiB by
+ * default: past what one core's share of a last-level cache keeps; a
+ * smaller move stays in cache for the reader that usually follows).
+ * Tests lower it to reach the streaming path with small pools; set it only
+ * while no pack, unpack or offload op runs. */
+extern uint64_t kv__pack_nt_min_bytes;
+
+/* True when a call moving `bytes` should stream its stores. */
+static inline bool kv__pack_use_nt(uint64_t bytes)
+{
+    return bytes >= kv__pack_nt_min_bytes;
+}
+
+/* memcpy with non-temporal stores for the 16-byte-aligned middle of dst
+ * (plain stores for the edges; plain memcpy where SSE2 is absent). The
+ * caller calls kv__pack_nt_fence before another thread may read dst. */
+void kv__pack_copy_nt(char *dst, const char *src, size_t n);
+
+/* Order this thread's streaming stores before its later stores (sfence). */
+void kv__pack_nt_fence(void);
+
+/* Execute a sequential plan (kv__plan_is_sequential) from block src to
+ * block dst on this thread and return the XXH3-64 of the bytes written,
+ * one read of the source: each piece is read into an L1 buffer, hashed
+ * there and written from there (streaming stores when nt). */
+uint64_t kv__pack_copy_hash(const kv_plan *plan, const char *src, char *dst, bool nt);
+
+/* kv__plan_exec_cpu with the rows written by streaming stores when nt (rows
+ * of 256 bytes and more) and, when reverse, the items taken last to first
+ * (an unpack copies the payload it verified last first: that part is
+ * still in cache). threads <= 0: kv_threads() when the request moves 256 KiB
+ * or more, else 1. */
+void kv__pack_exec(const kv_plan *plan, const char *const *src_blk, uint32_t n_src,
+                   char *const *dst_blk, uint32_t n_dst, uint64_t n_tokens, int threads, bool nt,
+                   bool reverse);
+
+#endif /* KV_PACK_INT_H */
