@@ -977,11 +977,14 @@ static kv_status exec_decode(const struct kv__attn_job *j)
             int n = 0, cur = 0, ready = 0;
             int64_t t = t_begin, pos_fill = t_begin, pos_ready = 0;
             for (int64_t pj = j->page_start[s] + t_begin / pt; t < t_end; pj++) {
+                /* a page's tokens are consecutive slots of one block (pt
+                 * divides N): its first token's address, then token steps */
+                const char *pg = (const char *)j->cache.base +
+                                 kv_layout_slot_offset_bytes(
+                                     lo, j->layer0, 0, kv_attn_page_slot(j->page_ids[pj], pt, 0)) +
+                                 h0 * lo->stride_head_bytes;
                 for (int64_t i = t % pt; i < pt && t < t_end; i++, t++) {
-                    const int64_t slot = kv_attn_page_slot(j->page_ids[pj], pt, i);
-                    const char *kb = (const char *)j->cache.base +
-                                     kv_layout_slot_offset_bytes(lo, j->layer0, 0, slot) +
-                                     h0 * lo->stride_head_bytes;
+                    const char *kb = pg + i * lo->stride_token_bytes;
                     struct kv__dec_tok *tt = &tok[cur ^ 1][n];
                     tt->k = kb;
                     tt->v = kb + lo->stride_kv_bytes;
