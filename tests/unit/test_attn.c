@@ -1091,8 +1091,8 @@ static void test_attn_decode_dtypes(void **state)
         run_decode(&dc, 900 + (uint64_t)i, lens, 3);
         dc.out_dt = k_dtypes[1 + i % 2]; /* f16 / bf16 outputs */
         run_decode(&dc, 950 + (uint64_t)i, lens, 3);
-        if (i >= 3) { /* fp8 on both AVX2 variants: HND converts each head's rows, NHD
-                       * with head groups (H 4 over 5 sequences) converts in the loops */
+        if (i >= 3) { /* fp8 on both AVX2 variants: HND converts head by head, NHD
+                       * with head groups (H 4 over 5 sequences) every head at once */
             static const int64_t lens5[5] = {1, 17, 333, 700, 0};
             dc.H = 4;
             for (int o = 0; o < 2; o++) {
@@ -1502,6 +1502,69 @@ static void test_attn_decode_fp8_loads_exact(void **state)
     assert_false(kv__attn_decode_row_f32(KV_FP8_E4M3, bytes, 12, out)); /* not a multiple of 8 */
 }
 
+/* An e4m3 NaN byte in the cache: the decode's fast fp8 conversion gives that
+ * byte a finite value, so the chunk holding it must be converted again
+ * exactly. NHD (head groups) and HND: the query heads of the KV head holding
+ * the NaN get NaN in that element's column and only there; every other
+ * output is bit-identical to the decode of the same cache without it. */
+static void test_attn_decode_fp8_nan_redo(void **state)
+{
+    (void)state;
+    enum { NH = 8, ND = 128, NN = 16, NB = 8, NG = 4, NT = 40 }; /* NHD: groups of 2 heads */
+    for (int o = 0; o < 2; o++) {
+        struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+        cfg.num_layers = 1, cfg.num_blocks = NB, cfg.block_tokens = NN, cfg.num_heads = NH;
+        cfg.head_dim = ND, cfg.dtype = KV_FP8_E4M3;
+        cfg.order = o ? KV_ORDER_HND : KV_ORDER_NHD;
+        struct kv_paged_cache c = {0};
+        assert_int_equal(kv_layout_init(&cfg, &c.layout), KV_OK);
+        c.storage_bytes = (size_t)c.layout.total_bytes;
+        c.mem = KV_MEM_HOST;
+        uint8_t *pool = kv__mem_alloc_aligned(64, c.storage_bytes);
+        assert_non_null(pool);
+        uint64_t x = 77 + (uint64_t)o;
+        for (size_t i = 0; i < c.storage_bytes; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            pool[i] = (uint8_t)((x >> 33) & 0xbf); /* |v| < 2, never the NaN byte */
+        }
+        c.base = pool;
+        int32_t indptr[2] = {0, 3}, idx[3] = {5, 1, 6}, last[1] = {NT - 2 * NN};
+        struct kv_pages pg = {.format = KV_PAGES_CSR,
+                              .n_seqs = 1,
+                              .page_ratio = 1,
+                              .indptr = indptr,
+                              .indices = idx,
+                              .last_page_len = last};
+        static float q[NH * NG * ND], out0[NH * NG * ND], out1[NH * NG * ND];
+        for (int i = 0; i < NH * NG * ND; i++)
+            q[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+        struct kv_view vq, vo0, vo1;
+        const int64_t shape[3] = {1, NH * NG, ND};
+        assert_int_equal(kv_view_init(q, sizeof(q), KV_F32, 3, shape, &vq), KV_OK);
+        assert_int_equal(kv_view_init(out0, sizeof(out0), KV_F32, 3, shape, &vo0), KV_OK);
+        assert_int_equal(kv_view_init(out1, sizeof(out1), KV_F32, 3, shape, &vo1), KV_OK);
+        assert_int_equal(kv_attn_decode(c, 0, &vq, &pg, 0.125f, NULL, &vo0), KV_OK);
+        /* V of KV head 2, token 21 (block idx[1], row 5), element 77 */
+        const int64_t hn = 2, dn = 77;
+        pool[c.layout.stride_kv_bytes + idx[1] * c.layout.stride_block_bytes +
+             5 * c.layout.stride_token_bytes + hn * c.layout.stride_head_bytes + dn] = 0xff;
+        assert_int_equal(kv_attn_decode(c, 0, &vq, &pg, 0.125f, NULL, &vo1), KV_OK);
+        for (int qh = 0; qh < NH * NG; qh++)
+            for (int d = 0; d < ND; d++) {
+                const float a = out0[qh * ND + d], b = out1[qh * ND + d];
+                if (qh / NG == hn && d == dn) {
+                    if (!isnan(b))
+                        fail_msg("%s: head %d d %d: %g, want NaN", o ? "hnd" : "nhd", qh, d,
+                                 (double)b);
+                } else if (memcmp(&a, &b, sizeof(a)) != 0) {
+                    fail_msg("%s: head %d d %d: %a, without the NaN %a", o ? "hnd" : "nhd", qh, d,
+                             (double)b, (double)a);
+                }
+            }
+        kv__mem_free(pool);
+    }
+}
+
 /* The code paths a size or a CPU feature selects, forced on small inputs
  * through the executors' test hook: decode attention on the portable path
  * (where the CPU would take AVX2), and write/read with streaming stores
@@ -1593,6 +1656,7 @@ int main(void)
         cmocka_unit_test(test_attn_with_a_cache),
         cmocka_unit_test(test_attn_cuda_entries_validate_first),
         cmocka_unit_test(test_attn_decode_fp8_loads_exact),
+        cmocka_unit_test(test_attn_decode_fp8_nan_redo),
         cmocka_unit_test(test_attn_portable_and_streaming_paths),
         cmocka_unit_test(test_attn_threads),
     };

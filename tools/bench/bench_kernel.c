@@ -24,7 +24,12 @@
  *                         sequences x 2,048 cached tokens whose last 4 or 16
  *                         are queries (causal), Hq 32 over H 8: tokens/s vs
  *                         reading the same K/V once at memcpy speed (the
- *                         goal: >= 0.5x)
+ *                         goal: >= 0.5x). Every cached token counts: the
+ *                         causal mask hides at most q_len - 1 of them from
+ *                         the first query and none from the last, so all
+ *                         S x len tokens' K/V are read. Compute-bound from
+ *                         q_len ~4 (q_len x 1,024 vector FMAs a token:
+ *                         docs/benchmarks.md has the arithmetic)
  *
  * Every case checks its result before it reports: written rows at addresses
  * computed from the layout's strides, read output against the source it was
