@@ -62,6 +62,7 @@ class PagedCache:
     copy_blocks = Cache.copy_blocks
     decode = Cache.decode
     prefill = Cache.prefill
+    decode_mla = Cache.decode_mla
     pack = Cache.pack
     unpack = Cache.unpack
     _tensor = Cache._tensor
