@@ -204,6 +204,8 @@
     X(kv_xport_config, rdma_port)                                                                  \
     X(kv_xport_config, rdma_gid_index)                                                             \
     X(kv_xport_config, plan_gather_below_bytes)                                                    \
+    X(kv_xport_config, rdma_devices)                                                               \
+    X(kv_xport_config, n_rdma_devices)                                                             \
     X(kv_xport_io, local)                                                                          \
     X(kv_xport_io, local_off)                                                                      \
     X(kv_xport_io, remote)                                                                         \
