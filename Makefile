@@ -5,7 +5,7 @@
 #   make test            install missing deps, build, run every test suite
 #   make bench           benchmarks as JSON lines (bench/results.jsonl)
 #   make fuzz            build the libFuzzer targets (clang)
-#   make example         the tiny engine on the Python package, in one process and split in two
+#   make example         the tiny engine, GQA and MLA, on the Python package: one process, then two
 #   make install PREFIX=/opt/kv
 #
 # Options: SANITIZE=address|undefined|thread|address,undefined  CUDA=auto|0|1
@@ -299,12 +299,18 @@ test: deps check-walls check-compares
 # The tiny engine on the Python package (examples/tiny_engine.py): continuous
 # batching, prefix reuse, a fork, every token checked against an unpaged run;
 # then the same engine split in a prefill and a decode process, its KV moving
-# layer by layer over the TCP transport (examples/disagg_engine.py).
+# layer by layer over the TCP transport (examples/disagg_engine.py). Each
+# runs the GQA model, then the MLA one (a K-only latent cache, decode_mla).
+EXAMPLE_PY = KVCACHE_LIBRARY=$(CURDIR)/build-libc/libkvcache.so /usr/bin/python3
 example: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) MALLOC=libc SANITIZE= DEBUG=0 BUILD=build-libc lib
-	@KVCACHE_LIBRARY=$(CURDIR)/build-libc/libkvcache.so /usr/bin/python3 examples/tiny_engine.py
+	@$(EXAMPLE_PY) examples/tiny_engine.py --model gqa
 	@echo
-	@KVCACHE_LIBRARY=$(CURDIR)/build-libc/libkvcache.so /usr/bin/python3 examples/disagg_engine.py
+	@$(EXAMPLE_PY) examples/tiny_engine.py --model mla
+	@echo
+	@$(EXAMPLE_PY) examples/disagg_engine.py --model gqa
+	@echo
+	@$(EXAMPLE_PY) examples/disagg_engine.py --model mla
 
 # The Python package (python/kvcache) over its library flavour: MALLOC=libc,
 # because jemalloc's initial-exec TLS cannot be had by a dlopen'ed library

@@ -2,7 +2,8 @@
 """disagg_engine.py - the tiny engine split in two processes: prefill and
 decode, its KV moving layer by layer over kvcache's transport.
 
-    examples/disagg_engine.py [--requests N] [--small] [--seed S]   (make example)
+    examples/disagg_engine.py [--model gqa|mla] [--requests N] [--small] [--seed S]
+                                                                  (make example runs both)
 
 The model, the paged engine, the requests and the unpaged reference are
 tiny_engine.py's (imported, not copied). This process is the decode engine;
@@ -35,9 +36,14 @@ The connector (LayerwiseConnector) has the method names engines already call
 wait_for_layer_load, save_kv_layer, wait_for_save, get_finished. It moves
 whatever the two caches' layouts hold, one Plan per layer.
 
-The MLA variant (issue 19 point 3) plugs in at MODELS below: a one-plane
-latent layout on both sides and a model whose attention reads the latent;
-the connector and the transport need no change.
+--model mla runs tiny_engine's MLA model (DeepSeek-style latent attention:
+one 80-dim latent row per token and layer, Cache.decode_mla) the same way:
+both caches are K-only (Layout(k_only=True), one KV head), prefill's
+NHD/16-token layer-major, decode's HND/32-token block-major (MODELS below),
+so each layer's plan regroups the latent rows on the way (two 16-token
+source pages into one 32-token page, 2 runs of 5 KiB per window); every token is
+checked against the float64 reference as for GQA. The connector and the
+transport need no change: a plan moves whatever planes the layouts have.
 """
 import argparse
 import json
@@ -66,9 +72,12 @@ TIMEOUT_MS = 30000
 MODELS = {
     "gqa": dict(prefill=dict(order="NHD", arrange="layer", block_tokens=16),
                 decode=dict(order="HND", arrange="block", block_tokens=32)),
-    # MLA hook: once kvcache.Layout has the one-plane latent option (issue
-    # 19 point 3), "mla" adds its layouts here (one plane, head dim 576 in
-    # DeepSeek's shape) and tiny_engine a Model whose qkv returns the latent.
+    # tiny_engine's MLA model: both caches K-only (one latent plane, one head
+    # of D_MLA = 64 + 16 dims); with one head NHD and HND hold the same
+    # bytes, so what the plans convert is the page size and arrangement:
+    # prefill 16-token layer-major pages, decode 32-token block-major ones
+    "mla": dict(prefill=dict(order="NHD", arrange="layer", block_tokens=16),
+                decode=dict(order="HND", arrange="block", block_tokens=32)),
 }
 
 
@@ -116,7 +125,8 @@ class LayerwiseConnector:
         fields = {k: getattr(lay, k) for k in ("num_layers", "num_blocks", "block_tokens",
                                                "num_heads", "head_dim", "dtype", "order",
                                                "arrange", "kv_packed", "block_pad_elems",
-                                               "block_stride_bytes", "align_bytes")}
+                                               "block_stride_bytes", "align_bytes",
+                                               "k_only")}
         send(self.peer, {"op": "hello", "blob": blob.hex(), "layout": fields})
 
     def add_remote(self, blob, layout):
@@ -218,7 +228,7 @@ def send(peer, msg):
 
 
 def prefill_main(a):
-    model = te.Model(a.seed)
+    model = te.Model(a.seed, a.model)
     eng = te.Engine(model, num_blocks=256, prefix_caching=True, **MODELS[a.model]["prefill"])
     x = kvcache.Transport(int(os.environ["KV_DISAGG_TOKEN"]), timeout_ms=TIMEOUT_MS)
     host, port = a.connect.rsplit(":", 1)
@@ -279,7 +289,7 @@ def spawn_prefill(a, port, token):
 
 def decode_main(a):
     rng = np.random.default_rng(a.seed)
-    model = te.Model(a.seed)
+    model = te.Model(a.seed, a.model)
     reqs = te.make_requests(6 if a.small else a.requests, rng, a.small)
     token = secrets.randbits(63) | 1
     x = kvcache.Transport(token, listen_host="127.0.0.1", timeout_ms=TIMEOUT_MS)
@@ -289,6 +299,7 @@ def decode_main(a):
         if peer is None:
             raise kvcache.errors.error("KV_ERR_TIMEOUT", "the prefill process did not connect")
         eng = te.Engine(model, num_blocks=256, prefix_caching=False, **MODELS[a.model]["decode"])
+        print("model %s\n" % model.describe())
         conn = LayerwiseConnector("consumer", x, peer, eng.c)
         conn.hello()
         stats = run_decode(a, model, reqs, eng, conn)
@@ -372,8 +383,8 @@ def run_decode(a, model, reqs, eng, conn):
     print("\n%d tokens generated in %.2f s by the decode process (%d steps), %d requests' KV "
           "received layer by layer (%d layer notifications, %.2f s waiting for layers)" %
           (generated, elapsed, step, loaded, st["notes_layers"], conn.waited_s))
-    return dict(bad=bad, sequences=len(done), loaded=loaded, notes=st["notes_layers"],
-                requests=len(reqs))
+    return dict(bad=bad, k_only=eng.lay.k_only, sequences=len(done), loaded=loaded,
+                notes=st["notes_layers"], requests=len(reqs))
 
 
 def main(argv=None):

@@ -400,7 +400,7 @@ class XportConfig(ctypes.Structure):
         ("rdma_port", ctypes.c_uint32),
         ("rdma_gid_index", ctypes.c_int32),
         ("plan_gather_below_bytes", ctypes.c_uint32),
-        ("rdma_devices", ctypes.POINTER(ctypes.c_char_p)),
+        ("rdma_devices", ctypes.POINTER(ctypes.c_char_p)),  # rails; None: one rail
         ("n_rdma_devices", ctypes.c_uint32),
     ]
 

@@ -52,8 +52,8 @@ class PagedCache:
     no block pool: slots and pages come from the engine's own arrays
     (Pages.from_csr / Pages.from_block_table). Kernels: write, read,
     copy_blocks (within it, or with a Cache or PagedCache of the same block
-    format as src), decode, pack, unpack, exactly as on a Cache. Kernels
-    may run concurrently on different outputs."""
+    format as src), decode, prefill, decode_mla, pack, unpack, exactly as on
+    a Cache. Kernels may run concurrently on different outputs."""
 
     # The kernels are Cache's, shared, not copied: each needs only layout,
     # _paged(), _tensor(), _scales() and the _call hooks below.

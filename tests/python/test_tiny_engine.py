@@ -1,11 +1,13 @@
-"""The tiny engine (examples/tiny_engine.py) at a small size: every token of
+"""The tiny engine (examples/tiny_engine.py) at a small size, its GQA model
+and its MLA one (a K-only latent cache, Cache.decode_mla): every token of
 every sequence equals the unpaged reference; the run reused cached prefix
 blocks and made a copy-on-write copy for its fork; and the check can fail
-(a perturbed decode attention is caught)."""
+(a perturbed decode attention, a corrupted latent row, are caught)."""
 import importlib.util
 import os
 
 import numpy as np
+import pytest
 
 import kvcache
 
@@ -20,9 +22,11 @@ def load():
     return mod
 
 
-def test_tiny_engine_matches_the_reference(capsys):
-    st = load().main(["--small"])
+@pytest.mark.parametrize("model", ["gqa", "mla"])
+def test_tiny_engine_matches_the_reference(capsys, model):
+    st = load().main(["--small", "--model", model])
     assert st["bad"] == 0
+    assert st["k_only"] == (model == "mla")  # MLA: one latent plane, no V
     assert st["sequences"] == 7  # 6 requests, one forked into 2 samples
     assert st["reused"] > 0 and st["hits"] > 0  # the shared system prompt
     assert st["cow"] >= 1  # the fork's first write into a shared block
@@ -38,4 +42,20 @@ def test_tiny_engine_check_can_fail(monkeypatch):
 
     monkeypatch.setattr(kvcache.Cache, "decode", noisy)
     st = load().main(["--small"])
+    assert st["bad"] > 0
+
+
+def test_tiny_engine_mla_check_can_fail(monkeypatch):
+    """The MLA reference is independent of the absorbed, paged path: a latent
+    row whose rope dims are lost in the cache is caught."""
+    mod = load()
+    real = kvcache.Cache.write
+
+    def lossy(self, layer, k, v, slots, **kw):
+        k = np.array(k)
+        k[..., mod.D_LAT:] = 0  # the rope part of every latent row
+        real(self, layer, k, v, slots, **kw)
+
+    monkeypatch.setattr(kvcache.Cache, "write", lossy)
+    st = mod.main(["--small", "--model", "mla"])
     assert st["bad"] > 0

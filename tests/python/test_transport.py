@@ -237,23 +237,29 @@ def load_disagg():
     return mod
 
 
-def test_disagg_engine_matches_the_reference(capsys):
-    st = load_disagg().main(["--small"])
+@pytest.mark.parametrize("model", ["gqa", "mla"])
+def test_disagg_engine_matches_the_reference(capsys, model):
+    st = load_disagg().main(["--small", "--model", model])
     assert st["bad"] == 0 and st["sequences"] == 7  # 6 requests, one forked into 2
+    assert st["k_only"] == (model == "mla")  # MLA: K-only latent caches on both sides
     assert st["loaded"] == st["requests"] == 6  # every request's KV came from prefill
     assert st["notes"] == 6 * 2  # layer by layer: one notification per layer
     assert "PASS" in capsys.readouterr().out
 
 
-def test_disagg_engine_check_can_fail(monkeypatch):
+@pytest.mark.parametrize("model", ["gqa", "mla"])
+def test_disagg_engine_check_can_fail(monkeypatch, model):
     mod = load_disagg()
     real = mod.LayerwiseConnector.wait_for_layer_load
 
-    def lost(self, layer):  # the layer landed, then is lost: decode attends over zeros
+    def lost(self, layer):  # the layer landed, then is lost (zeroed; MLA: negated)
         real(self, layer)
         for r in self.meta:
+            if self.cache.layout.k_only:  # MLA: the received latent rows, K only
+                self.cache.kv(layer, 0).numpy()[np.asarray(r["dst_blocks"])] *= -1
+                continue
             for kv in (0, 1):
                 self.cache.kv(layer, kv).numpy()[np.asarray(r["dst_blocks"])] = 0
 
     monkeypatch.setattr(mod.LayerwiseConnector, "wait_for_layer_load", lost)
-    assert mod.main(["--small"])["bad"] > 0
+    assert mod.main(["--small", "--model", model])["bad"] > 0
