@@ -574,9 +574,8 @@ static void test_xport_rdma_k_only_write_plan(void **state)
     assert_int_equal(kv_xport_write(S.p, &w, 1, NULL, &t), KV_OK);
     assert_int_equal(run(t, 10000), KV_XPORT_DONE);
     assert_int_equal(kv_xport_xfer_free(t), KV_OK);
-    assert_int_equal(kv_xport_write_plan(S.p, plan, S.ml, 0, sid, NS, S.ra, roff, did, ND, T,
-                                         NULL, &t),
-                     KV_OK);
+    assert_int_equal(
+        kv_xport_write_plan(S.p, plan, S.ml, 0, sid, NS, S.ra, roff, did, ND, T, NULL, &t), KV_OK);
     assert_int_equal(run(t, 10000), KV_XPORT_DONE);
     assert_int_equal(kv_xport_xfer_free(t), KV_OK);
     assert_int_equal(kvt_first_diff(S.l, s.mem, (int64_t)stot), -1); /* source unchanged */
