@@ -278,13 +278,13 @@ void print_table(const struct report *r, const char *how, double wall_s)
         struct kv_layout_config pc, dc;
         mla_layout(false, &pc);
         mla_layout(true, &dc);
-        printf("\n  MLA group: DeepSeek-shaped latent cache, K only, L=%d H=1 D=%d %s, "
-               "per-tensor scale %g;\n  prefill N=%" PRId64 " %s %s -> decode N=%" PRId64
-               " %s %s padded; kv_attn_decode_mla Hq=%d dv=%d; the group took %.0f ms:\n",
-               MLA_L, MLA_D, kv_dtype_name(pc.dtype), (double)MLA_SCALE, pc.block_tokens,
-               kv_order_name(pc.order), kv_arrange_name(pc.arrange), dc.block_tokens,
-               kv_order_name(dc.order), kv_arrange_name(dc.arrange), MLA_HQ, MLA_DV,
-               (double)r->mla_wall_ns / 1e6);
+        printf("\n  MLA group, %.0f ms in all: DeepSeek-shaped latent cache, K only, L=%d H=1 D=%d "
+               "%s,\n  per-tensor scale %g; prefill N=%" PRId64 " %s %s -> decode N=%" PRId64
+               " %s %s padded;\n  decode attention kv_attn_decode_mla Hq=%d dv=%d:\n",
+               (double)r->mla_wall_ns / 1e6, MLA_L, MLA_D, kv_dtype_name(pc.dtype),
+               (double)MLA_SCALE, pc.block_tokens, kv_order_name(pc.order),
+               kv_arrange_name(pc.arrange), dc.block_tokens, kv_order_name(dc.order),
+               kv_arrange_name(dc.arrange), MLA_HQ, MLA_DV);
         printf("  %-24s %10.1f %8" PRIu64 " %10.1f %9.2f   %" PRIu64 " requests (%" PRIu64 " ok)\n",
                "  transfer (plan)", (double)r->mla_xfer_bytes / 1048576.0, r->mla_xfers,
                (double)r->mla_xfer_ns / 1e6,
