@@ -12,6 +12,8 @@
  *     reference; each side reports the request once, KV_OK; refused posts
  *     (a layer twice, layers past the request's, bad block lists) send
  *     nothing and leave the request as it was;
+ *   - the same for a K-only (MLA latent, H 1, D 576) request of 5 layers
+ *     in 3 groups into a K-only decoder of 64-token pages, waits per layer;
  *   - a layer failure: the decoder unexposes its cache, layer 2's writes are
  *     refused, the request fails as a whole: prefill sends ABORT, a waiter on
  *     layer 7 wakes with the failure, a wait on landed layer 0 answers it
@@ -273,6 +275,112 @@ static void test_xport_layers_layer_by_layer(void **state)
     assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
     assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
     for (int g = 0; g < NG; g++)
+        kv_plan_destroy(plans[g]);
+    kv_plan_destroy(whole);
+    free(ref);
+    free(ref2);
+    free(src0);
+    kvt_side_free(&s);
+    kvt_side_free(&d);
+    pair_close(&p);
+}
+
+/* ---- K only ---------------------------------------------------------- */
+
+/* A K-only (MLA latent: one plane, H = 1, D = 576) request of 5 layers
+ * posted in 3 groups ({0, 1}, {2}, {3, 4}) from a K-only NHD layer-major
+ * cache of 16-token pages into a K-only HND block-major padded decoder of
+ * 64-token pages: after each group's notification its layers are waited
+ * for (KV_OK) and the next group's first layer is not landed; the whole
+ * destination pool equals kv_plan_copy and the config-only reference. */
+static void test_xport_layers_k_only(void **state)
+{
+    (void)state;
+    enum { KL = 5, KG = 3, KREQ = 4242 };
+    static const uint32_t K0[KG] = {0, 2, 3}, KN[KG] = {2, 1, 2};
+    struct pair p;
+    pair_open(&p);
+    struct kvt_side s, d;
+    kvt_side_make(&s, KL, 60, 16, 1, 576, KV_BF16, 32, 21);
+    kvt_side_make(&d, KL, 30, 64, 1, 576, KV_BF16, 32 | 1 | 2 | 4, 22);
+    const uint64_t T = 16 * 11 - 9;
+    const uint32_t ns = 11, nd = 3;
+    uint32_t sid[11], did[3];
+    uint64_t rng = 23;
+    kvt_pick_ids(&rng, s.lo.num_blocks, ns, sid);
+    kvt_pick_ids(&rng, d.lo.num_blocks, nd, did);
+    unsigned char *ref = malloc((size_t)d.lo.total_bytes), *ref2 = malloc((size_t)d.lo.total_bytes);
+    assert_true(ref && ref2);
+    memcpy(ref, d.mem, (size_t)d.lo.total_bytes);
+    memcpy(ref2, d.mem, (size_t)d.lo.total_bytes);
+    kv_plan *whole = NULL;
+    assert_int_equal(kv_plan_create(&s.lo, &d.lo, NULL, &whole), KV_OK);
+    struct kv_paged_cache rc = d.pc;
+    rc.base = ref;
+    assert_int_equal(kv_set_threads(1), KV_OK); /* as above: ThreadSanitizer */
+    assert_int_equal(kv_plan_copy(whole, s.pc, sid, ns, rc, did, nd, T), KV_OK);
+    assert_int_equal(kv_set_threads(0), KV_OK);
+    kvt_ref_move(&s, sid, ns, &d, did, nd, 0, 0, 1, ref2);
+    assert_int_equal(kvt_first_diff(ref, ref2, d.lo.total_bytes), -1);
+    unsigned char *src0 = malloc((size_t)s.lo.total_bytes);
+    assert_non_null(src0);
+    memcpy(src0, s.mem, (size_t)s.lo.total_bytes);
+
+    kv_plan *plans[KG];
+    for (int g = 0; g < KG; g++) {
+        struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+        pc.src_layer0 = pc.dst_layer0 = K0[g];
+        pc.n_layers = KN[g];
+        assert_int_equal(kv_plan_create(&s.lo, &d.lo, &pc, &plans[g]), KV_OK);
+    }
+    kv_xport_mem *ms = NULL, *md = NULL;
+    assert_int_equal(kv_xport_mem_reg(p.a, s.mem, (size_t)s.lo.total_bytes, KV_MEM_HOST, &ms),
+                     KV_OK);
+    assert_int_equal(kv_xport_mem_reg(p.b, d.mem, (size_t)d.lo.total_bytes, KV_MEM_HOST, &md),
+                     KV_OK);
+    kv_xport_rmem *r = share(&p, md);
+    struct kv_xlayer_rx_config rcfg = KV_XLAYER_RX_CONFIG_INIT;
+    struct kv_xlayer_tx_config tcfg = KV_XLAYER_TX_CONFIG_INIT;
+    kv_xlayer_rx *rx = NULL;
+    kv_xlayer_tx *tx = NULL;
+    assert_int_equal(kv_xlayer_rx_create(&rcfg, &rx), KV_OK);
+    assert_int_equal(kv_xlayer_tx_create(&tcfg, &tx), KV_OK);
+    assert_int_equal(kv_xlayer_rx_expect(rx, kv_xport_peer_id(p.pb), KREQ, KL), KV_OK);
+    assert_int_equal(kv_xlayer_tx_begin(tx, p.pa, KREQ, KL), KV_OK);
+    for (int g = 0; g < KG; g++) {
+        assert_int_equal(kv_xlayer_rx_wait(rx, KREQ, K0[g], 0), KV_ERR_TIMEOUT);
+        assert_int_equal(
+            kv_xlayer_tx_post(tx, KREQ, plans[g], K0[g], KN[g], ms, 0, sid, ns, r, 0, did, nd, T),
+            KV_OK);
+        assert_int_equal(feed_next(&p, rx), KV_OK);
+        for (uint32_t l = K0[g]; l < K0[g] + KN[g]; l++)
+            assert_int_equal(kv_xlayer_rx_wait(rx, KREQ, l, 5000), KV_OK);
+        if (g + 1 < KG)
+            assert_int_equal(kv_xlayer_rx_wait(rx, KREQ, K0[g + 1], 0), KV_ERR_TIMEOUT);
+    }
+    assert_int_equal(kv_xlayer_tx_wait(tx, KREQ, 10000), KV_OK);
+    struct kv_xlayer_done done[2];
+    uint32_t n = 9;
+    assert_int_equal(kv_xlayer_tx_finished(tx, done, 2, &n), KV_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(done[0].request, KREQ);
+    assert_int_equal(done[0].status, KV_OK);
+    assert_int_equal(kv_xlayer_rx_finished(rx, done, 2, &n), KV_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(done[0].request, KREQ);
+    assert_int_equal(done[0].status, KV_OK);
+    const int64_t at = kvt_first_diff(ref, d.mem, d.lo.total_bytes);
+    if (at >= 0)
+        fail_msg("K-only destination byte %lld of %lld differs from kv_plan_copy", (long long)at,
+                 (long long)d.lo.total_bytes);
+    assert_int_equal(kvt_first_diff(src0, s.mem, s.lo.total_bytes), -1);
+    assert_int_equal(kv_xlayer_tx_destroy(tx), KV_OK);
+    assert_int_equal(kv_xlayer_rx_destroy(rx), KV_OK);
+    assert_int_equal(kv_xport_mem_unexpose(p.pb, md), KV_OK);
+    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
+    for (int g = 0; g < KG; g++)
         kv_plan_destroy(plans[g]);
     kv_plan_destroy(whole);
     free(ref);
@@ -693,6 +801,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_xport_layers_layer_by_layer),
+        cmocka_unit_test(test_xport_layers_k_only),
         cmocka_unit_test(test_xport_layers_failure_fails_request_once),
         cmocka_unit_test(test_xport_layers_limits_refused_by_name),
         cmocka_unit_test(test_xport_layers_rx_destroy_refused_while_waiting),

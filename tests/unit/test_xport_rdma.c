@@ -18,7 +18,9 @@
  *     contiguous runs gathered into SGE lists, then a notification: the
  *     child compares the whole region when it arrives (so the data landed
  *     before it); 3000 small writes (more WRs than the send queue holds);
- *     reads, the whole local region compared;
+ *     reads, the whole local region compared; a K-only (MLA latent) write_plan
+ *     into a decode layout of another page size and arrangement, the pool
+ *     compared whole against kv_plan_copy;
  *   - faults: a delayed completion (still DONE), retry exceeded (FAILED,
  *     KV_ERR_IO, the peer closed), a forged out-of-bounds rmem (the
  *     responder refuses: KV_ERR_OUT_OF_BOUNDS), a lost completion
@@ -62,6 +64,7 @@
 #include "kv_verbs_int.h"
 #include "kv_xport_int.h"
 #include "kv_xport_rdma_int.h"
+#include "kvt_side.h"
 #include "kvt_softverbs.h"
 #include "kvtest.h"
 
@@ -522,6 +525,84 @@ static void test_xport_rdma_reads_whole_region(void **state)
     assert_memory_equal(S.l, want, REGION);
     free(want);
     sess_close();
+}
+
+/* K only (an MLA latent cache: one plane, H = 1, D = 576) over RDMA: a
+ * write_plan from a K-only NHD layer-major prefill layout of 16-token
+ * pages into a K-only HND block-major padded decode layout of 64-token
+ * pages laid in region A at an odd offset across its 8 MiB MR boundary
+ * (its starting bytes random, written first), block ids spread over both
+ * pools. Region A read back whole: the pool equals kv_plan_copy onto the
+ * same starting bytes and the config-only reference, the rest of A is
+ * still zero, the source is unchanged. */
+static void test_xport_rdma_k_only_write_plan(void **state)
+{
+    (void)state;
+    enum { KL = 3, KD = 576, NS = 14, ND = 4 };
+    struct kvt_side s, d;
+    kvt_side_make(&s, KL, 48, 16, 1, KD, KV_BF16, 32, 41);
+    kvt_side_make(&d, KL, 22, 64, 1, KD, KV_BF16, 32 | 1 | 2 | 4, 42);
+    const uint64_t M = 1u << 20, T = 16 * NS - 5; /* the last page partly filled */
+    const uint64_t roff = 5 * M + 4096 + 64, dst_at = 6 * M, back_at = 0;
+    const uint64_t dtot = (uint64_t)d.lo.total_bytes, stot = (uint64_t)s.lo.total_bytes;
+    assert_true(roff < 8 * M && roff + dtot > 8 * M && roff + dtot < REGION);
+    assert_true(stot <= dst_at && dst_at + dtot <= REGION);
+    uint32_t sid[NS], did[ND];
+    uint64_t rng = 43;
+    kvt_pick_ids(&rng, s.lo.num_blocks, NS, sid);
+    kvt_pick_ids(&rng, d.lo.num_blocks, ND, did);
+    kv_plan *plan = NULL;
+    assert_int_equal(kv_plan_create(&s.lo, &d.lo, NULL, &plan), KV_OK);
+    unsigned char *want = malloc((size_t)dtot), *ref = malloc((size_t)dtot);
+    assert_true(want && ref);
+    memcpy(want, d.mem, (size_t)dtot);
+    memcpy(ref, d.mem, (size_t)dtot);
+    struct kv_paged_cache wc = d.pc;
+    wc.base = want;
+    /* one thread: libgomp's barriers are invisible to ThreadSanitizer */
+    assert_int_equal(kv_set_threads(1), KV_OK);
+    assert_int_equal(kv_plan_copy(plan, s.pc, sid, NS, wc, did, ND, T), KV_OK);
+    assert_int_equal(kv_set_threads(0), KV_OK); /* the default again */
+    /* config-only: whole pages up to T's page (the plan moves whole blocks) */
+    kvt_ref_move(&s, sid, NS, &d, did, ND, 0, 0, 1, ref);
+    assert_int_equal(kvt_first_diff(want, ref, (int64_t)dtot), -1);
+
+    sess_open(3000);
+    assert_int_equal(ask(TAG_ZERO, NULL, 0), UINT64_MAX);
+    /* the decode pool's starting bytes into A, the source at S.l + 0 */
+    memcpy(S.l + dst_at, d.mem, (size_t)dtot);
+    memcpy(S.l, s.mem, (size_t)stot);
+    kv_xport_xfer *t = NULL;
+    struct kv_xport_io w = io(dst_at, roff, dtot);
+    assert_int_equal(kv_xport_write(S.p, &w, 1, NULL, &t), KV_OK);
+    assert_int_equal(run(t, 10000), KV_XPORT_DONE);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    assert_int_equal(
+        kv_xport_write_plan(S.p, plan, S.ml, 0, sid, NS, S.ra, roff, did, ND, T, NULL, &t), KV_OK);
+    assert_int_equal(run(t, 10000), KV_XPORT_DONE);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    assert_int_equal(kvt_first_diff(S.l, s.mem, (int64_t)stot), -1); /* source unchanged */
+    /* region A whole, back into S.l */
+    memset(S.l, 0xA5, REGION);
+    struct kv_xport_io rd = {
+        .local = S.ml, .local_off = back_at, .remote = S.ra, .remote_off = 0, .bytes = REGION};
+    assert_int_equal(kv_xport_read(S.p, &rd, 1, &t), KV_OK);
+    assert_int_equal(run(t, 10000), KV_XPORT_DONE);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    const int64_t at = kvt_first_diff(S.l + roff, want, (int64_t)dtot);
+    if (at >= 0)
+        fail_msg("K-only decode pool byte %lld of %llu differs from kv_plan_copy", (long long)at,
+                 (unsigned long long)dtot);
+    for (uint64_t o = 0; o < REGION; o++)
+        if ((o < roff || o >= roff + dtot) && S.l[o] != 0)
+            fail_msg("region A byte %llu outside the pool was written", (unsigned long long)o);
+    assert_int_equal(ask(TAG_ZERO, NULL, 0), UINT64_MAX);
+    sess_close();
+    kv_plan_destroy(plan);
+    free(want);
+    free(ref);
+    kvt_side_free(&s);
+    kvt_side_free(&d);
 }
 
 /* Unexpose revokes: each exposure has its own MRs, deregistered by
@@ -1213,6 +1294,7 @@ static int run_pass(bool busy)
         cmocka_unit_test(test_xport_rdma_device_memory_refused),
         cmocka_unit_test(test_xport_rdma_writes_notify_whole_region),
         cmocka_unit_test(test_xport_rdma_reads_whole_region),
+        cmocka_unit_test(test_xport_rdma_k_only_write_plan),
         cmocka_unit_test(test_xport_rdma_unexpose_revokes),
         cmocka_unit_test(test_xport_rdma_delayed_completion_done),
         cmocka_unit_test(test_xport_rdma_retry_exceeded),

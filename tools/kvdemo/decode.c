@@ -61,14 +61,12 @@ static unsigned char ballast_fill(uint32_t b)
 /* Churn: take every block, give back half of them (the odd positions) in a
  * shuffled order, keep the other half held and patterned. Requests then get
  * ids spread over [1, B), many of them high. */
-static bool decode_group_init(struct decode_group *dg, uint32_t g, uint64_t seed)
+bool decode_group_make(struct decode_group *dg, const struct kv_layout_config *lc, uint64_t seed)
 {
     memset(dg, 0, sizeof(*dg));
-    struct kv_layout_config lc;
-    group_layout(g, &lc);
-    if (!side_make(&dg->s, &lc, false))
+    if (!side_make(&dg->s, lc, false))
         return false;
-    const uint32_t n = (uint32_t)lc.num_blocks - 1;
+    const uint32_t n = (uint32_t)lc->num_blocks - 1;
     uint32_t *ids = malloc((size_t)n * sizeof(*ids));
     dg->ballast = malloc((size_t)n * sizeof(*ids));
     if (!ids || !dg->ballast) {
@@ -79,7 +77,7 @@ static bool decode_group_init(struct decode_group *dg, uint32_t g, uint64_t seed
         free(ids);
         return false;
     }
-    uint64_t s = seed ^ (0x51ed + g);
+    uint64_t s = seed;
     for (uint32_t i = n - 1; i > 0; i--) {
         const uint32_t j = (uint32_t)(rng_next(&s) % (i + 1));
         const uint32_t t = ids[i];
@@ -98,6 +96,13 @@ static bool decode_group_init(struct decode_group *dg, uint32_t g, uint64_t seed
     const bool ok = ok_call(kv_block_pool_release(dg->s.pool, ids, n_free), "release (churn)");
     free(ids);
     return ok;
+}
+
+static bool decode_group_init(struct decode_group *dg, uint32_t g, uint64_t seed)
+{
+    struct kv_layout_config lc;
+    group_layout(g, &lc);
+    return decode_group_make(dg, &lc, seed ^ (0x51ed + g));
 }
 
 /* The blocks other sequences hold were never written by a transfer. */
@@ -138,7 +143,15 @@ bool decode_init(struct decode *d, uint64_t seed)
     d->ek = malloc(elems * ELEM);
     d->ev = malloc(elems * ELEM);
     d->indices = malloc((MAX_TOKENS + 1) * sizeof(*d->indices));
-    if (!d->k || !d->v || !d->ek || !d->ev || !d->indices)
+    struct kv_layout_config mlc;
+    mla_layout(true, &mlc);
+    if (!decode_group_make(&d->mla, &mlc, seed ^ (0x51ed + MLA_GROUP)))
+        return false;
+    const size_t mla_elems = (size_t)MLA_L * MAX_TOKENS * MLA_D;
+    d->mla_k = malloc(mla_elems);
+    d->mla_ek = malloc(mla_elems);
+    d->mla_kn = malloc(mla_elems * sizeof(*d->mla_kn));
+    if (!d->k || !d->v || !d->ek || !d->ev || !d->indices || !d->mla_k || !d->mla_ek || !d->mla_kn)
         return fail_msg("out of memory");
     return true;
 }
@@ -154,6 +167,11 @@ void decode_fini(struct decode *d)
     free(d->ek);
     free(d->ev);
     free(d->indices);
+    side_free(&d->mla.s);
+    free(d->mla.ballast);
+    free(d->mla_k);
+    free(d->mla_ek);
+    free(d->mla_kn);
 }
 
 /* Allocate request r's blocks in its group's cache. */

@@ -9,7 +9,8 @@
  * rides behind the writes); decode then checks the request (decode_check),
  * frees it and places the next. After the last one it places the longest
  * request once more for the layer-wise comparison (layerwise.c), then
- * sends END, checks that no held block was written, and closes.
+ * the MLA group (mla.c: latent caches, decode attention by
+ * kv_attn_decode_mla), then sends END, checks that no held block was written, and closes.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -53,7 +54,7 @@ int run_decode(const struct opts *o, const struct request *reqs)
     struct decode *d = calloc(1, sizeof(*d));
     kv_xport *x = NULL;
     kv_xport_peer *peer = NULL;
-    kv_xport_mem *mem[N_GROUPS] = {0};
+    kv_xport_mem *mem[N_GROUPS] = {0}, *mla_mem = NULL;
     bool exposed[N_GROUPS] = {0};
     struct kv_xport_msg *msg = malloc(sizeof(*msg));
     bool ok = d && msg;
@@ -76,6 +77,7 @@ int run_decode(const struct opts *o, const struct request *reqs)
     }
     for (uint32_t g = 0; ok && g < N_GROUPS; g++)
         ok = xport_reg(x, &d->g[g].s, &mem[g]);
+    ok = ok && xport_reg(x, &d->mla.s, &mla_mem);
     ok = ok && ok_call(kv_xport_accept(x, WAIT_MS, &peer), "kv_xport_accept");
     uint32_t next = 0, inflight = 0, done = 0;
     const uint64_t t_start = now_ns();
@@ -122,12 +124,17 @@ int run_decode(const struct opts *o, const struct request *reqs)
     if (ok && lw != UINT32_MAX)
         ok = place_send(d, &reqs[lw], peer, mem, exposed, TAG_LAYERWISE) &&
              decode_layerwise(d, x, peer, &reqs[lw]);
+    ok = ok && decode_mla(d, x, peer, mla_mem, reqs, o->requests);
     if (peer && ok)
         ok = send_msg(peer, TAG_END, NULL, 0);
     for (uint32_t g = 0; ok && g < N_GROUPS; g++)
         decode_group_check(&d->g[g], g);
+    if (ok)
+        decode_group_check(&d->mla, MLA_GROUP);
     for (uint32_t i = 0; d && i < o->requests; i++)
         decode_release(d, i);
+    if (d)
+        mla_decode_release(d);
     /* Closing the peer ends its exposures (prefill may have closed first:
      * then they are gone already); then the regions deregister. */
     if (peer)
@@ -136,6 +143,8 @@ int run_decode(const struct opts *o, const struct request *reqs)
     for (uint32_t g = 0; g < N_GROUPS; g++)
         if (mem[g] && kv_xport_mem_dereg(mem[g]) != KV_OK)
             ok = fail_msg("kv_xport_mem_dereg: %s", kv_last_error());
+    if (mla_mem && kv_xport_mem_dereg(mla_mem) != KV_OK)
+        ok = fail_msg("kv_xport_mem_dereg (MLA): %s", kv_last_error());
     if (kv_xport_destroy(x) != KV_OK)
         ok = fail_msg("kv_xport_destroy: %s", kv_last_error());
     if (d)

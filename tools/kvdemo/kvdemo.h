@@ -15,10 +15,12 @@
  *                   byte read back, decode attention against a plain reference
  *   placement.c     the message decode sends prefill: request, decode's layout (the
  *                   library's kv_layout_config_encode), block ids, the exposure blob
- *   transport.c     what both role processes do on the transport (connector/transport/kv_transport.h)
- *   decode_role.c   the decode process: listen, place requests, verify what arrives
- *   prefill_role.c  the prefill process: connect, write each placed request into decode
- *   layerwise.c     layer by layer against whole-request on one request (kv_xport_layers.h)
+ *   transport.c     what both role processes do on the transport
+ * (connector/transport/kv_transport.h) decode_role.c   the decode process: listen, place requests,
+ * verify what arrives prefill_role.c  the prefill process: connect, write each placed request into
+ * decode layerwise.c     layer by layer against whole-request on one request (kv_xport_layers.h)
+ *   mla.c           the MLA group: a DeepSeek-shaped latent cache (K only, D 576, fp8 with a
+ *                   scale) moved into decode's latent layout, decoded by kv_attn_decode_mla
  *   local.c         --local: both sides in one process, the transfer by kv_plan_copy
  *   main.c          the command line and the parent: start decode, then prefill, read
  *                   both reports, print the table
@@ -92,8 +94,21 @@ static inline float demo_bf16_to_f32(uint16_t b)
 #define WAIT_MS 30000
 #define XPORT_TOKEN UINT64_C(0x6b7664656d6f2121)
 
+/* The MLA group (mla.c): a DeepSeek-shaped latent cache, K only, one KV
+ * head, D = 576 = 512 latent + 64 rope dims, fp8 e4m3 with a per-tensor
+ * scale; the first MLA_REQS requests of the batch, moved again as latents. */
+#define MLA_L 3
+#define MLA_D 576
+#define MLA_DV 512 /* value dims: the first 512 of each latent row */
+#define MLA_HQ 16  /* query heads of the MLA decode */
+#define MLA_SCALE 0.25f
+#define MLA_REQS 6
+#define MLA_MAX_TOKENS 1024 /* an MLA request: its batch request's tokens, at most this */
+#define MLA_GROUP N_GROUPS  /* its placements' group */
+#define MLA_TOKEN_BYTES ((uint64_t)MLA_L * MLA_D * 1) /* 1728 bytes */
+
 /* Tags of the notifications between the roles. */
-enum { TAG_PLACE = 1, TAG_DONE = 2, TAG_FAILED = 3, TAG_END = 4, TAG_LAYERWISE = 5 };
+enum { TAG_PLACE = 1, TAG_DONE = 2, TAG_FAILED = 3, TAG_END = 4, TAG_LAYERWISE = 5, TAG_MLA = 6 };
 
 struct request {
     uint32_t id;
@@ -138,6 +153,10 @@ struct report {
      * is acknowledged, with lw_c_ns of compute per layer; whole request
      * (compute every layer, then one write) vs layer by layer */
     uint64_t lw_bytes, lw_c_ns, lw_whole_ns, lw_layers_ns;
+    /* mla.c: requests checked and ok (decode), transfers (prefill), MLA decode */
+    uint64_t mla_requests, mla_ok, mla_xfers, mla_xfer_bytes, mla_xfer_ns;
+    uint64_t mla_attn_bytes, mla_attn_ns, mla_wall_ns; /* wall: the whole group, on decode */
+    double mla_attn_err;
     char first_fail[512];
 };
 
@@ -189,6 +208,8 @@ struct prefill {
     uint16_t *k, *v; /* [L][MAX_TOKENS][H][D] */
     int64_t *slots;  /* [MAX_TOKENS] */
     int32_t *tokens; /* [MAX_TOKENS] */
+    struct side mla; /* the latent cache (mla_layout) */
+    float *mla_k;    /* [MLA_L][MAX_TOKENS][1][MLA_D] */
 };
 
 bool prefill_init(struct prefill *p, uint64_t seed);
@@ -219,6 +240,11 @@ struct decode {
     int32_t *indices;                 /* [MAX_TOKENS + 1] */
     bool fault;                       /* --fault: corrupt one request after its transfer */
     uint32_t fault_req;
+    struct decode_group mla; /* the latent cache (mla_layout), churned */
+    uint32_t mla_seq;        /* the MLA request placed, while mla_live */
+    bool mla_live;
+    uint8_t *mla_k, *mla_ek; /* [MLA_L][MAX_TOKENS][1][MLA_D] fp8: read, expected */
+    int16_t *mla_kn;         /* the same as integers n (the value is n * MLA_SCALE) */
 };
 
 /* What decode tells prefill about one request (placement.c carries it). */
@@ -235,6 +261,7 @@ struct placement {
 void group_layout(uint32_t g, struct kv_layout_config *lc);
 bool decode_init(struct decode *d, uint64_t seed);
 void decode_fini(struct decode *d);
+bool decode_group_make(struct decode_group *dg, const struct kv_layout_config *lc, uint64_t seed);
 void decode_group_check(struct decode_group *dg, uint32_t g);
 bool decode_place(struct decode *d, const struct request *r, struct placement *pl);
 void decode_release(struct decode *d, uint32_t req);
@@ -268,5 +295,21 @@ bool decode_layerwise(struct decode *d, kv_xport *x, kv_xport_peer *peer, const 
 bool prefill_layerwise(struct prefill *p, const struct request *r, const struct placement *pl,
                        const struct kv_layout *lo, kv_xport_peer *peer, kv_xport_mem *mem,
                        kv_xport_rmem *rmem);
+
+/* mla.c: the MLA group */
+void mla_layout(bool decode, struct kv_layout_config *lc);
+uint32_t mla_count(uint32_t n_req);
+bool mla_decode_place(struct decode *d, const struct request *r, struct placement *pl);
+void mla_decode_release(struct decode *d);
+bool mla_decode_check(struct decode *d, const struct request *r);
+bool mla_accept(const struct placement *pl, const struct request *reqs, uint32_t n_req,
+                struct kv_layout *lo);
+bool mla_prefill_write(struct prefill *p, const struct request *r, uint32_t *seq);
+bool decode_mla(struct decode *d, kv_xport *x, kv_xport_peer *peer, kv_xport_mem *mem,
+                const struct request *reqs, uint32_t n_req);
+bool prefill_mla(struct prefill *p, const struct request *reqs, uint32_t n_req, kv_xport_peer *peer,
+                 kv_xport_mem *mem, kv_xport_rmem **rmem, kv_plan **plan,
+                 const struct kv_xport_msg *msg);
+bool local_mla(struct prefill *p, struct decode *d, const struct request *reqs, uint32_t n_req);
 
 #endif /* KVDEMO_H */

@@ -5,7 +5,8 @@
  * places it (decode.c), the placement goes through its encoding and back
  * (placement.c), prefill writes it (prefill.c), kv_plan_copy moves it from
  * prefill's layout into decode's blocks (the same plans the transport
- * executes in prefill_role.c), decode checks it and frees it.
+ * executes in prefill_role.c), decode checks it and frees it; then the
+ * MLA group the same way (mla.c).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -77,8 +78,11 @@ int run_local(uint64_t seed, bool fault, const struct request *reqs, uint32_t n_
         decode_release(d, r->id);
         progress(i + 1, n_req, t_start);
     }
+    ok = ok && local_mla(p, d, reqs, n_req);
     for (uint32_t g = 0; ok && g < N_GROUPS; g++)
         decode_group_check(&d->g[g], g);
+    if (ok)
+        decode_group_check(&d->mla, MLA_GROUP);
     for (uint32_t g = 0; g < N_GROUPS; g++)
         kv_plan_destroy(plans[g]);
     if (p)

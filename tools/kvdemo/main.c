@@ -39,7 +39,8 @@ static void usage(FILE *f)
             "       kvdemo prefill --port P [--report-fd FD] [options]\n"
             "\n"
             "A disaggregated prefill -> decode run on loopback: %d-layer model, %d KV heads,\n"
-            "head dim %d, bf16; requests of 1..%d tokens, every third sharing a prefix.\n"
+            "head dim %d, bf16; requests of 1..%d tokens, every third sharing a prefix;\n"
+            "then the first %d again as an MLA latent cache (K only, D %d, fp8 e4m3).\n"
             "  --requests N     requests in the batch (1..%d; default 24)\n"
             "  --seed S         the batch and the generated K/V (default 1)\n"
             "  --transport K    tcp (default), rdma (needs an RDMA device) or shm (same host:\n"
@@ -52,7 +53,7 @@ static void usage(FILE *f)
             "Both roles must get the same --requests and --seed.\n"
             "Exit status: 0 every check passed; 1 a check failed or a call was refused;\n"
             "2 usage error.\n",
-            L_LAYERS, H_KV, D_HEAD, MAX_TOKENS, MAX_REQUESTS);
+            L_LAYERS, H_KV, D_HEAD, MAX_TOKENS, MLA_REQS, MLA_D, MAX_REQUESTS);
 }
 
 enum {

@@ -45,7 +45,11 @@ bool prefill_init(struct prefill *p, uint64_t seed)
     p->v = malloc(elems * ELEM);
     p->slots = malloc(MAX_TOKENS * sizeof(*p->slots));
     p->tokens = malloc(MAX_TOKENS * sizeof(*p->tokens));
-    if (!p->k || !p->v || !p->slots || !p->tokens)
+    mla_layout(false, &lc);
+    if (!side_make(&p->mla, &lc, false))
+        return false;
+    p->mla_k = malloc((size_t)MLA_L * MAX_TOKENS * MLA_D * sizeof(float));
+    if (!p->k || !p->v || !p->slots || !p->tokens || !p->mla_k)
         return fail_msg("out of memory");
     return true;
 }
@@ -54,6 +58,8 @@ void prefill_fini(struct prefill *p)
 {
     kv_offload_destroy(p->off);
     side_free(&p->s);
+    side_free(&p->mla);
+    free(p->mla_k);
     free(p->k);
     free(p->v);
     free(p->slots);

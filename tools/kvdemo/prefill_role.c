@@ -9,8 +9,9 @@
  * decode's blocks with a DONE notification behind them; prefill waits for
  * the transfer and frees its sequence. A transfer that is refused or does
  * not end DONE fails its request (FAILED to decode) rather than the run.
- * A LAYERWISE placement (the last) runs the layer-by-layer comparison
- * (layerwise.c).
+ * A LAYERWISE placement runs the layer-by-layer comparison
+ * (layerwise.c); an MLA placement moves one request's latent cache
+ * (mla.c).
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -137,7 +138,9 @@ int run_prefill(const struct opts *o, const struct request *reqs)
     struct prefill *p = calloc(1, sizeof(*p));
     kv_xport *x = NULL;
     kv_xport_peer *peer = NULL;
-    kv_xport_mem *mem = NULL;
+    kv_xport_mem *mem = NULL, *mla_mem = NULL;
+    kv_xport_rmem *mla_rmem = NULL;
+    kv_plan *mla_plan = NULL;
     kv_xport_rmem *rmem[N_GROUPS] = {0};
     kv_plan *plans[N_GROUPS] = {0};
     struct kv_xport_msg *msg = malloc(sizeof(*msg));
@@ -146,7 +149,7 @@ int run_prefill(const struct opts *o, const struct request *reqs)
     if (!ok)
         fail_msg("out of memory");
     ok = ok && prefill_init(p, o->seed) && xport_new(o, false, &x) && xport_reg(x, &p->s, &mem) &&
-         prefill_connect(x, (uint16_t)o->port, &peer);
+         xport_reg(x, &p->mla, &mla_mem) && prefill_connect(x, (uint16_t)o->port, &peer);
     while (ok) {
         const kv_status st = poll_msg(x, peer, msg);
         if (st == KV_ERR_TIMEOUT || st == KV_ERR_IO) {
@@ -166,6 +169,10 @@ int run_prefill(const struct opts *o, const struct request *reqs)
                  prefill_layerwise(p, &reqs[pl.req], &pl, &lo, peer, mem, rmem[pl.group]);
             continue;
         }
+        if (msg->tag == TAG_MLA) {
+            ok = prefill_mla(p, reqs, o->requests, peer, mla_mem, &mla_rmem, &mla_plan, msg);
+            continue;
+        }
         if (msg->tag != TAG_PLACE) {
             ok = fail_msg("unexpected notification: tag %" PRIu64, msg->tag);
             break;
@@ -177,10 +184,15 @@ int run_prefill(const struct opts *o, const struct request *reqs)
             ok = fail_msg("kv_xport_rmem_free: %s", kv_last_error());
         kv_plan_destroy(plans[g]);
     }
+    if (kv_xport_rmem_free(mla_rmem) != KV_OK)
+        ok = fail_msg("kv_xport_rmem_free (MLA): %s", kv_last_error());
+    kv_plan_destroy(mla_plan);
     if (peer)
         kv_xport_peer_close(peer);
     if (mem && kv_xport_mem_dereg(mem) != KV_OK)
         ok = fail_msg("kv_xport_mem_dereg: %s", kv_last_error());
+    if (mla_mem && kv_xport_mem_dereg(mla_mem) != KV_OK)
+        ok = fail_msg("kv_xport_mem_dereg (MLA): %s", kv_last_error());
     if (kv_xport_destroy(x) != KV_OK)
         ok = fail_msg("kv_xport_destroy: %s", kv_last_error());
     if (p)

@@ -130,6 +130,11 @@ void report_write(int fd, const struct report *r)
     fprintf(f, "ids %u %u\n", r->id_min, r->id_max);
     for (int g = 0; g < N_GROUPS; g++)
         fprintf(f, "xgroup %d %" PRIu64 " %" PRIu64 "\n", g, r->xg_bytes[g], r->xg_ns[g]);
+    fprintf(f,
+            "mla %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64
+            " %" PRIu64 " %.9g\n",
+            r->mla_requests, r->mla_ok, r->mla_xfers, r->mla_xfer_bytes, r->mla_xfer_ns,
+            r->mla_attn_bytes, r->mla_attn_ns, r->mla_wall_ns, r->mla_attn_err);
     fprintf(f, "layerwise %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", r->lw_bytes,
             r->lw_c_ns, r->lw_whole_ns, r->lw_layers_ns);
     if (r->first_fail[0])
@@ -165,6 +170,25 @@ bool report_read(int fd, struct report *r, bool take_requests)
                 r->requests_ok = b;
                 r->tokens = c;
                 r->xfer_bytes = e;
+            }
+        } else if (!strncmp(line, "mla ", 4)) {
+            uint64_t m[8];
+            if (sscanf(line,
+                       "mla %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64
+                       " %" SCNu64 " %" SCNu64 " %lf",
+                       &m[0], &m[1], &m[2], &m[3], &m[4], &m[5], &m[6], &m[7], &x) == 9) {
+                /* each side counts its own: decode the requests and MLA decode, prefill
+                 * the transfers */
+                r->mla_requests += m[0];
+                r->mla_ok += m[1];
+                r->mla_xfers += m[2];
+                r->mla_xfer_bytes += m[3];
+                r->mla_xfer_ns += m[4];
+                r->mla_attn_bytes += m[5];
+                r->mla_attn_ns += m[6];
+                r->mla_wall_ns += m[7];
+                if (x > r->mla_attn_err)
+                    r->mla_attn_err = x;
             }
         } else if (sscanf(line, "layerwise %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64, &a, &b,
                           &c, &e) == 4) {
@@ -249,6 +273,28 @@ void print_table(const struct report *r, const char *how, double wall_s)
                "(%.2fx)\n",
                "  layer by layer", (double)r->lw_bytes / 1048576.0, L_LAYERS, l, w - l,
                w > 0 ? l / w : 0.0);
+    }
+    if (r->mla_requests || r->mla_xfers) {
+        struct kv_layout_config pc, dc;
+        mla_layout(false, &pc);
+        mla_layout(true, &dc);
+        printf("\n  MLA group, %.0f ms in all: DeepSeek-shaped latent cache, K only, L=%d H=1 D=%d "
+               "%s,\n  per-tensor scale %g; prefill N=%" PRId64 " %s %s -> decode N=%" PRId64
+               " %s %s padded;\n  decode attention kv_attn_decode_mla Hq=%d dv=%d:\n",
+               (double)r->mla_wall_ns / 1e6, MLA_L, MLA_D, kv_dtype_name(pc.dtype),
+               (double)MLA_SCALE, pc.block_tokens, kv_order_name(pc.order),
+               kv_arrange_name(pc.arrange), dc.block_tokens, kv_order_name(dc.order),
+               kv_arrange_name(dc.arrange), MLA_HQ, MLA_DV);
+        printf("  %-24s %10.1f %8" PRIu64 " %10.1f %9.2f   %" PRIu64 " requests (%" PRIu64 " ok)\n",
+               "  transfer (plan)", (double)r->mla_xfer_bytes / 1048576.0, r->mla_xfers,
+               (double)r->mla_xfer_ns / 1e6,
+               r->mla_xfer_ns ? (double)r->mla_xfer_bytes / (double)r->mla_xfer_ns : 0.0,
+               r->mla_requests, r->mla_ok);
+        printf("  %-24s %10.1f %8" PRIu64 " %10.1f %9.2f   max |err| vs reference %.3g\n",
+               "  decode attention", (double)r->mla_attn_bytes / 1048576.0, r->mla_requests * MLA_L,
+               (double)r->mla_attn_ns / 1e6,
+               r->mla_attn_ns ? (double)r->mla_attn_bytes / (double)r->mla_attn_ns : 0.0,
+               r->mla_attn_err);
     }
     printf("\n  attention max |err| vs reference  %.3g (tolerance 1e-3 x (1 + |ref|))\n",
            r->attn_max_err);
