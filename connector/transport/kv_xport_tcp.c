@@ -738,11 +738,15 @@ static void round_once(struct kv__tcp *t, uint32_t cap_ms)
     }
     if (t->pfd[1].revents && t->lfd >= 0 && !t->accept_pause_ns)
         accept_all(t);
+    const bool nx_done = t->nx_done; /* the verify thread hashed a frame to send */
+    t->nx_done = false;
     for (uint32_t i = 2; i < k; i++) {
         struct kv__tcp_conn *c = t->pconn[i];
         const short ev = t->pfd[i].revents;
         struct kv__tcp_peer *owner = NULL;
-        if (!ev || !conn_live(t, c, &owner) || c->dead)
+        if ((!ev && !nx_done) || !conn_live(t, c, &owner) || c->dead)
+            continue;
+        if (!ev && !kv__tcp_tx_nx_ready(c)) /* a frame hashed ahead goes now */
             continue;
         struct kv__tcp_verdict v = KV__TCP_OK;
         if (c->connecting && (ev & (POLLOUT | POLLERR | POLLHUP))) {

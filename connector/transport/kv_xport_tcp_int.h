@@ -96,12 +96,13 @@ struct kv__tcp_conn;
  *   piece) it is hashed as it lands (`inline`) and freed at its last byte.
  *   Invariant: a byte covered by a slot that is not FREE is received only
  *   into that slot's frame (kv__tcp_rx_wanted holds any other frame). */
-enum kv__vjob_state { VJ_FREE, VJ_FILLING, VJ_QUEUED, VJ_RUNNING };
+enum kv__vjob_state { VJ_FREE, VJ_FILLING, VJ_QUEUED, VJ_RUNNING, VJ_DONE };
 
 struct kv__tcp_vjob {
     struct kv__tcp_vjob *next; /* the verify thread's queue */
     struct kv__tcp_conn *c;
     enum kv__vjob_state st;
+    bool tx;       /* a frame to send (the connection's txj): RUNNING -> DONE, sum in want */
     bool inline_;  /* hashed by the progress thread as it lands */
     bool dead;     /* its connection closed while RUNNING: drop the result */
     uint64_t xfer; /* the WRITE's transfer id (the sender's) */
@@ -160,6 +161,14 @@ struct kv__tcp_conn {
     kv_xport_xfer *df_t;          /* the WRITE's transfer (busy++) */
     struct kv__tcp_serve *df_srv; /* the RDATA's read */
     struct kv__tcp_serve *srv_head, *srv_tail;
+    /* tx: the next plain WRITE frame (nx_on), cut while df is on the wire
+     * and hashed by the verify thread (txj: its pieces; nx_t busy++); it
+     * becomes df once df is out and txj is DONE */
+    bool nx_on;
+    struct kv__xf nx_f;
+    unsigned char nx_desc[KV__TCP_MAXV * KV__TCP_DESC];
+    kv_xport_xfer *nx_t;
+    struct kv__tcp_vjob txj;
     /* rx; rx_since_ns: the current frame's first byte (0: between frames) */
     enum kv__rx_phase ph;
     unsigned char hdr[KV__XF_BYTES];
@@ -208,6 +217,7 @@ struct kv__tcp {
      * slot went FREE */
     pthread_t vthr;
     bool vthread, vstop;
+    bool nx_done; /* a frame to send was hashed since the last round */
     uint64_t vseq;
     struct kv__tcp_vjob *vq_head, *vq_tail;
     pthread_cond_t vcv, vdone;
@@ -243,6 +253,8 @@ bool kv__tcp_notes_flush(struct kv__tcp_peer *tp);
 /* c has something to send; tp has something for a free connection. */
 bool kv__tcp_tx_pending(const struct kv__tcp_conn *c);
 bool kv__tcp_has_work(const struct kv__tcp *t, const struct kv__tcp_peer *tp);
+/* c has no data frame on the wire and the one cut ahead is hashed. */
+bool kv__tcp_tx_nx_ready(const struct kv__tcp_conn *c);
 /* Send on c until EAGAIN (mu dropped around hashing and send). */
 struct kv__tcp_verdict kv__tcp_conn_tx(struct kv__tcp *t, struct kv__tcp_conn *c);
 /* Drop c's queued reads (the peer is going). */
@@ -258,6 +270,11 @@ struct kv__tcp_verdict kv__tcp_conn_rx(struct kv__tcp *t, struct kv__tcp_conn *c
 /* Whether c reads now: not held back by its control stream, nor by a
  * verify slot covering bytes its current frame lands on (mu held). */
 bool kv__tcp_rx_wanted(struct kv__tcp *t, struct kv__tcp_conn *c);
+/* mu held: whether a byte of j's pieces is covered by a receive slot
+ * that is not FREE or by an RDATA landing now. */
+bool kv__tcp_rx_covers(const struct kv__tcp *t, const struct kv__tcp_vjob *j);
+/* mu held: queue j for the verify thread. */
+void kv__tcp_vq_push(struct kv__tcp *t, struct kv__tcp_vjob *j);
 /* The verify thread's body (kv_xport_tcp.c starts it). */
 void *kv__tcp_verify_main(void *arg);
 /* mu held: c closes: its verify slots end (waits for one being hashed)

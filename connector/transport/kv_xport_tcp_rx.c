@@ -80,8 +80,41 @@ static bool rx_clash(const struct kv__tcp *t, const struct kv__tcp_conn *c)
             if (me && o != c && o->ph == RX_LAND && !o->rx_held &&
                 range_hits(o->dst, o->f.length, me))
                 return true;
+            /* a frame to send being hashed reads these bytes */
+            const struct kv__tcp_vjob *x = &o->txj;
+            if ((x->st == VJ_QUEUED || x->st == VJ_RUNNING) &&
+                (me ? vj_hits(me, x) : range_hits(c->dst, c->f.length, x)))
+                return true;
         }
     return false;
+}
+
+bool kv__tcp_rx_covers(const struct kv__tcp *t, const struct kv__tcp_vjob *j)
+{
+    for (const struct kv__tcp_peer *tp = t->peers; tp; tp = tp->next)
+        for (uint32_t i = 0; i < tp->n_conns; i++) {
+            const struct kv__tcp_conn *o = tp->conns[i];
+            if (!o)
+                continue;
+            for (uint32_t v = 0; v < KV__TCP_VQ; v++)
+                if (o->vj[v].st != VJ_FREE && vj_hits(j, &o->vj[v]))
+                    return true;
+            if (o->ph == RX_LAND && range_hits(o->dst, o->f.length, j))
+                return true;
+        }
+    return false;
+}
+
+void kv__tcp_vq_push(struct kv__tcp *t, struct kv__tcp_vjob *j)
+{
+    j->st = VJ_QUEUED;
+    j->next = NULL;
+    if (t->vq_tail)
+        t->vq_tail->next = j;
+    else
+        t->vq_head = j;
+    t->vq_tail = j;
+    pthread_cond_signal(&t->vcv);
 }
 
 static struct kv__tcp_vjob *vj_free_slot(struct kv__tcp_conn *c)
@@ -134,20 +167,34 @@ static bool vj_retire(struct kv__tcp *t, struct kv__tcp_vjob *j, bool ok)
     return put;
 }
 
+/* mu held: j out of the verify thread's queue (it is QUEUED). */
+static void vq_unlink(struct kv__tcp *t, struct kv__tcp_vjob *j)
+{
+    struct kv__tcp_vjob **pp = &t->vq_head, *prev = NULL;
+    while (*pp != j) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    *pp = j->next;
+    if (t->vq_tail == j)
+        t->vq_tail = prev;
+}
+
 void kv__tcp_vj_drop(struct kv__tcp *t, struct kv__tcp_conn *c)
 {
+    /* the frame to send next: its hash ends, its transfer is not busy */
+    if (c->txj.st == VJ_QUEUED)
+        vq_unlink(t, &c->txj);
+    while (c->txj.st == VJ_RUNNING)
+        pthread_cond_wait(&t->vdone, &t->x->mu);
+    c->txj.st = VJ_FREE;
+    if (c->nx_on && c->nx_t->busy)
+        c->nx_t->busy--;
+    c->nx_on = false;
     for (uint32_t v = 0; v < KV__TCP_VQ; v++) {
         struct kv__tcp_vjob *j = &c->vj[v];
-        if (j->st == VJ_QUEUED) { /* out of the queue */
-            struct kv__tcp_vjob **pp = &t->vq_head, *prev = NULL;
-            while (*pp != j) {
-                prev = *pp;
-                pp = &(*pp)->next;
-            }
-            *pp = j->next;
-            if (t->vq_tail == j)
-                t->vq_tail = prev;
-        }
+        if (j->st == VJ_QUEUED)
+            vq_unlink(t, j);
         if (j->st == VJ_RUNNING) {
             j->dead = true; /* the verify thread frees it */
             while (j->st != VJ_FREE)
@@ -184,8 +231,17 @@ void *kv__tcp_verify_main(void *arg)
         kv__xxh3_reset(&hs);
         for (uint32_t i = 0; i < j->k; i++)
             kv__xxh3_update(&hs, j->dst[i], (size_t)j->len[i]);
-        const bool ok = kv__xxh3_digest(&hs) == j->want;
+        const uint64_t sum = kv__xxh3_digest(&hs);
         pthread_mutex_lock(&x->mu);
+        if (j->tx) { /* a frame to send: its hash goes in its header */
+            j->want = sum;
+            j->st = VJ_DONE;
+            t->nx_done = true;
+            pthread_cond_broadcast(&t->vdone);
+            kv__tcp_wake(t);
+            continue;
+        }
+        const bool ok = sum == j->want;
         struct kv__tcp_conn *c = j->c;
         if (!vj_retire(t, j, ok))
             c->vj_nomem = true; /* the progress thread closes the peer */
@@ -529,14 +585,7 @@ static struct kv__tcp_verdict on_pieces(struct kv__tcp *t, struct kv__tcp_conn *
     if (j->inline_)
         return vj_retire(t, j, sum_ok) ? KV__TCP_OK
                                        : bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
-    j->st = VJ_QUEUED;
-    j->next = NULL;
-    if (t->vq_tail)
-        t->vq_tail->next = j;
-    else
-        t->vq_head = j;
-    t->vq_tail = j;
-    pthread_cond_signal(&t->vcv);
+    kv__tcp_vq_push(t, j);
     return KV__TCP_OK;
 }
 
