@@ -573,10 +573,6 @@ static bool sweep(struct kv__tcp *t, struct kv__tcp_peer *tp, uint64_t now)
     for (uint32_t i = 0; i < tp->n_conns; i++) {
         char m[200];
         kv_status st;
-        if (tp->conns[i] && tp->conns[i]->vj_nomem) {
-            peer_fail(t, tp, KV_ERR_NO_MEMORY, "xport tcp: control buffer (a verified WRITE's ACK)");
-            return false;
-        }
         if (tp->conns[i] && conn_late(t, tp->conns[i], now, m, sizeof(m), &st)) {
             peer_fail(t, tp, st, m);
             return false;
@@ -738,17 +734,21 @@ static void round_once(struct kv__tcp *t, uint32_t cap_ms)
     }
     if (t->pfd[1].revents && t->lfd >= 0 && !t->accept_pause_ns)
         accept_all(t);
-    const bool nx_done = t->nx_done; /* the verify thread hashed a frame to send */
-    t->nx_done = false;
+    const bool hashed = t->hashed; /* the verify thread finished a slot */
+    t->hashed = false;
     for (uint32_t i = 2; i < k; i++) {
         struct kv__tcp_conn *c = t->pconn[i];
         const short ev = t->pfd[i].revents;
         struct kv__tcp_peer *owner = NULL;
-        if ((!ev && !nx_done) || !conn_live(t, c, &owner) || c->dead)
-            continue;
-        if (!ev && !kv__tcp_tx_nx_ready(c)) /* a frame hashed ahead goes now */
+        if ((!ev && !hashed) || !conn_live(t, c, &owner) || c->dead)
             continue;
         struct kv__tcp_verdict v = KV__TCP_OK;
+        if (hashed && c->tp && !kv__tcp_vj_collect(t, c)) /* ACKs of verified WRITEs */
+            v = kv__tcp_bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
+        /* without an event: what the verify thread made ready (ACKs, a
+         * frame hashed ahead) goes now */
+        if (kv__tcp_ok(&v) && !ev && !kv__tcp_tx_nx_ready(c) && !kv__tcp_ctl_pending(c))
+            continue;
         if (c->connecting && (ev & (POLLOUT | POLLERR | POLLHUP))) {
             int err = 0;
             socklen_t el = sizeof(err);

@@ -91,8 +91,9 @@ struct kv__tcp_conn;
 /* A received WRITE from its descriptor table to its ACK (a verify slot):
  *   FREE -> FILLING (its pieces being received: the progress thread)
  *        -> QUEUED (every piece landed: waiting for the verify thread)
- *        -> RUNNING (being hashed, x->mu dropped) -> FREE (ACK queued,
- *   busy exposures released). Without a verify thread (or with a refused
+ *        -> RUNNING (being hashed, x->mu dropped) -> DONE (ok set)
+ *        -> FREE (the progress thread queued its ACK and released the busy
+ *   exposures: only that thread writes a control stream). Without a verify thread (or with a refused
  *   piece) it is hashed as it lands (`inline`) and freed at its last byte.
  *   Invariant: a byte covered by a slot that is not FREE is received only
  *   into that slot's frame (kv__tcp_rx_wanted holds any other frame). */
@@ -104,7 +105,8 @@ struct kv__tcp_vjob {
     enum kv__vjob_state st;
     bool tx;       /* a frame to send (the connection's txj): RUNNING -> DONE, sum in want */
     bool inline_;  /* hashed by the progress thread as it lands */
-    bool dead;     /* its connection closed while RUNNING: drop the result */
+    bool dead;     /* its connection is closing: no ACK */
+    bool ok;       /* DONE (a received WRITE): the hash matched */
     uint64_t xfer; /* the WRITE's transfer id (the sender's) */
     uint64_t want; /* payload_sum */
     uint64_t seq;  /* when it left FREE: a frame waits only for earlier slots */
@@ -183,7 +185,6 @@ struct kv__tcp_conn {
     uint64_t rx_pgot;
     struct kv__tcp_vjob *rx_j;
     bool rx_held;
-    bool vj_nomem; /* a verified WRITE's ACK found no memory: close the peer */
     struct kv__tcp_vjob vj[KV__TCP_VQ];
     kv_xport_xfer *land_t; /* busy++ while RX_LAND of an RDATA */
     struct kv__xxh3_state hs;
@@ -217,7 +218,7 @@ struct kv__tcp {
      * slot went FREE */
     pthread_t vthr;
     bool vthread, vstop;
-    bool nx_done; /* a frame to send was hashed since the last round */
+    bool hashed; /* the verify thread finished a slot since the last round */
     uint64_t vseq;
     struct kv__tcp_vjob *vq_head, *vq_tail;
     pthread_cond_t vcv, vdone;
@@ -275,6 +276,9 @@ bool kv__tcp_rx_wanted(struct kv__tcp *t, struct kv__tcp_conn *c);
 bool kv__tcp_rx_covers(const struct kv__tcp *t, const struct kv__tcp_vjob *j);
 /* mu held: queue j for the verify thread. */
 void kv__tcp_vq_push(struct kv__tcp *t, struct kv__tcp_vjob *j);
+/* mu held: acknowledge c's received WRITEs the verify thread finished;
+ * false: no memory for an ACK. */
+bool kv__tcp_vj_collect(struct kv__tcp *t, struct kv__tcp_conn *c);
 /* The verify thread's body (kv_xport_tcp.c starts it). */
 void *kv__tcp_verify_main(void *arg);
 /* mu held: c closes: its verify slots end (waits for one being hashed)

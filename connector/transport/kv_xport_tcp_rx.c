@@ -195,16 +195,22 @@ void kv__tcp_vj_drop(struct kv__tcp *t, struct kv__tcp_conn *c)
         struct kv__tcp_vjob *j = &c->vj[v];
         if (j->st == VJ_QUEUED)
             vq_unlink(t, j);
-        if (j->st == VJ_RUNNING) {
-            j->dead = true; /* the verify thread frees it */
-            while (j->st != VJ_FREE)
-                pthread_cond_wait(&t->vdone, &t->x->mu);
-        } else if (j->st != VJ_FREE) {
+        while (j->st == VJ_RUNNING)
+            pthread_cond_wait(&t->vdone, &t->x->mu);
+        if (j->st != VJ_FREE) {
             j->dead = true;
             (void)vj_retire(t, j, false);
         }
     }
     c->rx_j = NULL;
+}
+
+bool kv__tcp_vj_collect(struct kv__tcp *t, struct kv__tcp_conn *c)
+{
+    for (uint32_t v = 0; v < KV__TCP_VQ; v++)
+        if (c->vj[v].st == VJ_DONE && !vj_retire(t, &c->vj[v], c->vj[v].ok))
+            return false;
+    return true;
 }
 
 void *kv__tcp_verify_main(void *arg)
@@ -233,18 +239,16 @@ void *kv__tcp_verify_main(void *arg)
             kv__xxh3_update(&hs, j->dst[i], (size_t)j->len[i]);
         const uint64_t sum = kv__xxh3_digest(&hs);
         pthread_mutex_lock(&x->mu);
-        if (j->tx) { /* a frame to send: its hash goes in its header */
+        /* a frame to send: its hash goes in its header; a received WRITE:
+         * the progress thread acknowledges it (only that thread writes a
+         * control stream, which it sends with mu dropped) */
+        if (j->tx)
             j->want = sum;
-            j->st = VJ_DONE;
-            t->nx_done = true;
-            pthread_cond_broadcast(&t->vdone);
-            kv__tcp_wake(t);
-            continue;
-        }
-        const bool ok = sum == j->want;
-        struct kv__tcp_conn *c = j->c;
-        if (!vj_retire(t, j, ok))
-            c->vj_nomem = true; /* the progress thread closes the peer */
+        else
+            j->ok = sum == j->want;
+        j->st = VJ_DONE;
+        t->hashed = true;
+        pthread_cond_broadcast(&t->vdone);
         kv__tcp_wake(t);
     }
     pthread_mutex_unlock(&x->mu);
