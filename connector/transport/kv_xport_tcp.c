@@ -709,9 +709,12 @@ static void round_once(struct kv__tcp *t, uint32_t cap_ms)
             struct kv__tcp_conn *c = tp->conns[i];
             if (!c)
                 continue;
+            /* a frame cut ahead and still being hashed: the verify
+             * thread's wake-up says when it can go */
             const bool out =
                 c->connecting || kv__tcp_tx_pending(c) ||
-                (c->up && (work || (c->srv_head && c->srv_head->sent < c->srv_head->len)));
+                (c->up && !c->nx_on &&
+                 (work || (c->srv_head && c->srv_head->sent < c->srv_head->len)));
             const bool in = !c->connecting && kv__tcp_rx_wanted(t, c);
             t->pfd[k] = (struct pollfd){.fd = c->fd,
                                         .events = (short)((in ? POLLIN : 0) | (out ? POLLOUT : 0))};
