@@ -11,11 +11,14 @@
  * transfer DONE; a NACK (the receiver's queue is full) ends it FAILED.
  *
  * Every terminal transition is made by the progress thread, which is also
- * the only one that touches connections' sockets and the memory of
- * transfers: so the thread drops x->mu around its system calls and its
- * hashing, and nothing it holds can be freed meanwhile (a pending transfer
- * is not freed; an exposure that is busy is not ended; a region in use is
- * not deregistered). A transfer is `busy` while a frame of it is on the
+ * the only one that touches connections' sockets and control streams: so
+ * the thread drops x->mu around its system calls and its hashing, and
+ * nothing it holds can be freed meanwhile (a pending transfer is not freed;
+ * an exposure that is busy is not ended; a region in use is not
+ * deregistered). A second thread, the verify thread, hashes payloads
+ * beside it (received WRITEs once landed, the next frame to send while the
+ * current one goes out: kv_xport_tcp_int.h), holding the same busy counts;
+ * closing a connection waits for a hash of it in progress. A transfer is `busy` while a frame of it is on the
  * wire or landing; a deadline or cancel that finds it busy closes the peer
  * (a half-sent frame cannot be taken back on a stream) unless it is a
  * cancel, which waits for the frame to finish.

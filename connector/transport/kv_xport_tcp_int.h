@@ -20,7 +20,10 @@
  *       cut lazily, at most KV__TCP_CHUNK bytes, from the peer's transfers
  *       in post order: a free connection takes the next chunk, so one
  *       transfer stripes over every connection. The payload is hashed with
- *       x->mu dropped (the memory is held: a busy transfer or exposure).
+ *       x->mu dropped (the memory is held: a busy transfer or exposure):
+ *       with a verify thread, a connection's next plain WRITE frame is cut
+ *       while its current one goes out and hashed there (nx_*, txj), else
+ *       by the progress thread before the frame goes.
  *   rx  a header (checked: kv__xf_decode), then the payload: a WRITE's
  *       pieces into the region each names if that region is exposed to this
  *       peer and the range lies inside it (recv straight into place), else
@@ -32,11 +35,17 @@
  *       by the transport's verify thread once every piece landed, while
  *       the progress thread receives the next frames (the exposures stay
  *       busy until then); otherwise (no threads, a refused piece) the
- *       progress thread hashes what each recvmsg returned, x->mu dropped.
- *       No byte is received into a range a slot of another frame still
- *       covers (the frame waits, not read, until that slot is free), so a
- *       hash never reads bytes a later frame is writing, and pieces whose
- *       destinations overlap are never received by one call.
+ *       progress thread hashes what each recvmsg returned, x->mu dropped
+ *       (also for a frame whose pieces overlap each other).
+ *       No byte is received into a range an earlier slot still covers, an
+ *       RDATA is landing on, or a frame to send is being hashed from (the
+ *       frame waits, not read, until it is free), so a hash never reads
+ *       bytes another frame is writing, and pieces whose destinations
+ *       overlap are never received by one call.
+ * The verify thread (t->vthr) only hashes: it takes QUEUED slots (received
+ * WRITEs, a connection's txj) and marks them DONE; the progress thread
+ * acknowledges them, since only it writes a control stream (it sends one
+ * with x->mu dropped).
  *
  * Bounds (kv_transport.h): a connection stops reading at a frame boundary
  * while more than KV__TCP_CTL_HIGH bytes of control frames wait to be sent
