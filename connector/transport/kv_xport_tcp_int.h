@@ -288,6 +288,10 @@ void kv__tcp_vq_push(struct kv__tcp *t, struct kv__tcp_vjob *j);
 /* mu held: acknowledge c's received WRITEs the verify thread finished;
  * false: no memory for an ACK. */
 bool kv__tcp_vj_collect(struct kv__tcp *t, struct kv__tcp_conn *c);
+/* mu held, j QUEUED: take it off the queue and hash it now, on this
+ * thread (mu dropped meanwhile): the progress thread does this when it
+ * would otherwise wait for the verify thread. */
+void kv__tcp_vj_hash_now(struct kv__tcp *t, struct kv__tcp_vjob *j);
 /* The verify thread's body (kv_xport_tcp.c starts it). */
 void *kv__tcp_verify_main(void *arg);
 /* mu held: c closes: its verify slots end (waits for one being hashed)

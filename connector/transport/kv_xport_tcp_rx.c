@@ -125,12 +125,22 @@ static struct kv__tcp_vjob *vj_free_slot(struct kv__tcp_conn *c)
     return NULL;
 }
 
+/* A QUEUED receive slot of c (the oldest), or NULL. */
+static struct kv__tcp_vjob *vj_queued(struct kv__tcp_conn *c)
+{
+    struct kv__tcp_vjob *q = NULL;
+    for (uint32_t v = 0; v < KV__TCP_VQ; v++)
+        if (c->vj[v].st == VJ_QUEUED && (!q || c->vj[v].seq < q->seq))
+            q = &c->vj[v];
+    return q;
+}
+
 bool kv__tcp_rx_wanted(struct kv__tcp *t, struct kv__tcp_conn *c)
 {
     if (c->ph == RX_HDR && c->hdr_got == 0 && kv__tcp_ctl_pending(c) > KV__TCP_CTL_HIGH)
         return false;
-    if (c->ph == RX_DESC && !vj_free_slot(c))
-        return false; /* every slot busy: the verify thread is behind */
+    if (c->ph == RX_DESC && !vj_free_slot(c) && !vj_queued(c))
+        return false; /* every slot busy: the verify thread is on one */
     if (c->rx_held) {
         if (rx_clash(t, c))
             return false;
@@ -213,6 +223,38 @@ bool kv__tcp_vj_collect(struct kv__tcp *t, struct kv__tcp_conn *c)
     return true;
 }
 
+/* mu held, j taken off the queue: hash it, mu dropped, and mark it DONE.
+ * A frame to send: its hash goes in its header (want); a received WRITE:
+ * ok says whether it matched, and the progress thread acknowledges it
+ * (only that thread writes a control stream, which it sends with mu
+ * dropped). */
+static void vj_hash(struct kv__tcp *t, struct kv__tcp_vjob *j)
+{
+    j->st = VJ_RUNNING;
+    /* The frame's bytes are in place and nothing lands on them until this
+     * slot is FREE (kv__tcp_rx_wanted); its exposures (its transfer, to
+     * send) are busy. */
+    pthread_mutex_unlock(&t->x->mu);
+    struct kv__xxh3_state hs;
+    kv__xxh3_reset(&hs);
+    for (uint32_t i = 0; i < j->k; i++)
+        kv__xxh3_update(&hs, j->dst[i], (size_t)j->len[i]);
+    const uint64_t sum = kv__xxh3_digest(&hs);
+    pthread_mutex_lock(&t->x->mu);
+    if (j->tx)
+        j->want = sum;
+    else
+        j->ok = sum == j->want;
+    j->st = VJ_DONE;
+    pthread_cond_broadcast(&t->vdone);
+}
+
+void kv__tcp_vj_hash_now(struct kv__tcp *t, struct kv__tcp_vjob *j)
+{
+    vq_unlink(t, j);
+    vj_hash(t, j);
+}
+
 void *kv__tcp_verify_main(void *arg)
 {
     struct kv__tcp *t = arg;
@@ -229,26 +271,8 @@ void *kv__tcp_verify_main(void *arg)
         t->vq_head = j->next;
         if (!t->vq_head)
             t->vq_tail = NULL;
-        j->st = VJ_RUNNING;
-        /* The frame's bytes are in place and nothing lands on them until
-         * this slot is FREE (kv__tcp_rx_wanted); its exposures are busy. */
-        pthread_mutex_unlock(&x->mu);
-        struct kv__xxh3_state hs;
-        kv__xxh3_reset(&hs);
-        for (uint32_t i = 0; i < j->k; i++)
-            kv__xxh3_update(&hs, j->dst[i], (size_t)j->len[i]);
-        const uint64_t sum = kv__xxh3_digest(&hs);
-        pthread_mutex_lock(&x->mu);
-        /* a frame to send: its hash goes in its header; a received WRITE:
-         * the progress thread acknowledges it (only that thread writes a
-         * control stream, which it sends with mu dropped) */
-        if (j->tx)
-            j->want = sum;
-        else
-            j->ok = sum == j->want;
-        j->st = VJ_DONE;
+        vj_hash(t, j);
         t->hashed = true;
-        pthread_cond_broadcast(&t->vdone);
         kv__tcp_wake(t);
     }
     pthread_mutex_unlock(&x->mu);
@@ -750,6 +774,17 @@ struct kv__tcp_verdict kv__tcp_conn_rx(struct kv__tcp *t, struct kv__tcp_conn *c
     uint64_t budget = KV__TCP_RX_BUDGET;
     uint32_t frames = 0;
     while (budget && frames < x->cfg.frames_per_round && kv__tcp_rx_wanted(t, c)) {
+        if (c->ph == RX_DESC && !vj_free_slot(c)) {
+            /* every slot taken, the verify thread behind (busy, or not
+             * scheduled on a loaded machine): verify the oldest here */
+            struct kv__tcp_vjob *j = vj_queued(c);
+            if (!j)
+                break;
+            kv__tcp_vj_hash_now(t, j);
+            if (!kv__tcp_vj_collect(t, c))
+                return bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
+            continue;
+        }
         struct iovec iov[KV__TCP_MAXV];
         const int niov = rx_iov(t, c, iov);
         ssize_t r = 0;

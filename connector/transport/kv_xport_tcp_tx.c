@@ -507,7 +507,12 @@ struct kv__tcp_verdict kv__tcp_conn_tx(struct kv__tcp *t, struct kv__tcp_conn *c
     kv_xport *x = t->x;
     for (;;) {
         if (!c->df_on && c->nx_on) {
-            if (c->txj.st != VJ_DONE) { /* its hash is not done: the next round */
+            /* the frame cut ahead, its hash not started by the verify
+             * thread (busy, or not scheduled on a loaded machine): hash it
+             * here rather than leave the connection idle */
+            if (c->txj.st == VJ_QUEUED)
+                kv__tcp_vj_hash_now(t, &c->txj);
+            if (c->txj.st != VJ_DONE) { /* being hashed: its wake-up */
                 if (c->ctl_off == c->ctl_len)
                     return KV__TCP_OK;
             } else {
