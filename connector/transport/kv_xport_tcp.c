@@ -11,11 +11,14 @@
  * transfer DONE; a NACK (the receiver's queue is full) ends it FAILED.
  *
  * Every terminal transition is made by the progress thread, which is also
- * the only one that touches connections' sockets and the memory of
- * transfers: so the thread drops x->mu around its system calls and its
- * hashing, and nothing it holds can be freed meanwhile (a pending transfer
- * is not freed; an exposure that is busy is not ended; a region in use is
- * not deregistered). A transfer is `busy` while a frame of it is on the
+ * the only one that touches connections' sockets and control streams: so
+ * the thread drops x->mu around its system calls and its hashing, and
+ * nothing it holds can be freed meanwhile (a pending transfer is not freed;
+ * an exposure that is busy is not ended; a region in use is not
+ * deregistered). A second thread, the verify thread, hashes payloads
+ * beside it (received WRITEs once landed, the next frame to send while the
+ * current one goes out: kv_xport_tcp_int.h), holding the same busy counts;
+ * closing a connection waits for a hash of it in progress. A transfer is `busy` while a frame of it is on the
  * wire or landing; a deadline or cancel that finds it busy closes the peer
  * (a half-sent frame cannot be taken back on a stream) unless it is a
  * cancel, which waits for the frame to finish.
@@ -71,11 +74,9 @@ static struct kv__tcp_conn *conn_new(int fd)
 
 /* mu held: release what the connection holds (busy exposures and
  * transfers, reads it serves) and close it. */
-static void conn_free(struct kv__tcp_conn *c)
+static void conn_free(struct kv__tcp *t, struct kv__tcp_conn *c)
 {
-    for (uint32_t i = c->rx_p; c->ph == RX_PIECES && i < c->rx_k; i++)
-        if (c->rx_expo[i])
-            c->rx_expo[i]->busy--;
+    kv__tcp_vj_drop(t, c);
     if (c->land_t && c->land_t->busy)
         c->land_t->busy--;
     if (c->df_t && c->df_t->busy)
@@ -103,7 +104,7 @@ static void peer_fail(struct kv__tcp *t, struct kv__tcp_peer *tp, kv_status why,
         t->x->stats.peers_refused++;
     for (uint32_t i = 0; i < tp->n_conns; i++)
         if (tp->conns[i])
-            conn_free(tp->conns[i]);
+            conn_free(t, tp->conns[i]);
     p->be = NULL;
     kv__xport_peer_closed(p, why, msg);
     kv__xport_peer_unref(p);
@@ -178,18 +179,37 @@ static kv_status tcp_start(kv_xport *x)
         x->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                                  : ((struct sockaddr_in *)&ss)->sin_port);
     }
+    if (pthread_cond_init(&t->vcv, NULL) != 0 || pthread_cond_init(&t->vdone, NULL) != 0) {
+        st = kv__error(KV_ERR_NO_MEMORY, "xport_create: condition variables");
+        goto fail_sock;
+    }
     x->be = t;
     if (!x->manual) {
-        const int e = pthread_create(&t->thr, NULL, progress, t);
+        int e = pthread_create(&t->vthr, NULL, kv__tcp_verify_main, t);
+        if (e != 0) {
+            st = kv__error(KV_ERR_IO, "xport_create: verify thread: %s", strerror(e));
+            goto fail_cv;
+        }
+        t->vthread = true;
+        e = pthread_create(&t->thr, NULL, progress, t);
         if (e != 0) {
             st = kv__error(KV_ERR_IO, "xport_create: progress thread: %s", strerror(e));
-            x->be = NULL;
-            goto fail_sock;
+            goto fail_vthr;
         }
         t->thread = true;
     }
     return KV_OK;
 
+fail_vthr:
+    pthread_mutex_lock(&x->mu);
+    t->vstop = true;
+    pthread_cond_signal(&t->vcv);
+    pthread_mutex_unlock(&x->mu);
+    pthread_join(t->vthr, NULL);
+fail_cv:
+    x->be = NULL;
+    pthread_cond_destroy(&t->vcv);
+    pthread_cond_destroy(&t->vdone);
 fail_sock:
     if (t->lfd >= 0)
         close(t->lfd);
@@ -213,9 +233,15 @@ static kv_status tcp_stop(kv_xport *x)
     while (t->peers)
         peer_bye(t, t->peers, KV_ERR_CANCELLED, "the transport was destroyed");
     for (uint32_t i = 0; i < t->n_unbound; i++)
-        conn_free(t->unbound[i]);
+        conn_free(t, t->unbound[i]);
     t->n_unbound = 0;
+    t->vstop = true; /* every slot is FREE now: nothing queued */
+    pthread_cond_signal(&t->vcv);
     pthread_mutex_unlock(&x->mu);
+    if (t->vthread)
+        pthread_join(t->vthr, NULL);
+    pthread_cond_destroy(&t->vcv);
+    pthread_cond_destroy(&t->vdone);
     kv_status st = KV_OK;
     if (t->lfd >= 0 && close(t->lfd) != 0)
         st = kv__error(KV_ERR_IO, "xport_destroy: close of the listener: %s", strerror(errno));
@@ -278,7 +304,7 @@ static kv_status tcp_connect(kv_xport_peer *p, const char *host, uint16_t port)
     if (st != KV_OK) {
         for (uint32_t i = 0; i < tp->n_conns; i++)
             if (tp->conns[i])
-                conn_free(tp->conns[i]);
+                conn_free(t, tp->conns[i]);
         kv__mem_free(tp);
         pthread_mutex_unlock(&x->mu);
         return st;
@@ -596,7 +622,7 @@ static uint64_t next_deadline(struct kv__tcp *t)
 
 static void unbound_drop(struct kv__tcp *t, uint32_t i)
 {
-    conn_free(t->unbound[i]);
+    conn_free(t, t->unbound[i]);
     t->unbound[i] = t->unbound[--t->n_unbound];
 }
 
@@ -686,10 +712,13 @@ static void round_once(struct kv__tcp *t, uint32_t cap_ms)
             struct kv__tcp_conn *c = tp->conns[i];
             if (!c)
                 continue;
+            /* a frame cut ahead and still being hashed: the verify
+             * thread's wake-up says when it can go */
             const bool out =
                 c->connecting || kv__tcp_tx_pending(c) ||
-                (c->up && (work || (c->srv_head && c->srv_head->sent < c->srv_head->len)));
-            const bool in = !c->connecting && kv__tcp_rx_wanted(c);
+                (c->up && !c->nx_on &&
+                 (work || (c->srv_head && c->srv_head->sent < c->srv_head->len)));
+            const bool in = !c->connecting && kv__tcp_rx_wanted(t, c);
             t->pfd[k] = (struct pollfd){.fd = c->fd,
                                         .events = (short)((in ? POLLIN : 0) | (out ? POLLOUT : 0))};
             t->pconn[k++] = c;
@@ -711,13 +740,21 @@ static void round_once(struct kv__tcp *t, uint32_t cap_ms)
     }
     if (t->pfd[1].revents && t->lfd >= 0 && !t->accept_pause_ns)
         accept_all(t);
+    const bool hashed = t->hashed; /* the verify thread finished a slot */
+    t->hashed = false;
     for (uint32_t i = 2; i < k; i++) {
         struct kv__tcp_conn *c = t->pconn[i];
         const short ev = t->pfd[i].revents;
         struct kv__tcp_peer *owner = NULL;
-        if (!ev || !conn_live(t, c, &owner) || c->dead)
+        if ((!ev && !hashed) || !conn_live(t, c, &owner) || c->dead)
             continue;
         struct kv__tcp_verdict v = KV__TCP_OK;
+        if (hashed && c->tp && !kv__tcp_vj_collect(t, c)) /* ACKs of verified WRITEs */
+            v = kv__tcp_bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
+        /* without an event: what the verify thread made ready (ACKs, a
+         * frame hashed ahead) goes now */
+        if (kv__tcp_ok(&v) && !ev && !kv__tcp_tx_nx_ready(c) && !kv__tcp_ctl_pending(c))
+            continue;
         if (c->connecting && (ev & (POLLOUT | POLLERR | POLLHUP))) {
             int err = 0;
             socklen_t el = sizeof(err);

@@ -20,15 +20,32 @@
  *       cut lazily, at most KV__TCP_CHUNK bytes, from the peer's transfers
  *       in post order: a free connection takes the next chunk, so one
  *       transfer stripes over every connection. The payload is hashed with
- *       x->mu dropped (the memory is held: a busy transfer or exposure).
+ *       x->mu dropped (the memory is held: a busy transfer or exposure):
+ *       with a verify thread, a connection's next plain WRITE frame is cut
+ *       while its current one goes out and hashed there (nx_*, txj), else
+ *       by the progress thread before the frame goes.
  *   rx  a header (checked: kv__xf_decode), then the payload: a WRITE's
  *       pieces into the region each names if that region is exposed to this
  *       peer and the range lies inside it (recv straight into place), else
- *       read into a scratch buffer and dropped, refused in the ACK. The
- *       payload's XXH3 is computed as it lands, with x->mu dropped, on what
- *       each recvmsg returned before anything else lands: pieces whose
- *       destinations overlap are never received by one call. ACK only when
- *       it matches.
+ *       read into a scratch buffer and dropped, refused in the ACK. ACK
+ *       only when the payload's XXH3 matches. Each WRITE holds one of its
+ *       connection's KV__TCP_VQ verify slots (struct kv__tcp_vjob) from
+ *       its descriptor table until it is verified and acknowledged. With a
+ *       progress thread, a WRITE whose pieces all land in place is hashed
+ *       by the transport's verify thread once every piece landed, while
+ *       the progress thread receives the next frames (the exposures stay
+ *       busy until then); otherwise (no threads, a refused piece) the
+ *       progress thread hashes what each recvmsg returned, x->mu dropped
+ *       (also for a frame whose pieces overlap each other).
+ *       No byte is received into a range an earlier slot still covers, an
+ *       RDATA is landing on, or a frame to send is being hashed from (the
+ *       frame waits, not read, until it is free), so a hash never reads
+ *       bytes another frame is writing, and pieces whose destinations
+ *       overlap are never received by one call.
+ * The verify thread (t->vthr) only hashes: it takes QUEUED slots (received
+ * WRITEs, a connection's txj) and marks them DONE; the progress thread
+ * acknowledges them, since only it writes a control stream (it sends one
+ * with x->mu dropped).
  *
  * Bounds (kv_transport.h): a connection stops reading at a frame boundary
  * while more than KV__TCP_CTL_HIGH bytes of control frames wait to be sent
@@ -58,6 +75,7 @@
 #define KV__TCP_RX_BUDGET (8u << 20)  /* bytes received per connection per round */
 #define KV__TCP_CTL_HIGH (256u << 10) /* control bytes queued: stop reading above */
 #define KV__TCP_SCRATCH (64u << 10)
+#define KV__TCP_VQ 3 /* WRITE frames per connection between descriptor table and ACK */
 /* The largest payload read into a connection's small[] buffer. */
 #define KV__TCP_SMALL                                                                              \
     (KV_XPORT_NOTIFY_MAX > KV__TCP_MAXV * KV__TCP_DESC ? KV_XPORT_NOTIFY_MAX                       \
@@ -77,6 +95,37 @@ enum kv__rx_phase {
 };
 
 struct kv__tcp_peer;
+struct kv__tcp_conn;
+
+/* A received WRITE from its descriptor table to its ACK (a verify slot):
+ *   FREE -> FILLING (its pieces being received: the progress thread)
+ *        -> QUEUED (every piece landed: waiting for the verify thread)
+ *        -> RUNNING (being hashed, x->mu dropped) -> DONE (ok set)
+ *        -> FREE (the progress thread queued its ACK and released the busy
+ *   exposures: only that thread writes a control stream). Without a verify thread (or with a refused
+ *   piece) it is hashed as it lands (`inline`) and freed at its last byte.
+ *   Invariant: a byte covered by a slot that is not FREE is received only
+ *   into that slot's frame (kv__tcp_rx_wanted holds any other frame). */
+enum kv__vjob_state { VJ_FREE, VJ_FILLING, VJ_QUEUED, VJ_RUNNING, VJ_DONE };
+
+struct kv__tcp_vjob {
+    struct kv__tcp_vjob *next; /* the verify thread's queue */
+    struct kv__tcp_conn *c;
+    enum kv__vjob_state st;
+    bool tx;       /* a frame to send (the connection's txj): RUNNING -> DONE, sum in want */
+    bool inline_;  /* hashed by the progress thread as it lands */
+    bool dead;     /* its connection is closing: no ACK */
+    bool ok;       /* DONE (a received WRITE): the hash matched */
+    uint64_t xfer; /* the WRITE's transfer id (the sender's) */
+    uint64_t want; /* payload_sum */
+    uint64_t seq;  /* when it left FREE: a frame waits only for earlier slots */
+    uint32_t k;    /* pieces */
+    const char *lo, *hi; /* the hull of the pieces that land in place */
+    char *dst[KV__TCP_MAXV];
+    uint64_t len[KV__TCP_MAXV];
+    uint32_t entry[KV__TCP_MAXV];
+    struct kv__xport_expo *expo[KV__TCP_MAXV]; /* busy++ until FREE */
+};
 
 /* A read the peer asked of us: served on the connection it came on, in
  * order (the requester checks each RDATA's offset against what it has). */
@@ -123,6 +172,14 @@ struct kv__tcp_conn {
     kv_xport_xfer *df_t;          /* the WRITE's transfer (busy++) */
     struct kv__tcp_serve *df_srv; /* the RDATA's read */
     struct kv__tcp_serve *srv_head, *srv_tail;
+    /* tx: the next plain WRITE frame (nx_on), cut while df is on the wire
+     * and hashed by the verify thread (txj: its pieces; nx_t busy++); it
+     * becomes df once df is out and txj is DONE */
+    bool nx_on;
+    struct kv__xf nx_f;
+    unsigned char nx_desc[KV__TCP_MAXV * KV__TCP_DESC];
+    kv_xport_xfer *nx_t;
+    struct kv__tcp_vjob txj;
     /* rx; rx_since_ns: the current frame's first byte (0: between frames) */
     enum kv__rx_phase ph;
     unsigned char hdr[KV__XF_BYTES];
@@ -131,14 +188,14 @@ struct kv__tcp_conn {
     struct kv__xf f;
     char *dst;    /* RX_SMALL, RDATA */
     uint64_t got; /* payload bytes so far */
-    /* a WRITE's pieces: where each lands (NULL: refused, dropped) */
-    uint32_t rx_k, rx_p;
+    /* a WRITE's pieces (rx_j: its verify slot; dst NULL: refused,
+     * dropped); rx_held: not read until nothing else covers its bytes */
+    uint32_t rx_p;
     uint64_t rx_pgot;
-    char *rx_dst[KV__TCP_MAXV];
-    uint64_t rx_len[KV__TCP_MAXV];
-    uint32_t rx_entry[KV__TCP_MAXV];
-    struct kv__xport_expo *rx_expo[KV__TCP_MAXV]; /* busy++ while receiving */
-    kv_xport_xfer *land_t;                        /* busy++ while RX_LAND of an RDATA */
+    struct kv__tcp_vjob *rx_j;
+    bool rx_held;
+    struct kv__tcp_vjob vj[KV__TCP_VQ];
+    kv_xport_xfer *land_t; /* busy++ while RX_LAND of an RDATA */
     struct kv__xxh3_state hs;
     unsigned char small[KV__TCP_SMALL];
 };
@@ -165,6 +222,15 @@ struct kv__tcp {
     size_t cap_unbound;
     uint64_t accept_pause_ns, accept_backoff_ns; /* the listener rests until then */
     bool accept_said;                            /* the back-off was reported (stderr) */
+    /* the verify thread (with the progress thread only): hashes QUEUED
+     * slots, vq_head..vq_tail, x->mu dropped; vcv: work for it, vdone: a
+     * slot went FREE */
+    pthread_t vthr;
+    bool vthread, vstop;
+    bool hashed; /* the verify thread finished a slot since the last round */
+    uint64_t vseq;
+    struct kv__tcp_vjob *vq_head, *vq_tail;
+    pthread_cond_t vcv, vdone;
     struct pollfd *pfd;                          /* [cap_pfd] */
     struct kv__tcp_conn **pconn;                 /* [cap_pconn]: pfd[i]'s connection */
     size_t cap_pfd, cap_pconn;
@@ -197,6 +263,8 @@ bool kv__tcp_notes_flush(struct kv__tcp_peer *tp);
 /* c has something to send; tp has something for a free connection. */
 bool kv__tcp_tx_pending(const struct kv__tcp_conn *c);
 bool kv__tcp_has_work(const struct kv__tcp *t, const struct kv__tcp_peer *tp);
+/* c has no data frame on the wire and the one cut ahead is hashed. */
+bool kv__tcp_tx_nx_ready(const struct kv__tcp_conn *c);
 /* Send on c until EAGAIN (mu dropped around hashing and send). */
 struct kv__tcp_verdict kv__tcp_conn_tx(struct kv__tcp *t, struct kv__tcp_conn *c);
 /* Drop c's queued reads (the peer is going). */
@@ -209,8 +277,26 @@ void kv__tcp_serve_unexpose(struct kv__tcp_peer *tp, const struct kv__xport_expo
 /* Receive on c until EAGAIN, the round's budget or frame count, or the
  * control stream's high-water mark (mu dropped around recv and hashing). */
 struct kv__tcp_verdict kv__tcp_conn_rx(struct kv__tcp *t, struct kv__tcp_conn *c);
-/* Whether c reads now (not held back by its control stream). */
-bool kv__tcp_rx_wanted(const struct kv__tcp_conn *c);
+/* Whether c reads now: not held back by its control stream, nor by a
+ * verify slot covering bytes its current frame lands on (mu held). */
+bool kv__tcp_rx_wanted(struct kv__tcp *t, struct kv__tcp_conn *c);
+/* mu held: whether a byte of j's pieces is covered by a receive slot
+ * that is not FREE or by an RDATA landing now. */
+bool kv__tcp_rx_covers(const struct kv__tcp *t, const struct kv__tcp_vjob *j);
+/* mu held: queue j for the verify thread. */
+void kv__tcp_vq_push(struct kv__tcp *t, struct kv__tcp_vjob *j);
+/* mu held: acknowledge c's received WRITEs the verify thread finished;
+ * false: no memory for an ACK. */
+bool kv__tcp_vj_collect(struct kv__tcp *t, struct kv__tcp_conn *c);
+/* mu held, j QUEUED: take it off the queue and hash it now, on this
+ * thread (mu dropped meanwhile): the progress thread does this when it
+ * would otherwise wait for the verify thread. */
+void kv__tcp_vj_hash_now(struct kv__tcp *t, struct kv__tcp_vjob *j);
+/* The verify thread's body (kv_xport_tcp.c starts it). */
+void *kv__tcp_verify_main(void *arg);
+/* mu held: c closes: its verify slots end (waits for one being hashed)
+ * and release what they hold. */
+void kv__tcp_vj_drop(struct kv__tcp *t, struct kv__tcp_conn *c);
 /* Settle every transfer of tp whose entries have all ended. */
 void kv__tcp_settle_all(struct kv__tcp_peer *tp);
 

@@ -29,9 +29,254 @@ void kv__tcp_settle_all(struct kv__tcp_peer *tp)
     }
 }
 
-bool kv__tcp_rx_wanted(const struct kv__tcp_conn *c)
+/* Whether [a, a + n) and [b, b + m) overlap. */
+static bool overlaps(const char *a, uint64_t n, const char *b, uint64_t m)
 {
-    return !(c->ph == RX_HDR && c->hdr_got == 0 && kv__tcp_ctl_pending(c) > KV__TCP_CTL_HIGH);
+    return a < b + m && b < a + n;
+}
+
+/* Whether [p, p + n) overlaps a piece of j that lands in place. */
+static bool range_hits(const char *p, uint64_t n, const struct kv__tcp_vjob *j)
+{
+    if (!j->lo || !overlaps(p, n, j->lo, (uint64_t)(j->hi - j->lo)))
+        return false;
+    for (uint32_t i = 0; i < j->k; i++)
+        if (j->dst[i] && overlaps(p, n, j->dst[i], j->len[i]))
+            return true;
+    return false;
+}
+
+/* Whether a piece of a that lands in place overlaps one of b. */
+static bool vj_hits(const struct kv__tcp_vjob *a, const struct kv__tcp_vjob *b)
+{
+    if (!a->lo || !b->lo || !overlaps(a->lo, (uint64_t)(a->hi - a->lo), b->lo,
+                                      (uint64_t)(b->hi - b->lo)))
+        return false;
+    for (uint32_t i = 0; i < a->k; i++)
+        if (a->dst[i] && range_hits(a->dst[i], a->len[i], b))
+            return true;
+    return false;
+}
+
+/* mu held: whether the frame c is about to receive (a held WRITE's pieces,
+ * a held RDATA) would land on bytes that an earlier verify slot still
+ * covers, or (a WRITE) that an RDATA landing now writes. */
+static bool rx_clash(const struct kv__tcp *t, const struct kv__tcp_conn *c)
+{
+    const struct kv__tcp_vjob *me = c->ph == RX_PIECES ? c->rx_j : NULL;
+    for (const struct kv__tcp_peer *tp = t->peers; tp; tp = tp->next)
+        for (uint32_t i = 0; i < tp->n_conns; i++) {
+            const struct kv__tcp_conn *o = tp->conns[i];
+            if (!o)
+                continue;
+            for (uint32_t v = 0; v < KV__TCP_VQ; v++) {
+                const struct kv__tcp_vjob *j = &o->vj[v];
+                if (j->st == VJ_FREE || j == me)
+                    continue;
+                if (me ? j->seq < me->seq && vj_hits(me, j)
+                       : range_hits(c->dst, c->f.length, j))
+                    return true;
+            }
+            if (me && o != c && o->ph == RX_LAND && !o->rx_held &&
+                range_hits(o->dst, o->f.length, me))
+                return true;
+            /* a frame to send being hashed reads these bytes */
+            const struct kv__tcp_vjob *x = &o->txj;
+            if ((x->st == VJ_QUEUED || x->st == VJ_RUNNING) &&
+                (me ? vj_hits(me, x) : range_hits(c->dst, c->f.length, x)))
+                return true;
+        }
+    return false;
+}
+
+bool kv__tcp_rx_covers(const struct kv__tcp *t, const struct kv__tcp_vjob *j)
+{
+    for (const struct kv__tcp_peer *tp = t->peers; tp; tp = tp->next)
+        for (uint32_t i = 0; i < tp->n_conns; i++) {
+            const struct kv__tcp_conn *o = tp->conns[i];
+            if (!o)
+                continue;
+            for (uint32_t v = 0; v < KV__TCP_VQ; v++)
+                if (o->vj[v].st != VJ_FREE && vj_hits(j, &o->vj[v]))
+                    return true;
+            if (o->ph == RX_LAND && range_hits(o->dst, o->f.length, j))
+                return true;
+        }
+    return false;
+}
+
+void kv__tcp_vq_push(struct kv__tcp *t, struct kv__tcp_vjob *j)
+{
+    j->st = VJ_QUEUED;
+    j->next = NULL;
+    if (t->vq_tail)
+        t->vq_tail->next = j;
+    else
+        t->vq_head = j;
+    t->vq_tail = j;
+    pthread_cond_signal(&t->vcv);
+}
+
+static struct kv__tcp_vjob *vj_free_slot(struct kv__tcp_conn *c)
+{
+    for (uint32_t v = 0; v < KV__TCP_VQ; v++)
+        if (c->vj[v].st == VJ_FREE)
+            return &c->vj[v];
+    return NULL;
+}
+
+/* A QUEUED receive slot of c (the oldest), or NULL. */
+static struct kv__tcp_vjob *vj_queued(struct kv__tcp_conn *c)
+{
+    struct kv__tcp_vjob *q = NULL;
+    for (uint32_t v = 0; v < KV__TCP_VQ; v++)
+        if (c->vj[v].st == VJ_QUEUED && (!q || c->vj[v].seq < q->seq))
+            q = &c->vj[v];
+    return q;
+}
+
+bool kv__tcp_rx_wanted(struct kv__tcp *t, struct kv__tcp_conn *c)
+{
+    if (c->ph == RX_HDR && c->hdr_got == 0 && kv__tcp_ctl_pending(c) > KV__TCP_CTL_HIGH)
+        return false;
+    if (c->ph == RX_DESC && !vj_free_slot(c) && !vj_queued(c))
+        return false; /* every slot busy: the verify thread is on one */
+    if (c->rx_held) {
+        if (rx_clash(t, c))
+            return false;
+        c->rx_held = false;
+    }
+    return true;
+}
+
+/* mu held: j (of a WRITE) is verified (ok: its hash matched): one ACK
+ * with a record per piece {entry, status, bytes}: KV_OK,
+ * KV_ERR_OUT_OF_BOUNDS (refused, not written) or KV_ERR_CORRUPT (the data
+ * failed its checksum); its exposures are no longer busy, the slot FREE.
+ * false: no memory for the ACK. */
+static bool vj_retire(struct kv__tcp *t, struct kv__tcp_vjob *j, bool ok)
+{
+    unsigned char rec[KV__TCP_MAXV * KV__TCP_ACK_REC];
+    for (uint32_t i = 0; i < j->k; i++) {
+        const kv_status st = !j->dst[i] ? KV_ERR_OUT_OF_BOUNDS : ok ? KV_OK : KV_ERR_CORRUPT;
+        unsigned char *r = rec + KV__TCP_ACK_REC * i;
+        kv__le_put(r, j->entry[i], 4);
+        kv__le_put(r + 4, (uint32_t)(int32_t)st, 4);
+        kv__le_put(r + 8, j->len[i], 8);
+    }
+    struct kv__xf a = {.type = KV__XF_ACK, .xfer = j->xfer, .entry = j->k};
+    const bool put = j->dead || kv__tcp_ctl_put(j->c, a, rec, KV__TCP_ACK_REC * a.entry);
+    for (uint32_t i = 0; i < j->k; i++)
+        if (j->expo[i])
+            j->expo[i]->busy--;
+    j->st = VJ_FREE;
+    j->dead = false;
+    j->lo = j->hi = NULL;
+    pthread_cond_broadcast(&t->x->cv);
+    pthread_cond_broadcast(&t->vdone);
+    return put;
+}
+
+/* mu held: j out of the verify thread's queue (it is QUEUED). */
+static void vq_unlink(struct kv__tcp *t, struct kv__tcp_vjob *j)
+{
+    struct kv__tcp_vjob **pp = &t->vq_head, *prev = NULL;
+    while (*pp != j) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    *pp = j->next;
+    if (t->vq_tail == j)
+        t->vq_tail = prev;
+}
+
+void kv__tcp_vj_drop(struct kv__tcp *t, struct kv__tcp_conn *c)
+{
+    /* the frame to send next: its hash ends, its transfer is not busy */
+    if (c->txj.st == VJ_QUEUED)
+        vq_unlink(t, &c->txj);
+    while (c->txj.st == VJ_RUNNING)
+        pthread_cond_wait(&t->vdone, &t->x->mu);
+    c->txj.st = VJ_FREE;
+    if (c->nx_on && c->nx_t->busy)
+        c->nx_t->busy--;
+    c->nx_on = false;
+    for (uint32_t v = 0; v < KV__TCP_VQ; v++) {
+        struct kv__tcp_vjob *j = &c->vj[v];
+        if (j->st == VJ_QUEUED)
+            vq_unlink(t, j);
+        while (j->st == VJ_RUNNING)
+            pthread_cond_wait(&t->vdone, &t->x->mu);
+        if (j->st != VJ_FREE) {
+            j->dead = true;
+            (void)vj_retire(t, j, false);
+        }
+    }
+    c->rx_j = NULL;
+}
+
+bool kv__tcp_vj_collect(struct kv__tcp *t, struct kv__tcp_conn *c)
+{
+    for (uint32_t v = 0; v < KV__TCP_VQ; v++)
+        if (c->vj[v].st == VJ_DONE && !vj_retire(t, &c->vj[v], c->vj[v].ok))
+            return false;
+    return true;
+}
+
+/* mu held, j taken off the queue: hash it, mu dropped, and mark it DONE.
+ * A frame to send: its hash goes in its header (want); a received WRITE:
+ * ok says whether it matched, and the progress thread acknowledges it
+ * (only that thread writes a control stream, which it sends with mu
+ * dropped). */
+static void vj_hash(struct kv__tcp *t, struct kv__tcp_vjob *j)
+{
+    j->st = VJ_RUNNING;
+    /* The frame's bytes are in place and nothing lands on them until this
+     * slot is FREE (kv__tcp_rx_wanted); its exposures (its transfer, to
+     * send) are busy. */
+    pthread_mutex_unlock(&t->x->mu);
+    struct kv__xxh3_state hs;
+    kv__xxh3_reset(&hs);
+    for (uint32_t i = 0; i < j->k; i++)
+        kv__xxh3_update(&hs, j->dst[i], (size_t)j->len[i]);
+    const uint64_t sum = kv__xxh3_digest(&hs);
+    pthread_mutex_lock(&t->x->mu);
+    if (j->tx)
+        j->want = sum;
+    else
+        j->ok = sum == j->want;
+    j->st = VJ_DONE;
+    pthread_cond_broadcast(&t->vdone);
+}
+
+void kv__tcp_vj_hash_now(struct kv__tcp *t, struct kv__tcp_vjob *j)
+{
+    vq_unlink(t, j);
+    vj_hash(t, j);
+}
+
+void *kv__tcp_verify_main(void *arg)
+{
+    struct kv__tcp *t = arg;
+    kv_xport *x = t->x;
+    pthread_mutex_lock(&x->mu);
+    for (;;) {
+        struct kv__tcp_vjob *j = t->vq_head;
+        if (!j) {
+            if (t->vstop)
+                break;
+            pthread_cond_wait(&t->vcv, &x->mu);
+            continue;
+        }
+        t->vq_head = j->next;
+        if (!t->vq_head)
+            t->vq_tail = NULL;
+        vj_hash(t, j);
+        t->hashed = true;
+        kv__tcp_wake(t);
+    }
+    pthread_mutex_unlock(&x->mu);
+    return NULL;
 }
 
 /* mu held: a HELLO on an incoming connection before its peer is known. */
@@ -226,6 +471,7 @@ static struct kv__tcp_verdict on_header(struct kv__tcp *t, struct kv__tcp_conn *
         c->land_t = xf;
         c->dst = io->local->base + io->local_off + f->offset;
         c->ph = RX_LAND;
+        c->rx_held = true; /* until no verify slot covers its bytes */
         return KV__TCP_OK;
     }
     case KV__XF_ACK:
@@ -299,7 +545,7 @@ static struct kv__tcp_verdict serve_read(struct kv__tcp *t, struct kv__tcp_conn 
 /* mu held: a WRITE's descriptor table arrived (c->small): check it whole,
  * then say where each piece lands (NULL: not inside a region exposed to
  * this peer: dropped, refused in the ACK). */
-static struct kv__tcp_verdict on_desc(struct kv__tcp_conn *c)
+static struct kv__tcp_verdict on_desc(struct kv__tcp *t, struct kv__tcp_conn *c)
 {
     const struct kv__xf *f = &c->f;
     const uint32_t k = f->entry;
@@ -317,19 +563,40 @@ static struct kv__tcp_verdict on_desc(struct kv__tcp_conn *c)
     if (sum != data)
         return bad(KV_ERR_CORRUPT, "xport tcp: WRITE pieces of %" PRIu64 " bytes in %" PRIu64, sum,
                    data);
+    struct kv__tcp_vjob *j = vj_free_slot(c); /* kv__tcp_rx_wanted saw one */
+    j->c = c;
+    j->k = k;
+    j->xfer = f->xfer;
+    j->want = f->payload_sum;
+    j->lo = j->hi = NULL;
+    j->inline_ = !t->vthread;
     for (uint32_t i = 0; i < k; i++) {
         const unsigned char *d = c->small + (size_t)i * KV__TCP_DESC;
         const uint32_t region = (uint32_t)kv__le_get(d + 4, 4);
         const uint64_t off = kv__le_get(d + 8, 8), len = kv__le_get(d + 16, 8);
         struct kv__xport_expo *e = kv__xport_exposed(c->tp->p, region, off, len);
-        c->rx_entry[i] = (uint32_t)kv__le_get(d, 4);
-        c->rx_len[i] = len;
-        c->rx_expo[i] = e;
-        c->rx_dst[i] = e ? e->mem->base + off : NULL;
-        if (e)
+        j->entry[i] = (uint32_t)kv__le_get(d, 4);
+        j->len[i] = len;
+        j->expo[i] = e;
+        j->dst[i] = e ? e->mem->base + off : NULL;
+        if (e) {
             e->busy++;
+            j->lo = !j->lo || j->dst[i] < j->lo ? j->dst[i] : j->lo;
+            j->hi = !j->hi || j->dst[i] + len > j->hi ? j->dst[i] + len : j->hi;
+        } else {
+            j->inline_ = true; /* its bytes are dropped: hashed as they come */
+        }
     }
-    c->rx_k = k;
+    /* Pieces that overlap each other are hashed as they land (a later
+     * piece rewrites an earlier one's bytes before a deferred hash could
+     * read them). */
+    for (uint32_t i = 0; i < k && !j->inline_; i++)
+        for (uint32_t q = i + 1; q < k && j->dst[i] && !j->inline_; q++)
+            j->inline_ = overlaps(j->dst[i], j->len[i], j->dst[q], j->len[q]);
+    j->st = VJ_FILLING;
+    j->seq = ++t->vseq;
+    c->rx_j = j;
+    c->rx_held = true; /* until no earlier slot covers its bytes */
     c->rx_p = 0;
     c->rx_pgot = 0;
     kv__xxh3_reset(&c->hs);
@@ -337,24 +604,17 @@ static struct kv__tcp_verdict on_desc(struct kv__tcp_conn *c)
     return KV__TCP_OK;
 }
 
-/* mu held: every piece of a WRITE arrived: one ACK with a record per
- * piece {entry, status, bytes}: KV_OK, KV_ERR_OUT_OF_BOUNDS (refused,
- * not written) or KV_ERR_CORRUPT (the data failed its checksum). */
-static struct kv__tcp_verdict on_pieces(struct kv__tcp_conn *c, bool sum_ok)
+/* mu held: every piece of a WRITE arrived: verified now (hashed as it
+ * landed) or queued for the verify thread. */
+static struct kv__tcp_verdict on_pieces(struct kv__tcp *t, struct kv__tcp_conn *c, bool sum_ok)
 {
-    unsigned char rec[KV__TCP_MAXV * KV__TCP_ACK_REC];
-    for (uint32_t i = 0; i < c->rx_k; i++) {
-        const kv_status st = !c->rx_dst[i] ? KV_ERR_OUT_OF_BOUNDS : sum_ok ? KV_OK : KV_ERR_CORRUPT;
-        unsigned char *r = rec + KV__TCP_ACK_REC * i;
-        kv__le_put(r, c->rx_entry[i], 4);
-        kv__le_put(r + 4, (uint32_t)(int32_t)st, 4);
-        kv__le_put(r + 8, c->rx_len[i], 8);
-    }
-    struct kv__xf a = {.type = KV__XF_ACK, .xfer = c->f.xfer, .entry = c->rx_k};
-    c->rx_k = 0;
-    return kv__tcp_ctl_put(c, a, rec, KV__TCP_ACK_REC * a.entry)
-               ? KV__TCP_OK
-               : bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
+    struct kv__tcp_vjob *j = c->rx_j;
+    c->rx_j = NULL;
+    if (j->inline_)
+        return vj_retire(t, j, sum_ok) ? KV__TCP_OK
+                                       : bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
+    kv__tcp_vq_push(t, j);
+    return KV__TCP_OK;
 }
 
 /* mu held: the ACK of one of our WRITEs (c->small: a record per piece). */
@@ -461,19 +721,13 @@ static struct kv__tcp_verdict on_payload(struct kv__tcp *t, struct kv__tcp_conn 
         return KV__TCP_OK;
     }
     case RX_PIECES:
-        return on_pieces(c, sum_ok);
+        return on_pieces(t, c, sum_ok);
     case RX_DESC:
     case RX_DISCARD:
     case RX_HDR:
         break;
     }
     return KV__TCP_OK;
-}
-
-/* Whether [a, a + n) and [b, b + m) overlap. */
-static bool overlaps(const char *a, uint64_t n, const char *b, uint64_t m)
-{
-    return a < b + m && b < a + n;
 }
 
 /* The iovecs of c's next recvmsg (mu held): where the bytes of the current
@@ -486,21 +740,22 @@ static int rx_iov(struct kv__tcp *t, struct kv__tcp_conn *c, struct iovec *iov)
         return 1;
     }
     if (c->ph == RX_PIECES) {
-        const uint64_t rest = c->rx_len[c->rx_p] - c->rx_pgot;
-        if (!c->rx_dst[c->rx_p]) {
+        const struct kv__tcp_vjob *j = c->rx_j;
+        const uint64_t rest = j->len[c->rx_p] - c->rx_pgot;
+        if (!j->dst[c->rx_p]) {
             iov[0] = (struct iovec){t->scratch,
                                     rest < sizeof(t->scratch) ? (size_t)rest : sizeof(t->scratch)};
             return 1;
         }
         int n = 0;
-        iov[n++] = (struct iovec){c->rx_dst[c->rx_p] + c->rx_pgot, (size_t)rest};
-        for (uint32_t p = c->rx_p + 1; p < c->rx_k && c->rx_dst[p]; p++) {
+        iov[n++] = (struct iovec){j->dst[c->rx_p] + c->rx_pgot, (size_t)rest};
+        for (uint32_t p = c->rx_p + 1; p < j->k && j->dst[p]; p++) {
             bool clash = false;
             for (int k = 0; k < n && !clash; k++)
-                clash = overlaps(iov[k].iov_base, iov[k].iov_len, c->rx_dst[p], c->rx_len[p]);
+                clash = overlaps(iov[k].iov_base, iov[k].iov_len, j->dst[p], j->len[p]);
             if (clash)
                 break;
-            iov[n++] = (struct iovec){c->rx_dst[p], (size_t)c->rx_len[p]};
+            iov[n++] = (struct iovec){j->dst[p], (size_t)j->len[p]};
         }
         return n;
     }
@@ -518,7 +773,18 @@ struct kv__tcp_verdict kv__tcp_conn_rx(struct kv__tcp *t, struct kv__tcp_conn *c
     kv_xport *x = t->x;
     uint64_t budget = KV__TCP_RX_BUDGET;
     uint32_t frames = 0;
-    while (budget && frames < x->cfg.frames_per_round && kv__tcp_rx_wanted(c)) {
+    while (budget && frames < x->cfg.frames_per_round && kv__tcp_rx_wanted(t, c)) {
+        if (c->ph == RX_DESC && !vj_free_slot(c)) {
+            /* every slot taken, the verify thread behind (busy, or not
+             * scheduled on a loaded machine): verify the oldest here */
+            struct kv__tcp_vjob *j = vj_queued(c);
+            if (!j)
+                break;
+            kv__tcp_vj_hash_now(t, j);
+            if (!kv__tcp_vj_collect(t, c))
+                return bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
+            continue;
+        }
         struct iovec iov[KV__TCP_MAXV];
         const int niov = rx_iov(t, c, iov);
         ssize_t r = 0;
@@ -526,7 +792,8 @@ struct kv__tcp_verdict kv__tcp_conn_rx(struct kv__tcp *t, struct kv__tcp_conn *c
             /* The lock is dropped around recvmsg and the hashing of what it
              * returned: the destination is held (a busy exposure, a busy
              * read) and only this thread touches c's receive side. */
-            const bool hash = c->ph != RX_HDR && c->ph != RX_DISCARD;
+            const bool hash = c->ph != RX_HDR && c->ph != RX_DISCARD &&
+                              (c->ph != RX_PIECES || c->rx_j->inline_);
             struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
             pthread_mutex_unlock(&x->mu);
             r = recvmsg(c->fd, &mh, MSG_DONTWAIT);
@@ -572,32 +839,27 @@ struct kv__tcp_verdict kv__tcp_conn_rx(struct kv__tcp *t, struct kv__tcp_conn *c
                 continue;
             }
         } else if (c->ph == RX_PIECES) {
-            /* Account what landed, piece by piece; a finished piece is no
-             * longer busy (unexpose may proceed). */
+            /* Account what landed, piece by piece (the exposures stay
+             * busy until the frame is verified). */
             size_t n = (size_t)r;
             for (int k = 0; k < niov && n; k++) {
                 const size_t take = n < iov[k].iov_len ? n : iov[k].iov_len;
                 n -= take;
                 c->rx_pgot += take;
-                if (c->rx_pgot == c->rx_len[c->rx_p]) {
-                    if (c->rx_expo[c->rx_p]) {
-                        c->rx_expo[c->rx_p]->busy--;
-                        c->rx_expo[c->rx_p] = NULL;
-                        pthread_cond_broadcast(&x->cv);
-                    }
+                if (c->rx_pgot == c->rx_j->len[c->rx_p]) {
                     c->rx_p++;
                     c->rx_pgot = 0;
                 }
             }
             c->got += (uint64_t)r;
-            if (c->rx_p < c->rx_k)
+            if (c->rx_p < c->rx_j->k)
                 continue;
         } else {
             c->got += (uint64_t)r;
             if (c->got < (c->ph == RX_DESC ? (uint64_t)c->f.entry * KV__TCP_DESC : c->f.length))
                 continue;
             if (c->ph == RX_DESC) {
-                struct kv__tcp_verdict v = on_desc(c);
+                struct kv__tcp_verdict v = on_desc(t, c);
                 if (!kv__tcp_ok(&v))
                     return v;
                 continue;

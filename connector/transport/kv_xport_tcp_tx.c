@@ -272,6 +272,38 @@ static uint32_t gather_pieces(struct kv__tcp_conn *c, kv_xport_xfer *xf, uint64_
     return k;
 }
 
+/* mu held: the pieces of a WRITE frame of plain transfer xf from its send
+ * cursor on (up to KV__TCP_MAXV pieces and KV__TCP_CHUNK bytes, an entry
+ * split where it is larger): descriptors into desc, source ranges into
+ * src/len; returns the piece count. */
+static uint32_t cut_plain(kv_xport_xfer *xf, unsigned char *desc, const char **src,
+                          uint64_t *len_out)
+{
+    uint32_t k = 0;
+    uint64_t bytes = 0;
+    while (k < KV__TCP_MAXV && bytes < KV__TCP_CHUNK && xf->be_entry < xf->n) {
+        const uint32_t e = (uint32_t)xf->be_entry;
+        const struct kv_xport_io *io = &xf->ios[e];
+        const uint64_t rest = io->bytes - xf->be_off;
+        const uint64_t len = rest < KV__TCP_CHUNK - bytes ? rest : KV__TCP_CHUNK - bytes;
+        unsigned char *d = desc + (size_t)k * KV__TCP_DESC;
+        kv__le_put(d, e, 4);
+        kv__le_put(d + 4, io->remote->region, 4);
+        kv__le_put(d + 8, io->remote_off + xf->be_off, 8);
+        kv__le_put(d + 16, len, 8);
+        src[k] = io->local->base + io->local_off + xf->be_off;
+        len_out[k] = len;
+        k++;
+        bytes += len;
+        xf->be_off += len;
+        if (xf->be_off == io->bytes) {
+            xf->be_entry++;
+            xf->be_off = 0;
+        }
+    }
+    return k;
+}
+
 /* mu held: the next data frame for c, or false when there is none: the
  * reads c serves first (they came on c), then the peer's writes in post
  * order; the READ requests of its reads (control frames, round robin over
@@ -331,26 +363,8 @@ static bool next_frame(struct kv__tcp *t, struct kv__tcp_peer *tp, struct kv__tc
         }
         if (xf->seg)
             k = gather_pieces(c, xf, &bytes);
-        while (!xf->seg && k < KV__TCP_MAXV && bytes < KV__TCP_CHUNK && xf->be_entry < xf->n) {
-            const uint32_t e = (uint32_t)xf->be_entry;
-            const struct kv_xport_io *io = &xf->ios[e];
-            const uint64_t rest = io->bytes - xf->be_off;
-            const uint64_t len = rest < KV__TCP_CHUNK - bytes ? rest : KV__TCP_CHUNK - bytes;
-            unsigned char *d = c->df_desc + (size_t)k * KV__TCP_DESC;
-            kv__le_put(d, e, 4);
-            kv__le_put(d + 4, io->remote->region, 4);
-            kv__le_put(d + 8, io->remote_off + xf->be_off, 8);
-            kv__le_put(d + 16, len, 8);
-            c->df_src[k] = io->local->base + io->local_off + xf->be_off;
-            c->df_len[k] = len;
-            k++;
-            bytes += len;
-            xf->be_off += len;
-            if (xf->be_off == io->bytes) {
-                xf->be_entry++;
-                xf->be_off = 0;
-            }
-        }
+        else
+            k = cut_plain(xf, c->df_desc, c->df_src, c->df_len);
         struct kv__xf f = {.type = KV__XF_WRITE,
                            .entry = k,
                            .xfer = xf->id,
@@ -365,6 +379,87 @@ static bool next_frame(struct kv__tcp *t, struct kv__tcp_peer *tp, struct kv__tc
         return true;
     }
     return false;
+}
+
+/* mu held, c's data frame ready and the verify thread running: cut c's
+ * next frame now if it is a WRITE of a plain transfer (what next_frame
+ * would cut next: no read of ours to serve on c, the first sendable
+ * transfer a plain write) and hand its hash to the verify thread, so it
+ * is hashed while df goes out. Not when its source bytes are being
+ * received into (the hash would race with the landing bytes). */
+static void next_ahead(struct kv__tcp *t, struct kv__tcp_peer *tp, struct kv__tcp_conn *c)
+{
+    if (c->srv_head && (c->srv_head != c->df_srv || c->srv_head->sent < c->srv_head->len ||
+                        c->srv_head->next))
+        return;
+    const uint32_t window = t->x->cfg.max_pending_reads;
+    uint64_t out = 0;
+    kv_xport_xfer *xf = tp->p->xfers;
+    for (; xf; xf = xf->next) {
+        out += xf->read ? reads_out(xf) : 0;
+        if (xfer_sendable(xf, out, window))
+            break;
+    }
+    if (!xf || xf->read || xf->seg)
+        return;
+    struct kv__tcp_vjob *j = &c->txj;
+    /* the cut, undone if its bytes are being received into */
+    const uint64_t e0 = xf->be_entry, o0 = xf->be_off;
+    const uint32_t k = cut_plain(xf, c->nx_desc, (const char **)j->dst, j->len);
+    j->k = k;
+    j->lo = j->hi = NULL;
+    for (uint32_t i = 0; i < k; i++) {
+        j->lo = !j->lo || j->dst[i] < j->lo ? j->dst[i] : j->lo;
+        j->hi = !j->hi || j->dst[i] + j->len[i] > j->hi ? j->dst[i] + j->len[i] : j->hi;
+    }
+    if (kv__tcp_rx_covers(t, j)) {
+        xf->be_entry = e0;
+        xf->be_off = o0;
+        return;
+    }
+    j->c = c;
+    j->tx = true;
+    c->nx_f = (struct kv__xf){.type = KV__XF_WRITE,
+                              .entry = k,
+                              .xfer = xf->id,
+                              .offset = kv__xxh3_64(c->nx_desc, (size_t)k * KV__TCP_DESC)};
+    c->nx_t = xf;
+    c->nx_on = true;
+    xf->busy++;
+    kv__tcp_vq_push(t, j);
+}
+
+/* mu held, no data frame on c: the frame cut ahead becomes c's data frame
+ * (its hash done: ready to go), or is dropped if its transfer is being
+ * cancelled. */
+static void next_promote(struct kv__tcp_conn *c)
+{
+    struct kv__tcp_vjob *j = &c->txj;
+    c->nx_on = false;
+    j->st = VJ_FREE;
+    if (c->nx_t->cancel_req) {
+        c->nx_t->busy--;
+        return;
+    }
+    const uint32_t k = j->k;
+    memcpy(c->df_desc, c->nx_desc, (size_t)k * KV__TCP_DESC);
+    for (uint32_t i = 0; i < k; i++) {
+        c->df_src[i] = j->dst[i];
+        c->df_len[i] = j->len[i];
+    }
+    c->df_k = c->df_nsrc = k;
+    c->df_pack = false;
+    c->df_t = c->nx_t;
+    c->df_srv = NULL;
+    frame_start(c, &c->nx_f, k * KV__TCP_DESC);
+    c->df_f.payload_sum = j->want;
+    kv__xf_encode(&c->df_f, c->df_hdr);
+    c->df_ready = true;
+}
+
+bool kv__tcp_tx_nx_ready(const struct kv__tcp_conn *c)
+{
+    return !c->df_on && c->nx_on && c->txj.st == VJ_DONE;
 }
 
 /* mu held: c's data frame is on the wire whole. */
@@ -411,8 +506,22 @@ struct kv__tcp_verdict kv__tcp_conn_tx(struct kv__tcp *t, struct kv__tcp_conn *c
 {
     kv_xport *x = t->x;
     for (;;) {
+        if (!c->df_on && c->nx_on) {
+            /* the frame cut ahead, its hash not started by the verify
+             * thread (busy, or not scheduled on a loaded machine): hash it
+             * here rather than leave the connection idle */
+            if (c->txj.st == VJ_QUEUED)
+                kv__tcp_vj_hash_now(t, &c->txj);
+            if (c->txj.st != VJ_DONE) { /* being hashed: its wake-up */
+                if (c->ctl_off == c->ctl_len)
+                    return KV__TCP_OK;
+            } else {
+                next_promote(c);
+                continue;
+            }
+        }
         const bool ctl = c->ctl_off < c->ctl_len;
-        if (!c->df_on && !ctl && (!c->tp || !c->up || !next_frame(t, c->tp, c)) &&
+        if (!c->df_on && !c->nx_on && !ctl && (!c->tp || !c->up || !next_frame(t, c->tp, c)) &&
             c->ctl_off == c->ctl_len)
             return KV__TCP_OK;
         ssize_t r;
@@ -466,6 +575,8 @@ struct kv__tcp_verdict kv__tcp_conn_tx(struct kv__tcp *t, struct kv__tcp_conn *c
                     c->df_pack = false;
                 }
             }
+            if (!c->nx_on && t->vthread && c->tp && c->up)
+                next_ahead(t, c->tp, c);
             struct iovec iov[2 + KV__TCP_MAXSRC];
             struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)frame_iov(c, iov)};
             pthread_mutex_unlock(&x->mu);
