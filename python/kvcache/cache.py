@@ -688,7 +688,8 @@ class Cache:
     def _paged(self):
         if self.mem == "device":
             raise error("KV_ERR_UNSUPPORTED", "the CPU kernels need a host or pinned cache; "
-                        "this one is device memory")
+                        "this one is device memory (the CUDA kernels run on a PagedCache over "
+                        "CUDA memory)")
         if self._pc is None:  # fixed for the cache's life: layout, base, size, kind
             pc = _lib.PagedCache()
             check(L.kv_cache_paged(self._h, ctypes.byref(pc)))
