@@ -147,7 +147,7 @@ class DeviceErrors:
     def close(self) -> None:
         """Free the record (cudaFree: it waits for the device). Idempotent."""
         h, self._h = getattr(self, "_h", None), None
-        if h:
+        if h and L is not None:  # (at interpreter exit the module may be gone)
             L.kv_attn_cuda_errors_destroy(h)
 
     def __del__(self):

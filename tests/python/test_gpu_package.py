@@ -263,6 +263,80 @@ def test_without_a_gpu_a_device_cache_says_why_at_each_call():
     assert "kv_attn_cuda_errors_create" in e.value.message
 
 
+class _Calls:
+    """Stands in for the C entries: records each call's arguments, answers OK."""
+
+    def __init__(self):
+        self.calls = []
+
+    def entry(self, name):
+        def f(*args):
+            self.calls.append((name, args))
+            return 0
+        return f
+
+
+def test_the_calls_pass_device_addresses_lengths_the_stream_and_the_record(monkeypatch):
+    # the marshalling checked without a GPU: the C entries and the record
+    # replaced, every argument a device call would get compared
+    rec = _Calls()
+    for name in ("kv_attn_write_cuda_dev", "kv_attn_read_cuda_dev", "kv_attn_decode_cuda_dev",
+                 "kv_attn_copy_blocks_cuda_dev", "kv_attn_copy_blocks_ex_cuda_dev"):
+        monkeypatch.setattr(_lib.lib, name, rec.entry(name))
+
+    class Record:
+        device = 0
+
+        def _handle(self):
+            return 0xE0
+
+    monkeypatch.setattr(kvcache.cuda.DeviceSide, "errors", lambda self: Record())
+    pc = fake_cache()
+    k, v, slots, q, out = fake_args()
+    pc.write(None, k, v, slots, stream=7)
+    name, (cpc, layer, kref, vref, sptr, n, sc, err, st) = rec.calls[-1]
+    assert name == "kv_attn_write_cuda_dev" and cpc is pc._pc and cpc.mem == 2
+    assert (layer, sptr, n, sc, err, st) == (-1, 1 << 32, 4, None, 0xE0, 7)
+    assert (kref._obj.base, vref._obj.base) == (1 << 30, 1 << 31)
+    assert tuple(kref._obj.shape[:3]) == (4, H, D)
+    pc.write(0, k, None, slots, scales=([0.5], [2.0]))  # host scales: by value
+    sc = rec.calls[-1][1][6]._obj
+    assert (sc.n, sc.layers, sc.device) == (1, 0, 0) and rec.calls[-1][1][3] is None
+    assert ctypes.cast(sc.k, ctypes.POINTER(ctypes.c_float))[0] == 0.5
+    assert rec.calls[-1][1][8] == 0  # no torch CUDA here: the default stream
+    ks, vs = FakeCuda((1, H), F32, data=1 << 40), FakeCuda((1, H), F32, data=1 << 41)
+    pc.write(0, k, v, slots, scales=(ks, vs))  # device scales: read by the kernel
+    sc = rec.calls[-1][1][6]._obj
+    assert (sc.k, sc.v, sc.n, sc.layers, sc.device) == (1 << 40, 1 << 41, H, 1, 1)
+    pages = fake_pages(pc.layout)
+    pc.decode(0, q, pages, out, scale=0.25, stream=3)
+    name, (cpc, layer, qref, pref, scale, sc, oref, err, st) = rec.calls[-1]
+    d = pref._obj
+    assert name == "kv_attn_decode_cuda_dev" and (layer, scale, sc, err, st) == \
+        (0, 0.25, None, 0xE0, 3)
+    assert (d.format, d.n_seqs, d.page_ratio, d.indptr, d.indices, d.n_pages,
+            d.last_page_len) == (1, 2, 1, 1 << 35, 1 << 36, 4, 1 << 37)
+    assert (qref._obj.base, oref._obj.base) == (1 << 33, 1 << 34)
+    bt = kvcache.Pages.from_block_table(pc, FakeCuda((2, 5), I32, data=1 << 38),
+                                        FakeCuda((2,), I32, data=1 << 39))
+    pc.read(1 - 1, bt, k, None, out_indptr=FakeCuda((3,), I32, data=1 << 42))
+    name, (cpc, layer, pref, oi, kref, vref, sc, err, st) = rec.calls[-1]
+    d = pref._obj
+    assert name == "kv_attn_read_cuda_dev" and (oi, vref, err) == (1 << 42, None, 0xE0)
+    assert (d.format, d.n_seqs, d.block_table, d.block_table_cols, d.seq_lens) == \
+        (2, 2, 1 << 38, 5, 1 << 39)
+    pc.copy_blocks(FakeCuda((6, 3), I32, data=1 << 43))
+    assert rec.calls[-1][0] == "kv_attn_copy_blocks_cuda_dev"
+    assert rec.calls[-1][1][1:] == (1 << 43, 6, 0xE0, 0)
+    pc.copy_blocks(FakeCuda((6, 3), I32, data=1 << 43), planes="k", src=fake_cache())
+    name, (dpc, spc, ptr, n, opts, err, st) = rec.calls[-1]
+    assert name == "kv_attn_copy_blocks_ex_cuda_dev" and (ptr, n) == (1 << 43, 6)
+    assert opts._obj.planes == 1 and spc.base == dpc.base  # both fake caches at 1 << 24
+    with pytest.raises(kvcache.Mismatch) as e:
+        pc.copy_blocks(FakeCuda((6, 3), I32), src=fake_cache(device=1))
+    assert "src is on cuda:1, the other cache on cuda:0" in e.value.message
+
+
 # ---- on a GPU ------------------------------------------------------------------------
 
 
