@@ -259,12 +259,41 @@
     X(kv_xlayer_done)                                                                              \
     X(kv_xlayer_rx_stats)
 
+/* The device-index CUDA entries' structs (kv_attn.h, "CUDA kernels with
+ * device-resident indices"): the Python package's GPU path
+ * (python/kvcache/cuda.py). */
+#define KV__ABI_CUDA_FIELDS(X)                                                                     \
+    X(kv_attn_dev_pages, n_seqs)                                                                   \
+    X(kv_attn_dev_pages, page_ratio)                                                               \
+    X(kv_attn_dev_pages, indptr)                                                                   \
+    X(kv_attn_dev_pages, indices)                                                                  \
+    X(kv_attn_dev_pages, n_pages)                                                                  \
+    X(kv_attn_dev_pages, last_page_len)                                                            \
+    X(kv_attn_dev_pages, format)                                                                   \
+    X(kv_attn_dev_pages, block_table)                                                              \
+    X(kv_attn_dev_pages, block_table_cols)                                                         \
+    X(kv_attn_dev_pages, seq_lens)                                                                 \
+    X(kv_attn_dev_scales, k)                                                                       \
+    X(kv_attn_dev_scales, v)                                                                       \
+    X(kv_attn_dev_scales, n)                                                                       \
+    X(kv_attn_dev_scales, layers)                                                                  \
+    X(kv_attn_dev_scales, device)                                                                  \
+    X(kv_attn_cuda_error_info, count)                                                              \
+    X(kv_attn_cuda_error_info, array)                                                              \
+    X(kv_attn_cuda_error_info, index)                                                              \
+    X(kv_attn_cuda_error_info, value)
+
+#define KV__ABI_CUDA_STRUCTS(X)                                                                    \
+    X(kv_attn_dev_pages)                                                                           \
+    X(kv_attn_dev_scales)                                                                          \
+    X(kv_attn_cuda_error_info)
+
 static const struct {
     const char *name;
     size_t size, align;
 } kv__abi_structs[] = {
 #define KV__ABI_S(s) {#s, sizeof(struct s), _Alignof(struct s)},
-    KV__ABI_STRUCTS(KV__ABI_S) KV__ABI_XPORT_STRUCTS(KV__ABI_S)
+    KV__ABI_STRUCTS(KV__ABI_S) KV__ABI_XPORT_STRUCTS(KV__ABI_S) KV__ABI_CUDA_STRUCTS(KV__ABI_S)
 #undef KV__ABI_S
 };
 
@@ -273,7 +302,7 @@ static const struct {
     size_t offset, size;
 } kv__abi_fields[] = {
 #define KV__ABI_F(s, f) {#s, #f, offsetof(struct s, f), sizeof(((struct s *)0)->f)},
-    KV__ABI_FIELDS(KV__ABI_F) KV__ABI_XPORT_FIELDS(KV__ABI_F)
+    KV__ABI_FIELDS(KV__ABI_F) KV__ABI_XPORT_FIELDS(KV__ABI_F) KV__ABI_CUDA_FIELDS(KV__ABI_F)
 #undef KV__ABI_F
 };
 

@@ -16,7 +16,13 @@
 #     device-to-device cudaMemcpy of the same bytes);
 #  3. the whole suite with KV_EXPECT_GPU=1: the tests then require pinned and
 #     device arenas and device copies to succeed (without it they require the
-#     clean KV_ERR_UNSUPPORTED of a host without a GPU).
+#     clean KV_ERR_UNSUPPORTED of a host without a GPU);
+#  4. the Python package on the GPU (tests/python/test_gpu_package.py: a
+#     PagedCache over a CUDA tensor, device slot mappings, device pages,
+#     decode against float64, the error record, a non-default stream) on
+#     the MALLOC=libc flavour the package loads, built with CUDA in
+#     build-gpu-libc/; skipped (said, not failed) where python3 has no torch
+#     with CUDA or no pytest.
 # KV_GPU_PREBUILT=1 skips the install and build (see below).
 # Exit status 0 only if every step passed; each step prints its time.
 set -euo pipefail
@@ -67,6 +73,27 @@ for t in build-gpu/tests/test_*; do
     [[ $t == *.d ]] || suite+=("$t")
 done
 KV_EXPECT_GPU=1 scripts/run-tests.sh "${suite[@]}" || status=1
+
+step "the Python package on the GPU"
+# The package loads the MALLOC=libc flavour of the library (python/README.md,
+# "Why a libc-malloc build"); KV_GPU_PREBUILT=1 expects it prebuilt too.
+if [[ ${KV_GPU_PREBUILT:-0} != 1 ]]; then
+    make -j"$(nproc)" CUDA=1 MALLOC=libc SANITIZE= DEBUG=0 BUILD=build-gpu-libc lib || status=1
+fi
+if ! python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' \
+        >/dev/null 2>&1; then
+    echo "gpu-check: Python GPU tests skipped: python3 has no torch with CUDA"
+elif ! python3 -c 'import numpy, pytest' >/dev/null 2>&1; then
+    echo "gpu-check: Python GPU tests skipped: python3 has no numpy or pytest"
+elif [[ ! -f build-gpu-libc/libkvcache.so ]]; then
+    echo "gpu-check: build-gpu-libc/libkvcache.so is missing (make CUDA=1 MALLOC=libc ...)"
+    status=1
+else
+    # KV_EXPECT_GPU=1: a library that cannot run CUDA fails instead of skipping
+    (cd python && KV_EXPECT_GPU=1 KVCACHE_LIBRARY="$PWD/../build-gpu-libc/libkvcache.so" \
+        python3 -m pytest -q -p no:cacheprovider -rs ../tests/python/test_gpu_package.py) ||
+        { echo "gpu-check: tests/python/test_gpu_package.py failed"; status=1; }
+fi
 
 step "done (status $status)"
 exit $status

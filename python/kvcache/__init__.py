@@ -12,7 +12,9 @@
 An engine's own memory and page tables: kvcache.PagedCache(layout, tensor)
 and kvcache.Pages.from_block_table / from_csr (python/README.md). Moving
 blocks to another process: kvcache.Transport, Plan, LayerTx / LayerRx
-(kvcache.transport).
+(kvcache.transport). On the GPU: a PagedCache over CUDA memory runs the
+CUDA kernels with device-resident indices on the caller's stream, its
+invalid indices in a kvcache.DeviceErrors record (kvcache.cuda).
 
 Over libkvcache.so through ctypes (see python/README.md for why). Every
 failed call raises a KvError subclass with the C library's message.
@@ -20,6 +22,7 @@ failed call raises a KvError subclass with the C library's message.
 from . import _lib
 from .cache import Cache, Layout, Pages, View
 from .paged import PagedCache
+from .cuda import DeviceErrors, ErrorInfo
 from .transport import Transport, Peer, Mem, RemoteMem, Transfer, Plan, LayerTx, LayerRx, Note
 from .errors import (KvError, InvalidArgument, NullArgument, BadDim, BadShape, OutOfBounds,
                      NeedsCopy, Overlap, Overflow, NoMemory, NoBlocks, NotFound, BadState,
@@ -39,6 +42,15 @@ def set_threads(n: int) -> None:
     from ._ints import INT, integer
     from .errors import check
     check(_lib.lib.kv_set_threads(integer(n, "n", INT)))
+
+
+def cuda_available() -> bool:
+    """Whether the loaded library runs its CUDA kernels here (built with
+    CUDA, a usable device): what a PagedCache over CUDA memory needs."""
+    from .cuda import available
+    return available()
+
+
 library_path = _lib.path
 
 __all__ = ["Cache", "Layout", "View", "KvError", "InvalidArgument", "NullArgument", "BadDim",
@@ -47,4 +59,4 @@ __all__ = ["Cache", "Layout", "View", "KvError", "InvalidArgument", "NullArgumen
            "IoError", "Timeout", "Cancelled", "Corrupt", "Internal", "Capacity", "DeviceError",
            "library_path", "threads", "set_threads", "Pages", "PagedCache",
            "Transport", "Peer", "Mem", "RemoteMem", "Transfer", "Plan", "LayerTx", "LayerRx",
-           "Note"]
+           "Note", "DeviceErrors", "ErrorInfo", "cuda_available"]

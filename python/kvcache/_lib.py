@@ -520,6 +520,65 @@ _PROTOS.update({
     "kv_xlayer_tx_finished": (_ST, [vp, ctypes.POINTER(XlayerDone), ctypes.c_uint32, c_u32p]),
 })
 
+# ---- the CUDA kernels with device-resident indices (attention/kv_attn.h) ----
+# Their own block, checked by the same _check_abi (binding/kv_abi.c:
+# KV__ABI_CUDA_STRUCTS); used by cuda.py. A stream is a cudaStream_t handle
+# (an int; 0: the legacy default stream). The error record (struct
+# kv_attn_cuda_errors) lives in device memory and is only passed around.
+
+KV_PAGES_CSR, KV_PAGES_BLOCK_TABLE = 1, 2
+KV_ATTN_DEV_SCALES_MAX = 128
+KV_MEM_DEVICE = 2
+
+
+class DevPages(ctypes.Structure):
+    _fields_ = [
+        ("n_seqs", ctypes.c_uint32),
+        ("page_ratio", ctypes.c_uint32),
+        ("indptr", vp),
+        ("indices", vp),
+        ("n_pages", ctypes.c_int64),
+        ("last_page_len", vp),
+        ("format", ctypes.c_int),
+        ("block_table", vp),
+        ("block_table_cols", ctypes.c_uint32),
+        ("seq_lens", vp),
+    ]
+
+
+class DevScales(ctypes.Structure):
+    _fields_ = [("k", vp), ("v", vp), ("n", ctypes.c_uint32), ("layers", ctypes.c_uint32),
+                ("device", ctypes.c_uint32)]
+
+
+class CudaErrorInfo(ctypes.Structure):
+    _fields_ = [("count", ctypes.c_uint64), ("array", ctypes.c_int), ("index", ctypes.c_int64),
+                ("value", ctypes.c_int64)]
+
+
+_ABI.update({
+    "kv_attn_dev_pages": DevPages,
+    "kv_attn_dev_scales": DevScales,
+    "kv_attn_cuda_error_info": CudaErrorInfo,
+})
+
+_PV = ctypes.POINTER(ViewC)
+_PROTOS.update({
+    "kv_attn_cuda_errors_create": (_ST, [ctypes.POINTER(vp)]),
+    "kv_attn_cuda_errors_destroy": (None, [vp]),
+    "kv_attn_cuda_errors_reset": (_ST, [vp, vp]),
+    "kv_attn_cuda_errors_get": (_ST, [vp, ctypes.POINTER(CudaErrorInfo), vp]),
+    "kv_attn_write_cuda_dev": (_ST, [PagedCache, ctypes.c_int32, _PV, _PV, vp, ctypes.c_int64,
+                                     ctypes.POINTER(DevScales), vp, vp]),
+    "kv_attn_read_cuda_dev": (_ST, [PagedCache, ctypes.c_int32, ctypes.POINTER(DevPages), vp,
+                                    _PV, _PV, ctypes.POINTER(DevScales), vp, vp]),
+    "kv_attn_decode_cuda_dev": (_ST, [PagedCache, ctypes.c_uint32, _PV, ctypes.POINTER(DevPages),
+                                      ctypes.c_float, ctypes.POINTER(DevScales), _PV, vp, vp]),
+    "kv_attn_copy_blocks_cuda_dev": (_ST, [PagedCache, vp, ctypes.c_uint32, vp, vp]),
+    "kv_attn_copy_blocks_ex_cuda_dev": (_ST, [PagedCache, PagedCache, vp, ctypes.c_uint32,
+                                              ctypes.POINTER(CopyBlocksOpts), vp, vp]),
+})
+
 for _name, (_res, _args) in _PROTOS.items():
     _f = getattr(lib, _name)
     _f.restype = _res

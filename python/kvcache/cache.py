@@ -24,7 +24,8 @@ import numpy as np
 from . import _lib
 from ._ints import I32, I64, INT, U32, U64, int_array, integer
 from .errors import check, error
-from .tensors import FP8_CODES, FP8_OR_U8, borrow, host_only, raw_fp8
+from . import cuda as _gpu
+from .tensors import FP8_CODES, FP8_OR_U8, borrow, host_only, raw_fp8, where
 
 L = _lib.lib
 
@@ -124,6 +125,25 @@ def _tokens(tokens):
 
 def _p(a, typ):
     return a.ctypes.data_as(typ)
+
+
+def _host_index(obj, what, mem):
+    """Refuse a CUDA index array for a host cache's kernel, by name."""
+    w = where(obj)
+    if w is not None and w[0] == _DL_CUDA:
+        raise error("KV_ERR_UNSUPPORTED", "%s is on cuda:%d; this cache is %s memory and its "
+                    "kernels read host arrays (CUDA index arrays go to a PagedCache over CUDA "
+                    "memory)" % (what, w[1], mem))
+    return obj
+
+
+def _host_call(stream, errors, out_indptr=None):
+    """Refuse the device kernels' arguments on a host cache's call."""
+    for name, val in (("stream", stream), ("errors", errors), ("out_indptr", out_indptr)):
+        if val is not None:
+            raise error("KV_ERR_INVALID_ARG", "%s: an argument of a device cache's kernels "
+                        "(a PagedCache over CUDA memory); this cache is host memory, and its "
+                        "kernels run on the CPU in the calling thread" % name)
 
 
 @dataclass(frozen=True)
@@ -387,6 +407,8 @@ class Cache:
     thread (the engine's scheduler) at a time. Kernels on other threads may
     run alongside it. close() is safe from any thread: it waits for the
     calls in flight, and every call after it raises BadState."""
+
+    _cuda = None  # a PagedCache over CUDA memory has its device side here (cuda.DeviceSide)
 
     def __init__(self, layout: Layout, max_seqs: int = 16, mem: str = "host", device: int = 0,
                  prefix_caching: bool = True, max_blocks_per_seq: int = 0, page_ratio: int = 0,
@@ -666,7 +688,8 @@ class Cache:
     def _paged(self):
         if self.mem == "device":
             raise error("KV_ERR_UNSUPPORTED", "the CPU kernels need a host or pinned cache; "
-                        "this one is device memory")
+                        "this one is device memory (the CUDA kernels run on a PagedCache over "
+                        "CUDA memory)")
         if self._pc is None:  # fixed for the cache's life: layout, base, size, kind
             pc = _lib.PagedCache()
             check(L.kv_cache_paged(self._h, ctypes.byref(pc)))
@@ -677,6 +700,11 @@ class Cache:
         """obj as a CPU kernel's tensor: host memory, any strides (borrowed,
         not copied), and uint8 read as raw bytes of an fp8 cache's format
         (tensors.raw_fp8)."""
+        w = where(obj)  # a CUDA tensor is refused by name before its capsule is taken
+        if w is not None and w[0] == _DL_CUDA:
+            raise error("KV_ERR_UNSUPPORTED", "%s is on cuda:%d; this cache is %s memory and its "
+                        "kernels run on the CPU (CUDA tensors go to a PagedCache over CUDA "
+                        "memory)" % (what, w[1], self.mem))
         b = host_only(borrow(obj, what, writable), what)
         return raw_fp8(b, what, self.layout._c.dtype) if b.view.dtype in FP8_OR_U8 else b
 
@@ -701,7 +729,8 @@ class Cache:
         return ctypes.byref(sc)
 
     @_call
-    def write(self, layer: Optional[int], k, v, slots: Sequence[int], scales=None) -> None:
+    def write(self, layer: Optional[int], k, v, slots: Sequence[int], scales=None,
+              stream=None, errors=None) -> None:
         """Write K and V [T][H][D] (layer None: [L][T][H][D], every layer) of
         tokens 0..len(slots)-1 into their slots (-1 skips a token). k and v:
         any tensor with __dlpack__ or the array interface, any strides.
@@ -712,10 +741,17 @@ class Cache:
         match it. slots: int64 (vLLM's slot_mapping) or int32 (FlashInfer's
         and most engines'): a contiguous int32 NumPy array or CPU tensor is
         read in place (kv_attn_write_i32), never converted; anything else
-        goes through int64."""
+        goes through int64. On a device cache (a PagedCache over CUDA memory:
+        python/README.md "On the GPU"), k, v and slots (int64) are CUDA
+        tensors, the call is enqueued on stream (default: torch's current
+        stream) and invalid slots are recorded in errors (default: the
+        cache's record)."""
+        if self._cuda is not None:
+            return _gpu.write(self, layer, k, v, slots, scales, stream, errors)
+        _host_call(stream, errors)
         pc = self._paged()
         layer = -1 if layer is None else integer(layer, "layer", I32)
-        s32 = _int32_slots(slots)
+        s32 = _int32_slots(_host_index(slots, "slots", self.mem))
         sl = s32 if s32 is not None else int_array(slots, "slots", I64).reshape(-1)
         kb = self._tensor(k, "k")
         vb = self._tensor(v, "v") if v is not None else None
@@ -734,9 +770,15 @@ class Cache:
 
     @_call
     def read(self, layer: Optional[int], pages: "Pages", k_out=None, v_out=None,
-             scales=None) -> None:
+             scales=None, stream=None, errors=None, out_indptr=None) -> None:
         """Gather the tokens of pages' sequences into k_out / v_out [T][H][D]
-        (layer None: [L][T][H][D]); either may be None."""
+        (layer None: [L][T][H][D]); either may be None. On a device cache:
+        CUDA tensors and device pages, and out_indptr [S + 1] (int32, CUDA)
+        gives each sequence's output rows; stream and errors as in write."""
+        if self._cuda is not None:
+            return _gpu.read(self, layer, pages, k_out, v_out, scales, stream, errors,
+                              out_indptr)
+        _host_call(stream, errors, out_indptr)
         pc = self._paged()
         layer = -1 if layer is None else integer(layer, "layer", I32)
         kb = self._tensor(k_out, "k_out", True) if k_out is not None else None
@@ -747,7 +789,8 @@ class Cache:
                              self._scales(scales, keep)))
 
     @_call
-    def copy_blocks(self, copies, layers=None, planes=None, src: Optional["Cache"] = None) -> None:
+    def copy_blocks(self, copies, layers=None, planes=None, src: Optional["Cache"] = None,
+                    stream=None, errors=None) -> None:
         """Copy blocks: copies [n, 2] or [n, 3] (src, dst[, tokens]), e.g.
         take_copies()'s result. layers: None (every layer), one layer, a
         range / slice with step 1, or (start, stop). planes: None or "kv"
@@ -756,11 +799,17 @@ class Cache:
         (or PagedCache) of the same block format (L, N, H, D, dtype, order,
         packing; its block count, arrangement and padding may differ) copies its blocks
         into this one (vLLM's swap_blocks: swap out into a host cache, swap
-        in back), any ids on either side, no dst twice."""
+        in back), any ids on either side, no dst twice. Where this cache or
+        src is a device cache: copies is an int32 CUDA tensor [n, 3], the
+        other cache CUDA or pinned memory, stream and errors as in write."""
+        if self._cuda is not None or (src is not None and src._cuda is not None):
+            opts = _copy_opts(layers, planes, self.layout.num_layers)
+            return _gpu.copy_blocks(self, copies, opts, src, stream, errors)
+        _host_call(stream, errors)
         pc = self._paged()
         spc = src._paged() if src is not None else None
         opts = _copy_opts(layers, planes, self.layout.num_layers)
-        a = int_array(copies, "copies", U32)
+        a = int_array(_host_index(copies, "copies", self.mem), "copies", U32)
         if a.size == 0:
             return
         if a.ndim != 2 or a.shape[1] not in (2, 3):
@@ -779,14 +828,20 @@ class Cache:
     @_call
     def decode(self, layer: int, q, pages: "Pages", out, scale: Optional[float] = None,
                scales=None, window_left: Optional[int] = None,
-               soft_cap: Optional[float] = None, lse=None) -> None:
+               soft_cap: Optional[float] = None, lse=None, stream=None, errors=None) -> None:
         """Paged decode attention of layer: q [S][Hq][D] -> out [S][Hq][D]
         over each sequence's tokens in pages; scale defaults to 1/sqrt(D).
         Options (kv_attn_decode_ex; docs/kernels.md has the formulas):
         window_left W (FlashInfer's: the last W + 1 tokens; None or -1: no
         window), soft_cap c (logits c * tanh(x / c); None or 0: off), lse
         (a writable float32 array [S][Hq], heads contiguous: the natural-log
-        log-sum-exp of each query head's logits, -inf with no token)."""
+        log-sum-exp of each query head's logits, -inf with no token). On a
+        device cache: CUDA tensors, device pages, no options yet; stream and
+        errors as in write."""
+        if self._cuda is not None:
+            return _gpu.decode(self, layer, q, pages, out, scale, scales,
+                                (window_left, soft_cap, lse), stream, errors)
+        _host_call(stream, errors)
         self._attend(layer, q, None, pages, out, scale, scales, window_left, soft_cap, lse)
 
     @_call
@@ -862,7 +917,8 @@ class Cache:
                 check(L.kv_attn_decode_ex(pc, layer, qb.ref(), ctypes.byref(pages._c),
                                           float(scale), sc, ob.ref(), opts))
             return
-        qo = int_array(qo_indptr, "qo_indptr", I32).reshape(-1)
+        qo = int_array(_host_index(qo_indptr, "qo_indptr", self.mem), "qo_indptr",
+                       I32).reshape(-1)
         qo = np.ascontiguousarray(qo, dtype=np.int32)
         if qo.size != pages._c.n_seqs + 1:
             raise error("KV_ERR_BAD_SHAPE", "qo_indptr has %d entries, pages %d sequences (+1)" %

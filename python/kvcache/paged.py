@@ -25,14 +25,15 @@ from typing import List
 import numpy as np
 
 from . import _lib
+from . import cuda as _gpu
 from ._ints import I32, I64, U32, int_array, integer
 from .cache import Cache, Layout, Pages
 from .errors import check, error
 from .tensors import region
 
 L = _lib.lib
-_DL_CUDA_HOST = 3
-_MEM_HOST, _MEM_PINNED = 0, 1  # enum kv_mem_kind
+_DL_CUDA, _DL_CUDA_HOST = 2, 3
+_MEM_HOST, _MEM_PINNED, _MEM_DEVICE = 0, 1, 2  # enum kv_mem_kind
 
 
 class PagedCache:
@@ -53,7 +54,14 @@ class PagedCache:
     (Pages.from_csr / Pages.from_block_table). Kernels: write, read,
     copy_blocks (within it, or with a Cache or PagedCache of the same block
     format as src), decode, prefill, decode_mla, pack, unpack, exactly as on
-    a Cache. Kernels may run concurrently on different outputs."""
+    a Cache. Kernels may run concurrently on different outputs.
+
+    Over CUDA memory (a CUDA tensor, or a kDLCUDA DLPack producer) it is a
+    device cache (mem "device", .device its CUDA device): write, read,
+    decode and copy_blocks run the CUDA kernels with device-resident
+    indices on the caller's stream, never synchronizing, and record invalid
+    indices in .errors (a DeviceErrors); the other kernels are refused
+    (python/README.md, "On the GPU")."""
 
     # The kernels are Cache's, shared, not copied: each needs only layout,
     # _paged(), _tensor(), _scales() and the _call hooks below.
@@ -68,12 +76,13 @@ class PagedCache:
     _tensor = Cache._tensor
     _attend = Cache._attend
     _scales = Cache.__dict__["_scales"]  # the staticmethod itself
+    _cuda = None  # a device cache's side (cuda.DeviceSide), set by __init__
 
     def __init__(self, layout: Layout, memory):
         if not isinstance(layout, Layout):
             raise error("KV_ERR_INVALID_ARG", "layout: a kvcache.Layout, got %s" %
                         type(layout).__name__)
-        r = region(memory, "memory")
+        r = region(memory, "memory", device_ok=True)
         want = L.kv_dtype_name(layout._c.dtype).decode()
         es = layout.elem_bytes
         if r.elem != want and not (r.raw and r.elem_bytes in (1, es)):
@@ -87,15 +96,34 @@ class PagedCache:
         pc.layout = layout._c
         pc.base = r.ptr
         pc.storage_bytes = r.nbytes
-        pc.mem = _MEM_PINNED if r.device[0] == _DL_CUDA_HOST else _MEM_HOST
-        check(L.kv_paged_check(ctypes.byref(pc), False))  # alignment, the layout's own checks
+        cuda = r.device[0] == _DL_CUDA
+        pc.mem = (_MEM_DEVICE if cuda else _MEM_PINNED if r.device[0] == _DL_CUDA_HOST else
+                  _MEM_HOST)
+        check(L.kv_paged_check(ctypes.byref(pc), cuda))  # alignment, the layout's own checks
         self.layout = layout
         self.memory = memory
-        self.mem = "pinned" if pc.mem == _MEM_PINNED else "host"
+        self.mem = {_MEM_DEVICE: "device", _MEM_PINNED: "pinned"}.get(pc.mem, "host")
+        self.device = r.device[1] if cuda else None
         self._region = r  # holds memory (and a DLPack capsule taken from it)
         self._pc = pc
+        if cuda:  # its error record, made now (outside any capture) where a GPU is usable
+            self._cuda = _gpu.DeviceSide(self.device)
+
+    @property
+    def errors(self):
+        """A device cache's error record (a DeviceErrors: get(), reset()),
+        which its kernels use unless a call passes errors=; None for a host
+        cache. Raises why where the CUDA kernels cannot run (no CUDA in the
+        library, no usable device)."""
+        return self._cuda.errors() if self._cuda is not None else None
 
     def _paged(self):
+        if self._cuda is not None:
+            raise error("KV_ERR_UNSUPPORTED", "this cache is CUDA memory (cuda:%d): the code "
+                        "that needs a host or pinned cache (the CPU kernels, prefill, "
+                        "decode_mla, pack, unpack, transport registration) cannot address it; a "
+                        "device cache runs write, read, decode and copy_blocks on the GPU" %
+                        self.device)
         return self._pc
 
     # Cache's kernels count calls in flight for close(); a PagedCache has no
@@ -215,6 +243,8 @@ def _first(mask):
 def pages_csr(layout, indptr, indices, last_page_len, page_ratio=None) -> Pages:
     """Pages.from_csr (see there)."""
     lay, r = _ratio(layout, page_ratio)
+    if _gpu.is_device(indptr, indices, last_page_len):
+        return _gpu.pages_csr(lay, r, indptr, indices, last_page_len)
     pt, n_ids = lay.block_tokens // r, lay.num_blocks * r
     ip, ip0 = _index(indptr, "indptr", 1, I32)
     ix, ix0 = _index(indices, "indices", 1, I32)
@@ -267,6 +297,8 @@ def _p(a):
 def pages_block_table(layout, block_table, seq_lens, page_ratio=None) -> Pages:
     """Pages.from_block_table (see there)."""
     lay, r = _ratio(layout, page_ratio)
+    if _gpu.is_device(block_table, seq_lens):
+        return _gpu.pages_block_table(lay, r, block_table, seq_lens)
     pt, n_ids = lay.block_tokens // r, lay.num_blocks * r
     bt, bt0 = _index(block_table, "block_table", 2, I32)
     sl, sl0 = _index(seq_lens, "seq_lens", 1, I64)

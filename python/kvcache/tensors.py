@@ -70,13 +70,17 @@ def _not_writable(what, why):
     return error("KV_ERR_INVALID_ARG", "%s is an output, and %s" % (what, why))
 
 
-def _capsule(obj):
+def _capsule(obj, stream=None):
     """obj's DLPack capsule: DLPack 1.0 (versioned, with flags) if the
-    producer takes max_version, else 0.x."""
+    producer takes max_version, else 0.x. stream (CUDA producers only): the
+    cudaStream_t handle the consumer will use, so that the producer orders
+    its own work before it (DLPack's stream argument; 0, the default stream,
+    is passed as 1, the legacy default stream, since DLPack reserves 0)."""
+    kw = {} if stream is None else {"stream": stream or 1}
     try:
-        return obj.__dlpack__(max_version=(1, 0))
+        return obj.__dlpack__(max_version=(1, 0), **kw)
     except TypeError:  # a producer from before DLPack 1.0: no max_version
-        return obj.__dlpack__()
+        return obj.__dlpack__(**kw)
 
 
 def _from_dlpack(obj, what, writable, cap):
@@ -164,9 +168,11 @@ def _code(name):
     return c
 
 
-def _from_torch(t, what):
-    """A CPU torch tensor's view from its own metadata (what its __dlpack__
-    would carry, without building a capsule): the common case, made cheap."""
+def _from_torch(t, what, device=(_DL_CPU, 0)):
+    """A torch tensor's view from its own metadata (what its __dlpack__
+    would carry, without building a capsule): the common case, made cheap.
+    device: where its data_ptr() points (a CUDA tensor's is a device
+    address)."""
     name = _TORCH_DTYPES.get(str(t.dtype))
     if name is None:
         raise error("KV_ERR_UNSUPPORTED",
@@ -179,7 +185,7 @@ def _from_torch(t, what):
     last = sum((n - 1) * st for n, st in zip(shape, strides) if n) if numel else 0
     v = _lib.ViewC(_code(name), len(shape), _I64x8(*shape), _I64x8(*strides), 0,
                    t.data_ptr() if numel else None, (last + 1) * es if numel else 0)
-    return Borrowed(v, (_DL_CPU, 0), t)
+    return Borrowed(v, device, t)
 
 
 def _buffer(obj):
@@ -192,16 +198,57 @@ def _buffer(obj):
         return None
 
 
-def borrow(obj, what="tensor", writable=False):
+def where(obj):
+    """obj's DLPack device (type, id) as far as it can be told without
+    touching its data: a torch tensor's device, a NumPy array, list or
+    buffer (host), or what its __dlpack_device__ says; None when nothing
+    says (the producer is asked for its capsule then)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        d = obj.device
+        if d.type == "cuda":
+            return (_DL_CUDA, d.index if d.index is not None else 0)
+        return (_DL_CPU, 0) if d.type == "cpu" else (-1, d.type)
+    if isinstance(obj, (np.ndarray, list, tuple, range, bytes, bytearray, memoryview)):
+        return (_DL_CPU, 0)
+    dev = getattr(obj, "__dlpack_device__", None)
+    if dev is not None:
+        try:
+            t, i = dev()
+            return (int(t), int(i))
+        except Exception:  # a producer that cannot say: let its capsule say
+            return None
+    if hasattr(obj, "__array_interface__") or _buffer(obj) is not None:
+        return (_DL_CPU, 0)
+    return None
+
+
+def where_name(w):
+    """A device as words: "cuda:0", "host memory", "cuda_host:0" ..."""
+    if w is None:
+        return "of unknown device"
+    if w[0] == -1:
+        return "on %s" % w[1]
+    if w[0] == _DL_CPU:
+        return "host memory"
+    return "on %s:%d" % (_DEVICE_NAMES.get(w[0], "device type %d" % w[0]), w[1])
+
+
+def borrow(obj, what="tensor", writable=False, stream=None):
     """A Borrowed kv_view of obj (PyTorch / NumPy / kvcache View / anything
     with __dlpack__, the array interface or the buffer protocol; a list as
     an input). writable: obj is an output, and is refused unless it says
-    its memory may be written (see the module's doc)."""
+    its memory may be written (see the module's doc). A CUDA tensor's view
+    has device (kDLCUDA, id); the caller decides whether it takes one.
+    stream: the cudaStream_t a CUDA producer's capsule is asked for (see
+    _capsule); torch tensors are read from their own metadata."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
+        if obj.device.type == "cuda":
+            return _from_torch(obj, what, (_DL_CUDA, obj.device.index or 0))
         if obj.device.type != "cpu":
-            raise error("KV_ERR_UNSUPPORTED", "%s is on %s; the CPU kernels take host memory" %
-                        (what, obj.device))
+            raise error("KV_ERR_UNSUPPORTED", "%s is on %s; kvcache takes host memory and "
+                        "CUDA memory" % (what, obj.device))
         return _from_torch(obj, what)
     if isinstance(obj, np.ndarray):
         return _from_array_interface(obj, what, writable)
@@ -217,7 +264,8 @@ def borrow(obj, what="tensor", writable=False):
     legacy = False
     if hasattr(obj, "__dlpack__"):
         try:
-            cap = _capsule(obj)
+            w = where(obj) if stream is not None else None
+            cap = _capsule(obj, stream if w is not None and w[0] == _DL_CUDA else None)
         except (RuntimeError, TypeError, BufferError) as e:
             # NumPy refuses to export some arrays (read-only, unaligned): fall
             # back to its array interface, which describes the same memory
@@ -253,7 +301,8 @@ def borrow(obj, what="tensor", writable=False):
 def host_only(b, what):
     """Refuse device memory for a CPU kernel (it would dereference it)."""
     if b.device[0] not in (_DL_CPU, _DL_CUDA_HOST):
-        raise error("KV_ERR_UNSUPPORTED", "%s is on %s:%d; the CPU kernels take host memory" %
+        raise error("KV_ERR_UNSUPPORTED", "%s is on %s:%d; the CPU kernels take host memory "
+                    "(CUDA tensors go to a PagedCache over CUDA memory)" %
                     (what, _DEVICE_NAMES.get(b.device[0], str(b.device[0])), b.device[1]))
     return b
 
@@ -344,11 +393,11 @@ def _numpy_region(a, what, keep):
                   a.itemsize, keep)
 
 
-def _torch_region(t, what):
-    if t.device.type != "cpu":
-        raise error("KV_ERR_UNSUPPORTED", "%s is on %s: the package runs the CPU kernels only, "
-                    "so a paged cache is host memory (CUDA from Python is planned, issue "
-                    "\"The GPU path an engine can embed\")" % (what, t.device))
+def _torch_region(t, what, device_ok):
+    cuda = t.device.type == "cuda"
+    if t.device.type != "cpu" and not (cuda and device_ok):
+        raise error("KV_ERR_UNSUPPORTED", "%s is on %s: this takes host or pinned memory%s" %
+                    (what, t.device, " (a PagedCache takes CUDA memory)" if cuda else ""))
     if not t.is_contiguous():
         raise _not_dense(what, t.shape, t.stride())
     name, es = str(t.dtype), t.element_size()
@@ -356,11 +405,11 @@ def _torch_region(t, what):
         elem = _TORCH_DTYPES.get(name, name)
     else:
         elem = "%s%d" % ("uint" if name.startswith("torch.uint") else "int", 8 * es)
-    return Region(t.data_ptr() if t.numel() else None, t.numel() * es, (_DL_CPU, 0), elem, es,
-                  t)
+    dev = (_DL_CUDA, t.device.index or 0) if cuda else (_DL_CPU, 0)
+    return Region(t.data_ptr() if t.numel() else None, t.numel() * es, dev, elem, es, t)
 
 
-def _dlpack_region(obj, what, cap):
+def _dlpack_region(obj, what, cap, device_ok):
     if _IsValid(cap, b"dltensor_versioned"):
         mv = ctypes.cast(_GetPointer(cap, b"dltensor_versioned"),
                          ctypes.POINTER(DLManagedTensorVersioned)).contents
@@ -380,11 +429,10 @@ def _dlpack_region(obj, what, cap):
         raise error("KV_ERR_INVALID_ARG", "%s: __dlpack__ returned %s, not a DLPack capsule" %
                     (what, type(cap).__name__))
     kind, dev_id = t.device.device_type, t.device.device_id
-    if kind not in (_DL_CPU, _DL_CUDA_HOST):
-        raise error("KV_ERR_UNSUPPORTED", "%s is on %s:%d: the package runs the CPU kernels "
-                    "only, so a paged cache is host or pinned memory (CUDA from Python is "
-                    "planned, issue \"The GPU path an engine can embed\")" %
-                    (what, _DEVICE_NAMES.get(kind, "device type %d" % kind), dev_id))
+    if kind not in (_DL_CPU, _DL_CUDA_HOST) and not (kind == _DL_CUDA and device_ok):
+        raise error("KV_ERR_UNSUPPORTED", "%s is on %s:%d: this takes host or pinned memory%s" %
+                    (what, _DEVICE_NAMES.get(kind, "device type %d" % kind), dev_id,
+                     " (a PagedCache takes CUDA memory)" if kind == _DL_CUDA else ""))
     if not _IsValid(cap, b"dltensor_versioned"):
         return None  # DLPack 0.x cannot say whether the memory may be written
     if t.dtype.lanes != 1 or t.dtype.bits % 8:
@@ -402,18 +450,20 @@ def _dlpack_region(obj, what, cap):
     elem = ("%s%d" % ("int" if code == 0 else "uint", t.dtype.bits) if code in (0, 1) else
             _DL_FLOATS.get((code, t.dtype.bits), "DLPack code %d bits %d" % (code, t.dtype.bits)))
     ptr = (t.data or 0) + t.byte_offset
-    return Region(ptr if n else None, n * es, (kind, 0), elem, es, (obj, cap))
+    return Region(ptr if n else None, n * es, (kind, dev_id if kind == _DL_CUDA else 0), elem,
+                  es, (obj, cap))
 
 
-def region(obj, what="memory"):
+def region(obj, what="memory", device_ok=False):
     """The Region of obj, memory an engine allocated (a torch tensor, a NumPy
     array, anything with __dlpack__, the array interface or the buffer
     protocol), for a paged cache over it: one C-contiguous range, host (or
-    pinned) memory, writable as the outputs of the kernels are (see the
-    module's doc); refused naming obj's shape, strides, device or flags."""
+    pinned) memory, or CUDA memory where device_ok (a PagedCache's),
+    writable as the outputs of the kernels are (see the module's doc);
+    refused naming obj's shape, strides, device or flags."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
-        return _torch_region(obj, what)
+        return _torch_region(obj, what, device_ok)
     if isinstance(obj, np.ndarray):
         return _numpy_region(obj, what, obj)
     if isinstance(obj, (list, tuple)):
@@ -427,7 +477,7 @@ def region(obj, what="memory"):
             if not hasattr(obj, "__array_interface__") and _buffer(obj) is None:
                 raise error("KV_ERR_INVALID_ARG", "%s: __dlpack__ failed: %s" % (what, e))
         else:
-            r = _dlpack_region(obj, what, cap)
+            r = _dlpack_region(obj, what, cap, device_ok)
             if r is not None:
                 return r
             legacy = True

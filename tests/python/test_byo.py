@@ -548,9 +548,9 @@ def test_memory_refusals_name_the_values():
         (np.zeros(need // 8, np.int64), kvcache.Mismatch,
          "memory: int64 elements, the layout holds f16"),
         ([0.0] * 8, kvcache.InvalidArgument, "a list is copied on the way in"),
-        (_DLPackOnly(2), kvcache.Unsupported, "memory is on cuda:0: the package runs the CPU "
-                                              "kernels only"),
-        (_DLPackOnly(2, versioned=True), kvcache.Unsupported, "memory is on cuda:0"),
+        # CUDA memory makes a device cache (tests/python/test_gpu_package.py)
+        (_DLPackOnly(4, versioned=True), kvcache.Unsupported,
+         "memory is on device type 4:0: this takes host or pinned memory"),
         (_DLPackOnly(1, versioned=True, flags=1), kvcache.InvalidArgument,
          "memory is an output, and its DLPack tensor is flagged read-only"),
         (_DLPackOnly(1), kvcache.InvalidArgument, "exports DLPack 0.x only"),
