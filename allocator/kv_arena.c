@@ -143,7 +143,8 @@ static kv_status arena_alloc_cuda(kv_arena *a, const struct kv_arena_config *cfg
     kv_status s;
     const struct kv__arena_cuda_mem *m = atomic_load(&arena_cuda_mem);
     if (cfg->kind == KV_MEM_PINNED)
-        s = m ? m->host_alloc(g->alloc_bytes, &a->raw) : kv__cuda_host_alloc(g->alloc_bytes, &a->raw);
+        s = m ? m->host_alloc(g->alloc_bytes, &a->raw)
+              : kv__cuda_host_alloc(g->alloc_bytes, &a->raw);
     else
         s = m ? m->device_alloc(cfg->device, g->alloc_bytes, &a->raw)
               : kv__cuda_device_alloc(cfg->device, g->alloc_bytes, &a->raw);

@@ -91,7 +91,7 @@ kv_status kv_offload_create(const struct kv_offload_config *cfg, kv_offload **ou
     off->dev = kv__offdev_get();
     if (off->dev && off->dev->version != KV__OFFDEV_VERSION)
         off->dev = NULL; /* a table built against another seam: device caches refused */
-    off->chunk = 0; /* by bytes (chunk_of) */
+    off->chunk = 0;      /* by bytes (chunk_of) */
     off->n_buckets = 1024;
     off->buckets = kv__mem_calloc(off->n_buckets, sizeof(*off->buckets));
     if (!off->buckets) {
@@ -345,8 +345,7 @@ static kv_status cache_side(const char *fn, const kv_offload *off, kv_cache *cac
         size_t nr = 0;
         st = kv_cache_regions(cache, &r, 1, &nr);
         if (st != KV_OK || nr != 1)
-            return kv__error_wrap(st != KV_OK ? st : KV_ERR_INTERNAL, "%s: the cache's region",
-                                  fn);
+            return kv__error_wrap(st != KV_OK ? st : KV_ERR_INTERNAL, "%s: the cache's region", fn);
         if (r.device < 0 || r.device >= KV__OFF_MAX_DEVS)
             return kv__error(KV_ERR_CAPACITY,
                              "%s: a device cache on CUDA device %d (a tier serves devices 0 to "

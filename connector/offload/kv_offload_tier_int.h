@@ -54,17 +54,17 @@
 
 /* One cache layout the tier has seen and its two plans. */
 struct fmt {
-    uint64_t cache_fp;            /* the cache layout's fingerprint */
-    uint32_t head_offset;         /* the cache's first head in the model (kv_cache_head_offset) */
-    uint64_t block_fp;            /* what a block holds (block_key): half of an entry's key */
-    int64_t entry_bytes;          /* the compact block-major image of one block */
+    uint64_t cache_fp;             /* the cache layout's fingerprint */
+    uint32_t head_offset;          /* the cache's first head in the model (kv_cache_head_offset) */
+    uint64_t block_fp;             /* what a block holds (block_key): half of an entry's key */
+    int64_t entry_bytes;           /* the compact block-major image of one block */
     struct kv_layout entry_layout; /* one entry as a one-block cache (device caches' copies) */
-    int64_t stride_block_bytes;   /* cache: block id -> start */
-    int64_t block_tokens;         /* N */
-    kv_plan *to_entry, *to_block; /* cache block -> entry, entry -> cache block */
-    uint32_t users;               /* ops posted and not terminal that use it */
-    bool sequential;              /* to_entry writes the entry front to back, gap-free:
-                                     a store hashes each row as it lands (one pass) */
+    int64_t stride_block_bytes;    /* cache: block id -> start */
+    int64_t block_tokens;          /* N */
+    kv_plan *to_entry, *to_block;  /* cache block -> entry, entry -> cache block */
+    uint32_t users;                /* ops posted and not terminal that use it */
+    bool sequential;               /* to_entry writes the entry front to back, gap-free:
+                                      a store hashes each row as it lands (one pass) */
 };
 
 struct entry { /* keyed by (hash, block_fp) */

@@ -99,9 +99,10 @@ static kv_status dev_stream(kv_offload *off, const kv_offload_op *op, void **str
 /* One entry as the plan copy takes it: a one-block cache in the region. */
 static struct kv_paged_cache entry_side(const struct fmt *f, char *mem)
 {
-    return (struct kv_paged_cache){
-        .layout = f->entry_layout, .base = mem, .storage_bytes = (size_t)f->entry_bytes,
-        .mem = KV_MEM_PINNED};
+    return (struct kv_paged_cache){.layout = f->entry_layout,
+                                   .base = mem,
+                                   .storage_bytes = (size_t)f->entry_bytes,
+                                   .mem = KV_MEM_PINNED};
 }
 
 static void sum_chunk(const kv_offload *off, const struct fmt *f, uint32_t k,

@@ -31,10 +31,10 @@ struct stream;
 struct event {
     int device;
     bool destroyed;
-    uint64_t recorded; /* records made (0: never recorded) */
-    uint64_t done;     /* records the stream ran */
-    bool on_engine;    /* the last record was on an engine stream */
-    uint32_t queued;   /* records queued, not run */
+    uint64_t recorded;  /* records made (0: never recorded) */
+    uint64_t done;      /* records the stream ran */
+    bool on_engine;     /* the last record was on an engine stream */
+    uint32_t queued;    /* records queued, not run */
     struct event *next; /* every event made, freed at uninstall (a destroyed one
                            stays, marked, so a use after destroy is seen) */
 };
@@ -128,7 +128,8 @@ static void mem_free(int kind, void *p)
         pp = &(*pp)->next;
     struct alloc *a = *pp;
     if (!a || a->kind != kind) {
-        fault("free of %p: not a live %s allocation", p, kind == ALLOC_DEVICE ? "device" : "pinned");
+        fault("free of %p: not a live %s allocation", p,
+              kind == ALLOC_DEVICE ? "device" : "pinned");
     } else if (a->users > 0) {
         fault("free of %p (%zu bytes) while %u queued copies use it", p, a->bytes, a->users);
         a = NULL; /* kept: the copies run on it (the fault is the finding) */
@@ -349,8 +350,8 @@ static kv_status sc_event_record(int device, void *event, void *stream)
     else if (!stream_live(s))
         r = fault("cudaEventRecord on a stream not live (%p)", stream);
     else if (s->device != device || e->device != device)
-        r = fault("cudaEventRecord on device %d: stream of device %d, event of device %d",
-                  device, s->device, e->device);
+        r = fault("cudaEventRecord on device %d: stream of device %d, event of device %d", device,
+                  s->device, e->device);
     struct item *it = r == KV_OK ? calloc(1, sizeof(*it)) : NULL;
     if (r == KV_OK && !it)
         r = kv__error(KV_ERR_NO_MEMORY, "softcuda: a record");
@@ -393,7 +394,7 @@ static kv_status sc_event_sync(int device, void *event)
 static struct alloc *cache_alloc(const struct kv_paged_cache *c, const char *side, int device,
                                  kv_status *r)
 {
-    const int kind = c->mem == KV_MEM_DEVICE ? ALLOC_DEVICE
+    const int kind = c->mem == KV_MEM_DEVICE   ? ALLOC_DEVICE
                      : c->mem == KV_MEM_PINNED ? ALLOC_PINNED
                                                : 0;
     struct alloc *a = kind ? alloc_find(c->base, c->storage_bytes, kind) : NULL;
@@ -414,8 +415,8 @@ static kv_status sc_copy(int device, const kv_plan *plan, const struct kv_paged_
     static const char fn[] = "softcuda copy (kv_plan_copy_cuda)";
     struct stream *s = stream ? stream : legacy;
     /* kv_plan_copy_cuda's checks (host memory refused), then the schedule */
-    kv_status r = kv__plan_check_request(fn, plan, src, &src_block, 1, dst, &dst_block, 1,
-                                         n_tokens, true);
+    kv_status r =
+        kv__plan_check_request(fn, plan, src, &src_block, 1, dst, &dst_block, 1, n_tokens, true);
     if (r != KV_OK)
         return r;
     struct item *it = calloc(1, sizeof(*it));

@@ -63,14 +63,14 @@ void kvt_softcuda_release(void);
 void kvt_softcuda_pause(bool paused);
 
 struct kvt_softcuda_stats {
-    uint64_t copies_issued;  /* copy calls accepted */
-    uint64_t copies_done;    /* copies the streams ran */
-    uint64_t queued;         /* work items queued and not run (holds included) */
-    uint64_t event_syncs;    /* event_sync calls */
-    uint64_t engine_waits;   /* event_sync on an event recorded on an engine stream */
-    uint64_t tier_streams;   /* streams made through the seam and not destroyed */
-    uint64_t allocs;         /* live allocations */
-    uint64_t faults;         /* refusals and faults; last_fault says the last */
+    uint64_t copies_issued; /* copy calls accepted */
+    uint64_t copies_done;   /* copies the streams ran */
+    uint64_t queued;        /* work items queued and not run (holds included) */
+    uint64_t event_syncs;   /* event_sync calls */
+    uint64_t engine_waits;  /* event_sync on an event recorded on an engine stream */
+    uint64_t tier_streams;  /* streams made through the seam and not destroyed */
+    uint64_t allocs;        /* live allocations */
+    uint64_t faults;        /* refusals and faults; last_fault says the last */
     char last_fault[256];
 };
 void kvt_softcuda_stats(struct kvt_softcuda_stats *out);

@@ -559,18 +559,16 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_softcuda_refuses, setup_double, NULL),
-        cmocka_unit_test_setup_teardown(test_offload_dev_round_trip, setup_double,
-                                        teardown_double),
+        cmocka_unit_test_setup_teardown(test_offload_dev_round_trip, setup_double, teardown_double),
         cmocka_unit_test_setup_teardown(test_offload_dev_corrupt_before_h2d, setup_double,
                                         teardown_double),
         cmocka_unit_test_setup_teardown(test_offload_dev_cancel_in_flight, setup_double,
                                         teardown_double),
         cmocka_unit_test_setup_teardown(test_offload_dev_destroy_order, setup_double,
                                         teardown_double),
-        cmocka_unit_test_setup_teardown(test_offload_dev_engine_streams_not_blocked,
-                                        setup_double, teardown_double),
-        cmocka_unit_test_setup_teardown(test_offload_dev_refusals, setup_double,
+        cmocka_unit_test_setup_teardown(test_offload_dev_engine_streams_not_blocked, setup_double,
                                         teardown_double),
+        cmocka_unit_test_setup_teardown(test_offload_dev_refusals, setup_double, teardown_double),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
