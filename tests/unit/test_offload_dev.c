@@ -38,6 +38,7 @@
 
 #include <kvcache/kv.h>
 #include "kv_offload_int.h"
+#include "kv_offload_tier_int.h" /* op->cancel: destroy has begun */
 #include "kv_plan_int.h"
 #include "kvt_cache.h"
 #include "kvt_side.h"
@@ -475,6 +476,12 @@ static void test_offload_dev_destroy_order(void **state)
     wait_issued(i1 + 2);
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, destroy_tier, off), 0);
+    /* destroy has asked the running op to cancel before its copies land */
+    for (int i = 0; i < 200000 && !atomic_load(&op->cancel); i++) {
+        const struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    assert_true(atomic_load(&op->cancel));
     kvt_softcuda_pause(false);
     assert_int_equal(pthread_join(t, NULL), 0);
     kv_offload_state st;
