@@ -20,11 +20,14 @@
  *     under a queued copy, every stream and event of the tier destroyed;
  *   - engine streams held (the legacy default stream and a blocking one):
  *     the tier still finishes, and never waits on an engine's event;
+ *   - a failing copy (injected): its chunk's entries KV_ERR_DEVICE, what was
+ *     issued still waited for, the other chunks done;
  *   - refusals at post: a host-memory region, nothing retained.
  * Runs under SANITIZE=thread in CI (.ci/run).
  */
 #include <pthread.h>
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -37,6 +40,7 @@
 #include <cmocka.h>
 
 #include <kvcache/kv.h>
+#include "kv_lib.h" /* kv__error */
 #include "kv_offload_int.h"
 #include "kv_offload_tier_int.h" /* op->cancel: destroy has begun */
 #include "kv_plan_int.h"
@@ -533,6 +537,92 @@ static void test_offload_dev_engine_streams_not_blocked(void **state)
     kvt_cache_free(&d);
 }
 
+/* ---- a failing CUDA call --------------------------------------------------------- */
+
+/* The double's table with its copy failing on call fail_at (counted from
+ * 1), as a CUDA error would. */
+static atomic_int copy_calls, copy_fail_at;
+static kv_status failing_copy(int device, const kv_plan *plan, const struct kv_paged_cache *src,
+                              uint32_t sb, const struct kv_paged_cache *dst, uint32_t db,
+                              uint64_t n_tokens, void *stream)
+{
+    if (atomic_fetch_add(&copy_calls, 1) + 1 == atomic_load(&copy_fail_at))
+        return kv__error(KV_ERR_DEVICE, "injected: cudaMemcpy2DAsync failed");
+    return kvt_softcuda_ops()->copy(device, plan, src, sb, dst, db, n_tokens, stream);
+}
+
+/* A failed copy fails its chunk's entries with KV_ERR_DEVICE (a store's
+ * entries dropped, a load's blocks released uncommitted), the copies
+ * issued before it are still waited for, the other chunks go on. */
+static void test_offload_dev_copy_failure(void **state)
+{
+    (void)state;
+    uint64_t rng = 0xFA11ED;
+    struct kv__offdev_ops ops = *kvt_softcuda_ops();
+    ops.copy = failing_copy;
+    kv__offdev_set(&ops);
+    kv_offload *off = mk_tier(2);
+    kv__offdev_set(kvt_softcuda_ops()); /* the tier keeps the one it was made with */
+    struct kvt_cache s, d;
+    mk_cache(&s, KV_MEM_DEVICE, 4, 91);
+    mk_cache(&d, KV_MEM_DEVICE, 4, 92);
+    kvt_pool_scramble(&s, &rng);
+    kvt_pool_scramble(&d, &rng);
+    uint64_t h[4];
+    uint32_t ids[4];
+    for (int i = 0; i < 4; i++)
+        h[i] = hash_of(900 + (uint64_t)i);
+    put_blocks(&s, h, 4, ids);
+    unsigned char *snap = malloc(s.bytes);
+    assert_non_null(snap);
+    memcpy(snap, s.base, s.bytes);
+    atomic_store(&copy_calls, 0);
+    atomic_store(&copy_fail_at, 2); /* the second copy of the first chunk */
+    kv_offload_op *op = NULL;
+    assert_int_equal(kv_offload_store(off, s.c, ids, 4, &op), KV_OK);
+    assert_int_equal(finish(op), KV_OFFLOAD_FAILED);
+    const struct kv_offload_result *res;
+    uint32_t nr;
+    assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
+    const kv_status want_store[4] = {KV_ERR_DEVICE, KV_ERR_DEVICE, KV_OK, KV_OK};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(res[i].status, want_store[i]);
+        assert_int_equal(kv_offload_contains(off, s.c, h[i]), want_store[i] == KV_OK);
+    }
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    assert_int_equal(kvt_first_diff(snap, s.base, (int64_t)s.bytes), -1);
+    struct kv_offload_stats os;
+    assert_int_equal(kv_offload_stats_get(off, &os), KV_OK);
+    assert_int_equal(os.entries, 2);
+    assert_int_equal(os.stores, 2);
+    assert_int_equal(sc_stats().queued, 0);
+
+    /* load h[2], h[3] (one chunk): the second H2D fails, so both blocks of
+     * the chunk are released uncommitted (the first copy landed before) */
+    atomic_store(&copy_calls, 0);
+    atomic_store(&copy_fail_at, 2);
+    const uint64_t refs = kvt_pool_refs(&d);
+    assert_int_equal(kv_offload_load(off, d.c, h + 2, 2, &op), KV_OK);
+    assert_int_equal(finish(op), KV_OFFLOAD_FAILED);
+    assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(res[i].status, KV_ERR_DEVICE);
+        assert_int_equal(res[i].block, KV_BLOCK_NULL);
+    }
+    assert_int_equal(kvt_pool_refs(&d), refs);
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    assert_int_equal(sc_stats().queued, 0);
+    /* the entries stay: a load without the failure gets them */
+    atomic_store(&copy_fail_at, 0);
+    const kv_status want_load[2] = {KV_OK, KV_OK};
+    assert_int_equal(load_check(off, &d, h + 2, 2, want_load), KV_OFFLOAD_DONE);
+    assert_int_equal(kv_block_pool_release(s.pool, ids, 4), KV_OK);
+    free(snap);
+    kv_offload_destroy(off);
+    kvt_cache_free(&s);
+    kvt_cache_free(&d);
+}
+
 /* ---- refusals at post -------------------------------------------------------------- */
 
 static void test_offload_dev_refusals(void **state)
@@ -574,6 +664,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_offload_dev_destroy_order, setup_double,
                                         teardown_double),
         cmocka_unit_test_setup_teardown(test_offload_dev_engine_streams_not_blocked, setup_double,
+                                        teardown_double),
+        cmocka_unit_test_setup_teardown(test_offload_dev_copy_failure, setup_double,
                                         teardown_double),
         cmocka_unit_test_setup_teardown(test_offload_dev_refusals, setup_double, teardown_double),
     };
