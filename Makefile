@@ -158,6 +158,10 @@ TEST_DEFS   := -Itests/common -DKV_TEST_DATA_DIR='"$(CURDIR)/tests/data"'
 SOFTVERBS   := tests/softverbs/kvt_softverbs.c
 VERBS_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,\
                  $(wildcard tests/unit/test_softverbs*.c tests/unit/test_xport_rdma*.c))
+# Tests over the CUDA double (tests/softcuda): the offload tier's device
+# caches on the CPU; only they link it.
+SOFTCUDA    := tests/softcuda/kvt_softcuda.c
+CUDA_DOUBLE_TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_offload_dev*.c))
 UNIT_TESTS  := $(filter-out $(if $(filter 1,$(HAVE_RDMA)),,$(VERBS_TESTS)),\
                  $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(wildcard tests/unit/test_*.c)))
 INTEG_TESTS := $(patsubst tests/integration/%.c,$(BUILD)/tests/%,$(wildcard tests/integration/test_*.c))
@@ -234,6 +238,13 @@ $(VERBS_TESTS): $(BUILD)/tests/%: tests/unit/%.c $(SOFTVERBS) tests/softverbs/kv
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  TEST   $@')
 	$(Q)$(CC) $(ALLCFLAGS) $(TEST_DEFS) -Itests/softverbs -o $@ $< $(SOFTVERBS) $(TEST_COMMON) \
+	    $(LIB_A) -lcmocka $(LIBS)
+
+$(CUDA_DOUBLE_TESTS): $(BUILD)/tests/%: tests/unit/%.c $(SOFTCUDA) tests/softcuda/kvt_softcuda.h \
+                      $(TEST_COMMON) $(LIB_A)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo '  TEST   $@')
+	$(Q)$(CC) $(ALLCFLAGS) $(TEST_DEFS) -Itests/softcuda -o $@ $< $(SOFTCUDA) $(TEST_COMMON) \
 	    $(LIB_A) -lcmocka $(LIBS)
 
 $(STAGED): $(HEADERS)

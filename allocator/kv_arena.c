@@ -5,6 +5,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <stdatomic.h>
+
+#include "allocator_int.h"
 #include "kv_arena.h"
 #include "kv_arena_cuda_int.h"
 #include "kv_mem.h"
@@ -123,6 +126,14 @@ static kv_status arena_alloc_host(kv_arena *a, const struct arena_geometry *g)
     return KV_OK;
 }
 
+/* The test double's pinned and device memory (allocator_int.h); NULL: CUDA. */
+static _Atomic(const struct kv__arena_cuda_mem *) arena_cuda_mem;
+
+void kv__arena_set_cuda_mem(const struct kv__arena_cuda_mem *m)
+{
+    atomic_store(&arena_cuda_mem, m);
+}
+
 /* Pinned or device memory (raw keeps the pointer to free; the base is
  * rounded up to the alignment inside the slack). */
 static kv_status arena_alloc_cuda(kv_arena *a, const struct kv_arena_config *cfg,
@@ -130,10 +141,13 @@ static kv_status arena_alloc_cuda(kv_arena *a, const struct kv_arena_config *cfg
 {
     const size_t align = g->align;
     kv_status s;
+    const struct kv__arena_cuda_mem *m = atomic_load(&arena_cuda_mem);
     if (cfg->kind == KV_MEM_PINNED)
-        s = kv__cuda_host_alloc(g->alloc_bytes, &a->raw);
+        s = m ? m->host_alloc(g->alloc_bytes, &a->raw)
+              : kv__cuda_host_alloc(g->alloc_bytes, &a->raw);
     else
-        s = kv__cuda_device_alloc(cfg->device, g->alloc_bytes, &a->raw);
+        s = m ? m->device_alloc(cfg->device, g->alloc_bytes, &a->raw)
+              : kv__cuda_device_alloc(cfg->device, g->alloc_bytes, &a->raw);
     if (s != KV_OK)
         return s;
     a->base = (void *)(((uintptr_t)a->raw + (align - 1)) & ~(uintptr_t)(align - 1));
@@ -217,15 +231,22 @@ void kv_arena_destroy(kv_arena *arena)
 {
     if (!arena)
         return;
+    const struct kv__arena_cuda_mem *m = atomic_load(&arena_cuda_mem);
     switch (arena->kind) {
     case KV_MEM_HOST:
         kv__mem_free(arena->base);
         break;
     case KV_MEM_PINNED:
-        kv__cuda_host_free(arena->raw);
+        if (m)
+            m->host_free(arena->raw);
+        else
+            kv__cuda_host_free(arena->raw);
         break;
     case KV_MEM_DEVICE:
-        kv__cuda_device_free(arena->device, arena->raw);
+        if (m)
+            m->device_free(arena->device, arena->raw);
+        else
+            kv__cuda_device_free(arena->device, arena->raw);
         break;
     }
     kv__mem_free(arena);

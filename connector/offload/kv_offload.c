@@ -17,6 +17,7 @@
 #include "kv_threads.h"
 #include "kv_lib.h"
 #include "kv_mem.h"
+#include "kv_offload_cuda_int.h"
 #include "kv_offload_tier_int.h"
 #include "kv_pack.h"
 #include "kv_plan_int.h"
@@ -36,6 +37,19 @@ const char *kv_offload_state_name(kv_offload_state s)
         return "cancelled";
     }
     return "unknown";
+}
+
+static _Atomic(const struct kv__offdev_ops *) offdev_installed;
+
+void kv__offdev_set(const struct kv__offdev_ops *ops)
+{
+    atomic_store(&offdev_installed, ops);
+}
+
+const struct kv__offdev_ops *kv__offdev_get(void)
+{
+    const struct kv__offdev_ops *o = atomic_load(&offdev_installed);
+    return o ? o : kv__offdev_cuda();
 }
 
 bool kv__off_terminal(kv_offload_state s)
@@ -74,7 +88,10 @@ kv_status kv_offload_create(const struct kv_offload_config *cfg, kv_offload **ou
         return kv__error(KV_ERR_NO_MEMORY, "kv_offload_create: %zu bytes", sizeof(*off));
     off->cfg = *cfg;
     off->threads = cfg->threads ? cfg->threads : kv_threads();
-    off->chunk = 0; /* by bytes (chunk_of) */
+    off->dev = kv__offdev_get();
+    if (off->dev && off->dev->version != KV__OFFDEV_VERSION)
+        off->dev = NULL; /* a table built against another seam: device caches refused */
+    off->chunk = 0;      /* by bytes (chunk_of) */
     off->n_buckets = 1024;
     off->buckets = kv__mem_calloc(off->n_buckets, sizeof(*off->buckets));
     if (!off->buckets) {
@@ -200,6 +217,14 @@ void kv_offload_destroy(kv_offload *off)
         q = n;
     }
     pthread_join(off->worker, NULL);
+    /* the worker waited for every copy it issued: its streams are idle */
+    for (int d = 0; d < KV__OFF_MAX_DEVS; d++) {
+        if (off->dev_event[d])
+            (void)off->dev->event_destroy(d, off->dev_event[d]);
+        if (off->dev_stream[d])
+            (void)off->dev->stream_destroy(d, off->dev_stream[d]);
+        off->dev_event[d] = off->dev_stream[d] = NULL;
+    }
     /* no op is left and no worker: the entries (their pieces go with the
      * region) and the plans */
     pthread_mutex_lock(&off->mu);
@@ -270,6 +295,7 @@ static kv_status fmt_get(kv_offload *off, const char *fn, const struct kv_layout
                     .head_offset = head_offset,
                     .block_fp = kv__off_block_key(lo, head_offset), /* lo's and el's block format */
                     .entry_bytes = el.total_bytes,
+                    .entry_layout = el,
                     .stride_block_bytes = lo->stride_block_bytes,
                     .block_tokens = lo->block_tokens};
     if (st == KV_OK)
@@ -294,16 +320,40 @@ static kv_status fmt_get(kv_offload *off, const char *fn, const struct kv_layout
     return KV_OK;
 }
 
-/* The cache's storage, checked as the CPU kernels check theirs. */
-static kv_status cache_side(const char *fn, kv_cache *cache, struct kv_paged_cache *pc)
+/* The cache's storage, checked as the kernels check theirs (the CPU ones,
+ * or for a device cache the CUDA ones); *device: a device cache's CUDA
+ * device, -1 for host memory. */
+static kv_status cache_side(const char *fn, const kv_offload *off, kv_cache *cache,
+                            struct kv_paged_cache *pc, int *device)
 {
     kv_status st = kv_cache_paged(cache, pc);
     if (st != KV_OK)
         return kv__error_wrap(st, "%s: cache", fn);
-    if (pc->mem == KV_MEM_DEVICE)
-        return kv__error(KV_ERR_UNSUPPORTED,
-                         "%s: a device cache: the offload tier has no CUDA executor yet", fn);
-    st = kv_paged_check(pc, false);
+    *device = -1;
+    const bool dev = pc->mem == KV_MEM_DEVICE;
+    if (dev) {
+        if (!off->dev)
+            return kv__error(KV_ERR_UNSUPPORTED,
+                             "%s: a device cache, and this build has no CUDA (KV_HAVE_CUDA=0)", fn);
+        if (off->kind != KV_MEM_PINNED)
+            return kv__error(KV_ERR_UNSUPPORTED,
+                             "%s: a device cache needs the tier's region in pinned memory "
+                             "(KV_OFFLOAD_MEM_AUTO or _PINNED on a host with a GPU); this "
+                             "tier's is %s memory",
+                             fn, kv_mem_kind_name(off->kind));
+        struct kv_mem_region r;
+        size_t nr = 0;
+        st = kv_cache_regions(cache, &r, 1, &nr);
+        if (st != KV_OK || nr != 1)
+            return kv__error_wrap(st != KV_OK ? st : KV_ERR_INTERNAL, "%s: the cache's region", fn);
+        if (r.device < 0 || r.device >= KV__OFF_MAX_DEVS)
+            return kv__error(KV_ERR_CAPACITY,
+                             "%s: a device cache on CUDA device %d (a tier serves devices 0 to "
+                             "%d)",
+                             fn, r.device, KV__OFF_MAX_DEVS - 1);
+        *device = r.device;
+    }
+    st = kv_paged_check(pc, dev);
     if (st != KV_OK)
         return kv__error_wrap(st, "%s: cache", fn);
     return KV_OK;
@@ -381,11 +431,15 @@ static kv_status post_begin(const char *fn, kv_offload *off, kv_cache *cache, co
                          : !cache ? "cache"
                          : !op    ? "op"
                                   : list_name);
-    kv_status st = cache_side(fn, cache, pc);
+    int device = -1;
+    kv_status st = cache_side(fn, off, cache, pc, &device);
     if (st != KV_OK)
         return st;
     if (!(*o = op_new(n)))
         return kv__error(KV_ERR_NO_MEMORY, "%s: an op of %u blocks", fn, n);
+    (*o)->dev = device >= 0;
+    (*o)->device = device;
+    (*o)->pc = *pc;
     return KV_OK;
 }
 

@@ -49,6 +49,14 @@
  * a registration of its own. region = capacity_bytes + staging_bytes +
  * slack_bytes.
  *
+ * Device caches (KV_MEM_DEVICE, CUDA builds, a pinned region): the same
+ * ops, with the copies on the GPU (kv_plan_copy_cuda of each block, on a
+ * non-blocking stream the tier owns per device; the worker waits on its
+ * own event, never on an engine's stream); a store hashes an entry after
+ * its D2H landed, a load verifies it before issuing its H2D; a failed CUDA
+ * call fails its entries with KV_ERR_DEVICE (docs/connector.md, "Device
+ * caches").
+ *
  * Nothing is lost silently: a store that cannot make room fails that hash
  * (the block stays in the cache, untouched); a load whose entry is gone or
  * fails its checksum names the hash, and its block is released uncommitted.
@@ -154,7 +162,8 @@ KV_API const char *kv_offload_state_name(kv_offload_state s);
  * other bytes); KV_ERR_CORRUPT (load: the checksum did not match; the entry
  * is dropped); KV_ERR_CAPACITY (store: the block is larger than
  * the capacity, or every other entry is in use); KV_ERR_NO_MEMORY (store:
- * the region had no room even with nothing left to evict); KV_ERR_CANCELLED
+ * the region had no room even with nothing left to evict); KV_ERR_DEVICE
+ * (a device cache: a CUDA call of the entry's chunk failed); KV_ERR_CANCELLED
  * (not done: the op was cancelled first). */
 struct kv_offload_result {
     uint64_t hash;
@@ -226,8 +235,10 @@ KV_API KV_NODISCARD kv_status kv_offload_regions(const kv_offload *off, struct k
  * most recent. *op set on success.
  * KV_ERR_NULL; KV_ERR_INVALID_ARG (id 0 or out of range); KV_ERR_BAD_STATE
  * (a block not held); KV_ERR_NOT_FOUND (a block without a hash);
- * KV_ERR_UNSUPPORTED (a device cache: no CUDA executor yet); KV_ERR_CAPACITY
- * (ops of 16 other cache layouts in flight: a tier keeps the copy plans of
+ * KV_ERR_UNSUPPORTED (a device cache, in a build without CUDA or with a
+ * region in plain host memory); KV_ERR_CAPACITY (a device cache on device
+ * 16 or above, or
+ * ops of 16 other cache layouts in flight: a tier keeps the copy plans of
  * at most 16 layouts, reusing the slot of one no op uses); KV_ERR_NO_MEMORY;
  * each naming the index and id; nothing is posted or retained on error.
  */
@@ -248,7 +259,7 @@ KV_API KV_NODISCARD kv_status kv_offload_store(kv_offload *off, kv_cache *cache,
  * stays uncommitted (committed false): it is still the caller's, with the
  * right bytes, to use or release.
  * KV_ERR_NULL; KV_ERR_NO_BLOCKS (the pool cannot give n blocks);
- * KV_ERR_UNSUPPORTED (a device cache); KV_ERR_CAPACITY (as kv_offload_store);
+ * KV_ERR_UNSUPPORTED, KV_ERR_CAPACITY (as kv_offload_store);
  * KV_ERR_NO_MEMORY; nothing posted or allocated on error.
  */
 KV_API KV_NODISCARD kv_status kv_offload_load(kv_offload *off, kv_cache *cache,

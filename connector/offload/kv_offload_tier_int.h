@@ -11,7 +11,9 @@
  *                        (evict, contains, stats);
  *   kv_offload_worker.c  the worker thread: each op in chunks of blocks, table
  *                        work under off->mu, copies and checksums without it;
- *   kv_offload_carve.c   the region carver (kv_offload_int.h).
+ *   kv_offload_carve.c   the region carver (kv_offload_int.h);
+ *   kv_offload_dev_cuda.c the CUDA table of the device seam for device caches
+ *                        (kv_offload_dev_int.h; CUDA builds only).
  *
  * One mutex (off->mu) guards the queue, the entry table, the LRU list, the
  * formats, the staging list and the stats; each op's mutex guards its state
@@ -38,6 +40,7 @@
 #include <stdint.h>
 
 #include "kv_offload.h"
+#include "kv_offload_dev_int.h"
 #include "kv_offload_int.h"
 #include "kv_plan.h"
 
@@ -47,19 +50,21 @@
 #define KV__OFF_CHUNK_MAX 1024
 #define KV__OFF_ENTRY_ALIGN 64     /* a cache line */
 #define KV__OFF_STAGING_ALIGN 4096 /* a page */
+#define KV__OFF_MAX_DEVS 16        /* CUDA devices whose caches a tier serves */
 
 /* One cache layout the tier has seen and its two plans. */
 struct fmt {
-    uint64_t cache_fp;            /* the cache layout's fingerprint */
-    uint32_t head_offset;         /* the cache's first head in the model (kv_cache_head_offset) */
-    uint64_t block_fp;            /* what a block holds (block_key): half of an entry's key */
-    int64_t entry_bytes;          /* the compact block-major image of one block */
-    int64_t stride_block_bytes;   /* cache: block id -> start */
-    int64_t block_tokens;         /* N */
-    kv_plan *to_entry, *to_block; /* cache block -> entry, entry -> cache block */
-    uint32_t users;               /* ops posted and not terminal that use it */
-    bool sequential;              /* to_entry writes the entry front to back, gap-free:
-                                     a store hashes each row as it lands (one pass) */
+    uint64_t cache_fp;             /* the cache layout's fingerprint */
+    uint32_t head_offset;          /* the cache's first head in the model (kv_cache_head_offset) */
+    uint64_t block_fp;             /* what a block holds (block_key): half of an entry's key */
+    int64_t entry_bytes;           /* the compact block-major image of one block */
+    struct kv_layout entry_layout; /* one entry as a one-block cache (device caches' copies) */
+    int64_t stride_block_bytes;    /* cache: block id -> start */
+    int64_t block_tokens;          /* N */
+    kv_plan *to_entry, *to_block;  /* cache block -> entry, entry -> cache block */
+    uint32_t users;                /* ops posted and not terminal that use it */
+    bool sequential;               /* to_entry writes the entry front to back, gap-free:
+                                      a store hashes each row as it lands (one pass) */
 };
 
 struct entry { /* keyed by (hash, block_fp) */
@@ -90,6 +95,9 @@ struct kv_offload_op {
     kv_cache *cache; /* a reference (kv_cache_retain) from post until terminal */
     kv_block_pool *pool;
     char *base; /* the cache's storage */
+    bool dev;   /* a KV_MEM_DEVICE cache: copies on the tier's stream (kv_offload_dev_int.h) */
+    int device; /* its CUDA device (dev) */
+    struct kv_paged_cache pc; /* the cache's storage as the plan copy takes it (dev) */
     int fmt;
     uint32_t n;
     uint32_t *ids;                 /* [n] store: retained blocks; load: allocated blocks */
@@ -104,6 +112,12 @@ struct kv_offload {
     enum kv_mem_kind kind;
     int threads;
     pthread_t worker;
+    /* the device seam (NULL: device caches refused) and, per device, the
+     * tier's own stream and event: made by the worker on first use, used
+     * only by it, destroyed after it is joined */
+    const struct kv__offdev_ops *dev;
+    void *dev_stream[KV__OFF_MAX_DEVS];
+    void *dev_event[KV__OFF_MAX_DEVS];
 
     pthread_mutex_t mu; /* guards everything below */
     bool destroyed;     /* kv_offload_destroy ran; the handle lives while n_stg > 0 */

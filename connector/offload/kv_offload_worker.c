@@ -80,6 +80,88 @@ static void move_chunk(const kv_offload *off, const struct fmt *f, kv_offload_op
     }
 }
 
+/* ---- device caches (kv_offload_dev_int.h) ------------------------------------ */
+
+/* The tier's stream and event on op's device (made on first use). */
+static kv_status dev_stream(kv_offload *off, const kv_offload_op *op, void **stream, void **event)
+{
+    const int d = op->device;
+    kv_status st = KV_OK;
+    if (!off->dev_stream[d])
+        st = off->dev->stream_create(d, &off->dev_stream[d]);
+    if (st == KV_OK && !off->dev_event[d])
+        st = off->dev->event_create(d, &off->dev_event[d]);
+    *stream = off->dev_stream[d];
+    *event = off->dev_event[d];
+    return st;
+}
+
+/* One entry as the plan copy takes it: a one-block cache in the region. */
+static struct kv_paged_cache entry_side(const struct fmt *f, char *mem)
+{
+    return (struct kv_paged_cache){.layout = f->entry_layout,
+                                   .base = mem,
+                                   .storage_bytes = (size_t)f->entry_bytes,
+                                   .mem = KV_MEM_PINNED};
+}
+
+static void sum_chunk(const kv_offload *off, const struct fmt *f, uint32_t k,
+                      struct entry *const *slot, uint64_t *sum)
+{
+    const int nt = off->threads < (int)k ? off->threads : (int)k;
+    if (nt > 1) {
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+        for (uint32_t j = 0; j < k; j++)
+            if (slot[j])
+                sum[j] = kv__xxh3_64(slot[j]->mem, (size_t)f->entry_bytes);
+    } else {
+        for (uint32_t j = 0; j < k; j++)
+            if (slot[j])
+                sum[j] = kv__xxh3_64(slot[j]->mem, (size_t)f->entry_bytes);
+    }
+}
+
+/* The copies of one chunk of a device cache's op on the tier's stream,
+ * then a wait on the tier's event (the worker sleeps; no engine stream is
+ * touched). Store: block -> entry for every slot, then the sums of what
+ * landed. Load: the entries' sums first, then entry -> block only for the
+ * slots whose sum is the one taken at store (a corrupt entry is never
+ * issued). KV_OK, or the first failed CUDA call's status: the chunk's
+ * copies are then not trusted (the caller fails their entries). Either
+ * way nothing issued is still running when this returns, unless the wait
+ * itself failed. */
+static kv_status dev_chunk(kv_offload *off, const struct fmt *f, kv_offload_op *op, uint32_t i0,
+                           uint32_t k, struct entry *const *slot, uint64_t *sum)
+{
+    const struct kv__offdev_ops *d = off->dev;
+    void *stream = NULL, *event = NULL;
+    if (op->is_load)
+        sum_chunk(off, f, k, slot, sum);
+    kv_status st = dev_stream(off, op, &stream, &event);
+    uint32_t issued = 0;
+    for (uint32_t j = 0; j < k && st == KV_OK; j++) {
+        if (!slot[j] || (op->is_load && sum[j] != slot[j]->sum))
+            continue;
+        const struct kv_paged_cache e = entry_side(f, slot[j]->mem);
+        const uint32_t b = op->ids[i0 + j];
+        st = op->is_load ? d->copy(op->device, f->to_block, &e, 0, &op->pc, b,
+                                   (uint64_t)f->block_tokens, stream)
+                         : d->copy(op->device, f->to_entry, &op->pc, b, &e, 0,
+                                   (uint64_t)f->block_tokens, stream);
+        issued++;
+    }
+    if (issued > 0) { /* wait for what was issued, even after a failed issue */
+        kv_status ws = d->event_record(op->device, event, stream);
+        if (ws == KV_OK)
+            ws = d->event_sync(op->device, event);
+        if (st == KV_OK)
+            st = ws;
+    }
+    if (st == KV_OK && !op->is_load)
+        sum_chunk(off, f, k, slot, sum);
+    return st;
+}
+
 /* Store: returns true when cancelled. */
 static bool run_store(kv_offload *off, kv_offload_op *op, const struct fmt *f, uint32_t chunk,
                       struct entry **slot, uint64_t *sum)
@@ -132,10 +214,19 @@ static bool run_store(kv_offload *off, kv_offload_op *op, const struct fmt *f, u
         }
         kv__off_debug_check(off);
         pthread_mutex_unlock(&off->mu);
-        move_chunk(off, f, op, i0, k, slot, sum);
+        kv_status dst = KV_OK;
+        if (op->dev)
+            dst = dev_chunk(off, f, op, i0, k, slot, sum);
+        else
+            move_chunk(off, f, op, i0, k, slot, sum);
         pthread_mutex_lock(&off->mu);
         for (uint32_t j = 0; j < k; j++)
-            if (slot[j]) {
+            if (slot[j] && dst != KV_OK) { /* the copy failed: the entry goes */
+                op->res[i0 + j].status = KV_ERR_DEVICE;
+                if (slot[j]->linked)
+                    kv__off_table_remove(off, slot[j]);
+                kv__off_unpin(off, slot[j]);
+            } else if (slot[j]) {
                 slot[j]->sum = sum[j];
                 slot[j]->ready = true;
                 kv__off_unpin(off, slot[j]);
@@ -176,13 +267,19 @@ static bool run_load(kv_offload *off, kv_offload_op *op, const struct fmt *f, ui
         }
         kv__off_debug_check(off);
         pthread_mutex_unlock(&off->mu);
-        move_chunk(off, f, op, i0, k, slot, sum);
+        kv_status dst = KV_OK;
+        if (op->dev)
+            dst = dev_chunk(off, f, op, i0, k, slot, sum);
+        else
+            move_chunk(off, f, op, i0, k, slot, sum);
         pthread_mutex_lock(&off->mu);
         for (uint32_t j = 0; j < k; j++) {
             struct entry *e = slot[j];
             if (!e)
                 continue;
-            if (sum[j] != e->sum) {
+            if (sum[j] == e->sum && dst != KV_OK) {
+                op->res[i0 + j].status = KV_ERR_DEVICE; /* the block is released uncommitted */
+            } else if (sum[j] != e->sum) {
                 op->res[i0 + j].status = KV_ERR_CORRUPT;
                 off->st.checksum_failures++;
                 if (e->linked)

@@ -1,0 +1,677 @@
+/*
+ * test_offload_dev.c - connector/kv_offload with device caches
+ * (KV_MEM_DEVICE), over the CUDA double tests/softcuda: its device and
+ * pinned memory are host memory it tracks, its streams run the plan copy's
+ * CUDA schedule on the grid emulator on their own threads, and it refuses
+ * (counting a fault) what CUDA refuses or a tier must never do.
+ *
+ * Every load compares the WHOLE destination pool against its snapshot plus
+ * the loaded blocks (written by the reference addressing of kvt_cache.h);
+ * pools are scrambled (block ids far from 0) and padded. Cases:
+ *   - the double refuses: a host cache, an event never recorded, a stream
+ *     destroyed with work queued, a free under a queued copy;
+ *   - device -> tier -> device round trip (several chunks), and the same
+ *     entries loaded into a host cache (the D2H wrote the host tier's format);
+ *   - a corrupted entry refused before any H2D: its block untouched;
+ *   - cancel with a chunk's copies in flight (store and load): the op stays
+ *     RUNNING until they land, then CANCELLED with the usual results;
+ *   - destroy orders: the engine's cache destroyed with a store in flight,
+ *     the tier destroyed with a load in flight: no device memory freed
+ *     under a queued copy, every stream and event of the tier destroyed;
+ *   - engine streams held (the legacy default stream and a blocking one):
+ *     the tier still finishes, and never waits on an engine's event;
+ *   - a failing copy (injected): its chunk's entries KV_ERR_DEVICE, what was
+ *     issued still waited for, the other chunks done;
+ *   - refusals at post: a host-memory region, nothing retained.
+ * Runs under SANITIZE=thread in CI (.ci/run).
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdatomic.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include <kvcache/kv.h>
+#include "kv_lib.h" /* kv__error */
+#include "kv_offload_int.h"
+#include "kv_offload_tier_int.h" /* op->cancel: destroy has begun */
+#include "kv_plan_int.h"
+#include "kvt_cache.h"
+#include "kvt_side.h"
+#include "kvt_softcuda.h"
+#include "kvtest.h"
+
+#define WAIT_MS 20000
+
+static uint64_t hash_of(uint64_t k)
+{
+    return 0x9E3779B97F4A7C15ull * (k + 1) ^ 0xD1B54A32D192ED03ull;
+}
+
+/* kvt_cache_make with the memory kind: a device cache's arena comes from
+ * the double (host memory it tracks, written here as a test would with
+ * cudaMemcpy). bits: 1 HND, 2 block-major, 4 padded. */
+static void mk_cache(struct kvt_cache *t, enum kv_mem_kind mem, int bits, uint64_t seed)
+{
+    memset(t, 0, sizeof(*t));
+    kv_cache_config_init(&t->cfg);
+    struct kv_layout_config *lc = &t->cfg.layout;
+    lc->num_layers = 3;
+    lc->num_blocks = 300;
+    lc->block_tokens = 16;
+    lc->num_heads = 2;
+    lc->head_dim = 32;
+    lc->dtype = KV_BF16;
+    lc->order = (bits & 1) ? KV_ORDER_HND : KV_ORDER_NHD;
+    lc->arrange = (bits & 2) ? KV_ARRANGE_BLOCK_MAJOR : KV_ARRANGE_LAYER_MAJOR;
+    lc->block_pad_elems = (bits & 4) ? 24 : 0;
+    t->cfg.max_seqs = 4;
+    t->cfg.enable_prefix_caching = true;
+    t->cfg.mem_kind = mem;
+    assert_int_equal(kv_cache_create(&t->cfg, &t->c), KV_OK);
+    t->pool = kv_cache_pool(t->c);
+    assert_int_equal(kv_cache_paged(t->c, &t->pc), KV_OK);
+    assert_int_equal(t->pc.mem, mem);
+    t->base = t->pc.base;
+    t->bytes = (size_t)t->pc.layout.total_bytes;
+    uint64_t st = seed;
+    for (size_t i = 0; i < t->bytes; i++)
+        t->base[i] = (unsigned char)kvt_rand(&st);
+}
+
+static kv_offload *mk_tier(uint32_t chunk)
+{
+    struct kv_offload_config cfg = KV_OFFLOAD_CONFIG_INIT;
+    cfg.capacity_bytes = (size_t)4 << 20;
+    cfg.mem = KV_OFFLOAD_MEM_AUTO; /* pinned: the double's */
+    cfg.threads = 1;
+    kv_offload *off = NULL;
+    assert_int_equal(kv_offload_create(&cfg, &off), KV_OK);
+    assert_int_equal(kv_offload_mem_kind(off), KV_MEM_PINNED);
+    kv__offload_test_set_chunk(off, chunk);
+    return off;
+}
+
+static int setup_double(void **state)
+{
+    (void)state;
+    kvt_softcuda_install();
+    return 0;
+}
+
+/* Nothing left in the double, and no fault in the whole case. */
+static int teardown_double(void **state)
+{
+    (void)state;
+    kvt_softcuda_uninstall();
+    struct kvt_softcuda_stats s;
+    kvt_softcuda_stats(&s);
+    if (s.faults != 0)
+        fprintf(stderr, "softcuda fault: %s\n", s.last_fault);
+    assert_int_equal(s.faults, 0);
+    assert_int_equal(s.allocs, 0);
+    assert_int_equal(s.tier_streams, 0);
+    return 0;
+}
+
+static struct kvt_softcuda_stats sc_stats(void)
+{
+    struct kvt_softcuda_stats s;
+    kvt_softcuda_stats(&s);
+    return s;
+}
+
+/* Wait (bounded) until the double has accepted `issued` copies. */
+static void wait_issued(uint64_t issued)
+{
+    for (int i = 0; i < 200000 && sc_stats().copies_issued < issued; i++) {
+        const struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    assert_true(sc_stats().copies_issued >= issued);
+}
+
+/* n blocks of t filled with the contents of hashes[i], committed; ids out. */
+static void put_blocks(struct kvt_cache *t, const uint64_t *hashes, uint32_t n, uint32_t *ids)
+{
+    assert_int_equal(kv_block_pool_alloc(t->pool, n, ids), KV_OK);
+    for (uint32_t i = 0; i < n; i++) {
+        kvt_block_write(t, t->base, ids[i], hashes[i]);
+        bool stored = false;
+        assert_int_equal(kv_block_pool_commit_hash(t->pool, ids[i], hashes[i], &stored), KV_OK);
+        assert_true(stored);
+    }
+}
+
+static kv_offload_state finish(kv_offload_op *op)
+{
+    kv_offload_state s = KV_OFFLOAD_PENDING;
+    assert_int_equal(kv_offload_wait(op, WAIT_MS, &s), KV_OK);
+    return s;
+}
+
+/* Store n blocks of s (written here), DONE, the source pool unchanged. */
+static void store_all(kv_offload *off, struct kvt_cache *s, const uint64_t *h, uint32_t n)
+{
+    uint32_t *ids = malloc(n * sizeof(*ids));
+    assert_non_null(ids);
+    put_blocks(s, h, n, ids);
+    unsigned char *snap = malloc(s->bytes);
+    assert_non_null(snap);
+    memcpy(snap, s->base, s->bytes);
+    kv_offload_op *op = NULL;
+    assert_int_equal(kv_offload_store(off, s->c, ids, n, &op), KV_OK);
+    assert_int_equal(kv_block_pool_release(s->pool, ids, n), KV_OK);
+    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    const struct kv_offload_result *res;
+    uint32_t nr;
+    assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
+    for (uint32_t i = 0; i < n; i++) {
+        assert_int_equal(res[i].status, KV_OK);
+        assert_true(kv_offload_contains(off, s->c, h[i]));
+    }
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    assert_int_equal(kvt_first_diff(snap, s->base, (int64_t)s->bytes), -1);
+    free(snap);
+    free(ids);
+}
+
+/* Load h[n] into d and check the WHOLE pool: the snapshot plus the blocks
+ * loaded (want[i] KV_OK) and nothing else. */
+static kv_offload_state load_check(kv_offload *off, struct kvt_cache *d, const uint64_t *h,
+                                   uint32_t n, const kv_status *want)
+{
+    unsigned char *exp = malloc(d->bytes);
+    assert_non_null(exp);
+    memcpy(exp, d->base, d->bytes);
+    const uint64_t refs = kvt_pool_refs(d);
+    kv_offload_op *op = NULL;
+    assert_int_equal(kv_offload_load(off, d->c, h, n, &op), KV_OK);
+    const kv_offload_state s = finish(op);
+    const struct kv_offload_result *res;
+    uint32_t nr;
+    assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
+    uint32_t held = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        assert_int_equal(res[i].status, want[i]);
+        if (want[i] != KV_OK) {
+            assert_int_equal(res[i].block, KV_BLOCK_NULL);
+            continue;
+        }
+        assert_true(res[i].committed);
+        kvt_block_write(d, exp, res[i].block, h[i]);
+        held++;
+    }
+    assert_int_equal(kvt_first_diff(exp, d->base, (int64_t)d->bytes), -1);
+    assert_int_equal(kvt_pool_refs(d), refs + held);
+    for (uint32_t i = 0; i < n; i++)
+        if (res[i].status == KV_OK)
+            assert_int_equal(kv_block_pool_release(d->pool, &res[i].block, 1), KV_OK);
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    free(exp);
+    return s;
+}
+
+/* ---- the double can fail --------------------------------------------------- */
+
+static void test_softcuda_refuses(void **state)
+{
+    (void)state;
+    const struct kv__offdev_ops *o = kvt_softcuda_ops();
+    struct kvt_cache dv, hc;
+    mk_cache(&dv, KV_MEM_DEVICE, 4, 1);
+    mk_cache(&hc, KV_MEM_HOST, 4, 2);
+    kv_plan *plan = NULL;
+    assert_int_equal(kv_plan_create(&dv.pc.layout, &hc.pc.layout, NULL, &plan), KV_OK);
+    void *s = NULL, *e = NULL;
+    assert_int_equal(o->stream_create(0, &s), KV_OK);
+    assert_int_equal(o->event_create(0, &e), KV_OK);
+    uint64_t f0 = sc_stats().faults;
+    /* a host cache where device memory is required: kv_plan_copy_cuda's own check */
+    assert_int_equal(o->copy(0, plan, &dv.pc, 7, &hc.pc, 9, 16, s), KV_ERR_INVALID_ARG);
+    /* a device cache claimed pinned: not a live pinned allocation */
+    struct kv_paged_cache lie = dv.pc;
+    lie.mem = KV_MEM_PINNED;
+    struct kv_paged_cache dv2 = dv.pc;
+    assert_int_equal(o->copy(0, plan, &dv2, 7, &lie, 9, 16, s), KV_ERR_DEVICE);
+    assert_int_equal(sc_stats().faults, f0 + 1);
+    /* a copy on another device than its memory */
+    assert_int_equal(o->copy(1, plan, &dv2, 7, &dv2, 9, 16, s), KV_ERR_DEVICE);
+    /* an event synchronized before it was ever recorded */
+    assert_int_equal(o->event_sync(0, e), KV_ERR_DEVICE);
+    assert_int_equal(sc_stats().faults, f0 + 3);
+    /* a stream destroyed with work queued; a free under a queued copy */
+    kvt_softcuda_hold(s);
+    assert_int_equal(o->copy(0, plan, &dv2, 7, &dv2, 9, 16, s), KV_OK);
+    assert_int_equal(o->stream_destroy(0, s), KV_ERR_DEVICE);
+    kvt_cache_free(&dv); /* the copy still uses its memory */
+    assert_int_equal(sc_stats().faults, f0 + 5);
+    kvt_softcuda_release();
+    assert_int_equal(o->event_record(0, e, s), KV_OK);
+    assert_int_equal(o->event_sync(0, e), KV_OK);
+    assert_int_equal(sc_stats().copies_done, 1);
+    assert_int_equal(o->event_destroy(0, e), KV_OK);
+    assert_int_equal(o->stream_destroy(0, s), KV_OK);
+    /* used after destroy: the event, the stream */
+    assert_int_equal(o->event_record(0, e, NULL), KV_ERR_DEVICE);
+    void *e2 = NULL;
+    assert_int_equal(o->event_create(0, &e2), KV_OK);
+    assert_int_equal(o->event_record(0, e2, s), KV_ERR_DEVICE);
+    assert_int_equal(o->event_destroy(0, e2), KV_OK);
+    assert_int_equal(o->copy(0, plan, &hc.pc, 7, &hc.pc, 9, 16, s), KV_ERR_INVALID_ARG);
+    kv_plan_destroy(plan);
+    kvt_cache_free(&hc);
+    /* the cache freed under the copy is now freed for real (the model kept
+     * it for the copy): nothing leaks; this case's faults were expected */
+    kvt_softcuda_uninstall();
+    struct kvt_softcuda_stats st = sc_stats();
+    assert_int_equal(st.faults, f0 + 8); /* + the allocation the fault kept, at uninstall */
+    assert_int_equal(st.allocs, 0);
+}
+
+/* ---- round trips ----------------------------------------------------------------- */
+
+static void test_offload_dev_round_trip(void **state)
+{
+    (void)state;
+    uint64_t rng = 0xDE71CE;
+    for (int bits = 4; bits <= 7; bits++) { /* padded: NHD/HND x layer-/block-major */
+        kv_offload *off = mk_tier(4);
+        struct kvt_cache s, d, h;
+        mk_cache(&s, KV_MEM_DEVICE, bits, 10 + (uint64_t)bits);
+        mk_cache(&d, KV_MEM_DEVICE, bits, 20 + (uint64_t)bits);
+        mk_cache(&h, KV_MEM_HOST, bits ^ 2, 30 + (uint64_t)bits);
+        kvt_pool_scramble(&s, &rng);
+        kvt_pool_scramble(&d, &rng);
+        kvt_pool_scramble(&h, &rng);
+        enum { NB = 10 };
+        uint64_t hs[NB];
+        kv_status want[NB];
+        for (int i = 0; i < NB; i++) {
+            hs[i] = hash_of((uint64_t)(bits * 100 + i));
+            want[i] = KV_OK;
+        }
+        const struct kvt_softcuda_stats a = sc_stats();
+        store_all(off, &s, hs, NB);
+        const struct kvt_softcuda_stats b = sc_stats();
+        assert_int_equal(b.copies_issued - a.copies_issued, NB);
+        assert_int_equal(b.copies_done - a.copies_done, NB);
+        assert_int_equal(load_check(off, &d, hs, NB, want), KV_OFFLOAD_DONE);
+        const struct kvt_softcuda_stats c = sc_stats();
+        assert_int_equal(c.copies_issued - b.copies_issued, NB);
+        /* what the D2H wrote is the host tier's entry format: a host cache of
+         * another arrangement loads the same bytes (CPU path, no copy issued) */
+        assert_int_equal(load_check(off, &h, hs, NB, want), KV_OFFLOAD_DONE);
+        const struct kvt_softcuda_stats e = sc_stats();
+        assert_int_equal(e.copies_issued, c.copies_issued);
+        assert_int_equal(e.queued, 0);
+        assert_int_equal(e.engine_waits, 0);
+        assert_int_equal(e.tier_streams, 1);
+        struct kv_offload_stats os;
+        assert_int_equal(kv_offload_stats_get(off, &os), KV_OK);
+        assert_int_equal(os.stores, NB);
+        assert_int_equal(os.loads, 2 * NB);
+        kv_offload_destroy(off);
+        kvt_cache_free(&s);
+        kvt_cache_free(&d);
+        kvt_cache_free(&h);
+    }
+}
+
+/* A corrupted entry is refused on the host before any H2D is issued: its
+ * block is released untouched, the others load. */
+static void test_offload_dev_corrupt_before_h2d(void **state)
+{
+    (void)state;
+    uint64_t rng = 0xBAD5EED;
+    kv_offload *off = mk_tier(0);
+    struct kvt_cache s, d;
+    mk_cache(&s, KV_MEM_DEVICE, 5, 41);
+    mk_cache(&d, KV_MEM_DEVICE, 5, 42);
+    kvt_pool_scramble(&s, &rng);
+    kvt_pool_scramble(&d, &rng);
+    const uint64_t h[4] = {hash_of(71), hash_of(72), hash_of(73), hash_of(74)};
+    store_all(off, &s, h, 4);
+    assert_int_equal(kv__offload_test_corrupt(off, s.c, h[2], 777), KV_OK);
+    const uint64_t issued = sc_stats().copies_issued;
+    const kv_status want[4] = {KV_OK, KV_OK, KV_ERR_CORRUPT, KV_OK};
+    assert_int_equal(load_check(off, &d, h, 4, want), KV_OFFLOAD_FAILED);
+    assert_int_equal(sc_stats().copies_issued - issued, 3); /* none for the corrupt one */
+    assert_false(kv_offload_contains(off, s.c, h[2]));
+    struct kv_offload_stats os;
+    assert_int_equal(kv_offload_stats_get(off, &os), KV_OK);
+    assert_int_equal(os.checksum_failures, 1);
+    kv_offload_destroy(off);
+    kvt_cache_free(&s);
+    kvt_cache_free(&d);
+}
+
+/* ---- cancel and destroy with copies in flight ------------------------------------ */
+
+static void test_offload_dev_cancel_in_flight(void **state)
+{
+    (void)state;
+    uint64_t rng = 0xCA9CE1;
+    kv_offload *off = mk_tier(1);
+    struct kvt_cache s, d;
+    mk_cache(&s, KV_MEM_DEVICE, 4, 51);
+    mk_cache(&d, KV_MEM_DEVICE, 4, 52);
+    kvt_pool_scramble(&s, &rng);
+    kvt_pool_scramble(&d, &rng);
+    enum { NB = 6 };
+    uint64_t h[NB];
+    uint32_t ids[NB];
+    for (int i = 0; i < NB; i++)
+        h[i] = hash_of(500 + (uint64_t)i);
+    put_blocks(&s, h, NB, ids);
+
+    /* store: the first chunk's D2H held in flight, cancel, then let it land */
+    kvt_softcuda_pause(true);
+    uint64_t i0 = sc_stats().copies_issued;
+    kv_offload_op *op = NULL;
+    assert_int_equal(kv_offload_store(off, s.c, ids, NB, &op), KV_OK);
+    wait_issued(i0 + 1);
+    assert_int_equal(kv_offload_cancel(op), KV_OK);
+    kv_offload_state st;
+    assert_int_equal(kv_offload_test(op, &st), KV_OK);
+    assert_int_equal(st, KV_OFFLOAD_RUNNING); /* its copy has not landed */
+    kvt_softcuda_pause(false);
+    assert_int_equal(finish(op), KV_OFFLOAD_CANCELLED);
+    assert_int_equal(sc_stats().queued, 0);
+    const struct kv_offload_result *res;
+    uint32_t nr;
+    assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
+    assert_int_equal(res[0].status, KV_OK); /* its chunk finished */
+    assert_true(kv_offload_contains(off, s.c, h[0]));
+    for (int i = 1; i < NB; i++) {
+        assert_int_equal(res[i].status, KV_ERR_CANCELLED);
+        assert_false(kv_offload_contains(off, s.c, h[i]));
+    }
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+
+    /* load: every entry, the first H2D held; cancelled: nothing committed,
+     * every block released (after its copy landed) */
+    kv_offload_op *all = NULL;
+    assert_int_equal(kv_offload_store(off, s.c, ids, NB, &all), KV_OK);
+    assert_int_equal(finish(all), KV_OFFLOAD_DONE);
+    assert_int_equal(kv_offload_op_free(all), KV_OK);
+    const uint64_t refs = kvt_pool_refs(&d);
+    struct kv_block_pool_stats p0, p1;
+    kv_block_pool_stats_get(d.pool, &p0);
+    kvt_softcuda_pause(true);
+    i0 = sc_stats().copies_issued;
+    assert_int_equal(kv_offload_load(off, d.c, h, NB, &op), KV_OK);
+    wait_issued(i0 + 1);
+    assert_int_equal(kv_offload_cancel(op), KV_OK);
+    assert_int_equal(kv_offload_test(op, &st), KV_OK);
+    assert_int_equal(st, KV_OFFLOAD_RUNNING);
+    kvt_softcuda_pause(false);
+    assert_int_equal(finish(op), KV_OFFLOAD_CANCELLED);
+    assert_int_equal(sc_stats().queued, 0);
+    assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
+    for (int i = 0; i < NB; i++) {
+        assert_int_equal(res[i].status, KV_ERR_CANCELLED);
+        assert_int_equal(res[i].block, KV_BLOCK_NULL);
+    }
+    assert_int_equal(kvt_pool_refs(&d), refs);
+    kv_block_pool_stats_get(d.pool, &p1);
+    assert_int_equal(p1.used_blocks, p0.used_blocks);
+    uint32_t found[NB], nf = 0;
+    assert_int_equal(kv_block_pool_lookup(d.pool, h, NB, found, &nf), KV_OK);
+    assert_int_equal(nf, 0);
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    assert_int_equal(kv_block_pool_release(s.pool, ids, NB), KV_OK);
+    kv_offload_destroy(off);
+    kvt_cache_free(&s);
+    kvt_cache_free(&d);
+}
+
+static void *destroy_tier(void *arg)
+{
+    kv_offload_destroy(arg);
+    return NULL;
+}
+
+static void test_offload_dev_destroy_order(void **state)
+{
+    (void)state;
+    uint64_t rng = 0xDE5700;
+    kv_offload *off = mk_tier(2);
+    struct kvt_cache s, d;
+    mk_cache(&s, KV_MEM_DEVICE, 6, 61);
+    mk_cache(&d, KV_MEM_DEVICE, 6, 62);
+    kvt_pool_scramble(&s, &rng);
+    kvt_pool_scramble(&d, &rng);
+    enum { NB = 6 };
+    uint64_t h[NB];
+    uint32_t ids[NB];
+    for (int i = 0; i < NB; i++)
+        h[i] = hash_of(600 + (uint64_t)i);
+    put_blocks(&s, h, NB, ids);
+
+    /* the engine destroys its cache with a store's copies in flight: the op's
+     * reference keeps the device memory until they landed (the double faults
+     * on a free under a queued copy) */
+    kvt_softcuda_pause(true);
+    const uint64_t i0 = sc_stats().copies_issued;
+    kv_offload_op *op = NULL;
+    assert_int_equal(kv_offload_store(off, s.c, ids, NB, &op), KV_OK);
+    assert_int_equal(kv_block_pool_release(s.pool, ids, NB), KV_OK);
+    wait_issued(i0 + 2);
+    const uint64_t allocs = sc_stats().allocs;
+    kvt_cache_free(&s);
+    assert_int_equal(sc_stats().allocs, allocs); /* still held by the op */
+    kvt_softcuda_pause(false);
+    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    assert_int_equal(sc_stats().allocs, allocs - 1); /* freed by the worker, after */
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+
+    /* the tier destroyed with a load's copies in flight: it waits for them,
+     * then the op is CANCELLED with every block released, and its stream and
+     * event are gone */
+    const uint64_t refs = kvt_pool_refs(&d);
+    kvt_softcuda_pause(true);
+    const uint64_t i1 = sc_stats().copies_issued;
+    assert_int_equal(kv_offload_load(off, d.c, h, NB, &op), KV_OK);
+    wait_issued(i1 + 2);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, destroy_tier, off), 0);
+    /* destroy has asked the running op to cancel before its copies land */
+    for (int i = 0; i < 200000 && !atomic_load(&op->cancel); i++) {
+        const struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    assert_true(atomic_load(&op->cancel));
+    kvt_softcuda_pause(false);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    kv_offload_state st;
+    assert_int_equal(kv_offload_test(op, &st), KV_OK);
+    assert_int_equal(st, KV_OFFLOAD_CANCELLED);
+    assert_int_equal(kvt_pool_refs(&d), refs);
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    const struct kvt_softcuda_stats sc = sc_stats();
+    assert_int_equal(sc.queued, 0);
+    assert_int_equal(sc.tier_streams, 0);
+    kvt_cache_free(&d);
+}
+
+/* ---- engine streams ----------------------------------------------------------------- */
+
+/* The engine's streams are held (the legacy default stream and a blocking
+ * stream of its own, as an engine busy with a long kernel): the tier's
+ * store and load still finish, on its own non-blocking stream, and it
+ * never synchronizes an engine's stream or event. */
+static void test_offload_dev_engine_streams_not_blocked(void **state)
+{
+    (void)state;
+    uint64_t rng = 0x57AEA;
+    void *eng = kvt_softcuda_engine_stream(0, false);
+    kvt_softcuda_hold(NULL);
+    kvt_softcuda_hold(eng);
+    kv_offload *off = mk_tier(3);
+    struct kvt_cache s, d;
+    mk_cache(&s, KV_MEM_DEVICE, 4, 71);
+    mk_cache(&d, KV_MEM_DEVICE, 4, 72);
+    kvt_pool_scramble(&s, &rng);
+    kvt_pool_scramble(&d, &rng);
+    uint64_t h[8];
+    kv_status want[8];
+    for (int i = 0; i < 8; i++) {
+        h[i] = hash_of(700 + (uint64_t)i);
+        want[i] = KV_OK;
+    }
+    store_all(off, &s, h, 8);
+    assert_int_equal(load_check(off, &d, h, 8, want), KV_OFFLOAD_DONE);
+    const struct kvt_softcuda_stats sc = sc_stats();
+    assert_int_equal(sc.queued, 2); /* the engine's holds, still there */
+    assert_int_equal(sc.engine_waits, 0);
+    assert_true(sc.event_syncs >= 6);
+    kvt_softcuda_release();
+    kv_offload_destroy(off);
+    kvt_softcuda_engine_stream_free(eng);
+    kvt_cache_free(&s);
+    kvt_cache_free(&d);
+}
+
+/* ---- a failing CUDA call --------------------------------------------------------- */
+
+/* The double's table with its copy failing on call fail_at (counted from
+ * 1), as a CUDA error would. */
+static atomic_int copy_calls, copy_fail_at;
+static kv_status failing_copy(int device, const kv_plan *plan, const struct kv_paged_cache *src,
+                              uint32_t sb, const struct kv_paged_cache *dst, uint32_t db,
+                              uint64_t n_tokens, void *stream)
+{
+    if (atomic_fetch_add(&copy_calls, 1) + 1 == atomic_load(&copy_fail_at))
+        return kv__error(KV_ERR_DEVICE, "injected: cudaMemcpy2DAsync failed");
+    return kvt_softcuda_ops()->copy(device, plan, src, sb, dst, db, n_tokens, stream);
+}
+
+/* A failed copy fails its chunk's entries with KV_ERR_DEVICE (a store's
+ * entries dropped, a load's blocks released uncommitted), the copies
+ * issued before it are still waited for, the other chunks go on. */
+static void test_offload_dev_copy_failure(void **state)
+{
+    (void)state;
+    uint64_t rng = 0xFA11ED;
+    struct kv__offdev_ops ops = *kvt_softcuda_ops();
+    ops.copy = failing_copy;
+    kv__offdev_set(&ops);
+    kv_offload *off = mk_tier(2);
+    kv__offdev_set(kvt_softcuda_ops()); /* the tier keeps the one it was made with */
+    struct kvt_cache s, d;
+    mk_cache(&s, KV_MEM_DEVICE, 4, 91);
+    mk_cache(&d, KV_MEM_DEVICE, 4, 92);
+    kvt_pool_scramble(&s, &rng);
+    kvt_pool_scramble(&d, &rng);
+    uint64_t h[4];
+    uint32_t ids[4];
+    for (int i = 0; i < 4; i++)
+        h[i] = hash_of(900 + (uint64_t)i);
+    put_blocks(&s, h, 4, ids);
+    unsigned char *snap = malloc(s.bytes);
+    assert_non_null(snap);
+    memcpy(snap, s.base, s.bytes);
+    atomic_store(&copy_calls, 0);
+    atomic_store(&copy_fail_at, 2); /* the second copy of the first chunk */
+    kv_offload_op *op = NULL;
+    assert_int_equal(kv_offload_store(off, s.c, ids, 4, &op), KV_OK);
+    assert_int_equal(finish(op), KV_OFFLOAD_FAILED);
+    const struct kv_offload_result *res;
+    uint32_t nr;
+    assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
+    const kv_status want_store[4] = {KV_ERR_DEVICE, KV_ERR_DEVICE, KV_OK, KV_OK};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(res[i].status, want_store[i]);
+        assert_int_equal(kv_offload_contains(off, s.c, h[i]), want_store[i] == KV_OK);
+    }
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    assert_int_equal(kvt_first_diff(snap, s.base, (int64_t)s.bytes), -1);
+    struct kv_offload_stats os;
+    assert_int_equal(kv_offload_stats_get(off, &os), KV_OK);
+    assert_int_equal(os.entries, 2);
+    assert_int_equal(os.stores, 2);
+    assert_int_equal(sc_stats().queued, 0);
+
+    /* load h[2], h[3] (one chunk): the second H2D fails, so both blocks of
+     * the chunk are released uncommitted (the first copy landed before) */
+    atomic_store(&copy_calls, 0);
+    atomic_store(&copy_fail_at, 2);
+    const uint64_t refs = kvt_pool_refs(&d);
+    assert_int_equal(kv_offload_load(off, d.c, h + 2, 2, &op), KV_OK);
+    assert_int_equal(finish(op), KV_OFFLOAD_FAILED);
+    assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(res[i].status, KV_ERR_DEVICE);
+        assert_int_equal(res[i].block, KV_BLOCK_NULL);
+    }
+    assert_int_equal(kvt_pool_refs(&d), refs);
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    assert_int_equal(sc_stats().queued, 0);
+    /* the entries stay: a load without the failure gets them */
+    atomic_store(&copy_fail_at, 0);
+    const kv_status want_load[2] = {KV_OK, KV_OK};
+    assert_int_equal(load_check(off, &d, h + 2, 2, want_load), KV_OFFLOAD_DONE);
+    assert_int_equal(kv_block_pool_release(s.pool, ids, 4), KV_OK);
+    free(snap);
+    kv_offload_destroy(off);
+    kvt_cache_free(&s);
+    kvt_cache_free(&d);
+}
+
+/* ---- refusals at post -------------------------------------------------------------- */
+
+static void test_offload_dev_refusals(void **state)
+{
+    (void)state;
+    struct kv_offload_config cfg = KV_OFFLOAD_CONFIG_INIT;
+    cfg.capacity_bytes = (size_t)1 << 20;
+    cfg.mem = KV_OFFLOAD_MEM_HOST;
+    cfg.threads = 1;
+    kv_offload *off = NULL;
+    assert_int_equal(kv_offload_create(&cfg, &off), KV_OK);
+    struct kvt_cache s;
+    mk_cache(&s, KV_MEM_DEVICE, 4, 81);
+    uint64_t h = hash_of(800);
+    uint32_t id;
+    put_blocks(&s, &h, 1, &id);
+    const uint64_t refs = kvt_pool_refs(&s);
+    kv_offload_op *op = NULL;
+    assert_int_equal(kv_offload_store(off, s.c, &id, 1, &op), KV_ERR_UNSUPPORTED);
+    assert_non_null(strstr(kv_last_error(), "pinned"));
+    assert_null(op);
+    assert_int_equal(kv_offload_load(off, s.c, &h, 1, &op), KV_ERR_UNSUPPORTED);
+    assert_int_equal(kvt_pool_refs(&s), refs);
+    assert_int_equal(sc_stats().copies_issued, 0);
+    assert_int_equal(kv_block_pool_release(s.pool, &id, 1), KV_OK);
+    kv_offload_destroy(off);
+    kvt_cache_free(&s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_softcuda_refuses, setup_double, NULL),
+        cmocka_unit_test_setup_teardown(test_offload_dev_round_trip, setup_double, teardown_double),
+        cmocka_unit_test_setup_teardown(test_offload_dev_corrupt_before_h2d, setup_double,
+                                        teardown_double),
+        cmocka_unit_test_setup_teardown(test_offload_dev_cancel_in_flight, setup_double,
+                                        teardown_double),
+        cmocka_unit_test_setup_teardown(test_offload_dev_destroy_order, setup_double,
+                                        teardown_double),
+        cmocka_unit_test_setup_teardown(test_offload_dev_engine_streams_not_blocked, setup_double,
+                                        teardown_double),
+        cmocka_unit_test_setup_teardown(test_offload_dev_copy_failure, setup_double,
+                                        teardown_double),
+        cmocka_unit_test_setup_teardown(test_offload_dev_refusals, setup_double, teardown_double),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
