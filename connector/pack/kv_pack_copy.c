@@ -83,6 +83,37 @@ uint64_t kv__pack_copy_hash(const kv_plan *plan, const char *src, char *dst, boo
     return kv__xxh3_digest(&hs);
 }
 
+bool kv__pack_reads_sequential(const kv_plan *plan, int64_t total)
+{
+    if (plan->stats.window_src_blocks != 1 || plan->stats.window_dst_blocks != 1)
+        return false;
+    int64_t at = 0;
+    for (int64_t i = 0; i < plan->n_copies; i++) {
+        const struct kv__plan_copy *c = &plan->copies[i];
+        if (c->src_rel != at || (c->height > 1 && c->src_pitch != c->width))
+            return false;
+        at += c->width * c->height;
+    }
+    return at == total;
+}
+
+void kv__pack_zero(const kv_plan *plan, char *const *dst_blk, uint32_t n_src, uint32_t n_dst,
+                   uint64_t n_tokens)
+{
+    if (n_tokens == 0)
+        return;
+    const int64_t work = kv__plan_items(plan, n_tokens);
+    for (int64_t w = 0; w < work; w++) {
+        int64_t si, di;
+        const struct kv__plan_copy *cp = kv__plan_item(plan, w, n_src, n_dst, &si, &di);
+        if (!cp)
+            continue; /* a copy the request does not make */
+        char *d = dst_blk[di] + cp->dst_rel;
+        for (int64_t y = 0; y < cp->height; y++)
+            memset(d + y * cp->dst_pitch, 0, (size_t)cp->width);
+    }
+}
+
 /* Item w of the request: its rows, streamed when nt and wide enough. */
 static void exec_item(const kv_plan *plan, const char *const *src_blk, uint32_t n_src,
                       char *const *dst_blk, uint32_t n_dst, int64_t w, bool nt)
