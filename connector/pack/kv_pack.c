@@ -582,9 +582,10 @@ kv_status kv_unpack(const kv_plan *plan, const void *buf, size_t len, struct kv_
         const bool nt = kv__pack_use_nt(info.payload_bytes);
         if (p->stats.window_src_blocks == 1 && p->stats.window_dst_blocks == 1) {
             /* payload block i -> destination block i: one read of the
-             * payload when the plan reads it front to back (pieces hashed
-             * in L1, then written), else the block hashed, then copied
-             * while it is still in cache */
+             * payload from memory when the plan reads it front to back
+             * (64 KiB chunks hashed, then their rows written from cache),
+             * else the block hashed, then copied while it is still in
+             * cache */
             const bool seq = kv__pack_reads_sequential(p, (int64_t)bb);
             const uint64_t W = (uint64_t)p->stats.window_tokens;
 #pragma omp parallel for num_threads(pass_threads(info.payload_bytes)) schedule(static)            \
@@ -593,7 +594,7 @@ kv_status kv_unpack(const kv_plan *plan, const void *buf, size_t len, struct kv_
             for (int64_t i = 0; i < nb; i++) {
                 uint64_t sum;
                 if (seq) {
-                    sum = kv__pack_copy_hash(p, sp[i], dp[i], nt);
+                    sum = kv__pack_copy_hash_src(p, sp[i], dp[i], (int64_t)bb, nt);
                 } else {
                     sum = kv__xxh3_64(sp[i], bb);
                     kv__pack_exec(p, &sp[i], 1, &dp[i], 1, W, 1, nt, false);

@@ -54,7 +54,7 @@ void kv__pack_nt_fence(void);
  * when nt). For a plan that writes its destination front to back
  * (kv__plan_is_sequential: pack, the offload store) that is the hash of
  * the destination block; for one that reads its source front to back
- * (kv__pack_reads_sequential: unpack into the packed layout) the hash of
+ * (kv__pack_reads_sequential) the hash of
  * the source block. */
 uint64_t kv__pack_copy_hash(const kv_plan *plan, const char *src, char *dst, bool nt);
 
@@ -63,6 +63,21 @@ uint64_t kv__pack_copy_hash(const kv_plan *plan, const char *src, char *dst, boo
  * every byte of a compact source image (an unpack's payload block) is read
  * once, in order. */
 bool kv__pack_reads_sequential(const kv_plan *plan, int64_t total);
+
+/* Bytes of a source block kv__pack_copy_hash_src hashes before writing
+ * them (64 KiB: L2-resident on every core these machines have). */
+extern int64_t kv__pack_src_chunk_bytes;
+
+/* Execute a plan that reads its source block front to back
+ * (kv__pack_reads_sequential(plan, total)) from block src to block dst on
+ * this thread and return the XXH3-64 of the source block's total bytes,
+ * reading them from memory once: each chunk of kv__pack_src_chunk_bytes is
+ * hashed, then the parts of the plan's rows it holds are written from it
+ * while it is in cache (streaming stores when nt), however narrow the rows
+ * (a conversion's head rows). The source must not change during the call
+ * (the bytes written are read a second time, from cache). */
+uint64_t kv__pack_copy_hash_src(const kv_plan *plan, const char *src, char *dst, int64_t total,
+                                bool nt);
 
 /* Zero every byte the request (n_src source blocks, n_dst destination
  * blocks at dst_blk[], n_tokens tokens) would write through plan, and
