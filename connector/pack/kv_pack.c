@@ -599,7 +599,7 @@ kv_status kv_unpack(const kv_plan *plan, const void *buf, size_t len, struct kv_
                     sum = kv__xxh3_64(sp[i], bb);
                     kv__pack_exec(p, &sp[i], 1, &dp[i], 1, W, 1, nt, false);
                 }
-                if (sum != kv__le_get64(sums + 8 * (uint64_t)i) && i < bad)
+                if (i < bad && sum != kv__le_get64(sums + 8 * (uint64_t)i))
                     bad = i;
             }
         } else {
@@ -607,7 +607,7 @@ kv_status kv_unpack(const kv_plan *plan, const void *buf, size_t len, struct kv_
     reduction(min                                                                                  \
               : bad)
             for (int64_t i = 0; i < nb; i++)
-                if (kv__xxh3_64(sp[i], bb) != kv__le_get64(sums + 8 * (uint64_t)i) && i < bad)
+                if (i < bad && kv__xxh3_64(sp[i], bb) != kv__le_get64(sums + 8 * (uint64_t)i))
                     bad = i;
             /* last verified, first copied: the payload's tail is still in cache */
             if (bad == nb)

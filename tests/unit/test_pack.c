@@ -429,7 +429,8 @@ static void test_pack_corruption(void **state)
             const int64_t diff = kvt_first_diff(f.zeroed, f.d.mem, f.d.lo.total_bytes);
             if (diff >= 0)
                 fail_msg("payload byte %llu flipped: pool byte %lld is not as the zeroed "
-                         "reference", (unsigned long long)at[j], (long long)diff);
+                         "reference",
+                         (unsigned long long)at[j], (long long)diff);
             memcpy(f.d.mem, f.before, (size_t)f.d.lo.total_bytes);
         }
     }
