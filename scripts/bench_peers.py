@@ -33,8 +33,8 @@ Cases (shapes as in tools/bench/bench_kernel.c; --quick shrinks them):
                      4,096-token request (256 blocks, random ids) of a Llama-3-8B-like cache (L 32,
                      H 8, D 128, bf16, N 16; 512 MiB of K and V; --quick 256
                      tokens, 32 MiB) packed once from an NHD layer-major
-                     cache; timed: kv_unpack (header and every block checksum
-                     verified, then NHD -> HND) into an HND block-major
+                     cache; timed: kv_unpack (header checked, then NHD -> HND
+                     with every block checksum verified as it is copied) into an HND block-major
                      cache. Peers over the source cache [L][2][B][N][H][D]
                      as int16 (only bytes move): torch index_select of the
                      blocks (out=) then permute().contiguous() as copy_ into

@@ -564,37 +564,64 @@ kv_status kv_unpack(const kv_plan *plan, const void *buf, size_t len, struct kv_
     if (st == KV_OK && info.n_blocks + (uint64_t)n_dst > 0 &&
         !(sp = kv__mem_alloc(((size_t)info.n_blocks + n_dst) * sizeof(*sp))))
         st = kv__error(KV_ERR_NO_MEMORY, "%s: %u + %u block addresses", fn, info.n_blocks, n_dst);
-    /* every checksum before the first write: the lowest failing block is named */
-    int64_t bad = -1;
+    /* Every refusal above came before any write. Now the payload: hashed
+     * and copied in one read where a plan moves one payload block to one
+     * destination block (the same page size), else verified whole and then
+     * copied. A failed checksum zeroes what the request writes, in every
+     * listed block (kv_pack.h), and names the lowest failing block. */
     const int64_t nb = info.n_blocks;
     const uint64_t bb = info.block_bytes;
     const unsigned char *sums = (const unsigned char *)buf + KV__PACK_FIXED;
-    if (st == KV_OK) {
-        bad = nb;
-#pragma omp parallel for num_threads(pass_threads(info.payload_bytes)) schedule(static)            \
-    reduction(min                                                                                  \
-              : bad)
-        for (int64_t i = 0; i < nb; i++)
-            if (kv__xxh3_64(payload + (uint64_t)i * bb, bb) !=
-                    kv__le_get64(sums + 8 * (uint64_t)i) &&
-                i < bad)
-                bad = i;
-        if (bad < nb)
-            st = kv__error(KV_ERR_CORRUPT,
-                           "%s: block %" PRId64 " of %" PRId64 " fails its checksum: 0x%016" PRIx64
-                           " recorded, 0x%016" PRIx64 " computed",
-                           fn, bad, nb, kv__le_get64(sums + 8 * (uint64_t)bad),
-                           (uint64_t)kv__xxh3_64(payload + (uint64_t)bad * bb, bb));
-    }
+    char **dp = sp ? (char **)(sp + nb) : NULL;
+    int64_t bad = nb;
     if (st == KV_OK && sp) {
-        char **dp = (char **)(sp + nb);
         for (int64_t i = 0; i < nb; i++)
             sp[i] = payload + (uint64_t)i * bb;
         for (uint32_t j = 0; j < n_dst; j++)
             dp[j] = (char *)dst.base + (int64_t)dst_blocks[j] * dst.layout.stride_block_bytes;
-        /* last verified, first copied: the payload's tail is still in cache */
-        kv__pack_exec(p, sp, (uint32_t)nb, dp, n_dst, info.n_tokens, 0,
-                      kv__pack_use_nt(info.payload_bytes), true);
+        const bool nt = kv__pack_use_nt(info.payload_bytes);
+        if (p->stats.window_src_blocks == 1 && p->stats.window_dst_blocks == 1) {
+            /* payload block i -> destination block i: one read of the
+             * payload from memory when the plan reads it front to back
+             * (64 KiB chunks hashed, then their rows written from cache),
+             * else the block hashed, then copied while it is still in
+             * cache */
+            const bool seq = kv__pack_reads_sequential(p, (int64_t)bb);
+            const uint64_t W = (uint64_t)p->stats.window_tokens;
+#pragma omp parallel for num_threads(pass_threads(info.payload_bytes)) schedule(static)            \
+    reduction(min                                                                                  \
+              : bad)
+            for (int64_t i = 0; i < nb; i++) {
+                uint64_t sum;
+                if (seq) {
+                    sum = kv__pack_copy_hash_src(p, sp[i], dp[i], (int64_t)bb, nt);
+                } else {
+                    sum = kv__xxh3_64(sp[i], bb);
+                    kv__pack_exec(p, &sp[i], 1, &dp[i], 1, W, 1, nt, false);
+                }
+                if (i < bad && sum != kv__le_get64(sums + 8 * (uint64_t)i))
+                    bad = i;
+            }
+        } else {
+#pragma omp parallel for num_threads(pass_threads(info.payload_bytes)) schedule(static)            \
+    reduction(min                                                                                  \
+              : bad)
+            for (int64_t i = 0; i < nb; i++)
+                if (i < bad && kv__xxh3_64(sp[i], bb) != kv__le_get64(sums + 8 * (uint64_t)i))
+                    bad = i;
+            /* last verified, first copied: the payload's tail is still in cache */
+            if (bad == nb)
+                kv__pack_exec(p, sp, (uint32_t)nb, dp, n_dst, info.n_tokens, 0, nt, true);
+        }
+        if (bad < nb) {
+            kv__pack_zero(p, dp, (uint32_t)nb, n_dst, info.n_tokens);
+            st = kv__error(KV_ERR_CORRUPT,
+                           "%s: block %" PRId64 " of %" PRId64 " fails its checksum: 0x%016" PRIx64
+                           " recorded, 0x%016" PRIx64 " computed; the %u destination blocks' "
+                           "unpacked layers are zeroed",
+                           fn, bad, nb, kv__le_get64(sums + 8 * (uint64_t)bad),
+                           (uint64_t)kv__xxh3_64(sp[bad], bb), n_dst);
+        }
     }
     kv__mem_free(sp);
     kv_plan_destroy(own);

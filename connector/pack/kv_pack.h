@@ -27,11 +27,17 @@
  *
  * Packing never converts; unpacking converts to the destination's layout
  * (NHD <-> HND, layer-/block-major, padding, packed K|V, page size, a head
- * range) through a transfer plan (kv_plan.h). kv_unpack checks the whole
- * buffer - header, sizes, layout, fingerprint and every block checksum -
- * before it writes a byte: a truncated, corrupted, foreign or
- * version-mismatched buffer is refused with a message naming what failed,
- * and the destination is left bit-identical.
+ * range) through a transfer plan (kv_plan.h). kv_unpack checks the header,
+ * sizes, layout, fingerprint, layer range and the request before it writes
+ * a byte: a truncated, foreign, version-mismatched or mismatched buffer is
+ * refused with a message naming what failed, the destination left
+ * bit-identical. The payload's block checksums are verified as the payload
+ * is copied, in the same read of it: a block that fails its checksum is
+ * refused (KV_ERR_CORRUPT, naming the first failing block) and every listed
+ * destination block's unpacked layers (the bytes the request writes) are
+ * zeroed, so no unverified byte stays visible; nothing else of dst is
+ * written. An engine unpacks into blocks it has just allocated and frees
+ * them on a failure.
  *
  * Plans: packing moves a source layout into its wire layout, unpacking the
  * wire layout into the destination's layout. Pass a plan built once for the
@@ -152,10 +158,9 @@ KV_API KV_NODISCARD kv_status kv_pack_inspect(const void *buf, size_t len,
  * its source, which land on [dst_layer0, +n_layers) of dst; dst's other
  * layers are not written. plan: from kv_unpack_plan_create for (the
  * buffer's source layout, dst's layout, cfg), or NULL (cfg is then used).
- * Refusals, all before any byte of dst is written:
+ * Refusals before any byte of dst is written:
  *   everything kv_pack_inspect refuses;
- *   KV_ERR_CORRUPT      len shorter than total_bytes (truncated payload), a
- *                       block whose checksum fails (the message names it);
+ *   KV_ERR_CORRUPT      len shorter than total_bytes (truncated payload);
  *   KV_ERR_MISMATCH     a buffer packed with other layers than cfg (or the
  *                       plan) unpacks (the message names both ranges);
  *   KV_ERR_INVALID_ARG  dst as the kernels refuse it, the payload not
@@ -166,7 +171,15 @@ KV_API KV_NODISCARD kv_status kv_pack_inspect(const void *buf, size_t len,
  *                       layer range outside a layout (kv_plan_create's);
  *   KV_ERR_OUT_OF_BOUNDS a block id >= dst B;
  *   KV_ERR_OVERLAP      a destination block listed twice, buf inside dst's
- *                       storage. */
+ *                       storage.
+ * Refused after the copy, which verifies every block's checksum as it reads
+ * the payload:
+ *   KV_ERR_CORRUPT      a block whose checksum fails (the message names the
+ *                       first one); every byte the request writes - the
+ *                       unpacked layers (and heads: cfg's range) of every
+ *                       listed destination block - is then zero, and
+ *                       nothing else of dst was written. The buffer must not
+ *                       change during the call. */
 KV_API KV_NODISCARD kv_status kv_unpack(const kv_plan *plan, const void *buf, size_t len,
                                         struct kv_paged_cache dst, const uint32_t *dst_blocks,
                                         uint32_t n_dst, const struct kv_plan_config *cfg);

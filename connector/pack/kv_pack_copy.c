@@ -15,6 +15,7 @@
 #include "kv_threads.h"
 
 uint64_t kv__pack_nt_min_bytes = (uint64_t)8 << 20;
+int64_t kv__pack_src_chunk_bytes = (int64_t)64 << 10;
 
 void kv__pack_copy_nt(char *dst, const char *src, size_t n)
 {
@@ -81,6 +82,74 @@ uint64_t kv__pack_copy_hash(const kv_plan *plan, const char *src, char *dst, boo
     if (nt)
         kv__pack_nt_fence();
     return kv__xxh3_digest(&hs);
+}
+
+bool kv__pack_reads_sequential(const kv_plan *plan, int64_t total)
+{
+    if (plan->stats.window_src_blocks != 1 || plan->stats.window_dst_blocks != 1)
+        return false;
+    int64_t at = 0;
+    for (int64_t i = 0; i < plan->n_copies; i++) {
+        const struct kv__plan_copy *c = &plan->copies[i];
+        if (c->src_rel != at || (c->height > 1 && c->src_pitch != c->width))
+            return false;
+        at += c->width * c->height;
+    }
+    return at == total;
+}
+
+uint64_t kv__pack_copy_hash_src(const kv_plan *plan, const char *src, char *dst, int64_t total,
+                                bool nt)
+{
+    struct kv__xxh3_state hs;
+    kv__xxh3_reset(&hs);
+    const int64_t chunk = kv__pack_src_chunk_bytes;
+    /* the source is the plan's rows back to back: (copy ci, row y, byte x)
+     * is the next source byte to place */
+    int64_t ci = 0, y = 0, x = 0;
+    for (int64_t a = 0; a < total; a += chunk) {
+        const int64_t k = total - a < chunk ? total - a : chunk;
+        const char *piece = src + a;
+        kv__xxh3_update(&hs, piece, (size_t)k); /* from memory into cache */
+        for (int64_t o = 0; o < k;) {           /* then its rows, from cache */
+            const struct kv__plan_copy *c = &plan->copies[ci];
+            const int64_t take = c->width - x < k - o ? c->width - x : k - o;
+            char *d = dst + c->dst_rel + y * c->dst_pitch + x;
+            if (nt)
+                kv__pack_copy_nt(d, piece + o, (size_t)take);
+            else
+                memcpy(d, piece + o, (size_t)take);
+            o += take;
+            x += take;
+            if (x == c->width) {
+                x = 0;
+                if (++y == c->height) {
+                    y = 0;
+                    ci++;
+                }
+            }
+        }
+    }
+    if (nt)
+        kv__pack_nt_fence();
+    return kv__xxh3_digest(&hs);
+}
+
+void kv__pack_zero(const kv_plan *plan, char *const *dst_blk, uint32_t n_src, uint32_t n_dst,
+                   uint64_t n_tokens)
+{
+    if (n_tokens == 0)
+        return;
+    const int64_t work = kv__plan_items(plan, n_tokens);
+    for (int64_t w = 0; w < work; w++) {
+        int64_t si, di;
+        const struct kv__plan_copy *cp = kv__plan_item(plan, w, n_src, n_dst, &si, &di);
+        if (!cp)
+            continue; /* a copy the request does not make */
+        char *d = dst_blk[di] + cp->dst_rel;
+        for (int64_t y = 0; y < cp->height; y++)
+            memset(d + y * cp->dst_pitch, 0, (size_t)cp->width);
+    }
 }
 
 /* Item w of the request: its rows, streamed when nt and wide enough. */

@@ -47,11 +47,44 @@ void kv__pack_copy_nt(char *dst, const char *src, size_t n);
 /* Order this thread's streaming stores before its later stores (sfence). */
 void kv__pack_nt_fence(void);
 
-/* Execute a sequential plan (kv__plan_is_sequential) from block src to
- * block dst on this thread and return the XXH3-64 of the bytes written,
- * one read of the source: each piece is read into an L1 buffer, hashed
- * there and written from there (streaming stores when nt). */
+/* Execute a plan of one block to one block from block src to block dst on
+ * this thread and return the XXH3-64 of the bytes written, in the order
+ * the plan's rows take them, in one read of the source: each piece is read
+ * into an L1 buffer, hashed there and written from there (streaming stores
+ * when nt). For a plan that writes its destination front to back
+ * (kv__plan_is_sequential: pack, the offload store) that is the hash of
+ * the destination block; for one that reads its source front to back
+ * (kv__pack_reads_sequential) the hash of
+ * the source block. */
 uint64_t kv__pack_copy_hash(const kv_plan *plan, const char *src, char *dst, bool nt);
+
+/* True when plan moves one block to one block (a window of 1 + 1) and
+ * reads the source block front to back without gaps, total bytes in all:
+ * every byte of a compact source image (an unpack's payload block) is read
+ * once, in order. */
+bool kv__pack_reads_sequential(const kv_plan *plan, int64_t total);
+
+/* Bytes of a source block kv__pack_copy_hash_src hashes before writing
+ * them (64 KiB: L2-resident on every core these machines have). */
+extern int64_t kv__pack_src_chunk_bytes;
+
+/* Execute a plan that reads its source block front to back
+ * (kv__pack_reads_sequential(plan, total)) from block src to block dst on
+ * this thread and return the XXH3-64 of the source block's total bytes,
+ * reading them from memory once: each chunk of kv__pack_src_chunk_bytes is
+ * hashed, then the parts of the plan's rows it holds are written from it
+ * while it is in cache (streaming stores when nt), however narrow the rows
+ * (a conversion's head rows). The source must not change during the call
+ * (the bytes written are read a second time, from cache). */
+uint64_t kv__pack_copy_hash_src(const kv_plan *plan, const char *src, char *dst, int64_t total,
+                                bool nt);
+
+/* Zero every byte the request (n_src source blocks, n_dst destination
+ * blocks at dst_blk[], n_tokens tokens) would write through plan, and
+ * nothing else: the unpacked layers and heads of each destination block,
+ * as kv__pack_exec would have written them. This thread only. */
+void kv__pack_zero(const kv_plan *plan, char *const *dst_blk, uint32_t n_src, uint32_t n_dst,
+                   uint64_t n_tokens);
 
 /* kv__plan_exec_cpu with the rows written by streaming stores when nt (rows
  * of 256 bytes and more) and, when reverse, the items taken last to first

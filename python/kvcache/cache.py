@@ -956,9 +956,11 @@ class Cache:
         layout; heads = (src_head0, dst_head0, n_heads) moves a head range,
         layers = (src_layer0, dst_layer0, n_layers) lands the packed layers
         [src_layer0, +n_layers) on [dst_layer0, +n_layers) of this cache (the
-        buffer must carry exactly those layers). Everything is verified
-        (header, layout, layer range, every block checksum) before the first
-        byte is written."""
+        buffer must carry exactly those layers). The header, layout, layer
+        range and blocks are verified before the first byte is written; each
+        block's checksum as it is copied: on a corrupt payload (Corrupt
+        naming the block) the unpacked layers of the listed blocks are
+        zeroed and nothing else is written."""
         pc = self._paged()
         b = _u32_array(blocks, "blocks")
         a = np.ascontiguousarray(np.frombuffer(buf, np.uint8) if not isinstance(buf, np.ndarray)

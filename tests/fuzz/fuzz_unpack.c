@@ -18,8 +18,12 @@
  *
  * The buffer lives in a malloc of its exact length (ASan sees any read past
  * it). After each call:
- *   failure: a known kv_status, a non-empty kv_last_error(), the whole
- *            destination pool bit-identical;
+ *   failure: a known kv_status, a non-empty kv_last_error(); the whole
+ *            destination pool bit-identical, except after a block checksum
+ *            failure (KV_ERR_CORRUPT, "fails its checksum"): then the pool
+ *            is as before with every byte the request writes zero, those
+ *            bytes found by kv_plan_copy from a zero block of the buffer's
+ *            source format (the listed blocks' unpacked layers and heads);
  *   success: kv_pack_inspect agrees, no byte outside the listed destination
  *            blocks changed, and when the buffer was an unedited pack the
  *            destination equals kv_plan_copy from the source itself.
@@ -99,6 +103,36 @@ static void mark_blocks(const struct kv_layout *lo, const uint32_t *ids, uint32_
         for (int64_t k = 0; k < r.run_count; k++)
             memset(mask + r.first_offset_bytes + k * r.run_stride_bytes, 1, (size_t)r.run_bytes);
     }
+}
+
+/* The pool a checksum failure must leave: before, with every byte a
+ * request of info's tokens from info's source (layers and heads as pc)
+ * writes into did[0..nd) zero: kv_plan_copy from a cache of one zero block
+ * of the source's format, every source id 0. */
+static void zeroed_ref(const struct kv_pack_info *info, const struct kv_layout *dlo,
+                       const struct kv_plan_config *pc, const uint32_t *did, uint32_t nd,
+                       const unsigned char *before, unsigned char *ref)
+{
+    struct kv_layout_config c;
+    struct kv_layout zlo;
+    if (kv_layout_config_from(&info->source, &c) != KV_OK)
+        die("zero source config");
+    c.num_blocks = 1;
+    if (kv_layout_init(&c, &zlo) != KV_OK)
+        die("zero source layout");
+    unsigned char *z = calloc(1, (size_t)zlo.total_bytes);
+    uint32_t *sid = calloc(info->n_blocks ? info->n_blocks : 1, sizeof(*sid));
+    kv_plan *p = NULL;
+    if (!z || !sid || kv_plan_create(&zlo, dlo, pc, &p) != KV_OK)
+        die("zero reference plan");
+    memcpy(ref, before, (size_t)dlo->total_bytes);
+    struct kv_paged_cache zc = {zlo, z, (size_t)zlo.total_bytes, KV_MEM_HOST};
+    struct kv_paged_cache rc = {*dlo, ref, (size_t)dlo->total_bytes, KV_MEM_HOST};
+    if (kv_plan_copy(p, zc, sid, info->n_blocks, rc, did, nd, info->n_tokens) != KV_OK)
+        die("zero reference copy");
+    kv_plan_destroy(p);
+    free(sid);
+    free(z);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -211,8 +245,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else {
         if (st >= 0 || !kv_status_name(st) || kv_last_error()[0] == '\0')
             die("a refusal without a known status or a message");
-        if (memcmp(before, dmem, (size_t)dlo.total_bytes) != 0)
+        if (st == KV_ERR_CORRUPT && strstr(kv_last_error(), "fails its checksum")) {
+            if (ist != KV_OK)
+                die("a checksum refusal of a buffer kv_pack_inspect refused");
+            unsigned char *ref = malloc((size_t)dlo.total_bytes);
+            if (!ref)
+                die("malloc");
+            zeroed_ref(&info, &dlo, &pc, did_all, nd, before, ref);
+            if (memcmp(ref, dmem, (size_t)dlo.total_bytes) != 0)
+                die("a checksum refusal left other than the request's bytes zeroed");
+            free(ref);
+        } else if (memcmp(before, dmem, (size_t)dlo.total_bytes) != 0) {
             die("a refused unpack changed the destination");
+        }
         if (pristine && nd > 0)
             die("an unedited pack was refused");
     }

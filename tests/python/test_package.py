@@ -477,13 +477,24 @@ def test_pack_unpack_converts_and_refuses_corruption():
     changed = np.nonzero(after != before)[0]
     bs = dst.layout.strides_bytes()["block"]
     assert set(int(x) // bs for x in changed) <= {7, 44}
-    # a flipped payload byte: refused, nothing written
+    # a flipped payload byte: refused, and what the request writes is zeroed
+    # (tokens 0..31 of block 7, 32..47 = tokens 0..15 of block 44), nothing
+    # else of dst written
     snap = dst.arena().copy()
+    want = {(layer, kv): dst.kv(layer, kv).numpy().view(np.uint16).copy()
+            for layer in (0, 1) for kv in (0, 1)}
     bad = buf.copy()
     bad[-1] ^= 1
     with pytest.raises(kvcache.Corrupt) as e:
         dst.unpack(bad, [7, 44])
     assert "block 2 of 3" in e.value.message
+    for (layer, kv), w in want.items():
+        w[7] = 0
+        w[44][:16] = 0
+        assert np.array_equal(dst.kv(layer, kv).numpy().view(np.uint16), w)
+    changed = np.nonzero(dst.arena() != snap)[0]
+    assert set(int(x) // bs for x in changed) <= {7, 44}
+    snap = dst.arena().copy()
     with pytest.raises(kvcache.Corrupt):
         dst.unpack(buf[:100], [7, 44])  # truncated
     with pytest.raises(kvcache.BadShape):

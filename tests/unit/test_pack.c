@@ -8,13 +8,15 @@
  * different layer counts, a pipeline's stages, one layer; the layers
  * outside the range untouched); the bytes of the format at their
  * documented offsets, the payload against an independent gather and XXH3;
- * and corruption: every header byte flipped, payload bytes flipped,
- * truncation at every length, a forged fingerprint, version, magic or
- * layer range, a version 1 buffer, a buffer of other layers than the
- * config or plan unpacks - each refused with the destination bit-identical;
- * the streaming path (non-temporal stores, copy + hash in pieces) against
- * the plain one, bit for bit, with the first and the last payload byte
- * corrupted.
+ * and corruption: every header byte flipped, truncation at every length, a
+ * forged fingerprint, version, magic or layer range, a version 1 buffer, a
+ * buffer of other layers than the config or plan unpacks - each refused
+ * with the destination bit-identical; payload bytes flipped (first, middle,
+ * last block; on each of unpack's three paths, with layer and head ranges)
+ * - refused naming the block, the whole pool as before but for the listed
+ * blocks' unpacked bytes, zero; the streaming path (non-temporal stores,
+ * copy + hash in pieces) against the plain one, bit for bit, with the first
+ * and the last payload byte corrupted.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -325,12 +327,33 @@ static void test_pack_format_bytes(void **state)
     }
 }
 
-/* Each refusal: the destination pool bit-identical afterwards. */
+/* The pool a failed checksum leaves: a copy of before (d's storage) with
+ * what the request would write - layers [sl0, +nl) of s onto [dl0, +nl) of
+ * d, heads [sh0, +nh) onto [dh0, ...) - zero, computed from the configs
+ * alone: the reference move from a source of zeros. */
+static unsigned char *zeroed_ref(const struct kvt_side *s, const uint32_t *sid, uint32_t ns,
+                                 const struct kvt_side *d, const uint32_t *did, uint32_t nd,
+                                 int64_t sl0, int64_t dl0, int64_t nl, int64_t sh0, int64_t dh0,
+                                 int64_t nh, const unsigned char *before)
+{
+    struct kvt_side z = *s;
+    z.mem = calloc(1, (size_t)s->lo.total_bytes);
+    unsigned char *ref = malloc((size_t)d->lo.total_bytes);
+    assert_true(z.mem && ref);
+    memcpy(ref, before, (size_t)d->lo.total_bytes);
+    kvt_ref_move_layers(&z, sid, ns, d, did, nd, sl0, dl0, nl, sh0, dh0, nh, ref);
+    free(z.mem);
+    return ref;
+}
+
+/* Each refusal before the payload: the destination pool bit-identical
+ * afterwards; a payload block failing its checksum: the pool as `zeroed`,
+ * before with the listed blocks' unpacked bytes zero. */
 struct corrupt_fixture {
     struct kvt_side s, d;
     uint32_t sid[5], did[3];
     uint64_t T;
-    unsigned char *buf, *work, *before;
+    unsigned char *buf, *work, *before, *zeroed;
     size_t len;
     struct kv_pack_info info;
 };
@@ -349,6 +372,7 @@ static void fixture_make(struct corrupt_fixture *f)
     assert_true(f->work && f->before);
     memcpy(f->before, f->d.mem, (size_t)f->d.lo.total_bytes);
     assert_int_equal(kv_pack_inspect(f->buf, f->len, &f->info), KV_OK);
+    f->zeroed = zeroed_ref(&f->s, f->sid, 5, &f->d, f->did, 3, 0, 0, 2, 0, 0, 2, f->before);
 }
 
 static void fixture_free(struct corrupt_fixture *f)
@@ -356,6 +380,7 @@ static void fixture_free(struct corrupt_fixture *f)
     free(f->buf);
     free(f->work);
     free(f->before);
+    free(f->zeroed);
     kvt_side_free(&f->s);
     kvt_side_free(&f->d);
 }
@@ -401,7 +426,12 @@ static void test_pack_corruption(void **state)
             char frag[32];
             snprintf(frag, sizeof(frag), "block %llu of 5", (unsigned long long)k);
             REFUSED(unpack_work(&f, f.len), KV_ERR_CORRUPT, frag);
-            assert_untouched(&f, "payload flip", at[j]);
+            const int64_t diff = kvt_first_diff(f.zeroed, f.d.mem, f.d.lo.total_bytes);
+            if (diff >= 0)
+                fail_msg("payload byte %llu flipped: pool byte %lld is not as the zeroed "
+                         "reference",
+                         (unsigned long long)at[j], (long long)diff);
+            memcpy(f.d.mem, f.before, (size_t)f.d.lo.total_bytes);
         }
     }
     /* truncated at every length (every region boundary among them) */
@@ -675,7 +705,8 @@ static void test_pack_layer_range_refusals(void **state)
  * buffer is byte-identical to the plain path's, both destinations equal
  * the config-only reference over the whole pool, and a payload corrupted in
  * its first byte (first block, first piece) or its last (last block, last
- * piece) is refused naming the block, the whole pool bit-identical. */
+ * piece) is refused naming the block, the whole pool as before but for the
+ * listed blocks' unpacked bytes, zero. */
 static void test_pack_streaming_stores(void **state)
 {
     (void)state;
@@ -709,6 +740,7 @@ static void test_pack_streaming_stores(void **state)
         memcpy(before, d[k].mem, (size_t)bytes);
         memcpy(ref, d[k].mem, (size_t)bytes);
         kvt_ref_move(&s, sid, nb, &d[k], did, nb, 0, 0, 2, ref);
+        unsigned char *zeroed = zeroed_ref(&s, sid, nb, &d[k], did, nb, 0, 0, 2, 0, 0, 2, before);
         /* corrupted in the first byte of the payload, then in its last */
         const uint64_t at[2] = {info.header_bytes, info.total_bytes - 1};
         const char *frag[2] = {"block 0 of 13", "block 12 of 13"};
@@ -716,10 +748,13 @@ static void test_pack_streaming_stores(void **state)
             memcpy(work, buf, len);
             work[at[j]] ^= 0x01;
             REFUSED(kv_unpack(NULL, work, len, d[k].pc, did, nb, NULL), KV_ERR_CORRUPT, frag[j]);
-            if (kvt_first_diff(before, d[k].mem, bytes) != -1)
-                fail_msg("destination %d, payload byte %llu corrupted: the pool changed", k,
-                         (unsigned long long)at[j]);
+            if (kvt_first_diff(zeroed, d[k].mem, bytes) != -1)
+                fail_msg("destination %d, payload byte %llu corrupted: the pool is not before "
+                         "with the listed blocks zeroed",
+                         k, (unsigned long long)at[j]);
+            memcpy(d[k].mem, before, (size_t)bytes);
         }
+        free(zeroed);
         assert_int_equal(kv_unpack(NULL, buf, len, d[k].pc, did, nb, NULL), KV_OK);
         const int64_t diff = kvt_first_diff(ref, d[k].mem, bytes);
         if (diff >= 0)
@@ -737,6 +772,91 @@ static void test_pack_streaming_stores(void **state)
     kvt_side_free(&d[1]);
 }
 
+/* A payload block failing its checksum, on each of unpack's three paths
+ * (one read of a payload block into the same in-block format, N 16 -> 16;
+ * one block hashed then converted, NHD -> HND, 16 -> 16, a head range;
+ * the whole payload verified then copied, N 16 -> 32): layers [1, +2) of a
+ * 3-layer source onto [2, +2) of a 4-layer padded destination, 9 blocks
+ * (the last partial) far from 0; corrupted in the first payload byte, a
+ * middle byte of a middle block, the last byte. KV_ERR_CORRUPT names the
+ * block; the whole pool equals before with the request's bytes (the listed
+ * blocks' unpacked layers and heads) zero: the other layers of those
+ * blocks, the other heads and every other block unchanged. Then the intact
+ * buffer unpacks over the zeroes to the reference. */
+static void test_pack_corrupt_zeroes_listed_blocks(void **state)
+{
+    (void)state;
+    struct {
+        int dbits;
+        int64_t Nd, Hd, sh0, dh0, nh;
+    } cases[3] = {{4, 16, 2, 0, 0, 2}, {5, 16, 3, 1, 2, 1}, {6, 32, 2, 0, 0, 2}};
+    const uint64_t T = 140; /* 9 source blocks of 16, the last one partial */
+    const uint32_t ns = 9;
+    for (int c = 0; c < 3; c++) {
+        struct kvt_side s, d;
+        kvt_side_make(&s, 3, 200, 16, 2, 24, KV_BF16, 0, 91 + (uint64_t)c);
+        kvt_side_make(&d, 4, 150, cases[c].Nd, cases[c].Hd, 24, KV_BF16, cases[c].dbits,
+                      95 + (uint64_t)c);
+        struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+        pc.src_layer0 = 1;
+        pc.dst_layer0 = 2;
+        pc.n_layers = 2;
+        pc.src_head0 = cases[c].sh0;
+        pc.dst_head0 = cases[c].dh0;
+        pc.n_heads = cases[c].nh;
+        const uint32_t nd = (uint32_t)((T + (uint64_t)cases[c].Nd - 1) / (uint64_t)cases[c].Nd);
+        uint32_t sid[9], did[9];
+        uint64_t rng = 0xC0FFEE + (uint64_t)c;
+        kvt_pick_ids(&rng, s.lo.num_blocks, ns, sid);
+        kvt_pick_ids(&rng, d.lo.num_blocks, nd, did);
+        for (uint32_t k = 0; k + 1 < nd; k++) /* the pool's last block, last */
+            if (did[k] == (uint32_t)d.lo.num_blocks - 1)
+                did[k] = did[nd - 1];
+        did[nd - 1] = (uint32_t)d.lo.num_blocks - 1;
+        size_t len = 0;
+        unsigned char *buf = pack_range(NULL, &s, sid, ns, T, &pc, &len);
+        struct kv_pack_info info;
+        assert_int_equal(kv_pack_inspect(buf, len, &info), KV_OK);
+        const int64_t bytes = d.lo.total_bytes;
+        unsigned char *before = malloc((size_t)bytes), *ref = malloc((size_t)bytes);
+        unsigned char *work = malloc(len);
+        assert_true(before && ref && work);
+        memcpy(before, d.mem, (size_t)bytes);
+        memcpy(ref, d.mem, (size_t)bytes);
+        kvt_ref_move_layers(&s, sid, ns, &d, did, nd, 1, 2, 2, pc.src_head0, pc.dst_head0,
+                            pc.n_heads, ref);
+        unsigned char *zeroed = zeroed_ref(&s, sid, ns, &d, did, nd, 1, 2, 2, pc.src_head0,
+                                           pc.dst_head0, pc.n_heads, before);
+        const uint64_t bb = info.block_bytes, hdr = info.header_bytes;
+        const uint64_t at[3] = {hdr, hdr + 4 * bb + bb / 2 + 3, len - 1};
+        const char *frag[3] = {"block 0 of 9", "block 4 of 9", "block 8 of 9"};
+        for (int j = 0; j < 3; j++) {
+            memcpy(work, buf, len);
+            work[at[j]] ^= 0x40;
+            REFUSED(kv_unpack(NULL, work, len, d.pc, did, nd, &pc), KV_ERR_CORRUPT, frag[j]);
+            const int64_t diff = kvt_first_diff(zeroed, d.mem, bytes);
+            if (diff >= 0)
+                fail_msg("case %d, payload byte %llu flipped: pool byte %lld of %lld is not as "
+                         "the zeroed reference",
+                         c, (unsigned long long)at[j], (long long)diff, (long long)bytes);
+            assert_int_equal(kvt_other_layers_changed(&d, did, nd, 2, 2, d.mem, before), 0);
+        }
+        /* the intact buffer over the zeroes */
+        assert_int_equal(kv_unpack(NULL, buf, len, d.pc, did, nd, &pc), KV_OK);
+        const int64_t diff = kvt_first_diff(ref, d.mem, bytes);
+        if (diff >= 0)
+            fail_msg("case %d: byte %lld of %lld differs from the reference", c, (long long)diff,
+                     (long long)bytes);
+        free(before);
+        free(ref);
+        free(zeroed);
+        free(work);
+        free(buf);
+        kvt_side_free(&s);
+        kvt_side_free(&d);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -749,6 +869,7 @@ int main(void)
         cmocka_unit_test(test_pack_refusals),
         cmocka_unit_test(test_pack_layer_range_refusals),
         cmocka_unit_test(test_pack_streaming_stores),
+        cmocka_unit_test(test_pack_corrupt_zeroes_listed_blocks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,8 +7,8 @@
  *                           layer-major: 512 MiB of K and V) into one
  *                           buffer: copy plus a per-block XXH3-64;
  *   connector.unpack        that buffer into a cache of the same layout:
- *                           header checks, every block checksum, then the
- *                           copy;
+ *                           header checks, then the copy, every block's
+ *                           checksum taken in the same read of the payload;
  *   connector.pack_convert  the same buffer into an HND block-major cache
  *                           (the conversion runs on unpack).
  * Baseline: one memcpy of the same payload bytes, interleaved, given the
