@@ -96,24 +96,11 @@ KV_HD float kv__move_scale(const struct kv__cmove *m, const float *scale, int kv
     return scale ? scale[kv * m->n_mul + i] : 1.0f;
 }
 
-/* Record an invalid index in e (NULL: not recorded): count, and the first
- * (lowest array, then index) as first_key = ~(array << 56 | index), so that
- * 0 means none and atomicMax keeps the first. */
+/* Record an invalid index in e (NULL: not recorded): kv_grid_error_record. */
 KV_HD void kv__dev_error(struct kv_attn_cuda_errors *e, int array, int64_t index)
 {
-    if (!e)
-        return;
-    const uint64_t key = ~(((uint64_t)array << 56) | (uint64_t)index);
-#if defined(__CUDA_ARCH__)
-    atomicAdd((unsigned long long *)&e->count, 1ull);
-    atomicMax((unsigned long long *)&e->first_key, (unsigned long long)key);
-#else
-    __atomic_fetch_add(&e->count, 1, __ATOMIC_RELAXED);
-    uint64_t cur = __atomic_load_n(&e->first_key, __ATOMIC_RELAXED);
-    while (key > cur && !__atomic_compare_exchange_n(&e->first_key, &cur, key, false,
-                                                     __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-    }
-#endif
+    if (e)
+        kv_grid_error_record(&e->count, &e->first_key, array, index);
 }
 
 /* After a launch (one thread, the same stream): the value at the first
@@ -126,9 +113,8 @@ KV_HD void kv__dev_error_finish(struct kv_attn_cuda_errors *e, const int64_t *sl
 {
     if (!e || e->first_key == 0 || e->first_key == e->value_key)
         return;
-    const uint64_t k = ~e->first_key;
-    const int64_t index = (int64_t)(k & ((1ull << 56) - 1));
-    const int array = (int)(k >> 56);
+    int array;
+    const int64_t index = kv_grid_error_first(e->first_key, &array);
     if (array == KV_ATTN_DEV_SLOTS && slots)
         e->first_value = slots[index];
     else if (array == KV_ATTN_DEV_INDPTR && indptr)
