@@ -702,6 +702,14 @@ static inline int kv__attn_grid_of(int64_t items)
 
 /* The move of job j; returns whether it moves bytes (kv__move_bytes_body)
  * rather than converting. */
+/* A kernel's side of a resolved tensor: its base, byte strides and dtype. */
+static inline struct kv__cside kv__cside_of(const struct kv__attn_tensor *t)
+{
+    const struct kv__cside s = {t->base,        t->layer_stride, t->token_stride,
+                                t->head_stride, t->dim_stride,   t->dtype};
+    return s;
+}
+
 static inline bool kv__cmove_build(const struct kv__attn_job *j, bool to_cache, struct kv__cmove *m)
 {
     memset(m, 0, sizeof(*m));
@@ -712,14 +720,8 @@ static inline bool kv__cmove_build(const struct kv__attn_job *j, bool to_cache, 
     m->n_items = j->n_runs * (int64_t)j->n_layers;
     m->to_cache = to_cache;
     for (int kv = 0; kv < 2; kv++) {
-        const struct kv__attn_tensor *t = kv ? &j->v : &j->k;
         m->has[kv] = kv ? j->has_v : j->has_k;
-        m->t[kv].base = t->base;
-        m->t[kv].layer = t->layer_stride;
-        m->t[kv].tok = t->token_stride;
-        m->t[kv].head = t->head_stride;
-        m->t[kv].dim = t->dim_stride;
-        m->t[kv].dt = t->dtype;
+        m->t[kv] = kv__cside_of(kv ? &j->v : &j->k);
     }
     for (int kv = 0; kv < 2; kv++)
         m->raw[kv] = j->n_scales == 0 && m->t[kv].dt == m->lo.dtype;
@@ -846,16 +848,8 @@ static inline kv_status kv__cdec_build(const struct kv__attn_job *j, const char 
     p->lo = j->cache.layout;
     p->cache = (const char *)j->cache.base;
     p->layer = j->layer0;
-    p->q.base = j->q.base;
-    p->q.tok = j->q.token_stride;
-    p->q.head = j->q.head_stride;
-    p->q.dim = j->q.dim_stride;
-    p->q.dt = j->q.dtype;
-    p->out.base = j->out.base;
-    p->out.tok = j->out.token_stride;
-    p->out.head = j->out.head_stride;
-    p->out.dim = j->out.dim_stride;
-    p->out.dt = j->out.dtype;
+    p->q = kv__cside_of(&j->q);
+    p->out = kv__cside_of(&j->out);
     p->g = j->q_heads / p->lo.num_heads;
     p->pt = j->page_tokens;
     p->softmax_scale = j->softmax_scale;
@@ -885,16 +879,8 @@ static inline kv_status kv__cmla_build(const struct kv__attn_job *j, const char 
     p->lo = j->cache.layout;
     p->cache = (const char *)j->cache.base;
     p->layer = j->layer0;
-    p->q.base = j->q.base;
-    p->q.tok = j->q.token_stride;
-    p->q.head = j->q.head_stride;
-    p->q.dim = j->q.dim_stride;
-    p->q.dt = j->q.dtype;
-    p->out.base = j->out.base;
-    p->out.tok = j->out.token_stride;
-    p->out.head = j->out.head_stride;
-    p->out.dim = j->out.dim_stride;
-    p->out.dt = j->out.dtype;
+    p->q = kv__cside_of(&j->q);
+    p->out = kv__cside_of(&j->out);
     p->hq = j->q_heads;
     p->dv = j->mla_dv;
     p->pt = j->page_tokens;
