@@ -1029,6 +1029,36 @@ static inline int64_t kv__ccopy_ex_units(const struct kv__attn_job *j)
     return (int64_t)j->n_copies * j->n_layers * units;
 }
 
+/* A copy_ex unit's rows (the whole block, or with halves one plane's
+ * N x H half rows of a packed block), the strides of those rows and the
+ * two sides' bases, from job j. */
+static inline void kv__ccopy_ex_rows(const struct kv__attn_job *j, bool halves,
+                                     struct kv__ccopy_ex *p)
+{
+    const struct kv_layout *dl = &j->cache.layout;
+    p->rows = halves ? dl->block_tokens * dl->num_heads : 1;
+    p->row_bytes = halves ? dl->head_dim * dl->elem_bytes : dl->block_bytes;
+    p->H = dl->num_heads;
+    p->tok = dl->stride_token_bytes;
+    p->head = dl->stride_head_bytes;
+    p->dst = (char *)j->cache.base;
+    p->src = (const char *)j->src.base;
+}
+
+/* The widest vector every address and offset ORed in bits, the row bytes
+ * and (halves) the row strides allow. */
+static inline int kv__ccopy_ex_width(const struct kv__ccopy_ex *p, bool halves, uint64_t bits)
+{
+    bits |= (uint64_t)p->row_bytes;
+    if (halves)
+        bits |= (uint64_t)p->tok | (uint64_t)p->head;
+    return (bits & 15) == 0  ? 16
+           : (bits & 7) == 0 ? 8
+           : (bits & 3) == 0 ? 4
+           : (bits & 1) == 0 ? 2
+                             : 1;
+}
+
 /* The copy_ex of job j: offs [kv__ccopy_ex_units][2] (caller's, filled), *p
  * and the vector width (16, 8, 4, 2 or 1 bytes). */
 static inline void kv__ccopy_ex_build(const struct kv__attn_job *j, int64_t *offs,
@@ -1051,23 +1081,10 @@ static inline void kv__ccopy_ex_build(const struct kv__attn_job *j, int64_t *off
             kv_layout_slot_offset_bytes(dl, l, kv, (int64_t)cp->dst * dl->block_tokens);
         bits |= (uint64_t)offs[2 * u] | (uint64_t)offs[2 * u + 1];
     }
-    p->rows = halves ? dl->block_tokens * dl->num_heads : 1;
-    p->row_bytes = halves ? dl->head_dim * dl->elem_bytes : dl->block_bytes;
-    p->H = dl->num_heads;
-    p->tok = dl->stride_token_bytes;
-    p->head = dl->stride_head_bytes;
-    p->dst = (char *)j->cache.base;
-    p->src = (const char *)j->src.base;
+    kv__ccopy_ex_rows(j, halves, p);
     p->offs = offs;
     p->n_items = n_units * p->rows;
-    bits |= (uint64_t)p->row_bytes;
-    if (halves)
-        bits |= (uint64_t)p->tok | (uint64_t)p->head;
-    *vbytes = (bits & 15) == 0  ? 16
-              : (bits & 7) == 0 ? 8
-              : (bits & 3) == 0 ? 4
-              : (bits & 1) == 0 ? 2
-                                : 1;
+    *vbytes = kv__ccopy_ex_width(p, halves, bits);
 }
 
 /* The copy_ex of a device-index call (kv_attn_copy_blocks_ex_cuda_dev): job
@@ -1091,28 +1108,15 @@ static inline void kv__ccopy_ex_build_dev(const struct kv__attn_job *j,
     p->slo = *sl;
     p->pairs = pairs;
     p->err = err;
-    p->rows = halves ? dl->block_tokens * dl->num_heads : 1;
-    p->row_bytes = halves ? dl->head_dim * dl->elem_bytes : dl->block_bytes;
-    p->H = dl->num_heads;
-    p->tok = dl->stride_token_bytes;
-    p->head = dl->stride_head_bytes;
-    p->dst = (char *)j->cache.base;
-    p->src = (const char *)j->src.base;
+    kv__ccopy_ex_rows(j, halves, p);
     p->n_items = (int64_t)n * p->per_copy * p->rows;
-    uint64_t bits = (uint64_t)(uintptr_t)j->cache.base | (uint64_t)(uintptr_t)j->src.base |
-                    (uint64_t)p->row_bytes;
+    uint64_t bits = (uint64_t)(uintptr_t)j->cache.base | (uint64_t)(uintptr_t)j->src.base;
     for (int side = 0; side < 2; side++) {
         const struct kv_layout *lo = side ? sl : dl;
         bits |= (uint64_t)lo->stride_layer_bytes | (uint64_t)lo->stride_kv_bytes |
                 (uint64_t)lo->stride_block_bytes;
     }
-    if (halves)
-        bits |= (uint64_t)p->tok | (uint64_t)p->head;
-    *vbytes = (bits & 15) == 0  ? 16
-              : (bits & 7) == 0 ? 8
-              : (bits & 3) == 0 ? 4
-              : (bits & 1) == 0 ? 2
-                                : 1;
+    *vbytes = kv__ccopy_ex_width(p, halves, bits);
 }
 
 #endif /* KV_ATTN_KERNELS_HD_H */

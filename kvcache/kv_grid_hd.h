@@ -190,8 +190,8 @@ KV_HD void kv_grid_error_record(uint64_t *count, uint64_t *first_key, int array,
 #else
     __atomic_fetch_add(count, 1, __ATOMIC_RELAXED);
     uint64_t cur = __atomic_load_n(first_key, __ATOMIC_RELAXED);
-    while (key > cur && !__atomic_compare_exchange_n(first_key, &cur, key, false,
-                                                     __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    while (key > cur && !__atomic_compare_exchange_n(first_key, &cur, key, false, __ATOMIC_RELAXED,
+                                                     __ATOMIC_RELAXED)) {
     }
 #endif
 }
