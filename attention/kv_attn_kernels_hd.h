@@ -103,6 +103,20 @@ KV_HD void kv__dev_error(struct kv_attn_cuda_errors *e, int array, int64_t index
         kv_grid_error_record(&e->count, &e->first_key, array, index);
 }
 
+/* Whether copy pair pr (pair cp) has src < s_blocks and dst < d_blocks;
+ * if not, with rec, record the first id out of range (KV_ATTN_DEV_COPIES,
+ * index 2 cp + 0 for src, 1 for dst). */
+KV_HD bool kv__dev_pair_ok(struct kv_attn_cuda_errors *e, bool rec, struct kv_block_copy pr,
+                           int64_t cp, int64_t s_blocks, int64_t d_blocks)
+{
+    const bool bad_src = (int64_t)pr.src >= s_blocks;
+    if (!bad_src && (int64_t)pr.dst < d_blocks)
+        return true;
+    if (rec)
+        kv__dev_error(e, KV_ATTN_DEV_COPIES, 2 * cp + (bad_src ? 0 : 1));
+    return false;
+}
+
 /* After a launch (one thread, the same stream): the value at the first
  * index, when this launch changed the first (an earlier launch's first
  * keeps its value). slots: the launch's slot array. */
@@ -367,12 +381,9 @@ KV_HD void kv__copy_body(const struct kv_grid_ctx *c, const struct kv__ccopy *p,
         int64_t so, dof;
         if (p->pairs) {
             const struct kv_block_copy pr = p->pairs[cp];
-            if ((int64_t)pr.src >= p->n_blocks || (int64_t)pr.dst >= p->n_blocks) {
-                if (c->thread == 0 && r == 0)
-                    kv__dev_error(p->err, KV_ATTN_DEV_COPIES,
-                                  2 * cp + ((int64_t)pr.src >= p->n_blocks ? 0 : 1));
+            if (!kv__dev_pair_ok(p->err, c->thread == 0 && r == 0, pr, cp, p->n_blocks,
+                                 p->n_blocks))
                 continue;
-            }
             so = (int64_t)pr.src * p->stride_block;
             dof = (int64_t)pr.dst * p->stride_block;
         } else {
@@ -419,12 +430,9 @@ KV_HD bool kv__copy_ex_unit(const struct kv_grid_ctx *c, const struct kv__ccopy_
     }
     const int64_t cp = u / p->per_copy, r = u - cp * p->per_copy;
     const struct kv_block_copy pr = p->pairs[cp];
-    const bool bad_src = (int64_t)pr.src >= p->slo.num_blocks;
-    if (bad_src || (int64_t)pr.dst >= p->dlo.num_blocks) {
-        if (c->thread == 0 && r == 0 && row == 0)
-            kv__dev_error(p->err, KV_ATTN_DEV_COPIES, 2 * cp + (bad_src ? 0 : 1));
+    if (!kv__dev_pair_ok(p->err, c->thread == 0 && r == 0 && row == 0, pr, cp, p->slo.num_blocks,
+                         p->dlo.num_blocks))
         return false;
-    }
     const uint32_t l = p->layer0 + (uint32_t)(r / p->units);
     const int kv = p->halves ? p->kv0 : (p->dlo.kv_packed ? 0 : p->kv0 + (int)(r % p->units));
     *so = kv_layout_slot_offset_bytes(&p->slo, l, kv, (int64_t)pr.src * p->slo.block_tokens);
