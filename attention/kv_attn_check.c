@@ -490,8 +490,8 @@ kv_status kv__attn_write_check(const char *fn, const struct kv_paged_cache *cach
         return st;
     const int64_t L = layer == KV_ATTN_ALL_LAYERS ? lo->num_layers : 0;
     if ((st = check_tensor(fn, "k", k, L, lo->num_heads, lo->head_dim, "H", &job->k)) != KV_OK ||
-        (v && (st = check_tensor(fn, "v", v, L, lo->num_heads, lo->head_dim, "H", &job->v)) !=
-                  KV_OK))
+        (v &&
+         (st = check_tensor(fn, "v", v, L, lo->num_heads, lo->head_dim, "H", &job->v)) != KV_OK))
         return st;
     if (v && job->k.n_tokens != job->v.n_tokens)
         return kv__error(KV_ERR_BAD_SHAPE, "%s: k has %" PRId64 " tokens, v %" PRId64, fn,
@@ -887,6 +887,47 @@ static kv_status check_qo_indptr(const char *fn, const int32_t *qo, int64_t T,
     return KV_OK;
 }
 
+/* q of a decode: a valid view of 3 dims (shape: what they are, in words). */
+static kv_status check_q_dims(const char *fn, const struct kv_view *q, const char *shape)
+{
+    char b[KV__LIST];
+    const kv_status st = kv_view_check(q);
+    if (st != KV_OK)
+        return kv__error_wrap(st, "%s: q", fn);
+    if (q->ndim != 3)
+        return kv__error(KV_ERR_BAD_SHAPE, "%s: q has %d dims %s, expected %s", fn, q->ndim,
+                         kv__fmt_list(b, sizeof(b), q->shape, q->ndim), shape);
+    return KV_OK;
+}
+
+/* q [rows][hq][D] and out [rows][hq][out_dim] of a decode (mla: its words
+ * for a row mismatch), out written only where it may be (its own elements
+ * apart, not over q, outside the cache), and the softmax scale finite. */
+static kv_status check_q_out(const char *fn, const struct kv_paged_cache *cache,
+                             const struct kv_view *q, const struct kv_view *out, int64_t hq,
+                             int64_t out_dim, bool mla, float softmax_scale,
+                             struct kv__attn_job *job)
+{
+    char b1[KV__LIST], b2[KV__LIST];
+    kv_status st;
+    if ((st = check_tensor(fn, "q", q, 0, hq, cache->layout.head_dim, "Hq", &job->q)) != KV_OK ||
+        (st = check_tensor(fn, "out", out, 0, hq, out_dim, "Hq", &job->out)) != KV_OK)
+        return st;
+    if (out->shape[0] != q->shape[0])
+        return kv__error(KV_ERR_BAD_SHAPE, "%s: out shape %s != q%s %s%s", fn,
+                         kv__fmt_list(b1, sizeof(b1), out->shape, out->ndim), mla ? "'s" : " shape",
+                         kv__fmt_list(b2, sizeof(b2), q->shape, q->ndim),
+                         mla ? " in S and Hq" : "");
+    if ((st = check_output(fn, "out", out)) != KV_OK ||
+        (st = check_disjoint(fn, "out", out, "q", q)) != KV_OK ||
+        (st = check_outside_cache(fn, "out", out, cache)) != KV_OK)
+        return st;
+    if (!isfinite(softmax_scale))
+        return kv__error(KV_ERR_INVALID_ARG, "%s: softmax_scale %g is not finite", fn,
+                         (double)softmax_scale);
+    return KV_OK;
+}
+
 kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cache, uint32_t layer,
                                 const struct kv_view *q, const int32_t *qo_indptr,
                                 const struct kv_pages *pages, float softmax_scale,
@@ -894,7 +935,6 @@ kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cac
                                 const struct kv_attn_opts *opts, struct kv__attn_job *job)
 {
     kv_status st;
-    char b1[KV__LIST], b2[KV__LIST];
     const bool prefill = strstr(fn, "prefill") != NULL;
     memset(job, 0, sizeof(*job));
     job->fn = fn;
@@ -916,32 +956,16 @@ kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cac
     if ((st = check_layer(fn, layer > INT32_MAX ? -2 : (int32_t)layer, lo->num_layers, false,
                           job)) != KV_OK)
         return st;
-    if ((st = kv_view_check(q)) != KV_OK)
-        return kv__error_wrap(st, "%s: q", fn);
-    if (q->ndim != 3)
-        return kv__error(KV_ERR_BAD_SHAPE, "%s: q has %d dims %s, expected %s", fn, q->ndim,
-                         kv__fmt_list(b1, sizeof(b1), q->shape, q->ndim),
-                         prefill ? "[T][Hq][D]" : "[S][Hq][D]");
+    if ((st = check_q_dims(fn, q, prefill ? "[T][Hq][D]" : "[S][Hq][D]")) != KV_OK)
+        return st;
     const int64_t hq = q->shape[1];
     if (hq < lo->num_heads || hq % lo->num_heads != 0)
         return kv__error(KV_ERR_BAD_SHAPE,
                          "%s: q has %" PRId64 " heads, not a multiple of the cache's %" PRId64
                          " KV heads",
                          fn, hq, lo->num_heads);
-    if ((st = check_tensor(fn, "q", q, 0, hq, lo->head_dim, "Hq", &job->q)) != KV_OK ||
-        (st = check_tensor(fn, "out", out, 0, hq, lo->head_dim, "Hq", &job->out)) != KV_OK)
+    if ((st = check_q_out(fn, cache, q, out, hq, lo->head_dim, false, softmax_scale, job)) != KV_OK)
         return st;
-    if (out->shape[0] != q->shape[0])
-        return kv__error(KV_ERR_BAD_SHAPE, "%s: out shape %s != q shape %s", fn,
-                         kv__fmt_list(b1, sizeof(b1), out->shape, out->ndim),
-                         kv__fmt_list(b2, sizeof(b2), q->shape, q->ndim));
-    if ((st = check_output(fn, "out", out)) != KV_OK ||
-        (st = check_disjoint(fn, "out", out, "q", q)) != KV_OK ||
-        (st = check_outside_cache(fn, "out", out, cache)) != KV_OK)
-        return st;
-    if (!isfinite(softmax_scale))
-        return kv__error(KV_ERR_INVALID_ARG, "%s: softmax_scale %g is not finite", fn,
-                         (double)softmax_scale);
     if ((st = check_attn_opts(fn, opts, q->shape[0], hq, q, out, cache, job)) != KV_OK)
         return st;
     if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, lo->k_only, job)) != KV_OK)
@@ -972,7 +996,6 @@ kv_status kv__attn_decode_mla_check(const char *fn, const struct kv_paged_cache 
                                     struct kv__attn_job *job)
 {
     kv_status st;
-    char b1[KV__LIST], b2[KV__LIST];
     memset(job, 0, sizeof(*job));
     job->fn = fn;
     job->kernel = KV_ATTN_DECODE;
@@ -996,28 +1019,13 @@ kv_status kv__attn_decode_mla_check(const char *fn, const struct kv_paged_cache 
                          "%s: dv = %" PRId64 " outside [1, D = %" PRId64
                          "]: the values are the first dv dims of the latent rows",
                          fn, dv, lo->head_dim);
-    if ((st = kv_view_check(q)) != KV_OK)
-        return kv__error_wrap(st, "%s: q", fn);
-    if (q->ndim != 3)
-        return kv__error(KV_ERR_BAD_SHAPE, "%s: q has %d dims %s, expected [S][Hq][D]", fn,
-                         q->ndim, kv__fmt_list(b1, sizeof(b1), q->shape, q->ndim));
+    if ((st = check_q_dims(fn, q, "[S][Hq][D]")) != KV_OK)
+        return st;
     const int64_t hq = q->shape[1];
     if (hq < 1 || hq > INT32_MAX)
         return kv__error(KV_ERR_BAD_SHAPE, "%s: q has %" PRId64 " heads", fn, hq);
-    if ((st = check_tensor(fn, "q", q, 0, hq, lo->head_dim, "Hq", &job->q)) != KV_OK ||
-        (st = check_tensor(fn, "out", out, 0, hq, dv, "Hq", &job->out)) != KV_OK)
+    if ((st = check_q_out(fn, cache, q, out, hq, dv, true, softmax_scale, job)) != KV_OK)
         return st;
-    if (out->shape[0] != q->shape[0])
-        return kv__error(KV_ERR_BAD_SHAPE, "%s: out shape %s != q's %s in S and Hq", fn,
-                         kv__fmt_list(b1, sizeof(b1), out->shape, out->ndim),
-                         kv__fmt_list(b2, sizeof(b2), q->shape, q->ndim));
-    if ((st = check_output(fn, "out", out)) != KV_OK ||
-        (st = check_disjoint(fn, "out", out, "q", q)) != KV_OK ||
-        (st = check_outside_cache(fn, "out", out, cache)) != KV_OK)
-        return st;
-    if (!isfinite(softmax_scale))
-        return kv__error(KV_ERR_INVALID_ARG, "%s: softmax_scale %g is not finite", fn,
-                         (double)softmax_scale);
     if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, true, job)) != KV_OK)
         return st;
     if ((st = check_pages(fn, lo, pages, job)) != KV_OK) {

@@ -71,6 +71,14 @@ static kv_status dev_scales_post(const char *fn, const struct kv_attn_dev_scales
     return KV_OK;
 }
 
+/* An entry's end: the job freed, the launch's status (KV_OK clearing the
+ * last error). */
+static kv_status dev_done(struct kv__attn_job *j, kv_status st)
+{
+    kv__attn_job_free(j);
+    return st == KV_OK ? kv__ok() : st;
+}
+
 kv_status kv__attn_write_dev_check(const char *fn, const struct kv_paged_cache *cache,
                                    int32_t layer, const struct kv_view *k, const struct kv_view *v,
                                    const int64_t *slots, int64_t n_slots,
@@ -110,9 +118,8 @@ kv_status kv_attn_write_cuda_dev(struct kv_paged_cache cache, int32_t layer,
         kv__attn_write_dev_check(fn, &cache, layer, k, v, slots_dev, n_slots, scales, &j);
     if (st != KV_OK)
         return st;
-    st = kv__cuda_attn_write_dev(&j, slots_dev, n_slots, scales && !scales->device, errors, stream);
-    kv__attn_job_free(&j);
-    return st == KV_OK ? kv__ok() : st;
+    return dev_done(&j, kv__cuda_attn_write_dev(&j, slots_dev, n_slots, scales && !scales->device,
+                                                errors, stream));
 }
 
 kv_status kv_attn_cuda_errors_create(struct kv_attn_cuda_errors **out)
@@ -199,25 +206,39 @@ static kv_status dev_pages_check(const char *fn, const struct kv_attn_dev_pages 
     return KV_OK;
 }
 
+/* The start of a device-pages entry's checks: job cleared, pages non-NULL,
+ * the scales before the validator (dev_scales_pre), the pages' scalars and
+ * *pg, what the validator reads of them (no array). */
+static kv_status dev_pages_pre(const char *fn, const struct kv_attn_dev_pages *pages,
+                               const struct kv_attn_dev_scales *scales, struct kv_scales *hs,
+                               const struct kv_scales **hsp, struct kv_pages *pg,
+                               struct kv__attn_job *job)
+{
+    memset(job, 0, sizeof(*job));
+    job->fn = fn;
+    *hsp = NULL;
+    if (!pages)
+        return kv__error(KV_ERR_NULL, "%s: pages is NULL", fn);
+    const kv_status st = dev_scales_pre(fn, scales, hs, hsp);
+    if (st != KV_OK)
+        return st;
+    *pg = (struct kv_pages){
+        .format = KV__PAGES_DEVICE, .n_seqs = pages->n_seqs, .page_ratio = pages->page_ratio};
+    return dev_pages_check(fn, pages);
+}
+
 kv_status kv__attn_decode_dev_check(const char *fn, const struct kv_paged_cache *cache,
                                     uint32_t layer, const struct kv_view *q,
                                     const struct kv_attn_dev_pages *pages, float softmax_scale,
                                     const struct kv_attn_dev_scales *scales,
                                     const struct kv_view *out, struct kv__attn_job *job)
 {
-    memset(job, 0, sizeof(*job));
-    job->fn = fn;
-    if (!pages)
-        return kv__error(KV_ERR_NULL, "%s: pages is NULL", fn);
     struct kv_scales hs;
-    const struct kv_scales *hsp = NULL;
-    kv_status st = dev_scales_pre(fn, scales, &hs, &hsp);
+    const struct kv_scales *hsp;
+    struct kv_pages pg;
+    kv_status st = dev_pages_pre(fn, pages, scales, &hs, &hsp, &pg, job);
     if (st != KV_OK)
         return st;
-    if ((st = dev_pages_check(fn, pages)) != KV_OK)
-        return st;
-    const struct kv_pages pg = {
-        .format = KV__PAGES_DEVICE, .n_seqs = pages->n_seqs, .page_ratio = pages->page_ratio};
     /* every scalar check of the host mode; check_pages reads no array */
     st = kv__attn_decode_check(fn, cache, layer, q, NULL, &pg, softmax_scale, hsp, out, NULL, job);
     if (st != KV_OK)
@@ -237,23 +258,16 @@ kv_status kv_attn_decode_cuda_dev(struct kv_paged_cache cache, uint32_t layer,
         kv__attn_decode_dev_check(fn, &cache, layer, q, pages, softmax_scale, scales, out, &j);
     if (st != KV_OK)
         return st;
-    st = kv__cuda_attn_decode_dev(&j, pages, scales && !scales->device, errors, stream);
-    kv__attn_job_free(&j);
-    return st == KV_OK ? kv__ok() : st;
+    return dev_done(&j,
+                    kv__cuda_attn_decode_dev(&j, pages, scales && !scales->device, errors, stream));
 }
 
 kv_status kv__attn_copy_dev_check(const char *fn, const struct kv_paged_cache *cache,
                                   const struct kv_block_copy *copies, uint32_t n_copies,
                                   struct kv__attn_job *job)
 {
-    /* the cache's checks of the host mode, with no pair to read */
-    kv_status st = kv__attn_copy_check(fn, cache, NULL, NULL, 0, NULL, job);
-    if (st != KV_OK)
-        return st;
-    if (n_copies && !copies)
-        return kv__error(KV_ERR_NULL, "%s: copies_dev is NULL with n_copies %" PRIu32, fn,
-                         n_copies);
-    return KV_OK;
+    /* copy_ex's with no source cache and no options: the one cache's */
+    return kv__attn_copy_ex_dev_check(fn, cache, NULL, copies, n_copies, NULL, job);
 }
 
 kv_status kv__attn_read_dev_check(const char *fn, const struct kv_paged_cache *cache, int32_t layer,
@@ -261,20 +275,15 @@ kv_status kv__attn_read_dev_check(const char *fn, const struct kv_paged_cache *c
                                   const struct kv_view *k_out, const struct kv_view *v_out,
                                   const struct kv_attn_dev_scales *scales, struct kv__attn_job *job)
 {
-    memset(job, 0, sizeof(*job));
-    job->fn = fn;
-    if (!pages)
-        return kv__error(KV_ERR_NULL, "%s: pages is NULL", fn);
     struct kv_scales hs;
-    const struct kv_scales *hsp = NULL;
-    kv_status st = dev_scales_pre(fn, scales, &hs, &hsp);
-    if (st != KV_OK || (st = dev_pages_check(fn, pages)) != KV_OK)
+    const struct kv_scales *hsp;
+    struct kv_pages pg;
+    kv_status st = dev_pages_pre(fn, pages, scales, &hs, &hsp, &pg, job);
+    if (st != KV_OK)
         return st;
     if (pages->n_seqs && !out_indptr)
         return kv__error(KV_ERR_NULL, "%s: out_indptr_dev is NULL with n_seqs %" PRIu32, fn,
                          pages->n_seqs);
-    const struct kv_pages pg = {
-        .format = KV__PAGES_DEVICE, .n_seqs = pages->n_seqs, .page_ratio = pages->page_ratio};
     /* every scalar check of the host mode; no page array read, no T */
     st = kv__attn_read_check(fn, cache, layer, &pg, k_out, v_out, hsp, job);
     if (st != KV_OK)
@@ -298,10 +307,8 @@ kv_status kv_attn_read_cuda_dev(struct kv_paged_cache cache, int32_t layer,
         kv__attn_read_dev_check(fn, &cache, layer, pages, out_indptr_dev, k_out, v_out, scales, &j);
     if (st != KV_OK)
         return st;
-    st = kv__cuda_attn_read_dev(&j, pages, out_indptr_dev, scales && !scales->device, errors,
-                                stream);
-    kv__attn_job_free(&j);
-    return st == KV_OK ? kv__ok() : st;
+    return dev_done(&j, kv__cuda_attn_read_dev(&j, pages, out_indptr_dev, scales && !scales->device,
+                                               errors, stream));
 }
 
 kv_status kv__attn_copy_ex_dev_check(const char *fn, const struct kv_paged_cache *dst,
@@ -330,9 +337,7 @@ kv_status kv_attn_copy_blocks_ex_cuda_dev(struct kv_paged_cache dst, struct kv_p
     kv_status st = kv__attn_copy_ex_dev_check(fn, &dst, &src, copies_dev, n_copies, opts, &j);
     if (st != KV_OK)
         return st;
-    st = kv__cuda_attn_copy_ex_dev(&j, copies_dev, n_copies, errors, stream);
-    kv__attn_job_free(&j);
-    return st == KV_OK ? kv__ok() : st;
+    return dev_done(&j, kv__cuda_attn_copy_ex_dev(&j, copies_dev, n_copies, errors, stream));
 }
 
 kv_status kv_attn_copy_blocks_cuda_dev(struct kv_paged_cache cache,
@@ -344,7 +349,5 @@ kv_status kv_attn_copy_blocks_cuda_dev(struct kv_paged_cache cache,
     kv_status st = kv__attn_copy_dev_check(fn, &cache, copies_dev, n_copies, &j);
     if (st != KV_OK)
         return st;
-    st = kv__cuda_attn_copy_dev(&j, copies_dev, n_copies, errors, stream);
-    kv__attn_job_free(&j);
-    return st == KV_OK ? kv__ok() : st;
+    return dev_done(&j, kv__cuda_attn_copy_dev(&j, copies_dev, n_copies, errors, stream));
 }

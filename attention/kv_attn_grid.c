@@ -46,21 +46,35 @@ static kv_status run(const char *fn, struct kv_grid_launch l,
     return st;
 }
 
+/* the launch of the item kernels (move, copy, copy_ex): KV__ATTN_THREADS a block */
+static struct kv_grid_launch items_launch(int64_t n_items)
+{
+    const struct kv_grid_launch l = {(uint64_t)kv__attn_grid_of(n_items), KV__ATTN_THREADS, 0,
+                                     false};
+    return l;
+}
+
+/* m's bytes move (vector width from m) or its converting move (scale: the
+ * host mode's scales; NULL where m carries them) */
+static kv_status move_launch(const char *fn, const struct kv__cmove *m,
+                             const struct kv__attn_run *runs, bool bytes, const float *scale)
+{
+    struct move_arg a = {m, runs, scale, 0};
+    if (!bytes)
+        return run(fn, items_launch(m->n_items), move_convert_thread, &a, 0);
+    a.vbytes = kv__cmove_width(m);
+    return run(fn, items_launch(m->n_items), move_bytes_thread, &a, a.vbytes);
+}
+
 static kv_status move_one(const struct kv__attn_job *j, bool to_cache)
 {
     struct kv__cmove m;
     const bool bytes = kv__cmove_build(j, to_cache, &m);
-    const struct kv_grid_launch l = {(uint64_t)kv__attn_grid_of(m.n_items), KV__ATTN_THREADS, 0,
-                                     false};
-    struct move_arg a = {&m, j->runs, NULL, 0};
-    if (bytes) {
-        a.vbytes = kv__cmove_width(&m);
-        return run(j->fn, l, move_bytes_thread, &a, a.vbytes);
-    }
+    if (bytes)
+        return move_launch(j->fn, &m, j->runs, true, NULL);
     float scale[2 * 1024];
     kv__cmove_scales(j, &m, scale);
-    a.scale = scale;
-    return run(j->fn, l, move_convert_thread, &a, 0);
+    return move_launch(j->fn, &m, j->runs, false, scale);
 }
 
 kv_status kv__grid_attn_move(const struct kv__attn_job *j, bool to_cache)
@@ -107,11 +121,8 @@ kv_status kv__grid_attn_copy(const struct kv__attn_job *j)
     struct kv__ccopy p;
     struct copy_arg a = {&p, NULL, 1};
     kv_status st = kv__ccopy_build(j, offs, &p, &a.vbytes);
-    if (st == KV_OK) {
-        const struct kv_grid_launch l = {(uint64_t)kv__attn_grid_of(p.n_items), KV__ATTN_THREADS, 0,
-                                         false};
-        st = run(j->fn, l, copy_thread, &a, a.vbytes);
-    }
+    if (st == KV_OK)
+        st = run(j->fn, items_launch(p.n_items), copy_thread, &a, a.vbytes);
     kv__mem_free(offs);
     return st;
 }
@@ -127,9 +138,7 @@ kv_status kv__grid_attn_copy_ex(const struct kv__attn_job *j)
     struct kv__ccopy_ex x;
     struct copy_arg a = {NULL, &x, 1};
     kv__ccopy_ex_build(j, offs, &x, &a.vbytes);
-    const struct kv_grid_launch l = {(uint64_t)kv__attn_grid_of(x.n_items), KV__ATTN_THREADS, 0,
-                                     false};
-    const kv_status st = run(j->fn, l, copy_ex_thread, &a, a.vbytes);
+    const kv_status st = run(j->fn, items_launch(x.n_items), copy_ex_thread, &a, a.vbytes);
     kv__mem_free(offs);
     return st;
 }
@@ -137,6 +146,18 @@ kv_status kv__grid_attn_copy_ex(const struct kv__attn_job *j)
 static void decode_thread(const struct kv_grid_ctx *c, const void *arg)
 {
     kv__decode_body(c, arg);
+}
+
+/* one block of p->warps warps per (sequence, KV head) */
+static kv_status decode_launch(const char *fn, const struct kv__attn_job *j,
+                               const struct kv__cdec *p, size_t shmem)
+{
+    const int64_t blocks = (int64_t)j->n_seqs * p->lo.num_heads;
+    if (blocks > INT32_MAX)
+        return kv__error(KV_ERR_UNSUPPORTED, "%s: %lld (sequence, head) pairs", fn,
+                         (long long)blocks);
+    const struct kv_grid_launch l = {(uint64_t)blocks, (uint64_t)(32 * p->warps), shmem, true};
+    return run(fn, l, decode_thread, p, 0);
 }
 
 kv_status kv__grid_attn_decode(const struct kv__attn_job *j)
@@ -161,12 +182,7 @@ kv_status kv__grid_attn_decode(const struct kv__attn_job *j)
     p.page_start = j->page_start;
     p.seq_tokens = j->seq_tokens;
     p.scales = scales;
-    const int64_t blocks = (int64_t)j->n_seqs * p.lo.num_heads;
-    if (blocks > INT32_MAX)
-        return kv__error(KV_ERR_UNSUPPORTED, "%s: %lld (sequence, head) pairs", fn,
-                         (long long)blocks);
-    const struct kv_grid_launch l = {(uint64_t)blocks, (uint64_t)(32 * p.warps), shmem, true};
-    return run(fn, l, decode_thread, &p, 0);
+    return decode_launch(fn, j, &p, shmem);
 }
 
 static void decode_mla_thread(const struct kv_grid_ctx *c, const void *arg)
@@ -205,6 +221,16 @@ static void finish_thread(const struct kv_grid_ctx *c, const void *arg)
                          a->out_indptr);
 }
 
+/* after a device-index launch that ran (st KV_OK), the record's 1-thread
+ * finish where there is a record */
+static kv_status finish(const char *fn, kv_status st, const struct finish_arg *f)
+{
+    if (st != KV_OK || !f->err)
+        return st;
+    const struct kv_grid_launch one = {1, 1, 0, false};
+    return kv__grid_run(fn, &one, finish_thread, f);
+}
+
 kv_status kv__grid_attn_write_dev(const struct kv__attn_job *j, const int64_t *slots,
                                   int64_t n_slots, bool by_value, struct kv_attn_cuda_errors *err)
 {
@@ -213,21 +239,8 @@ kv_status kv__grid_attn_write_dev(const struct kv__attn_job *j, const int64_t *s
     struct kv__cmove m;
     const bool bytes = kv__cmove_build_dev(j, slots, n_slots, err, &m);
     kv__cmove_scales_dev(j, by_value, &m);
-    const struct kv_grid_launch l = {(uint64_t)kv__attn_grid_of(m.n_items), KV__ATTN_THREADS, 0,
-                                     false};
-    struct move_arg a = {&m, NULL, NULL, 0};
-    kv_status st;
-    if (bytes) {
-        a.vbytes = kv__cmove_width(&m);
-        st = run(j->fn, l, move_bytes_thread, &a, a.vbytes);
-    } else {
-        st = run(j->fn, l, move_convert_thread, &a, 0);
-    }
-    if (st != KV_OK || !err)
-        return st;
-    const struct finish_arg f = {err, slots, NULL, NULL, NULL, NULL, NULL, NULL};
-    const struct kv_grid_launch one = {1, 1, 0, false};
-    return kv__grid_run(j->fn, &one, finish_thread, &f);
+    const kv_status st = move_launch(j->fn, &m, NULL, bytes, NULL);
+    return finish(j->fn, st, &(const struct finish_arg){.err = err, .slots = slots});
 }
 
 kv_status kv__grid_attn_decode_dev(const struct kv__attn_job *j, const struct kv_attn_dev_pages *pg,
@@ -242,18 +255,13 @@ kv_status kv__grid_attn_decode_dev(const struct kv__attn_job *j, const struct kv
         return st;
     kv__cdec_build_dev(j, pg, err, &p);
     kv__cdec_scales_dev(j, by_value, &p);
-    const int64_t blocks = (int64_t)j->n_seqs * p.lo.num_heads;
-    if (blocks > INT32_MAX)
-        return kv__error(KV_ERR_UNSUPPORTED, "%s: %lld (sequence, head) pairs", j->fn,
-                         (long long)blocks);
-    const struct kv_grid_launch l = {(uint64_t)blocks, (uint64_t)(32 * p.warps), shmem, true};
-    st = run(j->fn, l, decode_thread, &p, 0);
-    if (st != KV_OK || !err)
-        return st;
-    const struct finish_arg f = {err,         NULL, p.d_indptr, p.d_last,
-                                 p.d_indices, NULL, p.d_lens,   NULL};
-    const struct kv_grid_launch one = {1, 1, 0, false};
-    return kv__grid_run(j->fn, &one, finish_thread, &f);
+    st = decode_launch(j->fn, j, &p, shmem);
+    return finish(j->fn, st,
+                  &(const struct finish_arg){.err = err,
+                                             .indptr = p.d_indptr,
+                                             .last = p.d_last,
+                                             .indices = p.d_indices,
+                                             .seq_lens = p.d_lens});
 }
 
 kv_status kv__grid_attn_copy_dev(const struct kv__attn_job *j, const struct kv_block_copy *pairs,
@@ -266,14 +274,8 @@ kv_status kv__grid_attn_copy_dev(const struct kv__attn_job *j, const struct kv_b
     kv_status st = kv__ccopy_build_dev(j, pairs, n, err, &p, &a.vbytes);
     if (st != KV_OK)
         return st;
-    const struct kv_grid_launch l = {(uint64_t)kv__attn_grid_of(p.n_items), KV__ATTN_THREADS, 0,
-                                     false};
-    st = run(j->fn, l, copy_thread, &a, a.vbytes);
-    if (st != KV_OK || !err)
-        return st;
-    const struct finish_arg f = {err, NULL, NULL, NULL, NULL, pairs, NULL, NULL};
-    const struct kv_grid_launch one = {1, 1, 0, false};
-    return kv__grid_run(j->fn, &one, finish_thread, &f);
+    st = run(j->fn, items_launch(p.n_items), copy_thread, &a, a.vbytes);
+    return finish(j->fn, st, &(const struct finish_arg){.err = err, .pairs = pairs});
 }
 
 kv_status kv__grid_attn_copy_ex_dev(const struct kv__attn_job *j, const struct kv_block_copy *pairs,
@@ -284,14 +286,8 @@ kv_status kv__grid_attn_copy_ex_dev(const struct kv__attn_job *j, const struct k
     struct kv__ccopy_ex x;
     struct copy_arg a = {NULL, &x, 1};
     kv__ccopy_ex_build_dev(j, pairs, n, err, &x, &a.vbytes);
-    const struct kv_grid_launch l = {(uint64_t)kv__attn_grid_of(x.n_items), KV__ATTN_THREADS, 0,
-                                     false};
-    kv_status st = run(j->fn, l, copy_ex_thread, &a, a.vbytes);
-    if (st != KV_OK || !err)
-        return st;
-    const struct finish_arg f = {err, NULL, NULL, NULL, NULL, pairs, NULL, NULL};
-    const struct kv_grid_launch one = {1, 1, 0, false};
-    return kv__grid_run(j->fn, &one, finish_thread, &f);
+    const kv_status st = run(j->fn, items_launch(x.n_items), copy_ex_thread, &a, a.vbytes);
+    return finish(j->fn, st, &(const struct finish_arg){.err = err, .pairs = pairs});
 }
 
 kv_status kv__grid_attn_read_dev(const struct kv__attn_job *j, const struct kv_attn_dev_pages *pg,
@@ -303,20 +299,12 @@ kv_status kv__grid_attn_read_dev(const struct kv__attn_job *j, const struct kv_a
     struct kv__cmove m;
     const bool bytes = kv__cmove_build_read_dev(j, pg, out_indptr, err, &m);
     kv__cmove_scales_dev(j, by_value, &m);
-    const struct kv_grid_launch l = {(uint64_t)kv__attn_grid_of(m.n_items), KV__ATTN_THREADS, 0,
-                                     false};
-    struct move_arg a = {&m, NULL, NULL, 0};
-    kv_status st;
-    if (bytes) {
-        a.vbytes = kv__cmove_width(&m);
-        st = run(j->fn, l, move_bytes_thread, &a, a.vbytes);
-    } else {
-        st = run(j->fn, l, move_convert_thread, &a, 0);
-    }
-    if (st != KV_OK || !err)
-        return st;
-    const struct finish_arg f = {err,          NULL, m.rd_indptr, m.rd_last,
-                                 m.rd_indices, NULL, m.rd_lens,   out_indptr};
-    const struct kv_grid_launch one = {1, 1, 0, false};
-    return kv__grid_run(j->fn, &one, finish_thread, &f);
+    const kv_status st = move_launch(j->fn, &m, NULL, bytes, NULL);
+    return finish(j->fn, st,
+                  &(const struct finish_arg){.err = err,
+                                             .indptr = m.rd_indptr,
+                                             .last = m.rd_last,
+                                             .indices = m.rd_indices,
+                                             .seq_lens = m.rd_lens,
+                                             .out_indptr = out_indptr});
 }

@@ -96,24 +96,25 @@ KV_HD float kv__move_scale(const struct kv__cmove *m, const float *scale, int kv
     return scale ? scale[kv * m->n_mul + i] : 1.0f;
 }
 
-/* Record an invalid index in e (NULL: not recorded): count, and the first
- * (lowest array, then index) as first_key = ~(array << 56 | index), so that
- * 0 means none and atomicMax keeps the first. */
+/* Record an invalid index in e (NULL: not recorded): kv_grid_error_record. */
 KV_HD void kv__dev_error(struct kv_attn_cuda_errors *e, int array, int64_t index)
 {
-    if (!e)
-        return;
-    const uint64_t key = ~(((uint64_t)array << 56) | (uint64_t)index);
-#if defined(__CUDA_ARCH__)
-    atomicAdd((unsigned long long *)&e->count, 1ull);
-    atomicMax((unsigned long long *)&e->first_key, (unsigned long long)key);
-#else
-    __atomic_fetch_add(&e->count, 1, __ATOMIC_RELAXED);
-    uint64_t cur = __atomic_load_n(&e->first_key, __ATOMIC_RELAXED);
-    while (key > cur && !__atomic_compare_exchange_n(&e->first_key, &cur, key, false,
-                                                     __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-    }
-#endif
+    if (e)
+        kv_grid_error_record(&e->count, &e->first_key, array, index);
+}
+
+/* Whether copy pair pr (pair cp) has src < s_blocks and dst < d_blocks;
+ * if not, with rec, record the first id out of range (KV_ATTN_DEV_COPIES,
+ * index 2 cp + 0 for src, 1 for dst). */
+KV_HD bool kv__dev_pair_ok(struct kv_attn_cuda_errors *e, bool rec, struct kv_block_copy pr,
+                           int64_t cp, int64_t s_blocks, int64_t d_blocks)
+{
+    const bool bad_src = (int64_t)pr.src >= s_blocks;
+    if (!bad_src && (int64_t)pr.dst < d_blocks)
+        return true;
+    if (rec)
+        kv__dev_error(e, KV_ATTN_DEV_COPIES, 2 * cp + (bad_src ? 0 : 1));
+    return false;
 }
 
 /* After a launch (one thread, the same stream): the value at the first
@@ -126,9 +127,8 @@ KV_HD void kv__dev_error_finish(struct kv_attn_cuda_errors *e, const int64_t *sl
 {
     if (!e || e->first_key == 0 || e->first_key == e->value_key)
         return;
-    const uint64_t k = ~e->first_key;
-    const int64_t index = (int64_t)(k & ((1ull << 56) - 1));
-    const int array = (int)(k >> 56);
+    int array;
+    const int64_t index = kv_grid_error_first(e->first_key, &array);
     if (array == KV_ATTN_DEV_SLOTS && slots)
         e->first_value = slots[index];
     else if (array == KV_ATTN_DEV_INDPTR && indptr)
@@ -381,12 +381,9 @@ KV_HD void kv__copy_body(const struct kv_grid_ctx *c, const struct kv__ccopy *p,
         int64_t so, dof;
         if (p->pairs) {
             const struct kv_block_copy pr = p->pairs[cp];
-            if ((int64_t)pr.src >= p->n_blocks || (int64_t)pr.dst >= p->n_blocks) {
-                if (c->thread == 0 && r == 0)
-                    kv__dev_error(p->err, KV_ATTN_DEV_COPIES,
-                                  2 * cp + ((int64_t)pr.src >= p->n_blocks ? 0 : 1));
+            if (!kv__dev_pair_ok(p->err, c->thread == 0 && r == 0, pr, cp, p->n_blocks,
+                                 p->n_blocks))
                 continue;
-            }
             so = (int64_t)pr.src * p->stride_block;
             dof = (int64_t)pr.dst * p->stride_block;
         } else {
@@ -433,12 +430,9 @@ KV_HD bool kv__copy_ex_unit(const struct kv_grid_ctx *c, const struct kv__ccopy_
     }
     const int64_t cp = u / p->per_copy, r = u - cp * p->per_copy;
     const struct kv_block_copy pr = p->pairs[cp];
-    const bool bad_src = (int64_t)pr.src >= p->slo.num_blocks;
-    if (bad_src || (int64_t)pr.dst >= p->dlo.num_blocks) {
-        if (c->thread == 0 && r == 0 && row == 0)
-            kv__dev_error(p->err, KV_ATTN_DEV_COPIES, 2 * cp + (bad_src ? 0 : 1));
+    if (!kv__dev_pair_ok(p->err, c->thread == 0 && r == 0 && row == 0, pr, cp, p->slo.num_blocks,
+                         p->dlo.num_blocks))
         return false;
-    }
     const uint32_t l = p->layer0 + (uint32_t)(r / p->units);
     const int kv = p->halves ? p->kv0 : (p->dlo.kv_packed ? 0 : p->kv0 + (int)(r % p->units));
     *so = kv_layout_slot_offset_bytes(&p->slo, l, kv, (int64_t)pr.src * p->slo.block_tokens);
@@ -716,6 +710,14 @@ static inline int kv__attn_grid_of(int64_t items)
 
 /* The move of job j; returns whether it moves bytes (kv__move_bytes_body)
  * rather than converting. */
+/* A kernel's side of a resolved tensor: its base, byte strides and dtype. */
+static inline struct kv__cside kv__cside_of(const struct kv__attn_tensor *t)
+{
+    const struct kv__cside s = {t->base,        t->layer_stride, t->token_stride,
+                                t->head_stride, t->dim_stride,   t->dtype};
+    return s;
+}
+
 static inline bool kv__cmove_build(const struct kv__attn_job *j, bool to_cache, struct kv__cmove *m)
 {
     memset(m, 0, sizeof(*m));
@@ -726,14 +728,8 @@ static inline bool kv__cmove_build(const struct kv__attn_job *j, bool to_cache, 
     m->n_items = j->n_runs * (int64_t)j->n_layers;
     m->to_cache = to_cache;
     for (int kv = 0; kv < 2; kv++) {
-        const struct kv__attn_tensor *t = kv ? &j->v : &j->k;
         m->has[kv] = kv ? j->has_v : j->has_k;
-        m->t[kv].base = t->base;
-        m->t[kv].layer = t->layer_stride;
-        m->t[kv].tok = t->token_stride;
-        m->t[kv].head = t->head_stride;
-        m->t[kv].dim = t->dim_stride;
-        m->t[kv].dt = t->dtype;
+        m->t[kv] = kv__cside_of(kv ? &j->v : &j->k);
     }
     for (int kv = 0; kv < 2; kv++)
         m->raw[kv] = j->n_scales == 0 && m->t[kv].dt == m->lo.dtype;
@@ -860,16 +856,8 @@ static inline kv_status kv__cdec_build(const struct kv__attn_job *j, const char 
     p->lo = j->cache.layout;
     p->cache = (const char *)j->cache.base;
     p->layer = j->layer0;
-    p->q.base = j->q.base;
-    p->q.tok = j->q.token_stride;
-    p->q.head = j->q.head_stride;
-    p->q.dim = j->q.dim_stride;
-    p->q.dt = j->q.dtype;
-    p->out.base = j->out.base;
-    p->out.tok = j->out.token_stride;
-    p->out.head = j->out.head_stride;
-    p->out.dim = j->out.dim_stride;
-    p->out.dt = j->out.dtype;
+    p->q = kv__cside_of(&j->q);
+    p->out = kv__cside_of(&j->out);
     p->g = j->q_heads / p->lo.num_heads;
     p->pt = j->page_tokens;
     p->softmax_scale = j->softmax_scale;
@@ -899,16 +887,8 @@ static inline kv_status kv__cmla_build(const struct kv__attn_job *j, const char 
     p->lo = j->cache.layout;
     p->cache = (const char *)j->cache.base;
     p->layer = j->layer0;
-    p->q.base = j->q.base;
-    p->q.tok = j->q.token_stride;
-    p->q.head = j->q.head_stride;
-    p->q.dim = j->q.dim_stride;
-    p->q.dt = j->q.dtype;
-    p->out.base = j->out.base;
-    p->out.tok = j->out.token_stride;
-    p->out.head = j->out.head_stride;
-    p->out.dim = j->out.dim_stride;
-    p->out.dt = j->out.dtype;
+    p->q = kv__cside_of(&j->q);
+    p->out = kv__cside_of(&j->out);
     p->hq = j->q_heads;
     p->dv = j->mla_dv;
     p->pt = j->page_tokens;
@@ -1057,6 +1037,36 @@ static inline int64_t kv__ccopy_ex_units(const struct kv__attn_job *j)
     return (int64_t)j->n_copies * j->n_layers * units;
 }
 
+/* A copy_ex unit's rows (the whole block, or with halves one plane's
+ * N x H half rows of a packed block), the strides of those rows and the
+ * two sides' bases, from job j. */
+static inline void kv__ccopy_ex_rows(const struct kv__attn_job *j, bool halves,
+                                     struct kv__ccopy_ex *p)
+{
+    const struct kv_layout *dl = &j->cache.layout;
+    p->rows = halves ? dl->block_tokens * dl->num_heads : 1;
+    p->row_bytes = halves ? dl->head_dim * dl->elem_bytes : dl->block_bytes;
+    p->H = dl->num_heads;
+    p->tok = dl->stride_token_bytes;
+    p->head = dl->stride_head_bytes;
+    p->dst = (char *)j->cache.base;
+    p->src = (const char *)j->src.base;
+}
+
+/* The widest vector every address and offset ORed in bits, the row bytes
+ * and (halves) the row strides allow. */
+static inline int kv__ccopy_ex_width(const struct kv__ccopy_ex *p, bool halves, uint64_t bits)
+{
+    bits |= (uint64_t)p->row_bytes;
+    if (halves)
+        bits |= (uint64_t)p->tok | (uint64_t)p->head;
+    return (bits & 15) == 0  ? 16
+           : (bits & 7) == 0 ? 8
+           : (bits & 3) == 0 ? 4
+           : (bits & 1) == 0 ? 2
+                             : 1;
+}
+
 /* The copy_ex of job j: offs [kv__ccopy_ex_units][2] (caller's, filled), *p
  * and the vector width (16, 8, 4, 2 or 1 bytes). */
 static inline void kv__ccopy_ex_build(const struct kv__attn_job *j, int64_t *offs,
@@ -1079,23 +1089,10 @@ static inline void kv__ccopy_ex_build(const struct kv__attn_job *j, int64_t *off
             kv_layout_slot_offset_bytes(dl, l, kv, (int64_t)cp->dst * dl->block_tokens);
         bits |= (uint64_t)offs[2 * u] | (uint64_t)offs[2 * u + 1];
     }
-    p->rows = halves ? dl->block_tokens * dl->num_heads : 1;
-    p->row_bytes = halves ? dl->head_dim * dl->elem_bytes : dl->block_bytes;
-    p->H = dl->num_heads;
-    p->tok = dl->stride_token_bytes;
-    p->head = dl->stride_head_bytes;
-    p->dst = (char *)j->cache.base;
-    p->src = (const char *)j->src.base;
+    kv__ccopy_ex_rows(j, halves, p);
     p->offs = offs;
     p->n_items = n_units * p->rows;
-    bits |= (uint64_t)p->row_bytes;
-    if (halves)
-        bits |= (uint64_t)p->tok | (uint64_t)p->head;
-    *vbytes = (bits & 15) == 0  ? 16
-              : (bits & 7) == 0 ? 8
-              : (bits & 3) == 0 ? 4
-              : (bits & 1) == 0 ? 2
-                                : 1;
+    *vbytes = kv__ccopy_ex_width(p, halves, bits);
 }
 
 /* The copy_ex of a device-index call (kv_attn_copy_blocks_ex_cuda_dev): job
@@ -1119,28 +1116,15 @@ static inline void kv__ccopy_ex_build_dev(const struct kv__attn_job *j,
     p->slo = *sl;
     p->pairs = pairs;
     p->err = err;
-    p->rows = halves ? dl->block_tokens * dl->num_heads : 1;
-    p->row_bytes = halves ? dl->head_dim * dl->elem_bytes : dl->block_bytes;
-    p->H = dl->num_heads;
-    p->tok = dl->stride_token_bytes;
-    p->head = dl->stride_head_bytes;
-    p->dst = (char *)j->cache.base;
-    p->src = (const char *)j->src.base;
+    kv__ccopy_ex_rows(j, halves, p);
     p->n_items = (int64_t)n * p->per_copy * p->rows;
-    uint64_t bits = (uint64_t)(uintptr_t)j->cache.base | (uint64_t)(uintptr_t)j->src.base |
-                    (uint64_t)p->row_bytes;
+    uint64_t bits = (uint64_t)(uintptr_t)j->cache.base | (uint64_t)(uintptr_t)j->src.base;
     for (int side = 0; side < 2; side++) {
         const struct kv_layout *lo = side ? sl : dl;
         bits |= (uint64_t)lo->stride_layer_bytes | (uint64_t)lo->stride_kv_bytes |
                 (uint64_t)lo->stride_block_bytes;
     }
-    if (halves)
-        bits |= (uint64_t)p->tok | (uint64_t)p->head;
-    *vbytes = (bits & 15) == 0  ? 16
-              : (bits & 7) == 0 ? 8
-              : (bits & 3) == 0 ? 4
-              : (bits & 1) == 0 ? 2
-                                : 1;
+    *vbytes = kv__ccopy_ex_width(p, halves, bits);
 }
 
 #endif /* KV_ATTN_KERNELS_HD_H */

@@ -22,6 +22,7 @@
  *   kv_grid_move          one V load + store       memcpy, refused (a fault)
  *                         (16/8/4/2/1 bytes)       unless both aligned to V
  *   kv_grid_expf          __expf                   expf
+ *   kv_grid_error_record  atomicAdd, atomicMax     __atomic add, CAS loop
  *
  * The emulator is at least as strict as the GPU: it refuses a launch CUDA
  * refuses (block size 0 or > 1024, grid size 0 or > 2^31 - 1, dynamic
@@ -174,6 +175,33 @@ KV_HD float kv_grid_expf(float x)
 #else
     return expf(x);
 #endif
+}
+
+/* A device error record (struct kv_attn_cuda_errors, kv_plan_cuda_errors):
+ * count the invalid index (array, index), and keep the first (lowest array,
+ * then index) as *first_key = ~(array << 56 | index), so that 0 means none
+ * and atomicMax keeps the first. */
+KV_HD void kv_grid_error_record(uint64_t *count, uint64_t *first_key, int array, int64_t index)
+{
+    const uint64_t key = ~(((uint64_t)array << 56) | (uint64_t)index);
+#if defined(__CUDA_ARCH__)
+    atomicAdd((unsigned long long *)count, 1ull);
+    atomicMax((unsigned long long *)first_key, (unsigned long long)key);
+#else
+    __atomic_fetch_add(count, 1, __ATOMIC_RELAXED);
+    uint64_t cur = __atomic_load_n(first_key, __ATOMIC_RELAXED);
+    while (key > cur && !__atomic_compare_exchange_n(first_key, &cur, key, false, __ATOMIC_RELAXED,
+                                                     __ATOMIC_RELAXED)) {
+    }
+#endif
+}
+
+/* The index of a non-zero first_key, and its array in *array. */
+KV_HD int64_t kv_grid_error_first(uint64_t first_key, int *array)
+{
+    const uint64_t k = ~first_key;
+    *array = (int)(k >> 56);
+    return (int64_t)(k & ((1ull << 56) - 1));
 }
 
 #endif /* KV_GRID_HD_H */

@@ -46,11 +46,11 @@ mutations=(
 "devidx-indptr-past-n-pages|$A|b > n_pages)|b > n_pages + 100)"
 "devidx-last-len-off-by-one|$A|ll > pt))|ll > pt + 1))"
 "devidx-record-every-layer|$A|c->thread == 0 && item % m->n_layers == 0|c->thread == 0"
-"devidx-copy-bound-off-by-one|$A|(int64_t)pr.dst >= p->n_blocks)|(int64_t)pr.dst > p->n_blocks)"
+"devidx-copy-bound-off-by-one|$A|cp, p->n_blocks,\n                                 p->n_blocks))|cp, p->n_blocks,\n                                 p->n_blocks + 1))"
 "devidx-seq-lens-off-by-one|$A|len > cols * pt)|len > cols * pt + 1)"
 "devidx-read-rows-count|$A|o1 - o0 != *n_tok|o1 - o0 < *n_tok"
 "devidx-read-drop-last-token|$A|r->n = left < m->rd_pt ? left : m->rd_pt;|r->n = left < m->rd_pt ? left - 1 : m->rd_pt;"
-"devidx-copy-ex-dst-bound|$A|(int64_t)pr.dst >= p->dlo.num_blocks|(int64_t)pr.dst > p->dlo.num_blocks"
+"devidx-copy-ex-dst-bound|$A|p->dlo.num_blocks))|p->dlo.num_blocks + 1))"
 "devidx-scale-layer-row|$A|(int64_t)lrel * m->sc_lstride + i;|(int64_t)(lrel & 0) * m->sc_lstride + i;"
 "devidx-plan-src-bound|$P|(s_id >= p->s_blocks|(s_id > p->s_blocks"
 )

@@ -54,22 +54,12 @@ struct kv__plan_dev {
     struct kv_plan_cuda_errors *err;
 };
 
-/* Record an invalid id at (side, index) (the encoding of kv__dev_error). */
+/* Record an invalid id at (side, index) (NULL e: not recorded):
+ * kv_grid_error_record. */
 KV_HD void kv__plan_dev_error(struct kv_plan_cuda_errors *e, int side, int64_t index)
 {
-    if (!e)
-        return;
-    const uint64_t key = ~(((uint64_t)side << 56) | (uint64_t)index);
-#if defined(__CUDA_ARCH__)
-    atomicAdd((unsigned long long *)&e->count, 1ull);
-    atomicMax((unsigned long long *)&e->first_key, (unsigned long long)key);
-#else
-    __atomic_fetch_add(&e->count, 1, __ATOMIC_RELAXED);
-    uint64_t cur = __atomic_load_n(&e->first_key, __ATOMIC_RELAXED);
-    while (key > cur && !__atomic_compare_exchange_n(&e->first_key, &cur, key, false,
-                                                     __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-    }
-#endif
+    if (e)
+        kv_grid_error_record(&e->count, &e->first_key, side, index);
 }
 
 KV_HD void kv__plan_dev_body(const struct kv_grid_ctx *c, const struct kv__plan_dev *p, int vbytes)
@@ -112,9 +102,8 @@ KV_HD void kv__plan_dev_finish(struct kv_plan_cuda_errors *e, const uint32_t *si
 {
     if (!e || e->first_key == 0 || e->first_key == e->value_key)
         return;
-    const uint64_t k = ~e->first_key;
-    const int64_t index = (int64_t)(k & ((1ull << 56) - 1));
-    const int side = (int)(k >> 56);
+    int side;
+    const int64_t index = kv_grid_error_first(e->first_key, &side);
     if (index >= (int64_t)(side ? n_dst : n_src))
         return; /* an earlier launch's first, with longer lists: its value stays unset */
     e->first_value = side ? did[index] : sid[index];

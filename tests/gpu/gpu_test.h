@@ -1,7 +1,9 @@
-/* gpu_test.h - the abort-on-failure check shared by the GPU test programs. */
+/* gpu_test.h - what the GPU test programs share: the abort-on-failure
+ * check, a seeded generator, the whole-pool comparison. */
 #ifndef GPU_TEST_H
 #define GPU_TEST_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +19,21 @@
             exit(1);                                                                               \
         }                                                                                          \
     } while (0)
+
+/* splitmix64: the next value of the sequence seeded by *s */
+static inline uint64_t gpu_rnd(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* A float in [-1, 1] in steps of 0.001. */
+static inline float gpu_frand(uint64_t *s)
+{
+    return (float)((double)(gpu_rnd(s) % 2001) / 1000.0 - 1.0);
+}
 
 /* After the device is idle: copy the n bytes at dev (device or pinned) into
  * back and compare the whole pool with want, the CPU reference; on the first

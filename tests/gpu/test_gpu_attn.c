@@ -32,23 +32,15 @@
 #include <kvcache/kv.h>
 #include "kv_convert_hd.h" /* scalar conversions: not installed */
 
-static uint64_t rnd(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static int64_t range(uint64_t *s, int64_t lo, int64_t hi)
 {
-    return lo + (int64_t)(rnd(s) % (uint64_t)(hi - lo + 1));
+    return lo + (int64_t)(gpu_rnd(s) % (uint64_t)(hi - lo + 1));
 }
 
 static void fill(unsigned char *p, size_t n, uint64_t seed)
 {
     for (size_t i = 0; i < n; i++)
-        p[i] = (unsigned char)rnd(&seed);
+        p[i] = (unsigned char)gpu_rnd(&seed);
 }
 
 /* A host pool and a device pool holding the same bytes. */
@@ -508,7 +500,8 @@ static void mla_case(int i)
                                 .indptr = indptr,
                                 .indices = indices,
                                 .last_page_len = last};
-    const size_t qb = (size_t)(3 * Hq * D) * sizeof(float), ob = (size_t)(3 * Hq * dv) * sizeof(float);
+    const size_t qb = (size_t)(3 * Hq * D) * sizeof(float),
+                 ob = (size_t)(3 * Hq * dv) * sizeof(float);
     float *hq = malloc(qb), *hc = malloc(ob), *hg = malloc(ob);
     void *dq, *dout;
     CHECK(hq && hc && hg);

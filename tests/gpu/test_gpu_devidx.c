@@ -40,19 +40,6 @@
 #define T 40 /* tokens written */
 #define S 3  /* sequences read and decoded */
 
-static uint64_t rnd(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static float frand(uint64_t *s)
-{
-    return (float)((double)(rnd(s) % 2001) / 1000.0 - 1.0);
-}
-
 static void *dev_alloc(size_t n)
 {
     void *p = NULL;
@@ -73,7 +60,7 @@ static void dev_twins(size_t n, uint64_t seed, void **a, void **b)
     unsigned char *h = malloc(n);
     CHECK(h);
     for (size_t i = 0; i < n; i++)
-        h[i] = (unsigned char)rnd(&seed);
+        h[i] = (unsigned char)gpu_rnd(&seed);
     *a = dev_copy(h, n);
     *b = dev_copy(h, n);
     free(h);
@@ -112,7 +99,7 @@ static struct kv_paged_cache cache_make(int64_t nb, uint64_t seed)
     uint16_t *h = malloc(c.storage_bytes);
     CHECK(h);
     for (size_t i = 0; i < c.storage_bytes / 2; i++)
-        h[i] = (uint16_t)(rnd(&seed) & 0xBBFF);
+        h[i] = (uint16_t)(gpu_rnd(&seed) & 0xBBFF);
     c.base = dev_copy(h, c.storage_bytes);
     c.mem = KV_MEM_DEVICE;
     free(h);
@@ -199,7 +186,7 @@ int main(void)
     float *kt = malloc((size_t)L * T * H * D * 4), *vt = malloc((size_t)L * T * H * D * 4);
     CHECK(kt && vt);
     for (int i = 0; i < L * T * H * D; i++)
-        kt[i] = frand(&seed), vt[i] = frand(&seed);
+        kt[i] = gpu_frand(&seed), vt[i] = gpu_frand(&seed);
     float *dk = dev_copy(kt, (size_t)L * T * H * D * 4),
           *dv = dev_copy(vt, (size_t)L * T * H * D * 4);
     const struct kv_view k = fview(dk, L, T, H), v = fview(dv, L, T, H);
@@ -269,7 +256,7 @@ int main(void)
     float *qh = malloc(qb);
     CHECK(qh);
     for (size_t i = 0; i < qb / 4; i++)
-        qh[i] = frand(&seed);
+        qh[i] = gpu_frand(&seed);
     void *dq = dev_copy(qh, qb), *o_a, *o_b;
     dev_twins(qb, 13, &o_a, &o_b);
     struct kv_view q = fview(dq, 0, S, H * G), oa = fview(o_a, 0, S, H * G),

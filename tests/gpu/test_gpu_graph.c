@@ -30,19 +30,6 @@
 #define S 3
 #define T 4 /* new tokens: one per sequence and one padding / invalid */
 
-static uint64_t rnd(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static float frand(uint64_t *s)
-{
-    return (float)((double)(rnd(s) % 2001) / 1000.0 - 1.0);
-}
-
 /* The step's inputs: device buffers the graph reads, written in place. */
 struct step_dev {
     float *k, *v; /* [L][T][H][D] */
@@ -65,9 +52,9 @@ static const int32_t g_indices[2 * S] = {200, 131, 97, 250, 180, 143};
 static void make_step(struct step_host *h, const int32_t *lens, int64_t extra_slot, uint64_t seed)
 {
     for (int i = 0; i < L * T * H * D; i++)
-        h->k[i] = frand(&seed), h->v[i] = frand(&seed);
+        h->k[i] = gpu_frand(&seed), h->v[i] = gpu_frand(&seed);
     for (int i = 0; i < L * S * H * G * D; i++)
-        h->q[i] = frand(&seed);
+        h->q[i] = gpu_frand(&seed);
     for (int s = 0; s < S; s++) {
         const int32_t t = lens[s] - 1; /* the new token's position */
         h->slots[s] = (int64_t)g_indices[g_indptr[s] + t / N] * N + t % N;
@@ -168,7 +155,7 @@ int main(void)
     CHECK(p0 && ph && back && pu);
     uint64_t seed = 42;
     for (size_t i = 0; i < bytes / 4; i++)
-        p0[i] = frand(&seed);
+        p0[i] = gpu_frand(&seed);
     memcpy(ph, p0, bytes);
     host.base = ph;
     host.storage_bytes = bytes;

@@ -24,14 +24,6 @@
 #include "gpu_test.h"
 #include <kvcache/kv.h>
 
-static uint64_t rnd(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* One side: a layout, its bytes on the host (h, the CPU executor's), and the
  * same bytes on the device (or in pinned memory). */
 struct side {
@@ -64,7 +56,7 @@ static void side_init(struct side *s, int64_t L, int64_t B, int64_t N, int64_t H
     s->back = malloc(s->bytes);
     CHECK(s->h && s->back);
     for (size_t i = 0; i < s->bytes; i += 8) {
-        const uint64_t x = rnd(&seed);
+        const uint64_t x = gpu_rnd(&seed);
         memcpy(s->h + i, &x, s->bytes - i < 8 ? s->bytes - i : 8);
     }
     s->host = (struct kv_paged_cache){s->lo, s->h, s->bytes, KV_MEM_HOST};
@@ -101,7 +93,7 @@ static void pick(uint64_t *r, int64_t B, uint32_t n, uint32_t *ids)
     for (int64_t i = 0; i < B; i++)
         all[i] = (uint32_t)i;
     for (uint32_t i = 0; i < n; i++) {
-        const uint32_t j = i + (uint32_t)(rnd(r) % (uint64_t)(B - i)), t = all[i];
+        const uint32_t j = i + (uint32_t)(gpu_rnd(r) % (uint64_t)(B - i)), t = all[i];
         all[i] = all[j];
         all[j] = t;
         ids[i] = all[i];
@@ -209,7 +201,7 @@ int main(void)
     for (int sb = 0; sb < 16; sb++)
         for (int db = 0; db < 16; db++, n++) {
             const int64_t a = Ns[(sb + db) % 3], b = Ns[(sb * 3 + db) % 3];
-            const uint64_t T = 1 + rnd(&seed) % 300;
+            const uint64_t T = 1 + gpu_rnd(&seed) % 300;
             one_case(64, 48, sb, db, a, b, 8, 8, 0, 0, 0, 128, KV_BF16, T, 0, n % 2 ? st : NULL,
                      seed++);
         }
@@ -232,12 +224,14 @@ int main(void)
      * layers into a decoder of 5, one layer), every layout pair of a few */
     for (int sb = 0; sb < 16; sb += 3)
         for (int db = 0; db < 16; db += 2, n++) {
-            const int64_t Ls = 1 + (int64_t)(rnd(&seed) % 4), Ld = 1 + (int64_t)(rnd(&seed) % 5);
-            const int64_t nl = 1 + (int64_t)(rnd(&seed) % (uint64_t)(Ls < Ld ? Ls : Ld));
-            const struct layers ly = {Ls, Ld, (int64_t)(rnd(&seed) % (uint64_t)(Ls - nl + 1)),
-                                      (int64_t)(rnd(&seed) % (uint64_t)(Ld - nl + 1)), nl};
+            const int64_t Ls = 1 + (int64_t)(gpu_rnd(&seed) % 4),
+                          Ld = 1 + (int64_t)(gpu_rnd(&seed) % 5);
+            const int64_t nl = 1 + (int64_t)(gpu_rnd(&seed) % (uint64_t)(Ls < Ld ? Ls : Ld));
+            const struct layers ly = {Ls, Ld, (int64_t)(gpu_rnd(&seed) % (uint64_t)(Ls - nl + 1)),
+                                      (int64_t)(gpu_rnd(&seed) % (uint64_t)(Ld - nl + 1)), nl};
             one_case_layers(64, 48, sb, db, Ns[(sb + db) % 3], Ns[(2 * sb + db) % 3], 8, 8, 0, 0, 0,
-                            128, KV_BF16, 1 + rnd(&seed) % 200, 0, n % 2 ? st : NULL, seed++, ly);
+                            128, KV_BF16, 1 + gpu_rnd(&seed) % 200, 0, n % 2 ? st : NULL, seed++,
+                            ly);
         }
     /* pinned host memory on either side */
     for (int i = 0; i < 8; i++, n++)

@@ -73,6 +73,22 @@ static const float wks[4] = {0.25f, 1.75f, 3.0f, 0.5f}, wvs[4] = {1.5f, 0.375f, 
  * scales, 1 by value (shared by the layers), 2 device memory (a row per
  * layer; host memory stands for it on the emulator). want: the expected
  * record. */
+/* The record after the launches: want_count skipped indices, the first in
+ * want_array (KV_ATTN_DEV_NONE with none) and, with any, at want_index
+ * with want_value. */
+static void check_record(const struct kv_attn_cuda_errors *rec, uint64_t want_count, int want_array,
+                         int64_t want_index, int64_t want_value)
+{
+    struct kv_attn_cuda_error_info info;
+    kv__attn_errors_decode(rec, &info);
+    assert_int_equal(info.count, want_count);
+    assert_int_equal((int)info.array, want_array);
+    if (want_count) {
+        assert_int_equal(info.index, want_index);
+        assert_int_equal(info.value, want_value);
+    }
+}
+
 static void run_write(const struct dcase *dc, int sc, const int64_t *slots, int64_t T,
                       uint64_t seed, bool host_too, uint64_t want_count, int64_t want_index)
 {
@@ -129,17 +145,10 @@ static void run_write(const struct dcase *dc, int sc, const int64_t *slots, int6
         fail_msg("emulated dev write: %s: %s", kv_status_name(st), kv_last_error());
     kvt_gfix_check(&f, "guards + pool after the device-index write");
 
-    struct kv_attn_cuda_error_info info;
-    kv__attn_errors_decode(&rec, &info);
-    assert_int_equal(info.count, want_count);
-    if (want_count) {
-        assert_int_equal(info.array, KV_ATTN_DEV_SLOTS);
-        assert_int_equal(info.index, want_index);
-        assert_int_equal(info.value, slots[want_index]);
-    } else {
+    check_record(&rec, want_count, want_count ? KV_ATTN_DEV_SLOTS : KV_ATTN_DEV_NONE, want_index,
+                 want_count ? slots[want_index] : 0);
+    if (!want_count)
         assert_int_equal(rec.first_key, 0);
-        assert_int_equal(info.array, KV_ATTN_DEV_NONE);
-    }
 
     if (host_too) {
         /* the host-index path on the same initial pool lands the same bytes */
@@ -375,14 +384,7 @@ static void run_dec(const struct kv_attn_dev_pages *dp, int sc, uint64_t want_co
     if (st != KV_OK)
         fail_msg("emulated dev decode: %s: %s", kv_status_name(st), kv_last_error());
     kvt_gfix_check(&f, "guards + pool after the decode");
-    struct kv_attn_cuda_error_info info;
-    kv__attn_errors_decode(&rec, &info);
-    assert_int_equal(info.count, want_count);
-    assert_int_equal((int)info.array, want_array);
-    if (want_count) {
-        assert_int_equal(info.index, want_index);
-        assert_int_equal(info.value, want_value);
-    }
+    check_record(&rec, want_count, want_array, want_index, want_value);
     if (host_too) {
         memcpy(oh, ob, (size_t)n1 * 4);
         memcpy(ob, ob0, (size_t)n1 * 4);
@@ -663,14 +665,7 @@ static void run_read(const struct kv_attn_dev_pages *dp, const int32_t *out, int
     kvt_gfix_check(&f, "guards + pool after the device-index read");
     kvt_check_bytes(ko.mem, want[0], ko.bytes + 64, "k_out after the device-index read");
     kvt_check_bytes(vo.mem, want[1], vo.bytes + 64, "v_out after the device-index read");
-    struct kv_attn_cuda_error_info info;
-    kv__attn_errors_decode(&rec, &info);
-    assert_int_equal(info.count, want_count);
-    assert_int_equal((int)info.array, want_array);
-    if (want_count) {
-        assert_int_equal(info.index, want_index);
-        assert_int_equal(info.value, want_value);
-    }
+    check_record(&rec, want_count, want_array, want_index, want_value);
     if (host_too) {
         memcpy(ko.mem, host[0], ko.bytes + 64);
         memcpy(vo.mem, host[1], vo.bytes + 64);
@@ -763,6 +758,43 @@ static void test_devidx_read(void **state)
 
 /* ---- copy blocks with device pairs ------------------------------------------------- */
 
+/* The record of a copy of pairs: want_count pairs skipped, the first at
+ * want_index (2 x pair + 0 src, 1 dst) with that id. */
+static void check_copy_record(const struct kv_attn_cuda_errors *rec,
+                              const struct kv_block_copy *pairs, uint64_t want_count,
+                              int64_t want_index)
+{
+    check_record(
+        rec, want_count, want_count ? KV_ATTN_DEV_COPIES : KV_ATTN_DEV_NONE, want_index,
+        want_count ? (want_index % 2 ? pairs[want_index / 2].dst : pairs[want_index / 2].src) : 0);
+}
+
+/* The reference of a copy of pairs[n] from s's pool into d's reference:
+ * every pair with src < s_blocks and dst < d_blocks, layers l0 .. L - 1,
+ * the planes in planes (bit 0 K, bit 1 V); N tokens a block, H heads, D
+ * dims. */
+static void ref_copy_pairs(const struct kvt_gfix *d, const struct kvt_gfix *s,
+                           const struct kv_block_copy *pairs, uint32_t n, uint32_t d_blocks,
+                           uint32_t s_blocks, int64_t l0, int64_t L, uint32_t planes, int64_t N,
+                           int64_t H, int64_t D)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        if (pairs[i].src >= s_blocks || pairs[i].dst >= d_blocks)
+            continue;
+        for (int64_t l = l0; l < L; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                if (!(planes & (1u << kv)))
+                    continue;
+                for (int64_t t = 0; t < N; t++)
+                    for (int64_t h = 0; h < H; h++)
+                        for (int64_t e = 0; e < D; e++)
+                            memcpy(kvt_gat(d, d->ref, l, kv, (int64_t)pairs[i].dst * N + t, h, e),
+                                   kvt_gat(s, s->pool, l, kv, (int64_t)pairs[i].src * N + t, h, e),
+                                   (size_t)d->es);
+            }
+    }
+}
+
 /* Copy pairs[n] in a padded cache (layer- or block-major) on the emulator in
  * the device mode; reference: each valid pair's elements, every layer and
  * plane, by kvt_ref_offset_elems; with host_too the host mode's pool too. */
@@ -774,18 +806,7 @@ static void run_copy(kv_arrange arrange, const struct kv_block_copy *pairs, uint
     cfg.head_dim = 8, cfg.dtype = KV_F16, cfg.arrange = arrange, cfg.block_pad_elems = 5;
     struct kvt_gfix f;
     kvt_gfix_init(&f, &cfg, 31);
-    for (uint32_t i = 0; i < n; i++) {
-        if (pairs[i].src >= 300 || pairs[i].dst >= 300)
-            continue;
-        for (int64_t l = 0; l < 3; l++)
-            for (int kv = 0; kv < 2; kv++)
-                for (int64_t t = 0; t < 4; t++)
-                    for (int64_t h = 0; h < 2; h++)
-                        for (int64_t d = 0; d < 8; d++)
-                            memcpy(kvt_gat(&f, f.ref, l, kv, (int64_t)pairs[i].dst * 4 + t, h, d),
-                                   kvt_gat(&f, f.pool, l, kv, (int64_t)pairs[i].src * 4 + t, h, d),
-                                   (size_t)f.es);
-    }
+    ref_copy_pairs(&f, &f, pairs, n, 300, 300, 0, 3, 3, 4, 2, 8);
     struct kv_attn_cuda_errors rec;
     memset(&rec, 0, sizeof(rec));
     struct kv__attn_job j;
@@ -799,15 +820,7 @@ static void run_copy(kv_arrange arrange, const struct kv_block_copy *pairs, uint
     if (st != KV_OK)
         fail_msg("emulated dev copy: %s: %s", kv_status_name(st), kv_last_error());
     kvt_gfix_check(&f, "guards + pool after the device-index copy");
-    struct kv_attn_cuda_error_info info;
-    kv__attn_errors_decode(&rec, &info);
-    assert_int_equal(info.count, want_count);
-    if (want_count) {
-        assert_int_equal(info.array, KV_ATTN_DEV_COPIES);
-        assert_int_equal(info.index, want_index);
-        assert_int_equal(info.value,
-                         want_index % 2 ? pairs[want_index / 2].dst : pairs[want_index / 2].src);
-    }
+    check_copy_record(&rec, pairs, want_count, want_index);
     if (host_too) {
         struct kvt_gfix g;
         kvt_gfix_init(&g, &cfg, 31);
@@ -854,21 +867,7 @@ static void run_copy_ex(bool packed, uint32_t planes, const struct kv_block_copy
     kvt_gfix_init(&d, &cfg, 61);
     cfg.num_blocks = 300, cfg.block_pad_elems = 12, cfg.arrange = KV_ARRANGE_BLOCK_MAJOR;
     kvt_gfix_init(&s, &cfg, 62);
-    for (uint32_t i = 0; i < n; i++) {
-        if (pairs[i].src >= 300 || pairs[i].dst >= 260)
-            continue;
-        for (int64_t l = 1; l < 3; l++)
-            for (int kv = 0; kv < 2; kv++) {
-                if (!(planes & (1u << kv)))
-                    continue;
-                for (int64_t t = 0; t < 4; t++)
-                    for (int64_t h = 0; h < 3; h++)
-                        for (int64_t e = 0; e < 8; e++)
-                            memcpy(kvt_gat(&d, d.ref, l, kv, (int64_t)pairs[i].dst * 4 + t, h, e),
-                                   kvt_gat(&s, s.pool, l, kv, (int64_t)pairs[i].src * 4 + t, h, e),
-                                   (size_t)d.es);
-            }
-    }
+    ref_copy_pairs(&d, &s, pairs, n, 260, 300, 1, 3, planes, 4, 3, 8);
     struct kv_copy_blocks_opts o = KV_COPY_BLOCKS_OPTS_INIT;
     o.layer0 = 1, o.n_layers = 2, o.planes = planes;
     struct kv_attn_cuda_errors rec;
@@ -886,15 +885,7 @@ static void run_copy_ex(bool packed, uint32_t planes, const struct kv_block_copy
         fail_msg("emulated dev copy_ex: %s: %s", kv_status_name(st), kv_last_error());
     kvt_gfix_check(&d, "guards + destination pool after the device-index copy_ex");
     kvt_gfix_check(&s, "guards + source pool after the device-index copy_ex");
-    struct kv_attn_cuda_error_info info;
-    kv__attn_errors_decode(&rec, &info);
-    assert_int_equal(info.count, want_count);
-    if (want_count) {
-        assert_int_equal(info.array, KV_ATTN_DEV_COPIES);
-        assert_int_equal(info.index, want_index);
-        assert_int_equal(info.value,
-                         want_index % 2 ? pairs[want_index / 2].dst : pairs[want_index / 2].src);
-    }
+    check_copy_record(&rec, pairs, want_count, want_index);
     if (host_too) {
         struct kvt_gfix g;
         cfg.num_blocks = 260, cfg.block_pad_elems = 4, cfg.arrange = KV_ARRANGE_LAYER_MAJOR;
