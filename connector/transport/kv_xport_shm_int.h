@@ -174,7 +174,6 @@ void kv__shm_wake(struct kv__shm *t);
 bool kv__shm_put(struct kv__shm_peer *tp, struct kv__shm_msg m, const void *p, uint32_t plen);
 /* Send what is queued until the socket is full. */
 struct kv__shm_verdict kv__shm_flush(struct kv__shm_peer *tp);
-void kv__shm_settle_all(struct kv__shm_peer *tp);
 bool kv__shm_notes_flush(struct kv__shm_peer *tp);
 /* Map memfd fd (checked: a memfd sealed against shrinking, of the right
  * size; its pages allocated), our ring the first half when connecting.

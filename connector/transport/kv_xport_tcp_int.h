@@ -297,8 +297,6 @@ void *kv__tcp_verify_main(void *arg);
 /* mu held: c closes: its verify slots end (waits for one being hashed)
  * and release what they hold. */
 void kv__tcp_vj_drop(struct kv__tcp *t, struct kv__tcp_conn *c);
-/* Settle every transfer of tp whose entries have all ended. */
-void kv__tcp_settle_all(struct kv__tcp_peer *tp);
 
 /* kv_xport_tcp.c */
 /* An incoming connection from an fd (accepted, or a socketpair in tests):

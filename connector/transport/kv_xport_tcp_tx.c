@@ -108,11 +108,8 @@ bool kv__tcp_put_refuse(struct kv__tcp_conn *c, kv_status st, const char *why)
 
 bool kv__tcp_notes_flush(struct kv__tcp_peer *tp)
 {
-    for (kv_xport_xfer *xf = tp->p->xfers; xf; xf = xf->next) {
-        if (!xf->has_note || xf->note_sent || xf->cancel_req)
-            continue;
-        if (!kv__xport_note_may_go(xf))
-            break;
+    for (kv_xport_xfer *xf = kv__xport_note_next(tp->p->xfers); xf;
+         xf = kv__xport_note_next(xf->next)) {
         struct kv__tcp_conn *c = tp->conns[0];
         struct kv__xf f = {.type = KV__XF_NOTIFY, .xfer = xf->id, .offset = xf->note_tag};
         if (!kv__tcp_ctl_put(c, f, xf->note, xf->note_len))

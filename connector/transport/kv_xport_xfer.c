@@ -335,6 +335,25 @@ bool kv__xport_note_may_go(const kv_xport_xfer *t)
     return true;
 }
 
+kv_xport_xfer *kv__xport_note_next(kv_xport_xfer *t)
+{
+    for (; t; t = t->next) {
+        if (!t->has_note || t->note_sent || t->cancel_req)
+            continue;
+        return kv__xport_note_may_go(t) ? t : NULL;
+    }
+    return NULL;
+}
+
+void kv__xport_settle_idle(kv_xport_peer *p)
+{
+    for (kv_xport_xfer *t = p->xfers, *nx; t; t = nx) {
+        nx = t->next;
+        if (!t->left && !t->busy)
+            kv__xport_xfer_settle(t);
+    }
+}
+
 kv_xport_xfer *kv__xport_xfer_find(kv_xport_peer *p, uint64_t id)
 {
     for (kv_xport_xfer *t = p->xfers; t; t = t->next)
