@@ -39,58 +39,22 @@
 
 #include <kvcache/kv.h>
 #include "kvt_side.h"
+#include "kvt_xport.h"
 #include "kvtest.h"
 
 #define TOKEN 0x1A7E25ull
 
-static struct kv_xport_config cfg_make(bool listen)
-{
-    struct kv_xport_config c = KV_XPORT_CONFIG_INIT;
-    c.kind = KV_XPORT_TCP;
-    c.listen_host = listen ? "127.0.0.1" : NULL;
-    c.token = TOKEN;
-    c.timeout_ms = 5000;
-    return c;
-}
 
-/* a (prefill) connected to b (decode), both in this process. */
-struct pair {
-    kv_xport *a, *b;
-    kv_xport_peer *pa, *pb;
-};
-
-static void pair_open(struct pair *p)
+/* a (prefill) connected to b (decode) over TCP, both in this process. */
+static void pair_open(struct kvt_pair *p)
 {
-    struct kv_xport_config ca = cfg_make(false), cb = cfg_make(true);
-    assert_int_equal(kv_xport_create(&cb, &p->b), KV_OK);
-    assert_int_equal(kv_xport_create(&ca, &p->a), KV_OK);
-    assert_int_equal(kv_xport_connect(p->a, "127.0.0.1", kv_xport_port(p->b), &p->pa), KV_OK);
-    assert_int_equal(kv_xport_accept(p->b, 5000, &p->pb), KV_OK);
-    assert_int_equal(kv_xport_peer_wait(p->pa, 5000, NULL), KV_OK);
-}
-
-static void pair_close(struct pair *p)
-{
-    kv_xport_peer_close(p->pa);
-    kv_xport_peer_close(p->pb);
-    assert_int_equal(kv_xport_destroy(p->a), KV_OK);
-    assert_int_equal(kv_xport_destroy(p->b), KV_OK);
-}
-
-/* b exposes m to a; a imports it (the blob handed over in memory: the
- * transport's own tests cover it travelling as a notification). */
-static kv_xport_rmem *share(struct pair *p, kv_xport_mem *m)
-{
-    unsigned char blob[KV_XPORT_BLOB_MAX];
-    size_t len = 0;
-    assert_int_equal(kv_xport_mem_expose(p->pb, m, blob, sizeof(blob), &len), KV_OK);
-    kv_xport_rmem *r = NULL;
-    assert_int_equal(kv_xport_rmem_import(p->pa, blob, len, &r), KV_OK);
-    return r;
+    struct kv_xport_config ca = kvt_xport_cfg(KV_XPORT_TCP, false, TOKEN, 0),
+                           cb = kvt_xport_cfg(KV_XPORT_TCP, true, TOKEN, 0);
+    kvt_pair_open(p, &ca, &cb);
 }
 
 /* The next notification on b, which must be a layer notification, fed. */
-static kv_status feed_next(struct pair *p, kv_xlayer_rx *rx)
+static kv_status feed_next(struct kvt_pair *p, kv_xlayer_rx *rx)
 {
     struct kv_xport_msg *m = malloc(sizeof(*m));
     assert_non_null(m);
@@ -145,7 +109,7 @@ static void *waiter_main(void *arg)
 static void test_xport_layers_layer_by_layer(void **state)
 {
     (void)state;
-    struct pair p;
+    struct kvt_pair p;
     pair_open(&p);
     struct kvt_side s, d;
     kvt_side_make(&s, L, 90, 16, 4, 32, KV_BF16, 0, 11);
@@ -190,7 +154,7 @@ static void test_xport_layers_layer_by_layer(void **state)
                      KV_OK);
     assert_int_equal(kv_xport_mem_reg(p.b, d.mem, (size_t)d.lo.total_bytes, KV_MEM_HOST, &md),
                      KV_OK);
-    kv_xport_rmem *r = share(&p, md);
+    kv_xport_rmem *r = kvt_share_direct(&p, md);
 
     struct kv_xlayer_rx_config rcfg = KV_XLAYER_RX_CONFIG_INIT;
     struct kv_xlayer_tx_config tcfg = KV_XLAYER_TX_CONFIG_INIT;
@@ -282,7 +246,7 @@ static void test_xport_layers_layer_by_layer(void **state)
     free(src0);
     kvt_side_free(&s);
     kvt_side_free(&d);
-    pair_close(&p);
+    kvt_pair_close(&p);
 }
 
 /* ---- K only ---------------------------------------------------------- */
@@ -298,7 +262,7 @@ static void test_xport_layers_k_only(void **state)
     (void)state;
     enum { KL = 5, KG = 3, KREQ = 4242 };
     static const uint32_t K0[KG] = {0, 2, 3}, KN[KG] = {2, 1, 2};
-    struct pair p;
+    struct kvt_pair p;
     pair_open(&p);
     struct kvt_side s, d;
     kvt_side_make(&s, KL, 60, 16, 1, 576, KV_BF16, 32, 21);
@@ -338,7 +302,7 @@ static void test_xport_layers_k_only(void **state)
                      KV_OK);
     assert_int_equal(kv_xport_mem_reg(p.b, d.mem, (size_t)d.lo.total_bytes, KV_MEM_HOST, &md),
                      KV_OK);
-    kv_xport_rmem *r = share(&p, md);
+    kv_xport_rmem *r = kvt_share_direct(&p, md);
     struct kv_xlayer_rx_config rcfg = KV_XLAYER_RX_CONFIG_INIT;
     struct kv_xlayer_tx_config tcfg = KV_XLAYER_TX_CONFIG_INIT;
     kv_xlayer_rx *rx = NULL;
@@ -388,7 +352,7 @@ static void test_xport_layers_k_only(void **state)
     free(src0);
     kvt_side_free(&s);
     kvt_side_free(&d);
-    pair_close(&p);
+    kvt_pair_close(&p);
 }
 
 /* ---- failure and cancel ----------------------------------------------- */
@@ -403,7 +367,7 @@ static void *wait_one(void *arg)
 static void test_xport_layers_failure_fails_request_once(void **state)
 {
     (void)state;
-    struct pair p;
+    struct kvt_pair p;
     pair_open(&p);
     struct kvt_side s, d;
     kvt_side_make(&s, 8, 70, 16, 2, 32, KV_F16, 2, 21);
@@ -429,7 +393,7 @@ static void test_xport_layers_failure_fails_request_once(void **state)
                      KV_OK);
     assert_int_equal(kv_xport_mem_reg(p.b, d.mem, (size_t)d.lo.total_bytes, KV_MEM_HOST, &md),
                      KV_OK);
-    kv_xport_rmem *r = share(&p, md);
+    kv_xport_rmem *r = kvt_share_direct(&p, md);
     struct kv_xlayer_rx_config rcfg = KV_XLAYER_RX_CONFIG_INIT;
     struct kv_xlayer_tx_config tcfg = KV_XLAYER_TX_CONFIG_INIT;
     kv_xlayer_rx *rx = NULL;
@@ -485,7 +449,7 @@ static void test_xport_layers_failure_fails_request_once(void **state)
 
     /* request 701: cancelled with layers in flight */
     assert_int_equal(kv_xport_rmem_free(r), KV_OK);
-    r = share(&p, md);
+    r = kvt_share_direct(&p, md);
     assert_int_equal(kv_xlayer_rx_expect(rx, pid, 701, 8), KV_OK);
     assert_int_equal(kv_xlayer_tx_begin(tx, p.pa, 701, 8), KV_OK);
     for (uint32_t l = 0; l < 3; l++)
@@ -531,7 +495,7 @@ static void test_xport_layers_failure_fails_request_once(void **state)
     free(ref);
     kvt_side_free(&s);
     kvt_side_free(&d);
-    pair_close(&p);
+    kvt_pair_close(&p);
 }
 
 /* ---- limits and hostile notifications ----------------------------------- */
@@ -709,7 +673,7 @@ static void test_xport_layers_limits_refused_by_name(void **state)
     tc.max_layers = 4;
     tc.max_requests = 1;
     assert_int_equal(kv_xlayer_tx_create(&tc, &tx), KV_OK);
-    struct pair p;
+    struct kvt_pair p;
     pair_open(&p);
     assert_int_equal(kv_xlayer_tx_begin(tx, p.pa, 5, 5), KV_ERR_INVALID_ARG);
     kvt_assert_msg_has("n_layers 5");
@@ -737,7 +701,7 @@ static void test_xport_layers_limits_refused_by_name(void **state)
     assert_int_equal(an.request, 5);
     assert_int_equal(an.status, KV_ERR_CANCELLED);
     free(am);
-    pair_close(&p);
+    kvt_pair_close(&p);
 }
 
 /* ---- destroy against its users ------------------------------------- */
