@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <kvcache/kv.h>
@@ -123,6 +124,69 @@ static inline kv_xport_rmem *kvt_share_notify(struct kvt_pair *p, kv_xport_mem *
     assert_int_equal(kv_xport_rmem_bytes(r), kv_xport_mem_bytes(m));
     free(msg);
     return r;
+}
+
+/* A child process running child(fd), fd the write end of a pipe whose
+ * read end goes to *rfd; the child exits with child's result. Its pid. */
+static inline pid_t kvt_xport_fork(int (*child)(int fd), int *rfd)
+{
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    fflush(NULL);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        _exit(child(fds[1]));
+    }
+    close(fds[1]);
+    *rfd = fds[0];
+    return pid;
+}
+
+/* A child's receiving end (kvt_xport_fork): a listener of kind with token
+ * whose port goes to fd (2 bytes), the peer it accepts (10 s at most),
+ * and `bytes` of fresh memory registered (*m) and exposed to it, its blob
+ * into blob[KV_XPORT_BLOB_MAX] (*bl bytes). 0, or the step that failed
+ * (1 create, 2 the port, 3 accept, 4 register or expose): an exit code. */
+static inline int kvt_sink_open(kv_xport_kind kind, uint64_t token, int fd, size_t bytes,
+                                kv_xport **x, kv_xport_peer **p, kv_xport_mem **m,
+                                unsigned char *blob, size_t *bl)
+{
+    struct kv_xport_config c = kvt_xport_cfg(kind, true, token, 0);
+    if (kv_xport_create(&c, x) != KV_OK)
+        return 1;
+    const uint16_t port = kv_xport_port(*x);
+    if (write(fd, &port, 2) != 2)
+        return 2;
+    if (kv_xport_accept(*x, 10000, p) != KV_OK)
+        return 3;
+    unsigned char *dst = malloc(bytes);
+    if (kv_xport_mem_reg(*x, dst, bytes, KV_MEM_HOST, m) != KV_OK ||
+        kv_xport_mem_expose(*p, *m, blob, KV_XPORT_BLOB_MAX, bl) != KV_OK)
+        return 4;
+    return 0;
+}
+
+/* The other end of kvt_sink_open, in the parent: the port read from rfd,
+ * a transport of kind (*x) connected to it (*p READY), src[bytes]
+ * registered (*ms), and the region the child exposed imported (*r) from
+ * the first notification it sends (the blob). */
+static inline void kvt_sink_join(kv_xport_kind kind, uint64_t token, int rfd, void *src,
+                                 size_t bytes, kv_xport **x, kv_xport_peer **p, kv_xport_mem **ms,
+                                 kv_xport_rmem **r)
+{
+    uint16_t port = 0;
+    assert_int_equal(read(rfd, &port, 2), 2);
+    struct kv_xport_config c = kvt_xport_cfg(kind, false, token, 0);
+    assert_int_equal(kv_xport_create(&c, x), KV_OK);
+    assert_int_equal(kv_xport_connect(*x, kvt_xport_host(kind), port, p), KV_OK);
+    assert_int_equal(kvt_xport_settle(*p, NULL), KV_XPORT_READY);
+    assert_int_equal(kv_xport_mem_reg(*x, src, bytes, KV_MEM_HOST, ms), KV_OK);
+    struct kv_xport_msg *msg = malloc(sizeof(*msg));
+    assert_non_null(msg);
+    assert_int_equal(kv_xport_notify_poll(*x, 10000, msg), KV_OK);
+    assert_int_equal(kv_xport_rmem_import(*p, msg->data, msg->len, r), KV_OK);
+    free(msg);
 }
 
 /* n random bytes from seed (kvt_rand) into p. */

@@ -435,23 +435,14 @@ static void test_xport_shm_unexpose_cancel_any_order(void **state)
  * flight: the transfer ends FAILED, the peer CLOSED with KV_ERR_IO. */
 static int sink_child(int fd)
 {
-    struct kv_xport_config c = kvt_xport_cfg(KV_XPORT_SHM, true, TOKEN, 0);
     kv_xport *x = NULL;
-    if (kv_xport_create(&c, &x) != KV_OK)
-        return 1;
-    const uint16_t port = kv_xport_port(x);
-    if (write(fd, &port, 2) != 2)
-        return 2;
     kv_xport_peer *p = NULL;
-    if (kv_xport_accept(x, 10000, &p) != KV_OK)
-        return 3;
-    unsigned char *dst = malloc(REGION);
     kv_xport_mem *m = NULL;
     unsigned char blob[KV_XPORT_BLOB_MAX];
     size_t bl = 0;
-    if (kv_xport_mem_reg(x, dst, REGION, KV_MEM_HOST, &m) != KV_OK ||
-        kv_xport_mem_expose(p, m, blob, sizeof(blob), &bl) != KV_OK)
-        return 4;
+    const int rc = kvt_sink_open(KV_XPORT_SHM, TOKEN, fd, REGION, &x, &p, &m, blob, &bl);
+    if (rc)
+        return rc;
     struct kv_xport_notify n = {.tag = 1, .msg = blob, .len = (uint32_t)bl};
     kv_xport_xfer *t = NULL;
     if (kv_xport_write(p, NULL, 0, &n, &t) != KV_OK)
@@ -465,29 +456,13 @@ static void test_xport_shm_peer_killed(void **state)
     (void)state;
     unsigned char *src = malloc(REGION);
     kvt_fill(src, REGION, 3);
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    fflush(NULL);
-    const pid_t pid = fork();
-    if (pid == 0) {
-        close(fds[0]);
-        _exit(sink_child(fds[1]));
-    }
-    close(fds[1]);
-    uint16_t port = 0;
-    assert_int_equal(read(fds[0], &port, 2), 2);
-    struct kv_xport_config c = kvt_xport_cfg(KV_XPORT_SHM, false, TOKEN, 0);
+    int rfd = -1;
+    const pid_t pid = kvt_xport_fork(sink_child, &rfd);
     kv_xport *x = NULL;
     kv_xport_peer *p = NULL;
-    assert_int_equal(kv_xport_create(&c, &x), KV_OK);
-    assert_int_equal(kv_xport_connect(x, "test", port, &p), KV_OK);
-    assert_int_equal(kvt_xport_settle(p, NULL), KV_XPORT_READY);
     kv_xport_mem *ms = NULL;
-    assert_int_equal(kv_xport_mem_reg(x, src, REGION, KV_MEM_HOST, &ms), KV_OK);
-    struct kv_xport_msg *msg = malloc(sizeof(*msg));
-    assert_int_equal(kv_xport_notify_poll(x, 10000, msg), KV_OK);
     kv_xport_rmem *r = NULL;
-    assert_int_equal(kv_xport_rmem_import(p, msg->data, msg->len, &r), KV_OK);
+    kvt_sink_join(KV_XPORT_SHM, TOKEN, rfd, src, REGION, &x, &p, &ms, &r);
     /* 256 x 16 MiB: in flight when the kill comes */
     enum { NE = 256 };
     struct kv_xport_io *ios = malloc(NE * sizeof(*ios));
@@ -515,13 +490,12 @@ static void test_xport_shm_peer_killed(void **state)
         ok += st[i] == KV_OK;
     assert_true(ok < ns);
     assert_int_equal(kv_xport_xfer_free(t), KV_OK);
-    close(fds[0]);
+    close(rfd);
     assert_int_equal(kv_xport_rmem_free(r), KV_OK);
     kv_xport_peer_close(p);
     assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
     assert_int_equal(kv_xport_destroy(x), KV_OK);
     free(ios);
-    free(msg);
     free(src);
 }
 

@@ -1201,23 +1201,14 @@ static void test_xport_tcp_fault_stall_times_out(void **state)
 /* A receiver child killed mid-transfer; cancel in flight. */
 static int sink_child(int fd)
 {
-    struct kv_xport_config c = kvt_xport_cfg(KV_XPORT_TCP, true, TOKEN, 0);
     kv_xport *x = NULL;
-    if (kv_xport_create(&c, &x) != KV_OK)
-        return 1;
-    const uint16_t port = kv_xport_port(x);
-    if (write(fd, &port, 2) != 2)
-        return 2;
     kv_xport_peer *p = NULL;
-    if (kv_xport_accept(x, 10000, &p) != KV_OK)
-        return 3;
-    unsigned char *dst = malloc(REGION);
     kv_xport_mem *m = NULL;
     unsigned char blob[KV_XPORT_BLOB_MAX];
     size_t bl = 0;
-    if (kv_xport_mem_reg(x, dst, REGION, KV_MEM_HOST, &m) != KV_OK ||
-        kv_xport_mem_expose(p, m, blob, sizeof(blob), &bl) != KV_OK)
-        return 4;
+    const int rc = kvt_sink_open(KV_XPORT_TCP, TOKEN, fd, REGION, &x, &p, &m, blob, &bl);
+    if (rc)
+        return rc;
     send_note(p, 1, blob, (uint32_t)bl);
     /* Report every notification's tag on fd; until BYE. */
     struct kv_xport_msg *msg = malloc(sizeof(*msg));
@@ -1245,29 +1236,13 @@ static void test_xport_tcp_peer_killed_and_cancel(void **state)
      * (SIGSTOP: it reads nothing, so the write cannot finish), then killed
      * under a gathered kv_xport_write_plan (NHD -> HND, 60 MiB) */
     for (int round = 0; round < 3; round++) {
-        int fds[2];
-        assert_int_equal(pipe(fds), 0);
-        fflush(NULL);
-        const pid_t pid = fork();
-        if (pid == 0) {
-            close(fds[0]);
-            _exit(sink_child(fds[1]));
-        }
-        close(fds[1]);
-        uint16_t port = 0;
-        assert_int_equal(read(fds[0], &port, 2), 2);
-        struct kv_xport_config c = kvt_xport_cfg(KV_XPORT_TCP, false, TOKEN, 0);
+        int rfd = -1;
+        const pid_t pid = kvt_xport_fork(sink_child, &rfd);
         kv_xport *x = NULL;
         kv_xport_peer *p = NULL;
-        assert_int_equal(kv_xport_create(&c, &x), KV_OK);
-        assert_int_equal(kv_xport_connect(x, "127.0.0.1", port, &p), KV_OK);
-        assert_int_equal(kvt_xport_settle(p, NULL), KV_XPORT_READY);
         kv_xport_mem *ms = NULL;
-        assert_int_equal(kv_xport_mem_reg(x, src, REGION, KV_MEM_HOST, &ms), KV_OK);
-        struct kv_xport_msg *msg = malloc(sizeof(*msg));
-        assert_int_equal(kv_xport_notify_poll(x, 10000, msg), KV_OK);
         kv_xport_rmem *r = NULL;
-        assert_int_equal(kv_xport_rmem_import(p, msg->data, msg->len, &r), KV_OK);
+        kvt_sink_join(KV_XPORT_TCP, TOKEN, rfd, src, REGION, &x, &p, &ms, &r);
         uint64_t tag = 0;
         /* 16 x 64 MiB: long enough to be in flight when the fault comes. */
         struct kv_xport_io ios[16];
@@ -1330,9 +1305,9 @@ static void test_xport_tcp_peer_killed_and_cancel(void **state)
             assert_int_equal(s, KV_XPORT_DONE);
             assert_int_equal(kv_xport_xfer_free(t2), KV_OK);
             send_note(p, TAG_BYE, NULL, 0);
-            assert_int_equal(read(fds[0], &tag, 8), 8);
+            assert_int_equal(read(rfd, &tag, 8), 8);
             assert_int_equal(tag, 56);
-            assert_int_equal(read(fds[0], &tag, 8), 8);
+            assert_int_equal(read(rfd, &tag, 8), 8);
             assert_int_equal(tag, TAG_BYE);
             int wst = 0;
             waitpid(pid, &wst, 0);
@@ -1347,8 +1322,7 @@ static void test_xport_tcp_peer_killed_and_cancel(void **state)
             ok += st[i] == KV_OK;
         assert_true(ok < ns);
         assert_int_equal(kv_xport_xfer_free(t), KV_OK);
-        close(fds[0]);
-        free(msg);
+        close(rfd);
         assert_int_equal(kv_xport_rmem_free(r), KV_OK);
         kv_xport_peer_close(p);
         assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
