@@ -58,7 +58,8 @@
 /* gather_below: both ends' plan_gather_below_bytes (0: the default). */
 static void pair_open_gather(struct kvt_pair *p, uint32_t gather_below)
 {
-    struct kv_xport_config ca = kvt_xport_cfg(KV_XPORT_SHM, false, TOKEN, 7), cb = kvt_xport_cfg(KV_XPORT_SHM, true, TOKEN, 7);
+    struct kv_xport_config ca = kvt_xport_cfg(KV_XPORT_SHM, false, TOKEN, 7),
+                           cb = kvt_xport_cfg(KV_XPORT_SHM, true, TOKEN, 7);
     ca.plan_gather_below_bytes = cb.plan_gather_below_bytes = gather_below;
     kvt_pair_open(p, &ca, &cb);
 }

@@ -71,7 +71,8 @@
 /* gather_below: both ends' plan_gather_below_bytes (0: the default). */
 static void pair_open_gather(struct kvt_pair *p, uint32_t conns, uint32_t gather_below)
 {
-    struct kv_xport_config ca = kvt_xport_cfg(KV_XPORT_TCP, false, TOKEN, 7), cb = kvt_xport_cfg(KV_XPORT_TCP, true, TOKEN, 7);
+    struct kv_xport_config ca = kvt_xport_cfg(KV_XPORT_TCP, false, TOKEN, 7),
+                           cb = kvt_xport_cfg(KV_XPORT_TCP, true, TOKEN, 7);
     ca.conns_per_peer = cb.conns_per_peer = conns;
     ca.plan_gather_below_bytes = cb.plan_gather_below_bytes = gather_below;
     kvt_pair_open(p, &ca, &cb);
@@ -1121,7 +1122,8 @@ static pid_t relay_start(uint16_t target, enum relay_mode mode, uint64_t after, 
  * write (8 entries of 2 MiB) with a notification. */
 static void fault_case(enum relay_mode mode, uint64_t after, kv_xport_state want, kv_status why)
 {
-    struct kv_xport_config cb = kvt_xport_cfg(KV_XPORT_TCP, true, TOKEN, 1), ca = kvt_xport_cfg(KV_XPORT_TCP, false, TOKEN, 1);
+    struct kv_xport_config cb = kvt_xport_cfg(KV_XPORT_TCP, true, TOKEN, 1),
+                           ca = kvt_xport_cfg(KV_XPORT_TCP, false, TOKEN, 1);
     ca.conns_per_peer = cb.conns_per_peer = 1;
     ca.timeout_ms = 600;
     struct kvt_pair p;
