@@ -219,6 +219,22 @@ struct kv_xport_rmem {
     unsigned char key[KV__XPORT_KEY_MAX];
 };
 
+/* A read a peer asked of us, queued until its bytes are sent (TCP: on the
+ * connection it came on; SHM: through our ring), in order. */
+struct kv__xport_serve {
+    struct kv__xport_serve *next;
+    uint64_t xfer;
+    uint32_t entry;
+    struct kv__xport_expo *expo; /* busy++ while queued */
+    uint64_t off, len, sent;
+    bool refused; /* unexposed while being sent: refused once what is on its way is out */
+};
+
+/* mu held: s leaves the queue *head .. *tail and is freed; its exposure is
+ * no longer busy with it and *n_serves drops. The caller wakes waiters. */
+void kv__xport_serve_end(struct kv__xport_serve **head, struct kv__xport_serve **tail,
+                         struct kv__xport_serve *s, uint32_t *n_serves);
+
 /* Source ranges of a gathered entry: count ranges of bytes each, the
  * first at off of the entry's local region, the next ones pitch bytes
  * apart (pitch >= bytes; count 1: one range). */

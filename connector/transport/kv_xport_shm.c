@@ -185,18 +185,8 @@ struct kv__shm_verdict kv__shm_map(struct kv__shm_peer *tp, int fd, bool connect
 /* ---- closing -------------------------------------------------------- */
 
 /* mu held: serve s ends (RNACK its entry when nack). */
-static void serve_end(struct kv__shm_peer *tp, struct kv__shm_serve *s, bool nack)
+static void serve_end(struct kv__shm_peer *tp, struct kv__xport_serve *s, bool nack)
 {
-    struct kv__shm_serve **pp = &tp->srv_head, *prev = NULL;
-    while (*pp && *pp != s) {
-        prev = *pp;
-        pp = &(*pp)->next;
-    }
-    if (*pp) {
-        *pp = s->next;
-        if (tp->srv_tail == s)
-            tp->srv_tail = prev;
-    }
     if (nack) {
         struct kv__shm_msg n = {.type = KV__SM_RNACK,
                                 .xfer = s->xfer,
@@ -204,10 +194,8 @@ static void serve_end(struct kv__shm_peer *tp, struct kv__shm_serve *s, bool nac
                                 .status = KV_ERR_OUT_OF_BOUNDS};
         (void)kv__shm_put(tp, n, NULL, 0); /* out of memory: the requester times out */
     }
-    s->expo->busy--;
-    tp->n_serves--;
+    kv__xport_serve_end(&tp->srv_head, &tp->srv_tail, s, &tp->n_serves);
     kv__xport_signal(tp->p->x);
-    kv__mem_free(s);
 }
 
 /* mu held: close tp (why, msg): its queued messages get one try, the
@@ -451,7 +439,7 @@ static void shm_unexpose(kv_xport_peer *p, struct kv__xport_expo *e)
     struct kv__shm_peer *tp = p->be;
     if (!tp)
         return;
-    for (struct kv__shm_serve *s = tp->srv_head, *nx; s; s = nx) {
+    for (struct kv__xport_serve *s = tp->srv_head, *nx; s; s = nx) {
         nx = s->next;
         if (s->expo != e)
             continue;
@@ -671,7 +659,7 @@ static bool tx_fill(struct kv__shm *t, struct kv__shm_peer *tp)
         const uint32_t si = slot_free(tp);
         struct kv__shm_slot *sl = &tp->slot[si];
         char *dst = tp->tx + (uint64_t)si * KV__SHM_SLOT;
-        struct kv__shm_serve *s = tp->srv_head;
+        struct kv__xport_serve *s = tp->srv_head;
         if (s && s->sent < s->len) {
             const uint64_t at = s->sent;
             const uint64_t len = s->len - at < KV__SHM_SLOT ? s->len - at : KV__SHM_SLOT;

@@ -280,10 +280,10 @@ static struct kv__shm_verdict on_read(struct kv__shm *t, struct kv__shm_peer *tp
         return kv__shm_put(tp, n, NULL, 0) ? KV__SHM_OK
                                            : bad(KV_ERR_NO_MEMORY, "xport shm: control buffer");
     }
-    struct kv__shm_serve *s = kv__mem_calloc(1, sizeof(*s));
+    struct kv__xport_serve *s = kv__mem_calloc(1, sizeof(*s));
     if (!s)
         return bad(KV_ERR_NO_MEMORY, "xport shm: a read to serve");
-    *s = (struct kv__shm_serve){
+    *s = (struct kv__xport_serve){
         .xfer = m->xfer, .entry = m->entry, .expo = e, .off = m->off, .len = m->len};
     e->busy++;
     tp->n_serves++;

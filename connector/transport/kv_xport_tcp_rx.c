@@ -515,7 +515,7 @@ static struct kv__tcp_verdict serve_read(struct kv__tcp *t, struct kv__tcp_conn 
         return kv__tcp_ctl_put(c, n, NULL, 0) ? KV__TCP_OK
                                               : bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
     }
-    struct kv__tcp_serve *s = kv__mem_calloc(1, sizeof(*s));
+    struct kv__xport_serve *s = kv__mem_calloc(1, sizeof(*s));
     if (!s)
         return bad(KV_ERR_NO_MEMORY, "xport tcp: a read to serve");
     s->xfer = f->xfer;

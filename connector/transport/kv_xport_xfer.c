@@ -354,6 +354,24 @@ void kv__xport_settle_idle(kv_xport_peer *p)
     }
 }
 
+void kv__xport_serve_end(struct kv__xport_serve **head, struct kv__xport_serve **tail,
+                         struct kv__xport_serve *s, uint32_t *n_serves)
+{
+    struct kv__xport_serve **pp = head, *prev = NULL;
+    while (*pp && *pp != s) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    if (*pp) {
+        *pp = s->next;
+        if (*tail == s)
+            *tail = prev;
+    }
+    s->expo->busy--;
+    (*n_serves)--;
+    kv__mem_free(s);
+}
+
 kv_xport_xfer *kv__xport_xfer_find(kv_xport_peer *p, uint64_t id)
 {
     for (kv_xport_xfer *t = p->xfers; t; t = t->next)
