@@ -371,7 +371,7 @@ FUZZ_ALL_SRC := $(filter-out %_cuda.c %_verbs.c,$(foreach m,$(MODULES),$(wildcar
 FUZZ_CONNECTOR := $(BUILD)/fuzz/fuzz_unpack $(BUILD)/fuzz/fuzz_xport_rx $(BUILD)/fuzz/fuzz_xlayer_rx \
                   $(BUILD)/fuzz/fuzz_xport_shm_rx
 $(FUZZ_CONNECTOR): $(BUILD)/fuzz/%: tests/fuzz/%.c $(FUZZ_ALL_SRC) $(foreach m,$(MODULES),$(wildcard $(m)/*.h $(m)/*/*.h)) \
-                   tests/common/kvt_xport_raw.h $(XXH_PROBE)
+                   tests/common/kvt_xport_raw.h tests/fuzz/fuzz_xport.h $(XXH_PROBE)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  FUZZ   $@')
 	$(Q)$(CLANG) $(FUZZ_CFLAGS) $(inc_binding) -Itests/common -fopenmp -Wno-unknown-pragmas \

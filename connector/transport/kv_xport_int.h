@@ -120,6 +120,12 @@ struct kv__xport_ops {
     void (*mem_info)(kv_xport_mem *m, struct kv_xport_mem_info *out);
 };
 
+/* For a backend that keeps nothing per region (TCP, SHM): mem_reg and
+ * mem_dereg that do nothing, and an expose with no key (the receiver checks
+ * each incoming write against its exposure table). Always KV_OK. */
+kv_status kv__xport_mem_none(kv_xport_mem *m);
+kv_status kv__xport_expose_keyless(kv_xport_peer *p, struct kv__xport_expo *e);
+
 /* The backends: TCP here; RDMA through the verbs boundary header
  * (kv__xport_rdma() in kv_verbs_int.h: NULL in a build without rdma-core;
  * the generic layer reaches it only through kv__xport_backend()). */
@@ -212,6 +218,22 @@ struct kv_xport_rmem {
     uint32_t key_len;
     unsigned char key[KV__XPORT_KEY_MAX];
 };
+
+/* A read a peer asked of us, queued until its bytes are sent (TCP: on the
+ * connection it came on; SHM: through our ring), in order. */
+struct kv__xport_serve {
+    struct kv__xport_serve *next;
+    uint64_t xfer;
+    uint32_t entry;
+    struct kv__xport_expo *expo; /* busy++ while queued */
+    uint64_t off, len, sent;
+    bool refused; /* unexposed while being sent: refused once what is on its way is out */
+};
+
+/* mu held: s leaves the queue *head .. *tail and is freed; its exposure is
+ * no longer busy with it and *n_serves drops. The caller wakes waiters. */
+void kv__xport_serve_end(struct kv__xport_serve **head, struct kv__xport_serve **tail,
+                         struct kv__xport_serve *s, uint32_t *n_serves);
 
 /* Source ranges of a gathered entry: count ranges of bytes each, the
  * first at off of the entry's local region, the next ones pitch bytes
@@ -317,6 +339,27 @@ bool kv__xport_xfer_settle(kv_xport_xfer *t);
 /* mu held: whether every transfer posted on p before t has ended all its
  * entries successfully (and t's own): t's notification may go. */
 bool kv__xport_note_may_go(const kv_xport_xfer *t);
+
+/* mu held: the first transfer from t on (t, t->next, ...) whose
+ * notification may go now (kv__xport_note_may_go), skipping those without
+ * one, sent or cancelled; NULL when none may go yet. A backend's flush:
+ * for (t = kv__xport_note_next(p->xfers); t; t = kv__xport_note_next(t->next)). */
+kv_xport_xfer *kv__xport_note_next(kv_xport_xfer *t);
+
+/* mu held: settle (kv__xport_xfer_settle) every transfer of p whose entries
+ * have all ended and that has nothing on the wire (busy == 0). */
+void kv__xport_settle_idle(kv_xport_peer *p);
+
+/* mu held: t's send cursor (be_entry, be_off, be_seg, be_rep, be_seg_off)
+ * back to its start: a backend's post. */
+static inline void kv__xport_cursor_reset(kv_xport_xfer *t)
+{
+    t->be_entry = 0;
+    t->be_off = 0;
+    t->be_seg = 0;
+    t->be_rep = 0;
+    t->be_seg_off = 0;
+}
 
 /* mu held: the peer refused t's notification with st (detail msg). */
 void kv__xport_note_refused(kv_xport_xfer *t, kv_status st, const char *msg);

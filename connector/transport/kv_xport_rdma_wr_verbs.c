@@ -187,11 +187,8 @@ void kv__rd_notes_flush(struct rdma *r, struct rpeer *rp, struct chain *c)
     struct rqp *q = &rp->q[0];
     c->n = 0;
     c->first = q->head;
-    for (kv_xport_xfer *t = rp->p->xfers; t; t = t->next) {
-        if (!t->has_note || t->note_sent || t->cancel_req)
-            continue;
-        if (!kv__xport_note_may_go(t))
-            break;
+    for (kv_xport_xfer *t = kv__xport_note_next(rp->p->xfers); t;
+         t = kv__xport_note_next(t->next)) {
         uint32_t slot = 0;
         while (slot < RD_NOTE_SLOTS && rp->note_busy[slot])
             slot++;

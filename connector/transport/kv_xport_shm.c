@@ -185,18 +185,8 @@ struct kv__shm_verdict kv__shm_map(struct kv__shm_peer *tp, int fd, bool connect
 /* ---- closing -------------------------------------------------------- */
 
 /* mu held: serve s ends (RNACK its entry when nack). */
-static void serve_end(struct kv__shm_peer *tp, struct kv__shm_serve *s, bool nack)
+static void serve_end(struct kv__shm_peer *tp, struct kv__xport_serve *s, bool nack)
 {
-    struct kv__shm_serve **pp = &tp->srv_head, *prev = NULL;
-    while (*pp && *pp != s) {
-        prev = *pp;
-        pp = &(*pp)->next;
-    }
-    if (*pp) {
-        *pp = s->next;
-        if (tp->srv_tail == s)
-            tp->srv_tail = prev;
-    }
     if (nack) {
         struct kv__shm_msg n = {.type = KV__SM_RNACK,
                                 .xfer = s->xfer,
@@ -204,10 +194,8 @@ static void serve_end(struct kv__shm_peer *tp, struct kv__shm_serve *s, bool nac
                                 .status = KV_ERR_OUT_OF_BOUNDS};
         (void)kv__shm_put(tp, n, NULL, 0); /* out of memory: the requester times out */
     }
-    s->expo->busy--;
-    tp->n_serves--;
+    kv__xport_serve_end(&tp->srv_head, &tp->srv_tail, s, &tp->n_serves);
     kv__xport_signal(tp->p->x);
-    kv__mem_free(s);
 }
 
 /* mu held: close tp (why, msg): its queued messages get one try, the
@@ -446,31 +434,12 @@ fail:
     return st;
 }
 
-static kv_status shm_mem_reg(kv_xport_mem *m)
-{
-    (void)m;
-    return KV_OK;
-}
-
-static kv_status shm_mem_dereg(kv_xport_mem *m)
-{
-    (void)m;
-    return KV_OK;
-}
-
-static kv_status shm_expose(kv_xport_peer *p, struct kv__xport_expo *e)
-{
-    (void)p;
-    e->key_len = 0; /* the receiver checks each DATA against its table */
-    return KV_OK;
-}
-
 static void shm_unexpose(kv_xport_peer *p, struct kv__xport_expo *e)
 {
     struct kv__shm_peer *tp = p->be;
     if (!tp)
         return;
-    for (struct kv__shm_serve *s = tp->srv_head, *nx; s; s = nx) {
+    for (struct kv__xport_serve *s = tp->srv_head, *nx; s; s = nx) {
         nx = s->next;
         if (s->expo != e)
             continue;
@@ -486,11 +455,7 @@ static void shm_unexpose(kv_xport_peer *p, struct kv__xport_expo *e)
 
 static void shm_post(kv_xport_xfer *xf)
 {
-    xf->be_entry = 0;
-    xf->be_off = 0;
-    xf->be_seg = 0;
-    xf->be_rep = 0;
-    xf->be_seg_off = 0;
+    kv__xport_cursor_reset(xf);
     kv__shm_wake(xf->peer->x->be);
 }
 
@@ -526,9 +491,9 @@ const struct kv__xport_ops kv__xport_shm_ops = {
     .start = shm_start,
     .stop = shm_stop,
     .connect = shm_connect,
-    .mem_reg = shm_mem_reg,
-    .mem_dereg = shm_mem_dereg,
-    .expose = shm_expose,
+    .mem_reg = kv__xport_mem_none,
+    .mem_dereg = kv__xport_mem_none,
+    .expose = kv__xport_expose_keyless,
     .unexpose = shm_unexpose,
     .post = shm_post,
     .cancel = shm_cancel,
@@ -607,22 +572,10 @@ static void accept_all(struct kv__shm *t)
 
 /* ---- settling, notifications ---------------------------------------- */
 
-void kv__shm_settle_all(struct kv__shm_peer *tp)
-{
-    for (kv_xport_xfer *xf = tp->p->xfers, *nx; xf; xf = nx) {
-        nx = xf->next;
-        if (!xf->left && !xf->busy)
-            kv__xport_xfer_settle(xf);
-    }
-}
-
 bool kv__shm_notes_flush(struct kv__shm_peer *tp)
 {
-    for (kv_xport_xfer *xf = tp->p->xfers; xf; xf = xf->next) {
-        if (!xf->has_note || xf->note_sent || xf->cancel_req)
-            continue;
-        if (!kv__xport_note_may_go(xf))
-            break;
+    for (kv_xport_xfer *xf = kv__xport_note_next(tp->p->xfers); xf;
+         xf = kv__xport_note_next(xf->next)) {
         struct kv__shm_msg m = {.type = KV__SM_NOTIFY, .xfer = xf->id, .tag = xf->note_tag};
         if (!kv__shm_put(tp, m, xf->note, xf->note_len))
             return false;
@@ -706,7 +659,7 @@ static bool tx_fill(struct kv__shm *t, struct kv__shm_peer *tp)
         const uint32_t si = slot_free(tp);
         struct kv__shm_slot *sl = &tp->slot[si];
         char *dst = tp->tx + (uint64_t)si * KV__SHM_SLOT;
-        struct kv__shm_serve *s = tp->srv_head;
+        struct kv__xport_serve *s = tp->srv_head;
         if (s && s->sent < s->len) {
             const uint64_t at = s->sent;
             const uint64_t len = s->len - at < KV__SHM_SLOT ? s->len - at : KV__SHM_SLOT;
@@ -848,7 +801,7 @@ static bool sweep(struct kv__shm *t, struct kv__shm_peer *tp, uint64_t now)
         peer_fail(t, tp, KV_ERR_NO_MEMORY, "xport shm: control buffer");
         return false;
     }
-    kv__shm_settle_all(tp);
+    kv__xport_settle_idle(tp->p);
     return true;
 }
 
@@ -893,7 +846,7 @@ static void peer_io(struct kv__shm *t, struct kv__shm_peer *tp, short ev)
             v = bad(KV_ERR_NO_MEMORY, "xport shm: control buffer");
         else if (!kv__shm_notes_flush(tp))
             v = bad(KV_ERR_NO_MEMORY, "xport shm: control buffer");
-        kv__shm_settle_all(tp);
+        kv__xport_settle_idle(tp->p);
     }
     if (kv__shm_ok(&v))
         v = kv__shm_flush(tp);

@@ -100,15 +100,9 @@ void kv__shm_msg_encode(const struct kv__shm_msg *m, unsigned char out[KV__SHM_H
  * another protocol version. */
 kv_status kv__shm_msg_decode(const unsigned char *in, size_t n, struct kv__shm_msg *m);
 
-/* A read the peer asked of us, served through our ring in order. */
-struct kv__shm_serve {
-    struct kv__shm_serve *next;
-    uint64_t xfer;
-    uint32_t entry;
-    struct kv__xport_expo *expo; /* busy++ while queued */
-    uint64_t off, len, sent;
-    bool refused; /* unexposed while being copied: RNACK once the last RDATA is out */
-};
+/* Reads the peer asked of us (struct kv__xport_serve) are served through
+ * our ring in order; one unexposed while being copied is RNACKed once its
+ * last RDATA is out. */
 
 /* A slot of our ring, owned from its DATA / RDATA until its ACK / FREE. */
 struct kv__shm_slot {
@@ -130,8 +124,8 @@ struct kv__shm_peer {
     char *tx, *rx;        /* our ring, the peer's */
     struct kv__shm_slot slot[KV__SHM_SLOTS];
     uint32_t n_used;
-    struct kv__shm_serve *srv_head, *srv_tail, *srv_cur; /* srv_cur: being copied */
-    uint32_t n_serves;                                   /* <= max_pending_reads */
+    struct kv__xport_serve *srv_head, *srv_tail, *srv_cur; /* srv_cur: being copied */
+    uint32_t n_serves;                                     /* <= max_pending_reads */
     unsigned char *ctl; /* queued messages: {u32 length, bytes} each */
     size_t ctl_len, ctl_off, ctl_cap;
     uint64_t tx_since_ns;             /* when ctl last moved or became pending */
@@ -174,7 +168,6 @@ void kv__shm_wake(struct kv__shm *t);
 bool kv__shm_put(struct kv__shm_peer *tp, struct kv__shm_msg m, const void *p, uint32_t plen);
 /* Send what is queued until the socket is full. */
 struct kv__shm_verdict kv__shm_flush(struct kv__shm_peer *tp);
-void kv__shm_settle_all(struct kv__shm_peer *tp);
 bool kv__shm_notes_flush(struct kv__shm_peer *tp);
 /* Map memfd fd (checked: a memfd sealed against shrinking, of the right
  * size; its pages allocated), our ring the first half when connecting.

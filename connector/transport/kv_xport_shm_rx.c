@@ -259,7 +259,7 @@ static struct kv__shm_verdict on_ack(struct kv__shm_peer *tp, const struct kv__s
     }
     if (!kv__shm_notes_flush(tp))
         return bad(KV_ERR_NO_MEMORY, "xport shm: control buffer");
-    kv__shm_settle_all(tp);
+    kv__xport_settle_idle(tp->p);
     return KV__SHM_OK;
 }
 
@@ -280,10 +280,10 @@ static struct kv__shm_verdict on_read(struct kv__shm *t, struct kv__shm_peer *tp
         return kv__shm_put(tp, n, NULL, 0) ? KV__SHM_OK
                                            : bad(KV_ERR_NO_MEMORY, "xport shm: control buffer");
     }
-    struct kv__shm_serve *s = kv__mem_calloc(1, sizeof(*s));
+    struct kv__xport_serve *s = kv__mem_calloc(1, sizeof(*s));
     if (!s)
         return bad(KV_ERR_NO_MEMORY, "xport shm: a read to serve");
-    *s = (struct kv__shm_serve){
+    *s = (struct kv__xport_serve){
         .xfer = m->xfer, .entry = m->entry, .expo = e, .off = m->off, .len = m->len};
     e->busy++;
     tp->n_serves++;
@@ -325,7 +325,7 @@ static struct kv__shm_verdict on_rdata(struct kv__shm *t, struct kv__shm_peer *t
         xf->moved[m->entry] += m->len;
         if (xf->moved[m->entry] == io->bytes)
             kv__xport_entry_end(xf, m->entry, KV_OK);
-        kv__shm_settle_all(tp);
+        kv__xport_settle_idle(tp->p);
     }
     return kv__shm_put(tp, (struct kv__shm_msg){.type = KV__SM_FREE, .slot = m->slot}, NULL, 0)
                ? KV__SHM_OK
@@ -362,7 +362,7 @@ static struct kv__shm_verdict on_verdict(struct kv__shm_peer *tp, const struct k
         kv__xport_note_refused(xf, s, why);
     else if (!xf->ended[m->entry])
         kv__xport_entry_fail(xf, m->entry, s, "%s", why);
-    kv__shm_settle_all(tp);
+    kv__xport_settle_idle(tp->p);
     return KV__SHM_OK;
 }
 

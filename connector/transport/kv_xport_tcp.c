@@ -318,25 +318,6 @@ static kv_status tcp_connect(kv_xport_peer *p, const char *host, uint16_t port)
     return KV_OK;
 }
 
-static kv_status tcp_mem_reg(kv_xport_mem *m)
-{
-    (void)m;
-    return KV_OK;
-}
-
-static kv_status tcp_mem_dereg(kv_xport_mem *m)
-{
-    (void)m;
-    return KV_OK;
-}
-
-static kv_status tcp_expose(kv_xport_peer *p, struct kv__xport_expo *e)
-{
-    (void)p;
-    e->key_len = 0; /* the receiver checks each frame against its table */
-    return KV_OK;
-}
-
 static void tcp_unexpose(kv_xport_peer *p, struct kv__xport_expo *e)
 {
     struct kv__tcp_peer *tp = p->be;
@@ -346,11 +327,7 @@ static void tcp_unexpose(kv_xport_peer *p, struct kv__xport_expo *e)
 
 static void tcp_post(kv_xport_xfer *xf)
 {
-    xf->be_entry = 0;
-    xf->be_off = 0;
-    xf->be_seg = 0;
-    xf->be_rep = 0;
-    xf->be_seg_off = 0;
+    kv__xport_cursor_reset(xf);
     kv__tcp_wake(xf->peer->x->be);
 }
 
@@ -387,9 +364,9 @@ const struct kv__xport_ops kv__xport_tcp_ops = {
     .start = tcp_start,
     .stop = tcp_stop,
     .connect = tcp_connect,
-    .mem_reg = tcp_mem_reg,
-    .mem_dereg = tcp_mem_dereg,
-    .expose = tcp_expose,
+    .mem_reg = kv__xport_mem_none,
+    .mem_dereg = kv__xport_mem_none,
+    .expose = kv__xport_expose_keyless,
     .unexpose = tcp_unexpose,
     .post = tcp_post,
     .cancel = tcp_cancel,
@@ -585,7 +562,7 @@ static bool sweep(struct kv__tcp *t, struct kv__tcp_peer *tp, uint64_t now)
         peer_fail(t, tp, KV_ERR_NO_MEMORY, "xport tcp: control buffer");
         return false;
     }
-    kv__tcp_settle_all(tp);
+    kv__xport_settle_idle(tp->p);
     return true;
 }
 

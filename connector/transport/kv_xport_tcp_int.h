@@ -127,16 +127,10 @@ struct kv__tcp_vjob {
     struct kv__xport_expo *expo[KV__TCP_MAXV]; /* busy++ until FREE */
 };
 
-/* A read the peer asked of us: served on the connection it came on, in
- * order (the requester checks each RDATA's offset against what it has). */
-struct kv__tcp_serve {
-    struct kv__tcp_serve *next;
-    uint64_t xfer;
-    uint32_t entry;
-    struct kv__xport_expo *expo; /* busy++ while queued */
-    uint64_t off, len, sent;
-    bool refused; /* unexposed while in flight: NACK once the frame is out */
-};
+/* Reads the peer asked of us (struct kv__xport_serve) are served on the
+ * connection they came on, in order (the requester checks each RDATA's
+ * offset against what it has); one unexposed while its frame is in flight
+ * is NACKed once the frame is out. */
 
 struct kv__tcp_conn {
     int fd;
@@ -169,9 +163,9 @@ struct kv__tcp_conn {
     const char *df_src[KV__TCP_MAXSRC];
     uint64_t df_len[KV__TCP_MAXSRC];
     uint64_t df_total, df_sent;
-    kv_xport_xfer *df_t;          /* the WRITE's transfer (busy++) */
-    struct kv__tcp_serve *df_srv; /* the RDATA's read */
-    struct kv__tcp_serve *srv_head, *srv_tail;
+    kv_xport_xfer *df_t;            /* the WRITE's transfer (busy++) */
+    struct kv__xport_serve *df_srv; /* the RDATA's read */
+    struct kv__xport_serve *srv_head, *srv_tail;
     /* tx: the next plain WRITE frame (nx_on), cut while df is on the wire
      * and hashed by the verify thread (txj: its pieces; nx_t busy++); it
      * becomes df once df is out and txj is DONE */
@@ -297,8 +291,6 @@ void *kv__tcp_verify_main(void *arg);
 /* mu held: c closes: its verify slots end (waits for one being hashed)
  * and release what they hold. */
 void kv__tcp_vj_drop(struct kv__tcp *t, struct kv__tcp_conn *c);
-/* Settle every transfer of tp whose entries have all ended. */
-void kv__tcp_settle_all(struct kv__tcp_peer *tp);
 
 /* kv_xport_tcp.c */
 /* An incoming connection from an fd (accepted, or a socketpair in tests):

@@ -20,15 +20,6 @@
 
 #define bad kv__tcp_bad
 
-void kv__tcp_settle_all(struct kv__tcp_peer *tp)
-{
-    for (kv_xport_xfer *xf = tp->p->xfers, *nx; xf; xf = nx) {
-        nx = xf->next;
-        if (!xf->left && !xf->busy)
-            kv__xport_xfer_settle(xf);
-    }
-}
-
 /* Whether [a, a + n) and [b, b + m) overlap. */
 static bool overlaps(const char *a, uint64_t n, const char *b, uint64_t m)
 {
@@ -392,7 +383,7 @@ static struct kv__tcp_verdict on_nack(struct kv__tcp_peer *tp, const struct kv__
         else
             kv__xport_entry_fail(xf, f->entry, s, "%s", why);
     }
-    kv__tcp_settle_all(tp);
+    kv__xport_settle_idle(tp->p);
     return KV__TCP_OK;
 }
 
@@ -524,7 +515,7 @@ static struct kv__tcp_verdict serve_read(struct kv__tcp *t, struct kv__tcp_conn 
         return kv__tcp_ctl_put(c, n, NULL, 0) ? KV__TCP_OK
                                               : bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
     }
-    struct kv__tcp_serve *s = kv__mem_calloc(1, sizeof(*s));
+    struct kv__xport_serve *s = kv__mem_calloc(1, sizeof(*s));
     if (!s)
         return bad(KV_ERR_NO_MEMORY, "xport tcp: a read to serve");
     s->xfer = f->xfer;
@@ -658,7 +649,7 @@ static struct kv__tcp_verdict on_acks(struct kv__tcp_conn *c)
     }
     if (!kv__tcp_notes_flush(tp))
         return bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
-    kv__tcp_settle_all(tp);
+    kv__xport_settle_idle(tp->p);
     return KV__TCP_OK;
 }
 
@@ -717,7 +708,7 @@ static struct kv__tcp_verdict on_payload(struct kv__tcp *t, struct kv__tcp_conn 
             if (xf->moved[f->entry] == xf->ios[f->entry].bytes)
                 kv__xport_entry_end(xf, f->entry, KV_OK);
         }
-        kv__tcp_settle_all(tp);
+        kv__xport_settle_idle(tp->p);
         return KV__TCP_OK;
     }
     case RX_PIECES:

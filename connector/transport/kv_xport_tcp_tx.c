@@ -108,11 +108,8 @@ bool kv__tcp_put_refuse(struct kv__tcp_conn *c, kv_status st, const char *why)
 
 bool kv__tcp_notes_flush(struct kv__tcp_peer *tp)
 {
-    for (kv_xport_xfer *xf = tp->p->xfers; xf; xf = xf->next) {
-        if (!xf->has_note || xf->note_sent || xf->cancel_req)
-            continue;
-        if (!kv__xport_note_may_go(xf))
-            break;
+    for (kv_xport_xfer *xf = kv__xport_note_next(tp->p->xfers); xf;
+         xf = kv__xport_note_next(xf->next)) {
         struct kv__tcp_conn *c = tp->conns[0];
         struct kv__xf f = {.type = KV__XF_NOTIFY, .xfer = xf->id, .offset = xf->note_tag};
         if (!kv__tcp_ctl_put(c, f, xf->note, xf->note_len))
@@ -125,19 +122,9 @@ bool kv__tcp_notes_flush(struct kv__tcp_peer *tp)
 /* ---- reads we serve ------------------------------------------------- */
 
 /* Remove s from c's queue and release it; NACK its entry when `nack`. */
-static void serve_end(struct kv__tcp_peer *tp, struct kv__tcp_conn *c, struct kv__tcp_serve *s,
+static void serve_end(struct kv__tcp_peer *tp, struct kv__tcp_conn *c, struct kv__xport_serve *s,
                       bool nack)
 {
-    struct kv__tcp_serve **pp = &c->srv_head, *prev = NULL;
-    while (*pp && *pp != s) {
-        prev = *pp;
-        pp = &(*pp)->next;
-    }
-    if (*pp) {
-        *pp = s->next;
-        if (c->srv_tail == s)
-            c->srv_tail = prev;
-    }
     if (nack) {
         struct kv__xf n = {.type = KV__XF_NACK,
                            .xfer = s->xfer,
@@ -145,10 +132,8 @@ static void serve_end(struct kv__tcp_peer *tp, struct kv__tcp_conn *c, struct kv
                            .offset = (uint64_t)(int64_t)KV_ERR_OUT_OF_BOUNDS};
         (void)kv__tcp_ctl_put(c, n, NULL, 0); /* out of memory: the requester times out */
     }
-    s->expo->busy--;
-    tp->n_serves--;
+    kv__xport_serve_end(&c->srv_head, &c->srv_tail, s, &tp->n_serves);
     pthread_cond_broadcast(&tp->p->x->cv);
-    kv__mem_free(s);
 }
 
 void kv__tcp_serve_drop(struct kv__tcp_peer *tp, struct kv__tcp_conn *c)
@@ -163,7 +148,7 @@ void kv__tcp_serve_unexpose(struct kv__tcp_peer *tp, const struct kv__xport_expo
         struct kv__tcp_conn *c = tp->conns[i];
         if (!c)
             continue;
-        for (struct kv__tcp_serve *s = c->srv_head, *nx; s; s = nx) {
+        for (struct kv__xport_serve *s = c->srv_head, *nx; s; s = nx) {
             nx = s->next;
             if (s->expo != e)
                 continue;
@@ -313,7 +298,7 @@ static uint32_t cut_plain(kv_xport_xfer *xf, unsigned char *desc, const char **s
 static bool next_frame(struct kv__tcp *t, struct kv__tcp_peer *tp, struct kv__tcp_conn *c)
 {
     if (c->srv_head && c->srv_head->sent < c->srv_head->len) {
-        struct kv__tcp_serve *s = c->srv_head;
+        struct kv__xport_serve *s = c->srv_head;
         const uint64_t len = s->len - s->sent < KV__TCP_CHUNK ? s->len - s->sent : KV__TCP_CHUNK;
         struct kv__xf f = {
             .type = KV__XF_RDATA, .entry = s->entry, .xfer = s->xfer, .offset = s->sent};
@@ -470,7 +455,7 @@ static void frame_done(struct kv__tcp_conn *c)
         c->df_t->busy--;
         c->df_t = NULL;
     }
-    struct kv__tcp_serve *s = c->df_srv;
+    struct kv__xport_serve *s = c->df_srv;
     c->df_srv = NULL;
     if (s && s->sent == s->len)
         serve_end(c->tp, c, s, s->refused);

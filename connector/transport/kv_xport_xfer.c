@@ -335,6 +335,43 @@ bool kv__xport_note_may_go(const kv_xport_xfer *t)
     return true;
 }
 
+kv_xport_xfer *kv__xport_note_next(kv_xport_xfer *t)
+{
+    for (; t; t = t->next) {
+        if (!t->has_note || t->note_sent || t->cancel_req)
+            continue;
+        return kv__xport_note_may_go(t) ? t : NULL;
+    }
+    return NULL;
+}
+
+void kv__xport_settle_idle(kv_xport_peer *p)
+{
+    for (kv_xport_xfer *t = p->xfers, *nx; t; t = nx) {
+        nx = t->next;
+        if (!t->left && !t->busy)
+            kv__xport_xfer_settle(t);
+    }
+}
+
+void kv__xport_serve_end(struct kv__xport_serve **head, struct kv__xport_serve **tail,
+                         struct kv__xport_serve *s, uint32_t *n_serves)
+{
+    struct kv__xport_serve **pp = head, *prev = NULL;
+    while (*pp && *pp != s) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    if (*pp) {
+        *pp = s->next;
+        if (*tail == s)
+            *tail = prev;
+    }
+    s->expo->busy--;
+    (*n_serves)--;
+    kv__mem_free(s);
+}
+
 kv_xport_xfer *kv__xport_xfer_find(kv_xport_peer *p, uint64_t id)
 {
     for (kv_xport_xfer *t = p->xfers; t; t = t->next)

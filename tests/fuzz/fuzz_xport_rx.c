@@ -35,6 +35,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#define FUZZ_NAME "fuzz_xport_rx"
+#include "fuzz_xport.h"
 #include "kv_xport_tcp_int.h"
 #include "kvt_xport_raw.h"
 
@@ -42,16 +44,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define TOKEN 0xF022ull
 #define NONCE 0x600DF00Dull
-#define REGION (64u << 10)
-
-static unsigned char g_mem[REGION];
-static unsigned char g_src[8192];
-
-static void die(const char *what)
-{
-    fprintf(stderr, "fuzz_xport_rx: %s: %s\n", what, kv_last_error());
-    abort();
-}
 
 /* Read and drop what the transport sent (its replies). */
 static void drain(int fd)
@@ -75,22 +67,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     data++;
     size--;
     kv__error_mute();
-    struct kv_xport_config c = KV_XPORT_CONFIG_INIT;
-    c.kind = KV_XPORT_TCP;
-    c.listen_host = "127.0.0.1"; /* accepts (the peer comes through kv__tcp_adopt) */
-    c.token = TOKEN;
-    c.conns_per_peer = 1;
-    c.timeout_ms = 1000;
-    c.max_pending_notes = 4;
-    c.max_pending_reads = 4;
-    c.max_handshakes = 4;
-    c.frames_per_round = 16;
-    kv_xport *x = NULL;
-    if (kv__xport_create_manual(&c, &x) != KV_OK)
-        die("create");
-    kv_xport_mem *m = NULL;
-    if (kv_xport_mem_reg(x, g_mem, REGION, KV_MEM_HOST, &m) != KV_OK)
-        die("mem_reg");
+    struct fz_xport fz;
+    /* listens: the peer comes through kv__tcp_adopt */
+    fz_open(&fz, KV_XPORT_TCP, "127.0.0.1", TOKEN, 1);
+    kv_xport *x = fz.x;
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
         die("socketpair");
@@ -98,15 +78,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (kv__tcp_adopt(x, sv[0]) != KV_OK)
         die("adopt");
 
-    kv_xport_peer *p = NULL;
-    kv_xport_rmem *r = NULL, *rb = NULL;
-    kv_xport_xfer *tw = NULL, *tr = NULL;
-    kv_xport_mem *ms = NULL;
+    kv_xport_rmem *rb = NULL;
     if (mode & 1) {
         unsigned char h[KV__XF_BYTES + KV__XPORT_HELLO_BYTES];
         if (!kvt_raw_send(sv[1], h, kvt_raw_hello(h, TOKEN, 0, NONCE, 0, 1, 0)))
             die("hello");
-        if (kv_xport_accept(x, 1000, &p) != KV_OK)
+        if (kv_xport_accept(x, 1000, &fz.p) != KV_OK)
             die("accept");
         struct kv__xf f;
         unsigned char pl[KV__XPORT_HELLO_BYTES];
@@ -115,22 +92,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         struct kv__xport_hello hh;
         kv__xport_hello_decode(pl, &hh);
         unsigned char blob[KV_XPORT_BLOB_MAX];
-        size_t bl = 0;
-        if (kv_xport_mem_expose(p, m, blob, sizeof(blob), &bl) != KV_OK)
-            die("expose");
-        bl = kvt_raw_blob(blob, 7, 1u << 20, NONCE, hh.nonce);
-        if (kv_xport_rmem_import(p, blob, bl, &r) != KV_OK)
-            die("import");
-        if (kv_xport_mem_reg(x, g_src, sizeof(g_src), KV_MEM_HOST, &ms) != KV_OK)
-            die("mem_reg src");
-        const struct kv_xport_io w[2] = {{ms, 0, r, 0, 1000}, {ms, 1000, r, 4096, 1000}};
-        const struct kv_xport_notify n = {.tag = 1, .msg = "n", .len = 1};
-        if (kv_xport_write(p, w, 2, &n, &tw) != KV_OK)
-            die("write");
-        const struct kv_xport_io rd[2] = {{ms, 2000, r, 0, 1000}, {ms, 4000, r, 8192, 3000}};
-        if (kv_xport_read(p, rd, 2, &tr) != KV_OK)
-            die("read");
-        if ((mode & 4) && kv_xport_rmem_import(p, data, size < 256 ? size : 256, &rb) == KV_OK &&
+        fz_post(&fz, blob, kvt_raw_blob(blob, 7, 1u << 20, NONCE, hh.nonce));
+        if ((mode & 4) && kv_xport_rmem_import(fz.p, data, size < 256 ? size : 256, &rb) == KV_OK &&
             kv_xport_rmem_free(rb) != KV_OK)
             die("free of an imported blob");
         kv__xport_step(x, 0);
@@ -165,20 +128,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     free(buf);
 
     /* Release everything, in order; destroy must then succeed. */
-    if (p)
-        kv_xport_peer_close(p);
-    if ((tw && kv_xport_xfer_free(tw) != KV_OK) || (tr && kv_xport_xfer_free(tr) != KV_OK))
-        die("xfer_free after the peer closed");
-    if (kv_xport_rmem_free(r) != KV_OK)
-        die("rmem_free");
-    if (ms && kv_xport_mem_dereg(ms) != KV_OK)
-        die("dereg src");
-    if (kv_xport_mem_dereg(m) != KV_OK)
-        die("dereg");
-    /* Notifications the input queued, and peers it made that nobody
-     * accepted, go with the transport. */
-    if (kv_xport_destroy(x) != KV_OK)
-        die("destroy");
+    fz_close(&fz);
     close(sv[1]);
     kv__error_unmute();
     return 0;

@@ -38,24 +38,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#define FUZZ_NAME "fuzz_xport_shm_rx"
+#include "fuzz_xport.h"
 #include "kv_xport_shm_int.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define TOKEN 0xF023ull
 #define NONCE 0x600DF00Eull
-#define REGION (64u << 10)
-
-static unsigned char g_mem[REGION];
-static unsigned char g_src[8192];
 static int g_mfd = -1; /* the harness's ring memfd: made once, sealed */
 static char *g_ring;   /* its mapping (the harness's half first) */
-
-static void die(const char *what)
-{
-    fprintf(stderr, "fuzz_xport_shm_rx: %s: %s\n", what, kv_last_error());
-    abort();
-}
 
 static void ring_once(void)
 {
@@ -118,21 +110,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size--;
     ring_once();
     kv__error_mute();
-    struct kv_xport_config c = KV_XPORT_CONFIG_INIT;
-    c.kind = KV_XPORT_SHM;
-    c.listen_host = "fuzz"; /* accepts (the peer comes through kv__shm_adopt) */
-    c.token = TOKEN;
-    c.timeout_ms = 1000;
-    c.max_pending_notes = 4;
-    c.max_pending_reads = 4;
-    c.max_handshakes = 4;
-    c.frames_per_round = 16;
-    kv_xport *x = NULL;
-    if (kv__xport_create_manual(&c, &x) != KV_OK)
-        die("create");
-    kv_xport_mem *m = NULL;
-    if (kv_xport_mem_reg(x, g_mem, REGION, KV_MEM_HOST, &m) != KV_OK)
-        die("mem_reg");
+    struct fz_xport fz;
+    /* listens: the peer comes through kv__shm_adopt */
+    fz_open(&fz, KV_XPORT_SHM, "fuzz", TOKEN, 0);
+    kv_xport *x = fz.x;
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
         die("socketpair");
@@ -140,10 +121,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (kv__shm_adopt(x, sv[0]) != KV_OK)
         die("adopt");
 
-    kv_xport_peer *p = NULL;
-    kv_xport_rmem *r = NULL;
-    kv_xport_xfer *tw = NULL, *tr = NULL;
-    kv_xport_mem *ms = NULL;
     if (mode & 1) {
         unsigned char h[KV__SHM_HDR + KV__XPORT_HELLO_BYTES];
         const struct kv__xport_hello hh = {.version = KV_XPORT_PROTOCOL_VERSION,
@@ -160,34 +137,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         kv__xport_hello_encode(&hh, h + KV__SHM_HDR);
         if (!send_msg(sv[1], h, sizeof(h), g_mfd))
             die("hello");
-        if (kv_xport_accept(x, 1000, &p) != KV_OK)
+        if (kv_xport_accept(x, 1000, &fz.p) != KV_OK)
             die("accept");
         uint64_t nonce = 0;
         drain(sv[1], &nonce);
         if (!nonce)
             die("the transport's HELLO");
         unsigned char blob[KV_XPORT_BLOB_MAX];
-        size_t bl = 0;
-        if (kv_xport_mem_expose(p, m, blob, sizeof(blob), &bl) != KV_OK)
-            die("expose");
         const struct kv__xport_blob b = {.version = KV_XPORT_PROTOCOL_VERSION,
                                          .kind = KV_XPORT_SHM,
                                          .region = 7,
                                          .bytes = 1u << 20,
                                          .exposer = NONCE,
                                          .importer = nonce};
-        bl = kv__xport_blob_encode(&b, blob);
-        if (kv_xport_rmem_import(p, blob, bl, &r) != KV_OK)
-            die("import");
-        if (kv_xport_mem_reg(x, g_src, sizeof(g_src), KV_MEM_HOST, &ms) != KV_OK)
-            die("mem_reg src");
-        const struct kv_xport_io w[2] = {{ms, 0, r, 0, 1000}, {ms, 1000, r, 4096, 1000}};
-        const struct kv_xport_notify n = {.tag = 1, .msg = "n", .len = 1};
-        if (kv_xport_write(p, w, 2, &n, &tw) != KV_OK)
-            die("write");
-        const struct kv_xport_io rd[2] = {{ms, 2000, r, 0, 1000}, {ms, 4000, r, 8192, 3000}};
-        if (kv_xport_read(p, rd, 2, &tr) != KV_OK)
-            die("read");
+        fz_post(&fz, blob, kv__xport_blob_encode(&b, blob));
         if (mode & 4) /* the harness's ring: slot by slot, the input's bytes */
             for (uint32_t s = 0; s < KV__SHM_SLOTS && size; s++)
                 memcpy(g_ring + (uint64_t)s * KV__SHM_SLOT, data, size < 4096 ? size : 4096);
@@ -226,18 +189,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     drain(sv[1], NULL);
 
     /* Release everything, in order; destroy must then succeed. */
-    if (p)
-        kv_xport_peer_close(p);
-    if ((tw && kv_xport_xfer_free(tw) != KV_OK) || (tr && kv_xport_xfer_free(tr) != KV_OK))
-        die("xfer_free after the peer closed");
-    if (kv_xport_rmem_free(r) != KV_OK)
-        die("rmem_free");
-    if (ms && kv_xport_mem_dereg(ms) != KV_OK)
-        die("dereg src");
-    if (kv_xport_mem_dereg(m) != KV_OK)
-        die("dereg");
-    if (kv_xport_destroy(x) != KV_OK)
-        die("destroy");
+    fz_close(&fz);
     close(sv[1]);
     kv__error_unmute();
     return 0;

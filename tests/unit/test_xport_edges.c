@@ -55,6 +55,7 @@
 #include <cmocka.h>
 
 #include <kvcache/kv.h>
+#include "kvt_xport.h"
 #include "kvt_xport_raw.h"
 #include "kvtest.h"
 
@@ -161,44 +162,16 @@ static void test_xport_edges_oversized_notify(void **state)
 
 /* ---- 100,000 entries --------------------------------------------------- */
 
-struct pair {
-    kv_xport *a, *b;
-    kv_xport_peer *pa, *pb;
-};
-
-static void pair_open(struct pair *p, struct kv_xport_config ca, struct kv_xport_config cb)
+static void pair_open(struct kvt_pair *p, struct kv_xport_config ca, struct kv_xport_config cb)
 {
-    assert_int_equal(kv_xport_create(&cb, &p->b), KV_OK);
-    assert_int_equal(kv_xport_create(&ca, &p->a), KV_OK);
-    assert_int_equal(kv_xport_connect(p->a, "127.0.0.1", kv_xport_port(p->b), &p->pa), KV_OK);
-    assert_int_equal(kv_xport_accept(p->b, 5000, &p->pb), KV_OK);
-    assert_int_equal(kv_xport_peer_wait(p->pa, 5000, NULL), KV_OK);
-}
-
-static void pair_close(struct pair *p)
-{
-    kv_xport_peer_close(p->pa);
-    kv_xport_peer_close(p->pb);
-    assert_int_equal(kv_xport_destroy(p->a), KV_OK);
-    assert_int_equal(kv_xport_destroy(p->b), KV_OK);
-}
-
-/* b exposes m; a imports it (the blob handed over directly). */
-static kv_xport_rmem *share(struct pair *p, kv_xport_mem *m)
-{
-    unsigned char blob[KV_XPORT_BLOB_MAX];
-    size_t len = 0;
-    assert_int_equal(kv_xport_mem_expose(p->pb, m, blob, sizeof(blob), &len), KV_OK);
-    kv_xport_rmem *r = NULL;
-    assert_int_equal(kv_xport_rmem_import(p->pa, blob, len, &r), KV_OK);
-    return r;
+    kvt_pair_open(p, &ca, &cb);
 }
 
 static void test_xport_edges_hundred_thousand_entries(void **state)
 {
     (void)state;
     enum { NE = 100000, SLOT = 64, REG = NE * SLOT };
-    struct pair p;
+    struct kvt_pair p;
     pair_open(&p, cfg_of(false, 2, 60000), cfg_of(true, 2, 60000));
     unsigned char *src = malloc(REG), *dst = calloc(1, REG), *back = calloc(1, REG);
     unsigned char *want = calloc(1, REG);
@@ -209,7 +182,7 @@ static void test_xport_edges_hundred_thousand_entries(void **state)
     assert_int_equal(kv_xport_mem_reg(p.a, src, REG, KV_MEM_HOST, &ms), KV_OK);
     assert_int_equal(kv_xport_mem_reg(p.a, back, REG, KV_MEM_HOST, &mb), KV_OK);
     assert_int_equal(kv_xport_mem_reg(p.b, dst, REG, KV_MEM_HOST, &md), KV_OK);
-    kv_xport_rmem *r = share(&p, md);
+    kv_xport_rmem *r = kvt_share_direct(&p, md);
     /* Entry i: 1..SLOT bytes from slot i of src into a shuffled slot of
      * dst (no two entries share a destination slot). */
     uint32_t *perm = malloc(NE * sizeof(*perm));
@@ -255,7 +228,7 @@ static void test_xport_edges_hundred_thousand_entries(void **state)
     assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
     assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
     assert_int_equal(kv_xport_mem_dereg(mb), KV_OK);
-    pair_close(&p);
+    kvt_pair_close(&p);
     free(ios);
     free(perm);
     free(src);
@@ -988,7 +961,7 @@ static void test_xport_edges_forged_status(void **state)
 static void test_xport_edges_overlapping_entries(void **state)
 {
     (void)state;
-    struct pair p;
+    struct kvt_pair p;
     pair_open(&p, cfg_of(false, 1, 10000), cfg_of(true, 1, 10000));
     enum { REG = 1u << 20 };
     unsigned char *src = malloc(REG), *dst = calloc(1, REG);
@@ -998,7 +971,7 @@ static void test_xport_edges_overlapping_entries(void **state)
     kv_xport_mem *ms, *md;
     assert_int_equal(kv_xport_mem_reg(p.a, src, REG, KV_MEM_HOST, &ms), KV_OK);
     assert_int_equal(kv_xport_mem_reg(p.b, dst, REG, KV_MEM_HOST, &md), KV_OK);
-    kv_xport_rmem *r = share(&p, md);
+    kv_xport_rmem *r = kvt_share_direct(&p, md);
     /* A at [1000, 3000) and B at [2000, 4000) of dst, in one frame (the
      * honest write that ended FAILED with KV_ERR_CORRUPT on both). */
     const struct kv_xport_io io[2] = {{ms, 0, r, 1000, 2000}, {ms, 100000, r, 2000, 2000}};
@@ -1021,7 +994,7 @@ static void test_xport_edges_overlapping_entries(void **state)
     assert_int_equal(kv_xport_mem_unexpose(p.pb, md), KV_OK);
     assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
     assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
-    pair_close(&p);
+    kvt_pair_close(&p);
     free(src);
     free(dst);
 }

@@ -39,58 +39,21 @@
 
 #include <kvcache/kv.h>
 #include "kvt_side.h"
+#include "kvt_xport.h"
 #include "kvtest.h"
 
 #define TOKEN 0x1A7E25ull
 
-static struct kv_xport_config cfg_make(bool listen)
+/* a (prefill) connected to b (decode) over TCP, both in this process. */
+static void pair_open(struct kvt_pair *p)
 {
-    struct kv_xport_config c = KV_XPORT_CONFIG_INIT;
-    c.kind = KV_XPORT_TCP;
-    c.listen_host = listen ? "127.0.0.1" : NULL;
-    c.token = TOKEN;
-    c.timeout_ms = 5000;
-    return c;
-}
-
-/* a (prefill) connected to b (decode), both in this process. */
-struct pair {
-    kv_xport *a, *b;
-    kv_xport_peer *pa, *pb;
-};
-
-static void pair_open(struct pair *p)
-{
-    struct kv_xport_config ca = cfg_make(false), cb = cfg_make(true);
-    assert_int_equal(kv_xport_create(&cb, &p->b), KV_OK);
-    assert_int_equal(kv_xport_create(&ca, &p->a), KV_OK);
-    assert_int_equal(kv_xport_connect(p->a, "127.0.0.1", kv_xport_port(p->b), &p->pa), KV_OK);
-    assert_int_equal(kv_xport_accept(p->b, 5000, &p->pb), KV_OK);
-    assert_int_equal(kv_xport_peer_wait(p->pa, 5000, NULL), KV_OK);
-}
-
-static void pair_close(struct pair *p)
-{
-    kv_xport_peer_close(p->pa);
-    kv_xport_peer_close(p->pb);
-    assert_int_equal(kv_xport_destroy(p->a), KV_OK);
-    assert_int_equal(kv_xport_destroy(p->b), KV_OK);
-}
-
-/* b exposes m to a; a imports it (the blob handed over in memory: the
- * transport's own tests cover it travelling as a notification). */
-static kv_xport_rmem *share(struct pair *p, kv_xport_mem *m)
-{
-    unsigned char blob[KV_XPORT_BLOB_MAX];
-    size_t len = 0;
-    assert_int_equal(kv_xport_mem_expose(p->pb, m, blob, sizeof(blob), &len), KV_OK);
-    kv_xport_rmem *r = NULL;
-    assert_int_equal(kv_xport_rmem_import(p->pa, blob, len, &r), KV_OK);
-    return r;
+    struct kv_xport_config ca = kvt_xport_cfg(KV_XPORT_TCP, false, TOKEN, 0),
+                           cb = kvt_xport_cfg(KV_XPORT_TCP, true, TOKEN, 0);
+    kvt_pair_open(p, &ca, &cb);
 }
 
 /* The next notification on b, which must be a layer notification, fed. */
-static kv_status feed_next(struct pair *p, kv_xlayer_rx *rx)
+static kv_status feed_next(struct kvt_pair *p, kv_xlayer_rx *rx)
 {
     struct kv_xport_msg *m = malloc(sizeof(*m));
     assert_non_null(m);
@@ -122,6 +85,92 @@ static void stats_equal(const struct kv_xlayer_rx_stats *a, const struct kv_xlay
 enum { L = 6, NG = 4, REQ = 987654 };
 static const uint32_t G0[NG] = {0, 1, 3, 4}, GN[NG] = {1, 2, 1, 2};
 
+/* One request's endpoints over a pair: the references of the whole move,
+ * a plan per group of layers, both pools registered (ms on a, md on b) and
+ * md shared with a (r), a layer receiver (rx, expecting the request from
+ * b's peer) and sender (tx, begun on a's). */
+struct run {
+    unsigned char *ref;  /* d's pool after a local kv_plan_copy of the whole request */
+    unsigned char *src0; /* s's pool before */
+    kv_plan *whole;
+    kv_plan *plans[8];
+    int n_plans;
+    kv_xport_mem *ms, *md;
+    kv_xport_rmem *r;
+    kv_xlayer_rx *rx;
+    kv_xlayer_tx *tx;
+};
+
+/* u's references: kv_plan_copy of the whole request (heads [0, nh)) equal
+ * to the config-only reference; s's pool as it was. */
+static void run_refs(struct run *u, const struct kvt_side *s, const uint32_t *sid, uint32_t ns,
+                     const struct kvt_side *d, const uint32_t *did, uint32_t nd, uint64_t T,
+                     int64_t nh)
+{
+    unsigned char *ref2 = malloc((size_t)d->lo.total_bytes);
+    u->ref = malloc((size_t)d->lo.total_bytes);
+    assert_true(u->ref && ref2);
+    memcpy(u->ref, d->mem, (size_t)d->lo.total_bytes);
+    memcpy(ref2, d->mem, (size_t)d->lo.total_bytes);
+    assert_int_equal(kv_plan_create(&s->lo, &d->lo, NULL, &u->whole), KV_OK);
+    struct kv_paged_cache rc = d->pc;
+    rc.base = u->ref;
+    /* one thread: the reference needs none, and libgomp's barriers are
+     * invisible to ThreadSanitizer (this test runs under it in CI) */
+    assert_int_equal(kv_set_threads(1), KV_OK);
+    assert_int_equal(kv_plan_copy(u->whole, s->pc, sid, ns, rc, did, nd, T), KV_OK);
+    assert_int_equal(kv_set_threads(0), KV_OK); /* the default again */
+    kvt_ref_move(s, sid, ns, d, did, nd, 0, 0, nh, ref2);
+    assert_int_equal(kvt_first_diff(u->ref, ref2, d->lo.total_bytes), -1);
+    free(ref2);
+    u->src0 = malloc((size_t)s->lo.total_bytes);
+    assert_non_null(u->src0);
+    memcpy(u->src0, s->mem, (size_t)s->lo.total_bytes);
+}
+
+/* u's plans (group g: layers [l0[g], +nl[g])), pools, share and layer
+ * endpoints for request req of nl_all layers. */
+static void run_open(struct run *u, struct kvt_pair *p, const struct kvt_side *s,
+                     const struct kvt_side *d, const uint32_t *l0, const uint32_t *nl, int ng,
+                     uint64_t req, uint32_t nl_all)
+{
+    assert_true(ng <= 8);
+    u->n_plans = ng;
+    for (int g = 0; g < ng; g++) {
+        struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+        pc.src_layer0 = pc.dst_layer0 = l0[g];
+        pc.n_layers = nl[g];
+        assert_int_equal(kv_plan_create(&s->lo, &d->lo, &pc, &u->plans[g]), KV_OK);
+    }
+    assert_int_equal(kv_xport_mem_reg(p->a, s->mem, (size_t)s->lo.total_bytes, KV_MEM_HOST, &u->ms),
+                     KV_OK);
+    assert_int_equal(kv_xport_mem_reg(p->b, d->mem, (size_t)d->lo.total_bytes, KV_MEM_HOST, &u->md),
+                     KV_OK);
+    u->r = kvt_share_direct(p, u->md);
+    struct kv_xlayer_rx_config rcfg = KV_XLAYER_RX_CONFIG_INIT;
+    struct kv_xlayer_tx_config tcfg = KV_XLAYER_TX_CONFIG_INIT;
+    assert_int_equal(kv_xlayer_rx_create(&rcfg, &u->rx), KV_OK);
+    assert_int_equal(kv_xlayer_tx_create(&tcfg, &u->tx), KV_OK);
+    assert_int_equal(kv_xlayer_rx_expect(u->rx, kv_xport_peer_id(p->pb), req, nl_all), KV_OK);
+    assert_int_equal(kv_xlayer_tx_begin(u->tx, p->pa, req, nl_all), KV_OK);
+}
+
+/* Everything of u released (each call must succeed). */
+static void run_close(struct run *u, struct kvt_pair *p)
+{
+    assert_int_equal(kv_xlayer_tx_destroy(u->tx), KV_OK);
+    assert_int_equal(kv_xlayer_rx_destroy(u->rx), KV_OK);
+    assert_int_equal(kv_xport_mem_unexpose(p->pb, u->md), KV_OK);
+    assert_int_equal(kv_xport_rmem_free(u->r), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(u->md), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(u->ms), KV_OK);
+    for (int g = 0; g < u->n_plans; g++)
+        kv_plan_destroy(u->plans[g]);
+    kv_plan_destroy(u->whole);
+    free(u->ref);
+    free(u->src0);
+}
+
 struct waiter {
     kv_xlayer_rx *rx;
     uint64_t req;
@@ -145,7 +194,7 @@ static void *waiter_main(void *arg)
 static void test_xport_layers_layer_by_layer(void **state)
 {
     (void)state;
-    struct pair p;
+    struct kvt_pair p;
     pair_open(&p);
     struct kvt_side s, d;
     kvt_side_make(&s, L, 90, 16, 4, 32, KV_BF16, 0, 11);
@@ -159,76 +208,38 @@ static void test_xport_layers_layer_by_layer(void **state)
 
     /* references: a local kv_plan_copy of the whole request, and the
      * config-only addressing */
-    unsigned char *ref = malloc((size_t)d.lo.total_bytes), *ref2 = malloc((size_t)d.lo.total_bytes);
-    assert_true(ref && ref2);
-    memcpy(ref, d.mem, (size_t)d.lo.total_bytes);
-    memcpy(ref2, d.mem, (size_t)d.lo.total_bytes);
-    kv_plan *whole = NULL;
-    assert_int_equal(kv_plan_create(&s.lo, &d.lo, NULL, &whole), KV_OK);
-    struct kv_paged_cache rc = d.pc;
-    rc.base = ref;
-    /* one thread: the reference needs none, and libgomp's barriers are
-     * invisible to ThreadSanitizer (this test runs under it in CI) */
-    assert_int_equal(kv_set_threads(1), KV_OK);
-    assert_int_equal(kv_plan_copy(whole, s.pc, sid, ns, rc, did, nd, T), KV_OK);
-    assert_int_equal(kv_set_threads(0), KV_OK); /* the default again */
-    kvt_ref_move(&s, sid, ns, &d, did, nd, 0, 0, 4, ref2);
-    assert_int_equal(kvt_first_diff(ref, ref2, d.lo.total_bytes), -1);
-    unsigned char *src0 = malloc((size_t)s.lo.total_bytes);
-    assert_non_null(src0);
-    memcpy(src0, s.mem, (size_t)s.lo.total_bytes);
+    struct run u;
+    run_refs(&u, &s, sid, ns, &d, did, nd, T, 4);
+    run_open(&u, &p, &s, &d, G0, GN, NG, REQ, L);
 
-    kv_plan *plans[NG];
-    for (int g = 0; g < NG; g++) {
-        struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
-        pc.src_layer0 = pc.dst_layer0 = G0[g];
-        pc.n_layers = GN[g];
-        assert_int_equal(kv_plan_create(&s.lo, &d.lo, &pc, &plans[g]), KV_OK);
-    }
-    kv_xport_mem *ms = NULL, *md = NULL;
-    assert_int_equal(kv_xport_mem_reg(p.a, s.mem, (size_t)s.lo.total_bytes, KV_MEM_HOST, &ms),
-                     KV_OK);
-    assert_int_equal(kv_xport_mem_reg(p.b, d.mem, (size_t)d.lo.total_bytes, KV_MEM_HOST, &md),
-                     KV_OK);
-    kv_xport_rmem *r = share(&p, md);
-
-    struct kv_xlayer_rx_config rcfg = KV_XLAYER_RX_CONFIG_INIT;
-    struct kv_xlayer_tx_config tcfg = KV_XLAYER_TX_CONFIG_INIT;
-    kv_xlayer_rx *rx = NULL;
-    kv_xlayer_tx *tx = NULL;
-    assert_int_equal(kv_xlayer_rx_create(&rcfg, &rx), KV_OK);
-    assert_int_equal(kv_xlayer_tx_create(&tcfg, &tx), KV_OK);
-    assert_int_equal(kv_xlayer_rx_expect(rx, kv_xport_peer_id(p.pb), REQ, L), KV_OK);
-    assert_int_equal(kv_xlayer_tx_begin(tx, p.pa, REQ, L), KV_OK);
-
-    struct waiter w = {.rx = rx, .req = REQ, .n = L};
+    struct waiter w = {.rx = u.rx, .req = REQ, .n = L};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, waiter_main, &w), 0);
     for (int g = 0; g < NG; g++) {
         /* not landed yet: a wait on the group's first layer times out */
-        assert_int_equal(kv_xlayer_rx_wait(rx, REQ, G0[g], 0), KV_ERR_TIMEOUT);
+        assert_int_equal(kv_xlayer_rx_wait(u.rx, REQ, G0[g], 0), KV_ERR_TIMEOUT);
         kvt_assert_msg_has("not landed");
         if (g == 1) {
             /* refused posts send nothing and change nothing */
-            assert_int_equal(
-                kv_xlayer_tx_post(tx, REQ, plans[0], 0, 1, ms, 0, sid, ns, r, 0, did, nd, T),
-                KV_ERR_OVERLAP);
+            assert_int_equal(kv_xlayer_tx_post(u.tx, REQ, u.plans[0], 0, 1, u.ms, 0, sid, ns, u.r,
+                                               0, did, nd, T),
+                             KV_ERR_OVERLAP);
             kvt_assert_msg_has("layers [0, +1)");
-            assert_int_equal(
-                kv_xlayer_tx_post(tx, REQ, plans[g], 5, 2, ms, 0, sid, ns, r, 0, did, nd, T),
-                KV_ERR_OUT_OF_BOUNDS);
+            assert_int_equal(kv_xlayer_tx_post(u.tx, REQ, u.plans[g], 5, 2, u.ms, 0, sid, ns, u.r,
+                                               0, did, nd, T),
+                             KV_ERR_OUT_OF_BOUNDS);
             kvt_assert_msg_has("[5, +2)");
-            assert_int_equal(kv_xlayer_tx_post(tx, REQ, plans[g], G0[g], GN[g], ms, 0, sid, ns - 1,
-                                               r, 0, did, nd, T),
+            assert_int_equal(kv_xlayer_tx_post(u.tx, REQ, u.plans[g], G0[g], GN[g], u.ms, 0, sid,
+                                               ns - 1, u.r, 0, did, nd, T),
                              KV_ERR_BAD_SHAPE);
-            assert_int_equal(kv_xlayer_tx_post(tx, REQ + 1, plans[g], G0[g], GN[g], ms, 0, sid, ns,
-                                               r, 0, did, nd, T),
+            assert_int_equal(kv_xlayer_tx_post(u.tx, REQ + 1, u.plans[g], G0[g], GN[g], u.ms, 0,
+                                               sid, ns, u.r, 0, did, nd, T),
                              KV_ERR_NOT_FOUND);
         }
-        assert_int_equal(
-            kv_xlayer_tx_post(tx, REQ, plans[g], G0[g], GN[g], ms, 0, sid, ns, r, 0, did, nd, T),
-            KV_OK);
-        assert_int_equal(feed_next(&p, rx), KV_OK);
+        assert_int_equal(kv_xlayer_tx_post(u.tx, REQ, u.plans[g], G0[g], GN[g], u.ms, 0, sid, ns,
+                                           u.r, 0, did, nd, T),
+                         KV_OK);
+        assert_int_equal(feed_next(&p, u.rx), KV_OK);
     }
     assert_int_equal(pthread_join(th, NULL), 0);
     for (uint32_t l = 0; l < L; l++) {
@@ -240,49 +251,38 @@ static void test_xport_layers_layer_by_layer(void **state)
             fail_msg("wait for layer %u returned after %llu notifications, its group is %llu", l,
                      (unsigned long long)w.seen[l], (unsigned long long)group);
     }
-    assert_int_equal(kv_xlayer_tx_wait(tx, REQ, 10000), KV_OK);
+    assert_int_equal(kv_xlayer_tx_wait(u.tx, REQ, 10000), KV_OK);
     struct kv_xlayer_done done[4];
     uint32_t n = 9;
-    assert_int_equal(kv_xlayer_tx_finished(tx, done, 4, &n), KV_OK);
+    assert_int_equal(kv_xlayer_tx_finished(u.tx, done, 4, &n), KV_OK);
     assert_int_equal(n, 1);
     assert_int_equal(done[0].request, REQ);
     assert_int_equal(done[0].status, KV_OK);
-    assert_int_equal(kv_xlayer_tx_finished(tx, done, 4, &n), KV_OK);
+    assert_int_equal(kv_xlayer_tx_finished(u.tx, done, 4, &n), KV_OK);
     assert_int_equal(n, 0);
-    assert_int_equal(kv_xlayer_rx_finished(rx, done, 4, &n), KV_OK);
+    assert_int_equal(kv_xlayer_rx_finished(u.rx, done, 4, &n), KV_OK);
     assert_int_equal(n, 1);
     assert_int_equal(done[0].request, REQ);
     assert_int_equal(done[0].status, KV_OK);
-    assert_int_equal(kv_xlayer_rx_finished(rx, done, 4, &n), KV_OK);
+    assert_int_equal(kv_xlayer_rx_finished(u.rx, done, 4, &n), KV_OK);
     assert_int_equal(n, 0);
-    assert_int_equal(kv_xlayer_rx_wait(rx, REQ, 0, 0), KV_ERR_NOT_FOUND);
+    assert_int_equal(kv_xlayer_rx_wait(u.rx, REQ, 0, 0), KV_ERR_NOT_FOUND);
 
-    const int64_t at = kvt_first_diff(ref, d.mem, d.lo.total_bytes);
+    const int64_t at = kvt_first_diff(u.ref, d.mem, d.lo.total_bytes);
     if (at >= 0)
         fail_msg("destination byte %lld of %lld differs from kv_plan_copy", (long long)at,
                  (long long)d.lo.total_bytes);
-    assert_int_equal(kvt_first_diff(src0, s.mem, s.lo.total_bytes), -1);
+    assert_int_equal(kvt_first_diff(u.src0, s.mem, s.lo.total_bytes), -1);
 
     struct kv_xlayer_rx_stats st;
-    rx_stats(rx, &st);
+    rx_stats(u.rx, &st);
     assert_int_equal(st.notes_layers, NG);
     assert_int_equal(st.notes_refused, 0);
     assert_int_equal(st.tracked, 0);
-    assert_int_equal(kv_xlayer_tx_destroy(tx), KV_OK);
-    assert_int_equal(kv_xlayer_rx_destroy(rx), KV_OK);
-    assert_int_equal(kv_xport_mem_unexpose(p.pb, md), KV_OK);
-    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
-    for (int g = 0; g < NG; g++)
-        kv_plan_destroy(plans[g]);
-    kv_plan_destroy(whole);
-    free(ref);
-    free(ref2);
-    free(src0);
+    run_close(&u, &p);
     kvt_side_free(&s);
     kvt_side_free(&d);
-    pair_close(&p);
+    kvt_pair_close(&p);
 }
 
 /* ---- K only ---------------------------------------------------------- */
@@ -298,7 +298,7 @@ static void test_xport_layers_k_only(void **state)
     (void)state;
     enum { KL = 5, KG = 3, KREQ = 4242 };
     static const uint32_t K0[KG] = {0, 2, 3}, KN[KG] = {2, 1, 2};
-    struct pair p;
+    struct kvt_pair p;
     pair_open(&p);
     struct kvt_side s, d;
     kvt_side_make(&s, KL, 60, 16, 1, 576, KV_BF16, 32, 21);
@@ -309,86 +309,40 @@ static void test_xport_layers_k_only(void **state)
     uint64_t rng = 23;
     kvt_pick_ids(&rng, s.lo.num_blocks, ns, sid);
     kvt_pick_ids(&rng, d.lo.num_blocks, nd, did);
-    unsigned char *ref = malloc((size_t)d.lo.total_bytes), *ref2 = malloc((size_t)d.lo.total_bytes);
-    assert_true(ref && ref2);
-    memcpy(ref, d.mem, (size_t)d.lo.total_bytes);
-    memcpy(ref2, d.mem, (size_t)d.lo.total_bytes);
-    kv_plan *whole = NULL;
-    assert_int_equal(kv_plan_create(&s.lo, &d.lo, NULL, &whole), KV_OK);
-    struct kv_paged_cache rc = d.pc;
-    rc.base = ref;
-    assert_int_equal(kv_set_threads(1), KV_OK); /* as above: ThreadSanitizer */
-    assert_int_equal(kv_plan_copy(whole, s.pc, sid, ns, rc, did, nd, T), KV_OK);
-    assert_int_equal(kv_set_threads(0), KV_OK);
-    kvt_ref_move(&s, sid, ns, &d, did, nd, 0, 0, 1, ref2);
-    assert_int_equal(kvt_first_diff(ref, ref2, d.lo.total_bytes), -1);
-    unsigned char *src0 = malloc((size_t)s.lo.total_bytes);
-    assert_non_null(src0);
-    memcpy(src0, s.mem, (size_t)s.lo.total_bytes);
-
-    kv_plan *plans[KG];
+    struct run u;
+    run_refs(&u, &s, sid, ns, &d, did, nd, T, 1);
+    run_open(&u, &p, &s, &d, K0, KN, KG, KREQ, KL);
     for (int g = 0; g < KG; g++) {
-        struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
-        pc.src_layer0 = pc.dst_layer0 = K0[g];
-        pc.n_layers = KN[g];
-        assert_int_equal(kv_plan_create(&s.lo, &d.lo, &pc, &plans[g]), KV_OK);
-    }
-    kv_xport_mem *ms = NULL, *md = NULL;
-    assert_int_equal(kv_xport_mem_reg(p.a, s.mem, (size_t)s.lo.total_bytes, KV_MEM_HOST, &ms),
-                     KV_OK);
-    assert_int_equal(kv_xport_mem_reg(p.b, d.mem, (size_t)d.lo.total_bytes, KV_MEM_HOST, &md),
-                     KV_OK);
-    kv_xport_rmem *r = share(&p, md);
-    struct kv_xlayer_rx_config rcfg = KV_XLAYER_RX_CONFIG_INIT;
-    struct kv_xlayer_tx_config tcfg = KV_XLAYER_TX_CONFIG_INIT;
-    kv_xlayer_rx *rx = NULL;
-    kv_xlayer_tx *tx = NULL;
-    assert_int_equal(kv_xlayer_rx_create(&rcfg, &rx), KV_OK);
-    assert_int_equal(kv_xlayer_tx_create(&tcfg, &tx), KV_OK);
-    assert_int_equal(kv_xlayer_rx_expect(rx, kv_xport_peer_id(p.pb), KREQ, KL), KV_OK);
-    assert_int_equal(kv_xlayer_tx_begin(tx, p.pa, KREQ, KL), KV_OK);
-    for (int g = 0; g < KG; g++) {
-        assert_int_equal(kv_xlayer_rx_wait(rx, KREQ, K0[g], 0), KV_ERR_TIMEOUT);
-        assert_int_equal(
-            kv_xlayer_tx_post(tx, KREQ, plans[g], K0[g], KN[g], ms, 0, sid, ns, r, 0, did, nd, T),
-            KV_OK);
-        assert_int_equal(feed_next(&p, rx), KV_OK);
+        assert_int_equal(kv_xlayer_rx_wait(u.rx, KREQ, K0[g], 0), KV_ERR_TIMEOUT);
+        assert_int_equal(kv_xlayer_tx_post(u.tx, KREQ, u.plans[g], K0[g], KN[g], u.ms, 0, sid, ns,
+                                           u.r, 0, did, nd, T),
+                         KV_OK);
+        assert_int_equal(feed_next(&p, u.rx), KV_OK);
         for (uint32_t l = K0[g]; l < K0[g] + KN[g]; l++)
-            assert_int_equal(kv_xlayer_rx_wait(rx, KREQ, l, 5000), KV_OK);
+            assert_int_equal(kv_xlayer_rx_wait(u.rx, KREQ, l, 5000), KV_OK);
         if (g + 1 < KG)
-            assert_int_equal(kv_xlayer_rx_wait(rx, KREQ, K0[g + 1], 0), KV_ERR_TIMEOUT);
+            assert_int_equal(kv_xlayer_rx_wait(u.rx, KREQ, K0[g + 1], 0), KV_ERR_TIMEOUT);
     }
-    assert_int_equal(kv_xlayer_tx_wait(tx, KREQ, 10000), KV_OK);
+    assert_int_equal(kv_xlayer_tx_wait(u.tx, KREQ, 10000), KV_OK);
     struct kv_xlayer_done done[2];
     uint32_t n = 9;
-    assert_int_equal(kv_xlayer_tx_finished(tx, done, 2, &n), KV_OK);
+    assert_int_equal(kv_xlayer_tx_finished(u.tx, done, 2, &n), KV_OK);
     assert_int_equal(n, 1);
     assert_int_equal(done[0].request, KREQ);
     assert_int_equal(done[0].status, KV_OK);
-    assert_int_equal(kv_xlayer_rx_finished(rx, done, 2, &n), KV_OK);
+    assert_int_equal(kv_xlayer_rx_finished(u.rx, done, 2, &n), KV_OK);
     assert_int_equal(n, 1);
     assert_int_equal(done[0].request, KREQ);
     assert_int_equal(done[0].status, KV_OK);
-    const int64_t at = kvt_first_diff(ref, d.mem, d.lo.total_bytes);
+    const int64_t at = kvt_first_diff(u.ref, d.mem, d.lo.total_bytes);
     if (at >= 0)
         fail_msg("K-only destination byte %lld of %lld differs from kv_plan_copy", (long long)at,
                  (long long)d.lo.total_bytes);
-    assert_int_equal(kvt_first_diff(src0, s.mem, s.lo.total_bytes), -1);
-    assert_int_equal(kv_xlayer_tx_destroy(tx), KV_OK);
-    assert_int_equal(kv_xlayer_rx_destroy(rx), KV_OK);
-    assert_int_equal(kv_xport_mem_unexpose(p.pb, md), KV_OK);
-    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
-    for (int g = 0; g < KG; g++)
-        kv_plan_destroy(plans[g]);
-    kv_plan_destroy(whole);
-    free(ref);
-    free(ref2);
-    free(src0);
+    assert_int_equal(kvt_first_diff(u.src0, s.mem, s.lo.total_bytes), -1);
+    run_close(&u, &p);
     kvt_side_free(&s);
     kvt_side_free(&d);
-    pair_close(&p);
+    kvt_pair_close(&p);
 }
 
 /* ---- failure and cancel ----------------------------------------------- */
@@ -403,7 +357,7 @@ static void *wait_one(void *arg)
 static void test_xport_layers_failure_fails_request_once(void **state)
 {
     (void)state;
-    struct pair p;
+    struct kvt_pair p;
     pair_open(&p);
     struct kvt_side s, d;
     kvt_side_make(&s, 8, 70, 16, 2, 32, KV_F16, 2, 21);
@@ -429,7 +383,7 @@ static void test_xport_layers_failure_fails_request_once(void **state)
                      KV_OK);
     assert_int_equal(kv_xport_mem_reg(p.b, d.mem, (size_t)d.lo.total_bytes, KV_MEM_HOST, &md),
                      KV_OK);
-    kv_xport_rmem *r = share(&p, md);
+    kv_xport_rmem *r = kvt_share_direct(&p, md);
     struct kv_xlayer_rx_config rcfg = KV_XLAYER_RX_CONFIG_INIT;
     struct kv_xlayer_tx_config tcfg = KV_XLAYER_TX_CONFIG_INIT;
     kv_xlayer_rx *rx = NULL;
@@ -485,7 +439,7 @@ static void test_xport_layers_failure_fails_request_once(void **state)
 
     /* request 701: cancelled with layers in flight */
     assert_int_equal(kv_xport_rmem_free(r), KV_OK);
-    r = share(&p, md);
+    r = kvt_share_direct(&p, md);
     assert_int_equal(kv_xlayer_rx_expect(rx, pid, 701, 8), KV_OK);
     assert_int_equal(kv_xlayer_tx_begin(tx, p.pa, 701, 8), KV_OK);
     for (uint32_t l = 0; l < 3; l++)
@@ -531,7 +485,7 @@ static void test_xport_layers_failure_fails_request_once(void **state)
     free(ref);
     kvt_side_free(&s);
     kvt_side_free(&d);
-    pair_close(&p);
+    kvt_pair_close(&p);
 }
 
 /* ---- limits and hostile notifications ----------------------------------- */
@@ -709,7 +663,7 @@ static void test_xport_layers_limits_refused_by_name(void **state)
     tc.max_layers = 4;
     tc.max_requests = 1;
     assert_int_equal(kv_xlayer_tx_create(&tc, &tx), KV_OK);
-    struct pair p;
+    struct kvt_pair p;
     pair_open(&p);
     assert_int_equal(kv_xlayer_tx_begin(tx, p.pa, 5, 5), KV_ERR_INVALID_ARG);
     kvt_assert_msg_has("n_layers 5");
@@ -737,7 +691,7 @@ static void test_xport_layers_limits_refused_by_name(void **state)
     assert_int_equal(an.request, 5);
     assert_int_equal(an.status, KV_ERR_CANCELLED);
     free(am);
-    pair_close(&p);
+    kvt_pair_close(&p);
 }
 
 /* ---- destroy against its users ------------------------------------- */

@@ -49,112 +49,36 @@
 #include <kvcache/kv.h>
 #include "kv_xport_shm_int.h"
 #include "kvt_side.h"
+#include "kvt_xport.h"
 #include "kvtest.h"
 
 #define TOKEN 0x5EC12E8ull
 #define REGION (16u << 20)
 
-static struct kv_xport_config cfg_make(bool listen, uint64_t token, uint64_t fp)
-{
-    struct kv_xport_config c = KV_XPORT_CONFIG_INIT;
-    c.kind = KV_XPORT_SHM;
-    c.listen_host = listen ? "test" : NULL;
-    c.token = token;
-    c.fingerprint = fp;
-    c.timeout_ms = 5000;
-    return c;
-}
-
-static kv_xport_peer_state settle(kv_xport_peer *p, kv_status *why)
-{
-    kv_xport_peer_state s = KV_XPORT_CONNECTING;
-    for (int i = 0; i < 10000; i++) {
-        assert_int_equal(kv_xport_peer_state_get(p, &s, why), KV_OK);
-        if (s != KV_XPORT_CONNECTING)
-            break;
-        usleep(1000);
-    }
-    return s;
-}
-
-struct pair {
-    kv_xport *a, *b;
-    kv_xport_peer *pa, *pb;
-};
-
 /* gather_below: both ends' plan_gather_below_bytes (0: the default). */
-static void pair_open_gather(struct pair *p, uint32_t gather_below)
+static void pair_open_gather(struct kvt_pair *p, uint32_t gather_below)
 {
-    struct kv_xport_config ca = cfg_make(false, TOKEN, 7), cb = cfg_make(true, TOKEN, 7);
+    struct kv_xport_config ca = kvt_xport_cfg(KV_XPORT_SHM, false, TOKEN, 7),
+                           cb = kvt_xport_cfg(KV_XPORT_SHM, true, TOKEN, 7);
     ca.plan_gather_below_bytes = cb.plan_gather_below_bytes = gather_below;
-    assert_int_equal(kv_xport_create(&cb, &p->b), KV_OK);
-    assert_int_equal(kv_xport_create(&ca, &p->a), KV_OK);
-    assert_true(kv_xport_port(p->b) != 0);
-    assert_int_equal(kv_xport_connect(p->a, "test", kv_xport_port(p->b), &p->pa), KV_OK);
-    assert_int_equal(kv_xport_accept(p->b, 5000, &p->pb), KV_OK);
-    assert_int_equal(settle(p->pa, NULL), KV_XPORT_READY);
+    kvt_pair_open(p, &ca, &cb);
 }
 
-static void pair_open(struct pair *p)
+static void pair_open(struct kvt_pair *p)
 {
     pair_open_gather(p, 0);
-}
-
-static void pair_close(struct pair *p)
-{
-    kv_xport_peer_close(p->pa);
-    kv_xport_peer_close(p->pb);
-    assert_int_equal(kv_xport_destroy(p->a), KV_OK);
-    assert_int_equal(kv_xport_destroy(p->b), KV_OK);
-}
-
-static void wait_done(kv_xport_xfer *t, kv_xport_state want)
-{
-    kv_xport_state s;
-    assert_int_equal(kv_xport_xfer_wait(t, 10000, &s), KV_OK);
-    if (s != want)
-        fail_msg("transfer ended %d (want %d): %s", (int)s, (int)want, kv_xport_xfer_error(t));
-}
-
-/* b exposes m to a (the blob as a notification); a imports it. */
-static kv_xport_rmem *share(struct pair *p, kv_xport_mem *m)
-{
-    unsigned char blob[KV_XPORT_BLOB_MAX];
-    size_t len = 0;
-    assert_int_equal(kv_xport_mem_expose(p->pb, m, blob, sizeof(blob), &len), KV_OK);
-    struct kv_xport_notify n = {.tag = 1, .msg = blob, .len = (uint32_t)len};
-    kv_xport_xfer *t = NULL;
-    assert_int_equal(kv_xport_write(p->pb, NULL, 0, &n, &t), KV_OK);
-    wait_done(t, KV_XPORT_DONE);
-    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
-    struct kv_xport_msg *msg = malloc(sizeof(*msg));
-    assert_int_equal(kv_xport_notify_poll(p->a, 5000, msg), KV_OK);
-    assert_int_equal(msg->peer_id, kv_xport_peer_id(p->pa));
-    kv_xport_rmem *r = NULL;
-    assert_int_equal(kv_xport_rmem_import(p->pa, msg->data, msg->len, &r), KV_OK);
-    free(msg);
-    return r;
-}
-
-static void fill(unsigned char *p, size_t n, uint64_t seed)
-{
-    uint64_t s = seed;
-    for (size_t i = 0; i < n; i += 8) {
-        const uint64_t v = kvt_rand(&s);
-        memcpy(p + i, &v, n - i < 8 ? n - i : 8);
-    }
 }
 
 static void test_xport_shm_refusals(void **state)
 {
     (void)state;
     kv_xport *x = NULL;
-    struct kv_xport_config c = cfg_make(true, TOKEN, 0);
+    struct kv_xport_config c = kvt_xport_cfg(KV_XPORT_SHM, true, TOKEN, 0);
     c.kind = (kv_xport_kind)4;
     assert_int_equal(kv_xport_create(&c, &x), KV_ERR_INVALID_ARG);
     assert_non_null(strstr(kv_last_error(), "shm 3"));
     assert_string_equal(kv_xport_kind_name(KV_XPORT_SHM), "shm");
-    c = cfg_make(true, TOKEN, 0);
+    c = kvt_xport_cfg(KV_XPORT_SHM, true, TOKEN, 0);
     c.listen_host = "";
     assert_int_equal(kv_xport_create(&c, &x), KV_ERR_INVALID_ARG);
     char longp[120];
@@ -168,7 +92,7 @@ static void test_xport_shm_refusals(void **state)
     assert_int_equal(kv_xport_create(&c, &x), KV_ERR_INVALID_ARG);
 
     /* Nobody listens there. */
-    struct kv_xport_config ca = cfg_make(false, TOKEN, 0);
+    struct kv_xport_config ca = kvt_xport_cfg(KV_XPORT_SHM, false, TOKEN, 0);
     kv_xport *a = NULL;
     kv_xport_peer *pa = NULL;
     assert_int_equal(kv_xport_create(&ca, &a), KV_OK);
@@ -181,24 +105,24 @@ static void test_xport_shm_refusals(void **state)
      * by name, the refused peer never accepted. */
     char path[64];
     snprintf(path, sizeof(path), "/tmp/kvshm-test-%d.sock", (int)getpid());
-    c = cfg_make(true, TOKEN, 5);
+    c = kvt_xport_cfg(KV_XPORT_SHM, true, TOKEN, 5);
     c.listen_host = path;
     kv_xport *b = NULL;
     assert_int_equal(kv_xport_create(&c, &b), KV_OK);
     assert_int_equal(access(path, F_OK), 0);
     kv_xport *a2 = NULL;
-    struct kv_xport_config cw = cfg_make(false, TOKEN + 1, 5);
+    struct kv_xport_config cw = kvt_xport_cfg(KV_XPORT_SHM, false, TOKEN + 1, 5);
     assert_int_equal(kv_xport_create(&cw, &a2), KV_OK);
     assert_int_equal(kv_xport_connect(a2, path, 0, &pa), KV_OK);
     kv_status why = KV_OK;
-    assert_int_equal(settle(pa, &why), KV_XPORT_CLOSED);
+    assert_int_equal(kvt_xport_settle(pa, &why), KV_XPORT_CLOSED);
     assert_int_equal(why, KV_ERR_MISMATCH);
     kv_xport_peer_close(pa);
     assert_int_equal(kv_xport_destroy(a2), KV_OK);
-    cw = cfg_make(false, TOKEN, 6);
+    cw = kvt_xport_cfg(KV_XPORT_SHM, false, TOKEN, 6);
     assert_int_equal(kv_xport_create(&cw, &a2), KV_OK);
     assert_int_equal(kv_xport_connect(a2, path, 0, &pa), KV_OK);
-    assert_int_equal(settle(pa, &why), KV_XPORT_CLOSED);
+    assert_int_equal(kvt_xport_settle(pa, &why), KV_XPORT_CLOSED);
     assert_int_equal(why, KV_ERR_MISMATCH);
     kv_xport_peer_close(pa);
     assert_int_equal(kv_xport_destroy(a2), KV_OK);
@@ -208,11 +132,11 @@ static void test_xport_shm_refusals(void **state)
     assert_int_equal(kv_xport_stats_get(b, &st), KV_OK);
     assert_int_equal(st.peers_refused, 2);
     /* the right one: ready both ways */
-    cw = cfg_make(false, TOKEN, 5);
+    cw = kvt_xport_cfg(KV_XPORT_SHM, false, TOKEN, 5);
     assert_int_equal(kv_xport_create(&cw, &a2), KV_OK);
     assert_int_equal(kv_xport_connect(a2, path, 0, &pa), KV_OK);
     assert_int_equal(kv_xport_accept(b, 5000, &pb), KV_OK);
-    assert_int_equal(settle(pa, NULL), KV_XPORT_READY);
+    assert_int_equal(kvt_xport_settle(pa, NULL), KV_XPORT_READY);
     /* destroy refused while the peer is held */
     assert_int_equal(kv_xport_destroy(b), KV_ERR_BAD_STATE);
     kv_xport_peer_close(pb);
@@ -226,18 +150,18 @@ static void test_xport_shm_refusals(void **state)
 static void test_xport_shm_write_read_whole_region(void **state)
 {
     (void)state;
-    struct pair p;
+    struct kvt_pair p;
     pair_open(&p);
     unsigned char *src = malloc(REGION), *dst = malloc(REGION), *want = malloc(REGION);
     unsigned char *back = calloc(1, REGION);
-    fill(src, REGION, 11);
+    kvt_fill(src, REGION, 11);
     memset(dst, 0xEE, REGION);
     memcpy(want, dst, REGION);
     kv_xport_mem *ms, *md, *mb;
     assert_int_equal(kv_xport_mem_reg(p.a, src, REGION, KV_MEM_HOST, &ms), KV_OK);
     assert_int_equal(kv_xport_mem_reg(p.a, back, REGION, KV_MEM_HOST, &mb), KV_OK);
     assert_int_equal(kv_xport_mem_reg(p.b, dst, REGION, KV_MEM_HOST, &md), KV_OK);
-    kv_xport_rmem *r = share(&p, md);
+    kv_xport_rmem *r = kvt_share_notify(&p, md);
 
     /* 200 entries: random sizes (1 byte .. 1 MiB; most small, so many
      * share a slot), disjoint destinations, the last ending at the last
@@ -264,7 +188,7 @@ static void test_xport_shm_write_read_whole_region(void **state)
     assert_int_equal(msg->len, sizeof(note));
     assert_memory_equal(msg->data, note, sizeof(note));
     assert_memory_equal(dst, want, REGION); /* the notification implies the data */
-    wait_done(t, KV_XPORT_DONE);
+    kvt_xfer_done(t, KV_XPORT_DONE);
     const kv_status *st;
     uint32_t ns;
     assert_int_equal(kv_xport_xfer_results(t, &st, &ns), KV_OK);
@@ -281,7 +205,7 @@ static void test_xport_shm_write_read_whole_region(void **state)
         memcpy(bwant + ios[i].remote_off, dst + ios[i].remote_off, ios[i].bytes);
     }
     assert_int_equal(kv_xport_read(p.pa, rd, NE, &t), KV_OK);
-    wait_done(t, KV_XPORT_DONE);
+    kvt_xfer_done(t, KV_XPORT_DONE);
     assert_memory_equal(back, bwant, REGION);
     assert_int_equal(kv_xport_xfer_free(t), KV_OK);
 
@@ -299,7 +223,7 @@ static void test_xport_shm_write_read_whole_region(void **state)
     memcpy(want + 7000, src + 5000, 100);
     struct kv_xport_notify n2 = {.tag = 43};
     assert_int_equal(kv_xport_write(p.pa, f2, 3, &n2, &t), KV_OK);
-    wait_done(t, KV_XPORT_FAILED);
+    kvt_xfer_done(t, KV_XPORT_FAILED);
     assert_int_equal(kv_xport_xfer_results(t, &st, &ns), KV_OK);
     assert_int_equal(st[0], KV_OK);
     assert_int_equal(st[1], KV_ERR_OUT_OF_BOUNDS);
@@ -310,7 +234,7 @@ static void test_xport_shm_write_read_whole_region(void **state)
     /* a read past the end: refused by b, nothing read */
     struct kv_xport_io rb = {mb, 0, r, REGION - 8, 64};
     assert_int_equal(kv_xport_read(p.pa, &rb, 1, &t), KV_OK);
-    wait_done(t, KV_XPORT_FAILED);
+    kvt_xfer_done(t, KV_XPORT_FAILED);
     assert_int_equal(kv_xport_xfer_results(t, &st, &ns), KV_OK);
     assert_int_equal(st[0], KV_ERR_OUT_OF_BOUNDS);
     assert_int_equal(kv_xport_xfer_free(t), KV_OK);
@@ -322,7 +246,7 @@ static void test_xport_shm_write_read_whole_region(void **state)
     assert_int_equal(kv_xport_mem_unexpose(p.pb, md), KV_OK);
     struct kv_xport_io one = {ms, 0, r, 0, 4096};
     assert_int_equal(kv_xport_write(p.pa, &one, 1, NULL, &t), KV_OK);
-    wait_done(t, KV_XPORT_FAILED);
+    kvt_xfer_done(t, KV_XPORT_FAILED);
     assert_int_equal(kv_xport_xfer_free(t), KV_OK);
     assert_memory_equal(dst, want, REGION);
 
@@ -330,7 +254,7 @@ static void test_xport_shm_write_read_whole_region(void **state)
     assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
     assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
     assert_int_equal(kv_xport_mem_dereg(mb), KV_OK);
-    pair_close(&p);
+    kvt_pair_close(&p);
     free(ios);
     free(rd);
     free(bwant);
@@ -347,7 +271,7 @@ static void test_xport_shm_write_read_whole_region(void **state)
 static void test_xport_shm_write_plan(void **state)
 {
     (void)state;
-    struct pair pairs[2];
+    struct kvt_pair pairs[2];
     pair_open_gather(&pairs[0], UINT32_MAX);
     pair_open_gather(&pairs[1], 1);
     /* {source bits, destination bits, destination page} (kvt_side_make:
@@ -380,14 +304,14 @@ static void test_xport_shm_write_plan(void **state)
         assert_int_equal(kv_plan_copy(plan, s.pc, sid, ns, wc, did, nd, T), KV_OK);
 
         for (int g = 0; g < 2; g++) {
-            struct pair p = pairs[g];
+            struct kvt_pair p = pairs[g];
             kv_xport_mem *ms = NULL, *md = NULL;
             struct kv_xport_stats s0 = KV_XPORT_STATS_INIT, s1 = KV_XPORT_STATS_INIT;
             assert_int_equal(kv_xport_stats_get(p.a, &s0), KV_OK);
             assert_int_equal(
                 kv_xport_mem_reg(p.a, s.mem, (size_t)s.lo.total_bytes, KV_MEM_HOST, &ms), KV_OK);
             assert_int_equal(kv_xport_mem_reg(p.b, d.mem, db, KV_MEM_HOST, &md), KV_OK);
-            kv_xport_rmem *r = share(&p, md);
+            kv_xport_rmem *r = kvt_share_notify(&p, md);
             struct kv_xport_notify n = {.tag = tag};
             kv_xport_xfer *t = NULL;
             kv_status st =
@@ -401,7 +325,7 @@ static void test_xport_shm_write_plan(void **state)
             if (at >= 0)
                 fail_msg("case %zu (%s): destination byte %lld of %lld differs", c,
                          g ? "direct" : "gathered", (long long)at, (long long)d.lo.total_bytes);
-            wait_done(t, KV_XPORT_DONE);
+            kvt_xfer_done(t, KV_XPORT_DONE);
             assert_int_equal(kv_xport_stats_get(p.a, &s1), KV_OK);
             assert_int_equal(s1.plans_gathered - s0.plans_gathered, g ? 0 : 1);
             assert_int_equal(kv_xport_xfer_free(t), KV_OK);
@@ -419,8 +343,8 @@ static void test_xport_shm_write_plan(void **state)
         kvt_side_free(&s);
         kvt_side_free(&d);
     }
-    pair_close(&pairs[0]);
-    pair_close(&pairs[1]);
+    kvt_pair_close(&pairs[0]);
+    kvt_pair_close(&pairs[1]);
 }
 
 /* Unexpose while a large write lands; cancel in flight; handles in any
@@ -428,14 +352,14 @@ static void test_xport_shm_write_plan(void **state)
 static void test_xport_shm_unexpose_cancel_any_order(void **state)
 {
     (void)state;
-    struct pair p;
+    struct kvt_pair p;
     pair_open(&p);
     unsigned char *src = malloc(REGION), *dst = calloc(1, REGION), *snap = malloc(REGION);
-    fill(src, REGION, 21);
+    kvt_fill(src, REGION, 21);
     kv_xport_mem *ms, *md;
     assert_int_equal(kv_xport_mem_reg(p.a, src, REGION, KV_MEM_HOST, &ms), KV_OK);
     assert_int_equal(kv_xport_mem_reg(p.b, dst, REGION, KV_MEM_HOST, &md), KV_OK);
-    kv_xport_rmem *r = share(&p, md);
+    kv_xport_rmem *r = kvt_share_notify(&p, md);
     enum { NE = 8 };
     struct kv_xport_io ios[NE];
     for (int i = 0; i < NE; i++)
@@ -462,7 +386,7 @@ static void test_xport_shm_unexpose_cancel_any_order(void **state)
 
     /* Cancel in flight: CANCELLED, its notification never delivered; the
      * next one is. */
-    r = share(&p, md);
+    r = kvt_share_notify(&p, md);
     for (int i = 0; i < NE; i++)
         ios[i].remote = r;
     struct kv_xport_notify n = {.tag = 77};
@@ -478,7 +402,7 @@ static void test_xport_shm_unexpose_cancel_any_order(void **state)
     assert_int_equal(kv_xport_notify_poll(p.b, 10000, msg), KV_OK);
     assert_int_equal(msg->tag, 78);
     assert_memory_equal(dst + 8192, src + 4096, 100000);
-    wait_done(t, KV_XPORT_DONE);
+    kvt_xfer_done(t, KV_XPORT_DONE);
 
     /* Any order: the peer closed before its transfer and imported region
      * are freed; destroy refused until everything is released. */
@@ -512,23 +436,14 @@ static void test_xport_shm_unexpose_cancel_any_order(void **state)
  * flight: the transfer ends FAILED, the peer CLOSED with KV_ERR_IO. */
 static int sink_child(int fd)
 {
-    struct kv_xport_config c = cfg_make(true, TOKEN, 0);
     kv_xport *x = NULL;
-    if (kv_xport_create(&c, &x) != KV_OK)
-        return 1;
-    const uint16_t port = kv_xport_port(x);
-    if (write(fd, &port, 2) != 2)
-        return 2;
     kv_xport_peer *p = NULL;
-    if (kv_xport_accept(x, 10000, &p) != KV_OK)
-        return 3;
-    unsigned char *dst = malloc(REGION);
     kv_xport_mem *m = NULL;
     unsigned char blob[KV_XPORT_BLOB_MAX];
     size_t bl = 0;
-    if (kv_xport_mem_reg(x, dst, REGION, KV_MEM_HOST, &m) != KV_OK ||
-        kv_xport_mem_expose(p, m, blob, sizeof(blob), &bl) != KV_OK)
-        return 4;
+    const int rc = kvt_sink_open(KV_XPORT_SHM, TOKEN, fd, REGION, &x, &p, &m, blob, &bl);
+    if (rc)
+        return rc;
     struct kv_xport_notify n = {.tag = 1, .msg = blob, .len = (uint32_t)bl};
     kv_xport_xfer *t = NULL;
     if (kv_xport_write(p, NULL, 0, &n, &t) != KV_OK)
@@ -541,30 +456,14 @@ static void test_xport_shm_peer_killed(void **state)
 {
     (void)state;
     unsigned char *src = malloc(REGION);
-    fill(src, REGION, 3);
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    fflush(NULL);
-    const pid_t pid = fork();
-    if (pid == 0) {
-        close(fds[0]);
-        _exit(sink_child(fds[1]));
-    }
-    close(fds[1]);
-    uint16_t port = 0;
-    assert_int_equal(read(fds[0], &port, 2), 2);
-    struct kv_xport_config c = cfg_make(false, TOKEN, 0);
+    kvt_fill(src, REGION, 3);
+    int rfd = -1;
+    const pid_t pid = kvt_xport_fork(sink_child, &rfd);
     kv_xport *x = NULL;
     kv_xport_peer *p = NULL;
-    assert_int_equal(kv_xport_create(&c, &x), KV_OK);
-    assert_int_equal(kv_xport_connect(x, "test", port, &p), KV_OK);
-    assert_int_equal(settle(p, NULL), KV_XPORT_READY);
     kv_xport_mem *ms = NULL;
-    assert_int_equal(kv_xport_mem_reg(x, src, REGION, KV_MEM_HOST, &ms), KV_OK);
-    struct kv_xport_msg *msg = malloc(sizeof(*msg));
-    assert_int_equal(kv_xport_notify_poll(x, 10000, msg), KV_OK);
     kv_xport_rmem *r = NULL;
-    assert_int_equal(kv_xport_rmem_import(p, msg->data, msg->len, &r), KV_OK);
+    kvt_sink_join(KV_XPORT_SHM, TOKEN, rfd, src, REGION, &x, &p, &ms, &r);
     /* 256 x 16 MiB: in flight when the kill comes */
     enum { NE = 256 };
     struct kv_xport_io *ios = malloc(NE * sizeof(*ios));
@@ -592,13 +491,12 @@ static void test_xport_shm_peer_killed(void **state)
         ok += st[i] == KV_OK;
     assert_true(ok < ns);
     assert_int_equal(kv_xport_xfer_free(t), KV_OK);
-    close(fds[0]);
+    close(rfd);
     assert_int_equal(kv_xport_rmem_free(r), KV_OK);
     kv_xport_peer_close(p);
     assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
     assert_int_equal(kv_xport_destroy(x), KV_OK);
     free(ios);
-    free(msg);
     free(src);
 }
 
@@ -621,7 +519,7 @@ static int pd_child(int wfd, int rfd)
 {
     struct kvt_side d[3];
     pd_pools(d);
-    struct kv_xport_config c = cfg_make(true, TOKEN, 0);
+    struct kv_xport_config c = kvt_xport_cfg(KV_XPORT_SHM, true, TOKEN, 0);
     kv_xport *x = NULL;
     kv_xport_peer *p = NULL;
     if (kv_xport_create(&c, &x) != KV_OK)
@@ -689,12 +587,12 @@ static void test_xport_shm_prefill_to_decode_two_procs(void **state)
     pd_pools(d); /* the reference: decode's pools as they start */
     uint16_t port = 0;
     assert_int_equal(read(up[0], &port, 2), 2);
-    struct kv_xport_config c = cfg_make(false, TOKEN, 0);
+    struct kv_xport_config c = kvt_xport_cfg(KV_XPORT_SHM, false, TOKEN, 0);
     kv_xport *x = NULL;
     kv_xport_peer *p = NULL;
     assert_int_equal(kv_xport_create(&c, &x), KV_OK);
     assert_int_equal(kv_xport_connect(x, "test", port, &p), KV_OK);
-    assert_int_equal(settle(p, NULL), KV_XPORT_READY);
+    assert_int_equal(kvt_xport_settle(p, NULL), KV_XPORT_READY);
     kv_xport_mem *ms = NULL;
     assert_int_equal(kv_xport_mem_reg(x, s.mem, (size_t)s.lo.total_bytes, KV_MEM_HOST, &ms), KV_OK);
     kv_xport_rmem *r[3];
@@ -725,7 +623,7 @@ static void test_xport_shm_prefill_to_decode_two_procs(void **state)
         assert_int_equal(
             kv_xport_write_plan(p, plan[i], ms, 0, sid, ns, r[i], 0, did, nd, T, &n, &t), KV_OK);
         assert_int_equal(kv_plan_copy(plan[i], s.pc, sid, ns, d[i].pc, did, nd, T), KV_OK);
-        wait_done(t, KV_XPORT_DONE);
+        kvt_xfer_done(t, KV_XPORT_DONE);
         assert_int_equal(kv_xport_xfer_free(t), KV_OK);
     }
     for (int i = 0; i < 3; i++) {
@@ -798,7 +696,7 @@ static void raw_hello(int fd, int mfd)
 static void test_xport_shm_hostile_peer(void **state)
 {
     (void)state;
-    struct kv_xport_config c = cfg_make(true, TOKEN, 0);
+    struct kv_xport_config c = kvt_xport_cfg(KV_XPORT_SHM, true, TOKEN, 0);
     kv_xport *x = NULL;
     assert_int_equal(kv_xport_create(&c, &x), KV_OK);
     /* an unsealed memfd: refused (never accepted) */
@@ -872,7 +770,7 @@ static struct kv__shm_msg raw_next(int fd, unsigned char *pl, size_t cap)
 static void test_xport_shm_timeout_and_limits(void **state)
 {
     (void)state;
-    struct kv_xport_config c = cfg_make(true, TOKEN, 0);
+    struct kv_xport_config c = kvt_xport_cfg(KV_XPORT_SHM, true, TOKEN, 0);
     c.timeout_ms = 300;
     c.max_pending_notes = 1;
     kv_xport *x = NULL;

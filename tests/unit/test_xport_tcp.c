@@ -62,105 +62,31 @@
 #include <kvcache/kv.h>
 #include "kv_xport_int.h"
 #include "kvt_side.h"
+#include "kvt_xport.h"
 #include "kvtest.h"
 
 #define TOKEN 0x5EC12E7ull
 #define REGION (64u << 20)
 
-static struct kv_xport_config cfg_make(bool listen, uint64_t token, uint64_t fp)
-{
-    struct kv_xport_config c = KV_XPORT_CONFIG_INIT;
-    c.kind = KV_XPORT_TCP;
-    c.listen_host = listen ? "127.0.0.1" : NULL;
-    c.token = token;
-    c.fingerprint = fp;
-    c.timeout_ms = 5000;
-    return c;
-}
-
-/* Wait until p leaves CONNECTING; its state. */
-static kv_xport_peer_state settle(kv_xport_peer *p, kv_status *why)
-{
-    kv_xport_peer_state s = KV_XPORT_CONNECTING;
-    for (int i = 0; i < 10000; i++) {
-        assert_int_equal(kv_xport_peer_state_get(p, &s, why), KV_OK);
-        if (s != KV_XPORT_CONNECTING)
-            break;
-        usleep(1000);
-    }
-    return s;
-}
-
-/* A connected pair in one process: a (connects) and b (listens). */
-struct pair {
-    kv_xport *a, *b;
-    kv_xport_peer *pa, *pb;
-};
-
 /* gather_below: both ends' plan_gather_below_bytes (0: the default). */
-static void pair_open_gather(struct pair *p, uint32_t conns, uint32_t gather_below)
+static void pair_open_gather(struct kvt_pair *p, uint32_t conns, uint32_t gather_below)
 {
-    struct kv_xport_config ca = cfg_make(false, TOKEN, 7), cb = cfg_make(true, TOKEN, 7);
+    struct kv_xport_config ca = kvt_xport_cfg(KV_XPORT_TCP, false, TOKEN, 7),
+                           cb = kvt_xport_cfg(KV_XPORT_TCP, true, TOKEN, 7);
     ca.conns_per_peer = cb.conns_per_peer = conns;
     ca.plan_gather_below_bytes = cb.plan_gather_below_bytes = gather_below;
-    assert_int_equal(kv_xport_create(&cb, &p->b), KV_OK);
-    assert_int_equal(kv_xport_create(&ca, &p->a), KV_OK);
-    assert_int_equal(kv_xport_connect(p->a, "127.0.0.1", kv_xport_port(p->b), &p->pa), KV_OK);
-    assert_int_equal(kv_xport_accept(p->b, 5000, &p->pb), KV_OK);
-    assert_int_equal(settle(p->pa, NULL), KV_XPORT_READY);
+    kvt_pair_open(p, &ca, &cb);
 }
 
-static void pair_open(struct pair *p, uint32_t conns)
+static void pair_open(struct kvt_pair *p, uint32_t conns)
 {
     pair_open_gather(p, conns, 0);
-}
-
-static void pair_close(struct pair *p)
-{
-    kv_xport_peer_close(p->pa);
-    kv_xport_peer_close(p->pb);
-    assert_int_equal(kv_xport_destroy(p->a), KV_OK);
-    assert_int_equal(kv_xport_destroy(p->b), KV_OK);
-}
-
-/* b exposes m to a: the blob travels as a notification (as an engine
- * would send it), a imports it. */
-static kv_xport_rmem *share(struct pair *p, kv_xport_mem *m)
-{
-    unsigned char blob[KV_XPORT_BLOB_MAX];
-    size_t len = 0;
-    assert_int_equal(kv_xport_mem_expose(p->pb, m, blob, sizeof(blob), &len), KV_OK);
-    struct kv_xport_notify n = {.tag = 1, .msg = blob, .len = (uint32_t)len};
-    kv_xport_xfer *t = NULL;
-    assert_int_equal(kv_xport_write(p->pb, NULL, 0, &n, &t), KV_OK);
-    kv_xport_state s;
-    assert_int_equal(kv_xport_xfer_wait(t, 5000, &s), KV_OK);
-    assert_int_equal(s, KV_XPORT_DONE);
-    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
-    struct kv_xport_msg *msg = malloc(sizeof(*msg));
-    assert_int_equal(kv_xport_notify_poll(p->a, 5000, msg), KV_OK);
-    assert_int_equal(msg->peer_id, kv_xport_peer_id(p->pa));
-    assert_int_equal(msg->tag, 1);
-    kv_xport_rmem *r = NULL;
-    assert_int_equal(kv_xport_rmem_import(p->pa, msg->data, msg->len, &r), KV_OK);
-    assert_int_equal(kv_xport_rmem_bytes(r), kv_xport_mem_bytes(m));
-    free(msg);
-    return r;
-}
-
-static void fill(unsigned char *p, size_t n, uint64_t seed)
-{
-    uint64_t s = seed;
-    for (size_t i = 0; i < n; i += 8) {
-        const uint64_t v = kvt_rand(&s);
-        memcpy(p + i, &v, n - i < 8 ? n - i : 8);
-    }
 }
 
 static void test_xport_tcp_handshake_refusals(void **state)
 {
     (void)state;
-    struct kv_xport_config cb = cfg_make(true, TOKEN, 0xF00D);
+    struct kv_xport_config cb = kvt_xport_cfg(KV_XPORT_TCP, true, TOKEN, 0xF00D);
     kv_xport *b = NULL;
     assert_int_equal(kv_xport_create(&cb, &b), KV_OK);
     const uint16_t port = kv_xport_port(b);
@@ -173,14 +99,14 @@ static void test_xport_tcp_handshake_refusals(void **state)
                  {TOKEN, 0xBEEF, 0, "fingerprint"},
                  {TOKEN, 0xF00D, 3, "connections"}};
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        struct kv_xport_config ca = cfg_make(false, cases[i].token, cases[i].fp);
+        struct kv_xport_config ca = kvt_xport_cfg(KV_XPORT_TCP, false, cases[i].token, cases[i].fp);
         ca.conns_per_peer = cases[i].conns;
         kv_xport *a = NULL;
         kv_xport_peer *p = NULL;
         assert_int_equal(kv_xport_create(&ca, &a), KV_OK);
         assert_int_equal(kv_xport_connect(a, "127.0.0.1", port, &p), KV_OK);
         kv_status why = KV_OK;
-        assert_int_equal(settle(p, &why), KV_XPORT_CLOSED);
+        assert_int_equal(kvt_xport_settle(p, &why), KV_XPORT_CLOSED);
         assert_int_equal(why, KV_ERR_MISMATCH);
         assert_non_null(strstr(kv_last_error(), cases[i].word));
         /* Writes on a refused peer are refused at post. */
@@ -201,26 +127,26 @@ static void test_xport_tcp_handshake_refusals(void **state)
     assert_int_equal(listen(ls, 8), 0);
     socklen_t sl = sizeof(sa);
     getsockname(ls, (struct sockaddr *)&sa, &sl);
-    struct kv_xport_config ca = cfg_make(false, TOKEN, 0);
+    struct kv_xport_config ca = kvt_xport_cfg(KV_XPORT_TCP, false, TOKEN, 0);
     ca.timeout_ms = 200;
     kv_xport *a = NULL;
     kv_xport_peer *p = NULL;
     assert_int_equal(kv_xport_create(&ca, &a), KV_OK);
     assert_int_equal(kv_xport_connect(a, "127.0.0.1", ntohs(sa.sin_port), &p), KV_OK);
     kv_status why = KV_OK;
-    assert_int_equal(settle(p, &why), KV_XPORT_CLOSED);
+    assert_int_equal(kvt_xport_settle(p, &why), KV_XPORT_CLOSED);
     assert_int_equal(why, KV_ERR_TIMEOUT);
     kv_xport_peer_close(p);
     assert_int_equal(kv_xport_destroy(a), KV_OK);
     close(ls);
 
     /* Config refusals. */
-    struct kv_xport_config bad = cfg_make(false, 0, 0);
+    struct kv_xport_config bad = kvt_xport_cfg(KV_XPORT_TCP, false, 0, 0);
     assert_int_equal(kv_xport_create(&bad, &a), KV_ERR_INVALID_ARG);
-    bad = cfg_make(false, TOKEN, 0);
+    bad = kvt_xport_cfg(KV_XPORT_TCP, false, TOKEN, 0);
     bad.struct_size--;
     assert_int_equal(kv_xport_create(&bad, &a), KV_ERR_INVALID_ARG);
-    bad = cfg_make(false, TOKEN, 0);
+    bad = kvt_xport_cfg(KV_XPORT_TCP, false, TOKEN, 0);
     bad.kind = (kv_xport_kind)9;
     assert_int_equal(kv_xport_create(&bad, &a), KV_ERR_INVALID_ARG);
 }
@@ -237,15 +163,15 @@ static void test_xport_tcp_overlapping_transfers(void **state)
 {
     (void)state;
     enum { HALF = 4u << 20, FRAME = 512u << 10, NT = 8 };
-    struct pair p;
+    struct kvt_pair p;
     pair_open(&p, 3);
     unsigned char *src = malloc(2 * HALF), *dst = malloc(HALF);
-    fill(src, 2 * HALF, 21);
+    kvt_fill(src, 2 * HALF, 21);
     memset(dst, 0xEE, HALF);
     kv_xport_mem *ms, *md;
     assert_int_equal(kv_xport_mem_reg(p.a, src, 2 * HALF, KV_MEM_HOST, &ms), KV_OK);
     assert_int_equal(kv_xport_mem_reg(p.b, dst, HALF, KV_MEM_HOST, &md), KV_OK);
-    kv_xport_rmem *r = share(&p, md);
+    kv_xport_rmem *r = kvt_share_notify(&p, md);
     kv_xport_xfer *t[NT];
     for (int i = 0; i < NT; i++) {
         const struct kv_xport_io io = {ms, (uint64_t)(i % 2) * HALF, r, 0, HALF};
@@ -264,7 +190,7 @@ static void test_xport_tcp_overlapping_transfers(void **state)
     assert_int_equal(kv_xport_mem_unexpose(p.pb, md), KV_OK);
     assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
     assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
-    pair_close(&p);
+    kvt_pair_close(&p);
     free(src);
     free(dst);
 }
@@ -272,18 +198,18 @@ static void test_xport_tcp_overlapping_transfers(void **state)
 static void test_xport_tcp_write_read_whole_region(void **state)
 {
     (void)state;
-    struct pair p;
+    struct kvt_pair p;
     pair_open(&p, 3);
     unsigned char *src = malloc(REGION), *dst = malloc(REGION), *want = malloc(REGION);
     unsigned char *back = calloc(1, REGION);
-    fill(src, REGION, 11);
+    kvt_fill(src, REGION, 11);
     memset(dst, 0xEE, REGION);
     memcpy(want, dst, REGION);
     kv_xport_mem *ms, *md, *mb;
     assert_int_equal(kv_xport_mem_reg(p.a, src, REGION, KV_MEM_HOST, &ms), KV_OK);
     assert_int_equal(kv_xport_mem_reg(p.a, back, REGION, KV_MEM_HOST, &mb), KV_OK);
     assert_int_equal(kv_xport_mem_reg(p.b, dst, REGION, KV_MEM_HOST, &md), KV_OK);
-    kv_xport_rmem *r = share(&p, md);
+    kv_xport_rmem *r = kvt_share_notify(&p, md);
 
     /* 40 entries: random sizes (1 byte .. 3 MiB), disjoint destinations
      * spread over the region, the last one ending at its last byte. */
@@ -400,7 +326,7 @@ static void test_xport_tcp_write_read_whole_region(void **state)
     assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
     assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
     assert_int_equal(kv_xport_mem_dereg(mb), KV_OK);
-    pair_close(&p);
+    kvt_pair_close(&p);
     free(msg);
     free(src);
     free(dst);
@@ -412,7 +338,7 @@ static void test_xport_tcp_write_read_whole_region(void **state)
 
 /* One write of a request through plan from s (registered on a) into d
  * (exposed by b), notification after the data; the transfer DONE. */
-static void write_plan_once(struct pair *p, const kv_plan *plan, struct kvt_side *s,
+static void write_plan_once(struct kvt_pair *p, const kv_plan *plan, struct kvt_side *s,
                             const uint32_t *sid, uint32_t ns, struct kvt_side *d,
                             const uint32_t *did, uint32_t nd, uint64_t T, uint64_t tag)
 {
@@ -421,7 +347,7 @@ static void write_plan_once(struct pair *p, const kv_plan *plan, struct kvt_side
                      KV_OK);
     assert_int_equal(kv_xport_mem_reg(p->b, d->mem, (size_t)d->lo.total_bytes, KV_MEM_HOST, &md),
                      KV_OK);
-    kv_xport_rmem *r = share(p, md);
+    kv_xport_rmem *r = kvt_share_notify(p, md);
     struct kv_xport_notify n = {.tag = tag};
     kv_xport_xfer *t = NULL;
     kv_status st = kv_xport_write_plan(p->pa, plan, ms, 0, sid, ns, r, 0, did, nd, T, &n, &t);
@@ -453,7 +379,7 @@ static void write_plan_once(struct pair *p, const kv_plan *plan, struct kvt_side
 static void test_xport_tcp_write_plan_layer_ranges(void **state)
 {
     (void)state;
-    struct pair p;
+    struct kvt_pair p;
     pair_open(&p, 2);
     uint64_t rng = 77, tag = 1000;
     static const int64_t Nd[3] = {8, 16, 32};
@@ -526,7 +452,7 @@ static void test_xport_tcp_write_plan_layer_ranges(void **state)
     }
     free(ref);
     kvt_side_free(&d);
-    pair_close(&p);
+    kvt_pair_close(&p);
 }
 
 /* MLA latent caches on the wire: a K-only prefill cache (one KV head, D
@@ -537,7 +463,7 @@ static void test_xport_tcp_write_plan_layer_ranges(void **state)
 static void test_xport_tcp_write_plan_mla(void **state)
 {
     (void)state;
-    struct pair p;
+    struct kvt_pair p;
     pair_open(&p, 2);
     uint64_t rng = 576, tag = 5760;
     struct kvt_side s;
@@ -577,14 +503,14 @@ static void test_xport_tcp_write_plan_mla(void **state)
     assert_null(plan);
     kvt_side_free(&two);
     kvt_side_free(&s);
-    pair_close(&p);
+    kvt_pair_close(&p);
 }
 
 /* ---- gathered plans: fragment-proof conversions -------------------- */
 
 /* The whole destination pool after write_plan through pair p against
  * want; the stats of p->a say the post went gathered (or direct). */
-static void gathered_once(struct pair *p, const kv_plan *plan, struct kvt_side *s,
+static void gathered_once(struct kvt_pair *p, const kv_plan *plan, struct kvt_side *s,
                           const uint32_t *sid, uint32_t ns, struct kvt_side *d, const uint32_t *did,
                           uint32_t nd, uint64_t T, uint64_t tag, const unsigned char *dst0,
                           const unsigned char *want, bool gathered, const char *what)
@@ -615,7 +541,7 @@ static void gathered_once(struct pair *p, const kv_plan *plan, struct kvt_side *
 static void test_xport_tcp_write_plan_gathered(void **state)
 {
     (void)state;
-    struct pair pg, pd, pf;
+    struct kvt_pair pg, pd, pf;
     pair_open_gather(&pg, 2, UINT32_MAX);
     pair_open_gather(&pd, 2, 1);
     pair_open_gather(&pf, 1, 0);
@@ -671,9 +597,9 @@ static void test_xport_tcp_write_plan_gathered(void **state)
         kvt_side_free(&s);
         kvt_side_free(&d);
     }
-    pair_close(&pg);
-    pair_close(&pd);
-    pair_close(&pf);
+    kvt_pair_close(&pg);
+    kvt_pair_close(&pd);
+    kvt_pair_close(&pf);
 }
 
 /* A gathered transfer cancelled in flight (32 MiB NHD -> HND, cancelled as
@@ -683,7 +609,7 @@ static void test_xport_tcp_write_plan_gathered(void **state)
 static void test_xport_tcp_write_plan_gathered_cancel(void **state)
 {
     (void)state;
-    struct pair p;
+    struct kvt_pair p;
     pair_open(&p, 2);
     struct kvt_side s, d;
     kvt_side_make(&s, 8, 66, 16, 8, 128, KV_BF16, 0, 91); /* 512 KiB blocks */
@@ -699,7 +625,7 @@ static void test_xport_tcp_write_plan_gathered_cancel(void **state)
                      KV_OK);
     assert_int_equal(kv_xport_mem_reg(p.b, d.mem, (size_t)d.lo.total_bytes, KV_MEM_HOST, &md),
                      KV_OK);
-    kv_xport_rmem *r = share(&p, md);
+    kv_xport_rmem *r = kvt_share_notify(&p, md);
     struct kv_xport_notify n = {.tag = 71};
     kv_xport_xfer *t = NULL;
     assert_int_equal(
@@ -745,7 +671,7 @@ static void test_xport_tcp_write_plan_gathered_cancel(void **state)
     kv_plan_destroy(plan);
     kvt_side_free(&s);
     kvt_side_free(&d);
-    pair_close(&p);
+    kvt_pair_close(&p);
 }
 
 /* ---- two processes: prefill -> decode ------------------------------ */
@@ -821,7 +747,7 @@ static void send_note(kv_xport_peer *p, uint64_t tag, const void *msg, uint32_t 
 static int pd_decode(int port_fd, const char *host)
 {
     int bad = 0;
-    struct kv_xport_config c = cfg_make(true, TOKEN, 0x1234);
+    struct kv_xport_config c = kvt_xport_cfg(KV_XPORT_TCP, true, TOKEN, 0x1234);
     c.listen_host = host;
     kv_xport *x = NULL;
     if (kv_xport_create(&c, &x) != KV_OK)
@@ -979,7 +905,7 @@ static void pd_run(const char *host, const char *ns_a, const char *ns_b)
     const int home = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
     if (ns_a)
         assert_true(enter_netns(ns_a, home));
-    struct kv_xport_config c = cfg_make(false, TOKEN, 0x1234);
+    struct kv_xport_config c = kvt_xport_cfg(KV_XPORT_TCP, false, TOKEN, 0x1234);
     kv_xport *x = NULL;
     kv_xport_peer *p = NULL;
     assert_int_equal(kv_xport_create(&c, &x), KV_OK); /* its thread: in ns_a */
@@ -987,7 +913,7 @@ static void pd_run(const char *host, const char *ns_a, const char *ns_b)
     if (ns_a)
         assert_true(enter_netns("", home));
     close(home);
-    assert_int_equal(settle(p, NULL), KV_XPORT_READY);
+    assert_int_equal(kvt_xport_settle(p, NULL), KV_XPORT_READY);
     struct kv_layout_config sc = pd_cfg(4);
     struct kv_layout slo, dlo[4];
     assert_int_equal(kv_layout_init(&sc, &slo), KV_OK);
@@ -1196,24 +1122,25 @@ static pid_t relay_start(uint16_t target, enum relay_mode mode, uint64_t after, 
  * write (8 entries of 2 MiB) with a notification. */
 static void fault_case(enum relay_mode mode, uint64_t after, kv_xport_state want, kv_status why)
 {
-    struct kv_xport_config cb = cfg_make(true, TOKEN, 1), ca = cfg_make(false, TOKEN, 1);
+    struct kv_xport_config cb = kvt_xport_cfg(KV_XPORT_TCP, true, TOKEN, 1),
+                           ca = kvt_xport_cfg(KV_XPORT_TCP, false, TOKEN, 1);
     ca.conns_per_peer = cb.conns_per_peer = 1;
     ca.timeout_ms = 600;
-    struct pair p;
+    struct kvt_pair p;
     assert_int_equal(kv_xport_create(&cb, &p.b), KV_OK);
     assert_int_equal(kv_xport_create(&ca, &p.a), KV_OK);
     uint16_t rport = 0;
     const pid_t relay = relay_start(kv_xport_port(p.b), mode, after, &rport);
     assert_int_equal(kv_xport_connect(p.a, "127.0.0.1", rport, &p.pa), KV_OK);
     assert_int_equal(kv_xport_accept(p.b, 5000, &p.pb), KV_OK);
-    assert_int_equal(settle(p.pa, NULL), KV_XPORT_READY);
+    assert_int_equal(kvt_xport_settle(p.pa, NULL), KV_XPORT_READY);
     unsigned char *src = malloc(REGION), *dst = malloc(REGION);
-    fill(src, REGION, 21);
+    kvt_fill(src, REGION, 21);
     memset(dst, 0, REGION);
     kv_xport_mem *ms, *md;
     assert_int_equal(kv_xport_mem_reg(p.a, src, REGION, KV_MEM_HOST, &ms), KV_OK);
     assert_int_equal(kv_xport_mem_reg(p.b, dst, REGION, KV_MEM_HOST, &md), KV_OK);
-    kv_xport_rmem *r = share(&p, md);
+    kv_xport_rmem *r = kvt_share_notify(&p, md);
     struct kv_xport_io ios[8];
     for (int i = 0; i < 8; i++)
         ios[i] = (struct kv_xport_io){ms, (uint64_t)i << 21, r, (uint64_t)(8 + i) << 21, 2u << 20};
@@ -1247,7 +1174,7 @@ static void fault_case(enum relay_mode mode, uint64_t after, kv_xport_state want
     p.pb = NULL;
     assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
     assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
-    pair_close(&p);
+    kvt_pair_close(&p);
     free(src);
     free(dst);
 }
@@ -1276,23 +1203,14 @@ static void test_xport_tcp_fault_stall_times_out(void **state)
 /* A receiver child killed mid-transfer; cancel in flight. */
 static int sink_child(int fd)
 {
-    struct kv_xport_config c = cfg_make(true, TOKEN, 0);
     kv_xport *x = NULL;
-    if (kv_xport_create(&c, &x) != KV_OK)
-        return 1;
-    const uint16_t port = kv_xport_port(x);
-    if (write(fd, &port, 2) != 2)
-        return 2;
     kv_xport_peer *p = NULL;
-    if (kv_xport_accept(x, 10000, &p) != KV_OK)
-        return 3;
-    unsigned char *dst = malloc(REGION);
     kv_xport_mem *m = NULL;
     unsigned char blob[KV_XPORT_BLOB_MAX];
     size_t bl = 0;
-    if (kv_xport_mem_reg(x, dst, REGION, KV_MEM_HOST, &m) != KV_OK ||
-        kv_xport_mem_expose(p, m, blob, sizeof(blob), &bl) != KV_OK)
-        return 4;
+    const int rc = kvt_sink_open(KV_XPORT_TCP, TOKEN, fd, REGION, &x, &p, &m, blob, &bl);
+    if (rc)
+        return rc;
     send_note(p, 1, blob, (uint32_t)bl);
     /* Report every notification's tag on fd; until BYE. */
     struct kv_xport_msg *msg = malloc(sizeof(*msg));
@@ -1315,34 +1233,18 @@ static void test_xport_tcp_peer_killed_and_cancel(void **state)
 {
     (void)state;
     unsigned char *src = malloc(REGION);
-    fill(src, REGION, 3);
+    kvt_fill(src, REGION, 3);
     /* round 0: the receiver killed; 1: cancel; 2: the receiver stopped
      * (SIGSTOP: it reads nothing, so the write cannot finish), then killed
      * under a gathered kv_xport_write_plan (NHD -> HND, 60 MiB) */
     for (int round = 0; round < 3; round++) {
-        int fds[2];
-        assert_int_equal(pipe(fds), 0);
-        fflush(NULL);
-        const pid_t pid = fork();
-        if (pid == 0) {
-            close(fds[0]);
-            _exit(sink_child(fds[1]));
-        }
-        close(fds[1]);
-        uint16_t port = 0;
-        assert_int_equal(read(fds[0], &port, 2), 2);
-        struct kv_xport_config c = cfg_make(false, TOKEN, 0);
+        int rfd = -1;
+        const pid_t pid = kvt_xport_fork(sink_child, &rfd);
         kv_xport *x = NULL;
         kv_xport_peer *p = NULL;
-        assert_int_equal(kv_xport_create(&c, &x), KV_OK);
-        assert_int_equal(kv_xport_connect(x, "127.0.0.1", port, &p), KV_OK);
-        assert_int_equal(settle(p, NULL), KV_XPORT_READY);
         kv_xport_mem *ms = NULL;
-        assert_int_equal(kv_xport_mem_reg(x, src, REGION, KV_MEM_HOST, &ms), KV_OK);
-        struct kv_xport_msg *msg = malloc(sizeof(*msg));
-        assert_int_equal(kv_xport_notify_poll(x, 10000, msg), KV_OK);
         kv_xport_rmem *r = NULL;
-        assert_int_equal(kv_xport_rmem_import(p, msg->data, msg->len, &r), KV_OK);
+        kvt_sink_join(KV_XPORT_TCP, TOKEN, rfd, src, REGION, &x, &p, &ms, &r);
         uint64_t tag = 0;
         /* 16 x 64 MiB: long enough to be in flight when the fault comes. */
         struct kv_xport_io ios[16];
@@ -1405,9 +1307,9 @@ static void test_xport_tcp_peer_killed_and_cancel(void **state)
             assert_int_equal(s, KV_XPORT_DONE);
             assert_int_equal(kv_xport_xfer_free(t2), KV_OK);
             send_note(p, TAG_BYE, NULL, 0);
-            assert_int_equal(read(fds[0], &tag, 8), 8);
+            assert_int_equal(read(rfd, &tag, 8), 8);
             assert_int_equal(tag, 56);
-            assert_int_equal(read(fds[0], &tag, 8), 8);
+            assert_int_equal(read(rfd, &tag, 8), 8);
             assert_int_equal(tag, TAG_BYE);
             int wst = 0;
             waitpid(pid, &wst, 0);
@@ -1422,8 +1324,7 @@ static void test_xport_tcp_peer_killed_and_cancel(void **state)
             ok += st[i] == KV_OK;
         assert_true(ok < ns);
         assert_int_equal(kv_xport_xfer_free(t), KV_OK);
-        close(fds[0]);
-        free(msg);
+        close(rfd);
         assert_int_equal(kv_xport_rmem_free(r), KV_OK);
         kv_xport_peer_close(p);
         assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);

@@ -28,6 +28,7 @@
 #include <xxhash.h>
 
 #include "bench.h"
+#include "bench_proc.h"
 #include "kv_plan.h"
 #include "kv_transport.h"
 
@@ -176,8 +177,16 @@ static void shm_case(void)
     kvb_fill_random(s.base, (size_t)s.lo.total_bytes, 9);
     const uint64_t bytes = (uint64_t)s.n * 64ull * (uint64_t)s.lo.block_bytes;
     char *ma = kvb_alloc((size_t)bytes), *mb = kvb_alloc((size_t)bytes);
-    int sv[2];
-    if (!ma || !mb || socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) {
+    if (ma && mb) {
+        memcpy(ma, s.base, (size_t)bytes);
+        memset(mb, 1, (size_t)bytes);
+    }
+    /* Decode in a fresh image of this program (kvb_spawn_self). */
+    char args[32];
+    snprintf(args, sizeof(args), "%lld", (long long)T);
+    int ctl = -1;
+    const pid_t pid = ma && mb ? kvb_spawn_self("KVB_SHM_DECODE", args, &ctl) : -1;
+    if (pid < 0) {
         kvb_failed(bench, name, "setup");
         kvb_free(ma);
         kvb_free(mb);
@@ -185,22 +194,6 @@ static void shm_case(void)
         shm_side_free(&d);
         return;
     }
-    memcpy(ma, s.base, (size_t)bytes);
-    memset(mb, 1, (size_t)bytes);
-    /* Decode in a fresh image of this program (fork + exec; see
-     * bench_transport.c: OpenMP does not survive fork). */
-    fflush(NULL);
-    char env[64];
-    snprintf(env, sizeof(env), "KVB_SHM_DECODE=%d,%lld", sv[1], (long long)T);
-    const pid_t pid = fork();
-    if (pid == 0) {
-        close(sv[0]);
-        putenv(env);
-        execl("/proc/self/exe", "kvbench", (char *)NULL);
-        _exit(127);
-    }
-    close(sv[1]);
-    const int ctl = sv[0];
     kv_xport *x = NULL;
     kv_xport_peer *peer = NULL;
     kv_xport_mem *m = NULL;
@@ -253,13 +246,8 @@ static void shm_case(void)
             fail = "hash";
             goto out;
         }
-        memset(d.base, 0, (size_t)d.lo.total_bytes);
-        struct kv_paged_cache sc = {
-            .layout = s.lo, .base = s.base, .storage_bytes = (size_t)s.lo.total_bytes};
-        struct kv_paged_cache dc = {
-            .layout = d.lo, .base = d.base, .storage_bytes = (size_t)d.lo.total_bytes};
-        if (kv_plan_copy(plan, sc, s.ids, s.n, dc, d.ids, d.n, (uint64_t)T) != KV_OK ||
-            XXH3_64bits(d.base, (size_t)d.lo.total_bytes) != got)
+        if (!kvb_pool_hash_ok(plan, &s.lo, s.base, s.ids, s.n, &d.lo, d.base, d.ids, d.n,
+                              (uint64_t)T, got))
             kvb_mismatch(bench, name, "decode's pool XXH3 differs from kv_plan_copy's");
         else
             kvb_emit_gbps(bench, name, bytes, kvb_median(ts, runs), "memcpy", kvb_median(bs, runs),
@@ -269,12 +257,7 @@ out:
     if (fail)
         kvb_failed(bench, name, "%s: %s", fail, kv_last_error());
     (void)shm_io(ctl, (char[]){SHM_CMD_QUIT}, 1, true);
-    int wst = 0;
-    if (fail)
-        kill(pid, SIGKILL);
-    waitpid(pid, &wst, 0);
-    if (!fail && (!WIFEXITED(wst) || WEXITSTATUS(wst) != 0))
-        kvb_failed(bench, name, "decode process exit status %d", WEXITSTATUS(wst));
+    kvb_reap(pid, fail != NULL, bench, name);
     close(ctl);
     kv_plan_destroy(plan);
     if (kv_xport_rmem_free(r) != KV_OK)

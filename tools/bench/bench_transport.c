@@ -49,6 +49,7 @@
 #include <xxhash.h>
 
 #include "bench.h"
+#include "bench_proc.h"
 #include "kv_plan.h"
 #include "kv_transport.h"
 
@@ -289,18 +290,9 @@ static double xport_once(int ctl, kv_xport_peer *peer, const kv_plan *plan, kv_x
 /* Decode's pool i (hash got) against kv_plan_copy of the request here. */
 static bool pool_ok(const struct side *s, struct side *d, uint64_t got)
 {
-    kv_plan *ref = NULL;
-    memset(d->base, 0, (size_t)d->lo.total_bytes);
-    struct kv_paged_cache sc = {
-        .layout = s->lo, .base = s->base, .storage_bytes = (size_t)s->lo.total_bytes};
-    struct kv_paged_cache dc = {
-        .layout = d->lo, .base = d->base, .storage_bytes = (size_t)d->lo.total_bytes};
     const uint64_t T = (uint64_t)s->n * (uint64_t)s->lo.block_tokens;
-    const bool ok = kv_plan_create(&s->lo, &d->lo, NULL, &ref) == KV_OK &&
-                    kv_plan_copy(ref, sc, s->ids, s->n, dc, d->ids, d->n, T) == KV_OK &&
-                    XXH3_64bits(d->base, (size_t)d->lo.total_bytes) == got;
-    kv_plan_destroy(ref);
-    return ok;
+    return kvb_pool_hash_ok(NULL, &s->lo, s->base, s->ids, s->n, &d->lo, d->base, d->ids, d->n, T,
+                            got);
 }
 
 static void transport_case(enum target tg, uint32_t conns)
@@ -324,28 +316,17 @@ static void transport_case(enum target tg, uint32_t conns)
     }
     kvb_fill_random(s.base, (size_t)s.lo.total_bytes, 9);
     const uint64_t bytes = (uint64_t)s.n * 64ull * (uint64_t)s.lo.block_bytes;
-    int sv[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) {
+    /* Decode runs in a fresh image of this program (kvb_spawn_self). */
+    char args[80];
+    snprintf(args, sizeof(args), "%d,%u,%lld,%llu", (int)tg, conns, (long long)T,
+             (unsigned long long)bytes);
+    int ctl = -1;
+    const pid_t pid = kvb_spawn_self("KVB_TRANSPORT_DECODE", args, &ctl);
+    if (pid < 0) {
         kvb_failed(bench, name, "socketpair");
         side_free(&s);
         return;
     }
-    /* Decode runs in a fresh image of this program (fork + exec): a forked
-     * child of a process that ran OpenMP cannot use OpenMP (libgomp's pool
-     * does not survive fork). */
-    fflush(NULL);
-    char env[96];
-    snprintf(env, sizeof(env), "KVB_TRANSPORT_DECODE=%d,%d,%u,%lld,%llu", sv[1], (int)tg, conns,
-             (long long)T, (unsigned long long)bytes);
-    const pid_t pid = fork();
-    if (pid == 0) {
-        close(sv[0]);
-        putenv(env);
-        execl("/proc/self/exe", "kvbench", (char *)NULL);
-        _exit(127);
-    }
-    close(sv[1]);
-    const int ctl = sv[0];
     const uint32_t nd = convert ? 2 : 1;
     kv_xport *x = NULL;
     kv_xport_peer *peer = NULL;
@@ -457,12 +438,7 @@ out:
     if (fail)
         kvb_failed(bench, name, "%s: %s", fail, kv_last_error());
     (void)send_all(ctl, (char[]){CMD_QUIT}, 1);
-    int wst = 0;
-    if (fail)
-        kill(pid, SIGKILL);
-    waitpid(pid, &wst, 0);
-    if (!fail && (!WIFEXITED(wst) || WEXITSTATUS(wst) != 0))
-        kvb_failed(bench, name, "decode process exit status %d", WEXITSTATUS(wst));
+    kvb_reap(pid, fail != NULL, bench, name);
     if (sfd >= 0)
         close(sfd);
     close(ctl);

@@ -1,0 +1,202 @@
+/*
+ * kvt_xport.h - fixtures of the transport tests, whatever the kind (TCP,
+ * SHM): a test config, a connected pair of transports in one process, a
+ * region shared between them (its blob as a notification, or handed over
+ * in memory), waiting for a peer or a transfer, and random bytes.
+ * Public API only. Include after <cmocka.h>.
+ */
+#ifndef KVT_XPORT_H
+#define KVT_XPORT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <kvcache/kv.h>
+
+#include "kvtest.h"
+
+/* The address a listener of `kind` takes in these tests: TCP's loopback,
+ * SHM's abstract name "test". */
+static inline const char *kvt_xport_host(kv_xport_kind kind)
+{
+    return kind == KV_XPORT_SHM ? "test" : "127.0.0.1";
+}
+
+/* A config of `kind` (listening on kvt_xport_host when listen), with token
+ * and fingerprint fp, timeout_ms 5000; the rest defaults. */
+static inline struct kv_xport_config kvt_xport_cfg(kv_xport_kind kind, bool listen, uint64_t token,
+                                                   uint64_t fp)
+{
+    struct kv_xport_config c = KV_XPORT_CONFIG_INIT;
+    c.kind = kind;
+    c.listen_host = listen ? kvt_xport_host(kind) : NULL;
+    c.token = token;
+    c.fingerprint = fp;
+    c.timeout_ms = 5000;
+    return c;
+}
+
+/* Wait (10 s at most) until p leaves CONNECTING; its state. */
+static inline kv_xport_peer_state kvt_xport_settle(kv_xport_peer *p, kv_status *why)
+{
+    kv_xport_peer_state s = KV_XPORT_CONNECTING;
+    for (int i = 0; i < 10000; i++) {
+        assert_int_equal(kv_xport_peer_state_get(p, &s, why), KV_OK);
+        if (s != KV_XPORT_CONNECTING)
+            break;
+        usleep(1000);
+    }
+    return s;
+}
+
+/* A connected pair in one process: a (connects; prefill) and b (listens;
+ * decode); pa is a's peer (b), pb is b's peer (a). */
+struct kvt_pair {
+    kv_xport *a, *b;
+    kv_xport_peer *pa, *pb;
+};
+
+/* b from cb (which listens), a from ca; a connects to b, b accepts, a's
+ * peer READY. */
+static inline void kvt_pair_open(struct kvt_pair *p, const struct kv_xport_config *ca,
+                                 const struct kv_xport_config *cb)
+{
+    assert_int_equal(kv_xport_create(cb, &p->b), KV_OK);
+    assert_int_equal(kv_xport_create(ca, &p->a), KV_OK);
+    assert_true(kv_xport_port(p->b) != 0);
+    assert_int_equal(kv_xport_connect(p->a, cb->listen_host, kv_xport_port(p->b), &p->pa), KV_OK);
+    assert_int_equal(kv_xport_accept(p->b, 5000, &p->pb), KV_OK);
+    assert_int_equal(kvt_xport_settle(p->pa, NULL), KV_XPORT_READY);
+}
+
+static inline void kvt_pair_close(struct kvt_pair *p)
+{
+    kv_xport_peer_close(p->pa);
+    kv_xport_peer_close(p->pb);
+    assert_int_equal(kv_xport_destroy(p->a), KV_OK);
+    assert_int_equal(kv_xport_destroy(p->b), KV_OK);
+}
+
+/* Wait (10 s at most) for t to end; it must end in `want` (else the
+ * failure names its error). */
+static inline void kvt_xfer_done(kv_xport_xfer *t, kv_xport_state want)
+{
+    kv_xport_state s;
+    assert_int_equal(kv_xport_xfer_wait(t, 10000, &s), KV_OK);
+    if (s != want)
+        fail_msg("transfer ended %d (want %d): %s", (int)s, (int)want, kv_xport_xfer_error(t));
+}
+
+/* b exposes m to a; a imports it, the blob handed over in memory. */
+static inline kv_xport_rmem *kvt_share_direct(struct kvt_pair *p, kv_xport_mem *m)
+{
+    unsigned char blob[KV_XPORT_BLOB_MAX];
+    size_t len = 0;
+    assert_int_equal(kv_xport_mem_expose(p->pb, m, blob, sizeof(blob), &len), KV_OK);
+    kv_xport_rmem *r = NULL;
+    assert_int_equal(kv_xport_rmem_import(p->pa, blob, len, &r), KV_OK);
+    return r;
+}
+
+/* b exposes m to a; the blob travels as a notification (tag 1, as an
+ * engine would send it), a imports it: of m's size. */
+static inline kv_xport_rmem *kvt_share_notify(struct kvt_pair *p, kv_xport_mem *m)
+{
+    unsigned char blob[KV_XPORT_BLOB_MAX];
+    size_t len = 0;
+    assert_int_equal(kv_xport_mem_expose(p->pb, m, blob, sizeof(blob), &len), KV_OK);
+    struct kv_xport_notify n = {.tag = 1, .msg = blob, .len = (uint32_t)len};
+    kv_xport_xfer *t = NULL;
+    assert_int_equal(kv_xport_write(p->pb, NULL, 0, &n, &t), KV_OK);
+    kvt_xfer_done(t, KV_XPORT_DONE);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    struct kv_xport_msg *msg = malloc(sizeof(*msg));
+    assert_non_null(msg);
+    assert_int_equal(kv_xport_notify_poll(p->a, 5000, msg), KV_OK);
+    assert_int_equal(msg->peer_id, kv_xport_peer_id(p->pa));
+    assert_int_equal(msg->tag, 1);
+    kv_xport_rmem *r = NULL;
+    assert_int_equal(kv_xport_rmem_import(p->pa, msg->data, msg->len, &r), KV_OK);
+    assert_int_equal(kv_xport_rmem_bytes(r), kv_xport_mem_bytes(m));
+    free(msg);
+    return r;
+}
+
+/* A child process running child(fd), fd the write end of a pipe whose
+ * read end goes to *rfd; the child exits with child's result. Its pid. */
+static inline pid_t kvt_xport_fork(int (*child)(int fd), int *rfd)
+{
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    fflush(NULL);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        _exit(child(fds[1]));
+    }
+    close(fds[1]);
+    *rfd = fds[0];
+    return pid;
+}
+
+/* A child's receiving end (kvt_xport_fork): a listener of kind with token
+ * whose port goes to fd (2 bytes), the peer it accepts (10 s at most),
+ * and `bytes` of fresh memory registered (*m) and exposed to it, its blob
+ * into blob[KV_XPORT_BLOB_MAX] (*bl bytes). 0, or the step that failed
+ * (1 create, 2 the port, 3 accept, 4 register or expose): an exit code. */
+static inline int kvt_sink_open(kv_xport_kind kind, uint64_t token, int fd, size_t bytes,
+                                kv_xport **x, kv_xport_peer **p, kv_xport_mem **m,
+                                unsigned char *blob, size_t *bl)
+{
+    struct kv_xport_config c = kvt_xport_cfg(kind, true, token, 0);
+    if (kv_xport_create(&c, x) != KV_OK)
+        return 1;
+    const uint16_t port = kv_xport_port(*x);
+    if (write(fd, &port, 2) != 2)
+        return 2;
+    if (kv_xport_accept(*x, 10000, p) != KV_OK)
+        return 3;
+    unsigned char *dst = malloc(bytes);
+    if (kv_xport_mem_reg(*x, dst, bytes, KV_MEM_HOST, m) != KV_OK ||
+        kv_xport_mem_expose(*p, *m, blob, KV_XPORT_BLOB_MAX, bl) != KV_OK)
+        return 4;
+    return 0;
+}
+
+/* The other end of kvt_sink_open, in the parent: the port read from rfd,
+ * a transport of kind (*x) connected to it (*p READY), src[bytes]
+ * registered (*ms), and the region the child exposed imported (*r) from
+ * the first notification it sends (the blob). */
+static inline void kvt_sink_join(kv_xport_kind kind, uint64_t token, int rfd, void *src,
+                                 size_t bytes, kv_xport **x, kv_xport_peer **p, kv_xport_mem **ms,
+                                 kv_xport_rmem **r)
+{
+    uint16_t port = 0;
+    assert_int_equal(read(rfd, &port, 2), 2);
+    struct kv_xport_config c = kvt_xport_cfg(kind, false, token, 0);
+    assert_int_equal(kv_xport_create(&c, x), KV_OK);
+    assert_int_equal(kv_xport_connect(*x, kvt_xport_host(kind), port, p), KV_OK);
+    assert_int_equal(kvt_xport_settle(*p, NULL), KV_XPORT_READY);
+    assert_int_equal(kv_xport_mem_reg(*x, src, bytes, KV_MEM_HOST, ms), KV_OK);
+    struct kv_xport_msg *msg = malloc(sizeof(*msg));
+    assert_non_null(msg);
+    assert_int_equal(kv_xport_notify_poll(*x, 10000, msg), KV_OK);
+    assert_int_equal(kv_xport_rmem_import(*p, msg->data, msg->len, r), KV_OK);
+    free(msg);
+}
+
+/* n random bytes from seed (kvt_rand) into p. */
+static inline void kvt_fill(unsigned char *p, size_t n, uint64_t seed)
+{
+    uint64_t s = seed;
+    for (size_t i = 0; i < n; i += 8) {
+        const uint64_t v = kvt_rand(&s);
+        memcpy(p + i, &v, n - i < 8 ? n - i : 8);
+    }
+}
+
+#endif /* KVT_XPORT_H */
