@@ -62,7 +62,7 @@ static kv_status rail_decode(const unsigned char *p, uint32_t r, uint8_t want,
                              struct rd_rail_info *ri, char *msg, size_t cap)
 {
     static const uint8_t zero[16];
-    char pre[16] = "";
+    char pre[24] = "";
     if (r)
         snprintf(pre, sizeof(pre), "rail %u: ", r);
     memcpy(ri->gid, p, 16);
