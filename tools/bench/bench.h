@@ -84,4 +84,12 @@ const char *kvb_cpu_model(void);
 /* Keep the compiler from deleting a computed value. */
 void kvb_sink(uint64_t v);
 
+/* KVB_THREADS (as the kernel suite reads it): set the library's thread
+ * count (exit 2 if refused); returns kv_threads() (default every core). */
+int kvb_threads(void);
+
+/* The memcpy baseline given the candidate's t threads: n bytes in t
+ * contiguous parts of whole pages, one memcpy per thread. */
+void kvb_memcpy_threads(char *d, const char *s, size_t n, int t);
+
 #endif /* KVB_BENCH_H */

@@ -23,7 +23,6 @@
  * with its source blocks byte for byte (every layer, K and V) before a case
  * reports.
  */
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,58 +32,6 @@
 #include "kv_attn.h"
 #include "kv_cache.h"
 #include "kv_offload.h"
-
-/* KVB_THREADS (as the kernel suite reads it): the library's thread count
- * for this suite; default every core. */
-static int kvb__threads(void)
-{
-    const char *te = getenv("KVB_THREADS");
-    if (te && atoi(te) > 0 && kv_set_threads(atoi(te)) != KV_OK)
-        exit(2);
-    return kv_threads();
-}
-
-struct kvb__mc {
-    char *d;
-    const char *s;
-    size_t n;
-};
-
-static void *kvb__mc_run(void *a)
-{
-    struct kvb__mc *m = a;
-    memcpy(m->d, m->s, m->n);
-    return NULL;
-}
-
-/* The memcpy baseline given the candidate's threads: n bytes in t
- * contiguous parts of whole pages, one memcpy per thread (t 1: one plain
- * memcpy). */
-static void kvb__memcpy_threads(char *d, const char *s, size_t n, int t)
-{
-    enum { MAXT = 64 };
-    t = t < MAXT ? t : MAXT;
-    if (t <= 1 || n < ((size_t)1 << 20)) {
-        memcpy(d, s, n);
-        return;
-    }
-    struct kvb__mc m[MAXT] = {{NULL, NULL, 0}};
-    pthread_t th[MAXT];
-    bool started[MAXT] = {false};
-    const size_t part = (n / (size_t)t + 4095) & ~(size_t)4095;
-    for (int i = 0; i < t; i++) {
-        const size_t at = part * (size_t)i < n ? part * (size_t)i : n;
-        m[i] = (struct kvb__mc){d + at, s + at, n - at < part ? n - at : part};
-    }
-    for (int i = 1; i < t; i++)
-        started[i] = pthread_create(&th[i], NULL, kvb__mc_run, &m[i]) == 0;
-    kvb__mc_run(&m[0]);
-    for (int i = 1; i < t; i++)
-        if (started[i])
-            pthread_join(th[i], NULL);
-        else
-            kvb__mc_run(&m[i]); /* no thread: the same bytes, here */
-}
 
 enum { KVB_OFF_WAIT_MS = 600000 };
 
@@ -292,13 +239,13 @@ static void kvb__off_case(int64_t N, kv_arrange arr, int64_t T, int threads)
         double t0 = kvb_now();
         st = kvb__off_store(&o);
         double t1 = kvb_now();
-        kvb__memcpy_threads(mb, ma, (size_t)bytes, threads);
+        kvb_memcpy_threads(mb, ma, (size_t)bytes, threads);
         double t2 = kvb_now();
         if (st != KV_OK)
             break;
         st = kvb__off_load(&o);
         double t3 = kvb_now();
-        kvb__memcpy_threads(ma, mb, (size_t)bytes, threads);
+        kvb_memcpy_threads(ma, mb, (size_t)bytes, threads);
         double t4 = kvb_now();
         for (int64_t r2 = 0; r2 < n_runs; r2++)
             memcpy(mb + r2 * lo->block_bytes, runs_src[r2], (size_t)lo->block_bytes);
@@ -350,7 +297,7 @@ static void kvb__offload(void)
 {
     const int64_t T = kvb_quick() ? 256 : 4096;
     static const int64_t Ns[] = {1, 4, 16, 64};
-    const int t = kvb__threads();
+    const int t = kvb_threads();
     for (size_t i = 0; i < sizeof(Ns) / sizeof(Ns[0]); i++)
         kvb__off_case(Ns[i], KV_ARRANGE_LAYER_MAJOR, T, t);
     kvb__off_case(16, KV_ARRANGE_BLOCK_MAJOR, T, t);

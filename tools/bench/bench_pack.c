@@ -18,7 +18,6 @@
  * would. The destination is checked at 4,096 random head rows against
  * kv_layout_offset on both sides before a case reports.
  */
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,58 +25,6 @@
 
 #include "bench.h"
 #include "kv_pack.h"
-
-/* KVB_THREADS (as the kernel suite reads it): the library's thread count
- * for this suite; default every core. */
-static int kvb__threads(void)
-{
-    const char *te = getenv("KVB_THREADS");
-    if (te && atoi(te) > 0 && kv_set_threads(atoi(te)) != KV_OK)
-        exit(2);
-    return kv_threads();
-}
-
-struct kvb__mc {
-    char *d;
-    const char *s;
-    size_t n;
-};
-
-static void *kvb__mc_run(void *a)
-{
-    struct kvb__mc *m = a;
-    memcpy(m->d, m->s, m->n);
-    return NULL;
-}
-
-/* The memcpy baseline given the candidate's threads: n bytes in t
- * contiguous parts of whole pages, one memcpy per thread (t 1: one plain
- * memcpy). */
-static void kvb__memcpy_threads(char *d, const char *s, size_t n, int t)
-{
-    enum { MAXT = 64 };
-    t = t < MAXT ? t : MAXT;
-    if (t <= 1 || n < ((size_t)1 << 20)) {
-        memcpy(d, s, n);
-        return;
-    }
-    struct kvb__mc m[MAXT] = {{NULL, NULL, 0}};
-    pthread_t th[MAXT];
-    bool started[MAXT] = {false};
-    const size_t part = (n / (size_t)t + 4095) & ~(size_t)4095;
-    for (int i = 0; i < t; i++) {
-        const size_t at = part * (size_t)i < n ? part * (size_t)i : n;
-        m[i] = (struct kvb__mc){d + at, s + at, n - at < part ? n - at : part};
-    }
-    for (int i = 1; i < t; i++)
-        started[i] = pthread_create(&th[i], NULL, kvb__mc_run, &m[i]) == 0;
-    kvb__mc_run(&m[0]);
-    for (int i = 1; i < t; i++)
-        if (started[i])
-            pthread_join(th[i], NULL);
-        else
-            kvb__mc_run(&m[i]); /* no thread: the same bytes, here */
-}
 
 static int kvb__pack_cache(struct kv_paged_cache *pc, int64_t blocks, kv_order order,
                            kv_arrange arr, uint64_t seed)
@@ -179,7 +126,7 @@ static void kvb__pack_case(const char *bench, const char *name, enum kvb__pack_o
                  ? kv_pack(pp, s, sid, (uint32_t)nb, (uint64_t)T, buf, (size_t)size, &len, NULL)
                  : kv_unpack(up, buf, len, d, did, (uint32_t)nb, NULL);
         double t1 = kvb_now();
-        kvb__memcpy_threads(mb, ma, (size_t)bytes, threads);
+        kvb_memcpy_threads(mb, ma, (size_t)bytes, threads);
         double t2 = kvb_now();
         if (st != KV_OK) {
             kvb_failed(bench, name, "%s: %s (%s)", op == KVB_PACK ? "kv_pack" : "kv_unpack",
@@ -219,7 +166,7 @@ out:
 static void kvb__pack(void)
 {
     const int64_t T = kvb_quick() ? 256 : 4096;
-    const int t = kvb__threads();
+    const int t = kvb_threads();
     char name[160];
     snprintf(name, sizeof(name), "llama8b/bf16/N16/%lldtok/nhd-layer/t%d", (long long)T, t);
     kvb__pack_case("connector.pack", name, KVB_PACK, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, T, t);
