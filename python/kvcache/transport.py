@@ -127,6 +127,19 @@ class _Handle:
         with self._lock:
             self._h = h
 
+    def _free(self, free_fn) -> bool:
+        """close()'s common part: detach the handle and free it with
+        free_fn; a refusal gives the handle back and raises. False when it
+        was closed already."""
+        h = self._take()
+        if not h:
+            return False
+        st = free_fn(h)
+        if st != 0:
+            self._restore(h)
+        check(st)
+        return True
+
     @property
     def closed(self) -> bool:
         return not self._h
@@ -590,13 +603,8 @@ class Mem(_Handle):
     def close(self) -> None:
         """Deregister (kv_xport_mem_dereg): refused (BadState) while a
         transfer or an exposure uses it. Idempotent."""
-        h = self._take()
-        if not h:
+        if not self._free(L.kv_xport_mem_dereg):
             return
-        st = L.kv_xport_mem_dereg(h)
-        if st != 0:
-            self._restore(h)
-        check(st)
         self._memory = None
 
     def __del__(self):
@@ -627,13 +635,8 @@ class RemoteMem(_Handle):
     def close(self) -> None:
         """Free (kv_xport_rmem_free): refused (BadState, naming them) while a
         transfer that is not terminal uses it. Idempotent."""
-        h = self._take()
-        if not h:
+        if not self._free(L.kv_xport_rmem_free):
             return
-        st = L.kv_xport_rmem_free(h)
-        if st != 0:
-            self._restore(h)
-        check(st)
 
     def __del__(self):
         h = getattr(self, "_h", None)
@@ -712,13 +715,8 @@ class Transfer(_Handle):
     def close(self) -> None:
         """Free (kv_xport_xfer_free): refused (BadState) until terminal.
         Idempotent."""
-        h = self._take()
-        if not h:
+        if not self._free(L.kv_xport_xfer_free):
             return
-        st = L.kv_xport_xfer_free(h)
-        if st != 0:
-            self._restore(h)
-        check(st)
         self._deps = ()
 
     def __del__(self):
@@ -839,13 +837,8 @@ class LayerTx(_Handle):
     def close(self) -> None:
         """Free (kv_xlayer_tx_destroy): refused (BadState, naming the count)
         while requests are open: cancel them and collect them first."""
-        h = self._take()
-        if not h:
+        if not self._free(L.kv_xlayer_tx_destroy):
             return
-        st = L.kv_xlayer_tx_destroy(h)
-        if st != 0:
-            self._restore(h)
-        check(st)
 
     def __del__(self):
         h = getattr(self, "_h", None)
@@ -947,13 +940,8 @@ class LayerRx(_Handle):
     def close(self) -> None:
         """Free (requests still tracked are forgotten). Refused (BadState)
         while another thread is in a call (a wait). Idempotent."""
-        h = self._take()
-        if not h:
+        if not self._free(L.kv_xlayer_rx_destroy):
             return
-        st = L.kv_xlayer_rx_destroy(h)
-        if st != 0:
-            self._restore(h)
-        check(st)
 
     def __del__(self):
         h = getattr(self, "_h", None)
