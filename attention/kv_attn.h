@@ -363,8 +363,8 @@ KV_API KV_NODISCARD kv_status kv_attn_decode_mla(struct kv_paged_cache cache, ui
  * to stage that copy, and a call cannot be captured in a CUDA graph (the
  * host arrays are freed when it returns). The *_cuda_dev entries below
  * take device-resident indices. KV_ERR_UNSUPPORTED without CUDA in the
- * build or a usable device; KV_ERR_NO_MEMORY when host or device memory for the index arrays runs out;
- * KV_ERR_DEVICE when a CUDA call or a launch fails. */
+ * build or a usable device; KV_ERR_NO_MEMORY when host or device memory for the index arrays runs
+ * out; KV_ERR_DEVICE when a CUDA call or a launch fails. */
 
 KV_API KV_NODISCARD kv_status kv_attn_write_cuda(struct kv_paged_cache cache, int32_t layer,
                                                  const struct kv_view *k, const struct kv_view *v,
@@ -393,9 +393,9 @@ KV_API KV_NODISCARD kv_status kv_attn_decode_cuda(struct kv_paged_cache cache, u
                                                   const struct kv_view *out, kv_cuda_stream stream);
 
 /* kv_attn_decode_ex and kv_attn_prefill on CUDA: the same validation;
- * then KV_ERR_UNSUPPORTED for what the CUDA kernel does not do yet, naming
- * it: a window, a soft cap, lse (kv_attn_decode_ex_cuda runs options all
- * off as kv_attn_decode_cuda), and every kv_attn_prefill_cuda call. */
+ * one query row per sequence runs the CUDA decode with every option (a
+ * window, a soft cap, lse into device memory); KV_ERR_UNSUPPORTED for
+ * multi-token calls (kv_attn_prefill_cuda with a q_len > 1), naming them. */
 KV_API KV_NODISCARD kv_status kv_attn_decode_ex_cuda(
     struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q,
     const struct kv_pages *pages, float softmax_scale, const struct kv_scales *scales,
@@ -431,25 +431,25 @@ KV_API KV_NODISCARD kv_status kv_attn_decode_mla_cuda(
  * with kv_attn_cuda_errors_reset or cudaMemsetAsync). Updated atomically by
  * the kernels; read it with kv_attn_cuda_errors_get. */
 struct kv_attn_cuda_errors {
-    uint64_t count;       /* invalid indices skipped since the reset */
-    uint64_t first_key;   /* ~(array << 56 | index) of the first; 0: none */
-    uint64_t value_key;   /* the first_key first_value belongs to */
-    int64_t first_value;  /* the value found at that index */
+    uint64_t count;      /* invalid indices skipped since the reset */
+    uint64_t first_key;  /* ~(array << 56 | index) of the first; 0: none */
+    uint64_t value_key;  /* the first_key first_value belongs to */
+    int64_t first_value; /* the value found at that index */
 };
 
 /* Which index array an error names. */
 enum kv_attn_dev_array {
     KV_ATTN_DEV_NONE = 0,
-    KV_ATTN_DEV_SLOTS = 1,  /* slots[index] outside [-1, num_blocks * block_tokens) */
-    KV_ATTN_DEV_INDPTR = 2, /* indptr[index] < indptr[index - 1], < 0 or > n_pages (the
-                             * sequence index - 1 is skipped: its output is 0) */
-    KV_ATTN_DEV_LAST_LEN = 3, /* last_page_len[index] outside 1..N/r (0 with no pages):
-                               * the sequence is skipped, its output 0 */
-    KV_ATTN_DEV_PAGES = 4,    /* indices[index] outside [0, B x r): its tokens skipped */
-    KV_ATTN_DEV_COPIES = 5,   /* copies[index / 2].src (even) or .dst (odd) >= the
-                               * cache's B (dst: the dst cache's): the pair is skipped */
-    KV_ATTN_DEV_SEQ_LENS = 6, /* seq_lens[index] outside [0, block_table_cols x N/r]:
-                               * the sequence is skipped, its output 0 */
+    KV_ATTN_DEV_SLOTS = 1,     /* slots[index] outside [-1, num_blocks * block_tokens) */
+    KV_ATTN_DEV_INDPTR = 2,    /* indptr[index] < indptr[index - 1], < 0 or > n_pages (the
+                                * sequence index - 1 is skipped: its output is 0) */
+    KV_ATTN_DEV_LAST_LEN = 3,  /* last_page_len[index] outside 1..N/r (0 with no pages):
+                                * the sequence is skipped, its output 0 */
+    KV_ATTN_DEV_PAGES = 4,     /* indices[index] outside [0, B x r): its tokens skipped */
+    KV_ATTN_DEV_COPIES = 5,    /* copies[index / 2].src (even) or .dst (odd) >= the
+                                * cache's B (dst: the dst cache's): the pair is skipped */
+    KV_ATTN_DEV_SEQ_LENS = 6,  /* seq_lens[index] outside [0, block_table_cols x N/r]:
+                                * the sequence is skipped, its output 0 */
     KV_ATTN_DEV_OUT_INDPTR = 7 /* out_indptr[index] (a read's output rows) outside
                                 * [0, T], decreasing, or not the sequence's
                                 * tokens apart: the sequence is skipped */
@@ -457,9 +457,9 @@ enum kv_attn_dev_array {
 
 /* The record as read on the host. */
 struct kv_attn_cuda_error_info {
-    uint64_t count;             /* 0: no error */
+    uint64_t count;               /* 0: no error */
     enum kv_attn_dev_array array; /* of the first (lowest array, then index) */
-    int64_t index, value;       /* its position in the array and the value there */
+    int64_t index, value;         /* its position in the array and the value there */
 };
 
 /* Allocate (cudaMalloc, zeroed) / free a record. destroy(NULL) is a no-op.
@@ -508,9 +508,9 @@ struct kv_attn_dev_pages {
  *             access out of bounds */
 #define KV_ATTN_DEV_SCALES_MAX 128
 struct kv_attn_dev_scales {
-    const float *k; /* [layers][n] */
-    const float *v; /* [layers][n] */
-    uint32_t n;     /* per layer: 1 (per tensor) or H (per KV head) */
+    const float *k;  /* [layers][n] */
+    const float *v;  /* [layers][n] */
+    uint32_t n;      /* per layer: 1 (per tensor) or H (per KV head) */
     uint32_t layers; /* 0 or 1: shared by every layer; L: one row of n per layer */
     uint32_t device; /* 0: host arrays (by value); 1: device memory */
 };
@@ -523,13 +523,10 @@ struct kv_attn_dev_scales {
  * [0, T]; KV_ERR_NULL for slots_dev NULL with n_slots > 0; the refusals of
  * kv_scales for the scales, and KV_ERR_UNSUPPORTED for by-value scales
  * past KV_ATTN_DEV_SCALES_MAX. */
-KV_API KV_NODISCARD kv_status kv_attn_write_cuda_dev(struct kv_paged_cache cache, int32_t layer,
-                                                     const struct kv_view *k,
-                                                     const struct kv_view *v,
-                                                     const int64_t *slots_dev, int64_t n_slots,
-                                                     const struct kv_attn_dev_scales *scales,
-                                                     struct kv_attn_cuda_errors *errors,
-                                                     kv_cuda_stream stream);
+KV_API KV_NODISCARD kv_status kv_attn_write_cuda_dev(
+    struct kv_paged_cache cache, int32_t layer, const struct kv_view *k, const struct kv_view *v,
+    const int64_t *slots_dev, int64_t n_slots, const struct kv_attn_dev_scales *scales,
+    struct kv_attn_cuda_errors *errors, kv_cuda_stream stream);
 
 /* kv_attn_decode_cuda with device-resident pages (CSR or block table):
  * the kernel checks indptr, last_page_len, seq_lens and every page id it
@@ -540,11 +537,11 @@ KV_API KV_NODISCARD kv_status kv_attn_write_cuda_dev(struct kv_paged_cache cache
  * kv_attn_write_cuda_dev. KV_ERR_NULL for an array of the chosen form that
  * is NULL, KV_ERR_INVALID_ARG for another format or block_table_cols 0.
  * Capture-safe as kv_attn_write_cuda_dev. */
-KV_API KV_NODISCARD kv_status kv_attn_decode_cuda_dev(
-    struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q,
-    const struct kv_attn_dev_pages *pages, float softmax_scale,
-    const struct kv_attn_dev_scales *scales,
-    const struct kv_view *out, struct kv_attn_cuda_errors *errors, kv_cuda_stream stream);
+KV_API KV_NODISCARD kv_status
+kv_attn_decode_cuda_dev(struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q,
+                        const struct kv_attn_dev_pages *pages, float softmax_scale,
+                        const struct kv_attn_dev_scales *scales, const struct kv_view *out,
+                        struct kv_attn_cuda_errors *errors, kv_cuda_stream stream);
 
 /* kv_attn_read_cuda with device-resident pages (CSR or block table) and
  * out_indptr_dev [n_seqs + 1] (int32 device memory, vLLM gather_cache's

@@ -393,12 +393,12 @@ static kv_status exec_mla(const struct kv__attn_job *j)
     float lut[256];
     if (lo->elem_bytes == 1 && !simd)
         for (int i = 0; i < 256; i++)
-            lut[i] = lo->dtype == KV_FP8_E4M3 ? kv_e4m3_to_f32((uint8_t)i)
-                                              : kv_e5m2_to_f32((uint8_t)i);
+            lut[i] =
+                lo->dtype == KV_FP8_E4M3 ? kv_e4m3_to_f32((uint8_t)i) : kv_e5m2_to_f32((uint8_t)i);
     /* the dequantization scale, in the scores and the values; e4m3 rows
      * converted by rows_to_f32_avx2 hold the values times 2^-8 */
-    const float ks = (j->k_scale ? j->k_scale[0] : 1.0f) *
-                     (simd && lo->dtype == KV_FP8_E4M3 ? 256.0f : 1.0f);
+    const float ks =
+        (j->k_scale ? j->k_scale[0] : 1.0f) * (simd && lo->dtype == KV_FP8_E4M3 ? 256.0f : 1.0f);
     int64_t total_tokens = 0;
     for (int64_t s = 0; s < S; s++)
         total_tokens += j->seq_tokens[s];
@@ -411,11 +411,11 @@ static kv_status exec_mla(const struct kv__attn_job *j)
         hg = (hg / 2 + 3) / 4 * 4;
     const int64_t ng = (hq + hg - 1) / hg, tasks = S * ng;
     /* per thread: q [hg][D], acc [hg][dv], m, l [hg], sc [hg][CHUNK], kf [CHUNK][D] */
-    const size_t per = ((size_t)(hg * D + hg * dv + 2 * hg + hg * KV__MLA_CHUNK +
-                                 KV__MLA_CHUNK * D) *
-                            sizeof(float) +
-                        63) /
-                       64 * 64;
+    const size_t per =
+        ((size_t)(hg * D + hg * dv + 2 * hg + hg * KV__MLA_CHUNK + KV__MLA_CHUNK * D) *
+             sizeof(float) +
+         63) /
+        64 * 64;
     float *scratch = kv__mem_alloc_aligned(64, per * (size_t)nt);
     if (!scratch)
         return kv__error(KV_ERR_NO_MEMORY, "%s: %zu bytes of scratch", j->fn, per * (size_t)nt);

@@ -102,6 +102,29 @@ __global__ void kv__decode_kernel(struct kv__cdec p)
     kv__decode_body(&c, &p);
 }
 
+__global__ void __launch_bounds__(32 * KV__DEC_WARPS) kv__decode_vec_kernel(struct kv__cdec p)
+{
+    extern __shared__ float sh[];
+    const struct kv_grid_ctx c = kv__ctx(sh);
+    kv__decode_vec_body(&c, &p);
+}
+
+/* The decode launch of p (kv__cdec_build): the vector body or the general
+ * one, one block per kv__cdec_blocks. */
+static kv_status launch_decode(const struct kv__cdec &p, int64_t n_seqs, size_t shmem,
+                               cudaStream_t s, const char *fn)
+{
+    const int64_t blocks = kv__cdec_blocks(&p, n_seqs);
+    if (blocks > INT32_MAX)
+        return kv__error(KV_ERR_UNSUPPORTED, "%s: %lld decode blocks (at most %d)", fn,
+                         (long long)blocks, INT32_MAX);
+    if (p.vec)
+        kv__decode_vec_kernel<<<(unsigned)blocks, 32 * p.warps, shmem, s>>>(p);
+    else
+        kv__decode_kernel<<<(unsigned)blocks, 32 * p.warps, shmem, s>>>(p);
+    return KV_OK;
+}
+
 __global__ void kv__decode_mla_kernel(struct kv__cmla p)
 {
     extern __shared__ float sh[];
@@ -114,23 +137,24 @@ __global__ void kv__decode_mla_kernel(struct kv__cmla p)
 /* kv__move_bytes_kernel at the width kv__cmove_width chose (runs: device
  * runs of the host-index mode, NULL in the device-index mode). */
 static void launch_move_bytes(const struct kv__cmove &m, const struct kv__attn_run *runs, int grid,
-                              cudaStream_t s)
+                              int64_t max_run, cudaStream_t s)
 {
+    const int th = kv__cmove_threads(&m, kv__cmove_width(&m), max_run);
     switch (kv__cmove_width(&m)) {
     case 16:
-        kv__move_bytes_kernel<16><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
+        kv__move_bytes_kernel<16><<<grid, th, 0, s>>>(m, runs);
         break;
     case 8:
-        kv__move_bytes_kernel<8><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
+        kv__move_bytes_kernel<8><<<grid, th, 0, s>>>(m, runs);
         break;
     case 4:
-        kv__move_bytes_kernel<4><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
+        kv__move_bytes_kernel<4><<<grid, th, 0, s>>>(m, runs);
         break;
     case 2:
-        kv__move_bytes_kernel<2><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
+        kv__move_bytes_kernel<2><<<grid, th, 0, s>>>(m, runs);
         break;
     default:
-        kv__move_bytes_kernel<1><<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs);
+        kv__move_bytes_kernel<1><<<grid, th, 0, s>>>(m, runs);
         break;
     }
 }
@@ -184,7 +208,7 @@ extern "C" kv_status kv__cuda_attn_move(const struct kv__attn_job *j, bool to_ca
     const struct kv__attn_run *runs = (const struct kv__attn_run *)d_runs;
     const int grid = kv__attn_grid_of(m.n_items);
     if (bytes) {
-        launch_move_bytes(m, runs, grid, s);
+        launch_move_bytes(m, runs, grid, j->max_run, s);
     } else {
         /* the scales themselves (1 without): x / scale on the way in, x *
          * scale on the way out (kv_apply_scale, as on the CPU) */
@@ -195,7 +219,8 @@ extern "C" kv_status kv__cuda_attn_move(const struct kv__attn_job *j, bool to_ca
             release(d_runs, s);
             return st;
         }
-        kv__move_convert_kernel<<<grid, KV__ATTN_THREADS, 0, s>>>(m, runs, (const float *)d_scale);
+        kv__move_convert_kernel<<<grid, kv__cmove_threads(&m, 0, j->max_run), 0, s>>>(
+            m, runs, (const float *)d_scale);
     }
     st = kv__cuda_status(cudaGetLastError(), fn);
     release(d_scale, s);
@@ -229,9 +254,9 @@ extern "C" kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *j, const
     kv__cmove_scales_dev(j, by_value, &m);
     const int grid = kv__attn_grid_of(m.n_items);
     if (bytes) {
-        launch_move_bytes(m, NULL, grid, s);
+        launch_move_bytes(m, NULL, grid, 1, s);
     } else {
-        kv__move_convert_kernel<<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL, NULL);
+        kv__move_convert_kernel<<<grid, kv__cmove_threads(&m, 0, 1), 0, s>>>(m, NULL, NULL);
     }
     if (err)
         kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, slots, NULL, NULL, NULL, NULL, NULL, NULL);
@@ -254,11 +279,8 @@ extern "C" kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *j,
         return st;
     kv__cdec_build_dev(j, pg, err, &p);
     kv__cdec_scales_dev(j, by_value, &p);
-    const int64_t blocks = (int64_t)j->n_seqs * p.lo.num_heads;
-    if (blocks > INT32_MAX)
-        return kv__error(KV_ERR_UNSUPPORTED, "%s: %lld (sequence, head) pairs", fn,
-                         (long long)blocks);
-    kv__decode_kernel<<<(int)blocks, 32 * p.warps, shmem, s>>>(p);
+    if ((st = launch_decode(p, j->n_seqs, shmem, s, fn)) != KV_OK)
+        return st;
     if (err)
         kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, p.d_indptr, p.d_last, p.d_indices,
                                                     NULL, p.d_lens, NULL);
@@ -299,9 +321,9 @@ extern "C" kv_status kv__cuda_attn_read_dev(const struct kv__attn_job *j,
     kv__cmove_scales_dev(j, by_value, &m);
     const int grid = kv__attn_grid_of(m.n_items);
     if (bytes)
-        launch_move_bytes(m, NULL, grid, s);
+        launch_move_bytes(m, NULL, grid, 1, s);
     else
-        kv__move_convert_kernel<<<grid, KV__ATTN_THREADS, 0, s>>>(m, NULL, NULL);
+        kv__move_convert_kernel<<<grid, kv__cmove_threads(&m, 0, 1), 0, s>>>(m, NULL, NULL);
     if (err)
         kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, m.rd_indptr, m.rd_last, m.rd_indices,
                                                     NULL, m.rd_lens, out_indptr);
@@ -451,16 +473,8 @@ extern "C" kv_status kv__cuda_attn_decode(const struct kv__attn_job *j, kv_cuda_
     p.page_start = (const int64_t *)d_start;
     p.seq_tokens = (const int64_t *)d_tok;
     p.scales = (const float *)d_scales;
-    {
-        const int64_t blocks = (int64_t)j->n_seqs * p.lo.num_heads;
-        if (blocks > INT32_MAX) {
-            st = kv__error(KV_ERR_UNSUPPORTED, "%s: %lld (sequence, head) pairs", fn,
-                           (long long)blocks);
-            goto out;
-        }
-        kv__decode_kernel<<<(unsigned)blocks, 32 * p.warps, shmem, s>>>(p);
+    if ((st = launch_decode(p, j->n_seqs, shmem, s, fn)) == KV_OK)
         st = kv__cuda_status(cudaGetLastError(), fn);
-    }
 out:
     release(d_scales, s);
     release(d_tok, s);

@@ -111,7 +111,8 @@ kv_status kv_attn_copy_blocks_ex_cuda(struct kv_paged_cache dst, struct kv_paged
 }
 
 /* The decode entries on CUDA: one validator with the CPU's; the CUDA
- * kernel runs options all off and refuses the others, naming them. */
+ * kernel runs one query row per sequence with every option (window, soft
+ * cap, lse) and refuses multi-token jobs, naming them. */
 static kv_status decode_cuda(const char *fn, struct kv_paged_cache cache, uint32_t layer,
                              const struct kv_view *q, const int32_t *qo_indptr,
                              const struct kv_pages *pages, float softmax_scale,
@@ -123,10 +124,11 @@ static kv_status decode_cuda(const char *fn, struct kv_paged_cache cache, uint32
                                          scales, out, opts, &j);
     if (st != KV_OK)
         return st;
-    const char *on = kv__attn_opts_on(&j);
-    if (on)
-        st = kv__error(KV_ERR_UNSUPPORTED, "%s: %s on CUDA: not yet (the CPU kernel has it)", fn,
-                       on);
+    if (j.q_start)
+        st = kv__error(KV_ERR_UNSUPPORTED,
+                       "%s: multi-token attention (qo_indptr) on CUDA: not yet (the CPU kernel "
+                       "has it)",
+                       fn);
     else
         st = kv__cuda_attn_decode(&j, stream);
     if (st == KV_OK)
@@ -150,8 +152,8 @@ kv_status kv_attn_decode_mla_cuda(struct kv_paged_cache cache, uint32_t layer,
                                   const struct kv_view *out, kv_cuda_stream stream)
 {
     struct kv__attn_job j;
-    kv_status st = kv__attn_decode_mla_check("kv_attn_decode_mla_cuda", &cache, layer, q, pages,
-                                             dv, softmax_scale, scales, out, &j);
+    kv_status st = kv__attn_decode_mla_check("kv_attn_decode_mla_cuda", &cache, layer, q, pages, dv,
+                                             softmax_scale, scales, out, &j);
     if (st != KV_OK)
         return st;
     st = kv__cuda_attn_decode_mla(&j, stream);

@@ -56,14 +56,20 @@ static struct kv_grid_launch items_launch(int64_t n_items)
 
 /* m's bytes move (vector width from m) or its converting move (scale: the
  * host mode's scales; NULL where m carries them) */
+/* blocks of kv__cmove_threads threads, as kv_attn_cuda.cu launches them */
 static kv_status move_launch(const char *fn, const struct kv__cmove *m,
-                             const struct kv__attn_run *runs, bool bytes, const float *scale)
+                             const struct kv__attn_run *runs, int64_t max_run, bool bytes,
+                             const float *scale)
 {
     struct move_arg a = {m, runs, scale, 0};
-    if (!bytes)
-        return run(fn, items_launch(m->n_items), move_convert_thread, &a, 0);
+    struct kv_grid_launch l = items_launch(m->n_items);
+    if (!bytes) {
+        l.block = (uint64_t)kv__cmove_threads(m, 0, max_run);
+        return run(fn, l, move_convert_thread, &a, 0);
+    }
     a.vbytes = kv__cmove_width(m);
-    return run(fn, items_launch(m->n_items), move_bytes_thread, &a, a.vbytes);
+    l.block = (uint64_t)kv__cmove_threads(m, a.vbytes, max_run);
+    return run(fn, l, move_bytes_thread, &a, a.vbytes);
 }
 
 static kv_status move_one(const struct kv__attn_job *j, bool to_cache)
@@ -71,10 +77,10 @@ static kv_status move_one(const struct kv__attn_job *j, bool to_cache)
     struct kv__cmove m;
     const bool bytes = kv__cmove_build(j, to_cache, &m);
     if (bytes)
-        return move_launch(j->fn, &m, j->runs, true, NULL);
+        return move_launch(j->fn, &m, j->runs, j->max_run, true, NULL);
     float scale[2 * 1024];
     kv__cmove_scales(j, &m, scale);
-    return move_launch(j->fn, &m, j->runs, false, scale);
+    return move_launch(j->fn, &m, j->runs, j->max_run, false, scale);
 }
 
 kv_status kv__grid_attn_move(const struct kv__attn_job *j, bool to_cache)
@@ -143,19 +149,25 @@ kv_status kv__grid_attn_copy_ex(const struct kv__attn_job *j)
     return st;
 }
 
+bool kv__cdec_general;
+
 static void decode_thread(const struct kv_grid_ctx *c, const void *arg)
 {
-    kv__decode_body(c, arg);
+    const struct kv__cdec *p = arg;
+    if (p->vec)
+        kv__decode_vec_body(c, p);
+    else
+        kv__decode_body(c, p);
 }
 
-/* one block of p->warps warps per (sequence, KV head) */
+/* kv__cdec_blocks blocks of p->warps warps (launch_decode in kv_attn_cuda.cu) */
 static kv_status decode_launch(const char *fn, const struct kv__attn_job *j,
                                const struct kv__cdec *p, size_t shmem)
 {
-    const int64_t blocks = (int64_t)j->n_seqs * p->lo.num_heads;
+    const int64_t blocks = kv__cdec_blocks(p, j->n_seqs);
     if (blocks > INT32_MAX)
-        return kv__error(KV_ERR_UNSUPPORTED, "%s: %lld (sequence, head) pairs", fn,
-                         (long long)blocks);
+        return kv__error(KV_ERR_UNSUPPORTED, "%s: %lld decode blocks (at most %d)", fn,
+                         (long long)blocks, INT32_MAX);
     const struct kv_grid_launch l = {(uint64_t)blocks, (uint64_t)(32 * p->warps), shmem, true};
     return run(fn, l, decode_thread, p, 0);
 }
@@ -163,12 +175,14 @@ static kv_status decode_launch(const char *fn, const struct kv__attn_job *j,
 kv_status kv__grid_attn_decode(const struct kv__attn_job *j)
 {
     static const char fn[] = "kv_attn_decode_cuda";
-    /* the body has no options and one query row per sequence: a job with
-     * any is refused, as kv_attn_decode_ex_cuda refuses it */
-    const char *on = kv__attn_opts_on(j);
-    if (on)
-        return kv__error(KV_ERR_UNSUPPORTED, "%s: %s on CUDA: not yet (the CPU kernel has it)", fn,
-                         on);
+    /* the bodies take one query row per sequence (window, soft cap and lse
+     * they do): a multi-token job is refused, as kv_attn_decode_ex_cuda
+     * refuses it */
+    if (j->q_start)
+        return kv__error(KV_ERR_UNSUPPORTED,
+                         "%s: multi-token attention (qo_indptr) on CUDA: not yet (the CPU "
+                         "kernel has it)",
+                         fn);
     if (j->n_seqs == 0)
         return KV_OK;
     struct kv__cdec p;
@@ -239,7 +253,7 @@ kv_status kv__grid_attn_write_dev(const struct kv__attn_job *j, const int64_t *s
     struct kv__cmove m;
     const bool bytes = kv__cmove_build_dev(j, slots, n_slots, err, &m);
     kv__cmove_scales_dev(j, by_value, &m);
-    const kv_status st = move_launch(j->fn, &m, NULL, bytes, NULL);
+    const kv_status st = move_launch(j->fn, &m, NULL, 1, bytes, NULL);
     return finish(j->fn, st, &(const struct finish_arg){.err = err, .slots = slots});
 }
 
@@ -299,7 +313,7 @@ kv_status kv__grid_attn_read_dev(const struct kv__attn_job *j, const struct kv_a
     struct kv__cmove m;
     const bool bytes = kv__cmove_build_read_dev(j, pg, out_indptr, err, &m);
     kv__cmove_scales_dev(j, by_value, &m);
-    const kv_status st = move_launch(j->fn, &m, NULL, bytes, NULL);
+    const kv_status st = move_launch(j->fn, &m, NULL, 1, bytes, NULL);
     return finish(j->fn, st,
                   &(const struct finish_arg){.err = err,
                                              .indptr = m.rd_indptr,

@@ -140,10 +140,9 @@ kv_status kv__attn_decode_dev_check(const char *fn, const struct kv_paged_cache 
  * device), the pages' arrays as for the decode, out_indptr non-NULL when
  * n_seqs > 0, k_out and v_out of one T; scales as for the write. Nothing
  * allocated. */
-kv_status kv__attn_read_dev_check(const char *fn, const struct kv_paged_cache *cache,
-                                  int32_t layer, const struct kv_attn_dev_pages *pages,
-                                  const int32_t *out_indptr, const struct kv_view *k_out,
-                                  const struct kv_view *v_out,
+kv_status kv__attn_read_dev_check(const char *fn, const struct kv_paged_cache *cache, int32_t layer,
+                                  const struct kv_attn_dev_pages *pages, const int32_t *out_indptr,
+                                  const struct kv_view *k_out, const struct kv_view *v_out,
                                   const struct kv_attn_dev_scales *scales,
                                   struct kv__attn_job *job);
 

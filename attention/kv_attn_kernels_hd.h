@@ -17,9 +17,13 @@
  *   copy    one CUDA block per (block pair, byte run), vector copies
  *   copy_ex one per (pair, layer, storage block) or, one plane of packed
  *           K|V, per half head row
- *   decode  one CUDA block per (sequence, KV head); each warp takes every
- *           warps-th token, lanes split the head dim, an online softmax per
- *           warp and query head in shared memory, merged at the end
+ *   decode  the vector body (kv__decode_vec_body, rows of at most 32
+ *           aligned vectors): one block per (sequence, KV head, group of
+ *           up to 4 query heads), lane groups of one row each, online
+ *           softmax in registers, shuffles; otherwise the general body
+ *           (kv__decode_body): one block per (sequence, KV head), each
+ *           warp takes every warps-th token, lanes split the head dim, an
+ *           online softmax per warp and query head in shared memory
  *
  * Header tier *_hd.h (module-private in practice: attention/ and its tests).
  */
@@ -289,6 +293,15 @@ KV_HD bool kv__move_run(const struct kv_grid_ctx *c, const struct kv__cmove *m,
     return true;
 }
 
+/* a / b for a >= 0, b > 0: in 32 bits where both fit (a 64-bit division
+ * is a long instruction sequence on the GPU; these run per vector moved). */
+KV_HD int64_t kv__div(int64_t a, int64_t b)
+{
+    if (((uint64_t)a | (uint64_t)b) <= UINT32_MAX)
+        return (int64_t)((uint32_t)a / (uint32_t)b);
+    return a / b;
+}
+
 /* The dtypes agree without scales: bytes in vectors of vbytes. */
 KV_HD void kv__move_bytes_body(const struct kv_grid_ctx *c, const struct kv__cmove *m,
                                const struct kv__attn_run *runs, int vbytes)
@@ -309,8 +322,8 @@ KV_HD void kv__move_bytes_body(const struct kv_grid_ctx *c, const struct kv__cmo
             /* the tensor's head dim is contiguous here unless V is one element */
             const int64_t tstep = t.dim == m->lo.elem_bytes ? (int64_t)vbytes : t.dim;
             for (int64_t i = c->thread; i < total; i += c->block_dim) {
-                const int64_t row = i / row_vecs, vi = i - row * row_vecs;
-                const int64_t tk = row / H, h = row - tk * H;
+                const int64_t row = kv__div(i, row_vecs), vi = i - row * row_vecs;
+                const int64_t tk = kv__div(row, H), h = row - tk * H;
                 char *cp = c0 + tk * m->lo.stride_token_bytes + h * m->lo.stride_head_bytes +
                            vi * (int64_t)vbytes;
                 char *x = t0 + tk * t.tok + h * t.head + vi * tstep;
@@ -341,8 +354,8 @@ KV_HD void kv__move_convert_body(const struct kv_grid_ctx *c, const struct kv__c
             char *c0 = m->cache + kv_layout_slot_offset_bytes(&m->lo, m->layer0 + lrel, kv, r.slot);
             char *t0 = t.base + (int64_t)lrel * t.layer + r.token * t.tok;
             for (int64_t i = c->thread; i < total; i += c->block_dim) {
-                const int64_t row = i / D, d = i - row * D;
-                const int64_t tk = row / H, h = row - tk * H;
+                const int64_t row = kv__div(i, D), d = i - row * D;
+                const int64_t tk = kv__div(row, H), h = row - tk * H;
                 const float f = kv__move_scale(m, scale, kv, m->per_head ? h : 0, lrel);
                 char *cp =
                     c0 + tk * m->lo.stride_token_bytes + h * m->lo.stride_head_bytes + d * es;
@@ -486,6 +499,18 @@ struct kv__cdec {
     const float *sc[2];
     int sv_on;
     float sv[2][KV_ATTN_DEV_SCALES_MAX];
+    /* options (kv_attn_decode_ex_cuda): window_left -1 = off, cap 0 = off,
+     * lse NULL = none ([S][lse_stride], query heads at stride 1) */
+    int32_t window_left;
+    float cap;
+    float *lse;
+    int64_t lse_stride;
+    /* the vector body (kv__decode_vec_body; vec 1): a row of D elements in
+     * nv vectors of vb bytes (ne elements), one per lane of a group of lpr
+     * lanes (the power of two >= nv); hg query heads per block, n_hg blocks
+     * per (sequence, KV head) */
+    int vec, lpr, nv, vb, ne, hg;
+    int64_t n_hg;
 };
 
 KV_HD float kv__dec_scale(const struct kv__cdec *p, int kv, int64_t i)
@@ -500,7 +525,7 @@ KV_HD float kv__dec_scale(const struct kv__cdec *p, int kv, int64_t i)
 /* Sequence s's token count and pages; in the device mode a sequence with a
  * bad indptr or last_page_len has none (output 0), recorded once (head 0,
  * thread 0). */
-KV_HD void kv__dec_seq(const struct kv_grid_ctx *c, const struct kv__cdec *p, int64_t s, int64_t h,
+KV_HD void kv__dec_seq(const struct kv_grid_ctx *c, const struct kv__cdec *p, int64_t s, bool rec,
                        int64_t *n_tok, const int32_t **pages)
 {
     if (!p->dev) {
@@ -512,13 +537,31 @@ KV_HD void kv__dec_seq(const struct kv_grid_ctx *c, const struct kv__cdec *p, in
     int arr;
     if (!kv__dev_seq(p->d_indptr, p->d_last, p->d_n_pages, p->d_lens, p->d_cols, p->pt, s, n_tok,
                      &first, &arr, &idx)) {
-        if (h == 0 && c->thread == 0)
+        if (rec && c->thread == 0)
             kv__dev_error(p->err, arr, idx);
         *n_tok = 0;
         *pages = p->d_indices;
         return;
     }
     *pages = p->d_indices + first;
+}
+
+/* The first token a decode query sees (its position is n_tok - 1): 0, or
+ * the window's start. */
+KV_HD int64_t kv__dec_first(const struct kv__cdec *p, int64_t n_tok)
+{
+    if (p->window_left < 0 || n_tok - 1 - p->window_left <= 0)
+        return 0;
+    return n_tok - 1 - p->window_left;
+}
+
+/* A logit after the soft cap (the CPU kernel's formula: c * tanh(x / c)
+ * as c * tanhf(x * (1 / c))). */
+KV_HD float kv__dec_logit(const struct kv__cdec *p, float x)
+{
+    if (p->cap > 0.0f)
+        return p->cap * tanhf(x * (1.0f / p->cap));
+    return x;
 }
 
 /* Shared memory: q [g][D], acc [warps][g][D], m then l [warps][2][g]
@@ -550,9 +593,9 @@ KV_HD void kv__decode_body(const struct kv_grid_ctx *c, const struct kv__cdec *p
                 vs = kv__dec_scale(p, 1, p->n_mul > 1 ? h : 0);
     int64_t n_tok;
     const int32_t *pages;
-    kv__dec_seq(c, p, s, h, &n_tok, &pages);
+    kv__dec_seq(c, p, s, h == 0, &n_tok, &pages);
     float *wacc = acc + warp * g * D, *wm = ml + warp * 2 * g, *wl = wm + g;
-    for (int64_t t = warp; t < n_tok; t += p->warps) {
+    for (int64_t t = kv__dec_first(p, n_tok) + warp; t < n_tok; t += p->warps) {
         const int32_t pid = pages[t / p->pt];
         if (p->dev && (pid < 0 || pid >= p->n_ids)) {
             /* the whole warp skips (t and pid are the warp's): recorded
@@ -569,7 +612,7 @@ KV_HD void kv__decode_body(const struct kv_grid_ctx *c, const struct kv__cdec *p
             float part = 0.0f;
             for (int64_t d = lane; d < D; d += 32)
                 part += q[qi * D + d] * kv_to_f32(p->lo.dtype, kb + d * es);
-            const float sc = kv_grid_warp_sum(c, part) * ks;
+            const float sc = kv__dec_logit(p, kv_grid_warp_sum(c, part) * ks);
             const float m0 = wm[qi], l0 = wl[qi];
             const float m1 = fmaxf(m0, sc);
             const float corr = m0 == -INFINITY ? 0.0f : kv_grid_expf(m0 - m1);
@@ -602,6 +645,236 @@ KV_HD void kv__decode_body(const struct kv_grid_ctx *c, const struct kv__cdec *p
         }
         kv_from_f32(p->out.dt, L > 0.0f ? A / L : 0.0f,
                     p->out.base + s * p->out.tok + (h * g + qi) * p->out.head + d * p->out.dim);
+        if (p->lse && d == 0)
+            p->lse[s * p->lse_stride + h * g + qi] = L > 0.0f ? M + logf(L) : -INFINITY;
+    }
+}
+
+/* ---- decode attention, the vector body ---------------------------------------------
+ * The decode where a head row is 16 (or 8, 4, 2) byte aligned vectors that
+ * fit one warp (kv__cdec_vec decides): one CUDA block of warps warps per
+ * (sequence, KV head, group of up to KV__DECV_G query heads). A row's nv
+ * vectors go to the first nv lanes of a group of lpr lanes, one vector
+ * each (ne elements, at most KV__DECV_E); a warp thus holds 32 / lpr rows
+ * at once, each group KV__DECV_U consecutive tokens per step, K and V of
+ * all of them loaded before any arithmetic. Each lane group keeps its own
+ * online softmax (m, l and its slice of acc per query head) in registers:
+ * no barrier in the token loop. The groups merge at the end: in the warp
+ * by shuffles, across warps in shared memory ([warps][KV__DECV_G][D] acc,
+ * then [warps][KV__DECV_G][2] m, l). Launch with 32 * warps threads. */
+#define KV__DECV_G 4
+#define KV__DECV_E 8
+#define KV__DECV_U 2
+
+#define KV__ALIGN16 __attribute__((aligned(16)))
+struct KV__ALIGN16 kv__vec16 {
+    uint32_t w[4];
+};
+
+/* Full unrolling of the vector body's fixed-size loops on the GPU, so its
+ * small arrays live in registers (indices known at compile time), not in
+ * local memory. */
+#if defined(__CUDA_ARCH__)
+#define KV__UNROLL _Pragma("unroll")
+#else
+#define KV__UNROLL
+#endif
+
+/* The ne elements of vector v (dtype dt) as f32, in f[0 .. ne). */
+KV_HD void kv__vec_f32(kv_dtype dt, const struct kv__vec16 *v, int ne, float *f)
+{
+    switch (dt) {
+    case KV_F32:
+        KV__UNROLL for (int e = 0; e < KV__DECV_E; e++) if (e < ne) f[e] =
+            kv__f32_from_bits(v->w[e & 3]);
+        break;
+    case KV_BF16:
+        KV__UNROLL for (int e = 0; e < KV__DECV_E; e++) if (e < ne) f[e] =
+            kv_bf16_to_f32((uint16_t)(v->w[e >> 1] >> ((e & 1) * 16)));
+        break;
+    case KV_F16:
+        KV__UNROLL for (int e = 0; e < KV__DECV_E; e++) if (e < ne) f[e] =
+            kv_f16_to_f32((uint16_t)(v->w[e >> 1] >> ((e & 1) * 16)));
+        break;
+    case KV_FP8_E4M3:
+        KV__UNROLL for (int e = 0; e < KV__DECV_E; e++) if (e < ne) f[e] =
+            kv_e4m3_to_f32((uint8_t)(v->w[(e >> 2) & 3] >> ((e & 3) * 8)));
+        break;
+    default:
+        KV__UNROLL for (int e = 0; e < KV__DECV_E; e++) if (e < ne) f[e] =
+            kv_e5m2_to_f32((uint8_t)(v->w[(e >> 2) & 3] >> ((e & 3) * 8)));
+        break;
+    }
+}
+
+/* Merge (mo, lo) into (m, l), the online softmax of both: the factors of
+ * the old (fa) and the other (fb) accumulators in *fa, *fb. */
+KV_HD void kv__dec_merge(float *m, float *l, float mo, float lo, float *fa, float *fb)
+{
+    const float M = *m > mo ? *m : mo;
+    *fa = *m == -INFINITY ? 0.0f : kv_grid_expf(*m - M);
+    *fb = mo == -INFINITY ? 0.0f : kv_grid_expf(mo - M);
+    *l = *l * *fa + lo * *fb;
+    *m = M;
+}
+
+KV_HD void kv__decode_vec_body(const struct kv_grid_ctx *c, const struct kv__cdec *p)
+{
+    const int64_t H = p->lo.num_heads, D = p->lo.head_dim, g = p->g;
+    const int64_t per_s = H * p->n_hg, s = c->block / per_s, r = c->block - s * per_s;
+    const int64_t h = r / p->n_hg, q0 = (r - h * p->n_hg) * p->hg;
+    const int hg = (int)(g - q0 < p->hg ? g - q0 : p->hg);
+    const int warp = (int)(c->thread / 32), lane = (int)(c->thread % 32);
+    const int lpr = p->lpr, sub = lane % lpr, grp = lane / lpr, gpw = 32 / lpr, ne = p->ne;
+    const bool act = sub < p->nv; /* the lane holds a vector of each row */
+    const int64_t d0 = (int64_t)sub * ne, es = p->lo.elem_bytes;
+    float q[KV__DECV_G][KV__DECV_E], acc[KV__DECV_G][KV__DECV_E], m[KV__DECV_G], l[KV__DECV_G];
+    KV__UNROLL for (int qi = 0; qi < KV__DECV_G; qi++)
+    {
+        m[qi] = -INFINITY;
+        l[qi] = 0.0f;
+        KV__UNROLL for (int e = 0; e < KV__DECV_E; e++)
+        {
+            acc[qi][e] = 0.0f;
+            q[qi][e] = 0.0f;
+            if (qi < hg && act && e < ne)
+                q[qi][e] =
+                    kv_to_f32(p->q.dt, p->q.base + s * p->q.tok + (h * g + q0 + qi) * p->q.head +
+                                           (d0 + e) * p->q.dim) *
+                    p->softmax_scale;
+        }
+    }
+    const float ks = kv__dec_scale(p, 0, p->n_mul > 1 ? h : 0),
+                vs = kv__dec_scale(p, 1, p->n_mul > 1 ? h : 0);
+    int64_t n_tok;
+    const int32_t *pages;
+    kv__dec_seq(c, p, s, h == 0 && q0 == 0, &n_tok, &pages);
+    const int64_t first = kv__dec_first(p, n_tok);
+    const int64_t head_off = h * p->lo.stride_head_bytes + d0 * es;
+    for (int64_t base = first + (int64_t)warp * gpw * KV__DECV_U; base < n_tok;
+         base += (int64_t)p->warps * gpw * KV__DECV_U) {
+        /* base is the warp's: every lane runs the same steps (shuffles) */
+        struct kv__vec16 kb[KV__DECV_U], vb[KV__DECV_U];
+        bool ok[KV__DECV_U];
+        KV__UNROLL for (int u = 0; u < KV__DECV_U; u++)
+        {
+            const int64_t t = base + grp * KV__DECV_U + u;
+            ok[u] = t < n_tok;
+            if (ok[u]) {
+                const int64_t pi = kv__div(t, p->pt), ti = t - pi * p->pt;
+                const int32_t pid = pages[pi];
+                if (p->dev && (pid < 0 || pid >= p->n_ids)) {
+                    /* recorded once: at the page's first token, head 0 */
+                    if (h == 0 && q0 == 0 && sub == 0 && ti == 0)
+                        kv__dev_error(p->err, KV_ATTN_DEV_PAGES, (pages - p->d_indices) + pi);
+                    ok[u] = false;
+                } else if (act) {
+                    const char *kp = p->cache +
+                                     kv_layout_slot_offset_bytes(&p->lo, p->layer, 0,
+                                                                 kv_attn_page_slot(pid, p->pt, ti)) +
+                                     head_off;
+                    kv_grid_move(c, &kb[u], kp, p->vb);
+                    kv_grid_move(c, &vb[u], kp + p->lo.stride_kv_bytes, p->vb);
+                }
+            }
+        }
+        float sc[KV__DECV_U][KV__DECV_G];
+        float vf[KV__DECV_U][KV__DECV_E];
+        KV__UNROLL for (int u = 0; u < KV__DECV_U; u++)
+        {
+            float kf[KV__DECV_E];
+            KV__UNROLL for (int e = 0; e < KV__DECV_E; e++) kf[e] = vf[u][e] = 0.0f;
+            if (ok[u] && act) {
+                kv__vec_f32(p->lo.dtype, &kb[u], ne, kf);
+                kv__vec_f32(p->lo.dtype, &vb[u], ne, vf[u]);
+            }
+            KV__UNROLL for (int qi = 0; qi < KV__DECV_G; qi++)
+            {
+                sc[u][qi] = -INFINITY;
+                if (qi < hg) { /* hg is the block's: the shuffles stay converged */
+                    float part = 0.0f;
+                    KV__UNROLL for (int e = 0; e < KV__DECV_E; e++) part += q[qi][e] * kf[e];
+                    for (int o = lpr / 2; o > 0; o >>= 1)
+                        part += kv_grid_shfl_xor(c, part, o);
+                    if (ok[u])
+                        sc[u][qi] = kv__dec_logit(p, part * ks);
+                }
+            }
+        }
+        KV__UNROLL for (int qi = 0; qi < KV__DECV_G; qi++)
+        {
+            float mx = m[qi];
+            KV__UNROLL for (int u = 0; u < KV__DECV_U; u++) mx = sc[u][qi] > mx ? sc[u][qi] : mx;
+            if (qi < hg && mx != -INFINITY) { /* else nothing visible yet */
+                const float corr = m[qi] == -INFINITY ? 0.0f : kv_grid_expf(m[qi] - mx);
+                float w[KV__DECV_U];
+                l[qi] *= corr;
+                KV__UNROLL for (int u = 0; u < KV__DECV_U; u++)
+                {
+                    w[u] = ok[u] ? kv_grid_expf(sc[u][qi] - mx) : 0.0f;
+                    l[qi] += w[u];
+                    w[u] *= vs;
+                }
+                m[qi] = mx;
+                /* vf is 0 where a token or the lane has nothing */
+                KV__UNROLL for (int e = 0; e < KV__DECV_E; e++)
+                {
+                    float a = acc[qi][e] * corr;
+                    KV__UNROLL for (int u = 0; u < KV__DECV_U; u++) a += w[u] * vf[u][e];
+                    acc[qi][e] = a;
+                }
+            }
+        }
+    }
+    /* the warp's groups into its group 0 (lane ^ o, o = lpr .. 16) */
+    for (int o = lpr; o < 32; o <<= 1) {
+        KV__UNROLL for (int qi = 0; qi < KV__DECV_G; qi++)
+        {
+            if (qi < hg) {
+                const float mo = kv_grid_shfl_xor(c, m[qi], o), lo = kv_grid_shfl_xor(c, l[qi], o);
+                float fa, fb;
+                kv__dec_merge(&m[qi], &l[qi], mo, lo, &fa, &fb);
+                KV__UNROLL for (int e = 0; e < KV__DECV_E; e++)
+                {
+                    if (e < ne) {
+                        const float ao = kv_grid_shfl_xor(c, acc[qi][e], o);
+                        acc[qi][e] = acc[qi][e] * fa + ao * fb;
+                    }
+                }
+            }
+        }
+    }
+    float *sacc = (float *)c->shared;              /* [warps][G][D] */
+    float *sml = sacc + p->warps * KV__DECV_G * D; /* [warps][G][2] */
+    if (grp == 0) {
+        KV__UNROLL for (int qi = 0; qi < KV__DECV_G; qi++)
+        {
+            if (qi < hg) {
+                if (act)
+                    KV__UNROLL for (int e = 0; e < KV__DECV_E; e++) if (e < ne)
+                        sacc[(warp * KV__DECV_G + qi) * D + d0 + e] = acc[qi][e];
+                if (sub == 0) {
+                    sml[(warp * KV__DECV_G + qi) * 2] = m[qi];
+                    sml[(warp * KV__DECV_G + qi) * 2 + 1] = l[qi];
+                }
+            }
+        }
+    }
+    kv_grid_sync(c);
+    for (int64_t i = c->thread; i < hg * D; i += c->block_dim) {
+        const int64_t qi = i / D, d = i - qi * D;
+        float M = -INFINITY, L = 0.0f, A = 0.0f;
+        for (int w = 0; w < p->warps; w++) {
+            const float *ml = sml + (w * KV__DECV_G + qi) * 2;
+            float fa, fb;
+            kv__dec_merge(&M, &L, ml[0], ml[1], &fa, &fb);
+            A = A * fa + sacc[(w * KV__DECV_G + qi) * D + d] * fb;
+        }
+        const int64_t qh = h * g + q0 + qi;
+        kv_from_f32(p->out.dt, L > 0.0f ? A / L : 0.0f,
+                    p->out.base + s * p->out.tok + qh * p->out.head + d * p->out.dim);
+        if (p->lse && d == 0)
+            p->lse[s * p->lse_stride + qh] = L > 0.0f ? M + logf(L) : -INFINITY;
     }
 }
 
@@ -702,6 +975,21 @@ KV_HD void kv__decode_mla_body(const struct kv_grid_ctx *c, const struct kv__cml
 }
 
 /* ---- launch parameters (host code, shared by the two launchers) ------------------- */
+
+/* The threads of a move's blocks: the power of two from 32 up to
+ * KV__ATTN_THREADS that covers an item's vectors (elements when
+ * converting: vbytes 0), so a one-token item (a device-index write) does
+ * not leave most of a block idle. max_run: the host-index runs' longest. */
+static inline int kv__cmove_threads(const struct kv__cmove *m, int vbytes, int64_t max_run)
+{
+    const int64_t n = m->slot_map ? 1 : m->rd_on ? m->rd_pt : max_run;
+    const int64_t per_row = vbytes ? m->lo.head_dim * m->lo.elem_bytes / vbytes : m->lo.head_dim;
+    const int64_t need = n * m->lo.num_heads * per_row;
+    int t = 32;
+    while (t < KV__ATTN_THREADS && t < need)
+        t *= 2;
+    return t;
+}
 
 static inline int kv__attn_grid_of(int64_t items)
 {
@@ -849,6 +1137,49 @@ static inline int kv__cmove_width(const struct kv__cmove *m)
  * the launcher to point at its copies), the shared memory per block and
  * the block size; KV_ERR_UNSUPPORTED when even one warp's shared memory
  * exceeds KV__SHARED_MAX. */
+/* Test hook (library-internal): true makes every decode take the general
+ * body, so the tests run both on the same cases. */
+extern bool kv__cdec_general;
+
+/* Whether decode p takes the vector body; sets its lpr, nv, vb, ne, hg,
+ * n_hg and warps (4). A head row must be contiguous and split into at most
+ * 32 vectors of vb bytes (16, else 8, 4, 2: what every stride of the layout
+ * and the base allow; at most 8 elements, so fp8 rows take 8-byte vectors),
+ * each vector's offset a multiple of vb. */
+static inline bool kv__cdec_vec(struct kv__cdec *p)
+{
+    const struct kv_layout *lo = &p->lo;
+    const int64_t es = lo->elem_bytes, row = lo->head_dim * es;
+    if (lo->stride_dim_bytes != es)
+        return false;
+    const uint64_t bits = (uint64_t)(uintptr_t)p->cache | (uint64_t)lo->stride_layer_bytes |
+                          (uint64_t)lo->stride_kv_bytes | (uint64_t)lo->stride_block_bytes |
+                          (uint64_t)lo->block_stride_bytes | (uint64_t)lo->stride_token_bytes |
+                          (uint64_t)lo->stride_head_bytes | (uint64_t)row;
+    int vb = (int)(KV__DECV_E * es < 16 ? KV__DECV_E * es : 16);
+    while (vb > (int)es && (bits & (uint64_t)(vb - 1)) != 0)
+        vb /= 2;
+    if ((bits & (uint64_t)(vb - 1)) != 0 || row % vb != 0 || row / vb > 32)
+        return false;
+    p->vb = vb;
+    p->nv = (int)(row / vb);
+    p->ne = (int)(vb / es);
+    p->lpr = 1;
+    while (p->lpr < p->nv)
+        p->lpr *= 2;
+    p->hg = p->g < KV__DECV_G ? (int)p->g : KV__DECV_G;
+    p->n_hg = (p->g + p->hg - 1) / p->hg;
+    p->warps = KV__DEC_WARPS;
+    p->vec = 1;
+    return true;
+}
+
+/* The blocks of decode p over n_seqs sequences. */
+static inline int64_t kv__cdec_blocks(const struct kv__cdec *p, int64_t n_seqs)
+{
+    return n_seqs * p->lo.num_heads * (p->vec ? p->n_hg : 1);
+}
+
 static inline kv_status kv__cdec_build(const struct kv__attn_job *j, const char *fn,
                                        struct kv__cdec *p, size_t *shmem)
 {
@@ -868,6 +1199,14 @@ static inline kv_status kv__cdec_build(const struct kv__attn_job *j, const char 
     while (p->warps > 1 && (gd + p->warps * (gd + 2 * p->g)) * 4 > KV__SHARED_MAX)
         p->warps--;
     *shmem = (size_t)(gd + p->warps * (gd + 2 * p->g)) * sizeof(float);
+    p->window_left = j->window_left;
+    p->cap = j->soft_cap;
+    p->lse = j->lse;
+    p->lse_stride = j->lse_stride ? j->lse_stride : (int64_t)j->q_heads;
+    if (!kv__cdec_general && kv__cdec_vec(p)) {
+        *shmem = (size_t)p->warps * KV__DECV_G * (size_t)(p->lo.head_dim + 2) * sizeof(float);
+        return KV_OK;
+    }
     if (*shmem > KV__SHARED_MAX)
         return kv__error(KV_ERR_UNSUPPORTED,
                          "%s: %lld query heads per KV head x D %lld need %zu bytes of shared "

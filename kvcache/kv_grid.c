@@ -9,6 +9,7 @@
  *
  *   a warp whose 32 lanes all wait at a warp sum   the butterfly, released
  *   a warp whose 32 lanes all wait at a syncwarp   released
+ *   a warp whose 32 lanes all wait at a shuffle    values exchanged, released
  *   some lanes of a warp at a warp operation and   fault (divergent warp op)
  *     the others elsewhere (another op, a block
  *     barrier, ended)
@@ -48,12 +49,13 @@
 #define GUARD_BYTE 0xA5
 #define FIBER_STACK (256 << 10)
 
-enum th_state { TH_RUN, TH_SYNC, TH_WSYNC, TH_WSUM, TH_DONE };
+enum th_state { TH_RUN, TH_SYNC, TH_WSYNC, TH_WSUM, TH_WSHFL, TH_DONE };
 
 struct th {
     ucontext_t uc;
     enum th_state state;
     float val;
+    int mask; /* a shuffle's lane mask */
     struct kv_grid_ctx ctx;
     void *fake; /* ASan's fake stack of the fiber while it is switched out */
 };
@@ -147,6 +149,24 @@ float kv__grid_warp_sum(const struct kv_grid_ctx *c, float x)
     return e->th[c->thread].val;
 }
 
+float kv__grid_shfl_xor(const struct kv_grid_ctx *c, float x, int mask)
+{
+    struct emu *e = c->emu;
+    if (!e->fibers) {
+        kv__grid_fault(c, "a shuffle in a kernel launched as barrier-free (0, 0)", 0, 0);
+        return x;
+    }
+    if (mask < 1 || mask >= (int)KV_GRID_WARP) {
+        kv__grid_fault(c, "shuffle lane mask outside 1..31 (mask, warp)", (uint64_t)(int64_t)mask,
+                       KV_GRID_WARP);
+        return x;
+    }
+    e->th[c->thread].val = x;
+    e->th[c->thread].mask = mask;
+    wait_in(c, TH_WSHFL);
+    return e->th[c->thread].val;
+}
+
 static void fiber_main(void)
 {
     struct emu *e = g_emu;
@@ -171,7 +191,8 @@ static int resolve_warps(struct emu *e, uint32_t n)
         const uint32_t w1 = w0 + KV_GRID_WARP < n ? w0 + KV_GRID_WARP : n;
         enum th_state op = TH_RUN;
         for (uint32_t i = w0; i < w1; i++)
-            if (e->th[i].state == TH_WSUM || e->th[i].state == TH_WSYNC)
+            if (e->th[i].state == TH_WSUM || e->th[i].state == TH_WSYNC ||
+                e->th[i].state == TH_WSHFL)
                 op = e->th[i].state;
         if (op == TH_RUN)
             continue;
@@ -199,6 +220,12 @@ static int resolve_warps(struct emu *e, uint32_t n)
             }
             for (uint32_t i = 0; i < KV_GRID_WARP; i++)
                 e->th[w0 + i].val = v[i];
+        } else if (op == TH_WSHFL) {
+            float v[KV_GRID_WARP];
+            for (uint32_t i = 0; i < KV_GRID_WARP; i++)
+                v[i] = e->th[w0 + i].val;
+            for (uint32_t i = 0; i < KV_GRID_WARP; i++)
+                e->th[w0 + i].val = v[i ^ (uint32_t)e->th[w0 + i].mask];
         }
         for (uint32_t i = w0; i < w1; i++)
             e->th[i].state = TH_RUN;

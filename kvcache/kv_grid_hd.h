@@ -19,6 +19,9 @@
  *   kv_grid_warp_sum      xor-butterfly of         the same butterfly over
  *                         __shfl_xor_sync          the emulated lanes, in the
  *                                                  same order (same floats)
+ *   kv_grid_shfl_xor      __shfl_xor_sync, full    every lane gets the value
+ *                         mask, width 32           of lane ^ mask; a mask
+ *                                                  outside 1..31 is a fault
  *   kv_grid_move          one V load + store       memcpy, refused (a fault)
  *                         (16/8/4/2/1 bytes)       unless both aligned to V
  *   kv_grid_expf          __expf                   expf
@@ -70,6 +73,7 @@ extern "C" {
 void kv__grid_sync(const struct kv_grid_ctx *c);
 void kv__grid_syncwarp(const struct kv_grid_ctx *c);
 float kv__grid_warp_sum(const struct kv_grid_ctx *c, float x);
+float kv__grid_shfl_xor(const struct kv_grid_ctx *c, float x, int mask);
 void kv__grid_fault(const struct kv_grid_ctx *c, const char *what, uint64_t a, uint64_t b);
 
 /* A 1-D launch: grid blocks of block threads, shared_bytes of dynamic
@@ -130,6 +134,18 @@ KV_HD float kv_grid_warp_sum(const struct kv_grid_ctx *c, float x)
     return x;
 #else
     return kv__grid_warp_sum(c, x);
+#endif
+}
+
+/* __shfl_xor_sync(0xffffffff, x, mask): x of lane (lane ^ mask), all 32
+ * lanes taking part (mask 1..31; the emulator refuses others). */
+KV_HD float kv_grid_shfl_xor(const struct kv_grid_ctx *c, float x, int mask)
+{
+#if defined(__CUDA_ARCH__)
+    (void)c;
+    return __shfl_xor_sync(0xffffffffu, x, mask);
+#else
+    return kv__grid_shfl_xor(c, x, mask);
 #endif
 }
 

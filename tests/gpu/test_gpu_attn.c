@@ -23,6 +23,7 @@
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +32,10 @@
 #include "gpu_test.h"
 #include <kvcache/kv.h>
 #include "kv_convert_hd.h" /* scalar conversions: not installed */
+
+/* Library-internal test hook (attention/kv_attn_grid_int.h): true makes
+ * every decode take the general body instead of the vector one. */
+extern bool kv__cdec_general;
 
 static int64_t range(uint64_t *s, int64_t lo, int64_t hi)
 {
@@ -394,53 +399,93 @@ static void decode_case(int i)
     CHECK(kv_view_init(dout, qb, KV_F32, 3, sh, &vout) == KV_OK);
     const float scale = 1.0f / sqrtf((float)D);
     const uint32_t layer = 1;
-    CHECK(kv_attn_decode_cuda(p.dev, layer, &vq, &pg, scale, NULL, &vout, NULL) == KV_OK);
-    CHECK(cudaDeviceSynchronize() == cudaSuccess);
-    CHECK(cudaMemcpy(hout, dout, qb, cudaMemcpyDeviceToHost) == cudaSuccess);
-    /* the float64 reference, addresses from the layout's strides */
-    const struct kv_layout *lo = &p.host.layout;
-    double *w = malloc((size_t)2100 * sizeof(double));
-    CHECK(w);
-    for (int s = 0; s < 3; s++)
-        for (int64_t qi = 0; qi < Hq; qi++) {
-            const int64_t h = qi / g;
-            double mx = -INFINITY, sum = 0.0;
-            for (int64_t t = 0; t < lens[s]; t++) {
-                const int64_t page = indices[indptr[s] + t / pt], slot = page * pt + t % pt;
-                const int64_t b = slot / cfg.block_tokens, n = slot % cfg.block_tokens;
-                const unsigned char *kr = p.h + layer * lo->stride_layer_bytes +
-                                          b * lo->stride_block_bytes + n * lo->stride_token_bytes +
-                                          h * lo->stride_head_bytes;
-                double dot = 0.0;
-                for (int64_t d = 0; d < D; d++)
-                    dot += (double)hq[(s * Hq + qi) * D + d] * kv_to_f32(cfg.dtype, kr + d * es);
-                w[t] = dot * scale;
-                mx = w[t] > mx ? w[t] : mx;
-            }
-            for (int64_t t = 0; t < lens[s]; t++)
-                sum += (w[t] = exp(w[t] - mx));
-            for (int64_t d = 0; d < D; d++) {
-                double a = 0.0;
-                for (int64_t t = 0; t < lens[s]; t++) {
+    /* options on two cases in three: a window of 37 tokens (shorter than
+     * one sequence, longer than another), or a soft cap of 4 with lse */
+    struct kv_attn_opts o = KV_ATTN_OPTS_INIT;
+    float *hlse = NULL, *dlse = NULL;
+    const size_t lb = (size_t)(3 * Hq) * sizeof(float);
+    if (i % 3 == 1)
+        o.window_left = 36;
+    if (i % 3 == 2) {
+        o.logit_soft_cap = 4.0f;
+        hlse = malloc(lb);
+        CHECK(hlse && cudaMalloc((void **)&dlse, lb) == cudaSuccess);
+        o.lse = dlse;
+    }
+    /* the vector body where the layout allows it, then the general one */
+    for (int general = 0; general < 2; general++) {
+        kv__cdec_general = general;
+        CHECK(kv_attn_decode_ex_cuda(p.dev, layer, &vq, &pg, scale, NULL, &vout, &o, NULL) ==
+              KV_OK);
+        kv__cdec_general = false;
+        CHECK(cudaDeviceSynchronize() == cudaSuccess);
+        CHECK(cudaMemcpy(hout, dout, qb, cudaMemcpyDeviceToHost) == cudaSuccess);
+        if (dlse)
+            CHECK(cudaMemcpy(hlse, dlse, lb, cudaMemcpyDeviceToHost) == cudaSuccess);
+        /* the float64 reference, addresses from the layout's strides */
+        const struct kv_layout *lo = &p.host.layout;
+        double *w = malloc((size_t)2100 * sizeof(double));
+        CHECK(w);
+        for (int s = 0; s < 3; s++)
+            for (int64_t qi = 0; qi < Hq; qi++) {
+                const int64_t h = qi / g;
+                double mx = -INFINITY, sum = 0.0;
+                const int64_t t0 = o.window_left >= 0 && lens[s] - 1 - o.window_left > 0
+                                       ? lens[s] - 1 - o.window_left
+                                       : 0;
+                for (int64_t t = t0; t < lens[s]; t++) {
                     const int64_t page = indices[indptr[s] + t / pt], slot = page * pt + t % pt;
                     const int64_t b = slot / cfg.block_tokens, n = slot % cfg.block_tokens;
-                    const unsigned char *vr = p.h + layer * lo->stride_layer_bytes +
-                                              lo->stride_kv_bytes + b * lo->stride_block_bytes +
-                                              n * lo->stride_token_bytes +
-                                              h * lo->stride_head_bytes;
-                    a += w[t] * kv_to_f32(cfg.dtype, vr + d * es);
+                    const unsigned char *kr =
+                        p.h + layer * lo->stride_layer_bytes + b * lo->stride_block_bytes +
+                        n * lo->stride_token_bytes + h * lo->stride_head_bytes;
+                    double dot = 0.0;
+                    for (int64_t d = 0; d < D; d++)
+                        dot +=
+                            (double)hq[(s * Hq + qi) * D + d] * kv_to_f32(cfg.dtype, kr + d * es);
+                    w[t] = dot * scale;
+                    if (o.logit_soft_cap > 0.0f)
+                        w[t] = o.logit_soft_cap * tanh(w[t] / o.logit_soft_cap);
+                    mx = w[t] > mx ? w[t] : mx;
                 }
-                const double want = a / sum, got = hout[(s * Hq + qi) * D + d];
-                const double tol = 1e-5 * (fabs(want) > 1e-2 ? fabs(want) : 1e-2);
-                if (fabs(got - want) > tol) {
-                    fprintf(stderr,
-                            "FAIL decode case %d s%d q%lld d%lld (len %lld): %.9g vs %.9g\n", i, s,
-                            (long long)qi, (long long)d, (long long)lens[s], got, want);
-                    exit(1);
+                for (int64_t t = t0; t < lens[s]; t++)
+                    sum += (w[t] = exp(w[t] - mx));
+                if (hlse) {
+                    const double want = mx + log(sum), got = hlse[s * Hq + qi];
+                    if (fabs(got - want) > 1e-5 * (fabs(want) > 1 ? fabs(want) : 1)) {
+                        fprintf(stderr,
+                                "FAIL decode case %d (general %d) lse s%d q%lld: %.9g vs %.9g\n", i,
+                                general, s, (long long)qi, got, want);
+                        exit(1);
+                    }
+                }
+                for (int64_t d = 0; d < D; d++) {
+                    double a = 0.0;
+                    for (int64_t t = t0; t < lens[s]; t++) {
+                        const int64_t page = indices[indptr[s] + t / pt], slot = page * pt + t % pt;
+                        const int64_t b = slot / cfg.block_tokens, n = slot % cfg.block_tokens;
+                        const unsigned char *vr = p.h + layer * lo->stride_layer_bytes +
+                                                  lo->stride_kv_bytes + b * lo->stride_block_bytes +
+                                                  n * lo->stride_token_bytes +
+                                                  h * lo->stride_head_bytes;
+                        a += w[t] * kv_to_f32(cfg.dtype, vr + d * es);
+                    }
+                    const double want = a / sum, got = hout[(s * Hq + qi) * D + d];
+                    const double tol = 1e-5 * (fabs(want) > 1e-2 ? fabs(want) : 1e-2);
+                    if (fabs(got - want) > tol) {
+                        fprintf(stderr,
+                                "FAIL decode case %d (general %d) s%d q%lld d%lld (len %lld): %.9g "
+                                "vs %.9g\n",
+                                i, general, s, (long long)qi, (long long)d, (long long)lens[s], got,
+                                want);
+                        exit(1);
+                    }
                 }
             }
-        }
-    free(w);
+        free(w);
+    }
+    free(hlse);
+    cudaFree(dlse);
     free(hq);
     free(hout);
     cudaFree(dq);
@@ -890,6 +935,15 @@ static void bench(kv_order order)
         "\"bytes\":%zu,\"tokens_per_s\":%.3g,\"gbps\":%.1f,\"baseline\":\"cudaMemcpy_d2d_of_kv\","
         "\"baseline_gbps\":%.1f,\"ratio\":%.3f,\"runs\":9}\n",
         on, kvb, (double)(Sd * Ld) / (tk * 1e-3), kvb / (tk * 1e6), kvb / (tm * 1e6), tm / tk);
+    /* the general body on the same decode (the vector body's baseline:
+     * one warp per token, lanes over the head dim, shared-memory sums) */
+    kv__cdec_general = true;
+    time_pair(b_decode, &b, b.c.base, big, kvb, &tk, &tm);
+    kv__cdec_general = false;
+    printf("{\"bench\":\"gpu.kernel.decode_attn_general\",\"case\":\"%s/bf16/N16/Hq32/H8/D128/"
+           "256x2048\",\"bytes\":%zu,\"tokens_per_s\":%.3g,\"gbps\":%.1f,\"baseline\":"
+           "\"cudaMemcpy_d2d_of_kv\",\"baseline_gbps\":%.1f,\"ratio\":%.3f,\"runs\":9}\n",
+           on, kvb, (double)(Sd * Ld) / (tk * 1e-3), kvb / (tk * 1e6), kvb / (tm * 1e6), tm / tk);
     /* the same decode with the pages in device memory; its output equals
      * the host-index decode's (one kernel body, one launch shape) */
     int32_t *d_indptr, *d_indices, *d_last;

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gpu_test.h"
 #include <kvcache/kv.h>
@@ -111,6 +112,65 @@ static void upload(const struct step_dev *d, const struct step_host *h, cudaStre
 
 /* The CPU reference of one step on the host pool: kv_attn_write (the
  * invalid slot as -1: the device skips it) and kv_attn_decode. */
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+/* The host time of issuing one decode step, uncaptured (2 L launches and
+ * their record finishes) against one cudaGraphLaunch of the captured step
+ * (issue 21: "per-call host overhead of a captured decode step: one graph
+ * launch"): 200 steps each way, the median of 5 rounds, each round's
+ * issue loop timed on the host alone (the stream synchronized before and
+ * after, outside the timed part). Also the steps' device time (events). */
+static void host_overhead(struct kv_paged_cache c, const struct step_dev *d, cudaGraphExec_t exec,
+                          cudaStream_t s, size_t n_nodes)
+{
+    enum { STEPS = 200, ROUNDS = 5 };
+    double hu[ROUNDS], hg[ROUNDS], du[ROUNDS], dg[ROUNDS];
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess);
+    for (int r = 0; r < ROUNDS; r++) {
+        for (int way = 0; way < 2; way++) {
+            CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+            CHECK(cudaEventRecord(e0, s) == cudaSuccess);
+            const double t0 = now_us();
+            for (int i = 0; i < STEPS; i++) {
+                if (way)
+                    CHECK(cudaGraphLaunch(exec, s) == cudaSuccess);
+                else
+                    step(c, d, s);
+            }
+            const double t1 = now_us();
+            CHECK(cudaEventRecord(e1, s) == cudaSuccess);
+            CHECK(cudaEventSynchronize(e1) == cudaSuccess);
+            float ms = 0.0f;
+            CHECK(cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess);
+            (way ? hg : hu)[r] = (t1 - t0) / STEPS;
+            (way ? dg : du)[r] = (double)ms * 1e3 / STEPS;
+        }
+    }
+    qsort(hu, ROUNDS, sizeof(double), cmp_double);
+    qsort(hg, ROUNDS, sizeof(double), cmp_double);
+    qsort(du, ROUNDS, sizeof(double), cmp_double);
+    qsort(dg, ROUNDS, sizeof(double), cmp_double);
+    printf("{\"bench\":\"gpu.graph.decode_step\",\"case\":\"L%d/S%d/Hq%d/D%d/%zu_nodes\","
+           "\"host_us_graph\":%.2f,\"host_us_uncaptured\":%.2f,\"host_ratio\":%.2f,"
+           "\"device_us_graph\":%.2f,\"device_us_uncaptured\":%.2f,\"runs\":%d}\n",
+           L, S, H * G, D, n_nodes, hg[ROUNDS / 2], hu[ROUNDS / 2], hu[ROUNDS / 2] / hg[ROUNDS / 2],
+           dg[ROUNDS / 2], du[ROUNDS / 2], ROUNDS);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+}
+
 static void cpu_step(struct kv_paged_cache c, const struct step_host *h, float *out)
 {
     int64_t slots[T];
@@ -257,6 +317,7 @@ int main(void)
     gpu_pool_same(dev.base, back, pu, bytes, "graph replay", "uncaptured");
     CHECK(memcmp(og1, ou1, ob) == 0);
     CHECK(memcmp(og2, ou2, ob) == 0);
+    host_overhead(dev, &d, exec, s, n_nodes);
 
     CHECK(cudaGraphExecDestroy(exec) == cudaSuccess);
     CHECK(cudaGraphDestroy(graph) == cudaSuccess);

@@ -147,13 +147,21 @@ static void run_move(const struct mv_case *mc, uint64_t seed)
     if (st != KV_OK)
         fail_msg("write check: %s: %s", kv_status_name(st), kv_last_error());
     st = kv__grid_attn_move(&j, true);
+    const int64_t max_run = j.max_run;
     kv__attn_job_free(&j);
     if (st != KV_OK)
         fail_msg("emulated write: %s: %s", kv_status_name(st), kv_last_error());
     struct kv__grid_attn_last last;
     kv__grid_attn_last(&last);
     assert_int_equal(last.vbytes, mc->want_width);
-    assert_int_equal(last.launch.block, 256);
+    /* blocks of the power of two (32 .. 256) covering the longest run's
+     * vectors (elements when converting) */
+    const int64_t per_row = last.vbytes ? D * f.c.layout.elem_bytes / last.vbytes : D,
+                  need = max_run * H * per_row;
+    uint64_t want_block = 32;
+    while (want_block < 256 && (int64_t)want_block < need)
+        want_block *= 2;
+    assert_int_equal(last.launch.block, want_block);
     kvt_gfix_check(&f, "pool after the emulated write");
     kvt_check_bytes(k.mem, k0, k.bytes + 64, "K source after the write");
     kvt_check_bytes(v.mem, v0, v.bytes + 64, "V source after the write");
@@ -275,10 +283,15 @@ struct dec_case {
     int64_t N, H, g, D;
     uint32_t r;
     kv_dtype cache_dt;
-    int scales; /* 0 none, 1 per tensor, 2 per head */
+    int scales;   /* 0 none, 1 per tensor, 2 per head */
+    int32_t win1; /* window_left + 1 (0: no window) */
+    float cap;    /* logit soft cap (0: off) */
+    bool lse;     /* the lse output, in a padded [S][Hq + 3] buffer */
 };
 
-static void run_decode(const struct dec_case *dc, uint64_t seed)
+/* Decode case dc on the emulated CUDA bodies: the general one (general) or
+ * what kv__cdec_build picks, expected to be the vector body where vec. */
+static void run_decode(const struct dec_case *dc, uint64_t seed, bool general, bool vec)
 {
     static const int64_t lens[4] = {0, 1, 23, 70};
     const uint32_t S = 4;
@@ -293,7 +306,7 @@ static void run_decode(const struct dec_case *dc, uint64_t seed)
     kvt_gfix_init(&f, &cfg, seed);
     const int64_t P = cfg.num_blocks * dc->r;
     int32_t indptr[5], indices[64], last[4];
-    uint8_t used[400] = {0};
+    uint8_t used[800] = {0};
     int32_t k = 0;
     for (uint32_t s = 0; s < S; s++) {
         const int64_t np = (lens[s] + pt - 1) / pt;
@@ -363,36 +376,69 @@ static void run_decode(const struct dec_case *dc, uint64_t seed)
     pages.last_page_len = last;
     struct kv_scales scl = {ksc, vsc, per_head ? (uint32_t)H : 1, 0};
     const float smscale = 1.0f / sqrtf((float)D);
+    const int64_t lstride = Hq + 3;
+    float lse[4 * (16 * 4 + 3)], lse0[4 * (16 * 4 + 3)];
+    assert_true(S * lstride <= (int64_t)(sizeof(lse) / sizeof(lse[0])));
+    for (size_t i = 0; i < sizeof(lse) / sizeof(lse[0]); i++)
+        lse[i] = lse0[i] = -12345.0f;
+    struct kv_attn_opts ao = KV_ATTN_OPTS_INIT;
+    ao.window_left = dc->win1 - 1;
+    ao.logit_soft_cap = dc->cap;
+    ao.lse = dc->lse ? lse : NULL;
+    ao.lse_stride = dc->lse ? lstride : 0;
+    const bool any_opt = dc->win1 || dc->cap > 0.0f || dc->lse;
     struct kv__attn_job j;
-    kv_status st = kv__attn_decode_check("kv_attn_decode_cuda", &f.c, layer, &q, NULL, &pages,
-                                         smscale, dc->scales ? &scl : NULL, &out, NULL, &j);
+    kv_status st =
+        kv__attn_decode_check("kv_attn_decode_cuda", &f.c, layer, &q, NULL, &pages, smscale,
+                              dc->scales ? &scl : NULL, &out, any_opt ? &ao : NULL, &j);
     if (st != KV_OK)
         fail_msg("decode check: %s: %s", kv_status_name(st), kv_last_error());
+    kv__cdec_general = general;
     st = kv__grid_attn_decode(&j);
+    kv__cdec_general = false;
     kv__attn_job_free(&j);
     if (st != KV_OK)
         fail_msg("emulated decode: %s: %s", kv_status_name(st), kv_last_error());
     struct kv__grid_attn_last lst;
     kv__grid_attn_last(&lst);
-    assert_int_equal(lst.launch.grid, S * H);
+    const bool v = vec && !general;
+    /* the vector body: a block per (sequence, KV head, group of <= 4 query heads) */
+    assert_int_equal(lst.launch.grid, S * H * (v ? (dc->g + 3) / 4 : 1));
     assert_true(lst.launch.barriers);
+    if (v) {
+        assert_int_equal(lst.launch.block, 128);
+        assert_int_equal(lst.launch.shared_bytes, 4 * 4 * (D + 2) * 4);
+    }
     kvt_gfix_check(&f, "pool after the emulated decode");
     for (uint32_t s = 0; s < S; s++)
         for (int64_t qi = 0; qi < Hq; qi++) {
             const int64_t h = qi / dc->g;
             double sc[70], mx = -INFINITY, sum = 0;
-            for (int64_t t = 0; t < lens[s]; t++) {
+            /* visible: the last win1 tokens (all without a window) */
+            const int64_t t0 = dc->win1 && lens[s] - dc->win1 > 0 ? lens[s] - dc->win1 : 0;
+            for (int64_t t = t0; t < lens[s]; t++) {
                 double dot = 0;
                 for (int64_t d = 0; d < D; d++)
                     dot += (double)qb[(s * Hq + qi) * row + d] * kd[((s * 70 + t) * H + h) * D + d];
                 sc[t] = dot * smscale;
+                if (dc->cap > 0.0f)
+                    sc[t] = dc->cap * tanh(sc[t] / dc->cap);
                 mx = sc[t] > mx ? sc[t] : mx;
             }
-            for (int64_t t = 0; t < lens[s]; t++)
+            for (int64_t t = t0; t < lens[s]; t++)
                 sum += (sc[t] = exp(sc[t] - mx));
+            if (dc->lse) {
+                const double ref = lens[s] > t0 ? mx + log(sum) : -INFINITY;
+                float *x = &lse[s * lstride + qi];
+                if (!(ref == -INFINITY ? *x == -INFINITY
+                                       : fabs(*x - ref) <= 1e-5 * fmax(1, fabs(ref))))
+                    fail_msg("lse s%u q%lld (len %lld): %.9g vs %.9g", s, (long long)qi,
+                             (long long)lens[s], (double)*x, ref);
+                *x = lse0[x - lse];
+            }
             for (int64_t d = 0; d < D; d++) {
                 double ref = 0;
-                for (int64_t t = 0; t < lens[s]; t++)
+                for (int64_t t = t0; t < lens[s]; t++)
                     ref += sc[t] / sum * vd[((s * 70 + t) * H + h) * D + d];
                 float *o = &ob[(s * Hq + qi) * row + d];
                 const double err = fabs((double)*o - ref) / (fabs(ref) > 0.1 ? fabs(ref) : 0.1);
@@ -404,6 +450,8 @@ static void run_decode(const struct dec_case *dc, uint64_t seed)
         }
     kvt_check_bytes((unsigned char *)ob, (unsigned char *)ob0, (size_t)n1 * 4,
                     "decode output padding");
+    kvt_check_bytes((unsigned char *)lse, (unsigned char *)lse0, sizeof(lse),
+                    "lse padding and rows of other calls");
     free(ob0), free(kd), free(vd);
     kv__mem_free(qb), kv__mem_free(ob);
     kvt_gfix_free(&f);
@@ -413,16 +461,28 @@ static void test_grid_decode(void **state)
 {
     (void)state;
     static const struct dec_case cases[] = {
-        /* order, arrange, pad, packed, N, H, g, D, r, dtype, scales */
-        {KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, 0, false, 16, 2, 1, 64, 1, KV_F32, 0},
-        {KV_ORDER_HND, KV_ARRANGE_BLOCK_MAJOR, 8, true, 8, 3, 2, 40, 2, KV_F32, 1},
-        {KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, 4, false, 8, 2, 3, 36, 1, KV_F16, 2},
-        {KV_ORDER_HND, KV_ARRANGE_LAYER_MAJOR, 0, false, 16, 2, 4, 96, 2, KV_FP8_E4M3, 2},
-        /* 16 query heads x D 256: one warp's shared memory only (32 threads) */
-        {KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, 0, false, 8, 1, 16, 256, 1, KV_BF16, 0},
+        /* order, arrange, pad, packed, N, H, g, D, r, dtype, scales, win1, cap, lse */
+        {KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, 0, false, 16, 2, 1, 64, 1, KV_F32, 0, 0, 0, 0},
+        {KV_ORDER_HND, KV_ARRANGE_BLOCK_MAJOR, 8, true, 8, 3, 2, 40, 2, KV_F32, 1, 0, 0, 0},
+        {KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, 4, false, 8, 2, 3, 36, 1, KV_F16, 2, 0, 0, 0},
+        {KV_ORDER_HND, KV_ARRANGE_LAYER_MAJOR, 0, false, 16, 2, 4, 96, 2, KV_FP8_E4M3, 2, 0, 0, 0},
+        /* 16 query heads x D 256: the general body fits one warp's shared
+         * memory only (32 threads); the vector one takes 4 blocks of 4 */
+        {KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, 0, false, 8, 1, 16, 256, 1, KV_BF16, 0, 0, 0, 0},
+        /* options: a window (shorter and longer than sequences), a soft cap, lse */
+        {KV_ORDER_NHD, KV_ARRANGE_BLOCK_MAJOR, 0, false, 16, 2, 6, 64, 2, KV_BF16, 2, 20, 0, 1},
+        {KV_ORDER_HND, KV_ARRANGE_LAYER_MAJOR, 8, false, 8, 2, 2, 128, 1, KV_FP8_E5M2, 1, 0, 3.0f,
+         1},
+        {KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, 0, false, 16, 1, 5, 48, 4, KV_F16, 0, 1, 2.5f, 1},
+        /* rows the vector body cannot take: 40 16-byte vectors (f32 D 160),
+         * 33 2-byte ones (f16 D 33) */
+        {KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, 0, false, 8, 2, 2, 160, 1, KV_F32, 1, 9, 0, 1},
+        {KV_ORDER_HND, KV_ARRANGE_LAYER_MAJOR, 0, false, 8, 2, 1, 33, 1, KV_F16, 0, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        run_decode(&cases[i], 700 + i);
+        const bool vec = i < 8;
+        run_decode(&cases[i], 700 + i, false, vec);
+        run_decode(&cases[i], 700 + i, true, vec);
         struct kv__grid_attn_last lst;
         kv__grid_attn_last(&lst);
         const int64_t gd = cases[i].g * cases[i].D;
@@ -432,15 +492,16 @@ static void test_grid_decode(void **state)
     }
 }
 
-/* 32 query heads x D 256 need 65,792 bytes of shared memory even with one
- * warp: refused before any launch, naming the values; the output untouched. */
+/* 32 query heads x D 256 of f32 (rows of 64 16-byte vectors: the general
+ * body) need 65,792 bytes of shared memory even with one warp: refused
+ * before any launch, naming the values; the output untouched. */
 static void test_grid_decode_shared_limit(void **state)
 {
     (void)state;
     struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
     struct kvt_gfix f;
     cfg.num_layers = 1, cfg.num_blocks = 8, cfg.block_tokens = 4, cfg.num_heads = 1;
-    cfg.head_dim = 256, cfg.dtype = KV_F16;
+    cfg.head_dim = 256, cfg.dtype = KV_F32;
     kvt_gfix_init(&f, &cfg, 5);
     const int64_t n = 32 * 256;
     float *qb = calloc((size_t)n, 4), *ob = malloc((size_t)n * 4), *ob0 = malloc((size_t)n * 4);
@@ -463,15 +524,6 @@ static void test_grid_decode_shared_limit(void **state)
     assert_int_equal(kv__grid_attn_decode(&j), KV_ERR_UNSUPPORTED);
     kv__attn_job_free(&j);
     kvt_assert_msg_has("32 query heads per KV head x D 256 need 65792 bytes");
-    /* the body has no attention options: a job with one is refused */
-    struct kv_attn_opts o = KV_ATTN_OPTS_INIT;
-    o.window_left = 2;
-    assert_int_equal(kv__attn_decode_check("kv_attn_decode_cuda", &f.c, 0, &q, NULL, &pages,
-                                           0.0625f, NULL, &out, &o, &j),
-                     KV_OK);
-    assert_int_equal(kv__grid_attn_decode(&j), KV_ERR_UNSUPPORTED);
-    kv__attn_job_free(&j);
-    kvt_assert_msg_has("sliding window on CUDA: not yet");
     kvt_check_bytes((unsigned char *)ob, (unsigned char *)ob0, (size_t)n * 4,
                     "refused decode output");
     kvt_gfix_check(&f, "pool after a refused decode");
