@@ -30,6 +30,7 @@ enum { ITEM_COPY = 1, ITEM_EVENT = 2, ITEM_HOLD = 3 };
 struct stream;
 struct event {
     int device;
+    pthread_t owner;    /* the thread that made it: the only one that may use it */
     bool destroyed;
     uint64_t recorded;  /* records made (0: never recorded) */
     uint64_t done;      /* records the stream ran */
@@ -51,8 +52,9 @@ struct item {
 
 struct stream {
     int device;
-    bool blocking; /* waits for, and is waited for by, the legacy stream */
-    bool tier;     /* made through the seam */
+    bool blocking;   /* waits for, and is waited for by, the legacy stream */
+    bool tier;       /* made through the seam */
+    pthread_t owner; /* tier: the thread that made it, the only one that may use it */
     bool destroyed, stop;
     struct item *head, *tail;
     pthread_t thread;
@@ -95,6 +97,26 @@ static bool stream_live(const struct stream *s)
         if (x == s)
             return !s->destroyed;
     return false;
+}
+
+/* mu held: KV_OK when the calling thread made the tier's stream s (NULL:
+ * not checked) and event e (NULL: not checked). Every entry of the CUDA
+ * table sets the calling thread's device (cudaSetDevice) and leaves it so:
+ * a tier's stream or event used from another thread, an engine's, would
+ * move that thread's current device under it. CUDA itself accepts the call
+ * (the handle knows its device); the double refuses it. */
+static kv_status same_thread(const char *what, const struct stream *s, const struct event *e)
+{
+    const pthread_t me = pthread_self();
+    if (s && s->tier && !pthread_equal(s->owner, me))
+        return fault("%s on a thread other than the one that made the stream (the CUDA "
+                     "table's cudaSetDevice would move that thread's current device)",
+                     what);
+    if (e && !pthread_equal(e->owner, me))
+        return fault("%s on a thread other than the one that made the event (the CUDA "
+                     "table's cudaSetDevice would move that thread's current device)",
+                     what);
+    return KV_OK;
 }
 
 /* ---- memory (allocator_int.h) ------------------------------------------ */
@@ -233,6 +255,7 @@ static struct stream *stream_new(int device, bool blocking, bool tier)
     s->device = device;
     s->blocking = blocking;
     s->tier = tier;
+    s->owner = pthread_self();
     pthread_mutex_lock(&mu);
     s->next = streams;
     streams = s;
@@ -298,6 +321,8 @@ static kv_status sc_stream_destroy(int device, void *stream)
         r = fault("cudaStreamDestroy of a stream not live (%p)", stream);
     else if (s->device != device)
         r = fault("cudaStreamDestroy on device %d of a stream of device %d", device, s->device);
+    else if ((r = same_thread("cudaStreamDestroy", s, NULL)) != KV_OK)
+        ;
     else if (s->head)
         r = fault("cudaStreamDestroy with work queued (the tier waits for its events first)");
     if (r == KV_OK)
@@ -314,6 +339,7 @@ static kv_status sc_event_create(int device, void **event)
     if (!e)
         return kv__error(KV_ERR_NO_MEMORY, "softcuda: an event");
     e->device = device;
+    e->owner = pthread_self();
     pthread_mutex_lock(&mu);
     e->next = events;
     events = e;
@@ -331,6 +357,8 @@ static kv_status sc_event_destroy(int device, void *event)
         r = fault("cudaEventDestroy of a destroyed event");
     else if (e->device != device)
         r = fault("cudaEventDestroy on device %d of an event of device %d", device, e->device);
+    else if ((r = same_thread("cudaEventDestroy", NULL, e)) != KV_OK)
+        ;
     else if (e->queued)
         r = fault("cudaEventDestroy with %u records queued", e->queued);
     if (r == KV_OK)
@@ -352,6 +380,8 @@ static kv_status sc_event_record(int device, void *event, void *stream)
     else if (s->device != device || e->device != device)
         r = fault("cudaEventRecord on device %d: stream of device %d, event of device %d", device,
                   s->device, e->device);
+    else
+        r = same_thread("cudaEventRecord", s, e);
     struct item *it = r == KV_OK ? calloc(1, sizeof(*it)) : NULL;
     if (r == KV_OK && !it)
         r = kv__error(KV_ERR_NO_MEMORY, "softcuda: a record");
@@ -379,6 +409,8 @@ static kv_status sc_event_sync(int device, void *event)
         r = fault("cudaEventSynchronize of an event never recorded");
     else if (e->device != device)
         r = fault("cudaEventSynchronize on device %d of an event of device %d", device, e->device);
+    else
+        r = same_thread("cudaEventSynchronize", NULL, e);
     if (r == KV_OK) {
         if (e->on_engine)
             st.engine_waits++;
@@ -433,6 +465,8 @@ static kv_status sc_copy(int device, const kv_plan *plan, const struct kv_paged_
         r = fault("copy on a stream not live (%p)", stream);
     else if (s->device != device)
         r = fault("copy on device %d, stream of device %d", device, s->device);
+    else
+        r = same_thread("copy", s, NULL);
     if (r == KV_OK)
         it->a[0] = cache_alloc(src, "source", device, &r);
     if (r == KV_OK)

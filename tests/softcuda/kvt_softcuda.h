@@ -26,6 +26,12 @@
  *            fault: CUDA answers some of these with success, a tier that
  *            relies on it is wrong). A wait on an event recorded on a stream
  *            the tier did not make (an engine's stream) is counted.
+ *   threads  a stream or event made through the seam is used (copy, record,
+ *            sync, destroy) only by the thread that made it: every entry of
+ *            the CUDA table sets the calling thread's device (cudaSetDevice),
+ *            so a call from another thread, an engine's, would move that
+ *            thread's current device. CUDA accepts such a call; the double
+ *            refuses it (a fault).
  *
  * Test controls: hold a stream (work behind the hold waits until
  * kvt_softcuda_release), pause every stream, read the counters.

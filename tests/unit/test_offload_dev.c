@@ -9,7 +9,8 @@
  * the loaded blocks (written by the reference addressing of kvt_cache.h);
  * pools are scrambled (block ids far from 0) and padded. Cases:
  *   - the double refuses: a host cache, an event never recorded, a stream
- *     destroyed with work queued, a free under a queued copy;
+ *     destroyed with work queued, a free under a queued copy, a stream or
+ *     event used from a thread that did not make it;
  *   - device -> tier -> device round trip (several chunks), and the same
  *     entries loaded into a host cache (the D2H wrote the host tier's format);
  *   - a corrupted entry refused before any H2D: its block untouched;
@@ -222,6 +223,26 @@ static kv_offload_state load_check(kv_offload *off, struct kvt_cache *d, const u
 
 /* ---- the double can fail --------------------------------------------------- */
 
+/* Seam calls on a stream and an event another thread made. */
+struct other_call {
+    const struct kv__offdev_ops *o;
+    const kv_plan *plan;
+    const struct kv_paged_cache *pc;
+    void *s, *e;
+    kv_status st[5];
+};
+
+static void *other_thread_calls(void *arg)
+{
+    struct other_call *c = arg;
+    c->st[0] = c->o->copy(0, c->plan, c->pc, 7, c->pc, 9, 16, c->s);
+    c->st[1] = c->o->event_record(0, c->e, c->s);
+    c->st[2] = c->o->event_sync(0, c->e);
+    c->st[3] = c->o->event_destroy(0, c->e);
+    c->st[4] = c->o->stream_destroy(0, c->s);
+    return NULL;
+}
+
 static void test_softcuda_refuses(void **state)
 {
     (void)state;
@@ -267,13 +288,29 @@ static void test_softcuda_refuses(void **state)
     assert_int_equal(o->event_record(0, e2, s), KV_ERR_DEVICE);
     assert_int_equal(o->event_destroy(0, e2), KV_OK);
     assert_int_equal(o->copy(0, plan, &hc.pc, 7, &hc.pc, 9, 16, s), KV_ERR_INVALID_ARG);
+    /* a stream and an event used from a thread that did not make them (the
+     * CUDA table would move that thread's current device): each entry */
+    struct other_call oc = {o, plan, &dv2, NULL, NULL, {0}};
+    assert_int_equal(o->stream_create(0, &oc.s), KV_OK);
+    assert_int_equal(o->event_create(0, &oc.e), KV_OK);
+    assert_int_equal(o->event_record(0, oc.e, oc.s), KV_OK);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, other_thread_calls, &oc), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(oc.st[i], KV_ERR_DEVICE);
+    assert_int_equal(sc_stats().faults, f0 + 12);
+    assert_non_null(strstr(sc_stats().last_fault, "other than the one that made"));
+    assert_int_equal(o->event_sync(0, oc.e), KV_OK); /* its own thread: accepted */
+    assert_int_equal(o->event_destroy(0, oc.e), KV_OK);
+    assert_int_equal(o->stream_destroy(0, oc.s), KV_OK);
     kv_plan_destroy(plan);
     kvt_cache_free(&hc);
     /* the cache freed under the copy is now freed for real (the model kept
      * it for the copy): nothing leaks; this case's faults were expected */
     kvt_softcuda_uninstall();
     struct kvt_softcuda_stats st = sc_stats();
-    assert_int_equal(st.faults, f0 + 8); /* + the allocation the fault kept, at uninstall */
+    assert_int_equal(st.faults, f0 + 13); /* + the allocation the fault kept, at uninstall */
     assert_int_equal(st.allocs, 0);
 }
 
