@@ -25,7 +25,7 @@ struct alloc {
     struct alloc *next;
 };
 
-enum { ITEM_COPY = 1, ITEM_EVENT = 2, ITEM_HOLD = 3 };
+enum { ITEM_COPY = 1, ITEM_EVENT = 2, ITEM_HOLD = 3, ITEM_WRITE = 4 };
 
 struct stream;
 struct event {
@@ -45,6 +45,14 @@ struct item {
     uint64_t seq; /* global order of issue (the legacy-stream rule) */
     struct kv__plan_sched sched;
     struct alloc *a[2];
+    /* copy: its device sides (cache and block), for the race check */
+    struct kv_paged_cache dev[2];
+    uint32_t dev_block[2];
+    int n_dev;
+    /* engine write: [p, p + bytes) set to value */
+    char *p;
+    size_t bytes;
+    unsigned char value;
     struct event *ev;
     uint64_t gen; /* hold: released when release_gen > gen */
     struct item *next;
@@ -209,6 +217,43 @@ static bool can_run(const struct stream *s)
     return true;
 }
 
+/* Does block b of device cache c (each (layer, plane) storage unit of it)
+ * meet [p, p + n)? */
+static bool block_meets(const struct kv_paged_cache *c, uint32_t b, const char *p, size_t n)
+{
+    const struct kv_layout *lo = &c->layout;
+    for (int64_t l = 0; l < lo->num_layers; l++)
+        for (int64_t k = 0; k < lo->kv_planes; k++) {
+            const char *u = (const char *)c->base + (int64_t)b * lo->stride_block_bytes +
+                            l * lo->stride_layer_bytes + k * lo->stride_kv_bytes;
+            if (u < p + n && p < u + lo->block_bytes)
+                return true;
+        }
+    return false;
+}
+
+/* mu held, copy it about to run: an engine write issued before it (a
+ * smaller seq) to a block it reads or writes, not run yet, is a race the
+ * GPU would lose silently (the tier's non-blocking stream does not wait
+ * for an engine's stream, the legacy one included): a fault. */
+static void race_check(const struct item *it)
+{
+    for (const struct stream *o = streams; o; o = o->next) {
+        if (o->tier)
+            continue;
+        for (const struct item *w = o->head; w; w = w->next) {
+            if (w->kind != ITEM_WRITE || w->seq > it->seq)
+                continue;
+            for (int d = 0; d < it->n_dev; d++)
+                if (block_meets(&it->dev[d], it->dev_block[d], w->p, w->bytes))
+                    fault("race: the tier's copy of device block %u ran before engine work "
+                          "issued earlier on stream %p (a write of %zu bytes at %p) landed: "
+                          "the tier's stream does not wait for an engine's",
+                          it->dev_block[d], (const void *)o, w->bytes, (const void *)w->p);
+        }
+    }
+}
+
 static void *stream_main(void *arg)
 {
     struct stream *s = arg;
@@ -219,7 +264,14 @@ static void *stream_main(void *arg)
         if (s->stop && !s->head)
             break;
         struct item *it = s->head;
-        if (it->kind == ITEM_COPY) {
+        if (it->kind == ITEM_COPY)
+            race_check(it);
+        if (it->kind == ITEM_WRITE) {
+            pthread_mutex_unlock(&mu);
+            memset(it->p, it->value, it->bytes);
+            pthread_mutex_lock(&mu);
+            it->a[0]->users--;
+        } else if (it->kind == ITEM_COPY) {
             pthread_mutex_unlock(&mu);
             const kv_status r = kv__grid_plan_copy(&it->sched); /* the kernel body */
             pthread_mutex_lock(&mu);
@@ -472,6 +524,14 @@ static kv_status sc_copy(int device, const kv_plan *plan, const struct kv_paged_
     if (r == KV_OK)
         it->a[1] = cache_alloc(dst, "destination", device, &r);
     if (r == KV_OK) {
+        if (src->mem == KV_MEM_DEVICE) {
+            it->dev[it->n_dev] = *src;
+            it->dev_block[it->n_dev++] = src_block;
+        }
+        if (dst->mem == KV_MEM_DEVICE) {
+            it->dev[it->n_dev] = *dst;
+            it->dev_block[it->n_dev++] = dst_block;
+        }
         it->kind = ITEM_COPY;
         it->a[0]->users++;
         it->a[1]->users++;
@@ -566,6 +626,40 @@ void kvt_softcuda_hold(void *stream)
     it->kind = ITEM_HOLD;
     it->gen = release_gen;
     enqueue(s, it);
+    pthread_mutex_unlock(&mu);
+}
+
+void kvt_softcuda_engine_write(void *stream, void *p, size_t bytes, unsigned char value)
+{
+    struct stream *s = stream ? stream : legacy;
+    struct item *it = calloc(1, sizeof(*it));
+    if (!it)
+        abort();
+    pthread_mutex_lock(&mu);
+    struct alloc *a = alloc_find(p, bytes, ALLOC_DEVICE);
+    if (!a || s->tier) {
+        fault("engine write of %zu bytes at %p: %s", bytes, p,
+              !a ? "not inside one live device allocation" : "on a stream of the tier");
+        pthread_mutex_unlock(&mu);
+        free(it);
+        return;
+    }
+    it->kind = ITEM_WRITE;
+    it->a[0] = a;
+    a->users++;
+    it->p = p;
+    it->bytes = bytes;
+    it->value = value;
+    enqueue(s, it);
+    pthread_mutex_unlock(&mu);
+}
+
+void kvt_softcuda_engine_sync(void *stream)
+{
+    struct stream *s = stream ? stream : legacy;
+    pthread_mutex_lock(&mu);
+    while (s->head)
+        pthread_cond_wait(&cv, &mu);
     pthread_mutex_unlock(&mu);
 }
 

@@ -21,6 +21,9 @@
  *     under a queued copy, every stream and event of the tier destroyed;
  *   - engine streams held (the legacy default stream and a blocking one):
  *     the tier still finishes, and never waits on an engine's event;
+ *   - the engine's writes to a block: landed before the store (the entry
+ *     holds them), or still queued on its stream (the race the GPU loses
+ *     silently: the double's fault);
  *   - a failing copy (injected): its chunk's entries KV_ERR_DEVICE, what was
  *     issued still waited for, the other chunks done;
  *   - refusals at post: a host-memory region, nothing retained.
@@ -578,6 +581,104 @@ static void test_offload_dev_engine_streams_not_blocked(void **state)
     kvt_cache_free(&d);
 }
 
+/* Store blocks ids[n] of s (held, hashed): DONE. */
+static void store_ids(kv_offload *off, struct kvt_cache *s, const uint32_t *ids, uint32_t n)
+{
+    kv_offload_op *op = NULL;
+    assert_int_equal(kv_offload_store(off, s->c, ids, n, &op), KV_OK);
+    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+}
+
+/* Load hash h into a new block of d: DONE; the block (held: release it). */
+static uint32_t load_one(kv_offload *off, struct kvt_cache *d, uint64_t h)
+{
+    kv_offload_op *op = NULL;
+    assert_int_equal(kv_offload_load(off, d->c, &h, 1, &op), KV_OK);
+    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    const struct kv_offload_result *res;
+    uint32_t nr;
+    assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
+    const uint32_t b = res[0].block;
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    return b;
+}
+
+/* Block sb of s and block db of d (one layout) hold the same bytes, every
+ * (layer, plane) unit. */
+static void same_block(const struct kvt_cache *s, uint32_t sb, const struct kvt_cache *d,
+                       uint32_t db)
+{
+    const struct kv_layout *lo = &s->pc.layout;
+    for (int64_t l = 0; l < lo->num_layers; l++)
+        for (int64_t k = 0; k < lo->kv_planes; k++) {
+            const int64_t u = l * lo->stride_layer_bytes + k * lo->stride_kv_bytes;
+            assert_int_equal(memcmp(s->base + (int64_t)sb * lo->stride_block_bytes + u,
+                                    d->base + (int64_t)db * lo->stride_block_bytes + u,
+                                    (size_t)lo->block_bytes),
+                             0);
+        }
+}
+
+/* The engine's rule for a device cache: its writes to a block have landed
+ * before it posts a store of the block (the tier's stream waits for no
+ * engine stream). Kept (the engine synchronized its stream): the entry
+ * holds the written bytes. Broken (the write still queued behind a
+ * long kernel): the GPU would store stale bytes silently; the double
+ * counts the race. */
+static void test_offload_dev_engine_write_race(void **state)
+{
+    (void)state;
+    uint64_t rng = 0x4ACE;
+    void *eng = kvt_softcuda_engine_stream(0, false);
+    kv_offload *off = mk_tier(4);
+    struct kvt_cache s, d;
+    mk_cache(&s, KV_MEM_DEVICE, 6, 41);
+    mk_cache(&d, KV_MEM_DEVICE, 6, 42);
+    kvt_pool_scramble(&s, &rng);
+    kvt_pool_scramble(&d, &rng);
+    const struct kv_layout *lo = &s.pc.layout;
+    uint64_t h[2] = {hash_of(410), hash_of(411)};
+    uint32_t ids[2];
+    put_blocks(&s, h, 2, ids);
+    /* kept: layer 1's V of block ids[0] written, the stream synchronized */
+    unsigned char *u0 = s.base + (int64_t)ids[0] * lo->stride_block_bytes +
+                        lo->stride_layer_bytes + lo->stride_kv_bytes;
+    kvt_softcuda_engine_write(eng, u0, (size_t)lo->block_bytes, 0x3C);
+    kvt_softcuda_engine_sync(eng);
+    assert_int_equal(u0[0], 0x3C);
+    store_ids(off, &s, ids, 1);
+    uint32_t b = load_one(off, &d, h[0]);
+    same_block(&s, ids[0], &d, b);
+    assert_int_equal(kv_block_pool_release(d.pool, &b, 1), KV_OK);
+    assert_int_equal(sc_stats().faults, 0);
+    /* broken: the write to block ids[1] queued behind a hold on the engine's
+     * stream when the store is posted */
+    unsigned char *u1 = s.base + (int64_t)ids[1] * lo->stride_block_bytes;
+    const unsigned char was = u1[0];
+    kvt_softcuda_hold(eng);
+    kvt_softcuda_engine_write(eng, u1, (size_t)lo->block_bytes, (unsigned char)(was ^ 0xFF));
+    store_ids(off, &s, ids + 1, 1); /* DONE: the tier cannot see it */
+    assert_int_equal(sc_stats().faults, 1);
+    assert_non_null(strstr(sc_stats().last_fault, "race"));
+    b = load_one(off, &d, h[1]);
+    assert_int_equal(d.base[(int64_t)b * lo->stride_block_bytes], was); /* the stale byte */
+    assert_int_equal(kv_block_pool_release(d.pool, &b, 1), KV_OK);
+    kvt_softcuda_release();
+    kvt_softcuda_engine_sync(eng);
+    assert_int_equal(u1[0], was ^ 0xFF);
+    assert_int_equal(kv_block_pool_release(s.pool, ids, 2), KV_OK);
+    kv_offload_destroy(off);
+    kvt_softcuda_engine_stream_free(eng);
+    kvt_cache_free(&s);
+    kvt_cache_free(&d);
+    kvt_softcuda_uninstall();
+    const struct kvt_softcuda_stats st = sc_stats();
+    assert_int_equal(st.faults, 1); /* the race alone */
+    assert_int_equal(st.allocs, 0);
+    assert_int_equal(st.tier_streams, 0);
+}
+
 /* ---- a failing CUDA call --------------------------------------------------------- */
 
 /* The double's table with its copy failing on call fail_at (counted from
@@ -706,6 +807,7 @@ int main(void)
                                         teardown_double),
         cmocka_unit_test_setup_teardown(test_offload_dev_engine_streams_not_blocked, setup_double,
                                         teardown_double),
+        cmocka_unit_test_setup_teardown(test_offload_dev_engine_write_race, setup_double, NULL),
         cmocka_unit_test_setup_teardown(test_offload_dev_copy_failure, setup_double,
                                         teardown_double),
         cmocka_unit_test_setup_teardown(test_offload_dev_refusals, setup_double, teardown_double),
