@@ -1,7 +1,19 @@
 /*
  * kv_offload_dev_cuda.c - the CUDA runtime's table of the offload tier's
- * device seam (kv_offload_dev_int.h); CUDA builds only. Each entry sets the
- * calling thread's device first (the worker serves caches of any device).
+ * device seam (kv_offload_dev_int.h); CUDA builds only. Each entry first
+ * sets the calling thread (the tier's worker: every seam call is made
+ * there) to
+ *   - the cache's device (cudaSetDevice: the worker serves caches of any
+ *     device), and
+ *   - the relaxed stream capture mode (cudaThreadExchangeStreamCaptureMode):
+ *     in the default global mode, an engine thread capturing a CUDA graph
+ *     with cudaStreamCaptureModeGlobal (PyTorch's default) prohibits
+ *     "potentially unsafe" calls on every other thread, and such a call
+ *     invalidates that capture. The worker's calls never touch a capturing
+ *     stream (its own stream, its own event, pinned and device memory), and
+ *     the plan copy's narrow path uploads its tables from pageable memory
+ *     and allocates stream-ordered: relaxed, they neither fail nor break
+ *     the engine's graph (tests/gpu/test_gpu_offload.c captures one).
  */
 #include <cuda_runtime_api.h>
 
@@ -10,7 +22,10 @@
 
 static kv_status on_device(int device, const char *what)
 {
-    return kv__cuda_status(cudaSetDevice(device), what);
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    kv_status st = kv__cuda_status(cudaThreadExchangeStreamCaptureMode(&mode),
+                                   "offload: cudaThreadExchangeStreamCaptureMode");
+    return st == KV_OK ? kv__cuda_status(cudaSetDevice(device), what) : st;
 }
 
 static kv_status cu_stream_create(int device, void **stream)

@@ -10,7 +10,9 @@
  * before its H2D (its block released, the pool otherwise as expected); a
  * store and a load cancelled at their first chunk boundary (a test hook:
  * deterministic), the load's pool holding exactly that chunk's blocks; the
- * engine's cache destroyed with a store of it posted.
+ * engine's cache destroyed with a store of it posted. Last (after the
+ * benchmark lines), a store and a load while the main thread captures a
+ * CUDA graph in global mode: both done, the capture still valid.
  *
  * Then the benchmark lines gpu.offload.store / gpu.offload.load (JSON, as
  * test_gpu_attn's gpu.kernel.*): 512 blocks of 2 MiB (a block-major,
@@ -253,6 +255,87 @@ static void one_layout(int bits)
     dcache_free(&d);
 }
 
+/* An engine thread captures a CUDA graph in global mode (PyTorch's default)
+ * while the tier stores and loads blocks of a padded layer-major cache (the
+ * plan copy's narrow path: a stream-ordered allocation and uploads from
+ * pageable memory on the worker). In global mode such calls on any thread
+ * are prohibited and invalidate the capture; the worker makes them in the
+ * relaxed mode (kv_offload_dev_cuda.c): the ops finish, the capture ends
+ * valid, its graph replays, and the load's pool is the reference's. */
+static void capture_case(void)
+{
+    struct kv_offload_config oc = KV_OFFLOAD_CONFIG_INIT;
+    oc.capacity_bytes = (size_t)16 << 20;
+    kv_offload *off = NULL;
+    CHECK(kv_offload_create(&oc, &off) == KV_OK);
+    struct dcache s, d;
+    dcache_make(&s, 0, 300);
+    dcache_make(&d, 0, 301);
+    enum { NB = 8 };
+    uint64_t h[NB];
+    uint32_t ids[NB];
+    CHECK(kv_block_pool_alloc(s.pool, NB, ids) == KV_OK);
+    for (int i = 0; i < NB; i++) {
+        h[i] = rnd(&(uint64_t){(uint64_t)(9000 + i)});
+        bool stored = false;
+        CHECK(kv_block_pool_commit_hash(s.pool, ids[i], h[i], &stored) == KV_OK && stored);
+    }
+    const size_t sb = (size_t)1 << 20;
+    unsigned char *scratch = NULL, *back = malloc(sb);
+    CHECK(back && cudaMalloc((void **)&scratch, sb) == cudaSuccess);
+    cudaStream_t cs;
+    CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking) == cudaSuccess);
+    CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    CHECK(cudaMemsetAsync(scratch, 0x7E, sb, cs) == cudaSuccess);
+    /* posting and waiting make no CUDA call on this thread */
+    kv_offload_op *st_op = NULL, *ld_op = NULL;
+    CHECK(kv_offload_store(off, s.c, ids, NB, &st_op) == KV_OK);
+    const kv_offload_state st_s = wait_op(st_op);
+    CHECK(kv_offload_load(off, d.c, h, NB, &ld_op) == KV_OK);
+    const kv_offload_state ld_s = wait_op(ld_op);
+    cudaGraph_t g = NULL;
+    const cudaError_t e = cudaStreamEndCapture(cs, &g);
+    if (e != cudaSuccess || st_s != KV_OFFLOAD_DONE || ld_s != KV_OFFLOAD_DONE) {
+        fprintf(stderr,
+                "FAIL capture: cudaStreamEndCapture %s; the store %s, the load %s (%s)\n",
+                cudaGetErrorName(e), kv_offload_state_name(st_s), kv_offload_state_name(ld_s),
+                kv_last_error());
+        exit(1);
+    }
+    cudaGraphExec_t x;
+    CHECK(cudaGraphInstantiate(&x, g, 0) == cudaSuccess);
+    CHECK(cudaGraphLaunch(x, cs) == cudaSuccess);
+    CHECK(cudaStreamSynchronize(cs) == cudaSuccess);
+    CHECK(cudaMemcpy(back, scratch, sb, cudaMemcpyDeviceToHost) == cudaSuccess);
+    for (size_t i = 0; i < sb; i++)
+        CHECK(back[i] == 0x7E);
+    const struct kv_offload_result *res;
+    uint32_t nr;
+    CHECK(kv_offload_results(ld_op, &res, &nr) == KV_OK && nr == NB);
+    for (int i = 0; i < NB; i++) {
+        CHECK(res[i].status == KV_OK);
+        ref_copy(&s, ids[i], &d, res[i].block);
+    }
+    gpu_pool_same(d.pc.base, d.back, d.h, d.bytes, "load during a capture", "the reference");
+    for (int i = 0; i < NB; i++) {
+        uint32_t b = res[i].block;
+        CHECK(kv_block_pool_release(d.pool, &b, 1) == KV_OK);
+    }
+    CHECK(kv_offload_op_free(st_op) == KV_OK);
+    CHECK(kv_offload_op_free(ld_op) == KV_OK);
+    CHECK(cudaGraphExecDestroy(x) == cudaSuccess);
+    CHECK(cudaGraphDestroy(g) == cudaSuccess);
+    CHECK(cudaStreamDestroy(cs) == cudaSuccess);
+    CHECK(cudaFree(scratch) == cudaSuccess);
+    free(back);
+    CHECK(kv_block_pool_release(s.pool, ids, NB) == KV_OK);
+    kv_offload_destroy(off);
+    dcache_free(&s);
+    dcache_free(&d);
+    printf("test_gpu_offload: a store and a load while another thread captures a graph in "
+           "global mode: ok\n");
+}
+
 /* ---- the benchmark (issue 21: >= 0.9 of a pinned cudaMemcpyAsync) ------------ */
 
 #ifndef BENCH_BLOCKS
@@ -449,5 +532,6 @@ int main(void)
     printf("test_gpu_offload: 4 layouts, device -> pinned tier -> device, whole pools, a corrupt "
            "entry, cancelled store and load: ok\n");
     bench();
+    capture_case();
     return 0;
 }
