@@ -4,16 +4,19 @@
  * sets the calling thread (the tier's worker: every seam call is made
  * there) to
  *   - the cache's device (cudaSetDevice: the worker serves caches of any
- *     device), and
- *   - the relaxed stream capture mode (cudaThreadExchangeStreamCaptureMode):
- *     in the default global mode, an engine thread capturing a CUDA graph
- *     with cudaStreamCaptureModeGlobal (PyTorch's default) prohibits
- *     "potentially unsafe" calls on every other thread, and such a call
- *     invalidates that capture. The worker's calls never touch a capturing
- *     stream (its own stream, its own event, pinned and device memory), and
- *     the plan copy's narrow path uploads its tables from pageable memory
- *     and allocates stream-ordered: relaxed, they neither fail nor break
- *     the engine's graph (tests/gpu/test_gpu_offload.c captures one).
+ *     device), then
+ *   - the thread-local stream capture mode
+ *     (cudaThreadExchangeStreamCaptureMode). In the default global mode, a
+ *     thread may not make "potentially unsafe" calls while any other
+ *     thread captures a CUDA graph in global mode (PyTorch's default), and
+ *     such a call fails and invalidates that capture: a watchdog thread's
+ *     cudaEventQuery did exactly that to PyTorch's captures, fixed the same
+ *     way (pytorch/pytorch#104555, #148594). The worker synchronizes its
+ *     own event, and the plan copy's narrow path allocates stream-ordered
+ *     and uploads from pageable memory; none of it touches a capturing
+ *     stream, so the engine's captures are no concern of this thread
+ *     (tests/gpu/test_gpu_offload.c stores and loads during one). The mode
+ *     is set after the device, so no context is made on another device.
  */
 #include <cuda_runtime_api.h>
 
@@ -22,10 +25,12 @@
 
 static kv_status on_device(int device, const char *what)
 {
-    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    kv_status st = kv__cuda_status(cudaThreadExchangeStreamCaptureMode(&mode),
-                                   "offload: cudaThreadExchangeStreamCaptureMode");
-    return st == KV_OK ? kv__cuda_status(cudaSetDevice(device), what) : st;
+    kv_status st = kv__cuda_status(cudaSetDevice(device), what);
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+    if (st == KV_OK)
+        st = kv__cuda_status(cudaThreadExchangeStreamCaptureMode(&mode),
+                             "offload: cudaThreadExchangeStreamCaptureMode");
+    return st;
 }
 
 static kv_status cu_stream_create(int device, void **stream)

@@ -257,11 +257,12 @@ static void one_layout(int bits)
 
 /* An engine thread captures a CUDA graph in global mode (PyTorch's default)
  * while the tier stores and loads blocks of a padded layer-major cache (the
- * plan copy's narrow path: a stream-ordered allocation and uploads from
- * pageable memory on the worker). In global mode such calls on any thread
- * are prohibited and invalidate the capture; the worker makes them in the
- * relaxed mode (kv_offload_dev_cuda.c): the ops finish, the capture ends
- * valid, its graph replays, and the load's pool is the reference's. */
+ * worker's event synchronize, and the plan copy's narrow path: a
+ * stream-ordered allocation and uploads from pageable memory). A thread in
+ * the global mode may not make such calls during another thread's global
+ * capture, and one that does invalidates it; the worker makes them in the
+ * thread-local mode (kv_offload_dev_cuda.c): the ops finish, the capture
+ * ends valid, its graph replays, and the load's pool is the reference's. */
 static void capture_case(void)
 {
     struct kv_offload_config oc = KV_OFFLOAD_CONFIG_INIT;
