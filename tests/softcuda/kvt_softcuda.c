@@ -77,6 +77,8 @@ static struct stream *legacy;
 static struct event *events;
 static uint64_t seq_next = 1, release_gen;
 static bool paused;
+static bool sticky;          /* a sticky error: the context is unusable */
+static char sticky_why[96];
 static struct kvt_softcuda_stats st;
 
 /* mu held. */
@@ -88,6 +90,13 @@ static kv_status fault(const char *fmt, ...)
     va_end(ap);
     st.faults++;
     return kv__error(KV_ERR_DEVICE, "softcuda: %s", st.last_fault);
+}
+
+/* mu held: the error every call returns once the context is unusable. */
+static kv_status sticky_error(const char *what)
+{
+    return kv__error(KV_ERR_DEVICE, "softcuda: %s: %s (sticky: the context is unusable)", what,
+                     sticky_why);
 }
 
 /* The live allocation holding [p, p + bytes) entirely, of kind; NULL. */
@@ -201,7 +210,11 @@ static const struct kv__arena_cuda_mem arena_mem = {host_alloc, host_free, devic
 static bool can_run(const struct stream *s)
 {
     const struct item *it = s->head;
-    if (!it || paused)
+    if (!it)
+        return false;
+    if (sticky)
+        return true; /* abandoned (stream_main) */
+    if (paused)
         return false;
     if (it->kind == ITEM_HOLD && release_gen <= it->gen)
         return false;
@@ -264,9 +277,16 @@ static void *stream_main(void *arg)
         if (s->stop && !s->head)
             break;
         struct item *it = s->head;
-        if (it->kind == ITEM_COPY)
+        if (it->kind == ITEM_COPY && !sticky)
             race_check(it);
-        if (it->kind == ITEM_WRITE) {
+        if (sticky) { /* a dead context runs nothing more: the work is dropped */
+            if (it->kind == ITEM_COPY || it->kind == ITEM_WRITE)
+                it->a[0]->users--;
+            if (it->kind == ITEM_COPY)
+                it->a[1]->users--;
+            if (it->kind == ITEM_EVENT)
+                it->ev->queued--;
+        } else if (it->kind == ITEM_WRITE) {
             pthread_mutex_unlock(&mu);
             memset(it->p, it->value, it->bytes);
             pthread_mutex_lock(&mu);
@@ -357,6 +377,11 @@ static kv_status sc_stream_create(int device, void **stream)
 {
     /* cudaStreamNonBlocking: the tier's own stream never waits for the
      * legacy default stream an engine may use */
+    pthread_mutex_lock(&mu);
+    const kv_status r = sticky ? sticky_error("cudaStreamCreateWithFlags") : KV_OK;
+    pthread_mutex_unlock(&mu);
+    if (r != KV_OK)
+        return r;
     struct stream *s = stream_new(device, false, true);
     if (!s)
         return kv__error(KV_ERR_NO_MEMORY, "softcuda: a stream");
@@ -375,18 +400,26 @@ static kv_status sc_stream_destroy(int device, void *stream)
         r = fault("cudaStreamDestroy on device %d of a stream of device %d", device, s->device);
     else if ((r = same_thread("cudaStreamDestroy", s, NULL)) != KV_OK)
         ;
-    else if (s->head)
+    else if (s->head && !sticky)
         r = fault("cudaStreamDestroy with work queued (the tier waits for its events first)");
-    if (r == KV_OK)
+    const bool gone = r == KV_OK; /* dead context: destroyed, its work dropped, an error */
+    if (gone)
         s->destroyed = true;
+    if (gone && sticky)
+        r = sticky_error("cudaStreamDestroy");
     pthread_mutex_unlock(&mu);
-    if (r == KV_OK)
+    if (gone)
         stream_end(s);
     return r;
 }
 
 static kv_status sc_event_create(int device, void **event)
 {
+    pthread_mutex_lock(&mu);
+    const kv_status r = sticky ? sticky_error("cudaEventCreateWithFlags") : KV_OK;
+    pthread_mutex_unlock(&mu);
+    if (r != KV_OK)
+        return r;
     struct event *e = calloc(1, sizeof(*e));
     if (!e)
         return kv__error(KV_ERR_NO_MEMORY, "softcuda: an event");
@@ -411,10 +444,12 @@ static kv_status sc_event_destroy(int device, void *event)
         r = fault("cudaEventDestroy on device %d of an event of device %d", device, e->device);
     else if ((r = same_thread("cudaEventDestroy", NULL, e)) != KV_OK)
         ;
-    else if (e->queued)
+    else if (e->queued && !sticky)
         r = fault("cudaEventDestroy with %u records queued", e->queued);
     if (r == KV_OK)
         e->destroyed = true;
+    if (r == KV_OK && sticky)
+        r = sticky_error("cudaEventDestroy");
     pthread_mutex_unlock(&mu);
     return r;
 }
@@ -425,7 +460,9 @@ static kv_status sc_event_record(int device, void *event, void *stream)
     struct stream *s = stream ? stream : legacy;
     pthread_mutex_lock(&mu);
     kv_status r = KV_OK;
-    if (e->destroyed)
+    if (sticky)
+        r = sticky_error("cudaEventRecord");
+    else if (e->destroyed)
         r = fault("cudaEventRecord of a destroyed event");
     else if (!stream_live(s))
         r = fault("cudaEventRecord on a stream not live (%p)", stream);
@@ -455,7 +492,9 @@ static kv_status sc_event_sync(int device, void *event)
     pthread_mutex_lock(&mu);
     kv_status r = KV_OK;
     st.event_syncs++;
-    if (e->destroyed)
+    if (sticky)
+        r = sticky_error("cudaEventSynchronize");
+    else if (e->destroyed)
         r = fault("cudaEventSynchronize of a destroyed event");
     else if (e->recorded == 0)
         r = fault("cudaEventSynchronize of an event never recorded");
@@ -467,8 +506,10 @@ static kv_status sc_event_sync(int device, void *event)
         if (e->on_engine)
             st.engine_waits++;
         const uint64_t want = e->recorded;
-        while (e->done < want)
+        while (e->done < want && !sticky)
             pthread_cond_wait(&cv, &mu);
+        if (e->done < want) /* the context died while the work ran */
+            r = sticky_error("cudaEventSynchronize");
     }
     pthread_mutex_unlock(&mu);
     return r;
@@ -513,7 +554,9 @@ static kv_status sc_copy(int device, const kv_plan *plan, const struct kv_paged_
         return r;
     }
     pthread_mutex_lock(&mu);
-    if (!stream_live(s))
+    if (sticky)
+        r = sticky_error("cudaMemcpy2DAsync");
+    else if (!stream_live(s))
         r = fault("copy on a stream not live (%p)", stream);
     else if (s->device != device)
         r = fault("copy on device %d, stream of device %d", device, s->device);
@@ -570,6 +613,7 @@ void kvt_softcuda_install(void)
     pthread_mutex_lock(&mu);
     memset(&st, 0, sizeof(st));
     paused = false;
+    sticky = false;
     pthread_mutex_unlock(&mu);
     legacy = stream_new(0, true, false);
     kv__arena_set_cuda_mem(&arena_mem);
@@ -667,6 +711,15 @@ void kvt_softcuda_release(void)
 {
     pthread_mutex_lock(&mu);
     release_gen++;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+}
+
+void kvt_softcuda_sticky(const char *why)
+{
+    pthread_mutex_lock(&mu);
+    sticky = true;
+    snprintf(sticky_why, sizeof(sticky_why), "%s", why);
     pthread_cond_broadcast(&cv);
     pthread_mutex_unlock(&mu);
 }

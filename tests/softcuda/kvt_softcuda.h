@@ -79,6 +79,13 @@ void kvt_softcuda_engine_sync(void *stream);
 void kvt_softcuda_hold(void *stream);
 void kvt_softcuda_release(void);
 
+/* A sticky error (a kernel's illegal address, say): from now on every
+ * seam call fails with KV_ERR_DEVICE naming why, a synchronize waiting on
+ * queued work returns that error, and queued work is dropped, never run
+ * (destroying a stream or event still releases it, with the error). Not a
+ * fault: the tier must cope. kvt_softcuda_install clears it. */
+void kvt_softcuda_sticky(const char *why);
+
 /* While paused no work item of any stream starts. */
 void kvt_softcuda_pause(bool paused);
 

@@ -26,6 +26,8 @@
  *     silently: the double's fault);
  *   - a failing copy (injected): its chunk's entries KV_ERR_DEVICE, what was
  *     issued still waited for, the other chunks done;
+ *   - a sticky error with a load's copies in flight: they never run, every
+ *     entry KV_ERR_DEVICE, the pool as it was; later ops fail, destroy ends;
  *   - refusals at post: a host-memory region, nothing retained.
  * Runs under SANITIZE=thread in CI (.ci/run).
  */
@@ -765,6 +767,78 @@ static void test_offload_dev_copy_failure(void **state)
     kvt_cache_free(&d);
 }
 
+/* ---- a sticky error ---------------------------------------------------------------- */
+
+/* The context dies (a sticky error) while a load's first chunk is in flight:
+ * its copies are dropped, the wait returns the error, every entry of the
+ * load fails KV_ERR_DEVICE with its block released and the WHOLE pool as it
+ * was; a later store fails every entry and adds none; destroy returns (the
+ * stream and event released with the error). */
+static void test_offload_dev_sticky_error(void **state)
+{
+    (void)state;
+    uint64_t rng = 0x571C4;
+    kv_offload *off = mk_tier(2);
+    struct kvt_cache s, d;
+    mk_cache(&s, KV_MEM_DEVICE, 5, 95);
+    mk_cache(&d, KV_MEM_DEVICE, 5, 96);
+    kvt_pool_scramble(&s, &rng);
+    kvt_pool_scramble(&d, &rng);
+    enum { NB = 6 };
+    uint64_t h[NB], h2[NB];
+    for (int i = 0; i < NB; i++) {
+        h[i] = hash_of(950 + (uint64_t)i);
+        h2[i] = hash_of(970 + (uint64_t)i);
+    }
+    store_all(off, &s, h, NB);
+    unsigned char *snap = malloc(d.bytes);
+    assert_non_null(snap);
+    memcpy(snap, d.base, d.bytes);
+    const uint64_t refs = kvt_pool_refs(&d);
+    kvt_softcuda_pause(true);
+    const uint64_t i0 = sc_stats().copies_issued;
+    kv_offload_op *op = NULL;
+    assert_int_equal(kv_offload_load(off, d.c, h, NB, &op), KV_OK);
+    wait_issued(i0 + 2); /* the first chunk's copies, queued */
+    kvt_softcuda_sticky("cudaErrorIllegalAddress (injected)");
+    assert_int_equal(finish(op), KV_OFFLOAD_FAILED);
+    const struct kv_offload_result *res;
+    uint32_t nr;
+    assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
+    for (int i = 0; i < NB; i++) {
+        assert_int_equal(res[i].status, KV_ERR_DEVICE);
+        assert_int_equal(res[i].block, KV_BLOCK_NULL);
+    }
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    assert_int_equal(kvt_pool_refs(&d), refs);
+    assert_int_equal(kvt_first_diff(snap, d.base, (int64_t)d.bytes), -1);
+    assert_int_equal(sc_stats().copies_done, i0); /* nothing ran */
+    /* a store now: every entry fails, none is added, the blocks go back */
+    uint32_t ids[NB];
+    put_blocks(&s, h2, NB, ids);
+    const uint64_t srefs = kvt_pool_refs(&s);
+    assert_int_equal(kv_offload_store(off, s.c, ids, NB, &op), KV_OK);
+    assert_int_equal(finish(op), KV_OFFLOAD_FAILED);
+    assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
+    for (int i = 0; i < NB; i++) {
+        assert_int_equal(res[i].status, KV_ERR_DEVICE);
+        assert_false(kv_offload_contains(off, s.c, h2[i]));
+    }
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    assert_int_equal(kvt_pool_refs(&s), srefs);
+    struct kv_offload_stats os;
+    assert_int_equal(kv_offload_stats_get(off, &os), KV_OK);
+    assert_int_equal(os.entries, NB); /* the first store's, kept */
+    assert_int_equal(os.failed_ops, 2);
+    assert_int_equal(kv_block_pool_release(s.pool, ids, NB), KV_OK);
+    kv_offload_destroy(off);
+    kvt_softcuda_pause(false);
+    assert_int_equal(sc_stats().tier_streams, 0);
+    kvt_cache_free(&s);
+    kvt_cache_free(&d);
+    free(snap);
+}
+
 /* ---- refusals at post -------------------------------------------------------------- */
 
 static void test_offload_dev_refusals(void **state)
@@ -809,6 +883,8 @@ int main(void)
                                         teardown_double),
         cmocka_unit_test_setup_teardown(test_offload_dev_engine_write_race, setup_double, NULL),
         cmocka_unit_test_setup_teardown(test_offload_dev_copy_failure, setup_double,
+                                        teardown_double),
+        cmocka_unit_test_setup_teardown(test_offload_dev_sticky_error, setup_double,
                                         teardown_double),
         cmocka_unit_test_setup_teardown(test_offload_dev_refusals, setup_double, teardown_double),
     };
