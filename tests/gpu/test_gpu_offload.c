@@ -297,8 +297,7 @@ static void capture_case(void)
     cudaGraph_t g = NULL;
     const cudaError_t e = cudaStreamEndCapture(cs, &g);
     if (e != cudaSuccess || st_s != KV_OFFLOAD_DONE || ld_s != KV_OFFLOAD_DONE) {
-        fprintf(stderr,
-                "FAIL capture: cudaStreamEndCapture %s; the store %s, the load %s (%s)\n",
+        fprintf(stderr, "FAIL capture: cudaStreamEndCapture %s; the store %s, the load %s (%s)\n",
                 cudaGetErrorName(e), kv_offload_state_name(st_s), kv_offload_state_name(ld_s),
                 kv_last_error());
         exit(1);
@@ -429,8 +428,8 @@ static void bench(void)
     memmove(ids, ids + 20, BN * sizeof(*ids));
     for (uint32_t i = 0; i < BN; i++) {
         bench_block(hb, i);
-        CHECK(cudaMemcpy((char *)spc.base + (int64_t)ids[i] * spc.layout.stride_block_bytes, hb,
-                         BB, cudaMemcpyHostToDevice) == cudaSuccess);
+        CHECK(cudaMemcpy((char *)spc.base + (int64_t)ids[i] * spc.layout.stride_block_bytes, hb, BB,
+                         cudaMemcpyHostToDevice) == cudaSuccess);
         h[i] = rnd(&(uint64_t){0xBE4C0000ull + i});
         bool stored = false;
         CHECK(kv_block_pool_commit_hash(sp, ids[i], h[i], &stored) == KV_OK && stored);
@@ -453,9 +452,10 @@ static void bench(void)
         /* its baseline: the same device blocks into pinned memory */
         t0 = now_s();
         for (uint32_t i = 0; i < BN; i++)
-            CHECK(cudaMemcpyAsync(pin + (size_t)i * BB,
-                                  (char *)spc.base + (int64_t)ids[i] * spc.layout.stride_block_bytes,
-                                  BB, cudaMemcpyDeviceToHost, cs) == cudaSuccess);
+            CHECK(
+                cudaMemcpyAsync(pin + (size_t)i * BB,
+                                (char *)spc.base + (int64_t)ids[i] * spc.layout.stride_block_bytes,
+                                BB, cudaMemcpyDeviceToHost, cs) == cudaSuccess);
         CHECK(cudaStreamSynchronize(cs) == cudaSuccess);
         td[r] = now_s() - t0;
         /* load into new blocks of the other cache */
@@ -482,9 +482,9 @@ static void bench(void)
         /* its baseline: pinned memory into the same (now free) device blocks */
         t0 = now_s();
         for (uint32_t i = 0; i < BN; i++)
-            CHECK(cudaMemcpyAsync((char *)dpc.base + (int64_t)got[i] * dpc.layout.stride_block_bytes,
-                                  pin + (size_t)i * BB, BB, cudaMemcpyHostToDevice,
-                                  cs) == cudaSuccess);
+            CHECK(cudaMemcpyAsync(
+                      (char *)dpc.base + (int64_t)got[i] * dpc.layout.stride_block_bytes,
+                      pin + (size_t)i * BB, BB, cudaMemcpyHostToDevice, cs) == cudaSuccess);
         CHECK(cudaStreamSynchronize(cs) == cudaSuccess);
         tu[r] = now_s() - t0;
     }

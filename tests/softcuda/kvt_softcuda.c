@@ -30,7 +30,7 @@ enum { ITEM_COPY = 1, ITEM_EVENT = 2, ITEM_HOLD = 3, ITEM_WRITE = 4 };
 struct stream;
 struct event {
     int device;
-    pthread_t owner;    /* the thread that made it: the only one that may use it */
+    pthread_t owner; /* the thread that made it: the only one that may use it */
     bool destroyed;
     uint64_t recorded;  /* records made (0: never recorded) */
     uint64_t done;      /* records the stream ran */
@@ -77,7 +77,7 @@ static struct stream *legacy;
 static struct event *events;
 static uint64_t seq_next = 1, release_gen;
 static bool paused;
-static bool sticky;          /* a sticky error: the context is unusable */
+static bool sticky; /* a sticky error: the context is unusable */
 static char sticky_why[96];
 static struct kvt_softcuda_stats st;
 

@@ -644,8 +644,8 @@ static void test_offload_dev_engine_write_race(void **state)
     uint32_t ids[2];
     put_blocks(&s, h, 2, ids);
     /* kept: layer 1's V of block ids[0] written, the stream synchronized */
-    unsigned char *u0 = s.base + (int64_t)ids[0] * lo->stride_block_bytes +
-                        lo->stride_layer_bytes + lo->stride_kv_bytes;
+    unsigned char *u0 = s.base + (int64_t)ids[0] * lo->stride_block_bytes + lo->stride_layer_bytes +
+                        lo->stride_kv_bytes;
     kvt_softcuda_engine_write(eng, u0, (size_t)lo->block_bytes, 0x3C);
     kvt_softcuda_engine_sync(eng);
     assert_int_equal(u0[0], 0x3C);
