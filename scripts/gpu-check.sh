@@ -11,9 +11,13 @@
 #     pinned pools, every layout pair: test_gpu_plan), one decode step with
 #     device-resident indices captured in a CUDA graph and replayed with new
 #     slot mappings against uncaptured calls and the CPU kernels
-#     (test_gpu_graph), and the GPU
-#     benchmark lines (JSON: gpu.view_copy and gpu.kernel.* against a
-#     device-to-device cudaMemcpy of the same bytes);
+#     (test_gpu_graph), the offload tier with device caches (round trips
+#     through a pinned tier over whole pools, a corrupt entry, cancel, a
+#     store and a load during a global-mode graph capture:
+#     test_gpu_offload), and the GPU benchmark lines (JSON: gpu.view_copy
+#     and gpu.kernel.* against a device-to-device cudaMemcpy of the same
+#     bytes; gpu.offload.store / .load, 512 x 2 MiB, against pinned
+#     cudaMemcpyAsync D2H / H2D of the same bytes);
 #  3. the whole suite with KV_EXPECT_GPU=1: the tests then require pinned and
 #     device arenas and device copies to succeed (without it they require the
 #     clean KV_ERR_UNSUPPORTED of a host without a GPU);
@@ -52,8 +56,9 @@ build-gpu/kvcache version
 
 step "GPU tests"
 # test_gpu_plan must be among them: the plan executor's only device check;
-# test_gpu_graph: the only check of the device-index entries and of capture
-for need in test_gpu_plan test_gpu_graph; do
+# test_gpu_graph: the only check of the device-index entries and of capture;
+# test_gpu_offload: the only run of the offload tier's CUDA table
+for need in test_gpu_plan test_gpu_graph test_gpu_offload; do
     [[ -x build-gpu/gpu/$need ]] || { echo "gpu-check: build-gpu/gpu/$need was not built"; exit 1; }
 done
 status=0

@@ -216,15 +216,7 @@ void kv_offload_destroy(kv_offload *off)
         kv__off_op_finish(off, q, KV_OFFLOAD_CANCELLED);
         q = n;
     }
-    pthread_join(off->worker, NULL);
-    /* the worker waited for every copy it issued: its streams are idle */
-    for (int d = 0; d < KV__OFF_MAX_DEVS; d++) {
-        if (off->dev_event[d])
-            (void)off->dev->event_destroy(d, off->dev_event[d]);
-        if (off->dev_stream[d])
-            (void)off->dev->stream_destroy(d, off->dev_stream[d]);
-        off->dev_event[d] = off->dev_stream[d] = NULL;
-    }
+    pthread_join(off->worker, NULL); /* it destroyed its streams and events */
     /* no op is left and no worker: the entries (their pieces go with the
      * region) and the plans */
     pthread_mutex_lock(&off->mu);

@@ -55,7 +55,12 @@
  * own event, never on an engine's stream); a store hashes an entry after
  * its D2H landed, a load verifies it before issuing its H2D; a failed CUDA
  * call fails its entries with KV_ERR_DEVICE (docs/connector.md, "Device
- * caches").
+ * caches"). Every CUDA call is made on the worker thread (never the
+ * engine's current device or capture mode changed). The tier's stream
+ * waits for no engine stream, so: a store's blocks must hold their bytes
+ * when it is posted (the engine's writes to them landed: its stream
+ * synchronized, or an event after them waited for), and no engine work
+ * still in flight may touch a load's blocks (taken from the pool at post).
  *
  * Nothing is lost silently: a store that cannot make room fails that hash
  * (the block stays in the cache, untouched); a load whose entry is gone or

@@ -1,7 +1,22 @@
 /*
  * kv_offload_dev_cuda.c - the CUDA runtime's table of the offload tier's
- * device seam (kv_offload_dev_int.h); CUDA builds only. Each entry sets the
- * calling thread's device first (the worker serves caches of any device).
+ * device seam (kv_offload_dev_int.h); CUDA builds only. Each entry first
+ * sets the calling thread (the tier's worker: every seam call is made
+ * there) to
+ *   - the cache's device (cudaSetDevice: the worker serves caches of any
+ *     device), then
+ *   - the thread-local stream capture mode
+ *     (cudaThreadExchangeStreamCaptureMode). In the default global mode, a
+ *     thread may not make "potentially unsafe" calls while any other
+ *     thread captures a CUDA graph in global mode (PyTorch's default), and
+ *     such a call fails and invalidates that capture: a watchdog thread's
+ *     cudaEventQuery did exactly that to PyTorch's captures, fixed the same
+ *     way (pytorch/pytorch#104555, #148594). The worker synchronizes its
+ *     own event, and the plan copy's narrow path allocates stream-ordered
+ *     and uploads from pageable memory; none of it touches a capturing
+ *     stream, so the engine's captures are no concern of this thread
+ *     (tests/gpu/test_gpu_offload.c stores and loads during one). The mode
+ *     is set after the device, so no context is made on another device.
  */
 #include <cuda_runtime_api.h>
 
@@ -10,7 +25,12 @@
 
 static kv_status on_device(int device, const char *what)
 {
-    return kv__cuda_status(cudaSetDevice(device), what);
+    kv_status st = kv__cuda_status(cudaSetDevice(device), what);
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+    if (st == KV_OK)
+        st = kv__cuda_status(cudaThreadExchangeStreamCaptureMode(&mode),
+                             "offload: cudaThreadExchangeStreamCaptureMode");
+    return st;
 }
 
 static kv_status cu_stream_create(int device, void **stream)

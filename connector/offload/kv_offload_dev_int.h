@@ -20,9 +20,13 @@
  *   event_record + event_sync     the worker waits on its own event, nothing
  *                                 else: no stream or device synchronize
  *
+ *   stream/event_destroy          by the worker as it exits
+ *
  * Every entry returns a kv_status with the CUDA error in the message
  * (kv_cuda_lib.h's mapping); handles are opaque pointers (cudaStream_t,
- * cudaEvent_t).
+ * cudaEvent_t). Every entry sets the calling thread's CUDA device
+ * (cudaSetDevice) and leaves it set, so the tier calls them on its worker
+ * thread alone, never on an engine's (whose current device is its own).
  */
 #ifndef KV_OFFLOAD_DEV_INT_H
 #define KV_OFFLOAD_DEV_INT_H

@@ -114,7 +114,8 @@ struct kv_offload {
     pthread_t worker;
     /* the device seam (NULL: device caches refused) and, per device, the
      * tier's own stream and event: made by the worker on first use, used
-     * only by it, destroyed after it is joined */
+     * only by it, destroyed by it as it exits (every seam call sets the
+     * calling thread's CUDA device: none is made on an engine's thread) */
     const struct kv__offdev_ops *dev;
     void *dev_stream[KV__OFF_MAX_DEVS];
     void *dev_event[KV__OFF_MAX_DEVS];

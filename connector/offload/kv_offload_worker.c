@@ -349,6 +349,21 @@ static void run_op(kv_offload *off, kv_offload_op *op, const struct fmt *f, uint
     kv__off_op_finish(off, op, ok ? KV_OFFLOAD_DONE : KV_OFFLOAD_FAILED);
 }
 
+/* The tier's streams and events, destroyed by the thread that made and
+ * used them, as it exits: every seam entry sets the calling thread's CUDA
+ * device, so no seam call is made on an engine's thread (its current
+ * device stays its own). Every copy issued was waited for: they are idle. */
+static void dev_release(kv_offload *off)
+{
+    for (int d = 0; d < KV__OFF_MAX_DEVS; d++) {
+        if (off->dev_event[d])
+            (void)off->dev->event_destroy(d, off->dev_event[d]);
+        if (off->dev_stream[d])
+            (void)off->dev->stream_destroy(d, off->dev_stream[d]);
+        off->dev_event[d] = off->dev_stream[d] = NULL;
+    }
+}
+
 void *kv__off_worker_main(void *arg)
 {
     kv_offload *off = arg;
@@ -379,5 +394,6 @@ void *kv__off_worker_main(void *arg)
         pthread_mutex_lock(&off->mu);
     }
     pthread_mutex_unlock(&off->mu);
+    dev_release(off);
     return NULL;
 }

@@ -25,11 +25,12 @@ struct alloc {
     struct alloc *next;
 };
 
-enum { ITEM_COPY = 1, ITEM_EVENT = 2, ITEM_HOLD = 3 };
+enum { ITEM_COPY = 1, ITEM_EVENT = 2, ITEM_HOLD = 3, ITEM_WRITE = 4 };
 
 struct stream;
 struct event {
     int device;
+    pthread_t owner; /* the thread that made it: the only one that may use it */
     bool destroyed;
     uint64_t recorded;  /* records made (0: never recorded) */
     uint64_t done;      /* records the stream ran */
@@ -44,6 +45,14 @@ struct item {
     uint64_t seq; /* global order of issue (the legacy-stream rule) */
     struct kv__plan_sched sched;
     struct alloc *a[2];
+    /* copy: its device sides (cache and block), for the race check */
+    struct kv_paged_cache dev[2];
+    uint32_t dev_block[2];
+    int n_dev;
+    /* engine write: [p, p + bytes) set to value */
+    char *p;
+    size_t bytes;
+    unsigned char value;
     struct event *ev;
     uint64_t gen; /* hold: released when release_gen > gen */
     struct item *next;
@@ -51,8 +60,9 @@ struct item {
 
 struct stream {
     int device;
-    bool blocking; /* waits for, and is waited for by, the legacy stream */
-    bool tier;     /* made through the seam */
+    bool blocking;   /* waits for, and is waited for by, the legacy stream */
+    bool tier;       /* made through the seam */
+    pthread_t owner; /* tier: the thread that made it, the only one that may use it */
     bool destroyed, stop;
     struct item *head, *tail;
     pthread_t thread;
@@ -67,6 +77,8 @@ static struct stream *legacy;
 static struct event *events;
 static uint64_t seq_next = 1, release_gen;
 static bool paused;
+static bool sticky; /* a sticky error: the context is unusable */
+static char sticky_why[96];
 static struct kvt_softcuda_stats st;
 
 /* mu held. */
@@ -78,6 +90,13 @@ static kv_status fault(const char *fmt, ...)
     va_end(ap);
     st.faults++;
     return kv__error(KV_ERR_DEVICE, "softcuda: %s", st.last_fault);
+}
+
+/* mu held: the error every call returns once the context is unusable. */
+static kv_status sticky_error(const char *what)
+{
+    return kv__error(KV_ERR_DEVICE, "softcuda: %s: %s (sticky: the context is unusable)", what,
+                     sticky_why);
 }
 
 /* The live allocation holding [p, p + bytes) entirely, of kind; NULL. */
@@ -95,6 +114,26 @@ static bool stream_live(const struct stream *s)
         if (x == s)
             return !s->destroyed;
     return false;
+}
+
+/* mu held: KV_OK when the calling thread made the tier's stream s (NULL:
+ * not checked) and event e (NULL: not checked). Every entry of the CUDA
+ * table sets the calling thread's device (cudaSetDevice) and leaves it so:
+ * a tier's stream or event used from another thread, an engine's, would
+ * move that thread's current device under it. CUDA itself accepts the call
+ * (the handle knows its device); the double refuses it. */
+static kv_status same_thread(const char *what, const struct stream *s, const struct event *e)
+{
+    const pthread_t me = pthread_self();
+    if (s && s->tier && !pthread_equal(s->owner, me))
+        return fault("%s on a thread other than the one that made the stream (the CUDA "
+                     "table's cudaSetDevice would move that thread's current device)",
+                     what);
+    if (e && !pthread_equal(e->owner, me))
+        return fault("%s on a thread other than the one that made the event (the CUDA "
+                     "table's cudaSetDevice would move that thread's current device)",
+                     what);
+    return KV_OK;
 }
 
 /* ---- memory (allocator_int.h) ------------------------------------------ */
@@ -171,7 +210,11 @@ static const struct kv__arena_cuda_mem arena_mem = {host_alloc, host_free, devic
 static bool can_run(const struct stream *s)
 {
     const struct item *it = s->head;
-    if (!it || paused)
+    if (!it)
+        return false;
+    if (sticky)
+        return true; /* abandoned (stream_main) */
+    if (paused)
         return false;
     if (it->kind == ITEM_HOLD && release_gen <= it->gen)
         return false;
@@ -187,6 +230,43 @@ static bool can_run(const struct stream *s)
     return true;
 }
 
+/* Does block b of device cache c (each (layer, plane) storage unit of it)
+ * meet [p, p + n)? */
+static bool block_meets(const struct kv_paged_cache *c, uint32_t b, const char *p, size_t n)
+{
+    const struct kv_layout *lo = &c->layout;
+    for (int64_t l = 0; l < lo->num_layers; l++)
+        for (int64_t k = 0; k < lo->kv_planes; k++) {
+            const char *u = (const char *)c->base + (int64_t)b * lo->stride_block_bytes +
+                            l * lo->stride_layer_bytes + k * lo->stride_kv_bytes;
+            if (u < p + n && p < u + lo->block_bytes)
+                return true;
+        }
+    return false;
+}
+
+/* mu held, copy it about to run: an engine write issued before it (a
+ * smaller seq) to a block it reads or writes, not run yet, is a race the
+ * GPU would lose silently (the tier's non-blocking stream does not wait
+ * for an engine's stream, the legacy one included): a fault. */
+static void race_check(const struct item *it)
+{
+    for (const struct stream *o = streams; o; o = o->next) {
+        if (o->tier)
+            continue;
+        for (const struct item *w = o->head; w; w = w->next) {
+            if (w->kind != ITEM_WRITE || w->seq > it->seq)
+                continue;
+            for (int d = 0; d < it->n_dev; d++)
+                if (block_meets(&it->dev[d], it->dev_block[d], w->p, w->bytes))
+                    fault("race: the tier's copy of device block %u ran before engine work "
+                          "issued earlier on stream %p (a write of %zu bytes at %p) landed: "
+                          "the tier's stream does not wait for an engine's",
+                          it->dev_block[d], (const void *)o, w->bytes, (const void *)w->p);
+        }
+    }
+}
+
 static void *stream_main(void *arg)
 {
     struct stream *s = arg;
@@ -197,7 +277,21 @@ static void *stream_main(void *arg)
         if (s->stop && !s->head)
             break;
         struct item *it = s->head;
-        if (it->kind == ITEM_COPY) {
+        if (it->kind == ITEM_COPY && !sticky)
+            race_check(it);
+        if (sticky) { /* a dead context runs nothing more: the work is dropped */
+            if (it->kind == ITEM_COPY || it->kind == ITEM_WRITE)
+                it->a[0]->users--;
+            if (it->kind == ITEM_COPY)
+                it->a[1]->users--;
+            if (it->kind == ITEM_EVENT)
+                it->ev->queued--;
+        } else if (it->kind == ITEM_WRITE) {
+            pthread_mutex_unlock(&mu);
+            memset(it->p, it->value, it->bytes);
+            pthread_mutex_lock(&mu);
+            it->a[0]->users--;
+        } else if (it->kind == ITEM_COPY) {
             pthread_mutex_unlock(&mu);
             const kv_status r = kv__grid_plan_copy(&it->sched); /* the kernel body */
             pthread_mutex_lock(&mu);
@@ -233,6 +327,7 @@ static struct stream *stream_new(int device, bool blocking, bool tier)
     s->device = device;
     s->blocking = blocking;
     s->tier = tier;
+    s->owner = pthread_self();
     pthread_mutex_lock(&mu);
     s->next = streams;
     streams = s;
@@ -282,6 +377,11 @@ static kv_status sc_stream_create(int device, void **stream)
 {
     /* cudaStreamNonBlocking: the tier's own stream never waits for the
      * legacy default stream an engine may use */
+    pthread_mutex_lock(&mu);
+    const kv_status r = sticky ? sticky_error("cudaStreamCreateWithFlags") : KV_OK;
+    pthread_mutex_unlock(&mu);
+    if (r != KV_OK)
+        return r;
     struct stream *s = stream_new(device, false, true);
     if (!s)
         return kv__error(KV_ERR_NO_MEMORY, "softcuda: a stream");
@@ -298,22 +398,33 @@ static kv_status sc_stream_destroy(int device, void *stream)
         r = fault("cudaStreamDestroy of a stream not live (%p)", stream);
     else if (s->device != device)
         r = fault("cudaStreamDestroy on device %d of a stream of device %d", device, s->device);
-    else if (s->head)
+    else if ((r = same_thread("cudaStreamDestroy", s, NULL)) != KV_OK)
+        ;
+    else if (s->head && !sticky)
         r = fault("cudaStreamDestroy with work queued (the tier waits for its events first)");
-    if (r == KV_OK)
+    const bool gone = r == KV_OK; /* dead context: destroyed, its work dropped, an error */
+    if (gone)
         s->destroyed = true;
+    if (gone && sticky)
+        r = sticky_error("cudaStreamDestroy");
     pthread_mutex_unlock(&mu);
-    if (r == KV_OK)
+    if (gone)
         stream_end(s);
     return r;
 }
 
 static kv_status sc_event_create(int device, void **event)
 {
+    pthread_mutex_lock(&mu);
+    const kv_status r = sticky ? sticky_error("cudaEventCreateWithFlags") : KV_OK;
+    pthread_mutex_unlock(&mu);
+    if (r != KV_OK)
+        return r;
     struct event *e = calloc(1, sizeof(*e));
     if (!e)
         return kv__error(KV_ERR_NO_MEMORY, "softcuda: an event");
     e->device = device;
+    e->owner = pthread_self();
     pthread_mutex_lock(&mu);
     e->next = events;
     events = e;
@@ -331,10 +442,14 @@ static kv_status sc_event_destroy(int device, void *event)
         r = fault("cudaEventDestroy of a destroyed event");
     else if (e->device != device)
         r = fault("cudaEventDestroy on device %d of an event of device %d", device, e->device);
-    else if (e->queued)
+    else if ((r = same_thread("cudaEventDestroy", NULL, e)) != KV_OK)
+        ;
+    else if (e->queued && !sticky)
         r = fault("cudaEventDestroy with %u records queued", e->queued);
     if (r == KV_OK)
         e->destroyed = true;
+    if (r == KV_OK && sticky)
+        r = sticky_error("cudaEventDestroy");
     pthread_mutex_unlock(&mu);
     return r;
 }
@@ -345,13 +460,17 @@ static kv_status sc_event_record(int device, void *event, void *stream)
     struct stream *s = stream ? stream : legacy;
     pthread_mutex_lock(&mu);
     kv_status r = KV_OK;
-    if (e->destroyed)
+    if (sticky)
+        r = sticky_error("cudaEventRecord");
+    else if (e->destroyed)
         r = fault("cudaEventRecord of a destroyed event");
     else if (!stream_live(s))
         r = fault("cudaEventRecord on a stream not live (%p)", stream);
     else if (s->device != device || e->device != device)
         r = fault("cudaEventRecord on device %d: stream of device %d, event of device %d", device,
                   s->device, e->device);
+    else
+        r = same_thread("cudaEventRecord", s, e);
     struct item *it = r == KV_OK ? calloc(1, sizeof(*it)) : NULL;
     if (r == KV_OK && !it)
         r = kv__error(KV_ERR_NO_MEMORY, "softcuda: a record");
@@ -373,18 +492,24 @@ static kv_status sc_event_sync(int device, void *event)
     pthread_mutex_lock(&mu);
     kv_status r = KV_OK;
     st.event_syncs++;
-    if (e->destroyed)
+    if (sticky)
+        r = sticky_error("cudaEventSynchronize");
+    else if (e->destroyed)
         r = fault("cudaEventSynchronize of a destroyed event");
     else if (e->recorded == 0)
         r = fault("cudaEventSynchronize of an event never recorded");
     else if (e->device != device)
         r = fault("cudaEventSynchronize on device %d of an event of device %d", device, e->device);
+    else
+        r = same_thread("cudaEventSynchronize", NULL, e);
     if (r == KV_OK) {
         if (e->on_engine)
             st.engine_waits++;
         const uint64_t want = e->recorded;
-        while (e->done < want)
+        while (e->done < want && !sticky)
             pthread_cond_wait(&cv, &mu);
+        if (e->done < want) /* the context died while the work ran */
+            r = sticky_error("cudaEventSynchronize");
     }
     pthread_mutex_unlock(&mu);
     return r;
@@ -429,15 +554,27 @@ static kv_status sc_copy(int device, const kv_plan *plan, const struct kv_paged_
         return r;
     }
     pthread_mutex_lock(&mu);
-    if (!stream_live(s))
+    if (sticky)
+        r = sticky_error("cudaMemcpy2DAsync");
+    else if (!stream_live(s))
         r = fault("copy on a stream not live (%p)", stream);
     else if (s->device != device)
         r = fault("copy on device %d, stream of device %d", device, s->device);
+    else
+        r = same_thread("copy", s, NULL);
     if (r == KV_OK)
         it->a[0] = cache_alloc(src, "source", device, &r);
     if (r == KV_OK)
         it->a[1] = cache_alloc(dst, "destination", device, &r);
     if (r == KV_OK) {
+        if (src->mem == KV_MEM_DEVICE) {
+            it->dev[it->n_dev] = *src;
+            it->dev_block[it->n_dev++] = src_block;
+        }
+        if (dst->mem == KV_MEM_DEVICE) {
+            it->dev[it->n_dev] = *dst;
+            it->dev_block[it->n_dev++] = dst_block;
+        }
         it->kind = ITEM_COPY;
         it->a[0]->users++;
         it->a[1]->users++;
@@ -476,6 +613,7 @@ void kvt_softcuda_install(void)
     pthread_mutex_lock(&mu);
     memset(&st, 0, sizeof(st));
     paused = false;
+    sticky = false;
     pthread_mutex_unlock(&mu);
     legacy = stream_new(0, true, false);
     kv__arena_set_cuda_mem(&arena_mem);
@@ -535,10 +673,53 @@ void kvt_softcuda_hold(void *stream)
     pthread_mutex_unlock(&mu);
 }
 
+void kvt_softcuda_engine_write(void *stream, void *p, size_t bytes, unsigned char value)
+{
+    struct stream *s = stream ? stream : legacy;
+    struct item *it = calloc(1, sizeof(*it));
+    if (!it)
+        abort();
+    pthread_mutex_lock(&mu);
+    struct alloc *a = alloc_find(p, bytes, ALLOC_DEVICE);
+    if (!a || s->tier) {
+        fault("engine write of %zu bytes at %p: %s", bytes, p,
+              !a ? "not inside one live device allocation" : "on a stream of the tier");
+        pthread_mutex_unlock(&mu);
+        free(it);
+        return;
+    }
+    it->kind = ITEM_WRITE;
+    it->a[0] = a;
+    a->users++;
+    it->p = p;
+    it->bytes = bytes;
+    it->value = value;
+    enqueue(s, it);
+    pthread_mutex_unlock(&mu);
+}
+
+void kvt_softcuda_engine_sync(void *stream)
+{
+    struct stream *s = stream ? stream : legacy;
+    pthread_mutex_lock(&mu);
+    while (s->head)
+        pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+}
+
 void kvt_softcuda_release(void)
 {
     pthread_mutex_lock(&mu);
     release_gen++;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+}
+
+void kvt_softcuda_sticky(const char *why)
+{
+    pthread_mutex_lock(&mu);
+    sticky = true;
+    snprintf(sticky_why, sizeof(sticky_why), "%s", why);
     pthread_cond_broadcast(&cv);
     pthread_mutex_unlock(&mu);
 }

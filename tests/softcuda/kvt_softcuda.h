@@ -26,6 +26,15 @@
  *            fault: CUDA answers some of these with success, a tier that
  *            relies on it is wrong). A wait on an event recorded on a stream
  *            the tier did not make (an engine's stream) is counted.
+ *   races    engine work (kvt_softcuda_engine_write) issued before a tier
+ *            copy that touches the same device block and has not run when
+ *            the copy runs: a fault (CUDA would copy stale bytes silently).
+ *   threads  a stream or event made through the seam is used (copy, record,
+ *            sync, destroy) only by the thread that made it: every entry of
+ *            the CUDA table sets the calling thread's device (cudaSetDevice),
+ *            so a call from another thread, an engine's, would move that
+ *            thread's current device. CUDA accepts such a call; the double
+ *            refuses it (a fault).
  *
  * Test controls: hold a stream (work behind the hold waits until
  * kvt_softcuda_release), pause every stream, read the counters.
@@ -35,6 +44,7 @@
 #define KVT_SOFTCUDA_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kv_offload_dev_int.h"
@@ -54,10 +64,27 @@ void kvt_softcuda_uninstall(void);
 void *kvt_softcuda_engine_stream(int device, bool non_blocking);
 void kvt_softcuda_engine_stream_free(void *stream);
 
+/* Engine work on stream (NULL: the legacy default stream), as a kernel
+ * writing KV would be: [p, p + bytes) of one live device allocation set to
+ * value when the stream reaches it. A tier copy of a device block that
+ * runs while such a write, issued before the copy, has not run is a race
+ * the GPU would lose silently (the tier's stream waits for no engine
+ * stream): the double counts it as a fault. kvt_softcuda_engine_sync
+ * waits until stream has run all its work (cudaStreamSynchronize). */
+void kvt_softcuda_engine_write(void *stream, void *p, size_t bytes, unsigned char value);
+void kvt_softcuda_engine_sync(void *stream);
+
 /* Queue a hold on stream (NULL: the legacy default stream): the stream's
  * later work waits until kvt_softcuda_release. */
 void kvt_softcuda_hold(void *stream);
 void kvt_softcuda_release(void);
+
+/* A sticky error (a kernel's illegal address, say): from now on every
+ * seam call fails with KV_ERR_DEVICE naming why, a synchronize waiting on
+ * queued work returns that error, and queued work is dropped, never run
+ * (destroying a stream or event still releases it, with the error). Not a
+ * fault: the tier must cope. kvt_softcuda_install clears it. */
+void kvt_softcuda_sticky(const char *why);
 
 /* While paused no work item of any stream starts. */
 void kvt_softcuda_pause(bool paused);

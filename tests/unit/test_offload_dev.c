@@ -9,7 +9,8 @@
  * the loaded blocks (written by the reference addressing of kvt_cache.h);
  * pools are scrambled (block ids far from 0) and padded. Cases:
  *   - the double refuses: a host cache, an event never recorded, a stream
- *     destroyed with work queued, a free under a queued copy;
+ *     destroyed with work queued, a free under a queued copy, a stream or
+ *     event used from a thread that did not make it;
  *   - device -> tier -> device round trip (several chunks), and the same
  *     entries loaded into a host cache (the D2H wrote the host tier's format);
  *   - a corrupted entry refused before any H2D: its block untouched;
@@ -20,8 +21,13 @@
  *     under a queued copy, every stream and event of the tier destroyed;
  *   - engine streams held (the legacy default stream and a blocking one):
  *     the tier still finishes, and never waits on an engine's event;
+ *   - the engine's writes to a block: landed before the store (the entry
+ *     holds them), or still queued on its stream (the race the GPU loses
+ *     silently: the double's fault);
  *   - a failing copy (injected): its chunk's entries KV_ERR_DEVICE, what was
  *     issued still waited for, the other chunks done;
+ *   - a sticky error with a load's copies in flight: they never run, every
+ *     entry KV_ERR_DEVICE, the pool as it was; later ops fail, destroy ends;
  *   - refusals at post: a host-memory region, nothing retained.
  * Runs under SANITIZE=thread in CI (.ci/run).
  */
@@ -222,6 +228,26 @@ static kv_offload_state load_check(kv_offload *off, struct kvt_cache *d, const u
 
 /* ---- the double can fail --------------------------------------------------- */
 
+/* Seam calls on a stream and an event another thread made. */
+struct other_call {
+    const struct kv__offdev_ops *o;
+    const kv_plan *plan;
+    const struct kv_paged_cache *pc;
+    void *s, *e;
+    kv_status st[5];
+};
+
+static void *other_thread_calls(void *arg)
+{
+    struct other_call *c = arg;
+    c->st[0] = c->o->copy(0, c->plan, c->pc, 7, c->pc, 9, 16, c->s);
+    c->st[1] = c->o->event_record(0, c->e, c->s);
+    c->st[2] = c->o->event_sync(0, c->e);
+    c->st[3] = c->o->event_destroy(0, c->e);
+    c->st[4] = c->o->stream_destroy(0, c->s);
+    return NULL;
+}
+
 static void test_softcuda_refuses(void **state)
 {
     (void)state;
@@ -267,13 +293,29 @@ static void test_softcuda_refuses(void **state)
     assert_int_equal(o->event_record(0, e2, s), KV_ERR_DEVICE);
     assert_int_equal(o->event_destroy(0, e2), KV_OK);
     assert_int_equal(o->copy(0, plan, &hc.pc, 7, &hc.pc, 9, 16, s), KV_ERR_INVALID_ARG);
+    /* a stream and an event used from a thread that did not make them (the
+     * CUDA table would move that thread's current device): each entry */
+    struct other_call oc = {o, plan, &dv2, NULL, NULL, {0}};
+    assert_int_equal(o->stream_create(0, &oc.s), KV_OK);
+    assert_int_equal(o->event_create(0, &oc.e), KV_OK);
+    assert_int_equal(o->event_record(0, oc.e, oc.s), KV_OK);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, other_thread_calls, &oc), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(oc.st[i], KV_ERR_DEVICE);
+    assert_int_equal(sc_stats().faults, f0 + 12);
+    assert_non_null(strstr(sc_stats().last_fault, "other than the one that made"));
+    assert_int_equal(o->event_sync(0, oc.e), KV_OK); /* its own thread: accepted */
+    assert_int_equal(o->event_destroy(0, oc.e), KV_OK);
+    assert_int_equal(o->stream_destroy(0, oc.s), KV_OK);
     kv_plan_destroy(plan);
     kvt_cache_free(&hc);
     /* the cache freed under the copy is now freed for real (the model kept
      * it for the copy): nothing leaks; this case's faults were expected */
     kvt_softcuda_uninstall();
     struct kvt_softcuda_stats st = sc_stats();
-    assert_int_equal(st.faults, f0 + 8); /* + the allocation the fault kept, at uninstall */
+    assert_int_equal(st.faults, f0 + 13); /* + the allocation the fault kept, at uninstall */
     assert_int_equal(st.allocs, 0);
 }
 
@@ -541,6 +583,104 @@ static void test_offload_dev_engine_streams_not_blocked(void **state)
     kvt_cache_free(&d);
 }
 
+/* Store blocks ids[n] of s (held, hashed): DONE. */
+static void store_ids(kv_offload *off, struct kvt_cache *s, const uint32_t *ids, uint32_t n)
+{
+    kv_offload_op *op = NULL;
+    assert_int_equal(kv_offload_store(off, s->c, ids, n, &op), KV_OK);
+    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+}
+
+/* Load hash h into a new block of d: DONE; the block (held: release it). */
+static uint32_t load_one(kv_offload *off, struct kvt_cache *d, uint64_t h)
+{
+    kv_offload_op *op = NULL;
+    assert_int_equal(kv_offload_load(off, d->c, &h, 1, &op), KV_OK);
+    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    const struct kv_offload_result *res;
+    uint32_t nr;
+    assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
+    const uint32_t b = res[0].block;
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    return b;
+}
+
+/* Block sb of s and block db of d (one layout) hold the same bytes, every
+ * (layer, plane) unit. */
+static void same_block(const struct kvt_cache *s, uint32_t sb, const struct kvt_cache *d,
+                       uint32_t db)
+{
+    const struct kv_layout *lo = &s->pc.layout;
+    for (int64_t l = 0; l < lo->num_layers; l++)
+        for (int64_t k = 0; k < lo->kv_planes; k++) {
+            const int64_t u = l * lo->stride_layer_bytes + k * lo->stride_kv_bytes;
+            assert_int_equal(memcmp(s->base + (int64_t)sb * lo->stride_block_bytes + u,
+                                    d->base + (int64_t)db * lo->stride_block_bytes + u,
+                                    (size_t)lo->block_bytes),
+                             0);
+        }
+}
+
+/* The engine's rule for a device cache: its writes to a block have landed
+ * before it posts a store of the block (the tier's stream waits for no
+ * engine stream). Kept (the engine synchronized its stream): the entry
+ * holds the written bytes. Broken (the write still queued behind a
+ * long kernel): the GPU would store stale bytes silently; the double
+ * counts the race. */
+static void test_offload_dev_engine_write_race(void **state)
+{
+    (void)state;
+    uint64_t rng = 0x4ACE;
+    void *eng = kvt_softcuda_engine_stream(0, false);
+    kv_offload *off = mk_tier(4);
+    struct kvt_cache s, d;
+    mk_cache(&s, KV_MEM_DEVICE, 6, 41);
+    mk_cache(&d, KV_MEM_DEVICE, 6, 42);
+    kvt_pool_scramble(&s, &rng);
+    kvt_pool_scramble(&d, &rng);
+    const struct kv_layout *lo = &s.pc.layout;
+    uint64_t h[2] = {hash_of(410), hash_of(411)};
+    uint32_t ids[2];
+    put_blocks(&s, h, 2, ids);
+    /* kept: layer 1's V of block ids[0] written, the stream synchronized */
+    unsigned char *u0 = s.base + (int64_t)ids[0] * lo->stride_block_bytes + lo->stride_layer_bytes +
+                        lo->stride_kv_bytes;
+    kvt_softcuda_engine_write(eng, u0, (size_t)lo->block_bytes, 0x3C);
+    kvt_softcuda_engine_sync(eng);
+    assert_int_equal(u0[0], 0x3C);
+    store_ids(off, &s, ids, 1);
+    uint32_t b = load_one(off, &d, h[0]);
+    same_block(&s, ids[0], &d, b);
+    assert_int_equal(kv_block_pool_release(d.pool, &b, 1), KV_OK);
+    assert_int_equal(sc_stats().faults, 0);
+    /* broken: the write to block ids[1] queued behind a hold on the engine's
+     * stream when the store is posted */
+    unsigned char *u1 = s.base + (int64_t)ids[1] * lo->stride_block_bytes;
+    const unsigned char was = u1[0];
+    kvt_softcuda_hold(eng);
+    kvt_softcuda_engine_write(eng, u1, (size_t)lo->block_bytes, (unsigned char)(was ^ 0xFF));
+    store_ids(off, &s, ids + 1, 1); /* DONE: the tier cannot see it */
+    assert_int_equal(sc_stats().faults, 1);
+    assert_non_null(strstr(sc_stats().last_fault, "race"));
+    b = load_one(off, &d, h[1]);
+    assert_int_equal(d.base[(int64_t)b * lo->stride_block_bytes], was); /* the stale byte */
+    assert_int_equal(kv_block_pool_release(d.pool, &b, 1), KV_OK);
+    kvt_softcuda_release();
+    kvt_softcuda_engine_sync(eng);
+    assert_int_equal(u1[0], was ^ 0xFF);
+    assert_int_equal(kv_block_pool_release(s.pool, ids, 2), KV_OK);
+    kv_offload_destroy(off);
+    kvt_softcuda_engine_stream_free(eng);
+    kvt_cache_free(&s);
+    kvt_cache_free(&d);
+    kvt_softcuda_uninstall();
+    const struct kvt_softcuda_stats st = sc_stats();
+    assert_int_equal(st.faults, 1); /* the race alone */
+    assert_int_equal(st.allocs, 0);
+    assert_int_equal(st.tier_streams, 0);
+}
+
 /* ---- a failing CUDA call --------------------------------------------------------- */
 
 /* The double's table with its copy failing on call fail_at (counted from
@@ -627,6 +767,78 @@ static void test_offload_dev_copy_failure(void **state)
     kvt_cache_free(&d);
 }
 
+/* ---- a sticky error ---------------------------------------------------------------- */
+
+/* The context dies (a sticky error) while a load's first chunk is in flight:
+ * its copies are dropped, the wait returns the error, every entry of the
+ * load fails KV_ERR_DEVICE with its block released and the WHOLE pool as it
+ * was; a later store fails every entry and adds none; destroy returns (the
+ * stream and event released with the error). */
+static void test_offload_dev_sticky_error(void **state)
+{
+    (void)state;
+    uint64_t rng = 0x571C4;
+    kv_offload *off = mk_tier(2);
+    struct kvt_cache s, d;
+    mk_cache(&s, KV_MEM_DEVICE, 5, 95);
+    mk_cache(&d, KV_MEM_DEVICE, 5, 96);
+    kvt_pool_scramble(&s, &rng);
+    kvt_pool_scramble(&d, &rng);
+    enum { NB = 6 };
+    uint64_t h[NB], h2[NB];
+    for (int i = 0; i < NB; i++) {
+        h[i] = hash_of(950 + (uint64_t)i);
+        h2[i] = hash_of(970 + (uint64_t)i);
+    }
+    store_all(off, &s, h, NB);
+    unsigned char *snap = malloc(d.bytes);
+    assert_non_null(snap);
+    memcpy(snap, d.base, d.bytes);
+    const uint64_t refs = kvt_pool_refs(&d);
+    kvt_softcuda_pause(true);
+    const uint64_t i0 = sc_stats().copies_issued;
+    kv_offload_op *op = NULL;
+    assert_int_equal(kv_offload_load(off, d.c, h, NB, &op), KV_OK);
+    wait_issued(i0 + 2); /* the first chunk's copies, queued */
+    kvt_softcuda_sticky("cudaErrorIllegalAddress (injected)");
+    assert_int_equal(finish(op), KV_OFFLOAD_FAILED);
+    const struct kv_offload_result *res;
+    uint32_t nr;
+    assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
+    for (int i = 0; i < NB; i++) {
+        assert_int_equal(res[i].status, KV_ERR_DEVICE);
+        assert_int_equal(res[i].block, KV_BLOCK_NULL);
+    }
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    assert_int_equal(kvt_pool_refs(&d), refs);
+    assert_int_equal(kvt_first_diff(snap, d.base, (int64_t)d.bytes), -1);
+    assert_int_equal(sc_stats().copies_done, i0); /* nothing ran */
+    /* a store now: every entry fails, none is added, the blocks go back */
+    uint32_t ids[NB];
+    put_blocks(&s, h2, NB, ids);
+    const uint64_t srefs = kvt_pool_refs(&s);
+    assert_int_equal(kv_offload_store(off, s.c, ids, NB, &op), KV_OK);
+    assert_int_equal(finish(op), KV_OFFLOAD_FAILED);
+    assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
+    for (int i = 0; i < NB; i++) {
+        assert_int_equal(res[i].status, KV_ERR_DEVICE);
+        assert_false(kv_offload_contains(off, s.c, h2[i]));
+    }
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    assert_int_equal(kvt_pool_refs(&s), srefs);
+    struct kv_offload_stats os;
+    assert_int_equal(kv_offload_stats_get(off, &os), KV_OK);
+    assert_int_equal(os.entries, NB); /* the first store's, kept */
+    assert_int_equal(os.failed_ops, 2);
+    assert_int_equal(kv_block_pool_release(s.pool, ids, NB), KV_OK);
+    kv_offload_destroy(off);
+    kvt_softcuda_pause(false);
+    assert_int_equal(sc_stats().tier_streams, 0);
+    kvt_cache_free(&s);
+    kvt_cache_free(&d);
+    free(snap);
+}
+
 /* ---- refusals at post -------------------------------------------------------------- */
 
 static void test_offload_dev_refusals(void **state)
@@ -669,7 +881,10 @@ int main(void)
                                         teardown_double),
         cmocka_unit_test_setup_teardown(test_offload_dev_engine_streams_not_blocked, setup_double,
                                         teardown_double),
+        cmocka_unit_test_setup_teardown(test_offload_dev_engine_write_race, setup_double, NULL),
         cmocka_unit_test_setup_teardown(test_offload_dev_copy_failure, setup_double,
+                                        teardown_double),
+        cmocka_unit_test_setup_teardown(test_offload_dev_sticky_error, setup_double,
                                         teardown_double),
         cmocka_unit_test_setup_teardown(test_offload_dev_refusals, setup_double, teardown_double),
     };
