@@ -34,11 +34,12 @@
  *                         a preemption inside a layer: timing each layer
  *                         from the end of the previous post instead (as
  *                         before 2026-12-04 evening) charged the candidate
- *                         32 wake-ups against the baseline's one (5-40 ms
- *                         of a 300 ms request on this loaded 2-core
- *                         machine). What the posts cost the prefill thread
- *                         is printed on stderr (median of the candidate's
- *                         runs, all 32 posts of a request).
+ *                         32 wake-ups against the baseline's one (4-25 ms
+ *                         with compute=wait, up to 150 ms with spin, on a
+ *                         loaded 2-core machine: docs/benchmarks.md, "where
+ *                         the time goes"). What the posts cost the
+ *                         prefill thread is printed on stderr (median of
+ *                         the candidate's runs, all 32 posts of a request).
  * After the runs the whole decode pool is compared byte by byte with a
  * kv_plan_copy of the request into a copy of its initial bytes.
  */
@@ -290,8 +291,8 @@ static void layerwise_case(struct lw *w, const char *name, bool spin, uint64_t *
             goto out;
         }
     }
-    fprintf(stderr, "%s %s: the %u posts of a request took %.3f ms on the prefill thread\n",
-            bench, name, LAYERS, kvb_median(ps, runs) * 1e3);
+    fprintf(stderr, "%s %s: the %u posts of a request took %.3f ms on the prefill thread\n", bench,
+            name, LAYERS, kvb_median(ps, runs) * 1e3);
     kvb_emit_us(bench, name, kvb_median(ts, runs) * 1e6, "whole_request",
                 kvb_median(bs, runs) * 1e6, runs);
 out:
