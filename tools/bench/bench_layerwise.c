@@ -24,11 +24,26 @@
  *                         is candidate <= 0.6 x baseline (ratio >= 1.67).
  *                         compute=spin keeps a CPU busy (a CPU-bound
  *                         prefill: it takes a core from the transport on a
- *                         small machine); compute=wait sleeps for c (a GPU
+ *                         small machine); compute=wait sleeps (a GPU
  *                         computes while the CPU is free to move bytes).
+ *                         Both follow one timeline from the request's start
+ *                         t0: layer l is computed at t0 + (l + 1) c, in
+ *                         either mode, so both compute for 32 c in all. A
+ *                         GPU does not stop while the thread that posts
+ *                         waits for a core, and a time-based spin forgives
+ *                         a preemption inside a layer: timing each layer
+ *                         from the end of the previous post instead (as
+ *                         before 2026-12-04 evening) charged the candidate
+ *                         32 wake-ups against the baseline's one (4-25 ms
+ *                         with compute=wait, up to 150 ms with spin, on a
+ *                         loaded 2-core machine: docs/benchmarks.md, "where
+ *                         the time goes"). What the posts cost the
+ *                         prefill thread is printed on stderr (median of
+ *                         the candidate's runs, all 32 posts of a request).
  * After the runs the whole decode pool is compared byte by byte with a
  * kv_plan_copy of the request into a copy of its initial bytes.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -86,14 +101,16 @@ static void *decode_thread(void *arg)
     return NULL;
 }
 
-static void compute(double c, bool spin)
+/* Prefill computes until `end` (kvb_now's clock, CLOCK_MONOTONIC): sleeps
+ * (wait) or keeps this CPU busy (spin); at once when end has passed. */
+static void compute_until(double end, bool spin)
 {
     if (!spin) {
-        const struct timespec ts = {(time_t)c, (long)((c - (double)(time_t)c) * 1e9)};
-        nanosleep(&ts, NULL);
+        const struct timespec ts = {(time_t)end, (long)((end - (double)(time_t)end) * 1e9)};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+        }
         return;
     }
-    const double end = kvb_now() + c;
     uint64_t x = 1;
     while (kvb_now() < end)
         for (int i = 0; i < 256; i++)
@@ -102,10 +119,12 @@ static void compute(double c, bool spin)
 }
 
 /* One request: n_layers decoder layers, posted as `groups` groups of
- * LAYERS / groups (each after compute c per layer of it) or, with
- * groups == 0, one layer-0 calibration write without compute. Seconds
- * from the start until decode holds the last layer; < 0 on failure. */
-static double one_request(struct lw *w, uint64_t req, uint32_t groups, double c, bool spin)
+ * LAYERS / groups (group g once its layers are computed, at t0 + (g + 1)
+ * x c x LAYERS / groups) or, with groups == 0, one layer-0 calibration
+ * write without compute. Seconds from the start until decode holds the
+ * last layer; < 0 on failure. *post_s: seconds spent in the posts. */
+static double one_request(struct lw *w, uint64_t req, uint32_t groups, double c, bool spin,
+                          double *post_s)
 {
     const uint32_t nl = groups ? LAYERS : 1;
     if (kv_xlayer_rx_expect(w->rx, kv_xport_peer_id(w->pb), req, nl) != KV_OK ||
@@ -122,11 +141,16 @@ static double one_request(struct lw *w, uint64_t req, uint32_t groups, double c,
                                w->did, w->n, w->T);
     } else {
         const uint32_t per = LAYERS / groups;
+        double in_post = 0;
         for (uint32_t g = 0; g < groups && st == KV_OK; g++) {
-            compute(c * per, spin);
+            compute_until(t0 + c * (double)(per * (g + 1)), spin);
+            const double p0 = kvb_now();
             st = kv_xlayer_tx_post(w->tx, req, per == 1 ? w->layer[g] : w->whole, g * per, per,
                                    w->ms, 0, w->sid, w->n, w->r, 0, w->did, w->n, w->T);
+            in_post += kvb_now() - p0;
         }
+        if (post_s)
+            *post_s = in_post;
     }
     if (st != KV_OK)
         (void)!kv_xlayer_tx_cancel(w->tx, req);
@@ -236,7 +260,7 @@ static void layerwise_case(struct lw *w, const char *name, bool spin, uint64_t *
     /* c: the median of one layer's transfer, measured here */
     double cal[9];
     for (int i = 0; i < 9; i++)
-        if ((cal[i] = one_request(w, (*req)++, 0, 0, spin)) < 0) {
+        if ((cal[i] = one_request(w, (*req)++, 0, 0, spin, NULL)) < 0) {
             kvb_failed(bench, "calibration", "%s", kv_last_error());
             return;
         }
@@ -245,30 +269,36 @@ static void layerwise_case(struct lw *w, const char *name, bool spin, uint64_t *
     fprintf(stderr, "%s %s: one layer's transfer (the compute per layer) %.3f ms\n", bench, name,
             c * 1e3);
     double *ts = malloc((size_t)runs * sizeof(double)), *bs = malloc((size_t)runs * sizeof(double));
-    if (!ts || !bs) {
+    double *ps = malloc((size_t)runs * sizeof(double));
+    if (!ts || !bs || !ps) {
         free(ts);
         free(bs);
+        free(ps);
         kvb_failed(bench, name, "out of memory");
         return;
     }
     /* warm-up, then interleaved */
-    if (one_request(w, (*req)++, LAYERS, c, spin) < 0 || one_request(w, (*req)++, 1, c, spin) < 0) {
+    if (one_request(w, (*req)++, LAYERS, c, spin, NULL) < 0 ||
+        one_request(w, (*req)++, 1, c, spin, NULL) < 0) {
         kvb_failed(bench, name, "warm-up: %s", kv_last_error());
         goto out;
     }
     for (int i = 0; i < runs; i++) {
-        ts[i] = one_request(w, (*req)++, LAYERS, c, spin);
-        bs[i] = one_request(w, (*req)++, 1, c, spin);
+        ts[i] = one_request(w, (*req)++, LAYERS, c, spin, &ps[i]);
+        bs[i] = one_request(w, (*req)++, 1, c, spin, NULL);
         if (ts[i] < 0 || bs[i] < 0) {
             kvb_failed(bench, name, "run %d: %s", i, kv_last_error());
             goto out;
         }
     }
+    fprintf(stderr, "%s %s: the %u posts of a request took %.3f ms on the prefill thread\n", bench,
+            name, LAYERS, kvb_median(ps, runs) * 1e3);
     kvb_emit_us(bench, name, kvb_median(ts, runs) * 1e6, "whole_request",
                 kvb_median(bs, runs) * 1e6, runs);
 out:
     free(ts);
     free(bs);
+    free(ps);
 }
 
 static void layerwise_suite(void)
