@@ -1,5 +1,6 @@
-"""The transport bindings (kvcache.transport) over loopback TCP, two
-transports in one process: a plan's write into another layout (NHD
+"""The transport bindings (kvcache.transport) over loopback TCP and over
+kind "auto" (which carries these same-host peers through shared memory),
+two transports in one process: a plan's write into another layout (NHD
 layer-major 16-token blocks -> HND block-major padded 32-token blocks),
 the whole destination pool compared with a reference built by NumPy
 assignment through the caches' K/V views; a layer-by-layer request
@@ -37,15 +38,15 @@ def filled(layout, seed):
 class Pair:
     """Decode (a, listening) and prefill (b) connected: pa, pb their peers."""
 
-    def __init__(self, token_b=TOKEN):
-        self.a = kvcache.Transport(TOKEN, listen_host="127.0.0.1", timeout_ms=5000)
-        self.b = kvcache.Transport(token_b, timeout_ms=5000)
+    def __init__(self, token_b=TOKEN, kind="tcp"):
+        self.a = kvcache.Transport(TOKEN, kind=kind, listen_host="127.0.0.1", timeout_ms=5000)
+        self.b = kvcache.Transport(token_b, kind=kind, timeout_ms=5000)
         self.pb = self.b.connect("127.0.0.1", self.a.port)
 
 
-@pytest.fixture
-def pair():
-    p = Pair()
+@pytest.fixture(params=["tcp", "auto"])
+def pair(request):
+    p = Pair(kind=request.param)
     p.pb.wait(5000)
     p.pa = p.a.accept(5000)
     assert p.pa is not None and p.pa.state() == ("ready", "KV_OK")
@@ -170,7 +171,7 @@ def test_refusals_name_the_values(pair):
         rx.feed(bad)
     rx.close()
     # a peer presenting another token is refused at the handshake, by name
-    other = Pair(token_b=TOKEN + 1)
+    other = Pair(token_b=TOKEN + 1, kind=pair.a.kind)
     with pytest.raises(kvcache.Mismatch, match="token"):
         other.pb.wait(5000)
     assert other.pb.state()[0] == "closed"
