@@ -12,6 +12,10 @@
  *   - a proof that fails (the listener's answer names a socket not
  *     reachable from here, as one in another network namespace would be):
  *     the peer stays on TCP, says why, and carries the same traffic;
+ *   - two network namespaces on this one kernel (the same boot_id), joined
+ *     by a veth pair, as two containers: the listener's socket is not
+ *     reachable across them, so both ends stay on TCP, and a write with a
+ *     notification lands whole (root and iproute2; skipped otherwise);
  *   - an impostor: the answer names a socket whose owner does not know
  *     the listener's secret: the peer is refused (KV_ERR_MISMATCH naming
  *     the proof), never READY;
@@ -23,6 +27,8 @@
  *     refused by name (the fuzz target fuzz_xport_probe covers the rest).
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -372,6 +378,151 @@ static void test_xport_auto_two_procs_peer_killed(void **state)
     free(src);
 }
 
+/* ---- two network namespaces, one kernel ------------------------------ */
+
+static char g_ns_a[32], g_ns_b[32];
+#define NS_HOST "10.231.8.2"
+#define NS_BYTES (1u << 20)
+
+/* This thread (and the threads it creates) into /run/netns/<name>; "" back
+ * to `home`. */
+static bool enter_netns(const char *name, int home)
+{
+    if (!*name)
+        return setns(home, CLONE_NEWNET) == 0;
+    char path[96];
+    snprintf(path, sizeof(path), "/run/netns/%s", name);
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    const bool ok = fd >= 0 && setns(fd, CLONE_NEWNET) == 0;
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+/* Decode in netns b: listens on NS_HOST, its peer must be on TCP; sends its
+ * region's blob, then checks the region against the XXH3 the notification
+ * carries. 0, or the step that failed. */
+static int netns_child(int wfd)
+{
+    if (!enter_netns(g_ns_b, -1))
+        return 120;
+    struct kv_xport_config c = kvt_xport_cfg(KV_XPORT_AUTO, true, TOKEN, 0);
+    c.listen_host = NS_HOST;
+    kv_xport *x = NULL;
+    kv_xport_peer *p = NULL;
+    kv_xport_mem *m = NULL;
+    if (kv_xport_create(&c, &x) != KV_OK)
+        return 1;
+    const uint16_t port = kv_xport_port(x);
+    if (write(wfd, &port, 2) != 2 || kv_xport_accept(x, 10000, &p) != KV_OK)
+        return 2;
+    struct kv_xport_info in = KV_XPORT_INFO_INIT;
+    if (kv_xport_peer_info_get(p, &in) != KV_OK || in.path != KV_XPORT_TCP ||
+        !strstr(in.path_why, "tcp: accepted"))
+        return 3;
+    unsigned char *dst = calloc(1, NS_BYTES), blob[KV_XPORT_BLOB_MAX];
+    size_t bl = 0;
+    if (kv_xport_mem_reg(x, dst, NS_BYTES, KV_MEM_HOST, &m) != KV_OK ||
+        kv_xport_mem_expose(p, m, blob, sizeof(blob), &bl) != KV_OK)
+        return 4;
+    struct kv_xport_notify n = {.tag = 1, .msg = blob, .len = (uint32_t)bl};
+    kv_xport_xfer *t = NULL;
+    if (kv_xport_write(p, NULL, 0, &n, &t) != KV_OK)
+        return 5;
+    struct kv_xport_msg *msg = malloc(sizeof(*msg));
+    uint64_t want = 0;
+    if (kv_xport_notify_poll(x, 10000, msg) != KV_OK || msg->tag != 2 || msg->len != 8)
+        return 6;
+    memcpy(&want, msg->data, 8);
+    if (XXH3_64bits(dst, NS_BYTES) != want)
+        return 7;
+    /* until the parent closes (its transfer DONE: the notification acknowledged) */
+    kv_xport_peer_state ps = KV_XPORT_READY;
+    kv_status why;
+    for (int i = 0; i < 10000 && ps != KV_XPORT_CLOSED; i++) {
+        if (kv_xport_peer_state_get(p, &ps, &why) != KV_OK)
+            return 8;
+        usleep(1000);
+    }
+    return ps == KV_XPORT_CLOSED ? 0 : 9;
+}
+
+static void test_xport_auto_two_netns_stays_on_tcp(void **state)
+{
+    (void)state;
+    const int id = (int)getpid() % 100000;
+    snprintf(g_ns_a, sizeof(g_ns_a), "kvaa%d", id);
+    snprintf(g_ns_b, sizeof(g_ns_b), "kvab%d", id);
+    const char *a = g_ns_a, *b = g_ns_b;
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd),
+             "ip netns add %s && ip netns add %s && "
+             "ip link add %s type veth peer name %s && "
+             "ip link set %s netns %s && ip link set %s netns %s && "
+             "ip -n %s addr add 10.231.8.1/30 dev %s && ip -n %s addr add " NS_HOST "/30 dev %s && "
+             "ip -n %s link set %s up && ip -n %s link set %s up && "
+             "ip -n %s link set lo up && ip -n %s link set lo up",
+             a, b, a, b, a, a, b, b, a, a, b, b, a, a, b, b, a, b);
+    if (system(cmd) != 0) {
+        snprintf(cmd, sizeof(cmd), "ip netns del %s 2>/dev/null; ip netns del %s 2>/dev/null", a,
+                 b);
+        (void)system(cmd);
+        fprintf(stderr, "test_xport_auto_two_netns_stays_on_tcp: SKIPPED: cannot create network "
+                        "namespaces and a veth pair here (needs root and iproute2)\n");
+        skip();
+    }
+    int rfd = -1;
+    const pid_t pid = kvt_xport_fork(netns_child, &rfd);
+    uint16_t port = 0;
+    assert_int_equal(read(rfd, &port, 2), 2);
+    /* prefill in netns a: its transport's threads are born there */
+    const int home = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+    assert_true(home >= 0);
+    assert_true(enter_netns(a, home));
+    struct kv_xport_config c = kvt_xport_cfg(KV_XPORT_AUTO, false, TOKEN, 0);
+    kv_xport *x = NULL;
+    kv_xport_peer *p = NULL;
+    const kv_status cs = kv_xport_create(&c, &x);
+    const kv_status ks = cs == KV_OK ? kv_xport_connect(x, NS_HOST, port, &p) : cs;
+    assert_true(enter_netns("", home));
+    close(home);
+    assert_int_equal(cs, KV_OK);
+    assert_int_equal(ks, KV_OK);
+    assert_int_equal(kvt_xport_settle(p, NULL), KV_XPORT_READY);
+    char w[256];
+    assert_int_equal(peer_path(p, w, sizeof(w)), KV_XPORT_TCP);
+    assert_non_null(strstr(w, "tcp: the offered socket kvcache-shm:auto-"));
+    assert_non_null(strstr(w, "Connection refused"));
+    unsigned char *src = malloc(NS_BYTES);
+    kvt_fill(src, NS_BYTES, 8);
+    kv_xport_mem *ms = NULL;
+    assert_int_equal(kv_xport_mem_reg(x, src, NS_BYTES, KV_MEM_HOST, &ms), KV_OK);
+    struct kv_xport_msg *msg = malloc(sizeof(*msg));
+    assert_int_equal(kv_xport_notify_poll(x, 10000, msg), KV_OK);
+    kv_xport_rmem *r = NULL;
+    assert_int_equal(kv_xport_rmem_import(p, msg->data, msg->len, &r), KV_OK);
+    const uint64_t h = XXH3_64bits(src, NS_BYTES);
+    struct kv_xport_io io = {ms, 0, r, 0, NS_BYTES};
+    struct kv_xport_notify n = {.tag = 2, .msg = &h, .len = 8};
+    kv_xport_xfer *t = NULL;
+    assert_int_equal(kv_xport_write(p, &io, 1, &n, &t), KV_OK);
+    kvt_xfer_done(t, KV_XPORT_DONE);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
+    kv_xport_peer_close(p);
+    int wst = 0;
+    assert_int_equal(waitpid(pid, &wst, 0), pid);
+    assert_true(WIFEXITED(wst));
+    assert_int_equal(WEXITSTATUS(wst), 0);
+    assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
+    assert_int_equal(kv_xport_destroy(x), KV_OK);
+    close(rfd);
+    free(msg);
+    free(src);
+    snprintf(cmd, sizeof(cmd), "ip netns del %s; ip netns del %s", a, b);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* ---- hostile probe answers ------------------------------------------ */
 
 /* A probe answer frame around payload[len] (checksums right). */
@@ -479,6 +630,7 @@ int main(void)
         cmocka_unit_test(test_xport_auto_impostor_refused),
         cmocka_unit_test(test_xport_auto_refusals),
         cmocka_unit_test(test_xport_auto_two_procs_peer_killed),
+        cmocka_unit_test(test_xport_auto_two_netns_stays_on_tcp),
         cmocka_unit_test(test_xport_auto_probe_answer_checked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
