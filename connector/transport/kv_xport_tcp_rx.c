@@ -303,7 +303,7 @@ static struct kv__tcp_verdict hello_in(struct kv__tcp *t, struct kv__tcp_conn *c
 {
     kv_xport *x = t->x;
     char why[160];
-    if (c->dead) /* a probe answered: nothing more is read from it */
+    if (c->dead) /* a probe answered: a frame after it closes the connection */
         return bad(KV_ERR_CORRUPT, "xport handshake: a HELLO after a probe");
     if (kv__xport_is_probe(x, h))
         return probe_in(t, c, h);
