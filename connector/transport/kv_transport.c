@@ -60,9 +60,8 @@ static kv_status create(const struct kv_xport_config *cfg, bool manual, kv_xport
     if (cfg->kind != KV_XPORT_TCP && cfg->kind != KV_XPORT_RDMA && cfg->kind != KV_XPORT_SHM &&
         cfg->kind != KV_XPORT_AUTO)
         return kv__error(KV_ERR_INVALID_ARG,
-                         "xport_create: kind %d (tcp %d, rdma %d, shm %d, auto %d)",
-                         (int)cfg->kind, KV_XPORT_TCP, KV_XPORT_RDMA, KV_XPORT_SHM,
-                         KV_XPORT_AUTO);
+                         "xport_create: kind %d (tcp %d, rdma %d, shm %d, auto %d)", (int)cfg->kind,
+                         KV_XPORT_TCP, KV_XPORT_RDMA, KV_XPORT_SHM, KV_XPORT_AUTO);
     if (cfg->token == 0)
         return kv__error(KV_ERR_INVALID_ARG,
                          "xport_create: token 0 (a shared nonzero token is required)");

@@ -84,8 +84,8 @@ extern "C" {
 typedef enum kv_xport_kind {
     KV_XPORT_TCP = 1,
     KV_XPORT_RDMA = 2,
-    KV_XPORT_SHM = 3, /* same host: a Unix socket and shared-memory rings
-                         (docs/connector.md, "Same-host transport") */
+    KV_XPORT_SHM = 3,  /* same host: a Unix socket and shared-memory rings
+                          (docs/connector.md, "Same-host transport") */
     KV_XPORT_AUTO = 4, /* TCP addresses; a peer proved to be on this host (same kernel
                           and network namespace) is carried by SHM, any other by TCP
                           (docs/connector.md, "Automatic choice") */

@@ -119,16 +119,16 @@ static kv_status io_full(int fd, unsigned char *b, size_t n, bool out, uint64_t 
             continue;
         }
         if (r == 0)
-            return kv__error(KV_ERR_IO, "xport auto: the probe's connection closed at %zu of %zu "
-                                        "bytes of %s",
+            return kv__error(KV_ERR_IO,
+                             "xport auto: the probe's connection closed at %zu of %zu "
+                             "bytes of %s",
                              done, n, what);
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
             return kv__error(KV_ERR_IO, "xport auto: the probe's %s: %s", what, strerror(errno));
         const int w = wait_fd(fd, out ? POLLOUT : POLLIN, deadline_ns);
         if (w <= 0)
-            return kv__error(w == 0 ? KV_ERR_TIMEOUT : KV_ERR_IO,
-                             "xport auto: the probe's %s: %s", what,
-                             w == 0 ? "no answer within the timeout" : strerror(errno));
+            return kv__error(w == 0 ? KV_ERR_TIMEOUT : KV_ERR_IO, "xport auto: the probe's %s: %s",
+                             what, w == 0 ? "no answer within the timeout" : strerror(errno));
     }
     return KV_OK;
 }
@@ -177,11 +177,11 @@ static kv_status probe(kv_xport *x, const char *host, uint16_t port, uint64_t no
                                           .fingerprint = x->cfg.fingerprint,
                                           .nonce = nonce};
         kv__xport_hello_encode(&h, req + KV__XF_BYTES);
-        const struct kv__xf f = {
-            .version = KV_XPORT_PROTOCOL_VERSION,
-            .type = KV__XF_HELLO,
-            .length = KV__XPORT_HELLO_BYTES,
-            .payload_sum = kv__xxh3_64(req + KV__XF_BYTES, KV__XPORT_HELLO_BYTES)};
+        const struct kv__xf f = {.version = KV_XPORT_PROTOCOL_VERSION,
+                                 .type = KV__XF_HELLO,
+                                 .length = KV__XPORT_HELLO_BYTES,
+                                 .payload_sum =
+                                     kv__xxh3_64(req + KV__XF_BYTES, KV__XPORT_HELLO_BYTES)};
         kv__xf_encode(&f, req);
         st = io_full(fd, req, sizeof(req), true, deadline, "HELLO");
     }
@@ -193,8 +193,8 @@ static kv_status probe(kv_xport *x, const char *host, uint16_t port, uint64_t no
     if (st == KV_OK)
         st = kv__xf_decode(ans, &af);
     if (st == KV_OK && af.length > sizeof(ans) - KV__XF_BYTES)
-        st = kv__error(KV_ERR_CORRUPT, "xport auto: a probe answer of %" PRIu64 " bytes",
-                       af.length);
+        st =
+            kv__error(KV_ERR_CORRUPT, "xport auto: a probe answer of %" PRIu64 " bytes", af.length);
     if (st == KV_OK)
         st = io_full(fd, ans + KV__XF_BYTES, (size_t)af.length, false, deadline, "answer");
     if (st == KV_OK)
@@ -231,8 +231,7 @@ static kv_status auto_connect(kv_xport_peer *p, const char *host, uint16_t port)
 
 /* ---- the listening side --------------------------------------------- */
 
-void kv__xport_probe_answer(const kv_xport *x, const struct kv__xport_hello *h,
-                            unsigned char *out)
+void kv__xport_probe_answer(const kv_xport *x, const struct kv__xport_hello *h, unsigned char *out)
 {
     const struct kv__xport_hello a = {
         .version = KV_XPORT_PROTOCOL_VERSION,

@@ -160,14 +160,16 @@ kv_status kv__xport_probe_parse(const kv_xport *x, uint64_t nonce, const unsigne
                          "xport auto: the listener refused the probe: %s", why);
     }
     if (f.length != KV__XPORT_PROBE_BYTES)
-        return kv__error(KV_ERR_CORRUPT, "xport auto: a probe answer of %" PRIu64 " bytes (want %u)",
-                         f.length, (unsigned)KV__XPORT_PROBE_BYTES);
+        return kv__error(KV_ERR_CORRUPT,
+                         "xport auto: a probe answer of %" PRIu64 " bytes (want %u)", f.length,
+                         (unsigned)KV__XPORT_PROBE_BYTES);
     struct kv__xport_hello h;
     kv__xport_hello_decode(p, &h);
     if (h.conns != 0 || h.conn != 0 || h.echo != nonce || h.nonce == 0)
-        return kv__error(KV_ERR_CORRUPT,
-                         "xport auto: a probe answer with conns %u, conn %u, answering 0x%016" PRIx64,
-                         h.conns, h.conn, h.echo);
+        return kv__error(
+            KV_ERR_CORRUPT,
+            "xport auto: a probe answer with conns %u, conn %u, answering 0x%016" PRIx64, h.conns,
+            h.conn, h.echo);
     h.conns = x->cfg.conns_per_peer; /* a probe has no connections to agree on */
     char why[160];
     st = kv__xport_hello_check(x, &h, why, sizeof(why));

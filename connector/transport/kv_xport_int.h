@@ -218,8 +218,8 @@ struct kv_xport_peer {
     /* The backend carrying this peer: x->ops, except in an AUTO transport
      * (TCP or SHM, set before the backend sees the peer; never changes). */
     const struct kv__xport_ops *ops;
-    char path_why[256]; /* AUTO, outgoing: why ops (kv_xport_info's path_why) */
-    struct kv__xport_expo **exposed;    /* what this peer may write or read */
+    char path_why[256];              /* AUTO, outgoing: why ops (kv_xport_info's path_why) */
+    struct kv__xport_expo **exposed; /* what this peer may write or read */
     uint32_t n_exposed;
     size_t cap_exposed;
     uint32_t n_notes;     /* queued, not yet polled */
@@ -473,8 +473,7 @@ kv_status kv__xport_probe_parse(const kv_xport *x, uint64_t nonce, const unsigne
                                 size_t n, struct kv__xport_offer *o);
 /* mu held, x AUTO: the answer's payload (KV__XPORT_PROBE_BYTES) to the
  * probe hello h (already checked) into out. */
-void kv__xport_probe_answer(const kv_xport *x, const struct kv__xport_hello *h,
-                            unsigned char *out);
+void kv__xport_probe_answer(const kv_xport *x, const struct kv__xport_hello *h, unsigned char *out);
 /* The hello of a probe: conns 0 from an AUTO peer. */
 static inline bool kv__xport_is_probe(const kv_xport *x, const struct kv__xport_hello *h)
 {

@@ -130,8 +130,8 @@ struct kv__shm_verdict kv__shm_hello(struct kv__shm *t, struct kv__shm_peer *tp,
     const struct kv__shm_msg m = {.type = KV__SM_HELLO,
                                   .slot = KV__SHM_SLOTS,
                                   .len = KV__SHM_SLOT,
-                                  .tag = fd < 0 && x->cfg.kind == KV_XPORT_AUTO ? x->auto_secret
-                                                                                : 0};
+                                  .tag =
+                                      fd < 0 && x->cfg.kind == KV_XPORT_AUTO ? x->auto_secret : 0};
     if (fd < 0)
         return kv__shm_put(tp, m, b, sizeof(b))
                    ? KV__SHM_OK
@@ -291,10 +291,9 @@ static kv_status listen_on(struct kv__shm *t)
     /* port 0 on an abstract name: a free one from a start that differs
      * per process */
     const uint32_t start =
-        want
-            ? want
-            : 20000u +
-                  (uint32_t)((kv__now_ns() / 1000u ^ (uint64_t)getpid() * 2654435761u) % 40000u);
+        want ? want
+             : 20000u +
+                   (uint32_t)((kv__now_ns() / 1000u ^ (uint64_t)getpid() * 2654435761u) % 40000u);
     const uint32_t tries = want || path ? 1 : 4096;
     t->lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (t->lfd < 0)
@@ -397,8 +396,7 @@ static kv_status shm_stop(kv_xport *x)
     return st;
 }
 
-kv_status kv__shm_connect_proof(kv_xport_peer *p, const char *host, uint16_t port,
-                                uint64_t secret)
+kv_status kv__shm_connect_proof(kv_xport_peer *p, const char *host, uint16_t port, uint64_t secret)
 {
     kv_xport *x = p->x;
     struct kv__shm *t = kv__shm_of(x);

@@ -585,9 +585,9 @@ static void test_xport_auto_probe_answer_checked(void **state)
         kv_status st;
         const char *words;
     } cases[] = {
-        {40, 2, KV_ERR_CORRUPT, "conns 2"},                /* a probe answer has no connections */
-        {8, 0x55, KV_ERR_MISMATCH, "token"},               /* another token */
-        {O + 0, 0, KV_ERR_CORRUPT, "secret"},              /* secret 0 (with the next) */
+        {40, 2, KV_ERR_CORRUPT, "conns 2"},                 /* a probe answer has no connections */
+        {8, 0x55, KV_ERR_MISMATCH, "token"},                /* another token */
+        {O + 0, 0, KV_ERR_CORRUPT, "secret"},               /* secret 0 (with the next) */
         {O + 10, 41, KV_ERR_CORRUPT, "a name of 41 bytes"}, /* name over the limit */
         {O + 10, 0, KV_ERR_CORRUPT, "a name of 0 bytes"},
         {O + 13, 1, KV_ERR_CORRUPT, "reserved"},
