@@ -403,6 +403,17 @@ class Peer(_Handle):
             check(L.kv_xport_peer_state_get(h, ctypes.byref(s), ctypes.byref(why)))
         return PEER_STATES[s.value], _status_name(why.value)
 
+    def path(self) -> Tuple[str, str]:
+        """(kind, why): the backend carrying this peer ("tcp", "shm", "rdma")
+        and why (kv_xport_peer_info_get's path, path_why: for a transport of
+        kind "auto", the probe's answer and the proof, or why it stayed on
+        TCP; otherwise "configured")."""
+        inf = _lib.XportInfo()
+        inf.struct_size = ctypes.sizeof(inf)
+        with _Use(self) as h:
+            check(L.kv_xport_peer_info_get(h, ctypes.byref(inf)))
+        return L.kv_xport_kind_name(inf.path).decode(), inf.path_why.decode()
+
     def wait(self, timeout_ms: int) -> None:
         """Wait for the handshake: returns once ready; raises the close
         reason (Mismatch naming the field, IoError, ...) or Timeout."""

@@ -264,3 +264,15 @@ def test_disagg_engine_check_can_fail(monkeypatch, model):
 
     monkeypatch.setattr(mod.LayerwiseConnector, "wait_for_layer_load", lost)
     assert mod.main(["--small", "--model", model])["bad"] > 0
+
+
+def test_path_says_which_backend_and_why(pair):
+    kind, why = pair.pb.path()
+    if pair.a.kind == "auto":  # both ends on this host: shared memory, proved
+        assert kind == "shm", why
+        assert why.startswith("shm: 127.0.0.1:%d answered the probe" % pair.a.port), why
+        assert "kvcache-shm:auto-" in why
+        assert pair.pa.path()[0] == "shm"
+    else:
+        assert (kind, why) == ("tcp", "configured")
+        assert pair.pa.path() == ("tcp", "configured")
