@@ -365,11 +365,11 @@ $(BUILD)/fuzz/%: tests/fuzz/%.c $(wildcard kvcache/*.c kvcache/*.h) $(XXH_PROBE)
 	@$(if $(Q),echo '  FUZZ   $@')
 	$(Q)$(CLANG) $(FUZZ_CFLAGS) -o $@ $< $(filter-out %_cuda.c %_verbs.c,$(wildcard kvcache/*.c)) -lxxhash -lm
 
-# fuzz_unpack, fuzz_xport_rx, fuzz_xport_shm_rx and fuzz_xlayer_rx reach the connector: every module's CPU
+# fuzz_unpack, fuzz_xport_rx, fuzz_xport_shm_rx, fuzz_xport_probe and fuzz_xlayer_rx reach the connector: every module's CPU
 # sources, OpenMP (libomp); the transport target also the raw-peer helpers.
 FUZZ_ALL_SRC := $(filter-out %_cuda.c %_verbs.c,$(foreach m,$(MODULES),$(wildcard $(m)/*.c $(m)/*/*.c)))
 FUZZ_CONNECTOR := $(BUILD)/fuzz/fuzz_unpack $(BUILD)/fuzz/fuzz_xport_rx $(BUILD)/fuzz/fuzz_xlayer_rx \
-                  $(BUILD)/fuzz/fuzz_xport_shm_rx
+                  $(BUILD)/fuzz/fuzz_xport_shm_rx $(BUILD)/fuzz/fuzz_xport_probe
 $(FUZZ_CONNECTOR): $(BUILD)/fuzz/%: tests/fuzz/%.c $(FUZZ_ALL_SRC) $(foreach m,$(MODULES),$(wildcard $(m)/*.h $(m)/*/*.h)) \
                    tests/common/kvt_xport_raw.h tests/fuzz/fuzz_xport.h $(XXH_PROBE)
 	@mkdir -p $(dir $@)

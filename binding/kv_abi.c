@@ -231,6 +231,43 @@
     X(kv_xport_stats, plans_direct)                                                                \
     X(kv_xport_stats, plan_segments)                                                               \
     X(kv_xport_stats, plan_entries)                                                                \
+    X(kv_xport_rail_info, device)                                                                  \
+    X(kv_xport_rail_info, port)                                                                    \
+    X(kv_xport_rail_info, link)                                                                    \
+    X(kv_xport_rail_info, lid)                                                                     \
+    X(kv_xport_rail_info, gid_index)                                                               \
+    X(kv_xport_rail_info, gid_type)                                                                \
+    X(kv_xport_rail_info, gid)                                                                     \
+    X(kv_xport_rail_info, active_mtu)                                                              \
+    X(kv_xport_rail_info, numa_node)                                                               \
+    X(kv_xport_rail_info, regions)                                                                 \
+    X(kv_xport_rail_info, qps)                                                                     \
+    X(kv_xport_rail_info, path_mtu)                                                                \
+    X(kv_xport_rail_info, grh)                                                                     \
+    X(kv_xport_rail_info, hop_limit)                                                               \
+    X(kv_xport_rail_info, remote_lid)                                                              \
+    X(kv_xport_rail_info, remote_gid)                                                              \
+    X(kv_xport_info, struct_size)                                                                  \
+    X(kv_xport_info, kind)                                                                         \
+    X(kv_xport_info, rdma_device)                                                                  \
+    X(kv_xport_info, rdma_port)                                                                    \
+    X(kv_xport_info, rdma_link)                                                                    \
+    X(kv_xport_info, rdma_lid)                                                                     \
+    X(kv_xport_info, rdma_gid_index)                                                               \
+    X(kv_xport_info, rdma_gid_type)                                                                \
+    X(kv_xport_info, rdma_gid)                                                                     \
+    X(kv_xport_info, rdma_active_mtu)                                                              \
+    X(kv_xport_info, rdma_qps)                                                                     \
+    X(kv_xport_info, rdma_path_mtu)                                                                \
+    X(kv_xport_info, rdma_grh)                                                                     \
+    X(kv_xport_info, rdma_hop_limit)                                                               \
+    X(kv_xport_info, rdma_remote_lid)                                                              \
+    X(kv_xport_info, rdma_remote_gid)                                                              \
+    X(kv_xport_info, rdma_rails)                                                                   \
+    X(kv_xport_info, rdma_peer_rails)                                                              \
+    X(kv_xport_info, rdma_rail)                                                                    \
+    X(kv_xport_info, path)                                                                         \
+    X(kv_xport_info, path_why)                                                                     \
     X(kv_xlayer_rx_config, struct_size)                                                            \
     X(kv_xlayer_rx_config, max_requests)                                                           \
     X(kv_xlayer_rx_config, max_layers)                                                             \
@@ -254,6 +291,8 @@
     X(kv_xport_notify)                                                                             \
     X(kv_xport_msg)                                                                                \
     X(kv_xport_stats)                                                                              \
+    X(kv_xport_rail_info)                                                                          \
+    X(kv_xport_info)                                                                               \
     X(kv_xlayer_rx_config)                                                                         \
     X(kv_xlayer_tx_config)                                                                         \
     X(kv_xlayer_done)                                                                              \

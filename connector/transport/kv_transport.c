@@ -29,6 +29,8 @@ const char *kv_xport_kind_name(kv_xport_kind k)
         return "rdma";
     case KV_XPORT_SHM:
         return "shm";
+    case KV_XPORT_AUTO:
+        return "auto";
     }
     return "unknown";
 }
@@ -55,9 +57,11 @@ static kv_status create(const struct kv_xport_config *cfg, bool manual, kv_xport
                          "xport_create: cfg struct_size %zu, this library's is %zu (start from "
                          "KV_XPORT_CONFIG_INIT)",
                          cfg->struct_size, sizeof(*cfg));
-    if (cfg->kind != KV_XPORT_TCP && cfg->kind != KV_XPORT_RDMA && cfg->kind != KV_XPORT_SHM)
-        return kv__error(KV_ERR_INVALID_ARG, "xport_create: kind %d (tcp %d, rdma %d, shm %d)",
-                         (int)cfg->kind, KV_XPORT_TCP, KV_XPORT_RDMA, KV_XPORT_SHM);
+    if (cfg->kind != KV_XPORT_TCP && cfg->kind != KV_XPORT_RDMA && cfg->kind != KV_XPORT_SHM &&
+        cfg->kind != KV_XPORT_AUTO)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "xport_create: kind %d (tcp %d, rdma %d, shm %d, auto %d)", (int)cfg->kind,
+                         KV_XPORT_TCP, KV_XPORT_RDMA, KV_XPORT_SHM, KV_XPORT_AUTO);
     if (cfg->token == 0)
         return kv__error(KV_ERR_INVALID_ARG,
                          "xport_create: token 0 (a shared nonzero token is required)");
@@ -231,6 +235,8 @@ static kv_status info_get(kv_xport *x, kv_xport_peer *p, struct kv_xport_info *o
     memset(out, 0, sizeof(*out));
     out->struct_size = sizeof(*out);
     out->kind = x->cfg.kind;
+    out->path = p ? p->ops->kind : x->cfg.kind;
+    snprintf(out->path_why, sizeof(out->path_why), "configured");
     out->rdma_gid_index = -1;
     pthread_mutex_lock(&x->mu);
     if (x->ops->info)
@@ -296,6 +302,9 @@ int kv_xport_info_format(const struct kv_xport_info *in, char *buf, size_t cap)
 {
     if (!in)
         return snprintf(buf, cap, "(null)");
+    if (in->kind == KV_XPORT_AUTO)
+        return snprintf(buf, cap, "auto path %s (%.*s)", kv_xport_kind_name(in->path),
+                        (int)sizeof(in->path_why), in->path_why);
     if (in->kind != KV_XPORT_RDMA)
         return snprintf(buf, cap, "%s", kv_xport_kind_name(in->kind));
     if (in->rdma_rails <= 1) { /* rail 0 from the top-level fields */
@@ -348,6 +357,8 @@ kv_xport_peer *kv__xport_peer_new(kv_xport *x, bool outgoing)
     p->refs = 1;
     p->outgoing = outgoing;
     p->state = KV_XPORT_CONNECTING;
+    /* AUTO: TCP until its connect (or the SHM backend's accept) says otherwise */
+    p->ops = x->ops->kind == KV_XPORT_AUTO ? &kv__xport_tcp_ops : x->ops;
     /* A connection's id: distinct per connection and process (the blob of
      * one connection does not import on another). */
     static _Atomic uint64_t counter;
@@ -370,7 +381,7 @@ static void expos_end(kv_xport_peer *p)
 {
     while (p->n_exposed) {
         struct kv__xport_expo *e = p->exposed[--p->n_exposed];
-        p->x->ops->unexpose(p, e);
+        p->ops->unexpose(p, e);
         e->mem->users--;
         kv__mem_free(e);
     }
@@ -540,7 +551,7 @@ void kv_xport_peer_close(kv_xport_peer *peer)
     pthread_mutex_lock(&x->mu);
     if (!peer->user_closed) {
         peer->user_closed = true;
-        x->ops->peer_close(peer);
+        peer->ops->peer_close(peer);
         /* Nothing of it may be in flight once this returns. */
         const struct timespec never = {.tv_sec = (time_t)1 << 40};
         while (peer->xfers || peer->state != KV_XPORT_CLOSED)

@@ -53,6 +53,12 @@
  * SHM addresses: listen_host "/path" is a socket file (port unused); any
  * other host names the abstract socket "kvcache-shm:<host>:<port>", port 0
  * picking a free one (kv_xport_port); kv_xport_connect takes the same.
+ * AUTO (both ends AUTO): TCP addresses; kv_xport_connect first asks the
+ * listener over TCP for its same-host socket (one round trip, at most
+ * timeout_ms: the only AUTO call that waits on the network), and carries
+ * the peer over SHM when that socket is reachable from here and proves to
+ * be the listener's, else over TCP. kv_xport_peer_info_get says which, and
+ * why (struct kv_xport_info's path, path_why).
  *
  * Thread safety: every call may be made from any thread; one progress
  * thread per transport does the I/O.
@@ -78,11 +84,14 @@ extern "C" {
 typedef enum kv_xport_kind {
     KV_XPORT_TCP = 1,
     KV_XPORT_RDMA = 2,
-    KV_XPORT_SHM = 3, /* same host: a Unix socket and shared-memory rings
-                         (docs/connector.md, "Same-host transport") */
+    KV_XPORT_SHM = 3,  /* same host: a Unix socket and shared-memory rings
+                          (docs/connector.md, "Same-host transport") */
+    KV_XPORT_AUTO = 4, /* TCP addresses; a peer proved to be on this host (same kernel
+                          and network namespace) is carried by SHM, any other by TCP
+                          (docs/connector.md, "Automatic choice") */
 } kv_xport_kind;
 
-/* "tcp", "rdma", "shm"; "unknown". */
+/* "tcp", "rdma", "shm", "auto"; "unknown". */
 KV_API const char *kv_xport_kind_name(kv_xport_kind k);
 
 /* Input of kv_xport_create. Start from KV_XPORT_CONFIG_INIT. */
@@ -198,8 +207,9 @@ typedef enum kv_xport_peer_state {
 } kv_xport_peer_state;
 
 /* Start connecting to host:port (non-blocking: *peer is CONNECTING until
- * the handshake ends). Port 0 only for an SHM socket path ("/..."), which
- * has none. KV_ERR_NULL; KV_ERR_INVALID_ARG (host, port); KV_ERR_IO. */
+ * the handshake ends; AUTO: after its probe, see above). Port 0 only for
+ * an SHM socket path ("/..."), which has none. KV_ERR_NULL;
+ * KV_ERR_INVALID_ARG (host, port); KV_ERR_IO. */
 KV_API KV_NODISCARD kv_status kv_xport_connect(kv_xport *x, const char *host, uint16_t port,
                                                kv_xport_peer **peer);
 
@@ -480,7 +490,8 @@ struct kv_xport_rail_info {
 
 /* What the transport chose and, for a peer, what its path uses: every
  * value the RDMA backend picked by itself (the config's automatic
- * defaults) or took from the config. TCP: kind only, the rest zero. */
+ * defaults) or took from the config; AUTO: which backend carries the peer
+ * and why (path, path_why). TCP, SHM: kind and path only, the rest zero. */
 struct kv_xport_info {
     size_t struct_size;
     kv_xport_kind kind;
@@ -506,6 +517,14 @@ struct kv_xport_info {
     uint32_t rdma_rails;      /* devices of the transport (1 unless rdma_devices) */
     uint32_t rdma_peer_rails; /* rails connected to the peer: min(both sides' rails) */
     struct kv_xport_rail_info rdma_rail[KV_XPORT_MAX_RAILS];
+    /* The backend carrying the bytes and why: for a peer, the kind of its
+     * data path (KV_XPORT_AUTO: KV_XPORT_SHM or KV_XPORT_TCP, chosen at
+     * connect); for the transport, its kind. path_why: AUTO, the reason in
+     * words (the probe's answer, the socket tried, the proof, or why it
+     * stayed on TCP; the transport: its same-host socket); other kinds,
+     * "configured". */
+    kv_xport_kind path;
+    char path_why[256];
 };
 #define KV_XPORT_INFO_INIT                                                                         \
     {                                                                                              \
@@ -526,7 +545,8 @@ KV_API KV_NODISCARD kv_status kv_xport_peer_info_get(kv_xport_peer *peer,
  * v2) mtu 4096", then, for a peer, " | qps 2 path_mtu 4096 grh hop_limit
  * 255 remote lid 0 gid ...". With several rails, each rail so, after
  * "rdma rails 2 (peer 2):", as "; rail 1 device mlx5_1 ... numa 1 | qps 2
- * ...". Returns the length it needed (snprintf's). */
+ * ...". AUTO: "auto path shm (<path_why>)". Returns the length it needed
+ * (snprintf's). */
 KV_API int kv_xport_info_format(const struct kv_xport_info *info, char *buf, size_t cap);
 
 /* How a region's device was chosen (kv_xport_mem_info). */

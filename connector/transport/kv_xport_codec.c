@@ -115,3 +115,84 @@ kv_status kv__xport_hello_check(const kv_xport *x, const struct kv__xport_hello 
         return KV_OK;
     return kv__error(KV_ERR_MISMATCH, "xport handshake: %s", msg);
 }
+
+/* ---- AUTO's probe answer (layout: kv_xport_int.h) -------------------- */
+
+void kv__xport_offer_encode(const struct kv__xport_offer *o, unsigned char *out)
+{
+    memset(out, 0, KV__XPORT_OFFER_BYTES);
+    const size_t n = strnlen(o->name, KV__XPORT_OFFER_NAME_MAX);
+    kv__le_put(out, o->secret, 8);
+    kv__le_put(out + 8, o->port, 2);
+    kv__le_put(out + 10, n, 2);
+    memcpy(out + 16, o->name, n);
+}
+
+static bool name_byte_ok(unsigned char ch)
+{
+    return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || ch == '-';
+}
+
+kv_status kv__xport_probe_parse(const kv_xport *x, uint64_t nonce, const unsigned char *in,
+                                size_t n, struct kv__xport_offer *o)
+{
+    struct kv__xf f;
+    if (n < KV__XF_BYTES)
+        return kv__error(KV_ERR_CORRUPT, "xport auto: a probe answer of %zu bytes", n);
+    kv_status st = kv__xf_decode(in, &f);
+    if (st != KV_OK)
+        return st;
+    const unsigned char *p = in + KV__XF_BYTES;
+    if (f.length != n - KV__XF_BYTES || (f.type != KV__XF_HELLO && f.type != KV__XF_REFUSE))
+        return kv__error(KV_ERR_CORRUPT,
+                         "xport auto: a probe answer of type %u with %" PRIu64
+                         " payload bytes (%zu received)",
+                         (unsigned)f.type, f.length, n - KV__XF_BYTES);
+    if (f.payload_sum != (f.length ? kv__xxh3_64(p, (size_t)f.length) : 0))
+        return kv__error(KV_ERR_CORRUPT, "xport auto: a probe answer failing its checksum");
+    if (f.type == KV__XF_REFUSE) {
+        char why[201];
+        size_t k = 0;
+        for (uint64_t i = 0; i < f.length && k < sizeof(why) - 1; i++)
+            why[k++] = p[i] >= 0x20 && p[i] < 0x7f ? (char)p[i] : '?';
+        why[k] = 0;
+        return kv__error(kv__xport_wire_status((int64_t)f.offset, false),
+                         "xport auto: the listener refused the probe: %s", why);
+    }
+    if (f.length != KV__XPORT_PROBE_BYTES)
+        return kv__error(KV_ERR_CORRUPT,
+                         "xport auto: a probe answer of %" PRIu64 " bytes (want %u)", f.length,
+                         (unsigned)KV__XPORT_PROBE_BYTES);
+    struct kv__xport_hello h;
+    kv__xport_hello_decode(p, &h);
+    if (h.conns != 0 || h.conn != 0 || h.echo != nonce || h.nonce == 0)
+        return kv__error(
+            KV_ERR_CORRUPT,
+            "xport auto: a probe answer with conns %u, conn %u, answering 0x%016" PRIx64, h.conns,
+            h.conn, h.echo);
+    h.conns = x->cfg.conns_per_peer; /* a probe has no connections to agree on */
+    char why[160];
+    st = kv__xport_hello_check(x, &h, why, sizeof(why));
+    if (st != KV_OK)
+        return st;
+    const unsigned char *q = p + KV__XPORT_HELLO_BYTES;
+    const uint64_t secret = kv__le_get(q, 8);
+    const uint32_t port = (uint32_t)kv__le_get(q + 8, 2);
+    const uint32_t len = (uint32_t)kv__le_get(q + 10, 2);
+    if (secret == 0 || port == 0 || len == 0 || len > KV__XPORT_OFFER_NAME_MAX)
+        return kv__error(KV_ERR_CORRUPT,
+                         "xport auto: an offer with secret %s, port %u, a name of %u bytes "
+                         "(1 .. %u)",
+                         secret ? "set" : "0", port, len, (unsigned)KV__XPORT_OFFER_NAME_MAX);
+    if (kv__le_get(q + 12, 4) != 0 || kv__le_get(q + 56, 8) != 0)
+        return kv__error(KV_ERR_CORRUPT, "xport auto: an offer with reserved bytes set");
+    for (uint32_t i = 0; i < KV__XPORT_OFFER_NAME_MAX; i++)
+        if (i < len ? !name_byte_ok(q[16 + i]) : q[16 + i] != 0)
+            return kv__error(KV_ERR_CORRUPT, "xport auto: an offer's name byte %u is 0x%02x", i,
+                             (unsigned)q[16 + i]);
+    o->secret = secret;
+    o->port = (uint16_t)port;
+    memcpy(o->name, q + 16, len);
+    o->name[len] = 0;
+    return KV_OK;
+}

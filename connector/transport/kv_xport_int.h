@@ -128,8 +128,10 @@ kv_status kv__xport_expose_keyless(kv_xport_peer *p, struct kv__xport_expo *e);
 
 /* The backends: TCP here; RDMA through the verbs boundary header
  * (kv__xport_rdma() in kv_verbs_int.h: NULL in a build without rdma-core;
- * the generic layer reaches it only through kv__xport_backend()). */
+ * the generic layer reaches it only through kv__xport_backend()); AUTO
+ * (kv_xport_auto.c) runs TCP and SHM side by side in one transport. */
 extern const struct kv__xport_ops kv__xport_tcp_ops;
+extern const struct kv__xport_ops kv__xport_auto_ops;
 const struct kv__xport_ops *kv__xport_backend(kv_xport_kind kind);
 
 /* A notification received, queued for kv_xport_notify_poll. */
@@ -146,6 +148,18 @@ struct kv_xport {
     char host[64];
     const struct kv__xport_ops *ops;
     void *be;
+    /* KV_XPORT_AUTO (kv_xport_auto.c): x->be is the TCP backend's state,
+     * be_shm the SHM backend's; the SHM listener's abstract name
+     * ("kvcache-shm:<auto_name>:<auto_shm_port>", random) and the secret
+     * it echoes in its HELLO (auto_secret: random, nonzero), both given
+     * only to a probe that presents the token. auto_offer_elsewhere
+     * (tests): the probe's answer names a socket nobody listens on, as a
+     * listener in another network namespace would be seen. Set at start. */
+    void *be_shm;
+    char auto_name[24];
+    uint16_t auto_shm_port;
+    uint64_t auto_secret;
+    bool auto_offer_elsewhere;
     bool manual; /* no progress thread: kv__xport_step */
     uint16_t port;
     pthread_mutex_t mu;
@@ -201,7 +215,11 @@ struct kv_xport_peer {
     bool user_closed; /* kv_xport_peer_close called */
     bool user_owned;  /* the user holds a handle (connect, or accept returned it) */
     uint64_t nonce_local, nonce_remote; /* this connection's ids on each side */
-    struct kv__xport_expo **exposed;    /* what this peer may write or read */
+    /* The backend carrying this peer: x->ops, except in an AUTO transport
+     * (TCP or SHM, set before the backend sees the peer; never changes). */
+    const struct kv__xport_ops *ops;
+    char path_why[256];              /* AUTO, outgoing: why ops (kv_xport_info's path_why) */
+    struct kv__xport_expo **exposed; /* what this peer may write or read */
     uint32_t n_exposed;
     size_t cap_exposed;
     uint32_t n_notes;     /* queued, not yet polled */
@@ -420,6 +438,47 @@ void kv__xport_hello_decode(const unsigned char *in, struct kv__xport_hello *h);
  * REFUSE carries. */
 kv_status kv__xport_hello_check(const kv_xport *x, const struct kv__xport_hello *h, char *msg,
                                 size_t cap);
+
+/* AUTO's probe (kv_xport_auto.c; docs/connector.md, "Automatic choice"):
+ * the connecting side sends a TCP HELLO with conns 0 on a connection of
+ * its own; an AUTO listener answers, if the hello checks (token,
+ * fingerprint, ...), with a HELLO (conns 0, echo: the probe's nonce) of
+ * KV__XPORT_PROBE_BYTES: the hello, then this offer, little-endian:
+ *
+ *   off size field
+ *     0    8 secret (nonzero): what the SHM listener's HELLO echoes (tag)
+ *     8    2 port (nonzero) of the SHM listener's abstract name
+ *    10    2 name_len, 1 .. KV__XPORT_OFFER_NAME_MAX
+ *    12    4 reserved (0)
+ *    16   40 name: [0-9a-z-] bytes, zero past name_len
+ *    56    8 reserved (0)
+ */
+#define KV__XPORT_OFFER_BYTES 64
+#define KV__XPORT_OFFER_NAME_MAX 40
+#define KV__XPORT_PROBE_BYTES (KV__XPORT_HELLO_BYTES + KV__XPORT_OFFER_BYTES)
+struct kv__xport_offer {
+    uint64_t secret;
+    uint16_t port;
+    char name[KV__XPORT_OFFER_NAME_MAX + 1];
+};
+void kv__xport_offer_encode(const struct kv__xport_offer *o, unsigned char *out);
+/* The listener's answer to a probe: in[n] is the whole frame (header and
+ * payload) as received; x the probing transport, nonce its probe's.
+ * KV_OK and *o; a REFUSE: its status (KV_ERR_MISMATCH, ...) with the
+ * reason; KV_ERR_CORRUPT naming the first field that fails (the frame
+ * header, length, checksum, the hello's conns or echo, the offer's
+ * secret, port, name length or bytes, reserved bytes). Pure: fuzzed
+ * (tests/fuzz/fuzz_xport_probe.c). */
+kv_status kv__xport_probe_parse(const kv_xport *x, uint64_t nonce, const unsigned char *in,
+                                size_t n, struct kv__xport_offer *o);
+/* mu held, x AUTO: the answer's payload (KV__XPORT_PROBE_BYTES) to the
+ * probe hello h (already checked) into out. */
+void kv__xport_probe_answer(const kv_xport *x, const struct kv__xport_hello *h, unsigned char *out);
+/* The hello of a probe: conns 0 from an AUTO peer. */
+static inline bool kv__xport_is_probe(const kv_xport *x, const struct kv__xport_hello *h)
+{
+    return x->cfg.kind == KV_XPORT_AUTO && h->kind == (uint32_t)KV_XPORT_AUTO && h->conns == 0;
+}
 
 /* The blob of an exposure (kv_xport_codec.c has the byte layout). */
 #define KV__XPORT_BLOB_HEAD 40

@@ -199,7 +199,7 @@ kv_status kv_xport_mem_expose(kv_xport_peer *peer, kv_xport_mem *mem, void *blob
     if (!e)
         return kv__error(KV_ERR_NO_MEMORY, "xport_mem_expose: an exposure");
     e->mem = mem;
-    kv_status st = x->ops->expose(peer, e);
+    kv_status st = peer->ops->expose(peer, e);
     if (st != KV_OK) {
         kv__mem_free(e);
         return st;
@@ -208,7 +208,7 @@ kv_status kv_xport_mem_expose(kv_xport_peer *peer, kv_xport_mem *mem, void *blob
     if (peer->state != KV_XPORT_READY || peer->user_closed || expo_find(peer, mem, NULL)) {
         const int s = peer->state;
         const bool dup = expo_find(peer, mem, NULL) != NULL;
-        x->ops->unexpose(peer, e);
+        peer->ops->unexpose(peer, e);
         pthread_mutex_unlock(&x->mu);
         kv__mem_free(e);
         if (dup) /* a racing call exposed it first: its blob */
@@ -227,7 +227,7 @@ kv_status kv_xport_mem_expose(kv_xport_peer *peer, kv_xport_mem *mem, void *blob
             peer->exposed = t;
     }
     if (st != KV_OK) {
-        x->ops->unexpose(peer, e);
+        peer->ops->unexpose(peer, e);
         pthread_mutex_unlock(&x->mu);
         kv__mem_free(e);
         return st;
@@ -254,7 +254,7 @@ kv_status kv_xport_mem_unexpose(kv_xport_peer *peer, kv_xport_mem *mem)
     }
     /* Out of the table: nothing new of this peer is admitted into mem. */
     peer->exposed[i] = peer->exposed[--peer->n_exposed];
-    x->ops->unexpose(peer, e);
+    peer->ops->unexpose(peer, e);
     /* What was admitted before finishes (each frame has a deadline: a
      * stalled one closes the peer, which releases it). Only this peer's
      * traffic in this region counts. */

@@ -180,7 +180,7 @@ kv_status kv_xport_write_plan(kv_xport_peer *peer, const kv_plan *plan, kv_xport
                          fn, local_base_off, (uint64_t)sl->total_bytes, local->bytes,
                          remote_base_off, (uint64_t)dl->total_bytes, remote->bytes);
     kv_xport *x = peer->x;
-    const bool gather = x->ops->gather && plan->stats.runs > 0 &&
+    const bool gather = peer->ops->gather && plan->stats.runs > 0 &&
                         (uint64_t)plan->stats.window_bytes <
                             (uint64_t)x->cfg.plan_gather_below_bytes * (uint64_t)plan->stats.runs;
     const int64_t items = kv__plan_items(plan, n_tokens);

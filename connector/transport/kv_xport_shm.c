@@ -40,6 +40,13 @@
 
 #define MAP_BYTES (2 * KV__SHM_RING_BYTES)
 
+/* The backend's state: x->be, or x->be_shm in an AUTO transport (whose
+ * x->be is TCP's). */
+struct kv__shm *kv__shm_of(const kv_xport *x)
+{
+    return x->cfg.kind == KV_XPORT_AUTO ? x->be_shm : x->be;
+}
+
 struct kv__shm_verdict kv__shm_bad(kv_status st, const char *fmt, ...)
 {
     struct kv__shm_verdict v = {.st = st};
@@ -117,7 +124,14 @@ struct kv__shm_verdict kv__shm_hello(struct kv__shm *t, struct kv__shm_peer *tp,
                                       .conns = x->cfg.conns_per_peer,
                                       .conn = 0};
     kv__xport_hello_encode(&h, b);
-    const struct kv__shm_msg m = {.type = KV__SM_HELLO, .slot = KV__SHM_SLOTS, .len = KV__SHM_SLOT};
+    /* AUTO: the listener's answer carries the secret its probe answers
+     * gave (tag): the connecting side's proof that this socket is the
+     * listener it asked over TCP (docs/connector.md, "Automatic choice") */
+    const struct kv__shm_msg m = {.type = KV__SM_HELLO,
+                                  .slot = KV__SHM_SLOTS,
+                                  .len = KV__SHM_SLOT,
+                                  .tag =
+                                      fd < 0 && x->cfg.kind == KV_XPORT_AUTO ? x->auto_secret : 0};
     if (fd < 0)
         return kv__shm_put(tp, m, b, sizeof(b))
                    ? KV__SHM_OK
@@ -270,16 +284,17 @@ static void *progress(void *arg);
 static kv_status listen_on(struct kv__shm *t)
 {
     kv_xport *x = t->x;
-    const char *host = x->cfg.listen_host;
+    const bool aut = x->cfg.kind == KV_XPORT_AUTO; /* its own name, any port */
+    const char *host = aut ? x->auto_name : x->cfg.listen_host;
+    const uint16_t want = aut ? 0 : x->cfg.listen_port;
     const bool path = host[0] == '/';
     /* port 0 on an abstract name: a free one from a start that differs
      * per process */
     const uint32_t start =
-        x->cfg.listen_port
-            ? x->cfg.listen_port
-            : 20000u +
-                  (uint32_t)((kv__now_ns() / 1000u ^ (uint64_t)getpid() * 2654435761u) % 40000u);
-    const uint32_t tries = x->cfg.listen_port || path ? 1 : 4096;
+        want ? want
+             : 20000u +
+                   (uint32_t)((kv__now_ns() / 1000u ^ (uint64_t)getpid() * 2654435761u) % 40000u);
+    const uint32_t tries = want || path ? 1 : 4096;
     t->lfd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (t->lfd < 0)
         return kv__error(KV_ERR_IO, "xport_create: socket: %s", strerror(errno));
@@ -296,7 +311,10 @@ static kv_status listen_on(struct kv__shm *t)
                 e = errno;
                 break;
             }
-            x->port = port;
+            if (aut)
+                x->auto_shm_port = port;
+            else
+                x->port = port;
             if (path)
                 snprintf(t->path, sizeof(t->path), "%s", host);
             return KV_OK;
@@ -306,7 +324,7 @@ static kv_status listen_on(struct kv__shm *t)
             break;
     }
     return kv__error(KV_ERR_IO, "xport_create: listen on shm \"%s\" port %u: %s", host,
-                     (unsigned)x->cfg.listen_port, strerror(e));
+                     (unsigned)want, strerror(e));
 }
 
 static kv_status shm_start(kv_xport *x)
@@ -324,12 +342,13 @@ static kv_status shm_start(kv_xport *x)
     kv_status st = x->cfg.listen_host ? listen_on(t) : KV_OK;
     if (st != KV_OK)
         goto fail;
-    x->be = t;
+    void **be = x->cfg.kind == KV_XPORT_AUTO ? &x->be_shm : &x->be;
+    *be = t;
     if (!x->manual) {
         const int e = pthread_create(&t->thr, NULL, progress, t);
         if (e != 0) {
             st = kv__error(KV_ERR_IO, "xport_create: progress thread: %s", strerror(e));
-            x->be = NULL;
+            *be = NULL;
             goto fail;
         }
         t->thread = true;
@@ -349,7 +368,7 @@ fail:
 
 static kv_status shm_stop(kv_xport *x)
 {
-    struct kv__shm *t = x->be;
+    struct kv__shm *t = kv__shm_of(x);
     pthread_mutex_lock(&x->mu);
     t->stop = true;
     kv__shm_wake(t);
@@ -370,14 +389,17 @@ static kv_status shm_stop(kv_xport *x)
     kv__mem_free(t->pfd);
     kv__mem_free(t->pl);
     kv__mem_free(t);
-    x->be = NULL;
+    if (x->cfg.kind == KV_XPORT_AUTO)
+        x->be_shm = NULL;
+    else
+        x->be = NULL;
     return st;
 }
 
-static kv_status shm_connect(kv_xport_peer *p, const char *host, uint16_t port)
+kv_status kv__shm_connect_proof(kv_xport_peer *p, const char *host, uint16_t port, uint64_t secret)
 {
     kv_xport *x = p->x;
-    struct kv__shm *t = x->be;
+    struct kv__shm *t = kv__shm_of(x);
     struct sockaddr_un sa;
     socklen_t sl;
     kv_status st = addr_make(host, port, &sa, &sl, "xport_connect");
@@ -387,6 +409,7 @@ static kv_status shm_connect(kv_xport_peer *p, const char *host, uint16_t port)
     if (!tp)
         return kv__error(KV_ERR_NO_MEMORY, "xport_connect: peer state");
     tp->p = p;
+    tp->expect_secret = secret;
     tp->fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     int mfd = -1;
     if (tp->fd < 0) {
@@ -434,6 +457,11 @@ fail:
     return st;
 }
 
+static kv_status shm_connect(kv_xport_peer *p, const char *host, uint16_t port)
+{
+    return kv__shm_connect_proof(p, host, port, 0);
+}
+
 static void shm_unexpose(kv_xport_peer *p, struct kv__xport_expo *e)
 {
     struct kv__shm_peer *tp = p->be;
@@ -450,18 +478,18 @@ static void shm_unexpose(kv_xport_peer *p, struct kv__xport_expo *e)
             serve_end(tp, s, true);
         }
     }
-    kv__shm_wake(p->x->be);
+    kv__shm_wake(kv__shm_of(p->x));
 }
 
 static void shm_post(kv_xport_xfer *xf)
 {
     kv__xport_cursor_reset(xf);
-    kv__shm_wake(xf->peer->x->be);
+    kv__shm_wake(kv__shm_of(xf->peer->x));
 }
 
 static void shm_cancel(kv_xport_xfer *xf)
 {
-    kv__shm_wake(xf->peer->x->be);
+    kv__shm_wake(kv__shm_of(xf->peer->x));
 }
 
 static void shm_peer_close(kv_xport_peer *p)
@@ -471,7 +499,7 @@ static void shm_peer_close(kv_xport_peer *p)
         tp->close_req = true;
     else /* the backend is done with it already: nothing in flight */
         kv__xport_peer_closed(p, KV_OK, "closed");
-    kv__shm_wake(p->x->be);
+    kv__shm_wake(kv__shm_of(p->x));
 }
 
 static void round_once(struct kv__shm *t, uint32_t cap_ms);
@@ -479,7 +507,7 @@ static void round_once(struct kv__shm *t, uint32_t cap_ms);
 static void shm_step(kv_xport *x, uint32_t timeout_ms)
 {
     pthread_mutex_lock(&x->mu);
-    round_once(x->be, timeout_ms);
+    round_once(kv__shm_of(x), timeout_ms);
     pthread_mutex_unlock(&x->mu);
 }
 
@@ -545,7 +573,7 @@ static kv_status adopt(struct kv__shm *t, int fd)
 
 kv_status kv__shm_adopt(kv_xport *x, int fd)
 {
-    struct kv__shm *t = x->be;
+    struct kv__shm *t = kv__shm_of(x);
     const int fl = fcntl(fd, F_GETFL, 0);
     if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0) {
         close(fd);

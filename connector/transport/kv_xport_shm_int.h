@@ -132,6 +132,7 @@ struct kv__shm_peer {
     const char *gsrc[KV__SHM_MAXSRC]; /* the slot being filled: its source ranges */
     uint64_t glen[KV__SHM_MAXSRC];
     uint64_t rx_copied; /* this round's bytes copied in (DATA, RDATA) */
+    uint64_t expect_secret; /* AUTO, connecting: what the listener's HELLO must echo (0: none) */
     unsigned char rbuf[KV__SHM_MSG_MAX + 8];
 };
 
@@ -163,6 +164,15 @@ struct kv__shm_verdict kv__shm_bad(kv_status st, const char *fmt, ...) KV_PRINTF
 extern const struct kv__xport_ops kv__xport_shm_ops;
 
 /* kv_xport_shm.c (mu held unless said) */
+/* The backend's state of x (x->be; AUTO: x->be_shm). */
+struct kv__shm *kv__shm_of(const kv_xport *x);
+/* mu not held: connect p (CONNECTING, p->ops the SHM backend's) to the
+ * listener at (host, port), as kv_xport_connect of an SHM transport; with
+ * secret != 0 (AUTO), the listener's HELLO must echo it (its tag) or the
+ * peer is refused with KV_ERR_MISMATCH ("the same-host proof"). The
+ * statuses of kv_xport_connect: KV_ERR_IO when nothing listens there. */
+kv_status kv__shm_connect_proof(kv_xport_peer *p, const char *host, uint16_t port,
+                                uint64_t secret);
 void kv__shm_wake(struct kv__shm *t);
 /* Queue message m (payload p, plen bytes) on tp's control stream. */
 bool kv__shm_put(struct kv__shm_peer *tp, struct kv__shm_msg m, const void *p, uint32_t plen);

@@ -129,6 +129,7 @@ static struct kv__shm_verdict hello_in(struct kv__shm *t, struct kv__shm_peer *t
     if (!p)
         return bad(KV_ERR_NO_MEMORY, "xport shm accept: peer state");
     p->nonce_remote = h.nonce;
+    p->ops = &kv__xport_shm_ops; /* AUTO: an SHM peer */
     p->be = tp;
     tp->p = p;
     v = kv__shm_hello(t, tp, -1);
@@ -138,8 +139,9 @@ static struct kv__shm_verdict hello_in(struct kv__shm *t, struct kv__shm_peer *t
     return KV__SHM_OK;
 }
 
-/* mu held: the HELLO answering ours. */
-static struct kv__shm_verdict hello_out(struct kv__shm *t, struct kv__shm_peer *tp)
+/* mu held: the HELLO answering ours (m: its header). */
+static struct kv__shm_verdict hello_out(struct kv__shm *t, struct kv__shm_peer *tp,
+                                        const struct kv__shm_msg *m)
 {
     struct kv__xport_hello h;
     kv__xport_hello_decode(tp->rbuf + KV__SHM_HDR, &h);
@@ -148,6 +150,12 @@ static struct kv__shm_verdict hello_out(struct kv__shm *t, struct kv__shm_peer *
         return bad(KV_ERR_MISMATCH, "%s", why);
     if (h.echo != tp->p->nonce_local || h.nonce == 0)
         return bad(KV_ERR_CORRUPT, "xport shm handshake: a HELLO answering 0x%016" PRIx64, h.echo);
+    if (tp->expect_secret && m->tag != tp->expect_secret)
+        return bad(KV_ERR_MISMATCH,
+                   "xport auto: the same-host proof failed: the socket the listener named "
+                   "answered without the secret it gave over TCP (0x%016" PRIx64
+                   "): not that listener, refused",
+                   m->tag);
     tp->p->nonce_remote = h.nonce;
     kv__xport_peer_ready(tp->p);
     return KV__SHM_OK;
@@ -403,7 +411,7 @@ struct kv__shm_verdict kv__shm_on_msg(struct kv__shm *t, struct kv__shm_peer *tp
             return bad(KV_ERR_CORRUPT, "xport shm: a HELLO of %u bytes%s", m.plen,
                        ready ? " after the handshake" : "");
         }
-        return tp->p ? hello_out(t, tp) : hello_in(t, tp, &m, fd);
+        return tp->p ? hello_out(t, tp, &m) : hello_in(t, tp, &m, fd);
     }
     if (m.type == KV__SM_REFUSE && tp->p && !ready) {
         char s[201];

@@ -270,12 +270,43 @@ void *kv__tcp_verify_main(void *arg)
     return NULL;
 }
 
+/* mu held: an AUTO probe (kv_xport_int.h): checked as a HELLO is, then
+ * answered with this transport's same-host offer (or refused); the
+ * connection ends once the answer is out (dead: dropped next round, not
+ * counted as refused). */
+static struct kv__tcp_verdict probe_in(struct kv__tcp *t, struct kv__tcp_conn *c,
+                                       const struct kv__xport_hello *h)
+{
+    kv_xport *x = t->x;
+    char why[160];
+    struct kv__xport_hello hc = *h; /* a probe has no connections to agree on */
+    hc.conns = x->cfg.conns_per_peer;
+    if (kv__xport_hello_check(x, &hc, why, sizeof(why)) != KV_OK) {
+        (void)kv__tcp_put_refuse(c, KV_ERR_MISMATCH, why);
+        return bad(KV_ERR_MISMATCH, "%s", why);
+    }
+    if (h->echo != 0 || h->nonce == 0 || h->conn != 0)
+        return bad(KV_ERR_CORRUPT,
+                   "xport auto: a probe answering 0x%016" PRIx64 " on connection %u", h->echo,
+                   h->conn);
+    unsigned char b[KV__XPORT_PROBE_BYTES];
+    kv__xport_probe_answer(x, h, b);
+    if (!kv__tcp_ctl_put(c, (struct kv__xf){.type = KV__XF_HELLO}, b, sizeof(b)))
+        return bad(KV_ERR_NO_MEMORY, "xport auto: control buffer");
+    c->dead = true;
+    return KV__TCP_OK;
+}
+
 /* mu held: a HELLO on an incoming connection before its peer is known. */
 static struct kv__tcp_verdict hello_in(struct kv__tcp *t, struct kv__tcp_conn *c,
                                        const struct kv__xport_hello *h)
 {
     kv_xport *x = t->x;
     char why[160];
+    if (c->dead) /* a probe answered: a frame after it closes the connection */
+        return bad(KV_ERR_CORRUPT, "xport handshake: a HELLO after a probe");
+    if (kv__xport_is_probe(x, h))
+        return probe_in(t, c, h);
     if (kv__xport_hello_check(x, h, why, sizeof(why)) != KV_OK) {
         (void)kv__tcp_put_refuse(c, KV_ERR_MISMATCH, why);
         return bad(KV_ERR_MISMATCH, "%s", why);

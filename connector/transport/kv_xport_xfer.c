@@ -119,9 +119,9 @@ static kv_status post_checked(const char *fn, kv_xport_peer *peer, const struct 
                          notify->len, KV_XPORT_NOTIFY_MAX);
     if (notify && notify->len && !notify->msg)
         return kv__error(KV_ERR_NULL, "%s: notification msg is NULL with len %u", fn, notify->len);
-    if (seg && !peer->x->ops->gather)
+    if (seg && !peer->ops->gather)
         return kv__error(KV_ERR_UNSUPPORTED, "%s: the %s backend does not gather", fn,
-                         peer->x->ops->name);
+                         peer->ops->name);
     kv_status st = check_ios(fn, peer, ios, n, seg, seg_at, n_seg);
     if (st != KV_OK)
         return st;
@@ -167,8 +167,8 @@ static kv_status post_checked(const char *fn, kv_xport_peer *peer, const struct 
             return kv__error(KV_ERR_BAD_STATE, "%s: peer still connecting", fn);
         return kv__error(KV_ERR_BAD_STATE, "%s: peer closed (%s)", fn, kv_status_name(why));
     }
-    if (x->ops->check && n) {
-        st = x->ops->check(peer, ios, n, read);
+    if (peer->ops->check && n) {
+        st = peer->ops->check(peer, ios, n, read);
         if (st != KV_OK) {
             pthread_mutex_unlock(&x->mu);
             t->seg = NULL; /* still the caller's: post frees them on an error */
@@ -193,7 +193,7 @@ static kv_status post_checked(const char *fn, kv_xport_peer *peer, const struct 
     else
         peer->xfers = t;
     peer->xfers_tail = t;
-    x->ops->post(t);
+    peer->ops->post(t);
     pthread_mutex_unlock(&x->mu);
     *xfer = t;
     return KV_OK;
@@ -422,7 +422,7 @@ kv_status kv_xport_xfer_cancel(kv_xport_xfer *xfer)
     pthread_mutex_lock(&x->mu);
     if (xfer->state == KV_XPORT_PENDING && !xfer->cancel_req) {
         xfer->cancel_req = true;
-        x->ops->cancel(xfer);
+        xfer->peer->ops->cancel(xfer);
     }
     pthread_mutex_unlock(&x->mu);
     return KV_OK;

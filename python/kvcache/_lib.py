@@ -430,6 +430,29 @@ class XportStats(ctypes.Structure):
                                                 "plan_segments", "plan_entries")])
 
 
+_U32, _I32, _ENUM = ctypes.c_uint32, ctypes.c_int32, ctypes.c_int
+
+
+class XportRailInfo(ctypes.Structure):
+    _fields_ = [("device", ctypes.c_char * 64), ("port", _U32), ("link", _ENUM), ("lid", _U32),
+                ("gid_index", _I32), ("gid_type", _ENUM), ("gid", ctypes.c_uint8 * 16),
+                ("active_mtu", _U32), ("numa_node", _I32), ("regions", _U32), ("qps", _U32),
+                ("path_mtu", _U32), ("grh", ctypes.c_bool), ("hop_limit", _U32),
+                ("remote_lid", _U32), ("remote_gid", ctypes.c_uint8 * 16)]
+
+
+class XportInfo(ctypes.Structure):  # kv_xport_info: what a transport or a peer uses
+    _fields_ = [("struct_size", ctypes.c_size_t), ("kind", _ENUM),
+                ("rdma_device", ctypes.c_char * 64), ("rdma_port", _U32), ("rdma_link", _ENUM),
+                ("rdma_lid", _U32), ("rdma_gid_index", _I32), ("rdma_gid_type", _ENUM),
+                ("rdma_gid", ctypes.c_uint8 * 16), ("rdma_active_mtu", _U32), ("rdma_qps", _U32),
+                ("rdma_path_mtu", _U32), ("rdma_grh", ctypes.c_bool), ("rdma_hop_limit", _U32),
+                ("rdma_remote_lid", _U32), ("rdma_remote_gid", ctypes.c_uint8 * 16),
+                ("rdma_rails", _U32), ("rdma_peer_rails", _U32),
+                ("rdma_rail", XportRailInfo * 8), ("path", _ENUM),
+                ("path_why", ctypes.c_char * 256)]
+
+
 class XlayerConfig(ctypes.Structure):  # kv_xlayer_rx_config and kv_xlayer_tx_config
     _fields_ = [("struct_size", ctypes.c_size_t), ("max_requests", ctypes.c_uint32),
                 ("max_layers", ctypes.c_uint32)]
@@ -453,6 +476,8 @@ _ABI.update({
     "kv_xport_notify": XportNotify,
     "kv_xport_msg": XportMsg,
     "kv_xport_stats": XportStats,
+    "kv_xport_rail_info": XportRailInfo,
+    "kv_xport_info": XportInfo,
     "kv_xlayer_rx_config": XlayerConfig,
     "kv_xlayer_tx_config": XlayerConfig,
     "kv_xlayer_done": XlayerDone,
@@ -470,6 +495,10 @@ _PROTOS.update({
     "kv_xport_create": (_ST, [ctypes.POINTER(XportConfig), _vpp]),
     "kv_xport_destroy": (_ST, [vp]),
     "kv_xport_port": (_u16, [vp]),
+    "kv_xport_info_get": (_ST, [vp, ctypes.POINTER(XportInfo)]),
+    "kv_xport_peer_info_get": (_ST, [vp, ctypes.POINTER(XportInfo)]),
+    "kv_xport_info_format": (ctypes.c_int, [ctypes.POINTER(XportInfo), ctypes.c_char_p,
+                                            ctypes.c_size_t]),
     "kv_xport_connect": (_ST, [vp, ctypes.c_char_p, _u16, _vpp]),
     "kv_xport_accept": (_ST, [vp, ctypes.c_uint32, _vpp]),
     "kv_xport_peer_state_get": (_ST, [vp, ctypes.POINTER(ctypes.c_int),

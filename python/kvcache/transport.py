@@ -49,7 +49,7 @@ from .tensors import region
 L = _lib.lib
 _U16 = CInt("uint16", ctypes.c_uint16)
 
-KINDS = {"tcp": 1, "rdma": 2}
+KINDS = {"tcp": 1, "rdma": 2, "auto": 4}
 STATES = ("pending", "done", "failed", "timed_out", "cancelled")
 PEER_STATES = ("connecting", "ready", "closed")
 BLOB_MAX = _lib.KV_XPORT_BLOB_MAX
@@ -244,7 +244,10 @@ class Transport(_Handle):
     """One transport endpoint (kv_xport_create) and its progress thread.
 
     token: the shared secret (non-zero; a peer presenting another is
-    refused). kind "tcp" (default) or "rdma". listen_host: accept peers on
+    refused). kind "tcp" (default), "rdma", or "auto" (TCP addresses; a peer
+    on this host, proved at connect, is carried through shared memory, any
+    other over TCP; both ends "auto": docs/connector.md, "Automatic
+    choice"). listen_host: accept peers on
     this address ("127.0.0.1"; None: do not listen), listen_port (0: any
     free port, see .port). fingerprint: what both sides must agree on (0 on
     both: unchecked). The other keywords are the C config's fields of the
@@ -399,6 +402,17 @@ class Peer(_Handle):
         with _Use(self) as h:
             check(L.kv_xport_peer_state_get(h, ctypes.byref(s), ctypes.byref(why)))
         return PEER_STATES[s.value], _status_name(why.value)
+
+    def path(self) -> Tuple[str, str]:
+        """(kind, why): the backend carrying this peer ("tcp", "shm", "rdma")
+        and why (kv_xport_peer_info_get's path, path_why: for a transport of
+        kind "auto", the probe's answer and the proof, or why it stayed on
+        TCP; otherwise "configured")."""
+        inf = _lib.XportInfo()
+        inf.struct_size = ctypes.sizeof(inf)
+        with _Use(self) as h:
+            check(L.kv_xport_peer_info_get(h, ctypes.byref(inf)))
+        return L.kv_xport_kind_name(inf.path).decode(), inf.path_why.decode()
 
     def wait(self, timeout_ms: int) -> None:
         """Wait for the handshake: returns once ready; raises the close

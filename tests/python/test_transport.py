@@ -1,5 +1,6 @@
-"""The transport bindings (kvcache.transport) over loopback TCP, two
-transports in one process: a plan's write into another layout (NHD
+"""The transport bindings (kvcache.transport) over loopback TCP and over
+kind "auto" (which carries these same-host peers through shared memory),
+two transports in one process: a plan's write into another layout (NHD
 layer-major 16-token blocks -> HND block-major padded 32-token blocks),
 the whole destination pool compared with a reference built by NumPy
 assignment through the caches' K/V views; a layer-by-layer request
@@ -37,15 +38,15 @@ def filled(layout, seed):
 class Pair:
     """Decode (a, listening) and prefill (b) connected: pa, pb their peers."""
 
-    def __init__(self, token_b=TOKEN):
-        self.a = kvcache.Transport(TOKEN, listen_host="127.0.0.1", timeout_ms=5000)
-        self.b = kvcache.Transport(token_b, timeout_ms=5000)
+    def __init__(self, token_b=TOKEN, kind="tcp"):
+        self.a = kvcache.Transport(TOKEN, kind=kind, listen_host="127.0.0.1", timeout_ms=5000)
+        self.b = kvcache.Transport(token_b, kind=kind, timeout_ms=5000)
         self.pb = self.b.connect("127.0.0.1", self.a.port)
 
 
-@pytest.fixture
-def pair():
-    p = Pair()
+@pytest.fixture(params=["tcp", "auto"])
+def pair(request):
+    p = Pair(kind=request.param)
     p.pb.wait(5000)
     p.pa = p.a.accept(5000)
     assert p.pa is not None and p.pa.state() == ("ready", "KV_OK")
@@ -170,7 +171,7 @@ def test_refusals_name_the_values(pair):
         rx.feed(bad)
     rx.close()
     # a peer presenting another token is refused at the handshake, by name
-    other = Pair(token_b=TOKEN + 1)
+    other = Pair(token_b=TOKEN + 1, kind=pair.a.kind)
     with pytest.raises(kvcache.Mismatch, match="token"):
         other.pb.wait(5000)
     assert other.pb.state()[0] == "closed"
@@ -263,3 +264,15 @@ def test_disagg_engine_check_can_fail(monkeypatch, model):
 
     monkeypatch.setattr(mod.LayerwiseConnector, "wait_for_layer_load", lost)
     assert mod.main(["--small", "--model", model])["bad"] > 0
+
+
+def test_path_says_which_backend_and_why(pair):
+    kind, why = pair.pb.path()
+    if pair.a.kind == "auto":  # both ends on this host: shared memory, proved
+        assert kind == "shm", why
+        assert why.startswith("shm: 127.0.0.1:%d answered the probe" % pair.a.port), why
+        assert "kvcache-shm:auto-" in why
+        assert pair.pa.path()[0] == "shm"
+    else:
+        assert (kind, why) == ("tcp", "configured")
+        assert pair.pa.path() == ("tcp", "configured")

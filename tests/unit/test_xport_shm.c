@@ -74,9 +74,9 @@ static void test_xport_shm_refusals(void **state)
     (void)state;
     kv_xport *x = NULL;
     struct kv_xport_config c = kvt_xport_cfg(KV_XPORT_SHM, true, TOKEN, 0);
-    c.kind = (kv_xport_kind)4;
+    c.kind = (kv_xport_kind)5;
     assert_int_equal(kv_xport_create(&c, &x), KV_ERR_INVALID_ARG);
-    assert_non_null(strstr(kv_last_error(), "shm 3"));
+    assert_non_null(strstr(kv_last_error(), "shm 3, auto 4"));
     assert_string_equal(kv_xport_kind_name(KV_XPORT_SHM), "shm");
     c = kvt_xport_cfg(KV_XPORT_SHM, true, TOKEN, 0);
     c.listen_host = "";

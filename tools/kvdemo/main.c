@@ -1,7 +1,7 @@
 /*
  * main.c - kvdemo's command line and the parent process (make demo).
  *
- *   kvdemo [--requests N] [--seed S] [--transport tcp|rdma|shm] [--local] [--fault]
+ *   kvdemo [--requests N] [--seed S] [--transport tcp|rdma|shm|auto] [--local] [--fault]
  *   kvdemo decode --port P [--port-fd FD] [--report-fd FD] [options]
  *   kvdemo prefill --port P [--report-fd FD] [options]
  *
@@ -34,7 +34,7 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: kvdemo [--requests N] [--seed S] [--transport tcp|rdma|shm] [--local]\n"
+            "usage: kvdemo [--requests N] [--seed S] [--transport tcp|rdma|shm|auto] [--local]\n"
             "       kvdemo decode --port P [--port-fd FD] [--report-fd FD] [options]\n"
             "       kvdemo prefill --port P [--report-fd FD] [options]\n"
             "\n"
@@ -45,6 +45,7 @@ static void usage(FILE *f)
             "  --seed S         the batch and the generated K/V (default 1)\n"
             "  --transport K    tcp (default), rdma (needs an RDMA device) or shm (same host:\n"
             "                   shared-memory rings, a Unix socket named for 127.0.0.1:P)\n"
+            "                   or auto (TCP addresses; shm when proved same-host, else tcp)\n"
             "  --local          one process: the transfer as kv_plan_copy (no transport)\n"
             "  --fault          flip one bit of one request in decode after its transfer\n"
             "                   (the run must then fail, naming that check)\n"
@@ -147,6 +148,8 @@ static int parse_opts(int argc, char **argv, int first, struct opts *o)
                 o->kind = KV_XPORT_RDMA;
             else if (!strcmp(optarg, "shm"))
                 o->kind = KV_XPORT_SHM;
+            else if (!strcmp(optarg, "auto"))
+                o->kind = KV_XPORT_AUTO;
             else
                 return bad_value(c, optarg);
             break;
@@ -299,6 +302,7 @@ static int run_parent(const char *self, const struct opts *o)
     snprintf(title, sizeof(title), "prefill and decode processes over %s",
              o->kind == KV_XPORT_SHM    ? "shared memory"
              : o->kind == KV_XPORT_RDMA ? "rdma"
+             : o->kind == KV_XPORT_AUTO ? "auto (its choice above)"
                                         : "tcp loopback");
     print_table(&rep, title, (double)(now_ns() - t0) / 1e9);
     if (!dseen || !pseen) {

@@ -14,6 +14,7 @@
  * (mla.c).
  */
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -31,8 +32,14 @@ static bool prefill_connect(kv_xport *x, uint16_t port, kv_xport_peer **peer)
         kv_status why = KV_OK;
         if (!ok_call(kv_xport_peer_state_get(*peer, &ps, &why), "kv_xport_peer_state_get"))
             return false;
-        if (ps == KV_XPORT_READY)
+        if (ps == KV_XPORT_READY) {
+            struct kv_xport_info in = KV_XPORT_INFO_INIT;
+            char line[320];
+            if (kv_xport_peer_info_get(*peer, &in) == KV_OK && in.kind == KV_XPORT_AUTO &&
+                kv_xport_info_format(&in, line, sizeof(line)) >= 0)
+                printf("  prefill's peer: %s\n", line);
             return true;
+        }
         if (ps == KV_XPORT_CLOSED)
             return fail_msg("the connection to decode closed: %s: %s", kv_status_name(why),
                             kv_last_error());
