@@ -290,8 +290,9 @@ static bool cpu_has_avx512bw(void)
 
 /* The decode's fp8 row conversion (the AVX2 path's callers only): n rows in
  * one call, AVX-512BW where the CPU has it (and kv__attn_avx2_only is not
- * set), else AVX2. Measured (docs/benchmarks.md, 2026-12-04 18:00): the
- * fp8 decode 5-10% faster in both orders on one AMD EPYC core. */
+ * set), else AVX2. Measured (docs/benchmarks.md, 2026-12-04 17:50-18:45,
+ * CPU time on one AMD EPYC core): fp8 decode HND +15%, NHD +5%; with two
+ * threads on a loaded machine no change beyond the noise. */
 static bool fp8_rows_to_f16_fast(kv_dtype dt, uint16_t *dst, int64_t dstep, const uint8_t *src,
                                  int64_t sstep, int64_t n, int64_t D)
 {
