@@ -206,6 +206,9 @@ void kv__attn_job_free(struct kv__attn_job *job);
 void kv__attn_test_tune(int64_t nt_min_bytes, bool portable);
 /* Set by kv__attn_test_tune: the portable (non-SIMD, non-streaming) paths only. */
 extern bool kv__attn_portable;
+/* Set by tests: the decode's fp8 row conversion takes its AVX2 form where
+ * the CPU also has AVX-512BW (both forms tested on such a CPU). */
+extern bool kv__attn_avx2_only;
 /* Whether decode attention of dtype dt and head dim D takes the AVX2/FMA
  * path on this CPU (with the current tuning). */
 bool kv__attn_decode_simd(kv_dtype dt, int64_t D);

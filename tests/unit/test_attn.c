@@ -859,6 +859,7 @@ struct dec_case {
     kv_dtype cache_dt, q_dt, out_dt;
     bool csr;
     bool scales;
+    int64_t extra_blocks; /* more blocks in the pool: page ids drawn from its upper half */
 };
 
 static void run_decode(const struct dec_case *dc, uint64_t seed, const int64_t *lens, uint32_t S)
@@ -873,7 +874,7 @@ static void run_decode(const struct dec_case *dc, uint64_t seed, const int64_t *
     cfg.num_layers = 2, cfg.block_tokens = N, cfg.num_heads = H, cfg.head_dim = D;
     cfg.dtype = dc->cache_dt, cfg.order = dc->order, cfg.arrange = dc->arrange;
     cfg.kv_packed = dc->packed, cfg.block_pad_elems = dc->pad;
-    cfg.num_blocks = 2 * (total_pages / dc->r + 2) + 4;
+    cfg.num_blocks = 2 * (total_pages / dc->r + 2) + 4 + dc->extra_blocks;
     fix_init(&f, &cfg, seed);
     const int64_t P = cfg.num_blocks * dc->r;
     /* pages: distinct, from the upper half */
@@ -1451,10 +1452,13 @@ static void test_attn_cuda_entries_validate_first(void **state)
     fix_free(&f);
 }
 
-/* The AVX2 decode path's fp8 rows (converted to f16 16 elements at a time,
- * then 8) against the scalar conversions the reference uses: all 256 byte
- * values of each format, bit for bit (NaN: NaN of the same sign), at every
- * position of a 24-element row (a 16-wide step and an 8-wide tail). */
+/* The AVX2 decode path's fp8 rows (converted to f16 32 elements at a time
+ * with AVX-512BW, 16 with AVX2, then the row's tail) against the scalar
+ * conversions the reference uses: all 256 byte values of each format, bit
+ * for bit (NaN: NaN of the same sign), at every position of a 56-element row
+ * (AVX-512BW: a 32-wide step and a masked 24-element tail; AVX2: three
+ * 16-wide steps and an 8-wide tail), in both forms where the CPU has
+ * AVX-512BW (kv__attn_avx2_only). */
 static void test_attn_decode_fp8_loads_exact(void **state)
 {
     (void)state;
@@ -1463,41 +1467,44 @@ static void test_attn_decode_fp8_loads_exact(void **state)
         print_message("    no AVX2/F16C on this CPU: the portable path only (tested below)\n");
         return;
     }
-    enum { ROW = 24 };
+    enum { ROW = 56 };
     uint8_t bytes[256 + ROW];
     for (int i = 0; i < 256 + ROW; i++)
         bytes[i] = (uint8_t)(i * 37 + 11); /* 37 is odd: a permutation of 0..255 */
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < 4; f++) {
+        kv__attn_avx2_only = f >= 2;
         int nan = 0;
         static uint8_t hit[ROW][256];
         memset(hit, 0, sizeof(hit));
         for (int at = 0; at < 256; at++) {
             float got[ROW];
-            assert_true(kv__attn_decode_row_f32(fp8[f], bytes + at, ROW, got));
+            assert_true(kv__attn_decode_row_f32(fp8[f % 2], bytes + at, ROW, got));
             for (int e = 0; e < ROW; e++) {
                 const uint8_t b = bytes[at + e];
-                const float want = fp8[f] == KV_FP8_E4M3 ? kv_e4m3_to_f32(b) : kv_e5m2_to_f32(b);
+                const float want =
+                    fp8[f % 2] == KV_FP8_E4M3 ? kv_e4m3_to_f32(b) : kv_e5m2_to_f32(b);
                 hit[e][b] = 1;
                 if (isnan(want)) {
                     nan += e == 0;
                     if (!isnan(got[e]) || signbit(got[e]) != signbit(want))
-                        fail_msg("%s byte 0x%02x at %d: %g, want NaN", kv_dtype_name(fp8[f]), b, e,
-                                 (double)got[e]);
+                        fail_msg("%s byte 0x%02x at %d: %g, want NaN", kv_dtype_name(fp8[f % 2]), b,
+                                 e, (double)got[e]);
                     continue;
                 }
                 uint32_t gb, wb;
                 memcpy(&gb, &got[e], 4);
                 memcpy(&wb, &want, 4);
                 if (gb != wb)
-                    fail_msg("%s byte 0x%02x at %d: %a, want %a", kv_dtype_name(fp8[f]), b, e,
+                    fail_msg("%s byte 0x%02x at %d: %a, want %a", kv_dtype_name(fp8[f % 2]), b, e,
                              (double)got[e], (double)want);
             }
         }
-        assert_int_equal(nan, f == 0 ? 2 : 6); /* e4m3: 0x7f 0xff; e5m2: 3 mantissas x 2 signs */
-        for (int e = 0; e < ROW; e++)          /* every byte value at every position */
+        assert_int_equal(nan, f % 2 == 0 ? 2 : 6); /* e4m3: 0x7f 0xff; e5m2: 3 x 2 signs */
+        for (int e = 0; e < ROW; e++)              /* every byte value at every position */
             for (int b = 0; b < 256; b++)
                 assert_int_equal(hit[e][b], 1);
     }
+    kv__attn_avx2_only = false;
     float out[8];
     assert_false(kv__attn_decode_row_f32(KV_FP8_E4M3, bytes, 12, out)); /* not a multiple of 8 */
 }
@@ -1519,18 +1526,19 @@ static void test_attn_decode_fp8_nan_redo(void **state)
 {
     (void)state;
     enum { NH = 8, ND = 128, NN = 16, NB = 8, NG = 4, NT = 40 }; /* NHD: groups of 2 heads */
-    for (int o = 0; o < 2; o++) {
+    for (int o = 0; o < 4; o++) { /* o / 2: the AVX2 form of the row conversion */
+        kv__attn_avx2_only = o >= 2;
         struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
         cfg.num_layers = 1, cfg.num_blocks = NB, cfg.block_tokens = NN, cfg.num_heads = NH;
         cfg.head_dim = ND, cfg.dtype = KV_FP8_E4M3;
-        cfg.order = o ? KV_ORDER_HND : KV_ORDER_NHD;
+        cfg.order = o % 2 ? KV_ORDER_HND : KV_ORDER_NHD;
         struct kv_paged_cache c = {0};
         assert_int_equal(kv_layout_init(&cfg, &c.layout), KV_OK);
         c.storage_bytes = (size_t)c.layout.total_bytes;
         c.mem = KV_MEM_HOST;
         uint8_t *pool = kv__mem_alloc_aligned(64, c.storage_bytes);
         assert_non_null(pool);
-        uint64_t x = 77 + (uint64_t)o;
+        uint64_t x = 77 + (uint64_t)(o % 2);
         for (size_t i = 0; i < c.storage_bytes; i++) {
             x = x * 6364136223846793005ull + 1442695040888963407ull;
             pool[i] = (uint8_t)((x >> 33) & 0xbf); /* |v| < 2, never the NaN byte */
@@ -1562,15 +1570,60 @@ static void test_attn_decode_fp8_nan_redo(void **state)
                 const float a = out0[qh * ND + d], b = out1[qh * ND + d];
                 if (qh / NG == hn && d == dn) {
                     if (!isnan(b))
-                        fail_msg("%s: head %d d %d: %g, want NaN", o ? "hnd" : "nhd", qh, d,
+                        fail_msg("%s: head %d d %d: %g, want NaN", o % 2 ? "hnd" : "nhd", qh, d,
                                  (double)b);
                 } else if (f32_bits(a) != f32_bits(b)) {
-                    fail_msg("%s: head %d d %d: %a, without the NaN %a", o ? "hnd" : "nhd", qh, d,
-                             (double)b, (double)a);
+                    fail_msg("%s: head %d d %d: %a, without the NaN %a", o % 2 ? "hnd" : "nhd", qh,
+                             d, (double)b, (double)a);
                 }
             }
         kv__mem_free(pool);
     }
+    kv__attn_avx2_only = false;
+}
+
+/* The fp8 decode's row conversion (32 elements a step with AVX-512BW, else
+ * 16; one call per run of a page's consecutive rows, HND's contiguous head
+ * rows and NHD's token-stride ones; NHD head groups a token's rows at once)
+ * in both forms: e4m3 and e5m2 over every layout (NHD/HND, layer- and
+ * block-major, padded blocks, packed K|V), head dims with a 32-element tail
+ * and without (40, 96, 200, 128), 1 to 6 query heads a KV head, page ratio
+ * 1 and 2, CSR and block table, pages from the upper half of a pool of over
+ * 1,000 blocks; within 1e-5 of the float64 reference, the pool and out's
+ * padding untouched (run_decode). */
+static void test_attn_decode_fp8_layouts(void **state)
+{
+    (void)state;
+    const int64_t lens[5] = {1, 17, 333, 700, 0};
+    const int64_t short_lens[4] = {1, 17, 90, 0};
+    static const int64_t Ds[4] = {40, 96, 200, 128};
+    static const int64_t gs[4] = {1, 4, 6, 3};
+    for (int isa = 0; isa < 2; isa++) {
+        kv__attn_avx2_only = isa == 1;
+        for (int i = 0; i < 32; i++) {
+            struct dec_case dc = {0};
+            dc.order = (i & 1) ? KV_ORDER_HND : KV_ORDER_NHD;
+            dc.arrange = (i & 2) ? KV_ARRANGE_BLOCK_MAJOR : KV_ARRANGE_LAYER_MAJOR;
+            dc.pad = (i & 4) ? 24 : 0;
+            dc.packed = (i & 8) != 0;
+            dc.cache_dt = (i & 16) ? KV_FP8_E5M2 : KV_FP8_E4M3;
+            dc.N = i % 3 == 0 ? 16 : 8;
+            dc.D = Ds[(i + i / 4) % 4];
+            dc.H = (i / 2) % 3 == 0 ? 2 : 4; /* NHD 4: head groups (a token's rows at once) */
+            dc.g = gs[(i / 3) % 4];
+            dc.r = (i / 4) % 2 ? 2 : 1;
+            dc.q_dt = i % 3 == 2 ? KV_BF16 : KV_F32;
+            dc.out_dt = KV_F32;
+            dc.csr = i % 3 != 1;
+            dc.scales = i % 5 == 2;
+            dc.extra_blocks = 1200;
+            if (SLOW_BUILD)
+                run_decode(&dc, 1300 + (uint64_t)(32 * isa + i), short_lens, 4);
+            else
+                run_decode(&dc, 1300 + (uint64_t)(32 * isa + i), lens, 5);
+        }
+    }
+    kv__attn_avx2_only = false;
 }
 
 /* The code paths a size or a CPU feature selects, forced on small inputs
@@ -1665,6 +1718,7 @@ int main(void)
         cmocka_unit_test(test_attn_cuda_entries_validate_first),
         cmocka_unit_test(test_attn_decode_fp8_loads_exact),
         cmocka_unit_test(test_attn_decode_fp8_nan_redo),
+        cmocka_unit_test(test_attn_decode_fp8_layouts),
         cmocka_unit_test(test_attn_portable_and_streaming_paths),
         cmocka_unit_test(test_attn_threads),
     };
