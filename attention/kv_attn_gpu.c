@@ -110,8 +110,9 @@ kv_status kv_attn_copy_blocks_ex_cuda(struct kv_paged_cache dst, struct kv_paged
     return st == KV_OK ? kv__ok() : st;
 }
 
-/* The decode entries on CUDA: one validator with the CPU's; the CUDA
- * kernel runs options all off and refuses the others, naming them. */
+/* The decode entries on CUDA: one validator with the CPU's; options all
+ * off run the CUDA decode kernel, a window, a soft cap, lse or several
+ * queries a sequence (qo_indptr) the multi-token kernel. */
 static kv_status decode_cuda(const char *fn, struct kv_paged_cache cache, uint32_t layer,
                              const struct kv_view *q, const int32_t *qo_indptr,
                              const struct kv_pages *pages, float softmax_scale,
@@ -123,10 +124,8 @@ static kv_status decode_cuda(const char *fn, struct kv_paged_cache cache, uint32
                                          scales, out, opts, &j);
     if (st != KV_OK)
         return st;
-    const char *on = kv__attn_opts_on(&j);
-    if (on)
-        st = kv__error(KV_ERR_UNSUPPORTED, "%s: %s on CUDA: not yet (the CPU kernel has it)", fn,
-                       on);
+    if (kv__attn_opts_on(&j))
+        st = kv__cuda_attn_prefill(&j, stream);
     else
         st = kv__cuda_attn_decode(&j, stream);
     if (st == KV_OK)

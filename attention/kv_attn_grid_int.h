@@ -23,6 +23,10 @@ kv_status kv__grid_attn_move(const struct kv__attn_job *job, bool to_cache);
 kv_status kv__grid_attn_copy(const struct kv__attn_job *job);
 kv_status kv__grid_attn_copy_ex(const struct kv__attn_job *job);
 kv_status kv__grid_attn_decode(const struct kv__attn_job *job);
+/* kv__cuda_attn_prefill: job from kv__attn_decode_check, a prefill or a
+ * decode with options (kv_attn_prefill_hd.h); KV_ERR_UNSUPPORTED as the
+ * launcher (shared memory, grid). */
+kv_status kv__grid_attn_prefill(const struct kv__attn_job *job);
 /* kv__cuda_attn_decode_mla: job from kv__attn_decode_mla_check. */
 kv_status kv__grid_attn_decode_mla(const struct kv__attn_job *job);
 /* kv__cuda_attn_write_dev: job from kv__attn_write_dev_check, slots [n_slots]
