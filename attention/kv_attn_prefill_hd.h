@@ -39,7 +39,7 @@
  *
  * Shared memory (floats): q [rows][D], kt [tk][dp], vt [tk][D], sc
  * [rows][tk], corr [rows], acc [rows][D]; dp = D | 1. rows (<= 32) and tk
- * (<= 32) are the largest that fit in KV__SHARED_MAX (kv__cpre_build).
+ * (<= 32): what fits in KV__SHARED_MAX and costs least (kv__cpre_tile).
  *
  * Header tier *_hd.h (module-private in practice: attention/ and its tests).
  */
@@ -228,11 +228,33 @@ static inline size_t kv__cpre_shared(int64_t R, int64_t TK, int64_t D)
     return (size_t)(2 * R * D + TK * ((D | 1) + D) + R * TK + R) * sizeof(float);
 }
 
+/* The rows a block and tokens a tile for head dim D and at most max_rows
+ * rows a (sequence, KV head) (rows 0: none fits in KV__SHARED_MAX): of the
+ * pairs that fit, the least time per (row, token) pair as the body spends
+ * it, per unit of D: scores 3 ceil(R / 4) / (R TK) (a warp's rows one
+ * after another, a lane per token: a tile of fewer than 32 tokens idles
+ * lanes), loads 6 / (32 R) (each K/V row loaded serves R rows); the values
+ * cost the same for every pair. The most rows on a tie. */
+static inline void kv__cpre_tile(int64_t D, int64_t max_rows, int64_t *rows, int64_t *tk)
+{
+    double best = 0.0;
+    *rows = 0, *tk = 0;
+    for (int64_t R = max_rows < KV__PF_ROWS ? max_rows : KV__PF_ROWS; R >= 1;
+         R = R > 1 ? R / 2 : 0)
+        for (int64_t TK = KV__PF_TOKENS; TK >= 1; TK /= 2) {
+            if (kv__cpre_shared(R, TK, D) > KV__SHARED_MAX)
+                continue;
+            const double cost =
+                3.0 * (double)((R + 3) / 4) / (double)(R * TK) + 6.0 / (32.0 * (double)R);
+            if (!*rows || cost < best)
+                best = cost, *rows = R, *tk = TK;
+        }
+}
+
 /* Job j (kv__attn_decode_check: a prefill, or a decode with options) as
  * *p (the host arrays; a CUDA launcher replaces them with device copies),
- * tile_start [n_seqs + 1] filled (the caller's), the rows and tile tokens
- * that fit (the most rows first: each K/V row loaded serves them all), and
- * the launch: *blocks (0: no row, nothing to launch), *shmem, *vbytes.
+ * tile_start [n_seqs + 1] filled (the caller's), and the launch: *blocks (0: no row, nothing to launch), *shmem, *vbytes.
+ * Rows and tile tokens: kv__cpre_tile.
  * KV_ERR_UNSUPPORTED where one row and one token exceed KV__SHARED_MAX or
  * the blocks exceed the grid. */
 static inline kv_status kv__cpre_build(const struct kv__attn_job *j, const char *fn,
@@ -265,12 +287,7 @@ static inline kv_status kv__cpre_build(const struct kv__attn_job *j, const char 
         const int64_t n = (j->q_start ? j->q_start[s + 1] - j->q_start[s] : 1) * p->g;
         max_rows = n > max_rows ? n : max_rows;
     }
-    p->rows = 0;
-    for (int64_t R = max_rows < KV__PF_ROWS ? max_rows : KV__PF_ROWS; R >= 1 && !p->rows;
-         R = R > 1 ? R / 2 : 0)
-        for (int64_t TK = KV__PF_TOKENS; TK >= (R > 1 ? 8 : 1) && !p->rows; TK /= 2)
-            if (kv__cpre_shared(R, TK, D) <= KV__SHARED_MAX)
-                p->rows = R, p->tk = TK;
+    kv__cpre_tile(D, max_rows, &p->rows, &p->tk);
     *blocks = 0;
     if (max_rows == 0)
         return KV_OK;

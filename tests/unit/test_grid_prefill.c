@@ -209,9 +209,12 @@ static void run_case(const struct pcase *pc, const int64_t *lens, const int64_t 
     int64_t maxrows = 0, tiles = 0;
     for (uint32_t s = 0; s < S; s++)
         maxrows = ql[s] * pc->g > maxrows ? ql[s] * pc->g : maxrows;
-    int64_t rows = maxrows < KV__PF_ROWS ? maxrows : KV__PF_ROWS;
-    while (kv__cpre_shared(rows, 8, D) > KV__SHARED_MAX)
-        rows /= 2;
+    int64_t rows, tk;
+    kv__cpre_tile(D, maxrows, &rows, &tk);
+    if (!(lst.launch.shared_bytes == kv__cpre_shared(rows, tk, D) && tk >= 8 &&
+          rows >= (maxrows < 8 ? maxrows : 8)))
+        fail_msg("%s: %lld rows, %lld tokens a tile (shared %zu)", what, (long long)rows,
+                 (long long)tk, lst.launch.shared_bytes);
     for (uint32_t s = 0; s < S; s++)
         tiles += (ql[s] * pc->g + rows - 1) / rows;
     if (!(lst.launch.grid == (uint64_t)(tiles * H) && lst.launch.block == 32 * KV__PF_WARPS &&
