@@ -16,7 +16,8 @@
  * padded, block-major, packed K|V; q_len 0, 1 and > 1 (a whole causal
  * prefill and a chunk over a cached prefix); window, soft cap, lse; f32,
  * f16, bf16, fp8 e4m3 / e5m2 with per-tensor and per-head scales; g 1, 4
- * and 5; D 64, 128, 80 and 33 (vector widths 16 to 2); a decode job with
+ * and 5; D 64, 128, 80, 33 (vector widths 16 to 2) and 256 (tiles of 4
+ * rows, fewer than g, and 16 tokens, fewer than the lanes); a decode job with
  * options (one query a sequence, a sequence of 0 tokens: out 0, lse -inf);
  * the shared-memory refusal; the emulator's warp max and its strictness.
  */
@@ -211,8 +212,9 @@ static void run_case(const struct pcase *pc, const int64_t *lens, const int64_t 
         maxrows = ql[s] * pc->g > maxrows ? ql[s] * pc->g : maxrows;
     int64_t rows, tk;
     kv__cpre_tile(D, maxrows, &rows, &tk);
-    if (!(lst.launch.shared_bytes == kv__cpre_shared(rows, tk, D) && tk >= 8 &&
-          rows >= (maxrows < 8 ? maxrows : 8)))
+    /* up to D 80, full tiles of 32 rows x 32 tokens (docs/kernels.md) */
+    const bool full = D > 80 || maxrows < 32 || (rows == 32 && tk == 32);
+    if (!(lst.launch.shared_bytes == kv__cpre_shared(rows, tk, D) && rows >= 1 && tk >= 1 && full))
         fail_msg("%s: %lld rows, %lld tokens a tile (shared %zu)", what, (long long)rows,
                  (long long)tk, lst.launch.shared_bytes);
     for (uint32_t s = 0; s < S; s++)
@@ -312,6 +314,9 @@ static void test_grid_prefill_body(void **state)
         {HND, LM, 0, false, 8, 2, 4, 80, 1, KV_FP8_E5M2, KV_BF16, 2, 0, 0.0f, true, false, 16},
         {NHD, BM, 0, false, 16, 3, 1, 33, 1, KV_F16, 0, 0, 20, 1.5f, true, false, 2},
         {HND, LM, 0, true, 16, 2, 4, 64, 2, KV_F32, 0, 2, 5, 2.0f, false, false, 16},
+        /* D 256: 4 rows (fewer than g: a tile cuts a query's heads) x 16 tokens
+         * (lanes 16..31 idle in the scores) */
+        {NHD, BM, 0, false, 8, 1, 5, 256, 1, KV_BF16, 0, 0, 30, 1.0f, true, false, 16},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         run_case(&cases[i], lens, i % 2 ? qpart : qfull, 900 + i);
