@@ -1088,6 +1088,62 @@ static void bench(kv_order order)
     free(b.slots);
 }
 
+/* The multi-token kernel's speed on one shape (informational, `prefill`
+ * mode): S sequences of n tokens, a whole causal prefill each (q_len = n),
+ * H 8 KV heads x g 4, D 128, bf16 cache and q / out; the median of 5 runs,
+ * with the causal half of the score and value flops (4 n^2 / 2 x D x Hq per
+ * sequence) as the work. */
+static void prefill_speed(void)
+{
+    const int64_t S = 4, n = 2048, H = 8, g = 4, Hq = H * g, D = 128, T = S * n;
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 1, cfg.block_tokens = 16, cfg.num_heads = H, cfg.head_dim = D;
+    cfg.dtype = KV_BF16, cfg.num_blocks = T / 16 + 8;
+    struct kv_layout lo;
+    CHECK(kv_layout_init(&cfg, &lo) == KV_OK);
+    struct kv_paged_cache c = {lo, NULL, (size_t)lo.total_bytes, KV_MEM_DEVICE};
+    CHECK(cudaMalloc(&c.base, c.storage_bytes) == cudaSuccess);
+    CHECK(cudaMemset(c.base, 0x3c, c.storage_bytes) == cudaSuccess); /* bf16 ~0.0115 */
+    int32_t *indices = malloc((size_t)(T / 16) * sizeof(int32_t)), indptr[5], last[4], qo[5];
+    CHECK(indices);
+    for (int64_t i = 0; i < T / 16; i++)
+        indices[i] = (int32_t)(i + 8);
+    for (int s = 0; s <= 4; s++)
+        indptr[s] = (int32_t)(s * n / 16), qo[s] = (int32_t)(s * n);
+    for (int s = 0; s < 4; s++)
+        last[s] = 16;
+    const struct kv_pages pg = {.format = KV_PAGES_CSR, .n_seqs = (uint32_t)S, .page_ratio = 1,
+                                .indptr = indptr, .indices = indices, .last_page_len = last};
+    const size_t qb = (size_t)(T * Hq * D) * 2;
+    void *dq, *dout;
+    CHECK(cudaMalloc(&dq, qb) == cudaSuccess && cudaMalloc(&dout, qb) == cudaSuccess);
+    CHECK(cudaMemset(dq, 0x3c, qb) == cudaSuccess);
+    int64_t sh[3] = {T, Hq, D};
+    struct kv_view vq, vo;
+    CHECK(kv_view_init(dq, qb, KV_BF16, 3, sh, &vq) == KV_OK);
+    CHECK(kv_view_init(dout, qb, KV_BF16, 3, sh, &vo) == KV_OK);
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess);
+    float ms[5];
+    for (int r = 0; r < 6; r++) {
+        CHECK(cudaEventRecord(e0, 0) == cudaSuccess);
+        CHECK(kv_attn_prefill_cuda(c, 0, &vq, qo, &pg, 0.088f, NULL, &vo, NULL, NULL) == KV_OK);
+        CHECK(cudaEventRecord(e1, 0) == cudaSuccess);
+        CHECK(cudaEventSynchronize(e1) == cudaSuccess);
+        if (r > 0)
+            CHECK(cudaEventElapsedTime(&ms[r - 1], e0, e1) == cudaSuccess);
+    }
+    qsort(ms, 5, sizeof(float), cmp_f);
+    const double flops = (double)S * 4.0 * (double)n * (double)n / 2.0 * (double)D * (double)Hq;
+    printf("{\"bench\":\"gpu.kernel.prefill_attn\",\"case\":\"causal/bf16/S4/n2048/H8/g4/D128\","
+           "\"ms\":%.3f,\"tflops\":%.2f}\n",
+           (double)ms[2], flops / (ms[2] * 1e-3) / 1e12);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(dq), cudaFree(dout), cudaFree(c.base);
+    free(indices);
+}
+
 int main(int argc, char **argv)
 {
     int devs = 0;
@@ -1104,6 +1160,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < 40; i++)
             prefill_case(i);
         printf("test_gpu_attn prefill: 40 prefill / decode_ex cases: ok\n");
+        prefill_speed();
         return 0;
     }
     struct kv_attn_stats s0, s1;
