@@ -53,27 +53,27 @@
 #include "kv_attn_kernels_hd.h"
 
 #define KV__PF_WARPS 4
-#define KV__PF_ROWS_WARP 8                              /* rows a warp keeps m, l of */
+#define KV__PF_ROWS_WARP 8                            /* rows a warp keeps m, l of */
 #define KV__PF_ROWS (KV__PF_WARPS * KV__PF_ROWS_WARP) /* rows a block, at most */
-#define KV__PF_TOKENS 32                                /* tokens a tile (<= 32: a lane each) */
+#define KV__PF_TOKENS 32                              /* tokens a tile (<= 32: a lane each) */
 
 struct kv__cpre {
     struct kv_layout lo;
     const char *cache;
     uint32_t layer;
-    struct kv__cside q, out;          /* [T][Hq][D] (decode: [S][Hq][D]) */
-    int64_t g, pt, n_seqs;            /* query heads a KV head, tokens a page */
-    int64_t rows, tk, dp;             /* rows a block, tokens a tile, kt's row stride */
-    float softmax_scale, soft_cap;    /* soft_cap 0: off */
-    int32_t window_left;              /* -1: off */
-    float *lse;                       /* [rows of q][lse_stride]; NULL: none */
+    struct kv__cside q, out;       /* [T][Hq][D] (decode: [S][Hq][D]) */
+    int64_t g, pt, n_seqs;         /* query heads a KV head, tokens a page */
+    int64_t rows, tk, dp;          /* rows a block, tokens a tile, kt's row stride */
+    float softmax_scale, soft_cap; /* soft_cap 0: off */
+    int32_t window_left;           /* -1: off */
+    float *lse;                    /* [rows of q][lse_stride]; NULL: none */
     int64_t lse_stride;
-    const int32_t *page_ids;          /* [page_start[n_seqs]] */
-    const int64_t *page_start;        /* [n_seqs + 1] */
-    const int64_t *seq_tokens;        /* [n_seqs] */
-    const int64_t *q_start;           /* [n_seqs + 1]; NULL: row s, one query */
-    const int64_t *tile_start;        /* [n_seqs + 1] */
-    const float *scales;              /* [2][n_mul]; NULL: 1 */
+    const int32_t *page_ids;   /* [page_start[n_seqs]] */
+    const int64_t *page_start; /* [n_seqs + 1] */
+    const int64_t *seq_tokens; /* [n_seqs] */
+    const int64_t *q_start;    /* [n_seqs + 1]; NULL: row s, one query */
+    const int64_t *tile_start; /* [n_seqs + 1] */
+    const float *scales;       /* [2][n_mul]; NULL: 1 */
     int64_t n_mul;
 };
 
@@ -118,18 +118,18 @@ KV_HD void kv__prefill_body(const struct kv_grid_ctx *c, const struct kv__cpre *
     const int64_t t_lo = kv__pf_lo(pos0 + r0 / g, p->window_left);
     const int64_t t_hi = pos0 + (r0 + nr - 1) / g;
     const int32_t *pages = p->page_ids + p->page_start[s];
-    float *q = sh;          /* [R][D] */
-    float *kt = q + R * D;  /* [TK][dp] */
-    float *vt = kt + TK * dp; /* [TK][D] */
-    float *sc = vt + TK * D;  /* [R][TK] */
+    float *q = sh;             /* [R][D] */
+    float *kt = q + R * D;     /* [TK][dp] */
+    float *vt = kt + TK * dp;  /* [TK][D] */
+    float *sc = vt + TK * D;   /* [R][TK] */
     float *corr = sc + R * TK; /* [R] */
     float *acc = corr + R;     /* [R][D] */
     for (int64_t i = c->thread; i < nr * D; i += c->block_dim) {
         const int64_t rr = i / D, d = i - rr * D;
         const int64_t qi = (r0 + rr) / g, qh = h * g + (r0 + rr) % g;
-        q[i] = kv_to_f32(p->q.dt, p->q.base + (q0 + qi) * p->q.tok + qh * p->q.head +
-                                      d * p->q.dim) *
-               p->softmax_scale;
+        q[i] =
+            kv_to_f32(p->q.dt, p->q.base + (q0 + qi) * p->q.tok + qh * p->q.head + d * p->q.dim) *
+            p->softmax_scale;
         acc[i] = 0.0f;
     }
     const int64_t hs = p->n_mul > 1 ? h : 0;
@@ -239,8 +239,7 @@ static inline void kv__cpre_tile(int64_t D, int64_t max_rows, int64_t *rows, int
 {
     double best = 0.0;
     *rows = 0, *tk = 0;
-    for (int64_t R = max_rows < KV__PF_ROWS ? max_rows : KV__PF_ROWS; R >= 1;
-         R = R > 1 ? R / 2 : 0)
+    for (int64_t R = max_rows < KV__PF_ROWS ? max_rows : KV__PF_ROWS; R >= 1; R = R > 1 ? R / 2 : 0)
         for (int64_t TK = KV__PF_TOKENS; TK >= 1; TK /= 2) {
             if (kv__cpre_shared(R, TK, D) > KV__SHARED_MAX)
                 continue;
@@ -253,10 +252,9 @@ static inline void kv__cpre_tile(int64_t D, int64_t max_rows, int64_t *rows, int
 
 /* Job j (kv__attn_decode_check: a prefill, or a decode with options) as
  * *p (the host arrays; a CUDA launcher replaces them with device copies),
- * tile_start [n_seqs + 1] filled (the caller's), and the launch: *blocks (0: no row, nothing to launch), *shmem, *vbytes.
- * Rows and tile tokens: kv__cpre_tile.
- * KV_ERR_UNSUPPORTED where one row and one token exceed KV__SHARED_MAX or
- * the blocks exceed the grid. */
+ * tile_start [n_seqs + 1] filled (the caller's), and the launch: *blocks (0: no row, nothing to
+ * launch), *shmem, *vbytes. Rows and tile tokens: kv__cpre_tile. KV_ERR_UNSUPPORTED where one row
+ * and one token exceed KV__SHARED_MAX or the blocks exceed the grid. */
 static inline kv_status kv__cpre_build(const struct kv__attn_job *j, const char *fn,
                                        struct kv__cpre *p, int64_t *tile_start, int64_t *blocks,
                                        size_t *shmem, int *vbytes)

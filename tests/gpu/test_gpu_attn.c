@@ -658,8 +658,7 @@ static void prefill_case(int i)
         CHECK(kv_attn_decode_ex_cuda(p.dev, 1, &dvq, &pg, scale, scp, &dvo, &og, NULL) == KV_OK);
     } else {
         CHECK(kv_attn_prefill(p.host, 1, &vq, qo, &pg, scale, scp, &vc, &oc) == KV_OK);
-        CHECK(kv_attn_prefill_cuda(p.dev, 1, &dvq, qo, &pg, scale, scp, &dvo, &og, NULL) ==
-              KV_OK);
+        CHECK(kv_attn_prefill_cuda(p.dev, 1, &dvq, qo, &pg, scale, scp, &dvo, &og, NULL) == KV_OK);
     }
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
     CHECK(cudaMemcpy(hg, dout, ob, cudaMemcpyDeviceToHost) == cudaSuccess);
@@ -1112,8 +1111,12 @@ static void prefill_speed(void)
         indptr[s] = (int32_t)(s * n / 16), qo[s] = (int32_t)(s * n);
     for (int s = 0; s < 4; s++)
         last[s] = 16;
-    const struct kv_pages pg = {.format = KV_PAGES_CSR, .n_seqs = (uint32_t)S, .page_ratio = 1,
-                                .indptr = indptr, .indices = indices, .last_page_len = last};
+    const struct kv_pages pg = {.format = KV_PAGES_CSR,
+                                .n_seqs = (uint32_t)S,
+                                .page_ratio = 1,
+                                .indptr = indptr,
+                                .indices = indices,
+                                .last_page_len = last};
     const size_t qb = (size_t)(T * Hq * D) * 2;
     void *dq, *dout;
     CHECK(cudaMalloc(&dq, qb) == cudaSuccess && cudaMalloc(&dout, qb) == cudaSuccess);

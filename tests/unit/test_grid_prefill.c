@@ -277,7 +277,8 @@ static void run_case(const struct pcase *pc, const int64_t *lens, const int64_t 
                 if (pc->lse) {
                     float *lp = lb + rowi * (Hq + LPAD) + qh;
                     const double lref = mx + log(sum);
-                    if (!(*lp == lref || fabs(*lp - lref) <= 2e-5 * (fabs(lref) > 1 ? fabs(lref) : 1)))
+                    if (!(*lp == lref ||
+                          fabs(*lp - lref) <= 2e-5 * (fabs(lref) > 1 ? fabs(lref) : 1)))
                         fail_msg("%s: lse row %lld head %lld: %.9g vs %.9g", what, (long long)rowi,
                                  (long long)qh, (double)*lp, lref);
                     *lp = lb0[lp - lb];
@@ -363,8 +364,8 @@ static void test_grid_prefill_shared_limit(void **state)
     pages.format = KV_PAGES_CSR, pages.n_seqs = 1, pages.page_ratio = 1;
     pages.indptr = indptr, pages.indices = indices, pages.last_page_len = last;
     struct kv__attn_job j;
-    assert_int_equal(kv__attn_decode_check("kv_attn_prefill_cuda", &f.c, 0, &q, qo, &pages,
-                                           0.0625f, NULL, &out, NULL, &j),
+    assert_int_equal(kv__attn_decode_check("kv_attn_prefill_cuda", &f.c, 0, &q, qo, &pages, 0.0625f,
+                                           NULL, &out, NULL, &j),
                      KV_OK);
     assert_int_equal(kv__grid_attn_prefill(&j), KV_ERR_UNSUPPORTED);
     kv__attn_job_free(&j);
