@@ -392,10 +392,16 @@ KV_API KV_NODISCARD kv_status kv_attn_decode_cuda(struct kv_paged_cache cache, u
                                                   const struct kv_scales *scales,
                                                   const struct kv_view *out, kv_cuda_stream stream);
 
-/* kv_attn_decode_ex and kv_attn_prefill on CUDA: the same validation;
- * one query row per sequence runs the CUDA decode with every option (a
- * window, a soft cap, lse into device memory); KV_ERR_UNSUPPORTED for
- * multi-token calls (kv_attn_prefill_cuda with a q_len > 1), naming them. */
+/* kv_attn_decode_ex and kv_attn_prefill on CUDA: the same validation,
+ * then everything the CPU entries do (qo_indptr, the causal mask, window,
+ * soft cap, lse into device memory, scales, every dtype and stride).
+ * kv_attn_decode_ex_cuda runs kv_attn_decode_cuda's kernel with the options;
+ * kv_attn_prefill_cuda (qo_indptr) the multi-token kernel: one CUDA block
+ * per (tile of up to
+ * 32 (query, query head) rows, KV head), K/V tiles in shared memory shared
+ * by the tile's rows (docs/kernels.md). Host page arrays, uploaded as
+ * kv_attn_decode_cuda does. KV_ERR_UNSUPPORTED where one query row of head
+ * dim D exceeds the 48 KiB of shared memory (D > 3071). */
 KV_API KV_NODISCARD kv_status kv_attn_decode_ex_cuda(
     struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q,
     const struct kv_pages *pages, float softmax_scale, const struct kv_scales *scales,

@@ -25,11 +25,14 @@
  *           KV__DEC_WARPS-th token, lanes split the head dim, an online
  *           softmax per warp and query head in shared memory, merged at
  *           the end
+ *   prefill one CUDA block per (tile of query rows, KV head); a decode with
+ *           options too (kv_attn_prefill_hd.h)
  */
 #include <cuda_runtime.h>
 
 #include "kv_attn_cuda_int.h"
 #include "kv_attn_kernels_hd.h"
+#include "kv_attn_prefill_hd.h"
 #include "kv_cuda_lib.h"
 #include "kv_mem.h"
 
@@ -513,5 +516,80 @@ out:
     release(d_tok, s);
     release(d_start, s);
     release(d_pages, s);
+    return st;
+}
+
+/* ---- multi-token attention (and decode with options) ------------------------------ */
+
+template <int W> __global__ void kv__prefill_kernel(struct kv__cpre p)
+{
+    extern __shared__ float sh[];
+    const struct kv_grid_ctx c = kv__ctx(sh);
+    kv__prefill_body(&c, &p, W);
+}
+
+/* kv__prefill_kernel at the width kv__cpre_width chose (16, 8, 4, 2, 1). */
+static void launch_prefill(const struct kv__cpre &p, int w, int64_t blocks, size_t shmem,
+                           cudaStream_t s)
+{
+    const unsigned grid = (unsigned)blocks, threads = 32 * KV__PF_WARPS;
+    if (w == 16)
+        kv__prefill_kernel<16><<<grid, threads, shmem, s>>>(p);
+    else if (w == 8)
+        kv__prefill_kernel<8><<<grid, threads, shmem, s>>>(p);
+    else if (w == 4)
+        kv__prefill_kernel<4><<<grid, threads, shmem, s>>>(p);
+    else if (w == 2)
+        kv__prefill_kernel<2><<<grid, threads, shmem, s>>>(p);
+    else
+        kv__prefill_kernel<1><<<grid, threads, shmem, s>>>(p);
+}
+
+extern "C" kv_status kv__cuda_attn_prefill(const struct kv__attn_job *j, kv_cuda_stream stream)
+{
+    const char *fn = j->fn;
+    cudaStream_t s = (cudaStream_t)stream;
+    kv_status st = kv__cuda_ready(fn, NULL);
+    if (st != KV_OK || j->n_seqs == 0)
+        return st;
+    const size_t idx_bytes = ((size_t)j->n_seqs + 1) * sizeof(int64_t);
+    int64_t *tile_start = (int64_t *)kv__mem_alloc(idx_bytes);
+    if (!tile_start)
+        return kv__error(KV_ERR_NO_MEMORY, "%s: %u sequences", fn, j->n_seqs);
+    struct kv__cpre p;
+    int64_t blocks = 0;
+    size_t shmem = 0;
+    int w = 1;
+    float scales[2 * 1024];
+    void *d_pages = NULL, *d_start = NULL, *d_tok = NULL, *d_q = NULL, *d_tiles = NULL,
+         *d_scales = NULL;
+    const int64_t n_pages = j->page_start[j->n_seqs];
+    if ((st = kv__cpre_build(j, fn, &p, tile_start, &blocks, &shmem, &w)) != KV_OK || blocks == 0)
+        goto out;
+    kv__cpre_scales(j, &p, scales);
+    if ((st = upload(&d_pages, j->page_ids, (size_t)n_pages * sizeof(int32_t), s, fn)) != KV_OK ||
+        (st = upload(&d_start, j->page_start, idx_bytes, s, fn)) != KV_OK ||
+        (st = upload(&d_tok, j->seq_tokens, (size_t)j->n_seqs * sizeof(int64_t), s, fn)) !=
+            KV_OK ||
+        (j->q_start && (st = upload(&d_q, j->q_start, idx_bytes, s, fn)) != KV_OK) ||
+        (st = upload(&d_tiles, tile_start, idx_bytes, s, fn)) != KV_OK ||
+        (st = upload(&d_scales, scales, (size_t)(2 * p.n_mul) * sizeof(float), s, fn)) != KV_OK)
+        goto out;
+    p.page_ids = (const int32_t *)d_pages;
+    p.page_start = (const int64_t *)d_start;
+    p.seq_tokens = (const int64_t *)d_tok;
+    p.q_start = (const int64_t *)d_q;
+    p.tile_start = (const int64_t *)d_tiles;
+    p.scales = (const float *)d_scales;
+    launch_prefill(p, w, blocks, shmem, s);
+    st = kv__cuda_status(cudaGetLastError(), fn);
+out:
+    release(d_scales, s);
+    release(d_tiles, s);
+    release(d_q, s);
+    release(d_tok, s);
+    release(d_start, s);
+    release(d_pages, s);
+    kv__mem_free(tile_start);
     return st;
 }

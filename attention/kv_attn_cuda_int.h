@@ -24,6 +24,9 @@ kv_status kv__cuda_attn_move(const struct kv__attn_job *job, bool to_cache, kv_c
 kv_status kv__cuda_attn_copy(const struct kv__attn_job *job, kv_cuda_stream stream);
 kv_status kv__cuda_attn_copy_ex(const struct kv__attn_job *job, kv_cuda_stream stream);
 kv_status kv__cuda_attn_decode(const struct kv__attn_job *job, kv_cuda_stream stream);
+/* Multi-token attention, or a decode with options (job from
+ * kv__attn_decode_check; kv_attn_prefill_hd.h). */
+kv_status kv__cuda_attn_prefill(const struct kv__attn_job *job, kv_cuda_stream stream);
 /* MLA decode (job from kv__attn_decode_mla_check). */
 kv_status kv__cuda_attn_decode_mla(const struct kv__attn_job *job, kv_cuda_stream stream);
 /* Device-index write: slots [n_slots] device memory, checked by the kernel;
@@ -89,6 +92,12 @@ static inline kv_status kv__cuda_attn_copy_ex(const struct kv__attn_job *job, kv
     return kv__cuda_attn_unsupported(job);
 }
 static inline kv_status kv__cuda_attn_decode(const struct kv__attn_job *job, kv_cuda_stream stream)
+{
+    (void)stream;
+    return kv__cuda_attn_unsupported(job);
+}
+static inline kv_status kv__cuda_attn_prefill(const struct kv__attn_job *job,
+                                              kv_cuda_stream stream)
 {
     (void)stream;
     return kv__cuda_attn_unsupported(job);

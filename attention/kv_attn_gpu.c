@@ -112,7 +112,8 @@ kv_status kv_attn_copy_blocks_ex_cuda(struct kv_paged_cache dst, struct kv_paged
 
 /* The decode entries on CUDA: one validator with the CPU's; the CUDA
  * kernel runs one query row per sequence with every option (window, soft
- * cap, lse) and refuses multi-token jobs, naming them. */
+ * cap, lse) and runs multi-token jobs (qo_indptr) on the
+ * multi-token kernel. */
 static kv_status decode_cuda(const char *fn, struct kv_paged_cache cache, uint32_t layer,
                              const struct kv_view *q, const int32_t *qo_indptr,
                              const struct kv_pages *pages, float softmax_scale,
@@ -125,10 +126,7 @@ static kv_status decode_cuda(const char *fn, struct kv_paged_cache cache, uint32
     if (st != KV_OK)
         return st;
     if (j.q_start)
-        st = kv__error(KV_ERR_UNSUPPORTED,
-                       "%s: multi-token attention (qo_indptr) on CUDA: not yet (the CPU kernel "
-                       "has it)",
-                       fn);
+        st = kv__cuda_attn_prefill(&j, stream);
     else
         st = kv__cuda_attn_decode(&j, stream);
     if (st == KV_OK)

@@ -6,6 +6,7 @@
  */
 #include "kv_attn_grid_int.h"
 #include "kv_attn_kernels_hd.h"
+#include "kv_attn_prefill_hd.h"
 #include "kv_mem.h"
 
 static _Thread_local struct kv__grid_attn_last g_last;
@@ -197,6 +198,40 @@ kv_status kv__grid_attn_decode(const struct kv__attn_job *j)
     p.seq_tokens = j->seq_tokens;
     p.scales = scales;
     return decode_launch(fn, j, &p, shmem);
+}
+
+struct prefill_arg {
+    const struct kv__cpre *p;
+    int vbytes;
+};
+
+static void prefill_thread(const struct kv_grid_ctx *c, const void *arg)
+{
+    const struct prefill_arg *a = arg;
+    kv__prefill_body(c, a->p, a->vbytes);
+}
+
+kv_status kv__grid_attn_prefill(const struct kv__attn_job *j)
+{
+    if (j->n_seqs == 0)
+        return KV_OK;
+    int64_t *tile_start = kv__mem_alloc(((size_t)j->n_seqs + 1) * sizeof(int64_t));
+    if (!tile_start)
+        return kv__error(KV_ERR_NO_MEMORY, "%s: %u sequences", j->fn, j->n_seqs);
+    struct kv__cpre p;
+    int64_t blocks = 0;
+    size_t shmem = 0;
+    struct prefill_arg a = {&p, 1};
+    kv_status st = kv__cpre_build(j, j->fn, &p, tile_start, &blocks, &shmem, &a.vbytes);
+    float scales[2 * 1024];
+    if (st == KV_OK && blocks > 0) {
+        kv__cpre_scales(j, &p, scales);
+        p.scales = scales;
+        const struct kv_grid_launch l = {(uint64_t)blocks, 32 * KV__PF_WARPS, shmem, true};
+        st = run(j->fn, l, prefill_thread, &a, a.vbytes);
+    }
+    kv__mem_free(tile_start);
+    return st;
 }
 
 static void decode_mla_thread(const struct kv_grid_ctx *c, const void *arg)

@@ -8,6 +8,7 @@
  * operation or ends; the scheduler then resolves what all have reached:
  *
  *   a warp whose 32 lanes all wait at a warp sum   the butterfly, released
+ *     (or all at a warp max)                       (fmaxf), released
  *   a warp whose 32 lanes all wait at a syncwarp   released
  *   a warp whose 32 lanes all wait at a shuffle    values exchanged, released
  *   some lanes of a warp at a warp operation and   fault (divergent warp op)
@@ -49,7 +50,7 @@
 #define GUARD_BYTE 0xA5
 #define FIBER_STACK (256 << 10)
 
-enum th_state { TH_RUN, TH_SYNC, TH_WSYNC, TH_WSUM, TH_WSHFL, TH_DONE };
+enum th_state { TH_RUN, TH_SYNC, TH_WSYNC, TH_WSUM, TH_WMAX, TH_WSHFL, TH_DONE };
 
 struct th {
     ucontext_t uc;
@@ -149,6 +150,18 @@ float kv__grid_warp_sum(const struct kv_grid_ctx *c, float x)
     return e->th[c->thread].val;
 }
 
+float kv__grid_warp_max(const struct kv_grid_ctx *c, float x)
+{
+    struct emu *e = c->emu;
+    if (!e->fibers) {
+        kv__grid_fault(c, "a warp max in a kernel launched as barrier-free (0, 0)", 0, 0);
+        return x;
+    }
+    e->th[c->thread].val = x;
+    wait_in(c, TH_WMAX);
+    return e->th[c->thread].val;
+}
+
 float kv__grid_shfl_xor(const struct kv_grid_ctx *c, float x, int mask)
 {
     struct emu *e = c->emu;
@@ -192,7 +205,7 @@ static int resolve_warps(struct emu *e, uint32_t n)
         enum th_state op = TH_RUN;
         for (uint32_t i = w0; i < w1; i++)
             if (e->th[i].state == TH_WSUM || e->th[i].state == TH_WSYNC ||
-                e->th[i].state == TH_WSHFL)
+                e->th[i].state == TH_WMAX || e->th[i].state == TH_WSHFL)
                 op = e->th[i].state;
         if (op == TH_RUN)
             continue;
@@ -209,13 +222,13 @@ static int resolve_warps(struct emu *e, uint32_t n)
                            w1 - w0, KV_GRID_WARP);
             return -1;
         }
-        if (op == TH_WSUM) {
+        if (op == TH_WSUM || op == TH_WMAX) {
             float v[KV_GRID_WARP], nv[KV_GRID_WARP];
             for (uint32_t i = 0; i < KV_GRID_WARP; i++)
                 v[i] = e->th[w0 + i].val;
             for (uint32_t o = 16; o > 0; o >>= 1) {
                 for (uint32_t i = 0; i < KV_GRID_WARP; i++)
-                    nv[i] = v[i] + v[i ^ o];
+                    nv[i] = op == TH_WSUM ? v[i] + v[i ^ o] : fmaxf(v[i], v[i ^ o]);
                 memcpy(v, nv, sizeof(v));
             }
             for (uint32_t i = 0; i < KV_GRID_WARP; i++)

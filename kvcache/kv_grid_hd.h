@@ -19,6 +19,8 @@
  *   kv_grid_warp_sum      xor-butterfly of         the same butterfly over
  *                         __shfl_xor_sync          the emulated lanes, in the
  *                                                  same order (same floats)
+ *   kv_grid_warp_max      the same butterfly with  the same, with fmaxf
+ *                         fmaxf
  *   kv_grid_shfl_xor      __shfl_xor_sync, full    every lane gets the value
  *                         mask, width 32           of lane ^ mask; a mask
  *                                                  outside 1..31 is a fault
@@ -74,11 +76,12 @@ void kv__grid_sync(const struct kv_grid_ctx *c);
 void kv__grid_syncwarp(const struct kv_grid_ctx *c);
 float kv__grid_warp_sum(const struct kv_grid_ctx *c, float x);
 float kv__grid_shfl_xor(const struct kv_grid_ctx *c, float x, int mask);
+float kv__grid_warp_max(const struct kv_grid_ctx *c, float x);
 void kv__grid_fault(const struct kv_grid_ctx *c, const char *what, uint64_t a, uint64_t b);
 
 /* A 1-D launch: grid blocks of block threads, shared_bytes of dynamic
  * shared memory per block; barriers: whether the body synchronizes
- * (kv_grid_sync, kv_grid_syncwarp, kv_grid_warp_sum): its threads then run
+ * (kv_grid_sync, kv_grid_syncwarp, kv_grid_warp_sum, kv_grid_warp_max): its threads then run
  * as fibers that meet at each barrier, else one after another. */
 struct kv_grid_launch {
     uint64_t grid, block;
@@ -146,6 +149,22 @@ KV_HD float kv_grid_shfl_xor(const struct kv_grid_ctx *c, float x, int mask)
     return __shfl_xor_sync(0xffffffffu, x, mask);
 #else
     return kv__grid_shfl_xor(c, x, mask);
+#endif
+}
+
+/* The maximum of x over the 32 lanes of the warp, in every lane: the
+ * butterfly x = fmaxf(x, shfl_xor(x, o)), o = 16, 8, 4, 2, 1 (exact: the
+ * emulator's result is the GPU's). The rules of kv_grid_warp_sum: all 32
+ * lanes, none diverging. */
+KV_HD float kv_grid_warp_max(const struct kv_grid_ctx *c, float x)
+{
+#if defined(__CUDA_ARCH__)
+    (void)c;
+    for (int o = 16; o > 0; o >>= 1)
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+#else
+    return kv__grid_warp_max(c, x);
 #endif
 }
 

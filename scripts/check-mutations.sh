@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # scripts/check-mutations.sh - show that the emulated-grid tests catch bugs
 # in the CUDA kernel bodies (tests/unit/test_grid.c and test_grid_devidx.c,
-# the device-index mode, over the *_kernels_hd.h
-# bodies: the code kv_attn_cuda.cu, kv_view_cuda.cu and kv_plan_cuda.cu
-# compile).
+# the device-index mode, over the *_kernels_hd.h bodies; test_grid_prefill.c
+# over kv_attn_prefill_hd.h's): the code kv_attn_cuda.cu, kv_view_cuda.cu
+# and kv_plan_cuda.cu compile.
 #
 #   scripts/check-mutations.sh            every mutation
 #   scripts/check-mutations.sh NAME...    only those
@@ -22,6 +22,7 @@ trap 'rm -rf "$tmp"' EXIT
 A=attention/kv_attn_kernels_hd.h
 V=kvcache/kv_view_kernels_hd.h
 P=connector/plan/kv_plan_kernels_hd.h
+F=attention/kv_attn_prefill_hd.h
 
 # name | body file | text | replacement (its first occurrence; \n: a newline)
 mutations=(
@@ -58,23 +59,31 @@ mutations=(
 "devidx-copy-ex-dst-bound|$A|p->dlo.num_blocks))|p->dlo.num_blocks + 1))"
 "devidx-scale-layer-row|$A|(int64_t)lrel * m->sc_lstride + i;|(int64_t)(lrel & 0) * m->sc_lstride + i;"
 "devidx-plan-src-bound|$P|(s_id >= p->s_blocks|(s_id > p->s_blocks"
+"prefill-causal-bound|$F|&& t <= pos)|&& t <= pos + 1)"
+"prefill-drop-token|$F|for (int64_t r = 0; r < nt; r++)|for (int64_t r = 0; r + 1 < nt; r++)"
+"prefill-q-head-offset|$F|qh = h * g + (r0 + rr) % g;\n        q[i]|qh = h + (r0 + rr) % g;\n        q[i]"
+"prefill-kv-head-offset|$F|h * p->lo.stride_head_bytes + ch * vbytes;|((h + 1) % H) * p->lo.stride_head_bytes + ch * vbytes;"
+"prefill-window-off-by-one|$F|return p - window_left;|return p - window_left + 1;"
+"prefill-no-rescale|$F|kv_grid_expf(m[k] - m1);|1.0f;"
 )
 
 cd "$root"
 git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$tmp"
 cd "$tmp"
 mkdir -p "$tmp/orig"
-for f in "$A" "$V" "$P"; do cp "$f" "$tmp/orig/${f//\//_}"; done
-restore() { for f in "$A" "$V" "$P"; do cp "$tmp/orig/${f//\//_}" "$f"; done; }
+for f in "$A" "$V" "$P" "$F"; do cp "$f" "$tmp/orig/${f//\//_}"; done
+restore() { for f in "$A" "$V" "$P" "$F"; do cp "$tmp/orig/${f//\//_}" "$f"; done; }
 
 build() {
     make --no-print-directory -j"${JOBS:-2}" CUDA=0 RDMA=0 WERROR=1 BUILD=build-mut \
-        build-mut/tests/test_grid build-mut/tests/test_grid_devidx >"$tmp/build.log" 2>&1
+        build-mut/tests/test_grid build-mut/tests/test_grid_devidx build-mut/tests/test_grid_prefill \
+        >"$tmp/build.log" 2>&1
 }
 # both emulated-grid tests; the first failure's output in $tmp/run.log
 run_tests() {
     build-mut/tests/test_grid >"$tmp/run.log" 2>&1 &&
-        build-mut/tests/test_grid_devidx >"$tmp/run.log" 2>&1
+        build-mut/tests/test_grid_devidx >"$tmp/run.log" 2>&1 &&
+        build-mut/tests/test_grid_prefill >"$tmp/run.log" 2>&1
 }
 
 if ! build; then

@@ -583,6 +583,153 @@ static void mla_case(int i)
     pools_free(&p);
 }
 
+/* Multi-token attention on the device (kv_attn_prefill_cuda), and decode
+ * with options (kv_attn_decode_ex_cuda: a window, a soft cap, lse), against
+ * the CPU kernel on the same pool and q (itself checked against float64 in
+ * tests/unit/test_attn_opts.c; the CUDA body against float64 on the grid
+ * emulator in tests/unit/test_grid_prefill.c): every layout kind and dtype
+ * (fp8 with per-head scales), D 64 / 80 / 128 / 256, g 1 to 5, q_len 0, 1,
+ * a chunk and a whole sequence, pages far from 0. out and lse have a padded
+ * row pitch and a row before and after the call's rows, all set to a
+ * sentinel on both sides: every element must match within 2e-4 (the
+ * sentinels exactly). */
+static void prefill_case(int i)
+{
+    static const int64_t Ds[4] = {64, 80, 128, 256};
+    static const int32_t wins[4] = {-1, 0, 37, 700};
+    uint64_t rng = 9900 + (uint64_t)i;
+    const int lay = i % 16;
+    const bool decode = i % 10 == 3 || i % 10 == 6; /* fp8 e4m3 and f16 */
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 2;
+    cfg.order = (lay & 1) ? KV_ORDER_HND : KV_ORDER_NHD;
+    cfg.arrange = (lay & 2) ? KV_ARRANGE_BLOCK_MAJOR : KV_ARRANGE_LAYER_MAJOR;
+    cfg.block_pad_elems = (lay & 4) ? 8 : 0;
+    cfg.kv_packed = (lay & 8) != 0;
+    cfg.block_tokens = i % 3 ? 16 : 8;
+    cfg.head_dim = Ds[i % 4];
+    cfg.num_heads = i % 2 ? 2 : 4;
+    cfg.dtype = dtypes[i % 5];
+    const int64_t g = 1 + (i / 5) % 5, H = cfg.num_heads, Hq = H * g, D = cfg.head_dim;
+    const uint32_t r = i % 7 == 3 ? 2 : 1, S = 4;
+    const int64_t pt = cfg.block_tokens / r;
+    int64_t lens[4] = {1, 1 + range(&rng, 0, 1500), 257, 40}, ql[4];
+    ql[0] = 1, ql[1] = range(&rng, 1, lens[1]), ql[2] = lens[2], ql[3] = i % 2 ? 0 : 17;
+    if (decode)
+        ql[0] = ql[1] = ql[2] = ql[3] = 1;
+    int64_t pages_total = 0;
+    for (uint32_t s = 0; s < S; s++)
+        pages_total += (lens[s] + pt - 1) / pt;
+    cfg.num_blocks = 2 * (pages_total / r + 2) + 4;
+    struct pools p;
+    pools_init(&p, &cfg, rng);
+    const int64_t es = (int64_t)p.host.layout.elem_bytes;
+    for (int64_t e = 0; e < (int64_t)p.bytes / es; e++)
+        kv_from_f32(cfg.dtype, (float)range(&rng, -1000, 1000) / 1000.0f, p.h + e * es);
+    CHECK(cudaMemcpy(p.dev.base, p.h, p.bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+    const int64_t P = cfg.num_blocks * r;
+    int32_t *indices = malloc((size_t)pages_total * sizeof(int32_t)), indptr[5], last[4], qo[5];
+    uint8_t *used = calloc((size_t)P, 1);
+    CHECK(indices && used);
+    int32_t k = 0;
+    qo[0] = 0;
+    for (uint32_t s = 0; s < S; s++) {
+        const int64_t np = (lens[s] + pt - 1) / pt;
+        indptr[s] = k;
+        for (int64_t j = 0; j < np; j++) {
+            int64_t pgi;
+            do
+                pgi = range(&rng, P / 2, P - 1);
+            while (used[pgi]);
+            used[pgi] = 1;
+            indices[k++] = (int32_t)pgi;
+        }
+        last[s] = (int32_t)(lens[s] - (np - 1) * pt);
+        qo[s + 1] = qo[s] + (int32_t)ql[s];
+    }
+    indptr[S] = k;
+    struct kv_pages pg = {.format = KV_PAGES_CSR,
+                          .n_seqs = S,
+                          .page_ratio = r,
+                          .indptr = indptr,
+                          .indices = indices,
+                          .last_page_len = last};
+    /* q f32 [T][Hq][D]; out f32 rows 1..T of [T + 2][Hq][D + 4]; lse [T + 2][Hq + 3] */
+    const int64_t T = qo[S], orow = D + 4, lrow = Hq + 3;
+    const size_t qb = (size_t)(T * Hq * D) * sizeof(float),
+                 ob = (size_t)((T + 2) * Hq * orow) * sizeof(float),
+                 lb = (size_t)((T + 2) * lrow) * sizeof(float);
+    float *hq = malloc(qb), *hc = malloc(ob), *hg = malloc(ob), *lc = malloc(lb), *lg = malloc(lb);
+    void *dq, *dout, *dlse;
+    CHECK(hq && hc && hg && lc && lg);
+    for (int64_t e = 0; e < T * Hq * D; e++)
+        hq[e] = (float)range(&rng, -2000, 2000) / 1000.0f;
+    for (size_t e = 0; e < ob / 4; e++)
+        hc[e] = 7.25f;
+    for (size_t e = 0; e < lb / 4; e++)
+        lc[e] = -3.5f;
+    CHECK(cudaMalloc(&dq, qb) == cudaSuccess && cudaMalloc(&dout, ob) == cudaSuccess &&
+          cudaMalloc(&dlse, lb) == cudaSuccess);
+    CHECK(cudaMemcpy(dq, hq, qb, cudaMemcpyHostToDevice) == cudaSuccess);
+    CHECK(cudaMemcpy(dout, hc, ob, cudaMemcpyHostToDevice) == cudaSuccess);
+    CHECK(cudaMemcpy(dlse, lc, lb, cudaMemcpyHostToDevice) == cudaSuccess);
+    int64_t qs[3] = {T, Hq, D}, os[3] = {T, Hq, D}, ost[3] = {Hq * orow, orow, 1};
+    int64_t n_o = (T + 2) * Hq * orow;
+    struct kv_view vq, vc, dvq, dvo, flat;
+    CHECK(kv_view_init(hq, qb, KV_F32, 3, qs, &vq) == KV_OK);
+    CHECK(kv_view_init(dq, qb, KV_F32, 3, qs, &dvq) == KV_OK);
+    CHECK(kv_view_init(hc, ob, KV_F32, 1, &n_o, &flat) == KV_OK);
+    CHECK(kv_view_as_strided(&flat, 3, os, ost, Hq * orow, &vc) == KV_OK);
+    CHECK(kv_view_init(dout, ob, KV_F32, 1, &n_o, &flat) == KV_OK);
+    CHECK(kv_view_as_strided(&flat, 3, os, ost, Hq * orow, &dvo) == KV_OK);
+    float ks[4], vs[4];
+    for (int h = 0; h < 4; h++)
+        ks[h] = 0.5f + 0.25f * (float)h, vs[h] = 1.5f - 0.125f * (float)h;
+    const struct kv_scales sc = {ks, vs, (uint32_t)H, 0};
+    const struct kv_scales *scp = es == 1 ? &sc : NULL;
+    struct kv_attn_opts oc = KV_ATTN_OPTS_INIT, og;
+    oc.window_left = wins[(i / 2) % 4];
+    oc.logit_soft_cap = i % 3 == 1 ? 2.5f : 0.0f;
+    if (i % 4 != 2) {
+        oc.lse = lc + lrow;
+        oc.lse_stride = lrow;
+    }
+    og = oc;
+    if (oc.lse)
+        og.lse = (float *)dlse + lrow;
+    const float scale = 1.0f / sqrtf((float)D);
+    if (decode) {
+        CHECK(kv_attn_decode_ex(p.host, 1, &vq, &pg, scale, scp, &vc, &oc) == KV_OK);
+        CHECK(kv_attn_decode_ex_cuda(p.dev, 1, &dvq, &pg, scale, scp, &dvo, &og, NULL) == KV_OK);
+    } else {
+        CHECK(kv_attn_prefill(p.host, 1, &vq, qo, &pg, scale, scp, &vc, &oc) == KV_OK);
+        CHECK(kv_attn_prefill_cuda(p.dev, 1, &dvq, qo, &pg, scale, scp, &dvo, &og, NULL) == KV_OK);
+    }
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(cudaMemcpy(hg, dout, ob, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(cudaMemcpy(lg, dlse, lb, cudaMemcpyDeviceToHost) == cudaSuccess);
+    for (int side = 0; side < 2; side++) {
+        const float *c = side ? lc : hc, *gv = side ? lg : hg;
+        const size_t n = (side ? lb : ob) / 4;
+        for (size_t e = 0; e < n; e++) {
+            const double cv = c[e], gd = gv[e], tol = 2e-4 * (fabs(cv) > 1e-2 ? fabs(cv) : 1e-2);
+            if (!(cv == gd || fabs(gd - cv) <= tol)) {
+                fprintf(stderr,
+                        "FAIL prefill case %d (%s D %lld H %lld g %lld %s, window %d cap %g) %s "
+                        "element %zu: %.9g vs CPU %.9g\n",
+                        i, decode ? "decode_ex" : "prefill", (long long)D, (long long)H,
+                        (long long)g, kv_dtype_name(cfg.dtype), oc.window_left,
+                        (double)oc.logit_soft_cap, side ? "lse" : "out", e, gd, cv);
+                exit(1);
+            }
+        }
+    }
+    pools_same(&p, "prefill: the pool");
+    free(hq), free(hc), free(hg), free(lc), free(lg), free(indices), free(used);
+    cudaFree(dq), cudaFree(dout), cudaFree(dlse);
+    pools_free(&p);
+}
+
 /* Bad input is refused by the shared validator before any launch. */
 static void refusals(void)
 {
@@ -994,7 +1141,67 @@ static void bench(kv_order order)
     free(b.slots);
 }
 
-int main(void)
+/* The multi-token kernel's speed on one shape (informational, `prefill`
+ * mode): S sequences of n tokens, a whole causal prefill each (q_len = n),
+ * H 8 KV heads x g 4, D 128, bf16 cache and q / out; the median of 5 runs,
+ * with the causal half of the score and value flops (4 n^2 / 2 x D x Hq per
+ * sequence) as the work. */
+static void prefill_speed(void)
+{
+    const int64_t S = 4, n = 2048, H = 8, g = 4, Hq = H * g, D = 128, T = S * n;
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 1, cfg.block_tokens = 16, cfg.num_heads = H, cfg.head_dim = D;
+    cfg.dtype = KV_BF16, cfg.num_blocks = T / 16 + 8;
+    struct kv_layout lo;
+    CHECK(kv_layout_init(&cfg, &lo) == KV_OK);
+    struct kv_paged_cache c = {lo, NULL, (size_t)lo.total_bytes, KV_MEM_DEVICE};
+    CHECK(cudaMalloc(&c.base, c.storage_bytes) == cudaSuccess);
+    CHECK(cudaMemset(c.base, 0x3c, c.storage_bytes) == cudaSuccess); /* bf16 ~0.0115 */
+    int32_t *indices = malloc((size_t)(T / 16) * sizeof(int32_t)), indptr[5], last[4], qo[5];
+    CHECK(indices);
+    for (int64_t i = 0; i < T / 16; i++)
+        indices[i] = (int32_t)(i + 8);
+    for (int s = 0; s <= 4; s++)
+        indptr[s] = (int32_t)(s * n / 16), qo[s] = (int32_t)(s * n);
+    for (int s = 0; s < 4; s++)
+        last[s] = 16;
+    const struct kv_pages pg = {.format = KV_PAGES_CSR,
+                                .n_seqs = (uint32_t)S,
+                                .page_ratio = 1,
+                                .indptr = indptr,
+                                .indices = indices,
+                                .last_page_len = last};
+    const size_t qb = (size_t)(T * Hq * D) * 2;
+    void *dq, *dout;
+    CHECK(cudaMalloc(&dq, qb) == cudaSuccess && cudaMalloc(&dout, qb) == cudaSuccess);
+    CHECK(cudaMemset(dq, 0x3c, qb) == cudaSuccess);
+    int64_t sh[3] = {T, Hq, D};
+    struct kv_view vq, vo;
+    CHECK(kv_view_init(dq, qb, KV_BF16, 3, sh, &vq) == KV_OK);
+    CHECK(kv_view_init(dout, qb, KV_BF16, 3, sh, &vo) == KV_OK);
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess);
+    float ms[5];
+    for (int r = 0; r < 6; r++) {
+        CHECK(cudaEventRecord(e0, 0) == cudaSuccess);
+        CHECK(kv_attn_prefill_cuda(c, 0, &vq, qo, &pg, 0.088f, NULL, &vo, NULL, NULL) == KV_OK);
+        CHECK(cudaEventRecord(e1, 0) == cudaSuccess);
+        CHECK(cudaEventSynchronize(e1) == cudaSuccess);
+        if (r > 0)
+            CHECK(cudaEventElapsedTime(&ms[r - 1], e0, e1) == cudaSuccess);
+    }
+    qsort(ms, 5, sizeof(float), cmp_f);
+    const double flops = (double)S * 4.0 * (double)n * (double)n / 2.0 * (double)D * (double)Hq;
+    printf("{\"bench\":\"gpu.kernel.prefill_attn\",\"case\":\"causal/bf16/S4/n2048/H8/g4/D128\","
+           "\"ms\":%.3f,\"tflops\":%.2f}\n",
+           (double)ms[2], flops / (ms[2] * 1e-3) / 1e12);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(dq), cudaFree(dout), cudaFree(c.base);
+    free(indices);
+}
+
+int main(int argc, char **argv)
 {
     int devs = 0;
     if (cudaGetDeviceCount(&devs) != cudaSuccess || devs == 0) {
@@ -1006,6 +1213,13 @@ int main(void)
         printf("no GPU: skipped\n");
         return 0;
     }
+    if (argc > 1 && strcmp(argv[1], "prefill") == 0) { /* these cases alone */
+        for (int i = 0; i < 40; i++)
+            prefill_case(i);
+        printf("test_gpu_attn prefill: 40 prefill / decode_ex cases: ok\n");
+        prefill_speed();
+        return 0;
+    }
     struct kv_attn_stats s0, s1;
     kv_attn_stats_reset();
     kv_attn_stats_get(&s0);
@@ -1015,14 +1229,16 @@ int main(void)
         decode_case(i);
     for (int i = 0; i < 8; i++)
         mla_case(i);
+    for (int i = 0; i < 40; i++)
+        prefill_case(i);
     refusals();
     scale_rules();
     kv_attn_stats_get(&s1);
     for (int k = KV_ATTN_WRITE; k <= KV_ATTN_READ; k++)
         for (int p = 0; p < KV_ATTN_PATH_COUNT; p++)
             CHECK(s1.cuda[k][p] > s0.cuda[k][p]); /* every path ran on the device */
-    printf("test_gpu_attn: 100 round trips, 40 decode cases, 8 MLA decode cases, refusals, scale "
-           "rules: ok\n");
+    printf("test_gpu_attn: 100 round trips, 40 decode cases, 8 MLA decode cases, 40 prefill / "
+           "decode_ex cases, refusals, scale rules: ok\n");
     bench(KV_ORDER_NHD);
     bench(KV_ORDER_HND);
     return 0;

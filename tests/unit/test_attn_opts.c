@@ -507,9 +507,10 @@ static void test_attn_opts_refusals(void **state)
     o.window_left = -7;
     REFUSED(kv_attn_decode_ex(R.t.pc, 1, &q2, &R.pages, 0.25f, NULL, &o2, &o), KV_ERR_INVALID_ARG,
             "kv_attn_decode_ex: window_left -7");
-    /* CUDA entries: the same validator, then the options named. Unless a
-     * GPU is expected (host pointers would reach it), valid options-off
-     * calls get KV_ERR_UNSUPPORTED naming the entry here. */
+    /* CUDA entries: the same validator, then the CUDA kernels (options:
+     * the multi-token body, tests/unit/test_grid_prefill.c). Unless a GPU
+     * is expected (host pointers would reach it), valid calls get
+     * KV_ERR_UNSUPPORTED naming the entry here (no device, or no CUDA). */
     const char *e = getenv("KV_EXPECT_GPU");
     if (!(e && e[0] == '1')) {
         struct kv_paged_cache dev = R.t.pc;
@@ -532,7 +533,11 @@ static void test_attn_opts_refusals(void **state)
         REFUSED(kv_attn_decode_ex_cuda(dev, 1, &q2, &R.pages, 0.25f, NULL, &o2, &o, NULL),
                 KV_ERR_INVALID_ARG, "window_left -3");
         REFUSED(kv_attn_prefill_cuda(dev, 1, &R.q, R.qo, &R.pages, 0.25f, NULL, &R.out, NULL, NULL),
-                KV_ERR_UNSUPPORTED, "kv_attn_prefill_cuda: multi-token attention");
+                KV_ERR_UNSUPPORTED, "kv_attn_prefill_cuda: ");
+        o = run_opts(&R);
+        o.logit_soft_cap = -2.0f;
+        REFUSED(kv_attn_prefill_cuda(dev, 1, &R.q, R.qo, &R.pages, 0.25f, NULL, &R.out, &o, NULL),
+                KV_ERR_INVALID_ARG, "logit_soft_cap -2");
         /* options off reach the CUDA decode kernel's launcher: no device here
          * (its message names kv_attn_decode_cuda in a CUDA build) */
         REFUSED(kv_attn_decode_ex_cuda(dev, 1, &q2, &R.pages, 0.25f, NULL, &o2, NULL, NULL),
