@@ -549,6 +549,16 @@ kv_attn_decode_cuda_dev(struct kv_paged_cache cache, uint32_t layer, const struc
                         const struct kv_attn_dev_scales *scales, const struct kv_view *out,
                         struct kv_attn_cuda_errors *errors, kv_cuda_stream stream);
 
+/* kv_attn_decode_cuda_dev with options (opts NULL: exactly it): a window, a
+ * soft cap, the log-sum-exp (opts->lse: DEVICE memory, [S][lse_stride]
+ * f32), as kv_attn_decode_ex; the refusals of both. The engine's sliding
+ * window or Gemma-style soft cap layer in one capture-safe call. */
+KV_API KV_NODISCARD kv_status kv_attn_decode_ex_cuda_dev(
+    struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q,
+    const struct kv_attn_dev_pages *pages, float softmax_scale,
+    const struct kv_attn_dev_scales *scales, const struct kv_view *out,
+    const struct kv_attn_opts *opts, struct kv_attn_cuda_errors *errors, kv_cuda_stream stream);
+
 /* kv_attn_read_cuda with device-resident pages (CSR or block table) and
  * out_indptr_dev [n_seqs + 1] (int32 device memory, vLLM gather_cache's
  * cu_seq_lens): sequence s's tokens go to rows out_indptr[s] ..

@@ -231,7 +231,8 @@ kv_status kv__attn_decode_dev_check(const char *fn, const struct kv_paged_cache 
                                     uint32_t layer, const struct kv_view *q,
                                     const struct kv_attn_dev_pages *pages, float softmax_scale,
                                     const struct kv_attn_dev_scales *scales,
-                                    const struct kv_view *out, struct kv__attn_job *job)
+                                    const struct kv_view *out, const struct kv_attn_opts *opts,
+                                    struct kv__attn_job *job)
 {
     struct kv_scales hs;
     const struct kv_scales *hsp;
@@ -240,10 +241,25 @@ kv_status kv__attn_decode_dev_check(const char *fn, const struct kv_paged_cache 
     if (st != KV_OK)
         return st;
     /* every scalar check of the host mode; check_pages reads no array */
-    st = kv__attn_decode_check(fn, cache, layer, q, NULL, &pg, softmax_scale, hsp, out, NULL, job);
+    st = kv__attn_decode_check(fn, cache, layer, q, NULL, &pg, softmax_scale, hsp, out, opts, job);
     if (st != KV_OK)
         return st;
     return dev_scales_post(fn, scales, job);
+}
+
+static kv_status decode_dev(const char *fn, struct kv_paged_cache cache, uint32_t layer,
+                            const struct kv_view *q, const struct kv_attn_dev_pages *pages,
+                            float softmax_scale, const struct kv_attn_dev_scales *scales,
+                            const struct kv_view *out, const struct kv_attn_opts *opts,
+                            struct kv_attn_cuda_errors *errors, kv_cuda_stream stream)
+{
+    struct kv__attn_job j;
+    kv_status st = kv__attn_decode_dev_check(fn, &cache, layer, q, pages, softmax_scale, scales,
+                                             out, opts, &j);
+    if (st != KV_OK)
+        return st;
+    return dev_done(&j,
+                    kv__cuda_attn_decode_dev(&j, pages, scales && !scales->device, errors, stream));
 }
 
 kv_status kv_attn_decode_cuda_dev(struct kv_paged_cache cache, uint32_t layer,
@@ -252,14 +268,18 @@ kv_status kv_attn_decode_cuda_dev(struct kv_paged_cache cache, uint32_t layer,
                                   const struct kv_view *out, struct kv_attn_cuda_errors *errors,
                                   kv_cuda_stream stream)
 {
-    static const char fn[] = "kv_attn_decode_cuda_dev";
-    struct kv__attn_job j;
-    kv_status st =
-        kv__attn_decode_dev_check(fn, &cache, layer, q, pages, softmax_scale, scales, out, &j);
-    if (st != KV_OK)
-        return st;
-    return dev_done(&j,
-                    kv__cuda_attn_decode_dev(&j, pages, scales && !scales->device, errors, stream));
+    return decode_dev("kv_attn_decode_cuda_dev", cache, layer, q, pages, softmax_scale, scales, out,
+                      NULL, errors, stream);
+}
+
+kv_status kv_attn_decode_ex_cuda_dev(struct kv_paged_cache cache, uint32_t layer,
+                                     const struct kv_view *q, const struct kv_attn_dev_pages *pages,
+                                     float softmax_scale, const struct kv_attn_dev_scales *scales,
+                                     const struct kv_view *out, const struct kv_attn_opts *opts,
+                                     struct kv_attn_cuda_errors *errors, kv_cuda_stream stream)
+{
+    return decode_dev("kv_attn_decode_ex_cuda_dev", cache, layer, q, pages, softmax_scale, scales,
+                      out, opts, errors, stream);
 }
 
 kv_status kv__attn_copy_dev_check(const char *fn, const struct kv_paged_cache *cache,

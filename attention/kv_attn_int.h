@@ -127,13 +127,15 @@ kv_status kv__attn_write_dev_check(const char *fn, const struct kv_paged_cache *
 /* The scalar checks of a device-index decode (kv_attn_decode_cuda_dev):
  * every check of kv__attn_decode_check but the page arrays' contents; the
  * arrays of the chosen form (CSR or block table) must be non-NULL when
- * n_seqs > 0, n_pages >= 0, block_table_cols > 0; scales as for the write.
- * Nothing allocated. */
+ * n_seqs > 0, n_pages >= 0, block_table_cols > 0; scales as for the write;
+ * opts (NULL: all off) as kv_attn_decode_ex's (lse: device memory, never
+ * read here). Nothing allocated. */
 kv_status kv__attn_decode_dev_check(const char *fn, const struct kv_paged_cache *cache,
                                     uint32_t layer, const struct kv_view *q,
                                     const struct kv_attn_dev_pages *pages, float softmax_scale,
                                     const struct kv_attn_dev_scales *scales,
-                                    const struct kv_view *out, struct kv__attn_job *job);
+                                    const struct kv_view *out, const struct kv_attn_opts *opts,
+                                    struct kv__attn_job *job);
 
 /* The scalar checks of a device-index read (kv_attn_read_cuda_dev): those
  * of kv__attn_read_check but the pages' contents and T (read on the

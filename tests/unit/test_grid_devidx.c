@@ -330,6 +330,11 @@ static int64_t ref_seq(const struct kv_attn_dev_pages *dp, uint32_t s, int64_t p
  * KV head, a row per layer: layer 1's row is read). want_*: the expected
  * record. With host_too the host-index mode's output (CSR or block table
  * as dp, the same scales as kv_scales) must be the same bytes. */
+/* Options of run_dec's two decodes (NULL: none). With options the
+ * device-index output (and lse) must equal the host-index one byte for
+ * byte; test_grid.c checks the options against float64. */
+static struct kv_attn_opts *dec_opts;
+
 static void run_dec(const struct kv_attn_dev_pages *dp, int sc, uint64_t want_count, int want_array,
                     int64_t want_index, int64_t want_value, bool host_too)
 {
@@ -373,8 +378,15 @@ static void run_dec(const struct kv_attn_dev_pages *dp, int sc, uint64_t want_co
     memset(&rec, 0, sizeof(rec));
     struct kv__attn_job j;
     const uint64_t a0 = kv__mem_allocs();
-    kv_status st = kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, layer, &q, dp,
-                                             smscale, sc ? &dsc : NULL, &out, &j);
+    float lse_dev[64], lse_host[64];
+    assert_true(S * Hq <= 64);
+    if (dec_opts) {
+        for (int i = 0; i < 64; i++)
+            lse_dev[i] = lse_host[i] = -7.0f;
+        dec_opts->lse = lse_dev;
+    }
+    kv_status st = kv__attn_decode_dev_check("kv_attn_decode_ex_cuda_dev", &f.c, layer, &q, dp,
+                                             smscale, sc ? &dsc : NULL, &out, dec_opts, &j);
     assert_int_equal(kv__mem_allocs(), a0); /* the host side allocates nothing */
     if (st != KV_OK)
         fail_msg("dev decode check: %s: %s", kv_status_name(st), kv_last_error());
@@ -401,13 +413,24 @@ static void run_dec(const struct kv_attn_dev_pages *dp, int sc, uint64_t want_co
             hp.format = KV_PAGES_CSR, hp.indptr = dp->indptr, hp.indices = dp->indices;
             hp.last_page_len = dp->last_page_len;
         }
+        if (dec_opts)
+            dec_opts->lse = lse_host;
         st = kv__attn_decode_check("kv_attn_decode_cuda", &f.c, layer, &q, NULL, &hp, smscale,
-                                   sc ? &hsc : NULL, &out, NULL, &j);
+                                   sc ? &hsc : NULL, &out, dec_opts, &j);
         assert_int_equal(st, KV_OK);
         assert_int_equal(kv__grid_attn_decode(&j), KV_OK);
         kv__attn_job_free(&j);
         kvt_check_bytes((unsigned char *)oh, (unsigned char *)ob, (size_t)n1 * 4,
                         "device-index output vs host-index output");
+        if (dec_opts) {
+            kvt_check_bytes((unsigned char *)lse_dev, (unsigned char *)lse_host, sizeof(lse_dev),
+                            "device-index lse vs host-index lse");
+            /* the float64 reference below has no options */
+            free(ob0), free(oh);
+            kv__mem_free(qb), kv__mem_free(ob);
+            kvt_gfix_free(&f);
+            return;
+        }
     }
     /* float64 reference, from the pages by the documented rules */
     for (uint32_t s = 0; s < S; s++) {
@@ -492,6 +515,32 @@ static void test_devidx_decode_valid(void **state)
         run_dec(&t, sc, 0, KV_ATTN_DEV_NONE, 0, 0, true);
 }
 
+/* kv_attn_decode_ex_cuda_dev: a window (shorter than some sequences), a
+ * soft cap and lse, CSR and block table, scales by value and in device
+ * memory: output and lse equal the host-index decode's with the same
+ * options, byte for byte. */
+static void test_devidx_decode_options(void **state)
+{
+    (void)state;
+    const int32_t indptr[5] = {0, 2, 2, 3, 7}, last[4] = {3, 0, 1, 4};
+    const int32_t indices[7] = {150, 199, 120, 101, 188, 170, 131};
+    const struct kv_attn_dev_pages c = csr(4, indptr, indices, 7, last);
+    const int32_t table[4 * 5] = {150, 199, -1, DEC_B, -1, 77,  -1,  -1,  -1,  -1,
+                                  120, -1,  -1, -1,    -1, 101, 188, 170, 131, 9999};
+    const int32_t lens[4] = {7, 0, 1, 16};
+    const struct kv_attn_dev_pages t = btab(4, table, 5, lens);
+    struct kv_attn_opts o = KV_ATTN_OPTS_INIT;
+    o.window_left = 4;
+    o.logit_soft_cap = 3.0f;
+    o.lse_stride = 0;
+    dec_opts = &o;
+    for (int sc = 0; sc < 3; sc++) {
+        run_dec(&c, sc, 0, KV_ATTN_DEV_NONE, 0, 0, true);
+        run_dec(&t, sc, 0, KV_ATTN_DEV_NONE, 0, 0, true);
+    }
+    dec_opts = NULL;
+}
+
 static void test_devidx_decode_invalid(void **state)
 {
     (void)state;
@@ -544,31 +593,31 @@ static void test_devidx_decode_refusals(void **state)
     struct kv_attn_dev_pages t = btab(2, tb, 1, lens);
     struct kv__attn_job j;
     t.seq_lens = NULL;
-    assert_int_equal(
-        kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, 1, &q, &t, 1.0f, NULL, &out, &j),
-        KV_ERR_NULL);
+    assert_int_equal(kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, 1, &q, &t, 1.0f,
+                                               NULL, &out, NULL, &j),
+                     KV_ERR_NULL);
     kvt_assert_msg_has("block_table=");
     t.seq_lens = lens, t.block_table_cols = 0;
-    assert_int_equal(
-        kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, 1, &q, &t, 1.0f, NULL, &out, &j),
-        KV_ERR_INVALID_ARG);
+    assert_int_equal(kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, 1, &q, &t, 1.0f,
+                                               NULL, &out, NULL, &j),
+                     KV_ERR_INVALID_ARG);
     kvt_assert_msg_has("block_table_cols 0 with n_seqs 2");
     t.block_table_cols = 1, t.format = (enum kv_pages_format)7;
-    assert_int_equal(
-        kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, 1, &q, &t, 1.0f, NULL, &out, &j),
-        KV_ERR_INVALID_ARG);
+    assert_int_equal(kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, 1, &q, &t, 1.0f,
+                                               NULL, &out, NULL, &j),
+                     KV_ERR_INVALID_ARG);
     kvt_assert_msg_has("pages format 7");
     t.format = KV_PAGES_BLOCK_TABLE;
     const float one[2] = {1.0f, 1.0f};
     const struct kv_attn_dev_scales d3 = {one, one, 3, 0, 1};
-    assert_int_equal(
-        kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, 1, &q, &t, 1.0f, &d3, &out, &j),
-        KV_ERR_INVALID_ARG);
+    assert_int_equal(kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, 1, &q, &t, 1.0f,
+                                               &d3, &out, NULL, &j),
+                     KV_ERR_INVALID_ARG);
     kvt_assert_msg_has("3 scales: expected 1 (per tensor) or 2 (per KV head)");
     const struct kv_attn_dev_scales ok = {one, one, 1, 0, 1};
-    assert_int_equal(
-        kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, 1, &q, &t, 1.0f, &ok, &out, &j),
-        KV_OK);
+    assert_int_equal(kv__attn_decode_dev_check("kv_attn_decode_cuda_dev", &f.c, 1, &q, &t, 1.0f,
+                                               &ok, &out, NULL, &j),
+                     KV_OK);
     kv__attn_job_free(&j);
     kvt_gfix_check(&f, "pool after the checks");
     free(qb), free(ob);
@@ -1071,6 +1120,7 @@ int main(void)
         cmocka_unit_test(test_devidx_record_across_launches),
         cmocka_unit_test(test_devidx_write_refusals),
         cmocka_unit_test(test_devidx_decode_valid),
+        cmocka_unit_test(test_devidx_decode_options),
         cmocka_unit_test(test_devidx_decode_invalid),
         cmocka_unit_test(test_devidx_decode_refusals),
         cmocka_unit_test(test_devidx_read),
