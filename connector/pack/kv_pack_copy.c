@@ -53,6 +53,31 @@ void kv__pack_nt_fence(void)
 #endif
 }
 
+/* The source piece that follows piece (i, y, x) of k bytes in the plan's
+ * row order -- the rest of row y, else row y + 1, else copy i + 1's first
+ * row -- when it is one of the first two pieces of its row: its start, and
+ * its bytes in *n (up to KV__PACK_PIECE). NULL: none, or a later piece of a
+ * long row. */
+static inline const char *piece_after(const kv_plan *plan, const char *src, int64_t i, int64_t y,
+                                      int64_t x, int64_t k, int64_t *n)
+{
+    const struct kv__plan_copy *c = &plan->copies[i];
+    x += k;
+    if (x >= c->width) { /* the row is done: the next one starts a piece */
+        x = 0;
+        if (++y >= c->height) {
+            if (++i >= plan->n_copies)
+                return NULL;
+            c = &plan->copies[i];
+            y = 0;
+        }
+    }
+    if (x > KV__PACK_PIECE)
+        return NULL;
+    *n = c->width - x < KV__PACK_PIECE ? c->width - x : KV__PACK_PIECE;
+    return src + c->src_rel + y * c->src_pitch + x;
+}
+
 uint64_t kv__pack_copy_hash(const kv_plan *plan, const char *src, char *dst, bool nt)
 {
     struct kv__xxh3_state hs;
@@ -65,17 +90,32 @@ uint64_t kv__pack_copy_hash(const kv_plan *plan, const char *src, char *dst, boo
         for (int64_t y = 0; y < c->height; y++) {
             const char *sr = s + y * c->src_pitch;
             char *dr = d + y * c->dst_pitch;
-            if (!nt) { /* plain stores: the row is in cache after its copy */
-                memcpy(dr, sr, (size_t)c->width);
-                kv__xxh3_update(&hs, dr, (size_t)c->width);
-                continue;
-            }
             for (int64_t x = 0; x < c->width; x += KV__PACK_PIECE) {
-                const size_t k =
-                    (size_t)(c->width - x < KV__PACK_PIECE ? c->width - x : KV__PACK_PIECE);
-                memcpy(piece, sr + x, k);
-                kv__xxh3_update(&hs, piece, k);
-                kv__pack_copy_nt(dr + x, piece, k);
+                /* plain stores: the row in one piece, in cache after its copy */
+                const int64_t k = !nt                           ? c->width
+                                  : c->width - x < KV__PACK_PIECE ? c->width - x
+                                                                  : KV__PACK_PIECE;
+                /* the next piece into L2 while this one is hashed and
+                 * written: a short scattered row (a layer-major block's
+                 * 2-8 KiB) otherwise starts with a miss the hardware
+                 * prefetchers cannot foresee, and nothing reads from memory
+                 * meanwhile; a long row's later pieces are theirs to fetch
+                 * (asking for those too cost a third of the speed of
+                 * 128 KiB rows). In the loop, not a helper: gcc drops calls
+                 * to a function that only prefetches (no side effect). */
+                int64_t pn = 0;
+                const char *pf = piece_after(plan, src, i, y, x, k, &pn);
+                const uintptr_t pf_end = (uintptr_t)pf + (uintptr_t)pn;
+                for (uintptr_t a = (uintptr_t)pf & ~(uintptr_t)63; pf && a < pf_end; a += 64)
+                    __builtin_prefetch((const void *)a, 0, 2); /* into L2 */
+                if (!nt) {
+                    memcpy(dr, sr, (size_t)k);
+                    kv__xxh3_update(&hs, dr, (size_t)k);
+                    break;
+                }
+                memcpy(piece, sr + x, (size_t)k);
+                kv__xxh3_update(&hs, piece, (size_t)k);
+                kv__pack_copy_nt(dr + x, piece, (size_t)k);
             }
         }
     }

@@ -51,7 +51,8 @@ void kv__pack_nt_fence(void);
  * this thread and return the XXH3-64 of the bytes written, in the order
  * the plan's rows take them, in one read of the source: each piece is read
  * into an L1 buffer, hashed there and written from there (streaming stores
- * when nt). For a plan that writes its destination front to back
+ * when nt), the next piece prefetched into L2 meanwhile when it is among
+ * the first two of its row (short scattered rows). For a plan that writes its destination front to back
  * (kv__plan_is_sequential: pack, the offload store) that is the hash of
  * the destination block; for one that reads its source front to back
  * (kv__pack_reads_sequential) the hash of

@@ -10,6 +10,9 @@
  *   - store -> load round trips for all 16 layouts (NHD/HND x layer/block-
  *     major x padded x packed), page sizes 8/16/32, loaded into a cache of
  *     another arrangement and padding (entries are the block format only);
+ *   - rows of every width the store's pieces take (under, across and over
+ *     4 KiB pieces, odd tails), plain and streaming, corruption in a row's
+ *     second piece and last byte caught;
  *   - commit semantics: the loaded block carries the hash and a prefix
  *     lookup finds it; a pool that already has the hash keeps its own;
  *   - failures that lose nothing: a miss, a corrupt entry (first, middle,
@@ -304,6 +307,69 @@ static void test_offload_every_layout(void **state)
         kvt_cache_free(&d);
     }
     kv_offload_destroy(off);
+}
+
+/* Rows of every width a store's copy + hash takes in pieces (kv_pack_int.h:
+ * 4 KiB pieces, the next row's first pieces prefetched): a layer-major
+ * block's K and V runs of 480 bytes, 4 KiB + 272 and 9,000 bytes (one
+ * piece, a piece and a tail, three pieces and an odd tail), and a padded
+ * block-major block, on the plain path and on the streaming one. Each
+ * round trip lands in another arrangement far from block 0 and is compared
+ * with the whole destination arena; the load's one-shot XXH3 of each entry
+ * is the reference for the sum the store took piece by piece (a wrong sum
+ * fails the load). A byte flipped in a row's second piece and in its last
+ * byte is still caught, and nothing of those entries is written. */
+static void test_offload_wide_rows(void **state)
+{
+    (void)state;
+    static const struct {
+        int64_t N, H, D;
+        kv_dtype dt;
+        int bits;
+    } shapes[] = {
+        {1, 3, 40, KV_F32, 0},  /* runs of 480 bytes */
+        {3, 7, 104, KV_BF16, 0}, /* 4,368: a piece and 272 bytes */
+        {5, 9, 100, KV_BF16, 0}, /* 9,000: three pieces, the last 808 */
+        {5, 9, 100, KV_BF16, 6}, /* block-major, padded: one 2-D copy of the block */
+    };
+    const uint64_t nt_default = kv__pack_nt_min_bytes;
+    uint64_t rng = 0x9ADE5;
+    for (int nt = 0; nt < 2; nt++) {
+        kv__pack_nt_min_bytes = nt ? 0 : UINT64_MAX;
+        for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+            struct kvt_cache s, d;
+            kvt_cache_make(&s, 3, 120, shapes[si].N, shapes[si].H, shapes[si].D, shapes[si].dt,
+                           shapes[si].bits, 300 + si);
+            kvt_cache_make(&d, 3, 110, shapes[si].N, shapes[si].H, shapes[si].D, shapes[si].dt,
+                           shapes[si].bits ^ 2, 400 + si);
+            kvt_pool_scramble(&s, &rng);
+            kvt_pool_scramble(&d, &rng);
+            const size_t eb = (size_t)entry_bytes(&s);
+            kv_offload *off = mk_tier(8 * eb + ((size_t)1 << 20), 0);
+            enum { NB = 6 };
+            uint64_t h[NB];
+            for (int i = 0; i < NB; i++)
+                h[i] = hash_of(7000 + (uint64_t)(nt * 100) + si * 10 + (uint64_t)i);
+            store_all(off, &s, h, NB, true);
+            kv_status want[NB] = {KV_OK, KV_OK, KV_OK, KV_OK, KV_OK, KV_OK};
+            assert_int_equal(load_check(off, &d, h, NB, want), KV_OFFLOAD_DONE);
+            /* a byte of the first row's second piece (or past its middle when
+             * the row is one piece) and the entry's last byte */
+            const size_t row = (size_t)(shapes[si].N * shapes[si].H * shapes[si].D) *
+                               (size_t)s.pc.layout.elem_bytes;
+            const size_t in_row = row > 4096 ? 4096 + 5 : row / 2 + 1;
+            assert_int_equal(kv__offload_test_corrupt(off, NULL, h[2], in_row), KV_OK);
+            assert_int_equal(kv__offload_test_corrupt(off, NULL, h[4], eb - 1), KV_OK);
+            want[2] = want[4] = KV_ERR_CORRUPT;
+            assert_int_equal(load_check(off, &d, h, NB, want), KV_OFFLOAD_FAILED);
+            assert_false(kv_offload_contains(off, NULL, h[2]));
+            assert_false(kv_offload_contains(off, NULL, h[4]));
+            kv_offload_destroy(off);
+            kvt_cache_free(&s);
+            kvt_cache_free(&d);
+        }
+    }
+    kv__pack_nt_min_bytes = nt_default;
 }
 
 /* Loading into a pool that still has the hash: new block, right bytes,
@@ -1446,6 +1512,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_offload_create),
         cmocka_unit_test(test_offload_every_layout),
+        cmocka_unit_test(test_offload_wide_rows),
         cmocka_unit_test(test_offload_commit_semantics),
         cmocka_unit_test(test_offload_load_failures),
         cmocka_unit_test(test_offload_formats_share_hashes),
