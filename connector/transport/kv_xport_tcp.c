@@ -37,6 +37,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -47,6 +49,25 @@
 
 #define ACCEPT_BACKOFF_MIN_NS (10ull * 1000000ull)
 #define ACCEPT_BACKOFF_MAX_NS (1000ull * 1000000ull)
+
+static _Atomic int rx_defer_mode = -1;
+
+void kv__tcp_rx_defer_set(int mode)
+{
+    atomic_store_explicit(&rx_defer_mode, mode, memory_order_relaxed);
+}
+
+/* Whether the verify thread should hash received WRITEs (rx_defer_mode). */
+static bool rx_defer_choose(void)
+{
+    const int m = atomic_load_explicit(&rx_defer_mode, memory_order_relaxed);
+    if (m >= 0)
+        return m != 0;
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0)
+        return CPU_COUNT(&set) > 2;
+    return sysconf(_SC_NPROCESSORS_ONLN) > 2;
+}
 
 static int set_nonblock(int fd)
 {
@@ -191,6 +212,7 @@ static kv_status tcp_start(kv_xport *x)
             goto fail_cv;
         }
         t->vthread = true;
+        t->rx_defer = rx_defer_choose();
         e = pthread_create(&t->thr, NULL, progress, t);
         if (e != 0) {
             st = kv__error(KV_ERR_IO, "xport_create: progress thread: %s", strerror(e));
@@ -667,7 +689,7 @@ static void round_once(struct kv__tcp *t, uint32_t cap_ms)
     for (struct kv__tcp_peer *tp = t->peers; tp; tp = tp->next)
         n += tp->n_conns;
     if (!pfd_reserve(t, n)) {
-        pthread_mutex_unlock(&x->mu);
+        kv__tcp_unlock(t);
         usleep(1000);
         pthread_mutex_lock(&x->mu);
         return;
@@ -705,10 +727,14 @@ static void round_once(struct kv__tcp *t, uint32_t cap_ms)
     const uint64_t now2 = kv__now_ns();
     int ms = d == UINT64_MAX ? 1000 : d <= now2 ? 0 : (int)min64((d - now2) / 1000000u + 1, 1000);
     ms = ms > (int)cap_ms ? (int)cap_ms : ms;
-    pthread_mutex_unlock(&x->mu);
+    if (t->hashed) /* the verify thread finished a slot meanwhile: no wait */
+        ms = 0;
+    t->polling = true;
+    kv__tcp_unlock(t);
     const int r = poll(t->pfd, k, ms);
     pthread_mutex_lock(&x->mu);
-    if (r <= 0)
+    t->polling = false;
+    if (r < 0 || (r == 0 && !t->hashed))
         return;
     if (t->pfd[0].revents) {
         char b[64];

@@ -221,7 +221,15 @@ struct kv__tcp {
      * slot went FREE */
     pthread_t vthr;
     bool vthread, vstop;
-    bool hashed; /* the verify thread finished a slot since the last round */
+    bool rx_defer; /* received WRITEs are hashed by the verify thread (more
+                      than 2 cores, kv__tcp_rx_defer_set); else as they land */
+    bool hashed;  /* the verify thread finished a slot since the last round */
+    bool polling; /* the progress thread is in poll(), mu dropped: the verify
+                     thread wakes it through the pipe (else it sees `hashed`
+                     before it polls again, and does not wait) */
+    bool vkick;   /* a slot was queued: vcv is signalled once mu is dropped
+                     (kv__tcp_unlock), so the verify thread does not wake
+                     only to block on mu */
     uint64_t vseq;
     struct kv__tcp_vjob *vq_head, *vq_tail;
     pthread_cond_t vcv, vdone;
@@ -243,6 +251,19 @@ static inline bool kv__tcp_ok(const struct kv__tcp_verdict *v)
     return v->st == KV_OK && !v->msg[0];
 }
 struct kv__tcp_verdict kv__tcp_bad(kv_status st, const char *fmt, ...) KV_PRINTF(2, 3);
+
+/* The progress thread drops x->mu (around its system calls and hashing)
+ * through this: then it wakes the verify thread if it queued a slot for
+ * it. Signalling vcv without the mutex is safe: the verify thread checks
+ * its queue under mu before it waits. */
+static inline void kv__tcp_unlock(struct kv__tcp *t)
+{
+    const bool kick = t->vkick;
+    t->vkick = false;
+    pthread_mutex_unlock(&t->x->mu);
+    if (kick)
+        pthread_cond_signal(&t->vcv);
+}
 
 /* kv_xport_tcp_tx.c (mu held unless said) */
 void kv__tcp_wake(struct kv__tcp *t);
@@ -293,6 +314,14 @@ void *kv__tcp_verify_main(void *arg);
 void kv__tcp_vj_drop(struct kv__tcp *t, struct kv__tcp_conn *c);
 
 /* kv_xport_tcp.c */
+/* Where transports created from now on verify received WRITEs: 1 on the
+ * verify thread, 0 on the progress thread as each piece lands, -1 (the
+ * default) the verify thread only when this process may run on more than
+ * 2 cores (sched_getaffinity): on 2 the progress threads of both ends and
+ * the sender's verify thread already want them, and a hash right after the
+ * recvmsg reads bytes still in this core's cache. Tests force each way. */
+void kv__tcp_rx_defer_set(int mode);
+
 /* An incoming connection from an fd (accepted, or a socketpair in tests):
  * it goes through the handshake like any other. KV_ERR_CAPACITY when
  * max_handshakes connections are in their handshake (fd refused, closed). */
