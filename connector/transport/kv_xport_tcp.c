@@ -37,7 +37,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -50,23 +49,11 @@
 #define ACCEPT_BACKOFF_MIN_NS (10ull * 1000000ull)
 #define ACCEPT_BACKOFF_MAX_NS (1000ull * 1000000ull)
 
-static _Atomic int rx_defer_mode = -1;
+static _Atomic bool rx_defer = true;
 
-void kv__tcp_rx_defer_set(int mode)
+void kv__tcp_rx_defer_set(bool on)
 {
-    atomic_store_explicit(&rx_defer_mode, mode, memory_order_relaxed);
-}
-
-/* Whether the verify thread should hash received WRITEs (rx_defer_mode). */
-static bool rx_defer_choose(void)
-{
-    const int m = atomic_load_explicit(&rx_defer_mode, memory_order_relaxed);
-    if (m >= 0)
-        return m != 0;
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof(set), &set) == 0)
-        return CPU_COUNT(&set) > 2;
-    return sysconf(_SC_NPROCESSORS_ONLN) > 2;
+    atomic_store_explicit(&rx_defer, on, memory_order_relaxed);
 }
 
 static int set_nonblock(int fd)
@@ -212,7 +199,7 @@ static kv_status tcp_start(kv_xport *x)
             goto fail_cv;
         }
         t->vthread = true;
-        t->rx_defer = rx_defer_choose();
+        t->rx_defer = atomic_load_explicit(&rx_defer, memory_order_relaxed);
         e = pthread_create(&t->thr, NULL, progress, t);
         if (e != 0) {
             st = kv__error(KV_ERR_IO, "xport_create: progress thread: %s", strerror(e));

@@ -221,8 +221,8 @@ struct kv__tcp {
      * slot went FREE */
     pthread_t vthr;
     bool vthread, vstop;
-    bool rx_defer; /* received WRITEs are hashed by the verify thread (more
-                      than 2 cores, kv__tcp_rx_defer_set); else as they land */
+    bool rx_defer; /* received WRITEs are hashed by the verify thread (the
+                      default, kv__tcp_rx_defer_set); else as they land */
     bool hashed;  /* the verify thread finished a slot since the last round */
     bool polling; /* the progress thread is in poll(), mu dropped: the verify
                      thread wakes it through the pipe (else it sees `hashed`
@@ -314,13 +314,13 @@ void *kv__tcp_verify_main(void *arg);
 void kv__tcp_vj_drop(struct kv__tcp *t, struct kv__tcp_conn *c);
 
 /* kv_xport_tcp.c */
-/* Where transports created from now on verify received WRITEs: 1 on the
- * verify thread, 0 on the progress thread as each piece lands, -1 (the
- * default) the verify thread only when this process may run on more than
- * 2 cores (sched_getaffinity): on 2 the progress threads of both ends and
- * the sender's verify thread already want them, and a hash right after the
- * recvmsg reads bytes still in this core's cache. Tests force each way. */
-void kv__tcp_rx_defer_set(int mode);
+/* Where transports created from now on verify received WRITEs: on the
+ * verify thread once every piece landed (true, the default), or on the
+ * progress thread as each recvmsg returns (false: fewer threads to
+ * schedule, the bytes hashed while in cache, but the hash on the receive
+ * path; measured on 2 cores in docs/benchmarks.md, not better there).
+ * Tests run both. */
+void kv__tcp_rx_defer_set(bool on);
 
 /* An incoming connection from an fd (accepted, or a socketpair in tests):
  * it goes through the handshake like any other. KV_ERR_CAPACITY when
