@@ -31,10 +31,11 @@
  *       only when the payload's XXH3 matches. Each WRITE holds one of its
  *       connection's KV__TCP_VQ verify slots (struct kv__tcp_vjob) from
  *       its descriptor table until it is verified and acknowledged. With a
- *       progress thread, a WRITE whose pieces all land in place is hashed
- *       by the transport's verify thread once every piece landed, while
- *       the progress thread receives the next frames (the exposures stay
- *       busy until then); otherwise (no threads, a refused piece) the
+ *       progress thread (and rx_defer, the default), a WRITE whose pieces
+ *       all land in place is hashed by the transport's verify thread once
+ *       every piece landed, while the progress thread receives the next
+ *       frames (the exposures stay busy until then); otherwise (no
+ *       threads, rx_defer off, a refused piece) the
  *       progress thread hashes what each recvmsg returned, x->mu dropped
  *       (also for a frame whose pieces overlap each other).
  *       No byte is received into a range an earlier slot still covers, an
