@@ -37,6 +37,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -47,6 +48,13 @@
 
 #define ACCEPT_BACKOFF_MIN_NS (10ull * 1000000ull)
 #define ACCEPT_BACKOFF_MAX_NS (1000ull * 1000000ull)
+
+static _Atomic bool rx_defer = true;
+
+void kv__tcp_rx_defer_set(bool on)
+{
+    atomic_store_explicit(&rx_defer, on, memory_order_relaxed);
+}
 
 static int set_nonblock(int fd)
 {
@@ -191,6 +199,7 @@ static kv_status tcp_start(kv_xport *x)
             goto fail_cv;
         }
         t->vthread = true;
+        t->rx_defer = atomic_load_explicit(&rx_defer, memory_order_relaxed);
         e = pthread_create(&t->thr, NULL, progress, t);
         if (e != 0) {
             st = kv__error(KV_ERR_IO, "xport_create: progress thread: %s", strerror(e));
@@ -667,7 +676,7 @@ static void round_once(struct kv__tcp *t, uint32_t cap_ms)
     for (struct kv__tcp_peer *tp = t->peers; tp; tp = tp->next)
         n += tp->n_conns;
     if (!pfd_reserve(t, n)) {
-        pthread_mutex_unlock(&x->mu);
+        kv__tcp_unlock(t);
         usleep(1000);
         pthread_mutex_lock(&x->mu);
         return;
@@ -705,10 +714,14 @@ static void round_once(struct kv__tcp *t, uint32_t cap_ms)
     const uint64_t now2 = kv__now_ns();
     int ms = d == UINT64_MAX ? 1000 : d <= now2 ? 0 : (int)min64((d - now2) / 1000000u + 1, 1000);
     ms = ms > (int)cap_ms ? (int)cap_ms : ms;
-    pthread_mutex_unlock(&x->mu);
+    if (t->hashed) /* the verify thread finished a slot meanwhile: no wait */
+        ms = 0;
+    t->polling = true;
+    kv__tcp_unlock(t);
     const int r = poll(t->pfd, k, ms);
     pthread_mutex_lock(&x->mu);
-    if (r <= 0)
+    t->polling = false;
+    if (r < 0 || (r == 0 && !t->hashed))
         return;
     if (t->pfd[0].revents) {
         char b[64];

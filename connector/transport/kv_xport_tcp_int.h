@@ -31,10 +31,11 @@
  *       only when the payload's XXH3 matches. Each WRITE holds one of its
  *       connection's KV__TCP_VQ verify slots (struct kv__tcp_vjob) from
  *       its descriptor table until it is verified and acknowledged. With a
- *       progress thread, a WRITE whose pieces all land in place is hashed
- *       by the transport's verify thread once every piece landed, while
- *       the progress thread receives the next frames (the exposures stay
- *       busy until then); otherwise (no threads, a refused piece) the
+ *       progress thread (and rx_defer, the default), a WRITE whose pieces
+ *       all land in place is hashed by the transport's verify thread once
+ *       every piece landed, while the progress thread receives the next
+ *       frames (the exposures stay busy until then); otherwise (no
+ *       threads, rx_defer off, a refused piece) the
  *       progress thread hashes what each recvmsg returned, x->mu dropped
  *       (also for a frame whose pieces overlap each other).
  *       No byte is received into a range an earlier slot still covers, an
@@ -221,7 +222,15 @@ struct kv__tcp {
      * slot went FREE */
     pthread_t vthr;
     bool vthread, vstop;
-    bool hashed; /* the verify thread finished a slot since the last round */
+    bool rx_defer; /* received WRITEs are hashed by the verify thread (the
+                      default, kv__tcp_rx_defer_set); else as they land */
+    bool hashed;  /* the verify thread finished a slot since the last round */
+    bool polling; /* the progress thread is in poll(), mu dropped: the verify
+                     thread wakes it through the pipe (else it sees `hashed`
+                     before it polls again, and does not wait) */
+    bool vkick;   /* a slot was queued: vcv is signalled once mu is dropped
+                     (kv__tcp_unlock), so the verify thread does not wake
+                     only to block on mu */
     uint64_t vseq;
     struct kv__tcp_vjob *vq_head, *vq_tail;
     pthread_cond_t vcv, vdone;
@@ -243,6 +252,19 @@ static inline bool kv__tcp_ok(const struct kv__tcp_verdict *v)
     return v->st == KV_OK && !v->msg[0];
 }
 struct kv__tcp_verdict kv__tcp_bad(kv_status st, const char *fmt, ...) KV_PRINTF(2, 3);
+
+/* The progress thread drops x->mu (around its system calls and hashing)
+ * through this: then it wakes the verify thread if it queued a slot for
+ * it. Signalling vcv without the mutex is safe: the verify thread checks
+ * its queue under mu before it waits. */
+static inline void kv__tcp_unlock(struct kv__tcp *t)
+{
+    const bool kick = t->vkick;
+    t->vkick = false;
+    pthread_mutex_unlock(&t->x->mu);
+    if (kick)
+        pthread_cond_signal(&t->vcv);
+}
 
 /* kv_xport_tcp_tx.c (mu held unless said) */
 void kv__tcp_wake(struct kv__tcp *t);
@@ -293,6 +315,14 @@ void *kv__tcp_verify_main(void *arg);
 void kv__tcp_vj_drop(struct kv__tcp *t, struct kv__tcp_conn *c);
 
 /* kv_xport_tcp.c */
+/* Where transports created from now on verify received WRITEs: on the
+ * verify thread once every piece landed (true, the default), or on the
+ * progress thread as each recvmsg returns (false: fewer threads to
+ * schedule, the bytes hashed while in cache, but the hash on the receive
+ * path; measured on 2 cores in docs/benchmarks.md, not better there).
+ * Tests run both. */
+void kv__tcp_rx_defer_set(bool on);
+
 /* An incoming connection from an fd (accepted, or a socketpair in tests):
  * it goes through the handshake like any other. KV_ERR_CAPACITY when
  * max_handshakes connections are in their handshake (fd refused, closed). */

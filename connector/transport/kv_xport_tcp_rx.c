@@ -105,7 +105,7 @@ void kv__tcp_vq_push(struct kv__tcp *t, struct kv__tcp_vjob *j)
     else
         t->vq_head = j;
     t->vq_tail = j;
-    pthread_cond_signal(&t->vcv);
+    t->vkick = true; /* signalled once mu is dropped (kv__tcp_unlock) */
 }
 
 static struct kv__tcp_vjob *vj_free_slot(struct kv__tcp_conn *c)
@@ -114,6 +114,15 @@ static struct kv__tcp_vjob *vj_free_slot(struct kv__tcp_conn *c)
         if (c->vj[v].st == VJ_FREE)
             return &c->vj[v];
     return NULL;
+}
+
+/* Whether a receive slot of c is DONE (verified, its ACK not queued). */
+static bool vj_done(const struct kv__tcp_conn *c)
+{
+    for (uint32_t v = 0; v < KV__TCP_VQ; v++)
+        if (c->vj[v].st == VJ_DONE)
+            return true;
+    return false;
 }
 
 /* A QUEUED receive slot of c (the oldest), or NULL. */
@@ -130,7 +139,7 @@ bool kv__tcp_rx_wanted(struct kv__tcp *t, struct kv__tcp_conn *c)
 {
     if (c->ph == RX_HDR && c->hdr_got == 0 && kv__tcp_ctl_pending(c) > KV__TCP_CTL_HIGH)
         return false;
-    if (c->ph == RX_DESC && !vj_free_slot(c) && !vj_queued(c))
+    if (c->ph == RX_DESC && !vj_free_slot(c) && !vj_queued(c) && !vj_done(c))
         return false; /* every slot busy: the verify thread is on one */
     if (c->rx_held) {
         if (rx_clash(t, c))
@@ -157,13 +166,18 @@ static bool vj_retire(struct kv__tcp *t, struct kv__tcp_vjob *j, bool ok)
     }
     struct kv__xf a = {.type = KV__XF_ACK, .xfer = j->xfer, .entry = j->k};
     const bool put = j->dead || kv__tcp_ctl_put(j->c, a, rec, KV__TCP_ACK_REC * a.entry);
+    bool idle = false;
     for (uint32_t i = 0; i < j->k; i++)
-        if (j->expo[i])
-            j->expo[i]->busy--;
+        if (j->expo[i] && --j->expo[i]->busy == 0)
+            idle = true;
     j->st = VJ_FREE;
     j->dead = false;
     j->lo = j->hi = NULL;
-    pthread_cond_broadcast(&t->x->cv);
+    /* kv_xport_mem_unexpose waits on x->cv for an exposure's busy to reach
+     * 0: woken only then, not at every frame (an application thread in
+     * kv_xport_notify_poll waits on it too) */
+    if (idle)
+        pthread_cond_broadcast(&t->x->cv);
     pthread_cond_broadcast(&t->vdone);
     return put;
 }
@@ -225,7 +239,7 @@ static void vj_hash(struct kv__tcp *t, struct kv__tcp_vjob *j)
     /* The frame's bytes are in place and nothing lands on them until this
      * slot is FREE (kv__tcp_rx_wanted); its exposures (its transfer, to
      * send) are busy. */
-    pthread_mutex_unlock(&t->x->mu);
+    kv__tcp_unlock(t);
     struct kv__xxh3_state hs;
     kv__xxh3_reset(&hs);
     for (uint32_t i = 0; i < j->k; i++)
@@ -264,7 +278,8 @@ void *kv__tcp_verify_main(void *arg)
             t->vq_tail = NULL;
         vj_hash(t, j);
         t->hashed = true;
-        kv__tcp_wake(t);
+        if (t->polling) /* else it sees `hashed` before it polls */
+            kv__tcp_wake(t);
     }
     pthread_mutex_unlock(&x->mu);
     return NULL;
@@ -591,7 +606,7 @@ static struct kv__tcp_verdict on_desc(struct kv__tcp *t, struct kv__tcp_conn *c)
     j->xfer = f->xfer;
     j->want = f->payload_sum;
     j->lo = j->hi = NULL;
-    j->inline_ = !t->vthread;
+    j->inline_ = !t->rx_defer;
     for (uint32_t i = 0; i < k; i++) {
         const unsigned char *d = c->small + (size_t)i * KV__TCP_DESC;
         const uint32_t region = (uint32_t)kv__le_get(d + 4, 4);
@@ -797,8 +812,15 @@ struct kv__tcp_verdict kv__tcp_conn_rx(struct kv__tcp *t, struct kv__tcp_conn *c
     uint32_t frames = 0;
     while (budget && frames < x->cfg.frames_per_round && kv__tcp_rx_wanted(t, c)) {
         if (c->ph == RX_DESC && !vj_free_slot(c)) {
-            /* every slot taken, the verify thread behind (busy, or not
-             * scheduled on a loaded machine): verify the oldest here */
+            /* every slot taken: first those the verify thread finished
+             * (their ACKs queued, the slots FREE) */
+            if (vj_done(c)) {
+                if (!kv__tcp_vj_collect(t, c))
+                    return bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
+                continue;
+            }
+            /* else the verify thread is behind (busy, or not scheduled on
+             * a loaded machine): verify the oldest here */
             struct kv__tcp_vjob *j = vj_queued(c);
             if (!j)
                 break;
@@ -817,7 +839,7 @@ struct kv__tcp_verdict kv__tcp_conn_rx(struct kv__tcp *t, struct kv__tcp_conn *c
             const bool hash = c->ph != RX_HDR && c->ph != RX_DISCARD &&
                               (c->ph != RX_PIECES || c->rx_j->inline_);
             struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
-            pthread_mutex_unlock(&x->mu);
+            kv__tcp_unlock(t);
             r = recvmsg(c->fd, &mh, MSG_DONTWAIT);
             const int e = errno;
             for (int k = 0; hash && r > 0 && k < niov; k++) {

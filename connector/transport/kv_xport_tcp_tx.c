@@ -514,7 +514,7 @@ struct kv__tcp_verdict kv__tcp_conn_tx(struct kv__tcp *t, struct kv__tcp_conn *c
         if (c->ctl_off < c->ctl_len && (!c->df_on || c->df_sent == 0)) {
             const unsigned char *p = c->ctl + c->ctl_off;
             const size_t n = c->ctl_len - c->ctl_off;
-            pthread_mutex_unlock(&x->mu);
+            kv__tcp_unlock(t);
             r = send(c->fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
             e = errno;
             pthread_mutex_lock(&x->mu);
@@ -526,7 +526,7 @@ struct kv__tcp_verdict kv__tcp_conn_tx(struct kv__tcp *t, struct kv__tcp_conn *c
                  * held (a busy transfer, a busy exposure) until frame_done. */
                 struct kv__xf f = c->df_f;
                 const uint32_t k = c->df_nsrc;
-                pthread_mutex_unlock(&x->mu);
+                kv__tcp_unlock(t);
                 if (c->df_pack) {
                     /* a gathered frame: its source ranges packed, in
                      * order, into the connection's staging buffer (<= one
@@ -564,7 +564,7 @@ struct kv__tcp_verdict kv__tcp_conn_tx(struct kv__tcp *t, struct kv__tcp_conn *c
                 next_ahead(t, c->tp, c);
             struct iovec iov[2 + KV__TCP_MAXSRC];
             struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)frame_iov(c, iov)};
-            pthread_mutex_unlock(&x->mu);
+            kv__tcp_unlock(t);
             r = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
             e = errno;
             pthread_mutex_lock(&x->mu);

@@ -61,6 +61,7 @@
 
 #include <kvcache/kv.h>
 #include "kv_xport_int.h"
+#include "kv_xport_tcp_int.h"
 #include "kvt_side.h"
 #include "kvt_xport.h"
 #include "kvtest.h"
@@ -1016,6 +1017,17 @@ static void test_xport_tcp_prefill_to_decode_two_procs(void **state)
     pd_run("127.0.0.1", NULL, NULL);
 }
 
+/* The same with received WRITEs verified on the progress thread as each
+ * piece lands (kv__tcp_rx_defer_set), not on the verify thread: both ends
+ * (the child is forked after the setting). */
+static void test_xport_tcp_two_procs_rx_verify_inline(void **state)
+{
+    (void)state;
+    kv__tcp_rx_defer_set(false);
+    pd_run("127.0.0.1", NULL, NULL);
+    kv__tcp_rx_defer_set(true);
+}
+
 /* The same between two hosts: network namespaces joined by a veth pair,
  * made here (root and iproute2 needed; skipped with a message otherwise). */
 static void test_xport_tcp_two_hosts_veth(void **state)
@@ -1192,6 +1204,11 @@ static void test_xport_tcp_fault_corrupt_payload(void **state)
      * region (the handshake and the blob are ~400 bytes). */
     fault_case(RELAY_FLIP, 5u << 20, KV_XPORT_FAILED, KV_ERR_CORRUPT);
     fault_case(RELAY_FLIP, 700, KV_XPORT_FAILED, KV_ERR_CORRUPT);
+    /* the deep flip caught by the other verifier too: the progress thread
+     * as the bytes land (kv__tcp_rx_defer_set) */
+    kv__tcp_rx_defer_set(false);
+    fault_case(RELAY_FLIP, 5u << 20, KV_XPORT_FAILED, KV_ERR_CORRUPT);
+    kv__tcp_rx_defer_set(true);
 }
 
 static void test_xport_tcp_fault_stall_times_out(void **state)
@@ -1343,6 +1360,7 @@ int main(void)
         return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_xport_tcp_prefill_to_decode_two_procs),
+        cmocka_unit_test(test_xport_tcp_two_procs_rx_verify_inline),
         cmocka_unit_test(test_xport_tcp_two_hosts_veth),
         cmocka_unit_test(test_xport_tcp_handshake_refusals),
         cmocka_unit_test(test_xport_tcp_write_read_whole_region),
