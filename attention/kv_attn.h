@@ -559,6 +559,19 @@ KV_API KV_NODISCARD kv_status kv_attn_decode_ex_cuda_dev(
     const struct kv_attn_dev_scales *scales, const struct kv_view *out,
     const struct kv_attn_opts *opts, struct kv_attn_cuda_errors *errors, kv_cuda_stream stream);
 
+/* kv_attn_decode_mla_cuda with device-resident pages (CSR or block table),
+ * checked by the kernel as kv_attn_decode_cuda_dev checks them (a bad
+ * sequence gets output 0, a bad page's tokens are left out of the
+ * softmax). scales: NULL, or the latent cache's K scale only (v NULL, n
+ * 1, layers 0 / 1 or L) by value or in device memory (device = 1: read by
+ * the kernel; an engine's k_scale tensor). Capture-safe as
+ * kv_attn_write_cuda_dev. */
+KV_API KV_NODISCARD kv_status
+kv_attn_decode_mla_cuda_dev(struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q,
+                            const struct kv_attn_dev_pages *pages, int64_t dv, float softmax_scale,
+                            const struct kv_attn_dev_scales *scales, const struct kv_view *out,
+                            struct kv_attn_cuda_errors *errors, kv_cuda_stream stream);
+
 /* kv_attn_read_cuda with device-resident pages (CSR or block table) and
  * out_indptr_dev [n_seqs + 1] (int32 device memory, vLLM gather_cache's
  * cu_seq_lens): sequence s's tokens go to rows out_indptr[s] ..

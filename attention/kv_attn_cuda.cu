@@ -488,6 +488,29 @@ out:
 
 /* ---- MLA decode --------------------------------------------------------------------- */
 
+extern "C" kv_status kv__cuda_attn_decode_mla_dev(const struct kv__attn_job *j,
+                                                  const struct kv_attn_dev_pages *pg,
+                                                  const float *ksc, struct kv_attn_cuda_errors *err,
+                                                  kv_cuda_stream stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    const char *fn = j->fn;
+    kv_status st = kv__cuda_ready(fn, NULL);
+    if (st != KV_OK || j->n_seqs == 0)
+        return st;
+    struct kv__cmla p;
+    int64_t blocks = 0;
+    size_t shmem = 0;
+    if ((st = kv__cmla_build(j, fn, &p, &blocks, &shmem)) != KV_OK)
+        return st;
+    kv__cmla_build_dev(j, pg, err, ksc, &p);
+    kv__decode_mla_kernel<<<(unsigned)blocks, 32 * KV__DEC_WARPS, shmem, s>>>(p);
+    if (err)
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, p.d_indptr, p.d_last, p.d_indices,
+                                                    NULL, p.d_lens, NULL);
+    return kv__cuda_status(cudaGetLastError(), fn);
+}
+
 extern "C" kv_status kv__cuda_attn_decode_mla(const struct kv__attn_job *j, kv_cuda_stream stream)
 {
     static const char fn[] = "kv_attn_decode_mla_cuda";
@@ -569,8 +592,7 @@ extern "C" kv_status kv__cuda_attn_prefill(const struct kv__attn_job *j, kv_cuda
     kv__cpre_scales(j, &p, scales);
     if ((st = upload(&d_pages, j->page_ids, (size_t)n_pages * sizeof(int32_t), s, fn)) != KV_OK ||
         (st = upload(&d_start, j->page_start, idx_bytes, s, fn)) != KV_OK ||
-        (st = upload(&d_tok, j->seq_tokens, (size_t)j->n_seqs * sizeof(int64_t), s, fn)) !=
-            KV_OK ||
+        (st = upload(&d_tok, j->seq_tokens, (size_t)j->n_seqs * sizeof(int64_t), s, fn)) != KV_OK ||
         (j->q_start && (st = upload(&d_q, j->q_start, idx_bytes, s, fn)) != KV_OK) ||
         (st = upload(&d_tiles, tile_start, idx_bytes, s, fn)) != KV_OK ||
         (st = upload(&d_scales, scales, (size_t)(2 * p.n_mul) * sizeof(float), s, fn)) != KV_OK)

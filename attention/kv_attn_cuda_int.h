@@ -41,6 +41,12 @@ kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *job, const int64_t 
 kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *job,
                                    const struct kv_attn_dev_pages *pages, bool by_value,
                                    struct kv_attn_cuda_errors *err, kv_cuda_stream stream);
+/* Device-index MLA decode: pages' arrays device memory, checked by the
+ * kernel; ksc the K scale in device memory (NULL: the job's, by value);
+ * capture-safe. */
+kv_status kv__cuda_attn_decode_mla_dev(const struct kv__attn_job *job,
+                                       const struct kv_attn_dev_pages *pages, const float *ksc,
+                                       struct kv_attn_cuda_errors *err, kv_cuda_stream stream);
 /* Device-index read: pages' arrays and out_indptr device memory, checked by
  * the kernel; scales as for the write; capture-safe. */
 kv_status kv__cuda_attn_read_dev(const struct kv__attn_job *job,
@@ -96,8 +102,7 @@ static inline kv_status kv__cuda_attn_decode(const struct kv__attn_job *job, kv_
     (void)stream;
     return kv__cuda_attn_unsupported(job);
 }
-static inline kv_status kv__cuda_attn_prefill(const struct kv__attn_job *job,
-                                              kv_cuda_stream stream)
+static inline kv_status kv__cuda_attn_prefill(const struct kv__attn_job *job, kv_cuda_stream stream)
 {
     (void)stream;
     return kv__cuda_attn_unsupported(job);
@@ -122,6 +127,15 @@ static inline kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *job,
                                                  kv_cuda_stream stream)
 {
     (void)pages, (void)by_value, (void)err, (void)stream;
+    return kv__cuda_attn_unsupported(job);
+}
+static inline kv_status kv__cuda_attn_decode_mla_dev(const struct kv__attn_job *job,
+                                                     const struct kv_attn_dev_pages *pages,
+                                                     const float *ksc,
+                                                     struct kv_attn_cuda_errors *err,
+                                                     kv_cuda_stream stream)
+{
+    (void)pages, (void)ksc, (void)err, (void)stream;
     return kv__cuda_attn_unsupported(job);
 }
 static inline kv_status kv__cuda_attn_copy_dev(const struct kv__attn_job *job,

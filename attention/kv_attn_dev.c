@@ -282,6 +282,65 @@ kv_status kv_attn_decode_ex_cuda_dev(struct kv_paged_cache cache, uint32_t layer
                       out, opts, errors, stream);
 }
 
+kv_status kv__attn_decode_mla_dev_check(const char *fn, const struct kv_paged_cache *cache,
+                                        uint32_t layer, const struct kv_view *q,
+                                        const struct kv_attn_dev_pages *pages, int64_t dv,
+                                        float softmax_scale,
+                                        const struct kv_attn_dev_scales *scales,
+                                        const struct kv_view *out, struct kv__attn_job *job,
+                                        const float **ksc)
+{
+    struct kv_scales hs;
+    const struct kv_scales *hsp;
+    struct kv_pages pg;
+    *ksc = NULL;
+    kv_status st = dev_pages_pre(fn, pages, scales, &hs, &hsp, &pg, job);
+    if (st != KV_OK)
+        return st;
+    st = kv__attn_decode_mla_check(fn, cache, layer, q, &pg, dv, softmax_scale, hsp, out, job);
+    if (st != KV_OK || !scales || !scales->device)
+        return st;
+    /* device memory: the K scale of a one-plane latent cache, per tensor */
+    const struct kv_layout *lo = &cache->layout;
+    const uint32_t rows = scales->layers ? scales->layers : 1;
+    if (!scales->k || scales->v)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: device scales k=%p v=%p: an MLA cache takes a K scale only", fn,
+                         (const void *)scales->k, (const void *)scales->v);
+    if (scales->n != 1)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: %" PRIu32 " scales per layer: an MLA latent cache has one (per "
+                         "tensor)",
+                         fn, scales->n);
+    if (rows != 1 && (int64_t)rows != lo->num_layers)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: scales for %" PRIu32 " layers: expected 0 or 1 (shared by every "
+                         "layer) or %" PRId64 " (one row per layer)",
+                         fn, scales->layers, lo->num_layers);
+    if ((uintptr_t)scales->k % sizeof(float))
+        return kv__error(KV_ERR_INVALID_ARG, "%s: device scales k=%p are not 4-byte aligned", fn,
+                         (const void *)scales->k);
+    *ksc = scales->k + (rows == 1 ? 0 : layer);
+    return KV_OK;
+}
+
+kv_status kv_attn_decode_mla_cuda_dev(struct kv_paged_cache cache, uint32_t layer,
+                                      const struct kv_view *q,
+                                      const struct kv_attn_dev_pages *pages, int64_t dv,
+                                      float softmax_scale, const struct kv_attn_dev_scales *scales,
+                                      const struct kv_view *out, struct kv_attn_cuda_errors *errors,
+                                      kv_cuda_stream stream)
+{
+    static const char fn[] = "kv_attn_decode_mla_cuda_dev";
+    struct kv__attn_job j;
+    const float *ksc;
+    kv_status st = kv__attn_decode_mla_dev_check(fn, &cache, layer, q, pages, dv, softmax_scale,
+                                                 scales, out, &j, &ksc);
+    if (st != KV_OK)
+        return st;
+    return dev_done(&j, kv__cuda_attn_decode_mla_dev(&j, pages, ksc, errors, stream));
+}
+
 kv_status kv__attn_copy_dev_check(const char *fn, const struct kv_paged_cache *cache,
                                   const struct kv_block_copy *copies, uint32_t n_copies,
                                   struct kv__attn_job *job)

@@ -292,6 +292,29 @@ kv_status kv__grid_attn_write_dev(const struct kv__attn_job *j, const int64_t *s
     return finish(j->fn, st, &(const struct finish_arg){.err = err, .slots = slots});
 }
 
+kv_status kv__grid_attn_decode_mla_dev(const struct kv__attn_job *j,
+                                       const struct kv_attn_dev_pages *pg, const float *ksc,
+                                       struct kv_attn_cuda_errors *err)
+{
+    if (j->n_seqs == 0)
+        return KV_OK;
+    struct kv__cmla p;
+    int64_t blocks = 0;
+    size_t shmem = 0;
+    kv_status st = kv__cmla_build(j, j->fn, &p, &blocks, &shmem);
+    if (st != KV_OK)
+        return st;
+    kv__cmla_build_dev(j, pg, err, ksc, &p);
+    const struct kv_grid_launch l = {(uint64_t)blocks, 32 * KV__DEC_WARPS, shmem, true};
+    st = run(j->fn, l, decode_mla_thread, &p, 0);
+    return finish(j->fn, st,
+                  &(const struct finish_arg){.err = err,
+                                             .indptr = p.d_indptr,
+                                             .last = p.d_last,
+                                             .indices = p.d_indices,
+                                             .seq_lens = p.d_lens});
+}
+
 kv_status kv__grid_attn_decode_dev(const struct kv__attn_job *j, const struct kv_attn_dev_pages *pg,
                                    bool by_value, struct kv_attn_cuda_errors *err)
 {

@@ -32,6 +32,11 @@ extern bool kv__cdec_general;
 kv_status kv__grid_attn_prefill(const struct kv__attn_job *job);
 /* kv__cuda_attn_decode_mla: job from kv__attn_decode_mla_check. */
 kv_status kv__grid_attn_decode_mla(const struct kv__attn_job *job);
+/* kv__cuda_attn_decode_mla_dev on the emulator (arrays host memory): job
+ * from kv__attn_decode_mla_dev_check. */
+kv_status kv__grid_attn_decode_mla_dev(const struct kv__attn_job *job,
+                                       const struct kv_attn_dev_pages *pages, const float *ksc,
+                                       struct kv_attn_cuda_errors *err);
 /* kv__cuda_attn_write_dev: job from kv__attn_write_dev_check, slots [n_slots]
  * read by the body (host memory standing for device memory), err the
  * record (host memory; NULL: none), finished as the CUDA launcher does. */

@@ -137,6 +137,20 @@ kv_status kv__attn_decode_dev_check(const char *fn, const struct kv_paged_cache 
                                     const struct kv_view *out, const struct kv_attn_opts *opts,
                                     struct kv__attn_job *job);
 
+/* The scalar checks of a device-index MLA decode (kv_attn_decode_mla_cuda_dev):
+ * every check of kv__attn_decode_mla_check but the page arrays' contents
+ * (the arrays as for kv__attn_decode_dev_check); scales: NULL, or K only
+ * (v NULL) with n 1, by value (checked as kv_scales) or in device memory
+ * (*ksc: layer's value, never read here; NULL otherwise). Nothing
+ * allocated. */
+kv_status kv__attn_decode_mla_dev_check(const char *fn, const struct kv_paged_cache *cache,
+                                        uint32_t layer, const struct kv_view *q,
+                                        const struct kv_attn_dev_pages *pages, int64_t dv,
+                                        float softmax_scale,
+                                        const struct kv_attn_dev_scales *scales,
+                                        const struct kv_view *out, struct kv__attn_job *job,
+                                        const float **ksc);
+
 /* The scalar checks of a device-index read (kv_attn_read_cuda_dev): those
  * of kv__attn_read_check but the pages' contents and T (read on the
  * device), the pages' arrays as for the decode, out_indptr non-NULL when

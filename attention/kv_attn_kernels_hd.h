@@ -770,8 +770,8 @@ KV_HD void kv__decode_vec_body(const struct kv_grid_ctx *c, const struct kv__cde
                     ok[u] = false;
                 } else if (act) {
                     const char *kp = p->cache +
-                                     kv_layout_slot_offset_bytes(&p->lo, p->layer, 0,
-                                                                 kv_attn_page_slot(pid, p->pt, ti)) +
+                                     kv_layout_slot_offset_bytes(
+                                         &p->lo, p->layer, 0, kv_attn_page_slot(pid, p->pt, ti)) +
                                      head_off;
                     kv_grid_move(c, &kb[u], kp, p->vb);
                     kv_grid_move(c, &vb[u], kp + p->lo.stride_kv_bytes, p->vb);
@@ -893,10 +893,18 @@ struct kv__cmla {
     float softmax_scale, k_scale;
     const int32_t *page_ids;
     const int64_t *page_start, *seq_tokens;
+    /* device-index mode (kv_attn_decode_mla_cuda_dev; dev 1): the pages as
+     * in struct kv__cdec (CSR or block table), checked here; ksc: the K
+     * scale in device memory (NULL: k_scale) */
+    int dev;
+    const int32_t *d_indptr, *d_indices, *d_last, *d_lens;
+    int64_t d_n_pages, d_cols, n_ids;
+    struct kv_attn_cuda_errors *err;
+    const float *ksc;
 };
 
 /* Shared memory (floats): q [hg][D], kt [tt][D], acc [hg][dv], sc [hg][tt],
- * m, l, corr [hg]. Synchronizes. */
+ * m, l, corr [hg], okr [tt] (1: the tile row's page is valid). Synchronizes. */
 KV_HD void kv__decode_mla_body(const struct kv_grid_ctx *c, const struct kv__cmla *p)
 {
     float *sh = (float *)c->shared;
@@ -907,7 +915,7 @@ KV_HD void kv__decode_mla_body(const struct kv_grid_ctx *c, const struct kv__cml
     const int warps = (int)(c->block_dim / 32), warp = (int)(c->thread / 32),
               lane = (int)(c->thread % 32);
     float *q = sh, *kt = q + hg * D, *acc = kt + tt * D, *sc = acc + hg * dv;
-    float *m = sc + hg * tt, *l = m + hg, *corr = l + hg;
+    float *m = sc + hg * tt, *l = m + hg, *corr = l + hg, *okr = corr + hg;
     for (int64_t i = c->thread; i < nh * D; i += c->block_dim) {
         const int64_t hh = i / D, d = i - hh * D;
         q[i] = kv_to_f32(p->q.dt, p->q.base + s * p->q.tok + (h0 + hh) * p->q.head + d * p->q.dim) *
@@ -919,16 +927,46 @@ KV_HD void kv__decode_mla_body(const struct kv_grid_ctx *c, const struct kv__cml
         m[c->thread] = -INFINITY;
         l[c->thread] = 0.0f;
     }
-    const int64_t n_tok = p->seq_tokens[s];
-    const int32_t *pages = p->page_ids + p->page_start[s];
+    int64_t n_tok;
+    const int32_t *pages;
+    if (p->dev) {
+        /* a sequence with a bad indptr, last_page_len or seq_lens has no
+         * tokens (output 0), recorded once (head group 0, thread 0) */
+        int64_t first, idx;
+        int arr;
+        if (!kv__dev_seq(p->d_indptr, p->d_last, p->d_n_pages, p->d_lens, p->d_cols, p->pt, s,
+                         &n_tok, &first, &arr, &idx)) {
+            if (h0 == 0 && c->thread == 0)
+                kv__dev_error(p->err, arr, idx);
+            n_tok = 0;
+        }
+        pages = p->d_indices + first;
+    } else {
+        n_tok = p->seq_tokens[s];
+        pages = p->page_ids + p->page_start[s];
+    }
+    const float kscale = p->ksc ? *p->ksc : p->k_scale;
     for (int64_t t0 = 0; t0 < n_tok; t0 += tt) {
         const int64_t nt = n_tok - t0 < tt ? n_tok - t0 : tt;
         kv_grid_sync(c); /* the previous tile's values are done with kt and sc */
         for (int64_t i = c->thread; i < nt * D; i += c->block_dim) {
             const int64_t r = i / D, d = i - r * D, t = t0 + r;
-            const int64_t slot = kv_attn_page_slot(pages[t / p->pt], p->pt, t % p->pt);
+            const int32_t pid = pages[t / p->pt];
+            if (p->dev && (pid < 0 || pid >= p->n_ids)) {
+                /* the row is left out of the softmax; recorded once, at the
+                 * page's first token (head group 0) */
+                if (h0 == 0 && d == 0 && t % p->pt == 0)
+                    kv__dev_error(p->err, KV_ATTN_DEV_PAGES, (pages - p->d_indices) + t / p->pt);
+                kt[i] = 0.0f;
+                if (d == 0)
+                    okr[r] = 0.0f;
+                continue;
+            }
+            if (d == 0)
+                okr[r] = 1.0f;
+            const int64_t slot = kv_attn_page_slot(pid, p->pt, t % p->pt);
             const char *row = p->cache + kv_layout_slot_offset_bytes(&p->lo, p->layer, 0, slot);
-            kt[i] = kv_to_f32(p->lo.dtype, row + d * es) * p->k_scale;
+            kt[i] = kv_to_f32(p->lo.dtype, row + d * es) * kscale;
         }
         kv_grid_sync(c);
         for (int64_t pair = warp; pair < nh * nt; pair += warps) {
@@ -938,7 +976,7 @@ KV_HD void kv__decode_mla_body(const struct kv_grid_ctx *c, const struct kv__cml
                 part += q[hh * D + d] * kt[r * D + d];
             const float x = kv_grid_warp_sum(c, part);
             if (lane == 0)
-                sc[hh * tt + r] = x;
+                sc[hh * tt + r] = okr[r] != 0.0f ? x : -INFINITY;
         }
         kv_grid_sync(c);
         if (c->thread < nh) {
@@ -946,16 +984,22 @@ KV_HD void kv__decode_mla_body(const struct kv_grid_ctx *c, const struct kv__cml
             float mx = m[hh];
             for (int64_t r = 0; r < nt; r++)
                 mx = fmaxf(mx, sc[hh * tt + r]);
-            const float cr = m[hh] == -INFINITY ? 0.0f : kv_grid_expf(m[hh] - mx);
-            float sum = 0.0f;
-            for (int64_t r = 0; r < nt; r++) {
-                const float w = kv_grid_expf(sc[hh * tt + r] - mx);
-                sc[hh * tt + r] = w;
-                sum += w;
+            if (mx == -INFINITY) { /* nothing valid yet: weights 0, acc kept */
+                for (int64_t r = 0; r < nt; r++)
+                    sc[hh * tt + r] = 0.0f;
+                corr[hh] = 1.0f;
+            } else {
+                const float cr = m[hh] == -INFINITY ? 0.0f : kv_grid_expf(m[hh] - mx);
+                float sum = 0.0f;
+                for (int64_t r = 0; r < nt; r++) {
+                    const float w = kv_grid_expf(sc[hh * tt + r] - mx);
+                    sc[hh * tt + r] = w;
+                    sum += w;
+                }
+                l[hh] = l[hh] * cr + sum;
+                m[hh] = mx;
+                corr[hh] = cr;
             }
-            l[hh] = l[hh] * cr + sum;
-            m[hh] = mx;
-            corr[hh] = cr;
         }
         kv_grid_sync(c);
         for (int64_t i = c->thread; i < nh * dv; i += c->block_dim) {
@@ -1237,15 +1281,15 @@ static inline kv_status kv__cmla_build(const struct kv__attn_job *j, const char 
     p->page_start = j->page_start;
     p->seq_tokens = j->seq_tokens;
     const int64_t D = p->lo.head_dim, dv = p->dv;
-    /* floats: hg (D + dv + tt + 3) + tt D; up to 8 heads, tiles of 8 rows
-     * (fewer where D is large) */
+    /* floats: hg (D + dv + tt + 3) + tt (D + 1); up to 8 heads, tiles of 8
+     * rows (fewer where D is large) */
     p->tt = 8;
     p->hg = p->hq < 8 ? p->hq : 8;
-    while ((p->hg * (D + dv + p->tt + 3) + p->tt * D) * 4 > KV__SHARED_MAX && p->hg > 1)
+    while ((p->hg * (D + dv + p->tt + 3) + p->tt * (D + 1)) * 4 > KV__SHARED_MAX && p->hg > 1)
         p->hg--;
-    while ((p->hg * (D + dv + p->tt + 3) + p->tt * D) * 4 > KV__SHARED_MAX && p->tt > 1)
+    while ((p->hg * (D + dv + p->tt + 3) + p->tt * (D + 1)) * 4 > KV__SHARED_MAX && p->tt > 1)
         p->tt--;
-    *shmem = (size_t)(p->hg * (D + dv + p->tt + 3) + p->tt * D) * sizeof(float);
+    *shmem = (size_t)(p->hg * (D + dv + p->tt + 3) + p->tt * (D + 1)) * sizeof(float);
     if (*shmem > KV__SHARED_MAX)
         return kv__error(KV_ERR_UNSUPPORTED,
                          "%s: D %lld and dv %lld need %zu bytes of shared memory (at most %d)", fn,
@@ -1255,6 +1299,32 @@ static inline kv_status kv__cmla_build(const struct kv__attn_job *j, const char 
         return kv__error(KV_ERR_UNSUPPORTED, "%s: %lld (sequence, head group) blocks", fn,
                          (long long)*blocks);
     return KV_OK;
+}
+
+/* The device-index part of an MLA decode (kv_attn_decode_mla_cuda_dev)
+ * after kv__cmla_build: the pages and the record; ksc: the K scale in
+ * device memory (NULL: the job's, by value). */
+static inline void kv__cmla_build_dev(const struct kv__attn_job *j,
+                                      const struct kv_attn_dev_pages *pg,
+                                      struct kv_attn_cuda_errors *err, const float *ksc,
+                                      struct kv__cmla *p)
+{
+    p->dev = 1;
+    if (pg->format == KV_PAGES_BLOCK_TABLE) {
+        p->d_indices = pg->block_table;
+        p->d_lens = pg->seq_lens;
+        p->d_cols = pg->block_table_cols;
+    } else {
+        p->d_indptr = pg->indptr;
+        p->d_indices = pg->indices;
+        p->d_last = pg->last_page_len;
+        p->d_n_pages = pg->n_pages;
+    }
+    p->n_ids = p->lo.num_blocks * (int64_t)j->page_ratio;
+    p->err = err;
+    p->ksc = ksc;
+    p->page_ids = NULL;
+    p->page_start = p->seq_tokens = NULL;
 }
 
 /* The device-index part of a decode (kv_attn_decode_cuda_dev) after

@@ -58,6 +58,7 @@ mutations=(
 "devidx-read-drop-last-token|$A|r->n = left < m->rd_pt ? left : m->rd_pt;|r->n = left < m->rd_pt ? left - 1 : m->rd_pt;"
 "devidx-copy-ex-dst-bound|$A|p->dlo.num_blocks))|p->dlo.num_blocks + 1))"
 "devidx-scale-layer-row|$A|(int64_t)lrel * m->sc_lstride + i;|(int64_t)(lrel & 0) * m->sc_lstride + i;"
+"devidx-mla-bad-page-kept|$A|                if (d == 0)\n                    okr[r] = 0.0f;|                if (d == 0)\n                    okr[r] = 1.0f;"
 "devidx-plan-src-bound|$P|(s_id >= p->s_blocks|(s_id > p->s_blocks"
 "prefill-causal-bound|$F|&& t <= pos)|&& t <= pos + 1)"
 "prefill-drop-token|$F|for (int64_t r = 0; r < nt; r++)|for (int64_t r = 0; r + 1 < nt; r++)"

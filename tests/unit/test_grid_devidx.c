@@ -541,6 +541,144 @@ static void test_devidx_decode_options(void **state)
     dec_opts = NULL;
 }
 
+/* ---- MLA decode with device pages ------------------------------------------------ */
+
+/* MLA decode (kv_attn_decode_mla_cuda_dev: one latent plane, H 1, D 64,
+ * dv 48, Hq 5, bf16, a K scale row per layer) of dp's sequences on the
+ * emulator; sc: 0 no scale, 1 by value, 2 device memory (layer 1's row is
+ * read). The record must be want_*; every output row must equal the
+ * host-index MLA decode's over host_lens (the sequences' lengths with the
+ * bad ones 0, the same page lists) byte for byte, except the sequences in
+ * skip (a bad page's tokens are left out): those match, within float
+ * rounding, the host decode over their valid pages alone (all full). */
+static void run_mla_dev(const struct kv_attn_dev_pages *dp, int sc, const int64_t *host_lens,
+                        const bool *skip, uint64_t want_count, int want_array, int64_t want_index,
+                        int64_t want_value)
+{
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    const int64_t N = DEC_N, D = 64, dv = 48, Hq = 5;
+    const uint32_t S = dp->n_seqs, layer = 1;
+    cfg.num_layers = 2, cfg.num_blocks = DEC_B, cfg.block_tokens = N, cfg.num_heads = 1;
+    cfg.head_dim = D, cfg.dtype = KV_BF16, cfg.k_only = true, cfg.block_pad_elems = 8;
+    struct kvt_gfix f;
+    kvt_gfix_init(&f, &cfg, 91);
+    uint64_t rng = 17;
+    for (int64_t slot = 0; slot < DEC_B * N; slot++)
+        for (int64_t d = 0; d < D; d++)
+            kv_from_f32(KV_BF16, (float)kvt_range(&rng, -1000, 1000) / 1000.0f,
+                        kvt_gat(&f, f.pool, layer, 0, slot, 0, d));
+    memcpy(f.refmem, f.mem, f.bytes + 2 * KVT_GUARD);
+    const int64_t nq = (int64_t)S * Hq * D, no = (int64_t)S * Hq * dv;
+    float *qb = kv__mem_alloc_aligned(64, (size_t)nq * 4), *ob = malloc((size_t)no * 4),
+          *oh = malloc((size_t)no * 4);
+    assert_true(qb && ob && oh);
+    for (int64_t i = 0; i < nq; i++)
+        qb[i] = (float)kvt_range(&rng, -1000, 1000) / 1000.0f;
+    kvt_fill_random(ob, (size_t)no * 4, 3);
+    memcpy(oh, ob, (size_t)no * 4);
+    struct kv_view q, out, hout;
+    int64_t shq[3] = {S, Hq, D}, sho[3] = {S, Hq, dv};
+    assert_int_equal(kv_view_init(qb, (size_t)nq * 4, KV_F32, 3, shq, &q), KV_OK);
+    assert_int_equal(kv_view_init(ob, (size_t)no * 4, KV_F32, 3, sho, &out), KV_OK);
+    assert_int_equal(kv_view_init(oh, (size_t)no * 4, KV_F32, 3, sho, &hout), KV_OK);
+    static const float ksr[2] = {0.5f, 1.25f}; /* layer rows */
+    const struct kv_attn_dev_scales dsc = {ksr, NULL, 1, 2, sc == 2};
+    const struct kv_scales hsc = {ksr, NULL, 1, 2};
+    struct kv_attn_cuda_errors rec;
+    memset(&rec, 0, sizeof(rec));
+    struct kv__attn_job j;
+    const float *ksc = NULL;
+    const uint64_t a0 = kv__mem_allocs();
+    kv_status st = kv__attn_decode_mla_dev_check("kv_attn_decode_mla_cuda_dev", &f.c, layer, &q, dp,
+                                                 dv, 0.125f, sc ? &dsc : NULL, &out, &j, &ksc);
+    assert_int_equal(kv__mem_allocs(), a0);
+    if (st != KV_OK)
+        fail_msg("MLA dev check: %s: %s", kv_status_name(st), kv_last_error());
+    assert_true(sc == 2 ? ksc == ksr + layer : ksc == NULL);
+    st = kv__grid_attn_decode_mla_dev(&j, dp, ksc, &rec);
+    kv__attn_job_free(&j);
+    if (st != KV_OK)
+        fail_msg("emulated MLA dev decode: %s: %s", kv_status_name(st), kv_last_error());
+    kvt_gfix_check(&f, "guards + pool after the MLA decode");
+    check_record(&rec, want_count, want_array, want_index, want_value);
+    /* the host-index MLA decode over the same pages, bad sequences empty */
+    struct kv_pages hp;
+    memset(&hp, 0, sizeof(hp));
+    hp.n_seqs = S, hp.page_ratio = 1;
+    int32_t hindptr[17], hlast[16];
+    const int32_t *src_pages[16];
+    int32_t hidx[64];
+    int32_t k = 0;
+    for (uint32_t i = 0; i < S; i++) {
+        const int32_t *pg;
+        (void)ref_seq(dp, i, N, &pg);
+        src_pages[i] = pg;
+        const int64_t np = (host_lens[i] + N - 1) / N;
+        hindptr[i] = k;
+        int64_t kept = 0;
+        for (int64_t x = 0; x < np; x++)
+            if (!skip[i] || (src_pages[i][x] >= 0 && src_pages[i][x] < DEC_B))
+                hidx[k++] = src_pages[i][x], kept++;
+        /* a skip sequence: its valid pages, each full (the test's choice) */
+        hlast[i] =
+            skip[i] ? (kept ? (int32_t)N : 0) : (np ? (int32_t)(host_lens[i] - (np - 1) * N) : 0);
+    }
+    hindptr[S] = k;
+    hp.format = KV_PAGES_CSR, hp.indptr = hindptr, hp.indices = hidx, hp.last_page_len = hlast;
+    st = kv__attn_decode_mla_check("kv_attn_decode_mla_cuda", &f.c, layer, &q, &hp, dv, 0.125f,
+                                   sc ? &hsc : NULL, &hout, &j);
+    if (st != KV_OK)
+        fail_msg("MLA host check: %s: %s", kv_status_name(st), kv_last_error());
+    assert_int_equal(kv__grid_attn_decode_mla(&j), KV_OK);
+    kv__attn_job_free(&j);
+    for (uint32_t i = 0; i < S; i++) {
+        const size_t at = (size_t)i * (size_t)(Hq * dv), n = (size_t)(Hq * dv) * 4;
+        if (skip[i]) { /* the same tokens in other tiles: within float rounding */
+            for (size_t e = 0; e < (size_t)(Hq * dv); e++) {
+                const double x = ob[at + e], y = oh[at + e];
+                if (!(fabs(x - y) <= 1e-5 * (fabs(y) > 0.1 ? fabs(y) : 0.1)))
+                    fail_msg("MLA sequence %u elem %zu: %.9g vs %.9g without the bad page", i, e, x,
+                             y);
+            }
+            continue;
+        }
+        if (memcmp(ob + at, oh + at, n) != 0)
+            fail_msg("MLA sequence %u: device-index output differs from host-index", i);
+    }
+    free(ob), free(oh);
+    kv__mem_free(qb);
+    kvt_gfix_free(&f);
+}
+
+static void test_devidx_decode_mla(void **state)
+{
+    (void)state;
+    /* lengths 7, 0, 1, 16: pages far from 0 */
+    const int32_t indptr[5] = {0, 2, 2, 3, 7}, last[4] = {3, 0, 1, 4};
+    const int32_t indices[7] = {150, 199, 120, 101, 188, 170, 131};
+    const int64_t lens[4] = {7, 0, 1, 16};
+    const bool none[4] = {false, false, false, false};
+    const struct kv_attn_dev_pages c = csr(4, indptr, indices, 7, last);
+    const int32_t table[4 * 5] = {150, 199, -1, DEC_B, -1, 77,  -1,  -1,  -1,  -1,
+                                  120, -1,  -1, -1,    -1, 101, 188, 170, 131, 9999};
+    const int32_t tlens[4] = {7, 0, 1, 16};
+    const struct kv_attn_dev_pages t = btab(4, table, 5, tlens);
+    for (int sc = 0; sc < 3; sc++) {
+        run_mla_dev(&c, sc, lens, none, 0, KV_ATTN_DEV_NONE, 0, 0);
+        run_mla_dev(&t, sc, lens, none, 0, KV_ATTN_DEV_NONE, 0, 0);
+    }
+    /* s2's seq_lens 21 > 5 columns x 4: output 0 (as an empty sequence) */
+    const int32_t blens[4] = {7, 0, 21, 16};
+    const int64_t hl[4] = {7, 0, 0, 16};
+    const struct kv_attn_dev_pages tb = btab(4, table, 5, blens);
+    run_mla_dev(&tb, 1, hl, none, 1, KV_ATTN_DEV_SEQ_LENS, 2, 21);
+    /* s3's second page id is the pool's size: its tokens are left out */
+    const int32_t bad[7] = {150, 199, 120, 101, DEC_B, 170, 131};
+    const bool s3[4] = {false, false, false, true};
+    const struct kv_attn_dev_pages cb = csr(4, indptr, bad, 7, last);
+    run_mla_dev(&cb, 2, lens, s3, 1, KV_ATTN_DEV_PAGES, 4, DEC_B);
+}
+
 static void test_devidx_decode_invalid(void **state)
 {
     (void)state;
@@ -1121,6 +1259,7 @@ int main(void)
         cmocka_unit_test(test_devidx_write_refusals),
         cmocka_unit_test(test_devidx_decode_valid),
         cmocka_unit_test(test_devidx_decode_options),
+        cmocka_unit_test(test_devidx_decode_mla),
         cmocka_unit_test(test_devidx_decode_invalid),
         cmocka_unit_test(test_devidx_decode_refusals),
         cmocka_unit_test(test_devidx_read),
