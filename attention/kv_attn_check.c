@@ -1043,16 +1043,3 @@ kv_status kv__attn_decode_mla_check(const char *fn, const struct kv_paged_cache 
     job->path = worse(path_of(q), path_of(out));
     return KV_OK;
 }
-
-const char *kv__attn_opts_on(const struct kv__attn_job *job)
-{
-    if (job->q_start)
-        return "multi-token attention (qo_indptr)";
-    if (job->window_left != KV_ATTN_WINDOW_OFF)
-        return "sliding window";
-    if (job->soft_cap != 0.0f)
-        return "logit soft cap";
-    if (job->lse)
-        return "lse output";
-    return NULL;
-}

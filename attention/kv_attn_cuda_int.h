@@ -24,7 +24,7 @@ kv_status kv__cuda_attn_move(const struct kv__attn_job *job, bool to_cache, kv_c
 kv_status kv__cuda_attn_copy(const struct kv__attn_job *job, kv_cuda_stream stream);
 kv_status kv__cuda_attn_copy_ex(const struct kv__attn_job *job, kv_cuda_stream stream);
 kv_status kv__cuda_attn_decode(const struct kv__attn_job *job, kv_cuda_stream stream);
-/* Multi-token attention, or a decode with options (job from
+/* Multi-token attention (kv_attn_prefill_cuda; job from
  * kv__attn_decode_check; kv_attn_prefill_hd.h). */
 kv_status kv__cuda_attn_prefill(const struct kv__attn_job *job, kv_cuda_stream stream);
 /* MLA decode (job from kv__attn_decode_mla_check). */

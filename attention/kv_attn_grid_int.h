@@ -26,8 +26,8 @@ kv_status kv__grid_attn_decode(const struct kv__attn_job *job);
 /* Test hook: true makes every decode (emulated or CUDA) take the general
  * body instead of the vector one (kv_attn_kernels_hd.h, kv__cdec_vec). */
 extern bool kv__cdec_general;
-/* kv__cuda_attn_prefill: job from kv__attn_decode_check, a prefill or a
- * decode with options (kv_attn_prefill_hd.h); KV_ERR_UNSUPPORTED as the
+/* kv__cuda_attn_prefill: job from kv__attn_decode_check (a prefill; a
+ * decode job runs too) (kv_attn_prefill_hd.h); KV_ERR_UNSUPPORTED as the
  * launcher (shared memory, grid). */
 kv_status kv__grid_attn_prefill(const struct kv__attn_job *job);
 /* kv__cuda_attn_decode_mla: job from kv__attn_decode_mla_check. */

@@ -208,9 +208,6 @@ kv_status kv__attn_decode_mla_check(const char *fn, const struct kv_paged_cache 
                                     const struct kv_pages *pages, int64_t dv, float softmax_scale,
                                     const struct kv_scales *scales, const struct kv_view *out,
                                     struct kv__attn_job *job);
-/* Whether a checked decode job has every option off (what the CUDA decode
- * kernel runs); else the name of the first option on, for a message. */
-const char *kv__attn_opts_on(const struct kv__attn_job *job);
 void kv__attn_job_free(struct kv__attn_job *job);
 
 /* Test hooks of the CPU executors (library-internal; the unit tests use

@@ -1,7 +1,8 @@
 /*
  * kv_attn_prefill_hd.h - the CUDA body of the multi-token paged attention
- * (kv_attn_prefill_cuda) and of decode with options (kv_attn_decode_ex_cuda
- * with a window, a soft cap or lse), and its launch parameters: one source
+ * (kv_attn_prefill_cuda; it takes a one-row-per-sequence decode job too,
+ * though kv_attn_decode_ex_cuda runs the decode kernel, options included),
+ * and its launch parameters: one source
  * for the GPU (kv_attn_cuda.cu, a thin __global__ wrapper) and the CPU grid
  * emulator (kv_attn_grid.c, tests/unit/test_grid_prefill.c).
  *
