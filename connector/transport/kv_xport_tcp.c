@@ -95,6 +95,7 @@ static void conn_free(struct kv__tcp *t, struct kv__tcp_conn *c)
         close(c->fd);
     kv__mem_free(c->ctl);
     kv__mem_free(c->stage);
+    kv__mem_free(c->nx_stage);
     kv__mem_free(c);
 }
 

@@ -121,6 +121,15 @@ struct kv__tcp_vjob {
     uint64_t want; /* payload_sum */
     uint64_t seq;  /* when it left FREE: a frame waits only for earlier slots */
     uint32_t k;    /* pieces */
+    /* a gathered frame to send (tx): its pn source ranges psrc/plen are
+     * packed, in order, into pstage (pbytes in all) and the hash taken
+     * there; dst/len then hold nothing (lo NULL: no byte of it lands) */
+    bool pack;
+    uint32_t pn;
+    const char *const *psrc;
+    const uint64_t *plen;
+    char *pstage;
+    uint64_t pbytes;
     const char *lo, *hi; /* the hull of the pieces that land in place */
     char *dst[KV__TCP_MAXV];
     uint64_t len[KV__TCP_MAXV];
@@ -160,7 +169,8 @@ struct kv__tcp_conn {
     uint32_t df_desc_bytes, df_k, df_nsrc;
     bool df_pack; /* a gathered WRITE: pack df_src into stage before sending */
     char *stage;  /* KV__TCP_CHUNK bytes, allocated at the first gathered frame: a
-                     connection's one staging buffer (per peer: conns_per_peer x 512 KiB) */
+                     connection's staging buffer (with nx_stage, per peer: up to
+                     conns_per_peer x 2 x 512 KiB) */
     const char *df_src[KV__TCP_MAXSRC];
     uint64_t df_len[KV__TCP_MAXSRC];
     uint64_t df_total, df_sent;
@@ -175,6 +185,14 @@ struct kv__tcp_conn {
     unsigned char nx_desc[KV__TCP_MAXV * KV__TCP_DESC];
     kv_xport_xfer *nx_t;
     struct kv__tcp_vjob txj;
+    /* the next frame of a gathered transfer: its source ranges, packed by
+     * the verify thread into nx_stage (a second KV__TCP_CHUNK buffer,
+     * allocated at the first such frame); stage and nx_stage swap when it
+     * becomes df */
+    char *nx_stage;
+    uint32_t nx_nsrc;
+    const char *nx_src[KV__TCP_MAXSRC];
+    uint64_t nx_len[KV__TCP_MAXSRC];
     /* rx; rx_since_ns: the current frame's first byte (0: between frames) */
     enum kv__rx_phase ph;
     unsigned char hdr[KV__XF_BYTES];
@@ -304,6 +322,9 @@ void kv__tcp_vq_push(struct kv__tcp *t, struct kv__tcp_vjob *j);
 /* mu held: acknowledge c's received WRITEs the verify thread finished;
  * false: no memory for an ACK. */
 bool kv__tcp_vj_collect(struct kv__tcp *t, struct kv__tcp_conn *c);
+/* n source ranges src/len packed, in order, into stage (their sum <=
+ * KV__TCP_CHUNK); returns the bytes packed. No lock needed. */
+uint64_t kv__tcp_pack(char *stage, const char *const *src, const uint64_t *len, uint32_t n);
 /* mu held, j QUEUED: take it off the queue and hash it now, on this
  * thread (mu dropped meanwhile): the progress thread does this when it
  * would otherwise wait for the verify thread. */

@@ -240,11 +240,17 @@ static void vj_hash(struct kv__tcp *t, struct kv__tcp_vjob *j)
      * slot is FREE (kv__tcp_rx_wanted); its exposures (its transfer, to
      * send) are busy. */
     kv__tcp_unlock(t);
-    struct kv__xxh3_state hs;
-    kv__xxh3_reset(&hs);
-    for (uint32_t i = 0; i < j->k; i++)
-        kv__xxh3_update(&hs, j->dst[i], (size_t)j->len[i]);
-    const uint64_t sum = kv__xxh3_digest(&hs);
+    uint64_t sum;
+    if (j->pack) { /* a gathered frame to send: packed, hashed where it is sent from */
+        j->pbytes = kv__tcp_pack(j->pstage, j->psrc, j->plen, j->pn);
+        sum = kv__xxh3_64(j->pstage, (size_t)j->pbytes);
+    } else {
+        struct kv__xxh3_state hs;
+        kv__xxh3_reset(&hs);
+        for (uint32_t i = 0; i < j->k; i++)
+            kv__xxh3_update(&hs, j->dst[i], (size_t)j->len[i]);
+        sum = kv__xxh3_digest(&hs);
+    }
     pthread_mutex_lock(&t->x->mu);
     if (j->tx)
         j->want = sum;

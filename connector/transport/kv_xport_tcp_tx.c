@@ -211,12 +211,14 @@ bool kv__tcp_has_work(const struct kv__tcp *t, const struct kv__tcp_peer *tp)
     return false;
 }
 
-/* mu held: the pieces of a WRITE frame of gathered transfer xf into c's
- * descriptor table and source ranges (df_nsrc), from the send cursor on:
- * up to KV__TCP_MAXV pieces, KV__TCP_CHUNK bytes (*bytes) and
- * KV__TCP_MAXSRC source ranges. A piece is one destination range (part of
- * an entry), its payload read from the entry's segments in order. */
-static uint32_t gather_pieces(struct kv__tcp_conn *c, kv_xport_xfer *xf, uint64_t *bytes)
+/* mu held: the pieces of a WRITE frame of gathered transfer xf into a
+ * descriptor table (desc) and source ranges (src/len, *nsrc of them), from
+ * the send cursor on: up to KV__TCP_MAXV pieces, KV__TCP_CHUNK bytes
+ * (*bytes) and KV__TCP_MAXSRC source ranges. A piece is one destination
+ * range (part of an entry), its payload read from the entry's segments in
+ * order. */
+static uint32_t gather_pieces(kv_xport_xfer *xf, unsigned char *desc, const char **src,
+                              uint64_t *len_out, uint32_t *nsrc, uint64_t *bytes)
 {
     uint32_t k = 0, ns = 0;
     uint64_t b = 0;
@@ -228,8 +230,8 @@ static uint32_t gather_pieces(struct kv__tcp_conn *c, kv_xport_xfer *xf, uint64_
             const struct kv__xport_seg *sg = &xf->seg[xf->be_seg];
             const uint64_t rest = sg->bytes - xf->be_seg_off;
             const uint64_t len = rest < KV__TCP_CHUNK - b ? rest : KV__TCP_CHUNK - b;
-            c->df_src[ns] = io->local->base + sg->off + xf->be_rep * sg->pitch + xf->be_seg_off;
-            c->df_len[ns++] = len;
+            src[ns] = io->local->base + sg->off + xf->be_rep * sg->pitch + xf->be_seg_off;
+            len_out[ns++] = len;
             b += len;
             xf->be_off += len;
             xf->be_seg_off += len;
@@ -241,7 +243,7 @@ static uint32_t gather_pieces(struct kv__tcp_conn *c, kv_xport_xfer *xf, uint64_
                 }
             }
         }
-        unsigned char *d = c->df_desc + (size_t)k * KV__TCP_DESC;
+        unsigned char *d = desc + (size_t)k * KV__TCP_DESC;
         kv__le_put(d, e, 4);
         kv__le_put(d + 4, io->remote->region, 4);
         kv__le_put(d + 8, io->remote_off + at, 8);
@@ -252,7 +254,7 @@ static uint32_t gather_pieces(struct kv__tcp_conn *c, kv_xport_xfer *xf, uint64_
             xf->be_off = 0;
         }
     }
-    c->df_nsrc = ns;
+    *nsrc = ns;
     *bytes = b;
     return k;
 }
@@ -347,7 +349,7 @@ static bool next_frame(struct kv__tcp *t, struct kv__tcp_peer *tp, struct kv__tc
             return false; /* the peer's list changed: the next round looks again */
         }
         if (xf->seg)
-            k = gather_pieces(c, xf, &bytes);
+            k = gather_pieces(xf, c->df_desc, c->df_src, c->df_len, &c->df_nsrc, &bytes);
         else
             k = cut_plain(xf, c->df_desc, c->df_src, c->df_len);
         struct kv__xf f = {.type = KV__XF_WRITE,
@@ -367,11 +369,14 @@ static bool next_frame(struct kv__tcp *t, struct kv__tcp_peer *tp, struct kv__tc
 }
 
 /* mu held, c's data frame ready and the verify thread running: cut c's
- * next frame now if it is a WRITE of a plain transfer (what next_frame
- * would cut next: no read of ours to serve on c, the first sendable
- * transfer a plain write) and hand its hash to the verify thread, so it
- * is hashed while df goes out. Not when its source bytes are being
- * received into (the hash would race with the landing bytes). */
+ * next frame now if it is a WRITE (what next_frame would cut next: no
+ * read of ours to serve on c, the first sendable transfer a write) and
+ * hand its hash to the verify thread, so it is hashed while df goes out.
+ * A plain frame (or a gathered one whose pieces are one range each) is
+ * hashed in place, not when its source bytes are being received into (the
+ * hash would race with the landing bytes); a gathered frame of more ranges
+ * is packed into nx_stage by the verify thread and hashed there, so the
+ * progress thread only sends (the bytes sent are the bytes hashed). */
 static void next_ahead(struct kv__tcp *t, struct kv__tcp_peer *tp, struct kv__tcp_conn *c)
 {
     if (c->srv_head && (c->srv_head != c->df_srv || c->srv_head->sent < c->srv_head->len ||
@@ -385,22 +390,53 @@ static void next_ahead(struct kv__tcp *t, struct kv__tcp_peer *tp, struct kv__tc
         if (xfer_sendable(xf, out, window))
             break;
     }
-    if (!xf || xf->read || xf->seg)
+    if (!xf || xf->read)
         return;
+    if (xf->seg && !c->nx_stage && !(c->nx_stage = kv__mem_alloc(KV__TCP_CHUNK)))
+        return; /* no second buffer: next_frame packs it inline, as before */
     struct kv__tcp_vjob *j = &c->txj;
     /* the cut, undone if its bytes are being received into */
     const uint64_t e0 = xf->be_entry, o0 = xf->be_off;
-    const uint32_t k = cut_plain(xf, c->nx_desc, (const char **)j->dst, j->len);
+    const uint64_t g0 = xf->be_seg, r0 = xf->be_rep, so0 = xf->be_seg_off;
+    uint32_t k;
+    j->pack = false;
+    if (xf->seg) {
+        uint64_t bytes = 0;
+        k = gather_pieces(xf, c->nx_desc, c->nx_src, c->nx_len, &c->nx_nsrc, &bytes);
+        if (c->nx_nsrc > k) { /* packed: nothing of it is read in place */
+            j->pack = true;
+            j->pn = c->nx_nsrc;
+            j->psrc = c->nx_src;
+            j->plen = c->nx_len;
+            j->pstage = c->nx_stage;
+            j->pbytes = 0;
+        } else { /* one range per piece: sent in place, as a plain frame is */
+            for (uint32_t i = 0; i < k; i++) {
+                j->dst[i] = (char *)c->nx_src[i];
+                j->len[i] = c->nx_len[i];
+            }
+        }
+    } else {
+        k = cut_plain(xf, c->nx_desc, (const char **)j->dst, j->len);
+    }
     j->k = k;
     j->lo = j->hi = NULL;
-    for (uint32_t i = 0; i < k; i++) {
+    for (uint32_t i = 0; i < k && !j->pack; i++) {
         j->lo = !j->lo || j->dst[i] < j->lo ? j->dst[i] : j->lo;
         j->hi = !j->hi || j->dst[i] + j->len[i] > j->hi ? j->dst[i] + j->len[i] : j->hi;
     }
-    if (kv__tcp_rx_covers(t, j)) {
-        xf->be_entry = e0;
-        xf->be_off = o0;
-        return;
+    if (!j->pack) {
+        if (kv__tcp_rx_covers(t, j)) {
+            xf->be_entry = e0;
+            xf->be_off = o0;
+            xf->be_seg = g0;
+            xf->be_rep = r0;
+            xf->be_seg_off = so0;
+            return;
+        }
+    } else {
+        for (uint32_t i = 0; i < k; i++)
+            j->dst[i] = NULL; /* lands nowhere: no receive waits for it */
     }
     j->c = c;
     j->tx = true;
@@ -414,6 +450,19 @@ static void next_ahead(struct kv__tcp *t, struct kv__tcp_peer *tp, struct kv__tc
     kv__tcp_vq_push(t, j);
 }
 
+uint64_t kv__tcp_pack(char *stage, const char *const *src, const uint64_t *len, uint32_t n)
+{
+    uint64_t at = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (i + 8 < n) /* strided sources: ask for them ahead */
+            for (uint64_t o = 0; o < len[i + 8] && o < 512; o += 64)
+                __builtin_prefetch(src[i + 8] + o);
+        memcpy(stage + at, src[i], (size_t)len[i]);
+        at += len[i];
+    }
+    return at;
+}
+
 /* mu held, no data frame on c: the frame cut ahead becomes c's data frame
  * (its hash done: ready to go), or is dropped if its transfer is being
  * cancelled. */
@@ -424,15 +473,29 @@ static void next_promote(struct kv__tcp_conn *c)
     j->st = VJ_FREE;
     if (c->nx_t->cancel_req) {
         c->nx_t->busy--;
+        j->pack = false;
         return;
     }
     const uint32_t k = j->k;
     memcpy(c->df_desc, c->nx_desc, (size_t)k * KV__TCP_DESC);
-    for (uint32_t i = 0; i < k; i++) {
-        c->df_src[i] = j->dst[i];
-        c->df_len[i] = j->len[i];
+    if (j->pack) {
+        /* sent from the buffer it was packed into; the other one (df's,
+         * whose frame is out) takes the next frame packed ahead */
+        char *s = c->stage;
+        c->stage = c->nx_stage;
+        c->nx_stage = s;
+        c->df_src[0] = c->stage;
+        c->df_len[0] = j->pbytes;
+        c->df_nsrc = 1;
+        j->pack = false;
+    } else {
+        for (uint32_t i = 0; i < k; i++) {
+            c->df_src[i] = j->dst[i];
+            c->df_len[i] = j->len[i];
+        }
+        c->df_nsrc = k;
     }
-    c->df_k = c->df_nsrc = k;
+    c->df_k = k;
     c->df_pack = false;
     c->df_t = c->nx_t;
     c->df_srv = NULL;
@@ -531,14 +594,7 @@ struct kv__tcp_verdict kv__tcp_conn_tx(struct kv__tcp *t, struct kv__tcp_conn *c
                     /* a gathered frame: its source ranges packed, in
                      * order, into the connection's staging buffer (<= one
                      * chunk), hashed and sent from there as one range */
-                    uint64_t at = 0;
-                    for (uint32_t i = 0; i < k; i++) {
-                        if (i + 8 < k) /* strided sources: ask for them ahead */
-                            for (uint64_t o = 0; o < c->df_len[i + 8] && o < 512; o += 64)
-                                __builtin_prefetch(c->df_src[i + 8] + o);
-                        memcpy(c->stage + at, c->df_src[i], (size_t)c->df_len[i]);
-                        at += c->df_len[i];
-                    }
+                    const uint64_t at = kv__tcp_pack(c->stage, c->df_src, c->df_len, k);
                     f.payload_sum = kv__xxh3_64(c->stage, (size_t)at);
                 } else {
                     struct kv__xxh3_state hs;
