@@ -21,6 +21,10 @@
  * values 4 heads x 16 dims with the accumulators in registers across the
  * chunk's tokens. Elsewhere (or with kv__attn_portable) the same order in
  * plain loops.
+ *
+ * The chunk code (kv__mla_rows, kv__mla_chunk; kv_attn_mla_int.h) is also
+ * what the prefill (kv_attn_cpu_mla_prefill.c) runs, so the two sum in the
+ * same order.
  */
 #include <inttypes.h>
 #include <math.h>
