@@ -438,6 +438,17 @@ KV_API KV_NODISCARD kv_status kv_attn_prefill_cuda(
     const struct kv_pages *pages, float softmax_scale, const struct kv_scales *scales,
     const struct kv_view *out, const struct kv_attn_opts *opts, kv_cuda_stream stream);
 
+/* kv_attn_prefill_mla on CUDA: the same validation, then
+ * kv_attn_prefill_cuda's multi-token kernel in its MLA form (only K rows
+ * loaded into shared memory, the values their first dv dims; at D 576 / dv
+ * 512 the tiles are small: 4-8 rows x 4-8 tokens a block, what fits in 48
+ * KiB). Host arrays, uploaded as kv_attn_prefill_cuda does; lse in device
+ * memory. Tested on the CPU grid emulator only so far. */
+KV_API KV_NODISCARD kv_status kv_attn_prefill_mla_cuda(
+    struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q, const int32_t *qo_indptr,
+    const struct kv_pages *pages, int64_t dv, float softmax_scale, const struct kv_scales *scales,
+    const struct kv_view *out, const struct kv_attn_opts *opts, kv_cuda_stream stream);
+
 /* kv_attn_decode_mla on CUDA: the same validation; one block per
  * (sequence, group of up to 8 query heads), a tile of latent rows converted
  * into shared memory once for the group (docs/kernels.md "MLA"). Host page

@@ -390,8 +390,7 @@ float kv__mla_prepare(const struct kv__attn_job *j, bool simd, float *lut)
                 lo->dtype == KV_FP8_E4M3 ? kv_e4m3_to_f32((uint8_t)i) : kv_e5m2_to_f32((uint8_t)i);
     /* the dequantization scale, in the scores and the values; e4m3 rows
      * converted by rows_to_f32_avx2 hold the values times 2^-8 */
-    return (j->k_scale ? j->k_scale[0] : 1.0f) *
-           (simd && lo->dtype == KV_FP8_E4M3 ? 256.0f : 1.0f);
+    return (j->k_scale ? j->k_scale[0] : 1.0f) * (simd && lo->dtype == KV_FP8_E4M3 ? 256.0f : 1.0f);
 }
 
 void kv__mla_rows(const struct kv_layout *lo, bool simd, const char *const *rows, int n, float *kf,
@@ -407,9 +406,8 @@ void kv__mla_rows(const struct kv_layout *lo, bool simd, const char *const *rows
     rows_to_f32(lo, rows, n, kf, lut);
 }
 
-void kv__mla_chunk(bool simd, const float *kf, int n, int nh, int64_t D, int64_t dv,
-                   const float *q, float kmul, float cap, float *m, float *l, float *acc,
-                   float *sc)
+void kv__mla_chunk(bool simd, const float *kf, int n, int nh, int64_t D, int64_t dv, const float *q,
+                   float kmul, float cap, float *m, float *l, float *acc, float *sc)
 {
 #if KV__MLA_AVX2
     if (simd)

@@ -95,10 +95,10 @@ static kv_status exec_prefill_mla(const struct kv__attn_job *j)
     }
     const int64_t R = qt * hg; /* rows a task, at most */
     /* per thread: q [R][D], acc [R][dv], m, l [R], sc [hg][CHUNK], kf [CHUNK][D] */
-    const size_t per = ((size_t)(R * D + R * dv + 2 * R + hg * KV__MLA_CHUNK + KV__MLA_CHUNK * D) *
-                            sizeof(float) +
-                        63) /
-                       64 * 64;
+    const size_t per =
+        ((size_t)(R * D + R * dv + 2 * R + hg * KV__MLA_CHUNK + KV__MLA_CHUNK * D) * sizeof(float) +
+         63) /
+        64 * 64;
     float *scratch = kv__mem_alloc_aligned(64, per * (size_t)nt);
     if (!scratch) {
         kv__mem_free(tiles);
@@ -120,8 +120,8 @@ static kv_status exec_prefill_mla(const struct kv__attn_job *j)
             /* rows of the task: r = i * nh + h (query token i of the tile, head h0 + h) */
             for (int64_t i = 0; i < tl.n; i++)
                 for (int h = 0; h < nh; h++) {
-                    const char *qp = j->q.base + (row0 + i) * j->q.token_stride +
-                                     (h0 + h) * j->q.head_stride;
+                    const char *qp =
+                        j->q.base + (row0 + i) * j->q.token_stride + (h0 + h) * j->q.head_stride;
                     float *qq = q + (i * nh + h) * D;
                     for (int64_t d = 0; d < D; d++)
                         qq[d] = kv_to_f32(j->q.dtype, qp + d * j->q.dim_stride) * j->softmax_scale;

@@ -31,8 +31,7 @@ void kv__mla_rows(const struct kv_layout *lo, bool simd, const char *const *rows
  * cap * tanh(sc / cap), then the online softmax and acc += w . kf[.][0..dv).
  * The order of every sum depends on n, nh and the head's index within the
  * call only (4 heads at a time, then one). */
-void kv__mla_chunk(bool simd, const float *kf, int n, int nh, int64_t D, int64_t dv,
-                   const float *q, float kmul, float cap, float *m, float *l, float *acc,
-                   float *sc);
+void kv__mla_chunk(bool simd, const float *kf, int n, int nh, int64_t D, int64_t dv, const float *q,
+                   float kmul, float cap, float *m, float *l, float *acc, float *sc);
 
 #endif /* KV_ATTN_MLA_INT_H */

@@ -105,8 +105,8 @@ def test_prefill_mla_against_a_reference(hq, dtype, window, cap):
                 assert np.array_equal(out[qo[s + 1] - 1], dout[s]), s
         # refusals name the values: q_len above len, a bad qo_indptr
         with pytest.raises(kvcache.errors.KvError) as e:
-            c.prefill_mla(1, q[:2], np.array([0, 2, 2, 2, 2], np.int32), c.pages(seqs[1:] +
-                                                                                  seqs[:1]), out[:2])
+            rot = c.pages(seqs[1:] + seqs[:1])  # sequence 0 of 1 token
+            c.prefill_mla(1, q[:2], np.array([0, 2, 2, 2, 2], np.int32), rot, out[:2])
         assert "q_len 2" in str(e.value)
         with pytest.raises(kvcache.errors.KvError) as e:
             c.prefill_mla(1, q, qo[::-1].copy(), pages, out)

@@ -24,7 +24,9 @@
  *     1, several and the whole sequence, D = 576 / dv = 512 and small odd
  *     shapes, every dtype, window, soft cap and lse, the whole out and lse
  *     (gaps untouched); the last query of each sequence equal to
- *     kv_attn_decode_mla's output bit for bit; its refusals, nothing written.
+ *     kv_attn_decode_mla's output bit for bit; the CUDA body's MLA form
+ *     (kv_attn_prefill_hd.h) on the grid emulator against the same
+ *     reference; its refusals, nothing written.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -810,6 +812,7 @@ struct pcase {
     int32_t window; /* KV_ATTN_WINDOW_OFF or >= 0 */
     float cap;      /* 0: off */
     bool lse;
+    bool grid; /* the CUDA body (kv__prefill_body, MLA form) on the CPU grid emulator */
 };
 
 /* kv_attn_prefill_mla over six sequences of lens {0, 45, 130, 70, 20, 90}
@@ -895,12 +898,26 @@ static void run_prefill_case(const struct pcase *k, uint64_t seed)
     opts.logit_soft_cap = k->cap;
     opts.lse = k->lse ? lse : NULL;
     opts.lse_stride = lst;
-    const bool plain = k->window < 0 && k->cap == 0.0f && !k->lse;
-    kv__attn_test_tune(-1, k->portable);
-    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &qv, qo, &pg, dv, scale, k->scaled ? &sc : NULL,
-                                         &ov, plain ? NULL : &opts),
-                     KV_OK);
-    kv__attn_test_tune(-1, false);
+    const bool plain = k->window < 0 && k->cap == 0.0f && !k->lse && !k->grid;
+    if (k->grid) {
+        struct kv__attn_job j;
+        struct kv_paged_cache dev = p.c;
+        dev.mem = KV_MEM_PINNED; /* what a CUDA entry takes; host memory here */
+        assert_int_equal(kv__attn_prefill_mla_check("kv_attn_prefill_mla_cuda", &dev, 1, &qv, qo,
+                                                    &pg, dv, scale, k->scaled ? &sc : NULL, &ov,
+                                                    &opts, &j),
+                         KV_OK);
+        const kv_status st = kv__grid_attn_prefill(&j);
+        kv__attn_job_free(&j);
+        if (st != KV_OK)
+            fail_msg("kv__grid_attn_prefill (MLA): %s: %s", kv_status_name(st), kv_last_error());
+    } else {
+        kv__attn_test_tune(-1, k->portable);
+        assert_int_equal(kv_attn_prefill_mla(p.c, 1, &qv, qo, &pg, dv, scale,
+                                             k->scaled ? &sc : NULL, &ov, plain ? NULL : &opts),
+                         KV_OK);
+        kv__attn_test_tune(-1, false);
+    }
     assert_memory_equal(p.mem, before, p.bytes);
     /* float64 reference, every row, head and dim; the gaps untouched */
     const double ks = k->scaled ? 0.37 : 1.0;
@@ -1028,20 +1045,39 @@ static void test_mla_prefill_vs_float64(void **state)
     (void)state;
     const int32_t W = KV_ATTN_WINDOW_OFF;
     const struct pcase cases[] = {
-        {KV_BF16, 576, 512, 16, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_F32, W, 0, false},
-        {KV_BF16, 576, 512, 16, KV_ARRANGE_BLOCK_MAJOR, true, true, false, KV_BF16, W, 0, false},
-        {KV_BF16, 576, 512, 5, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_F32, 40, 0, true},
-        {KV_F16, 576, 512, 3, KV_ARRANGE_BLOCK_MAJOR, false, false, false, KV_F32, W, 30.0f, true},
-        {KV_F32, 576, 512, 4, KV_ARRANGE_LAYER_MAJOR, true, false, false, KV_F32, W, 0, false},
-        {KV_FP8_E4M3, 576, 512, 6, KV_ARRANGE_BLOCK_MAJOR, false, false, true, KV_F32, W, 0, false},
+        {KV_BF16, 576, 512, 16, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_F32, W,
+         0, false, false},
+        {KV_BF16, 576, 512, 16, KV_ARRANGE_BLOCK_MAJOR, true, true, false, KV_BF16, W,
+         0, false, false},
+        {KV_BF16, 576, 512, 5, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_F32, 40,
+         0, true, false},
+        {KV_F16, 576, 512, 3, KV_ARRANGE_BLOCK_MAJOR, false, false, false, KV_F32, W,
+         30.0f, true, false},
+        {KV_F32, 576, 512, 4, KV_ARRANGE_LAYER_MAJOR, true, false, false, KV_F32, W,
+         0, false, false},
+        {KV_FP8_E4M3, 576, 512, 6, KV_ARRANGE_BLOCK_MAJOR, false, false, true, KV_F32, W,
+         0, false, false},
         {KV_FP8_E4M3, 576, 512, 6, KV_ARRANGE_LAYER_MAJOR, true, true, true, KV_F32, 9, 5.0f,
-         true},
-        {KV_FP8_E5M2, 64, 48, 6, KV_ARRANGE_LAYER_MAJOR, false, false, true, KV_F32, W, 0, false},
+         true, false},
+        {KV_FP8_E5M2, 64, 48, 6, KV_ARRANGE_LAYER_MAJOR, false, false, true, KV_F32, W,
+         0, false, false},
         /* small odd shapes (the portable loops whatever the CPU) */
-        {KV_BF16, 20, 13, 3, KV_ARRANGE_BLOCK_MAJOR, true, false, false, KV_F32, W, 0, false},
-        {KV_F16, 37, 37, 7, KV_ARRANGE_LAYER_MAJOR, false, false, true, KV_F32, 0, 2.0f, true},
-        {KV_F32, 24, 16, 128, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_F32, W, 0, false},
-        {KV_F32, 24, 16, 128, KV_ARRANGE_BLOCK_MAJOR, false, false, false, KV_F32, 17, 0, true},
+        {KV_BF16, 20, 13, 3, KV_ARRANGE_BLOCK_MAJOR, true, false, false, KV_F32, W,
+         0, false, false},
+        {KV_F16, 37, 37, 7, KV_ARRANGE_LAYER_MAJOR, false, false, true, KV_F32, 0,
+         2.0f, true, false},
+        {KV_F32, 24, 16, 128, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_F32, W,
+         0, false, false},
+        {KV_F32, 24, 16, 128, KV_ARRANGE_BLOCK_MAJOR, false, false, false, KV_F32, 17,
+         0, true, false},
+        /* the CUDA body (kv__prefill_body's MLA form) on the emulated grid */
+        {KV_BF16, 576, 512, 16, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_F32, W, 0, false,
+         true},
+        {KV_FP8_E4M3, 576, 512, 5, KV_ARRANGE_BLOCK_MAJOR, true, false, true, KV_BF16, 40, 10.0f,
+         true, true},
+        {KV_F16, 37, 29, 11, KV_ARRANGE_BLOCK_MAJOR, false, false, false, KV_F32, W, 0, true,
+         true},
+        {KV_F32, 20, 12, 1, KV_ARRANGE_LAYER_MAJOR, true, false, true, KV_F32, 3, 0, false, true},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
         run_prefill_case(&cases[i], 0x6000 + i);
@@ -1155,6 +1191,16 @@ static void test_mla_prefill_refusals(void **state)
                      KV_ERR_INVALID_ARG);
     kvt_assert_msg_has("H = 2 KV heads");
     pool_free(&t);
+    /* the CUDA entry runs the same validator (host memory here: refused) */
+    assert_int_equal(kv_attn_prefill_mla_cuda(p.c, 1, &q, qo, &pg, 48, 0.1f, NULL, &o, &opts, NULL),
+                     KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("kv_attn_prefill_mla_cuda");
+    struct kv_paged_cache pinned = p.c;
+    pinned.mem = KV_MEM_PINNED;
+    assert_int_equal(
+        kv_attn_prefill_mla_cuda(pinned, 1, &q, qo_long, &pg, 48, 0.1f, NULL, &o, &opts, NULL),
+        KV_ERR_BAD_SHAPE);
+    kvt_assert_msg_has("kv_attn_prefill_mla_cuda: sequence 0 has q_len 6");
     /* nothing written by any refusal */
     assert_memory_equal(ob, ob0, sizeof(ob));
     assert_memory_equal(lb, lb0, sizeof(lb));
