@@ -26,9 +26,10 @@
  *           log-sum-exp
  *   prefill q_len >= 1 queries per sequence (qo_indptr, CSR) with a causal
  *           mask over the sequence's cached tokens, the same options
- *   MLA     decode over a K-only (latent) layout, FlashMLA's convention
- *           (kv_attn_decode_mla): K only is written, read and copied (a V
- *           tensor, V scales or a V plane given for it is refused)
+ *   MLA     decode and prefill over a K-only (latent) layout, FlashMLA's
+ *           convention (kv_attn_decode_mla, kv_attn_prefill_mla): K only is
+ *           written, read and copied (a V tensor, V scales or a V plane
+ *           given for it is refused)
  *
  * Element types. The cache dtype is the layout's: f32, f16, bf16, fp8 e4m3fn
  * or fp8 e5m2. Tensors may be any of the five. In a call without scales, a
@@ -351,6 +352,32 @@ KV_API KV_NODISCARD kv_status kv_attn_decode_mla(struct kv_paged_cache cache, ui
                                                  const struct kv_scales *scales,
                                                  const struct kv_view *out);
 
+/* MLA prefill: kv_attn_prefill's multi-token causal attention in
+ * kv_attn_decode_mla's convention (a K-only layout of one KV head, scores
+ * over all D dims, values the first dv dims of the same rows). The queries
+ * of sequence s are the rows qo_indptr[s] .. qo_indptr[s+1] - 1 of q
+ * [T][Hq][D] and are its last q_len tokens: query i sits at position len -
+ * q_len + i and sees the tokens 0 .. that position (less with a window);
+ * out [T][Hq][dv]. opts (NULL: all off) as kv_attn_prefill's: window, logit
+ * soft cap, lse [T][Hq]. q, out any of the five dtypes and any strides;
+ * scales as kv_attn_decode_mla's. One pass over each latent row serves
+ * every (query token, query head) of a task (CPU: tasks of (sequence, tile
+ * of query tokens, query-head group), AVX2/FMA as the decode); a row with
+ * q_len 1 and no options is exactly kv_attn_decode_mla's (the same sums in
+ * the same order). Refusals: those of kv_attn_decode_mla (the layout, H,
+ * dv, V scales, q not [T][Hq][D], out not [T][Hq][dv]) and of
+ * kv_attn_prefill (opts, qo_indptr: KV_ERR_NULL, KV_ERR_CORRUPT,
+ * KV_ERR_BAD_SHAPE for a q_len above the sequence's len, each naming the
+ * sequence and the values); nothing is written when a call is refused. */
+KV_API KV_NODISCARD kv_status kv_attn_prefill_mla(struct kv_paged_cache cache, uint32_t layer,
+                                                  const struct kv_view *q,
+                                                  const int32_t *qo_indptr,
+                                                  const struct kv_pages *pages, int64_t dv,
+                                                  float softmax_scale,
+                                                  const struct kv_scales *scales,
+                                                  const struct kv_view *out,
+                                                  const struct kv_attn_opts *opts);
+
 /* The CPU kernels use kv_threads() threads (kv_threads.h). */
 
 /* ---- CUDA kernels -------------------------------------------------------------
@@ -409,6 +436,17 @@ KV_API KV_NODISCARD kv_status kv_attn_decode_ex_cuda(
 KV_API KV_NODISCARD kv_status kv_attn_prefill_cuda(
     struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q, const int32_t *qo_indptr,
     const struct kv_pages *pages, float softmax_scale, const struct kv_scales *scales,
+    const struct kv_view *out, const struct kv_attn_opts *opts, kv_cuda_stream stream);
+
+/* kv_attn_prefill_mla on CUDA: the same validation, then
+ * kv_attn_prefill_cuda's multi-token kernel in its MLA form (only K rows
+ * loaded into shared memory, the values their first dv dims; at D 576 / dv
+ * 512 the tiles are small: 4-8 rows x 4-8 tokens a block, what fits in 48
+ * KiB). Host arrays, uploaded as kv_attn_prefill_cuda does; lse in device
+ * memory. Tested on the CPU grid emulator only so far. */
+KV_API KV_NODISCARD kv_status kv_attn_prefill_mla_cuda(
+    struct kv_paged_cache cache, uint32_t layer, const struct kv_view *q, const int32_t *qo_indptr,
+    const struct kv_pages *pages, int64_t dv, float softmax_scale, const struct kv_scales *scales,
     const struct kv_view *out, const struct kv_attn_opts *opts, kv_cuda_stream stream);
 
 /* kv_attn_decode_mla on CUDA: the same validation; one block per

@@ -989,19 +989,23 @@ kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cac
     return KV_OK;
 }
 
-kv_status kv__attn_decode_mla_check(const char *fn, const struct kv_paged_cache *cache,
-                                    uint32_t layer, const struct kv_view *q,
-                                    const struct kv_pages *pages, int64_t dv, float softmax_scale,
-                                    const struct kv_scales *scales, const struct kv_view *out,
-                                    struct kv__attn_job *job)
+/* MLA decode (qo_indptr NULL, no options) and prefill. */
+static kv_status mla_check(const char *fn, const struct kv_paged_cache *cache, uint32_t layer,
+                           const struct kv_view *q, const int32_t *qo_indptr, bool prefill,
+                           const struct kv_pages *pages, int64_t dv, float softmax_scale,
+                           const struct kv_scales *scales, const struct kv_view *out,
+                           const struct kv_attn_opts *opts, struct kv__attn_job *job)
 {
     kv_status st;
     memset(job, 0, sizeof(*job));
     job->fn = fn;
-    job->kernel = KV_ATTN_DECODE;
+    job->kernel = prefill ? KV_ATTN_PREFILL : KV_ATTN_DECODE;
     job->window_left = KV_ATTN_WINDOW_OFF;
-    if (!q || !out)
-        return kv__error(KV_ERR_NULL, "%s: q=%p out=%p", fn, (const void *)q, (const void *)out);
+    if (!q || !out || (prefill && !qo_indptr))
+        return prefill ? kv__error(KV_ERR_NULL, "%s: q=%p qo_indptr=%p out=%p", fn, (const void *)q,
+                                   (const void *)qo_indptr, (const void *)out)
+                       : kv__error(KV_ERR_NULL, "%s: q=%p out=%p", fn, (const void *)q,
+                                   (const void *)out);
     if ((st = check_cache(fn, cache)) != KV_OK)
         return st;
     const struct kv_layout *lo = &cache->layout;
@@ -1009,8 +1013,9 @@ kv_status kv__attn_decode_mla_check(const char *fn, const struct kv_paged_cache 
     if (!lo->k_only || lo->num_heads != 1)
         return kv__error(KV_ERR_INVALID_ARG,
                          "%s: the layout has %s and H = %" PRId64
-                         " KV heads: MLA decode reads one latent plane (k_only) of one KV head",
-                         fn, lo->k_only ? "one plane (K only)" : "K and V planes", lo->num_heads);
+                         " KV heads: MLA %s reads one latent plane (k_only) of one KV head",
+                         fn, lo->k_only ? "one plane (K only)" : "K and V planes", lo->num_heads,
+                         prefill ? "prefill" : "decode");
     if ((st = check_layer(fn, layer > INT32_MAX ? -2 : (int32_t)layer, lo->num_layers, false,
                           job)) != KV_OK)
         return st;
@@ -1019,12 +1024,14 @@ kv_status kv__attn_decode_mla_check(const char *fn, const struct kv_paged_cache 
                          "%s: dv = %" PRId64 " outside [1, D = %" PRId64
                          "]: the values are the first dv dims of the latent rows",
                          fn, dv, lo->head_dim);
-    if ((st = check_q_dims(fn, q, "[S][Hq][D]")) != KV_OK)
+    if ((st = check_q_dims(fn, q, prefill ? "[T][Hq][D]" : "[S][Hq][D]")) != KV_OK)
         return st;
     const int64_t hq = q->shape[1];
     if (hq < 1 || hq > INT32_MAX)
         return kv__error(KV_ERR_BAD_SHAPE, "%s: q has %" PRId64 " heads", fn, hq);
     if ((st = check_q_out(fn, cache, q, out, hq, dv, true, softmax_scale, job)) != KV_OK)
+        return st;
+    if ((st = check_attn_opts(fn, opts, q->shape[0], hq, q, out, cache, job)) != KV_OK)
         return st;
     if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, true, job)) != KV_OK)
         return st;
@@ -1032,14 +1039,39 @@ kv_status kv__attn_decode_mla_check(const char *fn, const struct kv_paged_cache 
         kv__attn_job_free(job);
         return st;
     }
-    if ((int64_t)job->n_seqs != q->shape[0]) {
+    if (prefill)
+        st = check_qo_indptr(fn, qo_indptr, q->shape[0], job);
+    else if ((int64_t)job->n_seqs != q->shape[0])
+        st = kv__error(KV_ERR_BAD_SHAPE, "%s: q has %" PRId64 " sequences, pages %" PRIu32, fn,
+                       q->shape[0], job->n_seqs);
+    if (st != KV_OK) {
         kv__attn_job_free(job);
-        return kv__error(KV_ERR_BAD_SHAPE, "%s: q has %" PRId64 " sequences, pages %" PRIu32, fn,
-                         q->shape[0], job->n_seqs);
+        return st;
     }
     job->q_heads = (uint32_t)hq;
     job->softmax_scale = softmax_scale;
     job->mla_dv = dv;
     job->path = worse(path_of(q), path_of(out));
     return KV_OK;
+}
+
+kv_status kv__attn_decode_mla_check(const char *fn, const struct kv_paged_cache *cache,
+                                    uint32_t layer, const struct kv_view *q,
+                                    const struct kv_pages *pages, int64_t dv, float softmax_scale,
+                                    const struct kv_scales *scales, const struct kv_view *out,
+                                    struct kv__attn_job *job)
+{
+    return mla_check(fn, cache, layer, q, NULL, false, pages, dv, softmax_scale, scales, out, NULL,
+                     job);
+}
+
+kv_status kv__attn_prefill_mla_check(const char *fn, const struct kv_paged_cache *cache,
+                                     uint32_t layer, const struct kv_view *q,
+                                     const int32_t *qo_indptr, const struct kv_pages *pages,
+                                     int64_t dv, float softmax_scale,
+                                     const struct kv_scales *scales, const struct kv_view *out,
+                                     const struct kv_attn_opts *opts, struct kv__attn_job *job)
+{
+    return mla_check(fn, cache, layer, q, qo_indptr, true, pages, dv, softmax_scale, scales, out,
+                     opts, job);
 }

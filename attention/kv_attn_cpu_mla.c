@@ -21,6 +21,10 @@
  * values 4 heads x 16 dims with the accumulators in registers across the
  * chunk's tokens. Elsewhere (or with kv__attn_portable) the same order in
  * plain loops.
+ *
+ * The chunk code (kv__mla_rows, kv__mla_chunk; kv_attn_mla_int.h) is also
+ * what the prefill (kv_attn_cpu_mla_prefill.c) runs, so the two sum in the
+ * same order.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -32,11 +36,9 @@
 #endif
 
 #include "kv_attn_int.h"
+#include "kv_attn_mla_int.h"
 #include "kv_convert_hd.h"
 #include "kv_mem.h"
-
-#define KV__MLA_CHUNK 32
-#define KV__MLA_GROUP 64 /* most query heads a task */
 
 /* One chunk's K rows as f32 (unscaled): kf[t][0..D). */
 static void rows_to_f32(const struct kv_layout *lo, const char *const *rows, int n, float *kf,
@@ -94,9 +96,9 @@ static void chunk_softmax(int n, int nh, int64_t dv, float *m, float *l, float *
     }
 }
 
-/* Portable chunk: scores of nh heads over n rows, softmax, values. */
-static void chunk_portable(const float *kf, int n, int nh, int64_t D, int64_t dv, const float *q,
-                           float kmul, float *m, float *l, float *acc, float *sc)
+/* Portable scores of nh heads over n rows. */
+static void scores_portable(const float *kf, int n, int nh, int64_t D, const float *q, float kmul,
+                            float *sc)
 {
     for (int h = 0; h < nh; h++)
         for (int t = 0; t < n; t++) {
@@ -107,7 +109,12 @@ static void chunk_portable(const float *kf, int n, int nh, int64_t D, int64_t dv
                 s += qq[d] * kr[d];
             sc[h * KV__MLA_CHUNK + t] = s * kmul;
         }
-    chunk_softmax(n, nh, dv, m, l, acc, sc);
+}
+
+/* Portable values: acc[h][0..dv) += sum_t w[h][t] kf[t][0..dv). */
+static void values_portable(const float *kf, int n, int nh, int64_t D, int64_t dv, float *acc,
+                            const float *sc)
+{
     for (int h = 0; h < nh; h++) {
         float *a = acc + (int64_t)h * dv;
         for (int t = 0; t < n; t++) {
@@ -349,15 +356,6 @@ KV__AVX2 static void values_avx2(const float *kf, int n, int nh, int64_t D, int6
     }
 }
 
-KV__AVX2 static void chunk_avx2(const float *kf, int n, int nh, int64_t D, int64_t dv,
-                                const float *q, float kmul, float *m, float *l, float *acc,
-                                float *sc)
-{
-    scores_avx2(kf, n, nh, D, q, kmul, sc);
-    chunk_softmax(n, nh, dv, m, l, acc, sc);
-    values_avx2(kf, n, nh, D, dv, acc, sc);
-}
-
 static bool mla_cpu_has_avx2(void)
 {
     static int has = -1; /* benign race: every thread computes the same value */
@@ -373,8 +371,7 @@ static bool mla_cpu_has_avx2(void)
 #define KV__MLA_AVX2 0
 #endif
 
-/* Whether an MLA decode of D, dv takes the AVX2/FMA path here. */
-static bool mla_simd(int64_t D, int64_t dv)
+bool kv__mla_simd(int64_t D, int64_t dv)
 {
 #if KV__MLA_AVX2
     return !kv__attn_portable && D % 8 == 0 && dv % 8 == 0 && mla_cpu_has_avx2();
@@ -384,21 +381,64 @@ static bool mla_simd(int64_t D, int64_t dv)
 #endif
 }
 
-static kv_status exec_mla(const struct kv__attn_job *j)
+float kv__mla_prepare(const struct kv__attn_job *j, bool simd, float *lut)
 {
     const struct kv_layout *lo = &j->cache.layout;
-    const int64_t D = lo->head_dim, dv = j->mla_dv, S = j->n_seqs, hq = j->q_heads;
-    const int64_t pt = j->page_tokens;
-    const bool simd = mla_simd(D, dv);
-    float lut[256];
     if (lo->elem_bytes == 1 && !simd)
         for (int i = 0; i < 256; i++)
             lut[i] =
                 lo->dtype == KV_FP8_E4M3 ? kv_e4m3_to_f32((uint8_t)i) : kv_e5m2_to_f32((uint8_t)i);
     /* the dequantization scale, in the scores and the values; e4m3 rows
      * converted by rows_to_f32_avx2 hold the values times 2^-8 */
-    const float ks =
-        (j->k_scale ? j->k_scale[0] : 1.0f) * (simd && lo->dtype == KV_FP8_E4M3 ? 256.0f : 1.0f);
+    return (j->k_scale ? j->k_scale[0] : 1.0f) * (simd && lo->dtype == KV_FP8_E4M3 ? 256.0f : 1.0f);
+}
+
+void kv__mla_rows(const struct kv_layout *lo, bool simd, const char *const *rows, int n, float *kf,
+                  const float *lut)
+{
+#if KV__MLA_AVX2
+    if (simd) {
+        rows_to_f32_avx2(lo, rows, n, kf);
+        return;
+    }
+#endif
+    (void)simd;
+    rows_to_f32(lo, rows, n, kf, lut);
+}
+
+void kv__mla_chunk(bool simd, const float *kf, int n, int nh, int64_t D, int64_t dv, const float *q,
+                   float kmul, float cap, float *m, float *l, float *acc, float *sc)
+{
+#if KV__MLA_AVX2
+    if (simd)
+        scores_avx2(kf, n, nh, D, q, kmul, sc);
+    else
+#endif
+        scores_portable(kf, n, nh, D, q, kmul, sc);
+    if (cap > 0.0f)
+        for (int h = 0; h < nh; h++)
+            for (int t = 0; t < n; t++) {
+                float *x = sc + h * KV__MLA_CHUNK + t;
+                *x = cap * tanhf(*x / cap);
+            }
+    chunk_softmax(n, nh, dv, m, l, acc, sc);
+#if KV__MLA_AVX2
+    if (simd) {
+        values_avx2(kf, n, nh, D, dv, acc, sc);
+        return;
+    }
+#endif
+    values_portable(kf, n, nh, D, dv, acc, sc);
+}
+
+static kv_status exec_mla(const struct kv__attn_job *j)
+{
+    const struct kv_layout *lo = &j->cache.layout;
+    const int64_t D = lo->head_dim, dv = j->mla_dv, S = j->n_seqs, hq = j->q_heads;
+    const int64_t pt = j->page_tokens;
+    const bool simd = kv__mla_simd(D, dv);
+    float lut[256];
+    const float ks = kv__mla_prepare(j, simd, lut);
     int64_t total_tokens = 0;
     for (int64_t s = 0; s < S; s++)
         total_tokens += j->seq_tokens[s];
@@ -448,15 +488,8 @@ static kv_status exec_mla(const struct kv__attn_job *j)
                     rows[t] = (const char *)j->cache.base +
                               kv_layout_slot_offset_bytes(lo, j->layer0, 0, slot);
                 }
-#if KV__MLA_AVX2
-                if (simd) {
-                    rows_to_f32_avx2(lo, rows, n, kf);
-                    chunk_avx2(kf, n, nh, D, dv, q, ks, m, l, acc, sc);
-                    continue;
-                }
-#endif
-                rows_to_f32(lo, rows, n, kf, lut);
-                chunk_portable(kf, n, nh, D, dv, q, ks, m, l, acc, sc);
+                kv__mla_rows(lo, simd, rows, n, kf, lut);
+                kv__mla_chunk(simd, kf, n, nh, D, dv, q, ks, 0.0f, m, l, acc, sc);
             }
             for (int h = 0; h < nh; h++) {
                 char *op = j->out.base + s * j->out.token_stride + (h0 + h) * j->out.head_stride;

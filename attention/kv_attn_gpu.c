@@ -161,6 +161,25 @@ kv_status kv_attn_decode_mla_cuda(struct kv_paged_cache cache, uint32_t layer,
     return st == KV_OK ? kv__ok() : st;
 }
 
+kv_status kv_attn_prefill_mla_cuda(struct kv_paged_cache cache, uint32_t layer,
+                                   const struct kv_view *q, const int32_t *qo_indptr,
+                                   const struct kv_pages *pages, int64_t dv, float softmax_scale,
+                                   const struct kv_scales *scales, const struct kv_view *out,
+                                   const struct kv_attn_opts *opts, kv_cuda_stream stream)
+{
+    struct kv__attn_job j;
+    kv_status st =
+        kv__attn_prefill_mla_check("kv_attn_prefill_mla_cuda", &cache, layer, q, qo_indptr, pages,
+                                   dv, softmax_scale, scales, out, opts, &j);
+    if (st != KV_OK)
+        return st;
+    st = kv__cuda_attn_prefill(&j, stream); /* kv_attn_prefill_hd.h: its MLA form (mla_dv) */
+    if (st == KV_OK)
+        kv__attn_count(&j, true);
+    kv__attn_job_free(&j);
+    return st == KV_OK ? kv__ok() : st;
+}
+
 kv_status kv_attn_decode_ex_cuda(struct kv_paged_cache cache, uint32_t layer,
                                  const struct kv_view *q, const struct kv_pages *pages,
                                  float softmax_scale, const struct kv_scales *scales,

@@ -80,7 +80,7 @@ struct kv__attn_job {
      * sequence s are q_start[s] .. q_start[s+1] (NULL: row s alone, a
      * decode); window_left -1 = off; soft_cap 0 = off; lse NULL = none */
     int64_t *q_start; /* [n_seqs + 1] */
-    int64_t mla_dv;   /* kv_attn_decode_mla: the value dims (0: not an MLA decode) */
+    int64_t mla_dv;   /* kv_attn_decode_mla / prefill_mla: the value dims (0: not MLA) */
     int32_t window_left;
     float soft_cap;
     float *lse; /* [rows][lse_stride], q_heads used per row */
@@ -208,6 +208,15 @@ kv_status kv__attn_decode_mla_check(const char *fn, const struct kv_paged_cache 
                                     const struct kv_pages *pages, int64_t dv, float softmax_scale,
                                     const struct kv_scales *scales, const struct kv_view *out,
                                     struct kv__attn_job *job);
+/* kv_attn_prefill_mla: kv__attn_decode_mla_check's checks with q, out
+ * [T][Hq][.], qo_indptr as kv__attn_decode_check's prefill, opts (NULL:
+ * all off) as kv_attn_decode_ex's. */
+kv_status kv__attn_prefill_mla_check(const char *fn, const struct kv_paged_cache *cache,
+                                     uint32_t layer, const struct kv_view *q,
+                                     const int32_t *qo_indptr, const struct kv_pages *pages,
+                                     int64_t dv, float softmax_scale,
+                                     const struct kv_scales *scales, const struct kv_view *out,
+                                     const struct kv_attn_opts *opts, struct kv__attn_job *job);
 void kv__attn_job_free(struct kv__attn_job *job);
 
 /* Test hooks of the CPU executors (library-internal; the unit tests use

@@ -38,9 +38,15 @@
  * (q_start NULL) is q_len 1 at row s: a sequence of 0 tokens gets out 0
  * and lse -inf.
  *
- * Shared memory (floats): q [rows][D], kt [tk][dp], vt [tk][D], sc
- * [rows][tk], corr [rows], acc [rows][D]; dp = D | 1. rows (<= 32) and tk
- * (<= 32): what fits in KV__SHARED_MAX and costs least (kv__cpre_tile).
+ * MLA (kv_attn_prefill_mla_cuda: a K-only layout, H 1, job->mla_dv = dv):
+ * the values are the first dv dims of the K rows, so only K is loaded, vt
+ * is kt (row stride dp), and acc and out have dv dims; the K scale is in
+ * kt, so in the scores and the values alike.
+ *
+ * Shared memory (floats): q [rows][D], kt [tk][dp], vt [tk][D] (MLA: none),
+ * sc [rows][tk], corr [rows], acc [rows][dv]; dp = D | 1, dv = D but for
+ * MLA. rows (<= 32) and tk (<= 32): what fits in KV__SHARED_MAX and costs
+ * least (kv__cpre_tile_v).
  *
  * Header tier *_hd.h (module-private in practice: attention/ and its tests).
  */
@@ -65,6 +71,8 @@ struct kv__cpre {
     struct kv__cside q, out;       /* [T][Hq][D] (decode: [S][Hq][D]) */
     int64_t g, pt, n_seqs;         /* query heads a KV head, tokens a page */
     int64_t rows, tk, dp;          /* rows a block, tokens a tile, kt's row stride */
+    int64_t dv;                    /* value (out) dims: D; MLA: the job's dv */
+    int mla;                       /* 1: values = the K rows' first dv dims, no V plane */
     float softmax_scale, soft_cap; /* soft_cap 0: off */
     int32_t window_left;           /* -1: off */
     float *lse;                    /* [rows of q][lse_stride]; NULL: none */
@@ -97,7 +105,7 @@ KV_HD void kv__prefill_body(const struct kv_grid_ctx *c, const struct kv__cpre *
 {
     float *sh = (float *)c->shared;
     const int64_t H = p->lo.num_heads, D = p->lo.head_dim, g = p->g, R = p->rows, TK = p->tk;
-    const int64_t dp = p->dp, es = p->lo.elem_bytes;
+    const int64_t dp = p->dp, es = p->lo.elem_bytes, Dv = p->dv, planes = p->mla ? 1 : 2;
     const int64_t h = c->block % H, tile = c->block / H;
     const int warps = (int)(c->block_dim / 32), warp = (int)(c->thread / 32),
               lane = (int)(c->thread % 32);
@@ -119,20 +127,22 @@ KV_HD void kv__prefill_body(const struct kv_grid_ctx *c, const struct kv__cpre *
     const int64_t t_lo = kv__pf_lo(pos0 + r0 / g, p->window_left);
     const int64_t t_hi = pos0 + (r0 + nr - 1) / g;
     const int32_t *pages = p->page_ids + p->page_start[s];
-    float *q = sh;             /* [R][D] */
-    float *kt = q + R * D;     /* [TK][dp] */
-    float *vt = kt + TK * dp;  /* [TK][D] */
-    float *sc = vt + TK * D;   /* [R][TK] */
-    float *corr = sc + R * TK; /* [R] */
-    float *acc = corr + R;     /* [R][D] */
+    float *q = sh;                                   /* [R][D] */
+    float *kt = q + R * D;                           /* [TK][dp] */
+    float *vt = p->mla ? kt : kt + TK * dp;          /* [TK][vst] */
+    const int64_t vst = p->mla ? dp : D;             /* vt's row stride */
+    float *sc = p->mla ? vt + TK * dp : vt + TK * D; /* [R][TK] */
+    float *corr = sc + R * TK;                       /* [R] */
+    float *acc = corr + R;                           /* [R][Dv] */
     for (int64_t i = c->thread; i < nr * D; i += c->block_dim) {
         const int64_t rr = i / D, d = i - rr * D;
         const int64_t qi = (r0 + rr) / g, qh = h * g + (r0 + rr) % g;
         q[i] =
             kv_to_f32(p->q.dt, p->q.base + (q0 + qi) * p->q.tok + qh * p->q.head + d * p->q.dim) *
             p->softmax_scale;
-        acc[i] = 0.0f;
     }
+    for (int64_t i = c->thread; i < nr * Dv; i += c->block_dim)
+        acc[i] = 0.0f;
     const int64_t hs = p->n_mul > 1 ? h : 0;
     const float ks = p->scales ? p->scales[hs] : 1.0f,
                 vs = p->scales ? p->scales[p->n_mul + hs] : 1.0f;
@@ -145,7 +155,7 @@ KV_HD void kv__prefill_body(const struct kv_grid_ctx *c, const struct kv__cpre *
     for (int64_t t0 = t_lo; t0 <= t_hi; t0 += TK) {
         const int64_t nt = t_hi - t0 + 1 < TK ? t_hi - t0 + 1 : TK;
         kv_grid_sync(c); /* q and acc set; the previous tile's kt, vt, sc read */
-        for (int64_t i = c->thread; i < 2 * nt * cpr; i += c->block_dim) {
+        for (int64_t i = c->thread; i < planes * nt * cpr; i += c->block_dim) {
             const int kv = i >= nt * cpr;
             const int64_t j = i - (kv ? nt * cpr : 0), r = j / cpr, ch = j - r * cpr, t = t0 + r;
             const int64_t slot = kv_attn_page_slot(pages[t / p->pt], p->pt, t % p->pt);
@@ -183,11 +193,11 @@ KV_HD void kv__prefill_body(const struct kv_grid_ctx *c, const struct kv__cpre *
                 corr[rr] = cr;
         }
         kv_grid_sync(c);
-        for (int64_t i = c->thread; i < nr * D; i += c->block_dim) {
-            const int64_t rr = i / D, d = i - rr * D;
+        for (int64_t i = c->thread; i < nr * Dv; i += c->block_dim) {
+            const int64_t rr = i / Dv, d = i - rr * Dv;
             float a = acc[i] * corr[rr];
             for (int64_t r = 0; r < nt; r++)
-                a += sc[rr * TK + r] * vt[r * D + d];
+                a += sc[rr * TK + r] * vt[r * vst + d];
             acc[i] = a;
         }
     }
@@ -197,8 +207,8 @@ KV_HD void kv__prefill_body(const struct kv_grid_ctx *c, const struct kv__cpre *
         if (rr >= nr)
             break;
         const int64_t row = q0 + (r0 + rr) / g, qh = h * g + (r0 + rr) % g;
-        for (int64_t d = lane; d < D; d += 32)
-            kv_from_f32(p->out.dt, l[k] > 0.0f ? acc[rr * D + d] / l[k] : 0.0f,
+        for (int64_t d = lane; d < Dv; d += 32)
+            kv_from_f32(p->out.dt, l[k] > 0.0f ? acc[rr * Dv + d] / l[k] : 0.0f,
                         p->out.base + row * p->out.tok + qh * p->out.head + d * p->out.dim);
         if (p->lse && lane == 0)
             p->lse[row * p->lse_stride + qh] = m[k] == -INFINITY ? -INFINITY : m[k] + logf(l[k]);
@@ -223,10 +233,17 @@ static inline int kv__cpre_width(const struct kv_layout *lo, const void *base)
     return (int)lo->elem_bytes;
 }
 
-/* Shared bytes of a block of R rows and TK tokens at head dim D. */
+/* Shared bytes of a block of R rows and TK tokens at head dim D, value
+ * dims Dv (mla: no V tile). */
+static inline size_t kv__cpre_shared_v(int64_t R, int64_t TK, int64_t D, int64_t Dv, int mla)
+{
+    return (size_t)(R * D + R * Dv + TK * ((D | 1) + (mla ? 0 : D)) + R * TK + R) * sizeof(float);
+}
+
+/* kv__cpre_shared_v of a K/V job (Dv = D). */
 static inline size_t kv__cpre_shared(int64_t R, int64_t TK, int64_t D)
 {
-    return (size_t)(2 * R * D + TK * ((D | 1) + D) + R * TK + R) * sizeof(float);
+    return kv__cpre_shared_v(R, TK, D, D, 0);
 }
 
 /* The rows a block and tokens a tile for head dim D and at most max_rows
@@ -236,13 +253,14 @@ static inline size_t kv__cpre_shared(int64_t R, int64_t TK, int64_t D)
  * after another, a lane per token: a tile of fewer than 32 tokens idles
  * lanes), loads 6 / (32 R) (each K/V row loaded serves R rows); the values
  * cost the same for every pair. The most rows on a tie. */
-static inline void kv__cpre_tile(int64_t D, int64_t max_rows, int64_t *rows, int64_t *tk)
+static inline void kv__cpre_tile_v(int64_t D, int64_t Dv, int mla, int64_t max_rows, int64_t *rows,
+                                   int64_t *tk)
 {
     double best = 0.0;
     *rows = 0, *tk = 0;
     for (int64_t R = max_rows < KV__PF_ROWS ? max_rows : KV__PF_ROWS; R >= 1; R = R > 1 ? R / 2 : 0)
         for (int64_t TK = KV__PF_TOKENS; TK >= 1; TK /= 2) {
-            if (kv__cpre_shared(R, TK, D) > KV__SHARED_MAX)
+            if (kv__cpre_shared_v(R, TK, D, Dv, mla) > KV__SHARED_MAX)
                 continue;
             const double cost =
                 3.0 * (double)((R + 3) / 4) / (double)(R * TK) + 6.0 / (32.0 * (double)R);
@@ -251,7 +269,14 @@ static inline void kv__cpre_tile(int64_t D, int64_t max_rows, int64_t *rows, int
         }
 }
 
-/* Job j (kv__attn_decode_check: a prefill, or a decode with options) as
+/* kv__cpre_tile_v of a K/V job (Dv = D). */
+static inline void kv__cpre_tile(int64_t D, int64_t max_rows, int64_t *rows, int64_t *tk)
+{
+    kv__cpre_tile_v(D, D, 0, max_rows, rows, tk);
+}
+
+/* Job j (kv__attn_decode_check: a prefill, or a decode with options;
+ * kv__attn_prefill_mla_check: an MLA prefill, mla_dv > 0) as
  * *p (the host arrays; a CUDA launcher replaces them with device copies),
  * tile_start [n_seqs + 1] filled (the caller's), and the launch: *blocks (0: no row, nothing to
  * launch), *shmem, *vbytes. Rows and tile tokens: kv__cpre_tile. KV_ERR_UNSUPPORTED where one row
@@ -281,12 +306,14 @@ static inline kv_status kv__cpre_build(const struct kv__attn_job *j, const char 
     p->tile_start = tile_start;
     p->n_mul = j->n_scales > 1 ? j->n_scales : 1;
     const int64_t D = p->lo.head_dim;
+    p->mla = j->mla_dv > 0;
+    p->dv = p->mla ? j->mla_dv : D;
     int64_t max_rows = 0;
     for (uint32_t s = 0; s < j->n_seqs; s++) {
         const int64_t n = (j->q_start ? j->q_start[s + 1] - j->q_start[s] : 1) * p->g;
         max_rows = n > max_rows ? n : max_rows;
     }
-    kv__cpre_tile(D, max_rows, &p->rows, &p->tk);
+    kv__cpre_tile_v(D, p->dv, p->mla, max_rows, &p->rows, &p->tk);
     *blocks = 0;
     if (max_rows == 0)
         return KV_OK;
@@ -294,7 +321,8 @@ static inline kv_status kv__cpre_build(const struct kv__attn_job *j, const char 
         return kv__error(KV_ERR_UNSUPPORTED,
                          "%s: head dim %lld needs %zu bytes of shared memory for one query row "
                          "(at most %d)",
-                         fn, (long long)D, kv__cpre_shared(1, 1, D), KV__SHARED_MAX);
+                         fn, (long long)D, kv__cpre_shared_v(1, 1, D, p->dv, p->mla),
+                         KV__SHARED_MAX);
     p->dp = D | 1;
     tile_start[0] = 0;
     for (uint32_t s = 0; s < j->n_seqs; s++) {
@@ -305,7 +333,7 @@ static inline kv_status kv__cpre_build(const struct kv__attn_job *j, const char 
     if (*blocks > INT32_MAX)
         return kv__error(KV_ERR_UNSUPPORTED, "%s: %lld (tile, KV head) blocks (at most %d)", fn,
                          (long long)*blocks, INT32_MAX);
-    *shmem = kv__cpre_shared(p->rows, p->tk, D);
+    *shmem = kv__cpre_shared_v(p->rows, p->tk, D, p->dv, p->mla);
     *vbytes = kv__cpre_width(&p->lo, j->cache.base);
     return KV_OK;
 }

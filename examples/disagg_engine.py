@@ -37,7 +37,8 @@ wait_for_layer_load, save_kv_layer, wait_for_save, get_finished. It moves
 whatever the two caches' layouts hold, one Plan per layer.
 
 --model mla runs tiny_engine's MLA model (DeepSeek-style latent attention:
-one 80-dim latent row per token and layer, Cache.decode_mla) the same way:
+one 80-dim latent row per token and layer, Cache.prefill_mla in the
+prefill process, Cache.decode_mla in the decode one) the same way:
 both caches are K-only (Layout(k_only=True), one KV head), prefill's
 NHD/16-token layer-major, decode's HND/32-token block-major (MODELS below),
 so each layer's plan regroups the latent rows on the way (two 16-token

@@ -12,10 +12,9 @@ in miniature: per layer the cache holds one latent row per token, 80 dims
 (Layout(k_only=True), one KV head); the 8 query heads are absorbed into
 latent space (q_latent = W_uk q_nope, then q_rope), scores run over all 80
 dims, the values are the rows' first 64 dims, and W_uv projects each head's
-output back. Decode attention is Cache.decode_mla (kv_attn_decode_mla).
-kvcache has no multi-token MLA kernel, so MLA prefill attends with
-decode_mla too: one row per new token over the sequence's blocks cut at
-that token (lengths as the causal mask), still over the paged cache.
+output back. Decode attention is Cache.decode_mla (kv_attn_decode_mla),
+prefill attention Cache.prefill_mla (kv_attn_prefill_mla: the new tokens
+as queries, a causal mask over the sequence's cached latent rows).
 
 The engine serves a batch of requests with continuous batching on a paged
 kvcache.Cache (f32, HND pages of 16 tokens):
@@ -25,9 +24,9 @@ kvcache.Cache (f32, HND pages of 16 tokens):
     one call per layer);
   - prefill writes K/V through the write kernel (Cache.write) at the slots
     the page table gives, and attends with kvcache's multi-token paged
-    attention (Cache.prefill: the prompt's new tokens as queries, a causal
-    mask over the sequence's cached tokens, a reused prefix included), with
-    no K/V gathered out of the cache;
+    attention (Cache.prefill, MLA: Cache.prefill_mla: the prompt's new
+    tokens as queries, a causal mask over the sequence's cached tokens, a
+    reused prefix included), with no K/V gathered out of the cache;
   - requests that share a system prompt reuse its cached blocks
     (Cache.reuse_prefix): only the rest of the prompt is computed;
   - one request forks for parallel sampling (Cache.fork): the samples share
@@ -66,8 +65,8 @@ class Model:
     cache holds one latent row per token, [c_kv (D_LAT), k_rope (D_ROPE)],
     in a K-only layout of one KV head; the engine absorbs W_uk into the
     query (q_latent = W_uk q_nope, so scores run over the latent rows'
-    D_MLA dims), attends with Cache.decode_mla (values: the rows' first
-    D_LAT dims) and applies W_uv after attention. The reference decompresses
+    D_MLA dims), attends with Cache.prefill_mla and Cache.decode_mla
+    (values: the rows' first D_LAT dims) and applies W_uv after attention. The reference decompresses
     instead (each head's K = [c_kv W_uk, k_rope], V = c_kv W_uv, plain
     attention in float64), so the two share no attention code."""
 
@@ -277,29 +276,19 @@ class Engine:
         pos = np.arange(have, len(prompt))
         h = self.m.emb[new]
         mla = self.m.arch == "mla"
-        if mla:
-            # kvcache has no multi-token MLA kernel (kv_attn_prefill refuses a
-            # K-only cache): each new token is one row of a decode_mla call,
-            # over the sequence's blocks cut at its own position, have + i + 1
-            # tokens (a causal mask made of lengths)
-            blocks = np.asarray(c.seq_blocks(s), np.int32)
-            pg = kvcache.Pages.from_block_table(
-                c, np.ascontiguousarray(np.broadcast_to(blocks, (len(new), len(blocks)))),
-                np.arange(have + 1, len(prompt) + 1, dtype=np.int64))
-        else:
-            pg = c.pages([s])
-            qo = np.array([0, len(new)], np.int32)  # one sequence: its new tokens are the queries
+        pg = c.pages([s])
+        qo = np.array([0, len(new)], np.int32)  # one sequence: its new tokens are the queries
         for l in range(LAYERS):
             q, k, v = self.m.qkv(l, h, pos)
             c.write(l, k, v, slots)  # the write kernel, at the page table's slots (MLA: v None)
             if after_write is not None:
                 after_write(l, s)
             out = np.empty(q.shape[:2] + (self.m.attn_dim,), np.float32)
+            # kvcache's multi-token paged attention: query i at position have + i
+            # sees tokens 0 .. have + i (the reused prefix and the new tokens)
             if mla:
-                c.decode_mla(l, q, pg, out, scale=self.m.scale)
+                c.prefill_mla(l, q, qo, pg, out, scale=self.m.scale)  # FlashMLA's convention
             else:
-                # kvcache's multi-token paged attention: query i at position have + i
-                # sees tokens 0 .. have + i (the reused prefix and the new tokens)
                 c.prefill(l, q, qo, pg, out)
             h = self.m.finish(l, h, self.m.attn_out(l, out))
         self.prefill_tokens += len(new)

@@ -2,7 +2,8 @@
 # scripts/check-mutations.sh - show that the emulated-grid tests catch bugs
 # in the CUDA kernel bodies (tests/unit/test_grid.c and test_grid_devidx.c,
 # the device-index mode, over the *_kernels_hd.h bodies; test_grid_prefill.c
-# over kv_attn_prefill_hd.h's): the code kv_attn_cuda.cu, kv_view_cuda.cu
+# over kv_attn_prefill_hd.h's, test_attn_mla.c over its MLA form): the code
+# kv_attn_cuda.cu, kv_view_cuda.cu
 # and kv_plan_cuda.cu compile.
 #
 #   scripts/check-mutations.sh            every mutation
@@ -66,6 +67,8 @@ mutations=(
 "prefill-kv-head-offset|$F|h * p->lo.stride_head_bytes + ch * vbytes;|((h + 1) % H) * p->lo.stride_head_bytes + ch * vbytes;"
 "prefill-window-off-by-one|$F|return p - window_left;|return p - window_left + 1;"
 "prefill-no-rescale|$F|kv_grid_expf(m[k] - m1);|1.0f;"
+"prefill-mla-value-stride|$F|const int64_t vst = p->mla ? dp : D;|const int64_t vst = D;"
+"prefill-value-dims|$F|d < Dv; d += 32)|d < Dv - 1; d += 32)"
 )
 
 cd "$root"
@@ -78,13 +81,17 @@ restore() { for f in "$A" "$V" "$P" "$F"; do cp "$tmp/orig/${f//\//_}" "$f"; don
 build() {
     make --no-print-directory -j"${JOBS:-2}" CUDA=0 RDMA=0 WERROR=1 BUILD=build-mut \
         build-mut/tests/test_grid build-mut/tests/test_grid_devidx build-mut/tests/test_grid_prefill \
+        build-mut/tests/test_attn_mla \
         >"$tmp/build.log" 2>&1
 }
-# both emulated-grid tests; the first failure's output in $tmp/run.log
+# the emulated-grid tests (and, for the MLA prefill's mutations and the
+# unmutated tree, test_attn_mla: its grid cases); the first failure's output
+# in $tmp/run.log
 run_tests() {
     build-mut/tests/test_grid >"$tmp/run.log" 2>&1 &&
         build-mut/tests/test_grid_devidx >"$tmp/run.log" 2>&1 &&
-        build-mut/tests/test_grid_prefill >"$tmp/run.log" 2>&1
+        build-mut/tests/test_grid_prefill >"$tmp/run.log" 2>&1 &&
+        { [[ "${1:-mla}" != *mla* ]] || build-mut/tests/test_attn_mla >"$tmp/run.log" 2>&1; }
 }
 
 if ! build; then
@@ -127,7 +134,7 @@ PY
         missed=1
         continue
     fi
-    if run_tests; then
+    if run_tests "$name"; then
         echo "$name: MISSED (test_grid passes)"
         missed=1
     else

@@ -865,6 +865,33 @@ class Cache:
                                    integer(dv, "dv", I64), float(scale), sc, ob.ref()))
 
     @_call
+    def prefill_mla(self, layer: int, q, qo_indptr, pages: "Pages", out,
+                    scale: Optional[float] = None, k_scale: Optional[float] = None,
+                    window_left: Optional[int] = None, soft_cap: Optional[float] = None,
+                    lse=None) -> None:
+        """MLA prefill (kv_attn_prefill_mla): prefill's causal multi-token
+        attention in decode_mla's convention, over a K-only cache of one KV
+        head. Sequence s's queries are rows qo_indptr[s] .. qo_indptr[s+1] -
+        1 of q [T][Hq][D], its last q_len tokens (their latent rows already
+        written); out [T][Hq][dv] (dv: out's last dim), lse [T][Hq]; scale,
+        k_scale as in decode_mla, window_left, soft_cap, lse as in prefill.
+        A query with q_len 1 and no options gives decode_mla's bits."""
+        pc = self._paged()
+        layer = integer(layer, "layer", U32)
+        qb = self._tensor(q, "q")
+        ob = self._tensor(out, "out", True)
+        if scale is None:
+            scale = 1.0 / float(self.layout.head_dim) ** 0.5
+        keep = []
+        sc = self._scales(None if k_scale is None else ([k_scale], None), keep)
+        opts = self._attn_opts(qb, window_left, soft_cap, lse, keep)
+        qo = self._qo_indptr(qo_indptr, pages)
+        dv = ob.view.shape[ob.view.ndim - 1] if ob.view.ndim else 0
+        check(L.kv_attn_prefill_mla(pc, layer, qb.ref(), _p(qo, _lib.c_i32p),
+                                    ctypes.byref(pages._c), integer(dv, "dv", I64), float(scale),
+                                    sc, ob.ref(), opts))
+
+    @_call
     def prefill(self, layer: int, q, qo_indptr, pages: "Pages", out,
                 scale: Optional[float] = None, scales=None, window_left: Optional[int] = None,
                 soft_cap: Optional[float] = None, lse=None) -> None:
@@ -887,6 +914,31 @@ class Cache:
             scale = 1.0 / float(self.layout.head_dim) ** 0.5
         keep = []
         sc = self._scales(scales, keep)
+        opts = self._attn_opts(qb, window_left, soft_cap, lse, keep)
+        if qo_indptr is None:
+            if opts is None:
+                check(L.kv_attn_decode(pc, layer, qb.ref(), ctypes.byref(pages._c), float(scale),
+                                       sc, ob.ref()))
+            else:
+                check(L.kv_attn_decode_ex(pc, layer, qb.ref(), ctypes.byref(pages._c),
+                                          float(scale), sc, ob.ref(), opts))
+            return
+        qo = self._qo_indptr(qo_indptr, pages)
+        check(L.kv_attn_prefill(pc, layer, qb.ref(), _p(qo, _lib.c_i32p), ctypes.byref(pages._c),
+                                float(scale), sc, ob.ref(), opts))
+
+    def _qo_indptr(self, qo_indptr, pages):
+        qo = int_array(_host_index(qo_indptr, "qo_indptr", self.mem), "qo_indptr",
+                       I32).reshape(-1)
+        qo = np.ascontiguousarray(qo, dtype=np.int32)
+        if qo.size != pages._c.n_seqs + 1:
+            raise error("KV_ERR_BAD_SHAPE", "qo_indptr has %d entries, pages %d sequences (+1)" %
+                        (qo.size, pages._c.n_seqs))
+        return qo
+
+    @staticmethod
+    def _attn_opts(qb, window_left, soft_cap, lse, keep):
+        """struct kv_attn_opts for the options (None: every one off), or None."""
         opts = None
         if window_left is not None or soft_cap is not None or lse is not None:
             o = _lib.AttnOpts()
@@ -908,23 +960,9 @@ class Cache:
                 keep.append(a)
                 o.lse = a.ctypes.data_as(ctypes.POINTER(ctypes.c_float)) if a.size else None
                 o.lse_stride = a.strides[0] // 4 if a.shape[0] > 1 else 0
+            keep.append(o)
             opts = ctypes.byref(o)
-        if qo_indptr is None:
-            if opts is None:
-                check(L.kv_attn_decode(pc, layer, qb.ref(), ctypes.byref(pages._c), float(scale),
-                                       sc, ob.ref()))
-            else:
-                check(L.kv_attn_decode_ex(pc, layer, qb.ref(), ctypes.byref(pages._c),
-                                          float(scale), sc, ob.ref(), opts))
-            return
-        qo = int_array(_host_index(qo_indptr, "qo_indptr", self.mem), "qo_indptr",
-                       I32).reshape(-1)
-        qo = np.ascontiguousarray(qo, dtype=np.int32)
-        if qo.size != pages._c.n_seqs + 1:
-            raise error("KV_ERR_BAD_SHAPE", "qo_indptr has %d entries, pages %d sequences (+1)" %
-                        (qo.size, pages._c.n_seqs))
-        check(L.kv_attn_prefill(pc, layer, qb.ref(), _p(qo, _lib.c_i32p), ctypes.byref(pages._c),
-                                float(scale), sc, ob.ref(), opts))
+        return opts
 
     # ---- pack / unpack (connector/pack/kv_pack.h) -------------------------------
 

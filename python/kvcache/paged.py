@@ -53,7 +53,7 @@ class PagedCache:
     no block pool: slots and pages come from the engine's own arrays
     (Pages.from_csr / Pages.from_block_table). Kernels: write, read,
     copy_blocks (within it, or with a Cache or PagedCache of the same block
-    format as src), decode, prefill, decode_mla, pack, unpack, exactly as on
+    format as src), decode, prefill, decode_mla, prefill_mla, pack, unpack, exactly as on
     a Cache. Kernels may run concurrently on different outputs.
 
     Over CUDA memory (a CUDA tensor, or a kDLCUDA DLPack producer) it is a
@@ -71,10 +71,13 @@ class PagedCache:
     decode = Cache.decode
     prefill = Cache.prefill
     decode_mla = Cache.decode_mla
+    prefill_mla = Cache.prefill_mla
     pack = Cache.pack
     unpack = Cache.unpack
     _tensor = Cache._tensor
     _attend = Cache._attend
+    _attn_opts = Cache.__dict__["_attn_opts"]  # the staticmethod itself
+    _qo_indptr = Cache._qo_indptr
     _scales = Cache.__dict__["_scales"]  # the staticmethod itself
     _cuda = None  # a device cache's side (cuda.DeviceSide), set by __init__
 

@@ -499,8 +499,10 @@ static void decode_case(int i)
  * kernel on the same pool and q (itself checked against float64 in
  * tests/unit/test_attn_mla.c): a K-only pool of one KV head, D 576 / dv 512
  * and a small D, Hq 1, 16, 128 and 5, bf16 and fp8 e4m3 with a per-tensor
- * scale, padded, both arrangements, pages far from 0. */
-static void mla_case(int i)
+ * scale, padded, both arrangements, pages far from 0. prefill: MLA prefill
+ * (kv_attn_prefill_mla_cuda vs kv_attn_prefill_mla), q_len 1, 7 and 33 over
+ * the three sequences, odd cases with a window, a soft cap and lse. */
+static void mla_case(int i, bool prefill)
 {
     static const int64_t Hqs[4] = {1, 16, 128, 5};
     const int64_t D = i % 4 == 3 ? 64 : 576, dv = D == 576 ? 512 : 48, Hq = Hqs[i % 4];
@@ -545,16 +547,19 @@ static void mla_case(int i)
                                 .indptr = indptr,
                                 .indices = indices,
                                 .last_page_len = last};
-    const size_t qb = (size_t)(3 * Hq * D) * sizeof(float),
-                 ob = (size_t)(3 * Hq * dv) * sizeof(float);
-    float *hq = malloc(qb), *hc = malloc(ob), *hg = malloc(ob);
-    void *dq, *dout;
-    CHECK(hq && hc && hg);
-    for (int64_t e = 0; e < 3 * Hq * D; e++)
+    const int32_t qo[4] = {0, 1, 8, 41};
+    const int64_t T = prefill ? qo[3] : 3;
+    const size_t qb = (size_t)(T * Hq * D) * sizeof(float),
+                 ob = (size_t)(T * Hq * dv) * sizeof(float), lb = (size_t)(T * Hq) * sizeof(float);
+    float *hq = malloc(qb), *hc = malloc(ob), *hg = malloc(ob), *lc = malloc(lb), *lg = malloc(lb);
+    void *dq, *dout, *dlse;
+    CHECK(hq && hc && hg && lc && lg);
+    for (int64_t e = 0; e < T * Hq * D; e++)
         hq[e] = (float)range(&rng, -1000, 1000) / 1000.0f;
-    CHECK(cudaMalloc(&dq, qb) == cudaSuccess && cudaMalloc(&dout, ob) == cudaSuccess);
+    CHECK(cudaMalloc(&dq, qb) == cudaSuccess && cudaMalloc(&dout, ob) == cudaSuccess &&
+          cudaMalloc(&dlse, lb) == cudaSuccess);
     CHECK(cudaMemcpy(dq, hq, qb, cudaMemcpyHostToDevice) == cudaSuccess);
-    int64_t qs[3] = {3, Hq, D}, os[3] = {3, Hq, dv};
+    int64_t qs[3] = {T, Hq, D}, os[3] = {T, Hq, dv};
     struct kv_view vq, vc, dvq, dvo;
     CHECK(kv_view_init(hq, qb, KV_F32, 3, qs, &vq) == KV_OK);
     CHECK(kv_view_init(hc, ob, KV_F32, 3, os, &vc) == KV_OK);
@@ -563,23 +568,50 @@ static void mla_case(int i)
     const float scale = 1.0f / sqrtf((float)D), ks[1] = {0.5f};
     const struct kv_scales sc = {ks, NULL, 1, 0};
     const struct kv_scales *scp = dt == KV_FP8_E4M3 ? &sc : NULL;
-    CHECK(kv_attn_decode_mla(p.host, 1, &vq, &pg, dv, scale, scp, &vc) == KV_OK);
-    CHECK(kv_attn_decode_mla_cuda(p.dev, 1, &dvq, &pg, dv, scale, scp, &dvo, NULL) == KV_OK);
+    struct kv_attn_opts oc = KV_ATTN_OPTS_INIT, og = KV_ATTN_OPTS_INIT;
+    if (i & 1) { /* a window, a soft cap, lse */
+        oc.window_left = og.window_left = 20;
+        oc.logit_soft_cap = og.logit_soft_cap = 8.0f;
+        oc.lse = lc;
+        og.lse = dlse;
+    }
+    if (prefill) {
+        CHECK(kv_attn_prefill_mla(p.host, 1, &vq, qo, &pg, dv, scale, scp, &vc, &oc) == KV_OK);
+        CHECK(kv_attn_prefill_mla_cuda(p.dev, 1, &dvq, qo, &pg, dv, scale, scp, &dvo, &og,
+                                       NULL) == KV_OK);
+    } else {
+        CHECK(kv_attn_decode_mla(p.host, 1, &vq, &pg, dv, scale, scp, &vc) == KV_OK);
+        CHECK(kv_attn_decode_mla_cuda(p.dev, 1, &dvq, &pg, dv, scale, scp, &dvo, NULL) == KV_OK);
+    }
     CHECK(cudaDeviceSynchronize() == cudaSuccess);
     CHECK(cudaMemcpy(hg, dout, ob, cudaMemcpyDeviceToHost) == cudaSuccess);
-    for (int64_t e = 0; e < 3 * Hq * dv; e++) {
+    if (prefill && (i & 1)) {
+        CHECK(cudaMemcpy(lg, dlse, lb, cudaMemcpyDeviceToHost) == cudaSuccess);
+        for (int64_t e = 0; e < T * Hq; e++)
+            if (!(fabs((double)lg[e] - lc[e]) <= 1e-4 * (1.0 + fabs((double)lc[e])))) {
+                fprintf(stderr, "FAIL mla prefill case %d lse %lld: %.9g vs CPU %.9g\n", i,
+                        (long long)e, (double)lg[e], (double)lc[e]);
+                exit(1);
+            }
+    }
+    for (int64_t e = 0; e < T * Hq * dv; e++) {
         const double c = hc[e], g = hg[e], tol = 2e-4 * (fabs(c) > 1e-2 ? fabs(c) : 1e-2);
         if (!(fabs(g - c) <= tol)) {
-            fprintf(stderr, "FAIL mla case %d (D %lld Hq %lld %s) element %lld: %.9g vs CPU %.9g\n",
-                    i, (long long)D, (long long)Hq, kv_dtype_name(dt), (long long)e, g, c);
+            fprintf(stderr,
+                    "FAIL mla %s case %d (D %lld Hq %lld %s) element %lld: %.9g vs CPU %.9g\n",
+                    prefill ? "prefill" : "decode", i, (long long)D, (long long)Hq,
+                    kv_dtype_name(dt), (long long)e, g, c);
             exit(1);
         }
     }
     free(hq);
     free(hc);
     free(hg);
+    free(lc);
+    free(lg);
     cudaFree(dq);
     cudaFree(dout);
+    cudaFree(dlse);
     pools_free(&p);
 }
 
@@ -1227,8 +1259,10 @@ int main(int argc, char **argv)
         round_trip(i);
     for (int i = 0; i < 40; i++)
         decode_case(i);
-    for (int i = 0; i < 8; i++)
-        mla_case(i);
+    for (int i = 0; i < 8; i++) {
+        mla_case(i, false);
+        mla_case(i, true);
+    }
     for (int i = 0; i < 40; i++)
         prefill_case(i);
     refusals();
@@ -1237,8 +1271,8 @@ int main(int argc, char **argv)
     for (int k = KV_ATTN_WRITE; k <= KV_ATTN_READ; k++)
         for (int p = 0; p < KV_ATTN_PATH_COUNT; p++)
             CHECK(s1.cuda[k][p] > s0.cuda[k][p]); /* every path ran on the device */
-    printf("test_gpu_attn: 100 round trips, 40 decode cases, 8 MLA decode cases, 40 prefill / "
-           "decode_ex cases, refusals, scale rules: ok\n");
+    printf("test_gpu_attn: 100 round trips, 40 decode cases, 8 MLA decode and 8 MLA prefill "
+           "cases, 40 prefill / decode_ex cases, refusals, scale rules: ok\n");
     bench(KV_ORDER_NHD);
     bench(KV_ORDER_HND);
     return 0;

@@ -659,6 +659,7 @@ def test_every_method_raises_once_closed():
              lambda: c.copy_blocks([[0, 1]]), lambda: c.decode(0, t.q, t.pg, t.o),
              lambda: c.decode_mla(0, t.q, t.pg, t.o),
              lambda: c.prefill(0, t.q, [0, 1], t.pg, t.o),
+             lambda: c.prefill_mla(0, t.q, [0, 1], t.pg, t.o),
              lambda: c.pack(t.blocks, 20), lambda: c.unpack(t.buf, t.blocks),
              lambda: c.arena(), lambda: c.kv(0, 0)]
     public = {n for n in dir(kvcache.Cache) if not n.startswith("_") and

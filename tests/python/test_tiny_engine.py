@@ -1,6 +1,6 @@
 """The tiny engine (examples/tiny_engine.py) at a small size, its GQA model
-and its MLA one (a K-only latent cache, Cache.decode_mla): every token of
-every sequence equals the unpaged reference; the run reused cached prefix
+and its MLA one (a K-only latent cache, Cache.prefill_mla and decode_mla):
+every token of every sequence equals the unpaged reference; the run reused cached prefix
 blocks and made a copy-on-write copy for its fork; and the check can fail
 (a perturbed decode attention, a corrupted latent row, are caught)."""
 import importlib.util
@@ -59,3 +59,19 @@ def test_tiny_engine_mla_check_can_fail(monkeypatch):
     monkeypatch.setattr(kvcache.Cache, "write", lossy)
     st = mod.main(["--small", "--model", "mla"])
     assert st["bad"] > 0
+
+
+def test_tiny_engine_mla_prefill_is_checked(monkeypatch):
+    """MLA prefill attends with Cache.prefill_mla (one call per layer, no
+    per-token decode_mla): a wrong prefill_mla output is caught."""
+    real = kvcache.Cache.prefill_mla
+    calls = []
+
+    def noisy(self, layer, q, qo_indptr, pages, out, **kw):
+        real(self, layer, q, qo_indptr, pages, out, **kw)
+        calls.append(len(q))
+        out += np.float32(0.5)
+
+    monkeypatch.setattr(kvcache.Cache, "prefill_mla", noisy)
+    st = load().main(["--small", "--model", "mla"])
+    assert calls and max(calls) > 1 and st["bad"] > 0

@@ -19,7 +19,14 @@
  *     small D, Hq in {1, 3, 5, 16, 128}, bf16 / f16 / f32 / fp8 e4m3 with a
  *     per-tensor scale, CSR and block-table pages, empty sequences, padded
  *     layouts, strided q and out (gaps checked untouched), the AVX2 and the
- *     portable paths; its refusals.
+ *     portable paths; its refusals;
+ *   - kv_attn_prefill_mla against a float64 reference: sequences of q_len 0,
+ *     1, several and the whole sequence, D = 576 / dv = 512 and small odd
+ *     shapes, every dtype, window, soft cap and lse, the whole out and lse
+ *     (gaps untouched); the last query of each sequence equal to
+ *     kv_attn_decode_mla's output bit for bit; the CUDA body's MLA form
+ *     (kv_attn_prefill_hd.h) on the grid emulator against the same
+ *     reference; its refusals, nothing written.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -794,6 +801,431 @@ static void test_mla_decode_refusals(void **state)
     pool_free(&p);
 }
 
+/* ---- prefill ------------------------------------------------------------------------ */
+
+struct pcase {
+    kv_dtype dt;
+    int64_t D, dv, hq;
+    kv_arrange arr;
+    bool block_table, portable, scaled;
+    kv_dtype out_dt;
+    int32_t window; /* KV_ATTN_WINDOW_OFF or >= 0 */
+    float cap;      /* 0: off */
+    bool lse;
+    bool grid; /* the CUDA body (kv__prefill_body, MLA form) on the CPU grid emulator */
+};
+
+/* kv_attn_prefill_mla over six sequences of lens {0, 45, 130, 70, 20, 90}
+ * tokens with q_len {0, 1, 7, 70 (the whole sequence), 0, 33}, pages far
+ * from 0 in random order, q with padded heads and rows, out and lse padded
+ * (the gaps checked untouched), against a float64 reference; without
+ * options, the last query row of every sequence against
+ * kv_attn_decode_mla's output bit for bit (same sums, same order). */
+static void run_prefill_case(const struct pcase *k, uint64_t seed)
+{
+    enum { S = 6 };
+    const int64_t N = 16, B = 200, L = 2, D = k->D, dv = k->dv, hq = k->hq;
+    struct kv_layout_config cfg = mla_cfg(L, B, N, 1, D, k->dt, KV_ORDER_NHD, k->arr, 40);
+    struct pool p;
+    pool_make(&p, &cfg, seed);
+    uint64_t rng = seed * 31 + 7;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t d = 0; d < D; d++)
+                rand_elem(k->dt, p.mem + at(&p, 1, b, n, 0, d), &rng);
+    unsigned char *before = snapshot(&p);
+    const int64_t lens[S] = {0, 45, 130, 70, 20, 90}, qlens[S] = {0, 1, 7, 70, 0, 33};
+    int32_t indptr[S + 1] = {0}, indices[64], last[S], table[S * 9], qo[S + 1] = {0};
+    int64_t seq_lens[S];
+    int32_t pool_ids[60];
+    for (int i = 0; i < 60; i++)
+        pool_ids[i] = (int32_t)(B - 1 - i);
+    for (int i = 59; i > 0; i--) {
+        const int j = (int)kvt_range(&rng, 0, i);
+        const int32_t x = pool_ids[i];
+        pool_ids[i] = pool_ids[j], pool_ids[j] = x;
+    }
+    int np = 0;
+    for (int s = 0; s < S; s++) {
+        const int64_t pages = (lens[s] + N - 1) / N;
+        for (int64_t i = 0; i < pages; i++) {
+            indices[np] = pool_ids[np];
+            table[s * 9 + i] = pool_ids[np];
+            np++;
+        }
+        indptr[s + 1] = np;
+        last[s] = lens[s] ? (int32_t)((lens[s] - 1) % N + 1) : 0;
+        seq_lens[s] = lens[s];
+        qo[s + 1] = qo[s] + (int32_t)qlens[s];
+    }
+    const int64_t T = qo[S];
+    struct kv_pages pg = {.format = KV_PAGES_CSR,
+                          .n_seqs = S,
+                          .indptr = indptr,
+                          .indices = indices,
+                          .last_page_len = last};
+    if (k->block_table)
+        pg = (struct kv_pages){.format = KV_PAGES_BLOCK_TABLE,
+                               .n_seqs = S,
+                               .block_table = table,
+                               .block_table_cols = 9,
+                               .seq_lens = seq_lens};
+    /* q [T][Hq][D] f32, heads and rows padded; out [T][Hq][dv], lse [T][Hq + 2] */
+    const int64_t qhs = D + 4, qts = hq * qhs + 5, ohs = dv + 3, ots = hq * ohs + 2, lst = hq + 2;
+    const size_t qn = (size_t)(T * qts);
+    float *q = malloc(qn * sizeof(float));
+    const int64_t oes = (int64_t)kv_dtype_size(k->out_dt);
+    const size_t obytes = (size_t)(T * ots * oes), lbytes = (size_t)(T * lst) * sizeof(float);
+    unsigned char *out = malloc(obytes), *out0 = malloc(obytes);
+    float *lse = malloc(lbytes), *lse0 = malloc(lbytes);
+    assert_true(q && out && out0 && lse && lse0);
+    for (size_t i = 0; i < qn; i++)
+        q[i] = (float)((int64_t)kvt_range(&rng, 0, 2000) - 1000) / 1000.0f;
+    fill_random(out, obytes, seed + 1);
+    memcpy(out0, out, obytes);
+    fill_random(lse, lbytes, seed + 2);
+    memcpy(lse0, lse, lbytes);
+    struct kv_view qv, ov;
+    int64_t qs[3] = {T, hq, D}, qst[3] = {qts, qhs, 1};
+    int64_t os[3] = {T, hq, dv}, ost[3] = {ots, ohs, 1};
+    assert_int_equal(kv_view_from_strided(q, qn * sizeof(float), KV_F32, 3, qs, qst, 0, &qv),
+                     KV_OK);
+    assert_int_equal(kv_view_from_strided(out, obytes, k->out_dt, 3, os, ost, 0, &ov), KV_OK);
+    const float scale = 1.0f / sqrtf((float)D), kscale[2] = {0.37f, 0.37f};
+    const struct kv_scales sc = {kscale, NULL, 1, 0};
+    struct kv_attn_opts opts = KV_ATTN_OPTS_INIT;
+    opts.window_left = k->window;
+    opts.logit_soft_cap = k->cap;
+    opts.lse = k->lse ? lse : NULL;
+    opts.lse_stride = lst;
+    const bool plain = k->window < 0 && k->cap == 0.0f && !k->lse && !k->grid;
+    if (k->grid) {
+        struct kv__attn_job j;
+        struct kv_paged_cache dev = p.c;
+        dev.mem = KV_MEM_PINNED; /* what a CUDA entry takes; host memory here */
+        assert_int_equal(kv__attn_prefill_mla_check("kv_attn_prefill_mla_cuda", &dev, 1, &qv, qo,
+                                                    &pg, dv, scale, k->scaled ? &sc : NULL, &ov,
+                                                    &opts, &j),
+                         KV_OK);
+        const kv_status st = kv__grid_attn_prefill(&j);
+        kv__attn_job_free(&j);
+        if (st != KV_OK)
+            fail_msg("kv__grid_attn_prefill (MLA): %s: %s", kv_status_name(st), kv_last_error());
+    } else {
+        kv__attn_test_tune(-1, k->portable);
+        assert_int_equal(kv_attn_prefill_mla(p.c, 1, &qv, qo, &pg, dv, scale,
+                                             k->scaled ? &sc : NULL, &ov, plain ? NULL : &opts),
+                         KV_OK);
+        kv__attn_test_tune(-1, false);
+    }
+    assert_memory_equal(p.mem, before, p.bytes);
+    /* float64 reference, every row, head and dim; the gaps untouched */
+    const double ks = k->scaled ? 0.37 : 1.0;
+    double *sco = malloc(sizeof(double) * 130), *o = malloc(sizeof(double) * (size_t)dv);
+    bool *is_out = calloc((size_t)(T * ots), 1), *is_lse = calloc((size_t)(T * lst), 1);
+    assert_true(sco && o && is_out && is_lse);
+    for (int64_t s = 0; s < S; s++)
+        for (int64_t i = 0; i < qlens[s]; i++)
+            for (int64_t h = 0; h < hq; h++) {
+                const int64_t row = qo[s] + i, pos = lens[s] - qlens[s] + i;
+                const int64_t t_lo = k->window >= 0 && pos > k->window ? pos - k->window : 0;
+                const float *qq = q + row * qts + h * qhs;
+                double mx = -INFINITY, sum = 0.0;
+                for (int64_t t = t_lo; t <= pos; t++) {
+                    const int64_t blk = indices[indptr[s] + t / N];
+                    double dot = 0.0;
+                    for (int64_t d = 0; d < D; d++)
+                        dot += (double)qq[d] * ref_elem(k->dt, p.mem + at(&p, 1, blk, t % N, 0, d));
+                    double x = dot * ks * scale;
+                    if (k->cap > 0.0f)
+                        x = k->cap * tanh(x / k->cap);
+                    sco[t] = x;
+                    mx = x > mx ? x : mx;
+                }
+                for (int64_t j = 0; j < dv; j++)
+                    o[j] = 0.0;
+                for (int64_t t = t_lo; t <= pos; t++) {
+                    const int64_t blk = indices[indptr[s] + t / N];
+                    const double w = exp(sco[t] - mx);
+                    sum += w;
+                    for (int64_t j = 0; j < dv; j++)
+                        o[j] += w * ks * ref_elem(k->dt, p.mem + at(&p, 1, blk, t % N, 0, j));
+                }
+                for (int64_t j = 0; j < dv; j++) {
+                    const double want = o[j] / sum;
+                    const int64_t e = row * ots + h * ohs + j;
+                    is_out[e] = true;
+                    double got;
+                    if (k->out_dt == KV_BF16) {
+                        got = ref_bf16(out + e * 2);
+                    } else {
+                        float f;
+                        memcpy(&f, out + e * 4, 4);
+                        got = f;
+                    }
+                    const double tol = k->out_dt == KV_BF16 ? 1e-2 * fabs(want) + 1e-3
+                                                            : 2e-5 + 1e-4 * fabs(want);
+                    if (!(fabs(got - want) <= tol))
+                        fail_msg("prefill dt %s D %" PRId64 " dv %" PRId64 " Hq %" PRId64
+                                 " win %d cap %g seq %" PRId64 " query %" PRId64 " head %" PRId64
+                                 " dim %" PRId64 ": got %.7g, float64 reference %.7g",
+                                 kv_dtype_name(k->dt), D, dv, hq, (int)k->window, (double)k->cap,
+                                 s, i, h, j, got, want);
+                }
+                if (k->lse) {
+                    const double want = mx + log(sum), got = lse[row * lst + h];
+                    is_lse[row * lst + h] = true;
+                    if (!(fabs(got - want) <= 1e-4 + 1e-5 * fabs(want)))
+                        fail_msg("prefill lse seq %" PRId64 " query %" PRId64 " head %" PRId64
+                                 ": got %.7g, float64 reference %.7g",
+                                 s, i, h, got, want);
+                }
+            }
+    for (int64_t e = 0; e < T * ots; e++)
+        if (!is_out[e] && memcmp(out + e * oes, out0 + e * oes, (size_t)oes) != 0)
+            fail_msg("out element %" PRId64 " (a gap) was written", e);
+    for (int64_t e = 0; e < T * lst; e++)
+        if (!is_lse[e] && memcmp(lse + e, lse0 + e, 4) != 0)
+            fail_msg("lse element %" PRId64 " (a gap, or no lse asked) was written", e);
+    if (plain) {
+        /* the last query of each sequence (position len - 1) against the
+         * decode of that row, bit for bit */
+        float *qd = malloc((size_t)(S * hq * D) * sizeof(float));
+        unsigned char *od = malloc((size_t)(S * hq * dv * oes));
+        assert_true(qd && od);
+        for (int64_t s = 0; s < S; s++)
+            for (int64_t h = 0; h < hq; h++)
+                memcpy(qd + (s * hq + h) * D,
+                       q + (qo[s + 1] > 0 ? qo[s + 1] - 1 : 0) * qts + h * qhs,
+                       (size_t)D * sizeof(float));
+        struct kv_view qdv, odv;
+        int64_t ds[3] = {S, hq, D}, dos[3] = {S, hq, dv};
+        assert_int_equal(
+            kv_view_init(qd, (size_t)(S * hq * D) * sizeof(float), KV_F32, 3, ds, &qdv), KV_OK);
+        assert_int_equal(
+            kv_view_init(od, (size_t)(S * hq * dv * oes), k->out_dt, 3, dos, &odv), KV_OK);
+        kv__attn_test_tune(-1, k->portable);
+        assert_int_equal(
+            kv_attn_decode_mla(p.c, 1, &qdv, &pg, dv, scale, k->scaled ? &sc : NULL, &odv), KV_OK);
+        kv__attn_test_tune(-1, false);
+        int compared = 0;
+        for (int64_t s = 0; s < S; s++) {
+            if (qlens[s] == 0)
+                continue;
+            for (int64_t h = 0; h < hq; h++) {
+                const unsigned char *a = out + ((qo[s + 1] - 1) * ots + h * ohs) * oes;
+                const unsigned char *b = od + (s * hq + h) * dv * oes;
+                if (memcmp(a, b, (size_t)(dv * oes)) != 0)
+                    fail_msg("prefill's last query of seq %" PRId64 " head %" PRId64
+                             " differs from kv_attn_decode_mla's (dt %s D %" PRId64 " Hq %" PRId64
+                             ")",
+                             s, h, kv_dtype_name(k->dt), D, hq);
+                compared++;
+            }
+        }
+        assert_int_equal(compared, 4 * hq);
+        free(qd);
+        free(od);
+    }
+    free(is_out);
+    free(is_lse);
+    free(sco);
+    free(o);
+    free(q);
+    free(out);
+    free(out0);
+    free(lse);
+    free(lse0);
+    free(before);
+    pool_free(&p);
+}
+
+static void test_mla_prefill_vs_float64(void **state)
+{
+    (void)state;
+    const int32_t W = KV_ATTN_WINDOW_OFF;
+    const struct pcase cases[] = {
+        {KV_BF16, 576, 512, 16, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_F32, W,
+         0, false, false},
+        {KV_BF16, 576, 512, 16, KV_ARRANGE_BLOCK_MAJOR, true, true, false, KV_BF16, W,
+         0, false, false},
+        {KV_BF16, 576, 512, 5, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_F32, 40,
+         0, true, false},
+        {KV_F16, 576, 512, 3, KV_ARRANGE_BLOCK_MAJOR, false, false, false, KV_F32, W,
+         30.0f, true, false},
+        {KV_F32, 576, 512, 4, KV_ARRANGE_LAYER_MAJOR, true, false, false, KV_F32, W,
+         0, false, false},
+        {KV_FP8_E4M3, 576, 512, 6, KV_ARRANGE_BLOCK_MAJOR, false, false, true, KV_F32, W,
+         0, false, false},
+        {KV_FP8_E4M3, 576, 512, 6, KV_ARRANGE_LAYER_MAJOR, true, true, true, KV_F32, 9, 5.0f,
+         true, false},
+        {KV_FP8_E5M2, 64, 48, 6, KV_ARRANGE_LAYER_MAJOR, false, false, true, KV_F32, W,
+         0, false, false},
+        /* small odd shapes (the portable loops whatever the CPU) */
+        {KV_BF16, 20, 13, 3, KV_ARRANGE_BLOCK_MAJOR, true, false, false, KV_F32, W,
+         0, false, false},
+        {KV_F16, 37, 37, 7, KV_ARRANGE_LAYER_MAJOR, false, false, true, KV_F32, 0,
+         2.0f, true, false},
+        {KV_F32, 24, 16, 128, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_F32, W,
+         0, false, false},
+        {KV_F32, 24, 16, 128, KV_ARRANGE_BLOCK_MAJOR, false, false, false, KV_F32, 17,
+         0, true, false},
+        /* the CUDA body (kv__prefill_body's MLA form) on the emulated grid */
+        {KV_BF16, 576, 512, 16, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_F32, W, 0, false,
+         true},
+        {KV_FP8_E4M3, 576, 512, 5, KV_ARRANGE_BLOCK_MAJOR, true, false, true, KV_BF16, 40, 10.0f,
+         true, true},
+        {KV_F16, 37, 29, 11, KV_ARRANGE_BLOCK_MAJOR, false, false, false, KV_F32, W, 0, true,
+         true},
+        {KV_F32, 20, 12, 1, KV_ARRANGE_LAYER_MAJOR, true, false, true, KV_F32, 3, 0, false, true},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        run_prefill_case(&cases[i], 0x6000 + i);
+}
+
+static void test_mla_prefill_refusals(void **state)
+{
+    (void)state;
+    struct kv_layout_config cfg =
+        mla_cfg(2, 16, 16, 1, 64, KV_BF16, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, 0);
+    struct pool p;
+    pool_make(&p, &cfg, 0x97);
+    /* two sequences of 5 and 20 tokens; q_len 2 and 3 */
+    const int32_t indptr[3] = {0, 1, 3}, indices[3] = {9, 14, 3}, last[2] = {5, 4};
+    const struct kv_pages pg = {.format = KV_PAGES_CSR,
+                                .n_seqs = 2,
+                                .indptr = indptr,
+                                .indices = indices,
+                                .last_page_len = last};
+    static float qb[5 * 8 * 64], ob[5 * 8 * 64], lb[5 * 8];
+    struct kv_view q, o, o_big;
+    int64_t qs[3] = {5, 8, 64}, os[3] = {5, 8, 48}, ob_s[3] = {5, 8, 64};
+    assert_int_equal(kv_view_init(qb, sizeof(qb), KV_F32, 3, qs, &q), KV_OK);
+    assert_int_equal(kv_view_init(ob, sizeof(ob), KV_F32, 3, os, &o), KV_OK);
+    assert_int_equal(kv_view_init(ob, sizeof(ob), KV_F32, 3, ob_s, &o_big), KV_OK);
+    for (size_t i = 0; i < sizeof(qb) / sizeof(qb[0]); i++)
+        qb[i] = (float)(i % 17) * 0.01f;
+    const int32_t qo[3] = {0, 2, 5};
+    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo, &pg, 48, 0.1f, NULL, &o, NULL), KV_OK);
+    unsigned char *before = snapshot(&p);
+    memset(ob, 0x5a, sizeof(ob));
+    memset(lb, 0x5a, sizeof(lb));
+    static float ob0[5 * 8 * 64], lb0[5 * 8];
+    memcpy(ob0, ob, sizeof(ob));
+    memcpy(lb0, lb, sizeof(lb));
+    struct kv_attn_opts opts = KV_ATTN_OPTS_INIT;
+    opts.lse = lb;
+    /* qo_indptr */
+    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, NULL, &pg, 48, 0.1f, NULL, &o, &opts),
+                     KV_ERR_NULL);
+    kvt_assert_msg_has("qo_indptr=(nil)");
+    const int32_t qo_0[3] = {1, 2, 5}, qo_dec[3] = {0, 3, 2}, qo_t[3] = {0, 2, 4},
+                  qo_long[3] = {0, 6, 5};
+    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo_0, &pg, 48, 0.1f, NULL, &o, &opts),
+                     KV_ERR_CORRUPT);
+    kvt_assert_msg_has("kv_attn_prefill_mla: qo_indptr[0] is 1, not 0");
+    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo_dec, &pg, 48, 0.1f, NULL, &o, &opts),
+                     KV_ERR_CORRUPT);
+    kvt_assert_msg_has("qo_indptr[1] = 3 > qo_indptr[2] = 2");
+    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo_t, &pg, 48, 0.1f, NULL, &o, &opts),
+                     KV_ERR_BAD_SHAPE);
+    kvt_assert_msg_has("qo_indptr[2] = 4 but q and out have 5 rows");
+    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo_long, &pg, 48, 0.1f, NULL, &o, &opts),
+                     KV_ERR_BAD_SHAPE);
+    kvt_assert_msg_has("sequence 0 has q_len 6");
+    kvt_assert_msg_has("above its 5 tokens");
+    /* dv, out's shape, V scales, layer, NaN scale */
+    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo, &pg, 0, 0.1f, NULL, &o, &opts),
+                     KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("kv_attn_prefill_mla: dv = 0 outside [1, D = 64]");
+    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo, &pg, 65, 0.1f, NULL, &o, &opts),
+                     KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("dv = 65 outside");
+    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo, &pg, 48, 0.1f, NULL, &o_big, &opts),
+                     KV_ERR_BAD_SHAPE);
+    kvt_assert_msg_has("out shape");
+    const float s1[1] = {1.0f};
+    const struct kv_scales vs = {s1, s1, 1, 0};
+    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo, &pg, 48, 0.1f, &vs, &o, &opts),
+                     KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("V scales given");
+    assert_int_equal(kv_attn_prefill_mla(p.c, 2, &q, qo, &pg, 48, 0.1f, NULL, &o, &opts),
+                     KV_ERR_INVALID_ARG);
+    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo, &pg, 48, NAN, NULL, &o, &opts),
+                     KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("softmax_scale nan");
+    /* options */
+    struct kv_attn_opts bad = opts;
+    bad.window_left = -2;
+    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo, &pg, 48, 0.1f, NULL, &o, &bad),
+                     KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("window_left -2");
+    bad = opts;
+    bad.logit_soft_cap = -1.0f;
+    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo, &pg, 48, 0.1f, NULL, &o, &bad),
+                     KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("logit_soft_cap -1");
+    bad = opts;
+    bad.lse_stride = 7;
+    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo, &pg, 48, 0.1f, NULL, &o, &bad),
+                     KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("lse_stride 7 is below the 8 query heads");
+    bad = opts;
+    bad.struct_size = 8;
+    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo, &pg, 48, 0.1f, NULL, &o, &bad),
+                     KV_ERR_INVALID_ARG);
+    /* not K-only; K-only of two KV heads */
+    struct kv_layout_config two = cfg;
+    two.k_only = false;
+    struct pool t;
+    pool_make(&t, &two, 0x98);
+    assert_int_equal(kv_attn_prefill_mla(t.c, 1, &q, qo, &pg, 48, 0.1f, NULL, &o, &opts),
+                     KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("K and V planes and H = 1");
+    kvt_assert_msg_has("MLA prefill");
+    pool_free(&t);
+    struct kv_layout_config h2 = cfg;
+    h2.num_heads = 2;
+    pool_make(&t, &h2, 0x99);
+    assert_int_equal(kv_attn_prefill_mla(t.c, 1, &q, qo, &pg, 48, 0.1f, NULL, &o, &opts),
+                     KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("H = 2 KV heads");
+    pool_free(&t);
+    /* the CUDA entry runs the same validator (host memory here: refused) */
+    assert_int_equal(kv_attn_prefill_mla_cuda(p.c, 1, &q, qo, &pg, 48, 0.1f, NULL, &o, &opts, NULL),
+                     KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("kv_attn_prefill_mla_cuda");
+    struct kv_paged_cache pinned = p.c;
+    pinned.mem = KV_MEM_PINNED;
+    assert_int_equal(
+        kv_attn_prefill_mla_cuda(pinned, 1, &q, qo_long, &pg, 48, 0.1f, NULL, &o, &opts, NULL),
+        KV_ERR_BAD_SHAPE);
+    kvt_assert_msg_has("kv_attn_prefill_mla_cuda: sequence 0 has q_len 6");
+    /* nothing written by any refusal */
+    assert_memory_equal(ob, ob0, sizeof(ob));
+    assert_memory_equal(lb, lb0, sizeof(lb));
+    assert_memory_equal(p.mem, before, p.bytes);
+    /* stats: counted as a prefill */
+    struct kv_attn_stats st0, st1;
+    kv_attn_stats_get(&st0);
+    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo, &pg, 48, 0.1f, NULL, &o, &opts), KV_OK);
+    kv_attn_stats_get(&st1);
+    assert_int_equal(st1.cpu[KV_ATTN_PREFILL][KV_ATTN_PATH_CANONICAL],
+                     st0.cpu[KV_ATTN_PREFILL][KV_ATTN_PATH_CANONICAL] + 1);
+    /* an empty batch (every q_len 0) writes nothing */
+    const int32_t qo_none[3] = {0, 0, 0};
+    int64_t zs[3] = {0, 8, 64}, zo[3] = {0, 8, 48};
+    struct kv_view qz, oz;
+    assert_int_equal(kv_view_init(qb, sizeof(qb), KV_F32, 3, zs, &qz), KV_OK);
+    assert_int_equal(kv_view_init(ob, sizeof(ob), KV_F32, 3, zo, &oz), KV_OK);
+    memcpy(ob0, ob, sizeof(ob));
+    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &qz, qo_none, &pg, 48, 0.1f, NULL, &oz, NULL),
+                     KV_OK);
+    assert_memory_equal(ob, ob0, sizeof(ob));
+    free(before);
+    pool_free(&p);
+}
+
 /* An fp8 latent cache with a per-tensor K scale (DeepSeek's): f32 rows
  * written through the scale (stored = e4m3(x / s)), read back through it;
  * every stored byte decoded here times s is what read returns, and within
@@ -863,6 +1295,8 @@ int main(void)
         cmocka_unit_test(test_mla_plans),
         cmocka_unit_test(test_mla_decode_vs_float64),
         cmocka_unit_test(test_mla_decode_refusals),
+        cmocka_unit_test(test_mla_prefill_vs_float64),
+        cmocka_unit_test(test_mla_prefill_refusals),
         cmocka_unit_test(test_mla_fp8_scaled_write_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

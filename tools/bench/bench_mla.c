@@ -10,6 +10,13 @@
  *                       a row is 128 x (576 + 512) x 2 flops for 1,152 bytes
  *                       (bf16): the kernel is bound by the FMA units, and the
  *                       line also reports those GFLOP/s ("gflops").
+ *   kernel.prefill_mla  kv_attn_prefill_mla, the same caches with q_len = 4
+ *                       queries per sequence (the last 4 tokens: a chunk of
+ *                       speculative verification or of a chunked prefill),
+ *                       Hq 16, bf16 only: tokens/s (tokens: the latent rows
+ *                       of the sequences) vs the same memcpy of the latent
+ *                       bytes; each row serves 4 x 16 (query, head) pairs,
+ *                       so this is the compute-bound end ("gflops").
  *   kernel.write_mla    kv_attn_write of S x len latent rows (a prefill)
  *                       into their pages vs one memcpy of the same bytes.
  *
@@ -92,9 +99,11 @@ static const char *kvb__mla_row(const struct kvb__mla *m, int64_t s, int64_t t)
     return m->pool + (page * KVB_MLA_N + t % KVB_MLA_N) * m->c.layout.stride_token_bytes;
 }
 
-/* decode output o (bf16 [S][Hq][dv]) against float64 for 4 (seq, head) */
+/* decode output o (bf16 [S * ql][Hq][dv]) against float64 for 4 (seq, head):
+ * the last query row of each sequence (ql rows a sequence; decode: 1), the
+ * one that sees all len tokens */
 static int kvb__mla_check(const char *bench, const char *name, const struct kvb__mla *m, int64_t hq,
-                          const char *q, const char *o, float scale, float ks)
+                          int64_t ql, const char *q, const char *o, float scale, float ks)
 {
     const kv_dtype dt = m->c.layout.dtype;
     const int64_t es = m->c.layout.elem_bytes, D = KVB_MLA_D, dv = KVB_MLA_DV;
@@ -102,8 +111,8 @@ static int kvb__mla_check(const char *bench, const char *name, const struct kvb_
     if (!w)
         return -1;
     for (int a = 0; a < 4; a++) {
-        const int64_t s = a & 1 ? m->S - 1 : 0, h = a & 2 ? hq - 1 : 0;
-        const char *qr = q + (s * hq + h) * D * 2;
+        const int64_t s = a & 1 ? m->S - 1 : 0, h = a & 2 ? hq - 1 : 0, row = s * ql + ql - 1;
+        const char *qr = q + (row * hq + h) * D * 2;
         double mx = -INFINITY, sum = 0.0;
         for (int64_t t = 0; t < m->len; t++) {
             const char *kr = kvb__mla_row(m, s, t);
@@ -119,7 +128,8 @@ static int kvb__mla_check(const char *bench, const char *name, const struct kvb_
             double acc = 0.0;
             for (int64_t t = 0; t < m->len; t++)
                 acc += w[t] * kv_to_f32(dt, kvb__mla_row(m, s, t) + d * es) * ks;
-            const double want = acc / sum, got = kv_to_f32(KV_BF16, o + ((s * hq + h) * dv + d) * 2);
+            const double want = acc / sum,
+                         got = kv_to_f32(KV_BF16, o + ((row * hq + h) * dv + d) * 2);
             if (!(fabs(got - want) <= 1e-2 * fabs(want) + 2e-3)) {
                 kvb_mismatch(bench, name, "seq %lld head %lld dim %lld: %.6g, float64 %.6g",
                              (long long)s, (long long)h, (long long)d, got, want);
@@ -132,33 +142,39 @@ static int kvb__mla_check(const char *bench, const char *name, const struct kvb_
     return 0;
 }
 
-static void kvb__decode_mla(struct kvb__mla *m, int64_t hq)
+/* decode (ql 0) or prefill of ql queries a sequence */
+static void kvb__attn_mla(struct kvb__mla *m, int64_t hq, int64_t ql)
 {
-    static const char bench[] = "kernel.decode_mla";
+    const char *bench = ql ? "kernel.prefill_mla" : "kernel.decode_mla";
     const kv_dtype dt = m->c.layout.dtype;
-    const int64_t S = m->S, len = m->len, D = KVB_MLA_D, dv = KVB_MLA_DV;
-    char name[160];
-    snprintf(name, sizeof(name), "%s/N64/Hq%lld/D576/dv512/%lldx%lld/t%d", kv_dtype_name(dt),
-             (long long)hq, (long long)S, (long long)len, kv_threads());
+    const int64_t S = m->S, len = m->len, D = KVB_MLA_D, dv = KVB_MLA_DV, rps = ql ? ql : 1;
+    char name[160], qn[24] = "";
+    if (ql)
+        snprintf(qn, sizeof(qn), "/q%lld", (long long)ql);
+    snprintf(name, sizeof(name), "%s/N64/Hq%lld/D576/dv512%s/%lldx%lld/t%d", kv_dtype_name(dt),
+             (long long)hq, qn, (long long)S, (long long)len, kv_threads());
     if (!kvb_selected(bench, name))
         return;
     kvb_progress(bench, name);
     const int runs = kvb_runs() < 5 ? kvb_runs() : 5;
-    const size_t qb = (size_t)(S * hq * D) * 2, ob = (size_t)(S * hq * dv) * 2;
+    const size_t qb = (size_t)(S * rps * hq * D) * 2, ob = (size_t)(S * rps * hq * dv) * 2;
     const size_t lat = (size_t)(S * len * D * m->c.layout.elem_bytes);
     char *q = malloc(qb), *o = malloc(ob), *scratch = kvb_alloc(lat);
     int32_t *indptr = malloc((size_t)(S + 1) * sizeof(int32_t));
     int32_t *last = malloc((size_t)S * sizeof(int32_t));
+    int32_t *qo = malloc((size_t)(S + 1) * sizeof(int32_t));
     double tc[16], tm[16];
-    if (!q || !o || !indptr || !last) {
+    if (!q || !o || !indptr || !last || !qo) {
         kvb_failed(bench, name, "out of memory");
         goto out;
     }
     kvb__mla_fill(q, qb, KV_BF16, 5);
     memset(o, 0, ob);
     memset(scratch, 0, lat);
-    for (int64_t s = 0; s <= S; s++)
+    for (int64_t s = 0; s <= S; s++) {
         indptr[s] = (int32_t)(s * (len / KVB_MLA_N));
+        qo[s] = (int32_t)(s * rps);
+    }
     for (int64_t s = 0; s < S; s++)
         last[s] = KVB_MLA_N;
     const struct kv_pages pg = {.format = KV_PAGES_CSR,
@@ -168,7 +184,7 @@ static void kvb__decode_mla(struct kvb__mla *m, int64_t hq)
                                 .indices = (const int32_t *)m->ids,
                                 .last_page_len = last};
     struct kv_view vq, vo;
-    const int64_t qs[3] = {S, hq, D}, os[3] = {S, hq, dv};
+    const int64_t qs[3] = {S * rps, hq, D}, os[3] = {S * rps, hq, dv};
     kv_status st;
     if ((st = kv_view_init(q, qb, KV_BF16, 3, qs, &vq)) != KV_OK ||
         (st = kv_view_init(o, ob, KV_BF16, 3, os, &vo)) != KV_OK) {
@@ -180,22 +196,26 @@ static void kvb__decode_mla(struct kvb__mla *m, int64_t hq)
     const struct kv_scales *scp = dt == KV_FP8_E4M3 ? &sc : NULL;
     for (int r = -1; r < runs; r++) {
         const double t0 = kvb_now();
-        st = kv_attn_decode_mla(m->c, 0, &vq, &pg, dv, scale, scp, &vo);
+        st = ql ? kv_attn_prefill_mla(m->c, 0, &vq, qo, &pg, dv, scale, scp, &vo, NULL)
+                : kv_attn_decode_mla(m->c, 0, &vq, &pg, dv, scale, scp, &vo);
         const double t1 = kvb_now();
         memcpy(scratch, m->pool, lat);
         const double t2 = kvb_now();
         if (st != KV_OK) {
-            kvb_failed(bench, name, "kv_attn_decode_mla: %s", kv_last_error());
+            kvb_failed(bench, name, "%s: %s", ql ? "kv_attn_prefill_mla" : "kv_attn_decode_mla",
+                       kv_last_error());
             goto out;
         }
         if (r >= 0)
             tc[r] = t1 - t0, tm[r] = t2 - t1;
     }
-    if (kvb__mla_check(bench, name, m, hq, q, o, scale, scp ? kscale[0] : 1.0f) != 0)
+    if (kvb__mla_check(bench, name, m, hq, rps, q, o, scale, scp ? kscale[0] : 1.0f) != 0)
         goto out;
     const double med = kvb_median(tc, runs);
-    fprintf(stderr, "kernel.decode_mla %s: %.1f GFLOP/s\n", name,
-            (double)(S * len) * (double)hq * (double)(D + dv) * 2.0 / med / 1e9);
+    /* flops: query i of ql sees len - ql + 1 + i tokens */
+    const double seen = (double)S * (double)(rps * len - rps * (rps - 1) / 2);
+    fprintf(stderr, "%s %s: %.1f GFLOP/s\n", bench, name,
+            seen * (double)hq * (double)(D + dv) * 2.0 / med / 1e9);
     kvb_emit_ops(bench, name, (uint64_t)(S * len), med, "memcpy", kvb_median(tm, runs), runs);
 out:
     free(q);
@@ -203,6 +223,7 @@ out:
     kvb_free(scratch);
     free(indptr);
     free(last);
+    free(qo);
 }
 
 static void kvb__write_mla(struct kvb__mla *m)
@@ -279,9 +300,11 @@ static void kvb__mla(void)
             continue;
         }
         kvb__write_mla(&m); /* writes the rows the decode then reads */
-        kvb__decode_mla(&m, 1);
-        kvb__decode_mla(&m, 16);
-        kvb__decode_mla(&m, 128);
+        kvb__attn_mla(&m, 1, 0);
+        kvb__attn_mla(&m, 16, 0);
+        kvb__attn_mla(&m, 128, 0);
+        if (dts[i] == KV_BF16)
+            kvb__attn_mla(&m, 16, 4);
         kvb__mla_fini(&m);
     }
 }
