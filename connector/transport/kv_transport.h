@@ -255,7 +255,8 @@ KV_API KV_NODISCARD kv_status kv_xport_mem_reg(kv_xport *x, void *base, size_t b
 /* kv_xport_mem_reg on a given device: `device` is the rail index of an
  * RDMA transport (0 .. rails - 1, struct kv_xport_config's rdma_devices),
  * or KV_XPORT_DEVICE_AUTO (what kv_xport_mem_reg does: device memory,
- * the rail fewest PCIe hops from its GPU under the GPU's root complex;
+ * once RDMA accepts it, the rail fewest PCIe hops from its GPU under the
+ * GPU's root complex;
  * else the rail whose device is on the memory's (a GPU's: the GPU's) NUMA
  * node, the least used of those, else round robin over every rail;
  * docs/connector.md, "Rails"). TCP: 0 or
@@ -479,8 +480,8 @@ struct kv_xport_rail_info {
     kv_xport_gid_type gid_type;
     uint8_t gid[16];
     uint32_t active_mtu;
-    int32_t numa_node; /* the device's (sysfs numa_node); -1: unknown */
-    uint32_t regions;  /* regions registered on it now */
+    int32_t numa_node;   /* the device's (sysfs numa_node); -1: unknown */
+    uint32_t regions;    /* regions registered on it now */
     char pci_bus_id[24]; /* the device's PCI address ("0000:03:00.0", the name of
                             its sysfs device directory); "": unknown */
     /* the peer's path on this rail; zero when not connected */
@@ -549,8 +550,8 @@ KV_API KV_NODISCARD kv_status kv_xport_peer_info_get(kv_xport_peer *peer,
  * v2) mtu 4096", then, for a peer, " | qps 2 path_mtu 4096 grh hop_limit
  * 255 remote lid 0 gid ...". With several rails, each rail so, after
  * "rdma rails 2 (peer 2):", as "; rail 1 device mlx5_1 ... numa 1 pci
- * 0000:03:00.0 | qps 2 ..." (pci only when known). AUTO: "auto path shm (<path_why>)". Returns the length it needed
- * (snprintf's). */
+ * 0000:03:00.0 | qps 2 ..." (pci only when known). AUTO: "auto path shm
+ * (<path_why>)". Returns the length it needed (snprintf's). */
 KV_API int kv_xport_info_format(const struct kv_xport_info *info, char *buf, size_t cap);
 
 /* How a region's device was chosen (kv_xport_mem_info). */

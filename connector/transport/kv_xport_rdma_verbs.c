@@ -481,9 +481,8 @@ uint32_t kv__rd_rail_choose(const int *dev_hops, const int *dev_node, const uint
     }
     uint32_t best = UINT32_MAX;
     for (uint32_t i = 0; i < n && dev_hops; i++)
-        if (dev_hops[i] >= 0 &&
-            (best == UINT32_MAX || dev_hops[i] < dev_hops[best] ||
-             (dev_hops[i] == dev_hops[best] && load[i] < load[best])))
+        if (dev_hops[i] >= 0 && (best == UINT32_MAX || dev_hops[i] < dev_hops[best] ||
+                                 (dev_hops[i] == dev_hops[best] && load[i] < load[best])))
             best = i;
     if (best != UINT32_MAX) {
         *how = KV_XPORT_CHOSEN_PCI;
@@ -504,8 +503,8 @@ uint32_t kv__rd_rail_choose(const int *dev_hops, const int *dev_node, const uint
  * rail's PCIe hops to its GPU (hops[i] -1: not known). The GPU's NUMA node
  * is the GPU's (sysfs); host memory's (or a GPU's not known) is what
  * kv__rd_mem_node says. No lock: CUDA and sysfs only. */
-static void region_near(const struct rdma *r, enum kv_mem_kind kind, const void *base,
-                        size_t bytes, int *node, int *hops)
+static void region_near(const struct rdma *r, enum kv_mem_kind kind, const void *base, size_t bytes,
+                        int *node, int *hops)
 {
     for (uint32_t i = 0; i < r->nrail; i++)
         hops[i] = -1;

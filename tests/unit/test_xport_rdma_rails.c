@@ -506,14 +506,17 @@ static void test_xport_rdma_rails_auto_choice(void **state)
     uint32_t spread = 0;
     const int nodes[4] = {1, 0, 0, -1};
     const uint32_t load[4] = {0, 3, 2, 0};
-    assert_int_equal(kv__rd_rail_choose(NULL, nodes, load, 4, 0, &spread, &how), 2); /* less loaded */
+    assert_int_equal(kv__rd_rail_choose(NULL, nodes, load, 4, 0, &spread, &how),
+                     2); /* less loaded */
     assert_int_equal(how, KV_XPORT_CHOSEN_NUMA);
     const uint32_t even[4] = {0, 2, 2, 0};
-    assert_int_equal(kv__rd_rail_choose(NULL, nodes, even, 4, 0, &spread, &how), 1); /* tie: lowest */
+    assert_int_equal(kv__rd_rail_choose(NULL, nodes, even, 4, 0, &spread, &how),
+                     1); /* tie: lowest */
     assert_int_equal(kv__rd_rail_choose(NULL, nodes, load, 4, 1, &spread, &how), 0);
     assert_int_equal(spread, 0);
     for (uint32_t k = 0; k < 6; k++) { /* node 2 or unknown: round robin */
-        assert_int_equal(kv__rd_rail_choose(NULL, nodes, load, 4, k % 2 ? 2 : -1, &spread, &how), k % 4);
+        assert_int_equal(kv__rd_rail_choose(NULL, nodes, load, 4, k % 2 ? 2 : -1, &spread, &how),
+                         k % 4);
         assert_int_equal(how, KV_XPORT_CHOSEN_SPREAD);
     }
     assert_int_equal(kv__rd_rail_choose(NULL, nodes, load, 1, 0, &spread, &how), 0);
@@ -706,7 +709,7 @@ static void test_xport_rdma_rails_pci_hops(void **state)
         {"0000:3B:1F.7", "0000:3b:1f.7"},
         {"00010000:00:01.1", "10000:00:01.1"},
         {"0:3:0.0", "0000:03:00.0"},
-        {"03:00.0", NULL},          /* no domain */
+        {"03:00.0", NULL},           /* no domain */
         {"000000000:03:00.0", NULL}, /* 9 domain digits */
         {"0000:003:00.0", NULL},
         {"0000:03:20.0", NULL}, /* device 32 */
@@ -824,8 +827,8 @@ static void pci_tree_rm(void)
 static char gpu_mem[6][64];
 static int fake_busid(const void *ptr, char *busid, size_t cap)
 {
-    static const char *const id[6] = {"00000000:0A:00.0", "00000000:00:1F.0", "00000000:41:00.0",
-                                      "00000000:99:00.0", NULL, NULL};
+    static const char *const id[6] = {
+        "00000000:0A:00.0", "00000000:00:1F.0", "00000000:41:00.0", "00000000:99:00.0", NULL, NULL};
     for (int i = 0; i < 6; i++)
         if (ptr == gpu_mem[i] && id[i]) {
             snprintf(busid, cap, "%s", id[i]);
@@ -921,8 +924,8 @@ static void test_xport_rdma_rails_pci_choice(void **state)
     struct rdma *r = x->be;
     const uint32_t spread = r->spread;
     placed_is(place(x, KV_XPORT_DEVICE_AUTO, gpu_mem[4], false), 0, KV_XPORT_CHOSEN_NUMA, 0, -1);
-    placed_is(place(x, KV_XPORT_DEVICE_AUTO, gpu_mem[3], false), spread % 3,
-              KV_XPORT_CHOSEN_SPREAD, -1, -1);
+    placed_is(place(x, KV_XPORT_DEVICE_AUTO, gpu_mem[3], false), spread % 3, KV_XPORT_CHOSEN_SPREAD,
+              -1, -1);
     placed_is(place(x, KV_XPORT_DEVICE_AUTO, gpu_mem[5], false), (spread + 1) % 3,
               KV_XPORT_CHOSEN_SPREAD, -1, -1);
     /* host or pinned memory is not asked about a GPU (the fake would name
