@@ -21,11 +21,12 @@
  *                 lives on one rail (rdma_mem_reg: the caller's, else for
  *                 device memory the rail fewest PCIe hops from its GPU,
  *                 else the least loaded rail on the memory's NUMA node,
- *                 else round robin), its exposures too, and the blob key names the
- *                 rail; a WR goes on a QP of its regions' rail, and an
- *                 entry whose local and remote regions sit on different
- *                 rails (or on a rail not connected) is refused at post
- *                 (rdma_check): nothing is staged across rails.
+ *                 else round robin), its exposures too, and the blob key
+ *                 names the rail; a WR goes on a QP of its regions'
+ *                 rail, and an entry whose local and remote regions sit
+ *                 on different rails (or on a rail not connected) is
+ *                 refused at post (rdma_check): nothing is staged across
+ *                 rails.
  *
  *   out of band   an internal TCP kv_xport (same token, fingerprint, host,
  *                 port; one connection per peer) carries the checked
