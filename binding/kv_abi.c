@@ -241,6 +241,7 @@
     X(kv_xport_rail_info, active_mtu)                                                              \
     X(kv_xport_rail_info, numa_node)                                                               \
     X(kv_xport_rail_info, regions)                                                                 \
+    X(kv_xport_rail_info, pci_bus_id)                                                              \
     X(kv_xport_rail_info, qps)                                                                     \
     X(kv_xport_rail_info, path_mtu)                                                                \
     X(kv_xport_rail_info, grh)                                                                     \

@@ -22,7 +22,10 @@
 # instead (the transport's config fields rdma_device, rdma_port,
 # rdma_gid_index); unset: automatic. KV_RDMA_DEVICES=mlx5_0,mlx5_1 runs it
 # over those rails (rdma_devices; the test's data on rail 0) and the line
-# then shows each rail's choices and path.
+# then shows each rail's choices and path, with its device's NUMA node and
+# PCI address from sysfs ("numa 0 pci 0000:04:00.0": what a device-memory
+# region's automatic rail is chosen by, docs/connector.md "Where a region
+# lives").
 # Exit status 0 only if every step passed (or SKIPPED).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -278,16 +278,17 @@ static void gid_str(const uint8_t g[16], char *buf, size_t cap)
         snprintf(buf, cap, "?");
 }
 
-/* One rail as "device D port P link lid L gid[i] G (type) mtu M[ numa N]",
- * then, when connected, " | qps ... gid RG". */
+/* One rail as "device D port P link lid L gid[i] G (type) mtu M[ numa N[
+ * pci B]]" (B when known), then, when connected, " | qps ... gid RG". */
 static int rail_format(const struct kv_xport_rail_info *r, bool numa, char *buf, size_t cap)
 {
-    char g[INET6_ADDRSTRLEN], rg[INET6_ADDRSTRLEN], nn[24] = "";
+    char g[INET6_ADDRSTRLEN], rg[INET6_ADDRSTRLEN], nn[64] = "";
     gid_str(r->gid, g, sizeof(g));
     gid_str(r->remote_gid, rg, sizeof(rg));
     if (numa)
-        snprintf(nn, sizeof(nn), " numa %d", r->numa_node);
-    char head[256];
+        snprintf(nn, sizeof(nn), " numa %d%s%.*s", r->numa_node, r->pci_bus_id[0] ? " pci " : "",
+                 (int)sizeof(r->pci_bus_id), r->pci_bus_id);
+    char head[320];
     snprintf(head, sizeof(head), "device %s port %u %s lid %u gid[%d] %s (%s) mtu %u%s", r->device,
              r->port, link_name(r->link), r->lid, r->gid_index, r->gid_index >= 0 ? g : "-",
              gid_type_name(r->gid_type), r->active_mtu, nn);

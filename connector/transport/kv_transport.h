@@ -254,9 +254,12 @@ KV_API KV_NODISCARD kv_status kv_xport_mem_reg(kv_xport *x, void *base, size_t b
 
 /* kv_xport_mem_reg on a given device: `device` is the rail index of an
  * RDMA transport (0 .. rails - 1, struct kv_xport_config's rdma_devices),
- * or KV_XPORT_DEVICE_AUTO (what kv_xport_mem_reg does: the rail whose
- * device is on the memory's NUMA node, the least used of those, else
- * round robin over every rail; docs/connector.md, "Rails"). TCP: 0 or
+ * or KV_XPORT_DEVICE_AUTO (what kv_xport_mem_reg does: device memory,
+ * once RDMA accepts it, the rail fewest PCIe hops from its GPU under the
+ * GPU's root complex;
+ * else the rail whose device is on the memory's (a GPU's: the GPU's) NUMA
+ * node, the least used of those, else round robin over every rail;
+ * docs/connector.md, "Rails"). TCP: 0 or
  * KV_XPORT_DEVICE_AUTO. What was chosen: kv_xport_mem_info_get. The
  * statuses of kv_xport_mem_reg, and KV_ERR_INVALID_ARG for a device index
  * past the transport's (named). */
@@ -477,8 +480,10 @@ struct kv_xport_rail_info {
     kv_xport_gid_type gid_type;
     uint8_t gid[16];
     uint32_t active_mtu;
-    int32_t numa_node; /* the device's (sysfs numa_node); -1: unknown */
-    uint32_t regions;  /* regions registered on it now */
+    int32_t numa_node;   /* the device's (sysfs numa_node); -1: unknown */
+    uint32_t regions;    /* regions registered on it now */
+    char pci_bus_id[24]; /* the device's PCI address ("0000:03:00.0", the name of
+                            its sysfs device directory); "": unknown */
     /* the peer's path on this rail; zero when not connected */
     uint32_t qps;
     uint32_t path_mtu;
@@ -544,9 +549,9 @@ KV_API KV_NODISCARD kv_status kv_xport_peer_info_get(kv_xport_peer *peer,
  * "rdma device mlx5_0 port 1 ethernet lid 0 gid[3] ::ffff:10.0.0.1 (RoCE
  * v2) mtu 4096", then, for a peer, " | qps 2 path_mtu 4096 grh hop_limit
  * 255 remote lid 0 gid ...". With several rails, each rail so, after
- * "rdma rails 2 (peer 2):", as "; rail 1 device mlx5_1 ... numa 1 | qps 2
- * ...". AUTO: "auto path shm (<path_why>)". Returns the length it needed
- * (snprintf's). */
+ * "rdma rails 2 (peer 2):", as "; rail 1 device mlx5_1 ... numa 1 pci
+ * 0000:03:00.0 | qps 2 ..." (pci only when known). AUTO: "auto path shm
+ * (<path_why>)". Returns the length it needed (snprintf's). */
 KV_API int kv_xport_info_format(const struct kv_xport_info *info, char *buf, size_t cap);
 
 /* How a region's device was chosen (kv_xport_mem_info). */
@@ -556,10 +561,13 @@ typedef enum kv_xport_mem_choice {
     KV_XPORT_CHOSEN_ONLY = 2,   /* automatic, one rail */
     KV_XPORT_CHOSEN_NUMA = 3,   /* automatic: a device on the memory's NUMA node */
     KV_XPORT_CHOSEN_SPREAD = 4, /* automatic, no device known near it: round robin */
+    KV_XPORT_CHOSEN_PCI = 5,    /* automatic, device (GPU) memory: the device fewest PCIe
+                                   hops from the GPU under the GPU's root complex */
 } kv_xport_mem_choice;
 
 /* A registered region's device (RDMA: its rail), how it was chosen, and
- * the NUMA nodes compared. TCP: choice NONE, the rest zero / -1. */
+ * the NUMA nodes and PCIe distance compared. TCP: choice NONE, the rest
+ * zero / -1. */
 struct kv_xport_mem_info {
     size_t struct_size;
     uint32_t rdma_rail;
@@ -567,6 +575,11 @@ struct kv_xport_mem_info {
     kv_xport_mem_choice rdma_chosen;
     int32_t numa_node;        /* the memory's, at registration (-1: unknown) */
     int32_t device_numa_node; /* the chosen device's (-1: unknown) */
+    /* Device memory: PCIe hops from the GPU up to the deepest bridge it
+     * shares with the chosen device and down to that device (4: one switch
+     * between them); -1: host memory, or the GPU or device not found under
+     * one PCI root complex (docs/connector.md, "Where a region lives"). */
+    int32_t pci_distance;
 };
 #define KV_XPORT_MEM_INFO_INIT                                                                     \
     {                                                                                              \

@@ -79,6 +79,7 @@ kv_status kv_xport_mem_info_get(kv_xport_mem *mem, struct kv_xport_mem_info *out
     out->struct_size = sizeof(*out);
     out->numa_node = -1;
     out->device_numa_node = -1;
+    out->pci_distance = -1;
     kv_xport *x = mem->x;
     pthread_mutex_lock(&x->mu);
     if (x->ops->mem_info)

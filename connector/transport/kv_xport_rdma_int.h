@@ -11,7 +11,9 @@
  *                             buffers), the handshake after the OOB one (INFO,
  *                             READY), failing and draining a peer;
  *   kv_xport_rdma_wr_verbs.c  the data path: WRs cut from transfers, posted in
- *                             chains, notifications, completions retired.
+ *                             chains, notifications, completions retired;
+ *   kv_xport_rdma_pci_verbs.c how far a GPU is from each rail's device on the
+ *                             PCIe tree (sysfs), for a region's rail.
  */
 #ifndef KV_XPORT_RDMA_INT_H
 #define KV_XPORT_RDMA_INT_H
@@ -69,6 +71,7 @@ struct rmr {
     uint64_t chunk;
     kv_xport_mem_choice how; /* region: how the rail was chosen */
     int numa;                /* region: the memory's NUMA node (-1: unknown) */
+    int pci_hops;            /* region: device memory's PCIe hops to the rail (-1: unknown) */
     struct ibv_mr *mr[RD_MAX_CHUNKS];
 };
 
@@ -129,6 +132,8 @@ struct rrail {
     int numa;                    /* sysfs numa_node of the device (-1: unknown) */
     uint32_t regions;            /* regions registered on it now */
     char dev[64];
+    char pci[512];   /* realpath of <sysfs>/class/infiniband/<dev>/device ("": unknown) */
+    char pci_id[24]; /* its PCI address, normalised ("": unknown or not a PCI device) */
 };
 
 struct rdma {
@@ -204,13 +209,26 @@ kv_status kv__rd_wc_status(enum ibv_wc_status s);
 const char *kv__rd_wc_str(enum ibv_wc_status s);
 void kv__rd_kick(kv_xport *x);
 bool kv__rd_rkey_get(const kv_xport_rmem *rm, struct rkey *k);
-/* The automatic rail of a region (pure): among the rails whose device is
- * on the memory's NUMA node (mem_node >= 0, dev_node[i] == mem_node), the
- * one with the fewest regions (load[i]; the lowest index on a tie): NUMA;
- * none (or the node unknown): *spread % n, then *spread++: SPREAD; one
- * rail: 0, ONLY. */
-uint32_t kv__rd_rail_choose(const int *dev_node, const uint32_t *load, uint32_t n, int mem_node,
-                            uint32_t *spread, kv_xport_mem_choice *how);
+/* The automatic rail of a region (pure), the first rule that names one:
+ *   one rail: 0, ONLY;
+ *   device memory (dev_hops non-NULL): among the rails with a PCIe
+ *     distance to its GPU (dev_hops[i] >= 0), the fewest hops, then the
+ *     fewest regions (load[i]), then the lowest index: PCI;
+ *   among the rails whose device is on the memory's NUMA node (mem_node
+ *     >= 0, dev_node[i] == mem_node), the fewest regions, then the lowest
+ *     index: NUMA;
+ *   *spread % n, then *spread++: SPREAD. */
+uint32_t kv__rd_rail_choose(const int *dev_hops, const int *dev_node, const uint32_t *load,
+                            uint32_t n, int mem_node, uint32_t *spread, kv_xport_mem_choice *how);
+/* Place a region [base, base + bytes) of memory kind `kind` (rm->rail,
+ * how, numa, pci_hops) on rail `device`, or KV_XPORT_DEVICE_AUTO:
+ * kv__rd_rail_choose over the devices' NUMA nodes and, for device memory,
+ * their PCIe hops to its GPU (a GPU's NUMA node is the GPU's); counts it
+ * in that rail's regions (taken back by the caller on a later error).
+ * Takes x->mu; reads sysfs and asks CUDA without it. Never fails:
+ * anything not known falls to the next rule. device < nrail. */
+void kv__rd_region_place(struct rdma *r, uint32_t device, enum kv_mem_kind kind, const void *base,
+                         size_t bytes, struct rmr *rm);
 /* Test seams: the sysfs root the devices' numa_node is read under
  * ("<root>/class/infiniband/<dev>/device/numa_node"; default "/sys"), and
  * the lookup of a range's NUMA node (default kv__rd_mem_node_sys:
@@ -220,6 +238,26 @@ extern const char *kv__rd_sysfs_root;
 extern int (*kv__rd_mem_node)(const void *base, size_t bytes);
 int kv__rd_mem_node_sys(const void *base, size_t bytes);
 int kv__rd_sysfs_numa(const char *root, const char *dev);
+
+/* kv_xport_rdma_pci_verbs.c */
+/* Test seam: the PCI bus id of the GPU owning device pointer ptr into
+ * busid[cap] (0; -1 not known), in any form CUDA writes
+ * ("00000000:03:00.0", either letter case). Default
+ * kv__xport_cuda_busid (kv_xport_cuda_int.h; always -1 without CUDA). */
+extern int (*kv__rd_gpu_busid)(const void *ptr, char *busid, size_t cap);
+/* A PCI address "D:B:S.F" (1-8, 1-2, 1-2, 1 hex digits, either case; S <=
+ * 0x1f, F <= 7) as sysfs names it, "%04x:%02x:%02x.%x" lower case, into
+ * out[cap]: true; false (out "") for anything else. */
+bool kv__rd_pci_busid_norm(const char *in, char *out, size_t cap);
+/* realpath("<root>/<rel>") into out[cap]: true; false (out "") when it
+ * does not resolve or does not fit. */
+bool kv__rd_sysfs_pci(const char *root, const char *rel, char *out, size_t cap);
+/* PCIe hops between two device directories (pure, on the strings): from
+ * each up to their deepest common directory, which must lie below one
+ * root complex ("pciDDDD:BB", the first such component of a, with a
+ * device below it on both); -1 otherwise (another root complex, another
+ * tree, no root, deeper than 64). */
+int kv__rd_pci_hops(const char *a, const char *b);
 uint32_t kv__rd_rkey_of(const struct rkey *k, uint64_t off);
 
 /* kv_xport_rdma_info_verbs.c */

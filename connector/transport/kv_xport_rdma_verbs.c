@@ -18,13 +18,15 @@
  *                 to the peer's rail of the same index; both INFO carry
  *                 every rail, and a peer with fewer rails is connected on
  *                 the common count (our QPs past it stay in INIT). A region
- *                 lives on one rail (rdma_mem_reg: the caller's, else the
- *                 least loaded rail on the memory's NUMA node, else round
- *                 robin), its exposures too, and the blob key names the
- *                 rail; a WR goes on a QP of its regions' rail, and an
- *                 entry whose local and remote regions sit on different
- *                 rails (or on a rail not connected) is refused at post
- *                 (rdma_check): nothing is staged across rails.
+ *                 lives on one rail (rdma_mem_reg: the caller's, else for
+ *                 device memory the rail fewest PCIe hops from its GPU,
+ *                 else the least loaded rail on the memory's NUMA node,
+ *                 else round robin), its exposures too, and the blob key
+ *                 names the rail; a WR goes on a QP of its regions'
+ *                 rail, and an entry whose local and remote regions sit
+ *                 on different rails (or on a rail not connected) is
+ *                 refused at post (rdma_check): nothing is staged across
+ *                 rails.
  *
  *   out of band   an internal TCP kv_xport (same token, fingerprint, host,
  *                 port; one connection per peer) carries the checked
@@ -414,12 +416,10 @@ static kv_status pick_port(struct rdma *r, struct rrail *rl, struct ibv_device *
 const char *kv__rd_sysfs_root = "/sys";
 int (*kv__rd_mem_node)(const void *base, size_t bytes) = kv__rd_mem_node_sys;
 
-/* "<root>/class/infiniband/<dev>/device/numa_node": the node, or -1 (no
- * file, unreadable, or the kernel's -1: not known). */
-int kv__rd_sysfs_numa(const char *root, const char *dev)
+/* A sysfs numa_node file: the node, or -1 (no file, unreadable, or the
+ * kernel's -1: not known). */
+static int numa_file(const char *path)
 {
-    char path[512];
-    snprintf(path, sizeof(path), "%s/class/infiniband/%s/device/numa_node", root, dev);
     FILE *f = fopen(path, "r");
     if (!f)
         return -1;
@@ -428,6 +428,14 @@ int kv__rd_sysfs_numa(const char *root, const char *dev)
         n = -1;
     fclose(f);
     return n;
+}
+
+/* "<root>/class/infiniband/<dev>/device/numa_node" */
+int kv__rd_sysfs_numa(const char *root, const char *dev)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/class/infiniband/%s/device/numa_node", root, dev);
+    return numa_file(path);
 }
 
 /* move_pages(2) with nodes NULL reports where each page is (a negative
@@ -465,14 +473,22 @@ int kv__rd_mem_node_sys(const void *base, size_t bytes)
     return best;
 }
 
-uint32_t kv__rd_rail_choose(const int *dev_node, const uint32_t *load, uint32_t n, int mem_node,
-                            uint32_t *spread, kv_xport_mem_choice *how)
+uint32_t kv__rd_rail_choose(const int *dev_hops, const int *dev_node, const uint32_t *load,
+                            uint32_t n, int mem_node, uint32_t *spread, kv_xport_mem_choice *how)
 {
     if (n <= 1) {
         *how = KV_XPORT_CHOSEN_ONLY;
         return 0;
     }
     uint32_t best = UINT32_MAX;
+    for (uint32_t i = 0; i < n && dev_hops; i++)
+        if (dev_hops[i] >= 0 && (best == UINT32_MAX || dev_hops[i] < dev_hops[best] ||
+                                 (dev_hops[i] == dev_hops[best] && load[i] < load[best])))
+            best = i;
+    if (best != UINT32_MAX) {
+        *how = KV_XPORT_CHOSEN_PCI;
+        return best;
+    }
     for (uint32_t i = 0; i < n && mem_node >= 0; i++)
         if (dev_node[i] == mem_node && (best == UINT32_MAX || load[i] < load[best]))
             best = i;
@@ -482,6 +498,55 @@ uint32_t kv__rd_rail_choose(const int *dev_node, const uint32_t *load, uint32_t 
     }
     *how = KV_XPORT_CHOSEN_SPREAD;
     return (*spread)++ % n;
+}
+
+/* Where a region's memory is: its NUMA node and, for device memory, each
+ * rail's PCIe hops to its GPU (hops[i] -1: not known). The GPU's NUMA node
+ * is the GPU's (sysfs); host memory's (or a GPU's not known) is what
+ * kv__rd_mem_node says. No lock: CUDA and sysfs only. */
+static void region_near(const struct rdma *r, enum kv_mem_kind kind, const void *base, size_t bytes,
+                        int *node, int *hops)
+{
+    for (uint32_t i = 0; i < r->nrail; i++)
+        hops[i] = -1;
+    *node = -1;
+    char raw[64], id[24], rel[64], gpu[512], path[560];
+    if (kind == KV_MEM_DEVICE && kv__rd_gpu_busid(base, raw, sizeof(raw)) == 0 &&
+        memchr(raw, '\0', sizeof(raw)) && kv__rd_pci_busid_norm(raw, id, sizeof(id))) {
+        snprintf(rel, sizeof(rel), "bus/pci/devices/%s", id);
+        if (kv__rd_sysfs_pci(kv__rd_sysfs_root, rel, gpu, sizeof(gpu))) {
+            snprintf(path, sizeof(path), "%s/numa_node", gpu);
+            *node = numa_file(path);
+            for (uint32_t i = 0; i < r->nrail; i++)
+                hops[i] = r->rail[i].pci[0] ? kv__rd_pci_hops(gpu, r->rail[i].pci) : -1;
+        }
+    }
+    if (*node < 0)
+        *node = kv__rd_mem_node(base, bytes);
+}
+
+void kv__rd_region_place(struct rdma *r, uint32_t device, enum kv_mem_kind kind, const void *base,
+                         size_t bytes, struct rmr *rm)
+{
+    int hops[RD_MAX_RAILS];
+    region_near(r, kind, base, bytes, &rm->numa, hops);
+    pthread_mutex_lock(&r->x->mu); /* the rails' loads and the round-robin counter */
+    if (device != KV_XPORT_DEVICE_AUTO) {
+        rm->rail = device;
+        rm->how = KV_XPORT_CHOSEN_CALLER;
+    } else {
+        int node[RD_MAX_RAILS];
+        uint32_t load[RD_MAX_RAILS];
+        for (uint32_t i = 0; i < r->nrail; i++) {
+            node[i] = r->rail[i].numa;
+            load[i] = r->rail[i].regions;
+        }
+        rm->rail = kv__rd_rail_choose(kind == KV_MEM_DEVICE ? hops : NULL, node, load, r->nrail,
+                                      rm->numa, &r->spread, &rm->how);
+    }
+    rm->pci_hops = hops[rm->rail];
+    r->rail[rm->rail].regions++;
+    pthread_mutex_unlock(&r->x->mu);
 }
 
 /* The rails' device names from the config: rdma_devices[], else
@@ -548,6 +613,13 @@ static kv_status rail_open(struct rdma *r, uint32_t i, struct ibv_device **list,
         rl->sge = (uint32_t)rl->da.max_sge < RD_MAX_SGE ? (uint32_t)rl->da.max_sge : RD_MAX_SGE;
         rl->chunk = (uint64_t)rl->da.max_mr_size & ~4095ull;
         rl->numa = kv__rd_sysfs_numa(kv__rd_sysfs_root, rl->dev);
+        char rel[128];
+        snprintf(rel, sizeof(rel), "class/infiniband/%s/device", rl->dev);
+        if (kv__rd_sysfs_pci(kv__rd_sysfs_root, rel, rl->pci, sizeof(rl->pci))) {
+            const char *slash = strrchr(rl->pci, '/');
+            (void)kv__rd_pci_busid_norm(slash ? slash + 1 : rl->pci, rl->pci_id,
+                                        sizeof(rl->pci_id));
+        }
         rl->pd = r->v->alloc_pd(rl->ctx);
         if (!rl->pd)
             st = kv__error(KV_ERR_IO, "xport_create(rdma): alloc_pd on %s: %s", rl->dev,
@@ -756,7 +828,7 @@ static kv_status rmr_reg(struct rdma *r, struct rmr *rm, char *base, uint64_t by
 }
 
 /* The region's rail: the caller's (m->device) or automatic
- * (kv__rd_rail_choose over the devices' and the memory's NUMA nodes). */
+ * (kv__rd_region_place). */
 static kv_status rdma_mem_reg(kv_xport_mem *m)
 {
     struct rdma *r = m->x->be;
@@ -778,23 +850,8 @@ static kv_status rdma_mem_reg(kv_xport_mem *m)
     struct rmr *rm = kv__mem_calloc(1, sizeof(*rm));
     if (!rm)
         return kv__error(KV_ERR_NO_MEMORY, "xport_mem_reg(rdma): region state");
-    rm->numa = kv__rd_mem_node(m->base, (size_t)m->bytes);
-    pthread_mutex_lock(&x->mu); /* the rails' loads and the round-robin counter */
-    if (m->device != KV_XPORT_DEVICE_AUTO) {
-        rm->rail = m->device;
-        rm->how = KV_XPORT_CHOSEN_CALLER;
-    } else {
-        int node[RD_MAX_RAILS];
-        uint32_t load[RD_MAX_RAILS];
-        for (uint32_t i = 0; i < r->nrail; i++) {
-            node[i] = r->rail[i].numa;
-            load[i] = r->rail[i].regions;
-        }
-        rm->rail = kv__rd_rail_choose(node, load, r->nrail, rm->numa, &r->spread, &rm->how);
-    }
-    struct rrail *rl = &r->rail[rm->rail];
-    rl->regions++; /* taken back below on an error */
-    pthread_mutex_unlock(&x->mu);
+    kv__rd_region_place(r, m->device, m->kind, m->base, (size_t)m->bytes, rm);
+    struct rrail *rl = &r->rail[rm->rail]; /* its regions count taken back below on an error */
     rm->chunk = rl->chunk;
     const uint64_t n = (m->bytes + rl->chunk - 1) / rl->chunk;
     kv_status st = KV_OK;
@@ -970,6 +1027,7 @@ static void rdma_mem_info(kv_xport_mem *m, struct kv_xport_mem_info *out)
     out->rdma_chosen = rm->how;
     out->numa_node = rm->numa;
     out->device_numa_node = r->rail[rm->rail].numa;
+    out->pci_distance = rm->pci_hops;
 }
 
 static void rdma_post(kv_xport_xfer *t)
@@ -1016,6 +1074,7 @@ static void rdma_info(kv_xport *x, kv_xport_peer *p, struct kv_xport_info *out)
             memcpy(o->gid, rl->gid.raw, 16);
         o->active_mtu = kv__rd_mtu_bytes(rl->pa.active_mtu);
         o->numa_node = rl->numa;
+        snprintf(o->pci_bus_id, sizeof(o->pci_bus_id), "%s", rl->pci_id);
         o->regions = rl->regions;
         if (!conn || i >= rp->nlink)
             continue;

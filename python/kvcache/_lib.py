@@ -440,7 +440,8 @@ _U32, _I32, _ENUM = ctypes.c_uint32, ctypes.c_int32, ctypes.c_int
 class XportRailInfo(ctypes.Structure):
     _fields_ = [("device", ctypes.c_char * 64), ("port", _U32), ("link", _ENUM), ("lid", _U32),
                 ("gid_index", _I32), ("gid_type", _ENUM), ("gid", ctypes.c_uint8 * 16),
-                ("active_mtu", _U32), ("numa_node", _I32), ("regions", _U32), ("qps", _U32),
+                ("active_mtu", _U32), ("numa_node", _I32), ("regions", _U32),
+                ("pci_bus_id", ctypes.c_char * 24), ("qps", _U32),
                 ("path_mtu", _U32), ("grh", ctypes.c_bool), ("hop_limit", _U32),
                 ("remote_lid", _U32), ("remote_gid", ctypes.c_uint8 * 16)]
 

@@ -24,6 +24,20 @@
  *     near ones, round robin when nothing is known; the pure chooser; the
  *     real move_pages lookup on this machine; sysfs files that are absent,
  *     -1 or garbage;
+ *   - automatic choice for device memory by PCIe distance: the hop counter
+ *     on path strings against a random tree model (hops from depths and
+ *     parent walks), bus id normalisation (CUDA's 8-digit domain, upper
+ *     case), the chooser with hops; a fake PCI tree (two switches under
+ *     one root complex, a GPU and NIC A behind one, NIC B behind the
+ *     other, NIC C and a third GPU on other root complexes and node 1) and
+ *     an injected CUDA bus id lookup: the GPU goes to A (4 hops), ties
+ *     split by regions then index, a GPU under no rail's root complex to
+ *     the rail on its node, a pointer CUDA does not know or a bus id sysfs
+ *     lacks to the NUMA / round-robin rules, A's sysfs entry gone: B (8
+ *     hops); placed through kv__rd_region_place, since kv_xport_mem_reg
+ *     still refuses device memory (checked: nothing counted). The real
+ *     CUDA lookup and real sysfs PCI paths are not exercised here (no GPU,
+ *     no RDMA device);
  *   - a peer with fewer devices: connected on the common count (reported),
  *     data on those rails lands, a blob naming a rail not connected is
  *     refused; config refusals (too many QPs, both device fields, a name
@@ -148,6 +162,7 @@ static void mem_info_is(kv_xport_mem *m, uint32_t rail, const char *dev, kv_xpor
     assert_int_equal(mi.rdma_chosen, how);
     assert_int_equal(mi.numa_node, numa);
     assert_int_equal(mi.device_numa_node, dev_numa);
+    assert_int_equal(mi.pci_distance, -1); /* host memory */
 }
 
 /* ---- reported, and data on both rails -------------------------------- */
@@ -491,17 +506,20 @@ static void test_xport_rdma_rails_auto_choice(void **state)
     uint32_t spread = 0;
     const int nodes[4] = {1, 0, 0, -1};
     const uint32_t load[4] = {0, 3, 2, 0};
-    assert_int_equal(kv__rd_rail_choose(nodes, load, 4, 0, &spread, &how), 2); /* less loaded */
+    assert_int_equal(kv__rd_rail_choose(NULL, nodes, load, 4, 0, &spread, &how),
+                     2); /* less loaded */
     assert_int_equal(how, KV_XPORT_CHOSEN_NUMA);
     const uint32_t even[4] = {0, 2, 2, 0};
-    assert_int_equal(kv__rd_rail_choose(nodes, even, 4, 0, &spread, &how), 1); /* tie: lowest */
-    assert_int_equal(kv__rd_rail_choose(nodes, load, 4, 1, &spread, &how), 0);
+    assert_int_equal(kv__rd_rail_choose(NULL, nodes, even, 4, 0, &spread, &how),
+                     1); /* tie: lowest */
+    assert_int_equal(kv__rd_rail_choose(NULL, nodes, load, 4, 1, &spread, &how), 0);
     assert_int_equal(spread, 0);
     for (uint32_t k = 0; k < 6; k++) { /* node 2 or unknown: round robin */
-        assert_int_equal(kv__rd_rail_choose(nodes, load, 4, k % 2 ? 2 : -1, &spread, &how), k % 4);
+        assert_int_equal(kv__rd_rail_choose(NULL, nodes, load, 4, k % 2 ? 2 : -1, &spread, &how),
+                         k % 4);
         assert_int_equal(how, KV_XPORT_CHOSEN_SPREAD);
     }
-    assert_int_equal(kv__rd_rail_choose(nodes, load, 1, 0, &spread, &how), 0);
+    assert_int_equal(kv__rd_rail_choose(NULL, nodes, load, 1, 0, &spread, &how), 0);
     assert_int_equal(how, KV_XPORT_CHOSEN_ONLY);
     /* sysfs values: absent, -1, garbage, a node */
     snprintf(sysroot, sizeof(sysroot), "/tmp/kvt_rails_sys.XXXXXX");
@@ -569,6 +587,397 @@ static void test_xport_rdma_rails_auto_choice(void **state)
     kv__rd_mem_node = node0;
     sys_rm();
     free(buf);
+}
+
+/* ---- automatic choice by PCIe distance (device memory) ----------------- */
+
+/* The hop counter on path strings against a tree model: random trees of
+ * root complexes and bridges/functions, each node's path written from its
+ * parent chain, the expected hops from depths and the lowest common
+ * ancestor found by walking parents (never by comparing strings). */
+#define MODEL_NODES 48
+
+struct pci_model {
+    int parent[MODEL_NODES]; /* -1: the "devices" directory's child list */
+    int root[MODEL_NODES];   /* the root complex a node is under (itself for a root) */
+    int depth[MODEL_NODES];  /* a root: 0 */
+    char name[MODEL_NODES][16];
+};
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static void model_path(const struct pci_model *t, int i, const char *prefix, char *out, size_t cap)
+{
+    int chain[MODEL_NODES], n = 0;
+    for (int k = i; k >= 0; k = t->parent[k])
+        chain[n++] = k;
+    size_t used = (size_t)snprintf(out, cap, "%s/devices", prefix);
+    while (n--)
+        used += (size_t)snprintf(out + used, cap - used, "/%s", t->name[chain[n]]);
+    assert_true(used < cap);
+}
+
+static int model_hops(const struct pci_model *t, int a, int b)
+{
+    if (t->root[a] != t->root[b] || t->depth[a] == 0 || t->depth[b] == 0)
+        return -1;
+    int x = a, y = b, h = 0;
+    while (t->depth[x] > t->depth[y]) {
+        x = t->parent[x];
+        h++;
+    }
+    while (t->depth[y] > t->depth[x]) {
+        y = t->parent[y];
+        h++;
+    }
+    while (x != y) {
+        x = t->parent[x];
+        y = t->parent[y];
+        h += 2;
+    }
+    return h;
+}
+
+static void test_xport_rdma_rails_pci_hops(void **state)
+{
+    (void)state;
+    /* by hand: one switch (4), same root other ports, other roots */
+    const char *gpu = "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0/0000:03:00.0";
+    assert_int_equal(kv__rd_pci_hops(gpu, gpu), 0);
+    assert_int_equal(
+        kv__rd_pci_hops(gpu, "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:01.0/"
+                             "0000:04:00.0"),
+        4);
+    assert_int_equal(kv__rd_pci_hops(gpu, "/sys/devices/pci0000:00/0000:00:02.0/0000:05:00.0"), 6);
+    assert_int_equal(kv__rd_pci_hops("/sys/devices/pci0000:00/0000:00:02.0/0000:05:00.0", gpu), 6);
+    assert_int_equal(kv__rd_pci_hops(gpu, "/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0"), -1);
+    assert_int_equal(kv__rd_pci_hops(gpu, "/sys/devices/pci0000:00"), -1); /* a root, no device */
+    assert_int_equal(kv__rd_pci_hops(gpu, "/sys/devices/virtual/net/lo"), -1);
+    assert_int_equal(kv__rd_pci_hops("/sys/devices/virtual/net/lo", "/sys/devices/virtual/net/lo"),
+                     -1);
+    assert_int_equal(kv__rd_pci_hops(gpu, "/other/devices/pci0000:00/0000:00:01.0"), -1);
+    assert_int_equal(kv__rd_pci_hops(gpu, NULL), -1);
+    assert_int_equal(kv__rd_pci_hops("//sys//devices/pci0000:00//0000:00:01.0/", gpu), 3);
+    /* not a root: "pcide" (hex letters), a bus of 3 digits, a domain of 3 */
+    assert_int_equal(kv__rd_pci_hops("/d/pcide/0000:00:01.0", "/d/pcide/0000:00:02.0"), -1);
+    assert_int_equal(kv__rd_pci_hops("/d/pci0000:000/a", "/d/pci0000:000/b"), -1);
+    assert_int_equal(kv__rd_pci_hops("/d/pci000:00/a", "/d/pci000:00/b"), -1);
+    assert_int_equal(kv__rd_pci_hops("/d/pci10000:3a/a", "/d/pci10000:3a/b"), 2);
+    /* random trees */
+    uint64_t seed = 0x9e3779b97f4a7c15ull;
+    for (int trial = 0; trial < 200; trial++) {
+        struct pci_model t;
+        const int roots = 1 + (int)(rng_next(&seed) % 3);
+        for (int i = 0; i < MODEL_NODES; i++) {
+            if (i < roots) {
+                t.parent[i] = -1;
+                t.root[i] = i;
+                t.depth[i] = 0;
+                snprintf(t.name[i], sizeof(t.name[i]), "pci%04x:%02x", i * 3, i * 0x40);
+            } else {
+                const int p = (int)(rng_next(&seed) % (uint64_t)i);
+                t.parent[i] = p;
+                t.root[i] = t.root[p];
+                t.depth[i] = t.depth[p] + 1;
+                snprintf(t.name[i], sizeof(t.name[i]), "%04x:%02x:%02x.%x", t.root[p] * 3, i,
+                         i % 32, i % 8);
+            }
+        }
+        char pa[2048], pb[2048];
+        for (int k = 0; k < 50; k++) {
+            const int a = (int)(rng_next(&seed) % MODEL_NODES);
+            const int b = (int)(rng_next(&seed) % MODEL_NODES);
+            model_path(&t, a, "/tmp/kvt_pci.x", pa, sizeof(pa));
+            model_path(&t, b, "/tmp/kvt_pci.x", pb, sizeof(pb));
+            if (kv__rd_pci_hops(pa, pb) != model_hops(&t, a, b))
+                fail_msg("%s vs %s: %d hops, the model says %d", pa, pb, kv__rd_pci_hops(pa, pb),
+                         model_hops(&t, a, b));
+        }
+    }
+    /* bus ids as CUDA and lspci write them, normalised to sysfs names */
+    static const struct {
+        const char *in, *out; /* out NULL: refused */
+    } ids[] = {
+        {"00000000:0A:00.0", "0000:0a:00.0"},
+        {"0000:0a:00.0", "0000:0a:00.0"},
+        {"0000:3B:1F.7", "0000:3b:1f.7"},
+        {"00010000:00:01.1", "10000:00:01.1"},
+        {"0:3:0.0", "0000:03:00.0"},
+        {"03:00.0", NULL},           /* no domain */
+        {"000000000:03:00.0", NULL}, /* 9 domain digits */
+        {"0000:003:00.0", NULL},
+        {"0000:03:20.0", NULL}, /* device 32 */
+        {"0000:03:00.8", NULL}, /* function 8 */
+        {"0000:03:00.0 ", NULL},
+        {"0000:03:00.0\n", NULL},
+        {"0000:0g:00.0", NULL},
+        {"0000:03-00.0", NULL},
+        {"", NULL},
+    };
+    for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
+        char out[24] = "junk";
+        assert_int_equal(kv__rd_pci_busid_norm(ids[i].in, out, sizeof(out)), ids[i].out != NULL);
+        assert_string_equal(out, ids[i].out ? ids[i].out : "");
+    }
+    char small[12] = "junk"; /* "0000:03:00.0" needs 13 */
+    assert_false(kv__rd_pci_busid_norm("0000:03:00.0", small, sizeof(small)));
+    assert_string_equal(small, "");
+    assert_false(kv__rd_pci_busid_norm(NULL, small, sizeof(small)));
+    /* the chooser with hops: fewest hops, then regions, then index; none
+     * known: the NUMA rule as before; one rail: ONLY */
+    kv_xport_mem_choice how;
+    uint32_t spread = 0;
+    const int nodes[4] = {0, 0, 1, 1};
+    const int hops[4] = {-1, 6, 4, 4};
+    const uint32_t load[4] = {0, 0, 2, 1}, even[4] = {0, 0, 1, 1};
+    assert_int_equal(kv__rd_rail_choose(hops, nodes, load, 4, 0, &spread, &how), 3);
+    assert_int_equal(how, KV_XPORT_CHOSEN_PCI);
+    assert_int_equal(kv__rd_rail_choose(hops, nodes, even, 4, 0, &spread, &how), 2);
+    const int far[4] = {-1, -1, -1, -1};
+    assert_int_equal(kv__rd_rail_choose(far, nodes, load, 4, 1, &spread, &how), 3);
+    assert_int_equal(how, KV_XPORT_CHOSEN_NUMA);
+    assert_int_equal(kv__rd_rail_choose(far, nodes, load, 4, -1, &spread, &how), 0);
+    assert_int_equal(how, KV_XPORT_CHOSEN_SPREAD);
+    assert_int_equal(kv__rd_rail_choose(hops, nodes, load, 1, 0, &spread, &how), 0);
+    assert_int_equal(how, KV_XPORT_CHOSEN_ONLY);
+    assert_int_equal(spread, 1);
+}
+
+/* The fake PCI tree (sysfs as the kernel lays it out: class/infiniband/
+ * <dev>/device and bus/pci/devices/<id> are relative links into
+ * devices/):
+ *
+ *   pci0000:00 (node 0) - 00:01.0 - 01:00.0 (switch) -+- 02:00.0 - 0a:00.0 GPU0
+ *               |                                     '- 02:01.0 - 04:00.0 kvt_r0 (A)
+ *               +- 00:02.0 - 05:00.0 (switch) - 06:00.0 - 07:00.0 kvt_r1 (B)
+ *               '- 00:1f.0 GPU1 (5 hops from A and from B)
+ *   pci0000:40 (node 1) - 40:01.0 - 41:00.0 GPU2
+ *   pci0000:80 (node 1) - 80:01.0 - 81:00.0 kvt_r2 (C)
+ *
+ * GPU0 - A: 4 hops, GPU0 - B: 8, GPU0 - C: another root complex. */
+static char pciroot[64];
+static const char *const PCI_DEVS[][3] = {
+    /* path under devices/, its numa_node, and the link to it */
+    {"pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0/0000:0a:00.0", "0",
+     "bus/pci/devices/0000:0a:00.0"},
+    {"pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:01.0/0000:04:00.0", "0",
+     "class/infiniband/kvt_r0/device"},
+    {"pci0000:00/0000:00:02.0/0000:05:00.0/0000:06:00.0/0000:07:00.0", "0",
+     "class/infiniband/kvt_r1/device"},
+    {"pci0000:00/0000:00:1f.0", "0", "bus/pci/devices/0000:00:1f.0"},
+    {"pci0000:40/0000:40:01.0/0000:41:00.0", "1", "bus/pci/devices/0000:41:00.0"},
+    {"pci0000:80/0000:80:01.0/0000:81:00.0", "1", "class/infiniband/kvt_r2/device"},
+};
+
+/* mkdir -p of root/rel */
+static void mkdirs(const char *root, const char *rel)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/%s", root, rel);
+    for (char *p = path + strlen(root) + 1; *p; p++)
+        if (*p == '/') {
+            *p = '\0';
+            mkdir(path, 0700);
+            *p = '/';
+        }
+    mkdir(path, 0700);
+}
+
+static void pci_tree(void)
+{
+    snprintf(pciroot, sizeof(pciroot), "/tmp/kvt_rails_pci.XXXXXX");
+    assert_non_null(mkdtemp(pciroot));
+    for (size_t i = 0; i < sizeof(PCI_DEVS) / sizeof(PCI_DEVS[0]); i++) {
+        char rel[256], path[512], link[512], up[64] = "";
+        snprintf(rel, sizeof(rel), "devices/%s", PCI_DEVS[i][0]);
+        mkdirs(pciroot, rel);
+        snprintf(path, sizeof(path), "%s/%s/numa_node", pciroot, rel);
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fprintf(f, "%s\n", PCI_DEVS[i][1]);
+        fclose(f);
+        const char *name = PCI_DEVS[i][2];
+        snprintf(path, sizeof(path), "%s", name);
+        *strrchr(path, '/') = '\0';
+        mkdirs(pciroot, path);
+        for (const char *p = name; *p; p++) /* "../" per directory above the link */
+            if (*p == '/')
+                strcat(up, "../");
+        snprintf(link, sizeof(link), "%s%s", up, rel);
+        snprintf(path, sizeof(path), "%s/%s", pciroot, name);
+        assert_int_equal(symlink(link, path), 0);
+    }
+}
+
+static void pci_tree_rm(void)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", pciroot);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* The fake device memory: each pointer's GPU as CUDA names it (8-digit
+ * domain, upper case), one not in sysfs, one CUDA does not know. */
+static char gpu_mem[6][64];
+static int fake_busid(const void *ptr, char *busid, size_t cap)
+{
+    static const char *const id[6] = {
+        "00000000:0A:00.0", "00000000:00:1F.0", "00000000:41:00.0", "00000000:99:00.0", NULL, NULL};
+    for (int i = 0; i < 6; i++)
+        if (ptr == gpu_mem[i] && id[i]) {
+            snprintf(busid, cap, "%s", id[i]);
+            return 0;
+        }
+    return -1;
+}
+
+struct placed {
+    uint32_t rail;
+    kv_xport_mem_choice how;
+    int numa, hops;
+};
+
+/* Place memory ptr of kind `kind` (kv__rd_region_place, what
+ * kv_xport_mem_reg does; device memory is refused before it today),
+ * keeping it in the rail's load or not. */
+static struct placed place_kind(kv_xport *x, uint32_t device, enum kv_mem_kind kind,
+                                const void *ptr, bool keep)
+{
+    struct rdma *r = x->be;
+    struct rmr rm;
+    memset(&rm, 0xa5, sizeof(rm));
+    kv__rd_region_place(r, device, kind, ptr, 64, &rm);
+    if (!keep) {
+        pthread_mutex_lock(&x->mu);
+        r->rail[rm.rail].regions--;
+        pthread_mutex_unlock(&x->mu);
+    }
+    return (struct placed){rm.rail, rm.how, rm.numa, rm.pci_hops};
+}
+
+static struct placed place(kv_xport *x, uint32_t device, const void *ptr, bool keep)
+{
+    return place_kind(x, device, KV_MEM_DEVICE, ptr, keep);
+}
+
+static void placed_is(struct placed p, uint32_t rail, kv_xport_mem_choice how, int numa, int hops)
+{
+    assert_int_equal(p.rail, rail);
+    assert_int_equal(p.how, how);
+    assert_int_equal(p.numa, numa);
+    assert_int_equal(p.hops, hops);
+}
+
+static void test_xport_rdma_rails_pci_choice(void **state)
+{
+    (void)state;
+    pci_tree();
+    const char *root0 = kv__rd_sysfs_root;
+    int (*node0)(const void *, size_t) = kv__rd_mem_node;
+    int (*busid0)(const void *, char *, size_t) = kv__rd_gpu_busid;
+    kv__rd_sysfs_root = pciroot;
+    kv__rd_mem_node = fake_node;
+    kv__rd_gpu_busid = fake_busid;
+    near0 = gpu_mem[4]; /* CUDA does not know it; "move_pages" says node 0 */
+    near1 = NULL;
+    struct kv_xport_config c = cfg_rails(false, RAILS3, 3);
+    kv_xport *x = NULL;
+    assert_int_equal(kv_xport_create(&c, &x), KV_OK);
+    /* reported: each rail's PCI address and node */
+    struct kv_xport_info in = KV_XPORT_INFO_INIT;
+    assert_int_equal(kv_xport_info_get(x, &in), KV_OK);
+    assert_string_equal(in.rdma_rail[0].pci_bus_id, "0000:04:00.0");
+    assert_string_equal(in.rdma_rail[1].pci_bus_id, "0000:07:00.0");
+    assert_string_equal(in.rdma_rail[2].pci_bus_id, "0000:81:00.0");
+    assert_int_equal(in.rdma_rail[2].numa_node, 1);
+    char line[2048];
+    kv_xport_info_format(&in, line, sizeof(line));
+    assert_non_null(strstr(line, "mtu 4096 numa 0 pci 0000:04:00.0; rail 1 device kvt_r1"));
+    assert_non_null(strstr(line, "mtu 1024 numa 1 pci 0000:81:00.0"));
+    /* GPU0: A, 4 hops, whatever the loads (B and C empty, A loaded) */
+    placed_is(place(x, KV_XPORT_DEVICE_AUTO, gpu_mem[0], false), 0, KV_XPORT_CHOSEN_PCI, 0, 4);
+    for (int k = 0; k < 3; k++)
+        placed_is(place(x, KV_XPORT_DEVICE_AUTO, gpu_mem[0], true), 0, KV_XPORT_CHOSEN_PCI, 0, 4);
+    /* GPU1: A and B 5 hops each: the fewer regions (B), then A and B in
+     * turn once even (A holds 3) */
+    placed_is(place(x, KV_XPORT_DEVICE_AUTO, gpu_mem[1], true), 1, KV_XPORT_CHOSEN_PCI, 0, 5);
+    placed_is(place(x, KV_XPORT_DEVICE_AUTO, gpu_mem[1], true), 1, KV_XPORT_CHOSEN_PCI, 0, 5);
+    placed_is(place(x, KV_XPORT_DEVICE_AUTO, gpu_mem[1], true), 1, KV_XPORT_CHOSEN_PCI, 0, 5);
+    placed_is(place(x, KV_XPORT_DEVICE_AUTO, gpu_mem[1], true), 0, KV_XPORT_CHOSEN_PCI, 0, 5);
+    placed_is(place(x, KV_XPORT_DEVICE_AUTO, gpu_mem[1], true), 1, KV_XPORT_CHOSEN_PCI, 0, 5);
+    assert_int_equal(kv_xport_info_get(x, &in), KV_OK);
+    assert_int_equal(in.rdma_rail[0].regions, 4);
+    assert_int_equal(in.rdma_rail[1].regions, 4);
+    /* GPU2: no rail under its root complex; C on its node beats A and B */
+    placed_is(place(x, KV_XPORT_DEVICE_AUTO, gpu_mem[2], false), 2, KV_XPORT_CHOSEN_NUMA, 1, -1);
+    /* the caller's choice: the distance of the rail it named */
+    placed_is(place(x, 1, gpu_mem[0], false), 1, KV_XPORT_CHOSEN_CALLER, 0, 8);
+    placed_is(place(x, 2, gpu_mem[0], false), 2, KV_XPORT_CHOSEN_CALLER, 0, -1);
+    /* CUDA does not know the pointer: the memory's node (0: A and B, the
+     * less loaded... both 4: A); a bus id sysfs lacks: round robin */
+    struct rdma *r = x->be;
+    const uint32_t spread = r->spread;
+    placed_is(place(x, KV_XPORT_DEVICE_AUTO, gpu_mem[4], false), 0, KV_XPORT_CHOSEN_NUMA, 0, -1);
+    placed_is(place(x, KV_XPORT_DEVICE_AUTO, gpu_mem[3], false), spread % 3, KV_XPORT_CHOSEN_SPREAD,
+              -1, -1);
+    placed_is(place(x, KV_XPORT_DEVICE_AUTO, gpu_mem[5], false), (spread + 1) % 3,
+              KV_XPORT_CHOSEN_SPREAD, -1, -1);
+    /* host or pinned memory is not asked about a GPU (the fake would name
+     * one): its node (not known: round robin), no distance */
+    placed_is(place_kind(x, KV_XPORT_DEVICE_AUTO, KV_MEM_PINNED, gpu_mem[0], false),
+              (spread + 2) % 3, KV_XPORT_CHOSEN_SPREAD, -1, -1);
+    placed_is(place_kind(x, KV_XPORT_DEVICE_AUTO, KV_MEM_HOST, gpu_mem[4], false), 0,
+              KV_XPORT_CHOSEN_NUMA, 0, -1);
+    kv_xport_mem *hm = NULL;
+    assert_int_equal(kv_xport_mem_reg(x, gpu_mem[0], 64, KV_MEM_HOST, &hm), KV_OK);
+    struct kv_xport_mem_info mi = KV_XPORT_MEM_INFO_INIT;
+    assert_int_equal(kv_xport_mem_info_get(hm, &mi), KV_OK);
+    assert_int_equal(mi.rdma_chosen, KV_XPORT_CHOSEN_SPREAD); /* fake_node: not known */
+    assert_int_equal(mi.pci_distance, -1);
+    assert_int_equal(kv_xport_mem_dereg(hm), KV_OK);
+    /* device memory through the public call: still refused (no flush READ),
+     * nothing counted */
+    const uint32_t spread1 = r->spread;
+    kv_xport_mem *dm = NULL;
+    assert_int_equal(kv_xport_mem_reg(x, gpu_mem[0], 64, KV_MEM_DEVICE, &dm), KV_ERR_UNSUPPORTED);
+    assert_null(dm);
+    assert_int_equal(kv_xport_info_get(x, &in), KV_OK);
+    assert_int_equal(in.rdma_rail[0].regions, 4);
+    assert_int_equal(in.rdma_rail[1].regions, 4);
+    assert_int_equal(in.rdma_rail[2].regions, 0);
+    assert_int_equal(r->spread, spread1);
+    pthread_mutex_lock(&x->mu); /* the kept placements out of the loads */
+    r->rail[0].regions = r->rail[1].regions = 0;
+    pthread_mutex_unlock(&x->mu);
+    assert_int_equal(kv_xport_destroy(x), KV_OK);
+    /* A's sysfs entry gone: GPU0 goes to B (8 hops), A reports no address */
+    char path[256];
+    snprintf(path, sizeof(path), "%s/class/infiniband/kvt_r0/device", pciroot);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(kv_xport_create(&c, &x), KV_OK);
+    assert_int_equal(kv_xport_info_get(x, &in), KV_OK);
+    assert_string_equal(in.rdma_rail[0].pci_bus_id, "");
+    assert_int_equal(in.rdma_rail[0].numa_node, -1);
+    kv_xport_info_format(&in, line, sizeof(line));
+    assert_non_null(strstr(line, "mtu 4096 numa -1; rail 1 device kvt_r1"));
+    placed_is(place(x, KV_XPORT_DEVICE_AUTO, gpu_mem[0], false), 1, KV_XPORT_CHOSEN_PCI, 0, 8);
+    assert_int_equal(kv_xport_destroy(x), KV_OK);
+    /* one rail: ONLY, with its distance */
+    c = cfg_rails(false, RAILS3 + 1, 1);
+    assert_int_equal(kv_xport_create(&c, &x), KV_OK);
+    placed_is(place(x, KV_XPORT_DEVICE_AUTO, gpu_mem[0], false), 0, KV_XPORT_CHOSEN_ONLY, 0, 8);
+    assert_int_equal(kv_xport_destroy(x), KV_OK);
+    kv__rd_sysfs_root = root0;
+    kv__rd_mem_node = node0;
+    kv__rd_gpu_busid = busid0;
+    near0 = near1 = NULL;
+    pci_tree_rm();
 }
 
 /* ---- a peer with fewer devices; config refusals ------------------------ */
@@ -752,6 +1161,8 @@ int main(void)
         cmocka_unit_test(test_xport_rdma_rails_data_both_rails),
         cmocka_unit_test(test_xport_rdma_rails_cross_rail_refused),
         cmocka_unit_test(test_xport_rdma_rails_auto_choice),
+        cmocka_unit_test(test_xport_rdma_rails_pci_hops),
+        cmocka_unit_test(test_xport_rdma_rails_pci_choice),
         cmocka_unit_test(test_xport_rdma_rails_fewer_devices),
         cmocka_unit_test(test_xport_rdma_rails_device_mix_refused),
     };
