@@ -496,9 +496,37 @@ static struct kv_attn_dev_pages btab(uint32_t S, const int32_t *table, uint32_t 
     return p;
 }
 
+/* The decode bodies each decode test runs (kv__cdec_body, kv__cdec_chunks):
+ * auto (the vector body here), general, pipelined vector, split-KV in 3
+ * chunks (16 tokens: 6, 6, 4) and by its plan (the device mode's plan has
+ * no lengths: chunks of >= 256 tokens, all but the first empty). */
+static const int dec_bodies[][2] = {{KV__CDEC_AUTO, 0},
+                                    {KV__CDEC_GENERAL, 0},
+                                    {KV__CDEC_PIPE, 0},
+                                    {KV__CDEC_SPLIT, 3},
+                                    {KV__CDEC_SPLIT, 0}};
+#define N_DEC_BODIES (sizeof(dec_bodies) / sizeof(dec_bodies[0]))
+
+static void dec_body(size_t b)
+{
+    kv__cdec_body = b < N_DEC_BODIES ? dec_bodies[b][0] : KV__CDEC_AUTO;
+    kv__cdec_chunks = b < N_DEC_BODIES ? dec_bodies[b][1] : 0;
+}
+
+static void decode_valid(void);
+
 static void test_devidx_decode_valid(void **state)
 {
     (void)state;
+    for (size_t b = 0; b < N_DEC_BODIES; b++) {
+        dec_body(b);
+        decode_valid();
+    }
+    dec_body(N_DEC_BODIES);
+}
+
+static void decode_valid(void)
+{
     /* lengths 7, 0, 1, 16: pages far from 0 */
     const int32_t indptr[5] = {0, 2, 2, 3, 7}, last[4] = {3, 0, 1, 4};
     const int32_t indices[7] = {150, 199, 120, 101, 188, 170, 131};
@@ -534,10 +562,14 @@ static void test_devidx_decode_options(void **state)
     o.logit_soft_cap = 3.0f;
     o.lse_stride = 0;
     dec_opts = &o;
-    for (int sc = 0; sc < 3; sc++) {
-        run_dec(&c, sc, 0, KV_ATTN_DEV_NONE, 0, 0, true);
-        run_dec(&t, sc, 0, KV_ATTN_DEV_NONE, 0, 0, true);
+    for (size_t b = 0; b < N_DEC_BODIES; b++) {
+        dec_body(b);
+        for (int sc = 0; sc < 3; sc++) {
+            run_dec(&c, sc, 0, KV_ATTN_DEV_NONE, 0, 0, true);
+            run_dec(&t, sc, 0, KV_ATTN_DEV_NONE, 0, 0, true);
+        }
     }
+    dec_body(N_DEC_BODIES);
     dec_opts = NULL;
 }
 
@@ -679,9 +711,20 @@ static void test_devidx_decode_mla(void **state)
     run_mla_dev(&cb, 2, lens, s3, 1, KV_ATTN_DEV_PAGES, 4, DEC_B);
 }
 
+static void decode_invalid(void);
+
 static void test_devidx_decode_invalid(void **state)
 {
     (void)state;
+    for (size_t b = 0; b < N_DEC_BODIES; b++) {
+        dec_body(b);
+        decode_invalid();
+    }
+    dec_body(N_DEC_BODIES);
+}
+
+static void decode_invalid(void)
+{
     /* s1: page ids 200 (= B) and 120; s2: last_page_len 5 > N; s3: indptr
      * decreases (5 -> 3); s0 valid */
     const int32_t indptr[5] = {0, 2, 4, 5, 3}, last[4] = {3, 2, 5, 2};
