@@ -313,12 +313,14 @@ extern "C" kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *j, const
 }
 
 /* No allocation, no copy, no synchronization: capture-safe. Split-KV
- * (kv__cdec_body) only with a workspace: as many chunks as the plan asks
- * and ws_bytes hold (none: the vector body). */
+ * (kv__cdec_body) only with a workspace: as many chunks as the plan (with
+ * the caller's max_tokens hint, -1 none) asks and ws_bytes hold (none: the
+ * vector body). */
 extern "C" kv_status kv__cuda_attn_decode_dev_ws(const struct kv__attn_job *j,
                                                  const struct kv_attn_dev_pages *pg, bool by_value,
                                                  struct kv_attn_cuda_errors *err, void *ws,
-                                                 size_t ws_bytes, kv_cuda_stream stream)
+                                                 size_t ws_bytes, int64_t max_tokens,
+                                                 kv_cuda_stream stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
     const char *fn = j->fn;
@@ -332,7 +334,7 @@ extern "C" kv_status kv__cuda_attn_decode_dev_ws(const struct kv__attn_job *j,
     kv__cdec_build_dev(j, pg, err, &p);
     kv__cdec_scales_dev(j, by_value, &p);
     if (p.body == KV__CDEC_SPLIT) {
-        kv__cdec_split_plan(&p, j->n_seqs, -1, device_sms());
+        kv__cdec_split_plan(&p, j->n_seqs, max_tokens, device_sms());
         const size_t per = kv__cdec_ws_bytes(&p) / (size_t)p.n_split;
         const int64_t fit = ws ? (int64_t)(ws_bytes / per) : 0;
         if (fit < p.n_split)
@@ -354,7 +356,7 @@ extern "C" kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *j,
                                               struct kv_attn_cuda_errors *err,
                                               kv_cuda_stream stream)
 {
-    return kv__cuda_attn_decode_dev_ws(j, pg, by_value, err, NULL, 0, stream);
+    return kv__cuda_attn_decode_dev_ws(j, pg, by_value, err, NULL, 0, -1, stream);
 }
 
 extern "C" kv_status kv__cuda_attn_copy_dev(const struct kv__attn_job *j,

@@ -39,6 +39,16 @@
  * split-KV's chunks per sequence (0: its plan). */
 extern int kv__cdec_body;
 extern int kv__cdec_chunks;
+/* Library-internal (attention/kv_attn_dev.c): kv_attn_decode_ex_cuda_dev
+ * with a caller workspace for split-KV and the longest sequence's tokens
+ * as a hint (-1 none); capture-safe. */
+kv_status kv__attn_decode_ex_cuda_dev_ws(struct kv_paged_cache cache, uint32_t layer,
+                                         const struct kv_view *q,
+                                         const struct kv_attn_dev_pages *pages, float softmax_scale,
+                                         const struct kv_attn_dev_scales *scales,
+                                         const struct kv_view *out, const struct kv_attn_opts *opts,
+                                         void *ws, size_t ws_bytes, int64_t max_tokens,
+                                         struct kv_attn_cuda_errors *errors, kv_cuda_stream stream);
 enum { B_AUTO, B_GENERAL, B_VEC, B_PIPE, B_SPLIT };
 static const char *const body_names[] = {"auto", "general", "vector", "pipelined", "split"};
 
@@ -932,6 +942,10 @@ struct bctx {
     int64_t *dslots;
     struct kv_attn_dev_pages dpages;
     struct kv_attn_cuda_errors *err;
+    /* split-KV's workspace for b_decode_dev_ws, and the longest sequence */
+    void *ws;
+    size_t ws_bytes;
+    int64_t max_tokens;
 };
 
 static kv_status b_write_dev(void *x)
@@ -944,6 +958,13 @@ static kv_status b_decode_dev(void *x)
 {
     struct bctx *b = x;
     return kv_attn_decode_cuda_dev(b->c, 0, &b->q, &b->dpages, 0.088f, NULL, &b->out, b->err, NULL);
+}
+
+static kv_status b_decode_dev_ws(void *x)
+{
+    struct bctx *b = x;
+    return kv__attn_decode_ex_cuda_dev_ws(b->c, 0, &b->q, &b->dpages, 0.088f, NULL, &b->out, NULL,
+                                          b->ws, b->ws_bytes, b->max_tokens, b->err, NULL);
 }
 
 /* A device-index benchmark's result: nothing recorded as invalid. */
@@ -984,15 +1005,28 @@ static kv_status b_decode(void *x)
     return kv_attn_decode_cuda(b->c, 0, &b->q, &b->pages, 0.088f, NULL, &b->out, NULL);
 }
 
+static void bench_decode_fn(struct bctx *b, bench_fn fn, void *big, size_t kv_bytes,
+                            const char *name, const char *on, const char *shape, int64_t tokens,
+                            int body);
+
 /* One decode bench line: body `body` (kv__cdec_body) over b's pages, q
  * and out, against a D2D cudaMemcpy of the kv_bytes it reads (K and V
  * once), timed interleaved in the same run. */
 static void bench_decode(struct bctx *b, void *big, size_t kv_bytes, const char *name,
                          const char *on, const char *shape, int64_t tokens, int body)
 {
+    bench_decode_fn(b, b_decode, big, kv_bytes, name, on, shape, tokens, body);
+}
+
+/* bench_decode with the call fn (b_decode_dev_ws: the device-index mode
+ * with a workspace). */
+static void bench_decode_fn(struct bctx *b, bench_fn fn, void *big, size_t kv_bytes,
+                            const char *name, const char *on, const char *shape, int64_t tokens,
+                            int body)
+{
     float tk, tm;
     kv__cdec_body = body;
-    time_pair(b_decode, b, b->c.base, big, kv_bytes, &tk, &tm);
+    time_pair(fn, b, b->c.base, big, kv_bytes, &tk, &tm);
     kv__cdec_body = B_AUTO;
     printf("{\"bench\":\"%s\",\"case\":\"%s/bf16/N16/Hq32/H8/D128/%s\",\"body\":\"%s\","
            "\"bytes\":%zu,\"tokens_per_s\":%.3g,\"gbps\":%.1f,\"baseline\":"
@@ -1172,6 +1206,38 @@ static void bench(kv_order order)
         "\"bytes\":%zu,\"tokens_per_s\":%.3g,\"gbps\":%.1f,\"baseline\":\"cudaMemcpy_d2d_of_kv\","
         "\"baseline_gbps\":%.1f,\"ratio\":%.3f,\"runs\":9}\n",
         on, kvb, (double)(Sd * Ld) / (tk * 1e-3), kvb / (tk * 1e6), kvb / (tm * 1e6), tm / tk);
+    /* split-KV in the capture-safe mode: a caller workspace (64 chunks:
+     * the most the plan takes) and the longest sequence as a hint, as
+     * vLLM's max_seq_len; the same plan as the host-index split-KV, so the
+     * same bytes; then the small batch of long sequences (8 chunks) */
+    b.ws_bytes = (size_t)Sd * 32 * 64 * (size_t)(D + 2) * sizeof(float);
+    CHECK(cudaMalloc(&b.ws, b.ws_bytes) == cudaSuccess);
+    for (int lng = 0; lng < 2; lng++) {
+        const int64_t S2 = lng ? 8 : Sd, L2 = lng ? 16384 : Ld, p2 = L2 / N;
+        const size_t q2 = (size_t)S2 * 32 * D * 2, kv2 = (size_t)S2 * L2 * H * D * 2 * 2;
+        for (int64_t s = 0; s <= S2; s++)
+            indptr[s] = (int32_t)(s * p2);
+        CHECK(cudaMemcpy(d_indptr, indptr, (size_t)(S2 + 1) * 4, cudaMemcpyHostToDevice) ==
+              cudaSuccess);
+        b.pages.n_seqs = b.dpages.n_seqs = (uint32_t)S2;
+        b.max_tokens = L2;
+        int64_t sh2[3] = {S2, 32, D};
+        CHECK(kv_view_init(qd, q2, KV_BF16, 3, sh2, &b.q) == KV_OK);
+        CHECK(kv_view_init(od, q2, KV_BF16, 3, sh2, &b.out) == KV_OK);
+        kv__cdec_body = B_SPLIT;
+        CHECK(b_decode(&b) == KV_OK && cudaDeviceSynchronize() == cudaSuccess);
+        CHECK(cudaMemcpy(o_host, od, q2, cudaMemcpyDeviceToHost) == cudaSuccess);
+        CHECK(cudaMemset(od, 0, q2) == cudaSuccess);
+        kv__cdec_body = B_AUTO;
+        bench_decode_fn(&b, b_decode_dev_ws, big, kv2,
+                        lng ? "gpu.kernel.decode_attn_long_dev_split"
+                            : "gpu.kernel.decode_attn_dev_split",
+                        on, lng ? "8x16384" : "256x2048", S2 * L2, B_SPLIT);
+        check_no_device_errors(&b, "decode_attn_dev_split");
+        CHECK(cudaMemcpy(o_dev, od, q2, cudaMemcpyDeviceToHost) == cudaSuccess);
+        CHECK(memcmp(o_host, o_dev, q2) == 0);
+    }
+    cudaFree(b.ws);
     free(o_host);
     free(o_dev);
     cudaFree(d_indptr);
