@@ -16,7 +16,10 @@
  * Then the GPU benchmark lines (JSON, docs/benchmarks.md): write_prefill,
  * write_decode and read against a device-to-device cudaMemcpy of the same
  * bytes, and decode attention against reading its K/V once at cudaMemcpy
- * speed; medians of 9, interleaved.
+ * speed (every decode body: auto, general, pipelined, split-KV, and a
+ * small batch of long sequences); medians of 9, interleaved.
+ * `test_gpu_attn decode` runs the decode cases and the bench alone;
+ * `test_gpu_attn prefill` the prefill cases.
  *
  * Without a GPU it prints "no GPU: skipped" and passes, unless
  * KV_EXPECT_GPU=1 (gpu-check.sh), where a missing GPU fails.
@@ -1335,6 +1338,14 @@ int main(int argc, char **argv)
             prefill_case(i);
         printf("test_gpu_attn prefill: 40 prefill / decode_ex cases: ok\n");
         prefill_speed();
+        return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "decode") == 0) { /* the decode A/B alone */
+        for (int i = 0; i < 40; i++)
+            decode_case(i);
+        printf("test_gpu_attn decode: 40 decode cases on every body: ok\n");
+        bench(KV_ORDER_NHD);
+        bench(KV_ORDER_HND);
         return 0;
     }
     struct kv_attn_stats s0, s1;
