@@ -21,10 +21,13 @@
  *   copy    one CUDA block per (block pair, byte run), vector copies; a
  *           layer range, one plane or two caches: one per (pair, layer,
  *           storage block) or, one plane of packed K|V, per half head row
- *   decode  one CUDA block per (sequence, KV head); each warp takes every
- *           KV__DEC_WARPS-th token, lanes split the head dim, an online
- *           softmax per warp and query head in shared memory, merged at
- *           the end
+ *   decode  the vector body: one CUDA block per (sequence, KV head, group
+ *           of up to 4 query heads), lane groups of one row each, online
+ *           softmax in registers; its pipelined form; split-KV (the vector
+ *           body over chunks of tokens into a workspace, then a merge
+ *           kernel); the general body for other rows: one block per
+ *           (sequence, KV head), warps over tokens, lanes over the head dim
+ *           (kv_attn_kernels_hd.h; kv__cdec_build picks)
  *   prefill one CUDA block per (tile of query rows, KV head); a decode with
  *           options too (kv_attn_prefill_hd.h)
  */
@@ -112,8 +115,28 @@ __global__ void __launch_bounds__(32 * KV__DEC_WARPS) kv__decode_vec_kernel(stru
     kv__decode_vec_body(&c, &p);
 }
 
-/* The decode launch of p (kv__cdec_build): the vector body or the general
- * one, one block per kv__cdec_blocks. */
+__global__ void __launch_bounds__(32 * KV__DEC_WARPS) kv__decode_pipe_kernel(struct kv__cdec p)
+{
+    extern __shared__ float sh[];
+    const struct kv_grid_ctx c = kv__ctx(sh);
+    kv__decode_pipe_body(&c, &p);
+}
+
+__global__ void __launch_bounds__(32 * KV__DEC_WARPS) kv__decode_split_kernel(struct kv__cdec p)
+{
+    extern __shared__ float sh[];
+    const struct kv_grid_ctx c = kv__ctx(sh);
+    kv__decode_split_body(&c, &p);
+}
+
+__global__ void __launch_bounds__(KV__DECM_THREADS) kv__decode_merge_kernel(struct kv__cdec p)
+{
+    const struct kv_grid_ctx c = kv__ctx(NULL);
+    kv__decode_merge_body(&c, &p);
+}
+
+/* The decode launch of p (kv__cdec_build): the body p.body, one block per
+ * kv__cdec_blocks; split-KV (p.ws and the plan set) then its merge. */
 static kv_status launch_decode(const struct kv__cdec &p, int64_t n_seqs, size_t shmem,
                                cudaStream_t s, const char *fn)
 {
@@ -121,11 +144,34 @@ static kv_status launch_decode(const struct kv__cdec &p, int64_t n_seqs, size_t 
     if (blocks > INT32_MAX)
         return kv__error(KV_ERR_UNSUPPORTED, "%s: %lld decode blocks (at most %d)", fn,
                          (long long)blocks, INT32_MAX);
-    if (p.vec)
+    switch (p.body) {
+    case KV__CDEC_VEC:
         kv__decode_vec_kernel<<<(unsigned)blocks, 32 * p.warps, shmem, s>>>(p);
-    else
+        break;
+    case KV__CDEC_PIPE:
+        kv__decode_pipe_kernel<<<(unsigned)blocks, 32 * p.warps, shmem, s>>>(p);
+        break;
+    case KV__CDEC_SPLIT:
+        kv__decode_split_kernel<<<(unsigned)blocks, 32 * p.warps, shmem, s>>>(p);
+        kv__decode_merge_kernel<<<kv__attn_grid_of(n_seqs * p.lo.num_heads * p.g), KV__DECM_THREADS,
+                                  0, s>>>(p);
+        break;
+    default:
         kv__decode_kernel<<<(unsigned)blocks, 32 * p.warps, shmem, s>>>(p);
+        break;
+    }
     return KV_OK;
+}
+
+/* The current device's multiprocessors (split-KV's plan; 132 if unknown). */
+static int device_sms(void)
+{
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        sms <= 0)
+        return 132;
+    return sms;
 }
 
 __global__ void kv__decode_mla_kernel(struct kv__cmla p)
@@ -266,10 +312,15 @@ extern "C" kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *j, const
     return kv__cuda_status(cudaGetLastError(), fn);
 }
 
-extern "C" kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *j,
-                                              const struct kv_attn_dev_pages *pg, bool by_value,
-                                              struct kv_attn_cuda_errors *err,
-                                              kv_cuda_stream stream)
+/* No allocation, no copy, no synchronization: capture-safe. Split-KV
+ * (kv__cdec_body) only with a workspace: as many chunks as the plan (with
+ * the caller's max_tokens hint, -1 none) asks and ws_bytes hold (none: the
+ * vector body). */
+extern "C" kv_status kv__cuda_attn_decode_dev_ws(const struct kv__attn_job *j,
+                                                 const struct kv_attn_dev_pages *pg, bool by_value,
+                                                 struct kv_attn_cuda_errors *err, void *ws,
+                                                 size_t ws_bytes, int64_t max_tokens,
+                                                 kv_cuda_stream stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
     const char *fn = j->fn;
@@ -282,12 +333,30 @@ extern "C" kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *j,
         return st;
     kv__cdec_build_dev(j, pg, err, &p);
     kv__cdec_scales_dev(j, by_value, &p);
+    if (p.body == KV__CDEC_SPLIT) {
+        kv__cdec_split_plan(&p, j->n_seqs, max_tokens, device_sms());
+        const size_t per = kv__cdec_ws_bytes(&p) / (size_t)p.n_split;
+        const int64_t fit = ws ? (int64_t)(ws_bytes / per) : 0;
+        if (fit < p.n_split)
+            p.n_split = fit;
+        p.ws = (float *)ws;
+        if (p.n_split < 1)
+            p.body = KV__CDEC_VEC;
+    }
     if ((st = launch_decode(p, j->n_seqs, shmem, s, fn)) != KV_OK)
         return st;
     if (err)
         kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, p.d_indptr, p.d_last, p.d_indices,
                                                     NULL, p.d_lens, NULL);
     return kv__cuda_status(cudaGetLastError(), fn);
+}
+
+extern "C" kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *j,
+                                              const struct kv_attn_dev_pages *pg, bool by_value,
+                                              struct kv_attn_cuda_errors *err,
+                                              kv_cuda_stream stream)
+{
+    return kv__cuda_attn_decode_dev_ws(j, pg, by_value, err, NULL, 0, -1, stream);
 }
 
 extern "C" kv_status kv__cuda_attn_copy_dev(const struct kv__attn_job *j,
@@ -464,8 +533,18 @@ extern "C" kv_status kv__cuda_attn_decode(const struct kv__attn_job *j, kv_cuda_
         return st;
     float scales[2 * 1024];
     kv__cdec_scales(j, &p, scales);
-    void *d_pages = NULL, *d_start = NULL, *d_tok = NULL, *d_scales = NULL;
+    void *d_pages = NULL, *d_start = NULL, *d_tok = NULL, *d_scales = NULL, *d_ws = NULL;
     const int64_t n_pages = j->page_start[j->n_seqs];
+    if (p.body == KV__CDEC_SPLIT) {
+        int64_t max_tokens = 0;
+        for (uint32_t i = 0; i < j->n_seqs; i++)
+            max_tokens = j->seq_tokens[i] > max_tokens ? j->seq_tokens[i] : max_tokens;
+        kv__cdec_split_plan(&p, j->n_seqs, max_tokens, device_sms());
+        /* the host-index mode allocates on the stream anyway */
+        if ((st = kv__cuda_status(cudaMallocAsync(&d_ws, kv__cdec_ws_bytes(&p), s), fn)) != KV_OK)
+            return st;
+        p.ws = (float *)d_ws;
+    }
     if ((st = upload(&d_pages, j->page_ids, (size_t)n_pages * sizeof(int32_t), s, fn)) != KV_OK ||
         (st = upload(&d_start, j->page_start, ((size_t)j->n_seqs + 1) * sizeof(int64_t), s, fn)) !=
             KV_OK ||
@@ -479,6 +558,7 @@ extern "C" kv_status kv__cuda_attn_decode(const struct kv__attn_job *j, kv_cuda_
     if ((st = launch_decode(p, j->n_seqs, shmem, s, fn)) == KV_OK)
         st = kv__cuda_status(cudaGetLastError(), fn);
 out:
+    release(d_ws, s);
     release(d_scales, s);
     release(d_tok, s);
     release(d_start, s);

@@ -41,6 +41,16 @@ kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *job, const int64_t 
 kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *job,
                                    const struct kv_attn_dev_pages *pages, bool by_value,
                                    struct kv_attn_cuda_errors *err, kv_cuda_stream stream);
+/* kv__cuda_attn_decode_dev with a caller workspace (device memory, ws_bytes;
+ * NULL / 0: none) for split-KV when kv__cdec_body selects it: as many
+ * chunks as its plan asks (max_tokens: the longest sequence's tokens if
+ * the caller knows it, as vLLM's max_seq_len; -1 not) and ws_bytes hold
+ * (kv__cdec_ws_bytes per chunk count), the vector body when none fits;
+ * capture-safe. */
+kv_status kv__cuda_attn_decode_dev_ws(const struct kv__attn_job *job,
+                                      const struct kv_attn_dev_pages *pages, bool by_value,
+                                      struct kv_attn_cuda_errors *err, void *ws, size_t ws_bytes,
+                                      int64_t max_tokens, kv_cuda_stream stream);
 /* Device-index MLA decode: pages' arrays device memory, checked by the
  * kernel; ksc the K scale in device memory (NULL: the job's, by value);
  * capture-safe. */
@@ -127,6 +137,16 @@ static inline kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *job,
                                                  kv_cuda_stream stream)
 {
     (void)pages, (void)by_value, (void)err, (void)stream;
+    return kv__cuda_attn_unsupported(job);
+}
+static inline kv_status kv__cuda_attn_decode_dev_ws(const struct kv__attn_job *job,
+                                                    const struct kv_attn_dev_pages *pages,
+                                                    bool by_value, struct kv_attn_cuda_errors *err,
+                                                    void *ws, size_t ws_bytes, int64_t max_tokens,
+                                                    kv_cuda_stream stream)
+{
+    (void)pages, (void)by_value, (void)err, (void)ws, (void)ws_bytes, (void)max_tokens,
+        (void)stream;
     return kv__cuda_attn_unsupported(job);
 }
 static inline kv_status kv__cuda_attn_decode_mla_dev(const struct kv__attn_job *job,

@@ -262,6 +262,35 @@ static kv_status decode_dev(const char *fn, struct kv_paged_cache cache, uint32_
                     kv__cuda_attn_decode_dev(&j, pages, scales && !scales->device, errors, stream));
 }
 
+/* kv_attn_decode_ex_cuda_dev with a caller workspace for split-KV
+ * (library-internal, for the GPU tests and bench until split-KV has a
+ * public form): ws device memory of ws_bytes, max_tokens the longest
+ * sequence's tokens or -1 (kv__cuda_attn_decode_dev_ws). Capture-safe. */
+kv_status kv__attn_decode_ex_cuda_dev_ws(struct kv_paged_cache cache, uint32_t layer,
+                                         const struct kv_view *q,
+                                         const struct kv_attn_dev_pages *pages, float softmax_scale,
+                                         const struct kv_attn_dev_scales *scales,
+                                         const struct kv_view *out, const struct kv_attn_opts *opts,
+                                         void *ws, size_t ws_bytes, int64_t max_tokens,
+                                         struct kv_attn_cuda_errors *errors, kv_cuda_stream stream);
+kv_status kv__attn_decode_ex_cuda_dev_ws(struct kv_paged_cache cache, uint32_t layer,
+                                         const struct kv_view *q,
+                                         const struct kv_attn_dev_pages *pages, float softmax_scale,
+                                         const struct kv_attn_dev_scales *scales,
+                                         const struct kv_view *out, const struct kv_attn_opts *opts,
+                                         void *ws, size_t ws_bytes, int64_t max_tokens,
+                                         struct kv_attn_cuda_errors *errors, kv_cuda_stream stream)
+{
+    static const char fn[] = "kv_attn_decode_ex_cuda_dev";
+    struct kv__attn_job j;
+    kv_status st = kv__attn_decode_dev_check(fn, &cache, layer, q, pages, softmax_scale, scales,
+                                             out, opts, &j);
+    if (st != KV_OK)
+        return st;
+    return dev_done(&j, kv__cuda_attn_decode_dev_ws(&j, pages, scales && !scales->device, errors,
+                                                    ws, ws_bytes, max_tokens, stream));
+}
+
 kv_status kv_attn_decode_cuda_dev(struct kv_paged_cache cache, uint32_t layer,
                                   const struct kv_view *q, const struct kv_attn_dev_pages *pages,
                                   float softmax_scale, const struct kv_attn_dev_scales *scales,

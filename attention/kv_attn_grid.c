@@ -150,27 +150,69 @@ kv_status kv__grid_attn_copy_ex(const struct kv__attn_job *j)
     return st;
 }
 
-bool kv__cdec_general;
+int kv__cdec_body;
+int kv__cdec_chunks;
 
 static void decode_thread(const struct kv_grid_ctx *c, const void *arg)
 {
     const struct kv__cdec *p = arg;
-    if (p->vec)
+    switch (p->body) {
+    case KV__CDEC_VEC:
         kv__decode_vec_body(c, p);
-    else
+        break;
+    case KV__CDEC_PIPE:
+        kv__decode_pipe_body(c, p);
+        break;
+    case KV__CDEC_SPLIT:
+        kv__decode_split_body(c, p);
+        break;
+    default:
         kv__decode_body(c, p);
+        break;
+    }
 }
 
-/* kv__cdec_blocks blocks of p->warps warps (launch_decode in kv_attn_cuda.cu) */
-static kv_status decode_launch(const char *fn, const struct kv__attn_job *j,
-                               const struct kv__cdec *p, size_t shmem)
+static void decode_merge_thread(const struct kv_grid_ctx *c, const void *arg)
 {
+    kv__decode_merge_body(c, arg);
+}
+
+/* The SMs the emulated split-KV plans for (an H100 / H200 SXM). */
+#define GRID_SMS 132
+
+/* kv__cdec_blocks blocks of p->warps warps (launch_decode in kv_attn_cuda.cu);
+ * split-KV (max_tokens: the longest sequence, -1 unknown): the chunks'
+ * kernel into a workspace (host memory here; kv_attn_cuda.cu's launchers
+ * take the caller's or a stream-ordered one), then the merge kernel. */
+static kv_status decode_launch(const char *fn, const struct kv__attn_job *j, struct kv__cdec *p,
+                               size_t shmem, int64_t max_tokens)
+{
+    if (p->body == KV__CDEC_SPLIT)
+        kv__cdec_split_plan(p, j->n_seqs, max_tokens, GRID_SMS);
     const int64_t blocks = kv__cdec_blocks(p, j->n_seqs);
     if (blocks > INT32_MAX)
         return kv__error(KV_ERR_UNSUPPORTED, "%s: %lld decode blocks (at most %d)", fn,
                          (long long)blocks, INT32_MAX);
     const struct kv_grid_launch l = {(uint64_t)blocks, (uint64_t)(32 * p->warps), shmem, true};
-    return run(fn, l, decode_thread, p, 0);
+    if (p->body != KV__CDEC_SPLIT)
+        return run(fn, l, decode_thread, p, 0);
+    const size_t wb = kv__cdec_ws_bytes(p);
+    p->ws = kv__mem_alloc(wb);
+    if (!p->ws)
+        return kv__error(KV_ERR_NO_MEMORY, "%s: split-KV workspace of %zu bytes", fn, wb);
+    /* stale bytes: every entry the merge reads must have been written */
+    memset(p->ws, 0xff, wb);
+    kv_status st = kv__grid_run(fn, &l, decode_thread, p);
+    if (st == KV_OK) {
+        const struct kv_grid_launch m = {
+            (uint64_t)kv__attn_grid_of(j->n_seqs * p->lo.num_heads * p->g), KV__DECM_THREADS, 0,
+            false};
+        st = run(fn, m, decode_merge_thread, p, 0);
+        g_last.launch = l; /* the tests check the chunks' launch */
+    }
+    kv__mem_free(p->ws);
+    p->ws = NULL;
+    return st;
 }
 
 kv_status kv__grid_attn_decode(const struct kv__attn_job *j)
@@ -197,7 +239,10 @@ kv_status kv__grid_attn_decode(const struct kv__attn_job *j)
     p.page_start = j->page_start;
     p.seq_tokens = j->seq_tokens;
     p.scales = scales;
-    return decode_launch(fn, j, &p, shmem);
+    int64_t max_tokens = 0;
+    for (uint32_t s = 0; s < j->n_seqs; s++)
+        max_tokens = j->seq_tokens[s] > max_tokens ? j->seq_tokens[s] : max_tokens;
+    return decode_launch(fn, j, &p, shmem, max_tokens);
 }
 
 struct prefill_arg {
@@ -327,7 +372,9 @@ kv_status kv__grid_attn_decode_dev(const struct kv__attn_job *j, const struct kv
         return st;
     kv__cdec_build_dev(j, pg, err, &p);
     kv__cdec_scales_dev(j, by_value, &p);
-    st = decode_launch(j->fn, j, &p, shmem);
+    /* split-KV as kv__cuda_attn_decode_dev_ws with a workspace (the
+     * public device-index entry has none: it runs the vector body) */
+    st = decode_launch(j->fn, j, &p, shmem, -1);
     return finish(j->fn, st,
                   &(const struct finish_arg){.err = err,
                                              .indptr = p.d_indptr,

@@ -23,9 +23,12 @@ kv_status kv__grid_attn_move(const struct kv__attn_job *job, bool to_cache);
 kv_status kv__grid_attn_copy(const struct kv__attn_job *job);
 kv_status kv__grid_attn_copy_ex(const struct kv__attn_job *job);
 kv_status kv__grid_attn_decode(const struct kv__attn_job *job);
-/* Test hook: true makes every decode (emulated or CUDA) take the general
- * body instead of the vector one (kv_attn_kernels_hd.h, kv__cdec_vec). */
-extern bool kv__cdec_general;
+/* Test hooks: kv__cdec_body forces a decode body (emulated or CUDA):
+ * KV__CDEC_AUTO 0, _GENERAL 1, _VEC 2, _PIPE 3 (pipelined vector), _SPLIT 4
+ * (split-KV); kv__cdec_chunks: split-KV's chunk count (0 auto)
+ * (kv_attn_kernels_hd.h, kv__cdec_build). */
+extern int kv__cdec_body;
+extern int kv__cdec_chunks;
 /* kv__cuda_attn_prefill: job from kv__attn_decode_check (a prefill; a
  * decode job runs too) (kv_attn_prefill_hd.h); KV_ERR_UNSUPPORTED as the
  * launcher (shared memory, grid). */

@@ -20,10 +20,15 @@
  *   decode  the vector body (kv__decode_vec_body, rows of at most 32
  *           aligned vectors): one block per (sequence, KV head, group of
  *           up to 4 query heads), lane groups of one row each, online
- *           softmax in registers, shuffles; otherwise the general body
+ *           softmax in registers, shuffles; its software-pipelined form
+ *           (kv__decode_pipe_body); split-KV (kv__decode_split_body: the
+ *           vector body over chunks of a sequence into a workspace, then
+ *           kv__decode_merge_body); otherwise the general body
  *           (kv__decode_body): one block per (sequence, KV head), each
  *           warp takes every warps-th token, lanes split the head dim, an
- *           online softmax per warp and query head in shared memory
+ *           online softmax per warp and query head in shared memory.
+ *           kv__cdec_build picks (auto: vector or general); the test hook
+ *           kv__cdec_body forces one
  *
  * Header tier *_hd.h (module-private in practice: attention/ and its tests).
  */
@@ -505,12 +510,18 @@ struct kv__cdec {
     float cap;
     float *lse;
     int64_t lse_stride;
-    /* the vector body (kv__decode_vec_body; vec 1): a row of D elements in
-     * nv vectors of vb bytes (ne elements), one per lane of a group of lpr
-     * lanes (the power of two >= nv); hg query heads per block, n_hg blocks
-     * per (sequence, KV head) */
-    int vec, lpr, nv, vb, ne, hg;
+    /* the body (KV__CDEC_GENERAL, _VEC, _PIPE or _SPLIT; kv__cdec_build).
+     * The vector bodies: a row of D elements in nv vectors of vb bytes (ne
+     * elements), one per lane of a group of lpr lanes (the power of two >=
+     * nv); hg query heads per block, n_hg blocks per (sequence, KV head) */
+    int body, lpr, nv, vb, ne, hg;
     int64_t n_hg;
+    /* split-KV (body KV__CDEC_SPLIT): n_split chunks per (sequence, KV
+     * head, head group) of at least split_min tokens (kv__dec_chunk); ws
+     * the workspace [n_seqs][Hq][n_split][D + 2] floats (kv__cdec_ws_bytes),
+     * n_seqs for the merge */
+    int64_t n_split, split_min, n_seqs;
+    float *ws;
 };
 
 KV_HD float kv__dec_scale(const struct kv__cdec *p, int kv, int64_t i)
@@ -665,6 +676,7 @@ KV_HD void kv__decode_body(const struct kv_grid_ctx *c, const struct kv__cdec *p
 #define KV__DECV_G 4
 #define KV__DECV_E 8
 #define KV__DECV_U 2
+#define KV__DECP_U 4 /* the pipelined body's tokens a lane group a step */
 
 #define KV__ALIGN16 __attribute__((aligned(16)))
 struct KV__ALIGN16 kv__vec16 {
@@ -718,127 +730,265 @@ KV_HD void kv__dec_merge(float *m, float *l, float mo, float lo, float *fa, floa
     *m = M;
 }
 
-KV_HD void kv__decode_vec_body(const struct kv_grid_ctx *c, const struct kv__cdec *p)
-{
-    const int64_t H = p->lo.num_heads, D = p->lo.head_dim, g = p->g;
-    const int64_t per_s = H * p->n_hg, s = c->block / per_s, r = c->block - s * per_s;
-    const int64_t h = r / p->n_hg, q0 = (r - h * p->n_hg) * p->hg;
-    const int hg = (int)(g - q0 < p->hg ? g - q0 : p->hg);
-    const int warp = (int)(c->thread / 32), lane = (int)(c->thread % 32);
-    const int lpr = p->lpr, sub = lane % lpr, grp = lane / lpr, gpw = 32 / lpr, ne = p->ne;
-    const bool act = sub < p->nv; /* the lane holds a vector of each row */
-    const int64_t d0 = (int64_t)sub * ne, es = p->lo.elem_bytes;
+/* One block's state in the vector bodies: its sequence s, KV head h and
+ * query heads q0 .. q0 + hg - 1, the lane's place in its group (a row's
+ * vector sub of a group of lpr lanes; grp of gpw groups a warp), the
+ * sequence's tokens and visible start, and in registers the query slice
+ * and the online softmax of each query head (m, l and the lane's acc). */
+struct kv__decv {
+    int64_t s, h, q0, d0, head_off, n_tok, first;
+    const int32_t *pages;
+    int hg, warp, lpr, sub, grp, gpw, ne;
+    bool act; /* the lane holds a vector of each row */
+    float ks, vs;
     float q[KV__DECV_G][KV__DECV_E], acc[KV__DECV_G][KV__DECV_E], m[KV__DECV_G], l[KV__DECV_G];
+};
+
+/* Block blk's state (blk over (sequence, KV head, head group)); rec: this
+ * block may record its sequence's device-mode error (once per sequence:
+ * head 0, head group 0, and for split-KV chunk 0). */
+KV_HD void kv__decv_begin(const struct kv_grid_ctx *c, const struct kv__cdec *p, int64_t blk,
+                          bool rec, struct kv__decv *b)
+{
+    const int64_t H = p->lo.num_heads, g = p->g;
+    const int64_t per_s = H * p->n_hg;
+    b->s = blk / per_s;
+    const int64_t r = blk - b->s * per_s;
+    b->h = r / p->n_hg;
+    b->q0 = (r - b->h * p->n_hg) * p->hg;
+    b->hg = (int)(g - b->q0 < p->hg ? g - b->q0 : p->hg);
+    const int lane = (int)(c->thread % 32);
+    b->warp = (int)(c->thread / 32);
+    b->lpr = p->lpr;
+    b->sub = lane % b->lpr;
+    b->grp = lane / b->lpr;
+    b->gpw = 32 / b->lpr;
+    b->ne = p->ne;
+    b->act = b->sub < p->nv;
+    b->d0 = (int64_t)b->sub * b->ne;
+    const int64_t s = b->s, h = b->h, q0 = b->q0;
     KV__UNROLL for (int qi = 0; qi < KV__DECV_G; qi++)
     {
-        m[qi] = -INFINITY;
-        l[qi] = 0.0f;
+        b->m[qi] = -INFINITY;
+        b->l[qi] = 0.0f;
         KV__UNROLL for (int e = 0; e < KV__DECV_E; e++)
         {
-            acc[qi][e] = 0.0f;
-            q[qi][e] = 0.0f;
-            if (qi < hg && act && e < ne)
-                q[qi][e] =
+            b->acc[qi][e] = 0.0f;
+            b->q[qi][e] = 0.0f;
+            if (qi < b->hg && b->act && e < b->ne)
+                b->q[qi][e] =
                     kv_to_f32(p->q.dt, p->q.base + s * p->q.tok + (h * g + q0 + qi) * p->q.head +
-                                           (d0 + e) * p->q.dim) *
+                                           (b->d0 + e) * p->q.dim) *
                     p->softmax_scale;
         }
     }
-    const float ks = kv__dec_scale(p, 0, p->n_mul > 1 ? h : 0),
-                vs = kv__dec_scale(p, 1, p->n_mul > 1 ? h : 0);
-    int64_t n_tok;
-    const int32_t *pages;
-    kv__dec_seq(c, p, s, h == 0 && q0 == 0, &n_tok, &pages);
-    const int64_t first = kv__dec_first(p, n_tok);
-    const int64_t head_off = h * p->lo.stride_head_bytes + d0 * es;
-    for (int64_t base = first + (int64_t)warp * gpw * KV__DECV_U; base < n_tok;
-         base += (int64_t)p->warps * gpw * KV__DECV_U) {
+    b->ks = kv__dec_scale(p, 0, p->n_mul > 1 ? h : 0);
+    b->vs = kv__dec_scale(p, 1, p->n_mul > 1 ? h : 0);
+    kv__dec_seq(c, p, s, rec && h == 0 && q0 == 0, &b->n_tok, &b->pages);
+    b->first = kv__dec_first(p, b->n_tok);
+    b->head_off = b->h * p->lo.stride_head_bytes + b->d0 * p->lo.elem_bytes;
+}
+
+/* One step of a lane group: nu (KV__DECV_U or KV__DECP_U, a constant where
+ * inlined) tokens whose K and V vectors are kb[u], vb[u] (ok[u]: the token
+ * is in range and its page valid) into the online softmax. Every lane of
+ * the warp calls it (the shuffles). */
+KV_HD void kv__decv_step(const struct kv_grid_ctx *c, const struct kv__cdec *p, struct kv__decv *b,
+                         const struct kv__vec16 *kb, const struct kv__vec16 *vb, const bool *ok,
+                         int nu)
+{
+    const int lpr = b->lpr, ne = b->ne, hg = b->hg;
+    float sc[KV__DECP_U][KV__DECV_G];
+    float vf[KV__DECP_U][KV__DECV_E];
+    KV__UNROLL for (int u = 0; u < KV__DECP_U; u++)
+    {
+        if (u >= nu)
+            break;
+        float kf[KV__DECV_E];
+        KV__UNROLL for (int e = 0; e < KV__DECV_E; e++) kf[e] = vf[u][e] = 0.0f;
+        if (ok[u] && b->act) {
+            kv__vec_f32(p->lo.dtype, &kb[u], ne, kf);
+            kv__vec_f32(p->lo.dtype, &vb[u], ne, vf[u]);
+        }
+        KV__UNROLL for (int qi = 0; qi < KV__DECV_G; qi++)
+        {
+            sc[u][qi] = -INFINITY;
+            if (qi < hg) { /* hg is the block's: the shuffles stay converged */
+                float part = 0.0f;
+                KV__UNROLL for (int e = 0; e < KV__DECV_E; e++) part += b->q[qi][e] * kf[e];
+                for (int o = lpr / 2; o > 0; o >>= 1)
+                    part += kv_grid_shfl_xor(c, part, o);
+                if (ok[u])
+                    sc[u][qi] = kv__dec_logit(p, part * b->ks);
+            }
+        }
+    }
+    KV__UNROLL for (int qi = 0; qi < KV__DECV_G; qi++)
+    {
+        float mx = b->m[qi];
+        KV__UNROLL for (int u = 0; u < KV__DECP_U; u++) if (u < nu) mx =
+            sc[u][qi] > mx ? sc[u][qi] : mx;
+        if (qi < hg && mx != -INFINITY) { /* else nothing visible yet */
+            const float corr = b->m[qi] == -INFINITY ? 0.0f : kv_grid_expf(b->m[qi] - mx);
+            float w[KV__DECP_U];
+            b->l[qi] *= corr;
+            KV__UNROLL for (int u = 0; u < KV__DECP_U; u++)
+            {
+                if (u >= nu)
+                    break;
+                w[u] = ok[u] ? kv_grid_expf(sc[u][qi] - mx) : 0.0f;
+                b->l[qi] += w[u];
+                w[u] *= b->vs;
+            }
+            b->m[qi] = mx;
+            /* vf is 0 where a token or the lane has nothing */
+            KV__UNROLL for (int e = 0; e < KV__DECV_E; e++)
+            {
+                float a = b->acc[qi][e] * corr;
+                KV__UNROLL for (int u = 0; u < KV__DECP_U; u++) if (u < nu) a += w[u] * vf[u][e];
+                b->acc[qi][e] = a;
+            }
+        }
+    }
+}
+
+/* Tokens [t0, t1) of the block's sequence into its online softmax: each
+ * lane group takes KV__DECV_U consecutive tokens a step, K and V of all of
+ * them loaded before any arithmetic. */
+KV_HD void kv__decv_loop(const struct kv_grid_ctx *c, const struct kv__cdec *p, struct kv__decv *b,
+                         int64_t t0, int64_t t1)
+{
+    for (int64_t base = t0 + (int64_t)b->warp * b->gpw * KV__DECV_U; base < t1;
+         base += (int64_t)p->warps * b->gpw * KV__DECV_U) {
         /* base is the warp's: every lane runs the same steps (shuffles) */
         struct kv__vec16 kb[KV__DECV_U], vb[KV__DECV_U];
         bool ok[KV__DECV_U];
         KV__UNROLL for (int u = 0; u < KV__DECV_U; u++)
         {
-            const int64_t t = base + grp * KV__DECV_U + u;
-            ok[u] = t < n_tok;
+            const int64_t t = base + b->grp * KV__DECV_U + u;
+            ok[u] = t < t1;
             if (ok[u]) {
                 const int64_t pi = kv__div(t, p->pt), ti = t - pi * p->pt;
-                const int32_t pid = pages[pi];
+                const int32_t pid = b->pages[pi];
                 if (p->dev && (pid < 0 || pid >= p->n_ids)) {
                     /* recorded once: at the page's first token, head 0 */
-                    if (h == 0 && q0 == 0 && sub == 0 && ti == 0)
-                        kv__dev_error(p->err, KV_ATTN_DEV_PAGES, (pages - p->d_indices) + pi);
+                    if (b->h == 0 && b->q0 == 0 && b->sub == 0 && ti == 0)
+                        kv__dev_error(p->err, KV_ATTN_DEV_PAGES, (b->pages - p->d_indices) + pi);
                     ok[u] = false;
-                } else if (act) {
+                } else if (b->act) {
                     const char *kp = p->cache +
                                      kv_layout_slot_offset_bytes(
                                          &p->lo, p->layer, 0, kv_attn_page_slot(pid, p->pt, ti)) +
-                                     head_off;
+                                     b->head_off;
                     kv_grid_move(c, &kb[u], kp, p->vb);
                     kv_grid_move(c, &vb[u], kp + p->lo.stride_kv_bytes, p->vb);
                 }
             }
         }
-        float sc[KV__DECV_U][KV__DECV_G];
-        float vf[KV__DECV_U][KV__DECV_E];
-        KV__UNROLL for (int u = 0; u < KV__DECV_U; u++)
-        {
-            float kf[KV__DECV_E];
-            KV__UNROLL for (int e = 0; e < KV__DECV_E; e++) kf[e] = vf[u][e] = 0.0f;
-            if (ok[u] && act) {
-                kv__vec_f32(p->lo.dtype, &kb[u], ne, kf);
-                kv__vec_f32(p->lo.dtype, &vb[u], ne, vf[u]);
-            }
-            KV__UNROLL for (int qi = 0; qi < KV__DECV_G; qi++)
-            {
-                sc[u][qi] = -INFINITY;
-                if (qi < hg) { /* hg is the block's: the shuffles stay converged */
-                    float part = 0.0f;
-                    KV__UNROLL for (int e = 0; e < KV__DECV_E; e++) part += q[qi][e] * kf[e];
-                    for (int o = lpr / 2; o > 0; o >>= 1)
-                        part += kv_grid_shfl_xor(c, part, o);
-                    if (ok[u])
-                        sc[u][qi] = kv__dec_logit(p, part * ks);
-                }
-            }
-        }
-        KV__UNROLL for (int qi = 0; qi < KV__DECV_G; qi++)
-        {
-            float mx = m[qi];
-            KV__UNROLL for (int u = 0; u < KV__DECV_U; u++) mx = sc[u][qi] > mx ? sc[u][qi] : mx;
-            if (qi < hg && mx != -INFINITY) { /* else nothing visible yet */
-                const float corr = m[qi] == -INFINITY ? 0.0f : kv_grid_expf(m[qi] - mx);
-                float w[KV__DECV_U];
-                l[qi] *= corr;
-                KV__UNROLL for (int u = 0; u < KV__DECV_U; u++)
-                {
-                    w[u] = ok[u] ? kv_grid_expf(sc[u][qi] - mx) : 0.0f;
-                    l[qi] += w[u];
-                    w[u] *= vs;
-                }
-                m[qi] = mx;
-                /* vf is 0 where a token or the lane has nothing */
-                KV__UNROLL for (int e = 0; e < KV__DECV_E; e++)
-                {
-                    float a = acc[qi][e] * corr;
-                    KV__UNROLL for (int u = 0; u < KV__DECV_U; u++) a += w[u] * vf[u][e];
-                    acc[qi][e] = a;
-                }
+        kv__decv_step(c, p, b, kb, vb, ok, KV__DECV_U);
+    }
+}
+
+/* The K rows (plus the block's head offset) of tokens t .. t +
+ * KV__DECP_U - 1 of the pipelined body: rows[u], NULL for a token at or
+ * past t1 or on an invalid page (device mode: recorded at the page's first
+ * token, head 0). */
+KV_HD void kv__decp_rows(const struct kv__cdec *p, const struct kv__decv *b, int64_t t, int64_t t1,
+                         const char **rows)
+{
+    KV__UNROLL for (int u = 0; u < KV__DECP_U; u++)
+    {
+        const int64_t tu = t + u;
+        rows[u] = NULL;
+        if (tu < t1) {
+            const int64_t pi = kv__div(tu, p->pt), ti = tu - pi * p->pt;
+            const int32_t pid = b->pages[pi];
+            if (p->dev && (pid < 0 || pid >= p->n_ids)) {
+                if (b->h == 0 && b->q0 == 0 && b->sub == 0 && ti == 0)
+                    kv__dev_error(p->err, KV_ATTN_DEV_PAGES, (b->pages - p->d_indices) + pi);
+            } else {
+                rows[u] = p->cache +
+                          kv_layout_slot_offset_bytes(&p->lo, p->layer, 0,
+                                                      kv_attn_page_slot(pid, p->pt, ti)) +
+                          b->head_off;
             }
         }
     }
+}
+
+/* The K and V vectors of rows[u] into kb[u], vb[u] (zero where none);
+ * ok[u]: the row exists. */
+KV_HD void kv__decp_load(const struct kv_grid_ctx *c, const struct kv__cdec *p,
+                         const struct kv__decv *b, const char *const *rows, struct kv__vec16 *kb,
+                         struct kv__vec16 *vb, bool *ok)
+{
+    KV__UNROLL for (int u = 0; u < KV__DECP_U; u++)
+    {
+        ok[u] = rows[u] != NULL;
+        if (ok[u] && b->act) {
+            kv_grid_move(c, &kb[u], rows[u], p->vb);
+            kv_grid_move(c, &vb[u], rows[u] + p->lo.stride_kv_bytes, p->vb);
+        } else {
+            KV__UNROLL for (int w = 0; w < 4; w++) kb[u].w[w] = vb[u].w[w] = 0;
+        }
+    }
+}
+
+/* Tokens [t0, t1) as kv__decv_loop, software-pipelined, KV__DECP_U tokens
+ * a lane group a step: each step loads the next step's K and V rows before
+ * its own arithmetic and looks up the page entries of the step after that,
+ * so neither a page lookup nor a row load waits on the arithmetic (base is
+ * the warp's: every lane runs the same steps, and their shuffles). */
+KV_HD void kv__decp_loop(const struct kv_grid_ctx *c, const struct kv__cdec *p, struct kv__decv *b,
+                         int64_t t0, int64_t t1)
+{
+    const int64_t step = (int64_t)p->warps * b->gpw * KV__DECP_U,
+                  base0 = t0 + (int64_t)b->warp * b->gpw * KV__DECP_U,
+                  t_off = (int64_t)b->grp * KV__DECP_U;
+    const char *rows[KV__DECP_U];
+    struct kv__vec16 kb[KV__DECP_U], vb[KV__DECP_U];
+    bool ok[KV__DECP_U];
+    kv__decp_rows(p, b, base0 + t_off, t1, rows);
+    kv__decp_load(c, p, b, rows, kb, vb, ok);
+    kv__decp_rows(p, b, base0 + step + t_off, t1, rows);
+    for (int64_t base = base0; base < t1; base += step) {
+        struct kv__vec16 kn[KV__DECP_U], vn[KV__DECP_U];
+        bool okn[KV__DECP_U];
+        kv__decp_load(c, p, b, rows, kn, vn, okn);
+        kv__decp_rows(p, b, base + 2 * step + t_off, t1, rows);
+        kv__decv_step(c, p, b, kb, vb, ok, KV__DECP_U);
+        KV__UNROLL for (int u = 0; u < KV__DECP_U; u++)
+        {
+            kb[u] = kn[u];
+            vb[u] = vn[u];
+            ok[u] = okn[u];
+        }
+    }
+}
+
+/* The block's lane groups and warps merged; then out and lse (split
+ * false) or, for split-KV, the block's partial state of chunk `chunk`: per
+ * query head qh, ws[((s x Hq + qh) x n_split + chunk) x (D + 2) + d] = acc
+ * (not divided by l), then m and l. Synchronizes. */
+KV_HD void kv__decv_end(const struct kv_grid_ctx *c, const struct kv__cdec *p, struct kv__decv *b,
+                        bool split, int64_t chunk)
+{
+    const int64_t D = p->lo.head_dim, g = p->g;
+    const int hg = b->hg, ne = b->ne, warp = b->warp;
     /* the warp's groups into its group 0 (lane ^ o, o = lpr .. 16) */
-    for (int o = lpr; o < 32; o <<= 1) {
+    for (int o = b->lpr; o < 32; o <<= 1) {
         KV__UNROLL for (int qi = 0; qi < KV__DECV_G; qi++)
         {
             if (qi < hg) {
-                const float mo = kv_grid_shfl_xor(c, m[qi], o), lo = kv_grid_shfl_xor(c, l[qi], o);
+                const float mo = kv_grid_shfl_xor(c, b->m[qi], o),
+                            lo = kv_grid_shfl_xor(c, b->l[qi], o);
                 float fa, fb;
-                kv__dec_merge(&m[qi], &l[qi], mo, lo, &fa, &fb);
+                kv__dec_merge(&b->m[qi], &b->l[qi], mo, lo, &fa, &fb);
                 KV__UNROLL for (int e = 0; e < KV__DECV_E; e++)
                 {
                     if (e < ne) {
-                        const float ao = kv_grid_shfl_xor(c, acc[qi][e], o);
-                        acc[qi][e] = acc[qi][e] * fa + ao * fb;
+                        const float ao = kv_grid_shfl_xor(c, b->acc[qi][e], o);
+                        b->acc[qi][e] = b->acc[qi][e] * fa + ao * fb;
                     }
                 }
             }
@@ -846,16 +996,16 @@ KV_HD void kv__decode_vec_body(const struct kv_grid_ctx *c, const struct kv__cde
     }
     float *sacc = (float *)c->shared;              /* [warps][G][D] */
     float *sml = sacc + p->warps * KV__DECV_G * D; /* [warps][G][2] */
-    if (grp == 0) {
+    if (b->grp == 0) {
         KV__UNROLL for (int qi = 0; qi < KV__DECV_G; qi++)
         {
             if (qi < hg) {
-                if (act)
+                if (b->act)
                     KV__UNROLL for (int e = 0; e < KV__DECV_E; e++) if (e < ne)
-                        sacc[(warp * KV__DECV_G + qi) * D + d0 + e] = acc[qi][e];
-                if (sub == 0) {
-                    sml[(warp * KV__DECV_G + qi) * 2] = m[qi];
-                    sml[(warp * KV__DECV_G + qi) * 2 + 1] = l[qi];
+                        sacc[(warp * KV__DECV_G + qi) * D + b->d0 + e] = b->acc[qi][e];
+                if (b->sub == 0) {
+                    sml[(warp * KV__DECV_G + qi) * 2] = b->m[qi];
+                    sml[(warp * KV__DECV_G + qi) * 2 + 1] = b->l[qi];
                 }
             }
         }
@@ -870,11 +1020,103 @@ KV_HD void kv__decode_vec_body(const struct kv_grid_ctx *c, const struct kv__cde
             kv__dec_merge(&M, &L, ml[0], ml[1], &fa, &fb);
             A = A * fa + sacc[(w * KV__DECV_G + qi) * D + d] * fb;
         }
-        const int64_t qh = h * g + q0 + qi;
+        const int64_t qh = b->h * g + b->q0 + qi;
+        if (split) {
+            float *e = p->ws + ((b->s * p->lo.num_heads * g + qh) * p->n_split + chunk) * (D + 2);
+            e[d] = A;
+            if (d == 0) {
+                e[D] = M;
+                e[D + 1] = L;
+            }
+            continue;
+        }
         kv_from_f32(p->out.dt, L > 0.0f ? A / L : 0.0f,
-                    p->out.base + s * p->out.tok + qh * p->out.head + d * p->out.dim);
+                    p->out.base + b->s * p->out.tok + qh * p->out.head + d * p->out.dim);
         if (p->lse && d == 0)
-            p->lse[s * p->lse_stride + qh] = L > 0.0f ? M + logf(L) : -INFINITY;
+            p->lse[b->s * p->lse_stride + qh] = L > 0.0f ? M + logf(L) : -INFINITY;
+    }
+}
+
+/* The vector body: one block per (sequence, KV head, head group), every
+ * visible token, KV__DECV_U tokens a lane group a step. */
+KV_HD void kv__decode_vec_body(const struct kv_grid_ctx *c, const struct kv__cdec *p)
+{
+    struct kv__decv b;
+    kv__decv_begin(c, p, c->block, true, &b);
+    kv__decv_loop(c, p, &b, b.first, b.n_tok);
+    kv__decv_end(c, p, &b, false, 0);
+}
+
+/* The pipelined vector body: the vector body's blocks, kv__decp_loop. */
+KV_HD void kv__decode_pipe_body(const struct kv_grid_ctx *c, const struct kv__cdec *p)
+{
+    struct kv__decv b;
+    kv__decv_begin(c, p, c->block, true, &b);
+    kv__decp_loop(c, p, &b, b.first, b.n_tok);
+    kv__decv_end(c, p, &b, false, 0);
+}
+
+/* Chunk k's tokens [*t0, *t1) of a sequence whose visible tokens are
+ * [first, n_tok), in n_split chunks of ceil(visible / n_split) tokens, at
+ * least split_min (the last chunks may then be short or empty). */
+KV_HD void kv__dec_chunk(const struct kv__cdec *p, int64_t first, int64_t n_tok, int64_t k,
+                         int64_t *t0, int64_t *t1)
+{
+    int64_t len = (n_tok - first + p->n_split - 1) / p->n_split;
+    if (len < p->split_min)
+        len = p->split_min;
+    const int64_t a = first + k * len, e = a + len;
+    *t0 = a < n_tok ? a : n_tok;
+    *t1 = e < n_tok ? e : n_tok;
+}
+
+/* Split-KV, the first kernel: one block per (sequence, KV head, head
+ * group, chunk: n_split a sequence, the innermost), the vector body over
+ * the chunk's tokens, its partial state into the workspace p->ws
+ * (kv__decv_end); kv__decode_merge_body combines the chunks. */
+KV_HD void kv__decode_split_body(const struct kv_grid_ctx *c, const struct kv__cdec *p)
+{
+    const int64_t k = c->block % p->n_split;
+    struct kv__decv b;
+    kv__decv_begin(c, p, c->block / p->n_split, k == 0, &b);
+    int64_t t0, t1;
+    kv__dec_chunk(p, b.first, b.n_tok, k, &t0, &t1);
+    kv__decv_loop(c, p, &b, t0, t1);
+    kv__decv_end(c, p, &b, true, k);
+}
+
+#define KV__DECM_THREADS 128
+
+/* Split-KV, the merge: one block of KV__DECM_THREADS per (sequence, query
+ * head) row (grid stride over n_seqs x Hq rows), threads over D; the
+ * chunks' (acc, m, l) merged as one online softmax, then out = A / L and
+ * lse = M + ln L from the merged state (an empty chunk has m -inf, l 0:
+ * left out). */
+KV_HD void kv__decode_merge_body(const struct kv_grid_ctx *c, const struct kv__cdec *p)
+{
+    const int64_t D = p->lo.head_dim, Hq = p->lo.num_heads * p->g, rows = p->n_seqs * Hq;
+    const int64_t es = D + 2;
+    for (int64_t row = c->block; row < rows; row += c->grid_dim) {
+        const int64_t s = row / Hq, qh = row - s * Hq;
+        const float *w = p->ws + row * p->n_split * es;
+        float M = -INFINITY;
+        for (int64_t k = 0; k < p->n_split; k++)
+            M = fmaxf(M, w[k * es + D]);
+        for (int64_t d = c->thread; d < D; d += c->block_dim) {
+            float L = 0.0f, A = 0.0f;
+            for (int64_t k = 0; k < p->n_split; k++) {
+                const float mk = w[k * es + D];
+                if (mk == -INFINITY)
+                    continue;
+                const float f = kv_grid_expf(mk - M);
+                L += w[k * es + D + 1] * f;
+                A += w[k * es + d] * f;
+            }
+            kv_from_f32(p->out.dt, L > 0.0f ? A / L : 0.0f,
+                        p->out.base + s * p->out.tok + qh * p->out.head + d * p->out.dim);
+            if (p->lse && d == 0)
+                p->lse[s * p->lse_stride + qh] = L > 0.0f ? M + logf(L) : -INFINITY;
+        }
     }
 }
 
@@ -1181,9 +1423,18 @@ static inline int kv__cmove_width(const struct kv__cmove *m)
  * the launcher to point at its copies), the shared memory per block and
  * the block size; KV_ERR_UNSUPPORTED when even one warp's shared memory
  * exceeds KV__SHARED_MAX. */
-/* Test hook (library-internal): true makes every decode take the general
- * body, so the tests run both on the same cases. */
-extern bool kv__cdec_general;
+/* The decode bodies. Test hook (library-internal) kv__cdec_body: 0
+ * (KV__CDEC_AUTO) what kv__cdec_build picks (the vector body where the
+ * rows allow it, else the general one), or one forced, so the tests and
+ * the GPU bench run every body on the same cases: a vector-family body
+ * (_VEC, _PIPE, _SPLIT) where the rows do not allow one runs the general
+ * body, and split-KV where the launcher has no workspace (the public
+ * device-index entry) the vector body. kv__cdec_chunks: split-KV's chunks
+ * per sequence when > 0, with no minimum chunk length (else
+ * kv__cdec_split_plan). */
+enum { KV__CDEC_AUTO, KV__CDEC_GENERAL, KV__CDEC_VEC, KV__CDEC_PIPE, KV__CDEC_SPLIT };
+extern int kv__cdec_body;
+extern int kv__cdec_chunks;
 
 /* Whether decode p takes the vector body; sets its lpr, nv, vb, ne, hg,
  * n_hg and warps (4). A head row must be contiguous and split into at most
@@ -1214,14 +1465,49 @@ static inline bool kv__cdec_vec(struct kv__cdec *p)
     p->hg = p->g < KV__DECV_G ? (int)p->g : KV__DECV_G;
     p->n_hg = (p->g + p->hg - 1) / p->hg;
     p->warps = KV__DEC_WARPS;
-    p->vec = 1;
     return true;
 }
 
-/* The blocks of decode p over n_seqs sequences. */
+/* The blocks of decode p over n_seqs sequences (split-KV: its first
+ * kernel's). */
 static inline int64_t kv__cdec_blocks(const struct kv__cdec *p, int64_t n_seqs)
 {
-    return n_seqs * p->lo.num_heads * (p->vec ? p->n_hg : 1);
+    if (p->body == KV__CDEC_GENERAL)
+        return n_seqs * p->lo.num_heads;
+    return n_seqs * p->lo.num_heads * p->n_hg * (p->body == KV__CDEC_SPLIT ? p->n_split : 1);
+}
+
+/* The chunks of a split-KV decode p (body KV__CDEC_SPLIT) over n_seqs
+ * sequences of at most max_tokens tokens (-1: unknown, the device-index
+ * mode) on a GPU of sms multiprocessors: enough chunks that the blocks
+ * number at least 2 x sms, and chunks of at most 2048 tokens, but none
+ * shorter than 256 tokens (a sequence splits into ceil(len / chunk)); at
+ * most 64. kv__cdec_chunks > 0 forces that many, with no minimum length. */
+static inline void kv__cdec_split_plan(struct kv__cdec *p, int64_t n_seqs, int64_t max_tokens,
+                                       int sms)
+{
+    p->n_seqs = n_seqs;
+    if (kv__cdec_chunks > 0) {
+        p->n_split = kv__cdec_chunks;
+        p->split_min = 1;
+        return;
+    }
+    const int64_t base = n_seqs * p->lo.num_heads * p->n_hg;
+    int64_t n = (2 * (int64_t)sms + base - 1) / base;
+    if (max_tokens >= 0) {
+        const int64_t by_len = (max_tokens + 2047) / 2048, most = (max_tokens + 255) / 256;
+        n = n > by_len ? n : by_len;
+        n = n < most ? n : most;
+    }
+    p->n_split = n < 1 ? 1 : n > 64 ? 64 : n;
+    p->split_min = 256;
+}
+
+/* The workspace bytes of a split-KV decode p (after kv__cdec_split_plan). */
+static inline size_t kv__cdec_ws_bytes(const struct kv__cdec *p)
+{
+    return (size_t)p->n_seqs * (size_t)(p->lo.num_heads * p->g) * (size_t)p->n_split *
+           (size_t)(p->lo.head_dim + 2) * sizeof(float);
 }
 
 static inline kv_status kv__cdec_build(const struct kv__attn_job *j, const char *fn,
@@ -1247,7 +1533,10 @@ static inline kv_status kv__cdec_build(const struct kv__attn_job *j, const char 
     p->cap = j->soft_cap;
     p->lse = j->lse;
     p->lse_stride = j->lse_stride ? j->lse_stride : (int64_t)j->q_heads;
-    if (!kv__cdec_general && kv__cdec_vec(p)) {
+    p->body = KV__CDEC_GENERAL;
+    if (kv__cdec_body != KV__CDEC_GENERAL && kv__cdec_vec(p)) {
+        p->body = kv__cdec_body > KV__CDEC_VEC && kv__cdec_body <= KV__CDEC_SPLIT ? kv__cdec_body
+                                                                                  : KV__CDEC_VEC;
         *shmem = (size_t)p->warps * KV__DECV_G * (size_t)(p->lo.head_dim + 2) * sizeof(float);
         return KV_OK;
     }

@@ -17,7 +17,9 @@
 #     test_gpu_offload), and the GPU benchmark lines (JSON: gpu.view_copy
 #     and gpu.kernel.* against a device-to-device cudaMemcpy of the same
 #     bytes; gpu.offload.store / .load, 512 x 2 MiB, against pinned
-#     cudaMemcpyAsync D2H / H2D of the same bytes);
+#     cudaMemcpyAsync D2H / H2D of the same bytes), then a table of the
+#     decode bench lines (every decode body, each against the D2D memcpy
+#     of the same run);
 #  3. the whole suite with KV_EXPECT_GPU=1: the tests then require pinned and
 #     device arenas and device copies to succeed (without it they require the
 #     clean KV_ERR_UNSUPPORTED of a host without a GPU);
@@ -62,16 +64,42 @@ for need in test_gpu_plan test_gpu_graph test_gpu_offload; do
     [[ -x build-gpu/gpu/$need ]] || { echo "gpu-check: build-gpu/gpu/$need was not built"; exit 1; }
 done
 status=0
+logs=$(mktemp -d)
 for t in build-gpu/gpu/test_gpu_*; do
     case "$t" in *.d) continue ;; esac
     echo "-- $t"
     rc=0
-    "$t" || rc=$?
+    "$t" 2>&1 | tee "$logs/$(basename "$t").log" || rc=$?
     if [[ $rc -ne 0 ]]; then
         echo "gpu-check: $t failed (exit $rc)"
         status=1
     fi
 done
+step "decode attention: every body against the D2D memcpy of the same run"
+# test_gpu_attn's decode lines (issue 21: the goal is a ratio >= 0.7): the
+# vector body (auto today), the general one, the pipelined vector body and
+# split-KV, on 256 x 2048 tokens and on a small batch of 8 x 16384
+python3 - "$logs/test_gpu_attn.log" <<'PY' || true
+import json, sys
+rows = []
+for line in open(sys.argv[1], errors="replace"):
+    if not line.startswith('{"bench":"gpu.kernel.decode_attn'):
+        continue
+    try:
+        r = json.loads(line)
+    except ValueError:
+        continue
+    rows.append(r)
+if not rows:
+    print("gpu-check: no decode bench lines in test_gpu_attn's output")
+    sys.exit(0)
+print("| bench | case | body | GB/s | memcpy GB/s | ratio |")
+print("| --- | --- | --- | ---: | ---: | ---: |")
+for r in rows:
+    print("| %s | %s | %s | %.1f | %.1f | %.3f |" % (r["bench"], r["case"], r.get("body", "auto"),
+          r["gbps"], r["baseline_gbps"], r["ratio"]))
+PY
+
 step "the suite, expecting a GPU"
 suite=()
 for t in build-gpu/tests/test_*; do

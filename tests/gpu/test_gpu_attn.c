@@ -16,7 +16,10 @@
  * Then the GPU benchmark lines (JSON, docs/benchmarks.md): write_prefill,
  * write_decode and read against a device-to-device cudaMemcpy of the same
  * bytes, and decode attention against reading its K/V once at cudaMemcpy
- * speed; medians of 9, interleaved.
+ * speed (every decode body: auto, general, pipelined, split-KV, and a
+ * small batch of long sequences); medians of 9, interleaved.
+ * `test_gpu_attn decode` runs the decode cases and the bench alone;
+ * `test_gpu_attn prefill` the prefill cases.
  *
  * Without a GPU it prints "no GPU: skipped" and passes, unless
  * KV_EXPECT_GPU=1 (gpu-check.sh), where a missing GPU fails.
@@ -33,9 +36,28 @@
 #include <kvcache/kv.h>
 #include "kv_convert_hd.h" /* scalar conversions: not installed */
 
-/* Library-internal test hook (attention/kv_attn_grid_int.h): true makes
- * every decode take the general body instead of the vector one. */
-extern bool kv__cdec_general;
+/* Library-internal test hooks (attention/kv_attn_grid_int.h): the decode
+ * body (0 auto, 1 general, 2 vector, 3 pipelined vector, 4 split-KV; a
+ * vector-family body where the rows allow none runs the general one) and
+ * split-KV's chunks per sequence (0: its plan). */
+extern int kv__cdec_body;
+extern int kv__cdec_chunks;
+/* Library-internal (attention/kv_attn_dev.c): kv_attn_decode_ex_cuda_dev
+ * with a caller workspace for split-KV and the longest sequence's tokens
+ * as a hint (-1 none); capture-safe. */
+kv_status kv__attn_decode_ex_cuda_dev_ws(struct kv_paged_cache cache, uint32_t layer,
+                                         const struct kv_view *q,
+                                         const struct kv_attn_dev_pages *pages, float softmax_scale,
+                                         const struct kv_attn_dev_scales *scales,
+                                         const struct kv_view *out, const struct kv_attn_opts *opts,
+                                         void *ws, size_t ws_bytes, int64_t max_tokens,
+                                         struct kv_attn_cuda_errors *errors, kv_cuda_stream stream);
+enum { B_AUTO, B_GENERAL, B_VEC, B_PIPE, B_SPLIT };
+static const char *const body_names[] = {"auto", "general", "vector", "pipelined", "split"};
+
+/* The bodies every decode case runs: (body, chunks) */
+static const int dec_bodies[][2] = {
+    {B_AUTO, 0}, {B_GENERAL, 0}, {B_PIPE, 0}, {B_SPLIT, 3}, {B_SPLIT, 0}};
 
 static int64_t range(uint64_t *s, int64_t lo, int64_t hi)
 {
@@ -412,12 +434,17 @@ static void decode_case(int i)
         CHECK(hlse && cudaMalloc((void **)&dlse, lb) == cudaSuccess);
         o.lse = dlse;
     }
-    /* the vector body where the layout allows it, then the general one */
-    for (int general = 0; general < 2; general++) {
-        kv__cdec_general = general;
+    /* every body: auto (the vector body where the layout allows it),
+     * general, pipelined, split-KV in 3 chunks (lens 257 and up to 2001:
+     * not a divisor) and by its plan */
+    for (size_t bi = 0; bi < sizeof(dec_bodies) / sizeof(dec_bodies[0]); bi++) {
+        const char *bname = body_names[dec_bodies[bi][0]];
+        kv__cdec_body = dec_bodies[bi][0];
+        kv__cdec_chunks = dec_bodies[bi][1];
         CHECK(kv_attn_decode_ex_cuda(p.dev, layer, &vq, &pg, scale, NULL, &vout, &o, NULL) ==
               KV_OK);
-        kv__cdec_general = false;
+        kv__cdec_body = B_AUTO;
+        kv__cdec_chunks = 0;
         CHECK(cudaDeviceSynchronize() == cudaSuccess);
         CHECK(cudaMemcpy(hout, dout, qb, cudaMemcpyDeviceToHost) == cudaSuccess);
         if (dlse)
@@ -454,8 +481,8 @@ static void decode_case(int i)
                     const double want = mx + log(sum), got = hlse[s * Hq + qi];
                     if (fabs(got - want) > 1e-5 * (fabs(want) > 1 ? fabs(want) : 1)) {
                         fprintf(stderr,
-                                "FAIL decode case %d (general %d) lse s%d q%lld: %.9g vs %.9g\n", i,
-                                general, s, (long long)qi, got, want);
+                                "FAIL decode case %d (body %s) lse s%d q%lld: %.9g vs %.9g\n", i,
+                                bname, s, (long long)qi, got, want);
                         exit(1);
                     }
                 }
@@ -474,9 +501,9 @@ static void decode_case(int i)
                     const double tol = 1e-5 * (fabs(want) > 1e-2 ? fabs(want) : 1e-2);
                     if (fabs(got - want) > tol) {
                         fprintf(stderr,
-                                "FAIL decode case %d (general %d) s%d q%lld d%lld (len %lld): %.9g "
+                                "FAIL decode case %d (body %s) s%d q%lld d%lld (len %lld): %.9g "
                                 "vs %.9g\n",
-                                i, general, s, (long long)qi, (long long)d, (long long)lens[s], got,
+                                i, bname, s, (long long)qi, (long long)d, (long long)lens[s], got,
                                 want);
                         exit(1);
                     }
@@ -950,6 +977,10 @@ struct bctx {
     int64_t *dslots;
     struct kv_attn_dev_pages dpages;
     struct kv_attn_cuda_errors *err;
+    /* split-KV's workspace for b_decode_dev_ws, and the longest sequence */
+    void *ws;
+    size_t ws_bytes;
+    int64_t max_tokens;
 };
 
 static kv_status b_write_dev(void *x)
@@ -962,6 +993,13 @@ static kv_status b_decode_dev(void *x)
 {
     struct bctx *b = x;
     return kv_attn_decode_cuda_dev(b->c, 0, &b->q, &b->dpages, 0.088f, NULL, &b->out, b->err, NULL);
+}
+
+static kv_status b_decode_dev_ws(void *x)
+{
+    struct bctx *b = x;
+    return kv__attn_decode_ex_cuda_dev_ws(b->c, 0, &b->q, &b->dpages, 0.088f, NULL, &b->out, NULL,
+                                          b->ws, b->ws_bytes, b->max_tokens, b->err, NULL);
 }
 
 /* A device-index benchmark's result: nothing recorded as invalid. */
@@ -1000,6 +1038,36 @@ static kv_status b_decode(void *x)
 {
     struct bctx *b = x;
     return kv_attn_decode_cuda(b->c, 0, &b->q, &b->pages, 0.088f, NULL, &b->out, NULL);
+}
+
+static void bench_decode_fn(struct bctx *b, bench_fn fn, void *big, size_t kv_bytes,
+                            const char *name, const char *on, const char *shape, int64_t tokens,
+                            int body);
+
+/* One decode bench line: body `body` (kv__cdec_body) over b's pages, q
+ * and out, against a D2D cudaMemcpy of the kv_bytes it reads (K and V
+ * once), timed interleaved in the same run. */
+static void bench_decode(struct bctx *b, void *big, size_t kv_bytes, const char *name,
+                         const char *on, const char *shape, int64_t tokens, int body)
+{
+    bench_decode_fn(b, b_decode, big, kv_bytes, name, on, shape, tokens, body);
+}
+
+/* bench_decode with the call fn (b_decode_dev_ws: the device-index mode
+ * with a workspace). */
+static void bench_decode_fn(struct bctx *b, bench_fn fn, void *big, size_t kv_bytes,
+                            const char *name, const char *on, const char *shape, int64_t tokens,
+                            int body)
+{
+    float tk, tm;
+    kv__cdec_body = body;
+    time_pair(fn, b, b->c.base, big, kv_bytes, &tk, &tm);
+    kv__cdec_body = B_AUTO;
+    printf("{\"bench\":\"%s\",\"case\":\"%s/bf16/N16/Hq32/H8/D128/%s\",\"body\":\"%s\","
+           "\"bytes\":%zu,\"tokens_per_s\":%.3g,\"gbps\":%.1f,\"baseline\":"
+           "\"cudaMemcpy_d2d_of_kv\",\"baseline_gbps\":%.1f,\"ratio\":%.3f,\"runs\":9}\n",
+           name, on, shape, body_names[body], kv_bytes, (double)tokens / (tk * 1e-3),
+           kv_bytes / (tk * 1e6), kv_bytes / (tm * 1e6), tm / tk);
 }
 
 static void bench(kv_order order)
@@ -1108,21 +1176,41 @@ static void bench(kv_order order)
     const size_t kvb = (size_t)Sd * Ld * H * D * 2 * 2; /* K and V read once */
     void *big;
     CHECK(cudaMalloc(&big, kvb) == cudaSuccess);
-    time_pair(b_decode, &b, b.c.base, big, kvb, &tk, &tm);
-    printf(
-        "{\"bench\":\"gpu.kernel.decode_attn\",\"case\":\"%s/bf16/N16/Hq32/H8/D128/256x2048\","
-        "\"bytes\":%zu,\"tokens_per_s\":%.3g,\"gbps\":%.1f,\"baseline\":\"cudaMemcpy_d2d_of_kv\","
-        "\"baseline_gbps\":%.1f,\"ratio\":%.3f,\"runs\":9}\n",
-        on, kvb, (double)(Sd * Ld) / (tk * 1e-3), kvb / (tk * 1e6), kvb / (tm * 1e6), tm / tk);
-    /* the general body on the same decode (the vector body's baseline:
-     * one warp per token, lanes over the head dim, shared-memory sums) */
-    kv__cdec_general = true;
-    time_pair(b_decode, &b, b.c.base, big, kvb, &tk, &tm);
-    kv__cdec_general = false;
-    printf("{\"bench\":\"gpu.kernel.decode_attn_general\",\"case\":\"%s/bf16/N16/Hq32/H8/D128/"
-           "256x2048\",\"bytes\":%zu,\"tokens_per_s\":%.3g,\"gbps\":%.1f,\"baseline\":"
-           "\"cudaMemcpy_d2d_of_kv\",\"baseline_gbps\":%.1f,\"ratio\":%.3f,\"runs\":9}\n",
-           on, kvb, (double)(Sd * Ld) / (tk * 1e-3), kvb / (tk * 1e6), kvb / (tm * 1e6), tm / tk);
+    /* every body on the same decode, each against the same D2D memcpy of
+     * the K/V bytes timed in the same run: auto (today: the vector body),
+     * the general body (the vector body's baseline: one warp per token,
+     * lanes over the head dim, shared-memory sums), the pipelined vector
+     * body and split-KV (its plan: 2 x SMs blocks, chunks of <= 2048
+     * tokens; here 1 chunk a sequence) */
+    bench_decode(&b, big, kvb, "gpu.kernel.decode_attn", on, "256x2048", Sd * Ld, B_AUTO);
+    bench_decode(&b, big, kvb, "gpu.kernel.decode_attn_general", on, "256x2048", Sd * Ld,
+                 B_GENERAL);
+    bench_decode(&b, big, kvb, "gpu.kernel.decode_attn_pipe", on, "256x2048", Sd * Ld, B_PIPE);
+    bench_decode(&b, big, kvb, "gpu.kernel.decode_attn_split", on, "256x2048", Sd * Ld, B_SPLIT);
+    /* a small batch of long sequences: 8 x 16384 tokens on the same pool
+     * (8 x 8 x 8 = 512 vector blocks: under 4 a SM on an H200; split-KV's
+     * plan: 8 chunks of 2048 tokens) */
+    {
+        const int64_t Sl = 8, Ll = 16384, pl = Ll / N;
+        for (int64_t s = 0; s <= Sl; s++)
+            indptr[s] = (int32_t)(s * pl);
+        b.pages.n_seqs = (uint32_t)Sl;
+        int64_t shl[3] = {Sl, 32, D};
+        const size_t qbl = (size_t)Sl * 32 * D * 2;
+        CHECK(kv_view_init(qd, qbl, KV_BF16, 3, shl, &b.q) == KV_OK);
+        CHECK(kv_view_init(od, qbl, KV_BF16, 3, shl, &b.out) == KV_OK);
+        const size_t kvl = (size_t)Sl * Ll * H * D * 2 * 2;
+        bench_decode(&b, big, kvl, "gpu.kernel.decode_attn_long", on, "8x16384", Sl * Ll, B_AUTO);
+        bench_decode(&b, big, kvl, "gpu.kernel.decode_attn_long_pipe", on, "8x16384", Sl * Ll,
+                     B_PIPE);
+        bench_decode(&b, big, kvl, "gpu.kernel.decode_attn_long_split", on, "8x16384", Sl * Ll,
+                     B_SPLIT);
+        for (int64_t s = 0; s <= Sd; s++)
+            indptr[s] = (int32_t)(s * pd);
+        b.pages.n_seqs = (uint32_t)Sd;
+        CHECK(kv_view_init(qd, qb, KV_BF16, 3, shq, &b.q) == KV_OK);
+        CHECK(kv_view_init(od, qb, KV_BF16, 3, shq, &b.out) == KV_OK);
+    }
     /* the same decode with the pages in device memory; its output equals
      * the host-index decode's (one kernel body, one launch shape) */
     int32_t *d_indptr, *d_indices, *d_last;
@@ -1153,6 +1241,38 @@ static void bench(kv_order order)
         "\"bytes\":%zu,\"tokens_per_s\":%.3g,\"gbps\":%.1f,\"baseline\":\"cudaMemcpy_d2d_of_kv\","
         "\"baseline_gbps\":%.1f,\"ratio\":%.3f,\"runs\":9}\n",
         on, kvb, (double)(Sd * Ld) / (tk * 1e-3), kvb / (tk * 1e6), kvb / (tm * 1e6), tm / tk);
+    /* split-KV in the capture-safe mode: a caller workspace (64 chunks:
+     * the most the plan takes) and the longest sequence as a hint, as
+     * vLLM's max_seq_len; the same plan as the host-index split-KV, so the
+     * same bytes; then the small batch of long sequences (8 chunks) */
+    b.ws_bytes = (size_t)Sd * 32 * 64 * (size_t)(D + 2) * sizeof(float);
+    CHECK(cudaMalloc(&b.ws, b.ws_bytes) == cudaSuccess);
+    for (int lng = 0; lng < 2; lng++) {
+        const int64_t S2 = lng ? 8 : Sd, L2 = lng ? 16384 : Ld, p2 = L2 / N;
+        const size_t q2 = (size_t)S2 * 32 * D * 2, kv2 = (size_t)S2 * L2 * H * D * 2 * 2;
+        for (int64_t s = 0; s <= S2; s++)
+            indptr[s] = (int32_t)(s * p2);
+        CHECK(cudaMemcpy(d_indptr, indptr, (size_t)(S2 + 1) * 4, cudaMemcpyHostToDevice) ==
+              cudaSuccess);
+        b.pages.n_seqs = b.dpages.n_seqs = (uint32_t)S2;
+        b.max_tokens = L2;
+        int64_t sh2[3] = {S2, 32, D};
+        CHECK(kv_view_init(qd, q2, KV_BF16, 3, sh2, &b.q) == KV_OK);
+        CHECK(kv_view_init(od, q2, KV_BF16, 3, sh2, &b.out) == KV_OK);
+        kv__cdec_body = B_SPLIT;
+        CHECK(b_decode(&b) == KV_OK && cudaDeviceSynchronize() == cudaSuccess);
+        CHECK(cudaMemcpy(o_host, od, q2, cudaMemcpyDeviceToHost) == cudaSuccess);
+        CHECK(cudaMemset(od, 0, q2) == cudaSuccess);
+        kv__cdec_body = B_AUTO;
+        bench_decode_fn(&b, b_decode_dev_ws, big, kv2,
+                        lng ? "gpu.kernel.decode_attn_long_dev_split"
+                            : "gpu.kernel.decode_attn_dev_split",
+                        on, lng ? "8x16384" : "256x2048", S2 * L2, B_SPLIT);
+        check_no_device_errors(&b, "decode_attn_dev_split");
+        CHECK(cudaMemcpy(o_dev, od, q2, cudaMemcpyDeviceToHost) == cudaSuccess);
+        CHECK(memcmp(o_host, o_dev, q2) == 0);
+    }
+    cudaFree(b.ws);
     free(o_host);
     free(o_dev);
     cudaFree(d_indptr);
@@ -1250,6 +1370,14 @@ int main(int argc, char **argv)
             prefill_case(i);
         printf("test_gpu_attn prefill: 40 prefill / decode_ex cases: ok\n");
         prefill_speed();
+        return 0;
+    }
+    if (argc > 1 && strcmp(argv[1], "decode") == 0) { /* the decode A/B alone */
+        for (int i = 0; i < 40; i++)
+            decode_case(i);
+        printf("test_gpu_attn decode: 40 decode cases on every body: ok\n");
+        bench(KV_ORDER_NHD);
+        bench(KV_ORDER_HND);
         return 0;
     }
     struct kv_attn_stats s0, s1;

@@ -50,6 +50,7 @@
 #include "kv_convert_hd.h"
 
 #include "kv_attn_grid_int.h"
+#include "kv_attn_kernels_hd.h" /* KV__CDEC_*: the decode bodies */
 #include "kv_grid_hd.h"
 #include "kv_mem.h"
 #include "kv_plan_grid_int.h"
@@ -289,9 +290,11 @@ struct dec_case {
     bool lse;     /* the lse output, in a padded [S][Hq + 3] buffer */
 };
 
-/* Decode case dc on the emulated CUDA bodies: the general one (general) or
- * what kv__cdec_build picks, expected to be the vector body where vec. */
-static void run_decode(const struct dec_case *dc, uint64_t seed, bool general, bool vec)
+/* Decode case dc on the emulated CUDA body `body` (kv__cdec_body: auto,
+ * general, vector, pipelined vector or split-KV with `chunks` chunks a
+ * sequence, 0: its plan); vec: the rows allow the vector bodies (else every
+ * body runs the general one). */
+static void run_decode(const struct dec_case *dc, uint64_t seed, int body, int chunks, bool vec)
 {
     static const int64_t lens[4] = {0, 1, 23, 70};
     const uint32_t S = 4;
@@ -393,17 +396,22 @@ static void run_decode(const struct dec_case *dc, uint64_t seed, bool general, b
                               dc->scales ? &scl : NULL, &out, any_opt ? &ao : NULL, &j);
     if (st != KV_OK)
         fail_msg("decode check: %s: %s", kv_status_name(st), kv_last_error());
-    kv__cdec_general = general;
+    kv__cdec_body = body;
+    kv__cdec_chunks = chunks;
     st = kv__grid_attn_decode(&j);
-    kv__cdec_general = false;
+    kv__cdec_body = KV__CDEC_AUTO;
+    kv__cdec_chunks = 0;
     kv__attn_job_free(&j);
     if (st != KV_OK)
         fail_msg("emulated decode: %s: %s", kv_status_name(st), kv_last_error());
     struct kv__grid_attn_last lst;
     kv__grid_attn_last(&lst);
-    const bool v = vec && !general;
-    /* the vector body: a block per (sequence, KV head, group of <= 4 query heads) */
-    assert_int_equal(lst.launch.grid, S * H * (v ? (dc->g + 3) / 4 : 1));
+    const bool v = vec && body != KV__CDEC_GENERAL;
+    /* the vector bodies: a block per (sequence, KV head, group of <= 4
+     * query heads), split-KV's chunks the innermost (its plan: 1 chunk for
+     * sequences of <= 256 tokens) */
+    const uint64_t n_split = body == KV__CDEC_SPLIT ? (chunks ? (uint64_t)chunks : 1) : 1;
+    assert_int_equal(lst.launch.grid, S * H * (v ? (dc->g + 3) / 4 * n_split : 1));
     assert_true(lst.launch.barriers);
     if (v) {
         assert_int_equal(lst.launch.block, 128);
@@ -479,10 +487,16 @@ static void test_grid_decode(void **state)
         {KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, 0, false, 8, 2, 2, 160, 1, KV_F32, 1, 9, 0, 1},
         {KV_ORDER_HND, KV_ARRANGE_LAYER_MAJOR, 0, false, 8, 2, 1, 33, 1, KV_F16, 0, 0, 0, 0},
     };
+    /* every body on every case: auto, pipelined, split-KV in 3 and 7
+     * chunks (neither divides 23 or 70; 7 leaves 23's last chunk empty)
+     * and by its plan, the vector body, then the general one last */
+    static const int runs[][2] = {{KV__CDEC_AUTO, 0},   {KV__CDEC_PIPE, 0},  {KV__CDEC_SPLIT, 3},
+                                  {KV__CDEC_SPLIT, 7},  {KV__CDEC_SPLIT, 0}, {KV__CDEC_VEC, 0},
+                                  {KV__CDEC_GENERAL, 0}};
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const bool vec = i < 8;
-        run_decode(&cases[i], 700 + i, false, vec);
-        run_decode(&cases[i], 700 + i, true, vec);
+        for (size_t r = 0; r < sizeof(runs) / sizeof(runs[0]); r++)
+            run_decode(&cases[i], 700 + i, runs[r][0], runs[r][1], vec);
         struct kv__grid_attn_last lst;
         kv__grid_attn_last(&lst);
         const int64_t gd = cases[i].g * cases[i].D;

@@ -334,6 +334,10 @@ static int64_t ref_seq(const struct kv_attn_dev_pages *dp, uint32_t s, int64_t p
  * device-index output (and lse) must equal the host-index one byte for
  * byte; test_grid.c checks the options against float64. */
 static struct kv_attn_opts *dec_opts;
+/* run_dec's block padding (elements): 3 leaves rows 4-byte aligned (the
+ * general body whatever the hook), 4 makes them 16-byte vectors (the
+ * vector bodies) */
+static int64_t dec_pad = 3;
 
 static void run_dec(const struct kv_attn_dev_pages *dp, int sc, uint64_t want_count, int want_array,
                     int64_t want_index, int64_t want_value, bool host_too)
@@ -342,7 +346,7 @@ static void run_dec(const struct kv_attn_dev_pages *dp, int sc, uint64_t want_co
     const int64_t N = DEC_N, H = DEC_H, D = DEC_D, Hq = H * DEC_G, pt = N;
     const uint32_t S = dp->n_seqs;
     cfg.num_layers = 2, cfg.num_blocks = DEC_B, cfg.block_tokens = N, cfg.num_heads = H;
-    cfg.head_dim = D, cfg.dtype = KV_F32, cfg.order = KV_ORDER_HND, cfg.block_pad_elems = 3;
+    cfg.head_dim = D, cfg.dtype = KV_F32, cfg.order = KV_ORDER_HND, cfg.block_pad_elems = dec_pad;
     struct kvt_gfix f;
     kvt_gfix_init(&f, &cfg, 77);
     uint64_t rng = 5;
@@ -395,6 +399,15 @@ static void run_dec(const struct kv_attn_dev_pages *dp, int sc, uint64_t want_co
     kv__attn_job_free(&j);
     if (st != KV_OK)
         fail_msg("emulated dev decode: %s: %s", kv_status_name(st), kv_last_error());
+    /* the body that ran: a vector-family one (4 x 4 x (D + 2) floats of
+     * shared memory) where rows are 16-byte aligned (pad 4: 10 vectors)
+     * and one was asked for, else the general one (pad 3: 40 4-byte
+     * vectors, more than a warp) */
+    struct kv__grid_attn_last lst;
+    kv__grid_attn_last(&lst);
+    const bool vec_ran = dec_pad % 4 == 0 && kv__cdec_body != KV__CDEC_GENERAL;
+    assert_int_equal(lst.launch.shared_bytes,
+                     vec_ran ? 16 * (D + 2) * 4 : (2 * D + 4 * (2 * D + 4)) * 4);
     kvt_gfix_check(&f, "guards + pool after the decode");
     check_record(&rec, want_count, want_array, want_index, want_value);
     if (host_too) {
@@ -496,9 +509,42 @@ static struct kv_attn_dev_pages btab(uint32_t S, const int32_t *table, uint32_t 
     return p;
 }
 
+/* The decode bodies each decode test runs (kv__cdec_body, kv__cdec_chunks),
+ * each with the block padding of 3 (every body runs the general one) and
+ * then 4 (the vector family runs): general, auto (the vector body with pad
+ * 4), pipelined vector, split-KV in 3 chunks (16 tokens: 6, 6, 4) and by
+ * its plan (the device mode's plan has no lengths: chunks of >= 256
+ * tokens, all but the first empty). Index N_DEC_BODIES: back to auto,
+ * pad 3. */
+static const int dec_bodies[][2] = {{KV__CDEC_GENERAL, 0},
+                                    {KV__CDEC_AUTO, 0},
+                                    {KV__CDEC_PIPE, 0},
+                                    {KV__CDEC_SPLIT, 3},
+                                    {KV__CDEC_SPLIT, 0}};
+#define N_DEC_BODIES (2 * sizeof(dec_bodies) / sizeof(dec_bodies[0]))
+
+static void dec_body(size_t b)
+{
+    const size_t n = N_DEC_BODIES / 2, i = b % n;
+    kv__cdec_body = b < N_DEC_BODIES ? dec_bodies[i][0] : KV__CDEC_AUTO;
+    kv__cdec_chunks = b < N_DEC_BODIES ? dec_bodies[i][1] : 0;
+    dec_pad = b < N_DEC_BODIES && b >= n ? 4 : 3;
+}
+
+static void decode_valid(void);
+
 static void test_devidx_decode_valid(void **state)
 {
     (void)state;
+    for (size_t b = 0; b < N_DEC_BODIES; b++) {
+        dec_body(b);
+        decode_valid();
+    }
+    dec_body(N_DEC_BODIES);
+}
+
+static void decode_valid(void)
+{
     /* lengths 7, 0, 1, 16: pages far from 0 */
     const int32_t indptr[5] = {0, 2, 2, 3, 7}, last[4] = {3, 0, 1, 4};
     const int32_t indices[7] = {150, 199, 120, 101, 188, 170, 131};
@@ -534,10 +580,14 @@ static void test_devidx_decode_options(void **state)
     o.logit_soft_cap = 3.0f;
     o.lse_stride = 0;
     dec_opts = &o;
-    for (int sc = 0; sc < 3; sc++) {
-        run_dec(&c, sc, 0, KV_ATTN_DEV_NONE, 0, 0, true);
-        run_dec(&t, sc, 0, KV_ATTN_DEV_NONE, 0, 0, true);
+    for (size_t b = 0; b < N_DEC_BODIES; b++) {
+        dec_body(b);
+        for (int sc = 0; sc < 3; sc++) {
+            run_dec(&c, sc, 0, KV_ATTN_DEV_NONE, 0, 0, true);
+            run_dec(&t, sc, 0, KV_ATTN_DEV_NONE, 0, 0, true);
+        }
     }
+    dec_body(N_DEC_BODIES);
     dec_opts = NULL;
 }
 
@@ -679,9 +729,20 @@ static void test_devidx_decode_mla(void **state)
     run_mla_dev(&cb, 2, lens, s3, 1, KV_ATTN_DEV_PAGES, 4, DEC_B);
 }
 
+static void decode_invalid(void);
+
 static void test_devidx_decode_invalid(void **state)
 {
     (void)state;
+    for (size_t b = 0; b < N_DEC_BODIES; b++) {
+        dec_body(b);
+        decode_invalid();
+    }
+    dec_body(N_DEC_BODIES);
+}
+
+static void decode_invalid(void)
+{
     /* s1: page ids 200 (= B) and 120; s2: last_page_len 5 > N; s3: indptr
      * decreases (5 -> 3); s0 valid */
     const int32_t indptr[5] = {0, 2, 4, 5, 3}, last[4] = {3, 2, 5, 2};
