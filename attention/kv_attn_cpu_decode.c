@@ -915,14 +915,23 @@ static void run_chunk(const struct kv__dec_task *k, const struct kv__dec_tok *to
                  k->sc, k->rows, k->conv, mod.cap > 0.0f || mod.lo ? &mod : NULL, k->tile, k->tbuf);
 }
 
-/* The unit (a sequence, or a tile of a sequence's queries) of index u:
- * tile0[s] = tiles before sequence s, [S + 1]. */
-static int64_t seq_of_unit(const int64_t *tile0, int64_t S, int64_t u)
+/* The call's tasks split each (unit, head group)'s tokens into parts when
+ * it has fewer than KV__SPLIT_TASKS (unit, KV head) pairs (a small batch of
+ * long sequences: a few sequences would leave most threads idle), parts of
+ * at least KV__SPLIT_MIN_TOKENS tokens; each part keeps its own online
+ * softmax state (m, l, acc) and a second pass merges a unit's parts in part
+ * order. The split depends on the shape only, never on the thread count, so
+ * every thread count gives the same bytes (tested). */
+#define KV__SPLIT_TASKS 256
+#define KV__SPLIT_MIN_TOKENS 1024
+
+/* The sequence of task index u: task0[s] = tasks before sequence s, [S + 1]. */
+static int64_t seq_of_task(const int64_t *task0, int64_t S, int64_t u)
 {
-    int64_t a = 0, b = S; /* tile0[a] <= u < tile0[b] */
+    int64_t a = 0, b = S; /* task0[a] <= u < task0[b] */
     while (b - a > 1) {
         const int64_t c = (a + b) / 2;
-        if (tile0[c] <= u)
+        if (task0[c] <= u)
             a = c;
         else
             b = c;
@@ -930,11 +939,55 @@ static int64_t seq_of_unit(const int64_t *tile0, int64_t S, int64_t u)
     return a;
 }
 
+/* Sequence s's query tiles (qt queries each) and KV parts (want: the most
+ * parts a sequence takes, 1 when the call is large enough). */
+static int64_t tiles_of(const struct kv__attn_job *j, int64_t s, int64_t qt)
+{
+    return j->q_start ? (j->q_start[s + 1] - j->q_start[s] + qt - 1) / qt : 1;
+}
+
+static int64_t parts_of(const struct kv__attn_job *j, int64_t s, int64_t want)
+{
+    if (want <= 1)
+        return 1;
+    /* the tokens the sequence's first query sees onwards */
+    const int64_t len = j->seq_tokens[s];
+    const int64_t q_len = j->q_start ? j->q_start[s + 1] - j->q_start[s] : 1;
+    const int64_t pos = len - q_len;
+    const int64_t lo = j->window_left < 0 || pos - j->window_left < 0 ? 0 : pos - j->window_left;
+    const int64_t p = (len - lo + KV__SPLIT_MIN_TOKENS - 1) / KV__SPLIT_MIN_TOKENS;
+    return p < 1 ? 1 : (p < want ? p : want);
+}
+
+/* Out (and lse) of the nq queries of rows row0.. over heads h0 .. h0 + hb -
+ * 1 (g query heads each) from a task's state: row r = hi * gq + iq * g + qi
+ * of m, l [hb * gq] and acc [hb * gq][D]. */
+static void store_rows(const struct kv__attn_job *j, int64_t row0, int64_t nq, int g, int64_t h0,
+                       int64_t hb, const float *m, const float *l, const float *acc)
+{
+    const int64_t D = j->cache.layout.head_dim, gq = nq * g;
+    for (int64_t hi = 0; hi < hb; hi++)
+        for (int64_t iq = 0; iq < nq; iq++)
+            for (int qi = 0; qi < g; qi++) {
+                const int64_t row = row0 + iq, head = (h0 + hi) * g + qi;
+                const int64_t r = hi * gq + iq * g + qi;
+                char *op = j->out.base + row * j->out.token_stride + head * j->out.head_stride;
+                const float lq = l[r];
+                const float inv = lq > 0.0f ? 1.0f / lq : 0.0f; /* no tokens: zeros */
+                const float *aq = acc + r * D;
+                for (int64_t d = 0; d < D; d++)
+                    kv_from_f32(j->out.dtype, aq[d] * inv, op + d * j->out.dim_stride);
+                if (j->lse)
+                    j->lse[row * j->lse_stride + head] = lq > 0.0f ? m[r] + logf(lq) : -INFINITY;
+            }
+}
+
 /* Decode (q_start NULL: one query a sequence, row s) and the multi-token
  * kernel (rows q_start[s] .. q_start[s+1] of sequence s, the causal mask)
  * with the options of the job: each task is a sequence (or a tile of its
- * queries) and a group of KV heads; it walks the tokens its queries see,
- * from the first query's lo to the last query's position. */
+ * queries), a group of KV heads and a part of the tokens its queries see
+ * (the whole range unless the call is small: KV__SPLIT_TASKS); it walks
+ * them from the first query's lo to the last query's position. */
 static kv_status exec_decode(const struct kv__attn_job *j)
 {
     const struct kv_layout *lo = &j->cache.layout;
@@ -943,37 +996,45 @@ static kv_status exec_decode(const struct kv__attn_job *j)
     const int64_t pt = j->page_tokens, rowb = D * lo->elem_bytes;
     const bool multi = j->q_start != NULL;
     const int64_t qt = multi ? (g >= KV__TILE_ROWS ? 1 : KV__TILE_ROWS / g) : 1;
-    int64_t *tile0 = NULL, units = S, total_tokens = 0;
-    if (multi) {
-        tile0 = kv__mem_alloc(((size_t)S + 1) * sizeof(int64_t));
-        if (!tile0)
-            return kv__error(KV_ERR_NO_MEMORY, "%s: %" PRId64 " sequences", j->fn, S);
-        tile0[0] = 0;
-        for (int64_t s = 0; s < S; s++) {
-            const int64_t tiles = (j->q_start[s + 1] - j->q_start[s] + qt - 1) / qt;
-            tile0[s + 1] = tile0[s] + tiles;
-            total_tokens += tiles * j->seq_tokens[s];
-        }
-        units = tile0[S];
-    } else {
-        for (int64_t s = 0; s < S; s++)
-            total_tokens += j->seq_tokens[s];
+    int64_t units = 0, total_tokens = 0, unit_parts = 0;
+    for (int64_t s = 0; s < S; s++) {
+        const int64_t tiles = tiles_of(j, s, qt);
+        units += tiles;
+        total_tokens += tiles * j->seq_tokens[s];
     }
+    /* a shape-only choice (not the thread count): the same bytes on any */
+    const int64_t want =
+        units * H >= KV__SPLIT_TASKS ? 1 : (KV__SPLIT_TASKS + units * H - 1) / (units * H);
+    for (int64_t s = 0; s < S; s++)
+        unit_parts += tiles_of(j, s, qt) * parts_of(j, s, want);
     const int nt = kv__attn_threads_for(total_tokens * H * D * lo->elem_bytes * 2);
-    /* A task is a unit and a group of hb KV heads. Where a token's head
-     * rows are adjacent (NHD), the group is as many heads as still leave 4
-     * tasks a thread, so a token's whole row (H x D elements) is read at
-     * once instead of D elements every token stride; otherwise (HND: a
-     * head's rows of a block are adjacent already) one head. A task of the
-     * multi-token kernel whose tiles fill 16 rows a head is compute-bound
-     * and takes one head (its tile reads the rows in place, converted once):
-     * measured 6-16% faster than 4 heads at q_len 4 (NHD bf16, one thread). */
+    /* A task is a unit, a group of hb KV heads and a part. Where a token's
+     * head rows are adjacent (NHD), the group is as many heads as still
+     * leave 4 tasks a thread, so a token's whole row (H x D elements) is
+     * read at once instead of D elements every token stride; otherwise
+     * (HND: a head's rows of a block are adjacent already) one head. A task
+     * of the multi-token kernel whose tiles fill 16 rows a head is
+     * compute-bound and takes one head (its tile reads the rows in place,
+     * converted once): measured 6-16% faster than 4 heads at q_len 4 (NHD
+     * bf16, one thread). The results do not depend on hb. */
     int64_t hb = 1;
     if (lo->stride_head_bytes == rowb)
         for (hb = H < KV__HEAD_GROUP_MAX ? H : KV__HEAD_GROUP_MAX; hb > 1; hb--)
-            if (H % hb == 0 && units * (H / hb) >= 4 * (int64_t)nt && (!multi || hb * qt * g <= 16))
+            if (H % hb == 0 && unit_parts * (H / hb) >= 4 * (int64_t)nt &&
+                (!multi || hb * qt * g <= 16))
                 break;
-    const int64_t tasks = units * (H / hb), G = qt * g;
+    const int64_t G = qt * g;
+    /* task0[s] = tasks before sequence s: its tasks are (head group, part,
+     * tile), the tile fastest (a sequence's tiles of one head group and
+     * part read the same K/V: adjacent tasks, often one thread's, from
+     * cache) */
+    int64_t *task0 = kv__mem_alloc(((size_t)S + 1) * sizeof(int64_t));
+    if (!task0)
+        return kv__error(KV_ERR_NO_MEMORY, "%s: %" PRId64 " sequences", j->fn, S);
+    task0[0] = 0;
+    for (int64_t s = 0; s < S; s++)
+        task0[s + 1] = task0[s] + (H / hb) * tiles_of(j, s, qt) * parts_of(j, s, want);
+    const int64_t tasks = task0[S];
     /* per thread: q [hb][G][D], acc [hb][G][D], m [hb][G], l [hb][G],
      * scores [G][CHUNK]; qlo, qhi [G]; NHD (hb > 1): each head's rows of a
      * chunk copied contiguous; fp8 on the AVX2 path: converted to f16
@@ -993,11 +1054,20 @@ static kv_status exec_decode(const struct kv__attn_job *j)
 #endif
     const size_t tbytes = tile_fn ? (size_t)(2 * KV__CHUNK * D) * sizeof(float) : 0;
     const size_t per = fbytes + ibytes + tbytes + rbytes;
-    float *scratch = kv__mem_alloc_aligned(64, per * (size_t)nt + 64);
+    /* a split call: each task's state, acc [hb][G][D], m [hb][G], l
+     * [hb][G], in its own 64-byte lines, for the merge */
+    const size_t pslot =
+        want > 1 ? ((size_t)(hb * G * D + 2 * hb * G) * sizeof(float) + 63) / 64 * 64 : 0;
+    float *scratch = kv__mem_alloc_aligned(64, per * (size_t)nt + pslot * (size_t)tasks + 64);
     if (!scratch) {
-        kv__mem_free(tile0);
-        return kv__error(KV_ERR_NO_MEMORY, "%s: %zu bytes of scratch", j->fn, per * nt);
+        kv__mem_free(task0);
+        return kv__error(KV_ERR_NO_MEMORY, "%s: %zu bytes of scratch", j->fn,
+                         per * (size_t)nt + pslot * (size_t)tasks);
     }
+    char *slots = (char *)scratch + per * (size_t)nt;
+    /* the chunk of tasks a thread takes at once: 4 (adjacent tiles from
+     * cache) where that still leaves 16 a thread, else 1 */
+    const int cs = tasks >= 16 * (int64_t)nt ? 4 : 1;
 #pragma omp parallel num_threads(nt)
     {
         char *mine = (char *)scratch + (size_t)omp_get_thread_num() * per;
@@ -1010,18 +1080,12 @@ static kv_status exec_decode(const struct kv__attn_job *j)
         k.rows = rbytes ? mine + fbytes : NULL; /* where decode always had them */
         k.qlo = qlo, k.qhi = qhi;
         k.tbuf = tbytes ? (float *)(void *)(mine + fbytes + rbytes + ibytes) : NULL;
-#pragma omp for schedule(dynamic, 4)
+#pragma omp for schedule(dynamic, cs)
         for (int64_t task = 0; task < tasks; task++) {
-            /* decode: task = s * (H / hb) + head group; multi-token: the
-             * tiles of one sequence and head group are adjacent tasks (they
-             * read the same K/V: one thread takes several, from cache) */
-            int64_t s = task / (H / hb), h0 = task % (H / hb) * hb, qa = 0;
-            if (multi) {
-                s = seq_of_unit(tile0, S, s);
-                const int64_t r = task - (H / hb) * tile0[s], tiles = tile0[s + 1] - tile0[s];
-                h0 = r / tiles * hb;
-                qa = r % tiles * qt;
-            }
+            const int64_t s = seq_of_task(task0, S, task);
+            const int64_t tiles = tiles_of(j, s, qt), np = parts_of(j, s, want);
+            const int64_t r = task - task0[s], h0 = r / (np * tiles) * hb;
+            const int64_t part = r % (np * tiles) / tiles, qa = r % tiles * qt;
             const int64_t len = j->seq_tokens[s];
             const int64_t row0 = multi ? j->q_start[s] : s;
             const int64_t q_len = multi ? j->q_start[s + 1] - j->q_start[s] : 1;
@@ -1037,7 +1101,14 @@ static kv_status exec_decode(const struct kv__attn_job *j)
                     qhi[iq * g + qi] = pos;
                 }
             }
-            const int64_t t_begin = qlo[0], t_end = qhi[gq - 1] + 1;
+            int64_t t_begin = qlo[0], t_end = qhi[gq - 1] + 1;
+            if (np > 1) { /* part `part` of np: whole chunks from t_begin */
+                const int64_t step =
+                    ((t_end - t_begin + np - 1) / np + KV__CHUNK - 1) / KV__CHUNK * KV__CHUNK;
+                const int64_t pb = t_begin + part * step;
+                t_begin = pb < t_end ? pb : t_end;
+                t_end = pb + step < t_end ? pb + step : t_end;
+            }
             k.h0 = h0;
             k.gq = gq;
             k.q = (float *)(void *)mine;
@@ -1045,6 +1116,11 @@ static kv_status exec_decode(const struct kv__attn_job *j)
             k.m = k.acc + hb * gq * D;
             k.l = k.m + hb * gq;
             k.sc = k.l + hb * gq;
+            if (np > 1) { /* the state stays in the task's slot for the merge */
+                k.acc = (float *)(void *)(slots + (size_t)task * pslot);
+                k.m = k.acc + hb * G * D;
+                k.l = k.m + hb * G;
+            }
             k.lo_max = qlo[gq - 1];
             k.hi_min = qhi[0];
             k.tile = nq > 1 ? tile_fn : NULL; /* one query: the decode chunk, as decode */
@@ -1053,13 +1129,13 @@ static kv_status exec_decode(const struct kv__attn_job *j)
                     for (int qi = 0; qi < g; qi++) {
                         const char *qp = j->q.base + (row0 + qa + iq) * j->q.token_stride +
                                          ((h0 + hi) * g + qi) * j->q.head_stride;
-                        const int64_t r = hi * gq + iq * g + qi;
-                        float *qq = k.q + r * D;
+                        const int64_t ri = hi * gq + iq * g + qi;
+                        float *qq = k.q + ri * D;
                         for (int64_t d = 0; d < D; d++)
                             qq[d] =
                                 kv_to_f32(j->q.dtype, qp + d * j->q.dim_stride) * j->softmax_scale;
-                        k.m[r] = -INFINITY;
-                        k.l[r] = 0.0f;
+                        k.m[ri] = -INFINITY;
+                        k.l[ri] = 0.0f;
                     }
             memset(k.acc, 0, (size_t)(hb * gq * D) * sizeof(float));
             /* tokens t_begin .. t_end - 1 in chunks of KV__CHUNK: chunk c+1's
@@ -1102,26 +1178,59 @@ static kv_status exec_decode(const struct kv__attn_job *j)
                 run_chunk(&k, tok[cur], ready, pos_ready);
             if (n)
                 run_chunk(&k, tok[cur ^ 1], n, pos_fill);
-            for (int64_t hi = 0; hi < hb; hi++)
-                for (int64_t iq = 0; iq < nq; iq++)
-                    for (int qi = 0; qi < g; qi++) {
-                        const int64_t row = row0 + qa + iq, head = (h0 + hi) * g + qi;
-                        const int64_t r = hi * gq + iq * g + qi;
-                        char *op =
-                            j->out.base + row * j->out.token_stride + head * j->out.head_stride;
-                        const float lq = k.l[r];
-                        const float inv = lq > 0.0f ? 1.0f / lq : 0.0f; /* no tokens: zeros */
-                        const float *aq = k.acc + r * D;
-                        for (int64_t d = 0; d < D; d++)
-                            kv_from_f32(j->out.dtype, aq[d] * inv, op + d * j->out.dim_stride);
-                        if (j->lse)
-                            j->lse[row * j->lse_stride + head] =
-                                lq > 0.0f ? k.m[r] + logf(lq) : -INFINITY;
+            if (np == 1)
+                store_rows(j, row0 + qa, nq, g, h0, hb, k.m, k.l, k.acc);
+        }
+        /* a split call: each unit's parts merged in part order (the rows'
+         * largest m, then every part's l and acc rescaled to it), into the
+         * thread's own acc, m, l */
+        if (want > 1) {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t task = 0; task < tasks; task++) {
+                const int64_t s = seq_of_task(task0, S, task);
+                const int64_t tiles = tiles_of(j, s, qt), np = parts_of(j, s, want);
+                const int64_t r = task - task0[s];
+                if (np == 1 || r % (np * tiles) >= tiles) /* a part 0 task merges its unit */
+                    continue;
+                const int64_t h0 = r / (np * tiles) * hb, qa = r % tiles * qt;
+                const int64_t row0 = multi ? j->q_start[s] : s;
+                const int64_t q_len = multi ? j->q_start[s + 1] - j->q_start[s] : 1;
+                const int64_t nq = q_len - qa < qt ? q_len - qa : qt;
+                const int64_t rows = hb * nq * g;
+                float *acc = (float *)(void *)mine, *m = acc + rows * D, *l = m + rows;
+                for (int64_t ri = 0; ri < rows; ri++) {
+                    float mx = -INFINITY, sum = 0.0f;
+                    for (int64_t p = 0; p < np; p++) {
+                        const float *pm =
+                            (const float *)(const void *)(slots + (size_t)(task + p * tiles) *
+                                                                      pslot) +
+                            hb * G * D;
+                        mx = pm[ri] > mx ? pm[ri] : mx;
                     }
+                    float *a = acc + ri * D;
+                    memset(a, 0, (size_t)D * sizeof(float));
+                    for (int64_t p = 0; mx > -INFINITY && p < np; p++) {
+                        const float *pa =
+                            (const float *)(const void *)(slots + (size_t)(task + p * tiles) *
+                                                                      pslot);
+                        const float *pm = pa + hb * G * D, *pl = pm + hb * G;
+                        if (pm[ri] == -INFINITY) /* the part saw none of the row's tokens */
+                            continue;
+                        const float w = expf(pm[ri] - mx);
+                        sum += pl[ri] * w;
+                        const float *src = pa + ri * D;
+                        for (int64_t d = 0; d < D; d++)
+                            a[d] += src[d] * w;
+                    }
+                    m[ri] = mx;
+                    l[ri] = sum;
+                }
+                store_rows(j, row0 + qa, nq, g, h0, hb, m, l, acc);
+            }
         }
     }
     kv__mem_free(scratch);
-    kv__mem_free(tile0);
+    kv__mem_free(task0);
     return KV_OK;
 }
 
