@@ -364,14 +364,18 @@ static void test_attn_opts_decode(void **state)
 
 /* The multi-token kernel: q_len = seq_len (a whole causal prefill), in
  * between (a chunk over a cached prefix, speculative verification), 0,
- * and 1, with and without the options, every dtype and order. */
+ * and 1, with and without the options, every dtype and order; each case
+ * on the AVX-512F tile (where the CPU has it: D % 16 == 0, f16 and bf16)
+ * and again with AVX2 only (kv__attn_avx2_only). */
 static void test_attn_opts_prefill(void **state)
 {
     (void)state;
     const int64_t lens[4] = {40, 77, 5, 33};
     const int64_t qlens[3][4] = {{40, 77, 5, 33}, {7, 20, 1, 0}, {1, 33, 5, 17}};
     static const int32_t wins[3] = {-1, 12, 0};
-    for (int i = 0; i < 12; i++) {
+    for (int k = 0; k < 24; k++) {
+        const int i = k % 12;
+        kv__attn_avx2_only = k >= 12;
         struct oc c = {0};
         c.bits = (i & 1) | (i % 3 == 2 ? 4 : 0);
         c.dt = dts[i % 4];
@@ -387,6 +391,7 @@ static void test_attn_opts_prefill(void **state)
         c.lse = i % 2 == 0;
         one_prefill(&c, lens, qlens[i % 3], 4, 200 + (uint64_t)i);
     }
+    kv__attn_avx2_only = false;
 }
 
 /* q_len 1 for every sequence is a decode step: the same bytes as
