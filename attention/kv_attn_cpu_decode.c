@@ -637,8 +637,8 @@ typedef void (*kv__ztile_fn)(const struct kv__dec_tok *, int, int, int64_t, floa
                              const struct kv__dec_mod *, const struct kv__zt *);
 
 /* chunk_mod for scores stored [token][16] */
-__attribute__((noinline, cold)) static void chunk_mod_t(const struct kv__dec_mod *mod, int n,
-                                                        int g, float *sT)
+__attribute__((noinline, cold)) static void chunk_mod_t(const struct kv__dec_mod *mod, int n, int g,
+                                                        float *sT)
 {
     for (int t = 0; t < n; t++)
         for (int qi = 0; qi < g; qi++) {
@@ -686,7 +686,7 @@ KV__AVX512 static inline __m512 ld16_bf16(const void *p)
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
 }
 
-#define KV__ZT_FMA8(I) a##I = _mm512_fmadd_ps(qv, _mm512_set1_ps(k0[(I) * D + d]), a##I)
+#define KV__ZT_FMA8(I) a##I = _mm512_fmadd_ps(qv, _mm512_set1_ps(k0[(I)*D + d]), a##I)
 #define KV__ZT_ST8(I) _mm512_storeu_ps(sT + (t + (I)) * 16, _mm512_mul_ps(a##I, km))
 #define KV__ZT_PV4(R)                                                                              \
     a##R = _mm512_fmadd_ps(_mm512_set1_ps(w[R]), v, a##R);                                         \
@@ -715,8 +715,8 @@ KV__AVX512 static inline __m512 ld16_bf16(const void *p)
                     __builtin_prefetch((const char *)z->next[u].k + b, 0, 2);                      \
                     __builtin_prefetch((const char *)z->next[u].v + b, 0, 2);                      \
                 }                                                                                  \
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0,          \
-                   a6 = a0, a7 = a0;                                                               \
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, \
+                   a7 = a0;                                                                        \
             for (int64_t d = 0; d < D; d++) {                                                      \
                 const __m512 qv = _mm512_loadu_ps(qT + d * 16);                                    \
                 KV__ZT_FMA8(0);                                                                    \
@@ -748,21 +748,20 @@ KV__AVX512 static inline __m512 ld16_bf16(const void *p)
         }                                                                                          \
         if (mod)                                                                                   \
             chunk_mod_t(mod, n, gq, sT);                                                           \
-        /* the online softmax, lane-wise: rows with nothing visible yet                          \
+        /* the online softmax, lane-wise: rows with nothing visible yet                            \
          * (max -inf) keep m -inf, l 0 and get weights 0 */                                        \
         const __m512 mo = _mm512_loadu_ps(z->m);                                                   \
         __m512 mx = mo;                                                                            \
         for (int i = 0; i < n; i++)                                                                \
             mx = _mm512_max_ps(mx, _mm512_loadu_ps(sT + i * 16));                                  \
-        const __mmask16 live = _mm512_cmp_ps_mask(mx, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);   \
+        const __mmask16 live = _mm512_cmp_ps_mask(mx, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);     \
         const __m512 mxs = _mm512_maskz_mov_ps(live, mx);                                          \
         const __m512 corr = exp16_nonpos(_mm512_sub_ps(mo, mxs));                                  \
         const __m512 vm = _mm512_set1_ps(vmul);                                                    \
         __m512 sum = _mm512_setzero_ps();                                                          \
         for (int i = 0; i < n; i++) {                                                              \
-            const __m512 p =                                                                       \
-                _mm512_maskz_mov_ps(live, exp16_nonpos(_mm512_sub_ps(_mm512_loadu_ps(sT + i * 16), \
-                                                                     mxs)));                       \
+            const __m512 p = _mm512_maskz_mov_ps(                                                  \
+                live, exp16_nonpos(_mm512_sub_ps(_mm512_loadu_ps(sT + i * 16), mxs)));             \
             sum = _mm512_add_ps(sum, p);                                                           \
             _mm512_storeu_ps(sT + i * 16, _mm512_mul_ps(p, vm));                                   \
         }                                                                                          \
@@ -777,7 +776,7 @@ KV__AVX512 static inline __m512 ld16_bf16(const void *p)
                     _mm512_storeu_ps(acc + r * D + d,                                              \
                                      _mm512_mul_ps(_mm512_loadu_ps(acc + r * D + d), c8));         \
             }                                                                                      \
-        /* V: 16 rows x 16 elements in registers across the chunk's tokens */                     \
+        /* V: 16 rows x 16 elements in registers across the chunk's tokens */                      \
         for (int64_t d = 0; d < D; d += 16) {                                                      \
             float *ac = acc + d;                                                                   \
             __m512 a0 = _mm512_loadu_ps(ac), a1 = _mm512_loadu_ps(ac + D),                         \
@@ -1486,8 +1485,8 @@ static kv_status exec_decode(const struct kv__attn_job *j)
                     float mx = -INFINITY, sum = 0.0f;
                     for (int64_t p = 0; p < np; p++) {
                         const float *pm =
-                            (const float *)(const void *)(slots + (size_t)(task + p * tiles) *
-                                                                      pslot) +
+                            (const float *)(const void *)(slots +
+                                                          (size_t)(task + p * tiles) * pslot) +
                             hb * G * D;
                         mx = pm[ri] > mx ? pm[ri] : mx;
                     }
@@ -1495,8 +1494,8 @@ static kv_status exec_decode(const struct kv__attn_job *j)
                     memset(a, 0, (size_t)D * sizeof(float));
                     for (int64_t p = 0; mx > -INFINITY && p < np; p++) {
                         const float *pa =
-                            (const float *)(const void *)(slots + (size_t)(task + p * tiles) *
-                                                                      pslot);
+                            (const float *)(const void *)(slots +
+                                                          (size_t)(task + p * tiles) * pslot);
                         const float *pm = pa + hb * G * D, *pl = pm + hb * G;
                         if (pm[ri] == -INFINITY) /* the part saw none of the row's tokens */
                             continue;

@@ -612,8 +612,8 @@ static void test_attn_opts_threads_same_bytes(void **state)
         for (int k = 0; k < 4; k++) {
             char what[160];
             snprintf(what, sizeof(what), "case %d (%s %s %s) at %d threads", i,
-                     decode ? "decode" : "prefill", c.bits & 1 ? "HND" : "NHD",
-                     kv_dtype_name(c.dt), nts[k]);
+                     decode ? "decode" : "prefill", c.bits & 1 ? "HND" : "NHD", kv_dtype_name(c.dt),
+                     nts[k]);
             assert_int_equal(kv_set_threads(nts[k]), KV_OK);
             memcpy(R.ob, R.ob0, ob);
             memcpy(R.lb, R.lb0, lb);
