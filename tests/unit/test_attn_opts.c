@@ -27,6 +27,7 @@
 #include "kvtest.h"
 
 #define MAX_S 4
+#define TCOLS 320 /* block table columns: pages a sequence may have */
 
 struct oc {
     int bits; /* kvt_cache_make: 1 HND, 2 block-major, 4 padded */
@@ -83,13 +84,13 @@ static void run_make(struct run *R, const struct oc *c, const int64_t *lens, con
     const int64_t P = B * c->r;
     uint64_t rng = seed * 7 + 1;
     R->indices = malloc((size_t)(pages + 1) * sizeof(int32_t));
-    R->table = calloc((size_t)S * 128, sizeof(int32_t));
+    R->table = calloc((size_t)S * TCOLS, sizeof(int32_t));
     uint8_t *used = calloc((size_t)P, 1);
     assert_true(R->indices && R->table && used);
     int32_t k = 0;
     for (uint32_t s = 0; s < S; s++) {
         const int64_t np = (lens[s] + pt - 1) / pt;
-        assert_true(np <= 128);
+        assert_true(np <= TCOLS);
         R->indptr[s] = k;
         for (int64_t j = 0; j < np; j++) {
             int64_t pg;
@@ -97,7 +98,7 @@ static void run_make(struct run *R, const struct oc *c, const int64_t *lens, con
                 pg = kvt_range(&rng, P / 2, P - 1); /* far from 0 */
             while (used[pg]);
             used[pg] = 1;
-            R->table[s * 128 + j] = (int32_t)pg;
+            R->table[s * TCOLS + j] = (int32_t)pg;
             R->indices[k++] = (int32_t)pg;
         }
         R->last[s] = np ? (int32_t)(lens[s] - (np - 1) * pt) : 0;
@@ -115,7 +116,7 @@ static void run_make(struct run *R, const struct oc *c, const int64_t *lens, con
     } else {
         R->pages.format = KV_PAGES_BLOCK_TABLE;
         R->pages.block_table = R->table;
-        R->pages.block_table_cols = 128;
+        R->pages.block_table_cols = TCOLS;
         R->pages.seq_lens = R->lens64;
     }
     /* K, V of layer 1 at the reference addresses; layer 0 keeps its noise */
@@ -130,7 +131,7 @@ static void run_make(struct run *R, const struct oc *c, const int64_t *lens, con
     for (uint32_t s = 0; s < S; s++) {
         R->kd_at[s] = at;
         for (int64_t t = 0; t < lens[s]; t++, at++) {
-            const int64_t slot = (int64_t)R->table[s * 128 + t / pt] * pt + t % pt;
+            const int64_t slot = (int64_t)R->table[s * TCOLS + t / pt] * pt + t % pt;
             for (int64_t h = 0; h < H; h++)
                 for (int64_t d = 0; d < D; d++) {
                     unsigned char *pk =
@@ -363,14 +364,18 @@ static void test_attn_opts_decode(void **state)
 
 /* The multi-token kernel: q_len = seq_len (a whole causal prefill), in
  * between (a chunk over a cached prefix, speculative verification), 0,
- * and 1, with and without the options, every dtype and order. */
+ * and 1, with and without the options, every dtype and order; each case
+ * on the AVX-512F tile (where the CPU has it: D % 16 == 0, f16 and bf16)
+ * and again with AVX2 only (kv__attn_avx2_only). */
 static void test_attn_opts_prefill(void **state)
 {
     (void)state;
     const int64_t lens[4] = {40, 77, 5, 33};
     const int64_t qlens[3][4] = {{40, 77, 5, 33}, {7, 20, 1, 0}, {1, 33, 5, 17}};
     static const int32_t wins[3] = {-1, 12, 0};
-    for (int i = 0; i < 12; i++) {
+    for (int k = 0; k < 24; k++) {
+        const int i = k % 12;
+        kv__attn_avx2_only = k >= 12;
         struct oc c = {0};
         c.bits = (i & 1) | (i % 3 == 2 ? 4 : 0);
         c.dt = dts[i % 4];
@@ -386,6 +391,7 @@ static void test_attn_opts_prefill(void **state)
         c.lse = i % 2 == 0;
         one_prefill(&c, lens, qlens[i % 3], 4, 200 + (uint64_t)i);
     }
+    kv__attn_avx2_only = false;
 }
 
 /* q_len 1 for every sequence is a decode step: the same bytes as
@@ -576,6 +582,95 @@ static void test_attn_opts_threads_and_portable(void **state)
     assert_int_equal(kv_set_threads(0), KV_OK); /* the default */
 }
 
+/* The same call at 1, 3, 7 and 16 threads gives the same bytes (out and
+ * lse): a batch large enough to run whole (no KV split), small batches of
+ * long sequences whose tokens split into parts (docs/kernels.md), NHD and
+ * HND, bf16 and e4m3, decode and prefill, with and without a window. */
+static void test_attn_opts_threads_same_bytes(void **state)
+{
+    (void)state;
+    static const int nts[4] = {1, 3, 7, 16};
+    const int64_t lens[3][4] = {{700, 2048, 64, 1000}, {2048, 2048, 1800, 2100}, {3000, 9, 1, 0}};
+    const int64_t qlens[3][4] = {{64, 64, 64, 64}, {4, 4, 4, 4}, {16, 9, 1, 0}};
+    for (int i = 0; i < 8; i++) {
+        struct oc c = {0};
+        c.bits = (i & 1) | (i == 4 ? 4 : 0);
+        c.dt = i % 4 < 2 ? KV_BF16 : KV_FP8_E4M3;
+        c.N = 16, c.H = i < 4 ? 8 : 2, c.D = i == 6 ? 128 : 64, c.g = 4, c.r = 1;
+        c.csr = i % 3 != 2;
+        c.window = i == 5 ? 700 : -1;
+        c.lse = true;
+        const int kind = i % 3; /* lens and qlens */
+        const bool decode = i == 7;
+        struct run R;
+        run_make(&R, &c, lens[kind], decode ? NULL : qlens[kind], 4, 700 + (uint64_t)i);
+        const struct kv_attn_opts o = run_opts(&R);
+        const size_t ob = (size_t)((R.T ? R.T : 1) * R.Hq * (c.D + QPAD)) * sizeof(float);
+        const size_t lb = (size_t)((R.T ? R.T : 1) * (R.Hq + LPAD)) * sizeof(float);
+        unsigned char *o1 = malloc(ob), *l1 = malloc(lb);
+        assert_true(o1 && l1);
+        for (int k = 0; k < 4; k++) {
+            char what[160];
+            snprintf(what, sizeof(what), "case %d (%s %s %s) at %d threads", i,
+                     decode ? "decode" : "prefill", c.bits & 1 ? "HND" : "NHD", kv_dtype_name(c.dt),
+                     nts[k]);
+            assert_int_equal(kv_set_threads(nts[k]), KV_OK);
+            memcpy(R.ob, R.ob0, ob);
+            memcpy(R.lb, R.lb0, lb);
+            const float sc = 1.0f / sqrtf((float)c.D);
+            if (decode)
+                expect_ok(kv_attn_decode_ex(R.t.pc, 1, &R.q, &R.pages, sc, NULL, &R.out, &o), what);
+            else
+                expect_ok(kv_attn_prefill(R.t.pc, 1, &R.q, R.qo, &R.pages, sc, NULL, &R.out, &o),
+                          what);
+            if (k == 0) {
+                memcpy(o1, R.ob, ob);
+                memcpy(l1, R.lb, lb);
+            } else if (memcmp(R.ob, o1, ob) != 0 || memcmp(R.lb, l1, lb) != 0) {
+                fail_msg("%s: out or lse differs from 1 thread's", what);
+            }
+        }
+        /* and the bytes are right (the 16-thread call's) */
+        if (i == 1 || i == 7)
+            run_check(&R, "same bytes, 16 threads");
+        free(o1);
+        free(l1);
+        run_free(&R);
+    }
+    assert_int_equal(kv_set_threads(0), KV_OK); /* the default */
+}
+
+/* Small batches of long sequences, their tokens split into parts merged
+ * by their online-softmax state, against the float64 reference: a few
+ * queries over 4,100 and 2,600 tokens (5 and 3 parts), a whole causal
+ * prefill of 1,100 tokens (2 parts: a tile's second part is empty or sees
+ * none of some queries' tokens), a window, the soft cap, lse, NHD and HND, bf16, e4m3,
+ * f16, 4 threads and the portable chunk. */
+static void test_attn_opts_split_long(void **state)
+{
+    (void)state;
+    const int64_t lens[2][4] = {{4100, 2600, 0, 0}, {1100, 0, 0, 0}};
+    const int64_t qlens[2][4] = {{5, 33, 0, 0}, {1100, 0, 0, 0}};
+    assert_int_equal(kv_set_threads(4), KV_OK);
+    for (int i = 0; i < 6; i++) {
+        struct oc c = {0};
+        const int kind = i >= 4;
+        c.bits = (i & 1) | (i == 2 ? 4 : 0);
+        c.dt = i % 3 == 0 ? KV_BF16 : (i % 3 == 1 ? KV_FP8_E4M3 : KV_F16);
+        c.N = 16, c.H = 2, c.D = kind ? 32 : 64, c.g = kind ? 1 : 4, c.r = 1;
+        c.csr = i % 2 == 0;
+        c.window = i == 3 ? 1500 : -1;
+        c.cap = i == 2 ? 3.0f : 0.0f;
+        c.lse = true;
+        kv__attn_test_tune(-1, i == 5);
+        one_prefill(&c, lens[kind], qlens[kind], kind ? 1 : 2, 800 + (uint64_t)i);
+        if (i < 2)
+            one_decode(&c, lens[kind], kind ? 1 : 2, 820 + (uint64_t)i);
+    }
+    kv__attn_test_tune(-1, false);
+    assert_int_equal(kv_set_threads(0), KV_OK); /* the default */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -584,6 +679,8 @@ int main(void)
         cmocka_unit_test(test_attn_opts_prefill_q1_is_decode),
         cmocka_unit_test(test_attn_opts_refusals),
         cmocka_unit_test(test_attn_opts_threads_and_portable),
+        cmocka_unit_test(test_attn_opts_threads_same_bytes),
+        cmocka_unit_test(test_attn_opts_split_long),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
