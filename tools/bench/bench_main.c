@@ -8,6 +8,7 @@
  * Every result is one JSON object on stdout, also appended to --out
  * (default bench/results.jsonl; its directory is created as needed).
  */
+#include <sched.h>
 #include <errno.h>
 #include <getopt.h>
 #include <stdarg.h>
@@ -212,6 +213,50 @@ const char *kvb_cpu_model(void)
     return kvb__cpu;
 }
 
+/* What the kernels' dispatch sees and how much CPU the process may use,
+ * printed with every result line ("host"): the vector ISA levels the
+ * kernels choose from (a sandbox may hide some), the CPUs this process may
+ * run on, and the cgroup v2 CPU quota ("max" or "<quota>/<period>"). A
+ * result far below what the same CPU model did elsewhere reads with it. */
+static const char *kvb__host(void)
+{
+    static char h[160];
+    if (h[0])
+        return h;
+    char isa[64] = "";
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512bw"))
+        strcat(isa, "avx512bw+");
+    if (__builtin_cpu_supports("avx512f"))
+        strcat(isa, "avx512f+");
+    if (__builtin_cpu_supports("avx2"))
+        strcat(isa, "avx2+");
+    if (__builtin_cpu_supports("fma"))
+        strcat(isa, "fma+");
+    if (__builtin_cpu_supports("f16c"))
+        strcat(isa, "f16c+");
+#endif
+    if (isa[0])
+        isa[strlen(isa) - 1] = '\0';
+    else
+        snprintf(isa, sizeof(isa), "none");
+    int cpus = 0;
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0)
+        cpus = CPU_COUNT(&set);
+    char quota[48] = "unknown";
+    FILE *f = fopen("/sys/fs/cgroup/cpu.max", "r");
+    if (f) {
+        char a[24], b[24];
+        if (fscanf(f, "%23s %23s", a, b) == 2)
+            snprintf(quota, sizeof(quota), "%s/%s", a, b);
+        fclose(f);
+    }
+    snprintf(h, sizeof(h), "isa %s, %d cpus, quota %s", isa, cpus, quota);
+    return h;
+}
+
 static void kvb__emit_line(const char *fmt, ...) KV_PRINTF(1, 2);
 
 static void kvb__emit_line(const char *fmt, ...)
@@ -221,13 +266,15 @@ static void kvb__emit_line(const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(line, sizeof(line), fmt, ap);
     va_end(ap);
-    char cpu[160];
+    char cpu[160], host[200];
     kvb__json_str(cpu, sizeof(cpu), kvb_cpu_model());
+    kvb__json_str(host, sizeof(host), kvb__host());
     kvb__progress_done();
-    printf("%s,\"cpu\":\"%s\"%s}\n", line, cpu, kvb__quick_flag ? ",\"quick\":true" : "");
+    printf("%s,\"cpu\":\"%s\",\"host\":\"%s\"%s}\n", line, cpu, host,
+           kvb__quick_flag ? ",\"quick\":true" : "");
     fflush(stdout);
     if (kvb__out) {
-        fprintf(kvb__out, "%s,\"cpu\":\"%s\"%s}\n", line, cpu,
+        fprintf(kvb__out, "%s,\"cpu\":\"%s\",\"host\":\"%s\"%s}\n", line, cpu, host,
                 kvb__quick_flag ? ",\"quick\":true" : "");
         fflush(kvb__out);
     }
