@@ -32,78 +32,6 @@ void kv__off_hook_call(kv_offload *off, enum kv__offload_hook_at at, kv_offload_
         fn(user, at, op);
 }
 
-/* How far ahead of the row being copied a store asks for rows' heads (in
- * bytes of the plan's rows): a layer-major block's 2-8 KiB runs lie each in
- * another part of the pool, and asking only for the next one (what
- * kv__pack_copy_hash does, one row ahead) leaves too few misses in flight. */
-#define KV__OFF_PF_AHEAD ((int64_t)8 << 10)
-
-/* kv__pack_copy_hash for a store (to_entry, sequential): the same bytes
- * written and the same sum (each row read once into an L1 piece, hashed
- * there, written from there, so the sum covers exactly the bytes written),
- * with a deeper prefetch. A cursor runs KV__OFF_PF_AHEAD bytes of rows
- * ahead of the piece being copied, a piece at a time, and asks each row's
- * first two pieces into L2 as it passes them -- the entry's first rows at
- * once, then each row a few rows before it is read; a long row's later
- * pieces are left to the hardware prefetchers (asking for those cost a
- * third of the speed of 128 KiB rows, docs/connector.md). */
-static uint64_t store_copy_hash(const kv_plan *plan, const char *src, char *dst, bool nt)
-{
-    struct kv__xxh3_state hs;
-    kv__xxh3_reset(&hs);
-    _Alignas(64) char piece[KV__PACK_PIECE];
-    int64_t pi = 0, py = 0, px = 0; /* the cursor: the next piece of a row it passes */
-    int64_t ahead = 0;              /* row bytes from the current piece to the cursor */
-    for (int64_t i = 0; i < plan->n_copies; i++) {
-        const struct kv__plan_copy *c = &plan->copies[i];
-        for (int64_t y = 0; y < c->height; y++) {
-            const char *sr = src + c->src_rel + y * c->src_pitch;
-            char *dr = dst + c->dst_rel + y * c->dst_pitch;
-            for (int64_t x = 0; x < c->width;) {
-                while (ahead < KV__OFF_PF_AHEAD && pi < plan->n_copies) {
-                    /* one piece at a time: a burst of more prefetches than
-                     * misses can be in flight stalls this thread */
-                    const struct kv__plan_copy *pc = &plan->copies[pi];
-                    const int64_t pn = pc->width - px < KV__PACK_PIECE ? pc->width - px
-                                                                       : KV__PACK_PIECE;
-                    if (px < 2 * KV__PACK_PIECE) {
-                        const char *ps = src + pc->src_rel + py * pc->src_pitch + px;
-                        const uintptr_t end = (uintptr_t)ps + (uintptr_t)pn;
-                        for (uintptr_t a = (uintptr_t)ps & ~(uintptr_t)63; a < end; a += 64)
-                            __builtin_prefetch((const void *)a, 0, 2); /* into L2 */
-                    }
-                    ahead += pn;
-                    px += pn;
-                    if (px >= pc->width) {
-                        px = 0;
-                        if (++py >= pc->height) {
-                            py = 0;
-                            pi++;
-                        }
-                    }
-                }
-                /* plain stores: the row in one piece, in cache after its copy */
-                const int64_t k = !nt                           ? c->width
-                                  : c->width - x < KV__PACK_PIECE ? c->width - x
-                                                                  : KV__PACK_PIECE;
-                if (!nt) {
-                    memcpy(dr, sr, (size_t)k);
-                    kv__xxh3_update(&hs, dr, (size_t)k);
-                } else {
-                    memcpy(piece, sr + x, (size_t)k);
-                    kv__xxh3_update(&hs, piece, (size_t)k);
-                    kv__pack_copy_nt(dr + x, piece, (size_t)k);
-                }
-                x += k;
-                ahead -= k;
-            }
-        }
-    }
-    if (nt)
-        kv__pack_nt_fence();
-    return kv__xxh3_digest(&hs);
-}
-
 /* One block. Store: copy the block into the entry and checksum it, one
  * read of the block when the entry is written front to back (always for
  * these plans). Load: checksum the entry first and copy it into the block
@@ -124,7 +52,7 @@ static uint64_t move_block(const struct fmt *f, bool load, bool nt, char *blk, c
         return sum;
     }
     if (f->sequential)
-        return store_copy_hash(f->to_entry, blk, ent, nt);
+        return kv__pack_copy_hash(f->to_entry, blk, ent, nt);
     const char *s = blk; /* plain stores: the entry is hashed from cache */
     kv__pack_exec(f->to_entry, &s, 1, &ent, 1, (uint64_t)N, 1, false, false);
     return kv__xxh3_64(ent, (size_t)f->entry_bytes);
