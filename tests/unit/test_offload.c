@@ -372,6 +372,61 @@ static void test_offload_wide_rows(void **state)
     kv__pack_nt_min_bytes = nt_default;
 }
 
+/* The worker's copy team (kv_offload_worker.c): 1, 2 and 5 copy threads
+ * (more than this machine may have cores), chunks of 1, 3 and 7 blocks and
+ * by bytes, over layer-major blocks of short runs (the store's prefetch
+ * cursor asks several rows ahead) and block-major ones, ids spread far from
+ * 0. Every round trip is compared with the whole destination arena, the
+ * load's one-shot XXH3 of each entry checking the sum each thread took
+ * piece by piece; a byte flipped in one entry fails that entry alone
+ * (KV_ERR_CORRUPT) and writes nothing of it. */
+static void test_offload_copy_team(void **state)
+{
+    (void)state;
+    static const int threads[] = {1, 2, 5};
+    static const uint32_t chunks[] = {0, 1, 3, 7};
+    uint64_t rng = 0x7EA3;
+    for (int bits = 0; bits < 8; bits += 6) { /* layer-major, then block-major padded */
+        struct kvt_cache s, d;
+        kvt_cache_make(&s, 4, 400, 1, 2, 64, KV_BF16, bits, 500 + (uint64_t)bits);
+        kvt_cache_make(&d, 4, 380, 1, 2, 64, KV_BF16, bits ^ 2, 600 + (uint64_t)bits);
+        kvt_pool_scramble(&s, &rng);
+        kvt_pool_scramble(&d, &rng);
+        const size_t eb = (size_t)entry_bytes(&s);
+        for (size_t ti = 0; ti < sizeof(threads) / sizeof(threads[0]); ti++)
+            for (size_t ci = 0; ci < sizeof(chunks) / sizeof(chunks[0]); ci++) {
+                struct kv_offload_config cfg = KV_OFFLOAD_CONFIG_INIT;
+                enum { NB = 29 };
+                cfg.capacity_bytes = 2 * NB * eb + ((size_t)1 << 20);
+                cfg.mem = KV_OFFLOAD_MEM_HOST;
+                cfg.threads = threads[ti];
+                kv_offload *off = NULL;
+                assert_int_equal(kv_offload_create(&cfg, &off), KV_OK);
+                kv__offload_test_set_chunk(off, chunks[ci]);
+                uint64_t h[NB];
+                kv_status want[NB];
+                for (int i = 0; i < NB; i++) {
+                    h[i] = hash_of(90000 + (uint64_t)(bits * 10000) + ti * 1000 + ci * 100 +
+                                   (uint64_t)i);
+                    want[i] = KV_OK;
+                }
+                store_all(off, &s, h, NB, true);
+                assert_int_equal(load_check(off, &d, h, NB, want), KV_OFFLOAD_DONE);
+                assert_int_equal(kv__offload_test_corrupt(off, NULL, h[NB - 3], eb / 3), KV_OK);
+                want[NB - 3] = KV_ERR_CORRUPT;
+                assert_int_equal(load_check(off, &d, h, NB, want), KV_OFFLOAD_FAILED);
+                struct kv_offload_stats st;
+                assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
+                assert_int_equal(st.stores, NB);
+                assert_int_equal(st.loads, 2 * NB - 1);
+                assert_int_equal(st.checksum_failures, 1);
+                kv_offload_destroy(off);
+            }
+        kvt_cache_free(&s);
+        kvt_cache_free(&d);
+    }
+}
+
 /* Loading into a pool that still has the hash: new block, right bytes,
  * committed false, the pool's own block keeps the hash. */
 static void test_offload_commit_semantics(void **state)
@@ -1527,9 +1582,12 @@ int main(void)
         cmocka_unit_test(test_offload_staging),
         cmocka_unit_test(test_offload_carver),
         cmocka_unit_test(test_offload_threads),
+        cmocka_unit_test(test_offload_copy_team),
         cmocka_unit_test_setup_teardown(test_offload_every_layout, setup_streaming,
                                         teardown_streaming),
         cmocka_unit_test_setup_teardown(test_offload_load_failures, setup_streaming,
+                                        teardown_streaming),
+        cmocka_unit_test_setup_teardown(test_offload_copy_team, setup_streaming,
                                         teardown_streaming),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
