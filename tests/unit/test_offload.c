@@ -372,15 +372,14 @@ static void test_offload_wide_rows(void **state)
     kv__pack_nt_min_bytes = nt_default;
 }
 
-/* The worker's copy team (kv_offload_worker.c): 1, 2 and 5 copy threads
- * (more than this machine may have cores), chunks of 1, 3 and 7 blocks and
- * by bytes, over layer-major blocks of short runs (the store's prefetch
- * cursor asks several rows ahead) and block-major ones, ids spread far from
- * 0. Every round trip is compared with the whole destination arena, the
+/* The worker's parallel copies (kv_offload_worker.c, OpenMP): 1, 2 and 5
+ * copy threads (more than this machine may have cores), chunks of 1, 3 and
+ * 7 blocks and by bytes, over layer-major blocks of short runs and
+ * block-major ones, ids spread far from 0. Every round trip is compared with the whole destination arena, the
  * load's one-shot XXH3 of each entry checking the sum each thread took
  * piece by piece; a byte flipped in one entry fails that entry alone
  * (KV_ERR_CORRUPT) and writes nothing of it. */
-static void test_offload_copy_team(void **state)
+static void test_offload_threads_chunks(void **state)
 {
     (void)state;
     static const int threads[] = {1, 2, 5};
@@ -1582,12 +1581,12 @@ int main(void)
         cmocka_unit_test(test_offload_staging),
         cmocka_unit_test(test_offload_carver),
         cmocka_unit_test(test_offload_threads),
-        cmocka_unit_test(test_offload_copy_team),
+        cmocka_unit_test(test_offload_threads_chunks),
         cmocka_unit_test_setup_teardown(test_offload_every_layout, setup_streaming,
                                         teardown_streaming),
         cmocka_unit_test_setup_teardown(test_offload_load_failures, setup_streaming,
                                         teardown_streaming),
-        cmocka_unit_test_setup_teardown(test_offload_copy_team, setup_streaming,
+        cmocka_unit_test_setup_teardown(test_offload_threads_chunks, setup_streaming,
                                         teardown_streaming),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
