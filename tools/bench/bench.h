@@ -91,5 +91,11 @@ int kvb_threads(void);
 /* The memcpy baseline given the candidate's t threads: n bytes in t
  * contiguous parts of whole pages, one memcpy per thread. */
 void kvb_memcpy_threads(char *d, const char *s, size_t n, int t);
+/* Before timing a baseline right after a candidate that ran OpenMP
+ * regions: wait (untimed) until the candidate's idle OpenMP threads have
+ * stopped spinning (libgomp spins about 300,000 rounds, a few ms, before
+ * it sleeps), so they do not take the baseline's cores. KVB_SETTLE_MS
+ * (default 10; 0: off). */
+void kvb_settle(void);
 
 #endif /* KVB_BENCH_H */

@@ -700,6 +700,8 @@ static void kvb__prefill_attn(struct kvb__kc *kc, int64_t S, int64_t len, int64_
         double t0 = kvb_now();
         st = kv_attn_prefill(kc->c, 0, &vq, qo, &pg, scale, NULL, &vo, NULL);
         double t1 = kvb_now();
+        kvb_settle();
+        const double t1b = kvb_now();
         memcpy(scratch, kc->pool, kvb);
         double t2 = kvb_now();
         kvb_memcpy_threads(scratch, kc->pool, kvb, kv_threads());
@@ -709,7 +711,7 @@ static void kvb__prefill_attn(struct kvb__kc *kc, int64_t S, int64_t len, int64_
             goto out;
         }
         if (r >= 0)
-            tc[r] = t1 - t0, tm[r] = t2 - t1, tt[r] = t3 - t2;
+            tc[r] = t1 - t0, tm[r] = t2 - t1b, tt[r] = t3 - t2;
     }
     if (kvb__prefill_check(bench, name, kc, S, len, ql, q, o, scale) != 0)
         goto out;

@@ -239,12 +239,16 @@ static void kvb__off_case(int64_t N, kv_arrange arr, int64_t T, int threads)
         double t0 = kvb_now();
         st = kvb__off_store(&o);
         double t1 = kvb_now();
+        kvb_settle();
+        const double t1b = kvb_now();
         kvb_memcpy_threads(mb, ma, (size_t)bytes, threads);
         double t2 = kvb_now();
         if (st != KV_OK)
             break;
         st = kvb__off_load(&o);
         double t3 = kvb_now();
+        kvb_settle();
+        const double t3b = kvb_now();
         kvb_memcpy_threads(ma, mb, (size_t)bytes, threads);
         double t4 = kvb_now();
         for (int64_t r2 = 0; r2 < n_runs; r2++)
@@ -259,9 +263,9 @@ static void kvb__off_case(int64_t N, kv_arrange arr, int64_t T, int threads)
             break;
         if (r >= 0) {
             ts[r] = t1 - t0;
-            bs[r] = t2 - t1;
+            bs[r] = t2 - t1b;
             tl[r] = t3 - t2;
-            bl[r] = t4 - t3;
+            bl[r] = t4 - t3b;
             br[r] = t5 - t4;
         }
     }

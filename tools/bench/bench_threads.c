@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bench.h"
 #include "kv_threads.h"
@@ -61,4 +62,19 @@ void kvb_memcpy_threads(char *d, const char *s, size_t n, int t)
             pthread_join(th[i], NULL);
         else
             kvb__mc_run(&m[i]); /* no thread: the same bytes, here */
+}
+
+void kvb_settle(void)
+{
+    static long ms = -1;
+    if (ms < 0) {
+        const char *e = getenv("KVB_SETTLE_MS");
+        ms = e ? atol(e) : 10;
+        ms = ms < 0 ? 0 : ms;
+    }
+    if (ms == 0)
+        return;
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0)
+        ;
 }
