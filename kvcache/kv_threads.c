@@ -43,8 +43,7 @@ kv_status kv_set_threads(int n)
 {
     if (n < 0)
         return kv__error(KV_ERR_INVALID_ARG,
-                         "kv_set_threads: %d < 0 (0 means every core, capped by the CPU quota)",
-                         n);
+                         "kv_set_threads: %d < 0 (0 means every core, capped by the CPU quota)", n);
     atomic_store_explicit(&kv__threads_set, n, memory_order_relaxed);
     return kv__ok();
 }
@@ -168,14 +167,13 @@ static bool copy_path(const char *p, size_t n, char *out, size_t cap)
     if (n == 0 || p[0] != '/' || memchr(p, '\0', n))
         return false;
     if (n == 1)
-        return cap > 0; /* the root cgroup: "" (already written) */
+        return cap > 0;          /* the root cgroup: "" (already written) */
     for (size_t s = 0; s < n;) { /* p[s] == '/' */
         size_t e = s + 1;
         while (e < n && p[e] != '/')
             e++;
         const size_t c = e - s - 1;
-        if (c == 0 || (c == 1 && p[s + 1] == '.') ||
-            (c == 2 && p[s + 1] == '.' && p[s + 2] == '.'))
+        if (c == 0 || (c == 1 && p[s + 1] == '.') || (c == 2 && p[s + 1] == '.' && p[s + 2] == '.'))
             return false;
         s = e;
     }
@@ -199,8 +197,8 @@ bool kv__cgroup_path_parse(const char *text, size_t len, bool v1, char *out, siz
         const char *c2 = c1 ? memchr(c1 + 1, ':', (size_t)(text + end - (c1 + 1))) : NULL;
         if (c2) {
             const size_t id_n = (size_t)(c1 - (text + at)), ctl_n = (size_t)(c2 - (c1 + 1));
-            const bool match = v1 ? has_cpu(c1 + 1, ctl_n)
-                                  : id_n == 1 && text[at] == '0' && ctl_n == 0;
+            const bool match =
+                v1 ? has_cpu(c1 + 1, ctl_n) : id_n == 1 && text[at] == '0' && ctl_n == 0;
             if (match)
                 return copy_path(c2 + 1, (size_t)(text + end - (c2 + 1)), out, cap);
         }
@@ -247,8 +245,7 @@ close_fd:
 static int dir_quota(const char *dir, bool v1)
 {
     char f[4096 + 32], a[128], b[128];
-    if (snprintf(f, sizeof(f), "%s/%s", dir, v1 ? "cpu.cfs_quota_us" : "cpu.max") >=
-        (int)sizeof(f))
+    if (snprintf(f, sizeof(f), "%s/%s", dir, v1 ? "cpu.cfs_quota_us" : "cpu.max") >= (int)sizeof(f))
         return 0;
     const long na = read_small(f, a, sizeof(a));
     if (na < 0)
