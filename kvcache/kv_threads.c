@@ -166,8 +166,8 @@ static bool copy_path(const char *p, size_t n, char *out, size_t cap)
 {
     if (n == 0 || p[0] != '/' || memchr(p, '\0', n))
         return false;
-    if (n == 1)
-        return cap > 0;          /* the root cgroup: "" (already written) */
+    if (n == 1) /* the root cgroup: "" (already written) */
+        return cap > 0;
     for (size_t s = 0; s < n;) { /* p[s] == '/' */
         size_t e = s + 1;
         while (e < n && p[e] != '/')
