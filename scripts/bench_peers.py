@@ -150,7 +150,7 @@ os.environ.setdefault("KVCACHE_LIBRARY", os.path.join(ROOT, "build-libc", "libkv
 import kvcache  # noqa: E402
 import torch  # noqa: E402
 
-THREADS = os.cpu_count() or 1
+THREADS = kvcache.threads()  # kvcache's default: the cores it may use, capped by the CPU quota
 torch.set_num_threads(THREADS)
 
 

@@ -38,7 +38,8 @@ def threads() -> int:
 
 
 def set_threads(n: int) -> None:
-    """Threads for the CPU kernels: n >= 1, or 0 for every core."""
+    """Threads for the CPU kernels: n >= 1, or 0 for every core this process
+    may run on, capped by its cgroup CPU quota (the default)."""
     from ._ints import INT, integer
     from .errors import check
     check(_lib.lib.kv_set_threads(integer(n, "n", INT)))

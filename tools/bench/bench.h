@@ -85,7 +85,8 @@ const char *kvb_cpu_model(void);
 void kvb_sink(uint64_t v);
 
 /* KVB_THREADS (as the kernel suite reads it): set the library's thread
- * count (exit 2 if refused); returns kv_threads() (default every core). */
+ * count (exit 2 if refused); returns kv_threads() (default every core,
+ * capped by the cgroup CPU quota). */
 int kvb_threads(void);
 
 /* The memcpy baseline given the candidate's t threads: n bytes in t

@@ -734,7 +734,7 @@ out:
 static void kvb__kernels(void)
 {
     const int quick = kvb_quick();
-    const char *te = getenv("KVB_THREADS"); /* the kernels' thread count (default: every core) */
+    const char *te = getenv("KVB_THREADS"); /* the kernels' thread count (default kv_threads()) */
     if (te && atoi(te) > 0 && kv_set_threads(atoi(te)) != KV_OK)
         kvb_mismatch("kernel.*", te, "kv_set_threads(%d) failed", atoi(te));
     static const kv_order orders[2] = {KV_ORDER_NHD, KV_ORDER_HND};

@@ -13,7 +13,8 @@
 #include "kv_threads.h"
 
 /* KVB_THREADS (as the kernel suite reads it): the library's thread count
- * for this suite; default every core. */
+ * for this suite; default kv_threads() (every core, capped by the cgroup CPU
+ * quota). */
 int kvb_threads(void)
 {
     const char *te = getenv("KVB_THREADS");

@@ -358,9 +358,11 @@ int main(int argc, char **argv)
                o.seed);
         rc = run_local(o.seed, o.fault, reqs, o.requests);
     } else {
-        /* two processes share the machine: each kernel gets half the cores */
-        const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        if (!ok_call(kv_set_threads(cores > 1 ? (int)(cores / 2) : 1), "kv_set_threads"))
+        /* two processes share the machine: each kernel gets half of what
+         * the library's default would use (the cores this process may run
+         * on, capped by the cgroup CPU quota) */
+        const int cores = kv_threads();
+        if (!ok_call(kv_set_threads(cores > 1 ? cores / 2 : 1), "kv_set_threads"))
             return EXIT_FAILED;
         rc = !strcmp(role, "decode") ? run_decode(&o, reqs) : run_prefill(&o, reqs);
     }
