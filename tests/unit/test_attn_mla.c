@@ -737,8 +737,7 @@ static void check_untouched(const void *got, const void *was, const bool *writte
 /* The refusal tests' fixture: a bf16 latent of D 64 (2 layers, 16 blocks,
  * random bytes); S (1 or 2) sequences of 5 tokens on block 9 and 20 on
  * blocks 14, 3 (CSR); q [rows][8][64] f32 zeros; out [rows][8][48] (o)
- * and [rows][8][64] (o_big) over one buffer of 0x5a bytes. qo and opts:
- * what a prefill call takes. */
+ * and [rows][8][64] (o_big) over one buffer of 0x5a bytes. */
 struct rfix {
     struct kv_layout_config cfg;
     struct pool p;
@@ -746,8 +745,6 @@ struct rfix {
     float *qb, *ob;
     size_t qbytes, obytes;
     struct kv_view q, o, o_big;
-    const int32_t *qo;
-    const struct kv_attn_opts *opts;
 };
 
 static const int32_t rfix_indptr[3] = {0, 1, 3}, rfix_indices[3] = {9, 14, 3},
@@ -780,38 +777,81 @@ static void rfix_free(struct rfix *r)
     pool_free(&r->p);
 }
 
-/* An entry over cache c with r's q, pages and o, dv 48, scale 0.1. */
-typedef kv_status (*rcall)(const struct rfix *r, struct kv_paged_cache c);
+/* The arguments of one call over a refusal fixture's pages, in the call's
+ * order: kv_attn_prefill_mla when prefill, else kv_attn_decode_mla (qo
+ * and opts unused). */
+struct mla_args {
+    bool prefill;
+    uint32_t layer;
+    const struct kv_view *q;
+    const int32_t *qo;
+    int64_t dv;
+    float scale;
+    const struct kv_scales *sc;
+    const struct kv_view *out;
+    const struct kv_attn_opts *opts;
+};
 
-/* call refuses a two-plane cache and a K-only one of two KV heads (r's
- * dims otherwise), the message naming the layout and what (MLA decode or
- * MLA prefill). */
-static void check_refuses_layouts(const struct rfix *r, rcall call, uint64_t seed,
+static kv_status mla_call(const struct rfix *r, const struct mla_args *a, struct kv_paged_cache c)
+{
+    return a->prefill ? kv_attn_prefill_mla(c, a->layer, a->q, a->qo, &r->pg, a->dv, a->scale,
+                                            a->sc, a->out, a->opts)
+                      : kv_attn_decode_mla(c, a->layer, a->q, &r->pg, a->dv, a->scale, a->sc,
+                                           a->out);
+}
+
+/* A refused call: its arguments, its status, and (NULL: not checked) two
+ * parts of the last-error message. */
+struct refusal {
+    struct mla_args a;
+    kv_status st;
+    const char *msg, *msg2;
+};
+
+static void check_refusals(const struct rfix *r, const struct refusal *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const kv_status st = mla_call(r, &t[i].a, r->p.c);
+        if (st != t[i].st)
+            fail_msg("refusal %zu: %s (%s), expected %s", i, kv_status_name(st), kv_last_error(),
+                     kv_status_name(t[i].st));
+        if (t[i].msg)
+            kvt_assert_msg_has(t[i].msg);
+        if (t[i].msg2)
+            kvt_assert_msg_has(t[i].msg2);
+    }
+}
+
+/* The call ok refuses a two-plane cache and a K-only one of two KV heads
+ * (r's dims otherwise), the message naming the layout and what (MLA decode
+ * or MLA prefill). */
+static void check_refuses_layouts(const struct rfix *r, const struct mla_args *ok, uint64_t seed,
                                   const char *what)
 {
     struct kv_layout_config two = r->cfg;
     two.k_only = false;
     struct pool t;
     pool_make(&t, &two, seed);
-    assert_int_equal(call(r, t.c), KV_ERR_INVALID_ARG);
+    assert_int_equal(mla_call(r, ok, t.c), KV_ERR_INVALID_ARG);
     kvt_assert_msg_has("K and V planes and H = 1");
     kvt_assert_msg_has(what);
     pool_free(&t);
     struct kv_layout_config h2 = r->cfg;
     h2.num_heads = 2;
     pool_make(&t, &h2, seed + 1);
-    assert_int_equal(call(r, t.c), KV_ERR_INVALID_ARG);
+    assert_int_equal(mla_call(r, ok, t.c), KV_ERR_INVALID_ARG);
     kvt_assert_msg_has("H = 2 KV heads");
     pool_free(&t);
 }
 
-/* call over r's cache succeeds and counts once as kernel on the canonical
- * path. */
-static void check_counted(const struct rfix *r, rcall call, enum kv_attn_kernel kernel)
+/* The call ok over r's cache succeeds and counts once as kernel on the
+ * canonical path. */
+static void check_counted(const struct rfix *r, const struct mla_args *ok,
+                          enum kv_attn_kernel kernel)
 {
     struct kv_attn_stats st0, st1;
     kv_attn_stats_get(&st0);
-    assert_int_equal(call(r, r->p.c), KV_OK);
+    assert_int_equal(mla_call(r, ok, r->p.c), KV_OK);
     kv_attn_stats_get(&st1);
     assert_int_equal(st1.cpu[kernel][KV_ATTN_PATH_CANONICAL],
                      st0.cpu[kernel][KV_ATTN_PATH_CANONICAL] + 1);
@@ -913,52 +953,43 @@ static void test_mla_decode_vs_float64(void **state)
         run_decode_case(&cases[i], 0x5000 + i);
 }
 
-static kv_status call_decode(const struct rfix *r, struct kv_paged_cache c)
-{
-    return kv_attn_decode_mla(c, 1, &r->q, &r->pg, 48, 0.1f, NULL, &r->o);
-}
-
 static void test_mla_decode_refusals(void **state)
 {
     (void)state;
     struct rfix r; /* one sequence of 5 tokens on block 9 */
     rfix_init(&r, 1, 1, 0x77);
     const struct kv_paged_cache c = r.p.c;
-    assert_int_equal(call_decode(&r, c), KV_OK);
+    const struct kv_view *q = &r.q, *o = &r.o;
+    const struct mla_args ok = {false, 1, q, NULL, 48, 0.1f, NULL, o, NULL};
+    assert_int_equal(mla_call(&r, &ok, c), KV_OK);
     /* dv outside [1, D], out not [S][Hq][dv], V scales, layer, q's D */
-    assert_int_equal(kv_attn_decode_mla(c, 1, &r.q, &r.pg, 0, 0.1f, NULL, &r.o),
-                     KV_ERR_INVALID_ARG);
-    kvt_assert_msg_has("dv = 0 outside [1, D = 64]");
-    assert_int_equal(kv_attn_decode_mla(c, 1, &r.q, &r.pg, 65, 0.1f, NULL, &r.o),
-                     KV_ERR_INVALID_ARG);
-    assert_int_equal(kv_attn_decode_mla(c, 1, &r.q, &r.pg, 48, 0.1f, NULL, &r.o_big),
-                     KV_ERR_BAD_SHAPE);
-    kvt_assert_msg_has("out shape");
     const float s1[1] = {1.0f};
     const struct kv_scales vs = {s1, s1, 1, 0};
-    assert_int_equal(kv_attn_decode_mla(c, 1, &r.q, &r.pg, 48, 0.1f, &vs, &r.o),
-                     KV_ERR_INVALID_ARG);
-    kvt_assert_msg_has("V scales given");
-    assert_int_equal(kv_attn_decode_mla(c, 2, &r.q, &r.pg, 48, 0.1f, NULL, &r.o),
-                     KV_ERR_INVALID_ARG);
-    assert_int_equal(kv_attn_decode_mla(c, 1, &r.o, &r.pg, 48, 0.1f, NULL, &r.o),
-                     KV_ERR_BAD_SHAPE);
-    assert_int_equal(kv_attn_decode_mla(c, 1, NULL, &r.pg, 48, 0.1f, NULL, &r.o), KV_ERR_NULL);
-    assert_int_equal(kv_attn_decode_mla(c, 1, &r.q, &r.pg, 48, NAN, NULL, &r.o),
-                     KV_ERR_INVALID_ARG);
+    const struct refusal bad[] = {
+        {{false, 1, q, NULL, 0, 0.1f, NULL, o, NULL}, KV_ERR_INVALID_ARG,
+         "dv = 0 outside [1, D = 64]", NULL},
+        {{false, 1, q, NULL, 65, 0.1f, NULL, o, NULL}, KV_ERR_INVALID_ARG, NULL, NULL},
+        {{false, 1, q, NULL, 48, 0.1f, NULL, &r.o_big, NULL}, KV_ERR_BAD_SHAPE, "out shape", NULL},
+        {{false, 1, q, NULL, 48, 0.1f, &vs, o, NULL}, KV_ERR_INVALID_ARG, "V scales given", NULL},
+        {{false, 2, q, NULL, 48, 0.1f, NULL, o, NULL}, KV_ERR_INVALID_ARG, NULL, NULL},
+        {{false, 1, o, NULL, 48, 0.1f, NULL, o, NULL}, KV_ERR_BAD_SHAPE, NULL, NULL},
+        {{false, 1, NULL, NULL, 48, 0.1f, NULL, o, NULL}, KV_ERR_NULL, NULL, NULL},
+        {{false, 1, q, NULL, 48, NAN, NULL, o, NULL}, KV_ERR_INVALID_ARG, NULL, NULL},
+    };
+    check_refusals(&r, bad, sizeof(bad) / sizeof(bad[0]));
     /* not K-only; K-only of two KV heads */
-    check_refuses_layouts(&r, call_decode, 0x78, "MLA decode");
+    check_refuses_layouts(&r, &ok, 0x78, "MLA decode");
     /* the CUDA entry runs the same validator (here: host memory, a bad dv) */
-    assert_int_equal(kv_attn_decode_mla_cuda(c, 1, &r.q, &r.pg, 48, 0.1f, NULL, &r.o, NULL),
+    assert_int_equal(kv_attn_decode_mla_cuda(c, 1, q, &r.pg, 48, 0.1f, NULL, o, NULL),
                      KV_ERR_INVALID_ARG);
     kvt_assert_msg_has("kv_attn_decode_mla_cuda");
     struct kv_paged_cache pinned = c;
     pinned.mem = KV_MEM_PINNED;
-    assert_int_equal(kv_attn_decode_mla_cuda(pinned, 1, &r.q, &r.pg, 0, 0.1f, NULL, &r.o, NULL),
+    assert_int_equal(kv_attn_decode_mla_cuda(pinned, 1, q, &r.pg, 0, 0.1f, NULL, o, NULL),
                      KV_ERR_INVALID_ARG);
     kvt_assert_msg_has("kv_attn_decode_mla_cuda: dv = 0");
     /* stats: counted as a decode */
-    check_counted(&r, call_decode, KV_ATTN_DECODE);
+    check_counted(&r, &ok, KV_ATTN_DECODE);
     rfix_free(&r);
 }
 
@@ -1160,11 +1191,6 @@ static void test_mla_prefill_vs_float64(void **state)
         run_prefill_case(&cases[i], 0x6000 + i);
 }
 
-static kv_status call_prefill(const struct rfix *r, struct kv_paged_cache c)
-{
-    return kv_attn_prefill_mla(c, 1, &r->q, r->qo, &r->pg, 48, 0.1f, NULL, &r->o, r->opts);
-}
-
 static void test_mla_prefill_refusals(void **state)
 {
     (void)state;
@@ -1187,68 +1213,44 @@ static void test_mla_prefill_refusals(void **state)
     memcpy(lb0, lb, sizeof(lb));
     struct kv_attn_opts opts = KV_ATTN_OPTS_INIT;
     opts.lse = lb;
-    r.qo = qo, r.opts = &opts;
-    /* qo_indptr */
-    assert_int_equal(kv_attn_prefill_mla(c, 1, q, NULL, pg, 48, 0.1f, NULL, o, &opts),
-                     KV_ERR_NULL);
-    kvt_assert_msg_has("qo_indptr=(nil)");
+    const struct mla_args ok = {true, 1, q, qo, 48, 0.1f, NULL, o, &opts};
+    /* qo_indptr; dv, out's shape, V scales, layer, NaN scale; options */
     const int32_t qo_0[3] = {1, 2, 5}, qo_dec[3] = {0, 3, 2}, qo_t[3] = {0, 2, 4},
                   qo_long[3] = {0, 6, 5};
-    assert_int_equal(kv_attn_prefill_mla(c, 1, q, qo_0, pg, 48, 0.1f, NULL, o, &opts),
-                     KV_ERR_CORRUPT);
-    kvt_assert_msg_has("kv_attn_prefill_mla: qo_indptr[0] is 1, not 0");
-    assert_int_equal(kv_attn_prefill_mla(c, 1, q, qo_dec, pg, 48, 0.1f, NULL, o, &opts),
-                     KV_ERR_CORRUPT);
-    kvt_assert_msg_has("qo_indptr[1] = 3 > qo_indptr[2] = 2");
-    assert_int_equal(kv_attn_prefill_mla(c, 1, q, qo_t, pg, 48, 0.1f, NULL, o, &opts),
-                     KV_ERR_BAD_SHAPE);
-    kvt_assert_msg_has("qo_indptr[2] = 4 but q and out have 5 rows");
-    assert_int_equal(kv_attn_prefill_mla(c, 1, q, qo_long, pg, 48, 0.1f, NULL, o, &opts),
-                     KV_ERR_BAD_SHAPE);
-    kvt_assert_msg_has("sequence 0 has q_len 6");
-    kvt_assert_msg_has("above its 5 tokens");
-    /* dv, out's shape, V scales, layer, NaN scale */
-    assert_int_equal(kv_attn_prefill_mla(c, 1, q, qo, pg, 0, 0.1f, NULL, o, &opts),
-                     KV_ERR_INVALID_ARG);
-    kvt_assert_msg_has("kv_attn_prefill_mla: dv = 0 outside [1, D = 64]");
-    assert_int_equal(kv_attn_prefill_mla(c, 1, q, qo, pg, 65, 0.1f, NULL, o, &opts),
-                     KV_ERR_INVALID_ARG);
-    kvt_assert_msg_has("dv = 65 outside");
-    assert_int_equal(kv_attn_prefill_mla(c, 1, q, qo, pg, 48, 0.1f, NULL, &r.o_big, &opts),
-                     KV_ERR_BAD_SHAPE);
-    kvt_assert_msg_has("out shape");
     const float s1[1] = {1.0f};
     const struct kv_scales vs = {s1, s1, 1, 0};
-    assert_int_equal(kv_attn_prefill_mla(c, 1, q, qo, pg, 48, 0.1f, &vs, o, &opts),
-                     KV_ERR_INVALID_ARG);
-    kvt_assert_msg_has("V scales given");
-    assert_int_equal(kv_attn_prefill_mla(c, 2, q, qo, pg, 48, 0.1f, NULL, o, &opts),
-                     KV_ERR_INVALID_ARG);
-    assert_int_equal(kv_attn_prefill_mla(c, 1, q, qo, pg, 48, NAN, NULL, o, &opts),
-                     KV_ERR_INVALID_ARG);
-    kvt_assert_msg_has("softmax_scale nan");
-    /* options */
-    struct kv_attn_opts bad = opts;
-    bad.window_left = -2;
-    assert_int_equal(kv_attn_prefill_mla(c, 1, q, qo, pg, 48, 0.1f, NULL, o, &bad),
-                     KV_ERR_INVALID_ARG);
-    kvt_assert_msg_has("window_left -2");
-    bad = opts;
-    bad.logit_soft_cap = -1.0f;
-    assert_int_equal(kv_attn_prefill_mla(c, 1, q, qo, pg, 48, 0.1f, NULL, o, &bad),
-                     KV_ERR_INVALID_ARG);
-    kvt_assert_msg_has("logit_soft_cap -1");
-    bad = opts;
-    bad.lse_stride = 7;
-    assert_int_equal(kv_attn_prefill_mla(c, 1, q, qo, pg, 48, 0.1f, NULL, o, &bad),
-                     KV_ERR_INVALID_ARG);
-    kvt_assert_msg_has("lse_stride 7 is below the 8 query heads");
-    bad = opts;
-    bad.struct_size = 8;
-    assert_int_equal(kv_attn_prefill_mla(c, 1, q, qo, pg, 48, 0.1f, NULL, o, &bad),
-                     KV_ERR_INVALID_ARG);
+    struct kv_attn_opts win = opts, cap = opts, lst = opts, size = opts;
+    win.window_left = -2;
+    cap.logit_soft_cap = -1.0f;
+    lst.lse_stride = 7;
+    size.struct_size = 8;
+    const struct refusal bad[] = {
+        {{true, 1, q, NULL, 48, 0.1f, NULL, o, &opts}, KV_ERR_NULL, "qo_indptr=(nil)", NULL},
+        {{true, 1, q, qo_0, 48, 0.1f, NULL, o, &opts}, KV_ERR_CORRUPT,
+         "kv_attn_prefill_mla: qo_indptr[0] is 1, not 0", NULL},
+        {{true, 1, q, qo_dec, 48, 0.1f, NULL, o, &opts}, KV_ERR_CORRUPT,
+         "qo_indptr[1] = 3 > qo_indptr[2] = 2", NULL},
+        {{true, 1, q, qo_t, 48, 0.1f, NULL, o, &opts}, KV_ERR_BAD_SHAPE,
+         "qo_indptr[2] = 4 but q and out have 5 rows", NULL},
+        {{true, 1, q, qo_long, 48, 0.1f, NULL, o, &opts}, KV_ERR_BAD_SHAPE,
+         "sequence 0 has q_len 6", "above its 5 tokens"},
+        {{true, 1, q, qo, 0, 0.1f, NULL, o, &opts}, KV_ERR_INVALID_ARG,
+         "kv_attn_prefill_mla: dv = 0 outside [1, D = 64]", NULL},
+        {{true, 1, q, qo, 65, 0.1f, NULL, o, &opts}, KV_ERR_INVALID_ARG, "dv = 65 outside", NULL},
+        {{true, 1, q, qo, 48, 0.1f, NULL, &r.o_big, &opts}, KV_ERR_BAD_SHAPE, "out shape", NULL},
+        {{true, 1, q, qo, 48, 0.1f, &vs, o, &opts}, KV_ERR_INVALID_ARG, "V scales given", NULL},
+        {{true, 2, q, qo, 48, 0.1f, NULL, o, &opts}, KV_ERR_INVALID_ARG, NULL, NULL},
+        {{true, 1, q, qo, 48, NAN, NULL, o, &opts}, KV_ERR_INVALID_ARG, "softmax_scale nan", NULL},
+        {{true, 1, q, qo, 48, 0.1f, NULL, o, &win}, KV_ERR_INVALID_ARG, "window_left -2", NULL},
+        {{true, 1, q, qo, 48, 0.1f, NULL, o, &cap}, KV_ERR_INVALID_ARG, "logit_soft_cap -1",
+         NULL},
+        {{true, 1, q, qo, 48, 0.1f, NULL, o, &lst}, KV_ERR_INVALID_ARG,
+         "lse_stride 7 is below the 8 query heads", NULL},
+        {{true, 1, q, qo, 48, 0.1f, NULL, o, &size}, KV_ERR_INVALID_ARG, NULL, NULL},
+    };
+    check_refusals(&r, bad, sizeof(bad) / sizeof(bad[0]));
     /* not K-only; K-only of two KV heads */
-    check_refuses_layouts(&r, call_prefill, 0x98, "MLA prefill");
+    check_refuses_layouts(&r, &ok, 0x98, "MLA prefill");
     /* the CUDA entry runs the same validator (host memory here: refused) */
     assert_int_equal(kv_attn_prefill_mla_cuda(c, 1, q, qo, pg, 48, 0.1f, NULL, o, &opts, NULL),
                      KV_ERR_INVALID_ARG);
@@ -1264,7 +1266,7 @@ static void test_mla_prefill_refusals(void **state)
     assert_memory_equal(lb, lb0, sizeof(lb));
     assert_memory_equal(r.p.mem, before, r.p.bytes);
     /* stats: counted as a prefill */
-    check_counted(&r, call_prefill, KV_ATTN_PREFILL);
+    check_counted(&r, &ok, KV_ATTN_PREFILL);
     /* an empty batch (every q_len 0) writes nothing */
     const int32_t qo_none[3] = {0, 0, 0};
     int64_t zs[3] = {0, 8, 64}, zo[3] = {0, 8, 48};
