@@ -552,6 +552,311 @@ static void rand_elem(kv_dtype dt, unsigned char *p, uint64_t *rng)
     }
 }
 
+/* ---- the attention fixtures --------------------------------------------------------- */
+
+enum { AF_N = 16, AF_B = 200, AF_MAX_SEQS = 6, AF_COLS = 9, AF_IDS = 60 };
+
+/* The float64-reference cases' cache and pages: a latent cache of 2 layers
+ * x 200 blocks of 16 tokens (NHD, blocks padded by 40 elements, arrangement
+ * arr), layer 1 finite random values of dt (rand_elem), the rest garbage;
+ * S sequences of lens[s] tokens on pages far from 0 (ids 199 down to 140,
+ * shuffled) as CSR (indptr, indices, last) and as a block table of 9
+ * columns (table: -1 past each sequence's pages, never read; seq_lens); pg
+ * the one asked for. pg points into the struct: an afix is never copied. */
+struct afix {
+    struct pool p;
+    unsigned char *before; /* the pool as filled: every call leaves it so */
+    uint64_t rng;          /* past the cache and the pages: for q */
+    int32_t indptr[AF_MAX_SEQS + 1], indices[AF_IDS], last[AF_MAX_SEQS];
+    int32_t table[AF_MAX_SEQS * AF_COLS];
+    int64_t seq_lens[AF_MAX_SEQS];
+    struct kv_pages pg;
+};
+
+static void afix_init(struct afix *f, kv_dtype dt, int64_t D, kv_arrange arr, bool block_table,
+                      int S, const int64_t *lens, uint64_t seed)
+{
+    const int64_t N = AF_N, B = AF_B;
+    struct kv_layout_config cfg = mla_cfg(2, B, N, 1, D, dt, KV_ORDER_NHD, arr, 40);
+    assert_true(S <= AF_MAX_SEQS);
+    memset(f, 0, sizeof(*f));
+    pool_make(&f->p, &cfg, seed);
+    f->rng = seed * 31 + 7;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t d = 0; d < D; d++)
+                rand_elem(dt, f->p.mem + at(&f->p, 1, b, n, 0, d), &f->rng);
+    f->before = snapshot(&f->p);
+    int32_t pool_ids[AF_IDS];
+    for (int i = 0; i < AF_IDS; i++)
+        pool_ids[i] = (int32_t)(B - 1 - i);
+    for (int i = AF_IDS - 1; i > 0; i--) {
+        const int j = (int)kvt_range(&f->rng, 0, i);
+        const int32_t x = pool_ids[i];
+        pool_ids[i] = pool_ids[j], pool_ids[j] = x;
+    }
+    for (int i = 0; i < AF_MAX_SEQS * AF_COLS; i++)
+        f->table[i] = -1;
+    int np = 0;
+    for (int s = 0; s < S; s++) {
+        const int64_t pages = (lens[s] + N - 1) / N;
+        assert_true(pages <= AF_COLS && np + pages <= AF_IDS);
+        for (int64_t i = 0; i < pages; i++) {
+            f->indices[np] = pool_ids[np];
+            f->table[s * AF_COLS + i] = pool_ids[np];
+            np++;
+        }
+        f->indptr[s + 1] = np;
+        f->last[s] = lens[s] ? (int32_t)((lens[s] - 1) % N + 1) : 0;
+        f->seq_lens[s] = lens[s];
+    }
+    if (block_table)
+        f->pg = (struct kv_pages){.format = KV_PAGES_BLOCK_TABLE,
+                                  .n_seqs = (uint32_t)S,
+                                  .block_table = f->table,
+                                  .block_table_cols = AF_COLS,
+                                  .seq_lens = f->seq_lens};
+    else
+        f->pg = (struct kv_pages){.format = KV_PAGES_CSR,
+                                  .n_seqs = (uint32_t)S,
+                                  .indptr = f->indptr,
+                                  .indices = f->indices,
+                                  .last_page_len = f->last};
+}
+
+static void afix_free(struct afix *f)
+{
+    free(f->before);
+    pool_free(&f->p);
+}
+
+/* q [rows][Hq][D] f32, heads padded by 4 floats and rows by qpad, values
+ * in [-1, 1] from rng; out [rows][Hq][dv] of out_dt, heads padded by 3
+ * elements and rows by opad, garbage from seed; out0 out's first bytes. */
+struct qout {
+    int64_t qhs, qts, ohs, ots, oes;
+    float *q;
+    unsigned char *out, *out0;
+    size_t qn, obytes;
+    struct kv_view qv, ov;
+};
+
+static void qout_make(struct qout *b, int64_t rows, int64_t hq, int64_t D, int64_t dv,
+                      int64_t qpad, int64_t opad, kv_dtype out_dt, uint64_t *rng, uint64_t seed)
+{
+    b->qhs = D + 4, b->qts = hq * b->qhs + qpad;
+    b->ohs = dv + 3, b->ots = hq * b->ohs + opad;
+    b->oes = (int64_t)kv_dtype_size(out_dt);
+    b->qn = (size_t)(rows * b->qts);
+    b->obytes = (size_t)(rows * b->ots * b->oes);
+    b->q = malloc(b->qn * sizeof(float));
+    b->out = malloc(b->obytes), b->out0 = malloc(b->obytes);
+    assert_true(b->q && b->out && b->out0);
+    for (size_t i = 0; i < b->qn; i++)
+        b->q[i] = (float)((int64_t)kvt_range(rng, 0, 2000) - 1000) / 1000.0f;
+    fill_random(b->out, b->obytes, seed);
+    memcpy(b->out0, b->out, b->obytes);
+    int64_t qs[3] = {rows, hq, D}, qst[3] = {b->qts, b->qhs, 1};
+    int64_t os[3] = {rows, hq, dv}, ost[3] = {b->ots, b->ohs, 1};
+    assert_int_equal(
+        kv_view_from_strided(b->q, b->qn * sizeof(float), KV_F32, 3, qs, qst, 0, &b->qv), KV_OK);
+    assert_int_equal(kv_view_from_strided(b->out, b->obytes, out_dt, 3, os, ost, 0, &b->ov),
+                     KV_OK);
+}
+
+static void qout_free(struct qout *b)
+{
+    free(b->q);
+    free(b->out);
+    free(b->out0);
+}
+
+/* The float64 attention of qq [D] over tokens [t0, t1) of sequence s of f
+ * (layer 1; keys all D dims of the latent, values its first dv): scores
+ * dot x ks x scale, cap x tanh(score / cap) when cap > 0; o [dv] the
+ * softmax-weighted sum of the values (0 over no token). Returns the
+ * scores' log-sum-exp. sco: room for t1 scores. */
+static double ref_attend(const struct afix *f, kv_dtype dt, int64_t s, const float *qq, int64_t D,
+                         int64_t dv, int64_t t0, int64_t t1, double ks, float scale, float cap,
+                         double *sco, double *o)
+{
+    const int64_t N = AF_N;
+    double mx = -INFINITY, sum = 0.0;
+    for (int64_t t = t0; t < t1; t++) {
+        const int64_t blk = f->indices[f->indptr[s] + t / N];
+        double dot = 0.0;
+        for (int64_t d = 0; d < D; d++)
+            dot += (double)qq[d] * ref_elem(dt, f->p.mem + at(&f->p, 1, blk, t % N, 0, d));
+        double x = dot * ks * scale;
+        if (cap > 0.0f)
+            x = cap * tanh(x / cap);
+        sco[t] = x;
+        mx = x > mx ? x : mx;
+    }
+    for (int64_t j = 0; j < dv; j++)
+        o[j] = 0.0;
+    for (int64_t t = t0; t < t1; t++) {
+        const int64_t blk = f->indices[f->indptr[s] + t / N];
+        const double w = exp(sco[t] - mx);
+        sum += w;
+        for (int64_t j = 0; j < dv; j++)
+            o[j] += w * ks * ref_elem(dt, f->p.mem + at(&f->p, 1, blk, t % N, 0, j));
+    }
+    for (int64_t j = 0; j < dv; j++)
+        o[j] = t1 > t0 ? o[j] / sum : 0.0;
+    return mx + log(sum);
+}
+
+/* Element e of out (bf16 or f32) against want: within 1e-2 relative + 1e-3
+ * for bf16, 1e-4 relative + 2e-5 for f32; *got the element. */
+static bool out_close(const unsigned char *out, kv_dtype out_dt, int64_t e, double want,
+                      double *got)
+{
+    if (out_dt == KV_BF16) {
+        *got = ref_bf16(out + e * 2);
+    } else {
+        float f;
+        memcpy(&f, out + e * 4, 4);
+        *got = f;
+    }
+    const double tol = out_dt == KV_BF16 ? 1e-2 * fabs(want) + 1e-3 : 2e-5 + 1e-4 * fabs(want);
+    return fabs(*got - want) <= tol;
+}
+
+/* Every one of n elements of es bytes of got not marked in written equal
+ * to was's. */
+static void check_untouched(const void *got, const void *was, const bool *written, int64_t n,
+                            int64_t es, const char *what)
+{
+    const unsigned char *g = got, *w = was;
+    for (int64_t e = 0; e < n; e++)
+        if (!written[e] && memcmp(g + e * es, w + e * es, (size_t)es) != 0)
+            fail_msg("%s element %" PRId64 " was written", what, e);
+}
+
+/* The refusal tests' fixture: a bf16 latent of D 64 (2 layers, 16 blocks,
+ * random bytes); S (1 or 2) sequences of 5 tokens on block 9 and 20 on
+ * blocks 14, 3 (CSR); q [rows][8][64] f32 zeros; out [rows][8][48] (o)
+ * and [rows][8][64] (o_big) over one buffer of 0x5a bytes. */
+struct rfix {
+    struct kv_layout_config cfg;
+    struct pool p;
+    struct kv_pages pg;
+    float *qb, *ob;
+    size_t qbytes, obytes;
+    struct kv_view q, o, o_big;
+};
+
+static const int32_t rfix_indptr[3] = {0, 1, 3}, rfix_indices[3] = {9, 14, 3},
+                     rfix_last[2] = {5, 4};
+
+static void rfix_init(struct rfix *r, uint32_t S, int64_t rows, uint64_t seed)
+{
+    memset(r, 0, sizeof(*r));
+    r->cfg = mla_cfg(2, 16, 16, 1, 64, KV_BF16, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, 0);
+    pool_make(&r->p, &r->cfg, seed);
+    r->pg = (struct kv_pages){.format = KV_PAGES_CSR,
+                              .n_seqs = S,
+                              .indptr = rfix_indptr,
+                              .indices = rfix_indices,
+                              .last_page_len = rfix_last};
+    r->qbytes = r->obytes = (size_t)(rows * 8 * 64) * sizeof(float);
+    r->qb = calloc(1, r->qbytes), r->ob = malloc(r->obytes);
+    assert_true(r->qb && r->ob);
+    memset(r->ob, 0x5a, r->obytes);
+    int64_t qs[3] = {rows, 8, 64}, os[3] = {rows, 8, 48}, ob_s[3] = {rows, 8, 64};
+    assert_int_equal(kv_view_init(r->qb, r->qbytes, KV_F32, 3, qs, &r->q), KV_OK);
+    assert_int_equal(kv_view_init(r->ob, r->obytes, KV_F32, 3, os, &r->o), KV_OK);
+    assert_int_equal(kv_view_init(r->ob, r->obytes, KV_F32, 3, ob_s, &r->o_big), KV_OK);
+}
+
+static void rfix_free(struct rfix *r)
+{
+    free(r->qb);
+    free(r->ob);
+    pool_free(&r->p);
+}
+
+/* The arguments of one call over a refusal fixture's pages, in the call's
+ * order: kv_attn_prefill_mla when prefill, else kv_attn_decode_mla (qo
+ * and opts unused). */
+struct mla_args {
+    bool prefill;
+    uint32_t layer;
+    const struct kv_view *q;
+    const int32_t *qo;
+    int64_t dv;
+    float scale;
+    const struct kv_scales *sc;
+    const struct kv_view *out;
+    const struct kv_attn_opts *opts;
+};
+
+static kv_status mla_call(const struct rfix *r, const struct mla_args *a, struct kv_paged_cache c)
+{
+    return a->prefill ? kv_attn_prefill_mla(c, a->layer, a->q, a->qo, &r->pg, a->dv, a->scale,
+                                            a->sc, a->out, a->opts)
+                      : kv_attn_decode_mla(c, a->layer, a->q, &r->pg, a->dv, a->scale, a->sc,
+                                           a->out);
+}
+
+/* A refused call: its arguments, its status, and (NULL: not checked) two
+ * parts of the last-error message. */
+struct refusal {
+    struct mla_args a;
+    kv_status st;
+    const char *msg, *msg2;
+};
+
+static void check_refusals(const struct rfix *r, const struct refusal *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const kv_status st = mla_call(r, &t[i].a, r->p.c);
+        if (st != t[i].st)
+            fail_msg("refusal %zu: %s (%s), expected %s", i, kv_status_name(st), kv_last_error(),
+                     kv_status_name(t[i].st));
+        if (t[i].msg)
+            kvt_assert_msg_has(t[i].msg);
+        if (t[i].msg2)
+            kvt_assert_msg_has(t[i].msg2);
+    }
+}
+
+/* The call ok refuses a two-plane cache and a K-only one of two KV heads
+ * (r's dims otherwise), the message naming the layout and what (MLA decode
+ * or MLA prefill). */
+static void check_refuses_layouts(const struct rfix *r, const struct mla_args *ok, uint64_t seed,
+                                  const char *what)
+{
+    struct kv_layout_config two = r->cfg;
+    two.k_only = false;
+    struct pool t;
+    pool_make(&t, &two, seed);
+    assert_int_equal(mla_call(r, ok, t.c), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("K and V planes and H = 1");
+    kvt_assert_msg_has(what);
+    pool_free(&t);
+    struct kv_layout_config h2 = r->cfg;
+    h2.num_heads = 2;
+    pool_make(&t, &h2, seed + 1);
+    assert_int_equal(mla_call(r, ok, t.c), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("H = 2 KV heads");
+    pool_free(&t);
+}
+
+/* The call ok over r's cache succeeds and counts once as kernel on the
+ * canonical path. */
+static void check_counted(const struct rfix *r, const struct mla_args *ok,
+                          enum kv_attn_kernel kernel)
+{
+    struct kv_attn_stats st0, st1;
+    kv_attn_stats_get(&st0);
+    assert_int_equal(mla_call(r, ok, r->p.c), KV_OK);
+    kv_attn_stats_get(&st1);
+    assert_int_equal(st1.cpu[kernel][KV_ATTN_PATH_CANONICAL],
+                     st0.cpu[kernel][KV_ATTN_PATH_CANONICAL] + 1);
+}
+
 struct dcase {
     kv_dtype dt;
     int64_t D, dv, hq;
@@ -561,80 +866,27 @@ struct dcase {
     bool grid; /* the CUDA body on the CPU grid emulator (kv__grid_attn_decode_mla) */
 };
 
+/* kv_attn_decode_mla over four sequences of 0, 1, 45 and 130 tokens (the
+ * afix cache and pages), q and out with padded heads (out's gaps checked
+ * untouched), against a float64 reference. */
 static void run_decode_case(const struct dcase *k, uint64_t seed)
 {
-    const int64_t N = 16, B = 200, L = 2, S = 4, D = k->D, dv = k->dv, hq = k->hq;
-    struct kv_layout_config cfg = mla_cfg(L, B, N, 1, D, k->dt, KV_ORDER_NHD, k->arr, 40);
-    struct pool p;
-    pool_make(&p, &cfg, seed);
-    uint64_t rng = seed * 31 + 7;
-    /* every element of layer 1 a finite value */
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t d = 0; d < D; d++)
-                rand_elem(k->dt, p.mem + at(&p, 1, b, n, 0, d), &rng);
-    unsigned char *before = snapshot(&p);
-    /* sequences of 0, 1, 45 and 130 tokens, pages far from 0, shuffled */
-    const int64_t lens[4] = {0, 1, 45, 130};
-    int32_t indptr[5] = {0}, indices[32], last[4], table[4 * 9];
-    int64_t seq_lens[4];
-    int32_t pool_ids[60];
-    for (int i = 0; i < 60; i++)
-        pool_ids[i] = (int32_t)(B - 1 - i);
-    for (int i = 59; i > 0; i--) {
-        const int j = (int)kvt_range(&rng, 0, i);
-        const int32_t x = pool_ids[i];
-        pool_ids[i] = pool_ids[j], pool_ids[j] = x;
-    }
-    int np = 0;
-    for (int s = 0; s < S; s++) {
-        const int64_t pages = (lens[s] + N - 1) / N;
-        for (int64_t i = 0; i < pages; i++) {
-            indices[np] = pool_ids[np];
-            table[s * 9 + i] = pool_ids[np];
-            np++;
-        }
-        indptr[s + 1] = np;
-        last[s] = lens[s] ? (int32_t)((lens[s] - 1) % N + 1) : 0;
-        seq_lens[s] = lens[s];
-    }
-    struct kv_pages pg = {.format = KV_PAGES_CSR,
-                          .n_seqs = (uint32_t)S,
-                          .indptr = indptr,
-                          .indices = indices,
-                          .last_page_len = last};
-    if (k->block_table)
-        pg = (struct kv_pages){.format = KV_PAGES_BLOCK_TABLE,
-                               .n_seqs = (uint32_t)S,
-                               .block_table = table,
-                               .block_table_cols = 9,
-                               .seq_lens = seq_lens};
-    /* q [S][Hq][D] f32 with padded heads; out [S][Hq][dv] padded, gaps checked */
-    const int64_t qhs = D + 4, ohs = dv + 3;
-    float *q = malloc((size_t)(S * hq * qhs) * sizeof(float));
-    const int64_t oes = (int64_t)kv_dtype_size(k->out_dt);
-    const size_t obytes = (size_t)(S * hq * ohs * oes);
-    unsigned char *out = malloc(obytes), *out0 = malloc(obytes);
-    assert_true(q && out && out0);
-    for (int64_t i = 0; i < S * hq * qhs; i++)
-        q[i] = (float)((int64_t)kvt_range(&rng, 0, 2000) - 1000) / 1000.0f;
-    fill_random(out, obytes, seed + 1);
-    memcpy(out0, out, obytes);
-    struct kv_view qv, ov;
-    int64_t qs[3] = {S, hq, D}, qst[3] = {hq * qhs, qhs, 1};
-    int64_t os[3] = {S, hq, dv}, ost[3] = {hq * ohs, ohs, 1};
-    assert_int_equal(kv_view_from_strided(q, (size_t)(S * hq * qhs) * sizeof(float), KV_F32, 3,
-                                          qs, qst, 0, &qv),
-                     KV_OK);
-    assert_int_equal(kv_view_from_strided(out, obytes, k->out_dt, 3, os, ost, 0, &ov), KV_OK);
+    enum { S = 4 };
+    const int64_t D = k->D, dv = k->dv, hq = k->hq;
+    const int64_t lens[S] = {0, 1, 45, 130};
+    struct afix f;
+    afix_init(&f, k->dt, D, k->arr, k->block_table, S, lens, seed);
+    struct qout b;
+    qout_make(&b, S, hq, D, dv, 0, 0, k->out_dt, &f.rng, seed + 1);
     const float scale = 1.0f / sqrtf((float)D), kscale[2] = {0.37f, 0.37f};
     const struct kv_scales sc = {kscale, NULL, 1, 0};
     if (k->grid) {
         struct kv__attn_job j;
-        struct kv_paged_cache dev = p.c;
+        struct kv_paged_cache dev = f.p.c;
         dev.mem = KV_MEM_PINNED; /* what a CUDA entry takes; host memory here */
-        assert_int_equal(kv__attn_decode_mla_check("kv_attn_decode_mla_cuda", &dev, 1, &qv, &pg,
-                                                   dv, scale, k->scaled ? &sc : NULL, &ov, &j),
+        assert_int_equal(kv__attn_decode_mla_check("kv_attn_decode_mla_cuda", &dev, 1, &b.qv,
+                                                   &f.pg, dv, scale, k->scaled ? &sc : NULL,
+                                                   &b.ov, &j),
                          KV_OK);
         const kv_status st = kv__grid_attn_decode_mla(&j);
         kv__attn_job_free(&j);
@@ -642,69 +894,38 @@ static void run_decode_case(const struct dcase *k, uint64_t seed)
             fail_msg("kv__grid_attn_decode_mla: %s: %s", kv_status_name(st), kv_last_error());
     } else {
         kv__attn_test_tune(-1, k->portable);
-        assert_int_equal(
-            kv_attn_decode_mla(p.c, 1, &qv, &pg, dv, scale, k->scaled ? &sc : NULL, &ov), KV_OK);
+        assert_int_equal(kv_attn_decode_mla(f.p.c, 1, &b.qv, &f.pg, dv, scale,
+                                            k->scaled ? &sc : NULL, &b.ov),
+                         KV_OK);
         kv__attn_test_tune(-1, false);
     }
-    assert_memory_equal(p.mem, before, p.bytes);
-    /* float64 reference */
+    assert_memory_equal(f.p.mem, f.before, f.p.bytes);
+    /* float64 reference, every sequence, head and dim; the gaps untouched */
     const double ks = k->scaled ? 0.37 : 1.0;
     double *sco = malloc(sizeof(double) * 130), *o = malloc(sizeof(double) * (size_t)dv);
-    assert_true(sco && o);
-    bool *is_out = calloc((size_t)(S * hq * ohs), 1);
-    assert_non_null(is_out);
+    bool *is_out = calloc((size_t)(S * b.ots), 1);
+    assert_true(sco && o && is_out);
     for (int64_t s = 0; s < S; s++)
         for (int64_t h = 0; h < hq; h++) {
-            const float *qq = q + (s * hq + h) * qhs;
-            double mx = -INFINITY, sum = 0.0;
-            for (int64_t t = 0; t < lens[s]; t++) {
-                const int64_t blk = indices[indptr[s] + t / N];
-                double dot = 0.0;
-                for (int64_t d = 0; d < D; d++)
-                    dot += (double)qq[d] * ref_elem(k->dt, p.mem + at(&p, 1, blk, t % N, 0, d));
-                sco[t] = dot * ks * scale;
-                mx = sco[t] > mx ? sco[t] : mx;
-            }
-            for (int64_t j = 0; j < dv; j++)
-                o[j] = 0.0;
-            for (int64_t t = 0; t < lens[s]; t++) {
-                const int64_t blk = indices[indptr[s] + t / N];
-                const double w = exp(sco[t] - mx);
-                sum += w;
-                for (int64_t j = 0; j < dv; j++)
-                    o[j] += w * ks * ref_elem(k->dt, p.mem + at(&p, 1, blk, t % N, 0, j));
-            }
+            ref_attend(&f, k->dt, s, b.q + s * b.qts + h * b.qhs, D, dv, 0, lens[s], ks, scale,
+                       0.0f, sco, o);
             for (int64_t j = 0; j < dv; j++) {
-                const double want = lens[s] ? o[j] / sum : 0.0;
-                const int64_t e = (s * hq + h) * ohs + j;
-                is_out[e] = true;
+                const int64_t e = s * b.ots + h * b.ohs + j;
                 double got;
-                if (k->out_dt == KV_BF16) {
-                    got = ref_bf16(out + e * 2);
-                } else {
-                    float f;
-                    memcpy(&f, out + e * 4, 4);
-                    got = f;
-                }
-                const double tol = k->out_dt == KV_BF16 ? 1e-2 * fabs(want) + 1e-3 : 2e-5 + 1e-4 * fabs(want);
-                if (!(fabs(got - want) <= tol))
-                    fail_msg("dt %s D %" PRId64 " dv %" PRId64 " Hq %" PRId64
-                             " seq %" PRId64 " head %" PRId64 " dim %" PRId64
+                is_out[e] = true;
+                if (!out_close(b.out, k->out_dt, e, o[j], &got))
+                    fail_msg("dt %s D %" PRId64 " dv %" PRId64 " Hq %" PRId64 " seq %" PRId64
+                             " head %" PRId64 " dim %" PRId64
                              ": got %.7g, float64 reference %.7g",
-                             kv_dtype_name(k->dt), D, dv, hq, s, h, j, got, want);
+                             kv_dtype_name(k->dt), D, dv, hq, s, h, j, got, o[j]);
             }
         }
-    for (int64_t e = 0; e < S * hq * ohs; e++)
-        if (!is_out[e] && memcmp(out + e * oes, out0 + e * oes, (size_t)oes) != 0)
-            fail_msg("out element %" PRId64 " (a gap between heads) was written", e);
+    check_untouched(b.out, b.out0, is_out, S * b.ots, b.oes, "out (a gap between heads)");
     free(is_out);
     free(sco);
     free(o);
-    free(q);
-    free(out);
-    free(out0);
-    free(before);
-    pool_free(&p);
+    qout_free(&b);
+    afix_free(&f);
 }
 
 static void test_mla_decode_vs_float64(void **state)
@@ -735,70 +956,41 @@ static void test_mla_decode_vs_float64(void **state)
 static void test_mla_decode_refusals(void **state)
 {
     (void)state;
-    struct kv_layout_config cfg =
-        mla_cfg(2, 16, 16, 1, 64, KV_BF16, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, 0);
-    struct pool p;
-    pool_make(&p, &cfg, 0x77);
-    const int32_t indptr[2] = {0, 1}, indices[1] = {9}, last[1] = {5};
-    const struct kv_pages pg = {.format = KV_PAGES_CSR,
-                                .n_seqs = 1,
-                                .indptr = indptr,
-                                .indices = indices,
-                                .last_page_len = last};
-    static float qb[1 * 8 * 64], ob[1 * 8 * 64];
-    struct kv_view q, o, o_big;
-    int64_t qs[3] = {1, 8, 64}, os[3] = {1, 8, 48}, ob_s[3] = {1, 8, 64};
-    assert_int_equal(kv_view_init(qb, sizeof(qb), KV_F32, 3, qs, &q), KV_OK);
-    assert_int_equal(kv_view_init(ob, sizeof(ob), KV_F32, 3, os, &o), KV_OK);
-    assert_int_equal(kv_view_init(ob, sizeof(ob), KV_F32, 3, ob_s, &o_big), KV_OK);
-    memset(ob, 0x5a, sizeof(ob));
-    assert_int_equal(kv_attn_decode_mla(p.c, 1, &q, &pg, 48, 0.1f, NULL, &o), KV_OK);
+    struct rfix r; /* one sequence of 5 tokens on block 9 */
+    rfix_init(&r, 1, 1, 0x77);
+    const struct kv_paged_cache c = r.p.c;
+    const struct kv_view *q = &r.q, *o = &r.o;
+    const struct mla_args ok = {false, 1, q, NULL, 48, 0.1f, NULL, o, NULL};
+    assert_int_equal(mla_call(&r, &ok, c), KV_OK);
     /* dv outside [1, D], out not [S][Hq][dv], V scales, layer, q's D */
-    assert_int_equal(kv_attn_decode_mla(p.c, 1, &q, &pg, 0, 0.1f, NULL, &o), KV_ERR_INVALID_ARG);
-    kvt_assert_msg_has("dv = 0 outside [1, D = 64]");
-    assert_int_equal(kv_attn_decode_mla(p.c, 1, &q, &pg, 65, 0.1f, NULL, &o), KV_ERR_INVALID_ARG);
-    assert_int_equal(kv_attn_decode_mla(p.c, 1, &q, &pg, 48, 0.1f, NULL, &o_big),
-                     KV_ERR_BAD_SHAPE);
-    kvt_assert_msg_has("out shape");
     const float s1[1] = {1.0f};
     const struct kv_scales vs = {s1, s1, 1, 0};
-    assert_int_equal(kv_attn_decode_mla(p.c, 1, &q, &pg, 48, 0.1f, &vs, &o), KV_ERR_INVALID_ARG);
-    kvt_assert_msg_has("V scales given");
-    assert_int_equal(kv_attn_decode_mla(p.c, 2, &q, &pg, 48, 0.1f, NULL, &o), KV_ERR_INVALID_ARG);
-    assert_int_equal(kv_attn_decode_mla(p.c, 1, &o, &pg, 48, 0.1f, NULL, &o), KV_ERR_BAD_SHAPE);
-    assert_int_equal(kv_attn_decode_mla(p.c, 1, NULL, &pg, 48, 0.1f, NULL, &o), KV_ERR_NULL);
-    assert_int_equal(kv_attn_decode_mla(p.c, 1, &q, &pg, 48, NAN, NULL, &o), KV_ERR_INVALID_ARG);
+    const struct refusal bad[] = {
+        {{false, 1, q, NULL, 0, 0.1f, NULL, o, NULL}, KV_ERR_INVALID_ARG,
+         "dv = 0 outside [1, D = 64]", NULL},
+        {{false, 1, q, NULL, 65, 0.1f, NULL, o, NULL}, KV_ERR_INVALID_ARG, NULL, NULL},
+        {{false, 1, q, NULL, 48, 0.1f, NULL, &r.o_big, NULL}, KV_ERR_BAD_SHAPE, "out shape", NULL},
+        {{false, 1, q, NULL, 48, 0.1f, &vs, o, NULL}, KV_ERR_INVALID_ARG, "V scales given", NULL},
+        {{false, 2, q, NULL, 48, 0.1f, NULL, o, NULL}, KV_ERR_INVALID_ARG, NULL, NULL},
+        {{false, 1, o, NULL, 48, 0.1f, NULL, o, NULL}, KV_ERR_BAD_SHAPE, NULL, NULL},
+        {{false, 1, NULL, NULL, 48, 0.1f, NULL, o, NULL}, KV_ERR_NULL, NULL, NULL},
+        {{false, 1, q, NULL, 48, NAN, NULL, o, NULL}, KV_ERR_INVALID_ARG, NULL, NULL},
+    };
+    check_refusals(&r, bad, sizeof(bad) / sizeof(bad[0]));
     /* not K-only; K-only of two KV heads */
-    struct kv_layout_config two = cfg;
-    two.k_only = false;
-    struct pool t;
-    pool_make(&t, &two, 0x78);
-    assert_int_equal(kv_attn_decode_mla(t.c, 1, &q, &pg, 48, 0.1f, NULL, &o), KV_ERR_INVALID_ARG);
-    kvt_assert_msg_has("K and V planes and H = 1");
-    pool_free(&t);
-    struct kv_layout_config h2 = cfg;
-    h2.num_heads = 2;
-    pool_make(&t, &h2, 0x79);
-    assert_int_equal(kv_attn_decode_mla(t.c, 1, &q, &pg, 48, 0.1f, NULL, &o), KV_ERR_INVALID_ARG);
-    kvt_assert_msg_has("H = 2 KV heads");
-    pool_free(&t);
+    check_refuses_layouts(&r, &ok, 0x78, "MLA decode");
     /* the CUDA entry runs the same validator (here: host memory, a bad dv) */
-    assert_int_equal(kv_attn_decode_mla_cuda(p.c, 1, &q, &pg, 48, 0.1f, NULL, &o, NULL),
+    assert_int_equal(kv_attn_decode_mla_cuda(c, 1, q, &r.pg, 48, 0.1f, NULL, o, NULL),
                      KV_ERR_INVALID_ARG);
     kvt_assert_msg_has("kv_attn_decode_mla_cuda");
-    struct kv_paged_cache pinned = p.c;
+    struct kv_paged_cache pinned = c;
     pinned.mem = KV_MEM_PINNED;
-    assert_int_equal(kv_attn_decode_mla_cuda(pinned, 1, &q, &pg, 0, 0.1f, NULL, &o, NULL),
+    assert_int_equal(kv_attn_decode_mla_cuda(pinned, 1, q, &r.pg, 0, 0.1f, NULL, o, NULL),
                      KV_ERR_INVALID_ARG);
     kvt_assert_msg_has("kv_attn_decode_mla_cuda: dv = 0");
     /* stats: counted as a decode */
-    struct kv_attn_stats st0, st1;
-    kv_attn_stats_get(&st0);
-    assert_int_equal(kv_attn_decode_mla(p.c, 1, &q, &pg, 48, 0.1f, NULL, &o), KV_OK);
-    kv_attn_stats_get(&st1);
-    assert_int_equal(st1.cpu[KV_ATTN_DECODE][KV_ATTN_PATH_CANONICAL],
-                     st0.cpu[KV_ATTN_DECODE][KV_ATTN_PATH_CANONICAL] + 1);
-    pool_free(&p);
+    check_counted(&r, &ok, KV_ATTN_DECODE);
+    rfix_free(&r);
 }
 
 /* ---- prefill ------------------------------------------------------------------------ */
@@ -816,81 +1008,31 @@ struct pcase {
 };
 
 /* kv_attn_prefill_mla over six sequences of lens {0, 45, 130, 70, 20, 90}
- * tokens with q_len {0, 1, 7, 70 (the whole sequence), 0, 33}, pages far
- * from 0 in random order, q with padded heads and rows, out and lse padded
- * (the gaps checked untouched), against a float64 reference; without
- * options, the last query row of every sequence against
- * kv_attn_decode_mla's output bit for bit (same sums, same order). */
+ * tokens with q_len {0, 1, 7, 70 (the whole sequence), 0, 33} (the afix
+ * cache and pages), q with padded heads and rows, out and lse padded (the
+ * gaps checked untouched), against a float64 reference; without options,
+ * the last query row of every sequence against kv_attn_decode_mla's output
+ * bit for bit (same sums, same order). */
 static void run_prefill_case(const struct pcase *k, uint64_t seed)
 {
     enum { S = 6 };
-    const int64_t N = 16, B = 200, L = 2, D = k->D, dv = k->dv, hq = k->hq;
-    struct kv_layout_config cfg = mla_cfg(L, B, N, 1, D, k->dt, KV_ORDER_NHD, k->arr, 40);
-    struct pool p;
-    pool_make(&p, &cfg, seed);
-    uint64_t rng = seed * 31 + 7;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t d = 0; d < D; d++)
-                rand_elem(k->dt, p.mem + at(&p, 1, b, n, 0, d), &rng);
-    unsigned char *before = snapshot(&p);
+    const int64_t D = k->D, dv = k->dv, hq = k->hq;
     const int64_t lens[S] = {0, 45, 130, 70, 20, 90}, qlens[S] = {0, 1, 7, 70, 0, 33};
-    int32_t indptr[S + 1] = {0}, indices[64], last[S], table[S * 9], qo[S + 1] = {0};
-    int64_t seq_lens[S];
-    int32_t pool_ids[60];
-    for (int i = 0; i < 60; i++)
-        pool_ids[i] = (int32_t)(B - 1 - i);
-    for (int i = 59; i > 0; i--) {
-        const int j = (int)kvt_range(&rng, 0, i);
-        const int32_t x = pool_ids[i];
-        pool_ids[i] = pool_ids[j], pool_ids[j] = x;
-    }
-    int np = 0;
-    for (int s = 0; s < S; s++) {
-        const int64_t pages = (lens[s] + N - 1) / N;
-        for (int64_t i = 0; i < pages; i++) {
-            indices[np] = pool_ids[np];
-            table[s * 9 + i] = pool_ids[np];
-            np++;
-        }
-        indptr[s + 1] = np;
-        last[s] = lens[s] ? (int32_t)((lens[s] - 1) % N + 1) : 0;
-        seq_lens[s] = lens[s];
+    struct afix f;
+    afix_init(&f, k->dt, D, k->arr, k->block_table, S, lens, seed);
+    int32_t qo[S + 1] = {0};
+    for (int s = 0; s < S; s++)
         qo[s + 1] = qo[s] + (int32_t)qlens[s];
-    }
     const int64_t T = qo[S];
-    struct kv_pages pg = {.format = KV_PAGES_CSR,
-                          .n_seqs = S,
-                          .indptr = indptr,
-                          .indices = indices,
-                          .last_page_len = last};
-    if (k->block_table)
-        pg = (struct kv_pages){.format = KV_PAGES_BLOCK_TABLE,
-                               .n_seqs = S,
-                               .block_table = table,
-                               .block_table_cols = 9,
-                               .seq_lens = seq_lens};
     /* q [T][Hq][D] f32, heads and rows padded; out [T][Hq][dv], lse [T][Hq + 2] */
-    const int64_t qhs = D + 4, qts = hq * qhs + 5, ohs = dv + 3, ots = hq * ohs + 2, lst = hq + 2;
-    const size_t qn = (size_t)(T * qts);
-    float *q = malloc(qn * sizeof(float));
-    const int64_t oes = (int64_t)kv_dtype_size(k->out_dt);
-    const size_t obytes = (size_t)(T * ots * oes), lbytes = (size_t)(T * lst) * sizeof(float);
-    unsigned char *out = malloc(obytes), *out0 = malloc(obytes);
+    struct qout b;
+    qout_make(&b, T, hq, D, dv, 5, 2, k->out_dt, &f.rng, seed + 1);
+    const int64_t lst = hq + 2;
+    const size_t lbytes = (size_t)(T * lst) * sizeof(float);
     float *lse = malloc(lbytes), *lse0 = malloc(lbytes);
-    assert_true(q && out && out0 && lse && lse0);
-    for (size_t i = 0; i < qn; i++)
-        q[i] = (float)((int64_t)kvt_range(&rng, 0, 2000) - 1000) / 1000.0f;
-    fill_random(out, obytes, seed + 1);
-    memcpy(out0, out, obytes);
+    assert_true(lse && lse0);
     fill_random(lse, lbytes, seed + 2);
     memcpy(lse0, lse, lbytes);
-    struct kv_view qv, ov;
-    int64_t qs[3] = {T, hq, D}, qst[3] = {qts, qhs, 1};
-    int64_t os[3] = {T, hq, dv}, ost[3] = {ots, ohs, 1};
-    assert_int_equal(kv_view_from_strided(q, qn * sizeof(float), KV_F32, 3, qs, qst, 0, &qv),
-                     KV_OK);
-    assert_int_equal(kv_view_from_strided(out, obytes, k->out_dt, 3, os, ost, 0, &ov), KV_OK);
     const float scale = 1.0f / sqrtf((float)D), kscale[2] = {0.37f, 0.37f};
     const struct kv_scales sc = {kscale, NULL, 1, 0};
     struct kv_attn_opts opts = KV_ATTN_OPTS_INIT;
@@ -901,11 +1043,11 @@ static void run_prefill_case(const struct pcase *k, uint64_t seed)
     const bool plain = k->window < 0 && k->cap == 0.0f && !k->lse && !k->grid;
     if (k->grid) {
         struct kv__attn_job j;
-        struct kv_paged_cache dev = p.c;
+        struct kv_paged_cache dev = f.p.c;
         dev.mem = KV_MEM_PINNED; /* what a CUDA entry takes; host memory here */
-        assert_int_equal(kv__attn_prefill_mla_check("kv_attn_prefill_mla_cuda", &dev, 1, &qv, qo,
-                                                    &pg, dv, scale, k->scaled ? &sc : NULL, &ov,
-                                                    &opts, &j),
+        assert_int_equal(kv__attn_prefill_mla_check("kv_attn_prefill_mla_cuda", &dev, 1, &b.qv,
+                                                    qo, &f.pg, dv, scale, k->scaled ? &sc : NULL,
+                                                    &b.ov, &opts, &j),
                          KV_OK);
         const kv_status st = kv__grid_attn_prefill(&j);
         kv__attn_job_free(&j);
@@ -913,90 +1055,58 @@ static void run_prefill_case(const struct pcase *k, uint64_t seed)
             fail_msg("kv__grid_attn_prefill (MLA): %s: %s", kv_status_name(st), kv_last_error());
     } else {
         kv__attn_test_tune(-1, k->portable);
-        assert_int_equal(kv_attn_prefill_mla(p.c, 1, &qv, qo, &pg, dv, scale,
-                                             k->scaled ? &sc : NULL, &ov, plain ? NULL : &opts),
+        assert_int_equal(kv_attn_prefill_mla(f.p.c, 1, &b.qv, qo, &f.pg, dv, scale,
+                                             k->scaled ? &sc : NULL, &b.ov, plain ? NULL : &opts),
                          KV_OK);
         kv__attn_test_tune(-1, false);
     }
-    assert_memory_equal(p.mem, before, p.bytes);
+    assert_memory_equal(f.p.mem, f.before, f.p.bytes);
     /* float64 reference, every row, head and dim; the gaps untouched */
     const double ks = k->scaled ? 0.37 : 1.0;
     double *sco = malloc(sizeof(double) * 130), *o = malloc(sizeof(double) * (size_t)dv);
-    bool *is_out = calloc((size_t)(T * ots), 1), *is_lse = calloc((size_t)(T * lst), 1);
+    bool *is_out = calloc((size_t)(T * b.ots), 1), *is_lse = calloc((size_t)(T * lst), 1);
     assert_true(sco && o && is_out && is_lse);
     for (int64_t s = 0; s < S; s++)
         for (int64_t i = 0; i < qlens[s]; i++)
             for (int64_t h = 0; h < hq; h++) {
                 const int64_t row = qo[s] + i, pos = lens[s] - qlens[s] + i;
                 const int64_t t_lo = k->window >= 0 && pos > k->window ? pos - k->window : 0;
-                const float *qq = q + row * qts + h * qhs;
-                double mx = -INFINITY, sum = 0.0;
-                for (int64_t t = t_lo; t <= pos; t++) {
-                    const int64_t blk = indices[indptr[s] + t / N];
-                    double dot = 0.0;
-                    for (int64_t d = 0; d < D; d++)
-                        dot += (double)qq[d] * ref_elem(k->dt, p.mem + at(&p, 1, blk, t % N, 0, d));
-                    double x = dot * ks * scale;
-                    if (k->cap > 0.0f)
-                        x = k->cap * tanh(x / k->cap);
-                    sco[t] = x;
-                    mx = x > mx ? x : mx;
-                }
-                for (int64_t j = 0; j < dv; j++)
-                    o[j] = 0.0;
-                for (int64_t t = t_lo; t <= pos; t++) {
-                    const int64_t blk = indices[indptr[s] + t / N];
-                    const double w = exp(sco[t] - mx);
-                    sum += w;
-                    for (int64_t j = 0; j < dv; j++)
-                        o[j] += w * ks * ref_elem(k->dt, p.mem + at(&p, 1, blk, t % N, 0, j));
-                }
+                const double want_lse =
+                    ref_attend(&f, k->dt, s, b.q + row * b.qts + h * b.qhs, D, dv, t_lo, pos + 1,
+                               ks, scale, k->cap, sco, o);
                 for (int64_t j = 0; j < dv; j++) {
-                    const double want = o[j] / sum;
-                    const int64_t e = row * ots + h * ohs + j;
-                    is_out[e] = true;
+                    const int64_t e = row * b.ots + h * b.ohs + j;
                     double got;
-                    if (k->out_dt == KV_BF16) {
-                        got = ref_bf16(out + e * 2);
-                    } else {
-                        float f;
-                        memcpy(&f, out + e * 4, 4);
-                        got = f;
-                    }
-                    const double tol = k->out_dt == KV_BF16 ? 1e-2 * fabs(want) + 1e-3
-                                                            : 2e-5 + 1e-4 * fabs(want);
-                    if (!(fabs(got - want) <= tol))
+                    is_out[e] = true;
+                    if (!out_close(b.out, k->out_dt, e, o[j], &got))
                         fail_msg("prefill dt %s D %" PRId64 " dv %" PRId64 " Hq %" PRId64
                                  " win %d cap %g seq %" PRId64 " query %" PRId64 " head %" PRId64
                                  " dim %" PRId64 ": got %.7g, float64 reference %.7g",
                                  kv_dtype_name(k->dt), D, dv, hq, (int)k->window, (double)k->cap,
-                                 s, i, h, j, got, want);
+                                 s, i, h, j, got, o[j]);
                 }
                 if (k->lse) {
-                    const double want = mx + log(sum), got = lse[row * lst + h];
+                    const double got = lse[row * lst + h];
                     is_lse[row * lst + h] = true;
-                    if (!(fabs(got - want) <= 1e-4 + 1e-5 * fabs(want)))
+                    if (!(fabs(got - want_lse) <= 1e-4 + 1e-5 * fabs(want_lse)))
                         fail_msg("prefill lse seq %" PRId64 " query %" PRId64 " head %" PRId64
                                  ": got %.7g, float64 reference %.7g",
-                                 s, i, h, got, want);
+                                 s, i, h, got, want_lse);
                 }
             }
-    for (int64_t e = 0; e < T * ots; e++)
-        if (!is_out[e] && memcmp(out + e * oes, out0 + e * oes, (size_t)oes) != 0)
-            fail_msg("out element %" PRId64 " (a gap) was written", e);
-    for (int64_t e = 0; e < T * lst; e++)
-        if (!is_lse[e] && memcmp(lse + e, lse0 + e, 4) != 0)
-            fail_msg("lse element %" PRId64 " (a gap, or no lse asked) was written", e);
+    check_untouched(b.out, b.out0, is_out, T * b.ots, b.oes, "out (a gap)");
+    check_untouched(lse, lse0, is_lse, T * lst, 4, "lse (a gap, or no lse asked)");
     if (plain) {
         /* the last query of each sequence (position len - 1) against the
          * decode of that row, bit for bit */
+        const int64_t oes = b.oes;
         float *qd = malloc((size_t)(S * hq * D) * sizeof(float));
         unsigned char *od = malloc((size_t)(S * hq * dv * oes));
         assert_true(qd && od);
         for (int64_t s = 0; s < S; s++)
             for (int64_t h = 0; h < hq; h++)
                 memcpy(qd + (s * hq + h) * D,
-                       q + (qo[s + 1] > 0 ? qo[s + 1] - 1 : 0) * qts + h * qhs,
+                       b.q + (qo[s + 1] > 0 ? qo[s + 1] - 1 : 0) * b.qts + h * b.qhs,
                        (size_t)D * sizeof(float));
         struct kv_view qdv, odv;
         int64_t ds[3] = {S, hq, D}, dos[3] = {S, hq, dv};
@@ -1005,17 +1115,18 @@ static void run_prefill_case(const struct pcase *k, uint64_t seed)
         assert_int_equal(
             kv_view_init(od, (size_t)(S * hq * dv * oes), k->out_dt, 3, dos, &odv), KV_OK);
         kv__attn_test_tune(-1, k->portable);
-        assert_int_equal(
-            kv_attn_decode_mla(p.c, 1, &qdv, &pg, dv, scale, k->scaled ? &sc : NULL, &odv), KV_OK);
+        assert_int_equal(kv_attn_decode_mla(f.p.c, 1, &qdv, &f.pg, dv, scale,
+                                            k->scaled ? &sc : NULL, &odv),
+                         KV_OK);
         kv__attn_test_tune(-1, false);
         int compared = 0;
         for (int64_t s = 0; s < S; s++) {
             if (qlens[s] == 0)
                 continue;
             for (int64_t h = 0; h < hq; h++) {
-                const unsigned char *a = out + ((qo[s + 1] - 1) * ots + h * ohs) * oes;
-                const unsigned char *b = od + (s * hq + h) * dv * oes;
-                if (memcmp(a, b, (size_t)(dv * oes)) != 0)
+                const unsigned char *x = b.out + ((qo[s + 1] - 1) * b.ots + h * b.ohs) * oes;
+                const unsigned char *y = od + (s * hq + h) * dv * oes;
+                if (memcmp(x, y, (size_t)(dv * oes)) != 0)
                     fail_msg("prefill's last query of seq %" PRId64 " head %" PRId64
                              " differs from kv_attn_decode_mla's (dt %s D %" PRId64 " Hq %" PRId64
                              ")",
@@ -1031,13 +1142,10 @@ static void run_prefill_case(const struct pcase *k, uint64_t seed)
     free(is_lse);
     free(sco);
     free(o);
-    free(q);
-    free(out);
-    free(out0);
     free(lse);
     free(lse0);
-    free(before);
-    pool_free(&p);
+    qout_free(&b);
+    afix_free(&f);
 }
 
 static void test_mla_prefill_vs_float64(void **state)
@@ -1086,144 +1194,92 @@ static void test_mla_prefill_vs_float64(void **state)
 static void test_mla_prefill_refusals(void **state)
 {
     (void)state;
-    struct kv_layout_config cfg =
-        mla_cfg(2, 16, 16, 1, 64, KV_BF16, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, 0);
-    struct pool p;
-    pool_make(&p, &cfg, 0x97);
-    /* two sequences of 5 and 20 tokens; q_len 2 and 3 */
-    const int32_t indptr[3] = {0, 1, 3}, indices[3] = {9, 14, 3}, last[2] = {5, 4};
-    const struct kv_pages pg = {.format = KV_PAGES_CSR,
-                                .n_seqs = 2,
-                                .indptr = indptr,
-                                .indices = indices,
-                                .last_page_len = last};
-    static float qb[5 * 8 * 64], ob[5 * 8 * 64], lb[5 * 8];
-    struct kv_view q, o, o_big;
-    int64_t qs[3] = {5, 8, 64}, os[3] = {5, 8, 48}, ob_s[3] = {5, 8, 64};
-    assert_int_equal(kv_view_init(qb, sizeof(qb), KV_F32, 3, qs, &q), KV_OK);
-    assert_int_equal(kv_view_init(ob, sizeof(ob), KV_F32, 3, os, &o), KV_OK);
-    assert_int_equal(kv_view_init(ob, sizeof(ob), KV_F32, 3, ob_s, &o_big), KV_OK);
-    for (size_t i = 0; i < sizeof(qb) / sizeof(qb[0]); i++)
-        qb[i] = (float)(i % 17) * 0.01f;
+    struct rfix r; /* two sequences of 5 and 20 tokens; q_len 2 and 3 */
+    rfix_init(&r, 2, 5, 0x97);
+    const struct kv_paged_cache c = r.p.c;
+    const struct kv_view *q = &r.q, *o = &r.o;
+    const struct kv_pages *pg = &r.pg;
+    for (size_t i = 0; i < r.qbytes / sizeof(float); i++)
+        r.qb[i] = (float)(i % 17) * 0.01f;
     const int32_t qo[3] = {0, 2, 5};
-    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo, &pg, 48, 0.1f, NULL, &o, NULL), KV_OK);
-    unsigned char *before = snapshot(&p);
-    memset(ob, 0x5a, sizeof(ob));
+    assert_int_equal(kv_attn_prefill_mla(c, 1, q, qo, pg, 48, 0.1f, NULL, o, NULL), KV_OK);
+    unsigned char *before = snapshot(&r.p);
+    static float lb[5 * 8], lb0[5 * 8];
+    memset(r.ob, 0x5a, r.obytes);
     memset(lb, 0x5a, sizeof(lb));
-    static float ob0[5 * 8 * 64], lb0[5 * 8];
-    memcpy(ob0, ob, sizeof(ob));
+    float *ob0 = malloc(r.obytes);
+    assert_non_null(ob0);
+    memcpy(ob0, r.ob, r.obytes);
     memcpy(lb0, lb, sizeof(lb));
     struct kv_attn_opts opts = KV_ATTN_OPTS_INIT;
     opts.lse = lb;
-    /* qo_indptr */
-    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, NULL, &pg, 48, 0.1f, NULL, &o, &opts),
-                     KV_ERR_NULL);
-    kvt_assert_msg_has("qo_indptr=(nil)");
+    const struct mla_args ok = {true, 1, q, qo, 48, 0.1f, NULL, o, &opts};
+    /* qo_indptr; dv, out's shape, V scales, layer, NaN scale; options */
     const int32_t qo_0[3] = {1, 2, 5}, qo_dec[3] = {0, 3, 2}, qo_t[3] = {0, 2, 4},
                   qo_long[3] = {0, 6, 5};
-    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo_0, &pg, 48, 0.1f, NULL, &o, &opts),
-                     KV_ERR_CORRUPT);
-    kvt_assert_msg_has("kv_attn_prefill_mla: qo_indptr[0] is 1, not 0");
-    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo_dec, &pg, 48, 0.1f, NULL, &o, &opts),
-                     KV_ERR_CORRUPT);
-    kvt_assert_msg_has("qo_indptr[1] = 3 > qo_indptr[2] = 2");
-    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo_t, &pg, 48, 0.1f, NULL, &o, &opts),
-                     KV_ERR_BAD_SHAPE);
-    kvt_assert_msg_has("qo_indptr[2] = 4 but q and out have 5 rows");
-    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo_long, &pg, 48, 0.1f, NULL, &o, &opts),
-                     KV_ERR_BAD_SHAPE);
-    kvt_assert_msg_has("sequence 0 has q_len 6");
-    kvt_assert_msg_has("above its 5 tokens");
-    /* dv, out's shape, V scales, layer, NaN scale */
-    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo, &pg, 0, 0.1f, NULL, &o, &opts),
-                     KV_ERR_INVALID_ARG);
-    kvt_assert_msg_has("kv_attn_prefill_mla: dv = 0 outside [1, D = 64]");
-    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo, &pg, 65, 0.1f, NULL, &o, &opts),
-                     KV_ERR_INVALID_ARG);
-    kvt_assert_msg_has("dv = 65 outside");
-    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo, &pg, 48, 0.1f, NULL, &o_big, &opts),
-                     KV_ERR_BAD_SHAPE);
-    kvt_assert_msg_has("out shape");
     const float s1[1] = {1.0f};
     const struct kv_scales vs = {s1, s1, 1, 0};
-    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo, &pg, 48, 0.1f, &vs, &o, &opts),
-                     KV_ERR_INVALID_ARG);
-    kvt_assert_msg_has("V scales given");
-    assert_int_equal(kv_attn_prefill_mla(p.c, 2, &q, qo, &pg, 48, 0.1f, NULL, &o, &opts),
-                     KV_ERR_INVALID_ARG);
-    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo, &pg, 48, NAN, NULL, &o, &opts),
-                     KV_ERR_INVALID_ARG);
-    kvt_assert_msg_has("softmax_scale nan");
-    /* options */
-    struct kv_attn_opts bad = opts;
-    bad.window_left = -2;
-    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo, &pg, 48, 0.1f, NULL, &o, &bad),
-                     KV_ERR_INVALID_ARG);
-    kvt_assert_msg_has("window_left -2");
-    bad = opts;
-    bad.logit_soft_cap = -1.0f;
-    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo, &pg, 48, 0.1f, NULL, &o, &bad),
-                     KV_ERR_INVALID_ARG);
-    kvt_assert_msg_has("logit_soft_cap -1");
-    bad = opts;
-    bad.lse_stride = 7;
-    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo, &pg, 48, 0.1f, NULL, &o, &bad),
-                     KV_ERR_INVALID_ARG);
-    kvt_assert_msg_has("lse_stride 7 is below the 8 query heads");
-    bad = opts;
-    bad.struct_size = 8;
-    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo, &pg, 48, 0.1f, NULL, &o, &bad),
-                     KV_ERR_INVALID_ARG);
+    struct kv_attn_opts win = opts, cap = opts, lst = opts, size = opts;
+    win.window_left = -2;
+    cap.logit_soft_cap = -1.0f;
+    lst.lse_stride = 7;
+    size.struct_size = 8;
+    const struct refusal bad[] = {
+        {{true, 1, q, NULL, 48, 0.1f, NULL, o, &opts}, KV_ERR_NULL, "qo_indptr=(nil)", NULL},
+        {{true, 1, q, qo_0, 48, 0.1f, NULL, o, &opts}, KV_ERR_CORRUPT,
+         "kv_attn_prefill_mla: qo_indptr[0] is 1, not 0", NULL},
+        {{true, 1, q, qo_dec, 48, 0.1f, NULL, o, &opts}, KV_ERR_CORRUPT,
+         "qo_indptr[1] = 3 > qo_indptr[2] = 2", NULL},
+        {{true, 1, q, qo_t, 48, 0.1f, NULL, o, &opts}, KV_ERR_BAD_SHAPE,
+         "qo_indptr[2] = 4 but q and out have 5 rows", NULL},
+        {{true, 1, q, qo_long, 48, 0.1f, NULL, o, &opts}, KV_ERR_BAD_SHAPE,
+         "sequence 0 has q_len 6", "above its 5 tokens"},
+        {{true, 1, q, qo, 0, 0.1f, NULL, o, &opts}, KV_ERR_INVALID_ARG,
+         "kv_attn_prefill_mla: dv = 0 outside [1, D = 64]", NULL},
+        {{true, 1, q, qo, 65, 0.1f, NULL, o, &opts}, KV_ERR_INVALID_ARG, "dv = 65 outside", NULL},
+        {{true, 1, q, qo, 48, 0.1f, NULL, &r.o_big, &opts}, KV_ERR_BAD_SHAPE, "out shape", NULL},
+        {{true, 1, q, qo, 48, 0.1f, &vs, o, &opts}, KV_ERR_INVALID_ARG, "V scales given", NULL},
+        {{true, 2, q, qo, 48, 0.1f, NULL, o, &opts}, KV_ERR_INVALID_ARG, NULL, NULL},
+        {{true, 1, q, qo, 48, NAN, NULL, o, &opts}, KV_ERR_INVALID_ARG, "softmax_scale nan", NULL},
+        {{true, 1, q, qo, 48, 0.1f, NULL, o, &win}, KV_ERR_INVALID_ARG, "window_left -2", NULL},
+        {{true, 1, q, qo, 48, 0.1f, NULL, o, &cap}, KV_ERR_INVALID_ARG, "logit_soft_cap -1",
+         NULL},
+        {{true, 1, q, qo, 48, 0.1f, NULL, o, &lst}, KV_ERR_INVALID_ARG,
+         "lse_stride 7 is below the 8 query heads", NULL},
+        {{true, 1, q, qo, 48, 0.1f, NULL, o, &size}, KV_ERR_INVALID_ARG, NULL, NULL},
+    };
+    check_refusals(&r, bad, sizeof(bad) / sizeof(bad[0]));
     /* not K-only; K-only of two KV heads */
-    struct kv_layout_config two = cfg;
-    two.k_only = false;
-    struct pool t;
-    pool_make(&t, &two, 0x98);
-    assert_int_equal(kv_attn_prefill_mla(t.c, 1, &q, qo, &pg, 48, 0.1f, NULL, &o, &opts),
-                     KV_ERR_INVALID_ARG);
-    kvt_assert_msg_has("K and V planes and H = 1");
-    kvt_assert_msg_has("MLA prefill");
-    pool_free(&t);
-    struct kv_layout_config h2 = cfg;
-    h2.num_heads = 2;
-    pool_make(&t, &h2, 0x99);
-    assert_int_equal(kv_attn_prefill_mla(t.c, 1, &q, qo, &pg, 48, 0.1f, NULL, &o, &opts),
-                     KV_ERR_INVALID_ARG);
-    kvt_assert_msg_has("H = 2 KV heads");
-    pool_free(&t);
+    check_refuses_layouts(&r, &ok, 0x98, "MLA prefill");
     /* the CUDA entry runs the same validator (host memory here: refused) */
-    assert_int_equal(kv_attn_prefill_mla_cuda(p.c, 1, &q, qo, &pg, 48, 0.1f, NULL, &o, &opts, NULL),
+    assert_int_equal(kv_attn_prefill_mla_cuda(c, 1, q, qo, pg, 48, 0.1f, NULL, o, &opts, NULL),
                      KV_ERR_INVALID_ARG);
     kvt_assert_msg_has("kv_attn_prefill_mla_cuda");
-    struct kv_paged_cache pinned = p.c;
+    struct kv_paged_cache pinned = c;
     pinned.mem = KV_MEM_PINNED;
     assert_int_equal(
-        kv_attn_prefill_mla_cuda(pinned, 1, &q, qo_long, &pg, 48, 0.1f, NULL, &o, &opts, NULL),
+        kv_attn_prefill_mla_cuda(pinned, 1, q, qo_long, pg, 48, 0.1f, NULL, o, &opts, NULL),
         KV_ERR_BAD_SHAPE);
     kvt_assert_msg_has("kv_attn_prefill_mla_cuda: sequence 0 has q_len 6");
     /* nothing written by any refusal */
-    assert_memory_equal(ob, ob0, sizeof(ob));
+    assert_memory_equal(r.ob, ob0, r.obytes);
     assert_memory_equal(lb, lb0, sizeof(lb));
-    assert_memory_equal(p.mem, before, p.bytes);
+    assert_memory_equal(r.p.mem, before, r.p.bytes);
     /* stats: counted as a prefill */
-    struct kv_attn_stats st0, st1;
-    kv_attn_stats_get(&st0);
-    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &q, qo, &pg, 48, 0.1f, NULL, &o, &opts), KV_OK);
-    kv_attn_stats_get(&st1);
-    assert_int_equal(st1.cpu[KV_ATTN_PREFILL][KV_ATTN_PATH_CANONICAL],
-                     st0.cpu[KV_ATTN_PREFILL][KV_ATTN_PATH_CANONICAL] + 1);
+    check_counted(&r, &ok, KV_ATTN_PREFILL);
     /* an empty batch (every q_len 0) writes nothing */
     const int32_t qo_none[3] = {0, 0, 0};
     int64_t zs[3] = {0, 8, 64}, zo[3] = {0, 8, 48};
     struct kv_view qz, oz;
-    assert_int_equal(kv_view_init(qb, sizeof(qb), KV_F32, 3, zs, &qz), KV_OK);
-    assert_int_equal(kv_view_init(ob, sizeof(ob), KV_F32, 3, zo, &oz), KV_OK);
-    memcpy(ob0, ob, sizeof(ob));
-    assert_int_equal(kv_attn_prefill_mla(p.c, 1, &qz, qo_none, &pg, 48, 0.1f, NULL, &oz, NULL),
+    assert_int_equal(kv_view_init(r.qb, r.qbytes, KV_F32, 3, zs, &qz), KV_OK);
+    assert_int_equal(kv_view_init(r.ob, r.obytes, KV_F32, 3, zo, &oz), KV_OK);
+    memcpy(ob0, r.ob, r.obytes);
+    assert_int_equal(kv_attn_prefill_mla(c, 1, &qz, qo_none, pg, 48, 0.1f, NULL, &oz, NULL),
                      KV_OK);
-    assert_memory_equal(ob, ob0, sizeof(ob));
+    assert_memory_equal(r.ob, ob0, r.obytes);
+    free(ob0);
     free(before);
-    pool_free(&p);
+    rfix_free(&r);
 }
 
 /* An fp8 latent cache with a per-tensor K scale (DeepSeek's): f32 rows

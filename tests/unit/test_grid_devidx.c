@@ -509,6 +509,26 @@ static struct kv_attn_dev_pages btab(uint32_t S, const int32_t *table, uint32_t 
     return p;
 }
 
+/* The sequences of the valid decode, MLA decode and read tests: lengths 7,
+ * 0, 1, 16 on pages far from 0, as CSR (vs_csr) and as a block table of 5
+ * columns (vs_btab: padding -1 and a stale id past the pool beyond each
+ * length, never read). */
+static const int32_t vs_indptr[5] = {0, 2, 2, 3, 7}, vs_last[4] = {3, 0, 1, 4};
+static const int32_t vs_indices[7] = {150, 199, 120, 101, 188, 170, 131};
+static const int32_t vs_table[4 * 5] = {150, 199, -1, DEC_B, -1, 77,  -1,  -1,  -1,  -1,
+                                        120, -1,  -1, -1,    -1, 101, 188, 170, 131, 9999};
+static const int32_t vs_lens[4] = {7, 0, 1, 16};
+
+static struct kv_attn_dev_pages vs_csr(void)
+{
+    return csr(4, vs_indptr, vs_indices, 7, vs_last);
+}
+
+static struct kv_attn_dev_pages vs_btab(void)
+{
+    return btab(4, vs_table, 5, vs_lens);
+}
+
 /* The decode bodies each decode test runs (kv__cdec_body, kv__cdec_chunks),
  * each with the block padding of 3 (every body runs the general one) and
  * then 4 (the vector family runs): general, auto (the vector body with pad
@@ -545,18 +565,10 @@ static void test_devidx_decode_valid(void **state)
 
 static void decode_valid(void)
 {
-    /* lengths 7, 0, 1, 16: pages far from 0 */
-    const int32_t indptr[5] = {0, 2, 2, 3, 7}, last[4] = {3, 0, 1, 4};
-    const int32_t indices[7] = {150, 199, 120, 101, 188, 170, 131};
-    const struct kv_attn_dev_pages c = csr(4, indptr, indices, 7, last);
+    /* the vs_ sequences, CSR then the block table */
+    const struct kv_attn_dev_pages c = vs_csr(), t = vs_btab();
     for (int sc = 0; sc < 3; sc++)
         run_dec(&c, sc, 0, KV_ATTN_DEV_NONE, 0, 0, true);
-    /* the same sequences as a block table of 5 columns (padding -1 and a
-     * stale id past the pool beyond each length: never read) */
-    const int32_t table[4 * 5] = {150, 199, -1, DEC_B, -1, 77,  -1,  -1,  -1,  -1,
-                                  120, -1,  -1, -1,    -1, 101, 188, 170, 131, 9999};
-    const int32_t lens[4] = {7, 0, 1, 16};
-    const struct kv_attn_dev_pages t = btab(4, table, 5, lens);
     for (int sc = 0; sc < 3; sc++)
         run_dec(&t, sc, 0, KV_ATTN_DEV_NONE, 0, 0, true);
 }
@@ -568,13 +580,7 @@ static void decode_valid(void)
 static void test_devidx_decode_options(void **state)
 {
     (void)state;
-    const int32_t indptr[5] = {0, 2, 2, 3, 7}, last[4] = {3, 0, 1, 4};
-    const int32_t indices[7] = {150, 199, 120, 101, 188, 170, 131};
-    const struct kv_attn_dev_pages c = csr(4, indptr, indices, 7, last);
-    const int32_t table[4 * 5] = {150, 199, -1, DEC_B, -1, 77,  -1,  -1,  -1,  -1,
-                                  120, -1,  -1, -1,    -1, 101, 188, 170, 131, 9999};
-    const int32_t lens[4] = {7, 0, 1, 16};
-    const struct kv_attn_dev_pages t = btab(4, table, 5, lens);
+    const struct kv_attn_dev_pages c = vs_csr(), t = vs_btab();
     struct kv_attn_opts o = KV_ATTN_OPTS_INIT;
     o.window_left = 4;
     o.logit_soft_cap = 3.0f;
@@ -703,16 +709,10 @@ static void run_mla_dev(const struct kv_attn_dev_pages *dp, int sc, const int64_
 static void test_devidx_decode_mla(void **state)
 {
     (void)state;
-    /* lengths 7, 0, 1, 16: pages far from 0 */
-    const int32_t indptr[5] = {0, 2, 2, 3, 7}, last[4] = {3, 0, 1, 4};
-    const int32_t indices[7] = {150, 199, 120, 101, 188, 170, 131};
+    /* the vs_ sequences, CSR and the block table */
     const int64_t lens[4] = {7, 0, 1, 16};
     const bool none[4] = {false, false, false, false};
-    const struct kv_attn_dev_pages c = csr(4, indptr, indices, 7, last);
-    const int32_t table[4 * 5] = {150, 199, -1, DEC_B, -1, 77,  -1,  -1,  -1,  -1,
-                                  120, -1,  -1, -1,    -1, 101, 188, 170, 131, 9999};
-    const int32_t tlens[4] = {7, 0, 1, 16};
-    const struct kv_attn_dev_pages t = btab(4, table, 5, tlens);
+    const struct kv_attn_dev_pages c = vs_csr(), t = vs_btab();
     for (int sc = 0; sc < 3; sc++) {
         run_mla_dev(&c, sc, lens, none, 0, KV_ATTN_DEV_NONE, 0, 0);
         run_mla_dev(&t, sc, lens, none, 0, KV_ATTN_DEV_NONE, 0, 0);
@@ -720,12 +720,12 @@ static void test_devidx_decode_mla(void **state)
     /* s2's seq_lens 21 > 5 columns x 4: output 0 (as an empty sequence) */
     const int32_t blens[4] = {7, 0, 21, 16};
     const int64_t hl[4] = {7, 0, 0, 16};
-    const struct kv_attn_dev_pages tb = btab(4, table, 5, blens);
+    const struct kv_attn_dev_pages tb = btab(4, vs_table, 5, blens);
     run_mla_dev(&tb, 1, hl, none, 1, KV_ATTN_DEV_SEQ_LENS, 2, 21);
     /* s3's second page id is the pool's size: its tokens are left out */
     const int32_t bad[7] = {150, 199, 120, 101, DEC_B, 170, 131};
     const bool s3[4] = {false, false, false, true};
-    const struct kv_attn_dev_pages cb = csr(4, indptr, bad, 7, last);
+    const struct kv_attn_dev_pages cb = csr(4, vs_indptr, bad, 7, vs_last);
     run_mla_dev(&cb, 2, lens, s3, 1, KV_ATTN_DEV_PAGES, 4, DEC_B);
 }
 
@@ -948,15 +948,9 @@ static void run_read(const struct kv_attn_dev_pages *dp, const int32_t *out, int
 static void test_devidx_read(void **state)
 {
     (void)state;
-    /* lengths 7, 0, 1, 16 (as the decode): CSR and a block table */
-    const int32_t indptr[5] = {0, 2, 2, 3, 7}, last[4] = {3, 0, 1, 4};
-    const int32_t indices[7] = {150, 199, 120, 101, 188, 170, 131};
+    /* the vs_ sequences (as the decode): CSR and the block table */
     const int32_t out[5] = {0, 7, 7, 8, 24};
-    const struct kv_attn_dev_pages c = csr(4, indptr, indices, 7, last);
-    const int32_t table[4 * 5] = {150, 199, -1, DEC_B, -1, 77,  -1,  -1,  -1,  -1,
-                                  120, -1,  -1, -1,    -1, 101, 188, 170, 131, 9999};
-    const int32_t lens[4] = {7, 0, 1, 16};
-    const struct kv_attn_dev_pages t = btab(4, table, 5, lens);
+    const struct kv_attn_dev_pages c = vs_csr(), t = vs_btab();
     for (int sc = 0; sc < 3; sc++) {
         run_read(&c, out, 24, sc, sc == 1, sc ? KV_F32 : KV_F16, 0, KV_ATTN_DEV_NONE, 0, 0, true);
         run_read(&t, out, 24, sc, sc != 1, sc == 2 ? KV_F32 : KV_F16, 0, KV_ATTN_DEV_NONE, 0, 0,
@@ -967,7 +961,7 @@ static void test_devidx_read(void **state)
      * page is the first (the lowest array) */
     const int32_t ix2[7] = {150, 199, 120, 101, DEC_B, 170, 131};
     const int32_t out2[5] = {0, 7, 8, 8, 24};
-    const struct kv_attn_dev_pages c2 = csr(4, indptr, ix2, 7, last);
+    const struct kv_attn_dev_pages c2 = csr(4, vs_indptr, ix2, 7, vs_last);
     run_read(&c2, out2, 24, 1, false, KV_F32, 3, KV_ATTN_DEV_PAGES, 4, DEC_B, false);
     /* rows past T: s2's end and s3's start (30 > 24), both index 3 */
     const int32_t out5[5] = {0, 7, 7, 30, 24};
