@@ -22,6 +22,7 @@
 #include "bench.h"
 #include "kv_mem.h"
 #include "kv_status.h"
+#include "kv_threads_int.h"
 
 #define KVB_MAX_SUITES 128
 #define KVB_DEFAULT_OUT "bench/results.jsonl"
@@ -216,7 +217,7 @@ const char *kvb_cpu_model(void)
 /* What the kernels' dispatch sees and how much CPU the process may use,
  * printed with every result line ("host"): the vector ISA levels the
  * kernels choose from (a sandbox may hide some), the CPUs this process may
- * run on, and the cgroup v2 CPU quota ("max" or "<quota>/<period>"). A
+ * run on, and the cgroup CPU quota in CPUs ("none": no quota found). A
  * result far below what the same CPU model did elsewhere reads with it. */
 static const char *kvb__host(void)
 {
@@ -245,14 +246,12 @@ static const char *kvb__host(void)
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof(set), &set) == 0)
         cpus = CPU_COUNT(&set);
-    char quota[48] = "unknown";
-    FILE *f = fopen("/sys/fs/cgroup/cpu.max", "r");
-    if (f) {
-        char a[24], b[24];
-        if (fscanf(f, "%23s %23s", a, b) == 2)
-            snprintf(quota, sizeof(quota), "%s/%s", a, b);
-        fclose(f);
-    }
+    /* the library's own reading (v2 or v1, the process's cgroup and its
+     * parents: kv_threads_int.h), which also caps kv_threads() */
+    const int q = kv__threads_cpu_quota();
+    char quota[48] = "none";
+    if (q > 0)
+        snprintf(quota, sizeof(quota), "%d cpus", q);
     snprintf(h, sizeof(h), "isa %s, %d cpus, quota %s", isa, cpus, quota);
     return h;
 }
