@@ -29,6 +29,9 @@
 #     the MALLOC=libc flavour the package loads, built with CUDA in
 #     build-gpu-libc/; skipped (said, not failed) where python3 has no torch
 #     with CUDA or no pytest.
+#  5. with KV_GPU_HOST_BENCH=1, the CPU benches on the host CPU (kvbench:
+#     attention, pack, offload, tcp_convert), a table with each line's
+#     "host" field (informational).
 # KV_GPU_PREBUILT=1 skips the install and build (see below).
 # Exit status 0 only if every step passed; each step prints its time.
 set -euo pipefail
@@ -126,6 +129,43 @@ else
     (cd python && KV_EXPECT_GPU=1 KVCACHE_LIBRARY="$PWD/../build-gpu-libc/libkvcache.so" \
         python3 -m pytest -q -p no:cacheprovider -rs ../tests/python/test_gpu_package.py) ||
         { echo "gpu-check: tests/python/test_gpu_package.py failed"; status=1; }
+fi
+
+# KV_GPU_HOST_BENCH=1: the CPU benches on this machine's host CPU too (the
+# GPU machines' hosts are the only Intel Xeons lent to this project), with
+# the "host" field of every line (ISA the kernels see, CPUs, cgroup quota)
+# to read a slow figure against; a table, then the JSON lines. Needs
+# build-gpu/kvbench (built with the rest here, or carried: about 1-2 min of
+# the budget at KVB_RUNS=5). Informational: its status does not count.
+if [[ ${KV_GPU_HOST_BENCH:-0} == 1 ]]; then
+    step "host CPU benches (kvbench, KVB_RUNS=${KVB_RUNS:-5})"
+    if [[ ! -x build-gpu/kvbench && ${KV_GPU_PREBUILT:-0} != 1 ]]; then
+        make -j"$(nproc)" CUDA=1 BUILD=build-gpu build-gpu/kvbench || true
+    fi
+    if [[ -x build-gpu/kvbench ]]; then
+        nproc; grep -m1 "model name" /proc/cpuinfo || true
+        # kernel.decode_attn selects the fp8 case too (a prefix)
+        for b in kernel.decode_attn kernel.prefill_attn connector offload \
+                 transport.tcp_convert; do
+            KVB_RUNS=${KVB_RUNS:-5} build-gpu/kvbench --bench "$b" 2>&1 |
+                tee -a "$logs/host_bench.log" | grep '^{' || true
+        done
+        python3 - "$logs/host_bench.log" <<'PY' || true
+import json, sys
+print("| bench | case | baseline | ratio | host |")
+print("| --- | --- | --- | ---: | --- |")
+for line in open(sys.argv[1], errors="replace"):
+    if line.startswith("{"):
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        print("| %s | %s | %s | %s | %s |" % (r.get("bench"), r.get("case"), r.get("baseline"),
+              r.get("ratio", r.get("error", "?")), r.get("host", "")))
+PY
+    else
+        echo "gpu-check: build-gpu/kvbench is missing; host benches skipped"
+    fi
 fi
 
 step "done (status $status)"
