@@ -26,6 +26,12 @@
 /* Bytes hashed and copied per step of kv__pack_copy_hash (L1-resident). */
 #define KV__PACK_PIECE 4096
 
+/* How far ahead kv__pack_copy_hash asks for its source: every line of the
+ * plan's rows up to this many bytes past the piece being copied is
+ * prefetched into L2, a line per 64 bytes copied (16 KiB by default;
+ * docs/benchmarks.md has the measurements). */
+extern int64_t kv__pack_prefetch_bytes;
+
 /* A call moving at least this many bytes uses non-temporal stores (8 MiB by
  * default: past what one core's share of a last-level cache keeps; a
  * smaller move stays in cache for the reader that usually follows).
