@@ -17,6 +17,7 @@
 uint64_t kv__pack_nt_min_bytes = (uint64_t)8 << 20;
 int64_t kv__pack_src_chunk_bytes = (int64_t)64 << 10;
 int64_t kv__pack_prefetch_bytes = (int64_t)16 << 10;
+int64_t kv__pack_prefetch_row_bytes = (int64_t)128 << 10;
 
 void kv__pack_copy_nt(char *dst, const char *src, size_t n)
 {
@@ -55,7 +56,8 @@ void kv__pack_nt_fence(void)
 }
 
 /* The prefetch stream of kv__pack_copy_hash: the next source line to ask
- * for, a, in row (copy i, row y), which ends at end; at, the place of a in
+ * for, a, in row (copy i, row y), whose first kv__pack_prefetch_row_bytes
+ * end at end; at, the place of a in
  * the plan's row order (the bytes of the rows before it, plus a's offset
  * into its row, from the row's first line). */
 struct pf_cursor {
@@ -75,8 +77,9 @@ static inline void pf_row(struct pf_cursor *c, const kv_plan *plan, const char *
         return;
     const struct kv__plan_copy *pc = &plan->copies[i];
     const uintptr_t s = (uintptr_t)(src + pc->src_rel + y * pc->src_pitch);
+    const int64_t w = pc->width < kv__pack_prefetch_row_bytes ? pc->width : kv__pack_prefetch_row_bytes;
     c->a = s & ~(uintptr_t)63;
-    c->end = s + (uintptr_t)pc->width;
+    c->end = s + (uintptr_t)w;
 }
 
 uint64_t kv__pack_copy_hash(const kv_plan *plan, const char *src, char *dst, bool nt)
