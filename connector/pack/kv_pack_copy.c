@@ -77,7 +77,8 @@ static inline void pf_row(struct pf_cursor *c, const kv_plan *plan, const char *
         return;
     const struct kv__plan_copy *pc = &plan->copies[i];
     const uintptr_t s = (uintptr_t)(src + pc->src_rel + y * pc->src_pitch);
-    const int64_t w = pc->width < kv__pack_prefetch_row_bytes ? pc->width : kv__pack_prefetch_row_bytes;
+    const int64_t cap = kv__pack_prefetch_row_bytes;
+    const int64_t w = pc->width < cap ? pc->width : cap;
     c->a = s & ~(uintptr_t)63;
     c->end = s + (uintptr_t)w;
 }
