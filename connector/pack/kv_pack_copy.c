@@ -16,6 +16,8 @@
 
 uint64_t kv__pack_nt_min_bytes = (uint64_t)8 << 20;
 int64_t kv__pack_src_chunk_bytes = (int64_t)64 << 10;
+int64_t kv__pack_prefetch_bytes = (int64_t)16 << 10;
+int64_t kv__pack_prefetch_row_bytes = (int64_t)128 << 10;
 
 void kv__pack_copy_nt(char *dst, const char *src, size_t n)
 {
@@ -53,29 +55,32 @@ void kv__pack_nt_fence(void)
 #endif
 }
 
-/* The source piece that follows piece (i, y, x) of k bytes in the plan's
- * row order -- the rest of row y, else row y + 1, else copy i + 1's first
- * row -- when it is one of the first two pieces of its row: its start, and
- * its bytes in *n (up to KV__PACK_PIECE). NULL: none, or a later piece of a
- * long row. */
-static inline const char *piece_after(const kv_plan *plan, const char *src, int64_t i, int64_t y,
-                                      int64_t x, int64_t k, int64_t *n)
+/* The prefetch stream of kv__pack_copy_hash: the next source line to ask
+ * for, a, in row (copy i, row y), whose first kv__pack_prefetch_row_bytes
+ * end at end; at, the place of a in
+ * the plan's row order (the bytes of the rows before it, plus a's offset
+ * into its row, from the row's first line). */
+struct pf_cursor {
+    int64_t i, y, at, row_at;
+    uintptr_t a, end;
+};
+
+/* Point c at row (i, y) of plan, which starts at row_at in the row order
+ * (i == n_copies: the stream is done). */
+static inline void pf_row(struct pf_cursor *c, const kv_plan *plan, const char *src, int64_t i,
+                          int64_t y, int64_t row_at)
 {
-    const struct kv__plan_copy *c = &plan->copies[i];
-    x += k;
-    if (x >= c->width) { /* the row is done: the next one starts a piece */
-        x = 0;
-        if (++y >= c->height) {
-            if (++i >= plan->n_copies)
-                return NULL;
-            c = &plan->copies[i];
-            y = 0;
-        }
-    }
-    if (x > KV__PACK_PIECE)
-        return NULL;
-    *n = c->width - x < KV__PACK_PIECE ? c->width - x : KV__PACK_PIECE;
-    return src + c->src_rel + y * c->src_pitch + x;
+    c->i = i;
+    c->y = y;
+    c->row_at = c->at = row_at;
+    if (i >= plan->n_copies)
+        return;
+    const struct kv__plan_copy *pc = &plan->copies[i];
+    const uintptr_t s = (uintptr_t)(src + pc->src_rel + y * pc->src_pitch);
+    const int64_t cap = kv__pack_prefetch_row_bytes;
+    const int64_t w = pc->width < cap ? pc->width : cap;
+    c->a = s & ~(uintptr_t)63;
+    c->end = s + (uintptr_t)w;
 }
 
 uint64_t kv__pack_copy_hash(const kv_plan *plan, const char *src, char *dst, bool nt)
@@ -83,6 +88,10 @@ uint64_t kv__pack_copy_hash(const kv_plan *plan, const char *src, char *dst, boo
     struct kv__xxh3_state hs;
     kv__xxh3_reset(&hs);
     _Alignas(64) char piece[KV__PACK_PIECE];
+    const int64_t dist = kv__pack_prefetch_bytes;
+    struct pf_cursor pf;
+    pf_row(&pf, plan, src, 0, 0, 0);
+    int64_t done = 0; /* bytes of the plan's rows placed so far */
     for (int64_t i = 0; i < plan->n_copies; i++) {
         const struct kv__plan_copy *c = &plan->copies[i];
         const char *s = src + c->src_rel;
@@ -95,19 +104,36 @@ uint64_t kv__pack_copy_hash(const kv_plan *plan, const char *src, char *dst, boo
                 const int64_t k = !nt                           ? c->width
                                   : c->width - x < KV__PACK_PIECE ? c->width - x
                                                                   : KV__PACK_PIECE;
-                /* the next piece into L2 while this one is hashed and
-                 * written: a short scattered row (a layer-major block's
-                 * 2-8 KiB) otherwise starts with a miss the hardware
-                 * prefetchers cannot foresee, and nothing reads from memory
-                 * meanwhile; a long row's later pieces are theirs to fetch
-                 * (asking for those too cost a third of the speed of
-                 * 128 KiB rows). In the loop, not a helper: gcc drops calls
-                 * to a function that only prefetches (no side effect). */
-                int64_t pn = 0;
-                const char *pf = piece_after(plan, src, i, y, x, k, &pn);
-                const uintptr_t pf_end = (uintptr_t)pf + (uintptr_t)pn;
-                for (uintptr_t a = (uintptr_t)pf & ~(uintptr_t)63; pf && a < pf_end; a += 64)
-                    __builtin_prefetch((const void *)a, 0, 2); /* into L2 */
+                /* every source line up to dist bytes past this piece (a
+                 * plain-store row: past its first KV__PACK_PIECE bytes) into
+                 * L2 while the piece is hashed and written, a line per 64
+                 * bytes placed: the rows of a layer-major block (2 KiB to
+                 * 128 KiB, scattered) otherwise start with misses the
+                 * hardware prefetchers cannot foresee, and they ramp up
+                 * inside a row too slowly to keep memory busy. In the
+                 * loop, not a helper: gcc drops calls to a function that
+                 * only prefetches (no side effect). */
+                const int64_t ahead = done + (k < KV__PACK_PIECE ? k : KV__PACK_PIECE) + dist;
+                if (pf.at < done) { /* behind, past a plain-store row: from here */
+                    pf_row(&pf, plan, src, i, y, done - x);
+                    pf.a = (uintptr_t)(sr + x) & ~(uintptr_t)63;
+                    pf.at = done;
+                }
+                while (pf.i < plan->n_copies && pf.at < ahead) {
+                    if (pf.a < pf.end) {
+                        __builtin_prefetch((const void *)pf.a, 0, 2); /* into L2 */
+                        pf.a += 64;
+                        pf.at += 64;
+                        continue;
+                    }
+                    const struct kv__plan_copy *pc = &plan->copies[pf.i];
+                    const int64_t next_at = pf.row_at + pc->width;
+                    if (pf.y + 1 < pc->height)
+                        pf_row(&pf, plan, src, pf.i, pf.y + 1, next_at);
+                    else
+                        pf_row(&pf, plan, src, pf.i + 1, 0, next_at);
+                }
+                done += k;
                 if (!nt) {
                     memcpy(dr, sr, (size_t)k);
                     kv__xxh3_update(&hs, dr, (size_t)k);

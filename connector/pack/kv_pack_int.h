@@ -26,6 +26,15 @@
 /* Bytes hashed and copied per step of kv__pack_copy_hash (L1-resident). */
 #define KV__PACK_PIECE 4096
 
+/* How far ahead kv__pack_copy_hash asks for its source: every line of the
+ * plan's rows up to this many bytes past the piece being copied is
+ * prefetched into L2, a line per 64 bytes copied (16 KiB by default;
+ * docs/benchmarks.md has the measurements). */
+extern int64_t kv__pack_prefetch_bytes;
+/* Only the first this many bytes of a row are prefetched (128 KiB): the
+ * hardware prefetchers stream the rest of a longer row faster alone. */
+extern int64_t kv__pack_prefetch_row_bytes;
+
 /* A call moving at least this many bytes uses non-temporal stores (8 MiB by
  * default: past what one core's share of a last-level cache keeps; a
  * smaller move stays in cache for the reader that usually follows).
@@ -51,12 +60,11 @@ void kv__pack_nt_fence(void);
  * this thread and return the XXH3-64 of the bytes written, in the order
  * the plan's rows take them, in one read of the source: each piece is read
  * into an L1 buffer, hashed there and written from there (streaming stores
- * when nt), the next piece prefetched into L2 meanwhile when it is among
- * the first two of its row (short scattered rows). For a plan that writes its destination front to back
+ * when nt), the source kv__pack_prefetch_bytes ahead asked into L2
+ * meanwhile. For a plan that writes its destination front to back
  * (kv__plan_is_sequential: pack, the offload store) that is the hash of
  * the destination block; for one that reads its source front to back
- * (kv__pack_reads_sequential) the hash of
- * the source block. */
+ * (kv__pack_reads_sequential) the hash of the source block. */
 uint64_t kv__pack_copy_hash(const kv_plan *plan, const char *src, char *dst, bool nt);
 
 /* True when plan moves one block to one block (a window of 1 + 1) and
