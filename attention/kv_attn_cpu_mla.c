@@ -20,7 +20,10 @@
  * at a time (8 accumulators, one q and one K load per 4 and 2 FMAs), the
  * values 4 heads x 16 dims with the accumulators in registers across the
  * chunk's tokens. Elsewhere (or with kv__attn_portable) the same order in
- * plain loops.
+ * plain loops. Where q is bf16 and the CPU has AVX512_BF16, the scores are
+ * bf16 dot products (scores_bf16dot, below) and the values 16 lanes wide
+ * (values_avx512); the softmax's exponentials are 8 lanes wide on every
+ * SIMD path (docs/kernels.md).
  *
  * The chunk code (kv__mla_rows, kv__mla_chunk; kv_attn_mla_int.h) is also
  * what the prefill (kv_attn_cpu_mla_prefill.c) runs, so the two sum in the
@@ -37,6 +40,7 @@
 
 #include "kv_attn_int.h"
 #include "kv_attn_mla_int.h"
+#include "kv_attn_x86_int.h"
 #include "kv_convert_hd.h"
 #include "kv_mem.h"
 
@@ -129,22 +133,6 @@ static void values_portable(const float *kf, int n, int nh, int64_t D, int64_t d
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #define KV__MLA_AVX2 1
-#define KV__AVX2 __attribute__((target("avx2,fma,f16c")))
-
-KV__AVX2 static inline float hsum8(__m256 v)
-{
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
-}
-
-/* the four sums of a, b, c, d */
-KV__AVX2 static inline __m128 hsum4x8(__m256 a, __m256 b, __m256 c, __m256 d)
-{
-    const __m256 x = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-    return _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-}
 
 /* 8 fp8 bytes as the f16 of their values: each byte to the high byte of a
  * 16-bit lane, where e5m2 is an f16 already (inf and NaN included). For e4m3
@@ -269,15 +257,15 @@ KV__AVX2 static void scores_avx2(const float *kf, int n, int nh, int64_t D, cons
     }
 }
 
-/* acc[h][0..dv) += sum_t w[h][t] kf[t][0..dv) (dv % 8 == 0) */
-KV__AVX2 static void values_avx2(const float *kf, int n, int nh, int64_t D, int64_t dv, float *acc,
-                                 const float *sc)
+/* acc[h][d0..dv) += sum_t w[h][t] kf[t][d0..dv) (dv % 8 == 0, d0 % 16 == 0) */
+KV__AVX2 static void values_avx2_part(const float *kf, int n, int nh, int64_t D, int64_t dv,
+                                      int64_t d0, float *acc, const float *sc)
 {
     int h0 = 0;
     for (; h0 + 4 <= nh; h0 += 4) {
         float *ac = acc + (int64_t)h0 * dv;
         const float *w = sc + h0 * KV__MLA_CHUNK;
-        int64_t d = 0;
+        int64_t d = d0;
         for (; d + 16 <= dv; d += 16) {
             __m256 a00 = _mm256_loadu_ps(ac + d), a01 = _mm256_loadu_ps(ac + d + 8);
             __m256 a10 = _mm256_loadu_ps(ac + dv + d), a11 = _mm256_loadu_ps(ac + dv + d + 8);
@@ -329,7 +317,7 @@ KV__AVX2 static void values_avx2(const float *kf, int n, int nh, int64_t D, int6
     for (; h0 < nh; h0++) { /* one head: 32 dims at a time (4 independent sums) */
         float *ac = acc + (int64_t)h0 * dv;
         const float *w = sc + h0 * KV__MLA_CHUNK;
-        int64_t d = 0;
+        int64_t d = d0;
         for (; d + 32 <= dv; d += 32) {
             __m256 a0 = _mm256_loadu_ps(ac + d), a1 = _mm256_loadu_ps(ac + d + 8);
             __m256 a2 = _mm256_loadu_ps(ac + d + 16), a3 = _mm256_loadu_ps(ac + d + 24);
@@ -354,6 +342,228 @@ KV__AVX2 static void values_avx2(const float *kf, int n, int nh, int64_t D, int6
             _mm256_storeu_ps(ac + d, a0);
         }
     }
+}
+
+KV__AVX2 static void values_avx2(const float *kf, int n, int nh, int64_t D, int64_t dv, float *acc,
+                                 const float *sc)
+{
+    values_avx2_part(kf, n, nh, D, dv, 0, acc, sc);
+}
+
+/* chunk_softmax with the exponentials 8 lanes at a time (exp8_nonpos, a
+ * few float ulps; a tail of fewer than 8 through the same function, padded
+ * with -inf), so a weight does not depend on where its chunk ends. One
+ * expf a head a chunk (the rescale) stays scalar. Measured: the scalar expf
+ * of every (head, token) cost as much as its bf16 scores. */
+KV__AVX2 static void chunk_softmax_avx2(int n, int nh, int64_t dv, float *m, float *l, float *acc,
+                                        float *sc)
+{
+    for (int h = 0; h < nh; h++) {
+        float *sq = sc + h * KV__MLA_CHUNK, mx = m[h];
+        int t = 0;
+        if (n >= 8) { /* the max 8 lanes at a time (exact in any order) */
+            __m256 x = _mm256_loadu_ps(sq);
+            for (t = 8; t + 8 <= n; t += 8)
+                x = _mm256_max_ps(x, _mm256_loadu_ps(sq + t));
+            const float cm = hmax8(x);
+            mx = cm > mx ? cm : mx;
+        }
+        for (; t < n; t++)
+            mx = sq[t] > mx ? sq[t] : mx;
+        if (mx == -INFINITY) { /* every score -inf (an overflow of q.k): weights 0 */
+            memset(sq, 0, (size_t)n * sizeof(float));
+            continue;
+        }
+        const float corr = m[h] == -INFINITY ? 0.0f : expf(m[h] - mx);
+        const __m256 mx8 = _mm256_set1_ps(mx);
+        __m256 s8 = _mm256_setzero_ps();
+        for (t = 0; t + 8 <= n; t += 8) {
+            const __m256 e8 = exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(sq + t), mx8));
+            s8 = _mm256_add_ps(s8, e8);
+            _mm256_storeu_ps(sq + t, e8);
+        }
+        if (t < n) {
+            float x[8];
+            for (int i = 0; i < 8; i++)
+                x[i] = t + i < n ? sq[t + i] : -INFINITY;
+            const __m256 e8 = exp8_nonpos(_mm256_sub_ps(_mm256_loadu_ps(x), mx8));
+            s8 = _mm256_add_ps(s8, e8);
+            _mm256_storeu_ps(x, e8);
+            memcpy(sq + t, x, (size_t)(n - t) * sizeof(float));
+        }
+        l[h] = l[h] * corr + hsum8(s8);
+        m[h] = mx;
+        if (corr != 1.0f)
+            scale8(acc + (int64_t)h * dv, dv, corr);
+    }
+}
+
+/* ---- scores by bf16 dot products (AVX512_BF16) ----------------------------------------
+ *
+ * Where q is bf16 and the cache's rows are exact in bf16 (bf16, e4m3, e5m2),
+ * VDPBF16PS takes 32 bf16 pairs an instruction into 16 f32 sums: twice the
+ * multiply-adds of an f32 FMA at the same issue rate (measured on AMD EPYC
+ * Zen 4: 3.65 G instructions/s each, one core). Each product of two bf16 is
+ * exact in f32 and the sums are f32, so the scores lose nothing against
+ * converting q and K to f32 first (q is left unscaled: the caller's kmul
+ * carries softmax_scale). The values stay f32 FMAs: their weights are not
+ * bf16. The sum of one (head, token) is its 16 lanes over D / 32 steps,
+ * then the lanes in one fixed tree (i + 8, i + 4, i + 2, i + 1) whether it
+ * was computed in a 4 x 4 block or alone, so a score does not depend on
+ * the blocking (the prefill's rows and the decode's agree bit for bit). */
+#define KV__MLA_BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16")))
+
+KV__MLA_BF16 static inline __m512bh ld32_bf16(const uint16_t *p)
+{
+    return (__m512bh)_mm512_loadu_si512((const void *)p);
+}
+
+/* the lane sum of x in the fixed tree */
+KV__MLA_BF16 static inline float hsum16_tree(__m512 x)
+{
+    const __m256 y8 =
+        _mm256_add_ps(_mm512_castps512_ps256(x),
+                      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+    const __m128 y4 = _mm_add_ps(_mm256_castps256_ps128(y8), _mm256_extractf128_ps(y8, 1));
+    const __m128 y2 = _mm_add_ps(y4, _mm_movehl_ps(y4, y4));
+    return _mm_cvtss_f32(_mm_add_ss(y2, _mm_movehdup_ps(y2)));
+}
+
+/* the lane sums of a0..a15 in the same tree, as one vector: lane 4c + b
+ * holds a(4b + c)'s sum (a 4 x 4 transpose of the inputs' order) */
+#define KV__MLA_R1(a, b)                                                                           \
+    _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xee))
+#define KV__MLA_R2(a, b)                                                                           \
+    _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xdd))
+#define KV__MLA_R3(a, b) _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xee))
+#define KV__MLA_R4(a, b) _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xdd))
+
+/* One (head, token) score alone. */
+KV__MLA_BF16 static inline float dot1_bf16(const uint16_t *q, const uint16_t *k, int64_t D)
+{
+    __m512 a = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 32)
+        a = _mm512_dpbf16_ps(a, ld32_bf16(q + d), ld32_bf16(k + d));
+    return hsum16_tree(a);
+}
+
+#define KV__MLA_DP4(H, y)                                                                          \
+    a##H##0 = _mm512_dpbf16_ps(a##H##0, y, x0);                                                    \
+    a##H##1 = _mm512_dpbf16_ps(a##H##1, y, x1);                                                    \
+    a##H##2 = _mm512_dpbf16_ps(a##H##2, y, x2);                                                    \
+    a##H##3 = _mm512_dpbf16_ps(a##H##3, y, x3)
+
+/* sc[h][t] = kmul * qb[h] . kb[t] for nh heads over n rows (D % 32 == 0):
+ * 4 heads x 4 rows a block (16 accumulators, 4 K and 4 q loads per 16
+ * instructions), the rest one at a time. */
+KV__MLA_BF16 static void scores_bf16dot(const uint16_t *const *kb, int n, int nh, int64_t D,
+                                        const uint16_t *qb, float kmul, float *sc)
+{
+    const __m512 km = _mm512_set1_ps(kmul);
+    /* lane 4t + h of the reduced block -> lane 4h + t */
+    const __m512i tr = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    int h0 = 0;
+    for (; h0 + 4 <= nh; h0 += 4) {
+        const uint16_t *q0 = qb + (int64_t)h0 * D, *q1 = q0 + D, *q2 = q1 + D, *q3 = q2 + D;
+        int t = 0;
+        for (; t + 4 <= n; t += 4) {
+            const uint16_t *k0 = kb[t], *k1 = kb[t + 1], *k2 = kb[t + 2], *k3 = kb[t + 3];
+            __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00,
+                   a12 = a00, a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00,
+                   a31 = a00, a32 = a00, a33 = a00;
+            for (int64_t d = 0; d < D; d += 32) {
+                const __m512bh x0 = ld32_bf16(k0 + d), x1 = ld32_bf16(k1 + d),
+                               x2 = ld32_bf16(k2 + d), x3 = ld32_bf16(k3 + d);
+                KV__MLA_DP4(0, ld32_bf16(q0 + d));
+                KV__MLA_DP4(1, ld32_bf16(q1 + d));
+                KV__MLA_DP4(2, ld32_bf16(q2 + d));
+                KV__MLA_DP4(3, ld32_bf16(q3 + d));
+            }
+            /* accumulator 4h + t is a<h><t>: the reduced lane 4t + h */
+            const __m512 v0 = KV__MLA_R1(a00, a01), v1 = KV__MLA_R1(a02, a03),
+                         v2 = KV__MLA_R1(a10, a11), v3 = KV__MLA_R1(a12, a13),
+                         v4 = KV__MLA_R1(a20, a21), v5 = KV__MLA_R1(a22, a23),
+                         v6 = KV__MLA_R1(a30, a31), v7 = KV__MLA_R1(a32, a33);
+            const __m512 u0 = KV__MLA_R2(v0, v1), u1 = KV__MLA_R2(v2, v3), u2 = KV__MLA_R2(v4, v5),
+                         u3 = KV__MLA_R2(v6, v7);
+            const __m512 z0 = KV__MLA_R3(u0, u1), z1 = KV__MLA_R3(u2, u3);
+            const __m512 f = _mm512_permutexvar_ps(tr, _mm512_mul_ps(KV__MLA_R4(z0, z1), km));
+            _mm_storeu_ps(sc + (h0 + 0) * KV__MLA_CHUNK + t, _mm512_castps512_ps128(f));
+            _mm_storeu_ps(sc + (h0 + 1) * KV__MLA_CHUNK + t, _mm512_extractf32x4_ps(f, 1));
+            _mm_storeu_ps(sc + (h0 + 2) * KV__MLA_CHUNK + t, _mm512_extractf32x4_ps(f, 2));
+            _mm_storeu_ps(sc + (h0 + 3) * KV__MLA_CHUNK + t, _mm512_extractf32x4_ps(f, 3));
+        }
+        for (; t < n; t++)
+            for (int h = 0; h < 4; h++)
+                sc[(h0 + h) * KV__MLA_CHUNK + t] = dot1_bf16(q0 + h * D, kb[t], D) * kmul;
+    }
+    for (; h0 < nh; h0++)
+        for (int t = 0; t < n; t++)
+            sc[h0 * KV__MLA_CHUNK + t] = dot1_bf16(qb + (int64_t)h0 * D, kb[t], D) * kmul;
+}
+
+#define KV__MLA_PV2(R)                                                                             \
+    b = _mm512_set1_ps(w[(R)*KV__MLA_CHUNK + t]);                                                  \
+    a##R##0 = _mm512_fmadd_ps(b, v0, a##R##0);                                                     \
+    a##R##1 = _mm512_fmadd_ps(b, v1, a##R##1)
+
+/* values_avx2 for 16 lanes: 4 heads x 32 dims a block, every sum in the same
+ * order (lane by lane, token after token), so the results are the same
+ * bits; half the instructions (one FMA per 16 multiply-adds). */
+KV__MLA_BF16 static void values_avx512(const float *kf, int n, int nh, int64_t D, int64_t dv,
+                                       float *acc, const float *sc)
+{
+    int h0 = 0;
+    const int64_t dz = dv / 32 * 32;
+    for (; h0 + 4 <= nh; h0 += 4) {
+        float *ac = acc + (int64_t)h0 * dv;
+        const float *w = sc + h0 * KV__MLA_CHUNK;
+        for (int64_t d = 0; d < dz; d += 32) {
+            float *c0 = ac + d, *c1 = c0 + dv, *c2 = c1 + dv, *c3 = c2 + dv;
+            __m512 a00 = _mm512_loadu_ps(c0), a01 = _mm512_loadu_ps(c0 + 16);
+            __m512 a10 = _mm512_loadu_ps(c1), a11 = _mm512_loadu_ps(c1 + 16);
+            __m512 a20 = _mm512_loadu_ps(c2), a21 = _mm512_loadu_ps(c2 + 16);
+            __m512 a30 = _mm512_loadu_ps(c3), a31 = _mm512_loadu_ps(c3 + 16);
+            for (int t = 0; t < n; t++) {
+                const float *vr = kf + (int64_t)t * D + d;
+                const __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16);
+                __m512 b;
+                KV__MLA_PV2(0);
+                KV__MLA_PV2(1);
+                KV__MLA_PV2(2);
+                KV__MLA_PV2(3);
+            }
+            _mm512_storeu_ps(c0, a00), _mm512_storeu_ps(c0 + 16, a01);
+            _mm512_storeu_ps(c1, a10), _mm512_storeu_ps(c1 + 16, a11);
+            _mm512_storeu_ps(c2, a20), _mm512_storeu_ps(c2 + 16, a21);
+            _mm512_storeu_ps(c3, a30), _mm512_storeu_ps(c3 + 16, a31);
+        }
+    }
+    /* the dims past dz, and the heads past the last 4: values_avx2's loops */
+    if (dz < dv)
+        for (int h = 0; h < h0; h += 4)
+            values_avx2_part(kf, n, 4, D, dv, dz, acc + (int64_t)h * dv, sc + h * KV__MLA_CHUNK);
+    if (h0 < nh)
+        values_avx2_part(kf, n, nh - h0, D, dv, 0, acc + (int64_t)h0 * dv, sc + h0 * KV__MLA_CHUNK);
+}
+
+/* kf's rows (f32, exact in bf16) to bf16 rows kbuf [n][D] (D % 16 == 0) */
+KV__MLA_BF16 static void f32_rows_to_bf16(const float *kf, int n, int64_t D, uint16_t *kbuf)
+{
+    for (int64_t i = 0; i < (int64_t)n * D; i += 16)
+        _mm256_storeu_si256((__m256i *)(void *)(kbuf + i),
+                            (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(kf + i)));
+}
+
+static bool mla_cpu_has_bf16dot(void)
+{
+    static int has = -1; /* benign race: every thread computes the same value */
+    if (has < 0) {
+        __builtin_cpu_init(); /* libgcc checks the OS saves the AVX-512 state (XCR0) */
+        has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+    }
+    return has == 1;
 }
 
 static bool mla_cpu_has_avx2(void)
@@ -406,11 +616,44 @@ void kv__mla_rows(const struct kv_layout *lo, bool simd, const char *const *rows
     rows_to_f32(lo, rows, n, kf, lut);
 }
 
-void kv__mla_chunk(bool simd, const float *kf, int n, int nh, int64_t D, int64_t dv, const float *q,
-                   float kmul, float cap, float *m, float *l, float *acc, float *sc)
+bool kv__mla_bdot_ok(const struct kv__attn_job *j, bool simd)
 {
 #if KV__MLA_AVX2
-    if (simd)
+    const struct kv_layout *lo = &j->cache.layout;
+    return simd && !kv__attn_avx2_only && j->q.dtype == KV_BF16 &&
+           (lo->dtype == KV_BF16 || lo->elem_bytes == 1) && lo->head_dim % 32 == 0 &&
+           mla_cpu_has_bf16dot();
+#else
+    (void)j, (void)simd;
+    return false;
+#endif
+}
+
+void kv__mla_rows_bf16(const struct kv_layout *lo, const char *const *rows, int n, const float *kf,
+                       uint16_t *kbuf, const uint16_t **kb)
+{
+    if (lo->dtype == KV_BF16) {
+        for (int t = 0; t < n; t++)
+            kb[t] = (const uint16_t *)(const void *)rows[t];
+        return;
+    }
+#if KV__MLA_AVX2
+    f32_rows_to_bf16(kf, n, lo->head_dim, kbuf);
+#else
+    (void)kf; /* not reached: kv__mla_bdot_ok is false */
+#endif
+    for (int t = 0; t < n; t++)
+        kb[t] = kbuf + (int64_t)t * lo->head_dim;
+}
+
+void kv__mla_chunk(bool simd, const float *kf, int n, int nh, int64_t D, int64_t dv, const float *q,
+                   float kmul, const struct kv__mla_bdot *bd, float cap, float *m, float *l,
+                   float *acc, float *sc)
+{
+#if KV__MLA_AVX2
+    if (bd)
+        scores_bf16dot(bd->kb, n, nh, D, bd->qb, bd->kmul, sc);
+    else if (simd)
         scores_avx2(kf, n, nh, D, q, kmul, sc);
     else
 #endif
@@ -421,8 +664,17 @@ void kv__mla_chunk(bool simd, const float *kf, int n, int nh, int64_t D, int64_t
                 float *x = sc + h * KV__MLA_CHUNK + t;
                 *x = cap * tanhf(*x / cap);
             }
-    chunk_softmax(n, nh, dv, m, l, acc, sc);
 #if KV__MLA_AVX2
+    if (simd)
+        chunk_softmax_avx2(n, nh, dv, m, l, acc, sc);
+    else
+#endif
+        chunk_softmax(n, nh, dv, m, l, acc, sc);
+#if KV__MLA_AVX2
+    if (bd) {
+        values_avx512(kf, n, nh, D, dv, acc, sc);
+        return;
+    }
     if (simd) {
         values_avx2(kf, n, nh, D, dv, acc, sc);
         return;
@@ -436,7 +688,7 @@ static kv_status exec_mla(const struct kv__attn_job *j)
     const struct kv_layout *lo = &j->cache.layout;
     const int64_t D = lo->head_dim, dv = j->mla_dv, S = j->n_seqs, hq = j->q_heads;
     const int64_t pt = j->page_tokens;
-    const bool simd = kv__mla_simd(D, dv);
+    const bool simd = kv__mla_simd(D, dv), bdot = kv__mla_bdot_ok(j, simd);
     float lut[256];
     const float ks = kv__mla_prepare(j, simd, lut);
     int64_t total_tokens = 0;
@@ -450,11 +702,12 @@ static kv_status exec_mla(const struct kv__attn_job *j)
     while (hg > 4 && S * ((hq + hg - 1) / hg) < 2 * (int64_t)nt)
         hg = (hg / 2 + 3) / 4 * 4;
     const int64_t ng = (hq + hg - 1) / hg, tasks = S * ng;
-    /* per thread: q [hg][D], acc [hg][dv], m, l [hg], sc [hg][CHUNK], kf [CHUNK][D] */
+    /* per thread: q [hg][D], acc [hg][dv], m, l [hg], sc [hg][CHUNK], kf [CHUNK][D];
+     * with bdot also qb [hg][D] and kbuf [CHUNK][D] bf16 */
     const size_t per =
         ((size_t)(hg * D + hg * dv + 2 * hg + hg * KV__MLA_CHUNK + KV__MLA_CHUNK * D) *
              sizeof(float) +
-         63) /
+         (bdot ? (size_t)(hg * D + KV__MLA_CHUNK * D) * sizeof(uint16_t) : 0) + 63) /
         64 * 64;
     float *scratch = kv__mem_alloc_aligned(64, per * (size_t)nt);
     if (!scratch)
@@ -464,7 +717,10 @@ static kv_status exec_mla(const struct kv__attn_job *j)
         float *q = (float *)(void *)((char *)scratch + (size_t)omp_get_thread_num() * per);
         float *acc = q + hg * D, *m = acc + hg * dv, *l = m + hg, *sc = l + hg;
         float *kf = sc + hg * KV__MLA_CHUNK;
+        uint16_t *qb = (uint16_t *)(void *)(kf + KV__MLA_CHUNK * D), *kbuf = qb + hg * D;
         const char *rows[KV__MLA_CHUNK];
+        const uint16_t *kb[KV__MLA_CHUNK];
+        const struct kv__mla_bdot bd = {qb, kb, j->softmax_scale * ks};
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; task++) {
             const int64_t s = task / ng, h0 = task % ng * hg;
@@ -472,8 +728,12 @@ static kv_status exec_mla(const struct kv__attn_job *j)
             for (int h = 0; h < nh; h++) {
                 const char *qp = j->q.base + s * j->q.token_stride + (h0 + h) * j->q.head_stride;
                 float *qq = q + (int64_t)h * D;
-                for (int64_t d = 0; d < D; d++)
-                    qq[d] = kv_to_f32(j->q.dtype, qp + d * j->q.dim_stride) * j->softmax_scale;
+                if (bdot) /* q's bf16 as it is: the scale goes into bd.kmul */
+                    for (int64_t d = 0; d < D; d++)
+                        memcpy(qb + (int64_t)h * D + d, qp + d * j->q.dim_stride, 2);
+                else
+                    for (int64_t d = 0; d < D; d++)
+                        qq[d] = kv_to_f32(j->q.dtype, qp + d * j->q.dim_stride) * j->softmax_scale;
                 m[h] = -INFINITY;
                 l[h] = 0.0f;
             }
@@ -489,7 +749,10 @@ static kv_status exec_mla(const struct kv__attn_job *j)
                               kv_layout_slot_offset_bytes(lo, j->layer0, 0, slot);
                 }
                 kv__mla_rows(lo, simd, rows, n, kf, lut);
-                kv__mla_chunk(simd, kf, n, nh, D, dv, q, ks, 0.0f, m, l, acc, sc);
+                if (bdot)
+                    kv__mla_rows_bf16(lo, rows, n, kf, kbuf, kb);
+                kv__mla_chunk(simd, kf, n, nh, D, dv, q, ks, bdot ? &bd : NULL, 0.0f, m, l, acc,
+                              sc);
             }
             for (int h = 0; h < nh; h++) {
                 char *op = j->out.base + s * j->out.token_stride + (h0 + h) * j->out.head_stride;

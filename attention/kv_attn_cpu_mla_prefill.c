@@ -55,7 +55,7 @@ static kv_status exec_prefill_mla(const struct kv__attn_job *j)
     const struct kv_layout *lo = &j->cache.layout;
     const int64_t D = lo->head_dim, dv = j->mla_dv, hq = j->q_heads, pt = j->page_tokens;
     const uint32_t S = j->n_seqs;
-    const bool simd = kv__mla_simd(D, dv);
+    const bool simd = kv__mla_simd(D, dv), bdot = kv__mla_bdot_ok(j, simd);
     float lut[256];
     const float ks = kv__mla_prepare(j, simd, lut);
     int64_t work = 0, max_ql = 0;
@@ -94,10 +94,11 @@ static kv_status exec_prefill_mla(const struct kv__attn_job *j)
             tiles[k++] = (struct mla_tile){(uint32_t)s, (int32_t)(ql - i0 < qt ? ql - i0 : qt), i0};
     }
     const int64_t R = qt * hg; /* rows a task, at most */
-    /* per thread: q [R][D], acc [R][dv], m, l [R], sc [hg][CHUNK], kf [CHUNK][D] */
+    /* per thread: q [R][D], acc [R][dv], m, l [R], sc [hg][CHUNK], kf [CHUNK][D]; with
+     * bdot also qb [R][D] and kbuf [CHUNK][D] bf16 */
     const size_t per =
         ((size_t)(R * D + R * dv + 2 * R + hg * KV__MLA_CHUNK + KV__MLA_CHUNK * D) * sizeof(float) +
-         63) /
+         (bdot ? (size_t)(R * D + KV__MLA_CHUNK * D) * sizeof(uint16_t) : 0) + 63) /
         64 * 64;
     float *scratch = kv__mem_alloc_aligned(64, per * (size_t)nt);
     if (!scratch) {
@@ -109,7 +110,9 @@ static kv_status exec_prefill_mla(const struct kv__attn_job *j)
         float *q = (float *)(void *)((char *)scratch + (size_t)omp_get_thread_num() * per);
         float *acc = q + R * D, *m = acc + R * dv, *l = m + R, *sc = l + R;
         float *kf = sc + hg * KV__MLA_CHUNK;
+        uint16_t *qb = (uint16_t *)(void *)(kf + KV__MLA_CHUNK * D), *kbuf = qb + R * D;
         const char *rows[KV__MLA_CHUNK];
+        const uint16_t *kb[KV__MLA_CHUNK];
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; task++) {
             const struct mla_tile tl = tiles[task / ng];
@@ -123,8 +126,13 @@ static kv_status exec_prefill_mla(const struct kv__attn_job *j)
                     const char *qp =
                         j->q.base + (row0 + i) * j->q.token_stride + (h0 + h) * j->q.head_stride;
                     float *qq = q + (i * nh + h) * D;
-                    for (int64_t d = 0; d < D; d++)
-                        qq[d] = kv_to_f32(j->q.dtype, qp + d * j->q.dim_stride) * j->softmax_scale;
+                    if (bdot) /* q's bf16 as it is: the scale goes into kmul */
+                        for (int64_t d = 0; d < D; d++)
+                            memcpy(qb + (i * nh + h) * D + d, qp + d * j->q.dim_stride, 2);
+                    else
+                        for (int64_t d = 0; d < D; d++)
+                            qq[d] =
+                                kv_to_f32(j->q.dtype, qp + d * j->q.dim_stride) * j->softmax_scale;
                     m[i * nh + h] = -INFINITY;
                     l[i * nh + h] = 0.0f;
                 }
@@ -142,6 +150,8 @@ static kv_status exec_prefill_mla(const struct kv__attn_job *j)
                               kv_layout_slot_offset_bytes(lo, j->layer0, 0, slot);
                 }
                 kv__mla_rows(lo, simd, rows + c0, n - c0, kf + c0 * D, lut);
+                if (bdot)
+                    kv__mla_rows_bf16(lo, rows + c0, n - c0, kf + c0 * D, kbuf + c0 * D, kb + c0);
                 for (int64_t i = 0; i < tl.n; i++) { /* the tokens t0 + a .. t0 + b - 1 */
                     const int64_t p = p0 + i, f = first_seen(p, j->window_left);
                     const int a = (int)(f > t0 ? f - t0 : 0);
@@ -149,8 +159,10 @@ static kv_status exec_prefill_mla(const struct kv__attn_job *j)
                     if (b <= a)
                         continue;
                     const int64_t r = i * nh;
-                    kv__mla_chunk(simd, kf + a * D, b - a, nh, D, dv, q + r * D, ks, j->soft_cap,
-                                  m + r, l + r, acc + r * dv, sc + a);
+                    const struct kv__mla_bdot bd = {qb + r * D, kb + a, j->softmax_scale * ks};
+                    kv__mla_chunk(simd, kf + a * D, b - a, nh, D, dv, q + r * D, ks,
+                                  bdot ? &bd : NULL, j->soft_cap, m + r, l + r, acc + r * dv,
+                                  sc + a);
                 }
             }
             for (int64_t i = 0; i < tl.n; i++)

@@ -229,7 +229,8 @@ void kv__attn_test_tune(int64_t nt_min_bytes, bool portable);
 /* Set by kv__attn_test_tune: the portable (non-SIMD, non-streaming) paths only. */
 extern bool kv__attn_portable;
 /* Set by tests: the decode's fp8 row conversion takes its AVX2 form where
- * the CPU also has AVX-512BW (both forms tested on such a CPU). */
+ * the CPU also has AVX-512BW, and the MLA kernels the f32 scores where it
+ * has AVX512_BF16 (both forms tested on such a CPU). */
 extern bool kv__attn_avx2_only;
 /* Whether decode attention of dtype dt and head dim D takes the AVX2/FMA
  * path on this CPU (with the current tuning). */

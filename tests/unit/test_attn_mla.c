@@ -19,7 +19,9 @@
  *     small D, Hq in {1, 3, 5, 16, 128}, bf16 / f16 / f32 / fp8 e4m3 with a
  *     per-tensor scale, CSR and block-table pages, empty sequences, padded
  *     layouts, strided q and out (gaps checked untouched), the AVX2 and the
- *     portable paths; its refusals;
+ *     portable paths, q bf16 (the bf16 dot-product scores where the CPU has
+ *     AVX512_BF16, which jobs take them checked, and the same with them
+ *     turned off); its refusals;
  *   - kv_attn_prefill_mla against a float64 reference: sequences of q_len 0,
  *     1, several and the whole sequence, D = 576 / dv = 512 and small odd
  *     shapes, every dtype, window, soft cap and lse, the whole out and lse
@@ -44,6 +46,7 @@
 
 #include "kv_attn_grid_int.h"
 #include "kv_attn_int.h"
+#include "kv_attn_mla_int.h"
 #include "kv_mem.h"
 #include "kvtest.h"
 
@@ -630,19 +633,21 @@ static void afix_free(struct afix *f)
     pool_free(&f->p);
 }
 
-/* q [rows][Hq][D] f32, heads padded by 4 floats and rows by qpad, values
- * in [-1, 1] from rng; out [rows][Hq][dv] of out_dt, heads padded by 3
- * elements and rows by opad, garbage from seed; out0 out's first bytes. */
+/* q [rows][Hq][D] of q_dt (f32 or bf16), heads padded by 4 elements and
+ * rows by qpad, values in [-1, 1] from rng (q: as floats, exactly q_dt's
+ * values; qmem: the view's memory, qes bytes an element); out [rows][Hq][dv]
+ * of out_dt, heads padded by 3 elements and rows by opad, garbage from seed;
+ * out0 out's first bytes. */
 struct qout {
-    int64_t qhs, qts, ohs, ots, oes;
+    int64_t qhs, qts, ohs, ots, oes, qes;
     float *q;
-    unsigned char *out, *out0;
+    unsigned char *qmem, *out, *out0;
     size_t qn, obytes;
     struct kv_view qv, ov;
 };
 
-static void qout_make(struct qout *b, int64_t rows, int64_t hq, int64_t D, int64_t dv,
-                      int64_t qpad, int64_t opad, kv_dtype out_dt, uint64_t *rng, uint64_t seed)
+static void qout_make(struct qout *b, int64_t rows, int64_t hq, int64_t D, int64_t dv, int64_t qpad,
+                      int64_t opad, kv_dtype q_dt, kv_dtype out_dt, uint64_t *rng, uint64_t seed)
 {
     b->qhs = D + 4, b->qts = hq * b->qhs + qpad;
     b->ohs = dv + 3, b->ots = hq * b->ohs + opad;
@@ -652,20 +657,34 @@ static void qout_make(struct qout *b, int64_t rows, int64_t hq, int64_t D, int64
     b->q = malloc(b->qn * sizeof(float));
     b->out = malloc(b->obytes), b->out0 = malloc(b->obytes);
     assert_true(b->q && b->out && b->out0);
-    for (size_t i = 0; i < b->qn; i++)
+    assert_true(q_dt == KV_F32 || q_dt == KV_BF16);
+    b->qes = (int64_t)kv_dtype_size(q_dt);
+    b->qmem = q_dt == KV_F32 ? (unsigned char *)b->q : malloc(b->qn * (size_t)b->qes);
+    assert_true(b->qmem);
+    for (size_t i = 0; i < b->qn; i++) {
         b->q[i] = (float)((int64_t)kvt_range(rng, 0, 2000) - 1000) / 1000.0f;
+        if (q_dt == KV_BF16) { /* truncated to bf16; the reference gets that value */
+            uint32_t u;
+            memcpy(&u, &b->q[i], 4);
+            unsigned char *e = b->qmem + i * 2;
+            e[0] = (unsigned char)(u >> 16), e[1] = (unsigned char)(u >> 24);
+            b->q[i] = (float)ref_bf16(e);
+        }
+    }
     fill_random(b->out, b->obytes, seed);
     memcpy(b->out0, b->out, b->obytes);
     int64_t qs[3] = {rows, hq, D}, qst[3] = {b->qts, b->qhs, 1};
     int64_t os[3] = {rows, hq, dv}, ost[3] = {b->ots, b->ohs, 1};
     assert_int_equal(
-        kv_view_from_strided(b->q, b->qn * sizeof(float), KV_F32, 3, qs, qst, 0, &b->qv), KV_OK);
+        kv_view_from_strided(b->qmem, b->qn * (size_t)b->qes, q_dt, 3, qs, qst, 0, &b->qv), KV_OK);
     assert_int_equal(kv_view_from_strided(b->out, b->obytes, out_dt, 3, os, ost, 0, &b->ov),
                      KV_OK);
 }
 
 static void qout_free(struct qout *b)
 {
+    if (b->qmem != (unsigned char *)b->q)
+        free(b->qmem);
     free(b->q);
     free(b->out);
     free(b->out0);
@@ -866,10 +885,36 @@ struct dcase {
     bool grid; /* the CUDA body on the CPU grid emulator (kv__grid_attn_decode_mla) */
 };
 
+/* Whether this CPU runs VDPBF16PS (the bf16 dot-product scores). */
+static bool cpu_bf16dot(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+#else
+    return false;
+#endif
+}
+
+/* A job of q's dtype over f's cache takes the dot products exactly when it
+ * should: q bf16, the cache bf16 or fp8, D % 32 == 0, the SIMD path, not
+ * kv__attn_avx2_only, a CPU with AVX512_BF16. */
+static void check_bdot_choice(const struct kv__attn_job *j, bool portable, bool avx2_only)
+{
+    const struct kv_layout *lo = &j->cache.layout;
+    const bool simd = kv__mla_simd(lo->head_dim, j->mla_dv);
+    assert_true(simd == (!portable && lo->head_dim % 8 == 0 && j->mla_dv % 8 == 0));
+    const bool want = simd && !avx2_only && j->q.dtype == KV_BF16 &&
+                      (lo->dtype == KV_BF16 || lo->elem_bytes == 1) && lo->head_dim % 32 == 0 &&
+                      cpu_bf16dot();
+    assert_true(kv__mla_bdot_ok(j, simd) == want);
+}
+
 /* kv_attn_decode_mla over four sequences of 0, 1, 45 and 130 tokens (the
  * afix cache and pages), q and out with padded heads (out's gaps checked
  * untouched), against a float64 reference. */
-static void run_decode_case(const struct dcase *k, uint64_t seed)
+static void run_decode_case(const struct dcase *k, bool qbf16, bool avx2_only, uint64_t seed)
 {
     enum { S = 4 };
     const int64_t D = k->D, dv = k->dv, hq = k->hq;
@@ -877,7 +922,7 @@ static void run_decode_case(const struct dcase *k, uint64_t seed)
     struct afix f;
     afix_init(&f, k->dt, D, k->arr, k->block_table, S, lens, seed);
     struct qout b;
-    qout_make(&b, S, hq, D, dv, 0, 0, k->out_dt, &f.rng, seed + 1);
+    qout_make(&b, S, hq, D, dv, 0, 0, qbf16 ? KV_BF16 : KV_F32, k->out_dt, &f.rng, seed + 1);
     const float scale = 1.0f / sqrtf((float)D), kscale[2] = {0.37f, 0.37f};
     const struct kv_scales sc = {kscale, NULL, 1, 0};
     if (k->grid) {
@@ -894,9 +939,17 @@ static void run_decode_case(const struct dcase *k, uint64_t seed)
             fail_msg("kv__grid_attn_decode_mla: %s: %s", kv_status_name(st), kv_last_error());
     } else {
         kv__attn_test_tune(-1, k->portable);
+        kv__attn_avx2_only = avx2_only;
+        struct kv__attn_job j;
+        assert_int_equal(kv__attn_decode_mla_check("kv_attn_decode_mla", &f.p.c, 1, &b.qv, &f.pg,
+                                                   dv, scale, k->scaled ? &sc : NULL, &b.ov, &j),
+                         KV_OK);
+        check_bdot_choice(&j, k->portable, avx2_only);
+        kv__attn_job_free(&j);
         assert_int_equal(kv_attn_decode_mla(f.p.c, 1, &b.qv, &f.pg, dv, scale,
                                             k->scaled ? &sc : NULL, &b.ov),
                          KV_OK);
+        kv__attn_avx2_only = false;
         kv__attn_test_tune(-1, false);
     }
     assert_memory_equal(f.p.mem, f.before, f.p.bytes);
@@ -950,7 +1003,25 @@ static void test_mla_decode_vs_float64(void **state)
         {KV_F32, 20, 12, 1, KV_ARRANGE_LAYER_MAJOR, false, false, true, KV_F32, true},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-        run_decode_case(&cases[i], 0x5000 + i);
+        run_decode_case(&cases[i], false, false, 0x5000 + i);
+    /* q bf16: the bf16 dot-product scores where the CPU has them (Hq a
+     * multiple of 4 and not, bf16 and both fp8 caches), the same with them
+     * turned off, and where they do not apply (f16 cache, D % 32 != 0) */
+    const struct {
+        struct dcase c;
+        bool avx2_only;
+    } qcases[] = {
+        {{KV_BF16, 576, 512, 16, KV_ARRANGE_BLOCK_MAJOR, true, false, false, KV_F32, false}, false},
+        {{KV_BF16, 576, 512, 7, KV_ARRANGE_LAYER_MAJOR, false, false, true, KV_BF16, false}, false},
+        {{KV_FP8_E4M3, 576, 512, 16, KV_ARRANGE_LAYER_MAJOR, false, false, true, KV_F32, false},
+         false},
+        {{KV_FP8_E5M2, 64, 48, 6, KV_ARRANGE_BLOCK_MAJOR, true, false, true, KV_F32, false}, false},
+        {{KV_BF16, 576, 512, 16, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_F32, false}, true},
+        {{KV_F16, 64, 64, 4, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_F32, false}, false},
+        {{KV_BF16, 40, 32, 4, KV_ARRANGE_BLOCK_MAJOR, false, false, false, KV_F32, false}, false},
+    };
+    for (size_t i = 0; i < sizeof(qcases) / sizeof(qcases[0]); i++)
+        run_decode_case(&qcases[i].c, true, qcases[i].avx2_only, 0x5100 + i);
 }
 
 static void test_mla_decode_refusals(void **state)
@@ -1013,7 +1084,7 @@ struct pcase {
  * gaps checked untouched), against a float64 reference; without options,
  * the last query row of every sequence against kv_attn_decode_mla's output
  * bit for bit (same sums, same order). */
-static void run_prefill_case(const struct pcase *k, uint64_t seed)
+static void run_prefill_case(const struct pcase *k, bool qbf16, bool avx2_only, uint64_t seed)
 {
     enum { S = 6 };
     const int64_t D = k->D, dv = k->dv, hq = k->hq;
@@ -1026,7 +1097,7 @@ static void run_prefill_case(const struct pcase *k, uint64_t seed)
     const int64_t T = qo[S];
     /* q [T][Hq][D] f32, heads and rows padded; out [T][Hq][dv], lse [T][Hq + 2] */
     struct qout b;
-    qout_make(&b, T, hq, D, dv, 5, 2, k->out_dt, &f.rng, seed + 1);
+    qout_make(&b, T, hq, D, dv, 5, 2, qbf16 ? KV_BF16 : KV_F32, k->out_dt, &f.rng, seed + 1);
     const int64_t lst = hq + 2;
     const size_t lbytes = (size_t)(T * lst) * sizeof(float);
     float *lse = malloc(lbytes), *lse0 = malloc(lbytes);
@@ -1055,9 +1126,18 @@ static void run_prefill_case(const struct pcase *k, uint64_t seed)
             fail_msg("kv__grid_attn_prefill (MLA): %s: %s", kv_status_name(st), kv_last_error());
     } else {
         kv__attn_test_tune(-1, k->portable);
+        kv__attn_avx2_only = avx2_only;
+        struct kv__attn_job j;
+        assert_int_equal(kv__attn_prefill_mla_check("kv_attn_prefill_mla", &f.p.c, 1, &b.qv, qo,
+                                                    &f.pg, dv, scale, k->scaled ? &sc : NULL, &b.ov,
+                                                    &opts, &j),
+                         KV_OK);
+        check_bdot_choice(&j, k->portable, avx2_only);
+        kv__attn_job_free(&j);
         assert_int_equal(kv_attn_prefill_mla(f.p.c, 1, &b.qv, qo, &f.pg, dv, scale,
                                              k->scaled ? &sc : NULL, &b.ov, plain ? NULL : &opts),
                          KV_OK);
+        kv__attn_avx2_only = false;
         kv__attn_test_tune(-1, false);
     }
     assert_memory_equal(f.p.mem, f.before, f.p.bytes);
@@ -1099,25 +1179,27 @@ static void run_prefill_case(const struct pcase *k, uint64_t seed)
     if (plain) {
         /* the last query of each sequence (position len - 1) against the
          * decode of that row, bit for bit */
-        const int64_t oes = b.oes;
-        float *qd = malloc((size_t)(S * hq * D) * sizeof(float));
+        const int64_t oes = b.oes, qes = b.qes;
+        unsigned char *qd = malloc((size_t)(S * hq * D * qes));
         unsigned char *od = malloc((size_t)(S * hq * dv * oes));
         assert_true(qd && od);
         for (int64_t s = 0; s < S; s++)
             for (int64_t h = 0; h < hq; h++)
-                memcpy(qd + (s * hq + h) * D,
-                       b.q + (qo[s + 1] > 0 ? qo[s + 1] - 1 : 0) * b.qts + h * b.qhs,
-                       (size_t)D * sizeof(float));
+                memcpy(qd + (s * hq + h) * D * qes,
+                       b.qmem + ((qo[s + 1] > 0 ? qo[s + 1] - 1 : 0) * b.qts + h * b.qhs) * qes,
+                       (size_t)(D * qes));
         struct kv_view qdv, odv;
         int64_t ds[3] = {S, hq, D}, dos[3] = {S, hq, dv};
-        assert_int_equal(
-            kv_view_init(qd, (size_t)(S * hq * D) * sizeof(float), KV_F32, 3, ds, &qdv), KV_OK);
+        assert_int_equal(kv_view_init(qd, (size_t)(S * hq * D * qes), b.qv.dtype, 3, ds, &qdv),
+                         KV_OK);
         assert_int_equal(
             kv_view_init(od, (size_t)(S * hq * dv * oes), k->out_dt, 3, dos, &odv), KV_OK);
         kv__attn_test_tune(-1, k->portable);
+        kv__attn_avx2_only = avx2_only;
         assert_int_equal(kv_attn_decode_mla(f.p.c, 1, &qdv, &f.pg, dv, scale,
                                             k->scaled ? &sc : NULL, &odv),
                          KV_OK);
+        kv__attn_avx2_only = false;
         kv__attn_test_tune(-1, false);
         int compared = 0;
         for (int64_t s = 0; s < S; s++) {
@@ -1188,7 +1270,32 @@ static void test_mla_prefill_vs_float64(void **state)
         {KV_F32, 20, 12, 1, KV_ARRANGE_LAYER_MAJOR, true, false, true, KV_F32, 3, 0, false, true},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-        run_prefill_case(&cases[i], 0x6000 + i);
+        run_prefill_case(&cases[i], false, false, 0x6000 + i);
+    /* q bf16: the bf16 dot-product scores where the CPU has them (plain:
+     * the last rows against the decode bit for bit; Hq a multiple of 4 and
+     * not; the options), and the same with them turned off */
+    const struct {
+        struct pcase c;
+        bool avx2_only;
+    } qcases[] = {
+        {{KV_BF16, 576, 512, 8, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_F32, W, 0, false,
+          false},
+         false},
+        {{KV_FP8_E4M3, 576, 512, 6, KV_ARRANGE_BLOCK_MAJOR, true, false, true, KV_BF16, W, 0, false,
+          false},
+         false},
+        {{KV_BF16, 576, 512, 5, KV_ARRANGE_BLOCK_MAJOR, false, false, true, KV_F32, 40, 20.0f, true,
+          false},
+         false},
+        {{KV_FP8_E5M2, 64, 48, 8, KV_ARRANGE_LAYER_MAJOR, false, false, true, KV_F32, W, 0, false,
+          false},
+         false},
+        {{KV_BF16, 576, 512, 4, KV_ARRANGE_LAYER_MAJOR, true, false, false, KV_F32, W, 0, false,
+          false},
+         true},
+    };
+    for (size_t i = 0; i < sizeof(qcases) / sizeof(qcases[0]); i++)
+        run_prefill_case(&qcases[i].c, true, qcases[i].avx2_only, 0x6100 + i);
 }
 
 static void test_mla_prefill_refusals(void **state)
