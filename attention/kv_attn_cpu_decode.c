@@ -937,6 +937,9 @@ static kv__ztile_fn ztile_for(kv_dtype dt, int64_t D)
 typedef void (*kv__tile_fn)(void);
 #endif
 
+/* How many pages ahead a one-head (HND) task prefetches a page's rows. */
+#define KV__PAGE_AHEAD 4
+
 /* Most KV heads a decode task groups (docs/kernels.md). */
 #define KV__HEAD_GROUP_MAX 16
 
@@ -1372,6 +1375,7 @@ static kv_status exec_decode(const struct kv__attn_job *j)
              * before chunk c is computed, head after head */
             int n = 0, cur = 0, ready = 0;
             int64_t t = t_begin, pos_fill = t_begin, pos_ready = 0;
+            const int64_t pj_end = j->page_start[s] + (t_end + pt - 1) / pt;
             for (int64_t pj = j->page_start[s] + t_begin / pt; t < t_end; pj++) {
                 /* a page's tokens are consecutive slots of one block (pt
                  * divides N): its first token's address, then token steps */
@@ -1379,6 +1383,22 @@ static kv_status exec_decode(const struct kv__attn_job *j)
                                  kv_layout_slot_offset_bytes(
                                      lo, j->layer0, 0, kv_attn_page_slot(j->page_ids[pj], pt, 0)) +
                                  h0 * lo->stride_head_bytes;
+                if (hb == 1 && lo->order == KV_ORDER_HND && pj + KV__PAGE_AHEAD < pj_end) {
+                    /* one head (HND): its rows of the page KV__PAGE_AHEAD
+                     * pages on, one contiguous run of K and one of V, to L2
+                     * as well (the chunk-ahead prefetch below alone left
+                     * the bf16 HND decode waiting on memory) */
+                    const char *pf =
+                        (const char *)j->cache.base +
+                        kv_layout_slot_offset_bytes(
+                            lo, j->layer0, 0,
+                            kv_attn_page_slot(j->page_ids[pj + KV__PAGE_AHEAD], pt, 0)) +
+                        h0 * lo->stride_head_bytes;
+                    for (int64_t b = 0; b < pt * lo->stride_token_bytes; b += 64) {
+                        __builtin_prefetch(pf + b, 0, 2);
+                        __builtin_prefetch(pf + lo->stride_kv_bytes + b, 0, 2);
+                    }
+                }
                 for (int64_t i = t % pt; i < pt && t < t_end; i++, t++) {
                     const char *kb = pg + i * lo->stride_token_bytes;
                     struct kv__dec_tok *tt = &tok[cur ^ 1][n];
