@@ -374,71 +374,13 @@ KV__AVX2 static void chunk_softmax(int n, int g, int64_t D, float vmul, float *m
  * four weight broadcasts feed 8 FMAs; before 2026-12-04 4 x 8, one load per
  * FMA). The rows come from tok: the cache in place, a per-thread copy, or
  * f16 rows converted from fp8. */
-#define KV__DEFINE_CHUNK_AVX2(NAME, LD8, ES)                                                       \
-    KV__AVX2 static void NAME(const struct kv__dec_tok *tok, int n, int g, int64_t D,              \
-                              const float *q, float kmul, float vmul, float *m, float *l,          \
-                              float *acc, float *sc, const struct kv__dec_mod *mod)                \
+/* The values half of the AVX2 chunk: acc[q] += the chunk's weights sc[q]
+ * times its V rows (after the softmax). */
+#define KV__DEFINE_VALUES_AVX2(NAME, LD8, ES)                                                      \
+    KV__AVX2 static inline void NAME##_values(const struct kv__dec_tok *tok, int n, int g,         \
+                                              int64_t D, float *acc, const float *sc)              \
     {                                                                                              \
-        const __m128 km = _mm_set1_ps(kmul);                                                       \
-        float r[4];                                                                                \
-        int q0 = 0;                                                                                \
-        for (; q0 + 4 <= g; q0 += 4) {                                                             \
-            const float *qa = q + (int64_t)q0 * D;                                                 \
-            int t = 0;                                                                             \
-            for (; t + 2 <= n; t += 2) {                                                           \
-                const char *k0 = (const char *)tok[t].k, *k1 = (const char *)tok[t + 1].k;         \
-                __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00,      \
-                       a21 = a00, a30 = a00, a31 = a00;                                            \
-                for (int64_t d = 0; d < D; d += 8) {                                               \
-                    const __m256 x0 = LD8(k0 + d * (ES)), x1 = LD8(k1 + d * (ES));                 \
-                    __m256 y = _mm256_loadu_ps(qa + d);                                            \
-                    a00 = _mm256_fmadd_ps(y, x0, a00);                                             \
-                    a01 = _mm256_fmadd_ps(y, x1, a01);                                             \
-                    y = _mm256_loadu_ps(qa + D + d);                                               \
-                    a10 = _mm256_fmadd_ps(y, x0, a10);                                             \
-                    a11 = _mm256_fmadd_ps(y, x1, a11);                                             \
-                    y = _mm256_loadu_ps(qa + 2 * D + d);                                           \
-                    a20 = _mm256_fmadd_ps(y, x0, a20);                                             \
-                    a21 = _mm256_fmadd_ps(y, x1, a21);                                             \
-                    y = _mm256_loadu_ps(qa + 3 * D + d);                                           \
-                    a30 = _mm256_fmadd_ps(y, x0, a30);                                             \
-                    a31 = _mm256_fmadd_ps(y, x1, a31);                                             \
-                }                                                                                  \
-                _mm_storeu_ps(r, _mm_mul_ps(hsum4x8(a00, a10, a20, a30), km));                     \
-                for (int i = 0; i < 4; i++)                                                        \
-                    sc[(q0 + i) * KV__CHUNK + t] = r[i];                                           \
-                _mm_storeu_ps(r, _mm_mul_ps(hsum4x8(a01, a11, a21, a31), km));                     \
-                for (int i = 0; i < 4; i++)                                                        \
-                    sc[(q0 + i) * KV__CHUNK + t + 1] = r[i];                                       \
-            }                                                                                      \
-            for (; t < n; t++) {                                                                   \
-                const char *k0 = (const char *)tok[t].k;                                           \
-                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                        \
-                for (int64_t d = 0; d < D; d += 8) {                                               \
-                    const __m256 x0 = LD8(k0 + d * (ES));                                          \
-                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + d), x0, a0);                         \
-                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + D + d), x0, a1);                     \
-                    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + 2 * D + d), x0, a2);                 \
-                    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + 3 * D + d), x0, a3);                 \
-                }                                                                                  \
-                _mm_storeu_ps(r, _mm_mul_ps(hsum4x8(a0, a1, a2, a3), km));                         \
-                for (int i = 0; i < 4; i++)                                                        \
-                    sc[(q0 + i) * KV__CHUNK + t] = r[i];                                           \
-            }                                                                                      \
-        }                                                                                          \
-        for (; q0 < g; q0++) {                                                                     \
-            const float *qa = q + (int64_t)q0 * D;                                                 \
-            for (int t = 0; t < n; t++) {                                                          \
-                const char *k0 = (const char *)tok[t].k;                                           \
-                __m256 a0 = _mm256_setzero_ps();                                                   \
-                for (int64_t d = 0; d < D; d += 8)                                                 \
-                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + d), LD8(k0 + d * (ES)), a0);         \
-                sc[q0 * KV__CHUNK + t] = hsum8(a0) * kmul;                                         \
-            }                                                                                      \
-        }                                                                                          \
-        if (mod)                                                                                   \
-            chunk_mod(mod, n, g, sc);                                                              \
-        chunk_softmax(n, g, D, vmul, m, l, acc, sc);                                               \
+        int q0;                                                                                    \
         for (q0 = 0; q0 + 4 <= g; q0 += 4) {                                                       \
             float *ac = acc + (int64_t)q0 * D;                                                     \
             const float *w = sc + q0 * KV__CHUNK;                                                  \
@@ -505,11 +447,133 @@ KV__AVX2 static void chunk_softmax(int n, int g, int64_t D, float vmul, float *m
         }                                                                                          \
     }
 
+#define KV__DEFINE_CHUNK_AVX2(NAME, LD8, ES)                                                       \
+    KV__AVX2 static void NAME(const struct kv__dec_tok *tok, int n, int g, int64_t D,              \
+                              const float *q, float kmul, float vmul, float *m, float *l,          \
+                              float *acc, float *sc, const struct kv__dec_mod *mod)                \
+    {                                                                                              \
+        const __m128 km = _mm_set1_ps(kmul);                                                       \
+        float r[4];                                                                                \
+        int q0 = 0;                                                                                \
+        for (; q0 + 4 <= g; q0 += 4) {                                                             \
+            const float *qa = q + (int64_t)q0 * D;                                                 \
+            int t = 0;                                                                             \
+            for (; t + 2 <= n; t += 2) {                                                           \
+                const char *k0 = (const char *)tok[t].k, *k1 = (const char *)tok[t + 1].k;         \
+                __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00,      \
+                       a21 = a00, a30 = a00, a31 = a00;                                            \
+                for (int64_t d = 0; d < D; d += 8) {                                               \
+                    const __m256 x0 = LD8(k0 + d * (ES)), x1 = LD8(k1 + d * (ES));                 \
+                    __m256 y = _mm256_loadu_ps(qa + d);                                            \
+                    a00 = _mm256_fmadd_ps(y, x0, a00);                                             \
+                    a01 = _mm256_fmadd_ps(y, x1, a01);                                             \
+                    y = _mm256_loadu_ps(qa + D + d);                                               \
+                    a10 = _mm256_fmadd_ps(y, x0, a10);                                             \
+                    a11 = _mm256_fmadd_ps(y, x1, a11);                                             \
+                    y = _mm256_loadu_ps(qa + 2 * D + d);                                           \
+                    a20 = _mm256_fmadd_ps(y, x0, a20);                                             \
+                    a21 = _mm256_fmadd_ps(y, x1, a21);                                             \
+                    y = _mm256_loadu_ps(qa + 3 * D + d);                                           \
+                    a30 = _mm256_fmadd_ps(y, x0, a30);                                             \
+                    a31 = _mm256_fmadd_ps(y, x1, a31);                                             \
+                }                                                                                  \
+                _mm_storeu_ps(r, _mm_mul_ps(hsum4x8(a00, a10, a20, a30), km));                     \
+                for (int i = 0; i < 4; i++)                                                        \
+                    sc[(q0 + i) * KV__CHUNK + t] = r[i];                                           \
+                _mm_storeu_ps(r, _mm_mul_ps(hsum4x8(a01, a11, a21, a31), km));                     \
+                for (int i = 0; i < 4; i++)                                                        \
+                    sc[(q0 + i) * KV__CHUNK + t + 1] = r[i];                                       \
+            }                                                                                      \
+            for (; t < n; t++) {                                                                   \
+                const char *k0 = (const char *)tok[t].k;                                           \
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                        \
+                for (int64_t d = 0; d < D; d += 8) {                                               \
+                    const __m256 x0 = LD8(k0 + d * (ES));                                          \
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + d), x0, a0);                         \
+                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + D + d), x0, a1);                     \
+                    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + 2 * D + d), x0, a2);                 \
+                    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + 3 * D + d), x0, a3);                 \
+                }                                                                                  \
+                _mm_storeu_ps(r, _mm_mul_ps(hsum4x8(a0, a1, a2, a3), km));                         \
+                for (int i = 0; i < 4; i++)                                                        \
+                    sc[(q0 + i) * KV__CHUNK + t] = r[i];                                           \
+            }                                                                                      \
+        }                                                                                          \
+        for (; q0 < g; q0++) {                                                                     \
+            const float *qa = q + (int64_t)q0 * D;                                                 \
+            for (int t = 0; t < n; t++) {                                                          \
+                const char *k0 = (const char *)tok[t].k;                                           \
+                __m256 a0 = _mm256_setzero_ps();                                                   \
+                for (int64_t d = 0; d < D; d += 8)                                                 \
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qa + d), LD8(k0 + d * (ES)), a0);         \
+                sc[q0 * KV__CHUNK + t] = hsum8(a0) * kmul;                                         \
+            }                                                                                      \
+        }                                                                                          \
+        if (mod)                                                                                   \
+            chunk_mod(mod, n, g, sc);                                                              \
+        chunk_softmax(n, g, D, vmul, m, l, acc, sc);                                               \
+        NAME##_values(tok, n, g, D, acc, sc);                                                      \
+    }
+
+KV__DEFINE_VALUES_AVX2(chunk_avx2_f32, ld8_f32, 4)
+KV__DEFINE_VALUES_AVX2(chunk_avx2_f16, ld8_f16, 2)
+KV__DEFINE_VALUES_AVX2(chunk_avx2_bf16, ld8_bf16, 2)
+KV__DEFINE_VALUES_AVX2(chunk_avx2_e4m3_raw, ld8_e4m3_raw, 1)
+KV__DEFINE_VALUES_AVX2(chunk_avx2_e5m2, ld8_e5m2, 1)
 KV__DEFINE_CHUNK_AVX2(chunk_avx2_f32, ld8_f32, 4)
 KV__DEFINE_CHUNK_AVX2(chunk_avx2_f16, ld8_f16, 2)
 KV__DEFINE_CHUNK_AVX2(chunk_avx2_bf16, ld8_bf16, 2)
 KV__DEFINE_CHUNK_AVX2(chunk_avx2_e4m3_raw, ld8_e4m3_raw, 1)
 KV__DEFINE_CHUNK_AVX2(chunk_avx2_e5m2, ld8_e5m2, 1)
+
+/* The one-query chunk over bf16 rows (the cache's in place, or the head
+ * group's copy) with the scores as bf16 dot products (kv__scores_bf16dot,
+ * kv_attn_x86_int.h): qb [g][D] is q's bf16, unscaled; kmul carries
+ * softmax_scale. The softmax and the values are chunk_avx2_bf16's.
+ * Measured (docs/benchmarks.md, q bf16, AMD Zen 4): bf16 HND decode
+ * 3.98-4.06 -> 4.36-4.49 M tokens/s, NHD 2.75-2.77 -> 2.88-2.98 M. */
+KV__BF16DOT static void chunk_bf16_bdot(const struct kv__dec_tok *tok, int n, int g, int64_t D,
+                                        const uint16_t *qb, float kmul, float vmul, float *m,
+                                        float *l, float *acc, float *sc,
+                                        const struct kv__dec_mod *mod)
+{
+    const uint16_t *kb[KV__CHUNK];
+    for (int t = 0; t < n; t++)
+        kb[t] = (const uint16_t *)tok[t].k;
+    kv__scores_bf16dot(kb, n, g, D, qb, kmul, sc, KV__CHUNK);
+    if (mod)
+        chunk_mod(mod, n, g, sc);
+    chunk_softmax(n, g, D, vmul, m, l, acc, sc);
+    chunk_avx2_bf16_values(tok, n, g, D, acc, sc);
+}
+
+/* The same over fp8 rows converted to f16 (decode_group's buffer: e4m3 as
+ * its value times 2^-8), the K rows rounded to bf16 in place first (exact:
+ * fp8 values fit in bf16 whatever the fold); the softmax and the values
+ * are chunk_avx2_f16's. fp8 HND decode 5.1-5.4 -> 5.65-5.74 M tokens/s,
+ * NHD +2-5%. */
+KV__BF16DOT static void chunk_f16_bdot(const struct kv__dec_tok *tok, int n, int g, int64_t D,
+                                       const uint16_t *qb, float kmul, float vmul, float *m,
+                                       float *l, float *acc, float *sc,
+                                       const struct kv__dec_mod *mod)
+{
+    const uint16_t *kb[KV__CHUNK];
+    for (int t = 0; t < n; t++) {
+        /* decode_group's own buffer (the const is the chunks' interface) */
+        uint16_t *r = (uint16_t *)(uintptr_t)tok[t].k;
+        for (int64_t d = 0; d < D; d += 32) {
+            const __m512 lo = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + d)));
+            const __m512 hi = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + d + 16)));
+            _mm512_storeu_si512((void *)(r + d), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+        kb[t] = r;
+    }
+    kv__scores_bf16dot(kb, n, g, D, qb, kmul, sc, KV__CHUNK);
+    if (mod)
+        chunk_mod(mod, n, g, sc);
+    chunk_softmax(n, g, D, vmul, m, l, acc, sc);
+    chunk_avx2_f16_values(tok, n, g, D, acc, sc);
+}
 
 /* e4m3 rows loaded as the value times 2^-8: the 2^8 goes into the score's
  * and the weight's multipliers */
@@ -884,6 +948,19 @@ static bool fp8_rows_converted(kv_dtype dt, int64_t D)
     return KV__HAVE_AVX2 && (dt == KV_FP8_E4M3 || dt == KV_FP8_E5M2) && kv__attn_decode_simd(dt, D);
 }
 
+bool kv__attn_decode_bdot(kv_dtype cache_dt, kv_dtype q_dt, int64_t D)
+{
+#if KV__HAVE_AVX2
+    /* fp8 rows must be the converted ones (fp8_rows_converted) */
+    return (cache_dt == KV_BF16 || fp8_rows_converted(cache_dt, D)) && q_dt == KV_BF16 &&
+           D % 32 == 0 && !kv__attn_avx2_only && kv__attn_decode_simd(cache_dt, D) &&
+           kv__cpu_has_bf16dot();
+#else
+    (void)cache_dt, (void)q_dt, (void)D;
+    return false;
+#endif
+}
+
 static kv__chunk_fn chunk_for_rows(kv_dtype dt, int64_t D, bool converted)
 {
 #if KV__HAVE_AVX2
@@ -954,9 +1031,9 @@ typedef void (*kv__tile_fn)(void);
  * NHD bf16 1.57 -> 2.4-2.7 M tokens/s, fp8 0.94 -> 2.65 M). */
 __attribute__((noinline)) static void
 decode_group(const struct kv__attn_job *j, kv__chunk_fn chunk, const struct kv__dec_tok *tok,
-             struct kv__dec_tok *th, int n, int64_t hb, int64_t h0, int g, const float *q, float *m,
-             float *l, float *acc, float *sc, char *rows, bool conv, const struct kv__dec_mod *mod,
-             kv__tile_fn tile, float *tbuf)
+             struct kv__dec_tok *th, int n, int64_t hb, int64_t h0, int g, const float *q,
+             const uint16_t *qb, float *m, float *l, float *acc, float *sc, char *rows, bool conv,
+             const struct kv__dec_mod *mod, kv__tile_fn tile, float *tbuf)
 {
     const kv_dtype dt = j->cache.layout.dtype;
     const int64_t D = j->cache.layout.head_dim, hs = j->cache.layout.stride_head_bytes;
@@ -1052,8 +1129,15 @@ decode_group(const struct kv__attn_job *j, kv__chunk_fn chunk, const struct kv__
                  mod, tbuf);
             continue;
         }
+        if (qb) { /* bf16 dot products: bf16 rows (in place or copied), or fp8 rows
+                   * converted into the buffer (conv: use points there) */
+            (conv ? chunk_f16_bdot : chunk_bf16_bdot)(use, n, g, D, qb + hi * g * D,
+                                                      ks * j->softmax_scale, vs, m + hi * g,
+                                                      l + hi * g, acc + hi * g * D, sc, mod);
+            continue;
+        }
 #else
-        (void)tile, (void)tbuf;
+        (void)tile, (void)tbuf, (void)qb;
 #endif
         chunk(use, n, g, D, q + hi * g * D, ks, vs, m + hi * g, l + hi * g, acc + hi * g * D, sc,
               mod);
@@ -1074,6 +1158,7 @@ struct kv__dec_task {
     int64_t hb, h0;
     int gq;
     float *q, *m, *l, *acc, *sc;
+    uint16_t *qb; /* q's bf16 [hb][G][D] where the chunks take bf16 dot products; else NULL */
     char *rows;
     bool conv;
     const int64_t *qlo, *qhi; /* [gq] */
@@ -1107,8 +1192,9 @@ static void run_chunk(struct kv__dec_task *k, const struct kv__dec_tok *tok, int
         return;
     }
 #endif
-    decode_group(k->j, k->chunk, tok, k->th, n, k->hb, k->h0, k->gq, k->q, k->m, k->l, k->acc,
-                 k->sc, k->rows, k->conv, mod.cap > 0.0f || mod.lo ? &mod : NULL, k->tile, k->tbuf);
+    decode_group(k->j, k->chunk, tok, k->th, n, k->hb, k->h0, k->gq, k->q, k->qb, k->m, k->l,
+                 k->acc, k->sc, k->rows, k->conv, mod.cap > 0.0f || mod.lo ? &mod : NULL, k->tile,
+                 k->tbuf);
 }
 
 /* The call's tasks split each (unit, head group)'s tokens into parts when
@@ -1237,6 +1323,8 @@ static kv_status exec_decode(const struct kv__attn_job *j)
      * instead (decode_group); a tile: its rows as f32 [2][CHUNK][D] */
     const bool conv = fp8_rows_converted(lo->dtype, D);
     const kv__chunk_fn chunk = chunk_for_rows(lo->dtype, D, conv);
+    const bool bdot = kv__attn_decode_bdot(lo->dtype, j->q.dtype, D);
+    const size_t bbytes = bdot ? ((size_t)(hb * G * D) * sizeof(uint16_t) + 63) / 64 * 64 : 0;
     const int64_t crow = conv ? D * 2 : rowb;
     const size_t rbytes =
         hb > 1 || conv ? (size_t)((conv ? hb : 1) * 2 * KV__CHUNK * crow + 63) / 64 * 64 : 0;
@@ -1260,7 +1348,7 @@ static kv_status exec_decode(const struct kv__attn_job *j)
 #endif
     size_t tbytes = tile_fn ? (size_t)(2 * KV__CHUNK * D) * sizeof(float) : 0;
     tbytes = zbytes > tbytes ? zbytes : tbytes;
-    const size_t per = fbytes + ibytes + tbytes + rbytes;
+    const size_t per = fbytes + ibytes + tbytes + rbytes + bbytes;
     /* a split call: each task's state, acc [hb][G][D], m [hb][G], l
      * [hb][G], in its own 64-byte lines, for the merge */
     const size_t pslot =
@@ -1287,6 +1375,7 @@ static kv_status exec_decode(const struct kv__attn_job *j)
         k.rows = rbytes ? mine + fbytes : NULL; /* where decode always had them */
         k.qlo = qlo, k.qhi = qhi;
         k.tbuf = tbytes ? (float *)(void *)(mine + fbytes + rbytes + ibytes) : NULL;
+        k.qb = bbytes ? (uint16_t *)(void *)(mine + fbytes + rbytes + ibytes + tbytes) : NULL;
 #if KV__HAVE_AVX2
         if (zbytes) {
             k.z.qT = k.tbuf;
@@ -1352,6 +1441,9 @@ static kv_status exec_decode(const struct kv__attn_job *j)
                         for (int64_t d = 0; d < D; d++)
                             qq[d] =
                                 kv_to_f32(j->q.dtype, qp + d * j->q.dim_stride) * j->softmax_scale;
+                        if (k.qb) /* bf16 as it is: the scale goes into the chunk's kmul */
+                            for (int64_t d = 0; d < D; d++)
+                                memcpy(k.qb + ri * D + d, qp + d * j->q.dim_stride, 2);
                         k.m[ri] = -INFINITY;
                         k.l[ri] = 0.0f;
                     }

@@ -21,7 +21,7 @@
  * values 4 heads x 16 dims with the accumulators in registers across the
  * chunk's tokens. Elsewhere (or with kv__attn_portable) the same order in
  * plain loops. Where q is bf16 and the CPU has AVX512_BF16, the scores are
- * bf16 dot products (scores_bf16dot, below) and the values 16 lanes wide
+ * bf16 dot products (kv__scores_bf16dot, kv_attn_x86_int.h) and the values 16 lanes wide
  * (values_avx512); the softmax's exponentials are 8 lanes wide on every
  * SIMD path (docs/kernels.md).
  *
@@ -398,110 +398,6 @@ KV__AVX2 static void chunk_softmax_avx2(int n, int nh, int64_t dv, float *m, flo
     }
 }
 
-/* ---- scores by bf16 dot products (AVX512_BF16) ----------------------------------------
- *
- * Where q is bf16 and the cache's rows are exact in bf16 (bf16, e4m3, e5m2),
- * VDPBF16PS takes 32 bf16 pairs an instruction into 16 f32 sums: twice the
- * multiply-adds of an f32 FMA at the same issue rate (measured on AMD EPYC
- * Zen 4: 3.65 G instructions/s each, one core). Each product of two bf16 is
- * exact in f32 and the sums are f32, so the scores lose nothing against
- * converting q and K to f32 first (q is left unscaled: the caller's kmul
- * carries softmax_scale). The values stay f32 FMAs: their weights are not
- * bf16. The sum of one (head, token) is its 16 lanes over D / 32 steps,
- * then the lanes in one fixed tree (i + 8, i + 4, i + 2, i + 1) whether it
- * was computed in a 4 x 4 block or alone, so a score does not depend on
- * the blocking (the prefill's rows and the decode's agree bit for bit). */
-#define KV__MLA_BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16")))
-
-KV__MLA_BF16 static inline __m512bh ld32_bf16(const uint16_t *p)
-{
-    return (__m512bh)_mm512_loadu_si512((const void *)p);
-}
-
-/* the lane sum of x in the fixed tree */
-KV__MLA_BF16 static inline float hsum16_tree(__m512 x)
-{
-    const __m256 y8 =
-        _mm256_add_ps(_mm512_castps512_ps256(x),
-                      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
-    const __m128 y4 = _mm_add_ps(_mm256_castps256_ps128(y8), _mm256_extractf128_ps(y8, 1));
-    const __m128 y2 = _mm_add_ps(y4, _mm_movehl_ps(y4, y4));
-    return _mm_cvtss_f32(_mm_add_ss(y2, _mm_movehdup_ps(y2)));
-}
-
-/* the lane sums of a0..a15 in the same tree, as one vector: lane 4c + b
- * holds a(4b + c)'s sum (a 4 x 4 transpose of the inputs' order) */
-#define KV__MLA_R1(a, b)                                                                           \
-    _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xee))
-#define KV__MLA_R2(a, b)                                                                           \
-    _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xdd))
-#define KV__MLA_R3(a, b) _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xee))
-#define KV__MLA_R4(a, b) _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xdd))
-
-/* One (head, token) score alone. */
-KV__MLA_BF16 static inline float dot1_bf16(const uint16_t *q, const uint16_t *k, int64_t D)
-{
-    __m512 a = _mm512_setzero_ps();
-    for (int64_t d = 0; d < D; d += 32)
-        a = _mm512_dpbf16_ps(a, ld32_bf16(q + d), ld32_bf16(k + d));
-    return hsum16_tree(a);
-}
-
-#define KV__MLA_DP4(H, y)                                                                          \
-    a##H##0 = _mm512_dpbf16_ps(a##H##0, y, x0);                                                    \
-    a##H##1 = _mm512_dpbf16_ps(a##H##1, y, x1);                                                    \
-    a##H##2 = _mm512_dpbf16_ps(a##H##2, y, x2);                                                    \
-    a##H##3 = _mm512_dpbf16_ps(a##H##3, y, x3)
-
-/* sc[h][t] = kmul * qb[h] . kb[t] for nh heads over n rows (D % 32 == 0):
- * 4 heads x 4 rows a block (16 accumulators, 4 K and 4 q loads per 16
- * instructions), the rest one at a time. */
-KV__MLA_BF16 static void scores_bf16dot(const uint16_t *const *kb, int n, int nh, int64_t D,
-                                        const uint16_t *qb, float kmul, float *sc)
-{
-    const __m512 km = _mm512_set1_ps(kmul);
-    /* lane 4t + h of the reduced block -> lane 4h + t */
-    const __m512i tr = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-    int h0 = 0;
-    for (; h0 + 4 <= nh; h0 += 4) {
-        const uint16_t *q0 = qb + (int64_t)h0 * D, *q1 = q0 + D, *q2 = q1 + D, *q3 = q2 + D;
-        int t = 0;
-        for (; t + 4 <= n; t += 4) {
-            const uint16_t *k0 = kb[t], *k1 = kb[t + 1], *k2 = kb[t + 2], *k3 = kb[t + 3];
-            __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00,
-                   a12 = a00, a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00,
-                   a31 = a00, a32 = a00, a33 = a00;
-            for (int64_t d = 0; d < D; d += 32) {
-                const __m512bh x0 = ld32_bf16(k0 + d), x1 = ld32_bf16(k1 + d),
-                               x2 = ld32_bf16(k2 + d), x3 = ld32_bf16(k3 + d);
-                KV__MLA_DP4(0, ld32_bf16(q0 + d));
-                KV__MLA_DP4(1, ld32_bf16(q1 + d));
-                KV__MLA_DP4(2, ld32_bf16(q2 + d));
-                KV__MLA_DP4(3, ld32_bf16(q3 + d));
-            }
-            /* accumulator 4h + t is a<h><t>: the reduced lane 4t + h */
-            const __m512 v0 = KV__MLA_R1(a00, a01), v1 = KV__MLA_R1(a02, a03),
-                         v2 = KV__MLA_R1(a10, a11), v3 = KV__MLA_R1(a12, a13),
-                         v4 = KV__MLA_R1(a20, a21), v5 = KV__MLA_R1(a22, a23),
-                         v6 = KV__MLA_R1(a30, a31), v7 = KV__MLA_R1(a32, a33);
-            const __m512 u0 = KV__MLA_R2(v0, v1), u1 = KV__MLA_R2(v2, v3), u2 = KV__MLA_R2(v4, v5),
-                         u3 = KV__MLA_R2(v6, v7);
-            const __m512 z0 = KV__MLA_R3(u0, u1), z1 = KV__MLA_R3(u2, u3);
-            const __m512 f = _mm512_permutexvar_ps(tr, _mm512_mul_ps(KV__MLA_R4(z0, z1), km));
-            _mm_storeu_ps(sc + (h0 + 0) * KV__MLA_CHUNK + t, _mm512_castps512_ps128(f));
-            _mm_storeu_ps(sc + (h0 + 1) * KV__MLA_CHUNK + t, _mm512_extractf32x4_ps(f, 1));
-            _mm_storeu_ps(sc + (h0 + 2) * KV__MLA_CHUNK + t, _mm512_extractf32x4_ps(f, 2));
-            _mm_storeu_ps(sc + (h0 + 3) * KV__MLA_CHUNK + t, _mm512_extractf32x4_ps(f, 3));
-        }
-        for (; t < n; t++)
-            for (int h = 0; h < 4; h++)
-                sc[(h0 + h) * KV__MLA_CHUNK + t] = dot1_bf16(q0 + h * D, kb[t], D) * kmul;
-    }
-    for (; h0 < nh; h0++)
-        for (int t = 0; t < n; t++)
-            sc[h0 * KV__MLA_CHUNK + t] = dot1_bf16(qb + (int64_t)h0 * D, kb[t], D) * kmul;
-}
-
 #define KV__MLA_PV2(R)                                                                             \
     b = _mm512_set1_ps(w[(R)*KV__MLA_CHUNK + t]);                                                  \
     a##R##0 = _mm512_fmadd_ps(b, v0, a##R##0);                                                     \
@@ -510,8 +406,8 @@ KV__MLA_BF16 static void scores_bf16dot(const uint16_t *const *kb, int n, int nh
 /* values_avx2 for 16 lanes: 4 heads x 32 dims a block, every sum in the same
  * order (lane by lane, token after token), so the results are the same
  * bits; half the instructions (one FMA per 16 multiply-adds). */
-KV__MLA_BF16 static void values_avx512(const float *kf, int n, int nh, int64_t D, int64_t dv,
-                                       float *acc, const float *sc)
+KV__BF16DOT static void values_avx512(const float *kf, int n, int nh, int64_t D, int64_t dv,
+                                      float *acc, const float *sc)
 {
     int h0 = 0;
     const int64_t dz = dv / 32 * 32;
@@ -548,22 +444,11 @@ KV__MLA_BF16 static void values_avx512(const float *kf, int n, int nh, int64_t D
 }
 
 /* kf's rows (f32, exact in bf16) to bf16 rows kbuf [n][D] (D % 16 == 0) */
-KV__MLA_BF16 static void f32_rows_to_bf16(const float *kf, int n, int64_t D, uint16_t *kbuf)
+KV__BF16DOT static void f32_rows_to_bf16(const float *kf, int n, int64_t D, uint16_t *kbuf)
 {
     for (int64_t i = 0; i < (int64_t)n * D; i += 16)
         _mm256_storeu_si256((__m256i *)(void *)(kbuf + i),
                             (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(kf + i)));
-}
-
-static bool mla_cpu_has_bf16dot(void)
-{
-    static int has = -1; /* benign race: every thread computes the same value */
-    if (has < 0) {
-        __builtin_cpu_init(); /* libgcc checks the OS saves the AVX-512 state (XCR0) */
-        has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
-    }
-    return has == 1;
 }
 
 static bool mla_cpu_has_avx2(void)
@@ -622,7 +507,7 @@ bool kv__mla_bdot_ok(const struct kv__attn_job *j, bool simd)
     const struct kv_layout *lo = &j->cache.layout;
     return simd && !kv__attn_avx2_only && j->q.dtype == KV_BF16 &&
            (lo->dtype == KV_BF16 || lo->elem_bytes == 1) && lo->head_dim % 32 == 0 &&
-           mla_cpu_has_bf16dot();
+           kv__cpu_has_bf16dot();
 #else
     (void)j, (void)simd;
     return false;
@@ -652,7 +537,7 @@ void kv__mla_chunk(bool simd, const float *kf, int n, int nh, int64_t D, int64_t
 {
 #if KV__MLA_AVX2
     if (bd)
-        scores_bf16dot(bd->kb, n, nh, D, bd->qb, bd->kmul, sc);
+        kv__scores_bf16dot(bd->kb, n, nh, D, bd->qb, bd->kmul, sc, KV__MLA_CHUNK);
     else if (simd)
         scores_avx2(kf, n, nh, D, q, kmul, sc);
     else

@@ -235,6 +235,10 @@ extern bool kv__attn_avx2_only;
 /* Whether decode attention of dtype dt and head dim D takes the AVX2/FMA
  * path on this CPU (with the current tuning). */
 bool kv__attn_decode_simd(kv_dtype dt, int64_t D);
+/* Whether decode (the one-query chunks) over a cache of cache_dt with q of
+ * q_dt takes its scores as bf16 dot products (AVX512_BF16): a bf16 or fp8
+ * cache, q bf16, D % 32 == 0, the AVX2 path, kv__attn_avx2_only not set. */
+bool kv__attn_decode_bdot(kv_dtype cache_dt, kv_dtype q_dt, int64_t D);
 /* What the AVX2 decode path reads for n elements (a multiple of 8) of
  * dtype dt at p, as floats into out: fp8 rows go through the same f16
  * conversion decode uses; false (out untouched) where decode of dt does not

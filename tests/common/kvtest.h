@@ -4,6 +4,7 @@
 #ifndef KVTEST_H
 #define KVTEST_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -47,6 +48,19 @@ static inline int64_t kvt_range(uint64_t *state, int64_t lo, int64_t hi)
  *   block stride    block_stride_bytes / elem, or N * H * row + pad */
 int64_t kvt_ref_offset_elems(const struct kv_layout_config *c, int64_t l, int64_t kv, int64_t b,
                              int64_t n, int64_t h, int64_t d);
+
+/* Whether this CPU runs VDPBF16PS (AVX512_BF16 with AVX-512F/BW/VL): the
+ * kernels' bf16 dot-product scores, checked independently of the library. */
+static inline bool kvt_cpu_has_bf16dot(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+#else
+    return false;
+#endif
+}
 
 /* Path of a file under tests/data (env KV_TEST_DATA_DIR overrides). */
 const char *kvt_data_path(const char *name);

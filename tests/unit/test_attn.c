@@ -1526,8 +1526,8 @@ static void test_attn_decode_fp8_nan_redo(void **state)
 {
     (void)state;
     enum { NH = 8, ND = 128, NN = 16, NB = 8, NG = 4, NT = 40 }; /* NHD: groups of 2 heads */
-    for (int o = 0; o < 4; o++) { /* o / 2: the AVX2 form of the row conversion */
-        kv__attn_avx2_only = o >= 2;
+    for (int o = 0; o < 6; o++) { /* o / 2: 1 the AVX2 form of the row conversion, 2 q bf16 */
+        kv__attn_avx2_only = o / 2 == 1;
         struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
         cfg.num_layers = 1, cfg.num_blocks = NB, cfg.block_tokens = NN, cfg.num_heads = NH;
         cfg.head_dim = ND, cfg.dtype = KV_FP8_E4M3;
@@ -1552,11 +1552,17 @@ static void test_attn_decode_fp8_nan_redo(void **state)
                               .indices = idx,
                               .last_page_len = last};
         static float q[NH * NG * ND], out0[NH * NG * ND], out1[NH * NG * ND];
-        for (int i = 0; i < NH * NG * ND; i++)
+        static uint16_t qbf[NH * NG * ND]; /* q truncated to bf16: the dot-product scores */
+        for (int i = 0; i < NH * NG * ND; i++) {
             q[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+            qbf[i] = (uint16_t)(f32_bits(q[i]) >> 16);
+        }
         struct kv_view vq, vo0, vo1;
         const int64_t shape[3] = {1, NH * NG, ND};
-        assert_int_equal(kv_view_init(q, sizeof(q), KV_F32, 3, shape, &vq), KV_OK);
+        if (o / 2 == 2)
+            assert_int_equal(kv_view_init(qbf, sizeof(qbf), KV_BF16, 3, shape, &vq), KV_OK);
+        else
+            assert_int_equal(kv_view_init(q, sizeof(q), KV_F32, 3, shape, &vq), KV_OK);
         assert_int_equal(kv_view_init(out0, sizeof(out0), KV_F32, 3, shape, &vo0), KV_OK);
         assert_int_equal(kv_view_init(out1, sizeof(out1), KV_F32, 3, shape, &vo1), KV_OK);
         assert_int_equal(kv_attn_decode(c, 0, &vq, &pg, 0.125f, NULL, &vo0), KV_OK);
@@ -1621,6 +1627,46 @@ static void test_attn_decode_fp8_layouts(void **state)
                 run_decode(&dc, 1300 + (uint64_t)(32 * isa + i), short_lens, 4);
             else
                 run_decode(&dc, 1300 + (uint64_t)(32 * isa + i), lens, 5);
+        }
+    }
+    kv__attn_avx2_only = false;
+}
+
+/* q bf16 over bf16 and fp8 caches: the scores as bf16 dot products where
+ * the CPU has AVX512_BF16 (kv__attn_decode_bdot, checked against the rule:
+ * bf16 or fp8 cache, q bf16, D % 32 == 0, not avx2_only) and the f32
+ * scores with kv__attn_avx2_only: NHD (head groups) and HND, D 32 / 64 /
+ * 128 / 96 / 80 (80: not a multiple of 32), 1 to 6 query heads a KV head
+ * (4 x 4 blocks and their remainders), sequences whose lengths leave
+ * partial chunks, f32 and bf16 outputs, scales; within 1e-5 of the float64
+ * reference, the pool and out's padding untouched (run_decode). */
+static void test_attn_decode_bf16_dot(void **state)
+{
+    (void)state;
+    const int64_t lens[4] = {1, 45, 259, 0};
+    static const kv_dtype cdt[3] = {KV_BF16, KV_FP8_E4M3, KV_FP8_E5M2};
+    static const int64_t Ds[5] = {128, 64, 96, 32, 80};
+    static const int64_t gs[4] = {4, 1, 6, 3};
+    for (int isa = 0; isa < 2; isa++) {
+        kv__attn_avx2_only = isa == 1;
+        for (int i = 0; i < 12; i++) {
+            struct dec_case dc = {0};
+            dc.order = (i & 1) ? KV_ORDER_HND : KV_ORDER_NHD;
+            dc.arrange = (i & 2) ? KV_ARRANGE_BLOCK_MAJOR : KV_ARRANGE_LAYER_MAJOR;
+            dc.pad = i % 5 == 2 ? 16 : 0;
+            dc.cache_dt = cdt[i % 3];
+            dc.N = 16, dc.D = Ds[i % 5], dc.H = i % 4 < 2 ? 4 : 2, dc.g = gs[(i / 2) % 4];
+            dc.r = 1;
+            dc.q_dt = KV_BF16;
+            dc.out_dt = i % 4 == 3 ? KV_BF16 : KV_F32;
+            dc.csr = i % 3 != 2;
+            dc.scales = i % 3 != 0;
+            const bool simd = kv__attn_decode_simd(dc.cache_dt, dc.D);
+            assert_true(kv__attn_decode_bdot(dc.cache_dt, KV_BF16, dc.D) ==
+                        (simd && isa == 0 && dc.D % 32 == 0 && kvt_cpu_has_bf16dot()));
+            assert_false(kv__attn_decode_bdot(dc.cache_dt, KV_F32, dc.D));
+            assert_false(kv__attn_decode_bdot(KV_F16, KV_BF16, dc.D));
+            run_decode(&dc, 5100 + (uint64_t)(12 * isa + i), lens, 4);
         }
     }
     kv__attn_avx2_only = false;
@@ -1719,6 +1765,7 @@ int main(void)
         cmocka_unit_test(test_attn_decode_fp8_loads_exact),
         cmocka_unit_test(test_attn_decode_fp8_nan_redo),
         cmocka_unit_test(test_attn_decode_fp8_layouts),
+        cmocka_unit_test(test_attn_decode_bf16_dot),
         cmocka_unit_test(test_attn_portable_and_streaming_paths),
         cmocka_unit_test(test_attn_threads),
     };

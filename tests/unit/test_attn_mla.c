@@ -885,18 +885,6 @@ struct dcase {
     bool grid; /* the CUDA body on the CPU grid emulator (kv__grid_attn_decode_mla) */
 };
 
-/* Whether this CPU runs VDPBF16PS (the bf16 dot-product scores). */
-static bool cpu_bf16dot(void)
-{
-#if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
-#else
-    return false;
-#endif
-}
-
 /* A job of q's dtype over f's cache takes the dot products exactly when it
  * should: q bf16, the cache bf16 or fp8, D % 32 == 0, the SIMD path, not
  * kv__attn_avx2_only, a CPU with AVX512_BF16. */
@@ -907,7 +895,7 @@ static void check_bdot_choice(const struct kv__attn_job *j, bool portable, bool 
     assert_true(simd == (!portable && lo->head_dim % 8 == 0 && j->mla_dv % 8 == 0));
     const bool want = simd && !avx2_only && j->q.dtype == KV_BF16 &&
                       (lo->dtype == KV_BF16 || lo->elem_bytes == 1) && lo->head_dim % 32 == 0 &&
-                      cpu_bf16dot();
+                      kvt_cpu_has_bf16dot();
     assert_true(kv__mla_bdot_ok(j, simd) == want);
 }
 
