@@ -526,12 +526,70 @@ KV__DEFINE_CHUNK_AVX2(chunk_avx2_bf16, ld8_bf16, 2)
 KV__DEFINE_CHUNK_AVX2(chunk_avx2_e4m3_raw, ld8_e4m3_raw, 1)
 KV__DEFINE_CHUNK_AVX2(chunk_avx2_e5m2, ld8_e5m2, 1)
 
+/* chunk_avx2_bf16_values 16 lanes wide (D % 32 == 0), for the dot-product
+ * chunk: the same sums in the same order (lane by lane, token after
+ * token), so the same bits, in half the instructions; 4 queries x 32 dims
+ * a block. */
+KV__BF16DOT static inline __m512 ld16_bf16_z(const char *p)
+{
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+#define KV__ZV_FMA2(R)                                                                             \
+    b = _mm512_set1_ps(w[(R)*KV__CHUNK + t]);                                                      \
+    a##R##0 = _mm512_fmadd_ps(b, v0, a##R##0);                                                     \
+    a##R##1 = _mm512_fmadd_ps(b, v1, a##R##1)
+KV__BF16DOT static void values_bf16_z(const struct kv__dec_tok *tok, int n, int g, int64_t D,
+                                      float *acc, const float *sc)
+{
+    int q0 = 0;
+    for (; q0 + 4 <= g; q0 += 4) {
+        const float *w = sc + q0 * KV__CHUNK;
+        for (int64_t d = 0; d < D; d += 32) {
+            float *c0 = acc + (int64_t)q0 * D + d, *c1 = c0 + D, *c2 = c1 + D, *c3 = c2 + D;
+            __m512 a00 = _mm512_loadu_ps(c0), a01 = _mm512_loadu_ps(c0 + 16);
+            __m512 a10 = _mm512_loadu_ps(c1), a11 = _mm512_loadu_ps(c1 + 16);
+            __m512 a20 = _mm512_loadu_ps(c2), a21 = _mm512_loadu_ps(c2 + 16);
+            __m512 a30 = _mm512_loadu_ps(c3), a31 = _mm512_loadu_ps(c3 + 16);
+            for (int t = 0; t < n; t++) {
+                const char *vr = (const char *)tok[t].v + d * 2;
+                const __m512 v0 = ld16_bf16_z(vr), v1 = ld16_bf16_z(vr + 32);
+                __m512 b;
+                KV__ZV_FMA2(0);
+                KV__ZV_FMA2(1);
+                KV__ZV_FMA2(2);
+                KV__ZV_FMA2(3);
+            }
+            _mm512_storeu_ps(c0, a00), _mm512_storeu_ps(c0 + 16, a01);
+            _mm512_storeu_ps(c1, a10), _mm512_storeu_ps(c1 + 16, a11);
+            _mm512_storeu_ps(c2, a20), _mm512_storeu_ps(c2 + 16, a21);
+            _mm512_storeu_ps(c3, a30), _mm512_storeu_ps(c3 + 16, a31);
+        }
+    }
+    for (; q0 < g; q0++) { /* one query: 32 dims a step */
+        const float *w = sc + q0 * KV__CHUNK;
+        for (int64_t d = 0; d < D; d += 32) {
+            float *c0 = acc + (int64_t)q0 * D + d;
+            __m512 a00 = _mm512_loadu_ps(c0), a01 = _mm512_loadu_ps(c0 + 16);
+            for (int t = 0; t < n; t++) {
+                const char *vr = (const char *)tok[t].v + d * 2;
+                const __m512 v0 = ld16_bf16_z(vr), v1 = ld16_bf16_z(vr + 32);
+                __m512 b;
+                KV__ZV_FMA2(0);
+            }
+            _mm512_storeu_ps(c0, a00), _mm512_storeu_ps(c0 + 16, a01);
+        }
+    }
+}
+
 /* The one-query chunk over bf16 rows (the cache's in place, or the head
  * group's copy) with the scores as bf16 dot products (kv__scores_bf16dot,
  * kv_attn_x86_int.h): qb [g][D] is q's bf16, unscaled; kmul carries
- * softmax_scale. The softmax and the values are chunk_avx2_bf16's.
- * Measured (docs/benchmarks.md, q bf16, AMD Zen 4): bf16 HND decode
- * 3.98-4.06 -> 4.36-4.49 M tokens/s, NHD 2.75-2.77 -> 2.88-2.98 M. */
+ * softmax_scale. The softmax is chunk_avx2_bf16's, the values are its
+ * values 16 lanes wide (values_bf16_z: same bits). Measured
+ * (docs/benchmarks.md, q bf16, AMD Zen 4): bf16 HND decode 3.98-4.06 ->
+ * 4.36-4.49 M tokens/s (the scores), -> 4.82-5.03 M (the values); NHD
+ * 2.75-2.77 -> 2.88-2.98 M. */
 KV__BF16DOT static void chunk_bf16_bdot(const struct kv__dec_tok *tok, int n, int g, int64_t D,
                                         const uint16_t *qb, float kmul, float vmul, float *m,
                                         float *l, float *acc, float *sc,
@@ -544,7 +602,7 @@ KV__BF16DOT static void chunk_bf16_bdot(const struct kv__dec_tok *tok, int n, in
     if (mod)
         chunk_mod(mod, n, g, sc);
     chunk_softmax(n, g, D, vmul, m, l, acc, sc);
-    chunk_avx2_bf16_values(tok, n, g, D, acc, sc);
+    values_bf16_z(tok, n, g, D, acc, sc);
 }
 
 /* The same over fp8 rows converted to f16 (decode_group's buffer: e4m3 as
