@@ -232,6 +232,10 @@ extern bool kv__attn_portable;
  * the CPU also has AVX-512BW, and the MLA kernels the f32 scores where it
  * has AVX512_BF16 (both forms tested on such a CPU). */
 extern bool kv__attn_avx2_only;
+/* Set by tests: the decode's fp8 rows for the bf16 dot products go through
+ * f16 even where the CPU has AVX512_VBMI (the form a CPU with AVX512_BF16
+ * and without VBMI, Cooper Lake, takes; both tested on a CPU with both). */
+extern bool kv__attn_fp8_via_f16;
 /* Whether decode attention of dtype dt and head dim D takes the AVX2/FMA
  * path on this CPU (with the current tuning). */
 bool kv__attn_decode_simd(kv_dtype dt, int64_t D);
@@ -245,6 +249,12 @@ bool kv__attn_decode_bdot(kv_dtype cache_dt, kv_dtype q_dt, int64_t D);
  * take that path. For tests: every fp8 byte against kv_e4m3_to_f32 /
  * kv_e5m2_to_f32. */
 bool kv__attn_decode_row_f32(kv_dtype dt, const void *p, int64_t n, float *out);
+/* The bf16 the decode's bf16 dot-product chunks take for n fp8 elements
+ * (n % 32 == 0) at p (K and V rows alike), into out; false (out untouched)
+ * where decode of dt with q bf16 does not convert fp8 rows to bf16 (no
+ * AVX512_VBMI or AVX512_BF16, kv__attn_fp8_via_f16 or kv__attn_avx2_only
+ * set). */
+bool kv__attn_decode_row_bf16(kv_dtype dt, const void *p, int64_t n, uint16_t *out);
 
 /* Count one call of job's kernel on its path (cuda: the CUDA counters). */
 void kv__attn_count(const struct kv__attn_job *job, bool cuda);

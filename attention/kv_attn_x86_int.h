@@ -186,5 +186,111 @@ static inline bool kv__cpu_has_bf16dot(void)
     return has == 1;
 }
 
+/* ---- fp8 rows to bf16 (AVX512_VBMI) ----------------------------------------------
+ *
+ * Every e4m3 and e5m2 value is exact in bf16 (3 and 2 mantissa bits; the
+ * exponents, subnormals included, inside bf16's normal range), so an fp8
+ * row converted to bf16 serves the bf16 dot products and the bf16 values
+ * as it is. The conversion is two 128-entry byte tables, the bf16's high
+ * and low byte of each magnitude (the byte's low 7 bits), looked up 64 at a
+ * time (VPERMI2B takes exactly those 7 bits), the sign ORed into the high
+ * byte, and the two halves interleaved into 16-bit lanes (two more
+ * permutes): 4 permutes and 1 logic op for 64 elements, where the f16 route
+ * (widen, shift, mask; f16 to f32 to bf16 for K) takes about 3 times the
+ * instructions. NaN (e4m3 S.1111.111, e5m2 S.11111.xx with xx != 0) becomes
+ * the quiet bf16 NaN of its sign, e5m2 infinity the bf16 infinity. */
+#define KV__FP8BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi")))
+
+/* bf16 bits of the e4m3 magnitude m (0..127): normals (e = m >> 3 > 0)
+ * rebias 7 -> 127; subnormals f * 2^-9 (f = m & 7) normalized */
+#define KV__E4M3_SUB(f)                                                                            \
+    ((f) == 0   ? 0                                                                                \
+     : (f) == 1 ? 118 << 7                                                                         \
+     : (f) < 4  ? (119 << 7 | ((f)-2) << 6)                                                        \
+                : (120 << 7 | ((f)-4) << 5))
+#define KV__E4M3_BF16(m)                                                                           \
+    ((m) == 0x7f ? 0x7fc0 : (m) >= 8 ? (((m) >> 3) + 120) << 7 | ((m)&7) << 4 : KV__E4M3_SUB(m))
+/* bf16 bits of the e5m2 magnitude m: normals rebias 15 -> 127, e = 31
+ * infinity (f = 0) or NaN; subnormals f * 2^-16 (f = m & 3) normalized */
+#define KV__E5M2_SUB(f)                                                                            \
+    ((f) == 0 ? 0 : (f) == 1 ? 111 << 7 : (f) == 2 ? 112 << 7 : (112 << 7 | 1 << 6))
+#define KV__E5M2_BF16(m)                                                                           \
+    ((m) >= 0x7c ? ((m) == 0x7c ? 0x7f80 : 0x7fc0)                                                 \
+     : (m) >= 4  ? (((m) >> 2) + 112) << 7 | ((m)&3) << 5                                          \
+                 : KV__E5M2_SUB(m))
+#define KV__HI8(x) (uint8_t)((x) >> 8)
+#define KV__LO8(x) (uint8_t)((x)&0xff)
+#define KV__T8(F, B, m)                                                                            \
+    B(F(m)), B(F((m) + 1)), B(F((m) + 2)), B(F((m) + 3)), B(F((m) + 4)), B(F((m) + 5)),            \
+        B(F((m) + 6)), B(F((m) + 7))
+#define KV__T128(F, B)                                                                             \
+    KV__T8(F, B, 0), KV__T8(F, B, 8), KV__T8(F, B, 16), KV__T8(F, B, 24), KV__T8(F, B, 32),        \
+        KV__T8(F, B, 40), KV__T8(F, B, 48), KV__T8(F, B, 56), KV__T8(F, B, 64), KV__T8(F, B, 72),  \
+        KV__T8(F, B, 80), KV__T8(F, B, 88), KV__T8(F, B, 96), KV__T8(F, B, 104),                   \
+        KV__T8(F, B, 112), KV__T8(F, B, 120)
+
+/* The tables of e4m3 (e5m2 false) or e5m2: [0] the high bytes, [1] the low. */
+static inline const uint8_t (*kv__fp8_bf16_tables(bool e5m2))[128]
+{
+    static const uint8_t t[2][2][128] __attribute__((aligned(64))) = {
+        {{KV__T128(KV__E4M3_BF16, KV__HI8)}, {KV__T128(KV__E4M3_BF16, KV__LO8)}},
+        {{KV__T128(KV__E5M2_BF16, KV__HI8)}, {KV__T128(KV__E5M2_BF16, KV__LO8)}}};
+    return t[e5m2];
+}
+
+/* n rows of D fp8 values (D % 32 == 0): row i from src + i * sstep (bytes)
+ * to dst + i * dstep (elements) as bf16, exactly; a row's last 32 elements
+ * (D % 64 == 32) through a masked load and one store. */
+KV__FP8BF16 static inline void kv__fp8_rows_to_bf16(bool e5m2, uint16_t *dst, int64_t dstep,
+                                                    const uint8_t *src, int64_t sstep, int64_t n,
+                                                    int64_t D)
+{
+    const uint8_t(*t)[128] = kv__fp8_bf16_tables(e5m2);
+    const __m512i h0 = _mm512_load_si512((const void *)t[0]);
+    const __m512i h1 = _mm512_load_si512((const void *)(t[0] + 64));
+    const __m512i l0 = _mm512_load_si512((const void *)t[1]);
+    const __m512i l1 = _mm512_load_si512((const void *)(t[1] + 64));
+    const __m512i sign = _mm512_set1_epi8((char)0x80);
+    /* output byte 2k: the low byte of element k (lo[k]), 2k + 1: its high
+     * byte (hi[k], index 64 + k); the second half from element 32 */
+    const __m512i w0 = _mm512_set_epi16(
+        0x5f1f, 0x5e1e, 0x5d1d, 0x5c1c, 0x5b1b, 0x5a1a, 0x5919, 0x5818, 0x5717, 0x5616, 0x5515,
+        0x5414, 0x5313, 0x5212, 0x5111, 0x5010, 0x4f0f, 0x4e0e, 0x4d0d, 0x4c0c, 0x4b0b, 0x4a0a,
+        0x4909, 0x4808, 0x4707, 0x4606, 0x4505, 0x4404, 0x4303, 0x4202, 0x4101, 0x4000);
+    const __m512i w1 = _mm512_add_epi8(w0, _mm512_set1_epi8(32));
+    const int64_t D64 = D - D % 64;
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t *s = src + i * sstep;
+        uint16_t *o = dst + i * dstep;
+        int64_t d = 0;
+        for (; d < D64; d += 64) {
+            const __m512i b = _mm512_loadu_si512((const void *)(s + d));
+            const __m512i hi =
+                _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(h0, b, h1), b, sign, 0xf8);
+            const __m512i lo = _mm512_permutex2var_epi8(l0, b, l1);
+            _mm512_storeu_si512((void *)(o + d), _mm512_permutex2var_epi8(lo, w0, hi));
+            _mm512_storeu_si512((void *)(o + d + 32), _mm512_permutex2var_epi8(lo, w1, hi));
+        }
+        if (d < D) { /* 32 left */
+            const __m512i b = _mm512_maskz_loadu_epi8(0xffffffffull, s + d);
+            const __m512i hi =
+                _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(h0, b, h1), b, sign, 0xf8);
+            const __m512i lo = _mm512_permutex2var_epi8(l0, b, l1);
+            _mm512_storeu_si512((void *)(o + d), _mm512_permutex2var_epi8(lo, w0, hi));
+        }
+    }
+}
+
+static inline bool kv__cpu_has_fp8bf16(void)
+{
+    static int has = -1; /* benign race: every thread computes the same value */
+    if (has < 0) {
+        __builtin_cpu_init();
+        has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi");
+    }
+    return has == 1;
+}
+
 #endif
 #endif /* KV_ATTN_X86_INT_H */

@@ -62,6 +62,18 @@ static inline bool kvt_cpu_has_bf16dot(void)
 #endif
 }
 
+/* Whether this CPU has AVX512_VBMI (with AVX512_BF16: the decode's fp8 rows
+ * converted to bf16 by byte-table lookups). */
+static inline bool kvt_cpu_has_vbmi(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vbmi");
+#else
+    return false;
+#endif
+}
+
 /* Path of a file under tests/data (env KV_TEST_DATA_DIR overrides). */
 const char *kvt_data_path(const char *name);
 

@@ -1509,6 +1509,71 @@ static void test_attn_decode_fp8_loads_exact(void **state)
     assert_false(kv__attn_decode_row_f32(KV_FP8_E4M3, bytes, 12, out)); /* not a multiple of 8 */
 }
 
+/* The bf16 dot-product chunks' fp8 rows (kv__fp8_rows_to_bf16: byte-table
+ * lookups, 64 elements a step and a 32-element tail) against the scalar
+ * conversions: all 256 byte values of each format at every position of a
+ * 96-element row, bit for bit (bf16 widened to f32; NaN: NaN of the same
+ * sign), where the CPU has AVX512_BF16 and AVX512_VBMI; with
+ * kv__attn_fp8_via_f16 or kv__attn_avx2_only the hook declines. */
+static void test_attn_decode_fp8_bf16_exact(void **state)
+{
+    (void)state;
+    static const kv_dtype fp8[2] = {KV_FP8_E4M3, KV_FP8_E5M2};
+    enum { ROW = 96 };
+    uint8_t bytes[256 + ROW];
+    uint16_t got[ROW];
+    for (int i = 0; i < 256 + ROW; i++)
+        bytes[i] = (uint8_t)(i * 91 + 5); /* 91 is odd: a permutation of 0..255 */
+    const bool have =
+        kv__attn_decode_simd(KV_FP8_E4M3, ROW) && kvt_cpu_has_bf16dot() && kvt_cpu_has_vbmi();
+    assert_int_equal(kv__attn_decode_row_bf16(KV_FP8_E4M3, bytes, ROW, got), have);
+    if (!have) {
+        print_message("    no AVX512_BF16 + AVX512_VBMI here: the f16 route only (tested)\n");
+        return;
+    }
+    for (int f = 0; f < 2; f++) {
+        int nan = 0;
+        static uint8_t hit[ROW][256];
+        memset(hit, 0, sizeof(hit));
+        for (int at = 0; at < 256; at++) {
+            memset(got, 0xa5, sizeof(got));
+            assert_true(kv__attn_decode_row_bf16(fp8[f], bytes + at, ROW, got));
+            for (int e = 0; e < ROW; e++) {
+                const uint8_t b = bytes[at + e];
+                const float want = fp8[f] == KV_FP8_E4M3 ? kv_e4m3_to_f32(b) : kv_e5m2_to_f32(b);
+                const uint32_t gb = (uint32_t)got[e] << 16;
+                float g;
+                memcpy(&g, &gb, sizeof(g));
+                hit[e][b] = 1;
+                if (isnan(want)) {
+                    nan += e == 0;
+                    if (!isnan(g) || signbit(g) != signbit(want))
+                        fail_msg("%s byte 0x%02x at %d: %g, want NaN", kv_dtype_name(fp8[f]), b, e,
+                                 (double)g);
+                    continue;
+                }
+                uint32_t wb;
+                memcpy(&wb, &want, 4);
+                if (gb != wb)
+                    fail_msg("%s byte 0x%02x at %d: %a, want %a", kv_dtype_name(fp8[f]), b, e,
+                             (double)g, (double)want);
+            }
+        }
+        assert_int_equal(nan, f == 0 ? 2 : 6);
+        for (int e = 0; e < ROW; e++)
+            for (int b = 0; b < 256; b++)
+                assert_int_equal(hit[e][b], 1);
+    }
+    kv__attn_fp8_via_f16 = true;
+    assert_false(kv__attn_decode_row_bf16(KV_FP8_E4M3, bytes, ROW, got));
+    kv__attn_fp8_via_f16 = false;
+    kv__attn_avx2_only = true;
+    assert_false(kv__attn_decode_row_bf16(KV_FP8_E5M2, bytes, ROW, got));
+    kv__attn_avx2_only = false;
+    assert_false(kv__attn_decode_row_bf16(KV_FP8_E4M3, bytes, 48, got)); /* 48 % 32 != 0 */
+    assert_false(kv__attn_decode_row_bf16(KV_BF16, bytes, ROW, got));
+}
+
 /* An e4m3 NaN byte in the cache: the decode's fast fp8 conversion gives that
  * byte a finite value, so the chunk holding it must be converted again
  * exactly. NHD (head groups) and HND: the query heads of the KV head holding
@@ -1526,8 +1591,11 @@ static void test_attn_decode_fp8_nan_redo(void **state)
 {
     (void)state;
     enum { NH = 8, ND = 128, NN = 16, NB = 8, NG = 4, NT = 40 }; /* NHD: groups of 2 heads */
-    for (int o = 0; o < 6; o++) { /* o / 2: 1 the AVX2 form of the row conversion, 2 q bf16 */
+    for (int o = 0; o < 8; o++) { /* o / 2: 1 the AVX2 form of the row conversion, 2 q bf16
+                                   * (fp8 rows to bf16 where the CPU has VBMI), 3 q bf16
+                                   * with the rows through f16 */
         kv__attn_avx2_only = o / 2 == 1;
+        kv__attn_fp8_via_f16 = o / 2 == 3;
         struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
         cfg.num_layers = 1, cfg.num_blocks = NB, cfg.block_tokens = NN, cfg.num_heads = NH;
         cfg.head_dim = ND, cfg.dtype = KV_FP8_E4M3;
@@ -1559,7 +1627,7 @@ static void test_attn_decode_fp8_nan_redo(void **state)
         }
         struct kv_view vq, vo0, vo1;
         const int64_t shape[3] = {1, NH * NG, ND};
-        if (o / 2 == 2)
+        if (o / 2 >= 2)
             assert_int_equal(kv_view_init(qbf, sizeof(qbf), KV_BF16, 3, shape, &vq), KV_OK);
         else
             assert_int_equal(kv_view_init(q, sizeof(q), KV_F32, 3, shape, &vq), KV_OK);
@@ -1585,7 +1653,7 @@ static void test_attn_decode_fp8_nan_redo(void **state)
             }
         kv__mem_free(pool);
     }
-    kv__attn_avx2_only = false;
+    kv__attn_avx2_only = kv__attn_fp8_via_f16 = false;
 }
 
 /* The fp8 decode's row conversion (32 elements a step with AVX-512BW, else
@@ -1647,9 +1715,12 @@ static void test_attn_decode_bf16_dot(void **state)
     static const kv_dtype cdt[3] = {KV_BF16, KV_FP8_E4M3, KV_FP8_E5M2};
     static const int64_t Ds[5] = {128, 64, 96, 32, 80};
     static const int64_t gs[4] = {4, 1, 6, 3};
-    for (int isa = 0; isa < 2; isa++) {
+    for (int isa = 0; isa < 3; isa++) { /* 2: fp8 rows to bf16 through f16 */
         kv__attn_avx2_only = isa == 1;
+        kv__attn_fp8_via_f16 = isa == 2;
         for (int i = 0; i < 12; i++) {
+            if (isa == 2 && i % 3 == 0)
+                continue; /* a bf16 cache: as isa 0 */
             struct dec_case dc = {0};
             dc.order = (i & 1) ? KV_ORDER_HND : KV_ORDER_NHD;
             dc.arrange = (i & 2) ? KV_ARRANGE_BLOCK_MAJOR : KV_ARRANGE_LAYER_MAJOR;
@@ -1663,13 +1734,13 @@ static void test_attn_decode_bf16_dot(void **state)
             dc.scales = i % 3 != 0;
             const bool simd = kv__attn_decode_simd(dc.cache_dt, dc.D);
             assert_true(kv__attn_decode_bdot(dc.cache_dt, KV_BF16, dc.D) ==
-                        (simd && isa == 0 && dc.D % 32 == 0 && kvt_cpu_has_bf16dot()));
+                        (simd && isa != 1 && dc.D % 32 == 0 && kvt_cpu_has_bf16dot()));
             assert_false(kv__attn_decode_bdot(dc.cache_dt, KV_F32, dc.D));
             assert_false(kv__attn_decode_bdot(KV_F16, KV_BF16, dc.D));
             run_decode(&dc, 5100 + (uint64_t)(12 * isa + i), lens, 4);
         }
     }
-    kv__attn_avx2_only = false;
+    kv__attn_avx2_only = kv__attn_fp8_via_f16 = false;
 }
 
 /* The code paths a size or a CPU feature selects, forced on small inputs
@@ -1766,6 +1837,7 @@ int main(void)
         cmocka_unit_test(test_attn_decode_fp8_nan_redo),
         cmocka_unit_test(test_attn_decode_fp8_layouts),
         cmocka_unit_test(test_attn_decode_bf16_dot),
+        cmocka_unit_test(test_attn_decode_fp8_bf16_exact),
         cmocka_unit_test(test_attn_portable_and_streaming_paths),
         cmocka_unit_test(test_attn_threads),
     };
