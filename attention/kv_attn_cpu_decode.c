@@ -1413,6 +1413,12 @@ static kv_status exec_decode(const struct kv__attn_job *j)
     const bool conv = fp8_rows_converted(lo->dtype, D);
     const kv__chunk_fn chunk = chunk_for_rows(lo->dtype, D, conv);
     const bool bdot = kv__attn_decode_bdot(lo->dtype, j->q.dtype, D);
+    /* fp8 rows to bf16 for the bf16 dot products (decode_group) */
+#if KV__HAVE_AVX2
+    const bool cbf = conv && bdot && !kv__attn_fp8_via_f16 && kv__cpu_has_fp8bf16();
+#else
+    const bool cbf = false;
+#endif
     const size_t bbytes = bdot ? ((size_t)(hb * G * D) * sizeof(uint16_t) + 63) / 64 * 64 : 0;
     const int64_t crow = conv ? D * 2 : rowb; /* f16 or bf16 */
     const size_t rbytes =
@@ -1461,9 +1467,7 @@ static kv_status exec_decode(const struct kv__attn_job *j)
         struct kv__dec_task k;
         memset(&k, 0, sizeof(k));
         k.j = j, k.chunk = chunk, k.th = th, k.hb = hb, k.conv = conv;
-#if KV__HAVE_AVX2
-        k.cbf = conv && bdot && !kv__attn_fp8_via_f16 && kv__cpu_has_fp8bf16();
-#endif
+        k.cbf = cbf;
         k.rows = rbytes ? mine + fbytes : NULL; /* where decode always had them */
         k.qlo = qlo, k.qhi = qhi;
         k.tbuf = tbytes ? (float *)(void *)(mine + fbytes + rbytes + ibytes) : NULL;
