@@ -541,8 +541,9 @@ KV__DEFINE_CHUNK_AVX2(chunk_avx2_e5m2, ld8_e5m2, 1)
 
 /* chunk_avx2_bf16_values 16 lanes wide (D % 32 == 0), for the dot-product
  * chunk: the same sums in the same order (lane by lane, token after
- * token), so the same bits, in half the instructions; 4 queries x 32 dims
- * a block. */
+ * token), so the same bits, in half the instructions; 4 queries x 64 dims
+ * a block (16 accumulators: a row's 4 vectors widened once for 16 FMAs,
+ * one broadcast a query; fp8 HND +5% against 4 x 32), then 32 dims. */
 KV__BF16DOT static inline __m512 ld16_bf16_z(const char *p)
 {
     const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)p));
@@ -552,13 +553,47 @@ KV__BF16DOT static inline __m512 ld16_bf16_z(const char *p)
     b = _mm512_set1_ps(w[(R)*KV__CHUNK + t]);                                                      \
     a##R##0 = _mm512_fmadd_ps(b, v0, a##R##0);                                                     \
     a##R##1 = _mm512_fmadd_ps(b, v1, a##R##1)
+#define KV__ZF_FMA4(R)                                                                             \
+    b = _mm512_set1_ps(w[(R)*KV__CHUNK + t]);                                                      \
+    a##R##0 = _mm512_fmadd_ps(b, v0, a##R##0);                                                     \
+    a##R##1 = _mm512_fmadd_ps(b, v1, a##R##1);                                                     \
+    a##R##2 = _mm512_fmadd_ps(b, v2, a##R##2);                                                     \
+    a##R##3 = _mm512_fmadd_ps(b, v3, a##R##3)
+#define KV__ZF_LD4(R, c)                                                                           \
+    __m512 a##R##0 = _mm512_loadu_ps(c), a##R##1 = _mm512_loadu_ps((c) + 16),                      \
+           a##R##2 = _mm512_loadu_ps((c) + 32), a##R##3 = _mm512_loadu_ps((c) + 48)
+#define KV__ZF_ST4(R, c)                                                                           \
+    _mm512_storeu_ps(c, a##R##0), _mm512_storeu_ps((c) + 16, a##R##1),                             \
+        _mm512_storeu_ps((c) + 32, a##R##2), _mm512_storeu_ps((c) + 48, a##R##3)
 KV__BF16DOT static void values_bf16_z(const struct kv__dec_tok *tok, int n, int g, int64_t D,
                                       float *acc, const float *sc)
 {
     int q0 = 0;
     for (; q0 + 4 <= g; q0 += 4) {
         const float *w = sc + q0 * KV__CHUNK;
-        for (int64_t d = 0; d < D; d += 32) {
+        int64_t d = 0;
+        for (; d + 64 <= D; d += 64) { /* 4 queries x 64 dims: 16 FMAs a row's 4 vectors */
+            float *c0 = acc + (int64_t)q0 * D + d, *c1 = c0 + D, *c2 = c1 + D, *c3 = c2 + D;
+            KV__ZF_LD4(0, c0);
+            KV__ZF_LD4(1, c1);
+            KV__ZF_LD4(2, c2);
+            KV__ZF_LD4(3, c3);
+            for (int t = 0; t < n; t++) {
+                const char *vr = (const char *)tok[t].v + d * 2;
+                const __m512 v0 = ld16_bf16_z(vr), v1 = ld16_bf16_z(vr + 32),
+                             v2 = ld16_bf16_z(vr + 64), v3 = ld16_bf16_z(vr + 96);
+                __m512 b;
+                KV__ZF_FMA4(0);
+                KV__ZF_FMA4(1);
+                KV__ZF_FMA4(2);
+                KV__ZF_FMA4(3);
+            }
+            KV__ZF_ST4(0, c0);
+            KV__ZF_ST4(1, c1);
+            KV__ZF_ST4(2, c2);
+            KV__ZF_ST4(3, c3);
+        }
+        for (; d < D; d += 32) {
             float *c0 = acc + (int64_t)q0 * D + d, *c1 = c0 + D, *c2 = c1 + D, *c3 = c2 + D;
             __m512 a00 = _mm512_loadu_ps(c0), a01 = _mm512_loadu_ps(c0 + 16);
             __m512 a10 = _mm512_loadu_ps(c1), a11 = _mm512_loadu_ps(c1 + 16);
