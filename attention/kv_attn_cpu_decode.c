@@ -683,6 +683,88 @@ KV__BF16DOT static void chunk_f16_bdot(const struct kv__dec_tok *tok, int n, int
     chunk_avx2_f16_values(tok, n, g, D, acc, sc);
 }
 
+/* The values over fp8 V rows read in place (one head a task, HND: each row
+ * converted to f32 in registers where it is used, kv__fp8f32, instead of a
+ * conversion pass into the buffer): 4 queries x 64 dims a block as
+ * values_bf16_z, a row's 64 bytes converted once for 16 FMAs; other
+ * blocks (one query, a 32-dim tail) convert a row for each query. The same
+ * f32 values and sums in the same order as values_bf16_z over the rows'
+ * bf16: the same bits. */
+#define KV__FP8DOT                                                                                 \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512bf16,avx512vbmi")))
+KV__FP8DOT static void values_fp8_z(const struct kv__dec_tok *tok, int n, int g, int64_t D,
+                                    float *acc, const float *sc, bool e5m2)
+{
+    struct kv__fp8f32 c;
+    kv__fp8f32_init(&c, e5m2);
+    for (int q0 = 0; q0 < g;) {
+        const int nq = g - q0 >= 4 ? 4 : 1;
+        const float *w = sc + q0 * KV__CHUNK;
+        int64_t d = 0;
+        for (; nq == 4 && d + 64 <= D; d += 64) {
+            float *c0 = acc + (int64_t)q0 * D + d, *c1 = c0 + D, *c2 = c1 + D, *c3 = c2 + D;
+            KV__ZF_LD4(0, c0);
+            KV__ZF_LD4(1, c1);
+            KV__ZF_LD4(2, c2);
+            KV__ZF_LD4(3, c3);
+            for (int t = 0; t < n; t++) {
+                const __m512i x = _mm512_loadu_si512((const char *)tok[t].v + d);
+                __m512 v0, v1, v2, v3, b;
+                KV__FP8F32_4(&c, x, v0, v1, v2, v3);
+                KV__ZF_FMA4(0);
+                KV__ZF_FMA4(1);
+                KV__ZF_FMA4(2);
+                KV__ZF_FMA4(3);
+            }
+            KV__ZF_ST4(0, c0);
+            KV__ZF_ST4(1, c1);
+            KV__ZF_ST4(2, c2);
+            KV__ZF_ST4(3, c3);
+        }
+        for (int qi = 0; qi < nq; qi++) /* what is left: 32 or 64 dims of one query */
+            for (int64_t e = d; e < D; e += 64) {
+                const bool half = D - e == 32;
+                const __mmask64 lm = half ? 0xffffffffull : ~0ull;
+                float *c0 = acc + (int64_t)(q0 + qi) * D + e;
+                const float *wq = w + qi * KV__CHUNK;
+                __m512 a0 = _mm512_loadu_ps(c0), a1 = _mm512_loadu_ps(c0 + 16);
+                __m512 a2 = half ? _mm512_setzero_ps() : _mm512_loadu_ps(c0 + 32);
+                __m512 a3 = half ? _mm512_setzero_ps() : _mm512_loadu_ps(c0 + 48);
+                for (int t = 0; t < n; t++) {
+                    const __m512i x = _mm512_maskz_loadu_epi8(lm, (const char *)tok[t].v + e);
+                    __m512 v0, v1, v2, v3;
+                    KV__FP8F32_4(&c, x, v0, v1, v2, v3);
+                    const __m512 b = _mm512_set1_ps(wq[t]);
+                    a0 = _mm512_fmadd_ps(b, v0, a0);
+                    a1 = _mm512_fmadd_ps(b, v1, a1);
+                    a2 = _mm512_fmadd_ps(b, v2, a2);
+                    a3 = _mm512_fmadd_ps(b, v3, a3);
+                }
+                _mm512_storeu_ps(c0, a0), _mm512_storeu_ps(c0 + 16, a1);
+                if (!half)
+                    _mm512_storeu_ps(c0 + 32, a2), _mm512_storeu_ps(c0 + 48, a3);
+            }
+        q0 += nq;
+    }
+}
+
+/* chunk_bf16_bdot with the V rows fp8 in place (values_fp8_z); K rows bf16
+ * (converted into the buffer). */
+KV__FP8DOT static void chunk_fp8v_bdot(const struct kv__dec_tok *tok, int n, int g, int64_t D,
+                                       const uint16_t *qb, float kmul, float vmul, float *m,
+                                       float *l, float *acc, float *sc,
+                                       const struct kv__dec_mod *mod, bool e5m2)
+{
+    const uint16_t *kb[KV__CHUNK];
+    for (int t = 0; t < n; t++)
+        kb[t] = (const uint16_t *)tok[t].k;
+    kv__scores_bf16dot(kb, n, g, D, qb, kmul, sc, KV__CHUNK);
+    if (mod)
+        chunk_mod(mod, n, g, sc);
+    chunk_softmax(n, g, D, vmul, m, l, acc, sc);
+    values_fp8_z(tok, n, g, D, acc, sc, e5m2);
+}
+
 /* e4m3 rows loaded as the value times 2^-8: the 2^8 goes into the score's
  * and the weight's multipliers */
 KV__AVX2 static void chunk_avx2_e4m3(const struct kv__dec_tok *tok, int n, int g, int64_t D,
@@ -1207,12 +1289,13 @@ decode_group(const struct kv__attn_job *j, kv__chunk_fn chunk, const struct kv__
                             break;
                     nan |= fp8_rows_convert(cbf, dt, kr + (size_t)t * rowb, (int64_t)rowb,
                                             (const uint8_t *)tok[t].k + hi * hs, ts, e - t, D);
-                    nan |= fp8_rows_convert(cbf, dt, vr + (size_t)t * rowb, (int64_t)rowb,
-                                            (const uint8_t *)tok[t].v + hi * hs, ts, e - t, D);
+                    if (!cbf) /* cbf: V rows read in place (chunk_fp8v_bdot) */
+                        nan |= fp8_rows_convert(cbf, dt, vr + (size_t)t * rowb, (int64_t)rowb,
+                                                (const uint8_t *)tok[t].v + hi * hs, ts, e - t, D);
                 }
                 for (int t = 0; t < n; t++) {
                     th[t].k = kr + (size_t)t * rowb;
-                    th[t].v = vr + (size_t)t * rowb;
+                    th[t].v = cbf ? (const char *)tok[t].v + hi * hs : vr + (size_t)t * rowb;
                 }
                 use = th;
                 if (!nan)
@@ -1254,9 +1337,14 @@ decode_group(const struct kv__attn_job *j, kv__chunk_fn chunk, const struct kv__
         }
         if (qb) { /* bf16 dot products: bf16 rows (in place, copied, or fp8 rows
                    * converted to bf16: cbf), or fp8 rows converted to f16 */
-            (conv && !cbf ? chunk_f16_bdot
-                          : chunk_bf16_bdot)(use, n, g, D, qb + hi * g * D, ks * j->softmax_scale,
-                                             vs, m + hi * g, l + hi * g, acc + hi * g * D, sc, mod);
+            if (cbf && !whole)
+                chunk_fp8v_bdot(use, n, g, D, qb + hi * g * D, ks * j->softmax_scale, vs,
+                                m + hi * g, l + hi * g, acc + hi * g * D, sc, mod,
+                                dt == KV_FP8_E5M2);
+            else
+                (conv && !cbf ? chunk_f16_bdot : chunk_bf16_bdot)(
+                    use, n, g, D, qb + hi * g * D, ks * j->softmax_scale, vs, m + hi * g,
+                    l + hi * g, acc + hi * g * D, sc, mod);
             continue;
         }
 #else

@@ -281,6 +281,46 @@ KV__FP8BF16 static inline void kv__fp8_rows_to_bf16(bool e5m2, uint16_t *dst, in
     }
 }
 
+/* 64 fp8 values to 4 x 16 f32 in registers, for loops that take fp8 rows
+ * in place: the same tables, the bf16 in each 32-bit lane's high half
+ * (zeros below, by the mask of a masked permute), element 16j + k in lane
+ * k of vector j. */
+struct kv__fp8f32 {
+    __m512i h0, h1, l0, l1, sign, x0, x1, x2, x3;
+};
+KV__FP8BF16 static inline void kv__fp8f32_init(struct kv__fp8f32 *c, bool e5m2)
+{
+    const uint8_t(*t)[128] = kv__fp8_bf16_tables(e5m2);
+    c->h0 = _mm512_load_si512((const void *)t[0]);
+    c->h1 = _mm512_load_si512((const void *)(t[0] + 64));
+    c->l0 = _mm512_load_si512((const void *)t[1]);
+    c->l1 = _mm512_load_si512((const void *)(t[1] + 64));
+    c->sign = _mm512_set1_epi8((char)0x80);
+    /* lane k of vector j: byte 2 lo[16j + k], byte 3 hi[16j + k] (64 + 16j + k) */
+    c->x0 = _mm512_set_epi32(0x4f0f0000, 0x4e0e0000, 0x4d0d0000, 0x4c0c0000, 0x4b0b0000, 0x4a0a0000,
+                             0x49090000, 0x48080000, 0x47070000, 0x46060000, 0x45050000, 0x44040000,
+                             0x43030000, 0x42020000, 0x41010000, 0x40000000);
+    const __m512i q16 = _mm512_set1_epi32(0x10100000);
+    c->x1 = _mm512_add_epi8(c->x0, q16);
+    c->x2 = _mm512_add_epi8(c->x1, q16);
+    c->x3 = _mm512_add_epi8(c->x2, q16);
+}
+#define KV__FP8F32_HI16 ((__mmask64)0xccccccccccccccccull)
+#define KV__FP8F32_4(c, b, v0, v1, v2, v3)                                                         \
+    do {                                                                                           \
+        const __m512i hi_ = _mm512_ternarylogic_epi32(                                             \
+            _mm512_permutex2var_epi8((c)->h0, b, (c)->h1), b, (c)->sign, 0xf8);                    \
+        const __m512i lo_ = _mm512_permutex2var_epi8((c)->l0, b, (c)->l1);                         \
+        v0 = _mm512_castsi512_ps(                                                                  \
+            _mm512_maskz_permutex2var_epi8(KV__FP8F32_HI16, lo_, (c)->x0, hi_));                   \
+        v1 = _mm512_castsi512_ps(                                                                  \
+            _mm512_maskz_permutex2var_epi8(KV__FP8F32_HI16, lo_, (c)->x1, hi_));                   \
+        v2 = _mm512_castsi512_ps(                                                                  \
+            _mm512_maskz_permutex2var_epi8(KV__FP8F32_HI16, lo_, (c)->x2, hi_));                   \
+        v3 = _mm512_castsi512_ps(                                                                  \
+            _mm512_maskz_permutex2var_epi8(KV__FP8F32_HI16, lo_, (c)->x3, hi_));                   \
+    } while (0)
+
 static inline bool kv__cpu_has_fp8bf16(void)
 {
     static int has = -1; /* benign race: every thread computes the same value */
