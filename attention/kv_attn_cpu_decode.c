@@ -1337,14 +1337,19 @@ decode_group(const struct kv__attn_job *j, kv__chunk_fn chunk, const struct kv__
         }
         if (qb) { /* bf16 dot products: bf16 rows (in place, copied, or fp8 rows
                    * converted to bf16: cbf), or fp8 rows converted to f16 */
-            if (cbf && !whole)
-                chunk_fp8v_bdot(use, n, g, D, qb + hi * g * D, ks * j->softmax_scale, vs,
-                                m + hi * g, l + hi * g, acc + hi * g * D, sc, mod,
-                                dt == KV_FP8_E5M2);
-            else
-                (conv && !cbf ? chunk_f16_bdot : chunk_bf16_bdot)(
-                    use, n, g, D, qb + hi * g * D, ks * j->softmax_scale, vs, m + hi * g,
-                    l + hi * g, acc + hi * g * D, sc, mod);
+            const float km = ks * j->softmax_scale;
+            if (!conv) /* bf16 rows */
+                chunk_bf16_bdot(use, n, g, D, qb + hi * g * D, km, vs, m + hi * g, l + hi * g,
+                                acc + hi * g * D, sc, mod);
+            else if (cbf && !whole) /* fp8: K in the buffer as bf16, V in place */
+                chunk_fp8v_bdot(use, n, g, D, qb + hi * g * D, km, vs, m + hi * g, l + hi * g,
+                                acc + hi * g * D, sc, mod, dt == KV_FP8_E5M2);
+            else if (cbf) /* fp8: every head's rows in the buffer as bf16 */
+                chunk_bf16_bdot(use, n, g, D, qb + hi * g * D, km, vs, m + hi * g, l + hi * g,
+                                acc + hi * g * D, sc, mod);
+            else /* fp8 rows as f16 */
+                chunk_f16_bdot(use, n, g, D, qb + hi * g * D, km, vs, m + hi * g, l + hi * g,
+                               acc + hi * g * D, sc, mod);
             continue;
         }
 #else
