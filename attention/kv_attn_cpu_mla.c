@@ -151,13 +151,53 @@ KV__AVX2 static inline __m256 ld8_fp8(kv_dtype dt, const char *p)
     return _mm256_cvtph_ps(_mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7c00))));
 }
 
+/* Whether fp8 rows go through the byte tables (kv_attn_x86_int.h: exact,
+ * 64 elements a step, e4m3 unfolded) rather than F16C: a CPU with
+ * AVX512_VBMI, kv__attn_avx2_only and kv__attn_fp8_via_f16 not set. The
+ * first call comes from kv__mla_prepare, before any parallel region. */
+static bool mla_fp8_tables(const struct kv_layout *lo)
+{
+    return lo->elem_bytes == 1 && !kv__attn_avx2_only && !kv__attn_fp8_via_f16 &&
+           kv__cpu_has_fp8bf16();
+}
+
+/* fp8 rows to f32 through the tables, 64 elements a step (a row's last D %
+ * 64 through a masked load and masked stores). */
+KV__FP8BF16 static void fp8_rows_to_f32_tables(const struct kv_layout *lo, const char *const *rows,
+                                               int n, float *kf)
+{
+    struct kv__fp8f32 c;
+    kv__fp8f32_init(&c, lo->dtype == KV_FP8_E5M2);
+    const int64_t D = lo->head_dim;
+    for (int t = 0; t < n; t++) {
+        float *o = kf + (int64_t)t * D;
+        const char *p = rows[t];
+        for (int64_t d = 0; d < D; d += 64) {
+            const int64_t r = D - d < 64 ? D - d : 64;
+            const __mmask64 lm = r == 64 ? ~0ull : (1ull << r) - 1;
+            const __m512i x = _mm512_maskz_loadu_epi8(lm, p + d);
+            __m512 v[4];
+            KV__FP8F32_4(&c, x, v[0], v[1], v[2], v[3]);
+            for (int k = 0; k < 4 && 16 * k < r; k++) {
+                const int64_t rk = r - 16 * k < 16 ? r - 16 * k : 16;
+                _mm512_mask_storeu_ps(o + d + 16 * k, (__mmask16)((1u << rk) - 1), v[k]);
+            }
+        }
+    }
+}
+
 /* Rows to f32, 8 at a time (D % 8 == 0): f32, f16 and bf16 exactly; e4m3
  * as the value times 2^-8 (ld8_fp8: the caller's scale is 256 times
- * larger), e5m2 exactly. */
+ * larger), e5m2 exactly; fp8 through the tables (exact) where
+ * mla_fp8_tables. */
 KV__AVX2 static void rows_to_f32_avx2(const struct kv_layout *lo, const char *const *rows, int n,
                                       float *kf)
 {
     const int64_t D = lo->head_dim;
+    if (mla_fp8_tables(lo)) {
+        fp8_rows_to_f32_tables(lo, rows, n, kf);
+        return;
+    }
     for (int t = 0; t < n; t++) {
         float *o = kf + (int64_t)t * D;
         const char *p = rows[t];
@@ -484,8 +524,12 @@ float kv__mla_prepare(const struct kv__attn_job *j, bool simd, float *lut)
             lut[i] =
                 lo->dtype == KV_FP8_E4M3 ? kv_e4m3_to_f32((uint8_t)i) : kv_e5m2_to_f32((uint8_t)i);
     /* the dequantization scale, in the scores and the values; e4m3 rows
-     * converted by rows_to_f32_avx2 hold the values times 2^-8 */
-    return (j->k_scale ? j->k_scale[0] : 1.0f) * (simd && lo->dtype == KV_FP8_E4M3 ? 256.0f : 1.0f);
+     * converted by rows_to_f32_avx2 through F16C hold the values times 2^-8 */
+    bool fold = simd && lo->dtype == KV_FP8_E4M3;
+#if KV__MLA_AVX2
+    fold = fold && !mla_fp8_tables(lo);
+#endif
+    return (j->k_scale ? j->k_scale[0] : 1.0f) * (fold ? 256.0f : 1.0f);
 }
 
 void kv__mla_rows(const struct kv_layout *lo, bool simd, const char *const *rows, int n, float *kf,
@@ -523,7 +567,12 @@ void kv__mla_rows_bf16(const struct kv_layout *lo, const char *const *rows, int 
         return;
     }
 #if KV__MLA_AVX2
-    f32_rows_to_bf16(kf, n, lo->head_dim, kbuf);
+    if (mla_fp8_tables(lo)) /* the same bf16, from the bytes */
+        for (int t = 0; t < n; t++)
+            kv__fp8_rows_to_bf16(lo->dtype == KV_FP8_E5M2, kbuf + (int64_t)t * lo->head_dim, 0,
+                                 (const uint8_t *)rows[t], 0, 1, lo->head_dim);
+    else
+        f32_rows_to_bf16(kf, n, lo->head_dim, kbuf);
 #else
     (void)kf; /* not reached: kv__mla_bdot_ok is false */
 #endif

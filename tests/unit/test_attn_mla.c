@@ -994,10 +994,12 @@ static void test_mla_decode_vs_float64(void **state)
         run_decode_case(&cases[i], false, false, 0x5000 + i);
     /* q bf16: the bf16 dot-product scores where the CPU has them (Hq a
      * multiple of 4 and not, bf16 and both fp8 caches), the same with them
-     * turned off, and where they do not apply (f16 cache, D % 32 != 0) */
+     * turned off (mode 1), fp8 rows through F16C where the CPU has the
+     * byte tables' AVX512_VBMI (mode 2: kv__attn_fp8_via_f16), and where
+     * they do not apply (f16 cache, D % 32 != 0) */
     const struct {
         struct dcase c;
-        bool avx2_only;
+        int mode;
     } qcases[] = {
         {{KV_BF16, 576, 512, 16, KV_ARRANGE_BLOCK_MAJOR, true, false, false, KV_F32, false}, false},
         {{KV_BF16, 576, 512, 7, KV_ARRANGE_LAYER_MAJOR, false, false, true, KV_BF16, false}, false},
@@ -1007,9 +1009,14 @@ static void test_mla_decode_vs_float64(void **state)
         {{KV_BF16, 576, 512, 16, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_F32, false}, true},
         {{KV_F16, 64, 64, 4, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_F32, false}, false},
         {{KV_BF16, 40, 32, 4, KV_ARRANGE_BLOCK_MAJOR, false, false, false, KV_F32, false}, false},
+        {{KV_FP8_E4M3, 576, 512, 16, KV_ARRANGE_BLOCK_MAJOR, true, false, true, KV_F32, false}, 2},
+        {{KV_FP8_E5M2, 64, 48, 5, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_BF16, false}, 2},
     };
-    for (size_t i = 0; i < sizeof(qcases) / sizeof(qcases[0]); i++)
-        run_decode_case(&qcases[i].c, true, qcases[i].avx2_only, 0x5100 + i);
+    for (size_t i = 0; i < sizeof(qcases) / sizeof(qcases[0]); i++) {
+        kv__attn_fp8_via_f16 = qcases[i].mode == 2;
+        run_decode_case(&qcases[i].c, true, qcases[i].mode == 1, 0x5100 + i);
+        kv__attn_fp8_via_f16 = false;
+    }
 }
 
 static void test_mla_decode_refusals(void **state)
@@ -1264,7 +1271,7 @@ static void test_mla_prefill_vs_float64(void **state)
      * not; the options), and the same with them turned off */
     const struct {
         struct pcase c;
-        bool avx2_only;
+        int mode; /* as the decode's */
     } qcases[] = {
         {{KV_BF16, 576, 512, 8, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_F32, W, 0, false,
           false},
@@ -1281,9 +1288,15 @@ static void test_mla_prefill_vs_float64(void **state)
         {{KV_BF16, 576, 512, 4, KV_ARRANGE_LAYER_MAJOR, true, false, false, KV_F32, W, 0, false,
           false},
          true},
+        {{KV_FP8_E4M3, 576, 512, 6, KV_ARRANGE_LAYER_MAJOR, false, false, false, KV_F32, W, 0,
+          false, false},
+         2},
     };
-    for (size_t i = 0; i < sizeof(qcases) / sizeof(qcases[0]); i++)
-        run_prefill_case(&qcases[i].c, true, qcases[i].avx2_only, 0x6100 + i);
+    for (size_t i = 0; i < sizeof(qcases) / sizeof(qcases[0]); i++) {
+        kv__attn_fp8_via_f16 = qcases[i].mode == 2;
+        run_prefill_case(&qcases[i].c, true, qcases[i].mode == 1, 0x6100 + i);
+        kv__attn_fp8_via_f16 = false;
+    }
 }
 
 static void test_mla_prefill_refusals(void **state)
