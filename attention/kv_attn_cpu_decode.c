@@ -565,6 +565,29 @@ KV__BF16DOT static inline __m512 ld16_bf16_z(const char *p)
 #define KV__ZF_ST4(R, c)                                                                           \
     _mm512_storeu_ps(c, a##R##0), _mm512_storeu_ps((c) + 16, a##R##1),                             \
         _mm512_storeu_ps((c) + 32, a##R##2), _mm512_storeu_ps((c) + 48, a##R##3)
+/* One block of queries q0..q0 + 3 x dims d..d + 63 over the chunk's n rows
+ * (acc, q0, d, w, n, tok in scope): the statement given sets v0..v3, row
+ * t's 64 dims as f32. */
+#define KV__ZF_BLOCK4(...)                                                                         \
+    do {                                                                                           \
+        float *c0 = acc + (int64_t)q0 * D + d, *c1 = c0 + D, *c2 = c1 + D, *c3 = c2 + D;           \
+        KV__ZF_LD4(0, c0);                                                                         \
+        KV__ZF_LD4(1, c1);                                                                         \
+        KV__ZF_LD4(2, c2);                                                                         \
+        KV__ZF_LD4(3, c3);                                                                         \
+        for (int t = 0; t < n; t++) {                                                              \
+            __m512 v0, v1, v2, v3, b;                                                              \
+            __VA_ARGS__                                                                            \
+            KV__ZF_FMA4(0);                                                                        \
+            KV__ZF_FMA4(1);                                                                        \
+            KV__ZF_FMA4(2);                                                                        \
+            KV__ZF_FMA4(3);                                                                        \
+        }                                                                                          \
+        KV__ZF_ST4(0, c0);                                                                         \
+        KV__ZF_ST4(1, c1);                                                                         \
+        KV__ZF_ST4(2, c2);                                                                         \
+        KV__ZF_ST4(3, c3);                                                                         \
+    } while (0)
 KV__BF16DOT static void values_bf16_z(const struct kv__dec_tok *tok, int n, int g, int64_t D,
                                       float *acc, const float *sc)
 {
@@ -572,27 +595,12 @@ KV__BF16DOT static void values_bf16_z(const struct kv__dec_tok *tok, int n, int 
     for (; q0 + 4 <= g; q0 += 4) {
         const float *w = sc + q0 * KV__CHUNK;
         int64_t d = 0;
-        for (; d + 64 <= D; d += 64) { /* 4 queries x 64 dims: 16 FMAs a row's 4 vectors */
-            float *c0 = acc + (int64_t)q0 * D + d, *c1 = c0 + D, *c2 = c1 + D, *c3 = c2 + D;
-            KV__ZF_LD4(0, c0);
-            KV__ZF_LD4(1, c1);
-            KV__ZF_LD4(2, c2);
-            KV__ZF_LD4(3, c3);
-            for (int t = 0; t < n; t++) {
+        for (; d + 64 <= D; d += 64) /* 4 queries x 64 dims: 16 FMAs a row's 4 vectors */
+            KV__ZF_BLOCK4({
                 const char *vr = (const char *)tok[t].v + d * 2;
-                const __m512 v0 = ld16_bf16_z(vr), v1 = ld16_bf16_z(vr + 32),
-                             v2 = ld16_bf16_z(vr + 64), v3 = ld16_bf16_z(vr + 96);
-                __m512 b;
-                KV__ZF_FMA4(0);
-                KV__ZF_FMA4(1);
-                KV__ZF_FMA4(2);
-                KV__ZF_FMA4(3);
-            }
-            KV__ZF_ST4(0, c0);
-            KV__ZF_ST4(1, c1);
-            KV__ZF_ST4(2, c2);
-            KV__ZF_ST4(3, c3);
-        }
+                v0 = ld16_bf16_z(vr), v1 = ld16_bf16_z(vr + 32);
+                v2 = ld16_bf16_z(vr + 64), v3 = ld16_bf16_z(vr + 96);
+            });
         for (; d < D; d += 32) {
             float *c0 = acc + (int64_t)q0 * D + d, *c1 = c0 + D, *c2 = c1 + D, *c3 = c2 + D;
             __m512 a00 = _mm512_loadu_ps(c0), a01 = _mm512_loadu_ps(c0 + 16);
@@ -630,6 +638,22 @@ KV__BF16DOT static void values_bf16_z(const struct kv__dec_tok *tok, int n, int 
     }
 }
 
+/* A dot-product chunk's scores (tok's K rows bf16), the mask and cap, and
+ * the online softmax: what every such chunk does before its values. */
+KV__BF16DOT static inline void bdot_softmax(const struct kv__dec_tok *tok, int n, int g, int64_t D,
+                                            const uint16_t *qb, float kmul, float vmul, float *m,
+                                            float *l, float *acc, float *sc,
+                                            const struct kv__dec_mod *mod)
+{
+    const uint16_t *kb[KV__CHUNK];
+    for (int t = 0; t < n; t++)
+        kb[t] = (const uint16_t *)tok[t].k;
+    kv__scores_bf16dot(kb, n, g, D, qb, kmul, sc, KV__CHUNK);
+    if (mod)
+        chunk_mod(mod, n, g, sc);
+    chunk_softmax(n, g, D, vmul, m, l, acc, sc);
+}
+
 /* The one-query chunk over bf16 rows (the cache's in place, or the head
  * group's copy) with the scores as bf16 dot products (kv__scores_bf16dot,
  * kv_attn_x86_int.h): qb [g][D] is q's bf16, unscaled; kmul carries
@@ -643,13 +667,7 @@ KV__BF16DOT static void chunk_bf16_bdot(const struct kv__dec_tok *tok, int n, in
                                         float *l, float *acc, float *sc,
                                         const struct kv__dec_mod *mod)
 {
-    const uint16_t *kb[KV__CHUNK];
-    for (int t = 0; t < n; t++)
-        kb[t] = (const uint16_t *)tok[t].k;
-    kv__scores_bf16dot(kb, n, g, D, qb, kmul, sc, KV__CHUNK);
-    if (mod)
-        chunk_mod(mod, n, g, sc);
-    chunk_softmax(n, g, D, vmul, m, l, acc, sc);
+    bdot_softmax(tok, n, g, D, qb, kmul, vmul, m, l, acc, sc, mod);
     values_bf16_z(tok, n, g, D, acc, sc);
 }
 
@@ -665,7 +683,6 @@ KV__BF16DOT static void chunk_f16_bdot(const struct kv__dec_tok *tok, int n, int
                                        float *l, float *acc, float *sc,
                                        const struct kv__dec_mod *mod)
 {
-    const uint16_t *kb[KV__CHUNK];
     for (int t = 0; t < n; t++) {
         /* decode_group's own buffer (the const is the chunks' interface) */
         uint16_t *r = (uint16_t *)(uintptr_t)tok[t].k;
@@ -674,12 +691,8 @@ KV__BF16DOT static void chunk_f16_bdot(const struct kv__dec_tok *tok, int n, int
             const __m512 hi = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + d + 16)));
             _mm512_storeu_si512((void *)(r + d), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
         }
-        kb[t] = r;
     }
-    kv__scores_bf16dot(kb, n, g, D, qb, kmul, sc, KV__CHUNK);
-    if (mod)
-        chunk_mod(mod, n, g, sc);
-    chunk_softmax(n, g, D, vmul, m, l, acc, sc);
+    bdot_softmax(tok, n, g, D, qb, kmul, vmul, m, l, acc, sc, mod);
     chunk_avx2_f16_values(tok, n, g, D, acc, sc);
 }
 
@@ -701,26 +714,11 @@ KV__FP8DOT static void values_fp8_z(const struct kv__dec_tok *tok, int n, int g,
         const int nq = g - q0 >= 4 ? 4 : 1;
         const float *w = sc + q0 * KV__CHUNK;
         int64_t d = 0;
-        for (; nq == 4 && d + 64 <= D; d += 64) {
-            float *c0 = acc + (int64_t)q0 * D + d, *c1 = c0 + D, *c2 = c1 + D, *c3 = c2 + D;
-            KV__ZF_LD4(0, c0);
-            KV__ZF_LD4(1, c1);
-            KV__ZF_LD4(2, c2);
-            KV__ZF_LD4(3, c3);
-            for (int t = 0; t < n; t++) {
+        for (; nq == 4 && d + 64 <= D; d += 64)
+            KV__ZF_BLOCK4({
                 const __m512i x = _mm512_loadu_si512((const char *)tok[t].v + d);
-                __m512 v0, v1, v2, v3, b;
                 KV__FP8F32_4(&c, x, v0, v1, v2, v3);
-                KV__ZF_FMA4(0);
-                KV__ZF_FMA4(1);
-                KV__ZF_FMA4(2);
-                KV__ZF_FMA4(3);
-            }
-            KV__ZF_ST4(0, c0);
-            KV__ZF_ST4(1, c1);
-            KV__ZF_ST4(2, c2);
-            KV__ZF_ST4(3, c3);
-        }
+            });
         for (int qi = 0; qi < nq; qi++) /* what is left: 32 or 64 dims of one query */
             for (int64_t e = d; e < D; e += 64) {
                 const bool half = D - e == 32;
@@ -755,13 +753,7 @@ KV__FP8DOT static void chunk_fp8v_bdot(const struct kv__dec_tok *tok, int n, int
                                        float *l, float *acc, float *sc,
                                        const struct kv__dec_mod *mod, bool e5m2)
 {
-    const uint16_t *kb[KV__CHUNK];
-    for (int t = 0; t < n; t++)
-        kb[t] = (const uint16_t *)tok[t].k;
-    kv__scores_bf16dot(kb, n, g, D, qb, kmul, sc, KV__CHUNK);
-    if (mod)
-        chunk_mod(mod, n, g, sc);
-    chunk_softmax(n, g, D, vmul, m, l, acc, sc);
+    bdot_softmax(tok, n, g, D, qb, kmul, vmul, m, l, acc, sc, mod);
     values_fp8_z(tok, n, g, D, acc, sc, e5m2);
 }
 
