@@ -238,6 +238,27 @@ static inline const uint8_t (*kv__fp8_bf16_tables(bool e5m2))[128]
     return t[e5m2];
 }
 
+/* The tables in registers, and the sign bit of every byte. */
+struct kv__fp8t {
+    __m512i h0, h1, l0, l1, sign;
+};
+KV__FP8BF16 static inline void kv__fp8t_load(struct kv__fp8t *c, bool e5m2)
+{
+    const uint8_t(*t)[128] = kv__fp8_bf16_tables(e5m2);
+    c->h0 = _mm512_load_si512((const void *)t[0]);
+    c->h1 = _mm512_load_si512((const void *)(t[0] + 64));
+    c->l0 = _mm512_load_si512((const void *)t[1]);
+    c->l1 = _mm512_load_si512((const void *)(t[1] + 64));
+    c->sign = _mm512_set1_epi8((char)0x80);
+}
+/* The bf16 high bytes (sign included) and low bytes of 64 fp8 bytes b. */
+KV__FP8BF16 static inline void kv__fp8t_hilo(const struct kv__fp8t *c, __m512i b, __m512i *hi,
+                                             __m512i *lo)
+{
+    *hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(c->h0, b, c->h1), b, c->sign, 0xf8);
+    *lo = _mm512_permutex2var_epi8(c->l0, b, c->l1);
+}
+
 /* n rows of D fp8 values (D % 32 == 0): row i from src + i * sstep (bytes)
  * to dst + i * dstep (elements) as bf16, exactly; a row's last 32 elements
  * (D % 64 == 32) through a masked load and one store. */
@@ -245,12 +266,8 @@ KV__FP8BF16 static inline void kv__fp8_rows_to_bf16(bool e5m2, uint16_t *dst, in
                                                     const uint8_t *src, int64_t sstep, int64_t n,
                                                     int64_t D)
 {
-    const uint8_t(*t)[128] = kv__fp8_bf16_tables(e5m2);
-    const __m512i h0 = _mm512_load_si512((const void *)t[0]);
-    const __m512i h1 = _mm512_load_si512((const void *)(t[0] + 64));
-    const __m512i l0 = _mm512_load_si512((const void *)t[1]);
-    const __m512i l1 = _mm512_load_si512((const void *)(t[1] + 64));
-    const __m512i sign = _mm512_set1_epi8((char)0x80);
+    struct kv__fp8t c;
+    kv__fp8t_load(&c, e5m2);
     /* output byte 2k: the low byte of element k (lo[k]), 2k + 1: its high
      * byte (hi[k], index 64 + k); the second half from element 32 */
     const __m512i w0 = _mm512_set_epi16(
@@ -258,25 +275,18 @@ KV__FP8BF16 static inline void kv__fp8_rows_to_bf16(bool e5m2, uint16_t *dst, in
         0x5414, 0x5313, 0x5212, 0x5111, 0x5010, 0x4f0f, 0x4e0e, 0x4d0d, 0x4c0c, 0x4b0b, 0x4a0a,
         0x4909, 0x4808, 0x4707, 0x4606, 0x4505, 0x4404, 0x4303, 0x4202, 0x4101, 0x4000);
     const __m512i w1 = _mm512_add_epi8(w0, _mm512_set1_epi8(32));
-    const int64_t D64 = D - D % 64;
     for (int64_t i = 0; i < n; i++) {
         const uint8_t *s = src + i * sstep;
         uint16_t *o = dst + i * dstep;
-        int64_t d = 0;
-        for (; d < D64; d += 64) {
-            const __m512i b = _mm512_loadu_si512((const void *)(s + d));
-            const __m512i hi =
-                _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(h0, b, h1), b, sign, 0xf8);
-            const __m512i lo = _mm512_permutex2var_epi8(l0, b, l1);
+        for (int64_t d = 0; d < D; d += 64) {
+            const bool half = D - d == 32; /* 32 left */
+            const __m512i b = half ? _mm512_maskz_loadu_epi8(0xffffffffull, s + d)
+                                   : _mm512_loadu_si512((const void *)(s + d));
+            __m512i hi, lo;
+            kv__fp8t_hilo(&c, b, &hi, &lo);
             _mm512_storeu_si512((void *)(o + d), _mm512_permutex2var_epi8(lo, w0, hi));
-            _mm512_storeu_si512((void *)(o + d + 32), _mm512_permutex2var_epi8(lo, w1, hi));
-        }
-        if (d < D) { /* 32 left */
-            const __m512i b = _mm512_maskz_loadu_epi8(0xffffffffull, s + d);
-            const __m512i hi =
-                _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(h0, b, h1), b, sign, 0xf8);
-            const __m512i lo = _mm512_permutex2var_epi8(l0, b, l1);
-            _mm512_storeu_si512((void *)(o + d), _mm512_permutex2var_epi8(lo, w0, hi));
+            if (!half)
+                _mm512_storeu_si512((void *)(o + d + 32), _mm512_permutex2var_epi8(lo, w1, hi));
         }
     }
 }
@@ -286,16 +296,12 @@ KV__FP8BF16 static inline void kv__fp8_rows_to_bf16(bool e5m2, uint16_t *dst, in
  * (zeros below, by the mask of a masked permute), element 16j + k in lane
  * k of vector j. */
 struct kv__fp8f32 {
-    __m512i h0, h1, l0, l1, sign, x0, x1, x2, x3;
+    struct kv__fp8t t;
+    __m512i x0, x1, x2, x3;
 };
 KV__FP8BF16 static inline void kv__fp8f32_init(struct kv__fp8f32 *c, bool e5m2)
 {
-    const uint8_t(*t)[128] = kv__fp8_bf16_tables(e5m2);
-    c->h0 = _mm512_load_si512((const void *)t[0]);
-    c->h1 = _mm512_load_si512((const void *)(t[0] + 64));
-    c->l0 = _mm512_load_si512((const void *)t[1]);
-    c->l1 = _mm512_load_si512((const void *)(t[1] + 64));
-    c->sign = _mm512_set1_epi8((char)0x80);
+    kv__fp8t_load(&c->t, e5m2);
     /* lane k of vector j: byte 2 lo[16j + k], byte 3 hi[16j + k] (64 + 16j + k) */
     c->x0 = _mm512_set_epi32(0x4f0f0000, 0x4e0e0000, 0x4d0d0000, 0x4c0c0000, 0x4b0b0000, 0x4a0a0000,
                              0x49090000, 0x48080000, 0x47070000, 0x46060000, 0x45050000, 0x44040000,
@@ -308,9 +314,8 @@ KV__FP8BF16 static inline void kv__fp8f32_init(struct kv__fp8f32 *c, bool e5m2)
 #define KV__FP8F32_HI16 ((__mmask64)0xccccccccccccccccull)
 #define KV__FP8F32_4(c, b, v0, v1, v2, v3)                                                         \
     do {                                                                                           \
-        const __m512i hi_ = _mm512_ternarylogic_epi32(                                             \
-            _mm512_permutex2var_epi8((c)->h0, b, (c)->h1), b, (c)->sign, 0xf8);                    \
-        const __m512i lo_ = _mm512_permutex2var_epi8((c)->l0, b, (c)->l1);                         \
+        __m512i hi_, lo_;                                                                          \
+        kv__fp8t_hilo(&(c)->t, b, &hi_, &lo_);                                                     \
         v0 = _mm512_castsi512_ps(                                                                  \
             _mm512_maskz_permutex2var_epi8(KV__FP8F32_HI16, lo_, (c)->x0, hi_));                   \
         v1 = _mm512_castsi512_ps(                                                                  \
