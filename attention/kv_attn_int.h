@@ -232,9 +232,10 @@ extern bool kv__attn_portable;
  * the CPU also has AVX-512BW, and the MLA kernels the f32 scores where it
  * has AVX512_BF16 (both forms tested on such a CPU). */
 extern bool kv__attn_avx2_only;
-/* Set by tests: the decode's fp8 rows for the bf16 dot products go through
- * f16 even where the CPU has AVX512_VBMI (the form a CPU with AVX512_BF16
- * and without VBMI, Cooper Lake, takes; both tested on a CPU with both). */
+/* Set by tests: fp8 rows go through F16C even where the CPU has
+ * AVX512_VBMI, in the decode (for the bf16 dot products) and in the MLA
+ * kernels (the form a CPU with AVX512_BF16 and without VBMI, Cooper Lake,
+ * takes; both tested on a CPU with both). */
 extern bool kv__attn_fp8_via_f16;
 /* Whether decode attention of dtype dt and head dim D takes the AVX2/FMA
  * path on this CPU (with the current tuning). */
