@@ -26,6 +26,10 @@
 /* Bytes hashed and copied per step of kv__pack_copy_hash (L1-resident). */
 #define KV__PACK_PIECE 4096
 
+/* Rows up to this wide are copied by kv__pack_copy_hash_src in one loop per
+ * run of whole rows, not one call each (a layout conversion's head rows). */
+#define KV__PACK_ROW_RUN 1024
+
 /* How far ahead kv__pack_copy_hash asks for its source: every line of the
  * plan's rows up to this many bytes past the piece being copied is
  * prefetched into L2, a line per 64 bytes copied (16 KiB by default;

@@ -772,6 +772,65 @@ static void test_pack_streaming_stores(void **state)
     kvt_side_free(&d[1]);
 }
 
+/* Unpack with a conversion to HND, which kv__pack_copy_hash_src writes a
+ * chunk's head rows of several copies row by row across the copies
+ * (destination order) and streams them when they are 64-byte multiples:
+ * NHD layer-major (D 64 bf16: 128-byte rows, 16-byte aligned) into HND
+ * block-major, unpadded and padded, blocks far from 0, a partial last block;
+ * streamed and plain stores; the default chunk, one that ends mid-copy
+ * (4,480 bytes: 4 KiB + 3 rows) and one that ends mid-row (100 bytes). Every
+ * time the whole destination pool equals the config-only reference. */
+static void test_unpack_convert_chunks(void **state)
+{
+    (void)state;
+    const uint64_t nt_default = kv__pack_nt_min_bytes;
+    const int64_t chunk_default = kv__pack_src_chunk_bytes;
+    struct kvt_side s, d[2];
+    kvt_side_make(&s, 2, 300, 16, 4, 64, KV_BF16, 0, 81);    /* NHD layer-major */
+    kvt_side_make(&d[0], 2, 280, 16, 4, 64, KV_BF16, 3, 82); /* HND block-major */
+    kvt_side_make(&d[1], 2, 260, 16, 4, 64, KV_BF16, 7, 83); /* the same, padded */
+    const uint64_t T = 150;                                  /* 10 blocks, the last partial */
+    const uint32_t nb = 10;
+    uint32_t sid[10], did[10];
+    for (uint32_t i = 0; i < nb; i++)
+        sid[i] = (uint32_t)s.lo.num_blocks - 1 - 3 * i; /* far from 0 */
+    size_t len = 0;
+    unsigned char *buf = pack_request(NULL, &s, sid, nb, T, &len);
+    static const int64_t chunks[3] = {0, 4480, 100};
+    for (int k = 0; k < 2; k++) {
+        const int64_t bytes = d[k].lo.total_bytes;
+        for (uint32_t i = 0; i < nb; i++)
+            did[i] = (uint32_t)d[k].lo.num_blocks - 2 - 5 * i;
+        unsigned char *before = malloc((size_t)bytes), *ref = malloc((size_t)bytes);
+        assert_true(before && ref);
+        memcpy(before, d[k].mem, (size_t)bytes);
+        memcpy(ref, d[k].mem, (size_t)bytes);
+        kvt_ref_move(&s, sid, nb, &d[k], did, nb, 0, 0, 4, ref);
+        for (int c = 0; c < 3; c++)
+            for (int nt = 0; nt < 2; nt++) {
+                kv__pack_src_chunk_bytes = chunks[c] ? chunks[c] : chunk_default;
+                kv__pack_nt_min_bytes = nt ? 0 : UINT64_MAX;
+                memcpy(d[k].mem, before, (size_t)bytes);
+                const kv_status st = kv_unpack(NULL, buf, len, d[k].pc, did, nb, NULL);
+                kv__pack_src_chunk_bytes = chunk_default;
+                kv__pack_nt_min_bytes = nt_default;
+                assert_int_equal(st, KV_OK);
+                const int64_t diff = kvt_first_diff(ref, d[k].mem, bytes);
+                if (diff >= 0)
+                    fail_msg("destination %d, chunk %lld, %s stores: byte %lld of %lld differs "
+                             "from the reference",
+                             k, (long long)chunks[c], nt ? "streamed" : "plain", (long long)diff,
+                             (long long)bytes);
+            }
+        free(before);
+        free(ref);
+    }
+    free(buf);
+    kvt_side_free(&s);
+    kvt_side_free(&d[0]);
+    kvt_side_free(&d[1]);
+}
+
 /* A payload block failing its checksum, on each of unpack's three paths
  * (one read of a payload block into the same in-block format, N 16 -> 16;
  * one block hashed then converted, NHD -> HND, 16 -> 16, a head range;
@@ -869,6 +928,7 @@ int main(void)
         cmocka_unit_test(test_pack_refusals),
         cmocka_unit_test(test_pack_layer_range_refusals),
         cmocka_unit_test(test_pack_streaming_stores),
+        cmocka_unit_test(test_unpack_convert_chunks),
         cmocka_unit_test(test_pack_corrupt_zeroes_listed_blocks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
