@@ -6,7 +6,10 @@
  *                    bf16: 512 MiB of K and V) from one cache to another,
  *                    blocks in random order far from 0: the same layout, NHD
  *                    layer-major -> HND block-major, and 16-token -> 32-token
- *                    pages; vs one memcpy of the same bytes.
+ *                    pages; vs one memcpy of the same bytes given the
+ *                    copy's threads (kv_threads(), KVB_THREADS;
+ *                    `memcpy_t<n>`: n contiguous parts, one memcpy per
+ *                    thread; `t<n>` in the case), interleaved.
  *
  * The destination is checked at 4,096 random (token, layer, K/V, head) rows
  * against kv_layout_offset on both sides before the case reports.
@@ -53,7 +56,8 @@ static int kvb__side(struct kvb__side *s, int64_t blocks, int64_t N, kv_order or
     return 0;
 }
 
-static void kvb__copy_case(const char *name, int64_t Nd, kv_order dord, kv_arrange darr, int64_t T)
+static void kvb__copy_case(const char *name, int64_t Nd, kv_order dord, kv_arrange darr, int64_t T,
+                           int threads)
 {
     static const char bench[] = "connector.copy";
     if (!kvb_selected(bench, name))
@@ -86,7 +90,9 @@ static void kvb__copy_case(const char *name, int64_t Nd, kv_order dord, kv_arran
         double t0 = kvb_now();
         st = kv_plan_copy(p, s.pc, sid, (uint32_t)ns, d.pc, did, (uint32_t)nd, (uint64_t)T);
         double t1 = kvb_now();
-        memcpy(mb, ma, bytes);
+        kvb_settle();
+        const double t1b = kvb_now();
+        kvb_memcpy_threads(mb, ma, (size_t)bytes, threads);
         double t2 = kvb_now();
         if (st != KV_OK) {
             kvb_failed(bench, name, "kv_plan_copy: %s (%s)", kv_status_name(st), kv_last_error());
@@ -96,7 +102,7 @@ static void kvb__copy_case(const char *name, int64_t Nd, kv_order dord, kv_arran
         }
         if (r >= 0) {
             tc[r] = t1 - t0;
-            tb[r] = t2 - t1;
+            tb[r] = t2 - t1b;
         }
     }
     kvb_sink((uint64_t)(unsigned char)mb[bytes / 2]);
@@ -116,7 +122,9 @@ static void kvb__copy_case(const char *name, int64_t Nd, kv_order dord, kv_arran
             break;
         }
     }
-    kvb_emit_gbps(bench, name, bytes, kvb_median(tc, runs), "memcpy", kvb_median(tb, runs), runs);
+    char base[32];
+    snprintf(base, sizeof(base), threads > 1 ? "memcpy_t%d" : "memcpy", threads);
+    kvb_emit_gbps(bench, name, bytes, kvb_median(tc, runs), base, kvb_median(tb, runs), runs);
     free(tc);
     free(tb);
 out:
@@ -219,14 +227,17 @@ out:
 static void kvb__plan(void)
 {
     const int64_t T = kvb_quick() ? 256 : 4096;
+    const int t = kvb_threads();
     char name[160];
-    snprintf(name, sizeof(name), "llama8b/bf16/N16/%lldtok/nhd-layer->nhd-layer", (long long)T);
-    kvb__copy_case(name, 16, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, T);
-    snprintf(name, sizeof(name), "llama8b/bf16/N16/%lldtok/nhd-layer->hnd-block", (long long)T);
-    kvb__copy_case(name, 16, KV_ORDER_HND, KV_ARRANGE_BLOCK_MAJOR, T);
-    snprintf(name, sizeof(name), "llama8b/bf16/N16->N32/%lldtok/nhd-layer->nhd-layer",
-             (long long)T);
-    kvb__copy_case(name, 32, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, T);
+    snprintf(name, sizeof(name), "llama8b/bf16/N16/%lldtok/nhd-layer->nhd-layer/t%d", (long long)T,
+             t);
+    kvb__copy_case(name, 16, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, T, t);
+    snprintf(name, sizeof(name), "llama8b/bf16/N16/%lldtok/nhd-layer->hnd-block/t%d", (long long)T,
+             t);
+    kvb__copy_case(name, 16, KV_ORDER_HND, KV_ARRANGE_BLOCK_MAJOR, T, t);
+    snprintf(name, sizeof(name), "llama8b/bf16/N16->N32/%lldtok/nhd-layer->nhd-layer/t%d",
+             (long long)T, t);
+    kvb__copy_case(name, 32, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, T, t);
     kvb__build_case("llama8b/bf16/131072tok/nhd-layer->nhd-layer", 16, KV_ORDER_NHD,
                     KV_ARRANGE_LAYER_MAJOR, 8);
     kvb__build_case("llama8b/bf16/131072tok/nhd-layer->hnd-block", 16, KV_ORDER_HND,
