@@ -1,7 +1,7 @@
 /*
  * kv_pack_int.h - the bulk copies of the local data path (pack, unpack, the
- * offload tier's store and load), shared by connector/pack and
- * connector/offload. Module-private: not installed.
+ * offload tier's store and load, kv_plan_copy), shared by connector/pack,
+ * connector/offload and connector/plan. Module-private: not installed.
  *
  * Two things a plain memcpy of each row does not do:
  *  - non-temporal stores for large moves: a call that moves at least
@@ -99,11 +99,12 @@ uint64_t kv__pack_copy_hash_src(const kv_plan *plan, const char *src, char *dst,
 void kv__pack_zero(const kv_plan *plan, char *const *dst_blk, uint32_t n_src, uint32_t n_dst,
                    uint64_t n_tokens);
 
-/* kv__plan_exec_cpu with the rows written by streaming stores when nt (rows
- * of 256 bytes and more) and, when reverse, the items taken last to first
- * (an unpack copies the payload it verified last first: that part is
- * still in cache). threads <= 0: kv_threads() when the request moves 256 KiB
- * or more, else 1. */
+/* The CPU executor of a plan on block start addresses (nothing checked:
+ * source block i of the request starts at src_blk[i], destination block j
+ * at dst_blk[j]; kv_plan_copy, unpack, the offload tier), the rows written
+ * by streaming stores when nt (rows of 256 bytes and more) and, when reverse, the items taken last
+ * to first (an unpack copies the payload it verified last first: that part is still in cache).
+ * threads <= 0: kv_threads() when the request moves 256 KiB or more, else 1. */
 void kv__pack_exec(const kv_plan *plan, const char *const *src_blk, uint32_t n_src,
                    char *const *dst_blk, uint32_t n_dst, uint64_t n_tokens, int threads, bool nt,
                    bool reverse);

@@ -130,12 +130,6 @@ kv_status kv__plan_check_ids(const char *fn, const char *side, const uint32_t *i
 kv_status kv__plan_check_unique(const char *fn, const uint32_t *dids, uint32_t nd,
                                 const uint32_t *sids, uint32_t ns);
 
-/* The CPU executor on block start addresses (nothing checked): source block
- * i of the request starts at src_blk[i], destination block j at dst_blk[j].
- * threads <= 0: kv_threads() when the request is large enough. */
-void kv__plan_exec_cpu(const kv_plan *plan, const char *const *src_blk, uint32_t n_src,
-                       char *const *dst_blk, uint32_t n_dst, uint64_t n_tokens, int threads);
-
 /* True when plan moves one block to one block (a window of 1 + 1) and
  * writes the destination block front to back without gaps, total bytes in
  * all: a compact image (the pack payload, an offload entry). */

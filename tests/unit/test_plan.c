@@ -26,6 +26,7 @@
 
 #include <kvcache/kv.h>
 
+#include "kv_pack_int.h" /* kv__pack_nt_min_bytes: kv_plan_copy's streaming path */
 #include "kv_plan_cuda_int.h"
 #include "kvt_side.h"
 #include "kvtest.h"
@@ -101,16 +102,26 @@ static void run_pair(int sbits, int dbits, int64_t Ns, int64_t Nd, int64_t Hs, i
     run_pair_cfg(sbits, dbits, Ns, Nd, 3, 3, 300, 260, Hs, Hd, &pc, dt, 700, seed);
 }
 
+/* Every layout pair, with the stores kv_plan_copy makes for small moves
+ * (plain); then, forced, those of a move of 8 MiB and more (streamed rows
+ * of 256 bytes and more: the coalesced runs of the pairs that have them)
+ * for every fourth pair, each layout onto itself among them. */
 static void test_plan_every_layout_pair(void **state)
 {
     (void)state;
     static const int64_t Ns[3] = {8, 16, 32};
+    const uint64_t nt_default = kv__pack_nt_min_bytes;
     uint64_t seed = 1;
-    for (int sb = 0; sb < 16; sb++)
-        for (int db = 0; db < 16; db++) {
-            const int64_t a = Ns[(sb + db) % 3], b = Ns[(sb * 3 + db) % 3];
-            run_pair(sb, db, a, b, 4, 4, 0, 0, 0, KV_BF16, seed++);
-        }
+    for (int nt = 0; nt < 2; nt++) {
+        kv__pack_nt_min_bytes = nt ? 0 : UINT64_MAX;
+        for (int sb = 0; sb < 16; sb++)
+            for (int db = 0; db < 16; db++) {
+                const int64_t a = Ns[(sb + db) % 3], b = Ns[(sb * 3 + db) % 3];
+                if (!nt || (sb - db) % 4 == 0)
+                    run_pair(sb, db, a, b, 4, 4, 0, 0, 0, KV_BF16, seed++);
+            }
+    }
+    kv__pack_nt_min_bytes = nt_default;
 }
 
 static void test_plan_head_slices_and_dtypes(void **state)
