@@ -16,7 +16,9 @@
  *                         contiguous output; vs memcpy and memcpy_runs
  *   kernel.decode_attn    Hq 32 over H 8, 256 sequences x 2,048 tokens (CSR);
  *                         tokens/s vs reading the same K/V once at memcpy
- *                         speed (a memcpy of its bytes)
+ *                         speed (a memcpy of its bytes), and a second line
+ *                         against a memcpy on kv_threads() threads
+ *                         (memcpy_threads, as prefill)
  *   kernel.decode_attn_fp8  the same decode over an fp8 (e4m3) cache of the
  *                         same shape vs the bf16 decode, alternated in each
  *                         run (the goal: >= 1.5x its tokens/s)
@@ -522,7 +524,7 @@ static void kvb__decode_attn(struct kvb__kc *kc, struct kvb__kc *cmp, int64_t S,
     char *scratch = cmp ? NULL : kvb_alloc(kvb);
     int32_t *indptr = malloc((size_t)(S + 1) * sizeof(int32_t));
     int32_t *last = malloc((size_t)S * sizeof(int32_t));
-    double tc[256], tm[256];
+    double tc[256], tm[256], tt[256];
     if (!indptr || !last)
         goto out;
     kvb__fill_bf16(q, qb, 5);
@@ -563,18 +565,24 @@ static void kvb__decode_attn(struct kvb__kc *kc, struct kvb__kc *cmp, int64_t S,
         else
             memcpy(scratch, kc->pool, kvb);
         double t2 = kvb_now();
+        if (!cmp)
+            kvb_memcpy_threads(scratch, kc->pool, kvb, kv_threads());
+        const double t3 = kvb_now();
         if (st != KV_OK || st2 != KV_OK) {
             kvb__fail(bench, name, "kv_attn_decode", st != KV_OK ? st : st2);
             goto out;
         }
         if (r >= 0)
-            tc[r] = t1 - t0, tm[r] = t2 - t1;
+            tc[r] = t1 - t0, tm[r] = t2 - t1, tt[r] = t3 - t2;
     }
     if (kvb__decode_check(bench, name, kc, S, len, q, o, scale) != 0 ||
         (cmp && kvb__decode_check(bench, name, cmp, S, len, q, o2, scale) != 0))
         goto out;
     kvb_emit_ops(bench, name, (uint64_t)(S * len), kvb_median(tc, runs),
                  cmp ? "bf16_decode" : "memcpy", kvb_median(tm, runs), runs);
+    if (!cmp) /* and against a memcpy on the kernel's threads, as prefill */
+        kvb_emit_ops(bench, name, (uint64_t)(S * len), kvb_median(tc, runs), "memcpy_threads",
+                     kvb_median(tt, runs), runs);
 out:
     free(indptr);
     free(last);
