@@ -132,7 +132,8 @@ OBJ     := $(SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
 # by every module and never installed; module-private *_int.h (incl. the CUDA
 # boundaries); everything else is public, installed in include/kvcache/ with
 # the umbrella include/kvcache/kv.h.
-LIB_HEADERS := kvcache/kv_lib.h kvcache/kv_mem.h kvcache/kv_cuda_lib.h kvcache/kv_wire.h
+LIB_HEADERS := kvcache/kv_lib.h kvcache/kv_mem.h kvcache/kv_cuda_lib.h kvcache/kv_wire.h \
+               kvcache/kv_stream.h
 # The *_hd.h tier: addressing and conversions shared by .c and .cu
 # (__host__ __device__), used across modules like the library-internal tier,
 # never installed: the installed API is only what we mean to keep stable.

@@ -32,6 +32,7 @@
 #include "kv_attn_int.h"
 #include "kv_convert_hd.h"
 #include "kv_mem.h"
+#include "kv_stream.h"
 
 #if defined(__GNUC__)
 #define KV__INLINE inline __attribute__((always_inline))
@@ -114,16 +115,8 @@ static KV__INLINE void copy_stream(char *d, const char *s, size_t n)
 {
 #if KV__HAVE_SSE2_NT
     size_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        const __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(s + i));
-        const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(s + i + 16));
-        const __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(s + i + 32));
-        const __m128i e = _mm_loadu_si128((const __m128i *)(const void *)(s + i + 48));
-        _mm_stream_si128((__m128i *)(void *)(d + i), a);
-        _mm_stream_si128((__m128i *)(void *)(d + i + 16), b);
-        _mm_stream_si128((__m128i *)(void *)(d + i + 32), c);
-        _mm_stream_si128((__m128i *)(void *)(d + i + 48), e);
-    }
+    for (; i + 64 <= n; i += 64)
+        kv__stream64(d + i, s + i);
     for (; i < n; i += 16)
         _mm_stream_si128((__m128i *)(void *)(d + i),
                          _mm_loadu_si128((const __m128i *)(const void *)(s + i)));
@@ -135,9 +128,7 @@ static KV__INLINE void copy_stream(char *d, const char *s, size_t n)
 /* Make this thread's streaming stores visible before the kernel returns. */
 static KV__INLINE void stream_fence(void)
 {
-#if KV__HAVE_SSE2_NT
-    _mm_sfence();
-#endif
+    kv__stream_fence();
 }
 
 static void run_plan(const struct kv_copy_plan *pl, char *dst, const char *src, bool nt)

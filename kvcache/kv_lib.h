@@ -8,9 +8,10 @@
  *   public            kv_<name>.h of each module, installed under
  *                     include/kvcache/ and reached as <kvcache/kv_...h>
  *   library-internal  this header, kv_mem.h (host memory), kv_cuda_lib.h
- *                     (CUDA status mapping) and kv_wire.h (little-endian
- *                     fields, the overflow-safe range check): the core's
- *                     services for every module; not installed
+ *                     (CUDA status mapping), kv_wire.h (little-endian
+ *                     fields, the overflow-safe range check) and
+ *                     kv_stream.h (streaming stores): the core's services
+ *                     for every module; not installed
  *   module-private    <module>/<name>_int.h: one module's cross-file declarations;
  *                     no other module includes them
  *

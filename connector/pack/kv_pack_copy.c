@@ -6,12 +6,9 @@
 #include <omp.h>
 #include <string.h>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
 #include "kv_lib.h"
 #include "kv_pack_int.h"
+#include "kv_stream.h"
 #include "kv_threads.h"
 
 uint64_t kv__pack_nt_min_bytes = (uint64_t)8 << 20;
@@ -21,7 +18,7 @@ int64_t kv__pack_prefetch_row_bytes = (int64_t)128 << 10;
 
 void kv__pack_copy_nt(char *dst, const char *src, size_t n)
 {
-#if defined(__SSE2__)
+#if KV__HAVE_STREAM
     const size_t head = (size_t)(-(uintptr_t)dst & 15);
     if (n < head + 64) {
         memcpy(dst, src, n);
@@ -32,16 +29,8 @@ void kv__pack_copy_nt(char *dst, const char *src, size_t n)
     src += head;
     n -= head;
     const size_t body = n & ~(size_t)63;
-    for (size_t i = 0; i < body; i += 64) {
-        const __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(src + i));
-        const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(src + i + 16));
-        const __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(src + i + 32));
-        const __m128i d = _mm_loadu_si128((const __m128i *)(const void *)(src + i + 48));
-        _mm_stream_si128((__m128i *)(void *)(dst + i), a);
-        _mm_stream_si128((__m128i *)(void *)(dst + i + 16), b);
-        _mm_stream_si128((__m128i *)(void *)(dst + i + 32), c);
-        _mm_stream_si128((__m128i *)(void *)(dst + i + 48), d);
-    }
+    for (size_t i = 0; i < body; i += 64)
+        kv__stream64(dst + i, src + i);
     memcpy(dst + body, src + body, n - body);
 #else
     memcpy(dst, src, n);
@@ -50,9 +39,7 @@ void kv__pack_copy_nt(char *dst, const char *src, size_t n)
 
 void kv__pack_nt_fence(void)
 {
-#if defined(__SSE2__)
-    _mm_sfence();
-#endif
+    kv__stream_fence();
 }
 
 /* The prefetch stream of kv__pack_copy_hash: the next source line to ask
@@ -172,7 +159,7 @@ bool kv__pack_reads_sequential(const kv_plan *plan, int64_t total)
 static void copy_rows(char *d, int64_t dp, const char *s, int64_t w, int64_t n, bool nt,
                       const char **pf, const char *pf_end)
 {
-#if defined(__SSE2__)
+#if KV__HAVE_STREAM
     if (nt && w % 64 == 0 && (((uintptr_t)d | (uintptr_t)dp) & 15) == 0) {
         for (int64_t y = 0; y < n; y++, d += dp, s += w)
             for (int64_t i = 0; i < w; i += 64) {
@@ -180,14 +167,7 @@ static void copy_rows(char *d, int64_t dp, const char *s, int64_t w, int64_t n, 
                     __builtin_prefetch(*pf, 0, 2);
                     *pf += 64;
                 }
-                const __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(s + i));
-                const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(s + i + 16));
-                const __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(s + i + 32));
-                const __m128i e = _mm_loadu_si128((const __m128i *)(const void *)(s + i + 48));
-                _mm_stream_si128((__m128i *)(void *)(d + i), a);
-                _mm_stream_si128((__m128i *)(void *)(d + i + 16), b);
-                _mm_stream_si128((__m128i *)(void *)(d + i + 32), c);
-                _mm_stream_si128((__m128i *)(void *)(d + i + 48), e);
+                kv__stream64(d + i, s + i);
             }
         return;
     }
