@@ -10,6 +10,9 @@
 
 #include <string.h>
 
+/* 1 where SSE2's streaming stores exist (every x86-64): kv__stream64
+ * streams; 0 elsewhere: it copies plainly and kv__stream_fence does
+ * nothing. */
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #define KV__HAVE_STREAM 1
