@@ -26,8 +26,9 @@
 /* Bytes hashed and copied per step of kv__pack_copy_hash (L1-resident). */
 #define KV__PACK_PIECE 4096
 
-/* Rows up to this wide are copied by kv__pack_copy_hash_src in one loop per
- * run of whole rows, not one call each (a layout conversion's head rows). */
+/* Rows up to this wide (a layout conversion's head rows) are written by
+ * kv__pack_copy_hash_src across a chunk's copies in destination order, or
+ * in one loop per run of whole rows, not one call each. */
 #define KV__PACK_ROW_RUN 1024
 
 /* How far ahead kv__pack_copy_hash asks for its source: every line of the
@@ -101,10 +102,11 @@ void kv__pack_zero(const kv_plan *plan, char *const *dst_blk, uint32_t n_src, ui
 
 /* The CPU executor of a plan on block start addresses (nothing checked:
  * source block i of the request starts at src_blk[i], destination block j
- * at dst_blk[j]; kv_plan_copy, unpack, the offload tier), the rows written
- * by streaming stores when nt (rows of 256 bytes and more) and, when reverse, the items taken last
- * to first (an unpack copies the payload it verified last first: that part is still in cache).
- * threads <= 0: kv_threads() when the request moves 256 KiB or more, else 1. */
+ * at dst_blk[j]; kv_plan_copy, unpack, the offload tier): the rows written
+ * by streaming stores when nt (rows of 256 bytes and more) and, when
+ * reverse, the items taken last to first (an unpack copies the payload it
+ * verified last first: that part is still in cache). threads <= 0:
+ * kv_threads() when the request moves 256 KiB or more, else 1. */
 void kv__pack_exec(const kv_plan *plan, const char *const *src_blk, uint32_t n_src,
                    char *const *dst_blk, uint32_t n_dst, uint64_t n_tokens, int threads, bool nt,
                    bool reverse);

@@ -434,7 +434,7 @@ kv_status kv_plan_copy(const kv_plan *plan, struct kv_paged_cache src, const uin
         dp[i] = kv__plan_block_addr(&dst, &plan->dst, dst_blocks[i]);
     /* the CPU executor (kv_pack_int.h): kv_threads() threads for 256 KiB
      * and more, streaming stores for a move of 8 MiB and more (the
-     * destination is not read for ownership: 0.62-0.81 -> 0.87-0.97x a
+     * destination is not read for ownership: 0.63-0.76 -> 0.90-1.03x a
      * 2-thread memcpy, docs/benchmarks.md) */
     const uint64_t bytes =
         n_tokens * (uint64_t)plan->stats.window_bytes / (uint64_t)plan->stats.window_tokens;
