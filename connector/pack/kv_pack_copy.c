@@ -199,8 +199,8 @@ uint64_t kv__pack_copy_hash_src(const kv_plan *plan, const char *src, char *dst,
              * conversion: one copy per token, a row per head): row 0 of
              * each, then row 1, so the stores run through the destination
              * front to back (HND: one head's rows of consecutive tokens)
-             * instead of striding a head pitch apart. 0.94 -> 1.09x memcpy
-             * for NHD -> HND unpack; docs/benchmarks.md */
+             * instead of striding a head pitch apart (NHD -> HND unpack:
+             * median 0.87 -> 1.06x memcpy; docs/benchmarks.md) */
             if (x == 0 && y == 0 && c->width <= KV__PACK_ROW_RUN && c->height > 1) {
                 const int64_t cb = c->width * c->height;
                 int64_t j = ci + 1;
@@ -220,7 +220,13 @@ uint64_t kv__pack_copy_hash_src(const kv_plan *plan, const char *src, char *dst,
                 }
             }
             const int64_t whole = x == 0 && c->width <= KV__PACK_ROW_RUN ? (k - o) / c->width : 0;
-            if (whole > 0) { /* short rows (a conversion's head rows): whole ones in a loop */
+            /* short rows the grouping leaves, whole ones in a loop, streamed
+             * and paired with the prefetch as above: a chunk's split copy,
+             * and NHD -> HND's plane edges (the plan merges a plane's last
+             * head row with the next plane's first into one 512-byte copy,
+             * leaving the copies beside it a row short: 0.81-0.94 instead
+             * of 0.92-1.0 with these rows one call each) */
+            if (whole > 0) {
                 const int64_t r = c->height - y < whole ? c->height - y : whole;
                 char *d = dst + c->dst_rel + y * c->dst_pitch;
                 copy_rows(d, c->dst_pitch, piece + o, c->width, r, nt, &pf, pf_end);

@@ -28,7 +28,8 @@
 
 /* Rows up to this wide (a layout conversion's head rows) are written by
  * kv__pack_copy_hash_src across a chunk's copies in destination order, or
- * in one loop per run of whole rows, not one call each. */
+ * (copies of another shape) in one loop per run of whole rows, streamed,
+ * not one call each. */
 #define KV__PACK_ROW_RUN 1024
 
 /* How far ahead kv__pack_copy_hash asks for its source: every line of the
