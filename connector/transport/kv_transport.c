@@ -425,6 +425,25 @@ void kv__xport_peer_ready(kv_xport_peer *p)
 void kv__xport_peer_closed(kv_xport_peer *p, kv_status why, const char *msg)
 {
     kv_xport *x = p->x;
+    /* A peer that never got through its handshake never appears: what it
+     * queued before (an outgoing peer's listener may send first) goes. */
+    uint32_t dropped = 0;
+    if (p->state == KV_XPORT_CONNECTING)
+        for (struct kv__xport_note **pp = &x->note_head, *prev = NULL; *pp;) {
+            struct kv__xport_note *n = *pp;
+            if (n->peer != p) {
+                prev = n;
+                pp = &n->next;
+                continue;
+            }
+            *pp = n->next;
+            if (x->note_tail == n)
+                x->note_tail = prev;
+            p->n_notes--;
+            x->stats.notes_refused++;
+            kv__mem_free(n);
+            dropped++;
+        }
     if (p->state != KV_XPORT_CLOSED) {
         p->state = KV_XPORT_CLOSED;
         p->why = why;
@@ -444,6 +463,9 @@ void kv__xport_peer_closed(kv_xport_peer *p, kv_status why, const char *msg)
                            cancel ? KV_ERR_CANCELLED : fail);
     }
     kv__xport_signal(x);
+    /* the dropped notes' references, last: the caller holds one (p lives) */
+    while (dropped--)
+        kv__xport_peer_unref(p);
 }
 
 kv_status kv_xport_connect(kv_xport *x, const char *host, uint16_t port, kv_xport_peer **peer)

@@ -113,7 +113,8 @@ struct kv_xport_config {
     uint32_t max_pending_notes; /* per peer: notifications received, not yet polled; 1024 */
     uint32_t max_pending_reads; /* per peer: its reads of our memory being served (TCP,
                                    SHM); 1024 */
-    uint32_t max_handshakes;    /* incoming connections not through their handshake (each
+    uint32_t max_handshakes;    /* incoming connections not through their handshake, or
+                                   whose peer kv_xport_accept has not yet returned (each
                                    refused beyond it); 64 */
     uint32_t frames_per_round;  /* frames handled per connection per progress round, so one
                                    peer's flood cannot starve another; 64 */
@@ -435,7 +436,8 @@ struct kv_xport_stats {
     uint64_t peers_refused;         /* handshakes refused (mismatch, corrupt, the handshake
                                        limit, a deadline) */
     uint64_t handshakes_over_limit; /* of which: over max_handshakes */
-    uint64_t notes_refused;         /* notifications refused (max_pending_notes) */
+    uint64_t notes_refused;         /* notifications refused (max_pending_notes), or dropped
+                                       with a peer that failed its handshake */
     uint64_t reads_refused;         /* reads refused (max_pending_reads, not exposed) */
     uint64_t frames_stalled;        /* peers closed: an incoming frame past its deadline */
     uint64_t sends_stalled;         /* peers closed: not reading what we send for timeout_ms */

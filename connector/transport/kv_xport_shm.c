@@ -535,7 +535,7 @@ static uint32_t handshaking(const struct kv__shm *t)
 {
     uint32_t n = 0;
     for (const struct kv__shm_peer *tp = t->peers; tp; tp = tp->next)
-        n += !tp->p;
+        n += !tp->p || (!tp->p->outgoing && !tp->p->user_owned); /* or not yet accepted */
     return n;
 }
 

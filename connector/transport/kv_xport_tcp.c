@@ -99,10 +99,24 @@ static void conn_free(struct kv__tcp *t, struct kv__tcp_conn *c)
     kv__mem_free(c);
 }
 
+/* mu held: take every job of tp's connections off the verify thread,
+ * waiting (mu dropped) for any it is hashing. Before anything of the peer
+ * is ended or freed: while mu is dropped a caller may free a transfer that
+ * is no longer PENDING, deregister its regions, or unexpose (which walks
+ * tp->conns), and the verify thread may still be reading a transfer's
+ * bytes. After it, closing tp drops mu nowhere. */
+static void peer_quiesce(struct kv__tcp *t, struct kv__tcp_peer *tp)
+{
+    for (uint32_t i = 0; i < tp->n_conns; i++)
+        if (tp->conns[i])
+            kv__tcp_vj_drop(t, tp->conns[i]);
+}
+
 /* mu held: close every connection of tp, end the peer (why, msg) and its
  * transfers, drop the backend's reference. tp is freed. */
 static void peer_fail(struct kv__tcp *t, struct kv__tcp_peer *tp, kv_status why, const char *msg)
 {
+    peer_quiesce(t, tp);
     for (struct kv__tcp_peer **pp = &t->peers; *pp; pp = &(*pp)->next)
         if (*pp == tp) {
             *pp = tp->next;
@@ -392,6 +406,8 @@ uint32_t kv__tcp_handshaking(const struct kv__tcp *t)
     for (const struct kv__tcp_peer *tp = t->peers; tp; tp = tp->next)
         if (!tp->p->outgoing && tp->p->state == KV_XPORT_CONNECTING)
             n += tp->n_up;
+        else if (!tp->p->outgoing && !tp->p->user_owned) /* ready, not yet accepted */
+            n += tp->n_conns;
     return n;
 }
 
@@ -539,26 +555,31 @@ static bool sweep(struct kv__tcp *t, struct kv__tcp_peer *tp, uint64_t now)
     }
     /* transfers first: one whose own deadline passed ends TIMED_OUT even
      * when a late sweep also finds its connection stalled (which fails the
-     * peer and, with it, the transfers still within their deadlines) */
-    for (kv_xport_xfer *xf = p->xfers, *nx; xf; xf = nx) {
-        nx = xf->next;
-        if (xf->cancel_req && !xf->busy) {
-            kv__xport_xfer_end(xf, KV_XPORT_CANCELLED, KV_ERR_CANCELLED);
-        } else if (now >= xf->deadline_ns) {
-            const bool busy = xf->busy != 0;
-            const bool cancel = xf->cancel_req;
-            char m[160];
-            snprintf(m, sizeof(m),
+     * peer and, with it, the transfers still within their deadlines). One
+     * with a frame on the wire (busy) fails the peer: its connections'
+     * verify jobs are dropped before any transfer ends, since the verify
+     * thread may be hashing that transfer's bytes (peer_quiesce). */
+    char late[160] = "";
+    for (kv_xport_xfer *xf = p->xfers; xf; xf = xf->next)
+        if (now >= xf->deadline_ns && xf->busy) {
+            snprintf(late, sizeof(late),
                      "xport tcp: transfer %" PRIu64 " not done within %u ms with a frame of it "
                      "on the wire: the connection is closed",
                      xf->id, t->x->cfg.timeout_ms);
-            kv__xport_xfer_end(xf, cancel ? KV_XPORT_CANCELLED : KV_XPORT_TIMED_OUT,
-                               cancel ? KV_ERR_CANCELLED : KV_ERR_TIMEOUT);
-            if (busy) {
-                peer_fail(t, tp, KV_ERR_TIMEOUT, m);
-                return false;
-            }
+            peer_quiesce(t, tp);
+            break;
         }
+    for (kv_xport_xfer *xf = p->xfers, *nx; xf; xf = nx) {
+        nx = xf->next;
+        if (xf->cancel_req && !xf->busy)
+            kv__xport_xfer_end(xf, KV_XPORT_CANCELLED, KV_ERR_CANCELLED);
+        else if (now >= xf->deadline_ns)
+            kv__xport_xfer_end(xf, xf->cancel_req ? KV_XPORT_CANCELLED : KV_XPORT_TIMED_OUT,
+                               xf->cancel_req ? KV_ERR_CANCELLED : KV_ERR_TIMEOUT);
+    }
+    if (late[0]) {
+        peer_fail(t, tp, KV_ERR_TIMEOUT, late);
+        return false;
     }
     for (uint32_t i = 0; i < tp->n_conns; i++) {
         char m[200];

@@ -451,6 +451,16 @@ static struct kv__tcp_verdict on_header(struct kv__tcp *t, struct kv__tcp_conn *
     if (!bound && f->type != KV__XF_HELLO && f->type != KV__XF_REFUSE)
         return bad(KV_ERR_CORRUPT, "xport tcp: frame type %u before the handshake",
                    (unsigned)f->type);
+    /* An incoming peer is READY at its last connection's HELLO, the one we
+     * answer last; it cannot be READY itself before, so it sends nothing
+     * else before. (An outgoing peer's listener may: it is READY when we
+     * are not yet, and a connection's answer can trail another's frames.) */
+    if (bound && !tp->p->outgoing && tp->p->state == KV_XPORT_CONNECTING &&
+        f->type != KV__XF_HELLO && f->type != KV__XF_REFUSE)
+        return bad(KV_ERR_CORRUPT,
+                   "xport tcp: frame type %u on connection %u before the peer's handshake is "
+                   "done (%u of its %u connections up)",
+                   (unsigned)f->type, c->index, tp->n_up, tp->n_conns);
     c->got = 0;
     kv__xxh3_reset(&c->hs);
     c->dst = (char *)c->small;

@@ -28,7 +28,17 @@
  *   - entries of one write whose destinations overlap: DONE (was FAILED,
  *     KV_ERR_CORRUPT, with every byte landed);
  *   - unexpose refuses reads queued before it: no byte written after it
- *     returns reaches the peer.
+ *     returns reaches the peer;
+ *   - a transfer past its deadline while the verify thread hashes its
+ *     bytes (was ended first, then the peer torn down with the lock
+ *     dropped: the caller freed the transfer and its region under the
+ *     verify thread, a use after free): it stays PENDING until the
+ *     thread lets go, then ends TIMED_OUT;
+ *   - frames from an incoming peer before its handshake is done (were
+ *     queued, and its notifications delivered after the peer was refused):
+ *     refused by name; notifications queued by a peer that never became
+ *     READY are dropped with it; peers ready but not yet accepted count
+ *     against max_handshakes.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -46,7 +56,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/userfaultfd.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1086,6 +1100,132 @@ static void test_xport_edges_unexpose_refuses_queued_reads(void **state)
     free(buf);
 }
 
+/* ---- a deadline while the verify thread reads the transfer ------------- */
+
+static void test_xport_edges_timeout_while_hashing(void **state)
+{
+    (void)state;
+    enum { CH = 512u << 10 };
+    /* The source's second half is missing under userfaultfd: the verify
+     * thread, hashing the frame after the first, blocks on it until the
+     * test fills it. */
+    const int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+    if (uffd < 0)
+        skip(); /* no userfaultfd here (kernel or permissions) */
+    struct uffdio_api api = {.api = UFFD_API};
+    assert_int_equal(ioctl(uffd, UFFDIO_API, &api), 0);
+    char *buf = mmap(NULL, 2 * CH, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(buf != MAP_FAILED);
+    memset(buf, 0x11, CH);
+    struct uffdio_register reg = {.range = {.start = (uintptr_t)buf + CH, .len = CH},
+                                  .mode = UFFDIO_REGISTER_MODE_MISSING};
+    assert_int_equal(ioctl(uffd, UFFDIO_REGISTER, &reg), 0);
+
+    struct kv_xport_config c = cfg_of(true, 1, 400);
+    kv_xport *x = NULL;
+    assert_int_equal(kv_xport_create(&c, &x), KV_OK);
+    struct raw r = raw_join(x, 0x7117); /* it never reads */
+    unsigned char blob[KV_XPORT_BLOB_MAX];
+    const size_t bl = kvt_raw_blob(blob, 1, 64u << 20, r.nonce, r.their);
+    kv_xport_rmem *rm = NULL;
+    assert_int_equal(kv_xport_rmem_import(r.peer, blob, bl, &rm), KV_OK);
+    kv_xport_mem *m = NULL;
+    assert_int_equal(kv_xport_mem_reg(x, buf, 2 * CH, KV_MEM_HOST, &m), KV_OK);
+    const struct kv_xport_io io = {m, 0, rm, 0, 2 * CH};
+    kv_xport_xfer *t = NULL;
+    assert_int_equal(kv_xport_write(r.peer, &io, 1, NULL, &t), KV_OK);
+
+    struct pollfd pf = {.fd = uffd, .events = POLLIN};
+    assert_int_equal(poll(&pf, 1, 10000), 1); /* the verify thread is in the second half */
+    struct uffd_msg msg;
+    assert_int_equal(read(uffd, &msg, sizeof(msg)), (ssize_t)sizeof(msg));
+    assert_int_equal(msg.event, UFFD_EVENT_PAGEFAULT);
+    /* Past the deadline, with the thread still reading: nothing is ended
+     * under it, so nothing can be freed under it. */
+    usleep(700 * 1000);
+    kv_xport_state s = KV_XPORT_DONE;
+    assert_int_equal(kv_xport_xfer_wait(t, 0, &s), KV_ERR_TIMEOUT);
+    assert_int_equal(s, KV_XPORT_PENDING);
+    assert_int_equal(kv_xport_xfer_free(t), KV_ERR_BAD_STATE);
+    assert_int_equal(kv_xport_mem_dereg(m), KV_ERR_BAD_STATE);
+    /* The thread lets go: the transfer ends TIMED_OUT, the peer closed
+     * naming it; then everything can go, in this order. */
+    struct uffdio_zeropage zp = {.range = {.start = (uintptr_t)buf + CH, .len = CH}};
+    assert_int_equal(ioctl(uffd, UFFDIO_ZEROPAGE, &zp), 0);
+    assert_int_equal(kv_xport_xfer_wait(t, 10000, &s), KV_OK);
+    assert_int_equal(s, KV_XPORT_TIMED_OUT);
+    assert_int_equal(wait_closed(r.peer, 5000), KV_ERR_TIMEOUT);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(m), KV_OK);
+    assert_int_equal(kv_xport_rmem_free(rm), KV_OK);
+    kv_xport_peer_close(r.peer);
+    close(r.fd);
+    assert_int_equal(kv_xport_destroy(x), KV_OK);
+    munmap(buf, 2 * CH);
+    close(uffd);
+}
+
+/* ---- frames before the handshake is done ------------------------------- */
+
+static void test_xport_edges_frames_before_ready(void **state)
+{
+    (void)state;
+    struct kv_xport_config c = cfg_of(true, 2, 300);
+    c.max_pending_notes = 4;
+    kv_xport *x = NULL;
+    assert_int_equal(kv_xport_create(&c, &x), KV_OK);
+    /* HELLO on connection 0 of 2 (never 1), then a NOTIFY: refused by
+     * name, the peer never appears, its notification never queued. */
+    const int fd = raw_connect(kv_xport_port(x));
+    unsigned char b[KV__XF_BYTES + 64];
+    size_t n = kvt_raw_hello(b, TOKEN, 0, 0x4001, 0, 2, 0);
+    assert_true(kvt_raw_send(fd, b, n));
+    struct kv__xf f;
+    unsigned char pl[160];
+    assert_true(kvt_raw_next(fd, &f, pl, sizeof(pl), 5000));
+    assert_int_equal(f.type, KV__XF_HELLO);
+    n = kvt_raw_frame(b, KV__XF_NOTIFY, 0, 1, 0, 0x77, "early", 5);
+    assert_true(kvt_raw_send(fd, b, n));
+    struct kv_xport_msg *m = malloc(sizeof(*m));
+    assert_int_equal(kv_xport_notify_poll(x, 600, m), KV_ERR_TIMEOUT);
+    kv_xport_peer *p = NULL;
+    assert_int_equal(kv_xport_accept(x, 0, &p), KV_ERR_TIMEOUT);
+    struct kv_xport_stats st = KV_XPORT_STATS_INIT;
+    assert_int_equal(kv_xport_stats_get(x, &st), KV_OK);
+    assert_int_equal(st.peers_refused, 1);
+    close(fd);
+    assert_int_equal(kv_xport_destroy(x), KV_OK);
+    /* Peers ready but not accepted hold connections: they count against
+     * max_handshakes. */
+    c = cfg_of(true, 1, 5000);
+    c.max_handshakes = 2;
+    assert_int_equal(kv_xport_create(&c, &x), KV_OK);
+    int fds[3];
+    for (int i = 0; i < 2; i++) {
+        fds[i] = raw_connect(kv_xport_port(x));
+        uint64_t their = 0;
+        assert_true(kvt_raw_handshake(fds[i], TOKEN, 0, 0x5001 + (uint64_t)i, &their));
+    }
+    fds[2] = raw_connect(kv_xport_port(x));
+    uint64_t their = 0;
+    assert_false(kvt_raw_handshake(fds[2], TOKEN, 0, 0x5003, &their));
+    assert_int_equal(kv_xport_stats_get(x, &st), KV_OK);
+    assert_int_equal(st.handshakes_over_limit, 1);
+    for (int i = 0; i < 2; i++) { /* accepted: room again */
+        assert_int_equal(kv_xport_accept(x, 5000, &p), KV_OK);
+        kv_xport_peer_close(p);
+    }
+    close(fds[2]);
+    fds[2] = raw_connect(kv_xport_port(x));
+    assert_true(kvt_raw_handshake(fds[2], TOKEN, 0, 0x5004, &their));
+    assert_int_equal(kv_xport_accept(x, 5000, &p), KV_OK);
+    kv_xport_peer_close(p);
+    for (int i = 0; i < 3; i++)
+        close(fds[i]);
+    assert_int_equal(kv_xport_destroy(x), KV_OK);
+    free(m);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1102,6 +1242,8 @@ int main(void)
         cmocka_unit_test(test_xport_edges_forged_status),
         cmocka_unit_test(test_xport_edges_overlapping_entries),
         cmocka_unit_test(test_xport_edges_unexpose_refuses_queued_reads),
+        cmocka_unit_test(test_xport_edges_timeout_while_hashing),
+        cmocka_unit_test(test_xport_edges_frames_before_ready),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
