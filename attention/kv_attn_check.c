@@ -351,7 +351,8 @@ static kv_status check_pages(const char *fn, const struct kv_layout *lo, const s
             if (pg->seq_lens[s] < 0)
                 return kv__error(KV_ERR_CORRUPT, "%s: seq_lens[%" PRIu32 "] = %" PRId64 " < 0", fn,
                                  s, pg->seq_lens[s]);
-            const int64_t np = (pg->seq_lens[s] + pt - 1) / pt;
+            /* no overflow for lengths near 2^63 (was (len + pt - 1) / pt) */
+            const int64_t np = pg->seq_lens[s] / pt + (pg->seq_lens[s] % pt != 0);
             if (np > (int64_t)pg->block_table_cols)
                 return kv__error(KV_ERR_OUT_OF_BOUNDS,
                                  "%s: sequence %" PRIu32 " has %" PRId64 " tokens = %" PRId64
@@ -400,7 +401,7 @@ static kv_status check_pages(const char *fn, const struct kv_layout *lo, const s
             tokens = np ? (np - 1) * pt + last : 0;
         } else {
             tokens = pg->seq_lens[s];
-            np = (tokens + pt - 1) / pt;
+            np = tokens / pt + (tokens % pt != 0);
             ids = pg->block_table + (size_t)s * pg->block_table_cols;
         }
         for (int64_t j = 0; j < np; j++) {

@@ -61,7 +61,16 @@ def _plan_config(heads, layers):
     return cfg
 
 
-_PLANES = {None: 3, "kv": 3, "k": 1, "v": 2}
+def _pages_c(pages):
+    """pages' struct kv_pages, or InvalidArg naming what was passed."""
+    c = getattr(pages, "_c", None)
+    if c is None:
+        raise error("KV_ERR_INVALID_ARG", "pages: a kvcache.Pages (Cache.pages(seqs), "
+                    "Pages.from_csr, Pages.from_block_table), got %s" % type(pages).__name__)
+    return c
+
+
+_PLANES = {None: 0, "kv": 3, "k": 1, "v": 2}  # 0: the planes the cache has
 
 
 def _copy_opts(layers, planes, num_layers):
@@ -712,6 +721,9 @@ class Cache:
     def _scales(scales, keep):
         if scales is None:
             return None
+        if not isinstance(scales, (tuple, list)) or len(scales) != 2 or scales[0] is None:
+            raise error("KV_ERR_INVALID_ARG", "scales: (k_scales, v_scales), or (k_scales, None) "
+                        "for a K-only cache, each a float or one per KV head; got %r" % (scales,))
         ks = np.ascontiguousarray(np.asarray(scales[0], dtype=np.float32).reshape(-1))
         if scales[1] is None:  # K scales only: a K-only (MLA) cache
             keep.append(ks)
@@ -754,6 +766,9 @@ class Cache:
         s32 = _int32_slots(_host_index(slots, "slots", self.mem))
         sl = s32 if s32 is not None else int_array(slots, "slots", I64).reshape(-1)
         kb = self._tensor(k, "k")
+        if v is None and not self.layout.k_only:
+            raise error("KV_ERR_INVALID_ARG", "write: v is None, but this layout has a V plane "
+                        "(only a K-only layout, Layout(k_only=True), takes v None)")
         vb = self._tensor(v, "v") if v is not None else None
         vref = vb.ref() if vb is not None else None
         keep = []
@@ -784,7 +799,7 @@ class Cache:
         kb = self._tensor(k_out, "k_out", True) if k_out is not None else None
         vb = self._tensor(v_out, "v_out", True) if v_out is not None else None
         keep = []
-        check(L.kv_attn_read(pc, layer, ctypes.byref(pages._c),
+        check(L.kv_attn_read(pc, layer, ctypes.byref(_pages_c(pages)),
                              kb.ref() if kb else None, vb.ref() if vb else None,
                              self._scales(scales, keep)))
 
@@ -802,6 +817,20 @@ class Cache:
         in back), any ids on either side, no dst twice. Where this cache or
         src is a device cache: copies is an int32 CUDA tensor [n, 3], the
         other cache CUDA or pinned memory, stream and errors as in write."""
+        if src is None or src is self:
+            return self._copy_blocks(copies, layers, planes, None, stream, errors)
+        if not hasattr(src, "_paged") or not hasattr(src, "_enter"):
+            raise error("KV_ERR_INVALID_ARG", "src: a Cache or PagedCache, got %s" %
+                        type(src).__name__)
+        if getattr(src, "closed", False):
+            raise error("KV_ERR_BAD_STATE", "src: the cache is closed")
+        src._enter()  # src's close() waits for this copy, as self's does
+        try:
+            return self._copy_blocks(copies, layers, planes, src, stream, errors)
+        finally:
+            src._leave()
+
+    def _copy_blocks(self, copies, layers, planes, src, stream, errors):
         if self._cuda is not None or (src is not None and src._cuda is not None):
             opts = _copy_opts(layers, planes, self.layout.num_layers)
             return _gpu.copy_blocks(self, copies, opts, src, stream, errors)
@@ -861,7 +890,7 @@ class Cache:
         keep = []
         sc = self._scales(None if k_scale is None else ([k_scale], None), keep)
         dv = ob.view.shape[ob.view.ndim - 1] if ob.view.ndim else 0
-        check(L.kv_attn_decode_mla(pc, layer, qb.ref(), ctypes.byref(pages._c),
+        check(L.kv_attn_decode_mla(pc, layer, qb.ref(), ctypes.byref(_pages_c(pages)),
                                    integer(dv, "dv", I64), float(scale), sc, ob.ref()))
 
     @_call
@@ -888,8 +917,8 @@ class Cache:
         qo = self._qo_indptr(qo_indptr, pages)
         dv = ob.view.shape[ob.view.ndim - 1] if ob.view.ndim else 0
         check(L.kv_attn_prefill_mla(pc, layer, qb.ref(), _p(qo, _lib.c_i32p),
-                                    ctypes.byref(pages._c), integer(dv, "dv", I64), float(scale),
-                                    sc, ob.ref(), opts))
+                                    ctypes.byref(_pages_c(pages)), integer(dv, "dv", I64),
+                                    float(scale), sc, ob.ref(), opts))
 
     @_call
     def prefill(self, layer: int, q, qo_indptr, pages: "Pages", out,
@@ -917,23 +946,23 @@ class Cache:
         opts = self._attn_opts(qb, window_left, soft_cap, lse, keep)
         if qo_indptr is None:
             if opts is None:
-                check(L.kv_attn_decode(pc, layer, qb.ref(), ctypes.byref(pages._c), float(scale),
-                                       sc, ob.ref()))
+                check(L.kv_attn_decode(pc, layer, qb.ref(), ctypes.byref(_pages_c(pages)),
+                                       float(scale), sc, ob.ref()))
             else:
-                check(L.kv_attn_decode_ex(pc, layer, qb.ref(), ctypes.byref(pages._c),
+                check(L.kv_attn_decode_ex(pc, layer, qb.ref(), ctypes.byref(_pages_c(pages)),
                                           float(scale), sc, ob.ref(), opts))
             return
         qo = self._qo_indptr(qo_indptr, pages)
-        check(L.kv_attn_prefill(pc, layer, qb.ref(), _p(qo, _lib.c_i32p), ctypes.byref(pages._c),
-                                float(scale), sc, ob.ref(), opts))
+        check(L.kv_attn_prefill(pc, layer, qb.ref(), _p(qo, _lib.c_i32p),
+                                ctypes.byref(_pages_c(pages)), float(scale), sc, ob.ref(), opts))
 
     def _qo_indptr(self, qo_indptr, pages):
         qo = int_array(_host_index(qo_indptr, "qo_indptr", self.mem), "qo_indptr",
                        I32).reshape(-1)
         qo = np.ascontiguousarray(qo, dtype=np.int32)
-        if qo.size != pages._c.n_seqs + 1:
+        if qo.size != _pages_c(pages).n_seqs + 1:
             raise error("KV_ERR_BAD_SHAPE", "qo_indptr has %d entries, pages %d sequences (+1)" %
-                        (qo.size, pages._c.n_seqs))
+                        (qo.size, _pages_c(pages).n_seqs))
         return qo
 
     @staticmethod
@@ -950,10 +979,12 @@ class Cache:
                 a = lse if isinstance(lse, np.ndarray) else np.asarray(lse)
                 if (a.dtype != np.float32 or a.ndim != 2 or not a.flags.writeable or
                         (a.shape[1] > 1 and a.strides[1] != 4) or a.strides[0] % 4 or
-                        a.strides[0] < 0):
+                        a.strides[0] < 0 or (a.shape[0] > 1 and a.strides[0] < 4 * a.shape[1])):
+                    # rows closer than Hq floats (a broadcast, stride 0) overlap
                     raise error("KV_ERR_INVALID_ARG",
-                                "lse: a writable float32 array [rows][Hq] with contiguous heads, "
-                                "got %s %s strides %s" % (a.dtype, a.shape, a.strides))
+                                "lse: a writable float32 array [rows][Hq] with contiguous heads "
+                                "and rows that do not overlap, got %s %s strides %s" %
+                                (a.dtype, a.shape, a.strides))
                 if a.shape != (qb.view.shape[0], qb.view.shape[1]):
                     raise error("KV_ERR_BAD_SHAPE", "lse shape %s, q has %d rows of %d heads" %
                                 (a.shape, qb.view.shape[0], qb.view.shape[1]))

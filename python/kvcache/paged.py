@@ -68,6 +68,7 @@ class PagedCache:
     write = Cache.write
     read = Cache.read
     copy_blocks = Cache.copy_blocks
+    _copy_blocks = Cache._copy_blocks
     decode = Cache.decode
     prefill = Cache.prefill
     decode_mla = Cache.decode_mla
@@ -89,9 +90,9 @@ class PagedCache:
         want = L.kv_dtype_name(layout._c.dtype).decode()
         es = layout.elem_bytes
         if r.elem != want and not (r.raw and r.elem_bytes in (1, es)):
+            raw = ("1-byte integers" if es == 1 else "integers of %d or 1 byte" % es)
             raise error("KV_ERR_MISMATCH", "memory: %s elements, the layout holds %s (pass %s "
-                        "elements, or integers of %d or 1 byte as raw bits)" %
-                        (r.elem, want, want, es))
+                        "elements, or %s as raw bits)" % (r.elem, want, want, raw))
         if r.nbytes < layout.total_bytes:
             raise error("KV_ERR_OUT_OF_BOUNDS", "memory: %d bytes (%s), the layout needs %d "
                         "(Layout.total_bytes)" % (r.nbytes, _describe(memory), layout.total_bytes))
@@ -108,6 +109,8 @@ class PagedCache:
         self.mem = {_MEM_DEVICE: "device", _MEM_PINNED: "pinned"}.get(pc.mem, "host")
         self.device = r.device[1] if cuda else None
         self._region = r  # holds memory (and a DLPack capsule taken from it)
+        torch = sys.modules.get("torch")
+        self._torch = memory if torch is not None and isinstance(memory, torch.Tensor) else None
         self._pc = pc
         if cuda:  # its error record, made now (outside any capture) where a GPU is usable
             self._cuda = _gpu.DeviceSide(self.device)
@@ -121,6 +124,12 @@ class PagedCache:
         return self._cuda.errors() if self._cuda is not None else None
 
     def _paged(self):
+        t = self._torch
+        if t is not None and t.data_ptr() != self._pc.base:
+            raise error("KV_ERR_BAD_STATE", "memory: the tensor now points at 0x%x, this "
+                        "PagedCache at 0x%x (set_() or resize_() moved it; the PagedCache keeps "
+                        "the old storage alive, but the engine no longer sees it)" %
+                        (t.data_ptr(), self._pc.base))
         if self._cuda is not None:
             raise error("KV_ERR_UNSUPPORTED", "this cache is CUDA memory (cuda:%d): the code "
                         "that needs a host or pinned cache (the CPU kernels, prefill, "
@@ -314,7 +323,7 @@ def pages_block_table(layout, block_table, seq_lens, page_ratio=None) -> Pages:
         if (sl < 0).any():
             s = _first(sl < 0)
             raise error("KV_ERR_CORRUPT", "seq_lens[%d] = %d < 0" % (s, sl[s]))
-        np_ = (sl + pt - 1) // pt
+        np_ = sl // pt + (sl % pt != 0)  # no int64 wrap near 2**63
         if (np_ > cols).any():
             s = _first(np_ > cols)
             raise error("KV_ERR_OUT_OF_BOUNDS", "sequence %d has %d tokens = %d pages of %d, "

@@ -406,7 +406,12 @@ def _torch_region(t, what, device_ok):
     else:
         elem = "%s%d" % ("uint" if name.startswith("torch.uint") else "int", 8 * es)
     dev = (_DL_CUDA, t.device.index or 0) if cuda else (_DL_CPU, 0)
-    return Region(t.data_ptr() if t.numel() else None, t.numel() * es, dev, elem, es, t)
+    # Kept: the storage itself (t.detach(): t.set_() repoints t, not this),
+    # and on the CPU a NumPy view of it, with which torch refuses resize_()
+    # ("storage that is not resizable") instead of moving the memory.
+    u8 = sys.modules["torch"].uint8
+    keep = (t.detach(),) if cuda else (t.detach(), t.detach().view(u8).numpy())
+    return Region(t.data_ptr() if t.numel() else None, t.numel() * es, dev, elem, es, keep)
 
 
 def _dlpack_region(obj, what, cap, device_ok):

@@ -331,7 +331,8 @@ def test_kernel_methods_are_caches_own():
             assert vars(kvcache.PagedCache).get(name) is f, \
                 "Cache.%s is a kernel: PagedCache must share it" % name
     # decode and prefill reach _paged through _attend, which they share
-    assert kernels >= {"write", "read", "copy_blocks", "_attend", "pack", "unpack"}
+    # copy_blocks reaches it through _copy_blocks (after holding its src open)
+    assert kernels >= {"write", "read", "_copy_blocks", "_attend", "pack", "unpack"}
     for name in ("decode", "prefill"):
         assert vars(kvcache.PagedCache).get(name) is vars(kvcache.Cache)[name], name
 
@@ -671,3 +672,108 @@ def test_kernel_refusals_on_engine_memory_change_nothing():
                   kvcache.Pages.from_csr(lay, [0, 1], [9], [1]), np.zeros((1, H, D), np.uint8))
     assert "out: a uint8 tensor is taken as raw fp8 bytes" in e.value.message
     assert np.array_equal(mem.view(np.uint16), before.view(np.uint16))
+
+
+# ---- found by an audit of the edges (2026-12-05) -------------------------------------
+
+
+def _f32_paged():
+    lay = vllm_layout(dtype="f32", num_blocks=16)
+    mem = np.zeros(lay.total_bytes // 4, np.float32)
+    return lay, mem, kvcache.PagedCache(lay, mem)
+
+
+def test_lse_rows_that_overlap_are_refused():
+    # A broadcast lse (row stride 0, torch's expand()) was passed on as
+    # lse_stride 0, which the library reads as Hq: S rows written into one.
+    from numpy.lib.stride_tricks import as_strided
+    lay, mem, pc = _f32_paged()
+    rng = np.random.default_rng(3)
+    k = rng.standard_normal((N, H, D)).astype(np.float32)
+    pc.write(0, k, k, np.arange(N, dtype=np.int64))
+    S, Hq = 8, H
+    pages = kvcache.Pages.from_block_table(lay, np.zeros((S, 1), np.int32),
+                                           np.full(S, N, np.int64))
+    q = rng.standard_normal((S, Hq, D)).astype(np.float32)
+    out = np.full((S, Hq, D), 5.0, np.float32)
+    backing = np.full(Hq + 4, 7.0, np.float32)
+    for strides in ((0, 4), (4, 4)):  # a broadcast; rows one float apart
+        lse = as_strided(backing[:Hq], shape=(S, Hq), strides=strides)
+        with pytest.raises(kvcache.KvError, match=r"do not overlap.*strides \(%d, 4\)" %
+                           strides[0]):
+            pc.decode(0, q, pages, out, lse=lse)
+    assert (backing == 7.0).all() and (out == 5.0).all()
+    lse = np.zeros((S, Hq), np.float32)  # the same call with rows apart: written
+    pc.decode(0, q, pages, out, lse=lse)
+    assert np.isfinite(lse).all() and not (out == 5.0).any()
+
+
+def test_copy_blocks_holds_its_src_open():
+    lay = vllm_layout(dtype="f32", num_blocks=16)
+    dst, src = kvcache.Cache(lay), kvcache.Cache(lay)
+    entered = []
+    real = src._enter
+
+    def spy():  # copy_blocks counts itself as a call in flight on src
+        real()
+        entered.append(src._busy)
+    src._enter = spy
+    dst.copy_blocks([[1, 2]], src=src)
+    assert entered == [1] and src._busy == 0
+    src.close()
+    with pytest.raises(kvcache.KvError, match="src: the cache is closed"):
+        dst.copy_blocks([[1, 2]], src=src)
+    with pytest.raises(kvcache.KvError, match="src: a Cache or PagedCache, got ndarray"):
+        dst.copy_blocks([[1, 2]], src=np.zeros(4))
+
+
+def test_seq_lens_near_2_63_are_refused_by_name():
+    lay, mem, pc = _f32_paged()
+    for n in (2**63 - 1, 2**63 - 5):
+        with pytest.raises(kvcache.KvError, match="sequence 0 has %d tokens = %d pages" %
+                           (n, -(-n // N))):
+            kvcache.Pages.from_block_table(lay, np.zeros((1, 1), np.int32),
+                                           np.array([n], np.int64))
+
+
+def test_copy_blocks_layers_on_a_k_only_cache():
+    lay = kvcache.Layout(num_layers=2, num_blocks=8, block_tokens=8, num_heads=1, head_dim=32,
+                         dtype="f16", k_only=True)
+    mem = np.random.default_rng(4).standard_normal(lay.total_bytes // 2).astype(np.float16)
+    pc = kvcache.PagedCache(lay, mem)
+    before = mem.copy()
+    pc.copy_blocks([[0, 5]], layers=1)  # was refused: planes None read as K and V
+    per_block = 8 * 32 * 2 // 2  # elements of a block's K rows of one layer
+    blk = lambda layer, b: slice((layer * 8 + b) * per_block, (layer * 8 + b + 1) * per_block)
+    want = before.copy()
+    want[blk(1, 5)] = before[blk(1, 0)]
+    assert (mem.view(np.uint16) == want.view(np.uint16)).all()
+
+
+def test_refusals_that_were_python_errors_name_the_values():
+    lay, mem, pc = _f32_paged()
+    k = np.zeros((1, H, D), np.float32)
+    out = np.zeros((1, H, D), np.float32)
+    with pytest.raises(kvcache.KvError, match="pages: a kvcache.Pages .*got NoneType"):
+        pc.decode(0, k, None, out)
+    with pytest.raises(kvcache.KvError, match="scales: .*got 1.0"):
+        pc.write(0, k, k, np.zeros(1, np.int64), scales=1.0)
+    with pytest.raises(kvcache.KvError, match="v is None, but this layout has a V plane"):
+        pc.write(0, k, None, np.zeros(1, np.int64))
+    assert not mem.any()
+    l8 = vllm_layout(dtype="fp8_e4m3")
+    with pytest.raises(kvcache.KvError, match="1-byte integers as raw bits"):
+        kvcache.PagedCache(l8, np.zeros(l8.total_bytes // 2, np.int16))
+
+
+def test_torch_storage_moved_under_a_paged_cache_is_refused():
+    torch = pytest.importorskip("torch")
+    lay = vllm_layout(dtype="f32", num_blocks=16)
+    t = torch.zeros(lay.total_bytes // 4, dtype=torch.float32)
+    pc = kvcache.PagedCache(lay, t)
+    with pytest.raises(RuntimeError, match="not resizable"):
+        t.resize_(t.numel() * 4)  # refused by torch while the cache holds it
+    t.set_(torch.zeros(t.numel()))  # repointed: the old storage stays alive
+    k = np.ones((N, H, D), np.float32)
+    with pytest.raises(kvcache.KvError, match="set_\\(\\) or resize_\\(\\) moved it"):
+        pc.write(0, k, k, np.arange(N, dtype=np.int64))
