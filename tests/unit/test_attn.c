@@ -1276,6 +1276,12 @@ static void test_attn_refusals_leave_the_pool_alone(void **state)
                           .seq_lens = lens};
     REFUSED(kv_attn_read(f.c, 0, &bt, &k4, &v4, NULL), KV_ERR_OUT_OF_BOUNDS,
             "but the block table has 1 columns");
+    /* a length near 2^63: its page count without overflow (was (len + pt -
+     * 1) / pt: undefined, negative, so the column check passed) */
+    lens[0] = INT64_MAX;
+    REFUSED(kv_attn_read(f.c, 0, &bt, &k4, &v4, NULL), KV_ERR_OUT_OF_BOUNDS,
+            "9223372036854775807 tokens = 1152921504606846976 pages of 8");
+    lens[0] = 12;
     pg.format = (enum kv_pages_format)9;
     REFUSED(kv_attn_read(f.c, 0, &pg, &k4, &v4, NULL), KV_ERR_INVALID_ARG, "pages format 9");
     pg.format = KV_PAGES_CSR;
