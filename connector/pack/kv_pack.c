@@ -483,7 +483,10 @@ static kv_status inspect(const char *fn, const unsigned char *b, size_t len,
                          " bytes; the layout's blocks are %" PRId64,
                          fn, info.block_bytes, info.wire.stride_block_bytes);
     info.payload_bytes = kv__le_get64(b + OFF_PAYLOAD);
-    if (info.payload_bytes != (uint64_t)nb * info.block_bytes ||
+    /* the product first checked not to wrap: a forged layout of 2^62-byte
+     * blocks times 4 is 0 in 64 bits, and a 0-byte payload passed */
+    if ((info.block_bytes && nb > (UINT64_MAX - hdr) / info.block_bytes) ||
+        info.payload_bytes != (uint64_t)nb * info.block_bytes ||
         info.payload_bytes > UINT64_MAX - hdr)
         return kv__error(KV_ERR_CORRUPT,
                          "%s: payload of %" PRIu64 " bytes for %u blocks of %" PRIu64, fn,

@@ -15,6 +15,7 @@
 #include "kv_lib.h"
 #include "kv_mem.h"
 #include "kv_wire.h"
+#include "kv_xport_int.h"
 #include "kv_xport_layers.h"
 
 #define NOTE_MAGIC 0x574C564Bu
@@ -538,6 +539,25 @@ kv_status kv_xlayer_rx_stats_get(kv_xlayer_rx *rx, struct kv_xlayer_rx_stats *ou
  *   status != KV_OK => nothing more is posted but the ABORT
  *   terminal <=> n_xf == 0 && !abort_xf && (status == KV_OK ? acked == n_layers : abort_sent)
  */
+/* A request holds a reference on its peer from begin until it is
+ * reported: a caller may close the peer at any point (its transfers then
+ * end), and the tracker's posts and ABORT still find a peer, a closed one
+ * that refuses them, never a freed one. */
+static void peer_hold(kv_xport_peer *p)
+{
+    pthread_mutex_lock(&p->x->mu);
+    p->refs++;
+    pthread_mutex_unlock(&p->x->mu);
+}
+
+static void peer_release(kv_xport_peer *p)
+{
+    kv_xport *x = p->x;
+    pthread_mutex_lock(&x->mu);
+    kv__xport_peer_unref(p);
+    pthread_mutex_unlock(&x->mu);
+}
+
 struct tx_req {
     bool used;
     bool cancel_sent; /* kv_xport_xfer_cancel asked of every transfer in flight */
@@ -660,6 +680,7 @@ kv_status kv_xlayer_tx_begin(kv_xlayer_tx *tx, kv_xport_peer *peer, uint64_t req
     r->request = request;
     r->seq = ++tx->seq;
     r->peer = peer;
+    peer_hold(peer);
     r->n_layers = n_layers;
     r->status = KV_OK;
     tx->open++;
@@ -864,6 +885,7 @@ kv_status kv_xlayer_tx_finished(kv_xlayer_tx *tx, struct kv_xlayer_done *out, ui
         out[k].request = best->request;
         out[k].status = best->status;
         k++;
+        peer_release(best->peer);
         uint64_t *bits = best->bits;
         kv_xport_xfer **xf = best->xf;
         uint32_t *xl = best->xf_layers;

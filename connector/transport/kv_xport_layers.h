@@ -214,7 +214,10 @@ KV_API KV_NODISCARD kv_status kv_xlayer_tx_destroy(kv_xlayer_tx *tx);
 
 /* Open request to peer with n_layers layers (the decoder's count: the
  * request is DONE once every one of them was posted and acknowledged).
- * The peer must stay open until the request is reported. KV_ERR_NULL;
+ * The request holds a reference on the peer until it is reported: a peer
+ * closed meanwhile ends its transfers and the request fails (reported
+ * once, like any failure), and kv_xport_destroy is refused until it has
+ * been reported. KV_ERR_NULL;
  * KV_ERR_INVALID_ARG (n_layers 0 or over max_layers); KV_ERR_BAD_STATE
  * (request open already); KV_ERR_CAPACITY (max_requests open). */
 KV_API KV_NODISCARD kv_status kv_xlayer_tx_begin(kv_xlayer_tx *tx, kv_xport_peer *peer,

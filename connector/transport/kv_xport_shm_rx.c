@@ -490,6 +490,10 @@ struct kv__shm_verdict kv__shm_rx(struct kv__shm *t, struct kv__shm_peer *tp)
                 }
             }
         }
+        if (r <= 0 && fd >= 0) { /* an empty datagram can carry one too */
+            close(fd);
+            fd = -1;
+        }
         if (r == 0)
             return bad(KV_ERR_IO, "xport shm: connection lost (closed by the other end)");
         if (r < 0) {

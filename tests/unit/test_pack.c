@@ -56,6 +56,12 @@ static uint32_t rd32(const unsigned char *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+static void wr32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
 static void wr64(unsigned char *p, uint64_t v)
 {
     for (int i = 0; i < 8; i++)
@@ -916,6 +922,58 @@ static void test_pack_corrupt_zeroes_listed_blocks(void **state)
     }
 }
 
+/* A forged header whose payload size wraps: a K-only source of 2^51 heads
+ * (2^62-byte blocks) times 4 blocks is 0 in 64 bits, and a 192-byte buffer
+ * passed as a whole pack (kv_unpack then read 2^62-byte blocks from it).
+ * Its fingerprint is the forged layout's own: anyone can compute it. */
+static void test_pack_payload_size_does_not_wrap(void **state)
+{
+    (void)state;
+    struct kv_layout_config c = KV_LAYOUT_CONFIG_INIT;
+    c.num_layers = 1, c.num_blocks = 1, c.block_tokens = 16, c.head_dim = 64;
+    c.num_heads = (int64_t)1 << 51;
+    c.dtype = KV_BF16, c.order = KV_ORDER_HND, c.arrange = KV_ARRANGE_BLOCK_MAJOR;
+    c.k_only = true;
+    struct kv_layout src, wire;
+    assert_int_equal(kv_layout_init(&c, &src), KV_OK);
+    assert_int_equal(kv_pack_wire_layout(&src, &wire), KV_OK);
+    const uint32_t nb = 4;
+    const uint64_t bb = (uint64_t)wire.stride_block_bytes;
+    assert_true(bb == (uint64_t)1 << 62 && (uint64_t)nb * bb == 0);
+    const uint64_t hdr = (FIXED + 8 * nb + 8 + 63) / 64 * 64;
+    unsigned char *buf = calloc(1, hdr);
+    assert_non_null(buf);
+    memcpy(buf, "KVPACK\r\n", 8);
+    wr32(buf + 8, 2), wr32(buf + 12, FIXED), wr64(buf + 16, hdr), wr64(buf + 24, 0);
+    wr64(buf + 32, 64), wr32(buf + 40, nb), wr32(buf + 44, 0), wr64(buf + 48, src.fingerprint);
+    wr64(buf + 56, 1), wr64(buf + 64, 1), wr64(buf + 72, 16), wr64(buf + 80, (uint64_t)1 << 51);
+    wr64(buf + 88, 64), wr32(buf + 96, (uint32_t)KV_BF16), wr32(buf + 100, KV_ORDER_HND);
+    wr32(buf + 104, KV_ARRANGE_BLOCK_MAJOR), wr32(buf + 108, 2);
+    wr64(buf + 112, (uint64_t)src.block_stride_bytes), wr64(buf + 120, (uint64_t)src.align_bytes);
+    wr64(buf + 128, bb), wr64(buf + 136, 0), wr64(buf + 144, 1);
+    reseal(buf);
+    struct kv_pack_info info;
+    assert_int_equal(kv_pack_inspect(buf, hdr, &info), KV_ERR_CORRUPT);
+    kvt_assert_msg_has("payload of 0 bytes for 4 blocks of 4611686018427387904");
+    /* and kv_unpack, with a head range (as a tensor-parallel decoder takes) */
+    struct kv_layout_config d = KV_LAYOUT_CONFIG_INIT;
+    d.num_layers = 1, d.num_blocks = 8, d.block_tokens = 16, d.num_heads = 1, d.head_dim = 64;
+    d.dtype = KV_BF16, d.k_only = true;
+    struct kv_layout dlo;
+    assert_int_equal(kv_layout_init(&d, &dlo), KV_OK);
+    unsigned char *dmem = calloc(1, (size_t)dlo.total_bytes);
+    assert_non_null(dmem);
+    const struct kv_paged_cache dst = {dlo, dmem, (size_t)dlo.total_bytes, KV_MEM_HOST};
+    struct kv_plan_config pc = KV_PLAN_CONFIG_INIT;
+    pc.src_head0 = 0, pc.n_heads = 1;
+    const uint32_t ids[4] = {0, 1, 2, 3};
+    assert_int_equal(kv_unpack(NULL, buf, hdr, dst, ids, 4, &pc), KV_ERR_CORRUPT);
+    for (int64_t i = 0; i < dlo.total_bytes; i++)
+        assert_int_equal(dmem[i], 0);
+    free(dmem);
+    free(buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -930,6 +988,7 @@ int main(void)
         cmocka_unit_test(test_pack_streaming_stores),
         cmocka_unit_test(test_unpack_convert_chunks),
         cmocka_unit_test(test_pack_corrupt_zeroes_listed_blocks),
+        cmocka_unit_test(test_pack_payload_size_does_not_wrap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,7 +21,9 @@
  *     nothing else; a cancel in flight ends the same way (KV_ERR_CANCELLED);
  *   - limits and hostile notifications refused by name with nothing
  *     changed (stats compared field by field, waits still pending);
- *   - kv_xlayer_rx_destroy refused while a thread waits, nothing freed.
+ *   - kv_xlayer_rx_destroy refused while a thread waits, nothing freed;
+ *   - prefill's peer closed under an open request (its imported region
+ *     freed too): the request holds the peer, fails, is reported once.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -751,6 +753,61 @@ static void test_xport_layers_rx_destroy_refused_while_waiting(void **state)
     assert_int_equal(kv_xlayer_rx_destroy(rx), KV_OK);
 }
 
+/* ---- the peer closed under an open request ----------------------------- */
+
+/* The caller closes prefill's peer after posting layer 0 and frees the
+ * imported region (allowed: nothing pending); the tracker's request holds
+ * the peer (was a use after free: its last transfer freed, then ABORT sent
+ * through the freed peer), ends failed, is reported once, and
+ * kv_xport_destroy is refused until it is. */
+static void test_xport_layers_peer_closed_under_a_request(void **state)
+{
+    (void)state;
+    enum { PL = 3, PREQ = 515 };
+    static const uint32_t P0[1] = {0}, PN[1] = {1};
+    struct kvt_pair p;
+    pair_open(&p);
+    struct kvt_side s, d;
+    kvt_side_make(&s, PL, 40, 16, 2, 64, KV_BF16, 0, 31);
+    kvt_side_make(&d, PL, 40, 16, 2, 64, KV_BF16, 0, 32);
+    const uint64_t T = 16 * 3;
+    uint32_t sid[3], did[3];
+    uint64_t rng = 33;
+    kvt_pick_ids(&rng, s.lo.num_blocks, 3, sid);
+    kvt_pick_ids(&rng, d.lo.num_blocks, 3, did);
+    struct run u;
+    run_refs(&u, &s, sid, 3, &d, did, 3, T, 2);
+    run_open(&u, &p, &s, &d, P0, PN, 1, PREQ, PL);
+    assert_int_equal(
+        kv_xlayer_tx_post(u.tx, PREQ, u.plans[0], 0, 1, u.ms, 0, sid, 3, u.r, 0, did, 3, T), KV_OK);
+    kv_xport_peer_close(p.pa);
+    assert_int_equal(kv_xport_rmem_free(u.r), KV_OK);
+    assert_int_equal(kv_xport_destroy(p.a), KV_ERR_BAD_STATE); /* the request holds the peer */
+    struct kv_xlayer_done done[2];
+    uint32_t n = 0;
+    assert_int_equal(kv_xlayer_tx_finished(u.tx, done, 2, &n), KV_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(done[0].request, PREQ);
+    assert_true(done[0].status != KV_OK);
+    assert_int_equal(kv_xlayer_tx_finished(u.tx, done, 2, &n), KV_OK);
+    assert_int_equal(n, 0);
+    assert_int_equal(kv_xlayer_tx_destroy(u.tx), KV_OK);
+    assert_int_equal(kv_xlayer_rx_destroy(u.rx), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(u.ms), KV_OK);
+    assert_int_equal(kv_xport_destroy(p.a), KV_OK);
+    if (kv_xport_mem_unexpose(p.pb, u.md) != KV_OK) /* prefill's close may have ended it */
+        kvt_assert_msg_has("not exposed");
+    kv_xport_peer_close(p.pb);
+    assert_int_equal(kv_xport_mem_dereg(u.md), KV_OK);
+    assert_int_equal(kv_xport_destroy(p.b), KV_OK);
+    kv_plan_destroy(u.plans[0]);
+    kv_plan_destroy(u.whole);
+    free(u.ref);
+    free(u.src0);
+    kvt_side_free(&s);
+    kvt_side_free(&d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -759,6 +816,7 @@ int main(void)
         cmocka_unit_test(test_xport_layers_failure_fails_request_once),
         cmocka_unit_test(test_xport_layers_limits_refused_by_name),
         cmocka_unit_test(test_xport_layers_rx_destroy_refused_while_waiting),
+        cmocka_unit_test(test_xport_layers_peer_closed_under_a_request),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -43,6 +43,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include <cmocka.h>
 #include <xxhash.h>
 
@@ -854,6 +856,67 @@ static void test_xport_shm_timeout_and_limits(void **state)
     close(sv[1]);
 }
 
+/* Open descriptors of this process naming a memfd called name. */
+static int memfds_named(const char *name)
+{
+    char want[64];
+    snprintf(want, sizeof(want), "/memfd:%s ", name);
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d));) {
+        char p[300], t[300];
+        snprintf(p, sizeof(p), "/proc/self/fd/%s", e->d_name);
+        const ssize_t k = readlink(p, t, sizeof(t) - 1);
+        if (k > 0) {
+            t[k] = 0;
+            n += strncmp(t, want, strlen(want)) == 0;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+/* An empty datagram carrying a descriptor (was kept open for ever: the
+ * connection closed before it was): closed with the connection. */
+static void test_xport_shm_empty_message_with_a_descriptor(void **state)
+{
+    (void)state;
+    struct kv_xport_config c = kvt_xport_cfg(KV_XPORT_SHM, true, TOKEN, 0);
+    kv_xport *x = NULL;
+    assert_int_equal(kv_xport_create(&c, &x), KV_OK);
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+    assert_int_equal(kv__shm_adopt(x, sv[0]), KV_OK);
+    const int mfd = memfd_create("kvt-empty-dgram", 0);
+    assert_true(mfd >= 0);
+    union {
+        struct cmsghdr h;
+        char c[CMSG_SPACE(sizeof(int))];
+    } cm;
+    memset(&cm, 0, sizeof(cm));
+    char none = 0;
+    struct iovec iov = {&none, 0};
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.c, .msg_controllen = sizeof(cm.c)};
+    struct cmsghdr *h = CMSG_FIRSTHDR(&mh);
+    h->cmsg_level = SOL_SOCKET;
+    h->cmsg_type = SCM_RIGHTS;
+    h->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(h), &mfd, sizeof(int));
+    assert_int_equal(sendmsg(sv[1], &mh, MSG_NOSIGNAL), 0);
+    struct kv_xport_stats st = KV_XPORT_STATS_INIT;
+    for (int i = 0; i < 5000 && st.peers_refused == 0; i++) {
+        usleep(1000);
+        assert_int_equal(kv_xport_stats_get(x, &st), KV_OK);
+    }
+    assert_int_equal(st.peers_refused, 1);
+    assert_int_equal(memfds_named("kvt-empty-dgram"), 1); /* ours only */
+    close(mfd);
+    close(sv[1]);
+    assert_int_equal(kv_xport_destroy(x), KV_OK);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -869,6 +932,7 @@ int main(void)
         cmocka_unit_test(test_xport_shm_peer_killed),
         cmocka_unit_test(test_xport_shm_prefill_to_decode_two_procs),
         cmocka_unit_test(test_xport_shm_hostile_peer),
+        cmocka_unit_test(test_xport_shm_empty_message_with_a_descriptor),
         cmocka_unit_test(test_xport_shm_timeout_and_limits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
