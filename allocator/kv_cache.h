@@ -66,7 +66,11 @@ struct kv_cache_config {
     bool zero_fill;                 /* zero the arena at create (host and pinned memory;
                                        KV_ERR_UNSUPPORTED with KV_MEM_DEVICE) */
     kv_block_event_fn on_event;     /* pool stored/removed events (may be NULL) */
-    void *event_user;               /* passed back to on_event; borrowed for the cache's life */
+    void *event_user;               /* passed back to on_event; borrowed for the cache's life,
+                                       which offload ops extend past the engine's
+                                       kv_cache_destroy (a load they run commits its blocks,
+                                       firing STORED): keep it valid until they are terminal
+                                       (kv_offload_wait) or their tier is destroyed */
     uint32_t head_offset;           /* the model's first KV head this cache holds (tensor
                                        parallel rank r of H heads each: r * H; 0 otherwise):
                                        half of what the offload tier keys a block by, so the

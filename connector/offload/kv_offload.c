@@ -74,8 +74,9 @@ kv_status kv_offload_create(const struct kv_offload_config *cfg, kv_offload **ou
                          (int)cfg->mem);
     if (cfg->threads < 0)
         return kv__error(KV_ERR_INVALID_ARG, "kv_offload_create: threads %d < 0", cfg->threads);
-    size_t slack =
-        cfg->slack_bytes ? cfg->slack_bytes : ((size_t)8 << 20) + cfg->capacity_bytes / 32;
+    size_t slack = cfg->slack_bytes
+                       ? cfg->slack_bytes
+                       : ((size_t)8 << 20) + cfg->capacity_bytes / 32 + cfg->staging_bytes / 4;
     size_t region;
     if (__builtin_add_overflow(cfg->capacity_bytes, cfg->staging_bytes, &region) ||
         __builtin_add_overflow(region, slack, &region))
@@ -621,16 +622,23 @@ kv_status kv_offload_staging_alloc(kv_offload *off, size_t bytes, void **ptr)
         return kv__error(KV_ERR_INVALID_ARG, "kv_offload_staging_alloc: bytes is 0");
     kv_status st = KV_OK;
     pthread_mutex_lock(&off->mu);
+    /* charged the pages it takes, not the bytes asked (1-byte buffers take
+     * a page each); the page jemalloc adds to a large piece comes out of
+     * the slack, which counts a quarter of staging_bytes for it */
+    const size_t charge =
+        bytes > SIZE_MAX - (KV__OFF_STAGING_ALIGN - 1)
+            ? 0
+            : (bytes + KV__OFF_STAGING_ALIGN - 1) / KV__OFF_STAGING_ALIGN * KV__OFF_STAGING_ALIGN;
     if (off->destroyed) {
         st = kv__error(KV_ERR_BAD_STATE,
                        "kv_offload_staging_alloc: the tier is destroyed (%zu staging buffers "
                        "still out keep its region)",
                        off->n_stg);
-    } else if (bytes > off->cfg.staging_bytes - off->st.staging_bytes) {
+    } else if (charge < bytes || charge > off->cfg.staging_bytes - off->st.staging_bytes) {
         st = kv__error(KV_ERR_CAPACITY,
-                       "kv_offload_staging_alloc: %zu bytes with %" PRIu64
+                       "kv_offload_staging_alloc: %zu bytes (%zu of the region) with %" PRIu64
                        " of staging_bytes %zu in use",
-                       bytes, off->st.staging_bytes, off->cfg.staging_bytes);
+                       bytes, charge, off->st.staging_bytes, off->cfg.staging_bytes);
     } else if (off->n_stg == off->cap_stg) {
         struct staging *g =
             kv__mem_grow(off->stg, &off->cap_stg, off->n_stg, off->n_stg + 1, sizeof(*g), 8);
@@ -649,8 +657,8 @@ kv_status kv_offload_staging_alloc(kv_offload *off, size_t bytes, void **ptr)
                            bytes, off->st.region_bytes, off->st.bytes);
     }
     if (st == KV_OK) {
-        off->stg[off->n_stg++] = (struct staging){p, bytes};
-        off->st.staging_bytes += bytes;
+        off->stg[off->n_stg++] = (struct staging){p, charge};
+        off->st.staging_bytes += charge;
         *ptr = p;
     }
     pthread_mutex_unlock(&off->mu);

@@ -72,7 +72,11 @@
  *                 from post until it is terminal, so the engine may
  *                 kv_cache_destroy its own reference with ops queued or
  *                 running; the cache is freed when the last reference goes
- *                 (by the worker, on its thread, when that is the op's);
+ *                 (by the worker, on its thread, when that is the op's).
+ *                 A load running then still commits its blocks, so the
+ *                 cache's on_event fires on the worker's thread: its
+ *                 event_user must stay valid until the op is terminal
+ *                 (kv_offload_wait) or the tier destroyed;
  *   op -> tier    kv_offload_destroy ends every op (CANCELLED); the op
  *                 handles stay valid for kv_offload_test / _wait / _results
  *                 / _op_free (and _cancel, a no-op once terminal), which
@@ -131,7 +135,8 @@ struct kv_offload_config {
     size_t capacity_bytes; /* > 0: most entry bytes held at once */
     size_t staging_bytes;  /* most bytes of staging buffers at once (0: none) */
     size_t slack_bytes;    /* region bytes beyond capacity + staging for the carver's
-                              metadata and size-class rounding; 0 = 8 MiB + capacity/32 */
+                              metadata and a page of each large staging buffer; 0 = 8 MiB
+                              + capacity/32 + staging/4 */
     kv_offload_mem mem;    /* KV_OFFLOAD_MEM_* */
     int threads;           /* copy threads of the worker (OpenMP); 0 = kv_threads(),
                               1 = the worker thread alone */
@@ -184,12 +189,13 @@ struct kv_offload_result {
  * reads them, until it is done). */
 struct kv_offload_stats {
     uint64_t entries;           /* entries held: (hash, block format) pairs */
-    uint64_t bytes;             /* region bytes the entries take, each its carver size
-                                   class (jemalloc's; exact for power-of-two-like
-                                   blocks): <= capacity_bytes */
+    uint64_t bytes;             /* region bytes the entries take, each what its piece
+                                   takes (jemalloc: its size class, plus a page for a
+                                   class of 16 KiB or more): <= capacity_bytes */
     uint64_t capacity_bytes;    /* the configured capacity */
     uint64_t region_bytes;      /* the region: capacity + staging + slack (rounded) */
-    uint64_t staging_bytes;     /* staging bytes handed out now */
+    uint64_t staging_bytes;     /* bytes of the staging buffers out now, each rounded up
+                                   to whole 4 KiB pages */
     uint64_t stores;            /* entries written (one already held is not counted) */
     uint64_t store_touches;     /* stores that found their (hash, format) already held */
     uint64_t loads;             /* blocks loaded (checksum verified) */
@@ -312,9 +318,10 @@ KV_API bool kv_offload_contains(kv_offload *off, const kv_cache *cache, uint64_t
 KV_API KV_NODISCARD kv_status kv_offload_stats_get(kv_offload *off, struct kv_offload_stats *out);
 
 /* A staging buffer of bytes (4 KiB aligned) carved from the region, so a
- * transport can use it without registering it. KV_ERR_NULL;
- * KV_ERR_INVALID_ARG (bytes 0); KV_ERR_CAPACITY (more than staging_bytes
- * in use at once); KV_ERR_NO_MEMORY (the region has no room);
+ * transport can use it without registering it; it counts against
+ * staging_bytes as the whole pages it takes (a page at least).
+ * KV_ERR_NULL; KV_ERR_INVALID_ARG (bytes 0); KV_ERR_CAPACITY (more than
+ * staging_bytes in use at once); KV_ERR_NO_MEMORY (the region has no room);
  * KV_ERR_BAD_STATE (the tier is destroyed, other buffers still out). */
 KV_API KV_NODISCARD kv_status kv_offload_staging_alloc(kv_offload *off, size_t bytes, void **ptr);
 

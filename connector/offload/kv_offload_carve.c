@@ -24,6 +24,11 @@ struct kv__carver {
     pthread_mutex_t mu; /* guards next */
     char *base, *next, *end;
     unsigned arena;
+    /* what a piece of size class n takes of the region: n, and a page more
+     * for a large class (n >= large_min) where jemalloc randomizes a large
+     * piece's offset within a page (opt.cache_oblivious): measured, 1,000
+     * pieces of 16 KiB take 20 KiB each, of 32 KiB 36 KiB */
+    size_t large_min, large_pad;
 };
 
 static void *hook_alloc(extent_hooks_t *h, void *new_addr, size_t size, size_t alignment,
@@ -107,6 +112,13 @@ kv_status kv__carver_create(void *base, size_t bytes, kv__carver **out)
     extent_hooks_t *hp = &c->hooks;
     size_t sz = sizeof(c->arena);
     int e = mallctl("arenas.create", &c->arena, &sz, &hp, sizeof(hp));
+    bool oblivious = true; /* jemalloc's default; counted as on if unreadable */
+    size_t page = 4096, bsz = sizeof(oblivious), psz = sizeof(page), lsz = sizeof(c->large_min);
+    (void)mallctl("opt.cache_oblivious", &oblivious, &bsz, NULL, 0);
+    (void)mallctl("arenas.page", &page, &psz, NULL, 0);
+    if (mallctl("arenas.lextent.0.size", &c->large_min, &lsz, NULL, 0) != 0)
+        c->large_min = 4 * page; /* jemalloc 5's smallest large class */
+    c->large_pad = oblivious ? page : 0;
     if (e != 0) {
         pthread_mutex_destroy(&c->mu);
         kv__mem_free(c);
@@ -187,9 +199,11 @@ void *kv__carver_alloc(kv__carver *c, size_t bytes, size_t align)
 
 size_t kv__carver_size(kv__carver *c, size_t bytes, size_t align)
 {
-    return bytes ? nallocx(bytes,
-                           MALLOCX_ARENA(c->arena) | MALLOCX_TCACHE_NONE | MALLOCX_ALIGN(align))
-                 : 0;
+    if (!bytes)
+        return 0;
+    const size_t n =
+        nallocx(bytes, MALLOCX_ARENA(c->arena) | MALLOCX_TCACHE_NONE | MALLOCX_ALIGN(align));
+    return n >= c->large_min ? n + c->large_pad : n;
 }
 
 void kv__carver_free(kv__carver *c, void *p)
@@ -316,8 +330,9 @@ void *kv__carver_alloc(kv__carver *c, size_t bytes, size_t align)
 
 size_t kv__carver_size(kv__carver *c, size_t bytes, size_t align)
 {
-    (void)c, (void)align; /* pieces are exactly the bytes asked (alignment is padding) */
-    return bytes;
+    (void)c; /* a piece is the bytes asked after up to align - 1 of padding: counted whole
+                (1-byte staging buffers of 4 KiB alignment each take a page) */
+    return align > 1 ? (bytes + align - 1) / align * align : bytes;
 }
 
 /* merge b into a (a->next == b, both free) */

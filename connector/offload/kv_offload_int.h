@@ -41,9 +41,10 @@ kv_status kv__carver_create(void *base, size_t bytes, kv__carver **out);
 void kv__carver_destroy(kv__carver *c);
 /* bytes at align (a power of two); NULL when the region has no room. */
 void *kv__carver_alloc(kv__carver *c, size_t bytes, size_t align);
-/* The bytes a piece of bytes at align takes (jemalloc: its size class; the
- * tier counts entries at this size, so capacity_bytes bounds what they take
- * of the region). */
+/* The bytes a piece of bytes at align takes of the region (jemalloc: its
+ * size class, plus a page for a large class; first-fit: bytes rounded up to
+ * align). The tier counts entries and staging buffers at this size, so
+ * capacity_bytes and staging_bytes bound what they take of the region. */
 size_t kv__carver_size(kv__carver *c, size_t bytes, size_t align);
 /* Return a piece from kv__carver_alloc (NULL: no-op). */
 void kv__carver_free(kv__carver *c, void *p);

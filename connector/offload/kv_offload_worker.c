@@ -166,6 +166,9 @@ static kv_status dev_chunk(kv_offload *off, const struct fmt *f, kv_offload_op *
 static bool run_store(kv_offload *off, kv_offload_op *op, const struct fmt *f, uint32_t chunk,
                       struct entry **slot, uint64_t *sum)
 {
+    /* dup[j]: the entry this chunk is writing that result j found (the
+     * same hash twice in the chunk): its status follows that entry's */
+    struct entry **dup = slot + chunk;
     /* an entry counts what it takes of the region: its carver size class */
     const uint64_t eb =
         (uint64_t)kv__carver_size(off->carver, (size_t)f->entry_bytes, KV__OFF_ENTRY_ALIGN);
@@ -176,9 +179,12 @@ static bool run_store(kv_offload *off, kv_offload_op *op, const struct fmt *f, u
         pthread_mutex_lock(&off->mu);
         for (uint32_t j = 0; j < k; j++) {
             struct kv_offload_result *r = &op->res[i0 + j];
-            slot[j] = NULL;
+            slot[j] = dup[j] = NULL;
             struct entry *e = kv__off_find(off, r->hash, f->block_fp);
             if (e) { /* held already in this format (or being written by this chunk) */
+                for (uint32_t q = 0; q < j; q++)
+                    if (slot[q] == e)
+                        dup[j] = e;
                 kv__off_lru_touch(off, e);
                 off->st.store_touches++;
                 r->status = KV_OK;
@@ -223,6 +229,9 @@ static bool run_store(kv_offload *off, kv_offload_op *op, const struct fmt *f, u
         for (uint32_t j = 0; j < k; j++)
             if (slot[j] && dst != KV_OK) { /* the copy failed: the entry goes */
                 op->res[i0 + j].status = KV_ERR_DEVICE;
+                for (uint32_t q = 0; q < k; q++) /* and its duplicates were not stored */
+                    if (dup[q] == slot[j])
+                        op->res[i0 + q].status = KV_ERR_DEVICE;
                 if (slot[j]->linked)
                     kv__off_table_remove(off, slot[j]);
                 kv__off_unpin(off, slot[j]);
@@ -321,7 +330,8 @@ static void load_commit(kv_offload *off, kv_offload_op *op)
 
 static void run_op(kv_offload *off, kv_offload_op *op, const struct fmt *f, uint32_t chunk)
 {
-    struct entry **slot = kv__mem_calloc(chunk, sizeof(*slot));
+    struct entry **slot =
+        kv__mem_calloc(2 * (size_t)chunk, sizeof(*slot)); /* and run_store's dup */
     uint64_t *sum = kv__mem_calloc(chunk, sizeof(*sum));
     bool cancelled;
     if (!slot || !sum) { /* cannot run: every entry fails, nothing lost */

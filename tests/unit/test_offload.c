@@ -51,6 +51,9 @@
 #include <time.h>
 
 #include <cmocka.h>
+#if !defined(KV_USE_LIBC_MALLOC)
+#include <jemalloc/jemalloc.h>
+#endif
 
 #include <kvcache/kv.h>
 #include "kv_pack_int.h" /* kv__pack_nt_min_bytes */
@@ -92,6 +95,21 @@ static uint64_t entry_bytes(const struct kvt_cache *t)
     const struct kv_layout_config *c = &t->cfg.layout;
     return (uint64_t)(c->num_layers * (c->k_only ? 1 : 2) * c->block_tokens * c->num_heads *
                       c->head_dim * t->pc.layout.elem_bytes);
+}
+
+/* What a piece of bytes at align takes of the tier's region, by what the
+ * carver is: jemalloc's size class, plus the page jemalloc adds to a large
+ * class (16 KiB or more, 4 KiB pages: its randomized offset within a page,
+ * opt.cache_oblivious; 1,000 pieces of 16 KiB take 20 KiB each); first-fit:
+ * bytes rounded up to align. */
+static uint64_t piece_bytes(uint64_t bytes, size_t align)
+{
+#if !defined(KV_USE_LIBC_MALLOC)
+    const size_t n = nallocx((size_t)bytes, MALLOCX_ALIGN(align));
+    return n >= 16384 ? n + 4096 : n;
+#else
+    return (bytes + align - 1) / align * align;
+#endif
 }
 
 /* n blocks of t (spread: the pool is scrambled by the caller), each filled
@@ -291,7 +309,7 @@ static void test_offload_every_layout(void **state)
         store_all(off, &s, h, NB, bits & 1);
         assert_int_equal(kv_offload_stats_get(off, &st1), KV_OK);
         assert_int_equal(st1.stores - st0.stores, NB);
-        assert_int_equal(st1.bytes - st0.bytes, NB * entry_bytes(&s));
+        assert_int_equal(st1.bytes - st0.bytes, NB * piece_bytes(entry_bytes(&s), 64));
         assert_int_equal(load_check(off, &d, h, NB, want), KV_OFFLOAD_DONE);
         /* committed: a prefix lookup in d now finds every hash */
         uint32_t ids[NB], nf = 0;
@@ -1357,7 +1375,8 @@ static void test_offload_staging(void **state)
     }
     struct kv_offload_stats st;
     assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
-    assert_int_equal(st.staging_bytes, (100 << 10) + (64 << 10) + 4096 + 1);
+    /* each counted as the pages it takes: 1 byte takes a page */
+    assert_int_equal(st.staging_bytes, (100 << 10) + (64 << 10) + 4096 + 4096);
     void *q = NULL;
     assert_int_equal(kv_offload_staging_alloc(off, 100 << 10, &q), KV_ERR_CAPACITY);
     assert_non_null(strstr(kv_last_error(), "staging_bytes"));
@@ -1569,6 +1588,50 @@ static int teardown_streaming(void **state)
     return 0;
 }
 
+/* Capacity and staging count what entries and buffers take of the region:
+ * 16 KiB entries take 20 KiB with jemalloc (a large class and its page), so
+ * counting 16 KiB let them outgrow capacity into the staging budget and
+ * the slack (evictions with capacity 82% used, a staging buffer of the
+ * budget refused with none out). */
+static void test_offload_capacity_counts_the_region(void **state)
+{
+    (void)state;
+    uint64_t rng = 0xCA9;
+    struct kvt_cache s;
+    kvt_cache_make(&s, 2, 300, 16, 4, 32, KV_BF16, 0, 41);
+    kvt_pool_scramble(&s, &rng);
+    assert_int_equal(entry_bytes(&s), 16384);
+    const size_t cap = (size_t)4 << 20, stg = (size_t)1 << 20;
+    kv_offload *off = mk_tier(cap, stg);
+    const uint64_t piece = piece_bytes(16384, 64);
+    const uint32_t fit = (uint32_t)(cap / piece);
+    uint64_t *h = malloc((fit + 1) * sizeof(*h));
+    assert_non_null(h);
+    for (uint32_t i = 0; i <= fit; i++)
+        h[i] = hash_of(9000 + (uint64_t)i);
+    store_all(off, &s, h, fit, true); /* exactly full: nothing evicted */
+    expect_table(off, fit, fit * piece, 0);
+    store_all(off, &s, &h[fit], 1, true); /* one more: the oldest goes */
+    expect_table(off, fit, fit * piece, 1);
+    assert_false(kv_offload_contains(off, s.c, h[0]));
+    void *p = NULL; /* the whole staging budget, the tier full */
+    assert_int_equal(kv_offload_staging_alloc(off, stg, &p), KV_OK);
+    assert_int_equal(kv_offload_staging_free(off, p), KV_OK);
+    /* 1-byte buffers count a page each: the budget holds stg / 4096 of them */
+    void **ps = malloc((stg / 4096 + 1) * sizeof(*ps));
+    assert_non_null(ps);
+    for (size_t i = 0; i < stg / 4096; i++)
+        assert_int_equal(kv_offload_staging_alloc(off, 1, &ps[i]), KV_OK);
+    assert_int_equal(kv_offload_staging_alloc(off, 1, &p), KV_ERR_CAPACITY);
+    kvt_assert_msg_has("1 bytes (4096 of the region)");
+    for (size_t i = 0; i < stg / 4096; i++)
+        assert_int_equal(kv_offload_staging_free(off, ps[i]), KV_OK);
+    free(ps);
+    free(h);
+    kv_offload_destroy(off);
+    kvt_cache_free(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1588,6 +1651,7 @@ int main(void)
         cmocka_unit_test(test_offload_free_orders),
         cmocka_unit_test(test_offload_staging),
         cmocka_unit_test(test_offload_carver),
+        cmocka_unit_test(test_offload_capacity_counts_the_region),
         cmocka_unit_test(test_offload_threads),
         cmocka_unit_test(test_offload_threads_chunks),
         cmocka_unit_test_setup_teardown(test_offload_every_layout, setup_streaming,

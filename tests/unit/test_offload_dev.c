@@ -697,7 +697,8 @@ static kv_status failing_copy(int device, const kv_plan *plan, const struct kv_p
 
 /* A failed copy fails its chunk's entries with KV_ERR_DEVICE (a store's
  * entries dropped, a load's blocks released uncommitted), the copies
- * issued before it are still waited for, the other chunks go on. */
+ * issued before it are still waited for, the other chunks go on; a
+ * duplicate of a dropped entry in the same store fails with it. */
 static void test_offload_dev_copy_failure(void **state)
 {
     (void)state;
@@ -760,6 +761,24 @@ static void test_offload_dev_copy_failure(void **state)
     atomic_store(&copy_fail_at, 0);
     const kv_status want_load[2] = {KV_OK, KV_OK};
     assert_int_equal(load_check(off, &d, h + 2, 2, want_load), KV_OFFLOAD_DONE);
+    /* the same block twice in one store, its first copy failing: the
+     * duplicate found the entry being written and was reported KV_OK
+     * although the entry went with the failure; both fail now */
+    uint64_t h5 = hash_of(905);
+    uint32_t id5;
+    put_blocks(&s, &h5, 1, &id5);
+    const uint32_t twice[2] = {id5, id5};
+    atomic_store(&copy_calls, 0);
+    atomic_store(&copy_fail_at, 1);
+    assert_int_equal(kv_offload_store(off, s.c, twice, 2, &op), KV_OK);
+    assert_int_equal(finish(op), KV_OFFLOAD_FAILED);
+    assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
+    assert_int_equal(res[0].status, KV_ERR_DEVICE);
+    assert_int_equal(res[1].status, KV_ERR_DEVICE);
+    assert_false(kv_offload_contains(off, s.c, h5));
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    atomic_store(&copy_fail_at, 0);
+    assert_int_equal(kv_block_pool_release(s.pool, &id5, 1), KV_OK);
     assert_int_equal(kv_block_pool_release(s.pool, ids, 4), KV_OK);
     free(snap);
     kv_offload_destroy(off);
