@@ -109,8 +109,11 @@ static kv_status kvb__off_setup(struct kvb__off *o, int64_t N, kv_arrange arr, i
     if (st != KV_OK)
         return st;
     struct kv_offload_config oc = KV_OFFLOAD_CONFIG_INIT;
-    oc.capacity_bytes =
-        (size_t)o->nb * (size_t)(o->pc.layout.kv_planes * 32) * (size_t)o->pc.layout.block_bytes;
+    /* room for every entry: each takes its size class (at most a quarter
+     * more than its bytes) and, for a large one, a page (docs/connector.md,
+     * "Capacity and LRU") */
+    const size_t eb = (size_t)(o->pc.layout.kv_planes * 32) * (size_t)o->pc.layout.block_bytes;
+    oc.capacity_bytes = (size_t)o->nb * (eb + eb / 4 + 4096);
     oc.mem = KV_OFFLOAD_MEM_AUTO;
     return kv_offload_create(&oc, &o->off);
 }
