@@ -89,13 +89,17 @@ static kv_status arena_geometry(const struct kv_arena_config *cfg, struct arena_
         /* Virtual memory may be granted far past what exists (overcommit): a
          * KV arena is meant to be filled, so one larger than the machine is
          * refused now rather than OOM-killed later. */
-        if (phys && cfg->size_bytes > phys)
+        /* what is mapped: the size rounded up to align (64 bytes at 2^40
+         * alignment map 2^40 bytes) */
+        const size_t alloc = (cfg->size_bytes + align - 1) & ~(align - 1);
+        if (phys && alloc > phys)
             return kv__error(KV_ERR_NO_MEMORY,
-                             "kv_arena: a host arena of %zu bytes exceeds this machine's %llu "
-                             "bytes of physical memory",
-                             cfg->size_bytes, (unsigned long long)phys);
+                             "kv_arena: a host arena of %zu bytes (size_bytes %zu rounded up to "
+                             "align_bytes %zu) exceeds this machine's %llu bytes of physical "
+                             "memory",
+                             alloc, cfg->size_bytes, align, (unsigned long long)phys);
         g->align = align;
-        g->alloc_bytes = (cfg->size_bytes + align - 1) & ~(align - 1);
+        g->alloc_bytes = alloc;
         return KV_OK;
     }
     /* CUDA allocations are at least 256-byte aligned; a larger alignment is

@@ -229,13 +229,18 @@ kv_status kv_cache_to_dlpack(kv_cache *c, const struct kv_view *v, DLManagedTens
     int64_t lo = 0, hi = 0;
     kv_view_extent_bytes(v, &lo, &hi);
     const uintptr_t a0 = (uintptr_t)kv_arena_base(c->arena), a1 = a0 + kv_arena_size(c->arena);
-    const uintptr_t v0 = (uintptr_t)v->base + (uintptr_t)lo,
-                    v1 = (uintptr_t)v->base + (uintptr_t)hi;
-    if (hi > lo && (v0 < a0 || v1 > a1))
+    const uintptr_t b = (uintptr_t)v->base;
+    /* in terms that cannot wrap (a view just below address 2^64 wrapped
+     * past the end check before): every byte it reaches; an empty view (no
+     * bytes, exported at its base) its base */
+    const bool empty = hi <= lo;
+    if (lo < 0 || (empty ? b < a0 || b > a1
+                         : (uint64_t)hi > UINTPTR_MAX - b || b + (uintptr_t)lo < a0 ||
+                               b + (uintptr_t)hi > a1))
         return kv__error(KV_ERR_OUT_OF_BOUNDS,
-                         "kv_cache_to_dlpack: the view reaches bytes [%p, %p), outside the "
-                         "cache's arena [%p, %p)",
-                         (void *)v0, (void *)v1, (void *)a0, (void *)a1);
+                         "kv_cache_to_dlpack: the view (base %p, bytes [%" PRId64 ", %" PRId64
+                         ") of it) reaches outside the cache's arena [%p, %p)",
+                         (void *)b, lo, hi, (void *)a0, (void *)a1);
     struct kv_mem_region r;
     size_t n = 0;
     if ((st = kv_arena_regions(c->arena, &r, 1, &n)) != KV_OK)

@@ -162,7 +162,10 @@ static kv_status check_scales(const char *fn, const struct kv_scales *s, int64_t
                          "pass v = NULL",
                          fn, (const void *)s->v);
     if (!s->k || (!s->v && !k_only))
-        return kv__error(KV_ERR_NULL, "%s: scales given with k=%p v=%p", fn, (const void *)s->k,
+        return kv__error(KV_ERR_NULL,
+                         "%s: scales given with their %s NULL (k=%p v=%p): a K+V layout takes "
+                         "both, a K-only one K alone",
+                         fn, !s->k ? "K scales" : "V scales", (const void *)s->k,
                          (const void *)s->v);
     if (s->n != 1 && (int64_t)s->n != heads)
         return kv__error(KV_ERR_INVALID_ARG,

@@ -56,8 +56,8 @@ static kv_status dev_scales_post(const char *fn, const struct kv_attn_dev_scales
                          "layer) or %" PRId64 " (one row per layer)",
                          fn, s->layers, lo->num_layers);
     if (!s->k || !s->v)
-        return kv__error(KV_ERR_NULL, "%s: device scales given with k=%p v=%p", fn,
-                         (const void *)s->k, (const void *)s->v);
+        return kv__error(KV_ERR_NULL, "%s: device scales given with their %s NULL (k=%p v=%p)", fn,
+                         !s->k ? "K scales" : "V scales", (const void *)s->k, (const void *)s->v);
     if (s->n != 1 && (int64_t)s->n != lo->num_heads)
         return kv__error(KV_ERR_INVALID_ARG,
                          "%s: %" PRIu32 " scales: expected 1 (per tensor) or %" PRId64

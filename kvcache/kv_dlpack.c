@@ -100,7 +100,14 @@ kv_status kv_view_to_dlpack(const struct kv_view *v, DLDevice dev, kv_dlpack_rel
      * NumPy export themselves. PyTorch up to at least 1.13 ignores
      * byte_offset on import, so an offset carried there would alias the
      * wrong memory without a word. */
-    t->data = v->base ? (char *)v->base + v->offset * (int64_t)kv_dtype_size(v->dtype) : NULL;
+    /* an empty view addresses nothing: exported at its base (its offset,
+     * which no element checks bound, could overflow the multiply) */
+    int64_t numel = 1;
+    for (int i = 0; i < v->ndim; i++)
+        numel = v->shape[i] == 0 ? 0 : numel;
+    t->data = !v->base     ? NULL
+              : numel == 0 ? v->base
+                           : (char *)v->base + v->offset * (int64_t)kv_dtype_size(v->dtype);
     t->device = dev;
     t->ndim = v->ndim;
     t->dtype = (DLDataType){kv__dl_types[k].code, kv__dl_types[k].bits, 1};

@@ -521,50 +521,80 @@ kv_status kv_page_table_seq_append(kv_page_table *pt, uint32_t seq, const int32_
     if (st != KV_OK)
         return st;
     uint32_t last = s->n_blocks - 1;
+    /* The copy holds its src and dst until done (kv_page_table_copies_done),
+     * so neither can return to the pool and be handed out again while a
+     * batch of copies runs at once. A src that is itself the dst of a copy
+     * still queued is read from that copy's src instead: no copy of a batch
+     * reads a block another copy of the batch writes. One taken and not yet
+     * done is refused: it may have run and its dst been written since (its
+     * src would then be stale), or not (its dst not yet written); only
+     * kv_page_table_copies_done tells the two apart. */
+    uint32_t last_id = cow ? s->blocks[last] : 0, src = last_id;
+    if (cow) {
+        for (uint32_t i = 0; i < pt->n_taken; i++)
+            if (pt->copies[i].dst == last_id)
+                return kv__error(KV_ERR_BAD_STATE,
+                                 "kv_page_table_seq_append: seq %" PRIu32 "'s last block %" PRIu32
+                                 " is the dst of a copy taken and not yet done (%" PRIu32
+                                 " taken): call kv_page_table_copies_done once the taken copies "
+                                 "ran, then append",
+                                 seq, last_id, pt->n_taken);
+        for (uint32_t i = pt->n_copies; i-- > pt->n_taken;)
+            if (pt->copies[i].dst == src) {
+                src = pt->copies[i].src;
+                break;
+            }
+    }
 
     st = seq_reserve(pt, s, total_blocks + (cow ? 1 : 0));
     if (st != KV_OK)
         return st;
     if (cow && (st = copies_reserve(pt, 1)) != KV_OK)
         return st;
+    /* the src's hold first: a refusal then changes nothing, before the
+     * allocation below may have evicted a cached block */
+    if (cow) {
+        kv__error_clear();
+        if ((st = pt->cfg.ops.retain(pt->cfg.ops.ctx, &src, 1)) != KV_OK)
+            return kv__error_wrap(st,
+                                  "kv_page_table_seq_append: holding block %" PRIu32
+                                  " as the src of a copy-on-write failed",
+                                  src);
+    }
 
     uint32_t *fresh = s->blocks + s->n_blocks; /* need new ids, then the private copy */
     uint32_t n_alloc = need + (cow ? 1 : 0);
     if (n_alloc) {
         kv__error_clear(); /* a user's source may record no detail */
         st = pt->cfg.ops.alloc(pt->cfg.ops.ctx, n_alloc, fresh);
-        if (st != KV_OK)
+        if (st != KV_OK) {
+            if (cow) {
+                kv_status undo = pt->cfg.ops.release(pt->cfg.ops.ctx, &src, 1);
+                (void)undo;
+            }
             return kv__error_wrap(st,
                                   "kv_page_table_seq_append: seq %" PRIu32 " needs %" PRIu32
                                   " blocks (%" PRIu32 " new + %d copy-on-write) for %" PRIu64
                                   " + %" PRIu64 " tokens",
                                   seq, n_alloc, need, cow ? 1 : 0, old, n);
+        }
     }
     if (cow) {
-        /* The copy holds its src and dst until done (kv_page_table_copies_done),
-         * so neither can return to the pool and be handed out again while a
-         * batch of copies runs at once. A src that is itself the dst of a copy
-         * not yet done is read from that copy's src instead: no copy of a batch
-         * reads a block another copy of the batch writes. */
-        uint32_t last_id = s->blocks[last], src = last_id, dst = fresh[need];
-        for (uint32_t i = pt->n_copies; i-- > 0;)
-            if (pt->copies[i].dst == src) {
-                src = pt->copies[i].src;
-                break;
-            }
-        uint32_t hold[2] = {src, dst};
+        uint32_t dst = fresh[need];
         kv__error_clear();
-        st = pt->cfg.ops.retain(pt->cfg.ops.ctx, hold, 2);
+        st = pt->cfg.ops.retain(pt->cfg.ops.ctx, &dst, 1);
         if (st == KV_OK) {
             st = pt->cfg.ops.release(pt->cfg.ops.ctx, &last_id,
                                      1); /* the sequence's ref moves to dst */
             if (st != KV_OK) {
-                kv_status undo = pt->cfg.ops.release(pt->cfg.ops.ctx, hold, 2);
+                kv_status undo = pt->cfg.ops.release(pt->cfg.ops.ctx, &dst, 1);
                 (void)undo;
             }
         }
         if (st != KV_OK) {
             kv_status undo = pt->cfg.ops.release(pt->cfg.ops.ctx, fresh, n_alloc);
+            (void)undo;
+            undo = pt->cfg.ops.release(pt->cfg.ops.ctx, &src, 1);
             (void)undo;
             return kv__error_wrap(st,
                                   "kv_page_table_seq_append: holding blocks %" PRIu32 " -> %" PRIu32

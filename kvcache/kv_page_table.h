@@ -30,8 +30,11 @@
  * and one on its dst from the moment it is queued until copies_done (or
  * destroy), so neither block can return to the pool and be handed out again
  * -- as another copy's dst, say -- while the batch runs; and a copy whose src
- * is the dst of a copy not yet done reads that copy's src instead, so no copy
- * of a batch reads a block another one writes. These holds do not count as
+ * is the dst of a copy still queued reads that copy's src instead, so no copy
+ * of a batch reads a block another one writes. An append that would copy the
+ * dst of a copy taken and not yet done is refused (KV_ERR_BAD_STATE, nothing
+ * changed): that copy may have run and its dst been written since, or not;
+ * call copies_done once the taken copies ran. These holds do not count as
  * sharing: a block held by one sequence and by pending copies is still that
  * sequence's to write in place.
  *

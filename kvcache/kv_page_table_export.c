@@ -83,6 +83,12 @@ kv_status kv_page_table_export_vllm(const kv_page_table *pt, const uint32_t *seq
                                  "%s: ranges[%" PRIu32 "].count %" PRIu64
                                  " > tokens_per_seq %" PRIu32,
                                  fn, i, rg->count, out->tokens_per_seq);
+            if (rg->count > UINT64_MAX - total) /* was unchecked: a wrapped total sized the
+                                                     buffer, and the export overran it */
+                return kv__error(KV_ERR_OVERFLOW,
+                                 "%s: ranges[%" PRIu32 "].count %" PRIu64 " makes the slots of "
+                                 "ranges 0..%" PRIu32 " exceed 2^64 (%" PRIu64 " before it)",
+                                 fn, i, rg->count, i, total);
             total += rg->count;
         }
     }
@@ -188,6 +194,10 @@ kv_status kv_page_table_export_flashinfer(const kv_page_table *pt, const uint32_
     }
     if (nnz > (uint64_t)INT32_MAX)
         return kv__error(KV_ERR_OVERFLOW, "%s: %" PRIu64 " pages exceed int32 indptr", fn, nnz);
+    if (o->last_page_len && pt->page_tokens > (uint64_t)INT32_MAX)
+        return kv__error(KV_ERR_OVERFLOW,
+                         "%s: pages of %" PRIu64 " tokens: last_page_len is int32 (FlashInfer's)",
+                         fn, (uint64_t)pt->page_tokens);
     if (o->indptr && o->indptr_len < (uint64_t)n_seqs + 1)
         return kv__error(KV_ERR_INVALID_ARG, "%s: indptr_len %" PRIu64 " < n_seqs + 1 = %" PRIu64,
                          fn, o->indptr_len, (uint64_t)n_seqs + 1);

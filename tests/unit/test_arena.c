@@ -124,6 +124,17 @@ static void test_arena_larger_than_memory_is_refused(void **state)
     assert_null(a);
     snprintf(want, sizeof(want), "%llu bytes of physical memory", (unsigned long long)phys);
     assert_non_null(strstr(kv_last_error(), want));
+    /* 64 bytes at an alignment past the machine map the alignment (was
+     * checked before rounding: a 2^40-byte arena granted) */
+    size_t big = 1;
+    while (big <= phys)
+        big <<= 1;
+    cfg.size_bytes = 64;
+    cfg.align_bytes = big;
+    assert_int_equal(kv_arena_create(&cfg, &a), KV_ERR_NO_MEMORY);
+    assert_null(a);
+    snprintf(want, sizeof(want), "size_bytes 64 rounded up to align_bytes %zu", big);
+    assert_non_null(strstr(kv_last_error(), want));
 }
 
 static void test_arena_zero_flag_zeroes(void **state)

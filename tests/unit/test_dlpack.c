@@ -321,6 +321,29 @@ static void test_dlpack_cache(void **state)
     assert_int_equal(kv_cache_to_dlpack(c, &out, &mt), KV_ERR_OUT_OF_BOUNDS);
     assert_null(mt);
     assert_int_equal(kv_cache_to_dlpack(NULL, &blk, &mt), KV_ERR_NULL);
+    /* a view just below address 2^64: its end wrapped past the arena's end
+     * check (was exported, holding a reference) */
+    struct kv_view wrap;
+    const int64_t wshape[1] = {0x2000};
+    assert_int_equal(
+        kv_view_init((void *)(uintptr_t)0xfffffffffffff000ull, 0x2000, KV_U8, 1, wshape, &wrap),
+        KV_OK);
+    assert_int_equal(kv_cache_to_dlpack(c, &wrap, &mt), KV_ERR_OUT_OF_BOUNDS);
+    assert_null(mt);
+    /* an empty view with an offset no element bounds: exported at its base
+     * (its offset times the element size overflowed), a base outside the
+     * arena refused */
+    struct kv_view empty = blk;
+    empty.shape[0] = 0;
+    empty.offset = INT64_MAX / 2;
+    assert_int_equal(kv_cache_to_dlpack(c, &empty, &mt), KV_OK);
+    assert_ptr_equal(mt->dl_tensor.data, empty.base);
+    assert_int_equal(mt->dl_tensor.shape[0], 0);
+    mt->deleter(mt);
+    mt = NULL;
+    empty.base = (char *)blk.base - 4096;
+    assert_int_equal(kv_cache_to_dlpack(c, &empty, &mt), KV_ERR_OUT_OF_BOUNDS);
+    assert_null(mt);
 
     /* the engine lets go; the tensors keep the arena alive */
     kv_cache_destroy(c);

@@ -252,7 +252,9 @@ static void test_devidx_write_refusals(void **state)
     } scr[5] = {
         {{one, one, 1, 0, 2}, KV_ERR_INVALID_ARG, "scales device 2: expected 0"},
         {{one, bad, 2, 0, 0}, KV_ERR_INVALID_ARG, "V scale 1 is nan"},
-        {{NULL, one, 1, 0, 1}, KV_ERR_NULL, "device scales given with k=(nil)"},
+        {{NULL, one, 1, 0, 1},
+         KV_ERR_NULL,
+         "device scales given with their K scales NULL (k=(nil)"},
         {{one, one, 3, 0, 1}, KV_ERR_INVALID_ARG, "3 scales: expected 1 (per tensor) or 2"},
         {{one, one, 1, 5, 1}, KV_ERR_INVALID_ARG, "scales for 5 layers: expected 0 or 1"},
     };

@@ -38,6 +38,7 @@ struct fake {
     uint32_t n_last;
     uint32_t allocs, releases, retains, commits, matches;
     bool fail_commit;
+    bool fail_retain; /* every retain refused (as at a ref-count limit) */
 };
 
 static uint64_t toy_hash(uint64_t parent, const int32_t *tokens, uint32_t n, uint64_t extra)
@@ -104,6 +105,8 @@ static kv_status fake_alloc(void *ctx, uint32_t n, uint32_t *ids)
 static kv_status fake_retain(void *ctx, const uint32_t *ids, uint32_t n)
 {
     struct fake *f = ctx;
+    if (f->fail_retain)
+        return KV_ERR_OVERFLOW;
     uint32_t idx;
     for (uint32_t k = 0; k < n; k++)
         if (!fake_idx(f, ids[k], &idx) || f->ref[idx] == 0)
@@ -1469,6 +1472,127 @@ static void test_page_table_doc_example(void **state)
     free(f);
 }
 
+/* Found by an audit (2026-12-05). */
+
+/* A vLLM export of one long range listed 2^16 times: its slots total 2^64,
+ * which wrapped to 0, sized the caller's buffer, and the export overran
+ * it. A page of 2^31 tokens: FlashInfer's int32 last_page_len wrapped to
+ * INT32_MIN. Both refused by name, nothing written. */
+static void test_page_table_export_totals_do_not_wrap(void **state)
+{
+    (void)state;
+    struct kv_block_pool_config pc = KV_BLOCK_POOL_CONFIG_INIT;
+    pc.num_blocks = (1u << 17) + 4;
+    kv_block_pool *pool = NULL;
+    assert_int_equal(kv_block_pool_create(&pc, &pool), KV_OK);
+    struct kv_page_table_config tc = KV_PAGE_TABLE_CONFIG_INIT;
+    tc.block_tokens = 1u << 31;
+    tc.max_seqs = 2;
+    tc.max_blocks_per_seq = (1u << 17) + 1;
+    assert_int_equal(kv_block_pool_ops(pool, &tc.ops), KV_OK);
+    kv_page_table *pt = NULL;
+    assert_int_equal(kv_page_table_create(&tc, &pt), KV_OK);
+    uint32_t s;
+    assert_int_equal(kv_page_table_seq_create(pt, &s), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, s, NULL, (1ull << 48) + 1), KV_OK);
+    enum { K = 1 << 16 };
+    uint32_t *seqs = malloc(K * sizeof(*seqs));
+    struct kv_token_range *rg = malloc(K * sizeof(*rg));
+    assert_true(seqs && rg);
+    for (uint32_t i = 0; i < K; i++) {
+        seqs[i] = s;
+        rg[i] = (struct kv_token_range){0, 1ull << 48};
+    }
+    struct kv_vllm_export_sizes sz = {0};
+    struct kv_vllm_export q = {.sizes = &sz};
+    expect_msg(kv_page_table_export_vllm(pt, seqs, K, rg, &q), KV_ERR_OVERFLOW,
+               "ranges[65535].count 281474976710656 makes the slots");
+    int64_t sm[16];
+    for (int i = 0; i < 16; i++)
+        sm[i] = -7;
+    struct kv_vllm_export o = {.slot_mapping = sm, .slot_mapping_len = 16};
+    expect_msg(kv_page_table_export_vllm(pt, seqs, K, rg, &o), KV_ERR_OVERFLOW, "exceed 2^64");
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(sm[i], -7);
+    /* FlashInfer: one page of 2^31 tokens */
+    uint32_t s2;
+    assert_int_equal(kv_page_table_seq_create(pt, &s2), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, s2, NULL, 1ull << 31), KV_OK);
+    int32_t indptr[2] = {-7, -7}, indices[2] = {-7, -7}, lpl[1] = {-7};
+    const struct kv_flashinfer_export fo = {indptr, 2, indices, 2, lpl, 1};
+    uint64_t nnz = 0;
+    expect_msg(kv_page_table_export_flashinfer(pt, &s2, 1, &fo, &nnz), KV_ERR_OVERFLOW,
+               "pages of 2147483648 tokens: last_page_len is int32");
+    assert_int_equal(indptr[0], -7);
+    assert_int_equal(lpl[0], -7);
+    const struct kv_flashinfer_export no_lpl = {indptr, 2, indices, 2, NULL, 0};
+    assert_int_equal(kv_page_table_export_flashinfer(pt, &s2, 1, &no_lpl, &nnz), KV_OK);
+    assert_int_equal(nnz, 1);
+    free(seqs);
+    free(rg);
+    kv_page_table_destroy(pt);
+    kv_block_pool_destroy(pool);
+}
+
+/* Copy-on-write through a copy taken and not yet done: the copy may have
+ * run and its dst been written since, so redirecting to its src (as for a
+ * copy still queued) read stale tokens; refused by name, nothing changed.
+ * A hold refused by the block source (a ref-count limit) after the
+ * allocation had evicted a cached block: the src is held first now, and a
+ * refusal changes nothing. */
+static void test_page_table_cow_through_taken_copies(void **state)
+{
+    (void)state;
+    struct fake *f = malloc(sizeof(*f));
+    fake_init(f, 16, 200);
+    kv_page_table *pt = make_pt(f, 4, 1, 4, 4, false);
+    uint32_t a, b, c, d;
+    assert_int_equal(kv_page_table_seq_create(pt, &a), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, a, NULL, 2), KV_OK);
+    assert_int_equal(kv_page_table_seq_fork(pt, a, &b), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, a, NULL, 1), KV_OK); /* cow X -> Y */
+    struct kv_block_copy cp[4];
+    uint32_t n = 0;
+    assert_int_equal(kv_page_table_take_copies(pt, cp, 4, &n), KV_OK);
+    assert_int_equal(n, 1);
+    const uint32_t y = cp[0].dst;
+    assert_int_equal(kv_page_table_seq_fork(pt, a, &c), KV_OK); /* Y shared */
+    uint32_t refs[16];
+    for (uint32_t i = 0; i < 16; i++)
+        refs[i] = f->ref[i];
+    const uint32_t allocs = f->allocs;
+    char want[96];
+    snprintf(want, sizeof(want), "last block %u is the dst of a copy taken and not yet done", y);
+    expect_msg(kv_page_table_seq_append(pt, a, NULL, 1), KV_ERR_BAD_STATE, want);
+    for (uint32_t i = 0; i < 16; i++)
+        assert_int_equal(f->ref[i], refs[i]);
+    assert_int_equal(f->allocs, allocs);
+    uint64_t len = 0;
+    assert_int_equal(kv_page_table_seq_len(pt, a, &len), KV_OK);
+    assert_int_equal(len, 3);
+    assert_int_equal(kv_page_table_copies_done(pt), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, a, NULL, 1), KV_OK); /* cow Y -> Z, from Y */
+    assert_int_equal(kv_page_table_take_copies(pt, cp, 4, &n), KV_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(cp[0].src, y);
+    assert_int_equal(kv_page_table_copies_done(pt), KV_OK);
+    /* c and d share Y; the block source refuses the hold of c's copy */
+    assert_int_equal(kv_page_table_seq_fork(pt, c, &d), KV_OK);
+    for (uint32_t i = 0; i < 16; i++)
+        refs[i] = f->ref[i];
+    const uint32_t allocs2 = f->allocs;
+    f->fail_retain = true;
+    assert_int_equal(kv_page_table_seq_append(pt, c, NULL, 1), KV_ERR_OVERFLOW);
+    f->fail_retain = false;
+    assert_int_equal(f->allocs, allocs2); /* nothing allocated, so nothing evicted */
+    for (uint32_t i = 0; i < 16; i++)
+        assert_int_equal(f->ref[i], refs[i]);
+    assert_int_equal(kv_page_table_seq_len(pt, c, &len), KV_OK);
+    assert_int_equal(len, 3);
+    kv_page_table_destroy(pt);
+    free(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1488,6 +1612,8 @@ int main(void)
         cmocka_unit_test(test_page_table_prefix_reuse),
         cmocka_unit_test(test_page_table_bad_input),
         cmocka_unit_test(test_page_table_doc_example),
+        cmocka_unit_test(test_page_table_export_totals_do_not_wrap),
+        cmocka_unit_test(test_page_table_cow_through_taken_copies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
