@@ -70,11 +70,20 @@ static kv_status check_tensor(const char *fn, const char *name, const struct kv_
                          layers > 0 ? " in [L][T][H][D]" : " in [T][H][D]");
     const int64_t es = (int64_t)kv_dtype_size(v->dtype);
     t->dtype = v->dtype;
-    t->base = (char *)v->base + v->offset * es;
-    t->layer_stride = layers > 0 ? v->strides[0] * es : 0;
-    t->token_stride = v->strides[o] * es;
-    t->head_stride = v->strides[o + 1] * es;
-    t->dim_stride = v->strides[o + 2] * es;
+    /* A stride of a dim of size <= 1 steps nowhere, and an empty view
+     * addresses nothing: the view check bounds neither (a stride or an
+     * offset near 2^63 overflowed the byte multiplies below), so both are
+     * taken as 0 here; every other stride and the offset are within the
+     * storage in bytes already (kv_view_check). */
+    bool empty = false;
+    for (int i = 0; i < v->ndim; i++)
+        empty |= v->shape[i] == 0;
+    const int64_t *sh = v->shape, *sd = v->strides;
+    t->base = (char *)v->base + (empty ? 0 : v->offset * es);
+    t->layer_stride = layers > 0 && sh[0] > 1 ? sd[0] * es : 0;
+    t->token_stride = sh[o] > 1 ? sd[o] * es : 0;
+    t->head_stride = sh[o + 1] > 1 ? sd[o + 1] * es : 0;
+    t->dim_stride = sh[o + 2] > 1 ? sd[o + 2] * es : 0;
     t->n_tokens = v->shape[o];
     return KV_OK;
 }
@@ -199,7 +208,43 @@ static kv_status check_scales(const char *fn, const struct kv_scales *s, int64_t
     return KV_OK;
 }
 
-static kv_status check_layer(const char *fn, int32_t layer, int64_t L, bool all_ok,
+/* The scale rows job reads (check_scales: host memory) against bytes
+ * [a, b) a kernel writes: a scale the kernel overwrote mid-call would be
+ * read back as another value, past the check that every scale is finite
+ * and > 0. */
+static kv_status check_scales_apart(const char *fn, const struct kv__attn_job *job,
+                                    const char *name, uintptr_t a, uintptr_t b)
+{
+    if (!job->k_scale || a >= b)
+        return KV_OK;
+    const int64_t rows = job->scale_layer_stride ? (int64_t)job->n_layers : 1;
+    const uintptr_t n = (uintptr_t)(rows * (int64_t)job->n_scales) * sizeof(float);
+    for (int kv = 0; kv < 2; kv++) {
+        const float *p = kv ? job->v_scale : job->k_scale;
+        if (!p)
+            continue;
+        const uintptr_t sa = (uintptr_t)p, sb = sa + n;
+        if (sa < b && a < sb)
+            return kv__error(KV_ERR_OVERLAP,
+                             "%s: %s (bytes [%p, %p)) overlaps the %s scales (bytes [%p, %p))", fn,
+                             name, (void *)a, (void *)b, kv ? "V" : "K", (void *)sa, (void *)sb);
+    }
+    return KV_OK;
+}
+
+/* check_scales_apart for the bytes view v reaches. */
+static kv_status check_scales_apart_view(const char *fn, const struct kv__attn_job *job,
+                                         const char *name, const struct kv_view *v)
+{
+    if (!v)
+        return KV_OK;
+    int64_t lo = 0, hi = 0;
+    kv_view_extent_bytes(v, &lo, &hi);
+    return check_scales_apart(fn, job, name, (uintptr_t)v->base + (uintptr_t)lo,
+                              (uintptr_t)v->base + (uintptr_t)hi);
+}
+
+static kv_status check_layer(const char *fn, int64_t layer, int64_t L, bool all_ok,
                              struct kv__attn_job *job)
 {
     if (all_ok && layer == KV_ATTN_ALL_LAYERS) {
@@ -208,7 +253,7 @@ static kv_status check_layer(const char *fn, int32_t layer, int64_t L, bool all_
         return KV_OK;
     }
     if (layer < 0 || layer >= L)
-        return kv__error(KV_ERR_INVALID_ARG, "%s: layer %" PRId32 " outside [0, %" PRId64 ")%s", fn,
+        return kv__error(KV_ERR_INVALID_ARG, "%s: layer %" PRId64 " outside [0, %" PRId64 ")%s", fn,
                          layer, L, all_ok ? " (or KV_ATTN_ALL_LAYERS)" : "");
     job->layer0 = (uint32_t)layer;
     job->n_layers = 1;
@@ -319,6 +364,11 @@ static kv_status check_pages(const char *fn, const struct kv_layout *lo, const s
     const int64_t pt = lo->block_tokens / r, n_ids = lo->num_blocks * r;
     const uint32_t S = pg->n_seqs;
     int64_t total_pages = 0;
+    if (pt > (int64_t)UINT32_MAX) /* the kernels keep a page's tokens in 32 bits */
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: pages of %" PRId64 " tokens (block_tokens %" PRId64
+                         " / page_ratio %" PRIu32 "): at most 2^32 - 1 (raise page_ratio)",
+                         fn, pt, lo->block_tokens, r);
 
     if (pg->format == KV__PAGES_DEVICE) {
         /* device-resident CSR (kv_attn_decode_cuda_dev): the kernel reads
@@ -508,7 +558,9 @@ kv_status kv__attn_write_check(const char *fn, const struct kv_paged_cache *cach
     if ((st = check_outside_cache(fn, "k", k, cache)) != KV_OK ||
         (v && (st = check_outside_cache(fn, "v", v, cache)) != KV_OK))
         return st;
-    if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, lo->k_only, job)) != KV_OK)
+    if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, lo->k_only, job)) != KV_OK ||
+        (st = check_scales_apart(fn, job, "the cache storage", (uintptr_t)cache->base,
+                                 (uintptr_t)cache->base + cache->storage_bytes)) != KV_OK)
         return st;
     if ((st = make_runs(fn, lo, slots, n_slots, job)) != KV_OK)
         return st;
@@ -563,7 +615,9 @@ kv_status kv__attn_read_check(const char *fn, const struct kv_paged_cache *cache
     }
     if (k_out && v_out && (st = check_disjoint(fn, "k_out", k_out, "v_out", v_out)) != KV_OK)
         return st;
-    if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, lo->k_only, job)) != KV_OK)
+    if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, lo->k_only, job)) != KV_OK ||
+        (st = check_scales_apart_view(fn, job, "k_out", k_out)) != KV_OK ||
+        (st = check_scales_apart_view(fn, job, "v_out", v_out)) != KV_OK)
         return st;
     if (pages && pages->format == KV__PAGES_DEVICE) /* kv_attn_read_cuda_dev: no runs, no T */
         return check_pages(fn, lo, pages, job);
@@ -584,10 +638,21 @@ kv_status kv__attn_read_check(const char *fn, const struct kv_paged_cache *cache
     return KV_OK;
 }
 
-static int cmp_id(const void *a, const void *b)
+/* A block a copy of a batch touches: its id, the copy's index, read (0) or
+ * written (1). (Packed into one uint64 as id << 33 | index << 1 | w, an id
+ * of 2^31 or more lost its top bit: valid batches refused as overlapping.) */
+struct copy_key {
+    uint32_t id, i, w;
+};
+
+static int cmp_key(const void *a, const void *b)
 {
-    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return (x > y) - (x < y);
+    const struct copy_key *x = a, *y = b;
+    if (x->id != y->id)
+        return x->id < y->id ? -1 : 1;
+    if (x->i != y->i)
+        return x->i < y->i ? -1 : 1;
+    return (x->w > y->w) - (x->w < y->w);
 }
 
 /* The block format two caches of a copy must share (what
@@ -653,32 +718,31 @@ static kv_status check_copy_conflicts(const char *fn, const struct kv_block_copy
 {
     if (n_copies < 2)
         return KV_OK;
-    uint64_t *keys = kv__mem_alloc((size_t)n_copies * 2 * sizeof(uint64_t));
+    struct copy_key *keys = kv__mem_alloc((size_t)n_copies * 2 * sizeof(*keys));
     if (!keys)
         return kv__error(KV_ERR_NO_MEMORY, "%s: %" PRIu32 " copies", fn, n_copies);
     size_t n = 0;
     for (uint32_t i = 0; i < n_copies; i++) {
         if (!two_caches)
-            keys[n++] = (uint64_t)copies[i].src << 33 | (uint64_t)i << 1;
-        keys[n++] = (uint64_t)copies[i].dst << 33 | (uint64_t)i << 1 | 1;
+            keys[n++] = (struct copy_key){copies[i].src, i, 0};
+        keys[n++] = (struct copy_key){copies[i].dst, i, 1};
     }
-    qsort(keys, n, sizeof(uint64_t), cmp_id);
+    qsort(keys, n, sizeof(*keys), cmp_key);
     for (size_t j = 1; j < n; j++) {
-        const uint64_t a = keys[j - 1], b = keys[j];
-        if (a >> 33 != b >> 33 || !((a | b) & 1))
+        const struct copy_key a = keys[j - 1], b = keys[j];
+        if (a.id != b.id || !(a.w | b.w))
             continue; /* different blocks, or two reads of one block */
-        const uint32_t id = (uint32_t)(a >> 33), ia = (uint32_t)(a >> 1) & 0xFFFFFFFFu,
-                       ib = (uint32_t)(b >> 1) & 0xFFFFFFFFu;
+        const uint32_t id = a.id, ia = a.i, ib = b.i;
         kv__mem_free(keys);
-        return two_caches ? kv__error(KV_ERR_OVERLAP,
-                                      "%s: dst block %" PRIu32 " is written by copy %" PRIu32
-                                      " and by copy %" PRIu32 " of the same batch",
-                                      fn, id, ia, ib)
-                          : kv__error(KV_ERR_OVERLAP,
-                                      "%s: block %" PRIu32 " is %s by copy %" PRIu32
-                                      " and %s by copy %" PRIu32 " of the same batch",
-                                      fn, id, (a & 1) ? "written" : "read", ia,
-                                      (b & 1) ? "written" : "read", ib);
+        return two_caches
+                   ? kv__error(KV_ERR_OVERLAP,
+                               "%s: dst block %" PRIu32 " is written by copy %" PRIu32
+                               " and by copy %" PRIu32 " of the same batch",
+                               fn, id, ia, ib)
+                   : kv__error(KV_ERR_OVERLAP,
+                               "%s: block %" PRIu32 " is %s by copy %" PRIu32
+                               " and %s by copy %" PRIu32 " of the same batch",
+                               fn, id, a.w ? "written" : "read", ia, b.w ? "written" : "read", ib);
     }
     kv__mem_free(keys);
     return KV_OK;
@@ -831,8 +895,17 @@ static kv_status check_attn_opts(const char *fn, const struct kv_attn_opts *o, i
         return kv__error(KV_ERR_INVALID_ARG, "%s: lse %p is not 4-byte aligned", fn,
                          (void *)o->lse);
     if (rows > 0) {
-        const uintptr_t a = (uintptr_t)o->lse,
-                        b = a + (uintptr_t)(((rows - 1) * ls + hq) * (int64_t)sizeof(float));
+        /* its bytes, checked not to wrap (a huge lse_stride wrapped past the
+         * overlap tests below, and a row landed in the cache) */
+        int64_t span = 0;
+        if (!kv__mul_i64(rows - 1, ls, &span) || !kv__add_i64(span, hq, &span) ||
+            !kv__mul_i64(span, (int64_t)sizeof(float), &span) ||
+            (uint64_t)span > UINTPTR_MAX - (uintptr_t)o->lse)
+            return kv__error(KV_ERR_OVERFLOW,
+                             "%s: lse of %" PRId64 " rows at lse_stride %" PRId64
+                             " floats exceeds the address space from %p",
+                             fn, rows, ls, (void *)o->lse);
+        const uintptr_t a = (uintptr_t)o->lse, b = a + (uintptr_t)span;
         const struct kv_view *vs[2] = {out, q};
         static const char *const names[2] = {"out", "q"};
         for (int i = 0; i < 2; i++) {
@@ -957,8 +1030,7 @@ kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cac
                          "%s: a K-only (MLA) layout has no V plane: its decode is "
                          "kv_attn_decode_mla (values = the first Dv dims of the K rows)",
                          fn);
-    if ((st = check_layer(fn, layer > INT32_MAX ? -2 : (int32_t)layer, lo->num_layers, false,
-                          job)) != KV_OK)
+    if ((st = check_layer(fn, (int64_t)layer, lo->num_layers, false, job)) != KV_OK)
         return st;
     if ((st = check_q_dims(fn, q, prefill ? "[T][Hq][D]" : "[S][Hq][D]")) != KV_OK)
         return st;
@@ -972,7 +1044,12 @@ kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cac
         return st;
     if ((st = check_attn_opts(fn, opts, q->shape[0], hq, q, out, cache, job)) != KV_OK)
         return st;
-    if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, lo->k_only, job)) != KV_OK)
+    if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, lo->k_only, job)) != KV_OK ||
+        (st = check_scales_apart_view(fn, job, "out", out)) != KV_OK ||
+        (job->lse &&
+         (st = check_scales_apart(
+              fn, job, "lse", (uintptr_t)job->lse,
+              (uintptr_t)(job->lse + (q->shape[0] - 1) * job->lse_stride + hq))) != KV_OK))
         return st;
     if ((st = check_pages(fn, lo, pages, job)) != KV_OK) {
         kv__attn_job_free(job);
@@ -1020,8 +1097,7 @@ static kv_status mla_check(const char *fn, const struct kv_paged_cache *cache, u
                          " KV heads: MLA %s reads one latent plane (k_only) of one KV head",
                          fn, lo->k_only ? "one plane (K only)" : "K and V planes", lo->num_heads,
                          prefill ? "prefill" : "decode");
-    if ((st = check_layer(fn, layer > INT32_MAX ? -2 : (int32_t)layer, lo->num_layers, false,
-                          job)) != KV_OK)
+    if ((st = check_layer(fn, (int64_t)layer, lo->num_layers, false, job)) != KV_OK)
         return st;
     if (dv < 1 || dv > lo->head_dim)
         return kv__error(KV_ERR_INVALID_ARG,
@@ -1037,7 +1113,12 @@ static kv_status mla_check(const char *fn, const struct kv_paged_cache *cache, u
         return st;
     if ((st = check_attn_opts(fn, opts, q->shape[0], hq, q, out, cache, job)) != KV_OK)
         return st;
-    if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, true, job)) != KV_OK)
+    if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, true, job)) != KV_OK ||
+        (st = check_scales_apart_view(fn, job, "out", out)) != KV_OK ||
+        (job->lse &&
+         (st = check_scales_apart(
+              fn, job, "lse", (uintptr_t)job->lse,
+              (uintptr_t)(job->lse + (q->shape[0] - 1) * job->lse_stride + hq))) != KV_OK))
         return st;
     if ((st = check_pages(fn, lo, pages, job)) != KV_OK) {
         kv__attn_job_free(job);

@@ -55,7 +55,13 @@ static kv_status dev_scales_post(const char *fn, const struct kv_attn_dev_scales
                          "%s: scales for %" PRIu32 " layers: expected 0 or 1 (shared by every "
                          "layer) or %" PRId64 " (one row per layer)",
                          fn, s->layers, lo->num_layers);
-    if (!s->k || !s->v)
+    const bool k_only = lo->k_only;
+    if (k_only && s->v)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: V scales given (v=%p) for a K-only (MLA) layout: it has no V plane; "
+                         "pass v = NULL",
+                         fn, (const void *)s->v);
+    if (!s->k || (!s->v && !k_only))
         return kv__error(KV_ERR_NULL, "%s: device scales given with their %s NULL (k=%p v=%p)", fn,
                          !s->k ? "K scales" : "V scales", (const void *)s->k, (const void *)s->v);
     if (s->n != 1 && (int64_t)s->n != lo->num_heads)
@@ -65,7 +71,7 @@ static kv_status dev_scales_post(const char *fn, const struct kv_attn_dev_scales
                          fn, s->n, lo->num_heads);
     const size_t r0 = rows == 1 ? 0 : job->layer0;
     job->k_scale = s->k + r0 * s->n;
-    job->v_scale = s->v + r0 * s->n;
+    job->v_scale = s->v ? s->v + r0 * s->n : NULL;
     job->n_scales = s->n;
     job->scale_layer_stride = rows == 1 ? 0 : (int64_t)s->n;
     return KV_OK;

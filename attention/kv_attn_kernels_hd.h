@@ -1381,7 +1381,7 @@ static inline void kv__cmove_scales_dev(const struct kv__attn_job *j, bool by_va
     const int64_t n = (j->scale_layer_stride ? (int64_t)j->n_layers : 1) * j->n_scales;
     for (int64_t i = 0; i < n && i < KV_ATTN_DEV_SCALES_MAX; i++) {
         m->sv[0][i] = j->k_scale[i];
-        m->sv[1][i] = j->v_scale[i];
+        m->sv[1][i] = j->v_scale ? j->v_scale[i] : 1.0f; /* NULL: a K-only cache */
     }
     m->sv_on = 1;
 }

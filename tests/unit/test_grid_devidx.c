@@ -1307,6 +1307,67 @@ static void test_devidx_plan_copy(void **state)
     kvt_side_free(&d);
 }
 
+/* A K-only (MLA) cache's scales in the device-index entries (found by an
+ * audit, 2026-12-05): by value, K alone (the documented form) crashed the
+ * launch, which copied V's NULL scales; in device memory, K alone was
+ * refused and K with V accepted, the reverse of the header. Now: K alone
+ * writes K divided by its scale, and V scales for a K-only layout are
+ * refused either way. */
+static void test_devidx_k_only_scales(void **state)
+{
+    (void)state;
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 2, cfg.num_blocks = 4, cfg.block_tokens = 4, cfg.num_heads = 1;
+    cfg.head_dim = 8, cfg.dtype = KV_F32, cfg.k_only = true;
+    struct kv_paged_cache c;
+    memset(&c, 0, sizeof(c));
+    assert_int_equal(kv_layout_init(&cfg, &c.layout), KV_OK);
+    c.storage_bytes = (size_t)c.layout.total_bytes;
+    c.base = kv__mem_calloc(1, c.storage_bytes);
+    assert_non_null(c.base);
+    c.mem = KV_MEM_PINNED;
+    float kb[2 * 8];
+    for (int i = 0; i < 16; i++)
+        kb[i] = (float)(i + 1);
+    const int64_t sh[3] = {2, 1, 8};
+    struct kv_view k;
+    assert_int_equal(kv_view_init(kb, sizeof(kb), KV_F32, 3, sh, &k), KV_OK);
+    const float ks = 0.5f, vs = 2.0f;
+    const struct kv_attn_dev_scales by_value = {&ks, NULL, 1, 0, 0};
+    struct kv_attn_cuda_errors rec;
+    memset(&rec, 0, sizeof(rec));
+    struct kv__attn_job j;
+    const int64_t slots[2] = {9, 14};
+    assert_int_equal(kv__attn_write_dev_check("kv_attn_write_cuda_dev", &c, 1, &k, NULL, slots, 2,
+                                              &by_value, &j),
+                     KV_OK);
+    assert_int_equal(kv__grid_attn_write_dev(&j, slots, 2, true, &rec), KV_OK);
+    const float *f = c.base;
+    for (int t = 0; t < 2; t++)
+        for (int d = 0; d < 8; d++) {
+            const uint32_t b = (uint32_t)(slots[t] / 4), tt = (uint32_t)(slots[t] % 4);
+            assert_true(f[kv_layout_elem_offset(&c.layout, 1, 0, b, tt, 0, (uint32_t)d)] ==
+                        kb[t * 8 + d] / ks);
+        }
+    /* device memory: K alone accepted, V refused */
+    const struct kv_attn_dev_scales in_dev = {&ks, NULL, 1, 0, 1};
+    assert_int_equal(
+        kv__attn_write_dev_check("kv_attn_write_cuda_dev", &c, 1, &k, NULL, slots, 2, &in_dev, &j),
+        KV_OK);
+    kv__attn_job_free(&j);
+    const struct kv_attn_dev_scales dev_v = {&ks, &vs, 1, 0, 1};
+    assert_int_equal(
+        kv__attn_write_dev_check("kv_attn_write_cuda_dev", &c, 1, &k, NULL, slots, 2, &dev_v, &j),
+        KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("V scales given");
+    const struct kv_attn_dev_scales val_v = {&ks, &vs, 1, 0, 0};
+    assert_int_equal(
+        kv__attn_write_dev_check("kv_attn_write_cuda_dev", &c, 1, &k, NULL, slots, 2, &val_v, &j),
+        KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("V scales given");
+    kv__mem_free(c.base);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1323,6 +1384,7 @@ int main(void)
         cmocka_unit_test(test_devidx_copy_blocks),
         cmocka_unit_test(test_devidx_copy_blocks_ex),
         cmocka_unit_test(test_devidx_plan_copy),
+        cmocka_unit_test(test_devidx_k_only_scales),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
