@@ -189,6 +189,8 @@ class LayerwiseConnector:
                     gone = self.peer.state()[0] == "closed"
                     if gone or time.perf_counter() > deadline:
                         self.rx.fail(r["rid"], "KV_ERR_IO" if gone else "KV_ERR_TIMEOUT")
+                        if gone:  # nothing more can land: its blocks may be reused
+                            self.rx.release(r["rid"])
         self.waited_s += time.perf_counter() - t0
 
     def _feed(self):

@@ -137,13 +137,16 @@ static void bits_set(uint64_t *w, uint32_t l0, uint32_t n)
  * DEBUG builds, after every call that changes them):
  *   landed == popcount(bits) <= n_layers
  *   terminal <=> (landed == n_layers || status != KV_OK)
- *   reported => terminal;   a slot is freed once reported && waiters == 0
- *   terminal && !reported <=> the slot is in the ring exactly once
+ *   held => terminal && status != KV_OK && landed < n_layers (failed from
+ *           this side; prefill may still be writing its blocks)
+ *   reported => terminal && !held;   a slot is freed once reported && waiters == 0
+ *   terminal && !held && !reported <=> the slot is in the ring exactly once
  *   tracked == the slots not FREE
  */
 struct rx_slot {
     bool used;
     bool terminal;
+    bool held; /* failed here (kv_xlayer_rx_fail), not reportable yet */
     bool reported;
     uint64_t request;
     uint64_t peer_id;
@@ -186,12 +189,13 @@ static void rx_check(const kv_xlayer_rx *rx)
         waiters += s->waiters;
         assert(s->landed == popcount_words(s->bits, rx->words) && s->landed <= s->n_layers);
         assert(s->terminal == (s->landed == s->n_layers || s->status != KV_OK));
-        assert(!s->reported || s->terminal);
+        assert(!s->held || (s->terminal && s->status != KV_OK && s->landed < s->n_layers));
+        assert(!s->reported || (s->terminal && !s->held));
         assert(!(s->reported && s->waiters == 0));
         uint32_t seen = 0;
         for (uint32_t k = 0; k < rx->ring_len; k++)
             seen += rx->ring[(rx->ring_head + k) % rx->max_requests] == i;
-        assert(seen == (s->terminal && !s->reported ? 1u : 0u));
+        assert(seen == (s->terminal && !s->held && !s->reported ? 1u : 0u));
         in_ring += seen;
     }
     assert(in_ring == rx->ring_len && tracked == rx->st.tracked && waiters == rx->waiters);
@@ -275,12 +279,23 @@ static struct rx_slot *rx_find(kv_xlayer_rx *rx, uint64_t request)
     return NULL;
 }
 
-/* mu held: s just became terminal. */
-static void rx_terminal(kv_xlayer_rx *rx, struct rx_slot *s)
+/* mu held: s may be reported (into the ring, in order). */
+static void rx_reportable(kv_xlayer_rx *rx, struct rx_slot *s)
 {
-    s->terminal = true;
+    s->held = false;
     rx->ring[(rx->ring_head + rx->ring_len) % rx->max_requests] = (uint32_t)(s - rx->slots);
     rx->ring_len++;
+}
+
+/* mu held: s just became terminal; held: failed from this side, reported
+ * only once prefill is known to write no more of it. */
+static void rx_terminal(kv_xlayer_rx *rx, struct rx_slot *s, bool held)
+{
+    s->terminal = true;
+    if (held)
+        s->held = true;
+    else
+        rx_reportable(rx, s);
     pthread_cond_broadcast(&rx->cv);
 }
 
@@ -365,14 +380,18 @@ kv_status kv_xlayer_rx_feed(kv_xlayer_rx *rx, const struct kv_xport_msg *msg)
                        n.request, msg->peer_id, s->peer_id);
         goto out;
     }
-    if (s->terminal) {
+    if (s->terminal && !s->held) {
         rx->st.notes_late++;
         goto out;
     }
     if (n.kind == KV_XLAYER_ABORT) {
-        s->status = n.status;
         rx->st.notes_abort++;
-        rx_terminal(rx, s);
+        if (s->held) { /* prefill has stopped: reported with this side's failure */
+            rx_reportable(rx, s);
+            goto out;
+        }
+        s->status = n.status;
+        rx_terminal(rx, s, false);
         goto out;
     }
     if (n.layer0 >= s->n_layers || n.n_layers > s->n_layers - n.layer0) {
@@ -392,10 +411,14 @@ kv_status kv_xlayer_rx_feed(kv_xlayer_rx *rx, const struct kv_xport_msg *msg)
     bits_set(s->bits, n.layer0, n.n_layers);
     s->landed += n.n_layers;
     rx->st.notes_layers++;
-    if (s->landed == s->n_layers)
-        rx_terminal(rx, s);
-    else
+    if (s->held) { /* failed here: prefill goes on until its last layer */
+        if (s->landed == s->n_layers)
+            rx_reportable(rx, s);
+    } else if (s->landed == s->n_layers) {
+        rx_terminal(rx, s, false);
+    } else {
         pthread_cond_broadcast(&rx->cv);
+    }
 out:
     if (st != KV_OK)
         rx->st.notes_refused++;
@@ -482,8 +505,30 @@ kv_status kv_xlayer_rx_fail(kv_xlayer_rx *rx, uint64_t request, kv_status why)
                        request, kv_status_name(s->status));
     else {
         s->status = why;
-        rx_terminal(rx, s);
+        rx_terminal(rx, s, true);
     }
+    rx_check(rx);
+    pthread_mutex_unlock(&rx->mu);
+    return st;
+}
+
+kv_status kv_xlayer_rx_release(kv_xlayer_rx *rx, uint64_t request)
+{
+    if (!rx)
+        return kv__error(KV_ERR_NULL, "xlayer_rx_release: rx is NULL");
+    pthread_mutex_lock(&rx->mu);
+    kv_status st = KV_OK;
+    struct rx_slot *s = rx_find(rx, request);
+    if (!s)
+        st = kv__error(KV_ERR_NOT_FOUND, "xlayer_rx_release: request %" PRIu64 " is not tracked",
+                       request);
+    else if (!s->held)
+        st = kv__error(KV_ERR_BAD_STATE,
+                       "xlayer_rx_release: request %" PRIu64 " is not held (%s): only a request "
+                       "failed from this side and not yet ended by prefill is",
+                       request, !s->terminal ? "in flight" : "reportable already");
+    else
+        rx_reportable(rx, s);
     rx_check(rx);
     pthread_mutex_unlock(&rx->mu);
     return st;

@@ -28,6 +28,11 @@
  * any of its layers, landed or not, returns its failure, and waiters
  * sleeping on later layers wake with it. Each side reports each request
  * exactly once through its _finished call, after which it forgets it.
+ * Decode reports a request it failed itself only once prefill writes no
+ * more of its blocks: prefill's ABORT for it, or its last layer landed, or
+ * the caller's kv_xlayer_rx_release (it closed the peer or unexposed the
+ * cache); until then the request is held, so its blocks are not reused
+ * while prefill still writes them.
  *
  * The notification (KV_XLAYER_NOTE_BYTES, little-endian, tag KV_XLAYER_TAG):
  *
@@ -160,9 +165,23 @@ KV_API KV_NODISCARD kv_status kv_xlayer_rx_wait(kv_xlayer_rx *rx, uint64_t reque
                                                 uint32_t timeout_ms);
 
 /* Fail request from this side with why (a failure kv_status): its waiters
- * wake with why. KV_ERR_NOT_FOUND; KV_ERR_BAD_STATE (already terminal);
+ * wake with why at once. The request is held, not reported by
+ * kv_xlayer_rx_finished, until prefill writes no more of its blocks:
+ * prefill's ABORT for it arrives, or the LAYERS notifications of its last
+ * layers (prefill's transfers go on until it learns of the failure), or
+ * kv_xlayer_rx_release. (Until 2026-12-05 it was reported at once, and a
+ * caller that reused its blocks had them overwritten by prefill's later
+ * layers.) KV_ERR_NOT_FOUND; KV_ERR_BAD_STATE (already terminal);
  * KV_ERR_INVALID_ARG (why not a failure). */
 KV_API KV_NODISCARD kv_status kv_xlayer_rx_fail(kv_xlayer_rx *rx, uint64_t request, kv_status why);
+
+/* A request failed from this side (kv_xlayer_rx_fail) and held: reported
+ * now. Call it once no byte of the request can land any more: the peer
+ * closed (kv_xport_peer_close, or its state CLOSED), or the cache's region
+ * unexposed to it (kv_xport_mem_unexpose: it waits for the copies in
+ * flight and refuses the rest). KV_ERR_NULL; KV_ERR_NOT_FOUND;
+ * KV_ERR_BAD_STATE (not held: in flight, or reportable already). */
+KV_API KV_NODISCARD kv_status kv_xlayer_rx_release(kv_xlayer_rx *rx, uint64_t request);
 
 /* Up to cap terminal requests not reported before, oldest first, into
  * out[*n]; each is reported once and then forgotten (its blocks are the

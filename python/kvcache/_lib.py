@@ -541,6 +541,7 @@ _PROTOS.update({
     "kv_xlayer_rx_feed": (_ST, [vp, ctypes.POINTER(XportMsg)]),
     "kv_xlayer_rx_wait": (_ST, [vp, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32]),
     "kv_xlayer_rx_fail": (_ST, [vp, ctypes.c_uint64, _ST]),
+    "kv_xlayer_rx_release": (_ST, [vp, ctypes.c_uint64]),
     "kv_xlayer_rx_finished": (_ST, [vp, ctypes.POINTER(XlayerDone), ctypes.c_uint32, c_u32p]),
     "kv_xlayer_rx_stats_get": (_ST, [vp, ctypes.POINTER(XlayerRxStats)]),
     "kv_xlayer_tx_create": (_ST, [ctypes.POINTER(XlayerConfig), _vpp]),

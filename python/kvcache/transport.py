@@ -930,12 +930,22 @@ class LayerRx(_Handle):
                                       integer(timeout_ms, "timeout_ms", U32)))
 
     def fail(self, request: int, why: str = "KV_ERR_CANCELLED") -> None:
-        """Fail request from this side with why (a failure status name)."""
+        """Fail request from this side with why (a failure status name):
+        its waiters raise why at once. It is held, not in finished(), until
+        prefill writes no more of its blocks (its ABORT, or its last layers
+        landed) or release() says nothing more can land."""
         if why not in STATUS:
             raise error("KV_ERR_INVALID_ARG", "why: a status name (KV_ERR_...), got %r" % (why,))
         with _Use(self) as h:
             check(L.kv_xlayer_rx_fail(h, integer(request, "request", U64),
                                       integer(STATUS[why], "why", INT)))
+
+    def release(self, request: int) -> None:
+        """A request this side failed, held: into finished() now. Call it
+        once no byte of it can land any more (the peer closed, or the cache's
+        region unexposed to it); BadState if it is not held."""
+        with _Use(self) as h:
+            check(L.kv_xlayer_rx_release(h, integer(request, "request", U64)))
 
     def finished(self) -> List[Finished]:
         """The requests terminal since the last call, each reported once

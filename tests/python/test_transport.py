@@ -210,7 +210,11 @@ def test_handles_freed_in_any_order(pair):
         rx.close()
     rx.fail(2, "KV_ERR_CANCELLED")  # wakes the waiter with the request's failure
     th.join()
-    assert got and rx.finished() == [T.Finished(2, "KV_ERR_CANCELLED")]
+    assert got and rx.finished() == []  # held: prefill might still write its blocks
+    rx.release(2)  # nothing was posted for it: nothing can land
+    with pytest.raises(kvcache.BadState, match="not held"):
+        rx.release(2)
+    assert rx.finished() == [T.Finished(2, "KV_ERR_CANCELLED")]
     rx.close()
     # the caches go first: the regions hold their memory
     src.close(), dst.close()

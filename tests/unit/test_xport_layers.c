@@ -466,15 +466,47 @@ static void test_xport_layers_failure_fails_request_once(void **state)
     assert_int_equal(kv_xlayer_rx_finished(rx, done, 4, &n), KV_OK);
     assert_int_equal(n, 0);
 
-    /* decode fails a request itself: waiters wake with its reason */
+    /* decode fails a request itself: waiters wake with its reason; it is
+     * held (prefill may still write its blocks) until released */
     assert_int_equal(kv_xlayer_rx_expect(rx, pid, 702, 3), KV_OK);
+    assert_int_equal(kv_xlayer_rx_release(rx, 702), KV_ERR_BAD_STATE);
+    kvt_assert_msg_has("request 702 is not held (in flight)");
     assert_int_equal(kv_xlayer_rx_fail(rx, 702, KV_ERR_TIMEOUT), KV_OK);
     assert_int_equal(kv_xlayer_rx_fail(rx, 702, KV_ERR_TIMEOUT), KV_ERR_BAD_STATE);
     assert_int_equal(kv_xlayer_rx_wait(rx, 702, 2, 1000), KV_ERR_TIMEOUT);
     kvt_assert_msg_has("request 702 failed");
     assert_int_equal(kv_xlayer_rx_finished(rx, done, 4, &n), KV_OK);
+    assert_int_equal(n, 0);
+    assert_int_equal(kv_xlayer_rx_release(rx, 702), KV_OK);
+    assert_int_equal(kv_xlayer_rx_release(rx, 702), KV_ERR_BAD_STATE);
+    assert_int_equal(kv_xlayer_rx_finished(rx, done, 4, &n), KV_OK);
     assert_int_equal(n, 1);
     assert_int_equal(done[0].status, KV_ERR_TIMEOUT);
+    assert_int_equal(kv_xlayer_rx_release(rx, 702), KV_ERR_NOT_FOUND);
+
+    /* held while prefill goes on: decode fails 703 after its layer 0 landed;
+     * prefill, not told, posts layers 1 and 2; the request is reported once
+     * the last of them is accounted, with decode's reason, and nothing of
+     * it was attended over */
+    assert_int_equal(kv_xlayer_rx_expect(rx, pid, 703, 3), KV_OK);
+    assert_int_equal(kv_xlayer_tx_begin(tx, p.pa, 703, 3), KV_OK);
+    for (uint32_t l = 0; l < 3; l++) {
+        if (l == 1) {
+            assert_int_equal(kv_xlayer_rx_fail(rx, 703, KV_ERR_TIMEOUT), KV_OK);
+            assert_int_equal(kv_xlayer_rx_wait(rx, 703, 0, 0), KV_ERR_TIMEOUT);
+        }
+        assert_int_equal(kv_xlayer_tx_post(tx, 703, pl[l], l, 1, ms, 0, sid, 5, r, 0, did, 5, T),
+                         KV_OK);
+        assert_int_equal(feed_next(&p, rx), KV_OK);
+        assert_int_equal(kv_xlayer_rx_finished(rx, done, 4, &n), KV_OK);
+        assert_int_equal(n, l == 2 ? 1u : 0u);
+    }
+    assert_int_equal(done[0].request, 703);
+    assert_int_equal(done[0].status, KV_ERR_TIMEOUT);
+    assert_int_equal(kv_xlayer_tx_wait(tx, 703, 10000), KV_OK);
+    assert_int_equal(kv_xlayer_tx_finished(tx, done, 4, &n), KV_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(done[0].status, KV_OK); /* prefill's side: every layer acknowledged */
 
     assert_int_equal(kv_xlayer_tx_destroy(tx), KV_OK);
     assert_int_equal(kv_xlayer_rx_destroy(rx), KV_OK);
@@ -629,14 +661,21 @@ static void test_xport_layers_limits_refused_by_name(void **state)
     }
     assert_int_equal(kv_xlayer_rx_wait(rx, 1000, 8, 0), KV_ERR_OUT_OF_BOUNDS);
     assert_int_equal(kv_xlayer_rx_fail(rx, 1000, KV_OK), KV_ERR_INVALID_ARG);
-    /* a notification after the request is terminal is late, not refused */
+    /* failed here, 1001 is held: prefill's ABORT for it releases it, and a
+     * notification after that is late, not refused */
     assert_int_equal(kv_xlayer_rx_fail(rx, 1001, KV_ERR_IO), KV_OK);
+    struct kv_xlayer_note ab = {
+        .kind = KV_XLAYER_ABORT, .request = 1001, .status = KV_ERR_CANCELLED};
+    struct kv_xport_msg *abm = note_msg(3, &ab);
+    assert_int_equal(kv_xlayer_rx_feed(rx, abm), KV_OK);
+    free(abm);
     struct kv_xlayer_note late = {.kind = KV_XLAYER_LAYERS, .request = 1001, .n_layers = 1};
     struct kv_xport_msg *lm = note_msg(3, &late);
     assert_int_equal(kv_xlayer_rx_feed(rx, lm), KV_OK);
     struct kv_xlayer_rx_stats st;
     rx_stats(rx, &st);
     assert_int_equal(st.notes_late, 1);
+    assert_int_equal(st.notes_abort, 1);
     assert_int_equal(st.notes_refused, sizeof(cases) / sizeof(cases[0]));
     assert_int_equal(st.tracked, 2);
     struct kv_xlayer_done done[2];
@@ -744,6 +783,7 @@ static void test_xport_layers_rx_destroy_refused_while_waiting(void **state)
     assert_int_equal(w.st, KV_ERR_IO);
     rx_stats(rx, &s2);
     assert_int_equal(s2.waiting, 0);
+    assert_int_equal(kv_xlayer_rx_release(rx, 4242), KV_OK); /* no peer: nothing can land */
     struct kv_xlayer_done done[2];
     uint32_t n = 0;
     assert_int_equal(kv_xlayer_rx_finished(rx, done, 2, &n), KV_OK);
