@@ -61,6 +61,18 @@ def _plan_config(heads, layers):
     return cfg
 
 
+def _layer_arg(layer):
+    """A write's or read's layer: None (every layer: the library's
+    KV_ATTN_ALL_LAYERS, -1) or one in [0, L); a negative one is refused by
+    name rather than read as every layer."""
+    if layer is None:
+        return -1
+    v = integer(layer, "layer", I32)
+    if v < 0:
+        raise error("KV_ERR_INVALID_ARG", "layer %d: one in [0, L), or None for every layer" % v)
+    return v
+
+
 def _pages_c(pages):
     """pages' struct kv_pages, or InvalidArg naming what was passed."""
     c = getattr(pages, "_c", None)
@@ -762,7 +774,7 @@ class Cache:
             return _gpu.write(self, layer, k, v, slots, scales, stream, errors)
         _host_call(stream, errors)
         pc = self._paged()
-        layer = -1 if layer is None else integer(layer, "layer", I32)
+        layer = _layer_arg(layer)
         s32 = _int32_slots(_host_index(slots, "slots", self.mem))
         sl = s32 if s32 is not None else int_array(slots, "slots", I64).reshape(-1)
         kb = self._tensor(k, "k")
@@ -795,7 +807,7 @@ class Cache:
                               out_indptr)
         _host_call(stream, errors, out_indptr)
         pc = self._paged()
-        layer = -1 if layer is None else integer(layer, "layer", I32)
+        layer = _layer_arg(layer)
         kb = self._tensor(k_out, "k_out", True) if k_out is not None else None
         vb = self._tensor(v_out, "v_out", True) if v_out is not None else None
         keep = []

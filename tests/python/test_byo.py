@@ -760,6 +760,8 @@ def test_refusals_that_were_python_errors_name_the_values():
         pc.write(0, k, k, np.zeros(1, np.int64), scales=1.0)
     with pytest.raises(kvcache.KvError, match="v is None, but this layout has a V plane"):
         pc.write(0, k, None, np.zeros(1, np.int64))
+    with pytest.raises(kvcache.KvError, match="layer -1: one in"):  # was read as every layer
+        pc.write(-1, k, k, np.zeros(1, np.int64))
     with pytest.raises(kvcache.KvError, match="scales given with their V scales NULL"):
         pc.write(0, k, k, np.zeros(1, np.int64), scales=(1.0, None))
     assert not mem.any()
