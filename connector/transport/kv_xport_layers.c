@@ -15,6 +15,7 @@
 #include "kv_lib.h"
 #include "kv_mem.h"
 #include "kv_wire.h"
+#include "kv_plan_int.h"
 #include "kv_xport_int.h"
 #include "kv_xport_layers.h"
 
@@ -757,6 +758,16 @@ kv_status kv_xlayer_tx_post(kv_xlayer_tx *tx, uint64_t request, const kv_plan *p
                          "xlayer_tx_post: request %" PRIu64 ": layers [%" PRIu32 ", +%" PRIu32
                          ") posted before (in part)",
                          request, layer0, n_layers);
+    /* the layers the notification names are the ones the plan writes (a
+     * plan of other layers made decode attend over layers never written) */
+    if (!plan)
+        return kv__error(KV_ERR_NULL, "xlayer_tx_post: plan is NULL");
+    if (plan->cfg.dst_layer0 != (int64_t)layer0 || plan->cfg.n_layers != (int64_t)n_layers)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "xlayer_tx_post: request %" PRIu64 ": layers [%" PRIu32 ", +%" PRIu32
+                         ") named, but the plan writes destination layers [%" PRId64 ", +%" PRId64
+                         ")",
+                         request, layer0, n_layers, plan->cfg.dst_layer0, plan->cfg.n_layers);
     unsigned char note_bytes[KV_XLAYER_NOTE_BYTES];
     const struct kv_xlayer_note note = {
         .kind = KV_XLAYER_LAYERS, .request = request, .layer0 = layer0, .n_layers = n_layers};

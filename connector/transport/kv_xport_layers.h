@@ -250,7 +250,9 @@ KV_API KV_NODISCARD kv_status kv_xlayer_tx_begin(kv_xlayer_tx *tx, kv_xport_peer
  * reported. KV_ERR_NULL; KV_ERR_NOT_FOUND (request not open);
  * KV_ERR_BAD_STATE (the request failed: its status named);
  * KV_ERR_OUT_OF_BOUNDS (layers past the request's); KV_ERR_OVERLAP (a layer
- * posted before); then those of kv_xport_write_plan. A refused post sends
+ * posted before); KV_ERR_INVALID_ARG (the plan writes other destination
+ * layers than [layer0, +n_layers): decode would be told of layers never
+ * written); then those of kv_xport_write_plan. A refused post sends
  * nothing and leaves the request as it was. */
 KV_API KV_NODISCARD kv_status kv_xlayer_tx_post(
     kv_xlayer_tx *tx, uint64_t request, const kv_plan *plan, uint32_t layer0, uint32_t n_layers,

@@ -413,18 +413,19 @@ static struct kv__tcp_verdict on_nack(struct kv__tcp_peer *tp, const struct kv__
     } else {
         const int64_t v = (int64_t)f->offset;
         const kv_status s = kv__xport_wire_status(v, false);
-        char why[200];
+        char what[40], why[200];
+        if (note) /* (was "the notification0") */
+            snprintf(what, sizeof(what), "the notification");
+        else
+            snprintf(what, sizeof(what), "entry %u", f->entry);
         if (s == KV_ERR_CORRUPT && v != KV_ERR_CORRUPT)
             snprintf(why, sizeof(why),
-                     "peer %" PRIu64 " refused %s%u of transfer %" PRIu64 " with status %" PRId64
+                     "peer %" PRIu64 " refused %s of transfer %" PRIu64 " with status %" PRId64
                      ", which is not a kv_status",
-                     tp->p->id, note ? "the notification" : "entry ", note ? 0u : f->entry, f->xfer,
-                     v);
+                     tp->p->id, what, f->xfer, v);
         else
-            snprintf(why, sizeof(why),
-                     "peer %" PRIu64 " refused %s%u of transfer %" PRIu64 ": %s%s", tp->p->id,
-                     note ? "the notification" : "entry ", note ? 0u : f->entry, f->xfer,
-                     kv_status_name(s),
+            snprintf(why, sizeof(why), "peer %" PRIu64 " refused %s of transfer %" PRIu64 ": %s%s",
+                     tp->p->id, what, f->xfer, kv_status_name(s),
                      s == KV_ERR_CAPACITY && note ? " (its queue of notifications not yet polled "
                                                     "is full: max_pending_notes)"
                      : s == KV_ERR_CAPACITY       ? " (its reads being served are at "

@@ -36,12 +36,13 @@ the C library's message (kvcache.errors).
 """
 import ctypes
 import threading
+import time
 from collections import namedtuple
 from typing import List, Optional, Tuple
 
 from . import _lib
 from ._ints import I32, INT, U32, U64, CInt, int_array, integer
-from .cache import Cache, Layout, _Memory, _plan_config
+from .cache import Cache, Layout, _plan_config
 from .errors import STATUS, check, error, error_class
 from .paged import PagedCache
 from .tensors import region
@@ -79,16 +80,23 @@ _ORPHANS_LOCK = threading.Lock()
 
 
 def _reap():
-    """Free the orphaned handles the library now lets go of."""
+    """Free the orphaned handles the library now lets go of. The list is
+    taken out under the lock and worked on outside it: dropping a freed
+    entry's deps can run a finalizer (Transport.__del__) that reaps in turn,
+    and the lock is not reentrant (it hung for good)."""
     with _ORPHANS_LOCK:
-        keep = []
-        for free, h, deps in _ORPHANS:
-            try:
-                if not free(h):
-                    keep.append((free, h, deps))
-            except Exception:  # noqa: BLE001 - interpreter shutdown
+        todo = list(_ORPHANS)
+        del _ORPHANS[:]
+    keep = []
+    for free, h, deps in todo:
+        try:
+            if not free(h):
                 keep.append((free, h, deps))
-        _ORPHANS[:] = keep
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            keep.append((free, h, deps))
+    del todo
+    with _ORPHANS_LOCK:
+        _ORPHANS[:0] = keep
 
 
 class _Handle:
@@ -315,11 +323,18 @@ class Transport(_Handle):
         holds the memory (a reference on the C cache for a Cache) until it
         is deregistered."""
         _reap()
+        cref = None
         if isinstance(memory, (Cache, PagedCache)):
             memory._enter()  # a closed Cache is refused (BadState)
             try:
                 pc = memory._paged()  # so is one in device memory
-                keep = _Memory(memory) if isinstance(memory, Cache) else memory
+                # a Cache: a C reference of the Mem's own, released only once
+                # the region is deregistered (a _Memory's finalizer, run by gc
+                # with the rest of a cycle, freed the arena under an orphaned
+                # registration that a transfer was still sending from)
+                keep = memory if isinstance(memory, PagedCache) else None
+                if isinstance(memory, Cache):
+                    cref = L.kv_cache_retain(memory._h)
             finally:
                 memory._leave()
             ptr, nbytes, kind = pc.base, pc.storage_bytes, pc.mem
@@ -329,9 +344,14 @@ class Transport(_Handle):
             ptr, nbytes = r.ptr, r.nbytes
             kind = _MEM_PINNED if r.device[0] == 3 else _MEM_HOST
         m = ctypes.c_void_p()
-        with _Use(self) as h:
-            check(L.kv_xport_mem_reg(h, ptr, nbytes, kind, ctypes.byref(m)))
-        return Mem(self, m.value, keep)
+        try:
+            with _Use(self) as h:
+                check(L.kv_xport_mem_reg(h, ptr, nbytes, kind, ctypes.byref(m)))
+        except BaseException:
+            if cref:
+                L.kv_cache_destroy(cref)
+            raise
+        return Mem(self, m.value, keep, cref)
 
     def poll(self, timeout_ms: int = 0) -> Optional[Note]:
         """The oldest notification received (kv_xport_notify_poll), waiting
@@ -603,15 +623,28 @@ def _types(plan, local, remote):
                     % (type(local).__name__, type(remote).__name__))
 
 
+def _mem_free(cref):
+    """A free function for a Mem handle: deregister, then drop the C
+    reference on a registered Cache (cref, or None)."""
+    def free(h):
+        if not _ok(L.kv_xport_mem_dereg(h)):
+            return False
+        if cref:
+            L.kv_cache_destroy(cref)
+        return True
+    return free
+
+
 class Mem(_Handle):
     """A registered local region (kv_xport_mem_reg): Transport.register."""
     _what = "registered region"
 
-    def __init__(self, transport, h, memory):
+    def __init__(self, transport, h, memory, cref=None):
         super().__init__()
         self.transport = transport
         self._h = h
         self._memory = memory
+        self._cref = cref  # a registered Cache: the Mem's own C reference on it
         self.nbytes = int(L.kv_xport_mem_bytes(h))
 
     def close(self) -> None:
@@ -620,15 +653,19 @@ class Mem(_Handle):
         if not self._free(L.kv_xport_mem_dereg):
             return
         self._memory = None
+        cref, self._cref = self._cref, None
+        if cref:
+            L.kv_cache_destroy(cref)
 
     def __del__(self):
         h = getattr(self, "_h", None)
         if h:
             self._h = None
+            cref, self._cref = self._cref, None
             try:
-                if L.kv_xport_mem_dereg(h) != 0:
-                    _orphan(lambda x: _ok(L.kv_xport_mem_dereg(x)), h,
-                            (self.transport, self._memory))
+                free = _mem_free(cref)
+                if not free(h):
+                    _orphan(free, h, (self.transport, self._memory))
             except Exception:  # noqa: BLE001 - interpreter shutdown
                 pass
 
@@ -786,6 +823,9 @@ class LayerTx(_Handle):
 
     def __init__(self, max_requests: int = 0, max_layers: int = 0):
         super().__init__()
+        # the C tracker is one thread's at a time: every call takes _mu (two
+        # threads, wait and finished, had freed one transfer twice)
+        self._mu = threading.Lock()
         self._req = {}  # request -> [peer, things its posts hold]
         h = ctypes.c_void_p()
         check(L.kv_xlayer_tx_create(ctypes.byref(_xlayer_config(max_requests, max_layers)),
@@ -798,7 +838,7 @@ class LayerTx(_Handle):
             raise error("KV_ERR_INVALID_ARG", "peer: a kvcache.transport.Peer, got %s" %
                         type(peer).__name__)
         request = integer(request, "request", U64)
-        with _Use(self) as h, _Use(peer) as p:
+        with self._mu, _Use(self) as h, _Use(peer) as p:
             check(L.kv_xlayer_tx_begin(h, p, request, integer(n_layers, "n_layers", U32)))
             with peer._lock:
                 peer._tx_open += 1
@@ -814,7 +854,7 @@ class LayerTx(_Handle):
         request = integer(request, "request", U64)
         _types(plan, local, remote)
         sb, db = _blocks(src_blocks, "src_blocks"), _blocks(dst_blocks, "dst_blocks")
-        with _Use(self) as h, _Hold([local, remote]):
+        with self._mu, _Use(self) as h, _Hold([local, remote]):
             check(L.kv_xlayer_tx_post(
                 h, request, plan._h, integer(layer0, "layer0", U32),
                 integer(n_layers, "n_layers", U32), local._h,
@@ -826,20 +866,31 @@ class LayerTx(_Handle):
     def cancel(self, request: int) -> None:
         """Fail request (KV_ERR_CANCELLED): its transfers are cancelled, then
         decode is told (ABORT)."""
-        with _Use(self) as h:
+        with self._mu, _Use(self) as h:
             check(L.kv_xlayer_tx_cancel(h, integer(request, "request", U64)))
 
     def wait(self, request: int, timeout_ms: int) -> None:
         """Wait until request is terminal: returns when every layer was
-        acknowledged, raises its failure, or Timeout."""
-        with _Use(self) as h:
-            check(L.kv_xlayer_tx_wait(h, integer(request, "request", U64),
-                                      integer(timeout_ms, "timeout_ms", U32)))
+        acknowledged, raises its failure, or Timeout. Waits in slices of
+        20 ms, so other threads' calls on this LayerTx run between them."""
+        request = integer(request, "request", U64)
+        timeout_ms = integer(timeout_ms, "timeout_ms", U32)
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        while True:
+            left = max(0, int((deadline - time.monotonic()) * 1000))
+            with self._mu, _Use(self) as h:
+                st = L.kv_xlayer_tx_wait(h, request, min(left, 20))
+            if st != STATUS["KV_ERR_TIMEOUT"]:
+                check(st)
+                return
+            if left <= 20:
+                raise error("KV_ERR_TIMEOUT", "LayerTx.wait: request %d not terminal within "
+                            "%d ms" % (request, timeout_ms))
 
     def finished(self) -> List[Finished]:
         """Make progress, then the requests terminal since the last call,
         each reported once (their source blocks are the caller's again)."""
-        with _Use(self) as h:
+        with self._mu, _Use(self) as h:
             out = _finished(L.kv_xlayer_tx_finished, h)
         for f in out:
             held = self._req.pop(f.request, None)
@@ -862,22 +913,28 @@ class LayerTx(_Handle):
         try:
             if L.kv_xlayer_tx_destroy(h) == 0:
                 return
-            for r in list(self._req):  # open requests: cancel, collect, then free
+            for r in list(self._req):  # open requests: cancelled, never waited for here
                 L.kv_xlayer_tx_cancel(h, r)
-                L.kv_xlayer_tx_wait(h, r, 2000)
-            _finished(L.kv_xlayer_tx_finished, h)
-            if L.kv_xlayer_tx_destroy(h) != 0:
-                _orphan(_tx_free, h, tuple(self._req.values()))
-            else:
-                for held in self._req.values():
-                    held[0]._tx_open -= 1
+            free = _tx_free(tuple(self._req.values()))
+            if not free(h):  # transfers still in flight: the reaper finishes it
+                _orphan(free, h, tuple(self._req.values()))
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 
 
-def _tx_free(h):
-    _finished(L.kv_xlayer_tx_finished, h)
-    return _ok(L.kv_xlayer_tx_destroy(h))
+def _tx_free(held):
+    """A free function for a LayerTx handle whose open requests held the
+    lists in held: collects, destroys, and then lets each request's peer be
+    closed again (its _tx_open count; left at 1 for good before)."""
+    def free(h):
+        _finished(L.kv_xlayer_tx_finished, h)
+        if not _ok(L.kv_xlayer_tx_destroy(h)):
+            return False
+        for req in held:
+            with req[0]._lock:
+                req[0]._tx_open -= 1
+        return True
+    return free
 
 
 class LayerRx(_Handle):

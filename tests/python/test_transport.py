@@ -280,3 +280,118 @@ def test_path_says_which_backend_and_why(pair):
     else:
         assert (kind, why) == ("tcp", "configured")
         assert pair.pa.path() == ("tcp", "configured")
+
+
+# ---- found by an audit (2026-12-05) -------------------------------------------
+
+def test_layer_tx_from_two_threads(pair):
+    # wait() on one thread, finished() on another: the C tracker is one
+    # thread's at a time, and the two freed one transfer twice (a crash)
+    src, dst = filled(src_layout(), 11), kvcache.Cache(dst_layout(), max_seqs=2)
+    ms, md = pair.b.register(src), pair.a.register(dst)
+    rm = pair.pb.import_blob(pair.pa.expose(md))
+    plans = [kvcache.Plan(src, dst, layers=(l, l, 1)) for l in range(L)]
+    stop = threading.Event()
+    threading.Thread(target=lambda: [pair.a.poll(20) for _ in iter(stop.is_set, True)],
+                     daemon=True).start()
+    tx = kvcache.LayerTx()
+    errs = []
+    for req in range(20):
+        tx.begin(pair.pb, req, L)
+        for l in range(L):
+            tx.post(req, plans[l], l, 1, ms, [0, 1], rm, [0], 20)
+
+        def waiter():
+            try:
+                tx.wait(req, 10000)
+            except kvcache.KvError as e:  # the other thread may report it first
+                if not isinstance(e, kvcache.NotFound):
+                    errs.append(e)
+        th = threading.Thread(target=waiter)
+        th.start()
+        got = []
+        while th.is_alive() or not got:
+            got += tx.finished()
+        th.join()
+        assert got == [T.Finished(req, "KV_OK")]
+    stop.set()
+    assert errs == []
+    # a plan of other layers than those named: refused, nothing sent
+    tx.begin(pair.pb, 99, L)
+    with pytest.raises(kvcache.InvalidArgument, match=r"layers \[1, \+1\) named, but the plan "
+                       r"writes destination layers \[0, \+1\)"):
+        tx.post(99, plans[0], 1, 1, ms, [0, 1], rm, [0], 20)
+    tx.cancel(99)
+    with pytest.raises(kvcache.Cancelled):
+        tx.wait(99, 5000)
+    assert tx.finished() == [T.Finished(99, "KV_ERR_CANCELLED")]
+    tx.close()
+
+
+_STALL_CHILD = r"""
+import sys, time, numpy as np, kvcache
+x = kvcache.Transport(%d, listen_host="127.0.0.1")
+print(x.port, flush=True)
+m = x.register(np.zeros(%d, np.uint8))
+p = x.accept(10000)
+print(p.expose(m).hex(), flush=True)
+t_end = time.time() + 30
+while time.time() < t_end:
+    x.poll(200)
+"""
+
+
+def test_dropped_while_a_peer_stalls():
+    # decode (another process) stops reading; prefill's objects are dropped
+    # with a transfer in flight: a registered Cache in a reference cycle with
+    # its Mem and Transfer (gc ran the cache's finalizers under the orphaned
+    # registration: a use after free), and a LayerTx with a request open
+    # (its peer could never be closed again)
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    nb = 8 << 20
+    child = subprocess.Popen([sys.executable, "-c", _STALL_CHILD % (TOKEN, nb)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(child.stdout.readline())
+        y = kvcache.Transport(TOKEN, timeout_ms=1500)
+        peer = y.connect("127.0.0.1", port)
+        peer.wait(5000)
+        rm = peer.import_blob(bytes.fromhex(child.stdout.readline().strip()))
+        lay = kvcache.Layout(num_layers=2, num_blocks=1024, block_tokens=16, num_heads=2,
+                             head_dim=16, dtype="f32")
+        os.kill(child.pid, signal.SIGSTOP)
+
+        class Request:
+            pass
+        r = Request()
+        r.me = r
+        r.cache = kvcache.Cache(lay, max_seqs=1)
+        r.cache.arena()[:] = 7
+        r.mem = y.register(r.cache)
+        r.xf = peer.write([(r.mem, 0, rm, 0, min(r.mem.nbytes, nb))])
+        cache2 = kvcache.Cache(lay, max_seqs=1)
+        mem2 = y.register(cache2)
+        tx = kvcache.LayerTx()
+        tx.begin(peer, 7, 2)
+        blocks = np.arange(1024, dtype=np.uint32)
+        tx.post(7, kvcache.Plan(lay, lay, layers=(0, 0, 1)), 0, 1, mem2, blocks, rm, blocks,
+                1024 * 16)
+        time.sleep(0.2)
+        del r, tx
+        gc.collect()
+        assert T._ORPHANS  # still in flight: kept, not freed
+        time.sleep(2.5)  # the stall deadline ends the transfers
+        os.kill(child.pid, signal.SIGCONT)
+        T._reap()
+        assert T._ORPHANS == []
+        peer.close()  # was refused for good: "1 request(s) of a LayerTx open"
+        rm.close()
+        mem2.close()
+        y.close()
+    finally:
+        child.kill()
+        child.wait()

@@ -508,6 +508,23 @@ static void test_xport_layers_failure_fails_request_once(void **state)
     assert_int_equal(n, 1);
     assert_int_equal(done[0].status, KV_OK); /* prefill's side: every layer acknowledged */
 
+    /* a plan of other layers than the ones named (decode would be told of
+     * layer 1 while layer 0 was written): refused, nothing sent */
+    assert_int_equal(kv_xlayer_rx_expect(rx, pid, 704, 3), KV_OK);
+    assert_int_equal(kv_xlayer_tx_begin(tx, p.pa, 704, 3), KV_OK);
+    assert_int_equal(kv_xlayer_tx_post(tx, 704, pl[0], 1, 1, ms, 0, sid, 5, r, 0, did, 5, T),
+                     KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("layers [1, +1) named, but the plan writes destination layers [0, +1)");
+    assert_int_equal(kv_xlayer_tx_cancel(tx, 704), KV_OK);
+    assert_int_equal(feed_next(&p, rx), KV_OK); /* the ABORT: nothing else was sent */
+    assert_int_equal(kv_xlayer_rx_finished(rx, done, 4, &n), KV_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(done[0].request, 704);
+    assert_int_equal(done[0].status, KV_ERR_CANCELLED);
+    assert_int_equal(kv_xlayer_tx_wait(tx, 704, 10000), KV_ERR_CANCELLED);
+    assert_int_equal(kv_xlayer_tx_finished(tx, done, 4, &n), KV_OK);
+    assert_int_equal(n, 1);
+
     assert_int_equal(kv_xlayer_tx_destroy(tx), KV_OK);
     assert_int_equal(kv_xlayer_rx_destroy(rx), KV_OK);
     assert_int_equal(kv_xport_mem_unexpose(p.pb, md), KV_OK);
