@@ -151,6 +151,33 @@ static kv_status check_disjoint(const char *fn, const char *an, const struct kv_
 }
 
 /* After check_layer: the call's layers are job->layer0 .. + n_layers. */
+kv_status kv__attn_scales_shape(const char *fn, const char *what, const float *k, const float *v,
+                                uint32_t n, uint32_t layers, int64_t L, int64_t H, bool k_only)
+{
+    const uint32_t rows = layers ? layers : 1;
+    if (rows != 1 && (int64_t)rows != L)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: %sscales for %" PRIu32 " layers: expected 0 or 1 (shared by every "
+                         "layer) or %" PRId64 " (one row per layer)",
+                         fn, what, layers, L);
+    if (k_only && v)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: V scales given (v=%p) for a K-only (MLA) layout: it has no V plane; "
+                         "pass v = NULL",
+                         fn, (const void *)v);
+    if (!k || (!v && !k_only))
+        return kv__error(KV_ERR_NULL,
+                         "%s: %sscales given with their %s NULL (k=%p v=%p): a K+V layout takes "
+                         "both, a K-only one K alone",
+                         fn, what, !k ? "K scales" : "V scales", (const void *)k, (const void *)v);
+    if (n != 1 && (int64_t)n != H)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: %" PRIu32 " scales: expected 1 (per tensor) or %" PRId64
+                         " (per KV head)",
+                         fn, n, H);
+    return KV_OK;
+}
+
 static kv_status check_scales(const char *fn, const struct kv_scales *s, int64_t heads,
                               int64_t layers, bool k_only, struct kv__attn_job *job)
 {
@@ -160,27 +187,10 @@ static kv_status check_scales(const char *fn, const struct kv_scales *s, int64_t
     if (!s)
         return KV_OK;
     const uint32_t rows = s->layers ? s->layers : 1;
-    if (rows != 1 && (int64_t)rows != layers)
-        return kv__error(KV_ERR_INVALID_ARG,
-                         "%s: scales for %" PRIu32 " layers: expected 0 or 1 (shared by every "
-                         "layer) or %" PRId64 " (one row per layer)",
-                         fn, s->layers, layers);
-    if (k_only && s->v)
-        return kv__error(KV_ERR_INVALID_ARG,
-                         "%s: V scales given (v=%p) for a K-only (MLA) layout: it has no V plane; "
-                         "pass v = NULL",
-                         fn, (const void *)s->v);
-    if (!s->k || (!s->v && !k_only))
-        return kv__error(KV_ERR_NULL,
-                         "%s: scales given with their %s NULL (k=%p v=%p): a K+V layout takes "
-                         "both, a K-only one K alone",
-                         fn, !s->k ? "K scales" : "V scales", (const void *)s->k,
-                         (const void *)s->v);
-    if (s->n != 1 && (int64_t)s->n != heads)
-        return kv__error(KV_ERR_INVALID_ARG,
-                         "%s: %" PRIu32 " scales: expected 1 (per tensor) or %" PRId64
-                         " (per KV head)",
-                         fn, s->n, heads);
+    kv_status st =
+        kv__attn_scales_shape(fn, "", s->k, s->v, s->n, s->layers, layers, heads, k_only);
+    if (st != KV_OK)
+        return st;
     if (s->n > 1024)
         return kv__error(KV_ERR_INVALID_ARG,
                          "%s: per-head scales for %" PRIu32 " heads (at most 1024)", fn, s->n);

@@ -50,25 +50,11 @@ static kv_status dev_scales_post(const char *fn, const struct kv_attn_dev_scales
     }
     const struct kv_layout *lo = &job->cache.layout;
     const uint32_t rows = s->layers ? s->layers : 1;
-    if (rows != 1 && (int64_t)rows != lo->num_layers)
-        return kv__error(KV_ERR_INVALID_ARG,
-                         "%s: scales for %" PRIu32 " layers: expected 0 or 1 (shared by every "
-                         "layer) or %" PRId64 " (one row per layer)",
-                         fn, s->layers, lo->num_layers);
-    const bool k_only = lo->k_only;
-    if (k_only && s->v)
-        return kv__error(KV_ERR_INVALID_ARG,
-                         "%s: V scales given (v=%p) for a K-only (MLA) layout: it has no V plane; "
-                         "pass v = NULL",
-                         fn, (const void *)s->v);
-    if (!s->k || (!s->v && !k_only))
-        return kv__error(KV_ERR_NULL, "%s: device scales given with their %s NULL (k=%p v=%p)", fn,
-                         !s->k ? "K scales" : "V scales", (const void *)s->k, (const void *)s->v);
-    if (s->n != 1 && (int64_t)s->n != lo->num_heads)
-        return kv__error(KV_ERR_INVALID_ARG,
-                         "%s: %" PRIu32 " scales: expected 1 (per tensor) or %" PRId64
-                         " (per KV head)",
-                         fn, s->n, lo->num_heads);
+    /* the host validator's checks of the same fields (kv__attn_scales_shape) */
+    kv_status st = kv__attn_scales_shape(fn, "device ", s->k, s->v, s->n, s->layers, lo->num_layers,
+                                         lo->num_heads, lo->k_only);
+    if (st != KV_OK)
+        return st;
     const size_t r0 = rows == 1 ? 0 : job->layer0;
     job->k_scale = s->k + r0 * s->n;
     job->v_scale = s->v ? s->v + r0 * s->n : NULL;

@@ -108,6 +108,12 @@ kv_status kv__attn_write_check(const char *fn, const struct kv_paged_cache *cach
                                const struct kv_view *k, const struct kv_view *v,
                                struct kv__attn_slots slots, int64_t n_slots,
                                const struct kv_scales *scales, struct kv__attn_job *job);
+/* The fields of a set of scales, host or device (no value read): rows 0, 1
+ * or L; V scales refused for a K-only layout, required otherwise; K always;
+ * n 1 or H. what prefixes "scales" in the messages ("device " or ""). */
+kv_status kv__attn_scales_shape(const char *fn, const char *what, const float *k, const float *v,
+                                uint32_t n, uint32_t layers, int64_t L, int64_t H, bool k_only);
+
 /* The scalar checks of a device-index write (kv_attn_write_cuda_dev):
  * cache, layer, k, v, n_slots in [0, T], slots non-NULL when n_slots > 0;
  * scales: by value, checked as kv_scales (values read), or in device

@@ -85,16 +85,16 @@ def _reap():
     entry's deps can run a finalizer (Transport.__del__) that reaps in turn,
     and the lock is not reentrant (it hung for good)."""
     with _ORPHANS_LOCK:
-        todo = list(_ORPHANS)
+        pending = list(_ORPHANS)
         del _ORPHANS[:]
     keep = []
-    for free, h, deps in todo:
+    for free, h, deps in pending:
         try:
             if not free(h):
                 keep.append((free, h, deps))
         except Exception:  # noqa: BLE001 - interpreter shutdown
             keep.append((free, h, deps))
-    del todo
+    del pending
     with _ORPHANS_LOCK:
         _ORPHANS[:0] = keep
 
