@@ -407,6 +407,12 @@ KV_API KV_NODISCARD kv_status kv_xport_xfer_cancel(kv_xport_xfer *xfer);
  * terminal. */
 KV_API KV_NODISCARD kv_status kv_xport_xfer_results(kv_xport_xfer *xfer, const kv_status **st,
                                                     uint32_t *n);
+/* The notification's outcome, once terminal: KV_OK when it was delivered,
+ * or the transfer has none or ended before sending it; else the status the
+ * peer refused it with (KV_ERR_CAPACITY: its queue of notifications not yet
+ * polled was full). Such a transfer ends FAILED with every entry KV_OK: its
+ * data landed, its notification did not. KV_ERR_BAD_STATE until terminal. */
+KV_API KV_NODISCARD kv_status kv_xport_xfer_note_status(kv_xport_xfer *xfer, kv_status *st);
 /* Why a terminal transfer that is not DONE ended: the first failure's
  * detail, naming the entry and the values ("" when DONE or pending, or when
  * no more than the status is known). Valid until free. */

@@ -447,6 +447,22 @@ kv_status kv_xport_xfer_results(kv_xport_xfer *xfer, const kv_status **st, uint3
     return KV_OK;
 }
 
+kv_status kv_xport_xfer_note_status(kv_xport_xfer *xfer, kv_status *st)
+{
+    if (!xfer || !st)
+        return kv__error(KV_ERR_NULL, "xport_xfer_note_status: %s is NULL", !xfer ? "xfer" : "st");
+    kv_xport *x = xfer->peer->x;
+    pthread_mutex_lock(&x->mu);
+    const kv_xport_state s = xfer->state;
+    const kv_status note = xfer->note_st;
+    pthread_mutex_unlock(&x->mu);
+    if (s == KV_XPORT_PENDING)
+        return kv__error(KV_ERR_BAD_STATE, "xport_xfer_note_status: transfer %" PRIu64 " pending",
+                         xfer->id);
+    *st = note;
+    return KV_OK;
+}
+
 const char *kv_xport_xfer_error(kv_xport_xfer *xfer)
 {
     if (!xfer)

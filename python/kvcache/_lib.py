@@ -531,6 +531,7 @@ _PROTOS.update({
     "kv_xport_xfer_cancel": (_ST, [vp]),
     "kv_xport_xfer_results": (_ST, [vp, ctypes.POINTER(ctypes.POINTER(ctypes.c_int)),
                                     c_u32p]),
+    "kv_xport_xfer_note_status": (_ST, [vp, ctypes.POINTER(ctypes.c_int)]),
     "kv_xport_xfer_error": (ctypes.c_char_p, [vp]),
     "kv_xport_xfer_free": (_ST, [vp]),
     "kv_xport_notify_poll": (_ST, [vp, ctypes.c_uint32, ctypes.POINTER(XportMsg)]),

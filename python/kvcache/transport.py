@@ -69,6 +69,26 @@ state: status "KV_OK" (every layer landed / acknowledged) or its failure's
 name ("KV_ERR_CANCELLED", ...). Reported once."""
 
 
+def _text(v, name):
+    """A str argument as C bytes: refused (InvalidArgument) when not a str
+    or when it holds a NUL, which C would read as its end."""
+    if not isinstance(v, str) or "\0" in v:
+        raise error("KV_ERR_INVALID_ARG", "%s: a string without NUL, got %s %r" %
+                    (name, type(v).__name__, v))
+    return v.encode()
+
+
+def _octets(v, name):
+    """A bytes-like argument (bytes, bytearray, memoryview, a buffer) as
+    bytes: a str or an int is refused (InvalidArgument), not encoded or
+    turned into that many zeros."""
+    try:
+        return bytes(memoryview(v))
+    except TypeError:
+        raise error("KV_ERR_INVALID_ARG", "%s: bytes-like, got %s" %
+                    (name, type(v).__name__)) from None
+
+
 def _status_name(code):
     return _NAMES.get(code) or L.kv_status_name(code).decode()
 
@@ -274,8 +294,8 @@ class Transport(_Handle):
         cfg = _lib.XportConfig()
         cfg.struct_size = ctypes.sizeof(cfg)
         cfg.kind = KINDS[kind]
-        host = listen_host.encode() if listen_host is not None else None
-        dev = rdma_device.encode() if rdma_device is not None else None
+        host = _text(listen_host, "listen_host") if listen_host is not None else None
+        dev = _text(rdma_device, "rdma_device") if rdma_device is not None else None
         cfg.listen_host = host
         cfg.listen_port = integer(listen_port, "listen_port", _U16)
         cfg.token = integer(token, "token", U64)
@@ -301,7 +321,7 @@ class Transport(_Handle):
         handshake ends (Peer.wait)."""
         p = ctypes.c_void_p()
         with _Use(self) as h:
-            check(L.kv_xport_connect(h, host.encode(), integer(port, "port", _U16),
+            check(L.kv_xport_connect(h, _text(host, "host"), integer(port, "port", _U16),
                                      ctypes.byref(p)))
         return Peer(self, p.value)
 
@@ -457,6 +477,9 @@ class Peer(_Handle):
     def unexpose(self, mem: "Mem") -> None:
         """Withdraw the peer's access to mem (waits for its writes landing in
         it; later ones are refused)."""
+        if not isinstance(mem, Mem):
+            raise error("KV_ERR_INVALID_ARG", "mem: a kvcache.transport.Mem, got %s" %
+                        type(mem).__name__)
         with _Use(self) as h, _Use(mem) as m:
             check(L.kv_xport_mem_unexpose(h, m))
             self._exposed.pop(id(mem), None)
@@ -464,7 +487,7 @@ class Peer(_Handle):
     def import_blob(self, blob: bytes) -> "RemoteMem":
         """The peer's region from the blob its side's expose() returned
         (Corrupt for a blob that fails its checks or names another peer)."""
-        b = bytes(blob)
+        b = _octets(blob, "blob")
         r = ctypes.c_void_p()
         with _Use(self) as h:
             check(L.kv_xport_rmem_import(h, b, len(b), ctypes.byref(r)))
@@ -478,7 +501,7 @@ class Peer(_Handle):
             raise error("KV_ERR_INVALID_ARG", "notify: (tag, message bytes), got %r" %
                         (notify,))
         tag, msg = notify
-        b = bytes(msg)
+        b = _octets(msg, "notify message")
         keep.append(b)
         nt = _lib.XportNotify(integer(tag, "notify tag", U64), ctypes.cast(b, ctypes.c_void_p),
                               integer(len(b), "notify length", U32))
@@ -488,6 +511,9 @@ class Peer(_Handle):
     def _ios(ios, deps):
         """ios checked: [(Mem, local_off, RemoteMem, remote_off, bytes)], their
         regions appended to deps."""
+        if isinstance(ios, (str, bytes, bytearray)) or not hasattr(ios, "__iter__"):
+            raise error("KV_ERR_INVALID_ARG", "ios: a list of (local Mem, local_off, RemoteMem, "
+                        "remote_off, bytes), got %s" % type(ios).__name__)
         out = []
         for i, io in enumerate(ios):
             if not isinstance(io, (tuple, list)) or len(io) != 5:
@@ -745,6 +771,16 @@ class Transfer(_Handle):
             check(L.kv_xport_xfer_results(h, ctypes.byref(p), ctypes.byref(n)))
             return [_status_name(p[i]) for i in range(n.value)]
 
+    def note_status(self) -> str:
+        """The notification's status name, once terminal (BadState before):
+        "KV_OK" when delivered (or none was sent), else the peer's refusal
+        ("KV_ERR_CAPACITY": its queue of unpolled notifications was full;
+        the entries' data landed)."""
+        st = ctypes.c_int()
+        with _Use(self) as h:
+            check(L.kv_xport_xfer_note_status(h, ctypes.byref(st)))
+        return _status_name(st.value)
+
     @property
     def error(self) -> str:
         """Why a terminal transfer that is not done ended ("" otherwise)."""
@@ -753,11 +789,14 @@ class Transfer(_Handle):
 
     def check(self, timeout_ms: int) -> None:
         """Wait, then raise the failure of a transfer that did not end done:
-        the KvError of its first failed entry, with the library's words."""
+        the KvError of its first failed entry (or of its refused notification:
+        Capacity when the peer's queue was full), with the library's words."""
         state = self.wait(timeout_ms)
         if state == "done":
             return
         res = [s for s in self.results() if s != "KV_OK"]
+        if not res and state == "failed":  # every entry landed: the notification refused
+            res = [s for s in (self.note_status(),) if s != "KV_OK"]
         name = res[0] if res else {"cancelled": "KV_ERR_CANCELLED",
                                    "timed_out": "KV_ERR_TIMEOUT"}.get(state, "KV_ERR_IO")
         raise error_class(name)("transfer %s: %s" % (state, self.error or name), status=name,

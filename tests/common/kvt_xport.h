@@ -199,4 +199,63 @@ static inline void kvt_fill(unsigned char *p, size_t n, uint64_t seed)
     }
 }
 
+/* A notification refused for capacity, seen from its sender: decode (b)
+ * takes max_pending_notes 1 and polls nothing; prefill's first write with a
+ * notification is DONE, its second lands its data but not its notification:
+ * FAILED, every entry KV_OK, kv_xport_xfer_note_status KV_ERR_CAPACITY and
+ * the error naming max_pending_notes. */
+static inline void kvt_note_refused_for_capacity(kv_xport_kind kind, uint64_t token)
+{
+    struct kv_xport_config ca = kvt_xport_cfg(kind, false, token, 7),
+                           cb = kvt_xport_cfg(kind, true, token, 7);
+    cb.max_pending_notes = 1;
+    struct kvt_pair p;
+    kvt_pair_open(&p, &ca, &cb);
+    enum { BYTES = 1u << 20 };
+    unsigned char *src = malloc(BYTES), *dst = calloc(1, BYTES);
+    kvt_fill(src, BYTES, 21);
+    kv_xport_mem *ms = NULL, *md = NULL;
+    assert_int_equal(kv_xport_mem_reg(p.a, src, BYTES, KV_MEM_HOST, &ms), KV_OK);
+    assert_int_equal(kv_xport_mem_reg(p.b, dst, BYTES, KV_MEM_HOST, &md), KV_OK);
+    kv_xport_rmem *r = kvt_share_direct(&p, md);
+    kv_status ns = KV_ERR_INTERNAL;
+    assert_int_equal(kv_xport_xfer_note_status(NULL, &ns), KV_ERR_NULL);
+    kv_xport_xfer *t[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+        struct kv_xport_io io = {ms, (uint64_t)i * (BYTES / 2), r, (uint64_t)i * (BYTES / 2),
+                                 BYTES / 2};
+        struct kv_xport_notify n = {.tag = 80u + (uint64_t)i};
+        assert_int_equal(kv_xport_write(p.pa, &io, 1, &n, &t[i]), KV_OK);
+        kvt_xfer_done(t[i], i == 0 ? KV_XPORT_DONE : KV_XPORT_FAILED);
+    }
+    assert_int_equal(kv_xport_xfer_note_status(t[0], NULL), KV_ERR_NULL);
+    assert_int_equal(kv_xport_xfer_note_status(t[0], &ns), KV_OK);
+    assert_int_equal(ns, KV_OK);
+    assert_int_equal(kv_xport_xfer_note_status(t[1], &ns), KV_OK);
+    assert_int_equal(ns, KV_ERR_CAPACITY);
+    const kv_status *st = NULL;
+    uint32_t n = 0;
+    assert_int_equal(kv_xport_xfer_results(t[1], &st, &n), KV_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(st[0], KV_OK);
+    assert_non_null(strstr(kv_xport_xfer_error(t[1]), "max_pending_notes"));
+    assert_memory_equal(dst, src, BYTES); /* both halves landed */
+    struct kv_xport_msg *msg = malloc(sizeof(*msg));
+    assert_int_equal(kv_xport_notify_poll(p.b, 1000, msg), KV_OK);
+    assert_int_equal(msg->tag, 80);
+    assert_int_equal(kv_xport_notify_poll(p.b, 50, msg), KV_ERR_TIMEOUT); /* never queued */
+    free(msg);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(kv_xport_xfer_free(t[i]), KV_OK);
+    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
+    kv_xport_peer_close(p.pa);
+    kv_xport_peer_close(p.pb);
+    assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
+    assert_int_equal(kv_xport_destroy(p.a), KV_OK);
+    assert_int_equal(kv_xport_destroy(p.b), KV_OK);
+    free(src);
+    free(dst);
+}
+
 #endif /* KVT_XPORT_H */

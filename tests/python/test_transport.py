@@ -93,6 +93,59 @@ def test_write_plan_into_another_layout_whole_pool(pair):
     assert pair.a.poll(0) is None
 
 
+def test_note_refused_for_capacity_raises_capacity():
+    """Decode's queue of unpolled notifications full (max_pending_notes 1):
+    the second write's data lands, its notification is refused; check()
+    raises Capacity (not IoError) and note_status names it."""
+    a = kvcache.Transport(TOKEN, listen_host="127.0.0.1", timeout_ms=5000, max_pending_notes=1)
+    b = kvcache.Transport(TOKEN, timeout_ms=5000)
+    pb = b.connect("127.0.0.1", a.port)
+    pb.wait(5000)
+    pa = a.accept(5000)
+    src = np.arange(1 << 16, dtype=np.uint8)
+    dst = np.zeros(1 << 16, dtype=np.uint8)
+    ms, md = b.register(src), a.register(dst)
+    rm = pb.import_blob(pa.expose(md))
+    first = pb.write([(ms, 0, rm, 0, 1 << 15)], notify=(1, b"one"))
+    first.check(5000)
+    assert first.note_status() == "KV_OK"
+    second = pb.write([(ms, 1 << 15, rm, 1 << 15, 1 << 15)], notify=(2, b"two"))
+    with pytest.raises(kvcache.errors.Capacity, match="max_pending_notes"):
+        second.check(5000)
+    assert second.results() == ["KV_OK"] and second.note_status() == "KV_ERR_CAPACITY"
+    assert np.array_equal(dst, src)  # the data of both landed
+    assert a.poll(1000).tag == 1 and a.poll(50) is None
+    for o in (first, second, rm, pa, pb, ms, md, a, b):
+        o.close()
+
+
+def test_wrong_types_are_named_errors(pair):
+    """Arguments of the wrong type are InvalidArgument naming the argument,
+    never a TypeError / AttributeError from inside the binding, a str
+    encoded as a blob, an int turned into that many zero bytes, or a host
+    cut short at a NUL."""
+    ms = pair.b.register(np.zeros(4096, np.uint8))
+    md = pair.a.register(np.zeros(4096, np.uint8))
+    rm = pair.pb.import_blob(pair.pa.expose(md))
+    cases = [
+        ("listen_host", lambda: kvcache.Transport(TOKEN, listen_host=5)),
+        ("listen_host", lambda: kvcache.Transport(TOKEN, listen_host="127.0.0.1\0x")),
+        ("rdma_device", lambda: kvcache.Transport(TOKEN, rdma_device=b"mlx5_0")),
+        ("host", lambda: pair.b.connect(5, pair.a.port)),
+        ("host", lambda: pair.b.connect("127.0.0.1\0evil", pair.a.port)),
+        ("ios", lambda: pair.pb.write(5)),
+        ("ios", lambda: pair.pb.read(7)),
+        ("notify message", lambda: pair.pb.write([(ms, 0, rm, 0, 8)], notify=(1, "text"))),
+        ("blob", lambda: pair.pb.import_blob(48)),
+        ("blob", lambda: pair.pb.import_blob("x" * 64)),
+        ("mem", lambda: pair.pa.unexpose(5)),
+    ]
+    for name, call in cases:
+        with pytest.raises(kvcache.errors.InvalidArgument, match=name):
+            call()
+    assert pair.a.poll(0) is None  # nothing was sent
+
+
 def test_layerwise_request(pair):
     src, dst = filled(src_layout(), 3), filled(dst_layout(), 4)
     before = filled(dst_layout(), 4)  # dst as it is before the request

@@ -71,6 +71,14 @@ static void pair_open(struct kvt_pair *p)
     pair_open_gather(p, 0);
 }
 
+/* Data landed, notification refused (decode's queue full): the sender
+ * sees which (kvt_note_refused_for_capacity). */
+static void test_xport_shm_note_refused_for_capacity(void **state)
+{
+    (void)state;
+    kvt_note_refused_for_capacity(KV_XPORT_SHM, TOKEN);
+}
+
 static void test_xport_shm_refusals(void **state)
 {
     (void)state;
@@ -926,6 +934,7 @@ int main(void)
         return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_xport_shm_refusals),
+        cmocka_unit_test(test_xport_shm_note_refused_for_capacity),
         cmocka_unit_test(test_xport_shm_write_read_whole_region),
         cmocka_unit_test(test_xport_shm_write_plan),
         cmocka_unit_test(test_xport_shm_unexpose_cancel_any_order),

@@ -160,6 +160,14 @@ static void test_xport_tcp_handshake_refusals(void **state)
  * still covers, so every transfer ends DONE (no hash read bytes another
  * frame was writing: no spurious KV_ERR_CORRUPT, no race under TSan) and
  * each 512 KiB frame of the destination is one source's, whole. */
+/* Data landed, notification refused (decode's queue full): the sender
+ * sees which (kvt_note_refused_for_capacity). */
+static void test_xport_tcp_note_refused_for_capacity(void **state)
+{
+    (void)state;
+    kvt_note_refused_for_capacity(KV_XPORT_TCP, TOKEN);
+}
+
 static void test_xport_tcp_overlapping_transfers(void **state)
 {
     (void)state;
@@ -1365,6 +1373,7 @@ int main(void)
         cmocka_unit_test(test_xport_tcp_handshake_refusals),
         cmocka_unit_test(test_xport_tcp_write_read_whole_region),
         cmocka_unit_test(test_xport_tcp_overlapping_transfers),
+        cmocka_unit_test(test_xport_tcp_note_refused_for_capacity),
         cmocka_unit_test(test_xport_tcp_write_plan_layer_ranges),
         cmocka_unit_test(test_xport_tcp_write_plan_mla),
         cmocka_unit_test(test_xport_tcp_write_plan_gathered),
