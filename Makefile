@@ -358,34 +358,50 @@ bench: deps
 	@if [ "$(PEERS)" != 0 ]; then scripts/bench_peers.py $(PEERS_ARGS); fi
 	@/usr/bin/python3 scripts/bench_python.py --kvbench $(BENCH)
 
-# libFuzzer targets: the core sources rebuilt with clang's fuzzer + ASan/UBSan.
+# libFuzzer targets: the library's CPU sources rebuilt with clang's fuzzer
+# coverage + ASan/UBSan, each source compiled once into $(BUILD)/fuzz/obj
+# (-fsanitize=fuzzer-no-link) and linked into every target that needs it
+# (not recompiled per target: the stage's build time).
 FUZZ_CFLAGS := -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
                -DKV_USE_LIBC_MALLOC -D_GNU_SOURCE -DKV_HAVE_CUDA=0 -DKV_HAVE_RDMA=0 $(inc_kvcache)
-$(BUILD)/fuzz/%: tests/fuzz/%.c $(wildcard kvcache/*.c kvcache/*.h) $(XXH_PROBE)
+FUZZ_OBJ_CFLAGS := $(subst -fsanitize=fuzzer$(comma),-fsanitize=fuzzer-no-link$(comma),$(FUZZ_CFLAGS)) \
+                   $(inc_binding) -fopenmp -Wno-unknown-pragmas
+FUZZ_LINK := -fopenmp -lxxhash -lm -lpthread
+FUZZ_ALL_SRC := $(filter-out %_cuda.c %_verbs.c,$(foreach m,$(MODULES),$(wildcard $(m)/*.c $(m)/*/*.c)))
+FUZZ_CORE_SRC := $(filter-out %_cuda.c %_verbs.c,$(wildcard kvcache/*.c))
+fuzz_objs = $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(1))
+$(BUILD)/fuzz/obj/%.o: %.c $(XXH_PROBE)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo '  FUZZCC $<')
+	$(Q)$(CLANG) $(FUZZ_OBJ_CFLAGS) -MMD -MP -c -o $@ $<
+
+# The view, layout codec and CPU quota targets: the core module only.
+$(BUILD)/fuzz/%: tests/fuzz/%.c $(wildcard kvcache/*.h) $(call fuzz_objs,$(FUZZ_CORE_SRC))
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  FUZZ   $@')
-	$(Q)$(CLANG) $(FUZZ_CFLAGS) -o $@ $< $(filter-out %_cuda.c %_verbs.c,$(wildcard kvcache/*.c)) -lxxhash -lm
+	$(Q)$(CLANG) $(FUZZ_CFLAGS) -o $@ $< $(call fuzz_objs,$(FUZZ_CORE_SRC)) $(FUZZ_LINK)
 
 # fuzz_unpack, fuzz_xport_rx, fuzz_xport_shm_rx, fuzz_xport_probe and fuzz_xlayer_rx reach the connector: every module's CPU
 # sources, OpenMP (libomp); the transport target also the raw-peer helpers.
-FUZZ_ALL_SRC := $(filter-out %_cuda.c %_verbs.c,$(foreach m,$(MODULES),$(wildcard $(m)/*.c $(m)/*/*.c)))
 FUZZ_CONNECTOR := $(BUILD)/fuzz/fuzz_unpack $(BUILD)/fuzz/fuzz_xport_rx $(BUILD)/fuzz/fuzz_xlayer_rx \
                   $(BUILD)/fuzz/fuzz_xport_shm_rx $(BUILD)/fuzz/fuzz_xport_probe
-$(FUZZ_CONNECTOR): $(BUILD)/fuzz/%: tests/fuzz/%.c $(FUZZ_ALL_SRC) $(foreach m,$(MODULES),$(wildcard $(m)/*.h $(m)/*/*.h)) \
-                   tests/common/kvt_xport_raw.h tests/fuzz/fuzz_xport.h $(XXH_PROBE)
+$(FUZZ_CONNECTOR): $(BUILD)/fuzz/%: tests/fuzz/%.c $(call fuzz_objs,$(FUZZ_ALL_SRC)) \
+                   $(foreach m,$(MODULES),$(wildcard $(m)/*.h $(m)/*/*.h)) \
+                   tests/common/kvt_xport_raw.h tests/fuzz/fuzz_xport.h
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  FUZZ   $@')
 	$(Q)$(CLANG) $(FUZZ_CFLAGS) $(inc_binding) -Itests/common -fopenmp -Wno-unknown-pragmas \
-	    -o $@ $< $(FUZZ_ALL_SRC) -lxxhash -lm -lpthread
+	    -o $@ $< $(call fuzz_objs,$(FUZZ_ALL_SRC)) $(FUZZ_LINK)
 
 # fuzz_rdma_info: the RDMA INFO decoder (pure code in a *_verbs.c file, only
-# the verbs header's enums; nothing from libibverbs is linked).
+# the verbs header's enums; nothing from libibverbs is linked), with the
+# core module.
 $(BUILD)/fuzz/fuzz_rdma_info: tests/fuzz/fuzz_rdma_info.c connector/transport/kv_xport_rdma_info_verbs.c \
-                              $(wildcard kvcache/*.c kvcache/*.h connector/transport/*.h) $(XXH_PROBE)
+                              $(wildcard connector/transport/*.h) $(call fuzz_objs,$(FUZZ_CORE_SRC))
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  FUZZ   $@')
 	$(Q)$(CLANG) $(FUZZ_CFLAGS) -UKV_HAVE_RDMA -DKV_HAVE_RDMA=1 $(inc_binding) -o $@ $< connector/transport/kv_xport_rdma_info_verbs.c \
-	    $(filter-out %_cuda.c %_verbs.c,$(wildcard kvcache/*.c)) -lxxhash -lm -lpthread
+	    $(call fuzz_objs,$(FUZZ_CORE_SRC)) $(FUZZ_LINK)
 
 fuzz: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) $(FUZZ_BINS)
