@@ -53,6 +53,12 @@ kv_status kv_paged_check(const struct kv_paged_cache *c, bool cuda)
                          "%s: cache storage of %zu bytes is smaller than its layout (%" PRId64
                          " bytes)",
                          fn, c->storage_bytes, c->layout.total_bytes);
+    /* Every overlap check downstream takes [base, base + storage_bytes): it
+     * must be an address range, not one wrapping past the top. */
+    if ((uint64_t)c->storage_bytes > (uint64_t)(UINTPTR_MAX - (uintptr_t)c->base))
+        return kv__error(KV_ERR_OUT_OF_BOUNDS,
+                         "%s: cache storage of %zu bytes at %p wraps the address space", fn,
+                         c->storage_bytes, c->base);
     if ((uintptr_t)c->base % (uintptr_t)c->layout.elem_bytes != 0)
         return kv__error(KV_ERR_INVALID_ARG,
                          "%s: cache base %p is not aligned to its %" PRId64 "-byte elements", fn,

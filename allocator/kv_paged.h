@@ -35,7 +35,7 @@ extern "C" {
 struct kv_paged_cache {
     struct kv_layout layout;
     void *base;           /* the arena: element (l, kv, b, n, h, d) at a layout offset */
-    size_t storage_bytes; /* >= layout.total_bytes */
+    size_t storage_bytes; /* >= layout.total_bytes; base + storage_bytes within the address space */
     enum kv_mem_kind mem; /* where base points (0: KV_MEM_HOST) */
 };
 

@@ -389,6 +389,12 @@ kv_status kv_layout_kv_view(const struct kv_layout *lo, void *base, size_t stora
     v.offset = (int64_t)layer * lo->stride_layer_elems + (int64_t)kv * lo->stride_kv_elems;
     v.base = base;
     v.storage_bytes = storage_bytes;
+    /* A view handed out satisfies the view invariants (an aligned base,
+     * extents inside storage): a forged layout or a misaligned base is
+     * refused here, not by the first op on the result. */
+    const kv_status st = kv_view_check(&v);
+    if (st != KV_OK)
+        return kv__error_wrap(st, "kv_layout_kv_view: layer %" PRIu32 ", kv %d", layer, kv);
     *out = v;
     return kv__ok();
 }

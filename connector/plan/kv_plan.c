@@ -49,7 +49,8 @@ static int64_t gcd64(int64_t a, int64_t b)
 kv_status kv__plan_check_layout(const char *fn, const char *what, const struct kv_layout *lo)
 {
     static char dummy[64] __attribute__((aligned(64)));
-    struct kv_paged_cache c = {.layout = *lo, .base = dummy, .storage_bytes = SIZE_MAX};
+    struct kv_paged_cache c = {
+        .layout = *lo, .base = dummy, .storage_bytes = (size_t)lo->total_bytes};
     kv_status st = kv_paged_check(&c, false);
     return st == KV_OK ? KV_OK : kv__error_wrap(st, "%s: %s", fn, what);
 }
@@ -142,7 +143,21 @@ kv_status kv_plan_create(const struct kv_layout *src, const struct kv_layout *ds
      * source and c.dst_layer0 + l of the destination */
     const int64_t W = Ns / g * Nd, L = c.n_layers;
     const int64_t P = src->k_only ? 1 : 2; /* planes moved: K (and V) */
-    const int64_t n_rows = L * P * W * nh, row_bytes = src->head_dim * src->elem_bytes;
+    const int64_t row_bytes = src->head_dim * src->elem_bytes;
+    /* Rows (32 bytes each), their lengths and the copies (64 bytes each) are
+     * arrays of n_rows; the window is n_rows * row_bytes: none may wrap,
+     * whatever layer and head counts two valid layouts name. */
+    const size_t row_item = sizeof(struct kv__plan_copy) > sizeof(struct kv__row)
+                                ? sizeof(struct kv__plan_copy)
+                                : sizeof(struct kv__row);
+    int64_t n_rows = 0, window_bytes = 0;
+    if (!kv__mul_i64(L * P, W, &n_rows) || !kv__mul_i64(n_rows, nh, &n_rows) ||
+        (uint64_t)n_rows > SIZE_MAX / row_item || !kv__mul_i64(n_rows, row_bytes, &window_bytes))
+        return kv__error(KV_ERR_OVERFLOW,
+                         "kv_plan_create: %" PRId64 " layers x %" PRId64 " planes x %" PRId64
+                         " window tokens x %" PRId64 " heads of %" PRId64
+                         " bytes: more rows or bytes than 64 bits hold",
+                         L, P, W, nh, row_bytes);
 
     struct kv__row *rows = kv__mem_alloc((size_t)n_rows * sizeof(*rows));
     kv_plan *p = kv__mem_calloc(1, sizeof(*p));
@@ -270,7 +285,7 @@ kv_status kv_plan_create(const struct kv_layout *src, const struct kv_layout *ds
                                       .rows = n_rows,
                                       .runs = n_runs,
                                       .copies = nc,
-                                      .window_bytes = n_rows * row_bytes};
+                                      .window_bytes = window_bytes};
     *out = p;
     return kv__ok();
 }

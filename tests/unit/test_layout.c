@@ -1192,6 +1192,33 @@ static void test_layout_codec_encode_refusals(void **state)
     assert_memory_equal(b, before, sizeof(b)); /* nothing written by a refusal */
 }
 
+/* Audit (2026-12-05): kv_layout_kv_view handed out a view over a base not
+ * aligned to its elements, which every view op then refused: now refused
+ * itself, naming the base; an aligned base gives a view kv_view_check
+ * accepts. */
+static void test_layout_kv_view_refuses_misaligned_base(void **state)
+{
+    (void)state;
+    struct kv_layout_config c;
+    kv_layout_config_init(&c);
+    c.num_layers = 2;
+    c.num_blocks = 4;
+    c.block_tokens = 4;
+    c.num_heads = 2;
+    c.head_dim = 8;
+    c.dtype = KV_F32;
+    struct kv_layout lo;
+    assert_int_equal(kv_layout_init(&c, &lo), KV_OK);
+    char *mem = aligned_alloc(64, (size_t)lo.total_bytes + 64);
+    struct kv_view v;
+    assert_int_equal(kv_layout_kv_view(&lo, mem + 1, (size_t)lo.total_bytes + 7, 1, 1, &v),
+                     KV_ERR_INVALID_ARG);
+    assert_non_null(strstr(kv_last_error(), "not aligned"));
+    assert_int_equal(kv_layout_kv_view(&lo, mem + 4, (size_t)lo.total_bytes, 1, 1, &v), KV_OK);
+    assert_int_equal(kv_view_check(&v), KV_OK);
+    free(mem);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1212,6 +1239,7 @@ int main(void)
         cmocka_unit_test(test_layout_codec_future_version_refused),
         cmocka_unit_test(test_layout_codec_field_refusals),
         cmocka_unit_test(test_layout_codec_encode_refusals),
+        cmocka_unit_test(test_layout_kv_view_refuses_misaligned_base),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -974,6 +974,39 @@ static void test_pack_payload_size_does_not_wrap(void **state)
     free(buf);
 }
 
+/* Audit (2026-12-05): a pack buffer inside the source's arena, the source
+ * claiming storage_bytes SIZE_MAX (its end wrapped past the top, so the
+ * overlap check saw none): refused, the arena unchanged. */
+static void test_pack_buffer_in_wrapping_storage(void **state)
+{
+    (void)state;
+    struct kv_layout_config c;
+    kv_layout_config_init(&c);
+    c.num_layers = 2;
+    c.num_blocks = 8;
+    c.block_tokens = 4;
+    c.num_heads = 2;
+    c.head_dim = 64;
+    c.dtype = KV_F16;
+    struct kv_layout lo;
+    assert_int_equal(kv_layout_init(&c, &lo), KV_OK);
+    char *arena = aligned_alloc(64, (size_t)lo.total_bytes);
+    memset(arena, 7, (size_t)lo.total_bytes);
+    const uint32_t blocks[2] = {0, 1};
+    size_t need = 0, out = 0;
+    struct kv_paged_cache s = {
+        .layout = lo, .base = arena, .storage_bytes = (size_t)lo.total_bytes};
+    assert_int_equal(kv_pack(NULL, s, blocks, 2, 8, NULL, 0, &need, NULL), KV_ERR_CAPACITY);
+    assert_int_equal(kv_pack(NULL, s, blocks, 2, 8, arena + 64, need, &out, NULL), KV_ERR_OVERLAP);
+    s.storage_bytes = SIZE_MAX;
+    assert_int_equal(kv_pack(NULL, s, blocks, 2, 8, arena + 64, need, &out, NULL),
+                     KV_ERR_OUT_OF_BOUNDS);
+    for (int64_t i = 0; i < lo.total_bytes; i++)
+        if (arena[i] != 7)
+            fail_msg("arena byte %lld changed", (long long)i);
+    free(arena);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -989,6 +1022,7 @@ int main(void)
         cmocka_unit_test(test_unpack_convert_chunks),
         cmocka_unit_test(test_pack_corrupt_zeroes_listed_blocks),
         cmocka_unit_test(test_pack_payload_size_does_not_wrap),
+        cmocka_unit_test(test_pack_buffer_in_wrapping_storage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -714,6 +714,84 @@ static void test_plan_cuda_schedule_split(void **state)
     assert_true(nn > 0);
 }
 
+/* Audit (2026-12-05): two layouts kv_layout_init accepts (no memory needed)
+ * whose plan has more rows than 64 bits of bytes hold: refused by name, not
+ * a wrapped allocation written past (K-only fp8, 3 layers of (2^59 + 1) / 3
+ * heads; the pack plan of it) nor a signed overflow (2^26 layers and heads
+ * over a 65280-token window). */
+static void mk_huge(struct kv_layout *lo, int64_t L, int64_t H, int64_t N)
+{
+    struct kv_layout_config c;
+    kv_layout_config_init(&c);
+    c.num_layers = L;
+    c.num_blocks = 1;
+    c.block_tokens = N;
+    c.num_heads = H;
+    c.head_dim = 1;
+    c.dtype = KV_FP8_E4M3;
+    c.k_only = true;
+    assert_int_equal(kv_layout_init(&c, lo), KV_OK);
+}
+
+static void test_plan_rows_do_not_wrap(void **state)
+{
+    (void)state;
+    struct kv_layout a, s, d;
+    mk_huge(&a, 3, (((int64_t)1 << 59) + 1) / 3, 1);
+    kv_plan *p = NULL;
+    assert_int_equal(kv_plan_create(&a, &a, NULL, &p), KV_ERR_OVERFLOW);
+    assert_null(p);
+    assert_non_null(strstr(kv_last_error(), "192153584101141163 heads"));
+    assert_int_equal(kv_pack_plan_create(&a, NULL, &p), KV_ERR_OVERFLOW);
+    assert_null(p);
+    mk_huge(&s, (int64_t)1 << 26, (int64_t)1 << 26, 256);
+    mk_huge(&d, (int64_t)1 << 26, (int64_t)1 << 26, 255);
+    assert_int_equal(kv_plan_create(&s, &d, NULL, &p), KV_ERR_OVERFLOW);
+    assert_non_null(strstr(kv_last_error(), "65280 window tokens"));
+    assert_null(p);
+}
+
+/* Audit (2026-12-05): a source whose storage_bytes wraps the address space
+ * (SIZE_MAX) hid a destination inside its arena from the overlap check, and
+ * the copy ran on overlapping memory: now refused where the cache is
+ * checked, and the same source with its true size is KV_ERR_OVERLAP. */
+static void test_plan_storage_wrapping_refused(void **state)
+{
+    (void)state;
+    struct kv_layout a, b;
+    struct kv_layout_config c;
+    kv_layout_config_init(&c);
+    c.num_layers = 1;
+    c.num_blocks = 4;
+    c.block_tokens = 4;
+    c.num_heads = 2;
+    c.head_dim = 64;
+    c.dtype = KV_F16;
+    c.arrange = KV_ARRANGE_BLOCK_MAJOR;
+    assert_int_equal(kv_layout_init(&c, &a), KV_OK);
+    c.num_blocks = 3;
+    assert_int_equal(kv_layout_init(&c, &b), KV_OK);
+    char *buf = aligned_alloc(64, (size_t)a.total_bytes);
+    memset(buf, 1, (size_t)a.total_bytes);
+    char *want = malloc((size_t)a.total_bytes);
+    memcpy(want, buf, (size_t)a.total_bytes);
+    kv_plan *p = NULL;
+    assert_int_equal(kv_plan_create(&a, &b, NULL, &p), KV_OK);
+    const uint32_t sb[2] = {0, 1}, db[2] = {0, 1};
+    struct kv_paged_cache s = {.layout = a, .base = buf, .storage_bytes = (size_t)a.total_bytes};
+    const struct kv_paged_cache d = {.layout = b,
+                                     .base = buf + a.stride_block_bytes / 2,
+                                     .storage_bytes = (size_t)b.total_bytes};
+    assert_int_equal(kv_plan_copy(p, s, sb, 2, d, db, 2, 8), KV_ERR_OVERLAP);
+    s.storage_bytes = SIZE_MAX;
+    assert_int_equal(kv_plan_copy(p, s, sb, 2, d, db, 2, 8), KV_ERR_OUT_OF_BOUNDS);
+    assert_non_null(strstr(kv_last_error(), "wraps the address space"));
+    assert_memory_equal(buf, want, (size_t)a.total_bytes); /* nothing written */
+    kv_plan_destroy(p);
+    free(want);
+    free(buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -728,6 +806,8 @@ int main(void)
         cmocka_unit_test(test_plan_cuda_schedule_matches_cpu),
         cmocka_unit_test(test_plan_cuda_schedule_layer_ranges),
         cmocka_unit_test(test_plan_cuda_schedule_split),
+        cmocka_unit_test(test_plan_rows_do_not_wrap),
+        cmocka_unit_test(test_plan_storage_wrapping_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
