@@ -304,8 +304,9 @@ check-compares:
 	@python3 scripts/check-test-compares.py tests
 
 test: deps check-walls check-compares
-	@$(MAKE) --no-print-directory -j$(JOBS) tests $(CLI)
+	@$(MAKE) --no-print-directory -j$(JOBS) tests $(CLI) $(DEMO)
 	@scripts/run-tests.sh $(TESTS)
+	@tests/cli/test_args.sh $(BUILD)
 	$(if $(SANITIZE)$(filter 1,$(DEBUG)),,@$(MAKE) --no-print-directory pytest)
 
 # The tiny engine on the Python package (examples/tiny_engine.py): continuous

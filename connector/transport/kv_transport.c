@@ -172,9 +172,10 @@ kv_status kv_xport_destroy(kv_xport *x)
             mid[mems] = m->region;
         mems++;
     }
-    const uint64_t xfers = x->n_xfers, rmems = x->n_rmems;
+    const uint64_t xfers = x->n_xfers, rmems = x->n_rmems, holds = x->n_holds,
+                   waiting = x->n_waiting;
     pthread_mutex_unlock(&x->mu);
-    if (peers || mems || xfers || rmems) {
+    if (peers || mems || xfers || rmems || holds || waiting) {
         char held[400] = "";
         kv__xport_held_say(held, sizeof(held), peers, "peer(s) not closed", pid,
                            (uint32_t)(peers < 4 ? peers : 4));
@@ -182,6 +183,11 @@ kv_status kv_xport_destroy(kv_xport *x)
                            (uint32_t)(mems < 4 ? mems : 4));
         kv__xport_held_say(held, sizeof(held), rmems, "imported region(s) not freed", NULL, 0);
         kv__xport_held_say(held, sizeof(held), xfers, "transfer(s) not freed", NULL, 0);
+        kv__xport_held_say(held, sizeof(held), holds,
+                           "layer-by-layer request(s) not reported (kv_xlayer_tx_finished)", NULL,
+                           0);
+        kv__xport_held_say(held, sizeof(held), waiting,
+                           "thread(s) waiting in kv_xport_accept or kv_xport_notify_poll", NULL, 0);
         return kv__error(KV_ERR_BAD_STATE, "xport_destroy: still held by the caller: %s", held);
     }
     const kv_status st = x->ops->stop(x);
@@ -508,9 +514,11 @@ kv_status kv_xport_accept(kv_xport *x, uint32_t timeout_ms, kv_xport_peer **peer
         return kv__error(KV_ERR_BAD_STATE, "xport_accept: this transport does not listen");
     const struct timespec ts = kv__deadline_ts(timeout_ms);
     pthread_mutex_lock(&x->mu);
+    x->n_waiting++; /* kv_xport_destroy refuses while a thread waits here */
     while (!x->accept_head)
         if (!kv__xport_wait_until(x, &ts))
             break;
+    x->n_waiting--;
     kv_xport_peer *p = x->accept_head;
     if (!p) {
         pthread_mutex_unlock(&x->mu);
@@ -644,9 +652,11 @@ kv_status kv_xport_notify_poll(kv_xport *x, uint32_t timeout_ms, struct kv_xport
         return kv__error(KV_ERR_NULL, "xport_notify_poll: %s is NULL", !x ? "x" : "out");
     const struct timespec ts = kv__deadline_ts(timeout_ms);
     pthread_mutex_lock(&x->mu);
+    x->n_waiting++; /* kv_xport_destroy refuses while a thread waits here */
     while (!x->note_head)
         if (!kv__xport_wait_until(x, &ts))
             break;
+    x->n_waiting--;
     struct kv__xport_note *n = x->note_head;
     if (!n) {
         pthread_mutex_unlock(&x->mu);

@@ -34,6 +34,8 @@
  *
  *   x->n_xfers == transfers posted and not freed
  *   x->n_rmems == imported regions not freed
+ *   x->n_holds == layer-by-layer requests holding one of x's peers, not yet
+ *                 reported (kv_xlayer_tx_begin .. kv_xlayer_tx_finished)
  *   m->users   == transfers not terminal naming m + exposures of m
  *   r->users   == transfers not terminal naming r
  *   p->n_notes == notifications of p queued, not yet polled (<= max_pending_notes)
@@ -177,7 +179,8 @@ struct kv_xport {
     uint32_t next_region; /* region ids: 1, 2, ... (0 never names one) */
     uint64_t next_xfer;   /* transfer ids: 1, 2, ... */
     uint64_t next_peer;   /* peer ids: 1, 2, ... */
-    uint64_t n_xfers, n_rmems;
+    uint64_t n_xfers, n_rmems, n_holds;
+    uint32_t n_waiting; /* threads inside kv_xport_accept / kv_xport_notify_poll */
     struct kv_xport_stats stats;
 };
 

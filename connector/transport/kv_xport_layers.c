@@ -593,6 +593,7 @@ static void peer_hold(kv_xport_peer *p)
 {
     pthread_mutex_lock(&p->x->mu);
     p->refs++;
+    p->x->n_holds++; /* kv_xport_destroy refuses until it is released */
     pthread_mutex_unlock(&p->x->mu);
 }
 
@@ -600,6 +601,7 @@ static void peer_release(kv_xport_peer *p)
 {
     kv_xport *x = p->x;
     pthread_mutex_lock(&x->mu);
+    x->n_holds--;
     kv__xport_peer_unref(p);
     pthread_mutex_unlock(&x->mu);
 }

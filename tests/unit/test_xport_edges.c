@@ -1230,6 +1230,46 @@ static void test_xport_edges_frames_before_ready(void **state)
     free(m);
 }
 
+/* Audit (2026-12-05): a thread waiting in kv_xport_notify_poll (or accept)
+ * while another destroys the transport waited on a freed condition: the
+ * destroy is refused, naming the waiter, until the wait returns. */
+static void *accept_for(void *arg)
+{
+    kv_xport_peer *p = NULL;
+    return (void *)(intptr_t)kv_xport_accept(arg, 1500, &p);
+}
+
+static void *poll_for(void *arg)
+{
+    struct kv_xport_msg *m = malloc(sizeof(*m));
+    const kv_status st = kv_xport_notify_poll(arg, 1500, m);
+    free(m);
+    return (void *)(intptr_t)st;
+}
+
+static void test_xport_edges_destroy_while_a_thread_waits(void **state)
+{
+    (void)state;
+    for (int accept = 0; accept < 2; accept++) {
+        struct kv_xport_config c = cfg_of(true, 1, 5000);
+        kv_xport *x = NULL;
+        assert_int_equal(kv_xport_create(&c, &x), KV_OK);
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, accept ? accept_for : poll_for, x), 0);
+        for (bool in = false; !in; usleep(1000)) { /* until the thread waits */
+            pthread_mutex_lock(&x->mu);
+            in = x->n_waiting > 0;
+            pthread_mutex_unlock(&x->mu);
+        }
+        assert_int_equal(kv_xport_destroy(x), KV_ERR_BAD_STATE);
+        kvt_assert_msg_has("1 thread(s) waiting in kv_xport_accept or kv_xport_notify_poll");
+        void *ret = NULL;
+        assert_int_equal(pthread_join(th, &ret), 0);
+        assert_int_equal((kv_status)(intptr_t)ret, KV_ERR_TIMEOUT);
+        assert_int_equal(kv_xport_destroy(x), KV_OK);
+    }
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1248,6 +1288,7 @@ int main(void)
         cmocka_unit_test(test_xport_edges_unexpose_refuses_queued_reads),
         cmocka_unit_test(test_xport_edges_timeout_while_hashing),
         cmocka_unit_test(test_xport_edges_frames_before_ready),
+        cmocka_unit_test(test_xport_edges_destroy_while_a_thread_waits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -871,6 +871,48 @@ static void test_xport_layers_peer_closed_under_a_request(void **state)
     kvt_side_free(&d);
 }
 
+/* Audit (2026-12-05): a request begun (nothing posted) holds its peer; the
+ * caller closes the peer and destroys the transport: refused by name while
+ * the request is not reported (it was freed under the request's peer: a use
+ * after free in kv_xlayer_tx_finished), then allowed. TCP and SHM. */
+static void request_holds_transport(kv_xport_kind kind)
+{
+    struct kv_xport_config ca = kvt_xport_cfg(kind, false, TOKEN, 0),
+                           cb = kvt_xport_cfg(kind, true, TOKEN, 0);
+    struct kvt_pair p;
+    kvt_pair_open(&p, &ca, &cb);
+    struct kv_xlayer_tx_config tc = KV_XLAYER_TX_CONFIG_INIT;
+    kv_xlayer_tx *tx = NULL;
+    assert_int_equal(kv_xlayer_tx_create(&tc, &tx), KV_OK);
+    assert_int_equal(kv_xlayer_tx_begin(tx, p.pa, 42, 2), KV_OK);
+    kv_xport_peer_close(p.pa);
+    assert_int_equal(kv_xport_destroy(p.a), KV_ERR_BAD_STATE);
+    kvt_assert_msg_has("1 layer-by-layer request(s) not reported");
+    const kv_status cs = kv_xlayer_tx_cancel(tx, 42);
+    assert_true(cs == KV_OK || cs == KV_ERR_BAD_STATE);
+    struct kv_xlayer_done done[2];
+    uint32_t n = 0;
+    for (int i = 0; i < 1000 && n == 0; i++) {
+        assert_int_equal(kv_xlayer_tx_finished(tx, done, 2, &n), KV_OK);
+        if (n == 0)
+            usleep(2000);
+    }
+    assert_int_equal(n, 1);
+    assert_int_equal(done[0].request, 42);
+    assert_true(done[0].status != KV_OK);
+    assert_int_equal(kv_xport_destroy(p.a), KV_OK); /* reported: the hold is gone */
+    assert_int_equal(kv_xlayer_tx_destroy(tx), KV_OK);
+    kv_xport_peer_close(p.pb);
+    assert_int_equal(kv_xport_destroy(p.b), KV_OK);
+}
+
+static void test_xport_layers_request_holds_transport(void **state)
+{
+    (void)state;
+    request_holds_transport(KV_XPORT_TCP);
+    request_holds_transport(KV_XPORT_SHM);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -880,6 +922,7 @@ int main(void)
         cmocka_unit_test(test_xport_layers_limits_refused_by_name),
         cmocka_unit_test(test_xport_layers_rx_destroy_refused_while_waiting),
         cmocka_unit_test(test_xport_layers_peer_closed_under_a_request),
+        cmocka_unit_test(test_xport_layers_request_holds_transport),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,6 +16,7 @@
  * Exit status: 0 when every check passed; 1 when a check failed (the first
  * one is named) or the library refused a call; 2 for a usage error.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -81,13 +82,19 @@ static const struct option long_opts[] = {
     {NULL, 0, NULL, 0},
 };
 
+/* A decimal number, or hexadecimal after 0x, in [lo, hi]: digits only
+ * (strtoull alone would skip spaces, take a sign and read 010 as octal). */
 static bool parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
 {
-    if (!s || !*s || *s == '-' || *s == '+')
+    if (!s)
+        return false;
+    const bool hex = s[0] == '0' && (s[1] == 'x' || s[1] == 'X');
+    const char *digits = hex ? s + 2 : s;
+    if (!(hex ? isxdigit((unsigned char)*digits) : isdigit((unsigned char)*digits)))
         return false;
     errno = 0;
     char *end = NULL;
-    const unsigned long long v = strtoull(s, &end, 0);
+    const unsigned long long v = strtoull(digits, &end, hex ? 16 : 10);
     if (errno || *end || v < lo || v > hi)
         return false;
     *out = v;
@@ -102,11 +109,11 @@ static int bad_value(int c, const char *val)
         if (lo->val == c)
             name = lo->name;
     fprintf(stderr, "kvdemo: --%s needs %s, got '%s' (kvdemo --help)\n", name,
-            c == OPT_TRANSPORT  ? "tcp, rdma or shm"
+            c == OPT_TRANSPORT  ? "tcp, rdma, shm or auto"
             : c == OPT_REQUESTS ? "1..256"
             : c == OPT_PORT     ? "a port 0..65535"
-            : c == OPT_SEED     ? "an unsigned integer"
-                                : "an open file descriptor",
+            : c == OPT_SEED     ? "an unsigned integer (decimal, or hexadecimal after 0x)"
+                                : "an open file descriptor >= 3",
             val ? val : "(nothing)");
     return EXIT_USAGE;
 }
