@@ -376,16 +376,19 @@ $(BUILD)/fuzz/obj/%.o: %.c $(XXH_PROBE)
 	@$(if $(Q),echo '  FUZZCC $<')
 	$(Q)$(CLANG) $(FUZZ_OBJ_CFLAGS) -MMD -MP -c -o $@ $<
 
-# The view, layout codec and CPU quota targets: the core module only.
+# The view and CPU quota targets: the core module only.
 $(BUILD)/fuzz/%: tests/fuzz/%.c $(wildcard kvcache/*.h) $(call fuzz_objs,$(FUZZ_CORE_SRC))
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  FUZZ   $@')
 	$(Q)$(CLANG) $(FUZZ_CFLAGS) -o $@ $< $(call fuzz_objs,$(FUZZ_CORE_SRC)) $(FUZZ_LINK)
 
-# fuzz_unpack, fuzz_xport_rx, fuzz_xport_shm_rx, fuzz_xport_probe and fuzz_xlayer_rx reach the connector: every module's CPU
-# sources, OpenMP (libomp); the transport target also the raw-peer helpers.
+# fuzz_unpack, fuzz_xport_rx, fuzz_xport_shm_rx, fuzz_xport_probe, fuzz_xlayer_rx and
+# fuzz_layout_codec (which plans what it decodes) reach the connector: every
+# module's CPU sources, OpenMP (libomp); the transport target also the
+# raw-peer helpers.
 FUZZ_CONNECTOR := $(BUILD)/fuzz/fuzz_unpack $(BUILD)/fuzz/fuzz_xport_rx $(BUILD)/fuzz/fuzz_xlayer_rx \
-                  $(BUILD)/fuzz/fuzz_xport_shm_rx $(BUILD)/fuzz/fuzz_xport_probe
+                  $(BUILD)/fuzz/fuzz_xport_shm_rx $(BUILD)/fuzz/fuzz_xport_probe \
+                  $(BUILD)/fuzz/fuzz_layout_codec
 $(FUZZ_CONNECTOR): $(BUILD)/fuzz/%: tests/fuzz/%.c $(call fuzz_objs,$(FUZZ_ALL_SRC)) \
                    $(foreach m,$(MODULES),$(wildcard $(m)/*.h $(m)/*/*.h)) \
                    tests/common/kvt_xport_raw.h tests/fuzz/fuzz_xport.h

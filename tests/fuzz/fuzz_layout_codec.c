@@ -25,6 +25,16 @@
  *            kv_layout_config_encode gives back the input bytes (canonical);
  *   failure: KV_ERR_CORRUPT or KV_ERR_MISMATCH, a non-empty
  *            kv_last_error(), *out untouched.
+ *
+ * A decoded layout then goes where a peer's layout goes: into a plan
+ * (kv_plan_create from it to itself, kv_pack_plan_create). One whose rows
+ * cannot be counted in 64 bits must be refused by name (KV_ERR_OVERFLOW, or
+ * its window first), never built (the 2026-12-05 audit found a wrapped
+ * allocation written past); a
+ * small one (at most 2^14 rows and 256 KiB) is built and run: blocks
+ * 0..n-1 copied into blocks n-1..0 of a second pool, which is compared whole
+ * against a reference made with kv_layout_offset (every element moved,
+ * every other byte untouched).
  * Any violation aborts.
  */
 #include <stdbool.h>
@@ -36,6 +46,8 @@
 #include <xxhash.h>
 
 #include "kv_layout.h"
+#include "kv_pack.h"
+#include "kv_plan.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -123,6 +135,78 @@ static void same_config(const struct kv_layout_config *a, const struct kv_layout
         die("the decoded config differs from the reference's");
 }
 
+/* A decoded layout as a peer's: planned to itself (see the header). */
+static void exercise_plan(const struct kv_layout *lo)
+{
+    const int64_t P = lo->k_only ? 1 : 2;
+    int64_t rows = 0;
+    const bool wraps = __builtin_mul_overflow(lo->num_layers * P, lo->block_tokens, &rows) ||
+                       __builtin_mul_overflow(rows, lo->num_heads, &rows) ||
+                       (uint64_t)rows > SIZE_MAX / 64 ||
+                       __builtin_mul_overflow(rows, lo->head_dim * lo->elem_bytes, &(int64_t){0});
+    kv_plan *p = NULL;
+    if (wraps) { /* refused (KV_ERR_OVERFLOW, or its window first), never built */
+        if (kv_plan_create(lo, lo, NULL, &p) == KV_OK || p || kv_last_error()[0] == '\0')
+            die("a plan of more rows than 64 bits hold was not refused by name");
+        if (kv_pack_plan_create(lo, NULL, &p) == KV_OK || p || kv_last_error()[0] == '\0')
+            die("a pack plan of more rows than 64 bits hold was not refused by name");
+        return;
+    }
+    if (rows > (1 << 14) || lo->total_bytes > (256 << 10))
+        return; /* valid but too large to build here, each run */
+    const kv_status ps = kv_pack_plan_create(lo, NULL, &p);
+    if (ps != KV_OK && kv_last_error()[0] == '\0')
+        die("a pack plan refused without a message");
+    kv_plan_destroy(p);
+    p = NULL;
+    const kv_status st = kv_plan_create(lo, lo, NULL, &p);
+    if (st != KV_OK) {
+        if (p || kv_last_error()[0] == '\0')
+            die("a plan refused without a message, or with a plan");
+        return; /* a dtype the executors do not handle */
+    }
+    const size_t bytes = (size_t)lo->total_bytes;
+    unsigned char *src = aligned_alloc(64, (bytes + 63) / 64 * 64),
+                  *dst = aligned_alloc(64, (bytes + 63) / 64 * 64), *want = malloc(bytes);
+    if (!src || !dst || !want)
+        die("malloc");
+    for (size_t i = 0; i < bytes; i++)
+        src[i] = (unsigned char)(i * 131 + 7);
+    memset(dst, 0xEE, bytes);
+    memcpy(want, dst, bytes);
+    const uint32_t n = lo->num_blocks < 4 ? (uint32_t)lo->num_blocks : 4;
+    uint32_t sid[4], did[4];
+    for (uint32_t i = 0; i < n; i++) {
+        sid[i] = i;
+        did[i] = (uint32_t)lo->num_blocks - 1 - i;
+    }
+    for (int64_t l = 0; l < lo->num_layers; l++)
+        for (int kv = 0; kv < (int)P; kv++)
+            for (uint32_t b = 0; b < n; b++)
+                for (int64_t t = 0; t < lo->block_tokens; t++)
+                    for (int64_t h = 0; h < lo->num_heads; h++)
+                        for (int64_t d = 0; d < lo->head_dim; d++) {
+                            int64_t so = 0, dof = 0;
+                            if (kv_layout_offset(lo, (uint32_t)l, kv, sid[b], (uint32_t)t,
+                                                 (uint32_t)h, (uint32_t)d, &so) != KV_OK ||
+                                kv_layout_offset(lo, (uint32_t)l, kv, did[b], (uint32_t)t,
+                                                 (uint32_t)h, (uint32_t)d, &dof) != KV_OK)
+                                die("kv_layout_offset refused an element of the layout");
+                            memcpy(want + dof * lo->elem_bytes, src + so * lo->elem_bytes,
+                                   (size_t)lo->elem_bytes);
+                        }
+    const struct kv_paged_cache cs = {.layout = *lo, .base = src, .storage_bytes = bytes},
+                                cd = {.layout = *lo, .base = dst, .storage_bytes = bytes};
+    if (kv_plan_copy(p, cs, sid, n, cd, did, n, (uint64_t)n * (uint64_t)lo->block_tokens) != KV_OK)
+        die("a plan of a valid layout refused its own blocks");
+    if (memcmp(dst, want, bytes) != 0) /* check-test-compares: bytes (the whole pool) */
+        die("the plan's copy differs from the reference (whole destination pool)");
+    kv_plan_destroy(p);
+    free(src);
+    free(dst);
+    free(want);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
@@ -176,6 +260,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             die("a decoded config does not encode");
         if (memcmp(again, buf, WIRE) != 0)
             die("a decoded config encodes to other bytes (not canonical)");
+        exercise_plan(&lo);
     } else {
         if (valid)
             die("decode refused what the reference accepts");
