@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack, no allocation */
 #include <xxhash.h>
@@ -341,17 +342,44 @@ kv_status kv__block_pool_check(kv_block_pool *pool)
 
 /* ------------------------------------------------------------ create */
 
+/* The environment's KV_DEBUG_CHECKS: on for 1 true yes on, off when unset,
+ * empty or 0 false no off (any case); any other value is refused, named,
+ * not read as one or the other. */
+static kv_status debug_env(bool *on)
+{
+    static const char *const yes[] = {"1", "true", "yes", "on"};
+    static const char *const no[] = {"0", "false", "no", "off"};
+    const char *env = getenv("KV_DEBUG_CHECKS");
+    *on = false;
+    if (!env || !env[0])
+        return KV_OK;
+    for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++) {
+        if (strcasecmp(env, yes[i]) == 0) {
+            *on = true;
+            return KV_OK;
+        }
+        if (strcasecmp(env, no[i]) == 0)
+            return KV_OK;
+    }
+    return kv__error(KV_ERR_INVALID_ARG,
+                     "kv_block_pool_create: the environment's KV_DEBUG_CHECKS='%.40s' is none of "
+                     "1 true yes on (checks on), 0 false no off",
+                     env);
+}
+
 kv_status kv_block_pool_create(const struct kv_block_pool_config *cfg, kv_block_pool **out)
 {
     kv_block_pool *p;
     pthread_mutexattr_t attr;
     uint64_t slots = 1;
     unsigned bits = 0;
-    const char *env;
     kv_status s;
+    bool env_checks = false;
 
     if (!cfg || !out)
         return kv__error(KV_ERR_NULL, "kv_block_pool_create: %s is NULL", !cfg ? "cfg" : "out");
+    if ((s = debug_env(&env_checks)) != KV_OK)
+        return s;
     s = kv__check_struct_size("kv_block_pool_create", "kv_block_pool_config", cfg->struct_size,
                               sizeof(*cfg));
     if (s != KV_OK)
@@ -404,8 +432,7 @@ kv_status kv_block_pool_create(const struct kv_block_pool_config *cfg, kv_block_
     p->capacity = cfg->num_blocks - 1;
     p->on_event = cfg->on_event;
     p->event_user = cfg->event_user;
-    env = getenv("KV_DEBUG_CHECKS");
-    p->check_full = (cfg->flags & KV_BLOCK_POOL_CHECK_FULL) || (env && env[0] == '1');
+    p->check_full = (cfg->flags & KV_BLOCK_POOL_CHECK_FULL) || env_checks;
 #if defined(KV_DEBUG_CHECKS)
     p->check_full = true;
 #endif

@@ -85,8 +85,10 @@ typedef void (*kv_block_event_fn)(void *user, kv_block_event ev, uint64_t hash, 
 
 /* Pool flags (kv_block_pool_config.flags). */
 /* Run the O(capacity) invariant check after every operation (tests); also
- * enabled by the environment KV_DEBUG_CHECKS=1 or building with
- * -DKV_DEBUG_CHECKS (make DEBUG=1). */
+ * enabled by the environment KV_DEBUG_CHECKS=1 (or true, yes, on; 0, false,
+ * no, off or empty: off; any other value: kv_block_pool_create refuses it,
+ * KV_ERR_INVALID_ARG naming it) or building with -DKV_DEBUG_CHECKS
+ * (make DEBUG=1). */
 #define KV_BLOCK_POOL_CHECK_FULL 0x1u
 
 /* Input of kv_block_pool_create(). */

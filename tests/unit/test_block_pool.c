@@ -938,6 +938,40 @@ static void expect_events(struct event_log *log, const struct event *want, size_
     log->n = 0;
 }
 
+/* Audit (2026-12-05): KV_DEBUG_CHECKS was on for any value starting with
+ * '1' ("10") and silently off for "true": now the named values only, any
+ * other refused by name. */
+static void test_block_pool_debug_env_values(void **state)
+{
+    (void)state;
+    const char *was = getenv("KV_DEBUG_CHECKS");
+    char *saved = was ? strdup(was) : NULL;
+    struct kv_block_pool_config cfg = {.struct_size = sizeof(struct kv_block_pool_config),
+                                       .num_blocks = 8};
+    static const char *const ok[] = {"1", "TRUE", "yes", "On", "0", "false", "NO", "off", ""};
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        kv_block_pool *p = NULL;
+        assert_int_equal(setenv("KV_DEBUG_CHECKS", ok[i], 1), 0);
+        assert_int_equal(kv_block_pool_create(&cfg, &p), KV_OK);
+        kv_block_pool_destroy(p);
+    }
+    static const char *const bad[] = {"10", "2", "enable", " 1", "1 "};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        kv_block_pool *p = NULL;
+        assert_int_equal(setenv("KV_DEBUG_CHECKS", bad[i], 1), 0);
+        assert_int_equal(kv_block_pool_create(&cfg, &p), KV_ERR_INVALID_ARG);
+        assert_null(p);
+        char want[64];
+        snprintf(want, sizeof(want), "KV_DEBUG_CHECKS='%s'", bad[i]);
+        kvt_assert_msg_has(want);
+    }
+    if (saved)
+        assert_int_equal(setenv("KV_DEBUG_CHECKS", saved, 1), 0);
+    else
+        assert_int_equal(unsetenv("KV_DEBUG_CHECKS"), 0);
+    free(saved);
+}
+
 static void test_block_pool_model_random_ops(void **state)
 {
     (void)state;
@@ -1439,6 +1473,7 @@ int main(void)
         cmocka_unit_test(test_block_pool_stats_track_every_counter),
         cmocka_unit_test(test_block_pool_ops_seam),
         cmocka_unit_test(test_block_pool_hash_table_survives_churn),
+        cmocka_unit_test(test_block_pool_debug_env_values),
         cmocka_unit_test(test_block_pool_model_random_ops),
         cmocka_unit_test(test_block_pool_threads_share_one_pool),
     };
