@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Bad command-line values are refused before anything runs: exit 2 and a
-# message naming the option and the value (tools/kvdemo, tools/kvcache).
+# message naming the option and the value (tools/kvdemo, tools/kvcache,
+# tools/bench's environment).
 # Usage: tests/cli/test_args.sh BUILD_DIR
 set -uo pipefail
 build=${1:-build}
@@ -39,5 +40,16 @@ c=$build/kvcache
 expect 2 "--blocks '-1' is not a number in range" -- "$c" cache --blocks -1
 expect 2 "' 4'" -- "$c" cache --blocks ' 4'
 expect 2 "0x10" -- "$c" cache --blocks 0x10
+# kvbench where it is built (.ci/run runs this again after building it):
+# its KVB_* numbers are checked before the first case
+b=$build/kvbench
+if [ -x "$b" ]; then
+    expect 2 "KVB_RUNS='abc' is not a decimal integer" -- env KVB_RUNS=abc "$b" --list
+    expect 2 "KVB_RUNS='0'" -- env KVB_RUNS=0 "$b" --list
+    expect 2 "KVB_THREADS=' 4'" -- env "KVB_THREADS= 4" "$b" --list
+    expect 2 "KVB_SETTLE_MS='-1'" -- env KVB_SETTLE_MS=-1 "$b" --list
+    expect 2 "KVB_GATHER_BELOW='0x10'" -- env KVB_GATHER_BELOW=0x10 "$b" --list
+    expect 2 "KVB_GATHER_BELOW='4294967296'" -- env KVB_GATHER_BELOW=4294967296 "$b" --list
+fi
 echo "tests/cli/test_args.sh: $((n - fails)) of $n refusals as expected"
 [ "$fails" = 0 ]

@@ -29,8 +29,13 @@ int kvb_selected(const char *bench, const char *case_name);
  * smoke tests; results are still printed but marked "quick":true. */
 int kvb_quick(void);
 
-/* Number of interleaved runs per case (default 9, quick 3). */
+/* Number of interleaved runs per case (default 9, quick 3; KVB_RUNS). */
 int kvb_runs(void);
+
+/* The environment's integer `name` in [lo, hi] (decimal digits only), or
+ * dflt when unset or empty; any other value exits 2 naming it (kvbench
+ * checks every KVB_* number before its first case). */
+long kvb_env_long(const char *name, long dflt, long lo, long hi);
 
 /* Monotonic clock in seconds. */
 double kvb_now(void);

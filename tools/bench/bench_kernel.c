@@ -761,9 +761,10 @@ out:
 static void kvb__kernels(void)
 {
     const int quick = kvb_quick();
-    const char *te = getenv("KVB_THREADS"); /* the kernels' thread count (default kv_threads()) */
-    if (te && atoi(te) > 0 && kv_set_threads(atoi(te)) != KV_OK)
-        kvb_mismatch("kernel.*", te, "kv_set_threads(%d) failed", atoi(te));
+    /* the kernels' thread count (default kv_threads()) */
+    const long te = kvb_env_long("KVB_THREADS", 0, 1, 4096);
+    if (te > 0 && kv_set_threads((int)te) != KV_OK)
+        kvb_mismatch("kernel.*", "KVB_THREADS", "kv_set_threads(%ld) failed", te);
     static const kv_order orders[2] = {KV_ORDER_NHD, KV_ORDER_HND};
     for (int oi = 0; oi < 2; oi++) {
         /* 2 GiB + 64 MiB of K and V: the decode case reads 2 GiB of it */

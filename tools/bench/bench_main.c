@@ -9,6 +9,7 @@
  * (default bench/results.jsonl; its directory is created as needed).
  */
 #include <sched.h>
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <stdarg.h>
@@ -74,12 +75,25 @@ int kvb_quick(void)
     return kvb__quick_flag;
 }
 
+long kvb_env_long(const char *name, long dflt, long lo, long hi)
+{
+    const char *e = getenv(name);
+    if (!e || !e[0])
+        return dflt;
+    errno = 0;
+    char *end = NULL;
+    const long v = isdigit((unsigned char)e[0]) ? strtol(e, &end, 10) : -1;
+    if (!end || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "kvbench: %s='%s' is not a decimal integer in [%ld, %ld]\n", name, e, lo,
+                hi);
+        exit(2);
+    }
+    return v;
+}
+
 int kvb_runs(void)
 {
-    const char *e = getenv("KVB_RUNS");
-    if (e && atoi(e) > 0)
-        return atoi(e);
-    return kvb__quick_flag ? 3 : 9;
+    return (int)kvb_env_long("KVB_RUNS", kvb__quick_flag ? 3 : 9, 1, 1000);
 }
 
 double kvb_now(void)
@@ -491,6 +505,11 @@ int main(int argc, char **argv)
             return 0;
         }
     }
+    /* every KVB_* number checked before the first case, not mid-run */
+    (void)kvb_runs();
+    (void)kvb_env_long("KVB_THREADS", 0, 1, 4096);
+    (void)kvb_env_long("KVB_SETTLE_MS", 10, 0, 60000);
+    (void)kvb_env_long("KVB_GATHER_BELOW", 0, 0, UINT32_MAX);
     if (!kvb__list_mode && out_path[0]) {
         kvb__mkdir_parent(out_path);
         kvb__out = fopen(out_path, "a");

@@ -5,6 +5,7 @@
  */
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -17,9 +18,11 @@
  * quota). */
 int kvb_threads(void)
 {
-    const char *te = getenv("KVB_THREADS");
-    if (te && atoi(te) > 0 && kv_set_threads(atoi(te)) != KV_OK)
+    const long te = kvb_env_long("KVB_THREADS", 0, 1, 4096);
+    if (te > 0 && kv_set_threads((int)te) != KV_OK) {
+        fprintf(stderr, "kvbench: KVB_THREADS=%ld: %s\n", te, kv_last_error());
         exit(2);
+    }
     return kv_threads();
 }
 
@@ -69,9 +72,7 @@ void kvb_settle(void)
 {
     static long ms = -1;
     if (ms < 0) {
-        const char *e = getenv("KVB_SETTLE_MS");
-        ms = e ? atol(e) : 10;
-        ms = ms < 0 ? 0 : ms;
+        ms = kvb_env_long("KVB_SETTLE_MS", 10, 0, 60000);
     }
     if (ms == 0)
         return;

@@ -170,9 +170,7 @@ static struct kv_xport_config xport_config(uint32_t conns, bool listen)
     xc.conns_per_peer = conns;
     xc.token = TOKEN;
     xc.timeout_ms = 600000;
-    const char *g = getenv("KVB_GATHER_BELOW");
-    if (g)
-        xc.plan_gather_below_bytes = (uint32_t)strtoul(g, NULL, 0);
+    xc.plan_gather_below_bytes = (uint32_t)kvb_env_long("KVB_GATHER_BELOW", 0, 0, UINT32_MAX);
     return xc;
 }
 
