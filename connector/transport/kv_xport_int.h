@@ -51,7 +51,7 @@
 #include "kv_lib.h"
 #include "kv_transport.h"
 
-#define KV__XPORT_OPS_VERSION 5u
+#define KV__XPORT_OPS_VERSION 6u
 #define KV__XPORT_KEY_MAX 160 /* backend key bytes inside a blob */
 #define KV__XPORT_DEFAULT_TIMEOUT_MS 30000u
 #define KV__XPORT_DEFAULT_CONNS 2u
@@ -120,6 +120,11 @@ struct kv__xport_ops {
     /* (v5) mu held: m's device into *out (struct_size set, the rest zero,
      * numa nodes -1). NULL: nothing to report. */
     void (*mem_info)(kv_xport_mem *m, struct kv_xport_mem_info *out);
+    /* (v6) mu held, p READY: check a remote region's backend key (the
+     * blob's key[key_len], the region's bytes) at kv_xport_rmem_import;
+     * KV_OK, or a status with msg[cap] naming the values. NULL: none. */
+    kv_status (*import_check)(kv_xport_peer *p, const unsigned char *key, uint32_t key_len,
+                              uint64_t bytes, char *msg, size_t cap);
 };
 
 /* For a backend that keeps nothing per region (TCP, SHM): mem_reg and

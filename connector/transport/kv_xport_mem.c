@@ -302,6 +302,15 @@ kv_status kv_xport_rmem_import(kv_xport_peer *peer, const void *blob, size_t len
                          "/0x%016" PRIx64 ")",
                          b.exposer, b.importer, peer->nonce_remote, peer->nonce_local);
     }
+    if (x->ops->import_check) {
+        char why[320] = "";
+        const kv_status ks =
+            x->ops->import_check(peer, b.key, b.key_len, b.bytes, why, sizeof(why));
+        if (ks != KV_OK) {
+            pthread_mutex_unlock(&x->mu);
+            return kv__error(ks, "xport_rmem_import: region %u: %s", b.region, why);
+        }
+    }
     kv_xport_rmem *r = kv__mem_calloc(1, sizeof(*r));
     if (!r) {
         pthread_mutex_unlock(&x->mu);

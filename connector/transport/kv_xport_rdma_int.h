@@ -127,7 +127,8 @@ struct rrail {
     enum ibv_gid_type gid_type;
     union ibv_gid gid;
     uint64_t chunk; /* MR chunk bytes */
-    uint32_t sge;
+    uint32_t sge;   /* SGEs per WRITE / SEND: min(max_sge, RD_MAX_SGE) */
+    uint32_t sge_rd;             /* SGEs per READ: min(max_sge_rd (0 read as 1), sge) */
     struct ibv_comp_channel *ch; /* event mode: its CQs' channel (fd O_NONBLOCK) */
     int numa;                    /* sysfs numa_node of the device (-1: unknown) */
     uint32_t regions;            /* regions registered on it now */
@@ -208,6 +209,14 @@ void kv__rd_teardown_check(struct rdma *r, int rc, const char *what);
 kv_status kv__rd_wc_status(enum ibv_wc_status s);
 const char *kv__rd_wc_str(enum ibv_wc_status s);
 void kv__rd_kick(kv_xport *x);
+/* A remote region's key (key[key_len], the region's bytes as its blob
+ * says) decoded into *k and checked: 1 .. RD_MAX_CHUNKS chunks, key_len ==
+ * RD_KEY_HEAD + 4 * chunks, chunk bytes nonzero, chunks == ceil(bytes /
+ * chunk), rail < RD_MAX_RAILS, base + bytes not past 2^64. false, with msg
+ * (when not NULL) naming the values, otherwise. kv__rd_rkey_get: the same
+ * for an imported region, no message. */
+bool kv__rd_rkey_check(const unsigned char *key, uint32_t key_len, uint64_t bytes, struct rkey *k,
+                       char *msg, size_t cap);
 bool kv__rd_rkey_get(const kv_xport_rmem *rm, struct rkey *k);
 /* The automatic rail of a region (pure), the first rule that names one:
  *   one rail: 0, ONLY;

@@ -371,6 +371,26 @@ static void maybe_ready(struct rpeer *rp)
     }
 }
 
+/* mu held: the peer's READY: exactly one byte, 1, once, after its INFO
+ * was applied (phase RTS: the peer sends it only after ours, on one
+ * ordered connection); anything else closes the peer, named. */
+static void got_ready(struct rdma *r, struct rpeer *rp, const unsigned char *b, uint32_t len)
+{
+    static const char *const phase[] = {"OOB", "INFO", "RTS", "READY", "FAIL"};
+    if (len != 1 || b[0] != 1 || rp->ph != PH_RTS || rp->ready_got) {
+        kv__rd_peer_fail(r, rp, KV_ERR_CORRUPT,
+                         "xport rdma: a READY of %u bytes (first byte 0x%02x; want 1 byte, 0x01) "
+                         "in phase %s%s",
+                         len, len ? b[0] : 0, phase[rp->ph],
+                         rp->ready_got      ? " (a READY came already)"
+                         : rp->ph != PH_RTS ? " (want RTS: after the peer's QP info)"
+                                            : "");
+        return;
+    }
+    rp->ready_got = true;
+    maybe_ready(rp);
+}
+
 /* mu held: the OOB side of every peer: new incoming peers, INFO / READY
  * notifications, dead OOB peers. */
 static struct rpeer *find_oob(struct rdma *r, uint64_t oob_id)
@@ -440,10 +460,9 @@ bool kv__rd_oob_round(struct rdma *r)
             continue;
         if (m.tag == RD_OOB_INFO)
             got_info(r, rp, m.data, m.len);
-        else if (m.tag == RD_OOB_READY) {
-            rp->ready_got = true;
-            maybe_ready(rp);
-        } else
+        else if (m.tag == RD_OOB_READY)
+            got_ready(r, rp, m.data, m.len);
+        else
             kv__rd_peer_fail(r, rp, KV_ERR_CORRUPT, "xport rdma: OOB message tag 0x%" PRIx64,
                              m.tag);
     }

@@ -48,7 +48,9 @@
  *                 working at the NIC.
  *   writes/reads  a WR is one remote-contiguous range inside one remote
  *                 chunk, gathered from up to max_sge local pieces (each
- *                 inside one local chunk), WRs round robin over the peer's
+ *                 inside one local chunk; a READ scatters into up to
+ *                 max_sge_rd, 1 where the device says 0; both capped at
+ *                 RD_MAX_SGE), WRs round robin over the peer's
  *                 QPs. Every 16th WR of a posting round and its last are
  *                 signaled; a QP's ring of WR records (wr_id = sequence)
  *                 retires in order, so a signaled completion retires the
@@ -611,6 +613,10 @@ static kv_status rail_open(struct rdma *r, uint32_t i, struct ibv_device **list,
                        (uint64_t)rl->da.max_mr_size);
     if (st == KV_OK) {
         rl->sge = (uint32_t)rl->da.max_sge < RD_MAX_SGE ? (uint32_t)rl->da.max_sge : RD_MAX_SGE;
+        /* READs scatter into at most max_sge_rd SGEs, often fewer than
+         * max_sge (0: a device that does not say; one is always taken). */
+        const uint32_t rd = rl->da.max_sge_rd < 1 ? 1u : (uint32_t)rl->da.max_sge_rd;
+        rl->sge_rd = rd < rl->sge ? rd : rl->sge;
         rl->chunk = (uint64_t)rl->da.max_mr_size & ~4095ull;
         rl->numa = kv__rd_sysfs_numa(kv__rd_sysfs_root, rl->dev);
         char rel[128];
@@ -814,13 +820,24 @@ static kv_status rmr_reg(struct rdma *r, struct rmr *rm, char *base, uint64_t by
         rm->mr[i] = r->v->reg_mr(rl->pd, base + off, (size_t)len, acc);
         if (!rm->mr[i]) {
             const int e = errno;
+            const uint32_t at = i; /* the chunk refused (i counts down below) */
             while (i--) /* an error here leaks the MR: noted for destroy */
                 kv__rd_teardown_check(r, r->v->dereg_mr(rm->mr[i]), "ibv_dereg_mr (unwinding)");
             rm->n = 0;
+            /* EFAULT: the pages cannot be pinned for the access asked;
+             * every MR here has local write access (the SGEs a READ lands
+             * in), so a read-only mapping is refused as unmapped memory. */
+            if (e == EFAULT)
+                return kv__error(KV_ERR_INVALID_ARG,
+                                 "%s(rdma): %s (%p, %" PRIu64 " bytes; chunk %u, %" PRIu64
+                                 " bytes at +%" PRIu64 ") on %s: reg_mr says %s: RDMA regions "
+                                 "must be mapped, readable and writable memory (registered "
+                                 "with local write access; a read-only mapping is refused)",
+                                 fn, what, (void *)base, bytes, at, len, off, rl->dev, strerror(e));
             return kv__error(e == ENOMEM ? KV_ERR_NO_MEMORY : KV_ERR_IO,
                              "%s(rdma): reg_mr of chunk %u (%" PRIu64 " bytes at +%" PRIu64
                              ") of %s on %s: %s",
-                             fn, i, len, off, what, rl->dev, strerror(e));
+                             fn, at, len, off, what, rl->dev, strerror(e));
         }
         rm->n = i + 1;
     }
@@ -961,17 +978,39 @@ static void rdma_unexpose(kv_xport_peer *p, struct kv__xport_expo *e)
     kv__mem_free(rm);
 }
 
+bool kv__rd_rkey_check(const unsigned char *key, uint32_t key_len, uint64_t bytes, struct rkey *k,
+                       char *msg, size_t cap)
+{
+    if (key_len < RD_KEY_HEAD) {
+        if (msg)
+            snprintf(msg, cap, "a key of %u bytes (the head alone is %u)", key_len, RD_KEY_HEAD);
+        return false;
+    }
+    k->n = (uint32_t)kv__le_get(key, 4);
+    k->rail = (uint32_t)kv__le_get(key + 4, 4);
+    k->chunk = kv__le_get(key + 8, 8);
+    k->base = kv__le_get(key + 16, 8);
+    k->keys = key + RD_KEY_HEAD;
+    /* n == ceil(bytes / chunk), computed without overflow */
+    const uint64_t need = bytes && k->chunk ? (bytes - 1) / k->chunk + 1 : 0;
+    if (k->n < 1 || k->n > RD_MAX_CHUNKS || key_len != RD_KEY_HEAD + 4 * k->n ||
+        k->rail >= RD_MAX_RAILS || !k->chunk || !bytes || need != k->n ||
+        k->base > UINT64_MAX - bytes) {
+        if (msg)
+            snprintf(msg, cap,
+                     "a key of %u bytes: %u chunk(s) (1..%u, key bytes %u + 4 each) of %" PRIu64
+                     " bytes (nonzero) for a region of %" PRIu64 " bytes (needs %" PRIu64
+                     "), rail %u (< %u), base 0x%" PRIx64 " (base + bytes must not wrap)",
+                     key_len, k->n, RD_MAX_CHUNKS, RD_KEY_HEAD, k->chunk, bytes, need, k->rail,
+                     RD_MAX_RAILS, k->base);
+        return false;
+    }
+    return true;
+}
+
 bool kv__rd_rkey_get(const kv_xport_rmem *rm, struct rkey *k)
 {
-    if (rm->key_len < RD_KEY_HEAD)
-        return false;
-    k->n = (uint32_t)kv__le_get(rm->key, 4);
-    k->rail = (uint32_t)kv__le_get(rm->key + 4, 4);
-    k->chunk = kv__le_get(rm->key + 8, 8);
-    k->base = kv__le_get(rm->key + 16, 8);
-    k->keys = rm->key + RD_KEY_HEAD;
-    return k->n >= 1 && k->n <= RD_MAX_CHUNKS && k->chunk && k->rail < RD_MAX_RAILS &&
-           rm->key_len == RD_KEY_HEAD + 4 * k->n;
+    return kv__rd_rkey_check(rm->key, rm->key_len, rm->bytes, k, NULL, 0);
 }
 
 /* The rkey of the chunk holding remote offset off (past the last chunk:
@@ -995,9 +1034,12 @@ static kv_status rdma_check(kv_xport_peer *p, const struct kv_xport_io *ios, uin
     for (uint32_t i = 0; i < n; i++) {
         const struct rmr *lm = ios[i].local->be;
         struct rkey k;
-        if (!kv__rd_rkey_get(ios[i].remote, &k))
-            return kv__error(KV_ERR_CORRUPT, "entry %u: the remote region's key fails its checks",
-                             i);
+        char why[320];
+        if (!kv__rd_rkey_check(ios[i].remote->key, ios[i].remote->key_len, ios[i].remote->bytes, &k,
+                               why, sizeof(why)))
+            return kv__error(KV_ERR_CORRUPT,
+                             "entry %u: the remote region's key fails its checks (region %u): %s",
+                             i, ios[i].remote->region, why);
         if (lm->rail != k.rail)
             return kv__error(KV_ERR_INVALID_ARG,
                              "entry %u: local region %u is on rail %u (%s), remote region %u on "
@@ -1013,6 +1055,16 @@ static kv_status rdma_check(kv_xport_peer *p, const struct kv_xport_io *ios, uin
                              rp->nlink);
     }
     return KV_OK;
+}
+
+/* mu held, p READY: a peer's key at import (kv__rd_rkey_check; a rail
+ * not connected is still refused at post, rdma_check, naming the entry). */
+static kv_status rdma_import_check(kv_xport_peer *p, const unsigned char *key, uint32_t key_len,
+                                   uint64_t bytes, char *msg, size_t cap)
+{
+    (void)p;
+    struct rkey k;
+    return kv__rd_rkey_check(key, key_len, bytes, &k, msg, cap) ? KV_OK : KV_ERR_CORRUPT;
 }
 
 /* mu held: m's rail, how it was chosen, the NUMA nodes compared. */
@@ -1132,6 +1184,7 @@ static const struct kv__xport_ops kv__xport_rdma_ops = {
     .info = rdma_info,
     .check = rdma_check,
     .mem_info = rdma_mem_info,
+    .import_check = rdma_import_check,
 };
 
 const struct kv__xport_ops *kv__xport_rdma(void)

@@ -2,9 +2,9 @@
  * kv_xport_rdma_wr_verbs.c - the RDMA backend's data path
  * (kv_xport_rdma_int.h): WRs cut from the peer's transfers (one
  * remote-contiguous range in one remote MR, gathered from up to max_sge
- * local pieces), posted in chains round robin over the QPs with selective
- * signaling, notifications as SENDs on QP 0 once every earlier write
- * completed, and completions polled and retired in order per QP.
+ * local pieces, a READ scattered into up to max_sge_rd), posted in chains round robin over the QPs
+ * with selective signaling, notifications as SENDs on QP 0 once every earlier write completed, and
+ * completions polled and retired in order per QP.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -100,7 +100,8 @@ static bool cut_wr(struct rdma *r, struct rpeer *rp, kv_xport_xfer *t, uint32_t 
         return true; /* nothing posted: the caller sees n unchanged */
     }
     uint64_t wr_bytes = 0, roff0 = 0;
-    while (t->be_entry < t->n && rc->n < r->rail[rail].sge && wr_bytes < RD_WR_MAX_BYTES) {
+    const uint32_t max_sge = t->read ? r->rail[rail].sge_rd : r->rail[rail].sge;
+    while (t->be_entry < t->n && rc->n < max_sge && wr_bytes < RD_WR_MAX_BYTES) {
         const uint32_t e = (uint32_t)t->be_entry;
         const struct kv_xport_io *io = &t->ios[e];
         const uint64_t roff = io->remote_off + t->be_off;

@@ -88,6 +88,7 @@ int kvt_sv_set_devices(const struct kvt_sv_dev_spec *devs, uint32_t n)
 }
 
 static _Atomic uint64_t max_mr_size = 1ull << 30;
+static _Atomic uint32_t max_sge_rd = KVT_SV_MAX_SGE_RD;
 static _Atomic uint32_t next_ctx_id = 1;
 
 static pthread_mutex_t fault_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -136,6 +137,14 @@ void kvt_sv_set_max_mr_size(uint64_t bytes)
     atomic_store(&max_mr_size, bytes);
 }
 
+int kvt_sv_set_max_sge_rd(uint32_t n)
+{
+    if (n > KVT_SV_MAX_SGE)
+        return EINVAL;
+    atomic_store(&max_sge_rd, n ? n : KVT_SV_MAX_SGE_RD);
+    return 0;
+}
+
 void kvt_sv_stats_get(struct kvt_sv_stats *out)
 {
     out->requests_sent = atomic_load(&stats.requests_sent);
@@ -168,6 +177,10 @@ enum sv_type {
 
 #define SV_MAGIC 0x6b767376u /* "kvsv" */
 #define SV_FORCE_NAK 1u      /* flags: KVT_SV_REMOTE_ACCESS injected */
+
+#define SV_PKEY_TBL 1         /* pkey_tbl_len of every port */
+#define SV_PSN_MASK 0xffffffu /* PSNs are 24 bits */
+#define SV_MAX_RD_ATOM 16     /* max_qp_rd_atom, max_qp_init_rd_atom */
 
 struct sv_hdr {
     uint32_t magic;
@@ -276,6 +289,7 @@ struct sv_conn {
     int fd;
     uint8_t port_num;  /* accepted: the port (1-based) whose listener took it */
     uint32_t path_mtu; /* accepted: the requester's path MTU (enum ibv_mtu, its HELLO) */
+    uint32_t src_addr; /* accepted: the requester port's LID / Ethernet address (its HELLO) */
     bool outgoing;     /* a requester QP's; else accepted by our listener */
     bool dead;         /* closed by the peer or broken: no more I/O */
     bool doomed;       /* its QP is gone: the device thread closes and frees it */
@@ -314,7 +328,8 @@ struct sv_qp {
     uint64_t fail_at_ns;   /* != 0: the head fails RETRY_EXC_ERR then */
     uint64_t resend_at_ns; /* != 0: RNR: resend the head then */
     uint32_t rnr_left;
-    uint32_t psn;
+    uint32_t psn;  /* requester: the PSN of the last request sent (sq_psn - 1 at RTS) */
+    uint32_t epsn; /* responder: the PSN it expects next (rq_psn at RTR, + 1 per executed) */
     /* receive queue: ring [rq_head, rq_head + rq_count) */
     struct sv_rwr *rq; /* [cap.max_recv_wr] */
     uint32_t rq_head, rq_count;
@@ -725,7 +740,7 @@ static void qp_start_head(struct sv_qp *qp)
     }
     w->len = total;
     qp->in_flight = true;
-    qp->psn++;
+    qp->psn = (qp->psn + 1) & SV_PSN_MASK;
     struct sv_hdr h = {.dst_qpn = qp->attr.dest_qp_num,
                        .src_qpn = qp->ibv.qp_num,
                        .psn = qp->psn,
@@ -792,6 +807,18 @@ static void resp_header(struct sv_ctx *c, struct sv_conn *k)
         k->in_nak = IBV_WC_RETRY_EXC_ERR;
         return;
     }
+    /* RC pairing: only the QP this one was connected to (dest_qp_num on
+     * the port its AV names), at the PSN expected next; anything else a
+     * real responder drops (a PSN sequence error, or a packet for another
+     * connection): the requester's retries run out. */
+    uint8_t ll = pt->spec.link_layer;
+    uint32_t peer = qp->attr.ah_attr.dlid; /* the port the responder's AV names */
+    if (ll == IBV_LINK_LAYER_ETHERNET && !gid_route(&qp->attr.ah_attr.grh.dgid, &ll, &peer))
+        peer = UINT32_MAX;
+    if (h->src_qpn != qp->attr.dest_qp_num || k->src_addr != peer || h->psn != qp->epsn) {
+        k->in_nak = IBV_WC_RETRY_EXC_ERR;
+        return;
+    }
     if (h->flags & SV_FORCE_NAK) {
         k->in_nak = IBV_WC_REM_ACCESS_ERR;
         return;
@@ -849,12 +876,15 @@ static void resp_done(struct sv_conn *k)
         return;
     }
     atomic_fetch_add(&stats.requests_served, 1);
+    if (qp)
+        qp->epsn = (qp->epsn + 1) & SV_PSN_MASK;
     if (h->type == SV_READ_REQ) {
         struct iovec v = {.iov_base = (void *)(uintptr_t)h->raddr, .iov_len = h->len};
         struct sv_hdr r = {.type = SV_READ_RESP,
                            .dst_qpn = h->src_qpn,
                            .src_qpn = h->dst_qpn,
                            .psn = h->psn,
+                           .rkey = h->rkey, /* the MR its payload is read from (dereg_mr) */
                            .len = h->len};
         conn_queue(k, &r, &v, h->len ? 1 : 0);
         return;
@@ -969,6 +999,7 @@ static void conn_read(struct sv_ctx *c, struct sv_conn *k)
                  * request: resp_header). */
                 k->qp = qp_find(c, k->in.dst_qpn);
                 k->path_mtu = k->in.status;
+                k->src_addr = k->in.rkey;
                 continue;
             }
             if (k->outgoing)
@@ -1015,7 +1046,7 @@ static void qp_progress(struct sv_qp *qp, uint64_t now, uint64_t *next)
         if (now >= qp->resend_at_ns) {
             qp->resend_at_ns = 0;
             qp->in_flight = false;
-            qp->psn--; /* the same request again */
+            qp->psn = (qp->psn - 1) & SV_PSN_MASK; /* the same request again */
         } else if (qp->resend_at_ns < *next) {
             *next = qp->resend_at_ns;
         }
@@ -1254,12 +1285,13 @@ static int sv_query_device(struct ibv_context *ic, struct ibv_device_attr *a)
     a->max_qp = 1024;
     a->max_qp_wr = KVT_SV_MAX_QP_WR;
     a->max_sge = KVT_SV_MAX_SGE;
+    a->max_sge_rd = (int)atomic_load(&max_sge_rd);
     a->max_cq = 1024;
     a->max_cqe = KVT_SV_MAX_CQE;
     a->max_mr = 1 << 16;
     a->max_pd = 1024;
-    a->max_qp_rd_atom = 16;
-    a->max_qp_init_rd_atom = 16;
+    a->max_qp_rd_atom = SV_MAX_RD_ATOM;
+    a->max_qp_init_rd_atom = SV_MAX_RD_ATOM;
     a->phys_port_cnt = ctx_of(ic)->n_ports;
     return 0;
 }
@@ -1275,7 +1307,7 @@ static int sv_query_port(struct ibv_context *ic, uint8_t port, struct ibv_port_a
     a->active_mtu = p->spec.active_mtu;
     a->gid_tbl_len = p->spec.link_layer == IBV_LINK_LAYER_INFINIBAND ? 2 : KVT_SV_GID_TBL;
     a->max_msg_sz = 1u << 31;
-    a->pkey_tbl_len = 1;
+    a->pkey_tbl_len = SV_PKEY_TBL;
     a->lid = p->lid;
     a->sm_lid = p->spec.link_layer == IBV_LINK_LAYER_INFINIBAND && !p->spec.down ? 1 : 0;
     a->link_layer = p->spec.link_layer;
@@ -1368,6 +1400,37 @@ static int sv_dealloc_pd(struct ibv_pd *ip)
     return 0;
 }
 
+/* What the kernel's page pinning asks of [addr, addr + length): every
+ * page mapped and readable and, when the MR may be written (LOCAL_WRITE or
+ * REMOTE_WRITE), writable: 0, or EFAULT as ibv_reg_mr says for unmapped
+ * memory and for a read-only mapping asked for write access. Read from
+ * /proc/self/maps (sorted, non-overlapping ranges). */
+static int mem_check(const void *addr, size_t length, bool write)
+{
+    uint64_t at = (uint64_t)(uintptr_t)addr;
+    const uint64_t end = at + length; /* length <= max_mr_size: no wrap */
+    FILE *f = fopen("/proc/self/maps", "re");
+    if (!f)
+        return EFAULT;
+    char line[512];
+    while (at < end && fgets(line, sizeof(line), f)) {
+        if (!strchr(line, '\n')) { /* a long path: drop the rest of the line */
+            int ch;
+            while ((ch = fgetc(f)) != EOF && ch != '\n') {
+            }
+        }
+        unsigned long lo, hi;
+        char perm[5];
+        if (sscanf(line, "%lx-%lx %4s", &lo, &hi, perm) != 3 || hi <= at)
+            continue;
+        if (lo > at || perm[0] != 'r' || (write && perm[1] != 'w'))
+            break; /* a hole, or a mapping without the access */
+        at = hi;
+    }
+    fclose(f);
+    return at >= end ? 0 : EFAULT;
+}
+
 static struct ibv_mr *sv_reg_mr(struct ibv_pd *ip, void *addr, size_t length, int access)
 {
     struct sv_ctx *c = ctx_of(ip->context);
@@ -1377,6 +1440,12 @@ static struct ibv_mr *sv_reg_mr(struct ibv_pd *ip, void *addr, size_t length, in
         ((access & IBV_ACCESS_REMOTE_WRITE) && !(access & IBV_ACCESS_LOCAL_WRITE)) || length == 0 ||
         length > atomic_load(&max_mr_size) || !addr) {
         errno = EINVAL;
+        return NULL;
+    }
+    const int unusable =
+        mem_check(addr, length, (access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)) != 0);
+    if (unusable) {
+        errno = unusable;
         return NULL;
     }
     struct sv_mr *m = kv__mem_calloc(1, sizeof(*m));
@@ -1398,6 +1467,95 @@ static struct ibv_mr *sv_reg_mr(struct ibv_pd *ip, void *addr, size_t length, in
     return &m->ibv;
 }
 
+/* lock held: whether SGE list sge[n] names MR key. */
+static bool sges_use(const struct ibv_sge *sge, int n, uint32_t key)
+{
+    for (int i = 0; i < n; i++)
+        if (sge[i].lkey == key)
+            return true;
+    return false;
+}
+
+/* lock held: MR m goes; nothing of this device touches its memory after
+ * dereg_mr returns (the device thread moves bytes only under the lock):
+ *   - a responder mid-payload into it discards the rest and NAKs
+ *     REM_ACCESS_ERR (a WRITE_IMM / SEND's receive completes
+ *     LOC_ACCESS_ERR / LOC_PROT_ERR and the QP goes to ERR);
+ *   - a READ response read from it and not yet begun becomes a
+ *     REM_ACCESS_ERR NAK; one partly sent breaks its connection (the
+ *     requester's READ ends RETRY_EXC_ERR);
+ *   - a READ response landing into it (a requester's SGE) discards the
+ *     rest and completes LOC_PROT_ERR;
+ *   - a request partly sent from it (a requester's SGE) breaks its
+ *     connection (RETRY_EXC_ERR). */
+static void mr_fence(struct sv_ctx *c, const struct sv_mr *m)
+{
+    const uint32_t key = m->ibv.lkey;
+    for (struct sv_conn *k = c->conns; k; k = k->next) {
+        if (k->in_payload && !k->in_discard && k->in_left > 0) {
+            const struct sv_hdr *h = &k->in;
+            if (!k->outgoing) {
+                const bool hit = h->type == SV_SEND ? sges_use(k->in_rwr.sge, k->in_rwr.nsge, key)
+                                                    : h->rkey == key;
+                if (hit) {
+                    k->in_discard = true;
+                    k->in_nak = IBV_WC_REM_ACCESS_ERR;
+                    if (k->in_has_rwr && k->qp) {
+                        struct ibv_wc wc = {.wr_id = k->in_rwr.wr_id,
+                                            .status = h->type == SV_SEND ? IBV_WC_LOC_PROT_ERR
+                                                                         : IBV_WC_LOC_ACCESS_ERR,
+                                            .opcode = IBV_WC_RECV,
+                                            .qp_num = k->qp->ibv.qp_num};
+                        cq_push(k->qp->rcq, k->qp, &wc, 0);
+                        k->in_has_rwr = false;
+                        qp_set_err(k->qp);
+                    }
+                }
+            } else if (k->qp && k->qp->in_flight && h->type == SV_READ_RESP) {
+                const struct sv_swr *w = &k->qp->sq[k->qp->sq_head];
+                if (sges_use(w->sge, w->nsge, key)) {
+                    k->in_discard = true;
+                    k->in_bad = true;
+                }
+            }
+        }
+        for (struct sv_out **pp = &k->out_head, *prev = NULL; *pp;) {
+            struct sv_out *o = *pp;
+            bool hit;
+            if (k->outgoing) { /* a request's payload: the head WR's SGEs */
+                const struct sv_swr *w =
+                    k->qp && k->qp->in_flight ? &k->qp->sq[k->qp->sq_head] : NULL;
+                hit = o->niov > 1 && w && !w->is_inline && o->hdr.type != SV_READ_REQ &&
+                      o->hdr.psn == k->qp->psn && sges_use(w->sge, w->nsge, key);
+            } else {
+                hit = o->hdr.type == SV_READ_RESP && o->niov > 1 && o->hdr.rkey == key;
+            }
+            if (hit && o->sent == 0 && !k->outgoing) {
+                o->hdr.type = SV_NAK;
+                o->hdr.len = 0;
+                o->hdr.status = IBV_WC_REM_ACCESS_ERR;
+                o->niov = 1;
+                o->total = sizeof(o->hdr);
+                atomic_fetch_add(&stats.naks_sent, 1);
+            } else if (hit && o->sent == 0) {
+                /* not begun: the request never leaves, the WR fails as lost */
+                *pp = o->next;
+                if (k->out_tail == o)
+                    k->out_tail = prev;
+                kv__mem_free(o);
+                k->qp->fail_at_ns = now_ns() + KVT_SV_RETRY_MS * 1000000ull;
+                continue;
+            } else if (hit) {
+                k->dead = true; /* cannot be cut short on the wire */
+                conn_drop_out(k);
+                break;
+            }
+            prev = o;
+            pp = &o->next;
+        }
+    }
+}
+
 static int sv_dereg_mr(struct ibv_mr *im)
 {
     struct sv_ctx *c = ctx_of(im->context);
@@ -1408,8 +1566,10 @@ static int sv_dereg_mr(struct ibv_mr *im)
             *pp = m->next;
             break;
         }
+    mr_fence(c, m);
     ((struct sv_pd *)im->pd)->refs--;
     pthread_mutex_unlock(&c->lock);
+    wake(c);
     kv__mem_free(m);
     return 0;
 }
@@ -1796,6 +1956,7 @@ static void qp_connect(struct sv_qp *q, const struct sv_port *pt)
     struct sv_hdr h = {.type = SV_HELLO,
                        .dst_qpn = q->attr.dest_qp_num,
                        .src_qpn = q->ibv.qp_num,
+                       .rkey = ll == IBV_LINK_LAYER_INFINIBAND ? pt->lid : pt->addr,
                        .status = (uint32_t)q->attr.path_mtu};
     conn_queue(k, &h, NULL, 0);
     k->next = q->ctx->conns;
@@ -1820,6 +1981,26 @@ static void qp_reset(struct sv_qp *q)
     q->fail_at_ns = q->resend_at_ns = 0;
 }
 
+/* The ranges of ibv_modify_qp(3)'s attributes, as the kernel checks
+ * them: a pkey_index inside the table (1 entry), rd_atomic depths up to
+ * the device's (query_device), 5-bit timers, 3-bit retry counts, 24-bit
+ * QP numbers and PSNs. 0 or EINVAL. */
+static int attr_ranges(const struct ibv_qp_attr *a, int mask)
+{
+    if (((mask & IBV_QP_PKEY_INDEX) && a->pkey_index >= SV_PKEY_TBL) ||
+        ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && a->max_rd_atomic > SV_MAX_RD_ATOM) ||
+        ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && a->max_dest_rd_atomic > SV_MAX_RD_ATOM) ||
+        ((mask & IBV_QP_TIMEOUT) && a->timeout > 31) ||
+        ((mask & IBV_QP_MIN_RNR_TIMER) && a->min_rnr_timer > 31) ||
+        ((mask & IBV_QP_RETRY_CNT) && a->retry_cnt > 7) ||
+        ((mask & IBV_QP_RNR_RETRY) && a->rnr_retry > 7) ||
+        ((mask & IBV_QP_DEST_QPN) && a->dest_qp_num > 0xffffffu) ||
+        ((mask & IBV_QP_RQ_PSN) && a->rq_psn > 0xffffffu) ||
+        ((mask & IBV_QP_SQ_PSN) && a->sq_psn > 0xffffffu))
+        return EINVAL;
+    return 0;
+}
+
 static int sv_modify_qp(struct ibv_qp *iqp, struct ibv_qp_attr *attr, int mask)
 {
     struct sv_qp *q = (struct sv_qp *)iqp;
@@ -1829,7 +2010,8 @@ static int sv_modify_qp(struct ibv_qp *iqp, struct ibv_qp_attr *attr, int mask)
     const enum ibv_qp_state from = q->ibv.state;
     const enum ibv_qp_state to = (mask & IBV_QP_STATE) ? attr->qp_state : from;
     if (((mask & IBV_QP_CUR_STATE) && attr->cur_qp_state != from) ||
-        !transition_ok(from, to, mask) || ((mask & IBV_QP_PORT) && !port_of(c, attr->port_num))) {
+        !transition_ok(from, to, mask) || ((mask & IBV_QP_PORT) && !port_of(c, attr->port_num)) ||
+        attr_ranges(attr, mask)) {
         rc = EINVAL;
         goto out;
     }
@@ -1850,8 +2032,10 @@ static int sv_modify_qp(struct ibv_qp *iqp, struct ibv_qp_attr *attr, int mask)
         q->attr.path_mtu = attr->path_mtu;
     if (mask & IBV_QP_DEST_QPN)
         q->attr.dest_qp_num = attr->dest_qp_num;
-    if (mask & IBV_QP_RQ_PSN)
+    if (mask & IBV_QP_RQ_PSN) {
         q->attr.rq_psn = attr->rq_psn;
+        q->epsn = attr->rq_psn;
+    }
     if (mask & IBV_QP_MAX_DEST_RD_ATOMIC)
         q->attr.max_dest_rd_atomic = attr->max_dest_rd_atomic;
     if (mask & IBV_QP_MIN_RNR_TIMER)
@@ -1864,8 +2048,10 @@ static int sv_modify_qp(struct ibv_qp *iqp, struct ibv_qp_attr *attr, int mask)
         q->attr.rnr_retry = attr->rnr_retry;
         q->rnr_left = attr->rnr_retry;
     }
-    if (mask & IBV_QP_SQ_PSN)
+    if (mask & IBV_QP_SQ_PSN) {
         q->attr.sq_psn = attr->sq_psn;
+        q->psn = (attr->sq_psn - 1) & SV_PSN_MASK; /* the first request carries sq_psn */
+    }
     if (mask & IBV_QP_MAX_QP_RD_ATOMIC)
         q->attr.max_rd_atomic = attr->max_rd_atomic;
     if (to == IBV_QPS_RESET)
@@ -1914,6 +2100,9 @@ static int post_one_send(struct sv_qp *q, const struct ibv_send_wr *wr)
         (wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM &&
          wr->opcode != IBV_WR_RDMA_READ && wr->opcode != IBV_WR_SEND) ||
         (wr->send_flags & ~(IBV_SEND_SIGNALED | IBV_SEND_INLINE | IBV_SEND_FENCE)))
+        return EINVAL;
+    /* An RDMA READ scatters into at most max_sge_rd SGEs (query_device). */
+    if (wr->opcode == IBV_WR_RDMA_READ && wr->num_sge > (int)atomic_load(&max_sge_rd))
         return EINVAL;
     if (q->sq_used >= q->cap.max_send_wr)
         return ENOMEM;

@@ -16,9 +16,17 @@
  *
  * What is faithful (see kvt_softverbs.c for the rules, man-page wording):
  * QP states RESET/INIT/RTR/RTS/ERR with the RC attr masks of ibv_modify_qp;
- * RDMA_WRITE, RDMA_WRITE_WITH_IMM, RDMA_READ, SEND, up to max_sge SGEs,
+ * RDMA_WRITE, RDMA_WRITE_WITH_IMM, RDMA_READ, SEND, up to max_sge SGEs
+ * (an RDMA_READ up to max_sge_rd, smaller: post_send says EINVAL past it),
  * SIGNALED, INLINE; in-order execution and completion per QP; lkey/rkey,
- * bounds, access and PD checks (LOC_PROT_ERR, REM_ACCESS_ERR); RNR
+ * bounds, access and PD checks (LOC_PROT_ERR, REM_ACCESS_ERR); reg_mr
+ * checks the memory as the kernel's page pinning does (EFAULT for a range
+ * not wholly mapped and readable, or not writable when LOCAL_WRITE or
+ * REMOTE_WRITE is asked: /proc/self/maps); dereg_mr fences the device:
+ * once it returns no byte moves into or out of the MR (a responder
+ * mid-payload into it discards the rest and NAKs REM_ACCESS_ERR, a READ
+ * response from it not yet begun becomes that NAK, one partly sent breaks
+ * its connection: RETRY_EXC_ERR at the requester); RNR
  * (RNR_RETRY_EXC_ERR); ERR flushes every WR (WR_FLUSH_ERR, unsignaled ones
  * too); send-queue slots released only when a signaled completion is polled;
  * CQ overflow puts the CQ in error; a peer that dies fails the WRs in flight
@@ -41,7 +49,11 @@
  *               [1] the same (RoCE v2), [2] ::ffff:10.A (RoCE v1), [3] the
  *               same (RoCE v2), [4..7] zero; gid_tbl_len 8; LID 0.
  * A down port has neither (LID 0, a zero GID table) and refuses RTR.
- * ibv_modify_qp is as strict as the world or stricter: INIT needs a port
+ * ibv_modify_qp is as strict as the world or stricter: attributes in the
+ * kernel's ranges (pkey_index < pkey_tbl_len 1, max_rd_atomic and
+ * max_dest_rd_atomic <= 16, the device's; timeout, min_rnr_timer <= 31;
+ * retry_cnt, rnr_retry <= 7; dest_qp_num, rq_psn, sq_psn < 2^24: EINVAL
+ * otherwise); INIT needs a port
  * that exists; RTR needs ah_attr.port_num == the QP's port, that port
  * ACTIVE, path_mtu <= its active MTU; on InfiniBand a unicast dlid, and a
  * GRH (is_global) only to a GID some port on the host has (EINVAL
@@ -59,8 +71,16 @@
  * context and PD (REM_ACCESS_ERR); the keys of the contexts of one process
  * are disjoint, so a key of another device never aliases an MR.
  *
+ * RC pairing and PSNs: a request carries its QP number and a 24-bit PSN
+ * (the first sq_psn, then + 1 per request; an RNR retry resends the same);
+ * the responder executes it only when it comes from its dest_qp_num on the
+ * port its AV names (QP numbers repeat across contexts), at the PSN it
+ * expects (rq_psn, then + 1 per request executed), and drops anything
+ * else, nothing written (the requester's WR ends RETRY_EXC_ERR, at once
+ * here).
+ *
  * Simplified or absent: one request in flight per QP (no pipelining, so no
- * PSN sequence errors, and max_rd_atomic is not enforced); a request to a
+ * out-of-window duplicates, and max_rd_atomic is not enforced); a request to a
  * responder QP that is missing, in RESET/INIT or in ERR fails at once with
  * RETRY_EXC_ERR instead of after timeout * retry_cnt; the retry timeout is
  * KVT_SV_RETRY_MS whatever the QP's timeout/retry_cnt; RNR retries wait
@@ -69,8 +89,9 @@
  * memory windows,
  * SEND_WITH_IMM or SQD; no subnets or routers (a GRH's hop limit and
  * traffic class are not checked), pkey ignored; an MR
- * is checked on every access but dereg_mr does not wait for WRs using it;
- * CQ overrun moves the QP that overran to ERR (no async event).
+ * is checked on every access; dereg_mr fences the MR (above) but does not
+ * fail WRs that would use it later (they fail at their own check); CQ overrun moves the QP that
+ * overran to ERR (no async event).
  */
 #ifndef KVT_SOFTVERBS_H
 #define KVT_SOFTVERBS_H
@@ -124,12 +145,17 @@ struct kvt_sv_dev_spec {
 int kvt_sv_set_devices(const struct kvt_sv_dev_spec *devs, uint32_t n);
 
 /* Limits reported by query_device; the MR size is settable so tests can
- * exercise MR splitting (default 1 GiB). Process-wide. */
+ * exercise MR splitting (default 1 GiB), max_sge_rd so they can exercise
+ * READs cut to fewer SGEs than WRITEs. Process-wide. */
 #define KVT_SV_MAX_SGE 16
+#define KVT_SV_MAX_SGE_RD 4 /* default max_sge_rd: a READ of more SGEs is EINVAL at post */
 #define KVT_SV_MAX_QP_WR 4096
 #define KVT_SV_MAX_CQE 65536
 #define KVT_SV_MAX_INLINE 256
 void kvt_sv_set_max_mr_size(uint64_t bytes);
+/* max_sge_rd 1 .. KVT_SV_MAX_SGE (0: back to KVT_SV_MAX_SGE_RD): 0, or
+ * EINVAL over KVT_SV_MAX_SGE. */
+int kvt_sv_set_max_sge_rd(uint32_t n);
 
 /* Process-wide counters (atomic). */
 struct kvt_sv_stats {

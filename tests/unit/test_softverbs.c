@@ -13,7 +13,15 @@
  * down, and a RoCE one: port attributes, GID tables and their types, the
  * old backend's hard-coded path refused on InfiniBand, every RTR refusal
  * of both link layers, a path MTU over the responder's port dropped with
- * nothing written, LID-routed and RoCE v2 writes landing exactly).
+ * nothing written, LID-routed and RoCE v2 writes landing exactly); the
+ * limits real devices enforce: a READ over max_sge_rd (smaller than
+ * max_sge) refused at post, reg_mr of unmapped, PROT_NONE or (for write
+ * access) read-only memory refused EFAULT, modify_qp attributes out of
+ * their ranges refused EINVAL; dereg_mr as a fence (a WRITE mid-payload
+ * into the MR, a READ response mid-way out of it: nothing moves once it
+ * returned, the WR ends in error); RC pairing and PSNs (a request from
+ * another QP than the responder's dest_qp_num, or at another PSN than it
+ * expects, dropped: RETRY_EXC_ERR, nothing written).
  */
 #include <fcntl.h>
 #include <poll.h>
@@ -27,6 +35,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -372,6 +381,35 @@ static void test_softverbs_qp_state_machine(void **state)
 #define OFF_B (BIG_BYTES - 23) /* the last 23 bytes */
 #define LEN_B 23
 
+/* spawn_peer with child_cmd set: the child then reads one command byte
+ * from cmd_fd (the parent's end): 'w' posts one WRITE of its whole buffer
+ * (nonzero bytes) into the parent's MR, 'r' one READ of the parent's MR
+ * into its whole buffer (zeroed); it exits with the WR's status, or 50
+ * when a byte 0xee (the parent's poison) reached its buffer, 60 when no
+ * completion came. */
+static bool child_cmd;
+static int cmd_fd = -1;
+
+static int child_command(struct node *n, const struct wire *peer, int rd)
+{
+    char cmd;
+    if (read(rd, &cmd, 1) != 1)
+        return 16;
+    if (cmd == 'w')
+        fill(n->buf, n->bytes, 13);
+    else
+        memset(n->buf, 0, n->bytes);
+    if (post_rdma(n, cmd == 'w' ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ, 1, 0, (uint32_t)n->bytes,
+                  peer->addr, peer->rkey, IBV_SEND_SIGNALED) != 0)
+        return 17;
+    struct ibv_wc wc;
+    if (poll_n(n->cq, &wc, 1, 20000) != 1)
+        return 60;
+    if (cmd == 'r' && memchr(n->buf, 0xee, n->bytes))
+        return 50;
+    return (int)wc.status;
+}
+
 static int child_main(int rd, int wr, bool check)
 {
     struct node n;
@@ -386,6 +424,8 @@ static int child_main(int rd, int wr, bool check)
     const char go = 'g';
     if (write(wr, &go, 1) != 1)
         return 12;
+    if (child_cmd)
+        return child_command(&n, &peer, rd);
     if (!check) {
         pause(); /* killed here */
         return 13;
@@ -428,7 +468,10 @@ static pid_t spawn_peer(struct node *me, bool check)
     connect_qp(me, &peer, ACC_ALL, 0);
     char go;
     assert_int_equal(read(to_parent[0], &go, 1), 1);
-    close(to_child[1]);
+    if (child_cmd)
+        cmd_fd = to_child[1];
+    else
+        close(to_child[1]);
     close(to_parent[0]);
     /* stash the peer's MR for the caller */
     me->gid = peer.gid;
@@ -615,9 +658,13 @@ static void test_softverbs_flush_and_send_queue(void **state)
     assert_int_equal(poll_n(a.cq, wc, 1, 30), 0);
     /* ERR: the next WRs, unsignaled, complete WR_FLUSH_ERR - but first free slots */
     struct ibv_qp_attr z = {.qp_state = IBV_QPS_RESET};
+    /* b too (first: a reset drops what is bound to its QP): a starts again
+     * at PSN 0, which b (past the 4 above) would drop */
+    assert_int_equal(V->modify_qp(b.qp, &z, IBV_QP_STATE), 0);
     assert_int_equal(V->modify_qp(a.qp, &z, IBV_QP_STATE), 0);
-    const struct wire wb = node_wire(&b);
+    const struct wire wa = node_wire(&a), wb = node_wire(&b);
     connect_qp(&a, &wb, ACC_ALL, 0);
+    connect_qp(&b, &wa, ACC_ALL, 0);
     /* 3 unsignaled + 1 signaled: one CQE releases all 4 slots */
     for (int i = 0; i < 3; i++)
         assert_int_equal(post_rdma(&a, IBV_WR_RDMA_WRITE, i, 0, 64, base, b.mr->rkey, 0), 0);
@@ -983,6 +1030,372 @@ static void fab_close(struct node *n)
     free(n->buf);
 }
 
+/* max_sge_rd: reported, smaller than max_sge by default; a READ of more
+ * SGEs is EINVAL at post (nothing queued), one of exactly that many
+ * scatters exactly; the knob moves it (1 .. max_sge, 0 back to the
+ * default, over max_sge refused). WRITEs still take max_sge. */
+static void test_softverbs_read_max_sge_rd(void **state)
+{
+    (void)state;
+    struct node a, b;
+    pair_open(&a, &b, 1 << 20, 16, 16);
+    struct ibv_device_attr da;
+    assert_int_equal(V->query_device(a.ctx, &da), 0);
+    assert_int_equal(da.max_sge_rd, KVT_SV_MAX_SGE_RD);
+    assert_true(da.max_sge_rd >= 1 && da.max_sge_rd < da.max_sge);
+    fill(b.buf, b.bytes, 9);
+    struct ibv_sge sge[KVT_SV_MAX_SGE];
+    for (int i = 0; i < KVT_SV_MAX_SGE; i++)
+        sge[i] = (struct ibv_sge){(uint64_t)(uintptr_t)(a.buf + 4096 + 256 * i), 64, a.mr->lkey};
+    struct ibv_send_wr wr = {.wr_id = 1,
+                             .sg_list = sge,
+                             .num_sge = da.max_sge_rd + 1,
+                             .opcode = IBV_WR_RDMA_READ,
+                             .send_flags = IBV_SEND_SIGNALED},
+                       *bad = NULL;
+    wr.wr.rdma.remote_addr = (uint64_t)(uintptr_t)(b.buf + 1000);
+    wr.wr.rdma.rkey = b.mr->rkey;
+    assert_int_equal(V->post_send(a.qp, &wr, &bad), EINVAL);
+    assert_ptr_equal(bad, &wr);
+    struct ibv_wc wc[2];
+    assert_int_equal(poll_n(a.cq, wc, 1, 100), 0); /* nothing was queued */
+    wr.num_sge = da.max_sge_rd;
+    assert_int_equal(V->post_send(a.qp, &wr, &bad), 0);
+    assert_int_equal(poll_n(a.cq, wc, 1, 5000), 1);
+    assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
+    for (int i = 0; i < da.max_sge_rd; i++)
+        assert_memory_equal(a.buf + 4096 + 256 * i, b.buf + 1000 + 64 * i, 64);
+    /* a WRITE of max_sge SGEs is fine */
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.num_sge = KVT_SV_MAX_SGE;
+    wr.wr_id = 2;
+    assert_int_equal(V->post_send(a.qp, &wr, &bad), 0);
+    assert_int_equal(poll_n(a.cq, wc, 1, 5000), 1);
+    assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
+    /* the knob */
+    assert_int_equal(kvt_sv_set_max_sge_rd(KVT_SV_MAX_SGE + 1), EINVAL);
+    assert_int_equal(kvt_sv_set_max_sge_rd(1), 0);
+    assert_int_equal(V->query_device(a.ctx, &da), 0);
+    assert_int_equal(da.max_sge_rd, 1);
+    wr.opcode = IBV_WR_RDMA_READ;
+    wr.num_sge = 2;
+    assert_int_equal(V->post_send(a.qp, &wr, &bad), EINVAL);
+    assert_int_equal(kvt_sv_set_max_sge_rd(KVT_SV_MAX_SGE), 0);
+    wr.num_sge = KVT_SV_MAX_SGE;
+    wr.wr_id = 3;
+    assert_int_equal(V->post_send(a.qp, &wr, &bad), 0);
+    assert_int_equal(poll_n(a.cq, wc, 1, 5000), 1);
+    assert_int_equal(wc[0].status, IBV_WC_SUCCESS);
+    assert_int_equal(kvt_sv_set_max_sge_rd(0), 0);
+    assert_int_equal(V->query_device(a.ctx, &da), 0);
+    assert_int_equal(da.max_sge_rd, KVT_SV_MAX_SGE_RD);
+    node_close(&a);
+    node_close(&b);
+}
+
+/* reg_mr pins the pages as the kernel does: a hole (an unmapped page)
+ * inside the range and PROT_NONE are EFAULT whatever the access; a
+ * read-only mapping is EFAULT with LOCAL_WRITE (or REMOTE_WRITE) and
+ * fine for REMOTE_READ alone. */
+static void test_softverbs_reg_mr_checks_memory(void **state)
+{
+    (void)state;
+    struct node n;
+    node_open(&n, 4096, ACC_ALL, 4, 4);
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    uint8_t *m = mmap(NULL, 4 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(m != MAP_FAILED);
+    struct ibv_mr *mr = V->reg_mr(n.pd, m, 4 * pg, ACC_ALL);
+    assert_non_null(mr);
+    assert_int_equal(V->dereg_mr(mr), 0);
+    /* read-only */
+    assert_int_equal(mprotect(m, 4 * pg, PROT_READ), 0);
+    errno = 0;
+    assert_null(V->reg_mr(n.pd, m, 4 * pg, IBV_ACCESS_LOCAL_WRITE));
+    assert_int_equal(errno, EFAULT);
+    errno = 0;
+    assert_null(V->reg_mr(n.pd, m + 10, 100, ACC_ALL));
+    assert_int_equal(errno, EFAULT);
+    mr = V->reg_mr(n.pd, m, 4 * pg, IBV_ACCESS_REMOTE_READ);
+    assert_non_null(mr);
+    assert_int_equal(V->dereg_mr(mr), 0);
+    /* one writable page of four, the range over all of them */
+    assert_int_equal(mprotect(m + pg, pg, PROT_READ | PROT_WRITE), 0);
+    mr = V->reg_mr(n.pd, m + pg, pg, ACC_ALL);
+    assert_non_null(mr);
+    assert_int_equal(V->dereg_mr(mr), 0);
+    errno = 0;
+    assert_null(V->reg_mr(n.pd, m + pg, 2 * pg, ACC_ALL));
+    assert_int_equal(errno, EFAULT);
+    /* PROT_NONE */
+    assert_int_equal(mprotect(m, 4 * pg, PROT_NONE), 0);
+    errno = 0;
+    assert_null(V->reg_mr(n.pd, m, pg, IBV_ACCESS_REMOTE_READ));
+    assert_int_equal(errno, EFAULT);
+    /* a hole: the third page unmapped */
+    assert_int_equal(mprotect(m, 4 * pg, PROT_READ | PROT_WRITE), 0);
+    assert_int_equal(munmap(m + 2 * pg, pg), 0);
+    errno = 0;
+    assert_null(V->reg_mr(n.pd, m, 4 * pg, ACC_ALL));
+    assert_int_equal(errno, EFAULT);
+    errno = 0;
+    assert_null(V->reg_mr(n.pd, m + 2 * pg + 8, 16, IBV_ACCESS_REMOTE_READ));
+    assert_int_equal(errno, EFAULT);
+    mr = V->reg_mr(n.pd, m, 2 * pg, ACC_ALL);
+    assert_non_null(mr);
+    assert_int_equal(V->dereg_mr(mr), 0);
+    /* (the whole range unmapped is not tried: another thread may map it) */
+    assert_int_equal(munmap(m, 4 * pg), 0);
+    node_close(&n);
+}
+
+/* modify_qp refuses attributes outside the kernel's ranges (EINVAL, the
+ * QP left as it was); the edges of each range are taken. */
+static void test_softverbs_modify_qp_ranges(void **state)
+{
+    (void)state;
+    struct node a, b;
+    node_open(&a, 4096, ACC_ALL, 8, 4);
+    node_open(&b, 4096, ACC_ALL, 8, 4);
+    const struct wire wb = node_wire(&b);
+    struct ibv_device_attr da;
+    struct ibv_port_attr pa;
+    assert_int_equal(V->query_device(a.ctx, &da), 0);
+    assert_int_equal(V->query_port(a.ctx, 1, &pa), 0);
+    const int init_mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+    struct ibv_qp_attr x = {.qp_state = IBV_QPS_INIT,
+                            .pkey_index = (uint16_t)pa.pkey_tbl_len,
+                            .port_num = 1,
+                            .qp_access_flags = ACC_ALL};
+    assert_int_equal(V->modify_qp(a.qp, &x, init_mask), EINVAL);
+    x.pkey_index = 77;
+    assert_int_equal(V->modify_qp(a.qp, &x, init_mask), EINVAL);
+    struct ibv_qp_attr at;
+    struct ibv_qp_init_attr ia;
+    assert_int_equal(V->query_qp(a.qp, &at, IBV_QP_STATE, &ia), 0);
+    assert_int_equal(at.qp_state, IBV_QPS_RESET);
+    x.pkey_index = (uint16_t)(pa.pkey_tbl_len - 1);
+    assert_int_equal(V->modify_qp(a.qp, &x, init_mask), 0);
+    /* RTR: each attribute one past its range, then all at their edges */
+    const int rtr_mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                         IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+    struct ibv_qp_attr r = {.qp_state = IBV_QPS_RTR,
+                            .path_mtu = IBV_MTU_1024,
+                            .dest_qp_num = wb.qpn,
+                            .rq_psn = 0xffffff,
+                            .max_dest_rd_atomic = (uint8_t)da.max_qp_rd_atom,
+                            .min_rnr_timer = 31,
+                            .ah_attr = {.is_global = 1, .port_num = 1}};
+    r.ah_attr.grh.dgid = wb.gid;
+    struct ibv_qp_attr bad = r;
+    bad.dest_qp_num = 0x1000000;
+    assert_int_equal(V->modify_qp(a.qp, &bad, rtr_mask), EINVAL);
+    bad = r;
+    bad.rq_psn = 0x1000000;
+    assert_int_equal(V->modify_qp(a.qp, &bad, rtr_mask), EINVAL);
+    bad = r;
+    bad.max_dest_rd_atomic = (uint8_t)(da.max_qp_rd_atom + 1);
+    assert_int_equal(V->modify_qp(a.qp, &bad, rtr_mask), EINVAL);
+    bad = r;
+    bad.min_rnr_timer = 32;
+    assert_int_equal(V->modify_qp(a.qp, &bad, rtr_mask), EINVAL);
+    bad = r;
+    bad.pkey_index = 1;
+    assert_int_equal(V->modify_qp(a.qp, &bad, rtr_mask | IBV_QP_PKEY_INDEX), EINVAL);
+    assert_int_equal(V->query_qp(a.qp, &at, IBV_QP_STATE, &ia), 0);
+    assert_int_equal(at.qp_state, IBV_QPS_INIT);
+    assert_int_equal(V->modify_qp(a.qp, &r, rtr_mask), 0);
+    /* RTS */
+    const int rts_mask = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                         IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC;
+    struct ibv_qp_attr t = {.qp_state = IBV_QPS_RTS,
+                            .timeout = 31,
+                            .retry_cnt = 7,
+                            .rnr_retry = 7,
+                            .sq_psn = 0xffffff,
+                            .max_rd_atomic = (uint8_t)da.max_qp_init_rd_atom};
+    bad = t;
+    bad.timeout = 32;
+    assert_int_equal(V->modify_qp(a.qp, &bad, rts_mask), EINVAL);
+    bad = t;
+    bad.retry_cnt = 8;
+    assert_int_equal(V->modify_qp(a.qp, &bad, rts_mask), EINVAL);
+    bad = t;
+    bad.rnr_retry = 8;
+    assert_int_equal(V->modify_qp(a.qp, &bad, rts_mask), EINVAL);
+    bad = t;
+    bad.sq_psn = 0xffffffff;
+    assert_int_equal(V->modify_qp(a.qp, &bad, rts_mask), EINVAL);
+    bad = t;
+    bad.max_rd_atomic = (uint8_t)(da.max_qp_init_rd_atom + 1);
+    assert_int_equal(V->modify_qp(a.qp, &bad, rts_mask), EINVAL);
+    assert_int_equal(V->query_qp(a.qp, &at, IBV_QP_STATE, &ia), 0);
+    assert_int_equal(at.qp_state, IBV_QPS_RTR);
+    assert_int_equal(V->modify_qp(a.qp, &t, rts_mask), 0);
+    /* RTS -> RTS: min_rnr_timer still checked */
+    struct ibv_qp_attr rr = {.min_rnr_timer = 32};
+    assert_int_equal(V->modify_qp(a.qp, &rr, IBV_QP_MIN_RNR_TIMER), EINVAL);
+    rr.min_rnr_timer = 0;
+    assert_int_equal(V->modify_qp(a.qp, &rr, IBV_QP_MIN_RNR_TIMER), 0);
+    node_close(&a);
+    node_close(&b);
+}
+
+/* INIT -> RTR -> RTS of n towards (qpn, gid) with the PSNs given. */
+static void connect_psn(struct node *n, uint32_t qpn, const union ibv_gid *gid, uint32_t rq_psn,
+                        uint32_t sq_psn)
+{
+    assert_int_equal(to_init(n->qp, ACC_ALL), 0);
+    struct ibv_qp_attr r = {.qp_state = IBV_QPS_RTR,
+                            .path_mtu = IBV_MTU_4096,
+                            .dest_qp_num = qpn,
+                            .rq_psn = rq_psn,
+                            .max_dest_rd_atomic = 1,
+                            .min_rnr_timer = 1,
+                            .ah_attr = {.is_global = 1, .port_num = 1}};
+    r.ah_attr.grh.dgid = *gid;
+    assert_int_equal(V->modify_qp(n->qp, &r,
+                                  IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                      IBV_QP_MIN_RNR_TIMER),
+                     0);
+    struct ibv_qp_attr t = {.qp_state = IBV_QPS_RTS,
+                            .timeout = 14,
+                            .retry_cnt = 7,
+                            .rnr_retry = 0,
+                            .sq_psn = sq_psn,
+                            .max_rd_atomic = 1};
+    assert_int_equal(V->modify_qp(n->qp, &t,
+                                  IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                      IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC),
+                     0);
+}
+
+/* One signaled 4 KiB WRITE a -> b: its completion status; b's buffer
+ * checked to hold a's bytes exactly when it succeeded, to be untouched
+ * (zero) otherwise. */
+static enum ibv_wc_status write_4k(struct node *a, struct node *b, uint64_t seed)
+{
+    fill(a->buf, 4096, seed);
+    memset(b->buf, 0, 4096);
+    assert_int_equal(post_rdma(a, IBV_WR_RDMA_WRITE, seed, 0, 4096, (uint64_t)(uintptr_t)b->buf,
+                               b->mr->rkey, IBV_SEND_SIGNALED),
+                     0);
+    struct ibv_wc wc;
+    assert_int_equal(poll_n(a->cq, &wc, 1, 5000), 1);
+    if (wc.status == IBV_WC_SUCCESS)
+        assert_memory_equal(b->buf, a->buf, 4096);
+    else
+        for (int i = 0; i < 4096; i++)
+            assert_int_equal(b->buf[i], 0);
+    return wc.status;
+}
+
+/* RC pairing: the responder takes requests only from its dest_qp_num, at
+ * the PSN it expects (rq_psn, then one more per request): a requester
+ * whose sq_psn is not the responder's rq_psn, or a responder connected to
+ * another QP, drops the request (RETRY_EXC_ERR at the requester, nothing
+ * written); matched, PSNs across the 24-bit wrap, every write lands. */
+static void test_softverbs_psn_and_pairing(void **state)
+{
+    (void)state;
+    struct node a, b, c;
+    node_open(&a, 1 << 16, ACC_ALL, 16, 16);
+    node_open(&b, 1 << 16, ACC_ALL, 16, 16);
+    node_open(&c, 1 << 16, ACC_ALL, 16, 16);
+    /* PSN mismatch */
+    connect_psn(&a, b.qp->qp_num, &b.gid, 0x111, 0x123456);
+    connect_psn(&b, a.qp->qp_num, &a.gid, 0xabcdef, 0x222);
+    assert_int_equal(write_4k(&a, &b, 1), IBV_WC_RETRY_EXC_ERR);
+    /* b paired with c, not a (same QP number, another node): a's request
+     * is not b's */
+    assert_int_equal(c.qp->qp_num, a.qp->qp_num);
+    struct ibv_qp_attr z = {.qp_state = IBV_QPS_RESET};
+    assert_int_equal(V->modify_qp(a.qp, &z, IBV_QP_STATE), 0);
+    assert_int_equal(V->modify_qp(b.qp, &z, IBV_QP_STATE), 0);
+    connect_psn(&a, b.qp->qp_num, &b.gid, 0x111, 0x500);
+    connect_psn(&b, c.qp->qp_num, &c.gid, 0x500, 0x222);
+    assert_int_equal(write_4k(&a, &b, 2), IBV_WC_RETRY_EXC_ERR);
+    /* matched, the PSNs wrapping past 2^24 - 1 */
+    assert_int_equal(V->modify_qp(a.qp, &z, IBV_QP_STATE), 0);
+    assert_int_equal(V->modify_qp(b.qp, &z, IBV_QP_STATE), 0);
+    connect_psn(&a, b.qp->qp_num, &b.gid, 0x111, 0xfffffe);
+    connect_psn(&b, a.qp->qp_num, &a.gid, 0xfffffe, 0x111);
+    for (uint64_t i = 0; i < 4; i++)
+        assert_int_equal(write_4k(&a, &b, 3 + i), IBV_WC_SUCCESS);
+    assert_int_equal(write_4k(&b, &a, 7), IBV_WC_SUCCESS);
+    node_close(&a);
+    node_close(&b);
+    node_close(&c);
+}
+
+/* Spin until p[0] != 0 (the first bytes landed) or ms passed. */
+static bool landed(const volatile uint8_t *p, double ms)
+{
+    const double end = now_ms() + ms;
+    while (p[0] == 0 && now_ms() < end) {
+    }
+    return p[0] != 0;
+}
+
+/* One fence case: the child (a requester, spawn_peer) runs command cmd
+ * against our 64 MiB MR; once its first bytes moved (landed in our buffer
+ * for 'w'; for 'r' the READ served, its response going out) the child is stopped
+ * (SIGSTOP) so our device thread waits mid-payload, we deregister the MR
+ * and at once overwrite the memory with `poison`, then let the child go
+ * on. Returns the child's exit status (child_command). */
+static int fence_case(char cmd, uint8_t poison)
+{
+    struct node n;
+    child_cmd = true;
+    const pid_t pid = spawn_peer(&n, false);
+    child_cmd = false;
+    memset(n.buf, cmd == 'w' ? 0 : 0x5a, n.bytes); /* drop the stashed wire */
+    struct kvt_sv_stats s0, s1;
+    kvt_sv_stats_get(&s0);
+    assert_int_equal(write(cmd_fd, &cmd, 1), 1);
+    if (cmd == 'w') {
+        assert_true(landed(n.buf, 10000));
+    } else { /* the READ served: its response is on its way */
+        const double end = now_ms() + 10000;
+        do
+            kvt_sv_stats_get(&s1);
+        while (s1.requests_served == s0.requests_served && now_ms() < end);
+        assert_true(s1.requests_served > s0.requests_served);
+    }
+    assert_int_equal(kill(pid, SIGSTOP), 0);
+    usleep(50000); /* our device thread drains the socket and waits */
+    assert_int_equal(V->dereg_mr(n.mr), 0);
+    memset(n.buf, poison, n.bytes);
+    assert_int_equal(kill(pid, SIGCONT), 0);
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    close(cmd_fd);
+    cmd_fd = -1;
+    if (cmd == 'w')
+        for (size_t i = 0; i < n.bytes; i++)
+            if (n.buf[i] != poison)
+                fail_msg("byte %zu written after dereg_mr returned (0x%02x)", i, n.buf[i]);
+    n.mr = V->reg_mr(n.pd, n.buf, n.bytes, ACC_ALL);
+    assert_non_null(n.mr);
+    node_close(&n);
+    return WEXITSTATUS(st);
+}
+
+/* dereg_mr is a fence: a 64 MiB WRITE of another process mid-payload into
+ * the MR when it is deregistered moves nothing more into that memory (we
+ * overwrite it at once: it stays as we wrote it) and ends REM_ACCESS_ERR,
+ * not SUCCESS; a 64 MiB READ response mid-way out of the MR sends nothing
+ * more of that memory (poisoned at once: no poison byte reaches the
+ * requester) and ends RETRY_EXC_ERR (its connection broken). */
+static void test_softverbs_dereg_mr_fences(void **state)
+{
+    (void)state;
+    assert_int_equal(fence_case('w', 0), IBV_WC_REM_ACCESS_ERR);
+    assert_int_equal(fence_case('r', 0xee), IBV_WC_RETRY_EXC_ERR);
+}
+
 static void test_softverbs_devices_ports_link_layers(void **state)
 {
     (void)state;
@@ -1127,6 +1540,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_softverbs_completion_channel, setup_sv, teardown_sv),
         cmocka_unit_test_setup_teardown(test_softverbs_devices_ports_link_layers, setup_sv,
                                         teardown_sv),
+        cmocka_unit_test_setup_teardown(test_softverbs_read_max_sge_rd, setup_sv, teardown_sv),
+        cmocka_unit_test_setup_teardown(test_softverbs_reg_mr_checks_memory, setup_sv, teardown_sv),
+        cmocka_unit_test_setup_teardown(test_softverbs_modify_qp_ranges, setup_sv, teardown_sv),
+        cmocka_unit_test_setup_teardown(test_softverbs_dereg_mr_fences, setup_sv, teardown_sv),
+        cmocka_unit_test_setup_teardown(test_softverbs_psn_and_pairing, setup_sv, teardown_sv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

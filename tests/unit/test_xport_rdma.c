@@ -38,6 +38,18 @@
  *     that does not exist or is not usable (named); the INFO decoder on
  *     every malformation and on 20,000 mutated blobs.
  *
+ *   - in this process (a transport pair, or a hostile TCP peer): reads cut
+ *     to the device's max_sge_rd (set small: every READ WR within it, the
+ *     whole local region exact); a read-only or unmapped region refused at
+ *     kv_xport_mem_reg, named; a write in flight when its target region is
+ *     unexposed and deregistered ends FAILED and lands nothing after (the
+ *     memory overwritten at once stays as written); OOB READY messages of
+ *     the wrong length, content or phase, or twice, close the peer
+ *     KV_ERR_CORRUPT naming them; forged remote keys (no chunks, a chunk
+ *     count the region's bytes do not need, chunk 0, a length that does
+ *     not match, a base that wraps) refused KV_ERR_CORRUPT naming the
+ *     values, nothing sent.
+ *
  * The whole suite runs twice over a soft fabric of three devices (FABRIC),
  * each time with a decode child of its own: event mode (the default) on
  * both sides over RoCE, then cfg.rdma_busy_poll on both over InfiniBand
@@ -54,6 +66,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1259,6 +1272,398 @@ static void test_xport_rdma_info_decode(void **state)
            accepted);
 }
 
+/* ---- in one process: a transport pair, hostile peers ------------------- */
+
+/* a connects (prefill), b listens (decode); both this process's. */
+struct duo {
+    kv_xport *a, *b;
+    kv_xport_peer *pa, *pb;
+};
+
+static void duo_open(struct duo *d, uint32_t conns)
+{
+    memset(d, 0, sizeof(*d));
+    struct kv_xport_config cb = cfg_make(true, TOKEN, FP, 3000),
+                           ca = cfg_make(false, TOKEN, FP, 3000);
+    ca.conns_per_peer = cb.conns_per_peer = conns;
+    assert_int_equal(kv_xport_create(&cb, &d->b), KV_OK);
+    assert_int_equal(kv_xport_create(&ca, &d->a), KV_OK);
+    assert_int_equal(kv_xport_connect(d->a, "127.0.0.1", kv_xport_port(d->b), &d->pa), KV_OK);
+    assert_int_equal(kv_xport_accept(d->b, 5000, &d->pb), KV_OK);
+    kv_xport_peer_state s;
+    if (kv_xport_peer_wait(d->pa, 5000, &s) != KV_OK)
+        fail_msg("connect: state %d: %s", (int)s, kv_last_error());
+}
+
+/* The peers closed, then regions md[n] of b (unexposed first) and ma[n]
+ * of a deregistered (NULL ones skipped), then both transports destroyed. */
+static void duo_close(struct duo *d, kv_xport_mem *const *ma, uint32_t na, kv_xport_mem *const *mb,
+                      uint32_t nb)
+{
+    for (uint32_t i = 0; i < nb; i++)
+        if (mb[i]) {
+            const kv_status st = kv_xport_mem_unexpose(d->pb, mb[i]);
+            assert_true(st == KV_OK || st == KV_ERR_NOT_FOUND); /* already unexposed */
+        }
+    kv_xport_peer_close(d->pa);
+    kv_xport_peer_close(d->pb);
+    for (uint32_t i = 0; i < na; i++)
+        if (ma[i])
+            assert_int_equal(kv_xport_mem_dereg(ma[i]), KV_OK);
+    for (uint32_t i = 0; i < nb; i++)
+        if (mb[i])
+            assert_int_equal(kv_xport_mem_dereg(mb[i]), KV_OK);
+    assert_int_equal(kv_xport_destroy(d->a), KV_OK);
+    assert_int_equal(kv_xport_destroy(d->b), KV_OK);
+}
+
+/* b exposes md to a; a imports it. */
+static kv_xport_rmem *duo_share(struct duo *d, kv_xport_mem *md)
+{
+    unsigned char blob[KV_XPORT_BLOB_MAX];
+    size_t len = 0;
+    assert_int_equal(kv_xport_mem_expose(d->pb, md, blob, sizeof(blob), &len), KV_OK);
+    kv_xport_rmem *r = NULL;
+    assert_int_equal(kv_xport_rmem_import(d->pa, blob, len, &r), KV_OK);
+    return r;
+}
+
+/* The SGE counts of the WRs posted, per opcode (a verbs table wrapping the
+ * soft device's post_send). */
+static struct kv__verbs counting;
+static int max_sge_read, max_sge_write, n_read_wrs;
+
+static int counting_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+    for (const struct ibv_send_wr *w = wr; w; w = w->next) {
+        if (w->opcode == IBV_WR_RDMA_READ) {
+            n_read_wrs++;
+            max_sge_read = w->num_sge > max_sge_read ? w->num_sge : max_sge_read;
+        } else if (w->opcode == IBV_WR_RDMA_WRITE) {
+            max_sge_write = w->num_sge > max_sge_write ? w->num_sge : max_sge_write;
+        }
+    }
+    return kvt_softverbs()->post_send(qp, wr, bad);
+}
+
+/* The device's max_sge_rd (3 here) is smaller than max_sge (16): reads of
+ * 64 remote-contiguous pieces scattered over the local region are cut
+ * into READ WRs of at most 3 SGEs (a device refuses more: the old cut
+ * failed the peer) and land exactly, the whole local region compared;
+ * the same layout written back still gathers 16 per WRITE. */
+static void test_xport_rdma_reads_within_max_sge_rd(void **state)
+{
+    (void)state;
+    if (real_dev)
+        skip();
+    assert_int_equal(kvt_sv_set_max_sge_rd(3), 0);
+    counting = *kvt_softverbs();
+    counting.post_send = counting_post_send;
+    kv__verbs_set(&counting);
+    max_sge_read = max_sge_write = n_read_wrs = 0;
+    struct duo d;
+    duo_open(&d, 2);
+    const size_t n = 1u << 20;
+    unsigned char *rb = malloc(n), *lb = calloc(1, n), *want = calloc(1, n);
+    assert_true(rb && lb && want);
+    pat_fill(rb, n, 5);
+    kv_xport_mem *mr = NULL, *ml = NULL;
+    assert_int_equal(kv_xport_mem_reg(d.b, rb, n, KV_MEM_HOST, &mr), KV_OK);
+    assert_int_equal(kv_xport_mem_reg(d.a, lb, n, KV_MEM_HOST, &ml), KV_OK);
+    kv_xport_rmem *r = duo_share(&d, mr);
+    enum { N = 64 };
+    struct kv_xport_io io[N];
+    uint64_t roff = 5000;
+    for (uint32_t i = 0; i < N; i++) {
+        const uint64_t len = 64 + 13 * (i % 5);
+        io[i] = (struct kv_xport_io){.local = ml,
+                                     .local_off = 4096 + 512 * (uint64_t)i,
+                                     .remote = r,
+                                     .remote_off = roff,
+                                     .bytes = len};
+        memcpy(want + io[i].local_off, rb + roff, len);
+        roff += len;
+    }
+    kv_xport_xfer *t = NULL;
+    assert_int_equal(kv_xport_read(d.pa, io, N, &t), KV_OK);
+    assert_int_equal(run(t, 10000), KV_XPORT_DONE);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    assert_memory_equal(lb, want, n);
+    assert_true(max_sge_read >= 2 && max_sge_read <= 3);
+    assert_true(n_read_wrs >= N / 3);
+    assert_int_equal(kv_xport_write(d.pa, io, N, NULL, &t), KV_OK);
+    assert_int_equal(run(t, 10000), KV_XPORT_DONE);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    assert_int_equal(max_sge_write, 16);
+    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
+    duo_close(&d, &ml, 1, &mr, 1);
+    kv__verbs_set(kvt_softverbs());
+    assert_int_equal(kvt_sv_set_max_sge_rd(0), 0);
+    free(rb);
+    free(lb);
+    free(want);
+}
+
+/* Every region is registered with local write access (READs land in it):
+ * read-only memory is refused at kv_xport_mem_reg (the kernel says EFAULT),
+ * as is unmapped memory, with a message naming the region and the rule;
+ * the same pages made writable register. */
+static void test_xport_rdma_read_only_region_refused(void **state)
+{
+    (void)state;
+    struct kv_xport_config c = cfg_make(false, TOKEN, FP, 3000);
+    kv_xport *x = NULL;
+    assert_int_equal(kv_xport_create(&c, &x), KV_OK);
+    const size_t n = 1u << 16;
+    void *ro = mmap(NULL, n, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(ro != MAP_FAILED);
+    kv_xport_mem *m = NULL;
+    assert_int_equal(kv_xport_mem_reg(x, ro, n, KV_MEM_HOST, &m), KV_ERR_INVALID_ARG);
+    assert_null(m);
+    char addr[32];
+    snprintf(addr, sizeof(addr), "%p", ro);
+    assert_non_null(strstr(kv_last_error(), addr));
+    assert_non_null(strstr(kv_last_error(), "65536 bytes; chunk 0, 65536 bytes at +0"));
+    assert_non_null(strstr(kv_last_error(), "must be mapped, readable and writable"));
+    assert_int_equal(mprotect(ro, n, PROT_READ | PROT_WRITE), 0);
+    assert_int_equal(kv_xport_mem_reg(x, ro, n, KV_MEM_HOST, &m), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(m), KV_OK);
+    assert_int_equal(munmap(ro, n), 0);
+    m = NULL;
+    assert_int_equal(kv_xport_mem_reg(x, ro, n, KV_MEM_HOST, &m), KV_ERR_INVALID_ARG);
+    assert_null(m);
+    assert_non_null(strstr(kv_last_error(), addr));
+    assert_int_equal(kv_xport_destroy(x), KV_OK);
+}
+
+/* kv_xport_mem_unexpose: "when it returns, nothing of that peer touches
+ * mem any more". A 128 MiB write (one QP, WRs of 256 KiB) whose 2nd WR is
+ * half landed is in flight when the target region is unexposed and
+ * deregistered; the memory is then made inaccessible at once (as a
+ * caller unmapping it would): the soft device fences a responder
+ * mid-payload at dereg_mr, as a NIC does, so nothing touches it (a device
+ * that went on writing would fault there: its WR ends RETRY_EXC_ERR,
+ * KV_ERR_IO), and the write ends FAILED with KV_ERR_OUT_OF_BOUNDS (the
+ * responder's NAK), not DONE. Whether a WR is mid-payload at that instant
+ * is up to the scheduler: 8 rounds, each on a fresh pair (the failed write
+ * closes the peer); test_softverbs_dereg_mr_fences pins that case. */
+static void unexpose_mid_write_round(void)
+{
+    struct duo d;
+    duo_open(&d, 1);
+    const size_t n = 128u << 20;
+    unsigned char *src = malloc(n);
+    unsigned char *dst = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(src && dst != MAP_FAILED);
+    memset(src, 0x77, n);
+    kv_xport_mem *ms = NULL, *md = NULL;
+    assert_int_equal(kv_xport_mem_reg(d.a, src, n, KV_MEM_HOST, &ms), KV_OK);
+    assert_int_equal(kv_xport_mem_reg(d.b, dst, n, KV_MEM_HOST, &md), KV_OK);
+    kv_xport_rmem *r = duo_share(&d, md);
+    struct kvt_sv_stats s0, s1;
+    kvt_sv_stats_get(&s0);
+    const struct kv_xport_io io1 = {.local = ms, .remote = r, .bytes = n};
+    kv_xport_xfer *t = NULL;
+    assert_int_equal(kv_xport_write(d.pa, &io1, 1, NULL, &t), KV_OK);
+    /* The middle of the 2nd WR landed: that WR is mid-payload now. */
+    const volatile unsigned char *mid = dst + RD_WR_MAX_BYTES + RD_WR_MAX_BYTES / 2;
+    for (int i = 0; i < 100000000 && *mid == 0; i++) {
+    }
+    assert_int_equal(*mid, 0x77);
+    assert_int_equal(kv_xport_mem_unexpose(d.pb, md), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
+    assert_int_equal(mprotect(dst, n, PROT_NONE), 0);
+    assert_int_equal(run(t, 10000), KV_XPORT_FAILED);
+    kvt_sv_stats_get(&s1);
+    assert_true(s1.bytes_landed - s0.bytes_landed < n); /* it was in flight */
+    const kv_status *st;
+    uint32_t ne;
+    assert_int_equal(kv_xport_xfer_results(t, &st, &ne), KV_OK);
+    assert_int_equal(ne, 1);
+    if (st[0] != KV_ERR_OUT_OF_BOUNDS)
+        fail_msg("the write ended %s, not KV_ERR_OUT_OF_BOUNDS: the device touched the "
+                 "region after kv_xport_mem_unexpose returned",
+                 kv_status_name(st[0]));
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
+    duo_close(&d, &ms, 1, NULL, 0);
+    free(src);
+    assert_int_equal(munmap(dst, n), 0);
+}
+
+static void test_xport_rdma_unexpose_mid_write(void **state)
+{
+    (void)state;
+    if (real_dev)
+        skip();
+    for (int round = 0; round < 8; round++)
+        unexpose_mid_write_round();
+}
+
+/* A hostile out-of-band peer (a TCP transport with the token) sends RDMA
+ * READY messages: 4096 bytes of junk; one right byte before any QP info;
+ * a wrong byte after our own QP info was echoed back to us (so our QPs
+ * went RTS); the right one twice. Each closes the RDMA peer KV_ERR_CORRUPT
+ * naming the length, the first byte and the phase; the right one once
+ * after the info makes the peer READY. */
+static struct kv_xport_msg hmsg;
+
+/* The next notification of peer h on xh (earlier victims' are skipped). */
+static void hostile_poll(kv_xport *xh, kv_xport_peer *h)
+{
+    do
+        assert_int_equal(kv_xport_notify_poll(xh, 5000, &hmsg), KV_OK);
+    while (hmsg.peer_id != kv_xport_peer_id(h));
+}
+
+static void hostile_send(kv_xport_peer *h, uint64_t tag, const void *m, uint32_t len)
+{
+    const struct kv_xport_notify nt = {.tag = tag, .msg = m, .len = len};
+    kv_xport_xfer *t = NULL;
+    assert_int_equal(kv_xport_write(h, NULL, 0, &nt, &t), KV_OK);
+    kv_xport_state st;
+    assert_int_equal(kv_xport_xfer_wait(t, 5000, &st), KV_OK);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+}
+
+static void hostile_ready(kv_xport *xh, int how, const char *words, const char *words2)
+{
+    struct kv_xport_config cv = cfg_make(false, TOKEN, FP, 2000);
+    kv_xport *xv = NULL;
+    assert_int_equal(kv_xport_create(&cv, &xv), KV_OK);
+    kv_xport_peer *pv = NULL, *ph = NULL;
+    assert_int_equal(kv_xport_connect(xv, "127.0.0.1", kv_xport_port(xh), &pv), KV_OK);
+    assert_int_equal(kv_xport_accept(xh, 5000, &ph), KV_OK);
+    static unsigned char junk[4096];
+    memset(junk, 0xee, sizeof(junk));
+    const unsigned char one = 1, two = 2;
+    if (how >= 2) { /* echo the victim's own QP info: its QPs connect to themselves */
+        hostile_poll(xh, ph);
+        assert_true(hmsg.tag == RD_OOB_INFO);
+        hostile_send(ph, RD_OOB_INFO, hmsg.data, hmsg.len);
+        hostile_poll(xh, ph);
+        assert_true(hmsg.tag == RD_OOB_READY); /* ours went RTS */
+    }
+    if (how == 0)
+        hostile_send(ph, RD_OOB_READY, junk, sizeof(junk));
+    else if (how == 1 || how == 3)
+        hostile_send(ph, RD_OOB_READY, &one, 1);
+    else
+        hostile_send(ph, RD_OOB_READY, &two, 1);
+    if (how == 3) {
+        kv_xport_peer_state s;
+        assert_int_equal(kv_xport_peer_wait(pv, 5000, &s), KV_OK);
+        assert_int_equal(s, KV_XPORT_READY);
+        hostile_send(ph, RD_OOB_READY, &one, 1);
+    }
+    kv_status why = KV_OK;
+    assert_int_equal(wait_state(pv, KV_XPORT_CLOSED, 5000, &why), KV_XPORT_CLOSED);
+    assert_int_equal(why, KV_ERR_CORRUPT);
+    if (!strstr(kv_last_error(), words) || !strstr(kv_last_error(), words2))
+        fail_msg("want \"%s\" and \"%s\" in: %s", words, words2, kv_last_error());
+    kv_xport_peer_close(pv);
+    kv_xport_peer_close(ph);
+    assert_int_equal(kv_xport_destroy(xv), KV_OK);
+}
+
+static void test_xport_rdma_hostile_ready_refused(void **state)
+{
+    (void)state;
+    struct kv_xport_config ch = KV_XPORT_CONFIG_INIT;
+    ch.kind = KV_XPORT_TCP;
+    ch.listen_host = "127.0.0.1";
+    ch.token = TOKEN;
+    ch.fingerprint = FP;
+    ch.conns_per_peer = 1;
+    ch.timeout_ms = 3000;
+    kv_xport *xh = NULL;
+    assert_int_equal(kv_xport_create(&ch, &xh), KV_OK);
+    hostile_ready(xh, 0, "a READY of 4096 bytes (first byte 0xee", "in phase");
+    hostile_ready(xh, 1, "a READY of 1 bytes (first byte 0x01", "want RTS");
+    hostile_ready(xh, 2, "a READY of 1 bytes (first byte 0x02", "in phase RTS");
+    hostile_ready(xh, 3, "in phase READY", "a READY came already");
+    assert_int_equal(kv_xport_destroy(xh), KV_OK);
+}
+
+/* A remote key forged by the peer: every field checked against the others
+ * and the region's bytes; refused KV_ERR_CORRUPT naming the values at
+ * import (the post checks it again), the genuine key still works. */
+static void forged(struct duo *d, kv_xport_mem *ml, const struct kv__xport_blob *good, uint32_t n,
+                   uint32_t rail, uint32_t key_len, uint64_t chunk, uint64_t base,
+                   const char *words)
+{
+    struct kv__xport_blob fb = *good;
+    fb.key_len = key_len;
+    kv__le_put(fb.key, n, 4);
+    kv__le_put(fb.key + 4, rail, 4);
+    kv__le_put(fb.key + 8, chunk, 8);
+    kv__le_put(fb.key + 16, base, 8);
+    for (uint32_t i = 24; i < key_len; i += 4)
+        memcpy(fb.key + i, good->key + 24, 4); /* the real rkey of chunk 0 */
+    unsigned char blob[KV_XPORT_BLOB_MAX];
+    const size_t bl = kv__xport_blob_encode(&fb, blob);
+    kv_xport_rmem *r = NULL;
+    const kv_status st = kv_xport_rmem_import(d->pa, blob, bl, &r);
+    if (st == KV_OK) {
+        const struct kv_xport_io w = {.local = ml, .remote = r, .bytes = 64};
+        kv_xport_xfer *t = NULL;
+        const kv_status ps = kv_xport_write(d->pa, &w, 1, NULL, &t);
+        if (ps == KV_OK) {
+            (void)run(t, 5000);
+            assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+        }
+        assert_int_equal(kv_xport_rmem_free(r), KV_OK);
+        fail_msg("a forged key (%s) was imported (the post: %s)", words, kv_status_name(ps));
+    }
+    assert_null(r);
+    assert_int_equal(st, KV_ERR_CORRUPT);
+    if (!strstr(kv_last_error(), words))
+        fail_msg("want \"%s\" in: %s", words, kv_last_error());
+}
+
+static void test_xport_rdma_forged_key_refused(void **state)
+{
+    (void)state;
+    if (real_dev)
+        skip();
+    struct duo d;
+    duo_open(&d, 2);
+    const size_t n = 1u << 16;
+    unsigned char *rb = calloc(1, n), *lb = calloc(1, n);
+    assert_true(rb && lb);
+    kv_xport_mem *mr = NULL, *ml = NULL;
+    assert_int_equal(kv_xport_mem_reg(d.b, rb, n, KV_MEM_HOST, &mr), KV_OK);
+    assert_int_equal(kv_xport_mem_reg(d.a, lb, n, KV_MEM_HOST, &ml), KV_OK);
+    unsigned char blob[KV_XPORT_BLOB_MAX];
+    size_t len = 0;
+    assert_int_equal(kv_xport_mem_expose(d.pb, mr, blob, sizeof(blob), &len), KV_OK);
+    struct kv__xport_blob good;
+    assert_int_equal(kv__xport_blob_decode(blob, len, &good), KV_OK);
+    assert_int_equal(good.key_len, 28);
+    const uint64_t chunk = kv__le_get(good.key + 8, 8), base = kv__le_get(good.key + 16, 8);
+    forged(&d, ml, &good, 0, 0, 24, chunk, base, "0 chunk(s)");
+    forged(&d, ml, &good, 2, 0, 32, chunk, base, "2 chunk(s)");
+    forged(&d, ml, &good, 2, 0, 32, chunk, base, "region of 65536 bytes (needs 1)");
+    forged(&d, ml, &good, 1, 0, 28, 0, base, "of 0 bytes");
+    forged(&d, ml, &good, 1, 0, 32, chunk, base, "a key of 32 bytes: 1 chunk(s)");
+    forged(&d, ml, &good, 1, 0, 28, chunk, UINT64_MAX - 100, "base 0xffffffffffffff9b");
+    forged(&d, ml, &good, 1, KV_XPORT_MAX_RAILS, 28, chunk, base, "rail 8 (< 8)");
+    /* the genuine key */
+    kv_xport_rmem *r = NULL;
+    assert_int_equal(kv_xport_rmem_import(d.pa, blob, len, &r), KV_OK);
+    memset(lb, 0x3c, 64);
+    const struct kv_xport_io w = {.local = ml, .remote = r, .remote_off = 100, .bytes = 64};
+    kv_xport_xfer *t = NULL;
+    assert_int_equal(kv_xport_write(d.pa, &w, 1, NULL, &t), KV_OK);
+    assert_int_equal(run(t, 5000), KV_XPORT_DONE);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    assert_memory_equal(rb + 100, lb, 64);
+    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
+    duo_close(&d, &ml, 1, &mr, 1);
+    free(rb);
+    free(lb);
+}
+
 /* One pass of the suite with its own decode child. */
 static int run_pass(bool busy)
 {
@@ -1306,6 +1711,11 @@ static int run_pass(bool busy)
         cmocka_unit_test(test_xport_rdma_wrong_fingerprint_refused),
         cmocka_unit_test(test_xport_rdma_bandwidth),
         cmocka_unit_test(test_xport_rdma_peer_killed_mid_transfer),
+        cmocka_unit_test(test_xport_rdma_reads_within_max_sge_rd),
+        cmocka_unit_test(test_xport_rdma_read_only_region_refused),
+        cmocka_unit_test(test_xport_rdma_unexpose_mid_write),
+        cmocka_unit_test(test_xport_rdma_hostile_ready_refused),
+        cmocka_unit_test(test_xport_rdma_forged_key_refused),
     };
     const int rc =
         busy ? cmocka_run_group_tests_name("xport_rdma busy polling, InfiniBand, two devices",
