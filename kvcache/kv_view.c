@@ -343,15 +343,19 @@ kv_status kv_view_offset_of(const struct kv_view *v, const int64_t *idx, int64_t
         if (st != KV_OK)
             return st;
     }
-    off = v->offset;
-    for (int i = 0; i < v->ndim; i++) {
+    /* Every index first: an empty view (a size-0 dim) may carry any strides
+     * on its other dims, so the sum is bounded by the validated extent only
+     * once every index is known to be in range (there is then no element
+     * at all to address, and the loop below never runs for it). */
+    for (int i = 0; i < v->ndim; i++)
         if (idx[i] < 0 || idx[i] >= v->shape[i])
             return kv__error(KV_ERR_OUT_OF_BOUNDS,
                              "kv_view_offset_of: index %" PRId64 " out of range for dim %d of "
                              "size %" PRId64,
                              idx[i], i, v->shape[i]);
+    off = v->offset;
+    for (int i = 0; i < v->ndim; i++)
         off += idx[i] * v->strides[i]; /* bounded by the validated extent */
-    }
     *out_elems = off;
     return kv__ok();
 }

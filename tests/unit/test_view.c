@@ -1064,6 +1064,25 @@ static void test_view_status_names(void **state)
     assert_int_equal(kv_dtype_size(KV_I64), 8);
 }
 
+/* fuzz_view (2026-12-05): an empty view with INT64_MAX strides on its
+ * non-empty dims; kv_view_offset_of summed idx * stride before refusing the
+ * size-0 dim's index (signed overflow, UBSan). Refused, *out untouched. */
+static void test_view_offset_of_empty_view_huge_strides(void **state)
+{
+    (void)state;
+    static char storage[16];
+    const int64_t shape[3] = {2, 2, 0}, strides[3] = {INT64_MAX, INT64_MAX, 1};
+    const int64_t idx[3] = {1, 1, 0};
+    struct kv_view v;
+    assert_int_equal(
+        kv_view_from_strided(storage, sizeof(storage), KV_U8, 3, shape, strides, 0, &v), KV_OK);
+    int64_t off = -7;
+    assert_int_equal(kv_view_offset_of(&v, idx, &off), KV_ERR_OUT_OF_BOUNDS);
+    assert_int_equal(off, -7);
+    assert_non_null(strstr(kv_last_error(), "dim 2 of size 0"));
+    assert_null(kv_view_ptr(&v, idx));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1090,6 +1109,7 @@ int main(void)
         cmocka_unit_test(test_view_from_strided_random_extents),
         cmocka_unit_test(test_view_from_strided_torch_vectors),
         cmocka_unit_test(test_view_from_strided_bad_input),
+        cmocka_unit_test(test_view_offset_of_empty_view_huge_strides),
     };
     return cmocka_run_group_tests_name("view", tests, NULL, NULL);
 }
