@@ -279,13 +279,29 @@ extern "C" kv_status kv__cuda_attn_move(const struct kv__attn_job *j, bool to_ca
 
 /* ---- device-index write and its error record ------------------------------------- */
 
-__global__ void kv__dev_error_finish_kernel(struct kv_attn_cuda_errors *e, const int64_t *slots,
-                                            const int32_t *indptr, const int32_t *last_len,
-                                            const int32_t *indices,
-                                            const struct kv_block_copy *pairs,
-                                            const int32_t *seq_lens, const int32_t *out_indptr)
+__global__ void kv__dev_error_finish_kernel(struct kv_attn_cuda_errors *e,
+                                            struct kv__dev_arrays a)
 {
-    kv__dev_error_finish(e, slots, indptr, last_len, indices, pairs, seq_lens, out_indptr);
+    kv__dev_error_finish_in(e, &a);
+}
+
+/* The arrays of a slots or pairs launch, for the finish. */
+static struct kv__dev_arrays slots_arrays(const int64_t *slots, int64_t n)
+{
+    struct kv__dev_arrays a;
+    memset(&a, 0, sizeof(a));
+    a.slots = slots;
+    a.n_slots = n;
+    return a;
+}
+
+static struct kv__dev_arrays pairs_arrays(const struct kv_block_copy *pairs, uint32_t n)
+{
+    struct kv__dev_arrays a;
+    memset(&a, 0, sizeof(a));
+    a.pairs = pairs;
+    a.n_pairs = n;
+    return a;
 }
 
 /* No allocation, no copy, no synchronization: capture-safe. */
@@ -308,7 +324,7 @@ extern "C" kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *j, const
         kv__move_convert_kernel<<<grid, kv__cmove_threads(&m, 0, 1), 0, s>>>(m, NULL, NULL);
     }
     if (err)
-        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, slots, NULL, NULL, NULL, NULL, NULL, NULL);
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, slots_arrays(slots, n_slots));
     return kv__cuda_status(cudaGetLastError(), fn);
 }
 
@@ -346,8 +362,7 @@ extern "C" kv_status kv__cuda_attn_decode_dev_ws(const struct kv__attn_job *j,
     if ((st = launch_decode(p, j->n_seqs, shmem, s, fn)) != KV_OK)
         return st;
     if (err)
-        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, p.d_indptr, p.d_last, p.d_indices,
-                                                    NULL, p.d_lens, NULL);
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, kv__dev_pages_arrays(pg, j->n_seqs, NULL));
     return kv__cuda_status(cudaGetLastError(), fn);
 }
 
@@ -374,7 +389,7 @@ extern "C" kv_status kv__cuda_attn_copy_dev(const struct kv__attn_job *j,
         return st;
     launch_copy(p, w, s);
     if (err)
-        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, NULL, NULL, NULL, pairs, NULL, NULL);
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, pairs_arrays(pairs, n));
     return kv__cuda_status(cudaGetLastError(), fn);
 }
 
@@ -397,8 +412,8 @@ extern "C" kv_status kv__cuda_attn_read_dev(const struct kv__attn_job *j,
     else
         kv__move_convert_kernel<<<grid, kv__cmove_threads(&m, 0, 1), 0, s>>>(m, NULL, NULL);
     if (err)
-        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, m.rd_indptr, m.rd_last, m.rd_indices,
-                                                    NULL, m.rd_lens, out_indptr);
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(
+            err, kv__dev_pages_arrays(pg, j->n_seqs, out_indptr));
     return kv__cuda_status(cudaGetLastError(), fn);
 }
 
@@ -417,7 +432,7 @@ extern "C" kv_status kv__cuda_attn_copy_ex_dev(const struct kv__attn_job *j,
     kv__ccopy_ex_build_dev(j, pairs, n, err, &p, &w);
     launch_copy_ex(p, w, s);
     if (err)
-        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, NULL, NULL, NULL, pairs, NULL, NULL);
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, pairs_arrays(pairs, n));
     return kv__cuda_status(cudaGetLastError(), fn);
 }
 
@@ -586,8 +601,7 @@ extern "C" kv_status kv__cuda_attn_decode_mla_dev(const struct kv__attn_job *j,
     kv__cmla_build_dev(j, pg, err, ksc, &p);
     kv__decode_mla_kernel<<<(unsigned)blocks, 32 * KV__DEC_WARPS, shmem, s>>>(p);
     if (err)
-        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, NULL, p.d_indptr, p.d_last, p.d_indices,
-                                                    NULL, p.d_lens, NULL);
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, kv__dev_pages_arrays(pg, j->n_seqs, NULL));
     return kv__cuda_status(cudaGetLastError(), fn);
 }
 

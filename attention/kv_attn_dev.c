@@ -53,7 +53,9 @@ static kv_status dev_scales_post(const char *fn, const struct kv_attn_dev_scales
     /* the host validator's checks of the same fields (kv__attn_scales_shape) */
     kv_status st = kv__attn_scales_shape(fn, "device ", s->k, s->v, s->n, s->layers, lo->num_layers,
                                          lo->num_heads, lo->k_only);
-    if (st != KV_OK)
+    if (st != KV_OK ||
+        (st = kv__check_dev_aligned(fn, "device scales k", s->k, sizeof(float))) != KV_OK ||
+        (st = kv__check_dev_aligned(fn, "device scales v", s->v, sizeof(float))) != KV_OK)
         return st;
     const size_t r0 = rows == 1 ? 0 : job->layer0;
     job->k_scale = s->k + r0 * s->n;
@@ -95,7 +97,7 @@ kv_status kv__attn_write_dev_check(const char *fn, const struct kv_paged_cache *
                          fn, n_slots, job->k.n_tokens);
     if (n_slots > 0 && !slots)
         return kv__error(KV_ERR_NULL, "%s: slots_dev is NULL with n_slots %" PRId64, fn, n_slots);
-    return KV_OK;
+    return kv__check_dev_aligned(fn, "slots_dev", slots, sizeof(int64_t));
 }
 
 kv_status kv_attn_write_cuda_dev(struct kv_paged_cache cache, int32_t layer,
@@ -195,6 +197,18 @@ static kv_status dev_pages_check(const char *fn, const struct kv_attn_dev_pages 
     else if (pages->n_pages < 0 || pages->n_pages > INT32_MAX)
         return kv__error(KV_ERR_BAD_SHAPE, "%s: n_pages %" PRId64 " outside [0, 2^31)", fn,
                          pages->n_pages);
+    /* the int32 arrays of the chosen form (the other form's are not read) */
+    const bool bt = pages->format == KV_PAGES_BLOCK_TABLE;
+    const int32_t *arr[3] = {bt ? pages->block_table : pages->indptr,
+                             bt ? pages->seq_lens : pages->indices,
+                             bt ? NULL : pages->last_page_len};
+    static const char *const names[2][3] = {{"indptr", "indices", "last_page_len"},
+                                            {"block_table", "seq_lens", ""}};
+    for (int i = 0; i < 3; i++) {
+        const kv_status st = kv__check_dev_aligned(fn, names[bt][i], arr[i], sizeof(int32_t));
+        if (st != KV_OK)
+            return st;
+    }
     return KV_OK;
 }
 
@@ -338,9 +352,8 @@ kv_status kv__attn_decode_mla_dev_check(const char *fn, const struct kv_paged_ca
                          "%s: scales for %" PRIu32 " layers: expected 0 or 1 (shared by every "
                          "layer) or %" PRId64 " (one row per layer)",
                          fn, scales->layers, lo->num_layers);
-    if ((uintptr_t)scales->k % sizeof(float))
-        return kv__error(KV_ERR_INVALID_ARG, "%s: device scales k=%p are not 4-byte aligned", fn,
-                         (const void *)scales->k);
+    if ((st = kv__check_dev_aligned(fn, "device scales k", scales->k, sizeof(float))) != KV_OK)
+        return st;
     *ksc = scales->k + (rows == 1 ? 0 : layer);
     return KV_OK;
 }
@@ -384,6 +397,8 @@ kv_status kv__attn_read_dev_check(const char *fn, const struct kv_paged_cache *c
     if (pages->n_seqs && !out_indptr)
         return kv__error(KV_ERR_NULL, "%s: out_indptr_dev is NULL with n_seqs %" PRIu32, fn,
                          pages->n_seqs);
+    if ((st = kv__check_dev_aligned(fn, "out_indptr_dev", out_indptr, sizeof(int32_t))) != KV_OK)
+        return st;
     /* every scalar check of the host mode; no page array read, no T */
     st = kv__attn_read_check(fn, cache, layer, &pg, k_out, v_out, hsp, job);
     if (st != KV_OK)
@@ -424,7 +439,7 @@ kv_status kv__attn_copy_ex_dev_check(const char *fn, const struct kv_paged_cache
     if (n_copies && !copies)
         return kv__error(KV_ERR_NULL, "%s: copies_dev is NULL with n_copies %" PRIu32, fn,
                          n_copies);
-    return KV_OK;
+    return kv__check_dev_aligned(fn, "copies_dev", copies, _Alignof(struct kv_block_copy));
 }
 
 kv_status kv_attn_copy_blocks_ex_cuda_dev(struct kv_paged_cache dst, struct kv_paged_cache src,

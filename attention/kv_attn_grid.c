@@ -301,18 +301,14 @@ kv_status kv__grid_attn_decode_mla(const struct kv__attn_job *j)
 
 struct finish_arg {
     struct kv_attn_cuda_errors *err;
-    const int64_t *slots;
-    const int32_t *indptr, *last, *indices;
-    const struct kv_block_copy *pairs;
-    const int32_t *seq_lens, *out_indptr;
+    struct kv__dev_arrays a; /* the launch's arrays and lengths */
 };
 
 static void finish_thread(const struct kv_grid_ctx *c, const void *arg)
 {
     (void)c;
-    const struct finish_arg *a = arg;
-    kv__dev_error_finish(a->err, a->slots, a->indptr, a->last, a->indices, a->pairs, a->seq_lens,
-                         a->out_indptr);
+    const struct finish_arg *f = arg;
+    kv__dev_error_finish_in(f->err, &f->a);
 }
 
 /* after a device-index launch that ran (st KV_OK), the record's 1-thread
@@ -334,7 +330,9 @@ kv_status kv__grid_attn_write_dev(const struct kv__attn_job *j, const int64_t *s
     const bool bytes = kv__cmove_build_dev(j, slots, n_slots, err, &m);
     kv__cmove_scales_dev(j, by_value, &m);
     const kv_status st = move_launch(j->fn, &m, NULL, 1, bytes, NULL);
-    return finish(j->fn, st, &(const struct finish_arg){.err = err, .slots = slots});
+    return finish(
+        j->fn, st,
+        &(const struct finish_arg){.err = err, .a = {.slots = slots, .n_slots = n_slots}});
 }
 
 kv_status kv__grid_attn_decode_mla_dev(const struct kv__attn_job *j,
@@ -352,12 +350,9 @@ kv_status kv__grid_attn_decode_mla_dev(const struct kv__attn_job *j,
     kv__cmla_build_dev(j, pg, err, ksc, &p);
     const struct kv_grid_launch l = {(uint64_t)blocks, 32 * KV__DEC_WARPS, shmem, true};
     st = run(j->fn, l, decode_mla_thread, &p, 0);
-    return finish(j->fn, st,
-                  &(const struct finish_arg){.err = err,
-                                             .indptr = p.d_indptr,
-                                             .last = p.d_last,
-                                             .indices = p.d_indices,
-                                             .seq_lens = p.d_lens});
+    return finish(
+        j->fn, st,
+        &(const struct finish_arg){.err = err, .a = kv__dev_pages_arrays(pg, j->n_seqs, NULL)});
 }
 
 kv_status kv__grid_attn_decode_dev(const struct kv__attn_job *j, const struct kv_attn_dev_pages *pg,
@@ -375,12 +370,9 @@ kv_status kv__grid_attn_decode_dev(const struct kv__attn_job *j, const struct kv
     /* split-KV as kv__cuda_attn_decode_dev_ws with a workspace (the
      * public device-index entry has none: it runs the vector body) */
     st = decode_launch(j->fn, j, &p, shmem, -1);
-    return finish(j->fn, st,
-                  &(const struct finish_arg){.err = err,
-                                             .indptr = p.d_indptr,
-                                             .last = p.d_last,
-                                             .indices = p.d_indices,
-                                             .seq_lens = p.d_lens});
+    return finish(
+        j->fn, st,
+        &(const struct finish_arg){.err = err, .a = kv__dev_pages_arrays(pg, j->n_seqs, NULL)});
 }
 
 kv_status kv__grid_attn_copy_dev(const struct kv__attn_job *j, const struct kv_block_copy *pairs,
@@ -394,7 +386,8 @@ kv_status kv__grid_attn_copy_dev(const struct kv__attn_job *j, const struct kv_b
     if (st != KV_OK)
         return st;
     st = run(j->fn, items_launch(p.n_items), copy_thread, &a, a.vbytes);
-    return finish(j->fn, st, &(const struct finish_arg){.err = err, .pairs = pairs});
+    return finish(j->fn, st,
+                  &(const struct finish_arg){.err = err, .a = {.pairs = pairs, .n_pairs = n}});
 }
 
 kv_status kv__grid_attn_copy_ex_dev(const struct kv__attn_job *j, const struct kv_block_copy *pairs,
@@ -406,7 +399,8 @@ kv_status kv__grid_attn_copy_ex_dev(const struct kv__attn_job *j, const struct k
     struct copy_arg a = {NULL, &x, 1};
     kv__ccopy_ex_build_dev(j, pairs, n, err, &x, &a.vbytes);
     const kv_status st = run(j->fn, items_launch(x.n_items), copy_ex_thread, &a, a.vbytes);
-    return finish(j->fn, st, &(const struct finish_arg){.err = err, .pairs = pairs});
+    return finish(j->fn, st,
+                  &(const struct finish_arg){.err = err, .a = {.pairs = pairs, .n_pairs = n}});
 }
 
 kv_status kv__grid_attn_read_dev(const struct kv__attn_job *j, const struct kv_attn_dev_pages *pg,
@@ -421,9 +415,5 @@ kv_status kv__grid_attn_read_dev(const struct kv__attn_job *j, const struct kv_a
     const kv_status st = move_launch(j->fn, &m, NULL, 1, bytes, NULL);
     return finish(j->fn, st,
                   &(const struct finish_arg){.err = err,
-                                             .indptr = m.rd_indptr,
-                                             .last = m.rd_last,
-                                             .indices = m.rd_indices,
-                                             .seq_lens = m.rd_lens,
-                                             .out_indptr = out_indptr});
+                                             .a = kv__dev_pages_arrays(pg, j->n_seqs, out_indptr)});
 }

@@ -126,35 +126,71 @@ KV_HD bool kv__dev_pair_ok(struct kv_attn_cuda_errors *e, bool rec, struct kv_bl
     return false;
 }
 
+/* A device-index launch's index arrays with their lengths (NULL: not
+ * this launch's), what its record's finish may read. */
+struct kv__dev_arrays {
+    const int64_t *slots;              /* [n_slots] */
+    const int32_t *indptr;             /* [n_seqs + 1] */
+    const int32_t *last_len;           /* [n_seqs] */
+    const int32_t *indices;            /* [n_indices]: CSR indices or the block table */
+    const struct kv_block_copy *pairs; /* [n_pairs] */
+    const int32_t *seq_lens;           /* [n_seqs] */
+    const int32_t *out_indptr;         /* [n_seqs + 1] */
+    int64_t n_slots, n_seqs, n_indices, n_pairs;
+};
+
 /* After a launch (one thread, the same stream): the value at the first
  * index, when this launch changed the first (an earlier launch's first
- * keeps its value). slots: the launch's slot array. */
-KV_HD void kv__dev_error_finish(struct kv_attn_cuda_errors *e, const int64_t *slots,
-                                const int32_t *indptr, const int32_t *last_len,
-                                const int32_t *indices, const struct kv_block_copy *pairs,
-                                const int32_t *seq_lens, const int32_t *out_indptr)
+ * keeps its value). A first this launch's arrays do not hold (another
+ * array, or an index past this launch's length: a launch whose own finish
+ * has not run, on another stream sharing the record) is left without a
+ * value, never read out of bounds. */
+KV_HD void kv__dev_error_finish_in(struct kv_attn_cuda_errors *e, const struct kv__dev_arrays *a)
 {
     if (!e || e->first_key == 0 || e->first_key == e->value_key)
         return;
     int array;
     const int64_t index = kv_grid_error_first(e->first_key, &array);
-    if (array == KV_ATTN_DEV_SLOTS && slots)
-        e->first_value = slots[index];
-    else if (array == KV_ATTN_DEV_INDPTR && indptr)
-        e->first_value = indptr[index];
-    else if (array == KV_ATTN_DEV_LAST_LEN && last_len)
-        e->first_value = last_len[index];
-    else if (array == KV_ATTN_DEV_PAGES && indices)
-        e->first_value = indices[index];
-    else if (array == KV_ATTN_DEV_COPIES && pairs)
-        e->first_value = (int64_t)(index % 2 ? pairs[index / 2].dst : pairs[index / 2].src);
-    else if (array == KV_ATTN_DEV_SEQ_LENS && seq_lens)
-        e->first_value = seq_lens[index];
-    else if (array == KV_ATTN_DEV_OUT_INDPTR && out_indptr)
-        e->first_value = out_indptr[index];
+    if (array == KV_ATTN_DEV_SLOTS && a->slots && index < a->n_slots)
+        e->first_value = a->slots[index];
+    else if (array == KV_ATTN_DEV_INDPTR && a->indptr && index <= a->n_seqs)
+        e->first_value = a->indptr[index];
+    else if (array == KV_ATTN_DEV_LAST_LEN && a->last_len && index < a->n_seqs)
+        e->first_value = a->last_len[index];
+    else if (array == KV_ATTN_DEV_PAGES && a->indices && index < a->n_indices)
+        e->first_value = a->indices[index];
+    else if (array == KV_ATTN_DEV_COPIES && a->pairs && index / 2 < a->n_pairs)
+        e->first_value = (int64_t)(index % 2 ? a->pairs[index / 2].dst : a->pairs[index / 2].src);
+    else if (array == KV_ATTN_DEV_SEQ_LENS && a->seq_lens && index < a->n_seqs)
+        e->first_value = a->seq_lens[index];
+    else if (array == KV_ATTN_DEV_OUT_INDPTR && a->out_indptr && index <= a->n_seqs)
+        e->first_value = a->out_indptr[index];
     else
-        return; /* not this launch's array: the value comes with a later launch */
+        return; /* not this launch's: the value comes with a later launch, or never */
     e->value_key = e->first_key;
+}
+
+/* The arrays of device pages pg of a launch over n_seqs sequences (the
+ * form's: CSR or block table; n_seqs x block_table_cols table entries) and
+ * out_indptr (a read's; NULL otherwise), for kv__dev_error_finish_in. */
+static inline struct kv__dev_arrays kv__dev_pages_arrays(const struct kv_attn_dev_pages *pg,
+                                                         int64_t n_seqs, const int32_t *out_indptr)
+{
+    struct kv__dev_arrays a;
+    memset(&a, 0, sizeof(a));
+    a.n_seqs = n_seqs;
+    a.out_indptr = out_indptr;
+    if (pg->format == KV_PAGES_BLOCK_TABLE) {
+        a.indices = pg->block_table;
+        a.n_indices = n_seqs * (int64_t)pg->block_table_cols;
+        a.seq_lens = pg->seq_lens;
+    } else {
+        a.indptr = pg->indptr;
+        a.last_len = pg->last_page_len;
+        a.indices = pg->indices;
+        a.n_indices = pg->n_pages;
+    }
+    return a;
 }
 
 /* Sequence s of device-resident pages (CSR: indptr, last, n_pages; block
@@ -566,6 +602,15 @@ KV_HD int64_t kv__dec_first(const struct kv__cdec *p, int64_t n_tok)
     return n_tok - 1 - p->window_left;
 }
 
+/* Whether token t (ti its place in its page) is the first token of its page
+ * a decode visits: the page's first, or the first visible token `first`
+ * (the window's start, mid-page). A bad page is recorded there, once per
+ * (sequence, page). */
+KV_HD bool kv__dec_page_first(int64_t first, int64_t t, int64_t ti)
+{
+    return ti == 0 || t == first;
+}
+
 /* A logit after the soft cap (the CPU kernel's formula: c * tanh(x / c)
  * as c * tanhf(x * (1 / c))). */
 KV_HD float kv__dec_logit(const struct kv__cdec *p, float x)
@@ -606,12 +651,13 @@ KV_HD void kv__decode_body(const struct kv_grid_ctx *c, const struct kv__cdec *p
     const int32_t *pages;
     kv__dec_seq(c, p, s, h == 0, &n_tok, &pages);
     float *wacc = acc + warp * g * D, *wm = ml + warp * 2 * g, *wl = wm + g;
-    for (int64_t t = kv__dec_first(p, n_tok) + warp; t < n_tok; t += p->warps) {
+    const int64_t first = kv__dec_first(p, n_tok);
+    for (int64_t t = first + warp; t < n_tok; t += p->warps) {
         const int32_t pid = pages[t / p->pt];
         if (p->dev && (pid < 0 || pid >= p->n_ids)) {
             /* the whole warp skips (t and pid are the warp's): recorded
-             * once, at the page's first token */
-            if (h == 0 && lane == 0 && t % p->pt == 0)
+             * once, at the first token of the page visited */
+            if (h == 0 && lane == 0 && kv__dec_page_first(first, t, t % p->pt))
                 kv__dev_error(p->err, KV_ATTN_DEV_PAGES, (pages - p->d_indices) + t / p->pt);
             continue;
         }
@@ -871,8 +917,10 @@ KV_HD void kv__decv_loop(const struct kv_grid_ctx *c, const struct kv__cdec *p, 
                 const int64_t pi = kv__div(t, p->pt), ti = t - pi * p->pt;
                 const int32_t pid = b->pages[pi];
                 if (p->dev && (pid < 0 || pid >= p->n_ids)) {
-                    /* recorded once: at the page's first token, head 0 */
-                    if (b->h == 0 && b->q0 == 0 && b->sub == 0 && ti == 0)
+                    /* recorded once: at the first token of the page
+                     * visited (of any chunk), head 0 */
+                    if (b->h == 0 && b->q0 == 0 && b->sub == 0 &&
+                        kv__dec_page_first(b->first, t, ti))
                         kv__dev_error(p->err, KV_ATTN_DEV_PAGES, (b->pages - p->d_indices) + pi);
                     ok[u] = false;
                 } else if (b->act) {
@@ -891,8 +939,8 @@ KV_HD void kv__decv_loop(const struct kv_grid_ctx *c, const struct kv__cdec *p, 
 
 /* The K rows (plus the block's head offset) of tokens t .. t +
  * KV__DECP_U - 1 of the pipelined body: rows[u], NULL for a token at or
- * past t1 or on an invalid page (device mode: recorded at the page's first
- * token, head 0). */
+ * past t1 or on an invalid page (device mode: recorded at the first token
+ * of the page visited, head 0). */
 KV_HD void kv__decp_rows(const struct kv__cdec *p, const struct kv__decv *b, int64_t t, int64_t t1,
                          const char **rows)
 {
@@ -904,7 +952,7 @@ KV_HD void kv__decp_rows(const struct kv__cdec *p, const struct kv__decv *b, int
             const int64_t pi = kv__div(tu, p->pt), ti = tu - pi * p->pt;
             const int32_t pid = b->pages[pi];
             if (p->dev && (pid < 0 || pid >= p->n_ids)) {
-                if (b->h == 0 && b->q0 == 0 && b->sub == 0 && ti == 0)
+                if (b->h == 0 && b->q0 == 0 && b->sub == 0 && kv__dec_page_first(b->first, tu, ti))
                     kv__dev_error(p->err, KV_ATTN_DEV_PAGES, (b->pages - p->d_indices) + pi);
             } else {
                 rows[u] = p->cache +

@@ -73,6 +73,12 @@ kv_status kv__check_struct_size(const char *fn, const char *type, size_t got, si
  * every copy any module of the library makes is counted here. */
 void kv__copy_count(kv_copy_reason reason, uint64_t bytes);
 
+/* A device pointer the kernels load through as `align`-byte words: KV_OK,
+ * or KV_ERR_INVALID_ARG naming fn, the pointer's name and value (a GPU would
+ * fault, cudaErrorMisalignedAddress: sticky, the context is lost). The one
+ * check of the attention and plan device entries (kv_status.c). */
+kv_status kv__check_dev_aligned(const char *fn, const char *name, const void *p, size_t align);
+
 /* Overflow-checked 64-bit helpers: return false on overflow. */
 static inline bool kv__mul_i64(int64_t a, int64_t b, int64_t *out)
 {

@@ -185,6 +185,13 @@ kv_status kv_plan_copy_cuda_dev(const kv_plan_dev *pd, struct kv_paged_cache src
                                               dst_blocks_dev, n_dst, n_tokens);
     if (st != KV_OK)
         return st;
+    /* uint32 loads by the kernel: a misaligned list would fault on the GPU
+     * (cudaErrorMisalignedAddress, sticky: the context is lost) */
+    const uint32_t *lists[2] = {src_blocks_dev, dst_blocks_dev};
+    static const char *const names[2] = {"src_blocks_dev", "dst_blocks_dev"};
+    for (int i = 0; i < 2; i++)
+        if ((st = kv__check_dev_aligned(fn, names[i], lists[i], sizeof(uint32_t))) != KV_OK)
+            return st;
     struct kv__plan_dev p;
     const int w = kv__plan_dev_build(pd->plan, pd->copies, pd->align, &src, src_blocks_dev, n_src,
                                      &dst, dst_blocks_dev, n_dst, n_tokens, errors, &p);

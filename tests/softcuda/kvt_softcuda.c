@@ -267,6 +267,30 @@ static void race_check(const struct item *it)
     }
 }
 
+/* mu held, engine write w about to run: a copy of the tier still queued
+ * (or running) whatever its seq, on a device block w meets, breaks offload
+ * rule (1) or (2) of kv_offload.h (a store's blocks are not written from
+ * post to end, a load's not touched until it is terminal): on a GPU the
+ * streams are unordered, the copy gets the engine's bytes or a mix: a
+ * fault. (A copy that runs first with w queued is race_check's.) */
+static void write_race_check(const struct item *w)
+{
+    for (const struct stream *o = streams; o; o = o->next) {
+        if (!o->tier)
+            continue;
+        for (const struct item *it = o->head; it; it = it->next) {
+            if (it->kind != ITEM_COPY)
+                continue;
+            for (int d = 0; d < it->n_dev; d++)
+                if (block_meets(&it->dev[d], it->dev_block[d], w->p, w->bytes))
+                    fault("race: an engine write of %zu bytes at %p ran while the tier's copy of "
+                          "device block %u was queued on stream %p: the engine wrote a block of "
+                          "an op before it ended (kv_offload.h rules 1 and 2)",
+                          w->bytes, (const void *)w->p, it->dev_block[d], (const void *)o);
+        }
+    }
+}
+
 static void *stream_main(void *arg)
 {
     struct stream *s = arg;
@@ -279,6 +303,8 @@ static void *stream_main(void *arg)
         struct item *it = s->head;
         if (it->kind == ITEM_COPY && !sticky)
             race_check(it);
+        if (it->kind == ITEM_WRITE && !sticky)
+            write_race_check(it);
         if (sticky) { /* a dead context runs nothing more: the work is dropped */
             if (it->kind == ITEM_COPY || it->kind == ITEM_WRITE)
                 it->a[0]->users--;

@@ -28,7 +28,11 @@
  *            the tier did not make (an engine's stream) is counted.
  *   races    engine work (kvt_softcuda_engine_write) issued before a tier
  *            copy that touches the same device block and has not run when
- *            the copy runs: a fault (CUDA would copy stale bytes silently).
+ *            the copy runs: a fault (CUDA would copy stale bytes silently);
+ *            and an engine write that runs while a tier copy of a device
+ *            block it meets is still queued, whatever their order of issue
+ *            (the engine wrote a store's or a load's block before the op
+ *            ended, rules 1 and 2 of kv_offload.h): a fault too.
  *   threads  a stream or event made through the seam is used (copy, record,
  *            sync, destroy) only by the thread that made it: every entry of
  *            the CUDA table sets the calling thread's device (cudaSetDevice),
@@ -69,7 +73,9 @@ void kvt_softcuda_engine_stream_free(void *stream);
  * value when the stream reaches it. A tier copy of a device block that
  * runs while such a write, issued before the copy, has not run is a race
  * the GPU would lose silently (the tier's stream waits for no engine
- * stream): the double counts it as a fault. kvt_softcuda_engine_sync
+ * stream): the double counts it as a fault; so is such a write that runs
+ * while a tier copy of a block it meets is still queued (issued before or
+ * after it). kvt_softcuda_engine_sync
  * waits until stream has run all its work (cudaStreamSynchronize). */
 void kvt_softcuda_engine_write(void *stream, void *p, size_t bytes, unsigned char value);
 void kvt_softcuda_engine_sync(void *stream);

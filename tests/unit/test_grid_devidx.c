@@ -23,7 +23,14 @@
  *     last_page_len or seq_lens zeroes that sequence, a page id of -3, -2
  *     or B leaves its tokens out, block-table columns past a length are
  *     never read, the pool and the output's padding untouched, the record
- *     naming the first (array, index, value) and the count;
+ *     naming the first (array, index, value) and the count; a window that
+ *     starts inside a bad page records it once, on every body;
+ *   - a record whose first a launch left unfinished (another stream): a
+ *     later launch fills in its value only from its own array within its
+ *     length;
+ *   - device pointers misaligned for their element (slots, each page
+ *     array of both forms, out_indptr, copy pairs, device scales, the plan
+ *     copy's id lists): refused naming the pointer before any launch;
  *   - read with device CSR and block-table pages and out_indptr (one layer
  *     and all, f16 and f32 outputs, scales): the whole output buffers equal
  *     a reference from the documented rules and the host-index read; bad
@@ -209,15 +216,15 @@ static void test_devidx_record_across_launches(void **state)
     struct kv_attn_cuda_error_info info;
     const int64_t a[] = {0, 0, 0, -7}, b[] = {0, 0, 0, 0, 0, 99999}, c[] = {0, -9};
     kv__dev_error(&rec, KV_ATTN_DEV_SLOTS, 3);
-    kv__dev_error_finish(&rec, a, NULL, NULL, NULL, NULL, NULL, NULL);
+    kv__dev_error_finish_in(&rec, &(struct kv__dev_arrays){.slots = a, .n_slots = 4});
     kv__dev_error(&rec, KV_ATTN_DEV_SLOTS, 5);
-    kv__dev_error_finish(&rec, b, NULL, NULL, NULL, NULL, NULL, NULL);
+    kv__dev_error_finish_in(&rec, &(struct kv__dev_arrays){.slots = b, .n_slots = 6});
     kv__attn_errors_decode(&rec, &info);
     assert_int_equal(info.count, 2);
     assert_int_equal(info.index, 3);
     assert_int_equal(info.value, -7);
     kv__dev_error(&rec, KV_ATTN_DEV_SLOTS, 1);
-    kv__dev_error_finish(&rec, c, NULL, NULL, NULL, NULL, NULL, NULL);
+    kv__dev_error_finish_in(&rec, &(struct kv__dev_arrays){.slots = c, .n_slots = 2});
     kv__attn_errors_decode(&rec, &info);
     assert_int_equal(info.count, 3);
     assert_int_equal(info.index, 1);
@@ -340,6 +347,9 @@ static struct kv_attn_opts *dec_opts;
  * general body whatever the hook), 4 makes them 16-byte vectors (the
  * vector bodies) */
 static int64_t dec_pad = 3;
+/* run_dec's record before its launch (NULL: all zero); the next run_dec
+ * takes it and sets it back to NULL (a failed case leaves none behind) */
+static const struct kv_attn_cuda_errors *dec_rec_in;
 
 static void run_dec(const struct kv_attn_dev_pages *dp, int sc, uint64_t want_count, int want_array,
                     int64_t want_index, int64_t want_value, bool host_too)
@@ -382,6 +392,9 @@ static void run_dec(const struct kv_attn_dev_pages *dp, int sc, uint64_t want_co
     const struct kv_scales hsc = {wks, wvs, (uint32_t)H, 2};
     struct kv_attn_cuda_errors rec;
     memset(&rec, 0, sizeof(rec));
+    if (dec_rec_in)
+        rec = *dec_rec_in;
+    dec_rec_in = NULL;
     struct kv__attn_job j;
     const uint64_t a0 = kv__mem_allocs();
     float lse_dev[64], lse_host[64];
@@ -447,16 +460,20 @@ static void run_dec(const struct kv_attn_dev_pages *dp, int sc, uint64_t want_co
             return;
         }
     }
-    /* float64 reference, from the pages by the documented rules */
+    /* float64 reference, from the pages by the documented rules (options
+     * here: a window only) */
+    const int64_t wl = dec_opts ? dec_opts->window_left : -1;
+    assert_true(!dec_opts || dec_opts->logit_soft_cap == 0.0f);
     for (uint32_t s = 0; s < S; s++) {
         const int32_t *pages;
         const int64_t n_tok = ref_seq(dp, s, pt, &pages);
+        const int64_t t_first = wl >= 0 && n_tok - 1 - wl > 0 ? n_tok - 1 - wl : 0;
         for (int64_t qi = 0; qi < Hq; qi++) {
             const int64_t h = qi / DEC_G;
             const double ks = sc ? wks[H + h] : 1.0, vs = sc ? wvs[H + h] : 1.0;
             double scv[64], mx = -INFINITY, sum = 0;
             int64_t sl[64], n = 0;
-            for (int64_t t = 0; t < n_tok; t++) {
+            for (int64_t t = t_first; t < n_tok; t++) {
                 const int64_t pg = pages[t / pt];
                 if (pg < 0 || pg >= DEC_B)
                     continue;
@@ -775,6 +792,118 @@ static void decode_invalid(void)
     run_dec(&t2, 2, 1, KV_ATTN_DEV_PAGES, 2, -2, false);
 }
 
+/* A record whose first was recorded by a launch whose finish has not run
+ * (another stream sharing the record): a later launch's finish reads its
+ * own arrays only within their lengths; past them the first keeps no value
+ * (never read out of bounds: each array here is longer in memory than the
+ * launch says, holding a decoy past its end). */
+static void test_devidx_record_foreign_first(void **state)
+{
+    (void)state;
+    struct kv_attn_cuda_errors in;
+    /* decode, CSR: 1 sequence of 3 pages (n_pages 3, indptr [2]) */
+    const int32_t ip[8] = {0, 3, 0, 0, 0, 9, 0, 0}, last[4] = {4, 0, 0, 3};
+    int32_t idx[1200];
+    for (int i = 0; i < 1200; i++)
+        idx[i] = 77;
+    idx[0] = 150, idx[1] = 120, idx[2] = 101;
+    const struct kv_attn_dev_pages c = csr(1, ip, idx, 3, last);
+    const struct {
+        int array;
+        int64_t index;
+    } foreign[4] = {{KV_ATTN_DEV_PAGES, 1000},
+                    {KV_ATTN_DEV_PAGES, 3},
+                    {KV_ATTN_DEV_INDPTR, 5},
+                    {KV_ATTN_DEV_LAST_LEN, 3}};
+    for (int i = 0; i < 4; i++) {
+        memset(&in, 0, sizeof(in));
+        kv__dev_error(&in, foreign[i].array, foreign[i].index);
+        dec_rec_in = &in;
+        run_dec(&c, 0, 1, foreign[i].array, foreign[i].index, 0, false);
+    }
+    /* block table: 1 sequence, 3 columns (entries 0..2), seq_lens [1] */
+    const int32_t tb[8] = {150, 120, 101, 77, 77, 77, 77, 77}, lens[4] = {12, 5, 5, 5};
+    const struct kv_attn_dev_pages t = btab(1, tb, 3, lens);
+    memset(&in, 0, sizeof(in));
+    kv__dev_error(&in, KV_ATTN_DEV_PAGES, 6);
+    dec_rec_in = &in;
+    run_dec(&t, 0, 1, KV_ATTN_DEV_PAGES, 6, 0, false);
+    memset(&in, 0, sizeof(in));
+    kv__dev_error(&in, KV_ATTN_DEV_SEQ_LENS, 2);
+    dec_rec_in = &in;
+    run_dec(&t, 0, 1, KV_ATTN_DEV_SEQ_LENS, 2, 0, false);
+    /* within the launch's arrays it gets this launch's value (the record
+     * cannot tell the launches apart there) */
+    memset(&in, 0, sizeof(in));
+    kv__dev_error(&in, KV_ATTN_DEV_PAGES, 2);
+    dec_rec_in = &in;
+    run_dec(&t, 0, 1, KV_ATTN_DEV_PAGES, 2, 101, false);
+    /* slots and copy pairs: the finish itself */
+    const int64_t slots[6] = {0, 0, 0, 0, 0, -7};
+    const struct kv_block_copy pairs[3] = {{1, 2, 4}, {3, 4, 4}, {5, 999, 4}};
+    struct kv__dev_arrays a;
+    memset(&a, 0, sizeof(a));
+    memset(&in, 0, sizeof(in));
+    kv__dev_error(&in, KV_ATTN_DEV_SLOTS, 5);
+    a.slots = slots, a.n_slots = 3;
+    kv__dev_error_finish_in(&in, &a);
+    check_record(&in, 1, KV_ATTN_DEV_SLOTS, 5, 0);
+    a.n_slots = 6;
+    kv__dev_error_finish_in(&in, &a);
+    check_record(&in, 1, KV_ATTN_DEV_SLOTS, 5, -7);
+    memset(&a, 0, sizeof(a));
+    memset(&in, 0, sizeof(in));
+    kv__dev_error(&in, KV_ATTN_DEV_COPIES, 5); /* pair 2's dst */
+    a.pairs = pairs, a.n_pairs = 2;
+    kv__dev_error_finish_in(&in, &a);
+    check_record(&in, 1, KV_ATTN_DEV_COPIES, 5, 0);
+    a.n_pairs = 3;
+    kv__dev_error_finish_in(&in, &a);
+    check_record(&in, 1, KV_ATTN_DEV_COPIES, 5, 999);
+}
+
+/* A window starting mid-page on a bad page id: the page's tokens the
+ * window sees are left out and the page recorded once, at the window's
+ * first token (its first token is before the window), on every body. s0:
+ * 16 tokens, page 1 (-3) bad; s1: 11 tokens, page 0 (B) bad. window_left
+ * 9: s0 sees 6..15 (page 1 from its third token), s1 1..10 (page 0 from
+ * its second); 10: s0 from 5, s1 from 0 (a page's first token); 11: s0
+ * from 4; 13: s0 from 2 (page 0 mid-page, valid), s1 whole. As CSR (s1's
+ * page 0 at index 4) and as a block table of 4 columns (index 1 x 4 + 0). */
+static void decode_window_bad_page(void)
+{
+    const int32_t indptr[3] = {0, 4, 7}, last[2] = {4, 3};
+    const int32_t indices[7] = {150, -3, 120, 101, DEC_B, 140, 131};
+    const int32_t tb[2 * 4] = {150, -3, 120, 101, DEC_B, 140, 131, -1}, lens[2] = {16, 11};
+    const struct kv_attn_dev_pages c = csr(2, indptr, indices, 7, last), t = btab(2, tb, 4, lens);
+    const int32_t windows[4] = {9, 10, 11, 13};
+    struct kv_attn_opts o = KV_ATTN_OPTS_INIT;
+    dec_opts = &o;
+    for (int w = 0; w < 4; w++) {
+        o.window_left = windows[w];
+        run_dec(&c, w % 3, 2, KV_ATTN_DEV_PAGES, 1, -3, false);
+        run_dec(&t, (w + 1) % 3, 2, KV_ATTN_DEV_PAGES, 1, -3, false);
+    }
+    /* s0's bad page before the window (s0 from 8): s1's alone, mid-page */
+    o.window_left = 7;
+    const int32_t lens2[2] = {16, 9}, last2[2] = {4, 1};
+    const struct kv_attn_dev_pages c2 = csr(2, indptr, indices, 7, last2),
+                                   t2 = btab(2, tb, 4, lens2);
+    run_dec(&c2, 0, 1, KV_ATTN_DEV_PAGES, 4, DEC_B, false);
+    run_dec(&t2, 1, 1, KV_ATTN_DEV_PAGES, 4, DEC_B, false);
+    dec_opts = NULL;
+}
+
+static void test_devidx_decode_window_bad_page(void **state)
+{
+    (void)state;
+    for (size_t b = 0; b < N_DEC_BODIES; b++) {
+        dec_body(b);
+        decode_window_bad_page();
+    }
+    dec_body(N_DEC_BODIES);
+}
+
 static void test_devidx_decode_refusals(void **state)
 {
     (void)state;
@@ -823,6 +952,224 @@ static void test_devidx_decode_refusals(void **state)
     kvt_gfix_check(&f, "pool after the checks");
     free(qb), free(ob);
     kvt_gfix_free(&f);
+}
+
+/* ---- misaligned device pointers ----------------------------------------------------- */
+
+/* A device pointer misaligned for its element (a GPU load through it faults
+ * with cudaErrorMisalignedAddress, sticky): every device-index entry's
+ * check refuses it before any launch, naming the pointer and its
+ * alignment; the same call with the pointer aligned passes. buf: 64-byte
+ * aligned, a copy of the array at buf + off. */
+static const void *at_off(unsigned char *buf, const void *src, size_t bytes, size_t off)
+{
+    assert_true(off + bytes <= 256);
+    memcpy(buf + off, src, bytes);
+    return buf + off;
+}
+
+#define DEV_REFUSED(call, needle)                                                                  \
+    do {                                                                                           \
+        assert_int_equal((call), KV_ERR_INVALID_ARG);                                              \
+        kvt_assert_msg_has(needle);                                                                \
+    } while (0)
+
+static void test_devidx_misaligned(void **state)
+{
+    (void)state;
+    unsigned char *buf = kv__mem_alloc_aligned(64, 256);
+    assert_non_null(buf);
+    struct kv__attn_job j;
+    kv_status st;
+    /* write: slots (int64) and device scales (float) */
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 2, cfg.num_blocks = DEC_B, cfg.block_tokens = DEC_N, cfg.num_heads = DEC_H;
+    cfg.head_dim = DEC_D, cfg.dtype = KV_F32, cfg.block_pad_elems = 3;
+    struct kvt_gfix f;
+    kvt_gfix_init(&f, &cfg, 12);
+    struct kvt_tens k, v;
+    kvt_tens_make(&k, KV_F32, 0, 3, DEC_H, DEC_D, false, 0, 1);
+    kvt_tens_make(&v, KV_F32, 0, 3, DEC_H, DEC_D, false, 0, 2);
+    static const char wfn[] = "kv_attn_write_cuda_dev";
+    const int64_t slots[3] = {40, 41, 42};
+    const float one[2] = {1.0f, 1.0f};
+    for (size_t off = 0; off < 8; off += 4) {
+        const int64_t *sl = at_off(buf, slots, sizeof(slots), off);
+        st = kv__attn_write_dev_check(wfn, &f.c, 1, &k.v, &v.v, sl, 3, NULL, &j);
+        if (off == 0) {
+            assert_int_equal(st, KV_OK);
+            kv__attn_job_free(&j);
+            continue;
+        }
+        assert_int_equal(st, KV_ERR_INVALID_ARG);
+        kvt_assert_msg_has("slots_dev=");
+        kvt_assert_msg_has("is not 8-byte aligned");
+    }
+    for (size_t off = 0; off < 4; off++) {
+        const float *ks = at_off(buf, one, 8, 64 + off), *vs = at_off(buf, one, 8, 128 + off);
+        const struct kv_attn_dev_scales bad_k = {ks, one, 2, 0, 1}, bad_v = {one, vs, 2, 0, 1};
+        st = kv__attn_write_dev_check(wfn, &f.c, 1, &k.v, &v.v, slots, 3, &bad_k, &j);
+        if (off == 0) {
+            assert_int_equal(st, KV_OK);
+            kv__attn_job_free(&j);
+            assert_int_equal(
+                kv__attn_write_dev_check(wfn, &f.c, 1, &k.v, &v.v, slots, 3, &bad_v, &j), KV_OK);
+            kv__attn_job_free(&j);
+            continue;
+        }
+        DEV_REFUSED(kv__attn_write_dev_check(wfn, &f.c, 1, &k.v, &v.v, slots, 3, &bad_k, &j),
+                    "device scales k=");
+        kvt_assert_msg_has("is not 4-byte aligned");
+        DEV_REFUSED(kv__attn_write_dev_check(wfn, &f.c, 1, &k.v, &v.v, slots, 3, &bad_v, &j),
+                    "device scales v=");
+    }
+    /* decode and read: each int32 page array of CSR and of a block table,
+     * out_indptr, device scales */
+    const int64_t Hq = DEC_H * DEC_G, nq = 2 * Hq * DEC_D;
+    float *qb = kv__mem_alloc_aligned(64, (size_t)nq * 4),
+          *ob = kv__mem_alloc_aligned(64, (size_t)nq * 4);
+    assert_true(qb && ob);
+    memset(qb, 0, (size_t)nq * 4);
+    struct kv_view q, out;
+    int64_t shq[3] = {2, Hq, DEC_D};
+    assert_int_equal(kv_view_init(qb, (size_t)nq * 4, KV_F32, 3, shq, &q), KV_OK);
+    assert_int_equal(kv_view_init(ob, (size_t)nq * 4, KV_F32, 3, shq, &out), KV_OK);
+    struct kvt_tens ro;
+    kvt_tens_make(&ro, KV_F32, 0, 8, DEC_H, DEC_D, false, 0, 3);
+    static const char dfn[] = "kv_attn_decode_cuda_dev", rfn[] = "kv_attn_read_cuda_dev";
+    const int32_t indptr[3] = {0, 1, 2}, indices[2] = {5, 6}, last[2] = {4, 4};
+    const int32_t table[2] = {5, 6}, lens[2] = {4, 4}, oip[3] = {0, 4, 8};
+    const char *names[5] = {"indptr=", "indices=", "last_page_len=", "block_table=", "seq_lens="};
+    for (int a = 0; a < 6; a++) {
+        for (size_t off = 0; off < 4; off++) {
+            struct kv_attn_dev_pages c = csr(2, indptr, indices, 2, last),
+                                     t = btab(2, table, 1, lens);
+            const int32_t *oi = oip;
+            const void *src = a == 0   ? (const void *)indptr
+                              : a == 1 ? (const void *)indices
+                              : a == 2 ? (const void *)last
+                              : a == 3 ? (const void *)table
+                              : a == 4 ? (const void *)lens
+                                       : (const void *)oip;
+            const void *mis = at_off(buf, src, a == 0 || a == 5 ? 12 : 8, 64 + off);
+            if (a == 0)
+                c.indptr = mis;
+            else if (a == 1)
+                c.indices = mis;
+            else if (a == 2)
+                c.last_page_len = mis;
+            else if (a == 3)
+                t.block_table = mis;
+            else if (a == 4)
+                t.seq_lens = mis;
+            else
+                oi = mis;
+            const struct kv_attn_dev_pages *dp = a >= 3 && a < 5 ? &t : &c;
+            const kv_status sd =
+                kv__attn_decode_dev_check(dfn, &f.c, 1, &q, dp, 1.0f, NULL, &out, NULL, &j);
+            if (sd == KV_OK)
+                kv__attn_job_free(&j);
+            const kv_status sr =
+                kv__attn_read_dev_check(rfn, &f.c, 1, dp, oi, &ro.v, NULL, NULL, &j);
+            if (sr == KV_OK)
+                kv__attn_job_free(&j);
+            if (off == 0) {
+                assert_int_equal(sd, KV_OK);
+                assert_int_equal(sr, KV_OK);
+                continue;
+            }
+            assert_int_equal(sr, KV_ERR_INVALID_ARG);
+            kvt_assert_msg_has(a == 5 ? "out_indptr_dev=" : names[a]);
+            kvt_assert_msg_has("is not 4-byte aligned");
+            if (a < 5) {
+                DEV_REFUSED(
+                    kv__attn_decode_dev_check(dfn, &f.c, 1, &q, dp, 1.0f, NULL, &out, NULL, &j),
+                    names[a]);
+            } else {
+                assert_int_equal(sd, KV_OK); /* the decode has no out_indptr */
+            }
+        }
+    }
+    {
+        const struct kv_attn_dev_pages c = csr(2, indptr, indices, 2, last);
+        const float *ks = at_off(buf, one, 8, 130);
+        const struct kv_attn_dev_scales dk = {ks, one, 2, 0, 1}, dv = {one, ks, 2, 0, 1};
+        DEV_REFUSED(kv__attn_decode_dev_check(dfn, &f.c, 1, &q, &c, 1.0f, &dk, &out, NULL, &j),
+                    "device scales k=");
+        DEV_REFUSED(kv__attn_decode_dev_check(dfn, &f.c, 1, &q, &c, 1.0f, &dv, &out, NULL, &j),
+                    "device scales v=");
+        DEV_REFUSED(kv__attn_read_dev_check(rfn, &f.c, 1, &c, oip, &ro.v, NULL, &dk, &j),
+                    "device scales k=");
+    }
+    /* MLA: its K scale and its pages (the same checks) */
+    {
+        struct kv_layout_config mc = KV_LAYOUT_CONFIG_INIT;
+        mc.num_layers = 2, mc.num_blocks = DEC_B, mc.block_tokens = DEC_N, mc.num_heads = 1;
+        mc.head_dim = 64, mc.dtype = KV_BF16, mc.k_only = true;
+        struct kvt_gfix m;
+        kvt_gfix_init(&m, &mc, 13);
+        float *mq = kv__mem_alloc_aligned(64, 2 * 5 * 64 * 4),
+              *mo = kv__mem_alloc_aligned(64, 2 * 5 * 48 * 4);
+        assert_true(mq && mo);
+        memset(mq, 0, 2 * 5 * 64 * 4);
+        struct kv_view vq, vo;
+        int64_t sq[3] = {2, 5, 64}, so[3] = {2, 5, 48};
+        assert_int_equal(kv_view_init(mq, 2 * 5 * 64 * 4, KV_F32, 3, sq, &vq), KV_OK);
+        assert_int_equal(kv_view_init(mo, 2 * 5 * 48 * 4, KV_F32, 3, so, &vo), KV_OK);
+        static const char mfn[] = "kv_attn_decode_mla_cuda_dev";
+        const float *ksc;
+        struct kv_attn_dev_pages c = csr(2, indptr, indices, 2, last);
+        const struct kv_attn_dev_scales ok = {one, NULL, 1, 0, 1},
+                                        bad = {at_off(buf, one, 4, 66), NULL, 1, 0, 1};
+        assert_int_equal(
+            kv__attn_decode_mla_dev_check(mfn, &m.c, 1, &vq, &c, 48, 1.0f, &ok, &vo, &j, &ksc),
+            KV_OK);
+        kv__attn_job_free(&j);
+        DEV_REFUSED(
+            kv__attn_decode_mla_dev_check(mfn, &m.c, 1, &vq, &c, 48, 1.0f, &bad, &vo, &j, &ksc),
+            "device scales k=");
+        c.indices = at_off(buf, indices, 8, 130);
+        DEV_REFUSED(
+            kv__attn_decode_mla_dev_check(mfn, &m.c, 1, &vq, &c, 48, 1.0f, NULL, &vo, &j, &ksc),
+            "indices=");
+        kvt_gfix_check(&m, "MLA pool after the refusals");
+        kv__mem_free(mq), kv__mem_free(mo);
+        kvt_gfix_free(&m);
+    }
+    /* copy and copy_ex: the pairs (uint32 fields) */
+    const struct kv_block_copy pairs[2] = {{5, 6, 4}, {7, 8, 4}};
+    for (size_t off = 0; off < 4; off++) {
+        const struct kv_block_copy *pp = at_off(buf, pairs, sizeof(pairs), 64 + off);
+        const kv_status s1 =
+            kv__attn_copy_dev_check("kv_attn_copy_blocks_cuda_dev", &f.c, pp, 2, &j);
+        if (s1 == KV_OK)
+            kv__attn_job_free(&j);
+        const kv_status s2 = kv__attn_copy_ex_dev_check("kv_attn_copy_blocks_ex_cuda_dev", &f.c,
+                                                        &f.c, pp, 2, NULL, &j);
+        if (s2 == KV_OK)
+            kv__attn_job_free(&j);
+        if (off == 0) {
+            assert_int_equal(s1, KV_OK);
+            assert_int_equal(s2, KV_OK);
+            continue;
+        }
+        assert_int_equal(s1, KV_ERR_INVALID_ARG);
+        assert_int_equal(s2, KV_ERR_INVALID_ARG);
+        kvt_assert_msg_has("copies_dev=");
+        kvt_assert_msg_has("is not 4-byte aligned");
+    }
+    /* the public entries refuse the same, nothing launched */
+    DEV_REFUSED(kv_attn_write_cuda_dev(f.c, 1, &k.v, &v.v, at_off(buf, slots, sizeof(slots), 4), 3,
+                                       NULL, NULL, NULL),
+                "slots_dev=");
+    DEV_REFUSED(
+        kv_attn_copy_blocks_cuda_dev(f.c, at_off(buf, pairs, sizeof(pairs), 2), 2, NULL, NULL),
+        "copies_dev=");
+    kvt_gfix_check(&f, "pool after the refusals");
+    kv__mem_free(k.mem), kv__mem_free(v.mem), kv__mem_free(ro.mem);
+    kv__mem_free(qb), kv__mem_free(ob);
+    kvt_gfix_free(&f);
+    kv__mem_free(buf);
 }
 
 /* ---- read with device pages ----------------------------------------------------- */
@@ -1298,6 +1645,23 @@ static void test_devidx_plan_copy(void **state)
         kv__plan_check_request_dev("kv_plan_copy_cuda_dev", plan, &s.pc, sid, 3, &d.pc, did, 2, 16),
         KV_ERR_BAD_SHAPE);
     kvt_assert_msg_has("3 src blocks for a request that needs 2");
+    /* a list misaligned for its uint32 ids: refused before any launch (pd
+     * as kv_plan_dev_create makes it, no table needed to refuse) */
+    {
+        unsigned char *buf = kv__mem_alloc_aligned(64, 64);
+        assert_non_null(buf);
+        memcpy(buf + 2, sid, 8), memcpy(buf + 33, did, 8);
+        const struct kv_plan_dev pd = {plan, NULL, 0};
+        const uint32_t *ms = (const uint32_t *)(buf + 2), *md = (const uint32_t *)(buf + 33);
+        assert_int_equal(kv_plan_copy_cuda_dev(&pd, s.pc, ms, 2, d.pc, did, 2, 16, NULL, NULL),
+                         KV_ERR_INVALID_ARG);
+        kvt_assert_msg_has("src_blocks_dev=");
+        kvt_assert_msg_has("is not 4-byte aligned");
+        assert_int_equal(kv_plan_copy_cuda_dev(&pd, s.pc, sid, 2, d.pc, md, 2, 16, NULL, NULL),
+                         KV_ERR_INVALID_ARG);
+        kvt_assert_msg_has("dst_blocks_dev=");
+        kv__mem_free(buf);
+    }
     d.pc.mem = KV_MEM_HOST;
     assert_int_not_equal(
         kv__plan_check_request_dev("kv_plan_copy_cuda_dev", plan, &s.pc, sid, 2, &d.pc, did, 2, 16),
@@ -1374,12 +1738,15 @@ int main(void)
         cmocka_unit_test(test_devidx_write_valid),
         cmocka_unit_test(test_devidx_write_invalid),
         cmocka_unit_test(test_devidx_record_across_launches),
+        cmocka_unit_test(test_devidx_record_foreign_first),
         cmocka_unit_test(test_devidx_write_refusals),
         cmocka_unit_test(test_devidx_decode_valid),
         cmocka_unit_test(test_devidx_decode_options),
         cmocka_unit_test(test_devidx_decode_mla),
         cmocka_unit_test(test_devidx_decode_invalid),
+        cmocka_unit_test(test_devidx_decode_window_bad_page),
         cmocka_unit_test(test_devidx_decode_refusals),
+        cmocka_unit_test(test_devidx_misaligned),
         cmocka_unit_test(test_devidx_read),
         cmocka_unit_test(test_devidx_copy_blocks),
         cmocka_unit_test(test_devidx_copy_blocks_ex),

@@ -23,7 +23,9 @@
  *     the tier still finishes, and never waits on an engine's event;
  *   - the engine's writes to a block: landed before the store (the entry
  *     holds them), or still queued on its stream (the race the GPU loses
- *     silently: the double's fault);
+ *     silently: the double's fault), or written after the store was posted
+ *     while its copy is still queued (a fault too; a write to a block not
+ *     in the op is none);
  *   - a failing copy (injected): its chunk's entries KV_ERR_DEVICE, what was
  *     issued still waited for, the other chunks done;
  *   - a sticky error with a load's copies in flight: they never run, every
@@ -681,6 +683,70 @@ static void test_offload_dev_engine_write_race(void **state)
     assert_int_equal(st.tier_streams, 0);
 }
 
+/* Rule (1) of kv_offload.h broken the other way: the engine writes a block
+ * of a store after posting it, and the write lands before the tier's D2H
+ * (issued, held behind a busy copy engine) runs. On a GPU the streams are
+ * unordered: the entry gets the engine's new bytes (or a mix); the double
+ * counts the write as a race when it runs with the copy still queued. */
+static void test_offload_dev_engine_write_after_post(void **state)
+{
+    (void)state;
+    uint64_t rng = 0x5ACE;
+    void *eng = kvt_softcuda_engine_stream(0, false);
+    kv_offload *off = mk_tier(4);
+    struct kvt_cache s, d;
+    mk_cache(&s, KV_MEM_DEVICE, 6, 43);
+    mk_cache(&d, KV_MEM_DEVICE, 6, 44);
+    kvt_pool_scramble(&s, &rng);
+    kvt_pool_scramble(&d, &rng);
+    const struct kv_layout *lo = &s.pc.layout;
+    uint64_t h[2] = {hash_of(420), hash_of(421)};
+    uint32_t ids[2];
+    put_blocks(&s, h, 2, ids);
+    store_ids(off, &s, ids, 1); /* the tier's stream now exists */
+    assert_int_equal(sc_stats().faults, 0);
+    const uint64_t issued = sc_stats().copies_issued;
+    kvt_softcuda_hold(off->dev_stream[0]); /* the tier's D2H waits */
+    /* layer 2's K of the stored block: one storage unit, not its start */
+    unsigned char *u1 =
+        s.base + (int64_t)ids[1] * lo->stride_block_bytes + 2 * lo->stride_layer_bytes;
+    const unsigned char was = u1[0];
+    kv_offload_op *op = NULL;
+    assert_int_equal(kv_offload_store(off, s.c, ids + 1, 1, &op), KV_OK);
+    wait_issued(issued + 1); /* the store's copy is queued on the tier's stream */
+    /* an engine write to the other block, not in the op: no race */
+    unsigned char *u0 = s.base + (int64_t)ids[0] * lo->stride_block_bytes;
+    kvt_softcuda_engine_write(eng, u0, (size_t)lo->block_bytes, 0x5A);
+    kvt_softcuda_engine_sync(eng);
+    assert_int_equal(sc_stats().faults, 0);
+    /* the engine breaks rule (1): its write lands while the store's copy
+     * is still queued */
+    kvt_softcuda_engine_write(eng, u1, (size_t)lo->block_bytes, (unsigned char)(was ^ 0xFF));
+    kvt_softcuda_engine_sync(eng);
+    const struct kvt_softcuda_stats raced = sc_stats();
+    kvt_softcuda_release(); /* before asserting: nothing left held on a failure */
+    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    assert_int_equal(raced.faults, 1);
+    assert_non_null(strstr(raced.last_fault, "race: an engine write"));
+    assert_non_null(strstr(raced.last_fault, "rules 1 and 2"));
+    uint32_t b = load_one(off, &d, h[1]);
+    /* what the GPU may do silently: the entry holds the engine's bytes */
+    assert_int_equal(d.base[(int64_t)b * lo->stride_block_bytes + 2 * lo->stride_layer_bytes],
+                     was ^ 0xFF);
+    assert_int_equal(kv_block_pool_release(d.pool, &b, 1), KV_OK);
+    assert_int_equal(kv_block_pool_release(s.pool, ids, 2), KV_OK);
+    kv_offload_destroy(off);
+    kvt_softcuda_engine_stream_free(eng);
+    kvt_cache_free(&s);
+    kvt_cache_free(&d);
+    kvt_softcuda_uninstall();
+    const struct kvt_softcuda_stats st = sc_stats();
+    assert_int_equal(st.faults, 1); /* the race alone, counted once */
+    assert_int_equal(st.allocs, 0);
+    assert_int_equal(st.tier_streams, 0);
+}
+
 /* ---- a failing CUDA call --------------------------------------------------------- */
 
 /* The double's table with its copy failing on call fail_at (counted from
@@ -901,6 +967,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_offload_dev_engine_streams_not_blocked, setup_double,
                                         teardown_double),
         cmocka_unit_test_setup_teardown(test_offload_dev_engine_write_race, setup_double, NULL),
+        cmocka_unit_test_setup_teardown(test_offload_dev_engine_write_after_post, setup_double,
+                                        NULL),
         cmocka_unit_test_setup_teardown(test_offload_dev_copy_failure, setup_double,
                                         teardown_double),
         cmocka_unit_test_setup_teardown(test_offload_dev_sticky_error, setup_double,
