@@ -1392,6 +1392,14 @@ static int fence_case(char cmd, uint8_t poison)
 static void test_softverbs_dereg_mr_fences(void **state)
 {
     (void)state;
+#if defined(__SANITIZE_THREAD__)
+    /* It watches memory the soft NIC writes from its device thread, as a
+     * program watches DMA it cannot synchronize with: the data reaches that
+     * thread over a socket from another process, which TSan cannot see, so
+     * every such write is a reported race by design. ASan/UBSan and the
+     * plain build run it. */
+    skip();
+#endif
     assert_int_equal(fence_case('w', 0), IBV_WC_REM_ACCESS_ERR);
     assert_int_equal(fence_case('r', 0xee), IBV_WC_RETRY_EXC_ERR);
 }

@@ -1494,6 +1494,14 @@ static void unexpose_mid_write_round(void)
 static void test_xport_rdma_unexpose_mid_write(void **state)
 {
     (void)state;
+#if defined(__SANITIZE_THREAD__)
+    /* It watches memory the soft NIC writes from its device thread, as a
+     * program watches DMA it cannot synchronize with: the data reaches that
+     * thread over a socket from another process, which TSan cannot see, so
+     * every such write is a reported race by design. ASan/UBSan and the
+     * plain build run it. */
+    skip();
+#endif
     if (real_dev)
         skip();
     for (int round = 0; round < 8; round++)
