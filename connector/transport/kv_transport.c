@@ -186,8 +186,10 @@ kv_status kv_xport_destroy(kv_xport *x)
         kv__xport_held_say(held, sizeof(held), holds,
                            "layer-by-layer request(s) not reported (kv_xlayer_tx_finished)", NULL,
                            0);
-        kv__xport_held_say(held, sizeof(held), waiting,
-                           "thread(s) waiting in kv_xport_accept or kv_xport_notify_poll", NULL, 0);
+        kv__xport_held_say(
+            held, sizeof(held), waiting,
+            "thread(s) inside kv_xport_accept, kv_xport_notify_poll or kv_xport_peer_close", NULL,
+            0);
         return kv__error(KV_ERR_BAD_STATE, "xport_destroy: still held by the caller: %s", held);
     }
     const kv_status st = x->ops->stop(x);
@@ -580,6 +582,7 @@ void kv_xport_peer_close(kv_xport_peer *peer)
         return;
     kv_xport *x = peer->x;
     pthread_mutex_lock(&x->mu);
+    x->n_waiting++; /* kv_xport_destroy refuses until this returns */
     if (!peer->user_closed) {
         peer->user_closed = true;
         peer->ops->peer_close(peer);
@@ -592,6 +595,7 @@ void kv_xport_peer_close(kv_xport_peer *peer)
                 pthread_cond_wait(&x->cv, &x->mu);
     }
     kv__xport_peer_unref(peer);
+    x->n_waiting--;
     pthread_mutex_unlock(&x->mu);
 }
 

@@ -192,8 +192,9 @@ KV_API KV_NODISCARD kv_status kv_xport_create(const struct kv_xport_config *cfg,
  * caller holds a peer not closed (kv_xport_peer_close), a registered region
  * (kv_xport_mem_dereg), an imported region (kv_xport_rmem_free), a
  * transfer not freed (kv_xport_xfer_free) or a layer-by-layer request not
- * reported (kv_xlayer_tx_finished), or while another thread waits in
- * kv_xport_accept or kv_xport_notify_poll: nothing is freed then. Once past
+ * reported (kv_xlayer_tx_finished), or while another thread is inside
+ * kv_xport_accept, kv_xport_notify_poll or kv_xport_peer_close: nothing is
+ * freed then. Once past
  * that check the transport is gone whatever the result; KV_ERR_DEVICE or
  * KV_ERR_IO then reports a backend teardown call that failed (named).
  * NULL: KV_OK. */

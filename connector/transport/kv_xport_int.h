@@ -185,7 +185,7 @@ struct kv_xport {
     uint64_t next_xfer;   /* transfer ids: 1, 2, ... */
     uint64_t next_peer;   /* peer ids: 1, 2, ... */
     uint64_t n_xfers, n_rmems, n_holds;
-    uint32_t n_waiting; /* threads inside kv_xport_accept / kv_xport_notify_poll */
+    uint32_t n_waiting; /* threads inside kv_xport_accept / _notify_poll / _peer_close */
     struct kv_xport_stats stats;
 };
 
@@ -306,6 +306,8 @@ struct kv_xport_xfer {
     uint64_t post_ns, deadline_ns;
     bool cancel_req;
     uint32_t busy;             /* backend: frames / WRs of it on the wire or landing now */
+    uint32_t unacked;          /* TCP: WRITE frames of it sent whole, their ACK not yet in (the
+                                * peer may still be landing them) */
     uint64_t be_entry, be_off; /* backend: the send cursor */
     struct kv__xport_seg *seg; /* [n_seg]: a gathered write's source ranges; NULL: none */
     uint32_t *seg_at;          /* [n + 1] */

@@ -18,10 +18,11 @@
  * deregistered). A second thread, the verify thread, hashes payloads
  * beside it (received WRITEs once landed, the next frame to send while the
  * current one goes out: kv_xport_tcp_int.h), holding the same busy counts;
- * closing a connection waits for a hash of it in progress. A transfer is `busy` while a frame of it is on the
- * wire or landing; a deadline or cancel that finds it busy closes the peer
- * (a half-sent frame cannot be taken back on a stream) unless it is a
- * cancel, which waits for the frame to finish.
+ * closing a connection waits for a hash of it in progress. A transfer is `busy` while a frame of it
+ * is on the wire or landing, and `unacked` while a WRITE frame of it sent whole waits for its ACK
+ * (the peer may still be landing it); a deadline that finds either closes the peer (a half-sent
+ * frame cannot be taken back on a stream, a landing one cannot be stopped); a cancel waits for both
+ * to drain, so no notification posted after it overtakes its bytes.
  *
  * Deadlines, all timeout_ms: a transfer from its post; a handshake from its
  * connect or accept; an incoming frame from its first byte; a connection
@@ -561,17 +562,21 @@ static bool sweep(struct kv__tcp *t, struct kv__tcp_peer *tp, uint64_t now)
      * thread may be hashing that transfer's bytes (peer_quiesce). */
     char late[160] = "";
     for (kv_xport_xfer *xf = p->xfers; xf; xf = xf->next)
-        if (now >= xf->deadline_ns && xf->busy) {
+        if (now >= xf->deadline_ns && (xf->busy || xf->unacked)) {
             snprintf(late, sizeof(late),
                      "xport tcp: transfer %" PRIu64 " not done within %u ms with a frame of it "
-                     "on the wire: the connection is closed",
-                     xf->id, t->x->cfg.timeout_ms);
+                     "%s: the connection is closed",
+                     xf->id, t->x->cfg.timeout_ms,
+                     xf->busy ? "on the wire" : "sent and not acknowledged (it may still land)");
             peer_quiesce(t, tp);
             break;
         }
     for (kv_xport_xfer *xf = p->xfers, *nx; xf; xf = nx) {
         nx = xf->next;
-        if (xf->cancel_req && !xf->busy)
+        /* A WRITE frame sent and not yet acknowledged may still be landing
+         * at the peer: the transfer is not over (a later notification on
+         * another connection must not overtake it) until its ACK is in. */
+        if (xf->cancel_req && !xf->busy && !xf->unacked)
             kv__xport_xfer_end(xf, KV_XPORT_CANCELLED, KV_ERR_CANCELLED);
         else if (now >= xf->deadline_ns)
             kv__xport_xfer_end(xf, xf->cancel_req ? KV_XPORT_CANCELLED : KV_XPORT_TIMED_OUT,

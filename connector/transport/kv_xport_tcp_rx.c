@@ -677,7 +677,9 @@ static struct kv__tcp_verdict on_acks(struct kv__tcp_conn *c)
     struct kv__tcp_peer *tp = c->tp;
     kv_xport_xfer *xf = kv__xport_xfer_find(tp->p, c->f.xfer);
     if (!xf)
-        return KV__TCP_OK; /* ended already (timed out, cancelled) */
+        return KV__TCP_OK; /* ended already (its peer closed under it: see sweep) */
+    if (xf->unacked)       /* one ACK answers one WRITE frame: that one landed whole */
+        xf->unacked--;
     for (uint32_t i = 0; i < c->f.entry; i++) {
         const unsigned char *r = c->small + KV__TCP_ACK_REC * i;
         const uint32_t e = (uint32_t)kv__le_get(r, 4);

@@ -514,8 +514,9 @@ bool kv__tcp_tx_nx_ready(const struct kv__tcp_conn *c)
 static void frame_done(struct kv__tcp_conn *c)
 {
     c->df_on = false;
-    if (c->df_t) {
+    if (c->df_t) { /* its bytes are the peer's now, landing until it ACKs the frame */
         c->df_t->busy--;
+        c->df_t->unacked++;
         c->df_t = NULL;
     }
     struct kv__xport_serve *s = c->df_srv;

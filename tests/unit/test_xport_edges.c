@@ -47,6 +47,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -1262,11 +1263,116 @@ static void test_xport_edges_destroy_while_a_thread_waits(void **state)
             pthread_mutex_unlock(&x->mu);
         }
         assert_int_equal(kv_xport_destroy(x), KV_ERR_BAD_STATE);
-        kvt_assert_msg_has("1 thread(s) waiting in kv_xport_accept or kv_xport_notify_poll");
+        kvt_assert_msg_has("1 thread(s) inside kv_xport_accept, kv_xport_notify_poll or "
+                           "kv_xport_peer_close");
         void *ret = NULL;
         assert_int_equal(pthread_join(th, &ret), 0);
         assert_int_equal((kv_status)(intptr_t)ret, KV_ERR_TIMEOUT);
         assert_int_equal(kv_xport_destroy(x), KV_OK);
+    }
+}
+
+/* Audit (2026-12-05): a cancelled WRITE whose frame was sent whole but not
+ * yet acknowledged ended CANCELLED at once: the peer could still be landing
+ * it, and a notification posted next (on another connection) overtook it,
+ * so decode reused blocks the cancelled bytes then overwrote. Now the
+ * transfer stays pending until the frame's ACK (nothing posted after it is
+ * notified meanwhile); past the deadline without the ACK the peer is
+ * closed, naming it. A raw peer plays decode and holds the ACK. */
+static void test_xport_edges_cancel_waits_for_the_ack(void **state)
+{
+    (void)state;
+    for (int deadline = 0; deadline < 2; deadline++) {
+        struct kv_xport_config c = cfg_of(true, 1, deadline ? 400 : 5000);
+        kv_xport *x = NULL;
+        assert_int_equal(kv_xport_create(&c, &x), KV_OK);
+        struct raw r = raw_join(x, 0x7272);
+        unsigned char blob[KV_XPORT_BLOB_MAX];
+        const size_t bl = kvt_raw_blob(blob, 3, 1u << 20, r.nonce, r.their);
+        kv_xport_rmem *rm = NULL;
+        assert_int_equal(kv_xport_rmem_import(r.peer, blob, bl, &rm), KV_OK);
+        char *src = malloc(4096);
+        memset(src, 1, 4096);
+        kv_xport_mem *m = NULL;
+        assert_int_equal(kv_xport_mem_reg(x, src, 4096, KV_MEM_HOST, &m), KV_OK);
+        const struct kv_xport_io io = {m, 0, rm, 0, 4096};
+        kv_xport_xfer *t = NULL, *t2 = NULL;
+        assert_int_equal(kv_xport_write(r.peer, &io, 1, NULL, &t), KV_OK);
+        struct kv__xf f;
+        assert_true(kvt_raw_next(r.fd, &f, NULL, 0, 5000)); /* sent whole: ours to land */
+        assert_int_equal(f.type, KV__XF_WRITE);
+        const uint64_t xid = f.xfer;
+        kv_xport_state s = KV_XPORT_PENDING;
+        if (deadline) { /* no ACK within timeout_ms: the peer closed, by name */
+            assert_int_equal(wait_closed(r.peer, 5000), KV_ERR_TIMEOUT);
+            assert_int_equal(kv_xport_xfer_wait(t, 5000, &s), KV_OK);
+            assert_int_equal(s, KV_XPORT_TIMED_OUT);
+            kvt_assert_msg_has("sent and not acknowledged");
+        } else {
+            assert_int_equal(kv_xport_xfer_cancel(t), KV_OK);
+            assert_int_equal(kv_xport_xfer_wait(t, 300, &s), KV_ERR_TIMEOUT); /* landing */
+            assert_int_equal(s, KV_XPORT_PENDING);
+            const struct kv_xport_notify n = {.tag = 9};
+            assert_int_equal(kv_xport_write(r.peer, NULL, 0, &n, &t2), KV_OK);
+            assert_false(kvt_raw_next(r.fd, &f, NULL, 0, 300)); /* not before the ACK */
+            unsigned char rec[16], fr[KV__XF_BYTES + 16];
+            kv__le_put(rec, 0, 4);
+            kv__le_put(rec + 4, KV_OK, 4);
+            kv__le_put(rec + 8, 4096, 8);
+            assert_true(kvt_raw_send(
+                r.fd, fr, kvt_raw_frame(fr, KV__XF_ACK, 1, xid, 0, 0, rec, sizeof(rec))));
+            assert_int_equal(kv_xport_xfer_wait(t, 5000, &s), KV_OK);
+            assert_true(s == KV_XPORT_CANCELLED || s == KV_XPORT_DONE); /* the ACK won */
+            assert_true(kvt_raw_next(r.fd, &f, NULL, 0, 5000));         /* now the notification */
+            assert_int_equal(f.type, KV__XF_NOTIFY);
+            assert_true(kvt_raw_send(
+                r.fd, fr, kvt_raw_frame(fr, KV__XF_ACK, KV__XF_ENTRY_NOTE, f.xfer, 0, 0, NULL, 0)));
+            assert_int_equal(kv_xport_xfer_wait(t2, 5000, &s), KV_OK);
+            assert_int_equal(s, KV_XPORT_DONE);
+            assert_int_equal(kv_xport_xfer_free(t2), KV_OK);
+        }
+        assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+        assert_int_equal(kv_xport_rmem_free(rm), KV_OK);
+        kv_xport_peer_close(r.peer);
+        close(r.fd);
+        assert_int_equal(kv_xport_mem_dereg(m), KV_OK);
+        assert_int_equal(kv_xport_destroy(x), KV_OK);
+        free(src);
+    }
+}
+
+/* Audit (2026-12-05): kv_xport_destroy passed its check while another
+ * thread was still inside kv_xport_peer_close (the peer already marked
+ * closed, the closer waiting for its transfers) and freed the transport
+ * under it (use after free, seen under ASan in about one run in two of a
+ * thousand rounds). The destroyer retries until KV_OK, as a shutdown path
+ * would; under ASan any use after free fails the run. */
+static void *close_peer(void *arg)
+{
+    kv_xport_peer_close(arg);
+    return NULL;
+}
+
+static void test_xport_edges_destroy_races_peer_close(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 100; round++) {
+        struct kv_xport_config ca = cfg_of(false, 1, 5000), cb = cfg_of(true, 1, 5000);
+        struct kvt_pair p;
+        kvt_pair_open(&p, &ca, &cb);
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, close_peer, p.pa), 0);
+        kv_status st;
+        while ((st = kv_xport_destroy(p.a)) != KV_OK) {
+            assert_int_equal(st, KV_ERR_BAD_STATE);
+            if (!strstr(kv_last_error(), "peer(s) not closed") &&
+                !strstr(kv_last_error(), "kv_xport_peer_close"))
+                fail_msg("destroy refused for another reason: %s", kv_last_error());
+            sched_yield();
+        }
+        assert_int_equal(pthread_join(th, NULL), 0);
+        kv_xport_peer_close(p.pb);
+        assert_int_equal(kv_xport_destroy(p.b), KV_OK);
     }
 }
 
@@ -1289,6 +1395,8 @@ int main(void)
         cmocka_unit_test(test_xport_edges_timeout_while_hashing),
         cmocka_unit_test(test_xport_edges_frames_before_ready),
         cmocka_unit_test(test_xport_edges_destroy_while_a_thread_waits),
+        cmocka_unit_test(test_xport_edges_cancel_waits_for_the_ack),
+        cmocka_unit_test(test_xport_edges_destroy_races_peer_close),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
