@@ -275,7 +275,7 @@ KV_API KV_NODISCARD kv_status kv_attn_decode(struct kv_paged_cache cache, uint32
 struct kv_attn_opts {
     size_t struct_size;   /* sizeof this struct: set by its _init() or _INIT */
     int32_t window_left;  /* -1 (KV_ATTN_WINDOW_OFF): no window; >= 0: see above */
-    float logit_soft_cap; /* 0: off; > 0 and finite: c * tanh(x / c) */
+    float logit_soft_cap; /* 0: off; finite, >= 1 / FLT_MAX: c * tanh(x / c) */
     float *lse;           /* NULL or [rows][Hq] f32 (rows: S for decode, T for prefill) */
     int64_t lse_stride;   /* elements between rows of lse (heads at stride 1); 0: Hq */
 };
@@ -297,7 +297,8 @@ static inline void kv_attn_opts_init(struct kv_attn_opts *opts)
 /* kv_attn_decode with options (opts NULL: kv_attn_decode exactly): a
  * sliding window, a logit soft cap, the log-sum-exp of each query head.
  * The refusals of kv_attn_decode, and KV_ERR_INVALID_ARG for options of
- * another struct_size, window_left < -1, a soft cap negative or not finite,
+ * another struct_size, window_left < -1, a soft cap negative, not finite or
+ * below 1 / FLT_MAX (its reciprocal not finite),
  * an lse_stride < 0 or below Hq, an lse not 4-byte aligned; KV_ERR_OVERLAP
  * for an lse overlapping out, q or the cache. Nothing is written when a
  * call is refused. */

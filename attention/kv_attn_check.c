@@ -3,6 +3,7 @@
  * the CUDA entry points (kv_attn_int.h): everything is checked, and the
  * tokens are grouped into runs, before anything is written.
  */
+#include <float.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -215,6 +216,30 @@ static kv_status check_scales(const char *fn, const struct kv_scales *s, int64_t
     job->v_scale = s->v ? s->v + (size_t)r0 * s->n : NULL;
     job->n_scales = s->n;
     job->scale_layer_stride = rows == 1 ? 0 : (int64_t)s->n;
+    return KV_OK;
+}
+
+/* Attention over an fp8 cache folds 2^8 into its K/V scales on its fast
+ * paths (the e4m3 -> f16 route): a scale above 2^119 (about 6.6e35) would
+ * overflow there to inf and make its rows NaN. Refused by name, whatever
+ * path runs (the checked rows of check_scales, host scales only). */
+static kv_status check_fp8_attn_scales(const char *fn, const struct kv_layout *lo,
+                                       const struct kv__attn_job *job)
+{
+    if (!job->k_scale || (lo->dtype != KV_FP8_E4M3 && lo->dtype != KV_FP8_E5M2))
+        return KV_OK;
+    const float lim = 0x1p119f;
+    const uint32_t rows = job->scale_layer_stride ? job->n_layers : 1;
+    for (uint32_t r = 0; r < rows; r++)
+        for (uint32_t i = 0; i < job->n_scales; i++)
+            for (int kv = 0; kv < (job->v_scale ? 2 : 1); kv++) {
+                const float x = (kv ? job->v_scale : job->k_scale)[r * job->n_scales + i];
+                if (x > lim)
+                    return kv__error(KV_ERR_INVALID_ARG,
+                                     "%s: %s scale %" PRIu32 " is %g: attention over an fp8 "
+                                     "cache takes scales up to 2^119 (%g)",
+                                     fn, kv ? "V" : "K", i, (double)x, (double)lim);
+            }
     return KV_OK;
 }
 
@@ -887,10 +912,15 @@ static kv_status check_attn_opts(const char *fn, const struct kv_attn_opts *o, i
         return kv__error(KV_ERR_INVALID_ARG,
                          "%s: window_left %" PRId32 " is negative and not KV_ATTN_WINDOW_OFF (-1)",
                          fn, o->window_left);
-    if (!(o->logit_soft_cap >= 0.0f) || !isfinite(o->logit_soft_cap))
+    /* the kernels divide by it (x / cap, or x * (1 / cap)): a cap whose
+     * reciprocal is not a finite float (below about 2.9e-39) is refused, not
+     * turned into 0 x inf = NaN for a zero score */
+    if (!(o->logit_soft_cap >= 0.0f) || !isfinite(o->logit_soft_cap) ||
+        (o->logit_soft_cap > 0.0f && !isfinite(1.0f / o->logit_soft_cap)))
         return kv__error(KV_ERR_INVALID_ARG,
-                         "%s: logit_soft_cap %g is not 0 (off) or a finite value > 0", fn,
-                         (double)o->logit_soft_cap);
+                         "%s: logit_soft_cap %g is not 0 (off) or a finite value > 0 whose "
+                         "reciprocal is finite (>= %g)",
+                         fn, (double)o->logit_soft_cap, (double)(1.0f / FLT_MAX));
     job->window_left = o->window_left;
     job->soft_cap = o->logit_soft_cap;
     if (!o->lse)
@@ -1055,6 +1085,7 @@ kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cac
     if ((st = check_attn_opts(fn, opts, q->shape[0], hq, q, out, cache, job)) != KV_OK)
         return st;
     if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, lo->k_only, job)) != KV_OK ||
+        (st = check_fp8_attn_scales(fn, lo, job)) != KV_OK ||
         (st = check_scales_apart_view(fn, job, "out", out)) != KV_OK ||
         (job->lse &&
          (st = check_scales_apart(
@@ -1124,6 +1155,7 @@ static kv_status mla_check(const char *fn, const struct kv_paged_cache *cache, u
     if ((st = check_attn_opts(fn, opts, q->shape[0], hq, q, out, cache, job)) != KV_OK)
         return st;
     if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, true, job)) != KV_OK ||
+        (st = check_fp8_attn_scales(fn, lo, job)) != KV_OK ||
         (st = check_scales_apart_view(fn, job, "out", out)) != KV_OK ||
         (job->lse &&
          (st = check_scales_apart(

@@ -854,6 +854,8 @@ KV__AVX512 static inline __m512 exp16_nonpos(__m512 x)
 {
     const __m512 lo = _mm512_set1_ps(-87.0f);
     const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q); /* NaN stays NaN */
+    const __m512 x0 = x;
     x = _mm512_max_ps(x, lo);
     const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -868,7 +870,7 @@ KV__AVX512 static inline __m512 exp16_nonpos(__m512 x)
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     const __m512i e =
         _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
-    return _mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(e));
+    return _mm512_mask_mov_ps(_mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(e)), nan, x0);
 }
 
 KV__AVX512 static inline __m512 ld16_f32(const void *p)
@@ -952,7 +954,7 @@ KV__AVX512 static inline __m512 ld16_bf16(const void *p)
         const __m512 mo = _mm512_loadu_ps(z->m);                                                   \
         __m512 mx = mo;                                                                            \
         for (int i = 0; i < n; i++)                                                                \
-            mx = _mm512_max_ps(mx, _mm512_loadu_ps(sT + i * 16));                                  \
+            mx = _mm512_max_ps(_mm512_loadu_ps(sT + i * 16), mx); /* a NaN score: mx kept */       \
         const __mmask16 live = _mm512_cmp_ps_mask(mx, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);     \
         const __m512 mxs = _mm512_maskz_mov_ps(live, mx);                                          \
         const __m512 corr = exp16_nonpos(_mm512_sub_ps(mo, mxs));                                  \
@@ -1464,12 +1466,12 @@ static void store_rows(const struct kv__attn_job *j, int64_t row0, int64_t nq, i
                 const int64_t r = hi * gq + iq * g + qi;
                 char *op = j->out.base + row * j->out.token_stride + head * j->out.head_stride;
                 const float lq = l[r];
-                const float inv = lq > 0.0f ? 1.0f / lq : 0.0f; /* no tokens: zeros */
+                const float inv = lq != 0.0f ? 1.0f / lq : 0.0f; /* no tokens: zeros */
                 const float *aq = acc + r * D;
                 for (int64_t d = 0; d < D; d++)
                     kv_from_f32(j->out.dtype, aq[d] * inv, op + d * j->out.dim_stride);
                 if (j->lse)
-                    j->lse[row * j->lse_stride + head] = lq > 0.0f ? m[r] + logf(lq) : -INFINITY;
+                    j->lse[row * j->lse_stride + head] = lq != 0.0f ? m[r] + logf(lq) : -INFINITY;
             }
 }
 
@@ -1493,6 +1495,8 @@ static kv_status exec_decode(const struct kv__attn_job *j)
         units += tiles;
         total_tokens += tiles * j->seq_tokens[s];
     }
+    if (units == 0) /* no query rows (no sequences, or every q_len 0): nothing to write */
+        return KV_OK;
     /* a shape-only choice (not the thread count): the same bytes on any */
     const int64_t want =
         units * H >= KV__SPLIT_TASKS ? 1 : (KV__SPLIT_TASKS + units * H - 1) / (units * H);

@@ -690,7 +690,7 @@ static kv_status exec_mla(const struct kv__attn_job *j)
             }
             for (int h = 0; h < nh; h++) {
                 char *op = j->out.base + s * j->out.token_stride + (h0 + h) * j->out.head_stride;
-                const float inv = l[h] > 0.0f ? ks / l[h] : 0.0f; /* no tokens: zeros */
+                const float inv = l[h] != 0.0f ? ks / l[h] : 0.0f; /* no tokens: zeros */
                 const float *a = acc + (int64_t)h * dv;
                 for (int64_t d = 0; d < dv; d++)
                     kv_from_f32(j->out.dtype, a[d] * inv, op + d * j->out.dim_stride);

@@ -170,13 +170,13 @@ static kv_status exec_prefill_mla(const struct kv__attn_job *j)
                     const int64_t r = i * nh + h;
                     char *op = j->out.base + (row0 + i) * j->out.token_stride +
                                (h0 + h) * j->out.head_stride;
-                    const float inv = l[r] > 0.0f ? ks / l[r] : 0.0f;
+                    const float inv = l[r] != 0.0f ? ks / l[r] : 0.0f;
                     const float *ar = acc + r * dv;
                     for (int64_t d = 0; d < dv; d++)
                         kv_from_f32(j->out.dtype, ar[d] * inv, op + d * j->out.dim_stride);
                     if (j->lse)
                         j->lse[(row0 + i) * j->lse_stride + h0 + h] =
-                            l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
+                            l[r] != 0.0f ? m[r] + logf(l[r]) : -INFINITY;
                 }
         }
     }

@@ -700,10 +700,10 @@ KV_HD void kv__decode_body(const struct kv_grid_ctx *c, const struct kv__cdec *p
             L += ml[w * 2 * g + g + qi] * f;
             A += acc[(w * g + qi) * D + d] * f;
         }
-        kv_from_f32(p->out.dt, L > 0.0f ? A / L : 0.0f,
+        kv_from_f32(p->out.dt, L != 0.0f ? A / L : 0.0f,
                     p->out.base + s * p->out.tok + (h * g + qi) * p->out.head + d * p->out.dim);
         if (p->lse && d == 0)
-            p->lse[s * p->lse_stride + h * g + qi] = L > 0.0f ? M + logf(L) : -INFINITY;
+            p->lse[s * p->lse_stride + h * g + qi] = L != 0.0f ? M + logf(L) : -INFINITY;
     }
 }
 
@@ -1078,10 +1078,10 @@ KV_HD void kv__decv_end(const struct kv_grid_ctx *c, const struct kv__cdec *p, s
             }
             continue;
         }
-        kv_from_f32(p->out.dt, L > 0.0f ? A / L : 0.0f,
+        kv_from_f32(p->out.dt, L != 0.0f ? A / L : 0.0f,
                     p->out.base + b->s * p->out.tok + qh * p->out.head + d * p->out.dim);
         if (p->lse && d == 0)
-            p->lse[b->s * p->lse_stride + qh] = L > 0.0f ? M + logf(L) : -INFINITY;
+            p->lse[b->s * p->lse_stride + qh] = L != 0.0f ? M + logf(L) : -INFINITY;
     }
 }
 
@@ -1160,10 +1160,10 @@ KV_HD void kv__decode_merge_body(const struct kv_grid_ctx *c, const struct kv__c
                 L += w[k * es + D + 1] * f;
                 A += w[k * es + d] * f;
             }
-            kv_from_f32(p->out.dt, L > 0.0f ? A / L : 0.0f,
+            kv_from_f32(p->out.dt, L != 0.0f ? A / L : 0.0f,
                         p->out.base + s * p->out.tok + qh * p->out.head + d * p->out.dim);
             if (p->lse && d == 0)
-                p->lse[s * p->lse_stride + qh] = L > 0.0f ? M + logf(L) : -INFINITY;
+                p->lse[s * p->lse_stride + qh] = L != 0.0f ? M + logf(L) : -INFINITY;
         }
     }
 }
@@ -1303,7 +1303,7 @@ KV_HD void kv__decode_mla_body(const struct kv_grid_ctx *c, const struct kv__cml
     kv_grid_sync(c);
     for (int64_t i = c->thread; i < nh * dv; i += c->block_dim) {
         const int64_t hh = i / dv, d = i - hh * dv;
-        kv_from_f32(p->out.dt, l[hh] > 0.0f ? acc[i] / l[hh] : 0.0f,
+        kv_from_f32(p->out.dt, l[hh] != 0.0f ? acc[i] / l[hh] : 0.0f,
                     p->out.base + s * p->out.tok + (h0 + hh) * p->out.head + d * p->out.dim);
     }
 }

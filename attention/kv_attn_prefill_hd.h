@@ -208,7 +208,7 @@ KV_HD void kv__prefill_body(const struct kv_grid_ctx *c, const struct kv__cpre *
             break;
         const int64_t row = q0 + (r0 + rr) / g, qh = h * g + (r0 + rr) % g;
         for (int64_t d = lane; d < Dv; d += 32)
-            kv_from_f32(p->out.dt, l[k] > 0.0f ? acc[rr * Dv + d] / l[k] : 0.0f,
+            kv_from_f32(p->out.dt, l[k] != 0.0f ? acc[rr * Dv + d] / l[k] : 0.0f,
                         p->out.base + row * p->out.tok + qh * p->out.head + d * p->out.dim);
         if (p->lse && lane == 0)
             p->lse[row * p->lse_stride + qh] = m[k] == -INFINITY ? -INFINITY : m[k] + logf(l[k]);

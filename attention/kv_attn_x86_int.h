@@ -48,11 +48,14 @@ KV__AVX2 static inline __m128 hsum4x8(__m256 a, __m256 b, __m256 c, __m256 d)
 /* e^x for x <= 0 (a score minus the running max), 8 lanes: x = k ln2 + r,
  * |r| <= ln2 / 2, e^r by a degree-6 polynomial (relative error below 2e-7,
  * a few float ulps), times 2^k through the exponent bits; x < -87 gives 0
- * (as expf underflows there). */
+ * (as expf underflows there), a NaN gives NaN (as expf: a NaN score, from a
+ * NaN in K, makes its row NaN instead of vanishing). */
 KV__AVX2 static inline __m256 exp8_nonpos(__m256 x)
 {
     const __m256 lo = _mm256_set1_ps(-87.0f);
     const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q); /* a NaN score stays NaN */
+    const __m256 x0 = x;
     x = _mm256_max_ps(x, lo);
     const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -67,7 +70,8 @@ KV__AVX2 static inline __m256 exp8_nonpos(__m256 x)
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     const __m256i e =
         _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+    return _mm256_blendv_ps(_mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e))), x0,
+                            nan);
 }
 
 /* ---- scores by bf16 dot products (AVX512_BF16) -----------------------------------

@@ -27,9 +27,12 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include <math.h>
+
 #include <cmocka.h>
 
 #include <kvcache/kv.h>
+#include "kv_attn_int.h" /* kv__attn_test_tune, kv__attn_avx2_only: every CPU path */
 #include "kvtest.h"
 
 /* A cache of L layers x B blocks of N tokens, H heads of D f32, filled with
@@ -283,9 +286,183 @@ static void test_attn_edges_layer_named_as_passed(void **state)
     free(c.base);
 }
 
+/* Audit (2026-12-05, the kernels at their edges): an empty batch (no
+ * sequences; every q_len 0) divided by zero choosing its split; a soft cap
+ * below 1 / FLT_MAX made 0 x inf = NaN of a zero score; a NaN in K vanished
+ * on the SIMD paths (the max and exp clamps dropped it) instead of making
+ * its query heads' rows NaN, as softmax of a NaN logit is (a NaN in V
+ * always did). */
+static struct kv_paged_cache small_cache(void)
+{
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 1, cfg.num_blocks = 4, cfg.block_tokens = 32, cfg.num_heads = 2;
+    cfg.head_dim = 16, cfg.dtype = KV_F32;
+    struct kv_paged_cache c;
+    memset(&c, 0, sizeof(c));
+    assert_int_equal(kv_layout_init(&cfg, &c.layout), KV_OK);
+    c.storage_bytes = (size_t)c.layout.total_bytes;
+    c.base = aligned_alloc(64, (c.storage_bytes + 63) / 64 * 64);
+    assert_non_null(c.base);
+    float *f = c.base;
+    for (size_t i = 0; i < c.storage_bytes / 4; i++)
+        f[i] = 0.01f * (float)(i % 97) - 0.4f;
+    c.mem = KV_MEM_HOST;
+    return c;
+}
+
+static void test_attn_edges_empty_batch(void **state)
+{
+    (void)state;
+    struct kv_paged_cache c = small_cache();
+    float qb[64], ob[64];
+    const int64_t sh0[3] = {0, 4, 16};
+    struct kv_view q, out;
+    assert_int_equal(kv_view_init(qb, sizeof(qb), KV_F32, 3, sh0, &q), KV_OK);
+    assert_int_equal(kv_view_init(ob, sizeof(ob), KV_F32, 3, sh0, &out), KV_OK);
+    int32_t indptr[2] = {0, 1}, ind[1] = {2}, last[1] = {7};
+    struct kv_pages pg = {.format = KV_PAGES_CSR,
+                          .n_seqs = 0,
+                          .indptr = indptr,
+                          .indices = ind,
+                          .last_page_len = last};
+    assert_int_equal(kv_attn_decode(c, 0, &q, &pg, 1.0f, NULL, &out), KV_OK);
+    const struct kv_attn_opts o = KV_ATTN_OPTS_INIT;
+    assert_int_equal(kv_attn_decode_ex(c, 0, &q, &pg, 1.0f, NULL, &out, &o), KV_OK);
+    pg.n_seqs = 1; /* one sequence of 7 tokens, no query of it */
+    const int32_t qo[2] = {0, 0};
+    assert_int_equal(kv_attn_prefill(c, 0, &q, qo, &pg, 1.0f, NULL, &out, &o), KV_OK);
+    free(c.base);
+}
+
+static void test_attn_edges_soft_cap_below_its_reciprocal(void **state)
+{
+    (void)state;
+    struct kv_paged_cache c = small_cache();
+    float qb[64] = {0}, ob[64];
+    const int64_t sh[3] = {1, 4, 16};
+    struct kv_view q, out;
+    assert_int_equal(kv_view_init(qb, sizeof(qb), KV_F32, 3, sh, &q), KV_OK);
+    assert_int_equal(kv_view_init(ob, sizeof(ob), KV_F32, 3, sh, &out), KV_OK);
+    int32_t indptr[2] = {0, 1}, ind[1] = {2}, last[1] = {7};
+    const struct kv_pages pg = {.format = KV_PAGES_CSR,
+                                .n_seqs = 1,
+                                .indptr = indptr,
+                                .indices = ind,
+                                .last_page_len = last};
+    struct kv_attn_opts o = KV_ATTN_OPTS_INIT;
+    o.logit_soft_cap = 1e-40f;
+    for (int i = 0; i < 64; i++)
+        ob[i] = 3.0f;
+    expect_refused(kv_attn_decode_ex(c, 0, &q, &pg, 1.0f, NULL, &out, &o), KV_ERR_INVALID_ARG,
+                   "reciprocal is finite");
+    for (int i = 0; i < 64; i++)
+        assert_true(ob[i] == 3.0f); /* nothing written */
+    o.logit_soft_cap = 1e-30f;      /* tiny, valid: every score c tanh(x / c) ~ 0 or +-c */
+    assert_int_equal(kv_attn_decode_ex(c, 0, &q, &pg, 1.0f, NULL, &out, &o), KV_OK);
+    for (int i = 0; i < 64; i++)
+        assert_true(isfinite(ob[i]));
+    free(c.base);
+}
+
+static void test_attn_edges_nan_in_k(void **state)
+{
+    (void)state;
+    struct kv_paged_cache c = small_cache();
+    int64_t off = 0; /* token 5 of block 2, KV head 0, dim 3 */
+    assert_int_equal(kv_layout_offset(&c.layout, 0, 0, 2, 5, 0, 3, &off), KV_OK);
+    ((float *)c.base)[off] = NAN;
+    float qb[2 * 4 * 16], ob[2 * 4 * 16], lse[2 * 4];
+    for (int i = 0; i < 2 * 4 * 16; i++)
+        qb[i] = 0.05f * (float)(i % 13) - 0.3f;
+    const int64_t sh[3] = {2, 4, 16};  /* 2 rows x Hq 4 (q heads 0, 1 read KV head 0) */
+    const int64_t sh1[3] = {1, 4, 16}; /* decode: one row, the sequence's */
+    struct kv_view q, out, q1, out1;
+    assert_int_equal(kv_view_init(qb, sizeof(qb), KV_F32, 3, sh, &q), KV_OK);
+    assert_int_equal(kv_view_init(ob, sizeof(ob), KV_F32, 3, sh, &out), KV_OK);
+    assert_int_equal(kv_view_init(qb, sizeof(qb), KV_F32, 3, sh1, &q1), KV_OK);
+    assert_int_equal(kv_view_init(ob, sizeof(ob), KV_F32, 3, sh1, &out1), KV_OK);
+    int32_t indptr[2] = {0, 2}, ind[2] = {2, 3}, last[1] = {8}; /* 40 tokens: 32 + 8 */
+    const struct kv_pages pg = {.format = KV_PAGES_CSR,
+                                .n_seqs = 1,
+                                .indptr = indptr,
+                                .indices = ind,
+                                .last_page_len = last};
+    const int32_t qo[2] = {0, 2};
+    struct kv_attn_opts o = KV_ATTN_OPTS_INIT;
+    o.lse = lse;
+    for (int path = 0; path < 3; path++) { /* auto (AVX-512 / AVX2), AVX2 only, portable */
+        kv__attn_avx2_only = path == 1;
+        kv__attn_test_tune(-1, path == 2);
+        for (int prefill = 0; prefill < 2; prefill++) {
+            for (int i = 0; i < 2 * 4 * 16; i++)
+                ob[i] = 0.0f;
+            if (prefill)
+                assert_int_equal(kv_attn_prefill(c, 0, &q, qo, &pg, 0.25f, NULL, &out, &o), KV_OK);
+            else
+                assert_int_equal(kv_attn_decode_ex(c, 0, &q1, &pg, 0.25f, NULL, &out1, &o), KV_OK);
+            for (int r = 0; r < (prefill ? 2 : 1); r++)
+                for (int h = 0; h < 4; h++) {
+                    for (int d = 0; d < 16; d++) {
+                        const float v = ob[(r * 4 + h) * 16 + d];
+                        if (h < 2 ? !isnan(v) : !isfinite(v))
+                            fail_msg("path %d %s row %d head %d d %d: %g (want %s)", path,
+                                     prefill ? "prefill" : "decode", r, h, d, (double)v,
+                                     h < 2 ? "NaN: its K holds a NaN" : "finite");
+                    }
+                    const float l = lse[r * 4 + h];
+                    if (h < 2 ? !isnan(l) : !isfinite(l))
+                        fail_msg("path %d lse row %d head %d: %g", path, r, h, (double)l);
+                }
+        }
+    }
+    kv__attn_avx2_only = false;
+    kv__attn_test_tune(-1, false);
+    free(c.base);
+}
+
+/* Audit (2026-12-05): an fp8 cache's K/V scale above 2^119 overflowed to
+ * inf on the fp8 fast paths (2^8 folded into it) and made rows NaN: refused
+ * by name; 2^100 runs. */
+static void test_attn_edges_fp8_scale_limit(void **state)
+{
+    (void)state;
+    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
+    cfg.num_layers = 1, cfg.num_blocks = 4, cfg.block_tokens = 32, cfg.num_heads = 2;
+    cfg.head_dim = 16, cfg.dtype = KV_FP8_E4M3;
+    struct kv_paged_cache c;
+    memset(&c, 0, sizeof(c));
+    assert_int_equal(kv_layout_init(&cfg, &c.layout), KV_OK);
+    c.storage_bytes = (size_t)c.layout.total_bytes;
+    c.base = calloc(1, c.storage_bytes);
+    c.mem = KV_MEM_HOST;
+    float qb[64] = {0}, ob[64];
+    const int64_t sh[3] = {1, 4, 16};
+    struct kv_view q, out;
+    assert_int_equal(kv_view_init(qb, sizeof(qb), KV_F32, 3, sh, &q), KV_OK);
+    assert_int_equal(kv_view_init(ob, sizeof(ob), KV_F32, 3, sh, &out), KV_OK);
+    int32_t indptr[2] = {0, 1}, ind[1] = {2}, last[1] = {7};
+    const struct kv_pages pg = {.format = KV_PAGES_CSR,
+                                .n_seqs = 1,
+                                .indptr = indptr,
+                                .indices = ind,
+                                .last_page_len = last};
+    float ks[2] = {1.0f, 1e37f}, vs[2] = {1.0f, 1.0f};
+    struct kv_scales sc = {ks, vs, 2, 0};
+    expect_refused(kv_attn_decode(c, 0, &q, &pg, 1.0f, &sc, &out), KV_ERR_INVALID_ARG,
+                   "K scale 1 is 1e+37");
+    kvt_assert_msg_has("2^119");
+    ks[1] = 0x1p100f;
+    assert_int_equal(kv_attn_decode(c, 0, &q, &pg, 1.0f, &sc, &out), KV_OK);
+    free(c.base);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_attn_edges_empty_batch),
+        cmocka_unit_test(test_attn_edges_soft_cap_below_its_reciprocal),
+        cmocka_unit_test(test_attn_edges_nan_in_k),
+        cmocka_unit_test(test_attn_edges_fp8_scale_limit),
         cmocka_unit_test(test_attn_edges_lse_extent_does_not_wrap),
         cmocka_unit_test(test_attn_edges_pages_of_2_32_tokens),
         cmocka_unit_test(test_attn_edges_strides_of_size_one_and_empty_views),
