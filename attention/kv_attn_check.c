@@ -279,6 +279,24 @@ static kv_status check_scales_apart_view(const char *fn, const struct kv__attn_j
                               (uintptr_t)v->base + (uintptr_t)hi);
 }
 
+/* The scales of an attention call (decode, prefill, MLA: k_only for the
+ * latent plane): checked as any call's, within the fp8 limit, and apart
+ * from out and lse (rows of q->shape[0] x hq). */
+static kv_status check_attn_scales(const char *fn, const struct kv_scales *scales,
+                                   const struct kv_layout *lo, bool k_only, const struct kv_view *q,
+                                   const struct kv_view *out, int64_t hq, struct kv__attn_job *job)
+{
+    kv_status st;
+    if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, k_only, job)) != KV_OK ||
+        (st = check_fp8_attn_scales(fn, lo, job)) != KV_OK ||
+        (st = check_scales_apart_view(fn, job, "out", out)) != KV_OK)
+        return st;
+    if (!job->lse)
+        return KV_OK;
+    return check_scales_apart(fn, job, "lse", (uintptr_t)job->lse,
+                              (uintptr_t)(job->lse + (q->shape[0] - 1) * job->lse_stride + hq));
+}
+
 static kv_status check_layer(const char *fn, int64_t layer, int64_t L, bool all_ok,
                              struct kv__attn_job *job)
 {
@@ -1084,13 +1102,7 @@ kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cac
         return st;
     if ((st = check_attn_opts(fn, opts, q->shape[0], hq, q, out, cache, job)) != KV_OK)
         return st;
-    if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, lo->k_only, job)) != KV_OK ||
-        (st = check_fp8_attn_scales(fn, lo, job)) != KV_OK ||
-        (st = check_scales_apart_view(fn, job, "out", out)) != KV_OK ||
-        (job->lse &&
-         (st = check_scales_apart(
-              fn, job, "lse", (uintptr_t)job->lse,
-              (uintptr_t)(job->lse + (q->shape[0] - 1) * job->lse_stride + hq))) != KV_OK))
+    if ((st = check_attn_scales(fn, scales, lo, lo->k_only, q, out, hq, job)) != KV_OK)
         return st;
     if ((st = check_pages(fn, lo, pages, job)) != KV_OK) {
         kv__attn_job_free(job);
@@ -1154,13 +1166,7 @@ static kv_status mla_check(const char *fn, const struct kv_paged_cache *cache, u
         return st;
     if ((st = check_attn_opts(fn, opts, q->shape[0], hq, q, out, cache, job)) != KV_OK)
         return st;
-    if ((st = check_scales(fn, scales, lo->num_heads, lo->num_layers, true, job)) != KV_OK ||
-        (st = check_fp8_attn_scales(fn, lo, job)) != KV_OK ||
-        (st = check_scales_apart_view(fn, job, "out", out)) != KV_OK ||
-        (job->lse &&
-         (st = check_scales_apart(
-              fn, job, "lse", (uintptr_t)job->lse,
-              (uintptr_t)(job->lse + (q->shape[0] - 1) * job->lse_stride + hq))) != KV_OK))
+    if ((st = check_attn_scales(fn, scales, lo, true, q, out, hq, job)) != KV_OK)
         return st;
     if ((st = check_pages(fn, lo, pages, job)) != KV_OK) {
         kv__attn_job_free(job);

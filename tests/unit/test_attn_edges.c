@@ -292,82 +292,116 @@ static void test_attn_edges_layer_named_as_passed(void **state)
  * on the SIMD paths (the max and exp clamps dropped it) instead of making
  * its query heads' rows NaN, as softmax of a NaN logit is (a NaN in V
  * always did). */
-static struct kv_paged_cache small_cache(void)
+/* 1 layer x 4 blocks of 32 tokens, 2 KV heads of 16: f32 filled with small
+ * values, another dtype with zeros (scale checks only). Free base. */
+static struct kv_paged_cache small_cache(kv_dtype dt)
 {
     struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
     cfg.num_layers = 1, cfg.num_blocks = 4, cfg.block_tokens = 32, cfg.num_heads = 2;
-    cfg.head_dim = 16, cfg.dtype = KV_F32;
+    cfg.head_dim = 16, cfg.dtype = dt;
     struct kv_paged_cache c;
     memset(&c, 0, sizeof(c));
     assert_int_equal(kv_layout_init(&cfg, &c.layout), KV_OK);
     c.storage_bytes = (size_t)c.layout.total_bytes;
     c.base = aligned_alloc(64, (c.storage_bytes + 63) / 64 * 64);
     assert_non_null(c.base);
+    memset(c.base, 0, c.storage_bytes);
     float *f = c.base;
-    for (size_t i = 0; i < c.storage_bytes / 4; i++)
+    for (size_t i = 0; dt == KV_F32 && i < c.storage_bytes / 4; i++)
         f[i] = 0.01f * (float)(i % 97) - 0.4f;
     c.mem = KV_MEM_HOST;
     return c;
 }
 
+/* One decode row over small_cache: a sequence of 7 tokens in block 2, q and
+ * out [1][Hq 4][16] f32 (q zero). Its pages point into it: do not copy. */
+struct one_seq {
+    float qb[64], ob[64];
+    struct kv_view q, out;
+    int32_t indptr[2], ind[1], last[1];
+    struct kv_pages pg;
+};
+
+static void one_seq_init(struct one_seq *o)
+{
+    memset(o, 0, sizeof(*o));
+    const int64_t sh[3] = {1, 4, 16};
+    assert_int_equal(kv_view_init(o->qb, sizeof(o->qb), KV_F32, 3, sh, &o->q), KV_OK);
+    assert_int_equal(kv_view_init(o->ob, sizeof(o->ob), KV_F32, 3, sh, &o->out), KV_OK);
+    o->indptr[1] = 1;
+    o->ind[0] = 2;
+    o->last[0] = 7;
+    o->pg = (struct kv_pages){.format = KV_PAGES_CSR,
+                              .n_seqs = 1,
+                              .indptr = o->indptr,
+                              .indices = o->ind,
+                              .last_page_len = o->last};
+}
+
 static void test_attn_edges_empty_batch(void **state)
 {
     (void)state;
-    struct kv_paged_cache c = small_cache();
-    float qb[64], ob[64];
-    const int64_t sh0[3] = {0, 4, 16};
+    struct kv_paged_cache c = small_cache(KV_F32);
+    struct one_seq r;
+    one_seq_init(&r);
+    const int64_t sh0[3] = {0, 4, 16}; /* no rows */
     struct kv_view q, out;
-    assert_int_equal(kv_view_init(qb, sizeof(qb), KV_F32, 3, sh0, &q), KV_OK);
-    assert_int_equal(kv_view_init(ob, sizeof(ob), KV_F32, 3, sh0, &out), KV_OK);
-    int32_t indptr[2] = {0, 1}, ind[1] = {2}, last[1] = {7};
-    struct kv_pages pg = {.format = KV_PAGES_CSR,
-                          .n_seqs = 0,
-                          .indptr = indptr,
-                          .indices = ind,
-                          .last_page_len = last};
+    assert_int_equal(kv_view_init(r.qb, sizeof(r.qb), KV_F32, 3, sh0, &q), KV_OK);
+    assert_int_equal(kv_view_init(r.ob, sizeof(r.ob), KV_F32, 3, sh0, &out), KV_OK);
+    for (int i = 0; i < 64; i++)
+        r.ob[i] = 3.0f;
+    struct kv_pages pg = r.pg;
+    pg.n_seqs = 0;
     assert_int_equal(kv_attn_decode(c, 0, &q, &pg, 1.0f, NULL, &out), KV_OK);
     const struct kv_attn_opts o = KV_ATTN_OPTS_INIT;
     assert_int_equal(kv_attn_decode_ex(c, 0, &q, &pg, 1.0f, NULL, &out, &o), KV_OK);
     pg.n_seqs = 1; /* one sequence of 7 tokens, no query of it */
     const int32_t qo[2] = {0, 0};
     assert_int_equal(kv_attn_prefill(c, 0, &q, qo, &pg, 1.0f, NULL, &out, &o), KV_OK);
+    for (int i = 0; i < 64; i++)
+        assert_true(r.ob[i] == 3.0f); /* nothing written */
     free(c.base);
 }
 
 static void test_attn_edges_soft_cap_below_its_reciprocal(void **state)
 {
     (void)state;
-    struct kv_paged_cache c = small_cache();
-    float qb[64] = {0}, ob[64];
-    const int64_t sh[3] = {1, 4, 16};
-    struct kv_view q, out;
-    assert_int_equal(kv_view_init(qb, sizeof(qb), KV_F32, 3, sh, &q), KV_OK);
-    assert_int_equal(kv_view_init(ob, sizeof(ob), KV_F32, 3, sh, &out), KV_OK);
-    int32_t indptr[2] = {0, 1}, ind[1] = {2}, last[1] = {7};
-    const struct kv_pages pg = {.format = KV_PAGES_CSR,
-                                .n_seqs = 1,
-                                .indptr = indptr,
-                                .indices = ind,
-                                .last_page_len = last};
+    struct kv_paged_cache c = small_cache(KV_F32);
+    struct one_seq r;
+    one_seq_init(&r);
     struct kv_attn_opts o = KV_ATTN_OPTS_INIT;
     o.logit_soft_cap = 1e-40f;
     for (int i = 0; i < 64; i++)
-        ob[i] = 3.0f;
-    expect_refused(kv_attn_decode_ex(c, 0, &q, &pg, 1.0f, NULL, &out, &o), KV_ERR_INVALID_ARG,
+        r.ob[i] = 3.0f;
+    expect_refused(kv_attn_decode_ex(c, 0, &r.q, &r.pg, 1.0f, NULL, &r.out, &o), KV_ERR_INVALID_ARG,
                    "reciprocal is finite");
     for (int i = 0; i < 64; i++)
-        assert_true(ob[i] == 3.0f); /* nothing written */
-    o.logit_soft_cap = 1e-30f;      /* tiny, valid: every score c tanh(x / c) ~ 0 or +-c */
-    assert_int_equal(kv_attn_decode_ex(c, 0, &q, &pg, 1.0f, NULL, &out, &o), KV_OK);
-    for (int i = 0; i < 64; i++)
-        assert_true(isfinite(ob[i]));
+        assert_true(r.ob[i] == 3.0f); /* nothing written */
+    /* tiny, valid: q is zero, so every score is c tanh(0 / c) = 0 and the
+     * output is the plain mean of the 7 V rows of its KV head */
+    o.logit_soft_cap = 1e-30f;
+    assert_int_equal(kv_attn_decode_ex(c, 0, &r.q, &r.pg, 1.0f, NULL, &r.out, &o), KV_OK);
+    for (int h = 0; h < 4; h++)
+        for (int d = 0; d < 16; d++) {
+            double want = 0.0;
+            for (uint32_t t = 0; t < 7; t++) {
+                int64_t off = 0;
+                assert_int_equal(
+                    kv_layout_offset(&c.layout, 0, 1, 2, t, (uint32_t)h / 2, (uint32_t)d, &off),
+                    KV_OK);
+                want += ((const float *)c.base)[off] / 7.0;
+            }
+            const float got = r.ob[h * 16 + d];
+            if (!(fabs(got - want) <= 1e-6 * (1.0 + fabs(want))))
+                fail_msg("head %d d %d: %g, the mean of V is %g", h, d, (double)got, want);
+        }
     free(c.base);
 }
 
 static void test_attn_edges_nan_in_k(void **state)
 {
     (void)state;
-    struct kv_paged_cache c = small_cache();
+    struct kv_paged_cache c = small_cache(KV_F32);
     int64_t off = 0; /* token 5 of block 2, KV head 0, dim 3 */
     assert_int_equal(kv_layout_offset(&c.layout, 0, 0, 2, 5, 0, 3, &off), KV_OK);
     ((float *)c.base)[off] = NAN;
@@ -426,33 +460,23 @@ static void test_attn_edges_nan_in_k(void **state)
 static void test_attn_edges_fp8_scale_limit(void **state)
 {
     (void)state;
-    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
-    cfg.num_layers = 1, cfg.num_blocks = 4, cfg.block_tokens = 32, cfg.num_heads = 2;
-    cfg.head_dim = 16, cfg.dtype = KV_FP8_E4M3;
-    struct kv_paged_cache c;
-    memset(&c, 0, sizeof(c));
-    assert_int_equal(kv_layout_init(&cfg, &c.layout), KV_OK);
-    c.storage_bytes = (size_t)c.layout.total_bytes;
-    c.base = calloc(1, c.storage_bytes);
-    c.mem = KV_MEM_HOST;
-    float qb[64] = {0}, ob[64];
-    const int64_t sh[3] = {1, 4, 16};
-    struct kv_view q, out;
-    assert_int_equal(kv_view_init(qb, sizeof(qb), KV_F32, 3, sh, &q), KV_OK);
-    assert_int_equal(kv_view_init(ob, sizeof(ob), KV_F32, 3, sh, &out), KV_OK);
-    int32_t indptr[2] = {0, 1}, ind[1] = {2}, last[1] = {7};
-    const struct kv_pages pg = {.format = KV_PAGES_CSR,
-                                .n_seqs = 1,
-                                .indptr = indptr,
-                                .indices = ind,
-                                .last_page_len = last};
+    struct kv_paged_cache c = small_cache(KV_FP8_E4M3);
+    struct one_seq r;
+    one_seq_init(&r);
+    for (int i = 0; i < 64; i++)
+        r.ob[i] = 3.0f;
     float ks[2] = {1.0f, 1e37f}, vs[2] = {1.0f, 1.0f};
     struct kv_scales sc = {ks, vs, 2, 0};
-    expect_refused(kv_attn_decode(c, 0, &q, &pg, 1.0f, &sc, &out), KV_ERR_INVALID_ARG,
+    expect_refused(kv_attn_decode(c, 0, &r.q, &r.pg, 1.0f, &sc, &r.out), KV_ERR_INVALID_ARG,
                    "K scale 1 is 1e+37");
     kvt_assert_msg_has("2^119");
+    for (int i = 0; i < 64; i++)
+        assert_true(r.ob[i] == 3.0f); /* nothing written */
+    /* 2^100 runs: the cache is all zeros (fp8 0x00), so every output is 0 */
     ks[1] = 0x1p100f;
-    assert_int_equal(kv_attn_decode(c, 0, &q, &pg, 1.0f, &sc, &out), KV_OK);
+    assert_int_equal(kv_attn_decode(c, 0, &r.q, &r.pg, 1.0f, &sc, &r.out), KV_OK);
+    for (int i = 0; i < 64; i++)
+        assert_true(r.ob[i] == 0.0f);
     free(c.base);
 }
 
