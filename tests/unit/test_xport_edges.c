@@ -122,6 +122,16 @@ static struct raw raw_join(kv_xport *x, uint64_t nonce)
     return r;
 }
 
+/* The raw peer's (forged) region 3 of 1 MiB, imported by x's side. */
+static kv_xport_rmem *raw_region(const struct raw *r)
+{
+    unsigned char blob[KV_XPORT_BLOB_MAX];
+    const size_t bl = kvt_raw_blob(blob, 3, 1u << 20, r->nonce, r->their);
+    kv_xport_rmem *rm = NULL;
+    assert_int_equal(kv_xport_rmem_import(r->peer, blob, bl, &rm), KV_OK);
+    return rm;
+}
+
 /* Wait until p is CLOSED (at most ms); its reason. */
 static kv_status wait_closed(kv_xport_peer *p, uint32_t ms)
 {
@@ -911,10 +921,7 @@ static void test_xport_edges_forged_status(void **state)
     assert_int_equal(kv_xport_create(&c, &x), KV_OK);
     struct raw r = raw_join(x, 0x7171);
     /* x writes two entries to the raw peer's (forged) region 3. */
-    unsigned char blob[KV_XPORT_BLOB_MAX];
-    const size_t bl = kvt_raw_blob(blob, 3, 1u << 20, r.nonce, r.their);
-    kv_xport_rmem *rm = NULL;
-    assert_int_equal(kv_xport_rmem_import(r.peer, blob, bl, &rm), KV_OK);
+    kv_xport_rmem *rm = raw_region(&r);
     char *src = malloc(8192);
     memset(src, 1, 8192);
     kv_xport_mem *m = NULL;
@@ -1287,10 +1294,7 @@ static void test_xport_edges_cancel_waits_for_the_ack(void **state)
         kv_xport *x = NULL;
         assert_int_equal(kv_xport_create(&c, &x), KV_OK);
         struct raw r = raw_join(x, 0x7272);
-        unsigned char blob[KV_XPORT_BLOB_MAX];
-        const size_t bl = kvt_raw_blob(blob, 3, 1u << 20, r.nonce, r.their);
-        kv_xport_rmem *rm = NULL;
-        assert_int_equal(kv_xport_rmem_import(r.peer, blob, bl, &rm), KV_OK);
+        kv_xport_rmem *rm = raw_region(&r);
         char *src = malloc(4096);
         memset(src, 1, 4096);
         kv_xport_mem *m = NULL;
