@@ -324,6 +324,18 @@ static bool poll_cq_round(struct rdma *r, struct rpeer *rp, uint32_t ri)
                 }
                 if (b >= rp->nrecv || rp->ph == PH_FAIL)
                     continue;
+                /* Only a SEND fills a receive buffer. A peer's RDMA WRITE
+                 * with immediate also consumes a receive, but leaves the
+                 * buffer as the last SEND into it left it: taken as a
+                 * notification, that one would be delivered again. */
+                if (w->opcode != IBV_WC_RECV) {
+                    kv__rd_peer_fail(r, rp, KV_ERR_CORRUPT,
+                                     "xport rdma: a receive on QP %u completed as opcode %d "
+                                     "(%u bytes), not a SEND (IBV_WC_RECV %d): only SENDs carry "
+                                     "notifications",
+                                     qi, (int)w->opcode, w->byte_len, (int)IBV_WC_RECV);
+                    continue;
+                }
                 const unsigned char *m = kv__rd_buf_at(rp, b);
                 const uint64_t len = w->byte_len >= RD_NOTE_HDR ? kv__le_get(m + 4, 4) : 0;
                 if (w->byte_len < RD_NOTE_HDR || w->byte_len > RD_MSG_BYTES ||

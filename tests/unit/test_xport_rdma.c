@@ -1672,6 +1672,86 @@ static void test_xport_rdma_forged_key_refused(void **state)
     free(lb);
 }
 
+/* A peer's RDMA WRITE with immediate consumes one of our receives but
+ * leaves the buffer as the last SEND into it left it. After 16
+ * notifications of 21 bytes have gone round the one QP's 16 receives, a
+ * 21-byte WRITE_WITH_IMM completes on the buffer that still holds the
+ * first: it is not delivered again; the peer is closed KV_ERR_CORRUPT
+ * naming the opcode. */
+static struct kv__verbs imm_verbs;
+static bool imm_next;
+
+static int imm_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+    for (struct ibv_send_wr *w = wr; w; w = w->next)
+        if (imm_next && w->opcode == IBV_WR_RDMA_WRITE) {
+            w->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+            w->imm_data = 0;
+            imm_next = false;
+        }
+    return kvt_softverbs()->post_send(qp, wr, bad);
+}
+
+static void test_xport_rdma_write_with_imm_is_no_notification(void **state)
+{
+    (void)state;
+    if (real_dev)
+        skip();
+    imm_verbs = *kvt_softverbs();
+    imm_verbs.post_send = imm_post_send;
+    kv__verbs_set(&imm_verbs);
+    imm_next = false;
+    struct duo d;
+    duo_open(&d, 1);
+    const size_t n = 1u << 16;
+    unsigned char *rb = calloc(1, n), *lb = malloc(n);
+    assert_true(rb && lb);
+    pat_fill(lb, n, 9);
+    kv_xport_mem *mr = NULL, *ml = NULL;
+    assert_int_equal(kv_xport_mem_reg(d.b, rb, n, KV_MEM_HOST, &mr), KV_OK);
+    assert_int_equal(kv_xport_mem_reg(d.a, lb, n, KV_MEM_HOST, &ml), KV_OK);
+    kv_xport_rmem *r = duo_share(&d, mr);
+    struct kv_xport_msg got;
+    for (uint32_t i = 0; i < RD_RECVS; i++) {
+        const char text[5] = {'n', 'o', 't', 'e', (char)('a' + i)};
+        const struct kv_xport_notify nt = {.tag = 100 + i, .msg = text, .len = sizeof(text)};
+        kv_xport_xfer *t = NULL;
+        assert_int_equal(kv_xport_write(d.pa, NULL, 0, &nt, &t), KV_OK);
+        assert_int_equal(run(t, 5000), KV_XPORT_DONE);
+        assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+        assert_int_equal(kv_xport_notify_poll(d.b, 5000, &got), KV_OK);
+        assert_int_equal(got.tag, 100 + i);
+        assert_int_equal(got.len, sizeof(text));
+        assert_memory_equal(got.data, text, sizeof(text));
+    }
+    const struct kv_xport_io w = {
+        .local = ml, .local_off = 64, .remote = r, .remote_off = 4096, .bytes = RD_NOTE_HDR + 5};
+    imm_next = true;
+    kv_xport_xfer *t = NULL;
+    assert_int_equal(kv_xport_write(d.pa, &w, 1, NULL, &t), KV_OK);
+    (void)run(t, 5000); /* DONE at the sender: the bytes landed */
+    assert_false(imm_next);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    assert_memory_equal(rb + 4096, lb + 64, RD_NOTE_HDR + 5);
+    kv_xport_peer_state ps = KV_XPORT_READY;
+    kv_status why = KV_OK;
+    for (int i = 0; i < 500 && ps != KV_XPORT_CLOSED; i++) {
+        assert_int_equal(kv_xport_peer_state_get(d.pb, &ps, &why), KV_OK);
+        if (ps != KV_XPORT_CLOSED)
+            usleep(10 * 1000);
+    }
+    assert_int_equal(ps, KV_XPORT_CLOSED);
+    assert_int_equal(why, KV_ERR_CORRUPT);
+    if (!strstr(kv_last_error(), "completed as opcode") || !strstr(kv_last_error(), "(21 bytes)"))
+        fail_msg("want the opcode and length named: %s", kv_last_error());
+    assert_int_equal(kv_xport_notify_poll(d.b, 200, &got), KV_ERR_TIMEOUT);
+    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
+    duo_close(&d, &ml, 1, &mr, 1);
+    kv__verbs_set(kvt_softverbs());
+    free(rb);
+    free(lb);
+}
+
 /* One pass of the suite with its own decode child. */
 static int run_pass(bool busy)
 {
@@ -1723,6 +1803,7 @@ static int run_pass(bool busy)
         cmocka_unit_test(test_xport_rdma_read_only_region_refused),
         cmocka_unit_test(test_xport_rdma_unexpose_mid_write),
         cmocka_unit_test(test_xport_rdma_hostile_ready_refused),
+        cmocka_unit_test(test_xport_rdma_write_with_imm_is_no_notification),
         cmocka_unit_test(test_xport_rdma_forged_key_refused),
     };
     const int rc =
