@@ -72,6 +72,7 @@
 #include <string.h>
 
 #include "kv_arena.h"
+#include "kv_cache.h"
 #include "kv_plan.h"
 #include "kv_status.h"
 
@@ -272,8 +273,21 @@ KV_API KV_NODISCARD kv_status kv_xport_mem_reg_on(kv_xport *x, void *base, size_
                                                   enum kv_mem_kind kind, uint32_t device,
                                                   kv_xport_mem **out);
 
+/* Register cache c's memory (its arena: kv_cache_regions' one region, of
+ * the arena's kind) on the transport's automatic device, and hold a
+ * reference on c (kv_cache_retain) until the region is deregistered. So
+ * the engine's kv_cache_destroy while the region is registered, exposed or
+ * named by a transfer drops only the engine's reference: the memory a
+ * peer's bytes land in stays mapped until kv_xport_mem_dereg, which drops
+ * the last reference (and frees the cache) once it succeeds. The
+ * statuses of kv_xport_mem_reg; KV_ERR_NULL; no reference kept on
+ * failure. */
+KV_API KV_NODISCARD kv_status kv_xport_mem_reg_cache(kv_xport *x, kv_cache *c,
+                                                     kv_xport_mem **out);
+
 /* Deregister (KV_ERR_BAD_STATE while a transfer or an exposure uses it;
- * KV_ERR_DEVICE when the backend's deregistration fails: still registered). */
+ * KV_ERR_DEVICE when the backend's deregistration fails: still registered).
+ * A region of kv_xport_mem_reg_cache drops its cache reference here. */
 KV_API KV_NODISCARD kv_status kv_xport_mem_dereg(kv_xport_mem *mem);
 
 /* Let peer write into mem, and write into blob[cap] what the peer imports

@@ -198,6 +198,7 @@ struct kv_xport_mem {
     uint32_t region;
     uint32_t users;  /* transfers not terminal that name it + exposures */
     uint32_t device; /* kv_xport_mem_reg_on's: asked for (KV_XPORT_DEVICE_AUTO: backend's) */
+    kv_cache *cache; /* kv_xport_mem_reg_cache's reference, dropped when deregistered */
     void *be;
 };
 

@@ -67,6 +67,27 @@ kv_status kv_xport_mem_reg_on(kv_xport *x, void *base, size_t bytes, enum kv_mem
     return KV_OK;
 }
 
+kv_status kv_xport_mem_reg_cache(kv_xport *x, kv_cache *c, kv_xport_mem **out)
+{
+    if (!x || !c || !out)
+        return kv__error(KV_ERR_NULL, "xport_mem_reg_cache: %s is NULL",
+                         !x   ? "x"
+                         : !c ? "cache"
+                              : "out");
+    struct kv_mem_region rg;
+    size_t n = 0;
+    kv_status st = kv_cache_regions(c, &rg, 1, &n);
+    if (st != KV_OK)
+        return st;
+    kv_xport_mem *m = NULL;
+    if ((st = kv_xport_mem_reg(x, rg.ptr, rg.bytes, rg.kind, &m)) != KV_OK)
+        return st;
+    /* before the region can be named by anyone but the caller */
+    m->cache = kv_cache_retain(c);
+    *out = m;
+    return KV_OK;
+}
+
 kv_status kv_xport_mem_info_get(kv_xport_mem *mem, struct kv_xport_mem_info *out)
 {
     if (!mem || !out)
@@ -117,6 +138,7 @@ kv_status kv_xport_mem_dereg(kv_xport_mem *mem)
         pthread_mutex_unlock(&x->mu);
         return st;
     }
+    kv_cache_destroy(mem->cache); /* kv_xport_mem_reg_cache's reference; NULL: none */
     kv__mem_free(mem);
     return KV_OK;
 }

@@ -1351,6 +1351,78 @@ static void test_xport_edges_cancel_waits_for_the_ack(void **state)
  * under it (use after free, seen under ASan in about one run in two of a
  * thousand rounds). The destroyer retries until KV_OK, as a shutdown path
  * would; under ASan any use after free fails the run. */
+/* ---- a cache registered by handle outlives the engine's destroy -------- */
+
+/* kv_xport_mem_reg_cache holds a reference on the cache: the engine's
+ * kv_cache_destroy while the region is exposed drops only its own, so a
+ * peer's write still lands in mapped memory (the whole region compared;
+ * under ASan a write into the freed arena would be reported), a refused
+ * deregistration keeps it, and the last reference goes with the
+ * deregistration that succeeds (ASan's leak check sees it freed). */
+static void test_xport_edges_cache_region_outlives_its_destroy(void **state)
+{
+    (void)state;
+    struct kv_cache_config cc;
+    kv_cache_config_init(&cc);
+    cc.layout.num_layers = 2;
+    cc.layout.num_blocks = 40;
+    cc.layout.block_tokens = 16;
+    cc.layout.num_heads = 2;
+    cc.layout.head_dim = 64;
+    cc.layout.dtype = KV_F16;
+    cc.max_seqs = 4;
+    cc.zero_fill = true;
+    kv_cache *c = NULL;
+    assert_int_equal(kv_cache_create(&cc, &c), KV_OK);
+    struct kv_mem_region rg;
+    size_t nrg = 0;
+    assert_int_equal(kv_cache_regions(c, &rg, 1, &nrg), KV_OK);
+    assert_int_equal(nrg, 1);
+    struct kvt_pair p;
+    const struct kv_xport_config ca = cfg_of(false, 1, 5000), cb = cfg_of(true, 1, 5000);
+    kvt_pair_open(&p, &ca, &cb);
+    kv_xport_mem *mb = NULL;
+    assert_int_equal(kv_xport_mem_reg_cache(NULL, c, &mb), KV_ERR_NULL);
+    assert_int_equal(kv_xport_mem_reg_cache(p.b, NULL, &mb), KV_ERR_NULL);
+    assert_int_equal(kv_xport_mem_reg_cache(p.b, c, NULL), KV_ERR_NULL);
+    assert_null(mb);
+    assert_int_equal(kv_xport_mem_reg_cache(p.b, c, &mb), KV_OK);
+    assert_int_equal(kv_xport_mem_bytes(mb), rg.bytes);
+    unsigned char blob[KV_XPORT_BLOB_MAX];
+    size_t blen = 0;
+    assert_int_equal(kv_xport_mem_expose(p.pb, mb, blob, sizeof(blob), &blen), KV_OK);
+    kv_xport_rmem *r = NULL;
+    assert_int_equal(kv_xport_rmem_import(p.pa, blob, blen, &r), KV_OK);
+    unsigned char *src = malloc(rg.bytes);
+    assert_non_null(src);
+    for (size_t i = 0; i < rg.bytes; i++)
+        src[i] = (unsigned char)(i * 131u + (i >> 9) + 7u);
+    kv_xport_mem *ma = NULL;
+    assert_int_equal(kv_xport_mem_reg(p.a, src, rg.bytes, KV_MEM_HOST, &ma), KV_OK);
+    kv_cache_destroy(c); /* the engine's reference */
+    const struct kv_xport_io io = {.local = ma, .remote = r, .bytes = rg.bytes};
+    const struct kv_xport_notify nt = {.tag = 77};
+    kv_xport_xfer *t = NULL;
+    assert_int_equal(kv_xport_write(p.pa, &io, 1, &nt, &t), KV_OK);
+    kvt_xfer_done(t, KV_XPORT_DONE);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    struct kv_xport_msg *m = malloc(sizeof(*m));
+    assert_non_null(m);
+    assert_int_equal(kv_xport_notify_poll(p.b, 5000, m), KV_OK);
+    assert_int_equal(m->tag, 77);
+    assert_memory_equal(rg.ptr, src, rg.bytes);
+    /* exposed: refused, and the memory still there */
+    assert_int_equal(kv_xport_mem_dereg(mb), KV_ERR_BAD_STATE);
+    assert_memory_equal(rg.ptr, src, rg.bytes);
+    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
+    assert_int_equal(kv_xport_mem_unexpose(p.pb, mb), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(mb), KV_OK); /* the last reference */
+    assert_int_equal(kv_xport_mem_dereg(ma), KV_OK);
+    kvt_pair_close(&p);
+    free(m);
+    free(src);
+}
+
 static void *close_peer(void *arg)
 {
     kv_xport_peer_close(arg);
@@ -1401,6 +1473,7 @@ int main(void)
         cmocka_unit_test(test_xport_edges_destroy_while_a_thread_waits),
         cmocka_unit_test(test_xport_edges_cancel_waits_for_the_ack),
         cmocka_unit_test(test_xport_edges_destroy_races_peer_close),
+        cmocka_unit_test(test_xport_edges_cache_region_outlives_its_destroy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

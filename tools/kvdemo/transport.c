@@ -82,7 +82,8 @@ bool xport_new(const struct opts *o, bool listen, kv_xport **x)
     return ok_call(st, "kv_xport_create");
 }
 
-/* Register a cache's arena (one region). */
+/* Register a cache's arena (one region), holding a reference on the cache
+ * until it is deregistered. */
 bool xport_reg(kv_xport *x, const struct side *s, kv_xport_mem **mem)
 {
     struct kv_mem_region rg[4];
@@ -91,8 +92,7 @@ bool xport_reg(kv_xport *x, const struct side *s, kv_xport_mem **mem)
         return false;
     if (n != 1 || rg[0].ptr != s->pc.base)
         return fail_msg("the cache arena is %zu regions, not one at its base", n);
-    return ok_call(kv_xport_mem_reg(x, rg[0].ptr, rg[0].bytes, rg[0].kind, mem),
-                   "kv_xport_mem_reg");
+    return ok_call(kv_xport_mem_reg_cache(x, s->c, mem), "kv_xport_mem_reg_cache");
 }
 
 /* Check up front that the transport can be created at all (RDMA without a
