@@ -238,9 +238,31 @@ void kv_offload_destroy(kv_offload *off)
     off->n_fmts = 0;
     /* staging buffers still out keep the region until the last is returned */
     off->destroyed = true;
-    const bool last = off->n_stg == 0;
+    const bool last = off->n_stg == 0 && off->n_holds == 0;
     pthread_mutex_unlock(&off->mu);
     if (last)
+        tier_free(off);
+}
+
+kv_status kv__offload_region_hold(kv_offload *off)
+{
+    pthread_mutex_lock(&off->mu);
+    const bool gone = off->destroyed || off->stopping;
+    if (!gone)
+        off->n_holds++;
+    pthread_mutex_unlock(&off->mu);
+    return gone ? kv__error(KV_ERR_BAD_STATE, "kv_offload: the tier is being destroyed: its "
+                                              "region cannot be held")
+                : KV_OK;
+}
+
+void kv__offload_region_release(kv_offload *off)
+{
+    pthread_mutex_lock(&off->mu);
+    off->n_holds--;
+    const bool last = off->destroyed && off->n_stg == 0 && off->n_holds == 0;
+    pthread_mutex_unlock(&off->mu);
+    if (last) /* the tier was destroyed: this hold kept the region */
         tier_free(off);
 }
 
@@ -683,7 +705,7 @@ kv_status kv_offload_staging_free(kv_offload *off, void *ptr)
         off->st.staging_bytes -= off->stg[i].bytes;
         off->stg[i] = off->stg[--off->n_stg];
     }
-    const bool last = off->destroyed && off->n_stg == 0;
+    const bool last = off->destroyed && off->n_stg == 0 && off->n_holds == 0;
     pthread_mutex_unlock(&off->mu);
     if (last) /* the tier was destroyed: this buffer held the region */
         tier_free(off);

@@ -85,7 +85,9 @@
  *                 state) an op that is not terminal;
  *   staging       buffers still out at kv_offload_destroy keep the region
  *                 (and the handle, for kv_offload_staging_free alone) until
- *                 the last is returned.
+ *                 the last is returned;
+ *   registration  a transport's kv_xport_mem_reg_offload holds the region
+ *                 the same way, until kv_xport_mem_dereg.
  *
  * Thread-safe: every kv_offload_* call but create and destroy may be made
  * from any thread while the worker runs (one mutex per tier guards the

@@ -34,6 +34,16 @@
 
 typedef struct kv__carver kv__carver;
 
+/* A hold on off's region for a user outside the tier (a transport's
+ * registration, kv_xport_mem_reg_offload): kv_offload_destroy then ends
+ * the ops, joins the worker and drops the entries, but the region and the
+ * handle live until the last hold (and staging buffer) is released. The
+ * hold is taken on a live tier (KV_ERR_BAD_STATE once destroyed). */
+kv_status kv__offload_region_hold(kv_offload *off);
+/* Release a hold; the last release after kv_offload_destroy frees the
+ * region and the handle. */
+void kv__offload_region_release(kv_offload *off);
+
 /* A carver over [base, base + bytes). KV_ERR_NO_MEMORY; KV_ERR_INTERNAL
  * (jemalloc refused the arena). */
 kv_status kv__carver_create(void *base, size_t bytes, kv__carver **out);

@@ -121,7 +121,10 @@ struct kv_offload {
     void *dev_event[KV__OFF_MAX_DEVS];
 
     pthread_mutex_t mu; /* guards everything below */
-    bool destroyed;     /* kv_offload_destroy ran; the handle lives while n_stg > 0 */
+    bool destroyed;     /* kv_offload_destroy ran; the handle lives while n_stg > 0 or
+                           n_holds > 0 */
+    uint32_t n_holds;   /* holds of the region (kv__offload_region_hold: a transport's
+                           registration of it) */
     pthread_cond_t cv;  /* the worker waits for work */
     kv_offload_op *qhead, *qtail;
     kv_offload_op *running;

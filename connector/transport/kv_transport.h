@@ -73,6 +73,7 @@
 
 #include "kv_arena.h"
 #include "kv_cache.h"
+#include "kv_offload.h"
 #include "kv_plan.h"
 #include "kv_status.h"
 
@@ -285,9 +286,19 @@ KV_API KV_NODISCARD kv_status kv_xport_mem_reg_on(kv_xport *x, void *base, size_
 KV_API KV_NODISCARD kv_status kv_xport_mem_reg_cache(kv_xport *x, kv_cache *c,
                                                      kv_xport_mem **out);
 
+/* The same for an offload tier's region (kv_offload_regions' one region):
+ * the registration holds the region, so kv_offload_destroy while it is
+ * registered ends the tier's ops and entries but keeps the region mapped
+ * until kv_xport_mem_dereg releases the hold (and frees it). The statuses
+ * of kv_xport_mem_reg; KV_ERR_NULL; KV_ERR_BAD_STATE (the tier is being
+ * destroyed). Nothing held on failure. */
+KV_API KV_NODISCARD kv_status kv_xport_mem_reg_offload(kv_xport *x, kv_offload *off,
+                                                       kv_xport_mem **out);
+
 /* Deregister (KV_ERR_BAD_STATE while a transfer or an exposure uses it;
  * KV_ERR_DEVICE when the backend's deregistration fails: still registered).
- * A region of kv_xport_mem_reg_cache drops its cache reference here. */
+ * A region of kv_xport_mem_reg_cache / _offload drops its reference or
+ * hold here. */
 KV_API KV_NODISCARD kv_status kv_xport_mem_dereg(kv_xport_mem *mem);
 
 /* Let peer write into mem, and write into blob[cap] what the peer imports

@@ -13,6 +13,7 @@
 
 #include "kv_mem.h"
 #include "kv_wire.h"
+#include "kv_offload_int.h"
 #include "kv_xport_int.h"
 
 /* ---- memory --------------------------------------------------------- */
@@ -88,6 +89,28 @@ kv_status kv_xport_mem_reg_cache(kv_xport *x, kv_cache *c, kv_xport_mem **out)
     return KV_OK;
 }
 
+kv_status kv_xport_mem_reg_offload(kv_xport *x, kv_offload *off, kv_xport_mem **out)
+{
+    if (!x || !off || !out)
+        return kv__error(KV_ERR_NULL, "xport_mem_reg_offload: %s is NULL",
+                         !x     ? "x"
+                         : !off ? "off"
+                                : "out");
+    struct kv_mem_region rg;
+    size_t n = 0;
+    kv_status st = kv_offload_regions(off, &rg, 1, &n);
+    if (st != KV_OK || (st = kv__offload_region_hold(off)) != KV_OK)
+        return st;
+    kv_xport_mem *m = NULL;
+    if ((st = kv_xport_mem_reg(x, rg.ptr, rg.bytes, rg.kind, &m)) != KV_OK) {
+        kv__offload_region_release(off);
+        return st;
+    }
+    m->offload = off;
+    *out = m;
+    return KV_OK;
+}
+
 kv_status kv_xport_mem_info_get(kv_xport_mem *mem, struct kv_xport_mem_info *out)
 {
     if (!mem || !out)
@@ -139,6 +162,8 @@ kv_status kv_xport_mem_dereg(kv_xport_mem *mem)
         return st;
     }
     kv_cache_destroy(mem->cache); /* kv_xport_mem_reg_cache's reference; NULL: none */
+    if (mem->offload)
+        kv__offload_region_release(mem->offload);
     kv__mem_free(mem);
     return KV_OK;
 }

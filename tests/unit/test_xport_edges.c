@@ -1351,42 +1351,61 @@ static void test_xport_edges_cancel_waits_for_the_ack(void **state)
  * under it (use after free, seen under ASan in about one run in two of a
  * thousand rounds). The destroyer retries until KV_OK, as a shutdown path
  * would; under ASan any use after free fails the run. */
-/* ---- a cache registered by handle outlives the engine's destroy -------- */
+/* ---- memory registered by handle outlives its owner's destroy ---------- */
 
-/* kv_xport_mem_reg_cache holds a reference on the cache: the engine's
- * kv_cache_destroy while the region is exposed drops only its own, so a
- * peer's write still lands in mapped memory (the whole region compared;
- * under ASan a write into the freed arena would be reported), a refused
- * deregistration keeps it, and the last reference goes with the
- * deregistration that succeeds (ASan's leak check sees it freed). */
-static void test_xport_edges_cache_region_outlives_its_destroy(void **state)
+/* kv_xport_mem_reg_cache holds a reference on the cache and
+ * kv_xport_mem_reg_offload a hold on the tier's region: the owner's
+ * destroy while the region is exposed frees nothing a peer writes into. A
+ * peer's write of the whole region lands after it (compared whole; under
+ * ASan a write into a freed region is reported), a refused
+ * deregistration keeps the memory, and the one that succeeds frees it
+ * (ASan's leak check sees it freed). */
+static void outlives_its_destroy(bool offload)
 {
-    (void)state;
-    struct kv_cache_config cc;
-    kv_cache_config_init(&cc);
-    cc.layout.num_layers = 2;
-    cc.layout.num_blocks = 40;
-    cc.layout.block_tokens = 16;
-    cc.layout.num_heads = 2;
-    cc.layout.head_dim = 64;
-    cc.layout.dtype = KV_F16;
-    cc.max_seqs = 4;
-    cc.zero_fill = true;
     kv_cache *c = NULL;
-    assert_int_equal(kv_cache_create(&cc, &c), KV_OK);
+    kv_offload *off = NULL;
+    if (offload) {
+        struct kv_offload_config oc;
+        kv_offload_config_init(&oc);
+        oc.capacity_bytes = 1u << 20;
+        oc.mem = KV_OFFLOAD_MEM_HOST;
+        oc.threads = 1;
+        assert_int_equal(kv_offload_create(&oc, &off), KV_OK);
+    } else {
+        struct kv_cache_config cc;
+        kv_cache_config_init(&cc);
+        cc.layout.num_layers = 2;
+        cc.layout.num_blocks = 40;
+        cc.layout.block_tokens = 16;
+        cc.layout.num_heads = 2;
+        cc.layout.head_dim = 64;
+        cc.layout.dtype = KV_F16;
+        cc.max_seqs = 4;
+        cc.zero_fill = true;
+        assert_int_equal(kv_cache_create(&cc, &c), KV_OK);
+    }
     struct kv_mem_region rg;
     size_t nrg = 0;
-    assert_int_equal(kv_cache_regions(c, &rg, 1, &nrg), KV_OK);
+    assert_int_equal(
+        offload ? kv_offload_regions(off, &rg, 1, &nrg) : kv_cache_regions(c, &rg, 1, &nrg), KV_OK);
     assert_int_equal(nrg, 1);
     struct kvt_pair p;
     const struct kv_xport_config ca = cfg_of(false, 1, 5000), cb = cfg_of(true, 1, 5000);
     kvt_pair_open(&p, &ca, &cb);
     kv_xport_mem *mb = NULL;
-    assert_int_equal(kv_xport_mem_reg_cache(NULL, c, &mb), KV_ERR_NULL);
-    assert_int_equal(kv_xport_mem_reg_cache(p.b, NULL, &mb), KV_ERR_NULL);
-    assert_int_equal(kv_xport_mem_reg_cache(p.b, c, NULL), KV_ERR_NULL);
-    assert_null(mb);
-    assert_int_equal(kv_xport_mem_reg_cache(p.b, c, &mb), KV_OK);
+    if (offload) {
+        assert_int_equal(kv_xport_mem_reg_offload(NULL, off, &mb), KV_ERR_NULL);
+        assert_int_equal(kv_xport_mem_reg_offload(p.b, NULL, &mb), KV_ERR_NULL);
+        assert_int_equal(kv_xport_mem_reg_offload(p.b, off, NULL), KV_ERR_NULL);
+        assert_null(mb);
+        assert_int_equal(kv_xport_mem_reg_offload(p.b, off, &mb), KV_OK);
+    } else {
+        assert_int_equal(kv_xport_mem_reg_cache(NULL, c, &mb), KV_ERR_NULL);
+        assert_int_equal(kv_xport_mem_reg_cache(p.b, NULL, &mb), KV_ERR_NULL);
+        assert_int_equal(kv_xport_mem_reg_cache(p.b, c, NULL), KV_ERR_NULL);
+        assert_null(mb);
+        assert_int_equal(kv_xport_mem_reg_cache(p.b, c, &mb), KV_OK);
+    }
     assert_int_equal(kv_xport_mem_bytes(mb), rg.bytes);
     unsigned char blob[KV_XPORT_BLOB_MAX];
     size_t blen = 0;
@@ -1399,7 +1418,11 @@ static void test_xport_edges_cache_region_outlives_its_destroy(void **state)
         src[i] = (unsigned char)(i * 131u + (i >> 9) + 7u);
     kv_xport_mem *ma = NULL;
     assert_int_equal(kv_xport_mem_reg(p.a, src, rg.bytes, KV_MEM_HOST, &ma), KV_OK);
-    kv_cache_destroy(c); /* the engine's reference */
+    /* the owner's destroy: the engine's reference, the tier's ops and entries */
+    if (offload)
+        kv_offload_destroy(off);
+    else
+        kv_cache_destroy(c);
     const struct kv_xport_io io = {.local = ma, .remote = r, .bytes = rg.bytes};
     const struct kv_xport_notify nt = {.tag = 77};
     kv_xport_xfer *t = NULL;
@@ -1416,11 +1439,23 @@ static void test_xport_edges_cache_region_outlives_its_destroy(void **state)
     assert_memory_equal(rg.ptr, src, rg.bytes);
     assert_int_equal(kv_xport_rmem_free(r), KV_OK);
     assert_int_equal(kv_xport_mem_unexpose(p.pb, mb), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(mb), KV_OK); /* the last reference */
+    assert_int_equal(kv_xport_mem_dereg(mb), KV_OK); /* the last reference or hold */
     assert_int_equal(kv_xport_mem_dereg(ma), KV_OK);
     kvt_pair_close(&p);
     free(m);
     free(src);
+}
+
+static void test_xport_edges_cache_region_outlives_its_destroy(void **state)
+{
+    (void)state;
+    outlives_its_destroy(false);
+}
+
+static void test_xport_edges_offload_region_outlives_its_destroy(void **state)
+{
+    (void)state;
+    outlives_its_destroy(true);
 }
 
 static void *close_peer(void *arg)
@@ -1474,6 +1509,7 @@ int main(void)
         cmocka_unit_test(test_xport_edges_cancel_waits_for_the_ack),
         cmocka_unit_test(test_xport_edges_destroy_races_peer_close),
         cmocka_unit_test(test_xport_edges_cache_region_outlives_its_destroy),
+        cmocka_unit_test(test_xport_edges_offload_region_outlives_its_destroy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
