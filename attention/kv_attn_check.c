@@ -1063,14 +1063,13 @@ static kv_status check_q_out(const char *fn, const struct kv_paged_cache *cache,
     return KV_OK;
 }
 
-kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cache, uint32_t layer,
-                                const struct kv_view *q, const int32_t *qo_indptr,
-                                const struct kv_pages *pages, float softmax_scale,
-                                const struct kv_scales *scales, const struct kv_view *out,
-                                const struct kv_attn_opts *opts, struct kv__attn_job *job)
+/* The start of a decode / prefill check (MLA or not): job zeroed and named,
+ * q, out (and qo_indptr for a prefill) not NULL, the cache checked and
+ * copied into job. */
+static kv_status check_job_start(const char *fn, const struct kv_paged_cache *cache,
+                                 const struct kv_view *q, const int32_t *qo_indptr, bool prefill,
+                                 const struct kv_view *out, struct kv__attn_job *job)
 {
-    kv_status st;
-    const bool prefill = strstr(fn, "prefill") != NULL;
     memset(job, 0, sizeof(*job));
     job->fn = fn;
     job->kernel = prefill ? KV_ATTN_PREFILL : KV_ATTN_DECODE;
@@ -1079,30 +1078,32 @@ kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cac
                                    (const void *)qo_indptr, (const void *)out)
                        : kv__error(KV_ERR_NULL, "%s: q=%p out=%p", fn, (const void *)q,
                                    (const void *)out);
-    if ((st = check_cache(fn, cache)) != KV_OK)
+    kv_status st = check_cache(fn, cache);
+    if (st != KV_OK)
         return st;
-    const struct kv_layout *lo = &cache->layout;
     job->cache = *cache;
-    if (lo->k_only)
-        return kv__error(KV_ERR_INVALID_ARG,
-                         "%s: a K-only (MLA) layout has no V plane: its decode is "
-                         "kv_attn_decode_mla (values = the first Dv dims of the K rows)",
-                         fn);
-    if ((st = check_layer(fn, (int64_t)layer, lo->num_layers, false, job)) != KV_OK)
-        return st;
-    if ((st = check_q_dims(fn, q, prefill ? "[T][Hq][D]" : "[S][Hq][D]")) != KV_OK)
-        return st;
-    const int64_t hq = q->shape[1];
-    if (hq < lo->num_heads || hq % lo->num_heads != 0)
-        return kv__error(KV_ERR_BAD_SHAPE,
-                         "%s: q has %" PRId64 " heads, not a multiple of the cache's %" PRId64
-                         " KV heads",
-                         fn, hq, lo->num_heads);
-    if ((st = check_q_out(fn, cache, q, out, hq, lo->head_dim, false, softmax_scale, job)) != KV_OK)
+    return KV_OK;
+}
+
+/* The rest of a decode / prefill check once q's Hq heads are known: q and
+ * out ([.][Hq][out_dim]), opts, scales (one K plane for MLA), the pages, then
+ * qo_indptr (a prefill) or one page row per sequence of q (a decode); job
+ * completed (mla_dv = out_dim for MLA). On an error after the pages the job's
+ * page arrays are freed. */
+static kv_status check_job_finish(const char *fn, const struct kv_paged_cache *cache,
+                                  const struct kv_view *q, const int32_t *qo_indptr, bool prefill,
+                                  const struct kv_pages *pages, int64_t hq, int64_t out_dim,
+                                  bool mla, float softmax_scale, const struct kv_scales *scales,
+                                  const struct kv_view *out, const struct kv_attn_opts *opts,
+                                  struct kv__attn_job *job)
+{
+    const struct kv_layout *lo = &cache->layout;
+    kv_status st;
+    if ((st = check_q_out(fn, cache, q, out, hq, out_dim, mla, softmax_scale, job)) != KV_OK)
         return st;
     if ((st = check_attn_opts(fn, opts, q->shape[0], hq, q, out, cache, job)) != KV_OK)
         return st;
-    if ((st = check_attn_scales(fn, scales, lo, lo->k_only, q, out, hq, job)) != KV_OK)
+    if ((st = check_attn_scales(fn, scales, lo, mla, q, out, hq, job)) != KV_OK)
         return st;
     if ((st = check_pages(fn, lo, pages, job)) != KV_OK) {
         kv__attn_job_free(job);
@@ -1119,8 +1120,40 @@ kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cac
     }
     job->q_heads = (uint32_t)hq;
     job->softmax_scale = softmax_scale;
+    if (mla)
+        job->mla_dv = out_dim;
     job->path = worse(path_of(q), path_of(out));
     return KV_OK;
+}
+
+kv_status kv__attn_decode_check(const char *fn, const struct kv_paged_cache *cache, uint32_t layer,
+                                const struct kv_view *q, const int32_t *qo_indptr,
+                                const struct kv_pages *pages, float softmax_scale,
+                                const struct kv_scales *scales, const struct kv_view *out,
+                                const struct kv_attn_opts *opts, struct kv__attn_job *job)
+{
+    const bool prefill = strstr(fn, "prefill") != NULL;
+    kv_status st = check_job_start(fn, cache, q, qo_indptr, prefill, out, job);
+    if (st != KV_OK)
+        return st;
+    const struct kv_layout *lo = &cache->layout;
+    if (lo->k_only)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "%s: a K-only (MLA) layout has no V plane: its decode is "
+                         "kv_attn_decode_mla (values = the first Dv dims of the K rows)",
+                         fn);
+    if ((st = check_layer(fn, (int64_t)layer, lo->num_layers, false, job)) != KV_OK)
+        return st;
+    if ((st = check_q_dims(fn, q, prefill ? "[T][Hq][D]" : "[S][Hq][D]")) != KV_OK)
+        return st;
+    const int64_t hq = q->shape[1];
+    if (hq < lo->num_heads || hq % lo->num_heads != 0)
+        return kv__error(KV_ERR_BAD_SHAPE,
+                         "%s: q has %" PRId64 " heads, not a multiple of the cache's %" PRId64
+                         " KV heads",
+                         fn, hq, lo->num_heads);
+    return check_job_finish(fn, cache, q, qo_indptr, prefill, pages, hq, lo->head_dim, false,
+                            softmax_scale, scales, out, opts, job);
 }
 
 /* MLA decode (qo_indptr NULL, no options) and prefill. */
@@ -1130,20 +1163,11 @@ static kv_status mla_check(const char *fn, const struct kv_paged_cache *cache, u
                            const struct kv_scales *scales, const struct kv_view *out,
                            const struct kv_attn_opts *opts, struct kv__attn_job *job)
 {
-    kv_status st;
-    memset(job, 0, sizeof(*job));
-    job->fn = fn;
-    job->kernel = prefill ? KV_ATTN_PREFILL : KV_ATTN_DECODE;
+    kv_status st = check_job_start(fn, cache, q, qo_indptr, prefill, out, job);
     job->window_left = KV_ATTN_WINDOW_OFF;
-    if (!q || !out || (prefill && !qo_indptr))
-        return prefill ? kv__error(KV_ERR_NULL, "%s: q=%p qo_indptr=%p out=%p", fn, (const void *)q,
-                                   (const void *)qo_indptr, (const void *)out)
-                       : kv__error(KV_ERR_NULL, "%s: q=%p out=%p", fn, (const void *)q,
-                                   (const void *)out);
-    if ((st = check_cache(fn, cache)) != KV_OK)
+    if (st != KV_OK)
         return st;
     const struct kv_layout *lo = &cache->layout;
-    job->cache = *cache;
     if (!lo->k_only || lo->num_heads != 1)
         return kv__error(KV_ERR_INVALID_ARG,
                          "%s: the layout has %s and H = %" PRId64
@@ -1162,30 +1186,8 @@ static kv_status mla_check(const char *fn, const struct kv_paged_cache *cache, u
     const int64_t hq = q->shape[1];
     if (hq < 1 || hq > INT32_MAX)
         return kv__error(KV_ERR_BAD_SHAPE, "%s: q has %" PRId64 " heads", fn, hq);
-    if ((st = check_q_out(fn, cache, q, out, hq, dv, true, softmax_scale, job)) != KV_OK)
-        return st;
-    if ((st = check_attn_opts(fn, opts, q->shape[0], hq, q, out, cache, job)) != KV_OK)
-        return st;
-    if ((st = check_attn_scales(fn, scales, lo, true, q, out, hq, job)) != KV_OK)
-        return st;
-    if ((st = check_pages(fn, lo, pages, job)) != KV_OK) {
-        kv__attn_job_free(job);
-        return st;
-    }
-    if (prefill)
-        st = check_qo_indptr(fn, qo_indptr, q->shape[0], job);
-    else if ((int64_t)job->n_seqs != q->shape[0])
-        st = kv__error(KV_ERR_BAD_SHAPE, "%s: q has %" PRId64 " sequences, pages %" PRIu32, fn,
-                       q->shape[0], job->n_seqs);
-    if (st != KV_OK) {
-        kv__attn_job_free(job);
-        return st;
-    }
-    job->q_heads = (uint32_t)hq;
-    job->softmax_scale = softmax_scale;
-    job->mla_dv = dv;
-    job->path = worse(path_of(q), path_of(out));
-    return KV_OK;
+    return check_job_finish(fn, cache, q, qo_indptr, prefill, pages, hq, dv, true, softmax_scale,
+                            scales, out, opts, job);
 }
 
 kv_status kv__attn_decode_mla_check(const char *fn, const struct kv_paged_cache *cache,

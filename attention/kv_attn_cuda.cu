@@ -66,6 +66,38 @@ static void release(void *dev, cudaStream_t s)
         (void)cudaFreeAsync(dev, s);
 }
 
+/* A host-index job's page table on the device: page_ids, page_start and
+ * seq_tokens uploaded (NULL: not, or empty), freed with release_table. */
+struct dev_table {
+    void *pages, *start, *tok;
+};
+
+/* j's page table uploaded into *d (all NULL before) and named by p's
+ * page_ids, page_start and seq_tokens (P: kv__cdec, kv__cmla, kv__cpre). */
+template <class P>
+static kv_status upload_table(const struct kv__attn_job *j, P *p, struct dev_table *d,
+                              cudaStream_t s, const char *fn)
+{
+    const int64_t n_pages = j->page_start[j->n_seqs];
+    kv_status st;
+    if ((st = upload(&d->pages, j->page_ids, (size_t)n_pages * sizeof(int32_t), s, fn)) != KV_OK ||
+        (st = upload(&d->start, j->page_start, ((size_t)j->n_seqs + 1) * sizeof(int64_t), s,
+                     fn)) != KV_OK ||
+        (st = upload(&d->tok, j->seq_tokens, (size_t)j->n_seqs * sizeof(int64_t), s, fn)) != KV_OK)
+        return st;
+    p->page_ids = (const int32_t *)d->pages;
+    p->page_start = (const int64_t *)d->start;
+    p->seq_tokens = (const int64_t *)d->tok;
+    return KV_OK;
+}
+
+static void release_table(const struct dev_table *d, cudaStream_t s)
+{
+    release(d->tok, s);
+    release(d->start, s);
+    release(d->pages, s);
+}
+
 /* The thread's context from the built-ins (1-D launches). */
 __device__ __forceinline__ struct kv_grid_ctx kv__ctx(void *shared)
 {
@@ -223,7 +255,7 @@ static void launch_copy(const struct kv__ccopy &p, int w, cudaStream_t s)
 }
 
 /* kv__copy_ex_kernel at width w (16, 8, 4, 2 or 1: kv__ccopy_ex_build*). */
-static void launch_copy_ex(const struct kv__ccopy_ex &p, int w, cudaStream_t s)
+static void launch_copy(const struct kv__ccopy_ex &p, int w, cudaStream_t s)
 {
     const int grid = kv__attn_grid_of(p.n_items);
     if (w == 16)
@@ -236,6 +268,25 @@ static void launch_copy_ex(const struct kv__ccopy_ex &p, int w, cudaStream_t s)
         kv__copy_ex_kernel<2><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
     else
         kv__copy_ex_kernel<1><<<grid, KV__ATTN_THREADS, 0, s>>>(p);
+}
+
+/* The host-index copy launch of p (kv__ccopy or kv__ccopy_ex) at width w:
+ * its offsets offs ([n_units][2], host, freed here) uploaded and named by
+ * p.offs, the launch, the upload freed on the stream. */
+template <class P>
+static kv_status launch_copy_offs(P &p, int w, int64_t *offs, int64_t n_units, cudaStream_t s,
+                                  const char *fn)
+{
+    void *d_offs = NULL;
+    kv_status st = upload(&d_offs, offs, (size_t)n_units * 2 * sizeof(int64_t), s, fn);
+    kv__mem_free(offs);
+    if (st != KV_OK)
+        return st;
+    p.offs = (const int64_t *)d_offs;
+    launch_copy(p, w, s);
+    st = kv__cuda_status(cudaGetLastError(), fn);
+    release(d_offs, s);
+    return st;
 }
 
 /* ---- move (write and read) ----------------------------------------------------- */
@@ -304,6 +355,16 @@ static struct kv__dev_arrays pairs_arrays(const struct kv_block_copy *pairs, uin
     return a;
 }
 
+/* The end of a device-index launch: the finish of the error record (when
+ * given) over the launch's arrays a, then the launch's status. */
+static kv_status finish_dev(struct kv_attn_cuda_errors *err, const struct kv__dev_arrays &a,
+                            cudaStream_t s, const char *fn)
+{
+    if (err)
+        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, a);
+    return kv__cuda_status(cudaGetLastError(), fn);
+}
+
 /* No allocation, no copy, no synchronization: capture-safe. */
 extern "C" kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *j, const int64_t *slots,
                                              int64_t n_slots, bool by_value,
@@ -323,9 +384,7 @@ extern "C" kv_status kv__cuda_attn_write_dev(const struct kv__attn_job *j, const
     } else {
         kv__move_convert_kernel<<<grid, kv__cmove_threads(&m, 0, 1), 0, s>>>(m, NULL, NULL);
     }
-    if (err)
-        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, slots_arrays(slots, n_slots));
-    return kv__cuda_status(cudaGetLastError(), fn);
+    return finish_dev(err, slots_arrays(slots, n_slots), s, fn);
 }
 
 /* No allocation, no copy, no synchronization: capture-safe. Split-KV
@@ -361,9 +420,7 @@ extern "C" kv_status kv__cuda_attn_decode_dev_ws(const struct kv__attn_job *j,
     }
     if ((st = launch_decode(p, j->n_seqs, shmem, s, fn)) != KV_OK)
         return st;
-    if (err)
-        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, kv__dev_pages_arrays(pg, j->n_seqs, NULL));
-    return kv__cuda_status(cudaGetLastError(), fn);
+    return finish_dev(err, kv__dev_pages_arrays(pg, j->n_seqs, NULL), s, fn);
 }
 
 extern "C" kv_status kv__cuda_attn_decode_dev(const struct kv__attn_job *j,
@@ -388,9 +445,7 @@ extern "C" kv_status kv__cuda_attn_copy_dev(const struct kv__attn_job *j,
     if ((st = kv__ccopy_build_dev(j, pairs, n, err, &p, &w)) != KV_OK)
         return st;
     launch_copy(p, w, s);
-    if (err)
-        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, pairs_arrays(pairs, n));
-    return kv__cuda_status(cudaGetLastError(), fn);
+    return finish_dev(err, pairs_arrays(pairs, n), s, fn);
 }
 
 extern "C" kv_status kv__cuda_attn_read_dev(const struct kv__attn_job *j,
@@ -411,10 +466,7 @@ extern "C" kv_status kv__cuda_attn_read_dev(const struct kv__attn_job *j,
         launch_move_bytes(m, NULL, grid, 1, s);
     else
         kv__move_convert_kernel<<<grid, kv__cmove_threads(&m, 0, 1), 0, s>>>(m, NULL, NULL);
-    if (err)
-        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(
-            err, kv__dev_pages_arrays(pg, j->n_seqs, out_indptr));
-    return kv__cuda_status(cudaGetLastError(), fn);
+    return finish_dev(err, kv__dev_pages_arrays(pg, j->n_seqs, out_indptr), s, fn);
 }
 
 extern "C" kv_status kv__cuda_attn_copy_ex_dev(const struct kv__attn_job *j,
@@ -430,10 +482,8 @@ extern "C" kv_status kv__cuda_attn_copy_ex_dev(const struct kv__attn_job *j,
     struct kv__ccopy_ex p;
     int w = 1;
     kv__ccopy_ex_build_dev(j, pairs, n, err, &p, &w);
-    launch_copy_ex(p, w, s);
-    if (err)
-        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, pairs_arrays(pairs, n));
-    return kv__cuda_status(cudaGetLastError(), fn);
+    launch_copy(p, w, s);
+    return finish_dev(err, pairs_arrays(pairs, n), s, fn);
 }
 
 extern "C" kv_status kv__cuda_attn_errors_alloc(struct kv_attn_cuda_errors **out)
@@ -493,18 +543,11 @@ extern "C" kv_status kv__cuda_attn_copy(const struct kv__attn_job *j, kv_cuda_st
         return kv__error(KV_ERR_NO_MEMORY, "%s: %u copies", fn, j->n_copies);
     struct kv__ccopy p;
     int w = 1;
-    st = kv__ccopy_build(j, offs, &p, &w);
-    void *d_offs = NULL;
-    if (st == KV_OK)
-        st = upload(&d_offs, offs, (size_t)j->n_copies * 2 * sizeof(int64_t), s, fn);
-    kv__mem_free(offs);
-    if (st != KV_OK)
+    if ((st = kv__ccopy_build(j, offs, &p, &w)) != KV_OK) {
+        kv__mem_free(offs);
         return st;
-    p.offs = (const int64_t *)d_offs;
-    launch_copy(p, w, s);
-    st = kv__cuda_status(cudaGetLastError(), fn);
-    release(d_offs, s);
-    return st;
+    }
+    return launch_copy_offs(p, w, offs, j->n_copies, s, fn);
 }
 
 extern "C" kv_status kv__cuda_attn_copy_ex(const struct kv__attn_job *j, kv_cuda_stream stream)
@@ -521,16 +564,7 @@ extern "C" kv_status kv__cuda_attn_copy_ex(const struct kv__attn_job *j, kv_cuda
     struct kv__ccopy_ex p;
     int w = 1;
     kv__ccopy_ex_build(j, offs, &p, &w);
-    void *d_offs = NULL;
-    st = upload(&d_offs, offs, (size_t)n_units * 2 * sizeof(int64_t), s, fn);
-    kv__mem_free(offs);
-    if (st != KV_OK)
-        return st;
-    p.offs = (const int64_t *)d_offs;
-    launch_copy_ex(p, w, s);
-    st = kv__cuda_status(cudaGetLastError(), fn);
-    release(d_offs, s);
-    return st;
+    return launch_copy_offs(p, w, offs, n_units, s, fn);
 }
 
 /* ---- decode attention -------------------------------------------------------------- */
@@ -548,8 +582,8 @@ extern "C" kv_status kv__cuda_attn_decode(const struct kv__attn_job *j, kv_cuda_
         return st;
     float scales[2 * 1024];
     kv__cdec_scales(j, &p, scales);
-    void *d_pages = NULL, *d_start = NULL, *d_tok = NULL, *d_scales = NULL, *d_ws = NULL;
-    const int64_t n_pages = j->page_start[j->n_seqs];
+    struct dev_table d = {NULL, NULL, NULL};
+    void *d_scales = NULL, *d_ws = NULL;
     if (p.body == KV__CDEC_SPLIT) {
         int64_t max_tokens = 0;
         for (uint32_t i = 0; i < j->n_seqs; i++)
@@ -560,24 +594,16 @@ extern "C" kv_status kv__cuda_attn_decode(const struct kv__attn_job *j, kv_cuda_
             return st;
         p.ws = (float *)d_ws;
     }
-    if ((st = upload(&d_pages, j->page_ids, (size_t)n_pages * sizeof(int32_t), s, fn)) != KV_OK ||
-        (st = upload(&d_start, j->page_start, ((size_t)j->n_seqs + 1) * sizeof(int64_t), s, fn)) !=
-            KV_OK ||
-        (st = upload(&d_tok, j->seq_tokens, (size_t)j->n_seqs * sizeof(int64_t), s, fn)) != KV_OK ||
+    if ((st = upload_table(j, &p, &d, s, fn)) != KV_OK ||
         (st = upload(&d_scales, scales, (size_t)(2 * p.n_mul) * sizeof(float), s, fn)) != KV_OK)
         goto out;
-    p.page_ids = (const int32_t *)d_pages;
-    p.page_start = (const int64_t *)d_start;
-    p.seq_tokens = (const int64_t *)d_tok;
     p.scales = (const float *)d_scales;
     if ((st = launch_decode(p, j->n_seqs, shmem, s, fn)) == KV_OK)
         st = kv__cuda_status(cudaGetLastError(), fn);
 out:
     release(d_ws, s);
     release(d_scales, s);
-    release(d_tok, s);
-    release(d_start, s);
-    release(d_pages, s);
+    release_table(&d, s);
     return st;
 }
 
@@ -600,9 +626,7 @@ extern "C" kv_status kv__cuda_attn_decode_mla_dev(const struct kv__attn_job *j,
         return st;
     kv__cmla_build_dev(j, pg, err, ksc, &p);
     kv__decode_mla_kernel<<<(unsigned)blocks, 32 * KV__DEC_WARPS, shmem, s>>>(p);
-    if (err)
-        kv__dev_error_finish_kernel<<<1, 1, 0, s>>>(err, kv__dev_pages_arrays(pg, j->n_seqs, NULL));
-    return kv__cuda_status(cudaGetLastError(), fn);
+    return finish_dev(err, kv__dev_pages_arrays(pg, j->n_seqs, NULL), s, fn);
 }
 
 extern "C" kv_status kv__cuda_attn_decode_mla(const struct kv__attn_job *j, kv_cuda_stream stream)
@@ -617,22 +641,12 @@ extern "C" kv_status kv__cuda_attn_decode_mla(const struct kv__attn_job *j, kv_c
     size_t shmem = 0;
     if ((st = kv__cmla_build(j, fn, &p, &blocks, &shmem)) != KV_OK)
         return st;
-    void *d_pages = NULL, *d_start = NULL, *d_tok = NULL;
-    const int64_t n_pages = j->page_start[j->n_seqs];
-    if ((st = upload(&d_pages, j->page_ids, (size_t)n_pages * sizeof(int32_t), s, fn)) != KV_OK ||
-        (st = upload(&d_start, j->page_start, ((size_t)j->n_seqs + 1) * sizeof(int64_t), s, fn)) !=
-            KV_OK ||
-        (st = upload(&d_tok, j->seq_tokens, (size_t)j->n_seqs * sizeof(int64_t), s, fn)) != KV_OK)
-        goto out;
-    p.page_ids = (const int32_t *)d_pages;
-    p.page_start = (const int64_t *)d_start;
-    p.seq_tokens = (const int64_t *)d_tok;
-    kv__decode_mla_kernel<<<(unsigned)blocks, 32 * KV__DEC_WARPS, shmem, s>>>(p);
-    st = kv__cuda_status(cudaGetLastError(), fn);
-out:
-    release(d_tok, s);
-    release(d_start, s);
-    release(d_pages, s);
+    struct dev_table d = {NULL, NULL, NULL};
+    if ((st = upload_table(j, &p, &d, s, fn)) == KV_OK) {
+        kv__decode_mla_kernel<<<(unsigned)blocks, 32 * KV__DEC_WARPS, shmem, s>>>(p);
+        st = kv__cuda_status(cudaGetLastError(), fn);
+    }
+    release_table(&d, s);
     return st;
 }
 
@@ -678,22 +692,16 @@ extern "C" kv_status kv__cuda_attn_prefill(const struct kv__attn_job *j, kv_cuda
     size_t shmem = 0;
     int w = 1;
     float scales[2 * 1024];
-    void *d_pages = NULL, *d_start = NULL, *d_tok = NULL, *d_q = NULL, *d_tiles = NULL,
-         *d_scales = NULL;
-    const int64_t n_pages = j->page_start[j->n_seqs];
+    struct dev_table d = {NULL, NULL, NULL};
+    void *d_q = NULL, *d_tiles = NULL, *d_scales = NULL;
     if ((st = kv__cpre_build(j, fn, &p, tile_start, &blocks, &shmem, &w)) != KV_OK || blocks == 0)
         goto out;
     kv__cpre_scales(j, &p, scales);
-    if ((st = upload(&d_pages, j->page_ids, (size_t)n_pages * sizeof(int32_t), s, fn)) != KV_OK ||
-        (st = upload(&d_start, j->page_start, idx_bytes, s, fn)) != KV_OK ||
-        (st = upload(&d_tok, j->seq_tokens, (size_t)j->n_seqs * sizeof(int64_t), s, fn)) != KV_OK ||
+    if ((st = upload_table(j, &p, &d, s, fn)) != KV_OK ||
         (j->q_start && (st = upload(&d_q, j->q_start, idx_bytes, s, fn)) != KV_OK) ||
         (st = upload(&d_tiles, tile_start, idx_bytes, s, fn)) != KV_OK ||
         (st = upload(&d_scales, scales, (size_t)(2 * p.n_mul) * sizeof(float), s, fn)) != KV_OK)
         goto out;
-    p.page_ids = (const int32_t *)d_pages;
-    p.page_start = (const int64_t *)d_start;
-    p.seq_tokens = (const int64_t *)d_tok;
     p.q_start = (const int64_t *)d_q;
     p.tile_start = (const int64_t *)d_tiles;
     p.scales = (const float *)d_scales;
@@ -703,9 +711,7 @@ out:
     release(d_scales, s);
     release(d_tiles, s);
     release(d_q, s);
-    release(d_tok, s);
-    release(d_start, s);
-    release(d_pages, s);
+    release_table(&d, s);
     kv__mem_free(tile_start);
     return st;
 }

@@ -162,6 +162,23 @@ static kv_status dev_chunk(kv_offload *off, const struct fmt *f, kv_offload_op *
     return st;
 }
 
+/* mu held, dropped around the copies (the slots are pinned): the chunk's
+ * copies on the device (dev_chunk) or the host (move_chunk). KV_OK, or
+ * dev_chunk's status. */
+static kv_status copy_chunk(kv_offload *off, const struct fmt *f, kv_offload_op *op, uint32_t i0,
+                            uint32_t k, struct entry *const *slot, uint64_t *sum)
+{
+    kv__off_debug_check(off);
+    pthread_mutex_unlock(&off->mu);
+    kv_status st = KV_OK;
+    if (op->dev)
+        st = dev_chunk(off, f, op, i0, k, slot, sum);
+    else
+        move_chunk(off, f, op, i0, k, slot, sum);
+    pthread_mutex_lock(&off->mu);
+    return st;
+}
+
 /* Store: returns true when cancelled. */
 static bool run_store(kv_offload *off, kv_offload_op *op, const struct fmt *f, uint32_t chunk,
                       struct entry **slot, uint64_t *sum)
@@ -218,14 +235,7 @@ static bool run_store(kv_offload *off, kv_offload_op *op, const struct fmt *f, u
             kv__off_table_insert(off, e);
             slot[j] = e;
         }
-        kv__off_debug_check(off);
-        pthread_mutex_unlock(&off->mu);
-        kv_status dst = KV_OK;
-        if (op->dev)
-            dst = dev_chunk(off, f, op, i0, k, slot, sum);
-        else
-            move_chunk(off, f, op, i0, k, slot, sum);
-        pthread_mutex_lock(&off->mu);
+        const kv_status dst = copy_chunk(off, f, op, i0, k, slot, sum);
         for (uint32_t j = 0; j < k; j++)
             if (slot[j] && dst != KV_OK) { /* the copy failed: the entry goes */
                 op->res[i0 + j].status = KV_ERR_DEVICE;
@@ -274,14 +284,7 @@ static bool run_load(kv_offload *off, kv_offload_op *op, const struct fmt *f, ui
                 slot[j] = e;
             }
         }
-        kv__off_debug_check(off);
-        pthread_mutex_unlock(&off->mu);
-        kv_status dst = KV_OK;
-        if (op->dev)
-            dst = dev_chunk(off, f, op, i0, k, slot, sum);
-        else
-            move_chunk(off, f, op, i0, k, slot, sum);
-        pthread_mutex_lock(&off->mu);
+        const kv_status dst = copy_chunk(off, f, op, i0, k, slot, sum);
         for (uint32_t j = 0; j < k; j++) {
             struct entry *e = slot[j];
             if (!e)

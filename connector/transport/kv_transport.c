@@ -139,6 +139,20 @@ void kv__xport_step(kv_xport *x, uint32_t timeout_ms)
     x->ops->step(x, timeout_ms);
 }
 
+void kv__xport_wake_pipe(int fd)
+{
+    const char c = 1;
+    ssize_t r = write(fd, &c, 1);
+    (void)r; /* a full pipe is already a pending wake-up */
+}
+
+void kv__xport_wake_drain(int fd)
+{
+    char b[64];
+    while (read(fd, b, sizeof(b)) > 0) {
+    }
+}
+
 /* Append ", <n> <what>" and, when given, " (ids a b ...)" to buf. */
 void kv__xport_held_say(char *buf, size_t cap, uint64_t n, const char *what, const uint64_t *ids,
                         uint32_t n_ids)

@@ -357,6 +357,27 @@ void kv__xport_entry_fail(kv_xport_xfer *t, uint32_t i, kv_status st, const char
  * (KV_OK when ok is allowed and it is 0), else KV_ERR_CORRUPT. */
 kv_status kv__xport_wire_status(int64_t v, bool ok_allowed);
 
+/* A socket backend's (TCP, shm) result of handling a received frame or
+ * message: keep going (KV__XPORT_OK), or close (the peer, or an unbound
+ * connection) with a status and a message. */
+struct kv__xport_verdict {
+    kv_status st;
+    char msg[200];
+};
+#define KV__XPORT_OK ((struct kv__xport_verdict){.st = KV_OK})
+static inline bool kv__xport_ok(const struct kv__xport_verdict *v)
+{
+    return v->st == KV_OK && !v->msg[0];
+}
+/* A verdict closing with st, its message formatted from fmt. */
+struct kv__xport_verdict kv__xport_bad(kv_status st, const char *fmt, ...) KV_PRINTF(2, 3);
+
+/* A progress thread's wake-up pipe (a socket backend's): one byte written
+ * to its write end fd (a full pipe is already a pending wake-up), and its
+ * read end fd emptied once poll saw it readable. */
+void kv__xport_wake_pipe(int fd);
+void kv__xport_wake_drain(int fd);
+
 /* mu held: t ends in state (terminal) now: unended entries get `why`;
  * it leaves the peer's list; waiters are woken. */
 void kv__xport_xfer_end(kv_xport_xfer *t, kv_xport_state state, kv_status why);
@@ -389,6 +410,51 @@ static inline void kv__xport_cursor_reset(kv_xport_xfer *t)
     t->be_seg = 0;
     t->be_rep = 0;
     t->be_seg_off = 0;
+}
+
+/* mu held: the source ranges of t's gathered entry io (t->seg) from t's send
+ * cursor on, appended at src[*ns] / len[*ns] until the entry ends, *bytes
+ * reaches cap or *ns reaches max_src; *bytes and *ns count what was taken
+ * and the cursor (be_off, be_seg, be_rep, be_seg_off) moves past it. A
+ * backend's cut of a WRITE. */
+static inline void kv__xport_cursor_gather(kv_xport_xfer *t, const struct kv_xport_io *io,
+                                           uint64_t cap, uint32_t max_src, const char **src,
+                                           uint64_t *len, uint32_t *ns, uint64_t *bytes)
+{
+    while (t->be_off < io->bytes && *bytes < cap && *ns < max_src) {
+        const struct kv__xport_seg *sg = &t->seg[t->be_seg];
+        const uint64_t rest = sg->bytes - t->be_seg_off;
+        const uint64_t n = rest < cap - *bytes ? rest : cap - *bytes;
+        src[*ns] = io->local->base + sg->off + t->be_rep * sg->pitch + t->be_seg_off;
+        len[(*ns)++] = n;
+        *bytes += n;
+        t->be_off += n;
+        t->be_seg_off += n;
+        if (t->be_seg_off == sg->bytes) {
+            t->be_seg_off = 0;
+            if (++t->be_rep == sg->count) {
+                t->be_rep = 0;
+                t->be_seg++;
+            }
+        }
+    }
+}
+
+/* The smaller of a and b (deadlines). */
+static inline uint64_t kv__xport_min64(uint64_t a, uint64_t b)
+{
+    return a < b ? a : b;
+}
+
+/* A progress thread's poll timeout in ms for the next deadline d (ns;
+ * UINT64_MAX: none): to d from now, rounded up, at most 1000 and cap_ms. */
+static inline int kv__xport_poll_ms(uint64_t d, uint32_t cap_ms)
+{
+    const uint64_t now = kv__now_ns();
+    const int ms = d == UINT64_MAX ? 1000
+                   : d <= now      ? 0
+                                   : (int)kv__xport_min64((d - now) / 1000000u + 1, 1000);
+    return ms > (int)cap_ms ? (int)cap_ms : ms;
 }
 
 /* mu held: the peer refused t's notification with st (detail msg). */

@@ -47,22 +47,11 @@ struct kv__shm *kv__shm_of(const kv_xport *x)
     return x->cfg.kind == KV_XPORT_AUTO ? x->be_shm : x->be;
 }
 
-struct kv__shm_verdict kv__shm_bad(kv_status st, const char *fmt, ...)
-{
-    struct kv__shm_verdict v = {.st = st};
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(v.msg, sizeof(v.msg), fmt, ap);
-    va_end(ap);
-    return v;
-}
-#define bad kv__shm_bad
+#define bad kv__xport_bad
 
 void kv__shm_wake(struct kv__shm *t)
 {
-    const char c = 1;
-    ssize_t r = write(t->wake[1], &c, 1);
-    (void)r; /* a full pipe is already a pending wake-up */
+    kv__xport_wake_pipe(t->wake[1]);
 }
 
 /* ---- the control stream --------------------------------------------- */
@@ -95,23 +84,23 @@ bool kv__shm_put(struct kv__shm_peer *tp, struct kv__shm_msg m, const void *p, u
     return true;
 }
 
-struct kv__shm_verdict kv__shm_flush(struct kv__shm_peer *tp)
+struct kv__xport_verdict kv__shm_flush(struct kv__shm_peer *tp)
 {
     while (tp->ctl_off < tp->ctl_len) {
         const size_t n = (size_t)kv__le_get(tp->ctl + tp->ctl_off, 4);
         const ssize_t r = send(tp->fd, tp->ctl + tp->ctl_off + 4, n, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (r < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
-                return KV__SHM_OK;
+                return KV__XPORT_OK;
             return bad(KV_ERR_IO, "xport shm: send: %s", strerror(errno));
         }
         tp->ctl_off += 4 + n;
         tp->tx_since_ns = kv__now_ns();
     }
-    return KV__SHM_OK;
+    return KV__XPORT_OK;
 }
 
-struct kv__shm_verdict kv__shm_hello(struct kv__shm *t, struct kv__shm_peer *tp, int fd)
+struct kv__xport_verdict kv__shm_hello(struct kv__shm *t, struct kv__shm_peer *tp, int fd)
 {
     kv_xport *x = t->x;
     unsigned char b[KV__XPORT_HELLO_BYTES];
@@ -134,7 +123,7 @@ struct kv__shm_verdict kv__shm_hello(struct kv__shm *t, struct kv__shm_peer *tp,
                                       fd < 0 && x->cfg.kind == KV_XPORT_AUTO ? x->auto_secret : 0};
     if (fd < 0)
         return kv__shm_put(tp, m, b, sizeof(b))
-                   ? KV__SHM_OK
+                   ? KV__XPORT_OK
                    : bad(KV_ERR_NO_MEMORY, "xport shm: control buffer");
     /* The connecting side's, with the memfd, on a fresh socket: sent now. */
     unsigned char msg[KV__SHM_HDR + KV__XPORT_HELLO_BYTES];
@@ -158,10 +147,10 @@ struct kv__shm_verdict kv__shm_hello(struct kv__shm *t, struct kv__shm_peer *tp,
     memcpy(CMSG_DATA(c), &fd, sizeof(int));
     if (sendmsg(tp->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof(msg))
         return bad(KV_ERR_IO, "xport shm: sending the HELLO: %s", strerror(errno));
-    return KV__SHM_OK;
+    return KV__XPORT_OK;
 }
 
-struct kv__shm_verdict kv__shm_map(struct kv__shm_peer *tp, int fd, bool connecting)
+struct kv__xport_verdict kv__shm_map(struct kv__shm_peer *tp, int fd, bool connecting)
 {
     const int seals = fcntl(fd, F_GET_SEALS);
     struct stat sb;
@@ -193,7 +182,7 @@ struct kv__shm_verdict kv__shm_map(struct kv__shm_peer *tp, int fd, bool connect
     tp->map = p;
     tp->tx = tp->map + (connecting ? 0 : KV__SHM_RING_BYTES);
     tp->rx = tp->map + (connecting ? KV__SHM_RING_BYTES : 0);
-    return KV__SHM_OK;
+    return KV__XPORT_OK;
 }
 
 /* ---- closing -------------------------------------------------------- */
@@ -428,12 +417,12 @@ kv_status kv__shm_connect_proof(kv_xport_peer *p, const char *host, uint16_t por
                        (uint64_t)MAP_BYTES, strerror(errno));
         goto fail;
     }
-    struct kv__shm_verdict v = kv__shm_map(tp, mfd, true);
-    if (kv__shm_ok(&v))
+    struct kv__xport_verdict v = kv__shm_map(tp, mfd, true);
+    if (kv__xport_ok(&v))
         v = kv__shm_hello(t, tp, mfd);
     close(mfd);
     mfd = -1;
-    if (!kv__shm_ok(&v)) {
+    if (!kv__xport_ok(&v)) {
         st = kv__error(v.st, "xport_connect: %s", v.msg);
         goto fail;
     }
@@ -725,24 +714,8 @@ static bool tx_fill(struct kv__shm *t, struct kv__shm_peer *tp)
             const struct kv_xport_io *io = &xf->ios[e];
             const uint64_t at = xf->be_off;
             if (xf->seg) {
-                while (xf->be_off < io->bytes && bytes < KV__SHM_SLOT && ns < KV__SHM_MAXSRC) {
-                    const struct kv__xport_seg *sg = &xf->seg[xf->be_seg];
-                    const uint64_t rest = sg->bytes - xf->be_seg_off;
-                    const uint64_t len = rest < KV__SHM_SLOT - bytes ? rest : KV__SHM_SLOT - bytes;
-                    tp->gsrc[ns] =
-                        io->local->base + sg->off + xf->be_rep * sg->pitch + xf->be_seg_off;
-                    tp->glen[ns++] = len;
-                    bytes += len;
-                    xf->be_off += len;
-                    xf->be_seg_off += len;
-                    if (xf->be_seg_off == sg->bytes) {
-                        xf->be_seg_off = 0;
-                        if (++xf->be_rep == sg->count) {
-                            xf->be_rep = 0;
-                            xf->be_seg++;
-                        }
-                    }
-                }
+                kv__xport_cursor_gather(xf, io, KV__SHM_SLOT, KV__SHM_MAXSRC, tp->gsrc, tp->glen,
+                                        &ns, &bytes);
             } else {
                 const uint64_t rest = io->bytes - xf->be_off;
                 const uint64_t len = rest < KV__SHM_SLOT - bytes ? rest : KV__SHM_SLOT - bytes;
@@ -833,22 +806,17 @@ static bool sweep(struct kv__shm *t, struct kv__shm_peer *tp, uint64_t now)
     return true;
 }
 
-static uint64_t min64(uint64_t a, uint64_t b)
-{
-    return a < b ? a : b;
-}
-
 static uint64_t next_deadline(const struct kv__shm *t)
 {
     const uint64_t lim = (uint64_t)t->x->cfg.timeout_ms * 1000000ull;
     uint64_t d = UINT64_MAX;
     for (const struct kv__shm_peer *tp = t->peers; tp; tp = tp->next) {
         if (!tp->p || tp->p->state == KV_XPORT_CONNECTING)
-            d = min64(d, tp->deadline_ns);
+            d = kv__xport_min64(d, tp->deadline_ns);
         if (tp->ctl_off < tp->ctl_len)
-            d = min64(d, tp->tx_since_ns + lim);
+            d = kv__xport_min64(d, tp->tx_since_ns + lim);
         for (kv_xport_xfer *xf = tp->p ? tp->p->xfers : NULL; xf; xf = xf->next)
-            d = min64(d, xf->deadline_ns);
+            d = kv__xport_min64(d, xf->deadline_ns);
     }
     return d;
 }
@@ -866,19 +834,19 @@ static bool peer_live(const struct kv__shm *t, const struct kv__shm_peer *tp)
 /* mu held: tp's receive (when the socket said so), then its sends. */
 static void peer_io(struct kv__shm *t, struct kv__shm_peer *tp, short ev)
 {
-    struct kv__shm_verdict v = KV__SHM_OK;
+    struct kv__xport_verdict v = KV__XPORT_OK;
     if (ev & (POLLIN | POLLHUP | POLLERR))
         v = kv__shm_rx(t, tp);
-    if (kv__shm_ok(&v) && tp->p && tp->p->state == KV_XPORT_READY) {
+    if (kv__xport_ok(&v) && tp->p && tp->p->state == KV_XPORT_READY) {
         if (!tx_fill(t, tp))
             v = bad(KV_ERR_NO_MEMORY, "xport shm: control buffer");
         else if (!kv__shm_notes_flush(tp))
             v = bad(KV_ERR_NO_MEMORY, "xport shm: control buffer");
         kv__xport_settle_idle(tp->p);
     }
-    if (kv__shm_ok(&v))
+    if (kv__xport_ok(&v))
         v = kv__shm_flush(tp);
-    if (!kv__shm_ok(&v))
+    if (!kv__xport_ok(&v))
         peer_fail(t, tp, v.st, v.msg);
 }
 
@@ -922,23 +890,14 @@ static void round_once(struct kv__shm *t, uint32_t cap_ms)
         t->pfd[k] = (struct pollfd){.fd = tp->fd, .events = (short)(in | out)};
         t->pl[k++] = tp;
     }
-    const uint64_t d = next_deadline(t);
-    const uint64_t now2 = kv__now_ns();
-    int ms = busy              ? 0
-             : d == UINT64_MAX ? 1000
-             : d <= now2       ? 0
-                               : (int)min64((d - now2) / 1000000u + 1, 1000);
-    ms = ms > (int)cap_ms ? (int)cap_ms : ms;
+    const int ms = busy ? 0 : kv__xport_poll_ms(next_deadline(t), cap_ms);
     pthread_mutex_unlock(&x->mu);
     const int r = poll(t->pfd, k, ms);
     pthread_mutex_lock(&x->mu);
     if (r < 0)
         return;
-    if (t->pfd[0].revents) {
-        char b[64];
-        while (read(t->wake[0], b, sizeof(b)) > 0) {
-        }
-    }
+    if (t->pfd[0].revents)
+        kv__xport_wake_drain(t->wake[0]);
     if (t->pfd[1].revents && t->lfd >= 0)
         accept_all(t);
     for (uint32_t i = 2; i < k; i++) {

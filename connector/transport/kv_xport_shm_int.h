@@ -149,18 +149,6 @@ struct kv__shm {
     size_t cap_pfd, cap_pl;
 };
 
-/* Result of handling a message: KV_OK, or close with st and msg. */
-struct kv__shm_verdict {
-    kv_status st;
-    char msg[200];
-};
-#define KV__SHM_OK ((struct kv__shm_verdict){.st = KV_OK})
-static inline bool kv__shm_ok(const struct kv__shm_verdict *v)
-{
-    return v->st == KV_OK && !v->msg[0];
-}
-struct kv__shm_verdict kv__shm_bad(kv_status st, const char *fmt, ...) KV_PRINTF(2, 3);
-
 extern const struct kv__xport_ops kv__xport_shm_ops;
 
 /* kv_xport_shm.c (mu held unless said) */
@@ -177,14 +165,14 @@ void kv__shm_wake(struct kv__shm *t);
 /* Queue message m (payload p, plen bytes) on tp's control stream. */
 bool kv__shm_put(struct kv__shm_peer *tp, struct kv__shm_msg m, const void *p, uint32_t plen);
 /* Send what is queued until the socket is full. */
-struct kv__shm_verdict kv__shm_flush(struct kv__shm_peer *tp);
+struct kv__xport_verdict kv__shm_flush(struct kv__shm_peer *tp);
 bool kv__shm_notes_flush(struct kv__shm_peer *tp);
 /* Map memfd fd (checked: a memfd sealed against shrinking, of the right
  * size; its pages allocated), our ring the first half when connecting.
  * fd stays the caller's. */
-struct kv__shm_verdict kv__shm_map(struct kv__shm_peer *tp, int fd, bool connecting);
+struct kv__xport_verdict kv__shm_map(struct kv__shm_peer *tp, int fd, bool connecting);
 /* Send our HELLO on tp (the memfd with it when fd >= 0), now. */
-struct kv__shm_verdict kv__shm_hello(struct kv__shm *t, struct kv__shm_peer *tp, int fd);
+struct kv__xport_verdict kv__shm_hello(struct kv__shm *t, struct kv__shm_peer *tp, int fd);
 /* An incoming connection (accepted, or a socketpair end in tests and
  * fuzzing): through the handshake like any other. KV_ERR_CAPACITY over
  * max_handshakes (fd closed). */
@@ -195,11 +183,11 @@ kv_status kv__shm_adopt(kv_xport *x, int fd);
  * KV__SHM_RX_BUDGET bytes copied in, or its control stream's high-water
  * mark; every fd a message carries is closed unless
  * the HELLO takes it. */
-struct kv__shm_verdict kv__shm_rx(struct kv__shm *t, struct kv__shm_peer *tp);
+struct kv__xport_verdict kv__shm_rx(struct kv__shm *t, struct kv__shm_peer *tp);
 /* Handle one received message (len bytes in tp->rbuf; fd: the descriptor
  * it carried, -1: none; taken). */
-struct kv__shm_verdict kv__shm_on_msg(struct kv__shm *t, struct kv__shm_peer *tp, size_t len,
-                                      int fd);
+struct kv__xport_verdict kv__shm_on_msg(struct kv__shm *t, struct kv__shm_peer *tp, size_t len,
+                                        int fd);
 bool kv__shm_rx_wanted(const struct kv__shm_peer *tp);
 
 #endif /* KV_XPORT_SHM_INT_H */

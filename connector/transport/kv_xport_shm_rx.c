@@ -23,7 +23,7 @@
 #include "kv_wire.h"
 #include "kv_xport_shm_int.h"
 
-#define bad kv__shm_bad
+#define bad kv__xport_bad
 
 static const unsigned char MAGIC[4] = {'K', 'V', 'S', 'M'};
 
@@ -87,7 +87,7 @@ bool kv__shm_rx_wanted(const struct kv__shm_peer *tp)
 
 /* ---- the handshake -------------------------------------------------- */
 
-static struct kv__shm_verdict refuse(struct kv__shm_peer *tp, kv_status st, const char *why)
+static struct kv__xport_verdict refuse(struct kv__shm_peer *tp, kv_status st, const char *why)
 {
     const size_t n = strlen(why);
     (void)kv__shm_put(tp, (struct kv__shm_msg){.type = KV__SM_REFUSE, .status = st}, why,
@@ -96,8 +96,8 @@ static struct kv__shm_verdict refuse(struct kv__shm_peer *tp, kv_status st, cons
 }
 
 /* mu held: the HELLO of an incoming connection (with its memfd). */
-static struct kv__shm_verdict hello_in(struct kv__shm *t, struct kv__shm_peer *tp,
-                                       const struct kv__shm_msg *m, int fd)
+static struct kv__xport_verdict hello_in(struct kv__shm *t, struct kv__shm_peer *tp,
+                                         const struct kv__shm_msg *m, int fd)
 {
     kv_xport *x = t->x;
     if (fd < 0)
@@ -121,9 +121,9 @@ static struct kv__shm_verdict hello_in(struct kv__shm *t, struct kv__shm_peer *t
                  m->slot, m->len, KV__SHM_SLOTS, KV__SHM_SLOT);
         return refuse(tp, KV_ERR_MISMATCH, why);
     }
-    struct kv__shm_verdict v = kv__shm_map(tp, fd, false);
+    struct kv__xport_verdict v = kv__shm_map(tp, fd, false);
     close(fd);
-    if (!kv__shm_ok(&v))
+    if (!kv__xport_ok(&v))
         return refuse(tp, v.st, v.msg);
     kv_xport_peer *p = kv__xport_peer_new(x, false);
     if (!p)
@@ -133,15 +133,15 @@ static struct kv__shm_verdict hello_in(struct kv__shm *t, struct kv__shm_peer *t
     p->be = tp;
     tp->p = p;
     v = kv__shm_hello(t, tp, -1);
-    if (!kv__shm_ok(&v))
+    if (!kv__xport_ok(&v))
         return v;
     kv__xport_peer_ready(p);
-    return KV__SHM_OK;
+    return KV__XPORT_OK;
 }
 
 /* mu held: the HELLO answering ours (m: its header). */
-static struct kv__shm_verdict hello_out(struct kv__shm *t, struct kv__shm_peer *tp,
-                                        const struct kv__shm_msg *m)
+static struct kv__xport_verdict hello_out(struct kv__shm *t, struct kv__shm_peer *tp,
+                                          const struct kv__shm_msg *m)
 {
     struct kv__xport_hello h;
     kv__xport_hello_decode(tp->rbuf + KV__SHM_HDR, &h);
@@ -158,7 +158,7 @@ static struct kv__shm_verdict hello_out(struct kv__shm *t, struct kv__shm_peer *
                    m->tag);
     tp->p->nonce_remote = h.nonce;
     kv__xport_peer_ready(tp->p);
-    return KV__SHM_OK;
+    return KV__XPORT_OK;
 }
 
 /* ---- data ----------------------------------------------------------- */
@@ -166,8 +166,8 @@ static struct kv__shm_verdict hello_out(struct kv__shm *t, struct kv__shm_peer *
 /* mu held: a DATA: its pieces checked whole, copied from the peer's slot
  * into place where exposed (mu dropped: each exposure busy), one ACK
  * record per piece. */
-static struct kv__shm_verdict on_data(struct kv__shm *t, struct kv__shm_peer *tp,
-                                      const struct kv__shm_msg *m)
+static struct kv__xport_verdict on_data(struct kv__shm *t, struct kv__shm_peer *tp,
+                                        const struct kv__shm_msg *m)
 {
     const uint32_t k = m->entry;
     if (k == 0 || k > KV__SHM_MAXV || m->plen != k * KV__SHM_DESC || m->slot >= KV__SHM_SLOTS ||
@@ -222,12 +222,12 @@ static struct kv__shm_verdict on_data(struct kv__shm *t, struct kv__shm_peer *tp
     kv__xport_signal(t->x);
     struct kv__shm_msg a = {.type = KV__SM_ACK, .slot = m->slot, .xfer = m->xfer, .entry = k};
     return kv__shm_put(tp, a, rec, k * KV__SHM_REC)
-               ? KV__SHM_OK
+               ? KV__XPORT_OK
                : bad(KV_ERR_NO_MEMORY, "xport shm: control buffer");
 }
 
 /* mu held: the ACK of one of our DATAs: it must match what the slot holds. */
-static struct kv__shm_verdict on_ack(struct kv__shm_peer *tp, const struct kv__shm_msg *m)
+static struct kv__xport_verdict on_ack(struct kv__shm_peer *tp, const struct kv__shm_msg *m)
 {
     struct kv__shm_slot *s = m->slot < KV__SHM_SLOTS ? &tp->slot[m->slot] : NULL;
     if (!s || !s->used || s->serve || s->xfer != m->xfer || s->k != m->entry ||
@@ -268,12 +268,12 @@ static struct kv__shm_verdict on_ack(struct kv__shm_peer *tp, const struct kv__s
     if (!kv__shm_notes_flush(tp))
         return bad(KV_ERR_NO_MEMORY, "xport shm: control buffer");
     kv__xport_settle_idle(tp->p);
-    return KV__SHM_OK;
+    return KV__XPORT_OK;
 }
 
 /* mu held: a READ of our memory: queued, or refused by name. */
-static struct kv__shm_verdict on_read(struct kv__shm *t, struct kv__shm_peer *tp,
-                                      const struct kv__shm_msg *m)
+static struct kv__xport_verdict on_read(struct kv__shm *t, struct kv__shm_peer *tp,
+                                        const struct kv__shm_msg *m)
 {
     if (m->plen)
         return bad(KV_ERR_CORRUPT, "xport shm: a READ with %u payload bytes", m->plen);
@@ -285,7 +285,7 @@ static struct kv__shm_verdict on_read(struct kv__shm *t, struct kv__shm_peer *tp
                                 .xfer = m->xfer,
                                 .entry = m->entry,
                                 .status = full ? KV_ERR_CAPACITY : KV_ERR_OUT_OF_BOUNDS};
-        return kv__shm_put(tp, n, NULL, 0) ? KV__SHM_OK
+        return kv__shm_put(tp, n, NULL, 0) ? KV__XPORT_OK
                                            : bad(KV_ERR_NO_MEMORY, "xport shm: control buffer");
     }
     struct kv__xport_serve *s = kv__mem_calloc(1, sizeof(*s));
@@ -300,14 +300,14 @@ static struct kv__shm_verdict on_read(struct kv__shm *t, struct kv__shm_peer *tp
     else
         tp->srv_head = s;
     tp->srv_tail = s;
-    return KV__SHM_OK;
+    return KV__XPORT_OK;
 }
 
 /* mu held: read data for one of our reads, in the peer's slot: copied
  * into place (mu dropped, the transfer busy) if it is what we asked for
  * next; the slot returned either way. */
-static struct kv__shm_verdict on_rdata(struct kv__shm *t, struct kv__shm_peer *tp,
-                                       const struct kv__shm_msg *m)
+static struct kv__xport_verdict on_rdata(struct kv__shm *t, struct kv__shm_peer *tp,
+                                         const struct kv__shm_msg *m)
 {
     if (m->plen || m->slot >= KV__SHM_SLOTS || m->len == 0 || m->len > KV__SHM_SLOT)
         return bad(KV_ERR_CORRUPT,
@@ -336,19 +336,19 @@ static struct kv__shm_verdict on_rdata(struct kv__shm *t, struct kv__shm_peer *t
         kv__xport_settle_idle(tp->p);
     }
     return kv__shm_put(tp, (struct kv__shm_msg){.type = KV__SM_FREE, .slot = m->slot}, NULL, 0)
-               ? KV__SHM_OK
+               ? KV__XPORT_OK
                : bad(KV_ERR_NO_MEMORY, "xport shm: control buffer");
 }
 
 /* mu held: a NOTE_ACK or RNACK: the peer's verdict on a notification or a
  * read entry of ours. */
-static struct kv__shm_verdict on_verdict(struct kv__shm_peer *tp, const struct kv__shm_msg *m)
+static struct kv__xport_verdict on_verdict(struct kv__shm_peer *tp, const struct kv__shm_msg *m)
 {
     if (m->plen)
         return bad(KV_ERR_CORRUPT, "xport shm: message type %u with payload", (unsigned)m->type);
     kv_xport_xfer *xf = kv__xport_xfer_find(tp->p, m->xfer);
     if (!xf)
-        return KV__SHM_OK; /* ended already (timed out, cancelled) */
+        return KV__XPORT_OK; /* ended already (timed out, cancelled) */
     const bool note = m->type == KV__SM_NOTE_ACK;
     if (note ? !xf->note_sent : !xf->read || m->entry >= xf->n)
         return bad(KV_ERR_CORRUPT,
@@ -371,12 +371,12 @@ static struct kv__shm_verdict on_verdict(struct kv__shm_peer *tp, const struct k
     else if (!xf->ended[m->entry])
         kv__xport_entry_fail(xf, m->entry, s, "%s", why);
     kv__xport_settle_idle(tp->p);
-    return KV__SHM_OK;
+    return KV__XPORT_OK;
 }
 
 /* mu held: a NOTIFY: the limits first, then queued. */
-static struct kv__shm_verdict on_notify(struct kv__shm *t, struct kv__shm_peer *tp,
-                                        const struct kv__shm_msg *m)
+static struct kv__xport_verdict on_notify(struct kv__shm *t, struct kv__shm_peer *tp,
+                                          const struct kv__shm_msg *m)
 {
     char why[160];
     kv_status st = kv__xport_note_admit(tp->p, m->plen, why, sizeof(why));
@@ -387,12 +387,12 @@ static struct kv__shm_verdict on_notify(struct kv__shm *t, struct kv__shm_peer *
     else if (kv__xport_note_push(tp->p, m->tag, tp->rbuf + KV__SHM_HDR, m->plen) != KV_OK)
         return bad(KV_ERR_NO_MEMORY, "xport shm: %s", kv_last_error());
     struct kv__shm_msg a = {.type = KV__SM_NOTE_ACK, .xfer = m->xfer, .status = st};
-    return kv__shm_put(tp, a, NULL, 0) ? KV__SHM_OK
+    return kv__shm_put(tp, a, NULL, 0) ? KV__XPORT_OK
                                        : bad(KV_ERR_NO_MEMORY, "xport shm: control buffer");
 }
 
-struct kv__shm_verdict kv__shm_on_msg(struct kv__shm *t, struct kv__shm_peer *tp, size_t len,
-                                      int fd)
+struct kv__xport_verdict kv__shm_on_msg(struct kv__shm *t, struct kv__shm_peer *tp, size_t len,
+                                        int fd)
 {
     struct kv__shm_msg m;
     const kv_status ds = kv__shm_msg_decode(tp->rbuf, len, &m);
@@ -448,7 +448,7 @@ struct kv__shm_verdict kv__shm_on_msg(struct kv__shm *t, struct kv__shm_peer *tp
                        m.slot);
         tp->slot[m.slot].used = false;
         tp->n_used--;
-        return KV__SHM_OK;
+        return KV__XPORT_OK;
     case KV__SM_BYE:
         return m.plen ? bad(KV_ERR_CORRUPT, "xport shm: a BYE with payload")
                       : bad(KV_OK, "closed by the peer");
@@ -459,7 +459,7 @@ struct kv__shm_verdict kv__shm_on_msg(struct kv__shm *t, struct kv__shm_peer *tp
     return bad(KV_ERR_CORRUPT, "xport shm: message type %u after the handshake", (unsigned)m.type);
 }
 
-struct kv__shm_verdict kv__shm_rx(struct kv__shm *t, struct kv__shm_peer *tp)
+struct kv__xport_verdict kv__shm_rx(struct kv__shm *t, struct kv__shm_peer *tp)
 {
     tp->rx_copied = 0;
     for (uint32_t n = 0; n < t->x->cfg.frames_per_round && tp->rx_copied < KV__SHM_RX_BUDGET &&
@@ -498,7 +498,7 @@ struct kv__shm_verdict kv__shm_rx(struct kv__shm *t, struct kv__shm_peer *tp)
             return bad(KV_ERR_IO, "xport shm: connection lost (closed by the other end)");
         if (r < 0) {
             if (e == EAGAIN || e == EWOULDBLOCK || e == EINTR)
-                return KV__SHM_OK;
+                return KV__XPORT_OK;
             return bad(KV_ERR_IO, "xport shm: recv: %s", strerror(e));
         }
         if (extra || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
@@ -509,14 +509,14 @@ struct kv__shm_verdict kv__shm_rx(struct kv__shm *t, struct kv__shm_peer *tp)
                        : (mh.msg_flags & MSG_TRUNC) ? "over the largest (truncated)"
                                                     : "with its descriptors cut");
         }
-        struct kv__shm_verdict v = kv__shm_on_msg(t, tp, (size_t)r, fd);
-        if (!kv__shm_ok(&v))
+        struct kv__xport_verdict v = kv__shm_on_msg(t, tp, (size_t)r, fd);
+        if (!kv__xport_ok(&v))
             return v;
         /* an ACK or FREE goes now: the sender refills that slot while we
          * copy the next */
         v = kv__shm_flush(tp);
-        if (!kv__shm_ok(&v))
+        if (!kv__xport_ok(&v))
             return v;
     }
-    return KV__SHM_OK;
+    return KV__XPORT_OK;
 }

@@ -602,30 +602,25 @@ static bool sweep(struct kv__tcp *t, struct kv__tcp_peer *tp, uint64_t now)
     return true;
 }
 
-static uint64_t min64(uint64_t a, uint64_t b)
-{
-    return a < b ? a : b;
-}
-
 static uint64_t next_deadline(struct kv__tcp *t)
 {
     const uint64_t lim = (uint64_t)t->x->cfg.timeout_ms * 1000000ull;
     uint64_t d = UINT64_MAX;
     for (uint32_t i = 0; i < t->n_unbound; i++)
-        d = min64(d, t->unbound[i]->deadline_ns);
+        d = kv__xport_min64(d, t->unbound[i]->deadline_ns);
     if (t->accept_pause_ns)
-        d = min64(d, t->accept_pause_ns);
+        d = kv__xport_min64(d, t->accept_pause_ns);
     for (struct kv__tcp_peer *tp = t->peers; tp; tp = tp->next) {
         if (tp->p->state == KV_XPORT_CONNECTING)
-            d = min64(d, tp->deadline_ns);
+            d = kv__xport_min64(d, tp->deadline_ns);
         for (kv_xport_xfer *xf = tp->p->xfers; xf; xf = xf->next)
-            d = min64(d, xf->deadline_ns);
+            d = kv__xport_min64(d, xf->deadline_ns);
         for (uint32_t i = 0; i < tp->n_conns; i++) {
             const struct kv__tcp_conn *c = tp->conns[i];
             if (c && c->rx_since_ns)
-                d = min64(d, c->rx_since_ns + lim);
+                d = kv__xport_min64(d, c->rx_since_ns + lim);
             if (c && !c->connecting && kv__tcp_tx_pending(c))
-                d = min64(d, c->tx_since_ns + lim);
+                d = kv__xport_min64(d, c->tx_since_ns + lim);
         }
     }
     return d;
@@ -737,10 +732,7 @@ static void round_once(struct kv__tcp *t, uint32_t cap_ms)
             t->pconn[k++] = c;
         }
     }
-    const uint64_t d = next_deadline(t);
-    const uint64_t now2 = kv__now_ns();
-    int ms = d == UINT64_MAX ? 1000 : d <= now2 ? 0 : (int)min64((d - now2) / 1000000u + 1, 1000);
-    ms = ms > (int)cap_ms ? (int)cap_ms : ms;
+    int ms = kv__xport_poll_ms(next_deadline(t), cap_ms);
     if (t->hashed) /* the verify thread finished a slot meanwhile: no wait */
         ms = 0;
     t->polling = true;
@@ -750,11 +742,8 @@ static void round_once(struct kv__tcp *t, uint32_t cap_ms)
     t->polling = false;
     if (r < 0 || (r == 0 && !t->hashed))
         return;
-    if (t->pfd[0].revents) {
-        char b[64];
-        while (read(t->wake[0], b, sizeof(b)) > 0) {
-        }
-    }
+    if (t->pfd[0].revents)
+        kv__xport_wake_drain(t->wake[0]);
     if (t->pfd[1].revents && t->lfd >= 0 && !t->accept_pause_ns)
         accept_all(t);
     const bool hashed = t->hashed; /* the verify thread finished a slot */
@@ -765,30 +754,30 @@ static void round_once(struct kv__tcp *t, uint32_t cap_ms)
         struct kv__tcp_peer *owner = NULL;
         if ((!ev && !hashed) || !conn_live(t, c, &owner) || c->dead)
             continue;
-        struct kv__tcp_verdict v = KV__TCP_OK;
+        struct kv__xport_verdict v = KV__XPORT_OK;
         if (hashed && c->tp && !kv__tcp_vj_collect(t, c)) /* ACKs of verified WRITEs */
-            v = kv__tcp_bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
+            v = kv__xport_bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
         /* without an event: what the verify thread made ready (ACKs, a
          * frame hashed ahead) goes now */
-        if (kv__tcp_ok(&v) && !ev && !kv__tcp_tx_nx_ready(c) && !kv__tcp_ctl_pending(c))
+        if (kv__xport_ok(&v) && !ev && !kv__tcp_tx_nx_ready(c) && !kv__tcp_ctl_pending(c))
             continue;
         if (c->connecting && (ev & (POLLOUT | POLLERR | POLLHUP))) {
             int err = 0;
             socklen_t el = sizeof(err);
             getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &el);
             if (err) {
-                v = kv__tcp_bad(KV_ERR_IO, "xport tcp: connect: %s", strerror(err));
+                v = kv__xport_bad(KV_ERR_IO, "xport tcp: connect: %s", strerror(err));
             } else {
                 c->connecting = false;
                 if (!kv__tcp_put_hello(t, c, owner->p, owner->n_conns))
-                    v = kv__tcp_bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
+                    v = kv__xport_bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
             }
         }
-        if (kv__tcp_ok(&v) && !c->connecting && (ev & (POLLIN | POLLHUP | POLLERR)))
+        if (kv__xport_ok(&v) && !c->connecting && (ev & (POLLIN | POLLHUP | POLLERR)))
             v = kv__tcp_conn_rx(t, c);
-        if (kv__tcp_ok(&v) && !c->connecting)
+        if (kv__xport_ok(&v) && !c->connecting)
             v = kv__tcp_conn_tx(t, c);
-        if (kv__tcp_ok(&v))
+        if (kv__xport_ok(&v))
             continue;
         /* A bound connection takes its peer with it; an unbound one goes
          * alone (after its REFUSE, if any, had its chance). */

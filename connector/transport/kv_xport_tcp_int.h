@@ -258,19 +258,6 @@ struct kv__tcp {
     char scratch[KV__TCP_SCRATCH];
 };
 
-/* Result of handling a frame: keep going, or close (the peer, or this
- * unbound connection) with a status and a message. */
-struct kv__tcp_verdict {
-    kv_status st;
-    char msg[200];
-};
-#define KV__TCP_OK ((struct kv__tcp_verdict){.st = KV_OK})
-static inline bool kv__tcp_ok(const struct kv__tcp_verdict *v)
-{
-    return v->st == KV_OK && !v->msg[0];
-}
-struct kv__tcp_verdict kv__tcp_bad(kv_status st, const char *fmt, ...) KV_PRINTF(2, 3);
-
 /* The progress thread drops x->mu (around its system calls and hashing)
  * through this: then it wakes the verify thread if it queued a slot for
  * it. Signalling vcv without the mutex is safe: the verify thread checks
@@ -300,7 +287,7 @@ bool kv__tcp_has_work(const struct kv__tcp *t, const struct kv__tcp_peer *tp);
 /* c has no data frame on the wire and the one cut ahead is hashed. */
 bool kv__tcp_tx_nx_ready(const struct kv__tcp_conn *c);
 /* Send on c until EAGAIN (mu dropped around hashing and send). */
-struct kv__tcp_verdict kv__tcp_conn_tx(struct kv__tcp *t, struct kv__tcp_conn *c);
+struct kv__xport_verdict kv__tcp_conn_tx(struct kv__tcp *t, struct kv__tcp_conn *c);
 /* Drop c's queued reads (the peer is going). */
 void kv__tcp_serve_drop(struct kv__tcp_peer *tp, struct kv__tcp_conn *c);
 /* e left the peer's table: its queued reads are refused now (NACK), the
@@ -310,7 +297,7 @@ void kv__tcp_serve_unexpose(struct kv__tcp_peer *tp, const struct kv__xport_expo
 /* kv_xport_tcp_rx.c */
 /* Receive on c until EAGAIN, the round's budget or frame count, or the
  * control stream's high-water mark (mu dropped around recv and hashing). */
-struct kv__tcp_verdict kv__tcp_conn_rx(struct kv__tcp *t, struct kv__tcp_conn *c);
+struct kv__xport_verdict kv__tcp_conn_rx(struct kv__tcp *t, struct kv__tcp_conn *c);
 /* Whether c reads now: not held back by its control stream, nor by a
  * verify slot covering bytes its current frame lands on (mu held). */
 bool kv__tcp_rx_wanted(struct kv__tcp *t, struct kv__tcp_conn *c);

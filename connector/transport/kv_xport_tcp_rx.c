@@ -18,7 +18,7 @@
 #include "kv_mem.h"
 #include "kv_xport_tcp_int.h"
 
-#define bad kv__tcp_bad
+#define bad kv__xport_bad
 
 /* Whether [a, a + n) and [b, b + m) overlap. */
 static bool overlaps(const char *a, uint64_t n, const char *b, uint64_t m)
@@ -295,8 +295,8 @@ void *kv__tcp_verify_main(void *arg)
  * answered with this transport's same-host offer (or refused); the
  * connection ends once the answer is out (dead: dropped next round, not
  * counted as refused). */
-static struct kv__tcp_verdict probe_in(struct kv__tcp *t, struct kv__tcp_conn *c,
-                                       const struct kv__xport_hello *h)
+static struct kv__xport_verdict probe_in(struct kv__tcp *t, struct kv__tcp_conn *c,
+                                         const struct kv__xport_hello *h)
 {
     kv_xport *x = t->x;
     char why[160];
@@ -315,12 +315,12 @@ static struct kv__tcp_verdict probe_in(struct kv__tcp *t, struct kv__tcp_conn *c
     if (!kv__tcp_ctl_put(c, (struct kv__xf){.type = KV__XF_HELLO}, b, sizeof(b)))
         return bad(KV_ERR_NO_MEMORY, "xport auto: control buffer");
     c->dead = true;
-    return KV__TCP_OK;
+    return KV__XPORT_OK;
 }
 
 /* mu held: a HELLO on an incoming connection before its peer is known. */
-static struct kv__tcp_verdict hello_in(struct kv__tcp *t, struct kv__tcp_conn *c,
-                                       const struct kv__xport_hello *h)
+static struct kv__xport_verdict hello_in(struct kv__tcp *t, struct kv__tcp_conn *c,
+                                         const struct kv__xport_hello *h)
 {
     kv_xport *x = t->x;
     char why[160];
@@ -370,12 +370,12 @@ static struct kv__tcp_verdict hello_in(struct kv__tcp *t, struct kv__tcp_conn *c
         return bad(KV_ERR_NO_MEMORY, "xport handshake: control buffer");
     if (++tp->n_up == tp->n_conns)
         kv__xport_peer_ready(tp->p);
-    return KV__TCP_OK;
+    return KV__XPORT_OK;
 }
 
 /* mu held: a HELLO answering ours on an outgoing connection. */
-static struct kv__tcp_verdict hello_out(struct kv__tcp *t, struct kv__tcp_conn *c,
-                                        const struct kv__xport_hello *h)
+static struct kv__xport_verdict hello_out(struct kv__tcp *t, struct kv__tcp_conn *c,
+                                          const struct kv__xport_hello *h)
 {
     char why[160];
     kv_xport_peer *p = c->tp->p;
@@ -391,15 +391,15 @@ static struct kv__tcp_verdict hello_out(struct kv__tcp *t, struct kv__tcp_conn *
     c->up = true;
     if (++c->tp->n_up == c->tp->n_conns)
         kv__xport_peer_ready(p);
-    return KV__TCP_OK;
+    return KV__XPORT_OK;
 }
 
 /* mu held: a NACK (or a notification's ACK) of one of our transfers. */
-static struct kv__tcp_verdict on_nack(struct kv__tcp_peer *tp, const struct kv__xf *f)
+static struct kv__xport_verdict on_nack(struct kv__tcp_peer *tp, const struct kv__xf *f)
 {
     kv_xport_xfer *xf = kv__xport_xfer_find(tp->p, f->xfer);
     if (!xf)
-        return KV__TCP_OK; /* ended already (timed out, cancelled) */
+        return KV__XPORT_OK; /* ended already (timed out, cancelled) */
     const bool note = f->entry == KV__XF_ENTRY_NOTE;
     if (note && !xf->note_sent)
         return bad(KV_ERR_CORRUPT,
@@ -437,11 +437,11 @@ static struct kv__tcp_verdict on_nack(struct kv__tcp_peer *tp, const struct kv__
             kv__xport_entry_fail(xf, f->entry, s, "%s", why);
     }
     kv__xport_settle_idle(tp->p);
-    return KV__TCP_OK;
+    return KV__XPORT_OK;
 }
 
 /* mu held: a header arrived (decoded into c->f): set up its payload. */
-static struct kv__tcp_verdict on_header(struct kv__tcp *t, struct kv__tcp_conn *c)
+static struct kv__xport_verdict on_header(struct kv__tcp *t, struct kv__tcp_conn *c)
 {
     const struct kv__xf *f = &c->f;
     struct kv__tcp_peer *tp = c->tp;
@@ -475,7 +475,7 @@ static struct kv__tcp_verdict on_header(struct kv__tcp *t, struct kv__tcp_conn *
             return bad(KV_ERR_CORRUPT, "xport tcp: frame type %u with %" PRIu64 " bytes",
                        (unsigned)f->type, f->length);
         c->ph = RX_SMALL;
-        return KV__TCP_OK;
+        return KV__XPORT_OK;
     case KV__XF_NOTIFY: {
         /* The limits, before a byte of the payload is read: too long is a
          * protocol violation; a full queue refuses this one by name. */
@@ -492,10 +492,10 @@ static struct kv__tcp_verdict on_header(struct kv__tcp *t, struct kv__tcp_conn *
             if (!kv__tcp_ctl_put(c, n, NULL, 0))
                 return bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
             c->ph = RX_DISCARD;
-            return KV__TCP_OK;
+            return KV__XPORT_OK;
         }
         c->ph = RX_SMALL;
-        return KV__TCP_OK;
+        return KV__XPORT_OK;
     }
     case KV__XF_WRITE:
         /* entry: the piece count; offset: XXH3 of the descriptor table,
@@ -506,12 +506,12 @@ static struct kv__tcp_verdict on_header(struct kv__tcp *t, struct kv__tcp_conn *
             return bad(KV_ERR_CORRUPT, "xport tcp: a WRITE of %u pieces in %" PRIu64 " bytes",
                        f->entry, f->length);
         c->ph = RX_DESC;
-        return KV__TCP_OK;
+        return KV__XPORT_OK;
     case KV__XF_RDATA: {
         kv_xport_xfer *xf = kv__xport_xfer_find(tp->p, f->xfer);
         if (!xf || xf->cancel_req) { /* ended or ending: nothing more lands */
             c->ph = RX_DISCARD;
-            return KV__TCP_OK;
+            return KV__XPORT_OK;
         }
         if (!xf->read || f->entry >= xf->n || xf->ended[f->entry] ||
             f->offset != xf->moved[f->entry] || f->length == 0 ||
@@ -526,7 +526,7 @@ static struct kv__tcp_verdict on_header(struct kv__tcp *t, struct kv__tcp_conn *
         c->dst = io->local->base + io->local_off + f->offset;
         c->ph = RX_LAND;
         c->rx_held = true; /* until no verify slot covers its bytes */
-        return KV__TCP_OK;
+        return KV__XPORT_OK;
     }
     case KV__XF_ACK:
         if (f->entry != KV__XF_ENTRY_NOTE) { /* a WRITE's: one record per piece */
@@ -535,7 +535,7 @@ static struct kv__tcp_verdict on_header(struct kv__tcp *t, struct kv__tcp_conn *
                 return bad(KV_ERR_CORRUPT, "xport tcp: an ACK of %u pieces in %" PRIu64 " bytes",
                            f->entry, f->length);
             c->ph = RX_SMALL;
-            return KV__TCP_OK;
+            return KV__XPORT_OK;
         }
         /* A notification's ACK has no payload: handled as a NACK is. */
         if (f->length)
@@ -550,7 +550,7 @@ static struct kv__tcp_verdict on_header(struct kv__tcp *t, struct kv__tcp_conn *
             return bad(KV_ERR_CORRUPT, "xport tcp: a READ with %" PRIu64 " payload bytes (8)",
                        f->length);
         c->ph = RX_SMALL;
-        return KV__TCP_OK;
+        return KV__XPORT_OK;
     case KV__XF_BYE:
         if (f->length)
             return bad(KV_ERR_CORRUPT, "xport tcp: a BYE with payload");
@@ -561,7 +561,7 @@ static struct kv__tcp_verdict on_header(struct kv__tcp *t, struct kv__tcp_conn *
 
 /* mu held: a READ's payload (its length) arrived: queue the read on c, or
  * NACK it (not inside a region exposed to the peer; max_pending_reads). */
-static struct kv__tcp_verdict serve_read(struct kv__tcp *t, struct kv__tcp_conn *c)
+static struct kv__xport_verdict serve_read(struct kv__tcp *t, struct kv__tcp_conn *c)
 {
     const struct kv__xf *f = &c->f;
     struct kv__tcp_peer *tp = c->tp;
@@ -575,7 +575,7 @@ static struct kv__tcp_verdict serve_read(struct kv__tcp *t, struct kv__tcp_conn 
                            .entry = f->entry,
                            .offset =
                                (uint64_t)(int64_t)(full ? KV_ERR_CAPACITY : KV_ERR_OUT_OF_BOUNDS)};
-        return kv__tcp_ctl_put(c, n, NULL, 0) ? KV__TCP_OK
+        return kv__tcp_ctl_put(c, n, NULL, 0) ? KV__XPORT_OK
                                               : bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
     }
     struct kv__xport_serve *s = kv__mem_calloc(1, sizeof(*s));
@@ -593,13 +593,13 @@ static struct kv__tcp_verdict serve_read(struct kv__tcp *t, struct kv__tcp_conn 
     else
         c->srv_head = s;
     c->srv_tail = s;
-    return KV__TCP_OK;
+    return KV__XPORT_OK;
 }
 
 /* mu held: a WRITE's descriptor table arrived (c->small): check it whole,
  * then say where each piece lands (NULL: not inside a region exposed to
  * this peer: dropped, refused in the ACK). */
-static struct kv__tcp_verdict on_desc(struct kv__tcp *t, struct kv__tcp_conn *c)
+static struct kv__xport_verdict on_desc(struct kv__tcp *t, struct kv__tcp_conn *c)
 {
     const struct kv__xf *f = &c->f;
     const uint32_t k = f->entry;
@@ -655,29 +655,29 @@ static struct kv__tcp_verdict on_desc(struct kv__tcp *t, struct kv__tcp_conn *c)
     c->rx_pgot = 0;
     kv__xxh3_reset(&c->hs);
     c->ph = RX_PIECES;
-    return KV__TCP_OK;
+    return KV__XPORT_OK;
 }
 
 /* mu held: every piece of a WRITE arrived: verified now (hashed as it
  * landed) or queued for the verify thread. */
-static struct kv__tcp_verdict on_pieces(struct kv__tcp *t, struct kv__tcp_conn *c, bool sum_ok)
+static struct kv__xport_verdict on_pieces(struct kv__tcp *t, struct kv__tcp_conn *c, bool sum_ok)
 {
     struct kv__tcp_vjob *j = c->rx_j;
     c->rx_j = NULL;
     if (j->inline_)
-        return vj_retire(t, j, sum_ok) ? KV__TCP_OK
+        return vj_retire(t, j, sum_ok) ? KV__XPORT_OK
                                        : bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
     kv__tcp_vq_push(t, j);
-    return KV__TCP_OK;
+    return KV__XPORT_OK;
 }
 
 /* mu held: the ACK of one of our WRITEs (c->small: a record per piece). */
-static struct kv__tcp_verdict on_acks(struct kv__tcp_conn *c)
+static struct kv__xport_verdict on_acks(struct kv__tcp_conn *c)
 {
     struct kv__tcp_peer *tp = c->tp;
     kv_xport_xfer *xf = kv__xport_xfer_find(tp->p, c->f.xfer);
     if (!xf)
-        return KV__TCP_OK; /* ended already (its peer closed under it: see sweep) */
+        return KV__XPORT_OK; /* ended already (its peer closed under it: see sweep) */
     if (xf->unacked)       /* one ACK answers one WRITE frame: that one landed whole */
         xf->unacked--;
     for (uint32_t i = 0; i < c->f.entry; i++) {
@@ -715,11 +715,11 @@ static struct kv__tcp_verdict on_acks(struct kv__tcp_conn *c)
     if (!kv__tcp_notes_flush(tp))
         return bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
     kv__xport_settle_idle(tp->p);
-    return KV__TCP_OK;
+    return KV__XPORT_OK;
 }
 
 /* mu held: the payload of c->f is complete. */
-static struct kv__tcp_verdict on_payload(struct kv__tcp *t, struct kv__tcp_conn *c)
+static struct kv__xport_verdict on_payload(struct kv__tcp *t, struct kv__tcp_conn *c)
 {
     const struct kv__xf *f = &c->f;
     struct kv__tcp_peer *tp = c->tp;
@@ -735,7 +735,7 @@ static struct kv__tcp_verdict on_payload(struct kv__tcp *t, struct kv__tcp_conn 
             struct kv__xf a = {.type = KV__XF_ACK, .xfer = f->xfer, .entry = KV__XF_ENTRY_NOTE};
             if (!kv__tcp_ctl_put(c, a, NULL, 0))
                 return bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
-            return KV__TCP_OK;
+            return KV__XPORT_OK;
         }
         if (f->type == KV__XF_READ)
             return serve_read(t, c);
@@ -774,7 +774,7 @@ static struct kv__tcp_verdict on_payload(struct kv__tcp *t, struct kv__tcp_conn 
                 kv__xport_entry_end(xf, f->entry, KV_OK);
         }
         kv__xport_settle_idle(tp->p);
-        return KV__TCP_OK;
+        return KV__XPORT_OK;
     }
     case RX_PIECES:
         return on_pieces(t, c, sum_ok);
@@ -783,7 +783,7 @@ static struct kv__tcp_verdict on_payload(struct kv__tcp *t, struct kv__tcp_conn 
     case RX_HDR:
         break;
     }
-    return KV__TCP_OK;
+    return KV__XPORT_OK;
 }
 
 /* The iovecs of c's next recvmsg (mu held): where the bytes of the current
@@ -824,7 +824,7 @@ static int rx_iov(struct kv__tcp *t, struct kv__tcp_conn *c, struct iovec *iov)
     return 1;
 }
 
-struct kv__tcp_verdict kv__tcp_conn_rx(struct kv__tcp *t, struct kv__tcp_conn *c)
+struct kv__xport_verdict kv__tcp_conn_rx(struct kv__tcp *t, struct kv__tcp_conn *c)
 {
     kv_xport *x = t->x;
     uint64_t budget = KV__TCP_RX_BUDGET;
@@ -876,7 +876,7 @@ struct kv__tcp_verdict kv__tcp_conn_rx(struct kv__tcp *t, struct kv__tcp_conn *c
                 return bad(KV_ERR_IO, "xport tcp: connection lost (closed by the other end)");
             if (r < 0) {
                 if (e == EAGAIN || e == EWOULDBLOCK || e == EINTR)
-                    return KV__TCP_OK;
+                    return KV__XPORT_OK;
                 return bad(KV_ERR_IO, "xport tcp: recv: %s", strerror(e));
             }
             budget -= (uint64_t)r < budget ? (uint64_t)r : budget;
@@ -891,8 +891,8 @@ struct kv__tcp_verdict kv__tcp_conn_rx(struct kv__tcp *t, struct kv__tcp_conn *c
             const kv_status ds = kv__xf_decode(c->hdr, &c->f);
             if (ds != KV_OK)
                 return bad(ds, "%s", kv_last_error());
-            struct kv__tcp_verdict v = on_header(t, c);
-            if (!kv__tcp_ok(&v))
+            struct kv__xport_verdict v = on_header(t, c);
+            if (!kv__xport_ok(&v))
                 return v;
             if (c->ph != RX_HDR && c->f.length)
                 continue;
@@ -922,18 +922,18 @@ struct kv__tcp_verdict kv__tcp_conn_rx(struct kv__tcp *t, struct kv__tcp_conn *c
             if (c->got < (c->ph == RX_DESC ? (uint64_t)c->f.entry * KV__TCP_DESC : c->f.length))
                 continue;
             if (c->ph == RX_DESC) {
-                struct kv__tcp_verdict v = on_desc(t, c);
-                if (!kv__tcp_ok(&v))
+                struct kv__xport_verdict v = on_desc(t, c);
+                if (!kv__xport_ok(&v))
                     return v;
                 continue;
             }
         }
-        struct kv__tcp_verdict v = on_payload(t, c);
+        struct kv__xport_verdict v = on_payload(t, c);
         c->ph = RX_HDR;
         c->rx_since_ns = 0;
         frames++;
-        if (!kv__tcp_ok(&v))
+        if (!kv__xport_ok(&v))
             return v;
     }
-    return KV__TCP_OK;
+    return KV__XPORT_OK;
 }

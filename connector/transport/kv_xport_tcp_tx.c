@@ -13,21 +13,9 @@
 #include "kv_mem.h"
 #include "kv_xport_tcp_int.h"
 
-struct kv__tcp_verdict kv__tcp_bad(kv_status st, const char *fmt, ...)
-{
-    struct kv__tcp_verdict v = {.st = st};
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(v.msg, sizeof(v.msg), fmt, ap);
-    va_end(ap);
-    return v;
-}
-
 void kv__tcp_wake(struct kv__tcp *t)
 {
-    const char c = 1;
-    ssize_t r = write(t->wake[1], &c, 1);
-    (void)r; /* a full pipe is already a pending wake-up */
+    kv__xport_wake_pipe(t->wake[1]);
 }
 
 /* ---- the control stream --------------------------------------------- */
@@ -226,23 +214,7 @@ static uint32_t gather_pieces(kv_xport_xfer *xf, unsigned char *desc, const char
         const uint32_t e = (uint32_t)xf->be_entry;
         const struct kv_xport_io *io = &xf->ios[e];
         const uint64_t at = xf->be_off;
-        while (xf->be_off < io->bytes && b < KV__TCP_CHUNK && ns < KV__TCP_MAXSRC) {
-            const struct kv__xport_seg *sg = &xf->seg[xf->be_seg];
-            const uint64_t rest = sg->bytes - xf->be_seg_off;
-            const uint64_t len = rest < KV__TCP_CHUNK - b ? rest : KV__TCP_CHUNK - b;
-            src[ns] = io->local->base + sg->off + xf->be_rep * sg->pitch + xf->be_seg_off;
-            len_out[ns++] = len;
-            b += len;
-            xf->be_off += len;
-            xf->be_seg_off += len;
-            if (xf->be_seg_off == sg->bytes) {
-                xf->be_seg_off = 0;
-                if (++xf->be_rep == sg->count) {
-                    xf->be_rep = 0;
-                    xf->be_seg++;
-                }
-            }
-        }
+        kv__xport_cursor_gather(xf, io, KV__TCP_CHUNK, KV__TCP_MAXSRC, src, len_out, &ns, &b);
         unsigned char *d = desc + (size_t)k * KV__TCP_DESC;
         kv__le_put(d, e, 4);
         kv__le_put(d + 4, io->remote->region, 4);
@@ -551,7 +523,7 @@ static int frame_iov(const struct kv__tcp_conn *c, struct iovec *iov)
     return k;
 }
 
-struct kv__tcp_verdict kv__tcp_conn_tx(struct kv__tcp *t, struct kv__tcp_conn *c)
+struct kv__xport_verdict kv__tcp_conn_tx(struct kv__tcp *t, struct kv__tcp_conn *c)
 {
     kv_xport *x = t->x;
     for (;;) {
@@ -563,7 +535,7 @@ struct kv__tcp_verdict kv__tcp_conn_tx(struct kv__tcp *t, struct kv__tcp_conn *c
                 kv__tcp_vj_hash_now(t, &c->txj);
             if (c->txj.st != VJ_DONE) { /* being hashed: its wake-up */
                 if (c->ctl_off == c->ctl_len)
-                    return KV__TCP_OK;
+                    return KV__XPORT_OK;
             } else {
                 next_promote(c);
                 continue;
@@ -572,7 +544,7 @@ struct kv__tcp_verdict kv__tcp_conn_tx(struct kv__tcp *t, struct kv__tcp_conn *c
         const bool ctl = c->ctl_off < c->ctl_len;
         if (!c->df_on && !c->nx_on && !ctl && (!c->tp || !c->up || !next_frame(t, c->tp, c)) &&
             c->ctl_off == c->ctl_len)
-            return KV__TCP_OK;
+            return KV__XPORT_OK;
         ssize_t r;
         int e = 0;
         if (c->ctl_off < c->ctl_len && (!c->df_on || c->df_sent == 0)) {
@@ -635,8 +607,8 @@ struct kv__tcp_verdict kv__tcp_conn_tx(struct kv__tcp *t, struct kv__tcp_conn *c
             c->tx_since_ns = kv__now_ns();
         if (r < 0) {
             if (e == EAGAIN || e == EWOULDBLOCK || e == EINTR)
-                return KV__TCP_OK;
-            return kv__tcp_bad(KV_ERR_IO, "xport tcp: send: %s", strerror(e));
+                return KV__XPORT_OK;
+            return kv__xport_bad(KV_ERR_IO, "xport tcp: send: %s", strerror(e));
         }
     }
 }

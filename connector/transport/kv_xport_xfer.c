@@ -273,6 +273,16 @@ kv_status kv__xport_wire_status(int64_t v, bool ok_allowed)
     return KV_ERR_CORRUPT;
 }
 
+struct kv__xport_verdict kv__xport_bad(kv_status st, const char *fmt, ...)
+{
+    struct kv__xport_verdict v = {.st = st};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(v.msg, sizeof(v.msg), fmt, ap);
+    va_end(ap);
+    return v;
+}
+
 void kv__xport_xfer_end(kv_xport_xfer *t, kv_xport_state state, kv_status why)
 {
     if (t->state != KV_XPORT_PENDING)
