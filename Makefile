@@ -152,6 +152,10 @@ NVCCFLAGS ?= -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 \
 NVCC_ALL   = $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden -DKV_HAVE_CUDA=1
 
 TEST_COMMON := $(wildcard tests/common/*.c)
+# A test binary is compiled from several sources in one command, so its -MMD
+# file lists only the last one's headers: the shared test headers are named
+# as prerequisites instead (a change to one rebuilds every test).
+TEST_HDRS   := $(wildcard tests/common/*.h)
 TEST_DEFS   := -Itests/common -DKV_TEST_DATA_DIR='"$(CURDIR)/tests/data"'
 # Tests over the software verbs device (tests/softverbs): built only with
 # RDMA, and only they link it (never tests/common: integration tests see
@@ -228,21 +232,21 @@ $(LIB_SO): $(OBJ)
 	$(Q)$(CC) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(SAN_FLAGS) $(LIBS)
 	$(Q)ln -sf libkvcache.so $(BUILD)/$(SONAME)
 
-$(BUILD)/tests/%: tests/unit/%.c $(TEST_COMMON) $(LIB_A)
+$(BUILD)/tests/%: tests/unit/%.c $(TEST_COMMON) $(TEST_HDRS) $(LIB_A)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  TEST   $@')
 	$(Q)$(CC) $(ALLCFLAGS) $(TEST_DEFS) -o $@ $< $(TEST_COMMON) $(LIB_A) -lcmocka $(LIBS)
 
 # A static pattern rule: it wins over the generic unit-test rule above.
 $(VERBS_TESTS): $(BUILD)/tests/%: tests/unit/%.c $(SOFTVERBS) tests/softverbs/kvt_softverbs.h \
-                $(TEST_COMMON) $(LIB_A)
+                $(TEST_COMMON) $(TEST_HDRS) $(LIB_A)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  TEST   $@')
 	$(Q)$(CC) $(ALLCFLAGS) $(TEST_DEFS) -Itests/softverbs -o $@ $< $(SOFTVERBS) $(TEST_COMMON) \
 	    $(LIB_A) -lcmocka $(LIBS)
 
 $(CUDA_DOUBLE_TESTS): $(BUILD)/tests/%: tests/unit/%.c $(SOFTCUDA) tests/softcuda/kvt_softcuda.h \
-                      $(TEST_COMMON) $(LIB_A)
+                      $(TEST_COMMON) $(TEST_HDRS) $(LIB_A)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  TEST   $@')
 	$(Q)$(CC) $(ALLCFLAGS) $(TEST_DEFS) -Itests/softcuda -o $@ $< $(SOFTCUDA) $(TEST_COMMON) \
@@ -254,7 +258,7 @@ $(STAGED): $(HEADERS)
 
 # Integration tests use the public API only: compiled against the staged
 # public headers alone and linked against the shared library.
-$(BUILD)/tests/%: tests/integration/%.c $(TEST_COMMON) $(LIB_SO) $(STAGED)
+$(BUILD)/tests/%: tests/integration/%.c $(TEST_COMMON) $(TEST_HDRS) $(LIB_SO) $(STAGED)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  TEST   $@')
 	$(Q)$(CC) $(BASECFLAGS) -I$(BUILD)/include $(TEST_DEFS) -o $@ $< $(TEST_COMMON) -L$(BUILD) \
@@ -275,7 +279,7 @@ $(DEMO): $(DEMO_SRC) tools/kvdemo/kvdemo.h $(LIB_A) $(STAGED)
 # $(BUILD)/kvdemo.d until the next link rewrites it (-MP's idiom, for a source).
 tools/kvdemo.c:
 
-$(BENCH): $(BENCH_SRC) $(LIB_A)
+$(BENCH): $(BENCH_SRC) $(wildcard tools/bench/*.h) $(LIB_A)
 	@$(if $(Q),echo '  LD     $@')
 	$(Q)$(CC) $(ALLCFLAGS) -Itools/bench -o $@ $(BENCH_SRC) $(LIB_A) $(LIBS)
 
