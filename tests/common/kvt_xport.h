@@ -2,14 +2,19 @@
  * kvt_xport.h - fixtures of the transport tests, whatever the kind (TCP,
  * SHM): a test config, a connected pair of transports in one process, a
  * region shared between them (its blob as a notification, or handed over
- * in memory), waiting for a peer or a transfer, and random bytes.
+ * in memory), waiting for a peer or a transfer, random bytes, the regions
+ * of a whole-region case, a receiver process and its loss, and network
+ * namespaces.
  * Public API only. Include after <cmocka.h>.
  */
 #ifndef KVT_XPORT_H
 #define KVT_XPORT_H
 
+#include <fcntl.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
@@ -256,6 +261,200 @@ static inline void kvt_note_refused_for_capacity(kv_xport_kind kind, uint64_t to
     assert_int_equal(kv_xport_destroy(p.b), KV_OK);
     free(src);
     free(dst);
+}
+
+/* The other end's teardown of kvt_sink_join: rfd closed, r freed, p
+ * closed, ms deregistered, x destroyed. */
+static inline void kvt_sink_leave(int rfd, kv_xport *x, kv_xport_peer *p, kv_xport_mem *ms,
+                                  kv_xport_rmem *r)
+{
+    close(rfd);
+    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
+    kv_xport_peer_close(p);
+    assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
+    assert_int_equal(kv_xport_destroy(x), KV_OK);
+}
+
+/* What a receiver killed under transfer t leaves: t ends FAILED (10 s at
+ * most), its peer p CLOSED with KV_ERR_IO. */
+static inline void kvt_xfer_peer_lost(kv_xport_xfer *t, kv_xport_peer *p)
+{
+    kvt_xfer_done(t, KV_XPORT_FAILED);
+    kv_status why = KV_OK;
+    kv_xport_peer_state ps;
+    assert_int_equal(kv_xport_peer_state_get(p, &ps, &why), KV_OK);
+    assert_int_equal(ps, KV_XPORT_CLOSED);
+    assert_int_equal(why, KV_ERR_IO);
+}
+
+/* t (terminal) has at least one entry that is not KV_OK; t freed. */
+static inline void kvt_xfer_some_failed(kv_xport_xfer *t)
+{
+    const kv_status *st;
+    uint32_t ns;
+    assert_int_equal(kv_xport_xfer_results(t, &st, &ns), KV_OK);
+    uint32_t ok = 0;
+    for (uint32_t i = 0; i < ns; i++)
+        ok += st[i] == KV_OK;
+    assert_true(ok < ns);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+}
+
+/* The regions of a whole-region case over a pair: src (random) and back
+ * (zero) registered on a (ms, mb), dst (0xEE) on b (md) and imported by a
+ * as r (its blob as a notification, kvt_share_notify); want starts as a
+ * copy of dst, the caller's expectation of it. Each buffer `bytes`. */
+struct kvt_region {
+    size_t bytes;
+    unsigned char *src, *dst, *want, *back;
+    kv_xport_mem *ms, *md, *mb;
+    kv_xport_rmem *r;
+};
+
+/* g's buffers (src from seed, kvt_fill) and regions over pair p. */
+static inline void kvt_region_open(struct kvt_region *g, struct kvt_pair *p, size_t bytes,
+                                   uint64_t seed)
+{
+    g->bytes = bytes;
+    g->src = malloc(bytes);
+    g->dst = malloc(bytes);
+    g->want = malloc(bytes);
+    g->back = calloc(1, bytes);
+    kvt_fill(g->src, bytes, seed);
+    memset(g->dst, 0xEE, bytes);
+    memcpy(g->want, g->dst, bytes);
+    assert_int_equal(kv_xport_mem_reg(p->a, g->src, bytes, KV_MEM_HOST, &g->ms), KV_OK);
+    assert_int_equal(kv_xport_mem_reg(p->a, g->back, bytes, KV_MEM_HOST, &g->mb), KV_OK);
+    assert_int_equal(kv_xport_mem_reg(p->b, g->dst, bytes, KV_MEM_HOST, &g->md), KV_OK);
+    g->r = kvt_share_notify(p, g->md);
+}
+
+/* r freed, md, ms and mb deregistered, the pair closed (kvt_pair_close),
+ * then g's buffers freed. */
+static inline void kvt_region_close(struct kvt_region *g, struct kvt_pair *p)
+{
+    assert_int_equal(kv_xport_rmem_free(g->r), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(g->md), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(g->ms), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(g->mb), KV_OK);
+    kvt_pair_close(p);
+    free(g->src);
+    free(g->dst);
+    free(g->want);
+    free(g->back);
+}
+
+/* ios[ne]: ranges of src onto disjoint ranges of dst (r), from a stream
+ * seeded by seed. Entry i moves 1 + rand % (i % every == 0 ? big : small)
+ * bytes into a random place of its slot of dst (bytes / ne each; the last
+ * entry ends at dst's last byte) from a random offset of src; want gets
+ * each move. big < bytes / ne. */
+static inline void kvt_region_ios(struct kvt_region *g, struct kv_xport_io *ios, int ne, int every,
+                                  uint64_t big, uint64_t small, uint64_t seed)
+{
+    uint64_t rng = seed;
+    const uint64_t slot = g->bytes / (uint64_t)ne;
+    for (int i = 0; i < ne; i++) {
+        const uint64_t bytes = 1 + kvt_rand(&rng) % (i % every == 0 ? big : small);
+        const uint64_t roff =
+            i == ne - 1 ? g->bytes - bytes : (uint64_t)i * slot + kvt_rand(&rng) % (slot - bytes);
+        const uint64_t loff = kvt_rand(&rng) % (g->bytes - bytes);
+        ios[i] = (struct kv_xport_io){g->ms, loff, g->r, roff, bytes};
+        memcpy(g->want + roff, g->src + loff, bytes);
+    }
+}
+
+/* a writes ios[ne] with a notification (tag 42, "request 42 landed"); b
+ * polls it (10 s at most) into msg: its tag, length, bytes and sender (b's
+ * peer) as sent, and on its arrival dst already equals want, before the
+ * sender's transfer is even looked at (the notification implies the
+ * data). Then the transfer DONE, each of its ne entries KV_OK. */
+static inline void kvt_region_write_noted(struct kvt_pair *p, struct kvt_region *g,
+                                          const struct kv_xport_io *ios, int ne,
+                                          struct kv_xport_msg *msg)
+{
+    const char note[] = "request 42 landed";
+    struct kv_xport_notify n = {.tag = 42, .msg = note, .len = sizeof(note)};
+    kv_xport_xfer *t = NULL;
+    assert_int_equal(kv_xport_write(p->pa, ios, (uint32_t)ne, &n, &t), KV_OK);
+    assert_int_equal(kv_xport_notify_poll(p->b, 10000, msg), KV_OK);
+    assert_int_equal(msg->tag, 42);
+    assert_int_equal(msg->len, sizeof(note));
+    assert_memory_equal(msg->data, note, sizeof(note));
+    assert_int_equal(msg->peer_id, kv_xport_peer_id(p->pb));
+    assert_memory_equal(g->dst, g->want, g->bytes);
+    kvt_xfer_done(t, KV_XPORT_DONE);
+    const kv_status *st;
+    uint32_t ns;
+    assert_int_equal(kv_xport_xfer_results(t, &st, &ns), KV_OK);
+    assert_int_equal(ns, ne);
+    for (int i = 0; i < ne; i++)
+        assert_int_equal(st[i], KV_OK);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+}
+
+/* a reads the ranges ios[ne] wrote (disjoint) back from r into back, at
+ * the same offsets: DONE, and back then equals dst there and stays zero
+ * elsewhere. bwant (bytes, zero): that expectation, left for the caller. */
+static inline void kvt_region_read_back(struct kvt_pair *p, struct kvt_region *g,
+                                        const struct kv_xport_io *ios, int ne, unsigned char *bwant)
+{
+    struct kv_xport_io *rd = malloc((size_t)ne * sizeof(*rd));
+    assert_non_null(rd);
+    for (int i = 0; i < ne; i++) {
+        rd[i] =
+            (struct kv_xport_io){g->mb, ios[i].remote_off, g->r, ios[i].remote_off, ios[i].bytes};
+        memcpy(bwant + ios[i].remote_off, g->dst + ios[i].remote_off, ios[i].bytes);
+    }
+    kv_xport_xfer *t = NULL;
+    assert_int_equal(kv_xport_read(p->pa, rd, (uint32_t)ne, &t), KV_OK);
+    kvt_xfer_done(t, KV_XPORT_DONE);
+    assert_memory_equal(g->back, bwant, g->bytes);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    free(rd);
+}
+
+/* The receiver's own check, r forged by the caller to claim more than dst
+ * (kv_xport_int.h): a writes three entries with a notification (tag 43),
+ * the second past dst's end: the transfer FAILED, that entry
+ * KV_ERR_OUT_OF_BOUNDS (the error naming entry 1), the other two KV_OK and
+ * landed (want updated), nothing else of dst changed. */
+static inline void kvt_region_write_forged(struct kvt_pair *p, struct kvt_region *g)
+{
+    const uint64_t R = g->bytes;
+    struct kv_xport_io f2[3] = {{g->ms, 0, g->r, 100, 1000},
+                                {g->ms, 0, g->r, R - 8, 64}, /* past the end */
+                                {g->ms, 5000, g->r, 7000, 100}};
+    memcpy(g->want + 100, g->src, 1000);
+    memcpy(g->want + 7000, g->src + 5000, 100);
+    struct kv_xport_notify n2 = {.tag = 43};
+    kv_xport_xfer *t = NULL;
+    assert_int_equal(kv_xport_write(p->pa, f2, 3, &n2, &t), KV_OK);
+    kvt_xfer_done(t, KV_XPORT_FAILED);
+    const kv_status *st;
+    uint32_t ns;
+    assert_int_equal(kv_xport_xfer_results(t, &st, &ns), KV_OK);
+    assert_int_equal(st[0], KV_OK);
+    assert_int_equal(st[1], KV_ERR_OUT_OF_BOUNDS);
+    assert_int_equal(st[2], KV_OK);
+    assert_non_null(strstr(kv_xport_xfer_error(t), "entry 1"));
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    assert_memory_equal(g->dst, g->want, R);
+}
+
+/* This thread (and the threads it creates) into the network namespace
+ * /run/netns/<name>; "" back to `home` (an fd of the namespace it left). */
+static inline bool kvt_enter_netns(const char *name, int home)
+{
+    if (!*name)
+        return setns(home, CLONE_NEWNET) == 0;
+    char path[96];
+    snprintf(path, sizeof(path), "/run/netns/%s", name);
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    const bool ok = fd >= 0 && setns(fd, CLONE_NEWNET) == 0;
+    if (fd >= 0)
+        close(fd);
+    return ok;
 }
 
 #endif /* KVT_XPORT_H */

@@ -59,6 +59,7 @@
 #include "kv_pack_int.h" /* kv__pack_nt_min_bytes */
 #include "kv_offload_int.h"
 #include "kvt_cache.h"
+#include "kvt_offload.h"
 #include "kvt_side.h"
 #include "kvtest.h"
 
@@ -74,13 +75,6 @@ static kv_offload *mk_tier(size_t capacity, size_t staging)
     kv_offload *off = NULL;
     assert_int_equal(kv_offload_create(&cfg, &off), KV_OK);
     return off;
-}
-
-static kv_offload_state finish(kv_offload_op *op)
-{
-    kv_offload_state s = KV_OFFLOAD_PENDING;
-    assert_int_equal(kv_offload_wait(op, WAIT_MS, &s), KV_OK);
-    return s;
 }
 
 static uint64_t hash_of(uint64_t k)
@@ -110,110 +104,6 @@ static uint64_t piece_bytes(uint64_t bytes, size_t align)
 #else
     return (bytes + align - 1) / align * align;
 #endif
-}
-
-/* n blocks of t (spread: the pool is scrambled by the caller), each filled
- * with the contents of hashes[i] and committed under it; ids out. */
-static void put_blocks(struct kvt_cache *t, const uint64_t *hashes, uint32_t n, uint32_t *ids)
-{
-    assert_int_equal(kv_block_pool_alloc(t->pool, n, ids), KV_OK);
-    for (uint32_t i = 0; i < n; i++) {
-        kvt_block_write(t, t->base, ids[i], hashes[i]);
-        bool stored = false;
-        assert_int_equal(kv_block_pool_commit_hash(t->pool, ids[i], hashes[i], &stored), KV_OK);
-        assert_true(stored);
-    }
-}
-
-/* Store hashes[n] from t (blocks written here) and wait: DONE, every entry
- * KV_OK, the source arena unchanged by the store, refs back to the caller's. */
-static void store_all(kv_offload *off, struct kvt_cache *t, const uint64_t *hashes, uint32_t n,
-                      bool release)
-{
-    uint32_t *ids = malloc(n * sizeof(*ids));
-    assert_non_null(ids);
-    put_blocks(t, hashes, n, ids);
-    unsigned char *snap = malloc(t->bytes);
-    assert_non_null(snap);
-    memcpy(snap, t->base, t->bytes);
-    const uint64_t refs = kvt_pool_refs(t);
-    kv_offload_op *op = NULL;
-    assert_int_equal(kv_offload_store(off, t->c, ids, n, &op), KV_OK);
-    if (release) /* the tier holds its own references */
-        assert_int_equal(kv_block_pool_release(t->pool, ids, n), KV_OK);
-    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
-    const struct kv_offload_result *res;
-    uint32_t nr;
-    assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
-    assert_int_equal(nr, n);
-    for (uint32_t i = 0; i < n; i++) {
-        assert_int_equal(res[i].status, KV_OK);
-        assert_int_equal(res[i].hash, hashes[i]);
-        assert_int_equal(res[i].block, ids[i]);
-        assert_true(kv_offload_contains(off, t->c, hashes[i]));
-    }
-    assert_int_equal(kv_offload_op_free(op), KV_OK);
-    assert_int_equal(kvt_pool_refs(t), release ? refs - n : refs);
-    assert_int_equal(kvt_first_diff(snap, t->base, (int64_t)t->bytes), -1);
-    free(snap);
-    free(ids);
-}
-
-/* Load hashes[n] into d and check the whole arena: want[i] true = expect
- * KV_OK (the block holds hashes[i]'s contents), false = expect fail[i] and
- * nothing of it anywhere. Returns the op's state; loaded blocks are released
- * (they stay cached under their hashes). */
-static kv_offload_state load_check(kv_offload *off, struct kvt_cache *d, const uint64_t *hashes,
-                                   uint32_t n, const kv_status *want)
-{
-    unsigned char *exp = malloc(d->bytes);
-    assert_non_null(exp);
-    memcpy(exp, d->base, d->bytes);
-    struct kv_block_pool_stats before, after;
-    kv_block_pool_stats_get(d->pool, &before);
-    const uint64_t refs = kvt_pool_refs(d);
-    kv_offload_op *op = NULL;
-    assert_int_equal(kv_offload_load(off, d->c, hashes, n, &op), KV_OK);
-    const kv_offload_state s = finish(op);
-    const struct kv_offload_result *res;
-    uint32_t nr;
-    assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
-    assert_int_equal(nr, n);
-    bool all_ok = true;
-    uint32_t held = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        assert_int_equal(res[i].hash, hashes[i]);
-        if (want[i] != KV_OK) {
-            assert_int_equal(res[i].status, want[i]);
-            assert_int_equal(res[i].block, KV_BLOCK_NULL);
-            assert_false(res[i].committed);
-            all_ok = false;
-            continue;
-        }
-        assert_int_equal(res[i].status, KV_OK);
-        assert_int_not_equal(res[i].block, KV_BLOCK_NULL);
-        assert_int_equal(kv_block_pool_ref_count(d->pool, res[i].block), 1);
-        kvt_block_write(d, exp, res[i].block, hashes[i]);
-        if (res[i].committed) {
-            uint64_t h = 0;
-            assert_int_equal(kv_block_pool_block_hash(d->pool, res[i].block, &h), KV_OK);
-            assert_int_equal(h, hashes[i]);
-        }
-        held++;
-    }
-    assert_int_equal(s, all_ok ? KV_OFFLOAD_DONE : KV_OFFLOAD_FAILED);
-    /* a failed entry writes nothing (the checksum is verified before the
-     * copy): the whole arena is exactly the expectation */
-    assert_int_equal(kvt_first_diff(exp, d->base, (int64_t)d->bytes), -1);
-    assert_int_equal(kvt_pool_refs(d), refs + held);
-    kv_block_pool_stats_get(d->pool, &after);
-    assert_int_equal(after.used_blocks, before.used_blocks + held);
-    for (uint32_t i = 0; i < n; i++)
-        if (res[i].status == KV_OK)
-            assert_int_equal(kv_block_pool_release(d->pool, &res[i].block, 1), KV_OK);
-    assert_int_equal(kv_offload_op_free(op), KV_OK);
-    free(exp);
-    return s;
 }
 
 /* ---- create -------------------------------------------------------------- */
@@ -306,11 +196,11 @@ static void test_offload_every_layout(void **state)
         }
         struct kv_offload_stats st0, st1;
         assert_int_equal(kv_offload_stats_get(off, &st0), KV_OK);
-        store_all(off, &s, h, NB, bits & 1);
+        kvt_store_all(off, &s, h, NB, bits & 1);
         assert_int_equal(kv_offload_stats_get(off, &st1), KV_OK);
         assert_int_equal(st1.stores - st0.stores, NB);
         assert_int_equal(st1.bytes - st0.bytes, NB * piece_bytes(entry_bytes(&s), 64));
-        assert_int_equal(load_check(off, &d, h, NB, want), KV_OFFLOAD_DONE);
+        assert_int_equal(kvt_load_check(off, &d, h, NB, want, false), KV_OFFLOAD_DONE);
         /* committed: a prefix lookup in d now finds every hash */
         uint32_t ids[NB], nf = 0;
         assert_int_equal(kv_block_pool_lookup(d.pool, h, NB, ids, &nf), KV_OK);
@@ -368,9 +258,9 @@ static void test_offload_wide_rows(void **state)
             uint64_t h[NB];
             for (int i = 0; i < NB; i++)
                 h[i] = hash_of(7000 + (uint64_t)(nt * 100) + si * 10 + (uint64_t)i);
-            store_all(off, &s, h, NB, true);
+            kvt_store_all(off, &s, h, NB, true);
             kv_status want[NB] = {KV_OK, KV_OK, KV_OK, KV_OK, KV_OK, KV_OK};
-            assert_int_equal(load_check(off, &d, h, NB, want), KV_OFFLOAD_DONE);
+            assert_int_equal(kvt_load_check(off, &d, h, NB, want, false), KV_OFFLOAD_DONE);
             /* a byte of the first row's second piece (or past its middle when
              * the row is one piece) and the entry's last byte */
             const size_t row = (size_t)(shapes[si].N * shapes[si].H * shapes[si].D) *
@@ -379,7 +269,7 @@ static void test_offload_wide_rows(void **state)
             assert_int_equal(kv__offload_test_corrupt(off, NULL, h[2], in_row), KV_OK);
             assert_int_equal(kv__offload_test_corrupt(off, NULL, h[4], eb - 1), KV_OK);
             want[2] = want[4] = KV_ERR_CORRUPT;
-            assert_int_equal(load_check(off, &d, h, NB, want), KV_OFFLOAD_FAILED);
+            assert_int_equal(kvt_load_check(off, &d, h, NB, want, false), KV_OFFLOAD_FAILED);
             assert_false(kv_offload_contains(off, NULL, h[2]));
             assert_false(kv_offload_contains(off, NULL, h[4]));
             kv_offload_destroy(off);
@@ -435,11 +325,11 @@ static void test_offload_threads_chunks(void **state)
                                    (uint64_t)i);
                     want[i] = KV_OK;
                 }
-                store_all(off, &s, h, NB, true);
-                assert_int_equal(load_check(off, &d, h, NB, want), KV_OFFLOAD_DONE);
+                kvt_store_all(off, &s, h, NB, true);
+                assert_int_equal(kvt_load_check(off, &d, h, NB, want, false), KV_OFFLOAD_DONE);
                 assert_int_equal(kv__offload_test_corrupt(off, NULL, h[NB - 3], eb / 3), KV_OK);
                 want[NB - 3] = KV_ERR_CORRUPT;
-                assert_int_equal(load_check(off, &d, h, NB, want), KV_OFFLOAD_FAILED);
+                assert_int_equal(kvt_load_check(off, &d, h, NB, want, false), KV_OFFLOAD_FAILED);
                 struct kv_offload_stats st;
                 assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
                 assert_int_equal(st.stores, NB);
@@ -464,14 +354,14 @@ static void test_offload_commit_semantics(void **state)
     kvt_pool_scramble(&s, &rng);
     uint64_t h[4] = {hash_of(1), hash_of(2), hash_of(3), hash_of(4)};
     uint32_t ids[4];
-    put_blocks(&s, h, 4, ids);
+    kvt_put_blocks(&s, h, 4, ids);
     kv_offload_op *op;
     assert_int_equal(kv_offload_store(off, s.c, ids, 4, &op), KV_OK);
-    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    assert_int_equal(kvt_offload_finish(op), KV_OFFLOAD_DONE);
     assert_int_equal(kv_offload_op_free(op), KV_OK);
     assert_int_equal(kv_block_pool_release(s.pool, ids, 2), KV_OK); /* 0, 1 cached; 2, 3 held */
     assert_int_equal(kv_offload_load(off, s.c, h, 4, &op), KV_OK);
-    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    assert_int_equal(kvt_offload_finish(op), KV_OFFLOAD_DONE);
     const struct kv_offload_result *res;
     uint32_t n;
     assert_int_equal(kv_offload_results(op, &res, &n), KV_OK);
@@ -509,7 +399,7 @@ static void test_offload_load_failures(void **state)
     uint64_t h[6];
     for (int i = 0; i < 6; i++)
         h[i] = hash_of(50 + (uint64_t)i);
-    store_all(off, &s, h, 6, true);
+    kvt_store_all(off, &s, h, 6, true);
     const size_t eb = (size_t)entry_bytes(&s);
 
     /* a miss, and three corrupt entries (first, middle, last byte) */
@@ -523,7 +413,7 @@ static void test_offload_load_failures(void **state)
                          KV_ERR_CORRUPT, KV_ERR_CORRUPT,   KV_OK};
     struct kv_offload_stats st0, st1;
     assert_int_equal(kv_offload_stats_get(off, &st0), KV_OK);
-    assert_int_equal(load_check(off, &d, q, 6, want), KV_OFFLOAD_FAILED);
+    assert_int_equal(kvt_load_check(off, &d, q, 6, want, false), KV_OFFLOAD_FAILED);
     assert_int_equal(kv_offload_stats_get(off, &st1), KV_OK);
     assert_int_equal(st1.checksum_failures - st0.checksum_failures, 3);
     assert_int_equal(st1.misses - st0.misses, 1);
@@ -540,7 +430,7 @@ static void test_offload_load_failures(void **state)
      * committed; a hash in no format at all is a plain miss */
     kv_status want_x[3] = {KV_ERR_MISMATCH, KV_ERR_MISMATCH, KV_ERR_NOT_FOUND};
     uint64_t qx[3] = {h[0], h[5], hash_of(998)};
-    assert_int_equal(load_check(off, &x, qx, 3, want_x), KV_OFFLOAD_FAILED);
+    assert_int_equal(kvt_load_check(off, &x, qx, 3, want_x, false), KV_OFFLOAD_FAILED);
     assert_true(kv_offload_contains(off, s.c, h[0])); /* still there for the right format */
     assert_true(kv_offload_contains(off, d.c, h[0])); /* d: the same block format as s */
     assert_false(kv_offload_contains(off, x.c, h[0]));
@@ -549,12 +439,12 @@ static void test_offload_load_failures(void **state)
     kv_offload *tiny = mk_tier(eb - 1, 0);
     uint32_t id;
     uint64_t hz = hash_of(4242);
-    put_blocks(&s, &hz, 1, &id);
+    kvt_put_blocks(&s, &hz, 1, &id);
     unsigned char *snap = malloc(s.bytes);
     memcpy(snap, s.base, s.bytes);
     kv_offload_op *op;
     assert_int_equal(kv_offload_store(tiny, s.c, &id, 1, &op), KV_OK);
-    assert_int_equal(finish(op), KV_OFFLOAD_FAILED);
+    assert_int_equal(kvt_offload_finish(op), KV_OFFLOAD_FAILED);
     const struct kv_offload_result *res;
     uint32_t n;
     assert_int_equal(kv_offload_results(op, &res, &n), KV_OK);
@@ -604,9 +494,9 @@ static void test_offload_formats_share_hashes(void **state)
         h[i] = hash_of(5000 + (uint64_t)i);
         ok[i] = KV_OK;
     }
-    store_all(off, &a, h, NB, true);
-    store_all(off, &b, h, NB, true);
-    store_all(off, &c, h, NB, false);
+    kvt_store_all(off, &a, h, NB, true);
+    kvt_store_all(off, &b, h, NB, true);
+    kvt_store_all(off, &c, h, NB, false);
     struct kv_offload_stats st;
     assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
     assert_int_equal(st.entries, 3 * NB);
@@ -614,8 +504,8 @@ static void test_offload_formats_share_hashes(void **state)
     assert_int_equal(st.store_touches, 0);
     assert_int_equal(st.bytes, NB * (2 * ea + eb));
     for (int i = 0; i < 3; i++) /* each its own bytes, nothing else written */
-        assert_int_equal(load_check(off, all[i], h, NB, ok), KV_OFFLOAD_DONE);
-    assert_int_equal(load_check(off, &d, h, NB, ok), KV_OFFLOAD_DONE);
+        assert_int_equal(kvt_load_check(off, all[i], h, NB, ok, false), KV_OFFLOAD_DONE);
+    assert_int_equal(kvt_load_check(off, &d, h, NB, ok, false), KV_OFFLOAD_DONE);
     assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
     assert_int_equal(st.hits, 4 * NB);
     assert_int_equal(st.misses, 0);
@@ -626,7 +516,7 @@ static void test_offload_formats_share_hashes(void **state)
     assert_int_equal(nf, NB);
     kv_offload_op *op;
     assert_int_equal(kv_offload_store(off, d.c, ids, NB, &op), KV_OK);
-    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    assert_int_equal(kvt_offload_finish(op), KV_OFFLOAD_DONE);
     assert_int_equal(kv_offload_op_free(op), KV_OK);
     assert_int_equal(kv_block_pool_release(d.pool, ids, NB), KV_OK);
     assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
@@ -646,11 +536,11 @@ static void test_offload_formats_share_hashes(void **state)
     /* a corrupt entry of one format leaves the others intact */
     assert_int_equal(kv__offload_test_corrupt(off, b.c, h[1], 7), KV_OK);
     kv_status want_b[2] = {KV_ERR_CORRUPT, KV_OK};
-    assert_int_equal(load_check(off, &b, h + 1, 2, want_b), KV_OFFLOAD_FAILED);
+    assert_int_equal(kvt_load_check(off, &b, h + 1, 2, want_b, false), KV_OFFLOAD_FAILED);
     assert_false(kv_offload_contains(off, b.c, h[1]));
     assert_true(kv_offload_contains(off, a.c, h[1]));
     assert_true(kv_offload_contains(off, c.c, h[1]));
-    assert_int_equal(load_check(off, &a, h + 1, 2, ok), KV_OFFLOAD_DONE);
+    assert_int_equal(kvt_load_check(off, &a, h + 1, 2, ok, false), KV_OFFLOAD_DONE);
     kv_offload_destroy(off);
     for (int i = 0; i < 4; i++)
         kvt_cache_free(all[i]);
@@ -678,14 +568,14 @@ static void test_offload_tp_ranks_share_tier(void **state)
         h[i] = hash_of(7000 + (uint64_t)i);
         ok[i] = KV_OK;
     }
-    store_all(off, &r0, h, NB, true);
-    store_all(off, &r1, h, NB, true);
+    kvt_store_all(off, &r0, h, NB, true);
+    kvt_store_all(off, &r1, h, NB, true);
     struct kv_offload_stats st;
     assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
     assert_int_equal(st.entries, 2 * NB);
     assert_int_equal(st.store_touches, 0);
-    assert_int_equal(load_check(off, &r1, h, NB, ok), KV_OFFLOAD_DONE);
-    assert_int_equal(load_check(off, &r0, h, NB, ok), KV_OFFLOAD_DONE);
+    assert_int_equal(kvt_load_check(off, &r1, h, NB, ok, false), KV_OFFLOAD_DONE);
+    assert_int_equal(kvt_load_check(off, &r0, h, NB, ok, false), KV_OFFLOAD_DONE);
     uint32_t ne = 0;
     assert_int_equal(kv_offload_evict(off, h, 1, &ne), KV_OK);
     assert_int_equal(ne, 2);
@@ -694,10 +584,10 @@ static void test_offload_tp_ranks_share_tier(void **state)
     const uint64_t one = h[1];
     assert_int_equal(kv__offload_test_corrupt(off, r1.c, one, 3), KV_OK);
     const kv_status bad = KV_ERR_CORRUPT;
-    assert_int_equal(load_check(off, &r1, &one, 1, &bad), KV_OFFLOAD_FAILED);
+    assert_int_equal(kvt_load_check(off, &r1, &one, 1, &bad, false), KV_OFFLOAD_FAILED);
     const kv_status mism = KV_ERR_MISMATCH;
-    assert_int_equal(load_check(off, &r1, &one, 1, &mism), KV_OFFLOAD_FAILED);
-    assert_int_equal(load_check(off, &r0, &one, 1, ok), KV_OFFLOAD_DONE);
+    assert_int_equal(kvt_load_check(off, &r1, &one, 1, &mism, false), KV_OFFLOAD_FAILED);
+    assert_int_equal(kvt_load_check(off, &r0, &one, 1, ok, false), KV_OFFLOAD_DONE);
     kv_offload_destroy(off);
     kvt_cache_free(&r0);
     kvt_cache_free(&r1);
@@ -733,27 +623,27 @@ static void test_offload_formats_lru(void **state)
     for (int i = 0; i < 4; i++)
         g[i] = hash_of(6000 + (uint64_t)i);
     /* LRU: A0 A1 B0 B1, full */
-    store_all(off, &a, &g[0], 1, true);
-    store_all(off, &a, &g[1], 1, true);
-    store_all(off, &b, &g[0], 1, true);
-    store_all(off, &b, &g[1], 1, true);
+    kvt_store_all(off, &a, &g[0], 1, true);
+    kvt_store_all(off, &a, &g[1], 1, true);
+    kvt_store_all(off, &b, &g[0], 1, true);
+    kvt_store_all(off, &b, &g[1], 1, true);
     expect_table(off, 4, 2 * ea + 2 * eb, 0);
     /* a hit of A0: A1 B0 B1 A0 */
     const kv_status ok = KV_OK, mism = KV_ERR_MISMATCH;
-    assert_int_equal(load_check(off, &a, &g[0], 1, &ok), KV_OFFLOAD_DONE);
+    assert_int_equal(kvt_load_check(off, &a, &g[0], 1, &ok, false), KV_OFFLOAD_DONE);
     /* B2 needs eb: A1 goes (B1 stays: a hash is evicted per format) */
-    store_all(off, &b, &g[2], 1, true);
+    kvt_store_all(off, &b, &g[2], 1, true);
     expect_table(off, 4, ea + 3 * eb, 1);
     assert_false(kv_offload_contains(off, a.c, g[1]));
     assert_true(kv_offload_contains(off, b.c, g[1]));
-    assert_int_equal(load_check(off, &a, &g[1], 1, &mism), KV_OFFLOAD_FAILED);
+    assert_int_equal(kvt_load_check(off, &a, &g[1], 1, &mism, false), KV_OFFLOAD_FAILED);
     /* A3 needs ea: B0 goes (eb is enough) -> B1 A0 B2 A3 */
-    store_all(off, &a, &g[3], 1, true);
+    kvt_store_all(off, &a, &g[3], 1, true);
     expect_table(off, 4, 2 * ea + 2 * eb, 2);
     assert_false(kv_offload_contains(off, b.c, g[0]));
     assert_true(kv_offload_contains(off, a.c, g[0]));
     /* A2 beside B2 (a new entry, not a touch) needs ea: B1 and A0 go */
-    store_all(off, &a, &g[2], 1, true);
+    kvt_store_all(off, &a, &g[2], 1, true);
     assert_false(kv_offload_contains(off, b.c, g[1]));
     assert_false(kv_offload_contains(off, a.c, g[0]));
     assert_true(kv_offload_contains(off, b.c, g[2]));
@@ -787,7 +677,7 @@ static void test_offload_lru(void **state)
     for (int i = 0; i < 8; i++)
         h[i] = hash_of(300 + (uint64_t)i);
     for (int i = 0; i < 5; i++) /* 0..4: 0 and 1 evicted */
-        store_all(off, &s, &h[i], 1, true);
+        kvt_store_all(off, &s, &h[i], 1, true);
     struct kv_offload_stats st;
     assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
     assert_int_equal(st.entries, 3);
@@ -800,16 +690,16 @@ static void test_offload_lru(void **state)
     assert_int_equal(kv_block_pool_lookup(s.pool, &h[2], 1, &id, &(uint32_t){0}), KV_OK);
     kv_offload_op *op;
     assert_int_equal(kv_offload_store(off, s.c, &id, 1, &op), KV_OK);
-    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    assert_int_equal(kvt_offload_finish(op), KV_OFFLOAD_DONE);
     assert_int_equal(kv_offload_op_free(op), KV_OK);
     assert_int_equal(kv_block_pool_release(s.pool, &id, 1), KV_OK);
     kv_status ok = KV_OK;
-    assert_int_equal(load_check(off, &s, &h[3], 1, &ok), KV_OFFLOAD_DONE);
-    store_all(off, &s, &h[5], 1, true); /* evicts 4 */
+    assert_int_equal(kvt_load_check(off, &s, &h[3], 1, &ok, false), KV_OFFLOAD_DONE);
+    kvt_store_all(off, &s, &h[5], 1, true); /* evicts 4 */
     assert_false(kv_offload_contains(off, NULL, h[4]));
     assert_true(kv_offload_contains(off, NULL, h[2]));
     assert_true(kv_offload_contains(off, NULL, h[3]));
-    store_all(off, &s, &h[6], 1, true); /* evicts 2 */
+    kvt_store_all(off, &s, &h[6], 1, true); /* evicts 2 */
     assert_false(kv_offload_contains(off, NULL, h[2]));
     assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
     assert_int_equal(st.store_touches, 1);
@@ -841,7 +731,7 @@ static void test_offload_post_refusals(void **state)
     kv_offload *off = mk_tier((size_t)1 << 20, 0);
     uint64_t h[3] = {hash_of(1), hash_of(2), hash_of(3)};
     uint32_t ids[3];
-    put_blocks(&s, h, 2, ids);
+    kvt_put_blocks(&s, h, 2, ids);
     assert_int_equal(kv_block_pool_alloc(s.pool, 1, &ids[2]), KV_OK); /* held, no hash */
     struct kv_block_pool_stats p0, p1;
     kv_block_pool_stats_get(s.pool, &p0);
@@ -899,10 +789,10 @@ static void test_offload_post_refusals(void **state)
 
     /* an empty store and an empty load are done at once */
     assert_int_equal(kv_offload_store(off, s.c, NULL, 0, &op), KV_OK);
-    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    assert_int_equal(kvt_offload_finish(op), KV_OFFLOAD_DONE);
     assert_int_equal(kv_offload_op_free(op), KV_OK);
     assert_int_equal(kv_offload_load(off, s.c, NULL, 0, &op), KV_OK);
-    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    assert_int_equal(kvt_offload_finish(op), KV_OFFLOAD_DONE);
     assert_int_equal(kv_offload_op_free(op), KV_OK);
 
     assert_int_equal(kv_block_pool_release(s.pool, ids, 3), KV_OK);
@@ -975,13 +865,13 @@ static void test_offload_cancel(void **state)
     uint64_t h[8];
     for (int i = 0; i < 8; i++)
         h[i] = hash_of(700 + (uint64_t)i);
-    store_all(off, &s, h, 4, true); /* 0..3 held by the tier */
+    kvt_store_all(off, &s, h, 4, true); /* 0..3 held by the tier */
 
     struct gate g;
     gate_init(&g);
     kv__offload_test_set_hook(off, gate_hook, &g);
     uint32_t ids[4];
-    put_blocks(&s, h + 4, 4, ids);
+    kvt_put_blocks(&s, h + 4, 4, ids);
     const uint64_t s_refs = kvt_pool_refs(&s), d_refs = kvt_pool_refs(&d);
     unsigned char *dsnap = malloc(d.bytes);
     memcpy(dsnap, d.base, d.bytes);
@@ -1023,7 +913,7 @@ static void test_offload_cancel(void **state)
     g.cancel_op = a;
     pthread_mutex_unlock(&g.mu);
     gate_open(&g);
-    assert_int_equal(finish(a), KV_OFFLOAD_CANCELLED);
+    assert_int_equal(kvt_offload_finish(a), KV_OFFLOAD_CANCELLED);
     assert_int_equal(g.chunks, 1);
     assert_int_equal(kv_offload_results(a, &res, &n), KV_OK);
     assert_int_equal(res[0].status, KV_OK);
@@ -1034,7 +924,7 @@ static void test_offload_cancel(void **state)
     }
     assert_int_equal(kv_offload_op_free(a), KV_OK);
     /* C runs to the end */
-    assert_int_equal(finish(c), KV_OFFLOAD_DONE);
+    assert_int_equal(kvt_offload_finish(c), KV_OFFLOAD_DONE);
     assert_int_equal(kv_offload_op_free(c), KV_OK);
     assert_int_equal(kvt_pool_refs(&s), s_refs); /* the tier released its retains */
 
@@ -1055,7 +945,7 @@ static void test_offload_cancel(void **state)
     g.cancel_op = l;
     pthread_mutex_unlock(&g.mu);
     gate_open(&g);
-    assert_int_equal(finish(l), KV_OFFLOAD_CANCELLED);
+    assert_int_equal(kvt_offload_finish(l), KV_OFFLOAD_CANCELLED);
     assert_int_equal(kv_offload_results(l, &res, &n), KV_OK);
     for (uint32_t i = 0; i < n; i++) {
         assert_int_equal(res[i].status, KV_ERR_CANCELLED);
@@ -1109,7 +999,7 @@ static void test_offload_destroy_cancels(void **state)
     kv_offload *off = mk_tier((size_t)1 << 20, 0);
     uint64_t h[3] = {hash_of(11), hash_of(12), hash_of(13)};
     uint32_t ids[3];
-    put_blocks(&s, h, 3, ids);
+    kvt_put_blocks(&s, h, 3, ids);
     const uint64_t refs = kvt_pool_refs(&s);
     struct gate g;
     gate_init(&g);
@@ -1159,9 +1049,9 @@ static void test_offload_cache_destroyed_with_ops_queued(void **state)
     uint64_t h[4];
     for (int i = 0; i < 4; i++)
         h[i] = hash_of(900 + (uint64_t)i);
-    store_all(off, &s, h, 2, true); /* h[0], h[1]: in the tier, for the load */
+    kvt_store_all(off, &s, h, 2, true); /* h[0], h[1]: in the tier, for the load */
     uint32_t ids[2];
-    put_blocks(&s, h + 2, 2, ids); /* h[2], h[3]: for the store */
+    kvt_put_blocks(&s, h + 2, 2, ids); /* h[2], h[3]: for the store */
     struct gate g;
     gate_init(&g);
     kv__offload_test_set_hook(off, gate_hook, &g);
@@ -1178,9 +1068,9 @@ static void test_offload_cache_destroyed_with_ops_queued(void **state)
     kv_cache_destroy(s.c);
     s.c = NULL;
     gate_open(&g);
-    assert_int_equal(finish(a), KV_OFFLOAD_DONE);
-    assert_int_equal(finish(b), KV_OFFLOAD_DONE);
-    assert_int_equal(finish(c), KV_OFFLOAD_DONE);
+    assert_int_equal(kvt_offload_finish(a), KV_OFFLOAD_DONE);
+    assert_int_equal(kvt_offload_finish(b), KV_OFFLOAD_DONE);
+    assert_int_equal(kvt_offload_finish(c), KV_OFFLOAD_DONE);
     const struct kv_offload_result *res;
     uint32_t n;
     assert_int_equal(kv_offload_results(c, &res, &n), KV_OK);
@@ -1194,7 +1084,7 @@ static void test_offload_cache_destroyed_with_ops_queued(void **state)
     /* B copied the blocks of s as they were: d loads exactly them */
     kv__offload_test_set_hook(off, NULL, NULL);
     const kv_status want[2] = {KV_OK, KV_OK};
-    assert_int_equal(load_check(off, &d, h + 2, 2, want), KV_OFFLOAD_DONE);
+    assert_int_equal(kvt_load_check(off, &d, h + 2, 2, want, false), KV_OFFLOAD_DONE);
     kvt_cache_free(&d);
     kv_offload_destroy(off);
     pthread_mutex_destroy(&g.mu);
@@ -1242,8 +1132,8 @@ static void handles_event(struct handles *x, int ev)
         if (x->ran)
             break;
         gate_open(&x->g);
-        assert_int_equal(finish(x->run), KV_OFFLOAD_DONE);
-        assert_int_equal(finish(x->queued), KV_OFFLOAD_DONE);
+        assert_int_equal(kvt_offload_finish(x->run), KV_OFFLOAD_DONE);
+        assert_int_equal(kvt_offload_finish(x->queued), KV_OFFLOAD_DONE);
         x->ran = true;
         if (!x->cache_gone) { /* the loaded blocks are the caller's now */
             kv_offload_op *ld = x->run_is_store ? x->queued : x->run;
@@ -1319,9 +1209,9 @@ static void test_offload_free_orders(void **state)
             uint64_t h[4];
             for (int i = 0; i < 4; i++)
                 h[i] = hash_of(1000 + (uint64_t)i);
-            store_all(x.off, &x.s, h, 2, true); /* h[0], h[1]: for the load */
+            kvt_store_all(x.off, &x.s, h, 2, true); /* h[0], h[1]: for the load */
             uint32_t ids[2];
-            put_blocks(&x.s, h + 2, 2, ids); /* h[2], h[3]: for the store */
+            kvt_put_blocks(&x.s, h + 2, 2, ids); /* h[2], h[3]: for the store */
             assert_int_equal(kv_offload_staging_alloc(x.off, 4096, &x.stg), KV_OK);
             gate_init(&x.g);
             kv__offload_test_set_hook(x.off, gate_hook, &x.g);
@@ -1506,7 +1396,7 @@ static void *engine_thread(void *p)
         uint32_t ids[NB];
         for (int i = 0; i < NB; i++)
             h[i] = hash_of(((uint64_t)w->id << 32) | (uint64_t)(r * NB + i));
-        put_blocks(&s, h, NB, ids);
+        kvt_put_blocks(&s, h, NB, ids);
         kv_offload_op *st_op, *ld_op;
         if (kv_offload_store(w->off, s.c, ids, NB, &st_op) != KV_OK)
             w->failures++;
@@ -1609,9 +1499,9 @@ static void test_offload_capacity_counts_the_region(void **state)
     assert_non_null(h);
     for (uint32_t i = 0; i <= fit; i++)
         h[i] = hash_of(9000 + (uint64_t)i);
-    store_all(off, &s, h, fit, true); /* exactly full: nothing evicted */
+    kvt_store_all(off, &s, h, fit, true); /* exactly full: nothing evicted */
     expect_table(off, fit, fit * piece, 0);
-    store_all(off, &s, &h[fit], 1, true); /* one more: the oldest goes */
+    kvt_store_all(off, &s, &h[fit], 1, true); /* one more: the oldest goes */
     expect_table(off, fit, fit * piece, 1);
     assert_false(kv_offload_contains(off, s.c, h[0]));
     void *p = NULL; /* the whole staging budget, the tier full */

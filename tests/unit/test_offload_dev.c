@@ -53,11 +53,10 @@
 #include "kv_offload_tier_int.h" /* op->cancel: destroy has begun */
 #include "kv_plan_int.h"
 #include "kvt_cache.h"
+#include "kvt_offload.h"
 #include "kvt_side.h"
 #include "kvt_softcuda.h"
 #include "kvtest.h"
-
-#define WAIT_MS 20000
 
 static uint64_t hash_of(uint64_t k)
 {
@@ -108,25 +107,28 @@ static kv_offload *mk_tier(uint32_t chunk)
     return off;
 }
 
+/* Two device caches of one layout (bits): s from seed, d from seed + 1,
+ * both pools scrambled (from rng) so their blocks are far from 0. */
+static void mk_pair(struct kvt_cache *s, struct kvt_cache *d, int bits, uint64_t seed, uint64_t rng)
+{
+    mk_cache(s, KV_MEM_DEVICE, bits, seed);
+    mk_cache(d, KV_MEM_DEVICE, bits, seed + 1);
+    kvt_pool_scramble(s, &rng);
+    kvt_pool_scramble(d, &rng);
+}
+
+/* The tier destroyed, then the caches of mk_pair freed. */
+static void free_pair(kv_offload *off, struct kvt_cache *s, struct kvt_cache *d)
+{
+    kv_offload_destroy(off);
+    kvt_cache_free(s);
+    kvt_cache_free(d);
+}
+
 static int setup_double(void **state)
 {
     (void)state;
     kvt_softcuda_install();
-    return 0;
-}
-
-/* Nothing left in the double, and no fault in the whole case. */
-static int teardown_double(void **state)
-{
-    (void)state;
-    kvt_softcuda_uninstall();
-    struct kvt_softcuda_stats s;
-    kvt_softcuda_stats(&s);
-    if (s.faults != 0)
-        fprintf(stderr, "softcuda fault: %s\n", s.last_fault);
-    assert_int_equal(s.faults, 0);
-    assert_int_equal(s.allocs, 0);
-    assert_int_equal(s.tier_streams, 0);
     return 0;
 }
 
@@ -137,6 +139,27 @@ static struct kvt_softcuda_stats sc_stats(void)
     return s;
 }
 
+/* The double uninstalled: nothing left in it (no allocation, no tier
+ * stream) and exactly `faults` faults in the whole case. */
+static void double_clean(uint64_t faults)
+{
+    kvt_softcuda_uninstall();
+    const struct kvt_softcuda_stats s = sc_stats();
+    if (s.faults != faults)
+        fprintf(stderr, "softcuda fault: %s\n", s.last_fault);
+    assert_int_equal(s.faults, faults);
+    assert_int_equal(s.allocs, 0);
+    assert_int_equal(s.tier_streams, 0);
+}
+
+/* Nothing left in the double, and no fault in the whole case. */
+static int teardown_double(void **state)
+{
+    (void)state;
+    double_clean(0);
+    return 0;
+}
+
 /* Wait (bounded) until the double has accepted `issued` copies. */
 static void wait_issued(uint64_t issued)
 {
@@ -145,87 +168,6 @@ static void wait_issued(uint64_t issued)
         nanosleep(&ts, NULL);
     }
     assert_true(sc_stats().copies_issued >= issued);
-}
-
-/* n blocks of t filled with the contents of hashes[i], committed; ids out. */
-static void put_blocks(struct kvt_cache *t, const uint64_t *hashes, uint32_t n, uint32_t *ids)
-{
-    assert_int_equal(kv_block_pool_alloc(t->pool, n, ids), KV_OK);
-    for (uint32_t i = 0; i < n; i++) {
-        kvt_block_write(t, t->base, ids[i], hashes[i]);
-        bool stored = false;
-        assert_int_equal(kv_block_pool_commit_hash(t->pool, ids[i], hashes[i], &stored), KV_OK);
-        assert_true(stored);
-    }
-}
-
-static kv_offload_state finish(kv_offload_op *op)
-{
-    kv_offload_state s = KV_OFFLOAD_PENDING;
-    assert_int_equal(kv_offload_wait(op, WAIT_MS, &s), KV_OK);
-    return s;
-}
-
-/* Store n blocks of s (written here), DONE, the source pool unchanged. */
-static void store_all(kv_offload *off, struct kvt_cache *s, const uint64_t *h, uint32_t n)
-{
-    uint32_t *ids = malloc(n * sizeof(*ids));
-    assert_non_null(ids);
-    put_blocks(s, h, n, ids);
-    unsigned char *snap = malloc(s->bytes);
-    assert_non_null(snap);
-    memcpy(snap, s->base, s->bytes);
-    kv_offload_op *op = NULL;
-    assert_int_equal(kv_offload_store(off, s->c, ids, n, &op), KV_OK);
-    assert_int_equal(kv_block_pool_release(s->pool, ids, n), KV_OK);
-    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
-    const struct kv_offload_result *res;
-    uint32_t nr;
-    assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
-    for (uint32_t i = 0; i < n; i++) {
-        assert_int_equal(res[i].status, KV_OK);
-        assert_true(kv_offload_contains(off, s->c, h[i]));
-    }
-    assert_int_equal(kv_offload_op_free(op), KV_OK);
-    assert_int_equal(kvt_first_diff(snap, s->base, (int64_t)s->bytes), -1);
-    free(snap);
-    free(ids);
-}
-
-/* Load h[n] into d and check the WHOLE pool: the snapshot plus the blocks
- * loaded (want[i] KV_OK) and nothing else. */
-static kv_offload_state load_check(kv_offload *off, struct kvt_cache *d, const uint64_t *h,
-                                   uint32_t n, const kv_status *want)
-{
-    unsigned char *exp = malloc(d->bytes);
-    assert_non_null(exp);
-    memcpy(exp, d->base, d->bytes);
-    const uint64_t refs = kvt_pool_refs(d);
-    kv_offload_op *op = NULL;
-    assert_int_equal(kv_offload_load(off, d->c, h, n, &op), KV_OK);
-    const kv_offload_state s = finish(op);
-    const struct kv_offload_result *res;
-    uint32_t nr;
-    assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
-    uint32_t held = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        assert_int_equal(res[i].status, want[i]);
-        if (want[i] != KV_OK) {
-            assert_int_equal(res[i].block, KV_BLOCK_NULL);
-            continue;
-        }
-        assert_true(res[i].committed);
-        kvt_block_write(d, exp, res[i].block, h[i]);
-        held++;
-    }
-    assert_int_equal(kvt_first_diff(exp, d->base, (int64_t)d->bytes), -1);
-    assert_int_equal(kvt_pool_refs(d), refs + held);
-    for (uint32_t i = 0; i < n; i++)
-        if (res[i].status == KV_OK)
-            assert_int_equal(kv_block_pool_release(d->pool, &res[i].block, 1), KV_OK);
-    assert_int_equal(kv_offload_op_free(op), KV_OK);
-    free(exp);
-    return s;
 }
 
 /* ---- the double can fail --------------------------------------------------- */
@@ -344,16 +286,16 @@ static void test_offload_dev_round_trip(void **state)
             want[i] = KV_OK;
         }
         const struct kvt_softcuda_stats a = sc_stats();
-        store_all(off, &s, hs, NB);
+        kvt_store_all(off, &s, hs, NB, true);
         const struct kvt_softcuda_stats b = sc_stats();
         assert_int_equal(b.copies_issued - a.copies_issued, NB);
         assert_int_equal(b.copies_done - a.copies_done, NB);
-        assert_int_equal(load_check(off, &d, hs, NB, want), KV_OFFLOAD_DONE);
+        assert_int_equal(kvt_load_check(off, &d, hs, NB, want, true), KV_OFFLOAD_DONE);
         const struct kvt_softcuda_stats c = sc_stats();
         assert_int_equal(c.copies_issued - b.copies_issued, NB);
         /* what the D2H wrote is the host tier's entry format: a host cache of
          * another arrangement loads the same bytes (CPU path, no copy issued) */
-        assert_int_equal(load_check(off, &h, hs, NB, want), KV_OFFLOAD_DONE);
+        assert_int_equal(kvt_load_check(off, &h, hs, NB, want, true), KV_OFFLOAD_DONE);
         const struct kvt_softcuda_stats e = sc_stats();
         assert_int_equal(e.copies_issued, c.copies_issued);
         assert_int_equal(e.queued, 0);
@@ -375,27 +317,21 @@ static void test_offload_dev_round_trip(void **state)
 static void test_offload_dev_corrupt_before_h2d(void **state)
 {
     (void)state;
-    uint64_t rng = 0xBAD5EED;
     kv_offload *off = mk_tier(0);
     struct kvt_cache s, d;
-    mk_cache(&s, KV_MEM_DEVICE, 5, 41);
-    mk_cache(&d, KV_MEM_DEVICE, 5, 42);
-    kvt_pool_scramble(&s, &rng);
-    kvt_pool_scramble(&d, &rng);
+    mk_pair(&s, &d, 5, 41, 0xBAD5EED);
     const uint64_t h[4] = {hash_of(71), hash_of(72), hash_of(73), hash_of(74)};
-    store_all(off, &s, h, 4);
+    kvt_store_all(off, &s, h, 4, true);
     assert_int_equal(kv__offload_test_corrupt(off, s.c, h[2], 777), KV_OK);
     const uint64_t issued = sc_stats().copies_issued;
     const kv_status want[4] = {KV_OK, KV_OK, KV_ERR_CORRUPT, KV_OK};
-    assert_int_equal(load_check(off, &d, h, 4, want), KV_OFFLOAD_FAILED);
+    assert_int_equal(kvt_load_check(off, &d, h, 4, want, true), KV_OFFLOAD_FAILED);
     assert_int_equal(sc_stats().copies_issued - issued, 3); /* none for the corrupt one */
     assert_false(kv_offload_contains(off, s.c, h[2]));
     struct kv_offload_stats os;
     assert_int_equal(kv_offload_stats_get(off, &os), KV_OK);
     assert_int_equal(os.checksum_failures, 1);
-    kv_offload_destroy(off);
-    kvt_cache_free(&s);
-    kvt_cache_free(&d);
+    free_pair(off, &s, &d);
 }
 
 /* ---- cancel and destroy with copies in flight ------------------------------------ */
@@ -403,19 +339,15 @@ static void test_offload_dev_corrupt_before_h2d(void **state)
 static void test_offload_dev_cancel_in_flight(void **state)
 {
     (void)state;
-    uint64_t rng = 0xCA9CE1;
     kv_offload *off = mk_tier(1);
     struct kvt_cache s, d;
-    mk_cache(&s, KV_MEM_DEVICE, 4, 51);
-    mk_cache(&d, KV_MEM_DEVICE, 4, 52);
-    kvt_pool_scramble(&s, &rng);
-    kvt_pool_scramble(&d, &rng);
+    mk_pair(&s, &d, 4, 51, 0xCA9CE1);
     enum { NB = 6 };
     uint64_t h[NB];
     uint32_t ids[NB];
     for (int i = 0; i < NB; i++)
         h[i] = hash_of(500 + (uint64_t)i);
-    put_blocks(&s, h, NB, ids);
+    kvt_put_blocks(&s, h, NB, ids);
 
     /* store: the first chunk's D2H held in flight, cancel, then let it land */
     kvt_softcuda_pause(true);
@@ -428,7 +360,7 @@ static void test_offload_dev_cancel_in_flight(void **state)
     assert_int_equal(kv_offload_test(op, &st), KV_OK);
     assert_int_equal(st, KV_OFFLOAD_RUNNING); /* its copy has not landed */
     kvt_softcuda_pause(false);
-    assert_int_equal(finish(op), KV_OFFLOAD_CANCELLED);
+    assert_int_equal(kvt_offload_finish(op), KV_OFFLOAD_CANCELLED);
     assert_int_equal(sc_stats().queued, 0);
     const struct kv_offload_result *res;
     uint32_t nr;
@@ -445,7 +377,7 @@ static void test_offload_dev_cancel_in_flight(void **state)
      * every block released (after its copy landed) */
     kv_offload_op *all = NULL;
     assert_int_equal(kv_offload_store(off, s.c, ids, NB, &all), KV_OK);
-    assert_int_equal(finish(all), KV_OFFLOAD_DONE);
+    assert_int_equal(kvt_offload_finish(all), KV_OFFLOAD_DONE);
     assert_int_equal(kv_offload_op_free(all), KV_OK);
     const uint64_t refs = kvt_pool_refs(&d);
     struct kv_block_pool_stats p0, p1;
@@ -458,7 +390,7 @@ static void test_offload_dev_cancel_in_flight(void **state)
     assert_int_equal(kv_offload_test(op, &st), KV_OK);
     assert_int_equal(st, KV_OFFLOAD_RUNNING);
     kvt_softcuda_pause(false);
-    assert_int_equal(finish(op), KV_OFFLOAD_CANCELLED);
+    assert_int_equal(kvt_offload_finish(op), KV_OFFLOAD_CANCELLED);
     assert_int_equal(sc_stats().queued, 0);
     assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
     for (int i = 0; i < NB; i++) {
@@ -473,9 +405,7 @@ static void test_offload_dev_cancel_in_flight(void **state)
     assert_int_equal(nf, 0);
     assert_int_equal(kv_offload_op_free(op), KV_OK);
     assert_int_equal(kv_block_pool_release(s.pool, ids, NB), KV_OK);
-    kv_offload_destroy(off);
-    kvt_cache_free(&s);
-    kvt_cache_free(&d);
+    free_pair(off, &s, &d);
 }
 
 static void *destroy_tier(void *arg)
@@ -487,19 +417,15 @@ static void *destroy_tier(void *arg)
 static void test_offload_dev_destroy_order(void **state)
 {
     (void)state;
-    uint64_t rng = 0xDE5700;
     kv_offload *off = mk_tier(2);
     struct kvt_cache s, d;
-    mk_cache(&s, KV_MEM_DEVICE, 6, 61);
-    mk_cache(&d, KV_MEM_DEVICE, 6, 62);
-    kvt_pool_scramble(&s, &rng);
-    kvt_pool_scramble(&d, &rng);
+    mk_pair(&s, &d, 6, 61, 0xDE5700);
     enum { NB = 6 };
     uint64_t h[NB];
     uint32_t ids[NB];
     for (int i = 0; i < NB; i++)
         h[i] = hash_of(600 + (uint64_t)i);
-    put_blocks(&s, h, NB, ids);
+    kvt_put_blocks(&s, h, NB, ids);
 
     /* the engine destroys its cache with a store's copies in flight: the op's
      * reference keeps the device memory until they landed (the double faults
@@ -514,7 +440,7 @@ static void test_offload_dev_destroy_order(void **state)
     kvt_cache_free(&s);
     assert_int_equal(sc_stats().allocs, allocs); /* still held by the op */
     kvt_softcuda_pause(false);
-    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    assert_int_equal(kvt_offload_finish(op), KV_OFFLOAD_DONE);
     assert_int_equal(sc_stats().allocs, allocs - 1); /* freed by the worker, after */
     assert_int_equal(kv_offload_op_free(op), KV_OK);
 
@@ -556,24 +482,20 @@ static void test_offload_dev_destroy_order(void **state)
 static void test_offload_dev_engine_streams_not_blocked(void **state)
 {
     (void)state;
-    uint64_t rng = 0x57AEA;
     void *eng = kvt_softcuda_engine_stream(0, false);
     kvt_softcuda_hold(NULL);
     kvt_softcuda_hold(eng);
     kv_offload *off = mk_tier(3);
     struct kvt_cache s, d;
-    mk_cache(&s, KV_MEM_DEVICE, 4, 71);
-    mk_cache(&d, KV_MEM_DEVICE, 4, 72);
-    kvt_pool_scramble(&s, &rng);
-    kvt_pool_scramble(&d, &rng);
+    mk_pair(&s, &d, 4, 71, 0x57AEA);
     uint64_t h[8];
     kv_status want[8];
     for (int i = 0; i < 8; i++) {
         h[i] = hash_of(700 + (uint64_t)i);
         want[i] = KV_OK;
     }
-    store_all(off, &s, h, 8);
-    assert_int_equal(load_check(off, &d, h, 8, want), KV_OFFLOAD_DONE);
+    kvt_store_all(off, &s, h, 8, true);
+    assert_int_equal(kvt_load_check(off, &d, h, 8, want, true), KV_OFFLOAD_DONE);
     const struct kvt_softcuda_stats sc = sc_stats();
     assert_int_equal(sc.queued, 2); /* the engine's holds, still there */
     assert_int_equal(sc.engine_waits, 0);
@@ -590,7 +512,7 @@ static void store_ids(kv_offload *off, struct kvt_cache *s, const uint32_t *ids,
 {
     kv_offload_op *op = NULL;
     assert_int_equal(kv_offload_store(off, s->c, ids, n, &op), KV_OK);
-    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    assert_int_equal(kvt_offload_finish(op), KV_OFFLOAD_DONE);
     assert_int_equal(kv_offload_op_free(op), KV_OK);
 }
 
@@ -599,7 +521,7 @@ static uint32_t load_one(kv_offload *off, struct kvt_cache *d, uint64_t h)
 {
     kv_offload_op *op = NULL;
     assert_int_equal(kv_offload_load(off, d->c, &h, 1, &op), KV_OK);
-    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    assert_int_equal(kvt_offload_finish(op), KV_OFFLOAD_DONE);
     const struct kv_offload_result *res;
     uint32_t nr;
     assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
@@ -633,18 +555,14 @@ static void same_block(const struct kvt_cache *s, uint32_t sb, const struct kvt_
 static void test_offload_dev_engine_write_race(void **state)
 {
     (void)state;
-    uint64_t rng = 0x4ACE;
     void *eng = kvt_softcuda_engine_stream(0, false);
     kv_offload *off = mk_tier(4);
     struct kvt_cache s, d;
-    mk_cache(&s, KV_MEM_DEVICE, 6, 41);
-    mk_cache(&d, KV_MEM_DEVICE, 6, 42);
-    kvt_pool_scramble(&s, &rng);
-    kvt_pool_scramble(&d, &rng);
+    mk_pair(&s, &d, 6, 41, 0x4ACE);
     const struct kv_layout *lo = &s.pc.layout;
     uint64_t h[2] = {hash_of(410), hash_of(411)};
     uint32_t ids[2];
-    put_blocks(&s, h, 2, ids);
+    kvt_put_blocks(&s, h, 2, ids);
     /* kept: layer 1's V of block ids[0] written, the stream synchronized */
     unsigned char *u0 = s.base + (int64_t)ids[0] * lo->stride_block_bytes + lo->stride_layer_bytes +
                         lo->stride_kv_bytes;
@@ -676,11 +594,7 @@ static void test_offload_dev_engine_write_race(void **state)
     kvt_softcuda_engine_stream_free(eng);
     kvt_cache_free(&s);
     kvt_cache_free(&d);
-    kvt_softcuda_uninstall();
-    const struct kvt_softcuda_stats st = sc_stats();
-    assert_int_equal(st.faults, 1); /* the race alone */
-    assert_int_equal(st.allocs, 0);
-    assert_int_equal(st.tier_streams, 0);
+    double_clean(1); /* the race alone */
 }
 
 /* Rule (1) of kv_offload.h broken the other way: the engine writes a block
@@ -691,18 +605,14 @@ static void test_offload_dev_engine_write_race(void **state)
 static void test_offload_dev_engine_write_after_post(void **state)
 {
     (void)state;
-    uint64_t rng = 0x5ACE;
     void *eng = kvt_softcuda_engine_stream(0, false);
     kv_offload *off = mk_tier(4);
     struct kvt_cache s, d;
-    mk_cache(&s, KV_MEM_DEVICE, 6, 43);
-    mk_cache(&d, KV_MEM_DEVICE, 6, 44);
-    kvt_pool_scramble(&s, &rng);
-    kvt_pool_scramble(&d, &rng);
+    mk_pair(&s, &d, 6, 43, 0x5ACE);
     const struct kv_layout *lo = &s.pc.layout;
     uint64_t h[2] = {hash_of(420), hash_of(421)};
     uint32_t ids[2];
-    put_blocks(&s, h, 2, ids);
+    kvt_put_blocks(&s, h, 2, ids);
     store_ids(off, &s, ids, 1); /* the tier's stream now exists */
     assert_int_equal(sc_stats().faults, 0);
     const uint64_t issued = sc_stats().copies_issued;
@@ -725,7 +635,7 @@ static void test_offload_dev_engine_write_after_post(void **state)
     kvt_softcuda_engine_sync(eng);
     const struct kvt_softcuda_stats raced = sc_stats();
     kvt_softcuda_release(); /* before asserting: nothing left held on a failure */
-    assert_int_equal(finish(op), KV_OFFLOAD_DONE);
+    assert_int_equal(kvt_offload_finish(op), KV_OFFLOAD_DONE);
     assert_int_equal(kv_offload_op_free(op), KV_OK);
     assert_int_equal(raced.faults, 1);
     assert_non_null(strstr(raced.last_fault, "race: an engine write"));
@@ -740,11 +650,7 @@ static void test_offload_dev_engine_write_after_post(void **state)
     kvt_softcuda_engine_stream_free(eng);
     kvt_cache_free(&s);
     kvt_cache_free(&d);
-    kvt_softcuda_uninstall();
-    const struct kvt_softcuda_stats st = sc_stats();
-    assert_int_equal(st.faults, 1); /* the race alone, counted once */
-    assert_int_equal(st.allocs, 0);
-    assert_int_equal(st.tier_streams, 0);
+    double_clean(1); /* the race alone, counted once */
 }
 
 /* ---- a failing CUDA call --------------------------------------------------------- */
@@ -768,22 +674,18 @@ static kv_status failing_copy(int device, const kv_plan *plan, const struct kv_p
 static void test_offload_dev_copy_failure(void **state)
 {
     (void)state;
-    uint64_t rng = 0xFA11ED;
     struct kv__offdev_ops ops = *kvt_softcuda_ops();
     ops.copy = failing_copy;
     kv__offdev_set(&ops);
     kv_offload *off = mk_tier(2);
     kv__offdev_set(kvt_softcuda_ops()); /* the tier keeps the one it was made with */
     struct kvt_cache s, d;
-    mk_cache(&s, KV_MEM_DEVICE, 4, 91);
-    mk_cache(&d, KV_MEM_DEVICE, 4, 92);
-    kvt_pool_scramble(&s, &rng);
-    kvt_pool_scramble(&d, &rng);
+    mk_pair(&s, &d, 4, 91, 0xFA11ED);
     uint64_t h[4];
     uint32_t ids[4];
     for (int i = 0; i < 4; i++)
         h[i] = hash_of(900 + (uint64_t)i);
-    put_blocks(&s, h, 4, ids);
+    kvt_put_blocks(&s, h, 4, ids);
     unsigned char *snap = malloc(s.bytes);
     assert_non_null(snap);
     memcpy(snap, s.base, s.bytes);
@@ -791,7 +693,7 @@ static void test_offload_dev_copy_failure(void **state)
     atomic_store(&copy_fail_at, 2); /* the second copy of the first chunk */
     kv_offload_op *op = NULL;
     assert_int_equal(kv_offload_store(off, s.c, ids, 4, &op), KV_OK);
-    assert_int_equal(finish(op), KV_OFFLOAD_FAILED);
+    assert_int_equal(kvt_offload_finish(op), KV_OFFLOAD_FAILED);
     const struct kv_offload_result *res;
     uint32_t nr;
     assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
@@ -814,7 +716,7 @@ static void test_offload_dev_copy_failure(void **state)
     atomic_store(&copy_fail_at, 2);
     const uint64_t refs = kvt_pool_refs(&d);
     assert_int_equal(kv_offload_load(off, d.c, h + 2, 2, &op), KV_OK);
-    assert_int_equal(finish(op), KV_OFFLOAD_FAILED);
+    assert_int_equal(kvt_offload_finish(op), KV_OFFLOAD_FAILED);
     assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
     for (int i = 0; i < 2; i++) {
         assert_int_equal(res[i].status, KV_ERR_DEVICE);
@@ -826,18 +728,18 @@ static void test_offload_dev_copy_failure(void **state)
     /* the entries stay: a load without the failure gets them */
     atomic_store(&copy_fail_at, 0);
     const kv_status want_load[2] = {KV_OK, KV_OK};
-    assert_int_equal(load_check(off, &d, h + 2, 2, want_load), KV_OFFLOAD_DONE);
+    assert_int_equal(kvt_load_check(off, &d, h + 2, 2, want_load, true), KV_OFFLOAD_DONE);
     /* the same block twice in one store, its first copy failing: the
      * duplicate found the entry being written and was reported KV_OK
      * although the entry went with the failure; both fail now */
     uint64_t h5 = hash_of(905);
     uint32_t id5;
-    put_blocks(&s, &h5, 1, &id5);
+    kvt_put_blocks(&s, &h5, 1, &id5);
     const uint32_t twice[2] = {id5, id5};
     atomic_store(&copy_calls, 0);
     atomic_store(&copy_fail_at, 1);
     assert_int_equal(kv_offload_store(off, s.c, twice, 2, &op), KV_OK);
-    assert_int_equal(finish(op), KV_OFFLOAD_FAILED);
+    assert_int_equal(kvt_offload_finish(op), KV_OFFLOAD_FAILED);
     assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
     assert_int_equal(res[0].status, KV_ERR_DEVICE);
     assert_int_equal(res[1].status, KV_ERR_DEVICE);
@@ -847,9 +749,7 @@ static void test_offload_dev_copy_failure(void **state)
     assert_int_equal(kv_block_pool_release(s.pool, &id5, 1), KV_OK);
     assert_int_equal(kv_block_pool_release(s.pool, ids, 4), KV_OK);
     free(snap);
-    kv_offload_destroy(off);
-    kvt_cache_free(&s);
-    kvt_cache_free(&d);
+    free_pair(off, &s, &d);
 }
 
 /* ---- a sticky error ---------------------------------------------------------------- */
@@ -862,20 +762,16 @@ static void test_offload_dev_copy_failure(void **state)
 static void test_offload_dev_sticky_error(void **state)
 {
     (void)state;
-    uint64_t rng = 0x571C4;
     kv_offload *off = mk_tier(2);
     struct kvt_cache s, d;
-    mk_cache(&s, KV_MEM_DEVICE, 5, 95);
-    mk_cache(&d, KV_MEM_DEVICE, 5, 96);
-    kvt_pool_scramble(&s, &rng);
-    kvt_pool_scramble(&d, &rng);
+    mk_pair(&s, &d, 5, 95, 0x571C4);
     enum { NB = 6 };
     uint64_t h[NB], h2[NB];
     for (int i = 0; i < NB; i++) {
         h[i] = hash_of(950 + (uint64_t)i);
         h2[i] = hash_of(970 + (uint64_t)i);
     }
-    store_all(off, &s, h, NB);
+    kvt_store_all(off, &s, h, NB, true);
     unsigned char *snap = malloc(d.bytes);
     assert_non_null(snap);
     memcpy(snap, d.base, d.bytes);
@@ -886,7 +782,7 @@ static void test_offload_dev_sticky_error(void **state)
     assert_int_equal(kv_offload_load(off, d.c, h, NB, &op), KV_OK);
     wait_issued(i0 + 2); /* the first chunk's copies, queued */
     kvt_softcuda_sticky("cudaErrorIllegalAddress (injected)");
-    assert_int_equal(finish(op), KV_OFFLOAD_FAILED);
+    assert_int_equal(kvt_offload_finish(op), KV_OFFLOAD_FAILED);
     const struct kv_offload_result *res;
     uint32_t nr;
     assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
@@ -900,10 +796,10 @@ static void test_offload_dev_sticky_error(void **state)
     assert_int_equal(sc_stats().copies_done, i0); /* nothing ran */
     /* a store now: every entry fails, none is added, the blocks go back */
     uint32_t ids[NB];
-    put_blocks(&s, h2, NB, ids);
+    kvt_put_blocks(&s, h2, NB, ids);
     const uint64_t srefs = kvt_pool_refs(&s);
     assert_int_equal(kv_offload_store(off, s.c, ids, NB, &op), KV_OK);
-    assert_int_equal(finish(op), KV_OFFLOAD_FAILED);
+    assert_int_equal(kvt_offload_finish(op), KV_OFFLOAD_FAILED);
     assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
     for (int i = 0; i < NB; i++) {
         assert_int_equal(res[i].status, KV_ERR_DEVICE);
@@ -939,7 +835,7 @@ static void test_offload_dev_refusals(void **state)
     mk_cache(&s, KV_MEM_DEVICE, 4, 81);
     uint64_t h = hash_of(800);
     uint32_t id;
-    put_blocks(&s, &h, 1, &id);
+    kvt_put_blocks(&s, &h, 1, &id);
     const uint64_t refs = kvt_pool_refs(&s);
     kv_offload_op *op = NULL;
     assert_int_equal(kv_offload_store(off, s.c, &id, 1, &op), KV_ERR_UNSUPPORTED);

@@ -357,23 +357,12 @@ static void test_xport_auto_two_procs_peer_killed(void **state)
     assert_int_equal(kv_xport_write(p, ios, NE, &n, &t), KV_OK);
     usleep(20000);
     assert_int_equal(kill(pid, SIGKILL), 0);
-    kv_xport_state s;
-    assert_int_equal(kv_xport_xfer_wait(t, 10000, &s), KV_OK);
-    assert_int_equal(s, KV_XPORT_FAILED);
-    kv_status why = KV_OK;
-    kv_xport_peer_state ps;
-    assert_int_equal(kv_xport_peer_state_get(p, &ps, &why), KV_OK);
-    assert_int_equal(ps, KV_XPORT_CLOSED);
-    assert_int_equal(why, KV_ERR_IO);
+    kvt_xfer_peer_lost(t, p);
     int wst = 0;
     assert_int_equal(waitpid(pid, &wst, 0), pid);
     assert_true(WIFSIGNALED(wst)); /* not an early exit of the child's own */
     assert_int_equal(kv_xport_xfer_free(t), KV_OK);
-    close(rfd);
-    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
-    kv_xport_peer_close(p);
-    assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
-    assert_int_equal(kv_xport_destroy(x), KV_OK);
+    kvt_sink_leave(rfd, x, p, ms, r);
     free(ios);
     free(src);
 }
@@ -384,27 +373,12 @@ static char g_ns_a[32], g_ns_b[32];
 #define NS_HOST "10.231.8.2"
 #define NS_BYTES (1u << 20)
 
-/* This thread (and the threads it creates) into /run/netns/<name>; "" back
- * to `home`. */
-static bool enter_netns(const char *name, int home)
-{
-    if (!*name)
-        return setns(home, CLONE_NEWNET) == 0;
-    char path[96];
-    snprintf(path, sizeof(path), "/run/netns/%s", name);
-    const int fd = open(path, O_RDONLY | O_CLOEXEC);
-    const bool ok = fd >= 0 && setns(fd, CLONE_NEWNET) == 0;
-    if (fd >= 0)
-        close(fd);
-    return ok;
-}
-
 /* Decode in netns b: listens on NS_HOST, its peer must be on TCP; sends its
  * region's blob, then checks the region against the XXH3 the notification
  * carries. 0, or the step that failed. */
 static int netns_child(int wfd)
 {
-    if (!enter_netns(g_ns_b, -1))
+    if (!kvt_enter_netns(g_ns_b, -1))
         return 120;
     struct kv_xport_config c = kvt_xport_cfg(KV_XPORT_AUTO, true, TOKEN, 0);
     c.listen_host = NS_HOST;
@@ -478,13 +452,13 @@ static void test_xport_auto_two_netns_stays_on_tcp(void **state)
     /* prefill in netns a: its transport's threads are born there */
     const int home = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
     assert_true(home >= 0);
-    assert_true(enter_netns(a, home));
+    assert_true(kvt_enter_netns(a, home));
     struct kv_xport_config c = kvt_xport_cfg(KV_XPORT_AUTO, false, TOKEN, 0);
     kv_xport *x = NULL;
     kv_xport_peer *p = NULL;
     const kv_status cs = kv_xport_create(&c, &x);
     const kv_status ks = cs == KV_OK ? kv_xport_connect(x, NS_HOST, port, &p) : cs;
-    assert_true(enter_netns("", home));
+    assert_true(kvt_enter_netns("", home));
     close(home);
     assert_int_equal(cs, KV_OK);
     assert_int_equal(ks, KV_OK);

@@ -162,117 +162,56 @@ static void test_xport_shm_write_read_whole_region(void **state)
     (void)state;
     struct kvt_pair p;
     pair_open(&p);
-    unsigned char *src = malloc(REGION), *dst = malloc(REGION), *want = malloc(REGION);
-    unsigned char *back = calloc(1, REGION);
-    kvt_fill(src, REGION, 11);
-    memset(dst, 0xEE, REGION);
-    memcpy(want, dst, REGION);
-    kv_xport_mem *ms, *md, *mb;
-    assert_int_equal(kv_xport_mem_reg(p.a, src, REGION, KV_MEM_HOST, &ms), KV_OK);
-    assert_int_equal(kv_xport_mem_reg(p.a, back, REGION, KV_MEM_HOST, &mb), KV_OK);
-    assert_int_equal(kv_xport_mem_reg(p.b, dst, REGION, KV_MEM_HOST, &md), KV_OK);
-    kv_xport_rmem *r = kvt_share_notify(&p, md);
+    struct kvt_region g;
+    kvt_region_open(&g, &p, REGION, 11);
 
     /* 200 entries: random sizes (1 byte .. 1 MiB; most small, so many
      * share a slot), disjoint destinations, the last ending at the last
      * byte. */
     enum { NE = 200 };
     struct kv_xport_io *ios = malloc(NE * sizeof(*ios));
-    uint64_t rng = 5;
-    const uint64_t slot = REGION / NE;
-    for (int i = 0; i < NE; i++) {
-        const uint64_t bytes = 1 + kvt_rand(&rng) % (i % 8 == 0 ? slot - 1 : 3000);
-        const uint64_t roff =
-            i == NE - 1 ? REGION - bytes : (uint64_t)i * slot + kvt_rand(&rng) % (slot - bytes);
-        const uint64_t loff = kvt_rand(&rng) % (REGION - bytes);
-        ios[i] = (struct kv_xport_io){ms, loff, r, roff, bytes};
-        memcpy(want + roff, src + loff, bytes);
-    }
-    const char note[] = "request 42 landed";
-    struct kv_xport_notify n = {.tag = 42, .msg = note, .len = sizeof(note)};
-    kv_xport_xfer *t = NULL;
-    assert_int_equal(kv_xport_write(p.pa, ios, NE, &n, &t), KV_OK);
+    kvt_region_ios(&g, ios, NE, 8, REGION / NE - 1, 3000, 5);
     struct kv_xport_msg *msg = malloc(sizeof(*msg));
-    assert_int_equal(kv_xport_notify_poll(p.b, 10000, msg), KV_OK);
-    assert_int_equal(msg->tag, 42);
-    assert_int_equal(msg->len, sizeof(note));
-    assert_memory_equal(msg->data, note, sizeof(note));
-    assert_memory_equal(dst, want, REGION); /* the notification implies the data */
-    kvt_xfer_done(t, KV_XPORT_DONE);
-    const kv_status *st;
-    uint32_t ns;
-    assert_int_equal(kv_xport_xfer_results(t, &st, &ns), KV_OK);
-    assert_int_equal(ns, NE);
-    for (int i = 0; i < NE; i++)
-        assert_int_equal(st[i], KV_OK);
-    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    kvt_region_write_noted(&p, &g, ios, NE, msg);
 
     /* Read the same ranges back into `back` at their offsets. */
-    struct kv_xport_io *rd = malloc(NE * sizeof(*rd));
     unsigned char *bwant = calloc(1, REGION);
-    for (int i = 0; i < NE; i++) {
-        rd[i] = (struct kv_xport_io){mb, ios[i].remote_off, r, ios[i].remote_off, ios[i].bytes};
-        memcpy(bwant + ios[i].remote_off, dst + ios[i].remote_off, ios[i].bytes);
-    }
-    assert_int_equal(kv_xport_read(p.pa, rd, NE, &t), KV_OK);
-    kvt_xfer_done(t, KV_XPORT_DONE);
-    assert_memory_equal(back, bwant, REGION);
-    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    kvt_region_read_back(&p, &g, ios, NE, bwant);
 
     /* Post-time refusals. */
-    struct kv_xport_io b1 = {ms, 0, r, REGION - 10, 11};
+    kv_xport_xfer *t = NULL;
+    struct kv_xport_io b1 = {g.ms, 0, g.r, REGION - 10, 11};
     assert_int_equal(kv_xport_write(p.pa, &b1, 1, NULL, &t), KV_ERR_OUT_OF_BOUNDS);
     assert_non_null(strstr(kv_last_error(), "entry 0"));
 
     /* The receiver's own check: a forged rmem claims more than b has. */
-    r->bytes = 2ull * REGION;
-    struct kv_xport_io f2[3] = {{ms, 0, r, 100, 1000},
-                                {ms, 0, r, REGION - 8, 64}, /* past the end */
-                                {ms, 5000, r, 7000, 100}};
-    memcpy(want + 100, src, 1000);
-    memcpy(want + 7000, src + 5000, 100);
-    struct kv_xport_notify n2 = {.tag = 43};
-    assert_int_equal(kv_xport_write(p.pa, f2, 3, &n2, &t), KV_OK);
-    kvt_xfer_done(t, KV_XPORT_FAILED);
-    assert_int_equal(kv_xport_xfer_results(t, &st, &ns), KV_OK);
-    assert_int_equal(st[0], KV_OK);
-    assert_int_equal(st[1], KV_ERR_OUT_OF_BOUNDS);
-    assert_int_equal(st[2], KV_OK);
-    assert_non_null(strstr(kv_xport_xfer_error(t), "entry 1"));
-    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
-    assert_memory_equal(dst, want, REGION);
+    g.r->bytes = 2ull * REGION;
+    kvt_region_write_forged(&p, &g);
     /* a read past the end: refused by b, nothing read */
-    struct kv_xport_io rb = {mb, 0, r, REGION - 8, 64};
+    const kv_status *st;
+    uint32_t ns;
+    struct kv_xport_io rb = {g.mb, 0, g.r, REGION - 8, 64};
     assert_int_equal(kv_xport_read(p.pa, &rb, 1, &t), KV_OK);
     kvt_xfer_done(t, KV_XPORT_FAILED);
     assert_int_equal(kv_xport_xfer_results(t, &st, &ns), KV_OK);
     assert_int_equal(st[0], KV_ERR_OUT_OF_BOUNDS);
     assert_int_equal(kv_xport_xfer_free(t), KV_OK);
-    assert_memory_equal(back, bwant, REGION);
+    assert_memory_equal(g.back, bwant, REGION);
     assert_int_equal(kv_xport_notify_poll(p.b, 100, msg), KV_ERR_TIMEOUT);
-    r->bytes = REGION;
+    g.r->bytes = REGION;
 
     /* Unexposed: writes refused by the receiver. */
-    assert_int_equal(kv_xport_mem_unexpose(p.pb, md), KV_OK);
-    struct kv_xport_io one = {ms, 0, r, 0, 4096};
+    assert_int_equal(kv_xport_mem_unexpose(p.pb, g.md), KV_OK);
+    struct kv_xport_io one = {g.ms, 0, g.r, 0, 4096};
     assert_int_equal(kv_xport_write(p.pa, &one, 1, NULL, &t), KV_OK);
     kvt_xfer_done(t, KV_XPORT_FAILED);
     assert_int_equal(kv_xport_xfer_free(t), KV_OK);
-    assert_memory_equal(dst, want, REGION);
+    assert_memory_equal(g.dst, g.want, REGION);
 
-    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(mb), KV_OK);
-    kvt_pair_close(&p);
+    kvt_region_close(&g, &p);
     free(ios);
-    free(rd);
     free(bwant);
     free(msg);
-    free(src);
-    free(dst);
-    free(want);
-    free(back);
 }
 
 /* kv_xport_write_plan into other layouts, sent gathered (the sender packs
@@ -484,28 +423,10 @@ static void test_xport_shm_peer_killed(void **state)
     assert_int_equal(kv_xport_write(p, ios, NE, &n, &t), KV_OK);
     usleep(20000);
     assert_int_equal(kill(pid, SIGKILL), 0);
-    kv_xport_state s;
-    assert_int_equal(kv_xport_xfer_wait(t, 10000, &s), KV_OK);
-    assert_int_equal(s, KV_XPORT_FAILED);
-    kv_status why = KV_OK;
-    kv_xport_peer_state ps;
-    assert_int_equal(kv_xport_peer_state_get(p, &ps, &why), KV_OK);
-    assert_int_equal(ps, KV_XPORT_CLOSED);
-    assert_int_equal(why, KV_ERR_IO);
+    kvt_xfer_peer_lost(t, p);
     waitpid(pid, NULL, 0);
-    const kv_status *st;
-    uint32_t ns;
-    assert_int_equal(kv_xport_xfer_results(t, &st, &ns), KV_OK);
-    uint32_t ok = 0;
-    for (uint32_t i = 0; i < ns; i++)
-        ok += st[i] == KV_OK;
-    assert_true(ok < ns);
-    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
-    close(rfd);
-    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
-    kv_xport_peer_close(p);
-    assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
-    assert_int_equal(kv_xport_destroy(x), KV_OK);
+    kvt_xfer_some_failed(t);
+    kvt_sink_leave(rfd, x, p, ms, r);
     free(ios);
     free(src);
 }

@@ -209,138 +209,72 @@ static void test_xport_tcp_write_read_whole_region(void **state)
     (void)state;
     struct kvt_pair p;
     pair_open(&p, 3);
-    unsigned char *src = malloc(REGION), *dst = malloc(REGION), *want = malloc(REGION);
-    unsigned char *back = calloc(1, REGION);
-    kvt_fill(src, REGION, 11);
-    memset(dst, 0xEE, REGION);
-    memcpy(want, dst, REGION);
-    kv_xport_mem *ms, *md, *mb;
-    assert_int_equal(kv_xport_mem_reg(p.a, src, REGION, KV_MEM_HOST, &ms), KV_OK);
-    assert_int_equal(kv_xport_mem_reg(p.a, back, REGION, KV_MEM_HOST, &mb), KV_OK);
-    assert_int_equal(kv_xport_mem_reg(p.b, dst, REGION, KV_MEM_HOST, &md), KV_OK);
-    kv_xport_rmem *r = kvt_share_notify(&p, md);
+    struct kvt_region g;
+    kvt_region_open(&g, &p, REGION, 11);
 
     /* 40 entries: random sizes (1 byte .. 3 MiB), disjoint destinations
      * spread over the region, the last one ending at its last byte. */
     enum { NE = 40 };
     struct kv_xport_io ios[NE];
-    uint64_t rng = 5;
-    const uint64_t slot = REGION / NE;
-    for (int i = 0; i < NE; i++) {
-        const uint64_t bytes = 1 + kvt_rand(&rng) % (i % 4 == 0 ? slot / 2 : 4096);
-        const uint64_t roff =
-            i == NE - 1 ? REGION - bytes : (uint64_t)i * slot + kvt_rand(&rng) % (slot - bytes);
-        const uint64_t loff = kvt_rand(&rng) % (REGION - bytes);
-        ios[i] = (struct kv_xport_io){ms, loff, r, roff, bytes};
-        memcpy(want + roff, src + loff, bytes);
-    }
-    const char note[] = "request 42 landed";
-    struct kv_xport_notify n = {.tag = 42, .msg = note, .len = sizeof(note)};
-    kv_xport_xfer *t = NULL;
-    assert_int_equal(kv_xport_write(p.pa, ios, NE, &n, &t), KV_OK);
-    /* The notification implies the data: check on arrival, before the
+    kvt_region_ios(&g, ios, NE, 4, REGION / NE / 2, 4096, 5);
+    /* The notification implies the data: checked on arrival, before the
      * sender's transfer is even looked at. */
     struct kv_xport_msg *msg = malloc(sizeof(*msg));
-    assert_int_equal(kv_xport_notify_poll(p.b, 10000, msg), KV_OK);
-    assert_int_equal(msg->tag, 42);
-    assert_memory_equal(msg->data, note, sizeof(note));
-    assert_int_equal(msg->peer_id, kv_xport_peer_id(p.pb));
-    assert_memory_equal(dst, want, REGION);
-    kv_xport_state s;
-    assert_int_equal(kv_xport_xfer_wait(t, 10000, &s), KV_OK);
-    assert_int_equal(s, KV_XPORT_DONE);
-    const kv_status *st;
-    uint32_t ns;
-    assert_int_equal(kv_xport_xfer_results(t, &st, &ns), KV_OK);
-    assert_int_equal(ns, NE);
-    for (int i = 0; i < NE; i++)
-        assert_int_equal(st[i], KV_OK);
-    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    kvt_region_write_noted(&p, &g, ios, NE, msg);
 
     /* Read the same (disjoint) ranges back into `back` at their offsets:
      * back then equals dst there and stays zero elsewhere. */
-    struct kv_xport_io rd[NE];
     unsigned char *bwant = calloc(1, REGION);
-    for (int i = 0; i < NE; i++) {
-        rd[i] = (struct kv_xport_io){mb, ios[i].remote_off, r, ios[i].remote_off, ios[i].bytes};
-        memcpy(bwant + ios[i].remote_off, dst + ios[i].remote_off, ios[i].bytes);
-    }
-    assert_int_equal(kv_xport_read(p.pa, rd, NE, &t), KV_OK);
-    assert_int_equal(kv_xport_xfer_wait(t, 10000, &s), KV_OK);
-    assert_int_equal(s, KV_XPORT_DONE);
-    assert_memory_equal(back, bwant, REGION);
+    kvt_region_read_back(&p, &g, ios, NE, bwant);
     free(bwant);
-    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
 
     /* Post-time refusals: nothing sent, nothing changed. */
-    struct kv_xport_io b1 = {ms, 0, r, REGION - 10, 11};
+    kv_xport_xfer *t = NULL;
+    struct kv_xport_io b1 = {g.ms, 0, g.r, REGION - 10, 11};
     assert_int_equal(kv_xport_write(p.pa, &b1, 1, NULL, &t), KV_ERR_OUT_OF_BOUNDS);
     assert_non_null(strstr(kv_last_error(), "entry 0"));
-    struct kv_xport_io b2 = {ms, UINT64_MAX - 4, r, 0, 8};
+    struct kv_xport_io b2 = {g.ms, UINT64_MAX - 4, g.r, 0, 8};
     assert_int_equal(kv_xport_write(p.pa, &b2, 1, NULL, &t), KV_ERR_OUT_OF_BOUNDS);
-    struct kv_xport_io b3 = {ms, 0, r, 0, 0};
+    struct kv_xport_io b3 = {g.ms, 0, g.r, 0, 0};
     assert_int_equal(kv_xport_write(p.pa, &b3, 1, NULL, &t), KV_ERR_INVALID_ARG);
     assert_int_equal(kv_xport_write(p.pa, NULL, 0, NULL, &t), KV_ERR_INVALID_ARG);
-    struct kv_xport_notify big = {.tag = 1, .msg = src, .len = KV_XPORT_NOTIFY_MAX + 1};
+    struct kv_xport_notify big = {.tag = 1, .msg = g.src, .len = KV_XPORT_NOTIFY_MAX + 1};
     assert_int_equal(kv_xport_write(p.pa, NULL, 0, &big, &t), KV_ERR_INVALID_ARG);
     /* A region of b used from b's side of the pair: another peer's. */
-    struct kv_xport_io b4 = {md, 0, r, 0, 8};
+    struct kv_xport_io b4 = {g.md, 0, g.r, 0, 8};
     assert_int_equal(kv_xport_write(p.pb, &b4, 1, NULL, &t), KV_ERR_INVALID_ARG);
-    assert_int_equal(kv_xport_mem_dereg(md), KV_ERR_BAD_STATE); /* exposed */
+    assert_int_equal(kv_xport_mem_dereg(g.md), KV_ERR_BAD_STATE); /* exposed */
 
     /* The receiver's own check: a forged rmem claims more than b has. */
-    memcpy(want, dst, REGION);
-    r->bytes = 2ull * REGION;
-    struct kv_xport_io f2[3] = {{ms, 0, r, 100, 1000},
-                                {ms, 0, r, REGION - 8, 64}, /* past the end */
-                                {ms, 5000, r, 7000, 100}};
-    memcpy(want + 100, src, 1000);
-    memcpy(want + 7000, src + 5000, 100);
-    struct kv_xport_notify n2 = {.tag = 43};
-    assert_int_equal(kv_xport_write(p.pa, f2, 3, &n2, &t), KV_OK);
-    assert_int_equal(kv_xport_xfer_wait(t, 10000, &s), KV_OK);
-    assert_int_equal(s, KV_XPORT_FAILED);
-    assert_int_equal(kv_xport_xfer_results(t, &st, &ns), KV_OK);
-    assert_int_equal(st[0], KV_OK);
-    assert_int_equal(st[1], KV_ERR_OUT_OF_BOUNDS);
-    assert_int_equal(st[2], KV_OK);
-    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
-    assert_memory_equal(dst, want, REGION);
+    memcpy(g.want, g.dst, REGION);
+    g.r->bytes = 2ull * REGION;
+    kvt_region_write_forged(&p, &g);
     /* A failed transfer's notification is never delivered. */
     assert_int_equal(kv_xport_notify_poll(p.b, 200, msg), KV_ERR_TIMEOUT);
-    r->bytes = REGION;
+    g.r->bytes = REGION;
 
     /* Unexposed: writes refused by the receiver. */
-    assert_int_equal(kv_xport_mem_unexpose(p.pb, md), KV_OK);
-    assert_int_equal(kv_xport_mem_unexpose(p.pb, md), KV_ERR_NOT_FOUND);
-    struct kv_xport_io one = {ms, 0, r, 0, 4096};
+    assert_int_equal(kv_xport_mem_unexpose(p.pb, g.md), KV_OK);
+    assert_int_equal(kv_xport_mem_unexpose(p.pb, g.md), KV_ERR_NOT_FOUND);
+    struct kv_xport_io one = {g.ms, 0, g.r, 0, 4096};
     assert_int_equal(kv_xport_write(p.pa, &one, 1, NULL, &t), KV_OK);
-    assert_int_equal(kv_xport_xfer_wait(t, 10000, &s), KV_OK);
-    assert_int_equal(s, KV_XPORT_FAILED);
+    kvt_xfer_done(t, KV_XPORT_FAILED);
     assert_int_equal(kv_xport_xfer_free(t), KV_OK);
-    assert_memory_equal(dst, want, REGION);
+    assert_memory_equal(g.dst, g.want, REGION);
 
     /* A blob is for its connection only. */
     unsigned char blob[KV_XPORT_BLOB_MAX];
     size_t bl = 0;
-    assert_int_equal(kv_xport_mem_expose(p.pb, md, blob, sizeof(blob), &bl), KV_OK);
+    assert_int_equal(kv_xport_mem_expose(p.pb, g.md, blob, sizeof(blob), &bl), KV_OK);
     kv_xport_rmem *r2 = NULL;
     assert_int_equal(kv_xport_rmem_import(p.pb, blob, bl, &r2), KV_ERR_CORRUPT);
     blob[20] ^= 1;
     assert_int_equal(kv_xport_rmem_import(p.pa, blob, bl, &r2), KV_ERR_CORRUPT);
     assert_int_equal(kv_xport_rmem_import(p.pa, blob, bl - 1, &r2), KV_ERR_CORRUPT);
-    assert_int_equal(kv_xport_mem_unexpose(p.pb, md), KV_OK);
+    assert_int_equal(kv_xport_mem_unexpose(p.pb, g.md), KV_OK);
 
-    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(mb), KV_OK);
-    kvt_pair_close(&p);
+    kvt_region_close(&g, &p);
     free(msg);
-    free(src);
-    free(dst);
-    free(want);
-    free(back);
 }
 
 /* ---- layer ranges through kv_xport_write_plan ---------------------- */
@@ -878,21 +812,6 @@ static int pd_decode(int port_fd, const char *host)
 
 /* Prefill in the parent, decode in a child: 40 requests of 1..300 tokens,
  * each into one of 4 decode layouts, blocks chosen by decode. */
-/* The network namespace /run/netns/<name> for this thread (and the
- * threads it creates); "" restores `home`. */
-static bool enter_netns(const char *name, int home)
-{
-    if (!*name)
-        return setns(home, CLONE_NEWNET) == 0;
-    char path[96];
-    snprintf(path, sizeof(path), "/run/netns/%s", name);
-    const int fd = open(path, O_RDONLY | O_CLOEXEC);
-    const bool ok = fd >= 0 && setns(fd, CLONE_NEWNET) == 0;
-    if (fd >= 0)
-        close(fd);
-    return ok;
-}
-
 /* Prefill in this process (in netns `ns_a` when set), decode in a child
  * (in netns `ns_b`) listening on host. */
 static void pd_run(const char *host, const char *ns_a, const char *ns_b)
@@ -903,7 +822,7 @@ static void pd_run(const char *host, const char *ns_a, const char *ns_b)
     const pid_t pid = fork();
     if (pid == 0) {
         close(fds[0]);
-        if (ns_b && !enter_netns(ns_b, -1))
+        if (ns_b && !kvt_enter_netns(ns_b, -1))
             _exit(120);
         _exit(pd_decode(fds[1], host));
     }
@@ -913,14 +832,14 @@ static void pd_run(const char *host, const char *ns_a, const char *ns_b)
     close(fds[0]);
     const int home = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
     if (ns_a)
-        assert_true(enter_netns(ns_a, home));
+        assert_true(kvt_enter_netns(ns_a, home));
     struct kv_xport_config c = kvt_xport_cfg(KV_XPORT_TCP, false, TOKEN, 0x1234);
     kv_xport *x = NULL;
     kv_xport_peer *p = NULL;
     assert_int_equal(kv_xport_create(&c, &x), KV_OK); /* its thread: in ns_a */
     assert_int_equal(kv_xport_connect(x, host, port, &p), KV_OK);
     if (ns_a)
-        assert_true(enter_netns("", home));
+        assert_true(kvt_enter_netns("", home));
     close(home);
     assert_int_equal(kvt_xport_settle(p, NULL), KV_XPORT_READY);
     struct kv_layout_config sc = pd_cfg(4);
@@ -1310,13 +1229,7 @@ static void test_xport_tcp_peer_killed_and_cancel(void **state)
         kv_xport_state s;
         if (round != 1) {
             kill(pid, SIGKILL);
-            assert_int_equal(kv_xport_xfer_wait(t, 10000, &s), KV_OK);
-            assert_int_equal(s, KV_XPORT_FAILED);
-            kv_status why = KV_OK;
-            kv_xport_peer_state ps;
-            assert_int_equal(kv_xport_peer_state_get(p, &ps, &why), KV_OK);
-            assert_int_equal(ps, KV_XPORT_CLOSED);
-            assert_int_equal(why, KV_ERR_IO);
+            kvt_xfer_peer_lost(t, p);
             waitpid(pid, NULL, 0);
         } else {
             assert_int_equal(kv_xport_xfer_cancel(t), KV_OK);
@@ -1341,19 +1254,8 @@ static void test_xport_tcp_peer_killed_and_cancel(void **state)
             assert_true(WIFEXITED(wst));
             assert_int_equal(WEXITSTATUS(wst), 0);
         }
-        const kv_status *st;
-        uint32_t ns;
-        assert_int_equal(kv_xport_xfer_results(t, &st, &ns), KV_OK);
-        uint32_t ok = 0;
-        for (uint32_t i = 0; i < ns; i++)
-            ok += st[i] == KV_OK;
-        assert_true(ok < ns);
-        assert_int_equal(kv_xport_xfer_free(t), KV_OK);
-        close(rfd);
-        assert_int_equal(kv_xport_rmem_free(r), KV_OK);
-        kv_xport_peer_close(p);
-        assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
-        assert_int_equal(kv_xport_destroy(x), KV_OK);
+        kvt_xfer_some_failed(t);
+        kvt_sink_leave(rfd, x, p, ms, r);
     }
     free(src);
 }
