@@ -85,6 +85,8 @@ struct kv_block_pool {
     bool check_full;
     kv_block_event_fn on_event;
     void *event_user;
+    uint32_t n_users; /* page tables over it (kv_block_ops hold/drop) */
+    bool destroyed;   /* kv_block_pool_destroy ran: freed by the last drop */
 };
 
 /* ---------------------------------------------------------------- hashing */
@@ -459,14 +461,24 @@ fail:
     return s;
 }
 
-void kv_block_pool_destroy(kv_block_pool *pool)
+static void pool_free(kv_block_pool *pool)
 {
-    if (!pool)
-        return;
     pthread_mutex_destroy(&pool->mu);
     kv__mem_free(pool->table);
     kv__mem_free(pool->blocks);
     kv__mem_free(pool);
+}
+
+void kv_block_pool_destroy(kv_block_pool *pool)
+{
+    if (!pool)
+        return;
+    pthread_mutex_lock(&pool->mu);
+    pool->destroyed = true;
+    const bool last = pool->n_users == 0;
+    pthread_mutex_unlock(&pool->mu);
+    if (last)
+        pool_free(pool);
 }
 
 /* ------------------------------------------------------------ alloc/free */
@@ -893,6 +905,24 @@ static kv_status ops_commit_full(void *ctx, uint32_t id, uint64_t parent_hash,
     return kv_block_pool_commit_full(ctx, id, parent_hash, tokens, n_tokens, extra_key, hash_out);
 }
 
+static void ops_hold(void *ctx)
+{
+    kv_block_pool *pool = ctx;
+    pthread_mutex_lock(&pool->mu);
+    pool->n_users++;
+    pthread_mutex_unlock(&pool->mu);
+}
+
+static void ops_drop(void *ctx)
+{
+    kv_block_pool *pool = ctx;
+    pthread_mutex_lock(&pool->mu);
+    const bool last = --pool->n_users == 0 && pool->destroyed;
+    pthread_mutex_unlock(&pool->mu);
+    if (last) /* the pool's destroy ran: this user kept it */
+        pool_free(pool);
+}
+
 kv_status kv_block_pool_ops(kv_block_pool *pool, struct kv_block_ops *out)
 {
     if (!pool || !out)
@@ -906,6 +936,8 @@ kv_status kv_block_pool_ops(kv_block_pool *pool, struct kv_block_ops *out)
         .ref_count = ops_ref_count,
         .match_prefix = ops_match_prefix,
         .commit_full = ops_commit_full,
+        .hold = ops_hold,
+        .drop = ops_drop,
     };
     return kv__ok();
 }

@@ -137,8 +137,11 @@ struct kv_block_pool_stats {
 KV_API KV_NODISCARD kv_status kv_block_pool_create(const struct kv_block_pool_config *cfg,
                                                    kv_block_pool **out);
 
-/* Free the pool. NULL is a no-op. No other thread may be using it. No events
- * are fired for the hashes it drops. */
+/* Free the pool, or, while page tables made over it (kv_block_pool_ops) are
+ * alive, drop the caller's handle and leave the pool to the last table's
+ * kv_page_table_destroy (events keep firing into event_user until then).
+ * NULL is a no-op. No other thread may be using the handle. No events are
+ * fired for the hashes it drops. */
 KV_API void kv_block_pool_destroy(kv_block_pool *pool);
 
 /*
@@ -248,8 +251,12 @@ KV_API void kv_block_pool_stats_get(kv_block_pool *pool, struct kv_block_pool_st
 
 /*
  * Fill the kv_block_ops seam (kvcache/kv_block_ops.h) with this pool: alloc,
- * retain, release, ref_count, match_prefix, commit_full; ctx = pool. The pool
- * must outlive every user of *out. Returns KV_OK; KV_ERR_NULL.
+ * retain, release, ref_count, match_prefix, commit_full, hold, drop; ctx =
+ * pool. A page table made with *out holds the pool (hold / drop), so
+ * kv_block_pool_destroy before kv_page_table_destroy is counted, not a use
+ * after free: the table keeps working and its destroy frees the pool. A
+ * user calling the ops itself holds the pool the same way, or must destroy
+ * it last. Returns KV_OK; KV_ERR_NULL.
  */
 KV_API KV_NODISCARD kv_status kv_block_pool_ops(kv_block_pool *pool, struct kv_block_ops *out);
 

@@ -19,7 +19,7 @@ extern "C" {
 #endif
 
 /* Version of struct kv_block_ops this header describes. */
-#define KV_BLOCK_OPS_VERSION 1u
+#define KV_BLOCK_OPS_VERSION 2u
 
 /* A block source: the allocator's pool, or a test fake. A user filling one
  * by hand zeroes it, sets version = KV_BLOCK_OPS_VERSION and the ops; the
@@ -60,6 +60,13 @@ struct kv_block_ops {
      * *hash_out is still the chained hash. */
     kv_status (*commit_full)(void *ctx, uint32_t id, uint64_t parent_hash, const int32_t *tokens,
                              uint32_t n_tokens, uint64_t extra_key, uint64_t *hash_out);
+    /* ---- optional lifetime (both or neither; NULL = none) ---- */
+    /* A user of ctx begins (kv_page_table_create, once it succeeds) and
+     * ends (kv_page_table_destroy, after its last release). A source that
+     * counts them stays alive until the last user ends, whichever of the
+     * source and its users the caller frees first (the pool does). */
+    void (*hold)(void *ctx);
+    void (*drop)(void *ctx);
 };
 
 #ifdef __cplusplus

@@ -231,6 +231,10 @@ kv_status kv_page_table_create(const struct kv_page_table_config *cfg, kv_page_t
                          "ref_count (alloc=%s retain=%s release=%s ref_count=%s)",
                          cfg->ops.alloc ? "set" : "NULL", cfg->ops.retain ? "set" : "NULL",
                          cfg->ops.release ? "set" : "NULL", cfg->ops.ref_count ? "set" : "NULL");
+    if (!cfg->ops.hold != !cfg->ops.drop)
+        return kv__error(KV_ERR_INVALID_ARG,
+                         "kv_page_table_create: block ops hold (%s) and drop (%s) go together",
+                         cfg->ops.hold ? "set" : "NULL", cfg->ops.drop ? "set" : "NULL");
     if (cfg->enable_prefix_caching && (!cfg->ops.match_prefix || !cfg->ops.commit_full))
         return kv__error(KV_ERR_INVALID_ARG,
                          "kv_page_table_create: prefix caching needs match_prefix (%s) and "
@@ -254,6 +258,8 @@ kv_status kv_page_table_create(const struct kv_page_table_config *cfg, kv_page_t
     pt->page_tokens = cfg->block_tokens / r;
     pt->prefix = cfg->enable_prefix_caching;
     pt->n_free = cfg->max_seqs; /* all fresh: nothing to initialize per id */
+    if (pt->cfg.ops.hold)       /* the source lives until this table's destroy */
+        pt->cfg.ops.hold(pt->cfg.ops.ctx);
     *out = pt;
     return kv__ok();
 
@@ -332,6 +338,8 @@ void kv_page_table_destroy(kv_page_table *pt)
         kv_status st = copies_release(pt, pt->n_copies);
         (void)st; /* the source refused: nothing more a destroy can do */
     }
+    if (pt->cfg.ops.drop) /* after the last release: the source may go with it */
+        pt->cfg.ops.drop(pt->cfg.ops.ctx);
     kv__mem_free(pt->copies);
     kv__mem_free(pt->free_ids);
     kv__mem_free(pt->seqs);

@@ -89,7 +89,8 @@ typedef struct kv_page_table kv_page_table;
  * space. */
 #define KV_PAGE_TABLE_MAX_BLOCKS_PER_SEQ (1u << 31)
 
-/* Input of kv_page_table_create(); copied (ops.ctx is borrowed). Creating a
+/* Input of kv_page_table_create(); copied (ops.ctx is borrowed: held
+ * through ops.hold / ops.drop where the source has them). Creating a
  * table touches memory for none of its max_seqs sequences until they are
  * used, so the bounds above cost nothing unless reached. */
 struct kv_page_table_config {
@@ -136,7 +137,8 @@ struct kv_token_range {
  * N % r != 0, a missing op or another ops version, prefix caching without
  * match_prefix/commit_full, a struct_size of other headers),
  * KV_ERR_NO_MEMORY.
- * cfg is copied; ops.ctx is borrowed for the table's life. */
+ * cfg is copied; ops.ctx is borrowed for the table's life (ops.hold at
+ * create, ops.drop at destroy, when set: the pool's own ops count it). */
 KV_API KV_NODISCARD kv_status kv_page_table_create(const struct kv_page_table_config *cfg,
                                                    kv_page_table **out);
 

@@ -728,6 +728,56 @@ static void test_block_pool_ops_seam(void **state)
     kv_block_pool_destroy(p);
 }
 
+/* kv_block_pool_destroy before the page tables made over it (through
+ * kv_block_pool_ops) is counted: the tables keep allocating, committing and
+ * releasing (events still delivered), and the last table's destroy frees
+ * the pool (under ASan a pool freed at its destroy is a use after free
+ * here, and one never freed a leak). */
+static void test_block_pool_destroyed_before_its_tables(void **state)
+{
+    (void)state;
+    struct event_log log = {0};
+    kv_block_pool *p = make_pool(17, &log);
+    struct kv_block_ops ops;
+    assert_int_equal(kv_block_pool_ops(p, &ops), KV_OK);
+    assert_non_null(ops.hold);
+    assert_non_null(ops.drop);
+    struct kv_page_table_config cfg;
+    kv_page_table_config_init(&cfg);
+    cfg.block_tokens = BT;
+    cfg.max_seqs = 4;
+    cfg.max_blocks_per_seq = 8;
+    cfg.ops = ops;
+    cfg.enable_prefix_caching = true;
+    kv_page_table *pt[2] = {NULL, NULL};
+    assert_int_equal(kv_page_table_create(&cfg, &pt[0]), KV_OK);
+    assert_int_equal(kv_page_table_create(&cfg, &pt[1]), KV_OK);
+    int32_t tok[6 * BT];
+    fill_tokens(tok, 6 * BT, 11);
+    uint32_t seq[2];
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(kv_page_table_seq_create(pt[i], &seq[i]), KV_OK);
+        assert_int_equal(kv_page_table_seq_append(pt[i], seq[i], tok, 3 * BT), KV_OK);
+    }
+    const uint64_t stored = log.stored;
+    assert_true(stored >= 3);
+    kv_block_pool_destroy(p); /* the caller's handle; both tables still hold it */
+    assert_int_equal(kv_page_table_seq_append(pt[0], seq[0], tok + 3 * BT, 3 * BT), KV_OK);
+    assert_true(log.stored > stored); /* events still delivered */
+    const uint32_t *ids = NULL;
+    uint32_t n = 0;
+    assert_int_equal(kv_page_table_seq_blocks(pt[0], seq[0], &ids, &n), KV_OK);
+    assert_int_equal(n, 6);
+    for (uint32_t i = 0; i < n; i++)
+        assert_true(ops.ref_count(ops.ctx, ids[i]) >= 1);
+    kv_page_table_destroy(pt[0]); /* pt[1] still holds the pool */
+    assert_int_equal(kv_page_table_seq_append(pt[1], seq[1], tok + 3 * BT, 2 * BT), KV_OK);
+    assert_int_equal(kv_page_table_seq_blocks(pt[1], seq[1], &ids, &n), KV_OK);
+    assert_int_equal(n, 5);
+    assert_int_equal(ops.ref_count(ops.ctx, ids[4]), 1);
+    kv_page_table_destroy(pt[1]); /* the last user: the pool goes with it */
+}
+
 static void test_block_pool_hash_table_survives_churn(void **state)
 {
     (void)state;
@@ -1472,6 +1522,7 @@ int main(void)
         cmocka_unit_test(test_block_pool_events_fire_with_hash_and_id),
         cmocka_unit_test(test_block_pool_stats_track_every_counter),
         cmocka_unit_test(test_block_pool_ops_seam),
+        cmocka_unit_test(test_block_pool_destroyed_before_its_tables),
         cmocka_unit_test(test_block_pool_hash_table_survives_churn),
         cmocka_unit_test(test_block_pool_debug_env_values),
         cmocka_unit_test(test_block_pool_model_random_ops),

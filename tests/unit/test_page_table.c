@@ -1478,6 +1478,65 @@ static void test_page_table_doc_example(void **state)
  * which wrapped to 0, sized the caller's buffer, and the export overran
  * it. A page of 2^31 tokens: FlashInfer's int32 last_page_len wrapped to
  * INT32_MIN. Both refused by name, nothing written. */
+/* The block source's lifetime ops: hold once at create, drop once at
+ * destroy after every block is released; one without the other refused by
+ * name, and a refused create holds nothing. */
+static uint32_t holds, drops, held_at_drop;
+
+static void fake_hold(void *ctx)
+{
+    (void)ctx;
+    holds++;
+}
+
+static void fake_drop(void *ctx)
+{
+    const struct fake *f = ctx;
+    drops++;
+    held_at_drop = 0;
+    for (uint32_t i = 0; i < f->n; i++)
+        held_at_drop += f->ref[i];
+}
+
+static void test_page_table_source_hold_and_drop(void **state)
+{
+    (void)state;
+    struct fake *f = malloc(sizeof(*f));
+    assert_non_null(f);
+    fake_init(f, 16, 100);
+    struct kv_page_table_config cfg = {.struct_size = sizeof(struct kv_page_table_config),
+                                       .block_tokens = 4,
+                                       .max_seqs = 2,
+                                       .max_blocks_per_seq = 8,
+                                       .ops = fake_ops(f)};
+    kv_page_table *pt = NULL;
+    holds = drops = 0;
+    cfg.ops.hold = fake_hold;
+    expect_msg(kv_page_table_create(&cfg, &pt), KV_ERR_INVALID_ARG, "hold (set) and drop (NULL)");
+    cfg.ops.hold = NULL;
+    cfg.ops.drop = fake_drop;
+    expect_msg(kv_page_table_create(&cfg, &pt), KV_ERR_INVALID_ARG, "hold (NULL) and drop (set)");
+    cfg.max_seqs = 0; /* refused after the pairing check: nothing held */
+    cfg.ops.hold = fake_hold;
+    assert_int_equal(kv_page_table_create(&cfg, &pt), KV_ERR_INVALID_ARG);
+    assert_null(pt);
+    assert_int_equal(holds, 0);
+    cfg.max_seqs = 2;
+    assert_int_equal(kv_page_table_create(&cfg, &pt), KV_OK);
+    assert_int_equal(holds, 1);
+    uint32_t s = 0;
+    int32_t *tok = make_tokens(10, 3);
+    assert_int_equal(kv_page_table_seq_create(pt, &s), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, s, tok, 10), KV_OK);
+    assert_int_equal(drops, 0);
+    kv_page_table_destroy(pt);
+    assert_int_equal(holds, 1);
+    assert_int_equal(drops, 1);
+    assert_int_equal(held_at_drop, 0); /* dropped after its last release */
+    free(tok);
+    free(f);
+}
+
 static void test_page_table_export_totals_do_not_wrap(void **state)
 {
     (void)state;
@@ -1614,6 +1673,7 @@ int main(void)
         cmocka_unit_test(test_page_table_doc_example),
         cmocka_unit_test(test_page_table_export_totals_do_not_wrap),
         cmocka_unit_test(test_page_table_cow_through_taken_copies),
+        cmocka_unit_test(test_page_table_source_hold_and_drop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
