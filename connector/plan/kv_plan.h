@@ -183,7 +183,8 @@ struct kv_plan_cuda_errors {
 };
 
 /* Put plan's copy table in device memory (cudaMalloc + cudaMemcpy: outside
- * the hot path). plan must outlive *out. KV_ERR_NULL; KV_ERR_UNSUPPORTED
+ * the hot path), keeping a copy of the plan: the plan may be destroyed
+ * first. KV_ERR_NULL; KV_ERR_UNSUPPORTED
  * without CUDA or a usable device; KV_ERR_NO_MEMORY; KV_ERR_DEVICE. */
 KV_API KV_NODISCARD kv_status kv_plan_dev_create(const kv_plan *plan, kv_plan_dev **out);
 /* Free it (cudaFree). NULL: a no-op. */

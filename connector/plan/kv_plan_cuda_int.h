@@ -126,7 +126,9 @@ struct kv__plan_dev; /* kv_plan_kernels_hd.h: the launch of kv_plan_copy_cuda_de
 
 /* A plan's copy table in device memory (kv_plan_dev_create). */
 struct kv_plan_dev {
-    const kv_plan *plan;
+    const kv_plan *plan; /* own (kv_plan_dev_create), or a test's */
+    kv_plan *own;        /* kv_plan_dev_create's copy of the plan: the caller may destroy
+                            the plan first */
     struct kv__plan_copy *copies; /* [plan->n_copies], device */
     uint64_t align;               /* kv__plan_copies_align */
 };

@@ -151,12 +151,28 @@ kv_status kv_plan_dev_create(const kv_plan *plan, kv_plan_dev **out)
         return kv__error(KV_ERR_NULL, "kv_plan_dev_create: plan=%p out=%p", (const void *)plan,
                          (void *)out);
     struct kv_plan_dev *pd = kv__mem_calloc(1, sizeof(*pd));
-    if (!pd)
-        return kv__error(KV_ERR_NO_MEMORY, "kv_plan_dev_create: %zu bytes", sizeof(*pd));
-    pd->plan = plan;
-    pd->align = kv__plan_copies_align(plan);
+    kv_plan *own = kv__mem_alloc(sizeof(*own));
+    struct kv__plan_copy *copies =
+        kv__mem_alloc((size_t)(plan->n_copies ? plan->n_copies : 1) * sizeof(*copies));
+    if (!pd || !own || !copies) {
+        kv__mem_free(pd);
+        kv__mem_free(own);
+        kv__mem_free(copies);
+        return kv__error(KV_ERR_NO_MEMORY,
+                         "kv_plan_dev_create: a copy of a plan of %" PRId64 " copies",
+                         plan->n_copies);
+    }
+    /* A copy of its own (the host table too): the plan may be destroyed
+     * before the device plan, as a caller frees handles in any order. */
+    *own = *plan;
+    memcpy(copies, plan->copies, (size_t)plan->n_copies * sizeof(*copies));
+    own->copies = copies;
+    pd->own = own;
+    pd->plan = own;
+    pd->align = kv__plan_copies_align(own);
     const kv_status st = kv__cuda_plan_dev_upload(pd);
     if (st != KV_OK) {
+        kv_plan_destroy(own);
         kv__mem_free(pd);
         return st;
     }
@@ -169,6 +185,7 @@ void kv_plan_dev_destroy(kv_plan_dev *pd)
     if (!pd)
         return;
     kv__cuda_plan_dev_free(pd);
+    kv_plan_destroy(pd->own);
     kv__mem_free(pd);
 }
 

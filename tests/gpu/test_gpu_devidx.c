@@ -285,7 +285,7 @@ int main(void)
 
     /* ---- the plan copy with device block lists: c -> d2 (a 2-layer range,
      * one head), against kv_plan_copy_cuda; one invalid destination id */
-    struct kv_paged_cache d2 = cache_make(128, 4), d2h = cache_twin(&d2);
+    struct kv_paged_cache d2 = cache_make(128, 4), d2h = cache_twin(&d2), d3 = cache_twin(&d2);
     struct kv_plan_config pcfg = KV_PLAN_CONFIG_INIT;
     pcfg.src_head0 = 1, pcfg.dst_head0 = 0, pcfg.n_heads = 1;
     pcfg.src_layer0 = 1, pcfg.dst_layer0 = 0, pcfg.n_layers = 2;
@@ -303,6 +303,19 @@ int main(void)
     CHECK(kv_plan_copy_cuda(plan, c, hsrc + 1, 1, d2h, hdst + 1, 1, N, NULL) == KV_OK);
     CHECK(kv_plan_copy_cuda_dev(pd, c, d_psrc, 3, d2, d_pbad, 3, 3 * N, perr, NULL) == KV_OK);
     same(d2.base, d2h.base, d2.storage_bytes, "plan_copy_cuda_dev");
+    /* the same through a device plan whose plan was destroyed first (it
+     * keeps a copy: handles are freed in any order) */
+    {
+        kv_plan *tmp = NULL;
+        kv_plan_dev *pd2 = NULL;
+        CHECK(kv_plan_create(&c.layout, &d2.layout, &pcfg, &tmp) == KV_OK);
+        CHECK(kv_plan_dev_create(tmp, &pd2) == KV_OK);
+        kv_plan_destroy(tmp);
+        CHECK(kv_plan_copy_cuda_dev(pd2, c, d_psrc, 3, d3, d_pbad, 3, 3 * N, NULL, NULL) == KV_OK);
+        CHECK(cudaDeviceSynchronize() == cudaSuccess);
+        kv_plan_dev_destroy(pd2);
+        same(d3.base, d2h.base, d3.storage_bytes, "plan_copy_cuda_dev, plan destroyed first");
+    }
     CHECK(cudaMemcpy(&prec, perr, sizeof(prec), cudaMemcpyDeviceToHost) == cudaSuccess);
     CHECK(prec.count == 1 && prec.first_key == ~(((uint64_t)1 << 56) | 1) &&
           prec.value_key == prec.first_key && prec.first_value == 128);
@@ -347,10 +360,10 @@ int main(void)
     kv_attn_cuda_errors_destroy(err);
     kv_plan_dev_destroy(pd);
     kv_plan_destroy(plan);
-    void *bufs[] = {dks,      dvs,       c.base,  h.base,   dk,     dv,     dslots,
-                    d_indptr, d_indices, d_last,  d_table,  d_lens, d_out,  ro_a,
-                    ro_b,     rv_a,      rv_b,    dq,       o_a,    o_b,    d.base,
-                    dh.base,  d_pairs,   d2.base, d2h.base, d_psrc, d_pbad, perr};
+    void *bufs[] = {dks,       dvs,    c.base,  h.base, dk,     dv,      dslots,  d_indptr,
+                    d_indices, d_last, d_table, d_lens, d_out,  ro_a,    ro_b,    rv_a,
+                    rv_b,      dq,     o_a,     o_b,    d.base, dh.base, d_pairs, d2.base,
+                    d2h.base,  d_psrc, d_pbad,  perr,   d3.base};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         CHECK(cudaFree(bufs[i]) == cudaSuccess);
     free(kt), free(vt), free(qh);

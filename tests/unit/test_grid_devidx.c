@@ -1651,7 +1651,7 @@ static void test_devidx_plan_copy(void **state)
         unsigned char *buf = kv__mem_alloc_aligned(64, 64);
         assert_non_null(buf);
         memcpy(buf + 2, sid, 8), memcpy(buf + 33, did, 8);
-        const struct kv_plan_dev pd = {plan, NULL, 0};
+        const struct kv_plan_dev pd = {.plan = plan};
         const uint32_t *ms = (const uint32_t *)(buf + 2), *md = (const uint32_t *)(buf + 33);
         assert_int_equal(kv_plan_copy_cuda_dev(&pd, s.pc, ms, 2, d.pc, did, 2, 16, NULL, NULL),
                          KV_ERR_INVALID_ARG);
