@@ -24,6 +24,8 @@ struct kv_arena {
     size_t align_bytes;
     int device; /* -1 unless KV_MEM_DEVICE */
     bool huge_pages;
+    atomic_uint refs; /* the creator's (or owner's) + kv_arena_retain's */
+    bool owned;       /* a kv_cache's part: kv_arena_destroy refuses it */
 };
 
 const char *kv_mem_kind_name(enum kv_mem_kind kind)
@@ -200,6 +202,7 @@ kv_status kv_arena_create(const struct kv_arena_config *cfg, kv_arena **out)
         return kv__error(KV_ERR_NO_MEMORY, "kv_arena_create: handle allocation failed");
     a->kind = cfg->kind;
     a->device = -1;
+    atomic_init(&a->refs, 1);
 
     switch (cfg->kind) {
     case KV_MEM_HOST:
@@ -231,10 +234,8 @@ free_handle:
     return s;
 }
 
-void kv_arena_destroy(kv_arena *arena)
+static void arena_free(kv_arena *arena)
 {
-    if (!arena)
-        return;
     const struct kv__arena_cuda_mem *m = atomic_load(&arena_cuda_mem);
     switch (arena->kind) {
     case KV_MEM_HOST:
@@ -254,6 +255,51 @@ void kv_arena_destroy(kv_arena *arena)
         break;
     }
     kv__mem_free(arena);
+}
+
+/* Drop one reference; the last frees (everything the others did happens
+ * before). */
+static void arena_unref(kv_arena *arena)
+{
+    if (atomic_fetch_sub_explicit(&arena->refs, 1, memory_order_acq_rel) == 1)
+        arena_free(arena);
+}
+
+void kv_arena_destroy(kv_arena *arena)
+{
+    if (!arena)
+        return;
+    if (arena->owned) {
+        (void)kv__error(KV_ERR_BAD_STATE, "kv_arena_destroy: the arena of a kv_cache "
+                                          "(kv_cache_arena): kv_cache_destroy frees it; "
+                                          "nothing freed");
+        return;
+    }
+    arena_unref(arena);
+}
+
+kv_arena *kv_arena_retain(kv_arena *arena)
+{
+    if (arena)
+        atomic_fetch_add_explicit(&arena->refs, 1, memory_order_relaxed);
+    return arena;
+}
+
+void kv_arena_release(kv_arena *arena)
+{
+    if (arena)
+        arena_unref(arena);
+}
+
+void kv__arena_set_owned(kv_arena *arena)
+{
+    arena->owned = true;
+}
+
+void kv__arena_free(kv_arena *arena)
+{
+    if (arena)
+        arena_unref(arena);
 }
 
 void *kv_arena_base(const kv_arena *arena)

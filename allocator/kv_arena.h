@@ -110,9 +110,22 @@ static inline void kv_arena_config_init(struct kv_arena_config *cfg, size_t byte
  */
 KV_API KV_NODISCARD kv_status kv_arena_create(const struct kv_arena_config *cfg, kv_arena **out);
 
-/* Free the arena's memory and the handle. NULL is a no-op. No region may be
- * registered with a transport any more. */
+/* Drop the creator's reference: the last reference frees the arena's
+ * memory and the handle (references: kv_arena_retain, and a transport's
+ * kv_xport_mem_reg_arena until its deregistration). NULL is a no-op. An
+ * arena of a kv_cache (kv_cache_arena) is refused: nothing is freed,
+ * kv_last_error() says so (KV_ERR_BAD_STATE); kv_cache_destroy frees it.
+ * Memory registered by pointer (kv_xport_mem_reg) must be deregistered
+ * first. */
 KV_API void kv_arena_destroy(kv_arena *arena);
+
+/* Take a reference on arena (dropped by kv_arena_release); returns arena.
+ * NULL is a no-op. Thread-safe. */
+KV_API kv_arena *kv_arena_retain(kv_arena *arena);
+
+/* Drop a reference taken by kv_arena_retain (the last one frees, as
+ * kv_arena_destroy). NULL is a no-op. Thread-safe. */
+KV_API void kv_arena_release(kv_arena *arena);
 
 /* First byte of the arena (a device pointer for KV_MEM_DEVICE). */
 KV_API void *kv_arena_base(const kv_arena *arena);

@@ -87,6 +87,7 @@ struct kv_block_pool {
     void *event_user;
     uint32_t n_users; /* page tables over it (kv_block_ops hold/drop) */
     bool destroyed;   /* kv_block_pool_destroy ran: freed by the last drop */
+    bool owned;       /* a kv_cache's part: kv_block_pool_destroy refuses it */
 };
 
 /* ---------------------------------------------------------------- hashing */
@@ -469,16 +470,38 @@ static void pool_free(kv_block_pool *pool)
     kv__mem_free(pool);
 }
 
-void kv_block_pool_destroy(kv_block_pool *pool)
+static void pool_destroy(kv_block_pool *pool)
 {
-    if (!pool)
-        return;
     pthread_mutex_lock(&pool->mu);
     pool->destroyed = true;
     const bool last = pool->n_users == 0;
     pthread_mutex_unlock(&pool->mu);
     if (last)
         pool_free(pool);
+}
+
+void kv_block_pool_destroy(kv_block_pool *pool)
+{
+    if (!pool)
+        return;
+    if (pool->owned) {
+        (void)kv__error(KV_ERR_BAD_STATE, "kv_block_pool_destroy: the pool of a kv_cache "
+                                          "(kv_cache_pool): kv_cache_destroy frees it; nothing "
+                                          "freed");
+        return;
+    }
+    pool_destroy(pool);
+}
+
+void kv__block_pool_set_owned(kv_block_pool *pool)
+{
+    pool->owned = true;
+}
+
+void kv__block_pool_free(kv_block_pool *pool)
+{
+    if (pool)
+        pool_destroy(pool);
 }
 
 /* ------------------------------------------------------------ alloc/free */

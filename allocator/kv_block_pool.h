@@ -141,7 +141,9 @@ KV_API KV_NODISCARD kv_status kv_block_pool_create(const struct kv_block_pool_co
  * alive, drop the caller's handle and leave the pool to the last table's
  * kv_page_table_destroy (events keep firing into event_user until then).
  * NULL is a no-op. No other thread may be using the handle. No events are
- * fired for the hashes it drops. */
+ * fired for the hashes it drops. The pool of a kv_cache (kv_cache_pool) is
+ * refused: nothing is freed, kv_last_error() says so (KV_ERR_BAD_STATE);
+ * kv_cache_destroy frees it. */
 KV_API void kv_block_pool_destroy(kv_block_pool *pool);
 
 /*

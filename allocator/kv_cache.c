@@ -4,6 +4,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "allocator_int.h"
 #include "kv_cache.h"
 #include "kv_mem.h"
 #include "kv_lib.h"
@@ -134,6 +135,11 @@ kv_status kv_cache_create(const struct kv_cache_config *cfg, kv_cache **out)
     st = kv_page_table_create(&tcfg, &c->pt);
     if (st != KV_OK)
         goto undo_pool;
+    /* the parts handed out (kv_cache_arena, _pool, _page_table) are the
+     * cache's: their own destroys refuse them */
+    kv__arena_set_owned(c->arena);
+    kv__block_pool_set_owned(c->pool);
+    kv__page_table_set_owned(c->pt);
 
     /* only now, with everything else built, touch the arena's pages */
     if (cfg->zero_fill)
@@ -165,9 +171,9 @@ void kv_cache_destroy(kv_cache *c)
     /* the last reference frees: everything the others did happens before */
     if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1)
         return;
-    kv_page_table_destroy(c->pt);
-    kv_block_pool_destroy(c->pool);
-    kv_arena_destroy(c->arena);
+    kv__page_table_free(c->pt);
+    kv__block_pool_free(c->pool);
+    kv__arena_free(c->arena); /* a transport's kv_xport_mem_reg_arena may hold it longer */
     kv__mem_free(c);
 }
 

@@ -136,7 +136,9 @@ KV_API KV_NODISCARD kv_status kv_cache_to_dlpack(kv_cache *c, const struct kv_vi
 
 /* The parts, owned by the cache (valid until kv_cache_destroy; NULL for a
  * NULL cache): use the page table for sequences, the pool for stats and
- * events, the arena for transport registration. */
+ * events, the arena for transport registration (kv_xport_mem_reg_cache).
+ * Their own destroys refuse them (nothing freed; kv_last_error() names
+ * the cache): kv_cache_destroy frees them. */
 KV_API const struct kv_layout *kv_cache_layout(const kv_cache *c);
 
 /* The config's head_offset (0 for NULL). */

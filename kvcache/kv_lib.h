@@ -128,4 +128,12 @@ void kv__xxh3_reset(struct kv__xxh3_state *s);
 void kv__xxh3_update(struct kv__xxh3_state *s, const void *p, size_t n);
 uint64_t kv__xxh3_digest(const struct kv__xxh3_state *s);
 
+/* A page table that is a kv_cache's part (allocator/kv_cache.c): marked
+ * owned, so kv_page_table_destroy refuses it (KV_ERR_BAD_STATE in
+ * kv_last_error, nothing freed); the cache frees it with
+ * kv__page_table_free. */
+typedef struct kv_page_table kv_page_table;
+void kv__page_table_set_owned(kv_page_table *pt);
+void kv__page_table_free(kv_page_table *pt);
+
 #endif /* KV_LIB_H */

@@ -328,6 +328,24 @@ void kv_page_table_destroy(kv_page_table *pt)
 {
     if (!pt)
         return;
+    if (pt->owned) {
+        (void)kv__error(KV_ERR_BAD_STATE, "kv_page_table_destroy: the page table of a kv_cache "
+                                          "(kv_cache_page_table): kv_cache_destroy frees it; "
+                                          "nothing freed");
+        return;
+    }
+    kv__page_table_free(pt);
+}
+
+void kv__page_table_set_owned(kv_page_table *pt)
+{
+    pt->owned = true;
+}
+
+void kv__page_table_free(kv_page_table *pt)
+{
+    if (!pt)
+        return;
     for (uint32_t i = 0; i < pt->fresh_id; i++) { /* ids past fresh_id were never used */
         struct kv__seq *s = &pt->seqs[i];
         if (s->live && s->n_blocks)

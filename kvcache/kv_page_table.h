@@ -142,7 +142,10 @@ struct kv_token_range {
 KV_API KV_NODISCARD kv_status kv_page_table_create(const struct kv_page_table_config *cfg,
                                                    kv_page_table **out);
 
-/* Releases every block still held by live sequences; NULL is a no-op. */
+/* Releases every block still held by live sequences; NULL is a no-op. The
+ * page table of a kv_cache (kv_cache_page_table) is refused: nothing is
+ * freed, kv_last_error() says so (KV_ERR_BAD_STATE); kv_cache_destroy
+ * frees it. */
 KV_API void kv_page_table_destroy(kv_page_table *pt);
 
 /* ---- sequences -------------------------------------------------------------- */

@@ -33,6 +33,7 @@ struct kv__seq {
 
 struct kv_page_table {
     struct kv_page_table_config cfg;
+    bool owned;           /* a kv_cache's part: kv_page_table_destroy refuses it */
     uint32_t N;           /* tokens per block */
     uint32_t r;           /* kernel pages per block */
     uint32_t page_tokens; /* N / r */

@@ -295,10 +295,17 @@ KV_API KV_NODISCARD kv_status kv_xport_mem_reg_cache(kv_xport *x, kv_cache *c,
 KV_API KV_NODISCARD kv_status kv_xport_mem_reg_offload(kv_xport *x, kv_offload *off,
                                                        kv_xport_mem **out);
 
+/* The same for an arena (kv_arena_regions' one region): a reference on it
+ * (kv_arena_retain) until the deregistration, so kv_arena_destroy before
+ * it frees nothing a peer writes into. The statuses of kv_xport_mem_reg;
+ * KV_ERR_NULL. Nothing held on failure. */
+KV_API KV_NODISCARD kv_status kv_xport_mem_reg_arena(kv_xport *x, kv_arena *arena,
+                                                     kv_xport_mem **out);
+
 /* Deregister (KV_ERR_BAD_STATE while a transfer or an exposure uses it;
  * KV_ERR_DEVICE when the backend's deregistration fails: still registered).
- * A region of kv_xport_mem_reg_cache / _offload drops its reference or
- * hold here. */
+ * A region of kv_xport_mem_reg_cache / _offload / _arena drops its
+ * reference or hold here. */
 KV_API KV_NODISCARD kv_status kv_xport_mem_dereg(kv_xport_mem *mem);
 
 /* Let peer write into mem, and write into blob[cap] what the peer imports

@@ -200,6 +200,7 @@ struct kv_xport_mem {
     uint32_t device; /* kv_xport_mem_reg_on's: asked for (KV_XPORT_DEVICE_AUTO: backend's) */
     kv_cache *cache;     /* kv_xport_mem_reg_cache's reference, dropped when deregistered */
     kv_offload *offload; /* kv_xport_mem_reg_offload's hold, released when deregistered */
+    kv_arena *arena;     /* kv_xport_mem_reg_arena's reference, released when deregistered */
     void *be;
 };
 

@@ -111,6 +111,26 @@ kv_status kv_xport_mem_reg_offload(kv_xport *x, kv_offload *off, kv_xport_mem **
     return KV_OK;
 }
 
+kv_status kv_xport_mem_reg_arena(kv_xport *x, kv_arena *arena, kv_xport_mem **out)
+{
+    if (!x || !arena || !out)
+        return kv__error(KV_ERR_NULL, "xport_mem_reg_arena: %s is NULL",
+                         !x       ? "x"
+                         : !arena ? "arena"
+                                  : "out");
+    struct kv_mem_region rg;
+    size_t n = 0;
+    kv_status st = kv_arena_regions(arena, &rg, 1, &n);
+    if (st != KV_OK)
+        return st;
+    kv_xport_mem *m = NULL;
+    if ((st = kv_xport_mem_reg(x, rg.ptr, rg.bytes, rg.kind, &m)) != KV_OK)
+        return st;
+    m->arena = kv_arena_retain(arena);
+    *out = m;
+    return KV_OK;
+}
+
 kv_status kv_xport_mem_info_get(kv_xport_mem *mem, struct kv_xport_mem_info *out)
 {
     if (!mem || !out)
@@ -164,6 +184,7 @@ kv_status kv_xport_mem_dereg(kv_xport_mem *mem)
     kv_cache_destroy(mem->cache); /* kv_xport_mem_reg_cache's reference; NULL: none */
     if (mem->offload)
         kv__offload_region_release(mem->offload);
+    kv_arena_release(mem->arena); /* kv_xport_mem_reg_arena's; NULL: none */
     kv__mem_free(mem);
     return KV_OK;
 }

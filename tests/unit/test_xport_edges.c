@@ -1360,17 +1360,23 @@ static void test_xport_edges_cancel_waits_for_the_ack(void **state)
  * ASan a write into a freed region is reported), a refused
  * deregistration keeps the memory, and the one that succeeds frees it
  * (ASan's leak check sees it freed). */
-static void outlives_its_destroy(bool offload)
+enum owner { OWN_CACHE, OWN_OFFLOAD, OWN_ARENA, OWN_CACHE_ARENA };
+
+static void outlives_its_destroy(enum owner own)
 {
     kv_cache *c = NULL;
     kv_offload *off = NULL;
-    if (offload) {
+    kv_arena *ar = NULL;
+    if (own == OWN_OFFLOAD) {
         struct kv_offload_config oc;
         kv_offload_config_init(&oc);
         oc.capacity_bytes = 1u << 20;
         oc.mem = KV_OFFLOAD_MEM_HOST;
         oc.threads = 1;
         assert_int_equal(kv_offload_create(&oc, &off), KV_OK);
+    } else if (own == OWN_ARENA) {
+        const struct kv_arena_config ac = KV_ARENA_CONFIG_INIT(3u << 16);
+        assert_int_equal(kv_arena_create(&ac, &ar), KV_OK);
     } else {
         struct kv_cache_config cc;
         kv_cache_config_init(&cc);
@@ -1383,22 +1389,32 @@ static void outlives_its_destroy(bool offload)
         cc.max_seqs = 4;
         cc.zero_fill = true;
         assert_int_equal(kv_cache_create(&cc, &c), KV_OK);
+        if (own == OWN_CACHE_ARENA)
+            ar = kv_cache_arena(c);
     }
     struct kv_mem_region rg;
     size_t nrg = 0;
-    assert_int_equal(
-        offload ? kv_offload_regions(off, &rg, 1, &nrg) : kv_cache_regions(c, &rg, 1, &nrg), KV_OK);
+    assert_int_equal(off  ? kv_offload_regions(off, &rg, 1, &nrg)
+                     : ar ? kv_arena_regions(ar, &rg, 1, &nrg)
+                          : kv_cache_regions(c, &rg, 1, &nrg),
+                     KV_OK);
     assert_int_equal(nrg, 1);
     struct kvt_pair p;
     const struct kv_xport_config ca = cfg_of(false, 1, 5000), cb = cfg_of(true, 1, 5000);
     kvt_pair_open(&p, &ca, &cb);
     kv_xport_mem *mb = NULL;
-    if (offload) {
+    if (off) {
         assert_int_equal(kv_xport_mem_reg_offload(NULL, off, &mb), KV_ERR_NULL);
         assert_int_equal(kv_xport_mem_reg_offload(p.b, NULL, &mb), KV_ERR_NULL);
         assert_int_equal(kv_xport_mem_reg_offload(p.b, off, NULL), KV_ERR_NULL);
         assert_null(mb);
         assert_int_equal(kv_xport_mem_reg_offload(p.b, off, &mb), KV_OK);
+    } else if (ar) {
+        assert_int_equal(kv_xport_mem_reg_arena(NULL, ar, &mb), KV_ERR_NULL);
+        assert_int_equal(kv_xport_mem_reg_arena(p.b, NULL, &mb), KV_ERR_NULL);
+        assert_int_equal(kv_xport_mem_reg_arena(p.b, ar, NULL), KV_ERR_NULL);
+        assert_null(mb);
+        assert_int_equal(kv_xport_mem_reg_arena(p.b, ar, &mb), KV_OK);
     } else {
         assert_int_equal(kv_xport_mem_reg_cache(NULL, c, &mb), KV_ERR_NULL);
         assert_int_equal(kv_xport_mem_reg_cache(p.b, NULL, &mb), KV_ERR_NULL);
@@ -1418,9 +1434,12 @@ static void outlives_its_destroy(bool offload)
         src[i] = (unsigned char)(i * 131u + (i >> 9) + 7u);
     kv_xport_mem *ma = NULL;
     assert_int_equal(kv_xport_mem_reg(p.a, src, rg.bytes, KV_MEM_HOST, &ma), KV_OK);
-    /* the owner's destroy: the engine's reference, the tier's ops and entries */
-    if (offload)
+    /* the owner's destroy: the engine's cache reference, the tier's ops and
+     * entries, the arena's creator reference */
+    if (off)
         kv_offload_destroy(off);
+    else if (own == OWN_ARENA)
+        kv_arena_destroy(ar);
     else
         kv_cache_destroy(c);
     const struct kv_xport_io io = {.local = ma, .remote = r, .bytes = rg.bytes};
@@ -1449,13 +1468,21 @@ static void outlives_its_destroy(bool offload)
 static void test_xport_edges_cache_region_outlives_its_destroy(void **state)
 {
     (void)state;
-    outlives_its_destroy(false);
+    outlives_its_destroy(OWN_CACHE);
 }
 
 static void test_xport_edges_offload_region_outlives_its_destroy(void **state)
 {
     (void)state;
-    outlives_its_destroy(true);
+    outlives_its_destroy(OWN_OFFLOAD);
+}
+
+/* an arena by handle, and a cache's arena (the cache destroyed under it) */
+static void test_xport_edges_arena_region_outlives_its_destroy(void **state)
+{
+    (void)state;
+    outlives_its_destroy(OWN_ARENA);
+    outlives_its_destroy(OWN_CACHE_ARENA);
 }
 
 static void *close_peer(void *arg)
@@ -1510,6 +1537,7 @@ int main(void)
         cmocka_unit_test(test_xport_edges_destroy_races_peer_close),
         cmocka_unit_test(test_xport_edges_cache_region_outlives_its_destroy),
         cmocka_unit_test(test_xport_edges_offload_region_outlives_its_destroy),
+        cmocka_unit_test(test_xport_edges_arena_region_outlives_its_destroy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
