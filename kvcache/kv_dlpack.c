@@ -156,11 +156,18 @@ kv_status kv_view_from_dlpack(const DLManagedTensor *mt, struct kv_view *out, DL
         for (int i = 0; i < t->ndim; i++)
             strides[i] = t->strides[i];
     } else {
+        /* the size of dim 0 is in no stride: [4, 2^61, 0] is an empty
+         * tensor with strides [2^61, 1, 1] */
         int64_t s = 1;
         for (int i = t->ndim - 1; i >= 0; i--) {
             strides[i] = s;
-            if (t->shape[i] > 1 && !kv__mul_i64(s, t->shape[i], &s))
-                return kv__error(KV_ERR_OVERFLOW, "%s: compact strides overflow int64", fn);
+            if (i > 0 && t->shape[i] > 1 && !kv__mul_i64(s, t->shape[i], &s)) {
+                char b[160];
+                return kv__error(KV_ERR_OVERFLOW,
+                                 "%s: compact strides of shape %s overflow int64 (the stride of "
+                                 "dim %d)",
+                                 fn, kv__fmt_list(b, sizeof(b), t->shape, t->ndim), i - 1);
+            }
         }
     }
     if (t->byte_offset > (uint64_t)INT64_MAX)

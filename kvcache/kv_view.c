@@ -150,6 +150,13 @@ static kv_status kv__check_geometry(const char *fn, kv_dtype dtype, int ndim, co
                          fn, kv__fmt_list(b1, sizeof(b1), shape, ndim),
                          kv__fmt_list(b2, sizeof(b2), strides, ndim), offset, max_elem,
                          hi_bytes - 1, storage_bytes);
+    /* every element address base + k fits: a base near the top of the
+     * address space (a forged DLPack data pointer) wraps */
+    if ((uintptr_t)base + (uint64_t)hi_bytes < (uintptr_t)base)
+        return kv__error(KV_ERR_OVERFLOW,
+                         "%s: storage base %p + %" PRId64 " bytes wraps past the top of the "
+                         "address space",
+                         fn, base, hi_bytes);
     return KV_OK;
 }
 

@@ -281,6 +281,32 @@ static void test_dlpack_import(void **state)
     f.mt.dl_tensor.byte_offset = 0;
     assert_int_equal(kv_view_from_dlpack(&f.mt, &v, NULL), KV_OK);
     assert_int_equal(kv_view_numel(&v), 0);
+    /* NULL strides of an empty tensor: the size of dim 0 is in no stride,
+     * [4, 2^61, 0] has strides [2^61, 1, 1] (refused as an overflow of
+     * 4 * 2^61 once, found by tests/fuzz/fuzz_dlpack.c) */
+    fake_init(&f, NULL);
+    f.shape[0] = 4, f.shape[1] = (int64_t)1 << 61, f.shape[2] = 0;
+    f.mt.dl_tensor.strides = NULL;
+    f.mt.dl_tensor.byte_offset = 0;
+    assert_int_equal(kv_view_from_dlpack(&f.mt, &v, NULL), KV_OK);
+    assert_int_equal(kv_view_numel(&v), 0);
+    assert_true(v.strides[0] == (int64_t)1 << 61 && v.strides[1] == 1 && v.strides[2] == 1);
+    /* ... but a stride past int64 is refused, naming the shape */
+    f.shape[0] = 0, f.shape[1] = (int64_t)1 << 62, f.shape[2] = 4;
+    struct kv_view keep = {.ndim = 7};
+    assert_int_equal(kv_view_from_dlpack(&f.mt, &keep, NULL), KV_ERR_OVERFLOW);
+    assert_non_null(strstr(kv_last_error(), "4611686018427387904"));
+    assert_int_equal(keep.ndim, 7);
+    /* a data pointer whose elements wrap past the top of the address space
+     * (found by fuzz_dlpack; a view of it made pointers that overflowed) */
+    fake_init(&f, NULL);
+    f.shape[0] = 1, f.shape[1] = 1, f.shape[2] = 1;
+    f.mt.dl_tensor.data = (void *)(uintptr_t)0xfffffffffffff000ull;
+    f.mt.dl_tensor.strides = NULL;
+    f.mt.dl_tensor.byte_offset = 0x2000;
+    assert_int_equal(kv_view_from_dlpack(&f.mt, &keep, NULL), KV_ERR_OVERFLOW);
+    assert_non_null(strstr(kv_last_error(), "wraps past the top of the address space"));
+    assert_int_equal(keep.ndim, 7);
 }
 
 static void test_dlpack_cache(void **state)
@@ -322,13 +348,19 @@ static void test_dlpack_cache(void **state)
     assert_null(mt);
     assert_int_equal(kv_cache_to_dlpack(NULL, &blk, &mt), KV_ERR_NULL);
     /* a view just below address 2^64: its end wrapped past the arena's end
-     * check (was exported, holding a reference) */
+     * check (was exported, holding a reference); no view op takes it now,
+     * and the export refuses one built by hand */
     struct kv_view wrap;
     const int64_t wshape[1] = {0x2000};
     assert_int_equal(
         kv_view_init((void *)(uintptr_t)0xfffffffffffff000ull, 0x2000, KV_U8, 1, wshape, &wrap),
-        KV_OK);
-    assert_int_equal(kv_cache_to_dlpack(c, &wrap, &mt), KV_ERR_OUT_OF_BOUNDS);
+        KV_ERR_OVERFLOW);
+    wrap = out;
+    wrap.base = (void *)(uintptr_t)0xfffffffffffff000ull;
+    wrap.dtype = KV_U8;
+    wrap.storage_bytes = 0x2000;
+    wrap.shape[0] = 0x2000;
+    assert_int_equal(kv_cache_to_dlpack(c, &wrap, &mt), KV_ERR_OVERFLOW);
     assert_null(mt);
     /* an empty view with an offset no element bounds: exported at its base
      * (its offset times the element size overflowed), a base outside the
