@@ -381,22 +381,25 @@ $(BUILD)/fuzz/obj/%.o: %.c $(XXH_PROBE)
 	$(Q)$(CLANG) $(FUZZ_OBJ_CFLAGS) -MMD -MP -c -o $@ $<
 
 # The view, DLPack import and CPU quota targets: the core module only.
-$(BUILD)/fuzz/%: tests/fuzz/%.c $(wildcard kvcache/*.h) $(call fuzz_objs,$(FUZZ_CORE_SRC))
+$(BUILD)/fuzz/%: tests/fuzz/%.c tests/fuzz/fuzz_check.h $(wildcard kvcache/*.h) $(call fuzz_objs,$(FUZZ_CORE_SRC))
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  FUZZ   $@')
 	$(Q)$(CLANG) $(FUZZ_CFLAGS) -o $@ $< $(call fuzz_objs,$(FUZZ_CORE_SRC)) $(FUZZ_LINK)
 
 # fuzz_unpack, fuzz_xport_rx, fuzz_xport_shm_rx, fuzz_xport_probe, fuzz_xlayer_rx,
-# fuzz_attn_args (the attention and write kernels) and fuzz_layout_codec
+# fuzz_attn_args (the attention and write kernels), fuzz_grid_devidx (their
+# device-index bodies on the emulated grid) and fuzz_layout_codec
 # (which plans what it decodes) reach past the core: every
 # module's CPU sources, OpenMP (libomp); the transport target also the
 # raw-peer helpers.
 FUZZ_CONNECTOR := $(BUILD)/fuzz/fuzz_unpack $(BUILD)/fuzz/fuzz_xport_rx $(BUILD)/fuzz/fuzz_xlayer_rx \
                   $(BUILD)/fuzz/fuzz_xport_shm_rx $(BUILD)/fuzz/fuzz_xport_probe \
-                  $(BUILD)/fuzz/fuzz_layout_codec $(BUILD)/fuzz/fuzz_attn_args
+                  $(BUILD)/fuzz/fuzz_layout_codec $(BUILD)/fuzz/fuzz_attn_args \
+                  $(BUILD)/fuzz/fuzz_grid_devidx
 $(FUZZ_CONNECTOR): $(BUILD)/fuzz/%: tests/fuzz/%.c $(call fuzz_objs,$(FUZZ_ALL_SRC)) \
                    $(foreach m,$(MODULES),$(wildcard $(m)/*.h $(m)/*/*.h)) \
-                   tests/common/kvt_xport_raw.h tests/fuzz/fuzz_xport.h
+                   tests/common/kvt_xport_raw.h tests/fuzz/fuzz_xport.h tests/fuzz/fuzz_check.h \
+                   tests/fuzz/fuzz_cache.h
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo '  FUZZ   $@')
 	$(Q)$(CLANG) $(FUZZ_CFLAGS) $(inc_binding) -Itests/common -fopenmp -Wno-unknown-pragmas \

@@ -64,6 +64,11 @@
 #include "kv_attn.h"
 #include "kv_attn_int.h" /* the CPU path knobs of the unit tests */
 
+#define FUZZ_NAME "fuzz_attn_args"
+#define FUZZ_TRACE_LABEL "call"
+#include "fuzz_check.h"
+#include "fuzz_cache.h"
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 
@@ -75,64 +80,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv);
 
 /* The harness's reference code runs without coverage instrumentation (most
  * of an execution's time otherwise, and no feedback worth having). */
-#define NOCOV __attribute__((no_sanitize("coverage"), noinline))
 
 /* ---- input reader -------------------------------------------------------- */
 
-struct rd {
-    const uint8_t *p;
-    size_t n, i;
-};
-
-static uint8_t rd_u8(struct rd *r)
-{
-    return r->i < r->n ? r->p[r->i++] : 0;
-}
-
-static uint64_t mix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* ---- trace for failure reports -------------------------------------------- */
-
-static char g_trace[4096];
-static size_t g_trace_len;
-
-static void trace(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void trace(const char *fmt, ...)
-{
-    va_list ap;
-    if (g_trace_len >= sizeof(g_trace) - 1)
-        return;
-    va_start(ap, fmt);
-    int n = vsnprintf(g_trace + g_trace_len, sizeof(g_trace) - g_trace_len, fmt, ap);
-    va_end(ap);
-    if (n > 0)
-        g_trace_len += (size_t)n;
-    if (g_trace_len > sizeof(g_trace) - 1)
-        g_trace_len = sizeof(g_trace) - 1;
-}
-
-static void fail(const char *file, int line, const char *cond)
-{
-    fprintf(stderr, "fuzz_attn_args: check failed at %s:%d: %s\n  last_error: %s\n  call:%s\n",
-            file, line, cond, kv_last_error(), g_trace);
-    abort();
-}
-
-/* Not a control-flow macro: it aborts the process on failure. */
-#define CHECK(c) ((c) ? (void)0 : fail(__FILE__, __LINE__, #c))
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    CHECK(p != NULL);
-    return p;
-}
 
 static void *dup_bytes(const void *p, size_t n)
 {
@@ -280,14 +231,6 @@ static void rand_elem(kv_dtype dt, uint64_t *s, unsigned char *out)
 
 /* ---- the caches: 8 shapes x 5 dtypes, built once, kept as a golden copy ---- */
 
-struct tmpl {
-    int64_t L, B, N, H, D;
-    kv_order order;
-    kv_arrange arrange;
-    bool packed;
-    int64_t pad_elems, extra_elems; /* block_pad_elems, or block_stride_bytes past natural */
-};
-
 static const struct tmpl k_tmpl[N_TMPL] = {
     {2, 12, 4, 2, 8, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, false, 0, 0},
     {1, 10, 8, 2, 16, KV_ORDER_HND, KV_ARRANGE_LAYER_MAJOR, false, 0, 0},
@@ -299,57 +242,14 @@ static const struct tmpl k_tmpl[N_TMPL] = {
     {2, 8, 4, 2, 16, KV_ORDER_NHD, KV_ARRANGE_BLOCK_MAJOR, true, 0, 0},
 };
 
-struct cc {
-    bool built;
-    struct tmpl t;
-    kv_dtype dt;
-    int64_t es, bstride; /* element bytes; elements between blocks (from the config) */
-    struct kv_paged_cache pc;
-    unsigned char *gold; /* what the storage holds between calls */
-    size_t bytes;
-};
-
 static struct cc g_cc[N_TMPL][5];
-
-/* Element offset of (l, kv, b, n, h, d) from the config alone. */
-NOCOV static int64_t ref_off(const struct cc *c, int64_t l, int kv, int64_t b, int64_t n, int64_t h,
-                             int64_t d)
-{
-    const struct tmpl *t = &c->t;
-    const int64_t P = t->packed ? 1 : 2, plane = t->packed ? 0 : kv;
-    const int64_t drow = t->packed ? 2 * t->D : t->D, dd = t->packed ? d + kv * t->D : d;
-    const int64_t unit = t->arrange == KV_ARRANGE_LAYER_MAJOR ? (l * P + plane) * t->B + b
-                                                              : (b * t->L + l) * P + plane;
-    const int64_t in =
-        t->order == KV_ORDER_NHD ? (n * t->H + h) * drow + dd : (h * t->N + n) * drow + dd;
-    return unit * c->bstride + in;
-}
 
 static struct cc *get_cache(int ti, int di)
 {
     struct cc *c = &g_cc[ti][di];
     if (c->built)
         return c;
-    const struct tmpl *t = &k_tmpl[ti];
-    struct kv_layout_config cfg = KV_LAYOUT_CONFIG_INIT;
-    c->t = *t;
-    c->dt = k_dt5[di];
-    c->es = (int64_t)kv_dtype_size(c->dt);
-    cfg.num_layers = t->L, cfg.num_blocks = t->B, cfg.block_tokens = t->N;
-    cfg.num_heads = t->H, cfg.head_dim = t->D, cfg.dtype = c->dt;
-    cfg.order = t->order, cfg.arrange = t->arrange, cfg.kv_packed = t->packed;
-    const int64_t natural = t->N * t->H * t->D * (t->packed ? 2 : 1);
-    cfg.block_pad_elems = t->pad_elems;
-    if (t->extra_elems)
-        cfg.block_stride_bytes = (natural + t->extra_elems) * c->es;
-    c->bstride = natural + t->pad_elems + t->extra_elems;
-    memset(&c->pc, 0, sizeof(c->pc));
-    CHECK(kv_layout_init(&cfg, &c->pc.layout) == KV_OK);
-    CHECK(c->pc.layout.total_elems == t->L * (t->packed ? 1 : 2) * t->B * c->bstride);
-    c->bytes = (size_t)c->pc.layout.total_bytes;
-    c->pc.base = xmalloc(c->bytes); /* exact: ASan sees a byte past the pool */
-    c->pc.storage_bytes = c->bytes;
-    c->pc.mem = KV_MEM_HOST;
+    cache_make(c, &k_tmpl[ti], k_dt5[di], KV_MEM_HOST);
     uint64_t s = 0x5EED0000u + (uint64_t)ti * 8 + (uint64_t)di;
     for (size_t i = 0; i < c->bytes; i += (size_t)c->es)
         rand_elem(c->dt, &s, (unsigned char *)c->pc.base + i);
@@ -1558,8 +1458,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct rd r = {data, size, 0};
-    g_trace_len = 0;
-    g_trace[0] = '\0';
+    trace_reset();
     const uint8_t b0 = rd_u8(&r), b1 = rd_u8(&r), b2 = rd_u8(&r), b3 = rd_u8(&r);
     const int ti = b1 % N_TMPL, di = b2 % 5;
     struct cc *c = get_cache(ti, di);

@@ -79,6 +79,10 @@
 #include "kv_dlpack.h"
 #include "kv_view.h"
 
+#define FUZZ_NAME "fuzz_dlpack"
+#define FUZZ_TRACE_LABEL "input"
+#include "fuzz_check.h"
+
 #define MAX_BUF_BYTES (1u << 20) /* an exact-fit buffer up to this size */
 #define RAW_BUF_BYTES 8192       /* a buffer of any size up to this */
 #define MAX_WALK_NUMEL 4096      /* every element up to this many */
@@ -90,16 +94,6 @@ __extension__ typedef __int128 i128;
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* ---- input reader ------------------------------------------------------- */
-
-struct rd {
-    const uint8_t *p;
-    size_t n, i;
-};
-
-static uint8_t rd_u8(struct rd *r)
-{
-    return r->i < r->n ? r->p[r->i++] : 0;
-}
 
 static uint64_t rd_le(struct rd *r, int bytes)
 {
@@ -154,24 +148,6 @@ struct input {
 
 /* ---- trace for crash reports -------------------------------------------- */
 
-static char g_trace[2048];
-static size_t g_trace_len;
-
-static void trace(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void trace(const char *fmt, ...)
-{
-    va_list ap;
-    if (g_trace_len >= sizeof(g_trace) - 1)
-        return;
-    va_start(ap, fmt);
-    int n = vsnprintf(g_trace + g_trace_len, sizeof(g_trace) - g_trace_len, fmt, ap);
-    va_end(ap);
-    if (n > 0)
-        g_trace_len += (size_t)n;
-    if (g_trace_len > sizeof(g_trace) - 1)
-        g_trace_len = sizeof(g_trace) - 1;
-}
-
 static void trace_list(const char *name, const int64_t *v, int n)
 {
     if (!v) {
@@ -183,16 +159,6 @@ static void trace_list(const char *name, const int64_t *v, int n)
         trace(i ? ",%" PRId64 : "%" PRId64, v[i]);
     trace("]");
 }
-
-static void fail(const char *file, int line, const char *cond)
-{
-    fprintf(stderr, "fuzz_dlpack: check failed at %s:%d: %s\n  last_error: %s\n  input:%s\n", file,
-            line, cond, kv_last_error(), g_trace);
-    abort();
-}
-
-/* Not a control-flow macro: it aborts the process on failure. */
-#define CHECK(c) ((c) ? (void)0 : fail(__FILE__, __LINE__, #c))
 
 /* ---- decoding ----------------------------------------------------------- */
 
@@ -707,8 +673,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct ref f;
     DLTensor *t = &in.mt.dl_tensor;
 
-    g_trace_len = 0;
-    g_trace[0] = '\0';
+    trace_reset();
     g_lcg = size;
     for (size_t i = 0; i < size; i++)
         g_lcg = g_lcg * 31 + data[i];
@@ -731,8 +696,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         /* the extent of this tensor with an aligned data pointer */
         t->data = (void *)(uintptr_t)64;
         ref_tensor(&in, &f);
-        g_trace_len = 0;
-        g_trace[0] = '\0';
+        trace_reset();
         size_t want = f.nfault == 0 ? (size_t)f.hi : RAW_BUF_BYTES + 1;
         switch ((b >> 3) & 3) {
         case 0: /* exactly the extent */

@@ -59,6 +59,10 @@
 #include "kv_layout.h"
 #include "kv_view.h"
 
+#define FUZZ_NAME "fuzz_view"
+#define FUZZ_TRACE_LABEL "chain"
+#include "fuzz_check.h"
+
 #define MAX_START_NUMEL 4096
 #define MAX_WALK_NUMEL 65536 /* past this, stop the chain (materialize cost) */
 #define MAX_BRUTE_NUMEL 1024 /* brute-force overlap checks up to this size */
@@ -71,16 +75,6 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* ---- input reader ------------------------------------------------------- */
-
-struct rd {
-    const uint8_t *p;
-    size_t n, i;
-};
-
-static uint8_t rd_u8(struct rd *r)
-{
-    return r->i < r->n ? r->p[r->i++] : 0;
-}
 
 /* Uniform-ish in [lo, hi]. */
 static int64_t rd_range(struct rd *r, int64_t lo, int64_t hi)
@@ -146,24 +140,6 @@ static int64_t clamp_high_dim(int i, int64_t *numel, int64_t size)
 
 /* ---- trace for crash reports -------------------------------------------- */
 
-static char g_trace[4096];
-static size_t g_trace_len;
-
-static void trace(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void trace(const char *fmt, ...)
-{
-    va_list ap;
-    if (g_trace_len >= sizeof(g_trace) - 1)
-        return;
-    va_start(ap, fmt);
-    int n = vsnprintf(g_trace + g_trace_len, sizeof(g_trace) - g_trace_len, fmt, ap);
-    va_end(ap);
-    if (n > 0)
-        g_trace_len += (size_t)n;
-    if (g_trace_len > sizeof(g_trace) - 1)
-        g_trace_len = sizeof(g_trace) - 1;
-}
-
 static void trace_list(const char *name, const int64_t *v, int n)
 {
     trace(" %s=[", name);
@@ -179,16 +155,6 @@ static void trace_view(const char *tag, const struct kv_view *v)
     trace_list("strides", v->strides, v->ndim);
     trace(" off=%lld bytes=%zu}", (long long)v->offset, v->storage_bytes);
 }
-
-static void fail(const char *file, int line, const char *cond)
-{
-    fprintf(stderr, "fuzz_view: check failed at %s:%d: %s\n  last_error: %s\n  chain:%s\n", file,
-            line, cond, kv_last_error(), g_trace);
-    abort();
-}
-
-/* Not a control-flow macro: it aborts the process on failure. */
-#define CHECK(c) ((c) ? (void)0 : fail(__FILE__, __LINE__, #c))
 
 /* ---- per-input memory: every block freed at the end ---------------------- */
 
@@ -1463,8 +1429,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     unsigned char *storage;
     kv_status st;
 
-    g_trace_len = 0;
-    g_trace[0] = '\0';
+    trace_reset();
     for (int k = 0; k < ndim; k++) {
         int64_t n = rd_u8(&r) % 7;
         if (numel * (n ? n : 1) > MAX_START_NUMEL)
