@@ -14,12 +14,42 @@ uint64_t kv__mem_allocs(void)
     return g_allocs;
 }
 
+/* Failure injection (kv__mem_fail_after): allocations left before they fail,
+ * -1 when off; and the failures injected so far on this thread. */
+static _Thread_local int64_t g_fail_after = -1;
+static _Thread_local uint64_t g_failed;
+
+void kv__mem_fail_after(int64_t n)
+{
+    g_fail_after = n < 0 ? -1 : n;
+}
+
+uint64_t kv__mem_failed(void)
+{
+    return g_failed;
+}
+
+/* True when this allocation is to fail: one thread-local compare when off. */
+static inline int inject_failure(void)
+{
+    if (__builtin_expect(g_fail_after < 0, 1))
+        return 0;
+    if (g_fail_after > 0) {
+        g_fail_after--;
+        return 0;
+    }
+    g_failed++;
+    return 1;
+}
+
 #if defined(KV_USE_LIBC_MALLOC)
 
 void *kv__mem_alloc_aligned(size_t align, size_t size)
 {
     void *p = NULL;
     g_allocs++;
+    if (inject_failure())
+        return NULL;
     if (size == 0 || align < sizeof(void *) || (align & (align - 1)))
         return NULL;
     if (posix_memalign(&p, align, size) != 0)
@@ -36,6 +66,8 @@ void *kv__mem_calloc(size_t n, size_t size)
 {
     size_t total;
     g_allocs++;
+    if (inject_failure())
+        return NULL;
     if (__builtin_mul_overflow(n, size, &total) || total == 0)
         return NULL;
     return calloc(n, size);
@@ -53,6 +85,8 @@ const char *kv__mem_backend(void)
 void *kv__mem_alloc_aligned(size_t align, size_t size)
 {
     g_allocs++;
+    if (inject_failure())
+        return NULL;
     if (size == 0 || align < sizeof(void *) || (align & (align - 1)))
         return NULL;
     return mallocx(size, MALLOCX_ALIGN(align));
@@ -68,6 +102,8 @@ void *kv__mem_calloc(size_t n, size_t size)
 {
     size_t total;
     g_allocs++;
+    if (inject_failure())
+        return NULL;
     if (__builtin_mul_overflow(n, size, &total) || total == 0)
         return NULL;
     return mallocx(total, MALLOCX_ALIGN(16) | MALLOCX_ZERO);

@@ -34,6 +34,16 @@ void *kv__mem_calloc(size_t n, size_t size);
  * allocates nothing (the device-index launchers' host side). */
 uint64_t kv__mem_allocs(void);
 
+/* Test-only failure injection, per thread: after n >= 0 more successful
+ * allocation calls on this thread (kv__mem_alloc*, kv__mem_calloc, through
+ * kv__mem_grow too), every following one on this thread returns NULL, as a
+ * real failure does, until kv__mem_fail_after(-1) turns it off (the
+ * default). Other threads are never affected. kv__mem_failed() counts the
+ * failures injected on this thread. When off, an allocation pays one
+ * thread-local compare. */
+void kv__mem_fail_after(int64_t n);
+uint64_t kv__mem_failed(void);
+
 /* Free memory from any kv__mem_* call; NULL is a no-op. */
 void kv__mem_free(void *p);
 

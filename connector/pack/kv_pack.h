@@ -132,6 +132,7 @@ KV_API KV_NODISCARD kv_status kv_unpack_plan_create(const struct kv_layout *src,
  * KV_ERR_CAPACITY     cap smaller than the packed size (*out_bytes then says
  *                     the size needed; nothing is written).
  * KV_ERR_OVERLAP      buf overlaps src's storage.
+ * KV_ERR_NO_MEMORY    the copy schedule could not be allocated.
  * Nothing is written on an error. */
 KV_API KV_NODISCARD kv_status kv_pack(const kv_plan *plan, struct kv_paged_cache src,
                                       const uint32_t *blocks, uint32_t n_blocks, uint64_t n_tokens,
@@ -171,7 +172,8 @@ KV_API KV_NODISCARD kv_status kv_pack_inspect(const void *buf, size_t len,
  *                       layer range outside a layout (kv_plan_create's);
  *   KV_ERR_OUT_OF_BOUNDS a block id >= dst B;
  *   KV_ERR_OVERLAP      a destination block listed twice, buf inside dst's
- *                       storage.
+ *                       storage;
+ *   KV_ERR_NO_MEMORY    the copy schedule could not be allocated.
  * Refused after the copy, which verifies every block's checksum as it reads
  * the payload:
  *   KV_ERR_CORRUPT      a block whose checksum fails (the message names the

@@ -91,7 +91,8 @@ typedef struct kv_plan kv_plan;
  *                     or a non-zero layer offset; a window (lcm of the page
  *                     sizes) over 65,536 tokens.
  * KV_ERR_NO_MEMORY.
- * Each message names the values. */
+ * Each message names the values. *out is NULL on any error (out itself
+ * NULL aside). */
 KV_API KV_NODISCARD kv_status kv_plan_create(const struct kv_layout *src,
                                              const struct kv_layout *dst,
                                              const struct kv_plan_config *cfg, kv_plan **out);

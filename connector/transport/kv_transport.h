@@ -185,7 +185,7 @@ typedef struct kv_xport_xfer kv_xport_xfer; /* a posted transfer */
 /* Create the transport (and its progress thread); listening when
  * cfg->listen_host is set. KV_ERR_NULL; KV_ERR_INVALID_ARG (struct_size,
  * kind, a token of 0); KV_ERR_UNSUPPORTED (KV_XPORT_RDMA without a device);
- * KV_ERR_IO (bind/listen, errno named). */
+ * KV_ERR_IO (bind/listen, errno named); KV_ERR_NO_MEMORY. */
 KV_API KV_NODISCARD kv_status kv_xport_create(const struct kv_xport_config *cfg, kv_xport **out);
 
 /* Close what is left (peers never accepted, connections in their

@@ -1,0 +1,1162 @@
+/*
+ * test_oom.c - allocation failure injection (the SQLite "malloc failure"
+ * technique): every kv__mem_* allocation a call makes on the calling thread
+ * is made to fail in turn (kv__mem_fail_after(k), k = 0, 1, 2, ...), until
+ * the call makes no allocation that fails. Each failed call must answer
+ * KV_ERR_NO_MEMORY (or a status its header documents for it) with a
+ * message, and leave everything observable as it was (all or nothing);
+ * outputs set only on success stay untouched. Leaks are caught by the
+ * sanitizer build (ASan's leak checker).
+ *
+ * The injection is thread-local: allocations made by a worker thread (the
+ * offload tier's copies) are not failed, only the posting thread's.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <kvcache/kv.h>
+#include "kv_mem.h"
+#include "kvtest.h"
+#include "kvt_xport.h"
+
+/* ---- the driver -------------------------------------------------------------------- */
+
+#define SNAP_MAX 4096
+
+/* What is observable of a scenario, as a list of values (compared one by
+ * one: never struct bytes). */
+struct snap {
+    uint64_t v[SNAP_MAX];
+    size_t n;
+};
+
+static void snap_put(struct snap *s, uint64_t x)
+{
+    assert_true(s->n < SNAP_MAX);
+    s->v[s->n++] = x;
+}
+
+static void snap_bytes(struct snap *s, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211ull;
+    snap_put(s, h);
+}
+
+struct oom_case {
+    const char *name;
+    void *ctx;
+    kv_status (*call)(void *ctx);
+    void (*snap)(void *ctx, struct snap *s); /* observable state (may be NULL) */
+    void (*ok)(void *ctx);                   /* check the result, undo it */
+    void (*failed)(void *ctx);               /* outputs untouched (may be NULL) */
+    kv_status other;                         /* another documented failure status, or KV_OK */
+};
+
+static struct snap g_before, g_after;
+
+/* Runs the case; returns the number of failures injected. */
+static uint64_t oom_run(const struct oom_case *c)
+{
+    uint64_t injected = 0, absorbed = 0, calls = 0;
+    if (c->snap) {
+        g_before.n = 0;
+        c->snap(c->ctx, &g_before);
+    }
+    for (int64_t k = 0;; k++) {
+        assert_true(k < (int64_t)100000);
+        const uint64_t f0 = kv__mem_failed();
+        kv__mem_fail_after(k);
+        const kv_status st = c->call(c->ctx);
+        kv__mem_fail_after(-1);
+        const uint64_t nf = kv__mem_failed() - f0;
+        injected += nf;
+        calls++;
+        if (st == KV_OK) {
+            c->ok(c->ctx);
+            if (nf == 0)
+                break;
+            /* a fallback absorbed the failure: go on, from the state undone */
+            absorbed++;
+            if (c->snap) {
+                g_before.n = 0;
+                c->snap(c->ctx, &g_before);
+            }
+            continue;
+        }
+        if (nf == 0 || (st != KV_ERR_NO_MEMORY && st != c->other))
+            fail_msg("%s: k=%lld: status %s (%s), %llu failures injected", c->name, (long long)k,
+                     kv_status_name(st), kv_last_error(), (unsigned long long)nf);
+        const char *msg = kv_last_error();
+        if (!msg || !msg[0])
+            fail_msg("%s: k=%lld: %s without a message", c->name, (long long)k, kv_status_name(st));
+        if (c->snap) {
+            g_after.n = 0;
+            c->snap(c->ctx, &g_after);
+            if (g_after.n != g_before.n)
+                fail_msg("%s: k=%lld: state has %zu values, was %zu (%s)", c->name, (long long)k,
+                         g_after.n, g_before.n, msg);
+            for (size_t i = 0; i < g_after.n; i++)
+                if (g_after.v[i] != g_before.v[i])
+                    fail_msg("%s: k=%lld: state value %zu is %llu, was %llu (%s)", c->name,
+                             (long long)k, i, (unsigned long long)g_after.v[i],
+                             (unsigned long long)g_before.v[i], msg);
+        }
+        if (c->failed)
+            c->failed(c->ctx);
+    }
+    print_message("  %-28s %3llu calls, %3llu injected failures, %llu absorbed\n", c->name,
+                  (unsigned long long)calls, (unsigned long long)injected,
+                  (unsigned long long)absorbed);
+    return injected;
+}
+
+static void *const SENTINEL = (void *)(uintptr_t)0x5e17;
+
+/* ---- a small cache ----------------------------------------------------------------- */
+
+#define NB 17u /* blocks, the null block included */
+#define NT 4u  /* tokens per block */
+
+static void cache_cfg(struct kv_cache_config *cfg)
+{
+    kv_cache_config_init(cfg);
+    cfg->layout.num_layers = 2;
+    cfg->layout.num_blocks = NB;
+    cfg->layout.block_tokens = NT;
+    cfg->layout.num_heads = 2;
+    cfg->layout.head_dim = 8;
+    cfg->layout.dtype = KV_F32;
+    cfg->mem_kind = KV_MEM_HOST;
+    cfg->max_seqs = 8;
+    cfg->max_blocks_per_seq = 8;
+    cfg->page_ratio = 2;
+    cfg->enable_prefix_caching = true;
+    cfg->zero_fill = true;
+    cfg->head_offset = 2;
+}
+
+static kv_cache *mk_cache(void)
+{
+    struct kv_cache_config cfg;
+    cache_cfg(&cfg);
+    kv_cache *c = NULL;
+    assert_int_equal(kv_cache_create(&cfg, &c), KV_OK);
+    return c;
+}
+
+static int32_t g_tokens[64];
+
+static void tokens_init(void)
+{
+    for (int i = 0; i < 64; i++)
+        g_tokens[i] = 1000 + 7 * i;
+}
+
+/* ---- create ------------------------------------------------------------------------ */
+
+struct create_ctx {
+    void *out;
+};
+
+static kv_status call_arena(void *p)
+{
+    struct create_ctx *x = p;
+    struct kv_arena_config cfg = KV_ARENA_CONFIG_INIT(1u << 16);
+    cfg.flags = KV_ARENA_ZERO;
+    return kv_arena_create(&cfg, (kv_arena **)&x->out);
+}
+static void ok_arena(void *p)
+{
+    struct create_ctx *x = p;
+    assert_true(kv_arena_size(x->out) >= (1u << 16));
+    kv_arena_destroy(x->out);
+    x->out = SENTINEL;
+}
+static void failed_out(void *p)
+{
+    struct create_ctx *x = p;
+    assert_ptr_equal(x->out, SENTINEL); /* set only on success */
+}
+
+static kv_status call_pool(void *p)
+{
+    struct create_ctx *x = p;
+    struct kv_block_pool_config cfg = KV_BLOCK_POOL_CONFIG_INIT;
+    cfg.num_blocks = 64;
+    return kv_block_pool_create(&cfg, (kv_block_pool **)&x->out);
+}
+static void ok_pool(void *p)
+{
+    struct create_ctx *x = p;
+    struct kv_block_pool_stats st;
+    kv_block_pool_stats_get(x->out, &st);
+    assert_int_equal(st.capacity, 63);
+    assert_int_equal(st.free_blocks, 63);
+    kv_block_pool_destroy(x->out);
+    x->out = SENTINEL;
+}
+
+static kv_block_pool *g_pt_pool;
+
+static kv_status call_pt(void *p)
+{
+    struct create_ctx *x = p;
+    struct kv_page_table_config cfg = KV_PAGE_TABLE_CONFIG_INIT;
+    cfg.block_tokens = NT;
+    cfg.page_ratio = 2;
+    cfg.max_seqs = 8;
+    cfg.max_blocks_per_seq = 8;
+    cfg.enable_prefix_caching = true;
+    cfg.extra_key = 5;
+    assert_int_equal(kv_block_pool_ops(g_pt_pool, &cfg.ops), KV_OK);
+    return kv_page_table_create(&cfg, (kv_page_table **)&x->out);
+}
+static void ok_pt(void *p)
+{
+    struct create_ctx *x = p;
+    uint32_t s;
+    assert_int_equal(kv_page_table_seq_create(x->out, &s), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(x->out, s, g_tokens, 5), KV_OK);
+    kv_page_table_destroy(x->out);
+    x->out = SENTINEL;
+}
+
+static kv_status call_cache(void *p)
+{
+    struct create_ctx *x = p;
+    struct kv_cache_config cfg;
+    cache_cfg(&cfg);
+    return kv_cache_create(&cfg, (kv_cache **)&x->out);
+}
+static void ok_cache(void *p)
+{
+    struct create_ctx *x = p;
+    uint32_t s;
+    kv_page_table *pt = kv_cache_page_table(x->out);
+    assert_int_equal(kv_page_table_seq_create(pt, &s), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, s, g_tokens, 9), KV_OK);
+    kv_cache_destroy(x->out);
+    x->out = SENTINEL;
+}
+
+static void test_create(void **state)
+{
+    (void)state;
+    tokens_init();
+    struct create_ctx x = {SENTINEL};
+    struct oom_case c = {"kv_arena_create", &x, call_arena, NULL, ok_arena, failed_out, KV_OK};
+    oom_run(&c);
+    c = (struct oom_case){"kv_block_pool_create", &x, call_pool, NULL, ok_pool, failed_out, KV_OK};
+    oom_run(&c);
+    struct kv_block_pool_config pcfg = KV_BLOCK_POOL_CONFIG_INIT;
+    pcfg.num_blocks = 64;
+    assert_int_equal(kv_block_pool_create(&pcfg, &g_pt_pool), KV_OK);
+    c = (struct oom_case){"kv_page_table_create", &x, call_pt, NULL, ok_pt, NULL, KV_OK};
+    oom_run(&c);
+    kv_block_pool_destroy(g_pt_pool);
+    c = (struct oom_case){"kv_cache_create", &x, call_cache, NULL, ok_cache, failed_out, KV_OK};
+    oom_run(&c);
+}
+
+/* ---- page table -------------------------------------------------------------------- */
+
+struct pt_ctx {
+    kv_cache *c;
+    kv_page_table *pt;
+    kv_block_pool *pool;
+    uint32_t seqs[8]; /* the live sequences the snapshot walks */
+    uint32_t n_seqs;
+    uint32_t seq, seq2; /* the scenario's subjects */
+    uint32_t out_seq;
+    uint64_t cached;
+    struct kv_block_copy copies[8];
+    uint32_t n_copies;
+};
+
+static void pt_snap(void *p, struct snap *s)
+{
+    struct pt_ctx *x = p;
+    struct kv_block_pool_stats ps;
+    kv_block_pool_stats_get(x->pool, &ps);
+    snap_put(s, ps.capacity);
+    snap_put(s, ps.free_blocks);
+    snap_put(s, ps.used_blocks);
+    snap_put(s, ps.cached_blocks);
+    snap_put(s, ps.hashed_blocks);
+    snap_put(s, ps.hits);
+    snap_put(s, ps.misses);
+    snap_put(s, ps.evictions);
+    snap_put(s, ps.stored);
+    for (uint32_t b = 1; b < NB; b++)
+        snap_put(s, kv_block_pool_ref_count(x->pool, b));
+    struct kv_page_table_stats ts;
+    kv_page_table_stats_get(x->pt, &ts);
+    snap_put(s, ts.live_seqs);
+    snap_put(s, ts.held_blocks);
+    snap_put(s, ts.cow_copies);
+    snap_put(s, ts.copies_held);
+    snap_put(s, ts.reused_blocks);
+    snap_put(s, kv_page_table_pending_copies(x->pt));
+    for (uint32_t i = 0; i < x->n_seqs; i++) {
+        uint64_t len = 0;
+        const uint32_t *blocks = NULL;
+        uint32_t nb = 0;
+        assert_int_equal(kv_page_table_seq_len(x->pt, x->seqs[i], &len), KV_OK);
+        assert_int_equal(kv_page_table_seq_blocks(x->pt, x->seqs[i], &blocks, &nb), KV_OK);
+        snap_put(s, len);
+        snap_put(s, nb);
+        for (uint32_t j = 0; j < nb; j++)
+            snap_put(s, blocks[j]);
+    }
+}
+
+static void pt_setup(struct pt_ctx *x)
+{
+    memset(x, 0, sizeof(*x));
+    x->c = mk_cache();
+    x->pt = kv_cache_page_table(x->c);
+    x->pool = kv_cache_pool(x->c);
+    x->out_seq = 0xdeadbeefu;
+    x->cached = 0xdeadbeefull;
+}
+
+static uint32_t pt_new_seq(struct pt_ctx *x, uint64_t n)
+{
+    uint32_t s;
+    assert_int_equal(kv_page_table_seq_create(x->pt, &s), KV_OK);
+    if (n)
+        assert_int_equal(kv_page_table_seq_append(x->pt, s, g_tokens, n), KV_OK);
+    x->seqs[x->n_seqs++] = s;
+    return s;
+}
+
+static uint64_t seq_len(struct pt_ctx *x, uint32_t s)
+{
+    uint64_t n = 0;
+    assert_int_equal(kv_page_table_seq_len(x->pt, s, &n), KV_OK);
+    return n;
+}
+
+static void failed_seq_out(void *p)
+{
+    struct pt_ctx *x = p;
+    assert_int_equal(x->out_seq, 0xdeadbeefu);
+}
+
+static kv_status call_seq_create(void *p)
+{
+    struct pt_ctx *x = p;
+    return kv_page_table_seq_create(x->pt, &x->out_seq);
+}
+static void ok_seq_create(void *p)
+{
+    struct pt_ctx *x = p;
+    assert_int_equal(seq_len(x, x->out_seq), 0);
+    assert_int_equal(kv_page_table_seq_free(x->pt, x->out_seq), KV_OK);
+    x->out_seq = 0xdeadbeefu;
+}
+
+static kv_status call_append(void *p)
+{
+    struct pt_ctx *x = p;
+    return kv_page_table_seq_append(x->pt, x->seq, g_tokens + 3, 6); /* 3 -> 9: two boundaries */
+}
+static void ok_append(void *p)
+{
+    struct pt_ctx *x = p;
+    assert_int_equal(seq_len(x, x->seq), 9);
+    assert_int_equal(kv_page_table_seq_truncate(x->pt, x->seq, 3), KV_OK);
+}
+
+static kv_status call_append_grow(void *p)
+{
+    struct pt_ctx *x = p;
+    return kv_page_table_seq_append(x->pt, x->seq, g_tokens + 15, 6); /* 4 -> 6 blocks */
+}
+static void ok_append_grow(void *p)
+{
+    struct pt_ctx *x = p;
+    assert_int_equal(seq_len(x, x->seq), 21);
+    assert_int_equal(kv_page_table_seq_truncate(x->pt, x->seq, 15), KV_OK);
+}
+
+static kv_status call_from_prefix(void *p)
+{
+    struct pt_ctx *x = p;
+    return kv_page_table_seq_create_from_prefix(x->pt, g_tokens, 25, &x->out_seq, &x->cached);
+}
+static void ok_from_prefix(void *p)
+{
+    struct pt_ctx *x = p;
+    assert_int_equal(x->cached, 24);
+    assert_int_equal(seq_len(x, x->out_seq), 24);
+    assert_int_equal(kv_page_table_seq_free(x->pt, x->out_seq), KV_OK);
+    x->out_seq = 0xdeadbeefu;
+    x->cached = 0xdeadbeefull;
+}
+
+static kv_status call_reuse(void *p)
+{
+    struct pt_ctx *x = p;
+    return kv_page_table_seq_reuse_prefix(x->pt, x->seq, g_tokens, 25, &x->cached);
+}
+static void ok_reuse(void *p)
+{
+    struct pt_ctx *x = p;
+    assert_int_equal(x->cached, 24);
+    assert_int_equal(seq_len(x, x->seq), 24);
+    assert_int_equal(kv_page_table_seq_truncate(x->pt, x->seq, 0), KV_OK);
+    x->cached = 0xdeadbeefull;
+}
+
+static kv_status call_fork(void *p)
+{
+    struct pt_ctx *x = p;
+    return kv_page_table_seq_fork(x->pt, x->seq, &x->out_seq);
+}
+static void ok_fork(void *p)
+{
+    struct pt_ctx *x = p;
+    assert_int_equal(seq_len(x, x->out_seq), 6);
+    assert_int_equal(kv_page_table_seq_free(x->pt, x->out_seq), KV_OK);
+    x->out_seq = 0xdeadbeefu;
+}
+
+static kv_status call_truncate(void *p)
+{
+    struct pt_ctx *x = p;
+    return kv_page_table_seq_truncate(x->pt, x->seq, 3);
+}
+static void ok_truncate(void *p)
+{
+    struct pt_ctx *x = p;
+    assert_int_equal(seq_len(x, x->seq), 3);
+    assert_int_equal(kv_page_table_seq_append(x->pt, x->seq, g_tokens + 3, 7), KV_OK);
+}
+
+static kv_status call_cow(void *p)
+{
+    struct pt_ctx *x = p;
+    return kv_page_table_seq_append(x->pt, x->seq2, g_tokens + 6, 1);
+}
+static void ok_cow(void *p)
+{
+    struct pt_ctx *x = p;
+    assert_int_equal(seq_len(x, x->seq2), 7);
+    assert_int_equal(kv_page_table_pending_copies(x->pt), 1);
+    /* undo: nothing to restore exactly; the loop stops on the first success
+     * that failed nothing, else re-snapshots */
+}
+
+static kv_status call_take(void *p)
+{
+    struct pt_ctx *x = p;
+    return kv_page_table_take_copies(x->pt, x->copies, 8, &x->n_copies);
+}
+static void ok_take(void *p)
+{
+    struct pt_ctx *x = p;
+    assert_int_equal(x->n_copies, 1);
+    assert_int_equal(kv_page_table_copies_done(x->pt), KV_OK);
+}
+
+static kv_status call_vllm(void *p)
+{
+    struct pt_ctx *x = p;
+    int32_t bt[8 * 8];
+    int64_t sm[32], sl[8];
+    struct kv_vllm_export_sizes sz;
+    struct kv_token_range r[2] = {{0, 6}, {0, 3}};
+    uint32_t seqs[2] = {x->seq, x->seq2};
+    struct kv_vllm_export e = {.block_table = bt,
+                               .block_table_len = 64,
+                               .block_table_cols = 8,
+                               .slot_mapping = sm,
+                               .slot_mapping_len = 32,
+                               .seq_lens = sl,
+                               .seq_lens_len = 8,
+                               .sizes = &sz};
+    return kv_page_table_export_vllm(x->pt, seqs, 2, r, &e);
+}
+static kv_status call_flashinfer(void *p)
+{
+    struct pt_ctx *x = p;
+    int32_t ip[3], ix[32], lp[2];
+    uint64_t nnz;
+    uint32_t seqs[2] = {x->seq, x->seq2};
+    struct kv_flashinfer_export e = {ip, 3, ix, 32, lp, 2};
+    return kv_page_table_export_flashinfer(x->pt, seqs, 2, &e, &nnz);
+}
+static void ok_nothing(void *p)
+{
+    (void)p;
+}
+
+static void test_page_table(void **state)
+{
+    (void)state;
+    tokens_init();
+    struct pt_ctx x;
+    struct oom_case c;
+
+    pt_setup(&x);
+    pt_new_seq(&x, 5);
+    c = (struct oom_case){"seq_create",   &x,   call_seq_create, pt_snap, ok_seq_create,
+                          failed_seq_out, KV_OK};
+    oom_run(&c);
+    kv_cache_destroy(x.c);
+
+    pt_setup(&x);
+    x.seq = pt_new_seq(&x, 3);
+    pt_new_seq(&x, 6);
+    c = (struct oom_case){"seq_append", &x, call_append, pt_snap, ok_append, NULL, KV_OK};
+    oom_run(&c);
+    kv_cache_destroy(x.c);
+
+    /* past a sequence's first arrays (4 blocks) */
+    pt_setup(&x);
+    x.seq = pt_new_seq(&x, 15);
+    pt_new_seq(&x, 6);
+    c = (struct oom_case){
+        "seq_append (grow)", &x, call_append_grow, pt_snap, ok_append_grow, NULL, KV_OK};
+    oom_run(&c);
+    kv_cache_destroy(x.c);
+
+    /* cached blocks: a sequence of 25 tokens (6 full blocks) freed; its id
+     * (and arrays) go to the next sequence made, so the scenarios get
+     * fresh ones */
+    pt_setup(&x);
+    {
+        uint32_t s = pt_new_seq(&x, 25);
+        assert_int_equal(kv_page_table_seq_free(x.pt, s), KV_OK);
+        x.n_seqs = 0;
+    }
+    pt_new_seq(&x, 2);
+    x.seq = pt_new_seq(&x, 0);
+    c = (struct oom_case){"seq_create_from_prefix", &x,   call_from_prefix, pt_snap, ok_from_prefix,
+                          failed_seq_out,           KV_OK};
+    oom_run(&c);
+    c = (struct oom_case){"seq_reuse_prefix", &x, call_reuse, pt_snap, ok_reuse, NULL, KV_OK};
+    oom_run(&c);
+    kv_cache_destroy(x.c);
+
+    pt_setup(&x);
+    x.seq = pt_new_seq(&x, 6);
+    c = (struct oom_case){"seq_fork", &x, call_fork, pt_snap, ok_fork, failed_seq_out, KV_OK};
+    oom_run(&c);
+    c = (struct oom_case){"seq_truncate", &x, call_truncate, pt_snap, ok_truncate, NULL, KV_OK};
+    oom_run(&c);
+    kv_cache_destroy(x.c);
+
+    /* copy-on-write: the child shares a partly filled block */
+    pt_setup(&x);
+    x.seq = pt_new_seq(&x, 6);
+    assert_int_equal(kv_page_table_seq_fork(x.pt, x.seq, &x.seq2), KV_OK);
+    x.seqs[x.n_seqs++] = x.seq2;
+    c = (struct oom_case){"seq_append (copy-on-write)", &x, call_cow, pt_snap, ok_cow, NULL, KV_OK};
+    oom_run(&c);
+    c = (struct oom_case){"take_copies", &x, call_take, pt_snap, ok_take, NULL, KV_OK};
+    oom_run(&c);
+    assert_int_equal(kv_page_table_seq_truncate(x.pt, x.seq2, 3), KV_OK);
+    c = (struct oom_case){"export_vllm", &x, call_vllm, pt_snap, ok_nothing, NULL, KV_OK};
+    oom_run(&c);
+    c = (struct oom_case){
+        "export_flashinfer", &x, call_flashinfer, pt_snap, ok_nothing, NULL, KV_OK};
+    oom_run(&c);
+    kv_cache_destroy(x.c);
+}
+
+/* ---- DLPack ------------------------------------------------------------------------ */
+
+struct dl_ctx {
+    kv_cache *c;
+    struct kv_view v;
+    DLManagedTensor *t;
+};
+
+static kv_status call_dlpack(void *p)
+{
+    struct dl_ctx *x = p;
+    return kv_cache_to_dlpack(x->c, &x->v, &x->t);
+}
+static void ok_dlpack(void *p)
+{
+    struct dl_ctx *x = p;
+    assert_non_null(x->t);
+    assert_ptr_not_equal(x->t, SENTINEL);
+    assert_int_equal(x->t->dl_tensor.ndim, x->v.ndim);
+    x->t->deleter(x->t);
+    x->t = SENTINEL;
+}
+static void failed_dlpack(void *p)
+{
+    struct dl_ctx *x = p;
+    assert_ptr_equal(x->t, SENTINEL);
+}
+
+static void test_dlpack(void **state)
+{
+    (void)state;
+    struct dl_ctx x = {mk_cache(), {0}, SENTINEL};
+    assert_int_equal(kv_cache_kv_view(x.c, 1, 1, &x.v), KV_OK);
+    struct oom_case c = {"kv_cache_to_dlpack", &x,   call_dlpack, NULL, ok_dlpack,
+                         failed_dlpack,        KV_OK};
+    oom_run(&c);
+    /* the last reference: a reference leaked by a failed export would leave
+     * the cache to the leak checker */
+    kv_cache_destroy(x.c);
+}
+
+/* ---- plans, pack, unpack ----------------------------------------------------------- */
+
+static void mk_layout(struct kv_layout *lo, int64_t N, kv_order order, kv_arrange arr, bool packed,
+                      int64_t pad)
+{
+    struct kv_layout_config cfg;
+    kv_layout_config_init(&cfg);
+    cfg.num_layers = 2;
+    cfg.num_blocks = 9;
+    cfg.block_tokens = N;
+    cfg.num_heads = 2;
+    cfg.head_dim = 8;
+    cfg.dtype = KV_F16;
+    cfg.order = order;
+    cfg.arrange = arr;
+    cfg.kv_packed = packed;
+    cfg.block_pad_elems = pad;
+    assert_int_equal(kv_layout_init(&cfg, lo), KV_OK);
+}
+
+struct plan_ctx {
+    struct kv_layout src, dst;
+    kv_plan *plan;
+    struct kv_paged_cache ps, pd;
+    unsigned char *ms, *md, *buf;
+    size_t buf_cap, out_bytes;
+    uint32_t n_dst; /* ceil(11 / dst N) */
+};
+
+static kv_status call_plan_create(void *p)
+{
+    struct plan_ctx *x = p;
+    struct kv_plan_config cfg = KV_PLAN_CONFIG_INIT;
+    return kv_plan_create(&x->src, &x->dst, &cfg, &x->plan);
+}
+static void ok_plan_create(void *p)
+{
+    struct plan_ctx *x = p;
+    struct kv_plan_stats st;
+    assert_int_equal(kv_plan_stats_get(x->plan, &st), KV_OK);
+    assert_true(st.window_bytes > 0);
+    kv_plan_destroy(x->plan);
+    x->plan = SENTINEL;
+}
+static void failed_plan(void *p)
+{
+    struct plan_ctx *x = p;
+    /* kv_plan_create clears *out on any error (kv_plan.h) */
+    assert_null(x->plan);
+    x->plan = SENTINEL;
+}
+
+static void plan_snap(void *p, struct snap *s)
+{
+    struct plan_ctx *x = p;
+    snap_bytes(s, x->md, x->dst.total_bytes);
+    if (x->buf)
+        snap_bytes(s, x->buf, x->buf_cap);
+    snap_bytes(s, x->ms, x->src.total_bytes);
+}
+
+static const uint32_t g_src_blocks[3] = {3, 1, 7};
+static const uint32_t g_dst_blocks[6] = {8, 2, 5, 4, 6, 1};
+
+static kv_status call_plan_copy(void *p)
+{
+    struct plan_ctx *x = p;
+    return kv_plan_copy(x->plan, x->ps, g_src_blocks, 3, x->pd, g_dst_blocks, x->n_dst, 11);
+}
+static void ok_copy(void *p)
+{
+    struct plan_ctx *x = p;
+    /* restore the destination for the next run */
+    memset(x->md, 0xA5, (size_t)x->dst.total_bytes);
+}
+
+static kv_status call_pack(void *p)
+{
+    struct plan_ctx *x = p;
+    return kv_pack(NULL, x->ps, g_src_blocks, 3, 11, x->buf, x->buf_cap, &x->out_bytes, NULL);
+}
+static void ok_pack(void *p)
+{
+    struct plan_ctx *x = p;
+    assert_true(x->out_bytes > 0 && x->out_bytes <= x->buf_cap);
+    memset(x->buf, 0x5A, x->buf_cap);
+}
+
+static kv_status call_unpack(void *p)
+{
+    struct plan_ctx *x = p;
+    return kv_unpack(NULL, x->buf, x->out_bytes, x->pd, g_dst_blocks, x->n_dst, NULL);
+}
+
+static void plan_mem(struct plan_ctx *x)
+{
+    x->ms = malloc(x->src.total_bytes);
+    x->md = malloc(x->dst.total_bytes);
+    assert_non_null(x->ms);
+    assert_non_null(x->md);
+    for (size_t i = 0; i < (size_t)x->src.total_bytes; i++)
+        x->ms[i] = (unsigned char)(i * 131u + 7u);
+    memset(x->md, 0xA5, (size_t)x->dst.total_bytes);
+    x->ps = (struct kv_paged_cache){x->src, x->ms, x->src.total_bytes, KV_MEM_HOST};
+    x->pd = (struct kv_paged_cache){x->dst, x->md, x->dst.total_bytes, KV_MEM_HOST};
+}
+
+static void test_plan(void **state)
+{
+    (void)state;
+    static const struct {
+        int64_t ns, nd;
+        kv_order os, od;
+        kv_arrange as, ad;
+        bool pks, pkd;
+        int64_t pads, padd;
+    } pairs[] = {
+        {4, 4, KV_ORDER_NHD, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, KV_ARRANGE_LAYER_MAJOR, 0, 0, 0,
+         0},
+        {4, 2, KV_ORDER_NHD, KV_ORDER_HND, KV_ARRANGE_LAYER_MAJOR, KV_ARRANGE_BLOCK_MAJOR, 0, 0, 0,
+         8},
+        {4, 2, KV_ORDER_HND, KV_ORDER_NHD, KV_ARRANGE_BLOCK_MAJOR, KV_ARRANGE_LAYER_MAJOR, 1, 0, 16,
+         0},
+    };
+    struct oom_case c;
+    for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
+        struct plan_ctx x;
+        memset(&x, 0, sizeof(x));
+        x.plan = SENTINEL;
+        mk_layout(&x.src, pairs[i].ns, pairs[i].os, pairs[i].as, pairs[i].pks, pairs[i].pads);
+        mk_layout(&x.dst, pairs[i].nd, pairs[i].od, pairs[i].ad, pairs[i].pkd, pairs[i].padd);
+        c = (struct oom_case){"kv_plan_create", &x,   call_plan_create, NULL, ok_plan_create,
+                              failed_plan,      KV_OK};
+        oom_run(&c);
+
+        plan_mem(&x);
+        x.n_dst = (uint32_t)((11 + pairs[i].nd - 1) / pairs[i].nd);
+        struct kv_plan_config pcfg = KV_PLAN_CONFIG_INIT;
+        assert_int_equal(kv_plan_create(&x.src, &x.dst, &pcfg, &x.plan), KV_OK);
+        c = (struct oom_case){"kv_plan_copy", &x, call_plan_copy, plan_snap, ok_copy, NULL, KV_OK};
+        oom_run(&c);
+        kv_plan_destroy(x.plan);
+
+        uint64_t need = 0;
+        assert_int_equal(kv_pack_size(&x.src, NULL, 11, &need), KV_OK);
+        x.buf_cap = (size_t)need;
+        x.buf = malloc(x.buf_cap);
+        assert_non_null(x.buf);
+        memset(x.buf, 0x5A, x.buf_cap);
+        x.out_bytes = 0xdead;
+        c = (struct oom_case){"kv_pack", &x, call_pack, plan_snap, ok_pack, NULL, KV_OK};
+        oom_run(&c);
+        assert_int_equal(
+            kv_pack(NULL, x.ps, g_src_blocks, 3, 11, x.buf, x.buf_cap, &x.out_bytes, NULL), KV_OK);
+        c = (struct oom_case){"kv_unpack", &x, call_unpack, plan_snap, ok_copy, NULL, KV_OK};
+        oom_run(&c);
+        free(x.buf);
+        free(x.ms);
+        free(x.md);
+    }
+}
+
+/* ---- offload ----------------------------------------------------------------------- */
+
+struct off_ctx {
+    kv_offload *off;
+    kv_cache *c;
+    kv_page_table *pt;
+    uint32_t seq;
+    uint32_t ids[2];
+    uint64_t hashes[2];
+    kv_offload_op *op;
+    void *staging;
+};
+
+static void off_cfg(struct kv_offload_config *cfg)
+{
+    *cfg = (struct kv_offload_config)KV_OFFLOAD_CONFIG_INIT;
+    cfg->capacity_bytes = 1u << 20;
+    cfg->staging_bytes = 1u << 16;
+    cfg->mem = KV_OFFLOAD_MEM_HOST;
+    cfg->threads = 1;
+}
+
+static kv_status call_off_create(void *p)
+{
+    struct off_ctx *x = p;
+    struct kv_offload_config cfg;
+    off_cfg(&cfg);
+    return kv_offload_create(&cfg, &x->off);
+}
+static void ok_off_create(void *p)
+{
+    struct off_ctx *x = p;
+    assert_int_equal(kv_offload_mem_kind(x->off), KV_MEM_HOST);
+    kv_offload_destroy(x->off);
+    x->off = SENTINEL;
+}
+static void failed_off_create(void *p)
+{
+    struct off_ctx *x = p;
+    assert_ptr_equal(x->off, SENTINEL);
+}
+
+static void off_snap(void *p, struct snap *s)
+{
+    struct off_ctx *x = p;
+    struct kv_offload_stats st;
+    assert_int_equal(kv_offload_stats_get(x->off, &st), KV_OK);
+    snap_put(s, st.entries);
+    snap_put(s, st.bytes);
+    snap_put(s, st.staging_bytes);
+    snap_put(s, st.stores);
+    snap_put(s, st.loads);
+    snap_put(s, st.hits);
+    snap_put(s, st.misses);
+    snap_put(s, st.failed_ops);
+    snap_put(s, st.cancelled_ops);
+    kv_block_pool *pool = kv_cache_pool(x->c);
+    struct kv_block_pool_stats ps;
+    kv_block_pool_stats_get(pool, &ps);
+    snap_put(s, ps.free_blocks);
+    snap_put(s, ps.used_blocks);
+    snap_put(s, ps.cached_blocks);
+    snap_put(s, ps.hashed_blocks);
+    for (uint32_t b = 1; b < NB; b++)
+        snap_put(s, kv_block_pool_ref_count(pool, b));
+}
+static void failed_op(void *p)
+{
+    struct off_ctx *x = p;
+    assert_ptr_equal(x->op, SENTINEL);
+}
+
+static void op_finish(struct off_ctx *x, bool load)
+{
+    kv_offload_state st;
+    assert_int_equal(kv_offload_wait(x->op, 20000, &st), KV_OK);
+    assert_int_equal(st, KV_OFFLOAD_DONE);
+    const struct kv_offload_result *res;
+    uint32_t n;
+    assert_int_equal(kv_offload_results(x->op, &res, &n), KV_OK);
+    assert_int_equal(n, 2);
+    for (uint32_t i = 0; i < n; i++) {
+        assert_int_equal(res[i].status, KV_OK);
+        if (load)
+            assert_int_equal(kv_block_pool_release(kv_cache_pool(x->c), &res[i].block, 1), KV_OK);
+    }
+    assert_int_equal(kv_offload_op_free(x->op), KV_OK);
+    x->op = SENTINEL;
+}
+
+static kv_status call_store(void *p)
+{
+    struct off_ctx *x = p;
+    return kv_offload_store(x->off, x->c, x->ids, 2, &x->op);
+}
+static void ok_store(void *p)
+{
+    op_finish(p, false);
+}
+static kv_status call_load(void *p)
+{
+    struct off_ctx *x = p;
+    return kv_offload_load(x->off, x->c, x->hashes, 2, &x->op);
+}
+static void ok_load(void *p)
+{
+    op_finish(p, true);
+}
+
+static kv_status call_staging(void *p)
+{
+    struct off_ctx *x = p;
+    return kv_offload_staging_alloc(x->off, 10000, &x->staging);
+}
+static void ok_staging(void *p)
+{
+    struct off_ctx *x = p;
+    memset(x->staging, 1, 10000);
+    assert_int_equal(kv_offload_staging_free(x->off, x->staging), KV_OK);
+    x->staging = SENTINEL;
+}
+static void failed_staging(void *p)
+{
+    struct off_ctx *x = p;
+    assert_ptr_equal(x->staging, SENTINEL);
+}
+
+static void test_offload(void **state)
+{
+    (void)state;
+    tokens_init();
+    struct off_ctx x;
+    memset(&x, 0, sizeof(x));
+    x.off = SENTINEL;
+    struct oom_case c = {
+        "kv_offload_create", &x, call_off_create, NULL, ok_off_create, failed_off_create,
+        KV_ERR_INTERNAL};
+    oom_run(&c);
+
+    struct kv_offload_config cfg;
+    off_cfg(&cfg);
+    assert_int_equal(kv_offload_create(&cfg, &x.off), KV_OK);
+    x.c = mk_cache();
+    x.pt = kv_cache_page_table(x.c);
+    assert_int_equal(kv_page_table_seq_create(x.pt, &x.seq), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(x.pt, x.seq, g_tokens, 9), KV_OK);
+    const uint32_t *blocks;
+    uint32_t nb;
+    assert_int_equal(kv_page_table_seq_blocks(x.pt, x.seq, &blocks, &nb), KV_OK);
+    assert_int_equal(nb, 3);
+    for (int i = 0; i < 2; i++) {
+        x.ids[i] = blocks[i];
+        assert_int_equal(kv_block_pool_block_hash(kv_cache_pool(x.c), x.ids[i], &x.hashes[i]),
+                         KV_OK);
+    }
+    x.op = SENTINEL;
+    c = (struct oom_case){"kv_offload_store", &x, call_store, off_snap, ok_store, failed_op, KV_OK};
+    oom_run(&c);
+    c = (struct oom_case){"kv_offload_load", &x, call_load, off_snap, ok_load, failed_op, KV_OK};
+    oom_run(&c);
+    x.staging = SENTINEL;
+    c = (struct oom_case){
+        "kv_offload_staging_alloc", &x, call_staging, off_snap, ok_staging, failed_staging, KV_OK};
+    oom_run(&c);
+    kv_offload_destroy(x.off);
+    kv_cache_destroy(x.c);
+}
+
+/* ---- attention (CPU) --------------------------------------------------------------- */
+
+struct attn_ctx {
+    kv_cache *c;
+    struct kv_paged_cache pc;
+    struct kv_pages pages;
+    int32_t indptr[3], indices[16], last[2];
+    int32_t qo[3];
+    float qbuf[8 * 4 * 8], obuf[8 * 4 * 8];
+    struct kv_view q, out;
+};
+
+static void attn_snap(void *p, struct snap *s)
+{
+    struct attn_ctx *x = p;
+    snap_bytes(s, x->obuf, sizeof(x->obuf));
+    snap_bytes(s, x->pc.base, x->pc.storage_bytes);
+}
+
+static kv_status call_decode(void *p)
+{
+    struct attn_ctx *x = p;
+    return kv_attn_decode(x->pc, 1, &x->q, &x->pages, 0.3f, NULL, &x->out);
+}
+static kv_status call_prefill(void *p)
+{
+    struct attn_ctx *x = p;
+    struct kv_attn_opts o = KV_ATTN_OPTS_INIT;
+    o.window_left = 4;
+    return kv_attn_prefill(x->pc, 1, &x->q, x->qo, &x->pages, 0.3f, NULL, &x->out, &o);
+}
+static void ok_attn(void *p)
+{
+    struct attn_ctx *x = p;
+    bool written = false;
+    for (size_t i = 0; i < sizeof(x->obuf) / sizeof(x->obuf[0]); i++)
+        written |= x->obuf[i] != -7.0f;
+    assert_true(written);
+    for (size_t i = 0; i < sizeof(x->obuf) / sizeof(x->obuf[0]); i++)
+        x->obuf[i] = -7.0f;
+}
+
+static void test_attn(void **state)
+{
+    (void)state;
+    tokens_init();
+    struct attn_ctx x;
+    memset(&x, 0, sizeof(x));
+    x.c = mk_cache();
+    kv_page_table *pt = kv_cache_page_table(x.c);
+    uint32_t seqs[2];
+    assert_int_equal(kv_page_table_seq_create(pt, &seqs[0]), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, seqs[0], g_tokens, 9), KV_OK);
+    assert_int_equal(kv_page_table_seq_create(pt, &seqs[1]), KV_OK);
+    assert_int_equal(kv_page_table_seq_append(pt, seqs[1], g_tokens + 20, 6), KV_OK);
+    assert_int_equal(kv_cache_paged(x.c, &x.pc), KV_OK);
+    float *kvmem = x.pc.base;
+    for (size_t i = 0; i < x.pc.storage_bytes / sizeof(float); i++)
+        kvmem[i] = (float)((i * 37u) % 101u) / 101.0f - 0.5f;
+    struct kv_flashinfer_export e = {x.indptr, 3, x.indices, 16, x.last, 2};
+    assert_int_equal(kv_page_table_export_flashinfer(pt, seqs, 2, &e, NULL), KV_OK);
+    x.pages = (struct kv_pages){.format = KV_PAGES_CSR,
+                                .n_seqs = 2,
+                                .page_ratio = 2,
+                                .indptr = x.indptr,
+                                .indices = x.indices,
+                                .last_page_len = x.last};
+    for (size_t i = 0; i < sizeof(x.qbuf) / sizeof(x.qbuf[0]); i++) {
+        x.qbuf[i] = (float)((i * 13u) % 17u) / 17.0f - 0.5f;
+        x.obuf[i] = -7.0f;
+    }
+    const int64_t dshape[3] = {2, 4, 8};
+    assert_int_equal(kv_view_init(x.qbuf, sizeof(x.qbuf), KV_F32, 3, dshape, &x.q), KV_OK);
+    assert_int_equal(kv_view_init(x.obuf, sizeof(x.obuf), KV_F32, 3, dshape, &x.out), KV_OK);
+    struct oom_case c = {"kv_attn_decode", &x, call_decode, attn_snap, ok_attn, NULL, KV_OK};
+    oom_run(&c);
+
+    const int64_t pshape[3] = {5, 4, 8}; /* 3 queries of seq 0, 2 of seq 1 */
+    x.qo[0] = 0;
+    x.qo[1] = 3;
+    x.qo[2] = 5;
+    assert_int_equal(kv_view_init(x.qbuf, sizeof(x.qbuf), KV_F32, 3, pshape, &x.q), KV_OK);
+    assert_int_equal(kv_view_init(x.obuf, sizeof(x.obuf), KV_F32, 3, pshape, &x.out), KV_OK);
+    c = (struct oom_case){"kv_attn_prefill", &x, call_prefill, attn_snap, ok_attn, NULL, KV_OK};
+    oom_run(&c);
+    kv_cache_destroy(x.c);
+}
+
+/* ---- TCP transport (the caller's thread only) --------------------------------------- */
+
+struct xp_ctx {
+    struct kvt_pair pair;
+    struct kv_xport_config cfg;
+    kv_xport *x;
+    unsigned char mem[8192];
+    kv_xport_mem *m;
+    unsigned char blob[KV_XPORT_BLOB_MAX];
+    size_t len;
+    kv_xport_rmem *r;
+};
+
+static kv_status call_xp_create(void *p)
+{
+    struct xp_ctx *x = p;
+    return kv_xport_create(&x->cfg, &x->x);
+}
+static void ok_xp_create(void *p)
+{
+    struct xp_ctx *x = p;
+    assert_true(kv_xport_port(x->x) != 0);
+    assert_int_equal(kv_xport_destroy(x->x), KV_OK);
+}
+
+static kv_status call_xp_reg(void *p)
+{
+    struct xp_ctx *x = p;
+    return kv_xport_mem_reg(x->pair.b, x->mem, sizeof(x->mem), KV_MEM_HOST, &x->m);
+}
+static void ok_xp_reg(void *p)
+{
+    struct xp_ctx *x = p;
+    assert_int_equal(kv_xport_mem_bytes(x->m), sizeof(x->mem));
+    assert_int_equal(kv_xport_mem_dereg(x->m), KV_OK);
+    x->m = NULL;
+}
+
+static kv_status call_xp_expose(void *p)
+{
+    struct xp_ctx *x = p;
+    return kv_xport_mem_expose(x->pair.pb, x->m, x->blob, sizeof(x->blob), &x->len);
+}
+static void ok_xp_expose(void *p)
+{
+    struct xp_ctx *x = p;
+    assert_true(x->len > 0 && x->len <= KV_XPORT_BLOB_MAX);
+    assert_int_equal(kv_xport_mem_unexpose(x->pair.pb, x->m), KV_OK);
+}
+
+static kv_status call_xp_import(void *p)
+{
+    struct xp_ctx *x = p;
+    return kv_xport_rmem_import(x->pair.pa, x->blob, x->len, &x->r);
+}
+static void ok_xp_import(void *p)
+{
+    struct xp_ctx *x = p;
+    assert_int_equal(kv_xport_rmem_bytes(x->r), sizeof(x->mem));
+    assert_int_equal(kv_xport_rmem_free(x->r), KV_OK);
+    x->r = NULL;
+}
+
+static void test_xport(void **state)
+{
+    (void)state;
+    static struct xp_ctx x;
+    memset(&x, 0, sizeof(x));
+    x.cfg = kvt_xport_cfg(KV_XPORT_TCP, true, 77, 1);
+    struct oom_case c = {"kv_xport_create", &x, call_xp_create, NULL, ok_xp_create, NULL, KV_OK};
+    oom_run(&c);
+
+    struct kv_xport_config ca = kvt_xport_cfg(KV_XPORT_TCP, false, 77, 1);
+    kvt_pair_open(&x.pair, &ca, &x.cfg);
+    c = (struct oom_case){"kv_xport_mem_reg", &x, call_xp_reg, NULL, ok_xp_reg, NULL, KV_OK};
+    oom_run(&c);
+    assert_int_equal(kv_xport_mem_reg(x.pair.b, x.mem, sizeof(x.mem), KV_MEM_HOST, &x.m), KV_OK);
+    c = (struct oom_case){"kv_xport_mem_expose", &x,   call_xp_expose, NULL,
+                          ok_xp_expose,          NULL, KV_OK};
+    oom_run(&c);
+    assert_int_equal(kv_xport_mem_expose(x.pair.pb, x.m, x.blob, sizeof(x.blob), &x.len), KV_OK);
+    c = (struct oom_case){"kv_xport_rmem_import", &x,   call_xp_import, NULL,
+                          ok_xp_import,           NULL, KV_OK};
+    oom_run(&c);
+    assert_int_equal(kv_xport_mem_unexpose(x.pair.pb, x.m), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(x.m), KV_OK);
+    /* refused (KV_ERR_BAD_STATE) if a failed call left a region or a peer held */
+    kvt_pair_close(&x.pair);
+}
+
+/* ---- the hook itself ---------------------------------------------------------------- */
+
+static void test_hook(void **state)
+{
+    (void)state;
+    const uint64_t f0 = kv__mem_failed();
+    kv__mem_fail_after(2);
+    void *a = kv__mem_alloc(8), *b = kv__mem_calloc(2, 8), *c = kv__mem_alloc(8);
+    size_t cap = 0;
+    void *d = kv__mem_grow(NULL, &cap, 0, 4, 8, 4);
+    kv__mem_fail_after(-1);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_null(c);
+    assert_null(d);
+    assert_int_equal(cap, 0);
+    assert_int_equal(kv__mem_failed() - f0, 2);
+    void *e = kv__mem_alloc_aligned(64, 8);
+    assert_non_null(e);
+    kv__mem_free(a);
+    kv__mem_free(b);
+    kv__mem_free(e);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hook),       cmocka_unit_test(test_create),
+        cmocka_unit_test(test_page_table), cmocka_unit_test(test_dlpack),
+        cmocka_unit_test(test_plan),       cmocka_unit_test(test_offload),
+        cmocka_unit_test(test_attn),       cmocka_unit_test(test_xport),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
