@@ -37,8 +37,11 @@ static void seq_check(const kv_page_table *pt, const struct kv__seq *s)
     /* Full check (DEBUG=1 builds): every block is an id the source says is
      * held, and no block appears twice in one sequence (sorted copy). */
     {
-        uint32_t *ids = kv__mem_alloc((size_t)s->n_blocks * sizeof(uint32_t) + 1);
-        assert(ids);
+        /* plain malloc: a debug check is not one of the library's
+         * allocations (test_oom fails those in turn) */
+        uint32_t *ids = malloc((size_t)s->n_blocks * sizeof(uint32_t) + 1);
+        if (!ids) /* no memory for the check: skip it */
+            return;
         for (uint32_t i = 0; i < s->n_blocks; i++) {
             assert(pt->cfg.ops.ref_count(pt->cfg.ops.ctx, s->blocks[i]) >= 1);
             ids[i] = s->blocks[i];
@@ -46,7 +49,7 @@ static void seq_check(const kv_page_table *pt, const struct kv__seq *s)
         qsort(ids, s->n_blocks, sizeof(uint32_t), cmp_u32);
         for (uint32_t i = 1; i < s->n_blocks; i++)
             assert(ids[i] != ids[i - 1]);
-        kv__mem_free(ids);
+        free(ids);
     }
 #endif
 #else

@@ -577,6 +577,204 @@ static void test_page_table(void **state)
     kv_cache_destroy(x.c);
 }
 
+/* ---- block pool calls, page-table calls that allocate nothing ----------------------- */
+
+struct bp_ctx {
+    struct pt_ctx *t;
+    uint32_t ids[4], out_ids[16];
+    uint64_t hash, hashes[4];
+    uint32_t n, blocks;
+    bool stored;
+};
+
+static void bp_snap(void *p, struct snap *s)
+{
+    struct bp_ctx *x = p;
+    pt_snap(x->t, s);
+}
+static void bp_untouched(void *p)
+{
+    struct bp_ctx *x = p;
+    assert_int_equal(x->out_ids[0], 0xdeadbeefu);
+    assert_int_equal(x->n, 0xdeadbeefu);
+}
+static void bp_reset(struct bp_ctx *x)
+{
+    for (int i = 0; i < 16; i++)
+        x->out_ids[i] = 0xdeadbeefu;
+    x->n = 0xdeadbeefu;
+    x->blocks = 0xdeadbeefu;
+    x->hash = 0xdeadbeefull;
+}
+
+static kv_status call_bp_alloc(void *p)
+{
+    struct bp_ctx *x = p;
+    return kv_block_pool_alloc(x->t->pool, 2, x->out_ids);
+}
+static void ok_bp_alloc(void *p)
+{
+    struct bp_ctx *x = p;
+    assert_int_equal(kv_block_pool_ref_count(x->t->pool, x->out_ids[0]), 1);
+    assert_int_equal(kv_block_pool_release(x->t->pool, x->out_ids, 2), KV_OK);
+    bp_reset(x);
+}
+static kv_status call_bp_retain(void *p)
+{
+    struct bp_ctx *x = p;
+    return kv_block_pool_retain(x->t->pool, x->ids, 2);
+}
+static void ok_bp_retain(void *p)
+{
+    struct bp_ctx *x = p;
+    assert_int_equal(kv_block_pool_release(x->t->pool, x->ids, 2), KV_OK);
+}
+static kv_status call_bp_release(void *p)
+{
+    struct bp_ctx *x = p;
+    return kv_block_pool_release(x->t->pool, x->ids, 1); /* 2 -> 1 */
+}
+static void ok_bp_release(void *p)
+{
+    struct bp_ctx *x = p;
+    assert_int_equal(kv_block_pool_retain(x->t->pool, x->ids, 1), KV_OK);
+}
+static kv_status call_bp_commit_hash(void *p)
+{
+    struct bp_ctx *x = p;
+    return kv_block_pool_commit_hash(x->t->pool, x->ids[2], 0x1234567ull, &x->stored);
+}
+static kv_status call_bp_commit_full(void *p)
+{
+    struct bp_ctx *x = p;
+    return kv_block_pool_commit_full(x->t->pool, x->ids[3], 0x1234567ull, g_tokens + 40, NT, 9,
+                                     &x->hash);
+}
+static kv_status call_bp_lookup(void *p)
+{
+    struct bp_ctx *x = p;
+    return kv_block_pool_lookup(x->t->pool, x->hashes, 2, x->out_ids, &x->n);
+}
+static void ok_bp_found(void *p)
+{
+    struct bp_ctx *x = p;
+    assert_true(x->n <= 16);
+    /* lookup and match_prefix take a reference on what they find */
+    assert_int_equal(kv_block_pool_release(x->t->pool, x->out_ids, x->n), KV_OK);
+    bp_reset(x);
+}
+static kv_status call_bp_match(void *p)
+{
+    struct bp_ctx *x = p;
+    uint64_t h[8];
+    return kv_block_pool_match_prefix(x->t->pool, g_tokens, 13, NT, 5, x->out_ids, h, 8, &x->n);
+}
+static kv_status call_bp_free_list(void *p)
+{
+    struct bp_ctx *x = p;
+    return kv_block_pool_free_list(x->t->pool, x->out_ids, 16, &x->n);
+}
+static void ok_bp_free_list(void *p)
+{
+    struct bp_ctx *x = p;
+    assert_true(x->n > 0 && x->n <= 16);
+    bp_reset(x);
+}
+static kv_status call_pt_extra_key(void *p)
+{
+    struct bp_ctx *x = p;
+    return kv_page_table_seq_set_extra_key(x->t->pt, x->t->seq2, 77);
+}
+static kv_status call_pt_needed(void *p)
+{
+    struct bp_ctx *x = p;
+    return kv_page_table_blocks_needed(x->t->pt, x->t->seq, 9, &x->blocks);
+}
+static void ok_pt_needed(void *p)
+{
+    struct bp_ctx *x = p;
+    assert_true(x->blocks >= 2 && x->blocks <= 4);
+    x->blocks = 0xdeadbeefu;
+}
+static kv_status call_pt_copies_done(void *p)
+{
+    struct bp_ctx *x = p;
+    return kv_page_table_copies_done(x->t->pt);
+}
+static kv_status call_pt_seq_free(void *p)
+{
+    struct bp_ctx *x = p;
+    return kv_page_table_seq_free(x->t->pt, x->t->seq);
+}
+static void ok_pt_seq_free(void *p)
+{
+    struct bp_ctx *x = p;
+    x->t->n_seqs = 0; /* the snapshot no longer walks it */
+}
+
+static void test_pool_calls(void **state)
+{
+    (void)state;
+    tokens_init();
+    static struct pt_ctx t;
+    struct bp_ctx x;
+    memset(&x, 0, sizeof(x));
+    x.t = &t;
+    pt_setup(&t);
+    t.seq = pt_new_seq(&t, 10); /* blocks: 2 full (hashed), 1 partial */
+    t.seq2 = pt_new_seq(&t, 0);
+    const uint32_t *blocks;
+    uint32_t nb;
+    assert_int_equal(kv_page_table_seq_blocks(t.pt, t.seq, &blocks, &nb), KV_OK);
+    assert_int_equal(nb, 3);
+    x.ids[0] = blocks[0];
+    x.ids[1] = blocks[1];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(kv_block_pool_block_hash(t.pool, x.ids[i], &x.hashes[i]), KV_OK);
+    assert_int_equal(kv_block_pool_alloc(t.pool, 2, x.ids + 2), KV_OK); /* private, unhashed */
+    bp_reset(&x);
+
+    struct oom_case c = {"pool_alloc", &x,           call_bp_alloc, bp_snap,
+                         ok_bp_alloc,  bp_untouched, KV_OK};
+    assert_int_equal(oom_run(&c), 0);
+    c = (struct oom_case){"pool_retain", &x, call_bp_retain, bp_snap, ok_bp_retain, NULL, KV_OK};
+    assert_int_equal(oom_run(&c), 0);
+    assert_int_equal(kv_block_pool_retain(t.pool, x.ids, 1), KV_OK);
+    c = (struct oom_case){"pool_release", &x, call_bp_release, bp_snap, ok_bp_release, NULL, KV_OK};
+    assert_int_equal(oom_run(&c), 0);
+    assert_int_equal(kv_block_pool_release(t.pool, x.ids, 1), KV_OK);
+    c = (struct oom_case){"pool_lookup", &x,           call_bp_lookup, bp_snap,
+                          ok_bp_found,   bp_untouched, KV_OK};
+    assert_int_equal(oom_run(&c), 0);
+    c = (struct oom_case){"pool_match_prefix", &x,           call_bp_match, bp_snap,
+                          ok_bp_found,         bp_untouched, KV_OK};
+    assert_int_equal(oom_run(&c), 0);
+    c = (struct oom_case){"pool_free_list", &x,   call_bp_free_list, bp_snap, ok_bp_free_list,
+                          bp_untouched,     KV_OK};
+    assert_int_equal(oom_run(&c), 0);
+    c = (struct oom_case){
+        "pool_commit_hash", &x, call_bp_commit_hash, NULL, ok_nothing, NULL, KV_OK};
+    assert_int_equal(oom_run(&c), 0);
+    c = (struct oom_case){
+        "pool_commit_full", &x, call_bp_commit_full, NULL, ok_nothing, NULL, KV_OK};
+    assert_int_equal(oom_run(&c), 0);
+    assert_int_equal(kv_block_pool_release(t.pool, x.ids + 2, 2), KV_OK);
+
+    c = (struct oom_case){
+        "seq_set_extra_key", &x, call_pt_extra_key, NULL, ok_nothing, NULL, KV_OK};
+    assert_int_equal(oom_run(&c), 0);
+    x.blocks = 0xdeadbeefu;
+    c = (struct oom_case){"blocks_needed", &x, call_pt_needed, bp_snap, ok_pt_needed, NULL, KV_OK};
+    assert_int_equal(oom_run(&c), 0);
+    c = (struct oom_case){"copies_done", &x, call_pt_copies_done, bp_snap, ok_nothing, NULL, KV_OK};
+    assert_int_equal(oom_run(&c), 0);
+    t.seqs[0] = t.seq2;
+    t.n_seqs = 1;
+    c = (struct oom_case){"seq_free", &x, call_pt_seq_free, NULL, ok_pt_seq_free, NULL, KV_OK};
+    assert_int_equal(oom_run(&c), 0);
+    kv_cache_destroy(t.c);
+}
+
 /* ---- DLPack ------------------------------------------------------------------------ */
 
 struct dl_ctx {
@@ -780,6 +978,187 @@ static void test_plan(void **state)
     }
 }
 
+/* head and layer ranges; pack and unpack plans; the device plan */
+static struct kv_plan_config g_range_cfg;
+
+static kv_status call_plan_create_range(void *p)
+{
+    struct plan_ctx *x = p;
+    return kv_plan_create(&x->src, &x->dst, &g_range_cfg, &x->plan);
+}
+static kv_status call_pack_plan_create(void *p)
+{
+    struct plan_ctx *x = p;
+    return kv_pack_plan_create(&x->src, &g_range_cfg, &x->plan);
+}
+static kv_status call_unpack_plan_create(void *p)
+{
+    struct plan_ctx *x = p;
+    return kv_unpack_plan_create(&x->src, &x->dst, &g_range_cfg, &x->plan);
+}
+static kv_status call_pack_size(void *p)
+{
+    struct plan_ctx *x = p;
+    uint64_t n = 0;
+    const kv_status st = kv_pack_size(&x->src, &g_range_cfg, 11, &n);
+    if (st == KV_OK)
+        x->out_bytes = (size_t)n;
+    return st;
+}
+static void ok_pack_size(void *p)
+{
+    struct plan_ctx *x = p;
+    assert_true(x->out_bytes > 0 && x->out_bytes <= x->buf_cap);
+}
+static kv_status call_pack_range(void *p)
+{
+    struct plan_ctx *x = p;
+    return kv_pack(NULL, x->ps, g_src_blocks, 3, 11, x->buf, x->buf_cap, &x->out_bytes,
+                   &g_range_cfg);
+}
+static kv_status call_unpack_range(void *p)
+{
+    struct plan_ctx *x = p;
+    return kv_unpack(NULL, x->buf, x->out_bytes, x->pd, g_dst_blocks, x->n_dst, &g_range_cfg);
+}
+
+static void test_plan_ranges(void **state)
+{
+    (void)state;
+    struct plan_ctx x;
+    memset(&x, 0, sizeof(x));
+    x.plan = SENTINEL;
+    mk_layout(&x.src, 4, KV_ORDER_NHD, KV_ARRANGE_LAYER_MAJOR, false, 0);
+    mk_layout(&x.dst, 2, KV_ORDER_HND, KV_ARRANGE_BLOCK_MAJOR, true, 8);
+    g_range_cfg = (struct kv_plan_config)KV_PLAN_CONFIG_INIT;
+    g_range_cfg.src_head0 = 1;
+    g_range_cfg.dst_head0 = 0;
+    g_range_cfg.n_heads = 1;
+    g_range_cfg.src_layer0 = 1;
+    g_range_cfg.dst_layer0 = 0;
+    g_range_cfg.n_layers = 1;
+    struct oom_case c = {"kv_plan_create (ranges)",
+                         &x,
+                         call_plan_create_range,
+                         NULL,
+                         ok_plan_create,
+                         failed_plan,
+                         KV_OK};
+    oom_run(&c);
+    c = (struct oom_case){"kv_pack_plan_create", &x,   call_pack_plan_create, NULL, ok_plan_create,
+                          failed_plan,           KV_OK};
+    oom_run(&c);
+    c = (struct oom_case){"kv_unpack_plan_create",
+                          &x,
+                          call_unpack_plan_create,
+                          NULL,
+                          ok_plan_create,
+                          failed_plan,
+                          KV_OK};
+    oom_run(&c);
+
+    plan_mem(&x);
+    x.n_dst = 6;
+    assert_int_equal(kv_plan_create(&x.src, &x.dst, &g_range_cfg, &x.plan), KV_OK);
+    c = (struct oom_case){
+        "kv_plan_copy (ranges)", &x, call_plan_copy, plan_snap, ok_copy, NULL, KV_OK};
+    oom_run(&c);
+
+    /* the device plan: no GPU here, its documented status, nothing leaked */
+    for (int64_t k = 0; k < 4; k++) {
+        kv_plan_dev *pd = SENTINEL;
+        kv__mem_fail_after(k);
+        const kv_status st = kv_plan_dev_create(x.plan, &pd);
+        kv__mem_fail_after(-1);
+        if (st == KV_OK) {
+            kv_plan_dev_destroy(pd);
+            break;
+        }
+        assert_true(st == KV_ERR_UNSUPPORTED || st == KV_ERR_NO_MEMORY);
+        assert_true(kv_last_error() && kv_last_error()[0]);
+        assert_ptr_equal(pd, SENTINEL);
+    }
+    kv_plan_destroy(x.plan);
+
+    uint64_t need = 0;
+    assert_int_equal(kv_pack_size(&x.src, NULL, 11, &need), KV_OK);
+    x.buf_cap = (size_t)need;
+    x.buf = malloc(x.buf_cap);
+    assert_non_null(x.buf);
+    memset(x.buf, 0x5A, x.buf_cap);
+    x.out_bytes = 0xdead;
+    c = (struct oom_case){
+        "kv_pack_size (ranges)", &x, call_pack_size, NULL, ok_pack_size, NULL, KV_OK};
+    assert_int_equal(oom_run(&c), 0);
+    c = (struct oom_case){"kv_pack (ranges)", &x, call_pack_range, plan_snap, ok_pack, NULL, KV_OK};
+    oom_run(&c);
+    assert_int_equal(
+        kv_pack(NULL, x.ps, g_src_blocks, 3, 11, x.buf, x.buf_cap, &x.out_bytes, &g_range_cfg),
+        KV_OK);
+    c = (struct oom_case){
+        "kv_unpack (convert, ranges)", &x, call_unpack_range, plan_snap, ok_copy, NULL, KV_OK};
+    oom_run(&c);
+    free(x.buf);
+    free(x.ms);
+    free(x.md);
+}
+
+/* ---- view copies (a staged transpose's buffer is best effort) ----------------------- */
+
+#define VW 256
+
+struct vw_ctx {
+    float *src, *dst;
+    struct kv_view s, t, d;
+};
+
+static void vw_snap(void *p, struct snap *s)
+{
+    struct vw_ctx *x = p;
+    snap_bytes(s, x->dst, VW * VW * sizeof(float));
+    snap_bytes(s, x->src, VW * VW * sizeof(float));
+}
+static kv_status call_view_copy(void *p)
+{
+    struct vw_ctx *x = p;
+    return kv_view_copy(&x->t, &x->d);
+}
+static kv_status call_materialize(void *p)
+{
+    struct vw_ctx *x = p;
+    return kv_view_materialize(&x->t, x->dst, VW * VW * sizeof(float));
+}
+static void ok_view(void *p)
+{
+    struct vw_ctx *x = p;
+    assert_true(x->dst[1] == x->src[VW]); /* transposed */
+    memset(x->dst, 0, VW * VW * sizeof(float));
+}
+
+static void test_view(void **state)
+{
+    (void)state;
+    struct vw_ctx x;
+    x.src = malloc(VW * VW * sizeof(float));
+    x.dst = calloc(VW * VW, sizeof(float));
+    assert_non_null(x.src);
+    assert_non_null(x.dst);
+    for (int i = 0; i < VW * VW; i++)
+        x.src[i] = (float)i;
+    const int64_t shape[2] = {VW, VW};
+    assert_int_equal(kv_view_init(x.src, VW * VW * sizeof(float), KV_F32, 2, shape, &x.s), KV_OK);
+    assert_int_equal(kv_view_transpose(&x.s, 0, 1, &x.t), KV_OK);
+    assert_int_equal(kv_view_init(x.dst, VW * VW * sizeof(float), KV_F32, 2, shape, &x.d), KV_OK);
+    struct oom_case c = {
+        "kv_view_copy (transpose)", &x, call_view_copy, vw_snap, ok_view, NULL, KV_OK};
+    oom_run(&c);
+    c = (struct oom_case){
+        "kv_view_materialize", &x, call_materialize, vw_snap, ok_view, NULL, KV_OK};
+    oom_run(&c);
+    free(x.src);
+    free(x.dst);
+}
+
 /* ---- offload ----------------------------------------------------------------------- */
 
 struct off_ctx {
@@ -907,6 +1286,39 @@ static void failed_staging(void *p)
     assert_ptr_equal(x->staging, SENTINEL);
 }
 
+static kv_status call_evict(void *p)
+{
+    struct off_ctx *x = p;
+    uint32_t n = 0xdeadbeefu;
+    const kv_status st = kv_offload_evict(x->off, x->hashes, 2, &n);
+    assert_true(st != KV_OK || n == 2);
+    return st;
+}
+static void ok_evict(void *p)
+{
+    struct off_ctx *x = p;
+    /* store them again */
+    assert_int_equal(kv_offload_store(x->off, x->c, x->ids, 2, &x->op), KV_OK);
+    op_finish(x, false);
+}
+static kv_status call_results(void *p)
+{
+    struct off_ctx *x = p;
+    const struct kv_offload_result *res;
+    uint32_t n;
+    return kv_offload_results(x->op, &res, &n);
+}
+static kv_status call_op_free(void *p)
+{
+    struct off_ctx *x = p;
+    return kv_offload_op_free(x->op);
+}
+static void ok_op_freed(void *p)
+{
+    struct off_ctx *x = p;
+    x->op = SENTINEL;
+}
+
 static void test_offload(void **state)
 {
     (void)state;
@@ -944,6 +1356,16 @@ static void test_offload(void **state)
     c = (struct oom_case){
         "kv_offload_staging_alloc", &x, call_staging, off_snap, ok_staging, failed_staging, KV_OK};
     oom_run(&c);
+    c = (struct oom_case){"kv_offload_evict", &x, call_evict, off_snap, ok_evict, NULL, KV_OK};
+    assert_int_equal(oom_run(&c), 0);
+    assert_int_equal(kv_offload_store(x.off, x.c, x.ids, 2, &x.op), KV_OK);
+    kv_offload_state ost;
+    assert_int_equal(kv_offload_wait(x.op, 20000, &ost), KV_OK);
+    c = (struct oom_case){"kv_offload_results", &x,   call_results, off_snap,
+                          ok_nothing,           NULL, KV_OK};
+    assert_int_equal(oom_run(&c), 0);
+    c = (struct oom_case){"kv_offload_op_free", &x, call_op_free, NULL, ok_op_freed, NULL, KV_OK};
+    assert_int_equal(oom_run(&c), 0);
     kv_offload_destroy(x.off);
     kv_cache_destroy(x.c);
 }
@@ -990,6 +1412,231 @@ static void ok_attn(void *p)
         x->obuf[i] = -7.0f;
 }
 
+/* ---- attention: decode options, write, read, block copies, MLA --------------------- */
+
+struct attn2_ctx {
+    struct attn_ctx *a;
+    struct kv_paged_cache pc2; /* a second cache of the same layout (copy_blocks_ex) */
+    unsigned char *saved;      /* the cache's bytes, restored after each success */
+    unsigned char *saved2;
+    float kin[16 * 2 * 8], vin[16 * 2 * 8], vout[16 * 2 * 8], lse[8 * 4];
+    int64_t slots[16];
+    int32_t slots32[16];
+    struct kv_view k, v, ko, vo;
+    struct kv_block_copy copies[2];
+    struct kv_copy_blocks_opts copts;
+    /* MLA: a K-only cache of one latent head */
+    struct kv_paged_cache mla;
+    unsigned char *mla_saved;
+    float mq[5 * 4 * 16], mo[5 * 4 * 8];
+    struct kv_view mlq, mlo;
+    int32_t m_indptr[3], m_indices[3], m_last[2], m_qo[3];
+    struct kv_pages m_pages;
+};
+
+static void attn2_snap(void *p, struct snap *s)
+{
+    struct attn2_ctx *x = p;
+    attn_snap(x->a, s);
+    snap_bytes(s, x->pc2.base, x->pc2.storage_bytes);
+    snap_bytes(s, x->vout, sizeof(x->vout));
+    snap_bytes(s, x->lse, sizeof(x->lse));
+    snap_bytes(s, x->mla.base, x->mla.storage_bytes);
+    snap_bytes(s, x->mo, sizeof(x->mo));
+}
+
+/* undo a success: the caches and outputs as they were */
+static void ok_attn2(void *p)
+{
+    struct attn2_ctx *x = p;
+    memcpy(x->a->pc.base, x->saved, x->a->pc.storage_bytes);
+    memcpy(x->pc2.base, x->saved2, x->pc2.storage_bytes);
+    memcpy(x->mla.base, x->mla_saved, x->mla.storage_bytes);
+    for (size_t i = 0; i < sizeof(x->a->obuf) / sizeof(x->a->obuf[0]); i++)
+        x->a->obuf[i] = -7.0f;
+    for (size_t i = 0; i < sizeof(x->vout) / sizeof(x->vout[0]); i++)
+        x->vout[i] = -7.0f;
+    for (size_t i = 0; i < sizeof(x->lse) / sizeof(x->lse[0]); i++)
+        x->lse[i] = -7.0f;
+    for (size_t i = 0; i < sizeof(x->mo) / sizeof(x->mo[0]); i++)
+        x->mo[i] = -7.0f;
+}
+
+static kv_status call_decode_ex(void *p)
+{
+    struct attn2_ctx *x = p;
+    struct kv_attn_opts o = KV_ATTN_OPTS_INIT;
+    o.window_left = 3;
+    o.logit_soft_cap = 5.0f;
+    o.lse = x->lse;
+    return kv_attn_decode_ex(x->a->pc, 1, &x->a->q, &x->a->pages, 0.3f, NULL, &x->a->out, &o);
+}
+static kv_status call_write(void *p)
+{
+    struct attn2_ctx *x = p;
+    return kv_attn_write(x->a->pc, 1, &x->k, &x->v, x->slots, 16, NULL);
+}
+static kv_status call_write_i32(void *p)
+{
+    struct attn2_ctx *x = p;
+    return kv_attn_write_i32(x->a->pc, 0, &x->k, &x->v, x->slots32, 16, NULL);
+}
+static kv_status call_read(void *p)
+{
+    struct attn2_ctx *x = p;
+    return kv_attn_read(x->a->pc, 1, &x->a->pages, &x->ko, &x->vo, NULL);
+}
+static kv_status call_copy_blocks(void *p)
+{
+    struct attn2_ctx *x = p;
+    return kv_attn_copy_blocks(x->a->pc, x->copies, 2);
+}
+static kv_status call_copy_blocks_ex(void *p)
+{
+    struct attn2_ctx *x = p;
+    return kv_attn_copy_blocks_ex(x->a->pc, x->a->pc, x->copies, 2, &x->copts);
+}
+static kv_status call_copy_blocks_ex2(void *p)
+{
+    struct attn2_ctx *x = p;
+    return kv_attn_copy_blocks_ex(x->pc2, x->a->pc, x->copies, 2, &x->copts);
+}
+static kv_status call_decode_mla(void *p)
+{
+    struct attn2_ctx *x = p;
+    return kv_attn_decode_mla(x->mla, 1, &x->mlq, &x->m_pages, 8, 0.25f, NULL, &x->mlo);
+}
+static kv_status call_prefill_mla(void *p)
+{
+    struct attn2_ctx *x = p;
+    struct kv_attn_opts o = KV_ATTN_OPTS_INIT;
+    o.window_left = 2;
+    o.logit_soft_cap = 4.0f;
+    o.lse = x->lse;
+    return kv_attn_prefill_mla(x->mla, 0, &x->mlq, x->m_qo, &x->m_pages, 8, 0.25f, NULL, &x->mlo,
+                               &o);
+}
+
+static void paged_mem(struct kv_paged_cache *pc, const struct kv_layout *lo, unsigned char **saved)
+{
+    pc->layout = *lo;
+    pc->storage_bytes = (size_t)lo->total_bytes;
+    pc->base = kv__mem_alloc_aligned(4096, pc->storage_bytes);
+    *saved = malloc(pc->storage_bytes);
+    assert_non_null(pc->base);
+    assert_non_null(*saved);
+    float *f = pc->base;
+    for (size_t i = 0; i < pc->storage_bytes / sizeof(float); i++)
+        f[i] = (float)((i * 29u) % 97u) / 97.0f - 0.5f;
+    memcpy(*saved, pc->base, pc->storage_bytes);
+    pc->mem = KV_MEM_HOST;
+}
+
+static void test_attn_more(struct attn_ctx *a)
+{
+    static struct attn2_ctx x;
+    memset(&x, 0, sizeof(x));
+    x.a = a;
+    x.saved = malloc(a->pc.storage_bytes);
+    assert_non_null(x.saved);
+    memcpy(x.saved, a->pc.base, a->pc.storage_bytes);
+    paged_mem(&x.pc2, &a->pc.layout, &x.saved2);
+
+    struct kv_layout_config mc = KV_LAYOUT_CONFIG_INIT;
+    mc.num_layers = 2, mc.num_blocks = 9, mc.block_tokens = 4, mc.num_heads = 1;
+    mc.head_dim = 16, mc.dtype = KV_F32, mc.k_only = true;
+    struct kv_layout ml;
+    assert_int_equal(kv_layout_init(&mc, &ml), KV_OK);
+    paged_mem(&x.mla, &ml, &x.mla_saved);
+    ok_attn2(&x);
+
+    /* decode with a window, a soft cap and the lse: q [2][4][8] */
+    const int64_t dshape[3] = {2, 4, 8};
+    assert_int_equal(kv_view_init(a->qbuf, sizeof(a->qbuf), KV_F32, 3, dshape, &a->q), KV_OK);
+    assert_int_equal(kv_view_init(a->obuf, sizeof(a->obuf), KV_F32, 3, dshape, &a->out), KV_OK);
+    struct oom_case c = {
+        "kv_attn_decode_ex (opts)", &x, call_decode_ex, attn2_snap, ok_attn2, NULL, KV_OK};
+    oom_run(&c);
+
+    /* write: 16 tokens [16][2][8], scattered slots (one skipped) */
+    const int64_t wshape[3] = {16, 2, 8};
+    for (size_t i = 0; i < sizeof(x.kin) / sizeof(x.kin[0]); i++) {
+        x.kin[i] = (float)i * 0.01f;
+        x.vin[i] = (float)i * -0.02f;
+    }
+    static const int64_t slot_src[16] = {40, 41, 42, 7,  8,  -1, 60, 61,
+                                         62, 63, 3,  20, 21, 22, 30, 31};
+    for (int i = 0; i < 16; i++) {
+        x.slots[i] = slot_src[i];
+        x.slots32[i] = (int32_t)slot_src[i];
+    }
+    assert_int_equal(kv_view_init(x.kin, sizeof(x.kin), KV_F32, 3, wshape, &x.k), KV_OK);
+    assert_int_equal(kv_view_init(x.vin, sizeof(x.vin), KV_F32, 3, wshape, &x.v), KV_OK);
+    c = (struct oom_case){"kv_attn_write", &x, call_write, attn2_snap, ok_attn2, NULL, KV_OK};
+    oom_run(&c);
+    c = (struct oom_case){
+        "kv_attn_write_i32", &x, call_write_i32, attn2_snap, ok_attn2, NULL, KV_OK};
+    oom_run(&c);
+
+    /* read the 15 tokens of the two sequences into [15][2][8] */
+    const int64_t rshape[3] = {15, 2, 8};
+    assert_int_equal(kv_view_init(a->obuf, sizeof(a->obuf), KV_F32, 3, rshape, &x.ko), KV_OK);
+    assert_int_equal(kv_view_init(x.vout, sizeof(x.vout), KV_F32, 3, rshape, &x.vo), KV_OK);
+    c = (struct oom_case){"kv_attn_read", &x, call_read, attn2_snap, ok_attn2, NULL, KV_OK};
+    oom_run(&c);
+
+    /* block copies: two unused blocks, then a layer range and one plane */
+    const uint32_t B = (uint32_t)a->pc.layout.num_blocks;
+    x.copies[0] = (struct kv_block_copy){1, B - 1, 0};
+    x.copies[1] = (struct kv_block_copy){2, B - 2, 0};
+    c = (struct oom_case){
+        "kv_attn_copy_blocks", &x, call_copy_blocks, attn2_snap, ok_attn2, NULL, KV_OK};
+    oom_run(&c);
+    x.copts = (struct kv_copy_blocks_opts)KV_COPY_BLOCKS_OPTS_INIT;
+    x.copts.layer0 = 1;
+    x.copts.n_layers = 1;
+    x.copts.planes = KV_ATTN_PLANE_V;
+    c = (struct oom_case){
+        "kv_attn_copy_blocks_ex", &x, call_copy_blocks_ex, attn2_snap, ok_attn2, NULL, KV_OK};
+    oom_run(&c);
+    x.copies[1] = (struct kv_block_copy){1, 3, 0}; /* another cache: any id on both sides */
+    c = (struct oom_case){
+        "kv_attn_copy_blocks_ex (2)", &x, call_copy_blocks_ex2, attn2_snap, ok_attn2, NULL, KV_OK};
+    oom_run(&c);
+
+    /* MLA: seq 0 has 7 tokens (pages 1, 2), seq 1 has 2 (page 5) */
+    x.m_indptr[0] = 0, x.m_indptr[1] = 2, x.m_indptr[2] = 3;
+    x.m_indices[0] = 1, x.m_indices[1] = 2, x.m_indices[2] = 5;
+    x.m_last[0] = 3, x.m_last[1] = 2;
+    x.m_pages = (struct kv_pages){.format = KV_PAGES_CSR,
+                                  .n_seqs = 2,
+                                  .page_ratio = 1,
+                                  .indptr = x.m_indptr,
+                                  .indices = x.m_indices,
+                                  .last_page_len = x.m_last};
+    for (size_t i = 0; i < sizeof(x.mq) / sizeof(x.mq[0]); i++)
+        x.mq[i] = (float)((i * 11u) % 19u) / 19.0f - 0.5f;
+    const int64_t mq2[3] = {2, 4, 16}, mo2[3] = {2, 4, 8};
+    assert_int_equal(kv_view_init(x.mq, sizeof(x.mq), KV_F32, 3, mq2, &x.mlq), KV_OK);
+    assert_int_equal(kv_view_init(x.mo, sizeof(x.mo), KV_F32, 3, mo2, &x.mlo), KV_OK);
+    c = (struct oom_case){
+        "kv_attn_decode_mla", &x, call_decode_mla, attn2_snap, ok_attn2, NULL, KV_OK};
+    oom_run(&c);
+    x.m_qo[0] = 0, x.m_qo[1] = 3, x.m_qo[2] = 5;
+    const int64_t mq5[3] = {5, 4, 16}, mo5[3] = {5, 4, 8};
+    assert_int_equal(kv_view_init(x.mq, sizeof(x.mq), KV_F32, 3, mq5, &x.mlq), KV_OK);
+    assert_int_equal(kv_view_init(x.mo, sizeof(x.mo), KV_F32, 3, mo5, &x.mlo), KV_OK);
+    c = (struct oom_case){
+        "kv_attn_prefill_mla (opts)", &x, call_prefill_mla, attn2_snap, ok_attn2, NULL, KV_OK};
+    oom_run(&c);
+
+    kv__mem_free(x.pc2.base);
+    kv__mem_free(x.mla.base);
+    free(x.saved);
+    free(x.saved2);
+    free(x.mla_saved);
+}
+
 static void test_attn(void **state)
 {
     (void)state;
@@ -1033,6 +1680,7 @@ static void test_attn(void **state)
     assert_int_equal(kv_view_init(x.obuf, sizeof(x.obuf), KV_F32, 3, pshape, &x.out), KV_OK);
     c = (struct oom_case){"kv_attn_prefill", &x, call_prefill, attn_snap, ok_attn, NULL, KV_OK};
     oom_run(&c);
+    test_attn_more(&x);
     kv_cache_destroy(x.c);
 }
 
@@ -1153,10 +1801,12 @@ static void test_hook(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_hook),       cmocka_unit_test(test_create),
-        cmocka_unit_test(test_page_table), cmocka_unit_test(test_dlpack),
-        cmocka_unit_test(test_plan),       cmocka_unit_test(test_offload),
-        cmocka_unit_test(test_attn),       cmocka_unit_test(test_xport),
+        cmocka_unit_test(test_hook),        cmocka_unit_test(test_create),
+        cmocka_unit_test(test_page_table),  cmocka_unit_test(test_pool_calls),
+        cmocka_unit_test(test_dlpack),      cmocka_unit_test(test_plan),
+        cmocka_unit_test(test_plan_ranges), cmocka_unit_test(test_view),
+        cmocka_unit_test(test_offload),     cmocka_unit_test(test_attn),
+        cmocka_unit_test(test_xport),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
