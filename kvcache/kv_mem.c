@@ -1,5 +1,6 @@
 /* kv_mem.c - host allocation through jemalloc, or libc under sanitizers. */
 #include <assert.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,9 +30,46 @@ uint64_t kv__mem_failed(void)
     return g_failed;
 }
 
-/* True when this allocation is to fail: one thread-local compare when off. */
+/* Failure injection on other threads (kv__mem_fail_others_after): the
+ * allocations left to other threads before they fail, -1 when off (a
+ * process-wide countdown); the failures injected so far on them; and whether
+ * this thread is the one that set it (exempt). */
+static _Atomic int64_t g_others_after = -1;
+static _Atomic uint64_t g_others_failed;
+static _Thread_local int g_others_exempt;
+
+void kv__mem_fail_others_after(int64_t n)
+{
+    g_others_exempt = n >= 0;
+    atomic_store(&g_others_after, n < 0 ? -1 : n);
+}
+
+uint64_t kv__mem_others_failed(void)
+{
+    return atomic_load(&g_others_failed);
+}
+
+/* The process-wide countdown, taken by an allocation of a thread that is not
+ * exempt: true when it is to fail. */
+static int inject_others(void)
+{
+    int64_t n = atomic_load(&g_others_after);
+    while (n > 0)
+        if (atomic_compare_exchange_weak(&g_others_after, &n, n - 1))
+            return 0;
+    if (n < 0)
+        return 0; /* turned off meanwhile */
+    atomic_fetch_add(&g_others_failed, 1);
+    return 1;
+}
+
+/* True when this allocation is to fail: one thread-local compare and one
+ * relaxed atomic load when off. */
 static inline int inject_failure(void)
 {
+    if (__builtin_expect(atomic_load_explicit(&g_others_after, memory_order_relaxed) >= 0, 0) &&
+        !g_others_exempt && inject_others())
+        return 1;
     if (__builtin_expect(g_fail_after < 0, 1))
         return 0;
     if (g_fail_after > 0) {

@@ -44,6 +44,20 @@ uint64_t kv__mem_allocs(void);
 void kv__mem_fail_after(int64_t n);
 uint64_t kv__mem_failed(void);
 
+/* Test-only failure injection on the library's own threads (the offload
+ * tier's workers, the transports' progress threads), process-wide: after
+ * n >= 0 more successful allocation calls made by threads other than the
+ * calling one (one countdown that they all take from, in the order they
+ * allocate), every following allocation on those threads returns NULL,
+ * until kv__mem_fail_others_after(-1) turns it off (the default). The
+ * calling thread is exempt (its own injection stays kv__mem_fail_after's),
+ * so a test drives the library while its threads run out of memory;
+ * n = 0 fails every allocation of theirs. kv__mem_others_failed() counts
+ * the failures injected this way, process-wide. One thread sets it at a
+ * time; when off, an allocation pays one relaxed atomic load. */
+void kv__mem_fail_others_after(int64_t n);
+uint64_t kv__mem_others_failed(void);
+
 /* Free memory from any kv__mem_* call; NULL is a no-op. */
 void kv__mem_free(void *p);
 

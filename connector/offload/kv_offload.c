@@ -671,8 +671,14 @@ kv_status kv_offload_staging_alloc(kv_offload *off, size_t bytes, void **ptr)
     }
     void *p = NULL;
     if (st == KV_OK) {
-        p = kv__carver_alloc(off->carver, bytes, KV__OFF_STAGING_ALIGN);
-        if (!p)
+        bool no_memory = false;
+        p = kv__carver_alloc(off->carver, bytes, KV__OFF_STAGING_ALIGN, &no_memory);
+        if (!p && no_memory)
+            st = kv__error(KV_ERR_NO_MEMORY,
+                           "kv_offload_staging_alloc: %zu bytes: the carver's "
+                           "records",
+                           bytes);
+        else if (!p)
             st = kv__error(KV_ERR_NO_MEMORY,
                            "kv_offload_staging_alloc: %zu bytes: the region of %" PRIu64
                            " bytes has no room (%" PRIu64 " entry bytes held)",

@@ -190,8 +190,9 @@ void kv__carver_destroy(kv__carver *c)
     kv__mem_free(c);
 }
 
-void *kv__carver_alloc(kv__carver *c, size_t bytes, size_t align)
+void *kv__carver_alloc(kv__carver *c, size_t bytes, size_t align, bool *no_memory)
 {
+    *no_memory = false; /* the arena's metadata comes from the region too */
     if (bytes == 0)
         return NULL;
     return mallocx(bytes, MALLOCX_ARENA(c->arena) | MALLOCX_TCACHE_NONE | MALLOCX_ALIGN(align));
@@ -284,8 +285,9 @@ static struct seg *seg_after(struct seg *s, uintptr_t at, size_t len)
     return n;
 }
 
-void *kv__carver_alloc(kv__carver *c, size_t bytes, size_t align)
+void *kv__carver_alloc(kv__carver *c, size_t bytes, size_t align, bool *no_memory)
 {
+    *no_memory = false;
     if (bytes == 0)
         return NULL;
     if (align == 0)
@@ -302,12 +304,15 @@ void *kv__carver_alloc(kv__carver *c, size_t bytes, size_t align)
         struct seg *u = s;
         if (pad) { /* leading free piece stays s; the piece at p follows it */
             u = seg_after(s, p, s->len - pad);
-            if (!u)
+            if (!u) {
+                *no_memory = true;
                 break;
+            }
             s->len = pad;
         }
         if (u->len > bytes) {
             if (!seg_after(u, p + bytes, u->len - bytes)) {
+                *no_memory = true;
                 if (u != s) { /* undo the leading split */
                     s->len += u->len;
                     s->next = u->next;

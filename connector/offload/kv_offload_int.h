@@ -27,6 +27,7 @@
 #ifndef KV_OFFLOAD_INT_H
 #define KV_OFFLOAD_INT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -49,8 +50,10 @@ void kv__offload_region_release(kv_offload *off);
 kv_status kv__carver_create(void *base, size_t bytes, kv__carver **out);
 /* Drop the carver (every piece dies with it; the region is the caller's). */
 void kv__carver_destroy(kv__carver *c);
-/* bytes at align (a power of two); NULL when the region has no room. */
-void *kv__carver_alloc(kv__carver *c, size_t bytes, size_t align);
+/* bytes at align (a power of two); NULL when the region has no room, or
+ * (*no_memory set: evicting makes no room for it) when the carver's own
+ * records could not be allocated. */
+void *kv__carver_alloc(kv__carver *c, size_t bytes, size_t align, bool *no_memory);
 /* The bytes a piece of bytes at align takes of the region (jemalloc: its
  * size class, plus a page for a large class; first-fit: bytes rounded up to
  * align). The tier counts entries and staging buffers at this size, so

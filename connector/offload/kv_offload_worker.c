@@ -217,9 +217,13 @@ static bool run_store(kv_offload *off, kv_offload_op *op, const struct fmt *f, u
                 continue;
             e = kv__mem_calloc(1, sizeof(*e));
             const size_t want = (size_t)f->entry_bytes;
-            char *mem = e ? kv__carver_alloc(off->carver, want, KV__OFF_ENTRY_ALIGN) : NULL;
-            while (e && !mem && kv__off_evict_one(off))
-                mem = kv__carver_alloc(off->carver, want, KV__OFF_ENTRY_ALIGN);
+            bool no_memory = false;
+            char *mem =
+                e ? kv__carver_alloc(off->carver, want, KV__OFF_ENTRY_ALIGN, &no_memory) : NULL;
+            /* evict for room only: an entry goes for nothing when the
+             * carver's records, not the region, ran out */
+            while (e && !mem && !no_memory && kv__off_evict_one(off))
+                mem = kv__carver_alloc(off->carver, want, KV__OFF_ENTRY_ALIGN, &no_memory);
             if (!mem) {
                 kv__mem_free(e);
                 r->status = KV_ERR_NO_MEMORY;

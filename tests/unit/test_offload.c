@@ -1324,7 +1324,9 @@ static void test_offload_carver(void **state)
         if (n_live < MAXP && (n_live == 0 || kvt_rand(&rng) % 3 != 0)) {
             const size_t n = (size_t)kvt_range(&rng, 1, 256 << 10);
             const size_t align = (size_t)1 << kvt_range(&rng, 0, 12);
-            unsigned char *p = kv__carver_alloc(c, n, align);
+            bool oom = true;
+            unsigned char *p = kv__carver_alloc(c, n, align, &oom);
+            assert_false(oom); /* nothing injected: only room can run out */
             if (!p)
                 continue; /* full for now */
             assert_true(p >= base && p + n <= base + bytes);
@@ -1348,9 +1350,12 @@ static void test_offload_carver(void **state)
     /* exhaust: NULL, never memory outside the region */
     n_live = 0;
     for (;;) {
-        unsigned char *p = kv__carver_alloc(c, (size_t)1 << 20, 64);
-        if (!p)
+        bool oom = true;
+        unsigned char *p = kv__carver_alloc(c, (size_t)1 << 20, 64, &oom);
+        if (!p) {
+            assert_false(oom); /* full, not out of memory */
             break;
+        }
         assert_true(p >= base && p + ((size_t)1 << 20) <= base + bytes);
         assert_true(n_live < MAXP);
         live[n_live++] = (struct piece){p, (size_t)1 << 20, 0};
@@ -1360,11 +1365,13 @@ static void test_offload_carver(void **state)
     for (int k = 0; k < n_live; k++)
         kv__carver_free(c, live[k].p);
     /* freed space is reused */
-    unsigned char *p = kv__carver_alloc(c, (size_t)1 << 20, 64);
+    bool oom = true;
+    unsigned char *p = kv__carver_alloc(c, (size_t)1 << 20, 64, &oom);
     assert_non_null(p);
     kv__carver_free(c, p);
     kv__carver_free(c, NULL);
-    assert_null(kv__carver_alloc(c, 0, 64));
+    assert_null(kv__carver_alloc(c, 0, 64, &oom));
+    assert_false(oom);
     kv__carver_destroy(c);
     free(live);
     free(base);

@@ -1,0 +1,527 @@
+/*
+ * test_oom_async.c - allocation failure injection on the library's own
+ * threads (kv__mem_fail_others_after): the offload tier's worker and the
+ * transports' progress threads run out of memory at their k-th allocation,
+ * k = 0, 1, 2, ..., until an operation runs with no failure injected. The
+ * test thread is exempt: what it posts is always accepted, what the
+ * library's threads do with it is what is checked. Every operation must
+ * end (no hang: waits have deadlines), in a state that names the cause
+ * (KV_ERR_NO_MEMORY in the failing entries, or a peer closed with its
+ * status), with nothing reported that did not happen (a notification for
+ * bytes that did not land, an entry stored that is not held), block
+ * references released exactly once, and everything usable afterwards with
+ * injection off. Leaks are caught by the sanitizer build.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <kvcache/kv.h>
+#include "kv_mem.h"
+#include "kvt_cache.h"
+#include "kvt_offload.h"
+#include "kvt_xport.h"
+#include "kvtest.h"
+
+/* Runs of one scenario at most (k = 0, 1, ...): it must stop injecting
+ * before this. */
+#define K_MAX 64
+
+/* How long an op or a transfer may take before it counts as a hang. */
+#define WAIT_MS 5000
+
+/* ---- offload ----------------------------------------------------------------------- */
+
+#define NH 6u /* blocks per op */
+
+static uint64_t hash_of(uint64_t k)
+{
+    uint64_t s = k * 0x2545F4914F6CDD1Dull + 17;
+    return kvt_rand(&s);
+}
+
+static kv_offload *mk_tier(void)
+{
+    struct kv_offload_config cfg = KV_OFFLOAD_CONFIG_INIT;
+    cfg.capacity_bytes = 1u << 20;
+    cfg.staging_bytes = 1u << 16;
+    cfg.mem = KV_OFFLOAD_MEM_HOST;
+    cfg.threads = 1;
+    kv_offload *off = NULL;
+    assert_int_equal(kv_offload_create(&cfg, &off), KV_OK);
+    return off;
+}
+
+static uint64_t tier_entries(kv_offload *off)
+{
+    struct kv_offload_stats st;
+    assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
+    return st.entries;
+}
+
+/* Wait for op with a deadline: a state that is not terminal is a hang. */
+static kv_offload_state off_wait(kv_offload_op *op, const char *what, int64_t k)
+{
+    kv_offload_state s = KV_OFFLOAD_PENDING;
+    const kv_status w = kv_offload_wait(op, WAIT_MS, &s);
+    if (w != KV_OK || (s != KV_OFFLOAD_DONE && s != KV_OFFLOAD_FAILED))
+        fail_msg("%s: k=%lld: op not terminal after %d ms: wait %s, state %d", what, (long long)k,
+                 WAIT_MS, kv_status_name(w), (int)s);
+    return s;
+}
+
+/* Stores of NH fresh blocks while the worker's allocations fail at its
+ * k-th: each entry is stored (KV_OK, held by the tier) or fails with
+ * KV_ERR_NO_MEMORY (not held); the op is DONE iff none failed; the tier's
+ * references to the source blocks are all dropped; the same store with
+ * injection off then stores everything, and a load of it round-trips. */
+static void test_offload_store(void **state)
+{
+    (void)state;
+    kv_offload *off = mk_tier();
+    struct kvt_cache s, d;
+    kvt_cache_make(&s, 2, 33, 4, 2, 8, KV_F32, 0, 1);
+    kvt_cache_make(&d, 2, 33, 4, 2, 8, KV_F32, 0, 2);
+    uint64_t rng = 7;
+    kvt_pool_scramble(&s, &rng);
+    kvt_pool_scramble(&d, &rng);
+    uint64_t injected = 0;
+    int64_t k = 0;
+    for (;; k++) {
+        assert_true(k < K_MAX);
+        uint64_t hashes[NH];
+        uint32_t ids[NH];
+        for (uint32_t i = 0; i < NH; i++)
+            hashes[i] = hash_of(1000 * (uint64_t)k + i);
+        kvt_put_blocks(&s, hashes, NH, ids);
+        const uint64_t refs = kvt_pool_refs(&s), held = tier_entries(off);
+        kv_offload_op *op = NULL;
+        const uint64_t f0 = kv__mem_others_failed();
+        kv__mem_fail_others_after(k);
+        assert_int_equal(kv_offload_store(off, s.c, ids, NH, &op), KV_OK);
+        const kv_offload_state st = off_wait(op, "store", k);
+        kv__mem_fail_others_after(-1);
+        const uint64_t nf = kv__mem_others_failed() - f0;
+        injected += nf;
+        const struct kv_offload_result *res;
+        uint32_t nr;
+        assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
+        assert_int_equal(nr, NH);
+        uint32_t ok = 0;
+        for (uint32_t i = 0; i < NH; i++) {
+            assert_int_equal(res[i].hash, hashes[i]);
+            if (res[i].status == KV_OK) {
+                ok++;
+                assert_true(kv_offload_contains(off, s.c, hashes[i]));
+            } else if (res[i].status == KV_ERR_NO_MEMORY) {
+                assert_false(kv_offload_contains(off, s.c, hashes[i]));
+            } else {
+                fail_msg("store: k=%lld: entry %u: %s", (long long)k, i,
+                         kv_status_name(res[i].status));
+            }
+        }
+        assert_int_equal(st, ok == NH ? KV_OFFLOAD_DONE : KV_OFFLOAD_FAILED);
+        if (nf == 0)
+            assert_int_equal(ok, NH);
+        else
+            assert_true(ok < NH); /* the worker only allocates for failing work */
+        assert_int_equal(tier_entries(off), held + ok);
+        assert_int_equal(kv_offload_op_free(op), KV_OK);
+        assert_int_equal(kvt_pool_refs(&s), refs); /* the tier's references dropped once */
+
+        /* injection off: the same store holds everything */
+        op = NULL;
+        assert_int_equal(kv_offload_store(off, s.c, ids, NH, &op), KV_OK);
+        assert_int_equal(off_wait(op, "store again", k), KV_OFFLOAD_DONE);
+        assert_int_equal(kv_offload_op_free(op), KV_OK);
+        assert_int_equal(tier_entries(off), held + NH);
+        assert_int_equal(kvt_pool_refs(&s), refs);
+        assert_int_equal(kv_block_pool_release(s.pool, ids, NH), KV_OK);
+
+        /* and loads back exactly (the whole destination arena compared) */
+        const kv_status want[NH] = {KV_OK, KV_OK, KV_OK, KV_OK, KV_OK, KV_OK};
+        assert_int_equal(kvt_load_check(off, &d, hashes, NH, want, true), KV_OFFLOAD_DONE);
+        if (nf == 0)
+            break;
+    }
+    print_message("  offload store: %lld runs, %llu injected failures\n", (long long)k + 1,
+                  (unsigned long long)injected);
+    assert_true(injected > 0);
+    kv_offload_destroy(off);
+    kvt_cache_free(&s);
+    kvt_cache_free(&d);
+}
+
+/* Loads while the worker's allocations fail at its k-th: each entry is
+ * loaded (KV_OK, its block holding the contents) or fails with
+ * KV_ERR_NO_MEMORY (no block, nothing written anywhere); the blocks the
+ * tier took for failing entries are released once; a load with injection
+ * off then round-trips. */
+static void test_offload_load(void **state)
+{
+    (void)state;
+    kv_offload *off = mk_tier();
+    struct kvt_cache s, d;
+    kvt_cache_make(&s, 2, 33, 4, 2, 8, KV_F32, 0, 3);
+    kvt_cache_make(&d, 2, 33, 4, 2, 8, KV_F32, 0, 4);
+    uint64_t rng = 9;
+    kvt_pool_scramble(&s, &rng);
+    kvt_pool_scramble(&d, &rng);
+    uint64_t hashes[NH];
+    for (uint32_t i = 0; i < NH; i++)
+        hashes[i] = hash_of(77 + i);
+    kvt_store_all(off, &s, hashes, NH, true);
+    uint64_t injected = 0;
+    int64_t k = 0;
+    unsigned char *exp = malloc(d.bytes);
+    assert_non_null(exp);
+    for (;; k++) {
+        assert_true(k < K_MAX);
+        kvt_pool_scramble(&d, &rng); /* evicts what the last round loaded */
+        memcpy(exp, d.base, d.bytes);
+        struct kv_block_pool_stats before, after;
+        kv_block_pool_stats_get(d.pool, &before);
+        const uint64_t refs = kvt_pool_refs(&d);
+        kv_offload_op *op = NULL;
+        const uint64_t f0 = kv__mem_others_failed();
+        kv__mem_fail_others_after(k);
+        assert_int_equal(kv_offload_load(off, d.c, hashes, NH, &op), KV_OK);
+        const kv_offload_state st = off_wait(op, "load", k);
+        kv__mem_fail_others_after(-1);
+        const uint64_t nf = kv__mem_others_failed() - f0;
+        injected += nf;
+        const struct kv_offload_result *res;
+        uint32_t nr;
+        assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
+        assert_int_equal(nr, NH);
+        uint32_t ok = 0;
+        for (uint32_t i = 0; i < NH; i++) {
+            assert_int_equal(res[i].hash, hashes[i]);
+            if (res[i].status == KV_OK) {
+                ok++;
+                assert_int_not_equal(res[i].block, KV_BLOCK_NULL);
+                assert_int_equal(kv_block_pool_ref_count(d.pool, res[i].block), 1);
+                kvt_block_write(&d, exp, res[i].block, hashes[i]);
+            } else if (res[i].status == KV_ERR_NO_MEMORY) {
+                assert_int_equal(res[i].block, KV_BLOCK_NULL);
+                assert_false(res[i].committed);
+            } else {
+                fail_msg("load: k=%lld: entry %u: %s", (long long)k, i,
+                         kv_status_name(res[i].status));
+            }
+        }
+        assert_int_equal(st, ok == NH ? KV_OFFLOAD_DONE : KV_OFFLOAD_FAILED);
+        if (nf == 0)
+            assert_int_equal(ok, NH);
+        else
+            assert_true(ok < NH);
+        assert_int_equal(kvt_first_diff(exp, d.base, (int64_t)d.bytes), -1);
+        assert_int_equal(kvt_pool_refs(&d), refs + ok);
+        kv_block_pool_stats_get(d.pool, &after);
+        assert_int_equal(after.used_blocks, before.used_blocks + ok);
+        for (uint32_t i = 0; i < NH; i++)
+            if (res[i].status == KV_OK)
+                assert_int_equal(kv_block_pool_release(d.pool, &res[i].block, 1), KV_OK);
+        assert_int_equal(kv_offload_op_free(op), KV_OK);
+        assert_int_equal(kvt_pool_refs(&d), refs);
+        assert_int_equal(tier_entries(off), NH); /* a failed load drops nothing */
+
+        kvt_pool_scramble(&d, &rng);
+        const kv_status want[NH] = {KV_OK, KV_OK, KV_OK, KV_OK, KV_OK, KV_OK};
+        assert_int_equal(kvt_load_check(off, &d, hashes, NH, want, true), KV_OFFLOAD_DONE);
+        if (nf == 0)
+            break;
+    }
+    print_message("  offload load: %lld runs, %llu injected failures\n", (long long)k + 1,
+                  (unsigned long long)injected);
+    assert_true(injected > 0);
+    free(exp);
+    kv_offload_destroy(off);
+    kvt_cache_free(&s);
+    kvt_cache_free(&d);
+}
+
+/* ---- transports -------------------------------------------------------------------- */
+
+enum { XB = 1u << 18 }; /* bytes of each half */
+
+/* Poll x's notifications (ms at most each); how many with tag. */
+static int notes_of(kv_xport *x, uint32_t ms, uint64_t tag, struct kv_xport_msg *msg)
+{
+    int n = 0;
+    while (kv_xport_notify_poll(x, ms, msg) == KV_OK)
+        if (msg->tag == tag)
+            n++;
+    return n;
+}
+
+/* Wait for t with a deadline: terminal, and FAILED names its cause. */
+static kv_xport_state xfer_end(kv_xport_xfer *t, const char *what, int64_t k)
+{
+    kv_xport_state s = KV_XPORT_PENDING;
+    const kv_status w = kv_xport_xfer_wait(t, 2 * WAIT_MS, &s);
+    if (w != KV_OK)
+        fail_msg("%s: k=%lld: transfer not terminal after %d ms: %s", what, (long long)k,
+                 2 * WAIT_MS, kv_status_name(w));
+    if (s == KV_XPORT_TIMED_OUT || s == KV_XPORT_CANCELLED || s == KV_XPORT_PENDING)
+        fail_msg("%s: k=%lld: transfer ended %d: %s", what, (long long)k, (int)s,
+                 kv_xport_xfer_error(t));
+    if (s == KV_XPORT_FAILED) {
+        const char *e = kv_xport_xfer_error(t);
+        if (!e || !e[0])
+            fail_msg("%s: k=%lld: FAILED without a message", what, (long long)k);
+    }
+    return s;
+}
+
+/* A post (its status st) and the end of its transfer t: a post is refused
+ * only for a peer a progress thread closed already (KV_ERR_BAD_STATE, the
+ * peer CLOSED with a status); that counts as FAILED. */
+static kv_xport_state post_end(struct kvt_pair *p, kv_status st, kv_xport_xfer *t, const char *what,
+                               int64_t k)
+{
+    if (st == KV_OK)
+        return xfer_end(t, what, k);
+    kv_xport_peer_state ps = KV_XPORT_CONNECTING;
+    kv_status why = KV_OK;
+    assert_int_equal(kv_xport_peer_state_get(p->pa, &ps, &why), KV_OK);
+    if (st != KV_ERR_BAD_STATE || ps != KV_XPORT_CLOSED || why == KV_OK)
+        fail_msg("%s: k=%lld: post refused: %s (%s), peer state %d (%s)", what, (long long)k,
+                 kv_status_name(st), kv_last_error(), (int)ps, kv_status_name(why));
+    assert_null(t);
+    return KV_XPORT_FAILED;
+}
+
+/* A pair of kind; a writes src[0, XB) into b's region with a notification
+ * and reads b's region [XB, 2 XB) into its own, while the progress
+ * threads' allocations (both ends) fail at their k-th, for k = 0, 1, ...:
+ * both transfers end within their deadline; DONE means the bytes landed
+ * (and, for the write, its notification is delivered once); a notification
+ * is never delivered for bytes that did not land; the pair closes and the
+ * transports are destroyed. */
+static void xport_case(kv_xport_kind kind, uint64_t token)
+{
+    unsigned char *src = malloc(2 * XB), *dst = malloc(2 * XB), *loc = malloc(2 * XB),
+                  *dst0 = malloc(2 * XB);
+    struct kv_xport_msg *msg = malloc(sizeof(*msg));
+    assert_true(src && dst && loc && dst0 && msg);
+    uint64_t injected = 0;
+    int64_t k = 0;
+    int failed_w = 0, failed_r = 0;
+    for (;; k++) {
+        assert_true(k < K_MAX);
+        struct kv_xport_config ca = kvt_xport_cfg(kind, false, token, 3),
+                               cb = kvt_xport_cfg(kind, true, token, 3);
+        struct kvt_pair p;
+        kvt_pair_open(&p, &ca, &cb);
+        kvt_fill(src, 2 * XB, 100 + (uint64_t)k);
+        kvt_fill(dst, 2 * XB, 200 + (uint64_t)k);
+        memset(loc, 0, 2 * XB);
+        memcpy(dst0, dst, 2 * XB);
+        kv_xport_mem *ms = NULL, *md = NULL, *ml = NULL;
+        assert_int_equal(kv_xport_mem_reg(p.a, src, 2 * XB, KV_MEM_HOST, &ms), KV_OK);
+        assert_int_equal(kv_xport_mem_reg(p.b, dst, 2 * XB, KV_MEM_HOST, &md), KV_OK);
+        assert_int_equal(kv_xport_mem_reg(p.a, loc, 2 * XB, KV_MEM_HOST, &ml), KV_OK);
+        kv_xport_rmem *r = kvt_share_direct(&p, md);
+
+        const uint64_t f0 = kv__mem_others_failed();
+        kv__mem_fail_others_after(k);
+        kv_xport_xfer *tw = NULL, *tr = NULL;
+        struct kv_xport_io wio = {ms, 0, r, 0, XB};
+        struct kv_xport_io rio = {ml, XB, r, XB, XB};
+        struct kv_xport_notify n = {.tag = 42, .msg = "landed", .len = 6};
+        const kv_status pw = kv_xport_write(p.pa, &wio, 1, &n, &tw);
+        const kv_xport_state sw = post_end(&p, pw, tw, "write", k);
+        const kv_status pr = kv_xport_read(p.pa, &rio, 1, &tr);
+        const kv_xport_state sr = post_end(&p, pr, tr, "read", k);
+        /* notifications: at most one, and only for bytes that landed */
+        const int notes = notes_of(p.b, 200, 42, msg);
+        kv__mem_fail_others_after(-1);
+        const uint64_t nf = kv__mem_others_failed() - f0;
+        injected += nf;
+        const bool landed = memcmp(dst, src, XB) == 0;
+        if (notes > 1)
+            fail_msg("k=%lld: the notification delivered %d times", (long long)k, notes);
+        if (notes == 1 && !landed)
+            fail_msg("k=%lld: a notification for bytes that did not land", (long long)k);
+        if (sw == KV_XPORT_DONE) {
+            if (!landed || notes != 1)
+                fail_msg("k=%lld: write DONE: landed %d, %d notifications", (long long)k,
+                         (int)landed, notes);
+        } else {
+            failed_w++;
+        }
+        if (sr == KV_XPORT_DONE)
+            assert_memory_equal(loc + XB, dst0 + XB, XB);
+        else
+            failed_r++;
+        assert_memory_equal(dst + XB, dst0 + XB, XB); /* a read writes nothing there */
+        if (nf == 0) {
+            assert_int_equal(sw, KV_XPORT_DONE);
+            assert_int_equal(sr, KV_XPORT_DONE);
+        }
+        if (tw)
+            assert_int_equal(kv_xport_xfer_free(tw), KV_OK);
+        if (tr)
+            assert_int_equal(kv_xport_xfer_free(tr), KV_OK);
+        assert_int_equal(kv_xport_rmem_free(r), KV_OK);
+        /* closing the peers drops the exposure: every region deregisters */
+        kv_xport_peer_close(p.pa);
+        kv_xport_peer_close(p.pb);
+        assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
+        assert_int_equal(kv_xport_mem_dereg(ml), KV_OK);
+        assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
+        assert_int_equal(kv_xport_destroy(p.a), KV_OK);
+        assert_int_equal(kv_xport_destroy(p.b), KV_OK);
+        if (nf == 0)
+            break;
+    }
+    print_message("  %s: %lld runs, %llu injected failures, %d writes and %d reads failed\n",
+                  kv_xport_kind_name(kind), (long long)k + 1, (unsigned long long)injected,
+                  failed_w, failed_r);
+    assert_true(injected > 0);
+    free(msg);
+    free(src);
+    free(dst);
+    free(dst0);
+    free(loc);
+}
+
+/* A connection made while the progress threads' allocations (both ends)
+ * fail at their k-th: a's peer settles (READY, or CLOSED with a status),
+ * never hangs; a READY pair carries a write with its notification once
+ * injection is off; peers close and the transports are destroyed. */
+static void xport_connect_case(kv_xport_kind kind, uint64_t token)
+{
+    unsigned char src[64], dst[64];
+    struct kv_xport_msg *msg = malloc(sizeof(*msg));
+    assert_non_null(msg);
+    uint64_t injected = 0;
+    int64_t k = 0;
+    int refused = 0;
+    for (;; k++) {
+        assert_true(k < K_MAX);
+        struct kv_xport_config ca = kvt_xport_cfg(kind, false, token, 5),
+                               cb = kvt_xport_cfg(kind, true, token, 5);
+        ca.timeout_ms = cb.timeout_ms = 200; /* a handshake starved of memory ends soon */
+        struct kvt_pair p = {NULL, NULL, NULL, NULL};
+        assert_int_equal(kv_xport_create(&cb, &p.b), KV_OK);
+        assert_int_equal(kv_xport_create(&ca, &p.a), KV_OK);
+        const uint64_t f0 = kv__mem_others_failed();
+        kv__mem_fail_others_after(k);
+        /* SHM's connect waits for the listener's answer: refused with a
+         * status and a message, or a peer that settles */
+        const kv_status cs = kv_xport_connect(p.a, cb.listen_host, kv_xport_port(p.b), &p.pa);
+        kv_status why = cs;
+        kv_xport_peer_state ps = KV_XPORT_CLOSED;
+        if (cs == KV_OK)
+            ps = kvt_xport_settle(p.pa, &why);
+        else if (!kv_last_error()[0])
+            fail_msg("connect: k=%lld: %s without a message", (long long)k, kv_status_name(cs));
+        else
+            assert_null(p.pa);
+        if (ps != KV_XPORT_READY && (ps != KV_XPORT_CLOSED || why == KV_OK))
+            fail_msg("connect: k=%lld: peer state %d (%s)", (long long)k, (int)ps,
+                     kv_status_name(why));
+        const kv_status acc = kv_xport_accept(p.b, ps == KV_XPORT_READY ? 5000 : 100, &p.pb);
+        kv__mem_fail_others_after(-1);
+        const uint64_t nf = kv__mem_others_failed() - f0;
+        injected += nf;
+        if (acc != KV_OK && (ps == KV_XPORT_READY || acc != KV_ERR_TIMEOUT))
+            fail_msg("connect: k=%lld: peer state %d, accept %s (%s)", (long long)k, (int)ps,
+                     kv_status_name(acc), kv_last_error());
+        if (nf == 0)
+            assert_int_equal(ps, KV_XPORT_READY);
+        kv_xport_peer_state bs = KV_XPORT_CLOSED;
+        if (p.pb)
+            bs = kvt_xport_settle(p.pb, NULL);
+        if (ps == KV_XPORT_READY && bs == KV_XPORT_READY) {
+            kv_xport_mem *ms = NULL, *md = NULL;
+            kvt_fill(src, sizeof(src), (uint64_t)k);
+            memset(dst, 0, sizeof(dst));
+            assert_int_equal(kv_xport_mem_reg(p.a, src, sizeof(src), KV_MEM_HOST, &ms), KV_OK);
+            assert_int_equal(kv_xport_mem_reg(p.b, dst, sizeof(dst), KV_MEM_HOST, &md), KV_OK);
+            kv_xport_rmem *r = kvt_share_direct(&p, md);
+            struct kv_xport_io io = {ms, 0, r, 0, sizeof(src)};
+            struct kv_xport_notify n = {.tag = 9};
+            kv_xport_xfer *t = NULL;
+            assert_int_equal(kv_xport_write(p.pa, &io, 1, &n, &t), KV_OK);
+            assert_int_equal(xfer_end(t, "write after", k), KV_XPORT_DONE);
+            assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+            assert_int_equal(notes_of(p.b, 100, 9, msg), 1);
+            assert_memory_equal(dst, src, sizeof(src));
+            assert_int_equal(kv_xport_rmem_free(r), KV_OK);
+            kv_xport_peer_close(p.pa);
+            kv_xport_peer_close(p.pb);
+            assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
+            assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
+        } else {
+            refused++;
+            if (p.pa)
+                kv_xport_peer_close(p.pa);
+            if (p.pb)
+                kv_xport_peer_close(p.pb);
+        }
+        assert_int_equal(kv_xport_destroy(p.a), KV_OK);
+        assert_int_equal(kv_xport_destroy(p.b), KV_OK);
+        if (nf == 0)
+            break;
+    }
+    print_message("  %s connect: %lld runs, %llu injected failures, %d refused\n",
+                  kv_xport_kind_name(kind), (long long)k + 1, (unsigned long long)injected,
+                  refused);
+    assert_true(injected > 0);
+    free(msg);
+}
+
+static void test_xport_tcp_connect(void **state)
+{
+    (void)state;
+    xport_connect_case(KV_XPORT_TCP, 0x7e59);
+}
+
+static void test_xport_shm_connect(void **state)
+{
+    (void)state;
+    xport_connect_case(KV_XPORT_SHM, 0x7e5a);
+}
+
+static void test_xport_tcp(void **state)
+{
+    (void)state;
+    xport_case(KV_XPORT_TCP, 0x7e57);
+}
+
+static void test_xport_shm(void **state)
+{
+    (void)state;
+    xport_case(KV_XPORT_SHM, 0x7e58);
+}
+
+/* A failed test leaves injection off for the next one. */
+static int injection_off(void **state)
+{
+    (void)state;
+    kv__mem_fail_others_after(-1);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_offload_store, injection_off),
+        cmocka_unit_test_teardown(test_offload_load, injection_off),
+        cmocka_unit_test_teardown(test_xport_tcp, injection_off),
+        cmocka_unit_test_teardown(test_xport_shm, injection_off),
+        cmocka_unit_test_teardown(test_xport_tcp_connect, injection_off),
+        cmocka_unit_test_teardown(test_xport_shm_connect, injection_off),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
