@@ -848,9 +848,15 @@ static void tx_step(struct tx_req *r)
             .kind = KV_XLAYER_ABORT, .request = r->request, .status = r->status};
         kv_xlayer_note_encode(&note, b);
         const struct kv_xport_notify nt = {.tag = KV_XLAYER_TAG, .msg = b, .len = sizeof(b)};
-        if (kv_xport_write(r->peer, NULL, 0, &nt, &r->abort_xf) != KV_OK)
-            r->abort_xf = NULL; /* the peer is gone: decode learns it from the transport */
-        r->abort_sent = true;
+        const kv_status ws = kv_xport_write(r->peer, NULL, 0, &nt, &r->abort_xf);
+        if (ws != KV_OK)
+            r->abort_xf = NULL;
+        /* out of memory or over a limit: the ABORT is posted again at the
+         * next step, and the request is not terminal until it is (decode
+         * must hear it, or it holds the request's blocks forever); any
+         * other refusal: the peer is gone, decode learns it from the
+         * transport */
+        r->abort_sent = ws != KV_ERR_NO_MEMORY && ws != KV_ERR_CAPACITY;
     }
     if (r->abort_xf) {
         kv_xport_state s = KV_XPORT_PENDING;

@@ -25,6 +25,8 @@
 #include <kvcache/kv.h>
 #include "kv_mem.h"
 #include "kvtest.h"
+#include "kv_xport_int.h"
+#include "kvt_side.h"
 #include "kvt_xport.h"
 
 /* ---- the driver -------------------------------------------------------------------- */
@@ -1695,6 +1697,8 @@ struct xp_ctx {
     unsigned char blob[KV_XPORT_BLOB_MAX];
     size_t len;
     kv_xport_rmem *r;
+    kv_xport_peer *cpeer;
+    uint64_t npeers;
 };
 
 static kv_status call_xp_create(void *p)
@@ -1774,6 +1778,535 @@ static void test_xport(void **state)
     kvt_pair_close(&x.pair);
 }
 
+/* ---- same-host transport (SHM): create, connect, regions -------------------------- */
+
+/* The peers x holds (its list: a failed connect leaves none). */
+static uint64_t xp_peers(kv_xport *x)
+{
+    uint64_t n = 0;
+    pthread_mutex_lock(&x->mu);
+    for (kv_xport_peer *p = x->peers; p; p = p->next)
+        n++;
+    pthread_mutex_unlock(&x->mu);
+    return n;
+}
+
+static void xp_snap(void *p, struct snap *s)
+{
+    struct xp_ctx *x = p;
+    pthread_mutex_lock(&x->pair.a->mu);
+    snap_put(s, x->pair.a->n_xfers);
+    snap_put(s, x->pair.a->n_rmems);
+    snap_put(s, x->pair.pa->refs);
+    snap_put(s, x->pair.pa->n_exposed);
+    pthread_mutex_unlock(&x->pair.a->mu);
+    pthread_mutex_lock(&x->pair.b->mu);
+    snap_put(s, x->pair.pb->n_exposed);
+    snap_put(s, x->pair.pb->refs);
+    snap_put(s, x->m ? x->m->users : 0);
+    pthread_mutex_unlock(&x->pair.b->mu);
+}
+
+static void xp_out_untouched(void *p)
+{
+    struct xp_ctx *x = p;
+    assert_ptr_equal(x->r, SENTINEL);
+    x->r = NULL;
+}
+
+static kv_status call_xp_import_s(void *p)
+{
+    struct xp_ctx *x = p;
+    x->r = SENTINEL;
+    return kv_xport_rmem_import(x->pair.pa, x->blob, x->len, &x->r);
+}
+
+static kv_status call_xp_connect(void *p)
+{
+    struct xp_ctx *x = p;
+    x->cpeer = SENTINEL;
+    return kv_xport_connect(x->pair.a, "test", kv_xport_port(x->pair.b), &x->cpeer);
+}
+static void ok_xp_connect(void *p)
+{
+    struct xp_ctx *x = p;
+    assert_int_equal(kvt_xport_settle(x->cpeer, NULL), KV_XPORT_READY);
+    kv_xport_peer *q = NULL;
+    assert_int_equal(kv_xport_accept(x->pair.b, 5000, &q), KV_OK); /* accept makes no allocation */
+    kv_xport_peer_close(x->cpeer);
+    kv_xport_peer_close(q);
+    x->cpeer = NULL;
+}
+static void failed_xp_connect(void *p)
+{
+    struct xp_ctx *x = p;
+    assert_ptr_equal(x->cpeer, SENTINEL);
+    assert_int_equal(xp_peers(x->pair.a), x->npeers);
+    x->cpeer = NULL;
+}
+
+static void test_xport_shm(void **state)
+{
+    (void)state;
+    static struct xp_ctx x;
+    memset(&x, 0, sizeof(x));
+    x.cfg = kvt_xport_cfg(KV_XPORT_SHM, true, 78, 1);
+    struct oom_case c = {"shm create", &x, call_xp_create, NULL, ok_xp_create, NULL, KV_OK};
+    oom_run(&c);
+
+    struct kv_xport_config ca = kvt_xport_cfg(KV_XPORT_SHM, false, 78, 1);
+    kvt_pair_open(&x.pair, &ca, &x.cfg);
+    x.npeers = xp_peers(x.pair.a);
+    c = (struct oom_case){"shm connect",     &x,   call_xp_connect, NULL, ok_xp_connect,
+                          failed_xp_connect, KV_OK};
+    oom_run(&c);
+    c = (struct oom_case){"shm mem_reg", &x, call_xp_reg, NULL, ok_xp_reg, NULL, KV_OK};
+    oom_run(&c);
+    assert_int_equal(kv_xport_mem_reg(x.pair.b, x.mem, sizeof(x.mem), KV_MEM_HOST, &x.m), KV_OK);
+    c = (struct oom_case){"shm mem_expose", &x, call_xp_expose, xp_snap, ok_xp_expose, NULL, KV_OK};
+    oom_run(&c);
+    assert_int_equal(kv_xport_mem_expose(x.pair.pb, x.m, x.blob, sizeof(x.blob), &x.len), KV_OK);
+    c = (struct oom_case){"shm rmem_import", &x,   call_xp_import_s, xp_snap, ok_xp_import,
+                          xp_out_untouched,  KV_OK};
+    oom_run(&c);
+    assert_int_equal(kv_xport_mem_unexpose(x.pair.pb, x.m), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(x.m), KV_OK);
+    kvt_pair_close(&x.pair);
+}
+
+/* ---- posting transfers (TCP and SHM pairs) ------------------------------------------ */
+
+enum { PB = 1u << 16 }; /* bytes of each buffer */
+
+struct po_ctx {
+    struct kvt_pair p;
+    unsigned char *src, *dst, *back;
+    kv_xport_mem *ms, *md, *mb;
+    kv_xport_rmem *r;
+    kv_xport_xfer *t;
+    int mode; /* 0 write, 1 write + notification, 2 read, 3 plan + notification */
+    uint64_t tag;
+    struct kv_xport_msg *msg;
+    /* the plan's sides */
+    struct kvt_side s, d;
+    unsigned char *d0, *ref;
+    kv_plan *plan;
+    kv_xport_mem *mps, *mpd;
+    kv_xport_rmem *rp;
+    uint32_t sid[4], did[4];
+    uint64_t T;
+};
+
+static const struct kv_xport_io *po_ios(struct po_ctx *x, uint32_t *n)
+{
+    static struct kv_xport_io io[3];
+    if (x->mode == 2) {
+        io[0] = (struct kv_xport_io){x->mb, 100, x->r, 200, 5000};
+        io[1] = (struct kv_xport_io){x->mb, 9000, x->r, 30000, 20000};
+        io[2] = (struct kv_xport_io){x->mb, PB - 7, x->r, 7, 7};
+    } else {
+        io[0] = (struct kv_xport_io){x->ms, 100, x->r, 200, 5000};
+        io[1] = (struct kv_xport_io){x->ms, 9000, x->r, 30000, 20000};
+        io[2] = (struct kv_xport_io){x->ms, 7, x->r, PB - 7, 7};
+    }
+    *n = 3;
+    return io;
+}
+
+static void po_snap(void *p, struct snap *s)
+{
+    struct po_ctx *x = p;
+    kv_xport *a = x->p.a;
+    pthread_mutex_lock(&a->mu);
+    snap_put(s, a->n_xfers);
+    snap_put(s, a->n_rmems);
+    snap_put(s, a->stats.plans_gathered);
+    snap_put(s, a->stats.plans_direct);
+    snap_put(s, x->p.pa->refs);
+    snap_put(s, x->p.pa->xfers != NULL);
+    snap_put(s, x->ms->users);
+    snap_put(s, x->mb->users);
+    snap_put(s, x->r->users);
+    snap_put(s, x->mps->users);
+    snap_put(s, x->rp->users);
+    pthread_mutex_unlock(&a->mu);
+    snap_bytes(s, x->dst, PB);
+    snap_bytes(s, x->back, PB);
+    snap_bytes(s, x->d.mem, (size_t)x->d.lo.total_bytes);
+}
+
+static kv_status call_post(void *p)
+{
+    struct po_ctx *x = p;
+    x->t = SENTINEL;
+    x->tag++;
+    uint32_t n;
+    const struct kv_xport_io *io = po_ios(x, &n);
+    const char note[] = "posted";
+    struct kv_xport_notify nt = {.tag = x->tag, .msg = note, .len = sizeof(note)};
+    switch (x->mode) {
+    case 0:
+        return kv_xport_write(x->p.pa, io, n, NULL, &x->t);
+    case 1:
+        return kv_xport_write(x->p.pa, io, n, &nt, &x->t);
+    case 2:
+        return kv_xport_read(x->p.pa, io, n, &x->t);
+    default:
+        return kv_xport_write_plan(x->p.pa, x->plan, x->mps, 0, x->sid, 4, x->rp, 0, x->did, 4,
+                                   x->T, &nt, &x->t);
+    }
+}
+
+/* The next notification at b: the one of the call that succeeded (a failed
+ * call's tag never arrives). */
+static void po_note(struct po_ctx *x)
+{
+    assert_int_equal(kv_xport_notify_poll(x->p.b, 5000, x->msg), KV_OK);
+    assert_int_equal(x->msg->tag, x->tag);
+    assert_int_equal(x->msg->peer_id, kv_xport_peer_id(x->p.pb));
+}
+
+static void ok_post(void *p)
+{
+    struct po_ctx *x = p;
+    assert_ptr_not_equal(x->t, SENTINEL);
+    kvt_xfer_done(x->t, KV_XPORT_DONE);
+    assert_int_equal(kv_xport_xfer_free(x->t), KV_OK);
+    x->t = NULL;
+    uint32_t n;
+    const struct kv_xport_io *io = po_ios(x, &n);
+    if (x->mode == 3) {
+        po_note(x);
+        assert_memory_equal(x->d.mem, x->ref, (size_t)x->d.lo.total_bytes);
+        memcpy(x->d.mem, x->d0, (size_t)x->d.lo.total_bytes);
+        return;
+    }
+    if (x->mode == 1)
+        po_note(x);
+    for (uint32_t i = 0; i < n; i++) {
+        if (x->mode == 2)
+            assert_memory_equal(x->back + io[i].local_off, x->dst + io[i].remote_off, io[i].bytes);
+        else
+            assert_memory_equal(x->dst + io[i].remote_off, x->src + io[i].local_off, io[i].bytes);
+    }
+    if (x->mode == 2)
+        memset(x->back, 0, PB);
+    else
+        memset(x->dst, 0, PB);
+}
+
+/* Nothing queued: the handle untouched, the regions free again at once
+ * (deregistered / freed and made again), no notification at b. */
+static void failed_post(void *p)
+{
+    struct po_ctx *x = p;
+    assert_ptr_equal(x->t, SENTINEL);
+    x->t = NULL;
+    if (x->mode == 2) {
+        assert_int_equal(kv_xport_mem_dereg(x->mb), KV_OK);
+        assert_int_equal(kv_xport_mem_reg(x->p.a, x->back, PB, KV_MEM_HOST, &x->mb), KV_OK);
+    } else if (x->mode == 3) {
+        assert_int_equal(kv_xport_mem_dereg(x->mps), KV_OK);
+        assert_int_equal(
+            kv_xport_mem_reg(x->p.a, x->s.mem, (size_t)x->s.lo.total_bytes, KV_MEM_HOST, &x->mps),
+            KV_OK);
+        assert_int_equal(kv_xport_rmem_free(x->rp), KV_OK);
+        x->rp = kvt_share_direct(&x->p, x->mpd);
+    } else {
+        assert_int_equal(kv_xport_mem_dereg(x->ms), KV_OK);
+        assert_int_equal(kv_xport_mem_reg(x->p.a, x->src, PB, KV_MEM_HOST, &x->ms), KV_OK);
+    }
+    if (x->mode != 3) {
+        assert_int_equal(kv_xport_rmem_free(x->r), KV_OK);
+        x->r = kvt_share_direct(&x->p, x->md);
+    }
+    assert_int_equal(kv_xport_notify_poll(x->p.b, 0, x->msg), KV_ERR_TIMEOUT);
+}
+
+static void po_open(struct po_ctx *x, kv_xport_kind kind)
+{
+    struct kv_xport_config ca = kvt_xport_cfg(kind, false, 79, 3),
+                           cb = kvt_xport_cfg(kind, true, 79, 3);
+    kvt_pair_open(&x->p, &ca, &cb);
+    x->src = malloc(PB);
+    x->dst = calloc(1, PB);
+    x->back = calloc(1, PB);
+    x->msg = malloc(sizeof(*x->msg));
+    assert_true(x->src && x->dst && x->back && x->msg);
+    kvt_fill(x->src, PB, 5);
+    assert_int_equal(kv_xport_mem_reg(x->p.a, x->src, PB, KV_MEM_HOST, &x->ms), KV_OK);
+    assert_int_equal(kv_xport_mem_reg(x->p.a, x->back, PB, KV_MEM_HOST, &x->mb), KV_OK);
+    assert_int_equal(kv_xport_mem_reg(x->p.b, x->dst, PB, KV_MEM_HOST, &x->md), KV_OK);
+    x->r = kvt_share_direct(&x->p, x->md);
+    /* a plan between two layouts (NHD -> HND), 4 blocks of each */
+    kvt_side_make(&x->s, 2, 12, 8, 2, 16, KV_F16, 0, 31);
+    kvt_side_make(&x->d, 2, 10, 8, 2, 16, KV_F16, 1, 32);
+    x->T = 30;
+    const uint32_t sid[4] = {7, 2, 11, 4}, did[4] = {3, 9, 1, 6};
+    memcpy(x->sid, sid, sizeof(sid));
+    memcpy(x->did, did, sizeof(did));
+    assert_int_equal(kv_plan_create(&x->s.lo, &x->d.lo, NULL, &x->plan), KV_OK);
+    const size_t db = (size_t)x->d.lo.total_bytes;
+    x->d0 = malloc(db);
+    x->ref = malloc(db);
+    assert_true(x->d0 && x->ref);
+    memcpy(x->d0, x->d.mem, db);
+    memcpy(x->ref, x->d.mem, db);
+    struct kv_paged_cache rc = x->d.pc;
+    rc.base = x->ref;
+    assert_int_equal(kv_plan_copy(x->plan, x->s.pc, x->sid, 4, rc, x->did, 4, x->T), KV_OK);
+    assert_true(memcmp(x->ref, x->d0, db) != 0);
+    assert_int_equal(
+        kv_xport_mem_reg(x->p.a, x->s.mem, (size_t)x->s.lo.total_bytes, KV_MEM_HOST, &x->mps),
+        KV_OK);
+    assert_int_equal(kv_xport_mem_reg(x->p.b, x->d.mem, db, KV_MEM_HOST, &x->mpd), KV_OK);
+    x->rp = kvt_share_direct(&x->p, x->mpd);
+}
+
+static void po_close(struct po_ctx *x)
+{
+    assert_int_equal(kv_xport_notify_poll(x->p.b, 0, x->msg), KV_ERR_TIMEOUT);
+    assert_int_equal(kv_xport_rmem_free(x->r), KV_OK);
+    assert_int_equal(kv_xport_rmem_free(x->rp), KV_OK);
+    assert_int_equal(kv_xport_mem_unexpose(x->p.pb, x->md), KV_OK);
+    assert_int_equal(kv_xport_mem_unexpose(x->p.pb, x->mpd), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(x->ms), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(x->mb), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(x->md), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(x->mps), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(x->mpd), KV_OK);
+    kvt_pair_close(&x->p);
+    kv_plan_destroy(x->plan);
+    kvt_side_free(&x->s);
+    kvt_side_free(&x->d);
+    free(x->src);
+    free(x->dst);
+    free(x->back);
+    free(x->d0);
+    free(x->ref);
+    free(x->msg);
+}
+
+static void post_cases(kv_xport_kind kind)
+{
+    static struct po_ctx x;
+    memset(&x, 0, sizeof(x));
+    po_open(&x, kind);
+    static const char *const names[2][6] = {
+        {"tcp write", "tcp write+note", "tcp read", "tcp plan direct", "tcp plan gathered"},
+        {"shm write", "shm write+note", "shm read", "shm plan direct", "shm plan gathered"}};
+    for (int mode = 0; mode < 5; mode++) {
+        x.mode = mode < 3 ? mode : 3;
+        if (mode >= 3) /* never gathered / always (the sender's threshold) */
+            x.p.a->cfg.plan_gather_below_bytes = mode == 3 ? 1u : UINT32_MAX;
+        struct oom_case c = {
+            names[kind == KV_XPORT_SHM][mode], &x, call_post, po_snap, ok_post, failed_post, KV_OK};
+        oom_run(&c);
+    }
+    struct kv_xport_stats st = KV_XPORT_STATS_INIT;
+    assert_int_equal(kv_xport_stats_get(x.p.a, &st), KV_OK);
+    assert_true(st.plans_direct > 0);
+    assert_true(st.plans_gathered > 0);
+    po_close(&x);
+}
+
+static void test_xport_post(void **state)
+{
+    (void)state;
+    post_cases(KV_XPORT_TCP);
+    post_cases(KV_XPORT_SHM);
+}
+
+/* ---- layer by layer ----------------------------------------------------------------- */
+
+struct xl_ctx {
+    struct po_ctx *po;
+    kv_xlayer_tx *tx;
+    kv_xlayer_rx *rx;
+    uint64_t req;
+    void *out;
+};
+
+static kv_status call_xl_tx_create(void *p)
+{
+    struct xl_ctx *x = p;
+    struct kv_xlayer_tx_config c = KV_XLAYER_TX_CONFIG_INIT;
+    x->out = SENTINEL;
+    return kv_xlayer_tx_create(&c, (kv_xlayer_tx **)&x->out);
+}
+static void ok_xl_tx_create(void *p)
+{
+    struct xl_ctx *x = p;
+    assert_int_equal(kv_xlayer_tx_destroy(x->out), KV_OK);
+}
+static kv_status call_xl_rx_create(void *p)
+{
+    struct xl_ctx *x = p;
+    struct kv_xlayer_rx_config c = KV_XLAYER_RX_CONFIG_INIT;
+    x->out = SENTINEL;
+    return kv_xlayer_rx_create(&c, (kv_xlayer_rx **)&x->out);
+}
+static void ok_xl_rx_create(void *p)
+{
+    struct xl_ctx *x = p;
+    assert_int_equal(kv_xlayer_rx_destroy(x->out), KV_OK);
+}
+static void failed_xl_out(void *p)
+{
+    struct xl_ctx *x = p;
+    assert_ptr_equal(x->out, SENTINEL);
+}
+
+/* The next request: 2 layers (the plan moves both), expected at b, begun at a. */
+static void xl_begin(struct xl_ctx *x)
+{
+    x->req++;
+    assert_int_equal(kv_xlayer_rx_expect(x->rx, kv_xport_peer_id(x->po->p.pb), x->req, 2), KV_OK);
+    assert_int_equal(kv_xlayer_tx_begin(x->tx, x->po->p.pa, x->req, 2), KV_OK);
+}
+
+static void xl_snap(void *p, struct snap *s)
+{
+    struct xl_ctx *x = p;
+    po_snap(x->po, s);
+    /* the request as it was: not terminal, no layer posted at b */
+    snap_put(s, (uint64_t)(int64_t)kv_xlayer_tx_wait(x->tx, x->req, 0));
+    struct kv_xlayer_rx_stats st = KV_XLAYER_RX_STATS_INIT;
+    assert_int_equal(kv_xlayer_rx_stats_get(x->rx, &st), KV_OK);
+    snap_put(s, st.tracked);
+    snap_put(s, st.notes_layers);
+}
+
+static kv_status call_xl_post(void *p)
+{
+    struct xl_ctx *x = p;
+    struct po_ctx *o = x->po;
+    return kv_xlayer_tx_post(x->tx, x->req, o->plan, 0, 2, o->mps, 0, o->sid, 4, o->rp, 0, o->did,
+                             4, o->T);
+}
+
+/* decode fed the request's notification (LAYERS or ABORT): the request
+ * reported on both sides with want; the next one begun. */
+static void xl_finish(struct xl_ctx *x, kv_status want)
+{
+    struct po_ctx *o = x->po;
+    assert_int_equal(kv_xport_notify_poll(o->p.b, 5000, o->msg), KV_OK);
+    assert_int_equal(o->msg->tag, KV_XLAYER_TAG);
+    assert_int_equal(kv_xlayer_rx_feed(x->rx, o->msg), KV_OK);
+    if (want == KV_OK)
+        assert_int_equal(kv_xlayer_rx_wait(x->rx, x->req, 1, 5000), KV_OK);
+    assert_int_equal(kv_xlayer_tx_wait(x->tx, x->req, 5000), want);
+    struct kv_xlayer_done d[2];
+    uint32_t n = 0;
+    assert_int_equal(kv_xlayer_tx_finished(x->tx, d, 2, &n), KV_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(d[0].request, x->req);
+    assert_int_equal(d[0].status, want);
+    assert_int_equal(kv_xlayer_rx_finished(x->rx, d, 2, &n), KV_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(d[0].request, x->req);
+    assert_int_equal(d[0].status, want);
+    xl_begin(x);
+}
+
+static void ok_xl_post(void *p)
+{
+    struct xl_ctx *x = p;
+    xl_finish(x, KV_OK);
+    assert_memory_equal(x->po->d.mem, x->po->ref, (size_t)x->po->d.lo.total_bytes);
+    memcpy(x->po->d.mem, x->po->d0, (size_t)x->po->d.lo.total_bytes);
+}
+
+static void failed_xl_post(void *p)
+{
+    struct xl_ctx *x = p;
+    assert_int_equal(kv_xport_notify_poll(x->po->p.b, 0, x->po->msg), KV_ERR_TIMEOUT);
+}
+
+/* cancel of a request with nothing in flight: ABORT sent at once */
+static kv_status call_xl_cancel(void *p)
+{
+    struct xl_ctx *x = p;
+    return kv_xlayer_tx_cancel(x->tx, x->req);
+}
+static void ok_xl_cancel(void *p)
+{
+    struct xl_ctx *x = p;
+    /* KV_OK: decode is told (ABORT, sent by the time the request is
+     * terminal), else it holds the request for ever */
+    assert_int_equal(kv_xlayer_tx_wait(x->tx, x->req, 5000), KV_ERR_CANCELLED);
+    const kv_status st = kv_xport_notify_poll(x->po->p.b, 2000, x->po->msg);
+    if (st != KV_OK)
+        fail_msg("kv_xlayer_tx_cancel: KV_OK, but no ABORT reached decode (%s)",
+                 kv_status_name(st));
+    assert_int_equal(x->po->msg->tag, KV_XLAYER_TAG);
+    assert_int_equal(kv_xlayer_rx_feed(x->rx, x->po->msg), KV_OK);
+    struct kv_xlayer_done d[2];
+    uint32_t n = 0;
+    assert_int_equal(kv_xlayer_tx_finished(x->tx, d, 2, &n), KV_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(kv_xlayer_rx_finished(x->rx, d, 2, &n), KV_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(d[0].status, KV_ERR_CANCELLED);
+    xl_begin(x);
+}
+
+static void test_xport_layers(void **state)
+{
+    (void)state;
+    static struct po_ctx o;
+    static struct xl_ctx x;
+    memset(&o, 0, sizeof(o));
+    memset(&x, 0, sizeof(x));
+    x.po = &o;
+    struct oom_case c = {"xlayer_tx_create", &x,   call_xl_tx_create, NULL, ok_xl_tx_create,
+                         failed_xl_out,      KV_OK};
+    oom_run(&c);
+    c = (struct oom_case){"xlayer_rx_create", &x,   call_xl_rx_create, NULL, ok_xl_rx_create,
+                          failed_xl_out,      KV_OK};
+    oom_run(&c);
+    for (int kind = 0; kind < 2; kind++) {
+        po_open(&o, kind ? KV_XPORT_SHM : KV_XPORT_TCP);
+        struct kv_xlayer_tx_config tc = KV_XLAYER_TX_CONFIG_INIT;
+        struct kv_xlayer_rx_config rc = KV_XLAYER_RX_CONFIG_INIT;
+        assert_int_equal(kv_xlayer_tx_create(&tc, &x.tx), KV_OK);
+        assert_int_equal(kv_xlayer_rx_create(&rc, &x.rx), KV_OK);
+        xl_begin(&x);
+        for (int g = 0; g < 2; g++) {
+            o.p.a->cfg.plan_gather_below_bytes = g ? UINT32_MAX : 1u;
+            c = (struct oom_case){kind ? "shm xlayer_tx_post" : "tcp xlayer_tx_post",
+                                  &x,
+                                  call_xl_post,
+                                  xl_snap,
+                                  ok_xl_post,
+                                  failed_xl_post,
+                                  KV_OK};
+            oom_run(&c);
+        }
+        c = (struct oom_case){kind ? "shm xlayer_tx_cancel" : "tcp xlayer_tx_cancel",
+                              &x,
+                              call_xl_cancel,
+                              xl_snap,
+                              ok_xl_cancel,
+                              failed_xl_post,
+                              KV_OK};
+        oom_run(&c);
+        assert_int_equal(kv_xlayer_tx_cancel(x.tx, x.req), KV_OK);
+        assert_int_equal(kv_xlayer_tx_wait(x.tx, x.req, 5000), KV_ERR_CANCELLED);
+        struct kv_xlayer_done d[2];
+        uint32_t n = 0;
+        assert_int_equal(kv_xlayer_tx_finished(x.tx, d, 2, &n), KV_OK);
+        assert_int_equal(n, 1);
+        assert_int_equal(kv_xport_notify_poll(o.p.b, 5000, o.msg), KV_OK); /* its ABORT */
+        assert_int_equal(kv_xlayer_rx_feed(x.rx, o.msg), KV_OK);
+        assert_int_equal(kv_xlayer_rx_finished(x.rx, d, 2, &n), KV_OK);
+        assert_int_equal(n, 1);
+        assert_int_equal(kv_xlayer_tx_destroy(x.tx), KV_OK);
+        assert_int_equal(kv_xlayer_rx_destroy(x.rx), KV_OK);
+        po_close(&o);
+    }
+}
+
 /* ---- the hook itself ---------------------------------------------------------------- */
 
 static void test_hook(void **state)
@@ -1806,7 +2339,8 @@ int main(void)
         cmocka_unit_test(test_dlpack),      cmocka_unit_test(test_plan),
         cmocka_unit_test(test_plan_ranges), cmocka_unit_test(test_view),
         cmocka_unit_test(test_offload),     cmocka_unit_test(test_attn),
-        cmocka_unit_test(test_xport),
+        cmocka_unit_test(test_xport),       cmocka_unit_test(test_xport_shm),
+        cmocka_unit_test(test_xport_post),  cmocka_unit_test(test_xport_layers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
