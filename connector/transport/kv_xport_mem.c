@@ -285,8 +285,8 @@ kv_status kv_xport_mem_expose(kv_xport_peer *peer, kv_xport_mem *mem, void *blob
         return kv__error(KV_ERR_BAD_STATE, "xport_mem_expose: peer %s (not ready)",
                          s == KV_XPORT_CONNECTING ? "connecting" : "closed");
     }
-    st = blob_make(peer, e, blob, cap, len);
-    if (st == KV_OK && peer->n_exposed == peer->cap_exposed) {
+    st = KV_OK;
+    if (peer->n_exposed == peer->cap_exposed) { /* before the blob: nothing written on failure */
         struct kv__xport_expo **t = kv__mem_grow(peer->exposed, &peer->cap_exposed, peer->n_exposed,
                                                  (size_t)peer->n_exposed + 1, sizeof(*t), 4);
         if (!t)
@@ -295,6 +295,8 @@ kv_status kv_xport_mem_expose(kv_xport_peer *peer, kv_xport_mem *mem, void *blob
         else
             peer->exposed = t;
     }
+    if (st == KV_OK)
+        st = blob_make(peer, e, blob, cap, len);
     if (st != KV_OK) {
         peer->ops->unexpose(peer, e);
         pthread_mutex_unlock(&x->mu);

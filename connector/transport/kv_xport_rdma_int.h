@@ -18,6 +18,7 @@
 #ifndef KV_XPORT_RDMA_INT_H
 #define KV_XPORT_RDMA_INT_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -207,6 +208,13 @@ struct rd_info {
 /* kv_xport_rdma_verbs.c */
 void kv__rd_teardown_check(struct rdma *r, int rc, const char *what);
 kv_status kv__rd_wc_status(enum ibv_wc_status s);
+/* The status of a verbs call that failed with errno e: KV_ERR_NO_MEMORY
+ * for ENOMEM (the call could not allocate: not a device fault), else
+ * KV_ERR_IO. */
+static inline kv_status kv__rd_errno_status(int e)
+{
+    return e == ENOMEM ? KV_ERR_NO_MEMORY : KV_ERR_IO;
+}
 const char *kv__rd_wc_str(enum ibv_wc_status s);
 void kv__rd_kick(kv_xport *x);
 /* A remote region's key (key[key_len], the region's bytes as its blob

@@ -43,15 +43,16 @@ kv_status kv__rd_peer_verbs(struct rdma *r, struct rpeer *rp)
         return kv__error(KV_ERR_NO_MEMORY, "xport rdma: peer buffers");
     rp->bufs_mr = v->reg_mr(r->rail[0].pd, rp->bufs, nb * RD_MSG_BYTES, IBV_ACCESS_LOCAL_WRITE);
     if (!rp->bufs_mr)
-        return kv__error(KV_ERR_IO, "xport rdma: reg_mr of the message buffers on %s: %s",
-                         r->rail[0].dev, strerror(errno));
+        return kv__error(kv__rd_errno_status(errno),
+                         "xport rdma: reg_mr of the message buffers on %s: %s", r->rail[0].dev,
+                         strerror(errno));
     for (uint32_t ri = 0; ri < rp->nrail; ri++) {
         const struct rrail *rl = &r->rail[ri];
         const int cqe = (int)(rp->conns * (RD_SQ_WR + RD_RECVS) + 16);
         rp->cq[ri] = v->create_cq(rl->ctx, cqe, rp, rl->ch, 0);
         if (!rp->cq[ri])
-            return kv__error(KV_ERR_IO, "xport rdma: create_cq of %d on %s: %s", cqe, rl->dev,
-                             strerror(errno));
+            return kv__error(kv__rd_errno_status(errno), "xport rdma: create_cq of %d on %s: %s",
+                             cqe, rl->dev, strerror(errno));
         for (uint32_t j = 0; j < rp->conns; j++) {
             const uint32_t i = ri * rp->conns + j;
             struct ibv_qp_init_attr ia = {.send_cq = rp->cq[ri],
@@ -64,8 +65,8 @@ kv_status kv__rd_peer_verbs(struct rdma *r, struct rpeer *rp)
             struct rqp *q = &rp->q[i];
             q->qp = v->create_qp(rl->pd, &ia);
             if (!q->qp)
-                return kv__error(KV_ERR_IO, "xport rdma: create_qp on %s: %s", rl->dev,
-                                 strerror(errno));
+                return kv__error(kv__rd_errno_status(errno), "xport rdma: create_qp on %s: %s",
+                                 rl->dev, strerror(errno));
             q->drained = true; /* nothing posted yet */
             q->psn = (uint32_t)(kv__xxh3_64(&(uint64_t[2]){kv__now_ns(), i}, 16) & 0xffffff);
             struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
@@ -77,8 +78,8 @@ kv_status kv__rd_peer_verbs(struct rdma *r, struct rpeer *rp)
             int e = v->modify_qp(
                 q->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
             if (e)
-                return kv__error(KV_ERR_IO, "xport rdma: QP %u to INIT on %s: %s", i, rl->dev,
-                                 strerror(e));
+                return kv__error(kv__rd_errno_status(e), "xport rdma: QP %u to INIT on %s: %s", i,
+                                 rl->dev, strerror(e));
             for (uint32_t k = 0; ri == 0 && k < RD_RECVS; k++) {
                 const uint32_t b = i * RD_RECVS + k;
                 struct ibv_sge sg = {.addr = (uintptr_t)kv__rd_buf_at(rp, b),
@@ -88,7 +89,8 @@ kv_status kv__rd_peer_verbs(struct rdma *r, struct rpeer *rp)
                                    *bad = NULL;
                 e = v->post_recv(q->qp, &w, &bad);
                 if (e)
-                    return kv__error(KV_ERR_IO, "xport rdma: post_recv: %s", strerror(e));
+                    return kv__error(kv__rd_errno_status(e), "xport rdma: post_recv: %s",
+                                     strerror(e));
             }
         }
     }

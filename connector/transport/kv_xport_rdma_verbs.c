@@ -203,8 +203,9 @@ static kv_status events_open(struct rdma *r)
         struct rrail *rl = &r->rail[i];
         rl->ch = r->v->create_comp_channel(rl->ctx);
         if (!rl->ch)
-            return kv__error(KV_ERR_IO, "xport_create(rdma): create_comp_channel on %s: %s",
-                             rl->dev, strerror(errno));
+            return kv__error(kv__rd_errno_status(errno),
+                             "xport_create(rdma): create_comp_channel on %s: %s", rl->dev,
+                             strerror(errno));
         const int fl = fcntl(rl->ch->fd, F_GETFL);
         if (fl < 0 || fcntl(rl->ch->fd, F_SETFL, fl | O_NONBLOCK) != 0)
             return kv__error(KV_ERR_IO,
@@ -333,7 +334,7 @@ static kv_status pick_port(struct rdma *r, struct rrail *rl, struct ibv_device *
     const struct kv__verbs *v = r->v;
     const struct kv_xport_config *cfg = &r->x->cfg;
     char seen[512] = "", names[512] = "";
-    bool named = false;
+    bool named = false, no_memory = false; /* a device or port query ran out of memory */
     if (cfg->rdma_port > 255)
         return kv__error(KV_ERR_INVALID_ARG, "xport_create(rdma): rdma_port %u (ports are 1..255)",
                          cfg->rdma_port);
@@ -346,13 +347,14 @@ static kv_status pick_port(struct rdma *r, struct rrail *rl, struct ibv_device *
         snprintf(rl->dev, sizeof(rl->dev), "%s", name ? name : "?");
         rl->ctx = v->open_device(list[d]);
         int e = rl->ctx ? v->query_device(rl->ctx, &rl->da) : (errno ? errno : ENODEV);
+        no_memory |= e == ENOMEM;
         if (e != 0) {
             if (rl->ctx)
                 (void)v->close_device(rl->ctx);
             rl->ctx = NULL;
             if (want)
-                return kv__error(KV_ERR_IO, "xport_create(rdma): open/query %s: %s", rl->dev,
-                                 strerror(e));
+                return kv__error(kv__rd_errno_status(e), "xport_create(rdma): open/query %s: %s",
+                                 rl->dev, strerror(e));
             say(seen, sizeof(seen), "%s%s: %s", seen[0] ? ", " : "", rl->dev, strerror(e));
             continue;
         }
@@ -371,6 +373,7 @@ static kv_status pick_port(struct rdma *r, struct rrail *rl, struct ibv_device *
         const uint32_t hi = cfg->rdma_port ? cfg->rdma_port : rl->da.phys_port_cnt;
         for (uint32_t pt = lo; pt <= hi; pt++) {
             e = v->query_port(rl->ctx, (uint8_t)pt, &rl->pa);
+            no_memory |= e == ENOMEM;
             if (e != 0) {
                 say(seen, sizeof(seen), "%s%s port %u: %s", seen[0] ? ", " : "", rl->dev, pt,
                     strerror(e));
@@ -399,6 +402,11 @@ static kv_status pick_port(struct rdma *r, struct rrail *rl, struct ibv_device *
         (void)v->close_device(rl->ctx);
         rl->ctx = NULL;
     }
+    if (no_memory) /* not "no port": a device could not be looked at */
+        return kv__error(KV_ERR_NO_MEMORY,
+                         "xport_create(rdma): out of memory opening or querying "
+                         "the devices (%s)",
+                         seen);
     if (want && !named)
         return kv__error(KV_ERR_NOT_FOUND,
                          "xport_create(rdma): no RDMA device \"%s\" (%s lists: %s)", want, v->name,
@@ -628,8 +636,8 @@ static kv_status rail_open(struct rdma *r, uint32_t i, struct ibv_device **list,
         }
         rl->pd = r->v->alloc_pd(rl->ctx);
         if (!rl->pd)
-            st = kv__error(KV_ERR_IO, "xport_create(rdma): alloc_pd on %s: %s", rl->dev,
-                           strerror(errno));
+            st = kv__error(kv__rd_errno_status(errno), "xport_create(rdma): alloc_pd on %s: %s",
+                           rl->dev, strerror(errno));
     }
     if (st != KV_OK) {
         (void)r->v->close_device(rl->ctx);
@@ -668,7 +676,13 @@ static kv_status rdma_start(kv_xport *x)
     r->wake_fd = -1;
     r->busy_poll = x->cfg.rdma_busy_poll;
     int num = 0;
+    errno = 0;
     struct ibv_device **list = v->get_device_list(&num);
+    if (!list && errno == ENOMEM) { /* the call failed (NULL): not "no device" */
+        st = kv__error(KV_ERR_NO_MEMORY, "xport_create(rdma): %s: ibv_get_device_list: %s", v->name,
+                       strerror(errno));
+        goto fail_state;
+    }
     if (!list || num <= 0) {
         if (list)
             v->free_device_list(list);
