@@ -37,18 +37,16 @@
 #include "kv_mem.h"
 #include "kv_verbs_int.h"
 #include "kv_xport_int.h"
+#include "kvt_oom.h"
 #include "kvt_softverbs.h"
 #include "kvt_xport.h"
 #include "kvtest.h"
 
 #define TOKEN 0x0DD5ull
 #define FP 0xF00Dull
-#define K_MAX 4096 /* runs of one case at most */
 #define WAIT_MS 5000
 
 enum { PB = 1u << 16 }; /* bytes of each buffer */
-
-static void *const SENTINEL = (void *)(uintptr_t)0x5e17;
 
 static uint32_t g_timeout_ms = 3000; /* the transfers' timeout */
 
@@ -69,96 +67,6 @@ static void pair_open(struct kvt_pair *p, bool busy)
 {
     struct kv_xport_config cb = rd_cfg(true, busy), ca = rd_cfg(false, busy);
     kvt_pair_open(p, &ca, &cb);
-}
-
-/* ---- the driver (as test_oom.c's) ----------------------------------------------------- */
-
-#define SNAP_MAX 64
-
-struct snap {
-    uint64_t v[SNAP_MAX];
-    size_t n;
-};
-
-static void snap_put(struct snap *s, uint64_t x)
-{
-    assert_true(s->n < SNAP_MAX);
-    s->v[s->n++] = x;
-}
-
-static void snap_bytes(struct snap *s, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 1099511628211ull;
-    snap_put(s, h);
-}
-
-struct oom_case {
-    const char *name;
-    void *ctx;
-    kv_status (*call)(void *ctx);
-    void (*snap)(void *ctx, struct snap *s); /* observable state (may be NULL) */
-    void (*ok)(void *ctx);                   /* check the result, undo it */
-    void (*failed)(void *ctx);               /* outputs untouched (may be NULL) */
-};
-
-static struct snap g_before, g_after;
-
-/* Runs the case for k = 0, 1, ... until it makes no allocation that
- * fails; the number of failures injected. */
-static uint64_t oom_run(const struct oom_case *c)
-{
-    uint64_t injected = 0, absorbed = 0, calls = 0;
-    if (c->snap) {
-        g_before.n = 0;
-        c->snap(c->ctx, &g_before);
-    }
-    for (int64_t k = 0;; k++) {
-        assert_true(k < K_MAX);
-        const uint64_t f0 = kv__mem_failed();
-        kv__mem_fail_after(k);
-        const kv_status st = c->call(c->ctx);
-        kv__mem_fail_after(-1);
-        const uint64_t nf = kv__mem_failed() - f0;
-        injected += nf;
-        calls++;
-        if (st == KV_OK) {
-            c->ok(c->ctx);
-            if (nf == 0)
-                break;
-            absorbed++; /* a fallback absorbed the failure */
-            if (c->snap) {
-                g_before.n = 0;
-                c->snap(c->ctx, &g_before);
-            }
-            continue;
-        }
-        if (nf == 0 || st != KV_ERR_NO_MEMORY)
-            fail_msg("%s: k=%lld: status %s (%s), %llu failures injected", c->name, (long long)k,
-                     kv_status_name(st), kv_last_error(), (unsigned long long)nf);
-        const char *msg = kv_last_error();
-        if (!msg || !msg[0])
-            fail_msg("%s: k=%lld: %s without a message", c->name, (long long)k, kv_status_name(st));
-        if (c->snap) {
-            g_after.n = 0;
-            c->snap(c->ctx, &g_after);
-            assert_int_equal(g_after.n, g_before.n);
-            for (size_t i = 0; i < g_after.n; i++)
-                if (g_after.v[i] != g_before.v[i])
-                    fail_msg("%s: k=%lld: state value %zu is %llu, was %llu (%s)", c->name,
-                             (long long)k, i, (unsigned long long)g_after.v[i],
-                             (unsigned long long)g_before.v[i], msg);
-        }
-        if (c->failed)
-            c->failed(c->ctx);
-    }
-    print_message("  %-24s %4llu calls, %4llu injected failures, %llu absorbed\n", c->name,
-                  (unsigned long long)calls, (unsigned long long)injected,
-                  (unsigned long long)absorbed);
-    assert_true(injected > 0);
-    return injected;
 }
 
 /* ---- create, connect, regions (caller's thread) -------------------------------------- */
@@ -314,21 +222,24 @@ static void test_rdma_setup(void **state)
     static struct xp_ctx x;
     memset(&x, 0, sizeof(x));
     x.cfg = rd_cfg(true, false);
-    struct oom_case c = {"rdma create", &x, call_create, NULL, ok_create, failed_create};
-    oom_run(&c);
+    struct oom_case c = {"rdma create", &x, call_create, NULL, ok_create, failed_create, KV_OK};
+    assert_true(oom_run(&c) > 0); /* every call here allocates */
 
     pair_open(&x.pair, false);
     x.npeers = xp_peers(x.pair.a);
-    c = (struct oom_case){"rdma connect", &x, call_connect, NULL, ok_connect, failed_connect};
-    oom_run(&c);
-    c = (struct oom_case){"rdma mem_reg", &x, call_reg, NULL, ok_reg, failed_reg};
-    oom_run(&c);
+    c = (struct oom_case){"rdma connect", &x,   call_connect, NULL, ok_connect,
+                          failed_connect, KV_OK};
+    assert_true(oom_run(&c) > 0); /* every call here allocates */
+    c = (struct oom_case){"rdma mem_reg", &x, call_reg, NULL, ok_reg, failed_reg, KV_OK};
+    assert_true(oom_run(&c) > 0); /* every call here allocates */
     assert_int_equal(kv_xport_mem_reg(x.pair.b, x.mem, sizeof(x.mem), KV_MEM_HOST, &x.m), KV_OK);
-    c = (struct oom_case){"rdma mem_expose", &x, call_expose, xp_snap, ok_expose, failed_expose};
-    oom_run(&c);
+    c = (struct oom_case){"rdma mem_expose", &x,   call_expose, xp_snap, ok_expose,
+                          failed_expose,     KV_OK};
+    assert_true(oom_run(&c) > 0); /* every call here allocates */
     assert_int_equal(kv_xport_mem_expose(x.pair.pb, x.m, x.blob, sizeof(x.blob), &x.len), KV_OK);
-    c = (struct oom_case){"rdma rmem_import", &x, call_import, xp_snap, ok_import, failed_import};
-    oom_run(&c);
+    c = (struct oom_case){"rdma rmem_import", &x,   call_import, xp_snap, ok_import,
+                          failed_import,      KV_OK};
+    assert_true(oom_run(&c) > 0); /* every call here allocates */
     assert_int_equal(kv_xport_mem_unexpose(x.pair.pb, x.m), KV_OK);
     assert_int_equal(kv_xport_mem_dereg(x.m), KV_OK);
     /* refused (KV_ERR_BAD_STATE) if a failed call left a region or a peer held */
@@ -463,8 +374,8 @@ static void test_rdma_post(void **state)
         x.mode = mode;
         if (mode == 2)
             kvt_fill(x.dst, PB, 9); /* what the read brings back */
-        struct oom_case c = {names[mode], &x, call_post, po_snap, ok_post, failed_post};
-        oom_run(&c);
+        struct oom_case c = {names[mode], &x, call_post, po_snap, ok_post, failed_post, KV_OK};
+        assert_true(oom_run(&c) > 0); /* every call here allocates */
     }
     assert_int_equal(kv_xport_notify_poll(x.p.b, 0, x.msg), KV_ERR_TIMEOUT);
     assert_int_equal(kv_xport_rmem_free(x.r), KV_OK);
