@@ -367,9 +367,13 @@ KV_API KV_NODISCARD kv_status kv_xport_read(kv_xport_peer *peer, const struct kv
 
 /* The notification of a transfer: delivered to the peer strictly after every
  * byte of every write posted on this peer before it (this transfer's
- * included) has landed. The peer may refuse it when its queue of
- * notifications not yet polled is full (max_pending_notes): the transfer
- * then ends FAILED with KV_ERR_CAPACITY. */
+ * included) has landed. A transfer with a notification ends DONE only once
+ * the peer has queued it (every backend acknowledges it). The peer refuses
+ * it when its queue of notifications not yet polled is full
+ * (max_pending_notes) or it cannot allocate the copy: the transfer then
+ * ends FAILED, its entries KV_OK (the data landed), and
+ * kv_xport_xfer_note_status gives KV_ERR_CAPACITY or KV_ERR_NO_MEMORY; the
+ * peer stays connected. */
 struct kv_xport_notify {
     uint64_t tag;
     const void *msg; /* copied at post */
@@ -445,8 +449,9 @@ KV_API KV_NODISCARD kv_status kv_xport_xfer_results(kv_xport_xfer *xfer, const k
 /* The notification's outcome, once terminal: KV_OK when it was delivered,
  * or the transfer has none or ended before sending it; else the status the
  * peer refused it with (KV_ERR_CAPACITY: its queue of notifications not yet
- * polled was full). Such a transfer ends FAILED with every entry KV_OK: its
- * data landed, its notification did not. KV_ERR_BAD_STATE until terminal. */
+ * polled was full; KV_ERR_NO_MEMORY: it could not allocate the copy). Such a transfer ends FAILED
+ * with every entry KV_OK: its data landed, its notification did not. KV_ERR_BAD_STATE until
+ * terminal. */
 KV_API KV_NODISCARD kv_status kv_xport_xfer_note_status(kv_xport_xfer *xfer, kv_status *st);
 /* Why a terminal transfer that is not DONE ended: the first failure's
  * detail, naming the entry and the values ("" when DONE or pending, or when
@@ -477,8 +482,9 @@ struct kv_xport_stats {
     uint64_t peers_refused;         /* handshakes refused (mismatch, corrupt, the handshake
                                        limit, a deadline) */
     uint64_t handshakes_over_limit; /* of which: over max_handshakes */
-    uint64_t notes_refused;         /* notifications refused (max_pending_notes), or dropped
-                                       with a peer that failed its handshake */
+    uint64_t notes_refused;         /* notifications refused (max_pending_notes, or no memory
+                                       to queue one), or dropped with a peer that failed its
+                                       handshake */
     uint64_t reads_refused;         /* reads refused (max_pending_reads, not exposed) */
     uint64_t frames_stalled;        /* peers closed: an incoming frame past its deadline */
     uint64_t sends_stalled;         /* peers closed: not reading what we send for timeout_ms */

@@ -461,6 +461,15 @@ static inline int kv__xport_poll_ms(uint64_t d, uint32_t cap_ms)
 /* mu held: the peer refused t's notification with st (detail msg). */
 void kv__xport_note_refused(kv_xport_xfer *t, kv_status st, const char *msg);
 
+/* The message of a peer's refusal of the notification (note) or of entry
+ * `entry` of our transfer `xfer`, into why[cap]: "peer P refused the
+ * notification of transfer X: KV_ERR_CAPACITY (its queue ...)", the limit
+ * named for KV_ERR_CAPACITY; s is kv__xport_wire_status of the wire value
+ * `wire` (one that is not a kv_status is named as such). All three
+ * backends. */
+void kv__xport_refusal_msg(char *why, size_t cap, uint64_t peer, uint64_t xfer, bool note,
+                           uint32_t entry, int64_t wire, kv_status s);
+
 /* mu held: the peer's handshake completed (accept queue for incoming). */
 void kv__xport_peer_ready(kv_xport_peer *p);
 

@@ -165,3 +165,105 @@ kv_status kv__rd_info_decode(const unsigned char *b, uint32_t len, uint32_t nq,
     *out = in;
     return KV_OK;
 }
+
+kv_status kv__rd_msg_decode(const unsigned char *m, uint32_t byte_len, struct rd_msg *out,
+                            char *msg, size_t cap)
+{
+    if (byte_len < RD_NOTE_HDR || byte_len > RD_MSG_BYTES) {
+        snprintf(msg, cap, "a message of %u bytes (%u to %u)", byte_len, RD_NOTE_HDR, RD_MSG_BYTES);
+        return KV_ERR_CORRUPT;
+    }
+    const uint32_t magic = (uint32_t)kv__le_get(m, 4);
+    const uint64_t len = kv__le_get(m + 4, 4);
+    struct rd_msg d = {.tag = kv__le_get(m + 8, 8), .xfer = kv__le_get(m + 16, 8)};
+    if (len + RD_NOTE_HDR != byte_len) {
+        snprintf(msg, cap, "a message of %u bytes naming a payload of %" PRIu64 " bytes", byte_len,
+                 len);
+        return KV_ERR_CORRUPT;
+    }
+    if (magic == RD_NOTE_MAGIC) {
+        d.kind = RD_MSG_NOTE;
+        d.len = (uint32_t)len;
+        d.data = m + RD_NOTE_HDR;
+        *out = d;
+        return KV_OK;
+    }
+    if (magic != RD_ACK_MAGIC) {
+        snprintf(msg, cap,
+                 "a message with magic 0x%08x (a notification has 0x%08x, an acknowledgement "
+                 "0x%08x)",
+                 magic, RD_NOTE_MAGIC, RD_ACK_MAGIC);
+        return KV_ERR_CORRUPT;
+    }
+    if (d.tag != 0 || d.xfer != 0 || len == 0 || len % RD_ACK_REC != 0 ||
+        len / RD_ACK_REC > RD_NOTE_SLOTS) {
+        snprintf(msg, cap,
+                 "an acknowledgement with tag %" PRIu64 ", transfer %" PRIu64 " and %" PRIu64
+                 " bytes (tag and transfer 0; 1 to %u records of %u bytes)",
+                 d.tag, d.xfer, len, RD_NOTE_SLOTS, RD_ACK_REC);
+        return KV_ERR_CORRUPT;
+    }
+    d.kind = RD_MSG_ACK;
+    d.n = (uint32_t)(len / RD_ACK_REC);
+    for (uint32_t i = 0; i < d.n; i++) {
+        const unsigned char *p = m + RD_NOTE_HDR + RD_ACK_REC * i;
+        const int32_t st = (int32_t)(uint32_t)kv__le_get(p + 8, 4);
+        d.ack_xfer[i] = kv__le_get(p, 8);
+        if (st != KV_OK && st != KV_ERR_CAPACITY && st != KV_ERR_NO_MEMORY) {
+            snprintf(msg, cap,
+                     "acknowledgement record %u (transfer %" PRIu64 ") with status %d (%d OK, %d "
+                     "capacity or %d no memory)",
+                     i, d.ack_xfer[i], (int)st, (int)KV_OK, (int)KV_ERR_CAPACITY,
+                     (int)KV_ERR_NO_MEMORY);
+            return KV_ERR_CORRUPT;
+        }
+        d.ack_st[i] = (kv_status)st;
+    }
+    *out = d;
+    return KV_OK;
+}
+
+uint32_t kv__rd_ack_encode(unsigned char *b, const uint64_t *xfer, const kv_status *st, uint32_t n)
+{
+    kv__le_put(b, RD_ACK_MAGIC, 4);
+    kv__le_put(b + 4, (uint64_t)RD_ACK_REC * n, 4);
+    kv__le_put(b + 8, 0, 8);
+    kv__le_put(b + 16, 0, 8);
+    for (uint32_t i = 0; i < n; i++) {
+        unsigned char *p = b + RD_NOTE_HDR + RD_ACK_REC * i;
+        kv__le_put(p, xfer[i], 8);
+        kv__le_put(p + 8, (uint32_t)(int32_t)st[i], 4);
+    }
+    return RD_NOTE_HDR + RD_ACK_REC * n;
+}
+
+kv_status kv__rd_fail_decode(const unsigned char *b, uint32_t len, kv_status *st, char *text,
+                             size_t cap, char *msg, size_t mcap)
+{
+    if (len < 4 || len > 4 + RD_FAIL_TEXT) {
+        snprintf(msg, mcap, "%u bytes (4 to %u)", len, 4 + RD_FAIL_TEXT);
+        return KV_ERR_CORRUPT;
+    }
+    const int32_t v = (int32_t)(uint32_t)kv__le_get(b, 4);
+    if (v == KV_OK || strcmp(kv_status_name((kv_status)v), "KV_UNKNOWN_STATUS") == 0) {
+        snprintf(msg, mcap, "status %d (a kv_status other than KV_OK)", (int)v);
+        return KV_ERR_CORRUPT;
+    }
+    *st = (kv_status)v;
+    if (cap == 0)
+        return KV_OK;
+    size_t n = len - 4;
+    n = n < cap - 1 ? n : cap - 1;
+    for (size_t i = 0; i < n; i++)
+        text[i] = b[4 + i] >= 32 && b[4 + i] <= 126 ? (char)b[4 + i] : '?';
+    text[n] = 0;
+    return KV_OK;
+}
+
+uint32_t kv__rd_fail_encode(unsigned char *b, kv_status st, const char *text)
+{
+    kv__le_put(b, (uint32_t)(int32_t)st, 4);
+    size_t n = strnlen(text, RD_FAIL_TEXT);
+    memcpy(b + 4, text, n);
+    return (uint32_t)(4 + n);
+}

@@ -31,27 +31,33 @@
 #define RD_MAX_SGE 16u               /* SGEs per WR at most (and max_sge of the device) */
 #define RD_SQ_WR 256u                /* send queue depth per QP (and max_qp_wr) */
 #define RD_RECVS 16u                 /* receive buffers per QP */
-#define RD_NOTE_SLOTS 8u             /* notifications in flight per peer */
-#define RD_NOTE_HDR 16u
+#define RD_NOTE_SLOTS 8u             /* notifications sent, not yet acknowledged, per peer */
+#define RD_ACK_SLOTS 2u              /* acknowledgement messages in flight per peer */
+#define RD_NOTE_HDR 24u
+#define RD_ACK_REC 12u
 #define RD_MSG_BYTES (RD_NOTE_HDR + KV_XPORT_NOTIFY_MAX)
 #define RD_NOTE_MAGIC 0x4b56524eu /* "KVRN" */
+#define RD_ACK_MAGIC 0x4b565241u  /* "KVRA" */
 #define RD_KEY_HEAD 24u
 #define RD_MAX_CHUNKS ((KV__XPORT_KEY_MAX - RD_KEY_HEAD) / 4u)
 #define RD_OOB_INFO 0x4b56524449000001ull  /* OOB tags: QP info */
 #define RD_OOB_READY 0x4b56524449000002ull /* every QP of the sender is RTS */
+#define RD_OOB_FAIL 0x4b56524449000003ull  /* the sender failed the connection: why */
+#define RD_OOB_N 3u                        /* OOB messages of a peer: INFO, READY, FAIL */
+#define RD_FAIL_TEXT 200u                  /* FAIL: the message's bytes at most */
 #define RD_DRAIN_NS (2000ull * 1000000ull) /* a marker that never completes */
 #define RD_RECV_BIT (1ull << 63)
 #define RD_MAX_RAILS KV_XPORT_MAX_RAILS
 
 _Static_assert(RD_MAX_CHUNKS >= 1, "a key holds at least one rkey");
 
-enum rec_kind { REC_WRITE = 1, REC_READ, REC_NOTE, REC_MARK };
+enum rec_kind { REC_WRITE = 1, REC_READ, REC_NOTE, REC_ACK, REC_MARK };
 
 /* One posted send WR (ring slot seq % RD_SQ_WR of its QP). */
 struct rec {
     uint8_t kind;
     uint8_t n;    /* pieces */
-    uint8_t slot; /* REC_NOTE: the note buffer */
+    uint8_t slot; /* REC_NOTE: the note slot; REC_ACK: the acknowledgement buffer */
     uint64_t xfer;
     uint32_t entry[RD_MAX_SGE];
     uint32_t bytes[RD_MAX_SGE];
@@ -93,7 +99,9 @@ struct rpeer {
     uint64_t oob_id; /* its id: how the OOB transport's messages name it */
     enum rphase ph;
     bool info_sent, ready_sent, ready_got, close_req;
-    kv_xport_xfer *oob_x[2]; /* the INFO / READY notifications (freed when terminal) */
+    kv_xport_xfer *oob_x[RD_OOB_N]; /* INFO / READY / FAIL notifications (freed when terminal) */
+    bool fail_sent;                 /* our FAIL (why) went out, or will not */
+    bool fail_from_peer;            /* failed by the peer's FAIL: not echoed */
     /* QPs: conns per rail, rail-major (QP qi is on rail qi / conns); nlink
      * rails connected once the peer's INFO was applied (min of both
      * sides' rails; the QPs of the rails past it stay in INIT, unused):
@@ -103,10 +111,21 @@ struct rpeer {
     struct rec *ring;                /* [nq][RD_SQ_WR] */
     struct ibv_cq *cq[RD_MAX_RAILS]; /* one per rail (its device's); cq_context: this rpeer */
     bool armed[RD_MAX_RAILS];        /* event mode: req_notify_cq since its last event */
-    unsigned char *bufs;             /* [nrecv + RD_NOTE_SLOTS][RD_MSG_BYTES] */
+    unsigned char *bufs;             /* [nrecv + RD_NOTE_SLOTS + RD_ACK_SLOTS][RD_MSG_BYTES] */
     uint32_t nrecv;                  /* receive buffers: rail 0's QPs (notifications) */
     struct ibv_mr *bufs_mr;          /* on rail 0 */
-    bool note_busy[RD_NOTE_SLOTS];
+    /* Our notifications: a slot is busy from its SEND until both its
+     * completion (note_cqe) and the peer's acknowledgement (note_acked)
+     * came: at most RD_NOTE_SLOTS unacknowledged (the peer's bound). */
+    bool note_busy[RD_NOTE_SLOTS], note_cqe[RD_NOTE_SLOTS], note_acked[RD_NOTE_SLOTS];
+    uint64_t note_xfer[RD_NOTE_SLOTS];
+    /* The peer's notifications we owe an acknowledgement (n_ack <=
+     * RD_NOTE_SLOTS: more is a peer over its bound), sent in one message
+     * from a free acknowledgement buffer. */
+    uint64_t ack_xfer[RD_NOTE_SLOTS];
+    kv_status ack_st[RD_NOTE_SLOTS];
+    uint32_t n_ack;
+    bool ack_busy[RD_ACK_SLOTS];
     uint32_t next_q;
     uint64_t deadline_ns; /* handshake; PH_FAIL: drain */
     kv_status why;
@@ -174,18 +193,46 @@ struct chain {
     uint64_t first; /* seq of wr[0] */
 };
 
-/* INFO (LE), version 2: 0 2 kind (rdma), 2 2 INFO version, 4 4 QPs per
- * rail, 8 8 connection id, 16 24 rail 0, then 24 bytes per further rail,
- * then per rail (rail-major) per QP 4 qpn, 4 psn. A rail's 24 bytes: 0 16
- * GID (network order), 16 2 LID, 18 1 link layer (IBV_LINK_LAYER_*), 19 1
- * active MTU (enum ibv_mtu), 20 1 flags (bit 0: the GID is valid), 21 1
- * rail 0: the rail count - 1 (other rails: zero), 22 2 zero. With one rail
- * it is the single-device INFO byte for byte (byte 37 was reserved, 0).
- * Version 1 (no LID, MTU, link layer) read as kind 2, version 0: refused
- * by name. */
+/* Messages on QP 0: a SEND into a receive buffer the receiver pre-posted
+ * (LE): 0 4 magic, 4 4 payload length L, 8 8 tag, 16 8 transfer id, 24 L
+ * payload (L <= KV_XPORT_NOTIFY_MAX).
+ *   NOTE "KVRN": tag and payload are the notification's; the transfer id
+ *        is the sender's, named back in its acknowledgement.
+ *   ACK  "KVRA": tag 0, transfer id 0, L = 12 n (1 <= n <= RD_NOTE_SLOTS):
+ *        n records of 8 transfer id (a NOTE the receiver took), 4 status
+ *        (int32): KV_OK (queued), KV_ERR_CAPACITY (its queue was full:
+ *        max_pending_notes) or KV_ERR_NO_MEMORY (it could not queue it).
+ * A transfer with a notification ends DONE only on a KV_OK record, so
+ * DONE means the notification is queued at the receiver, as over TCP and
+ * shm; a sender has at most RD_NOTE_SLOTS notifications unacknowledged. */
+enum rd_msg_kind { RD_MSG_NOTE = 1, RD_MSG_ACK };
+struct rd_msg {
+    enum rd_msg_kind kind;
+    uint64_t tag, xfer;        /* NOTE */
+    uint32_t len;              /* NOTE: the message's bytes */
+    const unsigned char *data; /* NOTE: the message (inside the decoded bytes) */
+    uint32_t n;                /* ACK: records */
+    uint64_t ack_xfer[RD_NOTE_SLOTS];
+    kv_status ack_st[RD_NOTE_SLOTS];
+};
+
+/* FAIL (an OOB notification, tag RD_OOB_FAIL; LE): 0 4 status (int32: a
+ * kv_status other than KV_OK), 4 .. the failing side's message (0 to
+ * RD_FAIL_TEXT bytes, not NUL-terminated). Sent by the side that fails a
+ * connection for a reason of its own (not a caller's close, not the
+ * peer's FAIL) before its OOB peer closes, so the other side's peer ends
+ * with that status and message, not as a clean close. */
+
+/* INFO (LE), version 3 (version 2 had unacknowledged notifications): 0 2 kind (rdma), 2 2 INFO
+ * version, 4 4 QPs per rail, 8 8 connection id, 16 24 rail 0, then 24 bytes per further rail, then
+ * per rail (rail-major) per QP 4 qpn, 4 psn. A rail's 24 bytes: 0 16 GID (network order), 16 2 LID,
+ * 18 1 link layer (IBV_LINK_LAYER_*), 19 1 active MTU (enum ibv_mtu), 20 1 flags (bit 0: the GID is
+ * valid), 21 1 rail 0: the rail count - 1 (other rails: zero), 22 2 zero. With one rail it is the
+ * single-device INFO byte for byte (byte 37 was reserved, 0). Version 1 (no LID, MTU, link layer)
+ * read as kind 2, version 0: refused by name. */
 #define INFO_HEAD 40u
 #define INFO_RAIL 24u
-#define INFO_VERSION 2u
+#define INFO_VERSION 3u
 #define INFO_HOP_LIMIT 255u /* with a GRH (routable RoCE v2 / across IB subnets) */
 #define INFO_MAX (INFO_HEAD + INFO_RAIL * (RD_MAX_RAILS - 1) + 8 * KV__XPORT_MAX_CONNS)
 
@@ -291,6 +338,22 @@ kv_status kv__rd_info_decode(const unsigned char *b, uint32_t len, uint32_t nq,
                              const uint8_t *links, uint32_t nlinks, struct rd_info *out, char *msg,
                              size_t cap);
 uint32_t kv__rd_mtu_bytes(enum ibv_mtu m);
+/* A message on QP 0 of byte_len bytes at m (the table above), decoded and
+ * checked into *out: KV_OK, or KV_ERR_CORRUPT with msg naming the values
+ * (*out untouched). Pure, as the INFO codec. kv__rd_ack_encode writes an
+ * ACK of n records (1..RD_NOTE_SLOTS) into b and returns its bytes. */
+kv_status kv__rd_msg_decode(const unsigned char *m, uint32_t byte_len, struct rd_msg *out,
+                            char *msg, size_t cap);
+uint32_t kv__rd_ack_encode(unsigned char *b, const uint64_t *xfer, const kv_status *st, uint32_t n);
+/* A peer's FAIL of len bytes at b: KV_OK with *st (a known kv_status,
+ * not KV_OK) and its text in text[cap] (NUL-terminated, bytes outside
+ * 32..126 shown as '?', cut at cap - 1); KV_ERR_CORRUPT with msg naming
+ * the values (*st, text untouched) otherwise. kv__rd_fail_encode writes
+ * ours (st, the first RD_FAIL_TEXT bytes of text) and returns its bytes
+ * (b: 4 + RD_FAIL_TEXT). */
+kv_status kv__rd_fail_decode(const unsigned char *b, uint32_t len, kv_status *st, char *text,
+                             size_t cap, char *msg, size_t mcap);
+uint32_t kv__rd_fail_encode(unsigned char *b, kv_status st, const char *text);
 
 /* kv_xport_rdma_qp_verbs.c */
 unsigned char *kv__rd_buf_at(struct rpeer *rp, uint32_t i);
@@ -299,6 +362,7 @@ void kv__rd_peer_verbs_free(struct rdma *r, struct rpeer *rp);
 struct rpeer *kv__rd_rpeer_new(struct rdma *r, kv_xport_peer *p, kv_xport_peer *oob);
 void kv__rd_peer_fail(struct rdma *r, struct rpeer *rp, kv_status why, const char *fmt, ...)
     KV_PRINTF(4, 5);
+void kv__rd_send_fail(struct rdma *r, struct rpeer *rp);
 void kv__rd_finish_fail(struct rdma *r, struct rpeer *rp);
 bool kv__rd_oob_round(struct rdma *r);
 

@@ -37,7 +37,7 @@ kv_status kv__rd_peer_verbs(struct rdma *r, struct rpeer *rp)
     const uint32_t nq = rp->nq;
     rp->ring = kv__mem_calloc((size_t)nq * RD_SQ_WR, sizeof(*rp->ring));
     rp->nrecv = rp->conns * RD_RECVS;
-    const size_t nb = (size_t)rp->nrecv + RD_NOTE_SLOTS;
+    const size_t nb = (size_t)rp->nrecv + RD_NOTE_SLOTS + RD_ACK_SLOTS;
     rp->bufs = kv__mem_calloc(nb, RD_MSG_BYTES);
     if (!rp->ring || !rp->bufs)
         return kv__error(KV_ERR_NO_MEMORY, "xport rdma: peer buffers");
@@ -203,7 +203,7 @@ void kv__rd_finish_fail(struct rdma *r, struct rpeer *rp)
     kv__rd_peer_verbs_free(r, rp);
     if (rp->oob) /* its transfers end (CANCELLED at the latest) before it returns */
         kv_xport_peer_close(rp->oob);
-    for (int i = 0; i < 2; i++)
+    for (uint32_t i = 0; i < RD_OOB_N; i++)
         if (rp->oob_x[i])
             if (kv_xport_xfer_free(rp->oob_x[i]) != KV_OK)
                 kv__error_clear(); /* cannot be pending: the OOB peer is closed */
@@ -212,12 +212,13 @@ void kv__rd_finish_fail(struct rdma *r, struct rpeer *rp)
     kv__rd_kick(x);
 }
 
-/* mu held: send an OOB notification of rp (INFO or READY). */
+/* mu held: send an OOB notification of rp (which: 0 INFO, 1 READY, 2
+ * FAIL). */
 static bool oob_send(struct rdma *r, struct rpeer *rp, int which, const void *msg, uint32_t len)
 {
+    static const uint64_t tags[RD_OOB_N] = {RD_OOB_INFO, RD_OOB_READY, RD_OOB_FAIL};
     kv_xport *x = r->x;
-    const struct kv_xport_notify n = {
-        .tag = which ? RD_OOB_READY : RD_OOB_INFO, .msg = msg, .len = len};
+    const struct kv_xport_notify n = {.tag = tags[which], .msg = msg, .len = len};
     kv_xport_peer *op = rp->oob;
     pthread_mutex_unlock(&x->mu);
     kv_xport_xfer *t = NULL;
@@ -393,8 +394,36 @@ static void got_ready(struct rdma *r, struct rpeer *rp, const unsigned char *b, 
     maybe_ready(rp);
 }
 
-/* mu held: the OOB side of every peer: new incoming peers, INFO / READY
- * notifications, dead OOB peers. */
+/* mu held: the peer's FAIL: rp fails with the peer's status and message
+ * (a malformed one: KV_ERR_CORRUPT, named). */
+static void got_fail(struct rdma *r, struct rpeer *rp, const unsigned char *b, uint32_t len)
+{
+    kv_status st = KV_OK;
+    char text[RD_FAIL_TEXT + 1], why[160];
+    if (kv__rd_fail_decode(b, len, &st, text, sizeof(text), why, sizeof(why)) != KV_OK) {
+        kv__rd_peer_fail(r, rp, KV_ERR_CORRUPT, "xport rdma: the peer's FAIL: %s", why);
+        return;
+    }
+    rp->fail_from_peer = true;
+    kv__rd_peer_fail(r, rp, st, "xport rdma: the peer failed the connection: %s", text);
+}
+
+/* mu held (dropped around the send): rp failed for a reason of its own
+ * (not a caller's close, not the peer's FAIL, not a destroy): tell the
+ * peer why before the OOB peer closes. Once. */
+void kv__rd_send_fail(struct rdma *r, struct rpeer *rp)
+{
+    if (rp->fail_sent)
+        return;
+    rp->fail_sent = true;
+    if (rp->why == KV_OK || rp->fail_from_peer || r->stop || !rp->info_sent)
+        return;
+    unsigned char b[4 + RD_FAIL_TEXT];
+    (void)oob_send(r, rp, 2, b, kv__rd_fail_encode(b, rp->why, rp->msg));
+}
+
+/* mu held: the OOB side of every peer: new incoming peers, INFO / READY /
+ * FAIL notifications, dead OOB peers. */
 static struct rpeer *find_oob(struct rdma *r, uint64_t oob_id)
 {
     for (struct rpeer *rp = r->peers; rp; rp = rp->next)
@@ -464,6 +493,8 @@ bool kv__rd_oob_round(struct rdma *r)
             got_info(r, rp, m.data, m.len);
         else if (m.tag == RD_OOB_READY)
             got_ready(r, rp, m.data, m.len);
+        else if (m.tag == RD_OOB_FAIL)
+            got_fail(r, rp, m.data, m.len);
         else
             kv__rd_peer_fail(r, rp, KV_ERR_CORRUPT, "xport rdma: OOB message tag 0x%" PRIx64,
                              m.tag);

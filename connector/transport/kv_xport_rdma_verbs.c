@@ -1318,10 +1318,10 @@ static void wait_events(struct rdma *r, uint64_t deadline)
     }
 }
 
-/* mu held: an OOB notification of rp (INFO, READY) not yet terminal. */
+/* mu held: an OOB notification of rp (INFO, READY, FAIL) not yet terminal. */
 static bool oob_pending(const struct rpeer *rp)
 {
-    for (int i = 0; i < 2; i++) {
+    for (uint32_t i = 0; i < RD_OOB_N; i++) {
         kv_xport_state s = KV_XPORT_DONE;
         if (rp->oob_x[i] && kv_xport_xfer_test(rp->oob_x[i], &s) == KV_OK && s == KV_XPORT_PENDING)
             return true;
@@ -1351,6 +1351,7 @@ static void *progress(void *arg)
             if (rp->cq[0])
                 any |= kv__rd_poll_round(r, rp);
             if (rp->ph == PH_FAIL) {
+                kv__rd_send_fail(r, rp); /* why, to the peer, before the OOB close */
                 bool done = true;
                 for (uint32_t i = 0; i < rp->nq; i++)
                     done &= rp->q[i].drained || !rp->q[i].qp;

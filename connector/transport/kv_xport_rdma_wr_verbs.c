@@ -38,18 +38,23 @@ void kv__rd_retire(struct rdma *r, struct rpeer *rp, uint32_t qi, uint64_t seq,
                 q->drained = true;
             continue;
         }
-        if (rc->kind == REC_NOTE)
-            rp->note_busy[rc->slot] = false;
+        if (rc->kind == REC_ACK) {
+            rp->ack_busy[rc->slot] = false;
+            continue;
+        }
+        if (rc->kind == REC_NOTE) { /* sent: the slot waits for the peer's acknowledgement */
+            rp->note_cqe[rc->slot] = true;
+            if (st != IBV_WC_SUCCESS || rp->note_acked[rc->slot])
+                rp->note_busy[rc->slot] = false;
+        }
         kv_xport_xfer *t = kv__xport_xfer_find(rp->p, rc->xfer);
         if (!t)
             continue;
         if (t->busy)
             t->busy--;
         const kv_status ks = st == IBV_WC_SUCCESS ? KV_OK : kv__rd_wc_status(st);
-        if (rc->kind == REC_NOTE) {
-            if (ks == KV_OK)
-                t->note_done = true;
-            else
+        if (rc->kind == REC_NOTE) { /* DONE waits for the acknowledgement (rd_msg) */
+            if (ks != KV_OK)
                 t->failed++; /* ended FAILED at settle (its entries all ended OK) */
             continue;
         }
@@ -169,6 +174,8 @@ static void post_chain(struct rdma *r, struct rpeer *rp, uint32_t qi, struct cha
         struct rec *rc = &rp->ring[(size_t)qi * RD_SQ_WR + s % RD_SQ_WR];
         if (rc->kind == REC_NOTE)
             rp->note_busy[rc->slot] = false;
+        if (rc->kind == REC_ACK)
+            rp->ack_busy[rc->slot] = false;
         kv_xport_xfer *t = kv__xport_xfer_find(rp->p, rc->xfer);
         if (t && t->busy)
             t->busy--;
@@ -182,12 +189,48 @@ static void post_chain(struct rdma *r, struct rpeer *rp, uint32_t qi, struct cha
     kv__rd_peer_fail(r, rp, KV_ERR_IO, "xport rdma: post_send on QP %u: %s", qi, strerror(e));
 }
 
-/* mu held: the notifications of rp that may go now (QP 0, post order). */
+/* mu held: a SEND of b[len] (a message buffer) appended to chain c of QP 0,
+ * recorded as kind / slot / xfer. */
+static void send_append(struct rpeer *rp, struct chain *c, unsigned char *b, uint32_t len,
+                        enum rec_kind kind, uint32_t slot, uint64_t xfer)
+{
+    struct rqp *q = &rp->q[0];
+    struct rec *rc = &rp->ring[q->head % RD_SQ_WR];
+    memset(rc, 0, sizeof(*rc));
+    rc->kind = (uint8_t)kind;
+    rc->slot = (uint8_t)slot;
+    rc->xfer = xfer;
+    const uint32_t w = c->n++;
+    c->sge[w][0] = (struct ibv_sge){.addr = (uintptr_t)b, .length = len, .lkey = rp->bufs_mr->lkey};
+    c->wr[w] = (struct ibv_send_wr){.wr_id = q->head,
+                                    .opcode = IBV_WR_SEND,
+                                    .sg_list = c->sge[w],
+                                    .num_sge = 1,
+                                    .send_flags = IBV_SEND_SIGNALED};
+    if (w)
+        c->wr[w - 1].next = &c->wr[w];
+    q->head++;
+}
+
+/* mu held: what rp's QP 0 has to send now (post order): the
+ * acknowledgements we owe the peer, in one message, then the
+ * notifications that may go, each in a free slot (at most RD_NOTE_SLOTS
+ * unacknowledged). */
 void kv__rd_notes_flush(struct rdma *r, struct rpeer *rp, struct chain *c)
 {
     struct rqp *q = &rp->q[0];
     c->n = 0;
     c->first = q->head;
+    uint32_t as = 0;
+    while (as < RD_ACK_SLOTS && rp->ack_busy[as])
+        as++;
+    if (rp->n_ack && as < RD_ACK_SLOTS && q->head - q->tail + 2 <= RD_SQ_WR) {
+        rp->ack_busy[as] = true;
+        unsigned char *b = kv__rd_buf_at(rp, rp->nrecv + RD_NOTE_SLOTS + as);
+        send_append(rp, c, b, kv__rd_ack_encode(b, rp->ack_xfer, rp->ack_st, rp->n_ack), REC_ACK,
+                    as, 0);
+        rp->n_ack = 0;
+    }
     for (kv_xport_xfer *t = kv__xport_note_next(rp->p->xfers); t;
          t = kv__xport_note_next(t->next)) {
         uint32_t slot = 0;
@@ -196,28 +239,16 @@ void kv__rd_notes_flush(struct rdma *r, struct rpeer *rp, struct chain *c)
         if (slot == RD_NOTE_SLOTS || q->head - q->tail + 2 > RD_SQ_WR)
             break;
         rp->note_busy[slot] = true;
+        rp->note_cqe[slot] = rp->note_acked[slot] = false;
+        rp->note_xfer[slot] = t->id;
         unsigned char *b = kv__rd_buf_at(rp, rp->nrecv + slot);
         kv__le_put(b, RD_NOTE_MAGIC, 4);
         kv__le_put(b + 4, t->note_len, 4);
         kv__le_put(b + 8, t->note_tag, 8);
+        kv__le_put(b + 16, t->id, 8);
         if (t->note_len)
             memcpy(b + RD_NOTE_HDR, t->note, t->note_len);
-        struct rec *rc = &rp->ring[q->head % RD_SQ_WR];
-        memset(rc, 0, sizeof(*rc));
-        rc->kind = REC_NOTE;
-        rc->slot = (uint8_t)slot;
-        rc->xfer = t->id;
-        const uint32_t w = c->n++;
-        c->sge[w][0] = (struct ibv_sge){
-            .addr = (uintptr_t)b, .length = RD_NOTE_HDR + t->note_len, .lkey = rp->bufs_mr->lkey};
-        c->wr[w] = (struct ibv_send_wr){.wr_id = q->head,
-                                        .opcode = IBV_WR_SEND,
-                                        .sg_list = c->sge[w],
-                                        .num_sge = 1,
-                                        .send_flags = IBV_SEND_SIGNALED};
-        if (w)
-            c->wr[w - 1].next = &c->wr[w];
-        q->head++;
+        send_append(rp, c, b, RD_NOTE_HDR + t->note_len, REC_NOTE, slot, t->id);
         t->busy++;
         t->note_sent = true;
     }
@@ -286,6 +317,71 @@ bool kv__rd_send_round(struct rdma *r, struct rpeer *rp, struct chain *c)
     return any;
 }
 
+/* mu held: the peer's NOTE: queued, or refused by the generic layer's
+ * limits (a full queue: KV_ERR_CAPACITY; no memory: KV_ERR_NO_MEMORY),
+ * either way owed an acknowledgement that says which. false: rp failed
+ * (the peer went over its RD_NOTE_SLOTS unacknowledged, or over the
+ * length). */
+static bool on_note(struct rdma *r, struct rpeer *rp, const struct rd_msg *d)
+{
+    if (rp->n_ack == RD_NOTE_SLOTS) {
+        kv__rd_peer_fail(r, rp, KV_ERR_CORRUPT,
+                         "xport rdma: a notification (transfer %" PRIu64
+                         ") past the %u a peer may have unacknowledged",
+                         d->xfer, RD_NOTE_SLOTS);
+        return false;
+    }
+    char why[160];
+    kv_status st = kv__xport_note_admit(rp->p, d->len, why, sizeof(why));
+    if (st == KV_ERR_CORRUPT) {
+        kv__rd_peer_fail(r, rp, st, "xport rdma: %s", why);
+        return false;
+    }
+    if (st == KV_OK && kv__xport_note_push(rp->p, d->tag, d->data, d->len) != KV_OK)
+        st = KV_ERR_NO_MEMORY;
+    if (st != KV_OK)
+        r->x->stats.notes_refused++;
+    rp->ack_xfer[rp->n_ack] = d->xfer;
+    rp->ack_st[rp->n_ack++] = st;
+    return true;
+}
+
+/* mu held: the peer's ACK of our notifications: each frees its slot (once
+ * its SEND completed too) and ends the notification of its transfer, if
+ * that is still pending: done, or refused with the peer's status. false:
+ * rp failed (a record naming no notification awaiting one). */
+static bool on_acks(struct rdma *r, struct rpeer *rp, const struct rd_msg *d)
+{
+    for (uint32_t i = 0; i < d->n; i++) {
+        uint32_t s = 0;
+        while (s < RD_NOTE_SLOTS &&
+               !(rp->note_busy[s] && !rp->note_acked[s] && rp->note_xfer[s] == d->ack_xfer[i]))
+            s++;
+        if (s == RD_NOTE_SLOTS) {
+            kv__rd_peer_fail(r, rp, KV_ERR_CORRUPT,
+                             "xport rdma: an acknowledgement of transfer %" PRIu64
+                             ", which has no notification awaiting one",
+                             d->ack_xfer[i]);
+            return false;
+        }
+        rp->note_acked[s] = true;
+        if (rp->note_cqe[s])
+            rp->note_busy[s] = false;
+        kv_xport_xfer *t = kv__xport_xfer_find(rp->p, d->ack_xfer[i]);
+        if (!t)
+            continue; /* ended already (timed out, cancelled) */
+        if (d->ack_st[i] == KV_OK) {
+            t->note_done = true;
+            continue;
+        }
+        char why[200];
+        kv__xport_refusal_msg(why, sizeof(why), rp->p->id, t->id, true, 0, d->ack_st[i],
+                              d->ack_st[i]);
+        kv__xport_note_refused(t, d->ack_st[i], why);
+    }
+    return true;
+}
+
 /* mu held: poll rp's CQ of rail ri until empty. */
 static bool poll_cq_round(struct rdma *r, struct rpeer *rp, uint32_t ri)
 {
@@ -336,29 +432,16 @@ static bool poll_cq_round(struct rdma *r, struct rpeer *rp, uint32_t ri)
                                      qi, (int)w->opcode, w->byte_len, (int)IBV_WC_RECV);
                     continue;
                 }
+                struct rd_msg d;
+                char why[200];
+                if (kv__rd_msg_decode(kv__rd_buf_at(rp, b), w->byte_len, &d, why, sizeof(why)) !=
+                    KV_OK) {
+                    kv__rd_peer_fail(r, rp, KV_ERR_CORRUPT, "xport rdma: %s", why);
+                    continue;
+                }
+                if (!(d.kind == RD_MSG_ACK ? on_acks(r, rp, &d) : on_note(r, rp, &d)))
+                    continue; /* rp failed */
                 const unsigned char *m = kv__rd_buf_at(rp, b);
-                const uint64_t len = w->byte_len >= RD_NOTE_HDR ? kv__le_get(m + 4, 4) : 0;
-                if (w->byte_len < RD_NOTE_HDR || w->byte_len > RD_MSG_BYTES ||
-                    kv__le_get(m, 4) != RD_NOTE_MAGIC || len + RD_NOTE_HDR != w->byte_len) {
-                    kv__rd_peer_fail(r, rp, KV_ERR_CORRUPT,
-                                     "xport rdma: a notification of %u bytes fails its checks",
-                                     w->byte_len);
-                    continue;
-                }
-                /* The generic layer's limits (length, queue): a peer over
-                 * them is closed, named. */
-                char why[160];
-                const kv_status as = kv__xport_note_admit(rp->p, len, why, sizeof(why));
-                if (as != KV_OK) {
-                    r->x->stats.notes_refused += as == KV_ERR_CAPACITY;
-                    kv__rd_peer_fail(r, rp, as, "xport rdma: %s", why);
-                    continue;
-                }
-                if (kv__xport_note_push(rp->p, kv__le_get(m + 8, 8), m + RD_NOTE_HDR,
-                                        (uint32_t)len) != KV_OK) {
-                    kv__rd_peer_fail(r, rp, KV_ERR_NO_MEMORY, "xport rdma: a notification");
-                    continue;
-                }
                 struct ibv_sge sg = {
                     .addr = (uintptr_t)m, .length = RD_MSG_BYTES, .lkey = rp->bufs_mr->lkey};
                 struct ibv_recv_wr rw = {.wr_id = w->wr_id, .sg_list = &sg, .num_sge = 1},

@@ -357,13 +357,7 @@ static struct kv__xport_verdict on_verdict(struct kv__shm_peer *tp, const struct
                    (unsigned)m->type, m->entry, m->xfer);
     const kv_status s = kv__xport_wire_status(m->status, note);
     char why[200];
-    snprintf(why, sizeof(why), "peer %" PRIu64 " refused %s%u of transfer %" PRIu64 ": %s%s",
-             tp->p->id, note ? "the notification" : "entry ", note ? 0u : m->entry, m->xfer,
-             kv_status_name(s),
-             s == KV_ERR_CAPACITY && note ? " (its queue of notifications not yet polled is "
-                                            "full: max_pending_notes)"
-             : s == KV_ERR_CAPACITY       ? " (its reads being served are at max_pending_reads)"
-                                          : "");
+    kv__xport_refusal_msg(why, sizeof(why), tp->p->id, m->xfer, note, m->entry, m->status, s);
     if (note && s == KV_OK)
         xf->note_done = true;
     else if (note)
@@ -382,10 +376,10 @@ static struct kv__xport_verdict on_notify(struct kv__shm *t, struct kv__shm_peer
     kv_status st = kv__xport_note_admit(tp->p, m->plen, why, sizeof(why));
     if (st == KV_ERR_CORRUPT)
         return bad(st, "xport shm: %s", why);
+    if (st == KV_OK && kv__xport_note_push(tp->p, m->tag, tp->rbuf + KV__SHM_HDR, m->plen) != KV_OK)
+        st = KV_ERR_NO_MEMORY; /* not queued: refused, named, as a full queue */
     if (st != KV_OK)
         t->x->stats.notes_refused++;
-    else if (kv__xport_note_push(tp->p, m->tag, tp->rbuf + KV__SHM_HDR, m->plen) != KV_OK)
-        return bad(KV_ERR_NO_MEMORY, "xport shm: %s", kv_last_error());
     struct kv__shm_msg a = {.type = KV__SM_NOTE_ACK, .xfer = m->xfer, .status = st};
     return kv__shm_put(tp, a, NULL, 0) ? KV__XPORT_OK
                                        : bad(KV_ERR_NO_MEMORY, "xport shm: control buffer");

@@ -413,24 +413,8 @@ static struct kv__xport_verdict on_nack(struct kv__tcp_peer *tp, const struct kv
     } else {
         const int64_t v = (int64_t)f->offset;
         const kv_status s = kv__xport_wire_status(v, false);
-        char what[40], why[200];
-        if (note) /* (was "the notification0") */
-            snprintf(what, sizeof(what), "the notification");
-        else
-            snprintf(what, sizeof(what), "entry %u", f->entry);
-        if (s == KV_ERR_CORRUPT && v != KV_ERR_CORRUPT)
-            snprintf(why, sizeof(why),
-                     "peer %" PRIu64 " refused %s of transfer %" PRIu64 " with status %" PRId64
-                     ", which is not a kv_status",
-                     tp->p->id, what, f->xfer, v);
-        else
-            snprintf(why, sizeof(why), "peer %" PRIu64 " refused %s of transfer %" PRIu64 ": %s%s",
-                     tp->p->id, what, f->xfer, kv_status_name(s),
-                     s == KV_ERR_CAPACITY && note ? " (its queue of notifications not yet polled "
-                                                    "is full: max_pending_notes)"
-                     : s == KV_ERR_CAPACITY       ? " (its reads being served are at "
-                                                    "max_pending_reads)"
-                                                  : "");
+        char why[200];
+        kv__xport_refusal_msg(why, sizeof(why), tp->p->id, f->xfer, note, f->entry, v, s);
         if (note)
             kv__xport_note_refused(xf, s, why);
         else
@@ -729,10 +713,14 @@ static struct kv__xport_verdict on_payload(struct kv__tcp *t, struct kv__tcp_con
         if (!sum_ok)
             return bad(KV_ERR_CORRUPT, "xport tcp: frame type %u fails its payload checksum",
                        (unsigned)f->type);
-        if (f->type == KV__XF_NOTIFY) {
-            if (kv__xport_note_push(tp->p, f->offset, c->small, (uint32_t)f->length) != KV_OK)
-                return bad(KV_ERR_NO_MEMORY, "xport tcp: %s", kv_last_error());
-            struct kv__xf a = {.type = KV__XF_ACK, .xfer = f->xfer, .entry = KV__XF_ENTRY_NOTE};
+        if (f->type == KV__XF_NOTIFY) { /* not queued for lack of memory: refused, named */
+            const bool queued =
+                kv__xport_note_push(tp->p, f->offset, c->small, (uint32_t)f->length) == KV_OK;
+            t->x->stats.notes_refused += !queued;
+            const struct kv__xf a = {.type = queued ? KV__XF_ACK : KV__XF_NACK,
+                                     .xfer = f->xfer,
+                                     .entry = KV__XF_ENTRY_NOTE,
+                                     .offset = queued ? 0 : (uint64_t)(int64_t)KV_ERR_NO_MEMORY};
             if (!kv__tcp_ctl_put(c, a, NULL, 0))
                 return bad(KV_ERR_NO_MEMORY, "xport tcp: control buffer");
             return KV__XPORT_OK;

@@ -335,6 +335,30 @@ void kv__xport_note_refused(kv_xport_xfer *t, kv_status st, const char *msg)
         snprintf(t->why, sizeof(t->why), "%s", msg);
 }
 
+void kv__xport_refusal_msg(char *why, size_t cap, uint64_t peer, uint64_t xfer, bool note,
+                           uint32_t entry, int64_t wire, kv_status s)
+{
+    char what[40];
+    if (note)
+        snprintf(what, sizeof(what), "the notification");
+    else
+        snprintf(what, sizeof(what), "entry %u", entry);
+    if (s == KV_ERR_CORRUPT && wire != KV_ERR_CORRUPT) {
+        snprintf(why, cap,
+                 "peer %" PRIu64 " refused %s of transfer %" PRIu64 " with status %" PRId64
+                 ", which is not a kv_status",
+                 peer, what, xfer, wire);
+        return;
+    }
+    snprintf(why, cap, "peer %" PRIu64 " refused %s of transfer %" PRIu64 ": %s%s", peer, what,
+             xfer, kv_status_name(s),
+             s == KV_ERR_CAPACITY && note    ? " (its queue of notifications not yet polled is "
+                                               "full: max_pending_notes)"
+             : s == KV_ERR_CAPACITY          ? " (its reads being served are at max_pending_reads)"
+             : s == KV_ERR_NO_MEMORY && note ? " (it could not allocate the notification)"
+                                             : "");
+}
+
 bool kv__xport_note_may_go(const kv_xport_xfer *t)
 {
     if (t->left || t->failed)

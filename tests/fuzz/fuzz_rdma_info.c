@@ -11,7 +11,15 @@
  *   mode 1 (structured)  kind, version, QP count, a rail count that fits
  *                        and the length made right, so the checks behind
  *                        them (each rail's link layer, flags, MTU, LID,
- *                        GID; each qpn/psn) are reached.
+ *                        GID; each qpn/psn) are reached;
+ *   mode 2, 3            a message on QP 0 instead (kv__rd_msg_decode: a
+ *                        NOTE or an ACK of our notifications), raw or with
+ *                        its magic, length and zero fields made right;
+ *                        checked against a reference read from the message
+ *                        table, an ACK re-encoded byte for byte;
+ *   mode 4               an out-of-band FAIL (kv__rd_fail_decode: status,
+ *                        then text), against the status table; printable
+ *                        text re-encoded byte for byte.
  *
  * The message lives in a malloc of its exact length (ASan sees any read
  * past it). The decode is checked against a reference decoder written here
@@ -73,7 +81,7 @@ static kv_status reference(const unsigned char *b, uint32_t len, uint32_t nq, co
 {
     if (len < 40)
         return KV_ERR_CORRUPT;
-    if (rd(b, 2) != 2 || rd(b + 2, 2) != 2 || rd(b + 4, 4) != nq)
+    if (rd(b, 2) != 2 || rd(b + 2, 2) != 3 || rd(b + 4, 4) != nq)
         return KV_ERR_MISMATCH;
     const uint32_t rails = b[37] + 1u;
     if (rails > 8 || rails * nq > 16)
@@ -110,6 +118,161 @@ static kv_status reference(const unsigned char *b, uint32_t len, uint32_t nq, co
     return KV_OK;
 }
 
+/* ---- messages on QP 0 (NOTE, ACK) ---------------------------------- */
+
+/* The reference: the message table read literally. 0 = accepted. */
+static kv_status msg_reference(const unsigned char *b, uint32_t len)
+{
+    if (len < 24 || len > 24 + 4096 || rd(b + 4, 4) + 24 != len)
+        return KV_ERR_CORRUPT;
+    if (rd(b, 4) == 0x4b56524e) /* "KVRN" */
+        return KV_OK;
+    if (rd(b, 4) != 0x4b565241 || rd(b + 8, 8) != 0 || rd(b + 16, 8) != 0) /* "KVRA" */
+        return KV_ERR_CORRUPT;
+    const uint32_t pl = len - 24;
+    if (pl == 0 || pl % 12 != 0 || pl / 12 > 8)
+        return KV_ERR_CORRUPT;
+    for (uint32_t i = 0; i < pl / 12; i++) {
+        const int32_t st = (int32_t)(uint32_t)rd(b + 24 + 12 * i + 8, 4);
+        if (st != KV_OK && st != KV_ERR_CAPACITY && st != KV_ERR_NO_MEMORY)
+            return KV_ERR_CORRUPT;
+    }
+    return KV_OK;
+}
+
+/* Modes 2 and 3: the bytes after the mode byte are a message, raw or with
+ * its magic (byte 0: NOTE or ACK), length and, for an ACK, its zero fields
+ * made right and its statuses drawn from the three it may carry (or not). */
+static int fuzz_msg(const uint8_t *data, size_t size, bool structured)
+{
+    uint32_t len = (uint32_t)(size < 24 + 4096 + 64 ? size : 24 + 4096 + 64);
+    if (structured && size >= 2) {
+        const bool ack = data[0] & 1;
+        len = ack ? 24 + 12 * (1 + data[1] % 9u) : 24 + (uint32_t)(size > 24 ? size - 24 : 0);
+        if (len > 24 + 4096)
+            len = 24 + 4096;
+    }
+    unsigned char *b = malloc(len ? len : 1);
+    if (!b)
+        return 0;
+    memset(b, 0, len);
+    memcpy(b, data, size < len ? size : len);
+    if (structured && size >= 2 && len >= 24) {
+        const bool ack = data[0] & 1;
+        wr(b, ack ? 0x4b565241 : 0x4b56524e, 4);
+        wr(b + 4, len - 24, 4);
+        if (ack) {
+            wr(b + 8, 0, 8);
+            wr(b + 16, 0, 8);
+            static const int32_t sts[4] = {KV_OK, KV_ERR_CAPACITY, KV_ERR_NO_MEMORY, 0};
+            for (uint32_t i = 0; 24 + 12 * (i + 1) <= len; i++) {
+                const unsigned char *st = b + 24 + 12 * i + 8;
+                const uint32_t k = st[0] % 5u;
+                if (k < 3)
+                    wr(b + 24 + 12 * i + 8, (uint32_t)sts[k], 4); /* else: as drawn */
+            }
+        }
+    }
+    const kv_status want = msg_reference(b, len);
+    struct rd_msg out;
+    memset(&out, 0xa5, sizeof(out));
+    const uint64_t tag0 = out.tag;
+    char msg[256];
+    memset(msg, 'x', sizeof(msg));
+    const kv_status got = kv__rd_msg_decode(b, len, &out, msg, sizeof(msg));
+    if ((got == KV_OK) != (want == KV_OK))
+        die(got == KV_OK ? "accepted a message the table refuses"
+                         : "refused a message the table accepts");
+    if (got != KV_OK) {
+        if (got != KV_ERR_CORRUPT)
+            die("a message refused with a class other than CORRUPT");
+        if (!memchr(msg, 0, sizeof(msg)) || msg[0] == 0)
+            die("a message refused without a message");
+        if (out.tag != tag0)
+            die("a refused message wrote *out");
+    } else if (rd(b, 4) == 0x4b56524e) {
+        if (out.kind != RD_MSG_NOTE || out.tag != rd(b + 8, 8) || out.xfer != rd(b + 16, 8) ||
+            out.len != len - 24 || out.data != b + 24)
+            die("a decoded NOTE differs from the message");
+    } else {
+        if (out.kind != RD_MSG_ACK || out.n != (len - 24) / 12)
+            die("a decoded ACK has the wrong record count");
+        for (uint32_t i = 0; i < out.n; i++)
+            if (out.ack_xfer[i] != rd(b + 24 + 12 * i, 8) ||
+                (int32_t)out.ack_st[i] != (int32_t)(uint32_t)rd(b + 24 + 12 * i + 8, 4))
+                die("a decoded ACK record differs from the message");
+        unsigned char again[24 + 12 * 8];
+        if (kv__rd_ack_encode(again, out.ack_xfer, out.ack_st, out.n) != len ||
+            memcmp(again, b, len) != 0)
+            die("encode(decode(ACK)) != ACK");
+    }
+    free(b);
+    return 0;
+}
+
+/* ---- FAIL (an OOB notification) ------------------------------------ */
+
+/* Whether v is a kv_status other than KV_OK: the status table itself. */
+static bool an_error(int32_t v)
+{
+    switch (v) {
+#define KNOWN(name, value, msg)                                                                    \
+    case value:                                                                                    \
+        return value != 0;
+        KV_STATUS_MAP(KNOWN)
+#undef KNOWN
+    }
+    return false;
+}
+
+/* Mode 4: the bytes after the mode byte are a FAIL: 4 status, then text.
+ * Accepted exactly when 4 <= len <= 204 and the status is an error; the
+ * text comes back printable, NUL-terminated, cut to the buffer. */
+static int fuzz_fail(const uint8_t *data, size_t size)
+{
+    const uint32_t len = (uint32_t)(size < 300 ? size : 300);
+    unsigned char *b = malloc(len ? len : 1);
+    if (!b)
+        return 0;
+    memcpy(b, data, len);
+    const bool want = len >= 4 && len <= 204 && an_error((int32_t)(uint32_t)rd(b, 4));
+    const size_t cap = len ? 1 + data[0] % 64u : 16; /* small buffers cut the text */
+    char text[64], msg[160];
+    memset(text, 'z', sizeof(text));
+    memset(msg, 'x', sizeof(msg));
+    kv_status st = KV_OK;
+    const kv_status got = kv__rd_fail_decode(b, len, &st, text, cap, msg, sizeof(msg));
+    if ((got == KV_OK) != want)
+        die(got == KV_OK ? "accepted a FAIL the table refuses"
+                         : "refused a FAIL the table accepts");
+    if (got != KV_OK) {
+        if (got != KV_ERR_CORRUPT || st != KV_OK || text[0] != 'z')
+            die("a refused FAIL: wrong class, or wrote its outputs");
+        if (!memchr(msg, 0, sizeof(msg)) || msg[0] == 0)
+            die("a refused FAIL without a message");
+    } else {
+        if ((int32_t)st != (int32_t)(uint32_t)rd(b, 4))
+            die("a FAIL's status differs from the message");
+        const size_t n = len - 4 < cap - 1 ? len - 4 : cap - 1;
+        if (strlen(text) != n)
+            die("a FAIL's text has the wrong length");
+        for (size_t i = 0; i < n; i++)
+            if (text[i] != (b[4 + i] >= 32 && b[4 + i] <= 126 ? (char)b[4 + i] : '?'))
+                die("a FAIL's text differs from the message");
+        unsigned char again[4 + 200];
+        if (n == len - 4 && strlen(text) == n && !memchr(b + 4, 0, len - 4)) {
+            int printable = 1;
+            for (size_t i = 0; i < n; i++)
+                printable &= b[4 + i] >= 32 && b[4 + i] <= 126;
+            if (printable &&
+                (kv__rd_fail_encode(again, st, text) != len || memcmp(again, b, len) != 0))
+                die("encode(decode(FAIL)) != FAIL");
+        }
+    }
+    free(b);
+    return 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 3 || size > 3 + INFO_MAX + 64)
@@ -120,7 +283,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t links[3];
     for (uint32_t i = 0, v = data[1] / 3u; i < nlinks; i++, v /= 3)
         links[i] = kinds[v % 3];
-    const int mode = data[2] % 2;
+    const int mode = data[2] % 5;
+    if (mode == 4)
+        return fuzz_fail(data + 3, size - 3);
+    if (mode >= 2)
+        return fuzz_msg(data + 3, size - 3, mode == 3);
     uint32_t len = (uint32_t)(size - 3);
     uint32_t rails = 1;
     if (mode == 1) {
@@ -136,7 +303,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(b, data + 3, size - 3 < len ? size - 3 : len);
     if (mode == 1) {
         wr(b, 2, 2);
-        wr(b + 2, 2, 2);
+        wr(b + 2, 3, 2);
         wr(b + 4, nq, 4);
         b[37] = (unsigned char)(rails - 1);
     }

@@ -96,18 +96,20 @@ static struct {
     enum kvt_sv_fault kind;
     uint32_t left; /* events still let through */
     uint32_t arg;
+    bool writes_only; /* kvt_sv_fault_writes: only RDMA WRITEs' events are eligible */
 } fault; /* guarded by fault_lock */
 
 static struct {
     _Atomic uint64_t requests_sent, requests_served, bytes_landed, naks_sent, cqes, faults_fired;
 } stats;
 
-/* Whether the armed fault is `kind` and hits this event (then disarms). */
-static bool fault_hit(enum kvt_sv_fault kind, uint32_t *arg)
+/* Whether the armed fault is `kind` and hits this event (then disarms);
+ * write: the event is an RDMA WRITE's (its request or its completion). */
+static bool fault_hit(enum kvt_sv_fault kind, bool write, uint32_t *arg)
 {
     bool hit = false;
     pthread_mutex_lock(&fault_lock);
-    if (fault.kind == kind) {
+    if (fault.kind == kind && (write || !fault.writes_only)) {
         if (fault.left > 0) {
             fault.left--;
         } else {
@@ -123,13 +125,24 @@ static bool fault_hit(enum kvt_sv_fault kind, uint32_t *arg)
     return hit;
 }
 
-void kvt_sv_fault(enum kvt_sv_fault f, uint32_t after_n, uint32_t arg)
+static void fault_arm(enum kvt_sv_fault f, uint32_t after_n, uint32_t arg, bool writes_only)
 {
     pthread_mutex_lock(&fault_lock);
     fault.kind = f;
     fault.left = after_n;
     fault.arg = arg;
+    fault.writes_only = writes_only;
     pthread_mutex_unlock(&fault_lock);
+}
+
+void kvt_sv_fault(enum kvt_sv_fault f, uint32_t after_n, uint32_t arg)
+{
+    fault_arm(f, after_n, arg, false);
+}
+
+void kvt_sv_fault_writes(enum kvt_sv_fault f, uint32_t after_n, uint32_t arg)
+{
+    fault_arm(f, after_n, arg, true);
 }
 
 void kvt_sv_set_max_mr_size(uint64_t bytes)
@@ -509,7 +522,8 @@ static void cq_event(struct sv_cq *cq)
 static void cq_push(struct sv_cq *cq, struct sv_qp *qp, const struct ibv_wc *wc, uint32_t retire)
 {
     atomic_fetch_add(&stats.cqes, 1);
-    if (fault_hit(KVT_SV_LOST_COMPLETION, NULL)) {
+    const bool write = wc->opcode == IBV_WC_RDMA_WRITE;
+    if (fault_hit(KVT_SV_LOST_COMPLETION, write, NULL)) {
         qp->sq_used -= retire; /* as if polled: the slots do not leak */
         return;
     }
@@ -526,7 +540,7 @@ static void cq_push(struct sv_cq *cq, struct sv_qp *qp, const struct ibv_wc *wc,
     e->wc = *wc;
     e->qp = qp;
     e->retire = retire;
-    e->visible_ns = fault_hit(KVT_SV_DELAY_COMPLETION, &delay_ms)
+    e->visible_ns = fault_hit(KVT_SV_DELAY_COMPLETION, write, &delay_ms)
                         ? now_ns() + (uint64_t)delay_ms * 1000000ull
                         : 0;
     cq->count++;
@@ -763,9 +777,10 @@ static void qp_start_head(struct sv_qp *qp)
         n = 0; /* no payload; the response lands in the SGEs */
         break;
     }
-    if (fault_hit(KVT_SV_REMOTE_ACCESS, NULL))
+    const bool write = w->op == IBV_WR_RDMA_WRITE || w->op == IBV_WR_RDMA_WRITE_WITH_IMM;
+    if (fault_hit(KVT_SV_REMOTE_ACCESS, write, NULL))
         h.flags |= SV_FORCE_NAK;
-    if (!qp->conn || qp->conn->dead || fault_hit(KVT_SV_RETRY_EXCEEDED, NULL)) {
+    if (!qp->conn || qp->conn->dead || fault_hit(KVT_SV_RETRY_EXCEEDED, write, NULL)) {
         qp->fail_at_ns = now_ns() + KVT_SV_RETRY_MS * 1000000ull; /* nobody answers */
         return;
     }

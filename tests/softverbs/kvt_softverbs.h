@@ -119,6 +119,10 @@ enum kvt_sv_fault {
     KVT_SV_DELAY_COMPLETION = 4, /* a CQE is held arg ms (the CQE after it waits too) */
 };
 void kvt_sv_fault(enum kvt_sv_fault f, uint32_t after_n, uint32_t arg);
+/* The same, counting and hitting only RDMA WRITEs' events (their requests,
+ * their completions): a session's other traffic (notifications and their
+ * acknowledgements, SENDs) passes untouched and uncounted. */
+void kvt_sv_fault_writes(enum kvt_sv_fault f, uint32_t after_n, uint32_t arg);
 
 /* How long a dropped request or a dead connection takes to fail its WR. */
 #define KVT_SV_RETRY_MS 50

@@ -95,6 +95,7 @@ enum tags {
     TAG_ZERO,       /* zero region A, reply RESULT */
     TAG_RESULT,     /* u64: the first bad offset, UINT64_MAX when none */
     TAG_UNEXPOSE_B, /* withdraw region B from this peer, reply RESULT */
+    TAG_QUIET,      /* ignored (sess_quiesce) */
 };
 
 /* Bytes [roff, roff + len) of A hold pat(seed, loff + i): count runs, the
@@ -387,6 +388,19 @@ static kv_xport_state run(kv_xport_xfer *t, uint32_t ms)
     return st;
 }
 
+/* A notification the child ignores, DONE: the child acknowledged it, so
+ * every acknowledgement we owed it went out on QP 0 before it. A fault
+ * armed on the next write then meets no later SEND on that QP whose
+ * completion would retire the write's records in its place. */
+static void sess_quiesce(void)
+{
+    const struct kv_xport_notify nt = {.tag = TAG_QUIET};
+    kv_xport_xfer *t = NULL;
+    assert_int_equal(kv_xport_write(S.p, NULL, 0, &nt, &t), KV_OK);
+    assert_int_equal(run(t, 5000), KV_XPORT_DONE);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+}
+
 /* Notify `tag` with spans (after the data of everything before), wait for
  * the child's RESULT: the first bad offset. */
 static uint64_t ask(uint64_t tag, const struct span *sp, uint32_t n)
@@ -658,7 +672,8 @@ static void test_xport_rdma_delayed_completion_done(void **state)
         skip();
     sess_open(3000);
     pat_fill(S.l, REGION, 9);
-    kvt_sv_fault(KVT_SV_DELAY_COMPLETION, 0, 300);
+    sess_quiesce();
+    kvt_sv_fault_writes(KVT_SV_DELAY_COMPLETION, 0, 300);
     struct kv_xport_io e = io(4096, 10u << 20, 64u << 10);
     const struct span sp = {10u << 20, 64u << 10, 4096, 9, 1, 0, 0};
     const struct kv_xport_notify nt = {.tag = TAG_CHECK, .msg = &sp, .len = sizeof(sp)};
@@ -693,7 +708,8 @@ static void faulty(enum kvt_sv_fault f, bool forged, uint32_t timeout_ms, kv_xpo
         roff = REGION - 4096; /* starts inside, ends past the last MR */
         r = forge;
     }
-    kvt_sv_fault(f, 0, 0);
+    sess_quiesce();
+    kvt_sv_fault_writes(f, 0, 0);
     const struct kv_xport_io e = {
         .local = S.ml, .local_off = 0, .remote = r, .remote_off = roff, .bytes = 1u << 20};
     const uint64_t t0 = kv__now_ns();
@@ -1175,9 +1191,9 @@ static void test_xport_rdma_info_decode(void **state)
     } while (0)
     MUT((void)0, INFO_HEAD - 1, IB, KV_ERR_CORRUPT, "QP info of 39 bytes");
     MUT((void)0, len + 1, IB, KV_ERR_CORRUPT, "57 bytes for 2 QPs (must be 56)");
-    MUT(m[2] = 1, len, IB, KV_ERR_MISMATCH, "version 1 (here rdma 2, version 2)");
+    MUT(m[2] = 1, len, IB, KV_ERR_MISMATCH, "version 1 (here rdma 2, version 3)");
     MUT(kv__le_put(m, KV_XPORT_RDMA, 4), len, IB, KV_ERR_MISMATCH, "kind 2 version 0");
-    MUT(m[0] = 1, len, IB, KV_ERR_MISMATCH, "kind 1 version 2");
+    MUT(m[0] = 1, len, IB, KV_ERR_MISMATCH, "kind 1 version 3");
     MUT(m[4] = 3, len, IB, KV_ERR_MISMATCH, "for 3 QPs (here 2)");
     MUT((void)0, len, ETH, KV_ERR_MISMATCH, "port is infiniband (link layer 1), this one ethernet");
     MUT(m[36] = 3, len, IB, KV_ERR_CORRUPT, "flags 0x03");
@@ -1280,12 +1296,15 @@ struct duo {
     kv_xport_peer *pa, *pb;
 };
 
-static void duo_open(struct duo *d, uint32_t conns)
+/* a connects to b over conns QPs; max_notes: b's max_pending_notes (0:
+ * the default). */
+static void duo_open(struct duo *d, uint32_t conns, uint32_t max_notes)
 {
     memset(d, 0, sizeof(*d));
     struct kv_xport_config cb = cfg_make(true, TOKEN, FP, 3000),
                            ca = cfg_make(false, TOKEN, FP, 3000);
     ca.conns_per_peer = cb.conns_per_peer = conns;
+    cb.max_pending_notes = max_notes;
     assert_int_equal(kv_xport_create(&cb, &d->b), KV_OK);
     assert_int_equal(kv_xport_create(&ca, &d->a), KV_OK);
     assert_int_equal(kv_xport_connect(d->a, "127.0.0.1", kv_xport_port(d->b), &d->pa), KV_OK);
@@ -1362,7 +1381,7 @@ static void test_xport_rdma_reads_within_max_sge_rd(void **state)
     kv__verbs_set(&counting);
     max_sge_read = max_sge_write = n_read_wrs = 0;
     struct duo d;
-    duo_open(&d, 2);
+    duo_open(&d, 2, 0);
     const size_t n = 1u << 20;
     unsigned char *rb = malloc(n), *lb = calloc(1, n), *want = calloc(1, n);
     assert_true(rb && lb && want);
@@ -1450,7 +1469,7 @@ static void test_xport_rdma_read_only_region_refused(void **state)
 static void unexpose_mid_write_round(void)
 {
     struct duo d;
-    duo_open(&d, 1);
+    duo_open(&d, 1, 0);
     const size_t n = 128u << 20;
     unsigned char *src = malloc(n);
     unsigned char *dst = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -1635,7 +1654,7 @@ static void test_xport_rdma_forged_key_refused(void **state)
     if (real_dev)
         skip();
     struct duo d;
-    duo_open(&d, 2);
+    duo_open(&d, 2, 0);
     const size_t n = 1u << 16;
     unsigned char *rb = calloc(1, n), *lb = calloc(1, n);
     assert_true(rb && lb);
@@ -1674,8 +1693,8 @@ static void test_xport_rdma_forged_key_refused(void **state)
 
 /* A peer's RDMA WRITE with immediate consumes one of our receives but
  * leaves the buffer as the last SEND into it left it. After 16
- * notifications of 21 bytes have gone round the one QP's 16 receives, a
- * 21-byte WRITE_WITH_IMM completes on the buffer that still holds the
+ * notifications of 29 bytes have gone round the one QP's 16 receives, a
+ * 29-byte WRITE_WITH_IMM completes on the buffer that still holds the
  * first: it is not delivered again; the peer is closed KV_ERR_CORRUPT
  * naming the opcode. */
 static struct kv__verbs imm_verbs;
@@ -1702,7 +1721,7 @@ static void test_xport_rdma_write_with_imm_is_no_notification(void **state)
     kv__verbs_set(&imm_verbs);
     imm_next = false;
     struct duo d;
-    duo_open(&d, 1);
+    duo_open(&d, 1, 0);
     const size_t n = 1u << 16;
     unsigned char *rb = calloc(1, n), *lb = malloc(n);
     assert_true(rb && lb);
@@ -1742,7 +1761,9 @@ static void test_xport_rdma_write_with_imm_is_no_notification(void **state)
     }
     assert_int_equal(ps, KV_XPORT_CLOSED);
     assert_int_equal(why, KV_ERR_CORRUPT);
-    if (!strstr(kv_last_error(), "completed as opcode") || !strstr(kv_last_error(), "(21 bytes)"))
+    char want[32];
+    snprintf(want, sizeof(want), "(%u bytes)", RD_NOTE_HDR + 5);
+    if (!strstr(kv_last_error(), "completed as opcode") || !strstr(kv_last_error(), want))
         fail_msg("want the opcode and length named: %s", kv_last_error());
     assert_int_equal(kv_xport_notify_poll(d.b, 200, &got), KV_ERR_TIMEOUT);
     assert_int_equal(kv_xport_rmem_free(r), KV_OK);
@@ -1750,6 +1771,161 @@ static void test_xport_rdma_write_with_imm_is_no_notification(void **state)
     kv__verbs_set(kvt_softverbs());
     free(rb);
     free(lb);
+}
+
+/* The receiver's queue of notifications not yet polled is full
+ * (max_pending_notes 2): the third notification is refused and
+ * acknowledged as such. Its transfer ends FAILED with its entry KV_OK (the
+ * bytes landed, compared), kv_xport_xfer_note_status KV_ERR_CAPACITY and
+ * the limit named; both peers stay READY; once the queue is polled a
+ * fourth is DONE and delivered. (Before notifications were acknowledged,
+ * the SEND's completion ended the third DONE and the receiver then closed
+ * the peer: a DONE whose notification nobody would ever poll.) */
+static void test_xport_rdma_notes_over_the_queue_refused(void **state)
+{
+    (void)state;
+    struct duo d;
+    duo_open(&d, 2, 2);
+    const size_t n = 1u << 16;
+    unsigned char *rb = calloc(1, n), *lb = malloc(n);
+    assert_true(rb && lb);
+    pat_fill(lb, n, 7);
+    kv_xport_mem *mr = NULL, *ml = NULL;
+    assert_int_equal(kv_xport_mem_reg(d.b, rb, n, KV_MEM_HOST, &mr), KV_OK);
+    assert_int_equal(kv_xport_mem_reg(d.a, lb, n, KV_MEM_HOST, &ml), KV_OK);
+    kv_xport_rmem *r = duo_share(&d, mr);
+    const kv_xport_state want[4] = {KV_XPORT_DONE, KV_XPORT_DONE, KV_XPORT_FAILED, KV_XPORT_DONE};
+    struct kv_xport_msg got;
+    for (uint32_t i = 0; i < 4; i++) {
+        if (i == 3) { /* the two queued, then room again */
+            for (uint32_t k = 0; k < 2; k++) {
+                assert_int_equal(kv_xport_notify_poll(d.b, 5000, &got), KV_OK);
+                assert_int_equal(got.tag, 10 + k);
+                assert_int_equal(got.peer_id, kv_xport_peer_id(d.pb));
+            }
+            assert_int_equal(kv_xport_notify_poll(d.b, 100, &got), KV_ERR_TIMEOUT);
+        }
+        const uint64_t off = 40960 - 4096 * (uint64_t)i; /* far from 0, descending */
+        const struct kv_xport_io w = {
+            .local = ml, .local_off = off + 3, .remote = r, .remote_off = off, .bytes = 4000};
+        const char text[3] = {'n', 'o', (char)('0' + i)};
+        const struct kv_xport_notify nt = {.tag = 10 + i, .msg = text, .len = sizeof(text)};
+        kv_xport_xfer *t = NULL;
+        assert_int_equal(kv_xport_write(d.pa, &w, 1, &nt, &t), KV_OK);
+        assert_int_equal(run(t, 5000), want[i]);
+        const kv_status *st;
+        uint32_t m = 0;
+        assert_int_equal(kv_xport_xfer_results(t, &st, &m), KV_OK);
+        assert_int_equal(m, 1);
+        assert_int_equal(st[0], KV_OK);
+        kv_status ns = KV_ERR_IO;
+        assert_int_equal(kv_xport_xfer_note_status(t, &ns), KV_OK);
+        assert_int_equal(ns, i == 2 ? KV_ERR_CAPACITY : KV_OK);
+        if (i == 2 && (!strstr(kv_xport_xfer_error(t), "max_pending_notes") ||
+                       !strstr(kv_xport_xfer_error(t), "KV_ERR_CAPACITY")))
+            fail_msg("want the limit named: %s", kv_xport_xfer_error(t));
+        assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+        assert_memory_equal(rb + off, lb + off + 3, 4000);
+        kv_xport_peer_state ps = KV_XPORT_CLOSED;
+        kv_status why = KV_ERR_IO;
+        assert_int_equal(kv_xport_peer_state_get(d.pb, &ps, &why), KV_OK);
+        assert_int_equal(ps, KV_XPORT_READY);
+        assert_int_equal(kv_xport_peer_state_get(d.pa, &ps, &why), KV_OK);
+        assert_int_equal(ps, KV_XPORT_READY);
+    }
+    assert_int_equal(kv_xport_notify_poll(d.b, 5000, &got), KV_OK);
+    assert_int_equal(got.tag, 13);
+    assert_int_equal(got.len, 3);
+    assert_memory_equal(got.data, "no3", 3);
+    assert_int_equal(kv_xport_notify_poll(d.b, 100, &got), KV_ERR_TIMEOUT);
+    struct kv_xport_stats xs = KV_XPORT_STATS_INIT;
+    assert_int_equal(kv_xport_stats_get(d.b, &xs), KV_OK);
+    assert_int_equal(xs.notes_refused, 1);
+    /* the rest of b's region untouched */
+    for (size_t k = 0; k < n; k++)
+        if (k < 28672 || k >= 40960 + 4000 || (k - 28672) % 4096 >= 4000)
+            assert_int_equal(rb[k], 0);
+    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
+    duo_close(&d, &ml, 1, &mr, 1);
+    free(rb);
+    free(lb);
+}
+
+/* A peer's acknowledgement is hostile bytes: a's first notification after
+ * arming is rewritten on the wire into an ACK naming transfer `xfer` with
+ * status `st`. b refuses it (closes the peer KV_ERR_CORRUPT naming what
+ * is wrong); nothing is queued at b; a's transfer, whose notification b
+ * never acknowledged, does not end DONE; and a's peer closes with b's
+ * status and message (b's out-of-band FAIL), not as a clean close. */
+static struct kv__verbs ack_verbs;
+static bool ack_forge;
+static uint64_t ack_xfer;
+static int32_t ack_st;
+
+static int ack_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+    for (struct ibv_send_wr *w = wr; w; w = w->next) {
+        unsigned char *b = (unsigned char *)(uintptr_t)w->sg_list[0].addr;
+        if (!ack_forge || w->opcode != IBV_WR_SEND || kv__le_get(b, 4) != RD_NOTE_MAGIC)
+            continue;
+        kv__le_put(b, RD_ACK_MAGIC, 4);
+        kv__le_put(b + 4, RD_ACK_REC, 4);
+        kv__le_put(b + 8, 0, 8);
+        kv__le_put(b + 16, 0, 8);
+        kv__le_put(b + RD_NOTE_HDR, ack_xfer, 8);
+        kv__le_put(b + RD_NOTE_HDR + 8, (uint32_t)ack_st, 4);
+        w->sg_list[0].length = RD_NOTE_HDR + RD_ACK_REC;
+        ack_forge = false;
+    }
+    return kvt_softverbs()->post_send(qp, wr, bad);
+}
+
+static void forged_ack(uint64_t xfer, int32_t st, const char *words)
+{
+    ack_verbs = *kvt_softverbs();
+    ack_verbs.post_send = ack_post_send;
+    kv__verbs_set(&ack_verbs);
+    struct duo d;
+    duo_open(&d, 1, 0);
+    ack_xfer = xfer;
+    ack_st = st;
+    ack_forge = true;
+    const struct kv_xport_notify nt = {.tag = 5, .msg = "x", .len = 1};
+    kv_xport_xfer *t = NULL;
+    assert_int_equal(kv_xport_write(d.pa, NULL, 0, &nt, &t), KV_OK);
+    assert_int_not_equal(run(t, 5000), KV_XPORT_DONE);
+    assert_false(ack_forge);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    kv_status why = KV_OK;
+    assert_int_equal(wait_state(d.pb, KV_XPORT_CLOSED, 5000, &why), KV_XPORT_CLOSED);
+    assert_int_equal(why, KV_ERR_CORRUPT);
+    if (!strstr(kv_last_error(), words))
+        fail_msg("want '%s' named: %s", words, kv_last_error());
+    /* a learns why (b's FAIL), not a clean close */
+    why = KV_OK;
+    assert_int_equal(wait_state(d.pa, KV_XPORT_CLOSED, 5000, &why), KV_XPORT_CLOSED);
+    assert_int_equal(why, KV_ERR_CORRUPT);
+    if (!strstr(kv_last_error(), "the peer failed the connection") ||
+        !strstr(kv_last_error(), words))
+        fail_msg("want b's cause at a: %s", kv_last_error());
+    struct kv_xport_msg got;
+    assert_int_equal(kv_xport_notify_poll(d.b, 100, &got), KV_ERR_TIMEOUT);
+    duo_close(&d, NULL, 0, NULL, 0);
+    kv__verbs_set(kvt_softverbs());
+}
+
+static void test_xport_rdma_forged_ack_refused(void **state)
+{
+    (void)state;
+    if (real_dev)
+        skip();
+    /* b has sent no notification: an acknowledgement of any transfer
+     * names none awaiting one */
+    forged_ack(1, KV_OK, "acknowledgement of transfer 1, which has no notification");
+    forged_ack(UINT64_MAX, KV_ERR_CAPACITY, "which has no notification awaiting one");
+    /* a status an acknowledgement may not carry: refused while decoding */
+    forged_ack(1, KV_ERR_IO, "with status");
+    forged_ack(1, 7, "with status 7");
 }
 
 /* One pass of the suite with its own decode child. */
@@ -1804,6 +1980,8 @@ static int run_pass(bool busy)
         cmocka_unit_test(test_xport_rdma_unexpose_mid_write),
         cmocka_unit_test(test_xport_rdma_hostile_ready_refused),
         cmocka_unit_test(test_xport_rdma_write_with_imm_is_no_notification),
+        cmocka_unit_test(test_xport_rdma_notes_over_the_queue_refused),
+        cmocka_unit_test(test_xport_rdma_forged_ack_refused),
         cmocka_unit_test(test_xport_rdma_forged_key_refused),
     };
     const int rc =
