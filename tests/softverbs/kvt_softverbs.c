@@ -1120,11 +1120,25 @@ static void *device_thread(void *arg)
         for (struct sv_conn *k = c->conns; k; k = k->next)
             n++;
         if (n > cap) {
+            /* Out of memory (the library's threads failed on purpose, or
+             * the host's): nothing is dropped, the device stalls 1 ms and
+             * tries again, as a device's firmware does not lose packets to
+             * the host's malloc. */
+            struct pollfd *npf = kv__mem_calloc(n * 2, sizeof(*npf));
+            struct sv_conn **npk = kv__mem_calloc(n * 2, sizeof(*npk));
+            if (!npf || !npk) {
+                kv__mem_free(npf);
+                kv__mem_free(npk);
+                pthread_mutex_unlock(&c->lock);
+                nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+                pthread_mutex_lock(&c->lock);
+                continue;
+            }
             kv__mem_free(pf);
             kv__mem_free(pk);
+            pf = npf;
+            pk = npk;
             cap = n * 2;
-            pf = kv__mem_calloc(cap, sizeof(*pf));
-            pk = kv__mem_calloc(cap, sizeof(*pk));
         }
         pf[0] = (struct pollfd){.fd = c->wake[0], .events = POLLIN};
         for (uint32_t i = 0; i < KVT_SV_MAX_PORTS; i++) /* -1 (none, down): ignored by poll */
