@@ -1865,8 +1865,10 @@ static int32_t ack_st;
 static int ack_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
     for (struct ibv_send_wr *w = wr; w; w = w->next) {
+        if (!ack_forge || w->opcode != IBV_WR_SEND || w->num_sge != 1)
+            continue; /* (a drain marker has no SGE) */
         unsigned char *b = (unsigned char *)(uintptr_t)w->sg_list[0].addr;
-        if (!ack_forge || w->opcode != IBV_WR_SEND || kv__le_get(b, 4) != RD_NOTE_MAGIC)
+        if (kv__le_get(b, 4) != RD_NOTE_MAGIC)
             continue;
         kv__le_put(b, RD_ACK_MAGIC, 4);
         kv__le_put(b + 4, RD_ACK_REC, 4);
