@@ -58,15 +58,22 @@
  *                 QP never holds more than max_send_wr WRs whose slots are
  *                 not freed. An entry ends KV_OK when every byte of it was
  *                 covered by a successful completion: results are exact.
- *   notifications a SEND on QP 0 (a 16-byte header: magic, tag, length,
- *                 then the message) into a receive buffer the receiver
+ *   notifications a SEND on QP 0 (a NOTE: the message table in
+ *                 kv_xport_rdma_int.h) into a receive buffer the receiver
  *                 pre-posted (registered), sent only when every earlier
  *                 write on the peer has completed (kv__xport_note_may_go):
  *                 with several QPs RC orders nothing across QPs, so the
- *                 gate is on completions, not on posting order. Its
- *                 completion ends the transfer DONE. The receiver turns
- *                 the receive completion into kv__xport_note_push and
- *                 re-posts the buffer.
+ *                 gate is on completions, not on posting order. The
+ *                 receiver turns the receive completion into
+ *                 kv__xport_note_push (or a refusal: queue full, no
+ *                 memory), re-posts the buffer and owes an
+ *                 acknowledgement record, sent in an ACK message on QP 0;
+ *                 the transfer ends DONE on a KV_OK record, FAILED on a
+ *                 refusal (its note status). At most RD_NOTE_SLOTS
+ *                 notifications unacknowledged per peer.
+ *   close cause   a side that fails a peer for a reason of its own sends
+ *                 an out-of-band FAIL (status, message) before its OOB
+ *                 peer closes; the other side fails with it.
  *   errors        a completion error ends its entries with a status
  *                 mapped from ibv_wc_status (REM_ACCESS_ERR ->
  *                 KV_ERR_OUT_OF_BOUNDS, others KV_ERR_IO; the wc status
@@ -868,8 +875,8 @@ static kv_status rdma_mem_reg(kv_xport_mem *m)
         return kv__error(KV_ERR_INVALID_ARG,
                          "xport_mem_reg: device %u, but the transport has %u (rails: %s)",
                          m->device, r->nrail, r->dev);
-    /* A notification is delivered when the SEND's completion arrives, with
-     * no flush READ behind the data (NCCL's ncclIbIflush): the NIC's PCIe
+    /* A notification is delivered when its SEND lands, with no flush READ
+     * behind the data (NCCL's ncclIbIflush): the NIC's PCIe
      * writes into GPU memory may still be invisible to a kernel launched on
      * it. Refused until that flush exists (docs/connector.md, "Regions"). */
     if (m->kind == KV_MEM_DEVICE)
