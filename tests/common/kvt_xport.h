@@ -78,12 +78,23 @@ static inline void kvt_pair_open(struct kvt_pair *p, const struct kv_xport_confi
     assert_int_equal(kvt_xport_settle(p->pa, NULL), KV_XPORT_READY);
 }
 
-static inline void kvt_pair_close(struct kvt_pair *p)
+/* The peers closed (which ends their exposures), the regions m[n] of
+ * either side deregistered (NULL ones skipped), both transports destroyed:
+ * each call KV_OK. */
+static inline void kvt_pair_close_with(struct kvt_pair *p, kv_xport_mem *const *m, size_t n)
 {
     kv_xport_peer_close(p->pa);
     kv_xport_peer_close(p->pb);
+    for (size_t i = 0; i < n; i++)
+        if (m[i])
+            assert_int_equal(kv_xport_mem_dereg(m[i]), KV_OK);
     assert_int_equal(kv_xport_destroy(p->a), KV_OK);
     assert_int_equal(kv_xport_destroy(p->b), KV_OK);
+}
+
+static inline void kvt_pair_close(struct kvt_pair *p)
+{
+    kvt_pair_close_with(p, NULL, 0);
 }
 
 /* Wait (10 s at most) for t to end; it must end in `want` (else the
@@ -253,12 +264,7 @@ static inline void kvt_note_refused_for_capacity(kv_xport_kind kind, uint64_t to
     for (int i = 0; i < 2; i++)
         assert_int_equal(kv_xport_xfer_free(t[i]), KV_OK);
     assert_int_equal(kv_xport_rmem_free(r), KV_OK);
-    kv_xport_peer_close(p.pa);
-    kv_xport_peer_close(p.pb);
-    assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
-    assert_int_equal(kv_xport_destroy(p.a), KV_OK);
-    assert_int_equal(kv_xport_destroy(p.b), KV_OK);
+    kvt_pair_close_with(&p, (kv_xport_mem *[]){ms, md}, 2);
     free(src);
     free(dst);
 }

@@ -492,13 +492,7 @@ static void xport_case(kv_xport_kind kind, uint64_t token)
             assert_int_equal(kv_xport_xfer_free(tr), KV_OK);
         assert_int_equal(kv_xport_rmem_free(r), KV_OK);
         /* closing the peers drops the exposure: every region deregisters */
-        kv_xport_peer_close(p.pa);
-        kv_xport_peer_close(p.pb);
-        assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
-        assert_int_equal(kv_xport_mem_dereg(ml), KV_OK);
-        assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
-        assert_int_equal(kv_xport_destroy(p.a), KV_OK);
-        assert_int_equal(kv_xport_destroy(p.b), KV_OK);
+        kvt_pair_close_with(&p, (kv_xport_mem *[]){ms, ml, md}, 3);
         if (nf == 0)
             break;
     }
@@ -577,19 +571,11 @@ static void xport_connect_case(kv_xport_kind kind, uint64_t token)
             assert_int_equal(notes_of(p.b, 100, 9, msg), 1);
             assert_memory_equal(dst, src, sizeof(src));
             assert_int_equal(kv_xport_rmem_free(r), KV_OK);
-            kv_xport_peer_close(p.pa);
-            kv_xport_peer_close(p.pb);
-            assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
-            assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
+            kvt_pair_close_with(&p, (kv_xport_mem *[]){ms, md}, 2);
         } else {
             refused++;
-            if (p.pa)
-                kv_xport_peer_close(p.pa);
-            if (p.pb)
-                kv_xport_peer_close(p.pb);
+            kvt_pair_close(&p); /* a peer not made is NULL: nothing to close */
         }
-        assert_int_equal(kv_xport_destroy(p.a), KV_OK);
-        assert_int_equal(kv_xport_destroy(p.b), KV_OK);
         if (nf == 0)
             break;
     }

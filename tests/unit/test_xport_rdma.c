@@ -79,6 +79,7 @@
 #include "kv_xport_rdma_int.h"
 #include "kvt_side.h"
 #include "kvt_softverbs.h"
+#include "kvt_xport.h"
 #include "kvtest.h"
 
 #define TOKEN 0x5EC12E7ull
@@ -1784,6 +1785,7 @@ static void test_xport_rdma_write_with_imm_is_no_notification(void **state)
 static void test_xport_rdma_notes_over_the_queue_refused(void **state)
 {
     (void)state;
+    kvt_note_refused_for_capacity(KV_XPORT_RDMA, TOKEN); /* the check TCP and shm pass */
     struct duo d;
     duo_open(&d, 2, 2);
     const size_t n = 1u << 16;

@@ -699,24 +699,13 @@ static uint64_t lt_run(bool busy, int64_t k, unsigned char *src, unsigned char *
     assert_int_equal(kv_xport_rmem_free(r), KV_OK);
     if (ready_a && ready_b)
         lt_clean(&p, ms, md, src, dst, msg, busy, k);
-    kv_xport_peer_close(p.pa);
-    kv_xport_peer_close(p.pb);
-    assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(ml), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
-    assert_int_equal(kv_xport_destroy(p.a), KV_OK);
-    assert_int_equal(kv_xport_destroy(p.b), KV_OK);
+    kvt_pair_close_with(&p, (kv_xport_mem *[]){ms, ml, md}, 3);
     if (!(ready_a && ready_b)) {
         lt_pair_open(&p, busy);
         assert_int_equal(kv_xport_mem_reg(p.a, src, PB, KV_MEM_HOST, &ms), KV_OK);
         assert_int_equal(kv_xport_mem_reg(p.b, dst, PB, KV_MEM_HOST, &md), KV_OK);
         lt_clean(&p, ms, md, src, dst, msg, busy, k);
-        kv_xport_peer_close(p.pa);
-        kv_xport_peer_close(p.pb);
-        assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
-        assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
-        assert_int_equal(kv_xport_destroy(p.a), KV_OK);
-        assert_int_equal(kv_xport_destroy(p.b), KV_OK);
+        kvt_pair_close_with(&p, (kv_xport_mem *[]){ms, md}, 2);
     }
     return nf;
 }
