@@ -28,6 +28,7 @@
 #include "kv_xport_int.h"
 #include "kvt_side.h"
 #include "kvt_oom.h"
+#include "kvt_oom_post.h"
 #include "kvt_xport.h"
 
 /* ---- a small cache ----------------------------------------------------------------- */
@@ -1781,17 +1782,10 @@ static void test_xport_shm(void **state)
 
 /* ---- posting transfers (TCP and SHM pairs) ------------------------------------------ */
 
-enum { PB = 1u << 16 }; /* bytes of each buffer */
-
+/* The common part (modes 0-2: kvt_oom_post.h), and mode 3: a plan between
+ * two layouts written with a notification. */
 struct po_ctx {
-    struct kvt_pair p;
-    unsigned char *src, *dst, *back;
-    kv_xport_mem *ms, *md, *mb;
-    kv_xport_rmem *r;
-    kv_xport_xfer *t;
-    int mode; /* 0 write, 1 write + notification, 2 read, 3 plan + notification */
-    uint64_t tag;
-    struct kv_xport_msg *msg;
+    struct kvt_po base;
     /* the plan's sides */
     struct kvt_side s, d;
     unsigned char *d0, *ref;
@@ -1802,102 +1796,41 @@ struct po_ctx {
     uint64_t T;
 };
 
-static const struct kv_xport_io *po_ios(struct po_ctx *x, uint32_t *n)
-{
-    static struct kv_xport_io io[3];
-    if (x->mode == 2) {
-        io[0] = (struct kv_xport_io){x->mb, 100, x->r, 200, 5000};
-        io[1] = (struct kv_xport_io){x->mb, 9000, x->r, 30000, 20000};
-        io[2] = (struct kv_xport_io){x->mb, PB - 7, x->r, 7, 7};
-    } else {
-        io[0] = (struct kv_xport_io){x->ms, 100, x->r, 200, 5000};
-        io[1] = (struct kv_xport_io){x->ms, 9000, x->r, 30000, 20000};
-        io[2] = (struct kv_xport_io){x->ms, 7, x->r, PB - 7, 7};
-    }
-    *n = 3;
-    return io;
-}
-
 static void po_snap(void *p, struct snap *s)
 {
     struct po_ctx *x = p;
-    kv_xport *a = x->p.a;
+    kv_xport *a = x->base.p.a;
+    kvt_po_snap(&x->base, s);
     pthread_mutex_lock(&a->mu);
-    snap_put(s, a->n_xfers);
-    snap_put(s, a->n_rmems);
     snap_put(s, a->stats.plans_gathered);
     snap_put(s, a->stats.plans_direct);
-    snap_put(s, x->p.pa->refs);
-    snap_put(s, x->p.pa->xfers != NULL);
-    snap_put(s, x->ms->users);
-    snap_put(s, x->mb->users);
-    snap_put(s, x->r->users);
     snap_put(s, x->mps->users);
     snap_put(s, x->rp->users);
     pthread_mutex_unlock(&a->mu);
-    snap_bytes(s, x->dst, PB);
-    snap_bytes(s, x->back, PB);
     snap_bytes(s, x->d.mem, (size_t)x->d.lo.total_bytes);
 }
 
 static kv_status call_post(void *p)
 {
     struct po_ctx *x = p;
-    x->t = SENTINEL;
-    x->tag++;
-    uint32_t n;
-    const struct kv_xport_io *io = po_ios(x, &n);
-    const char note[] = "posted";
-    struct kv_xport_notify nt = {.tag = x->tag, .msg = note, .len = sizeof(note)};
-    switch (x->mode) {
-    case 0:
-        return kv_xport_write(x->p.pa, io, n, NULL, &x->t);
-    case 1:
-        return kv_xport_write(x->p.pa, io, n, &nt, &x->t);
-    case 2:
-        return kv_xport_read(x->p.pa, io, n, &x->t);
-    default:
-        return kv_xport_write_plan(x->p.pa, x->plan, x->mps, 0, x->sid, 4, x->rp, 0, x->did, 4,
-                                   x->T, &nt, &x->t);
-    }
-}
-
-/* The next notification at b: the one of the call that succeeded (a failed
- * call's tag never arrives). */
-static void po_note(struct po_ctx *x)
-{
-    assert_int_equal(kv_xport_notify_poll(x->p.b, 5000, x->msg), KV_OK);
-    assert_int_equal(x->msg->tag, x->tag);
-    assert_int_equal(x->msg->peer_id, kv_xport_peer_id(x->p.pb));
+    if (x->base.mode != 3)
+        return kvt_po_call(&x->base);
+    const struct kv_xport_notify nt = kvt_po_begin(&x->base);
+    return kv_xport_write_plan(x->base.p.pa, x->plan, x->mps, 0, x->sid, 4, x->rp, 0, x->did, 4,
+                               x->T, &nt, &x->base.t);
 }
 
 static void ok_post(void *p)
 {
     struct po_ctx *x = p;
-    assert_ptr_not_equal(x->t, SENTINEL);
-    kvt_xfer_done(x->t, KV_XPORT_DONE);
-    assert_int_equal(kv_xport_xfer_free(x->t), KV_OK);
-    x->t = NULL;
-    uint32_t n;
-    const struct kv_xport_io *io = po_ios(x, &n);
-    if (x->mode == 3) {
-        po_note(x);
-        assert_memory_equal(x->d.mem, x->ref, (size_t)x->d.lo.total_bytes);
-        memcpy(x->d.mem, x->d0, (size_t)x->d.lo.total_bytes);
+    if (x->base.mode != 3) {
+        kvt_po_ok(&x->base);
         return;
     }
-    if (x->mode == 1)
-        po_note(x);
-    for (uint32_t i = 0; i < n; i++) {
-        if (x->mode == 2)
-            assert_memory_equal(x->back + io[i].local_off, x->dst + io[i].remote_off, io[i].bytes);
-        else
-            assert_memory_equal(x->dst + io[i].remote_off, x->src + io[i].local_off, io[i].bytes);
-    }
-    if (x->mode == 2)
-        memset(x->back, 0, PB);
-    else
-        memset(x->dst, 0, PB);
+    kvt_po_done(&x->base);
+    kvt_po_note(&x->base);
+    assert_memory_equal(x->d.mem, x->ref, (size_t)x->d.lo.total_bytes);
+    memcpy(x->d.mem, x->d0, (size_t)x->d.lo.total_bytes);
 }
 
 /* Nothing queued: the handle untouched, the regions free again at once
@@ -1905,44 +1838,26 @@ static void ok_post(void *p)
 static void failed_post(void *p)
 {
     struct po_ctx *x = p;
-    assert_ptr_equal(x->t, SENTINEL);
-    x->t = NULL;
-    if (x->mode == 2) {
-        assert_int_equal(kv_xport_mem_dereg(x->mb), KV_OK);
-        assert_int_equal(kv_xport_mem_reg(x->p.a, x->back, PB, KV_MEM_HOST, &x->mb), KV_OK);
-    } else if (x->mode == 3) {
-        assert_int_equal(kv_xport_mem_dereg(x->mps), KV_OK);
-        assert_int_equal(
-            kv_xport_mem_reg(x->p.a, x->s.mem, (size_t)x->s.lo.total_bytes, KV_MEM_HOST, &x->mps),
-            KV_OK);
-        assert_int_equal(kv_xport_rmem_free(x->rp), KV_OK);
-        x->rp = kvt_share_direct(&x->p, x->mpd);
-    } else {
-        assert_int_equal(kv_xport_mem_dereg(x->ms), KV_OK);
-        assert_int_equal(kv_xport_mem_reg(x->p.a, x->src, PB, KV_MEM_HOST, &x->ms), KV_OK);
+    if (x->base.mode != 3) {
+        kvt_po_failed(&x->base);
+        return;
     }
-    if (x->mode != 3) {
-        assert_int_equal(kv_xport_rmem_free(x->r), KV_OK);
-        x->r = kvt_share_direct(&x->p, x->md);
-    }
-    assert_int_equal(kv_xport_notify_poll(x->p.b, 0, x->msg), KV_ERR_TIMEOUT);
+    kvt_po_untouched(&x->base);
+    assert_int_equal(kv_xport_mem_dereg(x->mps), KV_OK);
+    assert_int_equal(
+        kv_xport_mem_reg(x->base.p.a, x->s.mem, (size_t)x->s.lo.total_bytes, KV_MEM_HOST, &x->mps),
+        KV_OK);
+    assert_int_equal(kv_xport_rmem_free(x->rp), KV_OK);
+    x->rp = kvt_share_direct(&x->base.p, x->mpd);
+    kvt_po_quiet(&x->base);
 }
 
 static void po_open(struct po_ctx *x, kv_xport_kind kind)
 {
     struct kv_xport_config ca = kvt_xport_cfg(kind, false, 79, 3),
                            cb = kvt_xport_cfg(kind, true, 79, 3);
-    kvt_pair_open(&x->p, &ca, &cb);
-    x->src = malloc(PB);
-    x->dst = calloc(1, PB);
-    x->back = calloc(1, PB);
-    x->msg = malloc(sizeof(*x->msg));
-    assert_true(x->src && x->dst && x->back && x->msg);
-    kvt_fill(x->src, PB, 5);
-    assert_int_equal(kv_xport_mem_reg(x->p.a, x->src, PB, KV_MEM_HOST, &x->ms), KV_OK);
-    assert_int_equal(kv_xport_mem_reg(x->p.a, x->back, PB, KV_MEM_HOST, &x->mb), KV_OK);
-    assert_int_equal(kv_xport_mem_reg(x->p.b, x->dst, PB, KV_MEM_HOST, &x->md), KV_OK);
-    x->r = kvt_share_direct(&x->p, x->md);
+    kvt_pair_open(&x->base.p, &ca, &cb);
+    kvt_po_open(&x->base);
     /* a plan between two layouts (NHD -> HND), 4 blocks of each */
     kvt_side_make(&x->s, 2, 12, 8, 2, 16, KV_F16, 0, 31);
     kvt_side_make(&x->d, 2, 10, 8, 2, 16, KV_F16, 1, 32);
@@ -1962,34 +1877,24 @@ static void po_open(struct po_ctx *x, kv_xport_kind kind)
     assert_int_equal(kv_plan_copy(x->plan, x->s.pc, x->sid, 4, rc, x->did, 4, x->T), KV_OK);
     assert_true(memcmp(x->ref, x->d0, db) != 0);
     assert_int_equal(
-        kv_xport_mem_reg(x->p.a, x->s.mem, (size_t)x->s.lo.total_bytes, KV_MEM_HOST, &x->mps),
+        kv_xport_mem_reg(x->base.p.a, x->s.mem, (size_t)x->s.lo.total_bytes, KV_MEM_HOST, &x->mps),
         KV_OK);
-    assert_int_equal(kv_xport_mem_reg(x->p.b, x->d.mem, db, KV_MEM_HOST, &x->mpd), KV_OK);
-    x->rp = kvt_share_direct(&x->p, x->mpd);
+    assert_int_equal(kv_xport_mem_reg(x->base.p.b, x->d.mem, db, KV_MEM_HOST, &x->mpd), KV_OK);
+    x->rp = kvt_share_direct(&x->base.p, x->mpd);
 }
 
 static void po_close(struct po_ctx *x)
 {
-    assert_int_equal(kv_xport_notify_poll(x->p.b, 0, x->msg), KV_ERR_TIMEOUT);
-    assert_int_equal(kv_xport_rmem_free(x->r), KV_OK);
     assert_int_equal(kv_xport_rmem_free(x->rp), KV_OK);
-    assert_int_equal(kv_xport_mem_unexpose(x->p.pb, x->md), KV_OK);
-    assert_int_equal(kv_xport_mem_unexpose(x->p.pb, x->mpd), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(x->ms), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(x->mb), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(x->md), KV_OK);
+    assert_int_equal(kv_xport_mem_unexpose(x->base.p.pb, x->mpd), KV_OK);
     assert_int_equal(kv_xport_mem_dereg(x->mps), KV_OK);
     assert_int_equal(kv_xport_mem_dereg(x->mpd), KV_OK);
-    kvt_pair_close(&x->p);
+    kvt_po_close(&x->base); /* the pair closed: after every region */
     kv_plan_destroy(x->plan);
     kvt_side_free(&x->s);
     kvt_side_free(&x->d);
-    free(x->src);
-    free(x->dst);
-    free(x->back);
     free(x->d0);
     free(x->ref);
-    free(x->msg);
 }
 
 static void post_cases(kv_xport_kind kind)
@@ -2001,15 +1906,15 @@ static void post_cases(kv_xport_kind kind)
         {"tcp write", "tcp write+note", "tcp read", "tcp plan direct", "tcp plan gathered"},
         {"shm write", "shm write+note", "shm read", "shm plan direct", "shm plan gathered"}};
     for (int mode = 0; mode < 5; mode++) {
-        x.mode = mode < 3 ? mode : 3;
+        x.base.mode = mode < 3 ? mode : 3;
         if (mode >= 3) /* never gathered / always (the sender's threshold) */
-            x.p.a->cfg.plan_gather_below_bytes = mode == 3 ? 1u : UINT32_MAX;
+            x.base.p.a->cfg.plan_gather_below_bytes = mode == 3 ? 1u : UINT32_MAX;
         struct oom_case c = {
             names[kind == KV_XPORT_SHM][mode], &x, call_post, po_snap, ok_post, failed_post, KV_OK};
         oom_run(&c);
     }
     struct kv_xport_stats st = KV_XPORT_STATS_INIT;
-    assert_int_equal(kv_xport_stats_get(x.p.a, &st), KV_OK);
+    assert_int_equal(kv_xport_stats_get(x.base.p.a, &st), KV_OK);
     assert_true(st.plans_direct > 0);
     assert_true(st.plans_gathered > 0);
     po_close(&x);
@@ -2066,8 +1971,9 @@ static void failed_xl_out(void *p)
 static void xl_begin(struct xl_ctx *x)
 {
     x->req++;
-    assert_int_equal(kv_xlayer_rx_expect(x->rx, kv_xport_peer_id(x->po->p.pb), x->req, 2), KV_OK);
-    assert_int_equal(kv_xlayer_tx_begin(x->tx, x->po->p.pa, x->req, 2), KV_OK);
+    assert_int_equal(kv_xlayer_rx_expect(x->rx, kv_xport_peer_id(x->po->base.p.pb), x->req, 2),
+                     KV_OK);
+    assert_int_equal(kv_xlayer_tx_begin(x->tx, x->po->base.p.pa, x->req, 2), KV_OK);
 }
 
 static void xl_snap(void *p, struct snap *s)
@@ -2095,9 +2001,9 @@ static kv_status call_xl_post(void *p)
 static void xl_finish(struct xl_ctx *x, kv_status want)
 {
     struct po_ctx *o = x->po;
-    assert_int_equal(kv_xport_notify_poll(o->p.b, 5000, o->msg), KV_OK);
-    assert_int_equal(o->msg->tag, KV_XLAYER_TAG);
-    assert_int_equal(kv_xlayer_rx_feed(x->rx, o->msg), KV_OK);
+    assert_int_equal(kv_xport_notify_poll(o->base.p.b, 5000, o->base.msg), KV_OK);
+    assert_int_equal(o->base.msg->tag, KV_XLAYER_TAG);
+    assert_int_equal(kv_xlayer_rx_feed(x->rx, o->base.msg), KV_OK);
     if (want == KV_OK)
         assert_int_equal(kv_xlayer_rx_wait(x->rx, x->req, 1, 5000), KV_OK);
     assert_int_equal(kv_xlayer_tx_wait(x->tx, x->req, 5000), want);
@@ -2125,7 +2031,7 @@ static void ok_xl_post(void *p)
 static void failed_xl_post(void *p)
 {
     struct xl_ctx *x = p;
-    assert_int_equal(kv_xport_notify_poll(x->po->p.b, 0, x->po->msg), KV_ERR_TIMEOUT);
+    assert_int_equal(kv_xport_notify_poll(x->po->base.p.b, 0, x->po->base.msg), KV_ERR_TIMEOUT);
 }
 
 /* cancel of a request with nothing in flight: ABORT sent at once */
@@ -2140,12 +2046,12 @@ static void ok_xl_cancel(void *p)
     /* KV_OK: decode is told (ABORT, sent by the time the request is
      * terminal), else it holds the request for ever */
     assert_int_equal(kv_xlayer_tx_wait(x->tx, x->req, 5000), KV_ERR_CANCELLED);
-    const kv_status st = kv_xport_notify_poll(x->po->p.b, 2000, x->po->msg);
+    const kv_status st = kv_xport_notify_poll(x->po->base.p.b, 2000, x->po->base.msg);
     if (st != KV_OK)
         fail_msg("kv_xlayer_tx_cancel: KV_OK, but no ABORT reached decode (%s)",
                  kv_status_name(st));
-    assert_int_equal(x->po->msg->tag, KV_XLAYER_TAG);
-    assert_int_equal(kv_xlayer_rx_feed(x->rx, x->po->msg), KV_OK);
+    assert_int_equal(x->po->base.msg->tag, KV_XLAYER_TAG);
+    assert_int_equal(kv_xlayer_rx_feed(x->rx, x->po->base.msg), KV_OK);
     struct kv_xlayer_done d[2];
     uint32_t n = 0;
     assert_int_equal(kv_xlayer_tx_finished(x->tx, d, 2, &n), KV_OK);
@@ -2178,7 +2084,7 @@ static void test_xport_layers(void **state)
         assert_int_equal(kv_xlayer_rx_create(&rc, &x.rx), KV_OK);
         xl_begin(&x);
         for (int g = 0; g < 2; g++) {
-            o.p.a->cfg.plan_gather_below_bytes = g ? UINT32_MAX : 1u;
+            o.base.p.a->cfg.plan_gather_below_bytes = g ? UINT32_MAX : 1u;
             c = (struct oom_case){kind ? "shm xlayer_tx_post" : "tcp xlayer_tx_post",
                                   &x,
                                   call_xl_post,
@@ -2202,8 +2108,8 @@ static void test_xport_layers(void **state)
         uint32_t n = 0;
         assert_int_equal(kv_xlayer_tx_finished(x.tx, d, 2, &n), KV_OK);
         assert_int_equal(n, 1);
-        assert_int_equal(kv_xport_notify_poll(o.p.b, 5000, o.msg), KV_OK); /* its ABORT */
-        assert_int_equal(kv_xlayer_rx_feed(x.rx, o.msg), KV_OK);
+        assert_int_equal(kv_xport_notify_poll(o.base.p.b, 5000, o.base.msg), KV_OK); /* its ABORT */
+        assert_int_equal(kv_xlayer_rx_feed(x.rx, o.base.msg), KV_OK);
         assert_int_equal(kv_xlayer_rx_finished(x.rx, d, 2, &n), KV_OK);
         assert_int_equal(n, 1);
         assert_int_equal(kv_xlayer_tx_destroy(x.tx), KV_OK);

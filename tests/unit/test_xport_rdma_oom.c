@@ -61,6 +61,7 @@
 #include "kv_verbs_int.h"
 #include "kv_xport_int.h"
 #include "kvt_oom.h"
+#include "kvt_oom_post.h"
 #include "kvt_softverbs.h"
 #include "kvt_xport.h"
 #include "kvtest.h"
@@ -271,146 +272,23 @@ static void test_rdma_setup(void **state)
 
 /* ---- posting transfers (caller's thread) --------------------------------------------- */
 
-struct po_ctx {
-    struct kvt_pair p;
-    unsigned char *src, *dst, *back;
-    kv_xport_mem *ms, *md, *mb;
-    kv_xport_rmem *r;
-    kv_xport_xfer *t;
-    int mode; /* 0 write, 1 write + notification, 2 read */
-    uint64_t tag;
-    struct kv_xport_msg *msg;
-};
-
-static const struct kv_xport_io *po_ios(struct po_ctx *x, uint32_t *n)
-{
-    static struct kv_xport_io io[3];
-    kv_xport_mem *l = x->mode == 2 ? x->mb : x->ms;
-    io[0] = (struct kv_xport_io){l, 100, x->r, 200, 5000};
-    io[1] = (struct kv_xport_io){l, 9000, x->r, 30000, 20000};
-    io[2] = (struct kv_xport_io){l, PB - 7, x->r, 7, 7};
-    *n = 3;
-    return io;
-}
-
-static void po_snap(void *p, struct snap *s)
-{
-    struct po_ctx *x = p;
-    kv_xport *a = x->p.a;
-    pthread_mutex_lock(&a->mu);
-    snap_put(s, a->n_xfers);
-    snap_put(s, a->n_rmems);
-    snap_put(s, x->p.pa->refs);
-    snap_put(s, x->p.pa->xfers != NULL);
-    snap_put(s, x->ms->users);
-    snap_put(s, x->mb->users);
-    snap_put(s, x->r->users);
-    pthread_mutex_unlock(&a->mu);
-    snap_bytes(s, x->dst, PB);
-    snap_bytes(s, x->back, PB);
-}
-
-static kv_status call_post(void *p)
-{
-    struct po_ctx *x = p;
-    x->t = SENTINEL;
-    x->tag++;
-    uint32_t n;
-    const struct kv_xport_io *io = po_ios(x, &n);
-    const char note[] = "posted";
-    struct kv_xport_notify nt = {.tag = x->tag, .msg = note, .len = sizeof(note)};
-    switch (x->mode) {
-    case 0:
-        return kv_xport_write(x->p.pa, io, n, NULL, &x->t);
-    case 1:
-        return kv_xport_write(x->p.pa, io, n, &nt, &x->t);
-    default:
-        return kv_xport_read(x->p.pa, io, n, &x->t);
-    }
-}
-
-static void ok_post(void *p)
-{
-    struct po_ctx *x = p;
-    assert_ptr_not_equal(x->t, SENTINEL);
-    kvt_xfer_done(x->t, KV_XPORT_DONE);
-    assert_int_equal(kv_xport_xfer_free(x->t), KV_OK);
-    x->t = NULL;
-    if (x->mode == 1) { /* the notification of the call that succeeded (a failed call's never) */
-        assert_int_equal(kv_xport_notify_poll(x->p.b, WAIT_MS, x->msg), KV_OK);
-        assert_int_equal(x->msg->tag, x->tag);
-        assert_int_equal(x->msg->peer_id, kv_xport_peer_id(x->p.pb));
-        assert_int_equal(x->msg->len, sizeof("posted"));
-        assert_memory_equal(x->msg->data, "posted", sizeof("posted"));
-    }
-    uint32_t n;
-    const struct kv_xport_io *io = po_ios(x, &n);
-    for (uint32_t i = 0; i < n; i++) {
-        if (x->mode == 2)
-            assert_memory_equal(x->back + io[i].local_off, x->dst + io[i].remote_off, io[i].bytes);
-        else
-            assert_memory_equal(x->dst + io[i].remote_off, x->src + io[i].local_off, io[i].bytes);
-    }
-    if (x->mode == 2)
-        memset(x->back, 0, PB);
-    else
-        memset(x->dst, 0, PB);
-}
-
-/* Nothing queued: the handle untouched, the regions free again at once
- * (deregistered / freed and made again), no notification at b. */
-static void failed_post(void *p)
-{
-    struct po_ctx *x = p;
-    assert_ptr_equal(x->t, SENTINEL);
-    x->t = NULL;
-    if (x->mode == 2) {
-        assert_int_equal(kv_xport_mem_dereg(x->mb), KV_OK);
-        assert_int_equal(kv_xport_mem_reg(x->p.a, x->back, PB, KV_MEM_HOST, &x->mb), KV_OK);
-    } else {
-        assert_int_equal(kv_xport_mem_dereg(x->ms), KV_OK);
-        assert_int_equal(kv_xport_mem_reg(x->p.a, x->src, PB, KV_MEM_HOST, &x->ms), KV_OK);
-    }
-    assert_int_equal(kv_xport_rmem_free(x->r), KV_OK);
-    x->r = kvt_share_direct(&x->p, x->md);
-    assert_int_equal(kv_xport_notify_poll(x->p.b, 0, x->msg), KV_ERR_TIMEOUT);
-}
-
 static void test_rdma_post(void **state)
 {
     (void)state;
-    static struct po_ctx x;
+    static struct kvt_po x;
     memset(&x, 0, sizeof(x));
     pair_open(&x.p, false);
-    x.src = malloc(PB);
-    x.dst = calloc(1, PB);
-    x.back = calloc(1, PB);
-    x.msg = malloc(sizeof(*x.msg));
-    assert_true(x.src && x.dst && x.back && x.msg);
-    kvt_fill(x.src, PB, 5);
-    assert_int_equal(kv_xport_mem_reg(x.p.a, x.src, PB, KV_MEM_HOST, &x.ms), KV_OK);
-    assert_int_equal(kv_xport_mem_reg(x.p.a, x.back, PB, KV_MEM_HOST, &x.mb), KV_OK);
-    assert_int_equal(kv_xport_mem_reg(x.p.b, x.dst, PB, KV_MEM_HOST, &x.md), KV_OK);
-    x.r = kvt_share_direct(&x.p, x.md);
+    kvt_po_open(&x);
     static const char *const names[3] = {"rdma write", "rdma write+note", "rdma read"};
     for (int mode = 0; mode < 3; mode++) {
         x.mode = mode;
         if (mode == 2)
-            kvt_fill(x.dst, PB, 9); /* what the read brings back */
-        struct oom_case c = {names[mode], &x, call_post, po_snap, ok_post, failed_post, KV_OK};
+            kvt_fill(x.dst, KVT_PO_BYTES, 9); /* what the read brings back */
+        struct oom_case c = {names[mode],   &x,   kvt_po_call, kvt_po_snap, kvt_po_ok,
+                             kvt_po_failed, KV_OK};
         assert_true(oom_run(&c) > 0); /* every call here allocates */
     }
-    assert_int_equal(kv_xport_notify_poll(x.p.b, 0, x.msg), KV_ERR_TIMEOUT);
-    assert_int_equal(kv_xport_rmem_free(x.r), KV_OK);
-    assert_int_equal(kv_xport_mem_unexpose(x.p.pb, x.md), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(x.ms), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(x.mb), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(x.md), KV_OK);
-    kvt_pair_close(&x.p);
-    free(x.src);
-    free(x.dst);
-    free(x.back);
-    free(x.msg);
+    kvt_po_close(&x);
 }
 
 /* ---- the library's threads out of memory ---------------------------------------------- */
