@@ -50,6 +50,10 @@
 #define RD_MAX_RAILS KV_XPORT_MAX_RAILS
 
 _Static_assert(RD_MAX_CHUNKS >= 1, "a key holds at least one rkey");
+/* QP 0's receive ring holds, unpolled, at most the peer's RD_NOTE_SLOTS
+ * notifications and one ACK message per notification of ours not yet
+ * acknowledged (each carries a record for a slot still busy here). */
+_Static_assert(RD_RECVS >= 2 * RD_NOTE_SLOTS, "QP 0's receives hold what a peer may send");
 
 enum rec_kind { REC_WRITE = 1, REC_READ, REC_NOTE, REC_ACK, REC_MARK };
 
@@ -101,6 +105,7 @@ struct rpeer {
     bool info_sent, ready_sent, ready_got, close_req;
     kv_xport_xfer *oob_x[RD_OOB_N]; /* INFO / READY / FAIL notifications (freed when terminal) */
     bool fail_sent;                 /* our FAIL (why) went out, or will not */
+    bool oob_ready;                 /* the OOB peer is READY (a FAIL can go on it) */
     bool fail_from_peer;            /* failed by the peer's FAIL: not echoed */
     /* QPs: conns per rail, rail-major (QP qi is on rail qi / conns); nlink
      * rails connected once the peer's INFO was applied (min of both

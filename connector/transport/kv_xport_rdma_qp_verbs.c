@@ -409,14 +409,16 @@ static void got_fail(struct rdma *r, struct rpeer *rp, const unsigned char *b, u
 }
 
 /* mu held (dropped around the send): rp failed for a reason of its own
- * (not a caller's close, not the peer's FAIL, not a destroy): tell the
- * peer why before the OOB peer closes. Once. */
+ * (not a caller's close, not the peer's FAIL, not a destroy, not its OOB
+ * peer closing), at any phase once the OOB peer is READY (an acceptor's
+ * QPs that could not be made included): tell the peer why before the OOB
+ * peer closes. Once. */
 void kv__rd_send_fail(struct rdma *r, struct rpeer *rp)
 {
     if (rp->fail_sent)
         return;
     rp->fail_sent = true;
-    if (rp->why == KV_OK || rp->fail_from_peer || r->stop || !rp->info_sent)
+    if (rp->why == KV_OK || rp->fail_from_peer || r->stop || !rp->oob_ready)
         return;
     unsigned char b[4 + RD_FAIL_TEXT];
     (void)oob_send(r, rp, 2, b, kv__rd_fail_encode(b, rp->why, rp->msg));
@@ -457,6 +459,7 @@ static bool accept_one(struct rdma *r)
         return true;
     }
     rp->oob_id = kv_xport_peer_id(op);
+    rp->oob_ready = true; /* accepted: READY */
     p->be = rp;
     rp->next = r->peers;
     r->peers = rp;
@@ -512,6 +515,7 @@ bool kv__rd_oob_round(struct rdma *r)
         char msg[200];
         snprintf(msg, sizeof(msg), "%s", s == KV_XPORT_CLOSED ? kv_last_error() : "");
         pthread_mutex_lock(&x->mu);
+        rp->oob_ready = s == KV_XPORT_READY; /* a FAIL cannot go on a closed one */
         if (s == KV_XPORT_CLOSED) {
             any = true;
             if (why == KV_OK)

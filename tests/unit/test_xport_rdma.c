@@ -60,6 +60,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -1932,6 +1933,53 @@ static void test_xport_rdma_forged_ack_refused(void **state)
     forged_ack(1, 7, "with status 7");
 }
 
+/* The acceptor cannot make its QPs for a connection (the device out of
+ * QPs: create_qp ENOSPC, not out of memory), before it sent its INFO: the
+ * connecting side's peer closes with the acceptor's status and message
+ * (its out-of-band FAIL), not as a clean close (found by review: the FAIL
+ * was sent only after our INFO). */
+static struct kv__verbs qpfail_verbs;
+static kv_xport *_Atomic qpfail_x;
+
+static struct ibv_qp *qpfail_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *ia)
+{
+    const struct rpeer *rp = ia->send_cq ? ia->send_cq->cq_context : NULL;
+    if (rp && rp->p && rp->p->x == atomic_load(&qpfail_x)) {
+        errno = ENOSPC;
+        return NULL;
+    }
+    return kvt_softverbs()->create_qp(pd, ia);
+}
+
+static void test_xport_rdma_acceptor_failure_named(void **state)
+{
+    (void)state;
+    if (real_dev)
+        skip();
+    qpfail_verbs = *kvt_softverbs();
+    qpfail_verbs.create_qp = qpfail_create_qp;
+    kv__verbs_set(&qpfail_verbs);
+    struct kv_xport_config cb = cfg_make(true, TOKEN, FP, 3000),
+                           ca = cfg_make(false, TOKEN, FP, 3000);
+    kv_xport *a = NULL, *b = NULL;
+    assert_int_equal(kv_xport_create(&cb, &b), KV_OK);
+    assert_int_equal(kv_xport_create(&ca, &a), KV_OK);
+    atomic_store(&qpfail_x, b);
+    kv_xport_peer *pa = NULL;
+    assert_int_equal(kv_xport_connect(a, "127.0.0.1", kv_xport_port(b), &pa), KV_OK);
+    kv_status why = KV_OK;
+    assert_int_equal(wait_state(pa, KV_XPORT_CLOSED, 6000, &why), KV_XPORT_CLOSED);
+    assert_int_equal(why, KV_ERR_IO);
+    if (!strstr(kv_last_error(), "the peer failed the connection") ||
+        !strstr(kv_last_error(), "create_qp"))
+        fail_msg("want the acceptor's cause at a: %s", kv_last_error());
+    atomic_store(&qpfail_x, NULL);
+    kv_xport_peer_close(pa);
+    assert_int_equal(kv_xport_destroy(a), KV_OK);
+    assert_int_equal(kv_xport_destroy(b), KV_OK);
+    kv__verbs_set(kvt_softverbs());
+}
+
 /* One pass of the suite with its own decode child. */
 static int run_pass(bool busy)
 {
@@ -1986,6 +2034,7 @@ static int run_pass(bool busy)
         cmocka_unit_test(test_xport_rdma_write_with_imm_is_no_notification),
         cmocka_unit_test(test_xport_rdma_notes_over_the_queue_refused),
         cmocka_unit_test(test_xport_rdma_forged_ack_refused),
+        cmocka_unit_test(test_xport_rdma_acceptor_failure_named),
         cmocka_unit_test(test_xport_rdma_forged_key_refused),
     };
     const int rc =
