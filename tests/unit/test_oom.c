@@ -29,6 +29,7 @@
 #include "kvt_side.h"
 #include "kvt_oom.h"
 #include "kvt_oom_post.h"
+#include "kvt_oom_xport.h"
 #include "kvt_xport.h"
 
 /* ---- a small cache ----------------------------------------------------------------- */
@@ -1592,192 +1593,29 @@ static void test_attn(void **state)
     kv_cache_destroy(x.c);
 }
 
-/* ---- TCP transport (the caller's thread only) --------------------------------------- */
+/* ---- TCP and same-host (SHM) transports: create, connect, regions ----------------- */
 
-struct xp_ctx {
-    struct kvt_pair pair;
-    struct kv_xport_config cfg;
-    kv_xport *x;
-    unsigned char mem[8192];
-    kv_xport_mem *m;
-    unsigned char blob[KV_XPORT_BLOB_MAX];
-    size_t len;
-    kv_xport_rmem *r;
-    kv_xport_peer *cpeer;
-    uint64_t npeers;
-};
-
-static kv_status call_xp_create(void *p)
-{
-    struct xp_ctx *x = p;
-    return kv_xport_create(&x->cfg, &x->x);
-}
-static void ok_xp_create(void *p)
-{
-    struct xp_ctx *x = p;
-    assert_true(kv_xport_port(x->x) != 0);
-    assert_int_equal(kv_xport_destroy(x->x), KV_OK);
-}
-
-static kv_status call_xp_reg(void *p)
-{
-    struct xp_ctx *x = p;
-    return kv_xport_mem_reg(x->pair.b, x->mem, sizeof(x->mem), KV_MEM_HOST, &x->m);
-}
-static void ok_xp_reg(void *p)
-{
-    struct xp_ctx *x = p;
-    assert_int_equal(kv_xport_mem_bytes(x->m), sizeof(x->mem));
-    assert_int_equal(kv_xport_mem_dereg(x->m), KV_OK);
-    x->m = NULL;
-}
-
-static kv_status call_xp_expose(void *p)
-{
-    struct xp_ctx *x = p;
-    return kv_xport_mem_expose(x->pair.pb, x->m, x->blob, sizeof(x->blob), &x->len);
-}
-static void ok_xp_expose(void *p)
-{
-    struct xp_ctx *x = p;
-    assert_true(x->len > 0 && x->len <= KV_XPORT_BLOB_MAX);
-    assert_int_equal(kv_xport_mem_unexpose(x->pair.pb, x->m), KV_OK);
-}
-
-static kv_status call_xp_import(void *p)
-{
-    struct xp_ctx *x = p;
-    return kv_xport_rmem_import(x->pair.pa, x->blob, x->len, &x->r);
-}
-static void ok_xp_import(void *p)
-{
-    struct xp_ctx *x = p;
-    assert_int_equal(kv_xport_rmem_bytes(x->r), sizeof(x->mem));
-    assert_int_equal(kv_xport_rmem_free(x->r), KV_OK);
-    x->r = NULL;
-}
-
+/* The cases (kvt_oom_xport.h) over TCP (no connect case) and SHM. */
 static void test_xport(void **state)
 {
     (void)state;
-    static struct xp_ctx x;
-    memset(&x, 0, sizeof(x));
-    x.cfg = kvt_xport_cfg(KV_XPORT_TCP, true, 77, 1);
-    struct oom_case c = {"kv_xport_create", &x, call_xp_create, NULL, ok_xp_create, NULL, KV_OK};
-    oom_run(&c);
-
-    struct kv_xport_config ca = kvt_xport_cfg(KV_XPORT_TCP, false, 77, 1);
-    kvt_pair_open(&x.pair, &ca, &x.cfg);
-    c = (struct oom_case){"kv_xport_mem_reg", &x, call_xp_reg, NULL, ok_xp_reg, NULL, KV_OK};
-    oom_run(&c);
-    assert_int_equal(kv_xport_mem_reg(x.pair.b, x.mem, sizeof(x.mem), KV_MEM_HOST, &x.m), KV_OK);
-    c = (struct oom_case){"kv_xport_mem_expose", &x,   call_xp_expose, NULL,
-                          ok_xp_expose,          NULL, KV_OK};
-    oom_run(&c);
-    assert_int_equal(kv_xport_mem_expose(x.pair.pb, x.m, x.blob, sizeof(x.blob), &x.len), KV_OK);
-    c = (struct oom_case){"kv_xport_rmem_import", &x,   call_xp_import, NULL,
-                          ok_xp_import,           NULL, KV_OK};
-    oom_run(&c);
-    assert_int_equal(kv_xport_mem_unexpose(x.pair.pb, x.m), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(x.m), KV_OK);
-    /* refused (KV_ERR_BAD_STATE) if a failed call left a region or a peer held */
-    kvt_pair_close(&x.pair);
-}
-
-/* ---- same-host transport (SHM): create, connect, regions -------------------------- */
-
-/* The peers x holds (its list: a failed connect leaves none). */
-static uint64_t xp_peers(kv_xport *x)
-{
-    uint64_t n = 0;
-    pthread_mutex_lock(&x->mu);
-    for (kv_xport_peer *p = x->peers; p; p = p->next)
-        n++;
-    pthread_mutex_unlock(&x->mu);
-    return n;
-}
-
-static void xp_snap(void *p, struct snap *s)
-{
-    struct xp_ctx *x = p;
-    pthread_mutex_lock(&x->pair.a->mu);
-    snap_put(s, x->pair.a->n_xfers);
-    snap_put(s, x->pair.a->n_rmems);
-    snap_put(s, x->pair.pa->refs);
-    snap_put(s, x->pair.pa->n_exposed);
-    pthread_mutex_unlock(&x->pair.a->mu);
-    pthread_mutex_lock(&x->pair.b->mu);
-    snap_put(s, x->pair.pb->n_exposed);
-    snap_put(s, x->pair.pb->refs);
-    snap_put(s, x->m ? x->m->users : 0);
-    pthread_mutex_unlock(&x->pair.b->mu);
-}
-
-static void xp_out_untouched(void *p)
-{
-    struct xp_ctx *x = p;
-    assert_ptr_equal(x->r, SENTINEL);
-    x->r = NULL;
-}
-
-static kv_status call_xp_import_s(void *p)
-{
-    struct xp_ctx *x = p;
-    x->r = SENTINEL;
-    return kv_xport_rmem_import(x->pair.pa, x->blob, x->len, &x->r);
-}
-
-static kv_status call_xp_connect(void *p)
-{
-    struct xp_ctx *x = p;
-    x->cpeer = SENTINEL;
-    return kv_xport_connect(x->pair.a, "test", kv_xport_port(x->pair.b), &x->cpeer);
-}
-static void ok_xp_connect(void *p)
-{
-    struct xp_ctx *x = p;
-    assert_int_equal(kvt_xport_settle(x->cpeer, NULL), KV_XPORT_READY);
-    kv_xport_peer *q = NULL;
-    assert_int_equal(kv_xport_accept(x->pair.b, 5000, &q), KV_OK); /* accept makes no allocation */
-    kv_xport_peer_close(x->cpeer);
-    kv_xport_peer_close(q);
-    x->cpeer = NULL;
-}
-static void failed_xp_connect(void *p)
-{
-    struct xp_ctx *x = p;
-    assert_ptr_equal(x->cpeer, SENTINEL);
-    assert_int_equal(xp_peers(x->pair.a), x->npeers);
-    x->cpeer = NULL;
+    static struct kvt_ox x;
+    struct kv_xport_config ca = kvt_xport_cfg(KV_XPORT_TCP, false, 77, 1),
+                           cb = kvt_xport_cfg(KV_XPORT_TCP, true, 77, 1);
+    static const struct kvt_ox_names names = {"kv_xport_create", NULL, "kv_xport_mem_reg",
+                                              "kv_xport_mem_expose", "kv_xport_rmem_import"};
+    kvt_ox_run(&x, &names, &ca, &cb);
 }
 
 static void test_xport_shm(void **state)
 {
     (void)state;
-    static struct xp_ctx x;
-    memset(&x, 0, sizeof(x));
-    x.cfg = kvt_xport_cfg(KV_XPORT_SHM, true, 78, 1);
-    struct oom_case c = {"shm create", &x, call_xp_create, NULL, ok_xp_create, NULL, KV_OK};
-    oom_run(&c);
-
-    struct kv_xport_config ca = kvt_xport_cfg(KV_XPORT_SHM, false, 78, 1);
-    kvt_pair_open(&x.pair, &ca, &x.cfg);
-    x.npeers = xp_peers(x.pair.a);
-    c = (struct oom_case){"shm connect",     &x,   call_xp_connect, NULL, ok_xp_connect,
-                          failed_xp_connect, KV_OK};
-    oom_run(&c);
-    c = (struct oom_case){"shm mem_reg", &x, call_xp_reg, NULL, ok_xp_reg, NULL, KV_OK};
-    oom_run(&c);
-    assert_int_equal(kv_xport_mem_reg(x.pair.b, x.mem, sizeof(x.mem), KV_MEM_HOST, &x.m), KV_OK);
-    c = (struct oom_case){"shm mem_expose", &x, call_xp_expose, xp_snap, ok_xp_expose, NULL, KV_OK};
-    oom_run(&c);
-    assert_int_equal(kv_xport_mem_expose(x.pair.pb, x.m, x.blob, sizeof(x.blob), &x.len), KV_OK);
-    c = (struct oom_case){"shm rmem_import", &x,   call_xp_import_s, xp_snap, ok_xp_import,
-                          xp_out_untouched,  KV_OK};
-    oom_run(&c);
-    assert_int_equal(kv_xport_mem_unexpose(x.pair.pb, x.m), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(x.m), KV_OK);
-    kvt_pair_close(&x.pair);
+    static struct kvt_ox x;
+    struct kv_xport_config ca = kvt_xport_cfg(KV_XPORT_SHM, false, 78, 1),
+                           cb = kvt_xport_cfg(KV_XPORT_SHM, true, 78, 1);
+    static const struct kvt_ox_names names = {"shm create", "shm connect", "shm mem_reg",
+                                              "shm mem_expose", "shm rmem_import"};
+    kvt_ox_run(&x, &names, &ca, &cb);
 }
 
 /* ---- posting transfers (TCP and SHM pairs) ------------------------------------------ */

@@ -62,13 +62,13 @@
 #include "kv_xport_int.h"
 #include "kvt_oom.h"
 #include "kvt_oom_post.h"
+#include "kvt_oom_xport.h"
 #include "kvt_softverbs.h"
 #include "kvt_xport.h"
 #include "kvtest.h"
 
 #define TOKEN 0x0DD5ull
 #define FP 0xF00Dull
-#define WAIT_MS 5000
 
 enum { PB = 1u << 16 }; /* bytes of each buffer */
 
@@ -95,179 +95,15 @@ static void pair_open(struct kvt_pair *p, bool busy)
 
 /* ---- create, connect, regions (caller's thread) -------------------------------------- */
 
-struct xp_ctx {
-    struct kvt_pair pair;
-    struct kv_xport_config cfg;
-    kv_xport *x;
-    unsigned char mem[8192];
-    kv_xport_mem *m;
-    unsigned char blob[KV_XPORT_BLOB_MAX];
-    size_t len;
-    kv_xport_rmem *r;
-    kv_xport_peer *cpeer;
-    uint64_t npeers;
-};
-
-static kv_status call_create(void *p)
-{
-    struct xp_ctx *x = p;
-    x->x = SENTINEL;
-    return kv_xport_create(&x->cfg, &x->x);
-}
-static void ok_create(void *p)
-{
-    struct xp_ctx *x = p;
-    assert_ptr_not_equal(x->x, SENTINEL);
-    assert_true(kv_xport_port(x->x) != 0);
-    assert_int_equal(kv_xport_destroy(x->x), KV_OK);
-}
-static void failed_create(void *p)
-{
-    struct xp_ctx *x = p;
-    assert_ptr_equal(x->x, SENTINEL);
-}
-
-/* The peers x holds (a failed connect leaves none). */
-static uint64_t xp_peers(kv_xport *x)
-{
-    uint64_t n = 0;
-    pthread_mutex_lock(&x->mu);
-    for (kv_xport_peer *p = x->peers; p; p = p->next)
-        n++;
-    pthread_mutex_unlock(&x->mu);
-    return n;
-}
-
-static kv_status call_connect(void *p)
-{
-    struct xp_ctx *x = p;
-    x->cpeer = SENTINEL;
-    return kv_xport_connect(x->pair.a, "127.0.0.1", kv_xport_port(x->pair.b), &x->cpeer);
-}
-static void ok_connect(void *p)
-{
-    struct xp_ctx *x = p;
-    kv_xport_peer_state s = KV_XPORT_CONNECTING;
-    if (kv_xport_peer_wait(x->cpeer, WAIT_MS, &s) != KV_OK)
-        fail_msg("connect: state %d: %s", (int)s, kv_last_error());
-    kv_xport_peer *q = NULL;
-    assert_int_equal(kv_xport_accept(x->pair.b, WAIT_MS, &q), KV_OK);
-    kv_xport_peer_close(x->cpeer);
-    kv_xport_peer_close(q);
-    x->cpeer = NULL;
-}
-static void failed_connect(void *p)
-{
-    struct xp_ctx *x = p;
-    assert_ptr_equal(x->cpeer, SENTINEL);
-    assert_int_equal(xp_peers(x->pair.a), x->npeers);
-    x->cpeer = NULL;
-}
-
-static kv_status call_reg(void *p)
-{
-    struct xp_ctx *x = p;
-    x->m = SENTINEL;
-    return kv_xport_mem_reg(x->pair.b, x->mem, sizeof(x->mem), KV_MEM_HOST, &x->m);
-}
-static void ok_reg(void *p)
-{
-    struct xp_ctx *x = p;
-    assert_int_equal(kv_xport_mem_bytes(x->m), sizeof(x->mem));
-    assert_int_equal(kv_xport_mem_dereg(x->m), KV_OK);
-    x->m = NULL;
-}
-static void failed_reg(void *p)
-{
-    struct xp_ctx *x = p;
-    assert_ptr_equal(x->m, SENTINEL);
-    x->m = NULL;
-}
-
-static void xp_snap(void *p, struct snap *s)
-{
-    struct xp_ctx *x = p;
-    pthread_mutex_lock(&x->pair.a->mu);
-    snap_put(s, x->pair.a->n_xfers);
-    snap_put(s, x->pair.a->n_rmems);
-    snap_put(s, x->pair.pa->refs);
-    snap_put(s, x->pair.pa->n_exposed);
-    pthread_mutex_unlock(&x->pair.a->mu);
-    pthread_mutex_lock(&x->pair.b->mu);
-    snap_put(s, x->pair.pb->n_exposed);
-    snap_put(s, x->pair.pb->refs);
-    snap_put(s, x->m ? x->m->users : 0);
-    pthread_mutex_unlock(&x->pair.b->mu);
-}
-
-static kv_status call_expose(void *p)
-{
-    struct xp_ctx *x = p;
-    x->len = 0x5e17;
-    return kv_xport_mem_expose(x->pair.pb, x->m, x->blob, sizeof(x->blob), &x->len);
-}
-static void ok_expose(void *p)
-{
-    struct xp_ctx *x = p;
-    assert_true(x->len > 0 && x->len <= KV_XPORT_BLOB_MAX);
-    assert_int_equal(kv_xport_mem_unexpose(x->pair.pb, x->m), KV_OK);
-}
-static void failed_expose(void *p)
-{
-    struct xp_ctx *x = p;
-    assert_int_equal(x->len, 0x5e17);
-    /* not exposed: nothing to withdraw */
-    assert_int_equal(kv_xport_mem_unexpose(x->pair.pb, x->m), KV_ERR_NOT_FOUND);
-}
-
-static kv_status call_import(void *p)
-{
-    struct xp_ctx *x = p;
-    x->r = SENTINEL;
-    return kv_xport_rmem_import(x->pair.pa, x->blob, x->len, &x->r);
-}
-static void ok_import(void *p)
-{
-    struct xp_ctx *x = p;
-    assert_int_equal(kv_xport_rmem_bytes(x->r), sizeof(x->mem));
-    assert_int_equal(kv_xport_rmem_free(x->r), KV_OK);
-    x->r = NULL;
-}
-static void failed_import(void *p)
-{
-    struct xp_ctx *x = p;
-    assert_ptr_equal(x->r, SENTINEL);
-    x->r = NULL;
-}
-
+/* The cases of kvt_oom_xport.h over an RDMA pair. */
 static void test_rdma_setup(void **state)
 {
     (void)state;
-    static struct xp_ctx x;
-    memset(&x, 0, sizeof(x));
-    x.cfg = rd_cfg(true, false);
-    struct oom_case c = {"rdma create", &x, call_create, NULL, ok_create, failed_create, KV_OK};
-    assert_true(oom_run(&c) > 0); /* every call here allocates */
-
-    pair_open(&x.pair, false);
-    x.npeers = xp_peers(x.pair.a);
-    c = (struct oom_case){"rdma connect", &x,   call_connect, NULL, ok_connect,
-                          failed_connect, KV_OK};
-    assert_true(oom_run(&c) > 0); /* every call here allocates */
-    c = (struct oom_case){"rdma mem_reg", &x, call_reg, NULL, ok_reg, failed_reg, KV_OK};
-    assert_true(oom_run(&c) > 0); /* every call here allocates */
-    assert_int_equal(kv_xport_mem_reg(x.pair.b, x.mem, sizeof(x.mem), KV_MEM_HOST, &x.m), KV_OK);
-    c = (struct oom_case){"rdma mem_expose", &x,   call_expose, xp_snap, ok_expose,
-                          failed_expose,     KV_OK};
-    assert_true(oom_run(&c) > 0); /* every call here allocates */
-    assert_int_equal(kv_xport_mem_expose(x.pair.pb, x.m, x.blob, sizeof(x.blob), &x.len), KV_OK);
-    c = (struct oom_case){"rdma rmem_import", &x,   call_import, xp_snap, ok_import,
-                          failed_import,      KV_OK};
-    assert_true(oom_run(&c) > 0); /* every call here allocates */
-    assert_int_equal(kv_xport_mem_unexpose(x.pair.pb, x.m), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(x.m), KV_OK);
-    /* refused (KV_ERR_BAD_STATE) if a failed call left a region or a peer held */
-    kvt_pair_close(&x.pair);
+    static struct kvt_ox x;
+    struct kv_xport_config ca = rd_cfg(false, false), cb = rd_cfg(true, false);
+    static const struct kvt_ox_names names = {"rdma create", "rdma connect", "rdma mem_reg",
+                                              "rdma mem_expose", "rdma rmem_import"};
+    kvt_ox_run(&x, &names, &ca, &cb);
 }
 
 /* ---- posting transfers (caller's thread) --------------------------------------------- */
