@@ -1349,6 +1349,36 @@ static kv_xport_rmem *duo_share(struct duo *d, kv_xport_mem *md)
     return r;
 }
 
+/* Two buffers of n bytes over d, both zero: rb at b (registered: mr) and
+ * lb at a (ml); with share, rb exposed to a (r). */
+struct duo_bufs {
+    unsigned char *rb, *lb;
+    kv_xport_mem *mr, *ml;
+    kv_xport_rmem *r;
+};
+
+static void duo_bufs_open(struct duo *d, struct duo_bufs *g, size_t n, bool share)
+{
+    g->rb = calloc(1, n);
+    g->lb = calloc(1, n);
+    assert_true(g->rb && g->lb);
+    g->mr = g->ml = NULL;
+    assert_int_equal(kv_xport_mem_reg(d->b, g->rb, n, KV_MEM_HOST, &g->mr), KV_OK);
+    assert_int_equal(kv_xport_mem_reg(d->a, g->lb, n, KV_MEM_HOST, &g->ml), KV_OK);
+    g->r = share ? duo_share(d, g->mr) : NULL;
+}
+
+/* r freed (when shared), the duo closed with both regions, the buffers
+ * freed. */
+static void duo_bufs_close(struct duo *d, struct duo_bufs *g)
+{
+    if (g->r)
+        assert_int_equal(kv_xport_rmem_free(g->r), KV_OK);
+    duo_close(d, &g->ml, 1, &g->mr, 1);
+    free(g->rb);
+    free(g->lb);
+}
+
 /* The SGE counts of the WRs posted, per opcode (a verbs table wrapping the
  * soft device's post_send). */
 static struct kv__verbs counting;
@@ -1385,43 +1415,38 @@ static void test_xport_rdma_reads_within_max_sge_rd(void **state)
     struct duo d;
     duo_open(&d, 2, 0);
     const size_t n = 1u << 20;
-    unsigned char *rb = malloc(n), *lb = calloc(1, n), *want = calloc(1, n);
-    assert_true(rb && lb && want);
-    pat_fill(rb, n, 5);
-    kv_xport_mem *mr = NULL, *ml = NULL;
-    assert_int_equal(kv_xport_mem_reg(d.b, rb, n, KV_MEM_HOST, &mr), KV_OK);
-    assert_int_equal(kv_xport_mem_reg(d.a, lb, n, KV_MEM_HOST, &ml), KV_OK);
-    kv_xport_rmem *r = duo_share(&d, mr);
+    struct duo_bufs g;
+    duo_bufs_open(&d, &g, n, true);
+    unsigned char *want = calloc(1, n);
+    assert_non_null(want);
+    pat_fill(g.rb, n, 5);
     enum { N = 64 };
     struct kv_xport_io io[N];
     uint64_t roff = 5000;
     for (uint32_t i = 0; i < N; i++) {
         const uint64_t len = 64 + 13 * (i % 5);
-        io[i] = (struct kv_xport_io){.local = ml,
+        io[i] = (struct kv_xport_io){.local = g.ml,
                                      .local_off = 4096 + 512 * (uint64_t)i,
-                                     .remote = r,
+                                     .remote = g.r,
                                      .remote_off = roff,
                                      .bytes = len};
-        memcpy(want + io[i].local_off, rb + roff, len);
+        memcpy(want + io[i].local_off, g.rb + roff, len);
         roff += len;
     }
     kv_xport_xfer *t = NULL;
     assert_int_equal(kv_xport_read(d.pa, io, N, &t), KV_OK);
     assert_int_equal(run(t, 10000), KV_XPORT_DONE);
     assert_int_equal(kv_xport_xfer_free(t), KV_OK);
-    assert_memory_equal(lb, want, n);
+    assert_memory_equal(g.lb, want, n);
     assert_true(max_sge_read >= 2 && max_sge_read <= 3);
     assert_true(n_read_wrs >= N / 3);
     assert_int_equal(kv_xport_write(d.pa, io, N, NULL, &t), KV_OK);
     assert_int_equal(run(t, 10000), KV_XPORT_DONE);
     assert_int_equal(kv_xport_xfer_free(t), KV_OK);
     assert_int_equal(max_sge_write, 16);
-    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
-    duo_close(&d, &ml, 1, &mr, 1);
+    duo_bufs_close(&d, &g);
     kv__verbs_set(kvt_softverbs());
     assert_int_equal(kvt_sv_set_max_sge_rd(0), 0);
-    free(rb);
-    free(lb);
     free(want);
 }
 
@@ -1658,39 +1683,32 @@ static void test_xport_rdma_forged_key_refused(void **state)
     struct duo d;
     duo_open(&d, 2, 0);
     const size_t n = 1u << 16;
-    unsigned char *rb = calloc(1, n), *lb = calloc(1, n);
-    assert_true(rb && lb);
-    kv_xport_mem *mr = NULL, *ml = NULL;
-    assert_int_equal(kv_xport_mem_reg(d.b, rb, n, KV_MEM_HOST, &mr), KV_OK);
-    assert_int_equal(kv_xport_mem_reg(d.a, lb, n, KV_MEM_HOST, &ml), KV_OK);
+    struct duo_bufs g;
+    duo_bufs_open(&d, &g, n, false); /* the blob forged below, then the genuine one */
     unsigned char blob[KV_XPORT_BLOB_MAX];
     size_t len = 0;
-    assert_int_equal(kv_xport_mem_expose(d.pb, mr, blob, sizeof(blob), &len), KV_OK);
+    assert_int_equal(kv_xport_mem_expose(d.pb, g.mr, blob, sizeof(blob), &len), KV_OK);
     struct kv__xport_blob good;
     assert_int_equal(kv__xport_blob_decode(blob, len, &good), KV_OK);
     assert_int_equal(good.key_len, 28);
     const uint64_t chunk = kv__le_get(good.key + 8, 8), base = kv__le_get(good.key + 16, 8);
-    forged(&d, ml, &good, 0, 0, 24, chunk, base, "0 chunk(s)");
-    forged(&d, ml, &good, 2, 0, 32, chunk, base, "2 chunk(s)");
-    forged(&d, ml, &good, 2, 0, 32, chunk, base, "region of 65536 bytes (needs 1)");
-    forged(&d, ml, &good, 1, 0, 28, 0, base, "of 0 bytes");
-    forged(&d, ml, &good, 1, 0, 32, chunk, base, "a key of 32 bytes: 1 chunk(s)");
-    forged(&d, ml, &good, 1, 0, 28, chunk, UINT64_MAX - 100, "base 0xffffffffffffff9b");
-    forged(&d, ml, &good, 1, KV_XPORT_MAX_RAILS, 28, chunk, base, "rail 8 (< 8)");
+    forged(&d, g.ml, &good, 0, 0, 24, chunk, base, "0 chunk(s)");
+    forged(&d, g.ml, &good, 2, 0, 32, chunk, base, "2 chunk(s)");
+    forged(&d, g.ml, &good, 2, 0, 32, chunk, base, "region of 65536 bytes (needs 1)");
+    forged(&d, g.ml, &good, 1, 0, 28, 0, base, "of 0 bytes");
+    forged(&d, g.ml, &good, 1, 0, 32, chunk, base, "a key of 32 bytes: 1 chunk(s)");
+    forged(&d, g.ml, &good, 1, 0, 28, chunk, UINT64_MAX - 100, "base 0xffffffffffffff9b");
+    forged(&d, g.ml, &good, 1, KV_XPORT_MAX_RAILS, 28, chunk, base, "rail 8 (< 8)");
     /* the genuine key */
-    kv_xport_rmem *r = NULL;
-    assert_int_equal(kv_xport_rmem_import(d.pa, blob, len, &r), KV_OK);
-    memset(lb, 0x3c, 64);
-    const struct kv_xport_io w = {.local = ml, .remote = r, .remote_off = 100, .bytes = 64};
+    assert_int_equal(kv_xport_rmem_import(d.pa, blob, len, &g.r), KV_OK);
+    memset(g.lb, 0x3c, 64);
+    const struct kv_xport_io w = {.local = g.ml, .remote = g.r, .remote_off = 100, .bytes = 64};
     kv_xport_xfer *t = NULL;
     assert_int_equal(kv_xport_write(d.pa, &w, 1, NULL, &t), KV_OK);
     assert_int_equal(run(t, 5000), KV_XPORT_DONE);
     assert_int_equal(kv_xport_xfer_free(t), KV_OK);
-    assert_memory_equal(rb + 100, lb, 64);
-    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
-    duo_close(&d, &ml, 1, &mr, 1);
-    free(rb);
-    free(lb);
+    assert_memory_equal(g.rb + 100, g.lb, 64);
+    duo_bufs_close(&d, &g);
 }
 
 /* A peer's RDMA WRITE with immediate consumes one of our receives but
@@ -1725,13 +1743,9 @@ static void test_xport_rdma_write_with_imm_is_no_notification(void **state)
     struct duo d;
     duo_open(&d, 1, 0);
     const size_t n = 1u << 16;
-    unsigned char *rb = calloc(1, n), *lb = malloc(n);
-    assert_true(rb && lb);
-    pat_fill(lb, n, 9);
-    kv_xport_mem *mr = NULL, *ml = NULL;
-    assert_int_equal(kv_xport_mem_reg(d.b, rb, n, KV_MEM_HOST, &mr), KV_OK);
-    assert_int_equal(kv_xport_mem_reg(d.a, lb, n, KV_MEM_HOST, &ml), KV_OK);
-    kv_xport_rmem *r = duo_share(&d, mr);
+    struct duo_bufs g;
+    duo_bufs_open(&d, &g, n, true);
+    pat_fill(g.lb, n, 9);
     struct kv_xport_msg got;
     for (uint32_t i = 0; i < RD_RECVS; i++) {
         const char text[5] = {'n', 'o', 't', 'e', (char)('a' + i)};
@@ -1745,15 +1759,18 @@ static void test_xport_rdma_write_with_imm_is_no_notification(void **state)
         assert_int_equal(got.len, sizeof(text));
         assert_memory_equal(got.data, text, sizeof(text));
     }
-    const struct kv_xport_io w = {
-        .local = ml, .local_off = 64, .remote = r, .remote_off = 4096, .bytes = RD_NOTE_HDR + 5};
+    const struct kv_xport_io w = {.local = g.ml,
+                                  .local_off = 64,
+                                  .remote = g.r,
+                                  .remote_off = 4096,
+                                  .bytes = RD_NOTE_HDR + 5};
     imm_next = true;
     kv_xport_xfer *t = NULL;
     assert_int_equal(kv_xport_write(d.pa, &w, 1, NULL, &t), KV_OK);
     (void)run(t, 5000); /* DONE at the sender: the bytes landed */
     assert_false(imm_next);
     assert_int_equal(kv_xport_xfer_free(t), KV_OK);
-    assert_memory_equal(rb + 4096, lb + 64, RD_NOTE_HDR + 5);
+    assert_memory_equal(g.rb + 4096, g.lb + 64, RD_NOTE_HDR + 5);
     kv_xport_peer_state ps = KV_XPORT_READY;
     kv_status why = KV_OK;
     for (int i = 0; i < 500 && ps != KV_XPORT_CLOSED; i++) {
@@ -1768,11 +1785,8 @@ static void test_xport_rdma_write_with_imm_is_no_notification(void **state)
     if (!strstr(kv_last_error(), "completed as opcode") || !strstr(kv_last_error(), want))
         fail_msg("want the opcode and length named: %s", kv_last_error());
     assert_int_equal(kv_xport_notify_poll(d.b, 200, &got), KV_ERR_TIMEOUT);
-    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
-    duo_close(&d, &ml, 1, &mr, 1);
+    duo_bufs_close(&d, &g);
     kv__verbs_set(kvt_softverbs());
-    free(rb);
-    free(lb);
 }
 
 /* The receiver's queue of notifications not yet polled is full
@@ -1790,13 +1804,9 @@ static void test_xport_rdma_notes_over_the_queue_refused(void **state)
     struct duo d;
     duo_open(&d, 2, 2);
     const size_t n = 1u << 16;
-    unsigned char *rb = calloc(1, n), *lb = malloc(n);
-    assert_true(rb && lb);
-    pat_fill(lb, n, 7);
-    kv_xport_mem *mr = NULL, *ml = NULL;
-    assert_int_equal(kv_xport_mem_reg(d.b, rb, n, KV_MEM_HOST, &mr), KV_OK);
-    assert_int_equal(kv_xport_mem_reg(d.a, lb, n, KV_MEM_HOST, &ml), KV_OK);
-    kv_xport_rmem *r = duo_share(&d, mr);
+    struct duo_bufs g;
+    duo_bufs_open(&d, &g, n, true);
+    pat_fill(g.lb, n, 7);
     const kv_xport_state want[4] = {KV_XPORT_DONE, KV_XPORT_DONE, KV_XPORT_FAILED, KV_XPORT_DONE};
     struct kv_xport_msg got;
     for (uint32_t i = 0; i < 4; i++) {
@@ -1810,7 +1820,7 @@ static void test_xport_rdma_notes_over_the_queue_refused(void **state)
         }
         const uint64_t off = 40960 - 4096 * (uint64_t)i; /* far from 0, descending */
         const struct kv_xport_io w = {
-            .local = ml, .local_off = off + 3, .remote = r, .remote_off = off, .bytes = 4000};
+            .local = g.ml, .local_off = off + 3, .remote = g.r, .remote_off = off, .bytes = 4000};
         const char text[3] = {'n', 'o', (char)('0' + i)};
         const struct kv_xport_notify nt = {.tag = 10 + i, .msg = text, .len = sizeof(text)};
         kv_xport_xfer *t = NULL;
@@ -1828,7 +1838,7 @@ static void test_xport_rdma_notes_over_the_queue_refused(void **state)
                        !strstr(kv_xport_xfer_error(t), "KV_ERR_CAPACITY")))
             fail_msg("want the limit named: %s", kv_xport_xfer_error(t));
         assert_int_equal(kv_xport_xfer_free(t), KV_OK);
-        assert_memory_equal(rb + off, lb + off + 3, 4000);
+        assert_memory_equal(g.rb + off, g.lb + off + 3, 4000);
         kv_xport_peer_state ps = KV_XPORT_CLOSED;
         kv_status why = KV_ERR_IO;
         assert_int_equal(kv_xport_peer_state_get(d.pb, &ps, &why), KV_OK);
@@ -1847,11 +1857,8 @@ static void test_xport_rdma_notes_over_the_queue_refused(void **state)
     /* the rest of b's region untouched */
     for (size_t k = 0; k < n; k++)
         if (k < 28672 || k >= 40960 + 4000 || (k - 28672) % 4096 >= 4000)
-            assert_int_equal(rb[k], 0);
-    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
-    duo_close(&d, &ml, 1, &mr, 1);
-    free(rb);
-    free(lb);
+            assert_int_equal(g.rb[k], 0);
+    duo_bufs_close(&d, &g);
 }
 
 /* A peer's acknowledgement is hostile bytes: a's first notification after
