@@ -424,6 +424,30 @@ void kv__rd_send_fail(struct rdma *r, struct rpeer *rp)
     (void)oob_send(r, rp, 2, b, kv__rd_fail_encode(b, rp->why, rp->msg));
 }
 
+/* mu held, the OOB peer READY: our INFO or READY ended without reaching
+ * the peer (its OOB transport refused it, or it timed out) fails rp,
+ * named: the peer would wait for it until its handshake deadline while we
+ * took the handshake for done. true when rp failed. */
+static bool oob_undelivered(struct rdma *r, struct rpeer *rp)
+{
+    static const char *const name[2] = {"INFO", "READY"};
+    static const char *const end[5] = {"pending", "done", "failed", "timed out", "cancelled"};
+    for (int i = 0; i < 2; i++) {
+        kv_xport_state xs = KV_XPORT_PENDING;
+        if (!rp->oob_x[i] || kv_xport_xfer_test(rp->oob_x[i], &xs) != KV_OK ||
+            xs == KV_XPORT_PENDING || xs == KV_XPORT_DONE)
+            continue;
+        kv_status ns = KV_OK;
+        if (kv_xport_xfer_note_status(rp->oob_x[i], &ns) != KV_OK)
+            ns = KV_OK;
+        kv__rd_peer_fail(r, rp, ns != KV_OK ? ns : KV_ERR_IO,
+                         "xport rdma: our %s did not reach the peer out of band (%s): %s", name[i],
+                         (unsigned)xs < 5 ? end[xs] : "?", kv_xport_xfer_error(rp->oob_x[i]));
+        return true;
+    }
+    return false;
+}
+
 /* mu held: the OOB side of every peer: new incoming peers, INFO / READY /
  * FAIL notifications, dead OOB peers. */
 static struct rpeer *find_oob(struct rdma *r, uint64_t oob_id)
@@ -527,6 +551,8 @@ bool kv__rd_oob_round(struct rdma *r)
                 rp->ph = PH_INFO;
             send_info(r, rp);
             any = true;
+        } else if (s == KV_XPORT_READY) {
+            any |= oob_undelivered(r, rp);
         }
     }
     return any;

@@ -717,6 +717,11 @@ static kv_status rdma_start(kv_xport *x)
     struct kv_xport_config oc = x->cfg;
     oc.kind = KV_XPORT_TCP;
     oc.conns_per_peer = 1;
+    /* Its notifications are ours (INFO, READY, FAIL: at most RD_OOB_N per
+     * peer, polled at once), not the caller's: the caller's
+     * max_pending_notes (1, say) bounds the RDMA peer's notifications, and
+     * on the OOB it refused a peer's READY behind its INFO. */
+    oc.max_pending_notes = KV__XPORT_DEFAULT_NOTES;
     oc.rdma_devices = NULL;
     oc.n_rdma_devices = 0;
     st = kv_xport_create(&oc, &r->oob);

@@ -1987,6 +1987,43 @@ static void test_xport_rdma_acceptor_failure_named(void **state)
     kv__verbs_set(kvt_softverbs());
 }
 
+/* Our INFO or READY refused by the peer's out-of-band transport fails the
+ * peer at once, named, where the handshake used to go on as if it had
+ * arrived (the sender READY, the receiver waiting until its deadline).
+ * Found when a caller's max_pending_notes of 1 reached the OOB transport,
+ * which then refused a READY behind an INFO not yet polled (under load).
+ * The OOB transport now keeps the default queue, whatever the caller's;
+ * here b's OOB queue is made to take nothing (white box), so a's INFO is
+ * refused every time. */
+static void test_xport_rdma_oob_refusal_named(void **state)
+{
+    (void)state;
+    if (real_dev)
+        skip();
+    struct kv_xport_config cb = cfg_make(true, TOKEN, FP, 3000),
+                           ca = cfg_make(false, TOKEN, FP, 3000);
+    cb.max_pending_notes = 1;
+    kv_xport *a = NULL, *b = NULL;
+    assert_int_equal(kv_xport_create(&cb, &b), KV_OK);
+    assert_int_equal(kv_xport_create(&ca, &a), KV_OK);
+    kv_xport *boob = ((struct rdma *)b->be)->oob;
+    pthread_mutex_lock(&boob->mu);
+    assert_int_equal(boob->cfg.max_pending_notes, KV__XPORT_DEFAULT_NOTES);
+    boob->cfg.max_pending_notes = 0; /* every notification refused (KV_ERR_CAPACITY) */
+    pthread_mutex_unlock(&boob->mu);
+    kv_xport_peer *pa = NULL;
+    assert_int_equal(kv_xport_connect(a, "127.0.0.1", kv_xport_port(b), &pa), KV_OK);
+    kv_status why = KV_OK;
+    assert_int_equal(wait_state(pa, KV_XPORT_CLOSED, 6000, &why), KV_XPORT_CLOSED);
+    assert_int_equal(why, KV_ERR_CAPACITY);
+    if (!strstr(kv_last_error(), "our INFO did not reach the peer out of band") ||
+        !strstr(kv_last_error(), "max_pending_notes"))
+        fail_msg("want the refused INFO named: %s", kv_last_error());
+    kv_xport_peer_close(pa);
+    assert_int_equal(kv_xport_destroy(a), KV_OK);
+    assert_int_equal(kv_xport_destroy(b), KV_OK);
+}
+
 /* One pass of the suite with its own decode child. */
 static int run_pass(bool busy)
 {
@@ -2042,6 +2079,7 @@ static int run_pass(bool busy)
         cmocka_unit_test(test_xport_rdma_notes_over_the_queue_refused),
         cmocka_unit_test(test_xport_rdma_forged_ack_refused),
         cmocka_unit_test(test_xport_rdma_acceptor_failure_named),
+        cmocka_unit_test(test_xport_rdma_oob_refusal_named),
         cmocka_unit_test(test_xport_rdma_forged_key_refused),
     };
     const int rc =
