@@ -914,8 +914,10 @@ static bool copy_step(struct rd *r, struct arena *ar, struct kv_view *v,
         case 0: /* anywhere it fits */
             off_e = rd_range(r, 0, cap > 0 ? cap : 0);
             break;
-        case 1: /* near src: the same elements, or interleaved with them */
-            off_e = v->offset - shift + rd_range(r, -2, 2);
+        case 1: /* near src: the same elements, or interleaved with them (an
+                 * empty src's offset may be INT64_MAX: saturate, clamped below) */
+            if (__builtin_add_overflow(v->offset, rd_range(r, -2, 2) - shift, &off_e))
+                off_e = INT64_MAX;
             break;
         default: /* just past src's last element */
         {
