@@ -54,9 +54,7 @@ static inline void kvt_cache_make(struct kvt_cache *t, int64_t L, int64_t B, int
     assert_int_equal(kv_cache_paged(t->c, &t->pc), KV_OK);
     t->base = t->pc.base;
     t->bytes = (size_t)t->pc.layout.total_bytes;
-    uint64_t st = seed;
-    for (size_t i = 0; i < t->bytes; i++)
-        t->base[i] = (unsigned char)kvt_rand(&st);
+    kvt_fill(t->base, t->bytes, seed);
 }
 
 static inline void kvt_cache_free(struct kvt_cache *t)

@@ -22,14 +22,6 @@
 /* Bytes of guard before and after a pool (compared with the pool). */
 #define KVT_GUARD 256
 
-static inline void kvt_fill_random(void *p, size_t n, uint64_t seed)
-{
-    unsigned char *b = p;
-    uint64_t r = seed;
-    for (size_t i = 0; i < n; i++)
-        b[i] = (unsigned char)kvt_rand(&r);
-}
-
 /* The first differing byte of got and want, named. */
 static inline void kvt_check_bytes(const unsigned char *got, const unsigned char *want, size_t n,
                                    const char *what)
@@ -65,7 +57,7 @@ static inline void kvt_gfix_init(struct kvt_gfix *f, const struct kv_layout_conf
     f->mem = kv__mem_alloc_aligned(64, f->bytes + 2 * KVT_GUARD);
     f->refmem = kv__mem_alloc_aligned(64, f->bytes + 2 * KVT_GUARD);
     assert_true(f->mem && f->refmem);
-    kvt_fill_random(f->mem, f->bytes + 2 * KVT_GUARD, seed);
+    kvt_fill(f->mem, f->bytes + 2 * KVT_GUARD, seed);
     memcpy(f->refmem, f->mem, f->bytes + 2 * KVT_GUARD);
     f->pool = f->mem + KVT_GUARD;
     f->ref = f->refmem + KVT_GUARD;
@@ -114,7 +106,7 @@ static inline void kvt_tens_make(struct kvt_tens *t, kv_dtype dt, int64_t L, int
     assert_non_null(t->mem);
     t->buf = t->mem + shift;
     uint64_t r = seed;
-    kvt_fill_random(t->mem, t->bytes + 64, seed + 1);
+    kvt_fill(t->mem, t->bytes + 64, seed + 1);
     for (int64_t i = 0; i < elems; i++)
         kv_from_f32(dt, (float)kvt_range(&r, -30000, 30000) / 1000.0f, t->buf + i * es);
     int64_t shape[4] = {L, T, H, D}, st[4] = {T * H * row, H * row, row, strided ? 2 : 1};

@@ -43,9 +43,7 @@ static inline void kvt_side_make(struct kvt_side *s, int64_t L, int64_t B, int64
     assert_int_equal(kv_layout_init(&s->cfg, &s->lo), KV_OK);
     s->mem = aligned_alloc(64, ((size_t)s->lo.total_bytes + 63) / 64 * 64);
     assert_non_null(s->mem);
-    uint64_t st = seed;
-    for (int64_t i = 0; i < s->lo.total_bytes; i++)
-        s->mem[i] = (unsigned char)kvt_rand(&st);
+    kvt_fill(s->mem, (size_t)s->lo.total_bytes, seed);
     s->pc = (struct kv_paged_cache){s->lo, s->mem, (size_t)s->lo.total_bytes, KV_MEM_HOST};
 }
 

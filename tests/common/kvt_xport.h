@@ -205,16 +205,6 @@ static inline void kvt_sink_join(kv_xport_kind kind, uint64_t token, int rfd, vo
     free(msg);
 }
 
-/* n random bytes from seed (kvt_rand) into p. */
-static inline void kvt_fill(unsigned char *p, size_t n, uint64_t seed)
-{
-    uint64_t s = seed;
-    for (size_t i = 0; i < n; i += 8) {
-        const uint64_t v = kvt_rand(&s);
-        memcpy(p + i, &v, n - i < 8 ? n - i : 8);
-    }
-}
-
 /* A notification refused for capacity, seen from its sender: decode (b)
  * takes max_pending_notes 1 and polls nothing; prefill's first write with a
  * notification is DONE, its second lands its data but not its notification:

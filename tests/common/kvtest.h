@@ -31,6 +31,17 @@ static inline uint64_t kvt_rand(uint64_t *state)
     return z ^ (z >> 31);
 }
 
+/* n random bytes from seed into p, eight per kvt_rand. */
+static inline void kvt_fill(void *p, size_t n, uint64_t seed)
+{
+    unsigned char *b = p;
+    uint64_t s = seed;
+    for (size_t i = 0; i < n; i += 8) {
+        const uint64_t v = kvt_rand(&s);
+        memcpy(b + i, &v, n - i < 8 ? n - i : 8);
+    }
+}
+
 /* Uniform in [lo, hi]. */
 static inline int64_t kvt_range(uint64_t *state, int64_t lo, int64_t hi)
 {

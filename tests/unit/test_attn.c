@@ -60,19 +60,6 @@ struct fix {
     int64_t es;
 };
 
-static void fill_random(void *p, size_t n, uint64_t seed)
-{
-    unsigned char *b = p;
-    uint64_t r = seed;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t x = kvt_rand(&r);
-        memcpy(b + i, &x, 8);
-    }
-    for (; i < n; i++)
-        b[i] = (unsigned char)kvt_rand(&r);
-}
-
 static void fix_init(struct fix *f, const struct kv_layout_config *cfg, uint64_t seed)
 {
     memset(f, 0, sizeof(*f));
@@ -84,7 +71,7 @@ static void fix_init(struct fix *f, const struct kv_layout_config *cfg, uint64_t
     f->ref = kv__mem_alloc_aligned(64, f->bytes);
     assert_non_null(f->pool);
     assert_non_null(f->ref);
-    fill_random(f->pool, f->bytes, seed); /* garbage everywhere: stray writes show */
+    kvt_fill(f->pool, f->bytes, seed); /* garbage everywhere: stray writes show */
     memcpy(f->ref, f->pool, f->bytes);
     f->c.base = f->pool;
     f->c.storage_bytes = f->bytes;
@@ -930,7 +917,7 @@ static void run_decode(const struct dec_case *dc, uint64_t seed, const int64_t *
     unsigned char *qb = kv__mem_alloc_aligned(64, (size_t)(S * Hq * row * qes));
     unsigned char *ob = kv__mem_alloc_aligned(64, (size_t)(S * Hq * row * oes));
     assert_true(qb && ob);
-    fill_random(ob, (size_t)(S * Hq * row * oes), seed + 3);
+    kvt_fill(ob, (size_t)(S * Hq * row * oes), seed + 3);
     for (int64_t i = 0; i < S * Hq * row; i++)
         kv_from_f32(dc->q_dt, (float)kvt_range(&rng, -1000, 1000) / 1000.0f, qb + i * qes);
     struct kv_view q, out, flat;

@@ -569,6 +569,7 @@ enum { AF_N = 16, AF_B = 200, AF_MAX_SEQS = 6, AF_COLS = 9, AF_IDS = 60 };
 struct afix {
     struct pool p;
     unsigned char *before; /* the pool as filled: every call leaves it so */
+    double *kref;          /* [B][N][D]: layer 1's elements by ref_elem, once */
     uint64_t rng;          /* past the cache and the pages: for q */
     int32_t indptr[AF_MAX_SEQS + 1], indices[AF_IDS], last[AF_MAX_SEQS];
     int32_t table[AF_MAX_SEQS * AF_COLS];
@@ -590,6 +591,14 @@ static void afix_init(struct afix *f, kv_dtype dt, int64_t D, kv_arrange arr, bo
             for (int64_t d = 0; d < D; d++)
                 rand_elem(dt, f->p.mem + at(&f->p, 1, b, n, 0, d), &f->rng);
     f->before = snapshot(&f->p);
+    /* the reference reads each element many times (every query row and
+     * head): converted once here, by the same ref_elem and at */
+    f->kref = malloc(sizeof(double) * (size_t)(B * N * D));
+    assert_non_null(f->kref);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t d = 0; d < D; d++)
+                f->kref[(b * N + n) * D + d] = ref_elem(dt, f->p.mem + at(&f->p, 1, b, n, 0, d));
     int32_t pool_ids[AF_IDS];
     for (int i = 0; i < AF_IDS; i++)
         pool_ids[i] = (int32_t)(B - 1 - i);
@@ -630,6 +639,7 @@ static void afix_init(struct afix *f, kv_dtype dt, int64_t D, kv_arrange arr, bo
 static void afix_free(struct afix *f)
 {
     free(f->before);
+    free(f->kref);
     pool_free(&f->p);
 }
 
@@ -695,17 +705,18 @@ static void qout_free(struct qout *b)
  * dot x ks x scale, cap x tanh(score / cap) when cap > 0; o [dv] the
  * softmax-weighted sum of the values (0 over no token). Returns the
  * scores' log-sum-exp. sco: room for t1 scores. */
-static double ref_attend(const struct afix *f, kv_dtype dt, int64_t s, const float *qq, int64_t D,
-                         int64_t dv, int64_t t0, int64_t t1, double ks, float scale, float cap,
-                         double *sco, double *o)
+static double ref_attend(const struct afix *f, int64_t s, const float *qq, int64_t D, int64_t dv,
+                         int64_t t0, int64_t t1, double ks, float scale, float cap, double *sco,
+                         double *o)
 {
     const int64_t N = AF_N;
     double mx = -INFINITY, sum = 0.0;
     for (int64_t t = t0; t < t1; t++) {
         const int64_t blk = f->indices[f->indptr[s] + t / N];
+        const double *kr = f->kref + (blk * N + t % N) * D;
         double dot = 0.0;
         for (int64_t d = 0; d < D; d++)
-            dot += (double)qq[d] * ref_elem(dt, f->p.mem + at(&f->p, 1, blk, t % N, 0, d));
+            dot += (double)qq[d] * kr[d];
         double x = dot * ks * scale;
         if (cap > 0.0f)
             x = cap * tanh(x / cap);
@@ -716,10 +727,11 @@ static double ref_attend(const struct afix *f, kv_dtype dt, int64_t s, const flo
         o[j] = 0.0;
     for (int64_t t = t0; t < t1; t++) {
         const int64_t blk = f->indices[f->indptr[s] + t / N];
+        const double *kr = f->kref + (blk * N + t % N) * D;
         const double w = exp(sco[t] - mx);
         sum += w;
         for (int64_t j = 0; j < dv; j++)
-            o[j] += w * ks * ref_elem(dt, f->p.mem + at(&f->p, 1, blk, t % N, 0, j));
+            o[j] += w * ks * kr[j];
     }
     for (int64_t j = 0; j < dv; j++)
         o[j] = t1 > t0 ? o[j] / sum : 0.0;
@@ -948,8 +960,8 @@ static void run_decode_case(const struct dcase *k, bool qbf16, bool avx2_only, u
     assert_true(sco && o && is_out);
     for (int64_t s = 0; s < S; s++)
         for (int64_t h = 0; h < hq; h++) {
-            ref_attend(&f, k->dt, s, b.q + s * b.qts + h * b.qhs, D, dv, 0, lens[s], ks, scale,
-                       0.0f, sco, o);
+            ref_attend(&f, s, b.q + s * b.qts + h * b.qhs, D, dv, 0, lens[s], ks, scale, 0.0f, sco,
+                       o);
             for (int64_t j = 0; j < dv; j++) {
                 const int64_t e = s * b.ots + h * b.ohs + j;
                 double got;
@@ -1146,9 +1158,8 @@ static void run_prefill_case(const struct pcase *k, bool qbf16, bool avx2_only, 
             for (int64_t h = 0; h < hq; h++) {
                 const int64_t row = qo[s] + i, pos = lens[s] - qlens[s] + i;
                 const int64_t t_lo = k->window >= 0 && pos > k->window ? pos - k->window : 0;
-                const double want_lse =
-                    ref_attend(&f, k->dt, s, b.q + row * b.qts + h * b.qhs, D, dv, t_lo, pos + 1,
-                               ks, scale, k->cap, sco, o);
+                const double want_lse = ref_attend(&f, s, b.q + row * b.qts + h * b.qhs, D, dv,
+                                                   t_lo, pos + 1, ks, scale, k->cap, sco, o);
                 for (int64_t j = 0; j < dv; j++) {
                     const int64_t e = row * b.ots + h * b.ohs + j;
                     double got;

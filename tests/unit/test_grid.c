@@ -360,7 +360,7 @@ static void run_decode(const struct dec_case *dc, uint64_t seed, int body, int c
     assert_true(qb && ob);
     for (int64_t i = 0; i < n1; i++)
         qb[i] = (float)kvt_range(&rng, -1000, 1000) / 1000.0f;
-    kvt_fill_random(ob, (size_t)n1 * 4, seed + 5);
+    kvt_fill(ob, (size_t)n1 * 4, seed + 5);
     float *ob0 = malloc((size_t)n1 * 4);
     memcpy(ob0, ob, (size_t)n1 * 4);
     struct kv_view q, out, flat;
@@ -520,7 +520,7 @@ static void test_grid_decode_shared_limit(void **state)
     const int64_t n = 32 * 256;
     float *qb = calloc((size_t)n, 4), *ob = malloc((size_t)n * 4), *ob0 = malloc((size_t)n * 4);
     assert_true(qb && ob && ob0);
-    kvt_fill_random(ob, (size_t)n * 4, 6);
+    kvt_fill(ob, (size_t)n * 4, 6);
     memcpy(ob0, ob, (size_t)n * 4);
     struct kv_view q, out;
     int64_t sh[3] = {1, 32, 256};
@@ -677,8 +677,8 @@ static void run_view_copy(const struct vc_case *vc, uint64_t seed)
     unsigned char *db = kv__mem_alloc_aligned(64, (size_t)(dspan * es));
     unsigned char *want = malloc((size_t)(dspan * es)), *s0 = malloc((size_t)(sspan * es));
     assert_true(sb && db && want && s0);
-    kvt_fill_random(sb, (size_t)(sspan * es), seed);
-    kvt_fill_random(db, (size_t)(dspan * es), seed + 1);
+    kvt_fill(sb, (size_t)(sspan * es), seed);
+    kvt_fill(db, (size_t)(dspan * es), seed + 1);
     memcpy(want, db, (size_t)(dspan * es));
     memcpy(s0, sb, (size_t)(sspan * es));
     struct kv_view fs, fd, src, dst;

@@ -378,7 +378,7 @@ static void run_dec(const struct kv_attn_dev_pages *dp, int sc, uint64_t want_co
     assert_true(qb && ob && ob0 && oh);
     for (int64_t i = 0; i < n1; i++)
         qb[i] = (float)kvt_range(&rng, -1000, 1000) / 1000.0f;
-    kvt_fill_random(ob, (size_t)n1 * 4, 9);
+    kvt_fill(ob, (size_t)n1 * 4, 9);
     memcpy(ob0, ob, (size_t)n1 * 4);
     struct kv_view q, out, flat;
     int64_t sh[3] = {S, Hq, D}, st3[3] = {Hq * row, row, 1}, nn = n1;
@@ -649,7 +649,7 @@ static void run_mla_dev(const struct kv_attn_dev_pages *dp, int sc, const int64_
     assert_true(qb && ob && oh);
     for (int64_t i = 0; i < nq; i++)
         qb[i] = (float)kvt_range(&rng, -1000, 1000) / 1000.0f;
-    kvt_fill_random(ob, (size_t)no * 4, 3);
+    kvt_fill(ob, (size_t)no * 4, 3);
     memcpy(oh, ob, (size_t)no * 4);
     struct kv_view q, out, hout;
     int64_t shq[3] = {S, Hq, D}, sho[3] = {S, Hq, dv};

@@ -161,7 +161,7 @@ static void run_case(const struct pcase *pc, const int64_t *lens, const int64_t 
     assert_true(qb && ob && lb && qb0 && ob0 && lb0);
     for (int64_t i = 0; i < nq; i++)
         qb[i] = (float)kvt_range(&rng, -3000, 3000) / 1000.0f;
-    kvt_fill_random(ob, (size_t)(no * oes), seed + 5);
+    kvt_fill(ob, (size_t)(no * oes), seed + 5);
     for (int64_t i = 0; i < T * (Hq + LPAD); i++)
         lb[i] = 1234.5f + (float)i;
     memcpy(qb0, qb, (size_t)nq * 4);
@@ -352,7 +352,7 @@ static void test_grid_prefill_shared_limit(void **state)
     float *qb = calloc((size_t)(2 * D), 4), *ob = malloc((size_t)(2 * D) * 4),
           *ob0 = malloc((size_t)(2 * D) * 4);
     assert_true(qb && ob && ob0);
-    kvt_fill_random(ob, (size_t)(2 * D) * 4, 6);
+    kvt_fill(ob, (size_t)(2 * D) * 4, 6);
     memcpy(ob0, ob, (size_t)(2 * D) * 4);
     struct kv_view q, out;
     int64_t sh[3] = {2, 1, D};
