@@ -223,6 +223,18 @@ kv_status kv__rd_msg_decode(const unsigned char *m, uint32_t byte_len, struct rd
     return KV_OK;
 }
 
+uint32_t kv__rd_note_encode(unsigned char *b, uint64_t tag, uint64_t xfer, const void *data,
+                            uint32_t len)
+{
+    kv__le_put(b, RD_NOTE_MAGIC, 4);
+    kv__le_put(b + 4, len, 4);
+    kv__le_put(b + 8, tag, 8);
+    kv__le_put(b + 16, xfer, 8);
+    if (len)
+        memcpy(b + RD_NOTE_HDR, data, len);
+    return RD_NOTE_HDR + len;
+}
+
 uint32_t kv__rd_ack_encode(unsigned char *b, const uint64_t *xfer, const kv_status *st, uint32_t n)
 {
     kv__le_put(b, RD_ACK_MAGIC, 4);

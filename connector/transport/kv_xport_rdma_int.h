@@ -345,10 +345,13 @@ kv_status kv__rd_info_decode(const unsigned char *b, uint32_t len, uint32_t nq,
 uint32_t kv__rd_mtu_bytes(enum ibv_mtu m);
 /* A message on QP 0 of byte_len bytes at m (the table above), decoded and
  * checked into *out: KV_OK, or KV_ERR_CORRUPT with msg naming the values
- * (*out untouched). Pure, as the INFO codec. kv__rd_ack_encode writes an
- * ACK of n records (1..RD_NOTE_SLOTS) into b and returns its bytes. */
+ * (*out untouched). Pure, as the INFO codec. kv__rd_note_encode writes a
+ * NOTE (len <= KV_XPORT_NOTIFY_MAX bytes of data) into b, kv__rd_ack_encode
+ * an ACK of n records (1..RD_NOTE_SLOTS); each returns its bytes. */
 kv_status kv__rd_msg_decode(const unsigned char *m, uint32_t byte_len, struct rd_msg *out,
                             char *msg, size_t cap);
+uint32_t kv__rd_note_encode(unsigned char *b, uint64_t tag, uint64_t xfer, const void *data,
+                            uint32_t len);
 uint32_t kv__rd_ack_encode(unsigned char *b, const uint64_t *xfer, const kv_status *st, uint32_t n);
 /* A peer's FAIL of len bytes at b: KV_OK with *st (a known kv_status,
  * not KV_OK) and its text in text[cap] (NUL-terminated, bytes outside

@@ -242,13 +242,8 @@ void kv__rd_notes_flush(struct rdma *r, struct rpeer *rp, struct chain *c)
         rp->note_cqe[slot] = rp->note_acked[slot] = false;
         rp->note_xfer[slot] = t->id;
         unsigned char *b = kv__rd_buf_at(rp, rp->nrecv + slot);
-        kv__le_put(b, RD_NOTE_MAGIC, 4);
-        kv__le_put(b + 4, t->note_len, 4);
-        kv__le_put(b + 8, t->note_tag, 8);
-        kv__le_put(b + 16, t->id, 8);
-        if (t->note_len)
-            memcpy(b + RD_NOTE_HDR, t->note, t->note_len);
-        send_append(rp, c, b, RD_NOTE_HDR + t->note_len, REC_NOTE, slot, t->id);
+        send_append(rp, c, b, kv__rd_note_encode(b, t->note_tag, t->id, t->note, t->note_len),
+                    REC_NOTE, slot, t->id);
         t->busy++;
         t->note_sent = true;
     }

@@ -16,7 +16,7 @@
  *                        NOTE or an ACK of our notifications), raw or with
  *                        its magic, length and zero fields made right;
  *                        checked against a reference read from the message
- *                        table, an ACK re-encoded byte for byte;
+ *                        table, a NOTE or an ACK re-encoded byte for byte;
  *   mode 4               an out-of-band FAIL (kv__rd_fail_decode: status,
  *                        then text), against the status table; printable
  *                        text re-encoded byte for byte.
@@ -194,6 +194,15 @@ static int fuzz_msg(const uint8_t *data, size_t size, bool structured)
         if (out.kind != RD_MSG_NOTE || out.tag != rd(b + 8, 8) || out.xfer != rd(b + 16, 8) ||
             out.len != len - 24 || out.data != b + 24)
             die("a decoded NOTE differs from the message");
+        unsigned char *again = malloc(len);
+        if (!again) {
+            free(b);
+            return 0;
+        }
+        if (kv__rd_note_encode(again, out.tag, out.xfer, out.data, out.len) != len ||
+            memcmp(again, b, len) != 0)
+            die("encode(decode(NOTE)) != NOTE");
+        free(again);
     } else {
         if (out.kind != RD_MSG_ACK || out.n != (len - 24) / 12)
             die("a decoded ACK has the wrong record count");
