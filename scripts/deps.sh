@@ -11,10 +11,11 @@ set -euo pipefail
 # python3-pytest, python3-numpy (python3-torch is optional: the tests that
 # need it are skipped without it, and scripts/bench_peers.py installs it).
 # iproute2: the transport test between two network namespaces over a veth
-# pair (`ip netns`, `ip link`).
+# pair (`ip netns`, `ip link`). qemu-user: scripts/cpu-variants.sh, the
+# kernel tests on emulated CPUs without AVX-512 and without AVX (.ci/run).
 pkgs=(build-essential pkg-config libjemalloc-dev libcmocka-dev libibverbs-dev librdmacm-dev
       libxxhash-dev clang libclang-rt-14-dev python3 cppcheck libdlpack-dev python3-pytest
-      python3-numpy iproute2)
+      python3-numpy iproute2 qemu-user)
 declare -A have=()
 while read -r p; do have[$p]=1; done < <(
     dpkg-query -W -f='${Package} ${Status}\n' "${pkgs[@]}" 2>/dev/null |

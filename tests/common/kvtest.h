@@ -10,6 +10,10 @@
 
 #include <kvcache/kv.h>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
+
 #ifndef KV_TEST_DATA_DIR
 #define KV_TEST_DATA_DIR "tests/data"
 #endif
@@ -59,6 +63,20 @@ static inline int64_t kvt_range(uint64_t *state, int64_t lo, int64_t hi)
  *   block stride    block_stride_bytes / elem, or N * H * row + pad */
 int64_t kvt_ref_offset_elems(const struct kv_layout_config *c, int64_t l, int64_t kv, int64_t b,
                              int64_t n, int64_t h, int64_t d);
+
+/* Whether this CPU has AVX2, FMA and F16C (CPUID leaf 1, ECX bit 29): the
+ * kernels' AVX2 paths, checked independently of the library. */
+static inline bool kvt_cpu_has_avx2(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    unsigned a, b, c, d;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+#else
+    return false;
+#endif
+}
 
 /* Whether this CPU runs VDPBF16PS (AVX512_BF16 with AVX-512F/BW/VL): the
  * kernels' bf16 dot-product scores, checked independently of the library. */

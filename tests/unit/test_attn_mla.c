@@ -897,14 +897,18 @@ struct dcase {
     bool grid; /* the CUDA body on the CPU grid emulator (kv__grid_attn_decode_mla) */
 };
 
-/* A job of q's dtype over f's cache takes the dot products exactly when it
- * should: q bf16, the cache bf16 or fp8, D % 32 == 0, the SIMD path, not
- * kv__attn_avx2_only, a CPU with AVX512_BF16. */
+/* The SIMD path is taken exactly when it should (not portable, D and dv
+ * multiples of 8, a CPU with AVX2, FMA and F16C: scripts/cpu-variants.sh
+ * runs this on CPUs without them), and a job of q's dtype over f's cache
+ * takes the dot products exactly when it should: q bf16, the cache bf16 or
+ * fp8, D % 32 == 0, the SIMD path, not kv__attn_avx2_only, a CPU with
+ * AVX512_BF16. */
 static void check_bdot_choice(const struct kv__attn_job *j, bool portable, bool avx2_only)
 {
     const struct kv_layout *lo = &j->cache.layout;
     const bool simd = kv__mla_simd(lo->head_dim, j->mla_dv);
-    assert_true(simd == (!portable && lo->head_dim % 8 == 0 && j->mla_dv % 8 == 0));
+    assert_true(simd ==
+                (!portable && lo->head_dim % 8 == 0 && j->mla_dv % 8 == 0 && kvt_cpu_has_avx2()));
     const bool want = simd && !avx2_only && j->q.dtype == KV_BF16 &&
                       (lo->dtype == KV_BF16 || lo->elem_bytes == 1) && lo->head_dim % 32 == 0 &&
                       kvt_cpu_has_bf16dot();
