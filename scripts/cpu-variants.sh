@@ -16,7 +16,8 @@
 #
 # usage: scripts/cpu-variants.sh [--quick] [BUILD]   (BUILD: default build)
 #   --quick  the MLA kernels, the write/read/copy kernels, the kernels' edge
-#            cases and the hash (.ci/run; 22 s here for both models); without
+#            cases, the dtype conversions (F16C's own answers where the CPU
+#            has it) and the hash (.ci/run; 22 s here for both models); without
 #            it also decode, prefill and options, view copies, pack, plans
 #            and the offload tier (4 min 13 s).
 # The two models run at once; each prints its binaries in order, each with
@@ -38,7 +39,7 @@ if [[ $(uname -m) != x86_64 ]]; then
     echo "cpu-variants: x86-64 CPU models only; this host is $(uname -m): nothing to run"
     exit 0
 fi
-bins=(test_attn_mla test_attn_copy test_attn_edges test_xxh3)
+bins=(test_attn_mla test_attn_copy test_attn_edges test_convert test_xxh3)
 ((quick)) || bins+=(test_attn test_attn_opts test_view_copy test_pack test_plan test_offload)
 for b in "${bins[@]}"; do
     [[ -x $build/tests/$b ]] || { echo "cpu-variants: $build/tests/$b is not built (make tests)"; exit 1; }
