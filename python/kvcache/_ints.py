@@ -70,19 +70,30 @@ def _first_outside(a, t):
     return None, None
 
 
+def c_array(a, dtype=None):
+    """a as a C-contiguous array whose address is aligned to its element size
+    (what C reads through a typed pointer): a itself when it already is,
+    else a copy. np.ascontiguousarray keeps an unaligned array as it is (a
+    np.frombuffer at an odd offset), and C reading int64_t or float through
+    that address is undefined behaviour (UBSan: "load of misaligned
+    address")."""
+    a = np.ascontiguousarray(a, dtype)
+    return a if a.flags.aligned else a.copy()
+
+
 def int_array(xs, what, t, ndim=None):
-    """xs as a C-contiguous array of t's dtype, every element checked against
-    t's range before the conversion (none wraps), or InvalidArgument naming
-    `what` and the first element outside. Non-integer elements (floats,
-    bools) are refused, not truncated; an empty sequence of any dtype is an
-    empty array."""
+    """xs as a C-contiguous, aligned array of t's dtype, every element
+    checked against t's range before the conversion (none wraps), or
+    InvalidArgument naming `what` and the first element outside. Non-integer
+    elements (floats, bools) are refused, not truncated; an empty sequence
+    of any dtype is an empty array."""
     try:
         a = xs if isinstance(xs, np.ndarray) else np.asarray(xs)
     except (ValueError, TypeError, OverflowError) as e:
         raise error("KV_ERR_INVALID_ARG",
                     "%s: not an array of integers (%s)" % (what, e)) from None
     if a.dtype == t.dtype and (ndim is None or a.ndim == ndim):  # the common case
-        return np.ascontiguousarray(a)
+        return c_array(a)
     if ndim is not None and a.ndim != ndim and not (a.size == 0 and a.ndim == 1):
         raise error("KV_ERR_INVALID_ARG", "%s: %d-d, got shape %s" % (what, ndim, a.shape))
     if a.size == 0:
@@ -106,7 +117,7 @@ def int_array(xs, what, t, ndim=None):
         if lo < t.lo or hi > t.hi:
             where, bad = _first_outside(a, t)
             raise _index_outside(what, where, bad, t)
-    return np.ascontiguousarray(a, dtype=t.dtype)
+    return c_array(a, t.dtype)
 
 
 def _index_outside(what, where, value, t):

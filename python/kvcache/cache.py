@@ -22,7 +22,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _lib
-from ._ints import I32, I64, INT, U32, U64, int_array, integer
+from ._ints import I32, I64, INT, U32, U64, c_array, int_array, integer
 from .errors import check, error
 from . import cuda as _gpu
 from .tensors import FP8_CODES, FP8_OR_U8, borrow, host_only, raw_fp8, where
@@ -53,7 +53,11 @@ def _plan_config(heads, layers):
         if part is None:
             continue
         values, names = part
-        if len(values) != len(names):
+        try:
+            fits = not isinstance(values, (str, bytes)) and len(values) == len(names)
+        except TypeError:  # an int, None: no length
+            fits = False
+        if not fits:
             raise error("KV_ERR_INVALID_ARG", "%s: (%s), got %r" % (what, ", ".join(names),
                                                                      values))
         for x, n in zip(values, names):
@@ -123,7 +127,9 @@ def _copy_opts(layers, planes, num_layers):
 def _int32_slots(slots):
     """slots as a 1-d int32 array when the caller holds int32 (a NumPy
     array, or a CPU tensor seen through __array__ without a copy), read in
-    place by kv_attn_write_i32; None for anything else (the int64 path)."""
+    place by kv_attn_write_i32 (copied where it is not contiguous, or not
+    4-byte aligned: C reads it as int32_t); None for anything else (the
+    int64 path)."""
     if slots is None or isinstance(slots, (list, tuple, range)) or not hasattr(slots, "dtype"):
         return None
     try:
@@ -132,7 +138,7 @@ def _int32_slots(slots):
         return None  # a device tensor: the int64 path says why
     if a.dtype != np.int32:
         return None
-    return np.ascontiguousarray(a).reshape(-1)  # a view when contiguous
+    return c_array(a).reshape(-1)  # a view when contiguous and aligned
 
 
 def _u32_array(xs, what):
@@ -199,6 +205,11 @@ class Layout:
         object.__setattr__(self, "_c", out)
 
     def _config(self):
+        for n in ("dtype", "order", "arrange"):  # C would stop a name at a NUL
+            v = getattr(self, n)
+            if not isinstance(v, str) or "\0" in v:
+                raise error("KV_ERR_INVALID_ARG", "%s: a name (a string without NUL), got %s %r"
+                            % (n, type(v).__name__, v))
         if self.order not in ORDERS:
             raise error("KV_ERR_INVALID_ARG", "order %r: one of %s" % (self.order, sorted(ORDERS)))
         if self.arrange not in ARRANGES:
@@ -439,7 +450,10 @@ class Cache:
         self._idle = threading.Condition(self._lock)
         self._busy = 0  # calls in flight
         self._closers = 0  # close() calls waiting for them
-        if mem not in _MEM:
+        if not isinstance(layout, Layout):
+            raise error("KV_ERR_INVALID_ARG", "layout: a kvcache.Layout, got %s" %
+                        type(layout).__name__)
+        if not isinstance(mem, str) or mem not in _MEM:
             raise error("KV_ERR_INVALID_ARG", "mem %r: one of %s" % (mem, sorted(_MEM)))
         page_ratio = integer(page_ratio, "page_ratio", U32)
         self.layout = layout
@@ -736,14 +750,14 @@ class Cache:
         if not isinstance(scales, (tuple, list)) or len(scales) != 2 or scales[0] is None:
             raise error("KV_ERR_INVALID_ARG", "scales: (k_scales, v_scales), or (k_scales, None) "
                         "for a K-only cache, each a float or one per KV head; got %r" % (scales,))
-        ks = np.ascontiguousarray(np.asarray(scales[0], dtype=np.float32).reshape(-1))
+        ks = c_array(np.asarray(scales[0], dtype=np.float32).reshape(-1))
         if scales[1] is None:  # K scales only: a K-only (MLA) cache
             keep.append(ks)
             sc = _lib.Scales(_p(ks, ctypes.POINTER(ctypes.c_float)), None,
                              integer(ks.size, "scales", U32))
             keep.append(sc)
             return ctypes.byref(sc)
-        vs = np.ascontiguousarray(np.asarray(scales[1], dtype=np.float32).reshape(-1))
+        vs = c_array(np.asarray(scales[1], dtype=np.float32).reshape(-1))
         if ks.size != vs.size:
             raise error("KV_ERR_INVALID_ARG",
                         "scales: %d K scales, %d V scales" % (ks.size, vs.size))
@@ -1044,8 +1058,12 @@ class Cache:
         zeroed and nothing else is written."""
         pc = self._paged()
         b = _u32_array(blocks, "blocks")
-        a = np.ascontiguousarray(np.frombuffer(buf, np.uint8) if not isinstance(buf, np.ndarray)
-                                 else buf.view(np.uint8).reshape(-1))
+        try:  # its bytes, whatever the array's dtype and strides
+            a = np.ascontiguousarray(np.frombuffer(buf, np.uint8) if not isinstance(buf, np.ndarray)
+                                     else np.ascontiguousarray(buf).view(np.uint8).reshape(-1))
+        except (TypeError, ValueError, BufferError) as e:  # a str, a list, an object array
+            raise error("KV_ERR_INVALID_ARG", "buf: the bytes of a packed buffer (pack()'s "
+                        "uint8 array, bytes), got %s (%s)" % (type(buf).__name__, e)) from None
         cfg = _plan_config(
             None if heads is None else (heads, ("src_head0", "dst_head0", "n_heads")),
             None if layers is None else (layers, ("src_layer0", "dst_layer0", "n_layers")))
@@ -1102,12 +1120,13 @@ class Pages:
         0 for a sequence with no pages). layout: the Layout (or a Cache or
         PagedCache: its layout and page size) the ids are checked against;
         page_ratio r: pages of N / r tokens (default 1, or the cache's).
-        int32 arrays (NumPy, CPU torch tensors), C-contiguous, are used in
-        place and held, never copied: the engine may rewrite their values
-        between calls (the kernels check them on every call). Any other
-        integer array (int64, a list) is converted to int32 once, here, each
-        value range-checked: a later change to it is not seen. Every check
-        above is made here, refusals naming the index and value."""
+        int32 arrays (NumPy, CPU torch tensors), C-contiguous and aligned,
+        are used in place and held, never copied: the engine may rewrite
+        their values between calls (the kernels check them on every call).
+        Any other integer array (int64, a list, an unaligned one) is
+        converted to int32 once, here, each value range-checked: a later
+        change to it is not seen. Every check above is made here, refusals
+        naming the index and value."""
         from .paged import pages_csr
         return pages_csr(layout, indptr, indices, last_page_len, page_ratio)
 
@@ -1118,9 +1137,10 @@ class Pages:
         [cols] (sequence s's pages in its row; only the first
         ceil(seq_lens[s] / (N / r)) are read, padding may hold anything),
         seq_lens [S] (tokens of each sequence). layout and page_ratio as in
-        from_csr. A C-contiguous int32 block_table and an int64 seq_lens
-        are used in place (what the kernels take); other integer arrays
-        (vLLM's int32 seq_lens, a sliced table) are converted once, here."""
+        from_csr. A C-contiguous, aligned int32 block_table and int64
+        seq_lens are used in place (what the kernels take); other integer
+        arrays (vLLM's int32 seq_lens, a sliced table) are converted once,
+        here."""
         from .paged import pages_block_table
         return pages_block_table(layout, block_table, seq_lens, page_ratio)
 
@@ -1129,6 +1149,8 @@ class Pages:
         self.page_tokens = cache.page_tokens
         ratio = cache.layout.block_tokens // cache.page_tokens
         self._ind = self.indices if self.indices.size else np.zeros(1, np.int32)
+        # what _c points at, held here: the public arrays may be rebound
+        self._held = (self.indptr, self._ind, self.last_page_len)
         self._c = _lib.Pages(1, len(self.indptr) - 1, ratio, _p(self.indptr, _lib.c_i32p),
                              _p(self._ind, _lib.c_i32p), _p(self.last_page_len, _lib.c_i32p),
                              None, 0, None)

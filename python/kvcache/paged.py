@@ -188,8 +188,9 @@ def _host_ints(obj, what):
 
 def _index(obj, what, ndim, t):
     """(array the kernel reads, the array as given): t's dtype (I32 or I64),
-    C-contiguous; the engine's own array when it already is (used in place),
-    else one range-checked conversion."""
+    C-contiguous and aligned to its element size (C reads it through an
+    int32_t / int64_t pointer); the engine's own array when it already is
+    (used in place), else one range-checked conversion."""
     a = _host_ints(obj, what)
     if a.size == 0 and a.ndim == 1:  # [] is float64 to NumPy
         a = a.astype(t.dtype)
@@ -198,7 +199,7 @@ def _index(obj, what, ndim, t):
                     (what, a.dtype))
     if a.ndim != ndim:
         raise error("KV_ERR_BAD_SHAPE", "%s: %d-d, got shape %s" % (what, ndim, a.shape))
-    if a.dtype == t.dtype and a.flags.c_contiguous:
+    if a.dtype == t.dtype and a.flags.c_contiguous and a.flags.aligned:
         return a, a
     return int_array(a, what, t), a
 
@@ -230,13 +231,17 @@ class _EnginePages(Pages):
     @property
     def _c(self):
         # the one thing the kernels cannot see: the length of indices, which
-        # an engine writing indptr in place could outgrow
-        if self.format == "csr" and self.n_seqs:
-            end = int(self.indptr[self.n_seqs])
-            if end > self.indices.size:
+        # an engine writing indptr in place could outgrow (read from the
+        # arrays _cpages points at, not the public attributes, which the
+        # caller may rebind)
+        c = self._cpages
+        if self.format == "csr" and c.n_seqs:
+            ip, ix = self._held[0], self._held[1]
+            end = int(ip[c.n_seqs])
+            if end > ix.size:
                 raise error("KV_ERR_OUT_OF_BOUNDS", "pages: indptr[%d] = %d, past the %d "
-                            "elements of indices" % (self.n_seqs, end, self.indices.size))
-        return self._cpages
+                            "elements of indices" % (c.n_seqs, end, ix.size))
+        return c
 
     def seq_tokens(self) -> List[int]:
         if self.format == "csr":
@@ -298,6 +303,7 @@ def pages_csr(layout, indptr, indices, last_page_len, page_ratio=None) -> Pages:
     p.indptr, p.indices, p.last_page_len = ip, ix, lp
     p._given = (indptr, indices, last_page_len, ip0, ix0, lp0)  # what the engine handed in
     p._ix, p._lp = _empty_ok(ix, np.int32), _empty_ok(lp, np.int32)  # what _cpages points at
+    p._held = (ip, ix, p._ix, p._lp)  # held here: p.indptr and the rest may be rebound
     p._cpages = _lib.Pages(1, n, r, _p(ip), _p(p._ix), _p(p._lp), None, 0, None)
     return p
 
@@ -341,5 +347,6 @@ def pages_block_table(layout, block_table, seq_lens, page_ratio=None) -> Pages:
     p._given = (block_table, seq_lens, bt0, sl0)
     p._bt = _empty_ok(bt.reshape(-1), np.int32)
     p._sl = _empty_ok(sl, np.int64)
+    p._held = (p._bt, p._sl)  # what _cpages points at (p.block_table may be rebound)
     p._cpages = _lib.Pages(2, n, r, None, None, None, _p(p._bt), cols, _p(p._sl))
     return p

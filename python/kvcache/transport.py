@@ -1004,7 +1004,7 @@ class LayerRx(_Handle):
         if not isinstance(note, Note):
             raise error("KV_ERR_INVALID_ARG", "note: a kvcache.transport.Note, got %s" %
                         type(note).__name__)
-        data = bytes(note.data)
+        data = _octets(note.data, "note data")  # an int is not that many zero bytes
         if len(data) > NOTIFY_MAX:
             raise error("KV_ERR_INVALID_ARG", "note: %d bytes, at most %d" %
                         (len(data), NOTIFY_MAX))

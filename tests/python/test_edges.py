@@ -668,3 +668,124 @@ def test_every_method_raises_once_closed():
     for call in calls:
         with pytest.raises(kvcache.BadState, match="closed"):
             call()
+
+
+# ---- index arrays C reads through typed pointers: aligned --------------------------
+
+
+def _unaligned(values, dtype):
+    """A C-contiguous array of values one byte past an aligned address (a
+    np.frombuffer at an odd offset: NumPy allows it, C's int64_t * does not)."""
+    dt = np.dtype(dtype)
+    a = np.frombuffer(bytearray(len(values) * dt.itemsize + 1), dt, len(values), 1)
+    a[:] = values
+    assert a.flags.c_contiguous and not a.flags.aligned
+    return a
+
+
+def _addr(p):
+    return ctypes.cast(p, ctypes.c_void_p).value
+
+
+class _PointerSpy:
+    """The library, with the pointer arguments of some functions recorded."""
+
+    def __init__(self, lib, names):
+        self._lib, self._names, self.seen = lib, names, []
+
+    def __getattr__(self, name):
+        fn = getattr(self._lib, name)
+        if name not in self._names:
+            return fn
+
+        def call(*args):
+            self.seen += [(name, _addr(a)) for a in args if isinstance(a, ctypes._Pointer)]
+            return fn(*args)
+        return call
+
+
+def test_unaligned_index_arrays_reach_c_aligned(monkeypatch):
+    """An unaligned int64 slot_mapping, int32 page table or uint32 block list
+    went to C as it was: UBSan's "load of misaligned address" in
+    kv_attn_check.c; now they are copied to aligned memory first."""
+    with kvcache.Cache(small_layout(), max_seqs=2) as c:
+        s = c.seq_create()
+        c.append(s, np.arange(20))
+        k = np.arange(20 * 4 * 32, dtype=np.float32).reshape(20, 4, 32)
+        slots = [c.slot(s, t) for t in range(20)]
+        spy = _PointerSpy(L, {"kv_attn_write", "kv_attn_write_i32", "kv_pack"})
+        monkeypatch.setattr(kvcache.cache, "L", spy)
+        for dt in (np.int64, np.int32):
+            c.write(0, k, -k, _unaligned(slots, dt))
+        blocks = [int(b) for b in c.seq_blocks(s)]
+        assert np.array_equal(c.pack(_unaligned(blocks, np.uint32), 20), c.pack(blocks, 20))
+        monkeypatch.undo()
+        assert len(spy.seen) == 4 and all(a % 4 == 0 for _, a in spy.seen), spy.seen
+        assert spy.seen[0][1] % 8 == 0
+        want = c.pages([s])
+        got = kvcache.Pages.from_csr(c, _unaligned(want.indptr, np.int32),
+                                     _unaligned(want.indices, np.int32),
+                                     _unaligned(want.last_page_len, np.int32))
+        bt, _, sl = c.export_vllm([s], with_seq_lens=True)
+        got_bt = kvcache.Pages.from_block_table(
+            c, _unaligned(bt.ravel(), np.int32).reshape(bt.shape), _unaligned(sl, np.int64))
+        for p in (got, got_bt):
+            pc = p._c
+            for f, n in (("indptr", 4), ("indices", 4), ("last_page_len", 4),
+                         ("block_table", 4), ("seq_lens", 8)):
+                assert (_addr(getattr(pc, f)) or 0) % n == 0, f
+            out = np.zeros((20, 4, 32), np.float32)
+            c.read(0, p, out, None)
+            assert np.array_equal(out, k)
+
+
+def test_pages_hold_what_the_kernels_read_when_attributes_are_rebound():
+    """Rebinding a Pages' public array (p.indptr = ...) freed the array its C
+    struct pointed at: the next kernel read freed memory (Corrupt naming
+    recycled values, or another sequence's pages)."""
+    import gc
+    import weakref
+    with kvcache.Cache(small_layout(), max_seqs=2) as c:
+        s = c.seq_create()
+        c.append(s, np.arange(20))
+        k = np.arange(20 * 4 * 32, dtype=np.float32).reshape(20, 4, 32)
+        c.write(0, k, -k, [c.slot(s, t) for t in range(20)])
+        ref = c.pages([s])
+        for p in (c.pages([s]),  # arrays of its own
+                  kvcache.Pages.from_csr(c, ref.indptr.astype(np.int64), ref.indices.astype(
+                      np.int64), ref.last_page_len.astype(np.int64))):  # converted once
+            gone = [weakref.ref(p.indptr), weakref.ref(p.last_page_len)]
+            p.indptr, p.last_page_len = p.indptr.copy(), p.last_page_len.copy()
+            gc.collect()
+            junk = [np.full(n, 10**9, np.int32) for n in (2, 1) for _ in range(64)]
+            assert all(w() is not None for w in gone)
+            out = np.zeros((20, 4, 32), np.float32)
+            c.read(0, p, out, None)
+            assert np.array_equal(out, k)
+            del junk
+
+
+def test_wrong_argument_types_are_named_errors():
+    """A caller's wrong type is InvalidArgument naming the argument: not an
+    AttributeError / TypeError from inside the package, nor an int made into
+    that many zero bytes, nor a dtype name cut at a NUL by C."""
+    from kvcache import transport as T
+    lay = small_layout()
+    with kvcache.Cache(lay, max_seqs=2) as c:
+        buf = c.pack([0], 16)
+        cases = [
+            ("layout", lambda: kvcache.Cache(None)),
+            ("dtype", lambda: small_layout(dtype=None)),
+            ("dtype", lambda: small_layout(dtype="f32\0junk")),
+            ("order", lambda: small_layout(order=["NHD"])),
+            ("heads", lambda: kvcache.Plan(lay, lay, heads=5)),
+            ("layers", lambda: c.pack([0], 16, layers=2)),
+            ("heads", lambda: c.unpack(buf, [0], heads=0)),
+            ("buf", lambda: c.unpack(list(buf), [0])),
+            ("buf", lambda: c.unpack("KVPACK", [0])),
+            ("note data", lambda: kvcache.LayerRx().feed(T.Note(1, T.XLAYER_TAG, 32))),
+            ("note data", lambda: kvcache.LayerRx().feed(T.Note(1, T.XLAYER_TAG, "x" * 32))),
+        ]
+        for name, call in cases:
+            with pytest.raises(kvcache.InvalidArgument, match=name):
+                call()
