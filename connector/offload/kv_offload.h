@@ -308,12 +308,13 @@ KV_API KV_NODISCARD kv_status kv_offload_op_free(kv_offload_op *op);
 /* Drop the entries of hashes[n], in every block format, now (hashes not
  * held are skipped); an entry the worker is reading is unlinked now and
  * freed when the worker is done. *n_evicted (may be NULL) gets how many
- * entries were dropped. KV_ERR_NULL. */
+ * entries were dropped. KV_ERR_NULL; KV_ERR_BAD_STATE (the tier is
+ * destroyed, its handle kept by a staging buffer still out). */
 KV_API KV_NODISCARD kv_status kv_offload_evict(kv_offload *off, const uint64_t *hashes, uint32_t n,
                                                uint32_t *n_evicted);
 
 /* True when the tier holds a complete entry for hash in cache's block
- * format; cache NULL: in any format. False for a NULL tier. */
+ * format; cache NULL: in any format. False for a NULL or destroyed tier. */
 KV_API bool kv_offload_contains(kv_offload *off, const kv_cache *cache, uint64_t hash);
 
 /* A snapshot of the counters. KV_ERR_NULL. */

@@ -212,6 +212,15 @@ kv_status kv_offload_evict(kv_offload *off, const uint64_t *hashes, uint32_t n, 
         return kv__error(KV_ERR_NULL, "kv_offload_evict: %s is NULL", !off ? "off" : "hashes");
     uint32_t k = 0;
     pthread_mutex_lock(&off->mu);
+    if (off->destroyed) { /* the table is gone; a staging buffer or a hold keeps the handle */
+        const size_t n_stg = off->n_stg;
+        const uint32_t n_holds = off->n_holds;
+        pthread_mutex_unlock(&off->mu);
+        return kv__error(KV_ERR_BAD_STATE,
+                         "kv_offload_evict: the tier is destroyed (%zu staging buffers and %u "
+                         "region holds still keep its handle); %u hashes not evicted",
+                         n_stg, n_holds, n);
+    }
     for (uint32_t i = 0; i < n; i++) /* every format's entry of the hash */
         for (struct entry *e; (e = kv__off_find_any(off, hashes[i], false));) {
             kv__off_table_remove(off, e);
@@ -231,9 +240,11 @@ bool kv_offload_contains(kv_offload *off, const kv_cache *cache, uint64_t hash)
         return false;
     const struct kv_layout *lo = kv_cache_layout(cache);
     pthread_mutex_lock(&off->mu);
+    /* destroyed: the table is gone (a staging buffer or a hold keeps the handle) */
     const struct entry *e =
-        lo ? kv__off_find(off, hash, kv__off_block_key(lo, kv_cache_head_offset(cache)))
-           : kv__off_find_any(off, hash, true);
+        off->destroyed ? NULL
+        : lo           ? kv__off_find(off, hash, kv__off_block_key(lo, kv_cache_head_offset(cache)))
+                       : kv__off_find_any(off, hash, true);
     const bool yes = e && e->ready;
     pthread_mutex_unlock(&off->mu);
     return yes;

@@ -30,7 +30,8 @@
  *     ops (refused while an op is live, counted otherwise);
  *   - wait timeouts, results and op_free before a terminal state;
  *   - staging buffers inside the region, the staging cap, a buffer out at
- *     destroy (the region stays until it is returned);
+ *     destroy (the region stays until it is returned; evict on the
+ *     destroyed tier refused, contains false);
  *   - the carver alone: pieces inside the region, aligned, disjoint,
  *     reused after free, NULL (not a crash) when exhausted;
  *   - three engine threads posting, evicting and reading stats while the
@@ -1301,6 +1302,39 @@ static void test_offload_staging(void **state)
     assert_int_equal(kv_offload_staging_free(off, q2), KV_OK); /* the last: frees the tier */
 }
 
+/* A tier destroyed with a staging buffer still out keeps its handle, but
+ * its table is gone (found by an audit): kv_offload_evict and
+ * kv_offload_contains walked the freed buckets (a NULL dereference). Now
+ * evict is refused naming the state and nothing is touched, contains
+ * answers false, and the buffer's return still frees the tier. */
+static void test_offload_destroyed_tier_table_calls(void **state)
+{
+    (void)state;
+    struct kvt_cache s;
+    kvt_cache_make(&s, 2, 16, 8, 2, 16, KV_F16, 0, 77);
+    kv_offload *off = mk_tier((size_t)256 << 10, 64 << 10);
+    uint64_t h[2] = {hash_of(501), hash_of(502)};
+    kvt_store_all(off, &s, h, 2, true);
+    assert_true(kv_offload_contains(off, s.c, h[0]));
+    void *q = NULL;
+    assert_int_equal(kv_offload_staging_alloc(off, 4096, &q), KV_OK);
+    kv_offload_destroy(off);
+    assert_false(kv_offload_contains(off, s.c, h[0]));
+    assert_false(kv_offload_contains(off, NULL, h[1]));
+    uint32_t n_evicted = 77;
+    assert_int_equal(kv_offload_evict(off, h, 2, &n_evicted), KV_ERR_BAD_STATE);
+    kvt_assert_msg_has("kv_offload_evict: the tier is destroyed (1 staging buffers");
+    kvt_assert_msg_has("2 hashes not evicted");
+    assert_int_equal(n_evicted, 77); /* not written on the refusal */
+    struct kv_offload_stats st;
+    assert_int_equal(kv_offload_stats_get(off, &st), KV_OK);
+    assert_int_equal(st.entries, 0);
+    /* the buffer is still the caller's; returning it, the last, frees the tier */
+    memset(q, 0x3C, 4096);
+    assert_int_equal(kv_offload_staging_free(off, q), KV_OK);
+    kvt_cache_free(&s);
+}
+
 struct piece {
     unsigned char *p;
     size_t n;
@@ -1547,6 +1581,7 @@ int main(void)
         cmocka_unit_test(test_offload_cache_destroyed_with_ops_queued),
         cmocka_unit_test(test_offload_free_orders),
         cmocka_unit_test(test_offload_staging),
+        cmocka_unit_test(test_offload_destroyed_tier_table_calls),
         cmocka_unit_test(test_offload_carver),
         cmocka_unit_test(test_offload_capacity_counts_the_region),
         cmocka_unit_test(test_offload_threads),
