@@ -61,7 +61,10 @@
  *                        its own fields, an unsupported dtype, a layer out of
  *                        range, a bad scale (not finite and > 0, wrong count),
  *                        a page ratio that does not divide N, a copy's
- *                        layer range or planes, options of another size
+ *                        layer range or planes, options of another size,
+ *                        an index or scale array (slots, indptr, indices,
+ *                        last_page_len, block_table, seq_lens, qo_indptr,
+ *                        copies, scales) not aligned to its element
  *   KV_ERR_BAD_SHAPE     a tensor whose shape is not [T][H][D] ([L][T][H][D])
  *                        of the layout's H and D, K and V shapes differing,
  *                        n_slots > T, q/out shapes, Hq % H != 0
@@ -469,6 +472,9 @@ KV_API KV_NODISCARD kv_status kv_attn_decode_mla_cuda(
  * every index against the layout: an invalid one is skipped (nothing is read
  * or written out of bounds for it) and recorded in `errors`, a record in
  * device memory (NULL: not recorded) that the caller reads when it wants.
+ * Every device array must be aligned to its element and `errors` to 8
+ * bytes (KV_ERR_INVALID_ARG before any launch: a misaligned load or atomic
+ * faults with cudaErrorMisalignedAddress, which loses the context).
  * The host-index entries above stay the explicit host-input / debug mode:
  * they validate every index on the host before anything is launched. */
 

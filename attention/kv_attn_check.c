@@ -192,6 +192,9 @@ static kv_status check_scales(const char *fn, const struct kv_scales *s, int64_t
         kv__attn_scales_shape(fn, "", s->k, s->v, s->n, s->layers, layers, heads, k_only);
     if (st != KV_OK)
         return st;
+    if ((st = kv__check_aligned(fn, "scales k", s->k, sizeof(float))) != KV_OK ||
+        (st = kv__check_aligned(fn, "scales v", s->v, sizeof(float))) != KV_OK)
+        return st;
     if (s->n > 1024)
         return kv__error(KV_ERR_INVALID_ARG,
                          "%s: per-head scales for %" PRIu32 " heads (at most 1024)", fn, s->n);
@@ -439,6 +442,12 @@ static kv_status check_pages(const char *fn, const struct kv_layout *lo, const s
                              "last_page_len=%p",
                              fn, (const void *)pg->indptr, (const void *)pg->indices,
                              (const void *)pg->last_page_len);
+        kv_status st;
+        if ((st = kv__check_aligned(fn, "indptr", pg->indptr, sizeof(int32_t))) != KV_OK ||
+            (st = kv__check_aligned(fn, "indices", pg->indices, sizeof(int32_t))) != KV_OK ||
+            (st = kv__check_aligned(fn, "last_page_len", pg->last_page_len, sizeof(int32_t))) !=
+                KV_OK)
+            return st;
         if (S && pg->indptr[0] != 0)
             return kv__error(KV_ERR_CORRUPT, "%s: indptr[0] = %" PRId32 ", must be 0", fn,
                              pg->indptr[0]);
@@ -453,6 +462,11 @@ static kv_status check_pages(const char *fn, const struct kv_layout *lo, const s
         if (S && (!pg->block_table || !pg->seq_lens))
             return kv__error(KV_ERR_NULL, "%s: block-table pages need block_table=%p seq_lens=%p",
                              fn, (const void *)pg->block_table, (const void *)pg->seq_lens);
+        kv_status st;
+        if ((st = kv__check_aligned(fn, "block_table", pg->block_table, sizeof(int32_t))) !=
+                KV_OK ||
+            (st = kv__check_aligned(fn, "seq_lens", pg->seq_lens, sizeof(int64_t))) != KV_OK)
+            return st;
         for (uint32_t s = 0; s < S; s++) {
             if (pg->seq_lens[s] < 0)
                 return kv__error(KV_ERR_CORRUPT, "%s: seq_lens[%" PRIu32 "] = %" PRId64 " < 0", fn,
@@ -608,6 +622,10 @@ kv_status kv__attn_write_check(const char *fn, const struct kv_paged_cache *cach
                          fn, n_slots, job->k.n_tokens);
     if (n_slots > 0 && !slots.p)
         return kv__error(KV_ERR_NULL, "%s: slots is NULL with n_slots %" PRId64, fn, n_slots);
+    if (n_slots > 0 &&
+        (st = kv__check_aligned(fn, "slots", slots.p,
+                                slots.i32 ? sizeof(int32_t) : sizeof(int64_t))) != KV_OK)
+        return st;
     if ((st = check_outside_cache(fn, "k", k, cache)) != KV_OK ||
         (v && (st = check_outside_cache(fn, "v", v, cache)) != KV_OK))
         return st;
@@ -813,6 +831,8 @@ kv_status kv__attn_copy_check(const char *fn, const struct kv_paged_cache *dst,
     job->path = KV_ATTN_PATH_CANONICAL;
     if (n_copies && !copies)
         return kv__error(KV_ERR_NULL, "%s: copies is NULL with n_copies %" PRIu32, fn, n_copies);
+    if ((st = kv__check_aligned(fn, "copies", copies, _Alignof(struct kv_block_copy))) != KV_OK)
+        return st;
     const bool one = src == NULL;
     if (one) {
         if ((st = check_cache(fn, dst)) != KV_OK)
@@ -993,6 +1013,9 @@ static kv_status check_qo_indptr(const char *fn, const int32_t *qo, int64_t T,
                                  struct kv__attn_job *job)
 {
     const uint32_t S = job->n_seqs;
+    const kv_status st = kv__check_aligned(fn, "qo_indptr", qo, sizeof(int32_t));
+    if (st != KV_OK)
+        return st;
     if (qo[0] != 0)
         return kv__error(KV_ERR_CORRUPT, "%s: qo_indptr[0] is %" PRId32 ", not 0", fn, qo[0]);
     for (uint32_t s = 0; s < S; s++) {

@@ -65,6 +65,13 @@ static kv_status dev_scales_post(const char *fn, const struct kv_attn_dev_scales
     return KV_OK;
 }
 
+/* The caller's error record: the kernels' 64-bit atomics need it 8-byte
+ * aligned (NULL: not recorded). */
+static kv_status errors_aligned(const char *fn, const struct kv_attn_cuda_errors *errors)
+{
+    return kv__check_dev_aligned(fn, "errors", errors, _Alignof(struct kv_attn_cuda_errors));
+}
+
 /* An entry's end: the job freed, the launch's status (KV_OK clearing the
  * last error). */
 static kv_status dev_done(struct kv__attn_job *j, kv_status st)
@@ -108,8 +115,10 @@ kv_status kv_attn_write_cuda_dev(struct kv_paged_cache cache, int32_t layer,
 {
     static const char fn[] = "kv_attn_write_cuda_dev";
     struct kv__attn_job j;
-    kv_status st =
-        kv__attn_write_dev_check(fn, &cache, layer, k, v, slots_dev, n_slots, scales, &j);
+    kv_status st = errors_aligned(fn, errors);
+    if (st != KV_OK)
+        return st;
+    st = kv__attn_write_dev_check(fn, &cache, layer, k, v, slots_dev, n_slots, scales, &j);
     if (st != KV_OK)
         return st;
     return dev_done(&j, kv__cuda_attn_write_dev(&j, slots_dev, n_slots, scales && !scales->device,
@@ -260,8 +269,11 @@ static kv_status decode_dev(const char *fn, struct kv_paged_cache cache, uint32_
                             struct kv_attn_cuda_errors *errors, kv_cuda_stream stream)
 {
     struct kv__attn_job j;
-    kv_status st = kv__attn_decode_dev_check(fn, &cache, layer, q, pages, softmax_scale, scales,
-                                             out, opts, &j);
+    kv_status st = errors_aligned(fn, errors);
+    if (st != KV_OK)
+        return st;
+    st = kv__attn_decode_dev_check(fn, &cache, layer, q, pages, softmax_scale, scales, out, opts,
+                                   &j);
     if (st != KV_OK)
         return st;
     return dev_done(&j,
@@ -289,8 +301,11 @@ kv_status kv__attn_decode_ex_cuda_dev_ws(struct kv_paged_cache cache, uint32_t l
 {
     static const char fn[] = "kv_attn_decode_ex_cuda_dev";
     struct kv__attn_job j;
-    kv_status st = kv__attn_decode_dev_check(fn, &cache, layer, q, pages, softmax_scale, scales,
-                                             out, opts, &j);
+    kv_status st = errors_aligned(fn, errors);
+    if (st != KV_OK)
+        return st;
+    st = kv__attn_decode_dev_check(fn, &cache, layer, q, pages, softmax_scale, scales, out, opts,
+                                   &j);
     if (st != KV_OK)
         return st;
     return dev_done(&j, kv__cuda_attn_decode_dev_ws(&j, pages, scales && !scales->device, errors,
@@ -367,9 +382,12 @@ kv_status kv_attn_decode_mla_cuda_dev(struct kv_paged_cache cache, uint32_t laye
 {
     static const char fn[] = "kv_attn_decode_mla_cuda_dev";
     struct kv__attn_job j;
+    kv_status st = errors_aligned(fn, errors);
+    if (st != KV_OK)
+        return st;
     const float *ksc;
-    kv_status st = kv__attn_decode_mla_dev_check(fn, &cache, layer, q, pages, dv, softmax_scale,
-                                                 scales, out, &j, &ksc);
+    st = kv__attn_decode_mla_dev_check(fn, &cache, layer, q, pages, dv, softmax_scale, scales, out,
+                                       &j, &ksc);
     if (st != KV_OK)
         return st;
     return dev_done(&j, kv__cuda_attn_decode_mla_dev(&j, pages, ksc, errors, stream));
@@ -418,7 +436,10 @@ kv_status kv_attn_read_cuda_dev(struct kv_paged_cache cache, int32_t layer,
 {
     static const char fn[] = "kv_attn_read_cuda_dev";
     struct kv__attn_job j;
-    kv_status st =
+    kv_status st = errors_aligned(fn, errors);
+    if (st != KV_OK)
+        return st;
+    st =
         kv__attn_read_dev_check(fn, &cache, layer, pages, out_indptr_dev, k_out, v_out, scales, &j);
     if (st != KV_OK)
         return st;
@@ -449,7 +470,10 @@ kv_status kv_attn_copy_blocks_ex_cuda_dev(struct kv_paged_cache dst, struct kv_p
 {
     static const char fn[] = "kv_attn_copy_blocks_ex_cuda_dev";
     struct kv__attn_job j;
-    kv_status st = kv__attn_copy_ex_dev_check(fn, &dst, &src, copies_dev, n_copies, opts, &j);
+    kv_status st = errors_aligned(fn, errors);
+    if (st != KV_OK)
+        return st;
+    st = kv__attn_copy_ex_dev_check(fn, &dst, &src, copies_dev, n_copies, opts, &j);
     if (st != KV_OK)
         return st;
     return dev_done(&j, kv__cuda_attn_copy_ex_dev(&j, copies_dev, n_copies, errors, stream));
@@ -461,7 +485,10 @@ kv_status kv_attn_copy_blocks_cuda_dev(struct kv_paged_cache cache,
 {
     static const char fn[] = "kv_attn_copy_blocks_cuda_dev";
     struct kv__attn_job j;
-    kv_status st = kv__attn_copy_dev_check(fn, &cache, copies_dev, n_copies, &j);
+    kv_status st = errors_aligned(fn, errors);
+    if (st != KV_OK)
+        return st;
+    st = kv__attn_copy_dev_check(fn, &cache, copies_dev, n_copies, &j);
     if (st != KV_OK)
         return st;
     return dev_done(&j, kv__cuda_attn_copy_dev(&j, copies_dev, n_copies, errors, stream));

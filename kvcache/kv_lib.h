@@ -79,6 +79,12 @@ void kv__copy_count(kv_copy_reason reason, uint64_t bytes);
  * check of the attention and plan device entries (kv_status.c). */
 kv_status kv__check_dev_aligned(const char *fn, const char *name, const void *p, size_t align);
 
+/* The same for a caller's host array read as `align`-byte elements (a
+ * misaligned one is undefined behaviour in C, and a different pointer from
+ * Python's buffers or a peer's offsets): KV_OK, or KV_ERR_INVALID_ARG naming
+ * fn, the array's name and address. NULL passes (the callers check it). */
+kv_status kv__check_aligned(const char *fn, const char *name, const void *p, size_t align);
+
 /* Overflow-checked 64-bit helpers: return false on overflow. */
 static inline bool kv__mul_i64(int64_t a, int64_t b, int64_t *out)
 {

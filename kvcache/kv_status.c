@@ -114,6 +114,15 @@ kv_status kv__check_dev_aligned(const char *fn, const char *name, const void *p,
                      fn, name, p, align);
 }
 
+kv_status kv__check_aligned(const char *fn, const char *name, const void *p, size_t align)
+{
+    if ((uintptr_t)p % align == 0)
+        return KV_OK;
+    return kv__error(KV_ERR_INVALID_ARG,
+                     "%s: %s=%p is not %zu-byte aligned (its elements are %zu-byte words)", fn,
+                     name, p, align, align);
+}
+
 kv_status kv__check_struct_size(const char *fn, const char *type, size_t got, size_t want)
 {
     char upper[64];

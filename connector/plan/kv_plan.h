@@ -195,7 +195,9 @@ KV_API void kv_plan_dev_destroy(kv_plan_dev *pd);
  * in device memory (uint32), the plan's table from kv_plan_dev_create. The
  * checks of kv_plan_copy_cuda that read no id, before anything is issued:
  * KV_ERR_NULL (pd, or a list NULL with its n > 0), KV_ERR_INVALID_ARG (a
- * cache, its memory kind, a layout other than the plan's), KV_ERR_BAD_SHAPE
+ * cache, its memory kind, a layout other than the plan's, a list not 4-byte
+ * or errors not 8-byte aligned: the kernel's loads and atomics would fault
+ * with cudaErrorMisalignedAddress, which loses the context), KV_ERR_BAD_SHAPE
  * (list lengths), KV_ERR_OVERLAP (storages that overlap without being one
  * cache). Not detected on the device: a destination id listed twice, or
  * (one cache) an id on both sides (the host mode refuses these; the result

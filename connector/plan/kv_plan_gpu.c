@@ -209,6 +209,10 @@ kv_status kv_plan_copy_cuda_dev(const kv_plan_dev *pd, struct kv_paged_cache src
     for (int i = 0; i < 2; i++)
         if ((st = kv__check_dev_aligned(fn, names[i], lists[i], sizeof(uint32_t))) != KV_OK)
             return st;
+    /* and the record's 64-bit atomics (NULL: not recorded, aligned) */
+    if ((st = kv__check_dev_aligned(fn, "errors", errors, _Alignof(struct kv_plan_cuda_errors))) !=
+        KV_OK)
+        return st;
     struct kv__plan_dev p;
     const int w = kv__plan_dev_build(pd->plan, pd->copies, pd->align, &src, src_blocks_dev, n_src,
                                      &dst, dst_blocks_dev, n_dst, n_tokens, errors, &p);

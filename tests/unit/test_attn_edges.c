@@ -15,7 +15,9 @@
  *     kernel read scales it had overwritten;
  *   - a batch of block copies with ids of 2^31 or more: valid batches
  *     refused as overlapping (the id's top bit was lost in a packed key);
- *   - a layer of 2^32 - 1 named as such (was "layer -2").
+ *   - a layer of 2^32 - 1 named as such (was "layer -2");
+ *   - index and scale arrays misaligned for their element: read as words
+ *     (undefined behaviour), now refused naming the array.
  */
 #include <inttypes.h>
 #include <setjmp.h>
@@ -266,6 +268,107 @@ static void test_attn_edges_copy_ids_past_2_31(void **state)
     munmap(c.base, c.storage_bytes);
 }
 
+/* Index and scale arrays misaligned for their element (an audit,
+ * 2026-12-05: Python handed such buffers through, and the checks read
+ * them as int64 / int32 words, undefined behaviour in C): each entry
+ * refuses them naming the array, before anything is written; the whole
+ * cache and the outputs are as they were. raw is 8-byte aligned; raw + 4
+ * is 4-byte aligned (not 8), raw + 2 not 4. */
+static void test_attn_edges_misaligned_index_arrays(void **state)
+{
+    (void)state;
+    struct kv_paged_cache c = mk_cache(1, 4, 4, 1, 4);
+    unsigned char *before = malloc(c.storage_bytes);
+    assert_non_null(before);
+    memcpy(before, c.base, c.storage_bytes);
+    uint64_t raw[16];
+    unsigned char *rb = (unsigned char *)raw;
+    memset(raw, 0, sizeof(raw));
+    float kb[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    const int64_t wsh[3] = {2, 1, 4};
+    struct kv_view k;
+    assert_int_equal(kv_view_init(kb, sizeof(kb), KV_F32, 3, wsh, &k), KV_OK);
+    /* write: int64 slots at +4, int32 slots at +2 */
+    const int64_t slots[2] = {9, 10};
+    memcpy(rb + 4, slots, sizeof(slots));
+    expect_refused(kv_attn_write(c, 0, &k, &k, (const int64_t *)(void *)(rb + 4), 2, NULL),
+                   KV_ERR_INVALID_ARG, "kv_attn_write: slots=");
+    kvt_assert_msg_has("is not 8-byte aligned");
+    const int32_t slots32[2] = {9, 10};
+    memcpy(rb + 2, slots32, sizeof(slots32));
+    expect_refused(kv_attn_write_i32(c, 0, &k, &k, (const int32_t *)(void *)(rb + 2), 2, NULL),
+                   KV_ERR_INVALID_ARG, "slots=");
+    kvt_assert_msg_has("is not 4-byte aligned");
+    /* scales (float) at +2 */
+    const float one = 1.0f;
+    memcpy(rb + 2, &one, sizeof(one));
+    const struct kv_scales bad_sc = {(const float *)(void *)(rb + 2), &one, 1, 0};
+    expect_refused(kv_attn_write(c, 0, &k, &k, slots, 2, &bad_sc), KV_ERR_INVALID_ARG,
+                   "scales k=");
+    /* decode: each CSR array, then the block table and lengths */
+    float qb[4] = {0.1f, 0.2f, 0.3f, 0.4f}, ob[4] = {7, 7, 7, 7};
+    const int64_t qsh[3] = {1, 1, 4};
+    struct kv_view q, out;
+    assert_int_equal(kv_view_init(qb, sizeof(qb), KV_F32, 3, qsh, &q), KV_OK);
+    assert_int_equal(kv_view_init(ob, sizeof(ob), KV_F32, 3, qsh, &out), KV_OK);
+    int32_t indptr[2] = {0, 1}, ind[1] = {2}, last[1] = {3};
+    memcpy(rb + 2, indptr, sizeof(indptr));
+    memcpy(rb + 22, ind, sizeof(ind));
+    memcpy(rb + 42, last, sizeof(last));
+    const int32_t *mis[3] = {(const int32_t *)(void *)(rb + 2), (const int32_t *)(void *)(rb + 22),
+                             (const int32_t *)(void *)(rb + 42)};
+    static const char *const names[3] = {"indptr=", "indices=", "last_page_len="};
+    for (int a = 0; a < 3; a++) {
+        struct kv_pages pg = {.format = KV_PAGES_CSR,
+                              .n_seqs = 1,
+                              .indptr = a == 0 ? mis[0] : indptr,
+                              .indices = a == 1 ? mis[1] : ind,
+                              .last_page_len = a == 2 ? mis[2] : last};
+        expect_refused(kv_attn_decode(c, 0, &q, &pg, 1.0f, NULL, &out), KV_ERR_INVALID_ARG,
+                       names[a]);
+    }
+    int32_t bt[1] = {2};
+    int64_t lens[1] = {3};
+    memcpy(rb + 2, bt, sizeof(bt));
+    memcpy(rb + 68, lens, sizeof(lens));
+    struct kv_pages bpg = {.format = KV_PAGES_BLOCK_TABLE,
+                           .n_seqs = 1,
+                           .block_table = (const int32_t *)(void *)(rb + 2),
+                           .block_table_cols = 1,
+                           .seq_lens = lens};
+    expect_refused(kv_attn_decode(c, 0, &q, &bpg, 1.0f, NULL, &out), KV_ERR_INVALID_ARG,
+                   "block_table=");
+    bpg.block_table = bt;
+    bpg.seq_lens = (const int64_t *)(void *)(rb + 68);
+    expect_refused(kv_attn_decode(c, 0, &q, &bpg, 1.0f, NULL, &out), KV_ERR_INVALID_ARG,
+                   "seq_lens=");
+    /* prefill: qo_indptr at +2 */
+    const int32_t qo[2] = {0, 1};
+    memcpy(rb + 2, qo, sizeof(qo));
+    const struct kv_pages cpg = {.format = KV_PAGES_CSR,
+                                 .n_seqs = 1,
+                                 .indptr = indptr,
+                                 .indices = ind,
+                                 .last_page_len = last};
+    const struct kv_attn_opts o = KV_ATTN_OPTS_INIT;
+    expect_refused(kv_attn_prefill(c, 0, &q, (const int32_t *)(void *)(rb + 2), &cpg, 1.0f, NULL,
+                                   &out, &o),
+                   KV_ERR_INVALID_ARG, "qo_indptr=");
+    /* block copies: the pairs (uint32 fields) at +2 */
+    const struct kv_block_copy cp[1] = {{1, 3, 0}};
+    memcpy(rb + 2, cp, sizeof(cp));
+    expect_refused(kv_attn_copy_blocks(c, (const struct kv_block_copy *)(void *)(rb + 2), 1),
+                   KV_ERR_INVALID_ARG, "copies=");
+    /* nothing written anywhere; the aligned arrays pass */
+    assert_memory_equal(c.base, before, c.storage_bytes);
+    for (int i = 0; i < 4; i++)
+        assert_true(ob[i] == 7.0f);
+    assert_int_equal(kv_attn_decode(c, 0, &q, &cpg, 1.0f, NULL, &out), KV_OK);
+    assert_int_equal(kv_attn_write(c, 0, &k, &k, slots, 2, NULL), KV_OK);
+    free(before);
+    free(c.base);
+}
+
 static void test_attn_edges_layer_named_as_passed(void **state)
 {
     (void)state;
@@ -493,6 +596,7 @@ int main(void)
         cmocka_unit_test(test_attn_edges_outputs_over_the_scales),
         cmocka_unit_test(test_attn_edges_copy_ids_past_2_31),
         cmocka_unit_test(test_attn_edges_layer_named_as_passed),
+        cmocka_unit_test(test_attn_edges_misaligned_index_arrays),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

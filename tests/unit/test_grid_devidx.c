@@ -30,7 +30,8 @@
  *     length;
  *   - device pointers misaligned for their element (slots, each page
  *     array of both forms, out_indptr, copy pairs, device scales, the plan
- *     copy's id lists): refused naming the pointer before any launch;
+ *     copy's id lists and its error record, the attention entries' error
+ *     record): refused naming the pointer before any launch;
  *   - read with device CSR and block-table pages and out_indptr (one layer
  *     and all, f16 and f32 outputs, scales): the whole output buffers equal
  *     a reference from the documented rules and the host-index read; bad
@@ -1165,6 +1166,24 @@ static void test_devidx_misaligned(void **state)
     DEV_REFUSED(
         kv_attn_copy_blocks_cuda_dev(f.c, at_off(buf, pairs, sizeof(pairs), 2), 2, NULL, NULL),
         "copies_dev=");
+    /* the entries' error record, misaligned for its 64-bit atomics (was
+     * launched with it); the record is not written */
+    unsigned char *rec = buf + 160;
+    memset(rec, 0, 64);
+    const int64_t *sl0 = at_off(buf, slots, sizeof(slots), 0);
+    const struct kv_block_copy *pp0 = at_off(buf, pairs, sizeof(pairs), 64);
+    for (size_t off = 1; off < 8; off++) {
+        struct kv_attn_cuda_errors *e = (struct kv_attn_cuda_errors *)(void *)(rec + off);
+        DEV_REFUSED(kv_attn_write_cuda_dev(f.c, 1, &k.v, &v.v, sl0, 3, NULL, e, NULL),
+                    "kv_attn_write_cuda_dev: errors=");
+        kvt_assert_msg_has("is not 8-byte aligned");
+        DEV_REFUSED(kv_attn_copy_blocks_cuda_dev(f.c, pp0, 2, e, NULL),
+                    "kv_attn_copy_blocks_cuda_dev: errors=");
+        DEV_REFUSED(kv_attn_copy_blocks_ex_cuda_dev(f.c, f.c, pp0, 2, NULL, e, NULL),
+                    "kv_attn_copy_blocks_ex_cuda_dev: errors=");
+    }
+    for (size_t i = 0; i < 64; i++)
+        assert_int_equal(rec[i], 0);
     kvt_gfix_check(&f, "pool after the refusals");
     kv__mem_free(k.mem), kv__mem_free(v.mem), kv__mem_free(ro.mem);
     kv__mem_free(qb), kv__mem_free(ob);
@@ -1671,6 +1690,44 @@ static void test_devidx_plan_copy(void **state)
     kvt_side_free(&d);
 }
 
+/* The plan copy's error record misaligned for its 64-bit atomics (found by
+ * an audit): the id lists were checked, the record was not, so the kernel's
+ * atomicAdd on it would fault (cudaErrorMisalignedAddress: the context is
+ * lost). Now refused naming the pointer before any launch; a NULL record
+ * (not recorded) still passes the check. */
+static void test_devidx_plan_errors_misaligned(void **state)
+{
+    (void)state;
+    struct kvt_side s, d;
+    kvt_side_make(&s, 3, 60, 8, 4, 32, KV_F16, 0, 1);
+    kvt_side_make(&d, 3, 60, 8, 4, 32, KV_F16, 0, 2);
+    kv_plan *plan = NULL;
+    assert_int_equal(kv_plan_create(&s.lo, &d.lo, NULL, &plan), KV_OK);
+    s.pc.mem = d.pc.mem = KV_MEM_PINNED;
+    const uint32_t sid[2] = {59, 7}, did[2] = {31, 58};
+    unsigned char *buf = kv__mem_alloc_aligned(64, 128);
+    assert_non_null(buf);
+    memset(buf, 0, 128);
+    const struct kv_plan_dev pd = {.plan = plan}; /* no table needed to refuse */
+    for (size_t off = 1; off < 8; off++) {
+        struct kv_plan_cuda_errors *rec =
+            (struct kv_plan_cuda_errors *)(void *)(buf + 8 * off + off);
+        assert_int_equal(kv_plan_copy_cuda_dev(&pd, s.pc, sid, 2, d.pc, did, 2, 16, rec, NULL),
+                         KV_ERR_INVALID_ARG);
+        kvt_assert_msg_has("kv_plan_copy_cuda_dev: errors=");
+        kvt_assert_msg_has("is not 8-byte aligned");
+    }
+    for (size_t i = 0; i < 128; i++) /* the record was not written */
+        assert_int_equal(buf[i], 0);
+    assert_int_equal(
+        kv__plan_check_request_dev("kv_plan_copy_cuda_dev", plan, &s.pc, sid, 2, &d.pc, did, 2, 16),
+        KV_OK);
+    kv__mem_free(buf);
+    kv_plan_destroy(plan);
+    kvt_side_free(&s);
+    kvt_side_free(&d);
+}
+
 /* A K-only (MLA) cache's scales in the device-index entries (found by an
  * audit, 2026-12-05): by value, K alone (the documented form) crashed the
  * launch, which copied V's NULL scales; in device memory, K alone was
@@ -1751,6 +1808,7 @@ int main(void)
         cmocka_unit_test(test_devidx_copy_blocks),
         cmocka_unit_test(test_devidx_copy_blocks_ex),
         cmocka_unit_test(test_devidx_plan_copy),
+        cmocka_unit_test(test_devidx_plan_errors_misaligned),
         cmocka_unit_test(test_devidx_k_only_scales),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
