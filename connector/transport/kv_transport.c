@@ -399,14 +399,21 @@ uint64_t kv_xport_peer_id(const kv_xport_peer *peer)
 }
 
 /* mu held: end every exposure of p (the backend refuses what it queued of
- * each; nothing of p is busy in them: the backend released that first). */
+ * each; nothing of p is busy in them: the backend released that first).
+ * The backend's unexpose may drop mu (RDMA: ibv_dereg_mr), so another
+ * caller can see p CLOSED meanwhile: n_expo_ending counts the exposures
+ * taken out of the table whose region still counts them as a user, and
+ * kv_xport_peer_close waits for it to reach 0 (signalled here). */
 static void expos_end(kv_xport_peer *p)
 {
     while (p->n_exposed) {
         struct kv__xport_expo *e = p->exposed[--p->n_exposed];
+        p->n_expo_ending++;
         p->ops->unexpose(p, e);
         e->mem->users--;
         kv__mem_free(e);
+        if (--p->n_expo_ending == 0)
+            kv__xport_signal(p->x);
     }
 }
 
@@ -600,9 +607,10 @@ void kv_xport_peer_close(kv_xport_peer *peer)
     if (!peer->user_closed) {
         peer->user_closed = true;
         peer->ops->peer_close(peer);
-        /* Nothing of it may be in flight once this returns. */
+        /* Nothing of it may be in flight once this returns, and every
+         * region it had exposed is free to deregister. */
         const struct timespec never = {.tv_sec = (time_t)1 << 40};
-        while (peer->xfers || peer->state != KV_XPORT_CLOSED)
+        while (peer->xfers || peer->state != KV_XPORT_CLOSED || peer->n_expo_ending)
             if (x->manual)
                 (void)kv__xport_wait_until(x, &never);
             else

@@ -40,7 +40,9 @@
  *
  *   - in this process (a transport pair, or a hostile TCP peer): reads cut
  *     to the device's max_sge_rd (set small: every READ WR within it, the
- *     whole local region exact); a read-only or unmapped region refused at
+ *     whole local region exact); kv_xport_peer_close after the remote side
+ *     closed returns only once the exposure's slowed MR deregistration
+ *     ended (the region then deregisters); a read-only or unmapped region refused at
  *     kv_xport_mem_reg, named; a write in flight when its target region is
  *     unexposed and deregistered ends FAILED and lands nothing after (the
  *     memory overwritten at once stays as written); OOB READY messages of
@@ -1450,6 +1452,66 @@ static void test_xport_rdma_reads_within_max_sge_rd(void **state)
     free(want);
 }
 
+/* A verbs table whose dereg_mr of an MR at slow_addr stalls 200 ms (a
+ * real ibv_dereg_mr of a large region takes that long), flagging that it
+ * started. */
+static struct kv__verbs slow_dereg;
+static _Atomic(const void *) slow_addr;
+static atomic_int slow_entered;
+
+static int slow_dereg_mr(struct ibv_mr *mr)
+{
+    if (mr && mr->addr == atomic_load(&slow_addr)) {
+        atomic_store(&slow_entered, 1);
+        usleep(200 * 1000);
+    }
+    return kvt_softverbs()->dereg_mr(mr);
+}
+
+/* kv_xport_peer_close returns once the peer's exposures have ended, so
+ * the region is free to deregister (kv_transport.h). The backend drops
+ * the transport's lock around the exposure's ibv_dereg_mr; when the
+ * remote side closed first, the user's close found the peer CLOSED and
+ * returned while that dereg was still running, and kv_xport_mem_dereg
+ * was refused: "region 1 still used by 1 transfer(s) or exposure(s)"
+ * (seen 1 run in 20 of test_xport_rdma_rails under load). Made
+ * deterministic by stalling that dereg. */
+static void test_xport_rdma_peer_close_waits_for_unexpose(void **state)
+{
+    (void)state;
+    if (real_dev)
+        skip();
+    slow_dereg = *kvt_softverbs();
+    slow_dereg.dereg_mr = slow_dereg_mr;
+    kv__verbs_set(&slow_dereg);
+    struct duo d;
+    duo_open(&d, 1, 0);
+    struct duo_bufs g;
+    duo_bufs_open(&d, &g, (size_t)1 << 16, true);
+    atomic_store(&slow_entered, 0);
+    atomic_store(&slow_addr, (const void *)g.rb);
+    kv_xport_peer_close(d.pa); /* b's backend ends pb: its exposure's MR goes, slowly */
+    const uint64_t t0 = kv__now_ns();
+    while (!atomic_load(&slow_entered)) {
+        if (kv__now_ns() - t0 > 5000000000ull)
+            fail_msg("b never deregistered the exposure after a closed its peer");
+        usleep(1000);
+    }
+    kv_xport_peer_close(d.pb);
+    atomic_store(&slow_addr, NULL);
+    const kv_status st = kv_xport_mem_dereg(g.mr);
+    if (st != KV_OK)
+        fail_msg("dereg right after kv_xport_peer_close: %s: %s", kv_status_name(st),
+                 kv_last_error());
+    assert_int_equal(kv_xport_rmem_free(g.r), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(g.ml), KV_OK);
+    assert_int_equal(kv_xport_destroy(d.a), KV_OK);
+    assert_int_equal(kv_xport_destroy(d.b), KV_OK);
+    free(g.rb);
+    free(g.lb);
+    kv__verbs_set(kvt_softverbs());
+}
+
 /* Every region is registered with local write access (READs land in it):
  * read-only memory is refused at kv_xport_mem_reg (the kernel says EFAULT),
  * as is unmapped memory, with a message naming the region and the rule;
@@ -2072,6 +2134,7 @@ static int run_pass(bool busy)
         cmocka_unit_test(test_xport_rdma_bandwidth),
         cmocka_unit_test(test_xport_rdma_peer_killed_mid_transfer),
         cmocka_unit_test(test_xport_rdma_reads_within_max_sge_rd),
+        cmocka_unit_test(test_xport_rdma_peer_close_waits_for_unexpose),
         cmocka_unit_test(test_xport_rdma_read_only_region_refused),
         cmocka_unit_test(test_xport_rdma_unexpose_mid_write),
         cmocka_unit_test(test_xport_rdma_hostile_ready_refused),

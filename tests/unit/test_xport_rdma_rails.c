@@ -321,8 +321,12 @@ static void data_close(struct pair *p, struct rails_data *w)
         assert_int_equal(kv_xport_rmem_free(w->r[i]), KV_OK);
         if (p->pb)
             assert_int_equal(kv_xport_mem_unexpose(p->pb, w->md[i]), KV_OK);
-        assert_int_equal(kv_xport_mem_dereg(w->ms[i]), KV_OK);
-        assert_int_equal(kv_xport_mem_dereg(w->md[i]), KV_OK);
+        kv_status st;
+        if ((st = kv_xport_mem_dereg(w->ms[i])) != KV_OK)
+            fail_msg("rail %u: dereg of A's source: %s: %s", i, kv_status_name(st), kv_last_error());
+        if ((st = kv_xport_mem_dereg(w->md[i])) != KV_OK)
+            fail_msg("rail %u: dereg of B's destination: %s: %s", i, kv_status_name(st),
+                     kv_last_error());
         kvt_side_free(&w->s[i]);
         kvt_side_free(&w->d[i]);
         free(w->want[i]);
