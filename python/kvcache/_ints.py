@@ -81,6 +81,19 @@ def c_array(a, dtype=None):
     return a if a.flags.aligned else a.copy()
 
 
+def real(x, what):
+    """x as a Python float (a softmax scale, a soft cap), or InvalidArgument
+    naming `what` and the value: a string, None or an array is not one."""
+    if isinstance(x, (str, bytes)) or x is None:
+        raise error("KV_ERR_INVALID_ARG", "%s: a real number, got %s %r"
+                    % (what, type(x).__name__, x))
+    try:
+        return float(x)
+    except (TypeError, ValueError) as e:
+        raise error("KV_ERR_INVALID_ARG", "%s: a real number, got %s %r (%s)"
+                    % (what, type(x).__name__, x, e)) from None
+
+
 def int_array(xs, what, t, ndim=None):
     """xs as a C-contiguous, aligned array of t's dtype, every element
     checked against t's range before the conversion (none wraps), or

@@ -22,7 +22,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _lib
-from ._ints import I32, I64, INT, U32, U64, c_array, int_array, integer
+from ._ints import I32, I64, INT, U32, U64, c_array, int_array, integer, real
 from .errors import check, error
 from . import cuda as _gpu
 from .tensors import FP8_CODES, FP8_OR_U8, borrow, host_only, raw_fp8, where
@@ -97,7 +97,7 @@ def _copy_opts(layers, planes, num_layers):
     end")."""
     if layers is None and planes is None:
         return None
-    if planes not in _PLANES:
+    if not (planes is None or isinstance(planes, str)) or planes not in _PLANES:
         raise error("KV_ERR_INVALID_ARG", "planes: None, \"kv\", \"k\" or \"v\", got %r"
                     % (planes,))
     o = _lib.CopyBlocksOpts()
@@ -139,6 +139,18 @@ def _int32_slots(slots):
     if a.dtype != np.int32:
         return None
     return c_array(a).reshape(-1)  # a view when contiguous and aligned
+
+
+def _scale_values(x, what):
+    """A scale or scales as a 1-d float32 array, or InvalidArgument naming
+    `what` (a string is not a scale; NumPy would parse "2.0")."""
+    try:
+        if isinstance(x, (str, bytes)):
+            raise TypeError("a string")
+        return np.asarray(x, dtype=np.float32).reshape(-1)
+    except (TypeError, ValueError) as e:
+        raise error("KV_ERR_INVALID_ARG", "%s: a float or one per KV head, got %s %r (%s)"
+                    % (what, type(x).__name__, x, e)) from None
 
 
 def _u32_array(xs, what):
@@ -667,10 +679,15 @@ class Cache:
                                           ctypes.byref(query)))
         if cols is None:
             cols = max(sz.block_table_cols, 1)
-        bt = np.empty((n, cols), dtype=np.int32)
         if slot_mapping_len is None:
             slot_mapping_len = sz.slot_mapping_len
-        sm = np.empty(slot_mapping_len, dtype=np.int64)
+        try:  # sizes the caller chose: NumPy's refusal (too large) as ours
+            bt = np.empty((n, cols), dtype=np.int32)
+            sm = np.empty(slot_mapping_len, dtype=np.int64)
+        except (ValueError, MemoryError) as e:
+            raise error("KV_ERR_NO_MEMORY", "export_vllm: block_table [%d, %d] int32 and "
+                        "slot_mapping [%d] int64 (%d needed): %s" %
+                        (n, cols, slot_mapping_len, sz.slot_mapping_len, e)) from None
         sl = np.empty(n if with_seq_lens else 0, dtype=np.int64)
         out = _lib.VllmExport(_p(bt, _lib.c_i32p), bt.size, cols, pad, _p(sm, _lib.c_i64p),
                               sm.size, tokens_per_seq,
@@ -750,14 +767,14 @@ class Cache:
         if not isinstance(scales, (tuple, list)) or len(scales) != 2 or scales[0] is None:
             raise error("KV_ERR_INVALID_ARG", "scales: (k_scales, v_scales), or (k_scales, None) "
                         "for a K-only cache, each a float or one per KV head; got %r" % (scales,))
-        ks = c_array(np.asarray(scales[0], dtype=np.float32).reshape(-1))
+        ks = c_array(_scale_values(scales[0], "k_scales"))
         if scales[1] is None:  # K scales only: a K-only (MLA) cache
             keep.append(ks)
             sc = _lib.Scales(_p(ks, ctypes.POINTER(ctypes.c_float)), None,
                              integer(ks.size, "scales", U32))
             keep.append(sc)
             return ctypes.byref(sc)
-        vs = c_array(np.asarray(scales[1], dtype=np.float32).reshape(-1))
+        vs = c_array(_scale_values(scales[1], "v_scales"))
         if ks.size != vs.size:
             raise error("KV_ERR_INVALID_ARG",
                         "scales: %d K scales, %d V scales" % (ks.size, vs.size))
@@ -917,7 +934,7 @@ class Cache:
         sc = self._scales(None if k_scale is None else ([k_scale], None), keep)
         dv = ob.view.shape[ob.view.ndim - 1] if ob.view.ndim else 0
         check(L.kv_attn_decode_mla(pc, layer, qb.ref(), ctypes.byref(_pages_c(pages)),
-                                   integer(dv, "dv", I64), float(scale), sc, ob.ref()))
+                                   integer(dv, "dv", I64), real(scale, "softmax_scale"), sc, ob.ref()))
 
     @_call
     def prefill_mla(self, layer: int, q, qo_indptr, pages: "Pages", out,
@@ -944,7 +961,7 @@ class Cache:
         dv = ob.view.shape[ob.view.ndim - 1] if ob.view.ndim else 0
         check(L.kv_attn_prefill_mla(pc, layer, qb.ref(), _p(qo, _lib.c_i32p),
                                     ctypes.byref(_pages_c(pages)), integer(dv, "dv", I64),
-                                    float(scale), sc, ob.ref(), opts))
+                                    real(scale, "softmax_scale"), sc, ob.ref(), opts))
 
     @_call
     def prefill(self, layer: int, q, qo_indptr, pages: "Pages", out,
@@ -973,14 +990,14 @@ class Cache:
         if qo_indptr is None:
             if opts is None:
                 check(L.kv_attn_decode(pc, layer, qb.ref(), ctypes.byref(_pages_c(pages)),
-                                       float(scale), sc, ob.ref()))
+                                       real(scale, "softmax_scale"), sc, ob.ref()))
             else:
                 check(L.kv_attn_decode_ex(pc, layer, qb.ref(), ctypes.byref(_pages_c(pages)),
-                                          float(scale), sc, ob.ref(), opts))
+                                          real(scale, "softmax_scale"), sc, ob.ref(), opts))
             return
         qo = self._qo_indptr(qo_indptr, pages)
         check(L.kv_attn_prefill(pc, layer, qb.ref(), _p(qo, _lib.c_i32p),
-                                ctypes.byref(_pages_c(pages)), float(scale), sc, ob.ref(), opts))
+                                ctypes.byref(_pages_c(pages)), real(scale, "softmax_scale"), sc, ob.ref(), opts))
 
     def _qo_indptr(self, qo_indptr, pages):
         qo = int_array(_host_index(qo_indptr, "qo_indptr", self.mem), "qo_indptr",
@@ -1000,7 +1017,7 @@ class Cache:
             o.struct_size = ctypes.sizeof(_lib.AttnOpts)
             o.window_left = -1 if window_left is None else integer(window_left, "window_left",
                                                                    I32)
-            o.logit_soft_cap = 0.0 if soft_cap is None else float(soft_cap)
+            o.logit_soft_cap = 0.0 if soft_cap is None else real(soft_cap, "soft_cap")
             if lse is not None:
                 a = lse if isinstance(lse, np.ndarray) else np.asarray(lse)
                 if (a.dtype != np.float32 or a.ndim != 2 or not a.flags.writeable or

@@ -387,7 +387,10 @@ def _numpy_region(a, what, keep):
     if not a.flags.c_contiguous:
         raise _not_dense(what, a.shape, tuple(s // a.itemsize for s in a.strides))
     kind = a.dtype.kind
-    elem = ("%s%d" % ("int" if kind == "i" else "uint", 8 * a.itemsize) if kind in "iu"
+    # raw bits only in the machine's byte order: a '>u4' array's integers
+    # are not the bits the kernels read (its name, e.g. >u4, is refused)
+    raw = kind in "iu" and (a.dtype.isnative or a.itemsize == 1)
+    elem = ("%s%d" % ("int" if kind == "i" else "uint", 8 * a.itemsize) if raw
             else _NP_DTYPES.get(a.dtype, str(a.dtype)))
     return Region(a.ctypes.data if a.size else None, a.nbytes, (_DL_CPU, 0), elem,
                   a.itemsize, keep)

@@ -289,7 +289,7 @@ class Transport(_Handle):
                  plan_gather_below_bytes: int = 0, rdma_device: Optional[str] = None,
                  rdma_port: int = 0, rdma_gid_index: int = -1, rdma_busy_poll: bool = False):
         super().__init__()
-        if kind not in KINDS:
+        if not isinstance(kind, str) or kind not in KINDS:
             raise error("KV_ERR_INVALID_ARG", "kind %r: one of %s" % (kind, sorted(KINDS)))
         cfg = _lib.XportConfig()
         cfg.struct_size = ctypes.sizeof(cfg)
@@ -1030,7 +1030,7 @@ class LayerRx(_Handle):
         its waiters raise why at once. It is held, not in finished(), until
         prefill writes no more of its blocks (its ABORT, or its last layers
         landed) or release() says nothing more can land."""
-        if why not in STATUS:
+        if not isinstance(why, str) or why not in STATUS:
             raise error("KV_ERR_INVALID_ARG", "why: a status name (KV_ERR_...), got %r" % (why,))
         with _Use(self) as h:
             check(L.kv_xlayer_rx_fail(h, integer(request, "request", U64),

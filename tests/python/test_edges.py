@@ -789,3 +789,41 @@ def test_wrong_argument_types_are_named_errors():
         for name, call in cases:
             with pytest.raises(kvcache.InvalidArgument, match=name):
                 call()
+
+
+def test_scalars_names_and_sizes_of_the_wrong_kind_are_named_errors():
+    """The rest of the audit's list: a string as a scale or soft cap (was
+    ValueError from float(), or parsed by NumPy), a list as a plane, a
+    transport kind or a status name (was TypeError: unhashable), a
+    slot_mapping_len NumPy cannot allocate (was its ValueError), and
+    big-endian integers as a PagedCache's raw bits (accepted: the kernels
+    read them as little-endian words)."""
+    from kvcache import transport as T
+    lay = small_layout()
+    with kvcache.Cache(lay, max_seqs=2) as c:
+        s = c.seq_create()
+        c.append(s, np.arange(5))
+        p = c.pages([s])
+        q = np.ones((1, 4, 32), np.float32)
+        out = np.zeros((1, 4, 32), np.float32)
+        cases = [
+            ("softmax_scale", lambda: c.decode(0, q, p, out, scale="0.5")),
+            ("soft_cap", lambda: c.decode(0, q, p, out, soft_cap="x")),
+            ("k_scales", lambda: c.decode(0, q, p, out, scales=("2.0", 1.0))),
+            ("v_scales", lambda: c.decode(0, q, p, out, scales=(1.0, object()))),
+            ("planes", lambda: c.copy_blocks([(0, 1)], planes=["k"])),
+            ("kind", lambda: kvcache.Transport(7, kind=["tcp"])),
+            ("why", lambda: kvcache.LayerRx().fail(1, ["x"])),
+        ]
+        for name, call in cases:
+            with pytest.raises(kvcache.InvalidArgument, match=name):
+                call()
+        assert np.all(out == 0)
+        with pytest.raises(kvcache.NoMemory, match="slot_mapping"):
+            c.export_vllm([s], [(0, 5)], slot_mapping_len=2**63)
+        bt, sm = c.export_vllm([s], [(0, 5)], slot_mapping_len=8)  # padded, still fine
+        assert sm.size == 8
+    big = np.zeros(lay.total_bytes // 4, ">u4")
+    with pytest.raises(kvcache.Mismatch, match=">u4"):
+        kvcache.PagedCache(lay, big)
+    kvcache.PagedCache(lay, big.astype("<u4"))  # the machine's order: raw bits
