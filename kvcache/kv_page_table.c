@@ -854,8 +854,12 @@ kv_status kv_page_table_copies_done(kv_page_table *pt)
 
 void kv_page_table_stats_get(const kv_page_table *pt, struct kv_page_table_stats *out)
 {
-    if (!pt || !out)
+    if (!out)
         return;
+    if (!pt) { /* zeros, as documented: not whatever the caller's struct held */
+        memset(out, 0, sizeof(*out));
+        return;
+    }
     *out = pt->stats;
     out->copies_held = pt->n_copies;
 }

@@ -181,6 +181,9 @@ kv_status kv_view_init(void *base, size_t storage_bytes, kv_dtype dtype, int ndi
         return kv__view_null("kv_view_init", out, "out", shape, "shape");
     if (ndim < 0 || ndim > KV_MAX_DIMS)
         return kv__error(KV_ERR_BAD_DIM, "kv_view_init: ndim %d outside 0..%d", ndim, KV_MAX_DIMS);
+    if (!base && storage_bytes > 0) /* the geometry check lets an empty view pass */
+        return kv__error(KV_ERR_NULL, "kv_view_init: base is NULL with storage_bytes %zu",
+                         storage_bytes);
     memset(&t, 0, sizeof(t));
     t.dtype = dtype;
     t.ndim = ndim;

@@ -333,6 +333,25 @@ static void make(struct kv_view *v, int ndim, const int64_t *shape)
 
 #define assert_msg_has(s) assert_non_null(strstr(kv_last_error(), (s)))
 
+/* A NULL base with storage_bytes > 0 is refused even when the shape is
+ * empty (the geometry check alone let [0] through), as kv_view_from_strided
+ * refuses it. */
+static void test_view_init_null_base_with_storage(void **state)
+{
+    struct kv_view v, before;
+    int64_t empty[2] = {0, 4};
+    (void)state;
+    memset(&v, 0x5a, sizeof(v));
+    before = v;
+    assert_int_equal(kv_view_init(NULL, 100, KV_F32, 2, empty, &v), KV_ERR_NULL);
+    assert_msg_has("base is NULL with storage_bytes 100");
+    assert_string_equal(kvt_view_diff(&v, &before), "");
+    assert_int_equal(kv_view_from_strided(NULL, 100, KV_F32, 2, empty, empty, 0, &v), KV_ERR_NULL);
+    /* no storage at all: an empty view over nothing is fine */
+    assert_int_equal(kv_view_init(NULL, 0, KV_F32, 2, empty, &v), KV_OK);
+    assert_int_equal(kv_view_numel(&v), 0);
+}
+
 static void test_view_init_bad_input(void **state)
 {
     struct kv_view v, before;
@@ -1089,6 +1108,7 @@ int main(void)
         cmocka_unit_test(test_view_conformance_vectors),
         cmocka_unit_test(test_view_conformance_edge_vectors),
         cmocka_unit_test(test_view_init_bad_input),
+        cmocka_unit_test(test_view_init_null_base_with_storage),
         cmocka_unit_test(test_view_permute_bad_input),
         cmocka_unit_test(test_view_slice_steps_and_clamping),
         cmocka_unit_test(test_view_narrow_select_bounds),
