@@ -328,7 +328,9 @@ KV_API uint64_t kv_xport_rmem_bytes(const kv_xport_rmem *rmem);
  * refused. TCP: checked by the receiver per frame. RDMA: each exposure has
  * its own memory registration, deregistered here, so the rkey the peer holds
  * stops working (the NIC refuses it: REM_ACCESS_ERR at the peer).
- * KV_ERR_NOT_FOUND when it was not exposed to peer. */
+ * KV_ERR_NOT_FOUND when it was not exposed to peer (or the peer's close
+ * already ended the exposure: answered once that close has released it,
+ * so kv_xport_mem_dereg may follow either answer). */
 KV_API KV_NODISCARD kv_status kv_xport_mem_unexpose(kv_xport_peer *peer, kv_xport_mem *mem);
 
 /* A peer's region from its blob (waits for a CONNECTING peer's handshake,

@@ -233,9 +233,10 @@ struct kv_xport_peer {
     struct kv__xport_expo **exposed; /* what this peer may write or read */
     uint32_t n_exposed;
     size_t cap_exposed;
-    /* exposures out of the table whose regions are not yet released: the
-     * backend's unexpose drops mu (ibv_dereg_mr), and kv_xport_peer_close
-     * must not return before every region's users count is down */
+    /* exposures out of the table whose regions are not yet released (by
+     * the peer's close or kv_xport_mem_unexpose): the backend's unexpose
+     * drops mu (ibv_dereg_mr), and kv_xport_peer_close must not return
+     * before every region's users count is down */
     uint32_t n_expo_ending;
     uint32_t n_notes;     /* queued, not yet polled */
     kv_xport_xfer *xfers; /* not yet terminal, oldest first (via next) */

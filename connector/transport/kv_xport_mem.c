@@ -317,25 +317,39 @@ kv_status kv_xport_mem_unexpose(kv_xport_peer *peer, kv_xport_mem *mem)
     pthread_mutex_lock(&x->mu);
     uint32_t i = 0;
     struct kv__xport_expo *e = expo_find(peer, mem, &i);
+    const struct timespec never = {.tv_sec = (time_t)1 << 40};
     if (!e) {
+        /* Perhaps ended by the peer's close (or another thread's unexpose),
+         * whose release may still be under way with mu dropped (RDMA:
+         * ibv_dereg_mr): answered once it ended, so the region is free to
+         * deregister then. */
+        while (peer->n_expo_ending)
+            if (x->manual)
+                (void)kv__xport_wait_until(x, &never);
+            else
+                pthread_cond_wait(&x->cv, &x->mu);
         pthread_mutex_unlock(&x->mu);
         return kv__error(KV_ERR_NOT_FOUND,
                          "xport_mem_unexpose: region %u is not exposed to peer %" PRIu64,
                          mem->region, peer->id);
     }
-    /* Out of the table: nothing new of this peer is admitted into mem. */
+    /* Out of the table: nothing new of this peer is admitted into mem.
+     * Counted ending until mem lets it go (a kv_xport_peer_close meanwhile
+     * waits for it: the backend's unexpose may drop mu). */
     peer->exposed[i] = peer->exposed[--peer->n_exposed];
+    peer->n_expo_ending++;
     peer->ops->unexpose(peer, e);
     /* What was admitted before finishes (each frame has a deadline: a
      * stalled one closes the peer, which releases it). Only this peer's
      * traffic in this region counts. */
-    const struct timespec never = {.tv_sec = (time_t)1 << 40};
     while (e->busy)
         if (x->manual)
             (void)kv__xport_wait_until(x, &never);
         else
             pthread_cond_wait(&x->cv, &x->mu);
     mem->users--;
+    if (--peer->n_expo_ending == 0)
+        kv__xport_signal(x);
     pthread_mutex_unlock(&x->mu);
     kv__mem_free(e);
     return KV_OK;

@@ -42,7 +42,10 @@
  *     to the device's max_sge_rd (set small: every READ WR within it, the
  *     whole local region exact); kv_xport_peer_close after the remote side
  *     closed returns only once the exposure's slowed MR deregistration
- *     ended (the region then deregisters); a read-only or unmapped region refused at
+ *     ended (the region then deregisters), as does kv_xport_mem_unexpose
+ *     then (KV_ERR_NOT_FOUND: the close ended it), and a kv_xport_peer_close
+ *     while another thread's unexpose of the peer's region is deregistering
+ *     its MR; a read-only or unmapped region refused at
  *     kv_xport_mem_reg, named; a write in flight when its target region is
  *     unexposed and deregistered ends FAILED and lands nothing after (the
  *     memory overwritten at once stays as written); OOB READY messages of
@@ -59,6 +62,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -1468,6 +1472,43 @@ static int slow_dereg_mr(struct ibv_mr *mr)
     return kvt_softverbs()->dereg_mr(mr);
 }
 
+/* A duo over the slowed table with one 64 KiB region of b exposed to a
+ * (g), the stall armed on it. */
+static void slow_open(struct duo *d, struct duo_bufs *g)
+{
+    slow_dereg = *kvt_softverbs();
+    slow_dereg.dereg_mr = slow_dereg_mr;
+    kv__verbs_set(&slow_dereg);
+    duo_open(d, 1, 0);
+    duo_bufs_open(d, g, (size_t)1 << 16, true);
+    atomic_store(&slow_entered, 0);
+    atomic_store(&slow_addr, (const void *)g->rb);
+}
+
+/* Until the stalled dereg_mr of `what` has started (5 s at most). */
+static void slow_wait(const char *what)
+{
+    const uint64_t t0 = kv__now_ns();
+    while (!atomic_load(&slow_entered)) {
+        if (kv__now_ns() - t0 > 5000000000ull)
+            fail_msg("no dereg_mr of %s within 5 s", what);
+        usleep(1000);
+    }
+}
+
+/* Both peers closed and b's region deregistered: the rest, and the soft
+ * device's own table back. */
+static void slow_close(struct duo *d, struct duo_bufs *g)
+{
+    assert_int_equal(kv_xport_rmem_free(g->r), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(g->ml), KV_OK);
+    assert_int_equal(kv_xport_destroy(d->a), KV_OK);
+    assert_int_equal(kv_xport_destroy(d->b), KV_OK);
+    free(g->rb);
+    free(g->lb);
+    kv__verbs_set(kvt_softverbs());
+}
+
 /* kv_xport_peer_close returns once the peer's exposures have ended, so
  * the region is free to deregister (kv_transport.h). The backend drops
  * the transport's lock around the exposure's ibv_dereg_mr; when the
@@ -1481,35 +1522,89 @@ static void test_xport_rdma_peer_close_waits_for_unexpose(void **state)
     (void)state;
     if (real_dev)
         skip();
-    slow_dereg = *kvt_softverbs();
-    slow_dereg.dereg_mr = slow_dereg_mr;
-    kv__verbs_set(&slow_dereg);
     struct duo d;
-    duo_open(&d, 1, 0);
     struct duo_bufs g;
-    duo_bufs_open(&d, &g, (size_t)1 << 16, true);
-    atomic_store(&slow_entered, 0);
-    atomic_store(&slow_addr, (const void *)g.rb);
+    slow_open(&d, &g);
     kv_xport_peer_close(d.pa); /* b's backend ends pb: its exposure's MR goes, slowly */
-    const uint64_t t0 = kv__now_ns();
-    while (!atomic_load(&slow_entered)) {
-        if (kv__now_ns() - t0 > 5000000000ull)
-            fail_msg("b never deregistered the exposure after a closed its peer");
-        usleep(1000);
-    }
+    slow_wait("b's exposure after a closed its peer");
     kv_xport_peer_close(d.pb);
     atomic_store(&slow_addr, NULL);
     const kv_status st = kv_xport_mem_dereg(g.mr);
     if (st != KV_OK)
         fail_msg("dereg right after kv_xport_peer_close: %s: %s", kv_status_name(st),
                  kv_last_error());
-    assert_int_equal(kv_xport_rmem_free(g.r), KV_OK);
-    assert_int_equal(kv_xport_mem_dereg(g.ml), KV_OK);
-    assert_int_equal(kv_xport_destroy(d.a), KV_OK);
-    assert_int_equal(kv_xport_destroy(d.b), KV_OK);
-    free(g.rb);
-    free(g.lb);
-    kv__verbs_set(kvt_softverbs());
+    slow_close(&d, &g);
+}
+
+/* The same with kv_xport_mem_unexpose in place of the close: the remote
+ * side closed, b's backend is still deregistering the exposure's MR
+ * (mu dropped), and the caller withdraws the region before it deregisters
+ * it (duo_close's order). The exposure is out of pb's table already, so
+ * unexpose found none and answered KV_ERR_NOT_FOUND at once, and the
+ * kv_xport_mem_dereg right after was refused ("still used by 1 transfer(s)
+ * or exposure(s)"). Now it answers only once that release ended. */
+static void test_xport_rdma_unexpose_waits_for_close_unexpose(void **state)
+{
+    (void)state;
+    if (real_dev)
+        skip();
+    struct duo d;
+    struct duo_bufs g;
+    slow_open(&d, &g);
+    kv_xport_peer_close(d.pa); /* b's backend ends pb: its exposure's MR goes, slowly */
+    slow_wait("b's exposure after a closed its peer");
+    const kv_status us = kv_xport_mem_unexpose(d.pb, g.mr);
+    assert_true(us == KV_OK || us == KV_ERR_NOT_FOUND); /* ended by the close */
+    atomic_store(&slow_addr, NULL);
+    const kv_status st = kv_xport_mem_dereg(g.mr);
+    if (st != KV_OK)
+        fail_msg("dereg right after kv_xport_mem_unexpose: %s: %s", kv_status_name(st),
+                 kv_last_error());
+    kv_xport_peer_close(d.pb);
+    slow_close(&d, &g);
+}
+
+struct unexposer {
+    kv_xport_peer *peer;
+    kv_xport_mem *mem;
+    kv_status st;
+};
+
+static void *unexpose_main(void *arg)
+{
+    struct unexposer *u = arg;
+    u->st = kv_xport_mem_unexpose(u->peer, u->mem);
+    return NULL;
+}
+
+/* kv_xport_peer_close while another thread's kv_xport_mem_unexpose of one
+ * of the peer's regions is deregistering the exposure's MR (mu dropped):
+ * the close returns once that region is free to deregister too (its
+ * exposures end). The exposure was out of the table and not counted, so
+ * the close returned at once and the dereg right after was refused ("still
+ * used by 1 transfer(s) or exposure(s)"). */
+static void test_xport_rdma_peer_close_waits_for_user_unexpose(void **state)
+{
+    (void)state;
+    if (real_dev)
+        skip();
+    struct duo d;
+    struct duo_bufs g;
+    slow_open(&d, &g);
+    struct unexposer u = {.peer = d.pb, .mem = g.mr, .st = KV_ERR_INTERNAL};
+    pthread_t thr;
+    assert_int_equal(pthread_create(&thr, NULL, unexpose_main, &u), 0);
+    slow_wait("the unexpose's exposure");
+    kv_xport_peer_close(d.pb);
+    atomic_store(&slow_addr, NULL);
+    const kv_status st = kv_xport_mem_dereg(g.mr);
+    pthread_join(thr, NULL);
+    if (st != KV_OK)
+        fail_msg("dereg right after kv_xport_peer_close: %s: %s", kv_status_name(st),
+                 kv_last_error());
+    assert_int_equal(u.st, KV_OK);
+    kv_xport_peer_close(d.pa);
+    slow_close(&d, &g);
 }
 
 /* Every region is registered with local write access (READs land in it):
@@ -2135,6 +2230,8 @@ static int run_pass(bool busy)
         cmocka_unit_test(test_xport_rdma_peer_killed_mid_transfer),
         cmocka_unit_test(test_xport_rdma_reads_within_max_sge_rd),
         cmocka_unit_test(test_xport_rdma_peer_close_waits_for_unexpose),
+        cmocka_unit_test(test_xport_rdma_unexpose_waits_for_close_unexpose),
+        cmocka_unit_test(test_xport_rdma_peer_close_waits_for_user_unexpose),
         cmocka_unit_test(test_xport_rdma_read_only_region_refused),
         cmocka_unit_test(test_xport_rdma_unexpose_mid_write),
         cmocka_unit_test(test_xport_rdma_hostile_ready_refused),
