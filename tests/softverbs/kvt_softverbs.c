@@ -834,16 +834,32 @@ static void resp_header(struct sv_ctx *c, struct sv_conn *k)
         k->in_nak = IBV_WC_RETRY_EXC_ERR;
         return;
     }
+    /* The NAKs of responder class C errors (IBA 9.9.3.1.2; rxe's
+     * responder: do_class_ac_error) put the responder's QP in ERR too: its
+     * receives and its own sends flush (a real device also raises an
+     * affiliated async event, IBV_EVENT_QP_REQ_ERR / QP_ACCESS_ERR). */
     if (h->flags & SV_FORCE_NAK) {
         k->in_nak = IBV_WC_REM_ACCESS_ERR;
+        qp_set_err(qp);
         return;
     }
     if (h->type == SV_WRITE || h->type == SV_WRITE_IMM || h->type == SV_READ_REQ) {
         const int need = h->type == SV_READ_REQ ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
+        /* An operation the QP does not take (its qp_access_flags, or a READ
+         * with no responder resources, max_dest_rd_atomic 0), zero-length
+         * or not: NAK Invalid Request (rxe: check_op_valid, check_resource). */
+        if (!(qp->attr.qp_access_flags & need) ||
+            (h->type == SV_READ_REQ && qp->attr.max_dest_rd_atomic == 0)) {
+            k->in_nak = IBV_WC_REM_INV_REQ_ERR;
+            qp_set_err(qp);
+            return;
+        }
+        /* The rkey and bounds: only when there are bytes (C9-88). */
         struct sv_mr *m = mr_find(c, h->rkey);
-        if (h->len > 0 && (!(qp->attr.qp_access_flags & need) || !m || m->ibv.pd != &qp->pd->ibv ||
-                           !(m->access & need) || !mr_covers(m, h->raddr, h->len))) {
+        if (h->len > 0 && (!m || m->ibv.pd != &qp->pd->ibv || !(m->access & need) ||
+                           !mr_covers(m, h->raddr, h->len))) {
             k->in_nak = IBV_WC_REM_ACCESS_ERR;
+            qp_set_err(qp);
             return;
         }
     }
@@ -1537,8 +1553,9 @@ static void mr_fence(struct sv_ctx *c, const struct sv_mr *m)
                                             .qp_num = k->qp->ibv.qp_num};
                         cq_push(k->qp->rcq, k->qp, &wc, 0);
                         k->in_has_rwr = false;
-                        qp_set_err(k->qp);
                     }
+                    if (k->qp)
+                        qp_set_err(k->qp); /* class C, as resp_header's */
                 }
             } else if (k->qp && k->qp->in_flight && h->type == SV_READ_RESP) {
                 const struct sv_swr *w = &k->qp->sq[k->qp->sq_head];
@@ -1566,6 +1583,8 @@ static void mr_fence(struct sv_ctx *c, const struct sv_mr *m)
                 o->niov = 1;
                 o->total = sizeof(o->hdr);
                 atomic_fetch_add(&stats.naks_sent, 1);
+                if (k->qp)
+                    qp_set_err(k->qp); /* class C, as resp_header's */
             } else if (hit && o->sent == 0) {
                 /* not begun: the request never leaves, the WR fails as lost */
                 *pp = o->next;
@@ -1904,11 +1923,15 @@ static const struct sv_transition transitions[] = {
          IBV_QP_PATH_MIG_STATE},
 };
 
+/* As the kernel's table (ib_modify_qp_is_ok): -> RESET from any state,
+ * -> ERR from any but RESET (RESET -> ERR is not a transition), both with
+ * no attribute but the state (IBV_QP_CUR_STATE included: it is optional
+ * only in RTR -> RTS and RTS -> RTS). */
 static bool transition_ok(enum ibv_qp_state from, enum ibv_qp_state to, int mask)
 {
     mask &= ~IBV_QP_STATE;
     if (to == IBV_QPS_RESET || to == IBV_QPS_ERR)
-        return (mask & ~IBV_QP_CUR_STATE) == 0; /* from any state */
+        return mask == 0 && (to == IBV_QPS_RESET || from != IBV_QPS_RESET);
     for (size_t i = 0; i < sizeof(transitions) / sizeof(transitions[0]); i++) {
         const struct sv_transition *t = &transitions[i];
         if (t->from == from && t->to == to)
@@ -2130,8 +2153,12 @@ static int post_one_send(struct sv_qp *q, const struct ibv_send_wr *wr)
          wr->opcode != IBV_WR_RDMA_READ && wr->opcode != IBV_WR_SEND) ||
         (wr->send_flags & ~(IBV_SEND_SIGNALED | IBV_SEND_INLINE | IBV_SEND_FENCE)))
         return EINVAL;
-    /* An RDMA READ scatters into at most max_sge_rd SGEs (query_device). */
-    if (wr->opcode == IBV_WR_RDMA_READ && wr->num_sge > (int)atomic_load(&max_sge_rd))
+    /* An RDMA READ scatters into at most max_sge_rd SGEs (query_device),
+     * and is never inline: ibv_post_send(3), IBV_SEND_INLINE "valid only
+     * for the Send and RDMA Write opcodes" (mlx5 would build an inline
+     * segment the response cannot land in). */
+    if (wr->opcode == IBV_WR_RDMA_READ &&
+        (wr->num_sge > (int)atomic_load(&max_sge_rd) || (wr->send_flags & IBV_SEND_INLINE)))
         return EINVAL;
     if (q->sq_used >= q->cap.max_send_wr)
         return ENOMEM;
@@ -2149,7 +2176,7 @@ static int post_one_send(struct sv_qp *q, const struct ibv_send_wr *wr)
         w->sge[i] = wr->sg_list[i];
         w->len += wr->sg_list[i].length;
     }
-    if ((wr->send_flags & IBV_SEND_INLINE) && wr->opcode != IBV_WR_RDMA_READ) {
+    if (wr->send_flags & IBV_SEND_INLINE) {
         if (w->len > q->cap.max_inline_data)
             return EINVAL;
         size_t off = 0;
@@ -2211,6 +2238,25 @@ static int sv_post_recv(struct ibv_qp *iqp, struct ibv_recv_wr *wr, struct ibv_r
     return rc;
 }
 
+/* ibv_poll_cq(3): "If the completion status is other than IBV_WC_SUCCESS,
+ * only the following attributes are valid: wr_id, status, qp_num, and
+ * vendor_err." (mlx5 leaves the others as the caller's array had them.)
+ * The rest are filled with a pattern no completion has: an opcode outside
+ * enum ibv_wc_opcode, so nothing can tell a send's error from a receive's
+ * by it. */
+static void wc_poison(struct ibv_wc *w)
+{
+    w->opcode = (enum ibv_wc_opcode)0x5a5a;
+    w->byte_len = 0x5a5a5a5au;
+    w->imm_data = 0x5a5a5a5au;
+    w->src_qp = 0x5a5a5au;
+    w->wc_flags = 0x5a5a5a5au;
+    w->pkey_index = 0x5a5a;
+    w->slid = 0x5a5a;
+    w->sl = 0x5a;
+    w->dlid_path_bits = 0x5a;
+}
+
 static int sv_poll_cq(struct ibv_cq *icq, int n, struct ibv_wc *wc)
 {
     struct sv_cq *q = (struct sv_cq *)icq;
@@ -2226,7 +2272,10 @@ static int sv_poll_cq(struct ibv_cq *icq, int n, struct ibv_wc *wc)
         struct sv_cqe *e = &q->ring[q->head];
         if (e->visible_ns > now)
             break; /* held (DELAY_COMPLETION); what is behind it waits */
-        wc[got++] = e->wc;
+        wc[got] = e->wc;
+        if (e->wc.status != IBV_WC_SUCCESS)
+            wc_poison(&wc[got]);
+        got++;
         e->qp->sq_used -= e->retire;
         q->head = (q->head + 1) % q->ibv.cqe;
         q->count--;

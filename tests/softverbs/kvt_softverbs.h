@@ -15,11 +15,24 @@
  * (both QPs in one process, one context or two) takes the same path.
  *
  * What is faithful (see kvt_softverbs.c for the rules, man-page wording):
- * QP states RESET/INIT/RTR/RTS/ERR with the RC attr masks of ibv_modify_qp;
+ * QP states RESET/INIT/RTR/RTS/ERR with the RC attr masks of ibv_modify_qp
+ * and the kernel's transition table (ib_modify_qp_is_ok: RESET -> ERR is
+ * EINVAL; -> RESET and -> ERR take no attribute but the state, not even
+ * IBV_QP_CUR_STATE, optional only in RTR -> RTS and RTS -> RTS);
  * RDMA_WRITE, RDMA_WRITE_WITH_IMM, RDMA_READ, SEND, up to max_sge SGEs
  * (an RDMA_READ up to max_sge_rd, smaller: post_send says EINVAL past it),
- * SIGNALED, INLINE; in-order execution and completion per QP; lkey/rkey,
- * bounds, access and PD checks (LOC_PROT_ERR, REM_ACCESS_ERR); reg_mr
+ * SIGNALED, INLINE (SEND and WRITE only: an inline READ is EINVAL at
+ * post); in-order execution and completion per QP; lkey/rkey,
+ * bounds, access and PD checks (LOC_PROT_ERR, REM_ACCESS_ERR); an
+ * operation the responder QP does not take (a WRITE without REMOTE_WRITE
+ * or a READ without REMOTE_READ in its qp_access_flags, zero-length too;
+ * a READ with max_dest_rd_atomic 0) NAKed Invalid Request
+ * (REM_INV_REQ_ERR, as rxe); these responder (class C) errors, a
+ * REM_ACCESS_ERR included, put the responder's QP in ERR too, as on real
+ * devices (its receives and sends flush; the async event is not
+ * modelled); an error CQE has only wr_id, status, qp_num and vendor_err
+ * (ibv_poll_cq(3)): its opcode, byte_len, imm_data, wc_flags, src_qp ...
+ * are a poison pattern (opcode 0x5a5a, in no enum); reg_mr
  * checks the memory as the kernel's page pinning does (EFAULT for a range
  * not wholly mapped and readable, or not writable when LOCAL_WRITE or
  * REMOTE_WRITE is asked: /proc/self/maps); dereg_mr fences the device:
@@ -113,7 +126,7 @@ enum kvt_sv_fault {
     KVT_SV_RETRY_EXCEEDED = 1,   /* a request is dropped on the wire: its WR completes
                                     IBV_WC_RETRY_EXC_ERR after KVT_SV_RETRY_MS, QP to ERR */
     KVT_SV_REMOTE_ACCESS = 2,    /* the responder NAKs a request, nothing written:
-                                    IBV_WC_REM_ACCESS_ERR, QP to ERR */
+                                    IBV_WC_REM_ACCESS_ERR, both QPs to ERR */
     KVT_SV_LOST_COMPLETION = 3,  /* a CQE (any CQ) is silently dropped; its send-queue
                                     slots are released as if it had been polled */
     KVT_SV_DELAY_COMPLETION = 4, /* a CQE is held arg ms (the CQE after it waits too) */

@@ -21,7 +21,11 @@
  * into the MR, a READ response mid-way out of it: nothing moves once it
  * returned, the WR ends in error); RC pairing and PSNs (a request from
  * another QP than the responder's dest_qp_num, or at another PSN than it
- * expects, dropped: RETRY_EXC_ERR, nothing written).
+ * expects, dropped: RETRY_EXC_ERR, nothing written); responder errors
+ * (a bad rkey, an operation the QP's access flags refuse, a READ with no
+ * responder resources) putting the responder's QP in ERR too, error CQEs
+ * without the fields ibv_poll_cq(3) says are invalid there, and the
+ * kernel's QP transition table (RESET -> ERR refused).
  */
 #include <fcntl.h>
 #include <poll.h>
@@ -201,6 +205,18 @@ static void pair_open(struct node *a, struct node *b, size_t bytes, int cqe, uin
     connect_qp(b, &wa, ACC_ALL, 0);
 }
 
+/* Both QPs of a pair back to RESET and connected again (a class C error
+ * left both in ERR). */
+static void pair_reconnect(struct node *a, struct node *b)
+{
+    struct ibv_qp_attr z = {.qp_state = IBV_QPS_RESET};
+    must(V->modify_qp(a->qp, &z, IBV_QP_STATE) == 0, "a to RESET");
+    must(V->modify_qp(b->qp, &z, IBV_QP_STATE) == 0, "b to RESET");
+    const struct wire wa = node_wire(a), wb = node_wire(b);
+    connect_qp(a, &wb, ACC_ALL, 0);
+    connect_qp(b, &wa, ACC_ALL, 0);
+}
+
 static double now_ms(void)
 {
     struct timespec ts;
@@ -362,11 +378,20 @@ static void test_softverbs_qp_state_machine(void **state)
     assert_int_equal(V->query_qp(a.qp, &at, IBV_QP_STATE, &ia), 0);
     assert_int_equal(at.qp_state, IBV_QPS_RTS);
     assert_int_equal(at.dest_qp_num, wb.qpn);
-    /* -> ERR and -> RESET from anywhere, STATE only */
-    struct ibv_qp_attr e = {.qp_state = IBV_QPS_ERR};
+    /* -> ERR and -> RESET, STATE only (not even a right CUR_STATE) */
+    struct ibv_qp_attr e = {.qp_state = IBV_QPS_ERR, .cur_qp_state = IBV_QPS_RTS};
     assert_int_equal(V->modify_qp(a.qp, &e, IBV_QP_STATE | IBV_QP_PORT), EINVAL);
+    assert_int_equal(V->modify_qp(a.qp, &e, IBV_QP_STATE | IBV_QP_CUR_STATE), EINVAL);
     assert_int_equal(V->modify_qp(a.qp, &e, IBV_QP_STATE), 0);
     struct ibv_qp_attr z = {.qp_state = IBV_QPS_RESET};
+    assert_int_equal(V->modify_qp(a.qp, &z, IBV_QP_STATE), 0);
+    /* RESET -> ERR is no transition (ib_modify_qp_is_ok): EINVAL; from
+     * INIT it is one */
+    assert_int_equal(V->modify_qp(a.qp, &e, IBV_QP_STATE), EINVAL);
+    assert_int_equal(V->query_qp(a.qp, &at, IBV_QP_STATE, &ia), 0);
+    assert_int_equal(at.qp_state, IBV_QPS_RESET);
+    assert_int_equal(to_init(a.qp, ACC_ALL), 0);
+    assert_int_equal(V->modify_qp(a.qp, &e, IBV_QP_STATE), 0);
     assert_int_equal(V->modify_qp(a.qp, &z, IBV_QP_STATE), 0);
     assert_int_equal(to_init(a.qp, ACC_ALL), 0);
     node_close(&a);
@@ -599,11 +624,7 @@ static void test_softverbs_remote_access_errors(void **state)
         assert_int_equal(wc[0].wr_id, i);
         assert_int_equal(wc[0].status, IBV_WC_REM_ACCESS_ERR); /* unsignaled: still a CQE */
         assert_int_equal(wc[1].status, IBV_WC_WR_FLUSH_ERR);   /* after it, flushed */
-        /* back to RTS */
-        struct ibv_qp_attr z = {.qp_state = IBV_QPS_RESET};
-        assert_int_equal(V->modify_qp(a.qp, &z, IBV_QP_STATE), 0);
-        const struct wire wb = node_wire(&b);
-        connect_qp(&a, &wb, ACC_ALL, 0);
+        pair_reconnect(&a, &b);
     }
     /* an MR without REMOTE_WRITE; an MR of another PD than b's QP */
     struct ibv_mr *ro = V->reg_mr(b.pd, b.buf, 4096, IBV_ACCESS_REMOTE_READ);
@@ -617,10 +638,7 @@ static void test_softverbs_remote_access_errors(void **state)
             post_rdma(&a, IBV_WR_RDMA_WRITE, 7, 0, 64, base, keys[i], IBV_SEND_SIGNALED), 0);
         assert_int_equal(poll_n(a.cq, wc, 1, 5000), 1);
         assert_int_equal(wc[0].status, IBV_WC_REM_ACCESS_ERR);
-        struct ibv_qp_attr z = {.qp_state = IBV_QPS_RESET};
-        assert_int_equal(V->modify_qp(a.qp, &z, IBV_QP_STATE), 0);
-        const struct wire wb = node_wire(&b);
-        connect_qp(&a, &wb, ACC_ALL, 0);
+        pair_reconnect(&a, &b);
     }
     /* a local SGE with a wrong lkey */
     struct ibv_sge s = {(uint64_t)(uintptr_t)a.buf, 8, a.mr->lkey ^ 0x5555};
@@ -638,6 +656,78 @@ static void test_softverbs_remote_access_errors(void **state)
     assert_int_equal(V->dereg_mr(ro), 0);
     assert_int_equal(V->dereg_mr(other), 0);
     assert_int_equal(V->dealloc_pd(pd2), 0);
+    node_close(&a);
+    node_close(&b);
+}
+
+/* Responder class C errors: the NAK puts the responder's QP in ERR too
+ * (its posted receive flushes); an operation the responder QP does not
+ * take (no REMOTE_WRITE in its qp_access_flags, even zero-length; a READ
+ * with max_dest_rd_atomic 0) is NAKed Invalid Request: REM_INV_REQ_ERR.
+ * An error CQE carries only wr_id, status, qp_num, vendor_err: the other
+ * fields are not the completed WR's. */
+static void test_softverbs_responder_errors(void **state)
+{
+    (void)state;
+    struct node a, b;
+    struct ibv_wc wc[2];
+    struct ibv_qp_attr at;
+    struct ibv_qp_init_attr ia;
+    pair_open(&a, &b, 4096, 16, 8);
+    const uint64_t base = (uint64_t)(uintptr_t)b.buf;
+    /* a bad rkey: a ends REM_ACCESS_ERR, b's QP in ERR, its receive flushed */
+    assert_int_equal(post_recv1(&b, 42, 0, 64), 0);
+    assert_int_equal(post_rdma(&a, IBV_WR_RDMA_WRITE, 1, 0, 8, base, b.mr->rkey + 7, 0), 0);
+    assert_int_equal(poll_n(a.cq, wc, 1, 5000), 1);
+    assert_int_equal(wc[0].status, IBV_WC_REM_ACCESS_ERR);
+    assert_int_equal(wc[0].wr_id, 1);
+    assert_int_equal(wc[0].qp_num, a.qp->qp_num);
+    assert_int_not_equal(wc[0].opcode, IBV_WC_RDMA_WRITE); /* not valid in an error CQE */
+    assert_int_equal(poll_n(b.cq, wc, 1, 5000), 1);
+    assert_int_equal(wc[0].wr_id, 42);
+    assert_int_equal(wc[0].status, IBV_WC_WR_FLUSH_ERR);
+    assert_int_equal(wc[0].qp_num, b.qp->qp_num);
+    assert_int_not_equal(wc[0].opcode, IBV_WC_RECV);
+    assert_int_equal(V->query_qp(b.qp, &at, IBV_QP_STATE, &ia), 0);
+    assert_int_equal(at.qp_state, IBV_QPS_ERR);
+    /* b without REMOTE_WRITE: even a zero-length WRITE is an invalid request */
+    struct ibv_qp_attr z = {.qp_state = IBV_QPS_RESET};
+    assert_int_equal(V->modify_qp(a.qp, &z, IBV_QP_STATE), 0);
+    assert_int_equal(V->modify_qp(b.qp, &z, IBV_QP_STATE), 0);
+    const struct wire wa = node_wire(&a), wb = node_wire(&b);
+    connect_qp(&a, &wb, ACC_ALL, 0);
+    connect_qp(&b, &wa, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ, 0);
+    assert_int_equal(post_rdma(&a, IBV_WR_RDMA_WRITE, 2, 0, 0, 0, 0, IBV_SEND_SIGNALED), 0);
+    assert_int_equal(poll_n(a.cq, wc, 1, 5000), 1);
+    assert_int_equal(wc[0].status, IBV_WC_REM_INV_REQ_ERR);
+    assert_int_equal(V->query_qp(b.qp, &at, IBV_QP_STATE, &ia), 0);
+    assert_int_equal(at.qp_state, IBV_QPS_ERR);
+    /* b with no responder resources (max_dest_rd_atomic 0): a READ is */
+    assert_int_equal(V->modify_qp(a.qp, &z, IBV_QP_STATE), 0);
+    assert_int_equal(V->modify_qp(b.qp, &z, IBV_QP_STATE), 0);
+    connect_qp(&a, &wb, ACC_ALL, 0);
+    assert_int_equal(to_init(b.qp, ACC_ALL), 0);
+    struct ibv_qp_attr r = {.qp_state = IBV_QPS_RTR,
+                            .path_mtu = IBV_MTU_4096,
+                            .dest_qp_num = wa.qpn,
+                            .max_dest_rd_atomic = 0,
+                            .min_rnr_timer = 1,
+                            .ah_attr = {.is_global = 1, .port_num = 1}};
+    r.ah_attr.grh.dgid = wa.gid;
+    assert_int_equal(V->modify_qp(b.qp, &r,
+                                  IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                      IBV_QP_MIN_RNR_TIMER),
+                     0);
+    assert_int_equal(to_rts(b.qp, 0), 0);
+    /* (an inline READ is refused at post: IBV_SEND_INLINE is for SEND and WRITE) */
+    assert_int_equal(post_rdma(&a, IBV_WR_RDMA_READ, 3, 0, 8, base, b.mr->rkey, IBV_SEND_INLINE),
+                     EINVAL);
+    assert_int_equal(post_rdma(&a, IBV_WR_RDMA_READ, 3, 0, 8, base, b.mr->rkey, 0), 0);
+    assert_int_equal(poll_n(a.cq, wc, 1, 5000), 1);
+    assert_int_equal(wc[0].status, IBV_WC_REM_INV_REQ_ERR);
+    assert_int_equal(V->query_qp(b.qp, &at, IBV_QP_STATE, &ia), 0);
+    assert_int_equal(at.qp_state, IBV_QPS_ERR);
     node_close(&a);
     node_close(&b);
 }
@@ -1553,6 +1643,7 @@ int main(void)
                                         teardown_sv),
         cmocka_unit_test_setup_teardown(test_softverbs_read_send_loopback, setup_sv, teardown_sv),
         cmocka_unit_test_setup_teardown(test_softverbs_remote_access_errors, setup_sv, teardown_sv),
+        cmocka_unit_test_setup_teardown(test_softverbs_responder_errors, setup_sv, teardown_sv),
         cmocka_unit_test_setup_teardown(test_softverbs_flush_and_send_queue, setup_sv, teardown_sv),
         cmocka_unit_test_setup_teardown(test_softverbs_cq_overflow_and_rnr, setup_sv, teardown_sv),
         cmocka_unit_test_setup_teardown(test_softverbs_faults, setup_sv, teardown_sv),
