@@ -15,15 +15,21 @@
  *     the others elsewhere (another op, a block
  *     barrier, ended)
  *   no warp operation pending, every thread at     released
- *     the block barrier
+ *     the block barrier, all at the same call
+ *   every thread at a block barrier, not all at    fault (different barriers)
+ *     the same call (file:line of kv_grid_sync)
  *   some at the block barrier, some ended          fault (a barrier skipped)
  *
  * The same threads always run in the same order (thread 0 first), so a
  * result never depends on the host's scheduling.
  *
  * Shared memory: shared_bytes per block, filled with 0xFF bytes (a NaN as
- * float: a body reading what it never wrote shows) and followed by a guard
- * checked after the block (a write past the end is a fault).
+ * float: a body reading what it never wrote shows) between two guards of
+ * GUARD_BYTES checked after the block (a write past the end or before the
+ * start is a fault); NULL where shared_bytes is 0, as the wrappers pass it.
+ *
+ * Atomics (kv_grid_error_record) have no context: kv__grid_fault_here
+ * faults the thread that runs (cur, in both modes).
  */
 #include <stdio.h>
 #include <string.h>
@@ -56,7 +62,8 @@ struct th {
     ucontext_t uc;
     enum th_state state;
     float val;
-    int mask; /* a shuffle's lane mask */
+    int mask;         /* a shuffle's lane mask */
+    const char *site; /* the barrier it waits at (file:line) */
     struct kv_grid_ctx ctx;
     void *fake; /* ASan's fake stack of the fiber while it is switched out */
 };
@@ -128,9 +135,19 @@ static __attribute__((noinline)) void resume(struct emu *e, uint32_t i)
 #endif
 }
 
-void kv__grid_sync(const struct kv_grid_ctx *c)
+void kv__grid_sync(const struct kv_grid_ctx *c, const char *site)
 {
+    struct emu *e = c->emu;
+    if (e->fibers)
+        e->th[c->thread].site = site;
     wait_in(c, TH_SYNC);
+}
+
+void kv__grid_fault_here(const char *what, uint64_t a, uint64_t b)
+{
+    struct emu *e = g_emu;
+    if (e && e->th)
+        kv__grid_fault(&e->th[e->cur].ctx, what, a, b);
 }
 
 void kv__grid_syncwarp(const struct kv_grid_ctx *c)
@@ -287,6 +304,17 @@ static void run_block_fibers(struct emu *e, uint32_t n)
         }
         if (done == n)
             return;
+        if (at_sync == n) {
+            for (uint32_t i = 1; i < n; i++)
+                if (strcmp(e->th[i].site, e->th[0].site) != 0) {
+                    if (!e->faulted++)
+                        snprintf(e->msg, sizeof(e->msg),
+                                 "__syncthreads: threads at different barriers (%s in thread %u, "
+                                 "%s in thread 0) in block %u",
+                                 e->th[i].site, i, e->th[0].site, e->th[i].ctx.block);
+                    return;
+                }
+        }
         if (at_sync + done != n || done != 0) {
             for (uint32_t i = 0; i < n; i++)
                 if (e->th[i].state != TH_SYNC) {
@@ -326,27 +354,40 @@ kv_status kv__grid_run(const char *fn, const struct kv_grid_launch *l,
     e.arg = arg;
     e.fibers = l->barriers;
     e.th = kv__mem_calloc(n, sizeof(*e.th));
-    unsigned char *shared = kv__mem_alloc_aligned(64, l->shared_bytes + GUARD_BYTES);
+    /* [guard][shared_bytes][guard]; GUARD_BYTES keeps the memory 64-aligned */
+    unsigned char *const mem = kv__mem_alloc_aligned(64, l->shared_bytes + 2 * GUARD_BYTES);
+    unsigned char *const shared = mem ? mem + GUARD_BYTES : NULL;
     if (e.fibers)
         e.stacks = kv__mem_alloc_aligned(64, (size_t)n * FIBER_STACK);
     kv_status st = KV_OK;
-    if (!e.th || !shared || (e.fibers && !e.stacks)) {
+    if (!e.th || !mem || (e.fibers && !e.stacks)) {
         st = kv__error(KV_ERR_NO_MEMORY, "%s: emulator for %u threads", fn, n);
         goto out;
     }
     struct emu *saved = g_emu;
     g_emu = &e;
     for (uint64_t b = 0; b < l->grid && !e.faulted; b++) {
+        memset(mem, GUARD_BYTE, GUARD_BYTES);
         memset(shared, 0xFF, l->shared_bytes);
         memset(shared + l->shared_bytes, GUARD_BYTE, GUARD_BYTES);
+        /* no shared memory: NULL, as the wrappers pass it (kv__ctx(NULL)) */
+        void *const sh = l->shared_bytes ? shared : NULL;
         for (uint32_t i = 0; i < n; i++)
-            e.th[i].ctx = (struct kv_grid_ctx){(uint32_t)b, i, n, (uint32_t)l->grid, shared, &e};
+            e.th[i].ctx = (struct kv_grid_ctx){(uint32_t)b, i, n, (uint32_t)l->grid, sh, &e};
         if (e.fibers) {
             run_block_fibers(&e, n);
         } else {
-            for (uint32_t i = 0; i < n && !e.faulted; i++)
+            for (uint32_t i = 0; i < n && !e.faulted; i++) {
+                e.cur = i;
                 body(&e.th[i].ctx, arg);
+            }
         }
+        for (size_t i = 0; i < GUARD_BYTES && !e.faulted; i++)
+            if (mem[i] != GUARD_BYTE)
+                kv__grid_fault(&e.th[0].ctx,
+                               "write before the block's dynamic shared memory (bytes before, "
+                               "size)",
+                               GUARD_BYTES - i, l->shared_bytes);
         for (size_t i = 0; i < GUARD_BYTES && !e.faulted; i++)
             if (shared[l->shared_bytes + i] != GUARD_BYTE)
                 kv__grid_fault(&e.th[0].ctx,
@@ -358,7 +399,7 @@ kv_status kv__grid_run(const char *fn, const struct kv_grid_launch *l,
         st = kv__error(KV_ERR_DEVICE, "%s: emulated kernel fault: %s", fn, e.msg);
 out:
     kv__mem_free(e.stacks);
-    kv__mem_free(shared);
+    kv__mem_free(mem);
     kv__mem_free(e.th);
     return st;
 }

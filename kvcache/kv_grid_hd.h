@@ -6,7 +6,7 @@
  * taking `const struct kv_grid_ctx *` first, plus a thin __global__ wrapper
  * that fills the context from the built-ins and calls the body. The tests
  * run the same body over every (block, thread) of a launch on the CPU
- * (kv__grid_launch), so the code a GPU runs is tested on every CI run.
+ * (kv__grid_run), so the code a GPU runs is tested on every CI run.
  *
  *   body reads            on the GPU               in the emulator
  *   c->block, c->thread   blockIdx.x, threadIdx.x  the (block, thread) it runs
@@ -14,7 +14,8 @@
  *   c->shared             extern __shared__        shared_bytes per block,
  *                                                  garbage-filled, guarded
  *   kv_grid_sync          __syncthreads()          every thread of the block
- *                                                  meets there (fibers)
+ *                                                  meets there (fibers), at
+ *                                                  the same call (file:line)
  *   kv_grid_syncwarp      __syncwarp()             the 32 lanes meet
  *   kv_grid_warp_sum      xor-butterfly of         the same butterfly over
  *                         __shfl_xor_sync          the emulated lanes, in the
@@ -27,16 +28,46 @@
  *   kv_grid_move          one V load + store       memcpy, refused (a fault)
  *                         (16/8/4/2/1 bytes)       unless both aligned to V
  *   kv_grid_expf          __expf                   expf
- *   kv_grid_error_record  atomicAdd, atomicMax     __atomic add, CAS loop
+ *   kv_grid_error_record  atomicAdd, atomicMax     __atomic add, CAS loop;
+ *                         (64-bit)                 refused (a fault) unless
+ *                                                  both 8-byte aligned
  *
  * The emulator is at least as strict as the GPU: it refuses a launch CUDA
  * refuses (block size 0 or > 1024, grid size 0 or > 2^31 - 1, dynamic
- * shared memory > 48 KiB without opt-in, which no kernel here takes), and
- * it reports as a fault what is undefined on the GPU: a barrier some threads
- * of the block skip (or reach after others exited), a warp operation not
- * all 32 lanes reach together (partial warps included), a misaligned vector
- * access, a write past the block's dynamic shared memory, and a barrier in a
- * kernel launched as barrier-free. Only 1-D launches (x): every kernel here.
+ * shared memory > 48 KiB without opt-in, which no kernel here takes: no
+ * launcher sets cudaFuncAttributeMaxDynamicSharedMemorySize, and the
+ * launchers cap their shared memory at KV__SHARED_MAX, 48 KiB), and it
+ * reports as a fault what is undefined on the GPU: a barrier some threads
+ * of the block skip (or reach after others exited), threads of a block at
+ * different barriers (the CUDA guide: __syncthreads in conditional code
+ * only where the condition is the same across the block), a warp operation
+ * not all 32 lanes reach together (partial warps included), a misaligned
+ * vector access, a misaligned 64-bit atomic, a write past the end of or
+ * before the block's dynamic shared memory (a guard of 256 bytes each
+ * side, checked after the block), and a barrier in a kernel launched as
+ * barrier-free. A launch without dynamic shared memory gets c->shared NULL,
+ * as the wrappers pass it (any access faults: a crash, SIGSEGV).
+ *
+ * Not modeled (a kernel can pass here and fail on a GPU):
+ *   - launches: only 1-D (x), every kernel here (the limits on y and z,
+ *     65535 blocks and 1024 / 64 threads, cannot be reached); registers and
+ *     __launch_bounds__ ("too many resources requested for launch"), static
+ *     __shared__ (none here: all shared memory is the dynamic kind);
+ *   - shared memory: reads of never-written bytes are not refused, they
+ *     read 0xFF bytes (a NaN as float, -1 as an integer: a result shows
+ *     it); reads outside the block's memory are not refused (its guard
+ *     bytes, or host memory); writes beyond the 256-byte guards are not
+ *     seen (under AddressSanitizer, host memory errors are);
+ *   - races: threads run in a fixed order (thread 0 first), so a missing
+ *     barrier shows only where the fixed order reads a not-yet-written
+ *     (0xFF) value; global-memory races between threads or blocks are not
+ *     seen;
+ *   - plain typed loads and stores of a body (not kv_grid_move): their
+ *     alignment is checked only by UndefinedBehaviorSanitizer builds
+ *     (SANITIZE=undefined, -fsanitize=alignment);
+ *   - warp operations from different calls (sites) in the same warp: legal
+ *     on sm_70 and later (the targets here: sm_80, sm_90), so matched;
+ *     __syncwarp and shuffles with a partial mask do not exist here.
  */
 #ifndef KV_GRID_HD_H
 #define KV_GRID_HD_H
@@ -72,12 +103,15 @@ struct kv_grid_ctx {
 extern "C" {
 #endif
 /* The emulator's side of the synchronizing operations (kv_grid.c). */
-void kv__grid_sync(const struct kv_grid_ctx *c);
+void kv__grid_sync(const struct kv_grid_ctx *c, const char *site);
 void kv__grid_syncwarp(const struct kv_grid_ctx *c);
 float kv__grid_warp_sum(const struct kv_grid_ctx *c, float x);
 float kv__grid_shfl_xor(const struct kv_grid_ctx *c, float x, int mask);
 float kv__grid_warp_max(const struct kv_grid_ctx *c, float x);
 void kv__grid_fault(const struct kv_grid_ctx *c, const char *what, uint64_t a, uint64_t b);
+/* A fault of the thread the emulator runs on this host thread (for the
+ * operations that take no context: the atomics); nothing outside a launch. */
+void kv__grid_fault_here(const char *what, uint64_t a, uint64_t b);
 
 /* A 1-D launch: grid blocks of block threads, shared_bytes of dynamic
  * shared memory per block; barriers: whether the body synchronizes
@@ -103,16 +137,21 @@ kv_status kv__grid_run(const char *fn, const struct kv_grid_launch *l,
 #endif
 #endif
 
-/* __syncthreads(): every thread of the block, none skipping it. */
+/* __syncthreads(): every thread of the block, none skipping it, all at the
+ * same barrier. In the emulator (host code) a macro, so that each call
+ * names its site (file:line): threads meeting at different barriers (one
+ * branch's and the other's, a loop's and the one after it) are a fault. */
+#if defined(__CUDA_ARCH__)
 KV_HD void kv_grid_sync(const struct kv_grid_ctx *c)
 {
-#if defined(__CUDA_ARCH__)
     (void)c;
     __syncthreads();
-#else
-    kv__grid_sync(c);
-#endif
 }
+#else
+#define KV__GRID_STR2(x) #x
+#define KV__GRID_STR(x) KV__GRID_STR2(x)
+#define kv_grid_sync(c) kv__grid_sync((c), __FILE__ ":" KV__GRID_STR(__LINE__))
+#endif
 
 /* __syncwarp(): all 32 lanes of the warp. */
 KV_HD void kv_grid_syncwarp(const struct kv_grid_ctx *c)
@@ -223,6 +262,14 @@ KV_HD void kv_grid_error_record(uint64_t *count, uint64_t *first_key, int array,
     atomicAdd((unsigned long long *)count, 1ull);
     atomicMax((unsigned long long *)first_key, (unsigned long long)key);
 #else
+    /* atomicAdd / atomicMax on 64 bits: the address naturally aligned (8),
+     * else a misaligned-address fault on the GPU */
+    if ((((uintptr_t)count | (uintptr_t)first_key) & 7u) != 0) {
+        kv__grid_fault_here(
+            "misaligned 64-bit atomic (address, bytes)",
+            (uint64_t)(((uintptr_t)count & 7u) ? (uintptr_t)count : (uintptr_t)first_key), 8);
+        return;
+    }
     __atomic_fetch_add(count, 1, __ATOMIC_RELAXED);
     uint64_t cur = __atomic_load_n(first_key, __ATOMIC_RELAXED);
     while (key > cur && !__atomic_compare_exchange_n(first_key, &cur, key, false, __ATOMIC_RELAXED,

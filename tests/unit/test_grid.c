@@ -32,7 +32,10 @@
  *     as cudaMemcpy2D does them: NHD <-> HND, head slices, a layer range,
  *     a misaligned source, against the config-only reference, whole pools;
  *   - the emulator refuses what CUDA refuses (block > 1024, grid 0, shared
- *     memory > 48 KiB) and faults on what is undefined on a GPU.
+ *     memory > 48 KiB) and faults on what is undefined on a GPU (a skipped
+ *     barrier, threads at different barriers, a divergent or partial warp
+ *     op, misaligned vectors and 64-bit atomics, writes past either end of
+ *     shared memory); a launch without shared memory sees NULL.
  * scripts/check-mutations.sh shows these tests fail for mutated bodies.
  */
 #include <math.h>
@@ -857,6 +860,24 @@ static void probe_body(const struct kv_grid_ctx *c, const void *arg)
         if (c->thread % 2 == 0)
             (void)kv_grid_warp_sum(c, 1.0f);
         break;
+    case 6: /* every thread at a barrier, but the even ones at another */
+        if (c->thread % 2 == 0)
+            kv_grid_sync(c);
+        else
+            kv_grid_sync(c);
+        break;
+    case 7: /* a write one float before the shared memory */
+        if (c->thread == 0)
+            ((float *)c->shared)[-1] = 1.0f;
+        break;
+    case 8: /* a 64-bit atomic on a 4-byte aligned address */
+        if (c->thread == 0)
+            kv_grid_error_record((uint64_t *)(void *)(p->buf + 4),
+                                 (uint64_t *)(void *)(p->buf + 16), 1, 2);
+        break;
+    case 9: /* the shared pointer of a launch without shared memory */
+        p->out[c->thread] = c->shared == NULL ? 1.0f : 0.0f;
+        break;
     default: /* a barrier in a launch declared barrier-free */
         kv_grid_sync(c);
         break;
@@ -887,19 +908,28 @@ static void test_grid_emulator_is_strict(void **state)
         kvt_assert_msg_has(bad_msg[i]);
     }
     /* faults: undefined on a GPU, refused here */
-    static const char *const fault_msg[5] = {"misaligned", "__syncthreads not reached",
+    static const char *const fault_msg[8] = {"misaligned",
+                                             "__syncthreads not reached",
                                              "past the block's dynamic shared memory",
-                                             "divergent warp operation", "barrier-free"};
-    const struct kv_grid_launch fl[5] = {{1, 32, 0, false},
-                                         {1, 64, 0, true},
-                                         {1, 32, 32 * 4, false},
-                                         {1, 32, 0, true},
-                                         {1, 32, 0, false}};
-    for (int i = 0; i < 5; i++) {
+                                             "divergent warp operation",
+                                             "barrier-free",
+                                             "threads at different barriers",
+                                             "before the block's dynamic shared memory",
+                                             "misaligned 64-bit atomic"};
+    const struct kv_grid_launch fl[8] = {
+        {1, 32, 0, false}, {1, 64, 0, true}, {1, 32, 32 * 4, false}, {1, 32, 0, true},
+        {1, 32, 0, false}, {1, 64, 0, true}, {1, 32, 32 * 4, false}, {1, 32, 0, false}};
+    for (int i = 0; i < 8; i++) {
         p.kind = i + 1;
         assert_int_equal(kv__grid_run("probe", &fl[i], probe_body, &p), KV_ERR_DEVICE);
         kvt_assert_msg_has(fault_msg[i]);
     }
+    /* no shared memory: NULL, as the CUDA wrappers pass it */
+    p.kind = 9;
+    const struct kv_grid_launch none = {1, 32, 0, false};
+    assert_int_equal(kv__grid_run("probe", &none, probe_body, &p), KV_OK);
+    for (int i = 0; i < 32; i++)
+        assert_true(out[i] == 1.0f);
     /* a warp sum in a partial warp (48 threads: lanes 32..47) */
     p.kind = 0;
     const struct kv_grid_launch part = {1, 48, 0, true};
