@@ -861,6 +861,13 @@ static void tx_step(struct tx_req *r)
     if (r->abort_xf) {
         kv_xport_state s = KV_XPORT_PENDING;
         if (kv_xport_xfer_test(r->abort_xf, &s) == KV_OK && s != KV_XPORT_PENDING) {
+            /* decode refused it (its queue of notifications full, or no
+             * memory for the copy): it never heard, so the ABORT is posted
+             * again at the next step, as one refused at post */
+            kv_status ns = KV_OK;
+            if (s == KV_XPORT_FAILED && kv_xport_xfer_note_status(r->abort_xf, &ns) == KV_OK &&
+                (ns == KV_ERR_CAPACITY || ns == KV_ERR_NO_MEMORY))
+                r->abort_sent = false;
             kv_status ign = kv_xport_xfer_free(r->abort_xf);
             (void)ign;
             r->abort_xf = NULL;

@@ -913,6 +913,69 @@ static void test_xport_layers_request_holds_transport(void **state)
     request_holds_transport(KV_XPORT_SHM);
 }
 
+/* ---- an ABORT decode refused ------------------------------------------- */
+
+/* Audit (2026-12-06): decode's queue of notifications is full (max_pending_notes
+ * 1, a note not polled yet) when prefill cancels a request that decode failed
+ * itself: the ABORT is refused (its transfer FAILED, note status
+ * KV_ERR_CAPACITY). Prefill reported the request terminal anyway and decode,
+ * never told, held it for ever; now the ABORT is posted again and the
+ * request is terminal once decode queued it, reported once on each side. */
+static void test_xport_layers_abort_refused_posted_again(void **state)
+{
+    (void)state;
+    enum { AREQ = 77 };
+    struct kv_xport_config ca = kvt_xport_cfg(KV_XPORT_TCP, false, TOKEN, 0),
+                           cb = kvt_xport_cfg(KV_XPORT_TCP, true, TOKEN, 0);
+    cb.max_pending_notes = 1;
+    struct kvt_pair p;
+    kvt_pair_open(&p, &ca, &cb);
+    struct kv_xlayer_rx_config rcfg = KV_XLAYER_RX_CONFIG_INIT;
+    struct kv_xlayer_tx_config tcfg = KV_XLAYER_TX_CONFIG_INIT;
+    kv_xlayer_rx *rx = NULL;
+    kv_xlayer_tx *tx = NULL;
+    assert_int_equal(kv_xlayer_rx_create(&rcfg, &rx), KV_OK);
+    assert_int_equal(kv_xlayer_tx_create(&tcfg, &tx), KV_OK);
+    assert_int_equal(kv_xlayer_rx_expect(rx, kv_xport_peer_id(p.pb), AREQ, 2), KV_OK);
+    assert_int_equal(kv_xlayer_tx_begin(tx, p.pa, AREQ, 2), KV_OK);
+    assert_int_equal(kv_xlayer_rx_fail(rx, AREQ, KV_ERR_TIMEOUT), KV_OK); /* held */
+    /* decode's queue filled: one note queued, not polled */
+    const unsigned char one = 1;
+    const struct kv_xport_notify fill = {.tag = 1, .msg = &one, .len = 1};
+    kv_xport_xfer *xf = NULL;
+    kv_xport_state xs = KV_XPORT_PENDING;
+    assert_int_equal(kv_xport_write(p.pa, NULL, 0, &fill, &xf), KV_OK);
+    assert_int_equal(kv_xport_xfer_wait(xf, 10000, &xs), KV_OK);
+    assert_int_equal(xs, KV_XPORT_DONE);
+    assert_int_equal(kv_xport_xfer_free(xf), KV_OK);
+    /* the ABORT is refused while the queue is full: not terminal, not reported */
+    assert_int_equal(kv_xlayer_tx_cancel(tx, AREQ), KV_OK);
+    assert_int_equal(kv_xlayer_tx_wait(tx, AREQ, 100), KV_ERR_TIMEOUT);
+    struct kv_xlayer_done done[2];
+    uint32_t n = 0;
+    assert_int_equal(kv_xlayer_tx_finished(tx, done, 2, &n), KV_OK);
+    assert_int_equal(n, 0);
+    /* decode polls the filler: the ABORT goes through, decode reports it */
+    struct kv_xport_msg *m = malloc(sizeof(*m));
+    assert_non_null(m);
+    assert_int_equal(kv_xport_notify_poll(p.b, 10000, m), KV_OK);
+    assert_int_equal(m->tag, 1);
+    free(m);
+    assert_int_equal(kv_xlayer_tx_wait(tx, AREQ, 10000), KV_ERR_CANCELLED);
+    assert_int_equal(feed_next(&p, rx), KV_OK);
+    assert_int_equal(kv_xlayer_rx_finished(rx, done, 2, &n), KV_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(done[0].request, AREQ);
+    assert_int_equal(done[0].status, KV_ERR_TIMEOUT);
+    assert_int_equal(kv_xlayer_tx_finished(tx, done, 2, &n), KV_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(done[0].request, AREQ);
+    assert_int_equal(done[0].status, KV_ERR_CANCELLED);
+    assert_int_equal(kv_xlayer_tx_destroy(tx), KV_OK);
+    assert_int_equal(kv_xlayer_rx_destroy(rx), KV_OK);
+    kvt_pair_close(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -923,6 +986,7 @@ int main(void)
         cmocka_unit_test(test_xport_layers_rx_destroy_refused_while_waiting),
         cmocka_unit_test(test_xport_layers_peer_closed_under_a_request),
         cmocka_unit_test(test_xport_layers_request_holds_transport),
+        cmocka_unit_test(test_xport_layers_abort_refused_posted_again),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
