@@ -861,12 +861,15 @@ static void tx_step(struct tx_req *r)
     if (r->abort_xf) {
         kv_xport_state s = KV_XPORT_PENDING;
         if (kv_xport_xfer_test(r->abort_xf, &s) == KV_OK && s != KV_XPORT_PENDING) {
-            /* decode refused it (its queue of notifications full, or no
-             * memory for the copy): it never heard, so the ABORT is posted
-             * again at the next step, as one refused at post */
+            /* decode refused it for its queue of notifications full: it
+             * never heard, and the queue drains as decode polls, so the
+             * ABORT is posted again at the next step, as one refused at
+             * post. Refused for decode's memory: not retried (a lasting
+             * shortage there would keep prefill's request open for good;
+             * decode's own deadline fails the request on its side). */
             kv_status ns = KV_OK;
             if (s == KV_XPORT_FAILED && kv_xport_xfer_note_status(r->abort_xf, &ns) == KV_OK &&
-                (ns == KV_ERR_CAPACITY || ns == KV_ERR_NO_MEMORY))
+                ns == KV_ERR_CAPACITY)
                 r->abort_sent = false;
             kv_status ign = kv_xport_xfer_free(r->abort_xf);
             (void)ign;

@@ -915,12 +915,14 @@ static void test_xport_layers_request_holds_transport(void **state)
 
 /* ---- an ABORT decode refused ------------------------------------------- */
 
-/* Audit (2026-12-06): decode's queue of notifications is full (max_pending_notes
+/* Audit (2026-12-05): decode's queue of notifications is full (max_pending_notes
  * 1, a note not polled yet) when prefill cancels a request that decode failed
  * itself: the ABORT is refused (its transfer FAILED, note status
  * KV_ERR_CAPACITY). Prefill reported the request terminal anyway and decode,
  * never told, held it for ever; now the ABORT is posted again and the
- * request is terminal once decode queued it, reported once on each side. */
+ * request is terminal once decode queued it, reported once on each side.
+ * (One refused for decode's memory is not retried: test_oom_async's
+ * layers case, where that shortage lasts, needs prefill's request to end.) */
 static void test_xport_layers_abort_refused_posted_again(void **state)
 {
     (void)state;
