@@ -969,9 +969,9 @@ static kv_status check_attn_opts(const char *fn, const struct kv_attn_opts *o, i
                          "%s: lse_stride %" PRId64 " is below the %" PRId64
                          " query heads of an lse row (0 means Hq)",
                          fn, o->lse_stride, hq);
-    if ((uintptr_t)o->lse % sizeof(float))
-        return kv__error(KV_ERR_INVALID_ARG, "%s: lse %p is not 4-byte aligned", fn,
-                         (void *)o->lse);
+    const kv_status al = kv__check_aligned(fn, "lse", o->lse, sizeof(float));
+    if (al != KV_OK)
+        return al;
     if (rows > 0) {
         /* its bytes, checked not to wrap (a huge lse_stride wrapped past the
          * overlap tests below, and a row landed in the cache) */

@@ -104,23 +104,26 @@ void kv__error_unmute(void)
         kv__muted--;
 }
 
-kv_status kv__check_dev_aligned(const char *fn, const char *name, const void *p, size_t align)
+/* The one alignment check: a device pointer or a host array, `why` says
+ * what a misaligned one would do. */
+static kv_status check_aligned(const char *fn, const char *name, const void *p, size_t align,
+                               const char *why)
 {
     if ((uintptr_t)p % align == 0)
         return KV_OK;
-    return kv__error(KV_ERR_INVALID_ARG,
-                     "%s: %s=%p is not %zu-byte aligned (the kernel's loads would fault: "
-                     "cudaErrorMisalignedAddress)",
-                     fn, name, p, align);
+    return kv__error(KV_ERR_INVALID_ARG, "%s: %s=%p is not %zu-byte aligned (%s)", fn, name, p,
+                     align, why);
+}
+
+kv_status kv__check_dev_aligned(const char *fn, const char *name, const void *p, size_t align)
+{
+    return check_aligned(fn, name, p, align,
+                         "the kernel's loads would fault: cudaErrorMisalignedAddress");
 }
 
 kv_status kv__check_aligned(const char *fn, const char *name, const void *p, size_t align)
 {
-    if ((uintptr_t)p % align == 0)
-        return KV_OK;
-    return kv__error(KV_ERR_INVALID_ARG,
-                     "%s: %s=%p is not %zu-byte aligned (its elements are %zu-byte words)", fn,
-                     name, p, align, align);
+    return check_aligned(fn, name, p, align, "its elements are read as aligned words");
 }
 
 kv_status kv__check_struct_size(const char *fn, const char *type, size_t got, size_t want)

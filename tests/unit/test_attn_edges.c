@@ -56,6 +56,16 @@ static struct kv_paged_cache mk_cache(int64_t L, int64_t B, int64_t N, int64_t H
     return c;
 }
 
+/* A copy of c's whole storage, to compare the cache against after a
+ * refusal; the caller frees it. */
+static unsigned char *snapshot(const struct kv_paged_cache *c)
+{
+    unsigned char *p = malloc(c->storage_bytes);
+    assert_non_null(p);
+    memcpy(p, c->base, c->storage_bytes);
+    return p;
+}
+
 static void expect_refused(kv_status got, kv_status want, const char *needle)
 {
     if (got != want)
@@ -68,9 +78,7 @@ static void test_attn_edges_lse_extent_does_not_wrap(void **state)
 {
     (void)state;
     struct kv_paged_cache c = mk_cache(1, 4, 4, 1, 4);
-    unsigned char *snap = malloc(c.storage_bytes);
-    assert_non_null(snap);
-    memcpy(snap, c.base, c.storage_bytes);
+    unsigned char *snap = snapshot(&c);
     float qb[8], ob[8], lse[2] = {5.0f, 5.0f};
     for (int i = 0; i < 8; i++)
         qb[i] = 0.1f * (float)(i + 1), ob[i] = 9.0f;
@@ -139,9 +147,7 @@ static void test_attn_edges_strides_of_size_one_and_empty_views(void **state)
 {
     (void)state;
     struct kv_paged_cache c = mk_cache(1, 4, 4, 2, 4);
-    unsigned char *snap = malloc(c.storage_bytes);
-    assert_non_null(snap);
-    memcpy(snap, c.base, c.storage_bytes);
+    unsigned char *snap = snapshot(&c);
     float kb[8], vb[8];
     for (int i = 0; i < 8; i++)
         kb[i] = (float)i, vb[i] = (float)(100 + i);
@@ -278,9 +284,7 @@ static void test_attn_edges_misaligned_index_arrays(void **state)
 {
     (void)state;
     struct kv_paged_cache c = mk_cache(1, 4, 4, 1, 4);
-    unsigned char *before = malloc(c.storage_bytes);
-    assert_non_null(before);
-    memcpy(before, c.base, c.storage_bytes);
+    unsigned char *before = snapshot(&c);
     uint64_t raw[16];
     unsigned char *rb = (unsigned char *)raw;
     memset(raw, 0, sizeof(raw));

@@ -1476,6 +1476,8 @@ static int slow_dereg_mr(struct ibv_mr *mr)
  * (g), the stall armed on it. */
 static void slow_open(struct duo *d, struct duo_bufs *g)
 {
+    if (real_dev) /* the stall needs the soft device */
+        skip();
     slow_dereg = *kvt_softverbs();
     slow_dereg.dereg_mr = slow_dereg_mr;
     kv__verbs_set(&slow_dereg);
@@ -1506,6 +1508,14 @@ static void slow_dereg_now(kv_xport_mem *m, const char *after)
         fail_msg("dereg right after %s: %s: %s", after, kv_status_name(st), kv_last_error());
 }
 
+/* a closes its peer; b's backend ends pb, and its exposure's MR is
+ * deregistered, slowly: returns once that dereg has started. */
+static void slow_remote_close(struct duo *d)
+{
+    kv_xport_peer_close(d->pa);
+    slow_wait("b's exposure after a closed its peer");
+}
+
 /* Both peers closed and b's region deregistered: the rest, and the soft
  * device's own table back. */
 static void slow_close(struct duo *d, struct duo_bufs *g)
@@ -1530,13 +1540,10 @@ static void slow_close(struct duo *d, struct duo_bufs *g)
 static void test_xport_rdma_peer_close_waits_for_unexpose(void **state)
 {
     (void)state;
-    if (real_dev)
-        skip();
     struct duo d;
     struct duo_bufs g;
     slow_open(&d, &g);
-    kv_xport_peer_close(d.pa); /* b's backend ends pb: its exposure's MR goes, slowly */
-    slow_wait("b's exposure after a closed its peer");
+    slow_remote_close(&d);
     kv_xport_peer_close(d.pb);
     slow_dereg_now(g.mr, "kv_xport_peer_close");
     slow_close(&d, &g);
@@ -1552,13 +1559,10 @@ static void test_xport_rdma_peer_close_waits_for_unexpose(void **state)
 static void test_xport_rdma_unexpose_waits_for_close_unexpose(void **state)
 {
     (void)state;
-    if (real_dev)
-        skip();
     struct duo d;
     struct duo_bufs g;
     slow_open(&d, &g);
-    kv_xport_peer_close(d.pa); /* b's backend ends pb: its exposure's MR goes, slowly */
-    slow_wait("b's exposure after a closed its peer");
+    slow_remote_close(&d);
     const kv_status us = kv_xport_mem_unexpose(d.pb, g.mr);
     assert_true(us == KV_OK || us == KV_ERR_NOT_FOUND); /* ended by the close */
     slow_dereg_now(g.mr, "kv_xport_mem_unexpose");
@@ -1588,8 +1592,6 @@ static void *unexpose_main(void *arg)
 static void test_xport_rdma_peer_close_waits_for_user_unexpose(void **state)
 {
     (void)state;
-    if (real_dev)
-        skip();
     struct duo d;
     struct duo_bufs g;
     slow_open(&d, &g);
