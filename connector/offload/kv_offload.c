@@ -576,7 +576,7 @@ kv_status kv_offload_cancel(kv_offload_op *op)
     if (kv__off_terminal(s))
         return kv__ok();
     kv_offload *off = op->off;
-    bool queued = false;
+    bool queued = false, taken = false;
     pthread_mutex_lock(&off->mu);
     pthread_mutex_lock(&op->mu);
     if (op->state == KV_OFFLOAD_PENDING) { /* still in the queue: take it out */
@@ -591,13 +591,27 @@ kv_status kv_offload_cancel(kv_offload_op *op)
                 off->qtail = prev;
             op->qnext = NULL;
             queued = true;
+        } else {
+            /* PENDING and out of the queue: the worker sets RUNNING under
+             * off->mu as it takes an op, so another cancel (or the tier's
+             * destroy) took it and is finishing it CANCELLED; "a queued op
+             * becomes CANCELLED now" holds for this caller too once it has */
+            taken = true;
         }
     }
     atomic_store(&op->cancel, true);
     pthread_mutex_unlock(&op->mu);
     pthread_mutex_unlock(&off->mu);
-    if (queued)
+    if (queued) {
+        kv__off_hook_call(off, KV__OFFLOAD_HOOK_TAKEN, op);
         kv__off_op_finish(off, op, KV_OFFLOAD_CANCELLED);
+    }
+    if (taken) {
+        pthread_mutex_lock(&op->mu);
+        while (!kv__off_terminal(op->state))
+            pthread_cond_wait(&op->cv, &op->mu);
+        pthread_mutex_unlock(&op->mu);
+    }
     return kv__ok();
 }
 

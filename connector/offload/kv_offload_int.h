@@ -79,10 +79,13 @@ kv_status kv__offload_test_corrupt(kv_offload *off, const kv_cache *cache, uint6
 enum kv__offload_hook_at {
     KV__OFFLOAD_HOOK_START = 1, /* the op just became RUNNING */
     KV__OFFLOAD_HOOK_BLOCK = 2, /* between chunks of blocks (cancel is seen after it) */
+    KV__OFFLOAD_HOOK_TAKEN = 3, /* kv_offload_cancel took a queued op out of the queue, on the
+                                   cancelling thread, before the op is finished CANCELLED */
 };
 typedef void (*kv__offload_hook_fn)(void *user, enum kv__offload_hook_at at, kv_offload_op *op);
 
-/* Install (fn NULL: remove) a hook the worker calls without any lock held. */
+/* Install (fn NULL: remove) a hook the worker (and, for TAKEN, kv_offload_cancel)
+ * calls without any lock held. */
 void kv__offload_test_set_hook(kv_offload *off, kv__offload_hook_fn fn, void *user);
 
 /* Blocks per chunk of the worker (cancel is seen between chunks); 0 = the

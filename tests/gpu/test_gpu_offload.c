@@ -137,7 +137,7 @@ static void cancel_first_chunk(void *user, enum kv__offload_hook_at at, kv_offlo
     int *seen = user;
     if (at == KV__OFFLOAD_HOOK_START)
         *seen = 0;
-    else if ((*seen)++ == 0)
+    else if (at == KV__OFFLOAD_HOOK_BLOCK && (*seen)++ == 0)
         CHECK(kv_offload_cancel(op) == KV_OK);
 }
 

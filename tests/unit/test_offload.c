@@ -822,7 +822,7 @@ static void gate_hook(void *user, enum kv__offload_hook_at at, kv_offload_op *op
         pthread_cond_broadcast(&g->cv);
         while (!g->open)
             pthread_cond_wait(&g->cv, &g->mu);
-    } else if (op == g->cancel_op) {
+    } else if (at == KV__OFFLOAD_HOOK_BLOCK && op == g->cancel_op) {
         g->chunks++;
         assert_int_equal(kv_offload_cancel(op), KV_OK);
     }
@@ -976,6 +976,106 @@ static void test_offload_cancel(void **state)
     kv_offload_destroy(off);
     pthread_mutex_destroy(&g.mu);
     pthread_cond_destroy(&g.cv);
+}
+
+/* Two threads cancel one queued op: the first takes it out of the queue and
+ * is held (the TAKEN hook) before it finishes the op; the second, which
+ * finds the op PENDING and no longer queued, returns only once it is
+ * CANCELLED ("a queued op becomes CANCELLED now" for every caller). */
+struct taken {
+    struct gate g; /* the worker held at START */
+    bool taken, release, second_done;
+    kv_offload_op *op;
+    kv_offload_state second_saw;
+};
+
+static void taken_hook(void *user, enum kv__offload_hook_at at, kv_offload_op *op)
+{
+    struct taken *t = user;
+    if (at != KV__OFFLOAD_HOOK_TAKEN) {
+        gate_hook(&t->g, at, op);
+        return;
+    }
+    pthread_mutex_lock(&t->g.mu);
+    t->taken = true;
+    pthread_cond_broadcast(&t->g.cv);
+    while (!t->release)
+        pthread_cond_wait(&t->g.cv, &t->g.mu);
+    pthread_mutex_unlock(&t->g.mu);
+}
+
+static void *first_cancel(void *p)
+{
+    assert_int_equal(kv_offload_cancel(((struct taken *)p)->op), KV_OK);
+    return NULL;
+}
+
+static void *second_cancel(void *p)
+{
+    struct taken *t = p;
+    kv_offload_state st = KV_OFFLOAD_RUNNING;
+    assert_int_equal(kv_offload_cancel(t->op), KV_OK);
+    assert_int_equal(kv_offload_test(t->op, &st), KV_OK);
+    pthread_mutex_lock(&t->g.mu);
+    t->second_saw = st;
+    t->second_done = true;
+    pthread_mutex_unlock(&t->g.mu);
+    return NULL;
+}
+
+static void test_offload_cancel_twice(void **state)
+{
+    (void)state;
+    uint64_t rng = 0xCA2;
+    struct kvt_cache s;
+    kvt_cache_make(&s, 2, 40, 8, 2, 16, KV_BF16, 0, 43);
+    kvt_pool_scramble(&s, &rng);
+    kv_offload *off = mk_tier((size_t)1 << 20, 0);
+    uint64_t h[2] = {hash_of(990), hash_of(991)};
+    uint32_t ids[2];
+    kvt_put_blocks(&s, h, 2, ids);
+    const uint64_t refs = kvt_pool_refs(&s);
+    struct taken t;
+    memset(&t, 0, sizeof(t));
+    gate_init(&t.g);
+    kv__offload_test_set_hook(off, taken_hook, &t);
+    kv_offload_op *a, *b;
+    assert_int_equal(kv_offload_store(off, s.c, ids, 1, &a), KV_OK);
+    gate_wait_started(&t.g); /* A runs, held; B queues behind it */
+    assert_int_equal(kv_offload_store(off, s.c, ids + 1, 1, &b), KV_OK);
+    t.op = b;
+    pthread_t t1, t2;
+    assert_int_equal(pthread_create(&t1, NULL, first_cancel, &t), 0);
+    pthread_mutex_lock(&t.g.mu);
+    while (!t.taken)
+        pthread_cond_wait(&t.g.cv, &t.g.mu);
+    pthread_mutex_unlock(&t.g.mu);
+    assert_int_equal(pthread_create(&t2, NULL, second_cancel, &t), 0);
+    /* the second cancel must wait for the first to finish B: give a wrong
+     * early return time to show, then let the first go on */
+    struct timespec ts = {0, 30 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    pthread_mutex_lock(&t.g.mu);
+    const bool early = t.second_done;
+    t.release = true;
+    pthread_cond_broadcast(&t.g.cv);
+    pthread_mutex_unlock(&t.g.mu);
+    assert_int_equal(pthread_join(t1, NULL), 0);
+    assert_int_equal(pthread_join(t2, NULL), 0);
+    assert_false(early);
+    assert_int_equal(t.second_saw, KV_OFFLOAD_CANCELLED);
+    assert_int_equal(kvt_offload_finish(b), KV_OFFLOAD_CANCELLED);
+    gate_open(&t.g);
+    assert_int_equal(kvt_offload_finish(a), KV_OFFLOAD_DONE);
+    assert_int_equal(kv_offload_op_free(a), KV_OK);
+    assert_int_equal(kv_offload_op_free(b), KV_OK);
+    assert_int_equal(kvt_pool_refs(&s), refs); /* both ops released their retains */
+    kv__offload_test_set_hook(off, NULL, NULL);
+    assert_int_equal(kv_block_pool_release(s.pool, ids, 2), KV_OK);
+    kvt_cache_free(&s);
+    kv_offload_destroy(off);
+    pthread_mutex_destroy(&t.g.mu);
+    pthread_cond_destroy(&t.g.cv);
 }
 
 struct destroy_arg {
@@ -1577,6 +1677,7 @@ int main(void)
         cmocka_unit_test(test_offload_lru),
         cmocka_unit_test(test_offload_post_refusals),
         cmocka_unit_test(test_offload_cancel),
+        cmocka_unit_test(test_offload_cancel_twice),
         cmocka_unit_test(test_offload_destroy_cancels),
         cmocka_unit_test(test_offload_cache_destroyed_with_ops_queued),
         cmocka_unit_test(test_offload_free_orders),
