@@ -28,12 +28,14 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <linux/sockios.h>
 
 #include "kv_mem.h"
 #include "kv_xport_shm_int.h"
@@ -150,6 +152,13 @@ struct kv__xport_verdict kv__shm_hello(struct kv__shm *t, struct kv__shm_peer *t
     return KV__XPORT_OK;
 }
 
+/* F_SEAL_FUTURE_WRITE (Linux 5.1), where the C library does not name it */
+#ifdef F_SEAL_FUTURE_WRITE
+#define SEAL_FUTURE_WRITE F_SEAL_FUTURE_WRITE
+#else
+#define SEAL_FUTURE_WRITE 0x0010
+#endif
+
 struct kv__xport_verdict kv__shm_map(struct kv__shm_peer *tp, int fd, bool connecting)
 {
     const int seals = fcntl(fd, F_GET_SEALS);
@@ -170,6 +179,16 @@ struct kv__xport_verdict kv__shm_map(struct kv__shm_peer *tp, int fd, bool conne
     if ((uint64_t)sb.st_size != MAP_BYTES)
         return bad(KV_ERR_CORRUPT, "xport shm handshake: a ring memfd of %lld bytes (%" PRIu64 ")",
                    (long long)sb.st_size, (uint64_t)MAP_BYTES);
+    /* ours to write into: opened read-write, not sealed against writes
+     * (else the allocation or the mapping below fails, which is the
+     * peer's descriptor, not our memory) */
+    const int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || (fl & O_ACCMODE) != O_RDWR || (seals & (F_SEAL_WRITE | SEAL_FUTURE_WRITE)))
+        return bad(KV_ERR_CORRUPT,
+                   "xport shm handshake: the ring's memfd is not writable (%s, seals 0x%x)",
+                   fl < 0 || (fl & O_ACCMODE) != O_RDWR ? "not opened read-write"
+                                                        : "sealed against writes",
+                   seals);
     /* Every page allocated now: a later shortage cannot fault a copy. */
     const int fe = posix_fallocate(fd, 0, (off_t)MAP_BYTES);
     if (fe != 0)
@@ -683,7 +702,8 @@ static bool tx_fill(struct kv__shm *t, struct kv__shm_peer *tp)
             const char *src = s->expo->mem->base + s->off + at;
             s->sent += len;
             tp->srv_cur = s;
-            *sl = (struct kv__shm_slot){.used = true, .serve = true, .xfer = s->xfer};
+            *sl = (struct kv__shm_slot){
+                .used = true, .serve = true, .xfer = s->xfer, .sent_ns = kv__now_ns()};
             tp->n_used++;
             pthread_mutex_unlock(&x->mu);
             memcpy(dst, src, (size_t)len);
@@ -740,6 +760,7 @@ static bool tx_fill(struct kv__shm *t, struct kv__shm_peer *tp)
         sl->used = true;
         sl->serve = false;
         sl->xfer = xf->id;
+        sl->sent_ns = kv__now_ns();
         sl->k = k;
         tp->n_used++;
         xf->busy++;
@@ -764,6 +785,16 @@ static bool tx_fill(struct kv__shm *t, struct kv__shm_peer *tp)
 }
 
 /* ---- deadlines ------------------------------------------------------ */
+
+/* The slot of tp's ring taken longest ago, or NULL when none is. */
+static const struct kv__shm_slot *slot_oldest(const struct kv__shm_peer *tp)
+{
+    const struct kv__shm_slot *o = NULL;
+    for (uint32_t i = 0; i < KV__SHM_SLOTS; i++)
+        if (tp->slot[i].used && (!o || tp->slot[i].sent_ns < o->sent_ns))
+            o = &tp->slot[i];
+    return o;
+}
 
 /* mu held: deadlines and cancels of tp; false when tp was closed. */
 static bool sweep(struct kv__shm *t, struct kv__shm_peer *tp, uint64_t now)
@@ -798,6 +829,23 @@ static bool sweep(struct kv__shm *t, struct kv__shm_peer *tp, uint64_t now)
         peer_fail(t, tp, KV_ERR_TIMEOUT, m);
         return false;
     }
+    /* Our messages all went into the socket, yet the peer does not read
+     * them: a slot unanswered for timeout_ms while messages of ours wait
+     * unread in its socket (SIOCOUTQ: bytes it has not received) closes
+     * it, as a peer that leaves our control stream unsent does. One that
+     * reads and only answers late keeps its connection. */
+    const struct kv__shm_slot *old = slot_oldest(tp);
+    int unread = 0;
+    if (old && now - old->sent_ns >= lim && ioctl(tp->fd, SIOCOUTQ, &unread) == 0 && unread > 0) {
+        x->stats.sends_stalled++;
+        char m[200];
+        snprintf(m, sizeof(m),
+                 "xport shm: the peer left %d bytes of our messages unread and slot %u "
+                 "unanswered for %u ms: the peer is closed",
+                 unread, (unsigned)(old - tp->slot), x->cfg.timeout_ms);
+        peer_fail(t, tp, KV_ERR_TIMEOUT, m);
+        return false;
+    }
     if (p->state == KV_XPORT_READY && !kv__shm_notes_flush(tp)) {
         peer_fail(t, tp, KV_ERR_NO_MEMORY, "xport shm: control buffer");
         return false;
@@ -815,6 +863,10 @@ static uint64_t next_deadline(const struct kv__shm *t)
             d = kv__xport_min64(d, tp->deadline_ns);
         if (tp->ctl_off < tp->ctl_len)
             d = kv__xport_min64(d, tp->tx_since_ns + lim);
+        /* a slot's check (sweep); once passed, looked at every round */
+        const struct kv__shm_slot *old = slot_oldest(tp);
+        if (old && old->sent_ns + lim > kv__now_ns())
+            d = kv__xport_min64(d, old->sent_ns + lim);
         for (kv_xport_xfer *xf = tp->p ? tp->p->xfers : NULL; xf; xf = xf->next)
             d = kv__xport_min64(d, xf->deadline_ns);
     }

@@ -104,10 +104,13 @@ kv_status kv__shm_msg_decode(const unsigned char *in, size_t n, struct kv__shm_m
  * our ring in order; one unexposed while being copied is RNACKed once its
  * last RDATA is out. */
 
-/* A slot of our ring, owned from its DATA / RDATA until its ACK / FREE. */
+/* A slot of our ring, owned from its DATA / RDATA until its ACK / FREE
+ * (sent_ns: when it was filled; one unanswered for timeout_ms while the
+ * peer leaves our messages unread closes the peer). */
 struct kv__shm_slot {
     bool used, serve;
     uint64_t xfer;
+    uint64_t sent_ns;
     uint32_t k;
     uint32_t entry[KV__SHM_MAXV];
     uint64_t len[KV__SHM_MAXV];

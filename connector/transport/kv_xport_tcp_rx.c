@@ -662,8 +662,14 @@ static struct kv__xport_verdict on_acks(struct kv__tcp_conn *c)
     kv_xport_xfer *xf = kv__xport_xfer_find(tp->p, c->f.xfer);
     if (!xf)
         return KV__XPORT_OK; /* ended already (its peer closed under it: see sweep) */
-    if (xf->unacked)       /* one ACK answers one WRITE frame: that one landed whole */
-        xf->unacked--;
+    /* One ACK answers one WRITE frame sent whole (that one landed whole):
+     * none waiting, this one answers nothing we sent. */
+    if (!xf->unacked)
+        return bad(KV_ERR_CORRUPT,
+                   "xport tcp: an ACK of transfer %" PRIu64
+                   ", which has no WRITE frame sent and not yet acknowledged",
+                   xf->id);
+    xf->unacked--;
     for (uint32_t i = 0; i < c->f.entry; i++) {
         const unsigned char *r = c->small + KV__TCP_ACK_REC * i;
         const uint32_t e = (uint32_t)kv__le_get(r, 4);
@@ -672,6 +678,10 @@ static struct kv__xport_verdict on_acks(struct kv__tcp_conn *c)
         if (e >= xf->n || xf->read)
             return bad(KV_ERR_CORRUPT, "xport tcp: an ACK of entry %u of transfer %" PRIu64, e,
                        xf->id);
+        /* bytes of entry e cut into frames so far (the send cursor) */
+        const uint64_t cut = e < xf->be_entry    ? xf->ios[e].bytes
+                             : e == xf->be_entry ? xf->be_off
+                                                 : 0;
         if (xf->ended[e])
             continue;
         const kv_status st = kv__xport_wire_status(v, true);
@@ -687,11 +697,11 @@ static struct kv__xport_verdict on_acks(struct kv__tcp_conn *c)
                     tp->p->id, e, xf->id, kv_status_name(st));
             continue;
         }
-        if (bytes == 0 || bytes > xf->ios[e].bytes - xf->moved[e])
+        if (bytes == 0 || bytes > cut - xf->moved[e])
             return bad(KV_ERR_CORRUPT,
-                       "xport tcp: an ACK of %" PRIu64 " bytes of entry %u, %" PRIu64
-                       " outstanding",
-                       bytes, e, xf->ios[e].bytes - xf->moved[e]);
+                       "xport tcp: an ACK of %" PRIu64 " bytes of entry %u of transfer %" PRIu64
+                       ", %" PRIu64 " sent and not yet acknowledged",
+                       bytes, e, xf->id, cut - xf->moved[e]);
         xf->moved[e] += bytes;
         if (xf->moved[e] == xf->ios[e].bytes)
             kv__xport_entry_end(xf, e, KV_OK);

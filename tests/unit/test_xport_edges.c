@@ -38,7 +38,9 @@
  *     queued, and its notifications delivered after the peer was refused):
  *     refused by name; notifications queued by a peer that never became
  *     READY are dropped with it; peers ready but not yet accepted count
- *     against max_handshakes.
+ *     against max_handshakes;
+ *   - an ACK of a transfer nothing of which was sent, or of more bytes
+ *     than were sent (ended it DONE): the peer closed, named.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -1345,6 +1347,72 @@ static void test_xport_edges_cancel_waits_for_the_ack(void **state)
     }
 }
 
+/* Review (hostile peers, 2026-12-06): an ACK was checked only against the
+ * bytes of its entry not yet acknowledged, so a peer could end DONE a
+ * transfer of which nothing had been sent (queued behind another), or one
+ * whose bytes were mostly never sent. An ACK must answer a WRITE frame
+ * sent whole and not acknowledged, for no more bytes than were cut into
+ * frames: else the peer is closed, named (KV_ERR_CORRUPT), and the
+ * transfers end FAILED, not DONE. */
+static void test_xport_edges_forged_acks(void **state)
+{
+    (void)state;
+    enum { BIG = 16u << 20 };
+    char *src = malloc(BIG);
+    memset(src, 5, BIG);
+    for (int never_sent = 0; never_sent < 2; never_sent++) {
+        struct kv_xport_config c = cfg_of(true, 1, 5000);
+        kv_xport *x = NULL;
+        assert_int_equal(kv_xport_create(&c, &x), KV_OK);
+        struct raw r = raw_join(x, 0x7373 + (uint64_t)never_sent);
+        unsigned char blob[KV_XPORT_BLOB_MAX];
+        const size_t bl = kvt_raw_blob(blob, 3, BIG, r.nonce, r.their);
+        kv_xport_rmem *rm = NULL;
+        assert_int_equal(kv_xport_rmem_import(r.peer, blob, bl, &rm), KV_OK);
+        kv_xport_mem *m = NULL;
+        assert_int_equal(kv_xport_mem_reg(x, src, BIG, KV_MEM_HOST, &m), KV_OK);
+        /* t1: 16 MiB, more than the sockets hold while the peer reads only
+         * its first frame; t2 behind it, nothing of it cut yet */
+        const struct kv_xport_io io1 = {m, 0, rm, 0, BIG}, io2 = {m, 0, rm, 0, 4096};
+        kv_xport_xfer *t1 = NULL, *t2 = NULL;
+        assert_int_equal(kv_xport_write(r.peer, &io1, 1, NULL, &t1), KV_OK);
+        assert_int_equal(kv_xport_write(r.peer, &io2, 1, NULL, &t2), KV_OK);
+        struct kv__xf f;
+        assert_true(kvt_raw_next(r.fd, &f, NULL, 0, 5000)); /* t1's first frame, whole */
+        assert_int_equal(f.type, KV__XF_WRITE);
+        /* the forged ACK: t2's whole entry, or all 16 MiB of t1's */
+        unsigned char rec[16], fr[KV__XF_BYTES + 16];
+        kv__le_put(rec, 0, 4);
+        kv__le_put(rec + 4, KV_OK, 4);
+        kv__le_put(rec + 8, never_sent ? 4096 : BIG, 8);
+        assert_true(kvt_raw_send(r.fd, fr,
+                                 kvt_raw_frame(fr, KV__XF_ACK, 1, never_sent ? f.xfer + 1 : f.xfer,
+                                               0, 0, rec, sizeof(rec))));
+        assert_int_equal(wait_closed(r.peer, 5000), KV_ERR_CORRUPT);
+        char want[80];
+        if (never_sent)
+            snprintf(want, sizeof(want), "ACK of transfer %" PRIu64 ", which has no WRITE frame",
+                     f.xfer + 1);
+        else
+            snprintf(want, sizeof(want), "ACK of %u bytes of entry 0 of transfer %" PRIu64,
+                     (unsigned)BIG, f.xfer);
+        kvt_assert_msg_has(want);
+        kv_xport_state s1 = KV_XPORT_PENDING, s2 = KV_XPORT_PENDING;
+        assert_int_equal(kv_xport_xfer_wait(t1, 5000, &s1), KV_OK);
+        assert_int_equal(kv_xport_xfer_wait(t2, 5000, &s2), KV_OK);
+        assert_int_equal(s1, KV_XPORT_FAILED);
+        assert_int_equal(s2, KV_XPORT_FAILED);
+        assert_int_equal(kv_xport_xfer_free(t1), KV_OK);
+        assert_int_equal(kv_xport_xfer_free(t2), KV_OK);
+        assert_int_equal(kv_xport_rmem_free(rm), KV_OK);
+        kv_xport_peer_close(r.peer);
+        close(r.fd);
+        assert_int_equal(kv_xport_mem_dereg(m), KV_OK);
+        assert_int_equal(kv_xport_destroy(x), KV_OK);
+    }
+    free(src);
+}
+
 /* Audit (2026-12-05): kv_xport_destroy passed its check while another
  * thread was still inside kv_xport_peer_close (the peer already marked
  * closed, the closer waiting for its transfers) and freed the transport
@@ -1534,6 +1602,7 @@ int main(void)
         cmocka_unit_test(test_xport_edges_frames_before_ready),
         cmocka_unit_test(test_xport_edges_destroy_while_a_thread_waits),
         cmocka_unit_test(test_xport_edges_cancel_waits_for_the_ack),
+        cmocka_unit_test(test_xport_edges_forged_acks),
         cmocka_unit_test(test_xport_edges_destroy_races_peer_close),
         cmocka_unit_test(test_xport_edges_cache_region_outlives_its_destroy),
         cmocka_unit_test(test_xport_edges_offload_region_outlives_its_destroy),

@@ -25,7 +25,10 @@
  *   - a hostile peer on a raw socket: an unsealed memfd refused, a DATA
  *     naming a slot outside the ring closes the peer (KV_ERR_CORRUPT); a
  *     peer that never ACKs: the write TIMED_OUT within timeout_ms, the late
- *     ACK only returns the slot; a full notification queue refuses by name.
+ *     ACK only returns the slot; a full notification queue refuses by name;
+ *     a peer that reads nothing is closed (TIMEOUT, sends_stalled); a pipe,
+ *     a directory, a small, read-only or write-sealed memfd: refused
+ *     KV_ERR_CORRUPT, named, no descriptor kept.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -785,6 +788,77 @@ static void test_xport_shm_timeout_and_limits(void **state)
     close(sv[1]);
 }
 
+/* Review (hostile peers, 2026-12-06): a peer that completes its
+ * handshake, then reads nothing: our messages all fit its socket, so no
+ * control byte waited on our side, and the peer stayed READY for ever, its
+ * 8 slots taken (every later write TIMED_OUT, nothing counted in
+ * sends_stalled), where TCP closes such a peer. Now a slot unanswered for
+ * timeout_ms while our messages wait unread closes it, by name; one that
+ * reads and answers late keeps its connection (timeout_and_limits). */
+static void test_xport_shm_peer_stops_reading(void **state)
+{
+    (void)state;
+    struct kv_xport_config c = kvt_xport_cfg(KV_XPORT_SHM, true, TOKEN, 0);
+    c.timeout_ms = 300;
+    kv_xport *x = NULL;
+    assert_int_equal(kv_xport_create(&c, &x), KV_OK);
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+    assert_int_equal(kv__shm_adopt(x, sv[0]), KV_OK);
+    const int mfd = memfd_create("t", MFD_ALLOW_SEALING);
+    assert_int_equal(ftruncate(mfd, 2 * (off_t)KV__SHM_RING_BYTES), 0);
+    assert_int_equal(fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    raw_hello(sv[1], mfd);
+    kv_xport_peer *p = NULL;
+    assert_int_equal(kv_xport_accept(x, 5000, &p), KV_OK);
+    unsigned char pl[KV__SHM_MSG_MAX];
+    struct kv__shm_msg m = raw_next(sv[1], pl, sizeof(pl));
+    assert_int_equal(m.type, KV__SM_HELLO);
+    struct kv__xport_hello hh;
+    kv__xport_hello_decode(pl, &hh);
+    unsigned char blob[KV_XPORT_BLOB_MAX];
+    const struct kv__xport_blob b = {.version = KV_XPORT_PROTOCOL_VERSION,
+                                     .kind = KV_XPORT_SHM,
+                                     .region = 7,
+                                     .bytes = 1u << 20,
+                                     .exposer = 0x1234,
+                                     .importer = hh.nonce};
+    kv_xport_rmem *r = NULL;
+    assert_int_equal(kv_xport_rmem_import(p, blob, kv__xport_blob_encode(&b, blob), &r), KV_OK);
+    static unsigned char src[4096];
+    kv_xport_mem *ms = NULL;
+    assert_int_equal(kv_xport_mem_reg(x, src, sizeof(src), KV_MEM_HOST, &ms), KV_OK);
+    /* a write, then nothing read: its DATA waits in the peer's socket */
+    const struct kv_xport_io io = {ms, 0, r, 0, sizeof(src)};
+    kv_xport_xfer *t = NULL;
+    const uint64_t t0 = kv__now_ns();
+    assert_int_equal(kv_xport_write(p, &io, 1, NULL, &t), KV_OK);
+    kv_xport_state st;
+    assert_int_equal(kv_xport_xfer_wait(t, 5000, &st), KV_OK);
+    assert_int_equal(st, KV_XPORT_TIMED_OUT);
+    kv_xport_peer_state ps = KV_XPORT_READY;
+    kv_status why = KV_OK;
+    for (int i = 0; i < 3000 && ps != KV_XPORT_CLOSED; i++) {
+        assert_int_equal(kv_xport_peer_state_get(p, &ps, &why), KV_OK);
+        if (ps != KV_XPORT_CLOSED)
+            usleep(1000);
+    }
+    assert_int_equal(ps, KV_XPORT_CLOSED);
+    assert_int_equal(why, KV_ERR_TIMEOUT);
+    kvt_assert_msg_has("unread and slot");
+    assert_true(kv__now_ns() - t0 < 2000ull * 1000000ull); /* timeout_ms and a round */
+    struct kv_xport_stats xs = KV_XPORT_STATS_INIT;
+    assert_int_equal(kv_xport_stats_get(x, &xs), KV_OK);
+    assert_int_equal(xs.sends_stalled, 1);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
+    kv_xport_peer_close(p);
+    assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
+    assert_int_equal(kv_xport_destroy(x), KV_OK);
+    close(mfd);
+    close(sv[1]);
+}
+
 /* Open descriptors of this process naming a memfd called name. */
 static int memfds_named(const char *name)
 {
@@ -846,6 +920,69 @@ static void test_xport_shm_empty_message_with_a_descriptor(void **state)
     assert_int_equal(kv_xport_destroy(x), KV_OK);
 }
 
+/* Review (hostile peers, 2026-12-06): a descriptor that is not a ring
+ * we can use is the peer's fault, refused KV_ERR_CORRUPT naming why: a
+ * pipe, a directory, a memfd too small; a memfd opened read-only or
+ * sealed against writes was refused KV_ERR_NO_MEMORY (the allocation or
+ * the mapping failed: "Bad file descriptor", "Operation not permitted"),
+ * which says this side is out of memory. The refused peer is never
+ * accepted and no descriptor of it stays open. */
+static void test_xport_shm_unusable_memfd(void **state)
+{
+    (void)state;
+    struct kv_xport_config c = kvt_xport_cfg(KV_XPORT_SHM, true, TOKEN, 0);
+    kv_xport *x = NULL;
+    assert_int_equal(kv_xport_create(&c, &x), KV_OK);
+    const int good = memfd_create("kvt-unusable", MFD_ALLOW_SEALING);
+    assert_int_equal(ftruncate(good, 2 * (off_t)KV__SHM_RING_BYTES), 0);
+    assert_int_equal(fcntl(good, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", good);
+    const int sealed = memfd_create("kvt-unusable", MFD_ALLOW_SEALING);
+    assert_int_equal(ftruncate(sealed, 2 * (off_t)KV__SHM_RING_BYTES), 0);
+    assert_int_equal(fcntl(sealed, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_WRITE), 0);
+    const int small = memfd_create("kvt-unusable", MFD_ALLOW_SEALING);
+    assert_int_equal(ftruncate(small, 4096), 0);
+    assert_int_equal(fcntl(small, F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    int pp[2];
+    assert_int_equal(pipe(pp), 0);
+    const struct {
+        int fd;
+        const char *why;
+    } cases[] = {
+        {pp[0], "not a memfd sealed against shrinking"},
+        {open("/tmp", O_RDONLY | O_DIRECTORY), "not a memfd sealed against shrinking"},
+        {small, "a ring memfd of 4096 bytes"},
+        {open(path, O_RDONLY), "not writable (not opened read-write"},
+        {sealed, "not writable (sealed against writes"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        assert_true(cases[i].fd >= 0);
+        int sv[2];
+        assert_int_equal(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+        assert_int_equal(kv__shm_adopt(x, sv[0]), KV_OK);
+        raw_hello(sv[1], cases[i].fd);
+        unsigned char pl[KV__SHM_MSG_MAX] = {0};
+        const struct kv__shm_msg m = raw_next(sv[1], pl, sizeof(pl) - 1);
+        assert_int_equal(m.type, KV__SM_REFUSE);
+        assert_int_equal(m.status, KV_ERR_CORRUPT);
+        if (!strstr((const char *)pl, cases[i].why))
+            fail_msg("case %zu: refused with '%s', not '%s'", i, (const char *)pl, cases[i].why);
+        close(sv[1]);
+    }
+    kv_xport_peer *p = NULL;
+    assert_int_equal(kv_xport_accept(x, 0, &p), KV_ERR_TIMEOUT);
+    assert_int_equal(memfds_named("kvt-unusable"), 4); /* ours only */
+    close(cases[1].fd);
+    close(cases[3].fd);
+    close(pp[0]);
+    close(pp[1]);
+    close(small);
+    close(sealed);
+    close(good);
+    assert_int_equal(kv_xport_destroy(x), KV_OK);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -864,6 +1001,8 @@ int main(void)
         cmocka_unit_test(test_xport_shm_hostile_peer),
         cmocka_unit_test(test_xport_shm_empty_message_with_a_descriptor),
         cmocka_unit_test(test_xport_shm_timeout_and_limits),
+        cmocka_unit_test(test_xport_shm_peer_stops_reading),
+        cmocka_unit_test(test_xport_shm_unusable_memfd),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
