@@ -334,6 +334,12 @@ kv_status kv_arena_regions(const kv_arena *arena, struct kv_mem_region *out, siz
         return kv__error(KV_ERR_NULL, "kv_arena_regions: %s is NULL", !arena ? "arena" : "n");
     if (!out && cap > 0)
         return kv__error(KV_ERR_NULL, "kv_arena_regions: out is NULL with cap %zu", cap);
+    if (cap > 0) { /* written as words: misaligned is undefined behaviour */
+        const kv_status st =
+            kv__check_aligned("kv_arena_regions", "out", out, _Alignof(struct kv_mem_region));
+        if (st != KV_OK)
+            return st;
+    }
     *n = count;
     if (!out)
         return kv__ok();

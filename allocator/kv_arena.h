@@ -150,7 +150,8 @@ KV_API bool kv_arena_huge_pages(const kv_arena *arena);
  * Call with out NULL and cap 0 to ask for the count.
  *
  * Returns KV_OK; KV_ERR_NULL (arena or n NULL, or out NULL with cap > 0);
- * KV_ERR_INVALID_ARG (cap smaller than the count; *n still set).
+ * KV_ERR_INVALID_ARG (cap smaller than the count; *n still set. out not
+ * aligned for struct kv_mem_region with cap > 0; *n not set).
  */
 KV_API KV_NODISCARD kv_status kv_arena_regions(const kv_arena *arena, struct kv_mem_region *out,
                                                size_t cap, size_t *n);

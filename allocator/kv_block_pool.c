@@ -506,12 +506,24 @@ void kv__block_pool_free(kv_block_pool *pool)
 
 /* ------------------------------------------------------------ alloc/free */
 
+/* A caller's array of n elements of size bytes, read or written as words:
+ * misaligned is undefined behaviour, refused by name (an empty one is never
+ * touched). */
+static kv_status check_array(const char *fn, const char *name, const void *p, uint32_t n,
+                             size_t size)
+{
+    return n > 0 ? kv__check_aligned(fn, name, p, size) : KV_OK;
+}
+
 kv_status kv_block_pool_alloc(kv_block_pool *pool, uint32_t n, uint32_t *ids)
 {
     if (!pool || (!ids && n > 0))
         return kv__error(KV_ERR_NULL, "kv_block_pool_alloc: %s is NULL", !pool ? "pool" : "ids");
     if (n == 0)
         return kv__ok();
+    kv_status st = check_array("kv_block_pool_alloc", "ids", ids, n, sizeof(*ids));
+    if (st != KV_OK)
+        return st;
 
     pthread_mutex_lock(&pool->mu);
     if (n > pool->n_list) {
@@ -618,6 +630,8 @@ kv_status kv_block_pool_retain(kv_block_pool *pool, const uint32_t *ids, uint32_
     kv_status s;
     if (!pool || (!ids && n > 0))
         return kv__error(KV_ERR_NULL, "kv_block_pool_retain: %s is NULL", !pool ? "pool" : "ids");
+    if ((s = check_array("kv_block_pool_retain", "ids", ids, n, sizeof(*ids))) != KV_OK)
+        return s;
     pthread_mutex_lock(&pool->mu);
     s = validate_batch(pool, ids, n, false, "retain");
     if (s == KV_OK)
@@ -633,6 +647,8 @@ kv_status kv_block_pool_release(kv_block_pool *pool, const uint32_t *ids, uint32
     kv_status s;
     if (!pool || (!ids && n > 0))
         return kv__error(KV_ERR_NULL, "kv_block_pool_release: %s is NULL", !pool ? "pool" : "ids");
+    if ((s = check_array("kv_block_pool_release", "ids", ids, n, sizeof(*ids))) != KV_OK)
+        return s;
     pthread_mutex_lock(&pool->mu);
     if (n == 1) {
         /* Fast path for the common single release: same checks, no scratch. */
@@ -774,6 +790,10 @@ kv_status kv_block_pool_lookup(kv_block_pool *pool, const uint64_t *hashes, uint
                          : !n_found ? "n_found"
                          : !hashes  ? "hashes"
                                     : "ids");
+    kv_status st;
+    if ((st = check_array("kv_block_pool_lookup", "hashes", hashes, n, sizeof(*hashes))) != KV_OK ||
+        (st = check_array("kv_block_pool_lookup", "ids", ids, n, sizeof(*ids))) != KV_OK)
+        return st;
     *n_found = 0;
     if (n == 0)
         return kv__ok();
@@ -800,6 +820,11 @@ kv_status kv_block_pool_match_prefix(kv_block_pool *pool, const int32_t *tokens,
     if (want > 0 && (!tokens || !ids))
         return kv__error(KV_ERR_NULL, "kv_block_pool_match_prefix: %s is NULL with %u full blocks",
                          !tokens ? "tokens" : "ids", want);
+    kv_status st;
+    if ((st = check_array("kv_block_pool_match_prefix", "ids", ids, want, sizeof(*ids))) != KV_OK ||
+        (st = check_array("kv_block_pool_match_prefix", "hashes", hashes, want, sizeof(*hashes))) !=
+            KV_OK)
+        return st;
     *n_found = 0;
     while (done < want) {
         uint32_t k = want - done < KV__MATCH_CHUNK ? want - done : KV__MATCH_CHUNK;
@@ -852,6 +877,9 @@ kv_status kv_block_pool_free_list(kv_block_pool *pool, uint32_t *ids, uint32_t c
                          !pool ? "pool"
                          : !n  ? "n"
                                : "ids");
+    const kv_status st = check_array("kv_block_pool_free_list", "ids", ids, cap, sizeof(*ids));
+    if (st != KV_OK)
+        return st;
     pthread_mutex_lock(&pool->mu);
     len = pool->n_list;
     *n = len;

@@ -150,7 +150,8 @@ KV_API void kv_block_pool_destroy(kv_block_pool *pool);
  * n blocks, each with ref 1 and no hash, ids written to ids[n], taken from
  * the head of the free list (cached blocks taken are evicted: hash dropped,
  * REMOVED event, evictions += 1). n == 0 is a no-op.
- * Returns KV_OK; KV_ERR_NULL; KV_ERR_NO_BLOCKS when fewer than n are free or
+ * Returns KV_OK; KV_ERR_NULL; KV_ERR_INVALID_ARG (ids not 4-byte aligned,
+ * n > 0: written as words); KV_ERR_NO_BLOCKS when fewer than n are free or
  * cached (nothing taken; the message names requested and available).
  */
 KV_API KV_NODISCARD kv_status kv_block_pool_alloc(kv_block_pool *pool, uint32_t n, uint32_t *ids);
@@ -160,8 +161,9 @@ KV_API KV_NODISCARD kv_status kv_block_pool_alloc(kv_block_pool *pool, uint32_t 
  * occurrence). Every id must be held (ref > 0). Used to share blocks when a
  * sequence forks (copy-on-write: the page table copies a shared block before
  * writing into it and keeps the (src, dst) list).
- * Returns KV_OK; KV_ERR_NULL; KV_ERR_INVALID_ARG (id 0 or >= num_blocks);
- * KV_ERR_BAD_STATE (id not held); KV_ERR_OVERFLOW (ref would pass 2^32-1).
+ * Returns KV_OK; KV_ERR_NULL; KV_ERR_INVALID_ARG (id 0 or >= num_blocks,
+ * ids not 4-byte aligned with n > 0); KV_ERR_BAD_STATE (id not held);
+ * KV_ERR_OVERFLOW (ref would pass 2^32-1).
  */
 KV_API KV_NODISCARD kv_status kv_block_pool_retain(kv_block_pool *pool, const uint32_t *ids,
                                                    uint32_t n);
@@ -170,8 +172,9 @@ KV_API KV_NODISCARD kv_status kv_block_pool_retain(kv_block_pool *pool, const ui
  * ref -= 1 for each of ids[n], in order; a block reaching 0 goes to the tail
  * of the free list (cached if it carries a hash, free otherwise). An id may
  * repeat up to its ref count.
- * Returns KV_OK; KV_ERR_NULL; KV_ERR_INVALID_ARG (id 0 or >= num_blocks);
- * KV_ERR_BAD_STATE (double free: released more times than its ref count).
+ * Returns KV_OK; KV_ERR_NULL; KV_ERR_INVALID_ARG (id 0 or >= num_blocks,
+ * ids not 4-byte aligned with n > 0); KV_ERR_BAD_STATE (double free:
+ * released more times than its ref count).
  */
 KV_API KV_NODISCARD kv_status kv_block_pool_release(kv_block_pool *pool, const uint32_t *ids,
                                                     uint32_t n);
@@ -215,7 +218,8 @@ KV_API KV_NODISCARD kv_status kv_block_pool_commit_full(kv_block_pool *pool, uin
  * (ref += 1; a cached block leaves the free list) and written to ids; the
  * search stops at the first miss. *n_found says how many. hits += *n_found,
  * misses += n - *n_found.
- * Returns KV_OK (also when nothing is found); KV_ERR_NULL.
+ * Returns KV_OK (also when nothing is found); KV_ERR_NULL; KV_ERR_INVALID_ARG
+ * (hashes not 8-byte or ids not 4-byte aligned, n > 0: nothing retained).
  */
 KV_API KV_NODISCARD kv_status kv_block_pool_lookup(kv_block_pool *pool, const uint64_t *hashes,
                                                    uint32_t n, uint32_t *ids, uint32_t *n_found);
@@ -226,7 +230,8 @@ KV_API KV_NODISCARD kv_status kv_block_pool_lookup(kv_block_pool *pool, const ui
  * extra_key: the kv_block_ops.match_prefix contract. Blocks found are
  * retained; hashes (may be NULL) receives each found block's hash. Hashing
  * runs outside the mutex, in chunks; each chunk's lookup is atomic.
- * Returns KV_OK; KV_ERR_NULL; KV_ERR_INVALID_ARG (block_tokens 0).
+ * Returns KV_OK; KV_ERR_NULL; KV_ERR_INVALID_ARG (block_tokens 0; ids not
+ * 4-byte or hashes not 8-byte aligned with a full block to look up).
  */
 KV_API KV_NODISCARD kv_status kv_block_pool_match_prefix(kv_block_pool *pool, const int32_t *tokens,
                                                          uint64_t n_tokens, uint32_t block_tokens,
@@ -242,8 +247,9 @@ KV_API KV_NODISCARD kv_status kv_block_pool_block_hash(kv_block_pool *pool, uint
 /*
  * The free list in eviction order (head = next taken) into ids[cap]; *n
  * receives its full length (free + cached). For tests and introspection:
- * O(length). Returns KV_OK; KV_ERR_NULL; KV_ERR_INVALID_ARG (cap < length;
- * *n still set; ids may be NULL with cap 0 to ask for the length).
+ * O(length). Returns KV_OK; KV_ERR_NULL; KV_ERR_INVALID_ARG (cap < length:
+ * *n still set; ids may be NULL with cap 0 to ask for the length; ids not
+ * 4-byte aligned with cap > 0: *n not set).
  */
 KV_API KV_NODISCARD kv_status kv_block_pool_free_list(kv_block_pool *pool, uint32_t *ids,
                                                       uint32_t cap, uint32_t *n);

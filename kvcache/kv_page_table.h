@@ -315,6 +315,9 @@ struct kv_vllm_export {
  *     every buffer NULL the call is a size query; ranges given, they are
  *     checked and the slot mapping sized as if it were written.
  * KV_ERR_NULL (pt, out, seqs with n_seqs > 0, or ranges with slot_mapping);
+ * KV_ERR_INVALID_ARG naming an array misaligned for its elements (seqs and
+ * ranges with n_seqs > 0, any output given); KV_ERR_OVERLAP naming an
+ * output that overlaps seqs, or ranges when they are read;
  * KV_ERR_NOT_FOUND naming seqs[i]; KV_ERR_OUT_OF_BOUNDS (a range past its
  * sequence); KV_ERR_OVERFLOW when a page id does not fit int32. */
 KV_API KV_NODISCARD kv_status kv_page_table_export_vllm(const kv_page_table *pt,
@@ -344,6 +347,8 @@ struct kv_flashinfer_export {
  * with none, the call is a size query. Lengths of the buffers given are
  * checked (KV_ERR_INVALID_ARG naming them); *nnz_out (may be NULL) = total
  * pages, the indices_len needed. KV_ERR_NULL (pt, or seqs with n_seqs > 0);
+ * KV_ERR_INVALID_ARG naming an array misaligned for its elements;
+ * KV_ERR_OVERLAP naming an output that overlaps seqs;
  * KV_ERR_NOT_FOUND naming seqs[i]; KV_ERR_OVERFLOW when nnz or a page id
  * exceeds int32. */
 KV_API KV_NODISCARD kv_status

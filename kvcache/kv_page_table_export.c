@@ -22,6 +22,48 @@ static kv_status check_page_ids(const kv_page_table *pt, const char *fn)
     return KV_OK;
 }
 
+/* A caller's array, read or written as words: misaligned is undefined
+ * behaviour (NULL: not given, passes). */
+static kv_status check_arrays_aligned(const char *fn, const char *const *names,
+                                      const void *const *ptrs, const size_t *aligns, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const kv_status st = kv__check_aligned(fn, names[i], ptrs[i], aligns[i]);
+        if (st != KV_OK)
+            return st;
+    }
+    return KV_OK;
+}
+
+/* The end of n elements of size bytes at p, saturating at the top of the
+ * address space (a length the caller overstates cannot wrap the check). */
+static uintptr_t span_end(const void *p, uint64_t n, size_t size)
+{
+    const uintptr_t a = (uintptr_t)p;
+    if (n > (UINTPTR_MAX - a) / size)
+        return UINTPTR_MAX;
+    return a + (uintptr_t)(n * size);
+}
+
+/* An output the fill writes over an input it reads (seqs, ranges): the
+ * values pass 1 checked would be replaced by page ids and slots, and the
+ * fill would go on with those unchecked. */
+static kv_status check_apart(const char *fn, const char *oname, const void *o, uint64_t on,
+                             size_t osize, const char *iname, const void *in, uint64_t inn,
+                             size_t isize)
+{
+    if (!o || !in || on == 0 || inn == 0)
+        return KV_OK;
+    const uintptr_t oa = (uintptr_t)o, ob = span_end(o, on, osize);
+    const uintptr_t ia = (uintptr_t)in, ib = span_end(in, inn, isize);
+    if (oa < ib && ia < ob)
+        return kv__error(KV_ERR_OVERLAP,
+                         "%s: the output %s [%p, %p) overlaps the input %s [%p, %p) (the export "
+                         "reads it while it writes)",
+                         fn, oname, (void *)oa, (void *)ob, iname, (void *)ia, (void *)ib);
+    return KV_OK;
+}
+
 static inline uint64_t seq_pages(const kv_page_table *pt, const struct kv__seq *s)
 {
     return (s->n_tokens + pt->page_tokens - 1) / pt->page_tokens;
@@ -54,7 +96,15 @@ kv_status kv_page_table_export_vllm(const kv_page_table *pt, const uint32_t *seq
         return kv__error(KV_ERR_NULL, "%s: %s is NULL", fn, !pt ? "pt" : !out ? "out" : "seqs");
     if (out->slot_mapping && !ranges && n_seqs)
         return kv__error(KV_ERR_NULL, "%s: ranges is NULL but slot_mapping is requested", fn);
-    kv_status st = check_page_ids(pt, fn);
+    const char *const names[] = {"seqs", "ranges", "block_table", "slot_mapping", "seq_lens"};
+    const void *const ptrs[] = {n_seqs ? seqs : NULL, n_seqs ? ranges : NULL, out->block_table,
+                                out->slot_mapping, out->seq_lens};
+    const size_t aligns[] = {sizeof(*seqs), _Alignof(struct kv_token_range),
+                             sizeof(*out->block_table), sizeof(*out->slot_mapping),
+                             sizeof(*out->seq_lens)};
+    kv_status st = check_arrays_aligned(fn, names, ptrs, aligns, 5);
+    if (st == KV_OK)
+        st = check_page_ids(pt, fn);
     if (st != KV_OK)
         return st;
 
@@ -118,6 +168,25 @@ kv_status kv_page_table_export_vllm(const kv_page_table *pt, const uint32_t *seq
     if (out->seq_lens && out->seq_lens_len < n_seqs)
         return kv__error(KV_ERR_INVALID_ARG, "%s: seq_lens_len %" PRIu64 " < n_seqs %" PRIu32, fn,
                          out->seq_lens_len, n_seqs);
+    /* every output apart from what the fill reads: seqs, and ranges when
+     * the slot mapping is sized from them */
+    const struct {
+        const char *name;
+        const void *p;
+        uint64_t n;
+        size_t size;
+    } outs[] = {
+        {"block_table", out->block_table, (uint64_t)n_seqs * out->block_table_cols,
+         sizeof(*out->block_table)},
+        {"slot_mapping", out->slot_mapping, out->slot_mapping_len, sizeof(*out->slot_mapping)},
+        {"seq_lens", out->seq_lens, n_seqs, sizeof(*out->seq_lens)},
+    };
+    for (int i = 0; i < 3; i++)
+        if ((st = check_apart(fn, outs[i].name, outs[i].p, outs[i].n, outs[i].size, "seqs", seqs,
+                              n_seqs, sizeof(*seqs))) != KV_OK ||
+            (st = check_apart(fn, outs[i].name, outs[i].p, outs[i].n, outs[i].size, "ranges",
+                              slots_sized ? ranges : NULL, n_seqs, sizeof(*ranges))) != KV_OK)
+            return st;
 
     /* pass 2: fill */
     if (out->block_table) {
@@ -180,7 +249,13 @@ kv_status kv_page_table_export_flashinfer(const kv_page_table *pt, const uint32_
     /* out NULL: a size query (every buffer NULL) */
     static const struct kv_flashinfer_export none = {0};
     const struct kv_flashinfer_export *o = out ? out : &none;
-    kv_status st = check_page_ids(pt, fn);
+    const char *const names[] = {"seqs", "indptr", "indices", "last_page_len"};
+    const void *const ptrs[] = {n_seqs ? seqs : NULL, o->indptr, o->indices, o->last_page_len};
+    const size_t aligns[] = {sizeof(*seqs), sizeof(*o->indptr), sizeof(*o->indices),
+                             sizeof(*o->last_page_len)};
+    kv_status st = check_arrays_aligned(fn, names, ptrs, aligns, 4);
+    if (st == KV_OK)
+        st = check_page_ids(pt, fn);
     if (st != KV_OK)
         return st;
 
@@ -207,6 +282,13 @@ kv_status kv_page_table_export_flashinfer(const kv_page_table *pt, const uint32_
     if (o->indices && o->indices_len < nnz)
         return kv__error(KV_ERR_INVALID_ARG, "%s: indices_len %" PRIu64 " < nnz %" PRIu64, fn,
                          o->indices_len, nnz);
+    if ((st = check_apart(fn, "indptr", o->indptr, (uint64_t)n_seqs + 1, sizeof(*o->indptr), "seqs",
+                          seqs, n_seqs, sizeof(*seqs))) != KV_OK ||
+        (st = check_apart(fn, "indices", o->indices, nnz, sizeof(*o->indices), "seqs", seqs, n_seqs,
+                          sizeof(*seqs))) != KV_OK ||
+        (st = check_apart(fn, "last_page_len", o->last_page_len, n_seqs, sizeof(*o->last_page_len),
+                          "seqs", seqs, n_seqs, sizeof(*seqs))) != KV_OK)
+        return st;
 
     const uint64_t P = pt->page_tokens;
     uint64_t at = 0;

@@ -408,10 +408,12 @@ static void op_delete(kv_offload_op *op)
     kv__mem_free(op);
 }
 
-/* Queue op (its format looked up / made under the same lock); on success
- * the op holds a reference on cache until it is terminal (op_finish). */
-static kv_status post(kv_offload *off, const char *fn, kv_offload_op *op, kv_cache *cache,
-                      const struct kv_layout *lo)
+/* The op's format, looked up or made, and counted as used (op->fmt):
+ * before anything of the cache changes, so that a refusal (no slot for
+ * another layout, a tier being destroyed) leaves its pool as it was (a
+ * load's allocation may evict cached blocks). */
+static kv_status post_format(kv_offload *off, const char *fn, kv_offload_op *op,
+                             const kv_cache *cache, const struct kv_layout *lo)
 {
     pthread_mutex_lock(&off->mu);
     kv_status st = KV_OK;
@@ -419,6 +421,29 @@ static kv_status post(kv_offload *off, const char *fn, kv_offload_op *op, kv_cac
         st = kv__error(KV_ERR_BAD_STATE, "%s: the tier is being destroyed", fn);
     if (st == KV_OK)
         st = fmt_get(off, fn, lo, kv_cache_head_offset(cache), &op->fmt);
+    pthread_mutex_unlock(&off->mu);
+    return st;
+}
+
+/* Undo post_format (the op is not posted). */
+static void post_format_undo(kv_offload *off, const kv_offload_op *op)
+{
+    pthread_mutex_lock(&off->mu);
+    off->fmts[op->fmt].users--;
+    pthread_mutex_unlock(&off->mu);
+}
+
+/* Queue op (its format counted by post_format; uncounted on a refusal); on
+ * success the op holds a reference on cache until it is terminal
+ * (op_finish). */
+static kv_status post(kv_offload *off, const char *fn, kv_offload_op *op, kv_cache *cache)
+{
+    pthread_mutex_lock(&off->mu);
+    kv_status st = KV_OK;
+    if (off->stopping) {
+        st = kv__error(KV_ERR_BAD_STATE, "%s: the tier is being destroyed", fn);
+        off->fmts[op->fmt].users--;
+    }
     if (st == KV_OK) {
         op->off = off;
         op->cache = kv_cache_retain(cache); /* before the worker can see the op */
@@ -434,10 +459,11 @@ static kv_status post(kv_offload *off, const char *fn, kv_offload_op *op, kv_cac
     return st;
 }
 
-/* The start of both posts: the pointers, the cache's storage, a new op of n
- * entries (*o). Nothing is held on failure. */
+/* The start of both posts: the pointers, the list's alignment for its
+ * elem-byte elements, the cache's storage, a new op of n entries (*o).
+ * Nothing is held on failure. */
 static kv_status post_begin(const char *fn, kv_offload *off, kv_cache *cache, const void *list,
-                            const char *list_name, uint32_t n, kv_offload_op **op,
+                            const char *list_name, uint32_t n, size_t elem, kv_offload_op **op,
                             struct kv_paged_cache *pc, kv_offload_op **o)
 {
     if (!off || !cache || !op || (n > 0 && !list))
@@ -446,8 +472,11 @@ static kv_status post_begin(const char *fn, kv_offload *off, kv_cache *cache, co
                          : !cache ? "cache"
                          : !op    ? "op"
                                   : list_name);
+    kv_status st;
+    if (n > 0 && (st = kv__check_aligned(fn, list_name, list, elem)) != KV_OK)
+        return st;
     int device = -1;
-    kv_status st = cache_side(fn, off, cache, pc, &device);
+    st = cache_side(fn, off, cache, pc, &device);
     if (st != KV_OK)
         return st;
     if (!(*o = op_new(n)))
@@ -464,7 +493,7 @@ kv_status kv_offload_store(kv_offload *off, kv_cache *cache, const uint32_t *ids
     static const char fn[] = "kv_offload_store";
     struct kv_paged_cache pc;
     kv_offload_op *o = NULL;
-    kv_status st = post_begin(fn, off, cache, ids, "ids", n, op, &pc, &o);
+    kv_status st = post_begin(fn, off, cache, ids, "ids", n, sizeof(*ids), op, &pc, &o);
     if (st != KV_OK)
         return st;
     kv_block_pool *pool = kv_cache_pool(cache);
@@ -489,7 +518,9 @@ kv_status kv_offload_store(kv_offload *off, kv_cache *cache, const uint32_t *ids
     o->pool = pool;
     o->base = pc.base;
     if (st == KV_OK)
-        st = post(off, fn, o, cache, &pc.layout);
+        st = post_format(off, fn, o, cache, &pc.layout);
+    if (st == KV_OK)
+        st = post(off, fn, o, cache);
     if (st != KV_OK) { /* undo the retains, keeping the error's words */
         kv__error_mute();
         const kv_status rs = kv_block_pool_release(pool, ids, n);
@@ -509,21 +540,28 @@ kv_status kv_offload_load(kv_offload *off, kv_cache *cache, const uint64_t *hash
     static const char fn[] = "kv_offload_load";
     struct kv_paged_cache pc;
     kv_offload_op *o = NULL;
-    kv_status st = post_begin(fn, off, cache, hashes, "hashes", n, op, &pc, &o);
+    kv_status st = post_begin(fn, off, cache, hashes, "hashes", n, sizeof(*hashes), op, &pc, &o);
     if (st != KV_OK)
         return st;
     kv_block_pool *pool = kv_cache_pool(cache);
     o->is_load = true;
     o->pool = pool;
     o->base = pc.base;
+    /* the format first: the allocation may evict cached blocks */
+    st = post_format(off, fn, o, cache, &pc.layout);
+    if (st != KV_OK) {
+        op_delete(o);
+        return st;
+    }
     st = kv_block_pool_alloc(pool, n, o->ids);
     if (st != KV_OK) {
+        post_format_undo(off, o);
         op_delete(o);
         return kv__error_wrap(st, "%s: %u blocks for the loaded entries", fn, n);
     }
     for (uint32_t i = 0; i < n; i++)
         o->res[i] = (struct kv_offload_result){hashes[i], o->ids[i], KV_OK, false};
-    st = post(off, fn, o, cache, &pc.layout);
+    st = post(off, fn, o, cache);
     if (st != KV_OK) { /* undo the allocation, keeping the error's words */
         kv__error_mute();
         const kv_status rs = kv_block_pool_release(pool, o->ids, n);

@@ -246,9 +246,9 @@ KV_API KV_NODISCARD kv_status kv_offload_regions(const kv_offload *off, struct k
  * the op holds a reference on cache until then). Each entry is keyed by the
  * block's hash and cache's block format; one already held only becomes the
  * most recent. *op set on success.
- * KV_ERR_NULL; KV_ERR_INVALID_ARG (id 0 or out of range); KV_ERR_BAD_STATE
- * (a block not held); KV_ERR_NOT_FOUND (a block without a hash);
- * KV_ERR_UNSUPPORTED (a device cache, in a build without CUDA or with a
+ * KV_ERR_NULL; KV_ERR_INVALID_ARG (id 0 or out of range, ids not 4-byte
+ * aligned); KV_ERR_BAD_STATE (a block not held); KV_ERR_NOT_FOUND (a block
+ * without a hash); KV_ERR_UNSUPPORTED (a device cache, in a build without CUDA or with a
  * region in plain host memory); KV_ERR_CAPACITY (a device cache on device
  * 16 or above, or
  * ops of 16 other cache layouts in flight: a tier keeps the copy plans of
@@ -271,9 +271,11 @@ KV_API KV_NODISCARD kv_status kv_offload_store(kv_offload *off, kv_cache *cache,
  * block. A block whose hash another block of the pool carried at commit
  * stays uncommitted (committed false): it is still the caller's, with the
  * right bytes, to use or release.
- * KV_ERR_NULL; KV_ERR_NO_BLOCKS (the pool cannot give n blocks);
+ * KV_ERR_NULL; KV_ERR_INVALID_ARG (hashes not 8-byte aligned);
+ * KV_ERR_NO_BLOCKS (the pool cannot give n blocks);
  * KV_ERR_UNSUPPORTED, KV_ERR_CAPACITY (as kv_offload_store);
- * KV_ERR_NO_MEMORY; nothing posted or allocated on error.
+ * KV_ERR_NO_MEMORY; nothing posted or allocated on error, and no cached
+ * block of the pool evicted.
  */
 KV_API KV_NODISCARD kv_status kv_offload_load(kv_offload *off, kv_cache *cache,
                                               const uint64_t *hashes, uint32_t n,
@@ -308,8 +310,9 @@ KV_API KV_NODISCARD kv_status kv_offload_op_free(kv_offload_op *op);
 /* Drop the entries of hashes[n], in every block format, now (hashes not
  * held are skipped); an entry the worker is reading is unlinked now and
  * freed when the worker is done. *n_evicted (may be NULL) gets how many
- * entries were dropped. KV_ERR_NULL; KV_ERR_BAD_STATE (the tier is
- * destroyed, its handle kept by a staging buffer still out). */
+ * entries were dropped. KV_ERR_NULL; KV_ERR_INVALID_ARG (hashes not 8-byte
+ * aligned, nothing dropped); KV_ERR_BAD_STATE (the tier is destroyed, its
+ * handle kept by a staging buffer still out). */
 KV_API KV_NODISCARD kv_status kv_offload_evict(kv_offload *off, const uint64_t *hashes, uint32_t n,
                                                uint32_t *n_evicted);
 

@@ -210,6 +210,12 @@ kv_status kv_offload_evict(kv_offload *off, const uint64_t *hashes, uint32_t n, 
 {
     if (!off || (n > 0 && !hashes))
         return kv__error(KV_ERR_NULL, "kv_offload_evict: %s is NULL", !off ? "off" : "hashes");
+    if (n > 0) {
+        const kv_status st =
+            kv__check_aligned("kv_offload_evict", "hashes", hashes, sizeof(*hashes));
+        if (st != KV_OK)
+            return st;
+    }
     uint32_t k = 0;
     pthread_mutex_lock(&off->mu);
     if (off->destroyed) { /* the table is gone; a staging buffer or a hold keeps the handle */

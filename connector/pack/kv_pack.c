@@ -313,6 +313,14 @@ kv_status kv_pack(const kv_plan *plan, struct kv_paged_cache src, const uint32_t
                          lo->elem_bytes);
     if ((st = check_buffer_overlap(fn, buf, size, &src, "source")) != KV_OK)
         return st;
+    /* the ids are read while the packed bytes are written: one overwritten
+     * before it is read would be an id nobody checked */
+    const uintptr_t ia = (uintptr_t)blocks, ib = ia + (uintptr_t)n_blocks * sizeof(*blocks);
+    if (n_blocks > 0 && ia < (uintptr_t)buf + size && (uintptr_t)buf < ib)
+        return kv__error(KV_ERR_OVERLAP,
+                         "%s: src_blocks [%p, %p) lies in the buffer [%p, +%" PRIu64
+                         ") the pack writes",
+                         fn, (void *)ia, (void *)ib, buf, size);
     kv_plan *own = NULL;
     if (!plan && (st = pack_plan(fn, lo, l0, nl, &own)) != KV_OK)
         return st;

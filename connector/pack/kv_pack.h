@@ -124,14 +124,15 @@ KV_API KV_NODISCARD kv_status kv_unpack_plan_create(const struct kv_layout *src,
  * KV_ERR_NULL         out_bytes, buf (cap > 0), blocks (n_blocks > 0) NULL.
  * KV_ERR_INVALID_ARG  src as the kernels refuse it (kv_paged_check,
  *                     CPU-addressable), buf not aligned to the element size,
- *                     a plan for another layout, a config of another
- *                     struct_size.
+ *                     blocks not 4-byte aligned, a plan for another layout,
+ *                     a config of another struct_size.
  * KV_ERR_BAD_SHAPE    n_blocks other than ceil(n_tokens / N), cfg's layer
  *                     range outside src.
  * KV_ERR_OUT_OF_BOUNDS a block id >= B.
  * KV_ERR_CAPACITY     cap smaller than the packed size (*out_bytes then says
  *                     the size needed; nothing is written).
- * KV_ERR_OVERLAP      buf overlaps src's storage.
+ * KV_ERR_OVERLAP      buf overlaps src's storage, or the packed bytes would
+ *                     overwrite blocks (read while they are written).
  * KV_ERR_NO_MEMORY    the copy schedule could not be allocated.
  * Nothing is written on an error. */
 KV_API KV_NODISCARD kv_status kv_pack(const kv_plan *plan, struct kv_paged_cache src,
@@ -165,7 +166,8 @@ KV_API KV_NODISCARD kv_status kv_pack_inspect(const void *buf, size_t len,
  *   KV_ERR_MISMATCH     a buffer packed with other layers than cfg (or the
  *                       plan) unpacks (the message names both ranges);
  *   KV_ERR_INVALID_ARG  dst as the kernels refuse it, the payload not
- *                       aligned to the element size, a plan for other
+ *                       aligned to the element size, dst_blocks not 4-byte
+ *                       aligned, a plan for other
  *                       layouts, a dtype the plan cannot move
  *                       (kv_plan_create's refusals);
  *   KV_ERR_BAD_SHAPE    n_dst other than ceil(n_tokens / dst N), a head or

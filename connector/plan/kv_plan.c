@@ -10,6 +10,7 @@
  * grouped into 2-D copies while width and both pitches stay the same.
  */
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -311,6 +312,13 @@ kv_status kv__plan_check_ids(const char *fn, const char *side, const uint32_t *i
 {
     if (n > 0 && !ids)
         return kv__error(KV_ERR_NULL, "%s: %s_blocks is NULL", fn, side);
+    if (n > 0) { /* read as words: misaligned is undefined behaviour */
+        char name[32];
+        snprintf(name, sizeof(name), "%s_blocks", side);
+        const kv_status st = kv__check_aligned(fn, name, ids, sizeof(*ids));
+        if (st != KV_OK)
+            return st;
+    }
     for (uint32_t i = 0; i < n; i++)
         if ((int64_t)ids[i] >= num_blocks)
             return kv__error(KV_ERR_OUT_OF_BOUNDS,

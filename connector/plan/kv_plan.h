@@ -90,6 +90,8 @@ typedef struct kv_plan kv_plan;
  *                     head offset; n_layers 0 with different layer counts
  *                     or a non-zero layer offset; a window (lcm of the page
  *                     sizes) over 65,536 tokens.
+ * KV_ERR_OVERFLOW     more rows (layers x planes x window tokens x heads),
+ *                     or window bytes, than 64 bits hold.
  * KV_ERR_NO_MEMORY.
  * Each message names the values. *out is NULL on any error (out itself
  * NULL aside). */
@@ -123,7 +125,8 @@ KV_API KV_NODISCARD kv_status kv_plan_stats_get(const kv_plan *plan, struct kv_p
  * Both caches are checked as the kernels check theirs (kv_paged_check,
  * CPU-addressable memory) and must carry the plan's layouts (fingerprints).
  * KV_ERR_NULL, KV_ERR_INVALID_ARG (a layout or memory kind, a layout other
- * than the plan's), KV_ERR_BAD_SHAPE (list lengths), KV_ERR_OUT_OF_BOUNDS (a
+ * than the plan's, a list of blocks not 4-byte aligned: its ids are read as
+ * words), KV_ERR_BAD_SHAPE (list lengths), KV_ERR_OUT_OF_BOUNDS (a
  * block id >= B), KV_ERR_OVERLAP (a destination block listed twice; the
  * same storage on both sides with a block in both lists; storages that
  * partly overlap) - all before anything is written. */

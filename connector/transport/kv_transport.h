@@ -184,7 +184,8 @@ typedef struct kv_xport_xfer kv_xport_xfer; /* a posted transfer */
 
 /* Create the transport (and its progress thread); listening when
  * cfg->listen_host is set. KV_ERR_NULL; KV_ERR_INVALID_ARG (struct_size,
- * kind, a token of 0); KV_ERR_UNSUPPORTED (KV_XPORT_RDMA without a device);
+ * kind, a token of 0, conns_per_peer over 16, a listen_host of 64 characters
+ * or more); KV_ERR_UNSUPPORTED (KV_XPORT_RDMA without a device);
  * KV_ERR_IO (bind/listen, errno named); KV_ERR_NO_MEMORY. */
 KV_API KV_NODISCARD kv_status kv_xport_create(const struct kv_xport_config *cfg, kv_xport **out);
 
@@ -387,7 +388,8 @@ struct kv_xport_notify {
  * Post ios[n] (and notify, may be NULL) to peer. *xfer set on success; the
  * local memory of the ios belongs to the transfer until it is terminal.
  * Checked at post, before anything is sent (KV_ERR_OUT_OF_BOUNDS naming the
- * entry and range; KV_ERR_INVALID_ARG for a remote region of another peer,
+ * entry and range; KV_ERR_INVALID_ARG for ios not aligned for its struct,
+ * a remote region of another peer,
  * and, RDMA, for a local and a remote region on different rails or a rail
  * the peer is not connected on; KV_ERR_CORRUPT for a remote key that fails
  * its checks);
@@ -417,7 +419,8 @@ KV_API KV_NODISCARD kv_status kv_xport_write(kv_xport_peer *peer, const struct k
  * can (TCP, SHM): one entry per run contiguous in the destination, its payload
  * gathered from the source's runs as it is sent; the same checks,
  * statuses, notification order, terminal states and cancel as any write
- * (kv_xport_stats counts which way each post went). KV_ERR_NULL; KV_ERR_BAD_SHAPE (list lengths); KV_ERR_OUT_OF_BOUNDS
+ * (kv_xport_stats counts which way each post went). KV_ERR_NULL; KV_ERR_INVALID_ARG (a
+ * block list not 4-byte aligned); KV_ERR_BAD_SHAPE (list lengths); KV_ERR_OUT_OF_BOUNDS
  * (a block id >= the layout's block count, a block outside either region);
  * KV_ERR_OVERLAP (a destination block twice); KV_ERR_NO_MEMORY; then those
  * of kv_xport_write. Nothing is sent on an error.

@@ -543,6 +543,12 @@ kv_status kv_xlayer_rx_finished(kv_xlayer_rx *rx, struct kv_xlayer_done *out, ui
                          !rx  ? "rx"
                          : !n ? "n"
                               : "out");
+    if (cap > 0) { /* written as words: misaligned is undefined behaviour */
+        const kv_status st =
+            kv__check_aligned("xlayer_rx_finished", "out", out, _Alignof(struct kv_xlayer_done));
+        if (st != KV_OK)
+            return st;
+    }
     pthread_mutex_lock(&rx->mu);
     uint32_t k = 0;
     while (k < cap && rx->ring_len) {
@@ -943,6 +949,12 @@ kv_status kv_xlayer_tx_finished(kv_xlayer_tx *tx, struct kv_xlayer_done *out, ui
                          !tx  ? "tx"
                          : !n ? "n"
                               : "out");
+    if (cap > 0) { /* written as words: misaligned is undefined behaviour */
+        const kv_status st =
+            kv__check_aligned("xlayer_tx_finished", "out", out, _Alignof(struct kv_xlayer_done));
+        if (st != KV_OK)
+            return st;
+    }
     for (uint32_t i = 0; i < tx->max_requests; i++)
         if (tx->reqs[i].used)
             tx_step(&tx->reqs[i]);

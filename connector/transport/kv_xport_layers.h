@@ -185,7 +185,9 @@ KV_API KV_NODISCARD kv_status kv_xlayer_rx_release(kv_xlayer_rx *rx, uint64_t re
 
 /* Up to cap terminal requests not reported before, oldest first, into
  * out[*n]; each is reported once and then forgotten (its blocks are the
- * caller's again; a later wait on it is KV_ERR_NOT_FOUND). KV_ERR_NULL. */
+ * caller's again; a later wait on it is KV_ERR_NOT_FOUND). KV_ERR_NULL;
+ * KV_ERR_INVALID_ARG (out not aligned for its struct, cap > 0: nothing
+ * reported). */
 KV_API KV_NODISCARD kv_status kv_xlayer_rx_finished(kv_xlayer_rx *rx, struct kv_xlayer_done *out,
                                                     uint32_t cap, uint32_t *n);
 
@@ -276,7 +278,8 @@ KV_API KV_NODISCARD kv_status kv_xlayer_tx_wait(kv_xlayer_tx *tx, uint64_t reque
 /* Make progress (collect terminal transfers, fail requests with a failed
  * layer, send their ABORT), then report up to cap terminal requests not
  * reported before into out[*n], each once: its source blocks are the
- * caller's again. KV_ERR_NULL. */
+ * caller's again. KV_ERR_NULL; KV_ERR_INVALID_ARG (out not aligned for its
+ * struct, cap > 0: nothing done). */
 KV_API KV_NODISCARD kv_status kv_xlayer_tx_finished(kv_xlayer_tx *tx, struct kv_xlayer_done *out,
                                                     uint32_t cap, uint32_t *n);
 

@@ -114,6 +114,9 @@ static kv_status post_checked(const char *fn, kv_xport_peer *peer, const struct 
                                  : "ios");
     if (n == 0 && !notify)
         return kv__error(KV_ERR_INVALID_ARG, "%s: no entries and no notification", fn);
+    kv_status st;
+    if (n > 0 && (st = kv__check_aligned(fn, "ios", ios, _Alignof(struct kv_xport_io))) != KV_OK)
+        return st;
     if (notify && notify->len > KV_XPORT_NOTIFY_MAX)
         return kv__error(KV_ERR_INVALID_ARG, "%s: notification of %u bytes (at most %u)", fn,
                          notify->len, KV_XPORT_NOTIFY_MAX);
@@ -122,7 +125,7 @@ static kv_status post_checked(const char *fn, kv_xport_peer *peer, const struct 
     if (seg && !peer->ops->gather)
         return kv__error(KV_ERR_UNSUPPORTED, "%s: the %s backend does not gather", fn,
                          peer->ops->name);
-    kv_status st = check_ios(fn, peer, ios, n, seg, seg_at, n_seg);
+    st = check_ios(fn, peer, ios, n, seg, seg_at, n_seg);
     if (st != KV_OK)
         return st;
     kv_xport_xfer *t = kv__mem_calloc(1, sizeof(*t));

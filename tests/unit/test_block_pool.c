@@ -1502,6 +1502,86 @@ static void test_block_pool_threads_share_one_pool(void **state)
     kv_block_pool_destroy(p);
 }
 
+/* Arrays misaligned for their elements (uint32 ids, uint64 hashes): read or
+ * written as words, undefined behaviour (UBSan aborts). Each entry refuses
+ * them by name with the pool as it was and its out-params untouched; an
+ * empty list is never read, so it may be anything. */
+static void test_block_pool_misaligned_arrays(void **state)
+{
+    (void)state;
+    kv_block_pool *p = make_pool(9, NULL);
+    uint32_t held[2];
+    assert_int_equal(kv_block_pool_alloc(p, 2, held), KV_OK);
+    assert_int_equal(kv_block_pool_commit_hash(p, held[0], 0x11, NULL), KV_OK);
+    const int32_t toks[4] = {1, 2, 3, 4};
+    uint64_t h = 0;
+    assert_int_equal(kv_block_pool_commit_full(p, held[1], KV_BLOCK_HASH_ROOT, toks, 4, 0, &h),
+                     KV_OK);
+    const uint64_t hashes[2] = {0x11, 0x22};
+    _Alignas(uint64_t) char ibuf[1 + 2 * sizeof(uint32_t)], hbuf[1 + sizeof(hashes)];
+    memcpy(ibuf + 1, held, sizeof(held));
+    memcpy(hbuf + 1, hashes, sizeof(hashes));
+    uint32_t *im = (uint32_t *)(void *)(ibuf + 1);
+    const uint64_t *hm = (const uint64_t *)(void *)(hbuf + 1);
+    _Alignas(uint64_t) char obuf[1 + 2 * sizeof(uint64_t)];
+    uint64_t *om = (uint64_t *)(void *)(obuf + 1);
+    struct snapshot before;
+    snap_take(p, 9, &before);
+    uint32_t n = 77, ids[2] = {0, 0};
+    uint64_t hs[2] = {0, 0};
+
+    assert_int_equal(kv_block_pool_alloc(p, 2, im), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("kv_block_pool_alloc: ids=");
+    assert_same_state(p, &before);
+    assert_int_equal(kv_block_pool_retain(p, im, 2), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("kv_block_pool_retain: ids=");
+    assert_same_state(p, &before);
+    assert_int_equal(kv_block_pool_release(p, im, 1), KV_ERR_INVALID_ARG); /* the fast path */
+    kvt_assert_msg_has("kv_block_pool_release: ids=");
+    assert_int_equal(kv_block_pool_release(p, im, 2), KV_ERR_INVALID_ARG);
+    assert_same_state(p, &before);
+    assert_int_equal(kv_block_pool_lookup(p, hm, 2, ids, &n), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("kv_block_pool_lookup: hashes=");
+    assert_int_equal(kv_block_pool_lookup(p, hashes, 2, im, &n), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("kv_block_pool_lookup: ids=");
+    assert_int_equal(n, 77);
+    assert_same_state(p, &before);
+    assert_int_equal(kv_block_pool_match_prefix(p, toks, 4, 4, 0, im, hs, 8, &n),
+                     KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("kv_block_pool_match_prefix: ids=");
+    assert_int_equal(kv_block_pool_match_prefix(p, toks, 4, 4, 0, ids, om, 8, &n),
+                     KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("kv_block_pool_match_prefix: hashes=");
+    assert_int_equal(n, 77);
+    assert_same_state(p, &before);
+    assert_int_equal(kv_block_pool_free_list(p, im, 9, &n), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("kv_block_pool_free_list: ids=");
+    assert_int_equal(n, 77);
+    assert_same_state(p, &before);
+
+    /* nothing to read or write: accepted */
+    assert_int_equal(kv_block_pool_alloc(p, 0, im), KV_OK);
+    assert_int_equal(kv_block_pool_retain(p, im, 0), KV_OK);
+    assert_int_equal(kv_block_pool_release(p, im, 0), KV_OK);
+    assert_int_equal(kv_block_pool_lookup(p, hm, 0, im, &n), KV_OK);
+    assert_int_equal(n, 0);
+    assert_same_state(p, &before);
+    /* the aligned twins do what the misaligned calls were refused */
+    assert_int_equal(kv_block_pool_lookup(p, hashes, 2, ids, &n), KV_OK);
+    assert_int_equal(n, 1); /* 0x22 is not block 2's hash */
+    assert_int_equal(ids[0], held[0]);
+    assert_int_equal(kv_block_pool_match_prefix(p, toks, 4, 4, 0, ids, hs, 8, &n), KV_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(ids[0], held[1]);
+    assert_int_equal(hs[0], h);
+    const uint32_t back[2] = {held[0], held[1]};
+    assert_int_equal(kv_block_pool_release(p, back, 2), KV_OK);
+    assert_int_equal(kv_block_pool_ref_count(p, held[0]), 1);
+    assert_int_equal(kv_block_pool_ref_count(p, held[1]), 1);
+    snap_free(&before);
+    kv_block_pool_destroy(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1525,6 +1605,7 @@ int main(void)
         cmocka_unit_test(test_block_pool_destroyed_before_its_tables),
         cmocka_unit_test(test_block_pool_hash_table_survives_churn),
         cmocka_unit_test(test_block_pool_debug_env_values),
+        cmocka_unit_test(test_block_pool_misaligned_arrays),
         cmocka_unit_test(test_block_pool_model_random_ops),
         cmocka_unit_test(test_block_pool_threads_share_one_pool),
     };

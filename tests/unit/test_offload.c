@@ -1132,6 +1132,69 @@ static void test_offload_destroy_cancels(void **state)
     pthread_cond_destroy(&g.cv);
 }
 
+/* A load refused after its blocks could be allocated changes nothing of the
+ * pool: 16 other cache layouts have ops in flight (the worker held on the
+ * first), so the tier has no slot for a 17th; the block the refused load
+ * would have taken is a cached one at the head of the free list, and it
+ * stays cached, its hash findable, no REMOVED event fired (the allocation
+ * once came first and evicted it). */
+static void test_offload_load_refused_keeps_the_cache(void **state)
+{
+    (void)state;
+    kv_offload *off = mk_tier((size_t)1 << 20, 0);
+    struct gate g;
+    gate_init(&g);
+    kv__offload_test_set_hook(off, gate_hook, &g);
+    struct kvt_cache t[17];
+    kv_offload_op *op[16];
+    for (int i = 0; i < 17; i++) /* 17 layouts: block counts 4 .. 20 */
+        kvt_cache_make(&t[i], 1, 4 + i, 4, 1, 8, KV_F16, 0, 90 + (uint64_t)i);
+    for (int i = 0; i < 16; i++) {
+        assert_int_equal(kv_offload_store(off, t[i].c, NULL, 0, &op[i]), KV_OK);
+        if (i == 0)
+            gate_wait_started(&g);
+    }
+    /* the last cache's one cached block at the head of its free list */
+    kv_block_pool *pool = t[16].pool;
+    const uint64_t h = hash_of(1701);
+    uint32_t id, held[20];
+    kvt_put_blocks(&t[16], &h, 1, &id);
+    assert_int_equal(kv_block_pool_release(pool, &id, 1), KV_OK);
+    struct kv_block_pool_stats p0, p1;
+    kv_block_pool_stats_get(pool, &p0);
+    assert_int_equal(kv_block_pool_alloc(pool, p0.free_blocks, held), KV_OK);
+    kv_block_pool_stats_get(pool, &p0);
+    assert_int_equal(p0.cached_blocks, 1);
+    assert_int_equal(p0.free_blocks, 0);
+
+    kv_offload_op *lop = (kv_offload_op *)0x1;
+    assert_int_equal(kv_offload_load(off, t[16].c, &h, 1, &lop), KV_ERR_CAPACITY);
+    assert_non_null(strstr(kv_last_error(), "16 other cache layouts"));
+    assert_ptr_equal(lop, (kv_offload_op *)0x1);
+    kv_block_pool_stats_get(pool, &p1);
+    assert_string_equal(kvt_block_pool_stats_diff(&p0, &p1), "");
+    uint64_t got = 0;
+    assert_int_equal(kv_block_pool_block_hash(pool, id, &got), KV_OK);
+    assert_int_equal(got, h);
+
+    gate_open(&g);
+    for (int i = 0; i < 16; i++) {
+        assert_int_equal(kvt_offload_finish(op[i]), KV_OFFLOAD_DONE);
+        assert_int_equal(kv_offload_op_free(op[i]), KV_OK);
+    }
+    /* a slot is free again: the same load posts, and misses */
+    assert_int_equal(kv_offload_load(off, t[16].c, &h, 1, &lop), KV_OK);
+    assert_int_equal(kvt_offload_finish(lop), KV_OFFLOAD_FAILED);
+    assert_int_equal(kv_offload_op_free(lop), KV_OK);
+    kv__offload_test_set_hook(off, NULL, NULL);
+    kv_offload_destroy(off);
+    assert_int_equal(kv_block_pool_release(pool, held, (uint32_t)(p0.capacity - 1)), KV_OK);
+    for (int i = 0; i < 17; i++)
+        kvt_cache_free(&t[i]);
+    pthread_mutex_destroy(&g.mu);
+    pthread_cond_destroy(&g.cv);
+}
+
 /* The engine destroys its cache while a store and a load of it are queued
  * behind a running op: each op holds its own reference on the cache until it
  * is terminal, so the worker copies from and into live memory, every op ends
@@ -1663,6 +1726,78 @@ static void test_offload_capacity_counts_the_region(void **state)
     kvt_cache_free(&s);
 }
 
+/* The caller's arrays misaligned for their elements (uint32 ids, uint64
+ * hashes, the regions' structs): read or written as words, undefined
+ * behaviour (UBSan aborts). Refused by name, nothing posted, retained,
+ * allocated or evicted, the out-params untouched; the aligned twins then
+ * work. */
+static void test_offload_misaligned_arrays(void **state)
+{
+    (void)state;
+    struct kvt_cache s;
+    kvt_cache_make(&s, 2, 16, 8, 2, 16, KV_F16, 0, 78);
+    kv_offload *off = mk_tier((size_t)256 << 10, 64 << 10);
+    const uint64_t h[2] = {hash_of(601), hash_of(602)};
+    kvt_store_all(off, &s, h, 2, false); /* the blocks stay held by the caller */
+    uint32_t ids[2];
+    uint32_t n_found = 0;
+    assert_int_equal(kv_block_pool_lookup(s.pool, h, 2, ids, &n_found), KV_OK);
+    assert_int_equal(n_found, 2);
+    _Alignas(uint64_t) char ibuf[1 + sizeof(ids)], hbuf[1 + sizeof(h)];
+    _Alignas(struct kv_mem_region) char rbuf[1 + sizeof(struct kv_mem_region)];
+    memcpy(ibuf + 1, ids, sizeof(ids));
+    memcpy(hbuf + 1, h, sizeof(h));
+    const uint32_t *im = (const uint32_t *)(void *)(ibuf + 1);
+    const uint64_t *hm = (const uint64_t *)(void *)(hbuf + 1);
+    struct kv_mem_region *rm = (struct kv_mem_region *)(void *)(rbuf + 1);
+    const uint64_t refs = kvt_pool_refs(&s);
+    struct kv_block_pool_stats ps0, ps1;
+    kv_block_pool_stats_get(s.pool, &ps0);
+    struct kv_offload_stats os0, os1;
+    assert_int_equal(kv_offload_stats_get(off, &os0), KV_OK);
+    kv_offload_op *op = (kv_offload_op *)(uintptr_t)0x5A;
+    uint32_t n_evicted = 77;
+    size_t nr = 77;
+
+    assert_int_equal(kv_offload_store(off, s.c, im, 2, &op), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("kv_offload_store: ids=");
+    assert_int_equal(kv_offload_load(off, s.c, hm, 2, &op), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("kv_offload_load: hashes=");
+    assert_ptr_equal(op, (kv_offload_op *)(uintptr_t)0x5A);
+    assert_int_equal(kv_offload_evict(off, hm, 2, &n_evicted), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("kv_offload_evict: hashes=");
+    assert_int_equal(n_evicted, 77);
+    assert_int_equal(kv_offload_regions(off, rm, 1, &nr), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("out=");
+    assert_int_equal(kv_cache_regions(s.c, rm, 1, &nr), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("out=");
+    assert_int_equal(nr, 77);
+
+    assert_int_equal(kvt_pool_refs(&s), refs);
+    kv_block_pool_stats_get(s.pool, &ps1);
+    assert_string_equal(kvt_block_pool_stats_diff(&ps1, &ps0), "");
+    assert_int_equal(kv_offload_stats_get(off, &os1), KV_OK);
+    assert_int_equal(os1.entries, os0.entries);
+    assert_int_equal(os1.stores, os0.stores);
+    assert_int_equal(os1.store_touches, os0.store_touches);
+    assert_int_equal(os1.evicted, os0.evicted);
+    assert_int_equal(os1.hits, os0.hits);
+    assert_int_equal(os1.misses, os0.misses);
+    assert_true(kv_offload_contains(off, s.c, h[0]));
+    assert_true(kv_offload_contains(off, s.c, h[1]));
+
+    /* the aligned twins */
+    assert_int_equal(kv_offload_store(off, s.c, ids, 2, &op), KV_OK);
+    assert_int_equal(kvt_offload_finish(op), KV_OFFLOAD_DONE);
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+    assert_int_equal(kv_offload_evict(off, h, 2, &n_evicted), KV_OK);
+    assert_int_equal(n_evicted, 2);
+    assert_int_equal(kv_block_pool_release(s.pool, ids, 2), KV_OK);
+    assert_int_equal(kv_block_pool_release(s.pool, ids, 2), KV_OK);
+    kv_offload_destroy(off);
+    kvt_cache_free(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1679,10 +1814,12 @@ int main(void)
         cmocka_unit_test(test_offload_cancel),
         cmocka_unit_test(test_offload_cancel_twice),
         cmocka_unit_test(test_offload_destroy_cancels),
+        cmocka_unit_test(test_offload_load_refused_keeps_the_cache),
         cmocka_unit_test(test_offload_cache_destroyed_with_ops_queued),
         cmocka_unit_test(test_offload_free_orders),
         cmocka_unit_test(test_offload_staging),
         cmocka_unit_test(test_offload_destroyed_tier_table_calls),
+        cmocka_unit_test(test_offload_misaligned_arrays),
         cmocka_unit_test(test_offload_carver),
         cmocka_unit_test(test_offload_capacity_counts_the_region),
         cmocka_unit_test(test_offload_threads),

@@ -1007,6 +1007,56 @@ static void test_pack_buffer_in_wrapping_storage(void **state)
     free(arena);
 }
 
+/* The caller's block lists: misaligned for their uint32 elements (reading
+ * them is undefined behaviour; UBSan aborts), refused by name with nothing
+ * written; and a source list that lies inside the pack buffer, which the
+ * packed bytes would overwrite before the later ids are read (they were
+ * checked first: an id read after is unchecked), refused. */
+static void test_pack_caller_block_lists(void **state)
+{
+    (void)state;
+    struct corrupt_fixture f;
+    fixture_make(&f);
+    size_t out = 0;
+    uint64_t size = 0;
+    assert_int_equal(kv_pack_size(&f.s.lo, NULL, f.T, &size), KV_OK);
+    unsigned char *b = aligned_alloc(64, (size + 64 + 63) / 64 * 64);
+    assert_non_null(b);
+    memset(b, 0xAB, size + 64);
+    _Alignas(uint32_t) char sbuf[1 + sizeof(f.sid)], dbuf[1 + sizeof(f.did)];
+    memcpy(sbuf + 1, f.sid, sizeof(f.sid));
+    memcpy(dbuf + 1, f.did, sizeof(f.did));
+    const uint32_t *sm = (const uint32_t *)(void *)(sbuf + 1);
+    const uint32_t *dm = (const uint32_t *)(void *)(dbuf + 1);
+    REFUSED(kv_pack(NULL, f.s.pc, sm, 5, f.T, b, (size_t)size, &out, NULL), KV_ERR_INVALID_ARG,
+            "kv_pack: src_blocks=");
+    assert_int_equal(out, 0);
+    for (uint64_t i = 0; i < size + 64; i++)
+        assert_int_equal(b[i], 0xAB);
+    REFUSED(kv_unpack(NULL, f.buf, f.len, f.d.pc, dm, 3, NULL), KV_ERR_INVALID_ARG,
+            "kv_unpack: dst_blocks=");
+    assert_untouched(&f, "misaligned dst_blocks", 0);
+    /* the source list in the buffer: in block 0's payload slot, which the
+     * first block's copy fills with source bytes */
+    uint32_t *in = (uint32_t *)(void *)(b + f.info.header_bytes);
+    memcpy(in, f.sid, sizeof(f.sid));
+    REFUSED(kv_pack(NULL, f.s.pc, in, 5, f.T, b, (size_t)size, &out, NULL), KV_ERR_OVERLAP,
+            "src_blocks");
+    assert_int_equal(out, 0);
+    assert_memory_equal(in, f.sid, sizeof(f.sid));
+    for (uint64_t i = 0; i < f.info.header_bytes; i++)
+        assert_int_equal(b[i], 0xAB);
+    /* just past the packed bytes it is read-only to the call: packs as the
+     * reference */
+    uint32_t *past = (uint32_t *)(void *)(b + size + (4 - size % 4) % 4);
+    memcpy(past, f.sid, sizeof(f.sid));
+    assert_int_equal(kv_pack(NULL, f.s.pc, past, 5, f.T, b, (size_t)size, &out, NULL), KV_OK);
+    assert_int_equal(out, f.len);
+    assert_memory_equal(b, f.buf, f.len);
+    free(b);
+    fixture_free(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1023,6 +1073,7 @@ int main(void)
         cmocka_unit_test(test_pack_corrupt_zeroes_listed_blocks),
         cmocka_unit_test(test_pack_payload_size_does_not_wrap),
         cmocka_unit_test(test_pack_buffer_in_wrapping_storage),
+        cmocka_unit_test(test_pack_caller_block_lists),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1670,6 +1670,156 @@ static void test_page_table_cow_through_taken_copies(void **state)
     free(f);
 }
 
+/* The exports' caller arrays. Misaligned for their elements (seqs, ranges
+ * and every output): read or written as words, undefined behaviour (UBSan
+ * aborts); refused by name. An output over an input of the same call: the
+ * fill rewrote seqs (or ranges) after they were checked, and went on with
+ * the rewritten values, a page id taken for a sequence id (a read past the
+ * table's sequences) or for a range; refused (KV_ERR_OVERLAP naming both).
+ * Nothing written on either refusal; the aligned, apart twins export as the
+ * reference. */
+static void test_page_table_export_caller_arrays(void **state)
+{
+    (void)state;
+    struct fake f;
+    fake_init(&f, 64, 1000); /* block ids >= 1000: never a live sequence id */
+    kv_page_table *pt = make_pt(&f, 4, 1, 4, 16, false);
+    uint32_t sq[2];
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(kv_page_table_seq_create(pt, &sq[i]), KV_OK);
+        assert_int_equal(kv_page_table_seq_append(pt, sq[i], NULL, 9 + (uint64_t)i), KV_OK);
+    }
+    const struct kv_token_range rg[2] = {{0, 9}, {2, 8}};
+    enum { COLS = 3, BYTES = 512 };
+    _Alignas(uint64_t) unsigned char buf[BYTES];
+    memset(buf, 0xA5, sizeof(buf));
+    unsigned char want[BYTES];
+    memcpy(want, buf, sizeof(buf));
+    /* misaligned views into buf: 1 byte off for the 4-byte elements, 4 for
+     * the 8-byte ones */
+    uint32_t *seq_m = (uint32_t *)(void *)(buf + 1);
+    memcpy(seq_m, sq, sizeof(sq));
+    memcpy(want, buf, sizeof(buf));
+    struct kv_token_range *rg_m = (struct kv_token_range *)(void *)(buf + 36);
+    memcpy(rg_m, rg, sizeof(rg));
+    memcpy(want, buf, sizeof(buf));
+    int32_t *i32_m = (int32_t *)(void *)(buf + 129);
+    int64_t *i64_m = (int64_t *)(void *)(buf + 132);
+    int32_t bt[2 * COLS];
+    int64_t sm[20], sl[2];
+    struct {
+        struct kv_vllm_export o;
+        const uint32_t *seqs;
+        const struct kv_token_range *ranges;
+        const char *frag;
+    } bad[] = {
+        {{.block_table = bt, .block_table_len = 2 * COLS, .block_table_cols = COLS},
+         seq_m,
+         rg,
+         "kv_page_table_export_vllm: seqs="},
+        {{.slot_mapping = sm, .slot_mapping_len = 20}, sq, rg_m, "ranges="},
+        {{.block_table = i32_m, .block_table_len = 2 * COLS, .block_table_cols = COLS},
+         sq,
+         rg,
+         "block_table="},
+        {{.slot_mapping = i64_m, .slot_mapping_len = 17}, sq, rg, "slot_mapping="},
+        {{.seq_lens = i64_m, .seq_lens_len = 2}, sq, rg, "seq_lens="},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        expect_msg(kv_page_table_export_vllm(pt, bad[i].seqs, 2, bad[i].ranges, &bad[i].o),
+                   KV_ERR_INVALID_ARG, bad[i].frag);
+        assert_memory_equal(buf, want, sizeof(buf));
+    }
+    struct kv_flashinfer_export fb[] = {
+        {.indptr = i32_m, .indptr_len = 3},
+        {.indices = i32_m, .indices_len = 6},
+        {.last_page_len = i32_m, .last_page_len_len = 2},
+    };
+    const char *ffrag[] = {"indptr=", "indices=", "last_page_len="};
+    uint64_t nnz = 77;
+    for (size_t i = 0; i < 3; i++) {
+        expect_msg(kv_page_table_export_flashinfer(pt, sq, 2, &fb[i], &nnz), KV_ERR_INVALID_ARG,
+                   ffrag[i]);
+        assert_memory_equal(buf, want, sizeof(buf));
+    }
+    expect_msg(kv_page_table_export_flashinfer(pt, seq_m, 2, NULL, &nnz), KV_ERR_INVALID_ARG,
+               "kv_page_table_export_flashinfer: seqs=");
+    assert_int_equal(nnz, 77);
+    /* an empty batch reads no seqs */
+    assert_int_equal(kv_page_table_export_flashinfer(pt, seq_m, 0, NULL, &nnz), KV_OK);
+    assert_int_equal(nnz, 0);
+
+    /* outputs over the inputs (aligned): the seqs and ranges in the caller's
+     * output buffer */
+    _Alignas(uint64_t) unsigned char al[BYTES];
+    uint32_t *seq_a = (uint32_t *)(void *)al;
+    struct kv_token_range *rg_a = (struct kv_token_range *)(void *)(al + 64);
+    memset(al, 0x5A, sizeof(al));
+    memcpy(seq_a, sq, sizeof(sq));
+    memcpy(rg_a, rg, sizeof(rg));
+    unsigned char al_want[BYTES];
+    memcpy(al_want, al, sizeof(al));
+    struct {
+        struct kv_vllm_export o;
+        const char *frag;
+    } ov[] = {
+        {{.block_table = (int32_t *)(void *)al,
+          .block_table_len = 2 * COLS,
+          .block_table_cols = COLS},
+         "block_table"},
+        {{.seq_lens = (int64_t *)(void *)al, .seq_lens_len = 2}, "seq_lens"},
+        {{.slot_mapping = (int64_t *)(void *)(al + 72), .slot_mapping_len = 17}, "slot_mapping"},
+        {{.slot_mapping = sm, .slot_mapping_len = 20, .tokens_per_seq = 9}, NULL}, /* apart */
+    };
+    for (size_t i = 0; i < 3; i++) {
+        expect_msg(kv_page_table_export_vllm(pt, seq_a, 2, rg_a, &ov[i].o), KV_ERR_OVERLAP,
+                   ov[i].frag);
+        assert_non_null(strstr(kv_last_error(), i == 2 ? "ranges" : "seqs"));
+        assert_memory_equal(al, al_want, sizeof(al));
+    }
+    struct kv_flashinfer_export fo[] = {
+        {.indptr = (int32_t *)(void *)al, .indptr_len = 3},
+        {.indices = (int32_t *)(void *)al, .indices_len = 6},
+        {.last_page_len = (int32_t *)(void *)(al + 4), .last_page_len_len = 2},
+    };
+    const char *ofrag[] = {"indptr", "indices", "last_page_len"};
+    for (size_t i = 0; i < 3; i++) {
+        expect_msg(kv_page_table_export_flashinfer(pt, seq_a, 2, &fo[i], &nnz), KV_ERR_OVERLAP,
+                   ofrag[i]);
+        assert_memory_equal(al, al_want, sizeof(al));
+    }
+
+    /* apart and aligned: the reference, from the sequences' own blocks */
+    struct kv_vllm_export_sizes sz = {0};
+    struct kv_vllm_export ok = {.block_table = bt,
+                                .block_table_len = 2 * COLS,
+                                .block_table_cols = COLS,
+                                .slot_mapping = sm,
+                                .slot_mapping_len = 20,
+                                .seq_lens = sl,
+                                .seq_lens_len = 2,
+                                .sizes = &sz};
+    assert_int_equal(kv_page_table_export_vllm(pt, seq_a, 2, rg_a, &ok), KV_OK);
+    uint64_t at = 0;
+    for (int i = 0; i < 2; i++) {
+        const uint32_t *blocks = NULL;
+        uint32_t nb = 0;
+        assert_int_equal(kv_page_table_seq_blocks(pt, sq[i], &blocks, &nb), KV_OK);
+        assert_int_equal(nb, 3);
+        for (int j = 0; j < COLS; j++)
+            assert_int_equal(bt[i * COLS + j], (int32_t)blocks[j]);
+        assert_int_equal(sl[i], 9 + i);
+        for (uint64_t t = rg[i].start; t < rg[i].start + rg[i].count; t++)
+            assert_int_equal(sm[at++], (int64_t)blocks[t / 4] * 4 + (int64_t)(t % 4));
+    }
+    for (; at < 20; at++)
+        assert_int_equal(sm[at], -1);
+    assert_int_equal(sz.slot_mapping_len, 17);
+    assert_int_equal(kv_page_table_export_vllm(pt, seq_a, 2, rg_a, &ov[3].o), KV_OK);
+    assert_memory_equal(al, al_want, sizeof(al));
+    kv_page_table_destroy(pt);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1691,6 +1841,7 @@ int main(void)
         cmocka_unit_test(test_page_table_stats_null_pt_zeros),
         cmocka_unit_test(test_page_table_doc_example),
         cmocka_unit_test(test_page_table_export_totals_do_not_wrap),
+        cmocka_unit_test(test_page_table_export_caller_arrays),
         cmocka_unit_test(test_page_table_cow_through_taken_copies),
         cmocka_unit_test(test_page_table_source_hold_and_drop),
     };

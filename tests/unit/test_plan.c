@@ -792,6 +792,48 @@ static void test_plan_storage_wrapping_refused(void **state)
     free(buf);
 }
 
+/* A block list misaligned for its uint32 elements (reading it is undefined
+ * behaviour; UBSan aborts) is refused by name before anything is written,
+ * by the CPU and the CUDA entry (host lists) alike; the aligned twin of each
+ * list copies, so the misalignment is all the refusal is about. */
+static void test_plan_misaligned_block_lists(void **state)
+{
+    (void)state;
+    struct kvt_side s, d;
+    kvt_side_make(&s, 2, 40, 16, 4, 16, KV_BF16, 0, 5);
+    kvt_side_make(&d, 2, 40, 16, 4, 16, KV_BF16, 1, 6);
+    kv_plan *p = NULL;
+    assert_int_equal(kv_plan_create(&s.lo, &d.lo, NULL, &p), KV_OK);
+    unsigned char *before = malloc((size_t)d.lo.total_bytes);
+    assert_non_null(before);
+    memcpy(before, d.mem, (size_t)d.lo.total_bytes);
+    const uint32_t a[3] = {39, 17, 2}, b[3] = {30, 31, 32};
+    _Alignas(uint32_t) char sbuf[1 + sizeof(a)], dbuf[1 + sizeof(b)];
+    memcpy(sbuf + 1, a, sizeof(a));
+    memcpy(dbuf + 1, b, sizeof(b));
+    const uint32_t *sm = (const uint32_t *)(void *)(sbuf + 1);
+    const uint32_t *dm = (const uint32_t *)(void *)(dbuf + 1);
+    struct kv_paged_cache sd = s.pc, dd = d.pc;
+    sd.mem = dd.mem = KV_MEM_DEVICE;
+    REFUSED(kv_plan_copy(p, s.pc, sm, 3, d.pc, b, 3, 40), KV_ERR_INVALID_ARG,
+            "kv_plan_copy: src_blocks=");
+    REFUSED(kv_plan_copy(p, s.pc, a, 3, d.pc, dm, 3, 40), KV_ERR_INVALID_ARG,
+            "kv_plan_copy: dst_blocks=");
+    REFUSED(kv_plan_copy_cuda(p, sd, sm, 3, dd, b, 3, 40, NULL), KV_ERR_INVALID_ARG,
+            "kv_plan_copy_cuda: src_blocks=");
+    REFUSED(kv_plan_copy_cuda(p, sd, a, 3, dd, dm, 3, 40, NULL), KV_ERR_INVALID_ARG,
+            "kv_plan_copy_cuda: dst_blocks=");
+    assert_non_null(strstr(kv_last_error(), "not 4-byte aligned"));
+    assert_memory_equal(before, d.mem, (size_t)d.lo.total_bytes); /* nothing written */
+    /* a misaligned list of no blocks is never read: accepted */
+    assert_int_equal(kv_plan_copy(p, s.pc, sm, 0, d.pc, dm, 0, 0), KV_OK);
+    assert_int_equal(kv_plan_copy(p, s.pc, a, 3, d.pc, b, 3, 40), KV_OK);
+    kv_plan_destroy(p);
+    free(before);
+    kvt_side_free(&s);
+    kvt_side_free(&d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -808,6 +850,7 @@ int main(void)
         cmocka_unit_test(test_plan_cuda_schedule_split),
         cmocka_unit_test(test_plan_rows_do_not_wrap),
         cmocka_unit_test(test_plan_storage_wrapping_refused),
+        cmocka_unit_test(test_plan_misaligned_block_lists),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -697,6 +697,14 @@ static void test_xport_layers_limits_refused_by_name(void **state)
     assert_int_equal(st.tracked, 2);
     struct kv_xlayer_done done[2];
     uint32_t n = 0;
+    /* an out array misaligned for its 8-byte records (written as words:
+     * undefined behaviour) is refused before anything is reported */
+    _Alignas(struct kv_xlayer_done) char dbuf[4 + 2 * sizeof(struct kv_xlayer_done)];
+    struct kv_xlayer_done *dm = (struct kv_xlayer_done *)(void *)(dbuf + 4);
+    n = 77;
+    assert_int_equal(kv_xlayer_rx_finished(rx, dm, 2, &n), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("xlayer_rx_finished: out=");
+    assert_int_equal(n, 77);
     assert_int_equal(kv_xlayer_rx_finished(rx, done, 2, &n), KV_OK);
     assert_int_equal(n, 1);
     assert_int_equal(done[0].request, 1001);
@@ -735,6 +743,10 @@ static void test_xport_layers_limits_refused_by_name(void **state)
     kvt_assert_msg_has("0 of 4 layers posted");
     assert_int_equal(kv_xlayer_tx_cancel(tx, 5), KV_OK);
     assert_int_equal(kv_xlayer_tx_wait(tx, 5, 5000), KV_ERR_CANCELLED);
+    n = 77;
+    assert_int_equal(kv_xlayer_tx_finished(tx, dm, 2, &n), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("xlayer_tx_finished: out=");
+    assert_int_equal(n, 77);
     assert_int_equal(kv_xlayer_tx_finished(tx, done, 2, &n), KV_OK);
     assert_int_equal(n, 1);
     assert_int_equal(done[0].status, KV_ERR_CANCELLED);

@@ -617,6 +617,84 @@ static void test_xport_tcp_write_plan_gathered_cancel(void **state)
     kvt_pair_close(&p);
 }
 
+/* The caller's arrays of a post misaligned for their elements (the block
+ * lists' uint32 ids, the entries' 8-byte fields): read as words, undefined
+ * behaviour (UBSan aborts). Refused by name, nothing sent: no plan post
+ * counted, no notification, the destination as it was; the aligned twin of
+ * the plan then lands as kv_plan_copy's reference. */
+static void test_xport_tcp_misaligned_lists(void **state)
+{
+    (void)state;
+    struct kvt_pair p;
+    pair_open(&p, 1);
+    struct kvt_side s, d;
+    kvt_side_make(&s, 2, 12, 16, 2, 32, KV_BF16, 0, 93);
+    kvt_side_make(&d, 2, 12, 8, 2, 32, KV_BF16, 3, 94);
+    kv_plan *plan = NULL;
+    assert_int_equal(kv_plan_create(&s.lo, &d.lo, NULL, &plan), KV_OK);
+    const uint32_t sid[2] = {11, 4}, did[4] = {9, 0, 7, 2};
+    _Alignas(uint32_t) char sbuf[1 + sizeof(sid)], dbuf[1 + sizeof(did)];
+    memcpy(sbuf + 1, sid, sizeof(sid));
+    memcpy(dbuf + 1, did, sizeof(did));
+    const uint32_t *sm = (const uint32_t *)(void *)(sbuf + 1);
+    const uint32_t *dm = (const uint32_t *)(void *)(dbuf + 1);
+    kv_xport_mem *ms = NULL, *md = NULL;
+    assert_int_equal(kv_xport_mem_reg(p.a, s.mem, (size_t)s.lo.total_bytes, KV_MEM_HOST, &ms),
+                     KV_OK);
+    assert_int_equal(kv_xport_mem_reg(p.b, d.mem, (size_t)d.lo.total_bytes, KV_MEM_HOST, &md),
+                     KV_OK);
+    kv_xport_rmem *r = kvt_share_notify(&p, md);
+    unsigned char *want = malloc((size_t)d.lo.total_bytes);
+    assert_non_null(want);
+    memcpy(want, d.mem, (size_t)d.lo.total_bytes);
+    struct kv_xport_notify n = {.tag = 81};
+    kv_xport_xfer *t = NULL;
+    assert_int_equal(kv_xport_write_plan(p.pa, plan, ms, 0, sm, 2, r, 0, did, 4, 32, &n, &t),
+                     KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("xport_write_plan: source_blocks=");
+    assert_int_equal(kv_xport_write_plan(p.pa, plan, ms, 0, sid, 2, r, 0, dm, 4, 32, &n, &t),
+                     KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("xport_write_plan: destination_blocks=");
+    const struct kv_xport_io io = {ms, 0, r, 0, 64};
+    _Alignas(struct kv_xport_io) char iobuf[4 + sizeof(io)];
+    memcpy(iobuf + 4, &io, sizeof(io));
+    const struct kv_xport_io *iom = (const struct kv_xport_io *)(void *)(iobuf + 4);
+    assert_int_equal(kv_xport_write(p.pa, iom, 1, &n, &t), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("xport_write: ios=");
+    assert_int_equal(kv_xport_read(p.pa, iom, 1, &t), KV_ERR_INVALID_ARG);
+    kvt_assert_msg_has("xport_read: ios=");
+    assert_null(t);
+    struct kv_xport_stats xst = KV_XPORT_STATS_INIT;
+    assert_int_equal(kv_xport_stats_get(p.a, &xst), KV_OK);
+    assert_int_equal(xst.plans_direct + xst.plans_gathered, 0);
+    struct kv_xport_msg *msg = malloc(sizeof(*msg));
+    assert_non_null(msg);
+    assert_int_equal(kv_xport_notify_poll(p.b, 20, msg), KV_ERR_TIMEOUT);
+    assert_int_equal(kvt_first_diff(want, d.mem, d.lo.total_bytes), -1);
+    /* the aligned twin lands as the reference */
+    assert_int_equal(kv_xport_write_plan(p.pa, plan, ms, 0, sid, 2, r, 0, did, 4, 32, &n, &t),
+                     KV_OK);
+    kv_xport_state xs;
+    assert_int_equal(kv_xport_xfer_wait(t, 10000, &xs), KV_OK);
+    assert_int_equal(xs, KV_XPORT_DONE);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    assert_int_equal(kv_xport_notify_poll(p.b, 10000, msg), KV_OK);
+    assert_int_equal(msg->tag, 81);
+    const struct kv_paged_cache wc = {d.lo, want, (size_t)d.lo.total_bytes, KV_MEM_HOST};
+    assert_int_equal(kv_plan_copy(plan, s.pc, sid, 2, wc, did, 4, 32), KV_OK);
+    assert_int_equal(kvt_first_diff(want, d.mem, d.lo.total_bytes), -1);
+    free(msg);
+    free(want);
+    assert_int_equal(kv_xport_mem_unexpose(p.pb, md), KV_OK);
+    assert_int_equal(kv_xport_rmem_free(r), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(md), KV_OK);
+    assert_int_equal(kv_xport_mem_dereg(ms), KV_OK);
+    kv_plan_destroy(plan);
+    kvt_side_free(&s);
+    kvt_side_free(&d);
+    kvt_pair_close(&p);
+}
+
 /* ---- two processes: prefill -> decode ------------------------------ */
 
 enum { PD_L = 2, PD_H = 8, PD_D = 64, PD_B = 192, PD_REQS = 40, PD_MAXT = 300 };
@@ -1280,6 +1358,7 @@ int main(void)
         cmocka_unit_test(test_xport_tcp_write_plan_mla),
         cmocka_unit_test(test_xport_tcp_write_plan_gathered),
         cmocka_unit_test(test_xport_tcp_write_plan_gathered_cancel),
+        cmocka_unit_test(test_xport_tcp_misaligned_lists),
         cmocka_unit_test(test_xport_tcp_fault_cut),
         cmocka_unit_test(test_xport_tcp_fault_corrupt_payload),
         cmocka_unit_test(test_xport_tcp_fault_stall_times_out),
