@@ -314,6 +314,14 @@ static bool next_frame(struct kv__tcp *t, struct kv__tcp_peer *tp, struct kv__tc
         uint32_t k = 0;
         uint64_t bytes = 0;
         if (xf->seg && !c->stage && !(c->stage = kv__mem_alloc(KV__TCP_CHUNK))) {
+            /* A frame of it on another connection (busy), or one sent and
+             * not yet acknowledged, may still read the transfer's source or
+             * land at the peer: it cannot end now (ending resets busy, and
+             * the caller may then free it under that frame). The connection
+             * that has a buffer goes on sending it; this one sits the
+             * transfer out. */
+            if (xf->busy || xf->unacked)
+                continue;
             snprintf(xf->why, sizeof(xf->why),
                      "transfer %" PRIu64 ": no memory for a %u-byte staging buffer", xf->id,
                      KV__TCP_CHUNK);

@@ -60,6 +60,7 @@
 #include <cmocka.h>
 
 #include <kvcache/kv.h>
+#include "kv_mem.h" /* kv__mem_fail_others_after */
 #include "kv_xport_int.h"
 #include "kv_xport_tcp_int.h"
 #include "kvt_side.h"
@@ -615,6 +616,85 @@ static void test_xport_tcp_write_plan_gathered_cancel(void **state)
     kvt_side_free(&s);
     kvt_side_free(&d);
     kvt_pair_close(&p);
+}
+
+/* A gathered transfer over two connections while the progress threads'
+ * allocations fail from their k-th on (k = 0..7): a connection with no
+ * staging buffer used to end the transfer FAILED while the other
+ * connection still had a frame of it on the wire, resetting its count of
+ * frames in flight; the caller's free then left that frame's end writing
+ * into freed memory (ASan). Now such a connection sits the transfer out.
+ * Each run: the transfer terminal within its deadline, DONE only with
+ * every byte where kv_plan_copy puts it, and no frame of it in flight or
+ * unacknowledged once it ended (the old code's count wrapped: seen in 2 of
+ * 6 runs here; its use after free under ASan when the caller frees at
+ * once). */
+static void test_xport_tcp_gathered_stage_oom(void **state)
+{
+    (void)state;
+    struct kvt_side s, d;
+    kvt_side_make(&s, 4, 20, 16, 8, 128, KV_BF16, 0, 95); /* 256 KiB blocks */
+    kvt_side_make(&d, 4, 20, 16, 8, 128, KV_BF16, 1, 96);
+    kv_plan *plan = NULL;
+    assert_int_equal(kv_plan_create(&s.lo, &d.lo, NULL, &plan), KV_OK);
+    uint32_t sid[16], did[16];
+    uint64_t rng = 6;
+    kvt_pick_ids(&rng, 20, 16, sid);
+    kvt_pick_ids(&rng, 20, 16, did);
+    const size_t db = (size_t)d.lo.total_bytes;
+    unsigned char *d0 = malloc(db), *want = malloc(db);
+    assert_true(d0 && want);
+    memcpy(d0, d.mem, db);
+    memcpy(want, d.mem, db);
+    const struct kv_paged_cache wc = {d.lo, want, db, KV_MEM_HOST};
+    assert_int_equal(kv_plan_copy(plan, s.pc, sid, 16, wc, did, 16, 256), KV_OK);
+    int done = 0;
+    for (int64_t k = 0; k < 8; k++) {
+        struct kvt_pair p;
+        pair_open_gather(&p, 2, UINT32_MAX);
+        memcpy(d.mem, d0, db);
+        kv_xport_mem *ms = NULL, *md = NULL;
+        assert_int_equal(kv_xport_mem_reg(p.a, s.mem, (size_t)s.lo.total_bytes, KV_MEM_HOST, &ms),
+                         KV_OK);
+        assert_int_equal(kv_xport_mem_reg(p.b, d.mem, db, KV_MEM_HOST, &md), KV_OK);
+        kv_xport_rmem *r = kvt_share_direct(&p, md);
+        kv_xport_xfer *t = NULL;
+        kv__mem_fail_others_after(k);
+        const kv_status ps =
+            kv_xport_write_plan(p.pa, plan, ms, 0, sid, 16, r, 0, did, 16, 256, NULL, &t);
+        kv_xport_state xs = KV_XPORT_PENDING;
+        const kv_status ws = ps == KV_OK ? kv_xport_xfer_wait(t, 10000, &xs) : ps;
+        kv__mem_fail_others_after(-1);
+        if (ps == KV_OK) {
+            assert_int_equal(ws, KV_OK);
+            if (xs != KV_XPORT_DONE && xs != KV_XPORT_FAILED)
+                fail_msg("k=%lld: transfer ended %d: %s", (long long)k, (int)xs,
+                         kv_xport_xfer_error(t));
+            /* no frame of an ended transfer is left in flight: a frame
+             * still sending when it ended would count itself off after */
+            usleep(20000);
+            pthread_mutex_lock(&p.a->mu);
+            const uint32_t busy = t->busy, unacked = t->unacked;
+            pthread_mutex_unlock(&p.a->mu);
+            if (busy || unacked)
+                fail_msg("k=%lld: transfer ended %d with frames in flight (%u) or unacknowledged "
+                         "(%u): %s",
+                         (long long)k, (int)xs, busy, unacked, kv_xport_xfer_error(t));
+            assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+            if (xs == KV_XPORT_DONE) {
+                done++;
+                assert_int_equal(kvt_first_diff(want, d.mem, d.lo.total_bytes), -1);
+            }
+        }
+        assert_int_equal(kv_xport_rmem_free(r), KV_OK);
+        kvt_pair_close_with(&p, (kv_xport_mem *[]){ms, md}, 2);
+    }
+    print_message("  gathered, progress threads out of memory: %d of 8 runs DONE\n", done);
+    free(d0);
+    free(want);
+    kv_plan_destroy(plan);
+    kvt_side_free(&s);
+    kvt_side_free(&d);
 }
 
 /* The caller's arrays of a post misaligned for their elements (the block
@@ -1358,6 +1438,7 @@ int main(void)
         cmocka_unit_test(test_xport_tcp_write_plan_mla),
         cmocka_unit_test(test_xport_tcp_write_plan_gathered),
         cmocka_unit_test(test_xport_tcp_write_plan_gathered_cancel),
+        cmocka_unit_test(test_xport_tcp_gathered_stage_oom),
         cmocka_unit_test(test_xport_tcp_misaligned_lists),
         cmocka_unit_test(test_xport_tcp_fault_cut),
         cmocka_unit_test(test_xport_tcp_fault_corrupt_payload),
