@@ -14,7 +14,7 @@
 # and runs it unmutated (it must pass), then for each mutation below edits
 # one occurrence of a body header, rebuilds (only what includes it) and
 # runs the test again: it must fail. Exit status 0 when every mutation is
-# caught, 1 otherwise. About 40 s on 2 cores (most of it the first build).
+# caught, 1 otherwise. 8.5 min on 2 cores for all 51 (2026-12-04 22:40 UTC).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
