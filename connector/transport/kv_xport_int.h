@@ -404,7 +404,8 @@ bool kv__xport_note_may_go(const kv_xport_xfer *t);
 kv_xport_xfer *kv__xport_note_next(kv_xport_xfer *t);
 
 /* mu held: settle (kv__xport_xfer_settle) every transfer of p whose entries
- * have all ended and that has nothing on the wire (busy == 0). */
+ * have all ended and that has nothing on the wire (busy == 0) nor a frame
+ * sent and not yet acknowledged (unacked == 0). */
 void kv__xport_settle_idle(kv_xport_peer *p);
 
 /* mu held: t's send cursor (be_entry, be_off, be_seg, be_rep, be_seg_off)

@@ -183,8 +183,8 @@ static uint64_t reads_out(const kv_xport_xfer *xf)
  * outstanding of every read transfer up to xf, its own included). */
 static bool xfer_sendable(const kv_xport_xfer *xf, uint64_t out, uint32_t window)
 {
-    if (xf->cancel_req || xf->be_entry >= xf->n)
-        return false;
+    if (xf->cancel_req || xf->be_entry >= xf->n || !xf->left)
+        return false; /* every entry ended (one refused): nothing more to send */
     return !xf->read || out < window;
 }
 

@@ -386,7 +386,9 @@ void kv__xport_settle_idle(kv_xport_peer *p)
 {
     for (kv_xport_xfer *t = p->xfers, *nx; t; t = nx) {
         nx = t->next;
-        if (!t->left && !t->busy)
+        /* a frame sent whole and not yet acknowledged may still be landing
+         * (an entry refused by another frame ended it): not before its ACK */
+        if (!t->left && !t->busy && !t->unacked)
             kv__xport_xfer_settle(t);
     }
 }

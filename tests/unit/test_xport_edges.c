@@ -41,6 +41,9 @@
  *     against max_handshakes;
  *   - an ACK of a transfer nothing of which was sent, or of more bytes
  *     than were sent (ended it DONE): the peer closed, named.
+ *   - a write whose entries all ended, one refused, while a frame of it
+ *     was still unacknowledged (ended FAILED, a later notification then
+ *     overtook that frame): it ends at that frame's ACK.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -1347,6 +1350,74 @@ static void test_xport_edges_cancel_waits_for_the_ack(void **state)
     }
 }
 
+/* Review (terminal only when nothing is in flight, 2026-12-06): a write
+ * whose every entry had ended, one of them refused by the peer, ended
+ * FAILED at once while another WRITE frame of it was sent whole and not
+ * yet acknowledged (the peer may still be landing it), so a later
+ * transfer's notification overtook those bytes (a layer-by-layer ABORT,
+ * then bytes landing in blocks the receiver had already given back). Like
+ * a cancel, it now ends only once that frame's ACK is in: no notification
+ * before it. One entry of 1 MiB: two frames, the first refused. */
+static void test_xport_edges_refused_waits_for_the_ack(void **state)
+{
+    (void)state;
+    enum { BIG = 1u << 20, HALF = BIG / 2 };
+    struct kv_xport_config c = cfg_of(true, 1, 5000);
+    kv_xport *x = NULL;
+    assert_int_equal(kv_xport_create(&c, &x), KV_OK);
+    struct raw r = raw_join(x, 0x7474);
+    kv_xport_rmem *rm = raw_region(&r);
+    char *src = malloc(BIG);
+    memset(src, 2, BIG);
+    kv_xport_mem *m = NULL;
+    assert_int_equal(kv_xport_mem_reg(x, src, BIG, KV_MEM_HOST, &m), KV_OK);
+    const struct kv_xport_io io = {m, 0, rm, 0, BIG};
+    kv_xport_xfer *t = NULL, *t2 = NULL;
+    assert_int_equal(kv_xport_write(r.peer, &io, 1, NULL, &t), KV_OK);
+    struct kv__xf f1, f2, f;
+    assert_true(kvt_raw_next(r.fd, &f1, NULL, 0, 5000)); /* both frames sent whole */
+    assert_true(kvt_raw_next(r.fd, &f2, NULL, 0, 5000));
+    assert_int_equal(f1.type, KV__XF_WRITE);
+    assert_int_equal(f2.type, KV__XF_WRITE);
+    assert_int_equal(f2.xfer, f1.xfer);
+    unsigned char rec[16], fr[KV__XF_BYTES + 16];
+    kv__le_put(rec, 0, 4);
+    kv__le_put(rec + 4, (uint32_t)(int32_t)KV_ERR_OUT_OF_BOUNDS, 4);
+    kv__le_put(rec + 8, HALF, 8);
+    assert_true(
+        kvt_raw_send(r.fd, fr, kvt_raw_frame(fr, KV__XF_ACK, 1, f1.xfer, 0, 0, rec, sizeof(rec))));
+    kv_xport_state s = KV_XPORT_PENDING;
+    assert_int_equal(kv_xport_xfer_wait(t, 100, &s), KV_ERR_TIMEOUT); /* the second lands */
+    assert_int_equal(s, KV_XPORT_PENDING);
+    const struct kv_xport_notify n = {.tag = 9};
+    assert_int_equal(kv_xport_write(r.peer, NULL, 0, &n, &t2), KV_OK);
+    assert_false(kvt_raw_next(r.fd, &f, NULL, 0, 100)); /* not before the second's ACK */
+    kv__le_put(rec + 4, KV_OK, 4);
+    assert_true(
+        kvt_raw_send(r.fd, fr, kvt_raw_frame(fr, KV__XF_ACK, 1, f2.xfer, 0, 0, rec, sizeof(rec))));
+    assert_int_equal(kv_xport_xfer_wait(t, 5000, &s), KV_OK);
+    assert_int_equal(s, KV_XPORT_FAILED);
+    const kv_status *res = NULL;
+    uint32_t nres = 0;
+    assert_int_equal(kv_xport_xfer_results(t, &res, &nres), KV_OK);
+    assert_int_equal(nres, 1);
+    assert_int_equal(res[0], KV_ERR_OUT_OF_BOUNDS);
+    assert_true(kvt_raw_next(r.fd, &f, NULL, 0, 5000)); /* now the notification */
+    assert_int_equal(f.type, KV__XF_NOTIFY);
+    assert_true(kvt_raw_send(
+        r.fd, fr, kvt_raw_frame(fr, KV__XF_ACK, KV__XF_ENTRY_NOTE, f.xfer, 0, 0, NULL, 0)));
+    assert_int_equal(kv_xport_xfer_wait(t2, 5000, &s), KV_OK);
+    assert_int_equal(s, KV_XPORT_DONE);
+    assert_int_equal(kv_xport_xfer_free(t2), KV_OK);
+    assert_int_equal(kv_xport_xfer_free(t), KV_OK);
+    assert_int_equal(kv_xport_rmem_free(rm), KV_OK);
+    kv_xport_peer_close(r.peer);
+    close(r.fd);
+    assert_int_equal(kv_xport_mem_dereg(m), KV_OK);
+    assert_int_equal(kv_xport_destroy(x), KV_OK);
+    free(src);
+}
+
 /* Review (hostile peers, 2026-12-06): an ACK was checked only against the
  * bytes of its entry not yet acknowledged, so a peer could end DONE a
  * transfer of which nothing had been sent (queued behind another), or one
@@ -1602,6 +1673,7 @@ int main(void)
         cmocka_unit_test(test_xport_edges_frames_before_ready),
         cmocka_unit_test(test_xport_edges_destroy_while_a_thread_waits),
         cmocka_unit_test(test_xport_edges_cancel_waits_for_the_ack),
+        cmocka_unit_test(test_xport_edges_refused_waits_for_the_ack),
         cmocka_unit_test(test_xport_edges_forged_acks),
         cmocka_unit_test(test_xport_edges_destroy_races_peer_close),
         cmocka_unit_test(test_xport_edges_cache_region_outlives_its_destroy),
