@@ -137,6 +137,29 @@ static kv_xport_rmem *raw_region(const struct raw *r)
     return rm;
 }
 
+/* One 16-byte record of an ACK frame: entry, status, bytes. */
+static void ack_rec(unsigned char *rec, uint32_t entry, kv_status st, uint64_t bytes)
+{
+    kv__le_put(rec, entry, 4);
+    kv__le_put(rec + 4, (uint32_t)(int32_t)st, 4);
+    kv__le_put(rec + 8, bytes, 8);
+}
+
+/* The end of a raw peer's test: the imported region freed (rm may be NULL),
+ * the transport's handle of the peer closed, the socket closed, the
+ * registered region deregistered (m may be NULL), the transport
+ * destroyed: each KV_OK. */
+static void raw_end(struct raw *r, kv_xport *x, kv_xport_rmem *rm, kv_xport_mem *m)
+{
+    if (rm)
+        assert_int_equal(kv_xport_rmem_free(rm), KV_OK);
+    kv_xport_peer_close(r->peer);
+    close(r->fd);
+    if (m)
+        assert_int_equal(kv_xport_mem_dereg(m), KV_OK);
+    assert_int_equal(kv_xport_destroy(x), KV_OK);
+}
+
 /* Wait until p is CLOSED (at most ms); its reason. */
 static kv_status wait_closed(kv_xport_peer *p, uint32_t ms)
 {
@@ -182,9 +205,7 @@ static void test_xport_edges_oversized_notify(void **state)
     assert_int_equal(wait_closed(r.peer, 5000), KV_ERR_CORRUPT);
     assert_non_null(strstr(kv_last_error(), "4352"));
     assert_int_equal(kv_xport_notify_poll(x, 100, m), KV_ERR_TIMEOUT);
-    kv_xport_peer_close(r.peer);
-    close(r.fd);
-    assert_int_equal(kv_xport_destroy(x), KV_OK);
+    raw_end(&r, x, NULL, NULL);
     free(m);
     free(fr);
     free(pl);
@@ -565,10 +586,7 @@ static void test_xport_edges_limits_refused_by_name(void **state)
     kv_xport_peer_close(p2);
     assert_int_equal(kv_xport_destroy(y), KV_OK);
 
-    kv_xport_peer_close(r.peer);
-    close(r.fd);
-    assert_int_equal(kv_xport_mem_dereg(mem), KV_OK);
-    assert_int_equal(kv_xport_destroy(x), KV_OK);
+    raw_end(&r, x, NULL, mem);
     free(buf);
     free(m);
 }
@@ -945,9 +963,7 @@ static void test_xport_edges_forged_status(void **state)
     const int32_t sts[3] = {-12345, KV_OK, KV_ERR_OUT_OF_BOUNDS};
     const uint64_t lens[3] = {4096, 4096, 100};
     for (int i = 0; i < 3; i++) {
-        kv__le_put(rec + 16 * i, (uint64_t)i, 4);
-        kv__le_put(rec + 16 * i + 4, (uint32_t)sts[i], 4);
-        kv__le_put(rec + 16 * i + 8, lens[i], 8);
+        ack_rec(rec + 16 * i, (uint32_t)i, (kv_status)sts[i], lens[i]);
     }
     unsigned char fr[KV__XF_BYTES + sizeof(rec)];
     assert_true(
@@ -975,11 +991,7 @@ static void test_xport_edges_forged_status(void **state)
     assert_int_equal(st[0], KV_ERR_CORRUPT);
     assert_non_null(strstr(kv_xport_xfer_error(t), "99"));
     assert_int_equal(kv_xport_xfer_free(t), KV_OK);
-    assert_int_equal(kv_xport_rmem_free(rm), KV_OK);
-    kv_xport_peer_close(r.peer);
-    close(r.fd);
-    assert_int_equal(kv_xport_mem_dereg(m), KV_OK);
-    assert_int_equal(kv_xport_destroy(x), KV_OK);
+    raw_end(&r, x, rm, m);
     free(src);
 }
 
@@ -1106,10 +1118,7 @@ static void test_xport_edges_unexpose_refuses_queued_reads(void **state)
     assert_int_equal(sr.n_other, 0);
     assert_int_equal(sr.n_rdata + sr.n_nack, SLOW_READS);
     assert_true(sr.n_nack > 0);
-    kv_xport_peer_close(r.peer);
-    close(r.fd);
-    assert_int_equal(kv_xport_mem_dereg(m), KV_OK);
-    assert_int_equal(kv_xport_destroy(x), KV_OK);
+    raw_end(&r, x, NULL, m);
     free(buf);
 }
 
@@ -1175,9 +1184,7 @@ static void test_xport_edges_timeout_while_hashing(void **state)
     assert_int_equal(kv_xport_xfer_free(t), KV_OK);
     assert_int_equal(kv_xport_mem_dereg(m), KV_OK);
     assert_int_equal(kv_xport_rmem_free(rm), KV_OK);
-    kv_xport_peer_close(r.peer);
-    close(r.fd);
-    assert_int_equal(kv_xport_destroy(x), KV_OK);
+    raw_end(&r, x, NULL, NULL);
     munmap(buf, 2 * CH);
     close(uffd);
 }
@@ -1325,9 +1332,7 @@ static void test_xport_edges_cancel_waits_for_the_ack(void **state)
             assert_int_equal(kv_xport_write(r.peer, NULL, 0, &n, &t2), KV_OK);
             assert_false(kvt_raw_next(r.fd, &f, NULL, 0, 300)); /* not before the ACK */
             unsigned char rec[16], fr[KV__XF_BYTES + 16];
-            kv__le_put(rec, 0, 4);
-            kv__le_put(rec + 4, KV_OK, 4);
-            kv__le_put(rec + 8, 4096, 8);
+            ack_rec(rec, 0, KV_OK, 4096);
             assert_true(kvt_raw_send(
                 r.fd, fr, kvt_raw_frame(fr, KV__XF_ACK, 1, xid, 0, 0, rec, sizeof(rec))));
             assert_int_equal(kv_xport_xfer_wait(t, 5000, &s), KV_OK);
@@ -1341,11 +1346,7 @@ static void test_xport_edges_cancel_waits_for_the_ack(void **state)
             assert_int_equal(kv_xport_xfer_free(t2), KV_OK);
         }
         assert_int_equal(kv_xport_xfer_free(t), KV_OK);
-        assert_int_equal(kv_xport_rmem_free(rm), KV_OK);
-        kv_xport_peer_close(r.peer);
-        close(r.fd);
-        assert_int_equal(kv_xport_mem_dereg(m), KV_OK);
-        assert_int_equal(kv_xport_destroy(x), KV_OK);
+        raw_end(&r, x, rm, m);
         free(src);
     }
 }
@@ -1381,9 +1382,7 @@ static void test_xport_edges_refused_waits_for_the_ack(void **state)
     assert_int_equal(f2.type, KV__XF_WRITE);
     assert_int_equal(f2.xfer, f1.xfer);
     unsigned char rec[16], fr[KV__XF_BYTES + 16];
-    kv__le_put(rec, 0, 4);
-    kv__le_put(rec + 4, (uint32_t)(int32_t)KV_ERR_OUT_OF_BOUNDS, 4);
-    kv__le_put(rec + 8, HALF, 8);
+    ack_rec(rec, 0, KV_ERR_OUT_OF_BOUNDS, HALF);
     assert_true(
         kvt_raw_send(r.fd, fr, kvt_raw_frame(fr, KV__XF_ACK, 1, f1.xfer, 0, 0, rec, sizeof(rec))));
     kv_xport_state s = KV_XPORT_PENDING;
@@ -1410,11 +1409,7 @@ static void test_xport_edges_refused_waits_for_the_ack(void **state)
     assert_int_equal(s, KV_XPORT_DONE);
     assert_int_equal(kv_xport_xfer_free(t2), KV_OK);
     assert_int_equal(kv_xport_xfer_free(t), KV_OK);
-    assert_int_equal(kv_xport_rmem_free(rm), KV_OK);
-    kv_xport_peer_close(r.peer);
-    close(r.fd);
-    assert_int_equal(kv_xport_mem_dereg(m), KV_OK);
-    assert_int_equal(kv_xport_destroy(x), KV_OK);
+    raw_end(&r, x, rm, m);
     free(src);
 }
 
@@ -1453,9 +1448,7 @@ static void test_xport_edges_forged_acks(void **state)
         assert_int_equal(f.type, KV__XF_WRITE);
         /* the forged ACK: t2's whole entry, or all 16 MiB of t1's */
         unsigned char rec[16], fr[KV__XF_BYTES + 16];
-        kv__le_put(rec, 0, 4);
-        kv__le_put(rec + 4, KV_OK, 4);
-        kv__le_put(rec + 8, never_sent ? 4096 : BIG, 8);
+        ack_rec(rec, 0, KV_OK, never_sent ? 4096 : BIG);
         assert_true(kvt_raw_send(r.fd, fr,
                                  kvt_raw_frame(fr, KV__XF_ACK, 1, never_sent ? f.xfer + 1 : f.xfer,
                                                0, 0, rec, sizeof(rec))));
@@ -1475,11 +1468,7 @@ static void test_xport_edges_forged_acks(void **state)
         assert_int_equal(s2, KV_XPORT_FAILED);
         assert_int_equal(kv_xport_xfer_free(t1), KV_OK);
         assert_int_equal(kv_xport_xfer_free(t2), KV_OK);
-        assert_int_equal(kv_xport_rmem_free(rm), KV_OK);
-        kv_xport_peer_close(r.peer);
-        close(r.fd);
-        assert_int_equal(kv_xport_mem_dereg(m), KV_OK);
-        assert_int_equal(kv_xport_destroy(x), KV_OK);
+        raw_end(&r, x, rm, m);
     }
     free(src);
 }
