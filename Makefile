@@ -279,6 +279,12 @@ $(DEMO): $(DEMO_SRC) tools/kvdemo/kvdemo.h $(LIB_A) $(STAGED)
 # $(BUILD)/kvdemo.d until the next link rewrites it (-MP's idiom, for a source).
 tools/kvdemo.c:
 
+# A second peer on kvdemo decode's port (tests/cli/test_peers.sh).
+$(BUILD)/tests/kvdemo_intruder: tests/cli/kvdemo_intruder.c $(LIB_A) $(STAGED)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo '  TEST   $@')
+	$(Q)$(CC) $(BASECFLAGS) -I$(BUILD)/include -o $@ $< $(LIB_A) $(LIBS)
+
 $(BENCH): $(BENCH_SRC) $(wildcard tools/bench/*.h) $(LIB_A)
 	@$(if $(Q),echo '  LD     $@')
 	$(Q)$(CC) $(ALLCFLAGS) -Itools/bench -o $@ $(BENCH_SRC) $(LIB_A) $(LIBS)
@@ -308,9 +314,10 @@ check-compares:
 	@python3 scripts/check-test-compares.py tests
 
 test: deps check-walls check-compares
-	@$(MAKE) --no-print-directory -j$(JOBS) tests $(CLI) $(DEMO)
+	@$(MAKE) --no-print-directory -j$(JOBS) tests $(CLI) $(DEMO) $(BUILD)/tests/kvdemo_intruder
 	@scripts/run-tests.sh $(TESTS)
 	@tests/cli/test_args.sh $(BUILD)
+	@tests/cli/test_peers.sh $(BUILD)
 	$(if $(SANITIZE)$(filter 1,$(DEBUG)),,@$(MAKE) --no-print-directory pytest)
 
 # The tiny engine on the Python package (examples/tiny_engine.py): continuous

@@ -33,6 +33,14 @@ expect 2 "tcp, rdma, shm or auto, got 'foo'" -- "$d" --transport foo
 expect 2 ">= 3, got '1'" -- "$d" --report-fd 1
 expect 2 "got '99999'" -- "$d" --port-fd 99999
 expect 2 "got '65536'" -- "$d" --port 65536
+# a descriptor the role writes to must be open for writing (a read-only one
+# lost the report, and the role's failed checks with it: it exited 0)
+# shellcheck disable=SC2016 # $0: expanded by that sh
+expect 2 "--report-fd needs a file descriptor open for writing, >= 3, got '3'" -- \
+    sh -c 'exec "$0" decode --port 0 --report-fd 3 3</dev/null' "$d"
+# shellcheck disable=SC2016
+expect 2 "--port-fd needs a file descriptor open for writing, >= 3, got '3'" -- \
+    sh -c 'exec "$0" decode --port 0 --port-fd 3 3</dev/null' "$d"
 expect 2 "--requests needs 1..256, got '(nothing)'" -- "$d" --requests
 expect 2 "unknown option '--nope'" -- "$d" --nope
 expect 2 "unexpected argument 'extra'" -- "$d" --local extra

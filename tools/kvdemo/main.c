@@ -113,7 +113,7 @@ static int bad_value(int c, const char *val)
             : c == OPT_REQUESTS ? "1..256"
             : c == OPT_PORT     ? "a port 0..65535"
             : c == OPT_SEED     ? "an unsigned integer (decimal, or hexadecimal after 0x)"
-                                : "an open file descriptor >= 3",
+                                : "a file descriptor open for writing, >= 3",
             val ? val : "(nothing)");
     return EXIT_USAGE;
 }
@@ -167,7 +167,8 @@ static int parse_opts(int argc, char **argv, int first, struct opts *o)
             break;
         case OPT_PORT_FD:
         case OPT_REPORT_FD:
-            if (!parse_u64(optarg, 3, INT_MAX, &v) || fcntl((int)v, F_GETFD) < 0)
+            if (!parse_u64(optarg, 3, INT_MAX, &v) || fcntl((int)v, F_GETFD) < 0 ||
+                (fcntl((int)v, F_GETFL) & O_ACCMODE) == O_RDONLY)
                 return bad_value(c, optarg);
             *(c == OPT_PORT_FD ? &o->port_fd : &o->report_fd) = (int)v;
             break;

@@ -9,6 +9,7 @@
  * arena, post a notification and wait for the next one.
  */
 #include <inttypes.h>
+#include <stdio.h>
 
 #include "kvdemo.h"
 
@@ -30,21 +31,33 @@ const char *xstate_name(kv_xport_state st)
     return "unknown";
 }
 
-/* The next notification, waiting at most WAIT_MS, in short slices so that
- * a peer that went away ends the wait at once. */
+/* The next notification from peer, waiting at most WAIT_MS, in short
+ * slices so that a peer that went away ends the wait at once. Another
+ * peer's (decode listens: anyone with the token can connect, and is
+ * never accepted) is not ours: ignored, the first one named. */
 kv_status poll_msg(kv_xport *x, kv_xport_peer *peer, struct kv_xport_msg *msg)
 {
-    for (uint32_t waited = 0;; waited += 200) {
+    static uint64_t ignored;
+    const uint64_t t0 = now_ns();
+    for (;;) {
         const kv_status st = kv_xport_notify_poll(x, 200, msg);
-        if (st != KV_ERR_TIMEOUT)
+        if (st == KV_OK && msg->peer_id == kv_xport_peer_id(peer))
+            return st;
+        if (st != KV_OK && st != KV_ERR_TIMEOUT)
             return st;
         kv_xport_peer_state ps = KV_XPORT_READY;
         kv_status why = KV_OK;
-        if (kv_xport_peer_state_get(peer, &ps, &why) == KV_OK && ps == KV_XPORT_CLOSED) {
+        if (st == KV_OK) { /* ours may still have notifications queued behind it */
+            if (!ignored++)
+                fprintf(stderr,
+                        "%s: ignored a notification (tag %" PRIu64 ", %u bytes) from peer %" PRIu64
+                        ", not the one accepted (peer %" PRIu64 ")\n",
+                        g_role, msg->tag, msg->len, msg->peer_id, kv_xport_peer_id(peer));
+        } else if (kv_xport_peer_state_get(peer, &ps, &why) == KV_OK && ps == KV_XPORT_CLOSED) {
             fail_msg("the peer closed the connection (%s)", kv_status_name(why));
             return KV_ERR_IO;
         }
-        if (waited >= WAIT_MS) {
+        if (now_ns() - t0 >= (uint64_t)WAIT_MS * 1000000u) {
             fail_msg("no notification from the peer within %d ms", WAIT_MS);
             return KV_ERR_TIMEOUT;
         }

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# kvdemo's decode takes only its own prefill's word: a second peer with the
+# demo's token (tests/cli/kvdemo_intruder.c) connects to decode's port while
+# the real prefill runs and posts DONE for a request it never wrote. Decode
+# must not take it for prefill's (it did: it checked the request before its
+# bytes landed and released its blocks); the run passes, decode naming what
+# it ignored.
+# Usage: tests/cli/test_peers.sh BUILD_DIR (needs BUILD_DIR/tests/kvdemo_intruder)
+set -uo pipefail
+build=${1:-build}
+d=$build/kvdemo
+intruder=$build/tests/kvdemo_intruder
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+fail() {
+    printf 'FAIL: %s\n' "$*"
+    fails=$((fails + 1))
+}
+: >"$tmp/d.out"
+timeout 20 "$d" decode --port 0 --requests 1 >"$tmp/d.out" 2>"$tmp/d.err" &
+dpid=$!
+port=
+for _ in $(seq 500); do
+    port=$(sed -n 's/^decode: listening on 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$tmp/d.out")
+    [ -n "$port" ] && break
+    sleep 0.01
+done
+[ -n "$port" ] || fail "decode did not say its port"
+timeout 20 "$d" prefill --port "${port:-1}" --requests 1 >"$tmp/p.out" 2>"$tmp/p.err" &
+ppid=$!
+# the intruder only once prefill's connections are up (decode accepts the
+# first peer through its handshake: that must be prefill)
+for _ in $(seq 500); do
+    [ "$(ss -Htn state established "( sport = :${port:-1} )" | wc -l)" -ge 2 ] && break
+    sleep 0.01
+done
+sleep 0.05
+timeout 10 "$intruder" "${port:-1}" 1 2>"$tmp/i.err" || fail "the intruder: $(cat "$tmp/i.err")"
+wait $dpid
+drc=$?
+wait $ppid
+prc=$?
+[ "$drc" = 0 ] || fail "decode exit $drc (want 0): $(tail -3 "$tmp/d.err")"
+[ "$prc" = 0 ] || fail "prefill exit $prc (want 0): $(tail -3 "$tmp/p.err")"
+grep -q "ignored a notification (tag 2, 4 bytes) from peer" "$tmp/d.err" ||
+    fail "decode did not name the notification it ignored: $(tail -3 "$tmp/d.err")"
+echo "tests/cli/test_peers.sh: $((3 - fails)) of 3 as expected"
+[ "$fails" = 0 ]
