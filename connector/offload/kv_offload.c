@@ -218,9 +218,24 @@ void kv_offload_destroy(kv_offload *off)
         q = n;
     }
     pthread_join(off->worker, NULL); /* it destroyed its streams and events */
+    /* what copies that may have still run kept (kv_offload_worker.c): the
+     * streams are gone, so the blocks go back and the caches are dropped */
+    for (struct kv__off_quar *qr = off->quar, *n; qr; qr = n) {
+        n = qr->next;
+        if (qr->n > 0 && kv_block_pool_release(qr->pool, qr->blocks, qr->n) != KV_OK)
+            abort(); /* allocated at post, held since */
+        kv_cache_destroy(qr->cache);
+        kv__mem_free(qr);
+    }
+    off->quar = NULL;
     /* no op is left and no worker: the entries (their pieces go with the
      * region) and the plans */
     pthread_mutex_lock(&off->mu);
+    for (struct entry *e = off->quar_entries, *n; e; e = n) {
+        n = e->hnext;
+        kv__mem_free(e);
+    }
+    off->quar_entries = NULL;
     for (size_t i = 0; i < off->n_buckets; i++)
         for (struct entry *e = off->buckets[i], *n; e; e = n) {
             n = e->hnext;

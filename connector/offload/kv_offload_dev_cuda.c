@@ -90,6 +90,14 @@ static kv_status cu_event_sync(int device, void *event)
                        : st;
 }
 
+static kv_status cu_stream_sync(int device, void *stream)
+{
+    kv_status st = on_device(device, "offload: cudaSetDevice");
+    return st == KV_OK ? kv__cuda_status(cudaStreamSynchronize((cudaStream_t)stream),
+                                         "offload: cudaStreamSynchronize")
+                       : st;
+}
+
 static kv_status cu_copy(int device, const kv_plan *plan, const struct kv_paged_cache *src,
                          uint32_t src_block, const struct kv_paged_cache *dst, uint32_t dst_block,
                          uint64_t n_tokens, void *stream)
@@ -110,6 +118,7 @@ static const struct kv__offdev_ops cuda_ops = {
     .event_destroy = cu_event_destroy,
     .event_record = cu_event_record,
     .event_sync = cu_event_sync,
+    .stream_sync = cu_stream_sync,
     .copy = cu_copy,
 };
 

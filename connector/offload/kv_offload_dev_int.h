@@ -18,7 +18,11 @@
  *   copy(...) x blocks of a chunk  the plan copy, cache block <-> entry in the
  *                                 pinned region, asynchronous on that stream
  *   event_record + event_sync     the worker waits on its own event, nothing
- *                                 else: no stream or device synchronize
+ *                                 else: no device synchronize
+ *   stream_sync                   only when that record or wait failed: the
+ *                                 copies may still run, so the worker waits
+ *                                 for its own stream before their memory is
+ *                                 freed or reused (kv_offload_worker.c)
  *
  *   stream/event_destroy          by the worker as it exits
  *
@@ -38,7 +42,7 @@
 #include "kv_plan.h"
 
 /* Bumped whenever an entry is added, removed or changes meaning. */
-#define KV__OFFDEV_VERSION 1
+#define KV__OFFDEV_VERSION 2
 
 struct kv__offdev_ops {
     uint32_t version; /* KV__OFFDEV_VERSION */
@@ -55,6 +59,9 @@ struct kv__offdev_ops {
     /* cudaEventSynchronize: the calling thread sleeps until the work
      * recorded before event is done (never a stream or device sync) */
     kv_status (*event_sync)(int device, void *event);
+    /* cudaStreamSynchronize of the tier's own stream: the fallback when
+     * event_record or event_sync failed (never an engine's stream) */
+    kv_status (*stream_sync)(int device, void *stream);
     /* kv_plan_copy_cuda of one block, src_block of src -> dst_block of dst
      * (n_tokens: plan's page size), asynchronous on stream */
     kv_status (*copy)(int device, const kv_plan *plan, const struct kv_paged_cache *src,

@@ -29,7 +29,8 @@
  *   bytes   == sum of entry bytes over linked entries + unlinked pinned ones
  *   bytes   <= capacity_bytes
  *   linked && !ready  =>  pins > 0 (the worker is writing it)
- *   !linked           =>  pins > 0 (freed at the last unpin)
+ *   !linked           =>  pins > 0 (freed at the last unpin; a quarantined
+ *                         one is never unpinned: freed at destroy)
  */
 #ifndef KV_OFFLOAD_TIER_INT_H
 #define KV_OFFLOAD_TIER_INT_H
@@ -119,6 +120,11 @@ struct kv_offload {
     const struct kv__offdev_ops *dev;
     void *dev_stream[KV__OFF_MAX_DEVS];
     void *dev_event[KV__OFF_MAX_DEVS];
+    /* a wait on the tier's stream failed, and so did the stream synchronize:
+     * copies on it may still run; every later chunk on the device fails
+     * without issuing (dev_why: the error, worker only) */
+    bool dev_broken[KV__OFF_MAX_DEVS];
+    char dev_why[200];
 
     pthread_mutex_t mu; /* guards everything below */
     bool destroyed;     /* kv_offload_destroy ran; the handle lives while n_stg > 0 or
@@ -140,6 +146,23 @@ struct kv_offload {
     kv__offload_hook_fn hook;
     void *hook_user;
     uint32_t chunk; /* blocks per chunk; 0: KV__OFF_CHUNK_BYTES of entries */
+    /* what a copy that may still run touches, kept until destroy (after the
+     * worker destroyed its streams): entries (unlinked, pinned, counted in
+     * st.bytes, chained by hnext) and the records of kv_offload_worker.c */
+    struct entry *quar_entries;
+    struct kv__off_quar *quar;
+};
+
+/* A chunk whose copies may still run (the wait and the stream synchronize
+ * failed): the op's cache kept (a reference: its device memory is not
+ * freed) and, for a load, the blocks they write (never released to the
+ * pool, so never reused) until kv_offload_destroy. */
+struct kv__off_quar {
+    struct kv__off_quar *next;
+    kv_cache *cache;
+    kv_block_pool *pool;
+    uint32_t n;        /* blocks[n] */
+    uint32_t blocks[]; /* load: allocated at post, held */
 };
 
 /* kv_offload.c */

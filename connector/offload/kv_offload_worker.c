@@ -129,14 +129,25 @@ static void sum_chunk(const kv_offload *off, const struct fmt *f, uint32_t k,
  * issued). KV_OK, or the first failed CUDA call's status: the chunk's
  * copies are then not trusted (the caller fails their entries). Either
  * way nothing issued is still running when this returns, unless the wait
- * itself failed. */
+ * itself failed: the event record or synchronize failing (a transient
+ * error, or the context dead) says nothing of the copies before it, so
+ * the worker then synchronizes its stream; when that fails too, *running
+ * is set (the copies may still read and write the entries and blocks: the
+ * caller keeps them, quarantine()) and the device's stream is marked
+ * broken: every later chunk on it fails here without issuing anything. */
 static kv_status dev_chunk(kv_offload *off, const struct fmt *f, kv_offload_op *op, uint32_t i0,
-                           uint32_t k, struct entry *const *slot, uint64_t *sum)
+                           uint32_t k, struct entry *const *slot, uint64_t *sum, bool *running)
 {
     const struct kv__offdev_ops *d = off->dev;
     void *stream = NULL, *event = NULL;
+    *running = false;
     if (op->is_load)
         sum_chunk(off, f, k, slot, sum);
+    if (off->dev_broken[op->device])
+        return kv__error(KV_ERR_DEVICE,
+                         "offload: the tier's stream on device %d is unusable (a wait on it "
+                         "failed: %s): nothing issued",
+                         op->device, off->dev_why);
     kv_status st = dev_stream(off, op, &stream, &event);
     uint32_t issued = 0;
     for (uint32_t j = 0; j < k && st == KV_OK; j++) {
@@ -154,6 +165,21 @@ static kv_status dev_chunk(kv_offload *off, const struct fmt *f, kv_offload_op *
         kv_status ws = d->event_record(op->device, event, stream);
         if (ws == KV_OK)
             ws = d->event_sync(op->device, event);
+        if (ws != KV_OK) { /* the copies may still run: wait for the stream */
+            char why[96];
+            snprintf(why, sizeof(why), "%s", kv_last_error());
+            const kv_status ss = d->stream_sync(op->device, stream);
+            if (ss != KV_OK) {
+                *running = true;
+                off->dev_broken[op->device] = true;
+                snprintf(off->dev_why, sizeof(off->dev_why), "%.95s; then %.95s", why,
+                         kv_last_error());
+                ws = kv__error(ws, "offload: device %d: %s: %u copies may still run", op->device,
+                               off->dev_why, issued);
+            } else {
+                ws = kv__error(ws, "%s", why);
+            }
+        }
         if (st == KV_OK)
             st = ws;
     }
@@ -162,17 +188,48 @@ static kv_status dev_chunk(kv_offload *off, const struct fmt *f, kv_offload_op *
     return st;
 }
 
+/* off->mu held: a chunk whose copies may still run (dev_chunk's *running):
+ * a reference on op's cache (its device memory stays) and, for a load, the
+ * results' blocks [i0, i0 + k) that a copy was issued into (taken from
+ * the results: never released, so never reused) are kept until
+ * kv_offload_destroy; a store's entries go to off->quar_entries (the
+ * caller). Without memory for the record, they are kept for good. */
+static void quarantine(kv_offload *off, kv_offload_op *op, uint32_t i0, uint32_t k,
+                       struct entry *const *slot, const uint64_t *sum)
+{
+    struct kv__off_quar *q = kv__mem_calloc(1, sizeof(*q) + (size_t)k * sizeof(uint32_t));
+    if (q) {
+        q->cache = kv_cache_retain(op->cache);
+        q->pool = op->pool;
+    } else {
+        (void)kv_cache_retain(op->cache); /* kept for good */
+    }
+    for (uint32_t j = 0; j < k && op->is_load; j++) {
+        struct kv_offload_result *r = &op->res[i0 + j];
+        if (!slot[j] || sum[j] != slot[j]->sum || r->block == KV_BLOCK_NULL)
+            continue;
+        if (q)
+            q->blocks[q->n++] = r->block;
+        r->block = KV_BLOCK_NULL;
+    }
+    if (q) {
+        q->next = off->quar;
+        off->quar = q;
+    }
+}
+
 /* mu held, dropped around the copies (the slots are pinned): the chunk's
  * copies on the device (dev_chunk) or the host (move_chunk). KV_OK, or
- * dev_chunk's status. */
+ * dev_chunk's status (and *running). */
 static kv_status copy_chunk(kv_offload *off, const struct fmt *f, kv_offload_op *op, uint32_t i0,
-                            uint32_t k, struct entry *const *slot, uint64_t *sum)
+                            uint32_t k, struct entry *const *slot, uint64_t *sum, bool *running)
 {
     kv__off_debug_check(off);
     pthread_mutex_unlock(&off->mu);
     kv_status st = KV_OK;
+    *running = false;
     if (op->dev)
-        st = dev_chunk(off, f, op, i0, k, slot, sum);
+        st = dev_chunk(off, f, op, i0, k, slot, sum, running);
     else
         move_chunk(off, f, op, i0, k, slot, sum);
     pthread_mutex_lock(&off->mu);
@@ -239,7 +296,10 @@ static bool run_store(kv_offload *off, kv_offload_op *op, const struct fmt *f, u
             kv__off_table_insert(off, e);
             slot[j] = e;
         }
-        const kv_status dst = copy_chunk(off, f, op, i0, k, slot, sum);
+        bool running = false;
+        const kv_status dst = copy_chunk(off, f, op, i0, k, slot, sum, &running);
+        if (running)
+            quarantine(off, op, i0, k, slot, sum);
         for (uint32_t j = 0; j < k; j++)
             if (slot[j] && dst != KV_OK) { /* the copy failed: the entry goes */
                 op->res[i0 + j].status = KV_ERR_DEVICE;
@@ -248,7 +308,12 @@ static bool run_store(kv_offload *off, kv_offload_op *op, const struct fmt *f, u
                         op->res[i0 + q].status = KV_ERR_DEVICE;
                 if (slot[j]->linked)
                     kv__off_table_remove(off, slot[j]);
-                kv__off_unpin(off, slot[j]);
+                if (running) { /* its D2H may still write it: kept, pinned, till destroy */
+                    slot[j]->hnext = off->quar_entries;
+                    off->quar_entries = slot[j];
+                } else {
+                    kv__off_unpin(off, slot[j]);
+                }
             } else if (slot[j]) {
                 slot[j]->sum = sum[j];
                 slot[j]->ready = true;
@@ -288,7 +353,10 @@ static bool run_load(kv_offload *off, kv_offload_op *op, const struct fmt *f, ui
                 slot[j] = e;
             }
         }
-        const kv_status dst = copy_chunk(off, f, op, i0, k, slot, sum);
+        bool running = false;
+        const kv_status dst = copy_chunk(off, f, op, i0, k, slot, sum, &running);
+        if (running) /* the H2D may still write the blocks: kept till destroy */
+            quarantine(off, op, i0, k, slot, sum);
         for (uint32_t j = 0; j < k; j++) {
             struct entry *e = slot[j];
             if (!e)
@@ -326,6 +394,8 @@ static void load_commit(kv_offload *off, kv_offload_op *op)
             }
             r->status = st; /* the block is ours and fresh: not expected */
         }
+        if (r->block == KV_BLOCK_NULL)
+            continue; /* kept: a copy may still write it (quarantine) */
         if (kv_block_pool_release(op->pool, &r->block, 1) != KV_OK)
             abort(); /* allocated at post */
         r->block = KV_BLOCK_NULL;
@@ -369,10 +439,13 @@ static void run_op(kv_offload *off, kv_offload_op *op, const struct fmt *f, uint
 /* The tier's streams and events, destroyed by the thread that made and
  * used them, as it exits: every seam entry sets the calling thread's CUDA
  * device, so no seam call is made on an engine's thread (its current
- * device stays its own). Every copy issued was waited for: they are idle. */
+ * device stays its own). Every copy issued was waited for: they are idle,
+ * except on a broken stream (dev_chunk), synchronized once more first. */
 static void dev_release(kv_offload *off)
 {
     for (int d = 0; d < KV__OFF_MAX_DEVS; d++) {
+        if (off->dev_broken[d] && off->dev_stream[d])
+            (void)off->dev->stream_sync(d, off->dev_stream[d]);
         if (off->dev_event[d])
             (void)off->dev->event_destroy(d, off->dev_event[d]);
         if (off->dev_stream[d])

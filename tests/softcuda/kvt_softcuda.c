@@ -541,6 +541,31 @@ static kv_status sc_event_sync(int device, void *event)
     return r;
 }
 
+/* cudaStreamSynchronize of a stream the tier made: sleeps until all its
+ * work ran (holds included). */
+static kv_status sc_stream_sync(int device, void *stream)
+{
+    struct stream *s = stream;
+    pthread_mutex_lock(&mu);
+    kv_status r = KV_OK;
+    if (sticky)
+        r = sticky_error("cudaStreamSynchronize");
+    else if (!stream_live(s))
+        r = fault("cudaStreamSynchronize of a stream not live (%p)", stream);
+    else if (!s->tier)
+        r = fault("cudaStreamSynchronize of an engine's stream by the tier");
+    else if (s->device != device)
+        r = fault("cudaStreamSynchronize on device %d of a stream of device %d", device, s->device);
+    else
+        r = same_thread("cudaStreamSynchronize", s, NULL);
+    while (r == KV_OK && s->head && !sticky)
+        pthread_cond_wait(&cv, &mu);
+    if (r == KV_OK && s->head) /* the context died while the work ran */
+        r = sticky_error("cudaStreamSynchronize");
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
 /* mu held: the live allocation a cache's storage lies in, of its kind. */
 static struct alloc *cache_alloc(const struct kv_paged_cache *c, const char *side, int device,
                                  kv_status *r)
@@ -624,6 +649,7 @@ static const struct kv__offdev_ops ops = {
     .event_destroy = sc_event_destroy,
     .event_record = sc_event_record,
     .event_sync = sc_event_sync,
+    .stream_sync = sc_stream_sync,
     .copy = sc_copy,
 };
 

@@ -20,7 +20,9 @@
  *            as kv_plan_copy_cuda checks) run by the CPU grid emulator
  *            (kv__grid_plan_copy: the kernel body itself) when the stream
  *            reaches it.
- *   events   record enqueues a marker; sync sleeps until it ran. An event
+ *   events   record enqueues a marker; sync sleeps until it ran (the
+ *            tier's stream_sync until its stream ran everything queued;
+ *            on an engine's stream: a fault). An event
  *            synchronized or destroyed before it was ever recorded, used
  *            after destroy, or recorded on a destroyed stream is refused (a
  *            fault: CUDA answers some of these with success, a tier that

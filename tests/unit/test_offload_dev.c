@@ -28,8 +28,15 @@
  *     in the op is none);
  *   - a failing copy (injected): its chunk's entries KV_ERR_DEVICE, what was
  *     issued still waited for, the other chunks done;
+ *   - the event record or synchronize failing with a store's copies held:
+ *     the worker waits for its stream instead (the op RUNNING until they
+ *     land); with the stream synchronize failing too, the chunk's region
+ *     pieces stay out of the free pool (a host store meanwhile is intact
+ *     after the late copies land), device ops are refused, and a load's
+ *     blocks stay held until destroy;
  *   - a sticky error with a load's copies in flight: they never run, every
- *     entry KV_ERR_DEVICE, the pool as it was; later ops fail, destroy ends;
+ *     entry KV_ERR_DEVICE, the chunk's blocks held until destroy, the pool
+ *     as it was; later ops fail without issuing, destroy ends;
  *   - refusals at post: a host-memory region, nothing retained.
  * Runs under SANITIZE=thread in CI (.ci/run).
  */
@@ -752,13 +759,230 @@ static void test_offload_dev_copy_failure(void **state)
     free_pair(off, &s, &d);
 }
 
+/* ---- the wait itself failing ----------------------------------------------------- */
+
+/* The double's table with its event record or synchronize failing (as a
+ * transient CUDA error would: the copies before it still run) while
+ * wait_fail is set, and its stream synchronize too while stream_fail is
+ * set; wait_fails counts the injected failures. */
+static atomic_int wait_fail, stream_fail, wait_fails;
+enum { FAIL_RECORD = 1, FAIL_SYNC = 2 };
+static kv_status failing_record(int device, void *event, void *stream)
+{
+    if (atomic_load(&wait_fail) == FAIL_RECORD) {
+        atomic_fetch_add(&wait_fails, 1);
+        return kv__error(KV_ERR_DEVICE,
+                         "injected: cudaEventRecord: cudaErrorInvalidResourceHandle");
+    }
+    return kvt_softcuda_ops()->event_record(device, event, stream);
+}
+static kv_status failing_sync(int device, void *event)
+{
+    if (atomic_load(&wait_fail) == FAIL_SYNC) {
+        atomic_fetch_add(&wait_fails, 1);
+        return kv__error(KV_ERR_DEVICE, "injected: cudaEventSynchronize: cudaErrorUnknown");
+    }
+    return kvt_softcuda_ops()->event_sync(device, event);
+}
+static kv_status failing_stream_sync(int device, void *stream)
+{
+    if (atomic_load(&stream_fail))
+        return kv__error(KV_ERR_DEVICE, "injected: cudaStreamSynchronize: cudaErrorUnknown");
+    return kvt_softcuda_ops()->stream_sync(device, stream);
+}
+
+/* A tier over the double with the failing wait of this section. */
+static kv_offload *mk_wait_failing_tier(uint32_t chunk)
+{
+    static struct kv__offdev_ops ops;
+    ops = *kvt_softcuda_ops();
+    ops.event_record = failing_record;
+    ops.event_sync = failing_sync;
+    ops.stream_sync = failing_stream_sync;
+    atomic_store(&wait_fail, 0);
+    atomic_store(&stream_fail, 0);
+    atomic_store(&wait_fails, 0);
+    kv__offdev_set(&ops);
+    kv_offload *off = mk_tier(chunk);
+    kv__offdev_set(kvt_softcuda_ops());
+    return off;
+}
+
+/* Until the injected failures reach n (bounded). */
+static void wait_wait_fails(int n)
+{
+    for (int i = 0; i < 200000 && atomic_load(&wait_fails) < n; i++) {
+        const struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    assert_true(atomic_load(&wait_fails) >= n);
+}
+
+/* Until the double's streams ran everything (bounded). */
+static void wait_drained(void)
+{
+    for (int i = 0; i < 200000 && sc_stats().queued > 0; i++) {
+        const struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(sc_stats().queued, 0);
+}
+
+/* The event record or synchronize fails while the chunk's D2H copies are
+ * still queued: the worker waits for its stream instead, so the op stays
+ * RUNNING until they landed; then the chunk fails KV_ERR_DEVICE as for a
+ * failed copy (its entries freed only now) and the tier goes on. */
+static void test_offload_dev_wait_failure_stream_sync(void **state)
+{
+    (void)state;
+    for (int mode = FAIL_RECORD; mode <= FAIL_SYNC; mode++) {
+        kv_offload *off = mk_wait_failing_tier(2);
+        struct kvt_cache s, d;
+        mk_pair(&s, &d, 4, 97 + (uint64_t)mode, 0x3A17);
+        uint64_t h[2] = {hash_of(980 + (uint64_t)mode * 2), hash_of(981 + (uint64_t)mode * 2)};
+        uint32_t ids[2];
+        kvt_put_blocks(&s, h, 2, ids);
+        kvt_softcuda_pause(true);
+        atomic_store(&wait_fail, mode);
+        kv_offload_op *op = NULL;
+        assert_int_equal(kv_offload_store(off, s.c, ids, 2, &op), KV_OK);
+        wait_wait_fails(1);
+        atomic_store(&wait_fail, 0);
+        kv_offload_state st = KV_OFFLOAD_PENDING;
+        const kv_status waited = kv_offload_wait(op, 20, &st); /* the copies are held */
+        const uint64_t queued = sc_stats().queued;
+        kvt_softcuda_pause(false);
+        assert_int_equal(waited, KV_ERR_TIMEOUT);
+        assert_int_equal(st, KV_OFFLOAD_RUNNING);
+        assert_int_equal(queued, mode == FAIL_SYNC ? 3 : 2); /* the copies (and the record) */
+        assert_int_equal(kvt_offload_finish(op), KV_OFFLOAD_FAILED);
+        assert_int_equal(sc_stats().queued, 0);
+        const struct kv_offload_result *res;
+        uint32_t nr;
+        assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
+        for (int i = 0; i < 2; i++) {
+            assert_int_equal(res[i].status, KV_ERR_DEVICE);
+            assert_false(kv_offload_contains(off, s.c, h[i]));
+        }
+        assert_int_equal(kv_offload_op_free(op), KV_OK);
+        struct kv_offload_stats os;
+        assert_int_equal(kv_offload_stats_get(off, &os), KV_OK);
+        assert_int_equal(os.entries, 0);
+        assert_int_equal(os.bytes, 0); /* freed once the copies landed */
+        /* the stream is fine: the same store and a load now succeed */
+        store_ids(off, &s, ids, 2);
+        const kv_status want[2] = {KV_OK, KV_OK};
+        assert_int_equal(kvt_load_check(off, &d, h, 2, want, true), KV_OFFLOAD_DONE);
+        assert_int_equal(kv_block_pool_release(s.pool, ids, 2), KV_OK);
+        free_pair(off, &s, &d);
+    }
+}
+
+/* The wait and the stream synchronize both fail while a store's D2H copies
+ * are still queued: the op ends FAILED at once, but the chunk's region
+ * pieces stay out of the free pool (still counted in bytes): a store from a
+ * host cache meanwhile gets other pieces, and the late D2H, when it lands,
+ * corrupts nothing (a reuse would fail that entry's checksum at load). The
+ * tier's stream is unusable from then on: device ops fail KV_ERR_DEVICE
+ * without issuing anything; host ops go on. Then the same for a load: its
+ * blocks stay held (not back in the pool, where the engine could get them
+ * while the H2D still writes them) until the tier is destroyed. */
+static void test_offload_dev_wait_failure_quarantine(void **state)
+{
+    (void)state;
+    for (int mode = FAIL_RECORD; mode <= FAIL_SYNC; mode++) {
+        kv_offload *off = mk_wait_failing_tier(2);
+        struct kvt_cache s, d, hc, hd;
+        mk_pair(&s, &d, 5, 101 + (uint64_t)mode, 0x9A4A);
+        mk_cache(&hc, KV_MEM_HOST, 5, 111 + (uint64_t)mode);
+        mk_cache(&hd, KV_MEM_HOST, 5, 121 + (uint64_t)mode);
+        uint64_t h[2], hh[2];
+        for (int i = 0; i < 2; i++) {
+            h[i] = hash_of(1000 + (uint64_t)(mode * 10 + i));
+            hh[i] = hash_of(1100 + (uint64_t)(mode * 10 + i));
+        }
+        uint32_t ids[2];
+        kvt_put_blocks(&s, h, 2, ids);
+        kvt_softcuda_pause(true);
+        atomic_store(&wait_fail, mode);
+        atomic_store(&stream_fail, 1);
+        kv_offload_op *op = NULL;
+        assert_int_equal(kv_offload_store(off, s.c, ids, 2, &op), KV_OK);
+        const kv_offload_state fin = kvt_offload_finish(op);
+        atomic_store(&wait_fail, 0);
+        const uint64_t queued = sc_stats().queued;
+        struct kv_offload_stats os;
+        assert_int_equal(kv_offload_stats_get(off, &os), KV_OK);
+        /* a host store while the D2H copies are still queued */
+        kvt_store_all(off, &hc, hh, 2, true);
+        kvt_softcuda_pause(false);
+        wait_drained();
+        assert_int_equal(fin, KV_OFFLOAD_FAILED);
+        assert_int_equal(queued, mode == FAIL_SYNC ? 3 : 2);
+        const struct kv_offload_result *res;
+        uint32_t nr;
+        assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
+        for (int i = 0; i < 2; i++) {
+            assert_int_equal(res[i].status, KV_ERR_DEVICE);
+            assert_false(kv_offload_contains(off, s.c, h[i]));
+        }
+        assert_int_equal(kv_offload_op_free(op), KV_OK);
+        /* the late D2H landed in its own pieces: the host entries are intact */
+        const kv_status want[2] = {KV_OK, KV_OK};
+        assert_int_equal(kvt_load_check(off, &hd, hh, 2, want, true), KV_OFFLOAD_DONE);
+        assert_int_equal(os.entries, 0);
+        assert_true(os.bytes > 0); /* the pieces the copies may write, kept */
+        /* device ops are refused now: nothing issued */
+        const uint64_t issued = sc_stats().copies_issued;
+        const kv_status refused[2] = {KV_ERR_DEVICE, KV_ERR_DEVICE};
+        assert_int_equal(kvt_load_check(off, &d, hh, 2, refused, true), KV_OFFLOAD_FAILED);
+        assert_int_equal(sc_stats().copies_issued, issued);
+        atomic_store(&stream_fail, 0);
+        assert_int_equal(kv_block_pool_release(s.pool, ids, 2), KV_OK);
+        kv_offload_destroy(off);
+        kvt_cache_free(&hc);
+        kvt_cache_free(&hd);
+
+        /* a load: its first chunk's blocks held until destroy */
+        off = mk_wait_failing_tier(2);
+        for (int i = 0; i < 2; i++)
+            h[i] = hash_of(1200 + (uint64_t)(mode * 10 + i));
+        kvt_store_all(off, &s, h, 2, true);
+        const uint64_t refs = kvt_pool_refs(&d);
+        kvt_softcuda_pause(true);
+        atomic_store(&wait_fail, mode);
+        atomic_store(&stream_fail, 1);
+        assert_int_equal(kv_offload_load(off, d.c, h, 2, &op), KV_OK);
+        const kv_offload_state lfin = kvt_offload_finish(op);
+        atomic_store(&wait_fail, 0);
+        const uint64_t held = kvt_pool_refs(&d);
+        kvt_softcuda_pause(false);
+        wait_drained();
+        atomic_store(&stream_fail, 0);
+        assert_int_equal(lfin, KV_OFFLOAD_FAILED);
+        assert_int_equal(held, refs + 2); /* not back in the pool */
+        assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
+        for (int i = 0; i < 2; i++) {
+            assert_int_equal(res[i].status, KV_ERR_DEVICE);
+            assert_int_equal(res[i].block, KV_BLOCK_NULL);
+        }
+        assert_int_equal(kv_offload_op_free(op), KV_OK);
+        kv_offload_destroy(off);
+        assert_int_equal(kvt_pool_refs(&d), refs); /* given back at destroy */
+        kvt_cache_free(&s);
+        kvt_cache_free(&d);
+    }
+}
+
 /* ---- a sticky error ---------------------------------------------------------------- */
 
 /* The context dies (a sticky error) while a load's first chunk is in flight:
- * its copies are dropped, the wait returns the error, every entry of the
- * load fails KV_ERR_DEVICE with its block released and the WHOLE pool as it
- * was; a later store fails every entry and adds none; destroy returns (the
- * stream and event released with the error). */
+ * its copies are dropped, the wait and the stream synchronize return the
+ * error, every entry of the load fails KV_ERR_DEVICE, the first chunk's
+ * blocks kept until destroy and the others released, the WHOLE pool as it
+ * was; a later store fails every entry without issuing and adds none;
+ * destroy returns (the stream and event released with the error, the kept
+ * blocks given back). */
 static void test_offload_dev_sticky_error(void **state)
 {
     (void)state;
@@ -791,10 +1015,13 @@ static void test_offload_dev_sticky_error(void **state)
         assert_int_equal(res[i].block, KV_BLOCK_NULL);
     }
     assert_int_equal(kv_offload_op_free(op), KV_OK);
-    assert_int_equal(kvt_pool_refs(&d), refs);
+    /* the first chunk's two blocks are kept until destroy (the wait and the
+     * stream synchronize failed: nothing says their H2D stopped) */
+    assert_int_equal(kvt_pool_refs(&d), refs + 2);
     assert_int_equal(kvt_first_diff(snap, d.base, (int64_t)d.bytes), -1);
     assert_int_equal(sc_stats().copies_done, i0); /* nothing ran */
-    /* a store now: every entry fails, none is added, the blocks go back */
+    /* a store now: every entry fails (nothing issued), none is added, the
+     * blocks go back */
     uint32_t ids[NB];
     kvt_put_blocks(&s, h2, NB, ids);
     const uint64_t srefs = kvt_pool_refs(&s);
@@ -812,8 +1039,11 @@ static void test_offload_dev_sticky_error(void **state)
     assert_int_equal(os.entries, NB); /* the first store's, kept */
     assert_int_equal(os.failed_ops, 2);
     assert_int_equal(kv_block_pool_release(s.pool, ids, NB), KV_OK);
+    const uint64_t issued = sc_stats().copies_issued;
     kv_offload_destroy(off);
     kvt_softcuda_pause(false);
+    assert_int_equal(sc_stats().copies_issued, issued); /* the store issued nothing */
+    assert_int_equal(kvt_pool_refs(&d), refs);          /* given back at destroy */
     assert_int_equal(sc_stats().tier_streams, 0);
     kvt_cache_free(&s);
     kvt_cache_free(&d);
@@ -866,6 +1096,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_offload_dev_engine_write_after_post, setup_double,
                                         NULL),
         cmocka_unit_test_setup_teardown(test_offload_dev_copy_failure, setup_double,
+                                        teardown_double),
+        cmocka_unit_test_setup_teardown(test_offload_dev_wait_failure_stream_sync, setup_double,
+                                        teardown_double),
+        cmocka_unit_test_setup_teardown(test_offload_dev_wait_failure_quarantine, setup_double,
                                         teardown_double),
         cmocka_unit_test_setup_teardown(test_offload_dev_sticky_error, setup_double,
                                         teardown_double),
