@@ -828,6 +828,22 @@ static void wait_drained(void)
     assert_int_equal(sc_stats().queued, 0);
 }
 
+/* A store op ended: each of its n entries KV_ERR_DEVICE and not in the
+ * tier (hashes h, cache t); the op freed. */
+static void store_failed_free(kv_offload *off, kv_offload_op *op, struct kvt_cache *t,
+                              const uint64_t *h, uint32_t n)
+{
+    const struct kv_offload_result *res;
+    uint32_t nr;
+    assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
+    assert_int_equal(nr, n);
+    for (uint32_t i = 0; i < n; i++) {
+        assert_int_equal(res[i].status, KV_ERR_DEVICE);
+        assert_false(kv_offload_contains(off, t->c, h[i]));
+    }
+    assert_int_equal(kv_offload_op_free(op), KV_OK);
+}
+
 /* The event record or synchronize fails while the chunk's D2H copies are
  * still queued: the worker waits for its stream instead, so the op stays
  * RUNNING until they landed; then the chunk fails KV_ERR_DEVICE as for a
@@ -857,14 +873,7 @@ static void test_offload_dev_wait_failure_stream_sync(void **state)
         assert_int_equal(queued, mode == FAIL_SYNC ? 3 : 2); /* the copies (and the record) */
         assert_int_equal(kvt_offload_finish(op), KV_OFFLOAD_FAILED);
         assert_int_equal(sc_stats().queued, 0);
-        const struct kv_offload_result *res;
-        uint32_t nr;
-        assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
-        for (int i = 0; i < 2; i++) {
-            assert_int_equal(res[i].status, KV_ERR_DEVICE);
-            assert_false(kv_offload_contains(off, s.c, h[i]));
-        }
-        assert_int_equal(kv_offload_op_free(op), KV_OK);
+        store_failed_free(off, op, &s, h, 2);
         struct kv_offload_stats os;
         assert_int_equal(kv_offload_stats_get(off, &os), KV_OK);
         assert_int_equal(os.entries, 0);
@@ -919,14 +928,7 @@ static void test_offload_dev_wait_failure_quarantine(void **state)
         wait_drained();
         assert_int_equal(fin, KV_OFFLOAD_FAILED);
         assert_int_equal(queued, mode == FAIL_SYNC ? 3 : 2);
-        const struct kv_offload_result *res;
-        uint32_t nr;
-        assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
-        for (int i = 0; i < 2; i++) {
-            assert_int_equal(res[i].status, KV_ERR_DEVICE);
-            assert_false(kv_offload_contains(off, s.c, h[i]));
-        }
-        assert_int_equal(kv_offload_op_free(op), KV_OK);
+        store_failed_free(off, op, &s, h, 2);
         /* the late D2H landed in its own pieces: the host entries are intact */
         const kv_status want[2] = {KV_OK, KV_OK};
         assert_int_equal(kvt_load_check(off, &hd, hh, 2, want, true), KV_OFFLOAD_DONE);
@@ -961,6 +963,8 @@ static void test_offload_dev_wait_failure_quarantine(void **state)
         atomic_store(&stream_fail, 0);
         assert_int_equal(lfin, KV_OFFLOAD_FAILED);
         assert_int_equal(held, refs + 2); /* not back in the pool */
+        const struct kv_offload_result *res;
+        uint32_t nr;
         assert_int_equal(kv_offload_results(op, &res, &nr), KV_OK);
         for (int i = 0; i < 2; i++) {
             assert_int_equal(res[i].status, KV_ERR_DEVICE);
