@@ -4,7 +4,8 @@
 # the real prefill runs and posts DONE for a request it never wrote. Decode
 # must not take it for prefill's (it did: it checked the request before its
 # bytes landed and released its blocks); the run passes, decode naming what
-# it ignored.
+# it ignored. Beside it, prefill's --report-fd on /dev/full: a role whose
+# report (its verdict) was not written fails, naming why.
 # Usage: tests/cli/test_peers.sh BUILD_DIR (needs BUILD_DIR/tests/kvdemo_intruder)
 set -uo pipefail
 build=${1:-build}
@@ -27,7 +28,10 @@ for _ in $(seq 500); do
     sleep 0.01
 done
 [ -n "$port" ] || fail "decode did not say its port"
-timeout 20 "$d" prefill --port "${port:-1}" --requests 1 >"$tmp/p.out" 2>"$tmp/p.err" &
+# prefill's report goes to a descriptor where it cannot be written
+# (/dev/full): its verdict lost, it must fail, naming why (it exited 0)
+timeout 20 "$d" prefill --port "${port:-1}" --requests 1 --report-fd 3 \
+    >"$tmp/p.out" 2>"$tmp/p.err" 3>/dev/full &
 ppid=$!
 # the intruder only once prefill's connections are up (decode accepts the
 # first peer through its handshake: that must be prefill)
@@ -42,8 +46,10 @@ drc=$?
 wait $ppid
 prc=$?
 [ "$drc" = 0 ] || fail "decode exit $drc (want 0): $(tail -3 "$tmp/d.err")"
-[ "$prc" = 0 ] || fail "prefill exit $prc (want 0): $(tail -3 "$tmp/p.err")"
+[ "$prc" = 1 ] || fail "prefill exit $prc (want 1, its report not written): $(tail -3 "$tmp/p.err")"
+grep -q "the report to fd 3 was not written: No space left on device" "$tmp/p.err" ||
+    fail "prefill did not name its unwritten report: $(tail -3 "$tmp/p.err")"
 grep -q "ignored a notification (tag 2, 4 bytes) from peer" "$tmp/d.err" ||
     fail "decode did not name the notification it ignored: $(tail -3 "$tmp/d.err")"
-echo "tests/cli/test_peers.sh: $((3 - fails)) of 3 as expected"
+echo "tests/cli/test_peers.sh: $((4 - fails)) of 4 as expected"
 [ "$fails" = 0 ]

@@ -174,7 +174,7 @@ bool ok_call(kv_status st, const char *what);
 /* A failure that is not a check (named, the first kept): false. */
 __attribute__((format(printf, 1, 2))) bool fail_msg(const char *fmt, ...);
 void progress(uint32_t done, uint32_t total, uint64_t t_start);
-void report_write(int fd, const struct report *r);
+bool report_write(int fd, const struct report *r);
 bool report_read(int fd, struct report *r, bool take_requests);
 void print_table(const struct report *r, const char *how, double wall_s);
 

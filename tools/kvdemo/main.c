@@ -375,7 +375,13 @@ int main(int argc, char **argv)
         rc = !strcmp(role, "decode") ? run_decode(&o, reqs) : run_prefill(&o, reqs);
     }
     if (o.report_fd >= 0) {
-        report_write(o.report_fd, &g_rep);
+        /* the report is this role's verdict: one not written is a failure */
+        if (!report_write(o.report_fd, &g_rep)) {
+            fprintf(stderr, "kvdemo %s: the report to fd %d was not written: %s\n", role,
+                    o.report_fd, strerror(errno));
+            if (rc == 0)
+                rc = EXIT_FAILED;
+        }
     } else {
         print_table(&g_rep, o.local ? "one process, transfers by kv_plan_copy" : role,
                     (double)(now_ns() - t0) / 1e9);

@@ -9,6 +9,7 @@
  * merges both reports (report_read) and prints the table (print_table).
  * --local, and a role started by hand, print their own table.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -114,12 +115,13 @@ void progress(uint32_t done, uint32_t total, uint64_t t_start)
 
 /* ---- the report pipe: one "key values..." line per count ------------------------------------- */
 
-/* r as text lines on fd (a pipe to the parent; closed here). */
-void report_write(int fd, const struct report *r)
+/* r as text lines on fd (a pipe to the parent; closed here); false, with
+ * errno, when they were not all written (the reader then has no verdict). */
+bool report_write(int fd, const struct report *r)
 {
     FILE *f = fdopen(fd, "w");
     if (!f)
-        return;
+        return false;
     for (int s = 0; s < ST_COUNT; s++)
         fprintf(f, "stage %d %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", s, r->bytes[s], r->ns[s],
                 r->calls[s]);
@@ -139,7 +141,14 @@ void report_write(int fd, const struct report *r)
             r->lw_c_ns, r->lw_whole_ns, r->lw_layers_ns);
     if (r->first_fail[0])
         fprintf(f, "fail %s\n", r->first_fail);
-    fclose(f);
+    const bool ok = fflush(f) == 0 && !ferror(f);
+    const int err = errno;
+    if (fclose(f) != 0 || !ok) {
+        if (!ok)
+            errno = err;
+        return false;
+    }
+    return true;
 }
 
 /* Merge a child's report into *r; false when it was cut short. */
