@@ -46,6 +46,15 @@ static inline void kvt_fill(void *p, size_t n, uint64_t seed)
     }
 }
 
+/* The n uint32 values of src copied one byte into buf (which holds at least
+ * 1 + 4 n bytes and is uint32-aligned): an array misaligned for its
+ * elements, for the refusal tests. */
+static inline const uint32_t *kvt_misaligned_u32(char *buf, const uint32_t *src, size_t n)
+{
+    memcpy(buf + 1, src, n * sizeof(*src));
+    return (const uint32_t *)(void *)(buf + 1);
+}
+
 /* Uniform in [lo, hi]. */
 static inline int64_t kvt_range(uint64_t *state, int64_t lo, int64_t hi)
 {

@@ -1024,10 +1024,8 @@ static void test_pack_caller_block_lists(void **state)
     assert_non_null(b);
     memset(b, 0xAB, size + 64);
     _Alignas(uint32_t) char sbuf[1 + sizeof(f.sid)], dbuf[1 + sizeof(f.did)];
-    memcpy(sbuf + 1, f.sid, sizeof(f.sid));
-    memcpy(dbuf + 1, f.did, sizeof(f.did));
-    const uint32_t *sm = (const uint32_t *)(void *)(sbuf + 1);
-    const uint32_t *dm = (const uint32_t *)(void *)(dbuf + 1);
+    const uint32_t *sm = kvt_misaligned_u32(sbuf, f.sid, sizeof(f.sid) / sizeof(f.sid[0]));
+    const uint32_t *dm = kvt_misaligned_u32(dbuf, f.did, sizeof(f.did) / sizeof(f.did[0]));
     REFUSED(kv_pack(NULL, f.s.pc, sm, 5, f.T, b, (size_t)size, &out, NULL), KV_ERR_INVALID_ARG,
             "kv_pack: src_blocks=");
     assert_int_equal(out, 0);

@@ -809,10 +809,8 @@ static void test_plan_misaligned_block_lists(void **state)
     memcpy(before, d.mem, (size_t)d.lo.total_bytes);
     const uint32_t a[3] = {39, 17, 2}, b[3] = {30, 31, 32};
     _Alignas(uint32_t) char sbuf[1 + sizeof(a)], dbuf[1 + sizeof(b)];
-    memcpy(sbuf + 1, a, sizeof(a));
-    memcpy(dbuf + 1, b, sizeof(b));
-    const uint32_t *sm = (const uint32_t *)(void *)(sbuf + 1);
-    const uint32_t *dm = (const uint32_t *)(void *)(dbuf + 1);
+    const uint32_t *sm = kvt_misaligned_u32(sbuf, a, sizeof(a) / sizeof(a[0]));
+    const uint32_t *dm = kvt_misaligned_u32(dbuf, b, sizeof(b) / sizeof(b[0]));
     struct kv_paged_cache sd = s.pc, dd = d.pc;
     sd.mem = dd.mem = KV_MEM_DEVICE;
     REFUSED(kv_plan_copy(p, s.pc, sm, 3, d.pc, b, 3, 40), KV_ERR_INVALID_ARG,

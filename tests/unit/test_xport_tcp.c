@@ -715,10 +715,8 @@ static void test_xport_tcp_misaligned_lists(void **state)
     assert_int_equal(kv_plan_create(&s.lo, &d.lo, NULL, &plan), KV_OK);
     const uint32_t sid[2] = {11, 4}, did[4] = {9, 0, 7, 2};
     _Alignas(uint32_t) char sbuf[1 + sizeof(sid)], dbuf[1 + sizeof(did)];
-    memcpy(sbuf + 1, sid, sizeof(sid));
-    memcpy(dbuf + 1, did, sizeof(did));
-    const uint32_t *sm = (const uint32_t *)(void *)(sbuf + 1);
-    const uint32_t *dm = (const uint32_t *)(void *)(dbuf + 1);
+    const uint32_t *sm = kvt_misaligned_u32(sbuf, sid, sizeof(sid) / sizeof(sid[0]));
+    const uint32_t *dm = kvt_misaligned_u32(dbuf, did, sizeof(did) / sizeof(did[0]));
     kv_xport_mem *ms = NULL, *md = NULL;
     assert_int_equal(kv_xport_mem_reg(p.a, s.mem, (size_t)s.lo.total_bytes, KV_MEM_HOST, &ms),
                      KV_OK);
