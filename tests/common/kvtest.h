@@ -7,6 +7,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <kvcache/kv.h>
 
@@ -53,6 +55,21 @@ static inline const uint32_t *kvt_misaligned_u32(char *buf, const uint32_t *src,
 {
     memcpy(buf + 1, src, n * sizeof(*src));
     return (const uint32_t *)(void *)(buf + 1);
+}
+
+/* Whether every page of [p, p + n) is mapped now (mincore refuses an
+ * unmapped page with ENOMEM). An unmapped-range refusal test that sees its
+ * call succeed asks this: another thread (a progress thread, the
+ * sanitizer's allocator) may have mapped the freed range again, which is a
+ * reason to retry, not a pass. */
+static inline bool kvt_range_mapped(const void *p, size_t n)
+{
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    unsigned char vec;
+    for (uintptr_t a = (uintptr_t)p & ~(pg - 1); a < (uintptr_t)p + n; a += pg)
+        if (mincore((void *)a, pg, &vec) != 0)
+            return false;
+    return true;
 }
 
 /* Uniform in [lo, hi]. */
