@@ -323,6 +323,7 @@ test: deps check-walls check-compares
 	@scripts/run-tests.sh $(filter-out $(addprefix $(BUILD)/tests/,$(TEST_SKIP)),$(TESTS))
 	@tests/cli/test_args.sh $(BUILD)
 	@tests/cli/test_peers.sh $(BUILD)
+	$(if $(SANITIZE)$(filter 1,$(DEBUG)),,@tests/cli/test_watchdog.sh $(BUILD))
 	$(if $(SANITIZE)$(filter 1,$(DEBUG)),,@$(MAKE) --no-print-directory pytest)
 
 # The tiny engine on the Python package (examples/tiny_engine.py): continuous

@@ -124,6 +124,7 @@ struct opts {
     bool local, fault;
     int port;               /* -1: none given */
     int port_fd, report_fd; /* -1: none given */
+    uint32_t timeout_s;     /* the parent's limit on the whole run (--timeout) */
 };
 
 /* ---- workload.c: the batch and the generator ------------------------------------------------- */

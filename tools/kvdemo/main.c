@@ -2,6 +2,7 @@
  * main.c - kvdemo's command line and the parent process (make demo).
  *
  *   kvdemo [--requests N] [--seed S] [--transport tcp|rdma|shm|auto] [--local] [--fault]
+ *          [--timeout S]
  *   kvdemo decode --port P [--port-fd FD] [--report-fd FD] [options]
  *   kvdemo prefill --port P [--report-fd FD] [options]
  *
@@ -11,6 +12,9 @@
  * (decode_role.c, prefill_role.c). Each writes its report on a pipe of its
  * own (--report-fd); the parent merges them and prints the final table
  * (report.c). --local runs both sides in this process instead (local.c).
+ * The parent kills both after --timeout seconds (a role stopped or hung
+ * would otherwise hold it forever); a role whose parent dies is killed by
+ * the kernel (PR_SET_PDEATHSIG), not left to run out its own waits.
  * kvdemo.h has the map of the parts.
  *
  * Exit status: 0 when every check passed; 1 when a check failed (the first
@@ -24,13 +28,17 @@
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "kvdemo.h"
 
 /* ---- the command line ------------------------------------------------------------------------ */
+
+enum { DEFAULT_TIMEOUT_S = 600 }; /* --timeout: far past any run's length */
 
 static void usage(FILE *f)
 {
@@ -50,12 +58,14 @@ static void usage(FILE *f)
             "  --local          one process: the transfer as kv_plan_copy (no transport)\n"
             "  --fault          flip one bit of one request in decode after its transfer\n"
             "                   (the run must then fail, naming that check)\n"
+            "  --timeout S      kill both processes and fail after S seconds (1..86400;\n"
+            "                   default %d)\n"
             "  --port P         decode: listen on 127.0.0.1:P (0: any); prefill: connect to it\n"
             "  --help, -h       this text\n"
             "Both roles must get the same --requests and --seed.\n"
             "Exit status: 0 every check passed; 1 a check failed or a call was refused;\n"
             "2 usage error.\n",
-            L_LAYERS, H_KV, D_HEAD, MAX_TOKENS, MLA_REQS, MLA_D, MAX_REQUESTS);
+            L_LAYERS, H_KV, D_HEAD, MAX_TOKENS, MLA_REQS, MLA_D, MAX_REQUESTS, DEFAULT_TIMEOUT_S);
 }
 
 enum {
@@ -67,7 +77,9 @@ enum {
     OPT_PORT,
     OPT_PORT_FD,
     OPT_REPORT_FD,
+    OPT_TIMEOUT,
 };
+
 
 static const struct option long_opts[] = {
     {"requests", required_argument, NULL, OPT_REQUESTS},
@@ -78,6 +90,7 @@ static const struct option long_opts[] = {
     {"port", required_argument, NULL, OPT_PORT},
     {"port-fd", required_argument, NULL, OPT_PORT_FD},
     {"report-fd", required_argument, NULL, OPT_REPORT_FD},
+    {"timeout", required_argument, NULL, OPT_TIMEOUT},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -113,6 +126,7 @@ static int bad_value(int c, const char *val)
             : c == OPT_REQUESTS ? "1..256"
             : c == OPT_PORT     ? "a port 0..65535"
             : c == OPT_SEED     ? "an unsigned integer (decimal, or hexadecimal after 0x)"
+            : c == OPT_TIMEOUT  ? "seconds, 1..86400"
                                 : "a file descriptor open for writing, >= 3",
             val ? val : "(nothing)");
     return EXIT_USAGE;
@@ -160,6 +174,11 @@ static int parse_opts(int argc, char **argv, int first, struct opts *o)
             else
                 return bad_value(c, optarg);
             break;
+        case OPT_TIMEOUT:
+            if (!parse_u64(optarg, 1, 86400, &v))
+                return bad_value(c, optarg);
+            o->timeout_s = (uint32_t)v;
+            break;
         case OPT_PORT:
             if (!parse_u64(optarg, 0, 65535, &v))
                 return bad_value(c, optarg);
@@ -203,6 +222,7 @@ static pid_t spawn(const char *self, const char *role, const struct opts *o, int
     if (pipe(pr) != 0)
         return -1;
     fflush(NULL);
+    const pid_t parent = getpid();
     const pid_t pid = fork();
     if (pid < 0) {
         close(pr[0]);
@@ -210,6 +230,10 @@ static pid_t spawn(const char *self, const char *role, const struct opts *o, int
         return -1;
     }
     if (pid == 0) {
+        /* killed with the parent (kept across exec); a parent already gone
+         * before this line is caught by getppid */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+            _exit(127);
         close(pr[0]);
         char req[16], seed[24], portb[8], rfd[12], pfd[12];
         snprintf(req, sizeof(req), "%u", o->requests);
@@ -247,8 +271,43 @@ static pid_t spawn(const char *self, const char *role, const struct opts *o, int
     return pid;
 }
 
-static int wait_child(pid_t pid, const char *role)
+/* The parent's watchdog: SIGALRM after --timeout kills the roles still
+ * running. A pid leaves g_child (with SIGALRM blocked) before it is
+ * reaped, so the handler never kills a pid reused by another process. */
+static volatile sig_atomic_t g_child[2];
+static volatile sig_atomic_t g_timed_out;
+
+static void on_alarm(int sig)
 {
+    (void)sig;
+    g_timed_out = 1;
+    for (int i = 0; i < 2; i++)
+        if (g_child[i] > 0)
+            kill((pid_t)g_child[i], SIGKILL);
+}
+
+/* Record child i (its pid, or -1): killed at once if the deadline has
+ * already passed. */
+static void watch_child(int i, pid_t pid)
+{
+    g_child[i] = pid;
+    if (g_timed_out && pid > 0)
+        kill(pid, SIGKILL);
+}
+
+static int wait_child(int i, pid_t pid, const char *role)
+{
+    siginfo_t si;
+    /* wait without reaping (the pid stays this child's), forget it, then
+     * reap */
+    while (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOWAIT) < 0 && errno == EINTR)
+        ;
+    sigset_t alrm, old;
+    sigemptyset(&alrm);
+    sigaddset(&alrm, SIGALRM);
+    sigprocmask(SIG_BLOCK, &alrm, &old);
+    g_child[i] = -1;
+    sigprocmask(SIG_SETMASK, &old, NULL);
     int ws = 0;
     while (waitpid(pid, &ws, 0) < 0 && errno == EINTR)
         ;
@@ -273,8 +332,23 @@ static int run_parent(const char *self, const struct opts *o)
         perror("kvdemo: pipe");
         return EXIT_FAILED;
     }
+    /* no SA_RESTART: a read or wait in progress returns at the deadline */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_alarm;
+    sigemptyset(&sa.sa_mask);
+    g_child[0] = g_child[1] = -1;
+    g_timed_out = 0;
+    if (sigaction(SIGALRM, &sa, NULL) != 0) {
+        perror("kvdemo: sigaction");
+        close(pp[0]);
+        close(pp[1]);
+        return EXIT_FAILED;
+    }
+    alarm(o->timeout_s);
     int drd = -1, prd = -1;
     const pid_t dpid = spawn(self, "decode", o, 0, pp[1], &drd);
+    watch_child(0, dpid);
     close(pp[1]);
     if (dpid < 0) {
         perror("kvdemo: starting decode");
@@ -293,6 +367,7 @@ static int run_parent(const char *self, const struct opts *o)
     if (parse_u64(line, 1, 65535, &port)) {
         printf("kvdemo: decode listens on 127.0.0.1:%" PRIu64 ", starting prefill\n", port);
         ppid = spawn(self, "prefill", o, (int)port, -1, &prd);
+        watch_child(1, ppid);
         if (ppid < 0)
             perror("kvdemo: starting prefill");
     } else {
@@ -303,9 +378,17 @@ static int run_parent(const char *self, const struct opts *o)
     memset(&rep, 0, sizeof(rep));
     const bool dseen = report_read(drd, &rep, true);
     const bool pseen = prd >= 0 && report_read(prd, &rep, false);
-    int rc = wait_child(dpid, "decode");
-    if (ppid >= 0 && wait_child(ppid, "prefill") != 0 && rc == 0)
+    int rc = wait_child(0, dpid, "decode");
+    if (ppid >= 0 && wait_child(1, ppid, "prefill") != 0 && rc == 0)
         rc = EXIT_FAILED;
+    alarm(0);
+    if (g_timed_out) {
+        fprintf(stderr,
+                "kvdemo: the run did not finish within %" PRIu32
+                " s (--timeout): its processes were killed\n",
+                o->timeout_s);
+        rc = EXIT_FAILED;
+    }
     char title[80];
     snprintf(title, sizeof(title), "prefill and decode processes over %s",
              o->kind == KV_XPORT_SHM    ? "shared memory"
@@ -328,7 +411,7 @@ static int run_parent(const char *self, const struct opts *o)
 int main(int argc, char **argv)
 {
     g_tty = isatty(STDOUT_FILENO);
-    struct opts o = {24, 1, KV_XPORT_TCP, false, false, -1, -1, -1};
+    struct opts o = {24, 1, KV_XPORT_TCP, false, false, -1, -1, -1, 0};
     const char *role = argc > 1 && argv[1][0] != '-' ? argv[1] : NULL;
     if (role && strcmp(role, "decode") && strcmp(role, "prefill")) {
         fprintf(stderr, "kvdemo: unknown role '%s': decode or prefill (kvdemo --help)\n", role);
@@ -341,6 +424,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvdemo %s: needs --port (and no --local)\n", role);
         return EXIT_USAGE;
     }
+    if ((role || o.local) && o.timeout_s) {
+        fprintf(stderr, "kvdemo: --timeout is for the two-process run (a role's waits have "
+                        "their own deadlines; --local runs no process)\n");
+        return EXIT_USAGE;
+    }
+    if (!o.timeout_s)
+        o.timeout_s = DEFAULT_TIMEOUT_S;
     if (!role && (o.port >= 0 || o.port_fd >= 0 || o.report_fd >= 0)) {
         fprintf(stderr, "kvdemo: --port, --port-fd and --report-fd are for the roles\n");
         return EXIT_USAGE;
