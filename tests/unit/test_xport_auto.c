@@ -26,8 +26,10 @@
  *   - hostile probe answers (kv__xport_probe_parse): each bad field
  *     refused by name (the fuzz target fuzz_xport_probe covers the rest).
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -38,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -289,15 +292,26 @@ static void test_xport_auto_refusals(void **state)
     assert_int_equal(kvt_xport_settle(pa, &why), KV_XPORT_CLOSED);
     assert_int_equal(why, KV_ERR_MISMATCH);
     kv_xport_peer_close(pa);
-    /* nobody listening there: the probe fails, so does TCP */
-    const uint16_t gone = kv_xport_port(t);
     assert_int_equal(kv_xport_destroy(t), KV_OK);
+    /* nobody listening there: the probe fails, so does TCP. The port is
+     * held by a socket bound and never listening (a connection to it is
+     * refused, and nothing else can listen there meanwhile): the destroyed
+     * listener's port could be taken again by a test running beside this
+     * one before the connect. */
+    const int hold = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(hold >= 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof(sa);
+    assert_int_equal(bind(hold, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(getsockname(hold, (struct sockaddr *)&sa, &sl), 0);
+    const uint16_t gone = ntohs(sa.sin_port);
     assert_int_equal(kv_xport_connect(a, "127.0.0.1", gone, &pa), KV_OK);
     assert_int_equal(peer_path(pa, w, sizeof(w)), KV_XPORT_TCP);
     assert_non_null(strstr(w, "no same-host offer"));
     assert_int_equal(kvt_xport_settle(pa, &why), KV_XPORT_CLOSED);
     assert_int_equal(why, KV_ERR_IO);
     kv_xport_peer_close(pa);
+    close(hold);
     assert_int_equal(kv_xport_destroy(a), KV_OK);
     struct kv_xport_stats st = KV_XPORT_STATS_INIT;
     assert_int_equal(kv_xport_stats_get(b, &st), KV_OK);

@@ -1215,13 +1215,17 @@ static pid_t relay_start(uint16_t target, enum relay_mode mode, uint64_t after, 
 }
 
 /* A sender connected to an in-process receiver through a relay: a 16 MiB
- * write (8 entries of 2 MiB) with a notification. */
+ * write (8 entries of 2 MiB) with a notification. The sender's timeout_ms:
+ * the stall's, which must fire; a cut or a flipped byte must end the
+ * transfer FAILED by itself, with a deadline it never nears (600 ms was
+ * near: under TSan on a loaded core the flipped cases ended TIMED_OUT
+ * before the receiver's verdict came back). */
 static void fault_case(enum relay_mode mode, uint64_t after, kv_xport_state want, kv_status why)
 {
     struct kv_xport_config cb = kvt_xport_cfg(KV_XPORT_TCP, true, TOKEN, 1),
                            ca = kvt_xport_cfg(KV_XPORT_TCP, false, TOKEN, 1);
     ca.conns_per_peer = cb.conns_per_peer = 1;
-    ca.timeout_ms = 600;
+    ca.timeout_ms = mode == RELAY_STALL ? 600 : 5000;
     struct kvt_pair p;
     assert_int_equal(kv_xport_create(&cb, &p.b), KV_OK);
     assert_int_equal(kv_xport_create(&ca, &p.a), KV_OK);
