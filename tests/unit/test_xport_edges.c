@@ -1222,11 +1222,19 @@ static void test_xport_edges_frames_before_ready(void **state)
     assert_int_equal(f.type, KV__XF_HELLO);
     n = kvt_raw_frame(b, KV__XF_NOTIFY, 0, 1, 0, 0x77, "early", 5);
     assert_true(kvt_raw_send(fd, b, n));
+    /* the refusal counted (waited for: a slow run may take its time),
+     * then nothing queued and no peer */
+    struct kv_xport_stats st = KV_XPORT_STATS_INIT;
+    for (const uint64_t end = now_ms() + 10000; now_ms() < end; usleep(2000)) {
+        assert_int_equal(kv_xport_stats_get(x, &st), KV_OK);
+        if (st.peers_refused)
+            break;
+    }
+    assert_int_equal(st.peers_refused, 1);
     struct kv_xport_msg *m = malloc(sizeof(*m));
-    assert_int_equal(kv_xport_notify_poll(x, 600, m), KV_ERR_TIMEOUT);
+    assert_int_equal(kv_xport_notify_poll(x, 100, m), KV_ERR_TIMEOUT);
     kv_xport_peer *p = NULL;
     assert_int_equal(kv_xport_accept(x, 0, &p), KV_ERR_TIMEOUT);
-    struct kv_xport_stats st = KV_XPORT_STATS_INIT;
     assert_int_equal(kv_xport_stats_get(x, &st), KV_OK);
     assert_int_equal(st.peers_refused, 1);
     close(fd);
