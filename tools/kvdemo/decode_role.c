@@ -79,6 +79,10 @@ int run_decode(const struct opts *o, const struct request *reqs)
         ok = xport_reg(x, &d->g[g].s, &mem[g]);
     ok = ok && xport_reg(x, &d->mla.s, &mla_mem);
     ok = ok && ok_call(kv_xport_accept(x, WAIT_MS, &peer), "kv_xport_accept");
+    if (ok && o->port_fd < 0) { /* run by hand: the peer it takes (tests/cli/test_peers.sh) */
+        printf("decode: accepted its peer\n");
+        fflush(stdout);
+    }
     uint32_t next = 0, inflight = 0, done = 0;
     const uint64_t t_start = now_ns();
     while (ok && done < o->requests) {
