@@ -410,7 +410,9 @@ def test_dropped_while_a_peer_stalls():
                              stdout=subprocess.PIPE, text=True)
     try:
         port = int(child.stdout.readline())
-        y = kvcache.Transport(TOKEN, timeout_ms=1500)
+        # 3 s: the transfers must still be in flight at gc.collect below
+        # (1.5 s left a slow run, ASan or a loaded machine, ~1.3 s of margin)
+        y = kvcache.Transport(TOKEN, timeout_ms=3000)
         peer = y.connect("127.0.0.1", port)
         peer.wait(5000)
         rm = peer.import_blob(bytes.fromhex(child.stdout.readline().strip()))
@@ -425,6 +427,7 @@ def test_dropped_while_a_peer_stalls():
         r.cache = kvcache.Cache(lay, max_seqs=1)
         r.cache.arena()[:] = 7
         r.mem = y.register(r.cache)
+        t_write = time.monotonic()
         r.xf = peer.write([(r.mem, 0, rm, 0, min(r.mem.nbytes, nb))])
         cache2 = kvcache.Cache(lay, max_seqs=1)
         mem2 = y.register(cache2)
@@ -437,7 +440,8 @@ def test_dropped_while_a_peer_stalls():
         del r, tx
         gc.collect()
         assert T._ORPHANS  # still in flight: kept, not freed
-        time.sleep(2.5)  # the stall deadline ends the transfers
+        # the stall deadline ends the transfers
+        time.sleep(max(0.0, t_write + 3.3 - time.monotonic()))
         os.kill(child.pid, signal.SIGCONT)
         # the LayerTx's ABORT may still need decode's answer (when the
         # socket had taken the frames whole, the peer stayed open)
