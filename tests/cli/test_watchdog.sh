@@ -36,8 +36,9 @@ gone() { # until every pid in $1 has exited (5 s at most)
     return 1
 }
 
-# 1. decode stopped as soon as it exists: the parent gives up after 1 s
-timeout 20 "$d" --requests 2 --timeout 1 >"$tmp/1.out" 2>"$tmp/1.err" &
+# 1. decode stopped as soon as it exists (a run long enough not to end
+#    first): the parent gives up after 1 s
+timeout 20 "$d" --requests 256 --timeout 1 >"$tmp/1.out" 2>"$tmp/1.err" &
 tpid=$!
 ppid_=
 for _ in $(seq 500); do
