@@ -54,7 +54,10 @@ run_model() {
         # KVT_NO_GRID=1: test_attn_mla leaves out its cases of the CUDA
         # bodies on the grid emulator (scalar code, the same on every CPU,
         # and the emulator's fiber switches are slowest under QEMU)
-        out=$(OMP_WAIT_POLICY=passive KVT_NO_GRID=1 timeout 900 "$qemu" -cpu "$model" \
+        # KVT_EMULATED_QUICK (--quick): test_attn_mla's prefill comparison
+        # keeps one case per dtype and option (QEMU's AVX2 is slow: 127 s
+        # of it on an Intel Xeon host against 45 s)
+        out=$(OMP_WAIT_POLICY=passive KVT_NO_GRID=1 KVT_EMULATED_QUICK=$quick timeout 900 "$qemu" -cpu "$model" \
             "$build/tests/$b" 2>&1)
         rc=$?
         {
