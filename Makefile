@@ -122,12 +122,26 @@ endif
 # against -lxxhash first, once per build folder, or the build stops here.
 XXH_PROBE := $(if $(filter x86_64-%,$(shell $(CC) -dumpmachine)),$(BUILD)/xxhash-dispatch.ok)
 
+# Machine code for sm_80 (A100) and sm_90 (H100/H200), plus compute_90 PTX so
+# a newer GPU can JIT; scripts/check-cuda-build.py checks all three are in
+# every fat binary of the library.
+NVCCFLAGS ?= -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 \
+             -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+NVCC_ALL   = $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden -DKV_HAVE_CUDA=1
+# Device code takes none of a build's flavour (no sanitizer, debug, malloc or
+# RDMA flag reaches nvcc), so every build folder with the same nvcc and flags
+# links the same objects, compiled once into build-cu-<checksum of the
+# command> rather than once per flavour: kv_attn_cuda.cu alone is ~30 s of
+# nvcc, and .ci/run builds six flavours. Objects are written under a
+# temporary name and renamed, so two builds at once never link a half file.
+CU_OBJ    := build-cu-$(shell printf '%s' '$(NVCC) $(NVCC_ALL)' | cksum | cut -d' ' -f1)
+
 # Backend sources: *_cuda.c / *.cu only with CUDA, *_verbs.c only with RDMA.
 SRC_ALL := $(foreach m,$(MODULES),$(wildcard $(m)/*.c $(m)/*/*.c))
 SRC     := $(filter-out $(if $(filter 1,$(HAVE_CUDA)),,%_cuda.c) \
                         $(if $(filter 1,$(HAVE_RDMA)),,%_verbs.c),$(SRC_ALL))
 CU_SRC  := $(if $(filter 1,$(HAVE_CUDA)),$(foreach m,$(MODULES),$(wildcard $(m)/*.cu $(m)/*/*.cu)))
-OBJ     := $(SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
+OBJ     := $(SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(CU_OBJ)/%.cu.o)
 # Header tiers (kvcache/kv_lib.h): library-internal headers of the core, used
 # by every module and never installed; module-private *_int.h (incl. the CUDA
 # boundaries); everything else is public, installed in include/kvcache/ with
@@ -143,13 +157,6 @@ HEADERS := $(filter-out %_int.h %_hd.h $(LIB_HEADERS),$(foreach m,$(MODULES),$(w
 # The public headers as installed, in the build tree: integration tests
 # compile against this directory alone (-I$(BUILD)/include), as a user would.
 STAGED := $(BUILD)/include/kvcache/.stamp
-
-# Machine code for sm_80 (A100) and sm_90 (H100/H200), plus compute_90 PTX so
-# a newer GPU can JIT; scripts/check-cuda-build.py checks all three are in
-# every fat binary of the library.
-NVCCFLAGS ?= -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 \
-             -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
-NVCC_ALL   = $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden -DKV_HAVE_CUDA=1
 
 TEST_COMMON := $(wildcard tests/common/*.c)
 # A test binary is compiled from several sources in one command, so its -MMD
@@ -186,7 +193,7 @@ CLI    := $(BUILD)/kvcache
 DEMO   := $(BUILD)/kvdemo
 BENCH  := $(BUILD)/kvbench
 
-.PHONY: all lib deps test tests pytest example gpu-tests demo tour bench fuzz install clean format cppcheck info \
+.PHONY: all lib print-cu-objs deps test tests pytest example gpu-tests demo tour bench fuzz install clean format cppcheck info \
         check-walls check-compares headers
 all: lib $(CLI) $(DEMO)
 lib: $(LIB_A) $(LIB_SO)
@@ -215,10 +222,10 @@ $(BUILD)/obj/%.o: %.c
 	@$(if $(Q),echo '  CC     $<')
 	$(Q)$(CC) $(BASECFLAGS) $(call mod_inc,$*) $(call mod_cflags,$*) -c $< -o $@
 
-$(BUILD)/obj/%.cu.o: %.cu $(foreach m,$(MODULES),$(wildcard $(m)/*.h $(m)/*/*.h))
+$(CU_OBJ)/%.cu.o: %.cu $(foreach m,$(MODULES),$(wildcard $(m)/*.h $(m)/*/*.h))
 	@mkdir -p $(dir $@)
-	@$(if $(Q),echo '  NVCC   $<')
-	$(Q)$(NVCC) $(NVCC_ALL) $(call mod_inc,$*) -c $< -o $@
+	@$(if $(Q),echo '  NVCC   $< ($(CU_OBJ))')
+	$(Q)$(NVCC) $(NVCC_ALL) $(call mod_inc,$*) -c $< -o $@.$$$$.o && mv -f $@.$$$$.o $@
 
 $(LIB_A): $(OBJ)
 	@mkdir -p $(dir $@)
@@ -300,6 +307,10 @@ $(BUILD)/gpu/%: tests/gpu/%.c tests/gpu/gpu_test.h $(LIB_A)
 gpu-tests: $(GPU_TESTS)
 
 headers: $(STAGED)
+
+# The nvcc objects this build links (.ci/run's CUDA build check).
+print-cu-objs:
+	@echo $(filter %.cu.o,$(OBJ))
 
 # The module walls and header tiers (docs/design.md); --self-test first proves
 # the checker fails on a tree that breaks each rule.

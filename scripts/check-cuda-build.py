@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check that a build really contains CUDA device code (a check that can fail).
 
-    scripts/check-cuda-build.py build-cuda/libkvcache.so build-cuda/obj/**/*.cu.o
+    scripts/check-cuda-build.py build/libkvcache.so build-cu-*/**/*.cu.o
     scripts/check-cuda-build.py --self-test
 
 For each file given, every CUDA fat binary embedded in it (found by its
