@@ -59,6 +59,24 @@ static inline bool kv__pack_use_nt(uint64_t bytes)
  * caller calls kv__pack_nt_fence before another thread may read dst. */
 void kv__pack_copy_nt(char *dst, const char *src, size_t n);
 
+/* src to dst as kv__pack_copy_nt, and the same bytes to keep (plain
+ * stores): each 64 bytes of the middle loaded once into registers, then
+ * stored to both, so keep holds exactly what dst was given however src
+ * changes meanwhile. */
+void kv__pack_copy_keep_nt(char *dst, char *keep, const char *src, size_t n);
+
+/* How kv__pack_copy_hash streams the pieces of a row of KV__PACK_PIECE
+ * bytes or more: 1, fused (each piece read from the source once, written
+ * to the destination and to the L1 buffer in the same pass, then hashed
+ * there); 0, staged (read into the L1 buffer, hashed, then streamed from
+ * it: three passes over L1); -1 (default), fused on Intel CPUs, staged
+ * elsewhere. Shorter rows are always staged. Both hash exactly the bytes
+ * written. On the Intel Xeon host fused packed 1.1x the bytes of staged
+ * (32 KiB rows) but lost 20% on 2 KiB rows; the AMD EPYC hosts were
+ * measured only with staged (docs/benchmarks.md). Set only while no pack,
+ * unpack or offload op runs. */
+extern int kv__pack_fused_nt;
+
 /* Order this thread's streaming stores before its later stores (sfence). */
 void kv__pack_nt_fence(void);
 
@@ -66,7 +84,8 @@ void kv__pack_nt_fence(void);
  * this thread and return the XXH3-64 of the bytes written, in the order
  * the plan's rows take them, in one read of the source: each piece is read
  * into an L1 buffer, hashed there and written from there (streaming stores
- * when nt), the source kv__pack_prefetch_bytes ahead asked into L2
+ * when nt; or, kv__pack_fused_nt, written and kept in one pass, then
+ * hashed), the source kv__pack_prefetch_bytes ahead asked into L2
  * meanwhile. For a plan that writes its destination front to back
  * (kv__plan_is_sequential: pack, the offload store) that is the hash of
  * the destination block; for one that reads its source front to back

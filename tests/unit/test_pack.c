@@ -730,7 +730,17 @@ static void test_pack_streaming_stores(void **state)
     kv__pack_nt_min_bytes = UINT64_MAX;
     unsigned char *plain = pack_request(NULL, &s, sid, nb, T, &len);
     kv__pack_nt_min_bytes = 0;
+    /* streamed both ways (kv__pack_fused_nt): staged through the L1 piece,
+     * and written and kept in one pass; the same buffer, checksums included */
+    const int fused_default = kv__pack_fused_nt;
+    kv__pack_fused_nt = 0;
+    unsigned char *staged = pack_request(NULL, &s, sid, nb, T, &len_nt);
+    assert_int_equal(len, len_nt);
+    assert_int_equal(kvt_first_diff(plain, staged, (int64_t)len), -1);
+    free(staged);
+    kv__pack_fused_nt = 1;
     unsigned char *buf = pack_request(NULL, &s, sid, nb, T, &len_nt);
+    kv__pack_fused_nt = fused_default;
     assert_int_equal(len, len_nt);
     assert_int_equal(kvt_first_diff(plain, buf, (int64_t)len), -1);
     struct kv_pack_info info;
@@ -776,6 +786,42 @@ static void test_pack_streaming_stores(void **state)
     kvt_side_free(&s);
     kvt_side_free(&d[0]);
     kvt_side_free(&d[1]);
+}
+
+/* kv__pack_copy_keep_nt (the fused streaming copy) against memcpy: every
+ * destination offset from 0 to 63 (the plain head to 16-byte alignment),
+ * lengths across the edges (0, under and over head + 64, multiples of 64
+ * and not, a 4 KiB piece and one past it), a source offset that is odd: dst
+ * and keep both equal the source, and the bytes around them untouched. */
+static void test_copy_keep_nt(void **state)
+{
+    (void)state;
+    enum { CAP = 4096 + 256 };
+    static const size_t lens[] = {0, 1, 15, 63, 64, 65, 79, 127, 128, 129, 200, 1000, 4096, 4097};
+    unsigned char *src = malloc(CAP + 64), *dst = malloc(CAP + 128), *keep = malloc(CAP + 128);
+    assert_true(src && dst && keep);
+    for (size_t i = 0; i < CAP + 64; i++)
+        src[i] = (unsigned char)(i * 131 + 7);
+    for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++)
+        for (size_t off = 0; off < 64; off++) {
+            const size_t n = lens[li];
+            memset(dst, 0xA5, CAP + 128);
+            memset(keep, 0x5A, CAP + 128);
+            kv__pack_copy_keep_nt((char *)dst + off, (char *)keep + 1, (const char *)src + 3, n);
+            kv__pack_nt_fence();
+            if (memcmp(dst + off, src + 3, n) != 0 || memcmp(keep + 1, src + 3, n) != 0)
+                fail_msg("n %zu, dst offset %zu: a copy differs from the source", n, off);
+            for (size_t i = 0; i < CAP + 128; i++) {
+                if ((i < off || i >= off + n) && dst[i] != 0xA5)
+                    fail_msg("n %zu, dst offset %zu: byte %zu outside the copy written", n, off, i);
+                if ((i < 1 || i >= 1 + n) && keep[i] != 0x5A)
+                    fail_msg("n %zu, dst offset %zu: keep byte %zu outside the copy written", n,
+                             off, i);
+            }
+        }
+    free(src);
+    free(dst);
+    free(keep);
 }
 
 /* Unpack with a conversion to HND, which kv__pack_copy_hash_src writes a
@@ -1067,6 +1113,7 @@ int main(void)
         cmocka_unit_test(test_pack_refusals),
         cmocka_unit_test(test_pack_layer_range_refusals),
         cmocka_unit_test(test_pack_streaming_stores),
+        cmocka_unit_test(test_copy_keep_nt),
         cmocka_unit_test(test_unpack_convert_chunks),
         cmocka_unit_test(test_pack_corrupt_zeroes_listed_blocks),
         cmocka_unit_test(test_pack_payload_size_does_not_wrap),
