@@ -140,7 +140,10 @@ KV_API KV_NODISCARD kv_status kv_view_permute(const struct kv_view *src, const i
 KV_API KV_NODISCARD kv_status kv_view_transpose(const struct kv_view *src, int dim0, int dim1,
                                                 struct kv_view *out);
 /* x[..., start:stop:step, ...] on dim; start/stop clamp like Python (negative
- * values count from the end); step >= 1 (KV_ERR_INVALID_ARG otherwise). */
+ * values count from the end); step >= 1 (KV_ERR_INVALID_ARG otherwise). The
+ * dim's new stride is stride * step; where that is past int64, a result of
+ * two or more elements is KV_ERR_OVERFLOW, and one of at most one element
+ * keeps the old stride (the step is never taken). */
 KV_API KV_NODISCARD kv_status kv_view_slice(const struct kv_view *src, int dim, int64_t start,
                                             int64_t stop, int64_t step, struct kv_view *out);
 /* x.narrow(dim, start, length): 0 <= start (or start >= -size), start+length <= size. */

@@ -133,10 +133,15 @@ kv_status kv_view_slice(const struct kv_view *src, int dim, int64_t start, int64
     if (kv__offset_add("kv_view_slice", &t.offset, start, src->strides[d]) != KV_OK)
         return KV_ERR_OVERFLOW;
     t.shape[d] = len;
-    if (!kv__mul_i64(src->strides[d], step, &t.strides[d]))
-        return kv__error(KV_ERR_OVERFLOW,
-                         "kv_view_slice: stride %" PRId64 " * step %" PRId64 " overflows int64",
-                         src->strides[d], step);
+    /* one element or none: the step is never taken, so a stride * step past
+     * int64 (a huge step) keeps the source's stride instead of refusing */
+    if (!kv__mul_i64(src->strides[d], step, &t.strides[d])) {
+        if (len > 1)
+            return kv__error(KV_ERR_OVERFLOW,
+                             "kv_view_slice: stride %" PRId64 " * step %" PRId64 " overflows int64",
+                             src->strides[d], step);
+        t.strides[d] = src->strides[d];
+    }
     *out = t;
     return kv__ok();
 }

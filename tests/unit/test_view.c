@@ -715,6 +715,18 @@ static void test_view_overflow_edges(void **state)
     assert_true(kv_view_describe(&v, line, sizeof(line)) > 0);
     assert_non_null(strstr(line, "strides=[3,9223372036854775807] elems ([12,(>int64)] bytes)"));
     assert_false(kv_view_is_contiguous(&v)); /* dim 0 steps 3 elements, as in PyTorch */
+    /* the same step on dim 0 (stride 3): 3 x (2^63-1) is past int64, but the
+     * result has one element, so the step is never taken: the view, with
+     * dim 0's stride as it was, at row 1 for start 1 */
+    struct kv_view r;
+    assert_int_equal(kv_view_init(g_buf, sizeof(g_buf), KV_F32, 2, shape, &r), KV_OK);
+    assert_int_equal(kv_view_slice(&r, 0, 1, 2, INT64_MAX, &r), KV_OK);
+    assert_int_equal(r.shape[0], 1);
+    assert_int_equal(r.strides[0], 3);
+    assert_int_equal(r.offset, 3);
+    assert_int_equal(kv_view_check(&r), KV_OK);
+    assert_int_equal(kv_view_slice(&r, 0, 1, 1, INT64_MAX, &r), KV_OK); /* empty */
+    assert_int_equal(r.shape[0], 0);
     /* a hand-built view the validator rejects: predicates say false and leave
      * the last error alone; describe prints why */
     struct kv_view bad = v;
