@@ -4,6 +4,7 @@
  * read of the source.
  */
 #include <omp.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "kv_lib.h"
@@ -84,12 +85,16 @@ static bool use_fused_nt(void)
     if (v >= 0)
         return v != 0;
 #if defined(__x86_64__) || defined(__i386__)
-    static int intel = -1; /* benign race: every thread computes the same value */
-    if (intel < 0) {
+    /* relaxed atomics: every thread computes the same value, and the
+     * transports' progress threads may ask at once (no data race for TSan) */
+    static _Atomic int intel = -1;
+    int known = atomic_load_explicit(&intel, memory_order_relaxed);
+    if (known < 0) {
         __builtin_cpu_init();
-        intel = __builtin_cpu_is("intel") ? 1 : 0;
+        known = __builtin_cpu_is("intel") ? 1 : 0;
+        atomic_store_explicit(&intel, known, memory_order_relaxed);
     }
-    return intel == 1;
+    return known == 1;
 #else
     return false;
 #endif
