@@ -112,6 +112,14 @@ struct timespec kv__ns_to_ts(uint64_t ns);
 /* kv__ns_to_ts(kv__deadline_ns(timeout_ms)). */
 struct timespec kv__deadline_ts(uint32_t timeout_ms);
 
+/* The CPU's vendor, asked once (x86: cpuid through __builtin_cpu_is, with
+ * __builtin_cpu_init first, as this may run before libgcc's constructor in
+ * a shared library; KV__CPU_OTHER elsewhere) and cached with relaxed
+ * atomics (racing first calls store the same value). Only for tunings
+ * measured on one vendor (kv_threads.c). */
+enum kv__cpu_vendor { KV__CPU_OTHER = 1, KV__CPU_INTEL, KV__CPU_AMD };
+enum kv__cpu_vendor kv__cpu_vendor(void);
+
 /* Format an int64 list as "[a,b,c]" into buf (always NUL-terminated; a list
  * that does not fit ends in "...]"). */
 const char *kv__fmt_list(char *buf, size_t cap, const int64_t *v, int n);

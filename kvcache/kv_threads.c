@@ -1,6 +1,7 @@
 /*
- * kv_threads.c - the process-wide thread count (kv_threads.h) and the cgroup
- * CPU quota that caps its default (kv_threads_int.h).
+ * kv_threads.c - the process-wide thread count (kv_threads.h), the cgroup
+ * CPU quota that caps its default (kv_threads_int.h), and the CPU's vendor
+ * (kv__cpu_vendor, kv_lib.h).
  *
  * Where the quota comes from (read once, on the first default kv_threads()):
  *
@@ -328,4 +329,22 @@ int kv__threads_cpu_quota(void)
 void kv__threads_cpu_quota_reset(void)
 {
     atomic_store_explicit(&kv__quota_cpus, -1, memory_order_release);
+}
+
+enum kv__cpu_vendor kv__cpu_vendor(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    static _Atomic int cached; /* 0: not asked yet */
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v == 0) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_is("intel") ? KV__CPU_INTEL
+            : __builtin_cpu_is("amd") ? KV__CPU_AMD
+                                      : KV__CPU_OTHER;
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+    return (enum kv__cpu_vendor)v;
+#else
+    return KV__CPU_OTHER;
+#endif
 }

@@ -4,7 +4,6 @@
  * contiguous, register-blocked, with staged and streaming variants for large
  * copies. Measured choices are in docs/benchmarks.md.
  */
-#include <stdatomic.h>
 #include <string.h>
 
 #include "kv_mem.h"
@@ -374,24 +373,11 @@ static void kv__transpose_any(char *d, int64_t drs, const char *s, int64_t srs, 
     }
 }
 
-/* True on AMD CPUs (x86 only; cached after the first call). Selects
- * KV__TR_STREAM_PF over KV__TR_STREAM. __builtin_cpu_init() is idempotent and
- * is needed here because this may run before libgcc's constructor in a
- * shared library. Racing first calls store the same value. */
+/* True on AMD CPUs (kv__cpu_vendor). Selects KV__TR_STREAM_PF over
+ * KV__TR_STREAM. */
 static bool kv__cpu_is_amd(void)
 {
-#if KV__COPY_X86
-    static _Atomic int cached; /* 0 unknown, 1 no, 2 yes */
-    int v = atomic_load_explicit(&cached, memory_order_relaxed);
-    if (v == 0) {
-        __builtin_cpu_init();
-        v = __builtin_cpu_is("amd") ? 2 : 1;
-        atomic_store_explicit(&cached, v, memory_order_relaxed);
-    }
-    return v == 2;
-#else
-    return false;
-#endif
+    return kv__cpu_vendor() == KV__CPU_AMD;
 }
 
 /* Transposes moving less than this stay in cache: no staging buffer. */

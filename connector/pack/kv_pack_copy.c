@@ -4,7 +4,6 @@
  * read of the source.
  */
 #include <omp.h>
-#include <stdatomic.h>
 #include <string.h>
 
 #include "kv_lib.h"
@@ -84,20 +83,7 @@ static bool use_fused_nt(void)
     const int v = kv__pack_fused_nt;
     if (v >= 0)
         return v != 0;
-#if defined(__x86_64__) || defined(__i386__)
-    /* relaxed atomics: every thread computes the same value, and the
-     * transports' progress threads may ask at once (no data race for TSan) */
-    static _Atomic int intel = -1;
-    int known = atomic_load_explicit(&intel, memory_order_relaxed);
-    if (known < 0) {
-        __builtin_cpu_init();
-        known = __builtin_cpu_is("intel") ? 1 : 0;
-        atomic_store_explicit(&intel, known, memory_order_relaxed);
-    }
-    return known == 1;
-#else
-    return false;
-#endif
+    return kv__cpu_vendor() == KV__CPU_INTEL;
 }
 
 void kv__pack_nt_fence(void)

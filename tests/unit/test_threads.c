@@ -28,6 +28,7 @@
 
 #include <cmocka.h>
 
+#include "kv_lib.h" /* kv__cpu_vendor */
 #include "kv_status.h"
 #include "kv_threads.h"
 #include "kv_threads_int.h"
@@ -466,9 +467,36 @@ static void test_threads_set_overrides(void **state)
     assert_int_equal(kv_threads(), 1);
 }
 
+/* kv__cpu_vendor against /proc/cpuinfo's vendor_id (the kernel's cpuid
+ * read): GenuineIntel is KV__CPU_INTEL, AuthenticAMD KV__CPU_AMD, anything
+ * else (or no x86) KV__CPU_OTHER; asked twice, the same answer. */
+static void test_cpu_vendor_matches_cpuinfo(void **state)
+{
+    (void)state;
+    enum kv__cpu_vendor want = KV__CPU_OTHER;
+#if defined(__x86_64__) || defined(__i386__)
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        skip();
+    char line[256];
+    while (fgets(line, sizeof(line), f))
+        if (strncmp(line, "vendor_id", 9) == 0) {
+            if (strstr(line, "GenuineIntel"))
+                want = KV__CPU_INTEL;
+            else if (strstr(line, "AuthenticAMD"))
+                want = KV__CPU_AMD;
+            break;
+        }
+    fclose(f);
+#endif
+    assert_int_equal(kv__cpu_vendor(), want);
+    assert_int_equal(kv__cpu_vendor(), want);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cpu_vendor_matches_cpuinfo),
         cmocka_unit_test(test_threads_quota_parse_v2),
         cmocka_unit_test(test_threads_quota_parse_v1),
         cmocka_unit_test(test_threads_cgroup_path_parse),
